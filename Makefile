@@ -1,0 +1,54 @@
+# tpupipe — `make run` runs the whole pipeline locally; `make test` runs every test tier.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PRESET ?= local-fsdp
+SET ?=
+VENV := .venv
+BIN := $(VENV)/bin
+PIPELINE_YAML := build/tpupipe_pipeline.yaml
+
+# Python 3.12: python3.12 if it runs, else pyenv's 3.12.x (its shim needs PYENV_VERSION), else common paths.
+PYTHON312 ?= $(shell \
+  if python3.12 -c 'import sys' >/dev/null 2>&1; then command -v python3.12; exit; fi; \
+  for p in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+    if [ -x "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1; then echo "$$p"; exit; fi; done)
+
+.PHONY: help run test test-fast compile-pipeline bench lint envs clean-runs
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@echo "  make run PRESET=<preset> SET=\"key=value ...\"   e.g. SET=\"epochs=2 cluster.num_hosts=3\""
+
+$(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
+	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
+	rm -rf $(VENV)
+	$(PYTHON312) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r images/pipeline/requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and torch environments
+	$(BIN)/tpupipe env torch
+
+run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
+	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
+
+test: envs ## all tests: unit, component, compiled pipeline, e2e local runs
+	$(BIN)/python -m pytest -q -ra tests
+
+test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster
+	$(BIN)/python -m pytest -q -ra -m "not e2e" tests
+
+compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
+	$(BIN)/tpupipe compile --output $(PIPELINE_YAML)
+
+bench: envs ## orchestration overhead: pipeline wall time / the same trainer job on a running cluster
+	$(BIN)/python bench/overhead.py
+
+lint: $(VENV)/.installed ## ruff
+	$(BIN)/ruff check components pipelines trainers tests bench
+
+clean-runs: ## delete local run directories
+	rm -rf runs

@@ -1,0 +1,313 @@
+"""The local platform: a real multi-node Ray cluster on this machine.
+
+One Ray head and N worker raylets (N emulated hosts), each its own process group, on loopback, on ports
+chosen free, under a run-scoped temporary directory, all from the torch image's environment. Every process
+this run starts carries ``TPUPIPE_RUN_ID`` in its environment and is recorded in the run's ledger
+(``<run dir>/cluster.json``) before anything waits on it, so teardown finds exactly what the run started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components import envs
+from components.platform import RunContext
+from components.spec import SpecError
+from components.waiting import wait_for
+
+RUN_MARKER = "TPUPIPE_RUN_ID"
+NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port",
+              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")
+HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
+WORKER_PORT_RANGE = 40
+OBJECT_STORE_BYTES = 200 * 1024 * 1024
+LOOPBACK = "127.0.0.1"
+
+
+# ---------------------------------------------------------------- ports
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
+    """A run of ``size`` consecutive free ports, none in ``taken``; returns the first."""
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - size)
+        block = range(base, base + size)
+        if not taken.intersection(block) and all(port_is_free(p) for p in block):
+            taken.update(block)
+            return base
+    raise RuntimeError(f"no block of {size} free ports on {LOOPBACK}")
+
+
+def allocate_ports(num_workers: int, seed: int | None = None) -> list[dict[str, int]]:
+    """Ports for the head (index 0) and each worker node: its own ports and its own worker-process range."""
+    rng, taken = random.Random(seed), set()
+    nodes = []
+    for index in range(num_workers + 1):
+        names = (HEAD_PORTS if index == 0 else ()) + NODE_PORTS
+        base = _free_block(len(names) + WORKER_PORT_RANGE, taken, rng)
+        ports = {name: base + i for i, name in enumerate(names)}
+        ports["min-worker-port"] = base + len(names)
+        ports["max-worker-port"] = base + len(names) + WORKER_PORT_RANGE - 1
+        nodes.append(ports)
+    return nodes
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def pid_alive(pid: int) -> bool:
+    state = _state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes carrying this run's marker in their environment (zombies excluded)."""
+    marker = f"{RUN_MARKER}={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str | Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ---------------------------------------------------------------- the platform
+
+
+class LocalPlatform:
+    name = "local"
+
+    def __init__(self, log=print):
+        self.log = log
+
+    # -- ledger: what this run started, written before anything waits on it
+    @staticmethod
+    def ledger_path(ctx: RunContext) -> Path:
+        return ctx.run_dir / "cluster.json"
+
+    def _load(self, ctx: RunContext) -> dict[str, Any] | None:
+        path = self.ledger_path(ctx)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
+        path = self.ledger_path(ctx)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ledger, indent=2))
+        tmp.replace(path)
+
+    def check(self, ctx: RunContext) -> None:
+        if ctx.spec.cluster.accelerator != "cpu":
+            raise SpecError(
+                "cluster.accelerator",
+                f"the local platform emulates CPU hosts; preset {ctx.spec.name!r} asks for "
+                f"{ctx.spec.cluster.accelerator!r}: run it with platform=gke, or set cluster.accelerator=cpu",
+                ["cpu"],
+            )
+
+    # -- provision: start the head and the worker raylets
+    def provision(self, ctx: RunContext) -> dict[str, Any]:
+        self.check(ctx)
+        ledger = self._load(ctx)
+        if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]):
+            self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
+            return self._describe(ledger)
+        if ledger:  # a previous attempt died half-way: clear what it left before starting again
+            self._stop(ctx, ledger)
+        env = envs.ensure_env("torch", log=self.log)
+        cluster = ctx.spec.cluster
+        ports = allocate_ports(cluster.num_hosts * cluster.num_slices)
+        temp_dir = Path(tempfile.gettempdir()) / f"tp-{hashlib.sha256(ctx.run_id.encode()).hexdigest()[:10]}"
+        head = ports[0]
+        ledger = {
+            "run_id": ctx.run_id,
+            "env": env.path,
+            "temp_dir": str(temp_dir),
+            "gcs_address": f"{LOOPBACK}:{head['port']}",
+            "dashboard_url": f"http://{LOOPBACK}:{head['dashboard-port']}",
+            "num_hosts": len(ports) - 1,
+            "ports": ports,
+            "processes": [],
+        }
+        self._save(ctx, ledger)
+        process_env = {
+            **os.environ,
+            RUN_MARKER: ctx.run_id,
+            "PATH": f"{env.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VIRTUAL_ENV": env.path,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+        ray = str(env.bin / "ray")
+        common = ["--block", f"--node-ip-address={LOOPBACK}", "--disable-usage-stats",
+                  f"--object-store-memory={OBJECT_STORE_BYTES}"]
+        self.log(f"starting Ray head on {ledger['gcs_address']} (dashboard {ledger['dashboard_url']})")
+        head_cmd = [ray, "start", "--head", *common, f"--dashboard-host={LOOPBACK}", "--include-dashboard=true",
+                    "--num-cpus=0", f"--temp-dir={temp_dir / 'head'}",
+                    *[f"--{k}={v}" for k, v in head.items()]]
+        self._spawn(ctx, ledger, "head", head_cmd, process_env)
+        wait_for(lambda: self._head_up(ctx, ledger), timeout_s=cluster.ready_timeout_s, interval_s=0.5,
+                 what="the Ray head's GCS port")
+        for index, node_ports in enumerate(ports[1:], start=1):
+            worker_cmd = [ray, "start", f"--address={ledger['gcs_address']}", *common,
+                          f"--num-cpus={cluster.cpus_per_host}", f"--temp-dir={temp_dir / f'host{index}'}",
+                          f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
+                          *[f"--{k}={v}" for k, v in node_ports.items()]]
+            self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
+        self.log(f"started {ledger['num_hosts']} emulated hosts")
+        return self._describe(ledger)
+
+    def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
+        log_file = ctx.logs_dir / f"ray-{role}.out"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+        ledger["processes"].append({"role": role, "pid": proc.pid, "pgid": proc.pid, "log": str(log_file)})
+        self._save(ctx, ledger)
+
+    def _head_up(self, ctx: RunContext, ledger: dict) -> bool | None:
+        self._raise_if_dead(ledger)
+        host, port = ledger["gcs_address"].split(":")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return True if s.connect_ex((host, int(port))) == 0 else None
+
+    @staticmethod
+    def _raise_if_dead(ledger: dict) -> None:
+        for proc in ledger["processes"]:
+            if not pid_alive(proc["pid"]):
+                raise RuntimeError(f"Ray {proc['role']} (pid {proc['pid']}) exited; last lines of "
+                                   f"{proc['log']}:\n{_tail(proc['log'])}")
+
+    @staticmethod
+    def _describe(ledger: dict) -> dict[str, Any]:
+        return {k: ledger[k] for k in ("gcs_address", "dashboard_url", "num_hosts", "temp_dir")} | {
+            "pids": [p["pid"] for p in ledger["processes"]]
+        }
+
+    # -- build_image: the torch environment, by content hash
+    def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        env = envs.ensure_env("torch", log=self.log)
+        return {"image": f"local/torch@{env.digest}", **env.to_dict()}
+
+    # -- deploy_raycluster: wait until the head and every host are alive
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = self._load(ctx)
+        if not ledger:
+            raise RuntimeError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        want = ledger["num_hosts"] + 1
+
+        def alive_nodes() -> int | None:
+            self._raise_if_dead(ledger)
+            try:
+                from ray.util.state import list_nodes
+
+                nodes = list_nodes(address=ledger["dashboard_url"], raise_on_missing_output=False)
+            except Exception:  # dashboard still starting
+                return None
+            alive = sum(1 for n in nodes if n.state == "ALIVE")
+            return alive if alive >= want else None
+
+        started = time.monotonic()
+        seen = wait_for(alive_nodes, timeout_s=ctx.spec.cluster.ready_timeout_s, interval_s=1.0,
+                        what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
+                        progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s")
+                        if int(s) % 10 == 0 else None)
+        self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
+        return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
+
+    def job_client(self, ctx: RunContext):
+        from ray.job_submission import JobSubmissionClient
+
+        ledger = self._load(ctx)
+        if not ledger:
+            raise RuntimeError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        return JobSubmissionClient(ledger["dashboard_url"])
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        return str(ctx.run_dir / "train")
+
+    # -- teardown: stop exactly what this run started, free its ports, keep its outputs
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = self._load(ctx)
+        if not ledger:
+            leftover = run_processes(ctx.run_id)
+            for pid in leftover:
+                _kill_group(pid, signal.SIGKILL)
+            return {"stopped_groups": 0, "swept": len(leftover), "note": "nothing recorded"}
+        return self._stop(ctx, ledger)
+
+    def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
+        groups = [p["pgid"] for p in ledger["processes"]]
+        for pgid in reversed(groups):  # workers first, the head last
+            _kill_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and run_processes(ctx.run_id):
+            time.sleep(0.25)
+        for pgid in groups:
+            _kill_group(pgid, signal.SIGKILL)
+        swept = run_processes(ctx.run_id)  # anything that left its process group
+        for pid in swept:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
+                 what=f"the processes of run {ctx.run_id} to exit")
+        shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
+        ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
+        busy = [p for p in ports if not port_is_free(p)]
+        ledger["processes_stopped"] = True
+        self._save(ctx, ledger)
+        self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
+                 + (f", swept {len(swept)} strays" if swept else ""))
+        return {"stopped_groups": len(groups), "swept": len(swept), "ports_still_bound": busy}

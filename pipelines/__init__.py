@@ -1,0 +1,1 @@
+"""The tpupipe KFP pipeline and the `tpupipe` command line."""

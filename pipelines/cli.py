@@ -1,0 +1,169 @@
+"""``tpupipe``: run the pipeline locally, compile it, inspect presets and specs, build local images."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
+
+EPILOG = """examples:
+  tpupipe run                                   the whole pipeline, local-fsdp preset, local platform
+  tpupipe run --set "epochs=2 cluster.num_hosts=3"
+  tpupipe compile --output build/tpupipe_pipeline.yaml
+  tpupipe validate gemma4-e2b-v6e-16 --set train.epochs=1
+  tpupipe presets
+"""
+
+
+def _overrides(sets: list[str] | None) -> str:
+    """--set may be given several times, each with one or more key=value items."""
+    items = [item for s in (sets or []) for item in shlex.split(s)]
+    return " ".join(shlex.quote(i) for i in items)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"tpupipe: error: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_presets(_args) -> int:
+    from components import presets
+
+    for name, layers in presets.PRESETS.items():
+        cluster = layers.get("cluster", {})
+        shape = cluster.get("accelerator", "cpu") + (f" {cluster['topology']}" if cluster.get("topology") else "")
+        print(f"{name:<24} {shape:<14} {layers.get('train', {}).get('model_id', '')}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from components.spec import SpecError, resolve
+
+    try:
+        spec = resolve(args.preset, _overrides(args.set))
+    except SpecError as exc:
+        return _fail(str(exc))
+    print(json.dumps(spec.to_dict(), indent=2))
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from pipelines.pipeline import compile_pipeline
+
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    compile_pipeline(args.output)
+    print(f"compiled pipeline: {args.output}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    from components import envs
+
+    for image in args.images or ["torch"]:
+        try:
+            envs.ensure_env(image)
+        except ValueError as exc:
+            return _fail(str(exc))
+    return 0
+
+
+def default_run_id(preset: str) -> str:
+    return f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_run(args) -> int:
+    from components import report, stages
+    from components.platform import get_platform
+    from components.spec import SpecError
+
+    overrides = _overrides(args.set)
+    try:  # every input checked before anything is started
+        ctx = stages.context(args.preset, args.platform, overrides, args.run_id or default_run_id(args.preset),
+                             "", args.output_root)
+        get_platform(ctx.platform).check(ctx)
+    except SpecError as exc:
+        return _fail(str(exc))
+    if ctx.run_dir.exists() and (ctx.run_dir / "summary.json").exists():
+        return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.run_dir}); choose another run id")
+
+    import warnings
+
+    from kfp import components, local
+
+    pipeline_file = args.pipeline_file
+    if not pipeline_file:
+        pipeline_file = str(ctx.run_dir / "pipeline.yaml")
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        from pipelines.pipeline import compile_pipeline
+
+        compile_pipeline(pipeline_file)
+    pipeline = components.load_component_from_file(pipeline_file)
+    warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"),
+               raise_on_error=False)
+    print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
+    pipeline(preset=args.preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
+             output_root=str(ctx.run_dir.parent))
+    summary_path = ctx.run_dir / "summary.json"
+    if not summary_path.is_file():
+        return _fail(f"the pipeline wrote no summary ({summary_path}); see the log above", 1)
+    summary = json.loads(summary_path.read_text())
+    print(report.format_table(summary))
+    return 0 if summary["status"] == "succeeded" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpupipe",
+        description="Train and fine-tune LLMs on Cloud TPU slices from one Kubeflow pipeline; "
+        "the local platform runs the whole pipeline on this machine.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_spec_args(p, preset_positional=False):
+        if preset_positional:
+            p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
+        else:
+            p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                       help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
+
+    p = sub.add_parser("run", help="run the whole pipeline with kfp.local")
+    with_spec_args(p)
+    p.add_argument("--platform", default="local", help="local (default) or gke")
+    p.add_argument("--run-id", default="", help="names every resource of the run (default: preset + time)")
+    p.add_argument("--output-root", default="runs", help="where run directories go (default ./runs)")
+    p.add_argument("--pipeline-file", default="", help="a compiled pipeline YAML to run (default: compile now)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs)")
+    p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")
+    with_spec_args(p, preset_positional=True)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("presets", help="list the presets")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("env", help="create (or reuse, by content hash) local image environments")
+    p.add_argument("images", nargs="*", help="image names under images/ (default: torch)")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Training code that runs inside the trainer images (on Ray workers)."""

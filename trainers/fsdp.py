@@ -1,0 +1,284 @@
+"""FSDP2 fine-tuning through Ray Train's TorchTrainer (seed workload B).
+
+``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME`` is the Ray job entrypoint. The driver picks
+the collective backend from what the training workers have (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA,
+``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE result`` line. Rank 0 prints one
+``TPUPIPE metric`` line per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components.spec import GENERATED_DATASET, RunSpec
+from trainers import data, protocol
+
+CHECKPOINT_META = "tpupipe_checkpoint.json"
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by ``train.fail_at_step``: a deliberate failure, for tests of the failure path."""
+
+
+# ---------------------------------------------------------------- device and backend
+
+
+def detect_backend() -> tuple[str, str]:
+    """(device type, process-group backend) from what this process can see."""
+    try:
+        import torch_tpu  # noqa: F401
+
+        return "tpu", "tpu_dist"
+    except ImportError:
+        pass
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", "nccl"
+    return "cpu", "gloo"
+
+
+def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
+    """Ray ScalingConfig arguments: one worker per emulated host on cpu, one per TPU device on TPU."""
+    c = spec.cluster
+    if c.accelerator == "cpu":
+        return {
+            "num_workers": spec.num_workers,
+            "resources_per_worker": {"CPU": c.cpus_per_host},
+            "placement_strategy": "SPREAD",
+        }
+    from components import catalogue
+
+    shape = catalogue.slice_shape(c.accelerator, c.topology)
+    return {
+        "num_workers": spec.num_workers,
+        "use_tpu": True,
+        "topology": c.topology,
+        "accelerator_type": shape.family.ray_accelerator_type,
+        "resources_per_worker": {"TPU": 1},
+    }
+
+
+# ---------------------------------------------------------------- the model, sharded
+
+
+def parallelize(model, mesh, device_type: str):
+    """FSDP2: shard each decoder layer, then the root; frozen tables stay unsharded."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainers.model import decoder_layers, frozen_params
+
+    frozen = frozen_params(model)
+    for param in frozen:
+        param.requires_grad_(False)
+    mp = MixedPrecisionPolicy()
+    if device_type != "cpu":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=frozen or None)
+    return model
+
+
+def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int, directory: Path) -> None:
+    """Gather the full state to rank 0 and write a from_pretrained-loadable directory (plus optimizer)."""
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if rank != 0:
+        return
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    model.config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    torch.save(optim_state, directory / "optimizer.pt")
+    (directory / CHECKPOINT_META).write_text(json.dumps(meta))
+
+
+def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, load_file(str(directory / "model.safetensors")), options=options)
+    optim_state = torch.load(directory / "optimizer.pt", weights_only=False)
+    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+    return json.loads((directory / CHECKPOINT_META).read_text())
+
+
+# ---------------------------------------------------------------- the loop each worker runs
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.data import DataLoader
+
+    from trainers.model import build_model, load_tokenizer
+
+    spec = RunSpec.from_json(config["spec"])
+    t = spec.train
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device_type, _ = detect_backend()
+    device = ray.train.torch.get_device()
+    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
+
+    tokenizer = load_tokenizer(t.model_id)
+    raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
+    loader = DataLoader(
+        data.tokenize(raw, tokenizer, t.max_length),
+        batch_size=t.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(t.seed),
+    )
+    loader = ray.train.torch.prepare_data_loader(loader)
+
+    model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    mesh = init_device_mesh(device_type, (world,))
+    model = parallelize(model.to(device), mesh, device_type)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
+    )
+
+    start_epoch, global_step, resumed = 0, 0, False
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            meta = load_checkpoint(model, optimizer, Path(directory))
+        start_epoch, global_step, resumed = meta["epoch"] + 1, meta["global_step"], True
+        if rank == 0:
+            print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {global_step})", flush=True)
+
+    steps_per_epoch = len(loader)
+    for epoch in range(start_epoch, t.epochs):
+        if world > 1:
+            loader.sampler.set_epoch(epoch)
+        model.train()
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach().to("cpu", torch.float64)
+            global_step += 1
+            if t.fail_at_step and global_step == t.fail_at_step and not resumed:
+                raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
+        epoch_loss = loss_sum.to(device) / steps_per_epoch
+        dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        epoch_loss = (epoch_loss / world).item()
+        epoch_s = time.perf_counter() - started
+        tokens_per_s = steps_per_epoch * t.batch_size * world * t.max_length / epoch_s
+        metrics = {
+            "epoch": epoch + 1,
+            "loss": epoch_loss,
+            "epoch_s": epoch_s,
+            "tokens_per_s": tokens_per_s,
+            "global_step": global_step,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss}
+            save_checkpoint(model, optimizer, tokenizer, meta, rank, Path(tmp))
+            ckpt = ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None
+            ray.train.report(metrics, checkpoint=ckpt)
+        if rank == 0:
+            protocol.emit("metric", metrics)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _probe_backend(resources: dict[str, float]) -> tuple[str, str]:
+    """Ask a worker-shaped task what it sees: the head may have no accelerator."""
+    import ray
+
+    custom = {k: v for k, v in resources.items() if k != "CPU"}
+    task = ray.remote(detect_backend).options(num_cpus=resources.get("CPU", 0), resources=custom or None)
+    return ray.get(task.remote())
+
+
+def run(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    t = spec.train
+    output_dir.mkdir(parents=True, exist_ok=True)
+    loop_config: dict[str, Any] = {"spec": spec.to_json(), "cache_dir": str(output_dir / "data" / ".cache")}
+    if t.dataset == GENERATED_DATASET:
+        loop_config["data_files"] = data.write_generated(
+            output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
+        )
+    ray.init(log_to_driver=True)
+    scaling = scaling_config_args(spec)
+    device_type, backend = _probe_backend(scaling["resources_per_worker"])
+    print(f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
+          f"backend {backend}", flush=True)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ScalingConfig(**scaling),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=str(output_dir / "ray_results"),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=t.num_to_keep, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
+            failure_config=FailureConfig(max_failures=t.max_failures),
+        ),
+    )
+    result = trainer.fit()
+    best = min(result.best_checkpoints, key=lambda pair: pair[1]["loss"]) if result.best_checkpoints else None
+    checkpoint = best[0] if best else result.checkpoint
+    return {
+        "checkpoint": checkpoint.path if checkpoint else None,
+        "final_metrics": result.metrics,
+        "device": device_type,
+        "backend": backend,
+        "num_workers": scaling["num_workers"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="FSDP2 fine-tune through Ray Train's TorchTrainer.")
+    parser.add_argument("--spec", required=True, help="the run spec, as JSON")
+    parser.add_argument("--output-dir", required=True, help="where checkpoints and data go")
+    parser.add_argument("--run-name", required=True, help="Ray Train run name")
+    args = parser.parse_args(argv)
+    spec = RunSpec.from_json(args.spec)
+    result = run(spec, Path(args.output_dir), args.run_name)
+    if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
+        raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")
+    protocol.emit("result", result)
+
+
+if __name__ == "__main__":
+    main()

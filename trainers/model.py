@@ -1,0 +1,81 @@
+"""Tokenizers and causal-LM models: from the hub on real runs, from a config (random init) on local ones."""
+
+from __future__ import annotations
+
+import os
+import string
+
+import torch
+
+from components.spec import SCRATCH_PREFIX
+from trainers import model_configs
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARS = string.printable  # letters, digits, punctuation, whitespace
+
+
+def char_tokenizer():
+    """A character-level tokenizer that needs no downloaded files: specials then printable ASCII."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + tuple(dict.fromkeys(CHARS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?s)."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
+    )
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def load_tokenizer(model_id: str):
+    if model_id.startswith(SCRATCH_PREFIX):
+        return char_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_id, token=os.environ.get("HF_TOKEN"))
+
+
+def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
+    """The model training starts from. Scratch configs are seeded, so the same call twice gives the same
+    untrained weights (the evaluate stage's "before" model)."""
+    torch.manual_seed(seed)
+    if model_id.startswith(SCRATCH_PREFIX):
+        entry = model_configs.SCRATCH_CONFIGS[model_id.removeprefix(SCRATCH_PREFIX)]
+        import transformers
+
+        family = {"gemma4": "Gemma4"}[entry["family"]]
+        config_cls = getattr(transformers, f"{family}TextConfig")
+        model_cls = getattr(transformers, f"{family}ForCausalLM")
+        config = config_cls(
+            vocab_size=len(tokenizer),
+            vocab_size_per_layer_input=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=False,
+            **entry["config"],
+        )
+        return model_cls(config).to(dtype)
+    return load_pretrained(model_id, dtype)
+
+
+def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        path_or_id, dtype=dtype, attn_implementation="eager", use_cache=False, token=os.environ.get("HF_TOKEN")
+    )
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    return list(model.model.layers)
+
+
+def frozen_params(model) -> set[torch.nn.Parameter]:
+    """Parameters kept out of training and of sharding: Gemma's per-layer embedding table."""
+    table = getattr(model.model, "embed_tokens_per_layer", None)
+    return set(table.parameters()) if table is not None else set()
