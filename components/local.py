@@ -39,7 +39,9 @@ LOOPBACK = "127.0.0.1"
 
 
 def port_is_free(port: int) -> bool:
+    """True if a server could listen on the port now (SO_REUSEADDR, as servers bind: TIME_WAIT is free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((LOOPBACK, port))
         except OSError:
@@ -102,6 +104,20 @@ def run_processes(run_id: str) -> list[int]:
         if marker in environ.split(b"\0") and pid_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -237,7 +253,7 @@ class LocalPlatform:
     # -- build_image: the torch environment, by content hash
     def build_image(self, ctx: RunContext) -> dict[str, Any]:
         env = envs.ensure_env("torch", log=self.log)
-        return {"image": f"local/torch@{env.digest}", **env.to_dict()}
+        return {**env.to_dict(), "image": f"local/torch@{env.digest}"}
 
     # -- deploy_raycluster: wait until the head and every host are alive
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
@@ -282,32 +298,33 @@ class LocalPlatform:
         if not ledger:
             leftover = run_processes(ctx.run_id)
             for pid in leftover:
-                _kill_group(pid, signal.SIGKILL)
-            return {"stopped_groups": 0, "swept": len(leftover), "note": "nothing recorded"}
+                _kill(pid, signal.SIGKILL)
+            return {"stopped_groups": 0, "strays": len(leftover), "note": "no cluster was recorded"}
         return self._stop(ctx, ledger)
 
     def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
         groups = [p["pgid"] for p in ledger["processes"]]
         for pgid in reversed(groups):  # workers first, the head last
             _kill_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and run_processes(ctx.run_id):
-            time.sleep(0.25)
-        for pgid in groups:
-            _kill_group(pgid, signal.SIGKILL)
-        swept = run_processes(ctx.run_id)  # anything that left its process group
-        for pid in swept:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
-                 what=f"the processes of run {ctx.run_id} to exit")
+        # Processes that left their group (Ray's job supervisors, say) carry the run marker: signal them too.
+        strays = [pid for pid in run_processes(ctx.run_id) if _pgid(pid) not in groups]
+        for pid in strays:
+            _kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
+                     what="a graceful exit")
+        except TimeoutError:
+            for pgid in groups:
+                _kill_group(pgid, signal.SIGKILL)
+            for pid in run_processes(ctx.run_id):
+                _kill(pid, signal.SIGKILL)
+            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
+                     what=f"the processes of run {ctx.run_id} to exit")
         shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
         ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
         busy = [p for p in ports if not port_is_free(p)]
         ledger["processes_stopped"] = True
         self._save(ctx, ledger)
         self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
-                 + (f", swept {len(swept)} strays" if swept else ""))
-        return {"stopped_groups": len(groups), "swept": len(swept), "ports_still_bound": busy}
+                 + (f" and {len(strays)} processes outside them" if strays else ""))
+        return {"stopped_groups": len(groups), "strays": len(strays), "ports_still_bound": busy}

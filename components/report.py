@@ -45,6 +45,12 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
 
 def write(ctx: RunContext) -> dict[str, Any]:
     summary = summarize(ctx)
+    checkpoint = Path(summary["checkpoint"]) if summary["checkpoint"] else None
+    if checkpoint and checkpoint.is_dir() and checkpoint.is_relative_to(ctx.run_dir):
+        link = ctx.run_dir / "checkpoint"  # a stable name for the final checkpoint inside the run directory
+        link.unlink(missing_ok=True)
+        link.symlink_to(checkpoint.relative_to(ctx.run_dir))
+        summary["final_checkpoint"] = str(link)
     if summary["train_losses"]:
         summary["plots"] = _plot(summary, ctx.run_dir)
     (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -64,6 +70,7 @@ def _plot(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
                               ("eval_loss_after", "--", "held-out, fine-tuned")):
         if summary.get(key) is not None:
             ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=label)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     ax.set_xticks(epochs)

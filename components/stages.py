@@ -33,24 +33,23 @@ class JobFailed(RuntimeError):
     """A Ray job of the run ended FAILED or STOPPED; the message carries the job's own error."""
 
 
-def context(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> RunContext:
-    spec = specs.resolve(preset, overrides)
+def run_dir_for(run_id: str, job_name: str, output_root: str) -> tuple[str, Path]:
     rid = run_id_from(run_id, job_name)
-    root = Path(output_root or "runs").expanduser().resolve()
-    return RunContext(spec=spec, run_id=rid, run_dir=root / rid, platform=platform)
+    return rid, Path(output_root or "runs").expanduser().resolve() / rid
 
 
-def record(ctx: RunContext, stage: str, **fields: Any) -> None:
-    ctx.stages_dir.mkdir(parents=True, exist_ok=True)
-    path = ctx.stages_dir / f"{stage}.json"
+def context(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> RunContext:
+    rid, run_dir = run_dir_for(run_id, job_name, output_root)
+    return RunContext(spec=specs.resolve(preset, overrides), run_id=rid, run_dir=run_dir, platform=platform)
+
+
+def record(run_dir: Path, stage: str, **fields: Any) -> None:
+    stages_dir = run_dir / "stages"
+    stages_dir.mkdir(parents=True, exist_ok=True)
+    path = stages_dir / f"{stage}.json"
     current = json.loads(path.read_text()) if path.is_file() else {"stage": stage}
     current.update(fields)
     path.write_text(json.dumps(current, indent=2, sort_keys=True))
-
-
-def read_record(ctx: RunContext, stage: str) -> dict[str, Any] | None:
-    path = ctx.stages_dir / f"{stage}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 # ---------------------------------------------------------------- Ray jobs
@@ -201,21 +200,29 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
     """Resolve the context, run one stage with its record kept, return its result as JSON."""
     if stage not in STAGES:
         raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
-    ctx = context(preset, platform, overrides, run_id, job_name, output_root)
+    rid, run_dir = run_dir_for(run_id, job_name, output_root)
     started = time.time()
-    record(ctx, stage, status="running", started=started, run_id=ctx.run_id)
-    log(f"== {stage} ({ctx.platform}, run {ctx.run_id})")
+    record(run_dir, stage, status="running", started=started, run_id=rid)
+    log(f"== {stage} ({platform}, run {rid})")
+    ctx = None
     try:
+        try:
+            ctx = context(preset, platform, overrides, run_id, job_name, output_root)
+        except specs.SpecError:
+            if stage != "teardown":
+                raise
+            # Teardown needs only the run id: it still cleans up after a run whose input was bad.
+            ctx = RunContext(spec=specs.RunSpec(name=preset), run_id=rid, run_dir=run_dir, platform=platform)
         if stage == "evaluate":
             result = evaluate(ctx, json.loads(upstream))
         else:
             result = globals()[stage](ctx)
     except BaseException as exc:
-        record(ctx, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
-        if stage == "teardown":
+        record(run_dir, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
+        if stage == "teardown" and ctx is not None:
             _write_report(ctx)
         raise
-    record(ctx, stage, status="succeeded", seconds=time.time() - started, result=result)
+    record(run_dir, stage, status="succeeded", seconds=time.time() - started, result=result)
     if stage == "teardown":
         _write_report(ctx)
     return json.dumps(result)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 class DeadlineExceeded(TimeoutError):
     pass
 
 
-def wait_for(
+def wait_for[T](
     poll: Callable[[], T | None],
     *,
     timeout_s: float,

@@ -21,7 +21,7 @@ def char_tokenizer():
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + tuple(dict.fromkeys(CHARS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?s)."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
     )

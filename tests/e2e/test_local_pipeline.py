@@ -1,0 +1,111 @@
+"""The whole pipeline through `tpupipe run`: kfp.local + a real local multi-node Ray cluster + Ray Train."""
+
+import json
+import subprocess
+
+import pytest
+
+from components.local import port_is_free, run_processes
+from tests.conftest import tpupipe_cmd
+
+pytestmark = pytest.mark.e2e
+
+
+def tpupipe_run(root, run_id, *sets):
+    cmd = [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root)]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+
+
+def assert_nothing_left(run_dir, run_id):
+    assert run_processes(run_id) == [], "processes of the run are still alive"
+    ledger = json.loads((run_dir / "cluster.json").read_text())
+    assert ledger["processes"], "the run recorded no process"
+    ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
+    assert [p for p in ports if not port_is_free(p)] == []
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    proc = tpupipe_run(root, "e2e-good")
+    return root / "e2e-good", proc
+
+
+def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
+    run_dir, proc = good_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert [s["name"] for s in summary["stages"]] == [
+        "provision", "build_image", "deploy_raycluster", "train", "evaluate", "teardown"]
+    assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
+    losses = summary["train_losses"]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert summary["eval_loss_after"] < 0.6 * summary["eval_loss_before"]
+    assert summary["tokens_per_s"] > 0
+
+
+def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
+    run_dir, proc = good_run
+    checkpoint = run_dir / "checkpoint"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
+    assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "loss.png" in (run_dir / "loss.html").read_text()
+    assert proc.stdout.rstrip().splitlines()[-1] == str(run_dir)
+    for needle in ("held-out loss", "untrained", "fine-tuned", "tokens/s", "deploy_raycluster"):
+        assert needle in proc.stdout
+
+
+def test_successful_run_leaves_no_process_and_no_port(good_run):
+    run_dir, _ = good_run
+    assert_nothing_left(run_dir, "e2e-good")
+
+
+def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_path):
+    proc = tpupipe_run(tmp_path, "e2e-fail", "fail_at_step=3")
+    assert proc.returncode == 1
+    assert "injected failure at step 3" in proc.stdout
+    summary = json.loads((tmp_path / "e2e-fail" / "summary.json").read_text())
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert summary["status"] == "failed"
+    assert stages["train"]["status"] == "failed"
+    assert "injected failure at step 3" in stages["train"]["error"]
+    assert stages["evaluate"]["status"] == "skipped"
+    assert stages["teardown"]["status"] == "succeeded"
+    assert_nothing_left(tmp_path / "e2e-fail", "e2e-fail")
+
+
+def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
+    # 512 examples / (16 per worker x 2 workers) = 16 steps an epoch: step 20 is inside epoch 2.
+    proc = tpupipe_run(tmp_path, "e2e-resume", "fail_at_step=20 max_failures=1")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    log = (tmp_path / "e2e-resume" / "logs" / "train.log").read_text()
+    assert "injected failure at step 20" in log
+    assert "resumed from checkpoint of epoch 1 (step 16)" in log
+    summary = json.loads((tmp_path / "e2e-resume" / "summary.json").read_text())
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+    assert_nothing_left(tmp_path / "e2e-resume", "e2e-resume")
+
+
+@pytest.mark.parametrize(
+    "sets, field",
+    [
+        (["--preset", "no-such-preset"], "preset"),
+        (["--set", "nonsense=1"], "nonsense"),
+        (["--set", "epochs=0"], "train.epochs"),
+        (["--set", "batch_size=0"], "train.batch_size"),
+        (["--set", "dataset=/no/such/file.jsonl"], "train.dataset"),
+        (["--set", "cluster.num_hosts=0"], "cluster.num_hosts"),
+        (["--platform", "moon"], "platform"),
+    ],
+)
+def test_bad_input_fails_with_one_clear_error_before_anything_starts(tmp_path, sets, field):
+    proc = subprocess.run([*tpupipe_cmd(), "run", "--run-id", "e2e-bad", "--output-root", str(tmp_path), *sets],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"tpupipe: error: {field}: ")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "e2e-bad").exists()
+    assert run_processes("e2e-bad") == []

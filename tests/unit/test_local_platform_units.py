@@ -1,0 +1,56 @@
+import socket
+
+import pytest
+
+from components import envs
+from components.local import allocate_ports, port_is_free
+from components.waiting import DeadlineExceeded, wait_for
+
+
+def test_allocated_ports_are_distinct_and_free():
+    nodes = allocate_ports(3, seed=7)
+    assert len(nodes) == 4 and "dashboard-port" in nodes[0] and "dashboard-port" not in nodes[1]
+    ports = []
+    for node in nodes:
+        ports += [p for k, p in node.items() if not k.endswith("worker-port")]
+        ports += range(node["min-worker-port"], node["max-worker-port"] + 1)
+    assert len(ports) == len(set(ports))
+    assert all(port_is_free(p) for p in ports[:10])
+
+
+def test_port_is_free_sees_a_listener():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not port_is_free(s.getsockname()[1])
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_wait_for_returns_when_ready_and_steps_the_clock():
+    clock, answers = FakeClock(), iter([None, None, 3])
+    assert wait_for(lambda: next(answers), timeout_s=10, what="x", clock=clock, sleep=clock.sleep) == 3
+    assert clock.now == 2.0
+
+
+def test_wait_for_deadline_names_what_it_waited_for():
+    clock = FakeClock()
+    with pytest.raises(DeadlineExceeded, match="3 nodes"):
+        wait_for(lambda: None, timeout_s=5, what="3 nodes", clock=clock, sleep=clock.sleep)
+    assert clock.now == 5.0
+
+
+def test_image_digest_is_per_image_and_stable():
+    assert envs.image_digest("torch") == envs.image_digest("torch")
+    assert envs.image_digest("torch") != envs.image_digest("pipeline")
+    with pytest.raises(ValueError, match="image: unknown image"):
+        envs.image_digest("nope")

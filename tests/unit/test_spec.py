@@ -1,0 +1,95 @@
+import json
+
+import pytest
+
+from components import presets
+from components.platform import run_id_from
+from components.spec import SpecError, parse_overrides, resolve
+
+
+@pytest.mark.parametrize("name", sorted(presets.PRESETS))
+def test_every_preset_validates_and_round_trips(name):
+    spec = resolve(name)
+    assert spec.name == name
+    assert type(spec).from_json(spec.to_json()) == spec
+
+
+def test_local_fsdp_is_two_emulated_cpu_hosts():
+    spec = resolve("local-fsdp")
+    assert spec.cluster.accelerator == "cpu"
+    assert spec.total_hosts == 2 and spec.num_workers == 2
+    assert spec.train.model_id.startswith("scratch:")
+
+
+def test_gemma4_presets_match_the_seed_workload():
+    v6e, tpu7x = resolve("gemma4-e2b-v6e-16"), resolve("gemma4-e2b-tpu7x-16")
+    assert (v6e.cluster.accelerator, v6e.cluster.topology, v6e.cluster.num_hosts) == ("v6e", "4x4", 4)
+    assert (tpu7x.cluster.accelerator, tpu7x.cluster.topology, tpu7x.cluster.num_hosts) == ("tpu7x", "2x2x2", 2)
+    for spec in (v6e, tpu7x):
+        t = spec.train
+        assert (t.model_id, t.dataset) == ("google/gemma-4-E2B-it", "databricks/databricks-dolly-15k")
+        assert (t.learning_rate, t.weight_decay, t.batch_size, t.epochs, t.max_length) == (2e-5, 0.01, 4, 3, 512)
+        assert spec.num_workers == 16
+
+
+def test_overrides_layer_on_the_preset_with_types():
+    spec = resolve("local-fsdp", "epochs=5 cluster.num_hosts=3 learning_rate=1e-4")
+    assert spec.train.epochs == 5 and spec.cluster.num_hosts == 3 and spec.train.learning_rate == 1e-4
+    assert spec.train.batch_size == resolve("local-fsdp").train.batch_size
+
+
+def test_parse_overrides_accepts_leaf_names_and_lists():
+    assert parse_overrides(["epochs=2", "train.seed=3"]) == {"train.epochs": "2", "train.seed": "3"}
+    assert parse_overrides("") == {}
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, field",
+    [
+        ("nope", "", "preset"),
+        ("local-fsdp", "nonsense=1", "nonsense"),
+        ("local-fsdp", "train.nonsense=1", "train.nonsense"),
+        ("local-fsdp", "epochs=0", "train.epochs"),
+        ("local-fsdp", "batch_size=0", "train.batch_size"),
+        ("local-fsdp", "num_hosts=0", "cluster.num_hosts"),
+        ("local-fsdp", "epochs=two", "train.epochs"),
+        ("local-fsdp", "dataset=/does/not/exist.jsonl", "train.dataset"),
+        ("local-fsdp", "capacity=cheap", "cluster.capacity"),
+        ("local-fsdp", "capacity=reservation", "cluster.reservation"),
+        ("local-fsdp", "model_id=scratch:huge", "train.model_id"),
+        ("local-fsdp", "epochs", "epochs"),
+    ],
+)
+def test_bad_input_names_the_field(preset, overrides, field):
+    with pytest.raises(SpecError) as err:
+        resolve(preset, overrides)
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}: ")
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(SpecError) as err:
+        resolve("local-fsdp", "epoch=3")
+    assert "train.epochs" in err.value.valid
+
+
+def test_spec_json_rejects_unknown_keys():
+    data = json.loads(resolve("local-fsdp").to_json())
+    data["train"]["bogus"] = 1
+    with pytest.raises(SpecError, match="train.bogus"):
+        type(resolve("local-fsdp")).from_json(json.dumps(data))
+
+
+def test_existing_dataset_file_is_accepted(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"instruction": "a", "response": "b"}\n')
+    assert resolve("local-fsdp", f"dataset={path}").train.dataset == str(path)
+
+
+def test_run_id_is_a_dns_label():
+    assert run_id_from("", "tpupipe-2026-11-29-10-04-42-704747").startswith("tpupipe-2026-11-29")
+    assert len(run_id_from("", "X" * 100)) <= 40
+    assert run_id_from("", "123abc")[0].isalpha()
+    assert run_id_from("my-run", "ignored") == "my-run"
+    with pytest.raises(SpecError, match="run_id"):
+        run_id_from("Bad_Run", "")
