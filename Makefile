@@ -44,8 +44,8 @@ test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML)
 
-bench: envs ## orchestration overhead: pipeline wall time / the same trainer job on a running cluster
-	$(BIN)/python bench/overhead.py
+bench: envs ## every benchmark in bench/bench_*.py; figures are ratios measured side by side in one run
+	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 lint: $(VENV)/.installed ## ruff
 	$(BIN)/ruff check components pipelines trainers tests bench
