@@ -33,6 +33,7 @@ HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
 WORKER_PORT_RANGE = 40
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
+GRACE_S = 3.0  # SIGTERM to SIGKILL: Ray's `start --block` and GCS can take far longer to exit on their own
 
 
 # ---------------------------------------------------------------- ports
@@ -311,7 +312,7 @@ class LocalPlatform:
         for pid in strays:
             _kill(pid, signal.SIGTERM)
         try:
-            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
+            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=GRACE_S, interval_s=0.2,
                      what="a graceful exit")
         except TimeoutError:
             for pgid in groups:
