@@ -14,13 +14,13 @@ PYTHON312 ?= $(shell \
   for p in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
     if [ -x "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1; then echo "$$p"; exit; fi; done)
 
-.PHONY: help run test test-fast compile-pipeline bench lint envs clean-runs
+.PHONY: help run test test-fast compile-pipeline bench lint envs clean-runs goldens
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  make run PRESET=<preset> SET=\"key=value ...\"   e.g. SET=\"epochs=2 cluster.num_hosts=3\""
 
-$(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt pyproject.toml
+$(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
 	rm -rf $(VENV)
@@ -46,6 +46,15 @@ compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
 
 bench: envs ## every benchmark in bench/bench_*.py; figures are ratios measured side by side in one run
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+# The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) is committed under tests/goldens/.
+GOLDEN_PRESETS := gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
+
+goldens: $(VENV)/.installed ## regenerate tests/goldens/ (tpupipe plan of each seed preset) on purpose; review the diff
+	@set -e; for p in $(GOLDEN_PRESETS); do \
+	  rm -rf tests/goldens/$$p; mkdir -p tests/goldens/$$p; \
+	  $(BIN)/tpupipe plan $$p --output json --manifests tests/goldens/$$p/manifests > tests/goldens/$$p/plan.json; \
+	  echo "tests/goldens/$$p"; done
 
 lint: $(VENV)/.installed ## ruff
 	$(BIN)/ruff check components pipelines trainers tests bench

@@ -21,6 +21,7 @@ __all__ = [
     "family",
     "slice_shape",
     "topologies",
+    "zones",
 ]
 
 
@@ -140,6 +141,24 @@ _RAY_POD_TYPE: dict[str, tuple[str, int]] = {
     "v6e": ("v6e", 1),
     "tpu7x": ("v7x", 2),
 }
+
+# --- Zones ------------------------------------------------------------------------------------------------
+#
+# Where each family can be created, North America first, from https://docs.cloud.google.com/tpu/docs/regions-zones
+# (read 2026-11-29; it also lists AI zones such as us-central1-ai1a, left out here). The first zone of a family
+# is the default zone of `tpupipe plan`; a zone not listed is allowed (the table changes) but warned about.
+_ZONES: dict[str, tuple[str, ...]] = {
+    "v5e": ("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+    "v5p": ("us-east5-a", "us-central1-a"),
+    "v6e": ("us-east5-b", "us-east5-a", "us-east1-d", "us-central1-b", "europe-west4-a"),
+    "tpu7x": ("us-central1-c",),
+}
+
+
+def zones(family_name: str) -> list[str]:
+    """The documented zones of a family; the first is the default."""
+    return list(_ZONES[family(family_name).name])
+
 
 # --- Machine types ----------------------------------------------------------------------------------------
 #

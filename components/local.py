@@ -16,13 +16,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from components import envs
-from components.platform import RunContext
+from components.platform import RunContext, trainer_image
 from components.spec import SpecError
 from components.waiting import wait_for
 
@@ -135,6 +136,36 @@ def _tail(path: str | Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def spawn(cmd: list[str], env: dict[str, str] | None, log_file: Path) -> int:
+    """Start ``cmd`` as its own process group (an emulated host, or the head), output to log_file."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return proc.pid
+
+
+def save_ledger(path: Path, ledger: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(ledger, indent=2))
+    tmp.replace(path)
+
+
+def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> None:
+    """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
+    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until killed."""
+    while True:
+        ledger = json.loads(ledger_path.read_text())
+        for proc in ledger["processes"]:
+            if proc["role"].startswith("host-") and not pid_alive(proc["pid"]):
+                log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
+                proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
+                proc["replacements"] = proc.get("replacements", 0) + 1
+                save_ledger(ledger_path, ledger)
+        time.sleep(interval_s)
+
+
 # ---------------------------------------------------------------- the platform
 
 
@@ -154,11 +185,7 @@ class LocalPlatform:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
-        path = self.ledger_path(ctx)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(ledger, indent=2))
-        tmp.replace(path)
+        save_ledger(self.ledger_path(ctx), ledger)
 
     def check(self, ctx: RunContext) -> None:
         if ctx.spec.cluster.accelerator != "cpu":
@@ -173,12 +200,13 @@ class LocalPlatform:
     def provision(self, ctx: RunContext) -> dict[str, Any]:
         self.check(ctx)
         ledger = self._load(ctx)
-        if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]):
+        if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]) \
+                and not ledger.get("processes_stopped"):
             self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
             return self._describe(ledger)
         if ledger:  # a previous attempt died half-way: clear what it left before starting again
             self._stop(ctx, ledger)
-        env = envs.ensure_env("torch", log=self.log)
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
         cluster = ctx.spec.cluster
         ports = allocate_ports(cluster.num_hosts * cluster.num_slices)
         temp_dir = Path(tempfile.gettempdir()) / f"tp-{hashlib.sha256(ctx.run_id.encode()).hexdigest()[:10]}"
@@ -219,16 +247,15 @@ class LocalPlatform:
                           f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
                           *[f"--{k}={v}" for k, v in node_ports.items()]]
             self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
-        self.log(f"started {ledger['num_hosts']} emulated hosts")
+        keeper = [sys.executable, "-m", "components.local", "keep", str(self.ledger_path(ctx))]
+        self._spawn(ctx, ledger, "keeper", keeper, process_env)
+        self.log(f"started {ledger['num_hosts']} emulated hosts and their keeper (replaces a lost host)")
         return self._describe(ledger)
 
     def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
-        log_file = ctx.logs_dir / f"ray-{role}.out"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
-        ledger["processes"].append({"role": role, "pid": proc.pid, "pgid": proc.pid, "log": str(log_file)})
+        log_file = ctx.logs_dir / f"{role}.out"
+        pid = spawn(cmd, env, log_file)
+        ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
         self._save(ctx, ledger)
 
     def _head_up(self, ctx: RunContext, ledger: dict) -> bool | None:
@@ -241,9 +268,12 @@ class LocalPlatform:
     @staticmethod
     def _raise_if_dead(ledger: dict) -> None:
         for proc in ledger["processes"]:
-            if not pid_alive(proc["pid"]):
-                raise RuntimeError(f"Ray {proc['role']} (pid {proc['pid']}) exited; last lines of "
+            if not pid_alive(proc["pid"]) and not proc["role"].startswith("host-"):  # the keeper replaces hosts
+                raise RuntimeError(f"{proc['role']} (pid {proc['pid']}) exited; last lines of "
                                    f"{proc['log']}:\n{_tail(proc['log'])}")
+            if proc.get("replacements", 0) >= 3:
+                raise RuntimeError(f"{proc['role']} keeps exiting ({proc['replacements']} replacements); last "
+                                   f"lines of {proc['log']}:\n{_tail(proc['log'])}")
 
     @staticmethod
     def _describe(ledger: dict) -> dict[str, Any]:
@@ -251,10 +281,10 @@ class LocalPlatform:
             "pids": [p["pid"] for p in ledger["processes"]]
         }
 
-    # -- build_image: the torch environment, by content hash
+    # -- build_image: the trainer image's environment, by content hash
     def build_image(self, ctx: RunContext) -> dict[str, Any]:
-        env = envs.ensure_env("torch", log=self.log)
-        return {**env.to_dict(), "image": f"local/torch@{env.digest}"}
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
+        return {**env.to_dict(), "image": f"local/{env.image}@{env.digest}"}
 
     # -- deploy_raycluster: wait until the head and every host are alive
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
@@ -264,7 +294,7 @@ class LocalPlatform:
         want = ledger["num_hosts"] + 1
 
         def alive_nodes() -> int | None:
-            self._raise_if_dead(ledger)
+            self._raise_if_dead(self._load(ctx))
             try:
                 from ray.util.state import list_nodes
 
@@ -304,6 +334,13 @@ class LocalPlatform:
         return self._stop(ctx, ledger)
 
     def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
+        # The keeper first, so that it replaces no host we stop; then the ledger as it left it.
+        for proc in ledger["processes"]:
+            if proc["role"] == "keeper":
+                _kill_group(proc["pgid"], signal.SIGKILL)
+                wait_for(lambda p=proc: True if not pid_alive(p["pid"]) else None, timeout_s=10, interval_s=0.1,
+                         what="the host keeper to exit")
+        ledger = self._load(ctx) or ledger
         groups = [p["pgid"] for p in ledger["processes"]]
         for pgid in reversed(groups):  # workers first, the head last
             _kill_group(pgid, signal.SIGTERM)
@@ -329,3 +366,17 @@ class LocalPlatform:
         self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
                  + (f" and {len(strays)} processes outside them" if strays else ""))
         return {"stopped_groups": len(groups), "strays": len(strays), "ports_still_bound": busy}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The local platform's host keeper.")
+    parser.add_argument("command", choices=("keep",))
+    parser.add_argument("ledger", help="the run's cluster.json")
+    args = parser.parse_args(argv)
+    keep(Path(args.ledger), log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,11 @@ from typing import Any, Protocol
 from components.spec import RunSpec, SpecError
 
 RUN_ID_MAX = 40
+TRAINER_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}  # workload -> images/<name>
+
+
+def trainer_image(spec: RunSpec) -> str:
+    return TRAINER_IMAGES[spec.train.workload]
 
 
 def run_id_from(explicit: str, job_name: str) -> str:

@@ -15,6 +15,29 @@ _GEMMA4_E2B_TRAIN = {
     "num_workers": 16,  # one Ray Train worker per TPU device
 }
 
+# Seed workload A (MaxText on multislice v6e): the cluster side, shared by the three Llama 3 presets.
+_LLAMA3_V6E_16X2 = {
+    "accelerator": "v6e",
+    "topology": "4x4",
+    "num_hosts": 4,  # ct6e-standard-4t, 4 chips each
+    "num_slices": 2,
+    "cpus_per_host": 8,
+    "worker_memory_gib": 200,
+    "head_cpus": 8,
+    "head_memory_gib": 16,
+}
+_LLAMA3_TRAIN = {"workload": "maxtext", "num_workers": 0}  # one Ray Train worker per host
+_LLAMA3_GKE = {"cpu_machine_type": "n1-standard-16", "hf_secret": ""}  # synthetic data: no Hugging Face token
+_LLAMA3_8B_MAXTEXT = {
+    "model_name": "llama3-8b",
+    "dataset_type": "synthetic",
+    "per_device_batch_size": 4,
+    "max_target_length": 4096,
+    "steps": 100,
+    "ici_fsdp_parallelism": 4,
+    "ici_tensor_parallelism": 4,
+}
+
 PRESETS: dict[str, dict] = {
     # The default of `make run`: the FSDP2 fine-tune on 2 emulated CPU hosts, a tiny Gemma 4 from a config
     # and the generated instruction dataset. A few minutes on 2 cores.
@@ -32,14 +55,65 @@ PRESETS: dict[str, dict] = {
             "weight_decay": 0.01,
         },
     },
-    # Seed B on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips.
+    # MaxText pretraining of a tiny Llama-style model on 2 emulated CPU hosts x 2 devices: one JAX runtime of
+    # 2 processes and 4 devices, sharded fsdp 2 x tensor 2, as a v6e slice's hosts form one.
+    "local-maxtext": {
+        "cluster": {"accelerator": "cpu", "num_hosts": 2, "cpus_per_host": 1},
+        "train": {"workload": "maxtext", "max_failures": 3},
+        "maxtext": {
+            "model_name": "tiny-llama",
+            "dataset_type": "synthetic",
+            "per_device_batch_size": 2,
+            "max_target_length": 128,
+            "steps": 40,
+            "ici_fsdp_parallelism": 2,
+            "ici_tensor_parallelism": 2,
+            "learning_rate": 3e-3,
+            "checkpoint_period": 10,
+            "eval_steps": 4,
+            "cpu_devices_per_host": 2,
+        },
+    },
+    # Seed B on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips; worker pods 64 CPU, 200Gi.
     "gemma4-e2b-v6e-16": {
-        "cluster": {"accelerator": "v6e", "topology": "4x4", "num_hosts": 4, "num_slices": 1},
+        "cluster": {"accelerator": "v6e", "topology": "4x4", "num_hosts": 4, "num_slices": 1,
+                    "cpus_per_host": 64, "worker_memory_gib": 200, "worker_shm_gib": 100},
         "train": _GEMMA4_E2B_TRAIN,
     },
-    # Seed B on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices.
+    # Seed B on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices; worker pods 250Gi.
     "gemma4-e2b-tpu7x-16": {
-        "cluster": {"accelerator": "tpu7x", "topology": "2x2x2", "num_hosts": 2, "num_slices": 1},
+        "cluster": {"accelerator": "tpu7x", "topology": "2x2x2", "num_hosts": 2, "num_slices": 1,
+                    "cpus_per_host": 64, "worker_memory_gib": 250, "worker_shm_gib": 100},
         "train": _GEMMA4_E2B_TRAIN,
+    },
+    # Seed A: MaxText pretraining of Llama 3 8B on two TPU v6e 4x4 slices (multislice over DCN): 2 node pools of
+    # 4 x ct6e-standard-4t, one RayCluster worker group of 2 replicas x 4 hosts, one Ray Train worker per host.
+    "llama3-8b-v6e-16x2": {
+        "cluster": _LLAMA3_V6E_16X2,
+        "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-8B"},
+        "gke": _LLAMA3_GKE,
+        "maxtext": _LLAMA3_8B_MAXTEXT,
+    },
+    # Seed A, Llama 3 70B: 2D sharding inside a slice (FSDP 4 x tensor 4), FSDP across the 2 slices.
+    "llama3-70b-v6e-16x2": {
+        "cluster": _LLAMA3_V6E_16X2,
+        "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-70B"},
+        "gke": _LLAMA3_GKE,
+        "maxtext": _LLAMA3_8B_MAXTEXT | {
+            "model_name": "llama3-70b",
+            "per_device_batch_size": 2,
+            "dcn_fsdp_parallelism": 2,
+            "dcn_data_parallelism": 1,
+            "remat_policy": "full",
+        },
+    },
+    # Seed A, elastic on Spot: Ray Train runs 4 to 8 workers (1 to 2 whole slices), shrinks to the intact
+    # slices when one is preempted and grows back when capacity returns; 3 failures allowed.
+    "llama3-8b-v6e-elastic-spot": {
+        "cluster": _LLAMA3_V6E_16X2 | {"capacity": "spot"},
+        "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-8B", "min_workers": 4, "max_workers": 8,
+                                  "max_failures": 3},
+        "gke": _LLAMA3_GKE,
+        "maxtext": _LLAMA3_8B_MAXTEXT,
     },
 }

@@ -32,7 +32,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "run_dir": str(ctx.run_dir),
         "stages": stages,
         "train_losses": train.get("losses", []),
-        "epochs": train.get("epochs", []),
+        "history": train.get("history", []),
         "tokens_per_s": train.get("tokens_per_s"),
         "checkpoint": train.get("checkpoint"),
         "eval_loss_before": ev.get("eval_loss_before"),
@@ -63,39 +63,63 @@ def _plot(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = [e["epoch"] for e in summary["epochs"]]
+    unit = _unit(summary["history"])
+    xs = [row[unit] for row in summary["history"]]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.plot(epochs, summary["train_losses"], marker="o", label="train loss (epoch mean)")
-    for key, style, label in (("eval_loss_before", ":", "held-out, untrained"),
-                              ("eval_loss_after", "--", "held-out, fine-tuned")):
+    label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
+    ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
+    for key, style, text in (("eval_loss_before", ":", "held-out, untrained"),
+                             ("eval_loss_after", "--", "held-out, trained")):
         if summary.get(key) is not None:
-            ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=label)
+            ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=text)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(unit)
     ax.set_ylabel("loss")
-    ax.set_xticks(epochs)
+    if unit == "epoch":
+        ax.set_xticks(xs)
     ax.set_title(f"{summary['preset']} — {summary['run_id']}")
     ax.legend()
     fig.tight_layout()
     png = run_dir / "loss.png"
     fig.savefig(png)
     plt.close(fig)
-    rows = "".join(
-        f"<tr><td>{e['epoch']}</td><td>{e['loss']:.4f}</td><td>{e['epoch_s']:.1f}</td>"
-        f"<td>{e['tokens_per_s']:.0f}</td></tr>" for e in summary["epochs"]
-    )
+    columns = _columns(summary["history"])
+    head = "".join(f"<th>{html.escape(title)}</th>" for title, _key, _fmt in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
+                   for row in summary["history"])
     page = run_dir / "loss.html"
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>tpupipe "
         f"{html.escape(summary['run_id'])}</title></head><body>"
         f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
         "<img src='loss.png' alt='loss per epoch'>"
-        "<table border='1'><tr><th>epoch</th><th>loss</th><th>seconds</th><th>tokens/s</th></tr>"
-        f"{rows}</table>"
+        f"<table border='1'><tr>{head}</tr>{rows}</table>"
         f"<p>held-out loss: {_fmt(summary.get('eval_loss_before'))} untrained, "
-        f"{_fmt(summary.get('eval_loss_after'))} fine-tuned</p></body></html>"
+        f"{_fmt(summary.get('eval_loss_after'))} trained</p></body></html>"
     )
     return {"png": str(png), "html": str(page)}
+
+
+def _unit(history: list[dict]) -> str:
+    return "epoch" if history and "epoch" in history[0] else "step"
+
+
+def _columns(history: list[dict]) -> list[tuple[str, str, str]]:
+    """(title, key, format) of the metric table: per epoch for FSDP, per step (MaxText's figures) for MaxText."""
+    if _unit(history) == "epoch":
+        return [("epoch", "epoch", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "epoch_s", "{:.1f}"),
+                ("tokens/s", "tokens_per_s", "{:.0f}")]
+    return [("step", "step", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "step_s", "{:.3f}"),
+            ("tokens/s", "tokens_per_s", "{:.0f}"), ("tok/s/dev", "tokens_per_s_per_device", "{:.1f}"),
+            ("TFLOP/s/dev", "tflops_per_s_per_device", "{:.4f}")]
+
+
+def _shown(history: list[dict], most: int = 12) -> list[dict]:
+    """Every row when few, else evenly spaced rows and the last."""
+    if len(history) <= most:
+        return history
+    stride = -(-len(history) // most)
+    return history[::stride] + ([history[-1]] if (len(history) - 1) % stride else [])
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -111,17 +135,18 @@ def format_table(summary: dict[str, Any]) -> str:
     failed = [s for s in summary["stages"] if s.get("error")]
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")
-    if summary["epochs"]:
-        lines += ["", f"  {'epoch':<6} {'loss':>8} {'seconds':>8} {'tokens/s':>10}"]
-        for e in summary["epochs"]:
-            lines.append(f"  {e['epoch']:<6} {e['loss']:>8.4f} {e['epoch_s']:>8.1f} {e['tokens_per_s']:>10.0f}")
+    if summary["history"]:
+        columns = _columns(summary["history"])
+        lines += ["", "  " + " ".join(f"{title:>11}" for title, _key, _fmt in columns)]
+        for row in _shown(summary["history"]):
+            lines.append("  " + " ".join(f"{fmt.format(row.get(key, 0)):>11}" for _t, key, fmt in columns))
     if summary.get("eval_loss_before") is not None:
         lines += [
             "",
             f"  held-out loss        untrained {_fmt(summary['eval_loss_before'])}   "
-            f"fine-tuned {_fmt(summary['eval_loss_after'])}",
+            f"trained {_fmt(summary['eval_loss_after'])}",
             f"  held-out perplexity  untrained {_fmt(summary['perplexity_before'], 2)}   "
-            f"fine-tuned {_fmt(summary['perplexity_after'], 2)}",
+            f"trained {_fmt(summary['perplexity_after'], 2)}",
         ]
     if summary.get("tokens_per_s"):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
-WORKLOADS = ("fsdp",)
+WORKLOADS = ("fsdp", "maxtext")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
 
@@ -45,9 +45,15 @@ class ClusterSpec:
     num_slices: int = 1
     num_hosts: int = 2  # hosts per slice (emulated raylets on the local platform)
     cpus_per_host: int = 1  # Ray CPUs each emulated host offers (local platform)
-    capacity: str = "on-demand"
-    reservation: str = ""  # required when capacity=reservation
+    capacity: str = "on-demand"  # on TPU: on-demand, spot, reservation or flex-start
+    reservation: str = ""  # required when capacity=reservation: NAME or projects/P/reservations/NAME
     ready_timeout_s: float = 180.0  # how long deploy_raycluster waits for every host
+    # Pod sizes on GKE (cpus_per_host is also each TPU worker pod's CPU request):
+    head_cpus: int = 4
+    head_memory_gib: int = 16
+    worker_memory_gib: int = 200  # each TPU worker pod (one per host)
+    worker_shm_gib: int = 100  # /dev/shm (in memory) of each TPU worker pod; 0: none
+    expected_hours: float = 1.0  # expected duration of the run, for the cost estimate of `tpupipe plan`
 
 
 @dataclass(frozen=True)
@@ -68,10 +74,57 @@ class TrainSpec:
     weight_decay: float = 0.01
     seed: int = 0
     num_workers: int = 0  # 0: one per host (cpu) or one per TPU device
+    min_workers: int = 0  # elastic range (min_workers, max_workers), whole slices; 0 and 0: not elastic
+    max_workers: int = 0
     num_to_keep: int = 1  # checkpoints kept, best by loss
     max_failures: int = 0  # worker-group restarts Ray Train may make
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
     timeout_s: float = 3600.0  # the train job's deadline
+
+
+GKE_CLUSTER_MODES = ("standard", "autopilot")
+MULTISLICE_NETWORKS = ("dcn_networks", "accelerator_network_profile", "none")
+
+
+@dataclass(frozen=True)
+class GkeSpec:
+    """The gke platform: where the run's cloud resources go. Every name not set here derives from the run id."""
+
+    project: str = ""  # GCP project id; `tpupipe plan` shows PROJECT_ID while it is empty
+    zone: str = ""  # TPU zone; empty: the first zone the catalogue documents for the accelerator
+    cluster_name: str = ""  # an existing GKE cluster to use; empty: the run creates (and deletes) its own
+    cluster_mode: str = "standard"  # standard or autopilot
+    cluster_version: str = ""  # GKE version of a cluster the run creates; empty: the release channel's default
+    cpu_machine_type: str = "n2-standard-8"  # the CPU node pool that carries the Ray head (standard mode)
+    multislice_network: str = "dcn_networks"  # NICs between slices: dcn_networks, accelerator_network_profile, none
+    bucket: str = ""  # checkpoint bucket (kept after the run); empty: <project>-tpupipe
+    namespace: str = "tpupipe"  # Kubernetes namespace of the run's objects
+    artifact_repository: str = "tpupipe"  # Artifact Registry Docker repository in the zone's region
+    image: str = ""  # the trainer image; empty: <region>-docker.pkg.dev/<project>/<repository>/<image>:<run id>
+    hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
+
+
+@dataclass(frozen=True)
+class MaxTextSpec:
+    """The MaxText pretraining workload (train.workload=maxtext): MaxText's own overrides, one field each.
+    Parallelism axes follow MaxText: ICI axes multiply to the devices of a slice, DCN axes to the slices;
+    -1 fills in what is left (MaxText's defaults are ici_fsdp -1 and dcn_data -1)."""
+
+    model_name: str = "llama3-8b"  # a MaxText model config, or a tpupipe scratch model (tiny-llama)
+    dataset_type: str = "synthetic"
+    per_device_batch_size: float = 4.0
+    max_target_length: int = 4096
+    steps: int = 100
+    ici_data_parallelism: int = 1
+    ici_fsdp_parallelism: int = -1
+    ici_tensor_parallelism: int = 1
+    dcn_data_parallelism: int = -1
+    dcn_fsdp_parallelism: int = 1
+    remat_policy: str = ""  # empty: MaxText's default
+    learning_rate: float = 0.0  # 0: MaxText's default
+    checkpoint_period: int = 0  # steps between checkpoints; 0: MaxText's default
+    eval_steps: int = 4  # batches of MaxText's eval loop in the evaluate stage
+    cpu_devices_per_host: int = 2  # JAX devices of each emulated CPU host (XLA's host device count)
 
 
 @dataclass(frozen=True)
@@ -79,6 +132,8 @@ class RunSpec:
     name: str = "custom"
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
+    gke: GkeSpec = field(default_factory=GkeSpec)
+    maxtext: MaxTextSpec = field(default_factory=MaxTextSpec)
 
     # ---- derived facts (one place each) ----
     @property
@@ -102,7 +157,7 @@ class RunSpec:
         return from_dict(json.loads(text))
 
 
-SECTIONS: dict[str, type] = {"cluster": ClusterSpec, "train": TrainSpec}
+SECTIONS: dict[str, type] = {"cluster": ClusterSpec, "train": TrainSpec, "gke": GkeSpec, "maxtext": MaxTextSpec}
 
 
 def _field_types(cls: type) -> dict[str, type]:
@@ -209,6 +264,134 @@ def _is_local_file(dataset: str) -> bool:
     return dataset.endswith((".json", ".jsonl")) or dataset.startswith(("/", "./", "../", "~"))
 
 
+def _validate_tpu_cluster(spec: RunSpec) -> None:
+    """The slice against the TPU catalogue: family, topology, hosts per slice, and multislice."""
+    import re
+
+    from components import catalogue
+
+    c = spec.cluster
+    if c.accelerator == "cpu":
+        return
+    try:
+        family = catalogue.family(c.accelerator)
+    except catalogue.CatalogueError:
+        raise SpecError("cluster.accelerator", f"unknown accelerator {c.accelerator!r}",
+                        ["cpu", *catalogue.FAMILIES]) from None
+    valid = catalogue.topologies(family.name)
+    if not c.topology:
+        raise SpecError("cluster.topology", f"required for accelerator {family.name}", valid)
+    try:
+        shape = catalogue.slice_shape(family.name, c.topology)
+    except catalogue.CatalogueError:
+        raise SpecError("cluster.topology", f"{c.topology!r} is not a {family.name} topology", valid) from None
+    if c.num_hosts != shape.num_hosts:
+        raise SpecError(
+            "cluster.num_hosts",
+            f"a {family.name} {shape.topology} slice is {shape.num_hosts} hosts of {shape.machine_type} "
+            f"({shape.chips_per_host} chips each), got {c.num_hosts}",
+            [str(shape.num_hosts)],
+        )
+    if c.capacity == "reservation" and not re.match(
+        r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", c.reservation
+    ):
+        raise SpecError("cluster.reservation", f"{c.reservation!r} is not a reservation",
+                        ["a reservation name", "projects/PROJECT/reservations/NAME"])
+    if c.num_slices > 1 and not shape.multi_host:
+        multi = [t for t in valid if catalogue.slice_shape(family.name, t).multi_host]
+        raise SpecError(
+            "cluster.num_slices",
+            f"{c.num_slices} slices of the single-host {family.name} {shape.topology}: GKE Multislice takes "
+            f"multi-host slices only ({', '.join(multi)})",
+            ["1"],
+        )
+
+
+def _validate_workers(spec: RunSpec) -> None:
+    """Ray Train worker counts: whole slices, and an elastic range (min_workers, max_workers) of whole slices."""
+    from components import derivations
+
+    t, slices = spec.train, spec.cluster.num_slices
+    per_slice = derivations.workers_per_slice(spec)
+    whole = [str(per_slice * k) for k in range(1, slices + 1)]
+    unit = (f"slices of {per_slice} workers ({derivations.workers_per_host(spec)} per host x "
+            f"{spec.cluster.num_hosts} hosts), at most {slices}")
+    if t.min_workers or t.max_workers:
+        if not (t.min_workers and t.max_workers):
+            missing = "train.max_workers" if t.min_workers else "train.min_workers"
+            raise SpecError(missing, "an elastic range needs both train.min_workers and train.max_workers "
+                                     "(both 0: not elastic)", whole)
+        if t.num_workers:
+            raise SpecError("train.num_workers", "set either train.num_workers or the elastic range "
+                                                 "train.min_workers..train.max_workers, not both", ["0"])
+        for key, value in (("train.min_workers", t.min_workers), ("train.max_workers", t.max_workers)):
+            if value % per_slice or value > per_slice * slices:
+                raise SpecError(key, f"{value} is not a whole number of {unit}", whole)
+        if t.min_workers > t.max_workers:
+            raise SpecError("train.min_workers", f"{t.min_workers} is more than train.max_workers={t.max_workers}",
+                            [w for w in whole if int(w) <= t.max_workers])
+    elif derivations.is_tpu(spec) and t.num_workers and str(t.num_workers) not in whole:
+        raise SpecError("train.num_workers", f"{t.num_workers} is not a whole number of {unit}", ["0", *whole])
+
+
+def _validate_gke(spec: RunSpec) -> None:
+    """The gke section: names Google Cloud and Kubernetes accept, and the versions the features need."""
+    import re
+
+    from components import catalogue, derivations
+
+    g = spec.gke
+    if g.cluster_mode not in GKE_CLUSTER_MODES:
+        raise SpecError("gke.cluster_mode", f"unknown cluster mode {g.cluster_mode!r}", GKE_CLUSTER_MODES)
+    if g.multislice_network not in MULTISLICE_NETWORKS:
+        raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}",
+                        MULTISLICE_NETWORKS)
+    dns_label = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    checks = [
+        ("gke.project", g.project, re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$"),
+         "6 to 30 lowercase letters, digits and hyphens, starting with a letter"),
+        ("gke.zone", g.zone, re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$"), "a zone such as us-east5-b"),
+        ("gke.cluster_name", g.cluster_name, re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"),
+         "1 to 40 lowercase letters, digits and hyphens, starting with a letter"),
+        ("gke.namespace", g.namespace, dns_label, "a DNS label of at most 63 characters"),
+        ("gke.bucket", g.bucket, re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"),
+         "3 to 63 lowercase letters, digits, '-', '_' and '.'"),
+        ("gke.artifact_repository", g.artifact_repository, dns_label, "lowercase letters, digits and hyphens"),
+        ("gke.cpu_machine_type", g.cpu_machine_type, re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"),
+         "a Compute Engine machine type such as n2-standard-8"),
+        ("gke.hf_secret", g.hf_secret, dns_label, "a Secret name, or empty for none"),
+    ]
+    for key, value, pattern, what in checks:
+        if value and (len(value) > 63 or not pattern.match(value)):
+            raise SpecError(key, f"{value!r} is not valid", [what])
+    for key, value in (("gke.namespace", g.namespace), ("gke.artifact_repository", g.artifact_repository),
+                       ("gke.cpu_machine_type", g.cpu_machine_type)):
+        if not value:
+            raise SpecError(key, "must not be empty")
+    if g.cluster_version:
+        if g.cluster_name:
+            raise SpecError("gke.cluster_version", f"applies to a cluster the run creates; gke.cluster_name="
+                                                   f"{g.cluster_name} is an existing one", [""])
+        if derivations.parse_gke_version(g.cluster_version) is None:
+            raise SpecError("gke.cluster_version", f"{g.cluster_version!r} is not a GKE version",
+                            ["latest", "1.35", "1.35.2-gke.1842000"])
+    if not derivations.is_tpu(spec):
+        return
+    if g.cluster_mode == "autopilot" and derivations.has_dcn_nics(spec):
+        raise SpecError("gke.multislice_network", "autopilot clusters have no node pools to attach the DCN NICs "
+                                                  "to; multislice on autopilot uses the default network", ["none"])
+    floors = []
+    family = catalogue.family(spec.cluster.accelerator).name
+    if (family, g.cluster_mode) in derivations.MIN_GKE_VERSION_FOR_FAMILY:
+        floors.append((derivations.MIN_GKE_VERSION_FOR_FAMILY[family, g.cluster_mode], f"{family} TPUs"))
+    if derivations.has_dcn_nics(spec):
+        floors.append((derivations.MIN_GKE_VERSION_FOR_DRANET[g.cluster_mode], "managed DRANET"))
+    for floor, feature in floors if g.cluster_version else ():
+        if not derivations.version_at_least(g.cluster_version, floor):
+            raise SpecError("gke.cluster_version", f"{g.cluster_version} is older than {floor}, the first "
+                            f"{g.cluster_mode} version with {feature}", [f">= {floor}", "latest"])
+
+
 def validate(spec: RunSpec) -> None:
     """Cross-field checks. Raises SpecError naming the first bad field."""
     c, t = spec.cluster, spec.train
@@ -222,33 +405,44 @@ def validate(spec: RunSpec) -> None:
         "train.num_train_examples": t.num_train_examples,
         "train.num_eval_examples": t.num_eval_examples,
     }
+    positive.update({
+        "cluster.head_cpus": c.head_cpus,
+        "cluster.head_memory_gib": c.head_memory_gib,
+        "cluster.worker_memory_gib": c.worker_memory_gib,
+    })
     for key, value in positive.items():
         if value < 1:
-            raise SpecError(key, f"must be at least 1, got {value}")
+            raise SpecError(key, f"must be at least 1, got {value}", ["an integer >= 1"])
     for key, value in {
         "train.num_workers": t.num_workers,
         "train.max_failures": t.max_failures,
         "train.fail_at_step": t.fail_at_step,
+        "train.min_workers": t.min_workers,
+        "train.max_workers": t.max_workers,
+        "cluster.worker_shm_gib": c.worker_shm_gib,
     }.items():
         if value < 0:
-            raise SpecError(key, f"must be 0 or more, got {value}")
+            raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
     if t.max_length < 8:
         raise SpecError("train.max_length", f"must be at least 8, got {t.max_length}")
     if not t.learning_rate > 0:
         raise SpecError("train.learning_rate", f"must be positive, got {t.learning_rate}")
     if t.weight_decay < 0:
         raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
-    for key, value in {"cluster.ready_timeout_s": c.ready_timeout_s, "train.timeout_s": t.timeout_s}.items():
+    for key, value in {"cluster.ready_timeout_s": c.ready_timeout_s, "train.timeout_s": t.timeout_s,
+                       "cluster.expected_hours": c.expected_hours}.items():
         if not value > 0:
             raise SpecError(key, f"must be positive, got {value}")
     if c.capacity not in CAPACITY_TYPES:
         raise SpecError("cluster.capacity", f"unknown capacity type {c.capacity!r}", CAPACITY_TYPES)
     if c.capacity == "reservation" and not c.reservation:
-        raise SpecError("cluster.reservation", "required when cluster.capacity=reservation")
-    if c.accelerator != "cpu" and not c.topology:
-        raise SpecError("cluster.topology", f"required for accelerator {c.accelerator!r}")
+        raise SpecError("cluster.reservation", "required when cluster.capacity=reservation",
+                        ["a reservation name", "projects/PROJECT/reservations/NAME"])
     if t.workload not in WORKLOADS:
         raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
+    _validate_tpu_cluster(spec)
+    _validate_workers(spec)
+    _validate_gke(spec)
     if t.model_id.startswith(SCRATCH_PREFIX):
         from trainers import model_configs  # pure data, no torch
 
@@ -264,6 +458,10 @@ def validate(spec: RunSpec) -> None:
     if t.dataset != GENERATED_DATASET and _is_local_file(t.dataset):
         if not Path(t.dataset).expanduser().is_file():
             raise SpecError("train.dataset", f"file not found: {t.dataset}")
+    if t.workload == "maxtext":
+        from trainers import maxtext_args  # pure: MaxText's argument rules
+
+        maxtext_args.validate(spec)
 
 
 def resolve(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] = "") -> RunSpec:

@@ -129,7 +129,11 @@ def _main_thread() -> bool:
 
 
 def _python_module(module: str, **args: str) -> str:
-    return " ".join(["python", "-m", module, *[f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in args.items()]])
+    """``python -m module [positional] --key value ...``; the key "" is a positional argument."""
+    words = ["python", "-m", module]
+    for key, value in args.items():
+        words += [shlex.quote(value)] if key == "" else [f"--{key.replace('_', '-')}", shlex.quote(value)]
+    return " ".join(words)
 
 
 # ---------------------------------------------------------------- the stages
@@ -147,28 +151,50 @@ def deploy_raycluster(ctx: RunContext) -> dict[str, Any]:
     return get_platform(ctx.platform).deploy_raycluster(ctx)
 
 
+def _entrypoint(ctx: RunContext, mode: str, **extra: str) -> str:
+    """The Ray job command of the run's workload: ``mode`` is train or eval."""
+    out = get_platform(ctx.platform).job_output_dir(ctx)
+    spec_json = ctx.spec.to_json()
+    if ctx.spec.train.workload == "maxtext":
+        return _python_module("trainers.maxtext_train", **{"": mode}, spec=spec_json, output_dir=out,
+                              run_name=ctx.run_id, **extra)
+    if mode == "train":
+        return _python_module("trainers.fsdp", spec=spec_json, output_dir=out, run_name=ctx.run_id)
+    return _python_module("trainers.evaluate", spec=spec_json, output_dir=out, **extra)
+
+
+def history(records: list[tuple[str, dict]]) -> list[dict]:
+    """Per-epoch (FSDP) or per-step (MaxText) metric records in order; after a restart, the figures of a
+    re-run epoch or step replace the earlier ones."""
+    latest: dict[int, dict] = {}
+    for kind, payload in records:
+        if kind == "metric":
+            latest[payload.get("epoch", payload.get("step"))] = payload
+    return [latest[k] for k in sorted(latest)]
+
+
 def train(ctx: RunContext) -> dict[str, Any]:
     t = ctx.spec.train
+    total = ctx.spec.maxtext.steps if t.workload == "maxtext" else t.epochs
 
-    def progress(kind: str, payload: dict) -> None:
-        if kind == "metric":
-            log(f"train: epoch {payload['epoch']}/{t.epochs}  loss {payload['loss']:.4f}  "
-                f"{payload['tokens_per_s']:.0f} tokens/s  ({payload['epoch_s']:.1f}s)")
+    shown: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
 
-    out = get_platform(ctx.platform).job_output_dir(ctx)
-    job = run_job(ctx, "train", _python_module("trainers.fsdp", spec=ctx.spec.to_json(), output_dir=out,
-                                               run_name=ctx.run_id), t.timeout_s, progress)
-    epochs: dict[int, dict] = {}
-    for kind, payload in job["records"]:
-        if kind == "metric":
-            epochs[payload["epoch"]] = payload  # after a restart, the re-run epoch's figures win
-    history = [epochs[e] for e in sorted(epochs)]
+    def progress(kind: str, p: dict) -> None:
+        unit, index = ("step", p["step"] + 1) if "step" in p else ("epoch", p.get("epoch"))
+        if kind != "metric" or (unit, index, p["loss"]) in shown:
+            return
+        shown.add((unit, index, p["loss"]))
+        seconds = p.get("epoch_s", p.get("step_s", 0.0))
+        log(f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)")
+
+    job = run_job(ctx, "train", _entrypoint(ctx, "train"), t.timeout_s, progress)
+    rows = history(job["records"])
     return {
         "job": job["submission_id"],
         "checkpoint": job["result"]["checkpoint"],
-        "epochs": history,
-        "losses": [e["loss"] for e in history],
-        "tokens_per_s": history[-1]["tokens_per_s"] if history else None,
+        "history": rows,
+        "losses": [r["loss"] for r in rows],
+        "tokens_per_s": rows[-1]["tokens_per_s"] if rows else None,
         "device": job["result"]["device"],
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
@@ -178,10 +204,8 @@ def train(ctx: RunContext) -> dict[str, Any]:
 def evaluate(ctx: RunContext, train_result: dict[str, Any]) -> dict[str, Any]:
     if not train_result.get("checkpoint"):
         raise RuntimeError("evaluate: the train stage reported no checkpoint")
-    out = get_platform(ctx.platform).job_output_dir(ctx)
-    job = run_job(ctx, "evaluate", _python_module("trainers.evaluate", spec=ctx.spec.to_json(),
-                                                  checkpoint=train_result["checkpoint"], output_dir=out),
-                  ctx.spec.train.timeout_s)
+    entrypoint = _entrypoint(ctx, "eval", checkpoint=train_result["checkpoint"])
+    job = run_job(ctx, "evaluate", entrypoint, ctx.spec.train.timeout_s)
     result = job["result"]
     log(f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
         f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}")

@@ -17,6 +17,7 @@ EPILOG = """examples:
   tpupipe compile --output build/tpupipe_pipeline.yaml
   tpupipe validate gemma4-e2b-v6e-16 --set train.epochs=1
   tpupipe presets
+  tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
 """
 
 
@@ -69,6 +70,31 @@ def cmd_env(args) -> int:
             envs.ensure_env(image)
         except ValueError as exc:
             return _fail(str(exc))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
+    from components import plan, pricing
+    from components.platform import run_id_from
+    from components.spec import SpecError, resolve
+
+    try:
+        spec = resolve(args.preset, _overrides(args.set))
+        plan.check_plannable(spec)
+        run_id = run_id_from(args.run_id, args.preset)
+        prices = pricing.load(args.prices)
+    except (SpecError, pricing.PriceError) as exc:
+        return _fail(str(exc))
+    document = plan.build(spec, run_id, prices)
+    if args.manifests:
+        out = Path(args.manifests)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in plan.manifest_files(document).items():
+            (out / name).write_text(text)
+    sys.stdout.write(plan.to_json(document) if args.output == "json" else plan.render_text(document))
+    if args.manifests and args.output != "json":
+        print(f"manifests: {len(plan.kubernetes_objects(document))} Kubernetes objects in {args.manifests}")
     return 0
 
 
@@ -150,6 +176,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")
     with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
+    p.add_argument("preset", help="preset name (`tpupipe presets`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")
+    p.add_argument("--manifests", metavar="DIR", default="",
+                   help="write each Kubernetes object the run would apply to DIR as a YAML file")
+    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
+    p.add_argument("--prices", metavar="FILE", default="",
+                   help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=cmd_presets)

@@ -45,24 +45,11 @@ def detect_backend() -> tuple[str, str]:
 
 
 def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
-    """Ray ScalingConfig arguments: one worker per emulated host on cpu, one per TPU device on TPU."""
-    c = spec.cluster
-    if c.accelerator == "cpu":
-        return {
-            "num_workers": spec.num_workers,
-            "resources_per_worker": {"CPU": c.cpus_per_host},
-            "placement_strategy": "SPREAD",
-        }
-    from components import catalogue
+    """Ray ScalingConfig arguments: one worker per emulated host on cpu, one per TPU device on TPU. Derived from
+    the TPU catalogue in one place (``components.derivations``), the same place the RayCluster comes from."""
+    from components import derivations
 
-    shape = catalogue.slice_shape(c.accelerator, c.topology)
-    return {
-        "num_workers": spec.num_workers,
-        "use_tpu": True,
-        "topology": c.topology,
-        "accelerator_type": shape.family.ray_accelerator_type,
-        "resources_per_worker": {"TPU": 1},
-    }
+    return derivations.scaling_config_args(spec)
 
 
 # ---------------------------------------------------------------- the model, sharded

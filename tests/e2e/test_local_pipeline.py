@@ -54,7 +54,7 @@ def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
     assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert "loss.png" in (run_dir / "loss.html").read_text()
     assert proc.stdout.rstrip().splitlines()[-1] == str(run_dir)
-    for needle in ("held-out loss", "untrained", "fine-tuned", "tokens/s", "deploy_raycluster"):
+    for needle in ("held-out loss", "untrained", "trained", "tokens/s", "deploy_raycluster"):
         assert needle in proc.stdout
 
 
@@ -85,7 +85,7 @@ def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     assert "injected failure at step 20" in log
     assert "resumed from checkpoint of epoch 1 (step 16)" in log
     summary = json.loads((tmp_path / "e2e-resume" / "summary.json").read_text())
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+    assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
     assert_nothing_left(tmp_path / "e2e-resume", "e2e-resume")
 
 

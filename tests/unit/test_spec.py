@@ -33,7 +33,7 @@ def test_gemma4_presets_match_the_seed_workload():
 
 
 def test_overrides_layer_on_the_preset_with_types():
-    spec = resolve("local-fsdp", "epochs=5 cluster.num_hosts=3 learning_rate=1e-4")
+    spec = resolve("local-fsdp", "epochs=5 cluster.num_hosts=3 train.learning_rate=1e-4")
     assert spec.train.epochs == 5 and spec.cluster.num_hosts == 3 and spec.train.learning_rate == 1e-4
     assert spec.train.batch_size == resolve("local-fsdp").train.batch_size
 

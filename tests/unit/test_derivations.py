@@ -1,0 +1,398 @@
+"""The derivations from the TPU catalogue, pinned for every accelerator family: GKE node pools and cluster (parsed
+by the real google-cloud-container client types), the RayCluster worker group, Ray's ScalingConfig, names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components import derivations as d
+from components import manifests as m
+from components import names
+from components.spec import resolve
+
+# family: (preset, overrides for one multi-host slice of the family)
+FAMILY_SPECS = {
+    "v5e": ("gemma4-e2b-v6e-16", "cluster.accelerator=v5e cluster.topology=4x4 cluster.num_hosts=4"),
+    "v5p": ("gemma4-e2b-v6e-16", "cluster.accelerator=v5p cluster.topology=2x2x2 cluster.num_hosts=2 "
+                                 "train.num_workers=0"),
+    "v6e": ("gemma4-e2b-v6e-16", ""),
+    "tpu7x": ("gemma4-e2b-tpu7x-16", ""),
+}
+
+# family: machine type, hosts, chips per host, node label, Ray type, logical devices per host, placement,
+# Ray TPU resources per host (worker group), TorchTPU workers (one per device)
+FAMILY_FACTS = {
+    "v5e": ("ct5lp-hightpu-4t", 4, 4, "tpu-v5-lite-podslice", "TPU-V5LITEPOD", 4, {"tpuTopology": "4x4"}, None, 16),
+    "v5p": ("ct5p-hightpu-4t", 2, 4, "tpu-v5p-slice", "TPU-V5P", 4, {"tpuTopology": "2x2x2"}, None, 8),
+    "v6e": ("ct6e-standard-4t", 4, 4, "tpu-v6e-slice", "TPU-V6E", 4, {"tpuTopology": "4x4"}, None, 16),
+    "tpu7x": ("tpu7x-standard-4t", 2, 4, "tpu7x", "TPU-V7X", 8,
+              {"policyName": "gemma4-e2b-tpu7x-16-placement"}, {"TPU": "8"}, 16),
+}
+
+
+def spec_and_target(preset: str, overrides: str = "", run_id: str = ""):
+    spec = resolve(preset, overrides)
+    return spec, d.target(spec, run_id or preset)
+
+
+def container_types():
+    from google.cloud import container_v1
+
+    return container_v1
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_FACTS))
+def test_node_pool_per_family(family):
+    machine, hosts, per_host, label, _, _, placement, _, _ = FAMILY_FACTS[family]
+    spec, t = spec_and_target(*FAMILY_SPECS[family])
+    (pool,) = d.tpu_node_pools(spec, t)
+    assert pool["config"]["machineType"] == machine
+    assert pool["initialNodeCount"] == hosts
+    assert pool["placementPolicy"] == placement
+    assert pool["locations"] == [t.zone]
+    assert pool["config"]["labels"][names.RUN_LABEL] == t.run_id
+    assert pool["config"]["resourceLabels"] == {names.RUN_LABEL: t.run_id}
+    assert pool["config"]["oauthScopes"] == [d.CLOUD_PLATFORM_SCOPE]
+    assert "spot" not in pool["config"] and "reservationAffinity" not in pool["config"]
+    container_types().NodePool.from_json(json.dumps(pool))  # the real client type takes it, unknown keys fail
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_FACTS))
+def test_worker_group_per_family(family):
+    _, hosts, per_host, label, _, _, _, ray_resources, _ = FAMILY_FACTS[family]
+    spec, t = spec_and_target(*FAMILY_SPECS[family])
+    (group,) = m.raycluster(spec, t)["spec"]["workerGroupSpecs"]
+    assert (group["replicas"], group["numOfHosts"]) == (1, hosts)
+    container = group["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"][d.TPU_RESOURCE] == str(per_host)
+    assert container["resources"]["limits"][d.TPU_RESOURCE] == str(per_host)
+    selector = group["template"]["spec"]["nodeSelector"]
+    assert selector[d.NODE_LABEL_ACCELERATOR] == label
+    assert selector[d.NODE_LABEL_TOPOLOGY] == spec.cluster.topology
+    assert group.get("resources") == ray_resources
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    head_env = {e["name"]: e.get("value")
+                for e in m.raycluster(spec, t)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    if family == "tpu7x":
+        assert env["RAY_TPU_RESOURCE_PER_CHIP"] == head_env["RAY_TPU_RESOURCE_PER_CHIP"] == "2"
+    else:
+        assert "RAY_TPU_RESOURCE_PER_CHIP" not in env and "RAY_TPU_RESOURCE_PER_CHIP" not in head_env
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_FACTS))
+def test_scaling_config_per_family(family):
+    _, hosts, _, _, ray_type, devices_per_host, _, _, torch_workers = FAMILY_FACTS[family]
+    preset, overrides = FAMILY_SPECS[family]
+    spec = resolve(preset, overrides)
+    assert d.scaling_config_args(spec) == {
+        "num_workers": torch_workers,  # TorchTPU: one worker per device
+        "use_tpu": True,
+        "topology": spec.cluster.topology,
+        "accelerator_type": ray_type,
+        "resources_per_worker": {"TPU": 1},
+    }
+    assert torch_workers == devices_per_host * hosts
+    jax = resolve(preset, overrides + " train.workload=maxtext train.num_workers=0 "
+                                      "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=1")
+    assert d.scaling_config_args(jax) == {
+        "num_workers": hosts,  # JAX: one worker per host, holding all its devices
+        "use_tpu": True,
+        "topology": spec.cluster.topology,
+        "accelerator_type": ray_type,
+        "resources_per_worker": {"TPU": devices_per_host},
+        "placement_strategy": "SPREAD",
+    }
+
+
+def test_scaling_config_on_cpu_is_what_the_trainer_always_used():
+    from trainers import fsdp
+
+    spec = resolve("local-fsdp", "cluster.num_hosts=3 cluster.cpus_per_host=2")
+    expected = {"num_workers": 3, "resources_per_worker": {"CPU": 2}, "placement_strategy": "SPREAD"}
+    assert d.scaling_config_args(spec) == expected
+    assert fsdp.scaling_config_args(spec) == expected
+    assert fsdp.scaling_config_args(resolve("gemma4-e2b-tpu7x-16")) == d.scaling_config_args(
+        resolve("gemma4-e2b-tpu7x-16"))
+
+
+def test_seed_a_scaling_config_and_elastic_range():
+    assert d.scaling_config_args(resolve("llama3-8b-v6e-16x2")) == {
+        "num_workers": 8, "use_tpu": True, "topology": "4x4", "accelerator_type": "TPU-V6E",
+        "resources_per_worker": {"TPU": 4}, "placement_strategy": "SPREAD",
+    }
+    elastic = resolve("llama3-8b-v6e-elastic-spot")
+    assert d.scaling_config_args(elastic)["num_workers"] == (4, 8)
+    assert d.run_config_args(elastic) == {"failure_config": {"max_failures": 3}}
+    group = m.raycluster(elastic, d.target(elastic, "r"))["spec"]["workerGroupSpecs"][0]
+    assert (group["minReplicas"], group["replicas"], group["maxReplicas"]) == (1, 2, 2)
+
+
+@pytest.mark.parametrize("topology, hosts", [("2x2", 1), ("2x4", 1), ("1x1", 1)])
+def test_single_host_slices_have_no_tpu_topology(topology, hosts):
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", f"cluster.topology={topology} cluster.num_hosts={hosts} "
+                                                    "train.num_workers=0")
+    (pool,) = d.tpu_node_pools(spec, t)
+    assert "placementPolicy" not in pool
+    assert d.workload_policy(spec, t) is None
+
+
+def test_tpu7x_multi_host_slices_are_placed_by_a_workload_policy():
+    spec, t = spec_and_target("gemma4-e2b-tpu7x-16", "cluster.topology=4x4x4 cluster.num_hosts=16 "
+                                                     "cluster.num_slices=2 train.num_workers=0")
+    policy = d.workload_policy(spec, t)
+    assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4x4"}
+    assert policy["region"] == "us-central1"
+    pools = d.tpu_node_pools(spec, t)
+    assert [p["placementPolicy"] for p in pools] == [{"policyName": policy["name"]}] * 2
+    single, ts = spec_and_target("gemma4-e2b-tpu7x-16", "cluster.topology=2x2x1 cluster.num_hosts=1 "
+                                                        "train.num_workers=0")
+    assert d.workload_policy(single, ts) is None
+
+
+def test_one_node_pool_per_slice_with_distinct_names():
+    spec, t = spec_and_target("llama3-8b-v6e-16x2", "cluster.topology=16x16 cluster.num_hosts=64 "
+                                                    "cluster.num_slices=64 maxtext.ici_fsdp_parallelism=-1")
+    pools = d.tpu_node_pools(spec, t)
+    assert len(pools) == 64 and len({p["name"] for p in pools}) == 64
+    assert {p["config"]["labels"][names.SLICE_LABEL] for p in pools} == {str(i) for i in range(64)}
+    assert all(p["initialNodeCount"] == 64 for p in pools)
+    (group,) = m.raycluster(spec, t)["spec"]["workerGroupSpecs"]  # one group, whatever the size
+    assert (group["replicas"], group["numOfHosts"]) == (64, 64)
+
+
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "reservation", "flex-start"])
+def test_capacity_types(capacity):
+    extra = " cluster.reservation=my-res" if capacity == "reservation" else ""
+    spec, t = spec_and_target("llama3-8b-v6e-16x2", f"cluster.capacity={capacity}{extra}")
+    for pool in d.tpu_node_pools(spec, t):
+        config = pool["config"]
+        assert config.get("spot", False) is (capacity == "spot")
+        assert config.get("flexStart", False) is (capacity == "flex-start")
+        if capacity == "reservation":
+            assert config["reservationAffinity"] == {
+                "consumeReservationType": "SPECIFIC_RESERVATION",
+                "key": "compute.googleapis.com/reservation-name",
+                "values": ["my-res"],
+            }
+        if capacity == "flex-start":
+            assert config["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+            assert pool["initialNodeCount"] == 0
+            assert pool["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4,
+                                           "locationPolicy": "ANY"}
+            assert pool["management"] == {"autoRepair": False}
+        else:
+            assert pool["initialNodeCount"] == 4 and "autoscaling" not in pool
+        container_types().NodePool.from_json(json.dumps(pool))
+
+
+def test_dcn_networking_the_tutorials_way():
+    spec, t = spec_and_target("llama3-8b-v6e-16x2")
+    nets = d.dcn_networks(spec, t)
+    assert [n["subnetwork"]["ipCidrRange"] for n in nets] == ["10.50.0.0/16", "10.60.0.0/16"]
+    assert all(n["network"]["mtu"] == 8896 and n["network"]["autoCreateSubnetworks"] is False for n in nets)
+    for pool in d.tpu_node_pools(spec, t):
+        assert pool["networkConfig"]["additionalNodeNetworkConfigs"] == [
+            {"network": n["network"]["name"], "subnetwork": n["subnetwork"]["name"]} for n in nets
+        ]
+        assert pool["config"]["labels"][d.DRA_NETWORKING_LABEL] == "true"
+        assert pool["config"]["gvnic"] == {"enabled": True}
+    assert d.cluster(spec, t)["networkConfig"] == {"datapathProvider": "ADVANCED_DATAPATH",
+                                                   "enableMultiNetworking": True}
+    claim = m.dcn_claim_template(spec, t)
+    assert claim["apiVersion"] == "resource.k8s.io/v1"
+    assert claim["spec"]["spec"]["devices"]["requests"][0]["exactly"] == {
+        "deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}
+    worker = m.raycluster(spec, t)["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["resourceClaims"] == [{"name": "dcn-nics", "resourceClaimTemplateName": claim["metadata"]["name"]}]
+    assert worker["containers"][0]["resources"]["claims"] == [{"name": "dcn-nics"}]
+    env = {e["name"]: e["value"] for e in worker["containers"][0]["env"] if "value" in e}
+    assert env["MEGASCALE_NUM_SLICES"] == "2" and env["MEGASCALE_PORT"] == "9915"
+    assert env["JAX_PLATFORMS"] == "tpu,cpu" and env["ENABLE_PJRT_COMPATIBILITY"] == "true"
+    assert env["LIBTPU_INIT_ARGS"].endswith("--megascale_grpc_interface_prefixes=eth1,eth2,lo")
+
+
+def test_dcn_networking_with_the_accelerator_network_profile():
+    spec, t = spec_and_target("llama3-8b-v6e-16x2", "gke.multislice_network=accelerator_network_profile")
+    assert d.dcn_networks(spec, t) == []
+    for pool in d.tpu_node_pools(spec, t):
+        assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
+        assert pool["config"]["labels"][d.DRA_NETWORKING_LABEL] == "true"
+    assert "enableMultiNetworking" not in d.cluster(spec, t)["networkConfig"]
+    assert m.dcn_claim_template(spec, t) is not None
+
+
+def test_no_dcn_nics_for_one_slice_or_network_none():
+    for preset, overrides in (("gemma4-e2b-v6e-16", ""), ("llama3-8b-v6e-16x2", "gke.multislice_network=none")):
+        spec, t = spec_and_target(preset, overrides)
+        assert d.dcn_networks(spec, t) == [] and m.dcn_claim_template(spec, t) is None
+        for pool in d.tpu_node_pools(spec, t):
+            assert "networkConfig" not in pool and d.DRA_NETWORKING_LABEL not in pool["config"]["labels"]
+        assert "megascale_grpc_interface_prefixes" not in d.libtpu_init_args(spec)
+
+
+def test_standard_cluster():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.project=my-project gke.cluster_version=1.35.2-gke.1842000")
+    body = d.cluster(spec, t)
+    assert body["addonsConfig"] == {"rayOperatorConfig": {"enabled": True}, "gcsFuseCsiDriverConfig": {"enabled": True}}
+    assert body["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
+    assert body["networkConfig"] == {"datapathProvider": "ADVANCED_DATAPATH"}
+    assert body["initialClusterVersion"] == "1.35.2-gke.1842000"
+    assert body["resourceLabels"] == {names.RUN_LABEL: "gemma4-e2b-v6e-16"}
+    (cpu,) = body["nodePools"]
+    assert cpu["config"]["machineType"] == "n2-standard-8" and cpu["initialNodeCount"] == 1
+    assert t.parent == "projects/my-project/locations/us-east5-b"
+    container_types().Cluster.from_json(json.dumps(body))
+    head = m.raycluster(spec, t)["spec"]["headGroupSpec"]
+    assert head["template"]["spec"]["nodeSelector"] == {d.NODE_LABEL_NODE_POOL: cpu["name"]}
+
+
+def test_autopilot_cluster_and_capacity_selectors():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.cluster_mode=autopilot cluster.capacity=spot")
+    body = d.cluster(spec, t)
+    assert body["autopilot"] == {"enabled": True} and "nodePools" not in body
+    assert t.location == "us-east5" and d.tpu_node_pools(spec, t) == [] and d.cpu_node_pool(spec, t) is None
+    container_types().Cluster.from_json(json.dumps(body))
+    selector = m.raycluster(spec, t)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert selector == {d.NODE_LABEL_ACCELERATOR: "tpu-v6e-slice", d.NODE_LABEL_TOPOLOGY: "4x4",
+                        "cloud.google.com/gke-spot": "true"}
+    shared, ts = spec_and_target("gemma4-e2b-v6e-16", "gke.cluster_mode=autopilot cluster.capacity=reservation "
+                                                      "cluster.reservation=projects/other-project/reservations/r1")
+    selector = m.raycluster(shared, ts)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert selector["cloud.google.com/reservation-name"] == "r1"
+    assert selector["cloud.google.com/reservation-project"] == "other-project"
+    assert selector["cloud.google.com/reservation-affinity"] == "specific"
+
+
+def test_existing_cluster_is_used_not_created():
+    spec, t = spec_and_target("llama3-8b-v6e-16x2", "gke.cluster_name=team-cluster")
+    assert d.cluster(spec, t) is None and t.cluster == "team-cluster" and not t.owns_cluster
+    assert d.cpu_node_pool(spec, t)["name"] == names.cpu_node_pool(t.run_id)
+
+
+def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16")
+    rc = m.raycluster(spec, t)["spec"]
+    head = rc["headGroupSpec"]
+    assert head["rayStartParams"] == {"num-cpus": "0"}
+    ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {6379, 8265, 10001}
+    assert head["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+    worker = rc["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["requests"] == {"cpu": "64", "memory": "200Gi", d.TPU_RESOURCE: "4"}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "100Gi"}} in worker["volumes"]
+    jax, tj = spec_and_target("llama3-8b-v6e-16x2")
+    assert m.raycluster(jax, tj)["spec"]["headGroupSpec"]["rayStartParams"] == {}
+
+
+def test_hugging_face_token_comes_from_a_secret_never_inline():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16")
+    rc = m.raycluster(spec, t)["spec"]
+    for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
+        (token,) = [e for e in group["template"]["spec"]["containers"][0]["env"] if e["name"] == "HF_TOKEN"]
+        assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}}
+        assert "value" not in token
+    none, tn = spec_and_target("gemma4-e2b-v6e-16", "gke.hf_secret=")
+    assert "HF_TOKEN" not in json.dumps(m.raycluster(none, tn))
+
+
+def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_service_account():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.project=my-project")
+    assert t.bucket == "my-project-tpupipe"
+    rc = m.raycluster(spec, t)["spec"]
+    for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
+        pod = group["template"]
+        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+        assert pod["spec"]["serviceAccountName"] == t.service_account == names.service_account(t.run_id)
+        (volume,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
+        assert volume["csi"] == {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
+            "bucketName": "my-project-tpupipe",
+            "mountOptions": "implicit-dirs,uid=1000,gid=1000,file-cache:max-size-mb:-1"}}
+        assert {"name": volume["name"], "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
+    binding = d.bucket_binding(t)
+    assert binding["role"] == "roles/storage.objectUser"
+    assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
+
+
+def test_rayjob_reuses_the_stage_submission_id_and_the_spec():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16")
+    job = m.rayjob(spec, t)["spec"]
+    assert job["jobId"] == f"{t.run_id}-train"  # what components.stages submits and re-attaches to
+    assert job["entrypoint"].startswith("python -m trainers.fsdp --spec ")
+    assert job["activeDeadlineSeconds"] == 3600 and job["shutdownAfterJobFinishes"] is False
+    assert json.loads(job["runtimeEnvYAML"])["env_vars"]["PYTHONUNBUFFERED"] == "1"
+    import shlex
+
+    argv = shlex.split(job["entrypoint"])
+    assert json.loads(argv[argv.index("--spec") + 1]) == spec.to_dict()
+    assert argv[argv.index("--output-dir") + 1] == f"/data/runs/{t.run_id}"
+
+
+def test_every_created_object_carries_the_run_label():
+    spec, t = spec_and_target("llama3-70b-v6e-16x2")
+    for obj in m.all_objects(spec, t):
+        if obj["kind"] != "Namespace":  # shared by runs, never deleted by one
+            assert obj["metadata"]["labels"] == {names.RUN_LABEL: t.run_id}
+    for pool in [*d.tpu_node_pools(spec, t), d.cpu_node_pool(spec, t)]:
+        assert pool["config"]["resourceLabels"] == {names.RUN_LABEL: t.run_id}
+
+
+def test_names_derive_from_the_run_id_and_fit_their_limits():
+    run_id = "r" + "x" * 39  # the longest run id
+    assert len(names.gke_cluster(run_id)) <= 40
+    assert len(names.tpu_node_pool(run_id, 63)) <= 40 and names.tpu_node_pool(run_id, 63).endswith("-s63")
+    assert len(names.cpu_node_pool(run_id)) <= 40
+    assert len(names.raycluster(run_id)) <= 53 and len(names.rayjob(run_id, "evaluate")) <= 47
+    assert len(names.dcn_subnet(run_id, 1)) <= 63
+    assert names.tpu_node_pool(run_id, 0) != names.tpu_node_pool(run_id + "y", 0)
+    assert names.fit("short", 10) == "short"
+    cut = names.fit("a" * 50, 40)
+    assert len(cut) == 40 and cut == names.fit("a" * 50, 40) and cut != names.fit("a" * 49 + "b", 40)
+    spec = resolve("llama3-8b-v6e-16x2")
+    assert d.target(spec, "same-id") == d.target(spec, "same-id")
+
+
+def test_zone_default_and_image():
+    spec, t = spec_and_target("gemma4-e2b-tpu7x-16")
+    assert (t.zone, t.region) == ("us-central1-c", "us-central1")
+    assert t.image == "us-central1-docker.pkg.dev/PROJECT_ID/tpupipe/torch:gemma4-e2b-tpu7x-16"
+    spec, t = spec_and_target("llama3-8b-v6e-16x2", "gke.zone=europe-west4-a gke.project=p-123456")
+    assert t.image == "europe-west4-docker.pkg.dev/p-123456/tpupipe/maxtext:llama3-8b-v6e-16x2"
+
+
+def test_gke_versions():
+    assert d.version_at_least("1.35.2-gke.1842000", "1.35.2-gke.1842000")
+    assert not d.version_at_least("1.35.2-gke.1841999", "1.35.2-gke.1842000")
+    assert d.version_at_least("1.36", "1.35.2-gke.1842000") and d.version_at_least("latest", "1.35.2-gke.1842000")
+    assert not d.version_at_least("1.34", "1.35.2-gke.1842000")
+    assert d.parse_gke_version("1.35.x") is None
+
+
+def test_llama3_presets_are_seed_a():
+    for name in ("llama3-8b-v6e-16x2", "llama3-70b-v6e-16x2", "llama3-8b-v6e-elastic-spot"):
+        spec, t = spec_and_target(name)
+        c = spec.cluster
+        assert (c.accelerator, c.topology, c.num_hosts, c.num_slices) == ("v6e", "4x4", 4, 2)
+        assert spec.train.workload == "maxtext" and spec.gke.cpu_machine_type == "n1-standard-16"
+        rc = m.raycluster(spec, t)["spec"]
+        head = rc["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        assert head == {"cpu": "8", "memory": "16Gi"}
+        worker = rc["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        assert worker == {"cpu": "8", "memory": "200Gi", d.TPU_RESOURCE: "4"}
+        assert [p["name"] for p in d.tpu_node_pools(spec, t)] == [f"{name}-s0", f"{name}-s1"]
+    elastic = resolve("llama3-8b-v6e-elastic-spot")
+    assert (elastic.train.min_workers, elastic.train.max_workers, elastic.train.max_failures) == (4, 8, 3)
+    assert elastic.cluster.capacity == "spot"
+
+
+def test_documented_zones():
+    from components import catalogue
+
+    assert catalogue.zones("v6e")[0] == "us-east5-b" and "europe-west4-a" in catalogue.zones("trillium")
+    assert catalogue.zones("tpu7x") == ["us-central1-c"]
+    assert all(catalogue.zones(f) for f in catalogue.FAMILIES)
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.zone=us-west1-a")
+    from components import plan
+
+    assert any("gke.zone=us-west1-a" in w for w in plan.build(spec, "r")["warnings"])

@@ -1,0 +1,173 @@
+"""`tpupipe plan`: bad input fails before anything (exit 2, one message naming the field and what is valid); the
+text and JSON outputs list every resource with the run label and the cost; --manifests writes the objects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from components import plan, pricing
+from components.spec import SpecError, resolve
+from pipelines.cli import main
+from tests.conftest import tpupipe_cmd
+
+# preset, overrides, the field named, text that lists what is valid
+BAD_INPUTS = [
+    ("llama3-8b-v6e-16x2", "cluster.topology=4x5", "cluster.topology",
+     "(valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16)"),
+    ("llama3-8b-v6e-16x2", "cluster.num_hosts=3", "cluster.num_hosts", "(valid: 4)"),
+    ("gemma4-e2b-tpu7x-16", "cluster.num_hosts=4", "cluster.num_hosts", "(valid: 2)"),
+    ("llama3-8b-v6e-16x2", "cluster.num_slices=0", "cluster.num_slices", "(valid: an integer >= 1)"),
+    ("llama3-8b-v6e-elastic-spot", "train.min_workers=3", "train.min_workers", "(valid: 4, 8)"),
+    ("llama3-8b-v6e-elastic-spot", "train.max_workers=6", "train.max_workers", "(valid: 4, 8)"),
+    ("llama3-8b-v6e-elastic-spot", "train.max_workers=12", "train.max_workers", "(valid: 4, 8)"),
+    ("llama3-8b-v6e-16x2", "cluster.capacity=cheap", "cluster.capacity",
+     "(valid: on-demand, spot, reservation, flex-start)"),
+    ("llama3-8b-v6e-16x2", "cluster.capacity=reservation", "cluster.reservation",
+     "(valid: a reservation name, projects/PROJECT/reservations/NAME)"),
+    ("gemma4-e2b-v6e-16", "cluster.accelerator=v9", "cluster.accelerator", "(valid: cpu, v5e, v5p, v6e, tpu7x)"),
+    ("gemma4-e2b-v6e-16", "cluster.topology=2x2 cluster.num_hosts=1 cluster.num_slices=2 train.num_workers=0",
+     "cluster.num_slices", "(valid: 1)"),
+    ("gemma4-e2b-v6e-16", "train.num_workers=12", "train.num_workers", "(valid: 0, 16)"),
+    ("llama3-8b-v6e-16x2", "gke.cluster_mode=autopilot", "gke.multislice_network", "(valid: none)"),
+    ("llama3-8b-v6e-16x2", "gke.cluster_version=1.34.0-gke.1", "gke.cluster_version",
+     "(valid: >= 1.34.1-gke.1829001, latest)"),
+    ("gemma4-e2b-tpu7x-16", "gke.cluster_version=1.33", "gke.cluster_version", "(valid: >= 1.34.0-gke.2201000"),
+    ("llama3-8b-v6e-16x2", "gke.multislice_network=fast", "gke.multislice_network",
+     "(valid: dcn_networks, accelerator_network_profile, none)"),
+    ("llama3-8b-v6e-16x2", "gke.project=Bad_Project", "gke.project", "(valid: 6 to 30 lowercase"),
+    ("local-fsdp", "", "cluster.accelerator", "(valid: v5e, v5p, v6e, tpu7x)"),
+]
+
+
+@pytest.mark.parametrize(("preset", "overrides", "field", "valid"), BAD_INPUTS,
+                         ids=[f"{p}[{o}]" for p, o, _, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_message(capsys, preset, overrides, field, valid):
+    argv = ["plan", preset] + (["--set", overrides] if overrides else [])
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"tpupipe: error: {field}: ")
+    assert valid in lines[0]
+
+
+def test_the_console_script_exits_2():
+    proc = subprocess.run([*tpupipe_cmd(), "plan", "llama3-8b-v6e-16x2", "--set", "cluster.topology=4x5"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("tpupipe: error: cluster.topology: '4x5' is not a v6e topology")
+
+
+def test_text_lists_every_resource_with_the_run_label_and_the_cost(capsys):
+    assert main(["plan", "llama3-70b-v6e-16x2"]) == 0
+    text = capsys.readouterr().out
+    document = plan.build(resolve("llama3-70b-v6e-16x2"), "llama3-70b-v6e-16x2")
+    for resource in document["resources"]:
+        assert resource["name"] in text
+    label = "[tpupipe-run=llama3-70b-v6e-16x2"
+    created = [r for r in document["resources"] if r["labels"]]
+    assert text.count(label) == len(created) >= 12
+    assert "ct6e-standard-4t x 4, topology 4x4" in text
+    assert "2 replicas x 4 hosts = 8 pods, each google.com/tpu 4" in text
+    assert "ScalingConfig(num_workers=8, use_tpu=True, topology='4x4', accelerator_type='TPU-V6E'" in text
+    # 32 v6e chips at $2.70 + the head's n1-standard-16 + the cluster fee
+    assert "per hour                      $87.26" in text
+    assert "for 1 h expected              $87.26" in text
+
+
+def test_cost_for_the_expected_duration():
+    document = plan.build(resolve("llama3-70b-v6e-16x2", "cluster.expected_hours=2.5"), "r")
+    cost = document["cost"]
+    assert cost["usd_per_hour"] == pytest.approx(32 * 2.70 + 0.759968 + 0.10, abs=1e-4)
+    assert cost["usd_for_expected_duration"] == pytest.approx(round(cost["usd_per_hour"] * 2.5, 2))
+    assert cost["missing_prices"] == []
+    assert set(cost["sources"]) == {"tpu/v6e/on-demand", "machine/n1-standard-16/on-demand", "gke/cluster/any"}
+    assert all(src["source"].startswith("https://") and src["date"] for src in cost["sources"].values())
+
+
+def test_missing_prices_are_reported_never_guessed(tmp_path, capsys):
+    spot = plan.build(resolve("llama3-8b-v6e-elastic-spot"), "r")["cost"]
+    assert spot["usd_per_hour"] is None and spot["missing_prices"] == ["tpu/v6e/spot"]
+    assert spot["upper_bound_usd_per_hour"] == pytest.approx(32 * 2.70 + 0.759968 + 0.10, abs=1e-4)
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"tpu/v6e/spot": {"usd": 1.0, "source": "a quote", "date": "2026-11-01"}}))
+    assert main(["plan", "llama3-8b-v6e-elastic-spot", "--output", "json", "--prices", str(prices)]) == 0
+    cost = json.loads(capsys.readouterr().out)["cost"]
+    assert cost["usd_per_hour"] == pytest.approx(32 * 1.0 + 0.759968 + 0.10, abs=1e-4)
+    assert cost["sources"]["tpu/v6e/spot"] == {"source": "a quote", "date": "2026-11-01"}
+    tpu7x = plan.build(resolve("gemma4-e2b-tpu7x-16"), "r")
+    assert tpu7x["cost"]["missing_prices"] == ["tpu/tpu7x/on-demand"]
+    assert any("tpu/tpu7x/on-demand" in w for w in tpu7x["warnings"])
+
+
+def test_bad_price_file_exits_2(tmp_path, capsys):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"v6e-spot": 1.0}))
+    assert main(["plan", "gemma4-e2b-v6e-16", "--prices", str(prices)]) == 2
+    assert "--prices" in capsys.readouterr().err
+    with pytest.raises(pricing.PriceError):
+        pricing.load(tmp_path / "missing.json")
+
+
+def test_json_shape(capsys):
+    assert main(["plan", "gemma4-e2b-tpu7x-16", "--output", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert list(document) == ["plan_version", "run_id", "preset", "platform", "label", "project", "zone", "region",
+                              "cluster", "slice", "resources", "training", "cost", "warnings", "spec"]
+    assert document["label"] == {"tpupipe-run": "gemma4-e2b-tpu7x-16"}
+    assert document["slice"]["logical_devices_per_host"] == 8 and document["slice"]["pod_type"] == "v7x-16"
+    for resource in document["resources"]:
+        assert set(resource) == {"kind", "name", "action", "labels", "deleted_by_teardown", "summary", "api", "body"}
+        assert resource["action"] in ("create", "use", "get-or-create")
+    kinds = [r["kind"] for r in document["resources"]]
+    assert kinds.count("node-pool") == 2 and "workload-policy" in kinds
+    assert document["training"]["scaling_config"]["accelerator_type"] == "TPU-V7X"
+    assert resolve("gemma4-e2b-tpu7x-16").to_dict() == document["spec"]
+
+
+def test_manifests_directory(tmp_path, capsys):
+    out = tmp_path / "manifests"
+    assert main(["plan", "llama3-8b-v6e-16x2", "--manifests", str(out)]) == 0
+    assert "manifests: 5 Kubernetes objects" in capsys.readouterr().out
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["00-namespace-tpupipe.yaml", "01-serviceaccount-tpupipe-llama3-8b-v6e-16x2.yaml",
+                     "02-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
+                     "03-raycluster-llama3-8b-v6e-16x2.yaml", "04-rayjob-llama3-8b-v6e-16x2-train.yaml"]
+    document = plan.build(resolve("llama3-8b-v6e-16x2"), "llama3-8b-v6e-16x2")
+    loaded = [yaml.safe_load((out / name).read_text()) for name in files]
+    assert loaded == plan.kubernetes_objects(document)
+
+
+def test_run_id_option_renames_everything(capsys):
+    assert main(["plan", "gemma4-e2b-v6e-16", "--output", "json", "--run-id", "nightly-42"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["run_id"] == "nightly-42"
+    for r in document["resources"]:
+        if r["labels"]:
+            assert r["labels"] == {"tpupipe-run": "nightly-42"}
+    assert main(["plan", "gemma4-e2b-v6e-16", "--run-id", "Bad_Id"]) == 2
+
+
+def test_plan_needs_no_cloud_client_and_no_yaml_for_json():
+    code = (
+        "import sys; from pipelines.cli import main; main(['plan', 'llama3-70b-v6e-16x2', '--output', 'json']); "
+        "heavy = [m for m in ('google.cloud', 'kubernetes', 'ray', 'yaml', 'jsonschema', 'kfp') if m in sys.modules]; "
+        "sys.stderr.write(repr(heavy))"
+    )
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "[]"
+
+
+def test_spec_errors_come_before_the_plan():
+    with pytest.raises(SpecError):
+        plan.check_plannable(resolve("local-fsdp"))

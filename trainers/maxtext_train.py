@@ -1,0 +1,193 @@
+"""MaxText pretraining through Ray Train's JaxTrainer (seed workload A), and MaxText's eval for evaluate.
+
+``python -m trainers.maxtext_train train|eval --spec JSON --output-dir DIR --run-name NAME`` is the Ray job
+entrypoint. One JaxTrainer worker per host calls MaxText's ``train.main`` with MaxText's own ``base.yml``
+and the overrides of :mod:`trainers.maxtext_args`. On TPU, Ray's JAX backend forms the multi-host runtime;
+on emulated CPU hosts it does not, so each worker gets XLA's host device count and the workers join one
+``jax.distributed`` runtime (gloo collectives) here, so MaxText's mesh spans the processes as it spans the
+hosts of a slice. Rank 0 turns MaxText's per-step log lines into ``TPUPIPE metric`` records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from components.spec import RunSpec
+from trainers import maxtext_args, protocol
+
+
+def base_yml() -> str:
+    import maxtext
+
+    return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+
+
+def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
+    """One JaxTrainer worker per host; on TPU a whole host's chips each, spread over the hosts."""
+    c, t = spec.cluster, spec.train
+    workers: int | tuple[int, int] = (t.min_workers, t.max_workers) if t.max_workers else spec.total_hosts
+    if c.accelerator == "cpu":
+        return {"num_workers": workers, "resources_per_worker": {"CPU": c.cpus_per_host},
+                "placement_strategy": "SPREAD"}
+    from components import catalogue
+
+    shape = catalogue.slice_shape(c.accelerator, c.topology)
+    return {"num_workers": workers, "use_tpu": True, "topology": c.topology,
+            "accelerator_type": shape.family.ray_accelerator_type,
+            "resources_per_worker": {"TPU": shape.chips_per_host}, "placement_strategy": "SPREAD"}
+
+
+class _StepRecords(logging.Handler):
+    """MaxText's "completed step" / "Completed eval" log lines -> TPUPIPE records (rank 0 only)."""
+
+    def __init__(self, num_devices: int):
+        super().__init__(logging.INFO)
+        self.num_devices = num_devices
+        self.last: dict[str, Any] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        mesh = maxtext_args.MESH_AXES_LINE.search(message)
+        if mesh:
+            self.axes = [a.strip(" '") for a in mesh["axes"].split(",")]
+            return
+        shape = maxtext_args.MESH_SHAPE_LINE.search(message)
+        if shape and getattr(self, "axes", None):
+            sizes = [int(x) for x in shape["shape"].split(",") if x.strip()]
+            used = " x ".join(f"{a} {n}" for a, n in zip(self.axes, sizes, strict=False) if n > 1) or "1 device"
+            print(f"MaxText mesh: {shape['devices']} devices: {used}", flush=True)
+            return
+        step = maxtext_args.parse_step(message)
+        if step:
+            step["tokens_per_s"] = step["tokens_per_s_per_device"] * self.num_devices
+            self.last["train"] = step
+            protocol.emit("metric", step)
+            return
+        match = maxtext_args.EVAL_LINE.search(message)
+        if match:
+            self.last["eval_loss"] = float(match["loss"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    cpu_devices = config["cpu_devices_per_host"]
+    if cpu_devices:  # emulated hosts: fake CPU devices, set before JAX creates its backend
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    from absl import logging as absl_logging
+
+    if cpu_devices:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        import ray.util
+
+        address = broadcast_from_rank_zero(f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else "")
+        jax.distributed.initialize(coordinator_address=address, num_processes=world, process_id=rank)
+    handler = None
+    if rank == 0:
+        absl_logging.set_verbosity(absl_logging.INFO)
+        handler = _StepRecords(jax.device_count())
+        logging.getLogger("absl").addHandler(handler)
+        print(f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
+              f"({jax.local_device_count()} per process, {jax.devices()[0].platform})", flush=True)
+    else:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    from maxtext.trainers.pre_train import train
+
+    train.main(config["argv"])
+    # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
+    last = dict(handler.last) if handler else {}
+    metrics = {k: v for k, v in {"loss": last.get("train", {}).get("loss"), "eval_loss": last.get("eval_loss")}.items()
+               if v is not None}
+    with tempfile.TemporaryDirectory() as tmp:
+        if rank == 0:
+            Path(tmp, "metrics.json").write_text(json.dumps(metrics))
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
+
+
+def _fit(spec: RunSpec, argv: list[str], output_dir: Path, run_name: str, max_failures: int) -> dict[str, Any]:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.jax import JaxTrainer
+
+    scaling = scaling_config_args(spec)
+    cpu = spec.maxtext.cpu_devices_per_host if spec.cluster.accelerator == "cpu" else 0
+    trainer = JaxTrainer(
+        train_loop_per_worker,
+        train_loop_config={"argv": argv, "cpu_devices_per_host": cpu},
+        scaling_config=ScalingConfig(**scaling),
+        run_config=RunConfig(name=run_name, storage_path=str(output_dir / "ray_results"),
+                             failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    print(f"JaxTrainer: {scaling}", flush=True)
+    print("MaxText argv: " + " ".join(argv[2:]), flush=True)
+    return trainer.fit().metrics or {}
+
+
+def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
+    """MaxText's newest complete (Orbax) checkpoint of the run: <output>/<run>/checkpoints/<step>."""
+    root = output_dir / run_name / "checkpoints"
+    steps = [int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "items").is_dir()]
+    return root / str(max(steps)) if steps else None
+
+
+def run_train(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
+    argv = maxtext_args.train_args(spec, base_yml(), str(output_dir), run_name)
+    metrics = _fit(spec, argv, output_dir, run_name, spec.train.max_failures)
+    checkpoint = latest_checkpoint(output_dir, run_name)
+    return {"checkpoint": str(checkpoint) if checkpoint else None, "final_metrics": metrics,
+            "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax",
+            "num_workers": spec.total_hosts, "argv": argv[2:]}
+
+
+def run_eval(spec: RunSpec, output_dir: Path, run_name: str, checkpoint: str) -> dict[str, Any]:
+    import math
+
+    losses = {}
+    for which, params in (("before", ""), ("after", str(Path(checkpoint) / "items"))):
+        name = f"{run_name}-eval-{which}"
+        argv = maxtext_args.eval_args(spec, base_yml(), str(output_dir), name, params)
+        losses[which] = _fit(spec, argv, output_dir, name, 0)["eval_loss"]
+    return {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
+            "perplexity_before": math.exp(losses["before"]), "perplexity_after": math.exp(losses["after"]),
+            "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import ray
+
+    parser = argparse.ArgumentParser(description="MaxText pretraining or evaluation through Ray Train's JaxTrainer.")
+    parser.add_argument("mode", choices=("train", "eval"))
+    parser.add_argument("--spec", required=True, help="the run spec, as JSON")
+    parser.add_argument("--output-dir", required=True, help="MaxText's base_output_directory")
+    parser.add_argument("--run-name", required=True, help="MaxText's run_name (checkpoints go under it)")
+    parser.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
+    args = parser.parse_args(argv)
+    spec = RunSpec.from_json(args.spec)
+    ray.init()
+    out = Path(args.output_dir)
+    if args.mode == "train":
+        result = run_train(spec, out, args.run_name)
+    else:
+        result = run_eval(spec, out, args.run_name, args.checkpoint)
+    protocol.emit("result", result)
+
+
+if __name__ == "__main__":
+    main()
