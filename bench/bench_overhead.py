@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from components import stages  # noqa: E402
+from components.derivations import job_command  # noqa: E402
 from components.local import LocalPlatform  # noqa: E402
 
 
@@ -39,8 +40,7 @@ def direct_job_seconds(root: Path) -> float:
         platform.provision(ctx)
         platform.deploy_raycluster(ctx)
         client = platform.job_client(ctx)
-        entrypoint = stages._python_module("trainers.fsdp", spec=ctx.spec.to_json(),
-                                           output_dir=platform.job_output_dir(ctx), run_name=ctx.run_id)
+        entrypoint = job_command(ctx.spec, "train", platform.job_output_dir(ctx), ctx.run_id)
         started = time.perf_counter()
         job = client.submit_job(entrypoint=entrypoint)
         while not client.get_job_status(job).is_terminal():

@@ -79,7 +79,10 @@ MIN_GKE_VERSION_FOR_DRANET = {"standard": "1.34.1-gke.1829001", "autopilot": "1.
 # as components.stages submits them. TorchTPU workloads (fsdp) run one Ray Train worker per TPU device and keep
 # the head free of work (num-cpus 0); JAX workloads (maxtext) run one worker per host.
 WORKLOAD_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}
-WORKLOAD_ENTRYPOINTS = {"fsdp": ("trainers.fsdp", ()), "maxtext": ("trainers.maxtext_train", ("train",))}
+WORKLOAD_ENTRYPOINTS = {  # workload -> mode -> python -m arguments
+    "fsdp": {"train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
+    "maxtext": {"train": ("trainers.maxtext_train", "train"), "eval": ("trainers.maxtext_train", "eval")},
+}
 DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
 RAY_VERSION = "2.60.0"
 MOUNT_PATH = "/data"
@@ -231,14 +234,24 @@ def target(spec: RunSpec, run_id: str) -> Target:
     )
 
 
-def entrypoint(spec: RunSpec, t: Target) -> str:
-    """The Ray job entrypoint of the train stage (the spec travels whole, as JSON)."""
-    module, positional = WORKLOAD_ENTRYPOINTS[spec.train.workload]
-    args = {"spec": spec.to_json(), "output_dir": t.run_dir, "run_name": t.run_id}
-    words = ["python", "-m", module, *positional]
+def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "") -> str:
+    """The Ray job entrypoint of the workload: ``mode`` train, or eval of ``checkpoint``. The spec travels
+    whole, as JSON. One source for the stages' job submissions and the RayJob manifest."""
+    module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
+    words = ["python", "-m", *module]
+    args = {"spec": spec.to_json(), "output_dir": output_dir}
+    if mode == "train" or spec.train.workload == "maxtext":
+        args["run_name"] = run_name
+    if mode == "eval":
+        args["checkpoint"] = checkpoint
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     return " ".join(words)
+
+
+def entrypoint(spec: RunSpec, t: Target) -> str:
+    """The Ray job entrypoint of the train stage on GKE."""
+    return job_command(spec, "train", t.run_dir, t.run_id)
 
 
 def runtime_env_yaml() -> str:

@@ -9,7 +9,6 @@ an exit handler without any other task's output. Each stage records its status a
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import sys
 import time
@@ -128,14 +127,6 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _python_module(module: str, **args: str) -> str:
-    """``python -m module [positional] --key value ...``; the key "" is a positional argument."""
-    words = ["python", "-m", module]
-    for key, value in args.items():
-        words += [shlex.quote(value)] if key == "" else [f"--{key.replace('_', '-')}", shlex.quote(value)]
-    return " ".join(words)
-
-
 # ---------------------------------------------------------------- the stages
 
 
@@ -151,16 +142,11 @@ def deploy_raycluster(ctx: RunContext) -> dict[str, Any]:
     return get_platform(ctx.platform).deploy_raycluster(ctx)
 
 
-def _entrypoint(ctx: RunContext, mode: str, **extra: str) -> str:
-    """The Ray job command of the run's workload: ``mode`` is train or eval."""
+def _entrypoint(ctx: RunContext, mode: str, checkpoint: str = "") -> str:
+    from components.derivations import job_command
+
     out = get_platform(ctx.platform).job_output_dir(ctx)
-    spec_json = ctx.spec.to_json()
-    if ctx.spec.train.workload == "maxtext":
-        return _python_module("trainers.maxtext_train", **{"": mode}, spec=spec_json, output_dir=out,
-                              run_name=ctx.run_id, **extra)
-    if mode == "train":
-        return _python_module("trainers.fsdp", spec=spec_json, output_dir=out, run_name=ctx.run_id)
-    return _python_module("trainers.evaluate", spec=spec_json, output_dir=out, **extra)
+    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint)
 
 
 def history(records: list[tuple[str, dict]]) -> list[dict]:

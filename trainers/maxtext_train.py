@@ -29,21 +29,6 @@ def base_yml() -> str:
     return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
 
 
-def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
-    """One JaxTrainer worker per host; on TPU a whole host's chips each, spread over the hosts."""
-    c, t = spec.cluster, spec.train
-    workers: int | tuple[int, int] = (t.min_workers, t.max_workers) if t.max_workers else spec.total_hosts
-    if c.accelerator == "cpu":
-        return {"num_workers": workers, "resources_per_worker": {"CPU": c.cpus_per_host},
-                "placement_strategy": "SPREAD"}
-    from components import catalogue
-
-    shape = catalogue.slice_shape(c.accelerator, c.topology)
-    return {"num_workers": workers, "use_tpu": True, "topology": c.topology,
-            "accelerator_type": shape.family.ray_accelerator_type,
-            "resources_per_worker": {"TPU": shape.chips_per_host}, "placement_strategy": "SPREAD"}
-
-
 class _StepRecords(logging.Handler):
     """MaxText's "completed step" / "Completed eval" log lines -> TPUPIPE records (rank 0 only)."""
 
@@ -125,6 +110,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 def _fit(spec: RunSpec, argv: list[str], output_dir: Path, run_name: str, max_failures: int) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
+
+    from components.derivations import scaling_config_args
 
     scaling = scaling_config_args(spec)
     cpu = spec.maxtext.cpu_devices_per_host if spec.cluster.accelerator == "cpu" else 0
