@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,21 +31,26 @@ def base_yml() -> str:
 
 
 class _StepRecords(logging.Handler):
-    """MaxText's "completed step" / "Completed eval" log lines -> TPUPIPE records (rank 0 only)."""
+    """Rank 0: MaxText's output lines -> TPUPIPE records and a readable mesh line. MaxText logs its step and
+    eval lines and prints its config and mesh, so the handler sees log records and, through
+    :class:`_LineTee`, stdout lines."""
 
     def __init__(self, num_devices: int):
         super().__init__(logging.INFO)
         self.num_devices = num_devices
         self.last: dict[str, Any] = {}
+        self.axes: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
+        self.line(record.getMessage())
+
+    def line(self, message: str) -> None:
         mesh = maxtext_args.MESH_AXES_LINE.search(message)
         if mesh:
             self.axes = [a.strip(" '") for a in mesh["axes"].split(",")]
             return
         shape = maxtext_args.MESH_SHAPE_LINE.search(message)
-        if shape and getattr(self, "axes", None):
+        if shape and self.axes:
             sizes = [int(x) for x in shape["shape"].split(",") if x.strip()]
             used = " x ".join(f"{a} {n}" for a, n in zip(self.axes, sizes, strict=False) if n > 1) or "1 device"
             print(f"MaxText mesh: {shape['devices']} devices: {used}", flush=True)
@@ -52,12 +58,35 @@ class _StepRecords(logging.Handler):
         step = maxtext_args.parse_step(message)
         if step:
             step["tokens_per_s"] = step["tokens_per_s_per_device"] * self.num_devices
+            step["group"] = os.getpid()  # which worker group (attempt) ran it: rank 0's process
             self.last["train"] = step
             protocol.emit("metric", step)
             return
         match = maxtext_args.EVAL_LINE.search(message)
         if match:
             self.last["eval_loss"] = float(match["loss"])
+
+
+class _LineTee:
+    """A stdout that also hands each complete line to ``on_line``."""
+
+    def __init__(self, stream, on_line):
+        self.stream, self.on_line, self.pending = stream, on_line, ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _arg(argv: list[str], key: str) -> str:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{key}=")), "")
 
 
 def _free_port() -> int:
@@ -89,13 +118,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         absl_logging.set_verbosity(absl_logging.INFO)
         handler = _StepRecords(jax.device_count())
-        logging.getLogger("absl").addHandler(handler)
+        logging.getLogger().addHandler(handler)  # absl's records propagate here, and MaxText's config logger's
+        sys.stdout = _LineTee(sys.stdout, handler.line)
         print(f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
               f"({jax.local_device_count()} per process, {jax.devices()[0].platform})", flush=True)
     else:
         absl_logging.set_verbosity(absl_logging.WARNING)
     from maxtext.trainers.pre_train import train
 
+    if rank == 0:  # MaxText restores the newest checkpoint of the run by itself; say which one it will be
+        output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
+        restored = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+        protocol.emit("event", {"event": "worker_group_started", "group": os.getpid(),
+                                "restore_step": int(restored.name) if restored else None})
     train.main(config["argv"])
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     last = dict(handler.last) if handler else {}

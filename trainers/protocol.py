@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 TAG = "TPUPIPE"
-KINDS = ("metric", "result")
+KINDS = ("metric", "event", "result")
 
 
 def line(kind: str, payload: dict[str, Any]) -> str:
