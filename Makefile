@@ -29,8 +29,8 @@ $(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and torch environments
-	$(BIN)/tpupipe env torch
+envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and the trainer environments
+	$(BIN)/tpupipe env torch maxtext
 
 run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
 	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")

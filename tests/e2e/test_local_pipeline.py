@@ -99,6 +99,9 @@ def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
         (["--set", "dataset=/no/such/file.jsonl"], "train.dataset"),
         (["--set", "cluster.num_hosts=0"], "cluster.num_hosts"),
         (["--platform", "moon"], "platform"),
+        (["--preset", "local-maxtext", "--set", "maxtext.ici_fsdp_parallelism=3"], "maxtext.ici_fsdp_parallelism"),
+        (["--preset", "local-maxtext", "--set", "maxtext.model_name=llama9"], "maxtext.model_name"),
+        (["--preset", "local-maxtext", "--set", "maxtext.steps=0"], "maxtext.steps"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error_before_anything_starts(tmp_path, sets, field):

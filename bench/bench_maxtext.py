@@ -1,0 +1,89 @@
+"""MaxText throughput through tpupipe vs MaxText's own entry point, measured side by side in one run.
+
+A: `tpupipe run --preset local-maxtext` (the pipeline: JaxTrainer workers on 2 emulated hosts, one JAX runtime
+   of 2 processes x 2 CPU devices). B: MaxText's `train.main` with the same arguments, launched directly as the
+   same 2 processes (jax.distributed on loopback), no Ray, no pipeline. Both: median tokens/s over the steps
+   after the first three (compilation). Prints A, B and A / B.
+"""
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from components.spec import resolve  # noqa: E402
+from trainers import maxtext_args  # noqa: E402
+
+SKIP_STEPS = 3
+
+
+def steady(tokens_per_s: list[float]) -> float:
+    return statistics.median(tokens_per_s[SKIP_STEPS:])
+
+
+def through_tpupipe(root: Path) -> float:
+    proc = subprocess.run([str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", "local-maxtext",
+                           "--run-id", "bench-maxtext", "--output-root", str(root)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"tpupipe run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    summary = json.loads((root / "bench-maxtext" / "summary.json").read_text())
+    return steady([row["tokens_per_s"] for row in summary["history"]])
+
+
+def worker(rank: int, world: int, port: int, output_dir: str) -> None:
+    """One MaxText process of the direct run (runs in the maxtext environment)."""
+    spec = resolve("local-maxtext")
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={spec.maxtext.cpu_devices_per_host}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    from absl import logging as absl_logging
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world, process_id=rank)
+    absl_logging.set_verbosity(absl_logging.INFO if rank == 0 else absl_logging.WARNING)
+    from maxtext.trainers.pre_train import train
+
+    from trainers.maxtext_train import base_yml
+
+    train.main(maxtext_args.train_args(spec, base_yml(), output_dir, "bench-direct"))
+
+
+def directly(root: Path) -> float:
+    from components import envs
+
+    python = envs.ensure_env("maxtext", log=lambda _m: None).python
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([python, __file__, "--worker", str(rank), "2", str(port), str(root / "direct")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    outputs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("direct MaxText run failed:\n" + outputs[0][-3000:] + outputs[1][-3000:])
+    devices = resolve("local-maxtext").maxtext.cpu_devices_per_host * 2
+    rows = [maxtext_args.parse_step(line) for line in outputs[0].splitlines()]
+    return steady([row["tokens_per_s_per_device"] * devices for row in rows if row])
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        rank, world, port, output_dir = sys.argv[2:6]
+        worker(int(rank), int(world), int(port), output_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
+        direct = directly(Path(tmp))
+        pipeline = through_tpupipe(Path(tmp))
+    print(f"local-maxtext tokens/s through tpupipe (A):   {pipeline:9.0f}")
+    print(f"MaxText's own entry point, same args (B):     {direct:9.0f}")
+    print(f"A / B:                                        {pipeline / direct:9.2f}")
+
+
+if __name__ == "__main__":
+    main()

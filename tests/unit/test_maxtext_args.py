@@ -1,0 +1,92 @@
+"""MaxText's argument lists (seed workload A) and the MaxText spec checks."""
+
+import pytest
+
+from components.spec import SpecError, resolve
+from trainers import maxtext_args
+
+BASE = "/opt/maxtext/configs/base.yml"
+
+
+def args(preset, overrides="", output_dir="/data/", run_name="RUN"):
+    return maxtext_args.train_args(resolve(preset, overrides), BASE, output_dir, run_name)
+
+
+def test_llama3_8b_is_the_seed_command():
+    # Seed A: dataset_type=synthetic per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b
+    # steps=100 ici_fsdp_parallelism=4 ici_tensor_parallelism=4 base_output_directory=/data/ run_name=...
+    assert args("llama3-8b-v6e-16x2") == [
+        "train", BASE, "dataset_type=synthetic", "per_device_batch_size=4", "max_target_length=4096",
+        "model_name=llama3-8b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
+        "base_output_directory=/data/", "run_name=RUN",
+    ]
+
+
+def test_llama3_70b_is_the_seed_command():
+    # Seed A: per_device_batch_size=2 model_name=llama3-70b ici_tensor_parallelism=4 ici_fsdp_parallelism=4
+    # dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full (2D inside a slice, FSDP across slices)
+    assert args("llama3-70b-v6e-16x2") == [
+        "train", BASE, "dataset_type=synthetic", "per_device_batch_size=2", "max_target_length=4096",
+        "model_name=llama3-70b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
+        "dcn_data_parallelism=1", "dcn_fsdp_parallelism=2", "remat_policy=full",
+        "base_output_directory=/data/", "run_name=RUN",
+    ]
+
+
+def test_elastic_spot_runs_the_8b_command():
+    assert args("llama3-8b-v6e-elastic-spot") == args("llama3-8b-v6e-16x2")
+    spec = resolve("llama3-8b-v6e-elastic-spot")
+    assert (spec.train.min_workers, spec.train.max_workers, spec.train.max_failures) == (4, 8, 3)
+    assert spec.cluster.capacity == "spot"
+
+
+def test_local_maxtext_is_a_tiny_llama_on_two_emulated_hosts():
+    argv = args("local-maxtext", output_dir="/runs/r/train")
+    assert "model_name=default" in argv and "decoder_block=llama2" in argv
+    assert "ici_fsdp_parallelism=2" in argv and "ici_tensor_parallelism=2" in argv
+    assert "hardware=cpu" in argv and "skip_jax_distributed_system=true" in argv
+    assert "checkpoint_period=10" in argv and "steps=40" in argv
+    spec = resolve("local-maxtext")
+    assert maxtext_args.devices_per_host(spec) * spec.total_hosts == 4
+
+
+def test_tpu_hosts_have_their_logical_devices():
+    assert maxtext_args.devices_per_host(resolve("llama3-8b-v6e-16x2")) == 4
+
+
+def test_eval_args_freeze_training_and_load_the_checkpoint():
+    argv = maxtext_args.eval_args(resolve("local-maxtext"), BASE, "/out", "r-eval", "/ck/39/items")
+    assert "steps=1" in argv and "learning_rate=0" in argv and "enable_checkpointing=false" in argv
+    assert "eval_interval=1" in argv and "load_parameters_path=/ck/39/items" in argv
+    assert not any(a.startswith("checkpoint_period=") or a == "steps=40" for a in argv)
+    assert "load_parameters_path" not in " ".join(
+        maxtext_args.eval_args(resolve("local-maxtext"), BASE, "/out", "r", ""))
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, field",
+    [
+        ("local-maxtext", "maxtext.ici_fsdp_parallelism=3", "maxtext.ici_fsdp_parallelism"),
+        ("local-maxtext", "maxtext.ici_tensor_parallelism=4", "maxtext.ici_fsdp_parallelism"),
+        ("local-maxtext", "maxtext.model_name=llama9-1t", "maxtext.model_name"),
+        ("local-maxtext", "maxtext.steps=0", "maxtext.steps"),
+        ("local-maxtext", "maxtext.per_device_batch_size=0", "maxtext.per_device_batch_size"),
+        ("local-maxtext", "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=-1",
+         "maxtext.ici_tensor_parallelism"),
+        ("llama3-70b-v6e-16x2", "maxtext.dcn_fsdp_parallelism=4", "maxtext.dcn_fsdp_parallelism"),
+        ("llama3-8b-v6e-16x2", "maxtext.ici_fsdp_parallelism=8", "maxtext.ici_fsdp_parallelism"),
+    ],
+)
+def test_bad_maxtext_specs_name_the_field(preset, overrides, field):
+    with pytest.raises(SpecError) as err:
+        resolve(preset, overrides)
+    assert err.value.field == field, str(err.value)
+
+
+def test_parse_step_reads_maxtexts_step_line():
+    line = ("completed step: 99, seconds: 0.693, TFLOP/s/device: 83.171, Tokens/s/device: 11819.175, "
+            "total_weights: 262144, loss: 0.334")
+    assert maxtext_args.parse_step("(RayTrainWorker pid=1) " + line) == {
+        "step": 99, "loss": 0.334, "step_s": 0.693, "tflops_per_s_per_device": 83.171,
+        "tokens_per_s_per_device": 11819.175}
+    assert maxtext_args.parse_step("completed eval step: 3") is None
