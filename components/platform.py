@@ -80,7 +80,7 @@ class Platform(Protocol):
     def teardown(self, ctx: RunContext) -> dict[str, Any]: ...
 
 
-PLATFORMS = ("local",)
+PLATFORMS = ("local", "gke")
 
 
 def get_platform(name: str) -> Platform:
@@ -88,4 +88,8 @@ def get_platform(name: str) -> Platform:
         from components.local import LocalPlatform
 
         return LocalPlatform()
+    if name == "gke":
+        from components.gke import GkePlatform
+
+        return GkePlatform()
     raise SpecError("platform", f"unknown platform {name!r}", PLATFORMS)

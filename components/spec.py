@@ -332,6 +332,12 @@ def _validate_workers(spec: RunSpec) -> None:
                             [w for w in whole if int(w) <= t.max_workers])
     elif derivations.is_tpu(spec) and t.num_workers and str(t.num_workers) not in whole:
         raise SpecError("train.num_workers", f"{t.num_workers} is not a whole number of {unit}", ["0", *whole])
+    per_host = derivations.workers_per_host(spec)
+    if derivations.is_tpu(spec) and spec.cluster.cpus_per_host < per_host:
+        # Ray Train reserves a CPU with every worker's TPU bundle; the pod's CPU limit is the host's Ray CPUs.
+        raise SpecError("cluster.cpus_per_host", f"{spec.cluster.cpus_per_host} CPUs cannot hold the {per_host} "
+                                                 "Ray Train workers of each host (one CPU each)",
+                        [f"an integer >= {per_host}"])
 
 
 def _validate_gke(spec: RunSpec) -> None:

@@ -133,7 +133,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device_type, _ = detect_backend()
-    device = ray.train.torch.get_device()
+    # What this worker has decides, not what the cluster was provisioned as: emulated TPU hosts compute on CPU.
+    device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
 
     tokenizer = load_tokenizer(t.model_id)
@@ -144,7 +145,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         shuffle=True,
         generator=torch.Generator().manual_seed(t.seed),
     )
-    loader = ray.train.torch.prepare_data_loader(loader)
+    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
 
     model = build_model(t.model_id, tokenizer, t.seed, dtype)
     mesh = init_device_mesh(device_type, (world,))
@@ -170,6 +171,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         started = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64)
         for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
             loss = model(**batch).loss
             loss.backward()
             optimizer.step()

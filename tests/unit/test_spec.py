@@ -93,3 +93,9 @@ def test_run_id_is_a_dns_label():
     assert run_id_from("my-run", "ignored") == "my-run"
     with pytest.raises(SpecError, match="run_id"):
         run_id_from("Bad_Run", "")
+
+
+def test_tpu_hosts_need_a_cpu_per_ray_train_worker():
+    with pytest.raises(SpecError) as err:
+        resolve("gemma4-e2b-v6e-16", "cluster.cpus_per_host=2")
+    assert err.value.field == "cluster.cpus_per_host"

@@ -1,0 +1,253 @@
+"""The gke platform: the run's plan executed on GKE (``components.plan`` lists what it creates).
+
+- provision: get-or-create the GKE cluster (with its CPU pool for the Ray head) and one TPU node pool per slice,
+  each labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one clear message naming
+  zone, accelerator and count, after deleting what this run created;
+- build_image: the trainer image named by ``gke.image`` (building it with Cloud Build is not part of this platform
+  yet: ``check`` asks for the image before anything is created);
+- deploy_raycluster: the Kubernetes client from the cluster's endpoint, CA certificate and a Google access token;
+  the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret (from $HF_TOKEN
+  when the cluster has none), the Ray token Secret, then the RayCluster by server-side apply with Ray token
+  authentication on; waits for every worker, failing fast with the pod's reason;
+- jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
+- teardown: everything with the run's label (RayCluster, RayJob, Secrets, ServiceAccount, node pools, the cluster
+  when the run created it); not found is success.
+
+The run's ledger (``<run dir>/gke.json``) records every cloud resource before the run waits on it. Heavy imports
+(google-cloud, kubernetes, ray) stay inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from components import derivations as d
+from components import manifests as m
+from components import names
+from components.platform import RunContext
+from components.spec import SpecError
+
+HF_TOKEN_ENV = "HF_TOKEN"
+# With the emulators: the local directory that plays the bucket mounted at /data in every pod (GCS FUSE).
+MOUNT_ROOT_ENV = "TPUPIPE_GKE_MOUNT_ROOT"
+UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
+DEFAULT_UNSCHEDULABLE_GRACE_S = 120.0
+
+
+def ray_token_secret_name(run_id: str) -> str:
+    return names.fit(f"{run_id}-ray-token", names.COMPUTE_NAME_MAX)
+
+
+class GkePlatform:
+    name = "gke"
+
+    def __init__(self, log=print, poll_s: float = 5.0):
+        self.log = log
+        self.poll_s = poll_s
+
+    # ---------------------------------------------------------------- the ledger
+    @staticmethod
+    def ledger_path(ctx: RunContext) -> Path:
+        return ctx.run_dir / "gke.json"
+
+    def _ledger(self, ctx: RunContext) -> dict[str, Any]:
+        path = self.ledger_path(ctx)
+        return json.loads(path.read_text()) if path.is_file() else {"run_id": ctx.run_id, "created": []}
+
+    def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
+        from components.local import save_ledger
+
+        save_ledger(self.ledger_path(ctx), ledger)
+
+    def _recorder(self, ctx: RunContext, ledger: dict[str, Any]):
+        def record(kind: str, name: str) -> None:
+            if {"kind": kind, "name": name} not in ledger["created"]:
+                ledger["created"].append({"kind": kind, "name": name})
+                self._save(ctx, ledger)
+        return record
+
+    # ---------------------------------------------------------------- checks
+    def check(self, ctx: RunContext) -> None:
+        spec = ctx.spec
+        if not d.is_tpu(spec):
+            raise SpecError("cluster.accelerator", "the gke platform runs on TPU slices; cpu hosts run on the local "
+                            "platform (platform=local)", ["v5e", "v5p", "v6e", "tpu7x"])
+        if not spec.gke.project:
+            raise SpecError("gke.project", "required on the gke platform", ["a GCP project id"])
+        if not spec.gke.image:
+            raise SpecError("gke.image", "building the trainer image with Cloud Build is not part of the gke platform "
+                            f"yet: build and push images/{d.WORKLOAD_IMAGES[spec.train.workload]} and name it here",
+                            ["REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG"])
+        t = d.target(spec, ctx.run_id)
+        if d.dcn_networks(spec, t) or d.workload_policy(spec, t):
+            raise SpecError("gke.multislice_network" if d.dcn_networks(spec, t) else "cluster.accelerator",
+                            "the plan needs Compute Engine resources (DCN networks or a TPU7x workload policy) that "
+                            "the gke platform does not create yet", ["accelerator_network_profile", "none"])
+
+    def _target(self, ctx: RunContext) -> d.Target:
+        return d.target(ctx.spec, ctx.run_id)
+
+    def _gke(self, creds=None):
+        from components import gke_cluster
+
+        return gke_cluster.Gke(gke_cluster.cluster_manager(creds), log=self.log, poll_s=self.poll_s)
+
+    # ---------------------------------------------------------------- provision
+    def provision(self, ctx: RunContext) -> dict[str, Any]:
+        from components import gke_cluster
+
+        self.check(ctx)
+        spec, t = ctx.spec, self._target(ctx)
+        ledger = self._ledger(ctx)
+        ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
+                       "owns_cluster": t.owns_cluster, "namespace": t.namespace})
+        self._save(ctx, ledger)
+        record = self._recorder(ctx, ledger)
+        creds = gke_cluster.credentials()
+        gke = self._gke(creds)
+        cluster_name = ledger["cluster"]
+        try:
+            if t.owns_cluster:
+                cluster = gke.ensure_cluster(t.parent, d.cluster(spec, t), record)
+            else:
+                cluster = gke.get_cluster(cluster_name)
+                if cluster is None:
+                    raise SpecError("gke.cluster_name", f"no cluster {t.cluster} in {t.location} of project "
+                                                        f"{t.project}")
+            pools = [gke.ensure_node_pool(cluster_name, body, record).name for body in d.tpu_node_pools(spec, t)]
+        except gke_cluster.CapacityError as exc:
+            shape = d.slice_shape(spec)
+            self.log(f"provision: no capacity: {exc}; deleting what this run created")
+            self._delete_created(gke, ledger)
+            raise gke_cluster.CapacityError(
+                f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
+                f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
+                f"{spec.cluster.capacity}) in zone {t.zone}: {exc}. Nothing this run created is left. Try another zone "
+                f"(gke.zone), another capacity type (cluster.capacity=spot, reservation or flex-start) or later."
+            ) from None
+        return {"cluster": cluster_name, "endpoint": cluster.endpoint, "node_pools": pools,
+                "created": [c["name"] for c in ledger["created"]]}
+
+    def _delete_created(self, gke, ledger: dict[str, Any]) -> list[str]:
+        deleted = []
+        for entry in reversed(ledger["created"]):
+            if entry["kind"] == "node_pool" and not any(e["kind"] == "cluster" for e in ledger["created"]):
+                if gke.delete_node_pool(entry["name"]):
+                    deleted.append(entry["name"])
+            elif entry["kind"] == "cluster":  # its node pools go with it
+                if gke.delete_cluster(entry["name"]):
+                    deleted.append(entry["name"])
+        return deleted
+
+    # ---------------------------------------------------------------- build_image
+    def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        self.check(ctx)
+        t = self._target(ctx)
+        self.log(f"trainer image: {t.image} (gke.image)")
+        return {"image": t.image, "built": False}
+
+    # ---------------------------------------------------------------- Kubernetes
+    def _kube(self, ctx: RunContext):
+        import base64
+
+        from components import gke_cluster, gke_kube
+
+        ledger = self._ledger(ctx)
+        cluster_name = ledger.get("cluster") or f"{self._target(ctx).parent}/clusters/{self._target(ctx).cluster}"
+        creds = gke_cluster.credentials()
+        cluster = self._gke(creds).get_cluster(cluster_name)
+        if cluster is None or not cluster.endpoint:
+            return None, None, None
+        token = gke_cluster.access_token(creds)
+        ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
+        api = gke_kube.api_client(cluster.endpoint, ca_pem, token, ctx.run_dir / "gke")
+        namespace = ledger.get("namespace") or ctx.spec.gke.namespace
+        return gke_kube.Kube(api, namespace, log=self.log), cluster, token
+
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
+        from components import gke_kube
+
+        self.check(ctx)
+        spec, t = ctx.spec, self._target(ctx)
+        kube, cluster, _ = self._kube(ctx)
+        if kube is None:
+            raise RuntimeError(f"no running cluster {t.cluster} for run {ctx.run_id}: provision did not finish")
+        kube.ensure_namespace()
+        kube.ensure(m.service_account(t))
+        claim = m.dcn_claim_template(spec, t)
+        if claim:
+            kube.ensure(claim)
+        if spec.gke.hf_secret and kube.secret(spec.gke.hf_secret) is None:
+            value = os.environ.get(HF_TOKEN_ENV, "")
+            if not value:
+                raise SpecError("gke.hf_secret", f"no Secret {spec.gke.hf_secret} in namespace {t.namespace} and "
+                                                 f"${HF_TOKEN_ENV} is not set: set it, or gke.hf_secret= (empty) "
+                                                 "for models that need no token")
+            import base64
+
+            kube.ensure({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                         "metadata": {"name": spec.gke.hf_secret, "namespace": t.namespace,
+                                      "labels": names.labels(ctx.run_id)},
+                         "data": {m.HF_TOKEN_KEY: base64.b64encode(value.encode()).decode()}})
+        token_secret = ray_token_secret_name(ctx.run_id)
+        if kube.secret(token_secret) is None:
+            kube.ensure(gke_kube.ray_token_secret(token_secret, t.namespace, names.labels(ctx.run_id),
+                                                  gke_kube.new_ray_token()))
+        raycluster = m.raycluster(spec, t)
+        raycluster["spec"] = {"authOptions": {"mode": "token", "secretName": token_secret}, **raycluster["spec"]}
+        kube.apply(raycluster)
+        name = raycluster["metadata"]["name"]
+        grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, DEFAULT_UNSCHEDULABLE_GRACE_S))
+        ready = gke_kube.wait_ready(kube, name, spec.cluster.ready_timeout_s, unschedulable_grace_s=grace,
+                                    poll_s=min(self.poll_s, 2.0), log=self.log)
+        status = ready.get("status", {})
+        self.log(f"RayCluster {name} ready: {status.get('availableWorkerReplicas')} of "
+                 f"{status.get('desiredWorkerReplicas')} workers available")
+        return {"raycluster": name, "namespace": t.namespace, "endpoint": cluster.endpoint,
+                "available_workers": status.get("availableWorkerReplicas")}
+
+    def job_client(self, ctx: RunContext):
+        from components import gke_kube
+
+        kube, cluster, token = self._kube(ctx)
+        if kube is None:
+            raise RuntimeError(f"no running cluster for run {ctx.run_id}")
+        ray_token = (kube.secret(ray_token_secret_name(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        return gke_kube.job_client(cluster.endpoint, ctx.run_dir / "gke" / "cluster-ca.crt", kube.namespace,
+                                   names.raycluster(ctx.run_id), token, ray_token)
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        return os.environ.get(MOUNT_ROOT_ENV, "") + self._target(ctx).run_dir
+
+    # ---------------------------------------------------------------- teardown
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = self._ledger(ctx)
+        t = self._target(ctx)
+        parent = ledger.get("parent") or t.parent
+        cluster_name = ledger.get("cluster") or f"{parent}/clusters/{t.cluster}"
+        owns = ledger.get("owns_cluster", t.owns_cluster)
+        selector = f"{names.RUN_LABEL}={ctx.run_id}"
+        deleted: list[str] = []
+        gke = self._gke()
+        cluster = gke.get_cluster(cluster_name)
+        if cluster is not None and cluster.endpoint:
+            kube, _, _ = self._kube(ctx)
+            if kube is not None:
+                deleted += kube.delete_labelled(selector)
+        if cluster is not None and not owns:  # a cluster the spec names is kept: only the run's pools go
+            for pool in gke.pools_with_label(cluster_name, names.RUN_LABEL, ctx.run_id):
+                if gke.delete_node_pool(pool):
+                    deleted.append(pool)
+        for name in gke.clusters_with_label(parent, names.RUN_LABEL, ctx.run_id) if owns else []:
+            if gke.delete_cluster(name):
+                deleted.append(name)
+        if owns:  # recorded but not (yet) labelled, or in another location: the ledger finds it
+            for entry in ledger.get("created", []):
+                if entry["kind"] == "cluster" and entry["name"] not in deleted and gke.delete_cluster(entry["name"]):
+                    deleted.append(entry["name"])
+        self.log(f"teardown: deleted {len(deleted)} resources of {ctx.run_id}" +
+                 (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else ""))
+        return {"deleted": deleted, "kept_cluster": None if owns else cluster_name}

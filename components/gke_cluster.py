@@ -1,0 +1,294 @@
+"""The GKE side of the gke platform: the cluster and its node pools through google-cloud-container's
+``ClusterManagerClient`` (architecture decision 8).
+
+Get-or-create, resumable and cancellable: every create first looks for what exists (a re-run provision
+re-attaches, an ``ALREADY_EXISTS`` is a reuse), records what it started before it waits, waits on the
+long-running operation with progress and a deadline, and cancels that operation on SIGTERM. Status codes map to
+meanings: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` are transient (retried with backoff); ``RESOURCE_EXHAUSTED``
+and stockouts are :class:`CapacityError`, a user error that names zone, accelerator and count.
+
+``google.cloud.container_v1`` is imported inside functions: ``components`` imports in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from components.waiting import DeadlineExceeded, wait_for
+
+# The ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators are found
+# (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
+EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"
+# With an emulator: the static access token it expects in place of Application Default Credentials.
+EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+STOCKOUT_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "GCE_STOCKOUT", "does not have enough resources",
+                    "STOCKOUT", "QUOTA_EXCEEDED", "Insufficient quota")
+RESOURCE_EXHAUSTED = 8
+
+
+class CapacityError(RuntimeError):
+    """No capacity (a stockout) or no quota for what the run asks: the user's to resolve, not retried."""
+
+
+class GkeError(RuntimeError):
+    """A GKE operation that ended in an error other than capacity."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    initial_s: float = 1.0
+    multiplier: float = 2.0
+    max_s: float = 30.0
+
+
+# ---------------------------------------------------------------- credentials and client
+
+
+def credentials():
+    """Google credentials: Application Default Credentials (the pipeline's service account on Vertex, ``gcloud
+    auth application-default login`` on a workstation), or the emulator's static token."""
+    token = os.environ.get(EMULATOR_TOKEN_ENV)
+    if token and os.environ.get(EMULATOR_HOST_ENV):
+        from google.oauth2.credentials import Credentials
+
+        return Credentials(token=token)
+    import google.auth
+
+    creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    return creds
+
+
+def access_token(creds) -> str:
+    """A valid OAuth access token from ``creds`` (refreshed when it has expired), for the Kubernetes API."""
+    if not creds.valid:
+        import google.auth.transport.requests
+
+        creds.refresh(google.auth.transport.requests.Request())
+    return creds.token
+
+
+def cluster_manager(creds=None):
+    """A ``ClusterManagerClient``: to the emulator named by $TPUPIPE_GKE_EMULATOR_HOST, else to Google."""
+    from google.cloud import container_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcTransport
+
+        return container_v1.ClusterManagerClient(transport=ClusterManagerGrpcTransport(
+            channel=grpc.insecure_channel(host)))
+    return container_v1.ClusterManagerClient(credentials=creds or credentials())
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+class Gke:
+    """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
+    this run starts creating, before anything waits on it (the ledger)."""
+
+    def __init__(self, client, *, log: Callable[[str], None] = print, retry: RetryPolicy = RetryPolicy(),
+                 operation_timeout_s: float = 1800.0, poll_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.client = client
+        self.log = log
+        self.retry = retry
+        self.operation_timeout_s = operation_timeout_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- calls with the transient codes retried
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        from google.api_core import exceptions as gexc
+
+        delay = self.retry.initial_s
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except (gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
+                if attempt == self.retry.attempts:
+                    raise GkeError(f"{what}: still {exc.code.name if exc.code else exc} after {attempt} "
+                                   f"attempts: {exc.message}") from exc
+                self.log(f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
+                         f"(attempt {attempt + 1}/{self.retry.attempts})")
+                self.sleep(delay)
+                delay = min(delay * self.retry.multiplier, self.retry.max_s)
+        raise AssertionError("unreachable")
+
+    def get_cluster(self, name: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name))
+        except gexc.NotFound:
+            return None
+
+    def get_node_pool(self, name: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name))
+        except gexc.NotFound:
+            return None
+
+    # -- operations
+    def wait(self, location_path: str, op, what: str) -> None:
+        """Poll the operation until DONE, with progress, a deadline, and SIGTERM cancelling it."""
+        from google.cloud import container_v1
+
+        name = f"{location_path}/operations/{op.name}"
+        started = self.clock()
+        cancelled = []
+
+        def on_term(signum, _frame):
+            cancelled.append(signum)
+            self.log(f"  {what}: signal {signum}: cancelling operation {op.name}")
+            try:
+                self.client.cancel_operation(name=name)
+            finally:
+                raise SystemExit(128 + signum)
+
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, on_term) if main else None
+        try:
+            def poll():
+                current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
+                if current.status == container_v1.Operation.Status.DONE:
+                    return current
+                return None
+
+            def progress(elapsed: float) -> None:
+                if int(elapsed) // 30 != int(elapsed - self.poll_s) // 30 or elapsed < self.poll_s:
+                    self.log(f"  {what}: running ({elapsed:.0f}s)")
+
+            done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s, progress=progress,
+                            what=f"{what} (operation {op.name})", clock=self.clock, sleep=self.sleep)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        if done.error and done.error.code:
+            message = done.error.message or done.status_message
+            if done.error.code == RESOURCE_EXHAUSTED or any(m in message for m in STOCKOUT_MARKERS):
+                raise CapacityError(message)
+            raise GkeError(f"{what}: operation {op.name} failed: {message}")
+        self.log(f"  {what}: done in {self.clock() - started:.1f}s")
+
+    # -- get-or-create
+    def ensure_cluster(self, parent: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
+        """The cluster ``body`` names: reused if it exists (waiting while it provisions), else created."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import container_v1
+
+        name = f"{parent}/clusters/{body['name']}"
+        cluster = self.get_cluster(name)
+        if cluster is None:
+            record("cluster", name)
+            try:
+                op = self.call(f"create cluster {body['name']}", lambda: self.client.create_cluster(
+                    parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))))
+                self.log(f"creating GKE cluster {name}")
+                self.wait(parent, op, f"create cluster {body['name']}")
+            except gexc.AlreadyExists:
+                self.log(f"GKE cluster {name} already exists: reusing it")
+            except gexc.ResourceExhausted as exc:
+                raise CapacityError(exc.message) from exc
+            cluster = self.get_cluster(name)
+        else:
+            self.log(f"GKE cluster {name} exists ({cluster.status.name}): reusing it")
+        self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
+        return self.get_cluster(name)
+
+    def ensure_node_pool(self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
+        from google.api_core import exceptions as gexc
+        from google.cloud import container_v1
+
+        name = f"{cluster_name}/nodePools/{body['name']}"
+        location_path = cluster_name.rsplit("/clusters/", 1)[0]
+        pool = self.get_node_pool(name)
+        if pool is None:
+            record("node_pool", name)
+            try:
+                op = self.call(f"create node pool {body['name']}", lambda: self.client.create_node_pool(
+                    parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))))
+                self.log(f"creating node pool {body['name']} ({body['config']['machineType']} x "
+                         f"{body.get('initialNodeCount', 0)})")
+                self.wait(location_path, op, f"create node pool {body['name']}")
+            except gexc.AlreadyExists:
+                self.log(f"node pool {name} already exists: reusing it")
+            except gexc.ResourceExhausted as exc:
+                raise CapacityError(exc.message) from exc
+        else:
+            self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
+        return self._wait_running(name, lambda: self.get_node_pool(name), container_v1.NodePool.Status,
+                                  what="node pool")
+
+    def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str) -> Any:
+        def poll():
+            current = get()
+            if current is None:
+                raise GkeError(f"{what} {name} disappeared while the run waited for it")
+            if current.status == statuses.RUNNING:
+                return current
+            if current.status == statuses.ERROR:
+                message = current.status_message
+                if any(m in message for m in STOCKOUT_MARKERS):
+                    raise CapacityError(message)
+                raise GkeError(f"{what} {name} is in ERROR: {message}")
+            if current.status in (statuses.STOPPING,):
+                raise GkeError(f"{what} {name} is being deleted")
+            return None
+
+        return wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
+                        what=f"{what} {name} to be RUNNING", clock=self.clock, sleep=self.sleep)
+
+    # -- delete (not found is success)
+    def delete_node_pool(self, name: str) -> bool:
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self.call(f"delete node pool {name}", lambda: self.client.delete_node_pool(name=name))
+        except gexc.NotFound:
+            return False
+        self.log(f"deleting node pool {name}")
+        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete node pool {name.rsplit('/', 1)[-1]}")
+        return True
+
+    def delete_cluster(self, name: str) -> bool:
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self.call(f"delete cluster {name}", lambda: self.client.delete_cluster(name=name))
+        except gexc.NotFound:
+            return False
+        self.log(f"deleting GKE cluster {name}")
+        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete cluster {name.rsplit('/', 1)[-1]}")
+        return True
+
+    def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
+        response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
+        return [f"{parent}/clusters/{cl.name}" for cl in response.clusters if cl.resource_labels.get(key) == value]
+
+    def pools_with_label(self, cluster_name: str, key: str, value: str) -> list[str]:
+        from google.api_core import exceptions as gexc
+
+        try:
+            response = self.call("list node pools", lambda: self.client.list_node_pools(parent=cluster_name))
+        except gexc.NotFound:
+            return []
+        return [f"{cluster_name}/nodePools/{p.name}" for p in response.node_pools
+                if p.config.resource_labels.get(key) == value]
+
+
+__all__ = ["CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token", "cluster_manager",
+           "credentials"]

@@ -1,0 +1,261 @@
+"""An in-process GKE ClusterManager: the real ``google.container.v1.ClusterManager`` gRPC service, served from the
+request and response messages google-cloud-container ships (its gRPC transport names the methods; the messages
+serialise themselves), so ``ClusterManagerClient`` talks real gRPC to it.
+
+Clusters and node pools are created by long-running operations that finish after ``polls_to_done`` GetOperation
+calls. Faults are injected per method: a gRPC status for the next N calls (UNAVAILABLE, RESOURCE_EXHAUSTED,
+ALREADY_EXISTS, ...), or a stockout, where the create call succeeds and its operation ends in the error GKE reports
+when a zone has no capacity. A cluster's endpoint and CA certificate are those of the Kubernetes API emulator
+given to the server, as GKE's are those of the cluster's control plane.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from google.cloud import container_v1 as c
+from google.rpc import status_pb2
+
+SERVICE = "google.container.v1.ClusterManager"
+STOCKOUT_MESSAGE = ("Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
+                    "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)")
+
+
+@dataclass
+class Fault:
+    method: str
+    code: grpc.StatusCode | None  # None: a stockout (the operation fails, not the call)
+    message: str
+    times: int = 1
+    when: Callable[[object], bool] = lambda request: True
+
+
+@dataclass
+class _Op:
+    op: c.Operation
+    polls_left: int
+    on_done: Callable[[], None]
+    error: tuple[int, str] | None = None
+
+
+@dataclass
+class State:
+    clusters: dict[str, c.Cluster] = field(default_factory=dict)  # full name -> cluster (node pools inside)
+    operations: dict[str, _Op] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)  # method names, in order
+
+
+class ClusterManagerEmulator:
+    """The service; ``start()`` serves it on 127.0.0.1 (plaintext, as Google's emulators do)."""
+
+    def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2):
+        self.state = State()
+        self.faults: list[Fault] = []
+        self.kube_endpoint = kube_endpoint
+        self.kube_ca_pem = kube_ca_pem
+        self.polls_to_done = polls_to_done
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._server = None
+        self.address = ""
+
+    # ------------------------------------------------------------------ faults and inspection
+    def fail(self, method: str, code: grpc.StatusCode, message: str = "", times: int = 1,
+             when: Callable[[object], bool] = lambda r: True) -> None:
+        self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
+
+    def stockout(self, when: Callable[[object], bool] = lambda r: True, times: int = 1) -> None:
+        """The next CreateNodePool matching ``when`` starts, and its operation fails for lack of capacity."""
+        self.faults.append(Fault("CreateNodePool", None, STOCKOUT_MESSAGE, times, when))
+
+    def _fault(self, method: str, request) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.method == method and fault.times > 0 and fault.when(request):
+                    fault.times -= 1
+                    return fault
+        return None
+
+    def clusters_labelled(self, key: str, value: str) -> list[str]:
+        with self._lock:
+            return [name for name, cl in self.state.clusters.items() if cl.resource_labels.get(key) == value]
+
+    def pools_labelled(self, key: str, value: str) -> list[str]:
+        with self._lock:
+            return [f"{name}/nodePools/{p.name}" for name, cl in self.state.clusters.items() for p in cl.node_pools
+                    if p.config.resource_labels.get(key) == value or p.config.labels.get(key) == value]
+
+    # ------------------------------------------------------------------ serving
+    def start(self) -> str:
+        handlers = {
+            "CreateCluster": (c.CreateClusterRequest, c.Operation, self.create_cluster),
+            "GetCluster": (c.GetClusterRequest, c.Cluster, self.get_cluster),
+            "ListClusters": (c.ListClustersRequest, c.ListClustersResponse, self.list_clusters),
+            "DeleteCluster": (c.DeleteClusterRequest, c.Operation, self.delete_cluster),
+            "CreateNodePool": (c.CreateNodePoolRequest, c.Operation, self.create_node_pool),
+            "GetNodePool": (c.GetNodePoolRequest, c.NodePool, self.get_node_pool),
+            "ListNodePools": (c.ListNodePoolsRequest, c.ListNodePoolsResponse, self.list_node_pools),
+            "DeleteNodePool": (c.DeleteNodePoolRequest, c.Operation, self.delete_node_pool),
+            "GetOperation": (c.GetOperationRequest, c.Operation, self.get_operation),
+            "CancelOperation": (c.CancelOperationRequest, None, self.cancel_operation),
+        }
+        methods = {}
+        for name, (req_type, resp_type, fn) in handlers.items():
+            methods[name] = grpc.unary_unary_rpc_method_handler(
+                self._wrap(name, fn),
+                request_deserializer=req_type.deserialize,
+                response_serializer=(resp_type.serialize if resp_type else lambda _: b""),
+            )
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        return self.address
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop(grace=None)
+
+    def _wrap(self, method: str, fn):
+        def handler(request, context):
+            with self._lock:
+                self.state.calls.append(method)
+            fault = self._fault(method, request)
+            if fault and fault.code is not None:
+                context.abort(fault.code, fault.message)
+            with self._lock:
+                return fn(request, context, stockout=fault)
+        return handler
+
+    # ------------------------------------------------------------------ helpers
+    def _op(self, location_path: str, kind: c.Operation.Type, target: str, on_done: Callable[[], None],
+            error: tuple[int, str] | None = None) -> c.Operation:
+        op_id = f"operation-{next(self._ids)}"
+        op = c.Operation(name=op_id, operation_type=kind, status=c.Operation.Status.RUNNING,
+                         self_link=f"{location_path}/operations/{op_id}", target_link=target,
+                         location=location_path.rsplit("/", 1)[-1])
+        self.state.operations[f"{location_path}/operations/{op_id}"] = _Op(op, self.polls_to_done, on_done, error)
+        return op
+
+    def _cluster(self, name: str, context) -> c.Cluster:
+        cluster = self.state.clusters.get(name)
+        if cluster is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {name}.")
+        return cluster
+
+    def _pool(self, name: str, context) -> tuple[c.Cluster, c.NodePool]:
+        cluster_name, _, pool_name = name.partition("/nodePools/")
+        cluster = self._cluster(cluster_name, context)
+        for pool in cluster.node_pools:
+            if pool.name == pool_name:
+                return cluster, pool
+        context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {name}.")
+
+    # ------------------------------------------------------------------ clusters
+    def create_cluster(self, request: c.CreateClusterRequest, context, stockout=None) -> c.Operation:
+        name = f"{request.parent}/clusters/{request.cluster.name}"
+        if name in self.state.clusters:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {name}.")
+        cluster = c.Cluster(request.cluster)
+        cluster.status = c.Cluster.Status.PROVISIONING
+        cluster.location = request.parent.rsplit("/", 1)[-1]
+        cluster.self_link = name
+        for pool in cluster.node_pools:
+            pool.status = c.NodePool.Status.PROVISIONING
+        self.state.clusters[name] = cluster
+
+        def done():
+            cluster.status = c.Cluster.Status.RUNNING
+            cluster.endpoint = self.kube_endpoint
+            cluster.master_auth = c.MasterAuth(cluster_ca_certificate=base64.b64encode(self.kube_ca_pem).decode())
+            for pool in cluster.node_pools:
+                pool.status = c.NodePool.Status.RUNNING
+        return self._op(request.parent, c.Operation.Type.CREATE_CLUSTER, name, done)
+
+    def get_cluster(self, request: c.GetClusterRequest, context, stockout=None) -> c.Cluster:
+        return self._cluster(request.name, context)
+
+    def list_clusters(self, request: c.ListClustersRequest, context, stockout=None) -> c.ListClustersResponse:
+        prefix = request.parent + "/clusters/"
+        return c.ListClustersResponse(clusters=[cl for n, cl in self.state.clusters.items() if n.startswith(prefix)])
+
+    def delete_cluster(self, request: c.DeleteClusterRequest, context, stockout=None) -> c.Operation:
+        cluster = self._cluster(request.name, context)
+        cluster.status = c.Cluster.Status.STOPPING
+        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_CLUSTER, request.name,
+                        lambda: self.state.clusters.pop(request.name, None))
+
+    # ------------------------------------------------------------------ node pools
+    def create_node_pool(self, request: c.CreateNodePoolRequest, context, stockout=None) -> c.Operation:
+        cluster = self._cluster(request.parent, context)
+        if cluster.status != c.Cluster.Status.RUNNING:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Cluster {cluster.name} is not running.")
+        if any(p.name == request.node_pool.name for p in cluster.node_pools):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"Already exists: {request.parent}/nodePools/{request.node_pool.name}.")
+        pool = c.NodePool(request.node_pool)
+        pool.status = c.NodePool.Status.PROVISIONING
+        cluster.node_pools.append(pool)
+        name = f"{request.parent}/nodePools/{pool.name}"
+        error = None
+        if stockout is not None:
+            zone = (list(pool.locations) or [cluster.location])[0]
+            error = (8, stockout.message.format(zone=zone))
+
+        def done():
+            for p in cluster.node_pools:
+                if p.name == pool.name:
+                    p.status = c.NodePool.Status.ERROR if error else c.NodePool.Status.RUNNING
+                    p.status_message = error[1] if error else ""
+        return self._op(request.parent.rsplit("/clusters/", 1)[0], c.Operation.Type.CREATE_NODE_POOL, name, done,
+                        error)
+
+    def get_node_pool(self, request: c.GetNodePoolRequest, context, stockout=None) -> c.NodePool:
+        return self._pool(request.name, context)[1]
+
+    def list_node_pools(self, request: c.ListNodePoolsRequest, context, stockout=None) -> c.ListNodePoolsResponse:
+        return c.ListNodePoolsResponse(node_pools=list(self._cluster(request.parent, context).node_pools))
+
+    def delete_node_pool(self, request: c.DeleteNodePoolRequest, context, stockout=None) -> c.Operation:
+        cluster, pool = self._pool(request.name, context)
+        pool.status = c.NodePool.Status.STOPPING
+
+        def done():
+            kept = [p for p in cluster.node_pools if p.name != pool.name]
+            del cluster.node_pools[:]
+            cluster.node_pools.extend(kept)
+        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_NODE_POOL, request.name,
+                        done)
+
+    # ------------------------------------------------------------------ operations
+    def get_operation(self, request: c.GetOperationRequest, context, stockout=None) -> c.Operation:
+        entry = self.state.operations.get(request.name)
+        if entry is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {request.name}.")
+        if entry.op.status != c.Operation.Status.DONE:
+            entry.polls_left -= 1
+            entry.op.progress = c.OperationProgress(
+                metrics=[c.OperationProgress.Metric(name="polls", int_value=self.polls_to_done - entry.polls_left)])
+            if entry.polls_left <= 0:
+                entry.on_done()
+                entry.op.status = c.Operation.Status.DONE
+                if entry.error:
+                    code, message = entry.error
+                    entry.op.error = status_pb2.Status(code=code, message=message)
+                    entry.op.status_message = message
+        return entry.op
+
+    def cancel_operation(self, request: c.CancelOperationRequest, context, stockout=None):
+        entry = self.state.operations.get(request.name)
+        if entry is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {request.name}.")
+        if entry.op.status != c.Operation.Status.DONE:
+            entry.op.status = c.Operation.Status.ABORTING
+        return None

@@ -1,0 +1,492 @@
+"""A Kubernetes API server emulator over HTTPS on 127.0.0.1, enough for the gke platform's kubernetes client:
+
+- namespaces, secrets, service accounts, pods, services (core v1) and ResourceClaimTemplates (resource.k8s.io/v1),
+  RayClusters and RayJobs (ray.io/v1): create (409 when it exists), get, list by ``labelSelector``, delete (404
+  when missing), server-side apply (``application/apply-patch+yaml``);
+- RayCluster and RayJob objects are validated against the KubeRay CRD schemas (422 with the reasons), as the API
+  server does with strict field validation;
+- every request needs ``Authorization: Bearer <token>`` (401 otherwise);
+- it plays the KubeRay operator's part: for a RayCluster it makes the head and worker pods, and when they can be
+  scheduled, starts a local Ray cluster of the manifest's shape (the head, and replicas x numOfHosts raylets with
+  the resources KubeRay gives them from the containers: CPU from the cpu limit, ``TPU`` from google.com/tpu, the
+  TPU webhook's environment) from the torch image's environment, with Ray token authentication on, and reports
+  the status fields KubeRay reports;
+- ``/api/v1/namespaces/{ns}/services/{svc}:{port}/proxy/...`` is forwarded to that cluster's dashboard, with the
+  ``Authorization`` header removed as the API server does after authenticating the caller.
+
+Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason) and ``image_pull`` (ErrImagePull).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import os
+import re
+import secrets
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services"}
+CRD_KINDS = {"rayclusters": "RayCluster", "rayjobs": "RayJob"}
+TPU_RESOURCE = "google.com/tpu"
+UNSCHEDULABLE_MESSAGE = "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are " \
+                        "available: {n} No preemption victims found for incoming pod."
+
+
+def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM, cert file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpupipe emulator CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = directory / "apiserver.crt", directory / "apiserver.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class KubeEmulator:
+    """The API server and the KubeRay operator. ``start()`` serves on 127.0.0.1; ``stop()`` stops every local
+    Ray cluster it started."""
+
+    def __init__(self, work_dir: Path, token: str, crd_validator, ray_env=None, fault: str = "",
+                 ready_delay_s: float = 0.0):
+        self.work_dir = Path(work_dir)
+        self.token = token
+        self.crds = crd_validator
+        self.ray_env = ray_env  # components.envs.Env of the torch image, for the raylets; None: never start Ray
+        self.fault = fault
+        self.ready_delay_s = ready_delay_s
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
+        self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
+        self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
+        self.lock = threading.RLock()
+        self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
+        self._server = None
+        self.endpoint = ""
+
+    # ------------------------------------------------------------------ serving
+    def start(self) -> str:
+        emulator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                emulator._handle(self, "GET")
+
+            def do_POST(self):
+                emulator._handle(self, "POST")
+
+            def do_PATCH(self):
+                emulator._handle(self, "PATCH")
+
+            def do_PUT(self):
+                emulator._handle(self, "PUT")
+
+            def do_DELETE(self):
+                emulator._handle(self, "DELETE")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self._cert, self._key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.endpoint = f"127.0.0.1:{self._server.server_address[1]}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        for key in list(self.clusters):
+            self._stop_ray(key)
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    # ------------------------------------------------------------------ HTTP
+    def _send(self, h: BaseHTTPRequestHandler, code: int, body, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        h.send_response(code)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        with self.lock:
+            self.requests.append((method, url.path, dict(h.headers)))
+        if h.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._send(h, 401, _status(401, "Unauthorized", "Unauthorized"))
+        proxy = re.match(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$", url.path)
+        if proxy:
+            return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
+        ns_obj = re.match(r"^/api/v1/namespaces(?:/([^/]+))?$", url.path)
+        m = (re.match(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path)
+             or re.match(r"^/apis/[^/]+/[^/]+/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path))
+        if ns_obj:
+            plural, namespace, name = "namespaces", "", ns_obj.group(1) or ""
+        elif m:
+            namespace, plural, name = m.group(1), m.group(2), m.group(3) or ""
+        else:
+            return self._send(h, 404, _status(404, "NotFound", f"the server could not find {url.path}"))
+        try:
+            code, out = self._object(method, plural, namespace, name, query, body, h.headers.get("Content-Type", ""))
+        except Exception as exc:  # an emulator bug shows as a 500 with its message
+            code, out = 500, _status(500, "InternalError", repr(exc))
+        self._send(h, code, out)
+
+    # ------------------------------------------------------------------ objects
+    def _object(self, method, plural, namespace, name, query, body, content_type):
+        key = (plural, namespace, name)
+        with self.lock:
+            if method == "GET" and not name:
+                items = [o for (p, ns, _), o in self.objects.items()
+                         if p == plural and (ns == namespace or not namespace)
+                         and _matches(o["metadata"].get("labels", {}), query.get("labelSelector", ""))]
+                return 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
+            if method == "GET":
+                if key not in self.objects:
+                    return 404, _status(404, "NotFound", f'{plural} "{name}" not found')
+                return 200, self.objects[key]
+            if method == "DELETE":
+                if key not in self.objects:
+                    return 404, _status(404, "NotFound", f'{plural} "{name}" not found')
+                obj = self.objects.pop(key)
+                if plural == "rayclusters":
+                    self._delete_raycluster(namespace, name)
+                return 200, obj
+            obj = json.loads(body or b"{}")
+            if method == "POST":
+                name = obj.get("metadata", {}).get("name", "")
+                key = (plural, namespace, name)
+                if key in self.objects:
+                    return 409, _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            elif method == "PATCH" and content_type != "application/apply-patch+yaml":
+                return 415, _status(415, "UnsupportedMediaType", f"only server-side apply here, not {content_type}")
+            errors = self._validate(plural, namespace, obj)
+            if errors:
+                kind = CRD_KINDS.get(plural, plural)
+                return 422, _status(422, "Invalid", f'{kind} "{name}" is invalid: ' + "; ".join(errors))
+            existed = key in self.objects
+            meta = obj.setdefault("metadata", {})
+            if namespace:
+                meta["namespace"] = namespace
+            meta.setdefault("uid", secrets.token_hex(8))
+            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            if existed and "status" in self.objects[key]:
+                obj["status"] = self.objects[key]["status"]
+            self.objects[key] = obj
+            if plural == "rayclusters" and not existed:
+                self._create_raycluster(namespace, obj)
+            return (200 if existed else 201), obj
+
+    def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
+        if plural in CRD_KINDS:
+            return self.crds.errors(obj)
+        if plural not in CORE and plural != "resourceclaimtemplates":
+            return [f"unknown resource {plural}"]
+        if namespace and ("namespaces", "", namespace) not in self.objects:
+            return [f'namespaces "{namespace}" not found']
+        return []
+
+    # ------------------------------------------------------------------ the KubeRay operator
+    def _pod(self, namespace: str, cluster: str, name: str, group: dict, node_type: str) -> dict:
+        template = group["template"]
+        labels = {**template.get("metadata", {}).get("labels", {}), "ray.io/cluster": cluster,
+                  "ray.io/node-type": node_type, "ray.io/group": group.get("groupName", "headgroup")}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "spec": template["spec"], "status": {"phase": "Pending", "conditions": []}}
+
+    def _create_raycluster(self, namespace: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        spec = obj["spec"]
+        pods = [self._pod(namespace, name, f"{name}-head", spec["headGroupSpec"], "head")]
+        for group in spec.get("workerGroupSpecs", []):
+            for replica in range(group.get("replicas", 1)):
+                for host in range(group.get("numOfHosts", 1)):
+                    pods.append(self._pod(namespace, name, f"{name}-{group['groupName']}-{replica}-{host}", group,
+                                          "worker"))
+        for pod in pods:
+            self.objects[("pods", namespace, pod["metadata"]["name"])] = pod
+        self.objects[("services", namespace, f"{name}-head-svc")] = {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": f"{name}-head-svc", "namespace": namespace, "labels": {"ray.io/cluster": name}},
+            "spec": {"ports": [{"name": "dashboard", "port": 8265}]}}
+        desired = sum(g.get("replicas", 1) * g.get("numOfHosts", 1) for g in spec.get("workerGroupSpecs", []))
+        obj["status"] = {"desiredWorkerReplicas": desired, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
+                         "state": "", "conditions": []}
+        if self.fault == "unschedulable":
+            for pod in pods[1:]:
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                "message": UNSCHEDULABLE_MESSAGE.format(n=2)}]
+            return
+        if self.fault == "image_pull":
+            for pod in pods:
+                image = pod["spec"]["containers"][0]["image"]
+                pod["status"]["containerStatuses"] = [{"name": pod["spec"]["containers"][0]["name"], "ready": False,
+                                                       "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+                                                       "restartCount": 0,
+                                                       "state": {"waiting": {"reason": "ErrImagePull", "message":
+                                                                 f'failed to pull image "{image}": not found'}}}]
+            return
+        missing = self._missing_secrets(namespace, pods)
+        if missing:
+            for pod in pods:
+                pod["status"]["containerStatuses"] = [{"name": pod["spec"]["containers"][0]["name"], "ready": False,
+                                                       "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+                                                       "restartCount": 0,
+                                                       "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                                 "message": f'secret "{missing}" not found'}}}]
+            return
+        for pod in pods:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+        if self.ray_env is not None:
+            threading.Thread(target=self._start_ray, args=(namespace, obj, pods), daemon=True).start()
+
+    def _missing_secrets(self, namespace: str, pods: list[dict]) -> str:
+        for pod in pods:
+            for container in pod["spec"]["containers"]:
+                for env in container.get("env", []):
+                    ref = env.get("valueFrom", {}).get("secretKeyRef")
+                    if ref and ("secrets", namespace, ref["name"]) not in self.objects:
+                        return ref["name"]
+        return ""
+
+    def _container_env(self, namespace: str, container: dict) -> dict[str, str]:
+        out = {}
+        for env in container.get("env", []):
+            if "value" in env:
+                out[env["name"]] = env["value"]
+            elif "secretKeyRef" in env.get("valueFrom", {}):
+                ref = env["valueFrom"]["secretKeyRef"]
+                secret = self.objects[("secrets", namespace, ref["name"])]
+                out[env["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        return out
+
+    def _ray_token(self, namespace: str, obj: dict) -> str:
+        auth = obj["spec"].get("authOptions", {})
+        if auth.get("mode") != "token":
+            return ""
+        secret_name = auth.get("secretName") or obj["metadata"]["name"]
+        key = ("secrets", namespace, secret_name)
+        if key not in self.objects:  # KubeRay generates the Secret when the spec names none
+            self.objects[key] = {"apiVersion": "v1", "kind": "Secret",
+                                 "metadata": {"name": secret_name, "namespace": namespace},
+                                 "data": {"auth_token": base64.b64encode(secrets.token_hex(16).encode()).decode()}}
+        return base64.b64decode(self.objects[key]["data"]["auth_token"]).decode()
+
+    def _start_ray(self, namespace: str, obj: dict, pods: list[dict]) -> None:
+        from components import catalogue, local
+
+        name = obj["metadata"]["name"]
+        run_id = obj["metadata"].get("labels", {}).get("tpupipe-run", name)
+        with self.lock:
+            token = self._ray_token(namespace, obj)
+            head_group = obj["spec"]["headGroupSpec"]
+            envs = {pod["metadata"]["name"]: self._container_env(namespace, pod["spec"]["containers"][0])
+                    for pod in pods}
+        workers = pods[1:]
+        ports = local.allocate_ports(len(workers))
+        temp_dir = Path(tempfile.gettempdir()) / f"tk-{secrets.token_hex(4)}"
+        record = {"processes": [], "temp_dir": temp_dir, "dashboard": ports[0]["dashboard-port"], "token": token,
+                  "run_id": run_id}
+        with self.lock:
+            self.clusters[(namespace, name)] = record
+        env = self.ray_env
+        base_env = {**os.environ, local.RUN_MARKER: run_id, "PATH": f"{env.bin}{os.pathsep}{os.environ['PATH']}",
+                    "VIRTUAL_ENV": env.path, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        if token:
+            base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        ray = str(env.bin / "ray")
+        common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+                  f"--object-store-memory={local.OBJECT_STORE_BYTES}"]
+        logs = self.work_dir / "ray" / name
+        head_cpus = head_group.get("rayStartParams", {}).get(
+            "num-cpus", head_group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+        head = ports[0]
+        cmd = [ray, "start", "--head", *common, "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+               f"--num-cpus={head_cpus}", f"--temp-dir={temp_dir / 'head'}", *[f"--{k}={v}" for k, v in head.items()]]
+        record["processes"].append(local.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out"))
+        gcs = f"127.0.0.1:{head['port']}"
+        deadline = time.monotonic() + 120
+        while not self._port_open(head["port"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for index, (pod, node_ports) in enumerate(zip(workers, ports[1:], strict=True)):
+            container = pod["spec"]["containers"][0]
+            limits = container["resources"]["limits"]
+            resources = {"TPU": int(limits[TPU_RESOURCE])} if TPU_RESOURCE in limits else {}
+            group = next(g for g in obj["spec"]["workerGroupSpecs"]
+                         if pod["metadata"]["labels"]["ray.io/group"] == g["groupName"])
+            resources |= {k: float(v) for k, v in group.get("resources", {}).items()}
+            accelerator = pod["spec"].get("nodeSelector", {}).get("cloud.google.com/gke-tpu-accelerator")
+            if resources.get("TPU") and accelerator:  # what Ray detects on a real TPU host
+                resources[f"accelerator_type:{catalogue.family(accelerator).ray_accelerator_type}"] = 1
+            host_labels = {"tpupipe/host": pod["metadata"]["name"]}
+            webhook_env = self._tpu_webhook_env(pod, group) if resources.get("TPU") else {}
+            cmd = [ray, "start", f"--address={gcs}", *common, f"--num-cpus={limits['cpu']}",
+                   f"--resources={json.dumps(resources)}", f"--labels={json.dumps(host_labels)}",
+                   f"--temp-dir={temp_dir / f'w{index}'}", *[f"--{k}={v}" for k, v in node_ports.items()]]
+            record["processes"].append(local.spawn(cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env,
+                                                   logs / f"{pod['metadata']['name']}.out"))
+        self._watch_ready(namespace, name, len(workers) + 1, deadline=time.monotonic() + 240)
+
+    @staticmethod
+    def _tpu_webhook_env(pod: dict, group: dict) -> dict[str, str]:
+        """What the KubeRay TPU webhook injects into a TPU worker pod (Ray reads it to label the host with its
+        slice, worker id, topology and pod type). The chips are emulated: the raylet computes on CPU."""
+        selector = pod["spec"].get("nodeSelector", {})
+        topology = selector.get("cloud.google.com/gke-tpu-topology", "")
+        version = selector.get("cloud.google.com/gke-tpu-accelerator", "").removeprefix("tpu-").split("-")[0]
+        chips = 1
+        for dim in topology.split("x"):
+            chips *= int(dim)
+        _, _, replica, host = pod["metadata"]["name"].rsplit("-", 3)
+        slice_name = f"{pod['metadata']['labels']['ray.io/cluster']}-{group['groupName']}-{replica}"
+        return {"TPU_ACCELERATOR_TYPE": f"{version}-{chips}", "TPU_TOPOLOGY": topology, "TPU_WORKER_ID": host,
+                "TPU_NAME": slice_name, "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * group.get("numOfHosts", 1))}
+
+    @staticmethod
+    def _port_open(port: int) -> bool:
+        import socket
+
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def _alive_nodes(self, record: dict) -> int:
+        import requests
+
+        headers = {"Authorization": f"Bearer {record['token']}"} if record["token"] else {}
+        try:
+            r = requests.get(f"http://127.0.0.1:{record['dashboard']}/nodes?view=summary", headers=headers, timeout=5)
+            nodes = r.json()["data"]["summary"]
+        except Exception:
+            return 0
+        return sum(1 for n in nodes if n.get("raylet", {}).get("state") == "ALIVE")
+
+    def _watch_ready(self, namespace: str, name: str, want: int, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            with self.lock:
+                record = self.clusters.get((namespace, name))
+            if record is None:
+                return
+            if self._alive_nodes(record) >= want:
+                break
+            time.sleep(1.0)
+        else:
+            return
+        time.sleep(self.ready_delay_s)
+        with self.lock:
+            obj = self.objects.get(("rayclusters", namespace, name))
+            if obj is None:
+                return
+            for (plural, ns, _), pod in self.objects.items():
+                if plural == "pods" and ns == namespace and pod["metadata"]["labels"].get("ray.io/cluster") == name:
+                    pod["status"] = {"phase": "Running", "conditions": [
+                        {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+            status = obj["status"]
+            status.update({"state": "ready", "readyWorkerReplicas": want - 1, "availableWorkerReplicas": want - 1,
+                           "head": {"serviceName": f"{name}-head-svc", "podName": f"{name}-head"},
+                           "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady",
+                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                          {"type": "RayClusterProvisioned", "status": "True",
+                                           "reason": "AllPodRunningAndReadyFirstTime",
+                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]})
+
+    def _delete_raycluster(self, namespace: str, name: str) -> None:
+        for key in [k for k, o in self.objects.items() if k[0] in ("pods", "services") and k[1] == namespace
+                    and o["metadata"].get("labels", {}).get("ray.io/cluster") == name]:
+            self.objects.pop(key)
+        threading.Thread(target=self._stop_ray, args=((namespace, name),), daemon=True).start()
+
+    def _stop_ray(self, key: tuple[str, str]) -> None:
+        import shutil
+        import signal
+
+        from components import local
+
+        with self.lock:
+            record = self.clusters.pop(key, None)
+        if not record:
+            return
+        for pid in reversed(record["processes"]):
+            local._kill_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + local.GRACE_S
+        while time.monotonic() < deadline and local.run_processes(record["run_id"]):
+            time.sleep(0.2)
+        for pid in record["processes"]:
+            local._kill_group(pid, signal.SIGKILL)
+        for pid in local.run_processes(record["run_id"]):
+            local._kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and local.run_processes(record["run_id"]):
+            time.sleep(0.2)
+        shutil.rmtree(record["temp_dir"], ignore_errors=True)
+
+    # ------------------------------------------------------------------ the service proxy
+    def _proxy(self, h, method: str, namespace: str, service: str, path: str, query: str, body: bytes) -> None:
+        import requests
+
+        cluster = service.removesuffix("-head-svc")
+        with self.lock:
+            record = self.clusters.get((namespace, cluster))
+            known = ("services", namespace, service) in self.objects
+        if not known or record is None:
+            return self._send(h, 503, _status(503, "ServiceUnavailable", f'no endpoints available for service '
+                                                                        f'"{service}"'))
+        headers = {k: v for k, v in h.headers.items()
+                   if k.lower() not in ("authorization", "host", "content-length", "connection")}
+        url = f"http://127.0.0.1:{record['dashboard']}{path}" + (f"?{query}" if query else "")
+        try:
+            r = requests.request(method, url, data=body or None, headers=headers, timeout=60)
+        except requests.RequestException as exc:
+            return self._send(h, 503, _status(503, "ServiceUnavailable", f"error trying to reach service: {exc}"))
+        self._send(h, r.status_code, r.content, r.headers.get("Content-Type", "application/json"))

@@ -1,0 +1,81 @@
+"""The emulated project: the GKE ClusterManager (gRPC) and the cluster's Kubernetes API server (HTTPS), in this
+process, and the environment that points the gke platform at them (as Google's emulators are found)."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+
+import pytest
+
+from tests.emulators.gke import ClusterManagerEmulator
+from tests.emulators.kube import KubeEmulator
+
+PROJECT = "tpupipe-emulated"
+# local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
+# per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
+ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4 "
+             f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch gke.namespace=tpupipe")
+
+
+class Project:
+    def __init__(self, gke: ClusterManagerEmulator, kube: KubeEmulator, env: dict[str, str]):
+        self.gke, self.kube, self.env = gke, kube, env
+
+    def clusters(self, run_id: str) -> list[str]:
+        return self.gke.clusters_labelled("tpupipe-run", run_id)
+
+    def pools(self, run_id: str) -> list[str]:
+        return self.gke.pools_labelled("tpupipe-run", run_id)
+
+    def rayclusters(self, run_id: str) -> list[str]:
+        with self.kube.lock:
+            return [n for (p, _, n), o in self.kube.objects.items() if p == "rayclusters"
+                    and o["metadata"].get("labels", {}).get("tpupipe-run") == run_id]
+
+
+@functools.cache
+def crd_validator():
+    """The KubeRay CRD schemas, read once (the CRD files are large)."""
+    from tests.contract.conftest import CRD_FILES, CrdValidator, schema_dir
+
+    directory = schema_dir()
+    if not all((directory / f).is_file() for f in CRD_FILES.values()):
+        return None
+    return CrdValidator(directory)
+
+
+def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: int = 2):
+    validator = crd_validator()
+    if validator is None:
+        pytest.skip("KubeRay CRD schemas not found (set TPUPIPE_KUBERAY_SCHEMAS)")
+    ray_env = None
+    if ray:
+        from components import envs
+
+        ray_env = envs.ensure_env("torch")
+    token = secrets.token_hex(12)
+    kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault)
+    kube.start()
+    gke = ClusterManagerEmulator(kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done)
+    env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
+           "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
+    return Project(gke, kube, env)
+
+
+@pytest.fixture
+def project_factory(tmp_path, monkeypatch):
+    started = []
+
+    def make(**kwargs) -> Project:
+        project = start_project(tmp_path, **kwargs)
+        for key, value in project.env.items():
+            monkeypatch.setenv(key, value)
+        started.append(project)
+        return project
+
+    yield make
+    for project in started:
+        project.gke.stop()
+        project.kube.stop()
+

@@ -1,0 +1,155 @@
+"""The whole pipeline with platform=gke against the emulated project: `tpupipe run --platform gke` (kfp.local)
+talks gRPC to the GKE emulator and HTTPS to the Kubernetes emulator, whose KubeRay part runs the RayCluster as a
+local Ray cluster of the manifest's shape; the training and evaluation jobs go through the API server's service
+proxy with Ray token authentication on. local-fsdp is shaped as a 1-slice TPU plan (v6e 2x2: one host of 4 chips,
+4 Ray Train workers, one per TPU device); the chips are emulated and the workers compute on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from components.local import run_processes
+from tests.conftest import tpupipe_cmd
+from tests.gke.conftest import ONE_SLICE, start_project
+
+pytestmark = [
+    pytest.mark.e2e,
+    # Open (issue 5): on emulated TPU hosts Ray Train gives each Torch worker a TPU accelerator id, so its Torch
+    # backend picks the TPU device manager, which needs torch_tpu (only on real TPU images). Provision, build,
+    # deploy and job submission through the proxy work; the trainer fails at worker start. Unskip once the
+    # emulated slice's workers can run the torch image's CPU path.
+    pytest.mark.skip(reason="emulated TPU hosts cannot run Torch workers without torch_tpu (open, issue 5)"),
+]
+
+SENTINEL = "hf_SENTINEL0123456789abcdefTOKEN"
+
+
+def _wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and run_processes(run_id):
+        time.sleep(1)
+    return run_processes(run_id)
+
+
+@pytest.fixture
+def project(tmp_path):
+    project = start_project(tmp_path, ray=True)
+    yield project
+    project.gke.stop()
+    project.kube.stop()
+
+
+def _command(root: Path, run_id: str, extra: str = "") -> list[str]:
+    return [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", run_id,
+            "--output-root", str(root), "--set", ONE_SLICE + " train.epochs=2" + extra]
+
+
+def _env(project) -> dict[str, str]:
+    return {**os.environ, **project.env, "HF_TOKEN": SENTINEL}
+
+
+def _files_text(*roots: Path) -> str:
+    out = []
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.stat().st_size < 50_000_000:
+                out.append(path.read_bytes().decode(errors="replace"))
+    return "\n".join(out)
+
+
+def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, project):
+    root, run_id = tmp_path / "runs", "gke-e2e"
+    proc = subprocess.run(_command(root, run_id), env=_env(project), capture_output=True, text=True, timeout=1500)
+    run_dir = root / run_id
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["platform"] == "gke"
+    losses = summary["train_losses"]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    assert summary["eval_loss_after"] < summary["eval_loss_before"]
+    train = json.loads((run_dir / "stages" / "train.json").read_text())["result"]
+    assert train["num_workers"] == 4 and train["device"] == "cpu"  # one worker per (emulated) TPU device
+    deploy = json.loads((run_dir / "stages" / "deploy_raycluster.json").read_text())["result"]
+    assert deploy["available_workers"] == 1
+    # Every job call went through the API server's service proxy, Kubernetes token in Authorization and the Ray
+    # token in X-Ray-Authorization.
+    proxied = [(m, p, h) for m, p, h in project.kube.requests if "/proxy/api/jobs/" in p]
+    assert any(m == "POST" for m, _, _ in proxied)
+    assert all(h.get("Authorization", "").startswith("Bearer ") and h.get("X-Ray-Authorization", "")
+               .startswith("Bearer ") for _, _, h in proxied)
+    # Afterwards: no cluster, node pool or RayCluster of the run, and no local process of the run.
+    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
+    assert project.gke.state.clusters == {}
+    assert _wait_gone(run_id) == []
+    # The Hugging Face token reached the pods (a Secret) and nothing else: no log line, no artifact, no compiled
+    # pipeline, no plan.
+    plan = subprocess.run([*tpupipe_cmd(), "plan", "local-fsdp", "--set", ONE_SLICE, "--output", "json"],
+                          env=_env(project), capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    everything = proc.stdout + proc.stderr + plan.stdout + plan.stderr + _files_text(run_dir)
+    assert (run_dir / "pipeline.yaml").is_file()
+    assert SENTINEL not in everything
+    assert SENTINEL not in _files_text(project.kube.work_dir / "ray")
+
+
+def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
+    root, run_id = tmp_path / "runs", "gke-sigterm"
+    proc = subprocess.Popen(_command(root, run_id, " train.epochs=50"), env=_env(project), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        submitted = False
+        while time.monotonic() < deadline and proc.poll() is None and not submitted:
+            submitted = any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests)
+            time.sleep(1)
+        assert submitted, "the train job was never submitted"
+        time.sleep(10)  # the job is running
+        executors = [pid for pid in _children(proc.pid) if b"executor_main" in _cmdline(pid)]
+        assert len(executors) == 1, executors
+        os.kill(executors[0], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "signal 15: stopping job" in out, out[-4000:]
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
+    assert stops, "the job was not stopped through the proxy"
+    summary = json.loads((root / run_id / "summary.json").read_text())
+    stages = {s["name"]: s["status"] for s in summary["stages"]}
+    assert stages["train"] == "failed" and stages["teardown"] == "succeeded"
+    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
+    assert _wait_gone(run_id) == []
+
+
+def _children(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    for _ in range(10):
+        nxt = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) in frontier:
+                nxt.append(int(entry))
+        if not nxt:
+            break
+        found += nxt
+        frontier = nxt
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -1,0 +1,243 @@
+"""The gke platform against the emulated project (GKE ClusterManager over gRPC, Kubernetes API over HTTPS): the
+real google-cloud-container and kubernetes clients, no Ray cluster. Faults are injected at the wire."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from components import gke_cluster, gke_kube
+from components.gke import GkePlatform
+from components.platform import RunContext
+from components.spec import SpecError, resolve
+from components.waiting import DeadlineExceeded
+from tests.gke.conftest import ONE_SLICE, PROJECT
+
+TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
+              "cluster.cpus_per_host=4 "
+              f"gke.multislice_network=none gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch "
+              "train.num_workers=0")
+
+
+def context(tmp_path, run_id: str, overrides: str = ONE_SLICE) -> RunContext:
+    return RunContext(spec=resolve("local-fsdp", overrides), run_id=run_id, run_dir=tmp_path / run_id,
+                      platform="gke")
+
+
+def platform() -> GkePlatform:
+    return GkePlatform(log=lambda m: None, poll_s=0.05)
+
+
+def test_provision_creates_the_planned_cluster_and_pools_with_the_run_label(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "plan-run")
+    result = platform().provision(ctx)
+    assert project.clusters("plan-run") == [f"projects/{PROJECT}/locations/us-east5-b/clusters/tpupipe-plan-run"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in project.pools("plan-run")) == ["plan-run-cpu", "plan-run-s0"]
+    assert result["node_pools"] == ["plan-run-s0"]
+    pool = project.gke.state.clusters[project.clusters("plan-run")[0]].node_pools[1]
+    assert pool.config.machine_type == "ct6e-standard-4t" and pool.initial_node_count == 1
+
+
+def test_provision_twice_reattaches_one_cluster(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "twice")
+    platform().provision(ctx)
+    platform().provision(ctx)
+    assert len(project.gke.state.clusters) == 1
+    assert project.gke.state.calls.count("CreateCluster") == 1
+    assert project.gke.state.calls.count("CreateNodePool") == 1
+
+
+def test_already_exists_on_create_is_a_reuse(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "exists")
+    platform().provision(ctx)
+    # A second run of provision whose get raced a create of the same name: the create says ALREADY_EXISTS.
+    project.gke.fail("GetNodePool", grpc.StatusCode.NOT_FOUND, "Not found", times=1)
+    platform().provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 2
+    assert len(project.pools("exists")) == 2
+
+
+def test_transient_unavailable_is_retried_and_provision_succeeds(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.fail("CreateCluster", grpc.StatusCode.UNAVAILABLE, times=2)
+    project.gke.fail("CreateNodePool", grpc.StatusCode.DEADLINE_EXCEEDED, times=1)
+    platform().provision(context(tmp_path, "flaky"))
+    assert project.gke.state.calls.count("CreateCluster") == 3
+    assert project.gke.state.calls.count("CreateNodePool") == 2
+    assert len(project.clusters("flaky")) == 1
+
+
+def test_stockout_on_the_second_pool_is_one_clear_error_and_leaves_nothing(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s1"))
+    ctx = context(tmp_path, "stockout", TWO_SLICES)
+    with pytest.raises(gke_cluster.CapacityError) as caught:
+        platform().provision(ctx)
+    message = str(caught.value)
+    for needle in ("us-east5-b", "v6e", "2 x 16", "ct6e-standard-4t", "ZONE_RESOURCE_POOL_EXHAUSTED"):
+        assert needle in message
+    assert project.gke.state.calls.count("CreateNodePool") == 2  # the first pool was created
+    assert project.clusters("stockout") == [] and project.pools("stockout") == []
+    assert project.gke.state.clusters == {}
+    assert platform().teardown(ctx)["deleted"] == []  # the exit handler's teardown finds nothing left
+
+
+def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.fail("CreateNodePool", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     "Insufficient quota to satisfy the request: TPU_V6E_PODSLICE_CHIPS", times=1)
+    with pytest.raises(gke_cluster.CapacityError, match="TPU_V6E_PODSLICE_CHIPS"):
+        platform().provision(context(tmp_path, "quota"))
+    assert project.gke.state.clusters == {}
+
+
+def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_factory):
+    project = project_factory()
+    for overrides, key in ((ONE_SLICE.replace("gke.image=local/torch", ""), "gke.image"),
+                           (ONE_SLICE.replace(f"gke.project={PROJECT}", ""), "gke.project"),
+                           ("gke.image=x", "cluster.accelerator")):
+        with pytest.raises(SpecError, match=key):
+            platform().provision(context(tmp_path, "bad", overrides))
+    assert project.gke.state.calls == []
+
+
+def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_leaves_nothing(
+        tmp_path, project_factory, monkeypatch):
+    project = project_factory(fault="unschedulable")
+    monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "nocap", ONE_SLICE + " cluster.ready_timeout_s=60")
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(gke_kube.RayClusterNotReady, match="Unschedulable: 0/2 nodes are available.*google.com/tpu"):
+        gke.deploy_raycluster(ctx)
+    assert project.rayclusters("nocap") == ["nocap"]
+    gke.teardown(ctx)
+    assert project.rayclusters("nocap") == [] and project.clusters("nocap") == [] and project.pools("nocap") == []
+
+
+def test_image_pull_failure_is_a_clear_error(tmp_path, project_factory, monkeypatch):
+    project_factory(fault="image_pull")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "noimage")
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(gke_kube.RayClusterNotReady, match="cannot pull its image local/torch: ErrImagePull"):
+        gke.deploy_raycluster(ctx)
+    gke.teardown(ctx)
+
+
+def test_missing_hugging_face_secret_and_token_is_a_clear_error(tmp_path, project_factory, monkeypatch):
+    project_factory()
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    ctx = context(tmp_path, "nohf")
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(SpecError, match="gke.hf_secret.*HF_TOKEN"):
+        gke.deploy_raycluster(ctx)
+    gke.teardown(ctx)
+
+
+def test_the_api_server_rejects_a_raycluster_the_crd_rejects(tmp_path, project_factory, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    project_factory()
+    ctx = context(tmp_path, "invalid")
+    gke = platform()
+    gke.provision(ctx)
+    kube, _, _ = gke._kube(ctx)
+    kube.ensure_namespace()
+    bad = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "invalid", "namespace": "tpupipe"},
+           "spec": {"headGroupSpec": {"template": {"spec": {"containers": []}}, "rayStartParams": {}},
+                    "notAField": 1}}
+    with pytest.raises(ApiException) as caught:
+        kube.apply(bad)
+    assert caught.value.status == 422 and "notAField" in caught.value.body
+    gke.teardown(ctx)
+
+
+def test_the_api_server_needs_the_google_token(tmp_path, project_factory):
+    import requests
+
+    project = project_factory()
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(project.kube.ca_pem)
+    r = requests.get(f"https://{project.kube.endpoint}/api/v1/namespaces", verify=str(ca), timeout=10)
+    assert r.status_code == 401
+
+
+def test_teardown_keeps_a_cluster_the_spec_names(tmp_path, project_factory):
+    project = project_factory()
+    owner = context(tmp_path, "owner")
+    platform().provision(owner)
+    shared = ONE_SLICE + " gke.cluster_name=tpupipe-owner"
+    guest = context(tmp_path, "guest", shared)
+    platform().provision(guest)
+    assert len(project.pools("guest")) == 1
+    result = platform().teardown(guest)
+    assert project.pools("guest") == [] and project.clusters("owner") != []
+    assert result["kept_cluster"].endswith("/clusters/tpupipe-owner")
+    platform().teardown(owner)
+    assert project.gke.state.clusters == {}
+
+
+def test_teardown_of_a_run_that_created_nothing_succeeds(tmp_path, project_factory):
+    project_factory()
+    assert platform().teardown(context(tmp_path, "nothing"))["deleted"] == []
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _pod(name, **status):
+    return {"metadata": {"name": name}, "spec": {"containers": [{"image": "img"}]}, "status": status}
+
+
+def test_readiness_state_machine_steps():
+    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    cluster = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 1, "state": ""}}
+    assert machine.step(cluster, [_pod("w0")], now=0) is None
+    unsched = _pod("w1", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                      "message": "0/3 nodes: Insufficient google.com/tpu"}])
+    assert machine.step(cluster, [unsched], now=10) is None
+    assert machine.step(cluster, [unsched], now=39) is None
+    with pytest.raises(gke_kube.RayClusterNotReady, match="Insufficient google.com/tpu"):
+        machine.step(cluster, [unsched], now=40)
+    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    assert machine.step(cluster, [unsched], now=0) is None
+    assert machine.step(cluster, [_pod("w1")], now=20) is None  # scheduled after all: the grace starts again
+    assert machine.unschedulable_since is None
+    ready = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 2, "state": "ready"}}
+    assert machine.step(ready, [], now=21) is True
+    pull = _pod("w0", containerStatuses=[{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "x"}}}])
+    with pytest.raises(gke_kube.RayClusterNotReady, match="ImagePullBackOff"):
+        gke_kube.Readiness().step(cluster, [pull], now=0)
+    with pytest.raises(gke_kube.RayClusterNotReady, match="gone"):
+        gke_kube.Readiness().step(None, [], now=0)
+
+
+def test_wait_ready_has_a_deadline_with_the_last_status():
+    class NeverReady:
+        def get(self, kind, name):
+            return {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
+
+        def pods(self, selector):
+            return []
+
+    clock = FakeClock()
+
+    def sleep(seconds):
+        clock.now += seconds
+
+    with pytest.raises(DeadlineExceeded, match="0/1 workers available"):
+        gke_kube.wait_ready(NeverReady(), "rc", 30, unschedulable_grace_s=10, clock=clock, sleep=sleep,
+                            log=lambda m: None)
+    assert clock.now >= 30
