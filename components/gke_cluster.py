@@ -254,25 +254,21 @@ class Gke:
 
     # -- delete (not found is success)
     def delete_node_pool(self, name: str) -> bool:
-        from google.api_core import exceptions as gexc
-
-        try:
-            op = self.call(f"delete node pool {name}", lambda: self.client.delete_node_pool(name=name))
-        except gexc.NotFound:
-            return False
-        self.log(f"deleting node pool {name}")
-        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete node pool {name.rsplit('/', 1)[-1]}")
-        return True
+        return self._delete("node pool", name, self.client.delete_node_pool)
 
     def delete_cluster(self, name: str) -> bool:
+        return self._delete("cluster", name, self.client.delete_cluster)
+
+    def _delete(self, kind: str, name: str, rpc) -> bool:
+        """Delete and wait; False when it was already gone."""
         from google.api_core import exceptions as gexc
 
         try:
-            op = self.call(f"delete cluster {name}", lambda: self.client.delete_cluster(name=name))
+            op = self.call(f"delete {kind} {name}", lambda: rpc(name=name))
         except gexc.NotFound:
             return False
-        self.log(f"deleting GKE cluster {name}")
-        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete cluster {name.rsplit('/', 1)[-1]}")
+        self.log(f"deleting {kind} {name}")
+        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
         return True
 
     def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
