@@ -37,10 +37,6 @@ UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
 DEFAULT_UNSCHEDULABLE_GRACE_S = 120.0
 
 
-def ray_token_secret_name(run_id: str) -> str:
-    return names.fit(f"{run_id}-ray-token", names.COMPUTE_NAME_MAX)
-
-
 class GkePlatform:
     name = "gke"
 
@@ -192,12 +188,11 @@ class GkePlatform:
                          "metadata": {"name": spec.gke.hf_secret, "namespace": t.namespace,
                                       "labels": names.labels(ctx.run_id)},
                          "data": {m.HF_TOKEN_KEY: base64.b64encode(value.encode()).decode()}})
-        token_secret = ray_token_secret_name(ctx.run_id)
+        token_secret = names.ray_token_secret(ctx.run_id)
         if kube.secret(token_secret) is None:
             kube.ensure(gke_kube.ray_token_secret(token_secret, t.namespace, names.labels(ctx.run_id),
                                                   gke_kube.new_ray_token()))
         raycluster = m.raycluster(spec, t)
-        raycluster["spec"] = {"authOptions": {"mode": "token", "secretName": token_secret}, **raycluster["spec"]}
         kube.apply(raycluster)
         name = raycluster["metadata"]["name"]
         grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, DEFAULT_UNSCHEDULABLE_GRACE_S))
@@ -215,7 +210,7 @@ class GkePlatform:
         kube, cluster, token = self._kube(ctx)
         if kube is None:
             raise RuntimeError(f"no running cluster for run {ctx.run_id}")
-        ray_token = (kube.secret(ray_token_secret_name(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
         return gke_kube.job_client(cluster.endpoint, ctx.run_dir / "gke" / "cluster-ca.crt", kube.namespace,
                                    names.raycluster(ctx.run_id), token, ray_token)
 

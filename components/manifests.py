@@ -199,6 +199,7 @@ def raycluster(spec: RunSpec, t: d.Target) -> dict[str, Any]:
         "metadata": _meta(names.raycluster(t.run_id), t),
         "spec": {
             "rayVersion": d.RAY_VERSION,
+            "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": _head_group(spec, t),
             "workerGroupSpecs": [_worker_group(spec, t)],

@@ -79,6 +79,11 @@ def rayjob(run_id: str, kind: str) -> str:
     return fit(f"{run_id}-{kind}", RAYJOB_NAME_MAX)
 
 
+def ray_token_secret(run_id: str) -> str:
+    """The Secret holding the run's Ray cluster token (Ray's token authentication stays on)."""
+    return fit(f"{run_id}-ray-token", COMPUTE_NAME_MAX)
+
+
 def service_account(run_id: str) -> str:
     """The Kubernetes ServiceAccount of the run's pods (Workload Identity)."""
     return fit(f"tpupipe-{run_id}", COMPUTE_NAME_MAX)

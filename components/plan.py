@@ -192,6 +192,11 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
             api=f"kubernetes apply {obj['apiVersion']}",
         ))
 
+    resources.append(_resource(
+        "k8s/Secret", names.ray_token_secret(rid), "create", "the Ray cluster's token (Ray token authentication "
+        "on; generated at deploy, its value never printed)", run_id=rid, api="kubernetes apply v1",
+    ))
+
     # --- warnings --------------------------------------------------------------------------------------------
     if not spec.gke.project:
         warnings.insert(0, f"gke.project is empty: names show {names.PLACEHOLDER_PROJECT}; set gke.project=... "
@@ -275,7 +280,7 @@ def to_json(plan: dict[str, Any]) -> str:
 
 
 def kubernetes_objects(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r["body"] for r in plan["resources"] if r["kind"].startswith("k8s/")]
+    return [r["body"] for r in plan["resources"] if r["kind"].startswith("k8s/") and r["body"] is not None]
 
 
 def manifest_files(plan: dict[str, Any]) -> dict[str, str]:
