@@ -187,22 +187,14 @@ class Gke:
     # -- get-or-create
     def ensure_cluster(self, parent: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
         """The cluster ``body`` names: reused if it exists (waiting while it provisions), else created."""
-        from google.api_core import exceptions as gexc
         from google.cloud import container_v1
 
         name = f"{parent}/clusters/{body['name']}"
         cluster = self.get_cluster(name)
         if cluster is None:
             record("cluster", name)
-            try:
-                op = self.call(f"create cluster {body['name']}", lambda: self.client.create_cluster(
-                    parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))))
-                self.log(f"creating GKE cluster {name}")
-                self.wait(parent, op, f"create cluster {body['name']}")
-            except gexc.AlreadyExists:
-                self.log(f"GKE cluster {name} already exists: reusing it")
-            except gexc.ResourceExhausted as exc:
-                raise CapacityError(exc.message) from exc
+            self._create("cluster", name, parent, lambda: self.client.create_cluster(
+                parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))))
             cluster = self.get_cluster(name)
         else:
             self.log(f"GKE cluster {name} exists ({cluster.status.name}): reusing it")
@@ -210,7 +202,6 @@ class Gke:
         return self.get_cluster(name)
 
     def ensure_node_pool(self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
-        from google.api_core import exceptions as gexc
         from google.cloud import container_v1
 
         name = f"{cluster_name}/nodePools/{body['name']}"
@@ -218,20 +209,27 @@ class Gke:
         pool = self.get_node_pool(name)
         if pool is None:
             record("node_pool", name)
-            try:
-                op = self.call(f"create node pool {body['name']}", lambda: self.client.create_node_pool(
-                    parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))))
-                self.log(f"creating node pool {body['name']} ({body['config']['machineType']} x "
-                         f"{body.get('initialNodeCount', 0)})")
-                self.wait(location_path, op, f"create node pool {body['name']}")
-            except gexc.AlreadyExists:
-                self.log(f"node pool {name} already exists: reusing it")
-            except gexc.ResourceExhausted as exc:
-                raise CapacityError(exc.message) from exc
+            self._create(f"node pool ({body['config']['machineType']} x {body.get('initialNodeCount', 0)})",
+                         name, location_path, lambda: self.client.create_node_pool(
+                             parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))))
         else:
             self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
         return self._wait_running(name, lambda: self.get_node_pool(name), container_v1.NodePool.Status,
                                   what="node pool")
+
+    def _create(self, kind: str, name: str, location_path: str, rpc: Callable[[], Any]) -> None:
+        """Create and wait; ALREADY_EXISTS is a reuse, quota or stockout one CapacityError."""
+        from google.api_core import exceptions as gexc
+
+        short = name.rsplit("/", 1)[-1]
+        try:
+            op = self.call(f"create {kind} {short}", rpc)
+            self.log(f"creating {kind} {name}")
+            self.wait(location_path, op, f"create {kind} {short}")
+        except gexc.AlreadyExists:
+            self.log(f"{kind} {name} already exists: reusing it")
+        except gexc.ResourceExhausted as exc:
+            raise CapacityError(exc.message) from exc
 
     def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str) -> Any:
         def poll():
