@@ -29,19 +29,45 @@ class InjectedFailure(RuntimeError):
 # ---------------------------------------------------------------- device and backend
 
 
-def detect_backend() -> tuple[str, str]:
-    """(device type, process-group backend) from what this process can see."""
+def tpu_chips_on_host(dev: str = "/dev") -> int:
+    """TPU chips this host exposes, where libtpu finds them: ``/dev/accel<n>`` (v4, v5p) or ``/dev/vfio/<n>``
+    (v5e, v6e, TPU7x)."""
+    import glob
+    import os
+
+    vfio = [n for n in glob.glob(os.path.join(dev, "vfio", "*")) if os.path.basename(n).isdigit()]
+    return len(glob.glob(os.path.join(dev, "accel[0-9]*"))) + len(vfio)
+
+
+def detect_backend(dev: str = "/dev") -> tuple[str, str]:
+    """(device type, process-group backend) from what this process can see. A host with TPU chips but no torch_tpu
+    is a misbuilt image, an error; a TPU-shaped host without chips (an emulated slice) computes on CPU."""
     try:
         import torch_tpu  # noqa: F401
 
         return "tpu", "tpu_dist"
     except ImportError:
-        pass
+        chips = tpu_chips_on_host(dev)
+        if chips:
+            raise RuntimeError(
+                f"this host has {chips} TPU chips but the trainer image has no torch_tpu: build the torch image "
+                "on the TorchTPU base image for TPU hosts"
+            ) from None
     import torch
 
     if torch.cuda.is_available():
         return "cuda", "nccl"
     return "cpu", "gloo"
+
+
+def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
+    """Ray Train's per-worker runtime env. On a TPU slice without chips (emulated hosts) the workers still hold the
+    slice's TPU resources, so Ray Train schedules and gang-reserves exactly as on TPU, but see no chip ids: an
+    empty ``TPU_VISIBLE_CHIPS`` makes Ray give them no accelerator ids, so its Torch backend sets them up for CPU
+    instead of looking for torch_tpu."""
+    if use_tpu and device_type == "cpu":
+        return {"env_vars": {"TPU_VISIBLE_CHIPS": ""}}
+    return {}
 
 
 def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
@@ -228,8 +254,10 @@ def run(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
     ray.init(log_to_driver=True)
     scaling = scaling_config_args(spec)
     device_type, backend = _probe_backend(scaling["resources_per_worker"])
+    worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)
     print(f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
-          f"backend {backend}", flush=True)
+          f"backend {backend}" + (" (TPU slice without chips: emulated hosts compute on CPU)" if worker_env else ""),
+          flush=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -242,6 +270,7 @@ def run(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
                 num_to_keep=t.num_to_keep, checkpoint_score_attribute="loss", checkpoint_score_order="min"
             ),
             failure_config=FailureConfig(max_failures=t.max_failures),
+            worker_runtime_env=worker_env,
         ),
     )
     result = trainer.fit()

@@ -21,11 +21,6 @@ from tests.gke.conftest import ONE_SLICE, start_project
 
 pytestmark = [
     pytest.mark.e2e,
-    # Open (issue 5): on emulated TPU hosts Ray Train gives each Torch worker a TPU accelerator id, so its Torch
-    # backend picks the TPU device manager, which needs torch_tpu (only on real TPU images). Provision, build,
-    # deploy and job submission through the proxy work; the trainer fails at worker start. Unskip once the
-    # emulated slice's workers can run the torch image's CPU path.
-    pytest.mark.skip(reason="emulated TPU hosts cannot run Torch workers without torch_tpu (open, issue 5)"),
 ]
 
 SENTINEL = "hf_SENTINEL0123456789abcdefTOKEN"
@@ -111,7 +106,8 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
             time.sleep(1)
         assert submitted, "the train job was never submitted"
         time.sleep(10)  # the job is running
-        executors = [pid for pid in _children(proc.pid) if b"executor_main" in _cmdline(pid)]
+        # The train component's Python process (not the `sh -c` wrapping it), as Vertex's SIGTERM reaches it.
+        executors = [pid for pid in _children(proc.pid) if b"-m\0kfp.dsl.executor_main" in _cmdline(pid)]
         assert len(executors) == 1, executors
         os.kill(executors[0], signal.SIGTERM)
         out, _ = proc.communicate(timeout=600)
