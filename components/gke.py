@@ -1,8 +1,10 @@
 """The gke platform: the run's plan executed on GKE (``components.plan`` lists what it creates).
 
-- provision: get-or-create the GKE cluster (with its CPU pool for the Ray head) and one TPU node pool per slice,
-  each labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one clear message naming
-  zone, accelerator and count, after deleting what this run created;
+- provision: get-or-create the Compute Engine resources of the plan (the DCN networks and subnets of multislice
+  ``dcn_networks`` plans, the TPU7x workload policy; ``components.gke_compute``), then the GKE cluster (with its CPU
+  pool for the Ray head) and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>``; a stockout or
+  quota error ends the stage with one clear message naming zone, accelerator and count, after deleting what this
+  run created;
 - build_image: the trainer image named by ``gke.image`` (building it with Cloud Build is not part of this platform
   yet: ``check`` asks for the image before anything is created);
 - deploy_raycluster: the Kubernetes client from the cluster's endpoint, CA certificate and a Google access token;
@@ -11,7 +13,8 @@
   authentication on; waits for every worker, failing fast with the pod's reason;
 - jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
 - teardown: everything with the run's label (RayCluster, RayJob, Secrets, ServiceAccount, node pools, the cluster
-  when the run created it); not found is success.
+  when the run created it), then the run's Compute Engine resources (named from the run id: they take no labels);
+  not found is success.
 
 The run's ledger (``<run dir>/gke.json``) records every cloud resource before the run waits on it. Heavy imports
 (google-cloud, kubernetes, ray) stay inside functions.
@@ -77,11 +80,6 @@ class GkePlatform:
             raise SpecError("gke.image", "building the trainer image with Cloud Build is not part of the gke platform "
                             f"yet: build and push images/{d.WORKLOAD_IMAGES[spec.train.workload]} and name it here",
                             ["REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG"])
-        t = d.target(spec, ctx.run_id)
-        if d.dcn_networks(spec, t) or d.workload_policy(spec, t):
-            raise SpecError("gke.multislice_network" if d.dcn_networks(spec, t) else "cluster.accelerator",
-                            "the plan needs Compute Engine resources (DCN networks or a TPU7x workload policy) that "
-                            "the gke platform does not create yet", ["accelerator_network_profile", "none"])
 
     def _target(self, ctx: RunContext) -> d.Target:
         return d.target(ctx.spec, ctx.run_id)
@@ -90,6 +88,27 @@ class GkePlatform:
         from components import gke_cluster
 
         return gke_cluster.Gke(gke_cluster.cluster_manager(creds), log=self.log, poll_s=self.poll_s)
+
+    def _compute(self, creds=None):
+        from components import gke_compute
+
+        return gke_compute.Compute(gke_compute.clients(creds), log=self.log, poll_s=min(self.poll_s, 2.0))
+
+    @staticmethod
+    def compute_resources(spec, t: d.Target) -> list[tuple[str, str, dict[str, Any]]]:
+        """(kind, path, body) of the Compute Engine resources the plan needs, in creation order: the DCN networks,
+        each followed by its subnet, then the TPU7x workload policy. Deleted in the reverse order."""
+        from components.gke_compute import path
+
+        out = []
+        for net in d.dcn_networks(spec, t):
+            out.append(("network", path("network", t.project, net["network"]["name"]), net["network"]))
+            out.append(("subnetwork", path("subnetwork", t.project, net["subnetwork"]["name"], t.region),
+                        net["subnetwork"]))
+        policy = d.workload_policy(spec, t)
+        if policy:
+            out.append(("resource_policy", path("resource_policy", t.project, policy["name"], t.region), policy))
+        return out
 
     # ---------------------------------------------------------------- provision
     def provision(self, ctx: RunContext) -> dict[str, Any]:
@@ -104,7 +123,20 @@ class GkePlatform:
         record = self._recorder(ctx, ledger)
         creds = gke_cluster.credentials()
         gke = self._gke(creds)
+        compute = self._compute(creds) if self.compute_resources(spec, t) else None
         cluster_name = ledger["cluster"]
+        for kind, path, body in self.compute_resources(spec, t):
+            try:
+                compute.ensure(kind, path, body, record)
+            except gke_cluster.CapacityError as exc:
+                self.log(f"provision: no quota: {exc}; deleting what this run created")
+                self._delete_created(gke, compute, ledger)
+                raise gke_cluster.CapacityError(
+                    f"no quota for the {kind.replace('_', ' ')} {path.rsplit('/', 1)[-1]} in {t.region} of project "
+                    f"{t.project}: {exc}. Nothing this run created is left. Raise the quota" +
+                    (", or use gke.multislice_network=accelerator_network_profile (no extra networks)."
+                     if kind != "resource_policy" else ".")
+                ) from None
         try:
             if t.owns_cluster:
                 cluster = gke.ensure_cluster(t.parent, d.cluster(spec, t), record)
@@ -117,7 +149,7 @@ class GkePlatform:
         except gke_cluster.CapacityError as exc:
             shape = d.slice_shape(spec)
             self.log(f"provision: no capacity: {exc}; deleting what this run created")
-            self._delete_created(gke, ledger)
+            self._delete_created(gke, compute, ledger)
             raise gke_cluster.CapacityError(
                 f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
                 f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
@@ -127,15 +159,22 @@ class GkePlatform:
         return {"cluster": cluster_name, "endpoint": cluster.endpoint, "node_pools": pools,
                 "created": [c["name"] for c in ledger["created"]]}
 
-    def _delete_created(self, gke, ledger: dict[str, Any]) -> list[str]:
+    def _delete_created(self, gke, compute, ledger: dict[str, Any]) -> list[str]:
+        """Delete what the ledger says this run created, newest first (node pools go with their cluster)."""
         deleted = []
+        has_cluster = any(e["kind"] == "cluster" for e in ledger["created"])
         for entry in reversed(ledger["created"]):
-            if entry["kind"] == "node_pool" and not any(e["kind"] == "cluster" for e in ledger["created"]):
-                if gke.delete_node_pool(entry["name"]):
-                    deleted.append(entry["name"])
-            elif entry["kind"] == "cluster":  # its node pools go with it
-                if gke.delete_cluster(entry["name"]):
-                    deleted.append(entry["name"])
+            kind, name = entry["kind"], entry["name"]
+            if kind == "node_pool" and not has_cluster:
+                gone = gke.delete_node_pool(name)
+            elif kind == "cluster":
+                gone = gke.delete_cluster(name)
+            elif kind in ("network", "subnetwork", "resource_policy"):
+                gone = (compute or self._compute()).delete(kind, name)
+            else:
+                continue
+            if gone:
+                deleted.append(name)
         return deleted
 
     # ---------------------------------------------------------------- build_image
@@ -243,6 +282,16 @@ class GkePlatform:
             for entry in ledger.get("created", []):
                 if entry["kind"] == "cluster" and entry["name"] not in deleted and gke.delete_cluster(entry["name"]):
                     deleted.append(entry["name"])
+        # Compute Engine resources take no labels: their names derive from the run id (and the ledger has them).
+        planned = [(kind, path) for kind, path, _ in self.compute_resources(ctx.spec, t)]
+        recorded = [(e["kind"], e["name"]) for e in ledger.get("created", []) if e["kind"] in
+                    ("network", "subnetwork", "resource_policy")]
+        compute_paths = list(dict.fromkeys(recorded + planned))
+        if compute_paths:
+            compute = self._compute()
+            for kind, path in reversed(compute_paths):
+                if compute.delete(kind, path):
+                    deleted.append(path)
         self.log(f"teardown: deleted {len(deleted)} resources of {ctx.run_id}" +
                  (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else ""))
         return {"deleted": deleted, "kept_cluster": None if owns else cluster_name}

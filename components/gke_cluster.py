@@ -12,6 +12,7 @@ and stockouts are :class:`CapacityError`, a user error that names zone, accelera
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,6 +91,61 @@ def cluster_manager(creds=None):
     return container_v1.ClusterManagerClient(credentials=creds or credentials())
 
 
+# ---------------------------------------------------------------- shared by the Google Cloud adapters
+
+
+def call_with_retry(what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None],
+                    sleep: Callable[[float], None]) -> Any:
+    """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) retried with backoff."""
+    from google.api_core import exceptions as gexc
+
+    delay = retry.initial_s
+    for attempt in range(1, retry.attempts + 1):
+        try:
+            return fn()
+        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout) as exc:
+            if attempt == retry.attempts:
+                raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc
+            log(f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
+                f"(attempt {attempt + 1}/{retry.attempts})")
+            sleep(delay)
+            delay = min(delay * retry.multiplier, retry.max_s)
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def on_sigterm(handler: Callable[[int], None]):
+    """While inside: a SIGTERM (a cancelled Vertex run) calls ``handler(signum)`` and then exits the process with
+    128 + signum. Only the main thread can take signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, _frame):
+        try:
+            handler(signum)
+        finally:
+            raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def progress_every(period_s: float, poll_s: float, what: str, log: Callable[[str], None]) -> Callable[[float], None]:
+    """A ``wait_for`` progress callback that logs ``what`` is running about every ``period_s``."""
+    def progress(elapsed: float) -> None:
+        if int(elapsed) // period_s != int(elapsed - poll_s) // period_s or elapsed < poll_s:
+            log(f"  {what}: running ({elapsed:.0f}s)")
+    return progress
+
+
+def is_capacity_error(message: str) -> bool:
+    return any(marker in message for marker in STOCKOUT_MARKERS)
+
+
 # ---------------------------------------------------------------- the adapter
 
 
@@ -108,23 +164,8 @@ class Gke:
         self.clock = clock
         self.sleep = sleep
 
-    # -- calls with the transient codes retried
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        from google.api_core import exceptions as gexc
-
-        delay = self.retry.initial_s
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                return fn()
-            except (gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
-                if attempt == self.retry.attempts:
-                    raise GkeError(f"{what}: still {exc.code.name if exc.code else exc} after {attempt} "
-                                   f"attempts: {exc.message}") from exc
-                self.log(f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
-                         f"(attempt {attempt + 1}/{self.retry.attempts})")
-                self.sleep(delay)
-                delay = min(delay * self.retry.multiplier, self.retry.max_s)
-        raise AssertionError("unreachable")
+        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
 
     def get_cluster(self, name: str):
         from google.api_core import exceptions as gexc
@@ -149,37 +190,22 @@ class Gke:
 
         name = f"{location_path}/operations/{op.name}"
         started = self.clock()
-        cancelled = []
 
-        def on_term(signum, _frame):
-            cancelled.append(signum)
+        def cancel(signum: int) -> None:
             self.log(f"  {what}: signal {signum}: cancelling operation {op.name}")
-            try:
-                self.client.cancel_operation(name=name)
-            finally:
-                raise SystemExit(128 + signum)
+            self.client.cancel_operation(name=name)
 
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, on_term) if main else None
-        try:
-            def poll():
-                current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
-                if current.status == container_v1.Operation.Status.DONE:
-                    return current
-                return None
+        def poll():
+            current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
+            return current if current.status == container_v1.Operation.Status.DONE else None
 
-            def progress(elapsed: float) -> None:
-                if int(elapsed) // 30 != int(elapsed - self.poll_s) // 30 or elapsed < self.poll_s:
-                    self.log(f"  {what}: running ({elapsed:.0f}s)")
-
-            done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s, progress=progress,
+        with on_sigterm(cancel):
+            done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
+                            progress=progress_every(30, self.poll_s, what, self.log),
                             what=f"{what} (operation {op.name})", clock=self.clock, sleep=self.sleep)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
         if done.error and done.error.code:
             message = done.error.message or done.status_message
-            if done.error.code == RESOURCE_EXHAUSTED or any(m in message for m in STOCKOUT_MARKERS):
+            if done.error.code == RESOURCE_EXHAUSTED or is_capacity_error(message):
                 raise CapacityError(message)
             raise GkeError(f"{what}: operation {op.name} failed: {message}")
         self.log(f"  {what}: done in {self.clock() - started:.1f}s")
@@ -240,7 +266,7 @@ class Gke:
                 return current
             if current.status == statuses.ERROR:
                 message = current.status_message
-                if any(m in message for m in STOCKOUT_MARKERS):
+                if is_capacity_error(message):
                     raise CapacityError(message)
                 raise GkeError(f"{what} {name} is in ERROR: {message}")
             if current.status in (statuses.STOPPING,):
@@ -284,5 +310,5 @@ class Gke:
                 if p.config.resource_labels.get(key) == value]
 
 
-__all__ = ["CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token", "cluster_manager",
-           "credentials"]
+__all__ = ["CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token", "call_with_retry",
+           "cluster_manager", "credentials", "on_sigterm", "progress_every"]

@@ -22,6 +22,8 @@ import grpc
 from google.cloud import container_v1 as c
 from google.rpc import status_pb2
 
+from tests.emulators import take_fault
+
 SERVICE = "google.container.v1.ClusterManager"
 STOCKOUT_MESSAGE = ("Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
                     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)")
@@ -54,8 +56,14 @@ class State:
 class ClusterManagerEmulator:
     """The service; ``start()`` serves it on 127.0.0.1 (plaintext, as Google's emulators do)."""
 
-    def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2):
+    def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2,
+                 compute=None):
         self.state = State()
+        # The project's Compute Engine (tests.emulators.compute), when there is one: node pools must name networks,
+        # subnets and workload policies that exist there, and hold them while they exist, as GKE's do.
+        self.compute = compute
+        if compute is not None:
+            compute.in_use = self._user_of
         self.faults: list[Fault] = []
         self.kube_endpoint = kube_endpoint
         self.kube_ca_pem = kube_ca_pem
@@ -75,12 +83,7 @@ class ClusterManagerEmulator:
         self.faults.append(Fault("CreateNodePool", None, STOCKOUT_MESSAGE, times, when))
 
     def _fault(self, method: str, request) -> Fault | None:
-        with self._lock:
-            for fault in self.faults:
-                if fault.method == method and fault.times > 0 and fault.when(request):
-                    fault.times -= 1
-                    return fault
-        return None
+        return take_fault(self.faults, self._lock, method, request)
 
     def clusters_labelled(self, key: str, value: str) -> list[str]:
         with self._lock:
@@ -200,6 +203,9 @@ class ClusterManagerEmulator:
         if any(p.name == request.node_pool.name for p in cluster.node_pools):
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           f"Already exists: {request.parent}/nodePools/{request.node_pool.name}.")
+        missing = self._missing_references(request.parent, request.node_pool)
+        if missing:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")
         pool = c.NodePool(request.node_pool)
         pool.status = c.NodePool.Status.PROVISIONING
         cluster.node_pools.append(pool)
@@ -233,6 +239,36 @@ class ClusterManagerEmulator:
             cluster.node_pools.extend(kept)
         return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_NODE_POOL, request.name,
                         done)
+
+    # ------------------------------------------------------------------ Compute Engine references
+    def _references(self, cluster_name: str, pool: c.NodePool) -> list[str]:
+        """The Compute Engine resources a node pool names, as paths."""
+        project = cluster_name.split("/")[1]
+        location = cluster_name.split("/")[3]
+        region = location.rsplit("-", 1)[0] if location.count("-") == 2 else location
+        out = []
+        for extra in pool.network_config.additional_node_network_configs:
+            out.append(f"projects/{project}/global/networks/{extra.network.rsplit('/', 1)[-1]}")
+            out.append(f"projects/{project}/regions/{region}/subnetworks/{extra.subnetwork.rsplit('/', 1)[-1]}")
+        if pool.placement_policy.policy_name:
+            out.append(f"projects/{project}/regions/{region}/resourcePolicies/"
+                       f"{pool.placement_policy.policy_name.rsplit('/', 1)[-1]}")
+        return out
+
+    def _missing_references(self, cluster_name: str, pool: c.NodePool) -> str:
+        if self.compute is None:
+            return ""
+        missing = [ref for ref in self._references(cluster_name, pool) if not self.compute.exists(ref)]
+        return ", ".join(missing)
+
+    def _user_of(self, kind: str, path: str) -> str | None:
+        """The node pool that uses the Compute Engine resource at ``path``, if any (it cannot be deleted then)."""
+        with self._lock:
+            for name, cluster in self.state.clusters.items():
+                for pool in cluster.node_pools:
+                    if path in self._references(name, pool):
+                        return f"{name}/nodePools/{pool.name}"
+        return None
 
     # ------------------------------------------------------------------ operations
     def get_operation(self, request: c.GetOperationRequest, context, stockout=None) -> c.Operation:

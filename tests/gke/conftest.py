@@ -1,5 +1,6 @@
-"""The emulated project: the GKE ClusterManager (gRPC) and the cluster's Kubernetes API server (HTTPS), in this
-process, and the environment that points the gke platform at them (as Google's emulators are found)."""
+"""The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST) and the cluster's Kubernetes API server
+(HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
+found)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import secrets
 
 import pytest
 
+from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
 from tests.emulators.kube import KubeEmulator
 
@@ -19,8 +21,14 @@ ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 
 
 
 class Project:
-    def __init__(self, gke: ClusterManagerEmulator, kube: KubeEmulator, env: dict[str, str]):
-        self.gke, self.kube, self.env = gke, kube, env
+    def __init__(self, gke: ClusterManagerEmulator, compute: ComputeEmulator, kube: KubeEmulator,
+                 env: dict[str, str]):
+        self.gke, self.compute, self.kube, self.env = gke, compute, kube, env
+
+    def stop(self) -> None:
+        self.gke.stop()
+        self.compute.stop()
+        self.kube.stop()
 
     def clusters(self, run_id: str) -> list[str]:
         return self.gke.clusters_labelled("tpupipe-run", run_id)
@@ -57,10 +65,12 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     token = secrets.token_hex(12)
     kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault)
     kube.start()
-    gke = ClusterManagerEmulator(kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done)
+    compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
+    gke = ClusterManagerEmulator(kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done,
+                                 compute=compute)
     env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
-           "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
-    return Project(gke, kube, env)
+           "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
+    return Project(gke, compute, kube, env)
 
 
 @pytest.fixture
@@ -76,6 +86,5 @@ def project_factory(tmp_path, monkeypatch):
 
     yield make
     for project in started:
-        project.gke.stop()
-        project.kube.stop()
+        project.stop()
 

@@ -37,8 +37,7 @@ def _wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
 def project(tmp_path):
     project = start_project(tmp_path, ray=True)
     yield project
-    project.gke.stop()
-    project.kube.stop()
+    project.stop()
 
 
 def _command(root: Path, run_id: str, extra: str = "") -> list[str]:

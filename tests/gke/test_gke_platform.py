@@ -241,3 +241,73 @@ def test_wait_ready_has_a_deadline_with_the_last_status():
         gke_kube.wait_ready(NeverReady(), "rc", 30, unschedulable_grace_s=10, clock=clock, sleep=sleep,
                             log=lambda m: None)
     assert clock.now >= 30
+
+
+# ---------------------------------------------------------------- Compute Engine: DCN networks, TPU7x workload policy
+
+DCN_SLICES = TWO_SLICES.replace("gke.multislice_network=none", "gke.multislice_network=dcn_networks")
+TPU7X_SLICE = (f"cluster.accelerator=tpu7x cluster.topology=2x2x2 cluster.num_hosts=2 cluster.cpus_per_host=8 "
+               f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch train.num_workers=0")
+
+
+def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "dcn", DCN_SLICES)
+    platform().provision(ctx)
+    assert project.compute.names("networks") == ["dcn-dcn0", "dcn-dcn1"]
+    assert [n["mtu"] for n in project.compute.state.networks.values()] == [8896, 8896]
+    subnets = {n: s["ipCidrRange"] for n, s in project.compute.state.subnetworks.items()}
+    assert subnets == {f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn0-subnet": "10.50.0.0/16",
+                       f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn1-subnet": "10.60.0.0/16"}
+    cluster = project.gke.state.clusters[project.clusters("dcn")[0]]
+    tpu_pools = [p for p in cluster.node_pools if p.name.startswith("dcn-s")]
+    assert len(tpu_pools) == 2
+    for pool in tpu_pools:  # the GKE emulator refuses a pool whose networks do not exist
+        assert [x.network for x in pool.network_config.additional_node_network_configs] == ["dcn-dcn0", "dcn-dcn1"]
+    platform().provision(ctx)  # again: everything reused
+    assert project.compute.state.calls.count("networks.insert") == 2
+    result = platform().teardown(ctx)
+    assert project.gke.state.clusters == {}
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+    assert f"projects/{PROJECT}/global/networks/dcn-dcn1" in result["deleted"]
+    assert platform().teardown(ctx)["deleted"] == []
+
+
+def test_a_tpu7x_slice_is_placed_by_a_workload_policy_the_run_creates_and_deletes(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "ironwood", TPU7X_SLICE)
+    platform().provision(ctx)
+    path = f"projects/{PROJECT}/regions/us-east5/resourcePolicies/ironwood-placement"
+    assert project.compute.names("resourcePolicies") == ["ironwood-placement"]
+    policy = project.compute.state.resource_policies[path]["workloadPolicy"]
+    assert policy == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}
+    pool = project.gke.state.clusters[project.clusters("ironwood")[0]].node_pools[1]
+    assert pool.placement_policy.policy_name == "ironwood-placement"
+    assert pool.config.machine_type == "tpu7x-standard-4t" and pool.initial_node_count == 2
+    platform().teardown(ctx)
+    assert project.compute.names("resourcePolicies") == [] and project.gke.state.clusters == {}
+
+
+def test_a_subnet_quota_error_is_a_capacity_error_and_leaves_nothing(tmp_path, project_factory):
+    project = project_factory()
+    project.compute.quota("subnetworks.insert", when=lambda body: body["name"].endswith("dcn1-subnet"))
+    ctx = context(tmp_path, "subquota", DCN_SLICES)
+    with pytest.raises(gke_cluster.CapacityError) as caught:
+        platform().provision(ctx)
+    for needle in ("no quota for the subnetwork subquota-dcn1-subnet in us-east5", PROJECT, "QUOTA_EXCEEDED",
+                   "SUBNETWORKS", "accelerator_network_profile"):
+        assert needle in str(caught.value)
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+    assert project.gke.state.calls.count("CreateCluster") == 0
+    assert platform().teardown(ctx)["deleted"] == []
+
+
+def test_transient_compute_errors_are_retried(tmp_path, project_factory):
+    project = project_factory()
+    project.compute.fail("networks.insert", 503, times=2)
+    project.compute.fail("subnetworks.delete", 503, times=1)
+    ctx = context(tmp_path, "flakynet", DCN_SLICES)
+    platform().provision(ctx)
+    assert len(project.compute.names("networks")) == 2
+    platform().teardown(ctx)
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []

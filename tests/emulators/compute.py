@@ -1,0 +1,359 @@
+"""An in-process Compute Engine: the part of the v1 REST API that network provisioning uses (global networks,
+regional subnetworks and resource policies, global and regional operations), served over plain HTTP by
+``http.server``, so that the real ``google.cloud.compute_v1`` clients (REST is their only transport) talk to it.
+
+Request bodies are parsed into compute_v1's own message types with unknown fields refused, then checked as Compute
+checks them (resource names, MTU range, custom mode, the network a subnetwork names, subnetwork CIDRs and their
+overlap, the region, workload policy types). Errors come back in Google's JSON error shape, so the clients raise
+the ``google.api_core.exceptions`` they raise against Compute (NotFound, Conflict, BadRequest, ...).
+
+Inserts and deletes answer an Operation (PENDING, then RUNNING) that is DONE after ``polls_to_done`` polls of
+``globalOperations.get`` / ``regionOperations.get`` (the call compute_v1's ExtendedOperation polls with; ``wait``
+is served too); only then does the change take effect. As in Compute, a resource whose insert is running is 404 to
+GET but its name is taken (a second insert is 409), and one whose delete is running stays readable. Links
+(``selfLink``, ``targetLink``, a subnetwork's ``network``) are the ``https://www.googleapis.com/compute/v1/...``
+URLs Compute writes.
+
+Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
+error for the next N matching calls, or a quota failure, where the insert is accepted and its operation ends DONE
+with the QUOTA_EXCEEDED error Compute reports. ``in_use`` lets another emulator say that something outside Compute
+(a GKE node pool, say) still uses a network or resource policy, which then cannot be deleted.
+
+Pointing the clients here: ``ClientOptions(api_endpoint="http://127.0.0.1:PORT")``, for every client, the
+operations clients included (the one an ExtendedOperation polls with internally is built from the credentials
+alone and goes to compute.googleapis.com: poll with your own ``GlobalOperationsClient``/``RegionOperationsClient``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from google.cloud import compute_v1
+from google.protobuf import json_format
+
+from tests.emulators import take_fault
+
+LINK = "https://www.googleapis.com/compute/v1/"
+KINDS = {"networks": compute_v1.Network, "subnetworks": compute_v1.Subnetwork,
+         "resourcePolicies": compute_v1.ResourcePolicy}
+SINGULAR = {"networks": "network", "subnetworks": "subnetwork", "resourcePolicies": "resourcePolicy"}
+QUOTA_METRIC = {"networks": "NETWORKS", "subnetworks": "SUBNETWORKS", "resourcePolicies": "RESOURCE_POLICIES"}
+POLICY_TYPES = {t.name for t in compute_v1.ResourcePolicyWorkloadPolicy.Type} - {"UNDEFINED_TYPE"}
+REASONS = {400: "invalid", 401: "authError", 403: "forbidden", 404: "notFound", 409: "alreadyExists",
+           412: "conditionNotMet", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
+NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
+                  r"(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?")
+NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, reason: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message,
+                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+
+
+@dataclass
+class Fault:
+    method: str
+    status: int | None  # None: a quota failure (the insert is accepted, its operation fails)
+    reason: str
+    message: str
+    times: int = 1
+    when: Callable[[dict], bool] = lambda request: True
+
+
+@dataclass
+class _Op:
+    op: dict
+    polls_left: int
+    on_done: Callable[[], None]
+    error: dict | None = None  # error, httpErrorStatusCode, httpErrorMessage of a failed operation
+
+
+@dataclass
+class State:
+    networks: dict[str, dict] = field(default_factory=dict)  # "projects/P/global/networks/N" -> resource JSON
+    subnetworks: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/subnetworks/N" -> ...
+    resource_policies: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/resourcePolicies/N"
+    creating: dict[str, dict] = field(default_factory=dict)  # path -> resource whose insert is running
+    deleting: set[str] = field(default_factory=set)  # paths whose delete is running
+    operations: dict[str, _Op] = field(default_factory=dict)  # "projects/P/{global,regions/R}/operations/O"
+    calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _scope(params: dict) -> str:
+    return f"projects/{params['project']}/" + (f"regions/{params['region']}" if params["region"] else "global")
+
+
+class ComputeEmulator:
+    """The service; ``start()`` serves it on 127.0.0.1 over plain HTTP and returns the endpoint."""
+
+    def __init__(self, token: str = "", polls_to_done: int = 2):
+        self.state = State()
+        self.faults: list[Fault] = []
+        self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
+        self.polls_to_done = polls_to_done
+        # (kind "network" / "subnetwork" / "resourcePolicy", path) -> who else uses it, or None
+        self.in_use: Callable[[str, str], str | None] = lambda kind, path: None
+        self._lock = threading.RLock()
+        self._ids = itertools.count(4_000_000_000_000_000_001)
+        self._server: ThreadingHTTPServer | None = None
+        self.endpoint = ""
+
+    # ------------------------------------------------------------------ faults and inspection
+    def fail(self, method: str, status: int, reason: str = "", message: str = "", times: int = 1,
+             when: Callable[[dict], bool] = lambda body: True) -> None:
+        """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets the body of
+        an insert, else the URL's fields (project, region, kind, name)."""
+        self.faults.append(Fault(method, status, reason or REASONS.get(status, "error"),
+                                 message or f"Injected HTTP {status} for {method}.", times, when))
+
+    def quota(self, method: str, when: Callable[[dict], bool] = lambda body: True, times: int = 1) -> None:
+        """The next insert ``method`` matching ``when`` is accepted, and its operation fails with QUOTA_EXCEEDED."""
+        self.faults.append(Fault(method, None, "", "", times, when))
+
+    def _fault(self, method: str, request: dict) -> Fault | None:
+        return take_fault(self.faults, self._lock, method, request)
+
+    def exists(self, path: str) -> bool:
+        """Whether the resource at ``path`` (``projects/P/global/networks/N``, ...) exists. Takes no lock: another
+        emulator calls it while holding its own."""
+        kind = path.split("/")[-2]
+        return kind in KINDS and path in self._table(kind)
+
+    def names(self, kind: str) -> list[str]:
+        """Names of the existing resources of ``kind`` ("networks", "subnetworks", "resourcePolicies")."""
+        with self._lock:
+            return sorted(path.rsplit("/", 1)[-1] for path in self._table(kind))
+
+    def _table(self, kind: str) -> dict[str, dict]:
+        return {"networks": self.state.networks, "subnetworks": self.state.subnetworks,
+                "resourcePolicies": self.state.resource_policies}[kind]
+
+    # ------------------------------------------------------------------ serving
+    def start(self) -> str:
+        emulator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                emulator._serve(self)
+
+            do_POST = do_DELETE = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _serve(self, http: BaseHTTPRequestHandler) -> None:
+        text = http.rfile.read(int(http.headers.get("Content-Length") or 0)).decode()
+        try:
+            method, params = self._route(http.command, urlsplit(http.path).path)
+            with self._lock:
+                self.state.calls.append(method)
+            if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+                raise HttpError(401, "Request had invalid authentication credentials.", "authError")
+            try:
+                request = json.loads(text) if method.endswith(".insert") else {}
+            except ValueError as e:
+                raise HttpError(400, f"Invalid JSON payload received. {e}") from None
+            fault = self._fault(method, request if method.endswith(".insert") else params)
+            if fault and fault.status is not None:
+                raise HttpError(fault.status, fault.message, fault.reason)
+            kind, action = method.split(".")
+            handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
+            with self._lock:  # serialised under the lock: the answer may be a stored resource
+                status, data = 200, json.dumps(handler(kind, params, request, fault)).encode()
+        except HttpError as e:
+            status, data = e.status, json.dumps(e.body()).encode()
+        http.send_response(status)
+        http.send_header("Content-Type", "application/json; charset=UTF-8")
+        http.send_header("Content-Length", str(len(data)))
+        http.end_headers()
+        http.wfile.write(data)
+
+    def _route(self, verb: str, path: str) -> tuple[str, dict]:
+        m = PATH.fullmatch(path)
+        kind, action = m and m["kind"], None
+        if kind == "operations" and m["name"]:
+            action = {("GET", None): "get", ("POST", "wait"): "wait"}.get((verb, m["verb"]))
+            kind = "regionOperations" if m["region"] else "globalOperations"
+        elif kind in KINDS and (m["region"] is None) == (kind == "networks") and not m["verb"]:
+            action = {("POST", False): "insert", ("GET", True): "get", ("DELETE", True): "delete"}.get(
+                (verb, bool(m["name"])))
+        if not action:
+            raise HttpError(404, f"The emulator does not serve {verb} {path}.")
+        return f"{kind}.{action}", m.groupdict()
+
+    # ------------------------------------------------------------------ resources
+    def _validate(self, kind: str, params: dict, request: dict) -> dict:
+        try:
+            message = KINDS[kind].from_json(json.dumps(request), ignore_unknown_fields=False)
+        except (json_format.ParseError, ValueError, TypeError) as e:
+            raise HttpError(400, f"Invalid JSON payload received. {e}") from None
+        if not NAME.fullmatch(message.name):
+            raise HttpError(400, f"Invalid value for field 'resource.name': '{message.name}'. Must be a match of "
+                                 "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+        if kind != "networks" and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
+            raise HttpError(400, f"Invalid value for field 'resource.region': '{message.region}'. "
+                                 f"Must be '{params['region']}'.")
+        if kind == "networks":
+            if "auto_create_subnetworks" in message and message.auto_create_subnetworks:
+                raise HttpError(400, "Invalid value for field 'resource.autoCreateSubnetworks': 'true'. "
+                                     "The emulator serves custom-mode networks only.")
+            if "mtu" in message and not 1300 <= message.mtu <= 8896:
+                raise HttpError(400, f"Invalid value for field 'resource.mtu': '{message.mtu}'. "
+                                     "Must be in the range [1300, 8896].")
+        elif kind == "subnetworks":
+            ref = NETWORK_REF.fullmatch(message.network)
+            if not ref or (ref["project"] or params["project"]) != params["project"]:
+                raise HttpError(400, f"Invalid value for field 'resource.network': '{message.network}'.")
+            network = f"projects/{params['project']}/global/networks/{ref['name']}"
+            if network not in self.state.networks:
+                raise HttpError(404, f"The resource '{network}' was not found")
+            try:
+                cidr = ipaddress.IPv4Network(message.ip_cidr_range)
+                assert cidr.prefixlen <= 29
+            except (ValueError, AssertionError):
+                raise HttpError(400, f"Invalid value for field 'resource.ipCidrRange': '{message.ip_cidr_range}'. "
+                                     "Invalid IPCidrRange.") from None
+            for path, other in [*self.state.subnetworks.items(), *self.state.creating.items()]:
+                if other.get("network") == LINK + network and cidr.overlaps(ipaddress.ip_network(other["ipCidrRange"])):
+                    raise HttpError(400, f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork "
+                                         f"'{other['name']}' in region '{path.split('/')[3]}'.")
+            request = {**request, "network": LINK + network}
+        elif "workload_policy" in message and message.workload_policy.type_ not in POLICY_TYPES:
+            raise HttpError(400, "Invalid value for field 'resource.workloadPolicy.type': "
+                                 f"'{message.workload_policy.type_}'. Must be one of {sorted(POLICY_TYPES)}.")
+        return request
+
+    def _insert(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
+        resource = self._validate(kind, params, request)
+        path = f"{_scope(params)}/{kind}/{resource['name']}"
+        if path in self._table(kind) or path in self.state.creating:
+            raise HttpError(409, f"The resource '{path}' already exists", "alreadyExists")
+        error = None
+        if fault is not None:
+            where = f"in region {params['region']}" if params["region"] else "globally"
+            error = {"error": {"errors": [{"code": "QUOTA_EXCEEDED", "message":
+                                           f"Quota '{QUOTA_METRIC[kind]}' exceeded.  Limit: 0.0 {where}."}]},
+                     "httpErrorStatusCode": 403, "httpErrorMessage": "FORBIDDEN"}
+        self.state.creating[path] = resource
+
+        def done():
+            self.state.creating.pop(path, None)
+            if error is None:
+                self._created(kind, path, resource)
+        return self._op(params, "insert", path, done, error)
+
+    def _created(self, kind: str, path: str, resource: dict) -> None:
+        resource.update(kind=f"compute#{SINGULAR[kind]}", id=str(next(self._ids)), selfLink=LINK + path,
+                        creationTimestamp=_now())
+        if kind == "networks":
+            resource.setdefault("mtu", 1460)
+            resource.setdefault("routingConfig", {"routingMode": "REGIONAL"})
+            resource.setdefault("networkFirewallPolicyEnforcementOrder", "AFTER_CLASSIC_FIREWALL")
+            resource["subnetworks"] = []
+        else:
+            resource["region"] = LINK + path.split(f"/{kind}/")[0]
+        if kind == "subnetworks":
+            cidr = ipaddress.IPv4Network(resource["ipCidrRange"])
+            resource.update(gatewayAddress=str(cidr.network_address + 1), fingerprint=resource["id"][-8:],
+                            state="READY", stackType=resource.get("stackType", "IPV4_ONLY"))
+            resource.setdefault("privateIpGoogleAccess", False)
+            self.state.networks[resource["network"].removeprefix(LINK)]["subnetworks"].append(LINK + path)
+        if kind == "resourcePolicies":
+            resource["status"] = "READY"
+        self._table(kind)[path] = resource
+
+    def _get(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
+        path = f"{_scope(params)}/{kind}/{params['name']}"
+        if path not in self._table(kind):
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return self._table(kind)[path]
+
+    def _delete(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
+        resource = self._get(kind, params, request, fault)
+        path = resource["selfLink"].removeprefix(LINK)
+        if path in self.state.deleting:
+            raise HttpError(400, f"The resource '{path}' is not ready", "resourceNotReady")
+        users = [p for p, s in [*self.state.subnetworks.items(), *self.state.creating.items()]
+                 if kind == "networks" and s.get("network") == LINK + path]
+        user = users[0] if users else self.in_use(SINGULAR[kind], path)
+        if user:
+            raise HttpError(400, f"The {SINGULAR[kind]} resource '{path}' is already being used by '{user}'",
+                            "resourceInUseByAnotherResource")
+        self.state.deleting.add(path)
+        if kind == "resourcePolicies":
+            resource["status"] = "DELETING"
+
+        def done():
+            self.state.deleting.discard(path)
+            self._table(kind).pop(path, None)
+            network = self.state.networks.get(resource.get("network", "").removeprefix(LINK))
+            if kind == "subnetworks" and network:
+                network["subnetworks"].remove(LINK + path)
+        return self._op(params, "delete", path, done)
+
+    # ------------------------------------------------------------------ operations
+    def _op(self, params: dict, op_type: str, target: str, on_done: Callable[[], None],
+            error: dict | None = None) -> dict:
+        op_id = str(next(self._ids))
+        name = f"operation-{op_id}"
+        path = f"{_scope(params)}/operations/{name}"
+        op = {"kind": "compute#operation", "id": op_id, "name": name, "operationType": op_type,
+              "targetLink": LINK + target, "status": "PENDING", "progress": 0, "insertTime": _now(),
+              "selfLink": LINK + path}
+        if params["region"]:
+            op["region"] = LINK + _scope(params)
+        entry = self.state.operations[path] = _Op(op, self.polls_to_done, on_done, error)
+        if entry.polls_left <= 0:
+            self._finish(entry)
+        return dict(op)
+
+    def _finish(self, entry: _Op) -> None:
+        entry.on_done()
+        entry.op.update(status="DONE", progress=100, endTime=_now(), **(entry.error or {}))
+
+    def _poll(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
+        path = f"{_scope(params)}/operations/{params['name']}"
+        entry = self.state.operations.get(path)
+        if entry is None:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        if entry.op["status"] != "DONE":
+            entry.polls_left -= 1
+            if entry.polls_left <= 0:
+                self._finish(entry)
+            else:
+                entry.op.update(status="RUNNING", startTime=entry.op.get("startTime", _now()))
+        return entry.op
