@@ -311,3 +311,26 @@ def test_transient_compute_errors_are_retried(tmp_path, project_factory):
     assert len(project.compute.names("networks")) == 2
     platform().teardown(ctx)
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+
+
+def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves_nothing(tmp_path, project_factory):
+    import os
+    import signal
+    import threading
+
+    project = project_factory(polls_to_done=10_000)  # the cluster's create operation never finishes by itself
+    ctx = context(tmp_path, "cancelled")
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(SystemExit) as caught:
+        platform().provision(ctx)
+    assert caught.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone with the wait
+    assert "CancelOperation" in project.gke.state.calls
+    aborted = [e.op for e in project.gke.state.operations.values() if e.op.status.name == "ABORTING"]
+    assert [op.operation_type.name for op in aborted] == ["CREATE_CLUSTER"]
+    project.gke.polls_to_done = 1
+    for entry in project.gke.state.operations.values():
+        entry.polls_left = 1
+    platform().teardown(ctx)  # the exit handler's teardown: the cluster the run recorded is deleted
+    assert project.clusters("cancelled") == [] and project.gke.state.clusters == {}
