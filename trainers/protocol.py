@@ -7,6 +7,7 @@ API server's service proxy on GKE), so results travel in it and need no shared f
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,7 +22,10 @@ def line(kind: str, payload: dict[str, Any]) -> str:
 
 
 def emit(kind: str, payload: dict[str, Any]) -> None:
-    print(line(kind, payload), flush=True)
+    """One record line on stdout. Written to the stream, not printed: in a Ray Train worker ``print`` is patched to
+    go both to stdout and to the root logger, which would put every record in the job's log twice."""
+    sys.stdout.write(line(kind, payload) + "\n")
+    sys.stdout.flush()
 
 
 def parse(lines: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
