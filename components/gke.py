@@ -5,6 +5,8 @@
   pool for the Ray head) and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>``; a stockout or
   quota error ends the stage with one clear message naming zone, accelerator and count, after deleting what this
   run created;
+- provision also gets or creates the checkpoint bucket (kept after the run) and grants the run's Kubernetes
+  ServiceAccount access to it (``components.gke_storage``);
 - build_image: the trainer image named by ``gke.image`` (building it with Cloud Build is not part of this platform
   yet: ``check`` asks for the image before anything is created);
 - deploy_raycluster: the Kubernetes client from the cluster's endpoint, CA certificate and a Google access token;
@@ -13,8 +15,8 @@
   authentication on; waits for every worker, failing fast with the pod's reason;
 - jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
 - teardown: everything with the run's label (RayCluster, RayJob, Secrets, ServiceAccount, node pools, the cluster
-  when the run created it), then the run's Compute Engine resources (named from the run id: they take no labels);
-  not found is success.
+  when the run created it), the run's binding on the bucket, then the run's Compute Engine resources (named from
+  the run id: they take no labels); not found is success.
 
 The run's ledger (``<run dir>/gke.json``) records every cloud resource before the run waits on it. Heavy imports
 (google-cloud, kubernetes, ray) stay inside functions.
@@ -130,13 +132,14 @@ class GkePlatform:
                 compute.ensure(kind, path, body, record)
             except gke_cluster.CapacityError as exc:
                 self.log(f"provision: no quota: {exc}; deleting what this run created")
-                self._delete_created(gke, compute, ledger)
+                self._delete_created(gke, compute, ledger, t)
                 raise gke_cluster.CapacityError(
                     f"no quota for the {kind.replace('_', ' ')} {path.rsplit('/', 1)[-1]} in {t.region} of project "
                     f"{t.project}: {exc}. Nothing this run created is left. Raise the quota" +
                     (", or use gke.multislice_network=accelerator_network_profile (no extra networks)."
                      if kind != "resource_policy" else ".")
                 ) from None
+        self._grant_bucket(t, creds, record)
         try:
             if t.owns_cluster:
                 cluster = gke.ensure_cluster(t.parent, d.cluster(spec, t), record)
@@ -149,7 +152,7 @@ class GkePlatform:
         except gke_cluster.CapacityError as exc:
             shape = d.slice_shape(spec)
             self.log(f"provision: no capacity: {exc}; deleting what this run created")
-            self._delete_created(gke, compute, ledger)
+            self._delete_created(gke, compute, ledger, t)
             raise gke_cluster.CapacityError(
                 f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
                 f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
@@ -159,7 +162,33 @@ class GkePlatform:
         return {"cluster": cluster_name, "endpoint": cluster.endpoint, "node_pools": pools,
                 "created": [c["name"] for c in ledger["created"]]}
 
-    def _delete_created(self, gke, compute, ledger: dict[str, Any]) -> list[str]:
+    def _storage(self, t: d.Target, creds=None):
+        from components import gke_storage
+
+        return gke_storage.Storage(gke_storage.storage_client(t.project, creds), log=self.log)
+
+    def _bucket_member(self, t: d.Target, creds=None) -> tuple[str, str]:
+        """(role, member) of the run's binding on the bucket, the project number looked up."""
+        from components import gke_storage
+
+        binding = d.bucket_binding(t)
+        return binding["role"], gke_storage.member(binding, gke_storage.project_number(t.project, creds))
+
+    def _grant_bucket(self, t: d.Target, creds, record) -> None:
+        """The checkpoint bucket (got or created, kept after the run) and the run's access to it."""
+        storage = self._storage(t, creds)
+        storage.ensure_bucket(t.bucket, t.region)
+        role, who = self._bucket_member(t, creds)
+        record("iam_binding", who)
+        storage.add_binding(t.bucket, role, who)
+
+    def _revoke_bucket(self, t: d.Target) -> list[str]:
+        role, who = self._bucket_member(t)
+        if self._storage(t).remove_binding(t.bucket, role, who):
+            return [f"{role} on gs://{t.bucket} for {who}"]
+        return []
+
+    def _delete_created(self, gke, compute, ledger: dict[str, Any], target: d.Target) -> list[str]:
         """Delete what the ledger says this run created, newest first (node pools go with their cluster)."""
         deleted = []
         has_cluster = any(e["kind"] == "cluster" for e in ledger["created"])
@@ -171,6 +200,9 @@ class GkePlatform:
                 gone = gke.delete_cluster(name)
             elif kind in ("network", "subnetwork", "resource_policy"):
                 gone = (compute or self._compute()).delete(kind, name)
+            elif kind == "iam_binding":
+                deleted += self._revoke_bucket(target)
+                continue
             else:
                 continue
             if gone:
@@ -282,6 +314,11 @@ class GkePlatform:
             for entry in ledger.get("created", []):
                 if entry["kind"] == "cluster" and entry["name"] not in deleted and gke.delete_cluster(entry["name"]):
                     deleted.append(entry["name"])
+        failures = []
+        try:
+            deleted += self._revoke_bucket(t)  # the bucket itself is kept: it holds every run's checkpoints
+        except Exception as exc:  # noqa: BLE001 - teardown goes on to the networks, then reports
+            failures.append(f"the run's binding on gs://{t.bucket}: {exc}")
         # Compute Engine resources take no labels: their names derive from the run id (and the ledger has them).
         planned = [(kind, path) for kind, path, _ in self.compute_resources(ctx.spec, t)]
         recorded = [(e["kind"], e["name"]) for e in ledger.get("created", []) if e["kind"] in
@@ -294,4 +331,6 @@ class GkePlatform:
                     deleted.append(path)
         self.log(f"teardown: deleted {len(deleted)} resources of {ctx.run_id}" +
                  (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else ""))
+        if failures:
+            raise RuntimeError("teardown could not remove: " + "; ".join(failures))
         return {"deleted": deleted, "kept_cluster": None if owns else cluster_name}

@@ -5,6 +5,10 @@ client libraries run against them (architecture decision 9):
   operations that progress over polls, and injectable faults;
 - ``compute``: the Compute Engine v1 REST API's networks, subnetworks, resource policies and operations, over
   HTTP, with bodies checked against compute_v1's message types, and injectable faults;
+- ``storage``: Cloud Storage's JSON API for buckets and their IAM policies, over HTTP (found by google-cloud-storage
+  through ``STORAGE_EMULATOR_HOST``);
+- ``resourcemanager``: Resource Manager's ``Projects.GetProject`` gRPC service (the project number);
+- ``http``: what the HTTP emulators share (Google's error shape, faults, the server);
 - ``kube``: a Kubernetes API server over HTTPS (its own CA) that validates RayCluster and RayJob objects against
   the KubeRay CRD schemas, plays the KubeRay operator's part with a local Ray cluster of the manifest's shape, and
   serves the head service's proxy path.

@@ -26,6 +26,7 @@ alone and goes to compute.googleapis.com: poll with your own ``GlobalOperationsC
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import itertools
 import json
@@ -34,13 +35,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from google.cloud import compute_v1
 from google.protobuf import json_format
 
 from tests.emulators import take_fault
+from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 
 LINK = "https://www.googleapis.com/compute/v1/"
 KINDS = {"networks": compute_v1.Network, "subnetworks": compute_v1.Subnetwork,
@@ -48,32 +50,10 @@ KINDS = {"networks": compute_v1.Network, "subnetworks": compute_v1.Subnetwork,
 SINGULAR = {"networks": "network", "subnetworks": "subnetwork", "resourcePolicies": "resourcePolicy"}
 QUOTA_METRIC = {"networks": "NETWORKS", "subnetworks": "SUBNETWORKS", "resourcePolicies": "RESOURCE_POLICIES"}
 POLICY_TYPES = {t.name for t in compute_v1.ResourcePolicyWorkloadPolicy.Type} - {"UNDEFINED_TYPE"}
-REASONS = {400: "invalid", 401: "authError", 403: "forbidden", 404: "notFound", 409: "alreadyExists",
-           412: "conditionNotMet", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
                   r"(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?")
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, reason: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
-
-    def body(self) -> dict:
-        return {"error": {"code": self.status, "message": self.message,
-                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
-
-
-@dataclass
-class Fault:
-    method: str
-    status: int | None  # None: a quota failure (the insert is accepted, its operation fails)
-    reason: str
-    message: str
-    times: int = 1
-    when: Callable[[dict], bool] = lambda request: True
 
 
 @dataclass
@@ -103,10 +83,11 @@ def _scope(params: dict) -> str:
     return f"projects/{params['project']}/" + (f"regions/{params['region']}" if params["region"] else "global")
 
 
-class ComputeEmulator:
+class ComputeEmulator(HttpEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 over plain HTTP and returns the endpoint."""
 
     def __init__(self, token: str = "", polls_to_done: int = 2):
+        super().__init__()
         self.state = State()
         self.faults: list[Fault] = []
         self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
@@ -115,8 +96,6 @@ class ComputeEmulator:
         self.in_use: Callable[[str, str], str | None] = lambda kind, path: None
         self._lock = threading.RLock()
         self._ids = itertools.count(4_000_000_000_000_000_001)
-        self._server: ThreadingHTTPServer | None = None
-        self.endpoint = ""
 
     # ------------------------------------------------------------------ faults and inspection
     def fail(self, method: str, status: int, reason: str = "", message: str = "", times: int = 1,
@@ -149,58 +128,23 @@ class ComputeEmulator:
                 "resourcePolicies": self.state.resource_policies}[kind]
 
     # ------------------------------------------------------------------ serving
-    def start(self) -> str:
-        emulator = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self):
-                emulator._serve(self)
-
-            do_POST = do_DELETE = do_GET
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
-        return self.endpoint
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def _serve(self, http: BaseHTTPRequestHandler) -> None:
-        text = http.rfile.read(int(http.headers.get("Content-Length") or 0)).decode()
+    def _serve(self, http: BaseHTTPRequestHandler, text: str) -> tuple[int, dict]:
+        method, params = self._route(http.command, urlsplit(http.path).path)
+        with self._lock:
+            self.state.calls.append(method)
+        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+            raise HttpError(401, "Request had invalid authentication credentials.", "authError")
         try:
-            method, params = self._route(http.command, urlsplit(http.path).path)
-            with self._lock:
-                self.state.calls.append(method)
-            if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
-                raise HttpError(401, "Request had invalid authentication credentials.", "authError")
-            try:
-                request = json.loads(text) if method.endswith(".insert") else {}
-            except ValueError as e:
-                raise HttpError(400, f"Invalid JSON payload received. {e}") from None
-            fault = self._fault(method, request if method.endswith(".insert") else params)
-            if fault and fault.status is not None:
-                raise HttpError(fault.status, fault.message, fault.reason)
-            kind, action = method.split(".")
-            handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
-            with self._lock:  # serialised under the lock: the answer may be a stored resource
-                status, data = 200, json.dumps(handler(kind, params, request, fault)).encode()
-        except HttpError as e:
-            status, data = e.status, json.dumps(e.body()).encode()
-        http.send_response(status)
-        http.send_header("Content-Type", "application/json; charset=UTF-8")
-        http.send_header("Content-Length", str(len(data)))
-        http.end_headers()
-        http.wfile.write(data)
+            request = json.loads(text) if method.endswith(".insert") else {}
+        except ValueError as e:
+            raise HttpError(400, f"Invalid JSON payload received. {e}") from None
+        fault = self._fault(method, request if method.endswith(".insert") else params)
+        if fault and fault.status is not None:
+            raise HttpError(fault.status, fault.message, fault.reason)
+        kind, action = method.split(".")
+        handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
+        with self._lock:  # serialised under the lock: the answer may be a stored resource
+            return 200, copy.deepcopy(handler(kind, params, request, fault))
 
     def _route(self, verb: str, path: str) -> tuple[str, dict]:
         m = PATH.fullmatch(path)

@@ -1,6 +1,6 @@
-"""The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST) and the cluster's Kubernetes API server
-(HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
-found)."""
+"""The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
+Manager (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process, and the environment that points
+the gke platform at them (as Google's emulators are found)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import pytest
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
 from tests.emulators.kube import KubeEmulator
+from tests.emulators.resourcemanager import ResourceManagerEmulator
+from tests.emulators.storage import StorageEmulator
 
 PROJECT = "tpupipe-emulated"
+PROJECT_NUMBER = "123456789012"
 # local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
 # per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
 ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4 "
@@ -21,14 +24,14 @@ ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 
 
 
 class Project:
-    def __init__(self, gke: ClusterManagerEmulator, compute: ComputeEmulator, kube: KubeEmulator,
-                 env: dict[str, str]):
-        self.gke, self.compute, self.kube, self.env = gke, compute, kube, env
+    def __init__(self, gke: ClusterManagerEmulator, compute: ComputeEmulator, storage: StorageEmulator,
+                 projects: ResourceManagerEmulator, kube: KubeEmulator, env: dict[str, str]):
+        self.gke, self.compute, self.storage, self.projects, self.kube = gke, compute, storage, projects, kube
+        self.env = env
 
     def stop(self) -> None:
-        self.gke.stop()
-        self.compute.stop()
-        self.kube.stop()
+        for emulator in (self.gke, self.compute, self.storage, self.projects, self.kube):
+            emulator.stop()
 
     def clusters(self, run_id: str) -> list[str]:
         return self.gke.clusters_labelled("tpupipe-run", run_id)
@@ -68,9 +71,13 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
     gke = ClusterManagerEmulator(kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done,
                                  compute=compute)
+    storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token)
+    projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
-           "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
-    return Project(gke, compute, kube, env)
+           "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "STORAGE_EMULATOR_HOST": storage.start(),
+           "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
+           "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
+    return Project(gke, compute, storage, projects, kube, env)
 
 
 @pytest.fixture

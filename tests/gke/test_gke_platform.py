@@ -11,7 +11,7 @@ from components.gke import GkePlatform
 from components.platform import RunContext
 from components.spec import SpecError, resolve
 from components.waiting import DeadlineExceeded
-from tests.gke.conftest import ONE_SLICE, PROJECT
+from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
               "cluster.cpus_per_host=4 "
@@ -334,3 +334,50 @@ def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves
         entry.polls_left = 1
     platform().teardown(ctx)  # the exit handler's teardown: the cluster the run recorded is deleted
     assert project.clusters("cancelled") == [] and project.gke.state.clusters == {}
+
+
+# ---------------------------------------------------------------- the checkpoint bucket and the run's access to it
+
+def _principal(run_id: str) -> str:
+    return (f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+            f"{PROJECT}.svc.id.goog/subject/ns/tpupipe/sa/tpupipe-{run_id}")
+
+
+def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_and_keeps_the_bucket(
+        tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "bucketrun")
+    bucket = f"{PROJECT}-tpupipe"
+    platform().provision(ctx)
+    resource = project.storage.state.buckets[bucket]
+    assert resource["location"] == "US-EAST5" and resource["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("bucketrun")]
+    platform().provision(ctx)  # again: the bucket reused, the grant already there
+    assert project.storage.state.calls.count("buckets.insert") == 1
+    assert project.storage.state.calls.count("buckets.setIamPolicy") == 1
+    other = context(tmp_path, "otherrun")
+    platform().provision(other)
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("bucketrun"),
+                                                                           _principal("otherrun")]
+    result = platform().teardown(ctx)
+    assert f"roles/storage.objectUser on gs://{bucket} for {_principal('bucketrun')}" in result["deleted"]
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("otherrun")]
+    platform().teardown(other)
+    assert project.storage.members(bucket, "roles/storage.objectUser") == []
+    assert bucket in project.storage.state.buckets  # kept: it holds every run's checkpoints
+
+
+def test_a_bucket_this_identity_cannot_read_is_refused_before_the_cluster(tmp_path, project_factory):
+    project = project_factory()
+    project.storage.fail("buckets.get", 403, message="tpupipe@x.iam does not have storage.buckets.get access")
+    with pytest.raises(SpecError, match="gke.bucket.*cannot read it"):
+        platform().provision(context(tmp_path, "foreign"))
+    assert project.gke.state.calls.count("CreateCluster") == 0
+
+
+def test_a_concurrent_policy_change_is_read_again_not_overwritten(tmp_path, project_factory):
+    project = project_factory()
+    project.storage.fail("buckets.setIamPolicy", 412, times=1)
+    platform().provision(context(tmp_path, "racing"))
+    assert project.storage.state.calls.count("buckets.setIamPolicy") == 2
+    assert project.storage.members(f"{PROJECT}-tpupipe", "roles/storage.objectUser") == [_principal("racing")]

@@ -1,0 +1,100 @@
+"""What the JSON-over-HTTP emulators (``compute``, ``storage``) share: Google's error shape, injected faults, and a
+threaded HTTP server on 127.0.0.1 that hands each request to the emulator's ``handle``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+REASONS = {400: "invalid", 401: "authError", 403: "forbidden", 404: "notFound", 409: "alreadyExists",
+           412: "conditionNotMet", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
+
+
+class HttpError(Exception):
+    """An error answer in Google's JSON shape, so the clients raise the ``google.api_core.exceptions`` class of its
+    status."""
+
+    def __init__(self, status: int, message: str, reason: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message,
+                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+
+
+@dataclass
+class Fault:
+    method: str
+    status: int | None  # None: the emulator's own kind of failure (e.g. a quota error in an operation)
+    reason: str
+    message: str
+    times: int = 1
+    when: Callable[[dict], bool] = lambda request: True
+
+
+class HttpServer:
+    """Serves ``handle(http, body_text) -> (status, payload)`` for every method; ``start()`` returns the endpoint."""
+
+    def __init__(self, handle: Callable[[BaseHTTPRequestHandler, str], tuple[int, dict]]):
+        self.handle = handle
+        self._server: ThreadingHTTPServer | None = None
+        self.endpoint = ""
+
+    def start(self) -> str:
+        handle = self.handle
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                text = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                try:
+                    status, payload = handle(self, text)
+                except HttpError as e:
+                    status, payload = e.status, e.body()
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class HttpEmulator:
+    """Base of an emulator that answers in ``_serve(http, body_text) -> (status, payload)``."""
+
+    def __init__(self):
+        self._http = HttpServer(self._serve)
+        self.endpoint = ""
+
+    def _serve(self, http: BaseHTTPRequestHandler, text: str) -> tuple[int, dict]:
+        raise NotImplementedError
+
+    def start(self) -> str:
+        """Serve on 127.0.0.1 (a free port); the endpoint, ``http://127.0.0.1:PORT``."""
+        self.endpoint = self._http.start()
+        return self.endpoint
+
+    def stop(self) -> None:
+        self._http.stop()
