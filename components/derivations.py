@@ -234,6 +234,29 @@ def target(spec: RunSpec, run_id: str) -> Target:
     )
 
 
+BUILD_STEP_IMAGE = "gcr.io/cloud-builders/docker"
+BUILD_TIMEOUT_S = 3600
+BUILD_MACHINE_TYPE = "E2_HIGHCPU_8"
+
+
+def cloud_build(spec: RunSpec, t: Target) -> dict[str, Any]:
+    """The Cloud Build that builds the workload's trainer image (``images/<name>/Dockerfile``, the repository as
+    context, uploaded to the bucket) and pushes it to Artifact Registry. The torch image on TPU hosts is built
+    FROM the TorchTPU base image (``gke.torch_tpu_base``)."""
+    name = WORKLOAD_IMAGES[spec.train.workload]
+    args = ["build", "--file", f"images/{name}/Dockerfile", "--tag", t.image]
+    if name == "torch" and spec.gke.torch_tpu_base:
+        args += ["--build-arg", f"TORCH_TPU_BASE={spec.gke.torch_tpu_base}"]
+    return {
+        "source": {"storageSource": {"bucket": t.bucket, "object": names.build_source(t.run_id)}},
+        "steps": [{"name": BUILD_STEP_IMAGE, "args": [*args, "."]}],
+        "images": [t.image],
+        "tags": ["tpupipe", names.build_tag(t.run_id)],
+        "timeout": f"{BUILD_TIMEOUT_S}s",
+        "options": {"machineType": BUILD_MACHINE_TYPE, "logging": "CLOUD_LOGGING_ONLY"},
+    }
+
+
 def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "") -> str:
     """The Ray job entrypoint of the workload: ``mode`` train, or eval of ``checkpoint``. The spec travels
     whole, as JSON. One source for the stages' job submissions and the RayJob manifest."""

@@ -7,8 +7,8 @@
   run created;
 - provision also gets or creates the checkpoint bucket (kept after the run) and grants the run's Kubernetes
   ServiceAccount access to it (``components.gke_storage``);
-- build_image: the trainer image named by ``gke.image`` (building it with Cloud Build is not part of this platform
-  yet: ``check`` asks for the image before anything is created);
+- build_image: the trainer image named by ``gke.image``, or else built by Cloud Build from ``images/<name>/``
+  and pushed to Artifact Registry (``components.gke_build``);
 - deploy_raycluster: the Kubernetes client from the cluster's endpoint, CA certificate and a Google access token;
   the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret (from $HF_TOKEN
   when the cluster has none), the Ray token Secret, then the RayCluster by server-side apply with Ray token
@@ -78,10 +78,10 @@ class GkePlatform:
                             "platform (platform=local)", ["v5e", "v5p", "v6e", "tpu7x"])
         if not spec.gke.project:
             raise SpecError("gke.project", "required on the gke platform", ["a GCP project id"])
-        if not spec.gke.image:
-            raise SpecError("gke.image", "building the trainer image with Cloud Build is not part of the gke platform "
-                            f"yet: build and push images/{d.WORKLOAD_IMAGES[spec.train.workload]} and name it here",
-                            ["REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG"])
+        if not spec.gke.image and d.WORKLOAD_IMAGES[spec.train.workload] == "torch" and not spec.gke.torch_tpu_base:
+            raise SpecError("gke.torch_tpu_base", "the run builds the torch trainer image (gke.image is empty), and on "
+                            "TPU hosts it must be built FROM the TorchTPU base image (torch, torch_tpu, libtpu): name "
+                            "it, or name a built image in gke.image", ["REGISTRY/PATH/TORCH_TPU_BASE:TAG"])
 
     def _target(self, ctx: RunContext) -> d.Target:
         return d.target(ctx.spec, ctx.run_id)
@@ -211,10 +211,24 @@ class GkePlatform:
 
     # ---------------------------------------------------------------- build_image
     def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        from components import gke_build, gke_cluster
+
         self.check(ctx)
-        t = self._target(ctx)
-        self.log(f"trainer image: {t.image} (gke.image)")
-        return {"image": t.image, "built": False}
+        spec, t = ctx.spec, self._target(ctx)
+        if spec.gke.image:
+            self.log(f"trainer image: {t.image} (gke.image)")
+            return {"image": t.image, "built": False}
+        creds = gke_cluster.credentials()
+        image = d.WORKLOAD_IMAGES[spec.train.workload]
+        self._storage(t, creds).upload(t.bucket, names.build_source(ctx.run_id), gke_build.build_context(image),
+                                       content_type="application/gzip")
+        ledger = self._ledger(ctx)
+        builder = gke_build.CloudBuild(gke_build.client(creds), t.project, t.region, log=self.log,
+                                       poll_s=min(self.poll_s, 10.0))
+        build = builder.ensure(d.cloud_build(spec, t), names.build_tag(ctx.run_id), self._recorder(ctx, ledger),
+                               timeout_s=d.BUILD_TIMEOUT_S + 600)
+        digest = build.results.images[0].digest if build.results.images else ""
+        return {"image": t.image, "built": True, "build": build.id, "digest": digest}
 
     # ---------------------------------------------------------------- Kubernetes
     def _kube(self, ctx: RunContext):

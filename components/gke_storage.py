@@ -90,6 +90,13 @@ class Storage:
         self.log(f"created bucket gs://{name} in {location} (kept after the run)")
         return bucket
 
+    def upload(self, name: str, path: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Write ``data`` to ``gs://name/path``; the object's URL."""
+        blob = self.client.bucket(name).blob(path)
+        self.call(f"upload gs://{name}/{path}", lambda: blob.upload_from_string(data, content_type=content_type))
+        self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
+        return f"gs://{name}/{path}"
+
     def _update_policy(self, name: str, change: Callable[[Any], bool]) -> bool:
         """Read the bucket's IAM policy, ``change`` it in place, write it back with its etag; again when another
         writer got in between. False when ``change`` had nothing to do."""

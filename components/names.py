@@ -112,3 +112,13 @@ def run_prefix(run_id: str) -> str:
 def image_tag(run_id: str) -> str:
     """The tag the build stage pushes the run's trainer image under."""
     return run_id
+
+
+def build_tag(run_id: str) -> str:
+    """The Cloud Build tag that finds the run's image build again (a re-run build stage re-attaches to it)."""
+    return f"tpupipe-run-{run_id}"
+
+
+def build_source(run_id: str) -> str:
+    """The object, in the bucket, that holds the image build's context."""
+    return f"{run_prefix(run_id)}/build/context.tar.gz"

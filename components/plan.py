@@ -176,11 +176,26 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal)",
         run_id=rid, body=binding, api="storage.buckets.setIamPolicy",
     ))
-    resources.append(_resource(
-        "container-image", t.image, "create", f"trainer image ({d.WORKLOAD_IMAGES[spec.train.workload]}), built "
-        "by Cloud Build and pushed to Artifact Registry", run_id=rid, deleted_by_teardown=False,
-        api="cloudbuild.builds.create",
-    ))
+    if spec.gke.image:
+        resources.append(_resource(
+            "container-image", t.image, "use", f"trainer image ({d.WORKLOAD_IMAGES[spec.train.workload]}), named by "
+            "gke.image", run_id=None, deleted_by_teardown=False, api="",
+        ))
+    else:
+        if d.WORKLOAD_IMAGES[spec.train.workload] == "torch" and not spec.gke.torch_tpu_base:
+            warnings.append("gke.torch_tpu_base is empty: the torch image for TPU hosts is built FROM the TorchTPU "
+                            "base image; set it (or gke.image) before the run, which refuses to build without it")
+        resources.append(_resource(
+            "build-source", f"gs://{t.bucket}/{names.build_source(rid)}", "create", "the build context "
+            f"(images/{d.WORKLOAD_IMAGES[spec.train.workload]}/ and the tpupipe sources), for Cloud Build",
+            run_id=None, deleted_by_teardown=False, api="storage.objects.insert",
+        ))
+        resources.append(_resource(
+            "container-image", t.image, "create", f"trainer image ({d.WORKLOAD_IMAGES[spec.train.workload]}), built "
+            f"by Cloud Build and pushed to Artifact Registry repository {spec.gke.artifact_repository} (which must "
+            "exist)", run_id=rid, body=d.cloud_build(spec, t), deleted_by_teardown=False,
+            api="cloudbuild.builds.create",
+        ))
 
     # --- Kubernetes objects ----------------------------------------------------------------------------------
     for obj in m.all_objects(spec, t):

@@ -101,6 +101,9 @@ class GkeSpec:
     namespace: str = "tpupipe"  # Kubernetes namespace of the run's objects
     artifact_repository: str = "tpupipe"  # Artifact Registry Docker repository in the zone's region
     image: str = ""  # the trainer image; empty: <region>-docker.pkg.dev/<project>/<repository>/<image>:<run id>
+    # The TorchTPU base image (torch, torch_tpu, libtpu) that the torch trainer image is built FROM for TPU hosts;
+    # required when the run builds the torch image (gke.image empty).
+    torch_tpu_base: str = ""
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
 
 
@@ -367,6 +370,11 @@ def _validate_gke(spec: RunSpec) -> None:
          "a Compute Engine machine type such as n2-standard-8"),
         ("gke.hf_secret", g.hf_secret, dns_label, "a Secret name, or empty for none"),
     ]
+    image_ref = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
+                           r"(@sha256:[0-9a-f]{64})?$")
+    for key, value in (("gke.image", g.image), ("gke.torch_tpu_base", g.torch_tpu_base)):
+        if value and not image_ref.match(value):
+            raise SpecError(key, f"{value!r} is not an image reference", ["REGISTRY/PATH/NAME:TAG"])
     for key, value, pattern, what in checks:
         if value and (len(value) > 63 or not pattern.match(value)):
             raise SpecError(key, f"{value!r} is not valid", [what])

@@ -5,8 +5,10 @@ client libraries run against them (architecture decision 9):
   operations that progress over polls, and injectable faults;
 - ``compute``: the Compute Engine v1 REST API's networks, subnetworks, resource policies and operations, over
   HTTP, with bodies checked against compute_v1's message types, and injectable faults;
-- ``storage``: Cloud Storage's JSON API for buckets and their IAM policies, over HTTP (found by google-cloud-storage
-  through ``STORAGE_EMULATOR_HOST``);
+- ``storage``: Cloud Storage's JSON API for buckets, their IAM policies and objects (multipart, media and resumable
+  uploads, downloads), over HTTP (found by google-cloud-storage through ``STORAGE_EMULATOR_HOST``);
+- ``cloudbuild``: Cloud Build's ``google.devtools.cloudbuild.v1.CloudBuild`` gRPC service, builds that progress over
+  polls, fail or are cancelled, with their source checked against the storage emulator;
 - ``resourcemanager``: Resource Manager's ``Projects.GetProject`` gRPC service (the project number);
 - ``http``: what the HTTP emulators share (Google's error shape, faults, the server);
 - ``kube``: a Kubernetes API server over HTTPS (its own CA) that validates RayCluster and RayJob objects against
@@ -24,3 +26,44 @@ def take_fault(faults: list, lock, method: str, request):
                 fault.times -= 1
                 return fault
     return None
+
+
+def serve_grpc(services: dict[str, dict[str, tuple]]):
+    """Serve ``{service: {method: (deserialize, serialize, handler)}}`` on 127.0.0.1 (plaintext, as Google's
+    emulators do); (the started server, its host:port)."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    for service, methods in services.items():
+        handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=deserialize,
+                                                              response_serializer=serialize)
+                    for name, (deserialize, serialize, fn) in methods.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+class GrpcEmulator:
+    """Base of a gRPC emulator with ``state.calls``, ``faults`` and ``_lock``: ``_wrap(method, fn)`` records each
+    call, answers an injected fault's status code, else runs ``fn`` under the lock (``fn(request, context, fault)``
+    with ``pass_fault``, for faults that change the answer rather than fail the call)."""
+
+    _server = None
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop(grace=None)
+
+    def _wrap(self, method: str, fn, pass_fault: bool = False):
+        def handler(request, context):
+            with self._lock:
+                self.state.calls.append(method)
+            fault = take_fault(self.faults, self._lock, method, request)
+            if fault is not None and fault.code is not None:
+                context.abort(fault.code, fault.message)
+            with self._lock:  # the answer is built under the lock
+                return fn(request, context, fault) if pass_fault else fn(request, context)
+        return handler

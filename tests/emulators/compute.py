@@ -128,7 +128,8 @@ class ComputeEmulator(HttpEmulator):
                 "resourcePolicies": self.state.resource_policies}[kind]
 
     # ------------------------------------------------------------------ serving
-    def _serve(self, http: BaseHTTPRequestHandler, text: str) -> tuple[int, dict]:
+    def _serve(self, http: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict]:
+        text = body.decode()
         method, params = self._route(http.command, urlsplit(http.path).path)
         with self._lock:
             self.state.calls.append(method)

@@ -15,14 +15,13 @@ import base64
 import itertools
 import threading
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
 from google.cloud import container_v1 as c
 from google.rpc import status_pb2
 
-from tests.emulators import take_fault
+from tests.emulators import GrpcEmulator, serve_grpc, take_fault
 
 SERVICE = "google.container.v1.ClusterManager"
 STOCKOUT_MESSAGE = ("Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
@@ -53,7 +52,7 @@ class State:
     calls: list[str] = field(default_factory=list)  # method names, in order
 
 
-class ClusterManagerEmulator:
+class ClusterManagerEmulator(GrpcEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 (plaintext, as Google's emulators do)."""
 
     def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2,
@@ -108,34 +107,11 @@ class ClusterManagerEmulator:
             "GetOperation": (c.GetOperationRequest, c.Operation, self.get_operation),
             "CancelOperation": (c.CancelOperationRequest, None, self.cancel_operation),
         }
-        methods = {}
-        for name, (req_type, resp_type, fn) in handlers.items():
-            methods[name] = grpc.unary_unary_rpc_method_handler(
-                self._wrap(name, fn),
-                request_deserializer=req_type.deserialize,
-                response_serializer=(resp_type.serialize if resp_type else lambda _: b""),
-            )
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
-        port = self._server.add_insecure_port("127.0.0.1:0")
-        self._server.start()
-        self.address = f"127.0.0.1:{port}"
+        self._server, self.address = serve_grpc({SERVICE: {
+            name: (req.deserialize, resp.serialize if resp else lambda _: b"", self._wrap(name, fn, pass_fault=True))
+            for name, (req, resp, fn) in handlers.items()}})
         return self.address
 
-    def stop(self) -> None:
-        if self._server:
-            self._server.stop(grace=None)
-
-    def _wrap(self, method: str, fn):
-        def handler(request, context):
-            with self._lock:
-                self.state.calls.append(method)
-            fault = self._fault(method, request)
-            if fault and fault.code is not None:
-                context.abort(fault.code, fault.message)
-            with self._lock:
-                return fn(request, context, stockout=fault)
-        return handler
 
     # ------------------------------------------------------------------ helpers
     def _op(self, location_path: str, kind: c.Operation.Type, target: str, on_done: Callable[[], None],

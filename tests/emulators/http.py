@@ -4,6 +4,7 @@ threaded HTTP server on 127.0.0.1 that hands each request to the emulator's ``ha
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,28 +38,45 @@ class Fault:
 
 
 class HttpServer:
-    """Serves ``handle(http, body_text) -> (status, payload)`` for every method; ``start()`` returns the endpoint."""
+    """Serves ``handle(http, body) -> (status, payload[, headers])`` for every method: the body as bytes; the payload
+    JSON (a dict), media (bytes) or nothing (None). ``start()`` returns the endpoint; ``stop()`` also ends the
+    connections clients keep open."""
 
-    def __init__(self, handle: Callable[[BaseHTTPRequestHandler, str], tuple[int, dict]]):
+    def __init__(self, handle: Callable[[BaseHTTPRequestHandler, bytes], tuple]):
         self.handle = handle
         self._server: ThreadingHTTPServer | None = None
+        self._connections: set = set()
         self.endpoint = ""
 
     def start(self) -> str:
-        handle = self.handle
+        handle, connections = self.handle, self._connections
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self):
+                super().setup()
+                connections.add(self.connection)
+
+            def finish(self):
+                connections.discard(self.connection)
+                super().finish()
+
             def do_GET(self):
-                text = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
-                    status, payload = handle(self, text)
+                    status, payload, *rest = handle(self, body)
+                    headers = rest[0] if rest else {}
                 except HttpError as e:
-                    status, payload = e.status, e.body()
-                data = json.dumps(payload).encode()
+                    status, payload, headers = e.status, e.body(), {}
+                if isinstance(payload, dict):
+                    data = json.dumps(payload).encode()
+                    headers = {"Content-Type": "application/json; charset=UTF-8", **headers}
+                else:
+                    data = payload or b""
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -75,6 +93,11 @@ class HttpServer:
         return self.endpoint
 
     def stop(self) -> None:
+        for connection in list(self._connections):
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if self._server:
             self._server.shutdown()
             self._server.server_close()
@@ -88,7 +111,7 @@ class HttpEmulator:
         self._http = HttpServer(self._serve)
         self.endpoint = ""
 
-    def _serve(self, http: BaseHTTPRequestHandler, text: str) -> tuple[int, dict]:
+    def _serve(self, http: BaseHTTPRequestHandler, body: bytes) -> tuple:
         raise NotImplementedError
 
     def start(self) -> str:

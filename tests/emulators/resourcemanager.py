@@ -6,10 +6,10 @@ which is what Resource Manager answers for a project the caller cannot see (it d
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 from google.cloud import resourcemanager_v3 as rm
+
+from tests.emulators import serve_grpc
 
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
 
@@ -21,14 +21,9 @@ class ResourceManagerEmulator:
         self._server = None
 
     def start(self) -> str:
-        handler = grpc.unary_unary_rpc_method_handler(
-            self.get_project, request_deserializer=rm.GetProjectRequest.deserialize,
-            response_serializer=rm.Project.serialize)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"GetProject": handler}),))
-        port = self._server.add_insecure_port("127.0.0.1:0")
-        self._server.start()
-        return f"127.0.0.1:{port}"
+        self._server, address = serve_grpc({SERVICE: {"GetProject": (
+            rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project)}})
+        return address
 
     def stop(self) -> None:
         if self._server:

@@ -1,6 +1,8 @@
 """An in-process Cloud Storage: the part of the JSON API (``/storage/v1``) that bucket provisioning uses (buckets.get,
-buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy), served over plain HTTP by ``http.server``, so that the
-real ``google.cloud.storage.Client`` talks to it.
+buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy) and the objects a run stages (objects.insert by the
+multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of metadata or of the data
+with ``alt=media`` or under ``/download/storage/v1``, objects.delete), served over plain HTTP by ``http.server``, so
+that the real ``google.cloud.storage.Client`` talks to it.
 
 Requests are checked as Cloud Storage checks them: bucket names (3-63 characters of lowercase letters, digits,
 ``-``, ``_`` and ``.``, starting and ending with a letter or digit, no ``goog`` prefix), unknown body fields, the
@@ -15,8 +17,16 @@ it has conditional bindings (which need ``optionsRequestedPolicyVersion=3``), el
 in Google's JSON error shape, so the client raises the ``google.api_core.exceptions`` it raises against Cloud
 Storage (NotFound, Conflict, BadRequest, PreconditionFailed, ...).
 
-Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy"):
-an HTTP error for the next N matching calls, before the call takes effect.
+An object is stored with the metadata Cloud Storage gives it (generation, size, md5Hash, crc32c, etag, mediaLink,
+...); an upload whose metadata carries a crc32c or md5Hash that the data does not have is refused (400), as are
+``ifGenerationMatch``/``ifGenerationNotMatch`` preconditions that do not hold (412), and an upload into a bucket that
+does not exist (404). A download carries the ``x-goog-hash``, ``x-goog-generation`` and
+``x-goog-stored-content-length`` headers the client checks the data against, and honours a ``Range`` header.
+
+Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
+"objects.insert", "objects.get", "objects.delete"): an HTTP error for the next N matching calls, before the call takes
+effect. Every request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a
+download is an "objects.get".
 
 Pointing the client here: set ``STORAGE_EMULATOR_HOST`` to the endpoint ``start()`` returns (scheme included); the
 client then sends the credentials it is given, or none at all (anonymous) when it is given none.
@@ -26,22 +36,32 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import re
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+import google_crc32c
 
 from tests.emulators import take_fault
 from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
-PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?P<iam>/iam)?)?")
-ROUTES = {("POST", False, False): "buckets.insert", ("GET", True, False): "buckets.get",
-          ("GET", True, True): "buckets.getIamPolicy", ("PUT", True, True): "buckets.setIamPolicy"}
+# the JSON API (buckets, their policies, objects' metadata), uploads, and downloads
+PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|/o/(?P<object>.+))?)?")
+UPLOAD_PATH = re.compile(r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o")
+DOWNLOAD_PATH = re.compile(r"/download/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)")
+ROUTES = {("POST", "buckets"): "buckets.insert", ("GET", "bucket"): "buckets.get",
+          ("GET", "iam"): "buckets.getIamPolicy", ("PUT", "iam"): "buckets.setIamPolicy",
+          ("GET", "object"): "objects.get", ("DELETE", "object"): "objects.delete",
+          ("POST", "upload"): "objects.insert", ("PUT", "upload"): "objects.insert", ("GET", "download"): "objects.get"}
 BUCKET_NAME = re.compile(r"[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]")
 # the bucket resource's fields; output-only ones are accepted in an insert and overwritten
 BUCKET_FIELDS = {"kind", "id", "selfLink", "name", "projectNumber", "metageneration", "etag", "timeCreated", "updated",
@@ -50,6 +70,14 @@ BUCKET_FIELDS = {"kind", "id", "selfLink", "name", "projectNumber", "metagenerat
                  "autoclass", "hierarchicalNamespace", "softDeletePolicy", "customPlacementConfig", "rpo", "acl",
                  "defaultObjectAcl", "objectRetention", "ipFilter", "owner"}
 POLICY_FIELDS = {"kind", "resourceId", "version", "etag", "bindings"}
+# the object resource's fields; output-only ones are accepted in an upload's metadata and overwritten
+OBJECT_FIELDS = {"kind", "id", "selfLink", "mediaLink", "name", "bucket", "generation", "metageneration", "contentType",
+                 "storageClass", "size", "md5Hash", "crc32c", "etag", "timeCreated", "updated", "timeFinalized",
+                 "timeStorageClassUpdated", "cacheControl", "contentDisposition", "contentEncoding", "contentLanguage",
+                 "metadata", "customTime", "retention", "contexts", "acl", "owner", "eventBasedHold", "temporaryHold",
+                 "kmsKeyName", "customerEncryption", "componentCount"}
+CONTENT_RANGE = re.compile(r"bytes (?:(?P<first>\d+)-(?P<last>\d+)|\*)/(?:(?P<total>\d+)|\*)")
+RANGE = re.compile(r"bytes=(?P<first>\d*)-(?P<last>\d*)")
 MULTI_REGIONS = {"US", "EU", "ASIA"}
 ROLE = re.compile(r"(?:roles|(?:projects|organizations)/[^/]+/roles)/[\w.]+")
 MEMBER = re.compile(r"(?:deleted:)?(?:user|serviceAccount|group):[^@\s]+@\S+|domain:\S+"
@@ -64,6 +92,11 @@ class State:
     buckets: dict[str, dict] = field(default_factory=dict)  # bucket name -> bucket resource JSON
     policies: dict[str, dict] = field(default_factory=dict)  # bucket name -> {"version": V, "bindings": [...]}
     owners: dict[str, str] = field(default_factory=dict)  # bucket name -> project id it was created in
+    # (bucket, object name) -> {"metadata": the object resource JSON, "data": bytes}
+    objects: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # resumable upload id -> {"bucket", "metadata", "query" (the start's), "content_type", "total" (None: not yet
+    # known), "data" (received so far), and once finished "object" (the resource it created)}
+    uploads: dict[str, dict] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)  # method names ("buckets.get", ...), in order
 
 
@@ -71,13 +104,23 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _etag(metageneration: int) -> str:
-    """Cloud Storage's etag of bucket metadata: the metageneration as a protobuf varint field 1, in base64."""
-    data, n = bytearray([8]), metageneration
-    while n > 0x7F:
-        data.append(n & 0x7F | 0x80)
-        n >>= 7
-    return base64.b64encode(bytes([*data, n])).decode()
+def _etag(*numbers: int) -> str:
+    """Cloud Storage's etag: the numbers as protobuf varint fields 1, 2, ..., in base64 (a bucket's is its
+    metageneration; an object's its generation and metageneration)."""
+    data = bytearray()
+    for number, n in enumerate(numbers, 1):
+        data.append(number << 3)
+        while n > 0x7F:
+            data.append(n & 0x7F | 0x80)
+            n >>= 7
+        data.append(n)
+    return base64.b64encode(bytes(data)).decode()
+
+
+def _hashes(data: bytes) -> tuple[str, str]:
+    """The data's MD5 and CRC32C (big-endian), in base64, as Cloud Storage gives them."""
+    crc32c = google_crc32c.value(data).to_bytes(4, "big")
+    return base64.b64encode(hashlib.md5(data).digest()).decode(), base64.b64encode(crc32c).decode()
 
 
 class StorageEmulator(HttpEmulator):
@@ -90,12 +133,14 @@ class StorageEmulator(HttpEmulator):
         self.state = State()
         self.faults: list[Fault] = []
         self._lock = threading.RLock()
+        self._generation = 0
 
     # ------------------------------------------------------------------ faults and inspection
     def fail(self, method: str, status: int, reason: str = "", message: str = "", times: int = 1,
              when: Callable[[dict], bool] = lambda request: True) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets
-        ``{"bucket": name, "query": {...}, "body": {...}}`` (an insert's bucket name is the body's)."""
+        ``{"bucket": name, "query": {...}, "body": {...}}`` (an insert's bucket name is the body's); for an objects
+        method also ``"object"``: the object's name (an upload's body is the object metadata it carries)."""
         self.faults.append(Fault(method, status, reason or STORAGE_REASONS.get(status, "error"),
                                  message or f"Injected HTTP {status} for {method}.", times, when))
 
@@ -105,33 +150,61 @@ class StorageEmulator(HttpEmulator):
             bindings = self.state.policies.get(bucket, {}).get("bindings", [])
             return sorted({m for b in bindings if b["role"] == role for m in b["members"]})
 
+    def object(self, bucket: str, name: str) -> dict | None:
+        """A copy of the stored object's resource JSON (its metadata), or None when there is no such object."""
+        with self._lock:
+            stored = self.state.objects.get((bucket, name))
+            return copy.deepcopy(stored["metadata"]) if stored else None
+
     # ------------------------------------------------------------------ serving
-    def _serve(self, http: BaseHTTPRequestHandler, text: str) -> tuple[int, dict]:
+    def _route(self, command: str, path: str) -> tuple[str, str, str]:
+        """The method a request calls, and the names (unquoted) of the bucket and object it is for ("" where none)."""
+        for kind, pattern in (("upload", UPLOAD_PATH), ("download", DOWNLOAD_PATH), ("", PATH)):
+            m = pattern.fullmatch(path)
+            if not m:
+                continue
+            groups = m.groupdict()
+            kind = kind or ("object" if groups["object"] else "iam" if groups["iam"] else
+                            "bucket" if groups["bucket"] else "buckets")
+            method = ROUTES.get((command, kind))
+            if method:
+                return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or "")
+        raise HttpError(404, f"The emulator does not serve {command} {path}.")
+
+    def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple[int, dict | bytes | None, dict]:
         url = urlsplit(http.path)
-        m = PATH.fullmatch(url.path)
-        method = m and ROUTES.get((http.command, bool(m["bucket"]), bool(m["iam"])))
-        if not method:
-            raise HttpError(404, f"The emulator does not serve {http.command} {url.path}.")
+        method, bucket, name = self._route(http.command, url.path)
         with self._lock:
             self.state.calls.append(method)
         auth = http.headers.get("Authorization")
         if self.token and auth != f"Bearer {self.token}":
             permission = "storage." + method.replace("insert", "create")
+            kind = method.split(".")[0][:-1]
             raise HttpError(401, "Invalid Credentials" if auth else f"Anonymous caller does not have {permission} "
-                            "access to the Google Cloud Storage bucket.", "authError" if auth else "required")
-        try:
-            body = json.loads(text) if http.command in ("POST", "PUT") else {}
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            raise HttpError(400, "Invalid JSON payload received.", "parseError")
-        bucket = unquote(m["bucket"]) if m["bucket"] else str(body.get("name", ""))
-        request = {"bucket": bucket, "query": dict(parse_qsl(url.query)), "body": body}
+                            f"access to the Google Cloud Storage {kind}.", "authError" if auth else "required")
+        query = dict(parse_qsl(url.query))
+        upload = None
+        if method.startswith("buckets."):
+            body = _json(raw) if http.command in ("POST", "PUT") else {}
+            request = {"bucket": bucket or str(body.get("name", "")), "query": query, "body": body}
+        elif method == "objects.insert":
+            upload = self._upload(http, query, raw)
+            name = upload["metadata"].get("name") or upload["query"].get("name", "")
+            request = {"bucket": bucket, "object": name, "query": query, "body": upload["metadata"]}
+        else:
+            request = {"bucket": bucket, "object": name, "query": query, "body": {}}
         fault = take_fault(self.faults, self._lock, method, request)
         if fault:
             raise HttpError(fault.status, fault.message, fault.reason)
         with self._lock:  # serialised under the lock: the answer may be a stored resource
-            return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request))
+            if upload is not None:
+                return self._insert_object(http, bucket, upload)
+            if method == "objects.get":
+                media = url.path.startswith("/download/") or query.get("alt") == "media"
+                return self._get_object(http, bucket, name, query, media)
+            if method == "objects.delete":
+                return self._delete_object(bucket, name, query)
+            return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
 
     # ------------------------------------------------------------------ buckets
     def _bucket(self, bucket: str) -> dict:
@@ -226,3 +299,207 @@ class StorageEmulator(HttpEmulator):
         self.state.policies[bucket] = {"version": 3 if conditional else 1, "bindings": [
             {k: copy.deepcopy(v) for k, v in b.items() if k in ("role", "members", "condition")} for b in bindings]}
         return self._policy(bucket)
+
+    # ------------------------------------------------------------------ objects
+    def _object(self, bucket: str, name: str, query: dict) -> dict:
+        """The stored object (its current generation, or the one ``query`` names), its preconditions checked."""
+        self._bucket(bucket)
+        stored = self.state.objects.get((bucket, name))
+        if stored is None or query.get("generation", stored["metadata"]["generation"]) != stored["metadata"][
+                "generation"]:
+            raise HttpError(404, f"No such object: {bucket}/{name}")
+        _preconditions(query, stored)
+        return stored
+
+    def _upload(self, http: BaseHTTPRequestHandler, query: dict, raw: bytes) -> dict:
+        """An upload request, parsed: ``{"metadata", "query", "data", "content_type"}`` (no data: a resumable
+        upload starts), or ``{"session", "metadata", "query", "data"}`` for a chunk of a resumable upload."""
+        kind = query.get("uploadType")
+        if http.command == "PUT" or "upload_id" in query:
+            if kind != "resumable" or "upload_id" not in query:
+                raise HttpError(400, "A PUT to the upload URL must name a resumable upload: uploadType=resumable and "
+                                     "upload_id.")
+            with self._lock:
+                session = self.state.uploads.get(query["upload_id"])
+            if session is None:
+                raise HttpError(404, f"No such upload: {query['upload_id']}.")
+            return {"session": query["upload_id"], "metadata": session["metadata"], "query": session["query"],
+                    "data": raw}
+        if kind == "multipart":
+            metadata, data, content_type = _multipart(http.headers.get("Content-Type", ""), raw)
+        elif kind == "media":
+            metadata, data, content_type = {}, raw, http.headers.get("Content-Type", "")
+        elif kind == "resumable":
+            metadata, data, content_type = _json(raw) if raw else {}, None, http.headers.get("X-Upload-Content-Type")
+        else:
+            raise HttpError(400, f"Invalid uploadType: {kind!r} (multipart, media or resumable).")
+        return {"metadata": metadata, "query": query, "data": data, "content_type": content_type or ""}
+
+    def _checked(self, bucket: str, metadata: dict, query: dict) -> str:
+        """The name of the object an upload creates, once the bucket, the metadata and the preconditions pass."""
+        self._bucket(bucket)
+        name = metadata.get("name") or query.get("name")
+        if not name:
+            raise HttpError(400, "Required parameter: name", "required")
+        if (not isinstance(name, str) or len(name.encode()) > 1024 or name in (".", "..") or "\r" in name
+                or "\n" in name or name.startswith(".well-known/acme-challenge/")):
+            raise HttpError(400, f"Invalid object name: {name!r}")
+        unknown = sorted(set(metadata) - OBJECT_FIELDS)
+        if unknown:
+            raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+        _preconditions(query, self.state.objects.get((bucket, name)))
+        return name
+
+    def _store(self, bucket: str, metadata: dict, data: bytes, content_type: str, query: dict,
+               claimed: dict | None = None) -> dict:
+        """Stores an uploaded object (a new generation of it) and answers its resource. ``claimed``: the hashes the
+        upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's)."""
+        name = self._checked(bucket, metadata, query)
+        md5, crc32c = _hashes(data)
+        claimed = {"crc32c": metadata.get("crc32c"), "md5": metadata.get("md5Hash"), **(claimed or {})}
+        for kind, label, actual in (("crc32c", "CRC32C", crc32c), ("md5", "MD5 hash", md5)):
+            if claimed.get(kind) not in (None, actual):
+                raise HttpError(400, f'Provided {label} "{claimed[kind]}" doesn\'t match calculated {label} '
+                                     f'"{actual}".')
+        self._generation = max(self._generation + 1, time.time_ns() // 1000)
+        generation, now = self._generation, _now()
+        path = f"b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+        resource = {
+            **copy.deepcopy(metadata), "kind": "storage#object", "id": f"{bucket}/{name}/{generation}",
+            "selfLink": f"https://www.googleapis.com/storage/v1/{path}",
+            # where this emulator serves the data (Cloud Storage's is https://storage.googleapis.com/download/...)
+            "mediaLink": f"{self.endpoint}/download/storage/v1/{path}?generation={generation}&alt=media",
+            "name": name, "bucket": bucket, "generation": str(generation), "metageneration": "1",
+            "contentType": metadata.get("contentType") or content_type or "application/octet-stream",
+            "storageClass": metadata.get("storageClass") or self.state.buckets[bucket].get("storageClass", "STANDARD"),
+            "size": str(len(data)), "md5Hash": md5, "crc32c": crc32c, "etag": _etag(generation, 1),
+            "timeCreated": now, "updated": now, "timeStorageClassUpdated": now, "timeFinalized": now}
+        self.state.objects[(bucket, name)] = {"metadata": resource, "data": bytes(data)}
+        return resource
+
+    def _insert_object(self, http: BaseHTTPRequestHandler, bucket: str, upload: dict) -> tuple[int, dict | None, dict]:
+        if "session" in upload:
+            return self._resumable_chunk(http, upload["session"], upload["data"])
+        if upload["data"] is not None:
+            return 200, copy.deepcopy(self._store(bucket, upload["metadata"], upload["data"], upload["content_type"],
+                                                  upload["query"])), {}
+        self._checked(bucket, upload["metadata"], upload["query"])  # a resumable upload starts: checked up front
+        total = http.headers.get("X-Upload-Content-Length")
+        upload_id = uuid.uuid4().hex
+        self.state.uploads[upload_id] = {"bucket": bucket, "metadata": upload["metadata"], "query": upload["query"],
+                                         "content_type": upload["content_type"], "data": b"",
+                                         "total": int(total) if total and total.isdigit() else None}
+        location = f"{self.endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=resumable"
+        return 200, None, {"Location": f"{location}&upload_id={upload_id}"}
+
+    def _resumable_chunk(self, http: BaseHTTPRequestHandler, upload_id: str, data: bytes) -> tuple[
+            int, dict | None, dict]:
+        """A chunk of a resumable upload (``Content-Range: bytes FIRST-LAST/TOTAL`` or ``.../*``; ``bytes */TOTAL``
+        with no data ends it or asks how far it got): 308 with the ``Range`` received so far until the last byte,
+        then the object."""
+        session = self.state.uploads[upload_id]
+        if "object" in session:  # finished already: the object, as Cloud Storage answers
+            return 200, copy.deepcopy(session["object"]), {}
+        m = CONTENT_RANGE.fullmatch(http.headers.get("Content-Range", "").strip())
+        if not m:
+            raise HttpError(400, f"Invalid Content-Range header: {http.headers.get('Content-Range')!r}.")
+        received = session["data"]
+        if m["total"] is not None:
+            session["total"] = int(m["total"])
+        if m["first"] is not None:
+            first, last = int(m["first"]), int(m["last"])
+            if last - first + 1 != len(data):
+                raise HttpError(400, f"The Content-Range header says {last - first + 1} byte(s), the body has "
+                                     f"{len(data)}.")
+            if first > len(received):
+                raise HttpError(400, f"Invalid request. According to the Content-Range header, the upload offset is "
+                                     f"{first} byte(s), which exceeds already uploaded size of {len(received)} "
+                                     f"byte(s).")
+            received = session["data"] = received[:first] + data
+        elif data:
+            raise HttpError(400, "A chunk with data must say its byte range in Content-Range.")
+        total = session["total"]
+        if total is not None and len(received) > total:
+            raise HttpError(400, f"The upload has {len(received)} bytes, more than the {total} it said it has.")
+        if total is None or len(received) < total:
+            return 308, None, {"Range": f"bytes=0-{len(received) - 1}"} if received else {}
+        claimed = dict(part.split("=", 1) for part in http.headers.get("x-goog-hash", "").split(",") if "=" in part)
+        resource = self._store(session["bucket"], session["metadata"], received, session["content_type"],
+                               session["query"], claimed)
+        session.update(object=resource, data=b"")
+        return 200, copy.deepcopy(resource), {}
+
+    def _get_object(self, http: BaseHTTPRequestHandler, bucket: str, name: str, query: dict,
+                    media: bool) -> tuple[int, dict | bytes, dict]:
+        stored = self._object(bucket, name, query)
+        resource = stored["metadata"]
+        if not media:
+            return 200, _fields(copy.deepcopy(resource), query.get("fields")), {}
+        data = stored["data"]
+        headers = {"Content-Type": resource["contentType"], "ETag": resource["etag"], "Accept-Ranges": "bytes",
+                   "x-goog-generation": resource["generation"], "x-goog-metageneration": resource["metageneration"],
+                   "x-goog-hash": f"crc32c={resource['crc32c']},md5={resource['md5Hash']}",
+                   "x-goog-stored-content-length": resource["size"],
+                   "x-goog-stored-content-encoding": resource.get("contentEncoding") or "identity"}
+        m = RANGE.fullmatch(http.headers.get("Range", "").strip())
+        if not m or not (m["first"] or m["last"]):
+            return 200, data, headers
+        if m["first"]:
+            first, last = int(m["first"]), min(int(m["last"] or len(data) - 1), len(data) - 1)
+        else:  # the last N bytes
+            first, last = max(len(data) - int(m["last"]), 0), len(data) - 1
+        if first >= len(data) or first > last:
+            raise HttpError(416, "The requested range cannot be satisfied.", "requestedRangeNotSatisfiable")
+        return 206, data[first:last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+
+    def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
+        self._object(bucket, name, query)
+        del self.state.objects[(bucket, name)]
+        return 204, None, {}
+
+
+def _json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode()) if raw else {}
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise HttpError(400, "Invalid JSON payload received.", "parseError")
+    return body
+
+
+def _multipart(content_type: str, raw: bytes) -> tuple[dict, bytes, str]:
+    """A ``multipart/related`` upload's two parts: the object metadata (JSON), and the data with its content type."""
+    boundary = re.fullmatch(r'\s*multipart/related\s*;\s*boundary="?([^";]+)"?\s*', content_type, re.IGNORECASE)
+    if not boundary:
+        raise HttpError(400, f"A multipart upload's Content-Type must be multipart/related with a boundary, not "
+                             f"{content_type!r}.")
+    chunks = raw.split(b"--" + boundary[1].encode())
+    if len(chunks) != 4 or chunks[0].strip() or not chunks[3].startswith(b"--"):
+        raise HttpError(400, "A multipart upload has two parts: the metadata and the data.")
+    parts = []
+    for chunk in chunks[1:3]:
+        head, _, content = chunk.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        headers = dict(line.split(":", 1) for line in head.decode().split("\r\n") if ":" in line)
+        parts.append(({k.strip().lower(): v.strip() for k, v in headers.items()}, content.removesuffix(b"\r\n")))
+    (_, metadata), (data_headers, data) = parts
+    return _json(metadata), data, data_headers.get("content-type", "")
+
+
+def _preconditions(query: dict, stored: dict | None) -> None:
+    """412 unless the object (None: there is none) meets the request's generation and metageneration conditions."""
+    generation = stored["metadata"]["generation"] if stored else "0"
+    metageneration = stored["metadata"]["metageneration"] if stored else None
+    for key, value, equal in (("ifGenerationMatch", generation, True), ("ifGenerationNotMatch", generation, False),
+                              ("ifMetagenerationMatch", metageneration, True),
+                              ("ifMetagenerationNotMatch", metageneration, False)):
+        if key in query and (query[key] == value) != equal:
+            raise HttpError(412, "At least one of the pre-conditions you specified did not hold.", "conditionNotMet")
+
+
+def _fields(resource: dict, fields: str | None) -> dict:
+    """The top-level fields a ``fields`` parameter (``name,size,metadata(k)``) asks for, or all of them."""
+    if not fields:
+        return resource
+    keep = {part.split("(")[0].split("/")[0].strip() for part in re.split(r",(?![^(]*\))", fields)}
+    return {key: value for key, value in resource.items() if key in keep}

@@ -1,6 +1,6 @@
 """The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
-Manager (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process, and the environment that points
-the gke platform at them (as Google's emulators are found)."""
+Manager (gRPC), Cloud Build (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process, and the
+environment that points the gke platform at them (as Google's emulators are found)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import secrets
 
 import pytest
 
+from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
 from tests.emulators.kube import KubeEmulator
@@ -25,12 +26,14 @@ ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 
 
 class Project:
     def __init__(self, gke: ClusterManagerEmulator, compute: ComputeEmulator, storage: StorageEmulator,
-                 projects: ResourceManagerEmulator, kube: KubeEmulator, env: dict[str, str]):
+                 projects: ResourceManagerEmulator, cloudbuild: CloudBuildEmulator, kube: KubeEmulator,
+                 env: dict[str, str]):
         self.gke, self.compute, self.storage, self.projects, self.kube = gke, compute, storage, projects, kube
+        self.cloudbuild = cloudbuild
         self.env = env
 
     def stop(self) -> None:
-        for emulator in (self.gke, self.compute, self.storage, self.projects, self.kube):
+        for emulator in (self.gke, self.compute, self.storage, self.projects, self.cloudbuild, self.kube):
             emulator.stop()
 
     def clusters(self, run_id: str) -> list[str]:
@@ -73,11 +76,13 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
                                  compute=compute)
     storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token)
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
+    cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done)
     env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
            "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "STORAGE_EMULATOR_HOST": storage.start(),
            "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
+           "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
            "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
-    return Project(gke, compute, storage, projects, kube, env)
+    return Project(gke, compute, storage, projects, cloudbuild, kube, env)
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, projec
 
 def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_factory):
     project = project_factory()
-    for overrides, key in ((ONE_SLICE.replace("gke.image=local/torch", ""), "gke.image"),
+    for overrides, key in ((ONE_SLICE.replace("gke.image=local/torch", ""), "gke.torch_tpu_base"),
                            (ONE_SLICE.replace(f"gke.project={PROJECT}", ""), "gke.project"),
                            ("gke.image=x", "cluster.accelerator")):
         with pytest.raises(SpecError, match=key):
@@ -381,3 +381,64 @@ def test_a_concurrent_policy_change_is_read_again_not_overwritten(tmp_path, proj
     platform().provision(context(tmp_path, "racing"))
     assert project.storage.state.calls.count("buckets.setIamPolicy") == 2
     assert project.storage.members(f"{PROJECT}-tpupipe", "roles/storage.objectUser") == [_principal("racing")]
+
+
+# ---------------------------------------------------------------- the trainer image, built by Cloud Build
+
+TORCH_TPU_BASE = "us-docker.pkg.dev/tpupipe-emulated/base/torch-tpu:2.14"
+BUILD = ONE_SLICE.replace("gke.image=local/torch", f"gke.torch_tpu_base={TORCH_TPU_BASE}")
+
+
+def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_build(tmp_path, project_factory):
+    import io
+    import tarfile
+
+    project = project_factory()
+    ctx = context(tmp_path, "built", BUILD)
+    gke = platform()
+    gke.provision(ctx)
+    result = gke.build_image(ctx)
+    image = f"us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:built"
+    assert result["image"] == image and result["built"] and result["digest"].startswith("sha256:")
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "SUCCESS" and list(build.images) == [image]
+    assert f"TORCH_TPU_BASE={TORCH_TPU_BASE}" in build.steps[0].args and "tpupipe-run-built" in build.tags
+    source = project.storage.state.objects[(f"{PROJECT}-tpupipe", "runs/built/build/context.tar.gz")]["data"]
+    names = tarfile.open(fileobj=io.BytesIO(source)).getnames()
+    assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml",
+            "trainers/fsdp.py"} <= set(names)
+    assert not any("__pycache__" in n for n in names)
+    again = gke.build_image(ctx)  # a re-run of the stage: the build is found by its tag and reused
+    assert again["build"] == result["build"] and project.cloudbuild.state.calls.count("CreateBuild") == 1
+    gke.teardown(ctx)
+
+
+def test_a_failed_build_is_one_clear_error_with_cloud_builds_detail(tmp_path, project_factory):
+    from components import gke_build
+
+    project = project_factory()
+    project.cloudbuild.build_fails()
+    ctx = context(tmp_path, "badbuild", BUILD)
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(gke_build.BuildFailed, match="ended FAILURE: .*non-zero status"):
+        gke.build_image(ctx)
+    gke.teardown(ctx)
+
+
+def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_factory):
+    import os
+    import signal
+    import threading
+
+    project = project_factory()
+    ctx = context(tmp_path, "cancelbuild", BUILD)
+    gke = platform()
+    gke.provision(ctx)
+    project.cloudbuild.polls_to_done = 10_000
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(SystemExit):
+        gke.build_image(ctx)
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "CANCELLED"
+    gke.teardown(ctx)

@@ -1,9 +1,14 @@
 """The Cloud Storage emulator through the real google-cloud-storage client (JSON API over HTTP, found through
-STORAGE_EMULATOR_HOST): buckets and their IAM policies, Cloud Storage's validation and error shapes, injected faults,
-and which calls the client retries by itself."""
+STORAGE_EMULATOR_HOST): buckets and their IAM policies, objects (uploaded, read, downloaded, deleted), Cloud Storage's
+validation and error shapes, injected faults, and which calls the client retries by itself."""
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import io
+import os
 import time
 
 import pytest
@@ -159,3 +164,99 @@ def test_background_metadata_fetch(gcs, monkeypatch):
     while "buckets.get" not in gcs.state.calls and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sorted(gcs.state.calls) == ["buckets.get", "buckets.getIamPolicy"]
+
+
+# ---------------------------------------------------------------------- objects
+CONTEXT = "runs/r1/build/context.tar.gz"
+
+
+def test_object_upload_get_download_delete(gcs, tmp_path):
+    bucket = create(client())
+    data = gzip.compress(b"FROM python:3.12\n" * 50) + bytes(range(256))  # binary, not UTF-8
+    path = tmp_path / "context.tar.gz"
+    path.write_bytes(data)
+    blob = bucket.blob(CONTEXT)
+    blob.upload_from_filename(path)  # small: one multipart upload
+    assert gcs.state.calls[-1] == "objects.insert"
+    stored = gcs.state.objects[("tpupipe-ckpt", CONTEXT)]
+    assert stored["data"] == data and stored["metadata"]["size"] == str(len(data))
+    assert stored["metadata"]["contentType"] == "application/x-tar"  # guessed by the client from the file name
+    assert stored["metadata"]["md5Hash"] == base64.b64encode(hashlib.md5(data).digest()).decode()
+    assert blob.generation == int(stored["metadata"]["generation"]) and blob.size == len(data) and blob.crc32c
+
+    assert blob.exists() and not bucket.blob("runs/r1/other").exists()
+    got = client().bucket("tpupipe-ckpt").get_blob(CONTEXT)  # the name's "/" travel URL-encoded
+    assert (got.size, got.md5_hash, got.crc32c, got.generation) == (len(data), blob.md5_hash, blob.crc32c,
+                                                                      blob.generation)
+    assert got.time_created and got.metageneration == 1 and got.storage_class == "STANDARD"
+    assert client().bucket("tpupipe-ckpt").get_blob("runs/r1/missing") is None
+    assert got.download_as_bytes() == data  # through mediaLink, the client checking the x-goog-hash it is sent
+    assert bucket.blob(CONTEXT).download_as_bytes() == data  # through /download/storage/v1/..., found by name
+    assert bucket.blob(CONTEXT).download_as_bytes(start=10, end=19) == data[10:20]  # a Range: 206
+    target = tmp_path / "downloaded"
+    got.download_to_filename(target)
+    assert target.read_bytes() == data
+
+    text = bucket.blob("runs/r1/notes.txt")
+    text.upload_from_string("héllo", content_type="text/plain")
+    assert text.download_as_text() == "héllo" and bucket.get_blob("runs/r1/notes.txt").content_type == "text/plain"
+    second = bucket.blob(CONTEXT)
+    second.upload_from_string(b"v2")  # a new generation replaces the object
+    assert second.generation > blob.generation and bucket.blob(CONTEXT).download_as_bytes() == b"v2"
+    with pytest.raises(exceptions.NotFound):  # the old generation is gone
+        bucket.blob(CONTEXT, generation=blob.generation).download_as_bytes()
+
+    second.delete()
+    assert not second.exists() and ("tpupipe-ckpt", CONTEXT) not in gcs.state.objects
+    with pytest.raises(exceptions.NotFound, match=f"No such object: tpupipe-ckpt/{CONTEXT}"):
+        second.delete()
+    with pytest.raises(exceptions.NotFound):
+        second.download_as_bytes()
+    with pytest.raises(exceptions.NotFound, match="bucket does not exist"):
+        client().bucket("no-such-bucket").blob("x").upload_from_string(b"data")
+
+
+def test_resumable_upload(gcs):
+    bucket = create(client())
+    data = os.urandom(600 * 1024)
+    blob = bucket.blob("runs/r1/big.bin", chunk_size=256 * 1024)
+    gcs.state.calls.clear()
+    blob.upload_from_file(io.BytesIO(data))  # a stream of unknown size (or over 8 MiB) is uploaded resumably
+    assert gcs.state.calls == ["objects.insert"] * 4  # the start and three chunks
+    assert blob.size == len(data) and gcs.state.objects[("tpupipe-ckpt", "runs/r1/big.bin")]["data"] == data
+    assert bucket.blob("runs/r1/big.bin").download_as_bytes() == data
+    assert not any(session["data"] for session in gcs.state.uploads.values())
+    with pytest.raises(exceptions.NotFound):
+        client().bucket("no-such-bucket").blob("x").upload_from_file(io.BytesIO(data))
+
+
+def test_object_checks(gcs):
+    bucket = create(client())
+    blob = bucket.blob("runs/r1/a.txt")
+    blob.md5_hash = base64.b64encode(hashlib.md5(b"other").digest()).decode()  # sent with the data, and wrong
+    with pytest.raises(exceptions.BadRequest, match="Provided MD5 hash"):
+        blob.upload_from_string(b"data")
+    bucket.blob("runs/r1/a.txt").upload_from_string(b"data", if_generation_match=0)  # only if there is none
+    with pytest.raises(exceptions.PreconditionFailed):
+        bucket.blob("runs/r1/a.txt").upload_from_string(b"data", if_generation_match=0)
+    assert sorted(name for _, name in gcs.state.objects) == ["runs/r1/a.txt"]
+
+
+def test_object_faults_and_retries(gcs):
+    bucket = create(client())
+    gcs.state.calls.clear()
+    gcs.fail("objects.insert", 503, message="backend unavailable")
+    with pytest.raises(exceptions.ServiceUnavailable, match="backend unavailable"):
+        bucket.blob("runs/r1/a.txt").upload_from_string(b"data", retry=None)
+    assert gcs.state.calls == ["objects.insert"] and not gcs.state.objects
+    gcs.fail("objects.insert", 503, when=lambda request: request["object"] == "runs/r1/a.txt")
+    bucket.blob("runs/r1/a.txt").upload_from_string(b"data")  # uploads are retried by default (DEFAULT_RETRY)
+    gcs.fail("objects.get", 503)
+    assert bucket.get_blob("runs/r1/a.txt").size == 4  # retried
+    gcs.fail("objects.get", 503, when=lambda request: request["query"].get("alt") == "media")
+    assert bucket.blob("runs/r1/a.txt").download_as_bytes() == b"data"  # retried
+    assert gcs.state.calls == ["objects.insert"] * 3 + ["objects.get"] * 4
+    gcs.fail("objects.get", 403, times=2)
+    with pytest.raises(exceptions.Forbidden):  # not retryable
+        bucket.blob("runs/r1/a.txt").download_as_bytes()
+    assert gcs.faults[-1].times == 1
