@@ -19,6 +19,9 @@ from components.local import run_processes
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import ONE_SLICE, start_project
 
+# The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
+BUILT = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2")
+
 pytestmark = [
     pytest.mark.e2e,
 ]
@@ -42,7 +45,7 @@ def project(tmp_path):
 
 def _command(root: Path, run_id: str, extra: str = "") -> list[str]:
     return [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", run_id,
-            "--output-root", str(root), "--set", ONE_SLICE + " train.epochs=2" + extra]
+            "--output-root", str(root), "--set", BUILT + " train.epochs=2" + extra]
 
 
 def _env(project) -> dict[str, str]:
@@ -70,6 +73,9 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     train = json.loads((run_dir / "stages" / "train.json").read_text())["result"]
     assert train["num_workers"] == 4 and train["device"] == "cpu"  # one worker per (emulated) TPU device
+    built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
+    assert built["built"] and built["digest"].startswith("sha256:")
+    assert built["image"] == "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:gke-e2e"
     deploy = json.loads((run_dir / "stages" / "deploy_raycluster.json").read_text())["result"]
     assert deploy["available_workers"] == 1
     # Every job call went through the API server's service proxy, Kubernetes token in Authorization and the Ray
@@ -84,7 +90,7 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert _wait_gone(run_id) == []
     # The Hugging Face token reached the pods (a Secret) and nothing else: no log line, no artifact, no compiled
     # pipeline, no plan.
-    plan = subprocess.run([*tpupipe_cmd(), "plan", "local-fsdp", "--set", ONE_SLICE, "--output", "json"],
+    plan = subprocess.run([*tpupipe_cmd(), "plan", "local-fsdp", "--set", BUILT, "--output", "json"],
                           env=_env(project), capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stderr
     everything = proc.stdout + proc.stderr + plan.stdout + plan.stderr + _files_text(run_dir)
