@@ -304,6 +304,11 @@ class GkePlatform:
 
     # ---------------------------------------------------------------- teardown
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        try:
+            self.check(ctx)
+        except SpecError as exc:  # provision checks first: a run that fails the checks created nothing
+            self.log(f"teardown: nothing to delete: the run never got past its checks ({exc})")
+            return {"deleted": [], "kept_cluster": None}
         ledger = self._ledger(ctx)
         t = self._target(ctx)
         parent = ledger.get("parent") or t.parent

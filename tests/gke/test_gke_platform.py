@@ -101,7 +101,8 @@ def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_facto
                            ("gke.image=x", "cluster.accelerator")):
         with pytest.raises(SpecError, match=key):
             platform().provision(context(tmp_path, "bad", overrides))
-    assert project.gke.state.calls == []
+        assert platform().teardown(context(tmp_path, "bad", overrides))["deleted"] == []  # the exit handler's
+    assert project.gke.state.calls == [] and project.storage.state.calls == [] and project.projects.calls == []
 
 
 def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_leaves_nothing(
