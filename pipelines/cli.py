@@ -161,7 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
                        help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
-    p = sub.add_parser("run", help="run the whole pipeline with kfp.local")
+    p = sub.add_parser(
+        "run", help="run the whole pipeline with kfp.local",
+        description="Run the whole pipeline with kfp.local: provision, build image, deploy the RayCluster, train, "
+        "evaluate, and teardown whatever happens. --platform local (the default) runs it on this machine: a Ray "
+        "head and one raylet per emulated host, real Ray Jobs and Ray Train on CPU. --platform gke runs it on "
+        "Google Cloud in gke.project with your Application Default Credentials (gcloud auth "
+        "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost.",
+    )
     with_spec_args(p)
     p.add_argument("--platform", default="local", help="local (default) or gke")
     p.add_argument("--run-id", default="", help="names every resource of the run (default: preset + time)")
