@@ -220,6 +220,8 @@ class GkePlatform:
             return {"image": t.image, "built": False}
         creds = gke_cluster.credentials()
         image = d.WORKLOAD_IMAGES[spec.train.workload]
+        gke_build.ensure_repository(gke_build.registry_client(creds), t.project, t.region,
+                                   spec.gke.artifact_repository, log=self.log, poll_s=min(self.poll_s, 2.0))
         self._storage(t, creds).upload(t.bucket, names.build_source(ctx.run_id), gke_build.build_context(image),
                                        content_type="application/gzip")
         ledger = self._ledger(ctx)

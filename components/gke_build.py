@@ -7,8 +7,11 @@ run's tag, so a re-run build stage finds it again: a finished build is reused, a
 wait polls the build with its step statuses as progress and a deadline; a SIGTERM cancels the build; a failed
 build is one error with Cloud Build's own detail and log URL.
 
+The Artifact Registry Docker repository the image goes to is got or created first (kept after the run).
+
 The build finds the sources under ``$TPUPIPE_SOURCE_ROOT`` (the components image sets it; default: this
-repository). An emulator is found through ``TPUPIPE_CLOUD_BUILD_EMULATOR_HOST`` (host:port, plaintext gRPC).
+repository). Emulators are found through ``TPUPIPE_CLOUD_BUILD_EMULATOR_HOST`` and
+``TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST`` (host:port, plaintext gRPC).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from components.gke_cluster import GkeError, RetryPolicy, call_with_retry, crede
 from components.waiting import wait_for
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
+REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
 SOURCE_ROOT_ENV = "TPUPIPE_SOURCE_ROOT"
 # What every trainer Dockerfile copies besides its own directory.
 CONTEXT_PATHS = ("pyproject.toml", "components", "pipelines", "trainers")
@@ -72,6 +76,57 @@ def client(creds=None):
 
         return cloudbuild_v1.CloudBuildClient(transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(host)))
     return cloudbuild_v1.CloudBuildClient(credentials=creds or credentials())
+
+
+def registry_client(creds=None):
+    """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
+    from google.cloud import artifactregistry_v1
+
+    host = os.environ.get(REGISTRY_EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.artifactregistry_v1.services.artifact_registry.transports import ArtifactRegistryGrpcTransport
+
+        return artifactregistry_v1.ArtifactRegistryClient(
+            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host)))
+    return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
+
+
+def ensure_repository(registry, project: str, location: str, repository: str, *, log: Callable[[str], None] = print,
+                      retry: RetryPolicy | None = None, poll_s: float = 2.0, timeout_s: float = 300.0,
+                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> str:
+    """The Artifact Registry Docker repository the images go to: reused, or created (and kept after the run)."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import artifactregistry_v1
+
+    from components.spec import SpecError
+
+    retry = retry or RetryPolicy()
+    parent = f"projects/{project}/locations/{location}"
+    name = f"{parent}/repositories/{repository}"
+    docker = artifactregistry_v1.Repository.Format.DOCKER
+    try:
+        found = call_with_retry(f"get repository {name}", lambda: registry.get_repository(name=name), retry, log,
+                                sleep)
+        if found.format_ != docker:
+            raise SpecError("gke.artifact_repository", f"{name} is a {found.format_.name} repository, not Docker",
+                            ["a Docker repository", "a new name"])
+        log(f"Artifact Registry repository {name} exists: pushing there")
+        return name
+    except gexc.NotFound:
+        pass
+    request = {"parent": parent, "repository_id": repository,
+               "repository": {"format_": docker, "description": "tpupipe trainer images"}}
+    try:
+        op = call_with_retry(f"create repository {name}", lambda: registry.create_repository(request=request), retry,
+                             log, sleep)
+    except gexc.AlreadyExists:
+        return name
+    log(f"creating Artifact Registry repository {name} (kept after the run)")
+    wait_for(lambda: True if op.done() else None, timeout_s=timeout_s, interval_s=poll_s,
+             what=f"repository {name} to be created", clock=clock, sleep=sleep)
+    op.result()  # raises the operation's error, if it ended in one
+    return name
 
 
 class CloudBuild:
@@ -156,4 +211,5 @@ class CloudBuild:
         return build
 
 
-__all__ = ["BuildFailed", "CloudBuild", "build_context", "client", "source_root"]
+__all__ = ["BuildFailed", "CloudBuild", "build_context", "client", "ensure_repository", "registry_client",
+           "source_root"]

@@ -186,14 +186,19 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
             warnings.append("gke.torch_tpu_base is empty: the torch image for TPU hosts is built FROM the TorchTPU "
                             "base image; set it (or gke.image) before the run, which refuses to build without it")
         resources.append(_resource(
+            "artifact-repository", f"projects/{t.project}/locations/{t.region}/repositories/"
+            f"{spec.gke.artifact_repository}", "get-or-create", "the Docker repository the trainer images go to",
+            run_id=None, deleted_by_teardown=False, api="artifactregistry.repositories.create",
+        ))
+        resources.append(_resource(
             "build-source", f"gs://{t.bucket}/{names.build_source(rid)}", "create", "the build context "
             f"(images/{d.WORKLOAD_IMAGES[spec.train.workload]}/ and the tpupipe sources), for Cloud Build",
             run_id=None, deleted_by_teardown=False, api="storage.objects.insert",
         ))
         resources.append(_resource(
             "container-image", t.image, "create", f"trainer image ({d.WORKLOAD_IMAGES[spec.train.workload]}), built "
-            f"by Cloud Build and pushed to Artifact Registry repository {spec.gke.artifact_repository} (which must "
-            "exist)", run_id=rid, body=d.cloud_build(spec, t), deleted_by_teardown=False,
+            f"by Cloud Build and pushed to Artifact Registry repository {spec.gke.artifact_repository}", run_id=rid,
+            body=d.cloud_build(spec, t), deleted_by_teardown=False,
             api="cloudbuild.builds.create",
         ))
 

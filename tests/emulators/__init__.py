@@ -9,6 +9,7 @@ client libraries run against them (architecture decision 9):
   uploads, downloads), over HTTP (found by google-cloud-storage through ``STORAGE_EMULATOR_HOST``);
 - ``cloudbuild``: Cloud Build's ``google.devtools.cloudbuild.v1.CloudBuild`` gRPC service, builds that progress over
   polls, fail or are cancelled, with their source checked against the storage emulator;
+- ``artifactregistry``: Artifact Registry's GetRepository and CreateRepository (gRPC, with its operations);
 - ``resourcemanager``: Resource Manager's ``Projects.GetProject`` gRPC service (the project number);
 - ``http``: what the HTTP emulators share (Google's error shape, faults, the server);
 - ``kube``: a Kubernetes API server over HTTPS (its own CA) that validates RayCluster and RayJob objects against

@@ -10,8 +10,9 @@ a name for every step, unique step ids that ``wait_for`` refers to, substitution
 (``LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE[:TAG]``) or Container Registry (``[REGION.]gcr.io/PROJECT/IMAGE
 [:TAG]``) once substituted, tags (``^[\\w][\\w.-]{0,127}$``), a timeout of at most 24 hours, and a
 ``source.storage_source`` that names a bucket and an object, which must exist in the Cloud Storage emulator given to
-the service, when there is one (Cloud Build resolves the source when the build is created). A build that does not
-pass is INVALID_ARGUMENT, with a message that names the field.
+the service, when there is one (Cloud Build resolves the source when the build is created). With an Artifact Registry
+emulator given, a build whose steps succeed fails at the push when an image's repository does not exist. A build that
+does not pass is INVALID_ARGUMENT, with a message that names the field.
 
 A build is created QUEUED, with the fields Cloud Build fills in (id, name, create_time, log_url, logs_bucket, the
 default timeout and queue_ttl, the resolved source's generation), and progresses as it is polled (each GetBuild of
@@ -76,6 +77,7 @@ OPERATION_ERRORS = {Status.FAILURE: (code_pb2.UNKNOWN, "Build failed; check buil
                     Status.TIMEOUT: (code_pb2.DEADLINE_EXCEEDED, "Build timeout"),
                     Status.INTERNAL_ERROR: (code_pb2.INTERNAL, "Build failed with an internal error"),
                     Status.EXPIRED: (code_pb2.DEADLINE_EXCEEDED, "Build expired in the queue")}
+DOCKER_REGISTRY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/")
 STEP_FAILURE = 'Build step {step} "{name}" failed: step exited with non-zero status: 1'
 
 
@@ -113,7 +115,8 @@ def _digest(*parts: str) -> str:
 class CloudBuildEmulator(GrpcEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 (plaintext) and returns ``127.0.0.1:PORT``."""
 
-    def __init__(self, storage=None, polls_to_done: int = 2):
+    def __init__(self, storage=None, polls_to_done: int = 2, registry=None):
+        self.registry = registry  # tests.emulators.artifactregistry: pushes need the image's repository
         # The project's Cloud Storage (tests.emulators.storage), when there is one: a build's source object must exist
         # there, and its project numbers are those of the projects it knows.
         self.storage = storage
@@ -347,7 +350,15 @@ class CloudBuildEmulator(GrpcEmulator):
             else:
                 step.status = Status.CANCELLED
             step.timing.end_time = now
-        if failing is None:
+        unpushable = [image for image in progress.images
+                      if self.registry is not None and DOCKER_REGISTRY.match(image)
+                      and self.registry.repository_for(image) is None]
+        if failing is None and unpushable:  # every step ran; the push needs the Artifact Registry repository
+            build.status = Status.FAILURE
+            build.status_detail = f"failed to push {unpushable[0]}: name unknown: the repository does not exist"
+            build.failure_info = cb.Build.FailureInfo(type_=cb.Build.FailureInfo.FailureType.PUSH_FAILED,
+                                                      detail=build.status_detail)
+        elif failing is None:
             build.status = Status.SUCCESS
             build.results = cb.Results(
                 images=[cb.BuiltImage(name=image, digest=_digest(build.id, image),

@@ -1,6 +1,6 @@
 """The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
-Manager (gRPC), Cloud Build (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process, and the
-environment that points the gke platform at them (as Google's emulators are found)."""
+Manager, Cloud Build and Artifact Registry (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process,
+and the environment that points the gke platform at them (as Google's emulators are found)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import secrets
 
 import pytest
 
+from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
@@ -33,7 +34,8 @@ class Project:
         self.env = env
 
     def stop(self) -> None:
-        for emulator in (self.gke, self.compute, self.storage, self.projects, self.cloudbuild, self.kube):
+        for emulator in (self.gke, self.compute, self.storage, self.projects, self.cloudbuild, self.registry,
+                         self.kube):
             emulator.stop()
 
     def clusters(self, run_id: str) -> list[str]:
@@ -76,13 +78,17 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
                                  compute=compute)
     storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token)
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
-    cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done)
+    registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
+    cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)
     env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
            "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "STORAGE_EMULATOR_HOST": storage.start(),
            "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
            "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
+           "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
            "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
-    return Project(gke, compute, storage, projects, cloudbuild, kube, env)
+    project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
+    project.registry = registry
+    return project
 
 
 @pytest.fixture

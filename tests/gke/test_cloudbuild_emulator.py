@@ -234,3 +234,35 @@ def test_faults_and_retries(cloudbuild):
     with pytest.raises(exceptions.PermissionDenied, match="denied"):
         cb.get_build(project_id=PROJECT, id=build_id)
     assert cloudbuild.builds_tagged("tpupipe-r1") == [build_id, op.metadata.build.id]
+
+
+def test_a_push_needs_the_artifact_registry_repository(gcs):
+    from google.cloud import artifactregistry_v1
+
+    from tests.emulators.artifactregistry import ArtifactRegistryEmulator
+
+    registry = ArtifactRegistryEmulator(polls_to_done=1)
+    cloudbuild = CloudBuildEmulator(storage=gcs, registry=registry)
+    cloudbuild.start()
+    registry.start()
+    try:
+        cb = client(cloudbuild)
+        failed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+        cb.get_build(project_id=PROJECT, id=failed.id)
+        failed = cb.get_build(project_id=PROJECT, id=failed.id)
+        assert failed.status == Status.FAILURE and "failed to push " + IMAGE in failed.status_detail
+        ar = artifactregistry_v1.ArtifactRegistryClient(transport=artifactregistry_v1.services.artifact_registry
+                                                        .transports.ArtifactRegistryGrpcTransport(
+                                                            channel=grpc.insecure_channel(registry.address)))
+        ar.create_repository(request={"parent": f"projects/{PROJECT}/locations/us-central1", "repository_id": "tpupipe",
+                                      "repository": {"format_": artifactregistry_v1.Repository.Format.DOCKER}}
+                             ).result(timeout=10)
+        with pytest.raises(exceptions.AlreadyExists):
+            ar.create_repository(request={"parent": f"projects/{PROJECT}/locations/us-central1",
+                                          "repository_id": "tpupipe", "repository": {"format_": 1}})
+        pushed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+        cb.get_build(project_id=PROJECT, id=pushed.id)
+        assert cb.get_build(project_id=PROJECT, id=pushed.id).status == Status.SUCCESS
+    finally:
+        cloudbuild.stop()
+        registry.stop()

@@ -409,8 +409,31 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml",
             "trainers/fsdp.py"} <= set(names)
     assert not any("__pycache__" in n for n in names)
+    repository = project.registry.state.repositories[f"projects/{PROJECT}/locations/us-east5/repositories/tpupipe"]
+    assert repository.format_.name == "DOCKER"  # created for the push (the emulated build fails without it)
     again = gke.build_image(ctx)  # a re-run of the stage: the build is found by its tag and reused
     assert again["build"] == result["build"] and project.cloudbuild.state.calls.count("CreateBuild") == 1
+    assert project.registry.state.calls.count("CreateRepository") == 1
+    gke.teardown(ctx)
+    assert repository.name in project.registry.state.repositories  # kept: every run's images are in it
+
+
+def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):
+    from google.cloud import artifactregistry_v1
+
+    from components import gke_build
+
+    project = project_factory()
+    registry = gke_build.registry_client()
+    registry.create_repository(request={
+        "parent": f"projects/{PROJECT}/locations/us-east5", "repository_id": "tpupipe",
+        "repository": {"format_": artifactregistry_v1.Repository.Format.MAVEN}}).result(timeout=30)
+    ctx = context(tmp_path, "maven", BUILD)
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(SpecError, match="gke.artifact_repository.*MAVEN repository, not Docker"):
+        gke.build_image(ctx)
+    assert project.cloudbuild.state.calls.count("CreateBuild") == 0
     gke.teardown(ctx)
 
 

@@ -1,0 +1,105 @@
+"""An in-process Artifact Registry: the real ``google.devtools.artifactregistry.v1.ArtifactRegistry`` gRPC service's
+GetRepository and CreateRepository, and ``google.longrunning.Operations.GetOperation`` for the operation
+CreateRepository answers, served from the messages google-cloud-artifact-registry ships, so
+``ArtifactRegistryClient`` talks real gRPC to it.
+
+CreateRepository checks what Artifact Registry checks (a parent ``projects/P/locations/L``, a repository id of
+lowercase letters, digits and hyphens starting with a letter, a format) and answers an operation that is done after
+``polls_to_done`` GetOperation calls, when the repository appears. An existing id is ALREADY_EXISTS, an unknown
+repository NOT_FOUND. ``repository_for(image)`` tells the Cloud Build emulator whether an image's Docker repository
+exists, as a push needs it to.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+from google.cloud import artifactregistry_v1 as ar
+from google.longrunning import operations_pb2
+
+from tests.emulators import GrpcEmulator, serve_grpc
+
+SERVICE = "google.devtools.artifactregistry.v1.ArtifactRegistry"
+OPERATIONS = "google.longrunning.Operations"
+PARENT = re.compile(r"projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/locations/[a-z0-9-]+")
+REPOSITORY_ID = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
+DOCKER_IMAGE = re.compile(r"(?P<location>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[^/]+)/(?P<repo>[^/]+)/.+")
+
+
+@dataclass
+class State:
+    repositories: dict[str, ar.Repository] = field(default_factory=dict)  # full name -> repository
+    operations: dict[str, list] = field(default_factory=dict)  # name -> [polls left, repository]
+    calls: list[str] = field(default_factory=list)
+
+
+class ArtifactRegistryEmulator(GrpcEmulator):
+    def __init__(self, polls_to_done: int = 2):
+        self.state = State()
+        self.faults: list = []
+        self.polls_to_done = polls_to_done
+        self._lock = threading.RLock()
+        self.address = ""
+
+    def start(self) -> str:
+        self._server, self.address = serve_grpc({
+            SERVICE: {
+                "GetRepository": (ar.GetRepositoryRequest.deserialize, ar.Repository.serialize,
+                                  self._wrap("GetRepository", self.get_repository)),
+                "CreateRepository": (ar.CreateRepositoryRequest.deserialize,
+                                     operations_pb2.Operation.SerializeToString,
+                                     self._wrap("CreateRepository", self.create_repository)),
+            },
+            OPERATIONS: {"GetOperation": (operations_pb2.GetOperationRequest.FromString,
+                                          operations_pb2.Operation.SerializeToString,
+                                          self._wrap("GetOperation", self.get_operation))},
+        })
+        return self.address
+
+    def repository_for(self, image: str) -> str | None:
+        """The Docker repository an Artifact Registry image would be pushed to, when it exists."""
+        m = DOCKER_IMAGE.fullmatch(image)
+        if not m:
+            return None
+        name = f"projects/{m['project']}/locations/{m['location']}/repositories/{m['repo']}"
+        with self._lock:
+            repo = self.state.repositories.get(name)
+        return name if repo is not None and repo.format_ == ar.Repository.Format.DOCKER else None
+
+    def get_repository(self, request: ar.GetRepositoryRequest, context) -> ar.Repository:
+        repo = self.state.repositories.get(request.name)
+        if repo is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.name}.")
+        return repo
+
+    def create_repository(self, request: ar.CreateRepositoryRequest, context) -> operations_pb2.Operation:
+        if not PARENT.fullmatch(request.parent):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid parent {request.parent!r}")
+        if not REPOSITORY_ID.fullmatch(request.repository_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid repository_id {request.repository_id!r}")
+        if request.repository.format_ == ar.Repository.Format.FORMAT_UNSPECIFIED:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "repository.format is required")
+        name = f"{request.parent}/repositories/{request.repository_id}"
+        if name in self.state.repositories or any(r.name == name for _, r in self.state.operations.values()):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"the repository already exists: {name}")
+        repo = ar.Repository(request.repository)
+        repo.name = name
+        op_name = f"{request.parent}/operations/{uuid.uuid4()}"
+        self.state.operations[op_name] = [self.polls_to_done, repo]
+        return operations_pb2.Operation(name=op_name)
+
+    def get_operation(self, request: operations_pb2.GetOperationRequest, context) -> operations_pb2.Operation:
+        entry = self.state.operations.get(request.name)
+        if entry is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Operation {request.name!r} not found.")
+        entry[0] -= 1
+        op = operations_pb2.Operation(name=request.name)
+        if entry[0] <= 0:
+            self.state.repositories.setdefault(entry[1].name, entry[1])
+            op.done = True
+            op.response.Pack(ar.Repository.pb(entry[1]))
+        return op
