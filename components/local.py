@@ -34,6 +34,9 @@ HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
 WORKER_PORT_RANGE = 40
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
+# Ray's local_fs_capacity_threshold: above it a node refuses to create objects and its agents fail to start, which
+# reaches the pipeline only as "Connection refused" from the job API.
+DISK_FULL_FRACTION = 0.95
 GRACE_S = 3.0  # SIGTERM to SIGKILL: Ray's `start --block` and GCS can take far longer to exit on their own
 
 
@@ -196,6 +199,15 @@ class LocalPlatform:
                 ["cpu"],
             )
 
+    @staticmethod
+    def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
+        """A clear error when the disk that holds Ray's session directories is as full as Ray tolerates."""
+        usage = shutil.disk_usage(path)
+        used = 1 - usage.free / usage.total
+        if used >= full_fraction:
+            raise RuntimeError(f"the disk that holds {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free); "
+                               f"Ray's processes fail above {full_fraction:.0%}: free some space and run again")
+
     # -- provision: start the head and the worker raylets
     def provision(self, ctx: RunContext) -> dict[str, Any]:
         self.check(ctx)
@@ -206,6 +218,7 @@ class LocalPlatform:
             return self._describe(ledger)
         if ledger:  # a previous attempt died half-way: clear what it left before starting again
             self._stop(ctx, ledger)
+        self.check_disk(Path(tempfile.gettempdir()))
         env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
         cluster = ctx.spec.cluster
         ports = allocate_ports(cluster.num_hosts * cluster.num_slices)

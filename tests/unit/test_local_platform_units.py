@@ -3,7 +3,7 @@ import socket
 import pytest
 
 from components import envs
-from components.local import allocate_ports, port_is_free
+from components.local import LocalPlatform, allocate_ports, port_is_free
 from components.waiting import DeadlineExceeded, wait_for
 
 
@@ -54,3 +54,9 @@ def test_image_digest_is_per_image_and_stable():
     assert envs.image_digest("torch") != envs.image_digest("pipeline")
     with pytest.raises(ValueError, match="image: unknown image"):
         envs.image_digest("nope")
+
+
+def test_a_disk_as_full_as_ray_tolerates_is_a_clear_error(tmp_path):
+    LocalPlatform.check_disk(tmp_path, full_fraction=1.01)  # never that full: passes
+    with pytest.raises(RuntimeError, match=r"full \(.* GiB free\); Ray's processes fail above 0%"):
+        LocalPlatform.check_disk(tmp_path, full_fraction=0.0)
