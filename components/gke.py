@@ -125,9 +125,10 @@ class GkePlatform:
         record = self._recorder(ctx, ledger)
         creds = gke_cluster.credentials()
         gke = self._gke(creds)
-        compute = self._compute(creds) if self.compute_resources(spec, t) else None
+        compute_resources = self.compute_resources(spec, t)
+        compute = self._compute(creds) if compute_resources else None
         cluster_name = ledger["cluster"]
-        for kind, path, body in self.compute_resources(spec, t):
+        for kind, path, body in compute_resources:
             try:
                 compute.ensure(kind, path, body, record)
             except gke_cluster.CapacityError as exc:
@@ -182,8 +183,9 @@ class GkePlatform:
         record("iam_binding", who)
         storage.add_binding(t.bucket, role, who)
 
-    def _revoke_bucket(self, t: d.Target) -> list[str]:
-        role, who = self._bucket_member(t)
+    def _revoke_bucket(self, t: d.Target, who: str = "") -> list[str]:
+        """Remove the run's binding on the bucket: ``who`` as recorded, else looked up again."""
+        role, who = (d.bucket_binding(t)["role"], who) if who else self._bucket_member(t)
         if self._storage(t).remove_binding(t.bucket, role, who):
             return [f"{role} on gs://{t.bucket} for {who}"]
         return []
@@ -201,7 +203,7 @@ class GkePlatform:
             elif kind in ("network", "subnetwork", "resource_policy"):
                 gone = (compute or self._compute()).delete(kind, name)
             elif kind == "iam_binding":
-                deleted += self._revoke_bucket(target)
+                deleted += self._revoke_bucket(target, name)
                 continue
             else:
                 continue
@@ -220,8 +222,8 @@ class GkePlatform:
             return {"image": t.image, "built": False}
         creds = gke_cluster.credentials()
         image = d.WORKLOAD_IMAGES[spec.train.workload]
-        gke_build.ensure_repository(gke_build.registry_client(creds), t.project, t.region,
-                                   spec.gke.artifact_repository, log=self.log, poll_s=min(self.poll_s, 2.0))
+        gke_build.Registry(gke_build.registry_client(creds), log=self.log, poll_s=min(self.poll_s, 2.0)).ensure(
+            t.project, t.region, spec.gke.artifact_repository)
         self._storage(t, creds).upload(t.bucket, names.build_source(ctx.run_id), gke_build.build_context(image),
                                        content_type="application/gzip")
         ledger = self._ledger(ctx)

@@ -21,12 +21,11 @@ import io
 import json
 import os
 import tarfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.gke_cluster import GkeError, RetryPolicy, call_with_retry, credentials, on_sigterm, progress_every
+from components.gke_cluster import Adapter, GkeError, credentials, on_sigterm, progress_every
 from components.waiting import wait_for
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
@@ -92,60 +91,50 @@ def registry_client(creds=None):
     return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
 
 
-def ensure_repository(registry, project: str, location: str, repository: str, *, log: Callable[[str], None] = print,
-                      retry: RetryPolicy | None = None, poll_s: float = 2.0, timeout_s: float = 300.0,
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> str:
+class Registry(Adapter):
     """The Artifact Registry Docker repository the images go to: reused, or created (and kept after the run)."""
-    from google.api_core import exceptions as gexc
-    from google.cloud import artifactregistry_v1
 
-    from components.spec import SpecError
+    def __init__(self, client, **options):
+        super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
 
-    retry = retry or RetryPolicy()
-    parent = f"projects/{project}/locations/{location}"
-    name = f"{parent}/repositories/{repository}"
-    docker = artifactregistry_v1.Repository.Format.DOCKER
-    try:
-        found = call_with_retry(f"get repository {name}", lambda: registry.get_repository(name=name), retry, log,
-                                sleep)
-        if found.format_ != docker:
-            raise SpecError("gke.artifact_repository", f"{name} is a {found.format_.name} repository, not Docker",
-                            ["a Docker repository", "a new name"])
-        log(f"Artifact Registry repository {name} exists: pushing there")
+    def ensure(self, project: str, location: str, repository: str) -> str:
+        from google.api_core import exceptions as gexc
+        from google.cloud import artifactregistry_v1
+
+        from components.spec import SpecError
+
+        parent = f"projects/{project}/locations/{location}"
+        name = f"{parent}/repositories/{repository}"
+        docker = artifactregistry_v1.Repository.Format.DOCKER
+        try:
+            found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
+            if found.format_ != docker:
+                raise SpecError("gke.artifact_repository", f"{name} is a {found.format_.name} repository, not Docker",
+                                ["a Docker repository", "a new name"])
+            self.log(f"Artifact Registry repository {name} exists: pushing there")
+            return name
+        except gexc.NotFound:
+            pass
+        request = {"parent": parent, "repository_id": repository,
+                   "repository": {"format_": docker, "description": "tpupipe trainer images"}}
+        try:
+            op = self.call(f"create repository {name}", lambda: self.client.create_repository(request=request))
+        except gexc.AlreadyExists:
+            return name
+        self.log(f"creating Artifact Registry repository {name} (kept after the run)")
+        wait_for(lambda: True if op.done() else None, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
+                 what=f"repository {name} to be created", clock=self.clock, sleep=self.sleep)
+        op.result()  # raises the operation's error, if it ended in one
         return name
-    except gexc.NotFound:
-        pass
-    request = {"parent": parent, "repository_id": repository,
-               "repository": {"format_": docker, "description": "tpupipe trainer images"}}
-    try:
-        op = call_with_retry(f"create repository {name}", lambda: registry.create_repository(request=request), retry,
-                             log, sleep)
-    except gexc.AlreadyExists:
-        return name
-    log(f"creating Artifact Registry repository {name} (kept after the run)")
-    wait_for(lambda: True if op.done() else None, timeout_s=timeout_s, interval_s=poll_s,
-             what=f"repository {name} to be created", clock=clock, sleep=sleep)
-    op.result()  # raises the operation's error, if it ended in one
-    return name
 
 
-class CloudBuild:
+class CloudBuild(Adapter):
     """Get-or-create and wait for the run's image build, in ``projects/<project>/locations/<location>``."""
 
-    def __init__(self, client, project: str, location: str, *, log: Callable[[str], None] = print,
-                 retry: RetryPolicy | None = None, poll_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.client = client
+    def __init__(self, client, project: str, location: str, **options):
+        super().__init__(client, **{"poll_s": 10.0, **options})
         self.project = project
         self.parent = f"projects/{project}/locations/{location}"
-        self.log = log
-        self.retry = retry or RetryPolicy()
-        self.poll_s = poll_s
-        self.clock = clock
-        self.sleep = sleep
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
 
     def find(self, tag: str):
         """The newest build with ``tag`` that succeeded or is still running, or None."""
@@ -211,5 +200,4 @@ class CloudBuild:
         return build
 
 
-__all__ = ["BuildFailed", "CloudBuild", "build_context", "client", "ensure_repository", "registry_client",
-           "source_root"]
+__all__ = ["BuildFailed", "CloudBuild", "Registry", "build_context", "client", "registry_client", "source_root"]

@@ -149,16 +149,17 @@ def is_capacity_error(message: str) -> bool:
 # ---------------------------------------------------------------- the adapter
 
 
-class Gke:
-    """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
-    this run starts creating, before anything waits on it (the ledger)."""
+class Adapter:
+    """What every Google Cloud adapter of the gke platform shares: a client, progress lines, transient codes
+    retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
+    tests)."""
 
-    def __init__(self, client, *, log: Callable[[str], None] = print, retry: RetryPolicy = RetryPolicy(),
+    def __init__(self, client, *, log: Callable[[str], None] = print, retry: RetryPolicy | None = None,
                  operation_timeout_s: float = 1800.0, poll_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.client = client
         self.log = log
-        self.retry = retry
+        self.retry = retry or RetryPolicy()
         self.operation_timeout_s = operation_timeout_s
         self.poll_s = poll_s
         self.clock = clock
@@ -166,6 +167,11 @@ class Gke:
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+
+
+class Gke(Adapter):
+    """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
+    this run starts creating, before anything waits on it (the ledger)."""
 
     def get_cluster(self, name: str):
         from google.api_core import exceptions as gexc
@@ -310,5 +316,5 @@ class Gke:
                 if p.config.resource_labels.get(key) == value]
 
 
-__all__ = ["CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token", "call_with_retry",
-           "cluster_manager", "credentials", "on_sigterm", "progress_every"]
+__all__ = ["Adapter", "CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token",
+           "call_with_retry", "cluster_manager", "credentials", "on_sigterm", "progress_every"]

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from components.gke_cluster import (
+    Adapter,
     CapacityError,
     GkeError,
-    RetryPolicy,
-    call_with_retry,
     credentials,
     is_capacity_error,
     on_sigterm,
@@ -91,26 +89,15 @@ def _request(kind: str, resource_path: str) -> dict[str, str]:
     return request
 
 
-class Compute:
+class Compute(Adapter):
     """Get-or-create, wait, delete for the run's Compute Engine resources. ``record(kind, path)`` is called with
     every resource this run starts creating, before anything waits on it (the ledger)."""
 
-    def __init__(self, clients: Clients, *, log: Callable[[str], None] = print, retry: RetryPolicy | None = None,
-                 operation_timeout_s: float = 600.0, poll_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-        self.clients = clients
-        self.log = log
-        self.retry = retry or RetryPolicy()
-        self.operation_timeout_s = operation_timeout_s
-        self.poll_s = poll_s
-        self.clock = clock
-        self.sleep = sleep
+    def __init__(self, clients: Clients, **options):
+        super().__init__(clients, **{"operation_timeout_s": 600.0, "poll_s": 2.0, **options})
 
     def _client(self, kind: str):
-        return getattr(self.clients, KINDS[kind].client)
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+        return getattr(self.client, KINDS[kind].client)
 
     def get(self, kind: str, resource_path: str):
         from google.api_core import exceptions as gexc
@@ -166,9 +153,9 @@ class Compute:
 
         parts = resource_path.split("/")
         if parts[2] == "regions":
-            client, request = self.clients.region_operations, {"project": parts[1], "region": parts[3]}
+            client, request = self.client.region_operations, {"project": parts[1], "region": parts[3]}
         else:
-            client, request = self.clients.global_operations, {"project": parts[1]}
+            client, request = self.client.global_operations, {"project": parts[1]}
         started = self.clock()
 
         def stop(signum: int) -> None:

@@ -15,11 +15,10 @@ and ``TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST`` (host:port, plaintext gRPC). Clou
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from components.gke_cluster import RetryPolicy, call_with_retry, credentials
+from components.gke_cluster import Adapter, credentials
 from components.spec import SpecError
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
@@ -52,17 +51,7 @@ def member(binding: dict[str, Any], number: str) -> str:
     return binding["member"].replace("PROJECT_NUMBER", number)
 
 
-class Storage:
-    def __init__(self, client, *, log: Callable[[str], None] = print, retry: RetryPolicy | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.client = client
-        self.log = log
-        self.retry = retry or RetryPolicy()
-        self.sleep = sleep
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
-
+class Storage(Adapter):
     def ensure_bucket(self, name: str, location: str):
         """The bucket: reused if the project can read it, else created in ``location``."""
         from google.api_core import exceptions as gexc
