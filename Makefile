@@ -47,13 +47,17 @@ compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
 bench: envs ## every benchmark in bench/bench_*.py; figures are ratios measured side by side in one run
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
-# The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) is committed under tests/goldens/.
+# The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) and `tpupipe run --platform gke --dry-run`
+# transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).
 GOLDEN_PRESETS := gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
+GOLDEN_DRY_RUN_SET := gke.project=my-project gke.torch_tpu_base=us-docker.pkg.dev/my-project/images/torch-tpu:2.11
 
-goldens: $(VENV)/.installed ## regenerate tests/goldens/ (tpupipe plan of each seed preset) on purpose; review the diff
+goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of each seed preset) on purpose; review the diff
 	@set -e; for p in $(GOLDEN_PRESETS); do \
 	  rm -rf tests/goldens/$$p; mkdir -p tests/goldens/$$p; \
 	  $(BIN)/tpupipe plan $$p --output json --manifests tests/goldens/$$p/manifests > tests/goldens/$$p/plan.json; \
+	  $(BIN)/tpupipe run $$p --platform gke --dry-run --run-id $$p --set "$(GOLDEN_DRY_RUN_SET)" \
+	    > tests/goldens/$$p/dry-run.txt; \
 	  echo "tests/goldens/$$p"; done
 
 lint: $(VENV)/.installed ## ruff

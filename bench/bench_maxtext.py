@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.spec import resolve  # noqa: E402
-from trainers import maxtext_args  # noqa: E402
+from components.workload import maxtext as maxtext_args  # noqa: E402
+from components.workload import resolve  # noqa: E402
 
 SKIP_STEPS = 3
 
@@ -56,7 +56,7 @@ def worker(rank: int, world: int, port: int, output_dir: str) -> None:
 
 
 def directly(root: Path) -> float:
-    from components import envs
+    from components.platforms.local import envs
 
     python = envs.ensure_env("maxtext", log=lambda _m: None).python
     with socket.socket() as s:

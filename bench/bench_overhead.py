@@ -16,9 +16,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components import stages  # noqa: E402
-from components.derivations import job_command  # noqa: E402
-from components.local import LocalPlatform  # noqa: E402
+from components.platforms.local.cluster import LocalPlatform  # noqa: E402
+from components.stages import runner as stages  # noqa: E402
+from components.workload.derive import job_command  # noqa: E402
 
 
 def pipeline_seconds(root: Path) -> tuple[float, dict]:

@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components import plan  # noqa: E402
-from components.spec import resolve  # noqa: E402
+from components.platforms.gke import plan  # noqa: E402
+from components.workload import resolve  # noqa: E402
 from pipelines.cli import main  # noqa: E402
 
 PRESET = "llama3-8b-v6e-16x2"

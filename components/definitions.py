@@ -14,7 +14,7 @@ PIPELINE_IMAGE = os.environ.get("TPUPIPE_PIPELINE_IMAGE", "tpupipe/pipeline-pyth
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def provision(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> str:
     """Create the cluster the run trains on (local: a Ray head and N emulated hosts)."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("provision", preset, platform, overrides, run_id, job_name, output_root)
 
@@ -23,7 +23,7 @@ def provision(preset: str, platform: str, overrides: str, run_id: str, job_name:
 def build_image(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
                 cluster: str) -> str:
     """Build or reuse the trainer image (local: the torch environment, by content hash)."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("build_image", preset, platform, overrides, run_id, job_name, output_root, cluster)
 
@@ -32,7 +32,7 @@ def build_image(preset: str, platform: str, overrides: str, run_id: str, job_nam
 def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, job_name: str,
                       output_root: str, image: str) -> str:
     """Deploy the RayCluster and wait until every host is alive."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("deploy_raycluster", preset, platform, overrides, run_id, job_name, output_root, image)
 
@@ -41,7 +41,7 @@ def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, j
 def train(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
           raycluster: str) -> str:
     """Submit the trainer as a Ray job, stream its log, return its metrics and checkpoint."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("train", preset, platform, overrides, run_id, job_name, output_root, raycluster)
 
@@ -50,7 +50,7 @@ def train(preset: str, platform: str, overrides: str, run_id: str, job_name: str
 def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
              train_result: str) -> str:
     """Held-out loss and perplexity, untrained vs fine-tuned, as a Ray job."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("evaluate", preset, platform, overrides, run_id, job_name, output_root, train_result)
 
@@ -58,6 +58,6 @@ def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def teardown(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> str:
     """Delete everything the run created (found from the run id alone) and write the run summary."""
-    from components.stages import run_stage
+    from components.stages.runner import run_stage
 
     return run_stage("teardown", preset, platform, overrides, run_id, job_name, output_root)

@@ -33,7 +33,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def cmd_presets(_args) -> int:
-    from components import presets
+    from components.spec import presets
 
     for name, layers in presets.PRESETS.items():
         cluster = layers.get("cluster", {})
@@ -43,12 +43,9 @@ def cmd_presets(_args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from components.spec import SpecError, resolve
+    from components.workload import resolve
 
-    try:
-        spec = resolve(args.preset, _overrides(args.set))
-    except SpecError as exc:
-        return _fail(str(exc))
+    spec = resolve(args.preset, _overrides(args.set))
     print(json.dumps(spec.to_dict(), indent=2))
     return 0
 
@@ -63,7 +60,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from components import envs
+    from components.platforms.local import envs
 
     for image in args.images or ["torch"]:
         try:
@@ -75,17 +72,19 @@ def cmd_env(args) -> int:
 
 def cmd_plan(args) -> int:
     """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
-    from components import plan, pricing
-    from components.platform import run_id_from
-    from components.spec import SpecError, resolve
+    from components.platforms.gke import plan
+    from components.spec import SpecError
+    from components.spec.names import run_id_from
+    from components.tpu import pricing
+    from components.workload import resolve
 
+    spec = resolve(args.preset, _overrides(args.set))
+    plan.check_plannable(spec)
+    run_id = run_id_from(args.run_id, args.preset)
     try:
-        spec = resolve(args.preset, _overrides(args.set))
-        plan.check_plannable(spec)
-        run_id = run_id_from(args.run_id, args.preset)
         prices = pricing.load(args.prices)
-    except (SpecError, pricing.PriceError) as exc:
-        return _fail(str(exc))
+    except pricing.PriceError as exc:  # the price table is data: its errors become the flag's
+        raise SpecError("--prices", str(exc)) from None
     document = plan.build(spec, run_id, prices)
     if args.manifests:
         out = Path(args.manifests)
@@ -103,17 +102,17 @@ def default_run_id(preset: str) -> str:
 
 
 def cmd_run(args) -> int:
-    from components import report, stages
-    from components.platform import get_platform
-    from components.spec import SpecError
+    from components.platforms import get_platform
+    from components.stages import report
+    from components.stages import runner as stages
 
     overrides = _overrides(args.set)
-    try:  # every input checked before anything is started
-        ctx = stages.context(args.preset, args.platform, overrides, args.run_id or default_run_id(args.preset),
-                             "", args.output_root)
-        get_platform(ctx.platform).check(ctx)
-    except SpecError as exc:
-        return _fail(str(exc))
+    preset = args.preset_name or args.preset
+    # Every input checked before anything is started: a SpecError here exits 2 (main).
+    ctx = stages.context(preset, args.platform, overrides, args.run_id or default_run_id(preset), "", args.output_root)
+    get_platform(ctx.platform).check(ctx)
+    if args.dry_run:
+        return _dry_run(ctx)
     if ctx.run_dir.exists() and (ctx.run_dir / "summary.json").exists():
         return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.run_dir}); choose another run id")
 
@@ -133,7 +132,7 @@ def cmd_run(args) -> int:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"),
                raise_on_error=False)
     print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
-    pipeline(preset=args.preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
+    pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
              output_root=str(ctx.run_dir.parent))
     summary_path = ctx.run_dir / "summary.json"
     if not summary_path.is_file():
@@ -141,6 +140,53 @@ def cmd_run(args) -> int:
     summary = json.loads(summary_path.read_text())
     print(report.format_table(summary))
     return 0 if summary["status"] == "succeeded" else 1
+
+
+def _dry_run(ctx) -> int:
+    """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
+    from components.platforms import get_platform
+    from components.stages import runner
+
+    platform = get_platform(ctx.platform)
+    if not hasattr(platform, "dry_run"):
+        return _fail(f"--dry-run: the {ctx.platform} platform has no dry run; it creates only processes on this "
+                     "machine (try --platform gke)")
+    lines = platform.dry_run(ctx, lambda mode: runner.entrypoint(
+        ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""))
+    print(f"tpupipe run {ctx.spec.name} --platform {ctx.platform} --dry-run: the calls run {ctx.run_id} makes, in "
+          "order; nothing is created")
+    print("\n".join(lines))
+    return 0
+
+
+def _with_spec_args(p, preset_positional=False):
+    if preset_positional:
+        p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
+    else:
+        p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser(
+        "run", help="run the whole pipeline with kfp.local",
+        description="Run the whole pipeline with kfp.local: provision, build image, deploy the RayCluster, train, "
+        "evaluate, and teardown whatever happens. --platform local (the default) runs it on this machine: a Ray "
+        "head and one raylet per emulated host, real Ray Jobs and Ray Train on CPU. --platform gke runs it on "
+        "Google Cloud in gke.project with your Application Default Credentials (gcloud auth "
+        "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost.",
+    )
+    _with_spec_args(p)
+    p.add_argument("preset_name", nargs="?", default="", metavar="PRESET", help="the preset (same as --preset)")
+    p.add_argument("--platform", default="local", help="local (default) or gke")
+    p.add_argument("--run-id", default="", help="names every resource of the run (default: preset + time)")
+    p.add_argument("--output-root", default="runs", help="where run directories go (default ./runs)")
+    p.add_argument("--pipeline-file", default="", help="a compiled pipeline YAML to run (default: compile now)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="gke: print every call the run would make, stage by stage, in order (the plan's records, the "
+                        "job commands, teardown's deletes); needs no credentials and creates nothing")
+    p.set_defaults(func=cmd_run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,36 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def with_spec_args(p, preset_positional=False):
-        if preset_positional:
-            p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
-        else:
-            p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                       help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
-
-    p = sub.add_parser(
-        "run", help="run the whole pipeline with kfp.local",
-        description="Run the whole pipeline with kfp.local: provision, build image, deploy the RayCluster, train, "
-        "evaluate, and teardown whatever happens. --platform local (the default) runs it on this machine: a Ray "
-        "head and one raylet per emulated host, real Ray Jobs and Ray Train on CPU. --platform gke runs it on "
-        "Google Cloud in gke.project with your Application Default Credentials (gcloud auth "
-        "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost.",
-    )
-    with_spec_args(p)
-    p.add_argument("--platform", default="local", help="local (default) or gke")
-    p.add_argument("--run-id", default="", help="names every resource of the run (default: preset + time)")
-    p.add_argument("--output-root", default="runs", help="where run directories go (default ./runs)")
-    p.add_argument("--pipeline-file", default="", help="a compiled pipeline YAML to run (default: compile now)")
-    p.set_defaults(func=cmd_run)
+    _add_run(sub)
 
     p = sub.add_parser("compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs)")
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")
-    with_spec_args(p, preset_positional=True)
+    _with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
@@ -206,8 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input exits 2 with one message naming the field; an infrastructure failure exits 1 (teardown has run, and
+    the summary says what it deleted)."""
+    from components.spec import TpupipeError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except TpupipeError as exc:
+        return _fail(str(exc), exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from components.spec import GENERATED_DATASET, RunSpec
-from trainers import data, protocol
+from components.spec import GENERATED_DATASET, RunSpec, protocol
+from trainers import data
 
 
 def heldout_loss(model, loader) -> float:

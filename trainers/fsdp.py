@@ -1,6 +1,7 @@
 """FSDP2 fine-tuning through Ray Train's TorchTrainer (seed workload B).
 
-``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME`` is the Ray job entrypoint. The driver picks
+``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON`` is the Ray job
+entrypoint. The driver picks
 the collective backend from what the training workers have (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA,
 ``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE result`` line. Rank 0 prints one
 ``TPUPIPE metric`` line per epoch.
@@ -16,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.spec import GENERATED_DATASET, RunSpec
-from trainers import data, protocol
+from components.spec import GENERATED_DATASET, RunSpec, protocol
+from trainers import data
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 
@@ -70,12 +71,13 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
     return {}
 
 
-def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
-    """Ray ScalingConfig arguments: one worker per emulated host on cpu, one per TPU device on TPU. Derived from
-    the TPU catalogue in one place (``components.derivations``), the same place the RayCluster comes from."""
-    from components import derivations
-
-    return derivations.scaling_config_args(spec)
+def scaling_config(text: str) -> dict[str, Any]:
+    """Ray ``ScalingConfig`` arguments from the job's ``--scaling-config`` JSON (derived with the RayCluster from the
+    TPU catalogue, in ``components.workload.derive``); an elastic ``num_workers`` range comes back as a tuple."""
+    args = json.loads(text)
+    if isinstance(args.get("num_workers"), list):
+        args["num_workers"] = tuple(args["num_workers"])
+    return args
 
 
 # ---------------------------------------------------------------- the model, sharded
@@ -144,15 +146,67 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- the loop each worker runs
 
 
+def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, device):
+    """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer."""
+    import ray.train.torch
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.data import DataLoader
+
+    from trainers.model import build_model, load_tokenizer
+
+    t = spec.train
+    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
+    tokenizer = load_tokenizer(t.model_id)
+    raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
+    loader = DataLoader(data.tokenize(raw, tokenizer, t.max_length), batch_size=t.batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(t.seed))
+    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
+    model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), device_type)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.learning_rate,
+                                  weight_decay=t.weight_decay)
+    return tokenizer, loader, model, optimizer
+
+
+def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
+    """(first epoch, global step, resumed) from Ray Train's checkpoint after a restart, else a fresh start."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if not checkpoint:
+        return 0, 0, False
+    with checkpoint.as_directory() as directory:
+        meta = load_checkpoint(model, optimizer, Path(directory))
+    if rank == 0:
+        print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {meta['global_step']})", flush=True)
+    return meta["epoch"] + 1, meta["global_step"], True
+
+
+def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int, resumed: bool) -> tuple[Any, int]:
+    """One pass over this worker's shard: (the summed loss as a tensor, the global step after it)."""
+    import torch
+
+    fail_at = spec.train.fail_at_step
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.detach().to("cpu", torch.float64)
+        global_step += 1
+        if fail_at and global_step == fail_at and not resumed:
+            raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
+    return loss_sum, global_step
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.utils.data import DataLoader
-
-    from trainers.model import build_model, load_tokenizer
 
     spec = RunSpec.from_json(config["spec"])
     t = spec.train
@@ -161,68 +215,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device_type, _ = detect_backend()
     # What this worker has decides, not what the cluster was provisioned as: emulated TPU hosts compute on CPU.
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
-    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
-
-    tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
-    loader = DataLoader(
-        data.tokenize(raw, tokenizer, t.max_length),
-        batch_size=t.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(t.seed),
-    )
-    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-
-    model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    mesh = init_device_mesh(device_type, (world,))
-    model = parallelize(model.to(device), mesh, device_type)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
-    )
-
-    start_epoch, global_step, resumed = 0, 0, False
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as directory:
-            meta = load_checkpoint(model, optimizer, Path(directory))
-        start_epoch, global_step, resumed = meta["epoch"] + 1, meta["global_step"], True
-        if rank == 0:
-            print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {global_step})", flush=True)
-
+    tokenizer, loader, model, optimizer = _setup(spec, config, world, device_type, device)
+    start_epoch, global_step, resumed = _resume(model, optimizer, rank)
     steps_per_epoch = len(loader)
     for epoch in range(start_epoch, t.epochs):
         if world > 1:
             loader.sampler.set_epoch(epoch)
         model.train()
         started = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for batch in loader:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach().to("cpu", torch.float64)
-            global_step += 1
-            if t.fail_at_step and global_step == t.fail_at_step and not resumed:
-                raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
+        loss_sum, global_step = _run_epoch(spec, model, optimizer, loader, device, global_step, resumed)
         epoch_loss = loss_sum.to(device) / steps_per_epoch
         dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
         epoch_loss = (epoch_loss / world).item()
         epoch_s = time.perf_counter() - started
-        tokens_per_s = steps_per_epoch * t.batch_size * world * t.max_length / epoch_s
-        metrics = {
-            "epoch": epoch + 1,
-            "loss": epoch_loss,
-            "epoch_s": epoch_s,
-            "tokens_per_s": tokens_per_s,
-            "global_step": global_step,
-        }
+        metrics = {"epoch": epoch + 1, "loss": epoch_loss, "epoch_s": epoch_s, "global_step": global_step,
+                   "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s}
         with tempfile.TemporaryDirectory() as tmp:
             meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss}
             save_checkpoint(model, optimizer, tokenizer, meta, rank, Path(tmp))
-            ckpt = ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None
-            ray.train.report(metrics, checkpoint=ckpt)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
         if rank == 0:
             protocol.emit("metric", metrics)
 
@@ -239,7 +250,7 @@ def _probe_backend(resources: dict[str, float]) -> tuple[str, str]:
     return ray.get(task.remote())
 
 
-def run(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
+def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -252,7 +263,6 @@ def run(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
             output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
         )
     ray.init(log_to_driver=True)
-    scaling = scaling_config_args(spec)
     device_type, backend = _probe_backend(scaling["resources_per_worker"])
     worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)
     print(f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
@@ -290,9 +300,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True, help="the run spec, as JSON")
     parser.add_argument("--output-dir", required=True, help="where checkpoints and data go")
     parser.add_argument("--run-name", required=True, help="Ray Train run name")
+    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
-    result = run(spec, Path(args.output_dir), args.run_name)
+    result = run(spec, scaling_config(args.scaling_config), Path(args.output_dir), args.run_name)
     if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
         raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")
     protocol.emit("result", result)

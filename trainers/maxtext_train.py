@@ -1,8 +1,9 @@
 """MaxText pretraining through Ray Train's JaxTrainer (seed workload A), and MaxText's eval for evaluate.
 
-``python -m trainers.maxtext_train train|eval --spec JSON --output-dir DIR --run-name NAME`` is the Ray job
-entrypoint. One JaxTrainer worker per host calls MaxText's ``train.main`` with MaxText's own ``base.yml``
-and the overrides of :mod:`trainers.maxtext_args`. On TPU, Ray's JAX backend forms the multi-host runtime;
+``python -m trainers.maxtext_train train|eval --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON
+-- KEY=VALUE ...`` is the Ray job entrypoint (``components.workload.derive.job_command`` writes it). One JaxTrainer
+worker per host calls MaxText's ``train.main`` with MaxText's own ``base.yml`` and exactly the ``KEY=VALUE``
+arguments of the command line. On TPU, Ray's JAX backend forms the multi-host runtime;
 on emulated CPU hosts it does not, so each worker gets XLA's host device count and the workers join one
 ``jax.distributed`` runtime (gloo collectives) here, so MaxText's mesh spans the processes as it spans the
 hosts of a slice. Rank 0 turns MaxText's per-step log lines into ``TPUPIPE metric`` records.
@@ -20,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from components.spec import RunSpec
-from trainers import maxtext_args, protocol
+from components.spec import RunSpec, protocol
+from trainers import maxtext_log
 
 
 def base_yml() -> str:
@@ -45,24 +46,24 @@ class _StepRecords(logging.Handler):
         self.line(record.getMessage())
 
     def line(self, message: str) -> None:
-        mesh = maxtext_args.MESH_AXES_LINE.search(message)
+        mesh = maxtext_log.MESH_AXES_LINE.search(message)
         if mesh:
             self.axes = [a.strip(" '") for a in mesh["axes"].split(",")]
             return
-        shape = maxtext_args.MESH_SHAPE_LINE.search(message)
+        shape = maxtext_log.MESH_SHAPE_LINE.search(message)
         if shape and self.axes:
             sizes = [int(x) for x in shape["shape"].split(",") if x.strip()]
             used = " x ".join(f"{a} {n}" for a, n in zip(self.axes, sizes, strict=False) if n > 1) or "1 device"
             print(f"MaxText mesh: {shape['devices']} devices: {used}", flush=True)
             return
-        step = maxtext_args.parse_step(message)
+        step = maxtext_log.parse_step(message)
         if step:
             step["tokens_per_s"] = step["tokens_per_s_per_device"] * self.num_devices
             step["group"] = os.getpid()  # which worker group (attempt) ran it: rank 0's process
             self.last["train"] = step
             protocol.emit("metric", step)
             return
-        match = maxtext_args.EVAL_LINE.search(message)
+        match = maxtext_log.EVAL_LINE.search(message)
         if match:
             self.last["eval_loss"] = float(match["loss"])
 
@@ -142,13 +143,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
 
-def _fit(spec: RunSpec, argv: list[str], output_dir: Path, run_name: str, max_failures: int) -> dict[str, Any]:
+def _fit(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str,
+         max_failures: int) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
 
-    from components.derivations import scaling_config_args
-
-    scaling = scaling_config_args(spec)
+    argv = ["train", base_yml(), *args]
     cpu = spec.maxtext.cpu_devices_per_host if spec.cluster.accelerator == "cpu" else 0
     trainer = JaxTrainer(
         train_loop_per_worker,
@@ -158,7 +158,7 @@ def _fit(spec: RunSpec, argv: list[str], output_dir: Path, run_name: str, max_fa
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
     print(f"JaxTrainer: {scaling}", flush=True)
-    print("MaxText argv: " + " ".join(argv[2:]), flush=True)
+    print("MaxText argv: " + " ".join(args), flush=True)
     return trainer.fit().metrics or {}
 
 
@@ -169,45 +169,63 @@ def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
     return root / str(max(steps)) if steps else None
 
 
-def run_train(spec: RunSpec, output_dir: Path, run_name: str) -> dict[str, Any]:
-    argv = maxtext_args.train_args(spec, base_yml(), str(output_dir), run_name)
-    metrics = _fit(spec, argv, output_dir, run_name, spec.train.max_failures)
+def run_train(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path,
+              run_name: str) -> dict[str, Any]:
+    metrics = _fit(spec, scaling, args, output_dir, run_name, spec.train.max_failures)
     checkpoint = latest_checkpoint(output_dir, run_name)
     return {"checkpoint": str(checkpoint) if checkpoint else None, "final_metrics": metrics,
             "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax",
-            "num_workers": spec.total_hosts, "argv": argv[2:]}
+            "num_workers": spec.total_hosts, "argv": args}
 
 
-def run_eval(spec: RunSpec, output_dir: Path, run_name: str, checkpoint: str) -> dict[str, Any]:
+def run_eval(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str,
+             checkpoint: str) -> dict[str, Any]:
     import math
 
     losses = {}
     for which, params in (("before", ""), ("after", str(Path(checkpoint) / "items"))):
         name = f"{run_name}-eval-{which}"
-        argv = maxtext_args.eval_args(spec, base_yml(), str(output_dir), name, params)
-        losses[which] = _fit(spec, argv, output_dir, name, 0)["eval_loss"]
+        eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
+        losses[which] = _fit(spec, scaling, eval_args, output_dir, name, 0)["eval_loss"]
     return {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
             "perplexity_before": math.exp(losses["before"]), "perplexity_after": math.exp(losses["after"]),
             "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)"}
 
 
-def main(argv: list[str] | None = None) -> None:
-    import ray
-
-    parser = argparse.ArgumentParser(description="MaxText pretraining or evaluation through Ray Train's JaxTrainer.")
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The driver's own options, and MaxText's ``KEY=VALUE`` arguments after ``--``."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description="MaxText pretraining or evaluation through Ray Train's JaxTrainer. "
+                                     "After --: the KEY=VALUE arguments MaxText's train.main gets after its base.yml.")
     parser.add_argument("mode", choices=("train", "eval"))
     parser.add_argument("--spec", required=True, help="the run spec, as JSON")
     parser.add_argument("--output-dir", required=True, help="MaxText's base_output_directory")
     parser.add_argument("--run-name", required=True, help="MaxText's run_name (checkpoints go under it)")
+    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
     parser.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[:cut])
+    maxtext_args = argv[cut + 1:]
+    bad = [a for a in maxtext_args if "=" not in a]
+    if bad:
+        parser.error(f"MaxText arguments are KEY=VALUE, got {bad[0]!r}")
+    return args, maxtext_args
+
+
+def main(argv: list[str] | None = None) -> None:
+    import ray
+
+    args, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
     spec = RunSpec.from_json(args.spec)
+    scaling = json.loads(args.scaling_config)
     ray.init()
     out = Path(args.output_dir)
-    if args.mode == "train":
-        result = run_train(spec, out, args.run_name)
-    else:
-        result = run_eval(spec, out, args.run_name, args.checkpoint)
+    try:
+        if args.mode == "train":
+            result = run_train(spec, scaling, maxtext_args, out, args.run_name)
+        else:
+            result = run_eval(spec, scaling, maxtext_args, out, args.run_name, args.checkpoint)
+    finally:
+        ray.shutdown()
     protocol.emit("result", result)
 
 

@@ -8,7 +8,7 @@ import string
 import torch
 
 from components.spec import SCRATCH_PREFIX
-from trainers import model_configs
+from components.spec import models as model_configs
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = string.printable  # letters, digits, punctuation, whitespace

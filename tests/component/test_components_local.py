@@ -7,8 +7,8 @@ import pytest
 from kfp import local
 
 from components import definitions as c
-from components import envs
-from components.local import run_processes
+from components.platforms.local import envs
+from components.platforms.local.cluster import run_processes
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def test_provision_rejects_bad_input_before_starting_anything(tmp_path):
     record = json.loads((tmp_path / "runs" / "bad-input" / "stages" / "provision.json").read_text())
     assert record["status"] == "failed"
     assert record["error"].startswith("train.epochs: must be at least 1")
-    assert not (tmp_path / "runs" / "bad-input" / "cluster.json").exists()
+    assert not (tmp_path / "runs" / "bad-input" / "ledger.json").exists()
     assert run_processes("bad-input") == []
 
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from components.local import run_processes
+from components.platforms.local.cluster import run_processes
+from components.spec import protocol
 from tests.conftest import tpupipe_cmd
-from trainers import protocol
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ def test_a_lost_host_is_replaced_and_training_resumes_from_the_last_checkpoint(t
             assert proc.poll() is None, proc.stdout.read()[-5000:]
             assert time.monotonic() < deadline, "no checkpoint within 15 minutes"
             time.sleep(0.2)
-        ledger = json.loads((run_dir / "cluster.json").read_text())
+        ledger = json.loads((run_dir / "ledger.json").read_text())
         host = next(p for p in ledger["processes"] if p["role"] == "host-2")
         os.killpg(host["pgid"], signal.SIGKILL)  # the emulated host, with every process on it
         out, _ = proc.communicate(timeout=1200)

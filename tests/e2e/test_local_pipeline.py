@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from components.local import port_is_free, run_processes
+from components.platforms.local.cluster import port_is_free, run_processes
 from tests.conftest import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +20,7 @@ def tpupipe_run(root, run_id, *sets):
 
 def assert_nothing_left(run_dir, run_id):
     assert run_processes(run_id) == [], "processes of the run are still alive"
-    ledger = json.loads((run_dir / "cluster.json").read_text())
+    ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["processes"], "the run recorded no process"
     ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
     assert [p for p in ports if not port_is_free(p)] == []

@@ -1,9 +1,9 @@
 """A Kubernetes API server emulator over HTTPS on 127.0.0.1, enough for the gke platform's kubernetes client:
 
 - namespaces, secrets, service accounts, pods, services (core v1) and ResourceClaimTemplates (resource.k8s.io/v1),
-  RayClusters and RayJobs (ray.io/v1): create (409 when it exists), get, list by ``labelSelector``, delete (404
+  RayClusters (ray.io/v1): create (409 when it exists), get, list by ``labelSelector``, delete (404
   when missing), server-side apply (``application/apply-patch+yaml``);
-- RayCluster and RayJob objects are validated against the KubeRay CRD schemas (422 with the reasons), as the API
+- RayCluster objects are validated against the KubeRay CRD schema (422 with the reasons), as the API
   server does with strict field validation;
 - every request needs ``Authorization: Bearer <token>`` (401 otherwise);
 - it plays the KubeRay operator's part: for a RayCluster it makes the head and worker pods, and when they can be
@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services"}
-CRD_KINDS = {"rayclusters": "RayCluster", "rayjobs": "RayJob"}
+CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
 UNSCHEDULABLE_MESSAGE = "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are " \
                         "available: {n} No preemption victims found for incoming pod."
@@ -324,7 +324,8 @@ class KubeEmulator:
         return base64.b64decode(self.objects[key]["data"]["auth_token"]).decode()
 
     def _start_ray(self, namespace: str, obj: dict, pods: list[dict]) -> None:
-        from components import catalogue, local
+        from components.platforms.local import cluster as local
+        from components.tpu import catalogue
 
         name = obj["metadata"]["name"]
         run_id = obj["metadata"].get("labels", {}).get("tpupipe-run", name)
@@ -451,7 +452,7 @@ class KubeEmulator:
         import shutil
         import signal
 
-        from components import local
+        from components.platforms.local import cluster as local
 
         with self.lock:
             record = self.clusters.pop(key, None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.local import run_processes
+from components.platforms.local.cluster import run_processes
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import ONE_SLICE, start_project
 

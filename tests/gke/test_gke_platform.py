@@ -6,11 +6,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from components import gke_cluster, gke_kube
-from components.gke import GkePlatform
-from components.platform import RunContext
-from components.spec import SpecError, resolve
-from components.waiting import DeadlineExceeded
+from components.platforms import RunContext
+from components.platforms.gke import cluster as gke_cluster
+from components.platforms.gke import kube as gke_kube
+from components.platforms.gke.platform import GkePlatform
+from components.platforms.waiting import DeadlineExceeded
+from components.spec import SpecError
+from components.workload import resolve
 from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
@@ -177,7 +179,7 @@ def test_teardown_keeps_a_cluster_the_spec_names(tmp_path, project_factory):
     shared = ONE_SLICE + " gke.cluster_name=tpupipe-owner"
     guest = context(tmp_path, "guest", shared)
     platform().provision(guest)
-    assert len(project.pools("guest")) == 1
+    assert len(project.pools("guest")) == 2  # its Ray head's CPU pool and its slice, as the plan lists
     result = platform().teardown(guest)
     assert project.pools("guest") == [] and project.clusters("owner") != []
     assert result["kept_cluster"].endswith("/clusters/tpupipe-owner")
@@ -421,7 +423,7 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):
     from google.cloud import artifactregistry_v1
 
-    from components import gke_build
+    from components.platforms.gke import build as gke_build
 
     project = project_factory()
     registry = gke_build.registry_client()
@@ -438,7 +440,7 @@ def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project
 
 
 def test_a_failed_build_is_one_clear_error_with_cloud_builds_detail(tmp_path, project_factory):
-    from components import gke_build
+    from components.platforms.gke import build as gke_build
 
     project = project_factory()
     project.cloudbuild.build_fails()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components import catalogue
-from components.catalogue import CatalogueError
+from components.tpu import catalogue
+from components.tpu.catalogue import CatalogueError
 
 # (family, topology): chips, hosts, chips per host, machine type, Ray pod type
 DOCUMENTED = {
@@ -262,7 +262,7 @@ def test_records_are_frozen() -> None:
 
 def test_imports_only_the_standard_library() -> None:
     code = (
-        "import sys; before = set(sys.modules); from components import catalogue; "
+        "import sys; before = set(sys.modules); from components.tpu import catalogue; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "std = set(sys.stdlib_module_names) | {'components'}; "
         "print(sorted(new - std))"

@@ -1,6 +1,7 @@
 import json
 
-from trainers import data, protocol
+from components.spec import protocol
+from trainers import data
 
 
 def test_generated_dataset_is_deterministic_and_heldout_is_disjoint():

@@ -2,9 +2,9 @@ import socket
 
 import pytest
 
-from components import envs
-from components.local import LocalPlatform, allocate_ports, port_is_free
-from components.waiting import DeadlineExceeded, wait_for
+from components.platforms.local import envs
+from components.platforms.local.cluster import LocalPlatform, allocate_ports, port_is_free
+from components.platforms.waiting import DeadlineExceeded, wait_for
 
 
 def test_allocated_ports_are_distinct_and_free():

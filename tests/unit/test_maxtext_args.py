@@ -2,21 +2,21 @@
 
 import pytest
 
-from components.spec import SpecError, resolve
-from trainers import maxtext_args
-
-BASE = "/opt/maxtext/configs/base.yml"
+from components.spec import SpecError
+from components.workload import maxtext as maxtext_args
+from components.workload import resolve
+from trainers import maxtext_log
 
 
 def args(preset, overrides="", output_dir="/data/", run_name="RUN"):
-    return maxtext_args.train_args(resolve(preset, overrides), BASE, output_dir, run_name)
+    return maxtext_args.train_args(resolve(preset, overrides), output_dir, run_name)
 
 
 def test_llama3_8b_is_the_seed_command():
     # Seed A: dataset_type=synthetic per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b
     # steps=100 ici_fsdp_parallelism=4 ici_tensor_parallelism=4 base_output_directory=/data/ run_name=...
     assert args("llama3-8b-v6e-16x2") == [
-        "train", BASE, "dataset_type=synthetic", "per_device_batch_size=4", "max_target_length=4096",
+        "dataset_type=synthetic", "per_device_batch_size=4", "max_target_length=4096",
         "model_name=llama3-8b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
         "base_output_directory=/data/", "run_name=RUN",
     ]
@@ -26,7 +26,7 @@ def test_llama3_70b_is_the_seed_command():
     # Seed A: per_device_batch_size=2 model_name=llama3-70b ici_tensor_parallelism=4 ici_fsdp_parallelism=4
     # dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full (2D inside a slice, FSDP across slices)
     assert args("llama3-70b-v6e-16x2") == [
-        "train", BASE, "dataset_type=synthetic", "per_device_batch_size=2", "max_target_length=4096",
+        "dataset_type=synthetic", "per_device_batch_size=2", "max_target_length=4096",
         "model_name=llama3-70b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
         "dcn_data_parallelism=1", "dcn_fsdp_parallelism=2", "remat_policy=full",
         "base_output_directory=/data/", "run_name=RUN",
@@ -55,12 +55,14 @@ def test_tpu_hosts_have_their_logical_devices():
 
 
 def test_eval_args_freeze_training_and_load_the_checkpoint():
-    argv = maxtext_args.eval_args(resolve("local-maxtext"), BASE, "/out", "r-eval", "/ck/39/items")
+    train = args("local-maxtext", output_dir="/out", run_name="r")
+    argv = maxtext_log.eval_args(train, "r-eval", 4, "/ck/39/items")
     assert "steps=1" in argv and "learning_rate=0" in argv and "enable_checkpointing=false" in argv
-    assert "eval_interval=1" in argv and "load_parameters_path=/ck/39/items" in argv
+    assert "eval_interval=1" in argv and "eval_steps=4" in argv and "load_parameters_path=/ck/39/items" in argv
     assert not any(a.startswith("checkpoint_period=") or a == "steps=40" for a in argv)
-    assert "load_parameters_path" not in " ".join(
-        maxtext_args.eval_args(resolve("local-maxtext"), BASE, "/out", "r", ""))
+    assert [a for a in argv if a.startswith("run_name=")] == ["run_name=r-eval"]
+    assert "base_output_directory=/out" in argv and "model_name=default" in argv  # the trained model's arguments
+    assert "load_parameters_path" not in " ".join(maxtext_log.eval_args(train, "r", 4, ""))
 
 
 @pytest.mark.parametrize(
@@ -86,7 +88,23 @@ def test_bad_maxtext_specs_name_the_field(preset, overrides, field):
 def test_parse_step_reads_maxtexts_step_line():
     line = ("completed step: 99, seconds: 0.693, TFLOP/s/device: 83.171, Tokens/s/device: 11819.175, "
             "total_weights: 262144, loss: 0.334")
-    assert maxtext_args.parse_step("(RayTrainWorker pid=1) " + line) == {
+    assert maxtext_log.parse_step("(RayTrainWorker pid=1) " + line) == {
         "step": 99, "loss": 0.334, "step_s": 0.693, "tflops_per_s_per_device": 83.171,
         "tokens_per_s_per_device": 11819.175}
-    assert maxtext_args.parse_step("completed eval step: 3") is None
+    assert maxtext_log.parse_step("completed eval step: 3") is None
+
+
+def test_the_driver_reads_the_job_command_it_is_given():
+    import shlex
+
+    from components.workload.derive import job_command
+    from trainers import maxtext_train
+
+    spec = resolve("local-maxtext")
+    argv = shlex.split(job_command(spec, "train", "/out", "run"))
+    assert argv[:4] == ["python", "-m", "trainers.maxtext_train", "train"]
+    args, maxtext = maxtext_train.parse_args(argv[3:])
+    assert args.mode == "train" and args.run_name == "run" and args.output_dir == "/out"
+    assert maxtext == maxtext_args.train_args(spec, "/out", "run")
+    with pytest.raises(SystemExit):
+        maxtext_train.parse_args([*argv[3:], "not-a-key-value"])

@@ -9,8 +9,10 @@ import subprocess
 import pytest
 import yaml
 
-from components import plan, pricing
-from components.spec import SpecError, resolve
+from components.platforms.gke import plan
+from components.spec import SpecError
+from components.tpu import pricing
+from components.workload import resolve
 from pipelines.cli import main
 from tests.conftest import tpupipe_cmd
 
@@ -122,7 +124,8 @@ def test_json_shape(capsys):
     assert document["label"] == {"tpupipe-run": "gemma4-e2b-tpu7x-16"}
     assert document["slice"]["logical_devices_per_host"] == 8 and document["slice"]["pod_type"] == "v7x-16"
     for resource in document["resources"]:
-        assert set(resource) == {"kind", "name", "action", "labels", "deleted_by_teardown", "summary", "api", "body"}
+        assert set(resource) == {"kind", "name", "action", "stage", "labels", "deleted_by_teardown", "summary", "api",
+                                 "path", "body"}
         assert resource["action"] in ("create", "use", "get-or-create")
     kinds = [r["kind"] for r in document["resources"]]
     assert kinds.count("node-pool") == 2 and "workload-policy" in kinds
@@ -133,11 +136,11 @@ def test_json_shape(capsys):
 def test_manifests_directory(tmp_path, capsys):
     out = tmp_path / "manifests"
     assert main(["plan", "llama3-8b-v6e-16x2", "--manifests", str(out)]) == 0
-    assert "manifests: 5 Kubernetes objects" in capsys.readouterr().out
+    assert "manifests: 4 Kubernetes objects" in capsys.readouterr().out
     files = sorted(p.name for p in out.iterdir())
     assert files == ["00-namespace-tpupipe.yaml", "01-serviceaccount-tpupipe-llama3-8b-v6e-16x2.yaml",
                      "02-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
-                     "03-raycluster-llama3-8b-v6e-16x2.yaml", "04-rayjob-llama3-8b-v6e-16x2-train.yaml"]
+                     "03-raycluster-llama3-8b-v6e-16x2.yaml"]
     document = plan.build(resolve("llama3-8b-v6e-16x2"), "llama3-8b-v6e-16x2")
     loaded = [yaml.safe_load((out / name).read_text()) for name in files]
     assert loaded == plan.kubernetes_objects(document)
@@ -156,7 +159,8 @@ def test_run_id_option_renames_everything(capsys):
 def test_plan_needs_no_cloud_client_and_no_yaml_for_json():
     code = (
         "import sys; from pipelines.cli import main; main(['plan', 'llama3-70b-v6e-16x2', '--output', 'json']); "
-        "heavy = [m for m in ('google.cloud', 'kubernetes', 'ray', 'yaml', 'jsonschema', 'kfp') if m in sys.modules]; "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'ray', 'yaml', 'jsonschema', 'kfp', "
+        "'grpc') or m.startswith(('google.cloud.', 'google.api_core', 'google.auth'))]; "
         "sys.stderr.write(repr(heavy))"
     )
     import sys
@@ -171,3 +175,20 @@ def test_plan_needs_no_cloud_client_and_no_yaml_for_json():
 def test_spec_errors_come_before_the_plan():
     with pytest.raises(SpecError):
         plan.check_plannable(resolve("local-fsdp"))
+
+
+def test_every_kind_the_plan_lists_has_a_handler_that_creates_it():
+    from components.platforms.gke.platform import HANDLERS
+
+    assert set(HANDLERS) == set(plan.STAGE_OF_KIND)
+    kinds = {res["kind"] for preset in ("gemma4-e2b-tpu7x-16", "llama3-70b-v6e-16x2")
+             for res in plan.build(resolve(preset), preset)["resources"]}
+    assert kinds <= set(HANDLERS)
+
+
+def test_the_text_plan_shows_the_trainers_command_line(capsys):
+    assert main(["plan", "llama3-8b-v6e-16x2"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("entrypoint"))
+    assert "python -m trainers.maxtext_train train --spec <the run spec, JSON>" in line
+    assert "--scaling-config" in line and "-- dataset_type=synthetic" in line and "ici_fsdp_parallelism=4" in line

@@ -1,5 +1,6 @@
-"""The committed plans of the seed presets (tests/goldens/<preset>/: plan.json and manifests/*.yaml) are what
-`tpupipe plan` gives today. A change to a plan is made on purpose: `make goldens`, then review the diff."""
+"""The committed plans of the seed presets (tests/goldens/<preset>/: plan.json, manifests/*.yaml, and dry-run.txt,
+the transcript of `tpupipe run --platform gke --dry-run`) are what tpupipe gives today. A change to a plan is made on
+purpose: `make goldens`, then review the diff."""
 
 from __future__ import annotations
 
@@ -7,19 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from components import plan, presets
-from components.spec import resolve
+from components.platforms.gke import plan
+from components.spec import presets
+from components.workload import resolve
 
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 TPU_PRESETS = sorted(n for n, p in presets.PRESETS.items() if p.get("cluster", {}).get("accelerator", "cpu") != "cpu")
 HINT = "the plan changed: run `make goldens` and review the diff of tests/goldens/"
 
 
+def _makefile_value(name: str) -> str:
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    return next(line for line in makefile.splitlines() if line.startswith(f"{name} :=")).split(":=", 1)[1].strip()
+
+
 def test_every_tpu_preset_has_goldens_and_no_other():
     assert sorted(p.name for p in GOLDENS.iterdir() if p.is_dir()) == TPU_PRESETS, HINT
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    listed = next(line for line in makefile.splitlines() if line.startswith("GOLDEN_PRESETS :="))
-    assert sorted(listed.split(":=", 1)[1].split()) == TPU_PRESETS, "GOLDEN_PRESETS in the Makefile"
+    assert sorted(_makefile_value("GOLDEN_PRESETS").split()) == TPU_PRESETS, "GOLDEN_PRESETS in the Makefile"
 
 
 @pytest.mark.parametrize("preset", TPU_PRESETS)
@@ -34,3 +39,23 @@ def test_manifests_match_the_goldens(preset):
     directory = GOLDENS / preset / "manifests"
     on_disk = {p.name: p.read_text() for p in sorted(directory.glob("*.yaml"))}
     assert on_disk == plan.manifest_files(document), HINT
+
+
+@pytest.mark.parametrize("preset", TPU_PRESETS)
+def test_dry_run_matches_the_golden(preset, capsys):
+    from pipelines.cli import main
+
+    assert main(["run", preset, "--platform", "gke", "--dry-run", "--run-id", preset,
+                 "--set", _makefile_value("GOLDEN_DRY_RUN_SET")]) == 0
+    assert capsys.readouterr().out == (GOLDENS / preset / "dry-run.txt").read_text(), HINT
+
+
+@pytest.mark.parametrize("preset", TPU_PRESETS)
+def test_the_dry_run_lists_exactly_the_planned_resources(preset):
+    """Nothing is listed that is not created: every resource of the plan is walked by its stage in the dry run, and
+    the dry run walks nothing else."""
+    document = plan.build(resolve(preset), preset)
+    walked = [line.split()[-1] for line in (GOLDENS / preset / "dry-run.txt").read_text().splitlines()
+              if line.startswith(("  create", "  get-or-create", "  use"))]
+    listed = [res["path"] or res["name"] for res in document["resources"]]
+    assert walked == [p.replace("PROJECT_ID", "my-project") for p in listed]

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from components import presets
-from components.platform import run_id_from
-from components.spec import SpecError, parse_overrides, resolve
+from components.spec import SpecError, parse_overrides, presets
+from components.spec.names import run_id_from
+from components.workload import resolve
 
 
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))

@@ -1,0 +1,73 @@
+"""Platforms: where a run's stages create real resources, behind one interface.
+
+Owns the :class:`Platform` interface every stage runs against, the :class:`RunContext` the stages share, the
+registry of platforms (``local``: a multi-node Ray cluster of processes on this machine; ``gke``: GKE + KubeRay),
+the one ledger both use to record what a run created (``ledger``), and waiting with a deadline (``waiting``).
+A platform package imports ``spec``, ``tpu``, ``workload`` and this package, never another platform.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.spec import RunSpec, SpecError
+
+
+@dataclass(frozen=True)
+class RunContext:
+    spec: RunSpec
+    run_id: str
+    run_dir: Path
+    platform: str
+
+    @property
+    def stages_dir(self) -> Path:
+        return self.run_dir / "stages"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def ledger_path(self) -> Path:
+        """The run's ledger: every resource the run created, recorded before anything waits on it."""
+        return self.run_dir / "ledger.json"
+
+
+class Platform(Protocol):
+    name: str
+
+    def check(self, ctx: RunContext) -> None:
+        """Platform-specific spec checks; raise SpecError before anything is created."""
+
+    def provision(self, ctx: RunContext) -> dict[str, Any]: ...
+
+    def build_image(self, ctx: RunContext) -> dict[str, Any]: ...
+
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]: ...
+
+    def job_client(self, ctx: RunContext):
+        """A ``ray.job_submission.JobSubmissionClient`` for the run's cluster."""
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        """Where the cluster's jobs write checkpoints and data (a path the cluster sees)."""
+
+    def teardown(self, ctx: RunContext) -> dict[str, Any]: ...
+
+
+# name -> "module:class"; imported on first use so `components` stays cheap to import.
+REGISTRY = {
+    "local": "components.platforms.local.cluster:LocalPlatform",
+    "gke": "components.platforms.gke.platform:GkePlatform",
+}
+PLATFORMS = tuple(REGISTRY)
+
+
+def get_platform(name: str) -> Platform:
+    if name not in REGISTRY:
+        raise SpecError("platform", f"unknown platform {name!r}", PLATFORMS)
+    module, _, cls = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()

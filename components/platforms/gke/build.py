@@ -1,0 +1,203 @@
+"""The trainer image on GKE: Cloud Build builds ``images/<name>/Dockerfile`` and pushes it to Artifact Registry,
+through google-cloud-build (architecture decision 8).
+
+The build context (the image directory and the tpupipe sources the Dockerfile copies) is packed reproducibly
+(sorted entries, no timestamps or owners) and uploaded to the run's prefix in the bucket. The build carries the
+run's tag, so a re-run build stage finds it again: a finished build is reused, a running one re-attached to. The
+wait polls the build with its step statuses as progress and a deadline; a SIGTERM cancels the build; a failed
+build is one error with Cloud Build's own detail and log URL.
+
+The Artifact Registry Docker repository the image goes to is got or created first (kept after the run).
+
+The build finds the sources under ``$TPUPIPE_SOURCE_ROOT`` (the components image sets it; default: this
+repository). Emulators are found through ``TPUPIPE_CLOUD_BUILD_EMULATOR_HOST`` and
+``TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST`` (host:port, plaintext gRPC).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platforms.gke.cluster import Adapter, GkeError, credentials, on_sigterm, progress_every
+from components.platforms.waiting import wait_for
+
+EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
+REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
+SOURCE_ROOT_ENV = "TPUPIPE_SOURCE_ROOT"
+# What every trainer Dockerfile copies besides its own directory.
+CONTEXT_PATHS = ("pyproject.toml", "components", "pipelines", "trainers")
+RUNNING = ("PENDING", "QUEUED", "WORKING")
+
+
+class BuildFailed(GkeError):
+    """The image build ended without an image (failure, timeout, cancellation)."""
+
+
+def source_root() -> Path:
+    return Path(os.environ.get(SOURCE_ROOT_ENV) or Path(__file__).resolve().parents[3])
+
+
+def build_context(image: str, root: Path | None = None) -> bytes:
+    """The build context of ``images/<image>/`` as a reproducible .tar.gz: the same files give the same bytes."""
+    root = root or source_root()
+    if not (root / "images" / image / "Dockerfile").is_file():
+        raise FileNotFoundError(f"no images/{image}/Dockerfile under {root} (set ${SOURCE_ROOT_ENV})")
+    files = []
+    for top in (f"images/{image}", *CONTEXT_PATHS):
+        path = root / top
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            info = tarfile.TarInfo(str(path.relative_to(root)))
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def client(creds=None):
+    """A ``CloudBuildClient``: to the emulator named by $TPUPIPE_CLOUD_BUILD_EMULATOR_HOST, else to Google."""
+    from google.cloud.devtools import cloudbuild_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.devtools.cloudbuild_v1.services.cloud_build.transports import CloudBuildGrpcTransport
+
+        return cloudbuild_v1.CloudBuildClient(transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(host)))
+    return cloudbuild_v1.CloudBuildClient(credentials=creds or credentials())
+
+
+def registry_client(creds=None):
+    """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
+    from google.cloud import artifactregistry_v1
+
+    host = os.environ.get(REGISTRY_EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.artifactregistry_v1.services.artifact_registry.transports import ArtifactRegistryGrpcTransport
+
+        return artifactregistry_v1.ArtifactRegistryClient(
+            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host)))
+    return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
+
+
+class Registry(Adapter):
+    """The Artifact Registry Docker repository the images go to: reused, or created (and kept after the run)."""
+
+    def __init__(self, client, **options):
+        super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
+
+    def ensure(self, project: str, location: str, repository: str) -> str:
+        from google.api_core import exceptions as gexc
+        from google.cloud import artifactregistry_v1
+
+        from components.spec import SpecError
+
+        parent = f"projects/{project}/locations/{location}"
+        name = f"{parent}/repositories/{repository}"
+        docker = artifactregistry_v1.Repository.Format.DOCKER
+        try:
+            found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
+            if found.format_ != docker:
+                raise SpecError("gke.artifact_repository", f"{name} is a {found.format_.name} repository, not Docker",
+                                ["a Docker repository", "a new name"])
+            self.log(f"Artifact Registry repository {name} exists: pushing there")
+            return name
+        except gexc.NotFound:
+            pass
+        request = {"parent": parent, "repository_id": repository,
+                   "repository": {"format_": docker, "description": "tpupipe trainer images"}}
+        try:
+            op = self.call(f"create repository {name}", lambda: self.client.create_repository(request=request))
+        except gexc.AlreadyExists:
+            return name
+        self.log(f"creating Artifact Registry repository {name} (kept after the run)")
+        wait_for(lambda: True if op.done() else None, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
+                 what=f"repository {name} to be created", clock=self.clock, sleep=self.sleep)
+        op.result()  # raises the operation's error, if it ended in one
+        return name
+
+
+class CloudBuild(Adapter):
+    """Get-or-create and wait for the run's image build, in ``projects/<project>/locations/<location>``."""
+
+    def __init__(self, client, project: str, location: str, **options):
+        super().__init__(client, **{"poll_s": 10.0, **options})
+        self.project = project
+        self.parent = f"projects/{project}/locations/{location}"
+
+    def find(self, tag: str):
+        """The newest build with ``tag`` that succeeded or is still running, or None."""
+        builds = self.call("list builds", lambda: self.client.list_builds(
+            request={"project_id": self.project, "parent": self.parent, "filter": f'tags="{tag}"'}))
+        for build in builds:
+            if build.status.name == "SUCCESS" or build.status.name in RUNNING:
+                return build
+        return None
+
+    def ensure(self, body: dict[str, Any], tag: str, record: Callable[[str, str], None], timeout_s: float):
+        """The build ``body`` describes: reused when one with ``tag`` succeeded, re-attached to when it runs, else
+        started; waited on until it has pushed the image."""
+        from google.cloud.devtools import cloudbuild_v1
+
+        build = self.find(tag)
+        if build is not None and build.status.name == "SUCCESS":
+            self.log(f"image build {build.id} of this run succeeded already: reusing {', '.join(build.images)}")
+            return build
+        if build is not None:
+            self.log(f"image build {build.id} of this run is {build.status.name}: waiting for it")
+        else:
+            request = {"project_id": self.project, "parent": self.parent,
+                       "build": cloudbuild_v1.Build.from_json(json.dumps(body))}
+            op = self.call("create build", lambda: self.client.create_build(request=request))
+            build = op.metadata.build
+            record("build", f"{self.parent}/builds/{build.id}")
+            self.log(f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
+                     + (f", log {build.log_url}" if build.log_url else ""))
+        return self.wait(build.id, timeout_s)
+
+    def get(self, build_id: str):
+        return self.call(f"get build {build_id}", lambda: self.client.get_build(
+            request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}))
+
+    def wait(self, build_id: str, timeout_s: float):
+        started = self.clock()
+        last = {"status": ""}
+
+        def cancel(signum: int) -> None:
+            self.log(f"  image build {build_id}: signal {signum}: cancelling it")
+            self.client.cancel_build(request={"project_id": self.project, "id": build_id,
+                                              "name": f"{self.parent}/builds/{build_id}"})
+
+        def poll():
+            build = self.get(build_id)
+            steps = ", ".join(f"step {i} {s.status.name}" for i, s in enumerate(build.steps))
+            status = f"{build.status.name}" + (f" ({steps})" if steps else "")
+            if status != last["status"]:
+                self.log(f"  image build {build_id}: {status}")
+                last["status"] = status
+            return None if build.status.name in RUNNING else build
+
+        with on_sigterm(cancel):
+            build = wait_for(poll, timeout_s=timeout_s, interval_s=self.poll_s,
+                             progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
+                             what=f"image build {build_id}", clock=self.clock, sleep=self.sleep)
+        if build.status.name != "SUCCESS":
+            raise BuildFailed(f"image build {build_id} ended {build.status.name}: {build.status_detail or 'no detail'}"
+                              + (f"; log {build.log_url}" if build.log_url else ""))
+        digests = ", ".join(f"{i.name}@{i.digest}" for i in build.results.images)
+        self.log(f"  image build {build_id}: pushed {digests} in {self.clock() - started:.0f}s")
+        return build
+
+
+__all__ = ["BuildFailed", "CloudBuild", "Registry", "build_context", "client", "registry_client", "source_root"]

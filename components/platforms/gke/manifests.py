@@ -1,0 +1,216 @@
+"""The Kubernetes objects a gke run applies, built as data (dicts) and serialised once by the caller.
+
+- the run's namespace (shared by runs: get-or-create, kept) and ServiceAccount (Workload Identity);
+- for multislice with DCN NICs, a ``resource.k8s.io/v1`` ResourceClaimTemplate asking managed DRANET for the
+  extra NICs of each worker pod;
+- the KubeRay ``RayCluster``: a head on the CPU pool (ports 6379 GCS, 8265 dashboard and Jobs API, 10001 client;
+  ``num-cpus: "0"`` for TorchTPU workloads, so no work lands on it) and ONE worker group whose ``replicas`` are
+  the slices and ``numOfHosts`` the hosts of each slice (the KubeRay TPU webhook checks numOfHosts against the
+  topology and gives each pod TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, TPU_NAME).
+
+The train and evaluate jobs are not Kubernetes objects: the stages submit them to the RayCluster's head through
+the Ray Jobs API (docs/architecture.md, "Why no RayJob").
+
+KubeRay TPU usage: https://docs.ray.io/en/latest/cluster/kubernetes/user-guides/tpu.html; GCS FUSE
+CSI ephemeral volumes: https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/cloud-storage-fuse-csi-driver;
+KubeRay's own checks: ray-operator/controllers/ray/utils/validation.go (v1.7.0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.platforms.gke import resources as r
+from components.spec import RunSpec, names
+from components.workload import derive as d
+
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
+DCN_CLAIM = "dcn-nics"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,uid=1000,gid=1000,file-cache:max-size-mb:-1"
+HF_TOKEN_KEY = "hf_api_token"
+
+
+def _meta(name: str, t: r.Target, namespaced: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespaced:
+        meta["namespace"] = t.namespace
+    meta["labels"] = names.labels(t.run_id)
+    return meta
+
+
+def namespace(t: r.Target) -> dict[str, Any]:
+    """Shared by the runs of the cluster: created if missing, never deleted by a run (so no run label)."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace}}
+
+
+def service_account(t: r.Target) -> dict[str, Any]:
+    """The pods' identity; the bucket binding (``derivations.bucket_binding``) names it as a principal."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(t.service_account, t)}
+
+
+def dcn_claim_template(spec: RunSpec, t: r.Target) -> dict[str, Any] | None:
+    """Two NICs of device class netdev.google.com (ExactCount) for every worker pod, from managed DRANET."""
+    if not d.has_dcn_nics(spec):
+        return None
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _meta(names.dcn_claim_template(t.run_id), t),
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "nics",
+                            "exactly": {
+                                "deviceClassName": r.NETDEV_DEVICE_CLASS,
+                                "allocationMode": "ExactCount",
+                                "count": len(r.DCN_SUBNET_RANGES),
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _common_env(spec: RunSpec) -> list[dict[str, Any]]:
+    env = []
+    if d.tpu_resource_per_chip(spec) > 1:
+        env.append(_env("RAY_TPU_RESOURCE_PER_CHIP", str(d.tpu_resource_per_chip(spec))))
+    if spec.gke.hf_secret:
+        env.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": spec.gke.hf_secret, "key": HF_TOKEN_KEY}}})
+    return env
+
+
+def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
+    env = _common_env(spec)
+    if d.is_multislice(spec):
+        env += [
+            _env("MEGASCALE_NUM_SLICES", str(spec.cluster.num_slices)),
+            _env("MEGASCALE_PORT", str(r.MEGASCALE_PORT)),
+            _env("JAX_PLATFORMS", "tpu,cpu"),
+            _env("ENABLE_PJRT_COMPATIBILITY", "true"),
+            _env("LIBTPU_INIT_ARGS", r.libtpu_init_args(spec)),
+        ]
+    return env
+
+
+def _checkpoint_volume(t: r.Target) -> dict[str, Any]:
+    return {
+        "name": CHECKPOINT_VOLUME,
+        "csi": {
+            "driver": GCSFUSE_DRIVER,
+            "volumeAttributes": {"bucketName": t.bucket, "mountOptions": GCSFUSE_MOUNT_OPTIONS},
+        },
+    }
+
+
+def _pod_metadata(t: r.Target) -> dict[str, Any]:
+    return {"labels": names.labels(t.run_id), "annotations": {"gke-gcsfuse/volumes": "true"}}
+
+
+def _resources(cpu: int, memory_gib: int, **extra: str) -> dict[str, Any]:
+    amounts = {"cpu": str(cpu), "memory": f"{memory_gib}Gi", **extra}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _head_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+    c = spec.cluster
+    container: dict[str, Any] = {
+        "name": "ray-head",
+        "image": t.image,
+        "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
+        "resources": _resources(c.head_cpus, c.head_memory_gib),
+        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": r.MOUNT_PATH}],
+    }
+    env = _common_env(spec)
+    if env:
+        container["env"] = env
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": t.service_account,
+        "containers": [container],
+        "volumes": [_checkpoint_volume(t)],
+    }
+    selector = r.head_node_selector(spec, t)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    start_params = {"num-cpus": "0"} if spec.train.workload in d.DEVICE_CENTRIC_WORKLOADS else {}
+    return {
+        "serviceType": "ClusterIP",
+        "rayStartParams": start_params,
+        "template": {"metadata": _pod_metadata(t), "spec": pod_spec},
+    }
+
+
+def _worker_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+    c = spec.cluster
+    shape = d.slice_shape(spec)
+    resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
+    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": r.MOUNT_PATH}]
+    volumes = [_checkpoint_volume(t)]
+    if c.worker_shm_gib:
+        mounts.insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        volumes.insert(0, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{c.worker_shm_gib}Gi"}})
+    container: dict[str, Any] = {"name": "ray-worker", "image": t.image, "resources": resources}
+    env = _worker_env(spec)
+    if env:
+        container["env"] = env
+    container["volumeMounts"] = mounts
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": t.service_account,
+        "nodeSelector": r.worker_node_selector(spec, t),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if d.has_dcn_nics(spec):
+        resources["claims"] = [{"name": DCN_CLAIM}]
+        pod_spec["resourceClaims"] = [
+            {"name": DCN_CLAIM, "resourceClaimTemplateName": names.dcn_claim_template(t.run_id)}
+        ]
+    min_slices = spec.train.min_workers // d.workers_per_slice(spec) if d.is_elastic(spec) else c.num_slices
+    group: dict[str, Any] = {
+        "groupName": names.worker_group(shape.pod_type),
+        "replicas": c.num_slices,
+        "minReplicas": min_slices,
+        "maxReplicas": c.num_slices,
+        "numOfHosts": shape.num_hosts,
+        "rayStartParams": {},
+    }
+    if d.tpu_resource_per_chip(spec) > 1:
+        group["resources"] = {"TPU": str(shape.logical_devices_per_host)}
+    group["template"] = {"metadata": _pod_metadata(t), "spec": pod_spec}
+    return group
+
+
+def raycluster(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": _meta(names.raycluster(t.run_id), t),
+        "spec": {
+            "rayVersion": r.RAY_VERSION,
+            "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": _head_group(spec, t),
+            "workerGroupSpecs": [_worker_group(spec, t)],
+        },
+    }
+
+
+def all_objects(spec: RunSpec, t: r.Target) -> list[dict[str, Any]]:
+    """Every object, in the order to apply them."""
+    objects = [namespace(t), service_account(t)]
+    claim = dcn_claim_template(spec, t)
+    if claim:
+        objects.append(claim)
+    return objects + [raycluster(spec, t)]

@@ -1,0 +1,143 @@
+"""The checkpoint bucket and the run's access to it, through google-cloud-storage (architecture decision 8).
+
+- the bucket (``gke.bucket``, default ``<project>-tpupipe``) is got or created (uniform bucket-level access, in the
+  cluster's region) and kept after the run: it holds every run's checkpoints;
+- the run's Kubernetes ServiceAccount gets ``roles/storage.objectUser`` on it through Workload Identity Federation
+  (a ``principal://`` member naming the project *number*, looked up through Resource Manager); teardown removes
+  that binding;
+- IAM policy changes are read-modify-write with the policy's etag, retried when another writer got in between
+  (HTTP 412).
+
+Emulators are found the way the client libraries find them: ``STORAGE_EMULATOR_HOST`` (google-cloud-storage's own)
+and ``TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST`` (host:port, plaintext gRPC). Cloud SDKs are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from components.platforms.gke.cluster import Adapter, credentials
+from components.spec import SpecError
+
+RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
+IAM_POLICY_VERSION = 3
+
+
+def project_number(project: str, creds=None) -> str:
+    """The project's number (Workload Identity principals name it, not the id)."""
+    from google.cloud import resourcemanager_v3
+
+    host = os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.resourcemanager_v3.services.projects.transports import ProjectsGrpcTransport
+
+        client = resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
+    else:
+        client = resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
+    return client.get_project(name=f"projects/{project}").name.removeprefix("projects/")
+
+
+def storage_client(project: str, creds=None):
+    from google.cloud import storage
+
+    return storage.Client(project=project, credentials=creds or credentials())
+
+
+def member(binding: dict[str, Any], number: str) -> str:
+    """The binding's member with the project number filled in (the plan shows PROJECT_NUMBER)."""
+    return binding["member"].replace("PROJECT_NUMBER", number)
+
+
+class Storage(Adapter):
+    def ensure_bucket(self, name: str, location: str):
+        """The bucket: reused if the project can read it, else created in ``location``."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            bucket = self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
+            self.log(f"bucket gs://{name} exists ({bucket.location}): using it")
+            return bucket
+        except gexc.NotFound:
+            pass
+        except gexc.Forbidden as exc:
+            raise SpecError("gke.bucket", f"the bucket {name} exists but this identity cannot read it (another "
+                                          f"project's bucket, or no storage.buckets.get): {exc.message}",
+                            ["a bucket of this project", "a globally unique new name"]) from None
+        bucket = self.client.bucket(name)
+        bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+        try:
+            bucket = self.call(f"create bucket {name}", lambda: self.client.create_bucket(bucket, location=location))
+        except gexc.Conflict as exc:  # created since the get, or another project's name
+            try:
+                return self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
+            except (gexc.NotFound, gexc.Forbidden):
+                raise SpecError("gke.bucket", f"the bucket name {name} is taken by another project: {exc.message}",
+                                ["a bucket of this project", "a globally unique new name"]) from None
+        self.log(f"created bucket gs://{name} in {location} (kept after the run)")
+        return bucket
+
+    def upload(self, name: str, path: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Write ``data`` to ``gs://name/path``; the object's URL."""
+        blob = self.client.bucket(name).blob(path)
+        self.call(f"upload gs://{name}/{path}", lambda: blob.upload_from_string(data, content_type=content_type))
+        self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
+        return f"gs://{name}/{path}"
+
+    def _update_policy(self, name: str, change: Callable[[Any], bool]) -> bool:
+        """Read the bucket's IAM policy, ``change`` it in place, write it back with its etag; again when another
+        writer got in between. False when ``change`` had nothing to do."""
+        from google.api_core import exceptions as gexc
+
+        bucket = self.client.bucket(name)
+        for attempt in range(1, self.retry.attempts + 1):
+            policy = self.call(f"get IAM policy of {name}",
+                               lambda: bucket.get_iam_policy(requested_policy_version=IAM_POLICY_VERSION))
+            if not change(policy):
+                return False
+            try:
+                self.call(f"set IAM policy of {name}", lambda p=policy: bucket.set_iam_policy(p))
+                return True
+            except gexc.PreconditionFailed:
+                if attempt == self.retry.attempts:
+                    raise
+                self.log(f"  IAM policy of gs://{name} changed meanwhile: reading it again")
+        raise AssertionError("unreachable")
+
+    def add_binding(self, name: str, role: str, who: str) -> bool:
+        def add(policy) -> bool:
+            for binding in policy.bindings:
+                if binding["role"] == role and not binding.get("condition"):
+                    if who in binding["members"]:
+                        return False
+                    binding["members"] = set(binding["members"]) | {who}
+                    return True
+            policy.bindings.append({"role": role, "members": {who}})
+            return True
+
+        added = self._update_policy(name, add)
+        self.log(f"{role} on gs://{name} for {who}: " + ("granted" if added else "already granted"))
+        return added
+
+    def remove_binding(self, name: str, role: str, who: str) -> bool:
+        """Remove ``who`` from ``role`` on the bucket; False when it was not there (or the bucket is gone)."""
+        from google.api_core import exceptions as gexc
+
+        def remove(policy) -> bool:
+            changed = False
+            for binding in policy.bindings:
+                if binding["role"] == role and who in binding["members"]:
+                    binding["members"] = set(binding["members"]) - {who}
+                    changed = True
+            policy.bindings[:] = [b for b in policy.bindings if b["members"]]
+            return changed
+
+        try:
+            return self._update_policy(name, remove)
+        except gexc.NotFound:
+            return False
+
+
+__all__ = ["Storage", "member", "project_number", "storage_client"]

@@ -1,0 +1,398 @@
+"""The local platform: a real multi-node Ray cluster on this machine.
+
+One Ray head and N worker raylets (N emulated hosts), each its own process group, on loopback, on ports
+chosen free, under a run-scoped temporary directory, all from the torch image's environment. Every process
+this run starts carries ``TPUPIPE_RUN_ID`` in its environment and is recorded in the run's ledger
+(``<run dir>/ledger.json``, ``components.platforms.ledger``) before anything waits on it, so teardown finds
+exactly what the run started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components.platforms import RunContext
+from components.platforms import ledger as ledgers
+from components.platforms.local import envs
+from components.platforms.waiting import wait_for
+from components.spec import InfraError, SpecError
+from components.workload.derive import trainer_image
+
+RUN_MARKER = "TPUPIPE_RUN_ID"
+NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port",
+              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")
+HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
+WORKER_PORT_RANGE = 40
+OBJECT_STORE_BYTES = 200 * 1024 * 1024
+LOOPBACK = "127.0.0.1"
+# Ray's local_fs_capacity_threshold: above it a node refuses to create objects and its agents fail to start, which
+# reaches the pipeline only as "Connection refused" from the job API.
+DISK_FULL_FRACTION = 0.95
+GRACE_S = 3.0  # SIGTERM to SIGKILL: Ray's `start --block` and GCS can take far longer to exit on their own
+
+
+# ---------------------------------------------------------------- ports
+
+
+def port_is_free(port: int) -> bool:
+    """True if a server could listen on the port now (SO_REUSEADDR, as servers bind: TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
+    """A run of ``size`` consecutive free ports, none in ``taken``; returns the first."""
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - size)
+        block = range(base, base + size)
+        if not taken.intersection(block) and all(port_is_free(p) for p in block):
+            taken.update(block)
+            return base
+    raise InfraError(f"no block of {size} free ports on {LOOPBACK}")
+
+
+def allocate_ports(num_workers: int, seed: int | None = None) -> list[dict[str, int]]:
+    """Ports for the head (index 0) and each worker node: its own ports and its own worker-process range."""
+    rng, taken = random.Random(seed), set()
+    nodes = []
+    for index in range(num_workers + 1):
+        names = (HEAD_PORTS if index == 0 else ()) + NODE_PORTS
+        base = _free_block(len(names) + WORKER_PORT_RANGE, taken, rng)
+        ports = {name: base + i for i, name in enumerate(names)}
+        ports["min-worker-port"] = base + len(names)
+        ports["max-worker-port"] = base + len(names) + WORKER_PORT_RANGE - 1
+        nodes.append(ports)
+    return nodes
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def pid_alive(pid: int) -> bool:
+    state = _state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes carrying this run's marker in their environment (zombies excluded)."""
+    marker = f"{RUN_MARKER}={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str | Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def spawn(cmd: list[str], env: dict[str, str] | None, log_file: Path) -> int:
+    """Start ``cmd`` as its own process group (an emulated host, or the head), output to log_file."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return proc.pid
+
+
+def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> None:
+    """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
+    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until killed."""
+    while True:
+        ledger = json.loads(ledger_path.read_text())
+        for proc in ledger["processes"]:
+            if proc["role"].startswith("host-") and not pid_alive(proc["pid"]):
+                log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
+                proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
+                proc["replacements"] = proc.get("replacements", 0) + 1
+                ledgers.save(ledger_path, ledger)
+        time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- the platform
+
+
+class LocalPlatform:
+    name = "local"
+
+    def __init__(self, log=print):
+        self.log = log
+
+    # -- ledger: what this run started, written before anything waits on it
+    def _load(self, ctx: RunContext) -> dict[str, Any] | None:
+        return ledgers.load(ctx.ledger_path)
+
+    def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
+        ledgers.save(ctx.ledger_path, ledger)
+
+    def check(self, ctx: RunContext) -> None:
+        if ctx.spec.cluster.accelerator != "cpu":
+            raise SpecError(
+                "cluster.accelerator",
+                f"the local platform emulates CPU hosts; preset {ctx.spec.name!r} asks for "
+                f"{ctx.spec.cluster.accelerator!r}: run it with platform=gke, or set cluster.accelerator=cpu",
+                ["cpu"],
+            )
+
+    @staticmethod
+    def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
+        """A clear error when the disk that holds Ray's session directories is as full as Ray tolerates."""
+        usage = shutil.disk_usage(path)
+        used = 1 - usage.free / usage.total
+        if used >= full_fraction:
+            raise InfraError(f"the disk that holds {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free); "
+                               f"Ray's processes fail above {full_fraction:.0%}: free some space and run again")
+
+    # -- provision: start the head and the worker raylets
+    def provision(self, ctx: RunContext) -> dict[str, Any]:
+        self.check(ctx)
+        ledger = self._load(ctx)
+        if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]) \
+                and not ledger.get("processes_stopped"):
+            self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
+            return self._describe(ledger)
+        if ledger:  # a previous attempt died half-way: clear what it left before starting again
+            self._stop(ctx, ledger)
+        self.check_disk(Path(tempfile.gettempdir()))
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
+        ledger = self._new_ledger(ctx, env)
+        self._save(ctx, ledger)
+        self._start(ctx, ledger, env)
+        self.log(f"started {ledger['num_hosts']} emulated hosts and their keeper (replaces a lost host)")
+        return self._describe(ledger)
+
+    @staticmethod
+    def _new_ledger(ctx: RunContext, env) -> dict[str, Any]:
+        """The ledger of a new cluster: its ports (chosen free), temp dir and addresses; no process yet."""
+        cluster = ctx.spec.cluster
+        ports = allocate_ports(cluster.num_hosts * cluster.num_slices)
+        head = ports[0]
+        return {
+            "run_id": ctx.run_id,
+            "platform": "local",
+            "env": env.path,
+            "temp_dir": str(Path(tempfile.gettempdir()) / f"tp-{hashlib.sha256(ctx.run_id.encode()).hexdigest()[:10]}"),
+            "gcs_address": f"{LOOPBACK}:{head['port']}",
+            "dashboard_url": f"http://{LOOPBACK}:{head['dashboard-port']}",
+            "num_hosts": len(ports) - 1,
+            "ports": ports,
+            "processes": [],
+        }
+
+    def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
+        """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
+        cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
+        process_env = {
+            **os.environ,
+            RUN_MARKER: ctx.run_id,
+            "PATH": f"{env.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VIRTUAL_ENV": env.path,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+        ray = str(env.bin / "ray")
+        common = ["--block", f"--node-ip-address={LOOPBACK}", "--disable-usage-stats",
+                  f"--object-store-memory={OBJECT_STORE_BYTES}"]
+        self.log(f"starting Ray head on {ledger['gcs_address']} (dashboard {ledger['dashboard_url']})")
+        head_cmd = [ray, "start", "--head", *common, f"--dashboard-host={LOOPBACK}", "--include-dashboard=true",
+                    "--num-cpus=0", f"--temp-dir={temp_dir / 'head'}",
+                    *[f"--{k}={v}" for k, v in head.items()]]
+        self._spawn(ctx, ledger, "head", head_cmd, process_env)
+        wait_for(lambda: self._head_up(ctx, ledger), timeout_s=cluster.ready_timeout_s, interval_s=0.5,
+                 what="the Ray head's GCS port")
+        for index, node_ports in enumerate(ledger["ports"][1:], start=1):
+            worker_cmd = [ray, "start", f"--address={ledger['gcs_address']}", *common,
+                          f"--num-cpus={cluster.cpus_per_host}", f"--temp-dir={temp_dir / f'host{index}'}",
+                          f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
+                          *[f"--{k}={v}" for k, v in node_ports.items()]]
+            self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
+        keeper = [sys.executable, "-m", "components.platforms.local.cluster", "keep", str(ctx.ledger_path)]
+        self._spawn(ctx, ledger, "keeper", keeper, process_env)
+
+    def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
+        log_file = ctx.logs_dir / f"{role}.out"
+        pid = spawn(cmd, env, log_file)
+        ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
+        self._save(ctx, ledger)
+
+    def _head_up(self, ctx: RunContext, ledger: dict) -> bool | None:
+        self._raise_if_dead(ledger)
+        host, port = ledger["gcs_address"].split(":")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return True if s.connect_ex((host, int(port))) == 0 else None
+
+    @staticmethod
+    def _raise_if_dead(ledger: dict) -> None:
+        for proc in ledger["processes"]:
+            if not pid_alive(proc["pid"]) and not proc["role"].startswith("host-"):  # the keeper replaces hosts
+                raise InfraError(f"{proc['role']} (pid {proc['pid']}) exited; last lines of "
+                                   f"{proc['log']}:\n{_tail(proc['log'])}")
+            if proc.get("replacements", 0) >= 3:
+                raise InfraError(f"{proc['role']} keeps exiting ({proc['replacements']} replacements); last "
+                                   f"lines of {proc['log']}:\n{_tail(proc['log'])}")
+
+    @staticmethod
+    def _describe(ledger: dict) -> dict[str, Any]:
+        return {k: ledger[k] for k in ("gcs_address", "dashboard_url", "num_hosts", "temp_dir")} | {
+            "pids": [p["pid"] for p in ledger["processes"]]
+        }
+
+    # -- build_image: the trainer image's environment, by content hash
+    def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
+        return {**env.to_dict(), "image": f"local/{env.image}@{env.digest}"}
+
+    # -- deploy_raycluster: wait until the head and every host are alive
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = self._load(ctx)
+        if not ledger:
+            raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        want = ledger["num_hosts"] + 1
+
+        def alive_nodes() -> int | None:
+            self._raise_if_dead(self._load(ctx))
+            try:
+                from ray.util.state import list_nodes
+
+                nodes = list_nodes(address=ledger["dashboard_url"], raise_on_missing_output=False)
+            except Exception:  # dashboard still starting
+                return None
+            alive = sum(1 for n in nodes if n.state == "ALIVE")
+            return alive if alive >= want else None
+
+        started = time.monotonic()
+        seen = wait_for(alive_nodes, timeout_s=ctx.spec.cluster.ready_timeout_s, interval_s=1.0,
+                        what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
+                        progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s")
+                        if int(s) % 10 == 0 else None)
+        self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
+        return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
+
+    def job_client(self, ctx: RunContext):
+        from ray.job_submission import JobSubmissionClient
+
+        ledger = self._load(ctx)
+        if not ledger:
+            raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        return JobSubmissionClient(ledger["dashboard_url"])
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        return str(ctx.run_dir / "train")
+
+    # -- teardown: stop exactly what this run started, free its ports, keep its outputs
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = self._load(ctx)
+        if not ledger:
+            leftover = run_processes(ctx.run_id)
+            for pid in leftover:
+                _kill(pid, signal.SIGKILL)
+            return {"stopped_groups": 0, "strays": len(leftover), "note": "no cluster was recorded",
+                    "deleted": [f"process {pid}" for pid in leftover]}
+        return self._stop(ctx, ledger)
+
+    def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
+        # The keeper first, so that it replaces no host we stop; then the ledger as it left it.
+        for proc in ledger["processes"]:
+            if proc["role"] == "keeper":
+                _kill_group(proc["pgid"], signal.SIGKILL)
+                wait_for(lambda p=proc: True if not pid_alive(p["pid"]) else None, timeout_s=10, interval_s=0.1,
+                         what="the host keeper to exit")
+        ledger = self._load(ctx) or ledger
+        groups = [p["pgid"] for p in ledger["processes"]]
+        for pgid in reversed(groups):  # workers first, the head last
+            _kill_group(pgid, signal.SIGTERM)
+        # Processes that left their group (Ray's job supervisors, say) carry the run marker: signal them too.
+        strays = [pid for pid in run_processes(ctx.run_id) if _pgid(pid) not in groups]
+        for pid in strays:
+            _kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=GRACE_S, interval_s=0.2,
+                     what="a graceful exit")
+        except TimeoutError:
+            for pgid in groups:
+                _kill_group(pgid, signal.SIGKILL)
+            for pid in run_processes(ctx.run_id):
+                _kill(pid, signal.SIGKILL)
+            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
+                     what=f"the processes of run {ctx.run_id} to exit")
+        shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
+        ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
+        busy = [p for p in ports if not port_is_free(p)]
+        ledger["processes_stopped"] = True
+        self._save(ctx, ledger)
+        self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
+                 + (f" and {len(strays)} processes outside them" if strays else ""))
+        deleted = [f"{p['role']} (pid {p['pid']})" for p in ledger["processes"]] + [f"process {pid}" for pid in strays]
+        return {"stopped_groups": len(groups), "strays": len(strays), "ports_still_bound": busy, "deleted": deleted}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The local platform's host keeper.")
+    parser.add_argument("command", choices=("keep",))
+    parser.add_argument("ledger", help="the run's ledger.json")
+    args = parser.parse_args(argv)
+    keep(Path(args.ledger), log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()

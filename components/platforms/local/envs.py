@@ -1,0 +1,114 @@
+"""Local "images": one Python environment per image directory, keyed by the content hash of its files.
+
+``images/<name>/`` holds the image's Dockerfile and pinned requirements. Locally, building the image means
+creating ``.envs/<name>-<hash>/`` from those files (Python 3.12, the requirements, then this repository
+installed without dependencies, as the Dockerfile does). The same files give the same hash, so an environment
+is built once and reused until its image files change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from components.spec import InfraError, SpecError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]  # components/platforms/local/envs.py
+IMAGES_DIR = REPO_ROOT / "images"
+COMPLETE_MARKER = ".tpupipe-env-complete"
+
+
+def envs_dir() -> Path:
+    return Path(os.environ.get("TPUPIPE_ENVS_DIR", REPO_ROOT / ".envs"))
+
+
+@dataclass(frozen=True)
+class Env:
+    image: str
+    digest: str
+    path: str
+    reused: bool
+
+    @property
+    def python(self) -> str:
+        return str(Path(self.path) / "bin" / "python")
+
+    @property
+    def bin(self) -> Path:
+        return Path(self.path) / "bin"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "python": self.python}
+
+
+def image_names() -> list[str]:
+    return sorted(p.name for p in IMAGES_DIR.iterdir() if (p / "Dockerfile").is_file())
+
+
+def image_digest(image: str) -> str:
+    """sha256 over the image directory's files (names and bytes) and the Python minor version."""
+    directory = IMAGES_DIR / image
+    if not (directory / "Dockerfile").is_file():
+        raise SpecError("image", f"unknown image {image!r}", image_names())
+    h = hashlib.sha256(f"python{sys.version_info.major}.{sys.version_info.minor}\n".encode())
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def env_for(image: str) -> Env:
+    digest = image_digest(image)
+    path = envs_dir() / f"{image}-{digest}"
+    return Env(image, digest, str(path), (path / COMPLETE_MARKER).is_file())
+
+
+def _base_python() -> str:
+    """The interpreter this environment was made from (Python 3.12), to make sibling environments."""
+    candidate = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return str(candidate) if candidate.exists() else sys.executable
+
+
+def _run_logged(cmd: list[str], log, what: str, log_file: Path) -> None:
+    started = time.monotonic()
+    with open(log_file, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log(f"  ... {what}: {time.monotonic() - started:.0f}s")
+    if proc.returncode != 0:
+        tail = log_file.read_text().splitlines()[-20:]
+        raise InfraError(f"{what} failed (exit {proc.returncode}); log {log_file}:\n" + "\n".join(tail))
+
+
+def ensure_env(image: str, log=print) -> Env:
+    """Create the image's environment unless one with the same content hash exists. Idempotent."""
+    env = env_for(image)
+    if env.reused:
+        log(f"image {image}: reusing environment {env.path} (content hash {env.digest})")
+        return env
+    target = Path(env.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log_file = target.with_name(f"{target.name}.log")
+    log(f"image {image}: creating environment {target} (content hash {env.digest}); log {log_file}")
+    started = time.monotonic()
+    # Venvs are not relocatable, so it is made at its final path; the marker, written last, makes it count.
+    shutil.rmtree(target, ignore_errors=True)
+    _run_logged([_base_python(), "-m", "venv", str(target)], log, "venv", log_file)
+    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+    requirements = IMAGES_DIR / image / "requirements.txt"
+    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {requirements.relative_to(REPO_ROOT)}",
+                log_file)
+    _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, "pip install tpupipe", log_file)
+    (target / COMPLETE_MARKER).write_text(env.digest + "\n")
+    log(f"image {image}: environment ready in {time.monotonic() - started:.0f}s")
+    return Env(image, env.digest, env.path, False)

@@ -1,0 +1,36 @@
+"""The run spec: what a run is, as data, and the names and records that follow from it.
+
+Owns the typed, strict, read-only run spec (``run_spec``), the named presets (``presets``), the models the
+trainers build from a config (``models``), every resource name derived from a run id (``names``), the one error
+hierarchy (``errors``) and the record protocol the trainers print and the stages parse (``protocol``).
+Pure standard library; imports nothing else of the project, so the pipeline image and both trainer images
+import it alike. See docs/architecture.md for the dependency rules.
+"""
+
+from components.spec.errors import InfraError, SpecError, TpupipeError
+from components.spec.run_spec import (
+    CAPACITY_TYPES,
+    GENERATED_DATASET,
+    GKE_CLUSTER_MODES,
+    MULTISLICE_NETWORKS,
+    SCRATCH_PREFIX,
+    SECTIONS,
+    WORKLOADS,
+    ClusterSpec,
+    GkeSpec,
+    MaxTextSpec,
+    RunSpec,
+    TrainSpec,
+    all_keys,
+    apply_overrides,
+    from_dict,
+    layered,
+    parse_overrides,
+    validate,
+)
+
+__all__ = [
+    "CAPACITY_TYPES", "GENERATED_DATASET", "GKE_CLUSTER_MODES", "MULTISLICE_NETWORKS", "SCRATCH_PREFIX", "SECTIONS",
+    "WORKLOADS", "ClusterSpec", "GkeSpec", "InfraError", "MaxTextSpec", "RunSpec", "SpecError", "TpupipeError",
+    "TrainSpec", "all_keys", "apply_overrides", "from_dict", "layered", "parse_overrides", "validate",
+]

@@ -1,0 +1,149 @@
+"""Every name of every resource a run creates, derived from the run id alone (see docs/architecture.md, "Names").
+
+A retried task, the teardown exit task and an out-of-band janitor all find a run's resources from its run id:
+nothing here depends on another task's output or on the clock. Every created resource that takes labels also
+carries ``RUN_LABEL: <run id>``; the few that take none (VPC networks and subnets) carry it in their
+description and are found by name.
+
+Limits: GKE cluster and node pool names are at most 40 characters; Compute Engine resources (networks,
+subnets, resource policies) and Kubernetes labels at most 63; a RayCluster name at most 53 (KubeRay appends
+suffixes; MaxRayClusterNameLength in ray-operator/controllers/ray/utils/constant.go). A run id is a DNS-1035 label
+of at most 40 characters (:func:`run_id_from`); a name that would be too long is cut and given a hash of the whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from components.spec.errors import SpecError
+
+RUN_LABEL = "tpupipe-run"
+SLICE_LABEL = "tpupipe-slice"
+
+GKE_NAME_MAX = 40
+COMPUTE_NAME_MAX = 63
+LABEL_VALUE_MAX = 63
+RAYCLUSTER_NAME_MAX = 53
+PLACEHOLDER_PROJECT = "PROJECT_ID"
+RUN_ID_MAX = 40
+
+
+def fit(name: str, limit: int) -> str:
+    """``name`` if it fits in ``limit`` characters, else its head and a 6-character hash of the whole."""
+    if len(name) <= limit:
+        return name
+    return name[: limit - 7].rstrip("-") + "-" + _digest(name)
+
+
+def _digest(text: str) -> str:
+    """The 6-character hash that keeps a shortened name unique."""
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def run_id_from(explicit: str, job_name: str) -> str:
+    """The run id: the explicit one if given, else derived from the pipeline job name. A DNS-1035 label
+    (lowercase letters, digits, '-'; starts with a letter; at most 40 characters) so every resource name
+    derived from it is valid everywhere."""
+    raw = explicit or job_name
+    rid = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    if not rid:
+        raise SpecError("run_id", "empty: give a run id or run inside a pipeline job")
+    if not rid[0].isalpha():
+        rid = "r-" + rid
+    if len(rid) > RUN_ID_MAX:
+        rid = rid[: RUN_ID_MAX - 7].rstrip("-") + "-" + _digest(raw)  # the hash of the whole job name
+    if explicit and rid != explicit:
+        raise SpecError("run_id", f"{explicit!r} is not a DNS-1035 label of at most {RUN_ID_MAX} characters; "
+                                  f"for example {rid!r}")
+    return rid
+
+
+def labels(run_id: str, **extra: str) -> dict[str, str]:
+    """The labels of every resource of the run."""
+    return {RUN_LABEL: run_id, **extra}
+
+
+def gke_cluster(run_id: str) -> str:
+    """A GKE cluster the run creates itself (gke.cluster_name empty)."""
+    return fit(f"tpupipe-{run_id}", GKE_NAME_MAX)
+
+
+def tpu_node_pool(run_id: str, slice_index: int) -> str:
+    """The node pool of slice ``slice_index``: one multi-host slice per node pool."""
+    suffix = f"-s{slice_index}"
+    return fit(run_id, GKE_NAME_MAX - len(suffix)) + suffix
+
+
+def cpu_node_pool(run_id: str) -> str:
+    """The CPU node pool that carries the Ray head."""
+    return fit(run_id, GKE_NAME_MAX - 4) + "-cpu"
+
+
+def workload_policy(run_id: str) -> str:
+    """The Compute Engine workload policy (TPU7x multi-host slices)."""
+    return fit(f"{run_id}-placement", COMPUTE_NAME_MAX)
+
+
+def dcn_network(run_id: str, index: int) -> str:
+    """The ``index``-th extra VPC network for the DCN traffic between slices (dcn_networks)."""
+    return fit(run_id, COMPUTE_NAME_MAX - 5) + f"-dcn{index}"
+
+
+def dcn_subnet(run_id: str, index: int) -> str:
+    return dcn_network(run_id, index) + "-subnet"
+
+
+def raycluster(run_id: str) -> str:
+    return fit(run_id, RAYCLUSTER_NAME_MAX)
+
+
+def job_submission_id(run_id: str, kind: str) -> str:
+    """The Ray job submission id of the run's ``kind`` job (train, evaluate): the stages submit under it and a
+    retried stage re-attaches to it."""
+    return f"{run_id}-{kind}"
+
+
+def ray_token_secret(run_id: str) -> str:
+    """The Secret holding the run's Ray cluster token (Ray's token authentication stays on)."""
+    return fit(f"{run_id}-ray-token", COMPUTE_NAME_MAX)
+
+
+def service_account(run_id: str) -> str:
+    """The Kubernetes ServiceAccount of the run's pods (Workload Identity)."""
+    return fit(f"tpupipe-{run_id}", COMPUTE_NAME_MAX)
+
+
+def dcn_claim_template(run_id: str) -> str:
+    """The ResourceClaimTemplate that gives each worker pod the extra NICs."""
+    return fit(f"{run_id}-dcn-nics", COMPUTE_NAME_MAX)
+
+
+def worker_group(pod_type: str) -> str:
+    """The RayCluster worker group: one for the whole run, named after the slice (``tpu-v6e-16``)."""
+    return f"tpu-{pod_type}"
+
+
+def bucket(project: str) -> str:
+    """The checkpoint bucket when gke.bucket is empty: shared by runs of the project, kept after them."""
+    return f"{project or PLACEHOLDER_PROJECT}-tpupipe"
+
+
+def run_prefix(run_id: str) -> str:
+    """Where the run's checkpoints and outputs go, inside the bucket and under its mount path."""
+    return f"runs/{run_id}"
+
+
+def image_tag(run_id: str) -> str:
+    """The tag the build stage pushes the run's trainer image under."""
+    return run_id
+
+
+def build_tag(run_id: str) -> str:
+    """The Cloud Build tag that finds the run's image build again (a re-run build stage re-attaches to it)."""
+    return f"tpupipe-run-{run_id}"
+
+
+def build_source(run_id: str) -> str:
+    """The object, in the bucket, that holds the image build's context."""
+    return f"{run_prefix(run_id)}/build/context.tar.gz"

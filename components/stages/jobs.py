@@ -1,0 +1,117 @@
+"""The Ray jobs of a run: submitted (or re-attached to) through the Ray Jobs API, followed to a terminal state
+with their log streamed to ours and to ``<run dir>/logs/<kind>.log``, stopped on SIGTERM or past their deadline.
+Results come back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.spec import InfraError, names, protocol
+from components.workload.derive import JOB_RUNTIME_ENV
+
+POLL_S = 1.0
+TAIL_LINES = 25
+
+
+class JobFailed(InfraError):
+    """A Ray job of the run ended FAILED or STOPPED; the message carries the job's own error."""
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+@dataclass
+class _Follow:
+    """What following a job has seen so far: the log length, the whole text, the records."""
+
+    seen: int = 0
+    text: str = ""
+    records: list[tuple[str, dict]] = field(default_factory=list)
+
+
+def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str:
+    """Submit the run's ``kind`` job under its derived submission id, or re-attach to it when it exists (a retried
+    task). Returns the submission id."""
+    submission_id = names.job_submission_id(ctx.run_id, kind)
+    try:
+        info = client.get_job_info(submission_id)
+        log(f"{kind}: re-attaching to job {submission_id} ({info.status})")
+    except Exception:  # noqa: BLE001 - the Jobs API raises a plain error for an unknown job
+        client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=JOB_RUNTIME_ENV,
+                          metadata={names.RUN_LABEL: ctx.run_id, "kind": kind})
+        log(f"{kind}: submitted Ray job {submission_id}")
+    return submission_id
+
+
+def _read_new(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
+              on_record: Callable[[str, dict], None] | None) -> None:
+    """Print the log lines that are new since the last read, keep the file copy, parse their records."""
+    text = client.get_job_logs(submission_id)
+    new = text[state.seen:]
+    if not new:
+        return
+    state.seen, state.text = len(text), text
+    (ctx.logs_dir / f"{kind}.log").write_text(text)
+    lines = new.splitlines()
+    for line in lines:
+        print(f"  [{kind}] {line}", flush=True)
+    for rec in protocol.parse(lines):
+        state.records.append(rec)
+        if on_record:
+            on_record(*rec)
+
+
+def _stop_on_sigterm(client, submission_id: str, kind: str):
+    """Install a SIGTERM handler that stops the job; returns the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        log(f"{kind}: signal {signum}: stopping job {submission_id}")
+        client.stop_job(submission_id)
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
+            on_record: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
+    """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
+    ``TPUPIPE result`` record. SIGTERM stops the job; so does its deadline."""
+    from ray.job_submission import JobStatus
+
+    client = get_platform(ctx.platform).job_client(ctx)
+    submission_id = submit_or_attach(client, ctx, kind, entrypoint)
+    ctx.logs_dir.mkdir(parents=True, exist_ok=True)
+    state = _Follow()
+    previous = _stop_on_sigterm(client, submission_id, kind)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            status = client.get_job_status(submission_id)
+            _read_new(client, submission_id, kind, state, ctx, on_record)
+            if status.is_terminal():
+                break
+            if time.monotonic() > deadline:
+                client.stop_job(submission_id)
+                raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped")
+            time.sleep(POLL_S)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    info = client.get_job_info(submission_id)
+    if info.status != JobStatus.SUCCEEDED:
+        tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])
+        raise JobFailed(f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
+                        f"--- last lines of {ctx.logs_dir / f'{kind}.log'} ---\n{tail}")
+    result = next((p for k, p in reversed(state.records) if k == "result"), None)
+    if result is None:
+        raise JobFailed(f"{kind}: job {submission_id} succeeded but printed no result record")
+    return {"submission_id": submission_id, "records": state.records, "result": result}

@@ -1,0 +1,157 @@
+"""The run's summary: ``summary.json`` for scripts, a loss plot (PNG + HTML page), and the text table."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from components.platforms import RunContext
+from components.stages import STAGES
+
+
+def summarize(ctx: RunContext) -> dict[str, Any]:
+    stages, results = [], {}
+    for name in STAGES:
+        path = ctx.stages_dir / f"{name}.json"
+        rec = json.loads(path.read_text()) if path.is_file() else {"status": "skipped"}
+        entry = {"name": name, "status": rec.get("status", "unknown"), "seconds": rec.get("seconds")}
+        if rec.get("error"):
+            entry["error"] = rec["error"]
+        stages.append(entry)
+        results[name] = rec.get("result") or {}
+    train, ev = results["train"], results["evaluate"]
+    ok = all(s["status"] == "succeeded" for s in stages)
+    return {
+        "run_id": ctx.run_id,
+        "preset": ctx.spec.name,
+        "platform": ctx.platform,
+        "status": "succeeded" if ok else "failed",
+        "run_dir": str(ctx.run_dir),
+        "stages": stages,
+        "train_losses": train.get("losses", []),
+        "history": train.get("history", []),
+        "tokens_per_s": train.get("tokens_per_s"),
+        "checkpoint": train.get("checkpoint"),
+        "eval_loss_before": ev.get("eval_loss_before"),
+        "eval_loss_after": ev.get("eval_loss_after"),
+        "perplexity_before": ev.get("perplexity_before"),
+        "perplexity_after": ev.get("perplexity_after"),
+        "deleted": results["teardown"].get("deleted", []),
+        "spec": ctx.spec.to_dict(),
+    }
+
+
+def write(ctx: RunContext) -> dict[str, Any]:
+    summary = summarize(ctx)
+    checkpoint = Path(summary["checkpoint"]) if summary["checkpoint"] else None
+    if checkpoint and checkpoint.is_dir() and checkpoint.is_relative_to(ctx.run_dir):
+        link = ctx.run_dir / "checkpoint"  # a stable name for the final checkpoint inside the run directory
+        link.unlink(missing_ok=True)
+        link.symlink_to(checkpoint.relative_to(ctx.run_dir))
+        summary["final_checkpoint"] = str(link)
+    if summary["train_losses"]:
+        summary["plots"] = _plot(summary, ctx.run_dir)
+    (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _plot(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit = _unit(summary["history"])
+    xs = [row[unit] for row in summary["history"]]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
+    ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
+    for key, style, text in (("eval_loss_before", ":", "held-out, untrained"),
+                             ("eval_loss_after", "--", "held-out, trained")):
+        if summary.get(key) is not None:
+            ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=text)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("loss")
+    if unit == "epoch":
+        ax.set_xticks(xs)
+    ax.set_title(f"{summary['preset']} — {summary['run_id']}")
+    ax.legend()
+    fig.tight_layout()
+    png = run_dir / "loss.png"
+    fig.savefig(png)
+    plt.close(fig)
+    columns = _columns(summary["history"])
+    head = "".join(f"<th>{html.escape(title)}</th>" for title, _key, _fmt in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
+                   for row in summary["history"])
+    page = run_dir / "loss.html"
+    page.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>tpupipe "
+        f"{html.escape(summary['run_id'])}</title></head><body>"
+        f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
+        "<img src='loss.png' alt='loss per epoch'>"
+        f"<table border='1'><tr>{head}</tr>{rows}</table>"
+        f"<p>held-out loss: {_fmt(summary.get('eval_loss_before'))} untrained, "
+        f"{_fmt(summary.get('eval_loss_after'))} trained</p></body></html>"
+    )
+    return {"png": str(png), "html": str(page)}
+
+
+def _unit(history: list[dict]) -> str:
+    return "epoch" if history and "epoch" in history[0] else "step"
+
+
+def _columns(history: list[dict]) -> list[tuple[str, str, str]]:
+    """(title, key, format) of the metric table: per epoch for FSDP, per step (MaxText's figures) for MaxText."""
+    if _unit(history) == "epoch":
+        return [("epoch", "epoch", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "epoch_s", "{:.1f}"),
+                ("tokens/s", "tokens_per_s", "{:.0f}")]
+    return [("step", "step", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "step_s", "{:.3f}"),
+            ("tokens/s", "tokens_per_s", "{:.0f}"), ("tok/s/dev", "tokens_per_s_per_device", "{:.1f}"),
+            ("TFLOP/s/dev", "tflops_per_s_per_device", "{:.4f}")]
+
+
+def _shown(history: list[dict], most: int = 12) -> list[dict]:
+    """Every row when few, else evenly spaced rows and the last."""
+    if len(history) <= most:
+        return history
+    stride = -(-len(history) // most)
+    return history[::stride] + ([history[-1]] if (len(history) - 1) % stride else [])
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = ["", f"tpupipe run {summary['run_id']}  preset {summary['preset']}  platform {summary['platform']}", ""]
+    lines.append(f"  {'stage':<20} {'status':<10} {'seconds':>8}")
+    for s in summary["stages"]:
+        secs = "-" if s["seconds"] is None else f"{s['seconds']:.1f}"
+        lines.append(f"  {s['name']:<20} {s['status']:<10} {secs:>8}")
+    failed = [s for s in summary["stages"] if s.get("error")]
+    for s in failed:
+        lines.append(f"\n  {s['name']} failed: {s['error']}")
+    if summary["history"]:
+        columns = _columns(summary["history"])
+        lines += ["", "  " + " ".join(f"{title:>11}" for title, _key, _fmt in columns)]
+        for row in _shown(summary["history"]):
+            lines.append("  " + " ".join(f"{fmt.format(row.get(key, 0)):>11}" for _t, key, fmt in columns))
+    if summary.get("eval_loss_before") is not None:
+        lines += [
+            "",
+            f"  held-out loss        untrained {_fmt(summary['eval_loss_before'])}   "
+            f"trained {_fmt(summary['eval_loss_after'])}",
+            f"  held-out perplexity  untrained {_fmt(summary['perplexity_before'], 2)}   "
+            f"trained {_fmt(summary['perplexity_after'], 2)}",
+        ]
+    if summary.get("tokens_per_s"):
+        lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
+    if summary["status"] != "succeeded":
+        deleted = summary.get("deleted") or []
+        lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")
+    lines += ["", f"status: {summary['status']}", summary["run_dir"]]
+    return "\n".join(lines)

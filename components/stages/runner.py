@@ -1,0 +1,180 @@
+"""The pipeline's stages as plain functions over the platform interface.
+
+Each KFP component calls :func:`run_stage` with the pipeline parameters; everything a stage needs is derived
+from them (spec from preset + overrides, run id from the job name), which is what lets ``teardown`` run in
+an exit handler without any other task's output. Each stage records its status and duration in
+``<run dir>/stages/<stage>.json``; teardown, which always runs last, writes the run's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.spec import RunSpec, SpecError, TpupipeError
+from components.spec.names import run_id_from
+from components.stages import STAGES
+from components.stages.jobs import JobFailed, log, run_job
+from components.workload import resolve
+
+
+def run_dir_for(run_id: str, job_name: str, output_root: str) -> tuple[str, Path]:
+    rid = run_id_from(run_id, job_name)
+    return rid, Path(output_root or "runs").expanduser().resolve() / rid
+
+
+def context(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> RunContext:
+    rid, run_dir = run_dir_for(run_id, job_name, output_root)
+    return RunContext(spec=resolve(preset, overrides), run_id=rid, run_dir=run_dir, platform=platform)
+
+
+def record(run_dir: Path, stage: str, **fields: Any) -> None:
+    stages_dir = run_dir / "stages"
+    stages_dir.mkdir(parents=True, exist_ok=True)
+    path = stages_dir / f"{stage}.json"
+    current = json.loads(path.read_text()) if path.is_file() else {"stage": stage}
+    current.update(fields)
+    path.write_text(json.dumps(current, indent=2, sort_keys=True))
+
+
+# ---------------------------------------------------------------- the stages
+
+
+def _on_platform(stage: str) -> Callable[[RunContext, str], dict[str, Any]]:
+    """A stage that is the platform's own method of the same name (provision, build_image, ...)."""
+
+    def run(ctx: RunContext, _upstream: str) -> dict[str, Any]:
+        return getattr(get_platform(ctx.platform), stage)(ctx)
+
+    run.__name__ = stage
+    return run
+
+
+def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "") -> str:
+    """The command of the run's ``mode`` (train or eval) job, as the stage submits it."""
+    from components.workload.derive import job_command
+
+    out = get_platform(ctx.platform).job_output_dir(ctx)
+    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint)
+
+
+def history(records: list[tuple[str, dict]]) -> list[dict]:
+    """Per-epoch (FSDP) or per-step (MaxText) metric records in order; after a restart, the figures of a
+    re-run epoch or step replace the earlier ones."""
+    latest: dict[int, dict] = {}
+    for kind, payload in records:
+        if kind == "metric":
+            latest[payload.get("epoch", payload.get("step"))] = payload
+    return [latest[k] for k in sorted(latest)]
+
+
+def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
+    t = ctx.spec.train
+    total = ctx.spec.maxtext.steps if t.workload == "maxtext" else t.epochs
+
+    shown: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
+
+    def progress(kind: str, p: dict) -> None:
+        unit, index = ("step", p["step"] + 1) if "step" in p else ("epoch", p.get("epoch"))
+        if kind != "metric" or (unit, index, p["loss"]) in shown:
+            return
+        shown.add((unit, index, p["loss"]))
+        seconds = p.get("epoch_s", p.get("step_s", 0.0))
+        log(f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)")
+
+    job = run_job(ctx, "train", entrypoint(ctx, "train"), t.timeout_s, progress)
+    rows = history(job["records"])
+    return {
+        "job": job["submission_id"],
+        "checkpoint": job["result"]["checkpoint"],
+        "history": rows,
+        "losses": [r["loss"] for r in rows],
+        "tokens_per_s": rows[-1]["tokens_per_s"] if rows else None,
+        "device": job["result"]["device"],
+        "backend": job["result"]["backend"],
+        "num_workers": job["result"]["num_workers"],
+    }
+
+
+def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
+    """Held-out loss before and after training, of the checkpoint the train stage (``upstream``) reported."""
+    train_result = json.loads(upstream) if upstream else {}
+    if not train_result.get("checkpoint"):
+        raise JobFailed("evaluate: the train stage reported no checkpoint")
+    command = entrypoint(ctx, "eval", checkpoint=train_result["checkpoint"])
+    job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
+    result = job["result"]
+    log(f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
+        f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}")
+    return {"job": job["submission_id"], **result}
+
+
+RUNNERS: dict[str, Callable[[RunContext, str], dict[str, Any]]] = {
+    "provision": _on_platform("provision"),
+    "build_image": _on_platform("build_image"),
+    "deploy_raycluster": _on_platform("deploy_raycluster"),
+    "train": train,
+    "evaluate": evaluate,
+    "teardown": _on_platform("teardown"),
+}
+assert tuple(RUNNERS) == STAGES
+
+
+# ---------------------------------------------------------------- what a component calls
+
+
+def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
+              output_root: str, upstream: str = "") -> str:
+    """Resolve the context, run one stage with its record kept, return its result as JSON."""
+    if stage not in RUNNERS:
+        raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
+    rid, run_dir = run_dir_for(run_id, job_name, output_root)
+    started = time.time()
+    record(run_dir, stage, status="running", started=started, run_id=rid)
+    log(f"== {stage} ({platform}, run {rid})")
+    ctx = None
+    try:
+        ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
+        result = RUNNERS[stage](ctx, upstream)
+    except BaseException as exc:
+        record(run_dir, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
+        if stage == "teardown" and ctx is not None:
+            _write_report(ctx)
+        raise
+    record(run_dir, stage, status="succeeded", seconds=time.time() - started, result=result)
+    if stage == "teardown":
+        _write_report(ctx)
+    return json.dumps(result)
+
+
+def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
+                   output_root: str) -> RunContext:
+    try:
+        return context(preset, platform, overrides, run_id, job_name, output_root)
+    except SpecError:
+        if stage != "teardown":
+            raise
+        # Teardown needs only the run id: it still cleans up after a run whose input was bad.
+        rid, run_dir = run_dir_for(run_id, job_name, output_root)
+        return RunContext(spec=RunSpec(name=preset), run_id=rid, run_dir=run_dir, platform=platform)
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, TpupipeError):
+        return str(exc)
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _write_report(ctx: RunContext) -> None:
+    from components.stages import report
+
+    try:
+        report.write(ctx)
+    except Exception as exc:  # the report must never hide the teardown's own outcome
+        print(f"teardown: could not write the run summary: {exc}", file=sys.stderr)

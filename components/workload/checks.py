@@ -1,0 +1,122 @@
+"""The checks of a run spec against the hardware: the slice against the TPU catalogue, Ray Train worker counts
+against the slice, GKE version floors of the features the slice needs, and MaxText's argument rules.
+
+``resolve`` is the one entry point every caller that runs or plans anything uses: preset -> overrides -> the
+spec's own checks (``components.spec``) -> these. Each raises SpecError naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any
+
+from components.spec import RunSpec, SpecError, layered
+from components.tpu import catalogue
+from components.workload import derive, maxtext
+
+
+def resolve(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] = "") -> RunSpec:
+    """preset name + overrides -> a RunSpec that passed every check, or SpecError naming the first bad field."""
+    spec = layered(preset, overrides)
+    check(spec)
+    return spec
+
+
+def check(spec: RunSpec) -> None:
+    check_slice(spec)
+    check_workers(spec)
+    check_gke_versions(spec)
+    if spec.train.workload == "maxtext":
+        maxtext.validate(spec)
+
+
+def check_slice(spec: RunSpec) -> None:
+    """The slice against the TPU catalogue: family, topology, hosts per slice, and multislice."""
+    c = spec.cluster
+    if c.accelerator == "cpu":
+        return
+    try:
+        family = catalogue.family(c.accelerator)
+    except catalogue.CatalogueError:
+        raise SpecError("cluster.accelerator", f"unknown accelerator {c.accelerator!r}",
+                        ["cpu", *catalogue.FAMILIES]) from None
+    valid = catalogue.topologies(family.name)
+    if not c.topology:
+        raise SpecError("cluster.topology", f"required for accelerator {family.name}", valid)
+    try:
+        shape = catalogue.slice_shape(family.name, c.topology)
+    except catalogue.CatalogueError:
+        raise SpecError("cluster.topology", f"{c.topology!r} is not a {family.name} topology", valid) from None
+    if c.num_hosts != shape.num_hosts:
+        raise SpecError(
+            "cluster.num_hosts",
+            f"a {family.name} {shape.topology} slice is {shape.num_hosts} hosts of {shape.machine_type} "
+            f"({shape.chips_per_host} chips each), got {c.num_hosts}",
+            [str(shape.num_hosts)],
+        )
+    if c.capacity == "reservation" and not re.match(
+        r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", c.reservation
+    ):
+        raise SpecError("cluster.reservation", f"{c.reservation!r} is not a reservation",
+                        ["a reservation name", "projects/PROJECT/reservations/NAME"])
+    if c.num_slices > 1 and not shape.multi_host:
+        multi = [t for t in valid if catalogue.slice_shape(family.name, t).multi_host]
+        raise SpecError(
+            "cluster.num_slices",
+            f"{c.num_slices} slices of the single-host {family.name} {shape.topology}: GKE Multislice takes "
+            f"multi-host slices only ({', '.join(multi)})",
+            ["1"],
+        )
+
+
+def check_workers(spec: RunSpec) -> None:
+    """Ray Train worker counts: whole slices, and an elastic range (min_workers, max_workers) of whole slices."""
+    t, slices = spec.train, spec.cluster.num_slices
+    per_slice = derive.workers_per_slice(spec)
+    whole = [str(per_slice * k) for k in range(1, slices + 1)]
+    unit = (f"slices of {per_slice} workers ({derive.workers_per_host(spec)} per host x "
+            f"{spec.cluster.num_hosts} hosts), at most {slices}")
+    if t.min_workers or t.max_workers:
+        if not (t.min_workers and t.max_workers):
+            missing = "train.max_workers" if t.min_workers else "train.min_workers"
+            raise SpecError(missing, "an elastic range needs both train.min_workers and train.max_workers "
+                                     "(both 0: not elastic)", whole)
+        if t.num_workers:
+            raise SpecError("train.num_workers", "set either train.num_workers or the elastic range "
+                                                 "train.min_workers..train.max_workers, not both", ["0"])
+        for key, value in (("train.min_workers", t.min_workers), ("train.max_workers", t.max_workers)):
+            if value % per_slice or value > per_slice * slices:
+                raise SpecError(key, f"{value} is not a whole number of {unit}", whole)
+        if t.min_workers > t.max_workers:
+            raise SpecError("train.min_workers", f"{t.min_workers} is more than train.max_workers={t.max_workers}",
+                            [w for w in whole if int(w) <= t.max_workers])
+    elif derive.is_tpu(spec) and t.num_workers and str(t.num_workers) not in whole:
+        raise SpecError("train.num_workers", f"{t.num_workers} is not a whole number of {unit}", ["0", *whole])
+    per_host = derive.workers_per_host(spec)
+    if derive.is_tpu(spec) and spec.cluster.cpus_per_host < per_host:
+        # Ray Train reserves a CPU with every worker's TPU bundle; the pod's CPU limit is the host's Ray CPUs.
+        raise SpecError("cluster.cpus_per_host", f"{spec.cluster.cpus_per_host} CPUs cannot hold the {per_host} "
+                                                 "Ray Train workers of each host (one CPU each)",
+                        [f"an integer >= {per_host}"])
+
+
+def check_gke_versions(spec: RunSpec) -> None:
+    """The DCN NICs need node pools, and a pinned GKE version must be at least the floors of the slice's family
+    and of managed DRANET (``derive.MIN_GKE_VERSION_*``, with their sources)."""
+    g = spec.gke
+    if not derive.is_tpu(spec):
+        return
+    if g.cluster_mode == "autopilot" and derive.has_dcn_nics(spec):
+        raise SpecError("gke.multislice_network", "autopilot clusters have no node pools to attach the DCN NICs "
+                                                  "to; multislice on autopilot uses the default network", ["none"])
+    floors = []
+    family = catalogue.family(spec.cluster.accelerator).name
+    if (family, g.cluster_mode) in derive.MIN_GKE_VERSION_FOR_FAMILY:
+        floors.append((derive.MIN_GKE_VERSION_FOR_FAMILY[family, g.cluster_mode], f"{family} TPUs"))
+    if derive.has_dcn_nics(spec):
+        floors.append((derive.MIN_GKE_VERSION_FOR_DRANET[g.cluster_mode], "managed DRANET"))
+    for floor, feature in floors if g.cluster_version else ():
+        if not derive.version_at_least(g.cluster_version, floor):
+            raise SpecError("gke.cluster_version", f"{g.cluster_version} is older than {floor}, the first "
+                            f"{g.cluster_mode} version with {feature}", [f">= {floor}", "latest"])

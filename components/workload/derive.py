@@ -1,0 +1,184 @@
+"""What a run means on the hardware: the slice, the Ray Train workers, and the jobs' command lines.
+
+Pure functions of the run spec and the TPU catalogue (``components.tpu``) that return data: the slice shape, Ray
+``ScalingConfig``/``RunConfig`` arguments, the trainer image of each workload, and the job command the stages
+submit (the same one the plan prints). The trainers get everything derived here on their command line, so they
+import from ``components`` only ``spec`` and ``tpu``. The GKE bodies built on these facts are in
+``components.platforms.gke.resources``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from typing import Any
+
+from components.spec import RunSpec
+from components.tpu import catalogue
+
+# --- Minimum GKE versions (checked when gke.cluster_version is given) ---------------------------------------
+# TPU7x: https://docs.cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood
+# v6e: https://docs.ray.io/en/latest/cluster/kubernetes/user-guides/gcp-gke-tpu-cluster.html
+# managed DRANET: Standard per allocate-network-resources-dra (above); Autopilot per the multislice tutorial.
+MIN_GKE_VERSION_FOR_FAMILY = {
+    ("tpu7x", "standard"): "1.34.0-gke.2201000",
+    ("tpu7x", "autopilot"): "1.34.1-gke.3084001",
+    ("v6e", "standard"): "1.31.2-gke.1115000",
+}
+MIN_GKE_VERSION_FOR_DRANET = {"standard": "1.34.1-gke.1829001", "autopilot": "1.35.2-gke.1842000"}
+
+# --- Workloads ---------------------------------------------------------------------------------------------
+# The trainer image (images/<name>) and the train job's entrypoint (module, positional arguments) of each workload,
+# as components.stages submits them. TorchTPU workloads (fsdp) run one Ray Train worker per TPU device and keep
+# the head free of work (num-cpus 0); JAX workloads (maxtext) run one worker per host.
+WORKLOAD_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}
+WORKLOAD_ENTRYPOINTS = {  # workload -> mode -> python -m arguments
+    "fsdp": {"train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
+    "maxtext": {"train": ("trainers.maxtext_train", "train"), "eval": ("trainers.maxtext_train", "eval")},
+}
+DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
+# The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered.
+JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
+
+
+def trainer_image(spec: RunSpec) -> str:
+    """The image (``images/<name>``) the workload's jobs run in."""
+    return WORKLOAD_IMAGES[spec.train.workload]
+
+
+# ================================================================= the slice and the Ray workers
+
+
+def slice_shape(spec: RunSpec) -> catalogue.SliceShape:
+    """The catalogue row of the spec's slice (TPU accelerators only)."""
+    return catalogue.slice_shape(spec.cluster.accelerator, spec.cluster.topology)
+
+
+def is_tpu(spec: RunSpec) -> bool:
+    return spec.cluster.accelerator != "cpu"
+
+
+def workers_per_host(spec: RunSpec) -> int:
+    """Ray Train workers on each host: one per TPU device for device-centric workloads, else one."""
+    if is_tpu(spec) and spec.train.workload in DEVICE_CENTRIC_WORKLOADS:
+        return slice_shape(spec).logical_devices_per_host
+    return 1
+
+
+def workers_per_slice(spec: RunSpec) -> int:
+    return workers_per_host(spec) * spec.cluster.num_hosts
+
+
+def cluster_workers(spec: RunSpec) -> int:
+    """Ray Train workers the whole cluster holds."""
+    return workers_per_slice(spec) * spec.cluster.num_slices
+
+
+def is_elastic(spec: RunSpec) -> bool:
+    return bool(spec.train.min_workers or spec.train.max_workers)
+
+
+def num_workers(spec: RunSpec) -> int | tuple[int, int]:
+    """Ray Train's ``num_workers``: a count, or the elastic range (min, max)."""
+    t = spec.train
+    if is_elastic(spec):
+        return (t.min_workers, t.max_workers)
+    if not is_tpu(spec):
+        return spec.num_workers
+    return t.num_workers or cluster_workers(spec)
+
+
+def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
+    """Ray ``ScalingConfig`` arguments: one worker per emulated host on cpu; on TPU one per device (TorchTPU)
+    or one per host (JAX, spread one per host); Ray derives the slices from the topology and gang-reserves each."""
+    c = spec.cluster
+    if not is_tpu(spec):
+        return {
+            "num_workers": num_workers(spec),
+            "resources_per_worker": {"CPU": c.cpus_per_host},
+            "placement_strategy": "SPREAD",
+        }
+    shape = slice_shape(spec)
+    args: dict[str, Any] = {
+        "num_workers": num_workers(spec),
+        "use_tpu": True,
+        "topology": shape.topology,
+        "accelerator_type": shape.family.ray_accelerator_type,
+    }
+    if spec.train.workload in DEVICE_CENTRIC_WORKLOADS:
+        args["resources_per_worker"] = {"TPU": 1}
+    else:
+        args["resources_per_worker"] = {"TPU": shape.logical_devices_per_host}
+        args["placement_strategy"] = "SPREAD"
+    return args
+
+
+def run_config_args(spec: RunSpec) -> dict[str, Any]:
+    """The failure budget of Ray Train's ``RunConfig(failure_config=FailureConfig(...))``."""
+    return {"failure_config": {"max_failures": spec.train.max_failures}}
+
+
+def is_multislice(spec: RunSpec) -> bool:
+    return is_tpu(spec) and spec.cluster.num_slices > 1
+
+
+def has_dcn_nics(spec: RunSpec) -> bool:
+    """Whether worker pods get the extra NICs for the DCN traffic between slices."""
+    return is_multislice(spec) and spec.gke.multislice_network != "none"
+
+
+def tpu_resource_per_chip(spec: RunSpec) -> int:
+    """Ray TPU resources per chip: 2 on TPU7x (one per TensorCore, RAY_TPU_RESOURCE_PER_CHIP), else 1."""
+    return slice_shape(spec).family.logical_devices_per_chip
+
+
+def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "") -> str:
+    """The Ray job entrypoint of the workload: ``mode`` train, or eval of ``checkpoint``. The spec travels whole,
+    as JSON, with what is derived from it: Ray Train's ScalingConfig and, for MaxText, the exact ``key=value``
+    arguments MaxText receives. One source for the stages' job submissions and the plan."""
+    from components.workload import maxtext
+
+    module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
+    words = ["python", "-m", *module]
+    args = {"spec": spec.to_json(), "output_dir": output_dir}
+    if mode == "train" or spec.train.workload == "maxtext":  # the jobs that run Ray Train
+        args["run_name"] = run_name
+        args["scaling_config"] = json.dumps(scaling_config_args(spec), sort_keys=True)
+    if mode == "eval":
+        args["checkpoint"] = checkpoint
+    for key, value in args.items():
+        words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
+    if spec.train.workload == "maxtext":
+        words += ["--", *(shlex.quote(a) for a in maxtext.train_args(spec, output_dir, run_name))]
+    return " ".join(words)
+
+
+# ================================================================= versions
+
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
+
+
+def parse_gke_version(text: str) -> tuple[float, ...] | None:
+    """``1.35.2-gke.1842000`` -> (1, 35, 2, 1842000); ``1.35`` (its newest patch) -> (1, 35, inf, inf);
+    ``latest`` -> (inf,); None if it is not a GKE version."""
+    if text == "latest":
+        return (math.inf,)
+    m = _VERSION.match(text)
+    if not m:
+        return None
+    major, minor, patch, build = m.groups()
+    return (
+        int(major),
+        int(minor),
+        math.inf if patch is None else int(patch),
+        math.inf if build is None else int(build),
+    )
+
+
+def version_at_least(text: str, minimum: str) -> bool:
+    parsed, floor = parse_gke_version(text), parse_gke_version(minimum)
+    assert parsed is not None and floor is not None
+    return parsed >= floor

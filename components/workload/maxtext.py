@@ -1,0 +1,133 @@
+"""MaxText's command line, derived from the run spec (seed workload A), and the spec checks it needs.
+
+Pure data and functions, run where the pipeline runs: the train job's command carries the ``key=value``
+arguments (``train_args``) and the MaxText driver (``trainers.maxtext_train``) hands them to
+``train.main([prog, <base.yml>, key=value, ...])``. Every override below comes from one spec field.
+"""
+
+from __future__ import annotations
+
+import math
+
+from components.spec import RunSpec, SpecError
+from components.tpu import catalogue
+
+# Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
+# users ask for most; any other shipped name can be added here.
+MAXTEXT_MODELS = (
+    "default", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
+    "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama3.3-70b", "mistral-7b", "mixtral-8x7b",
+    "gemma-2b", "gemma-7b", "gemma2-2b", "gemma2-9b", "gemma2-27b", "gemma3-4b", "gemma3-12b", "gemma3-27b",
+    "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "deepseek3-tiny",
+)
+
+# Models tpupipe defines from MaxText's "default" (Llama-style decoder) with small dimensions: random init,
+# nothing to download, trainable on CPU in seconds.
+SCRATCH_MODELS: dict[str, dict[str, str]] = {
+    "tiny-llama": {
+        "model_name": "default",
+        "decoder_block": "llama2",
+        "base_emb_dim": "64",
+        "base_num_query_heads": "4",
+        "base_num_kv_heads": "2",
+        "base_mlp_dim": "128",
+        "base_num_decoder_layers": "2",
+        "head_dim": "16",
+        "vocab_size": "256",
+    },
+}
+
+# Parallelism axes as MaxText names them, and MaxText's base.yml defaults (-1: fill in what is left).
+ICI_AXES = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
+DCN_AXES = ("dcn_data_parallelism", "dcn_fsdp_parallelism")
+AXIS_DEFAULTS = {
+    "ici_data_parallelism": 1,
+    "ici_fsdp_parallelism": -1,
+    "ici_tensor_parallelism": 1,
+    "dcn_data_parallelism": -1,
+    "dcn_fsdp_parallelism": 1,
+}
+
+# Extra arguments when the hosts are emulated on CPU: the driver initialises jax.distributed itself.
+CPU_ARGS = (
+    "hardware=cpu",
+    "skip_jax_distributed_system=true",
+    "attention=dot_product",
+    "dtype=float32",
+    "async_checkpointing=false",
+    "enable_tensorboard=false",
+)
+
+def devices_per_host(spec: RunSpec) -> int:
+    """JAX devices each host (Ray Train worker) has: emulated CPU devices, or the slice's logical devices."""
+    if spec.cluster.accelerator == "cpu":
+        return spec.maxtext.cpu_devices_per_host
+    return catalogue.slice_shape(spec.cluster.accelerator, spec.cluster.topology).logical_devices_per_host
+
+
+def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str) -> None:
+    values = {axis: getattr(spec.maxtext, axis) for axis in axes}
+    auto = [a for a, v in values.items() if v == -1]
+    bad = [a for a, v in values.items() if v == 0 or v < -1]
+    if bad:
+        raise SpecError(f"maxtext.{bad[0]}", f"must be a positive size or -1 (auto), got {values[bad[0]]}")
+    if len(auto) > 1:
+        raise SpecError(f"maxtext.{auto[1]}", f"only one {what} axis may be -1 (auto): {', '.join(auto)}")
+    explicit = math.prod(v for v in values.values() if v != -1)
+    product = " x ".join(f"{a.removesuffix('_parallelism')} {v}" for a, v in values.items())
+    if (auto and total % explicit) or (not auto and explicit != total):
+        field = f"maxtext.{next((a for a, v in values.items() if v not in (1, -1)), axes[0])}"
+        raise SpecError(field, f"{what} parallelism {product} must multiply to {total}")
+
+
+def validate(spec: RunSpec) -> None:
+    """MaxText-specific checks, run by spec.validate for workload=maxtext before anything starts."""
+    m = spec.maxtext
+    if m.model_name not in MAXTEXT_MODELS and m.model_name not in SCRATCH_MODELS:
+        raise SpecError("maxtext.model_name", f"unknown model {m.model_name!r}",
+                          [*SCRATCH_MODELS, *MAXTEXT_MODELS])
+    if m.steps < 1:
+        raise SpecError("maxtext.steps", f"must be at least 1, got {m.steps}")
+    if not m.per_device_batch_size > 0:
+        raise SpecError("maxtext.per_device_batch_size", f"must be positive, got {m.per_device_batch_size}")
+    if m.max_target_length < 8:
+        raise SpecError("maxtext.max_target_length", f"must be at least 8, got {m.max_target_length}")
+    if m.checkpoint_period < 0:
+        raise SpecError("maxtext.checkpoint_period",
+                          f"must be 0 (MaxText's default) or more, got {m.checkpoint_period}")
+    if m.cpu_devices_per_host < 1:
+        raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
+    if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:
+        raise SpecError("train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, "
+                                               f"got {spec.num_workers}")
+    _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
+    _check_axes(spec, DCN_AXES, spec.cluster.num_slices, "DCN (across slices)")
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
+    """The ``key=value`` arguments MaxText's ``train.main`` gets after its base config for this spec (the seed's
+    commands, for the seed presets)."""
+    m = spec.maxtext
+    args = [f"dataset_type={m.dataset_type}",
+            f"per_device_batch_size={_fmt(m.per_device_batch_size)}", f"max_target_length={m.max_target_length}"]
+    if m.model_name in SCRATCH_MODELS:
+        args += [f"{k}={v}" for k, v in SCRATCH_MODELS[m.model_name].items()]
+    else:
+        args.append(f"model_name={m.model_name}")
+    args.append(f"steps={m.steps}")
+    args += [f"{axis}={getattr(m, axis)}" for axis in ICI_AXES + DCN_AXES
+             if getattr(m, axis) != AXIS_DEFAULTS[axis]]
+    if m.remat_policy:
+        args.append(f"remat_policy={m.remat_policy}")
+    if m.learning_rate:
+        args.append(f"learning_rate={_fmt(m.learning_rate)}")
+    if m.checkpoint_period:
+        args.append(f"checkpoint_period={m.checkpoint_period}")
+    args += [f"base_output_directory={output_dir}", f"run_name={run_name}"]
+    if spec.cluster.accelerator == "cpu":
+        args += CPU_ARGS
+    return args

@@ -1,0 +1,161 @@
+"""The dependency rules of docs/architecture.md, read from the source with ``ast`` (imports inside functions too):
+
+- no import cycle between the project's modules;
+- ``components.spec`` and ``components.tpu`` import nothing else of the project;
+- ``trainers`` import from ``components`` only ``spec`` and ``tpu``;
+- ``components.workload`` imports only ``spec`` and ``tpu``;
+- no platform imports another (``components.platforms.local`` and ``components.platforms.gke``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("components", "pipelines", "trainers")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path, known: set[str]) -> set[str]:
+    """The project modules ``path`` imports, anywhere in the file (``from a import b`` counts ``a.b`` when that is
+    a module, else ``a``)."""
+    me = module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != me:
+                found.add(name)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES if (root / pkg).is_dir() for p in sorted((root / pkg).rglob("*.py"))]
+    known = {module_name(p, root) for p in files}
+    return {module_name(p, root): imports_of(p, root, known) for p in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None. A package's ``__init__`` importing its own
+    submodules is not a cycle by itself: submodules that import their package's names do so through it."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if node.startswith(nxt + "."):  # a submodule importing its parent package: Python runs that first
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if state.get(nxt) is None:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+PLATFORMS = ("components.platforms.local", "components.platforms.gke")
+SHARED_BY_PLATFORMS = ("components.platforms", "components.spec", "components.tpu", "components.workload")
+RULES = [  # (who, may import from the project only these, why)
+    ("components.spec", ("components.spec",), "spec imports nothing else of the project"),
+    ("components.tpu", ("components.tpu",), "tpu imports nothing else of the project"),
+    ("components.workload", ("components.workload", "components.spec", "components.tpu"),
+     "workload builds on spec and tpu only"),
+    ("trainers", ("trainers", "components.spec", "components.tpu"),
+     "trainers import from components only spec and tpu"),
+    *[(platform, (platform, *SHARED_BY_PLATFORMS), "no platform imports another") for platform in PLATFORMS],
+]
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for who, allowed, why in RULES:
+        others = [p for p in PLATFORMS if p != who]  # inside components.platforms, but another platform
+        for module, deps in sorted(graph.items()):
+            if not within(module, who):
+                continue
+            for dep in sorted(deps):
+                if not any(within(dep, a) for a in allowed) or any(within(dep, o) for o in others):
+                    out.append(f"{module} imports {dep}: {why}")
+    return out
+
+
+def test_the_project_has_no_import_cycle():
+    assert find_cycle(import_graph(REPO)) is None
+
+
+def test_the_project_keeps_its_dependency_rules():
+    assert violations(import_graph(REPO)) == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
+    root = _tree(tmp_path, {
+        "components/__init__.py": "",
+        "components/spec/__init__.py": "",
+        "components/a.py": "def f():\n    from components import b\n",
+        "components/b.py": "from components.a import f\n",
+    })
+    assert find_cycle(import_graph(root)) in (["components.a", "components.b", "components.a"],
+                                              ["components.b", "components.a", "components.b"])
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"components/spec/x.py": "def f():\n    from components.tpu import catalogue\n"},
+     "components.spec.x imports components.tpu.catalogue: spec imports nothing else of the project"),
+    ({"trainers/t.py": "from components.workload import derive\n"},
+     "trainers.t imports components.workload.derive: trainers import from components only spec and tpu"),
+    ({"components/platforms/gke/p.py": "from components.platforms.local import cluster\n"},
+     "components.platforms.gke.p imports components.platforms.local.cluster: no platform imports another"),
+])
+def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
+    base = {f"{d}/__init__.py": "" for d in ("components", "components/spec", "components/tpu", "components/workload",
+                                           "components/platforms", "components/platforms/local",
+                                           "components/platforms/gke", "trainers")}
+    base |= {"components/tpu/catalogue.py": "", "components/workload/derive.py": "",
+             "components/platforms/local/cluster.py": ""}
+    root = _tree(tmp_path, base | files)
+    assert violations(import_graph(root)) == [expected]

@@ -1,0 +1,46 @@
+"""What the MaxText driver reads from MaxText and the eval arguments it derives from the train job's own.
+
+Pure standard library: the patterns of MaxText's log lines (per-step figures, the mesh, eval losses) and the
+argument list of MaxText's eval loop, derived from the ``key=value`` train arguments the job command carries
+(``components.workload.maxtext.train_args``), so the eval measures exactly the model that was trained.
+"""
+
+from __future__ import annotations
+
+import re
+
+STEP_LINE = re.compile(
+    r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.]+), TFLOP/s/device: (?P<tflops>[\d.]+), "
+    r"Tokens/s/device: (?P<tokens>[\d.]+), total_weights: (?P<weights>\d+), loss: (?P<loss>[\d.]+)"
+)
+MESH_AXES_LINE = re.compile(r"Config param mesh_axes: \[(?P<axes>[^\]]*)\]")
+MESH_SHAPE_LINE = re.compile(r"Num_devices: (?P<devices>\d+), shape \((?P<shape>[\d, ]+)\)")
+EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=(?P<loss>[\d.]+)")
+
+# Train arguments the eval loop replaces: it runs one frozen step under its own run name.
+_REPLACED_FOR_EVAL = ("steps=", "learning_rate=", "checkpoint_period=", "run_name=")
+
+
+def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path: str) -> list[str]:
+    """MaxText's own eval loop on the held-out (synthetic) eval split, training frozen (learning rate 0, one
+    step): of ``params_path`` (a checkpoint's ``items``), or of the untrained initialisation when empty."""
+    args = [a for a in train_args if not a.startswith(_REPLACED_FOR_EVAL)]
+    args += [f"run_name={run_name}", "steps=1", "learning_rate=0", "enable_checkpointing=false", "eval_interval=1",
+             f"eval_steps={eval_steps}"]
+    if params_path:
+        args.append(f"load_parameters_path={params_path}")
+    return args
+
+
+def parse_step(line: str) -> dict | None:
+    """MaxText's per-step log line -> a metric record."""
+    match = STEP_LINE.search(line)
+    if not match:
+        return None
+    return {
+        "step": int(match["step"]),
+        "loss": float(match["loss"]),
+        "step_s": float(match["seconds"]),
+        "tflops_per_s_per_device": float(match["tflops"]),
+        "tokens_per_s_per_device": float(match["tokens"]),
+    }
