@@ -7,6 +7,9 @@ SET ?=
 VENV := .venv
 BIN := $(VENV)/bin
 PIPELINE_YAML := build/tpupipe_pipeline.yaml
+# compile-pipeline / publish: the Google Cloud project and region the compiled pipeline runs in (placeholders here).
+PROJECT ?= $(or $(GOOGLE_CLOUD_PROJECT),my-project)
+REGION ?= us-east5
 
 # Python 3.12: python3.12 if it runs, else pyenv's 3.12.x (its shim needs PYENV_VERSION), else common paths.
 PYTHON312 ?= $(shell \
@@ -41,8 +44,8 @@ test: envs ## all tests: unit, component, compiled pipeline, e2e local runs
 test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster
 	$(BIN)/python -m pytest -q -ra -m "not e2e" tests
 
-compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
-	$(BIN)/tpupipe compile --output $(PIPELINE_YAML)
+compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION (offline)
+	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)
 
 bench: envs ## every benchmark in bench/bench_*.py; figures are ratios measured side by side in one run
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done

@@ -1,63 +1,68 @@
-"""The six KFP components: thin shells that hand the pipeline parameters to ``components.stages``.
+"""The KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
 
-Every component gets the same few parameters and derives everything else (spec, run id, resource names)
-from them; results travel as JSON strings. They run in the pipeline image, which has this package.
+Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
+store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed
+artifacts (Metrics, HTML, Markdown, Model) that the Vertex AI UI shows. They run in the pipeline image, which has
+this package; ``pipelines.pipeline.compile_pipeline`` sets that image's registry path.
 """
-
-import os
 
 from kfp import dsl
 
-PIPELINE_IMAGE = os.environ.get("TPUPIPE_PIPELINE_IMAGE", "tpupipe/pipeline-python3.12:0.1.0")
+# The image tasks run in until compile_pipeline names the content-addressed one in Artifact Registry.
+PIPELINE_IMAGE = "tpupipe-pipeline"
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def provision(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> str:
+def provision(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+              project: str, bucket: str) -> str:
     """Create the cluster the run trains on (local: a Ray head and N emulated hosts)."""
-    from components.stages.runner import run_stage
+    from components.stages.runner import run_component
 
-    return run_stage("provision", preset, platform, overrides, run_id, job_name, output_root)
+    return run_component("provision", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def build_image(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-                cluster: str) -> str:
+                project: str, bucket: str, cluster: str) -> str:
     """Build or reuse the trainer image (local: the torch environment, by content hash)."""
-    from components.stages.runner import run_stage
+    from components.stages.runner import run_component
 
-    return run_stage("build_image", preset, platform, overrides, run_id, job_name, output_root, cluster)
+    return run_component("build_image", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-                      output_root: str, image: str) -> str:
+def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+                      project: str, bucket: str, image: str) -> str:
     """Deploy the RayCluster and wait until every host is alive."""
-    from components.stages.runner import run_stage
+    from components.stages.runner import run_component
 
-    return run_stage("deploy_raycluster", preset, platform, overrides, run_id, job_name, output_root, image)
+    return run_component("deploy_raycluster", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def train(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-          raycluster: str) -> str:
-    """Submit the trainer as a Ray job, stream its log, return its metrics and checkpoint."""
-    from components.stages.runner import run_stage
+          project: str, bucket: str, raycluster: str, metrics: dsl.Output[dsl.Metrics],
+          loss_curve: dsl.Output[dsl.HTML]) -> str:
+    """Submit the trainer as a Ray job, stream its log; its metrics and loss curve as artifacts."""
+    from components.stages.runner import run_component
 
-    return run_stage("train", preset, platform, overrides, run_id, job_name, output_root, raycluster)
+    return run_component("train", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-             train_result: str) -> str:
-    """Held-out loss and perplexity, untrained vs fine-tuned, as a Ray job."""
-    from components.stages.runner import run_stage
+             project: str, bucket: str, source_version: str, train_result: str, metrics: dsl.Output[dsl.Metrics],
+             summary: dsl.Output[dsl.Markdown], model: dsl.Output[dsl.Model]) -> str:
+    """Held-out loss and perplexity, untrained vs trained, as a Ray job; the trained model as an artifact."""
+    from components.stages.runner import run_component
 
-    return run_stage("evaluate", preset, platform, overrides, run_id, job_name, output_root, train_result)
+    return run_component("evaluate", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def teardown(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> str:
+def teardown(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+             project: str, bucket: str, deleted: dsl.Output[dsl.Markdown]) -> str:
     """Delete everything the run created (found from the run id alone) and write the run summary."""
-    from components.stages.runner import run_stage
+    from components.stages.runner import run_component
 
-    return run_stage("teardown", preset, platform, overrides, run_id, job_name, output_root)
+    return run_component("teardown", locals())

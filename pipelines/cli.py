@@ -18,6 +18,8 @@ EPILOG = """examples:
   tpupipe validate gemma4-e2b-v6e-16 --set train.epochs=1
   tpupipe presets
   tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
+  tpupipe publish --project my-project          the components image and the template, for the Vertex AI UI
+  tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
 """
 
 
@@ -50,12 +52,38 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _target(args):
+    from components.spec import SpecError
+    from pipelines.pipeline import Target
+
+    fields = {"--project": args.project, "--region": args.region, "--repository": args.repository}
+    for flag, value in fields.items():
+        if not value or not all(ch.isalnum() or ch == "-" for ch in value) or value != value.lower():
+            raise SpecError(flag, f"{value!r} is not a Google Cloud name (lowercase letters, digits, '-')")
+    if args.bucket and not args.bucket.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise SpecError("--bucket", f"{args.bucket!r} is not a bucket name")
+    return Target(project=args.project, region=args.region, repository=args.repository, bucket=args.bucket)
+
+
 def cmd_compile(args) -> int:
     from pipelines.pipeline import compile_pipeline
 
+    target = _target(args)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    compile_pipeline(args.output)
-    print(f"compiled pipeline: {args.output}")
+    compile_pipeline(args.output, target)
+    print(f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
+          f"project {target.project}, bucket {target.run_bucket})")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from pipelines.publish import publish
+
+    target = _target(args)
+    result = publish(target, args.kfp_repository, args.version)
+    print(f"published: template {result.template} ({', '.join(result.tags)}) in {result.host}; tasks run in "
+          f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
+          f"Pipelines > Create run > Select from existing pipelines, repository {args.kfp_repository}.")
     return 0
 
 
@@ -113,31 +141,33 @@ def cmd_run(args) -> int:
     get_platform(ctx.platform).check(ctx)
     if args.dry_run:
         return _dry_run(ctx)
-    if ctx.run_dir.exists() and (ctx.run_dir / "summary.json").exists():
-        return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.run_dir}); choose another run id")
+    if ctx.store.exists("summary.json"):
+        return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
 
     import warnings
 
     from kfp import components, local
 
+    from pipelines.pipeline import compile_pipeline, source_version
+
     pipeline_file = args.pipeline_file
     if not pipeline_file:
         pipeline_file = str(ctx.run_dir / "pipeline.yaml")
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        from pipelines.pipeline import compile_pipeline
-
         compile_pipeline(pipeline_file)
     pipeline = components.load_component_from_file(pipeline_file)
+    local_dir = ctx.store.local()  # the tasks get it absolute: they need not share this process's directory
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"),
                raise_on_error=False)
     print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
     pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
-             output_root=str(ctx.run_dir.parent))
-    summary_path = ctx.run_dir / "summary.json"
-    if not summary_path.is_file():
-        return _fail(f"the pipeline wrote no summary ({summary_path}); see the log above", 1)
-    summary = json.loads(summary_path.read_text())
+             output_root=str(local_dir.parent) if local_dir else args.output_root, project="", bucket="",
+             source_version=source_version())
+    summary_text = ctx.store.read_text("summary.json")
+    if summary_text is None:
+        return _fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", 1)
+    summary = json.loads(summary_text)
     print(report.format_table(summary))
     return 0 if summary["status"] == "succeeded" else 1
 
@@ -166,6 +196,18 @@ def _with_spec_args(p, preset_positional=False):
         p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
                    help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
+
+
+def _with_target_args(p) -> None:
+    import os
+
+    p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT", "my-project"),
+                   help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT, else the placeholder my-project)")
+    p.add_argument("--region", default="us-east5", help="the region of the registry and of Vertex AI (default "
+                   "us-east5, where v6e and TPU7x slices are)")
+    p.add_argument("--repository", default="tpupipe", help="the Artifact Registry Docker repository of the "
+                   "components image (default tpupipe)")
+    p.add_argument("--bucket", default="", help="the bucket of checkpoints and run state (default PROJECT-tpupipe)")
 
 
 def _add_run(sub) -> None:
@@ -200,9 +242,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
 
-    p = sub.add_parser("compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs)")
+    p = sub.add_parser(
+        "compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs); offline, no credentials",
+        description="Compile the pipeline for Vertex AI Pipelines. Every task runs in the components image of this "
+        "exact source tree, REGION-docker.pkg.dev/PROJECT/REPOSITORY/pipeline:<hash of its build context> "
+        "(`tpupipe publish` builds it), and the run form defaults to a gke run in PROJECT with its state under "
+        "gs://BUCKET/runs. The same tree gives the same bytes.")
+    _with_target_args(p)
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "publish", help="build the components image if missing and upload the pipeline template to Artifact Registry",
+        description="Publish the pipeline for the Vertex AI UI: build the components image of this source tree with "
+        "Cloud Build when its tag is missing from Artifact Registry, then upload the compiled template to an "
+        "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
+        "Default Credentials with the roles the README lists.")
+    _with_target_args(p)
+    p.add_argument("--kfp-repository", default="tpupipe-pipelines",
+                   help="the Artifact Registry KFP repository of the templates (default tpupipe-pipelines; created "
+                   "if missing)")
+    p.add_argument("--version", default="", help="a version tag for the template, e.g. v1.2 (optional)")
+    p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")
     _with_spec_args(p, preset_positional=True)
@@ -219,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prices", metavar="FILE", default="",
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
+
+    from pipelines import cli_vertex
+
+    cli_vertex.add_commands(sub)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=cmd_presets)

@@ -1,11 +1,18 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> train -> evaluate, inside an
-exit handler whose task, teardown, runs whatever happens to them."""
+"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> train -> evaluate, inside an exit handler
+whose task, teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
+
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 from kfp import compiler, dsl
 
 from components import definitions as c
 
 PIPELINE_NAME = "tpupipe"
+PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
 
 
 @dsl.pipeline(
@@ -14,28 +21,92 @@ PIPELINE_NAME = "tpupipe"
     "evaluate it, and tear everything down.",
 )
 def tpupipe_pipeline(
-    preset: str = "local-fsdp",
-    platform: str = "local",
+    preset: str = "gemma4-e2b-v6e-16",
+    platform: str = "gke",
     overrides: str = "",
     run_id: str = "",
+    project: str = "",
+    bucket: str = "",
     output_root: str = "",
+    source_version: str = "",
 ):
-    """preset: a named seed workload (`tpupipe presets`). platform: local or gke. overrides: space-separated
-    key=value spec fields, e.g. "epochs=2 cluster.num_hosts=3". run_id: names every resource of the run;
-    empty derives it from the pipeline job name. output_root: where run directories go (empty: ./runs)."""
+    """Train or fine-tune an LLM, evaluate it, and tear down what the run created.
+
+    Args:
+        preset: A named workload: gemma4-e2b-v6e-16, gemma4-e2b-tpu7x-16 (Gemma 4 fine-tunes), llama3-8b-v6e-16x2,
+            llama3-70b-v6e-16x2, llama3-8b-v6e-elastic-spot (MaxText pretraining); local-fsdp and local-maxtext run
+            only on the local platform.
+        platform: Where the run's cluster lives: gke (TPU slices on GKE) or local (emulated hosts on one machine).
+        overrides: Space-separated key=value run spec fields, e.g. "train.epochs=2 gke.zone=us-east5-b". Leave empty
+            for the preset as it is.
+        run_id: Names every resource of the run. Leave empty: each pipeline job gets its own, from its job name.
+        project: The Google Cloud project the run creates its cluster in (gke.project).
+        bucket: The Cloud Storage bucket for checkpoints and the run's state (gke.bucket).
+        output_root: Where run directories go: gs://BUCKET/runs on Vertex AI, or a local directory.
+        source_version: The tpupipe source (git commit) this pipeline was compiled from, recorded with the model.
+    """
     common = dict(preset=preset, platform=platform, overrides=overrides, run_id=run_id,
-                  job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, output_root=output_root)
+                  job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, output_root=output_root, project=project, bucket=bucket)
     cleanup = c.teardown(**common).set_display_name("teardown")
     with dsl.ExitHandler(cleanup, name="run"):
         cluster = c.provision(**common)
         image = c.build_image(**common, cluster=cluster.output)
         ray = c.deploy_raycluster(**common, image=image.output)
-        trained = c.train(**common, raycluster=ray.output)
-        evaluated = c.evaluate(**common, train_result=trained.output)
+        trained = c.train(**common, raycluster=ray.outputs["Output"])
+        evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])
     for task in (cleanup, cluster, image, ray, trained, evaluated):
         task.set_caching_options(False)
 
 
-def compile_pipeline(path: str) -> str:
-    compiler.Compiler().compile(tpupipe_pipeline, package_path=path)
+@dataclass(frozen=True)
+class Target:
+    """Where the compiled pipeline runs: the components image's registry and the defaults a Vertex AI run starts
+    with, so a person picks a preset and nothing else."""
+
+    project: str
+    region: str
+    repository: str = "tpupipe"  # the Artifact Registry Docker repository of the components image
+    bucket: str = ""  # default: <project>-tpupipe
+
+    @property
+    def run_bucket(self) -> str:
+        return self.bucket or f"{self.project}-tpupipe"
+
+    def image(self, tag: str) -> str:
+        return f"{self.region}-docker.pkg.dev/{self.project}/{self.repository}/{PIPELINE_IMAGE}:{tag}"
+
+
+def source_version(root: Path | None = None) -> str:
+    """The git commit of the source tree, or '' outside a checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or Path(__file__).resolve().parents[1],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def compile_pipeline(path: str, target: Target | None = None) -> str:
+    """Compile the pipeline to ``path``. With a ``target``, every task runs in the components image of this exact
+    source (its tag a hash of the image's build context) in the target's Artifact Registry, and the parameters
+    default to a gke run in the target's project and bucket. Deterministic: the same tree gives the same bytes."""
+    if target is None:
+        compiler.Compiler().compile(tpupipe_pipeline, package_path=path)
+        return path
+    import yaml
+
+    from components.platforms.gke.build import image_tag
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "pipeline.yaml"
+        compiler.Compiler().compile(tpupipe_pipeline, package_path=str(raw))
+        spec = yaml.safe_load(raw.read_text())
+    image = target.image(image_tag(PIPELINE_IMAGE))
+    for executor in spec["deploymentSpec"]["executors"].values():
+        executor["container"]["image"] = image
+    defaults = {"project": target.project, "bucket": target.run_bucket,
+                "output_root": f"gs://{target.run_bucket}/runs", "source_version": source_version()}
+    for name, value in defaults.items():
+        spec["root"]["inputDefinitions"]["parameters"][name]["defaultValue"] = value
+    Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
     return path

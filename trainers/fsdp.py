@@ -215,6 +215,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device_type, _ = detect_backend()
     # What this worker has decides, not what the cluster was provisioned as: emulated TPU hosts compute on CPU.
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
+    if rank == 0:
+        protocol.emit("event", {"event": "worker_group_started", "world_size": world})
     tokenizer, loader, model, optimizer = _setup(spec, config, world, device_type, device)
     start_epoch, global_step, resumed = _resume(model, optimizer, rank)
     steps_per_epoch = len(loader)

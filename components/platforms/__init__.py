@@ -8,11 +8,14 @@ A platform package imports ``spec``, ``tpu``, ``workload`` and this package, nev
 
 from __future__ import annotations
 
+import functools
 import importlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from components.platforms.store import RunStore
 from components.spec import RunSpec, SpecError
 
 
@@ -20,21 +23,14 @@ from components.spec import RunSpec, SpecError
 class RunContext:
     spec: RunSpec
     run_id: str
-    run_dir: Path
+    store: RunStore  # where the run's state lives (a local directory, or Cloud Storage): every task sees it
     platform: str
 
-    @property
-    def stages_dir(self) -> Path:
-        return self.run_dir / "stages"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.run_dir / "logs"
-
-    @property
-    def ledger_path(self) -> Path:
-        """The run's ledger: every resource the run created, recorded before anything waits on it."""
-        return self.run_dir / "ledger.json"
+    @functools.cached_property
+    def run_dir(self) -> Path:
+        """A directory on this machine for this task's own files: the run's directory when the run lives here, else
+        a temporary one (nothing a later task needs goes there)."""
+        return self.store.local() or Path(tempfile.mkdtemp(prefix=f"tpupipe-{self.run_id}-"))
 
 
 class Platform(Protocol):
@@ -54,6 +50,9 @@ class Platform(Protocol):
 
     def job_output_dir(self, ctx: RunContext) -> str:
         """Where the cluster's jobs write checkpoints and data (a path the cluster sees)."""
+
+    def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
+        """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""
 
     def teardown(self, ctx: RunContext) -> dict[str, Any]: ...
 

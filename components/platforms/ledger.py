@@ -1,39 +1,35 @@
-"""The run's ledger: one JSON document per run (``<run dir>/ledger.json``) recording everything the run created,
+"""The run's ledger: one JSON document per run (``ledger.json`` in its store) recording everything the run created,
 written before anything waits on it, so teardown — a later task, a retried one, or ``tpupipe teardown`` — finds
 exactly what to delete. Both platforms keep theirs here: the local platform records the processes it started
 (``processes``), the gke platform the cloud resources (``created``: ``{kind, name}`` in creation order)."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-FILE_NAME = "ledger.json"
+from components.platforms.store import RunStore, read_json, write_json
+
+KEY = "ledger.json"
 
 
-def load(path: Path) -> dict[str, Any] | None:
-    """The ledger at ``path``, or None when the run recorded nothing yet."""
-    return json.loads(path.read_text()) if path.is_file() else None
+def load(store: RunStore) -> dict[str, Any] | None:
+    """The run's ledger, or None when the run recorded nothing yet."""
+    return read_json(store, KEY)
 
 
-def save(path: Path, ledger: dict[str, Any]) -> None:
-    """Write atomically: a reader (the host keeper, a teardown) never sees half a ledger."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(ledger, indent=2))
-    tmp.replace(path)
+def save(store: RunStore, ledger: dict[str, Any]) -> None:
+    """Write it whole: a reader (the host keeper, a teardown) never sees half a ledger."""
+    write_json(store, KEY, ledger)
 
 
-def recorder(path: Path, ledger: dict[str, Any]) -> Callable[[str, str], None]:
+def recorder(store: RunStore, ledger: dict[str, Any]) -> Callable[[str, str], None]:
     """``record(kind, name)``: append a created resource to ``ledger['created']`` (once) and save at once."""
 
     def record(kind: str, name: str) -> None:
         created = ledger.setdefault("created", [])
         if not any(e["kind"] == kind and e["name"] == name for e in created):
             created.append({"kind": kind, "name": name})
-            save(path, ledger)
+            save(store, ledger)
 
     return record

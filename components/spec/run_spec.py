@@ -97,6 +97,9 @@ class GkeSpec:
     # required when the run builds the torch image (gke.image empty).
     torch_tpu_base: str = ""
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
+    # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
+    # projects/P/secrets/NAME[/versions/V] (latest by default); empty: $HF_TOKEN of the process that deploys.
+    hf_token_secret: str = ""
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,7 @@ def _check_training(spec: RunSpec) -> None:
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IMAGE_REF = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
                         r"(@sha256:[0-9a-f]{64})?$")
+SECRET_VERSION = re.compile(r"^projects/[a-z0-9-]{1,30}/secrets/[A-Za-z0-9_-]{1,255}(/versions/(latest|[1-9][0-9]*))?$")
 GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
 
 
@@ -342,6 +346,12 @@ def _check_gke_fields(spec: RunSpec) -> None:
          "a Compute Engine machine type such as n2-standard-8"),
         ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
     ]
+    if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
+        raise SpecError("gke.hf_token_secret", f"{g.hf_token_secret!r} is not a Secret Manager secret",
+                        ["projects/PROJECT/secrets/NAME", "projects/PROJECT/secrets/NAME/versions/VERSION"])
+    if g.hf_token_secret and not g.hf_secret:
+        raise SpecError("gke.hf_token_secret", "the token goes into the Secret gke.hf_secret names, which is empty",
+                        ["", "gke.hf_secret=hf-secret"])
     for key, value in (("gke.image", g.image), ("gke.torch_tpu_base", g.torch_tpu_base)):
         if value and not _IMAGE_REF.match(value):
             raise SpecError(key, f"{value!r} is not an image reference", ["REGISTRY/PATH/NAME:TAG"])

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms import RunContext, get_platform
+from components.platforms.store import write_text
 from components.spec import InfraError, names, protocol
 from components.workload.derive import JOB_RUNTIME_ENV
 
 POLL_S = 1.0
+LOG_SAVE_S = 15.0
 TAIL_LINES = 25
 
 
@@ -29,11 +31,22 @@ def log(message: str) -> None:
 
 @dataclass
 class _Follow:
-    """What following a job has seen so far: the log length, the whole text, the records."""
+    """What following a job has seen so far: the log length, the whole text, the records, when the log was saved."""
 
     seen: int = 0
     text: str = ""
     records: list[tuple[str, dict]] = field(default_factory=list)
+    saved_at: float = 0.0
+    saved: int = 0
+
+
+def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -> None:
+    """The job's log in the run's store (``logs/<kind>.log``): at once on this machine, at most every
+    ``LOG_SAVE_S`` in Cloud Storage (one object write each), and always at the end."""
+    due = force or ctx.store.local() is not None or time.monotonic() - state.saved_at >= LOG_SAVE_S
+    if due and state.saved != len(state.text):
+        write_text(ctx.store, f"logs/{kind}.log", state.text)
+        state.saved_at, state.saved = time.monotonic(), len(state.text)
 
 
 def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str:
@@ -58,7 +71,7 @@ def _read_new(client, submission_id: str, kind: str, state: _Follow, ctx: RunCon
     if not new:
         return
     state.seen, state.text = len(text), text
-    (ctx.logs_dir / f"{kind}.log").write_text(text)
+    _save_log(ctx, kind, state)
     lines = new.splitlines()
     for line in lines:
         print(f"  [{kind}] {line}", flush=True)
@@ -89,7 +102,6 @@ def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
 
     client = get_platform(ctx.platform).job_client(ctx)
     submission_id = submit_or_attach(client, ctx, kind, entrypoint)
-    ctx.logs_dir.mkdir(parents=True, exist_ok=True)
     state = _Follow()
     previous = _stop_on_sigterm(client, submission_id, kind)
     deadline = time.monotonic() + timeout_s
@@ -104,13 +116,14 @@ def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
                 raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped")
             time.sleep(POLL_S)
     finally:
+        _save_log(ctx, kind, state, force=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     info = client.get_job_info(submission_id)
     if info.status != JobStatus.SUCCEEDED:
         tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])
         raise JobFailed(f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
-                        f"--- last lines of {ctx.logs_dir / f'{kind}.log'} ---\n{tail}")
+                        f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}")
     result = next((p for k, p in reversed(state.records) if k == "result"), None)
     if result is None:
         raise JobFailed(f"{kind}: job {submission_id} succeeded but printed no result record")

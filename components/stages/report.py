@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from components.platforms import RunContext
+from components.platforms.store import read_json, write_text
 from components.stages import STAGES
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
     stages, results = [], {}
     for name in STAGES:
-        path = ctx.stages_dir / f"{name}.json"
-        rec = json.loads(path.read_text()) if path.is_file() else {"status": "skipped"}
+        rec = read_json(ctx.store, f"stages/{name}.json") or {"status": "skipped"}
         entry = {"name": name, "status": rec.get("status", "unknown"), "seconds": rec.get("seconds")}
         if rec.get("error"):
             entry["error"] = rec["error"]
@@ -28,12 +28,15 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "preset": ctx.spec.name,
         "platform": ctx.platform,
         "status": "succeeded" if ok else "failed",
-        "run_dir": str(ctx.run_dir),
+        "run_dir": ctx.store.uri,
         "stages": stages,
         "train_losses": train.get("losses", []),
         "history": train.get("history", []),
         "tokens_per_s": train.get("tokens_per_s"),
+        "train_seconds": next(s["seconds"] for s in stages if s["name"] == "train"),
+        "restarts": train.get("restarts", 0),
         "checkpoint": train.get("checkpoint"),
+        "checkpoint_uri": train.get("checkpoint_uri"),
         "eval_loss_before": ev.get("eval_loss_before"),
         "eval_loss_after": ev.get("eval_loss_after"),
         "perplexity_before": ev.get("perplexity_before"),
@@ -45,19 +48,25 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
 
 def write(ctx: RunContext) -> dict[str, Any]:
     summary = summarize(ctx)
+    run_dir = ctx.store.local()
     checkpoint = Path(summary["checkpoint"]) if summary["checkpoint"] else None
-    if checkpoint and checkpoint.is_dir() and checkpoint.is_relative_to(ctx.run_dir):
-        link = ctx.run_dir / "checkpoint"  # a stable name for the final checkpoint inside the run directory
+    if run_dir and checkpoint and checkpoint.is_dir() and checkpoint.is_relative_to(run_dir):
+        link = run_dir / "checkpoint"  # a stable name for the final checkpoint inside the run directory
         link.unlink(missing_ok=True)
-        link.symlink_to(checkpoint.relative_to(ctx.run_dir))
+        link.symlink_to(checkpoint.relative_to(run_dir))
         summary["final_checkpoint"] = str(link)
     if summary["train_losses"]:
-        summary["plots"] = _plot(summary, ctx.run_dir)
-    (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        png = loss_png(summary)
+        summary["plots"] = {"png": ctx.store.write_bytes("loss.png", png, "image/png"),
+                            "html": write_text(ctx.store, "loss.html", loss_html(summary, png), "text/html")}
+    write_text(ctx.store, "summary.json", json.dumps(summary, indent=2), "application/json")
     return summary
 
 
-def _plot(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
+def loss_png(summary: dict[str, Any]) -> bytes:
+    """The loss curve (PNG): training loss per epoch or step, and the held-out losses when known."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,24 +89,29 @@ def _plot(summary: dict[str, Any], run_dir: Path) -> dict[str, str]:
     ax.set_title(f"{summary['preset']} — {summary['run_id']}")
     ax.legend()
     fig.tight_layout()
-    png = run_dir / "loss.png"
-    fig.savefig(png)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
     plt.close(fig)
+    return out.getvalue()
+
+
+def loss_html(summary: dict[str, Any], png: bytes) -> str:
+    """One self-contained page (the PNG inline): what the Vertex UI shows for the HTML artifact."""
+    import base64
+
     columns = _columns(summary["history"])
     head = "".join(f"<th>{html.escape(title)}</th>" for title, _key, _fmt in columns)
     rows = "".join("<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
                    for row in summary["history"])
-    page = run_dir / "loss.html"
-    page.write_text(
+    return (
         "<!doctype html><html><head><meta charset='utf-8'><title>tpupipe "
         f"{html.escape(summary['run_id'])}</title></head><body>"
         f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
-        "<img src='loss.png' alt='loss per epoch'>"
+        f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' alt='loss curve'>"
         f"<table border='1'><tr>{head}</tr>{rows}</table>"
         f"<p>held-out loss: {_fmt(summary.get('eval_loss_before'))} untrained, "
         f"{_fmt(summary.get('eval_loss_after'))} trained</p></body></html>"
     )
-    return {"png": str(png), "html": str(page)}
 
 
 def _unit(history: list[dict]) -> str:

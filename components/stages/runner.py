@@ -3,7 +3,8 @@
 Each KFP component calls :func:`run_stage` with the pipeline parameters; everything a stage needs is derived
 from them (spec from preset + overrides, run id from the job name), which is what lets ``teardown`` run in
 an exit handler without any other task's output. Each stage records its status and duration in
-``<run dir>/stages/<stage>.json``; teardown, which always runs last, writes the run's summary.
+``stages/<stage>.json`` of the run's store (a local directory, or Cloud Storage on Vertex AI, where every task runs
+on its own machine); teardown, which always runs last, writes the run's summary.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from components.platforms import RunContext, get_platform
+from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
 from components.stages import STAGES
@@ -24,23 +25,22 @@ from components.stages.jobs import JobFailed, log, run_job
 from components.workload import resolve
 
 
-def run_dir_for(run_id: str, job_name: str, output_root: str) -> tuple[str, Path]:
+def store_for(run_id: str, job_name: str, output_root: str) -> tuple[str, RunStore]:
     rid = run_id_from(run_id, job_name)
-    return rid, Path(output_root or "runs").expanduser().resolve() / rid
+    return rid, open_store(output_root, rid)
 
 
 def context(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str) -> RunContext:
-    rid, run_dir = run_dir_for(run_id, job_name, output_root)
-    return RunContext(spec=resolve(preset, overrides), run_id=rid, run_dir=run_dir, platform=platform)
+    rid, store = store_for(run_id, job_name, output_root)
+    return RunContext(spec=resolve(preset, overrides), run_id=rid, store=store, platform=platform)
 
 
-def record(run_dir: Path, stage: str, **fields: Any) -> None:
-    stages_dir = run_dir / "stages"
-    stages_dir.mkdir(parents=True, exist_ok=True)
-    path = stages_dir / f"{stage}.json"
-    current = json.loads(path.read_text()) if path.is_file() else {"stage": stage}
+def record(store: RunStore, stage: str, **fields: Any) -> None:
+    """Update the stage's record (``stages/<stage>.json``) with ``fields``."""
+    key = f"stages/{stage}.json"
+    current = read_json(store, key) or {"stage": stage}
     current.update(fields)
-    path.write_text(json.dumps(current, indent=2, sort_keys=True))
+    write_json(store, key, current)
 
 
 # ---------------------------------------------------------------- the stages
@@ -90,9 +90,12 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
 
     job = run_job(ctx, "train", entrypoint(ctx, "train"), t.timeout_s, progress)
     rows = history(job["records"])
+    starts = sum(1 for kind, p in job["records"] if kind == "event" and p.get("event") == "worker_group_started")
     return {
         "job": job["submission_id"],
+        "restarts": max(0, starts - 1),
         "checkpoint": job["result"]["checkpoint"],
+        "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),
         "history": rows,
         "losses": [r["loss"] for r in rows],
         "tokens_per_s": rows[-1]["tokens_per_s"] if rows else None,
@@ -134,23 +137,56 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
     """Resolve the context, run one stage with its record kept, return its result as JSON."""
     if stage not in RUNNERS:
         raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
-    rid, run_dir = run_dir_for(run_id, job_name, output_root)
+    rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
-    record(run_dir, stage, status="running", started=started, run_id=rid)
+    record(store, stage, status="running", started=started, run_id=rid)
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
         ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream)
     except BaseException as exc:
-        record(run_dir, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
+        record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
         if stage == "teardown" and ctx is not None:
             _write_report(ctx)
         raise
-    record(run_dir, stage, status="succeeded", seconds=time.time() - started, result=result)
+    record(store, stage, status="succeeded", seconds=time.time() - started, result=result)
     if stage == "teardown":
         _write_report(ctx)
     return json.dumps(result)
+
+
+# The argument of each component that carries the upstream stage's result.
+UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "train": "raycluster", "evaluate": "train_result"}
+
+
+def with_target(overrides: str, project: str, bucket: str) -> str:
+    """The pipeline's ``project`` and ``bucket`` parameters (set when the pipeline was compiled) as spec overrides,
+    before the user's own, which win."""
+    import shlex
+
+    target = [f"gke.project={project}"] if project else []
+    target += [f"gke.bucket={bucket}"] if bucket else []
+    return " ".join([*(shlex.quote(t) for t in target), overrides]).strip()
+
+
+def run_component(stage: str, args: dict[str, Any]) -> str:
+    """What a KFP component calls with its arguments (its ``locals()``): the stage, then the stage's typed
+    artifacts (``components.stages.artifacts``), written from the records the stage left in the run's store."""
+    from components.stages import artifacts
+
+    overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""))
+    common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
+    result = run_stage(stage, *common, args.get(UPSTREAM.get(stage, ""), ""))
+    ctx = _stage_context(stage, *common)
+    spec = ctx.spec.to_dict()
+    if stage == "train":
+        artifacts.train(ctx.store, spec, args["metrics"], args["loss_curve"])
+    elif stage == "evaluate":
+        artifacts.evaluate(ctx.store, spec, args["metrics"], args["summary"], args["model"], args["source_version"])
+    elif stage == "teardown":
+        artifacts.teardown(ctx.store, args["deleted"])
+    return result
 
 
 def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
@@ -161,8 +197,8 @@ def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_i
         if stage != "teardown":
             raise
         # Teardown needs only the run id: it still cleans up after a run whose input was bad.
-        rid, run_dir = run_dir_for(run_id, job_name, output_root)
-        return RunContext(spec=RunSpec(name=preset), run_id=rid, run_dir=run_dir, platform=platform)
+        rid, store = store_for(run_id, job_name, output_root)
+        return RunContext(spec=RunSpec(name=preset), run_id=rid, store=store, platform=platform)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ def kfp_local(tmp_path):
 
 def args(tmp_path, run_id, **kw):
     base = dict(preset="local-fsdp", platform="local", overrides="", run_id=run_id, job_name="ignored",
-                output_root=str(tmp_path / "runs"))
+                output_root=str(tmp_path / "runs"), project="", bucket="")
     return {**base, **kw}
 
 
@@ -52,7 +52,8 @@ def test_build_image_reuses_the_torch_environment_by_content_hash(tmp_path):
 
 def test_teardown_without_a_cluster_succeeds_and_writes_a_summary(tmp_path):
     task = c.teardown(**args(tmp_path, "nothing-here"))
-    assert json.loads(task.output)["stopped_groups"] == 0
+    assert json.loads(task.outputs["Output"])["stopped_groups"] == 0
+    assert "Nothing was left to delete" in open(task.outputs["deleted"].path).read()  # the Markdown artifact
     summary = json.loads((tmp_path / "runs" / "nothing-here" / "summary.json").read_text())
     assert summary["status"] == "failed"  # nothing else ran
     assert [s["name"] for s in summary["stages"]][-1] == "teardown"
@@ -61,5 +62,5 @@ def test_teardown_without_a_cluster_succeeds_and_writes_a_summary(tmp_path):
 
 def test_run_id_defaults_to_the_pipeline_job_name(tmp_path):
     task = c.teardown(**args(tmp_path, "", job_name="Tpupipe-2026-11-29-10-04-42"))
-    assert task.output
+    assert task.outputs["Output"]
     assert (tmp_path / "runs" / "tpupipe-2026-11-29-10-04-42" / "summary.json").is_file()

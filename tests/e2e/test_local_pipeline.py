@@ -52,7 +52,7 @@ def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
     checkpoint = run_dir / "checkpoint"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
     assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    assert "loss.png" in (run_dir / "loss.html").read_text()
+    assert "data:image/png;base64," in (run_dir / "loss.html").read_text()  # self-contained: the PNG inline
     assert proc.stdout.rstrip().splitlines()[-1] == str(run_dir)
     for needle in ("held-out loss", "untrained", "trained", "tokens/s", "deploy_raycluster"):
         assert needle in proc.stdout

@@ -22,6 +22,7 @@ from google.cloud import artifactregistry_v1 as ar
 from google.longrunning import operations_pb2
 
 from tests.emulators import GrpcEmulator, serve_grpc
+from tests.emulators.http import HttpEmulator, HttpError
 
 SERVICE = "google.devtools.artifactregistry.v1.ArtifactRegistry"
 OPERATIONS = "google.longrunning.Operations"
@@ -34,6 +35,7 @@ DOCKER_IMAGE = re.compile(r"(?P<location>[a-z0-9-]+)-docker\.pkg\.dev/(?P<projec
 class State:
     repositories: dict[str, ar.Repository] = field(default_factory=dict)  # full name -> repository
     operations: dict[str, list] = field(default_factory=dict)  # name -> [polls left, repository]
+    images: dict[str, str] = field(default_factory=dict)  # pushed image reference (with its tag) -> digest
     calls: list[str] = field(default_factory=list)
 
 
@@ -50,6 +52,7 @@ class ArtifactRegistryEmulator(GrpcEmulator):
             SERVICE: {
                 "GetRepository": (ar.GetRepositoryRequest.deserialize, ar.Repository.serialize,
                                   self._wrap("GetRepository", self.get_repository)),
+                "GetTag": (ar.GetTagRequest.deserialize, ar.Tag.serialize, self._wrap("GetTag", self.get_tag)),
                 "CreateRepository": (ar.CreateRepositoryRequest.deserialize,
                                      operations_pb2.Operation.SerializeToString,
                                      self._wrap("CreateRepository", self.create_repository)),
@@ -69,6 +72,27 @@ class ArtifactRegistryEmulator(GrpcEmulator):
         with self._lock:
             repo = self.state.repositories.get(name)
         return name if repo is not None and repo.format_ == ar.Repository.Format.DOCKER else None
+
+    def push(self, image: str, digest: str) -> None:
+        """A Docker push (the Cloud Build emulator's, after a build succeeded): ``image`` is ``...:TAG``."""
+        with self._lock:
+            self.state.images[image] = digest
+
+    def has_image(self, image: str) -> bool:
+        with self._lock:
+            return image in self.state.images
+
+    def get_tag(self, request: ar.GetTagRequest, context) -> ar.Tag:
+        """``projects/P/locations/L/repositories/R/packages/IMAGE/tags/TAG``: the tag of a pushed image."""
+        parts = request.name.split("/")
+        if len(parts) != 10 or parts[6] != "packages" or parts[8] != "tags":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid tag name {request.name!r}")
+        image = f"{parts[3]}-docker.pkg.dev/{parts[1]}/{parts[5]}/{parts[7]}:{parts[9]}"
+        with self._lock:
+            digest = self.state.images.get(image)
+        if digest is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.name}")
+        return ar.Tag(name=request.name, version=f"{request.name.rsplit('/tags/', 1)[0]}/versions/{digest}")
 
     def get_repository(self, request: ar.GetRepositoryRequest, context) -> ar.Repository:
         repo = self.state.repositories.get(request.name)
@@ -103,3 +127,48 @@ class ArtifactRegistryEmulator(GrpcEmulator):
             op.done = True
             op.response.Pack(ar.Repository.pb(entry[1]))
         return op
+
+
+class KfpRegistryEmulator(HttpEmulator):
+    """Artifact Registry's KFP endpoint (``https://REGION-kfp.pkg.dev/PROJECT/REPOSITORY``), enough for
+    ``kfp.registry.RegistryClient.upload_pipeline``: a multipart POST of ``content`` (the template) and ``tags``
+    (comma-separated) to ``/PROJECT/REPOSITORY``, answered ``PACKAGE/sha256:DIGEST``; the package is the template's
+    pipeline name. The repository must exist in ``registry`` as a KFP repository."""
+
+    def __init__(self, registry: ArtifactRegistryEmulator, location: str, token: str = ""):
+        super().__init__()
+        self.registry, self.location, self.token = registry, location, token
+        self.packages: dict[str, dict] = {}  # "project/repository/package" -> {"versions": {v: bytes}, "tags": {}}
+
+    def _serve(self, http, raw: bytes) -> tuple:
+        import hashlib
+        from email.parser import BytesParser
+        from email.policy import HTTP
+
+        import yaml
+
+        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+            raise HttpError(401, "Request is missing required authentication credential.")
+        parts = http.path.strip("/").split("/")
+        if http.command != "POST" or len(parts) != 2:
+            raise HttpError(404, f"unknown method {http.command} {http.path}")
+        project, repository = parts
+        name = f"projects/{project}/locations/{self.location}/repositories/{repository}"
+        with self.registry._lock:
+            repo = self.registry.state.repositories.get(name)
+        if repo is None or repo.format_ != ar.Repository.Format.KFP:
+            raise HttpError(404, f"KFP repository {name} not found")
+        message = BytesParser(policy=HTTP).parsebytes(
+            f"Content-Type: {http.headers['Content-Type']}\r\n\r\n".encode() + raw)
+        fields = {p.get_param("name", header="content-disposition"): p.get_payload(decode=True)
+                  for p in message.iter_parts()}
+        content = fields.get("content")
+        if not content:
+            raise HttpError(400, "no template in the upload (field 'content')")
+        package = yaml.safe_load(content)["pipelineInfo"]["name"]
+        version = "sha256:" + hashlib.sha256(content).hexdigest()
+        entry = self.packages.setdefault(f"{project}/{repository}/{package}", {"versions": {}, "tags": {}})
+        entry["versions"][version] = content
+        for tag in filter(None, (fields.get("tags") or b"").decode().split(",")):
+            entry["tags"][tag] = version
+        return 200, f"{package}/{version}".encode()

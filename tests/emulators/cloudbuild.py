@@ -360,6 +360,8 @@ class CloudBuildEmulator(GrpcEmulator):
                                                       detail=build.status_detail)
         elif failing is None:
             build.status = Status.SUCCESS
+            for image in progress.images if self.registry is not None else ():
+                self.registry.push(image, _digest(build.id, image))
             build.results = cb.Results(
                 images=[cb.BuiltImage(name=image, digest=_digest(build.id, image),
                                       push_timing=cb.TimeSpan(start_time=now, end_time=now))

@@ -100,6 +100,7 @@ class KubeEmulator:
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
+        self.bodies: list[tuple[str, str, str]] = []  # (method, path, body text) of every request
         self.lock = threading.RLock()
         self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
         self._server = None
@@ -162,6 +163,7 @@ class KubeEmulator:
         body = h.rfile.read(length) if length else b""
         with self.lock:
             self.requests.append((method, url.path, dict(h.headers)))
+            self.bodies.append((method, url.path, body.decode(errors="replace")))
         if h.headers.get("Authorization") != f"Bearer {self.token}":
             return self._send(h, 401, _status(401, "Unauthorized", "Unauthorized"))
         proxy = re.match(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$", url.path)

@@ -156,6 +156,18 @@ class StorageEmulator(HttpEmulator):
             stored = self.state.objects.get((bucket, name))
             return copy.deepcopy(stored["metadata"]) if stored else None
 
+    def put(self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        """Store an object as a writer outside the JSON API would (Vertex's Cloud Storage FUSE mount)."""
+        with self._lock:
+            if bucket not in self.state.buckets:
+                raise KeyError(f"no bucket {bucket}")
+            self._store(bucket, {"name": name}, data, content_type, {})
+
+    def data(self, bucket: str, name: str) -> bytes | None:
+        with self._lock:
+            stored = self.state.objects.get((bucket, name))
+            return bytes(stored["data"]) if stored else None
+
     # ------------------------------------------------------------------ serving
     def _route(self, command: str, path: str) -> tuple[str, str, str]:
         """The method a request calls, and the names (unquoted) of the bucket and object it is for ("" where none)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.emulators.resourcemanager import ResourceManagerEmulator
 from tests.emulators.storage import StorageEmulator
 
 PROJECT = "tpupipe-emulated"
+REGION = "us-east5"
 PROJECT_NUMBER = "123456789012"
 # local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
 # per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
@@ -32,10 +34,11 @@ class Project:
         self.gke, self.compute, self.storage, self.projects, self.kube = gke, compute, storage, projects, kube
         self.cloudbuild = cloudbuild
         self.env = env
+        self.extras: list = []  # emulators added on top (Vertex AI, the KFP registry), stopped first
 
     def stop(self) -> None:
-        for emulator in (self.gke, self.compute, self.storage, self.projects, self.cloudbuild, self.registry,
-                         self.kube):
+        for emulator in (*self.extras, self.gke, self.compute, self.storage, self.projects, self.cloudbuild,
+                         self.registry, self.kube):
             emulator.stop()
 
     def clusters(self, run_id: str) -> list[str]:
@@ -58,7 +61,7 @@ def crd_validator():
     return CrdValidator(schema_dir())
 
 
-def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: int = 2):
+def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: int = 2, vertex: bool = False):
     validator = crd_validator()
     ray_env = None
     if ray:
@@ -83,7 +86,27 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
            "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
     project.registry = registry
+    project.token = token
+    if vertex:
+        _add_vertex(project, tmp_path)
     return project
+
+
+def _add_vertex(project: Project, tmp_path) -> None:
+    """Vertex AI Pipelines and the KFP template registry on top: ``project.vertex``, ``project.kfp``. The tasks it
+    runs get the emulators' endpoints in their environment, as Vertex tasks get Google's."""
+    import sys
+
+    from tests.emulators.artifactregistry import KfpRegistryEmulator
+    from tests.emulators.vertex import VertexEmulator
+
+    project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.token)
+    project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
+    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
+    project.vertex = VertexEmulator(project.storage, project.registry, task_env,
+                                    python_bin=Path(sys.executable).parent, workdir=tmp_path, token=project.token)
+    project.vertex.start()
+    project.extras += [project.vertex, project.kfp]
 
 
 @pytest.fixture

@@ -1,9 +1,13 @@
 """Assertions on the compiled pipeline YAML: what Vertex AI Pipelines would run."""
 
+import re
+
 import pytest
 import yaml
 
-from pipelines.pipeline import compile_pipeline
+from pipelines.pipeline import Target, compile_pipeline
+
+TARGET = Target(project="my-project", region="us-east5")
 
 STAGES = {"provision", "build-image", "deploy-raycluster", "train", "evaluate", "teardown"}
 
@@ -11,7 +15,7 @@ STAGES = {"provision", "build-image", "deploy-raycluster", "train", "evaluate", 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     path = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
-    compile_pipeline(str(path))
+    compile_pipeline(str(path), TARGET)
     return yaml.safe_load(path.read_text())
 
 
@@ -36,14 +40,41 @@ def test_stages_run_in_order(compiled):
         assert before in inner[after].get("dependentTasks", []), (before, after)
 
 
-def test_every_pipeline_parameter_is_typed_with_a_default(compiled):
+def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {"preset", "platform", "overrides", "run_id", "output_root"}
+    assert set(params) == {"preset", "platform", "overrides", "run_id", "output_root", "project", "bucket",
+                           "source_version"}
     for name, p in params.items():
         assert p["parameterType"] == "STRING", name
         assert "defaultValue" in p, name
-    assert params["preset"]["defaultValue"] == "local-fsdp"
-    assert params["platform"]["defaultValue"] == "local"
+        assert len(p.get("description", "")) > 20, name  # shown in the Vertex UI's run form
+    assert params["preset"]["defaultValue"] == "gemma4-e2b-v6e-16"
+    assert params["platform"]["defaultValue"] == "gke"
+    assert params["project"]["defaultValue"] == "my-project"
+    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/runs"
+
+
+def test_compiling_twice_gives_the_same_bytes(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    compile_pipeline(str(a), TARGET)
+    compile_pipeline(str(b), TARGET)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform
+
+    path = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(path), TARGET)
+    job = aiplatform.PipelineJob(display_name="offline", template_path=str(path), project="my-project",
+                                 location="us-east5", pipeline_root="gs://my-project-tpupipe/pipeline-root",
+                                 parameter_values={"preset": "llama3-8b-v6e-16x2"},
+                                 credentials=AnonymousCredentials())
+    resource = job.to_dict()
+    assert resource["runtimeConfig"]["parameterValues"] == {"preset": "llama3-8b-v6e-16x2"}
+    defaults = resource["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
+    assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
 
 
 def test_run_scoped_names_come_from_the_job_name(compiled):
@@ -52,8 +83,36 @@ def test_run_scoped_names_come_from_the_job_name(compiled):
         assert job_name == "{{$.pipeline_job_name}}"
 
 
-def test_components_run_in_the_pipeline_image_without_installing_kfp(compiled):
+def test_every_task_runs_in_the_content_addressed_components_image_in_the_registry(compiled):
+    from components.platforms.gke.build import image_tag
+
+    images = {executor["container"]["image"] for executor in compiled["deploymentSpec"]["executors"].values()}
+    assert images == {f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"}
+    assert re.fullmatch(r"[0-9a-f]{16}", image_tag("pipeline"))
     for name, executor in compiled["deploymentSpec"]["executors"].items():
-        container = executor["container"]
-        assert container["image"].startswith("tpupipe/pipeline"), name
-        assert "pip install" not in " ".join(container["command"]), name
+        assert "pip install" not in " ".join(executor["container"]["command"]), name
+
+
+def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
+    import shutil
+
+    from components.platforms.gke.build import image_tag, source_root
+
+    root = tmp_path / "tree"
+    for top in ("images", "components", "pipelines", "trainers", "pyproject.toml"):
+        src = source_root() / top
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / top)
+    assert image_tag("pipeline", root) == image_tag("pipeline")
+    (root / "trainers" / "data.py").write_text("# changed\n")
+    assert image_tag("pipeline", root) != image_tag("pipeline")
+
+
+def test_train_evaluate_and_teardown_output_typed_artifacts(compiled):
+    def artifacts(component):
+        outputs = compiled["components"][component]["outputDefinitions"].get("artifacts", {})
+        return {name: a["artifactType"]["schemaTitle"] for name, a in outputs.items()}
+
+    assert artifacts("comp-train") == {"metrics": "system.Metrics", "loss_curve": "system.HTML"}
+    assert artifacts("comp-evaluate") == {"metrics": "system.Metrics", "summary": "system.Markdown",
+                                          "model": "system.Model"}
+    assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}

@@ -50,7 +50,8 @@ def build_context(image: str, root: Path | None = None) -> bytes:
     if not (root / "images" / image / "Dockerfile").is_file():
         raise FileNotFoundError(f"no images/{image}/Dockerfile under {root} (set ${SOURCE_ROOT_ENV})")
     files = []
-    for top in (f"images/{image}", *CONTEXT_PATHS):
+    # The components image carries every image's directory: build_image uploads the trainer images' contexts.
+    for top in ("images" if image == "pipeline" else f"images/{image}", *CONTEXT_PATHS):
         path = root / top
         found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
@@ -62,6 +63,14 @@ def build_context(image: str, root: Path | None = None) -> bytes:
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def image_tag(image: str, root: Path | None = None) -> str:
+    """A tag that names the content: the hash of the image's build context. The same tree gives the same tag, and
+    any change to what the image holds gives another."""
+    import hashlib
+
+    return hashlib.sha256(build_context(image, root)).hexdigest()[:16]
 
 
 def client(creds=None):
@@ -92,12 +101,14 @@ def registry_client(creds=None):
 
 
 class Registry(Adapter):
-    """The Artifact Registry Docker repository the images go to: reused, or created (and kept after the run)."""
+    """Artifact Registry repositories: the Docker one the images go to, the KFP one the pipeline templates go to;
+    reused, or created (and kept after the run)."""
 
     def __init__(self, client, **options):
         super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
 
-    def ensure(self, project: str, location: str, repository: str) -> str:
+    def ensure(self, project: str, location: str, repository: str, fmt: str = "DOCKER",
+               field: str = "gke.artifact_repository") -> str:
         from google.api_core import exceptions as gexc
         from google.cloud import artifactregistry_v1
 
@@ -105,18 +116,19 @@ class Registry(Adapter):
 
         parent = f"projects/{project}/locations/{location}"
         name = f"{parent}/repositories/{repository}"
-        docker = artifactregistry_v1.Repository.Format.DOCKER
+        docker = artifactregistry_v1.Repository.Format[fmt]
         try:
             found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
             if found.format_ != docker:
-                raise SpecError("gke.artifact_repository", f"{name} is a {found.format_.name} repository, not Docker",
-                                ["a Docker repository", "a new name"])
+                raise SpecError(field, f"{name} is a {found.format_.name} repository, not {fmt}",
+                                [f"a {fmt} repository", "a new name"])
             self.log(f"Artifact Registry repository {name} exists: pushing there")
             return name
         except gexc.NotFound:
             pass
         request = {"parent": parent, "repository_id": repository,
-                   "repository": {"format_": docker, "description": "tpupipe trainer images"}}
+                   "repository": {"format_": docker, "description": f"tpupipe {'images' if fmt == 'DOCKER' else
+                                                                                    'pipeline templates'}"}}
         try:
             op = self.call(f"create repository {name}", lambda: self.client.create_repository(request=request))
         except gexc.AlreadyExists:
@@ -126,6 +138,21 @@ class Registry(Adapter):
                  what=f"repository {name} to be created", clock=self.clock, sleep=self.sleep)
         op.result()  # raises the operation's error, if it ended in one
         return name
+
+
+def has_image(registry: Registry, image: str) -> bool:
+    """Whether ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` is in Artifact Registry (its tag exists)."""
+    from google.api_core import exceptions as gexc
+
+    host, project, repository, rest = image.split("/", 3)
+    name, _, tag = rest.rpartition(":")
+    location = host.removesuffix("-docker.pkg.dev")
+    path = f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}/tags/{tag}"
+    try:
+        registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))
+    except gexc.NotFound:
+        return False
+    return True
 
 
 class CloudBuild(Adapter):

@@ -22,15 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
+# are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
+from components.platforms.credentials import EMULATOR_HOST_ENV, credentials
 from components.platforms.waiting import DeadlineExceeded, wait_for
 from components.spec import InfraError
 
-# The ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators are found
-# (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
-EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"
-# With an emulator: the static access token it expects in place of Application Default Credentials.
-EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 STOCKOUT_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "GCE_STOCKOUT", "does not have enough resources",
                     "STOCKOUT", "QUOTA_EXCEEDED", "Insufficient quota")
 RESOURCE_EXHAUSTED = 8
@@ -53,20 +50,6 @@ class RetryPolicy:
 
 
 # ---------------------------------------------------------------- credentials and client
-
-
-def credentials():
-    """Google credentials: Application Default Credentials (the pipeline's service account on Vertex, ``gcloud
-    auth application-default login`` on a workstation), or the emulator's static token."""
-    token = os.environ.get(EMULATOR_TOKEN_ENV)
-    if token and os.environ.get(EMULATOR_HOST_ENV):
-        from google.oauth2.credentials import Credentials
-
-        return Credentials(token=token)
-    import google.auth
-
-    creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-    return creds
 
 
 def access_token(creds) -> str:

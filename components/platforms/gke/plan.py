@@ -239,8 +239,9 @@ def _kubernetes_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
                             api=f"kubernetes apply {obj['apiVersion']}", path=_k8s_path(obj),
                             deleted_by_teardown=not shared))
     if spec.gke.hf_secret:
+        source = spec.gke.hf_token_secret or "$HF_TOKEN"
         out.append(Resource("k8s/Secret", spec.gke.hf_secret, "get-or-create", "the Hugging Face token (key "
-                            f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from $HF_TOKEN "
+                            f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from {source} "
                             "(labelled with the run, deleted by its teardown); its value never printed",
                             labels=names.labels(t.run_id), api="kubernetes apply v1",
                             path=f"namespaces/{t.namespace}/secrets/{spec.gke.hf_secret}"))

@@ -49,13 +49,13 @@ class GkePlatform:
 
     # ---------------------------------------------------------------- the ledger
     def _ledger(self, ctx: RunContext) -> dict[str, Any]:
-        return ledgers.load(ctx.ledger_path) or {"run_id": ctx.run_id, "platform": "gke", "created": []}
+        return ledgers.load(ctx.store) or {"run_id": ctx.run_id, "platform": "gke", "created": []}
 
     def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
-        ledgers.save(ctx.ledger_path, ledger)
+        ledgers.save(ctx.store, ledger)
 
     def _recorder(self, ctx: RunContext, ledger: dict[str, Any]):
-        return ledgers.recorder(ctx.ledger_path, ledger)
+        return ledgers.recorder(ctx.store, ledger)
 
     # ---------------------------------------------------------------- checks
     def check(self, ctx: RunContext) -> None:
@@ -206,6 +206,13 @@ class GkePlatform:
     def job_output_dir(self, ctx: RunContext) -> str:
         return os.environ.get(MOUNT_ROOT_ENV, "") + self._target(ctx).run_dir
 
+    def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
+        """The bucket's object path of a path under the pods' GCS FUSE mount (``/data/runs/<id>/...``)."""
+        mounted = path.removeprefix(os.environ.get(MOUNT_ROOT_ENV, ""))
+        if not mounted.startswith(r.MOUNT_PATH + "/"):
+            return path
+        return f"gs://{self._target(ctx).bucket}/{mounted.removeprefix(r.MOUNT_PATH + '/')}"
+
     # ---------------------------------------------------------------- teardown
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, newest first: its Kubernetes objects (by the run label), its node pools or
@@ -334,7 +341,7 @@ class _Session:
         self.platform, self.ctx = platform, ctx
         self.t = r.target(ctx.spec, ctx.run_id)
         self.ledger = platform._ledger(ctx)
-        self.record = ledgers.recorder(ctx.ledger_path, self.ledger)
+        self.record = ledgers.recorder(ctx.store, self.ledger)
         self._clients: dict[str, Any] = {}
         self.cluster = None
         self.tpu_pools: list[str] = []
@@ -447,13 +454,20 @@ def _secret(s: _Session, res: plan.Resource) -> None:
     if res.name == names.ray_token_secret(run_id):
         kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
         return
-    value = os.environ.get(HF_TOKEN_ENV, "")
+    source = s.ctx.spec.gke.hf_token_secret
+    if source:
+        from components.platforms.gke import secrets
+
+        value = secrets.read(source, s.client("creds"))
+    else:
+        value = os.environ.get(HF_TOKEN_ENV, "").encode()
     if not value:
-        raise SpecError("gke.hf_secret", f"no Secret {res.name} in namespace {t.namespace} and ${HF_TOKEN_ENV} is not "
-                                         "set: set it, or gke.hf_secret= (empty) for models that need no token")
+        raise SpecError("gke.hf_secret", f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
+                                         f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
+                                         "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none")
     kube.ensure({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                  "metadata": {"name": res.name, "namespace": t.namespace, "labels": names.labels(run_id)},
-                 "data": {m.HF_TOKEN_KEY: base64.b64encode(value.encode()).decode()}})
+                 "data": {m.HF_TOKEN_KEY: base64.b64encode(value).decode()}})
 
 
 def _raycluster(s: _Session, res: plan.Resource) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
 from components.spec import RunSpec, names
 from components.tpu import catalogue
 from components.workload.derive import (
@@ -45,7 +46,7 @@ NODE_LABEL_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 NODE_LABEL_NODE_POOL = "cloud.google.com/gke-nodepool"
 DRA_NETWORKING_LABEL = "cloud.google.com/gke-networking-dra-driver"
 NETDEV_DEVICE_CLASS = "netdev.google.com"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
 AUTOPILOT_CAPACITY_SELECTORS = {
     "spot": {"cloud.google.com/gke-spot": "true"},
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},

@@ -3,7 +3,7 @@
 One Ray head and N worker raylets (N emulated hosts), each its own process group, on loopback, on ports
 chosen free, under a run-scoped temporary directory, all from the torch image's environment. Every process
 this run starts carries ``TPUPIPE_RUN_ID`` in its environment and is recorded in the run's ledger
-(``<run dir>/ledger.json``, ``components.platforms.ledger``) before anything waits on it, so teardown finds
+(``ledger.json`` in the run's directory, ``components.platforms.ledger``) before anything waits on it, so teardown finds
 exactly what the run started.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.local import envs
+from components.platforms.store import LocalStore
 from components.platforms.waiting import wait_for
 from components.spec import InfraError, SpecError
 from components.workload.derive import trainer_image
@@ -155,13 +156,14 @@ def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> None:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
     pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until killed."""
     while True:
-        ledger = json.loads(ledger_path.read_text())
+        store = LocalStore(ledger_path.parent)
+        ledger = ledgers.load(store)
         for proc in ledger["processes"]:
             if proc["role"].startswith("host-") and not pid_alive(proc["pid"]):
                 log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
                 proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
                 proc["replacements"] = proc.get("replacements", 0) + 1
-                ledgers.save(ledger_path, ledger)
+                ledgers.save(store, ledger)
         time.sleep(interval_s)
 
 
@@ -176,10 +178,10 @@ class LocalPlatform:
 
     # -- ledger: what this run started, written before anything waits on it
     def _load(self, ctx: RunContext) -> dict[str, Any] | None:
-        return ledgers.load(ctx.ledger_path)
+        return ledgers.load(ctx.store)
 
     def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
-        ledgers.save(ctx.ledger_path, ledger)
+        ledgers.save(ctx.store, ledger)
 
     def check(self, ctx: RunContext) -> None:
         if ctx.spec.cluster.accelerator != "cpu":
@@ -189,6 +191,9 @@ class LocalPlatform:
                 f"{ctx.spec.cluster.accelerator!r}: run it with platform=gke, or set cluster.accelerator=cpu",
                 ["cpu"],
             )
+        if ctx.store.local() is None:
+            raise SpecError("output_root", f"the local platform keeps its runs on this machine, not in {ctx.store.uri}",
+                            ["a local directory (default ./runs)"])
 
     @staticmethod
     def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
@@ -263,11 +268,11 @@ class LocalPlatform:
                           f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
                           *[f"--{k}={v}" for k, v in node_ports.items()]]
             self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
-        keeper = [sys.executable, "-m", "components.platforms.local.cluster", "keep", str(ctx.ledger_path)]
+        keeper = [sys.executable, "-m", "components.platforms.local.cluster", "keep", str(ctx.run_dir / ledgers.KEY)]
         self._spawn(ctx, ledger, "keeper", keeper, process_env)
 
     def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
-        log_file = ctx.logs_dir / f"{role}.out"
+        log_file = ctx.run_dir / "logs" / f"{role}.out"
         pid = spawn(cmd, env, log_file)
         ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
         self._save(ctx, ledger)
@@ -336,6 +341,9 @@ class LocalPlatform:
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return str(ctx.run_dir / "train")
+
+    def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
+        return path  # the jobs write on this machine
 
     # -- teardown: stop exactly what this run started, free its ports, keep its outputs
     def teardown(self, ctx: RunContext) -> dict[str, Any]:

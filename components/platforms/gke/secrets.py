@@ -1,0 +1,42 @@
+"""Secret Manager: the Hugging Face token a gated model needs, read by deploy_raycluster into the run's Kubernetes
+Secret (labelled with the run, deleted by its teardown). The value is returned to the caller and nothing else: never
+logged, never a pipeline parameter, never written to the run's state."""
+
+from __future__ import annotations
+
+import os
+
+from components.platforms.credentials import credentials
+
+EMULATOR_HOST_ENV = "TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"
+
+
+def client(creds=None):
+    """A ``SecretManagerServiceClient``: to the emulator named by $TPUPIPE_SECRET_MANAGER_EMULATOR_HOST, else Google."""
+    from google.cloud import secretmanager_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.secretmanager_v1.services.secret_manager_service.transports import (
+            SecretManagerServiceGrpcTransport,
+        )
+
+        return secretmanager_v1.SecretManagerServiceClient(
+            transport=SecretManagerServiceGrpcTransport(channel=grpc.insecure_channel(host)))
+    return secretmanager_v1.SecretManagerServiceClient(credentials=creds or credentials())
+
+
+def read(name: str, creds=None) -> bytes:
+    """The data of ``projects/P/secrets/NAME[/versions/V]`` (its latest version when none is named)."""
+    from google.api_core import exceptions as gexc
+
+    from components.spec import SpecError
+
+    version = name if "/versions/" in name else f"{name}/versions/latest"
+    try:
+        return client(creds).access_secret_version(name=version).payload.data
+    except (gexc.NotFound, gexc.PermissionDenied) as exc:
+        raise SpecError("gke.hf_token_secret", f"cannot read {version}: {exc.message}",
+                        ["a secret the pipeline's service account can access (roles/secretmanager.secretAccessor)"]
+                        ) from None

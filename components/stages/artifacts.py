@@ -1,0 +1,80 @@
+"""The typed KFP artifacts the Vertex AI UI shows for a run, written from the stages' records: the same figures as
+``summary.json``, from the same records.
+
+- train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
+- evaluate: ``Metrics`` (held-out loss and perplexity before/after), a ``Markdown`` summary, and the ``Model``
+  (its uri the checkpoint in Cloud Storage, its metadata the run's provenance);
+- teardown: ``Markdown`` of what it deleted.
+
+Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
+store; nothing here imports kfp.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.platforms.store import RunStore, read_json
+from components.stages import report
+
+
+def _record(store: RunStore, stage: str) -> dict[str, Any]:
+    return read_json(store, f"stages/{stage}.json") or {}
+
+
+def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
+    rec = _record(store, "train")
+    result = rec.get("result") or {}
+    losses = result.get("losses") or []
+    figures = {"final_loss": losses[-1] if losses else None, "tokens_per_s": result.get("tokens_per_s"),
+               "seconds": rec.get("seconds"), "restarts": result.get("restarts", 0)}
+    for key, value in figures.items():
+        if value is not None:
+            metrics.log_metric(key, value)
+    summary = {"run_id": rec.get("run_id", ""), "preset": spec["name"], "history": result.get("history") or [],
+               "train_losses": losses}
+    if losses:
+        with open(loss_curve.path, "w") as out:
+            out.write(report.loss_html(summary, report.loss_png(summary)))
+
+
+def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
+    ev = (_record(store, "evaluate").get("result")) or {}
+    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after"):
+        if ev.get(key) is not None:
+            metrics.log_metric(key, ev[key])
+    train_result = _record(store, "train").get("result") or {}
+    image = _record(store, "build_image").get("result") or {}
+    cluster, t = spec["cluster"], spec["train"]
+    model.uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint") or model.uri
+    model.metadata.update({
+        "preset": spec["name"],
+        "base_model": spec["maxtext"]["model_name"] if t["workload"] == "maxtext" else t["model_id"],
+        "accelerator": cluster["accelerator"], "topology": cluster["topology"], "slices": cluster["num_slices"],
+        "trainer_image": image.get("image", ""), "trainer_image_digest": image.get("digest", ""),
+        "git_sha": source_version, "eval_loss_after": ev.get("eval_loss_after"),
+        "eval_loss_before": ev.get("eval_loss_before"), "run_id": _record(store, "train").get("run_id", ""),
+    })
+    rows = [("held-out loss", ev.get("eval_loss_before"), ev.get("eval_loss_after")),
+            ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after"))]
+    lines = ["| | untrained | trained |", "|---|---|---|"]
+    lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
+    lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
+    with open(summary_md.path, "w") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def teardown(store: RunStore, deleted_md) -> None:
+    rec = _record(store, "teardown")
+    deleted = (rec.get("result") or {}).get("deleted") or []
+    lines = [f"Teardown {rec.get('status', 'unknown')}: {len(deleted)} resources deleted.", ""]
+    lines += [f"- `{name}`" for name in deleted] or ["Nothing was left to delete."]
+    if rec.get("error"):
+        lines += ["", f"Error: {rec['error']}"]
+    with open(deleted_md.path, "w") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

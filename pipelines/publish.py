@@ -1,0 +1,80 @@
+"""``tpupipe publish``: make the compiled pipeline startable from the Vertex AI UI.
+
+1. The components image of this source tree (tagged with the hash of its build context, the tag the compiled
+   pipeline names): built with Cloud Build and pushed to the Artifact Registry Docker repository when that tag is
+   missing, else reused.
+2. The compiled template uploaded to an Artifact Registry KFP repository (``kfp.registry.RegistryClient``), tagged
+   with the version, the git commit and ``latest``: the Vertex UI offers it under "Create run" from a template.
+"""
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.pipeline import PIPELINE_IMAGE, Target, compile_pipeline, source_version
+
+# With the emulators: the KFP registry's base URL (http://host:port); unset, https://REGION-kfp.pkg.dev.
+KFP_REGISTRY_HOST_ENV = "TPUPIPE_KFP_REGISTRY_HOST"
+BUILD_TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class Published:
+    image: str
+    built: bool
+    template: str  # the registry's package/version
+    tags: tuple[str, ...]
+    host: str
+
+
+def kfp_host(target: Target, kfp_repository: str) -> str:
+    base = os.environ.get(KFP_REGISTRY_HOST_ENV) or f"https://{target.region}-kfp.pkg.dev"
+    return f"{base.rstrip('/')}/{target.project}/{kfp_repository}"
+
+
+def build_body(target: Target, image: str, tag: str) -> dict:
+    """The Cloud Build of the components image: ``images/pipeline/Dockerfile`` over the uploaded context."""
+    return {
+        "source": {"storageSource": {"bucket": target.run_bucket, "object": f"build/{PIPELINE_IMAGE}-{tag}.tar.gz"}},
+        "steps": [{"name": "gcr.io/cloud-builders/docker",
+                   "args": ["build", "--file", f"images/{PIPELINE_IMAGE}/Dockerfile", "--tag", image, "."]}],
+        "images": [image],
+        "tags": ["tpupipe", f"tpupipe-{PIPELINE_IMAGE}-{tag}"],
+        "timeout": f"{BUILD_TIMEOUT_S}s",
+        "options": {"machineType": "E2_HIGHCPU_8", "logging": "CLOUD_LOGGING_ONLY"},
+    }
+
+
+def publish(target: Target, kfp_repository: str, version: str, log=print) -> Published:
+    from components.platforms.credentials import credentials
+    from components.platforms.gke import build as gke_build
+    from components.platforms.gke import storage as gke_storage
+
+    creds = credentials()
+    tag = gke_build.image_tag(PIPELINE_IMAGE)
+    image = target.image(tag)
+    registry = gke_build.Registry(gke_build.registry_client(creds), log=log)
+    registry.ensure(target.project, target.region, target.repository, field="--repository")
+    built = not gke_build.has_image(registry, image)
+    if built:
+        log(f"publish: {image} is not in Artifact Registry: building it")
+        storage = gke_storage.Storage(gke_storage.storage_client(target.project, creds), log=log)
+        storage.ensure_bucket(target.run_bucket, target.region)
+        body = build_body(target, image, tag)
+        storage.upload(target.run_bucket, body["source"]["storageSource"]["object"],
+                       gke_build.build_context(PIPELINE_IMAGE), content_type="application/gzip")
+        builder = gke_build.CloudBuild(gke_build.client(creds), target.project, target.region, log=log)
+        builder.ensure(body, body["tags"][1], lambda kind, name: None, timeout_s=BUILD_TIMEOUT_S + 600)
+    else:
+        log(f"publish: {image} is in Artifact Registry already: reusing it")
+    registry.ensure(target.project, target.region, kfp_repository, fmt="KFP", field="--kfp-repository")
+    tags = tuple(t for t in (version, source_version()[:12], "latest") if t)
+    host = kfp_host(target, kfp_repository)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target)
+        from kfp.registry import RegistryClient
+
+        package, package_version = RegistryClient(host=host, auth=creds).upload_pipeline(path, tags=list(tags))
+    log(f"publish: template {package}/{package_version} in {host}, tags {', '.join(tags)}")
+    return Published(image, built, f"{package}/{package_version}", tags, host)

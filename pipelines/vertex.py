@@ -1,0 +1,246 @@
+"""Runs and schedules on Vertex AI Pipelines, through the real ``google-cloud-aiplatform`` SDK: what ``tpupipe submit``,
+``tpupipe schedule`` and ``tpupipe runs`` do.
+
+Every job is a PipelineJob of the compiled template (compiled now for the target, or a file or registry URL given)
+with an explicit pipeline root (without one the SDK makes a bucket with a random name on every call). The spec is
+resolved before any call, so bad input exits 2 having called nothing. A scheduled run gets its own run id from its
+job name: a fixed ``run_id`` on a schedule is refused (two runs would share every resource name).
+"""
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.spec import SpecError
+
+# With the emulators: Vertex AI's endpoint (http://host:port, REST); unset, the SDK's default for the region.
+VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
+TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
+STATES = {"succeeded": "PIPELINE_STATE_SUCCEEDED", "failed": "PIPELINE_STATE_FAILED",
+          "cancelled": "PIPELINE_STATE_CANCELLED", "running": "PIPELINE_STATE_RUNNING",
+          "pending": "PIPELINE_STATE_PENDING"}
+CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+){4})$")
+CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a job is made of, checked before any call."""
+
+    preset: str
+    overrides: str
+    project: str
+    region: str
+    pipeline_root: str
+    template: str = ""  # a compiled file or an Artifact Registry template URL; empty: compile now
+    service_account: str = ""
+    network: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""
+
+
+def check_place(project: str) -> None:
+    if not project:
+        raise SpecError("--project", "required (or $GOOGLE_CLOUD_PROJECT)", ["a Google Cloud project id"])
+    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project):
+        raise SpecError("--project", f"{project!r} is not a project id")
+
+
+def check(sub: Submission, scheduled: bool = False) -> None:
+    """Every input, before any API call: the spec resolves, the root is gs://, labels are labels; a schedule takes
+    no fixed run id."""
+    from components.workload import resolve
+
+    check_place(sub.project)
+    if not sub.pipeline_root.startswith("gs://") or len(sub.pipeline_root) <= 5:
+        raise SpecError("--pipeline-root", f"{sub.pipeline_root!r} is not a gs:// path", ["gs://BUCKET/PATH"])
+    for key, value in sub.labels.items():
+        if not LABEL.match(key) or not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
+            raise SpecError("--label", f"{key}={value!r}: keys and values are lowercase letters, digits, '_', '-'")
+    spec = resolve(sub.preset, sub.overrides)
+    if scheduled and sub.run_id:
+        raise SpecError("run_id", "a schedule starts many runs: each gets its own run id from its job name; a fixed "
+                                  "run id would make every run share (and delete) the same resources", [""])
+    if spec.cluster.accelerator == "cpu":
+        raise SpecError("preset", f"{sub.preset} emulates cpu hosts on the local platform; Vertex AI runs the gke "
+                                  "platform's TPU presets")
+
+
+def init(project: str, region: str) -> None:
+    from google.cloud import aiplatform
+
+    from components.platforms.credentials import credentials
+
+    endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
+    extra = {"api_endpoint": endpoint, "api_transport": "rest"} if endpoint else {}
+    aiplatform.init(project=project, location=region, credentials=credentials(), **extra)
+
+
+def _template(sub: Submission) -> str:
+    if sub.template:
+        return sub.template
+    from pipelines.pipeline import Target, compile_pipeline
+
+    path = Path(tempfile.mkdtemp(prefix="tpupipe-")) / "tpupipe.yaml"
+    return compile_pipeline(str(path), Target(project=sub.project, region=sub.region))
+
+
+def _job(sub: Submission, job_id: str = ""):
+    from google.cloud import aiplatform
+
+    parameters = {"preset": sub.preset, "overrides": sub.overrides}
+    if sub.run_id:
+        parameters["run_id"] = sub.run_id
+    return aiplatform.PipelineJob(display_name=f"tpupipe-{sub.preset}", template_path=_template(sub),
+                                  job_id=job_id or None, pipeline_root=sub.pipeline_root,
+                                  parameter_values=parameters, labels={"tpupipe-preset": sub.preset, **sub.labels})
+
+
+def console_url(name: str) -> str:
+    _, project, _, location, _, job = name.split("/")
+    return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
+
+
+def submit(sub: Submission, job_id: str = "") -> str:
+    """Submit one job; its resource name."""
+    check(sub)
+    init(sub.project, sub.region)
+    job = _job(sub, job_id)
+    job.submit(service_account=sub.service_account or None, network=sub.network or None)
+    return job.resource_name
+
+
+def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -> dict:
+    """Print each task's state as it changes until the job ends; the final job as a dict."""
+    from google.cloud import aiplatform
+
+    seen: dict[str, str] = {}
+    while True:
+        job = aiplatform.PipelineJob.get(name).to_dict()
+        for task in job.get("jobDetail", {}).get("taskDetails", []):
+            if seen.get(task["taskName"]) != task["state"]:
+                seen[task["taskName"]] = task["state"]
+                log(f"  {task['taskName']:<20} {task['state'].lower()}")
+        if job.get("state") in TERMINAL:
+            return job
+        time.sleep(poll_s)
+
+
+def failing_stage(job: dict) -> str:
+    """The first task that failed, with its error, or ''."""
+    for task in job.get("jobDetail", {}).get("taskDetails", []):
+        if task["state"] == "FAILED" and task["taskName"] != "exit-handler-1":
+            lines = [ln.strip() for ln in task.get("error", {}).get("message", "").splitlines() if ln.strip()]
+            errors = [ln for ln in lines if "Error:" in ln]  # the exception that ended the task, when shown
+            return f"{task['taskName']}: {(errors or lines or ['failed'])[-1]}"
+    return ""
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def check_cron(cron: str) -> None:
+    """A Vertex schedule's cron: optional ``TZ=`` / ``CRON_TZ=`` with an IANA zone, then five fields in range."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    match = CRON.match(cron.strip())
+    if not match:
+        raise SpecError("--cron", f"{cron!r} is not a cron expression", ["TZ=Europe/Paris 0 3 * * 1", "0 3 * * *"])
+    if match["tz"]:
+        try:
+            ZoneInfo(match["tz"])
+        except (ZoneInfoNotFoundError, ValueError):
+            raise SpecError("--cron", f"unknown time zone {match['tz']!r}", ["an IANA zone: Europe/Paris"]) from None
+    for text, (low, high) in zip(match["fields"].split(), CRON_RANGES, strict=True):
+        numbers = [int(n) for n in re.findall(r"\d+", re.sub(r"/\d+", "", text))]
+        if not CRON_FIELD.match(text) or any(not low <= n <= high for n in numbers):
+            raise SpecError("--cron", f"field {text!r} of {cron!r} is out of range {low}-{high}")
+
+
+def schedule_create(sub: Submission, name: str, cron: str, max_concurrent: int = 1, start: str = "", end: str = "",
+                    max_runs: int = 0) -> str:
+    from google.cloud import aiplatform
+
+    check(sub, scheduled=True)
+    check_cron(cron)
+    if not SCHEDULE_NAME.match(name):
+        raise SpecError("NAME", f"{name!r} is not a schedule name (letters, digits, ' ', '_', '.', '-')")
+    if max_concurrent < 1:
+        raise SpecError("--max-concurrent", f"must be at least 1, got {max_concurrent}")
+    init(sub.project, sub.region)
+    if _schedule(name, required=False) is not None:
+        raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
+    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub), display_name=name)
+    schedule.create(cron=cron, max_concurrent_run_count=max_concurrent, start_time=start or None,
+                    end_time=end or None, max_run_count=max_runs or None,
+                    service_account=sub.service_account or None, network=sub.network or None)
+    return schedule.resource_name
+
+
+def _schedule(name: str, required: bool = True):
+    from google.cloud import aiplatform
+
+    found = [s for s in aiplatform.PipelineJobSchedule.list() if s.display_name == name]
+    if not found and required:
+        raise SpecError("NAME", f"no schedule named {name!r}")
+    return found[0] if found else None
+
+
+def schedules() -> list[dict]:
+    from google.cloud import aiplatform
+
+    return [s.to_dict() for s in aiplatform.PipelineJobSchedule.list()]
+
+
+def schedule_action(name: str, action: str) -> None:
+    schedule = _schedule(name)
+    {"pause": schedule.pause, "resume": schedule.resume, "delete": schedule.delete}[action]()
+
+
+# ---------------------------------------------------------------- runs
+
+
+def runs(preset: str = "", state: str = "") -> list[dict]:
+    from google.cloud import aiplatform
+
+    if state and state not in STATES:
+        raise SpecError("--state", f"unknown state {state!r}", list(STATES))
+    jobs = [j.to_dict() for j in aiplatform.PipelineJob.list()]
+    return [j for j in jobs if (not preset or j.get("labels", {}).get("tpupipe-preset") == preset)
+            and (not state or j.get("state") == STATES[state])]
+
+
+def job_name(job: str, project: str, region: str) -> str:
+    return job if job.startswith("projects/") else f"projects/{project}/locations/{region}/pipelineJobs/{job}"
+
+
+def show(name: str) -> dict:
+    """A job's stages, figures (its Metrics artifacts) and console URL."""
+    from google.cloud import aiplatform
+
+    job = aiplatform.PipelineJob.get(name).to_dict()
+    tasks = job.get("jobDetail", {}).get("taskDetails", [])
+    metrics = {}
+    for task in tasks:
+        for output in task.get("outputs", {}).values():
+            for artifact in output.get("artifacts", []):
+                if artifact.get("schemaTitle") == "system.Metrics":
+                    metrics.update(artifact.get("metadata", {}))
+    return {"name": job["name"], "state": job.get("state"), "preset": job.get("labels", {}).get("tpupipe-preset"),
+            "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
+            "metrics": metrics, "console": console_url(job["name"])}
+
+
+def cancel(name: str) -> dict:
+    """Cancel a job (its exit handler's teardown still runs) and follow it to its end."""
+    from google.cloud import aiplatform
+
+    aiplatform.PipelineJob.get(name).cancel()
+    return follow(name, log=lambda m: None, poll_s=2.0)

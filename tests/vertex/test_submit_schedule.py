@@ -1,0 +1,160 @@
+"""`tpupipe submit`, `tpupipe schedule …` and `tpupipe runs …` against the emulated Vertex AI (the real
+google-cloud-aiplatform SDK over REST), and the Hugging Face token from Secret Manager."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+
+from pipelines.pipeline import Target
+from pipelines.publish import publish
+from tests.conftest import tpupipe_cmd
+from tests.emulators.secretmanager import SecretManagerEmulator
+from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
+
+pytestmark = [pytest.mark.e2e]
+
+BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
+OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
+SENTINEL = "hf_SECRETMANAGER0123456789SENTINEL"
+ENCODED = base64.b64encode(SENTINEL.encode()).decode()  # as a Secret's data carries it
+PLACE = ["--project", PROJECT, "--region", REGION]
+# The pipeline's identity: with one, the SDK creates the pipeline root's bucket without looking up the project number.
+ACCOUNT = ["--service-account", f"pipelines@{PROJECT}.iam.gserviceaccount.com"]
+
+
+def _published(project) -> None:
+    publish(Target(project=PROJECT, region=REGION), "tpupipe-pipelines", "v1", log=lambda m: None)
+
+
+def _env(project) -> dict[str, str]:
+    return {**os.environ, **project.env, "TPUPIPE_VERTEX_ENDPOINT": project.vertex.endpoint}
+
+
+def _tpupipe(project, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([*tpupipe_cmd(), *args], env=_env(project), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _job(project, name: str):
+    return project.vertex.job(name.rsplit("/", 1)[-1])
+
+
+def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(tmp_path, project_factory):
+    project = project_factory(ray=True, vertex=True)
+    secrets = SecretManagerEmulator({PROJECT: PROJECT_NUMBER})
+    project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = secrets.start()
+    project.vertex.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"]
+    project.extras.append(secrets)
+    version = secrets.add(PROJECT, "hf-token", SENTINEL.encode())
+    _published(project)
+    overrides = OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret") + \
+        f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token"
+    proc = _tpupipe(project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--wait",
+                    "--label", "team=ml")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "submitted projects/" in proc.stdout and "console.cloud.google.com/vertex-ai" in proc.stdout
+    assert "succeeded" in proc.stdout
+    # The token: read from Secret Manager, into the run's Kubernetes Secret (deleted by teardown), nowhere else.
+    assert secrets.accessed == [version.rsplit("/", 1)[0] + "/latest"]
+    created = [body for method, path, body in project.kube.bodies if "/secrets" in path and ENCODED in body]
+    assert len(created) == 1 and '"hf-secret"' in created[0], "the Hugging Face Secret was not created once"
+    job = project.vertex.job(proc.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1])
+    logs = "\n".join(job.logs.values())
+    objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")
+    others = "\n".join(body for _, path, body in project.kube.bodies if body not in created)
+    plan = _tpupipe(project, "plan", "local-fsdp", "--set", overrides, "--output", "json")
+    for where, text in (("cli", proc.stdout + proc.stderr), ("task logs", logs), ("bucket", objects),
+                        ("other requests", others), ("plan", plan.stdout), ("job", str(job.resource))):
+        assert SENTINEL not in text and ENCODED not in text, where
+    assert project.rayclusters(job.resource["name"].rsplit("/", 1)[-1]) == []
+
+
+def test_submit_wait_of_a_failing_run_exits_1_naming_the_stage(project_factory):
+    project = project_factory(vertex=True)
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
+    _published(project)
+    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--wait")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "failed — provision: " in proc.stdout and "CapacityError: no capacity" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
+    project = project_factory(vertex=True)
+    _published(project)
+    project.gke.polls_to_done = 10_000  # from now on, the cluster never finishes creating
+    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", "vx-runs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name = proc.stdout.split("submitted ", 1)[1].split()[0]
+    deadline = time.monotonic() + 300
+    while "CreateCluster" not in project.gke.state.calls and time.monotonic() < deadline:
+        time.sleep(1)
+    listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
+    assert name.rsplit("/", 1)[-1] in listed.stdout, listed.stdout + listed.stderr
+    cancelling = subprocess.Popen([*tpupipe_cmd(), "runs", "cancel", name.rsplit("/", 1)[-1], *PLACE],
+                                  env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while "CancelPipelineJob" not in project.vertex.calls and cancelling.poll() is None:
+        time.sleep(0.1)
+    project.gke.polls_to_done = 2  # teardown's deletes finish as usual
+    out, _ = cancelling.communicate(timeout=600)
+    assert cancelling.returncode == 0, out
+    shown = _tpupipe(project, "runs", "show", name, *PLACE)
+    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
+    assert "CancelOperation" in project.gke.state.calls  # provision's SIGTERM cancelled the cluster's creation
+    assert project.clusters("vx-runs") == [] and project.gke.state.clusters == {}
+
+
+def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):
+    project = project_factory(vertex=True)
+    project.gke.stockout(when=lambda request: True)  # every run fails fast: this is about when runs start
+    _published(project)
+    vertex = project.vertex
+    created = _tpupipe(project, "schedule", "create", "weekly", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT,
+                       "--cron", "TZ=Europe/Paris 0 3 * * 1", "--max-concurrent", "1")
+    assert created.returncode == 0, created.stderr[-3000:]
+    week = timedelta(days=7)
+    first = vertex.advance(vertex.clock + week)
+    assert len(first) == 1
+    assert vertex.advance(vertex.clock + week) == []  # due while the first runs: skipped, never two at once
+    vertex.wait(first[0], timeout_s=300)
+    second = vertex.advance(vertex.clock + week)
+    assert len(second) == 1 and second != first
+    vertex.wait(second[0], timeout_s=300)
+    runs = [vertex.job(n) for n in first + second]
+    assert runs[0].resource["endTime"] <= runs[1].resource["startTime"]
+    # Each run's id comes from its own job name (the run_id parameter stays empty): two runs, two ids.
+    assert all(r.parameters["run_id"] == "" for r in runs) and first[0] != second[0]
+    assert _tpupipe(project, "schedule", "pause", "weekly", *PLACE).returncode == 0
+    assert vertex.advance(vertex.clock + week) == []
+    assert _tpupipe(project, "schedule", "resume", "weekly", *PLACE).returncode == 0
+    third = vertex.advance(vertex.clock + week)
+    assert len(third) == 1
+    vertex.wait(third[0], timeout_s=300)
+    listed = _tpupipe(project, "schedule", "list", *PLACE)
+    assert "weekly" in listed.stdout and "ACTIVE" in listed.stdout
+    assert _tpupipe(project, "schedule", "delete", "weekly", *PLACE).returncode == 0
+    assert "weekly" not in _tpupipe(project, "schedule", "list", *PLACE).stdout
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["submit", "no-such-preset", *PLACE], "preset"),
+    (["submit", "local-fsdp", "--set", OVERRIDES, *PLACE, "--pipeline-root", "/tmp/root"], "--pipeline-root"),
+    (["submit", "local-fsdp", "--set", OVERRIDES, "--region", REGION], "--project"),
+    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "0 25 * * *"], "--cron"),
+    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "TZ=Mars/Olympus 0 3 * * *"],
+     "--cron"),
+    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "0 3 * * *",
+      "--run-id", "fixed"], "run_id"),
+])
+def test_bad_input_exits_2_naming_the_field_before_any_call(project_factory, args, field):
+    project = project_factory(vertex=True)
+    env = {k: v for k, v in _env(project).items() if k != "GOOGLE_CLOUD_PROJECT"}
+    proc = subprocess.run([*tpupipe_cmd(), *args], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {field}" in proc.stderr
+    assert project.vertex.calls == []

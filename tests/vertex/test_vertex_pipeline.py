@@ -1,0 +1,143 @@
+"""The pipeline on (emulated) Vertex AI (tests/emulators/vertex.py, reached by the real google-cloud-aiplatform SDK
+over REST), as it runs there: compile -> publish (the components image built by Cloud
+Build into Artifact Registry, the template into the KFP registry) -> ``aiplatform.PipelineJob(...).submit()`` -> every
+task in its own process and empty directory, sharing nothing but the emulated cloud services: the run's state in
+Cloud Storage, its cluster on the emulated GKE."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from pipelines.pipeline import Target, compile_pipeline
+from pipelines.publish import publish
+from tests.gke.conftest import ONE_SLICE, PROJECT, REGION
+
+pytestmark = [pytest.mark.e2e]
+
+BUCKET = f"{PROJECT}-tpupipe"
+SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
+# local-fsdp shaped as one v6e 2x2 slice; the trainer image built by (emulated) Cloud Build; no Hugging Face token.
+BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
+OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
+STAGES = ["provision", "build_image", "deploy_raycluster", "train", "evaluate", "teardown"]
+
+
+def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
+    """Compile, publish, and submit a job of the compiled template with the real SDK; its resource name."""
+    from google.cloud import aiplatform
+    from google.oauth2.credentials import Credentials
+
+    target = Target(project=PROJECT, region=REGION)
+    template = compile_pipeline(str(tmp_path / "tpupipe.yaml"), target)
+    publish(target, "tpupipe-pipelines", "v1", log=lambda m: None)
+    aiplatform.init(project=PROJECT, location=REGION, api_endpoint=project.vertex.endpoint, api_transport="rest",
+                    credentials=Credentials(token=project.token))
+    job = aiplatform.PipelineJob(display_name="tpupipe", template_path=template, job_id=job_id,
+                                 pipeline_root=f"gs://{PROJECT}-pipeline-root/{job_id}",
+                                 parameter_values={"preset": "local-fsdp", "overrides": overrides})
+    job.submit(service_account=SERVICE_ACCOUNT)
+    return job.resource_name
+
+
+def _tasks(resource: dict) -> dict[str, dict]:
+    return {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
+
+
+def _summary(project, run_id: str) -> dict:
+    data = project.storage.data(BUCKET, f"runs/{run_id}/summary.json")
+    assert data is not None, "no summary in the bucket"
+    return json.loads(data)
+
+
+def _nothing_left(project, run_id: str) -> None:
+    """No cluster, node pool, RayCluster, Compute resource or bucket binding of the run in any emulator."""
+    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
+    assert project.gke.state.clusters == {}
+    state = project.compute.state
+    assert not state.networks and not state.subnetworks and not state.resource_policies
+    assert project.storage.members(BUCKET, "roles/storage.objectUser") == []
+
+
+def test_published_pipeline_runs_on_vertex_with_every_task_alone_and_shows_its_artifacts(tmp_path, project_factory):
+    project = project_factory(ray=True, vertex=True)
+    name = _submit(project, tmp_path, "vx-ok")
+    # Published: the components image (exactly the tag every task names) and the template with its tags.
+    images = {e["container"]["image"] for e in project.vertex.job(name).spec["deploymentSpec"]["executors"].values()}
+    assert len(images) == 1 and project.registry.has_image(images.pop())
+    (template,) = project.kfp.packages.values()
+    assert {"v1", "latest"} <= set(template["tags"])
+    resource = project.vertex.wait(name, timeout_s=1500)
+    tasks = _tasks(resource)
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    # The run's state lives in the bucket; the summary written by teardown (its own task) saw all six stages.
+    summary = _summary(project, "vx-ok")
+    assert [(s["name"], s["status"]) for s in summary["stages"]] == [(s, "succeeded") for s in STAGES]
+    assert summary["run_dir"] == f"gs://{BUCKET}/runs/vx-ok"
+    assert summary["eval_loss_after"] < summary["eval_loss_before"]
+    # Typed artifacts in the task details, with the summary's figures.
+    train, evaluate, teardown = tasks["train"]["outputs"], tasks["evaluate"]["outputs"], tasks["teardown"]["outputs"]
+    metrics = train["metrics"]["artifacts"][0]
+    assert metrics["schemaTitle"] == "system.Metrics"
+    assert metrics["metadata"]["final_loss"] == pytest.approx(summary["train_losses"][-1])
+    assert metrics["metadata"]["tokens_per_s"] == pytest.approx(summary["tokens_per_s"])
+    assert metrics["metadata"]["seconds"] == pytest.approx(summary["train_seconds"])
+    assert metrics["metadata"]["restarts"] == 0
+    html = train["loss_curve"]["artifacts"][0]
+    assert html["schemaTitle"] == "system.HTML"
+    bucket, _, key = html["uri"].removeprefix("gs://").partition("/")
+    assert b"data:image/png;base64," in project.storage.data(bucket, key)  # moved to the bucket, self-contained
+    ev = evaluate["metrics"]["artifacts"][0]["metadata"]
+    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after"):
+        assert ev[key] == pytest.approx(summary[key]), key
+    assert evaluate["summary"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
+    model = evaluate["model"]["artifacts"][0]
+    assert model["schemaTitle"] == "system.Model"
+    assert model["uri"] == summary["checkpoint_uri"] and model["uri"].startswith(f"gs://{BUCKET}/runs/vx-ok/")
+    provenance = model["metadata"]
+    assert provenance["preset"] == "local-fsdp" and provenance["accelerator"] == "v6e"
+    assert provenance["topology"] == "2x2" and provenance["slices"] == 1
+    assert provenance["trainer_image"].endswith("/torch:vx-ok") and provenance["trainer_image_digest"]
+    assert provenance["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
+    assert teardown["deleted"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
+    _nothing_left(project, "vx-ok")
+
+
+def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_factory):
+    from google.cloud import aiplatform
+
+    project = project_factory(ray=True, vertex=True)
+    name = _submit(project, tmp_path, "vx-cancel", OVERRIDES.replace("train.epochs=2", "train.epochs=50"))
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests):
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("the train job was never submitted")
+    time.sleep(5)
+    aiplatform.PipelineJob.get(name).cancel()
+    resource = project.vertex.wait(name, timeout_s=900)
+    tasks = _tasks(resource)
+    assert resource["state"] == "PIPELINE_STATE_CANCELLED"
+    assert tasks["train"]["state"] == "CANCELLED" and tasks["evaluate"]["state"] == "CANCELLED"
+    assert tasks["teardown"]["state"] == "SUCCEEDED"
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith("/api/jobs/vx-cancel-train/stop")]
+    assert stops, "the train job was not stopped"
+    _nothing_left(project, "vx-cancel")
+
+
+def test_a_failing_stage_fails_the_job_and_teardown_still_runs(tmp_path, project_factory):
+    project = project_factory(vertex=True)
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
+    name = _submit(project, tmp_path, "vx-fail")
+    resource = project.vertex.wait(name, timeout_s=600)
+    tasks = _tasks(resource)
+    assert resource["state"] == "PIPELINE_STATE_FAILED"
+    assert tasks["provision"]["state"] == "FAILED" and "no capacity" in tasks["provision"]["error"]["message"]
+    assert tasks["teardown"]["state"] == "SUCCEEDED", (resource.get("error"), project.vertex.job(name).logs)
+    summary = _summary(project, "vx-fail")
+    assert summary["status"] == "failed" and summary["stages"][0]["status"] == "failed"
+    _nothing_left(project, "vx-fail")
