@@ -111,7 +111,14 @@ def cmd_runs(args) -> int:
         print(f"  {stage:<20} {state.lower()}")
     for key, value in sorted(shown["metrics"].items()):
         print(f"  {key:<20} {value}")
+    print(f"  cost so far          {_usd(shown['cost'])}")
     return 0
+
+
+def _usd(cost: dict) -> str:
+    if cost["usd"] is None:
+        return "unknown (a price is missing from the table: see tpupipe plan)"
+    return f"${cost['usd']:,.2f} ({cost['hours']:.2f} h at ${cost['usd_per_hour']:,.2f}/h, list prices)"
 
 
 def add_commands(sub) -> None:

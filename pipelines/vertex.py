@@ -235,7 +235,33 @@ def show(name: str) -> dict:
                     metrics.update(artifact.get("metadata", {}))
     return {"name": job["name"], "state": job.get("state"), "preset": job.get("labels", {}).get("tpupipe-preset"),
             "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
-            "metrics": metrics, "console": console_url(job["name"])}
+            "metrics": metrics, "cost": cost_so_far(job), "console": console_url(job["name"])}
+
+
+def cost_so_far(job: dict) -> dict:
+    """The run's list-price cost from its start to now (or its end): the plan's hourly price of its spec. Unknown
+    (``usd`` None) when a price is missing from the table, as in ``tpupipe plan``."""
+    from datetime import UTC, datetime
+
+    from components.platforms.gke import plan
+    from components.workload import resolve
+
+    values = job.get("runtimeConfig", {}).get("parameterValues", {})
+    defaults = job.get("pipelineSpec", {}).get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    value = {k: values.get(k, d.get("defaultValue", "")) for k, d in defaults.items()}
+    try:
+        spec = resolve(value.get("preset", ""), value.get("overrides", ""))
+        hourly = plan.build(spec, "cost")["cost"]["usd_per_hour"]
+    except (SpecError, ValueError):
+        return {"usd_per_hour": None, "hours": None, "usd": None}
+
+    def when(key: str) -> datetime | None:
+        text = job.get(key)
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+    start = when("startTime")
+    hours = ((when("endTime") or datetime.now(UTC)) - start).total_seconds() / 3600 if start else 0.0
+    return {"usd_per_hour": hourly, "hours": hours, "usd": None if hourly is None else hourly * hours}
 
 
 def cancel(name: str) -> dict:

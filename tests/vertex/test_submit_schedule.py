@@ -105,6 +105,7 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
     assert cancelling.returncode == 0, out
     shown = _tpupipe(project, "runs", "show", name, *PLACE)
     assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
+    assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
     assert "CancelOperation" in project.gke.state.calls  # provision's SIGTERM cancelled the cluster's creation
     assert project.clusters("vx-runs") == [] and project.gke.state.clusters == {}
 
