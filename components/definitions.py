@@ -1,4 +1,4 @@
-"""The six KFP components: thin shells that hand the pipeline parameters to ``components.stages``.
+"""The seven KFP components: thin shells that hand the pipeline parameters to ``components.stages``.
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names)
 from them; results travel as JSON strings. They run in the pipeline image, which has this package.
@@ -35,6 +35,15 @@ def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, j
     from components.stages.runner import run_stage
 
     return run_stage("deploy_raycluster", preset, platform, overrides, run_id, job_name, output_root, image)
+
+
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+def check_slice(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+                raycluster: str) -> str:
+    """Check every device of the slice before training (collectives, tensor-parallel parity), as a Ray job."""
+    from components.stages.runner import run_stage
+
+    return run_stage("check_slice", preset, platform, overrides, run_id, job_name, output_root, raycluster)
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)

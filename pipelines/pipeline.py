@@ -1,5 +1,5 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> train -> evaluate, inside an
-exit handler whose task, teardown, runs whatever happens to them."""
+"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate,
+inside an exit handler whose task, teardown, runs whatever happens to them."""
 
 from kfp import compiler, dsl
 
@@ -30,9 +30,10 @@ def tpupipe_pipeline(
         cluster = c.provision(**common)
         image = c.build_image(**common, cluster=cluster.output)
         ray = c.deploy_raycluster(**common, image=image.output)
-        trained = c.train(**common, raycluster=ray.output)
+        checked = c.check_slice(**common, raycluster=ray.output)
+        trained = c.train(**common, raycluster=ray.output).after(checked)
         evaluated = c.evaluate(**common, train_result=trained.output)
-    for task in (cleanup, cluster, image, ray, trained, evaluated):
+    for task in (cleanup, cluster, image, ray, checked, trained, evaluated):
         task.set_caching_options(False)
 
 

@@ -5,7 +5,7 @@ import yaml
 
 from pipelines.pipeline import compile_pipeline
 
-STAGES = {"provision", "build-image", "deploy-raycluster", "train", "evaluate", "teardown"}
+STAGES = {"provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "teardown"}
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def compiled(tmp_path_factory):
     return yaml.safe_load(path.read_text())
 
 
-def test_six_components(compiled):
+def test_seven_components(compiled):
     executors = {name.removeprefix("exec-") for name in compiled["deploymentSpec"]["executors"]}
     assert executors == STAGES
 
@@ -31,7 +31,7 @@ def test_teardown_is_the_exit_task_around_every_other_stage(compiled):
 
 def test_stages_run_in_order(compiled):
     inner = compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    order = ["provision", "build-image", "deploy-raycluster", "train", "evaluate"]
+    order = ["provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate"]
     for before, after in zip(order, order[1:], strict=False):
         assert before in inner[after].get("dependentTasks", []), (before, after)
 
