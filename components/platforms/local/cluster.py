@@ -189,6 +189,12 @@ class LocalPlatform:
                 f"{ctx.spec.cluster.accelerator!r}: run it with platform=gke, or set cluster.accelerator=cpu",
                 ["cpu"],
             )
+        model_id = ctx.spec.train.model_id
+        if model_id.startswith(("/", "./", "../", "~")) and not Path(model_id).expanduser().is_dir():
+            # Local hosts share this machine's files, so a model directory must be here (on GKE it is a path the
+            # pods see, such as the bucket under /data).
+            raise SpecError("train.model_id", f"directory not found: {model_id}",
+                            ["a hub name", "a local directory (config, weights, tokenizer)", "scratch:<config>"])
 
     @staticmethod
     def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
