@@ -1,4 +1,4 @@
-"""The KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
+"""The seven KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
 store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed
@@ -37,6 +37,15 @@ def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, j
     from components.stages.runner import run_component
 
     return run_component("deploy_raycluster", locals())
+
+
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+def check_slice(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+                project: str, bucket: str, raycluster: str) -> str:
+    """Check every device of the slice before training (collectives, tensor-parallel parity), as a Ray job."""
+    from components.stages.runner import run_component
+
+    return run_component("check_slice", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)

@@ -1,6 +1,6 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> train -> evaluate, inside an exit handler
-whose task, teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
-
+"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate,
+inside an exit handler whose task, teardown, runs whatever happens to them; and its compilation for Vertex AI
+Pipelines."""
 
 import subprocess
 import tempfile
@@ -52,9 +52,10 @@ def tpupipe_pipeline(
         cluster = c.provision(**common)
         image = c.build_image(**common, cluster=cluster.output)
         ray = c.deploy_raycluster(**common, image=image.output)
-        trained = c.train(**common, raycluster=ray.outputs["Output"])
+        checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
+        trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
         evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])
-    for task in (cleanup, cluster, image, ray, trained, evaluated):
+    for task in (cleanup, cluster, image, ray, checked, trained, evaluated):
         task.set_caching_options(False)
 
 

@@ -1,13 +1,17 @@
-"""Held-out loss and perplexity of the fine-tuned checkpoint and of the untrained model, as a Ray job.
+"""Held-out loss and perplexity of the fine-tuned checkpoint and of the untrained model, on the training devices.
 
-``python -m trainers.evaluate --spec JSON --checkpoint DIR --output-dir DIR`` evaluates both models on the
-same held-out split inside one Ray task placed like a training worker, and prints one ``TPUPIPE result`` line.
+``python -m trainers.evaluate --spec JSON --checkpoint DIR --output-dir DIR --run-name NAME --scaling-config JSON``
+is the Ray job entrypoint. It runs Ray Train's TorchTrainer with the train job's workers (one per TPU device, or
+one per emulated host on CPU): each model is sharded as for training (FSDP2, bf16 on TPU), every worker evaluates
+its share of the held-out split, and the sums meet in one all_reduce per model. Prints one ``TPUPIPE result`` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,69 +19,135 @@ from components.spec import GENERATED_DATASET, RunSpec, protocol
 from trainers import data
 
 
-def heldout_loss(model, loader) -> float:
-    """Mean next-token loss over every non-padding target token of the split."""
+def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, Any]]:
+    """This worker's share of the split (examples ``rank, rank + world, ...``) in batches of one shape. Every worker
+    runs the same number of forward passes (each one is a collective under FSDP): a worker with fewer examples
+    pads with copies of the first example whose labels are masked, so they add neither loss nor tokens."""
+    indices = list(range(rank, len(ds), world))
+    num_batches = math.ceil(math.ceil(len(ds) / world) / batch_size)
+    batches = []
+    for b in range(num_batches):
+        chunk = indices[b * batch_size:(b + 1) * batch_size]
+        rows = ds[chunk + [0] * (batch_size - len(chunk))]
+        rows["labels"][len(chunk):] = -100
+        batches.append(rows)
+    return batches
+
+
+def heldout_sums(model, batches, device):
+    """(summed next-token loss, target tokens) over the batches, as one fp32 tensor on the device: nothing waits
+    for the host until the caller's all_reduce."""
     import torch
 
     model.eval()
-    total, count = 0.0, 0
+    sums = torch.zeros(2, dtype=torch.float32, device=device)
     with torch.no_grad():
-        for batch in loader:
+        for batch in batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             targets = batch["labels"][:, 1:]
-            losses = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                targets.reshape(-1),
-                ignore_index=-100,
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100,
                 reduction="sum",
             )
-            total += losses.item()
-            count += int((targets != -100).sum())
-    return total / max(count, 1)
+            sums += torch.stack([loss, (targets != -100).sum().float()])
+    return sums
 
 
-def evaluate(spec_json: str, checkpoint: str, data_files: dict[str, str] | None, cache_dir: str) -> dict[str, Any]:
+def eval_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
     import torch
-    from torch.utils.data import DataLoader
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.model import build_model, load_pretrained, load_tokenizer
+    from trainers.fsdp import detect_backend, parallelize
+    from trainers.model import build_model, load_tokenizer, load_trained
 
-    spec = RunSpec.from_json(spec_json)
+    spec = RunSpec.from_json(config["spec"])
     t = spec.train
-    torch.set_num_threads(1)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device_type, _ = detect_backend()
+    device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
+    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
     tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, t.eval_split, data_files, cache_dir)
-    loader = DataLoader(data.tokenize(raw, tokenizer, t.max_length), batch_size=max(t.batch_size, 16))
-    before = heldout_loss(build_model(t.model_id, tokenizer, t.seed), loader)
-    after = heldout_loss(load_pretrained(checkpoint), loader)
+    raw = data.load_split(t.dataset, t.eval_split, config.get("data_files"), config.get("cache_dir"))
+    batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
+    mesh = init_device_mesh(device_type, (world,))
+    losses = {}
+    for which in ("before", "after"):
+        if which == "before":
+            model = build_model(t.model_id, tokenizer, t.seed, dtype)
+        else:
+            model = load_trained(t.model_id, config["checkpoint"], tokenizer, t.seed, dtype)
+        model = parallelize(model.to(device), mesh, device_type)
+        sums = heldout_sums(model, batches, device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        total, count = sums.tolist()
+        losses[which] = total / max(count, 1.0)
+        del model
+    metrics = {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
+               "num_eval_examples": len(raw), "num_workers": world, "device": device_type}
+    # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.
+    with tempfile.TemporaryDirectory() as tmp:
+        if rank == 0:
+            Path(tmp, "metrics.json").write_text(json.dumps(metrics))
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
+
+
+def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Path, run_name: str) -> dict[str, Any]:
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from trainers.fsdp import probe_backend, worker_runtime_env
+
+    t = spec.train
+    config: dict[str, Any] = {"spec": spec.to_json(), "checkpoint": checkpoint,
+                              "cache_dir": str(output_dir / "data" / ".cache")}
+    if t.dataset == GENERATED_DATASET:
+        config["data_files"] = data.write_generated(output_dir / "data", t.num_train_examples, t.num_eval_examples,
+                                                    t.seed)
+    ray.init(log_to_driver=True)
+    device_type, backend = probe_backend(scaling["resources_per_worker"])
+    print(f"evaluating on {scaling['num_workers']} workers x {scaling['resources_per_worker']} ({device_type}, "
+          f"{backend})", flush=True)
+    trainer = TorchTrainer(
+        eval_loop_per_worker,
+        train_loop_config=config,
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ScalingConfig(**scaling),
+        run_config=RunConfig(name=f"{run_name}-eval", storage_path=str(output_dir / "ray_results"),
+                             failure_config=FailureConfig(max_failures=0),
+                             worker_runtime_env=worker_runtime_env(scaling.get("use_tpu", False), device_type)),
+    )
+    metrics = dict(trainer.fit().metrics)
+    before, after = metrics["eval_loss_before"], metrics["eval_loss_after"]
     return {
         "eval_loss_before": before,
         "eval_loss_after": after,
         "perplexity_before": math.exp(before),
         "perplexity_after": math.exp(after),
-        "num_eval_examples": len(raw),
+        "num_eval_examples": metrics["num_eval_examples"],
+        "num_workers": metrics["num_workers"],
+        "device": metrics["device"],
         "eval_split": t.eval_split,
     }
 
 
 def main(argv: list[str] | None = None) -> None:
-    import ray
+    from trainers.fsdp import scaling_config
 
-    parser = argparse.ArgumentParser(description="Held-out loss before vs after fine-tuning.")
+    parser = argparse.ArgumentParser(description="Held-out loss before vs after fine-tuning, on the training devices.")
     parser.add_argument("--spec", required=True, help="the run spec, as JSON")
     parser.add_argument("--checkpoint", required=True, help="the fine-tuned checkpoint directory")
     parser.add_argument("--output-dir", required=True, help="the run's training output directory")
+    parser.add_argument("--run-name", required=True, help="Ray Train run name (of the train job)")
+    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
-    out = Path(args.output_dir)
-    data_files = None
-    if spec.train.dataset == GENERATED_DATASET:
-        t = spec.train
-        data_files = data.write_generated(out / "data", t.num_train_examples, t.num_eval_examples, t.seed)
-    ray.init()
-    task = ray.remote(evaluate).options(num_cpus=spec.cluster.cpus_per_host if spec.cluster.accelerator == "cpu"
-                                        else 1)
-    result = ray.get(task.remote(args.spec, args.checkpoint, data_files, str(out / "data" / ".cache")))
+    result = run(spec, scaling_config(args.scaling_config), args.checkpoint, Path(args.output_dir), args.run_name)
     protocol.emit("result", result)
 
 

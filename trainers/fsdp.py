@@ -41,19 +41,20 @@ def tpu_chips_on_host(dev: str = "/dev") -> int:
 
 
 def detect_backend(dev: str = "/dev") -> tuple[str, str]:
-    """(device type, process-group backend) from what this process can see. A host with TPU chips but no torch_tpu
-    is a misbuilt image, an error; a TPU-shaped host without chips (an emulated slice) computes on CPU."""
-    try:
-        import torch_tpu  # noqa: F401
-
-        return "tpu", "tpu_dist"
-    except ImportError:
-        chips = tpu_chips_on_host(dev)
-        if chips:
+    """(device type, process-group backend) from the chips this host has, not from what imports: torch_tpu imports on
+    a host without chips and then registers no ``tpu`` device and no ``tpu_dist`` backend, and the torch image has it
+    on every host. Chips without torch_tpu are a misbuilt image, an error; a TPU-shaped host without chips (an
+    emulated slice) computes on CPU with gloo, torch_tpu installed or not."""
+    chips = tpu_chips_on_host(dev)
+    if chips:
+        try:
+            import torch_tpu  # noqa: F401
+        except ImportError:
             raise RuntimeError(
-                f"this host has {chips} TPU chips but the trainer image has no torch_tpu: build the torch image "
-                "on the TorchTPU base image for TPU hosts"
+                f"this host has {chips} TPU chips but the trainer image has no torch_tpu: build the torch image from "
+                "images/torch (torch-tpu and libtpu come from PyPI), or on a TorchTPU base image"
             ) from None
+        return "tpu", "tpu_dist"
     import torch
 
     if torch.cuda.is_available():
@@ -84,7 +85,13 @@ def scaling_config(text: str) -> dict[str, Any]:
 
 
 def parallelize(model, mesh, device_type: str):
-    """FSDP2: shard each decoder layer, then the root; frozen tables stay unsharded."""
+    """FSDP2 in the layout the seed validated on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the
+    root (attention, norms and embeddings shard with it), the frozen per-layer embedding table in ``ignored_params``
+    (every rank keeps it whole and it never enters an all-gather or a reduce-scatter: in E2B it is ~2.3B of the ~5B
+    parameters, and it gets no gradient). Kept rather than a group per whole decoder layer: on TorchTPU each FSDP
+    group is a traced collective, and the MLP groups are the ones the seed ran to its reported losses and
+    throughput; no measurement on TPU says another grouping is better. Returns the model and its frozen
+    parameters."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -97,13 +104,16 @@ def parallelize(model, mesh, device_type: str):
     if device_type != "cpu":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(layer.mlp, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=frozen or None)
     return model
 
 
 def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int, directory: Path) -> None:
-    """Gather the full state to rank 0 and write a from_pretrained-loadable directory (plus optimizer)."""
+    """Gather the trained state to rank 0 and write it with the config and tokenizer. The frozen per-layer table is
+    left out (``ignore_frozen_params``: it never changes, and in E2B it is ~4.7 GB of bf16): the model is the base
+    model (``train.model_id``) with these weights loaded over it (``trainers.model.load_trained``). The optimizer
+    state is written when ``optimizer`` is given (``train.checkpoint_optimizer``)."""
     import torch
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import (
@@ -112,22 +122,25 @@ def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int
         get_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     state = get_model_state_dict(model, options=options)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
     if rank != 0:
         return
-    if model.config.tie_word_embeddings:
+    if model.config.get_text_config().tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"),
               metadata={"format": "pt"})
     model.config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    torch.save(optim_state, directory / "optimizer.pt")
+    if optim_state is not None:
+        torch.save(optim_state, directory / "optimizer.pt")
     (directory / CHECKPOINT_META).write_text(json.dumps(meta))
 
 
 def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
+    """Restore a checkpoint of :func:`save_checkpoint` into the sharded model (the frozen table stays the base
+    model's) and, when it holds one, the optimizer state; without one the optimizer starts fresh."""
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
@@ -138,8 +151,9 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
 
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, load_file(str(directory / "model.safetensors")), options=options)
-    optim_state = torch.load(directory / "optimizer.pt", weights_only=False)
-    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+    if (directory / "optimizer.pt").is_file():
+        optim_state = torch.load(directory / "optimizer.pt", weights_only=False)
+        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
     return json.loads((directory / CHECKPOINT_META).read_text())
 
 
@@ -159,8 +173,9 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, 
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
+    # drop_last: every step has the same shapes (a short last batch would recompile the step on XLA).
     loader = DataLoader(data.tokenize(raw, tokenizer, t.max_length), batch_size=t.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(t.seed))
+                        drop_last=True, generator=torch.Generator().manual_seed(t.seed))
     loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
     model = build_model(t.model_id, tokenizer, t.seed, dtype)
     model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), device_type)
@@ -184,18 +199,20 @@ def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
 
 
 def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int, resumed: bool) -> tuple[Any, int]:
-    """One pass over this worker's shard: (the summed loss as a tensor, the global step after it)."""
+    """One pass over this worker's shard: (the summed loss, an fp32 tensor on the device, the global step after
+    it). The loss stays on the device: nothing waits for the host inside the epoch (on XLA a ``.item()`` or a
+    copy to the CPU each step would cut the traced graph and stall the pipeline)."""
     import torch
 
     fail_at = spec.train.fail_at_step
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
         loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach().to("cpu", torch.float64)
+        loss_sum += loss.detach().float()
         global_step += 1
         if fail_at and global_step == fail_at and not resumed:
             raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
@@ -226,15 +243,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         model.train()
         started = time.perf_counter()
         loss_sum, global_step = _run_epoch(spec, model, optimizer, loader, device, global_step, resumed)
-        epoch_loss = loss_sum.to(device) / steps_per_epoch
-        dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        epoch_loss = loss_sum / steps_per_epoch
+        dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # the epoch's one collective on the loss; gloo has no AVG
         epoch_loss = (epoch_loss / world).item()
         epoch_s = time.perf_counter() - started
         metrics = {"epoch": epoch + 1, "loss": epoch_loss, "epoch_s": epoch_s, "global_step": global_step,
                    "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s}
         with tempfile.TemporaryDirectory() as tmp:
-            meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss}
-            save_checkpoint(model, optimizer, tokenizer, meta, rank, Path(tmp))
+            meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
+            save_checkpoint(model, optimizer if t.checkpoint_optimizer else None, tokenizer, meta, rank, Path(tmp))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
         if rank == 0:
             protocol.emit("metric", metrics)
@@ -243,7 +260,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def _probe_backend(resources: dict[str, float]) -> tuple[str, str]:
+def probe_backend(resources: dict[str, float]) -> tuple[str, str]:
     """Ask a worker-shaped task what it sees: the head may have no accelerator."""
     import ray
 
@@ -265,7 +282,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str)
             output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
         )
     ray.init(log_to_driver=True)
-    device_type, backend = _probe_backend(scaling["resources_per_worker"])
+    device_type, backend = probe_backend(scaling["resources_per_worker"])
     worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)
     print(f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
           f"backend {backend}" + (" (TPU slice without chips: emulated hosts compute on CPU)" if worker_env else ""),

@@ -64,18 +64,54 @@ def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.
 
 
 def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM
+    """A hub name or local directory, loaded for text training. A composite checkpoint (``google/gemma-4-E2B-it`` is
+    ``Gemma4ForConditionalGeneration``: text, vision and audio configs) loads without its vision and audio towers;
+    its ``__init__`` takes no ``use_cache``, so the cache is turned off on the text config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    token = os.environ.get("HF_TOKEN")
+    config = AutoConfig.from_pretrained(path_or_id, token=token)
+    for tower in ("vision_config", "audio_config"):
+        if hasattr(config, tower):
+            setattr(config, tower, None)
+    config.get_text_config().use_cache = False
     return AutoModelForCausalLM.from_pretrained(
-        path_or_id, dtype=dtype, attn_implementation="eager", use_cache=False, token=os.environ.get("HF_TOKEN")
+        path_or_id, config=config, dtype=dtype, attn_implementation="eager", token=token
     )
 
 
+def load_trained(model_id: str, checkpoint: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
+    """A fine-tuned model: the base model (``model_id``, which holds the frozen per-layer table the checkpoint
+    leaves out) with the checkpoint's trained weights loaded over it."""
+    from safetensors.torch import load_file
+
+    model = build_model(model_id, tokenizer, seed, dtype)
+    state = load_file(os.path.join(checkpoint, "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - frozen_names(model) - {"lm_head.weight"}
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {checkpoint} does not fit {model_id}: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    return model
+
+
+def language_model(model) -> torch.nn.Module:
+    """The decoder stack: ``model.model.language_model`` in a composite (text + towers) model, else ``model.model``."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
+
+
 def decoder_layers(model) -> list[torch.nn.Module]:
-    return list(model.model.layers)
+    return list(language_model(model).layers)
 
 
 def frozen_params(model) -> set[torch.nn.Parameter]:
     """Parameters kept out of training and of sharding: Gemma's per-layer embedding table."""
-    table = getattr(model.model, "embed_tokens_per_layer", None)
+    table = getattr(language_model(model), "embed_tokens_per_layer", None)
     return set(table.parameters()) if table is not None else set()
+
+
+def frozen_names(model) -> set[str]:
+    """The state-dict names of :func:`frozen_params` (what checkpoints leave out)."""
+    frozen = {id(p) for p in frozen_params(model)}
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in frozen}

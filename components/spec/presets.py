@@ -13,6 +13,7 @@ _GEMMA4_E2B_TRAIN = {
     "learning_rate": 2e-5,
     "weight_decay": 0.01,
     "num_workers": 16,  # one Ray Train worker per TPU device
+    "checkpoint_optimizer": False,  # the seed checkpoints the model only
 }
 
 # Seed workload A (MaxText on multislice v6e): the cluster side, shared by the three Llama 3 presets.

@@ -46,6 +46,10 @@ class ClusterSpec:
     worker_memory_gib: int = 200  # each TPU worker pod (one per host)
     worker_shm_gib: int = 100  # /dev/shm (in memory) of each TPU worker pod; 0: none
     expected_hours: float = 1.0  # expected duration of the run, for the cost estimate of `tpupipe plan`
+    # The slice check before training: every device's collectives and tensor-parallel parity (check_slice stage).
+    slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
+    slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
+    slice_check_corrupt_rank: int = -1  # testing aid: corrupt this rank's check result (-1: none)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class TrainSpec:
     num_to_keep: int = 1  # checkpoints kept, best by loss
     max_failures: int = 0  # worker-group restarts Ray Train may make
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
+    checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
     timeout_s: float = 3600.0  # the train job's deadline
 
 
@@ -93,8 +98,8 @@ class GkeSpec:
     namespace: str = "tpupipe"  # Kubernetes namespace of the run's objects
     artifact_repository: str = "tpupipe"  # Artifact Registry Docker repository in the zone's region
     image: str = ""  # the trainer image; empty: <region>-docker.pkg.dev/<project>/<repository>/<image>:<run id>
-    # The TorchTPU base image (torch, torch_tpu, libtpu) that the torch trainer image is built FROM for TPU hosts;
-    # required when the run builds the torch image (gke.image empty).
+    # A TorchTPU base image (torch, torch_tpu, libtpu) to build the torch trainer image FROM, its torch kept; empty:
+    # python:3.12-slim with torch, torch-tpu and libtpu from PyPI (images/torch/requirements.txt).
     torch_tpu_base: str = ""
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
@@ -282,8 +287,12 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if value < 0:
             raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
+    if c.slice_check_corrupt_rank < -1:
+        raise SpecError("cluster.slice_check_corrupt_rank", f"must be -1 (none) or a rank, got "
+                        f"{c.slice_check_corrupt_rank}", ["-1", "an integer >= 0"])
     for key, value in {"cluster.ready_timeout_s": c.ready_timeout_s, "train.timeout_s": t.timeout_s,
-                       "cluster.expected_hours": c.expected_hours}.items():
+                       "cluster.expected_hours": c.expected_hours,
+                       "cluster.slice_check_timeout_s": c.slice_check_timeout_s}.items():
         if not value > 0:
             raise SpecError(key, f"must be positive, got {value}")
 

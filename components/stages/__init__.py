@@ -4,4 +4,4 @@ shell over :func:`components.stages.runner.run_stage`.
 """
 
 # The stages in pipeline order; teardown runs last, whatever happened to the others.
-STAGES = ("provision", "build_image", "deploy_raycluster", "train", "evaluate", "teardown")
+STAGES = ("provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown")

@@ -41,9 +41,21 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "eval_loss_after": ev.get("eval_loss_after"),
         "perplexity_before": ev.get("perplexity_before"),
         "perplexity_after": ev.get("perplexity_after"),
+        "slice_check": slice_check(results["check_slice"], ctx),
         "deleted": results["teardown"].get("deleted", []),
         "spec": ctx.spec.to_dict(),
     }
+
+
+SLICE_CHECK_FIGURES = ("ok", "device", "backend", "num_ranks", "num_hosts", "num_devices", "ranks_verified",
+                       "max_abs_diff", "all_reduce", "expected_all_reduce", "seconds", "bad")
+
+
+def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
+    """The check_slice stage's figures, or why there are none."""
+    if result.get("skipped") or not ctx.spec.cluster.slice_check:
+        return {"skipped": True, "reason": "cluster.slice_check=false"}
+    return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
 
 
 def write(ctx: RunContext) -> dict[str, Any]:
@@ -146,6 +158,13 @@ def format_table(summary: dict[str, Any]) -> str:
     for s in summary["stages"]:
         secs = "-" if s["seconds"] is None else f"{s['seconds']:.1f}"
         lines.append(f"  {s['name']:<20} {s['status']:<10} {secs:>8}")
+    check = summary.get("slice_check") or {}
+    if check.get("skipped"):
+        lines.append(f"\n  slice check          off ({check['reason']})")
+    elif "ranks_verified" in check:
+        lines.append(f"\n  slice check          {check['ranks_verified']}/{check['num_ranks']} ranks verified, max abs "
+                     f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
+                     f"{check['expected_all_reduce']}), {check['seconds']:.1f}s")
     failed = [s for s in summary["stages"] if s.get("error")]
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")

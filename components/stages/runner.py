@@ -18,7 +18,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import RunStore, open_store, read_json, write_json
-from components.spec import RunSpec, SpecError, TpupipeError
+from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
 from components.stages import STAGES
 from components.stages.jobs import JobFailed, log, run_job
@@ -57,7 +57,7 @@ def _on_platform(stage: str) -> Callable[[RunContext, str], dict[str, Any]]:
 
 
 def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "") -> str:
-    """The command of the run's ``mode`` (train or eval) job, as the stage submits it."""
+    """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it."""
     from components.workload.derive import job_command
 
     out = get_platform(ctx.platform).job_output_dir(ctx)
@@ -72,6 +72,37 @@ def history(records: list[tuple[str, dict]]) -> list[dict]:
         if kind == "metric":
             latest[payload.get("epoch", payload.get("step"))] = payload
     return [latest[k] for k in sorted(latest)]
+
+
+class SliceCheckFailed(InfraError):
+    """The slice check found bad ranks: the message names each rank and its host. Training does not start."""
+
+
+def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
+    """Every device's collectives and tensor-parallel parity, as a Ray job on the training hosts, before training
+    (``trainers.slice_check``); ``cluster.slice_check=false`` skips it."""
+    c = ctx.spec.cluster
+    if not c.slice_check:
+        log("check_slice: skipped (cluster.slice_check=false)")
+        return {"skipped": True, "reason": "cluster.slice_check=false"}
+    seen: dict[str, Any] = {}
+
+    def keep(kind: str, payload: dict) -> None:
+        if kind == "result":
+            seen.update(payload)
+
+    # Its own waits (the slice's reservation, the actors, the checks) are each bounded by the timeout.
+    try:
+        job = run_job(ctx, "check_slice", entrypoint(ctx, "check"), 3 * c.slice_check_timeout_s, keep)
+    except JobFailed:
+        if seen.get("ok") is False:
+            raise SliceCheckFailed(f"check_slice: {seen['failure']}") from None
+        raise
+    r = job["result"]
+    log(f"check_slice: {r['ranks_verified']}/{r['num_ranks']} ranks verified on {r['num_hosts']} hosts "
+        f"({r['device']}, {r['backend']}): max abs difference {r['max_abs_diff']:.3g}, all-reduce {r['all_reduce']:g} "
+        f"(expected {r['expected_all_reduce']}), {r['seconds']:.1f}s")
+    return {"job": job["submission_id"], **r}
 
 
 def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
@@ -122,6 +153,7 @@ RUNNERS: dict[str, Callable[[RunContext, str], dict[str, Any]]] = {
     "provision": _on_platform("provision"),
     "build_image": _on_platform("build_image"),
     "deploy_raycluster": _on_platform("deploy_raycluster"),
+    "check_slice": check_slice,
     "train": train,
     "evaluate": evaluate,
     "teardown": _on_platform("teardown"),
@@ -157,7 +189,8 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
 
 
 # The argument of each component that carries the upstream stage's result.
-UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "train": "raycluster", "evaluate": "train_result"}
+UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "check_slice": "raycluster", "train": "raycluster",
+            "evaluate": "train_result"}
 
 
 def with_target(overrides: str, project: str, bucket: str) -> str:

@@ -27,6 +27,7 @@ def check(spec: RunSpec) -> None:
     check_slice(spec)
     check_workers(spec)
     check_gke_versions(spec)
+    check_corrupt_rank(spec)
     if spec.train.workload == "maxtext":
         maxtext.validate(spec)
 
@@ -99,6 +100,14 @@ def check_workers(spec: RunSpec) -> None:
         raise SpecError("cluster.cpus_per_host", f"{spec.cluster.cpus_per_host} CPUs cannot hold the {per_host} "
                                                  "Ray Train workers of each host (one CPU each)",
                         [f"an integer >= {per_host}"])
+
+
+def check_corrupt_rank(spec: RunSpec) -> None:
+    """The slice check's testing aid names one of its ranks."""
+    rank, ranks = spec.cluster.slice_check_corrupt_rank, derive.check_ranks(spec)
+    if rank >= ranks:
+        raise SpecError("cluster.slice_check_corrupt_rank", f"rank {rank} is not one of the slice check's {ranks} "
+                        "ranks", ["-1", f"0 to {ranks - 1}"])
 
 
 def check_gke_versions(spec: RunSpec) -> None:

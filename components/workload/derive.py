@@ -35,8 +35,9 @@ MIN_GKE_VERSION_FOR_DRANET = {"standard": "1.34.1-gke.1829001", "autopilot": "1.
 # the head free of work (num-cpus 0); JAX workloads (maxtext) run one worker per host.
 WORKLOAD_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}
 WORKLOAD_ENTRYPOINTS = {  # workload -> mode -> python -m arguments
-    "fsdp": {"train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
-    "maxtext": {"train": ("trainers.maxtext_train", "train"), "eval": ("trainers.maxtext_train", "eval")},
+    "fsdp": {"check": ("trainers.slice_check", "torch"), "train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
+    "maxtext": {"check": ("trainers.slice_check", "jax"), "train": ("trainers.maxtext_train", "train"),
+                "eval": ("trainers.maxtext_train", "eval")},
 }
 DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
 # The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered.
@@ -134,23 +135,42 @@ def tpu_resource_per_chip(spec: RunSpec) -> int:
     return slice_shape(spec).family.logical_devices_per_chip
 
 
+def check_devices_per_host(spec: RunSpec) -> int:
+    """The devices of each host that the slice check runs on: the TPU devices (logical: 2 per TPU7x chip); on
+    emulated hosts one CPU device for torch (a worker per host, as training) or MaxText's CPU device count for JAX."""
+    if is_tpu(spec):
+        return slice_shape(spec).logical_devices_per_host
+    return spec.maxtext.cpu_devices_per_host if spec.train.workload == "maxtext" else 1
+
+
+def check_ranks(spec: RunSpec) -> int:
+    """The slice check's ranks: one per device for TorchTPU workloads (a process per device), one per host for JAX
+    (a runtime per host, which owns its devices)."""
+    if spec.train.workload in DEVICE_CENTRIC_WORKLOADS:
+        return spec.total_hosts * check_devices_per_host(spec)
+    return spec.total_hosts
+
+
 def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "") -> str:
-    """The Ray job entrypoint of the workload: ``mode`` train, or eval of ``checkpoint``. The spec travels whole,
-    as JSON, with what is derived from it: Ray Train's ScalingConfig and, for MaxText, the exact ``key=value``
-    arguments MaxText receives. One source for the stages' job submissions and the plan."""
+    """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
+    The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
+    devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. One source for the
+    stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
     words = ["python", "-m", *module]
     args = {"spec": spec.to_json(), "output_dir": output_dir}
-    if mode == "train" or spec.train.workload == "maxtext":  # the jobs that run Ray Train
+    if mode in ("train", "eval", "check"):  # the jobs that run on the training workers
         args["run_name"] = run_name
         args["scaling_config"] = json.dumps(scaling_config_args(spec), sort_keys=True)
+    if mode == "check":
+        args["devices_per_host"] = str(check_devices_per_host(spec))
     if mode == "eval":
         args["checkpoint"] = checkpoint
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
-    if spec.train.workload == "maxtext":
+    if spec.train.workload == "maxtext" and mode != "check":
         words += ["--", *(shlex.quote(a) for a in maxtext.train_args(spec, output_dir, run_name))]
     return " ".join(words)
 

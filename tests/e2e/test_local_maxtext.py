@@ -55,7 +55,12 @@ def test_local_maxtext_loss_decreases_and_evaluate_compares(clean_run):
     assert all(row["tflops_per_s_per_device"] >= 0 and row["tokens_per_s_per_device"] > 0
                for row in summary["history"])
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
-    for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out loss"):
+    check = summary["slice_check"]  # a psum over the 4 devices of both hosts, and the sharded block's parity
+    assert check["ok"] and check["backend"] == "jax" and check["device"] == "cpu"
+    assert (check["num_ranks"], check["num_hosts"], check["num_devices"], check["ranks_verified"]) == (2, 2, 4, 2)
+    assert check["all_reduce"] == check["expected_all_reduce"] == 10
+    assert check["max_abs_diff"] < 1e-2 and check["seconds"] > 0
+    for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out loss", "slice check"):
         assert needle in out
     assert run_processes("mt-clean") == []
 
@@ -70,7 +75,7 @@ def checkpoint_steps(run_dir, run_id):
 def test_a_lost_host_is_replaced_and_training_resumes_from_the_last_checkpoint(tmp_path):
     run_id = "mt-lost-host"
     run_dir = tmp_path / run_id
-    proc = start(tmp_path, run_id, "maxtext.steps=60")
+    proc = start(tmp_path, run_id, "maxtext.steps=60 cluster.slice_check=false")
     try:
         deadline = time.monotonic() + 900
         while not [s for s in checkpoint_steps(run_dir, run_id) if s > 0]:  # the first periodic checkpoint

@@ -39,12 +39,56 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
     assert [s["name"] for s in summary["stages"]] == [
-        "provision", "build_image", "deploy_raycluster", "train", "evaluate", "teardown"]
+        "provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown"]
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert summary["eval_loss_after"] < 0.6 * summary["eval_loss_before"]
     assert summary["tokens_per_s"] > 0
+
+
+def test_slice_check_runs_before_training_with_its_figures_in_the_summary(good_run):
+    run_dir, proc = good_run
+    check = json.loads((run_dir / "summary.json").read_text())["slice_check"]
+    assert check["ok"] and (check["device"], check["backend"]) == ("cpu", "gloo")
+    assert (check["num_ranks"], check["num_hosts"], check["ranks_verified"]) == (2, 2, 2)
+    assert check["all_reduce"] == check["expected_all_reduce"] == 3
+    assert 0 <= check["max_abs_diff"] < 1e-2 and check["seconds"] > 0 and check["bad"] == []
+    assert "slice check          2/2 ranks verified" in proc.stdout
+
+
+def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
+    proc = tpupipe_run(tmp_path, "e2e-badrank", "cluster.slice_check_corrupt_rank=1")
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    summary = json.loads((tmp_path / "e2e-badrank" / "summary.json").read_text())
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert stages["check_slice"]["status"] == "failed"
+    assert "slice check failed on rank 1 (host host-" in stages["check_slice"]["error"]
+    assert "rank 0" not in stages["check_slice"]["error"]
+    assert "differs from the reference" in stages["check_slice"]["error"]
+    assert stages["train"]["status"] == stages["evaluate"]["status"] == "skipped"
+    assert stages["teardown"]["status"] == "succeeded"
+    assert_nothing_left(tmp_path / "e2e-badrank", "e2e-badrank")
+
+
+def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
+    """train.model_id names a local directory with the layout of google/gemma-4-E2B-it (text, vision and audio
+    configs, a tokenizer beside it); the slice check is switched off, and the summary says so."""
+    from components.platforms.local import envs
+    from tests.conftest import REPO
+
+    model_dir = tmp_path / "gemma4-composite"
+    build = subprocess.run([envs.ensure_env("torch").python, "-m", "tests.tiny_gemma4", str(model_dir)], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    proc = tpupipe_run(tmp_path, "e2e-composite", f"model_id={model_dir} epochs=2 cluster.slice_check=false")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "e2e-composite" / "summary.json").read_text())
+    assert summary["spec"]["train"]["model_id"] == str(model_dir)
+    assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
+    assert "slice check          off (cluster.slice_check=false)" in proc.stdout
+    assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]
+    assert_nothing_left(tmp_path / "e2e-composite", "e2e-composite")
 
 
 def test_run_directory_holds_checkpoint_plots_and_summary(good_run):

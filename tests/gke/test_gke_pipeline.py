@@ -73,6 +73,11 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     train = json.loads((run_dir / "stages" / "train.json").read_text())["result"]
     assert train["num_workers"] == 4 and train["device"] == "cpu"  # one worker per (emulated) TPU device
+    # The slice check reserved the slice with a slice placement group, one actor per emulated chip; without chips
+    # (torch_tpu installed, registering nothing) it ran on CPU with gloo.
+    check = summary["slice_check"]
+    assert check["ok"] and (check["num_ranks"], check["ranks_verified"], check["num_hosts"]) == (4, 4, 1)
+    assert (check["device"], check["backend"], check["all_reduce"]) == ("cpu", "gloo", 10)
     built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
     assert built["built"] and built["digest"].startswith("sha256:")
     assert built["image"] == "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:gke-e2e"
@@ -101,8 +106,10 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
 
 def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
     root, run_id = tmp_path / "runs", "gke-sigterm"
-    proc = subprocess.Popen(_command(root, run_id, " train.epochs=50"), env=_env(project), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # The slice check is off: the first job the run submits is the train job.
+    command = _command(root, run_id, " train.epochs=50 cluster.slice_check=false")
+    proc = subprocess.Popen(command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 900
         submitted = False

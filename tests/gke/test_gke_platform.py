@@ -98,7 +98,7 @@ def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, projec
 
 def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_factory):
     project = project_factory()
-    for overrides, key in ((ONE_SLICE.replace("gke.image=local/torch", ""), "gke.torch_tpu_base"),
+    for overrides, key in ((f"{ONE_SLICE} gke.torch_tpu_base=registry/base/torch-tpu:2", "gke.torch_tpu_base"),
                            (ONE_SLICE.replace(f"gke.project={PROJECT}", ""), "gke.project"),
                            ("gke.image=x", "cluster.accelerator")):
         with pytest.raises(SpecError, match=key):
@@ -406,6 +406,7 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     (build,) = project.cloudbuild.state.builds.values()
     assert build.status.name == "SUCCESS" and list(build.images) == [image]
     assert f"TORCH_TPU_BASE={TORCH_TPU_BASE}" in build.steps[0].args and "tpupipe-run-built" in build.tags
+    assert "TORCH_FROM_BASE=1" in build.steps[0].args  # the base's torch is not re-pinned
     source = project.storage.state.objects[(f"{PROJECT}-tpupipe", "runs/built/build/context.tar.gz")]["data"]
     names = tarfile.open(fileobj=io.BytesIO(source)).getnames()
     assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml",

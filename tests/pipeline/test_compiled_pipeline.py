@@ -9,7 +9,7 @@ from pipelines.pipeline import Target, compile_pipeline
 
 TARGET = Target(project="my-project", region="us-east5")
 
-STAGES = {"provision", "build-image", "deploy-raycluster", "train", "evaluate", "teardown"}
+STAGES = {"provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "teardown"}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def compiled(tmp_path_factory):
     return yaml.safe_load(path.read_text())
 
 
-def test_six_components(compiled):
+def test_seven_components(compiled):
     executors = {name.removeprefix("exec-") for name in compiled["deploymentSpec"]["executors"]}
     assert executors == STAGES
 
@@ -35,7 +35,7 @@ def test_teardown_is_the_exit_task_around_every_other_stage(compiled):
 
 def test_stages_run_in_order(compiled):
     inner = compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    order = ["provision", "build-image", "deploy-raycluster", "train", "evaluate"]
+    order = ["provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate"]
     for before, after in zip(order, order[1:], strict=False):
         assert before in inner[after].get("dependentTasks", []), (before, after)
 

@@ -60,3 +60,18 @@ def test_a_disk_as_full_as_ray_tolerates_is_a_clear_error(tmp_path):
     LocalPlatform.check_disk(tmp_path, full_fraction=1.01)  # never that full: passes
     with pytest.raises(RuntimeError, match=r"full \(.* GiB free\); Ray's processes fail above 0%"):
         LocalPlatform.check_disk(tmp_path, full_fraction=0.0)
+
+
+def test_a_model_directory_that_is_not_there_is_refused_before_anything_starts(tmp_path):
+    from components.platforms import RunContext
+    from components.spec import SpecError
+    from components.workload import resolve
+
+    def ctx(model_id):
+        return RunContext(spec=resolve("local-fsdp", {"model_id": model_id}), run_id="r", run_dir=tmp_path,
+                          platform="local")
+
+    with pytest.raises(SpecError, match="train.model_id: directory not found: /no/such/model"):
+        LocalPlatform().check(ctx("/no/such/model"))
+    LocalPlatform().check(ctx(str(tmp_path)))
+    LocalPlatform().check(ctx("google/gemma-4-E2B-it"))

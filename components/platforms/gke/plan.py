@@ -288,9 +288,6 @@ def _warnings(spec: RunSpec, t: r.Target, cost: dict[str, Any]) -> list[str]:
                         "it has " + ", ".join(_cluster_features(None)) + " before it creates anything")
     if t.autopilot:
         warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
-    if not spec.gke.image and d.trainer_image(spec) == "torch" and not spec.gke.torch_tpu_base:
-        warnings.append("gke.torch_tpu_base is empty: the torch image for TPU hosts is built FROM the TorchTPU "
-                        "base image; set it (or gke.image) before the run, which refuses to build without it")
     documented = catalogue.zones(shape.family.name)
     if t.zone not in documented:
         warnings.append(f"gke.zone={t.zone}: not among the zones documented for {shape.family.name} "

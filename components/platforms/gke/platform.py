@@ -65,10 +65,9 @@ class GkePlatform:
                             "platform (platform=local)", ["v5e", "v5p", "v6e", "tpu7x"])
         if not spec.gke.project:
             raise SpecError("gke.project", "required on the gke platform", ["a GCP project id"])
-        if not spec.gke.image and d.WORKLOAD_IMAGES[spec.train.workload] == "torch" and not spec.gke.torch_tpu_base:
-            raise SpecError("gke.torch_tpu_base", "the run builds the torch trainer image (gke.image is empty), and on "
-                            "TPU hosts it must be built FROM the TorchTPU base image (torch, torch_tpu, libtpu): name "
-                            "it, or name a built image in gke.image", ["REGISTRY/PATH/TORCH_TPU_BASE:TAG"])
+        if spec.gke.image and spec.gke.torch_tpu_base:
+            raise SpecError("gke.torch_tpu_base", f"builds the torch image FROM a base, but gke.image={spec.gke.image} "
+                            "names a built one and nothing is built", ["", "with gke.image empty"])
 
     def _target(self, ctx: RunContext) -> r.Target:
         return r.target(ctx.spec, ctx.run_id)
@@ -292,7 +291,8 @@ class GkePlatform:
             lines.append(stage)
             lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
                       if res.stage == stage]
-        for stage, mode in (("train", "train"), ("evaluate", "eval")):
+        jobs = (("check_slice", "check"),) if ctx.spec.cluster.slice_check else ()
+        for stage, mode in (*jobs, ("train", "train"), ("evaluate", "eval")):
             submission = names.job_submission_id(ctx.run_id, stage)
             lines += [stage, f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}"]
         lines.append("teardown")

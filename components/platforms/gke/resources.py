@@ -136,12 +136,13 @@ BUILD_MACHINE_TYPE = "E2_HIGHCPU_8"
 
 def cloud_build(spec: RunSpec, t: Target) -> dict[str, Any]:
     """The Cloud Build that builds the workload's trainer image (``images/<name>/Dockerfile``, the repository as
-    context, uploaded to the bucket) and pushes it to Artifact Registry. The torch image on TPU hosts is built
-    FROM the TorchTPU base image (``gke.torch_tpu_base``)."""
+    context, uploaded to the bucket) and pushes it to Artifact Registry. The torch image gets torch-tpu and libtpu from
+    PyPI; built FROM a TorchTPU base image (``gke.torch_tpu_base``), it keeps the base's torch, torch_tpu and libtpu
+    (``TORCH_FROM_BASE=1``: the requirements' pins of those three are not installed over them)."""
     name = WORKLOAD_IMAGES[spec.train.workload]
     args = ["build", "--file", f"images/{name}/Dockerfile", "--tag", t.image]
     if name == "torch" and spec.gke.torch_tpu_base:
-        args += ["--build-arg", f"TORCH_TPU_BASE={spec.gke.torch_tpu_base}"]
+        args += ["--build-arg", f"TORCH_TPU_BASE={spec.gke.torch_tpu_base}", "--build-arg", "TORCH_FROM_BASE=1"]
     return {
         "source": {"storageSource": {"bucket": t.bucket, "object": names.build_source(t.run_id)}},
         "steps": [{"name": BUILD_STEP_IMAGE, "args": [*args, "."]}],

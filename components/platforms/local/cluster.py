@@ -194,6 +194,12 @@ class LocalPlatform:
         if ctx.store.local() is None:
             raise SpecError("output_root", f"the local platform keeps its runs on this machine, not in {ctx.store.uri}",
                             ["a local directory (default ./runs)"])
+        model_id = ctx.spec.train.model_id
+        if model_id.startswith(("/", "./", "../", "~")) and not Path(model_id).expanduser().is_dir():
+            # Local hosts share this machine's files, so a model directory must be here (on GKE it is a path the
+            # pods see, such as the bucket under /data).
+            raise SpecError("train.model_id", f"directory not found: {model_id}",
+                            ["a hub name", "a local directory (config, weights, tokenizer)", "scratch:<config>"])
 
     @staticmethod
     def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
