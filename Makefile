@@ -38,7 +38,7 @@ envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and 
 run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
 	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
 
-test: envs ## all tests: unit, component, compiled pipeline, e2e local runs
+test: envs ## all tests: unit, component, compiled pipeline, contract, gke and Vertex AI emulators, e2e local runs
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster

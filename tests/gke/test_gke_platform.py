@@ -10,6 +10,7 @@ from components.platforms import RunContext
 from components.platforms.gke import cluster as gke_cluster
 from components.platforms.gke import kube as gke_kube
 from components.platforms.gke.platform import GkePlatform
+from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
@@ -22,7 +23,7 @@ TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4
 
 
 def context(tmp_path, run_id: str, overrides: str = ONE_SLICE) -> RunContext:
-    return RunContext(spec=resolve("local-fsdp", overrides), run_id=run_id, run_dir=tmp_path / run_id,
+    return RunContext(spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id),
                       platform="gke")
 
 

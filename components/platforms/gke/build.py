@@ -120,8 +120,9 @@ class Registry(Adapter):
         try:
             found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
             if found.format_ != docker:
-                raise SpecError(field, f"{name} is a {found.format_.name} repository, not {fmt}",
-                                [f"a {fmt} repository", "a new name"])
+                kind = "Docker" if fmt == "DOCKER" else fmt
+                raise SpecError(field, f"{name} is a {found.format_.name} repository, not {kind}",
+                                [f"a {kind} repository", "a new name"])
             self.log(f"Artifact Registry repository {name} exists: pushing there")
             return name
         except gexc.NotFound:
