@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, interrupts
 from components.stages import STAGES
 
 
@@ -23,11 +23,13 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         results[name] = rec.get("result") or {}
     train, ev = results["train"], results["evaluate"]
     ok = all(s["status"] == "succeeded" for s in stages)
+    interrupted = _interrupted(stages, interrupts.marked(ctx.run_dir))
     return {
         "run_id": ctx.run_id,
         "preset": ctx.spec.name,
         "platform": ctx.platform,
-        "status": "succeeded" if ok else "failed",
+        "status": "interrupted" if interrupted else "succeeded" if ok else "failed",
+        "interrupted": interrupted,
         "run_dir": str(ctx.run_dir),
         "stages": stages,
         "train_losses": train.get("losses", []),
@@ -41,6 +43,18 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "deleted": results["teardown"].get("deleted", []),
         "spec": ctx.spec.to_dict(),
     }
+
+
+def _interrupted(stages: list[dict[str, Any]], mark: dict[str, Any] | None) -> dict[str, str] | None:
+    """``{stage, signal}`` of the interrupt that ended the run: the stage's own record says so, or the driver's mark
+    does (the signal reached the stage before it could record it)."""
+    if mark:
+        for s in stages:
+            if s["name"] == mark["stage"] and s["status"] in ("running", "failed", "skipped"):
+                s["status"] = "interrupted"
+        return {"stage": mark["stage"], "signal": mark["signal"]}
+    stage = next((s for s in stages if s["status"] == "interrupted"), None)
+    return {"stage": stage["name"], "signal": stage.get("error", "").removeprefix("interrupted by ")} if stage else None
 
 
 def write(ctx: RunContext) -> dict[str, Any]:
@@ -132,7 +146,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for s in summary["stages"]:
         secs = "-" if s["seconds"] is None else f"{s['seconds']:.1f}"
         lines.append(f"  {s['name']:<20} {s['status']:<10} {secs:>8}")
-    failed = [s for s in summary["stages"] if s.get("error")]
+    failed = [s for s in summary["stages"] if s.get("error") and s["status"] == "failed"]
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")
     if summary["history"]:
@@ -153,5 +167,8 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary["status"] != "succeeded":
         deleted = summary.get("deleted") or []
         lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")
-    lines += ["", f"status: {summary['status']}", summary["run_dir"]]
+    status = summary["status"]
+    if summary.get("interrupted"):
+        status += " during {stage} ({signal})".format(**summary["interrupted"])
+    lines += ["", f"status: {status}", summary["run_dir"]]
     return "\n".join(lines)

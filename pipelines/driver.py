@@ -1,0 +1,149 @@
+"""What ``tpupipe run`` — the driver: it runs the compiled pipeline with kfp.local, each stage a subprocess — does on
+SIGINT (Ctrl-C) and SIGTERM.
+
+The first interrupt marks the run interrupted (``components.platforms.interrupts.mark``) and passes the signal on
+to the running stage, which stops its work (the Ray job, the GKE or Cloud Build operation, the cluster start) and
+exits; kfp.local then runs the exit handler's task, teardown, as after any failure; ``tpupipe run`` prints the summary
+(what teardown deleted) and exits 128 + the signal's number (130, 143). Another interrupt says that teardown is running
+and what one more would leave behind; that one ends teardown and prints the command that finishes the cleanup.
+
+A terminal's Ctrl-C reaches the whole foreground process group, the stage's process with the driver: the stage takes
+the first signal it gets, and ignores the rest. Teardown ignores Ctrl-C; only the driver counts the presses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+from pathlib import Path
+
+from components.platforms import RunContext, get_platform, interrupts
+from components.stages import STAGES
+
+EXECUTOR = b"-m\0kfp.dsl.executor_main\0"
+
+
+class Abandoned(BaseException):
+    """Teardown was abandoned by an interrupt (not an Exception: nothing in kfp.local may swallow it)."""
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def task_processes(driver_pid: int) -> list[int]:
+    """The processes of this driver's tasks: they carry its pid in their environment and stay in its process group
+    (the clusters a stage starts have groups and sessions of their own)."""
+    tag, group, found = f"{interrupts.DRIVER_ENV}={driver_pid}".encode(), os.getpgid(driver_pid), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != driver_pid and tag in _environ(int(entry)):
+            try:
+                if os.getpgid(int(entry)) == group:
+                    found.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return found
+
+
+def running_stages(driver_pid: int) -> list[tuple[int, str]]:
+    """``(pid, stage)`` of each stage process (kfp's executor) of this driver that is running now."""
+    found = []
+    for pid in task_processes(driver_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if EXECUTOR in argv:
+            args = argv.decode(errors="replace").split("\0")
+            if "--function_to_execute" in args:
+                found.append((pid, args[args.index("--function_to_execute") + 1]))
+    return found
+
+
+def teardown_command(ctx: RunContext, output_root: str) -> str:
+    return shlex.join(["tpupipe", "teardown", ctx.run_id, "--platform", ctx.platform, "--output-root", output_root])
+
+
+class Interrupts:
+    """While inside: the driver's handler of SIGINT and SIGTERM (see the module's docstring). ``signum`` is the first
+    signal taken (None when none came)."""
+
+    def __init__(self, ctx: RunContext, output_root: str):
+        self.ctx, self.output_root = ctx, output_root
+        self.signum: int | None = None
+        self.count = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Interrupts:
+        os.environ[interrupts.DRIVER_ENV] = str(os.getpid())  # every stage (and the keeper) knows the driver
+        self._previous = {s: signal.signal(s, self._handle) for s in interrupts.SIGNALS}
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    @staticmethod
+    def say(message: str) -> None:
+        """Straight to stderr's descriptor: a handler must not re-enter a print the main thread is in."""
+        os.write(2, f"\ntpupipe: {message}\n".encode())
+
+    def _current_stage(self) -> str:
+        """The stage running now; between two stages, the next one (it will not start)."""
+        running = [stage for _pid, stage in running_stages(os.getpid())]
+        if running:
+            return running[0]
+        return next((s for s in STAGES if _status(self.ctx, s) != "succeeded"), STAGES[-1])
+
+    def left_behind(self) -> str:
+        left = get_platform(self.ctx.platform).remaining(self.ctx)
+        return ", ".join(left) if left else "nothing the ledger records"
+
+    def _handle(self, signum: int, _frame) -> None:
+        self.count += 1
+        name = interrupts.signal_name(signum)
+        stage = self._current_stage()
+        if self.count == 1:
+            self.signum = signum
+            interrupts.mark(self.ctx.run_dir, stage, signum)
+            if stage != "teardown":
+                self.say(f"{name} during {stage}: stopping it, then tearing down run {self.ctx.run_id} "
+                         "(teardown runs to the end; interrupt again to see what stopping it would leave behind)")
+                for pid, running in running_stages(os.getpid()):
+                    if running != "teardown":
+                        _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
+                return
+            self.count = 2  # it came during teardown: the next one abandons it
+        if self.count == 2:
+            self.say(f"{name}: teardown of run {self.ctx.run_id} is running"
+                     + (f" (after {stage} stops)" if stage != "teardown" else "")
+                     + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}")
+            return
+        for pid in task_processes(os.getpid()):
+            _signal(pid, signal.SIGKILL)
+        raise Abandoned
+
+    def abandoned(self) -> int:
+        """Say what is left and how to finish; the exit status."""
+        self.say(f"teardown abandoned; left behind: {self.left_behind()}\n"
+                 f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}")
+        return 128 + (self.signum or signal.SIGINT)
+
+
+def _status(ctx: RunContext, stage: str) -> str:
+    try:
+        return json.loads((ctx.stages_dir / f"{stage}.json").read_text()).get("status", "")
+    except (OSError, ValueError):
+        return ""
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
