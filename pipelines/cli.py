@@ -140,11 +140,10 @@ def cmd_run(args) -> int:
     from pipelines import driver
 
     with driver.Interrupts(ctx, args.output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
-        try:
-            pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
-                     output_root=str(ctx.run_dir.parent))
-        except driver.Abandoned:
-            return interrupted.abandoned()
+        pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
+                 output_root=str(ctx.run_dir.parent))
+    if interrupted.abandoned:
+        return interrupted.exit_abandoned()
     summary_path = ctx.run_dir / "summary.json"
     failed = 128 + interrupted.signum if interrupted.signum else 1
     if not summary_path.is_file():

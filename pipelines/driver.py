@@ -5,10 +5,12 @@ The first interrupt marks the run interrupted (``components.platforms.interrupts
 to the running stage, which stops its work (the Ray job, the GKE or Cloud Build operation, the cluster start) and
 exits; kfp.local then runs the exit handler's task, teardown, as after any failure; ``tpupipe run`` prints the summary
 (what teardown deleted) and exits 128 + the signal's number (130, 143). Another interrupt says that teardown is running
-and what one more would leave behind; that one ends teardown and prints the command that finishes the cleanup.
+and what one more would leave behind; that one kills teardown's task (none starts after it) and prints the command
+that finishes the cleanup.
 
 A terminal's Ctrl-C reaches the whole foreground process group, the stage's process with the driver: the stage takes
-the first signal it gets, and ignores the rest. Teardown ignores Ctrl-C; only the driver counts the presses.
+the first signal it gets, and ignores the rest. Teardown's task starts with Ctrl-C ignored (the driver ignores it
+after the first, and counts the presses in a thread of its own).
 """
 
 from __future__ import annotations
@@ -17,16 +19,13 @@ import json
 import os
 import shlex
 import signal
+import threading
 from pathlib import Path
 
 from components.platforms import RunContext, get_platform, interrupts
 from components.stages import STAGES
 
 EXECUTOR = b"-m\0kfp.dsl.executor_main\0"
-
-
-class Abandoned(BaseException):
-    """Teardown was abandoned by an interrupt (not an Exception: nothing in kfp.local may swallow it)."""
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -71,20 +70,23 @@ def teardown_command(ctx: RunContext, output_root: str) -> str:
 
 class Interrupts:
     """While inside: the driver's handler of SIGINT and SIGTERM (see the module's docstring). ``signum`` is the first
-    signal taken (None when none came)."""
+    signal taken (None when none came); ``abandoned`` says whether a later one abandoned teardown."""
 
     def __init__(self, ctx: RunContext, output_root: str):
         self.ctx, self.output_root = ctx, output_root
         self.signum: int | None = None
         self.count = 0
+        self.abandoned = False
+        self._lock = threading.Lock()
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Interrupts:
         os.environ[interrupts.DRIVER_ENV] = str(os.getpid())  # every stage (and the keeper) knows the driver
-        self._previous = {s: signal.signal(s, self._handle) for s in interrupts.SIGNALS}
+        self._previous = {s: signal.signal(s, self._first) for s in interrupts.SIGNALS}
         return self
 
     def __exit__(self, *_exc) -> None:
+        # After an interrupt the signals stay blocked (see _first): the driver is about to print the summary and exit.
         for s, h in self._previous.items():
             signal.signal(s, h)
 
@@ -104,31 +106,53 @@ class Interrupts:
         left = get_platform(self.ctx.platform).remaining(self.ctx)
         return ", ".join(left) if left else "nothing the ledger records"
 
-    def _handle(self, signum: int, _frame) -> None:
-        self.count += 1
-        name = interrupts.signal_name(signum)
+    def _first(self, signum: int, _frame) -> None:
+        """The first interrupt (in the main thread): mark the run, pass the signal to the running stage. From then on
+        the signals are blocked here and taken by a thread of their own (``_more``, with ``sigwait``), and SIGINT's
+        disposition is to ignore it: an ignored signal stays ignored in the processes started after it, through
+        their ``sh`` too, so teardown's task never sees a Ctrl-C, not even while Python starts. (Linux keeps a
+        blocked signal pending even when its disposition is to ignore it: ``sigwait`` still takes it.)"""
+        if self.count:
+            return self._more(signum)
+        self.count, self.signum = 1, signum
         stage = self._current_stage()
-        if self.count == 1:
-            self.signum = signum
-            interrupts.mark(self.ctx.run_dir, stage, signum)
-            if stage != "teardown":
-                self.say(f"{name} during {stage}: stopping it, then tearing down run {self.ctx.run_id} "
-                         "(teardown runs to the end; interrupt again to see what stopping it would leave behind)")
-                for pid, running in running_stages(os.getpid()):
-                    if running != "teardown":
-                        _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
-                return
+        interrupts.mark(self.ctx.run_dir, stage, signum)
+        signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=self._take_more, name="tpupipe-interrupts", daemon=True).start()
+        if stage == "teardown":
             self.count = 2  # it came during teardown: the next one abandons it
-        if self.count == 2:
-            self.say(f"{name}: teardown of run {self.ctx.run_id} is running"
-                     + (f" (after {stage} stops)" if stage != "teardown" else "")
-                     + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}")
-            return
-        for pid in task_processes(os.getpid()):
-            _signal(pid, signal.SIGKILL)
-        raise Abandoned
+            return self._say_teardown_runs(signum, stage)
+        self.say(f"{interrupts.signal_name(signum)} during {stage}: stopping it, then tearing down run "
+                 f"{self.ctx.run_id} (teardown runs to the end; interrupt again to see what stopping it would leave "
+                 "behind)")
+        for pid, running in running_stages(os.getpid()):
+            if running != "teardown":
+                _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
 
-    def abandoned(self) -> int:
+    def _take_more(self) -> None:
+        while not self.abandoned:
+            self._more(signal.sigwait(set(interrupts.SIGNALS)))
+
+    def _more(self, signum: int) -> None:
+        with self._lock:
+            self.count += 1
+            if self.count == 2:
+                return self._say_teardown_runs(signum, self._current_stage())
+            if self.abandoned:
+                return
+            # Abandon: no teardown task starts from now on (the mark says so), the one running is killed.
+            self.abandoned = True
+            interrupts.mark_abandoned(self.ctx.run_dir)
+            for pid in task_processes(os.getpid()):
+                _signal(pid, signal.SIGKILL)
+
+    def _say_teardown_runs(self, signum: int, stage: str) -> None:
+        self.say(f"{interrupts.signal_name(signum)}: teardown of run {self.ctx.run_id} is running"
+                 + (f" (after {stage} stops)" if stage != "teardown" else "")
+                 + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}")
+
+    def exit_abandoned(self) -> int:
         """Say what is left and how to finish; the exit status."""
         self.say(f"teardown abandoned; left behind: {self.left_behind()}\n"
                  f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}")

@@ -122,9 +122,19 @@ def mark(run_dir: Path, stage: str, signum: int) -> None:
     if path.exists():
         return
     run_dir.mkdir(parents=True, exist_ok=True)
+    _write(path, {"stage": stage, "signal": signal_name(signum), "at": time.time()})
+
+
+def _write(path: Path, mark: dict[str, Any]) -> None:
     tmp = path.with_name(f"{MARK_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"stage": stage, "signal": signal_name(signum), "at": time.time()}))
+    tmp.write_text(json.dumps(mark))
     tmp.replace(path)
+
+
+def mark_abandoned(run_dir: Path) -> None:
+    """Record that teardown was abandoned: no teardown task starts after this (``tpupipe teardown`` still does)."""
+    mark = marked(run_dir) or {}
+    _write(run_dir / MARK_FILE, {**mark, "abandoned": True})
 
 
 def marked(run_dir: Path) -> dict[str, Any] | None:

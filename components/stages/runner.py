@@ -151,10 +151,11 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
     rid, run_dir = run_dir_for(run_id, job_name, output_root)
     started = time.time()
     mark = interrupts.marked(run_dir)
-    if mark and stage != "teardown":
-        record(run_dir, stage, status="skipped", run_id=rid, reason=f"the run was interrupted ({mark['signal']} "
-               f"during {mark['stage']})")
-        log(f"== {stage}: not started: the run was interrupted ({mark['signal']} during {mark['stage']})")
+    if mark and (stage != "teardown" or mark.get("abandoned")):
+        reason = "teardown was abandoned" if mark.get("abandoned") else \
+            f"the run was interrupted ({mark['signal']} during {mark['stage']})"
+        record(run_dir, stage, status="skipped", run_id=rid, reason=reason)
+        log(f"== {stage}: not started: {reason}")
         raise interrupts.Interrupted(getattr(signal, mark["signal"]))
     record(run_dir, stage, status="running", started=started, run_id=rid)
     log(f"== {stage} ({platform}, run {rid})")
