@@ -206,7 +206,8 @@ def _add_run(sub) -> None:
         "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost. "
         "Ctrl-C (SIGINT) or SIGTERM stops the running stage (its Ray job, cloud operation or cluster start), runs "
         "teardown, prints what it deleted and exits 130 (143); a second Ctrl-C says what a third would leave behind; a "
-        "third abandons teardown and prints the `tpupipe teardown` command that finishes it.",
+        "third abandons teardown and prints the `tpupipe teardown` command that finishes it. Closing the terminal "
+        "(SIGHUP) does what Ctrl-C does; the output then goes to <run dir>/logs/driver.log.",
     )
     _with_spec_args(p)
     p.add_argument("preset_name", nargs="?", default="", metavar="PRESET", help="the preset (same as --preset)")

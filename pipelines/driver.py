@@ -1,12 +1,12 @@
 """What ``tpupipe run`` — the driver: it runs the compiled pipeline with kfp.local, each stage a subprocess — does on
-SIGINT (Ctrl-C) and SIGTERM.
+SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal: what it prints then goes to ``<run dir>/logs/driver.log``).
 
 The first interrupt marks the run interrupted (``components.platforms.interrupts.mark``) and passes the signal on
 to the running stage, which stops its work (the Ray job, the GKE or Cloud Build operation, the cluster start) and
 exits; kfp.local then runs the exit handler's task, teardown, as after any failure; ``tpupipe run`` prints the summary
-(what teardown deleted) and exits 128 + the signal's number (130, 143). Another interrupt says that teardown is running
-and what one more would leave behind; that one kills teardown's task (none starts after it) and prints the command
-that finishes the cleanup.
+(what teardown deleted) and exits 128 + the signal's number (130, 143, 129). Another interrupt says that teardown is
+running and what one more would leave behind; that one kills teardown's task (none starts after it) and prints the
+command that finishes the cleanup.
 
 A terminal's Ctrl-C reaches the whole foreground process group, the stage's process with the driver: the stage takes
 the first signal it gets, and ignores the rest. Teardown's task starts with Ctrl-C ignored (the driver ignores it
@@ -69,8 +69,8 @@ def teardown_command(ctx: RunContext, output_root: str) -> str:
 
 
 class Interrupts:
-    """While inside: the driver's handler of SIGINT and SIGTERM (see the module's docstring). ``signum`` is the first
-    signal taken (None when none came); ``abandoned`` says whether a later one abandoned teardown."""
+    """While inside: the driver's handler of SIGINT, SIGTERM and SIGHUP (see the module's docstring). ``signum`` is the
+    first signal taken (None when none came); ``abandoned`` says whether a later one abandoned teardown."""
 
     def __init__(self, ctx: RunContext, output_root: str):
         self.ctx, self.output_root = ctx, output_root
@@ -115,6 +115,12 @@ class Interrupts:
         if self.count:
             return self._more(signum)
         self.count, self.signum = 1, signum
+        if signum == signal.SIGHUP:  # the terminal is gone: what the driver prints from now on goes to the run's log
+            self.ctx.logs_dir.mkdir(parents=True, exist_ok=True)
+            log = os.open(self.ctx.logs_dir / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for fd in (1, 2):
+                os.dup2(log, fd)
+            os.close(log)
         stage = self._current_stage()
         interrupts.mark(self.ctx.run_dir, stage, signum)
         signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)

@@ -70,14 +70,23 @@ class Terminal:
         os.write(self._master, b"\x03")
 
     def ctrl_c_when(self, text: str, timeout_s: float, exit_timeout_s: float) -> int:
-        """Type Ctrl-C once ``text`` shows, then wait for the command to end: its exit status. The job is gone
+        """Type Ctrl-C once ``text`` shows, then wait for the command to end: its exit status."""
+        return self.act_when(text, self.ctrl_c, timeout_s, exit_timeout_s)
+
+    def act_when(self, text: str, act, timeout_s: float, exit_timeout_s: float) -> int:
+        """``act()`` once ``text`` shows, then wait for the command to end: its exit status. The job is gone
         afterwards, whatever happened."""
         try:
             assert self.wait_for(text, timeout_s), f"{text!r} never showed:\n{self.output[-4000:]}"
-            self.ctrl_c()
+            act()
             return self.wait(exit_timeout_s)
         finally:
             self.close()
+
+    def hang_up(self) -> None:
+        """Close the terminal (its window, its ssh connection): the session's leader, the driver, gets SIGHUP."""
+        os.close(self._master)
+        self._master = -1
 
     def wait(self, timeout_s: float) -> int:
         rc = self.proc.wait(timeout=timeout_s)
@@ -92,10 +101,9 @@ class Terminal:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=30)
-        try:
+        if self._master >= 0:
             os.close(self._master)
-        except OSError:
-            pass
+            self._master = -1
 
 
 def driver_processes(driver_pid: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""Interrupts: SIGINT (Ctrl-C) and SIGTERM (``kill``, a cancelled Vertex run) end a stage by stopping what it started.
+"""Interrupts: SIGINT (Ctrl-C), SIGTERM (``kill``, a cancelled Vertex run) and SIGHUP (a closed terminal) end a stage
+by stopping what it started.
 
 A stage process runs inside :func:`on_interrupt` blocks: the innermost one's ``stop`` (stop the Ray job, cancel the
 GKE operation or the Cloud Build) runs once on the first signal, then :class:`Interrupted` unwinds the stage, which
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; kill or a cancelled run; a closed terminal
 DRIVER_ENV = "TPUPIPE_DRIVER_PID"  # set by the driver; every stage process (and what it starts) inherits it
 MARK_FILE = "interrupted.json"
 
@@ -56,8 +57,8 @@ _state = _State()
 
 @contextlib.contextmanager
 def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callable[[str], None] = print):
-    """While inside: the first SIGINT or SIGTERM calls ``stop(signum)`` and raises :class:`Interrupted`. Only the main
-    thread takes signals; elsewhere this does nothing."""
+    """While inside: the first SIGINT, SIGTERM or SIGHUP calls ``stop(signum)`` and raises :class:`Interrupted`. Only
+    the main thread takes signals; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

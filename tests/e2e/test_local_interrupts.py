@@ -20,8 +20,8 @@ from tests.terminal import Terminal, driver_processes
 
 pytestmark = pytest.mark.e2e
 
-# As small as the pipeline goes: one epoch over a few examples.
-SMALL = "train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32"
+# As small as the pipeline goes: one emulated host, one epoch over a few examples.
+SMALL = "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32"
 # What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts, the job
 # submitted.
 UNDER_WAY = {
@@ -69,6 +69,27 @@ def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage
     assert summary["deleted"] and "cleaned up: head (pid" in out  # what teardown deleted, printed
     if stage in ("train", "evaluate"):
         assert f"{stage}: SIGINT: stopping job {run_id}-{stage}" in out
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_sigterm_to_the_driver_alone_is_passed_on_and_exits_143(tmp_path):
+    run_id = "sigterm-driver"
+    term = Terminal(_run_command(tmp_path, run_id))
+    # `kill PID`: to the driver only, not to its process group
+    rc = term.act_when(UNDER_WAY["deploy_raycluster"], lambda: os.kill(term.pid, signal.SIGTERM), 600, 300)
+    assert rc == 143, term.output[-4000:]
+    assert "status: interrupted during deploy_raycluster (SIGTERM)" in term.output
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_path):
+    run_id = "hung-up"
+    term = Terminal(_run_command(tmp_path, run_id))
+    rc = term.act_when(UNDER_WAY["train"], term.hang_up, timeout_s=600, exit_timeout_s=300)
+    assert rc == 129
+    assert "status: interrupted during train (SIGHUP)" in (tmp_path / run_id / "logs" / "driver.log").read_text()
+    assert json.loads((tmp_path / run_id / "summary.json").read_text())["interrupted"] == {
+        "stage": "train", "signal": "SIGHUP"}
     assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
 
 
