@@ -19,6 +19,7 @@ EPILOG = """examples:
   tpupipe presets
   tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
   tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
+  tpupipe teardown --orphans                    the same for every local run whose driver is gone
 
 Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown, prints what it deleted and exits
 130 (143); a second Ctrl-C says what a third would leave behind; a third abandons teardown and prints the
@@ -154,11 +155,25 @@ def cmd_run(args) -> int:
 
 
 def cmd_teardown(args) -> int:
-    """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left."""
+    """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left. --orphans: every
+    local run under the output root whose driver is gone."""
+    if args.orphans:
+        from components.platforms.local.cluster import orphaned_runs
+
+        found = orphaned_runs(Path(args.output_root))
+        if not found:
+            print(f"tpupipe teardown --orphans: no local run under {args.output_root} outlived its driver")
+        return max([_teardown(run_id, "local", args) for run_id in found], default=0)
+    if not args.run_id:
+        return _fail("RUN_ID: name the run to tear down (or --orphans: every local run whose driver is gone)")
+    return _teardown(args.run_id, args.platform, args)
+
+
+def _teardown(run_id: str, platform_name: str, args) -> int:
     from components.platforms import get_platform
     from components.stages import runner
 
-    ctx = runner.teardown_context(args.run_id, args.platform, args.output_root, args.preset, _overrides(args.set))
+    ctx = runner.teardown_context(run_id, platform_name, args.output_root, args.preset, _overrides(args.set))
     platform = get_platform(ctx.platform)
     result = platform.teardown(ctx)
     deleted = result.get("deleted") or []
@@ -229,7 +244,11 @@ def _add_teardown(sub) -> None:
         "carries the run's marker), on gke its Kubernetes objects, node pools or cluster, bucket binding and Compute "
         "Engine resources. Safe to run again; exits 0 when nothing of the run is left.",
     )
-    p.add_argument("run_id", metavar="RUN_ID", help="the run's id (the last part of its run directory)")
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", default="",
+                   help="the run's id (the last part of its run directory)")
+    p.add_argument("--orphans", action="store_true",
+                   help="instead of RUN_ID: every local run under the output root whose driver (its `tpupipe run`) is "
+                        "gone while processes of it still run")
     p.add_argument("--platform", default="", help="local or gke (default: as the run's ledger says, else local)")
     p.add_argument("--output-root", default="runs", help="where the run's directory is (default ./runs)")
     p.add_argument("--preset", default="", help="gke, when the run left no ledger: the preset it ran")

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from components.platforms import RunContext, interrupts
-from components.platforms.local.cluster import keep
+from components.platforms.local.cluster import RUN_MARKER, keep
 from components.stages import report
 from components.stages.runner import record, run_stage
 from components.workload import resolve
@@ -118,6 +118,8 @@ def test_tpupipe_teardown_of_a_local_run_with_nothing_left_exits_0(tmp_path, cap
     assert capsys.readouterr().out.strip() == "tpupipe teardown never-started (local): nothing was left to delete"
     assert cli.main(["teardown", "x", "--platform", "moon", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: platform: unknown platform 'moon'")
+    assert cli.main(["teardown", "--output-root", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("tpupipe: error: RUN_ID: name the run to tear down")
 
 
 def test_the_command_that_finishes_an_abandoned_teardown():
@@ -125,3 +127,35 @@ def test_the_command_that_finishes_an_abandoned_teardown():
 
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="r1", run_dir=None, platform="gke")
     assert teardown_command(ctx, "my runs") == "tpupipe teardown r1 --platform gke --output-root 'my runs'"
+
+
+def _a_run_of_sleepers(root, run_id: str, driver: dict) -> subprocess.Popen:
+    """A local run's ledger with one process of the run (a sleeper carrying the run's marker) and the given driver."""
+    proc = subprocess.Popen(["sleep", "300"], env={**os.environ, RUN_MARKER: run_id}, start_new_session=True)
+    path = root / run_id / "ledger.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"run_id": run_id, "platform": "local", "driver": driver, "temp_dir": str(root / "t"),
+                                "ports": [], "processes": [{"role": "head", "pid": proc.pid, "pgid": proc.pid,
+                                                            "log": "", "cmd": ["sleep", "300"]}]}))
+    return proc
+
+
+def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other(tmp_path, capsys):
+    from pipelines import cli
+
+    gone = subprocess.Popen(["true"])
+    record_of_gone = {"pid": gone.pid, "started": interrupts._start_time(gone.pid) or 1}
+    gone.wait()
+    orphan = _a_run_of_sleepers(tmp_path, "orphan", record_of_gone)
+    running = _a_run_of_sleepers(tmp_path, "running", interrupts.driver())  # this test is its driver, alive
+    try:
+        assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0
+        assert capsys.readouterr().out.strip().endswith(
+            f"tpupipe teardown orphan (local): deleted head (pid {orphan.pid})")
+        assert orphan.wait(timeout=10) == -signal.SIGTERM and running.poll() is None
+        assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0
+        assert "no local run under" in capsys.readouterr().out
+    finally:
+        running.kill()
+        orphan.kill()
+        running.wait()

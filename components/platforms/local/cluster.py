@@ -181,6 +181,20 @@ def _keeper_done(ledger: dict[str, Any], ledger_path: Path) -> str:
     return ""
 
 
+def orphaned_runs(output_root: Path) -> list[str]:
+    """The janitor's list: local runs under ``output_root`` whose driver is gone while processes of theirs still run
+    (a run whose ledger names no driver is left alone: nothing says it is over)."""
+    found = []
+    for path in sorted(output_root.glob(f"*/{ledgers.FILE_NAME}")):
+        ledger = ledgers.load(path) or {}
+        if ledger.get("platform") != "local" or not ledger.get("driver") or interrupts.alive(ledger["driver"]):
+            continue
+        if any(carries_marker(p["pid"], ledger["run_id"]) for p in ledger.get("processes", [])) \
+                or run_processes(ledger["run_id"]):
+            found.append(ledger["run_id"])
+    return found
+
+
 # ---------------------------------------------------------------- the platform
 
 
