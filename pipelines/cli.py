@@ -267,7 +267,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
-
     _add_teardown(sub)
 
     p = sub.add_parser("compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs)")
@@ -309,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TpupipeError as exc:
         return _fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:  # before a run started (its own handler takes over then)
-        return _fail("interrupted", 128 + 2)
+    except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)
+        return _fail("interrupted", 130)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         entry = {"name": name, "status": rec.get("status", "unknown"), "seconds": rec.get("seconds")}
         if rec.get("error"):
             entry["error"] = rec["error"]
+        if rec.get("signal"):
+            entry["signal"] = rec["signal"]
         stages.append(entry)
         results[name] = rec.get("result") or {}
     train, ev = results["train"], results["evaluate"]
@@ -54,7 +56,7 @@ def _interrupted(stages: list[dict[str, Any]], mark: dict[str, Any] | None) -> d
                 s["status"] = "interrupted"
         return {"stage": mark["stage"], "signal": mark["signal"]}
     stage = next((s for s in stages if s["status"] == "interrupted"), None)
-    return {"stage": stage["name"], "signal": stage.get("error", "").removeprefix("interrupted by ")} if stage else None
+    return {"stage": stage["name"], "signal": stage.get("signal", "")} if stage else None
 
 
 def write(ctx: RunContext) -> dict[str, Any]:

@@ -134,9 +134,9 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
               output_root: str, upstream: str = "") -> str:
     """Resolve the context, run one stage with its record kept, return its result as JSON.
 
-    SIGINT or SIGTERM ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits), it is
-    recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the driver
-    marked the run interrupted does not run. Teardown ignores Ctrl-C: the driver counts the presses."""
+    SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
+    it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
+    driver marked the run interrupted does not run. Teardown ignores Ctrl-C: the driver counts the presses."""
     if stage not in RUNNERS:
         raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
     if stage == "teardown":

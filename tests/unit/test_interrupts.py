@@ -74,7 +74,7 @@ def test_the_report_says_which_stage_the_interrupt_hit(tmp_path):
 
 def test_an_interrupted_stage_record_alone_makes_an_interrupted_run(tmp_path):
     ctx = _ctx(tmp_path)
-    record(ctx.run_dir, "train", status="interrupted", error="interrupted by SIGTERM")  # Vertex cancelled the task
+    record(ctx.run_dir, "train", status="interrupted", signal="SIGTERM")  # Vertex cancelled the task
     summary = report.summarize(ctx)
     assert summary["interrupted"] == {"stage": "train", "signal": "SIGTERM"} and summary["status"] == "interrupted"
 
