@@ -20,6 +20,12 @@ EPILOG = """examples:
   tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
   tpupipe publish --project my-project          the components image and the template, for the Vertex AI UI
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
+  tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
+  tpupipe teardown --orphans                    the same for every local run whose driver is gone
+
+Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown, prints what it deleted and exits
+130 (143); a second Ctrl-C says what a third would leave behind; a third abandons teardown and prints the
+`tpupipe teardown` command that finishes it.
 """
 
 
@@ -161,15 +167,52 @@ def cmd_run(args) -> int:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"),
                raise_on_error=False)
     print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
-    pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
-             output_root=str(local_dir.parent) if local_dir else args.output_root, project="", bucket="",
-             source_version=source_version())
+    from pipelines import driver
+
+    with driver.Interrupts(ctx, args.output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
+        pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
+                 output_root=str(local_dir.parent) if local_dir else args.output_root, project="", bucket="",
+                 source_version=source_version())
+    if interrupted.abandoned:
+        return interrupted.exit_abandoned()
+    failed = 128 + interrupted.signum if interrupted.signum else 1
     summary_text = ctx.store.read_text("summary.json")
     if summary_text is None:
-        return _fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", 1)
+        return _fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", failed)
     summary = json.loads(summary_text)
     print(report.format_table(summary))
-    return 0 if summary["status"] == "succeeded" else 1
+    return 0 if summary["status"] == "succeeded" and not interrupted.signum else failed
+
+
+def cmd_teardown(args) -> int:
+    """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left. --orphans: every
+    local run under the output root whose driver is gone."""
+    if args.orphans:
+        from components.platforms.local.cluster import orphaned_runs
+
+        found = orphaned_runs(Path(args.output_root))
+        if not found:
+            print(f"tpupipe teardown --orphans: no local run under {args.output_root} outlived its driver")
+        return max([_teardown(run_id, "local", args) for run_id in found], default=0)
+    if not args.run_id:
+        return _fail("RUN_ID: name the run to tear down (or --orphans: every local run whose driver is gone)")
+    return _teardown(args.run_id, args.platform, args)
+
+
+def _teardown(run_id: str, platform_name: str, args) -> int:
+    from components.platforms import get_platform
+    from components.stages import runner
+
+    ctx = runner.teardown_context(run_id, platform_name, args.output_root, args.preset, _overrides(args.set))
+    platform = get_platform(ctx.platform)
+    result = platform.teardown(ctx)
+    deleted = result.get("deleted") or []
+    print(f"tpupipe teardown {ctx.run_id} ({ctx.platform}): "
+          + (f"deleted {', '.join(deleted)}" if deleted else "nothing was left to delete"))
+    left = platform.remaining(ctx)
+    if left:
+        return _fail(f"still there after teardown: {', '.join(left)}", 1)
+    return 0
 
 
 def _dry_run(ctx) -> int:
@@ -217,7 +260,11 @@ def _add_run(sub) -> None:
         "evaluate, and teardown whatever happens. --platform local (the default) runs it on this machine: a Ray "
         "head and one raylet per emulated host, real Ray Jobs and Ray Train on CPU. --platform gke runs it on "
         "Google Cloud in gke.project with your Application Default Credentials (gcloud auth "
-        "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost.",
+        "application-default login); `tpupipe plan` first prints every resource it creates and its hourly cost. "
+        "Ctrl-C (SIGINT) or SIGTERM stops the running stage (its Ray job, cloud operation or cluster start), runs "
+        "teardown, prints what it deleted and exits 130 (143); a second Ctrl-C says what a third would leave behind; a "
+        "third abandons teardown and prints the `tpupipe teardown` command that finishes it. Closing the terminal "
+        "(SIGHUP) does what Ctrl-C does; the output then goes to <run dir>/logs/driver.log.",
     )
     _with_spec_args(p)
     p.add_argument("preset_name", nargs="?", default="", metavar="PRESET", help="the preset (same as --preset)")
@@ -231,6 +278,27 @@ def _add_run(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def _add_teardown(sub) -> None:
+    p = sub.add_parser(
+        "teardown", help="delete what a run created, by its run id (after a lost or abandoned run)",
+        description="Delete everything a run created, found from its ledger (<output root>/<run id>/ledger.json) and "
+        "its labels alone: on the local platform its processes (the Ray head, the hosts, their keeper, anything that "
+        "carries the run's marker), on gke its Kubernetes objects, node pools or cluster, bucket binding and Compute "
+        "Engine resources. Safe to run again; exits 0 when nothing of the run is left.",
+    )
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", default="",
+                   help="the run's id (the last part of its run directory)")
+    p.add_argument("--orphans", action="store_true",
+                   help="instead of RUN_ID: every local run under the output root whose driver (its `tpupipe run`) is "
+                        "gone while processes of it still run")
+    p.add_argument("--platform", default="", help="local or gke (default: as the run's ledger says, else local)")
+    p.add_argument("--output-root", default="runs", help="where the run's directory is (default ./runs)")
+    p.add_argument("--preset", default="", help="gke, when the run left no ledger: the preset it ran")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="gke, when the run left no ledger: the overrides it ran with (gke.project=...)")
+    p.set_defaults(func=cmd_teardown)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpupipe",
@@ -241,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_teardown(sub)
 
     p = sub.add_parser(
         "compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs); offline, no credentials",
@@ -304,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TpupipeError as exc:
         return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)
+        return _fail("interrupted", 130)
 
 
 if __name__ == "__main__":

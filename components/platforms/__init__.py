@@ -2,7 +2,8 @@
 
 Owns the :class:`Platform` interface every stage runs against, the :class:`RunContext` the stages share, the
 registry of platforms (``local``: a multi-node Ray cluster of processes on this machine; ``gke``: GKE + KubeRay),
-the one ledger both use to record what a run created (``ledger``), and waiting with a deadline (``waiting``).
+the one ledger both use to record what a run created (``ledger``), waiting with a deadline (``waiting``), and what
+SIGINT and SIGTERM do to a stage (``interrupts``).
 A platform package imports ``spec``, ``tpu``, ``workload`` and this package, never another platform.
 """
 
@@ -54,7 +55,11 @@ class Platform(Protocol):
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""
 
-    def teardown(self, ctx: RunContext) -> dict[str, Any]: ...
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        """Delete what the run created, found from its ledger and its labels; safe to run again."""
+
+    def remaining(self, ctx: RunContext) -> list[str]:
+        """What of the run may still exist, as its ledger (and, locally, /proc) says; no cloud call."""
 
 
 # name -> "module:class"; imported on first use so `components` stays cheap to import.

@@ -1,17 +1,16 @@
 """The Ray jobs of a run: submitted (or re-attached to) through the Ray Jobs API, followed to a terminal state
-with their log streamed to ours and to ``<run dir>/logs/<kind>.log``, stopped on SIGTERM or past their deadline.
-Results come back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
+with their log streamed to ours and to ``<run dir>/logs/<kind>.log``, stopped on an interrupt (SIGINT, SIGTERM) or
+past their deadline. Results come back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms import RunContext, get_platform
+from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.store import write_text
 from components.spec import InfraError, names, protocol
 from components.workload.derive import JOB_RUNTIME_ENV
@@ -19,6 +18,7 @@ from components.workload.derive import JOB_RUNTIME_ENV
 POLL_S = 1.0
 LOG_SAVE_S = 15.0
 TAIL_LINES = 25
+STOP_WAIT_S = 20.0  # an interrupt stops the job, then waits this long for Ray to say it ended
 
 
 class JobFailed(InfraError):
@@ -81,44 +81,48 @@ def _read_new(client, submission_id: str, kind: str, state: _Follow, ctx: RunCon
             on_record(*rec)
 
 
-def _stop_on_sigterm(client, submission_id: str, kind: str):
-    """Install a SIGTERM handler that stops the job; returns the previous handler (None off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
+def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
+    """What an interrupt does to the run's ``kind`` job: stop it and wait (briefly) until Ray says it ended."""
 
-    def stop(signum, _frame):
-        log(f"{kind}: signal {signum}: stopping job {submission_id}")
-        client.stop_job(submission_id)
-        raise SystemExit(128 + signum)
+    def stop(signum: int) -> None:
+        log(f"{kind}: {signal_name(signum)}: stopping job {submission_id}")
+        try:
+            client.stop_job(submission_id)
+        except Exception:  # noqa: BLE001 - not submitted yet, or already gone: nothing runs
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not client.get_job_status(submission_id).is_terminal():
+            time.sleep(0.5)
+        status = client.get_job_status(submission_id)
+        log(f"{kind}: job {submission_id} {getattr(status, 'value', status)}")
 
-    return signal.signal(signal.SIGTERM, stop)
+    return stop
 
 
 def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
             on_record: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
-    ``TPUPIPE result`` record. SIGTERM stops the job; so does its deadline."""
+    ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline."""
     from ray.job_submission import JobStatus
 
     client = get_platform(ctx.platform).job_client(ctx)
-    submission_id = submit_or_attach(client, ctx, kind, entrypoint)
+    submission_id = names.job_submission_id(ctx.run_id, kind)
     state = _Follow()
-    previous = _stop_on_sigterm(client, submission_id, kind)
     deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            status = client.get_job_status(submission_id)
-            _read_new(client, submission_id, kind, state, ctx, on_record)
-            if status.is_terminal():
-                break
-            if time.monotonic() > deadline:
-                client.stop_job(submission_id)
-                raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped")
-            time.sleep(POLL_S)
+        with on_interrupt(_stopper(client, submission_id, kind), log=log):
+            submit_or_attach(client, ctx, kind, entrypoint)
+            while True:
+                status = client.get_job_status(submission_id)
+                _read_new(client, submission_id, kind, state, ctx, on_record)
+                if status.is_terminal():
+                    break
+                if time.monotonic() > deadline:
+                    client.stop_job(submission_id)
+                    raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped")
+                time.sleep(POLL_S)
     finally:
         _save_log(ctx, kind, state, force=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     info = client.get_job_info(submission_id)
     if info.status != JobStatus.SUCCEEDED:
         tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])

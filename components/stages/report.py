@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, interrupts
 from components.platforms.store import read_json, write_text
 from components.stages import STAGES
 
@@ -19,15 +19,19 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         entry = {"name": name, "status": rec.get("status", "unknown"), "seconds": rec.get("seconds")}
         if rec.get("error"):
             entry["error"] = rec["error"]
+        if rec.get("signal"):
+            entry["signal"] = rec["signal"]
         stages.append(entry)
         results[name] = rec.get("result") or {}
     train, ev = results["train"], results["evaluate"]
     ok = all(s["status"] == "succeeded" for s in stages)
+    interrupted = _interrupted(stages, interrupts.marked(ctx.store))
     return {
         "run_id": ctx.run_id,
         "preset": ctx.spec.name,
         "platform": ctx.platform,
-        "status": "succeeded" if ok else "failed",
+        "status": "interrupted" if interrupted else "succeeded" if ok else "failed",
+        "interrupted": interrupted,
         "run_dir": ctx.store.uri,
         "stages": stages,
         "train_losses": train.get("losses", []),
@@ -56,6 +60,18 @@ def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     if result.get("skipped") or not ctx.spec.cluster.slice_check:
         return {"skipped": True, "reason": "cluster.slice_check=false"}
     return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
+
+
+def _interrupted(stages: list[dict[str, Any]], mark: dict[str, Any] | None) -> dict[str, str] | None:
+    """``{stage, signal}`` of the interrupt that ended the run: the stage's own record says so, or the driver's mark
+    does (the signal reached the stage before it could record it)."""
+    if mark:
+        for s in stages:
+            if s["name"] == mark["stage"] and s["status"] in ("running", "failed", "skipped"):
+                s["status"] = "interrupted"
+        return {"stage": mark["stage"], "signal": mark["signal"]}
+    stage = next((s for s in stages if s["status"] == "interrupted"), None)
+    return {"stage": stage["name"], "signal": stage.get("signal", "")} if stage else None
 
 
 def write(ctx: RunContext) -> dict[str, Any]:
@@ -165,7 +181,7 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"\n  slice check          {check['ranks_verified']}/{check['num_ranks']} ranks verified, max abs "
                      f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
                      f"{check['expected_all_reduce']}), {check['seconds']:.1f}s")
-    failed = [s for s in summary["stages"] if s.get("error")]
+    failed = [s for s in summary["stages"] if s.get("error") and s["status"] == "failed"]
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")
     if summary["history"]:
@@ -186,5 +202,8 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary["status"] != "succeeded":
         deleted = summary.get("deleted") or []
         lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")
-    lines += ["", f"status: {summary['status']}", summary["run_dir"]]
+    status = summary["status"]
+    if summary.get("interrupted"):
+        status += " during {stage} ({signal})".format(**summary["interrupted"])
+    lines += ["", f"status: {status}", summary["run_dir"]]
     return "\n".join(lines)

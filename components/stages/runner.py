@@ -10,13 +10,14 @@ on its own machine); teardown, which always runs last, writes the run's summary.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms import RunContext, get_platform
+from components.platforms import RunContext, get_platform, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
@@ -166,17 +167,41 @@ assert tuple(RUNNERS) == STAGES
 
 def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
               output_root: str, upstream: str = "") -> str:
-    """Resolve the context, run one stage with its record kept, return its result as JSON."""
+    """Resolve the context, run one stage with its record kept, return its result as JSON.
+
+    SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
+    it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
+    driver marked the run interrupted does not run. Teardown ignores Ctrl-C: the driver counts the presses."""
     if stage not in RUNNERS:
         raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
+    if stage == "teardown":
+        with interrupts.sigint_ignored():
+            return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream)
+    with interrupts.on_interrupt(lambda signum: log(f"{stage}: {interrupts.signal_name(signum)}: stopping"), log=log):
+        return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream)
+
+
+def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
+                  output_root: str, upstream: str) -> str:
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
+    mark = interrupts.marked(store)
+    if mark and (stage != "teardown" or mark.get("abandoned")):
+        reason = "teardown was abandoned" if mark.get("abandoned") else \
+            f"the run was interrupted ({mark['signal']} during {mark['stage']})"
+        record(store, stage, status="skipped", run_id=rid, reason=reason)
+        log(f"== {stage}: not started: {reason}")
+        raise interrupts.Interrupted(getattr(signal, mark["signal"]))
     record(store, stage, status="running", started=started, run_id=rid)
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
         ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream)
+    except interrupts.Interrupted as exc:
+        record(store, stage, status="interrupted", seconds=time.time() - started, signal=exc.signal_name,
+               error=f"interrupted by {exc.signal_name}")
+        raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
         if stage == "teardown" and ctx is not None:
@@ -232,6 +257,27 @@ def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_i
         # Teardown needs only the run id: it still cleans up after a run whose input was bad.
         rid, store = store_for(run_id, job_name, output_root)
         return RunContext(spec=RunSpec(name=preset), run_id=rid, store=store, platform=platform)
+
+
+def teardown_context(run_id: str, platform: str, output_root: str, preset: str = "", overrides: str = "") -> RunContext:
+    """The context ``tpupipe teardown RUN_ID`` deletes by: the spec and platform the run's ledger recorded, else the
+    preset and overrides given (a gke run that left no ledger), else just the run id (local: its marker)."""
+    from components.platforms import ledger as ledgers
+
+    rid, store = store_for(run_id, "", output_root)
+    recorded = ledgers.load(store) or {}
+    platform = platform or recorded.get("platform") or "local"
+    get_platform(platform)  # an unknown platform is a SpecError naming it
+    if recorded.get("spec") and not preset:
+        spec = RunSpec.from_json(json.dumps(recorded["spec"]))
+    elif preset:
+        spec = resolve(preset, overrides)
+    elif platform == "local":
+        spec = RunSpec(name="local-fsdp")
+    else:
+        raise SpecError("run_id", f"run {rid} left no ledger in {store.uri}: name its preset and overrides "
+                                  "(--preset, --set gke.project=...) to find its resources by their labels")
+    return RunContext(spec=spec, run_id=rid, store=store, platform=platform)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -47,6 +47,31 @@ class Project:
     def pools(self, run_id: str) -> list[str]:
         return self.gke.pools_labelled("tpupipe-run", run_id)
 
+    def leftovers(self, run_id: str) -> dict[str, list]:
+        """What of the run any emulator still holds (empty when nothing): clusters, node pools, Kubernetes objects
+        labelled with the run, Compute Engine resources named after it, its bucket bindings, unfinished builds, and
+        the local processes that play its Ray cluster."""
+        from components.platforms.local.cluster import run_processes
+        from components.spec import names
+        from tests.emulators.cloudbuild import FINISHED, Status
+
+        with self.kube.lock:
+            objects = [f"{p}/{n}" for (p, _, n), o in self.kube.objects.items()
+                       if o.get("metadata", {}).get("labels", {}).get(names.RUN_LABEL) == run_id]
+        with self.storage._lock:
+            members = [m for policy in self.storage.state.policies.values() for b in policy.get("bindings", [])
+                       for m in b["members"] if run_id in m]
+        with self.cloudbuild._lock:
+            builds = [i for i, b in self.cloudbuild.state.builds.items()
+                      if names.build_tag(run_id) in b.tags and Status(b.status) not in FINISHED]
+        found = {
+            "clusters": list(self.gke.state.clusters), "node pools": self.pools(run_id), "kubernetes": objects,
+            "compute": [n for kind in ("networks", "subnetworks", "resourcePolicies")
+                        for n in self.compute.names(kind) if run_id in n],
+            "bucket bindings": members, "builds": builds, "processes": run_processes(run_id),
+        }
+        return {k: v for k, v in found.items() if v}
+
     def rayclusters(self, run_id: str) -> list[str]:
         with self.kube.lock:
             return [n for (p, _, n), o in self.kube.objects.items() if p == "rayclusters"

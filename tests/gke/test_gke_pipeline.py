@@ -18,6 +18,7 @@ import pytest
 from components.platforms.local.cluster import run_processes
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import ONE_SLICE, start_project
+from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
 BUILT = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2")
@@ -126,14 +127,29 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert "signal 15: stopping job" in out, out[-4000:]
+    assert "train: SIGTERM: stopping job" in out, out[-4000:]
     stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
     assert stops, "the job was not stopped through the proxy"
     summary = json.loads((root / run_id / "summary.json").read_text())
     stages = {s["name"]: s["status"] for s in summary["stages"]}
-    assert stages["train"] == "failed" and stages["teardown"] == "succeeded"
+    assert stages["train"] == "interrupted" and stages["teardown"] == "succeeded"
+    assert summary["interrupted"] == {"stage": "train", "signal": "SIGTERM"}
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
     assert _wait_gone(run_id) == []
+
+
+def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tmp_path, project):
+    root, run_id = tmp_path / "runs", "gke-ctrl-c"
+    term = Terminal(_command(root, run_id, " train.epochs=50"), env=_env(project))
+    rc = term.ctrl_c_when("  [train] ", timeout_s=900, exit_timeout_s=600)  # once the job runs: its log streams
+    out = term.output
+    assert rc == 130, out[-4000:]
+    assert f"train: SIGINT: stopping job {run_id}-train" in out and f"train: job {run_id}-train STOPPED" in out
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
+    assert stops, "the job was not stopped through the proxy"
+    assert "status: interrupted during train (SIGINT)" in out
+    assert project.leftovers(run_id) == {}
+    assert driver_processes(term.pid) == []
 
 
 def _children(pid: int) -> list[int]:

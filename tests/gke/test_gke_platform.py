@@ -470,3 +470,33 @@ def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_fact
     (build,) = project.cloudbuild.state.builds.values()
     assert build.status.name == "CANCELLED"
     gke.teardown(ctx)
+
+
+def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(tmp_path, project_factory,
+                                                                                 monkeypatch, capsys):
+    """A run whose driver died after deploy: `tpupipe teardown RUN_ID` finds everything from the ledger and the labels
+    (the spec it ran with comes from the ledger), and a second one finds nothing and exits 0."""
+    from pipelines import cli
+
+    project = project_factory(polls_to_done=1)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "left-behind", ONE_SLICE + " cluster.ready_timeout_s=1")
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(DeadlineExceeded):  # no Ray in this emulated cluster: the RayCluster never gets ready
+        gke.deploy_raycluster(ctx)
+    assert set(project.leftovers("left-behind")) == {"clusters", "node pools", "kubernetes", "bucket bindings"}
+    assert gke.remaining(ctx)[0].startswith("node pool left-behind-s0")
+
+    assert cli.main(["teardown", "left-behind", "--platform", "gke", "--output-root", str(tmp_path)]) == 0
+    assert "tpupipe teardown left-behind (gke): deleted " in capsys.readouterr().out
+    assert project.leftovers("left-behind") == {} and gke.remaining(ctx) == []
+    assert cli.main(["teardown", "left-behind", "--output-root", str(tmp_path)]) == 0  # the ledger names the platform
+    assert "tpupipe teardown left-behind (gke): nothing was left to delete" in capsys.readouterr().out
+
+
+def test_tpupipe_teardown_of_a_gke_run_without_a_ledger_needs_its_spec(tmp_path, capsys):
+    from pipelines import cli
+
+    assert cli.main(["teardown", "never-ran", "--platform", "gke", "--output-root", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("tpupipe: error: run_id: run never-ran left no ledger")

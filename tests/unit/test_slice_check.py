@@ -70,10 +70,11 @@ def test_the_corrupt_rank_must_be_none_or_one_of_the_ranks(value):
 def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_path):
     from components.platforms import RunContext
     from components.platforms.gke.platform import GkePlatform
+    from components.platforms.store import LocalStore
     from components.stages import report, runner
 
     spec = resolve("gemma4-e2b-v6e-16", "gke.project=my-project cluster.slice_check=false")
-    ctx = RunContext(spec=spec, run_id="r", run_dir=tmp_path, platform="gke")
+    ctx = RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path), platform="gke")
     assert "check_slice" not in "\n".join(GkePlatform().dry_run(ctx, lambda mode: mode))
     assert runner.check_slice(ctx) == {"skipped": True, "reason": "cluster.slice_check=false"}
     summary = report.summarize(ctx)

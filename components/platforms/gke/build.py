@@ -4,8 +4,8 @@ through google-cloud-build (architecture decision 8).
 The build context (the image directory and the tpupipe sources the Dockerfile copies) is packed reproducibly
 (sorted entries, no timestamps or owners) and uploaded to the run's prefix in the bucket. The build carries the
 run's tag, so a re-run build stage finds it again: a finished build is reused, a running one re-attached to. The
-wait polls the build with its step statuses as progress and a deadline; a SIGTERM cancels the build; a failed
-build is one error with Cloud Build's own detail and log URL.
+wait polls the build with its step statuses as progress and a deadline; an interrupt (SIGINT, SIGTERM) cancels
+the build; a failed build is one error with Cloud Build's own detail and log URL.
 
 The Artifact Registry Docker repository the image goes to is got or created first (kept after the run).
 
@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.platforms.gke.cluster import Adapter, GkeError, credentials, on_sigterm, progress_every
+from components.platforms.gke.cluster import Adapter, GkeError, credentials, progress_every
+from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
@@ -203,7 +204,7 @@ class CloudBuild(Adapter):
         last = {"status": ""}
 
         def cancel(signum: int) -> None:
-            self.log(f"  image build {build_id}: signal {signum}: cancelling it")
+            self.log(f"  image build {build_id}: {signal_name(signum)}: cancelling it")
             self.client.cancel_build(request={"project_id": self.project, "id": build_id,
                                               "name": f"{self.parent}/builds/{build_id}"})
 
@@ -216,7 +217,7 @@ class CloudBuild(Adapter):
                 last["status"] = status
             return None if build.status.name in RUNNING else build
 
-        with on_sigterm(cancel):
+        with on_interrupt(cancel, log=self.log):
             build = wait_for(poll, timeout_s=timeout_s, interval_s=self.poll_s,
                              progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
                              what=f"image build {build_id}", clock=self.clock, sleep=self.sleep)

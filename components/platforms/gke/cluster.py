@@ -3,8 +3,8 @@
 
 Get-or-create, resumable and cancellable: every create first looks for what exists (a re-run provision
 re-attaches, an ``ALREADY_EXISTS`` is a reuse), records what it started before it waits, waits on the
-long-running operation with progress and a deadline, and cancels that operation on SIGTERM. Status codes map to
-meanings: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` are transient (retried with backoff); ``RESOURCE_EXHAUSTED``
+long-running operation with progress and a deadline, and cancels that operation on SIGINT or SIGTERM. Status codes
+map to meanings: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` are transient (retried with backoff); ``RESOURCE_EXHAUSTED``
 and stockouts are :class:`CapacityError`, a user error that names zone, accelerator and count.
 
 ``google.cloud.container_v1`` is imported inside functions: ``components`` imports in milliseconds.
@@ -12,11 +12,8 @@ and stockouts are :class:`CapacityError`, a user error that names zone, accelera
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ from typing import Any
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
 from components.platforms.credentials import EMULATOR_HOST_ENV, credentials
+from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
 from components.spec import InfraError
 
@@ -97,27 +95,6 @@ def call_with_retry(what: str, fn: Callable[[], Any], retry: RetryPolicy, log: C
     raise AssertionError("unreachable")
 
 
-@contextlib.contextmanager
-def on_sigterm(handler: Callable[[int], None]):
-    """While inside: a SIGTERM (a cancelled Vertex run) calls ``handler(signum)`` and then exits the process with
-    128 + signum. Only the main thread can take signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum, _frame):
-        try:
-            handler(signum)
-        finally:
-            raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def progress_every(period_s: float, poll_s: float, what: str, log: Callable[[str], None]) -> Callable[[float], None]:
     """A ``wait_for`` progress callback that logs ``what`` is running about every ``period_s``."""
     def progress(elapsed: float) -> None:
@@ -175,21 +152,21 @@ class Gke(Adapter):
 
     # -- operations
     def wait(self, location_path: str, op, what: str) -> None:
-        """Poll the operation until DONE, with progress, a deadline, and SIGTERM cancelling it."""
+        """Poll the operation until DONE, with progress, a deadline, and an interrupt cancelling it."""
         from google.cloud import container_v1
 
         name = f"{location_path}/operations/{op.name}"
         started = self.clock()
 
         def cancel(signum: int) -> None:
-            self.log(f"  {what}: signal {signum}: cancelling operation {op.name}")
+            self.log(f"  {what}: {signal_name(signum)}: cancelling operation {op.name}")
             self.client.cancel_operation(name=name)
 
         def poll():
             current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
             return current if current.status == container_v1.Operation.Status.DONE else None
 
-        with on_sigterm(cancel):
+        with on_interrupt(cancel, log=self.log):
             done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
                             progress=progress_every(30, self.poll_s, what, self.log),
                             what=f"{what} (operation {op.name})", clock=self.clock, sleep=self.sleep)
@@ -301,4 +278,4 @@ class Gke(Adapter):
 
 
 __all__ = ["Adapter", "CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token",
-           "call_with_retry", "cluster_manager", "credentials", "on_sigterm", "progress_every"]
+           "call_with_retry", "cluster_manager", "credentials", "progress_every"]

@@ -5,7 +5,8 @@ workload policy that places TPU7x multi-host slices.
 Same contract as the GKE adapter (``components.gke_cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
 progress and a deadline, ``503``/``504`` retried with backoff, quota errors a :class:`CapacityError`. Compute
-operations cannot be cancelled: a SIGTERM stops the wait, and teardown deletes what the run recorded.
+operations cannot be cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run
+recorded.
 
 Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``,
 ``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that ``components.derivations`` makes.
@@ -26,9 +27,9 @@ from components.platforms.gke.cluster import (
     GkeError,
     credentials,
     is_capacity_error,
-    on_sigterm,
     progress_every,
 )
+from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 
 # The Compute Engine REST endpoint of an emulator (http://host:port); unset, the clients talk to
@@ -153,14 +154,14 @@ class Compute(Adapter):
         started = self.clock()
 
         def stop(signum: int) -> None:
-            self.log(f"  {what}: signal {signum}: no longer waiting on operation {operation} (Compute operations "
+            self.log(f"  {what}: {signal_name(signum)}: no longer waiting on operation {operation} (Compute operations "
                      "cannot be cancelled; teardown deletes what the run recorded)")
 
         def poll():
             current = self.call(f"get operation {operation}", lambda: client.get(operation=operation, **request))
             return current if current.status == compute_v1.Operation.Status.DONE else None
 
-        with on_sigterm(stop):
+        with on_interrupt(stop, log=self.log):
             done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
                             progress=progress_every(30, self.poll_s, what, self.log),
                             what=f"{what} (operation {operation})", clock=self.clock, sleep=self.sleep)

@@ -23,6 +23,7 @@ Heavy imports (google-cloud, kubernetes, ray) stay inside functions.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from components.platforms import RunContext
@@ -110,7 +111,8 @@ class GkePlatform:
         t = self._target(ctx)
         ledger = self._ledger(ctx)
         ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
-                       "owns_cluster": t.owns_cluster, "namespace": t.namespace})
+                       "owns_cluster": t.owns_cluster, "namespace": t.namespace, "spec": ctx.spec.to_dict()})
+        ledger.pop("torn_down", None)
         self._save(ctx, ledger)
         try:
             session = self._walk(ctx, "provision")
@@ -238,7 +240,18 @@ class GkePlatform:
                  (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else ""))
         if failures:
             raise InfraError("teardown could not remove: " + "; ".join(failures))
+        if ledgers.load(ctx.store) is not None:
+            self._save(ctx, {**self._ledger(ctx), "torn_down": time.time()})
         return {"deleted": deleted, "kept_cluster": None if owns else cluster_name}
+
+    def remaining(self, ctx: RunContext) -> list[str]:
+        """What the run may still have, as its ledger says (read here, no call made); nothing once a teardown
+        finished."""
+        ledger = ledgers.load(ctx.store)
+        if not ledger or ledger.get("torn_down") or not ledger.get("created"):
+            return []
+        return [f"{e['kind'].replace('_', ' ')} {e['name'].rsplit('/', 1)[-1]}" for e in reversed(ledger["created"])] \
+            + [f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"]
 
     def _delete_kubernetes(self, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
         """The run's Kubernetes objects, found by the run label (the namespace is shared and kept)."""

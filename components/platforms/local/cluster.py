@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, interrupts
 from components.platforms import ledger as ledgers
 from components.platforms.local import envs
 from components.platforms.store import LocalStore
@@ -99,20 +99,18 @@ def pid_alive(pid: int) -> bool:
     return state is not None and state not in ("Z", "X")
 
 
+def carries_marker(pid: int, run_id: str) -> bool:
+    """Whether ``pid`` is a live process of the run (its environment carries the run's marker)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{RUN_MARKER}={run_id}".encode() in environ.split(b"\0") and pid_alive(pid)
+
+
 def run_processes(run_id: str) -> list[int]:
     """Live processes carrying this run's marker in their environment (zombies excluded)."""
-    marker = f"{RUN_MARKER}={run_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and carries_marker(int(entry), run_id)]
 
 
 def _pgid(pid: int) -> int | None:
@@ -152,19 +150,51 @@ def spawn(cmd: list[str], env: dict[str, str] | None, log_file: Path) -> int:
     return proc.pid
 
 
-def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> None:
+def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
-    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until killed."""
+    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until teardown
+    begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the rest); returns why it stopped."""
     while True:
         store = LocalStore(ledger_path.parent)
         ledger = ledgers.load(store)
+        reason = _keeper_done(ledger, ledger_path)
+        if reason:
+            log(f"keeper: {reason}: exiting")
+            return reason
         for proc in ledger["processes"]:
             if proc["role"].startswith("host-") and not pid_alive(proc["pid"]):
+                if _keeper_done(ledgers.load(store) or ledger, ledger_path):  # teardown may have begun since
+                    break
                 log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
                 proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
                 proc["replacements"] = proc.get("replacements", 0) + 1
                 ledgers.save(store, ledger)
         time.sleep(interval_s)
+
+
+def _keeper_done(ledger: dict[str, Any], ledger_path: Path) -> str:
+    """Why the keeper stops ('' while it keeps the hosts): teardown began, or the run's driver is gone."""
+    if ledger.get("teardown_started"):
+        return "teardown began"
+    driver = ledger.get("driver")
+    if driver and not interrupts.alive(driver):
+        return (f"the run's driver (pid {driver['pid']}) is gone; `tpupipe teardown {ledger['run_id']} --output-root "
+                f"{ledger_path.parent.parent}` stops the cluster")
+    return ""
+
+
+def orphaned_runs(output_root: Path) -> list[str]:
+    """The janitor's list: local runs under ``output_root`` whose driver is gone while processes of theirs still run
+    (a run whose ledger names no driver is left alone: nothing says it is over)."""
+    found = []
+    for path in sorted(output_root.glob(f"*/{ledgers.KEY}")):
+        ledger = ledgers.load(LocalStore(path.parent)) or {}
+        if ledger.get("platform") != "local" or not ledger.get("driver") or interrupts.alive(ledger["driver"]):
+            continue
+        if any(carries_marker(p["pid"], ledger["run_id"]) for p in ledger.get("processes", [])) \
+                or run_processes(ledger["run_id"]):
+            found.append(ledger["run_id"])
+    return found
 
 
 # ---------------------------------------------------------------- the platform
@@ -215,7 +245,7 @@ class LocalPlatform:
         self.check(ctx)
         ledger = self._load(ctx)
         if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]) \
-                and not ledger.get("processes_stopped"):
+                and not ledger.get("processes_stopped") and not ledger.get("teardown_started"):
             self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
             return self._describe(ledger)
         if ledger:  # a previous attempt died half-way: clear what it left before starting again
@@ -237,6 +267,9 @@ class LocalPlatform:
         return {
             "run_id": ctx.run_id,
             "platform": "local",
+            "spec": ctx.spec.to_dict(),  # what `tpupipe teardown RUN_ID` reads back
+            "driver": interrupts.driver(),  # the keeper exits when it is gone
+            "marker": f"{RUN_MARKER}={ctx.run_id}",  # in the environment of every process the run starts
             "env": env.path,
             "temp_dir": str(Path(tempfile.gettempdir()) / f"tp-{hashlib.sha256(ctx.run_id.encode()).hexdigest()[:10]}"),
             "gcs_address": f"{LOOPBACK}:{head['port']}",
@@ -279,9 +312,10 @@ class LocalPlatform:
 
     def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
         log_file = ctx.run_dir / "logs" / f"{role}.out"
-        pid = spawn(cmd, env, log_file)
-        ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
-        self._save(ctx, ledger)
+        with interrupts.deferred():  # an interrupt never falls between starting a process and recording it
+            pid = spawn(cmd, env, log_file)
+            ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
+            self._save(ctx, ledger)
 
     def _head_up(self, ctx: RunContext, ledger: dict) -> bool | None:
         self._raise_if_dead(ledger)
@@ -363,14 +397,21 @@ class LocalPlatform:
         return self._stop(ctx, ledger)
 
     def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
-        # The keeper first, so that it replaces no host we stop; then the ledger as it left it.
-        for proc in ledger["processes"]:
-            if proc["role"] == "keeper":
-                _kill_group(proc["pgid"], signal.SIGKILL)
-                wait_for(lambda p=proc: True if not pid_alive(p["pid"]) else None, timeout_s=10, interval_s=0.1,
-                         what="the host keeper to exit")
+        # Teardown began: the keeper replaces no host from now on. Then the keeper is stopped, and the ledger read
+        # again as it left it (with a replacement it may have just recorded).
+        ledger["teardown_started"] = ledger.get("teardown_started") or time.time()
+        self._save(ctx, ledger)
+        keepers = [p for p in ledger["processes"] if p["role"] == "keeper" and carries_marker(p["pid"], ctx.run_id)]
+        for proc in keepers:
+            _kill_group(proc["pgid"], signal.SIGKILL)
+            wait_for(lambda p=proc: True if not pid_alive(p["pid"]) else None, timeout_s=10, interval_s=0.1,
+                     what="the host keeper to exit")
         ledger = self._load(ctx) or ledger
-        groups = [p["pgid"] for p in ledger["processes"]]
+        ledger["teardown_started"] = ledger.get("teardown_started") or time.time()
+        self._save(ctx, ledger)
+        # Only groups whose leader is still ours: a pid (and its group id) may since belong to another process.
+        live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
+        groups = [p["pgid"] for p in live]
         for pgid in reversed(groups):  # workers first, the head last
             _kill_group(pgid, signal.SIGTERM)
         # Processes that left their group (Ray's job supervisors, say) carry the run marker: signal them too.
@@ -394,8 +435,17 @@ class LocalPlatform:
         self._save(ctx, ledger)
         self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
                  + (f" and {len(strays)} processes outside them" if strays else ""))
-        deleted = [f"{p['role']} (pid {p['pid']})" for p in ledger["processes"]] + [f"process {pid}" for pid in strays]
+        deleted = [f"{p['role']} (pid {p['pid']})" for p in live + keepers] + [f"process {pid}" for pid in strays]
         return {"stopped_groups": len(groups), "strays": len(strays), "ports_still_bound": busy, "deleted": deleted}
+
+    def remaining(self, ctx: RunContext) -> list[str]:
+        """What of the run is still running, found from its ledger and its marker (read here, no call made)."""
+        ledger = self._load(ctx) or {"processes": []}
+        live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
+        recorded = {p["pid"] for p in live}
+        others = [pid for pid in run_processes(ctx.run_id) if pid not in recorded]
+        return [f"{p['role']} (pid {p['pid']})" for p in live] + (
+            [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else [])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,158 @@
+"""Interrupts: SIGINT (Ctrl-C), SIGTERM (``kill``, a cancelled Vertex run) and SIGHUP (a closed terminal) end a stage
+by stopping what it started.
+
+A stage process runs inside :func:`on_interrupt` blocks: the innermost one's ``stop`` (stop the Ray job, cancel the
+GKE operation or the Cloud Build) runs once on the first signal, then :class:`Interrupted` unwinds the stage, which
+records itself interrupted; the process exits 128 + the signal's number. Later signals are ignored while it unwinds.
+:func:`deferred` holds a signal back while a process is started and recorded, so none is started unrecorded.
+
+The driver (``tpupipe run``, the process that runs the whole pipeline) marks the run interrupted in
+``interrupted.json`` in its store (:func:`mark`): a stage that starts after that does not run, and the report says which
+stage the interrupt hit. Its pid (and start time) is what the local platform's host keeper watches
+(:func:`driver`, :func:`alive`): when the driver is gone, the keeper exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platforms.store import RunStore, read_json, write_json
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; kill or a cancelled run; a closed terminal
+DRIVER_ENV = "TPUPIPE_DRIVER_PID"  # set by the driver; every stage process (and what it starts) inherits it
+MARK_KEY = "interrupted.json"
+
+
+class Interrupted(SystemExit):
+    """The stage was ended by a signal; the process exits 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal_name(self.signum)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class _State:
+    received: int | None = None  # the first signal taken; later ones are ignored until the outermost block ends
+    depth: int = 0  # on_interrupt blocks entered
+    deferring: int = 0
+    pending: int | None = None
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callable[[str], None] = print):
+    """While inside: the first SIGINT, SIGTERM or SIGHUP calls ``stop(signum)`` and raises :class:`Interrupted`. Only
+    the main thread takes signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        if _state.deferring:
+            _state.pending = signum
+            return
+        if _state.received is not None:
+            return
+        _state.received = signum
+        try:
+            stop(signum)
+        except Exception as exc:  # noqa: BLE001 - the stage still ends; teardown deletes what stop could not
+            log(f"{signal_name(signum)}: could not stop cleanly: {exc}")
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    _state.depth += 1
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _state.depth -= 1
+        if not _state.depth:
+            _state.received = None
+
+
+@contextlib.contextmanager
+def deferred():
+    """A signal that arrives inside takes effect when the block ends (a process started is a process recorded)."""
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+        if not _state.deferring and _state.pending is not None:
+            signum, _state.pending = _state.pending, None
+            os.kill(os.getpid(), signum)  # delivered again, now to the handler in force
+
+
+@contextlib.contextmanager
+def sigint_ignored():
+    """While inside, Ctrl-C does nothing here (teardown: the driver counts the presses and may abandon it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# ---------------------------------------------------------------- the driver's mark
+
+
+def mark(store: RunStore, stage: str, signum: int) -> None:
+    """Record (once) that the run was interrupted by ``signum`` during ``stage``."""
+    if not store.exists(MARK_KEY):
+        write_json(store, MARK_KEY, {"stage": stage, "signal": signal_name(signum), "at": time.time()})
+
+
+def mark_abandoned(store: RunStore) -> None:
+    """Record that teardown was abandoned: no teardown task starts after this (``tpupipe teardown`` still does)."""
+    write_json(store, MARK_KEY, {**(marked(store) or {}), "abandoned": True})
+
+
+def marked(store: RunStore) -> dict[str, Any] | None:
+    """The driver's mark: ``{stage, signal, at}``, or None when the run was not interrupted."""
+    return read_json(store, MARK_KEY)
+
+
+# ---------------------------------------------------------------- the driver, as the keeper watches it
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot): with the pid, it names one process, never a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def driver() -> dict[str, int]:
+    """The run's driver: the process named by $TPUPIPE_DRIVER_PID (``tpupipe run`` sets it), else this process."""
+    pid = int(os.environ.get(DRIVER_ENV) or os.getpid())
+    return {"pid": pid, "started": _start_time(pid) or 0}
+
+
+def alive(record: dict[str, int]) -> bool:
+    """Whether the driver ``record`` names is still running (not a later process that got its pid)."""
+    return _start_time(record["pid"]) == record["started"]

@@ -1,0 +1,180 @@
+"""What ``tpupipe run`` — the driver: it runs the compiled pipeline with kfp.local, each stage a subprocess — does on
+SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal: what it prints then goes to the run's ``logs/driver.log``).
+
+The first interrupt marks the run interrupted (``components.platforms.interrupts.mark``) and passes the signal on
+to the running stage, which stops its work (the Ray job, the GKE or Cloud Build operation, the cluster start) and
+exits; kfp.local then runs the exit handler's task, teardown, as after any failure; ``tpupipe run`` prints the summary
+(what teardown deleted) and exits 128 + the signal's number (130, 143, 129). Another interrupt says that teardown is
+running and what one more would leave behind; that one kills teardown's task (none starts after it) and prints the
+command that finishes the cleanup.
+
+A terminal's Ctrl-C reaches the whole foreground process group, the stage's process with the driver: the stage takes
+the first signal it gets, and ignores the rest. Teardown's task starts with Ctrl-C ignored (the driver ignores it
+after the first, and counts the presses in a thread of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import threading
+from pathlib import Path
+
+from components.platforms import RunContext, get_platform, interrupts
+from components.platforms.store import read_json
+from components.stages import STAGES
+
+EXECUTOR = b"-m\0kfp.dsl.executor_main\0"
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def task_processes(driver_pid: int) -> list[int]:
+    """The processes of this driver's tasks: they carry its pid in their environment and stay in its process group
+    (the clusters a stage starts have groups and sessions of their own)."""
+    tag, group, found = f"{interrupts.DRIVER_ENV}={driver_pid}".encode(), os.getpgid(driver_pid), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != driver_pid and tag in _environ(int(entry)):
+            try:
+                if os.getpgid(int(entry)) == group:
+                    found.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return found
+
+
+def running_stages(driver_pid: int) -> list[tuple[int, str]]:
+    """``(pid, stage)`` of each stage process (kfp's executor) of this driver that is running now."""
+    found = []
+    for pid in task_processes(driver_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if EXECUTOR in argv:
+            args = argv.decode(errors="replace").split("\0")
+            if "--function_to_execute" in args:
+                found.append((pid, args[args.index("--function_to_execute") + 1]))
+    return found
+
+
+def teardown_command(ctx: RunContext, output_root: str) -> str:
+    return shlex.join(["tpupipe", "teardown", ctx.run_id, "--platform", ctx.platform, "--output-root", output_root])
+
+
+class Interrupts:
+    """While inside: the driver's handler of SIGINT, SIGTERM and SIGHUP (see the module's docstring). ``signum`` is the
+    first signal taken (None when none came); ``abandoned`` says whether a later one abandoned teardown."""
+
+    def __init__(self, ctx: RunContext, output_root: str):
+        self.ctx, self.output_root = ctx, output_root
+        self.signum: int | None = None
+        self.count = 0
+        self.abandoned = False
+        self._lock = threading.Lock()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Interrupts:
+        os.environ[interrupts.DRIVER_ENV] = str(os.getpid())  # every stage (and the keeper) knows the driver
+        self._previous = {s: signal.signal(s, self._first) for s in interrupts.SIGNALS}
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        # After an interrupt the signals stay blocked (see _first): the driver is about to print the summary and exit.
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    @staticmethod
+    def say(message: str) -> None:
+        """Straight to stderr's descriptor: a handler must not re-enter a print the main thread is in."""
+        os.write(2, f"\ntpupipe: {message}\n".encode())
+
+    def _current_stage(self) -> str:
+        """The stage running now; between two stages, the next one (it will not start)."""
+        running = [stage for _pid, stage in running_stages(os.getpid())]
+        if running:
+            return running[0]
+        return next((s for s in STAGES if _status(self.ctx, s) != "succeeded"), STAGES[-1])
+
+    def left_behind(self) -> str:
+        left = get_platform(self.ctx.platform).remaining(self.ctx)
+        return ", ".join(left) if left else "nothing the ledger records"
+
+    def _first(self, signum: int, _frame) -> None:
+        """The first interrupt (in the main thread): mark the run, pass the signal to the running stage. From then on
+        the signals are blocked here and taken by a thread of their own (``_more``, with ``sigwait``), and SIGINT's
+        disposition is to ignore it: an ignored signal stays ignored in the processes started after it, through
+        their ``sh`` too, so teardown's task never sees a Ctrl-C, not even while Python starts. (Linux keeps a
+        blocked signal pending even when its disposition is to ignore it: ``sigwait`` still takes it.)"""
+        if self.count:
+            return self._more(signum)
+        self.count, self.signum = 1, signum
+        if signum == signal.SIGHUP:  # the terminal is gone: what the driver prints from now on goes to the run's log
+            logs = self.ctx.run_dir / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            log = os.open(logs / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for fd in (1, 2):
+                os.dup2(log, fd)
+            os.close(log)
+        stage = self._current_stage()
+        interrupts.mark(self.ctx.store, stage, signum)
+        signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=self._take_more, name="tpupipe-interrupts", daemon=True).start()
+        if stage == "teardown":
+            self.count = 2  # it came during teardown: the next one abandons it
+            return self._say_teardown_runs(signum, stage)
+        self.say(f"{interrupts.signal_name(signum)} during {stage}: stopping it, then tearing down run "
+                 f"{self.ctx.run_id} (teardown runs to the end; interrupt again to see what stopping it would leave "
+                 "behind)")
+        for pid, running in running_stages(os.getpid()):
+            if running != "teardown":
+                _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
+
+    def _take_more(self) -> None:
+        while not self.abandoned:
+            self._more(signal.sigwait(set(interrupts.SIGNALS)))
+
+    def _more(self, signum: int) -> None:
+        with self._lock:
+            self.count += 1
+            if self.count == 2:
+                return self._say_teardown_runs(signum, self._current_stage())
+            if self.abandoned:
+                return
+            # Abandon: no teardown task starts from now on (the mark says so), the one running is killed.
+            self.abandoned = True
+            interrupts.mark_abandoned(self.ctx.store)
+            for pid in task_processes(os.getpid()):
+                _signal(pid, signal.SIGKILL)
+
+    def _say_teardown_runs(self, signum: int, stage: str) -> None:
+        self.say(f"{interrupts.signal_name(signum)}: teardown of run {self.ctx.run_id} is running"
+                 + (f" (after {stage} stops)" if stage != "teardown" else "")
+                 + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}")
+
+    def exit_abandoned(self) -> int:
+        """Say what is left and how to finish; the exit status."""
+        self.say(f"teardown abandoned; left behind: {self.left_behind()}\n"
+                 f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}")
+        return 128 + (self.signum or signal.SIGINT)
+
+
+def _status(ctx: RunContext, stage: str) -> str:
+    try:
+        return (read_json(ctx.store, f"stages/{stage}.json") or {}).get("status", "")
+    except ValueError:  # a record being written
+        return ""
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,156 @@
+"""Ctrl-C, a killed driver: a local run never leaves a cluster behind.
+
+`tpupipe run` is started as a terminal starts a foreground job (tests/terminal.py) and gets Ctrl-C in each stage
+that starts or waits on something; and its driver is killed outright during train, after which the host keeper exits
+on its own and `tpupipe teardown RUN_ID` cleans up, twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from components.platforms.local.cluster import port_is_free, run_processes
+from tests.conftest import tpupipe_cmd
+from tests.terminal import Terminal, driver_processes
+
+pytestmark = pytest.mark.e2e
+
+# As small as the pipeline goes: one emulated host, one epoch over a few examples.
+SMALL = "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32"
+# What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts, the job
+# submitted.
+UNDER_WAY = {
+    "provision": "starting Ray head",
+    "deploy_raycluster": "== deploy_raycluster (",
+    "train": "train: submitted Ray job",
+    "evaluate": "evaluate: submitted Ray job",
+}
+GONE_S = 10  # the issue's deadline: after the run ends, nothing of it is left within this
+
+
+def _run_command(root, run_id: str) -> list[str]:
+    return [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root), "--set", SMALL]
+
+
+def _left(run_dir, run_id: str, driver_pid: int) -> tuple[list[int], list[int]]:
+    """(processes, bound ports) of the run: its marker, the driver's tag, the ledger's ports."""
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
+    return run_processes(run_id) + driver_processes(driver_pid), [p for p in ports if not port_is_free(p)]
+
+
+def _nothing_left_within(run_dir, run_id: str, driver_pid: int, timeout_s: float = GONE_S) -> tuple:
+    deadline = time.monotonic() + timeout_s
+    left = _left(run_dir, run_id, driver_pid)
+    while time.monotonic() < deadline and left != ([], []):
+        time.sleep(0.5)
+        left = _left(run_dir, run_id, driver_pid)
+    return left
+
+
+@pytest.mark.parametrize("stage", list(UNDER_WAY))
+def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage):
+    run_id = f"ctrl-c-{stage.replace('_', '-')}"
+    term = Terminal(_run_command(tmp_path, run_id))
+    rc = term.ctrl_c_when(UNDER_WAY[stage], timeout_s=600, exit_timeout_s=300)
+    out = term.output
+    assert rc == 130, out[-4000:]
+    assert f"SIGINT during {stage}: stopping it" in out
+    assert f"status: interrupted during {stage} (SIGINT)" in out, out[-3000:]
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
+    stages = {s["name"]: s["status"] for s in summary["stages"]}
+    assert summary["status"] == "interrupted" and summary["interrupted"] == {"stage": stage, "signal": "SIGINT"}
+    assert stages[stage] == "interrupted" and stages["teardown"] == "succeeded"
+    cleaned = ", ".join(summary["deleted"]) or "nothing was left to delete"
+    assert f"cleaned up: {cleaned}\n" in out  # what teardown deleted, printed
+    if stage != "provision":  # (a Ctrl-C that lands just before the head starts leaves nothing to delete)
+        assert summary["deleted"][0].startswith("head (pid")
+    if stage in ("train", "evaluate"):
+        assert f"{stage}: SIGINT: stopping job {run_id}-{stage}" in out
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_sigterm_to_the_driver_alone_is_passed_on_and_exits_143(tmp_path):
+    run_id = "sigterm-driver"
+    term = Terminal(_run_command(tmp_path, run_id))
+    # `kill PID`: to the driver only, not to its process group
+    rc = term.act_when(UNDER_WAY["deploy_raycluster"], lambda: os.kill(term.pid, signal.SIGTERM), 600, 300)
+    assert rc == 143, term.output[-4000:]
+    assert "status: interrupted during deploy_raycluster (SIGTERM)" in term.output
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_path):
+    run_id = "hung-up"
+    term = Terminal(_run_command(tmp_path, run_id))
+    rc = term.act_when(UNDER_WAY["train"], term.hang_up, timeout_s=600, exit_timeout_s=300)
+    assert rc == 129
+    assert "status: interrupted during train (SIGHUP)" in (tmp_path / run_id / "logs" / "driver.log").read_text()
+    assert json.loads((tmp_path / run_id / "summary.json").read_text())["interrupted"] == {
+        "stage": "train", "signal": "SIGHUP"}
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_teardown(tmp_path):
+    run_id = "ctrl-c-thrice"
+    term = Terminal(_run_command(tmp_path, run_id))
+    try:
+        assert term.wait_for(UNDER_WAY["deploy_raycluster"], timeout_s=600), term.output[-4000:]
+        term.ctrl_c()
+        assert term.wait_for("== teardown (", timeout_s=120), term.output[-4000:]
+        term.ctrl_c()
+        assert term.wait_for("interrupt again to abandon it, leaving behind: ", timeout_s=30), term.output[-4000:]
+        term.ctrl_c()
+        rc = term.wait(timeout_s=60)
+    finally:
+        term.close()
+    out = term.output
+    assert rc == 130, out[-4000:]
+    assert f"SIGINT: teardown of run {run_id} is running; interrupt again to abandon it, leaving behind: " in out
+    command = f"tpupipe teardown {run_id} --platform local --output-root {tmp_path}"
+    assert "teardown abandoned; left behind: " in out and f"finish the cleanup with: {command}" in out
+    finish = subprocess.run([*tpupipe_cmd(), *command.split()[1:]], capture_output=True, text=True, timeout=120)
+    assert finish.returncode == 0, finish.stdout + finish.stderr
+    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+
+
+def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp_path):
+    run_id = "driver-killed"
+    proc = subprocess.Popen(_run_command(tmp_path, run_id) + ["--set", "train.epochs=50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run_dir = tmp_path / run_id
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not (run_dir / "logs" / "train.log").is_file():
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its stage and the cluster are left running
+        proc.wait(timeout=30)
+        ledger = json.loads((run_dir / "ledger.json").read_text())
+        keeper = next(p for p in ledger["processes"] if p["role"] == "keeper")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and keeper["pid"] in run_processes(run_id):
+            time.sleep(0.5)
+        assert keeper["pid"] not in run_processes(run_id), "the keeper outlived the run's driver"
+        assert "the run's driver (pid" in (run_dir / "logs" / "keeper.out").read_text()
+        assert run_processes(run_id), "the cluster went with the driver: nothing left to tear down"
+
+        first = subprocess.run([*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
+                               capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert f"tpupipe teardown {run_id} (local): deleted head (pid" in first.stdout
+        assert _nothing_left_within(run_dir, run_id, proc.pid) == ([], [])
+
+        second = subprocess.run([*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert f"tpupipe teardown {run_id} (local): nothing was left to delete" in second.stdout
+    finally:
+        for pid in run_processes(run_id):
+            os.kill(pid, signal.SIGKILL)
+        proc.stdout.close()
