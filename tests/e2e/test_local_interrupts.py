@@ -91,8 +91,10 @@ def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_pat
     run_id = "hung-up"
     term = Terminal(_run_command(tmp_path, run_id))
     rc = term.act_when(UNDER_WAY["train"], term.hang_up, timeout_s=600, exit_timeout_s=300)
-    assert rc == 129
-    assert "status: interrupted during train (SIGHUP)" in (tmp_path / run_id / "logs" / "driver.log").read_text()
+    log = tmp_path / run_id / "logs" / "driver.log"
+    after = log.read_text() if log.is_file() else "(no driver.log)"
+    assert rc == 129, f"{term.output[-3000:]}\n--- driver.log ---\n{after[-4000:]}"
+    assert "status: interrupted during train (SIGHUP)" in after
     assert json.loads((tmp_path / run_id / "summary.json").read_text())["interrupted"] == {
         "stage": "train", "signal": "SIGHUP"}
     assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,35 @@ def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other
         running.kill()
         orphan.kill()
         running.wait()
+
+
+# A driver printing a stage's output as fast as it comes when its terminal is closed: whether the write the closed
+# terminal refuses (EIO) comes before SIGHUP's handler or after, the driver takes the hang-up as an interrupt and goes
+# on, its output in the run's log.
+_PRINTING_DRIVER = """
+import sys
+from components.platforms import RunContext
+from components.platforms.store import LocalStore
+from components.workload import resolve
+from pipelines.driver import Interrupts
+root = sys.argv[1]
+from pathlib import Path
+ctx = RunContext(spec=resolve("local-fsdp"), run_id="hup", store=LocalStore(Path(root) / "hup"), platform="local")
+with Interrupts(ctx, root) as interrupted:
+    print("printing", flush=True)
+    while not interrupted.signum:
+        print("a line of the stage's output " * 40)
+print("the driver went on after", interrupted.signum)
+"""
+
+
+def test_a_closed_terminal_while_the_driver_prints_is_taken_as_sighup_and_the_output_goes_to_the_log(tmp_path):
+    from tests.terminal import Terminal
+
+    term = Terminal([sys.executable, "-c", _PRINTING_DRIVER, str(tmp_path)],
+                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    rc = term.act_when("printing", term.hang_up, timeout_s=60, exit_timeout_s=60)
+    log = (tmp_path / "hup" / "logs" / "driver.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert log.endswith(f"the driver went on after {signal.SIGHUP.value}\n")
+    assert json.loads((tmp_path / "hup" / "interrupted.json").read_text())["signal"] == "SIGHUP"
