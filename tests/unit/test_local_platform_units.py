@@ -3,7 +3,7 @@ import socket
 import pytest
 
 from components.platforms.local import envs
-from components.platforms.local.cluster import LocalPlatform, allocate_ports, port_is_free
+from components.platforms.local.cluster import LocalPlatform, allocate_ports, port_is_free, port_range
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
 
@@ -16,6 +16,15 @@ def test_allocated_ports_are_distinct_and_free():
         ports += range(node["min-worker-port"], node["max-worker-port"] + 1)
     assert len(ports) == len(set(ports))
     assert all(port_is_free(p) for p in ports[:10])
+    low, high = port_range()
+    assert all(low <= p < high for p in ports)
+
+
+def test_ports_are_chosen_below_the_ephemeral_range_any_connection_may_take(tmp_path):
+    (tmp_path / "range").write_text("32768\t60999\n")
+    assert port_range(str(tmp_path / "range")) == (10000, 32768)
+    (tmp_path / "range").write_text("15000 65000\n")  # a narrow gap below: still a usable range
+    assert port_range(str(tmp_path / "range")) == (10000, 15000)
 
 
 def test_port_is_free_sees_a_listener():

@@ -36,6 +36,7 @@ NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port",
               "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
 WORKER_PORT_RANGE = 40
+PORTS_FROM = 10000
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
 # Ray's local_fs_capacity_threshold: above it a node refuses to create objects and its agents fail to start, which
@@ -58,10 +59,21 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """Where the cluster's ports are chosen: below the kernel's ephemeral range, whose ports any outgoing connection
+    may take between the choice and the bind (a Ray server then fails to start on "Address already in use")."""
+    try:
+        ephemeral_low = int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    return PORTS_FROM, max(PORTS_FROM + 2000, min(ephemeral_low, 60000))
+
+
 def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
     """A run of ``size`` consecutive free ports, none in ``taken``; returns the first."""
+    low, high = port_range()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - size)
+        base = rng.randrange(low, high - size)
         block = range(base, base + size)
         if not taken.intersection(block) and all(port_is_free(p) for p in block):
             taken.update(block)
