@@ -1,9 +1,11 @@
 """The Ray jobs of a run: submitted (or re-attached to) through the Ray Jobs API, followed to a terminal state
-with their log streamed to ours and to ``<run dir>/logs/<kind>.log``, stopped on an interrupt (SIGINT, SIGTERM) or
+with their log streamed (the Jobs API's log tailing; read whole every ``POLL_S`` where a proxy passes no WebSocket)
+to ours and to ``<run dir>/logs/<kind>.log``, stopped on an interrupt (SIGINT, SIGTERM) or
 past their deadline. Results come back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,22 +65,60 @@ def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str
     return submission_id
 
 
-def _read_new(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
-              on_record: Callable[[str, dict], None] | None) -> None:
-    """Print the log lines that are new since the last read, keep the file copy, parse their records."""
-    text = client.get_job_logs(submission_id)
-    new = text[state.seen:]
-    if not new:
+def _take(new: str, kind: str, state: _Follow, ctx: RunContext, on_record: Callable[[str, dict], None] | None,
+          final: bool = False) -> None:
+    """Log text new since the last: print its complete lines (a line cut between two chunks waits for its end, unless
+    ``final``), keep the file copy, parse their records."""
+    state.text += new
+    end = len(state.text) if final else state.text.rfind("\n") + 1
+    if end <= state.seen:
         return
-    state.seen, state.text = len(text), text
+    lines = state.text[state.seen:end].splitlines()
+    state.seen = end
     _save_log(ctx, kind, state)
-    lines = new.splitlines()
     for line in lines:
         print(f"  [{kind}] {line}", flush=True)
     for rec in protocol.parse(lines):
         state.records.append(rec)
         if on_record:
             on_record(*rec)
+
+
+def _stream(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
+            on_record: Callable[[str, dict], None] | None, timeout_s: float) -> None:
+    """Follow the job's log as Ray writes it (the Jobs API's log tailing, a WebSocket) until the job ends. Raises
+    TimeoutError past ``timeout_s``, _NoStream when the stream cannot be opened or breaks."""
+
+    import aiohttp
+
+    async def follow() -> None:
+        try:
+            async for chunk in client.tail_job_logs(submission_id):
+                _take(chunk, kind, state, ctx, on_record)
+        except (aiohttp.ClientError, RuntimeError, OSError) as exc:
+            raise _NoStream(str(exc) or type(exc).__name__) from exc
+
+    asyncio.run(asyncio.wait_for(follow(), timeout=max(timeout_s, 0.001)))
+    if not client.get_job_status(submission_id).is_terminal():
+        raise _NoStream("the stream ended before the job")
+
+
+class _NoStream(Exception):
+    """The job's log cannot be streamed (a proxy that does not pass WebSockets): it is polled instead."""
+
+
+def _poll(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
+          on_record: Callable[[str, dict], None] | None, deadline: float) -> None:
+    """Follow the job by reading its whole log every ``POLL_S`` until it ends. Raises TimeoutError past ``deadline``."""
+    while True:
+        status = client.get_job_status(submission_id)
+        text = client.get_job_logs(submission_id)
+        _take(text[len(state.text):], kind, state, ctx, on_record)
+        if status.is_terminal():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(POLL_S)
 
 
 def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
@@ -112,16 +152,18 @@ def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
     try:
         with on_interrupt(_stopper(client, submission_id, kind), log=log):
             submit_or_attach(client, ctx, kind, entrypoint)
-            while True:
-                status = client.get_job_status(submission_id)
-                _read_new(client, submission_id, kind, state, ctx, on_record)
-                if status.is_terminal():
-                    break
-                if time.monotonic() > deadline:
-                    client.stop_job(submission_id)
-                    raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped")
-                time.sleep(POLL_S)
+            try:
+                try:
+                    _stream(client, submission_id, kind, state, ctx, on_record, deadline - time.monotonic())
+                except _NoStream as exc:
+                    log(f"{kind}: cannot stream the job's log ({exc}); reading it every {POLL_S:.0f}s")
+                    _poll(client, submission_id, kind, state, ctx, on_record, deadline)
+            except TimeoutError:
+                client.stop_job(submission_id)
+                raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; "
+                                "stopped") from None
     finally:
+        _take("", kind, state, ctx, on_record, final=True)
         _save_log(ctx, kind, state, force=True)
     info = client.get_job_info(submission_id)
     if info.status != JobStatus.SUCCEEDED:

@@ -12,7 +12,8 @@
   TPU webhook's environment) from the torch image's environment, with Ray token authentication on, and reports
   the status fields KubeRay reports;
 - ``/api/v1/namespaces/{ns}/services/{svc}:{port}/proxy/...`` is forwarded to that cluster's dashboard, with the
-  ``Authorization`` header removed as the API server does after authenticating the caller.
+  ``Authorization`` header removed as the API server does after authenticating the caller; plain requests only (a
+  WebSocket upgrade is refused with 400, so the stages' fallback of reading a job's whole log is what runs here).
 
 Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason) and ``image_pull`` (ErrImagePull).
 """
@@ -485,6 +486,8 @@ class KubeEmulator:
         if not known or record is None:
             return self._send(h, 503, _status(503, "ServiceUnavailable", f'no endpoints available for service '
                                                                         f'"{service}"'))
+        if h.headers.get("Upgrade"):  # a WebSocket (the Jobs API's log tailing): this proxy passes plain requests only
+            return self._send(h, 400, _status(400, "BadRequest", "the emulated service proxy passes no upgrades"))
         headers = {k: v for k, v in h.headers.items()
                    if k.lower() not in ("authorization", "host", "content-length", "connection")}
         url = f"http://127.0.0.1:{record['dashboard']}{path}" + (f"?{query}" if query else "")
