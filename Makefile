@@ -47,8 +47,8 @@ test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION (offline)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)
 
-bench: envs ## every benchmark in bench/bench_*.py; figures are ratios measured side by side in one run
-	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
+bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one run, each against its target); writes bench/results.json
+	$(BIN)/python bench/run.py $(BENCH)
 
 # The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) and `tpupipe run --platform gke --dry-run`
 # transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).

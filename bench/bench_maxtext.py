@@ -3,7 +3,7 @@
 A: `tpupipe run --preset local-maxtext` (the pipeline: JaxTrainer workers on 2 emulated hosts, one JAX runtime
    of 2 processes x 2 CPU devices). B: MaxText's `train.main` with the same arguments, launched directly as the
    same 2 processes (jax.distributed on loopback), no Ray, no pipeline. Both: median tokens/s over the steps
-   after the first three (compilation). Prints A, B and A / B.
+   after the first three (compilation). Target: A / B >= 0.9, as for the FSDP2 trainer (bench_trainer.py).
 """
 
 import json
@@ -18,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.figures import Figure, table  # noqa: E402
 from components.workload import maxtext as maxtext_args  # noqa: E402
 from components.workload import resolve  # noqa: E402
 
@@ -72,18 +73,17 @@ def directly(root: Path) -> float:
     return steady([row["tokens_per_s_per_device"] * devices for row in rows if row])
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--worker"]:
-        rank, world, port, output_dir = sys.argv[2:6]
-        worker(int(rank), int(world), int(port), output_dir)
-        return
+def figures() -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
         direct = directly(Path(tmp))
         pipeline = through_tpupipe(Path(tmp))
-    print(f"local-maxtext tokens/s through tpupipe (A):   {pipeline:9.0f}")
-    print(f"MaxText's own entry point, same args (B):     {direct:9.0f}")
-    print(f"A / B:                                        {pipeline / direct:9.2f}")
+    return [Figure("MaxText tokens/s: through tpupipe / MaxText's own entry point", pipeline / direct, "x", ">= 0.9",
+                   {"A_tpupipe_tokens_per_s": round(pipeline), "B_direct_tokens_per_s": round(direct)})]
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:
+        rank, world, port, output_dir = sys.argv[2:6]
+        worker(int(rank), int(world), int(port), output_dir)
+    else:
+        print(table(figures()))

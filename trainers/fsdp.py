@@ -4,7 +4,7 @@
 entrypoint. The driver picks
 the collective backend from what the training workers have (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA,
 ``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE result`` line. Rank 0 prints one
-``TPUPIPE metric`` line per epoch.
+``TPUPIPE metric`` line per epoch and one ``step`` event per step.
 """
 
 from __future__ import annotations
@@ -201,10 +201,14 @@ def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
 def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int, resumed: bool) -> tuple[Any, int]:
     """One pass over this worker's shard: (the summed loss, an fp32 tensor on the device, the global step after
     it). The loss stays on the device: nothing waits for the host inside the epoch (on XLA a ``.item()`` or a
-    copy to the CPU each step would cut the traced graph and stall the pipeline)."""
+    copy to the CPU each step would cut the traced graph and stall the pipeline). Rank 0 prints one short ``step``
+    event per step with its wall-clock time (on XLA: when the step was dispatched), which shows how soon training
+    resumes after a lost host."""
+    import ray.train
     import torch
 
     fail_at = spec.train.fail_at_step
+    timed = ray.train.get_context().get_world_rank() == 0
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -214,6 +218,8 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
         optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach().float()
         global_step += 1
+        if timed:
+            protocol.emit("event", {"event": "step", "step": global_step, "time": time.time()})
         if fail_at and global_step == fail_at and not resumed:
             raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
     return loss_sum, global_step
@@ -233,7 +239,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # What this worker has decides, not what the cluster was provisioned as: emulated TPU hosts compute on CPU.
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     if rank == 0:
-        protocol.emit("event", {"event": "worker_group_started", "world_size": world})
+        protocol.emit("event", {"event": "worker_group_started", "world_size": world, "time": time.time()})
     tokenizer, loader, model, optimizer = _setup(spec, config, world, device_type, device)
     start_epoch, global_step, resumed = _resume(model, optimizer, rank)
     steps_per_epoch = len(loader)

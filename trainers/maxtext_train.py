@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class _StepRecords(logging.Handler):
         if step:
             step["tokens_per_s"] = step["tokens_per_s_per_device"] * self.num_devices
             step["group"] = os.getpid()  # which worker group (attempt) ran it: rank 0's process
+            step["time"] = time.time()  # when MaxText logged it: how soon training resumes after a lost host
             self.last["train"] = step
             protocol.emit("metric", step)
             return
@@ -98,8 +100,9 @@ def _free_port() -> int:
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
-    from ray.train.collective import broadcast_from_rank_zero
+    from ray.train.collective import barrier, broadcast_from_rank_zero
 
+    launched = time.time()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     cpu_devices = config["cpu_devices_per_host"]
@@ -115,6 +118,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
         address = broadcast_from_rank_zero(f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else "")
         jax.distributed.initialize(coordinator_address=address, num_processes=world, process_id=rank)
+        jax.devices()  # every rank forms its backend now: each waits for all the others' (rank 0's, below, too)
     handler = None
     if rank == 0:
         absl_logging.set_verbosity(absl_logging.INFO)
@@ -127,11 +131,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         absl_logging.set_verbosity(absl_logging.WARNING)
     from maxtext.trainers.pre_train import train
 
+    # Importing MaxText takes the ranks of busy CPU hosts tens of seconds, and they finish it far apart, while gloo
+    # gives a late peer 30 s at MaxText's first collective (then the group fails and restarts): start together.
+    if cpu_devices:
+        barrier()
     if rank == 0:  # MaxText restores the newest checkpoint of the run by itself; say which one it will be
         output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
         restored = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
-        protocol.emit("event", {"event": "worker_group_started", "group": os.getpid(),
-                                "restore_step": int(restored.name) if restored else None})
+        protocol.emit("event", {"event": "worker_group_started", "group": os.getpid(), "launched": launched,
+                                "time": time.time(), "restore_step": int(restored.name) if restored else None})
     train.main(config["argv"])
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     last = dict(handler.last) if handler else {}

@@ -302,6 +302,13 @@ class LocalPlatform:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_DEDUP_LOGS": "0",
             "PYTHONUNBUFFERED": "1",
+            # The hosts here are CPU (check): torch's autoload of the torch image's torch_tpu (with torch._dynamo and
+            # libtpu) would only add 15-20 s to every process that imports torch, a restarted worker group's too.
+            # Where chips exist, trainers.fsdp.detect_backend imports torch_tpu itself.
+            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+            # A loopback cluster. Explicit, because with the mode unset `ray start --head` turns token authentication on
+            # as soon as ~/.ray/auth_token exists (any local ray.init() writes one), and the hosts then cannot join.
+            "RAY_AUTH_MODE": "disabled",
         }
         ray = str(env.bin / "ray")
         common = ["--block", f"--node-ip-address={LOOPBACK}", "--disable-usage-stats",

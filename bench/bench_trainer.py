@@ -1,0 +1,126 @@
+"""Trainer efficiency: the pipeline's FSDP2 train stage against the same fine-tune written by hand for torchrun,
+side by side in one run.
+
+A: `tpupipe run --preset local-fsdp` (Ray Train's TorchTrainer, one worker per emulated host, gloo on CPU); its
+   tokens/s per epoch from the run's summary.json.
+B: `bench/fsdp_by_hand.py` under `python -m torch.distributed.run --standalone`: as many processes as A has train
+   workers, each with the threads Ray gives a worker (OMP_NUM_THREADS = its CPUs), the same model from the same
+   config and seed, the same generated data, batch size, sequence length, optimizer and layout of `fully_shard`.
+Both count tokens as `trainers/fsdp.py` does (every rank's padded tokens over the epoch's wall time) and are taken
+at their steady state: the median over the epochs after the first. The per-epoch losses of the two must agree, or
+the sides did not do the same work and the bench fails. Target: A / B >= 0.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.figures import Figure, table  # noqa: E402
+from components.workload import resolve  # noqa: E402
+from trainers import data  # noqa: E402
+
+PRESET = "local-fsdp"
+# More epochs than the preset's 3, so the steady state is a median of several; fewer held-out examples, since the
+# evaluate stage after training is not measured here.
+OVERRIDES = "cluster.slice_check=false train.epochs=8 train.num_eval_examples=16"
+TARGET = ">= 0.9"
+RUN_TIMEOUT_S = 1800
+LOSS_RTOL = 1e-3  # the same work gives the same losses, up to the order of floating-point sums
+
+
+def steady(rows: list[dict]) -> float:
+    """The median tokens/s over the epochs after the first (the first pays for warm-up)."""
+    return statistics.median(row["tokens_per_s"] for row in rows[1:])
+
+
+def through_pipeline(root: Path) -> tuple[list[dict], float]:
+    """A: the pipeline's per-epoch rows and the run's wall time."""
+    started = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", PRESET, "--set",
+                           OVERRIDES, "--run-id", "bench-trainer", "--output-root", str(root)],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"tpupipe run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    summary = json.loads((root / "bench-trainer" / "summary.json").read_text())
+    return summary["history"], seconds
+
+
+def by_hand(root: Path, spec) -> tuple[list[dict], float, int, int]:
+    """B: the hand-written loop's per-epoch rows, its wall time, its processes and threads per process."""
+    from components.platforms.local import envs
+
+    t, c = spec.train, spec.cluster
+    data.write_generated(root / "by-hand", t.num_train_examples, t.num_eval_examples, t.seed)
+    processes, threads = spec.num_workers, max(int(c.cpus_per_host), 1)
+    python = envs.ensure_env("torch", log=lambda _m: None).python
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+           str(REPO / "bench" / "fsdp_by_hand.py"), "--data-dir", str(root / "by-hand"), "--model-id", t.model_id,
+           "--max-length", str(t.max_length), "--batch-size", str(t.batch_size), "--epochs", str(t.epochs),
+           "--lr", str(t.learning_rate), "--weight-decay", str(t.weight_decay), "--seed", str(t.seed),
+           "--threads", str(threads)]
+    # The environment of the local platform's Ray workers: their threads (Ray sets OMP_NUM_THREADS to a worker's
+    # CPUs) and no autoload of the torch image's torch_tpu (the hosts are CPU).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=REPO)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun by hand failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line.removeprefix("by-hand ")) for line in proc.stdout.splitlines()
+            if line.startswith("by-hand ")]
+    return rows, seconds, processes, threads
+
+
+def same_work(a: list[dict], b: list[dict]) -> None:
+    """The two sides trained the same model on the same batches: their per-epoch losses agree."""
+    la, lb = [row["loss"] for row in a], [row["loss"] for row in b]
+    if len(la) != len(lb) or any(abs(x - y) > LOSS_RTOL * abs(y) for x, y in zip(la, lb, strict=True)):
+        raise SystemExit(f"the two sides did not do the same work: losses {la} (pipeline) vs {lb} (by hand)")
+
+
+def figures() -> list[Figure]:
+    spec = resolve(PRESET, OVERRIDES)
+    with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
+        b_rows, b_seconds, processes, threads = by_hand(Path(tmp), spec)
+        a_rows, a_seconds = through_pipeline(Path(tmp))
+    same_work(a_rows, b_rows)
+    a, b = steady(a_rows), steady(b_rows)
+    t = spec.train
+    detail = {
+        "pipeline_tokens_per_s": round(a),
+        "by_hand_tokens_per_s": round(b),
+        "pipeline_epochs_tokens_per_s": [round(row["tokens_per_s"]) for row in a_rows],
+        "by_hand_epochs_tokens_per_s": [round(row["tokens_per_s"]) for row in b_rows],
+        "losses": [round(row["loss"], 4) for row in a_rows],
+        "processes": processes,
+        "threads_per_process": threads,
+        "batch_size": t.batch_size,
+        "max_length": t.max_length,
+        "model_id": t.model_id,
+        "pipeline_run_s": round(a_seconds, 1),
+        "by_hand_run_s": round(b_seconds, 1),
+        "load_average": os.getloadavg()[0],
+    }
+    return [
+        Figure("trainer: pipeline train stage / torchrun FSDP2 by hand (tokens/s)", a / b, "x", TARGET, detail),
+        Figure("trainer: pipeline train stage (A)", a, "tokens/s", None,
+               {"epochs": detail["pipeline_epochs_tokens_per_s"]}),
+        Figure("trainer: torchrun FSDP2 by hand (B)", b, "tokens/s", None,
+               {"epochs": detail["by_hand_epochs_tokens_per_s"]}),
+    ]
+
+
+if __name__ == "__main__":
+    print(table(figures()))

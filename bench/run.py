@@ -1,0 +1,63 @@
+"""`make bench`: every ``bench/bench_*.py``, one after another (never side by side: each measures its two sides in
+one run on a quiet machine); prints one table of every figure with its target and whether it holds, and writes
+them to ``bench/results.json`` with the commit and the machine. ``python bench/run.py overhead recovery`` runs
+those alone. Exits 1 when a figure misses its target."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.figures import table  # noqa: E402
+
+RESULTS = REPO / "bench" / "results.json"
+
+
+def machine() -> dict:
+    meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
+    return {"host": platform.node(), "cpus": os.cpu_count(), "memory_gib": round(int(meminfo[1]) / 2**20, 1),
+            "system": platform.platform(), "python": platform.python_version()}
+
+
+def commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+uncommitted changes" if dirty else "")
+
+
+def main(names: list[str]) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops what it started (finally)
+    benches = sorted(p.stem.removeprefix("bench_") for p in (REPO / "bench").glob("bench_*.py"))
+    unknown = [n for n in names if n not in benches]
+    if unknown:
+        print(f"unknown bench {', '.join(unknown)}; the benches are: {', '.join(benches)}", file=sys.stderr)
+        return 2
+    found, seconds = [], {}
+    for name in names or benches:
+        print(f"== bench/bench_{name}.py", flush=True)
+        started = time.perf_counter()
+        figures = importlib.import_module(f"bench.bench_{name}").figures()
+        seconds[name] = round(time.perf_counter() - started, 1)
+        print(table(figures), flush=True)
+        found += figures
+    RESULTS.write_text(json.dumps({"commit": commit(), "machine": machine(),
+                                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                   "bench_seconds": seconds, "figures": [f.to_dict() for f in found]}, indent=1)
+                       + "\n")
+    print(f"\n== every figure (written to {RESULTS.relative_to(REPO)})\n{table(found)}")
+    return 1 if any(f.holds is False for f in found) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
