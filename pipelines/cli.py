@@ -350,9 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
 
-    from pipelines import cli_vertex
+    from pipelines import cli_models, cli_vertex
 
     cli_vertex.add_commands(sub)
+    cli_models.add_commands(sub)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=cmd_presets)
