@@ -27,18 +27,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from components.spec import SpecError
+from components.spec import CHAMPION, SpecError
+from components.spec.names import MODEL_NAME
+from components.spec.run_spec import MODEL_REF
 
-CHAMPION = "champion"
 DEFAULT_REGION = "us-east5"
 HISTORY_DEPTH = 20  # alias history kept per alias: rollback can go this many promotions back, minus one
 
 # Vertex AI's rules, applied on both backends so that a model that fits one fits the other.
-NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")  # a Vertex model id: the model's name in every backend
+NAME = MODEL_NAME  # a Vertex model id: the model's name in every backend
 # An alias ends with a letter: never a version id (digits), never a history marker (``<alias>-<n>``).
 ALIAS = re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z])?$")
 MARKER = re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z])?-\d+$")  # an alias history marker: champion-3
-REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")  # what may follow NAME@: a version id, an alias or a history marker
+REF = MODEL_REF  # what may follow NAME@: a version id, an alias or a history marker
 VERTEX_DEFAULT_ALIAS = "default"  # Vertex AI's: the version a request without a version gets
 RESERVED_ALIASES = (VERTEX_DEFAULT_ALIAS,)
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

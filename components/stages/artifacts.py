@@ -4,6 +4,8 @@
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
 - evaluate: ``Metrics`` (held-out loss and perplexity before/after), a ``Markdown`` summary, and the ``Model``
   (its uri the checkpoint in Cloud Storage, its metadata the run's provenance);
+- register: ``Metrics`` (the new version's and the champion's held-out loss, the relative improvement, the threshold,
+  whether the gate promotes) and a ``Markdown`` table of the decision, both figures and the version's provenance;
 - teardown: ``Markdown`` of what it deleted.
 
 Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
@@ -62,6 +64,36 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
     lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
     lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
     with open(summary_md.path, "w") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def register(store: RunStore, metrics, table_md) -> None:
+    """The gate's decision as the run's graph shows it: both figures, and why."""
+    rec = _record(store, "register")
+    result = rec.get("result") or {}
+    if result.get("skipped"):
+        with open(table_md.path, "w") as out:
+            out.write(f"Gate off: {result['reason']}.\n")
+        return
+    figures = {"eval_loss": result.get("eval_loss"), "champion_loss": result.get("champion_loss"),
+               "improvement": result.get("improvement"), "min_improvement": result.get("min_improvement"),
+               "promote": 1.0 if result.get("decision") == "promote" else 0.0,
+               "version": float(result["version"]) if str(result.get("version", "")).isdigit() else None}
+    for key, value in figures.items():
+        if value is not None:
+            metrics.log_metric(key, value)
+    champion = result.get("champion_ref") or "none"
+    lines = [f"**Gate: {result.get('decision')}** — {result.get('reason')}", "",
+             "| model | held-out loss |", "|---|---|",
+             f"| new: `{result.get('ref')}` | {_num(result.get('eval_loss'))} |",
+             f"| champion: `{champion}` | {_num(result.get('champion_loss'))} |", ""]
+    improvement = result.get("improvement")
+    lines.append(f"Improvement {'-' if improvement is None else f'{improvement:.2%}'}; needed "
+                 f"{result.get('min_improvement', 0):.2%} (gate.min_improvement). Registry: {result.get('registry')}.")
+    if result.get("provenance"):
+        lines += ["", "| provenance | |", "|---|---|"]
+        lines += [f"| {key} | `{value}` |" for key, value in result["provenance"].items()]
+    with open(table_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
 
 

@@ -214,6 +214,22 @@ class GkePlatform:
             return path
         return f"gs://{self._target(ctx).bucket}/{mounted.removeprefix(r.MOUNT_PATH + '/')}"
 
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        """A checkpoint in the run's bucket, as the pods see it through their GCS FUSE mount (``/data/...``)."""
+        bucket = self._target(ctx).bucket
+        if not uri.startswith(f"gs://{bucket}/"):
+            raise SpecError("train.init_from", f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
+                            f"the cluster mounts at {r.MOUNT_PATH}: copy it there, or set gke.bucket")
+        return os.environ.get(MOUNT_ROOT_ENV, "") + f"{r.MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        """Vertex AI Model Registry of the run's project, in the region of its zone."""
+        t = self._target(ctx)
+        return {"project": t.project, "region": t.region}
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        return None  # a lost TPU host shows as a restart of Ray Train's worker group (restarts)
+
     # ---------------------------------------------------------------- teardown
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, newest first: its Kubernetes objects (by the run label), its node pools or
