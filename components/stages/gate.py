@@ -97,8 +97,8 @@ def decide(new_loss: float, champion_loss: float | None, min_improvement: float,
     by at least ``min_improvement`` of the champion's (relative). Equal is not better: a schedule whose run learns
     nothing keeps its champion."""
     if champion_loss is None:
-        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: the first to be measured (held-out loss "
-                                 f"{new_loss:.4f}, no {CHAMPION} yet)")
+        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: there was no {CHAMPION} yet (held-out "
+                                 f"{new_loss:.4f})")
     if not math.isfinite(new_loss):
         return Decision(KEEP, f"kept {CHAMPION} {champion_ref} (held-out {champion_loss:.4f}): {new_ref}'s held-out "
                               f"loss is {new_loss}")

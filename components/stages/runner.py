@@ -173,7 +173,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     return out
 
 
-def register(ctx: RunContext, upstream: str, job_name: str = "", source_version: str = "") -> dict[str, Any]:
+def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_version: str = "") -> dict[str, Any]:
     """Register the trained checkpoint as a new version of ``spec.model_name`` with its provenance, and decide the
     gate from the evaluation's figures (``upstream``): ``promote`` or ``keep``. No alias moves here: the version
     exists before anything names it, and the promote stage moves ``champion`` only when the decision says so."""
@@ -189,7 +189,8 @@ def register(ctx: RunContext, upstream: str, job_name: str = "", source_version:
     if not artifact_uri:
         raise JobFailed("register: the train stage reported no checkpoint")
     platform = get_platform(ctx.platform)
-    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, job_name, platform.hosts_lost(ctx))
+    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job,
+                                 platform.hosts_lost(ctx))
     reg = gate.registry(ctx)
     version = reg.register(ctx.spec.model_name, artifact_uri, provenance)
     champion = ev.get("champion") or {}
@@ -218,9 +219,9 @@ def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
     current = reg.champion(name)
     measured = registered.get("champion_version")
     if (current.version if current else None) != measured:
-        reason = (f"not promoted: {gate.CHAMPION} of {name} is {current.ref if current else 'none'} now, not the "
-                  f"{'version ' + measured if measured else 'none'} {registered['ref']} was measured against; the next "
-                  "run measures against it")
+        was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
+        reason = (f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
+                  f"{current.ref if current else 'none'} now; the next run measures against it")
         log(f"promote: {reason}")
         return {"promoted": False, "ref": registered["ref"], "reason": reason}
     reg.promote(name, version)
@@ -298,8 +299,8 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
 # The argument of each component that carries the upstream stage's result.
 UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "check_slice": "raycluster", "train": "raycluster",
             "evaluate": "train_result", "register": "eval_result", "promote": "decision"}
-# The pipeline parameters a stage takes beyond the spec's (keyword arguments of its runner).
-FACTS = {"register": ("job_name", "source_version")}
+# What a stage's runner takes beyond the spec: its keyword argument -> the component's argument that carries it.
+FACTS = {"register": {"pipeline_job": "job_name", "source_version": "source_version"}}
 # A component whose output is one field of its stage's result (what the pipeline's condition reads), not all of it.
 OUTPUT_FIELD = {"register": "decision"}
 
@@ -321,7 +322,7 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
 
     overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""))
     common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
-    facts = {key: args[key] for key in FACTS.get(stage, ())}
+    facts = {key: args[arg] for key, arg in FACTS.get(stage, {}).items()}
     result = run_stage(stage, *common, args.get(UPSTREAM.get(stage, ""), ""), **facts)
     ctx = _stage_context(stage, *common)
     spec = ctx.spec.to_dict()
