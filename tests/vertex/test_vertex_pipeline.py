@@ -22,7 +22,8 @@ SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
 # local-fsdp shaped as one v6e 2x2 slice; the trainer image built by (emulated) Cloud Build; no Hugging Face token.
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
-STAGES = ["provision", "build_image", "deploy_raycluster", "train", "evaluate", "teardown"]
+STAGES = ["provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
+          "teardown"]
 
 
 def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
@@ -72,7 +73,7 @@ def test_published_pipeline_runs_on_vertex_with_every_task_alone_and_shows_its_a
     resource = project.vertex.wait(name, timeout_s=1500)
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
-    # The run's state lives in the bucket; the summary written by teardown (its own task) saw all six stages.
+    # The run's state lives in the bucket; the summary written by teardown (its own task) saw every stage.
     summary = _summary(project, "vx-ok")
     assert [(s["name"], s["status"]) for s in summary["stages"]] == [(s, "succeeded") for s in STAGES]
     assert summary["run_dir"] == f"gs://{BUCKET}/runs/vx-ok"
