@@ -77,6 +77,26 @@ def test_the_eval_job_gets_the_starting_checkpoint_and_the_champion_on_its_comma
     assert train.endswith("--init-from /start") and "--champion" not in train
 
 
+def test_the_gke_dry_run_lists_the_registry_calls_of_the_stages_that_make_them(tmp_path):
+    from components.platforms.gke.platform import GkePlatform
+
+    def walk(overrides: str) -> list[str]:
+        spec = resolve("gemma4-e2b-v6e-16", "gke.project=my-project " + overrides)
+        ctx = RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path), platform="gke")
+        return GkePlatform().dry_run(ctx, lambda mode: mode)
+
+    lines = walk("train.init_from=champion gate.model=gemma-ft gke.zone=europe-west4-a")
+    model = "projects/my-project/locations/europe-west4/models/gemma-ft"
+    train, evaluate, register, promote = (lines.index(stage) for stage in ("train", "evaluate", "register", "promote"))
+    assert lines[train + 1] == f"  read          aiplatform.models.get {model}@champion (train.init_from)"
+    assert lines[evaluate + 1] == (f"  read          aiplatform.models.get {model}@champion (measured beside the new "
+                                   "model)")
+    assert lines[register + 1].startswith(f"  upload        aiplatform.models.upload {model} ")
+    assert lines[promote + 1].startswith(f"  alias         aiplatform.models.mergeVersionAliases {model}@")
+    off = walk("gate.register=false")
+    assert "register" not in off and "promote" not in off and "aiplatform" not in "\n".join(off)
+
+
 # ---------------------------------------------------------------- the decision
 
 

@@ -320,10 +320,27 @@ class GkePlatform:
             lines.append(stage)
             lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
                       if res.stage == stage]
-        jobs = (("check_slice", "check"),) if ctx.spec.cluster.slice_check else ()
+        spec, t = ctx.spec, self._target(ctx)
+        registered = f"projects/{t.project}/locations/{t.region}/models/{spec.model_name}"
+        reads = {}  # what a stage reads from the model registry before it submits its job
+        if spec.init_from_ref:
+            name, ref = spec.init_from_ref
+            reads["train"] = f"{registered.rsplit('/', 1)[0]}/{name}@{ref} (train.init_from)"
+        if spec.gate.register:
+            reads["evaluate"] = f"{registered}@champion (measured beside the new model)"
+        jobs = (("check_slice", "check"),) if spec.cluster.slice_check else ()
         for stage, mode in (*jobs, ("train", "train"), ("evaluate", "eval")):
             submission = names.job_submission_id(ctx.run_id, stage)
-            lines += [stage, f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}"]
+            lines.append(stage)
+            if stage in reads:
+                lines.append(f"  read          aiplatform.models.get {reads[stage]}")
+            lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
+        if spec.gate.register:
+            lines += ["register",
+                      f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
+                      "promote",
+                      f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
+                      "(only when the gate promotes)"]
         lines.append("teardown")
         for res in reversed(records):
             if res.deleted_by_teardown and res.action != "use" and _deletes(res, ctx):
