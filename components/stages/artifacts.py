@@ -2,8 +2,9 @@
 ``summary.json``, from the same records.
 
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
-- evaluate: ``Metrics`` (held-out loss and perplexity before/after), a ``Markdown`` summary, and the ``Model``
-  (its uri the checkpoint in Cloud Storage, its metadata the run's provenance);
+- evaluate: ``Metrics`` (held-out loss and perplexity before/after, and the champion's when there is one), a
+  ``Markdown`` summary, and the ``Model`` (its uri the checkpoint in Cloud Storage, its metadata the run's
+  provenance);
 - register: ``Metrics`` (the new version's and the champion's held-out loss, the relative improvement, the threshold,
   whether the gate promotes) and a ``Markdown`` table of the decision, both figures and the version's provenance;
 - teardown: ``Markdown`` of what it deleted.
@@ -43,7 +44,8 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
 
 def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
     ev = (_record(store, "evaluate").get("result")) or {}
-    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after"):
+    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after", "champion_loss",
+                "perplexity_champion"):
         if ev.get(key) is not None:
             metrics.log_metric(key, ev[key])
     train_result = _record(store, "train").get("result") or {}
@@ -52,7 +54,8 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
     model.uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint") or model.uri
     model.metadata.update({
         "preset": spec["name"],
-        "base_model": spec["maxtext"]["model_name"] if t["workload"] == "maxtext" else t["model_id"],
+        "base_model": ev.get("init_from") or (spec["maxtext"]["model_name"] if t["workload"] == "maxtext"
+                                              else t["model_id"]),
         "accelerator": cluster["accelerator"], "topology": cluster["topology"], "slices": cluster["num_slices"],
         "trainer_image": image.get("image", ""), "trainer_image_digest": image.get("digest", ""),
         "git_sha": source_version, "eval_loss_after": ev.get("eval_loss_after"),
@@ -62,6 +65,9 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
             ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after"))]
     lines = ["| | untrained | trained |", "|---|---|---|"]
     lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
+    if ev.get("champion"):
+        lines += ["", f"Champion `{ev['champion']['ref']}`, measured in the same job: held-out loss "
+                      f"{_num(ev.get('champion_loss'))}, perplexity {_num(ev.get('perplexity_champion'))}."]
     lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
     with open(summary_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
