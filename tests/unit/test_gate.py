@@ -345,3 +345,42 @@ def test_a_promotion_the_gate_decided_but_that_never_ran_fails_the_run(tmp_path)
     summary = _summary(ctx, promote_ran=False)
     assert summary["status"] == "failed"
     assert next(s for s in summary["stages"] if s["name"] == "promote")["status"] == "skipped"
+
+
+def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tmp_path):
+    from kfp import dsl
+
+    from components.stages import artifacts
+
+    first = _context(tmp_path, "run-1")
+    _trained(first, tmp_path)
+    _registered(first, 1.5)
+    ctx = _context(tmp_path, "run-2", "init_from=champion")
+    _trained(ctx, tmp_path)
+    ev = {"eval_loss_before": 1.5, "eval_loss_after": 1.25, "perplexity_before": 4.48, "perplexity_after": 3.49,
+          "champion": {"ref": "local-fsdp@1", "version": "1"}, "champion_loss": 1.5, "perplexity_champion": 4.48,
+          "init_from": "local-fsdp@1"}
+    runner.record(ctx.store, "evaluate", status="succeeded", result=ev)
+    metrics, summary, model = (dsl.Metrics(name="m", uri=str(tmp_path / "m")),
+                               dsl.Markdown(name="s", uri=str(tmp_path / "s.md")), dsl.Model(name="model", uri=""))
+    artifacts.evaluate(ctx.store, ctx.spec.to_dict(), metrics, summary, model, "3f2a9c1e")
+    assert metrics.metadata["champion_loss"] == 1.5 and metrics.metadata["eval_loss_after"] == 1.25
+    assert "Champion `local-fsdp@1`, measured in the same job: held-out loss 1.5000" in open(summary.path).read()
+    assert model.metadata["base_model"] == "local-fsdp@1"
+
+    _registered(ctx, 1.25, ev["champion"], 1.5)
+    metrics, table = dsl.Metrics(name="m", uri=str(tmp_path / "m2")), dsl.Markdown(name="g", uri=str(tmp_path / "g"))
+    artifacts.register(ctx.store, metrics, table)
+    assert metrics.metadata == {"eval_loss": 1.25, "champion_loss": 1.5, "improvement": pytest.approx(1 / 6),
+                                "min_improvement": 0.0, "promote": 1.0, "version": 2.0}
+    text = open(table.path).read()
+    assert text.startswith("**Gate: promote** — promoted local-fsdp@2 to champion: held-out 1.2500 vs champion "
+                           "local-fsdp@1 1.5000, 16.67% better")
+    assert "| new: `local-fsdp@2` | 1.2500 |\n| champion: `local-fsdp@1` | 1.5000 |" in text
+    assert "| base_model | `scratch:gemma4-tiny` |" in text  # the train record of this test names no init_from
+
+    off = _context(tmp_path, "run-3", "gate.register=false")
+    runner.record(off.store, "register", status="succeeded", result=runner.register(off, "{}"))
+    metrics, table = dsl.Metrics(name="m", uri=str(tmp_path / "m3")), dsl.Markdown(name="g", uri=str(tmp_path / "g3"))
+    artifacts.register(off.store, metrics, table)
+    assert metrics.metadata == {} and open(table.path).read() == "Gate off: gate.register=false: nothing registered.\n"
