@@ -147,6 +147,10 @@ def cmd_run(args) -> int:
     get_platform(ctx.platform).check(ctx)
     if args.dry_run:
         return _dry_run(ctx)
+    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
+        from components.stages import gate
+
+        gate.starting_point(ctx)
     if ctx.store.exists("summary.json"):
         return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
 

@@ -384,3 +384,15 @@ def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tm
     metrics, table = dsl.Metrics(name="m", uri=str(tmp_path / "m3")), dsl.Markdown(name="g", uri=str(tmp_path / "g3"))
     artifacts.register(off.store, metrics, table)
     assert metrics.metadata == {} and open(table.path).read() == "Gate off: gate.register=false: nothing registered.\n"
+
+
+def test_tpupipe_run_from_a_champion_that_does_not_exist_exits_2_before_anything_starts(tmp_path, capsys):
+    from pipelines.cli import main
+
+    root = tmp_path / "runs"
+    # A pipeline file that is not there: were the check ever gone, the run would still start nothing.
+    argv = ["run", "--run-id", "from-nothing", "--output-root", str(root), "--set", "train.init_from=champion",
+            "--pipeline-file", str(tmp_path / "absent.yaml")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("tpupipe: error: train.init_from: champion: name: no model 'local-fsdp'")
+    assert not (root / "from-nothing").exists()
