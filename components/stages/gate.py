@@ -81,6 +81,21 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
             "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
 
 
+def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
+    """A new version of ``name``, or the one this run registered already (same run id and checkpoint): a retried
+    register task does not register the run's model twice."""
+    try:
+        earlier = reg.versions(name)
+    except SpecError as exc:
+        if exc.field != "name":
+            raise
+        earlier = []  # no such model yet: this is its first version
+    for version in earlier:
+        if version.provenance.get("run_id") == provenance["run_id"] and version.artifact_uri == artifact_uri:
+            return version
+    return reg.register(name, artifact_uri, provenance)
+
+
 # ---------------------------------------------------------------- the decision
 
 

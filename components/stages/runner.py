@@ -192,7 +192,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job,
                                  platform.hosts_lost(ctx))
     reg = gate.registry(ctx)
-    version = reg.register(ctx.spec.model_name, artifact_uri, provenance)
+    version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
     champion = ev.get("champion") or {}
     decision = gate.decide(ev["eval_loss_after"], ev.get("champion_loss"), ctx.spec.gate.min_improvement,
                            version.ref, champion.get("ref", ""))

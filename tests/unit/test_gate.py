@@ -245,6 +245,14 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     assert registry.rollback("local-fsdp").version == "1"
 
 
+def test_a_retried_register_task_does_not_register_the_runs_model_twice(tmp_path):
+    ctx = _context(tmp_path, "run-1")
+    _trained(ctx, tmp_path)
+    first, again = _registered(ctx, 1.5), _registered(ctx, 1.5)
+    assert first["ref"] == again["ref"] == "local-fsdp@1"
+    assert [v.version for v in open_registry(tmp_path).versions("local-fsdp")] == ["1"]
+
+
 def test_a_champion_that_moved_since_the_evaluation_is_not_replaced(tmp_path):
     registry = open_registry(tmp_path)
     for run in ("run-1", "run-2"):
