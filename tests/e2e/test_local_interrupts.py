@@ -20,8 +20,10 @@ from tests.terminal import Terminal, driver_processes
 
 pytestmark = pytest.mark.e2e
 
-# As small as the pipeline goes: one emulated host, one epoch over a few examples.
-SMALL = "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32"
+# As small as the pipeline goes: one emulated host, one epoch over a few examples, no slice check (a stage that
+# waits on a Ray job as train does).
+SMALL = ("cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32 "
+         "cluster.slice_check=false")
 # What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts, the job
 # submitted.
 UNDER_WAY = {

@@ -14,6 +14,8 @@ from components.spec import protocol
 from tests.conftest import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
+# The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.
+LOST_HOST_STEPS = 30
 
 
 def start(root, run_id, *sets):
@@ -75,7 +77,7 @@ def checkpoint_steps(run_dir, run_id):
 def test_a_lost_host_is_replaced_and_training_resumes_from_the_last_checkpoint(tmp_path):
     run_id = "mt-lost-host"
     run_dir = tmp_path / run_id
-    proc = start(tmp_path, run_id, "maxtext.steps=60 cluster.slice_check=false")
+    proc = start(tmp_path, run_id, f"maxtext.steps={LOST_HOST_STEPS} cluster.slice_check=false")
     try:
         deadline = time.monotonic() + 900
         while not [s for s in checkpoint_steps(run_dir, run_id) if s > 0]:  # the first periodic checkpoint
@@ -104,7 +106,7 @@ def test_a_lost_host_is_replaced_and_training_resumes_from_the_last_checkpoint(t
     assert before - restart["restore_step"] <= 10, "more than one checkpoint period was repeated"
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [row["step"] for row in summary["history"]] == list(range(60))
-    assert 59 in checkpoint_steps(run_dir, run_id)
-    assert summary["checkpoint"].endswith("/59")
+    assert [row["step"] for row in summary["history"]] == list(range(LOST_HOST_STEPS))
+    assert LOST_HOST_STEPS - 1 in checkpoint_steps(run_dir, run_id)
+    assert summary["checkpoint"].endswith(f"/{LOST_HOST_STEPS - 1}")
     assert run_processes(run_id) == []

@@ -109,7 +109,7 @@ def test_successful_run_leaves_no_process_and_no_port(good_run):
 
 
 def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_path):
-    proc = tpupipe_run(tmp_path, "e2e-fail", "fail_at_step=3")
+    proc = tpupipe_run(tmp_path, "e2e-fail", "fail_at_step=3 cluster.slice_check=false")
     assert proc.returncode == 1
     assert "injected failure at step 3" in proc.stdout
     summary = json.loads((tmp_path / "e2e-fail" / "summary.json").read_text())
@@ -123,12 +123,13 @@ def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_
 
 
 def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
-    # 512 examples / (16 per worker x 2 workers) = 16 steps an epoch: step 20 is inside epoch 2.
-    proc = tpupipe_run(tmp_path, "e2e-resume", "fail_at_step=20 max_failures=1")
+    # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
+    proc = tpupipe_run(tmp_path, "e2e-resume",
+                       "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false")
     assert proc.returncode == 0, proc.stdout[-4000:]
     log = (tmp_path / "e2e-resume" / "logs" / "train.log").read_text()
-    assert "injected failure at step 20" in log
-    assert "resumed from checkpoint of epoch 1 (step 16)" in log
+    assert "injected failure at step 10" in log
+    assert "resumed from checkpoint of epoch 1 (step 8)" in log
     summary = json.loads((tmp_path / "e2e-resume" / "summary.json").read_text())
     assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
     assert_nothing_left(tmp_path / "e2e-resume", "e2e-resume")

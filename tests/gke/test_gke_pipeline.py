@@ -140,7 +140,7 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
 
 def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tmp_path, project):
     root, run_id = tmp_path / "runs", "gke-ctrl-c"
-    term = Terminal(_command(root, run_id, " train.epochs=50"), env=_env(project))
+    term = Terminal(_command(root, run_id, " train.epochs=50 cluster.slice_check=false"), env=_env(project))
     rc = term.ctrl_c_when("  [train] ", timeout_s=900, exit_timeout_s=600)  # once the job runs: its log streams
     out = term.output
     assert rc == 130, out[-4000:]

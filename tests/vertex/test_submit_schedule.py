@@ -54,7 +54,7 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
     version = secrets.add(PROJECT, "hf-token", SENTINEL.encode())
     _published(project)
     overrides = OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret") + \
-        f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token"
+        f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token cluster.slice_check=false"
     proc = _tpupipe(project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--wait",
                     "--label", "team=ml")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -112,7 +112,8 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
 
 def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):
     project = project_factory(vertex=True)
-    project.gke.stockout(when=lambda request: True)  # every run fails fast: this is about when runs start
+    # Every run fails fast, at provision: this is about when runs start.
+    project.gke.stockout(when=lambda request: True, times=1_000)
     _published(project)
     vertex = project.vertex
     created = _tpupipe(project, "schedule", "create", "weekly", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT,

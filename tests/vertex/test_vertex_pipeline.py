@@ -110,10 +110,13 @@ def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_fac
     from google.cloud import aiplatform
 
     project = project_factory(ray=True, vertex=True)
-    name = _submit(project, tmp_path, "vx-cancel", OVERRIDES.replace("train.epochs=2", "train.epochs=50"))
+    # The slice check (shown by the run above) is off: this is about cancelling the train job.
+    name = _submit(project, tmp_path, "vx-cancel",
+                   OVERRIDES.replace("train.epochs=2", "train.epochs=50") + " cluster.slice_check=false")
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        if any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests):
+        if any(m == "POST" and p.endswith("/proxy/api/jobs/") and "vx-cancel-train" in body
+               for m, p, body in project.kube.bodies):
             break
         time.sleep(1)
     else:
