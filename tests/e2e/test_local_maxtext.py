@@ -14,8 +14,8 @@ from components.spec import protocol
 from tests.conftest import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
-# The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.
-LOST_HOST_STEPS = 30
+# The lost-host run: the host is killed at its first checkpoint (step 10), well before the end.
+LOST_HOST_STEPS = 60
 
 
 def start(root, run_id, *sets):
