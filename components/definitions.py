@@ -1,4 +1,4 @@
-"""The seven KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
+"""The nine KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
 store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed
@@ -66,6 +66,26 @@ def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: 
     from components.stages.runner import run_component
 
     return run_component("evaluate", locals())
+
+
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+def register(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+             project: str, bucket: str, source_version: str, eval_result: str, metrics: dsl.Output[dsl.Metrics],
+             gate: dsl.Output[dsl.Markdown]) -> str:
+    """Register the trained model with its provenance and decide the gate: its output is the decision (promote,
+    keep, off), with both held-out figures as Metrics and a Markdown table."""
+    from components.stages.runner import run_component
+
+    return run_component("register", locals())
+
+
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+def promote(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
+            project: str, bucket: str, decision: str) -> str:
+    """Make the registered version the champion: it beat the champion on the same held-out examples."""
+    from components.stages.runner import run_component
+
+    return run_component("promote", locals())
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)

@@ -147,6 +147,10 @@ def cmd_run(args) -> int:
     get_platform(ctx.platform).check(ctx)
     if args.dry_run:
         return _dry_run(ctx)
+    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
+        from components.stages import gate
+
+        gate.starting_point(ctx)
     if ctx.store.exists("summary.json"):
         return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
 
@@ -350,9 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
 
-    from pipelines import cli_vertex
+    from pipelines import cli_models, cli_vertex
 
     cli_vertex.add_commands(sub)
+    cli_models.add_commands(sub)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=cmd_presets)

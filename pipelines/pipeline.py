@@ -1,6 +1,6 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate,
-inside an exit handler whose task, teardown, runs whatever happens to them; and its compilation for Vertex AI
-Pipelines."""
+"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate ->
+register, then promote when the gate says the new model beats the champion, inside an exit handler whose task,
+teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
 
 import subprocess
 import tempfile
@@ -55,7 +55,12 @@ def tpupipe_pipeline(
         checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
         trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
         evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])
-    for task in (cleanup, cluster, image, ray, checked, trained, evaluated):
+        registered = c.register(**common, source_version=source_version, eval_result=evaluated.outputs["Output"])
+        # The condition reads register's single output: kfp.local resolves a condition's task output only when it
+        # is a component's "Output" (a named output reads as a parent input there, and the branch never runs).
+        with dsl.If(registered.outputs["Output"] == "promote", name="gate-promotes"):
+            promoted = c.promote(**common, decision=registered.outputs["Output"])
+    for task in (cleanup, cluster, image, ray, checked, trained, evaluated, registered, promoted):
         task.set_caching_options(False)
 
 

@@ -15,10 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import SpecError
 
-# With the emulators: Vertex AI's endpoint (http://host:port, REST); unset, the SDK's default for the region.
-VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {"succeeded": "PIPELINE_STATE_SUCCEEDED", "failed": "PIPELINE_STATE_FAILED",
           "cancelled": "PIPELINE_STATE_CANCELLED", "running": "PIPELINE_STATE_RUNNING",

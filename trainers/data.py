@@ -6,9 +6,11 @@ lazily, so the pipeline image can generate data without them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import string
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,16 @@ def write_generated(directory: Path, num_train: int, num_eval: int, seed: int = 
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         files[split] = str(path)
     return files
+
+
+def snapshot(examples: Iterable[dict[str, Any]]) -> str:
+    """``sha256:<hex>`` of the examples in order, each as JSON with sorted keys on a line of its own: a model's data
+    snapshot. The same examples give the same digest wherever they came from (generated, a file, the hub); any
+    change to one of them, or to their order or number, gives another."""
+    h = hashlib.sha256()
+    for example in examples:
+        h.update(json.dumps(example, sort_keys=True, separators=(",", ":"), default=str).encode() + b"\n")
+    return "sha256:" + h.hexdigest()
 
 
 def format_example(example: dict[str, Any]) -> str:

@@ -1,9 +1,12 @@
-"""Held-out loss and perplexity of the fine-tuned checkpoint and of the untrained model, on the training devices.
+"""Held-out loss and perplexity of the fine-tuned checkpoint, of the model training started from and, when the
+registered model has one, of its champion, side by side on the same held-out examples in the same job.
 
-``python -m trainers.evaluate --spec JSON --checkpoint DIR --output-dir DIR --run-name NAME --scaling-config JSON``
-is the Ray job entrypoint. It runs Ray Train's TorchTrainer with the train job's workers (one per TPU device, or
-one per emulated host on CPU): each model is sharded as for training (FSDP2, bf16 on TPU), every worker evaluates
-its share of the held-out split, and the sums meet in one all_reduce per model. Prints one ``TPUPIPE result`` line.
+``python -m trainers.evaluate --spec JSON --checkpoint DIR --output-dir DIR --run-name NAME --scaling-config JSON
+[--init-from DIR] [--champion DIR]`` is the Ray job entrypoint. It runs Ray Train's TorchTrainer with the train
+job's workers (one per TPU device, or one per emulated host on CPU): each model is sharded as for training (FSDP2,
+bf16 on TPU), every worker evaluates its share of the held-out split, and the sums meet in one all_reduce per model.
+The "before" model is ``train.model_id`` as built, or the checkpoint training started from (``--init-from``); a
+checkpoint named twice (the champion training started from) is measured once. Prints one ``TPUPIPE result`` line.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def heldout_sums(model, batches, device):
     return sums
 
 
+def models_to_measure(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(which, checkpoint) of each model the job measures, in order: ``before`` (``""``: ``train.model_id`` as
+    built), ``after`` (the fine-tuned checkpoint) and, when given, ``champion``."""
+    models = [("before", config.get("init_from") or ""), ("after", config["checkpoint"])]
+    if config.get("champion"):
+        models.append(("champion", config["champion"]))
+    return models
+
+
 def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -75,20 +87,23 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     raw = data.load_split(t.dataset, t.eval_split, config.get("data_files"), config.get("cache_dir"))
     batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
     mesh = init_device_mesh(device_type, (world,))
-    losses = {}
-    for which in ("before", "after"):
-        if which == "before":
-            model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    losses, measured = {}, {}
+    for which, source in models_to_measure(config):
+        if source in measured:
+            losses[which] = measured[source]
+            continue
+        if source:
+            model = load_trained(t.model_id, source, tokenizer, t.seed, dtype)
         else:
-            model = load_trained(t.model_id, config["checkpoint"], tokenizer, t.seed, dtype)
+            model = build_model(t.model_id, tokenizer, t.seed, dtype)
         model = parallelize(model.to(device), mesh, device_type)
         sums = heldout_sums(model, batches, device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         total, count = sums.tolist()
-        losses[which] = total / max(count, 1.0)
+        losses[which] = measured[source] = total / max(count, 1.0)
         del model
-    metrics = {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
-               "num_eval_examples": len(raw), "num_workers": world, "device": device_type}
+    metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
+    metrics.update(num_eval_examples=len(raw), num_workers=world, device=device_type)
     # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
@@ -96,7 +111,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
 
-def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Path, run_name: str) -> dict[str, Any]:
+def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Path, run_name: str, init_from: str = "",
+        champion: str = "") -> dict[str, Any]:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -104,8 +120,8 @@ def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Pat
     from trainers.fsdp import probe_backend, worker_runtime_env
 
     t = spec.train
-    config: dict[str, Any] = {"spec": spec.to_json(), "checkpoint": checkpoint,
-                              "cache_dir": str(output_dir / "data" / ".cache")}
+    config: dict[str, Any] = {"spec": spec.to_json(), "checkpoint": checkpoint, "init_from": init_from,
+                              "champion": champion, "cache_dir": str(output_dir / "data" / ".cache")}
     if t.dataset == GENERATED_DATASET:
         config["data_files"] = data.write_generated(output_dir / "data", t.num_train_examples, t.num_eval_examples,
                                                     t.seed)
@@ -124,7 +140,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Pat
     )
     metrics = dict(trainer.fit().metrics)
     before, after = metrics["eval_loss_before"], metrics["eval_loss_after"]
-    return {
+    result = {
         "eval_loss_before": before,
         "eval_loss_after": after,
         "perplexity_before": math.exp(before),
@@ -134,6 +150,10 @@ def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Pat
         "device": metrics["device"],
         "eval_split": t.eval_split,
     }
+    if "eval_loss_champion" in metrics:
+        result.update(champion_loss=metrics["eval_loss_champion"],
+                      perplexity_champion=math.exp(metrics["eval_loss_champion"]))
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,9 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", required=True, help="the run's training output directory")
     parser.add_argument("--run-name", required=True, help="Ray Train run name (of the train job)")
     parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
+    parser.add_argument("--init-from", default="", help="the checkpoint training started from (the 'before' model); "
+                        "default: train.model_id as built")
+    parser.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
-    result = run(spec, scaling_config(args.scaling_config), args.checkpoint, Path(args.output_dir), args.run_name)
+    result = run(spec, scaling_config(args.scaling_config), args.checkpoint, Path(args.output_dir), args.run_name,
+                 args.init_from, args.champion)
     protocol.emit("result", result)
 
 

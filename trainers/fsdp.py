@@ -161,13 +161,15 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
 
 
 def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, device):
-    """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer."""
+    """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split. The model
+    is ``train.model_id`` as it is, or with a registered version's weights over it (``config["init_from"]``: the
+    checkpoint ``train.init_from`` resolved to when the stage started)."""
     import ray.train.torch
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.utils.data import DataLoader
 
-    from trainers.model import build_model, load_tokenizer
+    from trainers.model import build_model, load_tokenizer, load_trained
 
     t = spec.train
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
@@ -177,11 +179,14 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, 
     loader = DataLoader(data.tokenize(raw, tokenizer, t.max_length), batch_size=t.batch_size, shuffle=True,
                         drop_last=True, generator=torch.Generator().manual_seed(t.seed))
     loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-    model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    if config.get("init_from"):
+        model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
+    else:
+        model = build_model(t.model_id, tokenizer, t.seed, dtype)
     model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), device_type)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.learning_rate,
                                   weight_decay=t.weight_decay)
-    return tokenizer, loader, model, optimizer
+    return tokenizer, loader, model, optimizer, raw
 
 
 def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
@@ -240,7 +245,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     if rank == 0:
         protocol.emit("event", {"event": "worker_group_started", "world_size": world, "time": time.time()})
-    tokenizer, loader, model, optimizer = _setup(spec, config, world, device_type, device)
+    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, device_type, device)
+    if rank == 0:  # what the model is trained on, for its provenance
+        protocol.emit("event", {"event": "data", "data_snapshot": data.snapshot(raw), "num_examples": len(raw)})
     start_epoch, global_step, resumed = _resume(model, optimizer, rank)
     steps_per_epoch = len(loader)
     for epoch in range(start_epoch, t.epochs):
@@ -254,7 +261,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         epoch_loss = (epoch_loss / world).item()
         epoch_s = time.perf_counter() - started
         metrics = {"epoch": epoch + 1, "loss": epoch_loss, "epoch_s": epoch_s, "global_step": global_step,
-                   "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s}
+                   "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
+                   "tokens_seen": global_step * t.batch_size * world * t.max_length}
         with tempfile.TemporaryDirectory() as tmp:
             meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
             save_checkpoint(model, optimizer if t.checkpoint_optimizer else None, tokenizer, meta, rank, Path(tmp))
@@ -275,14 +283,15 @@ def probe_backend(resources: dict[str, float]) -> tuple[str, str]:
     return ray.get(task.remote())
 
 
-def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str) -> dict[str, Any]:
+def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "") -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     t = spec.train
     output_dir.mkdir(parents=True, exist_ok=True)
-    loop_config: dict[str, Any] = {"spec": spec.to_json(), "cache_dir": str(output_dir / "data" / ".cache")}
+    loop_config: dict[str, Any] = {"spec": spec.to_json(), "cache_dir": str(output_dir / "data" / ".cache"),
+                                   "init_from": init_from}
     if t.dataset == GENERATED_DATASET:
         loop_config["data_files"] = data.write_generated(
             output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
@@ -326,9 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", required=True, help="where checkpoints and data go")
     parser.add_argument("--run-name", required=True, help="Ray Train run name")
     parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
+    parser.add_argument("--init-from", default="", help="a checkpoint of this trainer to start from (its weights over "
+                        "train.model_id): the registered version train.init_from names")
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
-    result = run(spec, scaling_config(args.scaling_config), Path(args.output_dir), args.run_name)
+    result = run(spec, scaling_config(args.scaling_config), Path(args.output_dir), args.run_name, args.init_from)
     if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
         raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")
     protocol.emit("result", result)

@@ -187,17 +187,25 @@ def run_train(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_di
 
 
 def run_eval(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str,
-             checkpoint: str) -> dict[str, Any]:
+             checkpoint: str, champion: str = "") -> dict[str, Any]:
+    """MaxText's eval loop on the untrained model, the trained checkpoint and, when given, the registered champion's
+    checkpoint: the same batches for each."""
     import math
 
+    models = [("before", ""), ("after", str(Path(checkpoint) / "items"))]
+    if champion:
+        models.append(("champion", str(Path(champion) / "items")))
     losses = {}
-    for which, params in (("before", ""), ("after", str(Path(checkpoint) / "items"))):
+    for which, params in models:
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
         losses[which] = _fit(spec, scaling, eval_args, output_dir, name, 0)["eval_loss"]
-    return {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
-            "perplexity_before": math.exp(losses["before"]), "perplexity_after": math.exp(losses["after"]),
-            "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)"}
+    result = {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
+              "perplexity_before": math.exp(losses["before"]), "perplexity_after": math.exp(losses["after"]),
+              "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)"}
+    if champion:
+        result.update(champion_loss=losses["champion"], perplexity_champion=math.exp(losses["champion"]))
+    return result
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -211,6 +219,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--run-name", required=True, help="MaxText's run_name (checkpoints go under it)")
     parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
     parser.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
+    parser.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
     args = parser.parse_args(argv[:cut])
     maxtext_args = argv[cut + 1:]
     bad = [a for a in maxtext_args if "=" not in a]
@@ -231,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.mode == "train":
             result = run_train(spec, scaling, maxtext_args, out, args.run_name)
         else:
-            result = run_eval(spec, scaling, maxtext_args, out, args.run_name, args.checkpoint)
+            result = run_eval(spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion)
     finally:
         ray.shutdown()
     protocol.emit("result", result)

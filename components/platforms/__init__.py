@@ -55,6 +55,18 @@ class Platform(Protocol):
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""
 
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        """The inverse of ``checkpoint_uri``: a checkpoint's path as the cluster's jobs see it (a registered version
+        the run starts from or measures); SpecError when the cluster cannot read it."""
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        """Where the run's models are registered: ``components.registry.open_registry``'s arguments (a local
+        directory's root, or a Google Cloud project and region)."""
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        """Hosts the run lost and had replaced while it ran (preempted or failed), or None when the platform does
+        not count them."""
+
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, found from its ledger and its labels; safe to run again."""
 

@@ -9,6 +9,8 @@ import os
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"  # set when the tests point the clients at the emulators
 EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"
+# Vertex AI's endpoint (http://host:port, REST) with the emulators; unset, the SDK's default for the region.
+VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
 
 
 def credentials():

@@ -10,6 +10,7 @@ import it alike. See docs/architecture.md for the dependency rules.
 from components.spec.errors import InfraError, SpecError, TpupipeError
 from components.spec.run_spec import (
     CAPACITY_TYPES,
+    CHAMPION,
     GENERATED_DATASET,
     GKE_CLUSTER_MODES,
     MULTISLICE_NETWORKS,
@@ -17,6 +18,7 @@ from components.spec.run_spec import (
     SECTIONS,
     WORKLOADS,
     ClusterSpec,
+    GateSpec,
     GkeSpec,
     MaxTextSpec,
     RunSpec,
@@ -30,7 +32,7 @@ from components.spec.run_spec import (
 )
 
 __all__ = [
-    "CAPACITY_TYPES", "GENERATED_DATASET", "GKE_CLUSTER_MODES", "MULTISLICE_NETWORKS", "SCRATCH_PREFIX", "SECTIONS",
-    "WORKLOADS", "ClusterSpec", "GkeSpec", "InfraError", "MaxTextSpec", "RunSpec", "SpecError", "TpupipeError",
-    "TrainSpec", "all_keys", "apply_overrides", "from_dict", "layered", "parse_overrides", "validate",
+    "CAPACITY_TYPES", "CHAMPION", "GENERATED_DATASET", "GKE_CLUSTER_MODES", "MULTISLICE_NETWORKS", "SCRATCH_PREFIX",
+    "SECTIONS", "WORKLOADS", "ClusterSpec", "GateSpec", "GkeSpec", "InfraError", "MaxTextSpec", "RunSpec", "SpecError",
+    "TpupipeError", "TrainSpec", "all_keys", "apply_overrides", "from_dict", "layered", "parse_overrides", "validate",
 ]

@@ -27,6 +27,9 @@ LABEL_VALUE_MAX = 63
 RAYCLUSTER_NAME_MAX = 53
 PLACEHOLDER_PROJECT = "PROJECT_ID"
 RUN_ID_MAX = 40
+# A registered model's name: a Vertex AI model id (lowercase), the same rule in the local registry.
+MODEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+MODEL_NAME_MAX = 63
 
 
 def fit(name: str, limit: int) -> str:
@@ -57,6 +60,15 @@ def run_id_from(explicit: str, job_name: str) -> str:
         raise SpecError("run_id", f"{explicit!r} is not a DNS-1035 label of at most {RUN_ID_MAX} characters; "
                                   f"for example {rid!r}")
     return rid
+
+
+def model_name(preset: str) -> str:
+    """The registered model of a preset when ``gate.model`` is empty: the preset's name as a model name
+    (lowercase letters, digits, '_' and '-', starting with a letter, at most 63 characters)."""
+    name = re.sub(r"[^a-z0-9_-]+", "-", preset.lower()).strip("-_") or "model"
+    if not name[0].isalpha():
+        name = "m-" + name
+    return fit(name, MODEL_NAME_MAX)
 
 
 def labels(run_id: str, **extra: str) -> dict[str, str]:

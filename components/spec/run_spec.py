@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.spec import models, presets
+from components.spec import models, names, presets
 from components.spec.errors import SpecError
 
 CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
 WORKLOADS = ("fsdp", "maxtext")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
+CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
+# What follows NAME@ in train.init_from: a version id or an alias (the registry's rule, components.registry.REF).
+MODEL_REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class TrainSpec:
 
     workload: str = "fsdp"
     model_id: str = "scratch:gemma4-tiny"  # hub name, local directory, or scratch:<config> (random init)
+    # Start from a registered version's weights (over model_id's architecture): "" (model_id's own), "champion"
+    # (the champion of gate.model, resolved when train starts) or NAME@VERSION (a version id or an alias).
+    init_from: str = ""
     dataset: str = GENERATED_DATASET  # "generated", a local .json/.jsonl file, or a hub dataset name
     train_split: str = "train"
     eval_split: str = "heldout"
@@ -77,6 +83,17 @@ class TrainSpec:
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
     checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
     timeout_s: float = 3600.0  # the train job's deadline
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """The model registry and the gate in front of its champion: every trained model is registered as a version of
+    ``model`` with its provenance, and becomes the champion only when its held-out loss beats the champion's, both
+    measured in the same evaluation job, by at least ``min_improvement``."""
+
+    register: bool = True  # off: no registration, no champion measured, no promotion
+    model: str = ""  # the registered model's name; empty: derived from the preset's name
+    min_improvement: float = 0.0  # relative: (champion - new) / champion must reach it; 0: any improvement
 
 
 GKE_CLUSTER_MODES = ("standard", "autopilot")
@@ -137,11 +154,28 @@ class RunSpec:
     train: TrainSpec = field(default_factory=TrainSpec)
     gke: GkeSpec = field(default_factory=GkeSpec)
     maxtext: MaxTextSpec = field(default_factory=MaxTextSpec)
+    gate: GateSpec = field(default_factory=GateSpec)
 
     # ---- derived facts (one place each) ----
     @property
     def total_hosts(self) -> int:
         return self.cluster.num_hosts * self.cluster.num_slices
+
+    @property
+    def model_name(self) -> str:
+        """The registered model this run's versions belong to: ``gate.model``, else derived from the preset."""
+        return self.gate.model or names.model_name(self.name)
+
+    @property
+    def init_from_ref(self) -> tuple[str, str] | None:
+        """``train.init_from`` as (model, version or alias); None when training starts from ``train.model_id``."""
+        ref = self.train.init_from
+        if not ref:
+            return None
+        if ref == CHAMPION:
+            return self.model_name, CHAMPION
+        name, _, version = ref.partition("@")
+        return name, version
 
     @property
     def num_workers(self) -> int:
@@ -160,7 +194,8 @@ class RunSpec:
         return from_dict(json.loads(text))
 
 
-SECTIONS: dict[str, type] = {"cluster": ClusterSpec, "train": TrainSpec, "gke": GkeSpec, "maxtext": MaxTextSpec}
+SECTIONS: dict[str, type] = {"cluster": ClusterSpec, "train": TrainSpec, "gke": GkeSpec, "maxtext": MaxTextSpec,
+                             "gate": GateSpec}
 
 
 def _field_types(cls: type) -> dict[str, type]:
@@ -302,8 +337,8 @@ def _check_training(spec: RunSpec) -> None:
     c, t = spec.cluster, spec.train
     if t.max_length < 8:
         raise SpecError("train.max_length", f"must be at least 8, got {t.max_length}")
-    if not t.learning_rate > 0:
-        raise SpecError("train.learning_rate", f"must be positive, got {t.learning_rate}")
+    if not t.learning_rate >= 0:  # 0 trains nothing: a run that measures its starting model
+        raise SpecError("train.learning_rate", f"must be 0 or more, got {t.learning_rate}")
     if t.weight_decay < 0:
         raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
     if c.capacity not in CAPACITY_TYPES:
@@ -380,12 +415,33 @@ def _check_gke_fields(spec: RunSpec) -> None:
                             ["latest", "1.35", "1.35.2-gke.1842000"])
 
 
+def _check_gate(spec: RunSpec) -> None:
+    """The registered model's name, the gate's threshold, and where training starts from."""
+    g, t = spec.gate, spec.train
+    if g.model and not names.MODEL_NAME.match(g.model):
+        raise SpecError("gate.model", f"{g.model!r} is not a model name",
+                        ["a lowercase letter, then up to 62 lowercase letters, digits, '_' or '-'"])
+    if not 0 <= g.min_improvement < 1:
+        raise SpecError("gate.min_improvement", f"a relative improvement from 0 (any) to below 1, got "
+                        f"{g.min_improvement}", ["0.0", "0.01 (1% lower held-out loss)"])
+    if not t.init_from:
+        return
+    name, at, version = t.init_from.partition("@")
+    if t.init_from != CHAMPION and not (at and names.MODEL_NAME.match(name) and MODEL_REF.match(version)):
+        raise SpecError("train.init_from", f"{t.init_from!r} names no registered version",
+                        ["", CHAMPION, "NAME@VERSION (gemma-ft@3)", "NAME@ALIAS (gemma-ft@champion)"])
+    if t.workload != "fsdp":
+        raise SpecError("train.init_from", f"the {t.workload} workload starts from its own model; only the fsdp "
+                        "workload starts from a registered version", [""])
+
+
 def validate(spec: RunSpec) -> None:
     """The spec's own checks (no hardware knowledge): raises SpecError naming the first bad field. The checks
     against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
     _check_counts(spec)
     _check_training(spec)
     _check_gke_fields(spec)
+    _check_gate(spec)
 
 
 def layered(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] = "") -> RunSpec:

@@ -2,8 +2,11 @@
 ``summary.json``, from the same records.
 
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
-- evaluate: ``Metrics`` (held-out loss and perplexity before/after), a ``Markdown`` summary, and the ``Model``
-  (its uri the checkpoint in Cloud Storage, its metadata the run's provenance);
+- evaluate: ``Metrics`` (held-out loss and perplexity before/after, and the champion's when there is one), a
+  ``Markdown`` summary, and the ``Model`` (its uri the checkpoint in Cloud Storage, its metadata the run's
+  provenance);
+- register: ``Metrics`` (the new version's and the champion's held-out loss, the relative improvement, the threshold,
+  whether the gate promotes) and a ``Markdown`` table of the decision, both figures and the version's provenance;
 - teardown: ``Markdown`` of what it deleted.
 
 Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
@@ -41,7 +44,8 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
 
 def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
     ev = (_record(store, "evaluate").get("result")) or {}
-    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after"):
+    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after", "champion_loss",
+                "perplexity_champion"):
         if ev.get(key) is not None:
             metrics.log_metric(key, ev[key])
     train_result = _record(store, "train").get("result") or {}
@@ -50,7 +54,8 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
     model.uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint") or model.uri
     model.metadata.update({
         "preset": spec["name"],
-        "base_model": spec["maxtext"]["model_name"] if t["workload"] == "maxtext" else t["model_id"],
+        "base_model": ev.get("init_from") or (spec["maxtext"]["model_name"] if t["workload"] == "maxtext"
+                                              else t["model_id"]),
         "accelerator": cluster["accelerator"], "topology": cluster["topology"], "slices": cluster["num_slices"],
         "trainer_image": image.get("image", ""), "trainer_image_digest": image.get("digest", ""),
         "git_sha": source_version, "eval_loss_after": ev.get("eval_loss_after"),
@@ -60,8 +65,41 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
             ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after"))]
     lines = ["| | untrained | trained |", "|---|---|---|"]
     lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
+    if ev.get("champion"):
+        lines += ["", f"Champion `{ev['champion']['ref']}`, measured in the same job: held-out loss "
+                      f"{_num(ev.get('champion_loss'))}, perplexity {_num(ev.get('perplexity_champion'))}."]
     lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
     with open(summary_md.path, "w") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def register(store: RunStore, metrics, table_md) -> None:
+    """The gate's decision as the run's graph shows it: both figures, and why."""
+    rec = _record(store, "register")
+    result = rec.get("result") or {}
+    if result.get("skipped"):
+        with open(table_md.path, "w") as out:
+            out.write(f"Gate off: {result['reason']}.\n")
+        return
+    figures = {"eval_loss": result.get("eval_loss"), "champion_loss": result.get("champion_loss"),
+               "improvement": result.get("improvement"), "min_improvement": result.get("min_improvement"),
+               "promote": 1.0 if result.get("decision") == "promote" else 0.0,
+               "version": float(result["version"]) if str(result.get("version", "")).isdigit() else None}
+    for key, value in figures.items():
+        if value is not None:
+            metrics.log_metric(key, value)
+    champion = result.get("champion_ref") or "none"
+    lines = [f"**Gate: {result.get('decision')}** — {result.get('reason')}", "",
+             "| model | held-out loss |", "|---|---|",
+             f"| new: `{result.get('ref')}` | {_num(result.get('eval_loss'))} |",
+             f"| champion: `{champion}` | {_num(result.get('champion_loss'))} |", ""]
+    improvement = result.get("improvement")
+    lines.append(f"Improvement {'-' if improvement is None else f'{improvement:.2%}'}; needed "
+                 f"{result.get('min_improvement', 0):.2%} (gate.min_improvement). Registry: {result.get('registry')}.")
+    if result.get("provenance"):
+        lines += ["", "| provenance | |", "|---|---|"]
+        lines += [f"| {key} | `{value}` |" for key, value in result["provenance"].items()]
+    with open(table_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
 
 

@@ -24,7 +24,11 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         stages.append(entry)
         results[name] = rec.get("result") or {}
     train, ev = results["train"], results["evaluate"]
-    ok = all(s["status"] == "succeeded" for s in stages)
+    gate = gate_summary(results["register"], results["promote"])
+    for s in stages:  # promote runs only when the gate says so: not running otherwise is how it succeeds
+        if s["name"] == "promote" and s["status"] == "skipped" and gate.get("decision") in ("keep", "off"):
+            s["reason"] = gate["reason"]
+    ok = all(s["status"] == "succeeded" or s.get("reason") for s in stages)
     interrupted = _interrupted(stages, interrupts.marked(ctx.store))
     return {
         "run_id": ctx.run_id,
@@ -45,6 +49,8 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "eval_loss_after": ev.get("eval_loss_after"),
         "perplexity_before": ev.get("perplexity_before"),
         "perplexity_after": ev.get("perplexity_after"),
+        "init_from": ev.get("init_from"),
+        "gate": gate,
         "slice_check": slice_check(results["check_slice"], ctx),
         "deleted": results["teardown"].get("deleted", []),
         "spec": ctx.spec.to_dict(),
@@ -53,6 +59,22 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
 
 SLICE_CHECK_FIGURES = ("ok", "device", "backend", "num_ranks", "num_hosts", "num_devices", "ranks_verified",
                        "max_abs_diff", "all_reduce", "expected_all_reduce", "seconds", "bad")
+
+
+GATE_FIGURES = ("model", "version", "ref", "registry", "decision", "reason", "eval_loss", "champion_loss",
+                "champion_ref", "improvement", "min_improvement")
+
+
+def gate_summary(registered: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
+    """The register stage's figures and the gate's decision, and whether the champion moved (``promoted``: True,
+    False when promote found the champion moved since evaluation, None when it did not run)."""
+    if not registered:
+        return {}
+    out = {k: registered[k] for k in GATE_FIGURES if k in registered}
+    out["promoted"] = promoted.get("promoted") if promoted else None
+    if promoted and not promoted.get("promoted"):
+        out["reason"] = promoted.get("reason", out.get("reason"))
+    return out
 
 
 def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
@@ -168,6 +190,20 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def gate_lines(summary: dict[str, Any]) -> list[str]:
+    """Where the model went and why: the version registered, and the gate's decision with both figures."""
+    gate = summary.get("gate") or {}
+    if not gate:
+        return []
+    if gate.get("decision") == "off":
+        return ["", f"  gate                 off ({gate['reason']})"]
+    lines = [""]
+    if summary.get("init_from"):
+        lines.append(f"  started from         {summary['init_from']}")
+    lines += [f"  registered           {gate.get('ref')} in {gate.get('registry')}", f"  gate: {gate.get('reason')}"]
+    return lines
+
+
 def format_table(summary: dict[str, Any]) -> str:
     lines = ["", f"tpupipe run {summary['run_id']}  preset {summary['preset']}  platform {summary['platform']}", ""]
     lines.append(f"  {'stage':<20} {'status':<10} {'seconds':>8}")
@@ -190,15 +226,19 @@ def format_table(summary: dict[str, Any]) -> str:
         for row in _shown(summary["history"]):
             lines.append("  " + " ".join(f"{fmt.format(row.get(key, 0)):>11}" for _t, key, fmt in columns))
     if summary.get("eval_loss_before") is not None:
+        before = "at start" if summary.get("init_from") else "untrained"
+        champion = (summary.get("gate") or {}).get("champion_loss")
         lines += [
             "",
-            f"  held-out loss        untrained {_fmt(summary['eval_loss_before'])}   "
-            f"trained {_fmt(summary['eval_loss_after'])}",
-            f"  held-out perplexity  untrained {_fmt(summary['perplexity_before'], 2)}   "
+            f"  held-out loss        {before} {_fmt(summary['eval_loss_before'])}   "
+            f"trained {_fmt(summary['eval_loss_after'])}"
+            + (f"   champion {_fmt(champion)}" if champion is not None else ""),
+            f"  held-out perplexity  {before} {_fmt(summary['perplexity_before'], 2)}   "
             f"trained {_fmt(summary['perplexity_after'], 2)}",
         ]
     if summary.get("tokens_per_s"):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
+    lines += gate_lines(summary)
     if summary["status"] != "succeeded":
         deleted = summary.get("deleted") or []
         lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")

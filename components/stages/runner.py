@@ -21,7 +21,7 @@ from components.platforms import RunContext, get_platform, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
-from components.stages import STAGES
+from components.stages import STAGES, gate
 from components.stages.jobs import JobFailed, log, run_job
 from components.workload import resolve
 
@@ -57,12 +57,12 @@ def _on_platform(stage: str) -> Callable[[RunContext, str], dict[str, Any]]:
     return run
 
 
-def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "") -> str:
+def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "", init_from: str = "", champion: str = "") -> str:
     """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it."""
     from components.workload.derive import job_command
 
     out = get_platform(ctx.platform).job_output_dir(ctx)
-    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint)
+    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion)
 
 
 def history(records: list[tuple[str, dict]]) -> list[dict]:
@@ -107,8 +107,12 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
 
 
 def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
+    """The trainer as a Ray job; ``train.init_from`` is resolved to a registered version's checkpoint now."""
     t = ctx.spec.train
     total = ctx.spec.maxtext.steps if t.workload == "maxtext" else t.epochs
+    start = gate.starting_point(ctx)
+    if start:
+        log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
 
     shown: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
 
@@ -120,11 +124,17 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         seconds = p.get("epoch_s", p.get("step_s", 0.0))
         log(f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)")
 
-    job = run_job(ctx, "train", entrypoint(ctx, "train"), t.timeout_s, progress)
+    job = run_job(ctx, "train", entrypoint(ctx, "train", init_from=start["path"] if start else ""), t.timeout_s,
+                  progress)
     rows = history(job["records"])
-    starts = sum(1 for kind, p in job["records"] if kind == "event" and p.get("event") == "worker_group_started")
+    events = [p for kind, p in job["records"] if kind == "event"]
+    starts = sum(1 for p in events if p.get("event") == "worker_group_started")
+    data = next((p for p in reversed(events) if p.get("event") == "data"), {})
     return {
         "job": job["submission_id"],
+        "init_from": start,
+        "data_snapshot": data.get("data_snapshot"),
+        "num_train_examples": data.get("num_examples"),
         "restarts": max(0, starts - 1),
         "checkpoint": job["result"]["checkpoint"],
         "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),
@@ -138,16 +148,85 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
 
 
 def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
-    """Held-out loss before and after training, of the checkpoint the train stage (``upstream``) reported."""
+    """Held-out loss before and after training, of the checkpoint the train stage (``upstream``) reported, and of
+    the registered model's champion beside them, in the same job on the same examples (``gate.champion_to_measure``,
+    read from the registry now): the figures the gate compares."""
     train_result = json.loads(upstream) if upstream else {}
     if not train_result.get("checkpoint"):
         raise JobFailed("evaluate: the train stage reported no checkpoint")
-    command = entrypoint(ctx, "eval", checkpoint=train_result["checkpoint"])
+    start = train_result.get("init_from") or {}
+    champion = gate.champion_to_measure(ctx)
+    if champion:
+        log(f"evaluate: measuring {gate.CHAMPION} {champion['ref']} beside the new model")
+    command = entrypoint(ctx, "eval", checkpoint=train_result["checkpoint"], init_from=start.get("path", ""),
+                         champion=champion["path"] if champion else "")
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
     result = job["result"]
     log(f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
-        f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}")
-    return {"job": job["submission_id"], **result}
+        f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
+        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if champion else ""))
+    out = {"job": job["submission_id"], **result}
+    if champion:
+        out["champion"] = {"ref": champion["ref"], "version": champion["version"]}
+    if start:
+        out["init_from"] = start["ref"]
+    return out
+
+
+def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_version: str = "") -> dict[str, Any]:
+    """Register the trained checkpoint as a new version of ``spec.model_name`` with its provenance, and decide the
+    gate from the evaluation's figures (``upstream``): ``promote`` or ``keep``. No alias moves here: the version
+    exists before anything names it, and the promote stage moves ``champion`` only when the decision says so."""
+    if not ctx.spec.gate.register:
+        log("register: skipped (gate.register=false)")
+        return {"skipped": True, "decision": gate.OFF, "reason": "gate.register=false: nothing registered"}
+    ev = json.loads(upstream) if upstream else {}
+    records = {stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
+               for stage in ("build_image", "train")}
+    records["evaluate"] = ev
+    train_result = records["train"]
+    artifact_uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint")
+    if not artifact_uri:
+        raise JobFailed("register: the train stage reported no checkpoint")
+    platform = get_platform(ctx.platform)
+    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job,
+                                 platform.hosts_lost(ctx))
+    reg = gate.registry(ctx)
+    version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
+    champion = ev.get("champion") or {}
+    decision = gate.decide(ev["eval_loss_after"], ev.get("champion_loss"), ctx.spec.gate.min_improvement,
+                           version.ref, champion.get("ref", ""))
+    log(f"register: {version.ref} in {reg.where}")
+    log(f"gate: {decision.reason}")
+    return {"model": version.name, "version": version.version, "ref": version.ref, "artifact_uri": artifact_uri,
+            "registry": reg.where, "decision": decision.decision, "reason": decision.reason,
+            "eval_loss": ev["eval_loss_after"], "champion_loss": ev.get("champion_loss"),
+            "champion_ref": champion.get("ref"), "champion_version": champion.get("version"),
+            "improvement": decision.improvement, "min_improvement": ctx.spec.gate.min_improvement,
+            "provenance": version.provenance}
+
+
+def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
+    """Move ``champion`` to the version the register stage registered (its record) when the gate's decision
+    (``upstream``) is ``promote``: the pipeline runs this stage only then, after the version exists. A champion that
+    moved since the evaluation measured it (another run promoted meanwhile) is not replaced: the new version was
+    shown better than the old champion only."""
+    registered = (read_json(ctx.store, "stages/register.json") or {}).get("result") or {}
+    if upstream != gate.PROMOTE or registered.get("decision") != gate.PROMOTE:
+        raise JobFailed(f"promote: the gate decided {registered.get('decision') or upstream!r}, not {gate.PROMOTE!r}")
+    reg = gate.registry(ctx)
+    name, version = registered["model"], registered["version"]
+    current = reg.champion(name)
+    measured = registered.get("champion_version")
+    if (current.version if current else None) != measured:
+        was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
+        reason = (f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
+                  f"{current.ref if current else 'none'} now; the next run measures against it")
+        log(f"promote: {reason}")
+        return {"promoted": False, "ref": registered["ref"], "reason": reason}
+    reg.promote(name, version)
+    log(f"promote: {gate.CHAMPION} of {name} is now {registered['ref']} (was {measured or 'none'})")
+    return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}
 
 
 RUNNERS: dict[str, Callable[[RunContext, str], dict[str, Any]]] = {
@@ -157,6 +236,8 @@ RUNNERS: dict[str, Callable[[RunContext, str], dict[str, Any]]] = {
     "check_slice": check_slice,
     "train": train,
     "evaluate": evaluate,
+    "register": register,
+    "promote": promote,
     "teardown": _on_platform("teardown"),
 }
 assert tuple(RUNNERS) == STAGES
@@ -166,8 +247,10 @@ assert tuple(RUNNERS) == STAGES
 
 
 def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-              output_root: str, upstream: str = "") -> str:
-    """Resolve the context, run one stage with its record kept, return its result as JSON.
+              output_root: str, upstream: str = "", **facts: str) -> str:
+    """Resolve the context, run one stage with its record kept, return its result as JSON. ``facts`` are what the
+    pipeline knows beyond the spec that a stage takes as keyword arguments (``FACTS``: the job name, the source
+    version).
 
     SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
     it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
@@ -176,13 +259,13 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
         raise ValueError(f"stage: unknown stage {stage!r} (valid: {', '.join(STAGES)})")
     if stage == "teardown":
         with interrupts.sigint_ignored():
-            return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream)
+            return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
     with interrupts.on_interrupt(lambda signum: log(f"{stage}: {interrupts.signal_name(signum)}: stopping"), log=log):
-        return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream)
+        return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
 
 
 def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-                  output_root: str, upstream: str) -> str:
+                  output_root: str, upstream: str, facts: dict[str, str]) -> str:
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
     mark = interrupts.marked(store)
@@ -197,7 +280,7 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
     ctx = None
     try:
         ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
-        result = RUNNERS[stage](ctx, upstream)
+        result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
         record(store, stage, status="interrupted", seconds=time.time() - started, signal=exc.signal_name,
                error=f"interrupted by {exc.signal_name}")
@@ -215,7 +298,11 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
 
 # The argument of each component that carries the upstream stage's result.
 UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "check_slice": "raycluster", "train": "raycluster",
-            "evaluate": "train_result"}
+            "evaluate": "train_result", "register": "eval_result", "promote": "decision"}
+# What a stage's runner takes beyond the spec: its keyword argument -> the component's argument that carries it.
+FACTS = {"register": {"pipeline_job": "job_name", "source_version": "source_version"}}
+# A component whose output is one field of its stage's result (what the pipeline's condition reads), not all of it.
+OUTPUT_FIELD = {"register": "decision"}
 
 
 def with_target(overrides: str, project: str, bucket: str) -> str:
@@ -235,16 +322,20 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
 
     overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""))
     common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
-    result = run_stage(stage, *common, args.get(UPSTREAM.get(stage, ""), ""))
+    facts = {key: args[arg] for key, arg in FACTS.get(stage, {}).items()}
+    result = run_stage(stage, *common, args.get(UPSTREAM.get(stage, ""), ""), **facts)
     ctx = _stage_context(stage, *common)
     spec = ctx.spec.to_dict()
     if stage == "train":
         artifacts.train(ctx.store, spec, args["metrics"], args["loss_curve"])
     elif stage == "evaluate":
         artifacts.evaluate(ctx.store, spec, args["metrics"], args["summary"], args["model"], args["source_version"])
+    elif stage == "register":
+        artifacts.register(ctx.store, args["metrics"], args["gate"])
     elif stage == "teardown":
         artifacts.teardown(ctx.store, args["deleted"])
-    return result
+    field = OUTPUT_FIELD.get(stage)
+    return json.loads(result)[field] if field else result
 
 
 def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,

@@ -151,11 +151,14 @@ def check_ranks(spec: RunSpec) -> int:
     return spec.total_hosts
 
 
-def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "") -> str:
+def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "", init_from: str = "",
+                champion: str = "") -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
-    devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. One source for the
-    stages' job submissions and the plan."""
+    devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry
+    resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
+    (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
+    same evaluation. One source for the stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -168,6 +171,10 @@ def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkp
         args["devices_per_host"] = str(check_devices_per_host(spec))
     if mode == "eval":
         args["checkpoint"] = checkpoint
+    if mode in ("train", "eval") and init_from:
+        args["init_from"] = init_from
+    if mode == "eval" and champion:
+        args["champion"] = champion
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":

@@ -64,3 +64,51 @@ def test_run_id_defaults_to_the_pipeline_job_name(tmp_path):
     task = c.teardown(**args(tmp_path, "", job_name="Tpupipe-2026-11-29-10-04-42"))
     assert task.outputs["Output"]
     assert (tmp_path / "runs" / "tpupipe-2026-11-29-10-04-42" / "summary.json").is_file()
+
+
+def _trained_run(tmp_path, run_id: str) -> str:
+    """The records a run that trained leaves for register: its checkpoint, train's and build_image's results."""
+    from components.platforms.store import LocalStore
+    from components.stages.runner import record
+
+    store = LocalStore(tmp_path / "runs" / run_id)
+    checkpoint = tmp_path / "runs" / run_id / "train" / "checkpoint_000002"
+    checkpoint.mkdir(parents=True)
+    record(store, "build_image", status="succeeded", result={"image": "local/torch@0123456789ab",
+                                                             "digest": "0123456789ab"})
+    record(store, "train", status="succeeded", result={
+        "checkpoint": str(checkpoint), "checkpoint_uri": str(checkpoint), "restarts": 0,
+        "data_snapshot": "sha256:" + "d4" * 32, "history": [{"epoch": 1, "loss": 2.0, "tokens_seen": 16384}]})
+    return str(checkpoint)
+
+
+def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_path):
+    from components.registry import open_registry
+
+    checkpoint = _trained_run(tmp_path, "gate-1")
+    first = {"eval_loss_before": 4.6, "eval_loss_after": 1.5, "eval_split": "heldout"}
+    task = c.register(**args(tmp_path, "gate-1"), source_version="3f2a9c1e", eval_result=json.dumps(first))
+    assert task.outputs["Output"] == "promote"
+    assert task.outputs["metrics"].metadata["promote"] == 1.0 and task.outputs["metrics"].metadata["eval_loss"] == 1.5
+    table = open(task.outputs["gate"].path).read()
+    assert "**Gate: promote** — promoted local-fsdp@1 to champion: there was no champion yet" in table
+    assert f"| data_snapshot | `sha256:{'d4' * 32}` |" in table and "| git_sha | `3f2a9c1e` |" in table
+    registry = open_registry(tmp_path / "runs")
+    assert registry.champion("local-fsdp") is None  # registered; not yet promoted
+    c.promote(**args(tmp_path, "gate-1"), decision="promote")
+    champion = registry.champion("local-fsdp")
+    assert champion.version == "1" and champion.artifact_uri == checkpoint
+
+    _trained_run(tmp_path, "gate-2")
+    worse = {"eval_loss_before": 4.6, "eval_loss_after": 4.6, "eval_split": "heldout", "champion_loss": 1.5,
+             "champion": {"ref": "local-fsdp@1", "version": "1"}}
+    task = c.register(**args(tmp_path, "gate-2", overrides="train.learning_rate=0"), source_version="",
+                      eval_result=json.dumps(worse))
+    assert task.outputs["Output"] == "keep"
+    metrics = task.outputs["metrics"].metadata
+    assert (metrics["eval_loss"], metrics["champion_loss"], metrics["promote"]) == (4.6, 1.5, 0.0)
+    table = open(task.outputs["gate"].path).read()
+    assert "| new: `local-fsdp@2` | 4.6000 |" in table and "| champion: `local-fsdp@1` | 1.5000 |" in table
+    assert "kept champion local-fsdp@1" in table
+    assert [v.version for v in registry.versions("local-fsdp")] == ["1", "2"]
+    assert registry.champion("local-fsdp").version == "1"

@@ -39,7 +39,8 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
     assert [s["name"] for s in summary["stages"]] == [
-        "provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown"]
+        "provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
+        "teardown"]
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]

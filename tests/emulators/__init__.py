@@ -11,6 +11,8 @@ client libraries run against them (architecture decision 9):
   polls, fail or are cancelled, with their source checked against the storage emulator;
 - ``artifactregistry``: Artifact Registry's GetRepository and CreateRepository (gRPC, with its operations);
 - ``resourcemanager``: Resource Manager's ``Projects.GetProject`` gRPC service (the project number);
+- ``models``: Vertex AI Model Registry's ``ModelService`` over REST (models, versions, aliases, the upload's
+  operation), with injectable faults;
 - ``http``: what the HTTP emulators share (Google's error shape, faults, the server);
 - ``kube``: a Kubernetes API server over HTTPS (its own CA) that validates RayCluster and RayJob objects against
   the KubeRay CRD schemas, plays the KubeRay operator's part with a local Ray cluster of the manifest's shape, and

@@ -5,6 +5,10 @@ accepted PipelineSpec; and the ``ScheduleService`` (CreateSchedule, GetSchedule,
 ResumeSchedule, DeleteSchedule) whose cron schedules fire on a test clock (``advance``), honouring the time zone,
 start and end, ``maxRunCount`` and ``maxConcurrentRunCount`` (a run due while that many are active is skipped).
 
+The same endpoint serves Vertex AI Model Registry's ``ModelService`` (``tests.emulators.models``), as Google's one
+``REGION-aiplatform.googleapis.com`` serves both, so a task's registry calls (``$TPUPIPE_VERTEX_ENDPOINT``) reach
+it.
+
 What it validates, as Vertex does: the parent ``projects/P/locations/L``, the job id pattern, the parameters against
 the spec's root inputs (names and types), a ``gs://`` pipeline root, and that every task's image is in the emulated
 Artifact Registry.
@@ -15,7 +19,10 @@ cloud services' endpoints in its environment: nothing else is shared. Output art
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
 another's disk. The DAG runs in dependency order; a task waits for its upstream tasks to succeed, except with
-``ALL_UPSTREAM_TASKS_COMPLETED`` (the exit handler), which runs whatever happened. Cancel sends SIGTERM to the
+``ALL_UPSTREAM_TASKS_COMPLETED`` (the exit handler), which runs whatever happened. A task with a
+``triggerPolicy.condition`` (what ``dsl.If`` compiles to: a CEL expression over the task's input parameters, such as
+``inputs.parameter_values['pipelinechannel--register-decision'] == 'promote'``) runs only when it holds; when it
+does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Cancel sends SIGTERM to the
 running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
 SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title, metadata).
 """
@@ -44,6 +51,7 @@ from tests.emulators.http import HttpEmulator, HttpError
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
+MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
 GCS_MOUNT = Path("/gcs")
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": (int, float), "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool,
@@ -93,10 +101,108 @@ def _cron_matches(cron: str, when: datetime) -> bool:
     return True
 
 
+class ConditionError(ValueError):
+    """A trigger condition outside the CEL this emulator reads."""
+
+
+_CEL_TOKEN = re.compile(r"""\s*(?:(?P<param>inputs\.parameter_values\[(?P<q>['"])(?P<key>[^'"]+)(?P=q)\])"""
+                        r"""|(?P<string>'[^']*'|"[^"]*")|(?P<number>-?\d+(?:\.\d+)?)|(?P<word>true|false)"""
+                        r"""|(?P<op>==|!=|<=|>=|<|>|&&|\|\||!|\(|\)))""")
+
+
+def condition_holds(expression: str, parameters: dict) -> bool:
+    """Whether a task's ``triggerPolicy.condition`` holds for its input parameters: the CEL that KFP writes for
+    ``dsl.If``/``Elif``/``Else`` (``inputs.parameter_values['NAME']`` compared with ``==``, ``!=``, ``<``, ``<=``,
+    ``>``, ``>=`` to a string, number or boolean; ``&&``, ``||``, ``!`` and parentheses). Anything else is refused,
+    so a pipeline this emulator cannot judge fails visibly instead of running the wrong branch."""
+    tokens, at = [], 0
+    expression = expression.strip()
+    while at < len(expression):
+        match = _CEL_TOKEN.match(expression, at)
+        if not match or match.end() == at:
+            raise ConditionError(f"cannot read the condition {expression!r} at {expression[at:]!r}")
+        at = match.end()
+        if match["param"]:
+            if match["key"] not in parameters:
+                raise ConditionError(f"the condition reads {match['key']!r}, not an input of the task")
+            tokens.append(("value", parameters[match["key"]]))
+        elif match["string"]:
+            tokens.append(("value", match["string"][1:-1]))
+        elif match["number"]:
+            tokens.append(("value", float(match["number"])))
+        elif match["word"]:
+            tokens.append(("value", match["word"] == "true"))
+        else:
+            tokens.append(("op", match["op"]))
+    position = 0
+
+    def peek() -> tuple[str, object] | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def take() -> tuple[str, object]:
+        nonlocal position
+        if position >= len(tokens):
+            raise ConditionError(f"the condition {expression!r} ends too soon")
+        position += 1
+        return tokens[position - 1]
+
+    def disjunction() -> bool:
+        value = conjunction()
+        while peek() == ("op", "||"):
+            take()
+            value = conjunction() or value
+        return value
+
+    def conjunction() -> bool:
+        value = negation()
+        while peek() == ("op", "&&"):
+            take()
+            value = negation() and value
+        return value
+
+    def negation():
+        if peek() == ("op", "!"):
+            take()
+            return not negation()
+        return comparison()
+
+    def comparison():
+        left = operand()
+        if peek() and peek()[0] == "op" and peek()[1] in COMPARISONS:
+            op = take()[1]
+            right = operand()
+            if isinstance(left, float) or isinstance(right, float):
+                left, right = float(left), float(right)
+            return COMPARISONS[op](left, right)
+        return left
+
+    def operand():
+        kind, value = take()
+        if (kind, value) == ("op", "("):
+            inner = disjunction()
+            if take() != ("op", ")"):
+                raise ConditionError(f"unbalanced parentheses in {expression!r}")
+            return inner
+        if kind != "value":
+            raise ConditionError(f"unexpected {value!r} in {expression!r}")
+        return value
+
+    result = disjunction()
+    if position != len(tokens):
+        raise ConditionError(f"cannot read the condition {expression!r} after token {position}")
+    return bool(result)
+
+
+COMPARISONS = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+               "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
 class VertexEmulator(HttpEmulator):
-    def __init__(self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = ""):
+    def __init__(self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = "",
+                 models=None):
         super().__init__()
         self.storage, self.registry = storage, registry  # the storage and Artifact Registry emulators
+        self.models = models  # the ModelService emulator (tests.emulators.models) served on this endpoint
         self.env, self.python_bin, self.workdir, self.token = env, python_bin, workdir, token
         self.jobs: dict[str, Job] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -124,6 +230,8 @@ class VertexEmulator(HttpEmulator):
             raise HttpError(401, "Request is missing required authentication credential.")
         url = urlparse(http.path)
         path, query = url.path.removeprefix("/v1/"), parse_qs(url.query)
+        if self.models is not None and MODEL_SERVICE.search(path):
+            return self.models._serve(http, raw)
         if "/schedules" in path:
             return self._schedule_call(http.command, path, raw)
         if http.command == "POST" and path.endswith("/pipelineJobs"):
@@ -239,6 +347,11 @@ class VertexEmulator(HttpEmulator):
                     self._detail(job, task, "CANCELLED" if job.cancelled.is_set() else "SKIPPED")
                     continue
                 args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
+                condition = spec.get("triggerPolicy", {}).get("condition")
+                if condition and not condition_holds(condition, args):
+                    outcome[task] = True  # not triggered: done, and no failure
+                    self._detail(job, spec.get("taskInfo", {}).get("name", task), "NOT_TRIGGERED")
+                    continue
                 child = job.spec["components"][spec["componentRef"]["name"]]
                 if "dag" in child:
                     outcome[task] = self._dag(job, child, args)

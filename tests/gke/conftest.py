@@ -1,6 +1,8 @@
 """The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
-Manager, Cloud Build and Artifact Registry (gRPC) and the cluster's Kubernetes API server (HTTPS), in this process,
-and the environment that points the gke platform at them (as Google's emulators are found)."""
+Manager, Cloud Build and Artifact Registry (gRPC), Vertex AI Model Registry (REST) and the cluster's Kubernetes API
+server (HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
+found). With ``vertex=True``, Vertex AI Pipelines too, on the same endpoint as the Model Registry (as Google serves
+both on one)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
 from tests.emulators.kube import KubeEmulator
+from tests.emulators.models import ModelServiceEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
 from tests.emulators.storage import StorageEmulator
 
@@ -112,8 +116,12 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
     project.registry = registry
     project.token = token
+    project.models = ModelServiceEmulator(token=token)  # the runs' model registry (gke runs register there)
     if vertex:
         _add_vertex(project, tmp_path)
+    else:
+        env[VERTEX_ENDPOINT_ENV] = project.models.start()
+        project.extras.append(project.models)
     return project
 
 
@@ -129,8 +137,10 @@ def _add_vertex(project: Project, tmp_path) -> None:
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
     task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
     project.vertex = VertexEmulator(project.storage, project.registry, task_env,
-                                    python_bin=Path(sys.executable).parent, workdir=tmp_path, token=project.token)
-    project.vertex.start()
+                                    python_bin=Path(sys.executable).parent, workdir=tmp_path, token=project.token,
+                                    models=project.models)
+    # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.
+    project.env[VERTEX_ENDPOINT_ENV] = task_env[VERTEX_ENDPOINT_ENV] = project.vertex.start()
     project.extras += [project.vertex, project.kfp]
 
 

@@ -9,7 +9,8 @@ from pipelines.pipeline import Target, compile_pipeline
 
 TARGET = Target(project="my-project", region="us-east5")
 
-STAGES = {"provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "teardown"}
+STAGES = {"provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "register", "promote",
+          "teardown"}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,18 @@ def compiled(tmp_path_factory):
     return yaml.safe_load(path.read_text())
 
 
-def test_seven_components(compiled):
+def _inner(compiled) -> dict:
+    return compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+
+
+def _gate_condition(compiled) -> tuple[str, dict]:
+    """The exit handler's one conditional task: (its name, its spec)."""
+    (found,) = [(name, task) for name, task in _inner(compiled).items()
+                if task.get("triggerPolicy", {}).get("condition")]
+    return found
+
+
+def test_nine_components(compiled):
     executors = {name.removeprefix("exec-") for name in compiled["deploymentSpec"]["executors"]}
     assert executors == STAGES
 
@@ -29,15 +41,48 @@ def test_teardown_is_the_exit_task_around_every_other_stage(compiled):
     assert set(root) == {"exit-handler-1", "teardown"}
     assert root["teardown"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert root["teardown"]["dependentTasks"] == ["exit-handler-1"]
-    inner = compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    assert set(inner) == STAGES - {"teardown"}
+    condition, _ = _gate_condition(compiled)
+    assert set(_inner(compiled)) == STAGES - {"teardown", "promote"} | {condition}
 
 
 def test_stages_run_in_order(compiled):
-    inner = compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    order = ["provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate"]
+    inner = _inner(compiled)
+    condition, _ = _gate_condition(compiled)
+    order = ["provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "register", condition]
     for before, after in zip(order, order[1:], strict=False):
         assert before in inner[after].get("dependentTasks", []), (before, after)
+
+
+def test_promote_runs_only_when_the_gate_says_promote(compiled):
+    from tests.emulators.vertex import condition_holds
+
+    name, task = _gate_condition(compiled)
+    assert task["taskInfo"]["name"] == "gate-promotes"
+    branch = compiled["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+    assert set(branch) == {"promote"}  # the only task under the condition: nothing else depends on the decision
+    bindings = task["inputs"]["parameters"]
+    # The condition reads register's one output, "Output": kfp.local resolves a condition's task output only in
+    # that form (pipelinechannel--<task>-Output); a named output would read as a missing parent input there, and the
+    # branch would never run.
+    (decision,) = [key for key, b in bindings.items()
+                   if b.get("taskOutputParameter") == {"producerTask": "register", "outputParameterKey": "Output"}]
+    assert decision == "pipelinechannel--register-Output"
+    condition = task["triggerPolicy"]["condition"]
+    assert condition == f"inputs.parameter_values['{decision}'] == 'promote'"
+    assert condition_holds(condition, {decision: "promote"})
+    for other in ("keep", "off", "", "Promote"):
+        assert not condition_holds(condition, {decision: other}), other
+    assert branch["promote"]["inputs"]["parameters"]["decision"] == {"componentInputParameter": decision}
+
+
+def test_register_takes_the_evaluation_and_outputs_the_decision(compiled):
+    register = _inner(compiled)["register"]
+    assert register["inputs"]["parameters"]["eval_result"]["taskOutputParameter"] == {
+        "producerTask": "evaluate", "outputParameterKey": "Output"}
+    assert register["inputs"]["parameters"]["source_version"] == {"componentInputParameter": "pipelinechannel--"
+                                                                  "source_version"}
+    outputs = compiled["components"]["comp-register"]["outputDefinitions"]
+    assert {name: p["parameterType"] for name, p in outputs["parameters"].items()} == {"Output": "STRING"}
 
 
 def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run(compiled):
@@ -78,7 +123,11 @@ def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
 
 
 def test_run_scoped_names_come_from_the_job_name(compiled):
-    for task in compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"].values():
+    name, condition = _gate_condition(compiled)
+    branch = compiled["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    tasks = [t for n, t in _inner(compiled).items() if n != name] + list(branch.values())
+    assert len(tasks) == len(STAGES) - 1
+    for task in tasks:
         job_name = task["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"]
         assert job_name == "{{$.pipeline_job_name}}"
 
@@ -107,7 +156,7 @@ def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     assert image_tag("pipeline", root) != image_tag("pipeline")
 
 
-def test_train_evaluate_and_teardown_output_typed_artifacts(compiled):
+def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
     def artifacts(component):
         outputs = compiled["components"][component]["outputDefinitions"].get("artifacts", {})
         return {name: a["artifactType"]["schemaTitle"] for name, a in outputs.items()}
@@ -115,4 +164,5 @@ def test_train_evaluate_and_teardown_output_typed_artifacts(compiled):
     assert artifacts("comp-train") == {"metrics": "system.Metrics", "loss_curve": "system.HTML"}
     assert artifacts("comp-evaluate") == {"metrics": "system.Metrics", "summary": "system.Markdown",
                                           "model": "system.Model"}
+    assert artifacts("comp-register") == {"metrics": "system.Metrics", "gate": "system.Markdown"}
     assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}

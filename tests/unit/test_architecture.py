@@ -4,7 +4,8 @@
 - ``components.spec`` and ``components.tpu`` import nothing else of the project;
 - ``trainers`` import from ``components`` only ``spec`` and ``tpu``;
 - ``components.workload`` imports only ``spec`` and ``tpu``;
-- no platform imports another (``components.platforms.local`` and ``components.platforms.gke``).
+- no platform imports another (``components.platforms.local`` and ``components.platforms.gke``);
+- ``components.registry`` imports only ``spec`` and ``platforms.credentials``.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ RULES = [  # (who, may import from the project only these, why)
     ("trainers", ("trainers", "components.spec", "components.tpu"),
      "trainers import from components only spec and tpu"),
     *[(platform, (platform, *SHARED_BY_PLATFORMS), "no platform imports another") for platform in PLATFORMS],
+    ("components.registry", ("components.registry", "components.spec", "components.platforms.credentials"),
+     "the registry builds on spec and the Google credentials only"),
 ]
 
 
@@ -150,12 +153,15 @@ def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
      "trainers.t imports components.workload.derive: trainers import from components only spec and tpu"),
     ({"components/platforms/gke/p.py": "from components.platforms.local import cluster\n"},
      "components.platforms.gke.p imports components.platforms.local.cluster: no platform imports another"),
+    ({"components/registry/r.py": "from components.platforms import ledger\n"},
+     "components.registry.r imports components.platforms.ledger: the registry builds on spec and the Google "
+     "credentials only"),
 ])
 def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
     base = {f"{d}/__init__.py": "" for d in ("components", "components/spec", "components/tpu", "components/workload",
                                            "components/platforms", "components/platforms/local",
-                                           "components/platforms/gke", "trainers")}
+                                           "components/platforms/gke", "components/registry", "trainers")}
     base |= {"components/tpu/catalogue.py": "", "components/workload/derive.py": "",
-             "components/platforms/local/cluster.py": ""}
+             "components/platforms/local/cluster.py": "", "components/platforms/ledger.py": ""}
     root = _tree(tmp_path, base | files)
     assert violations(import_graph(root)) == [expected]

@@ -42,3 +42,22 @@ def test_protocol_round_trip_through_ray_log_prefixes():
     ]
     assert list(protocol.parse(lines)) == [("metric", {"epoch": 1, "loss": 2.5}), ("result", {"checkpoint": "/x"})]
     assert protocol.last_result(lines) == {"checkpoint": "/x"}
+
+
+def test_the_data_snapshot_names_the_examples_wherever_they_come_from(tmp_path):
+    rows = data.generate(20, 5, seed=0)["train"]
+    files = data.write_generated(tmp_path, 20, 5, seed=0)
+    from_file = [json.loads(line) for line in open(files["train"])]
+    assert data.snapshot(rows) == data.snapshot(from_file) == data.snapshot(iter(rows))
+    assert data.snapshot(rows).startswith("sha256:") and len(data.snapshot(rows)) == 7 + 64
+    changed = [dict(rows[0], response=rows[0]["response"] + "!"), *rows[1:]]
+    assert len({data.snapshot(rows), data.snapshot(changed), data.snapshot(rows[::-1]), data.snapshot(rows[1:])}) == 4
+    assert data.snapshot(data.generate(20, 5, seed=1)["train"]) != data.snapshot(rows)
+
+
+def test_the_evaluation_measures_the_start_the_result_and_the_champion():
+    from trainers.evaluate import models_to_measure
+
+    assert models_to_measure({"checkpoint": "/ck"}) == [("before", ""), ("after", "/ck")]
+    assert models_to_measure({"checkpoint": "/ck", "init_from": "/start", "champion": "/champ"}) == [
+        ("before", "/start"), ("after", "/ck"), ("champion", "/champ")]

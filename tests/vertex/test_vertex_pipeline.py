@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from components.registry import PROVENANCE_FIELDS, open_registry
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish import publish
 from tests.gke.conftest import ONE_SLICE, PROJECT, REGION
@@ -22,7 +23,9 @@ SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
 # local-fsdp shaped as one v6e 2x2 slice; the trainer image built by (emulated) Cloud Build; no Hugging Face token.
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
-STAGES = ["provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown"]
+MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
+STAGES = ["provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
+          "teardown"]
 
 
 def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
@@ -52,6 +55,11 @@ def _summary(project, run_id: str) -> dict:
     return json.loads(data)
 
 
+def _artifact_text(project, artifact: dict) -> str:
+    bucket, _, key = artifact["uri"].removeprefix("gs://").partition("/")
+    return project.storage.data(bucket, key).decode()
+
+
 def _nothing_left(project, run_id: str) -> None:
     """No cluster, node pool, RayCluster, Compute resource or bucket binding of the run in any emulator."""
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
@@ -61,7 +69,10 @@ def _nothing_left(project, run_id: str) -> None:
     assert project.storage.members(BUCKET, "roles/storage.objectUser") == []
 
 
-def test_published_pipeline_runs_on_vertex_with_every_task_alone_and_shows_its_artifacts(tmp_path, project_factory):
+def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(tmp_path,
+                                                                                               project_factory):
+    """The pipeline on Vertex AI, then the gate: the first job's model becomes the champion in Vertex AI Model
+    Registry (the emulated ModelService); a second job that trains worse is registered and not promoted."""
     project = project_factory(ray=True, vertex=True)
     name = _submit(project, tmp_path, "vx-ok")
     # Published: the components image (exactly the tag every task names) and the template with its tags.
@@ -103,6 +114,50 @@ def test_published_pipeline_runs_on_vertex_with_every_task_alone_and_shows_its_a
     assert provenance["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert teardown["deleted"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
     _nothing_left(project, "vx-ok")
+
+    # The gate, in Vertex AI Model Registry (the emulated ModelService, reached by every task through
+    # $TPUPIPE_VERTEX_ENDPOINT): the first model became the champion, with its provenance.
+    registry = open_registry(project=PROJECT, region=REGION)
+    assert tasks["register"]["state"] == tasks["promote"]["state"] == "SUCCEEDED"
+    assert tasks["register"]["outputs"]["metrics"]["artifacts"][0]["metadata"]["promote"] == 1.0
+    champion = registry.champion(MODEL)
+    assert champion.version == "1" and champion.artifact_uri == summary["checkpoint_uri"]
+    first = champion.provenance
+    assert set(PROVENANCE_FIELDS) <= set(first)
+    assert (first["run_id"], first["pipeline_job"], first["accelerator"], first["topology"]) == (
+        "vx-ok", "vx-ok", "v6e", "2x2")
+    assert first["trainer_image"].startswith(f"{REGION}-docker.pkg.dev/{PROJECT}/tpupipe/torch:vx-ok@sha256:")
+    assert first["git_sha"] and first["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
+    assert summary["gate"]["decision"] == "promote" and summary["gate"]["promoted"] is True
+
+    # A second job that trains worse (learning rate 0: its model is the untrained one) is registered, its promote
+    # task not triggered; its gate Markdown and summary say why with both held-out figures, the champion measured
+    # again in its own evaluation job on the same examples.
+    worse = OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.learning_rate=0"
+    second = project.vertex.wait(_submit(project, tmp_path, "vx-worse", worse), timeout_s=1500)
+    tasks = _tasks(second)
+    assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    assert tasks["register"]["state"] == "SUCCEEDED"
+    assert tasks["gate-promotes"]["state"] == "NOT_TRIGGERED" and "promote" not in tasks
+    assert registry.champion(MODEL).version == "1"
+    assert [v.version for v in registry.versions(MODEL)] == ["1", "2"]
+    summary = _summary(project, "vx-worse")
+    gate = summary["gate"]
+    assert (gate["ref"], gate["decision"], gate["champion_ref"]) == (f"{MODEL}@2", "keep", f"{MODEL}@1")
+    assert gate["champion_loss"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
+    assert gate["eval_loss"] > gate["champion_loss"]
+    metrics = tasks["register"]["outputs"]["metrics"]["artifacts"][0]["metadata"]
+    assert (metrics["promote"], metrics["eval_loss"], metrics["champion_loss"]) == pytest.approx(
+        (0.0, gate["eval_loss"], gate["champion_loss"]))
+    table = _artifact_text(project, tasks["register"]["outputs"]["gate"]["artifacts"][0])
+    assert f"| new: `{MODEL}@2` | {gate['eval_loss']:.4f} |" in table
+    assert f"| champion: `{MODEL}@1` | {gate['champion_loss']:.4f} |" in table
+    assert f"kept champion {MODEL}@1" in table and gate["reason"] in table
+    promote = next(s for s in summary["stages"] if s["name"] == "promote")
+    assert promote["status"] == "skipped" and promote["reason"] == gate["reason"] and summary["status"] == "succeeded"
+    # Vertex AI's default version follows the champion: a deployment of the model serves version 1.
+    assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "1"
+    _nothing_left(project, "vx-worse")
 
 
 def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_factory):

@@ -214,6 +214,22 @@ class GkePlatform:
             return path
         return f"gs://{self._target(ctx).bucket}/{mounted.removeprefix(r.MOUNT_PATH + '/')}"
 
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        """A checkpoint in the run's bucket, as the pods see it through their GCS FUSE mount (``/data/...``)."""
+        bucket = self._target(ctx).bucket
+        if not uri.startswith(f"gs://{bucket}/"):
+            raise SpecError("train.init_from", f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
+                            f"the cluster mounts at {r.MOUNT_PATH}: copy it there, or set gke.bucket")
+        return os.environ.get(MOUNT_ROOT_ENV, "") + f"{r.MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        """Vertex AI Model Registry of the run's project, in the region of its zone."""
+        t = self._target(ctx)
+        return {"project": t.project, "region": t.region}
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        return None  # a lost TPU host shows as a restart of Ray Train's worker group (restarts)
+
     # ---------------------------------------------------------------- teardown
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, newest first: its Kubernetes objects (by the run label), its node pools or
@@ -304,10 +320,27 @@ class GkePlatform:
             lines.append(stage)
             lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
                       if res.stage == stage]
-        jobs = (("check_slice", "check"),) if ctx.spec.cluster.slice_check else ()
+        spec, t = ctx.spec, self._target(ctx)
+        registered = f"projects/{t.project}/locations/{t.region}/models/{spec.model_name}"
+        reads = {}  # what a stage reads from the model registry before it submits its job
+        if spec.init_from_ref:
+            name, ref = spec.init_from_ref
+            reads["train"] = f"{registered.rsplit('/', 1)[0]}/{name}@{ref} (train.init_from)"
+        if spec.gate.register:
+            reads["evaluate"] = f"{registered}@champion (measured beside the new model)"
+        jobs = (("check_slice", "check"),) if spec.cluster.slice_check else ()
         for stage, mode in (*jobs, ("train", "train"), ("evaluate", "eval")):
             submission = names.job_submission_id(ctx.run_id, stage)
-            lines += [stage, f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}"]
+            lines.append(stage)
+            if stage in reads:
+                lines.append(f"  read          aiplatform.models.get {reads[stage]}")
+            lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
+        if spec.gate.register:
+            lines += ["register",
+                      f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
+                      "promote",
+                      f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
+                      "(only when the gate promotes)"]
         lines.append("teardown")
         for res in reversed(records):
             if res.deleted_by_teardown and res.action != "use" and _deletes(res, ctx):

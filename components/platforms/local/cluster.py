@@ -404,6 +404,22 @@ class LocalPlatform:
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         return path  # the jobs write on this machine
 
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        if "://" in uri:
+            raise SpecError("train.init_from", f"the local platform reads checkpoints on this machine; {uri} is not "
+                            "one (a model of the Vertex AI registry)")
+        if not Path(uri).is_dir():
+            raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
+        return uri
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        return {"output_root": str(ctx.run_dir.parent)}  # <output root>/registry, beside the runs
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        """The hosts the keeper replaced, as the ledger records them."""
+        ledger = self._load(ctx) or {}
+        return sum(p.get("replacements", 0) for p in ledger.get("processes", []) if p["role"].startswith("host-"))
+
     # -- teardown: stop exactly what this run started, free its ports, keep its outputs
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         ledger = self._load(ctx)

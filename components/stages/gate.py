@@ -1,0 +1,198 @@
+"""The gate in front of a registered model's champion, and what every version records of how it was made (see
+docs/architecture.md, "The gate").
+
+Every run that trains registers its model as a new version of ``spec.model_name`` (``gate.model``, else the
+preset's name) with its provenance; the version becomes the champion only when its held-out loss is lower than the
+champion's, both measured by the same evaluation job on the same held-out examples, by at least
+``gate.min_improvement`` (relative). The first version of a model, or the first after a model lost its champion,
+becomes the champion. The decision is made here, once (:func:`decide`); the register stage records it and the
+promote stage, under the pipeline's ``dsl.If``, acts on it.
+
+Which registry a run uses is the platform's answer (``Platform.registry_place``): the local platform's directory
+beside its runs, Vertex AI Model Registry of the project for gke runs. A registered version's checkpoint reaches the
+cluster's jobs as a path they can read (``Platform.checkpoint_path``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.registry import CHAMPION, IMAGE_WITH_DIGEST, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
+from components.spec import RunSpec, SpecError
+
+PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
+
+
+def registry(ctx: RunContext) -> Registry:
+    """The registry of the run's platform."""
+    return open_registry(**get_platform(ctx.platform).registry_place(ctx))
+
+
+# ---------------------------------------------------------------- registered versions as checkpoints
+
+
+def starting_point(ctx: RunContext) -> dict[str, Any] | None:
+    """The registered version ``train.init_from`` names, resolved now (at train time, not when the run was set up:
+    a schedule's next run starts from the champion of its day): its reference, checkpoint URI, the path the cluster
+    reads it at, and its held-out loss. None when training starts from ``train.model_id``."""
+    ref = ctx.spec.init_from_ref
+    if ref is None:
+        return None
+    name, version_ref = ref
+    reg = registry(ctx)
+    try:
+        version = reg.champion(name) if version_ref == CHAMPION else reg.get(name, version_ref)
+    except SpecError as exc:
+        raise SpecError("train.init_from", f"{ctx.spec.train.init_from}: {exc}") from None
+    if version is None:
+        raise SpecError("train.init_from", f"model {name!r} has no {CHAMPION} yet in {reg.where}: run once without "
+                        f"train.init_from, or promote a version (tpupipe models promote {name} VERSION)")
+    _check_fits(ctx.spec, version)
+    return {"ref": version.ref, "artifact_uri": version.artifact_uri,
+            "path": get_platform(ctx.platform).checkpoint_path(ctx, version.artifact_uri),
+            "eval_loss": version.provenance.get("eval_loss_after")}
+
+
+def _check_fits(spec: RunSpec, version: Version) -> None:
+    """A version's weights load over the architecture it was trained on: the same ``train.model_id``."""
+    trained_on = version.provenance.get("model_id")
+    if trained_on and trained_on != spec.train.model_id:
+        raise SpecError("train.init_from", f"{version.ref} was trained over train.model_id={trained_on}; this run's "
+                        f"train.model_id is {spec.train.model_id}: its weights do not load over it")
+
+
+def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
+    """The champion the evaluation measures beside the new model: its reference, version and checkpoint path, read
+    from the registry now. None when the gate is off, the model is not registered yet or has no champion."""
+    if not ctx.spec.gate.register:
+        return None
+    try:
+        champion = registry(ctx).champion(ctx.spec.model_name)
+    except SpecError as exc:
+        if exc.field == "name":  # no such model yet: this run registers its first version
+            return None
+        raise
+    if champion is None:
+        return None
+    return {"ref": champion.ref, "version": champion.version,
+            "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
+
+
+def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
+    """A new version of ``name``, or the one this run registered already (same run id and checkpoint): a retried
+    register task does not register the run's model twice."""
+    try:
+        earlier = reg.versions(name)
+    except SpecError as exc:
+        if exc.field != "name":
+            raise
+        earlier = []  # no such model yet: this is its first version
+    for version in earlier:
+        if version.provenance.get("run_id") == provenance["run_id"] and version.artifact_uri == artifact_uri:
+            return version
+    return reg.register(name, artifact_uri, provenance)
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str  # PROMOTE or KEEP
+    reason: str  # one line with both figures, as the summary and the gate's table say it
+    improvement: float | None = None  # (champion - new) / champion; None without a champion
+
+
+def decide(new_loss: float, champion_loss: float | None, min_improvement: float, new_ref: str,
+           champion_ref: str = "") -> Decision:
+    """Promote the new version when there is no champion, or when its held-out loss is lower than the champion's
+    by at least ``min_improvement`` of the champion's (relative). Equal is not better: a schedule whose run learns
+    nothing keeps its champion."""
+    if champion_loss is None:
+        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: there was no {CHAMPION} yet (held-out "
+                                 f"{new_loss:.4f})")
+    if not math.isfinite(new_loss):
+        return Decision(KEEP, f"kept {CHAMPION} {champion_ref} (held-out {champion_loss:.4f}): {new_ref}'s held-out "
+                              f"loss is {new_loss}")
+    improvement = (champion_loss - new_loss) / champion_loss if champion_loss > 0 else -math.inf
+    figures = f"held-out {new_loss:.4f} vs {CHAMPION} {champion_ref} {champion_loss:.4f}"
+    needed = f"gate.min_improvement {min_improvement:.2%}"
+    if new_loss < champion_loss and improvement >= min_improvement:
+        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: {figures}, {improvement:.2%} better "
+                                 f"({needed})", improvement)
+    if new_loss < champion_loss:
+        return Decision(KEEP, f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, {improvement:.2%} better, short "
+                              f"of {needed}", improvement)
+    return Decision(KEEP, f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, "
+                          f"{'not better' if new_loss == champion_loss else f'{-improvement:.2%} worse'}", improvement)
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def pinned_image(build: dict[str, Any]) -> str | None:
+    """The trainer image with its digest (``NAME[:TAG]@sha256:HEX``) from build_image's result, or None when the
+    run used an image by tag alone (``gke.image`` without a digest): a tag can move, so it is no provenance."""
+    image = build.get("image") or ""
+    if IMAGE_WITH_DIGEST.match(image):
+        return image
+    found = build.get("digest") or ""
+    if not (image and found):
+        return None
+    found = found if ":" in found else f"sha256:{found}"  # a local environment's content hash
+    return f"{image.split('@')[0]}@{found}"
+
+
+def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:
+    """Training tokens processed up to the last epoch or step the checkpoint holds (padded sequences)."""
+    if not history:
+        return None
+    last = history[-1]
+    if "tokens_seen" in last:
+        return int(last["tokens_seen"])
+    if "step" in last:  # MaxText: steps x global batch x sequence length
+        from components.workload import maxtext
+
+        m = spec.maxtext
+        per_step = m.per_device_batch_size * maxtext.devices_per_host(spec) * spec.total_hosts * m.max_target_length
+        return int((last["step"] + 1) * per_step)
+    return None
+
+
+def provenance(spec: RunSpec, run_id: str, records: dict[str, dict[str, Any]], source_version: str = "",
+               job_name: str = "", hosts_lost: int | None = None) -> dict[str, Any]:
+    """Every field of ``components.registry.PROVENANCE_FIELDS`` from the results of the run's stages (``records``:
+    stage -> its result; train, evaluate and build_image), plus what the gate and a later run need:
+    ``model_id`` (the architecture the weights load over), the champion measured beside it and its figure."""
+    train, ev, build = records.get("train", {}), records.get("evaluate", {}), records.get("build_image", {})
+    c, t = spec.cluster, spec.train
+    started = (train.get("init_from") or {}).get("ref")
+    base = started or (spec.maxtext.model_name if t.workload == "maxtext" else t.model_id)
+    champion = ev.get("champion") or {}
+    found = {
+        "preset": spec.name,
+        "spec_hash": digest(spec.to_dict()),
+        "base_model": base,
+        "data_snapshot": train.get("data_snapshot"),
+        "trainer_image": pinned_image(build),
+        "git_sha": source_version or None,
+        "accelerator": c.accelerator,
+        "topology": c.topology or None,
+        "slices": c.num_slices,
+        "tokens_seen": tokens_seen(spec, train.get("history") or []),
+        "restarts": train.get("restarts"),
+        "preemptions": hosts_lost,
+        "eval_loss_before": ev.get("eval_loss_before"),
+        "eval_loss_after": ev.get("eval_loss_after"),
+        "pipeline_job": job_name or None,
+        "run_id": run_id,
+        "model_id": t.model_id if t.workload == "fsdp" else spec.maxtext.model_name,
+        "eval_split": ev.get("eval_split"),
+        "champion_measured": champion.get("ref"),
+        "champion_loss": ev.get("champion_loss"),
+    }
+    assert set(PROVENANCE_FIELDS) <= set(found)
+    return found

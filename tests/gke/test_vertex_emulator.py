@@ -1,0 +1,144 @@
+"""The emulated Vertex AI (tests/emulators/vertex.py) as the gate needs it, without a Ray cluster: the trigger
+conditions ``dsl.If`` compiles to, read as Vertex reads them; a pipeline whose branch runs only when its condition
+holds, inside an exit handler, executed task by task in processes of their own; and Vertex AI Model Registry's
+ModelService on the same endpoint as the pipelines, where tpupipe's registry reaches it through
+``$TPUPIPE_VERTEX_ENDPOINT``. (No ``from __future__ import annotations`` here: KFP reads the components' real
+annotations.)"""
+
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+from kfp import compiler, dsl
+
+from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+from tests.emulators.artifactregistry import ArtifactRegistryEmulator
+from tests.emulators.models import ModelServiceEmulator
+from tests.emulators.vertex import ConditionError, VertexEmulator, condition_holds
+
+PROJECT, REGION = "tpupipe-emulated", "us-east5"
+IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/pipeline:tiny"
+KEY = "pipelinechannel--register-Output"
+
+
+@pytest.mark.parametrize(("condition", "values", "holds"), [
+    (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "promote"}, True),
+    (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "keep"}, False),
+    (f"inputs.parameter_values['{KEY}'] != 'promote'", {KEY: "keep"}, True),
+    (f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2", {KEY: "k", "n": 3},
+     True),
+    (f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2", {KEY: "k", "n": 2},
+     False),
+    ("inputs.parameter_values['a'] == 'x' || inputs.parameter_values['b'] == \"y\"", {"a": "z", "b": "y"}, True),
+    ("inputs.parameter_values['n'] <= 1.5", {"n": 1}, True),
+    ("inputs.parameter_values['flag'] == true", {"flag": True}, True),
+])
+def test_conditions_read_as_vertex_reads_them(condition, values, holds):
+    assert condition_holds(condition, values) is holds
+
+
+@pytest.mark.parametrize(("condition", "message"), [
+    ("inputs.parameter_values['missing'] == 'x'", "not an input of the task"),
+    ("size(inputs.parameter_values['a']) > 1", "cannot read the condition"),
+    ("(inputs.parameter_values['a'] == 'x'", "unbalanced parentheses|ends too soon"),
+    ("inputs.parameter_values['a'] ==", "ends too soon"),
+])
+def test_a_condition_it_cannot_read_is_an_error_not_a_branch_skipped(condition, message):
+    with pytest.raises(ConditionError, match=message):
+        condition_holds(condition, {"a": "x"})
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def decide(value: str) -> str:
+    return value
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def act(decision: str) -> str:
+    return f"acted on {decision}"
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def cleanup() -> str:
+    return "cleaned up"
+
+
+@dsl.pipeline(name="gated")
+def gated(value: str = "keep"):
+    end = cleanup()
+    with dsl.ExitHandler(end, name="run"):
+        decided = decide(value=value)
+        with dsl.If(decided.output == "promote", name="gate-promotes"):
+            act(decision=decided.output)
+
+
+@pytest.fixture
+def vertex(tmp_path, monkeypatch):
+    """Vertex AI Pipelines with the ModelService on its endpoint, and the environment that points tpupipe there."""
+    token = secrets.token_hex(12)
+    registry = ArtifactRegistryEmulator()
+    registry.push(IMAGE, "sha256:" + "ab" * 32)
+    models = ModelServiceEmulator(token=token)
+    emulator = VertexEmulator(None, registry, {}, python_bin=Path(sys.executable).parent, workdir=tmp_path,
+                              token=token, models=models)
+    endpoint = emulator.start()
+    for key, value in ((VERTEX_ENDPOINT_ENV, endpoint), (EMULATOR_HOST_ENV, endpoint), (EMULATOR_TOKEN_ENV, token)):
+        monkeypatch.setenv(key, value)
+    yield emulator
+    emulator.stop()
+
+
+def _run(vertex, tmp_path, job_id: str, value: str) -> dict:
+    """Compile ``gated`` and create a job of it with the PipelineService client (the SDK's PipelineJob would first
+    look the pipeline root's bucket up in Cloud Storage); its outcome once it ends."""
+    import yaml
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    template = tmp_path / "gated.yaml"
+    compiler.Compiler().compile(gated, str(template))
+    client = aiplatform_v1.PipelineServiceClient(credentials=credentials(), transport="rest",
+                                                 client_options={"api_endpoint": vertex.endpoint})
+    job = aiplatform_v1.PipelineJob(
+        display_name="gated", pipeline_spec=yaml.safe_load(template.read_text()),
+        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-pipeline-root/{job_id}",
+                        "parameter_values": {"value": value}})
+    created = client.create_pipeline_job(parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job,
+                                         pipeline_job_id=job_id)
+    resource = vertex.wait(created.name, timeout_s=300)
+    tasks = {t["taskName"]: t["state"] for t in resource["jobDetail"]["taskDetails"]}
+    return {"state": resource["state"], "tasks": tasks, "logs": vertex.job(created.name).logs}
+
+
+def test_a_branch_runs_only_when_its_condition_holds_and_a_false_one_is_no_failure(vertex, tmp_path):
+    kept = _run(vertex, tmp_path, "gated-keep", "keep")
+    assert kept["state"] == "PIPELINE_STATE_SUCCEEDED", kept
+    assert kept["tasks"] == {"decide": "SUCCEEDED", "gate-promotes": "NOT_TRIGGERED", "cleanup": "SUCCEEDED"}
+    promoted = _run(vertex, tmp_path, "gated-promote", "promote")
+    assert promoted["state"] == "PIPELINE_STATE_SUCCEEDED", promoted
+    assert promoted["tasks"] == {"decide": "SUCCEEDED", "act": "SUCCEEDED", "cleanup": "SUCCEEDED"}
+
+
+def test_the_model_registry_is_served_on_the_pipelines_endpoint(vertex):
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+    from components.registry import open_registry
+
+    registry = open_registry(project=PROJECT, region=REGION, retry_delays_s=(0.01,))
+    provenance = {key: None for key in ("preset", "spec_hash", "base_model", "data_snapshot", "trainer_image",
+                                        "git_sha", "accelerator", "topology", "slices", "tokens_seen", "restarts",
+                                        "preemptions", "eval_loss_before", "eval_loss_after", "pipeline_job",
+                                        "run_id")}
+    version = registry.register("gemma-ft", f"gs://{PROJECT}-tpupipe/runs/r/checkpoint", provenance)
+    registry.promote("gemma-ft", version.version)
+    assert registry.champion("gemma-ft").version == "1"
+    assert vertex.models.calls.count("UploadModel") == 1 and "MergeVersionAliases" in vertex.models.calls
+    # The pipelines are still answered there: an unknown job is the PipelineService's 404.
+    client = aiplatform_v1.PipelineServiceClient(credentials=credentials(), transport="rest",
+                                                 client_options={"api_endpoint": vertex.endpoint})
+    with pytest.raises(exceptions.NotFound, match="PipelineJob .*nope does not exist"):
+        client.get_pipeline_job(name=f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/nope")
