@@ -7,8 +7,9 @@ B: `bench/fsdp_by_hand.py` under `python -m torch.distributed.run --standalone`:
    workers, each with the threads Ray gives a worker (OMP_NUM_THREADS = its CPUs), the same model from the same
    config and seed, the same generated data, batch size, sequence length, optimizer and layout of `fully_shard`.
 Both count tokens as `trainers/fsdp.py` does (every rank's padded tokens over the epoch's wall time) and are taken
-at their steady state: the median over the epochs after the first. The per-epoch losses of the two must agree, or
-the sides did not do the same work and the bench fails. Target: A / B >= 0.9.
+at their steady state: the median over the epochs after each run's first. B runs once before A and once after, so
+a change in what else the machine runs meanwhile favours neither side. The per-epoch losses of the two must agree,
+or the sides did not do the same work and the bench fails. Target: A / B >= 0.9.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ RUN_TIMEOUT_S = 1800
 LOSS_RTOL = 1e-3  # the same work gives the same losses, up to the order of floating-point sums
 
 
-def steady(rows: list[dict]) -> float:
-    """The median tokens/s over the epochs after the first (the first pays for warm-up)."""
-    return statistics.median(row["tokens_per_s"] for row in rows[1:])
+def steady(*runs: list[dict]) -> float:
+    """The median tokens/s over each run's epochs after its first (the first pays for warm-up)."""
+    return statistics.median(row["tokens_per_s"] for rows in runs for row in rows[1:])
 
 
 def through_pipeline(root: Path) -> tuple[list[dict], float]:
@@ -93,16 +94,17 @@ def same_work(a: list[dict], b: list[dict]) -> None:
 def figures() -> list[Figure]:
     spec = resolve(PRESET, OVERRIDES)
     with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
-        b_rows, b_seconds, processes, threads = by_hand(Path(tmp), spec)
+        b_before, b_before_s, processes, threads = by_hand(Path(tmp), spec)
         a_rows, a_seconds = through_pipeline(Path(tmp))
-    same_work(a_rows, b_rows)
-    a, b = steady(a_rows), steady(b_rows)
+        b_after, b_after_s, _, _ = by_hand(Path(tmp), spec)
+    same_work(a_rows, b_before)
+    a, b = steady(a_rows), steady(b_before, b_after)
     t = spec.train
     detail = {
         "pipeline_tokens_per_s": round(a),
         "by_hand_tokens_per_s": round(b),
         "pipeline_epochs_tokens_per_s": [round(row["tokens_per_s"]) for row in a_rows],
-        "by_hand_epochs_tokens_per_s": [round(row["tokens_per_s"]) for row in b_rows],
+        "by_hand_epochs_tokens_per_s": [[round(row["tokens_per_s"]) for row in rows] for rows in (b_before, b_after)],
         "losses": [round(row["loss"], 4) for row in a_rows],
         "processes": processes,
         "threads_per_process": threads,
@@ -110,8 +112,8 @@ def figures() -> list[Figure]:
         "max_length": t.max_length,
         "model_id": t.model_id,
         "pipeline_run_s": round(a_seconds, 1),
-        "by_hand_run_s": round(b_seconds, 1),
-        "load_average": os.getloadavg()[0],
+        "by_hand_run_s": [round(b_before_s, 1), round(b_after_s, 1)],
+        "load_average_1m": os.getloadavg()[0],  # what else ran: the machine may be shared
     }
     return [
         Figure("trainer: pipeline train stage / torchrun FSDP2 by hand (tokens/s)", a / b, "x", TARGET, detail),
@@ -123,4 +125,6 @@ def figures() -> list[Figure]:
 
 
 if __name__ == "__main__":
-    print(table(figures()))
+    results = figures()
+    print(table(results))
+    print(json.dumps(results[0].detail, indent=1))
