@@ -196,9 +196,11 @@ def measure(case: Case, root: Path) -> dict:
     keeper = (run_dir / "logs" / "keeper.out").read_text()
     if summary["status"] != "succeeded" or f"{LOST_HOST} (pid" not in keeper:
         raise SystemExit(f"{case.preset}: status {summary['status']}, keeper: {keeper[-500:]}")
-    return {**found, "checkpoint_period": period, "step_seen_at_kill": seen, "load_1m_at_kill": load,
-            "train_seconds": summary["train_seconds"], "run_seconds": time.monotonic() - started, "sets": case.sets,
-            "run_dir": str(run_dir)}
+    detail = {**found, "checkpoint_period": period, "step_seen_at_kill": seen, "load_1m_at_kill": load,
+              "train_seconds": summary["train_seconds"], "run_seconds": time.monotonic() - started,
+              "sets": case.sets, "killed_at": killed_at, "run_dir": str(run_dir)}
+    (run_dir / "recovery.json").write_text(json.dumps(detail, indent=2))  # with the run, where it is kept
+    return detail
 
 
 def figures() -> list[Figure]:
