@@ -52,6 +52,9 @@ class Family:
     ray_accelerator_type: str  # Ray's ScalingConfig(accelerator_type=...), e.g. "TPU-V6E"
     logical_devices_per_chip: int  # devices a framework (JAX) sees per chip
     topology_dims: int  # 2 (AxB) or 3 (AxBxC)
+    # Node settings of the family's GKE node pools (sources below, at FAMILIES):
+    threads_per_core: int | None = None  # advancedMachineFeatures.threadsPerCore; None: GKE's default, not set
+    accelerator_network_profile: bool = False  # node pools may take accelerator_network_profile=auto (DRANET NICs)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,12 @@ class SliceShape:
 # (https://cloud.google.com/tpu/docs/v5p); a TPU7x chip has two TensorCores, exposed as two devices
 # (https://cloud.google.com/tpu/docs/tpu7x; Ray's tpu.py says the same of v7x).
 # Aliases include each family's node label and its Ray type in lower case, so either names the family.
+# Node settings: v6e pools run 1 thread per core in the multislice MaxText tutorial (seed A, "Infrastructure":
+#   https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray); neither the TPU7x
+#   tutorial (seed B) nor xpk sets threads per core on TPU7x pools, and no seed names it for v5e or v5p: GKE's default.
+#   The accelerator network profile (GKE-made DCN networks, DRANET NICs) is what xpk uses on v6e; xpk does not
+#   support it on TPU7x (../shared/reference/platform-facts.md, "GKE / multislice details"), nor is it documented
+#   for v5e or v5p.
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -118,6 +127,8 @@ FAMILIES: dict[str, Family] = {
             ray_accelerator_type="TPU-V6E",
             logical_devices_per_chip=1,
             topology_dims=2,
+            threads_per_core=1,
+            accelerator_network_profile=True,
         ),
         Family(
             name="tpu7x",

@@ -26,6 +26,7 @@ def resolve(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] 
 def check(spec: RunSpec) -> None:
     check_slice(spec)
     check_workers(spec)
+    check_gke_network(spec)
     check_gke_versions(spec)
     check_corrupt_rank(spec)
     if spec.train.workload == "maxtext":
@@ -110,22 +111,50 @@ def check_corrupt_rank(spec: RunSpec) -> None:
                         "ranks", ["-1", f"0 to {ranks - 1}"])
 
 
-def check_gke_versions(spec: RunSpec) -> None:
-    """The DCN NICs need node pools, and a pinned GKE version must be at least the floors of the slice's family
-    and of managed DRANET (``derive.MIN_GKE_VERSION_*``, with their sources)."""
+def check_gke_network(spec: RunSpec) -> None:
+    """The DCN NICs need node pools, and the accelerator network profile the families it supports (catalogue)."""
     g = spec.gke
-    if not derive.is_tpu(spec):
+    if not derive.has_dcn_nics(spec):
         return
-    if g.cluster_mode == "autopilot" and derive.has_dcn_nics(spec):
+    if g.cluster_mode == "autopilot":
         raise SpecError("gke.multislice_network", "autopilot clusters have no node pools to attach the DCN NICs "
                                                   "to; multislice on autopilot uses the default network", ["none"])
-    floors = []
+    family = catalogue.family(spec.cluster.accelerator)
+    if g.multislice_network == "accelerator_network_profile" and not family.accelerator_network_profile:
+        supported = [f.name for f in catalogue.FAMILIES.values() if f.accelerator_network_profile]
+        raise SpecError("gke.multislice_network", f"the accelerator network profile does not support {family.name} "
+                        f"(only {', '.join(supported)}): give the slices their own DCN networks",
+                        ["dcn_networks", "none"])
+
+
+def version_floors(spec: RunSpec) -> list[tuple[str, str]]:
+    """(minimum GKE version, the feature that needs it) of the slice's family and of managed DRANET
+    (``derive.MIN_GKE_VERSION_*``, with their sources)."""
+    if not derive.is_tpu(spec):
+        return []
+    mode = spec.gke.cluster_mode
     family = catalogue.family(spec.cluster.accelerator).name
-    if (family, g.cluster_mode) in derive.MIN_GKE_VERSION_FOR_FAMILY:
-        floors.append((derive.MIN_GKE_VERSION_FOR_FAMILY[family, g.cluster_mode], f"{family} TPUs"))
+    floors = []
+    if (family, mode) in derive.MIN_GKE_VERSION_FOR_FAMILY:
+        floors.append((derive.MIN_GKE_VERSION_FOR_FAMILY[family, mode], f"{family} TPUs"))
     if derive.has_dcn_nics(spec):
-        floors.append((derive.MIN_GKE_VERSION_FOR_DRANET[g.cluster_mode], "managed DRANET"))
-    for floor, feature in floors if g.cluster_version else ():
-        if not derive.version_at_least(g.cluster_version, floor):
-            raise SpecError("gke.cluster_version", f"{g.cluster_version} is older than {floor}, the first "
-                            f"{g.cluster_mode} version with {feature}", [f">= {floor}", "latest"])
+        floors.append((derive.MIN_GKE_VERSION_FOR_DRANET[mode], "managed DRANET"))
+    return floors
+
+
+def floor_missed(spec: RunSpec, version: str) -> tuple[str, str] | None:
+    """The first (floor, feature) of ``version_floors`` that GKE ``version`` does not reach; None when it reaches
+    them all."""
+    return next(((floor, feature) for floor, feature in version_floors(spec)
+                 if not derive.version_at_least(version, floor)), None)
+
+
+def check_gke_versions(spec: RunSpec) -> None:
+    """A pinned GKE version must be at least the floors of the slice's family and of managed DRANET. (Provisioning
+    checks the version GKE reports for the cluster against the same floors.)"""
+    version = spec.gke.cluster_version
+    missed = floor_missed(spec, version) if version else None
+    if missed:
+        floor, feature = missed
+        raise SpecError("gke.cluster_version", f"{version} is older than {floor}, the first {spec.gke.cluster_mode} "
+                        f"version with {feature}", [f">= {floor}", "latest"])

@@ -61,6 +61,18 @@ def test_node_pool_per_family(family):
     container_types().NodePool.from_json(json.dumps(pool))  # the real client type takes it, unknown keys fail
 
 
+# family: the node pool's advancedMachineFeatures (seed A sets 1 thread per core on v6e; no seed or xpk sets it on
+# TPU7x, nor does any seed on v5e and v5p)
+THREADS_PER_CORE = {"v5e": None, "v5p": None, "v6e": {"threadsPerCore": "1"}, "tpu7x": None}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_FACTS))
+def test_node_settings_per_family_come_from_the_catalogue(family):
+    spec, t = spec_and_target(*FAMILY_SPECS[family])
+    (pool,) = r.tpu_node_pools(spec, t)
+    assert pool["config"].get("advancedMachineFeatures") == THREADS_PER_CORE[family]
+
+
 @pytest.mark.parametrize("family", sorted(FAMILY_FACTS))
 def test_worker_group_per_family(family):
     _, hosts, per_host, label, _, _, _, ray_resources, _ = FAMILY_FACTS[family]
@@ -222,8 +234,20 @@ def test_dcn_networking_with_the_accelerator_network_profile():
     for pool in r.tpu_node_pools(spec, t):
         assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
         assert pool["config"]["labels"][r.DRA_NETWORKING_LABEL] == "true"
-    assert "enableMultiNetworking" not in r.cluster(spec, t)["networkConfig"]
-    assert m.dcn_claim_template(spec, t) is not None
+    # the cluster has multi-networking, and each pod claims all the NICs GKE attached (the samples' claim)
+    assert r.cluster(spec, t)["networkConfig"]["enableMultiNetworking"] is True
+    request = m.dcn_claim_template(spec, t)["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"] == {"deviceClassName": "netdev.google.com", "allocationMode": "All"}
+
+
+def test_the_accelerator_network_profile_refuses_tpu7x():
+    from components.spec import SpecError
+
+    with pytest.raises(SpecError, match="^gke.multislice_network: the accelerator network profile does not support "
+                                        "tpu7x.*valid: dcn_networks, none"):
+        resolve("gemma4-e2b-tpu7x-16", "cluster.num_slices=2 train.num_workers=0 "
+                                       "gke.multislice_network=accelerator_network_profile")
+    resolve("gemma4-e2b-tpu7x-16", "cluster.num_slices=2 train.num_workers=0 gke.multislice_network=dcn_networks")
 
 
 def test_no_dcn_nics_for_one_slice_or_network_none():
@@ -306,12 +330,16 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
     rc = m.raycluster(spec, t)["spec"]
     for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
         pod = group["template"]
-        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+        # the sidecar's limits lifted, as the seed's sample does for 70B checkpoints
+        assert pod["metadata"]["annotations"] == {
+            "gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
+            "gke-gcsfuse/ephemeral-storage-limit": "0"}
         assert pod["spec"]["serviceAccountName"] == t.service_account == names.service_account(t.run_id)
         (volume,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
         assert volume["csi"] == {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
             "bucketName": "my-project-tpupipe",
-            "mountOptions": "implicit-dirs,uid=1000,gid=1000,file-cache:max-size-mb:-1"}}
+            "mountOptions": "implicit-dirs,uid=1000,gid=1000"}}  # no file cache: there is no cache volume
+        assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
         assert {"name": volume["name"], "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
     binding = r.bucket_binding(t)
     assert binding["role"] == "roles/storage.objectUser"

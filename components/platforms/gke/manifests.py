@@ -29,7 +29,19 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 DCN_CLAIM = "dcn-nics"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
-GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,uid=1000,gid=1000,file-cache:max-size-mb:-1"
+# The mount options of the seed (implicit directories, owned by uid/gid 1000). Its unlimited file cache is left out:
+# without a cache volume for it (a volume named gke-gcsfuse-cache) it has no place to cache, and MaxText reads a
+# checkpoint once, on restore, so a cache sized for a 70B checkpoint would buy nothing.
+GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,uid=1000,gid=1000"
+# The GCS FUSE sidecar's CPU, memory and ephemeral-storage limits lifted ("0": no limit), as the multislice Ray
+# tutorial's sample does for 70B checkpoints (seed A): the sidecar's defaults throttle multi-GB checkpoint writes.
+# https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/cloud-storage-fuse-csi-driver-sidecar
+GCSFUSE_POD_ANNOTATIONS = {
+    "gke-gcsfuse/volumes": "true",
+    "gke-gcsfuse/cpu-limit": "0",
+    "gke-gcsfuse/memory-limit": "0",
+    "gke-gcsfuse/ephemeral-storage-limit": "0",
+}
 HF_TOKEN_KEY = "hf_api_token"
 
 
@@ -52,9 +64,15 @@ def service_account(t: r.Target) -> dict[str, Any]:
 
 
 def dcn_claim_template(spec: RunSpec, t: r.Target) -> dict[str, Any] | None:
-    """Two NICs of device class netdev.google.com (ExactCount) for every worker pod, from managed DRANET."""
+    """The DCN NICs of every worker pod, from managed DRANET (device class netdev.google.com): exactly the two NICs
+    of the run's DCN networks (seed A), or, with the accelerator network profile, all the NICs GKE attached (the
+    samples' claim, allocation mode All)."""
     if not d.has_dcn_nics(spec):
         return None
+    if spec.gke.multislice_network == "dcn_networks":
+        nics = {"allocationMode": "ExactCount", "count": len(r.DCN_SUBNET_RANGES)}
+    else:
+        nics = {"allocationMode": "All"}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -65,11 +83,7 @@ def dcn_claim_template(spec: RunSpec, t: r.Target) -> dict[str, Any] | None:
                     "requests": [
                         {
                             "name": "nics",
-                            "exactly": {
-                                "deviceClassName": r.NETDEV_DEVICE_CLASS,
-                                "allocationMode": "ExactCount",
-                                "count": len(r.DCN_SUBNET_RANGES),
-                            },
+                            "exactly": {"deviceClassName": r.NETDEV_DEVICE_CLASS, **nics},
                         }
                     ]
                 }
@@ -116,7 +130,7 @@ def _checkpoint_volume(t: r.Target) -> dict[str, Any]:
 
 
 def _pod_metadata(t: r.Target) -> dict[str, Any]:
-    return {"labels": names.labels(t.run_id), "annotations": {"gke-gcsfuse/volumes": "true"}}
+    return {"labels": names.labels(t.run_id), "annotations": dict(GCSFUSE_POD_ANNOTATIONS)}
 
 
 def _resources(cpu: int, memory_gib: int, **extra: str) -> dict[str, Any]:

@@ -350,7 +350,8 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         return "the pods' identity (Workload Identity)"
     if kind == "ResourceClaimTemplate":
         req = obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]
-        return f"{req['count']} NICs of device class {req['deviceClassName']} per worker pod"
+        count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"
+        return f"{count} NICs of device class {req['deviceClassName']} per worker pod"
     if kind == "RayCluster":
         head = obj["spec"]["headGroupSpec"]
         head_res = head["template"]["spec"]["containers"][0]["resources"]["requests"]

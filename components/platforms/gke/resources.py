@@ -183,8 +183,9 @@ def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
             "resourceLabels": names.labels(t.run_id),
             "oauthScopes": [CLOUD_PLATFORM_SCOPE],
             "workloadMetadataConfig": {"mode": "GKE_METADATA"},
-            "advancedMachineFeatures": {"threadsPerCore": "1"},
         }
+        if shape.family.threads_per_core is not None:
+            config["advancedMachineFeatures"] = {"threadsPerCore": str(shape.family.threads_per_core)}
         pool: dict[str, Any] = {
             "name": names.tpu_node_pool(t.run_id, index),
             "initialNodeCount": shape.num_hosts,
@@ -250,7 +251,7 @@ def cpu_node_pool(spec: RunSpec, t: Target) -> dict[str, Any] | None:
 
 def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     """The ``Cluster`` REST body of a cluster the run creates: the Ray Operator add-on, the GCS FUSE CSI
-    driver, Workload Identity, Dataplane V2, image streaming, multi-networking for the DCN networks, and the
+    driver, Workload Identity, Dataplane V2, image streaming, multi-networking for the DCN NICs, and the
     CPU pool. None when the run uses an existing cluster."""
     if not t.owns_cluster:
         return None
@@ -269,7 +270,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
         body["autopilot"] = {"enabled": True}
         return body
     body["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
-    if has_dcn_nics(spec) and spec.gke.multislice_network == "dcn_networks":
+    if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)
         body["networkConfig"]["enableMultiNetworking"] = True
     body["ipAllocationPolicy"] = {"useIpAliases": True}
     body["nodePoolDefaults"] = {"nodeConfigDefaults": {"gcfsConfig": {"enabled": True}}}
