@@ -106,6 +106,11 @@ def dcn_subnet(run_id: str, index: int) -> str:
     return dcn_network(run_id, index) + "-subnet"
 
 
+def dcn_firewall(run_id: str, index: int) -> str:
+    """The firewall rule that lets the slices' traffic into the ``index``-th DCN network (new networks deny it)."""
+    return dcn_network(run_id, index) + "-allow-internal"
+
+
 def raycluster(run_id: str) -> str:
     return fit(run_id, RAYCLUSTER_NAME_MAX)
 

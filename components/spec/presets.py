@@ -28,7 +28,10 @@ _LLAMA3_V6E_16X2 = {
     "head_memory_gib": 16,
 }
 _LLAMA3_TRAIN = {"workload": "maxtext", "num_workers": 0}  # one Ray Train worker per host
-_LLAMA3_GKE = {"cpu_machine_type": "n1-standard-16", "hf_secret": ""}  # synthetic data: no Hugging Face token
+# Seed A's cluster version and CPU system pool; synthetic data: no Hugging Face token.
+_LLAMA3_GKE = {"cluster_version": "1.35.2-gke.1842000", "cpu_machine_type": "n1-standard-16", "hf_secret": ""}
+# Seed B's cluster version (the TorchTPU tutorial's GKE 1.36, its newest patch).
+_GEMMA4_GKE = {"cluster_version": "1.36"}
 _LLAMA3_8B_MAXTEXT = {
     "model_name": "llama3-8b",
     "dataset_type": "synthetic",
@@ -80,12 +83,14 @@ PRESETS: dict[str, dict] = {
         "cluster": {"accelerator": "v6e", "topology": "4x4", "num_hosts": 4, "num_slices": 1,
                     "cpus_per_host": 64, "worker_memory_gib": 200, "worker_shm_gib": 100},
         "train": _GEMMA4_E2B_TRAIN,
+        "gke": _GEMMA4_GKE,
     },
     # Seed B on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices; worker pods 250Gi.
     "gemma4-e2b-tpu7x-16": {
         "cluster": {"accelerator": "tpu7x", "topology": "2x2x2", "num_hosts": 2, "num_slices": 1,
                     "cpus_per_host": 64, "worker_memory_gib": 250, "worker_shm_gib": 100},
         "train": _GEMMA4_E2B_TRAIN,
+        "gke": _GEMMA4_GKE,
     },
     # Seed A: MaxText pretraining of Llama 3 8B on two TPU v6e 4x4 slices (multislice over DCN): 2 node pools of
     # 4 x ct6e-standard-4t, one RayCluster worker group of 2 replicas x 4 hosts, one Ray Train worker per host.

@@ -11,6 +11,7 @@ This module is pure standard library: it is imported by the components (pipeline
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import re
 import shlex
@@ -108,9 +109,15 @@ class GkeSpec:
     zone: str = ""  # TPU zone; empty: the first zone the catalogue documents for the accelerator
     cluster_name: str = ""  # an existing GKE cluster to use; empty: the run creates (and deletes) its own
     cluster_mode: str = "standard"  # standard or autopilot
-    cluster_version: str = ""  # GKE version of a cluster the run creates; empty: the release channel's default
+    # GKE version of a cluster the run creates (the presets pin their seed's); empty: the release channel's default.
+    # Provisioning checks the version GKE reports, of a created or an existing cluster, against the hardware's floors.
+    cluster_version: str = ""
     cpu_machine_type: str = "n2-standard-8"  # the CPU node pool that carries the Ray head (standard mode)
     multislice_network: str = "dcn_networks"  # NICs between slices: dcn_networks, accelerator_network_profile, none
+    # The Pod and Service IPv4 ranges (CIDR) of a cluster the run creates; empty: GKE picks them. Either must not
+    # overlap the DCN networks' subnets (checked at plan time, and against the ranges GKE reports at provision).
+    pod_range: str = ""
+    service_range: str = ""
     bucket: str = ""  # checkpoint bucket (kept after the run); empty: <project>-tpupipe
     namespace: str = "tpupipe"  # Kubernetes namespace of the run's objects
     artifact_repository: str = "tpupipe"  # Artifact Registry Docker repository in the zone's region
@@ -406,10 +413,17 @@ def _check_gke_fields(spec: RunSpec) -> None:
                        ("gke.cpu_machine_type", g.cpu_machine_type)):
         if not value:
             raise SpecError(key, "must not be empty")
-    if g.cluster_version:
+    for key, value in (("gke.pod_range", g.pod_range), ("gke.service_range", g.service_range)):
+        if not value:
+            continue
         if g.cluster_name:
-            raise SpecError("gke.cluster_version", f"applies to a cluster the run creates; gke.cluster_name="
-                                                   f"{g.cluster_name} is an existing one", [""])
+            raise SpecError(key, f"applies to a cluster the run creates; gke.cluster_name={g.cluster_name} is an "
+                                 "existing one", [""])
+        try:
+            ipaddress.IPv4Network(value)
+        except ValueError:
+            raise SpecError(key, f"{value!r} is not an IPv4 range", ["10.4.0.0/14", "empty: GKE picks one"]) from None
+    if g.cluster_version:  # with gke.cluster_name not applied: the existing cluster's own version is checked
         if not GKE_VERSION.match(g.cluster_version):
             raise SpecError("gke.cluster_version", f"{g.cluster_version!r} is not a GKE version",
                             ["latest", "1.35", "1.35.2-gke.1842000"])

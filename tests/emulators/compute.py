@@ -1,16 +1,18 @@
-"""An in-process Compute Engine: the part of the v1 REST API that network provisioning uses (global networks,
-regional subnetworks and resource policies, global and regional operations), served over plain HTTP by
+"""An in-process Compute Engine: the part of the v1 REST API that network provisioning uses (global networks and
+firewall rules, regional subnetworks and resource policies, global and regional operations), served over plain HTTP by
 ``http.server``, so that the real ``google.cloud.compute_v1`` clients (REST is their only transport) talk to it.
 
 Request bodies are parsed into compute_v1's own message types with unknown fields refused, then checked as Compute
-checks them (resource names, MTU range, custom mode, the network a subnetwork names, subnetwork CIDRs and their
-overlap, the region, workload policy types). Errors come back in Google's JSON error shape, so the clients raise
-the ``google.api_core.exceptions`` they raise against Compute (NotFound, Conflict, BadRequest, ...).
+checks them (resource names, MTU range, custom mode, the network a subnetwork or firewall rule names, subnetwork CIDRs
+and their overlap, the region, workload policy types, a firewall rule's direction, sources, protocols and ports).
+Errors come back in Google's JSON error shape, so the clients raise the ``google.api_core.exceptions`` they raise
+against Compute (NotFound, Conflict, BadRequest, ...).
 
 Inserts and deletes answer an Operation (PENDING, then RUNNING) that is DONE after ``polls_to_done`` polls of
 ``globalOperations.get`` / ``regionOperations.get`` (the call compute_v1's ExtendedOperation polls with; ``wait``
 is served too); only then does the change take effect. As in Compute, a resource whose insert is running is 404 to
-GET but its name is taken (a second insert is 409), and one whose delete is running stays readable. Links
+GET but its name is taken (a second insert is 409), one whose delete is running stays readable, and a network cannot
+be deleted while a subnetwork or firewall rule names it. Links
 (``selfLink``, ``targetLink``, a subnetwork's ``network``) are the ``https://www.googleapis.com/compute/v1/...``
 URLs Compute writes.
 
@@ -46,9 +48,16 @@ from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 
 LINK = "https://www.googleapis.com/compute/v1/"
 KINDS = {"networks": compute_v1.Network, "subnetworks": compute_v1.Subnetwork,
-         "resourcePolicies": compute_v1.ResourcePolicy}
-SINGULAR = {"networks": "network", "subnetworks": "subnetwork", "resourcePolicies": "resourcePolicy"}
-QUOTA_METRIC = {"networks": "NETWORKS", "subnetworks": "SUBNETWORKS", "resourcePolicies": "RESOURCE_POLICIES"}
+         "resourcePolicies": compute_v1.ResourcePolicy, "firewalls": compute_v1.Firewall}
+GLOBAL_KINDS = ("networks", "firewalls")
+SINGULAR = {"networks": "network", "subnetworks": "subnetwork", "resourcePolicies": "resourcePolicy",
+            "firewalls": "firewall"}
+QUOTA_METRIC = {"networks": "NETWORKS", "subnetworks": "SUBNETWORKS", "resourcePolicies": "RESOURCE_POLICIES",
+                "firewalls": "FIREWALLS"}
+# A firewall rule's protocols by name (or an IP protocol number), and those that take ports.
+FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all")
+PORT_PROTOCOLS = ("tcp", "udp", "sctp")
+PORTS = re.compile(r"(?P<low>\d{1,5})(?:-(?P<high>\d{1,5}))?")
 POLICY_TYPES = {t.name for t in compute_v1.ResourcePolicyWorkloadPolicy.Type} - {"UNDEFINED_TYPE"}
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
@@ -69,6 +78,7 @@ class State:
     networks: dict[str, dict] = field(default_factory=dict)  # "projects/P/global/networks/N" -> resource JSON
     subnetworks: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/subnetworks/N" -> ...
     resource_policies: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/resourcePolicies/N"
+    firewalls: dict[str, dict] = field(default_factory=dict)  # "projects/P/global/firewalls/N"
     creating: dict[str, dict] = field(default_factory=dict)  # path -> resource whose insert is running
     deleting: set[str] = field(default_factory=set)  # paths whose delete is running
     operations: dict[str, _Op] = field(default_factory=dict)  # "projects/P/{global,regions/R}/operations/O"
@@ -119,13 +129,13 @@ class ComputeEmulator(HttpEmulator):
         return kind in KINDS and path in self._table(kind)
 
     def names(self, kind: str) -> list[str]:
-        """Names of the existing resources of ``kind`` ("networks", "subnetworks", "resourcePolicies")."""
+        """Names of the existing resources of ``kind`` ("networks", "subnetworks", "resourcePolicies", "firewalls")."""
         with self._lock:
             return sorted(path.rsplit("/", 1)[-1] for path in self._table(kind))
 
     def _table(self, kind: str) -> dict[str, dict]:
         return {"networks": self.state.networks, "subnetworks": self.state.subnetworks,
-                "resourcePolicies": self.state.resource_policies}[kind]
+                "resourcePolicies": self.state.resource_policies, "firewalls": self.state.firewalls}[kind]
 
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict]:
@@ -153,7 +163,7 @@ class ComputeEmulator(HttpEmulator):
         if kind == "operations" and m["name"]:
             action = {("GET", None): "get", ("POST", "wait"): "wait"}.get((verb, m["verb"]))
             kind = "regionOperations" if m["region"] else "globalOperations"
-        elif kind in KINDS and (m["region"] is None) == (kind == "networks") and not m["verb"]:
+        elif kind in KINDS and (m["region"] is None) == (kind in GLOBAL_KINDS) and not m["verb"]:
             action = {("POST", False): "insert", ("GET", True): "get", ("DELETE", True): "delete"}.get(
                 (verb, bool(m["name"])))
         if not action:
@@ -169,7 +179,7 @@ class ComputeEmulator(HttpEmulator):
         if not NAME.fullmatch(message.name):
             raise HttpError(400, f"Invalid value for field 'resource.name': '{message.name}'. Must be a match of "
                                  "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
-        if kind != "networks" and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
+        if kind not in GLOBAL_KINDS and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
             raise HttpError(400, f"Invalid value for field 'resource.region': '{message.region}'. "
                                  f"Must be '{params['region']}'.")
         if kind == "networks":
@@ -180,12 +190,7 @@ class ComputeEmulator(HttpEmulator):
                 raise HttpError(400, f"Invalid value for field 'resource.mtu': '{message.mtu}'. "
                                      "Must be in the range [1300, 8896].")
         elif kind == "subnetworks":
-            ref = NETWORK_REF.fullmatch(message.network)
-            if not ref or (ref["project"] or params["project"]) != params["project"]:
-                raise HttpError(400, f"Invalid value for field 'resource.network': '{message.network}'.")
-            network = f"projects/{params['project']}/global/networks/{ref['name']}"
-            if network not in self.state.networks:
-                raise HttpError(404, f"The resource '{network}' was not found")
+            network = self._network(message.network, params)
             try:
                 cidr = ipaddress.IPv4Network(message.ip_cidr_range)
                 assert cidr.prefixlen <= 29
@@ -197,10 +202,57 @@ class ComputeEmulator(HttpEmulator):
                     raise HttpError(400, f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork "
                                          f"'{other['name']}' in region '{path.split('/')[3]}'.")
             request = {**request, "network": LINK + network}
+        elif kind == "firewalls":
+            network = self._network(message.network or "global/networks/default", params)
+            self._validate_firewall(request)
+            request = {**request, "network": LINK + network}
         elif "workload_policy" in message and message.workload_policy.type_ not in POLICY_TYPES:
             raise HttpError(400, "Invalid value for field 'resource.workloadPolicy.type': "
                                  f"'{message.workload_policy.type_}'. Must be one of {sorted(POLICY_TYPES)}.")
         return request
+
+    def _network(self, ref_text: str, params: dict) -> str:
+        """The path of the existing network a subnetwork or firewall rule names (404 when there is none)."""
+        ref = NETWORK_REF.fullmatch(ref_text)
+        if not ref or (ref["project"] or params["project"]) != params["project"]:
+            raise HttpError(400, f"Invalid value for field 'resource.network': '{ref_text}'.")
+        network = f"projects/{params['project']}/global/networks/{ref['name']}"
+        if network not in self.state.networks:
+            raise HttpError(404, f"The resource '{network}' was not found")
+        return network
+
+    @staticmethod
+    def _validate_firewall(rule: dict) -> None:
+        """A firewall rule as Compute checks it: a direction, allowed or denied (not both), known protocols, ports
+        only where the protocol has them and in range, sources only on ingress, CIDRs that parse, a priority."""
+        def invalid(name: str, value) -> HttpError:
+            return HttpError(400, f"Invalid value for field 'resource.{name}': '{value}'.")
+
+        direction = rule.get("direction", "INGRESS")
+        if direction not in ("INGRESS", "EGRESS"):
+            raise invalid("direction", direction)
+        if not 0 <= rule.get("priority", 1000) <= 65535:
+            raise invalid("priority", rule["priority"])
+        if bool(rule.get("allowed")) == bool(rule.get("denied")):
+            raise HttpError(400, "Exactly one of 'resource.allowed' or 'resource.denied' must be specified.")
+        action = "allowed" if rule.get("allowed") else "denied"
+        for index, entry in enumerate(rule[action]):
+            protocol = str(entry.get("IPProtocol", ""))
+            if protocol.lower() not in FIREWALL_PROTOCOLS and not (protocol.isdigit() and int(protocol) <= 255):
+                raise invalid(f"{action}[{index}].IPProtocol", protocol)
+            for port in entry.get("ports", []):
+                m = PORTS.fullmatch(port)
+                if protocol.lower() not in (*PORT_PROTOCOLS, "all") or not m or int(m["low"]) > 65535 \
+                        or int(m["high"] or m["low"]) > 65535 or int(m["high"] or m["low"]) < int(m["low"]):
+                    raise invalid(f"{action}[{index}].ports", port)
+        if direction == "EGRESS" and (rule.get("sourceRanges") or rule.get("sourceTags")):
+            raise HttpError(400, "Source ranges and source tags apply to INGRESS firewall rules only.")
+        for key in ("sourceRanges", "destinationRanges"):
+            for cidr in rule.get(key, []):
+                try:
+                    ipaddress.ip_network(cidr)
+                except ValueError:
+                    raise invalid(key, cidr) from None
 
     def _insert(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
         resource = self._validate(kind, params, request)
@@ -224,13 +276,20 @@ class ComputeEmulator(HttpEmulator):
     def _created(self, kind: str, path: str, resource: dict) -> None:
         resource.update(kind=f"compute#{SINGULAR[kind]}", id=str(next(self._ids)), selfLink=LINK + path,
                         creationTimestamp=_now())
+        if kind not in GLOBAL_KINDS:
+            resource["region"] = LINK + path.split(f"/{kind}/")[0]
+        if kind == "firewalls":
+            resource.setdefault("direction", "INGRESS")
+            resource.setdefault("priority", 1000)
+            resource.setdefault("disabled", False)
+            resource.setdefault("logConfig", {"enable": False})
+            if resource["direction"] == "INGRESS" and not resource.get("sourceTags"):
+                resource.setdefault("sourceRanges", ["0.0.0.0/0"])
         if kind == "networks":
             resource.setdefault("mtu", 1460)
             resource.setdefault("routingConfig", {"routingMode": "REGIONAL"})
             resource.setdefault("networkFirewallPolicyEnforcementOrder", "AFTER_CLASSIC_FIREWALL")
             resource["subnetworks"] = []
-        else:
-            resource["region"] = LINK + path.split(f"/{kind}/")[0]
         if kind == "subnetworks":
             cidr = ipaddress.IPv4Network(resource["ipCidrRange"])
             resource.update(gatewayAddress=str(cidr.network_address + 1), fingerprint=resource["id"][-8:],
@@ -252,7 +311,8 @@ class ComputeEmulator(HttpEmulator):
         path = resource["selfLink"].removeprefix(LINK)
         if path in self.state.deleting:
             raise HttpError(400, f"The resource '{path}' is not ready", "resourceNotReady")
-        users = [p for p, s in [*self.state.subnetworks.items(), *self.state.creating.items()]
+        users = [p for p, s in [*self.state.subnetworks.items(), *self.state.firewalls.items(),
+                                *self.state.creating.items()]
                  if kind == "networks" and s.get("network") == LINK + path]
         user = users[0] if users else self.in_use(SINGULAR[kind], path)
         if user:

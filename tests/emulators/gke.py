@@ -7,6 +7,11 @@ calls. Faults are injected per method: a gRPC status for the next N calls (UNAVA
 ALREADY_EXISTS, ...), or a stockout, where the create call succeeds and its operation ends in the error GKE reports
 when a zone has no capacity. A cluster's endpoint and CA certificate are those of the Kubernetes API emulator
 given to the server, as GKE's are those of the cluster's control plane.
+
+A created cluster runs the version its ``initialClusterVersion`` names, resolved as GKE resolves it against the
+versions on offer (``versions``; empty: ``default_version``; ``latest``: the newest; ``1.36``: the newest 1.36), or
+INVALID_ARGUMENT when none matches; its node pools run its version. It reports Pod and Service ranges: those its
+``ipAllocationPolicy`` pins, else ``default_pod_range`` and ``default_service_range`` (what GKE picked).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from google.rpc import status_pb2
 from tests.emulators import GrpcEmulator, serve_grpc, take_fault
 
 SERVICE = "google.container.v1.ClusterManager"
+# The versions the emulated GKE offers: the seeds' (1.35.2-gke.1842000, the managed DRANET floor 1.34.1-gke.1829001)
+# and one older and one newer minor.
+VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
+DEFAULT_VERSION = "1.35.2-gke.1842000"
 STOCKOUT_MESSAGE = ("Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
                     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)")
 
@@ -58,6 +67,8 @@ class ClusterManagerEmulator(GrpcEmulator):
     def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2,
                  compute=None):
         self.state = State()
+        self.versions, self.default_version = VERSIONS, DEFAULT_VERSION
+        self.default_pod_range, self.default_service_range = "10.52.0.0/14", "34.118.224.0/20"
         # The project's Compute Engine (tests.emulators.compute), when there is one: node pools must name networks,
         # subnets and workload policies that exist there, and hold them while they exist, as GKE's do.
         self.compute = compute
@@ -138,6 +149,16 @@ class ClusterManagerEmulator(GrpcEmulator):
         context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {name}.")
 
     # ------------------------------------------------------------------ clusters
+    def _version(self, asked: str, context) -> str:
+        """``asked`` resolved against the versions on offer, as GKE resolves a cluster version."""
+        if not asked:
+            return self.default_version
+        matching = [v for v in self.versions if asked == "latest" or v == asked or v.startswith(f"{asked}.")
+                    or v.startswith(f"{asked}-")]
+        if not matching:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Master version "{asked}" is unsupported.')
+        return matching[-1]
+
     def create_cluster(self, request: c.CreateClusterRequest, context, stockout=None) -> c.Operation:
         name = f"{request.parent}/clusters/{request.cluster.name}"
         if name in self.state.clusters:
@@ -146,8 +167,15 @@ class ClusterManagerEmulator(GrpcEmulator):
         cluster.status = c.Cluster.Status.PROVISIONING
         cluster.location = request.parent.rsplit("/", 1)[-1]
         cluster.self_link = name
+        cluster.current_master_version = cluster.current_node_version = self._version(
+            request.cluster.initial_cluster_version, context)
+        ips = cluster.ip_allocation_policy
+        ips.cluster_ipv4_cidr_block = cluster.cluster_ipv4_cidr = ips.cluster_ipv4_cidr_block or self.default_pod_range
+        ips.services_ipv4_cidr_block = cluster.services_ipv4_cidr = (ips.services_ipv4_cidr_block
+                                                                    or self.default_service_range)
         for pool in cluster.node_pools:
             pool.status = c.NodePool.Status.PROVISIONING
+            pool.version = cluster.current_node_version
         self.state.clusters[name] = cluster
 
         def done():
@@ -184,6 +212,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")
         pool = c.NodePool(request.node_pool)
         pool.status = c.NodePool.Status.PROVISIONING
+        pool.version = pool.version or cluster.current_node_version
         cluster.node_pools.append(pool)
         name = f"{request.parent}/nodePools/{pool.name}"
         error = None

@@ -70,7 +70,7 @@ class Project:
                       if names.build_tag(run_id) in b.tags and Status(b.status) not in FINISHED]
         found = {
             "clusters": list(self.gke.state.clusters), "node pools": self.pools(run_id), "kubernetes": objects,
-            "compute": [n for kind in ("networks", "subnetworks", "resourcePolicies")
+            "compute": [n for kind in ("networks", "subnetworks", "firewalls", "resourcePolicies")
                         for n in self.compute.names(kind) if run_id in n],
             "bucket bindings": members, "builds": builds, "processes": run_processes(run_id),
         }

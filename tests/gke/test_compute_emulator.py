@@ -1,5 +1,5 @@
-"""The Compute Engine emulator through the real google-cloud-compute clients (REST over HTTP): networks,
-subnetworks and resource policies with their operations, Compute's validation and error shapes, injected faults."""
+"""The Compute Engine emulator through the real google-cloud-compute clients (REST over HTTP): networks, subnetworks,
+firewall rules and resource policies with their operations, Compute's validation and error shapes, injected faults."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ class Clients:
         self.networks = compute_v1.NetworksClient(credentials=credentials, client_options=opts)
         self.subnets = compute_v1.SubnetworksClient(credentials=credentials, client_options=opts)
         self.policies = compute_v1.ResourcePoliciesClient(credentials=credentials, client_options=opts)
-        for client in (self.networks, self.subnets, self.policies):
+        self.firewalls = compute_v1.FirewallsClient(credentials=credentials, client_options=opts)
+        for client in (self.networks, self.subnets, self.policies, self.firewalls):
             wire_operations(client, credentials, opts)
 
     def network(self, name: str = "net-a", **fields):
@@ -42,6 +43,11 @@ class Clients:
     def subnet(self, name: str = "sub-a", cidr: str = "10.0.0.0/24", network: str = NET):
         body = compute_v1.Subnetwork(name=name, network=network, ip_cidr_range=cidr, region=REGION)
         return self.subnets.insert(project=PROJECT, region=REGION, subnetwork_resource=body)
+
+    def firewall(self, name: str = "fw-a", network: str = NET, **fields):
+        fields.setdefault("allowed", [compute_v1.Allowed(I_p_protocol="tcp")])
+        body = compute_v1.Firewall(name=name, network=network, **fields)
+        return self.firewalls.insert(project=PROJECT, firewall_resource=body)
 
     def policy(self, name: str = "pol-a", kind: str = "HIGH_THROUGHPUT"):
         body = compute_v1.ResourcePolicy(name=name, workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
@@ -132,6 +138,52 @@ def test_validation_and_error_classes(compute, clients):
         clients.subnets.insert(project=PROJECT, region="europe-west4", subnetwork_resource=compute_v1.Subnetwork(
             name="sub-c", network=NET, ip_cidr_range="10.1.0.0/24", region=REGION))
     assert compute.names("subnetworks") == ["sub-a", "sub-b"]
+
+
+def test_firewall_rules_are_global_checked_as_compute_checks_them_and_hold_their_network(compute, clients):
+    clients.network().result(timeout=10)
+    op = clients.firewall(source_ranges=["10.50.0.0/16"], allowed=[
+        compute_v1.Allowed(I_p_protocol=p) for p in ("tcp", "udp", "icmp")])
+    assert op.operation_type == "insert" and not op.region  # a global operation
+    op.result(timeout=10)
+    rule = clients.firewalls.get(project=PROJECT, firewall="fw-a")
+    assert rule.network == LINK + NET and rule.direction == "INGRESS" and rule.priority == 1000
+    assert list(rule.source_ranges) == ["10.50.0.0/16"] and [a.I_p_protocol for a in rule.allowed] == [
+        "tcp", "udp", "icmp"]
+    assert rule.self_link == f"{LINK}projects/{PROJECT}/global/firewalls/fw-a"
+    assert "globalOperations.get" in compute.state.calls and "regionOperations.get" not in compute.state.calls
+    with pytest.raises(exceptions.Conflict):
+        clients.firewall()
+
+    bad = [
+        (dict(allowed=[], denied=[]), "Exactly one of"),
+        (dict(denied=[compute_v1.Denied(I_p_protocol="tcp")]), "Exactly one of"),  # with the default allowed
+        (dict(allowed=[compute_v1.Allowed(I_p_protocol="tcpx")]), "allowed\\[0\\].IPProtocol"),
+        (dict(allowed=[compute_v1.Allowed(I_p_protocol="icmp", ports=["80"])]), "ports"),
+        (dict(allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["70000"])]), "ports"),
+        (dict(direction="SIDEWAYS"), "direction"),
+        (dict(direction="EGRESS", source_ranges=["10.0.0.0/8"]), "INGRESS firewall rules only"),
+        (dict(source_ranges=["10.50.0.1/16"]), "sourceRanges"),
+        (dict(priority=70000), "priority"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(exceptions.BadRequest, match=message):
+            clients.firewall("fw-b", **fields)
+    with pytest.raises(exceptions.NotFound):
+        clients.firewall("fw-b", network=f"projects/{PROJECT}/global/networks/missing")
+
+    with pytest.raises(exceptions.BadRequest, match="fw-a") as info:  # the rule holds its network
+        clients.networks.delete(project=PROJECT, network="net-a")
+    assert info.value.errors[0]["reason"] == "resourceInUseByAnotherResource"
+    clients.firewalls.delete(project=PROJECT, firewall="fw-a").result(timeout=10)
+    clients.networks.delete(project=PROJECT, network="net-a").result(timeout=10)
+    assert compute.names("firewalls") == [] and compute.names("networks") == []
+
+    compute.quota("firewalls.insert")
+    clients.network().result(timeout=10)
+    with pytest.raises(exceptions.Forbidden) as info:
+        clients.firewall().result(timeout=10)
+    assert info.value.errors[0].message == "Quota 'FIREWALLS' exceeded.  Limit: 0.0 globally."
 
 
 def test_resource_policies_and_the_in_use_hook(compute, clients):

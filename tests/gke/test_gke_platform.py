@@ -259,6 +259,15 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     ctx = context(tmp_path, "dcn", DCN_SLICES)
     platform().provision(ctx)
     assert project.compute.names("networks") == ["dcn-dcn0", "dcn-dcn1"]
+    # each new network denies all ingress: a rule per network lets the other slices' NICs in
+    assert project.compute.names("firewalls") == ["dcn-dcn0-allow-internal", "dcn-dcn1-allow-internal"]
+    rules = {r["name"]: r for r in project.compute.state.firewalls.values()}
+    rule = rules["dcn-dcn1-allow-internal"]
+    assert rule["network"].endswith(f"projects/{PROJECT}/global/networks/dcn-dcn1")
+    assert rule["direction"] == "INGRESS" and rule["sourceRanges"] == ["10.60.0.0/16"]
+    assert [a["IPProtocol"] for a in rule["allowed"]] == ["tcp", "udp", "icmp"]
+    calls = project.compute.state.calls
+    assert calls.index("firewalls.insert") > calls.index("subnetworks.insert")
     assert [n["mtu"] for n in project.compute.state.networks.values()] == [8896, 8896]
     subnets = {n: s["ipCidrRange"] for n, s in project.compute.state.subnetworks.items()}
     assert subnets == {f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn0-subnet": "10.50.0.0/16",
@@ -273,8 +282,63 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     result = platform().teardown(ctx)
     assert project.gke.state.clusters == {}
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+    assert project.compute.names("firewalls") == [] and project.leftovers("dcn") == {}
     assert f"projects/{PROJECT}/global/networks/dcn-dcn1" in result["deleted"]
+    assert result["deleted"].index(f"projects/{PROJECT}/global/firewalls/dcn-dcn1-allow-internal") < \
+        result["deleted"].index(f"projects/{PROJECT}/global/networks/dcn-dcn1")  # the rule holds its network
     assert platform().teardown(ctx)["deleted"] == []
+
+
+def test_the_cluster_runs_the_pinned_version_and_its_pools_run_it_too(tmp_path, project_factory):
+    project = project_factory()
+    platform().provision(context(tmp_path, "pinned", ONE_SLICE + " gke.cluster_version=1.36"))
+    cluster = project.gke.state.clusters[project.clusters("pinned")[0]]
+    assert cluster.current_master_version == "1.36.1-gke.1012000"  # GKE's newest 1.36
+    assert {p.version for p in cluster.node_pools} == {"1.36.1-gke.1012000"}
+
+
+def test_a_cluster_gke_made_older_than_the_slices_floor_is_refused_before_any_node_pool(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.default_version = "1.33.5-gke.1080000"  # no version pinned: GKE's default, older than DRANET's
+    ctx = context(tmp_path, "oldgke", DCN_SLICES)
+    with pytest.raises(SpecError, match="^gke.cluster_version: cluster tpupipe-oldgke runs GKE 1.33.5-gke.1080000, "
+                                        "older than 1.34.1-gke.1829001, the first standard version with managed "
+                                        "DRANET"):
+        platform().provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 0
+    platform().teardown(ctx)  # the exit handler's
+    assert project.leftovers("oldgke") == {}
+
+
+def test_an_existing_cluster_older_than_the_slices_floor_is_refused_naming_it(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.default_version = "1.33.5-gke.1080000"
+    owner = context(tmp_path, "owner")
+    platform().provision(owner)  # one v6e slice: 1.33 reaches v6e's floor
+    guest = context(tmp_path, "guest", DCN_SLICES + " gke.cluster_name=tpupipe-owner")
+    with pytest.raises(SpecError, match="^gke.cluster_name: cluster tpupipe-owner runs GKE 1.33.5-gke.1080000, older "
+                                        "than 1.34.1-gke.1829001"):
+        platform().provision(guest)
+    assert project.pools("guest") == []
+    platform().teardown(guest)
+    assert set(project.leftovers("guest")) == {"clusters"}  # the owner's only: its DCN networks are gone
+    platform().teardown(owner)
+
+
+def test_pod_ranges_gke_picked_over_a_dcn_subnet_are_refused_before_any_node_pool(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.default_pod_range = "10.48.0.0/14"  # 10.48-10.51: over the first DCN subnet, 10.50.0.0/16
+    ctx = context(tmp_path, "overlap", DCN_SLICES)
+    with pytest.raises(SpecError, match="^gke.pod_range: cluster tpupipe-overlap's Pod range 10.48.0.0/14 overlaps "
+                                        "the DCN subnet 10.50.0.0/16"):
+        platform().provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 0
+    platform().teardown(ctx)
+    assert project.leftovers("overlap") == {}
+    ok = context(tmp_path, "pinnedrange", DCN_SLICES + " gke.pod_range=10.8.0.0/14")  # pinned clear of them
+    platform().provision(ok)
+    assert project.gke.state.clusters[project.clusters("pinnedrange")[0]].cluster_ipv4_cidr == "10.8.0.0/14"
+    platform().teardown(ok)
 
 
 def test_a_tpu7x_slice_is_placed_by_a_workload_policy_the_run_creates_and_deletes(tmp_path, project_factory):

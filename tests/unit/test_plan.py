@@ -41,6 +41,11 @@ BAD_INPUTS = [
     ("llama3-8b-v6e-16x2", "gke.multislice_network=fast", "gke.multislice_network",
      "(valid: dcn_networks, accelerator_network_profile, none)"),
     ("llama3-8b-v6e-16x2", "gke.project=Bad_Project", "gke.project", "(valid: 6 to 30 lowercase"),
+    ("llama3-70b-v6e-16x2", "gke.pod_range=10.48.0.0/14", "gke.pod_range",
+     "overlaps the DCN subnet 10.50.0.0/16"),
+    ("llama3-70b-v6e-16x2", "gke.service_range=10.60.16.0/20", "gke.service_range",
+     "overlaps the DCN subnet 10.60.0.0/16"),
+    ("llama3-70b-v6e-16x2", "gke.pod_range=10.48.0.0/33", "gke.pod_range", "is not an IPv4 range"),
     ("local-fsdp", "", "cluster.accelerator", "(valid: v5e, v5p, v6e, tpu7x)"),
 ]
 
@@ -80,6 +85,47 @@ def test_text_lists_every_resource_with_the_run_label_and_the_cost(capsys):
     # 32 v6e chips at $2.70 + the head's n1-standard-16 + the cluster fee
     assert "per hour                      $87.26" in text
     assert "for 1 h expected              $87.26" in text
+
+
+def test_the_70b_plan_creates_a_firewall_rule_with_each_dcn_network_and_teardown_deletes_it_first(capsys):
+    """A new VPC denies all ingress: each DCN network comes with a rule that lets the slices' traffic in, listed in the
+    plan after its network and subnet, and deleted by teardown before them (newest first)."""
+    spec = resolve("llama3-70b-v6e-16x2", "gke.project=my-project")
+    document = plan.build(spec, "run70b")
+    kinds = [(res["kind"], res["name"]) for res in document["resources"] if res["stage"] == "provision"][:6]
+    assert kinds == [("vpc-network", "run70b-dcn0"), ("subnetwork", "run70b-dcn0-subnet"),
+                     ("firewall-rule", "run70b-dcn0-allow-internal"), ("vpc-network", "run70b-dcn1"),
+                     ("subnetwork", "run70b-dcn1-subnet"), ("firewall-rule", "run70b-dcn1-allow-internal")]
+    rule = next(res for res in document["resources"] if res["name"] == "run70b-dcn1-allow-internal")
+    assert rule["api"] == "compute.firewalls.insert" and rule["path"] == \
+        "projects/my-project/global/firewalls/run70b-dcn1-allow-internal"
+    assert rule["body"] == {"name": "run70b-dcn1-allow-internal", "network": "projects/my-project/global/networks/"
+                            "run70b-dcn1", "direction": "INGRESS", "priority": 1000, "sourceRanges": ["10.60.0.0/16"],
+                            "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
+                            "description": "tpupipe-run=run70b"}
+    assert rule["labels"] == {"tpupipe-run": "run70b"} and rule["deleted_by_teardown"]
+    from google.cloud import compute_v1
+
+    compute_v1.Firewall.from_json(json.dumps(rule["body"]))  # the real client type takes it
+
+    assert main(["run", "llama3-70b-v6e-16x2", "--platform", "gke", "--dry-run", "--run-id", "run70b",
+                 "--set", "gke.project=my-project"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    create = "  create        compute.firewalls.insert projects/my-project/global/firewalls/run70b-dcn0-allow-internal"
+    delete = "  delete        compute.firewalls.delete projects/my-project/global/firewalls/run70b-dcn0-allow-internal"
+    network = "  delete        compute.networks.delete projects/my-project/global/networks/run70b-dcn0"
+    assert create in lines and lines.index(delete) < lines.index(network)
+    assert main(["plan", "llama3-70b-v6e-16x2"]) == 0
+    assert "firewall-rule             llama3-70b-v6e-16x2-dcn1-allow-internal" in capsys.readouterr().out
+
+
+def test_pinned_pod_and_service_ranges_go_into_the_cluster_when_they_clear_the_dcn_subnets():
+    spec = resolve("llama3-70b-v6e-16x2", "gke.pod_range=10.8.0.0/14 gke.service_range=10.12.0.0/20")
+    (cluster,) = [res for res in plan.build(spec, "ranges")["resources"] if res["kind"] == "gke-cluster"]
+    assert cluster["body"]["ipAllocationPolicy"] == {"useIpAliases": True, "clusterIpv4CidrBlock": "10.8.0.0/14",
+                                                     "servicesIpv4CidrBlock": "10.12.0.0/20"}
+    with pytest.raises(SpecError, match="gke.pod_range: applies to a cluster the run creates"):
+        resolve("llama3-70b-v6e-16x2", "gke.pod_range=10.8.0.0/14 gke.cluster_name=shared")
 
 
 def test_cost_for_the_expected_duration():

@@ -1,6 +1,6 @@
 """The Compute Engine side of the gke platform, through google-cloud-compute (architecture decision 8): the extra
-VPC networks and subnets that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``) and the
-workload policy that places TPU7x multi-host slices.
+VPC networks, subnets and firewall rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``)
+and the workload policy that places TPU7x multi-host slices.
 
 Same contract as the GKE adapter (``components.gke_cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
@@ -9,8 +9,8 @@ operations cannot be cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, a
 recorded.
 
 Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``,
-``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that ``components.derivations`` makes.
-``google.cloud.compute_v1`` is imported inside functions.
+``projects/P/global/firewalls/N``, ``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that
+``components.derivations`` makes. ``google.cloud.compute_v1`` is imported inside functions.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ KINDS = {
     "network": Kind("networks", "Network", "network"),
     "subnetwork": Kind("subnetworks", "Subnetwork", "subnetwork"),
     "resource_policy": Kind("resource_policies", "ResourcePolicy", "resource_policy"),
+    "firewall": Kind("firewalls", "Firewall", "firewall"),
 }
 
 
@@ -56,6 +57,7 @@ class Clients:
     networks: Any
     subnetworks: Any
     resource_policies: Any
+    firewalls: Any
     global_operations: Any
     region_operations: Any
 
@@ -72,7 +74,7 @@ def clients(creds=None) -> Clients:
     creds = creds or credentials()
     return Clients(*(getattr(compute_v1, name)(credentials=creds, client_options=options)
                      for name in ("NetworksClient", "SubnetworksClient", "ResourcePoliciesClient",
-                                  "GlobalOperationsClient", "RegionOperationsClient")))
+                                  "FirewallsClient", "GlobalOperationsClient", "RegionOperationsClient")))
 
 
 def _request(kind: str, resource_path: str) -> dict[str, str]:

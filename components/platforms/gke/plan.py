@@ -38,6 +38,7 @@ def check_plannable(spec: RunSpec) -> None:
 STAGE_OF_KIND = {
     "vpc-network": "provision",
     "subnetwork": "provision",
+    "firewall-rule": "provision",
     "workload-policy": "provision",
     "gcs-bucket": "provision",
     "iam-binding": "provision",
@@ -116,18 +117,24 @@ def _slice_doc(spec: RunSpec) -> dict[str, Any]:
 
 
 def _compute_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
-    """The DCN networks and their subnets (multislice ``dcn_networks``), then the TPU7x workload policy: Compute
-    Engine resources the node pools reference, so they come first. They take no labels: their names derive from
-    the run id."""
+    """The DCN networks, each with its subnet and the firewall rule that lets the slices' traffic in (multislice
+    ``dcn_networks``), then the TPU7x workload policy: Compute Engine resources the node pools reference, so they
+    come first (and teardown, walking them newest first, deletes each rule before its network). They take no
+    labels: their names derive from the run id."""
     out = []
     labels = names.labels(t.run_id)
     for net in r.dcn_networks(spec, t):
-        n, s = net["network"], net["subnetwork"]
+        n, s, f = net["network"], net["subnetwork"], net["firewall"]
         out.append(Resource("vpc-network", n["name"], "create", f"DCN network, custom subnets, MTU {n['mtu']} (run id "
                             "in its description: networks take no labels)", labels=labels, body=n,
                             api="compute.networks.insert", path=r.compute_path("network", t, n["name"])))
         out.append(Resource("subnetwork", s["name"], "create", f"{s['ipCidrRange']} in {s['region']}", labels=labels,
                             body=s, api="compute.subnetworks.insert", path=r.compute_path("subnetwork", t, s["name"])))
+        protocols = ", ".join(a["IPProtocol"] for a in f["allowed"])
+        out.append(Resource("firewall-rule", f["name"], "create", f"allows ingress to {n['name']} from "
+                            f"{', '.join(f['sourceRanges'])} (the slices' DCN traffic): all ports of {protocols}",
+                            labels=labels, body=f, api="compute.firewalls.insert",
+                            path=r.compute_path("firewall", t, f["name"])))
     policy = r.workload_policy(spec, t)
     if policy:
         out.append(Resource(
@@ -266,6 +273,7 @@ def resources(spec: RunSpec, run_id: str) -> list[Resource]:
     """Every resource the run creates or uses, in the order the stages create them."""
     check_plannable(spec)
     t = r.target(spec, run_id)
+    r.check_ranges(spec, t)
     return [*_compute_resources(spec, t), *_storage_resources(t), *_cluster_resources(spec, t),
             *_image_resources(spec, t), *_kubernetes_resources(spec, t)]
 
@@ -285,7 +293,8 @@ def _warnings(spec: RunSpec, t: r.Target, cost: dict[str, Any]) -> list[str]:
                         "for a real run")
     if not t.owns_cluster:
         warnings.append(f"gke.cluster_name={t.cluster}: the run uses an existing cluster; provisioning checks that "
-                        "it has " + ", ".join(_cluster_features(None)) + " before it creates anything")
+                        "it has " + ", ".join(_cluster_features(None)) + " before it creates anything, and that the "
+                        "GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)")
     if t.autopilot:
         warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
     documented = catalogue.zones(shape.family.name)

@@ -2,11 +2,11 @@
 (``plan.resources``, in creation order) through one handler per kind (``HANDLERS``); every handler records what it
 creates in the run's ledger before it waits on it.
 
-- provision: the Compute Engine resources (the DCN networks and subnets of multislice ``dcn_networks`` plans, the
-  TPU7x workload policy), the checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it,
-  the GKE cluster (with the Ray head's CPU pool) or the existing one named, and one TPU node pool per slice, each
-  labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one message naming what, where
-  and what to try, after deleting what this run created;
+- provision: the Compute Engine resources (the DCN networks, subnets and firewall rules of multislice ``dcn_networks``
+  plans, the TPU7x workload policy), the checkpoint bucket (got or created, kept) and the run's Workload Identity
+  binding on it, the GKE cluster (with the Ray head's CPU pool) or the existing one named, and one TPU node pool per
+  slice, each labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one message naming
+  what, where and what to try, after deleting what this run created;
 - build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
   Artifact Registry (the repository got or created first);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
@@ -69,6 +69,7 @@ class GkePlatform:
         if spec.gke.image and spec.gke.torch_tpu_base:
             raise SpecError("gke.torch_tpu_base", f"builds the torch image FROM a base, but gke.image={spec.gke.image} "
                             "names a built one and nothing is built", ["", "with gke.image empty"])
+        r.check_ranges(spec, self._target(ctx))
 
     def _target(self, ctx: RunContext) -> r.Target:
         return r.target(ctx.spec, ctx.run_id)
@@ -155,7 +156,7 @@ class GkePlatform:
                 gone = gke.delete_node_pool(name)
             elif kind == "cluster":
                 gone = gke.delete_cluster(name)
-            elif kind in ("network", "subnetwork", "resource_policy"):
+            elif kind in COMPUTE_KINDS.values():
                 gone = (compute or self._compute()).delete(kind, name)
             elif kind == "iam_binding":
                 deleted += self._revoke_bucket(target, name)
@@ -298,8 +299,8 @@ class GkePlatform:
         return self._revoke_bucket(self._target(ctx))
 
     def _delete_compute(self, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
-        """The DCN networks, subnets and workload policy, newest first. They take no labels: the ledger has them, and
-        their names derive from the run id."""
+        """The DCN networks, subnets, firewall rules and workload policy, newest first. They take no labels: the ledger
+        has them, and their names derive from the run id."""
         planned = [(COMPUTE_KINDS[res.kind], res.path) for res in plan.resources(ctx.spec, ctx.run_id)
                    if res.kind in COMPUTE_KINDS]
         recorded = [(e["kind"], e["name"]) for e in ledger.get("created", []) if e["kind"] in COMPUTE_KINDS.values()]
@@ -372,11 +373,13 @@ def _deletes(res: plan.Resource, ctx: RunContext) -> str:
         return f"kubernetes delete {res.kind.removeprefix('k8s/')} (label {names.RUN_LABEL})"
     return {"gke-cluster": "container.clusters.delete", "iam-binding": "storage.buckets.setIamPolicy (binding removed)",
             "vpc-network": "compute.networks.delete", "subnetwork": "compute.subnetworks.delete",
+            "firewall-rule": "compute.firewalls.delete",
             "workload-policy": "compute.resourcePolicies.delete"}.get(res.kind, "")
 
 
 # Plan kinds of the Compute Engine resources -> the kind the Compute adapter and the ledger use.
-COMPUTE_KINDS = {"vpc-network": "network", "subnetwork": "subnetwork", "workload-policy": "resource_policy"}
+COMPUTE_KINDS = {"vpc-network": "network", "subnetwork": "subnetwork", "firewall-rule": "firewall",
+                 "workload-policy": "resource_policy"}
 
 
 class _Session:
@@ -426,10 +429,37 @@ def _cluster(s: _Session, res: plan.Resource) -> None:
     gke = s.client("gke")
     if res.action == "create":
         s.cluster = gke.ensure_cluster(s.t.parent, res.body, s.record)
-        return
-    s.cluster = gke.get_cluster(res.path)
-    if s.cluster is None:
-        raise SpecError("gke.cluster_name", f"no cluster {s.t.cluster} in {s.t.location} of project {s.t.project}")
+    else:
+        s.cluster = gke.get_cluster(res.path)
+        if s.cluster is None:
+            raise SpecError("gke.cluster_name", f"no cluster {s.t.cluster} in {s.t.location} of project {s.t.project}")
+    _check_cluster_as_reported(s)
+
+
+def _check_cluster_as_reported(s: _Session) -> None:
+    """Before any node pool: the version GKE reports for the cluster reaches the floors of the slice's family and of
+    managed DRANET, and the Pod and Service ranges it reports overlap no DCN subnet. A SpecError names the field to
+    change: gke.cluster_version (or gke.pod_range, gke.service_range) for a cluster the run made, gke.cluster_name
+    for an existing one."""
+    from components.workload import checks
+
+    spec, cluster, owns = s.ctx.spec, s.cluster, s.t.owns_cluster
+    version = cluster.current_master_version
+    missed = checks.floor_missed(spec, version) if version else None
+    if missed:
+        floor, feature = missed
+        raise SpecError("gke.cluster_version" if owns else "gke.cluster_name",
+                        f"cluster {s.t.cluster} runs GKE {version}, older than {floor}, the first "
+                        f"{spec.gke.cluster_mode} version with {feature}",
+                        [f">= {floor}"] if owns else [f"a cluster at GKE >= {floor}", "empty: the run creates one"])
+    overlap = r.dcn_range_overlap(spec, s.t, {"Pod": cluster.cluster_ipv4_cidr,
+                                              "Service": cluster.services_ipv4_cidr})
+    if overlap:
+        which, value, cidr = overlap
+        field = f"gke.{which.lower()}_range" if owns else "gke.cluster_name"
+        raise SpecError(field, f"cluster {s.t.cluster}'s {which} range {value} overlaps the DCN subnet {cidr}",
+                        [f"a {which} range that overlaps no DCN subnet"] if owns
+                        else ["a cluster whose ranges overlap no DCN subnet", "empty: the run creates one"])
 
 
 def _node_pool(s: _Session, res: plan.Resource) -> None:
@@ -535,6 +565,7 @@ def _raycluster(s: _Session, res: plan.Resource) -> None:
 HANDLERS = {
     "vpc-network": _compute,
     "subnetwork": _compute,
+    "firewall-rule": _compute,
     "workload-policy": _compute,
     "gcs-bucket": _bucket,
     "iam-binding": _binding,

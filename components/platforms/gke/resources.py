@@ -26,11 +26,12 @@ Sources of the GKE facts:
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
 from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
-from components.spec import RunSpec, names
+from components.spec import RunSpec, SpecError, names
 from components.tpu import catalogue
 from components.workload.derive import (
     WORKLOAD_IMAGES,
@@ -55,6 +56,10 @@ AUTOPILOT_CAPACITY_SELECTORS = {
 # --- Multislice DCN networking, the tutorial's way ---------------------------------------------------------
 DCN_SUBNET_RANGES = ("10.50.0.0/16", "10.60.0.0/16")  # one extra VPC network (and subnet) per range
 DCN_MTU = 8896
+# A new VPC network denies all ingress: each DCN network gets a rule that allows what comes from its own subnet (the
+# other slices' NICs), every port of TCP, UDP and ICMP, as the established multislice tooling (xpk) does for each
+# extra network (../shared/reference/platform-facts.md, "GKE / multislice details").
+DCN_FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp")
 DCN_NIC_PREFIXES = "eth1,eth2,lo"  # the DRANET NICs, then loopback
 MEGASCALE_PORT = 9915
 # XLA TPU flags that overlap collectives with compute (MaxText's recommended set), then the NICs to use.
@@ -273,6 +278,10 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)
         body["networkConfig"]["enableMultiNetworking"] = True
     body["ipAllocationPolicy"] = {"useIpAliases": True}
+    if spec.gke.pod_range:
+        body["ipAllocationPolicy"]["clusterIpv4CidrBlock"] = spec.gke.pod_range
+    if spec.gke.service_range:
+        body["ipAllocationPolicy"]["servicesIpv4CidrBlock"] = spec.gke.service_range
     body["nodePoolDefaults"] = {"nodeConfigDefaults": {"gcfsConfig": {"enabled": True}}}
     body["nodePools"] = [cpu_node_pool(spec, t)]
     return body
@@ -292,8 +301,9 @@ def workload_policy(spec: RunSpec, t: Target) -> dict[str, Any] | None:
 
 
 def dcn_networks(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
-    """The extra VPC networks (custom subnets, jumbo MTU) and their subnets, one per DCN NIC: the tutorial's
-    way. Compute Engine networks take no labels: the run id is in the description and the name."""
+    """The extra VPC networks (custom subnets, jumbo MTU), their subnets and the firewall rules that let the slices'
+    traffic in, one network per DCN NIC: the tutorial's way. Compute Engine networks and firewall rules take no
+    labels: the run id is in the description and the name."""
     if not has_dcn_nics(spec) or spec.gke.multislice_network != "dcn_networks" or t.autopilot:
         return []
     out = []
@@ -313,8 +323,38 @@ def dcn_networks(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
                 "ipCidrRange": cidr,
                 "description": f"{names.RUN_LABEL}={t.run_id}",
             },
+            "firewall": {
+                "name": names.dcn_firewall(t.run_id, index),
+                "network": f"projects/{t.project}/global/networks/{network}",
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceRanges": [cidr],
+                "allowed": [{"IPProtocol": protocol} for protocol in DCN_FIREWALL_PROTOCOLS],
+                "description": f"{names.RUN_LABEL}={t.run_id}",
+            },
         })
     return out
+
+
+def dcn_range_overlap(spec: RunSpec, t: Target, ranges: dict[str, str]) -> tuple[str, str, str] | None:
+    """The first of the cluster's ``ranges`` (field -> CIDR, e.g. its Pod and Service ranges) that overlaps a DCN
+    subnet of the run, as (field, range, DCN range); None when none does (or the run makes no DCN networks)."""
+    dcn = [net["subnetwork"]["ipCidrRange"] for net in dcn_networks(spec, t)]
+    for key, value in ranges.items():
+        for cidr in dcn if value else ():
+            if ipaddress.ip_network(value, strict=False).overlaps(ipaddress.ip_network(cidr)):
+                return key, value, cidr
+    return None
+
+
+def check_ranges(spec: RunSpec, t: Target) -> None:
+    """The Pod and Service ranges the spec pins must not overlap the DCN subnets: a SpecError naming the field."""
+    overlap = dcn_range_overlap(spec, t, {"gke.pod_range": spec.gke.pod_range,
+                                          "gke.service_range": spec.gke.service_range})
+    if overlap:
+        key, value, cidr = overlap
+        raise SpecError(key, f"{value} overlaps the DCN subnet {cidr} (gke.multislice_network=dcn_networks makes "
+                             f"{', '.join(DCN_SUBNET_RANGES)})", ["a range that overlaps none of them"])
 
 
 def bucket_binding(t: Target) -> dict[str, Any]:
@@ -367,6 +407,7 @@ COMPUTE_COLLECTIONS = {
     "network": ("global", "networks"),
     "subnetwork": ("regional", "subnetworks"),
     "resource_policy": ("regional", "resourcePolicies"),
+    "firewall": ("global", "firewalls"),
 }
 
 
