@@ -113,6 +113,10 @@ class GkeSpec:
     # Provisioning checks the version GKE reports, of a created or an existing cluster, against the hardware's floors.
     cluster_version: str = ""
     cpu_machine_type: str = "n2-standard-8"  # the CPU node pool that carries the Ray head (standard mode)
+    # The nodes' identity (every node pool; Autopilot's nodes): a service account email; empty: the project's default
+    # Compute Engine service account, PROJECT_NUMBER-compute@developer.gserviceaccount.com. Provisioning checks, before
+    # it creates anything, that the project's IAM policy grants it what nodes need (image pulls, logs, metrics).
+    node_service_account: str = ""
     multislice_network: str = "dcn_networks"  # NICs between slices: dcn_networks, accelerator_network_profile, none
     # The Pod and Service IPv4 ranges (CIDR) of a cluster the run creates; empty: GKE picks them. Either must not
     # overlap the DCN networks' subnets (checked at plan time, and against the ranges GKE reports at provision).
@@ -371,6 +375,8 @@ _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _IMAGE_REF = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
                         r"(@sha256:[0-9a-f]{64})?$")
 SECRET_VERSION = re.compile(r"^projects/[a-z0-9-]{1,30}/secrets/[A-Za-z0-9_-]{1,255}(/versions/(latest|[1-9][0-9]*))?$")
+SERVICE_ACCOUNT = re.compile(r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam"
+                             r"|[0-9]+-compute@developer)\.gserviceaccount\.com$")
 GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
 
 
@@ -397,6 +403,10 @@ def _check_gke_fields(spec: RunSpec) -> None:
          "a Compute Engine machine type such as n2-standard-8"),
         ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
     ]
+    if g.node_service_account and not SERVICE_ACCOUNT.match(g.node_service_account):
+        raise SpecError("gke.node_service_account", f"{g.node_service_account!r} is not a service account email",
+                        ["NAME@PROJECT.iam.gserviceaccount.com", "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
+                         "empty: the project's default Compute Engine service account"])
     if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
         raise SpecError("gke.hf_token_secret", f"{g.hf_token_secret!r} is not a Secret Manager secret",
                         ["projects/PROJECT/secrets/NAME", "projects/PROJECT/secrets/NAME/versions/VERSION"])

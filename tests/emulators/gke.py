@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from google.rpc import status_pb2
 from tests.emulators import GrpcEmulator, serve_grpc, take_fault
 
 SERVICE = "google.container.v1.ClusterManager"
+# A node config's service account: "default" or an account's email (GKE refuses anything else).
+SERVICE_ACCOUNT = re.compile(r"default|[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.com")
 # The versions the emulated GKE offers: the seeds' (1.35.2-gke.1842000, the managed DRANET floor 1.34.1-gke.1829001)
 # and one older and one newer minor.
 VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
@@ -149,6 +152,11 @@ class ClusterManagerEmulator(GrpcEmulator):
         context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {name}.")
 
     # ------------------------------------------------------------------ clusters
+    @staticmethod
+    def _check_service_account(account: str, context) -> None:
+        if account and not SERVICE_ACCOUNT.fullmatch(account):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Service account "{account}" does not exist.')
+
     def _version(self, asked: str, context) -> str:
         """``asked`` resolved against the versions on offer, as GKE resolves a cluster version."""
         if not asked:
@@ -163,6 +171,9 @@ class ClusterManagerEmulator(GrpcEmulator):
         name = f"{request.parent}/clusters/{request.cluster.name}"
         if name in self.state.clusters:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {name}.")
+        for config in [p.config for p in request.cluster.node_pools] + [
+                request.cluster.autoscaling.autoprovisioning_node_pool_defaults]:
+            self._check_service_account(config.service_account, context)
         cluster = c.Cluster(request.cluster)
         cluster.status = c.Cluster.Status.PROVISIONING
         cluster.location = request.parent.rsplit("/", 1)[-1]
@@ -207,6 +218,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         if any(p.name == request.node_pool.name for p in cluster.node_pools):
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           f"Already exists: {request.parent}/nodePools/{request.node_pool.name}.")
+        self._check_service_account(request.node_pool.config.service_account, context)
         missing = self._missing_references(request.parent, request.node_pool)
         if missing:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")

@@ -1,40 +1,72 @@
-"""An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject, served
-from the messages google-cloud-resource-manager ships, so ``ProjectsClient`` talks real gRPC to it. A project is
-found by ``projects/<id>`` or ``projects/<number>``, as in Resource Manager; an unknown one is PERMISSION_DENIED,
-which is what Resource Manager answers for a project the caller cannot see (it does not say whether it exists).
+"""An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject and
+GetIamPolicy, served from the messages google-cloud-resource-manager ships, so ``ProjectsClient`` talks real gRPC to
+it. A project is found by ``projects/<id>`` or ``projects/<number>``, as in Resource Manager; an unknown one is
+PERMISSION_DENIED, which is what Resource Manager answers for a project the caller cannot see (it does not say whether
+it exists).
+
+Each project's IAM policy starts as a new project's commonly is for GKE: its default Compute Engine service account
+(``<number>-compute@developer.gserviceaccount.com``) holds what nodes need (``NODE_ROLES``); ``revoke`` takes a role
+away, ``grant`` gives one.
 """
 
 from __future__ import annotations
 
 import grpc
 from google.cloud import resourcemanager_v3 as rm
+from google.iam.v1 import iam_policy_pb2, policy_pb2
 
 from tests.emulators import serve_grpc
 
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
+NODE_ROLES = ("roles/artifactregistry.reader", "roles/logging.logWriter", "roles/monitoring.metricWriter")
+
+
+def default_compute_account(number: str) -> str:
+    return f"serviceAccount:{number}-compute@developer.gserviceaccount.com"
 
 
 class ResourceManagerEmulator:
     def __init__(self, projects: dict[str, str]):
         self.projects = dict(projects)  # project id -> project number
+        self.policies = {project_id: {role: {default_compute_account(number)} for role in NODE_ROLES}
+                         for project_id, number in self.projects.items()}  # project id -> role -> members
         self.calls: list[str] = []
         self._server = None
 
     def start(self) -> str:
-        self._server, address = serve_grpc({SERVICE: {"GetProject": (
-            rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project)}})
+        self._server, address = serve_grpc({SERVICE: {
+            "GetProject": (rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project),
+            "GetIamPolicy": (iam_policy_pb2.GetIamPolicyRequest.FromString, policy_pb2.Policy.SerializeToString,
+                             self.get_iam_policy)}})
         return address
 
     def stop(self) -> None:
         if self._server:
             self._server.stop(grace=None)
 
-    def get_project(self, request: rm.GetProjectRequest, context) -> rm.Project:
-        self.calls.append("GetProject")
-        key = request.name.removeprefix("projects/")
+    def grant(self, project_id: str, role: str, member: str) -> None:
+        self.policies[project_id].setdefault(role, set()).add(member)
+
+    def revoke(self, project_id: str, role: str, member: str) -> None:
+        self.policies[project_id].get(role, set()).discard(member)
+
+    def _project(self, name: str, context) -> tuple[str, str]:
+        key = name.removeprefix("projects/")
         for project_id, number in self.projects.items():
             if key in (project_id, number):
-                return rm.Project(name=f"projects/{number}", project_id=project_id, state=rm.Project.State.ACTIVE,
-                                  display_name=project_id)
+                return project_id, number
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      f"Permission denied on resource '{request.name}' (or it may not exist).")
+                      f"Permission denied on resource '{name}' (or it may not exist).")
+
+    def get_project(self, request: rm.GetProjectRequest, context) -> rm.Project:
+        self.calls.append("GetProject")
+        project_id, number = self._project(request.name, context)
+        return rm.Project(name=f"projects/{number}", project_id=project_id, state=rm.Project.State.ACTIVE,
+                          display_name=project_id)
+
+    def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
+        self.calls.append("GetIamPolicy")
+        project_id, _ = self._project(request.resource, context)
+        bindings = [policy_pb2.Binding(role=role, members=sorted(members))
+                    for role, members in sorted(self.policies[project_id].items()) if members]
+        return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")

@@ -42,6 +42,57 @@ def test_provision_creates_the_planned_cluster_and_pools_with_the_run_label(tmp_
     assert pool.config.machine_type == "ct6e-standard-4t" and pool.initial_node_count == 1
 
 
+NODE_ACCOUNT = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"  # the project's default Compute Engine one
+
+
+def test_nodes_run_as_the_default_compute_account_its_project_number_filled_in(tmp_path, project_factory):
+    project = project_factory()
+    platform().provision(context(tmp_path, "identity"))
+    pools = project.gke.state.clusters[project.clusters("identity")[0]].node_pools
+    assert [p.config.service_account for p in pools] == [NODE_ACCOUNT, NODE_ACCOUNT]  # CPU pool, TPU pool
+    assert project.projects.calls[:2] == ["GetProject", "GetIamPolicy"]  # checked first
+
+
+@pytest.mark.parametrize("role", ["roles/logging.logWriter", "roles/monitoring.metricWriter"])
+def test_a_node_account_without_a_needed_role_is_refused_before_anything_is_created(tmp_path, project_factory, role):
+    project = project_factory()
+    project.projects.revoke(PROJECT, role, f"serviceAccount:{NODE_ACCOUNT}")
+    ctx = context(tmp_path, "norole")
+    with pytest.raises(SpecError, match=f"^gke.node_service_account: the nodes' service account {NODE_ACCOUNT} lacks "
+                                        f"{role} on project {PROJECT}"):
+        platform().provision(ctx)
+    assert project.gke.state.calls == [] and project.compute.state.calls == [] and project.storage.state.calls == []
+    project.projects.grant(PROJECT, "roles/container.defaultNodeServiceAccount", f"serviceAccount:{NODE_ACCOUNT}")
+    platform().provision(ctx)  # a role that includes it will do
+    platform().teardown(ctx)
+
+
+def test_image_pulls_need_the_artifact_registry_reader_only_for_this_projects_registry(tmp_path, project_factory):
+    project = project_factory()
+    project.projects.revoke(PROJECT, "roles/artifactregistry.reader", f"serviceAccount:{NODE_ACCOUNT}")
+    built = context(tmp_path, "pulls", BUILD)  # the trainer image goes to this project's Artifact Registry
+    with pytest.raises(SpecError, match="lacks roles/artifactregistry.reader on project .*pulling the trainer image"):
+        platform().provision(built)
+    assert project.gke.state.calls == []
+    named = context(tmp_path, "named")  # gke.image=local/torch: not this project's registry to grant
+    platform().provision(named)
+    platform().teardown(named)
+
+
+def test_a_named_node_account_is_checked_and_set_on_every_pool(tmp_path, project_factory):
+    project = project_factory()
+    account = f"tpu-nodes@{PROJECT}.iam.gserviceaccount.com"
+    ctx = context(tmp_path, "ownsa", f"{ONE_SLICE} gke.node_service_account={account}")
+    with pytest.raises(SpecError, match=f"service account {account} lacks roles/logging.logWriter"):
+        platform().provision(ctx)
+    for role in ("roles/logging.logWriter", "roles/monitoring.metricWriter"):
+        project.projects.grant(PROJECT, role, f"serviceAccount:{account}")
+    platform().provision(ctx)
+    pools = project.gke.state.clusters[project.clusters("ownsa")[0]].node_pools
+    assert {p.config.service_account for p in pools} == {account}
+    platform().teardown(ctx)
+
+
 def test_provision_twice_reattaches_one_cluster(tmp_path, project_factory):
     project = project_factory()
     ctx = context(tmp_path, "twice")

@@ -269,6 +269,12 @@ def test_standard_cluster():
     assert body["resourceLabels"] == {names.RUN_LABEL: "gemma4-e2b-v6e-16"}
     (cpu,) = body["nodePools"]
     assert cpu["config"]["machineType"] == "n2-standard-8" and cpu["initialNodeCount"] == 1
+    # every pool runs as the nodes' account: the default Compute Engine one, its number filled in at provision
+    for pool in (cpu, *r.tpu_node_pools(spec, t)):
+        assert pool["config"]["serviceAccount"] == "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+    account = "tpu-nodes@my-project.iam.gserviceaccount.com"
+    named, tn = spec_and_target("gemma4-e2b-v6e-16", f"gke.node_service_account={account}")
+    assert {p["config"]["serviceAccount"] for p in r.tpu_node_pools(named, tn)} == {account}
     assert t.parent == "projects/my-project/locations/us-east5-b"
     container_types().Cluster.from_json(json.dumps(body))
     head = m.raycluster(spec, t)["spec"]["headGroupSpec"]
@@ -279,6 +285,7 @@ def test_autopilot_cluster_and_capacity_selectors():
     spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.cluster_mode=autopilot cluster.capacity=spot")
     body = r.cluster(spec, t)
     assert body["autopilot"] == {"enabled": True} and "nodePools" not in body
+    assert body["autoscaling"]["autoprovisioningNodePoolDefaults"]["serviceAccount"] == t.node_service_account
     assert t.location == "us-east5" and r.tpu_node_pools(spec, t) == [] and r.cpu_node_pool(spec, t) is None
     container_types().Cluster.from_json(json.dumps(body))
     selector = m.raycluster(spec, t)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]

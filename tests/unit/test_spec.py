@@ -58,6 +58,8 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "capacity=reservation", "cluster.reservation"),
         ("local-fsdp", "model_id=scratch:huge", "train.model_id"),
         ("local-fsdp", "epochs", "epochs"),
+        ("local-fsdp", "gke.node_service_account=nodes", "gke.node_service_account"),
+        ("local-fsdp", "gke.node_service_account=nodes@example.com", "gke.node_service_account"),
     ],
 )
 def test_bad_input_names_the_field(preset, overrides, field):

@@ -174,7 +174,9 @@ def _cluster_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     mode = "autopilot" if t.autopilot else "standard"
     cluster_path = f"{t.parent}/clusters/{t.cluster}"
     if t.owns_cluster:
-        out = [Resource("gke-cluster", t.cluster, "create", f"{mode} cluster in {t.location}: " + ", ".join(features),
+        out = [Resource("gke-cluster", t.cluster, "create", f"{mode} cluster in {t.location}: " + ", ".join(features)
+                        + f"; GKE {spec.gke.cluster_version or 'of the release channel'}; nodes run as "
+                        f"{t.node_service_account}",
                         labels=labels, body=body, api="container.clusters.create", path=cluster_path,
                         price=("gke", "cluster", "any", 1))]
     else:

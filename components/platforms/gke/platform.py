@@ -90,12 +90,14 @@ class GkePlatform:
         return [res for res in plan.resources(ctx.spec, ctx.run_id) if res.stage == stage]
 
     def _walk(self, ctx: RunContext, stage: str) -> _Session:
-        """Apply the stage's records in order through each kind's handler; every handler records what it creates in
-        the ledger before it waits on it."""
+        """Apply the stage's records in order through each kind's handler, after the stage's checks of what is there
+        (``BEFORE``); every handler records what it creates in the ledger before it waits on it."""
         self.check(ctx)
         from components.platforms.gke.cluster import CapacityError
 
         session = _Session(self, ctx)
+        if stage in BEFORE:
+            BEFORE[stage](session)
         for res in self.records(ctx, stage):
             try:
                 HANDLERS[res.kind](session, res)
@@ -397,6 +399,23 @@ class _Session:
         self.image_result: dict[str, Any] = {}
         self.deploy_result: dict[str, Any] = {}
 
+    def node_service_account(self) -> str:
+        """The nodes' service account, the default's project number filled in (looked up once)."""
+        account = self.t.node_service_account
+        if account == r.DEFAULT_NODE_SERVICE_ACCOUNT and "number" not in self._clients:
+            from components.platforms.gke import storage as gke_storage
+
+            self._clients["number"] = gke_storage.project_number(self.t.project, self.client("creds"))
+        return account.replace("PROJECT_NUMBER", self._clients.get("number", "PROJECT_NUMBER"))
+
+    def node_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A cluster or node pool body with the nodes' service account as it really is (the plan shows the default
+        as PROJECT_NUMBER-compute@...)."""
+        import json
+
+        return json.loads(json.dumps(body).replace(json.dumps(self.t.node_service_account),
+                                                   json.dumps(self.node_service_account())))
+
     def client(self, what: str):
         """``creds``, ``gke``, ``compute``, ``storage`` or ``kube`` (a (Kube, cluster, token) triple)."""
         if "creds" not in self._clients:
@@ -428,7 +447,7 @@ def _binding(s: _Session, res: plan.Resource) -> None:
 def _cluster(s: _Session, res: plan.Resource) -> None:
     gke = s.client("gke")
     if res.action == "create":
-        s.cluster = gke.ensure_cluster(s.t.parent, res.body, s.record)
+        s.cluster = gke.ensure_cluster(s.t.parent, s.node_body(res.body), s.record)
     else:
         s.cluster = gke.get_cluster(res.path)
         if s.cluster is None:
@@ -465,7 +484,7 @@ def _check_cluster_as_reported(s: _Session) -> None:
 def _node_pool(s: _Session, res: plan.Resource) -> None:
     if res.api == plan.WITH_THE_CLUSTER:
         return  # the cluster's body carries it
-    s.client("gke").ensure_node_pool(res.path.rsplit("/nodePools/", 1)[0], res.body, s.record)
+    s.client("gke").ensure_node_pool(res.path.rsplit("/nodePools/", 1)[0], s.node_body(res.body), s.record)
     if names.SLICE_LABEL in res.body["config"].get("labels", {}):
         s.tpu_pools.append(res.name)
 
@@ -560,6 +579,24 @@ def _raycluster(s: _Session, res: plan.Resource) -> None:
     s.deploy_result = {"raycluster": res.name, "namespace": s.t.namespace, "endpoint": s.cluster.endpoint,
                        "available_workers": status.get("availableWorkerReplicas")}
 
+
+def _check_node_identity(s: _Session) -> None:
+    """Before provisioning creates anything: the project's IAM policy grants the nodes' service account what nodes need
+    (``resources.node_roles``), else a SpecError naming the account and the role (nodes without them fail later and
+    obscurely: image pulls from Artifact Registry refused, no logs)."""
+    from components.platforms.gke import storage as gke_storage
+
+    account, project = s.node_service_account(), s.t.project
+    granted = gke_storage.project_roles(project, f"serviceAccount:{account}", s.client("creds"))
+    for role, (purpose, granted_by) in r.node_roles(s.t).items():
+        if not granted & set(granted_by):
+            raise SpecError("gke.node_service_account", f"the nodes' service account {account} lacks {role} on "
+                            f"project {project}, needed for {purpose}: grant it that role (or one that includes it), "
+                            "or name another account", ["an account with " + ", ".join(r.node_roles(s.t))])
+
+
+# The checks a stage makes of what is there before it walks its records.
+BEFORE = {"provision": _check_node_identity}
 
 # Plan kind -> the handler that creates (or gets) it: one per kind the plan can list (a test holds them equal).
 HANDLERS = {

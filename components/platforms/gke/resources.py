@@ -71,6 +71,26 @@ LIBTPU_COLLECTIVE_FLAGS = (
     "--xla_enable_async_all_gather=true",
 )
 RAY_VERSION = "2.60.0"
+
+# --- The nodes' identity ------------------------------------------------------------------------------------------
+# Unless gke.node_service_account names another, nodes run as the project's default Compute Engine service account.
+DEFAULT_NODE_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+# What the nodes' account must be granted on the project: role -> (what for, the roles that include it). Logs and
+# metrics: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
+# (roles/container.defaultNodeServiceAccount holds both); image pulls from Artifact Registry:
+# https://cloud.google.com/artifact-registry/docs/access-control#gke (checked when the image is in this project's
+# Artifact Registry). The basic roles Editor and Owner include all three.
+NODE_SERVICE_ACCOUNT_ROLES = {
+    "roles/artifactregistry.reader": ("pulling the trainer image from Artifact Registry", (
+        "roles/artifactregistry.reader", "roles/artifactregistry.writer", "roles/artifactregistry.repoAdmin",
+        "roles/artifactregistry.admin", "roles/editor", "roles/owner")),
+    "roles/logging.logWriter": ("writing the nodes' and pods' logs", (
+        "roles/logging.logWriter", "roles/logging.admin", "roles/container.defaultNodeServiceAccount",
+        "roles/editor", "roles/owner")),
+    "roles/monitoring.metricWriter": ("writing the nodes' metrics", (
+        "roles/monitoring.metricWriter", "roles/monitoring.editor", "roles/monitoring.admin",
+        "roles/container.defaultNodeServiceAccount", "roles/editor", "roles/owner")),
+}
 MOUNT_PATH = "/data"
 
 
@@ -93,6 +113,7 @@ class Target:
     bucket: str
     image: str
     service_account: str
+    node_service_account: str  # the nodes' identity; the default names PROJECT_NUMBER, filled in at provision
 
     @property
     def parent(self) -> str:
@@ -102,6 +123,14 @@ class Target:
     def run_dir(self) -> str:
         """Where the run's jobs write (checkpoints, results): the bucket, mounted in every pod."""
         return f"{MOUNT_PATH}/{names.run_prefix(self.run_id)}"
+
+
+def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
+    in this project's Artifact Registry (an image elsewhere is that registry's to grant)."""
+    pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
+    return {role: needs for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
+            if pulls_here or role != "roles/artifactregistry.reader"}
 
 
 def region_of(zone: str) -> str:
@@ -131,6 +160,7 @@ def target(spec: RunSpec, run_id: str) -> Target:
         bucket=g.bucket or names.bucket(g.project),
         image=image,
         service_account=names.service_account(run_id),
+        node_service_account=g.node_service_account or DEFAULT_NODE_SERVICE_ACCOUNT,
     )
 
 
@@ -187,6 +217,7 @@ def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
             "labels": node_labels,
             "resourceLabels": names.labels(t.run_id),
             "oauthScopes": [CLOUD_PLATFORM_SCOPE],
+            "serviceAccount": t.node_service_account,
             "workloadMetadataConfig": {"mode": "GKE_METADATA"},
         }
         if shape.family.threads_per_core is not None:
@@ -249,6 +280,7 @@ def cpu_node_pool(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             "labels": names.labels(t.run_id),
             "resourceLabels": names.labels(t.run_id),
             "oauthScopes": [CLOUD_PLATFORM_SCOPE],
+            "serviceAccount": t.node_service_account,
             "workloadMetadataConfig": {"mode": "GKE_METADATA"},
         },
     }
@@ -271,8 +303,10 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     }
     if spec.gke.cluster_version:
         body["initialClusterVersion"] = spec.gke.cluster_version
-    if t.autopilot:
+    if t.autopilot:  # the nodes Autopilot makes run as the nodes' account too
         body["autopilot"] = {"enabled": True}
+        body["autoscaling"] = {"autoprovisioningNodePoolDefaults": {
+            "serviceAccount": t.node_service_account, "oauthScopes": [CLOUD_PLATFORM_SCOPE]}}
         return body
     body["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
     if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)

@@ -5,6 +5,7 @@
 - the run's Kubernetes ServiceAccount gets ``roles/storage.objectUser`` on it through Workload Identity Federation
   (a ``principal://`` member naming the project *number*, looked up through Resource Manager); teardown removes
   that binding;
+- the project's IAM policy is read (Resource Manager) to check what the nodes' service account is granted;
 - IAM policy changes are read-modify-write with the policy's etag, retried when another writer got in between
   (HTTP 412).
 
@@ -25,8 +26,9 @@ RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
 IAM_POLICY_VERSION = 3
 
 
-def project_number(project: str, creds=None) -> str:
-    """The project's number (Workload Identity principals name it, not the id)."""
+def projects_client(creds=None):
+    """Resource Manager's ``ProjectsClient``: to the emulator named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST, else to
+    Google."""
     from google.cloud import resourcemanager_v3
 
     host = os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV)
@@ -34,10 +36,19 @@ def project_number(project: str, creds=None) -> str:
         import grpc
         from google.cloud.resourcemanager_v3.services.projects.transports import ProjectsGrpcTransport
 
-        client = resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
-    else:
-        client = resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
-    return client.get_project(name=f"projects/{project}").name.removeprefix("projects/")
+        return resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
+    return resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
+
+
+def project_number(project: str, creds=None) -> str:
+    """The project's number (Workload Identity principals name it, not the id)."""
+    return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
+
+
+def project_roles(project: str, member: str, creds=None) -> set[str]:
+    """The roles the project's IAM policy grants ``member`` (``serviceAccount:EMAIL``) on the project itself."""
+    policy = projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"})
+    return {binding.role for binding in policy.bindings if member in binding.members}
 
 
 def storage_client(project: str, creds=None):
@@ -140,4 +151,4 @@ class Storage(Adapter):
             return False
 
 
-__all__ = ["Storage", "member", "project_number", "storage_client"]
+__all__ = ["Storage", "member", "project_number", "project_roles", "projects_client", "storage_client"]
