@@ -5,6 +5,9 @@
   when missing), server-side apply (``application/apply-patch+yaml``);
 - RayCluster objects are validated against the KubeRay CRD schema (422 with the reasons), as the API
   server does with strict field validation;
+- the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:
+  the vendored v1.7.0 CRD, less the fields added after an older release (``FIELDS_SINCE``), which the API
+  server then drops from RayClusters without a word, as a real one prunes fields its CRD lacks;
 - every request needs ``Authorization: Bearer <token>`` (401 otherwise);
 - it plays the KubeRay operator's part: for a RayCluster it makes the head and worker pods, and when they can be
   scheduled, starts a local Ray cluster of the manifest's shape (the head, and replicas x numOfHosts raylets with
@@ -21,7 +24,9 @@ Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason) and ``
 from __future__ import annotations
 
 import base64
+import copy
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -36,6 +41,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services"}
+# RayCluster fields by the KubeRay release that added them (the emulator's own table, from
+# ../shared/reference/platform-facts.md: authOptions.secretName came in v1.6.0).
+FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
+CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
 UNSCHEDULABLE_MESSAGE = "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are " \
@@ -73,6 +82,22 @@ def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
     return ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file
 
 
+@functools.cache
+def _vendored_crds() -> dict[str, dict]:
+    """The vendored KubeRay CRDs by name (``rayclusters.ray.io``), read once."""
+    import yaml
+
+    from tests.contract.conftest import CRD_FILES, schema_dir
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crds = [yaml.load((schema_dir() / f).read_text(), Loader=loader) for f in CRD_FILES.values()]
+    return {crd["metadata"]["name"]: crd for crd in crds}
+
+
+def _older(version: str, than: str) -> bool:
+    return tuple(int(x) for x in version.split(".")) < tuple(int(x) for x in than.split("."))
+
+
 def _status(code: int, reason: str, message: str) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": reason, "code": code}
@@ -98,6 +123,7 @@ class KubeEmulator:
         self.ray_env = ray_env  # components.envs.Env of the torch image, for the raylets; None: never start Ray
         self.fault = fault
         self.ready_delay_s = ready_delay_s
+        self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
@@ -167,6 +193,13 @@ class KubeEmulator:
             self.bodies.append((method, url.path, body.decode(errors="replace")))
         if h.headers.get("Authorization") != f"Bearer {self.token}":
             return self._send(h, 401, _status(401, "Unauthorized", "Unauthorized"))
+        crd = CRD_PATH.match(url.path)
+        if crd and method == "GET":
+            found = self.served_crd(crd.group(1))
+            if found is None:
+                return self._send(h, 404, _status(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io '
+                                                                   f'"{crd.group(1)}" not found'))
+            return self._send(h, 200, found)
         proxy = re.match(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$", url.path)
         if proxy:
             return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
@@ -213,6 +246,8 @@ class KubeEmulator:
                     return 409, _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
             elif method == "PATCH" and content_type != "application/apply-patch+yaml":
                 return 415, _status(415, "UnsupportedMediaType", f"only server-side apply here, not {content_type}")
+            if plural == "rayclusters":
+                self._prune(obj)
             errors = self._validate(plural, namespace, obj)
             if errors:
                 kind = CRD_KINDS.get(plural, plural)
@@ -229,6 +264,33 @@ class KubeEmulator:
             if plural == "rayclusters" and not existed:
                 self._create_raycluster(namespace, obj)
             return (200 if existed else 201), obj
+
+    def _dropped(self) -> list[tuple[str, ...]]:
+        """The RayCluster fields the served KubeRay release does not have."""
+        return [path for path, since in FIELDS_SINCE.items() if _older(self.kuberay_version, since)]
+
+    def served_crd(self, name: str) -> dict | None:
+        """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
+        crd = _vendored_crds().get(name)
+        if crd is None:
+            return None
+        crd = copy.deepcopy(crd)
+        for version in crd["spec"]["versions"]:
+            for *parents, leaf in self._dropped():
+                node = version["schema"]["openAPIV3Schema"]
+                for part in parents:
+                    node = node.get("properties", {}).get(part, {})
+                node.get("properties", {}).pop(leaf, None)
+        return crd
+
+    def _prune(self, obj: dict) -> None:
+        """Drop the fields the served CRD lacks, without a word, as the API server prunes unknown fields."""
+        for *parents, leaf in self._dropped():
+            node = obj
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(leaf, None)
 
     def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
         if plural in CRD_KINDS:

@@ -196,21 +196,65 @@ def test_missing_hugging_face_secret_and_token_is_a_clear_error(tmp_path, projec
     gke.teardown(ctx)
 
 
-def test_the_api_server_rejects_a_raycluster_the_crd_rejects(tmp_path, project_factory, monkeypatch):
-    from kubernetes.client.exceptions import ApiException
-
-    project_factory()
-    ctx = context(tmp_path, "invalid")
+def provisioned_kube(tmp_path, run_id: str):
+    """A provisioned run's platform, context, and Kubernetes client with the namespace made."""
+    ctx = context(tmp_path, run_id)
     gke = platform()
     gke.provision(ctx)
     kube, _, _ = gke._kube(ctx)
     kube.ensure_namespace()
+    return gke, ctx, kube
+
+
+def test_the_api_server_rejects_a_raycluster_the_crd_rejects(tmp_path, project_factory, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    project_factory()
+    gke, ctx, kube = provisioned_kube(tmp_path, "invalid")
     bad = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "invalid", "namespace": "tpupipe"},
            "spec": {"headGroupSpec": {"template": {"spec": {"containers": []}}, "rayStartParams": {}},
                     "notAField": 1}}
     with pytest.raises(ApiException) as caught:
         kube.apply(bad)
     assert caught.value.status == 422 and "notAField" in caught.value.body
+    gke.teardown(ctx)
+
+
+def test_token_auth_is_refused_on_a_kuberay_that_would_drop_it_before_anything_is_applied(
+        tmp_path, project_factory, monkeypatch):
+    project = project_factory()
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
+    ctx = context(tmp_path, "oldray")
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(SpecError, match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
+                                        "its RayCluster has no spec.authOptions.secretName, which the API server would "
+                                        "drop, leaving the Ray cluster without token authentication"):
+        gke.deploy_raycluster(ctx)
+    assert ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayclusters.ray.io") in [
+        (method, path) for method, path, _ in project.kube.requests]
+    assert project.leftovers("oldray").get("kubernetes") is None  # nothing applied: no secret, no RayCluster
+    gke.teardown(ctx)
+    assert project.leftovers("oldray") == {}
+
+
+def test_an_old_kuberay_drops_the_token_secret_silently_which_is_why_it_is_refused(tmp_path, project_factory):
+    """The emulated API server prunes a field its CRD lacks, as a real one does: what the check guards against."""
+    project = project_factory()
+    gke, ctx, kube = provisioned_kube(tmp_path, "prune")
+    body = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "prune", "namespace": "tpupipe"},
+            "spec": {"authOptions": {"mode": "token", "secretName": "prune-ray-token"},
+                     "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                         {"name": "ray-head", "image": "local/torch",
+                          "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}}]}}}}}
+    project.kube.kuberay_version = "1.5.1"
+    assert "secretName" not in kube.apply(body)["spec"]["authOptions"]
+    assert gke_kube.missing_fields(kube.crd("rayclusters.ray.io")) == {"spec.authOptions.secretName": "1.6.0"}
+    project.kube.kuberay_version = "1.7.0"
+    assert kube.apply(body)["spec"]["authOptions"]["secretName"] == "prune-ray-token"
+    assert gke_kube.missing_fields(kube.crd("rayclusters.ray.io")) == {}
+    assert kube.crd("rayjobs.ray.io") is None
     gke.teardown(ctx)
 
 

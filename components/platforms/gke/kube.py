@@ -23,6 +23,11 @@ FIELD_MANAGER = "tpupipe"
 RAY_TOKEN_KEY = "auth_token"  # the key KubeRay's token Secret holds
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff")
+RAYCLUSTER_CRD = "rayclusters.ray.io"
+# RayCluster fields tpupipe sets that a KubeRay release added, by the release: an older KubeRay's CRD lacks them, and
+# the API server drops a field its CRD lacks without a word. ``authOptions.secretName`` (the Ray token's Secret) came
+# in KubeRay 1.6.0 (../shared/reference/platform-facts.md, "GKE / multislice details").
+RAYCLUSTER_FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
 CUSTOM = {  # kind -> (group, version, plural)
     "RayCluster": ("ray.io", "v1", "rayclusters"),
     "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
@@ -117,6 +122,20 @@ class Kube:
         self.log(f"applied {obj['kind']} {self.namespace}/{name} (server-side apply)")
         return result
 
+    def crd(self, name: str) -> dict[str, Any] | None:
+        """The CustomResourceDefinition ``name`` the API server serves; None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.api.call_api(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", "GET", {"name": name}, [],
+                {"Accept": "application/json"}, response_type="object", auth_settings=["BearerToken"],
+                _return_http_data_only=True)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
@@ -167,6 +186,20 @@ class Kube:
                     if exc.status != 404:
                         raise
         return deleted
+
+
+def missing_fields(crd: dict[str, Any]) -> dict[str, str]:
+    """Of ``RAYCLUSTER_FIELDS_SINCE``, the fields the served version of the RayCluster CRD lacks (dotted path -> the
+    KubeRay release that added it)."""
+    version = next((v for v in crd["spec"]["versions"] if v.get("storage")), crd["spec"]["versions"][0])
+    missing = {}
+    for path, since in RAYCLUSTER_FIELDS_SINCE.items():
+        node = version["schema"]["openAPIV3Schema"]
+        for part in path:
+            node = (node or {}).get("properties", {}).get(part)
+        if node is None:
+            missing[".".join(path)] = since
+    return missing
 
 
 def new_ray_token() -> str:

@@ -595,8 +595,28 @@ def _check_node_identity(s: _Session) -> None:
                             "or name another account", ["an account with " + ", ".join(r.node_roles(s.t))])
 
 
+def _check_kuberay(s: _Session) -> None:
+    """Before deploy_raycluster applies anything: the cluster's KubeRay serves every RayCluster field the run sets.
+    The API server drops a field its CRD lacks without a word, and without ``authOptions.secretName`` (KubeRay < 1.6)
+    the Ray cluster would run with no token: refused, never dropped silently."""
+    from components.platforms.gke import kube as gke_kube
+
+    kube, t = _kube(s), s.t
+    field = "gke.cluster_version" if t.owns_cluster else "gke.cluster_name"
+    crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
+    if crd is None:
+        raise SpecError(field, f"cluster {t.cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
+                               "the Ray Operator add-on, is not installed", ["a cluster with the Ray Operator add-on"])
+    missing = gke_kube.missing_fields(crd)
+    if missing:
+        since = max(missing.values(), key=lambda v: tuple(int(x) for x in v.split(".")))
+        raise SpecError(field, f"cluster {t.cluster} runs a KubeRay older than {since}: its RayCluster has no "
+                        f"{', '.join(missing)}, which the API server would drop, leaving the Ray cluster without token "
+                        "authentication", [f"a GKE version whose Ray Operator add-on is KubeRay >= {since}"])
+
+
 # The checks a stage makes of what is there before it walks its records.
-BEFORE = {"provision": _check_node_identity}
+BEFORE = {"provision": _check_node_identity, "deploy_raycluster": _check_kuberay}
 
 # Plan kind -> the handler that creates (or gets) it: one per kind the plan can list (a test holds them equal).
 HANDLERS = {
