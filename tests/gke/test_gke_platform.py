@@ -384,6 +384,23 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     assert platform().teardown(ctx)["deleted"] == []
 
 
+def test_the_70b_preset_provisions_its_firewall_rules_and_teardown_deletes_them(tmp_path, project_factory):
+    """Seed A's 70B run as its preset plans it (two v6e 4x4 slices over DCN networks, GKE pinned): each network's
+    allow-internal rule is created, and teardown leaves nothing of the run."""
+    project = project_factory()
+    spec = resolve("llama3-70b-v6e-16x2", f"gke.project={PROJECT} gke.image=local/maxtext")
+    ctx = RunContext(spec=spec, run_id="seventy", store=LocalStore(tmp_path / "seventy"), platform="gke")
+    platform().provision(ctx)
+    assert project.compute.names("firewalls") == ["seventy-dcn0-allow-internal", "seventy-dcn1-allow-internal"]
+    assert {r["sourceRanges"][0] for r in project.compute.state.firewalls.values()} == {"10.50.0.0/16",
+                                                                                        "10.60.0.0/16"}
+    cluster = project.gke.state.clusters[project.clusters("seventy")[0]]
+    assert cluster.current_master_version == "1.35.2-gke.1842000"  # the seed's, pinned by the preset
+    assert cluster.network_config.enable_multi_networking
+    platform().teardown(ctx)
+    assert project.compute.names("firewalls") == [] and project.leftovers("seventy") == {}
+
+
 def test_the_cluster_runs_the_pinned_version_and_its_pools_run_it_too(tmp_path, project_factory):
     project = project_factory()
     platform().provision(context(tmp_path, "pinned", ONE_SLICE + " gke.cluster_version=1.36"))

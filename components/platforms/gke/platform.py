@@ -355,8 +355,10 @@ def _capacity_message(spec, t: r.Target, exc: Exception, res: plan.Resource | No
     """One error naming what had no capacity or quota, where, and what to try; nothing the run created is left."""
     shape = d.slice_shape(spec)
     if res is not None and res.kind in COMPUTE_KINDS:
-        return (f"no quota for the {COMPUTE_KINDS[res.kind].replace('_', ' ')} {res.name} in {t.region} of project "
-                f"{t.project}: {exc}. Nothing this run created is left. Raise the quota"
+        kind = COMPUTE_KINDS[res.kind]
+        where = "" if r.COMPUTE_COLLECTIONS[kind][0] == "global" else f" in {t.region}"
+        return (f"no quota for the {kind.replace('_', ' ')} {res.name}{where} of project {t.project}: {exc}. "
+                "Nothing this run created is left. Raise the quota"
                 + (", or use gke.multislice_network=accelerator_network_profile (no extra networks)."
                    if res.kind != "workload-policy" else "."))
     return (f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
@@ -398,15 +400,18 @@ class _Session:
         self.tpu_pools: list[str] = []
         self.image_result: dict[str, Any] = {}
         self.deploy_result: dict[str, Any] = {}
+        self._project_number: str | None = None
 
     def node_service_account(self) -> str:
         """The nodes' service account, the default's project number filled in (looked up once)."""
         account = self.t.node_service_account
-        if account == r.DEFAULT_NODE_SERVICE_ACCOUNT and "number" not in self._clients:
+        if account != r.DEFAULT_NODE_SERVICE_ACCOUNT:
+            return account
+        if self._project_number is None:
             from components.platforms.gke import storage as gke_storage
 
-            self._clients["number"] = gke_storage.project_number(self.t.project, self.client("creds"))
-        return account.replace("PROJECT_NUMBER", self._clients.get("number", "PROJECT_NUMBER"))
+            self._project_number = gke_storage.project_number(self.t.project, self.client("creds"))
+        return account.replace("PROJECT_NUMBER", self._project_number)
 
     def node_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """A cluster or node pool body with the nodes' service account as it really is (the plan shows the default
