@@ -53,7 +53,7 @@ def worker(rank: int, world: int, port: int, output_dir: str) -> None:
 
     from trainers.maxtext_train import base_yml
 
-    train.main(maxtext_args.train_args(spec, base_yml(), output_dir, "bench-direct"))
+    train.main(["train", base_yml(), *maxtext_args.train_args(spec, output_dir, "bench-direct")])
 
 
 def directly(root: Path) -> float:
@@ -69,7 +69,9 @@ def directly(root: Path) -> float:
     if any(p.returncode for p in procs):
         raise SystemExit("direct MaxText run failed:\n" + outputs[0][-3000:] + outputs[1][-3000:])
     devices = resolve("local-maxtext").maxtext.cpu_devices_per_host * 2
-    rows = [maxtext_args.parse_step(line) for line in outputs[0].splitlines()]
+    from trainers.maxtext_log import parse_step
+
+    rows = [parse_step(line) for line in outputs[0].splitlines()]
     return steady([row["tokens_per_s_per_device"] * devices for row in rows if row])
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.figures import table  # noqa: E402
+from bench.figures import Figure, table  # noqa: E402
 
 RESULTS = REPO / "bench" / "results.json"
 
@@ -47,7 +47,13 @@ def main(names: list[str]) -> int:
     for name in names or benches:
         print(f"== bench/bench_{name}.py", flush=True)
         started = time.perf_counter()
-        figures = importlib.import_module(f"bench.bench_{name}").figures()
+        try:
+            figures = importlib.import_module(f"bench.bench_{name}").figures()
+        except (Exception, SystemExit) as e:  # one broken bench is a missed figure, not the end of the others
+            if isinstance(e, SystemExit) and e.code == 143:
+                raise
+            print(f"bench/bench_{name}.py failed: {e}", file=sys.stderr, flush=True)
+            figures = [Figure(f"bench_{name}.py ran", 0, "", ">= 1", {"error": str(e)[-2000:]})]
         seconds[name] = round(time.perf_counter() - started, 1)
         print(table(figures), flush=True)
         found += figures

@@ -128,14 +128,13 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
                   progress)
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
-    starts = sum(1 for p in events if p.get("event") == "worker_group_started")
     data = next((p for p in reversed(events) if p.get("event") == "data"), {})
     return {
         "job": job["submission_id"],
         "init_from": start,
         "data_snapshot": data.get("data_snapshot"),
         "num_train_examples": data.get("num_examples"),
-        "restarts": max(0, starts - 1),
+        "restarts": restarts(events),
         "checkpoint": job["result"]["checkpoint"],
         "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),
         "history": rows,
@@ -145,6 +144,12 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
     }
+
+
+def restarts(events: list[dict]) -> int:
+    """How many times the trainer's worker group started again. Each start is stamped with its time: a line Ray
+    forwarded twice is one start, not a restart."""
+    return max(0, len({p.get("time") for p in events if p.get("event") == "worker_group_started"}) - 1)
 
 
 def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
