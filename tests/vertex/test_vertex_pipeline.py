@@ -72,7 +72,8 @@ def _nothing_left(project, run_id: str) -> None:
 def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(tmp_path,
                                                                                                project_factory):
     """The pipeline on Vertex AI, then the gate: the first job's model becomes the champion in Vertex AI Model
-    Registry (the emulated ModelService); a second job that trains worse is registered and not promoted."""
+    Registry (the emulated ModelService); a second job that trains worse is registered and not promoted; a third
+    that continues from the champion trains better and is promoted."""
     project = project_factory(ray=True, vertex=True)
     name = _submit(project, tmp_path, "vx-ok")
     # Published: the components image (exactly the tag every task names) and the template with its tags.
@@ -158,6 +159,26 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # Vertex AI's default version follows the champion: a deployment of the model serves version 1.
     assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "1"
     _nothing_left(project, "vx-worse")
+
+    # A third job continues from the champion (``train.init_from=champion``, resolved by its train task from the
+    # Model Registry): its "before" held-out loss is the champion's "after"; it trains better and is promoted.
+    better = OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false" \
+        " train.init_from=champion"
+    third = project.vertex.wait(_submit(project, tmp_path, "vx-better", better), timeout_s=1500)
+    tasks = _tasks(third)
+    assert third["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    summary = _summary(project, "vx-better")
+    assert summary["init_from"] == f"{MODEL}@1"
+    assert summary["eval_loss_before"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
+    gate = summary["gate"]
+    assert (gate["ref"], gate["decision"], gate["promoted"]) == (f"{MODEL}@3", "promote", True)
+    assert gate["eval_loss"] < gate["champion_loss"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
+    assert tasks["promote"]["state"] == "SUCCEEDED" and tasks.get("gate-promotes", {}).get("state") != "NOT_TRIGGERED"
+    champion = registry.champion(MODEL)
+    assert champion.version == "3" and champion.provenance["base_model"] == f"{MODEL}@1"
+    assert champion.provenance["run_id"] == "vx-better" and champion.artifact_uri == summary["checkpoint_uri"]
+    assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "3"
+    _nothing_left(project, "vx-better")
 
 
 def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_factory):
