@@ -18,6 +18,7 @@ EPILOG = """examples:
   tpupipe validate gemma4-e2b-v6e-16 --set train.epochs=1
   tpupipe presets
   tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
+  tpupipe preflight llama3-70b-v6e-16x2 --set gke.project=my-project   quota, reservation, APIs, permissions
   tpupipe publish --project my-project          the components image and the template, for the Vertex AI UI
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
   tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
@@ -128,6 +129,24 @@ def cmd_plan(args) -> int:
     sys.stdout.write(plan.to_json(document) if args.output == "json" else plan.render_text(document))
     if args.manifests and args.output != "json":
         print(f"manifests: {len(plan.kubernetes_objects(document))} Kubernetes objects in {args.manifests}")
+    return 0
+
+
+def cmd_preflight(args) -> int:
+    """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
+    report, exit 2 when there is one; creates nothing."""
+    from components.platforms import RunContext
+    from components.platforms.gke import preflight
+    from components.platforms.gke.platform import GkePlatform
+    from components.platforms.store import LocalStore
+    from components.spec.names import run_id_from
+    from components.workload import resolve
+
+    spec = resolve(args.preset, _overrides(args.set))
+    run_id = run_id_from(args.run_id, args.preset)
+    ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(Path(".")), platform="gke")
+    report = GkePlatform(log=lambda m: None).preflight(ctx)
+    sys.stdout.write(preflight.render(spec, run_id, report))
     return 0
 
 
@@ -353,6 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prices", metavar="FILE", default="",
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "preflight", help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
+        description="Before a gke run spends anything: the region's TPU quota for the chips the plan needs, the "
+        "reservation (cluster.capacity=reservation) exists and has room, the APIs the plan calls are enabled, the "
+        "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
+        "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
+        "problem in one report; exits 2 when there is one. provision runs the same checks first.")
+    p.add_argument("preset", help="preset name (`tpupipe presets`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="override spec fields; dotted (gke.project=my-project) or unique leaf names")
+    p.add_argument("--run-id", default="", help="the run id names derive from (default: the preset name)")
+    p.set_defaults(func=cmd_preflight)
 
     from pipelines import cli_models, cli_vertex
 

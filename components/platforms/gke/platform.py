@@ -2,9 +2,11 @@
 (``plan.resources``, in creation order) through one handler per kind (``HANDLERS``); every handler records what it
 creates in the run's ledger before it waits on it.
 
-- provision: the Compute Engine resources (the DCN networks and subnets of multislice ``dcn_networks`` plans, the
-  TPU7x workload policy), the checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it,
-  the GKE cluster (with the Ray head's CPU pool) or the existing one named, and one TPU node pool per slice, each
+- provision: first preflight (``preflight``: quota, reservation, APIs, permissions, an existing cluster's features;
+  every problem in one report, nothing created), then the Compute Engine resources (the DCN networks and subnets of
+  multislice ``dcn_networks`` plans, the TPU7x workload policy), the checkpoint bucket (got or created, kept) and the
+  run's Workload Identity binding on it, the GKE cluster (with the Ray head's CPU pool) or the existing one named
+  (what it lacks that GKE enables in place enabled first, ``features``), and one TPU node pool per slice, each
   labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one message naming what, where
   and what to try, after deleting what this run created;
 - build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
@@ -28,8 +30,8 @@ from typing import Any
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
+from components.platforms.gke import features, plan
 from components.platforms.gke import manifests as m
-from components.platforms.gke import plan
 from components.platforms.gke import resources as r
 from components.spec import InfraError, SpecError, names
 from components.workload import derive as d
@@ -110,6 +112,9 @@ class GkePlatform:
         self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
         t = self._target(ctx)
         ledger = self._ledger(ctx)
+        if not ledger.get("created"):  # a provision that resumes passed preflight when it started
+            self.preflight(ctx)
+        ledger.setdefault("started", time.time())
         ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
                        "owns_cluster": t.owns_cluster, "namespace": t.namespace, "spec": ctx.spec.to_dict()})
         ledger.pop("torn_down", None)
@@ -125,6 +130,14 @@ class GkePlatform:
         cluster = session.cluster
         return {"cluster": ledger["cluster"], "endpoint": cluster.endpoint if cluster else "",
                 "node_pools": session.tpu_pools, "created": [c["name"] for c in self._ledger(ctx)["created"]]}
+
+    def preflight(self, ctx: RunContext):
+        """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
+        created; :class:`preflight.PreflightFailed` lists every problem."""
+        from components.platforms.gke import preflight
+
+        self.check(ctx)
+        return preflight.check(ctx.spec, ctx.run_id, log=self.log)
 
     def _storage(self, t: r.Target, creds=None):
         from components.platforms.gke import storage as gke_storage
@@ -430,6 +443,18 @@ def _cluster(s: _Session, res: plan.Resource) -> None:
     s.cluster = gke.get_cluster(res.path)
     if s.cluster is None:
         raise SpecError("gke.cluster_name", f"no cluster {s.t.cluster} in {s.t.location} of project {s.t.project}")
+    lacking = features.missing(s.ctx.spec, s.cluster, s.t.project)
+    refused = [f for f in lacking if not f.in_place]
+    if refused:  # preflight refuses these first; the cluster may have changed since
+        raise SpecError("gke.cluster_name", _refusal(s.t, refused))
+    if lacking:
+        gke.enable(res.path, lacking, s.t.project)
+        s.cluster = gke.get_cluster(res.path)
+
+
+def _refusal(t: r.Target, refused) -> str:
+    return (f"cluster {t.cluster} in {t.location} lacks " + "; ".join(f"the {f.name}: {f.refused_because}"
+                                                                      for f in refused))
 
 
 def _node_pool(s: _Session, res: plan.Resource) -> None:

@@ -25,8 +25,9 @@ RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
 IAM_POLICY_VERSION = 3
 
 
-def project_number(project: str, creds=None) -> str:
-    """The project's number (Workload Identity principals name it, not the id)."""
+def projects_client(creds=None):
+    """Resource Manager's ``ProjectsClient``: to the emulator named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST, else to
+    Google."""
     from google.cloud import resourcemanager_v3
 
     host = os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV)
@@ -34,10 +35,13 @@ def project_number(project: str, creds=None) -> str:
         import grpc
         from google.cloud.resourcemanager_v3.services.projects.transports import ProjectsGrpcTransport
 
-        client = resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
-    else:
-        client = resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
-    return client.get_project(name=f"projects/{project}").name.removeprefix("projects/")
+        return resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
+    return resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
+
+
+def project_number(project: str, creds=None) -> str:
+    """The project's number (Workload Identity principals name it, not the id)."""
+    return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
 
 
 def storage_client(project: str, creds=None):
@@ -140,4 +144,4 @@ class Storage(Adapter):
             return False
 
 
-__all__ = ["Storage", "member", "project_number", "storage_client"]
+__all__ = ["Storage", "member", "project_number", "projects_client", "storage_client"]
