@@ -23,6 +23,7 @@ EPILOG = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
   tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
   tpupipe teardown --orphans                    the same for every local run whose driver is gone
+  tpupipe janitor --output-root gs://my-project-tpupipe/runs --older-than 6h --dry-run   what gke runs left behind
 
 Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown, prints what it deleted and exits
 130 (143); a second Ctrl-C says what a third would leave behind; a third abandons teardown and prints the
@@ -77,7 +78,12 @@ def cmd_compile(args) -> int:
 
     target = _target(args)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    compile_pipeline(args.output, target)
+    if args.pipeline == "janitor":
+        from pipelines.janitor import janitor_pipeline
+
+        compile_pipeline(args.output, target, janitor_pipeline)
+    else:
+        compile_pipeline(args.output, target)
     print(f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
           f"project {target.project}, bucket {target.run_bucket})")
     return 0
@@ -147,6 +153,18 @@ def cmd_preflight(args) -> int:
     ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(Path(".")), platform="gke")
     report = GkePlatform(log=lambda m: None).preflight(ctx)
     sys.stdout.write(preflight.render(spec, run_id, report))
+    return 0
+
+
+def cmd_janitor(args) -> int:
+    """Tear down every gke run under the output root that is finished or older than its limit; --dry-run lists it."""
+    from components.platforms.gke import janitor
+
+    older = janitor.parse_age(args.older_than) if args.older_than else None
+    sweep = janitor.Janitor(args.output_root, tuple(args.project or ()), older, log=lambda m: None).sweep(args.dry_run)
+    sys.stdout.write(janitor.render(sweep, args.dry_run))
+    if sweep.failed:
+        return _fail("janitor: could not tear down " + "; ".join(f"{k}: {v}" for k, v in sweep.failed.items()), 1)
     return 0
 
 
@@ -342,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
         "gs://BUCKET/runs. The same tree gives the same bytes.")
     _with_target_args(p)
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
+    p.add_argument("--pipeline", choices=("tpupipe", "janitor"), default="tpupipe",
+                   help="tpupipe (default): the training pipeline; janitor: the sweep of what runs left behind, to "
+                   "schedule beside it")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser(
@@ -385,6 +406,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override spec fields; dotted (gke.project=my-project) or unique leaf names")
     p.add_argument("--run-id", default="", help="the run id names derive from (default: the preset name)")
     p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser(
+        "janitor", help="delete what gke runs left behind (finished, or older than their limit)",
+        description="Find every gke run under the output root by its ledger, and clusters labelled tpupipe-run whose "
+        "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
+        "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
+        "the teardown every run uses. A second sweep finds nothing. `tpupipe compile --pipeline janitor` gives the "
+        "same sweep as a pipeline to schedule.")
+    p.add_argument("--output-root", default="runs", help="where the runs' directories are: gs://BUCKET/runs on Vertex "
+                   "AI, or a local directory (default ./runs)")
+    p.add_argument("--older-than", default="", metavar="AGE",
+                   help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit")
+    p.add_argument("--project", action="append", metavar="PROJECT",
+                   help="also search this project for clusters labelled tpupipe-run (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    p.set_defaults(func=cmd_janitor)
 
     from pipelines import cli_models, cli_vertex
 
