@@ -115,13 +115,9 @@ def cmd_plan(args) -> int:
     """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
     from components.platforms.gke import plan
     from components.spec import SpecError
-    from components.spec.names import run_id_from
     from components.tpu import pricing
-    from components.workload import resolve
 
-    spec = resolve(args.preset, _overrides(args.set))
-    plan.check_plannable(spec)
-    run_id = run_id_from(args.run_id, args.preset)
+    spec, run_id = _gke_run(args)
     try:
         prices = pricing.load(args.prices)
     except pricing.PriceError as exc:  # the price table is data: its errors become the flag's
@@ -145,11 +141,8 @@ def cmd_preflight(args) -> int:
     from components.platforms.gke import preflight
     from components.platforms.gke.platform import GkePlatform
     from components.platforms.store import LocalStore
-    from components.spec.names import run_id_from
-    from components.workload import resolve
 
-    spec = resolve(args.preset, _overrides(args.set))
-    run_id = run_id_from(args.run_id, args.preset)
+    spec, run_id = _gke_run(args)
     ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(Path(".")), platform="gke")
     report = GkePlatform(log=lambda m: None).preflight(ctx)
     sys.stdout.write(preflight.render(spec, run_id, report))
@@ -282,6 +275,25 @@ def _with_spec_args(p, preset_positional=False):
                    help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
 
+def _with_gke_run_args(p) -> None:
+    """PRESET, --set and --run-id: a gke run as `tpupipe plan` and `tpupipe preflight` see it (``_gke_run``)."""
+    p.add_argument("preset", help="preset name (`tpupipe presets`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
+
+
+def _gke_run(args):
+    """(spec, run id) of PRESET --set ... --run-id; a cpu preset is a SpecError (it runs on the local platform)."""
+    from components.platforms.gke import plan
+    from components.spec.names import run_id_from
+    from components.workload import resolve
+
+    spec = resolve(args.preset, _overrides(args.set))
+    plan.check_plannable(spec)
+    return spec, run_id_from(args.run_id, args.preset)
+
+
 def _with_target_args(p) -> None:
     import os
 
@@ -383,13 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
-    p.add_argument("preset", help="preset name (`tpupipe presets`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    _with_gke_run_args(p)
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")
     p.add_argument("--manifests", metavar="DIR", default="",
                    help="write each Kubernetes object the run would apply to DIR as a YAML file")
-    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
     p.add_argument("--prices", metavar="FILE", default="",
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
@@ -401,10 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
         "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
         "problem in one report; exits 2 when there is one. provision runs the same checks first.")
-    p.add_argument("preset", help="preset name (`tpupipe presets`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="override spec fields; dotted (gke.project=my-project) or unique leaf names")
-    p.add_argument("--run-id", default="", help="the run id names derive from (default: the preset name)")
+    _with_gke_run_args(p)
     p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser(

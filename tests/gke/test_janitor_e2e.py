@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import start_project
-from tests.gke.test_gke_pipeline import BUILT, _env, _wait_gone
+from tests.gke.test_gke_pipeline import _env, _wait_gone, training
 
 pytestmark = [pytest.mark.e2e]
 
@@ -28,21 +27,9 @@ def project(tmp_path):
 
 def test_a_run_sigkilled_during_train_is_swept_by_the_janitor(tmp_path, project):
     root, run_id = tmp_path / "runs", "gke-killed"
-    command = [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", run_id,
-               "--output-root", str(root), "--set", BUILT + " train.epochs=50 cluster.slice_check=false"]
-    proc = subprocess.Popen(command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 900
-        submitted = False
-        while time.monotonic() < deadline and proc.poll() is None and not submitted:
-            submitted = any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests)
-            time.sleep(1)
-        assert submitted, "the train job was never submitted"
-        time.sleep(10)  # the job is running
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and every task: no teardown runs
-        proc.communicate(timeout=60)
+    proc = training(project, root, run_id)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every task: no teardown runs
+    proc.communicate(timeout=60)
     left = project.leftovers(run_id)
     assert {"node pools", "kubernetes", "bucket bindings"} <= set(left), left
     assert not (root / run_id / "summary.json").exists()
