@@ -62,6 +62,25 @@ def test_the_janitor_deletes_everything_runs_left_behind_and_a_second_sweep_find
     assert code == 0 and "0 runs to clean up; nothing found" in text
 
 
+def test_a_run_whose_teardown_fails_is_reported_and_the_others_are_still_swept(tmp_path, project_factory, capsys,
+                                                                               hf_token):
+    import grpc
+
+    project = project_factory(polls_to_done=1)
+    for run_id in ("stuck", "fine"):
+        _left_behind(project, _local(tmp_path, run_id))
+    project.gke.fail("DeleteCluster", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.delete denied",
+                     when=lambda request: request.name.endswith("tpupipe-stuck"))
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0")
+    assert code == 1
+    assert "stuck (started" in text and "failed: teardown could not remove: cluster or pools:" in text
+    assert "janitor: could not tear down stuck:" in text
+    assert project.clusters("fine") == [] and project.clusters("stuck")
+    assert not ledger.load(LocalStore(tmp_path / "stuck")).get("torn_down")  # the next sweep tries it again
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0")
+    assert code == 0 and project.clusters("stuck") == []
+
+
 def test_a_dry_run_lists_everything_and_deletes_nothing(tmp_path, project_factory, capsys, hf_token):
     project = project_factory(polls_to_done=1)
     _left_behind(project, _local(tmp_path, "dry"))
