@@ -49,3 +49,17 @@ def test_every_feature_is_enabled_in_place_or_refused_with_a_reason():
     assert names[-1] == "multi-networking"
     one_slice = resolve("gemma4-e2b-v6e-16", "gke.project=my-proj")
     assert "multi-networking" not in [f.name for f in features.needed(one_slice)]
+
+
+def test_the_dry_run_prints_preflight_s_reads_first(capsys):
+    from pipelines.cli import main
+
+    assert main(["run", "gemma4-e2b-v6e-16", "--platform", "gke", "--dry-run", "--run-id", "r1", "--set",
+                 "gke.project=my-proj gke.cluster_name=team cluster.capacity=reservation cluster.reservation=big"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    provision = lines[lines.index("provision") + 1:]
+    assert [line.split()[1] for line in provision[:4]] == [
+        "serviceusage.services.batchGet", "resourcemanager.projects.testIamPermissions", "compute.reservations.get",
+        "container.clusters.get"]
+    assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[2]
+    assert provision[4].startswith("  get-or-create storage.buckets.get")  # then what provision creates

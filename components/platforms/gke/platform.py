@@ -326,11 +326,16 @@ class GkePlatform:
     def dry_run(self, ctx: RunContext, entrypoint) -> list[str]:
         """The calls a run makes, stage by stage, in order, without credentials or network: the same records the
         stages walk, the job commands they submit (``entrypoint(mode)``), and what teardown deletes, newest first."""
+        from components.platforms.gke import preflight
+
         self.check(ctx)
         records = plan.resources(ctx.spec, ctx.run_id)
         lines = []
         for stage in ("provision", "build_image", "deploy_raycluster"):
             lines.append(stage)
+            if stage == "provision":  # preflight first: read-only calls, every problem reported before any create
+                lines += [f"  check         {api} {path} ({what})"
+                          for api, path, what in preflight.reads(preflight.needs(ctx.spec, ctx.run_id))]
             lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
                       if res.stage == stage]
         spec, t = ctx.spec, self._target(ctx)

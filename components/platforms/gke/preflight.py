@@ -131,6 +131,23 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
                  quota, reservation, "" if t.owns_cluster else f"{t.parent}/clusters/{t.cluster}")
 
 
+def reads(n: Needs) -> list[tuple[str, str, str]]:
+    """The read-only calls preflight makes, in order: (api, resource path, what it checks). The dry run prints them."""
+    out = [("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
+           ("resourcemanager.projects.testIamPermissions", f"projects/{n.project}",
+            f"{len(n.permissions)} permissions held")]
+    if n.quota:
+        out.append(("compute.regions.get", f"projects/{n.project}/regions/{n.region}",
+                    f"quota {n.quota[0]}: {n.quota[1]} chips free"))
+    if n.reservation:
+        project, zone, name, machine_type, hosts = n.reservation
+        out.append(("compute.reservations.get", f"projects/{project}/zones/{zone}/reservations/{name}",
+                    f"{hosts} {machine_type} VMs free"))
+    if n.cluster:
+        out.append(("container.clusters.get", n.cluster, "its features"))
+    return out
+
+
 def _asks(spec: RunSpec, key: str) -> bool:
     if key == "features":
         return bool(spec.gke.cluster_name) and any(f.in_place for f in features.needed(spec))
