@@ -134,6 +134,36 @@ def test_an_existing_cluster_without_dataplane_v2_is_refused_by_name_before_anyt
     assert project.mutations() == [] and project.pools("refused") == []
 
 
+def test_an_existing_cluster_with_another_workload_pool_is_refused_not_changed(tmp_path, project_factory, capsys):
+    project = project_factory()
+    name = project.gke.add_cluster(PARENT, {
+        "name": "team", "addonsConfig": {"rayOperatorConfig": {"enabled": True},
+                                         "gcsFuseCsiDriverConfig": {"enabled": True}},
+        "workloadIdentityConfig": {"workloadPool": "fleet-host.svc.id.goog"},
+        "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH"}})
+    code, text = _preflight(SHARED, capsys)
+    assert code == 2 and "cluster team lacks the Workload Identity: it uses the workload pool fleet-host.svc.id.goog" \
+        in text
+    assert project.gke.state.clusters[name].workload_identity_config.workload_pool == "fleet-host.svc.id.goog"
+    assert project.mutations() == []
+
+
+def test_provision_again_after_a_teardown_checks_again_and_starts_the_clock_again(tmp_path, project_factory):
+    from components.platforms import ledger
+
+    project = project_factory()
+    ctx = context(tmp_path, "again")
+    platform().provision(ctx)
+    first = ledger.load(ctx.store)["started"]
+    platform().provision(ctx)  # resumed: passed preflight already
+    assert project.services.calls.count("BatchGetServices") == 1
+    platform().teardown(ctx)
+    platform().provision(ctx)  # the same run id after its teardown: a new start
+    assert project.services.calls.count("BatchGetServices") == 2
+    assert ledger.load(ctx.store)["started"] > first
+    platform().teardown(ctx)
+
+
 def test_a_cluster_name_that_does_not_exist_is_a_problem(project_factory, capsys):
     project_factory()
     code, text = _preflight(SHARED, capsys)
@@ -146,7 +176,8 @@ def test_the_plan_states_which_features_are_enabled_in_place_and_which_refused()
     assert cluster.action == "use"
     for needle in ("Ray Operator add-on (enabled in place when missing, and kept)",
                    "GCS FUSE CSI driver (enabled in place when missing, and kept)",
-                   "Workload Identity (enabled in place when missing, and kept)",
+                   "Workload Identity (enabled in place when missing, and kept; refused when the cluster uses "
+                   "another workload pool)",
                    "Dataplane V2 (refused when missing: GKE chooses the dataplane",
                    "multi-networking (enabled in place when missing, and kept)"):
         assert needle in cluster.summary

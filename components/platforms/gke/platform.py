@@ -112,8 +112,9 @@ class GkePlatform:
         self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
         t = self._target(ctx)
         ledger = self._ledger(ctx)
-        if not ledger.get("created"):  # a provision that resumes passed preflight when it started
+        if not ledger.get("created") or ledger.get("torn_down"):  # one that resumes passed preflight when it started
             self.preflight(ctx)
+            ledger["started"] = time.time()  # the janitor measures a run's age from here
         ledger.setdefault("started", time.time())
         ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
                        "owns_cluster": t.owns_cluster, "namespace": t.namespace, "spec": ctx.spec.to_dict()})
@@ -448,18 +449,13 @@ def _cluster(s: _Session, res: plan.Resource) -> None:
     s.cluster = gke.get_cluster(res.path)
     if s.cluster is None:
         raise SpecError("gke.cluster_name", f"no cluster {s.t.cluster} in {s.t.location} of project {s.t.project}")
-    lacking = features.missing(s.ctx.spec, s.cluster, s.t.project)
-    refused = [f for f in lacking if not f.in_place]
+    refused = features.refusals(s.ctx.spec, s.cluster, s.t.project)
     if refused:  # preflight refuses these first; the cluster may have changed since
-        raise SpecError("gke.cluster_name", _refusal(s.t, refused))
-    if lacking:
-        gke.enable(res.path, lacking, s.t.project)
+        raise SpecError("gke.cluster_name", f"cluster {s.t.cluster} in {s.t.location} lacks " + "; ".join(refused))
+    enable = features.to_enable(s.ctx.spec, s.cluster, s.t.project)
+    if enable:
+        gke.enable(res.path, enable, s.t.project)
         s.cluster = gke.get_cluster(res.path)
-
-
-def _refusal(t: r.Target, refused) -> str:
-    return (f"cluster {t.cluster} in {t.location} lacks " + "; ".join(f"the {f.name}: {f.refused_because}"
-                                                                      for f in refused))
 
 
 def _node_pool(s: _Session, res: plan.Resource) -> None:

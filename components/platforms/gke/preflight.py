@@ -268,13 +268,10 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.problems.append(Problem("gke.cluster_name", f"no cluster {short} in {n.cluster.split('/')[3]} of "
                                                            f"project {n.project}"))
         return
+    report.enable += [f.name for f in features.to_enable(spec, cluster, n.project)]
+    report.problems += [Problem("gke.cluster_name", f"cluster {short} lacks {reason}")
+                        for reason in features.refusals(spec, cluster, n.project)]
     lacking = features.missing(spec, cluster, n.project)
-    for feature in lacking:
-        if feature.in_place:
-            report.enable.append(feature.name)
-        else:
-            report.problems.append(Problem("gke.cluster_name", f"cluster {short} lacks the {feature.name}: "
-                                                               f"{feature.refused_because}"))
     has = [f.name for f in features.needed(spec) if f not in lacking]
     report.checked.append(f"cluster {short}: has " + (", ".join(has) or "none of the features")
                           + (f"; provision enables {', '.join(report.enable)}" if report.enable else ""))
