@@ -18,10 +18,12 @@ EPILOG = """examples:
   tpupipe validate gemma4-e2b-v6e-16 --set train.epochs=1
   tpupipe presets
   tpupipe plan llama3-70b-v6e-16x2              what a gke run would create and cost (creates nothing)
+  tpupipe preflight llama3-70b-v6e-16x2 --set gke.project=my-project   quota, reservation, APIs, permissions
   tpupipe publish --project my-project          the components image and the template, for the Vertex AI UI
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
   tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
   tpupipe teardown --orphans                    the same for every local run whose driver is gone
+  tpupipe janitor --output-root gs://my-project-tpupipe/runs --older-than 6h --dry-run   what gke runs left behind
 
 Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown, prints what it deleted and exits
 130 (143); a second Ctrl-C says what a third would leave behind; a third abandons teardown and prints the
@@ -76,7 +78,12 @@ def cmd_compile(args) -> int:
 
     target = _target(args)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    compile_pipeline(args.output, target)
+    if args.pipeline == "janitor":
+        from pipelines.janitor import janitor_pipeline
+
+        compile_pipeline(args.output, target, janitor_pipeline)
+    else:
+        compile_pipeline(args.output, target)
     print(f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
           f"project {target.project}, bucket {target.run_bucket})")
     return 0
@@ -108,13 +115,9 @@ def cmd_plan(args) -> int:
     """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
     from components.platforms.gke import plan
     from components.spec import SpecError
-    from components.spec.names import run_id_from
     from components.tpu import pricing
-    from components.workload import resolve
 
-    spec = resolve(args.preset, _overrides(args.set))
-    plan.check_plannable(spec)
-    run_id = run_id_from(args.run_id, args.preset)
+    spec, run_id = _gke_run(args)
     try:
         prices = pricing.load(args.prices)
     except pricing.PriceError as exc:  # the price table is data: its errors become the flag's
@@ -128,6 +131,33 @@ def cmd_plan(args) -> int:
     sys.stdout.write(plan.to_json(document) if args.output == "json" else plan.render_text(document))
     if args.manifests and args.output != "json":
         print(f"manifests: {len(plan.kubernetes_objects(document))} Kubernetes objects in {args.manifests}")
+    return 0
+
+
+def cmd_preflight(args) -> int:
+    """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
+    report, exit 2 when there is one; creates nothing."""
+    from components.platforms import RunContext
+    from components.platforms.gke import preflight
+    from components.platforms.gke.platform import GkePlatform
+    from components.platforms.store import LocalStore
+
+    spec, run_id = _gke_run(args)
+    ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(Path(".")), platform="gke")
+    report = GkePlatform(log=lambda m: None).preflight(ctx)
+    sys.stdout.write(preflight.render(spec, run_id, report))
+    return 0
+
+
+def cmd_janitor(args) -> int:
+    """Tear down every gke run under the output root that is finished or older than its limit; --dry-run lists it."""
+    from components.platforms.gke import janitor
+
+    older = janitor.parse_age(args.older_than) if args.older_than else None
+    sweep = janitor.Janitor(args.output_root, tuple(args.project or ()), older, log=lambda m: None).sweep(args.dry_run)
+    sys.stdout.write(janitor.render(sweep, args.dry_run))
+    if sweep.failed:
+        return _fail("janitor: could not tear down " + "; ".join(f"{k}: {v}" for k, v in sweep.failed.items()), 1)
     return 0
 
 
@@ -245,6 +275,25 @@ def _with_spec_args(p, preset_positional=False):
                    help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
 
+def _with_gke_run_args(p) -> None:
+    """PRESET, --set and --run-id: a gke run as `tpupipe plan` and `tpupipe preflight` see it (``_gke_run``)."""
+    p.add_argument("preset", help="preset name (`tpupipe presets`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
+                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
+
+
+def _gke_run(args):
+    """(spec, run id) of PRESET --set ... --run-id; a cpu preset is a SpecError (it runs on the local platform)."""
+    from components.platforms.gke import plan
+    from components.spec.names import run_id_from
+    from components.workload import resolve
+
+    spec = resolve(args.preset, _overrides(args.set))
+    plan.check_plannable(spec)
+    return spec, run_id_from(args.run_id, args.preset)
+
+
 def _with_target_args(p) -> None:
     import os
 
@@ -323,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
         "gs://BUCKET/runs. The same tree gives the same bytes.")
     _with_target_args(p)
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
+    p.add_argument("--pipeline", choices=("tpupipe", "janitor"), default="tpupipe",
+                   help="tpupipe (default): the training pipeline; janitor: the sweep of what runs left behind, to "
+                   "schedule beside it")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser(
@@ -343,16 +395,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
-    p.add_argument("preset", help="preset name (`tpupipe presets`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    _with_gke_run_args(p)
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")
     p.add_argument("--manifests", metavar="DIR", default="",
                    help="write each Kubernetes object the run would apply to DIR as a YAML file")
-    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
     p.add_argument("--prices", metavar="FILE", default="",
                    help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "preflight", help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
+        description="Before a gke run spends anything: the region's TPU quota for the chips the plan needs, the "
+        "reservation (cluster.capacity=reservation) exists and has room, the APIs the plan calls are enabled, the "
+        "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
+        "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
+        "problem in one report; exits 2 when there is one. provision runs the same checks first.")
+    _with_gke_run_args(p)
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser(
+        "janitor", help="delete what gke runs left behind (finished, or older than their limit)",
+        description="Find every gke run under the output root by its ledger, and clusters labelled tpupipe-run whose "
+        "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
+        "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
+        "the teardown every run uses. A second sweep finds nothing. `tpupipe compile --pipeline janitor` gives the "
+        "same sweep as a pipeline to schedule.")
+    p.add_argument("--output-root", default="runs", help="where the runs' directories are: gs://BUCKET/runs on Vertex "
+                   "AI, or a local directory (default ./runs)")
+    p.add_argument("--older-than", default="", metavar="AGE",
+                   help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit")
+    p.add_argument("--project", action="append", metavar="PROJECT",
+                   help="also search this project for clusters labelled tpupipe-run (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    p.set_defaults(func=cmd_janitor)
 
     from pipelines import cli_models, cli_vertex
 

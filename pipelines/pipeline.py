@@ -92,12 +92,14 @@ def source_version(root: Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def compile_pipeline(path: str, target: Target | None = None) -> str:
-    """Compile the pipeline to ``path``. With a ``target``, every task runs in the components image of this exact
-    source (its tag a hash of the image's build context) in the target's Artifact Registry, and the parameters
-    default to a gke run in the target's project and bucket. Deterministic: the same tree gives the same bytes."""
+def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> str:
+    """Compile ``pipeline`` (default: the tpupipe pipeline; ``pipelines.janitor.janitor_pipeline`` too) to ``path``.
+    With a ``target``, every task runs in the components image of this exact source (its tag a hash of the image's
+    build context) in the target's Artifact Registry, and the parameters the pipeline has default to a gke run in the
+    target's project and bucket. Deterministic: the same tree gives the same bytes."""
+    pipeline = pipeline or tpupipe_pipeline
     if target is None:
-        compiler.Compiler().compile(tpupipe_pipeline, package_path=path)
+        compiler.Compiler().compile(pipeline, package_path=path)
         return path
     import yaml
 
@@ -105,14 +107,16 @@ def compile_pipeline(path: str, target: Target | None = None) -> str:
 
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "pipeline.yaml"
-        compiler.Compiler().compile(tpupipe_pipeline, package_path=str(raw))
+        compiler.Compiler().compile(pipeline, package_path=str(raw))
         spec = yaml.safe_load(raw.read_text())
     image = target.image(image_tag(PIPELINE_IMAGE))
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = image
     defaults = {"project": target.project, "bucket": target.run_bucket,
                 "output_root": f"gs://{target.run_bucket}/runs", "source_version": source_version()}
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
     for name, value in defaults.items():
-        spec["root"]["inputDefinitions"]["parameters"][name]["defaultValue"] = value
+        if name in parameters:
+            parameters[name]["defaultValue"] = value
     Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
     return path

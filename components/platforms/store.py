@@ -80,12 +80,7 @@ class GcsStore:
 
     def _bucket(self):
         if self._client is None:
-            from google.cloud import storage
-
-            from components.platforms.credentials import credentials
-
-            self._client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None,
-                                          credentials=credentials())
+            self._client = gcs_client()
         return self._client.bucket(self.bucket_name)
 
     def _blob(self, key: str):
@@ -108,6 +103,28 @@ class GcsStore:
 
     def local(self) -> None:
         return None
+
+
+def gcs_client():
+    from google.cloud import storage
+
+    from components.platforms.credentials import credentials
+
+    return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None, credentials=credentials())
+
+
+def runs_with(output_root: str, key: str) -> list[str]:
+    """The ids of the runs under ``output_root`` whose directory holds ``key`` (``ledger.json``), sorted: one listing
+    of ``gs://BUCKET/PREFIX/*/KEY``, or of the local directory."""
+    root = output_root or "runs"
+    open_store(root, "_")  # a root no run's store could be under is the same SpecError
+    if root.startswith("gs://"):
+        bucket, _, prefix = root.removeprefix("gs://").partition("/")
+        prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        blobs = gcs_client().list_blobs(bucket, prefix=prefix, match_glob=f"{prefix}*/{key}")
+        return sorted(b.name[len(prefix):].split("/", 1)[0] for b in blobs)
+    path = Path(root).expanduser().resolve()
+    return sorted(p.parent.name for p in path.glob(f"*/{key}")) if path.is_dir() else []
 
 
 def open_store(output_root: str, run_id: str) -> RunStore:

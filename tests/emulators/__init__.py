@@ -1,16 +1,20 @@
 """In-process emulators of the cloud APIs the gke platform calls, served over the real protocols so that the real
 client libraries run against them (architecture decision 9):
 
-- ``gke``: the GKE ``google.container.v1.ClusterManager`` gRPC service, with clusters, node pools and long-running
-  operations that progress over polls, and injectable faults;
+- ``gke``: the GKE ``google.container.v1.ClusterManager`` gRPC service, with clusters (created, updated one change
+  at a time, listed in one location or all), node pools and long-running operations that progress over polls, and
+  injectable faults;
 - ``compute``: the Compute Engine v1 REST API's networks, subnetworks, resource policies and operations, over
-  HTTP, with bodies checked against compute_v1's message types, and injectable faults;
+  HTTP, with bodies checked against compute_v1's message types, and injectable faults; regions (their quotas) and
+  reservations, read;
 - ``storage``: Cloud Storage's JSON API for buckets, their IAM policies and objects (multipart, media and resumable
   uploads, downloads), over HTTP (found by google-cloud-storage through ``STORAGE_EMULATOR_HOST``);
 - ``cloudbuild``: Cloud Build's ``google.devtools.cloudbuild.v1.CloudBuild`` gRPC service, builds that progress over
   polls, fail or are cancelled, with their source checked against the storage emulator;
 - ``artifactregistry``: Artifact Registry's GetRepository and CreateRepository (gRPC, with its operations);
-- ``resourcemanager``: Resource Manager's ``Projects.GetProject`` gRPC service (the project number);
+- ``resourcemanager``: Resource Manager's ``Projects.GetProject`` (the project number) and ``TestIamPermissions``
+  gRPC service;
+- ``serviceusage``: Service Usage's ``GetService`` and ``BatchGetServices`` (which APIs a project has enabled);
 - ``models``: Vertex AI Model Registry's ``ModelService`` over REST (models, versions, aliases, the upload's
   operation), with injectable faults;
 - ``http``: what the HTTP emulators share (Google's error shape, faults, the server);

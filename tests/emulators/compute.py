@@ -16,6 +16,9 @@ be deleted while a subnetwork or firewall rule names it. Links
 (``selfLink``, ``targetLink``, a subnetwork's ``network``) are the ``https://www.googleapis.com/compute/v1/...``
 URLs Compute writes.
 
+Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
+``set_quota`` says otherwise) and ``reservations.get`` of the zonal reservations ``add_reservation`` made.
+
 Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
 error for the next N matching calls, or a quota failure, where the insert is accepted and its operation ends DONE
 with the QUOTA_EXCEEDED error Compute reports. ``in_use`` lets another emulator say that something outside Compute
@@ -62,6 +65,15 @@ POLICY_TYPES = {t.name for t in compute_v1.ResourcePolicyWorkloadPolicy.Type} - 
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
                   r"(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?")
+# What preflight reads: a region (its quotas) and a zonal reservation.
+REGION_PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)")
+RESERVATION_PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
+                              r"(?P<name>[^/]+)")
+# Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
+DEFAULT_TPU_QUOTA = 4096.0
+TPU_METRICS = ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5", "TPU_V5P_PODSLICE",
+               "PREEMPTIBLE_TPU_V5P_PODSLICE", "TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE", "TPU_V7X_PODSLICE",
+               "PREEMPTIBLE_TPU_V7X_PODSLICE")
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
 
 
@@ -83,6 +95,8 @@ class State:
     deleting: set[str] = field(default_factory=set)  # paths whose delete is running
     operations: dict[str, _Op] = field(default_factory=dict)  # "projects/P/{global,regions/R}/operations/O"
     calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
+    quotas: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)  # (project, region) -> metric -> ...
+    reservations: dict[str, dict] = field(default_factory=dict)  # "projects/P/zones/Z/reservations/N" -> resource
 
 
 def _now() -> str:
@@ -133,6 +147,44 @@ class ComputeEmulator(HttpEmulator):
         with self._lock:
             return sorted(path.rsplit("/", 1)[-1] for path in self._table(kind))
 
+    def set_quota(self, project: str, region: str, metric: str, limit: float, usage: float = 0.0) -> None:
+        """The region's quota ``metric`` (``TPU_LITE_PODSLICE_V5``, ...): its limit and what is in use."""
+        with self._lock:
+            self.state.quotas.setdefault((project, region), {})[metric] = {"metric": metric, "limit": float(limit),
+                                                                          "usage": float(usage)}
+
+    def add_reservation(self, project: str, zone: str, name: str, machine_type: str, count: int,
+                        in_use: int = 0) -> None:
+        """A specific reservation of ``count`` VMs of ``machine_type`` in ``zone``, ``in_use`` of them taken."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        with self._lock:
+            self.state.reservations[path] = {
+                "kind": "compute#reservation", "id": str(next(self._ids)), "name": name, "selfLink": LINK + path,
+                "zone": f"{LINK}projects/{project}/zones/{zone}", "creationTimestamp": _now(), "status": "READY",
+                "specificReservationRequired": True,
+                "specificReservation": {"count": str(count), "inUseCount": str(in_use),
+                                        "instanceProperties": {"machineType": machine_type}}}
+
+    def mutations(self) -> list[str]:
+        """The calls that change something (inserts and deletes), in order."""
+        with self._lock:
+            return [c for c in self.state.calls if c.endswith((".insert", ".delete"))]
+
+    def _region(self, params: dict) -> dict:
+        project, region = params["project"], params["region"]
+        quotas = {m: {"metric": m, "limit": DEFAULT_TPU_QUOTA, "usage": 0.0} for m in TPU_METRICS}
+        quotas.update(self.state.quotas.get((project, region), {}))
+        path = f"projects/{project}/regions/{region}"
+        return {"kind": "compute#region", "id": str(abs(hash(path)) % 10**12), "name": region, "status": "UP",
+                "selfLink": LINK + path, "zones": [f"{LINK}projects/{project}/zones/{region}-{z}" for z in "abc"],
+                "quotas": list(quotas.values())}
+
+    def _reservation(self, params: dict) -> dict:
+        path = f"projects/{params['project']}/zones/{params['zone']}/reservations/{params['name']}"
+        if path not in self.state.reservations:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return self.state.reservations[path]
+
     def _table(self, kind: str) -> dict[str, dict]:
         return {"networks": self.state.networks, "subnetworks": self.state.subnetworks,
                 "resourcePolicies": self.state.resource_policies, "firewalls": self.state.firewalls}[kind]
@@ -152,12 +204,20 @@ class ComputeEmulator(HttpEmulator):
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None:
             raise HttpError(fault.status, fault.message, fault.reason)
+        reads = {"regions.get": self._region, "reservations.get": self._reservation}
+        if method in reads:
+            with self._lock:
+                return 200, copy.deepcopy(reads[method](params))
         kind, action = method.split(".")
         handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
         with self._lock:  # serialised under the lock: the answer may be a stored resource
             return 200, copy.deepcopy(handler(kind, params, request, fault))
 
     def _route(self, verb: str, path: str) -> tuple[str, dict]:
+        for method, pattern in (("regions.get", REGION_PATH), ("reservations.get", RESERVATION_PATH)):
+            read = pattern.fullmatch(path)
+            if read and verb == "GET":
+                return method, read.groupdict()
         m = PATH.fullmatch(path)
         kind, action = m and m["kind"], None
         if kind == "operations" and m["name"]:

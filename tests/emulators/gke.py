@@ -22,6 +22,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import grpc
 from google.cloud import container_v1 as c
@@ -95,6 +96,19 @@ class ClusterManagerEmulator(GrpcEmulator):
         """The next CreateNodePool matching ``when`` starts, and its operation fails for lack of capacity."""
         self.faults.append(Fault("CreateNodePool", None, STOCKOUT_MESSAGE, times, when))
 
+    def add_cluster(self, parent: str, body: dict) -> str:
+        """A RUNNING cluster created outside the run (``body`` in the REST JSON form), as a team's shared cluster is."""
+        import json
+
+        cluster = c.Cluster.from_json(json.dumps(body))
+        name = f"{parent}/clusters/{cluster.name}"
+        cluster.status, cluster.location, cluster.self_link = c.Cluster.Status.RUNNING, parent.rsplit("/", 1)[-1], name
+        cluster.endpoint = self.kube_endpoint
+        cluster.master_auth = c.MasterAuth(cluster_ca_certificate=base64.b64encode(self.kube_ca_pem).decode())
+        with self._lock:
+            self.state.clusters[name] = cluster
+        return name
+
     def _fault(self, method: str, request) -> Fault | None:
         return take_fault(self.faults, self._lock, method, request)
 
@@ -114,6 +128,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             "GetCluster": (c.GetClusterRequest, c.Cluster, self.get_cluster),
             "ListClusters": (c.ListClustersRequest, c.ListClustersResponse, self.list_clusters),
             "DeleteCluster": (c.DeleteClusterRequest, c.Operation, self.delete_cluster),
+            "UpdateCluster": (c.UpdateClusterRequest, c.Operation, self.update_cluster),
             "CreateNodePool": (c.CreateNodePoolRequest, c.Operation, self.create_node_pool),
             "GetNodePool": (c.GetNodePoolRequest, c.NodePool, self.get_node_pool),
             "ListNodePools": (c.ListNodePoolsRequest, c.ListNodePoolsResponse, self.list_node_pools),
@@ -184,6 +199,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         ips.cluster_ipv4_cidr_block = cluster.cluster_ipv4_cidr = ips.cluster_ipv4_cidr_block or self.default_pod_range
         ips.services_ipv4_cidr_block = cluster.services_ipv4_cidr = (ips.services_ipv4_cidr_block
                                                                     or self.default_service_range)
+        cluster.create_time = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         for pool in cluster.node_pools:
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = cluster.current_node_version
@@ -201,7 +217,10 @@ class ClusterManagerEmulator(GrpcEmulator):
         return self._cluster(request.name, context)
 
     def list_clusters(self, request: c.ListClustersRequest, context, stockout=None) -> c.ListClustersResponse:
+        """The clusters of a location, or of every location with ``-``."""
         prefix = request.parent + "/clusters/"
+        if request.parent.endswith("/locations/-"):
+            prefix = request.parent.removesuffix("-")
         return c.ListClustersResponse(clusters=[cl for n, cl in self.state.clusters.items() if n.startswith(prefix)])
 
     def delete_cluster(self, request: c.DeleteClusterRequest, context, stockout=None) -> c.Operation:
@@ -209,6 +228,39 @@ class ClusterManagerEmulator(GrpcEmulator):
         cluster.status = c.Cluster.Status.STOPPING
         return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_CLUSTER, request.name,
                         lambda: self.state.clusters.pop(request.name, None))
+
+    def update_cluster(self, request: c.UpdateClusterRequest, context, stockout=None) -> c.Operation:
+        """One change per request, as GKE takes them; applied when the operation is done. Multi-networking needs
+        Dataplane V2; Dataplane V2 itself is chosen when a cluster is created."""
+        cluster = self._cluster(request.name, context)
+        changes = [f.name for f, _ in c.ClusterUpdate.pb(request.update).ListFields()]
+        if len(changes) != 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Exactly one update can be made at a time; got {changes}.")
+        if cluster.status != c.Cluster.Status.RUNNING:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"Cluster {cluster.name} is running an incompatible operation.")
+        (change,) = changes
+        update = request.update
+        if change == "desired_datapath_provider":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Dataplane V2 can only be set when a cluster is created.")
+        if change == "desired_enable_multi_networking" and \
+                cluster.network_config.datapath_provider != c.DatapathProvider.ADVANCED_DATAPATH:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Multi-networking requires Dataplane V2.")
+        if change not in ("desired_addons_config", "desired_workload_identity_config",
+                          "desired_enable_multi_networking"):
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"The emulator does not update {change}.")
+        cluster.status = c.Cluster.Status.RECONCILING
+
+        def done():
+            if change == "desired_addons_config":  # the add-ons the update names; the others are kept
+                for addon, _ in c.AddonsConfig.pb(update.desired_addons_config).ListFields():
+                    setattr(cluster.addons_config, addon.name, getattr(update.desired_addons_config, addon.name))
+            elif change == "desired_workload_identity_config":
+                cluster.workload_identity_config = update.desired_workload_identity_config
+            else:
+                cluster.network_config.enable_multi_networking = update.desired_enable_multi_networking
+            cluster.status = c.Cluster.Status.RUNNING
+        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.UPDATE_CLUSTER, request.name, done)
 
     # ------------------------------------------------------------------ node pools
     def create_node_pool(self, request: c.CreateNodePoolRequest, context, stockout=None) -> c.Operation:

@@ -1,15 +1,18 @@
-"""An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject and
-GetIamPolicy, served from the messages google-cloud-resource-manager ships, so ``ProjectsClient`` talks real gRPC to
-it. A project is found by ``projects/<id>`` or ``projects/<number>``, as in Resource Manager; an unknown one is
-PERMISSION_DENIED, which is what Resource Manager answers for a project the caller cannot see (it does not say whether
-it exists).
+"""An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject,
+GetIamPolicy and TestIamPermissions, served from the messages google-cloud-resource-manager ships, so
+``ProjectsClient`` talks real gRPC to it. A project is found by ``projects/<id>`` or ``projects/<number>``, as in
+Resource Manager; an unknown one is PERMISSION_DENIED, which is what Resource Manager answers for a project the caller
+cannot see (it does not say whether it exists).
 
 Each project's IAM policy starts as a new project's commonly is for GKE: its default Compute Engine service account
 (``<number>-compute@developer.gserviceaccount.com``) holds what nodes need (``NODE_ROLES``); ``revoke`` takes a role
-away, ``grant`` gives one.
+away, ``grant`` gives one. TestIamPermissions answers the subset of the permissions asked that the caller holds: all
+of them, less those ``deny`` names; as in IAM, a permission that is not ``service.resource.verb`` is INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
+
+import re
 
 import grpc
 from google.cloud import resourcemanager_v3 as rm
@@ -18,6 +21,7 @@ from google.iam.v1 import iam_policy_pb2, policy_pb2
 from tests.emulators import serve_grpc
 
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
+PERMISSION = re.compile(r"[a-z][a-zA-Z0-9]*\.[a-zA-Z0-9]+\.[a-zA-Z0-9]+")
 NODE_ROLES = ("roles/artifactregistry.reader", "roles/logging.logWriter", "roles/monitoring.metricWriter")
 
 
@@ -31,13 +35,20 @@ class ResourceManagerEmulator:
         self.policies = {project_id: {role: {default_compute_account(number)} for role in NODE_ROLES}
                          for project_id, number in self.projects.items()}  # project id -> role -> members
         self.calls: list[str] = []
+        self.denied: set[str] = set()  # permissions the caller lacks on every project
         self._server = None
+
+    def deny(self, *permissions: str) -> None:
+        self.denied.update(permissions)
 
     def start(self) -> str:
         self._server, address = serve_grpc({SERVICE: {
             "GetProject": (rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project),
             "GetIamPolicy": (iam_policy_pb2.GetIamPolicyRequest.FromString, policy_pb2.Policy.SerializeToString,
-                             self.get_iam_policy)}})
+                             self.get_iam_policy),
+            "TestIamPermissions": (iam_policy_pb2.TestIamPermissionsRequest.FromString,
+                                   iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
+                                   self.test_iam_permissions)}})
         return address
 
     def stop(self) -> None:
@@ -70,3 +81,12 @@ class ResourceManagerEmulator:
         bindings = [policy_pb2.Binding(role=role, members=sorted(members))
                     for role, members in sorted(self.policies[project_id].items()) if members]
         return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")
+
+    def test_iam_permissions(self, request, context):
+        self.calls.append("TestIamPermissions")
+        self._project(request.resource, context)
+        bad = [p for p in request.permissions if not PERMISSION.fullmatch(p)]
+        if bad:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Permission {bad[0]} is not valid.")
+        return iam_policy_pb2.TestIamPermissionsResponse(
+            permissions=[p for p in request.permissions if p not in self.denied])

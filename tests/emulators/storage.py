@@ -1,8 +1,8 @@
 """An in-process Cloud Storage: the part of the JSON API (``/storage/v1``) that bucket provisioning uses (buckets.get,
 buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy) and the objects a run stages (objects.insert by the
 multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of metadata or of the data
-with ``alt=media`` or under ``/download/storage/v1``, objects.delete), served over plain HTTP by ``http.server``, so
-that the real ``google.cloud.storage.Client`` talks to it.
+with ``alt=media`` or under ``/download/storage/v1``, objects.delete, objects.list by prefix, delimiter and
+matchGlob), served over plain HTTP by ``http.server``, so that the real ``google.cloud.storage.Client`` talks to it.
 
 Requests are checked as Cloud Storage checks them: bucket names (3-63 characters of lowercase letters, digits,
 ``-``, ``_`` and ``.``, starting and ending with a letter or digit, no ``goog`` prefix), unknown body fields, the
@@ -55,12 +55,12 @@ from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
 # the JSON API (buckets, their policies, objects' metadata), uploads, and downloads
-PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|/o/(?P<object>.+))?)?")
+PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|(?P<list>/o)|/o/(?P<object>.+))?)?")
 UPLOAD_PATH = re.compile(r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o")
 DOWNLOAD_PATH = re.compile(r"/download/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)")
 ROUTES = {("POST", "buckets"): "buckets.insert", ("GET", "bucket"): "buckets.get",
           ("GET", "iam"): "buckets.getIamPolicy", ("PUT", "iam"): "buckets.setIamPolicy",
-          ("GET", "object"): "objects.get", ("DELETE", "object"): "objects.delete",
+          ("GET", "object"): "objects.get", ("DELETE", "object"): "objects.delete", ("GET", "objects"): "objects.list",
           ("POST", "upload"): "objects.insert", ("PUT", "upload"): "objects.insert", ("GET", "download"): "objects.get"}
 BUCKET_NAME = re.compile(r"[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]")
 # the bucket resource's fields; output-only ones are accepted in an insert and overwritten
@@ -177,7 +177,7 @@ class StorageEmulator(HttpEmulator):
                 continue
             groups = m.groupdict()
             kind = kind or ("object" if groups["object"] else "iam" if groups["iam"] else
-                            "bucket" if groups["bucket"] else "buckets")
+                            "objects" if groups.get("list") else "bucket" if groups["bucket"] else "buckets")
             method = ROUTES.get((command, kind))
             if method:
                 return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or "")
@@ -216,6 +216,8 @@ class StorageEmulator(HttpEmulator):
                 return self._get_object(http, bucket, name, query, media)
             if method == "objects.delete":
                 return self._delete_object(bucket, name, query)
+            if method == "objects.list":
+                return 200, self._list_objects(bucket, query), {}
             return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
 
     # ------------------------------------------------------------------ buckets
@@ -313,6 +315,26 @@ class StorageEmulator(HttpEmulator):
         return self._policy(bucket)
 
     # ------------------------------------------------------------------ objects
+    def _list_objects(self, bucket: str, query: dict) -> dict:
+        """objects.list: the objects whose names start with ``prefix`` and match ``matchGlob`` (``*`` and ``?`` within
+        one path segment, ``**`` across them), by name; with a ``delimiter``, the names it cuts short become
+        ``prefixes``. One page."""
+        self._bucket(bucket)
+        prefix, delimiter, glob = query.get("prefix", ""), query.get("delimiter", ""), query.get("matchGlob")
+        parts = re.split(r"(\*\*|\*|\?)", glob or "")
+        pattern = re.compile("".join({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
+                                     for part in parts)) if glob else None
+        items, prefixes = [], set()
+        for (b, name), stored in sorted(self.state.objects.items()):
+            if b != bucket or not name.startswith(prefix) or (pattern and not pattern.fullmatch(name)):
+                continue
+            rest = name[len(prefix):]
+            if delimiter and delimiter in rest:
+                prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+            else:
+                items.append(copy.deepcopy(stored["metadata"]))
+        return {"kind": "storage#objects", "items": items, **({"prefixes": sorted(prefixes)} if prefixes else {})}
+
     def _object(self, bucket: str, name: str, query: dict) -> dict:
         """The stored object (its current generation, or the one ``query`` names), its preconditions checked."""
         self._bucket(bucket)

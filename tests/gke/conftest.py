@@ -20,6 +20,7 @@ from tests.emulators.gke import ClusterManagerEmulator
 from tests.emulators.kube import KubeEmulator
 from tests.emulators.models import ModelServiceEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
+from tests.emulators.serviceusage import ServiceUsageEmulator
 from tests.emulators.storage import StorageEmulator
 
 PROJECT = "tpupipe-emulated"
@@ -42,8 +43,20 @@ class Project:
 
     def stop(self) -> None:
         for emulator in (*self.extras, self.gke, self.compute, self.storage, self.projects, self.cloudbuild,
-                         self.registry, self.kube):
+                         self.registry, self.services, self.kube):
             emulator.stop()
+
+    def mutations(self) -> list[str]:
+        """Every call that reached an emulator and changes something (creates, updates, deletes, grants, builds),
+        in each emulator's order: none before preflight passes."""
+        grpc_calls = [*self.gke.state.calls, *self.cloudbuild.state.calls, *self.registry.state.calls,
+                      *self.projects.calls, *self.services.calls]
+        with self.storage._lock:
+            storage = [c for c in self.storage.state.calls if c.endswith((".insert", ".delete", ".setIamPolicy"))]
+        with self.kube.lock:
+            objects = [f"kubernetes {p}/{n}" for (p, _, n) in self.kube.objects]
+        return [c for c in grpc_calls if c.startswith(("Create", "Update", "Delete", "Set", "Cancel", "Enable"))] \
+            + self.compute.mutations() + storage + objects
 
     def clusters(self, run_id: str) -> list[str]:
         return self.gke.clusters_labelled("tpupipe-run", run_id)
@@ -113,8 +126,11 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
            "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
            "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
            "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
+    services = ServiceUsageEmulator({PROJECT: PROJECT_NUMBER})
+    env["TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"] = services.start()
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
     project.registry = registry
+    project.services = services
     project.token = token
     project.models = ModelServiceEmulator(token=token)  # the runs' model registry (gke runs register there)
     if vertex:

@@ -105,20 +105,28 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert SENTINEL not in _files_text(project.kube.work_dir / "ray")
 
 
-def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
-    root, run_id = tmp_path / "runs", "gke-sigterm"
-    # The slice check is off: the first job the run submits is the train job.
+def training(project, root: Path, run_id: str) -> subprocess.Popen:
+    """`tpupipe run --platform gke` in its own session, returned once its train job has run for a while (the slice
+    check off: the first job the run submits is the train job). The caller ends it."""
     command = _command(root, run_id, " train.epochs=50 cluster.slice_check=false")
     proc = subprocess.Popen(command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    deadline = time.monotonic() + 900
+    submitted = False
+    while time.monotonic() < deadline and proc.poll() is None and not submitted:
+        submitted = any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests)
+        time.sleep(1)
+    if not submitted:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the train job was never submitted")
+    time.sleep(10)  # the job is running
+    return proc
+
+
+def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
+    root, run_id = tmp_path / "runs", "gke-sigterm"
+    proc = training(project, root, run_id)
     try:
-        deadline = time.monotonic() + 900
-        submitted = False
-        while time.monotonic() < deadline and proc.poll() is None and not submitted:
-            submitted = any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests)
-            time.sleep(1)
-        assert submitted, "the train job was never submitted"
-        time.sleep(10)  # the job is running
         # The train component's Python process (not the `sh -c` wrapping it), as Vertex's SIGTERM reaches it.
         executors = [pid for pid in _children(proc.pid) if b"-m\0kfp.dsl.executor_main" in _cmdline(pid)]
         assert len(executors) == 1, executors

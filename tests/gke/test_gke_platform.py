@@ -10,6 +10,7 @@ from components.platforms import RunContext
 from components.platforms.gke import cluster as gke_cluster
 from components.platforms.gke import kube as gke_kube
 from components.platforms.gke.platform import GkePlatform
+from components.platforms.gke.preflight import PreflightFailed
 from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
@@ -50,7 +51,7 @@ def test_nodes_run_as_the_default_compute_account_its_project_number_filled_in(t
     platform().provision(context(tmp_path, "identity"))
     pools = project.gke.state.clusters[project.clusters("identity")[0]].node_pools
     assert [p.config.service_account for p in pools] == [NODE_ACCOUNT, NODE_ACCOUNT]  # CPU pool, TPU pool
-    assert project.projects.calls[:2] == ["GetProject", "GetIamPolicy"]  # checked first
+    assert project.projects.calls[:3] == ["TestIamPermissions", "GetProject", "GetIamPolicy"]  # preflight's checks
 
 
 @pytest.mark.parametrize("role", ["roles/logging.logWriter", "roles/monitoring.metricWriter"])
@@ -58,10 +59,10 @@ def test_a_node_account_without_a_needed_role_is_refused_before_anything_is_crea
     project = project_factory()
     project.projects.revoke(PROJECT, role, f"serviceAccount:{NODE_ACCOUNT}")
     ctx = context(tmp_path, "norole")
-    with pytest.raises(SpecError, match=f"^gke.node_service_account: the nodes' service account {NODE_ACCOUNT} lacks "
-                                        f"{role} on project {PROJECT}"):
+    with pytest.raises(PreflightFailed, match=f"- gke.node_service_account: the nodes' service account {NODE_ACCOUNT} "
+                                              f"lacks {role} on project {PROJECT}"):
         platform().provision(ctx)
-    assert project.gke.state.calls == [] and project.compute.state.calls == [] and project.storage.state.calls == []
+    assert project.mutations() == []
     project.projects.grant(PROJECT, "roles/container.defaultNodeServiceAccount", f"serviceAccount:{NODE_ACCOUNT}")
     platform().provision(ctx)  # a role that includes it will do
     platform().teardown(ctx)
@@ -71,9 +72,10 @@ def test_image_pulls_need_the_artifact_registry_reader_only_for_this_projects_re
     project = project_factory()
     project.projects.revoke(PROJECT, "roles/artifactregistry.reader", f"serviceAccount:{NODE_ACCOUNT}")
     built = context(tmp_path, "pulls", BUILD)  # the trainer image goes to this project's Artifact Registry
-    with pytest.raises(SpecError, match="lacks roles/artifactregistry.reader on project .*pulling the trainer image"):
+    with pytest.raises(PreflightFailed, match="lacks roles/artifactregistry.reader on project .*pulling the trainer "
+                                              "image"):
         platform().provision(built)
-    assert project.gke.state.calls == []
+    assert project.mutations() == []
     named = context(tmp_path, "named")  # gke.image=local/torch: not this project's registry to grant
     platform().provision(named)
     platform().teardown(named)
@@ -83,7 +85,7 @@ def test_a_named_node_account_is_checked_and_set_on_every_pool(tmp_path, project
     project = project_factory()
     account = f"tpu-nodes@{PROJECT}.iam.gserviceaccount.com"
     ctx = context(tmp_path, "ownsa", f"{ONE_SLICE} gke.node_service_account={account}")
-    with pytest.raises(SpecError, match=f"service account {account} lacks roles/logging.logWriter"):
+    with pytest.raises(PreflightFailed, match=f"service account {account} lacks roles/logging.logWriter"):
         platform().provision(ctx)
     for role in ("roles/logging.logWriter", "roles/monitoring.metricWriter"):
         project.projects.grant(PROJECT, role, f"serviceAccount:{account}")

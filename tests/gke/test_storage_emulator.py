@@ -260,3 +260,19 @@ def test_object_faults_and_retries(gcs):
     with pytest.raises(exceptions.Forbidden):  # not retryable
         bucket.blob("runs/r1/a.txt").download_as_bytes()
     assert gcs.faults[-1].times == 1
+
+
+def test_objects_are_listed_by_prefix_delimiter_and_match_glob(gcs):
+    c = client()
+    bucket = create(c, "tpupipe-runs")
+    for name in ("runs/a/ledger.json", "runs/a/stages/train.json", "runs/b/ledger.json", "runs/b/ckpt/ledger.json",
+                 "other/c/ledger.json"):
+        bucket.blob(name).upload_from_string(b"{}")
+    globbed = c.list_blobs("tpupipe-runs", prefix="runs/", match_glob="runs/*/ledger.json")
+    assert [b.name for b in globbed] == ["runs/a/ledger.json", "runs/b/ledger.json"]  # * stays in one segment
+    deep = c.list_blobs("tpupipe-runs", prefix="runs/", match_glob="runs/**/ledger.json")
+    assert [b.name for b in deep] == ["runs/a/ledger.json", "runs/b/ckpt/ledger.json", "runs/b/ledger.json"]
+    listing = c.list_blobs("tpupipe-runs", prefix="runs/", delimiter="/")
+    assert list(listing) == [] and listing.prefixes == {"runs/a/", "runs/b/"}
+    with pytest.raises(exceptions.NotFound):
+        list(c.list_blobs("no-such-bucket"))

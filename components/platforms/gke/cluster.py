@@ -243,6 +243,24 @@ class Gke(Adapter):
         return wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
                         what=f"{what} {name} to be RUNNING", clock=self.clock, sleep=self.sleep)
 
+    # -- an existing cluster's features
+    def enable(self, name: str, features, project: str) -> list[str]:
+        """Turn on each of ``features`` (``features.Feature`` rows GKE enables in place) in the cluster ``name``: one
+        UpdateCluster each (GKE takes one change per update, one operation at a time), waited on. The names of what
+        was enabled."""
+        from google.cloud import container_v1
+
+        location_path = name.rsplit("/clusters/", 1)[0]
+        for feature in features:
+            update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
+            short = name.rsplit("/", 1)[-1]
+            op = self.call(f"enable {feature.name} in {short}",
+                           lambda u=update: self.client.update_cluster(name=name, update=u))
+            self.log(f"cluster {short}: enabling the {feature.name} (kept after the run)")
+            self.wait(location_path, op, f"enable {feature.name} in {short}")
+            self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
+        return [f.name for f in features]
+
     # -- delete (not found is success)
     def delete_node_pool(self, name: str) -> bool:
         return self._delete("node pool", name, self.client.delete_node_pool)
@@ -265,6 +283,21 @@ class Gke(Adapter):
     def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
         response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
         return [f"{parent}/clusters/{cl.name}" for cl in response.clusters if cl.resource_labels.get(key) == value]
+
+    def labelled(self, project: str, key: str) -> list[tuple[str, str, str, str]]:
+        """Every cluster of ``project`` (all locations) and every node pool of another cluster that carries the label
+        ``key``: (its value, "cluster" or "node_pool", the resource's name, the cluster's create time)."""
+        parent = f"projects/{project}/locations/-"
+        response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
+        found = []
+        for cl in response.clusters:
+            name = f"projects/{project}/locations/{cl.location}/clusters/{cl.name}"
+            if key in cl.resource_labels:
+                found.append((cl.resource_labels[key], "cluster", name, cl.create_time))
+                continue
+            found += [(p.config.resource_labels[key], "node_pool", f"{name}/nodePools/{p.name}", cl.create_time)
+                      for p in cl.node_pools if key in p.config.resource_labels]
+        return found
 
     def pools_with_label(self, cluster_name: str, key: str, value: str) -> list[str]:
         from google.api_core import exceptions as gexc

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.platforms.gke import features
 from components.platforms.gke import manifests as m
 from components.platforms.gke import resources as r
 from components.spec import RunSpec, SpecError, names
@@ -158,11 +159,10 @@ def _storage_resources(t: r.Target) -> list[Resource]:
     ]
 
 
-def _cluster_features(cluster_body: dict[str, Any] | None) -> list[str]:
-    features = ["Ray Operator add-on", "GCS FUSE CSI driver", "Workload Identity", "Dataplane V2"]
-    if cluster_body and cluster_body.get("networkConfig", {}).get("enableMultiNetworking"):
-        features.append("multi-networking")
-    return features
+def _cluster_features(spec: RunSpec, owns_cluster: bool) -> list[str]:
+    """What the cluster has: created with it, or, for a cluster the spec names, checked before anything is created
+    and enabled in place or refused (``features``)."""
+    return [f.name if owns_cluster else f.promise() for f in features.needed(spec)]
 
 
 def _cluster_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
@@ -170,19 +170,20 @@ def _cluster_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     TPU nodes Autopilot makes."""
     shape, c, labels = d.slice_shape(spec), spec.cluster, names.labels(t.run_id)
     body = r.cluster(spec, t)
-    features = _cluster_features(body)
+    has = _cluster_features(spec, t.owns_cluster)
     mode = "autopilot" if t.autopilot else "standard"
     cluster_path = f"{t.parent}/clusters/{t.cluster}"
     if t.owns_cluster:
-        out = [Resource("gke-cluster", t.cluster, "create", f"{mode} cluster in {t.location}: " + ", ".join(features)
+        out = [Resource("gke-cluster", t.cluster, "create", f"{mode} cluster in {t.location}: " + ", ".join(has)
                         + f"; GKE {spec.gke.cluster_version or 'of the release channel'}; nodes run as "
                         f"{t.node_service_account}",
                         labels=labels, body=body, api="container.clusters.create", path=cluster_path,
                         price=("gke", "cluster", "any", 1))]
     else:
-        out = [Resource("gke-cluster", t.cluster, "use", f"existing {mode} cluster in {t.location}; it must have: "
-                        + ", ".join(features), api="container.clusters.get", path=cluster_path,
-                        deleted_by_teardown=False)]
+        out = [Resource("gke-cluster", t.cluster, "use", f"existing {mode} cluster in {t.location}, checked before "
+                        "anything is created; it must have: " + ", ".join(has),
+                        api="container.clusters.get (container.clusters.update for a feature enabled in place)",
+                        path=cluster_path, deleted_by_teardown=False)]
     cpu_pool = r.cpu_node_pool(spec, t)
     if cpu_pool:
         with_cluster = t.owns_cluster
@@ -295,8 +296,8 @@ def _warnings(spec: RunSpec, t: r.Target, cost: dict[str, Any]) -> list[str]:
                         "for a real run")
     if not t.owns_cluster:
         warnings.append(f"gke.cluster_name={t.cluster}: the run uses an existing cluster; provisioning checks that "
-                        "it has " + ", ".join(_cluster_features(None)) + " before it creates anything, and that the "
-                        "GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)")
+                        "it has " + ", ".join(_cluster_features(spec, False)) + " before it creates anything, and "
+                        "that the GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)")
     if t.autopilot:
         warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
     documented = catalogue.zones(shape.family.name)

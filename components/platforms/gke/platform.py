@@ -2,11 +2,13 @@
 (``plan.resources``, in creation order) through one handler per kind (``HANDLERS``); every handler records what it
 creates in the run's ledger before it waits on it.
 
-- provision: the Compute Engine resources (the DCN networks, subnets and firewall rules of multislice ``dcn_networks``
-  plans, the TPU7x workload policy), the checkpoint bucket (got or created, kept) and the run's Workload Identity
-  binding on it, the GKE cluster (with the Ray head's CPU pool) or the existing one named, and one TPU node pool per
-  slice, each labelled ``tpupipe-run: <run id>``; a stockout or quota error ends the stage with one message naming
-  what, where and what to try, after deleting what this run created;
+- provision: first preflight (``preflight``: quota, reservation, APIs, permissions, the nodes' service account's roles,
+  an existing cluster's features; every problem in one report, nothing created), then the Compute Engine resources
+  (the DCN networks, subnets and firewall rules of multislice ``dcn_networks`` plans, the TPU7x workload policy), the
+  checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it, the GKE cluster (with the
+  Ray head's CPU pool) or the existing one named (what it lacks that GKE enables in place enabled first,
+  ``features``), and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>``; a stockout or quota error
+  ends the stage with one message naming what, where and what to try, after deleting what this run created;
 - build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
   Artifact Registry (the repository got or created first);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
@@ -28,8 +30,8 @@ from typing import Any
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
+from components.platforms.gke import features, plan
 from components.platforms.gke import manifests as m
-from components.platforms.gke import plan
 from components.platforms.gke import resources as r
 from components.spec import InfraError, SpecError, names
 from components.workload import derive as d
@@ -113,6 +115,10 @@ class GkePlatform:
         self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
         t = self._target(ctx)
         ledger = self._ledger(ctx)
+        if not ledger.get("created") or ledger.get("torn_down"):  # one that resumes passed preflight when it started
+            self.preflight(ctx)
+            ledger["started"] = time.time()  # the janitor measures a run's age from here
+        ledger.setdefault("started", time.time())
         ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
                        "owns_cluster": t.owns_cluster, "namespace": t.namespace, "spec": ctx.spec.to_dict()})
         ledger.pop("torn_down", None)
@@ -128,6 +134,14 @@ class GkePlatform:
         cluster = session.cluster
         return {"cluster": ledger["cluster"], "endpoint": cluster.endpoint if cluster else "",
                 "node_pools": session.tpu_pools, "created": [c["name"] for c in self._ledger(ctx)["created"]]}
+
+    def preflight(self, ctx: RunContext):
+        """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
+        created; :class:`preflight.PreflightFailed` lists every problem."""
+        from components.platforms.gke import preflight
+
+        self.check(ctx)
+        return preflight.check(ctx.spec, ctx.run_id, log=self.log)
 
     def _storage(self, t: r.Target, creds=None):
         from components.platforms.gke import storage as gke_storage
@@ -316,11 +330,16 @@ class GkePlatform:
     def dry_run(self, ctx: RunContext, entrypoint) -> list[str]:
         """The calls a run makes, stage by stage, in order, without credentials or network: the same records the
         stages walk, the job commands they submit (``entrypoint(mode)``), and what teardown deletes, newest first."""
+        from components.platforms.gke import preflight
+
         self.check(ctx)
         records = plan.resources(ctx.spec, ctx.run_id)
         lines = []
         for stage in ("provision", "build_image", "deploy_raycluster"):
             lines.append(stage)
+            if stage == "provision":  # preflight first: read-only calls, every problem reported before any create
+                lines += [f"  check         {api} {path} ({what})"
+                          for api, path, what in preflight.reads(preflight.needs(ctx.spec, ctx.run_id))]
             lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
                       if res.stage == stage]
         spec, t = ctx.spec, self._target(ctx)
@@ -457,6 +476,13 @@ def _cluster(s: _Session, res: plan.Resource) -> None:
         s.cluster = gke.get_cluster(res.path)
         if s.cluster is None:
             raise SpecError("gke.cluster_name", f"no cluster {s.t.cluster} in {s.t.location} of project {s.t.project}")
+        refused = features.refusals(s.ctx.spec, s.cluster, s.t.project)
+        if refused:  # preflight refuses these first; the cluster may have changed since
+            raise SpecError("gke.cluster_name", f"cluster {s.t.cluster} in {s.t.location} lacks " + "; ".join(refused))
+        enable = features.to_enable(s.ctx.spec, s.cluster, s.t.project)
+        if enable:
+            gke.enable(res.path, enable, s.t.project)
+            s.cluster = gke.get_cluster(res.path)
     _check_cluster_as_reported(s)
 
 
@@ -585,21 +611,6 @@ def _raycluster(s: _Session, res: plan.Resource) -> None:
                        "available_workers": status.get("availableWorkerReplicas")}
 
 
-def _check_node_identity(s: _Session) -> None:
-    """Before provisioning creates anything: the project's IAM policy grants the nodes' service account what nodes need
-    (``resources.node_roles``), else a SpecError naming the account and the role (nodes without them fail later and
-    obscurely: image pulls from Artifact Registry refused, no logs)."""
-    from components.platforms.gke import storage as gke_storage
-
-    account, project = s.node_service_account(), s.t.project
-    granted = gke_storage.project_roles(project, f"serviceAccount:{account}", s.client("creds"))
-    for role, (purpose, granted_by) in r.node_roles(s.t).items():
-        if not granted & set(granted_by):
-            raise SpecError("gke.node_service_account", f"the nodes' service account {account} lacks {role} on "
-                            f"project {project}, needed for {purpose}: grant it that role (or one that includes it), "
-                            "or name another account", ["an account with " + ", ".join(r.node_roles(s.t))])
-
-
 def _check_kuberay(s: _Session) -> None:
     """Before deploy_raycluster applies anything: the cluster's KubeRay serves every RayCluster field the run sets.
     The API server drops a field its CRD lacks without a word, and without ``authOptions.secretName`` (KubeRay < 1.6)
@@ -621,7 +632,7 @@ def _check_kuberay(s: _Session) -> None:
 
 
 # The checks a stage makes of what is there before it walks its records.
-BEFORE = {"provision": _check_node_identity, "deploy_raycluster": _check_kuberay}
+BEFORE = {"deploy_raycluster": _check_kuberay}  # provision's checks are its preflight
 
 # Plan kind -> the handler that creates (or gets) it: one per kind the plan can list (a test holds them equal).
 HANDLERS = {

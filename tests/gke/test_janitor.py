@@ -1,0 +1,183 @@
+"""`tpupipe janitor` against the emulated project: runs left behind by a pipeline that never tore down (provision and
+deploy ran, then nothing), found by their ledgers (in a local directory or in Cloud Storage) and by the tpupipe-run
+label, deleted through the runs' own teardown; a second sweep finds nothing; a dry run lists and deletes nothing. No
+Ray: the emulated cluster's RayCluster never gets ready, as after a lost driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.platforms import RunContext, ledger
+from components.platforms.gke import janitor
+from components.platforms.store import GcsStore, LocalStore, write_json
+from components.platforms.waiting import DeadlineExceeded
+from components.spec import SpecError
+from components.workload import resolve
+from pipelines import cli
+from tests.gke.conftest import ONE_SLICE, PROJECT
+from tests.gke.test_gke_platform import platform
+
+LEFT = ONE_SLICE + " cluster.ready_timeout_s=1"
+
+
+def _left_behind(project, ctx: RunContext) -> None:
+    """provision and deploy_raycluster, then the pipeline dies: no teardown."""
+    gke = platform()
+    gke.provision(ctx)
+    with pytest.raises(DeadlineExceeded):
+        gke.deploy_raycluster(ctx)
+    assert set(project.leftovers(ctx.run_id)) == {"clusters", "node pools", "kubernetes", "bucket bindings"}
+
+
+def _local(tmp_path, run_id: str) -> RunContext:
+    return RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=LocalStore(tmp_path / run_id),
+                      platform="gke")
+
+
+def _janitor(capsys, *args: str) -> tuple[int, str]:
+    code = cli.main(["janitor", *args])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.fixture
+def hf_token(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+
+
+def test_the_janitor_deletes_everything_runs_left_behind_and_a_second_sweep_finds_nothing(
+        tmp_path, project_factory, capsys, hf_token):
+    project = project_factory(polls_to_done=1)
+    for run_id in ("lost-a", "lost-b"):
+        _left_behind(project, _local(tmp_path, run_id))
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
+    assert code == 0, text
+    assert "2 runs to clean up" in text
+    for run_id in ("lost-a", "lost-b"):
+        assert f"{run_id} (started 0.0 h ago, older than 0.0 h):" in text
+        assert f"deleted projects/{PROJECT}/locations/us-east5-b/clusters/tpupipe-{run_id}" in text
+        assert project.leftovers(run_id) == {}
+        assert ledger.load(LocalStore(tmp_path / run_id))["torn_down"]
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
+    assert code == 0 and "0 runs to clean up; nothing found" in text
+
+
+def test_a_run_whose_teardown_fails_is_reported_and_the_others_are_still_swept(tmp_path, project_factory, capsys,
+                                                                               hf_token):
+    import grpc
+
+    project = project_factory(polls_to_done=1)
+    for run_id in ("stuck", "fine"):
+        _left_behind(project, _local(tmp_path, run_id))
+    project.gke.fail("DeleteCluster", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.delete denied",
+                     when=lambda request: request.name.endswith("tpupipe-stuck"))
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0")
+    assert code == 1
+    assert "stuck (started" in text and "failed: teardown could not remove: cluster or pools:" in text
+    assert "janitor: could not tear down stuck:" in text
+    assert project.clusters("fine") == [] and project.clusters("stuck")
+    assert not ledger.load(LocalStore(tmp_path / "stuck")).get("torn_down")  # the next sweep tries it again
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0")
+    assert code == 0 and project.clusters("stuck") == []
+
+
+def test_a_dry_run_lists_everything_and_deletes_nothing(tmp_path, project_factory, capsys, hf_token):
+    project = project_factory(polls_to_done=1)
+    _left_behind(project, _local(tmp_path, "dry"))
+    before, mutations = project.leftovers("dry"), len(project.mutations())
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0", "--dry-run")
+    assert code == 0, text
+    assert text.startswith("tpupipe janitor --dry-run: 1 run to clean up")
+    for needle in ("would delete node pool dry-s0", "would delete cluster tpupipe-dry",  # the CPU pool goes with it
+                   "would delete iam binding tpupipe-dry", "would delete the Kubernetes objects labelled "
+                   "tpupipe-run=dry"):
+        assert needle in text
+    assert project.leftovers("dry") == before and len(project.mutations()) == mutations
+    assert not ledger.load(LocalStore(tmp_path / "dry")).get("torn_down")
+
+
+def test_a_run_within_its_limit_is_kept_and_a_finished_one_is_collected(tmp_path, project_factory, capsys, hf_token):
+    project = project_factory(polls_to_done=1)
+    _left_behind(project, _local(tmp_path, "young"))
+    _left_behind(project, _local(tmp_path, "done"))
+    write_json(LocalStore(tmp_path / "done"), "summary.json", {"status": "failed"})  # written, yet things remain
+    code, text = _janitor(capsys, "--output-root", str(tmp_path))  # each run's own limit: hours
+    assert code == 0, text
+    assert "done (finished):" in text and "young: kept: running for 0.0 h, within" in text
+    assert project.clusters("done") == [] and project.pools("done") == []
+    assert project.clusters("young") and project.pools("young")
+
+
+def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(tmp_path, project_factory, capsys, hf_token,
+                                                                monkeypatch):
+    from google.cloud import storage
+
+    from components.platforms.credentials import credentials
+
+    project = project_factory(polls_to_done=1)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
+    storage.Client(project=PROJECT, credentials=credentials()).create_bucket("vertex-root", location="us-east5")
+    ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id="in-gcs", store=GcsStore("vertex-root", "runs/in-gcs"),
+                     platform="gke")
+    _left_behind(project, ctx)
+    code, text = _janitor(capsys, "--output-root", "gs://vertex-root/runs", "--older-than", "1s", "--dry-run")
+    assert code == 0 and "in-gcs (" in text and "would delete cluster tpupipe-in-gcs" in text
+    code, text = _janitor(capsys, "--output-root", "gs://vertex-root/runs", "--older-than", "0s")
+    assert code == 0 and project.leftovers("in-gcs") == {}
+    assert ledger.load(GcsStore("vertex-root", "runs/in-gcs"))["torn_down"]
+
+
+def test_a_labelled_cluster_whose_run_left_no_ledger_is_adopted_and_deleted(tmp_path, project_factory, capsys):
+    project = project_factory(polls_to_done=1)
+    parent = f"projects/{PROJECT}/locations/us-east5-b"
+    project.gke.add_cluster(parent, {"name": "tpupipe-ghost", "resourceLabels": {"tpupipe-run": "ghost"},
+                                     "createTime": "2026-01-01T00:00:00Z"})
+    project.gke.add_cluster(parent, {"name": "team", "resourceLabels": {"owner": "someone"},
+                                     "createTime": "2026-01-01T00:00:00Z"})
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT)
+    assert code == 0, text
+    assert "ghost (no ledger; its cluster was created" in text
+    assert list(project.gke.state.clusters) == [f"{parent}/clusters/team"]  # an unlabelled cluster is not touched
+    assert ledger.load(LocalStore(tmp_path / "ghost"))["adopted_by"] == "janitor"
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT)
+    assert "nothing found" in text
+
+
+def test_a_labelled_node_pool_in_a_shared_cluster_without_a_ledger_is_reported_not_guessed(
+        tmp_path, project_factory, capsys):
+    project = project_factory(polls_to_done=1)
+    parent = f"projects/{PROJECT}/locations/us-east5-b"
+    project.gke.add_cluster(parent, {"name": "team", "nodePools": [
+        {"name": "stray-s0", "config": {"resourceLabels": {"tpupipe-run": "stray"}}}]})
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT, "--older-than", "0")
+    assert code == 0
+    assert "stray: kept: node pools stray-s0 carry its label but it left no ledger" in text
+    assert "tpupipe teardown stray --platform gke" in text and project.pools("stray")
+
+
+def test_ages_and_limits():
+    assert janitor.parse_age("6h") == 21600 and janitor.parse_age("90m") == 5400 and janitor.parse_age("0") == 0
+    assert janitor.parse_age("2d") == 172800 and janitor.parse_age("1.5h") == 5400
+    with pytest.raises(SpecError, match="--older-than"):
+        janitor.parse_age("six hours")
+    spec = resolve("local-fsdp", ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 "
+                   "cluster.slice_check_timeout_s=100")
+    assert janitor.limit_s(spec) == 3600 + 600 + 300 + 7200
+
+
+def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, hf_token):
+    """The scheduled form: the janitor pipeline's one task, run by kfp.local in its own process."""
+    import warnings
+
+    from kfp import local
+
+    from pipelines.janitor import janitor_pipeline
+
+    project = project_factory(polls_to_done=1)
+    _left_behind(project, _local(tmp_path / "runs", "swept"))
+    warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
+               raise_on_error=True)
+    janitor_pipeline(project=PROJECT, output_root=str(tmp_path / "runs"), older_than="0s", dry_run=False)
+    assert project.clusters("swept") == [] and project.pools("swept") == [] and project.leftovers("swept") == {}
+    assert ledger.load(LocalStore(tmp_path / "runs" / "swept"))["torn_down"]

@@ -1,0 +1,45 @@
+"""The janitor after a gke run whose pipeline was SIGKILLed during train (driver and every task at once, as a lost
+Vertex worker): nothing tore it down; `tpupipe janitor` finds it by its ledger and deletes everything, the Ray
+cluster's processes included, and a second sweep finds nothing. Needs Ray (the emulated KubeRay runs the
+RayCluster as local raylets)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.conftest import tpupipe_cmd
+from tests.gke.conftest import start_project
+from tests.gke.test_gke_pipeline import _env, _wait_gone, training
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture
+def project(tmp_path):
+    project = start_project(tmp_path, ray=True)
+    yield project
+    project.stop()
+
+
+def test_a_run_sigkilled_during_train_is_swept_by_the_janitor(tmp_path, project):
+    root, run_id = tmp_path / "runs", "gke-killed"
+    proc = training(project, root, run_id)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every task: no teardown runs
+    proc.communicate(timeout=60)
+    left = project.leftovers(run_id)
+    assert {"node pools", "kubernetes", "bucket bindings"} <= set(left), left
+    assert not (root / run_id / "summary.json").exists()
+
+    sweep = subprocess.run([*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
+                           env=_env(project), capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert f"{run_id} (started" in sweep.stdout and "deleted" in sweep.stdout
+    assert _wait_gone(run_id) == []
+    assert project.leftovers(run_id) == {}
+    again = subprocess.run([*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
+                           env=_env(project), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "nothing found" in again.stdout, again.stdout + again.stderr

@@ -1,0 +1,222 @@
+"""Preflight and an existing cluster's features, against the emulated project: the real Service Usage, Resource
+Manager, Compute Engine and GKE clients. Nothing is created before every check passed; what GKE can enable in an
+existing cluster is enabled before any node pool exists, the rest refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.platforms.gke import plan
+from components.platforms.gke.preflight import PreflightFailed
+from components.workload import resolve
+from pipelines import cli
+from tests.gke.conftest import ONE_SLICE, PROJECT
+from tests.gke.test_gke_platform import TWO_SLICES, context, platform
+
+RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"
+PARENT = f"projects/{PROJECT}/locations/us-east5-b"
+
+
+def _preflight(overrides: str, capsys) -> tuple[int, str]:
+    code = cli.main(["preflight", "local-fsdp", "--set", overrides, "--run-id", "pre"])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report_and_exit_2(
+        tmp_path, project_factory, capsys):
+    project = project_factory()
+    project.compute.set_quota(PROJECT, "us-east5", "TPU_V6E_PODSLICE", limit=48, usage=40)
+    project.services.disable("compute.googleapis.com")
+    project.projects.deny("container.clusters.create")
+    code, text = _preflight(TWO_SLICES, capsys)
+    assert code == 2
+    assert "3 problems; nothing was created" in text
+    for needle in ("cluster.capacity: TPU quota TPU_V6E_PODSLICE in us-east5", "the run needs 32 chips, 8 of 48",
+                   "apis: not enabled in project tpupipe-emulated: compute.googleapis.com",
+                   "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create"):
+        assert needle in text
+    with pytest.raises(PreflightFailed) as caught:  # provision's first step is the same check
+        platform().provision(context(tmp_path, "pre", TWO_SLICES))
+    assert len(caught.value.problems) == 3
+    assert project.mutations() == []
+    assert project.leftovers("pre") == {}
+
+
+def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_is_created(
+        tmp_path, project_factory, capsys):
+    project = project_factory()
+    project.projects.deny("storage.buckets.setIamPolicy", "compute.networks.create")
+    code, text = _preflight(RESERVED, capsys)
+    assert code == 2 and "2 problems" in text
+    assert f"cluster.reservation: no reservation team-v6e in zone us-east5-b of project {PROJECT}" in text
+    assert "lacks on project tpupipe-emulated: storage.buckets.setIamPolicy" in text
+    assert "compute.networks.create" not in text  # a one-slice plan creates no network: not asked
+    assert project.mutations() == []
+
+
+def test_a_reservation_too_small_or_for_another_machine_is_a_problem(project_factory, capsys):
+    project = project_factory()
+    project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=4, in_use=4)
+    code, text = _preflight(RESERVED, capsys)
+    assert code == 2 and "reservation team-v6e in us-east5-b has room for 0 of the 1 ct6e-standard-4t VMs" in text
+    project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct5lp-hightpu-4t", count=4)
+    code, text = _preflight(RESERVED, capsys)
+    assert code == 2 and "reservation team-v6e is for ct5lp-hightpu-4t VMs; the slice needs ct6e-standard-4t" in text
+    assert project.mutations() == []
+
+
+def test_preflight_that_passes_says_what_it_found_and_creates_nothing(project_factory, capsys):
+    project = project_factory()
+    project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=4, in_use=1)
+    code, text = _preflight(RESERVED, capsys)
+    assert code == 0, text
+    assert "no problem found; nothing was created" in text
+    assert "reservation team-v6e in us-east5-b: 3 of 4 ct6e-standard-4t free, 1 needed" in text
+    code, text = _preflight(ONE_SLICE, capsys)
+    assert code == 0 and "quota TPU_V6E_PODSLICE in us-east5: 4096 chips free, 4 needed" in text
+    assert project.mutations() == []
+
+
+def test_spot_capacity_is_checked_against_the_preemptible_quota(project_factory, capsys):
+    project = project_factory()
+    project.compute.set_quota(PROJECT, "us-east5", "PREEMPTIBLE_TPU_V6E_PODSLICE", limit=0)
+    code, text = _preflight(ONE_SLICE + " cluster.capacity=spot", capsys)
+    assert code == 2 and "PREEMPTIBLE_TPU_V6E_PODSLICE" in text and "4 chips, 0 of 0 are free (spot)" in text
+
+
+# ---------------------------------------------------------------- an existing cluster (gke.cluster_name)
+
+SHARED = ONE_SLICE + " gke.cluster_name=team"
+
+
+def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True) -> str:
+    return project.gke.add_cluster(PARENT, {
+        "name": "team",
+        "addonsConfig": {"rayOperatorConfig": {"enabled": ray}, "gcsFuseCsiDriverConfig": {"enabled": True},
+                         "httpLoadBalancing": {"disabled": False}},
+        "workloadIdentityConfig": {"workloadPool": f"{PROJECT}.svc.id.goog"},
+        "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH" if dataplane_v2 else "LEGACY_DATAPATH"},
+    })
+
+
+def test_an_existing_cluster_without_the_ray_add_on_gets_it_before_any_node_pool(tmp_path, project_factory, capsys):
+    project = project_factory()
+    name = _team_cluster(project, ray=False)
+    code, text = _preflight(SHARED, capsys)
+    assert code == 0 and "cluster team: has GCS FUSE CSI driver, Workload Identity, Dataplane V2; provision " \
+                         "enables Ray Operator add-on" in text
+    assert project.mutations() == []
+    platform().provision(context(tmp_path, "shared", SHARED))
+    calls = project.gke.state.calls
+    assert calls.count("UpdateCluster") == 1
+    assert calls.index("UpdateCluster") < calls.index("CreateNodePool")
+    cluster = project.gke.state.clusters[name]
+    assert cluster.addons_config.ray_operator_config.enabled
+    assert cluster.addons_config.gcs_fuse_csi_driver_config.enabled  # the other add-ons are kept
+    assert not cluster.addons_config.http_load_balancing.disabled
+    assert sorted(p.rsplit("/", 1)[-1] for p in project.pools("shared")) == ["shared-cpu", "shared-s0"]
+    platform().teardown(context(tmp_path, "shared", SHARED))
+    assert name in project.gke.state.clusters and project.pools("shared") == []  # the cluster and its add-on stay
+    assert cluster.addons_config.ray_operator_config.enabled
+
+
+def test_an_existing_cluster_without_dataplane_v2_is_refused_by_name_before_anything_is_created(
+        tmp_path, project_factory, capsys):
+    project = project_factory()
+    _team_cluster(project, ray=False, dataplane_v2=False)
+    code, text = _preflight(SHARED, capsys)
+    assert code == 2 and "1 problem;" in text
+    assert "gke.cluster_name: cluster team lacks the Dataplane V2: GKE chooses the dataplane when a cluster is " \
+           "created" in text
+    with pytest.raises(PreflightFailed, match="Dataplane V2"):
+        platform().provision(context(tmp_path, "refused", SHARED))
+    assert project.mutations() == [] and project.pools("refused") == []
+
+
+def test_an_existing_cluster_with_another_workload_pool_is_refused_not_changed(tmp_path, project_factory, capsys):
+    project = project_factory()
+    name = project.gke.add_cluster(PARENT, {
+        "name": "team", "addonsConfig": {"rayOperatorConfig": {"enabled": True},
+                                         "gcsFuseCsiDriverConfig": {"enabled": True}},
+        "workloadIdentityConfig": {"workloadPool": "fleet-host.svc.id.goog"},
+        "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH"}})
+    code, text = _preflight(SHARED, capsys)
+    assert code == 2 and "cluster team lacks the Workload Identity: it uses the workload pool fleet-host.svc.id.goog" \
+        in text
+    assert project.gke.state.clusters[name].workload_identity_config.workload_pool == "fleet-host.svc.id.goog"
+    assert project.mutations() == []
+
+
+def test_provision_again_after_a_teardown_checks_again_and_starts_the_clock_again(tmp_path, project_factory):
+    from components.platforms import ledger
+
+    project = project_factory()
+    ctx = context(tmp_path, "again")
+    platform().provision(ctx)
+    first = ledger.load(ctx.store)["started"]
+    platform().provision(ctx)  # resumed: passed preflight already
+    assert project.services.calls.count("BatchGetServices") == 1
+    platform().teardown(ctx)
+    platform().provision(ctx)  # the same run id after its teardown: a new start
+    assert project.services.calls.count("BatchGetServices") == 2
+    assert ledger.load(ctx.store)["started"] > first
+    platform().teardown(ctx)
+
+
+def test_a_cluster_name_that_does_not_exist_is_a_problem(project_factory, capsys):
+    project_factory()
+    code, text = _preflight(SHARED, capsys)
+    assert code == 2 and f"gke.cluster_name: no cluster team in us-east5-b of project {PROJECT}" in text
+
+
+def test_the_plan_states_which_features_are_enabled_in_place_and_which_refused():
+    spec = resolve("llama3-8b-v6e-16x2", f"gke.project={PROJECT} gke.cluster_name=team")
+    (cluster,) = [res for res in plan.resources(spec, "r1") if res.kind == "gke-cluster"]
+    assert cluster.action == "use"
+    for needle in ("Ray Operator add-on (enabled in place when missing, and kept)",
+                   "GCS FUSE CSI driver (enabled in place when missing, and kept)",
+                   "Workload Identity (enabled in place when missing, and kept; refused when the cluster uses "
+                   "another workload pool)",
+                   "Dataplane V2 (refused when missing: GKE chooses the dataplane",
+                   "multi-networking (enabled in place when missing, and kept)"):
+        assert needle in cluster.summary
+    text = plan.render_text(plan.build(spec, "r1"))
+    assert "checked before anything is created" in text and "Dataplane V2 (refused when missing" in text
+
+
+# ---------------------------------------------------------------- the emulators answer as the real APIs do
+
+
+def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
+    from google.api_core import exceptions
+    from google.cloud import container_v1
+
+    from components.platforms.credentials import credentials
+    from components.platforms.gke import preflight, storage
+    from components.platforms.gke.cluster import cluster_manager
+
+    project = project_factory()
+    name = _team_cluster(project, dataplane_v2=False)
+    gke = cluster_manager()
+    two = container_v1.ClusterUpdate(desired_enable_multi_networking=True,
+                                     desired_addons_config={"ray_operator_config": {"enabled": True}})
+    with pytest.raises(exceptions.InvalidArgument, match="one update"):
+        gke.update_cluster(name=name, update=two)
+    with pytest.raises(exceptions.InvalidArgument, match="only be set when a cluster is created"):
+        gke.update_cluster(name=name, update=container_v1.ClusterUpdate(
+            desired_datapath_provider=container_v1.DatapathProvider.ADVANCED_DATAPATH))
+    with pytest.raises(exceptions.FailedPrecondition, match="requires Dataplane V2"):
+        gke.update_cluster(name=name, update=container_v1.ClusterUpdate(desired_enable_multi_networking=True))
+    projects = storage.projects_client()
+    with pytest.raises(exceptions.InvalidArgument, match="not valid"):
+        projects.test_iam_permissions(request={"resource": f"projects/{PROJECT}", "permissions": ["container"]})
+    with pytest.raises(exceptions.PermissionDenied):
+        projects.test_iam_permissions(request={"resource": "projects/someone-else", "permissions": ["a.b.c"]})
+    usage = preflight.service_usage_client(None)
+    with pytest.raises(exceptions.PermissionDenied):
+        usage.batch_get_services(request={"parent": "projects/someone-else",
+                                          "names": ["projects/someone-else/services/compute.googleapis.com"]})
+    with pytest.raises(exceptions.NotFound):
+        preflight.compute_client("ReservationsClient", credentials()).get(project=PROJECT, zone="us-east5-b",
+                                                                          reservation="x")

@@ -1,0 +1,51 @@
+"""Assertions on the compiled janitor pipeline: one task, the sweep, in the same components image as the training
+pipeline, its parameters defaulted for the target and described for the Vertex UI's schedule form."""
+
+import pytest
+import yaml
+
+from pipelines.janitor import janitor_pipeline
+from pipelines.pipeline import Target, compile_pipeline
+
+TARGET = Target(project="my-project", region="us-east5")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compiled") / "janitor.yaml"
+    compile_pipeline(str(path), TARGET, janitor_pipeline)
+    return yaml.safe_load(path.read_text())
+
+
+def test_one_task_that_sweeps_in_the_components_image(compiled):
+    from components.platforms.gke.build import image_tag
+
+    assert compiled["pipelineInfo"]["name"] == "tpupipe-janitor"
+    assert set(compiled["root"]["dag"]["tasks"]) == {"janitor"}
+    (executor,) = compiled["deploymentSpec"]["executors"].values()
+    assert executor["container"]["image"] == f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:" \
+                                             f"{image_tag('pipeline')}"
+    program = " ".join(executor["container"]["command"] + executor["container"].get("args", []))
+    assert "components.platforms.gke.janitor import run_component" in program and "pip install" not in program
+    task = compiled["root"]["dag"]["tasks"]["janitor"]
+    assert task["cachingOptions"] == {}  # caching off: every scheduled sweep looks again
+    outputs = compiled["components"]["comp-janitor"]["outputDefinitions"]["artifacts"]
+    assert outputs["report"]["artifactType"]["schemaTitle"] == "system.Markdown"
+
+
+def test_parameters_are_defaulted_for_the_target_and_described(compiled):
+    params = compiled["root"]["inputDefinitions"]["parameters"]
+    assert set(params) == {"project", "output_root", "older_than", "dry_run"}
+    assert params["project"]["defaultValue"] == "my-project"
+    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/runs"
+    assert params["older_than"]["defaultValue"] == "" and params["dry_run"]["defaultValue"] is False
+    for name, p in params.items():
+        assert len(p.get("description", "")) > 20, name
+
+
+def test_tpupipe_compile_gives_the_janitor_pipeline(tmp_path):
+    from pipelines import cli
+
+    out = tmp_path / "janitor.yaml"
+    assert cli.main(["compile", "--pipeline", "janitor", "--output", str(out), "--project", "my-project"]) == 0
+    assert yaml.safe_load(out.read_text())["pipelineInfo"]["name"] == "tpupipe-janitor"
