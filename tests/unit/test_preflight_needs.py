@@ -58,8 +58,8 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
                  "gke.project=my-proj gke.cluster_name=team cluster.capacity=reservation cluster.reservation=big"]) == 0
     lines = capsys.readouterr().out.splitlines()
     provision = lines[lines.index("provision") + 1:]
-    assert [line.split()[1] for line in provision[:4]] == [
-        "serviceusage.services.batchGet", "resourcemanager.projects.testIamPermissions", "compute.reservations.get",
-        "container.clusters.get"]
-    assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[2]
-    assert provision[4].startswith("  get-or-create storage.buckets.get")  # then what provision creates
+    assert [line.split()[1] for line in provision[:5]] == [
+        "serviceusage.services.batchGet", "resourcemanager.projects.testIamPermissions",
+        "resourcemanager.projects.getIamPolicy", "compute.reservations.get", "container.clusters.get"]
+    assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
+    assert provision[5].startswith("  get-or-create storage.buckets.get")  # then what provision creates
