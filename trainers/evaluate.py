@@ -73,13 +73,15 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.fsdp import detect_backend, parallelize
+    from trainers.fsdp import InjectedFailure, detect_backend, parallelize
     from trainers.model import build_model, load_tokenizer, load_trained
 
     spec = RunSpec.from_json(config["spec"])
     t = spec.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if t.fail_eval:
+        raise InjectedFailure(f"injected failure in evaluation on rank {rank} (train.fail_eval)")
     device_type, _ = detect_backend()
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16

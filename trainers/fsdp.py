@@ -24,7 +24,8 @@ CHECKPOINT_META = "tpupipe_checkpoint.json"
 
 
 class InjectedFailure(RuntimeError):
-    """Raised by ``train.fail_at_step``: a deliberate failure, for tests of the failure path."""
+    """Raised by ``train.fail_at_step`` (training) and ``train.fail_eval`` (evaluation): a deliberate failure, for
+    tests of the failure path."""
 
 
 # ---------------------------------------------------------------- device and backend

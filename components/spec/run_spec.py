@@ -82,6 +82,7 @@ class TrainSpec:
     num_to_keep: int = 1  # checkpoints kept, best by loss
     max_failures: int = 0  # worker-group restarts Ray Train may make
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
+    fail_eval: bool = False  # testing aid: raise inside the (fsdp) evaluation job before it measures anything
     checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
     timeout_s: float = 3600.0  # the train job's deadline
 

@@ -1,0 +1,116 @@
+"""A fault in each stage in turn of `tpupipe run --platform gke` against the emulated project: provision half done
+(a stockout on the second slice's node pool, after the DCN networks, the cluster and the first slice exist), the image
+build failed (Cloud Build ends the build in FAILURE), deploy past its deadline (the RayCluster never gets ready), train
+crashed and evaluate crashed (the real trainer process raises: ``train.fail_at_step``, ``train.fail_eval``), and a
+delete in teardown failing once (DeleteCluster answers UNAVAILABLE, on top of a deploy past its deadline). Each run
+exits 1, its summary names the failing stage and its error, and teardown leaves nothing in any emulator and no process
+of the run.
+
+The faults are injected at the wire (the emulators) or are a real crash of the real trainer; only the train and
+evaluate cases need the Ray-backed emulated cluster (e2e): without Ray, the kube emulator starts no process and the
+RayCluster never gets ready."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import tpupipe_cmd
+from tests.gke.conftest import ONE_SLICE, Project, start_project
+from tests.gke.test_gke_pipeline import BUILT, _env
+from tests.gke.test_gke_platform import DCN_SLICES
+
+# Trains for seconds: 64 examples, one epoch, no slice check (the first job the run submits is the train job).
+TINY = " train.epochs=1 train.num_train_examples=64 train.num_eval_examples=16 cluster.slice_check=false"
+NEVER_READY = ONE_SLICE + " cluster.ready_timeout_s=5"
+
+
+def _nothing(project: Project) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    run_id: str
+    stage: str  # the stage the fault fails
+    error: str  # what that stage's error says
+    sets: str  # the run's spec overrides
+    inject: Callable[[Project], None] = _nothing
+    ray: bool = False  # the emulated cluster runs Ray (the jobs run)
+    after: Callable[[Project, str], None] = lambda project, out: None  # what else the fault must have caused
+
+
+def _stockout_on_the_second_slice(project: Project) -> None:
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s1"))
+
+
+def _half_done(project: Project, out: str) -> None:
+    """The stockout came when the DCN networks, the cluster and the first slice's pool had been created."""
+    assert project.compute.mutations().count("networks.insert") == 2
+    assert [c for c in project.gke.state.calls if c.startswith("Create")] == ["CreateCluster"] + ["CreateNodePool"] * 2
+
+
+def _a_subnet_delete_unavailable_once(project: Project) -> None:
+    project.compute.fail("subnetworks.delete", 503, times=1)
+
+
+def _the_delete_was_retried(project: Project, out: str) -> None:
+    assert project.compute.state.calls.count("subnetworks.delete") == 3  # two subnets, one of them twice
+    assert "delete subnetwork projects/" in out and "ServiceUnavailable" in out and "retrying in" in out
+
+
+FAULTS = [
+    pytest.param(Fault("f-provision", "provision", "no capacity for 2 x 16 v6e chips", DCN_SLICES,
+                       _stockout_on_the_second_slice, after=_half_done), id="provision-half-done"),
+    pytest.param(Fault("f-build", "build_image", "ended FAILURE", BUILT, lambda p: p.cloudbuild.build_fails()),
+                 id="image-build-failed"),
+    pytest.param(Fault("f-deploy", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-deploy",
+                       NEVER_READY), id="deploy-past-its-deadline"),
+    pytest.param(Fault("f-train", "train", "injected failure at step 1 (train.fail_at_step)",
+                       ONE_SLICE + TINY + " train.fail_at_step=1", ray=True),
+                 id="train-crashed", marks=pytest.mark.e2e),
+    pytest.param(Fault("f-eval", "evaluate", "(train.fail_eval)", ONE_SLICE + TINY + " train.fail_eval=true", ray=True),
+                 id="evaluate-crashed", marks=pytest.mark.e2e),
+    pytest.param(Fault("f-teardown", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-teardown",
+                       DCN_SLICES + " cluster.ready_timeout_s=5", _a_subnet_delete_unavailable_once,
+                       after=_the_delete_was_retried),
+                 id="a-delete-in-teardown-fails-once"),
+]
+
+
+def _leftovers(project: Project, run_id: str, timeout_s: float = 60) -> dict[str, list]:
+    """What the run left in any emulator, once the Ray processes of a deleted RayCluster have had time to stop."""
+    deadline = time.monotonic() + timeout_s
+    while (left := project.leftovers(run_id)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(tmp_path, fault):
+    project = start_project(tmp_path, ray=fault.ray, polls_to_done=1)
+    try:
+        fault.inject(project)
+        root = tmp_path / "runs"
+        command = [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", fault.run_id,
+                   "--output-root", str(root), "--set", fault.sets]
+        proc = subprocess.run(command, env=_env(project), capture_output=True, text=True,
+                              timeout=1500 if fault.ray else 600)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-6000:]
+        summary = json.loads((root / fault.run_id / "summary.json").read_text())
+        stages = {s["name"]: s for s in summary["stages"]}
+        assert summary["status"] == "failed" and summary["interrupted"] is None
+        assert [name for name, s in stages.items() if s["status"] == "failed"] == [fault.stage], summary["stages"]
+        assert fault.error in stages[fault.stage]["error"], stages[fault.stage]["error"]
+        assert f"{fault.stage} failed: " in proc.stdout and "status: failed" in proc.stdout
+        assert stages["teardown"]["status"] == "succeeded"
+        assert _leftovers(project, fault.run_id) == {}
+        fault.after(project, out)
+    finally:
+        project.stop()
