@@ -183,14 +183,18 @@ def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_l
 FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
 
 
-def test_a_flex_start_pool_whose_nodes_come_after_the_pods_are_pending_is_ready_and_teardown_leaves_nothing(
-        tmp_path, project_factory, monkeypatch):
+@pytest.mark.parametrize("run_id, overrides", [("flex", FLEX_START),
+                                               ("auto", ONE_SLICE + " gke.cluster_mode=autopilot")])
+def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teardown_leaves_nothing(
+        tmp_path, project_factory, monkeypatch, run_id, overrides):
+    """Flex-start pools and Autopilot start with no TPU nodes: the run waits while the autoscaler makes them."""
     project = project_factory(fault="scale_from_zero")
     project.kube.scale_up_s = 1.5  # the nodes come well after the unschedulable grace
     project.kube.ready_without_ray = True
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.3")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    ctx = context(tmp_path, "flex", FLEX_START + " cluster.ready_timeout_s=30")
+    ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
+    worker = f"{run_id}-tpu-v6e-4-0-0"
     logs = []
     gke = GkePlatform(log=logs.append, poll_s=0.05)
     gke.provision(ctx)
@@ -200,11 +204,11 @@ def test_a_flex_start_pool_whose_nodes_come_after_the_pods_are_pending_is_ready_
     with project.kube.lock:
         reasons = {(e["involvedObject"]["name"], e["reason"]) for (p, _, _), e in project.kube.objects.items()
                    if p == "events"}
-    assert {("flex-tpu-v6e-4-0-0", "FailedScheduling"), ("flex-tpu-v6e-4-0-0", "TriggeredScaleUp")} <= reasons
+    assert {(worker, "FailedScheduling"), (worker, "TriggeredScaleUp")} <= reasons
     assert any(m == "GET" and p == "/api/v1/namespaces/tpupipe/events" for m, p, _ in project.kube.requests)
     kube, _, _ = gke._kube(ctx)  # the events as the API server selects them, through the real client
     listed = kube.core.list_namespaced_event(
-        "tpupipe", field_selector="involvedObject.name=flex-tpu-v6e-4-0-0,involvedObject.kind=Pod")
+        "tpupipe", field_selector=f"involvedObject.name={worker},involvedObject.kind=Pod")
     assert {e.reason for e in listed.items} == {"FailedScheduling", "TriggeredScaleUp"}
     assert [e.source.component for e in kube.core.list_namespaced_event(
         "tpupipe", field_selector="reason=TriggeredScaleUp").items] == ["cluster-autoscaler"]
@@ -213,7 +217,7 @@ def test_a_flex_start_pool_whose_nodes_come_after_the_pods_are_pending_is_ready_
     assert refused.value.status == 400
     assert any("waiting up to 30s (cluster.ready_timeout_s)" in line for line in logs)
     gke.teardown(ctx)
-    assert project.leftovers("flex") == {}
+    assert project.leftovers(run_id) == {}
 
 
 @pytest.mark.parametrize("failure, grace, match", [
