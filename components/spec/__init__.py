@@ -14,6 +14,7 @@ from components.spec.run_spec import (
     GENERATED_DATASET,
     GKE_CLUSTER_MODES,
     MULTISLICE_NETWORKS,
+    READY_LIMITS_S,
     SCRATCH_PREFIX,
     SECTIONS,
     WORKLOADS,
@@ -21,6 +22,7 @@ from components.spec.run_spec import (
     GateSpec,
     GkeSpec,
     MaxTextSpec,
+    ReadyLimits,
     RunSpec,
     TrainSpec,
     all_keys,
@@ -28,11 +30,13 @@ from components.spec.run_spec import (
     from_dict,
     layered,
     parse_overrides,
+    ready_limits,
     validate,
 )
 
 __all__ = [
-    "CAPACITY_TYPES", "CHAMPION", "GENERATED_DATASET", "GKE_CLUSTER_MODES", "MULTISLICE_NETWORKS", "SCRATCH_PREFIX",
-    "SECTIONS", "WORKLOADS", "ClusterSpec", "GateSpec", "GkeSpec", "InfraError", "MaxTextSpec", "RunSpec", "SpecError",
-    "TpupipeError", "TrainSpec", "all_keys", "apply_overrides", "from_dict", "layered", "parse_overrides", "validate",
+    "CAPACITY_TYPES", "CHAMPION", "GENERATED_DATASET", "GKE_CLUSTER_MODES", "MULTISLICE_NETWORKS", "READY_LIMITS_S",
+    "SCRATCH_PREFIX", "SECTIONS", "WORKLOADS", "ClusterSpec", "GateSpec", "GkeSpec", "InfraError", "MaxTextSpec",
+    "ReadyLimits", "RunSpec", "SpecError", "TpupipeError", "TrainSpec", "all_keys", "apply_overrides", "from_dict",
+    "layered", "parse_overrides", "ready_limits", "validate",
 ]

@@ -32,6 +32,36 @@ CHAMPION = "champion"  # the registry's alias of the version in use; train.init_
 MODEL_REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 
 
+# How long deploy_raycluster waits for every worker host when cluster.ready_timeout_s is 0 (the default), and how long
+# a worker pod may stay Unschedulable with no scale-up under way (no TriggeredScaleUp event) before the run fails, by
+# how the TPU nodes come. Seconds: (deadline, unschedulable grace).
+READY_LIMITS_S = {
+    # Standard node pools made with their nodes at provision (fixed size): the pods schedule at once, the wait is the
+    # image pull and Ray's start; a pod left unschedulable means no capacity the pool can give.
+    "on-demand": (180.0, 120.0),
+    "reservation": (180.0, 120.0),
+    "spot": (180.0, 120.0),
+    # Flex-start pools start with 0 nodes and autoscale: the pods sit Unschedulable with a TriggeredScaleUp event while
+    # the nodes come (../shared/reference/platform-facts.md); a flex-start request "persists until capacity becomes
+    # available" (Cloud TPU docs, "Request Cloud TPUs using Flex-start"; GKE docs, "About flex-start provisioning
+    # mode"): minutes, at times far more. An hour before the run gives up; cluster.ready_timeout_s for longer.
+    "flex-start": (3600.0, 120.0),
+    # Autopilot makes the TPU nodes when the pods ask for them (GKE docs, "Deploy TPU workloads in GKE Autopilot"):
+    # Unschedulable with TriggeredScaleUp while a slice's nodes are created, minutes. Combined with the capacity type's
+    # row (the longer of each).
+    "autopilot": (1800.0, 120.0),
+}
+
+
+@dataclass(frozen=True)
+class ReadyLimits:
+    """How long deploy_raycluster waits for every host, and for a pod unschedulable with no scale-up under way."""
+
+    deadline_s: float
+    unschedulable_grace_s: float
+    by: str  # where the deadline comes from, for the plan and the log
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """Where the run trains: the hosts of the Ray cluster."""
@@ -43,7 +73,7 @@ class ClusterSpec:
     cpus_per_host: int = 1  # Ray CPUs each emulated host offers (local platform)
     capacity: str = "on-demand"  # on TPU: on-demand, spot, reservation or flex-start
     reservation: str = ""  # required when capacity=reservation: NAME or projects/P/reservations/NAME
-    ready_timeout_s: float = 180.0  # how long deploy_raycluster waits for every host
+    ready_timeout_s: float = 0.0  # how long deploy_raycluster waits for every host; 0: by the capacity type
     # Pod sizes on GKE (cpus_per_host is also each TPU worker pod's CPU request):
     head_cpus: int = 4
     head_memory_gib: int = 16
@@ -337,7 +367,10 @@ def _check_counts(spec: RunSpec) -> None:
     if c.slice_check_corrupt_rank < -1:
         raise SpecError("cluster.slice_check_corrupt_rank", f"must be -1 (none) or a rank, got "
                         f"{c.slice_check_corrupt_rank}", ["-1", "an integer >= 0"])
-    for key, value in {"cluster.ready_timeout_s": c.ready_timeout_s, "train.timeout_s": t.timeout_s,
+    if not c.ready_timeout_s >= 0:
+        raise SpecError("cluster.ready_timeout_s", f"must be 0 (by the capacity type) or seconds, got "
+                        f"{c.ready_timeout_s}", ["0", "a number of seconds > 0"])
+    for key, value in {"train.timeout_s": t.timeout_s,
                        "cluster.expected_hours": c.expected_hours,
                        "cluster.slice_check_timeout_s": c.slice_check_timeout_s}.items():
         if not value > 0:
@@ -467,6 +500,19 @@ def validate(spec: RunSpec) -> None:
     _check_training(spec)
     _check_gke_fields(spec)
     _check_gate(spec)
+
+
+def ready_limits(spec: RunSpec) -> ReadyLimits:
+    """The readiness deadline and unschedulable grace of ``spec``: ``READY_LIMITS_S`` by cluster.capacity (and
+    Autopilot), the deadline overridden by cluster.ready_timeout_s when it is set."""
+    c = spec.cluster
+    rows = [c.capacity] + (["autopilot"] if spec.gke.cluster_mode == "autopilot" else [])
+    deadline = max(READY_LIMITS_S[row][0] for row in rows)
+    grace = max(READY_LIMITS_S[row][1] for row in rows)
+    if c.ready_timeout_s:
+        return ReadyLimits(c.ready_timeout_s, grace, "cluster.ready_timeout_s")
+    return ReadyLimits(deadline, grace, f"cluster.capacity={c.capacity}"
+                       + (", gke.cluster_mode=autopilot" if "autopilot" in rows else ""))
 
 
 def layered(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] = "") -> RunSpec:

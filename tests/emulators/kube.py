@@ -18,7 +18,17 @@
   ``Authorization`` header removed as the API server does after authenticating the caller; plain requests only (a
   WebSocket upgrade is refused with 400, so the stages' fallback of reading a job's whole log is what runs here).
 
-Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason) and ``image_pull`` (ErrImagePull).
+- core/v1 Events are listed with a ``fieldSelector`` (``involvedObject.kind=Pod,involvedObject.name=...``, the
+  event fields the API server selects on); the emulator records the scheduler's and the cluster autoscaler's events
+  on the worker pods it cannot place.
+
+Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason), ``image_pull`` (ErrImagePull),
+``scale_from_zero`` (the node pool starts with no nodes: the worker pods are Unschedulable with a TriggeredScaleUp
+event for ``scale_up_s`` seconds, then the nodes come and the pods are scheduled as without the fault) and
+``never_scales_up`` (Unschedulable, and the scale-up fails: ``scale_up_failure``, a FailedScaleUp after a
+TriggeredScaleUp and ``scale_up_s``, or a NotTriggerScaleUp at once). With ``ready_without_ray`` and no Ray
+environment, the RayCluster's status turns ready once its pods are scheduled, with no Ray behind it (the service
+proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone.
 """
 
 from __future__ import annotations
@@ -40,7 +50,13 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services"}
+CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
+# The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
+# and the ones every kind has.
+EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+                "reportingComponent", "source", "type"}
+OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
 # RayCluster fields by the KubeRay release that added them (the emulator's own table, from
 # ../shared/reference/platform-facts.md: authOptions.secretName came in v1.6.0).
 FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
@@ -49,6 +65,13 @@ CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
 UNSCHEDULABLE_MESSAGE = "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are " \
                         "available: {n} No preemption victims found for incoming pod."
+# The cluster autoscaler's events on a pod it places by growing a pool (kubernetes/autoscaler FAQ, "What events are
+# emitted by CA?"), the messages in GKE's words.
+TRIGGERED_SCALE_UP = ("TriggeredScaleUp", "pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
+                      "{project}/zones/{zone}/instanceGroups/gke-{pool}-grp 0->{n} (max: {n})}}]")
+OUT_OF_RESOURCES = ("FailedScaleUp", "Node scale up in zones {zone} associated with this pod failed: GCE out of "
+                    "resources. Pod is at risk of not being scheduled.")
+NOT_TRIGGERED = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached")
 
 
 def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
@@ -111,18 +134,52 @@ def _matches(labels: dict, selector: str) -> bool:
     return True
 
 
+def _selectable(plural: str) -> set[str]:
+    return OBJECT_FIELDS | (EVENT_FIELDS if plural == "events" else set())
+
+
+def _terms(selector: str) -> list[tuple[str, str, str]]:
+    """``a.b=v,c!=w`` -> [(field, operator, value)]; ``==`` is ``=``."""
+    out = []
+    for term in filter(None, selector.split(",")):
+        field, op, value = re.match(r"^([^=!]+)(==|!=|=)(.*)$", term).groups()
+        out.append((field, "!=" if op == "!=" else "=", value))
+    return out
+
+
+def _unselectable(plural: str, selector: str) -> str:
+    """The first field of ``selector`` the API server does not select ``plural`` on ('' when none)."""
+    return next((f for f, _, _ in _terms(selector) if f not in _selectable(plural)), "")
+
+
+def _fields_match(obj: dict, selector: str) -> bool:
+    for field, op, value in _terms(selector):
+        node = obj
+        for part in field.split("."):
+            node = node.get(part, "") if isinstance(node, dict) else ""
+        if field == "source" and isinstance(node, dict):
+            node = node.get("component", "")
+        if (str(node) == value) != (op == "="):
+            return False
+    return True
+
+
 class KubeEmulator:
     """The API server and the KubeRay operator. ``start()`` serves on 127.0.0.1; ``stop()`` stops every local
     Ray cluster it started."""
 
     def __init__(self, work_dir: Path, token: str, crd_validator, ray_env=None, fault: str = "",
-                 ready_delay_s: float = 0.0):
+                 ready_delay_s: float = 0.0, scale_up_s: float = 2.0):
         self.work_dir = Path(work_dir)
         self.token = token
         self.crds = crd_validator
         self.ray_env = ray_env  # components.envs.Env of the torch image, for the raylets; None: never start Ray
         self.fault = fault
         self.ready_delay_s = ready_delay_s
+        self.scale_up_s = scale_up_s  # scale_from_zero / never_scales_up: how long the nodes take to come (or fail)
+        self.scale_up_failure = OUT_OF_RESOURCES  # never_scales_up: the autoscaler's event, or NOT_TRIGGERED
+        self.autoscaler_place = {"project": "tpupipe-emulated", "zone": "us-east5-b"}  # in the autoscaler's messages
+        self.ready_without_ray = False  # no Ray environment: the status turns ready once the pods are scheduled
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
@@ -223,9 +280,15 @@ class KubeEmulator:
         key = (plural, namespace, name)
         with self.lock:
             if method == "GET" and not name:
+                fields = query.get("fieldSelector", "")
+                unknown = _unselectable(plural, fields)
+                if unknown:
+                    return 400, _status(400, "BadRequest", f'"{unknown}" is not a known field selector: only '
+                                                           f'"{", ".join(sorted(_selectable(plural)))}"')
                 items = [o for (p, ns, _), o in self.objects.items()
                          if p == plural and (ns == namespace or not namespace)
-                         and _matches(o["metadata"].get("labels", {}), query.get("labelSelector", ""))]
+                         and _matches(o["metadata"].get("labels", {}), query.get("labelSelector", ""))
+                         and _fields_match(o, fields)]
                 return 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
             if method == "GET":
                 if key not in self.objects:
@@ -342,6 +405,12 @@ class KubeEmulator:
                                                        "state": {"waiting": {"reason": "ErrImagePull", "message":
                                                                  f'failed to pull image "{image}": not found'}}}]
             return
+        if self.fault in ("scale_from_zero", "never_scales_up"):
+            return self._scale_from_zero(namespace, obj, pods)
+        self._schedule(namespace, obj, pods)
+
+    def _schedule(self, namespace: str, obj: dict, pods: list[dict]) -> None:
+        """The pods are placed: they start (or cannot, for a Secret they lack), and Ray starts in them."""
         missing = self._missing_secrets(namespace, pods)
         if missing:
             for pod in pods:
@@ -355,6 +424,59 @@ class KubeEmulator:
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
         if self.ray_env is not None:
             threading.Thread(target=self._start_ray, args=(namespace, obj, pods), daemon=True).start()
+        elif self.ready_without_ray:
+            self._mark_ready(namespace, obj["metadata"]["name"], len(pods))
+
+    # ------------------------------------------------------------------ the cluster autoscaler
+    def _event(self, namespace: str, pod: str, reason: str, message: str, component: str) -> None:
+        """A core/v1 Event about pod ``pod``, as the scheduler or the cluster autoscaler records it."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        name = f"{pod}.{secrets.token_hex(8)}"
+        self.objects[("events", namespace, name)] = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace, "uid": secrets.token_hex(8), "creationTimestamp": now},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod},
+            "reason": reason, "message": message, "type": "Normal" if reason == "TriggeredScaleUp" else "Warning",
+            "source": {"component": component}, "reportingComponent": component, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now}
+
+    def _scale_from_zero(self, namespace: str, obj: dict, pods: list[dict]) -> None:
+        """The TPU pool has no nodes: the worker pods are Unschedulable and the autoscaler grows the pool (after
+        ``scale_up_s`` the nodes come and the pods are scheduled), or, for ``never_scales_up``, cannot."""
+        workers = pods[1:]
+        group = obj["spec"]["workerGroupSpecs"][0]["groupName"]
+        triggered = TRIGGERED_SCALE_UP[1].format(pool=group, n=len(workers), **self.autoscaler_place)
+        failure = self.fault == "never_scales_up" and self.scale_up_failure
+        pods[0]["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]  # the head: on the CPU pool
+        for pod in workers:
+            message = UNSCHEDULABLE_MESSAGE.format(n=1)
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": message}]
+            self._event(namespace, pod["metadata"]["name"], "FailedScheduling", message, "default-scheduler")
+            if failure and failure[0] == NOT_TRIGGERED[0]:
+                self._event(namespace, pod["metadata"]["name"], *failure, "cluster-autoscaler")
+            else:
+                self._event(namespace, pod["metadata"]["name"], TRIGGERED_SCALE_UP[0], triggered, "cluster-autoscaler")
+        if failure and failure[0] == NOT_TRIGGERED[0]:
+            return
+        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=(namespace, obj["metadata"]["name"], failure))
+        timer.daemon = True
+        timer.start()
+
+    def _nodes_came(self, namespace: str, name: str, failure) -> None:
+        with self.lock:
+            obj = self.objects.get(("rayclusters", namespace, name))
+            if obj is None:  # deleted while the nodes came
+                return
+            pods = [p for (plural, ns, _), p in self.objects.items() if plural == "pods" and ns == namespace
+                    and p["metadata"]["labels"].get("ray.io/cluster") == name]
+            if failure:
+                for pod in (p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"):
+                    reason, message = failure
+                    self._event(namespace, pod["metadata"]["name"], reason, message.format(**self.autoscaler_place),
+                                "cluster-autoscaler")
+                return
+            self._schedule(namespace, obj, pods)
 
     def _missing_secrets(self, namespace: str, pods: list[dict]) -> str:
         for pod in pods:
@@ -490,6 +612,10 @@ class KubeEmulator:
         else:
             return
         time.sleep(self.ready_delay_s)
+        self._mark_ready(namespace, name, want)
+
+    def _mark_ready(self, namespace: str, name: str, want: int) -> None:
+        """KubeRay's report of a RayCluster whose ``want`` pods (the head and the workers) all run and are ready."""
         with self.lock:
             obj = self.objects.get(("rayclusters", namespace, name))
             if obj is None:

@@ -3,8 +3,11 @@ real google-cloud-container and kubernetes clients, no Ray cluster. Faults are i
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from components.platforms import RunContext
 from components.platforms.gke import cluster as gke_cluster
@@ -15,6 +18,7 @@ from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
+from tests.emulators import kube as kube_emulator
 from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
@@ -176,6 +180,70 @@ def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_l
     assert project.rayclusters("nocap") == [] and project.clusters("nocap") == [] and project.pools("nocap") == []
 
 
+FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
+
+
+@pytest.mark.parametrize("run_id, overrides", [("flex", FLEX_START),
+                                               ("auto", ONE_SLICE + " gke.cluster_mode=autopilot")])
+def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teardown_leaves_nothing(
+        tmp_path, project_factory, monkeypatch, run_id, overrides):
+    """Flex-start pools and Autopilot start with no TPU nodes: the run waits while the autoscaler makes them."""
+    project = project_factory(fault="scale_from_zero")
+    project.kube.scale_up_s = 1.5  # the nodes come well after the unschedulable grace
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.3")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
+    worker = f"{run_id}-tpu-v6e-4-0-0"
+    logs = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    started = time.monotonic()
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
+    assert time.monotonic() - started >= 1.5  # it waited past the grace: the pods were scaling up, not failing
+    with project.kube.lock:
+        reasons = {(e["involvedObject"]["name"], e["reason"]) for (p, _, _), e in project.kube.objects.items()
+                   if p == "events"}
+    assert {(worker, "FailedScheduling"), (worker, "TriggeredScaleUp")} <= reasons
+    assert any(m == "GET" and p == "/api/v1/namespaces/tpupipe/events" for m, p, _ in project.kube.requests)
+    kube, _, _ = gke._kube(ctx)  # the events as the API server selects them, through the real client
+    listed = kube.core.list_namespaced_event(
+        "tpupipe", field_selector=f"involvedObject.name={worker},involvedObject.kind=Pod")
+    assert {e.reason for e in listed.items} == {"FailedScheduling", "TriggeredScaleUp"}
+    assert [e.source.component for e in kube.core.list_namespaced_event(
+        "tpupipe", field_selector="reason=TriggeredScaleUp").items] == ["cluster-autoscaler"]
+    with pytest.raises(ApiException) as refused:
+        kube.core.list_namespaced_event("tpupipe", field_selector="spec.nodeName=n1")
+    assert refused.value.status == 400
+    assert any("waiting up to 30s (cluster.ready_timeout_s)" in line for line in logs)
+    gke.teardown(ctx)
+    assert project.leftovers(run_id) == {}
+
+
+@pytest.mark.parametrize("failure, grace, match", [
+    (kube_emulator.OUT_OF_RESOURCES, "600", "scale-up failed: FailedScaleUp: Node scale up in zones us-east5-b "
+                                            "associated with this pod failed: GCE out of resources"),
+    (kube_emulator.NOT_TRIGGERED, "0.3", "with no scale-up under way; pod noscale-tpu-v6e-4-0-0: NotTriggerScaleUp: "
+                                         "pod didn't trigger scale-up: 1 max node group size reached"),
+])
+def test_a_pool_that_never_scales_up_fails_with_the_autoscalers_reason_and_teardown_leaves_nothing(
+        tmp_path, project_factory, monkeypatch, failure, grace, match):
+    project = project_factory(fault="never_scales_up")
+    project.kube.scale_up_s = 0.5
+    project.kube.scale_up_failure = failure
+    monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", grace)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "noscale", FLEX_START + " cluster.ready_timeout_s=30")
+    gke = platform()
+    gke.provision(ctx)
+    started = time.monotonic()
+    with pytest.raises(gke_kube.RayClusterNotReady, match=match):
+        gke.deploy_raycluster(ctx)
+    assert time.monotonic() - started < 30  # the autoscaler's word, not the deadline
+    gke.teardown(ctx)
+    assert project.leftovers("noscale") == {}
+
+
 def test_image_pull_failure_is_a_clear_error(tmp_path, project_factory, monkeypatch):
     project_factory(fault="image_pull")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
@@ -323,6 +391,65 @@ def test_readiness_state_machine_steps():
         gke_kube.Readiness().step(cluster, [pull], now=0)
     with pytest.raises(gke_kube.RayClusterNotReady, match="gone"):
         gke_kube.Readiness().step(None, [], now=0)
+
+
+def _event(pod, reason, message, at):
+    """A core/v1 Event about ``pod`` as the API server serves it (the autoscaler's records carry seconds)."""
+    return {"metadata": {"name": f"{pod}.{at}"}, "involvedObject": {"kind": "Pod", "name": pod}, "reason": reason,
+            "message": message, "type": "Normal", "lastTimestamp": f"2026-11-30T10:00:{at:02d}Z"}
+
+
+UNSCHED = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                           "message": "0/1 nodes are available: 1 Insufficient google.com/tpu"}]}
+TRIGGERED = "pod triggered scale-up: [{.../instanceGroups/gke-tpu-grp 0->1 (max: 1)}]"
+
+
+def test_readiness_waits_for_a_triggered_scale_up_past_the_grace_then_is_ready():
+    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    cluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
+    pods = [_pod("w0", **UNSCHED)]
+    assert machine.step(cluster, pods, now=0) is None  # no event yet: the grace starts
+    assert machine.unschedulable_since == 0
+    scaling = [_event("w0", "FailedScheduling", "0/1 nodes", 0), _event("w0", "TriggeredScaleUp", TRIGGERED, 1)]
+    assert machine.step(cluster, pods, now=5, events=scaling) is None  # waiting for nodes: not counted
+    assert machine.unschedulable_since is None and "1 waiting for new nodes (TriggeredScaleUp)" in machine.last
+    assert machine.step(cluster, pods, now=600, events=scaling) is None  # far past the grace: still waiting
+    other = [_event("w1", "TriggeredScaleUp", TRIGGERED, 1)]  # another pod's scale-up says nothing of w0
+    assert machine.step(cluster, pods, now=601, events=other) is None and machine.unschedulable_since == 601
+    assert machine.step(cluster, [_pod("w0")], now=620, events=scaling) is None  # the nodes came: scheduled
+    ready = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 1, "state": "ready"}}
+    assert machine.step(ready, [_pod("w0")], now=640) is True
+
+
+def test_readiness_fails_at_once_with_a_failed_scale_up_and_its_reason():
+    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    cluster = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 0, "state": ""}}
+    pods = [_pod("w0", **UNSCHED), _pod("w1", **UNSCHED)]
+    events = [_event("w0", "TriggeredScaleUp", TRIGGERED, 1), _event("w1", "TriggeredScaleUp", TRIGGERED, 1)]
+    assert machine.step(cluster, pods, now=0, events=events) is None
+    failed = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources."
+    events.append(_event("w1", "FailedScaleUp", failed, 40))  # the latest about w1
+    with pytest.raises(gke_kube.RayClusterNotReady, match="pod w1 .*scale-up failed: FailedScaleUp: Node scale up in "
+                                                          "zones us-east5-b .*GCE out of resources"):
+        machine.step(cluster, pods, now=41, events=events)
+    # Triggered again after the failure (the autoscaler retries): the latest event decides.
+    retried = [_event("w0", "FailedScaleUp", failed, 40), _event("w0", "TriggeredScaleUp", TRIGGERED, 50)]
+    assert gke_kube.Readiness().step(cluster, pods[:1], now=51, events=retried) is None
+    same_second = [_event("w0", "TriggeredScaleUp", TRIGGERED, 40), _event("w0", "FailedScaleUp", failed, 40)]
+    with pytest.raises(gke_kube.RayClusterNotReady, match="FailedScaleUp"):
+        gke_kube.Readiness().step(cluster, pods[:1], now=41, events=same_second[::-1])
+
+
+def test_readiness_fails_a_scale_up_not_triggered_after_the_grace_with_its_reason():
+    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    cluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
+    pods = [_pod("w0", **UNSCHED)]
+    events = [_event("w0", "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached", 0)]
+    assert machine.step(cluster, pods, now=0, events=events) is None
+    assert machine.step(cluster, pods, now=29, events=events) is None and "1 unschedulable" in machine.last
+    with pytest.raises(gke_kube.RayClusterNotReady, match="for 30s with no scale-up under way; pod w0: "
+                                                          "NotTriggerScaleUp: pod didn't trigger scale-up: 1 max node"):
+        machine.step(cluster, pods, now=30, events=events)
 
 
 def test_wait_ready_has_a_deadline_with_the_last_status():

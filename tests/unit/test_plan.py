@@ -166,7 +166,7 @@ def test_json_shape(capsys):
     assert main(["plan", "gemma4-e2b-tpu7x-16", "--output", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert list(document) == ["plan_version", "run_id", "preset", "platform", "label", "project", "zone", "region",
-                              "cluster", "slice", "resources", "training", "cost", "warnings", "spec"]
+                              "cluster", "slice", "resources", "readiness", "training", "cost", "warnings", "spec"]
     assert document["label"] == {"tpupipe-run": "gemma4-e2b-tpu7x-16"}
     assert document["slice"]["logical_devices_per_host"] == 8 and document["slice"]["pod_type"] == "v7x-16"
     for resource in document["resources"]:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from components.spec import SpecError, parse_overrides, presets
+from components.spec import CAPACITY_TYPES, READY_LIMITS_S, SpecError, parse_overrides, presets, ready_limits
 from components.spec.names import run_id_from
 from components.workload import resolve
 
@@ -60,6 +60,8 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "epochs", "epochs"),
         ("local-fsdp", "gke.node_service_account=nodes", "gke.node_service_account"),
         ("local-fsdp", "gke.node_service_account=nodes@example.com", "gke.node_service_account"),
+        ("local-fsdp", "cluster.ready_timeout_s=-1", "cluster.ready_timeout_s"),
+        ("local-fsdp", "cluster.ready_timeout_s=nan", "cluster.ready_timeout_s"),
     ],
 )
 def test_bad_input_names_the_field(preset, overrides, field):
@@ -101,3 +103,23 @@ def test_tpu_hosts_need_a_cpu_per_ray_train_worker():
     with pytest.raises(SpecError) as err:
         resolve("gemma4-e2b-v6e-16", "cluster.cpus_per_host=2")
     assert err.value.field == "cluster.cpus_per_host"
+
+
+TPU = "cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4"
+
+
+def test_readiness_deadlines_come_by_capacity_type_and_autopilot_unless_the_spec_sets_one():
+    assert set(READY_LIMITS_S) == {*CAPACITY_TYPES, "autopilot"}
+    on_demand = ready_limits(resolve("local-fsdp", TPU))
+    assert (on_demand.deadline_s, on_demand.unschedulable_grace_s) == READY_LIMITS_S["on-demand"]
+    assert on_demand.by == "cluster.capacity=on-demand"
+    flex = ready_limits(resolve("local-fsdp", TPU + " cluster.capacity=flex-start"))
+    assert flex.deadline_s == READY_LIMITS_S["flex-start"][0] >= 10 * on_demand.deadline_s  # far longer
+    autopilot = ready_limits(resolve("local-fsdp", TPU + " gke.cluster_mode=autopilot"))
+    assert autopilot.deadline_s == READY_LIMITS_S["autopilot"][0] > on_demand.deadline_s
+    assert autopilot.by == "cluster.capacity=on-demand, gke.cluster_mode=autopilot"
+    both = ready_limits(resolve("local-fsdp", TPU + " gke.cluster_mode=autopilot cluster.capacity=flex-start"))
+    assert both.deadline_s == max(READY_LIMITS_S["flex-start"][0], READY_LIMITS_S["autopilot"][0])
+    set_by_hand = ready_limits(resolve("local-fsdp", TPU + " cluster.capacity=flex-start cluster.ready_timeout_s=90"))
+    assert (set_by_hand.deadline_s, set_by_hand.by) == (90, "cluster.ready_timeout_s")
+    assert set_by_hand.unschedulable_grace_s == READY_LIMITS_S["flex-start"][1]

@@ -28,7 +28,7 @@ from typing import Any
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.store import open_store, runs_with
-from components.spec import RunSpec, SpecError, names
+from components.spec import RunSpec, SpecError, names, ready_limits
 
 # The stand-in preset of a run found by its label alone: a multislice run with DCN networks, so teardown's names
 # derived from the run id cover its networks and subnets too.
@@ -53,8 +53,8 @@ def limit_s(spec: RunSpec) -> float:
     """How long the run may take at most: provisioning and the build, the cluster's start, the slice check, the train
     and evaluate jobs (each bounded by its deadline)."""
     c = spec.cluster
-    return (PROVISION_AND_BUILD_S + c.ready_timeout_s + (3 * c.slice_check_timeout_s if c.slice_check else 0)
-            + 2 * spec.train.timeout_s)
+    return (PROVISION_AND_BUILD_S + ready_limits(spec).deadline_s
+            + (3 * c.slice_check_timeout_s if c.slice_check else 0) + 2 * spec.train.timeout_s)
 
 
 @dataclass

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.platforms.gke import features
 from components.platforms.gke import manifests as m
 from components.platforms.gke import resources as r
-from components.spec import RunSpec, SpecError, names
+from components.spec import RunSpec, SpecError, names, ready_limits
 from components.tpu import catalogue, pricing
 from components.workload import derive as d
 
@@ -259,7 +259,11 @@ def _kubernetes_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     out.append(Resource("k8s/Secret", token, "create", "the Ray cluster's token (Ray token authentication on; "
                         "generated at deploy, its value never printed)", labels=names.labels(t.run_id),
                         api="kubernetes apply v1", path=f"namespaces/{t.namespace}/secrets/{token}"))
-    out.append(Resource("k8s/RayCluster", raycluster["metadata"]["name"], "create", _k8s_summary(spec, raycluster),
+    limits = ready_limits(spec)
+    ready = (f"; ready within {limits.deadline_s:.0f}s ({limits.by}), pods unschedulable with no scale-up under way "
+             f"fail it after {limits.unschedulable_grace_s:.0f}s")
+    out.append(Resource("k8s/RayCluster", raycluster["metadata"]["name"], "create",
+                        _k8s_summary(spec, raycluster) + ready,
                         labels=names.labels(t.run_id), body=raycluster,
                         api=f"kubernetes apply {raycluster['apiVersion']}", path=_k8s_path(raycluster)))
     return out
@@ -343,6 +347,7 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
                     "created_by_run": t.owns_cluster},
         "slice": _slice_doc(spec),
         "resources": [res.to_dict() for res in records],
+        "readiness": asdict(ready_limits(spec)),
         "training": _training(spec, t),
         "cost": cost,
         "warnings": _warnings(spec, t, cost),

@@ -33,14 +33,14 @@ from components.platforms import ledger as ledgers
 from components.platforms.gke import features, plan
 from components.platforms.gke import manifests as m
 from components.platforms.gke import resources as r
-from components.spec import InfraError, SpecError, names
+from components.spec import InfraError, SpecError, names, ready_limits
 from components.workload import derive as d
 
 HF_TOKEN_ENV = "HF_TOKEN"
 # With the emulators: the local directory that plays the bucket mounted at /data in every pod (GCS FUSE).
 MOUNT_ROOT_ENV = "TPUPIPE_GKE_MOUNT_ROOT"
+# The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
 UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
-DEFAULT_UNSCHEDULABLE_GRACE_S = 120.0
 
 
 class GkePlatform:
@@ -601,8 +601,11 @@ def _raycluster(s: _Session, res: plan.Resource) -> None:
 
     kube, spec = _kube(s), s.ctx.spec
     kube.apply(res.body)
-    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, DEFAULT_UNSCHEDULABLE_GRACE_S))
-    ready = gke_kube.wait_ready(kube, res.name, spec.cluster.ready_timeout_s, unschedulable_grace_s=grace,
+    limits = ready_limits(spec)
+    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
+    s.platform.log(f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
+                   f"unschedulable with no scale-up under way fail it after {grace:.0f}s")
+    ready = gke_kube.wait_ready(kube, res.name, limits.deadline_s, unschedulable_grace_s=grace,
                                 poll_s=min(s.platform.poll_s, 2.0), log=s.platform.log)
     status = ready.get("status", {})
     s.platform.log(f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "

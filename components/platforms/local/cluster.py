@@ -28,7 +28,7 @@ from components.platforms import ledger as ledgers
 from components.platforms.local import envs
 from components.platforms.store import LocalStore
 from components.platforms.waiting import wait_for
-from components.spec import InfraError, SpecError
+from components.spec import InfraError, SpecError, ready_limits
 from components.workload.derive import trainer_image
 
 RUN_MARKER = "TPUPIPE_RUN_ID"
@@ -318,7 +318,7 @@ class LocalPlatform:
                     "--num-cpus=0", f"--temp-dir={temp_dir / 'head'}",
                     *[f"--{k}={v}" for k, v in head.items()]]
         self._spawn(ctx, ledger, "head", head_cmd, process_env)
-        wait_for(lambda: self._head_up(ctx, ledger), timeout_s=cluster.ready_timeout_s, interval_s=0.5,
+        wait_for(lambda: self._head_up(ctx, ledger), timeout_s=ready_limits(ctx.spec).deadline_s, interval_s=0.5,
                  what="the Ray head's GCS port")
         for index, node_ports in enumerate(ledger["ports"][1:], start=1):
             worker_cmd = [ray, "start", f"--address={ledger['gcs_address']}", *common,
@@ -383,7 +383,7 @@ class LocalPlatform:
             return alive if alive >= want else None
 
         started = time.monotonic()
-        seen = wait_for(alive_nodes, timeout_s=ctx.spec.cluster.ready_timeout_s, interval_s=1.0,
+        seen = wait_for(alive_nodes, timeout_s=ready_limits(ctx.spec).deadline_s, interval_s=1.0,
                         what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
                         progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s")
                         if int(s) % 10 == 0 else None)
