@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from components.platforms.gke.platform import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.cluster import run_processes
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import ONE_SLICE, start_project
@@ -63,10 +64,18 @@ def _files_text(*roots: Path) -> str:
 
 
 def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, project):
+    """A flex-start run, its TPU pool scaled from zero: the worker pod is Unschedulable with a TriggeredScaleUp event
+    for longer than the unschedulable grace, which is waiting for nodes, not a failure; then the whole pipeline."""
     root, run_id = tmp_path / "runs", "gke-e2e"
-    proc = subprocess.run(_command(root, run_id), env=_env(project), capture_output=True, text=True, timeout=1500)
+    project.kube.fault, project.kube.scale_up_s = "scale_from_zero", 8.0
+    env = {**_env(project), UNSCHEDULABLE_GRACE_ENV: "2"}
+    proc = subprocess.run(_command(root, run_id, " cluster.capacity=flex-start"), env=env, capture_output=True,
+                          text=True, timeout=1500)
     run_dir = root / run_id
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    with project.kube.lock:
+        reasons = {o["reason"] for (plural, _, _), o in project.kube.objects.items() if plural == "events"}
+    assert "TriggeredScaleUp" in reasons, "the pool did not scale from zero"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["platform"] == "gke"
     losses = summary["train_losses"]
