@@ -17,7 +17,7 @@ PYTHON312 ?= $(shell \
   for p in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
     if [ -x "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1; then echo "$$p"; exit; fi; done)
 
-.PHONY: help run test test-fast compile-pipeline bench lint envs clean-runs goldens
+.PHONY: help run test test-fast test-e2e compile-pipeline bench lint format envs clean-runs goldens
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -63,8 +63,15 @@ goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of ea
 	    > tests/goldens/$$p/dry-run.txt; \
 	  echo "tests/goldens/$$p"; done
 
-lint: $(VENV)/.installed ## ruff
-	$(BIN)/ruff check components pipelines trainers tests bench
+LINTED := components pipelines trainers tests bench
+
+lint: $(VENV)/.installed ## ruff check (pyproject.toml's rules) and ruff format --check: what CI runs first
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+format: $(VENV)/.installed ## format the tree (ruff format) and apply ruff's safe fixes
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 clean-runs: ## delete local run directories
 	rm -rf runs

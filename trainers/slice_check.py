@@ -201,7 +201,7 @@ class Probe:
                 "num_devices": n}
 
 
-def _FeedForward(w1, w2):  # noqa: N802 - a module class, built where torch is imported
+def _FeedForward(w1, w2):  # a module class, built where torch is imported
     import torch
 
     class FeedForward(torch.nn.Module):

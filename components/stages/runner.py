@@ -387,5 +387,5 @@ def _write_report(ctx: RunContext) -> None:
 
     try:
         report.write(ctx)
-    except Exception as exc:  # the report must never hide the teardown's own outcome
+    except Exception as exc:  # noqa: BLE001 - the report must never hide the teardown's own outcome
         print(f"teardown: could not write the run summary: {exc}", file=sys.stderr)

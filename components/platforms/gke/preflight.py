@@ -185,7 +185,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     for step in (_apis, _permissions, _node_identity, _quota, _reservation, _cluster):
         try:
             step(n, spec, creds, report)
-        except Exception as exc:  # noqa: BLE001 - a check that cannot be made is itself a problem, reported with all
+        except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
             from google.api_core import exceptions as gexc
 
             if not isinstance(exc, gexc.GoogleAPICallError):

@@ -377,7 +377,7 @@ class LocalPlatform:
                 from ray.util.state import list_nodes
 
                 nodes = list_nodes(address=ledger["dashboard_url"], raise_on_missing_output=False)
-            except Exception:  # dashboard still starting
+            except Exception:  # noqa: BLE001 - the dashboard is still starting
                 return None
             alive = sum(1 for n in nodes if n.state == "ALIVE")
             return alive if alive >= want else None
