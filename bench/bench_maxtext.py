@@ -32,8 +32,20 @@ def steady(*runs: list[float]) -> float:
 
 
 def through_tpupipe(root: Path) -> list[float]:
-    proc = subprocess.run([str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", "local-maxtext",
-                           "--run-id", "bench-maxtext", "--output-root", str(root)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tpupipe"),
+            "run",
+            "--preset",
+            "local-maxtext",
+            "--run-id",
+            "bench-maxtext",
+            "--output-root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"tpupipe run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     summary = json.loads((root / "bench-maxtext" / "summary.json").read_text())
@@ -65,8 +77,15 @@ def directly(root: Path, name: str) -> list[float]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([python, __file__, "--worker", str(rank), "2", str(port), str(root / name)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [python, __file__, "--worker", str(rank), "2", str(port), str(root / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     outputs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("direct MaxText run failed:\n" + outputs[0][-3000:] + outputs[1][-3000:])
@@ -83,10 +102,20 @@ def figures() -> list[Figure]:
         steps = through_tpupipe(Path(tmp))
         after = directly(Path(tmp), "direct-after")
     pipeline, direct = steady(steps), steady(before, after)
-    return [Figure("MaxText tokens/s: through tpupipe / MaxText's own entry point", pipeline / direct, "x", ">= 0.9",
-                   {"A_tpupipe_tokens_per_s": round(pipeline), "B_direct_tokens_per_s": round(direct),
-                    "B_before_after_tokens_per_s": [round(steady(before)), round(steady(after))],
-                    "load_average_1m": os.getloadavg()[0]})]
+    return [
+        Figure(
+            "MaxText tokens/s: through tpupipe / MaxText's own entry point",
+            pipeline / direct,
+            "x",
+            ">= 0.9",
+            {
+                "A_tpupipe_tokens_per_s": round(pipeline),
+                "B_direct_tokens_per_s": round(direct),
+                "B_before_after_tokens_per_s": [round(steady(before)), round(steady(after))],
+                "load_average_1m": os.getloadavg()[0],
+            },
+        )
+    ]
 
 
 if __name__ == "__main__":

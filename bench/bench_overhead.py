@@ -40,8 +40,20 @@ STOP_GRACE_S = 16  # as `ray stop`: SIGTERM, then SIGKILL what is left after thi
 
 def by_pipeline(root: Path) -> tuple[float, dict[str, float]]:
     started = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", PRESET,
-                           "--run-id", "bench-overhead", "--output-root", str(root)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tpupipe"),
+            "run",
+            "--preset",
+            PRESET,
+            "--run-id",
+            "bench-overhead",
+            "--output-root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"tpupipe run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -67,21 +79,43 @@ def by_hand(root: Path) -> tuple[float, dict[str, float]]:
     head, out = ports[0], root / "by-hand"
     out.mkdir(parents=True)
     dashboard = f"http://{LOOPBACK}:{head['dashboard-port']}"
-    common = ["--block", f"--node-ip-address={LOOPBACK}", "--disable-usage-stats",
-              f"--object-store-memory={OBJECT_STORE_BYTES}"]
+    common = [
+        "--block",
+        f"--node-ip-address={LOOPBACK}",
+        "--disable-usage-stats",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
+    ]
     steps: dict[str, float] = {}
     nodes: list[subprocess.Popen] = []
 
     def start(args: list[str], name: str) -> None:
         with open(out / f"{name}.out", "w") as log:
-            nodes.append(subprocess.Popen([ray, "start", *common, *args], env=proc_env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            nodes.append(
+                subprocess.Popen(
+                    [ray, "start", *common, *args],
+                    env=proc_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def submit(mode: str, checkpoint: str = "") -> str:
         command = job_command(spec, mode, str(out / "train"), "bench-by-hand", checkpoint)
-        proc = subprocess.run([ray, "job", "submit", f"--address={dashboard}",
-                               f"--runtime-env-json={json.dumps(JOB_RUNTIME_ENV)}", "--", *shlex.split(command)],
-                              env=proc_env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                ray,
+                "job",
+                "submit",
+                f"--address={dashboard}",
+                f"--runtime-env-json={json.dumps(JOB_RUNTIME_ENV)}",
+                "--",
+                *shlex.split(command),
+            ],
+            env=proc_env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0 or "succeeded" not in proc.stdout:
             raise SystemExit(f"ray job submit ({mode}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
         return proc.stdout
@@ -89,13 +123,28 @@ def by_hand(root: Path) -> tuple[float, dict[str, float]]:
     started = time.perf_counter()
     try:
         mark = time.perf_counter()
-        start(["--head", "--num-cpus=0", f"--dashboard-host={LOOPBACK}", "--include-dashboard=true",
-               f"--temp-dir={out / 'head'}", *[f"--{k}={v}" for k, v in head.items()]], "head")
+        start(
+            [
+                "--head",
+                "--num-cpus=0",
+                f"--dashboard-host={LOOPBACK}",
+                "--include-dashboard=true",
+                f"--temp-dir={out / 'head'}",
+                *[f"--{k}={v}" for k, v in head.items()],
+            ],
+            "head",
+        )
         _wait_port(head["port"])
         for index, node_ports in enumerate(ports[1:], start=1):
-            start([f"--address={LOOPBACK}:{head['port']}", f"--num-cpus={spec.cluster.cpus_per_host}",
-                   f"--temp-dir={out / f'host{index}'}", *[f"--{k}={v}" for k, v in node_ports.items()]],
-                  f"host{index}")
+            start(
+                [
+                    f"--address={LOOPBACK}:{head['port']}",
+                    f"--num-cpus={spec.cluster.cpus_per_host}",
+                    f"--temp-dir={out / f'host{index}'}",
+                    *[f"--{k}={v}" for k, v in node_ports.items()],
+                ],
+                f"host{index}",
+            )
         _wait_nodes(dashboard, len(ports))
         steps["cluster up"] = time.perf_counter() - mark
         mark = time.perf_counter()
@@ -141,9 +190,20 @@ def figures() -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
         hand, hand_steps = by_hand(Path(tmp))
         pipeline, stages = by_pipeline(Path(tmp))
-    return [Figure("overhead: tpupipe run / the same work by hand (Ray CLI)", pipeline / hand, "x", TARGET,
-                   {"A_tpupipe_run_s": round(pipeline, 1), "A_stages_s": stages,
-                    "B_by_hand_s": round(hand, 1), "B_steps_s": hand_steps})]
+    return [
+        Figure(
+            "overhead: tpupipe run / the same work by hand (Ray CLI)",
+            pipeline / hand,
+            "x",
+            TARGET,
+            {
+                "A_tpupipe_run_s": round(pipeline, 1),
+                "A_stages_s": stages,
+                "B_by_hand_s": round(hand, 1),
+                "B_steps_s": hand_steps,
+            },
+        )
+    ]
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ CHIPS = {"4x4": 16, "8x8": 64, "16x16": 256}
 
 
 def sets(topology: str, slices: int) -> list[str]:
-    return ["--set", f"cluster.topology={topology} cluster.num_hosts={HOSTS[topology]} "
-                     f"cluster.num_slices={slices} maxtext.ici_fsdp_parallelism=-1"]
+    return [
+        "--set",
+        f"cluster.topology={topology} cluster.num_hosts={HOSTS[topology]} "
+        f"cluster.num_slices={slices} maxtext.ici_fsdp_parallelism=-1",
+    ]
 
 
 def run_cli(argv: list[str]) -> tuple[float, str]:
@@ -48,8 +51,15 @@ def best_of(argv: list[str], repeat: int = 5) -> tuple[float, str]:
 
 
 def manifest_bytes(topology: str, slices: int) -> int:
-    spec = resolve(PRESET, {"cluster.topology": topology, "cluster.num_hosts": str(HOSTS[topology]),
-                            "cluster.num_slices": str(slices), "maxtext.ici_fsdp_parallelism": "-1"})
+    spec = resolve(
+        PRESET,
+        {
+            "cluster.topology": topology,
+            "cluster.num_hosts": str(HOSTS[topology]),
+            "cluster.num_slices": str(slices),
+            "maxtext.ici_fsdp_parallelism": "-1",
+        },
+    )
     return sum(len(text) for text in plan.manifest_files(plan.build(spec, "bench")).values())
 
 
@@ -62,41 +72,69 @@ def figures() -> list[Figure]:
         seconds, text_json = best_of(["plan", PRESET, "--output", "json", *sets("16x16", slices)])
         _, text = run_cli(["plan", PRESET, *sets("16x16", slices)])
         sizes[slices] = (len(text_json), len(text), manifest_bytes("16x16", slices))
-        print(f"  {slices:>6} {slices * 256:>6} {len(text_json):>11} {len(text):>11} {sizes[slices][2]:>15} "
-              f"{seconds:>8.4f}")
+        print(
+            f"  {slices:>6} {slices * 256:>6} {len(text_json):>11} {len(text):>11} {sizes[slices][2]:>15} "
+            f"{seconds:>8.4f}"
+        )
     per_slice = (sizes[64][0] - sizes[2][0]) / 62
     linear = {n: sizes[2][0] + per_slice * (n - 2) for n in sizes if n >= 2}
     worst = max(abs(sizes[n][0] - linear[n]) / sizes[n][0] for n in linear)
-    print(f"  json size(64 slices) / size(1 slice) = {sizes[64][0] / sizes[1][0]:.1f}; slices ratio 64, "
-          f"chips ratio 64; {per_slice:.0f} bytes per added slice; worst deviation from a line "
-          f"(2..64 slices) {worst:.2%}")
-    print(f"  manifest size(64) / size(2) = {sizes[64][2] / sizes[2][2]:.3f} (one worker group, replicas = slices; "
-          f"1 slice has no DCN NICs: {sizes[1][2]} bytes)")
+    print(
+        f"  json size(64 slices) / size(1 slice) = {sizes[64][0] / sizes[1][0]:.1f}; slices ratio 64, "
+        f"chips ratio 64; {per_slice:.0f} bytes per added slice; worst deviation from a line "
+        f"(2..64 slices) {worst:.2%}"
+    )
+    print(
+        f"  manifest size(64) / size(2) = {sizes[64][2] / sizes[2][2]:.3f} (one worker group, replicas = slices; "
+        f"1 slice has no DCN NICs: {sizes[1][2]} bytes)"
+    )
 
     print("B: 64 slices, growing chips per slice")
     by_topology = {}
     for topology in ("4x4", "8x8", "16x16"):
         _, text_json = best_of(["plan", PRESET, "--output", "json", *sets(topology, 64)], repeat=1)
         by_topology[topology] = len(text_json)
-        print(f"  {topology:>6}: {64 * CHIPS[topology]:>6} chips, {64 * HOSTS[topology]:>5} hosts, "
-              f"json {len(text_json)} bytes, manifests {manifest_bytes(topology, 64)} bytes")
+        print(
+            f"  {topology:>6}: {64 * CHIPS[topology]:>6} chips, {64 * HOSTS[topology]:>5} hosts, "
+            f"json {len(text_json)} bytes, manifests {manifest_bytes(topology, 64)} bytes"
+        )
     size_ratio = by_topology["16x16"] / by_topology["4x4"]
     print(f"  json size(16x16) / size(4x4) = {size_ratio:.3f}; chips ratio {CHIPS['16x16'] // CHIPS['4x4']}")
 
     text_s, _ = best_of(["plan", PRESET, *sets("16x16", 64)])
     json_s, _ = best_of(["plan", PRESET, "--output", "json", *sets("16x16", 64)])
-    print(f"time of `tpupipe plan` for 64 x v6e 16x16 (16384 chips, 4096 hosts), in-process, best of 5: "
-          f"text {text_s * 1000:.1f} ms, json {json_s * 1000:.1f} ms (first call, with imports: "
-          f"{first_s * 1000:.1f} ms)")
+    print(
+        f"time of `tpupipe plan` for 64 x v6e 16x16 (16384 chips, 4096 hosts), in-process, best of 5: "
+        f"text {text_s * 1000:.1f} ms, json {json_s * 1000:.1f} ms (first call, with imports: "
+        f"{first_s * 1000:.1f} ms)"
+    )
     slowest = max(text_s, json_s, first_s)
     return [
-        Figure("plan: 64 x v6e 16x16 (16,384 chips), slowest of text/json/first call", slowest * 1000, "ms", "< 1000",
-               {"text_ms": round(text_s * 1000, 1), "json_ms": round(json_s * 1000, 1),
-                "first_call_ms": round(first_s * 1000, 1)}),
-        Figure("plan size: 64 slices of 16x16 / of 4x4 (16x the chips)", size_ratio, "x", "<= 1.1",
-               {"json_bytes": by_topology}),
-        Figure("plan size: 64 slices / 1 slice of 16x16 (linear in slices)", sizes[64][0] / sizes[1][0], "x", None,
-               {"bytes_per_added_slice": round(per_slice), "worst_deviation_from_a_line": round(worst, 4)}),
+        Figure(
+            "plan: 64 x v6e 16x16 (16,384 chips), slowest of text/json/first call",
+            slowest * 1000,
+            "ms",
+            "< 1000",
+            {
+                "text_ms": round(text_s * 1000, 1),
+                "json_ms": round(json_s * 1000, 1),
+                "first_call_ms": round(first_s * 1000, 1),
+            },
+        ),
+        Figure(
+            "plan size: 64 slices of 16x16 / of 4x4 (16x the chips)",
+            size_ratio,
+            "x",
+            "<= 1.1",
+            {"json_bytes": by_topology},
+        ),
+        Figure(
+            "plan size: 64 slices / 1 slice of 16x16 (linear in slices)",
+            sizes[64][0] / sizes[1][0],
+            "x",
+            None,
+            {"bytes_per_added_slice": round(per_slice), "worst_deviation_from_a_line": round(worst, 4)},
+        ),
     ]
 
 

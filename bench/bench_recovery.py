@@ -67,8 +67,14 @@ def timeline(log_text: str) -> list[dict]:
             continue
         seen.add(key)
         if kind == "event" and p.get("event") == "worker_group_started":
-            out.append({"kind": "start", "time": p["time"], "step": p.get("restore_step"),
-                        "launched": p.get("launched", p["time"])})
+            out.append(
+                {
+                    "kind": "start",
+                    "time": p["time"],
+                    "step": p.get("restore_step"),
+                    "launched": p.get("launched", p["time"]),
+                }
+            )
         elif (kind == "event" and p.get("event") == "step") or (kind == "metric" and "step" in p):
             out.append({"kind": "step", "time": p["time"], "step": p["step"]})
     return out
@@ -86,16 +92,20 @@ def recovery(events: list[dict], killed_at: float) -> dict:
     if first is None:
         raise SystemExit("the restarted worker group logged no step")
     last = max(e["step"] for e in lost)
-    return {"recovery_s": first["time"] - killed_at, "steps_repeated": max(0, last - first["step"] + 1),
-            "last_step_before_kill": max(e["step"] for e in lost if e["time"] <= killed_at),
-            "steps_after_kill_by_lost_group": sum(1 for e in lost if e["time"] > killed_at),
-            "first_step_after": first["step"], "restore_step": events[restart]["step"],
-            # where the time went: Ray's restart, up to the new group's train function; the trainer's own start
-            # (MaxText: JAX's runtime, importing MaxText); its setup, restore and first step
-            "train_function_launched_s": events[restart]["launched"] - killed_at,
-            "trainer_started_s": events[restart]["time"] - killed_at,
-            "setup_and_first_step_s": first["time"] - events[restart]["time"],
-            "worker_group_starts": sum(1 for e in events if e["kind"] == "start")}
+    return {
+        "recovery_s": first["time"] - killed_at,
+        "steps_repeated": max(0, last - first["step"] + 1),
+        "last_step_before_kill": max(e["step"] for e in lost if e["time"] <= killed_at),
+        "steps_after_kill_by_lost_group": sum(1 for e in lost if e["time"] > killed_at),
+        "first_step_after": first["step"],
+        "restore_step": events[restart]["step"],
+        # where the time went: Ray's restart, up to the new group's train function; the trainer's own start
+        # (MaxText: JAX's runtime, importing MaxText); its setup, restore and first step
+        "train_function_launched_s": events[restart]["launched"] - killed_at,
+        "trainer_started_s": events[restart]["time"] - killed_at,
+        "setup_and_first_step_s": first["time"] - events[restart]["time"],
+        "worker_group_starts": sum(1 for e in events if e["kind"] == "start"),
+    }
 
 
 def _descendants(pid: int) -> list[int]:
@@ -107,7 +117,7 @@ def _descendants(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -175,8 +185,18 @@ def measure(case: Case, root: Path) -> dict:
     run_dir = root / run_id
     period = checkpoint_period(case)
     out_path = root / f"{run_id}.out"
-    cmd = [str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", case.preset, "--run-id", run_id,
-           "--output-root", str(root), "--set", case.sets]
+    cmd = [
+        str(Path(sys.executable).parent / "tpupipe"),
+        "run",
+        "--preset",
+        case.preset,
+        "--run-id",
+        run_id,
+        "--output-root",
+        str(root),
+        "--set",
+        case.sets,
+    ]
     started = time.monotonic()
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -189,16 +209,26 @@ def measure(case: Case, root: Path) -> dict:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
     if proc.returncode != 0:
-        raise SystemExit(f"{case.preset}: tpupipe run exited {proc.returncode}; its output is {out_path}, its run "
-                         f"directory {run_dir}:\n{out_path.read_text()[-3000:]}")
+        raise SystemExit(
+            f"{case.preset}: tpupipe run exited {proc.returncode}; its output is {out_path}, its run "
+            f"directory {run_dir}:\n{out_path.read_text()[-3000:]}"
+        )
     found = recovery(timeline((run_dir / "logs" / "train.log").read_text()), killed_at)
     summary = json.loads((run_dir / "summary.json").read_text())
     keeper = (run_dir / "logs" / "keeper.out").read_text()
     if summary["status"] != "succeeded" or f"{LOST_HOST} (pid" not in keeper:
         raise SystemExit(f"{case.preset}: status {summary['status']}, keeper: {keeper[-500:]}")
-    detail = {**found, "checkpoint_period": period, "step_seen_at_kill": seen, "load_1m_at_kill": load,
-              "train_seconds": summary["train_seconds"], "run_seconds": time.monotonic() - started,
-              "sets": case.sets, "killed_at": killed_at, "run_dir": str(run_dir)}
+    detail = {
+        **found,
+        "checkpoint_period": period,
+        "step_seen_at_kill": seen,
+        "load_1m_at_kill": load,
+        "train_seconds": summary["train_seconds"],
+        "run_seconds": time.monotonic() - started,
+        "sets": case.sets,
+        "killed_at": killed_at,
+        "run_dir": str(run_dir),
+    }
     (run_dir / "recovery.json").write_text(json.dumps(detail, indent=2))  # with the run, where it is kept
     return detail
 
@@ -208,10 +238,24 @@ def figures() -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="tpupipe-bench-recovery-"))  # kept when a run fails or misses a target
     for case in CASES:
         d = measure(case, root)
-        out.append(Figure(f"recovery: {case.label} ({case.preset}), lost host to first new step",
-                          round(d["recovery_s"], 2), "s", "<= 60", d))
-        out.append(Figure(f"recovery: {case.label} ({case.preset}), steps repeated",
-                          d["steps_repeated"], "steps", f"<= {d['checkpoint_period']}", d))
+        out.append(
+            Figure(
+                f"recovery: {case.label} ({case.preset}), lost host to first new step",
+                round(d["recovery_s"], 2),
+                "s",
+                "<= 60",
+                d,
+            )
+        )
+        out.append(
+            Figure(
+                f"recovery: {case.label} ({case.preset}), steps repeated",
+                d["steps_repeated"],
+                "steps",
+                f"<= {d['checkpoint_period']}",
+                d,
+            )
+        )
     if all(f.holds for f in out):
         shutil.rmtree(root, ignore_errors=True)
     return out

@@ -38,8 +38,15 @@ def figures() -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
         for hosts in HOSTS:
             ready, down = ready_seconds(Path(tmp), hosts)
-            found.append(Figure(f"scale: a ready local cluster of {hosts} emulated hosts", ready, "s", None,
-                                {"hosts": hosts, "ready_s": round(ready, 1), "teardown_s": round(down, 1)}))
+            found.append(
+                Figure(
+                    f"scale: a ready local cluster of {hosts} emulated hosts",
+                    ready,
+                    "s",
+                    None,
+                    {"hosts": hosts, "ready_s": round(ready, 1), "teardown_s": round(down, 1)},
+                )
+            )
     return found
 
 

@@ -47,9 +47,23 @@ def steady(*runs: list[dict]) -> float:
 def through_pipeline(root: Path) -> tuple[list[dict], float]:
     """A: the pipeline's per-epoch rows and the run's wall time."""
     started = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", PRESET, "--set",
-                           OVERRIDES, "--run-id", "bench-trainer", "--output-root", str(root)],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "tpupipe"),
+            "run",
+            "--preset",
+            PRESET,
+            "--set",
+            OVERRIDES,
+            "--run-id",
+            "bench-trainer",
+            "--output-root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"tpupipe run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -65,22 +79,43 @@ def by_hand(root: Path, spec) -> tuple[list[dict], float, int, int]:
     data.write_generated(root / "by-hand", t.num_train_examples, t.num_eval_examples, t.seed)
     processes, threads = spec.num_workers, max(int(c.cpus_per_host), 1)
     python = envs.ensure_env("torch", log=lambda _m: None).python
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-           str(REPO / "bench" / "fsdp_by_hand.py"), "--data-dir", str(root / "by-hand"), "--model-id", t.model_id,
-           "--max-length", str(t.max_length), "--batch-size", str(t.batch_size), "--epochs", str(t.epochs),
-           "--lr", str(t.learning_rate), "--weight-decay", str(t.weight_decay), "--seed", str(t.seed),
-           "--threads", str(threads)]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        str(REPO / "bench" / "fsdp_by_hand.py"),
+        "--data-dir",
+        str(root / "by-hand"),
+        "--model-id",
+        t.model_id,
+        "--max-length",
+        str(t.max_length),
+        "--batch-size",
+        str(t.batch_size),
+        "--epochs",
+        str(t.epochs),
+        "--lr",
+        str(t.learning_rate),
+        "--weight-decay",
+        str(t.weight_decay),
+        "--seed",
+        str(t.seed),
+        "--threads",
+        str(threads),
+    ]
     # The environment of the local platform's Ray workers: their threads (Ray sets OMP_NUM_THREADS to a worker's
     # CPUs) and no autoload of the torch image's torch_tpu (the hosts are CPU).
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
-           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=REPO)
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"torchrun by hand failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line.removeprefix("by-hand ")) for line in proc.stdout.splitlines()
-            if line.startswith("by-hand ")]
+    rows = [
+        json.loads(line.removeprefix("by-hand ")) for line in proc.stdout.splitlines() if line.startswith("by-hand ")
+    ]
     return rows, seconds, processes, threads
 
 
@@ -117,10 +152,16 @@ def figures() -> list[Figure]:
     }
     return [
         Figure("trainer: pipeline train stage / torchrun FSDP2 by hand (tokens/s)", a / b, "x", TARGET, detail),
-        Figure("trainer: pipeline train stage (A)", a, "tokens/s", None,
-               {"epochs": detail["pipeline_epochs_tokens_per_s"]}),
-        Figure("trainer: torchrun FSDP2 by hand (B)", b, "tokens/s", None,
-               {"epochs": detail["by_hand_epochs_tokens_per_s"]}),
+        Figure(
+            "trainer: pipeline train stage (A)", a, "tokens/s", None, {"epochs": detail["pipeline_epochs_tokens_per_s"]}
+        ),
+        Figure(
+            "trainer: torchrun FSDP2 by hand (B)",
+            b,
+            "tokens/s",
+            None,
+            {"epochs": detail["by_hand_epochs_tokens_per_s"]},
+        ),
     ]
 
 

@@ -37,6 +37,8 @@ def table(figures: list[Figure]) -> str:
         holds = {True: "yes", False: "NO", None: "-"}[f.holds]
         rows.append((f.name, value, f.target or "-", holds))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    aligned = [[c.ljust(w) if i in (0, 2) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-               for r in rows]
+    aligned = [
+        [c.ljust(w) if i in (0, 2) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        for r in rows
+    ]
     return "\n".join("  ".join(r) for r in aligned)

@@ -44,8 +44,9 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.model_id)
     files = {"train": f"{args.data_dir}/train.jsonl"}
-    dataset = data.tokenize(data.load_split("generated", "train", files, f"{args.data_dir}/.cache"), tokenizer,
-                            args.max_length)
+    dataset = data.tokenize(
+        data.load_split("generated", "train", files, f"{args.data_dir}/.cache"), tokenizer, args.max_length
+    )
     sampler = DistributedSampler(dataset, shuffle=True)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
@@ -57,8 +58,9 @@ def main() -> None:
     for layer in decoder_layers(model):
         fully_shard(layer.mlp, mesh=mesh)
     fully_shard(model, mesh=mesh, ignored_params=frozen or None)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                                  weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay
+    )
 
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -76,8 +78,11 @@ def main() -> None:
         seconds = time.perf_counter() - started
         tokens = len(loader) * args.batch_size * world * args.max_length
         if rank == 0:
-            print("by-hand " + json.dumps({"epoch": epoch + 1, "loss": loss, "epoch_s": seconds,
-                                           "tokens_per_s": tokens / seconds}), flush=True)
+            print(
+                "by-hand "
+                + json.dumps({"epoch": epoch + 1, "loss": loss, "epoch_s": seconds, "tokens_per_s": tokens / seconds}),
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -124,7 +124,9 @@ def build(config: dict, device, device_type: str, seed: int):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     # build_model takes scratch configs by name: this one is registered for the process only.
     model_configs.SCRATCH_CONFIGS[SCRATCH_NAME] = {
-        "family": "gemma4", "config": {k: v for k, v in config.items() if k != "vocab_size"}}
+        "family": "gemma4",
+        "config": {k: v for k, v in config.items() if k != "vocab_size"},
+    }
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
     model = build_model(f"scratch:{SCRATCH_NAME}", Vocabulary(config["vocab_size"]), seed, dtype)
     params = sum(p.numel() for p in model.parameters())  # unique parameters: the tied embedding once
@@ -133,8 +135,15 @@ def build(config: dict, device, device_type: str, seed: int):
     return model, optimizer, params
 
 
-def measure(tiny: bool = False, batch_size: int | None = None, seq: int | None = None, steps: int | None = None,
-            warmup: int | None = None, peak_tflops: float | None = None, seed: int = 0) -> dict:
+def measure(
+    tiny: bool = False,
+    batch_size: int | None = None,
+    seq: int | None = None,
+    steps: int | None = None,
+    warmup: int | None = None,
+    peak_tflops: float | None = None,
+    seed: int = 0,
+) -> dict:
     """Train ``warmup`` steps, then time ``steps`` more; returns the figures as a dict."""
     import torch
 
@@ -152,8 +161,9 @@ def measure(tiny: bool = False, batch_size: int | None = None, seq: int | None =
     name = torch.cuda.get_device_name(0) if device_type == "cuda" else "cpu"
     model, optimizer, params = build(config, device, device_type, seed)
     generator = torch.Generator().manual_seed(seed)
-    batches = [torch.randint(3, config["vocab_size"], (batch_size, seq), generator=generator).to(device)
-               for _ in range(2)]
+    batches = [
+        torch.randint(3, config["vocab_size"], (batch_size, seq), generator=generator).to(device) for _ in range(2)
+    ]
 
     def sync() -> None:
         if device_type == "cuda":

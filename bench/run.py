@@ -25,14 +25,20 @@ RESULTS = REPO / "bench" / "results.json"
 
 def machine() -> dict:
     meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
-    return {"host": platform.node(), "cpus": os.cpu_count(), "memory_gib": round(int(meminfo[1]) / 2**20, 1),
-            "system": platform.platform(), "python": platform.python_version()}
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(int(meminfo[1]) / 2**20, 1),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     return head + ("+uncommitted changes" if dirty else "")
 
 
@@ -57,10 +63,19 @@ def main(names: list[str]) -> int:
         seconds[name] = round(time.perf_counter() - started, 1)
         print(table(figures), flush=True)
         found += figures
-    RESULTS.write_text(json.dumps({"commit": commit(), "machine": machine(),
-                                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                   "bench_seconds": seconds, "figures": [f.to_dict() for f in found]}, indent=1)
-                       + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "commit": commit(),
+                "machine": machine(),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "bench_seconds": seconds,
+                "figures": [f.to_dict() for f in found],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"\n== every figure (written to {RESULTS.relative_to(REPO)})\n{table(found)}")
     return 1 if any(f.holds is False for f in found) else 0
 

@@ -13,8 +13,9 @@ PIPELINE_IMAGE = "tpupipe-pipeline"
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def provision(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-              project: str, bucket: str) -> str:
+def provision(
+    preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str, project: str, bucket: str
+) -> str:
     """Create the cluster the run trains on (local: a Ray head and N emulated hosts)."""
     from components.stages.runner import run_component
 
@@ -22,8 +23,17 @@ def provision(preset: str, platform: str, overrides: str, run_id: str, job_name:
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def build_image(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-                project: str, bucket: str, cluster: str) -> str:
+def build_image(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    cluster: str,
+) -> str:
     """Build or reuse the trainer image (local: the torch environment, by content hash)."""
     from components.stages.runner import run_component
 
@@ -31,8 +41,17 @@ def build_image(preset: str, platform: str, overrides: str, run_id: str, job_nam
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-                      project: str, bucket: str, image: str) -> str:
+def deploy_raycluster(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    image: str,
+) -> str:
     """Deploy the RayCluster and wait until every host is alive."""
     from components.stages.runner import run_component
 
@@ -40,8 +59,17 @@ def deploy_raycluster(preset: str, platform: str, overrides: str, run_id: str, j
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def check_slice(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-                project: str, bucket: str, raycluster: str) -> str:
+def check_slice(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    raycluster: str,
+) -> str:
     """Check every device of the slice before training (collectives, tensor-parallel parity), as a Ray job."""
     from components.stages.runner import run_component
 
@@ -49,9 +77,19 @@ def check_slice(preset: str, platform: str, overrides: str, run_id: str, job_nam
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def train(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-          project: str, bucket: str, raycluster: str, metrics: dsl.Output[dsl.Metrics],
-          loss_curve: dsl.Output[dsl.HTML]) -> str:
+def train(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    raycluster: str,
+    metrics: dsl.Output[dsl.Metrics],
+    loss_curve: dsl.Output[dsl.HTML],
+) -> str:
     """Submit the trainer as a Ray job, stream its log; its metrics and loss curve as artifacts."""
     from components.stages.runner import run_component
 
@@ -59,9 +97,21 @@ def train(preset: str, platform: str, overrides: str, run_id: str, job_name: str
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-             project: str, bucket: str, source_version: str, train_result: str, metrics: dsl.Output[dsl.Metrics],
-             summary: dsl.Output[dsl.Markdown], model: dsl.Output[dsl.Model]) -> str:
+def evaluate(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    source_version: str,
+    train_result: str,
+    metrics: dsl.Output[dsl.Metrics],
+    summary: dsl.Output[dsl.Markdown],
+    model: dsl.Output[dsl.Model],
+) -> str:
     """Held-out loss and perplexity, untrained vs trained, as a Ray job; the trained model as an artifact."""
     from components.stages.runner import run_component
 
@@ -69,9 +119,20 @@ def evaluate(preset: str, platform: str, overrides: str, run_id: str, job_name: 
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def register(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-             project: str, bucket: str, source_version: str, eval_result: str, metrics: dsl.Output[dsl.Metrics],
-             gate: dsl.Output[dsl.Markdown]) -> str:
+def register(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    source_version: str,
+    eval_result: str,
+    metrics: dsl.Output[dsl.Metrics],
+    gate: dsl.Output[dsl.Markdown],
+) -> str:
     """Register the trained model with its provenance and decide the gate: its output is the decision (promote,
     keep, off), with both held-out figures as Metrics and a Markdown table."""
     from components.stages.runner import run_component
@@ -80,8 +141,17 @@ def register(preset: str, platform: str, overrides: str, run_id: str, job_name: 
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def promote(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-            project: str, bucket: str, decision: str) -> str:
+def promote(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    decision: str,
+) -> str:
     """Make the registered version the champion: it beat the champion on the same held-out examples."""
     from components.stages.runner import run_component
 
@@ -89,8 +159,17 @@ def promote(preset: str, platform: str, overrides: str, run_id: str, job_name: s
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def teardown(preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str,
-             project: str, bucket: str, deleted: dsl.Output[dsl.Markdown]) -> str:
+def teardown(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    deleted: dsl.Output[dsl.Markdown],
+) -> str:
     """Delete everything the run created (found from the run id alone) and write the run summary."""
     from components.stages.runner import run_component
 

@@ -84,8 +84,10 @@ def cmd_compile(args) -> int:
         compile_pipeline(args.output, target, janitor_pipeline)
     else:
         compile_pipeline(args.output, target)
-    print(f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
-          f"project {target.project}, bucket {target.run_bucket})")
+    print(
+        f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
+        f"project {target.project}, bucket {target.run_bucket})"
+    )
     return 0
 
 
@@ -94,9 +96,11 @@ def cmd_publish(args) -> int:
 
     target = _target(args)
     result = publish(target, args.kfp_repository, args.version)
-    print(f"published: template {result.template} ({', '.join(result.tags)}) in {result.host}; tasks run in "
-          f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
-          f"Pipelines > Create run > Select from existing pipelines, repository {args.kfp_repository}.")
+    print(
+        f"published: template {result.template} ({', '.join(result.tags)}) in {result.host}; tasks run in "
+        f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
+        f"Pipelines > Create run > Select from existing pipelines, repository {args.kfp_repository}."
+    )
     return 0
 
 
@@ -198,15 +202,23 @@ def cmd_run(args) -> int:
     pipeline = components.load_component_from_file(pipeline_file)
     local_dir = ctx.store.local()  # the tasks get it absolute: they need not share this process's directory
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"),
-               raise_on_error=False)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"), raise_on_error=False
+    )
     print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
     from pipelines import driver
 
     with driver.Interrupts(ctx, args.output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
-        pipeline(preset=preset, platform=args.platform, overrides=overrides, run_id=ctx.run_id,
-                 output_root=str(local_dir.parent) if local_dir else args.output_root, project="", bucket="",
-                 source_version=source_version())
+        pipeline(
+            preset=preset,
+            platform=args.platform,
+            overrides=overrides,
+            run_id=ctx.run_id,
+            output_root=str(local_dir.parent) if local_dir else args.output_root,
+            project="",
+            bucket="",
+            source_version=source_version(),
+        )
     if interrupted.abandoned:
         return interrupted.exit_abandoned()
     failed = 128 + interrupted.signum if interrupted.signum else 1
@@ -241,8 +253,10 @@ def _teardown(run_id: str, platform_name: str, args) -> int:
     platform = get_platform(ctx.platform)
     result = platform.teardown(ctx)
     deleted = result.get("deleted") or []
-    print(f"tpupipe teardown {ctx.run_id} ({ctx.platform}): "
-          + (f"deleted {', '.join(deleted)}" if deleted else "nothing was left to delete"))
+    print(
+        f"tpupipe teardown {ctx.run_id} ({ctx.platform}): "
+        + (f"deleted {', '.join(deleted)}" if deleted else "nothing was left to delete")
+    )
     left = platform.remaining(ctx)
     if left:
         return _fail(f"still there after teardown: {', '.join(left)}", 1)
@@ -256,12 +270,20 @@ def _dry_run(ctx) -> int:
 
     platform = get_platform(ctx.platform)
     if not hasattr(platform, "dry_run"):
-        return _fail(f"--dry-run: the {ctx.platform} platform has no dry run; it creates only processes on this "
-                     "machine (try --platform gke)")
-    lines = platform.dry_run(ctx, lambda mode: runner.entrypoint(
-        ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""))
-    print(f"tpupipe run {ctx.spec.name} --platform {ctx.platform} --dry-run: the calls run {ctx.run_id} makes, in "
-          "order; nothing is created")
+        return _fail(
+            f"--dry-run: the {ctx.platform} platform has no dry run; it creates only processes on this "
+            "machine (try --platform gke)"
+        )
+    lines = platform.dry_run(
+        ctx,
+        lambda mode: runner.entrypoint(
+            ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""
+        ),
+    )
+    print(
+        f"tpupipe run {ctx.spec.name} --platform {ctx.platform} --dry-run: the calls run {ctx.run_id} makes, in "
+        "order; nothing is created"
+    )
     print("\n".join(lines))
     return 0
 
@@ -271,15 +293,23 @@ def _with_spec_args(p, preset_positional=False):
         p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
     else:
         p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE ...",
+        help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)",
+    )
 
 
 def _with_gke_run_args(p) -> None:
     """PRESET, --set and --run-id: a gke run as `tpupipe plan` and `tpupipe preflight` see it (``_gke_run``)."""
     p.add_argument("preset", help="preset name (`tpupipe presets`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE ...",
+        help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names",
+    )
     p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
 
 
@@ -297,18 +327,28 @@ def _gke_run(args):
 def _with_target_args(p) -> None:
     import os
 
-    p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT", "my-project"),
-                   help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT, else the placeholder my-project)")
-    p.add_argument("--region", default="us-east5", help="the region of the registry and of Vertex AI (default "
-                   "us-east5, where v6e and TPU7x slices are)")
-    p.add_argument("--repository", default="tpupipe", help="the Artifact Registry Docker repository of the "
-                   "components image (default tpupipe)")
+    p.add_argument(
+        "--project",
+        default=os.environ.get("GOOGLE_CLOUD_PROJECT", "my-project"),
+        help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT, else the placeholder my-project)",
+    )
+    p.add_argument(
+        "--region",
+        default="us-east5",
+        help="the region of the registry and of Vertex AI (default us-east5, where v6e and TPU7x slices are)",
+    )
+    p.add_argument(
+        "--repository",
+        default="tpupipe",
+        help="the Artifact Registry Docker repository of the components image (default tpupipe)",
+    )
     p.add_argument("--bucket", default="", help="the bucket of checkpoints and run state (default PROJECT-tpupipe)")
 
 
 def _add_run(sub) -> None:
     p = sub.add_parser(
-        "run", help="run the whole pipeline with kfp.local",
+        "run",
+        help="run the whole pipeline with kfp.local",
         description="Run the whole pipeline with kfp.local: provision, build image, deploy the RayCluster, train, "
         "evaluate, and teardown whatever happens. --platform local (the default) runs it on this machine: a Ray "
         "head and one raylet per emulated host, real Ray Jobs and Ray Train on CPU. --platform gke runs it on "
@@ -325,30 +365,42 @@ def _add_run(sub) -> None:
     p.add_argument("--run-id", default="", help="names every resource of the run (default: preset + time)")
     p.add_argument("--output-root", default="runs", help="where run directories go (default ./runs)")
     p.add_argument("--pipeline-file", default="", help="a compiled pipeline YAML to run (default: compile now)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="gke: print every call the run would make, stage by stage, in order (the plan's records, the "
-                        "job commands, teardown's deletes); needs no credentials and creates nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="gke: print every call the run would make, stage by stage, in order (the plan's records, the "
+        "job commands, teardown's deletes); needs no credentials and creates nothing",
+    )
     p.set_defaults(func=cmd_run)
 
 
 def _add_teardown(sub) -> None:
     p = sub.add_parser(
-        "teardown", help="delete what a run created, by its run id (after a lost or abandoned run)",
+        "teardown",
+        help="delete what a run created, by its run id (after a lost or abandoned run)",
         description="Delete everything a run created, found from its ledger (<output root>/<run id>/ledger.json) and "
         "its labels alone: on the local platform its processes (the Ray head, the hosts, their keeper, anything that "
         "carries the run's marker), on gke its Kubernetes objects, node pools or cluster, bucket binding and Compute "
         "Engine resources. Safe to run again; exits 0 when nothing of the run is left.",
     )
-    p.add_argument("run_id", metavar="RUN_ID", nargs="?", default="",
-                   help="the run's id (the last part of its run directory)")
-    p.add_argument("--orphans", action="store_true",
-                   help="instead of RUN_ID: every local run under the output root whose driver (its `tpupipe run`) is "
-                        "gone while processes of it still run")
+    p.add_argument(
+        "run_id", metavar="RUN_ID", nargs="?", default="", help="the run's id (the last part of its run directory)"
+    )
+    p.add_argument(
+        "--orphans",
+        action="store_true",
+        help="instead of RUN_ID: every local run under the output root whose driver (its `tpupipe run`) is "
+        "gone while processes of it still run",
+    )
     p.add_argument("--platform", default="", help="local or gke (default: as the run's ledger says, else local)")
     p.add_argument("--output-root", default="runs", help="where the run's directory is (default ./runs)")
     p.add_argument("--preset", default="", help="gke, when the run left no ledger: the preset it ran")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...",
-                   help="gke, when the run left no ledger: the overrides it ran with (gke.project=...)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE ...",
+        help="gke, when the run left no ledger: the overrides it ran with (gke.project=...)",
+    )
     p.set_defaults(func=cmd_teardown)
 
 
@@ -365,28 +417,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_teardown(sub)
 
     p = sub.add_parser(
-        "compile", help="compile the pipeline to YAML (what Vertex AI Pipelines runs); offline, no credentials",
+        "compile",
+        help="compile the pipeline to YAML (what Vertex AI Pipelines runs); offline, no credentials",
         description="Compile the pipeline for Vertex AI Pipelines. Every task runs in the components image of this "
         "exact source tree, REGION-docker.pkg.dev/PROJECT/REPOSITORY/pipeline:<hash of its build context> "
         "(`tpupipe publish` builds it), and the run form defaults to a gke run in PROJECT with its state under "
-        "gs://BUCKET/runs. The same tree gives the same bytes.")
+        "gs://BUCKET/runs. The same tree gives the same bytes.",
+    )
     _with_target_args(p)
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
-    p.add_argument("--pipeline", choices=("tpupipe", "janitor"), default="tpupipe",
-                   help="tpupipe (default): the training pipeline; janitor: the sweep of what runs left behind, to "
-                   "schedule beside it")
+    p.add_argument(
+        "--pipeline",
+        choices=("tpupipe", "janitor"),
+        default="tpupipe",
+        help="tpupipe (default): the training pipeline; janitor: the sweep of what runs left behind, to "
+        "schedule beside it",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser(
-        "publish", help="build the components image if missing and upload the pipeline template to Artifact Registry",
+        "publish",
+        help="build the components image if missing and upload the pipeline template to Artifact Registry",
         description="Publish the pipeline for the Vertex AI UI: build the components image of this source tree with "
         "Cloud Build when its tag is missing from Artifact Registry, then upload the compiled template to an "
         "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
-        "Default Credentials with the roles the README lists.")
+        "Default Credentials with the roles the README lists.",
+    )
     _with_target_args(p)
-    p.add_argument("--kfp-repository", default="tpupipe-pipelines",
-                   help="the Artifact Registry KFP repository of the templates (default tpupipe-pipelines; created "
-                   "if missing)")
+    p.add_argument(
+        "--kfp-repository",
+        default="tpupipe-pipelines",
+        help="the Artifact Registry KFP repository of the templates (default tpupipe-pipelines; created if missing)",
+    )
     p.add_argument("--version", default="", help="a version tag for the template, e.g. v1.2 (optional)")
     p.set_defaults(func=cmd_publish)
 
@@ -397,35 +459,58 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
     _with_gke_run_args(p)
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")
-    p.add_argument("--manifests", metavar="DIR", default="",
-                   help="write each Kubernetes object the run would apply to DIR as a YAML file")
-    p.add_argument("--prices", metavar="FILE", default="",
-                   help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)")
+    p.add_argument(
+        "--manifests",
+        metavar="DIR",
+        default="",
+        help="write each Kubernetes object the run would apply to DIR as a YAML file",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        default="",
+        help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)",
+    )
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
-        "preflight", help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
+        "preflight",
+        help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
         description="Before a gke run spends anything: the region's TPU quota for the chips the plan needs, the "
         "reservation (cluster.capacity=reservation) exists and has room, the APIs the plan calls are enabled, the "
         "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
         "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
-        "problem in one report; exits 2 when there is one. provision runs the same checks first.")
+        "problem in one report; exits 2 when there is one. provision runs the same checks first.",
+    )
     _with_gke_run_args(p)
     p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser(
-        "janitor", help="delete what gke runs left behind (finished, or older than their limit)",
+        "janitor",
+        help="delete what gke runs left behind (finished, or older than their limit)",
         description="Find every gke run under the output root by its ledger, and clusters labelled tpupipe-run whose "
         "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
         "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
         "the teardown every run uses. A second sweep finds nothing. `tpupipe compile --pipeline janitor` gives the "
-        "same sweep as a pipeline to schedule.")
-    p.add_argument("--output-root", default="runs", help="where the runs' directories are: gs://BUCKET/runs on Vertex "
-                   "AI, or a local directory (default ./runs)")
-    p.add_argument("--older-than", default="", metavar="AGE",
-                   help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit")
-    p.add_argument("--project", action="append", metavar="PROJECT",
-                   help="also search this project for clusters labelled tpupipe-run (repeatable)")
+        "same sweep as a pipeline to schedule.",
+    )
+    p.add_argument(
+        "--output-root",
+        default="runs",
+        help="where the runs' directories are: gs://BUCKET/runs on Vertex AI, or a local directory (default ./runs)",
+    )
+    p.add_argument(
+        "--older-than",
+        default="",
+        metavar="AGE",
+        help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit",
+    )
+    p.add_argument(
+        "--project",
+        action="append",
+        metavar="PROJECT",
+        help="also search this project for clusters labelled tpupipe-run (repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.set_defaults(func=cmd_janitor)
 

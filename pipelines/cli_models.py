@@ -40,8 +40,10 @@ def cmd_list(args) -> int:
         versions = registry.versions(args.name)
         print(f"{'VERSION':<8} {'ALIASES':<20} {'CREATED':<25} {'EVAL LOSS':<10} {'RUN ID':<40} ARTIFACT")
         for v in versions:
-            print(f"{v.version:<8} {_aliases(v):<20} {v.created:<25} {_text(v.provenance.get('eval_loss_after')):<10} "
-                  f"{_text(v.provenance.get('run_id')):<40} {v.artifact_uri}")
+            print(
+                f"{v.version:<8} {_aliases(v):<20} {v.created:<25} {_text(v.provenance.get('eval_loss_after')):<10} "
+                f"{_text(v.provenance.get('run_id')):<40} {v.artifact_uri}"
+            )
         return 0
     names = registry.models()
     if not names:
@@ -86,8 +88,7 @@ def cmd_promote(args) -> int:
     if before is not None and before.version == version.version:
         print(f"{args.name}: version {version.version} is already the {CHAMPION}")
     else:
-        print(f"{args.name}: {CHAMPION} is now version {version.version} "
-              f"(was {before.version if before else 'none'})")
+        print(f"{args.name}: {CHAMPION} is now version {version.version} (was {before.version if before else 'none'})")
     return 0
 
 
@@ -95,24 +96,32 @@ def cmd_rollback(args) -> int:
     registry = _registry(args)
     before = registry.champion(args.name)
     version = registry.rollback(args.name)
-    print(f"{args.name}: {CHAMPION} moved back to version {version.version} "
-          f"(from {before.version if before else 'none'})")
+    print(
+        f"{args.name}: {CHAMPION} moved back to version {version.version} (from {before.version if before else 'none'})"
+    )
     return 0
 
 
 def _place_args(p) -> None:
     p.add_argument("--output-root", default="", help="the local registry is OUTPUT_ROOT/registry (default ./runs)")
-    p.add_argument("--project", default="", help="Vertex AI Model Registry of this Google Cloud project (default: "
-                   "the local registry)")
+    p.add_argument(
+        "--project",
+        default="",
+        help="Vertex AI Model Registry of this Google Cloud project (default: the local registry)",
+    )
     p.add_argument("--region", default=DEFAULT_REGION, help=f"its region (default {DEFAULT_REGION})")
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("models", help="the model registry: list, show, promote, rollback",
-                       description="The fine-tuned models and their versions: each version's artifact, labels and "
-                       f"provenance; the '{CHAMPION}' alias marks the version in use. The local registry by default "
-                       "(OUTPUT_ROOT/registry), Vertex AI Model Registry with --project.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "models",
+        help="the model registry: list, show, promote, rollback",
+        description="The fine-tuned models and their versions: each version's artifact, labels and "
+        f"provenance; the '{CHAMPION}' alias marks the version in use. The local registry by default "
+        "(OUTPUT_ROOT/registry), Vertex AI Model Registry with --project.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser("list", help="the models, or one model's versions")
     a.add_argument("name", nargs="?", default="", help="a model: list its versions")

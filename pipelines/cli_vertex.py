@@ -35,10 +35,17 @@ def _labels(items: list[str] | None) -> dict[str, str]:
 def _submission(args) -> vertex.Submission:
     project = args.project
     return vertex.Submission(
-        preset=args.preset, overrides=_overrides(args.set), project=project, region=args.region,
+        preset=args.preset,
+        overrides=_overrides(args.set),
+        project=project,
+        region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
-        template=args.template, service_account=args.service_account, network=args.network,
-        labels=_labels(args.label), run_id=args.run_id)
+        template=args.template,
+        service_account=args.service_account,
+        network=args.network,
+        labels=_labels(args.label),
+        run_id=args.run_id,
+    )
 
 
 def _job_args(p, preset: bool = True) -> None:
@@ -46,20 +53,32 @@ def _job_args(p, preset: bool = True) -> None:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE ...", help="override spec fields")
     _place_args(p)
-    p.add_argument("--pipeline-root", default="", help="gs:// path of the pipeline's artifacts (default "
-                   "gs://PROJECT-tpupipe/pipeline-root; always explicit, else the SDK makes a bucket per call)")
-    p.add_argument("--template", default="", help="a compiled pipeline file or its Artifact Registry URL "
-                   "(default: compile this source tree for PROJECT and REGION)")
+    p.add_argument(
+        "--pipeline-root",
+        default="",
+        help="gs:// path of the pipeline's artifacts (default "
+        "gs://PROJECT-tpupipe/pipeline-root; always explicit, else the SDK makes a bucket per call)",
+    )
+    p.add_argument(
+        "--template",
+        default="",
+        help="a compiled pipeline file or its Artifact Registry URL "
+        "(default: compile this source tree for PROJECT and REGION)",
+    )
     p.add_argument("--service-account", default="", help="the service account the pipeline runs as")
-    p.add_argument("--network", default="", help="the VPC network to peer the pipeline with (projects/N/global/"
-                   "networks/NAME)")
+    p.add_argument(
+        "--network", default="", help="the VPC network to peer the pipeline with (projects/N/global/networks/NAME)"
+    )
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label of the job (repeatable)")
     p.add_argument("--run-id", default="", help="names every resource of the run (default: from the job name)")
 
 
 def _place_args(p) -> None:
-    p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT", ""),
-                   help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT)")
+    p.add_argument(
+        "--project",
+        default=os.environ.get("GOOGLE_CLOUD_PROJECT", ""),
+        help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT)",
+    )
     p.add_argument("--region", default="us-east5", help="the Vertex AI region (default us-east5)")
 
 
@@ -77,8 +96,9 @@ def cmd_submit(args) -> int:
 
 def cmd_schedule(args) -> int:
     if args.action == "create":
-        name = vertex.schedule_create(_submission(args), args.name, args.cron, args.max_concurrent, args.start,
-                                      args.end, args.max_runs)
+        name = vertex.schedule_create(
+            _submission(args), args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
+        )
         print(f"schedule {args.name} created: {name} ({args.cron}, at most {args.max_concurrent} at a time)")
         return 0
     vertex.check_place(args.project)
@@ -97,8 +117,10 @@ def cmd_runs(args) -> int:
     vertex.init(args.project, args.region)
     if args.action == "list":
         for job in vertex.runs(args.preset, args.state):
-            print(f"{job['name'].rsplit('/', 1)[-1]:<48} {job.get('state', '').removeprefix('PIPELINE_STATE_'):<10} "
-                  f"{job.get('labels', {}).get('tpupipe-preset', '')}")
+            print(
+                f"{job['name'].rsplit('/', 1)[-1]:<48} {job.get('state', '').removeprefix('PIPELINE_STATE_'):<10} "
+                f"{job.get('labels', {}).get('tpupipe-preset', '')}"
+            )
         return 0
     name = vertex.job_name(args.job, args.project, args.region)
     if args.action == "cancel":
@@ -122,24 +144,35 @@ def _usd(cost: dict) -> str:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("submit", help="submit a run to Vertex AI Pipelines",
-                       description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
-                       "input exits 2 before any call); prints the job and its console URL. --wait follows the "
-                       "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "submit",
+        help="submit a run to Vertex AI Pipelines",
+        description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
+        "input exits 2 before any call); prints the job and its console URL. --wait follows the "
+        "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _job_args(p)
     p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 or 1 with its outcome")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("schedule", help="recurring runs on Vertex AI (create, list, pause, resume, delete)",
-                       description="Schedules of recurring runs (Vertex AI PipelineJobSchedule). Every scheduled run "
-                       "gets its own run id from its job name; at most --max-concurrent run at a time.")
+    p = sub.add_parser(
+        "schedule",
+        help="recurring runs on Vertex AI (create, list, pause, resume, delete)",
+        description="Schedules of recurring runs (Vertex AI PipelineJobSchedule). Every scheduled run "
+        "gets its own run id from its job name; at most --max-concurrent run at a time.",
+    )
     actions = p.add_subparsers(dest="action", required=True)
     c = actions.add_parser("create", help="create a schedule NAME of PRESET on --cron")
     c.add_argument("name", help="the schedule's name")
     _job_args(c)
-    c.add_argument("--cron", required=True, help='when: 5 cron fields, optionally after TZ=ZONE, e.g. '
-                   '"TZ=Europe/Paris 0 3 * * 1" (Mondays at 03:00 in Paris)')
+    c.add_argument(
+        "--cron",
+        required=True,
+        help="when: 5 cron fields, optionally after TZ=ZONE, e.g. "
+        '"TZ=Europe/Paris 0 3 * * 1" (Mondays at 03:00 in Paris)',
+    )
     c.add_argument("--max-concurrent", type=int, default=1, help="runs at a time (default 1)")
     c.add_argument("--start", default="", help="RFC 3339 time of the first possible run (default now)")
     c.add_argument("--end", default="", help="RFC 3339 time after which no run starts (default never)")
@@ -159,8 +192,10 @@ def add_commands(sub) -> None:
     a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
     _place_args(a)
     a.set_defaults(func=cmd_runs)
-    for action, text in (("show", "a run's stages, figures and console URL"),
-                         ("cancel", "cancel a run (teardown still runs) and wait for its end")):
+    for action, text in (
+        ("show", "a run's stages, figures and console URL"),
+        ("cancel", "cancel a run (teardown still runs) and wait for its end"),
+    ):
         a = actions.add_parser(action, help=text)
         a.add_argument("job", help="the job id or resource name")
         _place_args(a)

@@ -130,9 +130,11 @@ class Interrupts:
         if stage == "teardown":
             self.count = 2  # it came during teardown: the next one abandons it
             return self._say_teardown_runs(signum, stage)
-        self.say(f"{interrupts.signal_name(signum)} during {stage}: stopping it, then tearing down run "
-                 f"{self.ctx.run_id} (teardown runs to the end; interrupt again to see what stopping it would leave "
-                 "behind)")
+        self.say(
+            f"{interrupts.signal_name(signum)} during {stage}: stopping it, then tearing down run "
+            f"{self.ctx.run_id} (teardown runs to the end; interrupt again to see what stopping it would leave "
+            "behind)"
+        )
         for pid, running in running_stages(os.getpid()):
             if running != "teardown":
                 _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
@@ -155,14 +157,18 @@ class Interrupts:
                 _signal(pid, signal.SIGKILL)
 
     def _say_teardown_runs(self, signum: int, stage: str) -> None:
-        self.say(f"{interrupts.signal_name(signum)}: teardown of run {self.ctx.run_id} is running"
-                 + (f" (after {stage} stops)" if stage != "teardown" else "")
-                 + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}")
+        self.say(
+            f"{interrupts.signal_name(signum)}: teardown of run {self.ctx.run_id} is running"
+            + (f" (after {stage} stops)" if stage != "teardown" else "")
+            + f"; interrupt again to abandon it, leaving behind: {self.left_behind()}"
+        )
 
     def exit_abandoned(self) -> int:
         """Say what is left and how to finish; the exit status."""
-        self.say(f"teardown abandoned; left behind: {self.left_behind()}\n"
-                 f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}")
+        self.say(
+            f"teardown abandoned; left behind: {self.left_behind()}\n"
+            f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}"
+        )
         return 128 + (self.signum or signal.SIGINT)
 
 

@@ -18,8 +18,11 @@ def janitor(output_root: str, project: str, older_than: str, dry_run: bool, repo
     return run_component(output_root, project, older_than, dry_run, report.path)
 
 
-@dsl.pipeline(name=PIPELINE_NAME, description="Delete what gke runs left behind: runs that are finished or older than "
-              "their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.")
+@dsl.pipeline(
+    name=PIPELINE_NAME,
+    description="Delete what gke runs left behind: runs that are finished or older than "
+    "their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.",
+)
 def janitor_pipeline(project: str = "", output_root: str = "", older_than: str = "", dry_run: bool = False):
     """Sweep what gke runs left behind.
 
@@ -30,5 +33,6 @@ def janitor_pipeline(project: str = "", output_root: str = "", older_than: str =
         older_than: Collect a run older than this (6h, 90m, 2d); empty: each run's own limit, from its spec.
         dry_run: List what would be deleted and delete nothing.
     """
-    janitor(output_root=output_root, project=project, older_than=older_than, dry_run=dry_run) \
-        .set_display_name("janitor").set_caching_options(False)
+    janitor(output_root=output_root, project=project, older_than=older_than, dry_run=dry_run).set_display_name(
+        "janitor"
+    ).set_caching_options(False)

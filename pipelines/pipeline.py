@@ -45,8 +45,16 @@ def tpupipe_pipeline(
         output_root: Where run directories go: gs://BUCKET/runs on Vertex AI, or a local directory.
         source_version: The tpupipe source (git commit) this pipeline was compiled from, recorded with the model.
     """
-    common = dict(preset=preset, platform=platform, overrides=overrides, run_id=run_id,
-                  job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, output_root=output_root, project=project, bucket=bucket)
+    common = dict(
+        preset=preset,
+        platform=platform,
+        overrides=overrides,
+        run_id=run_id,
+        job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        output_root=output_root,
+        project=project,
+        bucket=bucket,
+    )
     cleanup = c.teardown(**common).set_display_name("teardown")
     with dsl.ExitHandler(cleanup, name="run"):
         cluster = c.provision(**common)
@@ -85,8 +93,13 @@ class Target:
 def source_version(root: Path | None = None) -> str:
     """The git commit of the source tree, or '' outside a checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or Path(__file__).resolve().parents[1],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root or Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -112,8 +125,12 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> 
     image = target.image(image_tag(PIPELINE_IMAGE))
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = image
-    defaults = {"project": target.project, "bucket": target.run_bucket,
-                "output_root": f"gs://{target.run_bucket}/runs", "source_version": source_version()}
+    defaults = {
+        "project": target.project,
+        "bucket": target.run_bucket,
+        "output_root": f"gs://{target.run_bucket}/runs",
+        "source_version": source_version(),
+    }
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     for name, value in defaults.items():
         if name in parameters:

@@ -37,8 +37,12 @@ def build_body(target: Target, image: str, tag: str) -> dict:
     """The Cloud Build of the components image: ``images/pipeline/Dockerfile`` over the uploaded context."""
     return {
         "source": {"storageSource": {"bucket": target.run_bucket, "object": f"build/{PIPELINE_IMAGE}-{tag}.tar.gz"}},
-        "steps": [{"name": "gcr.io/cloud-builders/docker",
-                   "args": ["build", "--file", f"images/{PIPELINE_IMAGE}/Dockerfile", "--tag", image, "."]}],
+        "steps": [
+            {
+                "name": "gcr.io/cloud-builders/docker",
+                "args": ["build", "--file", f"images/{PIPELINE_IMAGE}/Dockerfile", "--tag", image, "."],
+            }
+        ],
         "images": [image],
         "tags": ["tpupipe", f"tpupipe-{PIPELINE_IMAGE}-{tag}"],
         "timeout": f"{BUILD_TIMEOUT_S}s",
@@ -62,8 +66,12 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
         storage = gke_storage.Storage(gke_storage.storage_client(target.project, creds), log=log)
         storage.ensure_bucket(target.run_bucket, target.region)
         body = build_body(target, image, tag)
-        storage.upload(target.run_bucket, body["source"]["storageSource"]["object"],
-                       gke_build.build_context(PIPELINE_IMAGE), content_type="application/gzip")
+        storage.upload(
+            target.run_bucket,
+            body["source"]["storageSource"]["object"],
+            gke_build.build_context(PIPELINE_IMAGE),
+            content_type="application/gzip",
+        )
         builder = gke_build.CloudBuild(gke_build.client(creds), target.project, target.region, log=log)
         builder.ensure(body, body["tags"][1], lambda kind, name: None, timeout_s=BUILD_TIMEOUT_S + 600)
     else:

@@ -19,9 +19,13 @@ from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import SpecError
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
-STATES = {"succeeded": "PIPELINE_STATE_SUCCEEDED", "failed": "PIPELINE_STATE_FAILED",
-          "cancelled": "PIPELINE_STATE_CANCELLED", "running": "PIPELINE_STATE_RUNNING",
-          "pending": "PIPELINE_STATE_PENDING"}
+STATES = {
+    "succeeded": "PIPELINE_STATE_SUCCEEDED",
+    "failed": "PIPELINE_STATE_FAILED",
+    "cancelled": "PIPELINE_STATE_CANCELLED",
+    "running": "PIPELINE_STATE_RUNNING",
+    "pending": "PIPELINE_STATE_PENDING",
+}
 CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+){4})$")
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
@@ -65,11 +69,17 @@ def check(sub: Submission, scheduled: bool = False) -> None:
             raise SpecError("--label", f"{key}={value!r}: keys and values are lowercase letters, digits, '_', '-'")
     spec = resolve(sub.preset, sub.overrides)
     if scheduled and sub.run_id:
-        raise SpecError("run_id", "a schedule starts many runs: each gets its own run id from its job name; a fixed "
-                                  "run id would make every run share (and delete) the same resources", [""])
+        raise SpecError(
+            "run_id",
+            "a schedule starts many runs: each gets its own run id from its job name; a fixed "
+            "run id would make every run share (and delete) the same resources",
+            [""],
+        )
     if spec.cluster.accelerator == "cpu":
-        raise SpecError("preset", f"{sub.preset} emulates cpu hosts on the local platform; Vertex AI runs the gke "
-                                  "platform's TPU presets")
+        raise SpecError(
+            "preset",
+            f"{sub.preset} emulates cpu hosts on the local platform; Vertex AI runs the gke platform's TPU presets",
+        )
 
 
 def init(project: str, region: str) -> None:
@@ -97,9 +107,14 @@ def _job(sub: Submission, job_id: str = ""):
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
     if sub.run_id:
         parameters["run_id"] = sub.run_id
-    return aiplatform.PipelineJob(display_name=f"tpupipe-{sub.preset}", template_path=_template(sub),
-                                  job_id=job_id or None, pipeline_root=sub.pipeline_root,
-                                  parameter_values=parameters, labels={"tpupipe-preset": sub.preset, **sub.labels})
+    return aiplatform.PipelineJob(
+        display_name=f"tpupipe-{sub.preset}",
+        template_path=_template(sub),
+        job_id=job_id or None,
+        pipeline_root=sub.pipeline_root,
+        parameter_values=parameters,
+        labels={"tpupipe-preset": sub.preset, **sub.labels},
+    )
 
 
 def console_url(name: str) -> str:
@@ -163,8 +178,9 @@ def check_cron(cron: str) -> None:
             raise SpecError("--cron", f"field {text!r} of {cron!r} is out of range {low}-{high}")
 
 
-def schedule_create(sub: Submission, name: str, cron: str, max_concurrent: int = 1, start: str = "", end: str = "",
-                    max_runs: int = 0) -> str:
+def schedule_create(
+    sub: Submission, name: str, cron: str, max_concurrent: int = 1, start: str = "", end: str = "", max_runs: int = 0
+) -> str:
     from google.cloud import aiplatform
 
     check(sub, scheduled=True)
@@ -177,9 +193,15 @@ def schedule_create(sub: Submission, name: str, cron: str, max_concurrent: int =
     if _schedule(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
     schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub), display_name=name)
-    schedule.create(cron=cron, max_concurrent_run_count=max_concurrent, start_time=start or None,
-                    end_time=end or None, max_run_count=max_runs or None,
-                    service_account=sub.service_account or None, network=sub.network or None)
+    schedule.create(
+        cron=cron,
+        max_concurrent_run_count=max_concurrent,
+        start_time=start or None,
+        end_time=end or None,
+        max_run_count=max_runs or None,
+        service_account=sub.service_account or None,
+        network=sub.network or None,
+    )
     return schedule.resource_name
 
 
@@ -212,8 +234,12 @@ def runs(preset: str = "", state: str = "") -> list[dict]:
     if state and state not in STATES:
         raise SpecError("--state", f"unknown state {state!r}", list(STATES))
     jobs = [j.to_dict() for j in aiplatform.PipelineJob.list()]
-    return [j for j in jobs if (not preset or j.get("labels", {}).get("tpupipe-preset") == preset)
-            and (not state or j.get("state") == STATES[state])]
+    return [
+        j
+        for j in jobs
+        if (not preset or j.get("labels", {}).get("tpupipe-preset") == preset)
+        and (not state or j.get("state") == STATES[state])
+    ]
 
 
 def job_name(job: str, project: str, region: str) -> str:
@@ -232,9 +258,15 @@ def show(name: str) -> dict:
             for artifact in output.get("artifacts", []):
                 if artifact.get("schemaTitle") == "system.Metrics":
                     metrics.update(artifact.get("metadata", {}))
-    return {"name": job["name"], "state": job.get("state"), "preset": job.get("labels", {}).get("tpupipe-preset"),
-            "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
-            "metrics": metrics, "cost": cost_so_far(job), "console": console_url(job["name"])}
+    return {
+        "name": job["name"],
+        "state": job.get("state"),
+        "preset": job.get("labels", {}).get("tpupipe-preset"),
+        "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
+        "metrics": metrics,
+        "cost": cost_so_far(job),
+        "console": console_url(job["name"]),
+    }
 
 
 def cost_so_far(job: dict) -> dict:

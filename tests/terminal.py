@@ -16,17 +16,25 @@ from pathlib import Path
 
 # Runs in the new session before the command: take the pty as the controlling terminal (its process group becomes
 # the foreground one), put SIGINT back to its default, then become the command.
-_AS_FOREGROUND_JOB = ("import fcntl, os, signal, sys, termios\n"
-                      "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
-                      "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
-                      "os.execvp(sys.argv[1], sys.argv[1:])\n")
+_AS_FOREGROUND_JOB = (
+    "import fcntl, os, signal, sys, termios\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 class Terminal:
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None):
         master, slave = pty.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-c", _AS_FOREGROUND_JOB, *cmd], stdin=slave, stdout=slave,
-                                     stderr=slave, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _AS_FOREGROUND_JOB, *cmd],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+        )
         os.close(slave)
         self._master = master
         self._out = bytearray()

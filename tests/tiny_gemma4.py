@@ -18,16 +18,35 @@ def build(directory: str) -> str:
     from trainers.model import char_tokenizer
 
     tokenizer = char_tokenizer()
-    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
-    text = transformers.Gemma4TextConfig(vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer),
-                                         **ids, **SCRATCH_CONFIGS["gemma4-tiny"]["config"])
-    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
-    audio = transformers.Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                           subsampling_conv_channels=[8, 4], output_proj_dims=32)
-    config = transformers.Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                       audio_config=audio.to_dict(), **ids)
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    text = transformers.Gemma4TextConfig(
+        vocab_size=len(tokenizer),
+        vocab_size_per_layer_input=len(tokenizer),
+        **ids,
+        **SCRATCH_CONFIGS["gemma4-tiny"]["config"],
+    )
+    vision = transformers.Gemma4VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    audio = transformers.Gemma4AudioConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[8, 4],
+        output_proj_dims=32,
+    )
+    config = transformers.Gemma4Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=audio.to_dict(), **ids
+    )
     torch.manual_seed(0)
     model = transformers.Gemma4ForConditionalGeneration(config)
     assert model.model.vision_tower is not None and model.model.audio_tower is not None

@@ -30,9 +30,9 @@ def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, 
     num_batches = math.ceil(math.ceil(len(ds) / world) / batch_size)
     batches = []
     for b in range(num_batches):
-        chunk = indices[b * batch_size:(b + 1) * batch_size]
+        chunk = indices[b * batch_size : (b + 1) * batch_size]
         rows = ds[chunk + [0] * (batch_size - len(chunk))]
-        rows["labels"][len(chunk):] = -100
+        rows["labels"][len(chunk) :] = -100
         batches.append(rows)
     return batches
 
@@ -50,7 +50,9 @@ def heldout_sums(model, batches, device):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             targets = batch["labels"][:, 1:]
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100,
+                logits[:, :-1].float().reshape(-1, logits.size(-1)),
+                targets.reshape(-1),
+                ignore_index=-100,
                 reduction="sum",
             )
             sums += torch.stack([loss, (targets != -100).sum().float()])
@@ -113,8 +115,15 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
 
-def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Path, run_name: str, init_from: str = "",
-        champion: str = "") -> dict[str, Any]:
+def run(
+    spec: RunSpec,
+    scaling: dict[str, Any],
+    checkpoint: str,
+    output_dir: Path,
+    run_name: str,
+    init_from: str = "",
+    champion: str = "",
+) -> dict[str, Any]:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -122,23 +131,35 @@ def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Pat
     from trainers.fsdp import probe_backend, worker_runtime_env
 
     t = spec.train
-    config: dict[str, Any] = {"spec": spec.to_json(), "checkpoint": checkpoint, "init_from": init_from,
-                              "champion": champion, "cache_dir": str(output_dir / "data" / ".cache")}
+    config: dict[str, Any] = {
+        "spec": spec.to_json(),
+        "checkpoint": checkpoint,
+        "init_from": init_from,
+        "champion": champion,
+        "cache_dir": str(output_dir / "data" / ".cache"),
+    }
     if t.dataset == GENERATED_DATASET:
-        config["data_files"] = data.write_generated(output_dir / "data", t.num_train_examples, t.num_eval_examples,
-                                                    t.seed)
+        config["data_files"] = data.write_generated(
+            output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
+        )
     ray.init(log_to_driver=True)
     device_type, backend = probe_backend(scaling["resources_per_worker"])
-    print(f"evaluating on {scaling['num_workers']} workers x {scaling['resources_per_worker']} ({device_type}, "
-          f"{backend})", flush=True)
+    print(
+        f"evaluating on {scaling['num_workers']} workers x {scaling['resources_per_worker']} ({device_type}, "
+        f"{backend})",
+        flush=True,
+    )
     trainer = TorchTrainer(
         eval_loop_per_worker,
         train_loop_config=config,
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(**scaling),
-        run_config=RunConfig(name=f"{run_name}-eval", storage_path=str(output_dir / "ray_results"),
-                             failure_config=FailureConfig(max_failures=0),
-                             worker_runtime_env=worker_runtime_env(scaling.get("use_tpu", False), device_type)),
+        run_config=RunConfig(
+            name=f"{run_name}-eval",
+            storage_path=str(output_dir / "ray_results"),
+            failure_config=FailureConfig(max_failures=0),
+            worker_runtime_env=worker_runtime_env(scaling.get("use_tpu", False), device_type),
+        ),
     )
     metrics = dict(trainer.fit().metrics)
     before, after = metrics["eval_loss_before"], metrics["eval_loss_after"]
@@ -153,8 +174,9 @@ def run(spec: RunSpec, scaling: dict[str, Any], checkpoint: str, output_dir: Pat
         "eval_split": t.eval_split,
     }
     if "eval_loss_champion" in metrics:
-        result.update(champion_loss=metrics["eval_loss_champion"],
-                      perplexity_champion=math.exp(metrics["eval_loss_champion"]))
+        result.update(
+            champion_loss=metrics["eval_loss_champion"], perplexity_champion=math.exp(metrics["eval_loss_champion"])
+        )
     return result
 
 
@@ -167,13 +189,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", required=True, help="the run's training output directory")
     parser.add_argument("--run-name", required=True, help="Ray Train run name (of the train job)")
     parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
-    parser.add_argument("--init-from", default="", help="the checkpoint training started from (the 'before' model); "
-                        "default: train.model_id as built")
+    parser.add_argument(
+        "--init-from",
+        default="",
+        help="the checkpoint training started from (the 'before' model); default: train.model_id as built",
+    )
     parser.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
-    result = run(spec, scaling_config(args.scaling_config), args.checkpoint, Path(args.output_dir), args.run_name,
-                 args.init_from, args.champion)
+    result = run(
+        spec,
+        scaling_config(args.scaling_config),
+        args.checkpoint,
+        Path(args.output_dir),
+        args.run_name,
+        args.init_from,
+        args.champion,
+    )
     protocol.emit("result", result)
 
 

@@ -130,8 +130,9 @@ def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int
         return
     if model.config.get_text_config().tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"}
+    )
     model.config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     if optim_state is not None:
@@ -177,16 +178,22 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, 
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
     # drop_last: every step has the same shapes (a short last batch would recompile the step on XLA).
-    loader = DataLoader(data.tokenize(raw, tokenizer, t.max_length), batch_size=t.batch_size, shuffle=True,
-                        drop_last=True, generator=torch.Generator().manual_seed(t.seed))
+    loader = DataLoader(
+        data.tokenize(raw, tokenizer, t.max_length),
+        batch_size=t.batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(t.seed),
+    )
     loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
     if config.get("init_from"):
         model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
     else:
         model = build_model(t.model_id, tokenizer, t.seed, dtype)
     model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), device_type)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.learning_rate,
-                                  weight_decay=t.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
+    )
     return tokenizer, loader, model, optimizer, raw
 
 
@@ -261,9 +268,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # the epoch's one collective on the loss; gloo has no AVG
         epoch_loss = (epoch_loss / world).item()
         epoch_s = time.perf_counter() - started
-        metrics = {"epoch": epoch + 1, "loss": epoch_loss, "epoch_s": epoch_s, "global_step": global_step,
-                   "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
-                   "tokens_seen": global_step * t.batch_size * world * t.max_length}
+        metrics = {
+            "epoch": epoch + 1,
+            "loss": epoch_loss,
+            "epoch_s": epoch_s,
+            "global_step": global_step,
+            "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
+            "tokens_seen": global_step * t.batch_size * world * t.max_length,
+        }
         with tempfile.TemporaryDirectory() as tmp:
             meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
             save_checkpoint(model, optimizer if t.checkpoint_optimizer else None, tokenizer, meta, rank, Path(tmp))
@@ -291,8 +303,11 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
 
     t = spec.train
     output_dir.mkdir(parents=True, exist_ok=True)
-    loop_config: dict[str, Any] = {"spec": spec.to_json(), "cache_dir": str(output_dir / "data" / ".cache"),
-                                   "init_from": init_from}
+    loop_config: dict[str, Any] = {
+        "spec": spec.to_json(),
+        "cache_dir": str(output_dir / "data" / ".cache"),
+        "init_from": init_from,
+    }
     if t.dataset == GENERATED_DATASET:
         loop_config["data_files"] = data.write_generated(
             output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
@@ -300,9 +315,11 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
     ray.init(log_to_driver=True)
     device_type, backend = probe_backend(scaling["resources_per_worker"])
     worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)
-    print(f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
-          f"backend {backend}" + (" (TPU slice without chips: emulated hosts compute on CPU)" if worker_env else ""),
-          flush=True)
+    print(
+        f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "
+        f"backend {backend}" + (" (TPU slice without chips: emulated hosts compute on CPU)" if worker_env else ""),
+        flush=True,
+    )
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -336,8 +353,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", required=True, help="where checkpoints and data go")
     parser.add_argument("--run-name", required=True, help="Ray Train run name")
     parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
-    parser.add_argument("--init-from", default="", help="a checkpoint of this trainer to start from (its weights over "
-                        "train.model_id): the registered version train.init_from names")
+    parser.add_argument(
+        "--init-from",
+        default="",
+        help="a checkpoint of this trainer to start from (its weights over "
+        "train.model_id): the registered version train.init_from names",
+    )
     args = parser.parse_args(argv)
     spec = RunSpec.from_json(args.spec)
     result = run(spec, scaling_config(args.scaling_config), Path(args.output_dir), args.run_name, args.init_from)

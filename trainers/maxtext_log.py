@@ -25,8 +25,14 @@ def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path
     """MaxText's own eval loop on the held-out (synthetic) eval split, training frozen (learning rate 0, one
     step): of ``params_path`` (a checkpoint's ``items``), or of the untrained initialisation when empty."""
     args = [a for a in train_args if not a.startswith(_REPLACED_FOR_EVAL)]
-    args += [f"run_name={run_name}", "steps=1", "learning_rate=0", "enable_checkpointing=false", "eval_interval=1",
-             f"eval_steps={eval_steps}"]
+    args += [
+        f"run_name={run_name}",
+        "steps=1",
+        "learning_rate=0",
+        "enable_checkpointing=false",
+        "eval_interval=1",
+        f"eval_steps={eval_steps}",
+    ]
     if params_path:
         args.append(f"load_parameters_path={params_path}")
     return args

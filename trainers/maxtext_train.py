@@ -125,8 +125,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         handler = _StepRecords(jax.device_count())
         logging.getLogger().addHandler(handler)  # absl's records propagate here, and MaxText's config logger's
         sys.stdout = _LineTee(sys.stdout, handler.line)
-        print(f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
-              f"({jax.local_device_count()} per process, {jax.devices()[0].platform})", flush=True)
+        print(
+            f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
+            f"({jax.local_device_count()} per process, {jax.devices()[0].platform})",
+            flush=True,
+        )
     else:
         absl_logging.set_verbosity(absl_logging.WARNING)
     from maxtext.trainers.pre_train import train
@@ -138,21 +141,33 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:  # MaxText restores the newest checkpoint of the run by itself; say which one it will be
         output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
         restored = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
-        protocol.emit("event", {"event": "worker_group_started", "group": os.getpid(), "launched": launched,
-                                "time": time.time(), "restore_step": int(restored.name) if restored else None})
+        protocol.emit(
+            "event",
+            {
+                "event": "worker_group_started",
+                "group": os.getpid(),
+                "launched": launched,
+                "time": time.time(),
+                "restore_step": int(restored.name) if restored else None,
+            },
+        )
     train.main(config["argv"])
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     last = dict(handler.last) if handler else {}
-    metrics = {k: v for k, v in {"loss": last.get("train", {}).get("loss"), "eval_loss": last.get("eval_loss")}.items()
-               if v is not None}
+    metrics = {
+        k: v
+        for k, v in {"loss": last.get("train", {}).get("loss"), "eval_loss": last.get("eval_loss")}.items()
+        if v is not None
+    }
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
             Path(tmp, "metrics.json").write_text(json.dumps(metrics))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
 
-def _fit(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str,
-         max_failures: int) -> dict[str, Any]:
+def _fit(
+    spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str, max_failures: int
+) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
 
@@ -162,8 +177,11 @@ def _fit(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Pa
         train_loop_per_worker,
         train_loop_config={"argv": argv, "cpu_devices_per_host": cpu},
         scaling_config=ScalingConfig(**scaling),
-        run_config=RunConfig(name=run_name, storage_path=str(output_dir / "ray_results"),
-                             failure_config=FailureConfig(max_failures=max_failures)),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=str(output_dir / "ray_results"),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
     )
     print(f"JaxTrainer: {scaling}", flush=True)
     print("MaxText argv: " + " ".join(args), flush=True)
@@ -177,17 +195,30 @@ def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
     return root / str(max(steps)) if steps else None
 
 
-def run_train(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path,
-              run_name: str) -> dict[str, Any]:
+def run_train(
+    spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str
+) -> dict[str, Any]:
     metrics = _fit(spec, scaling, args, output_dir, run_name, spec.train.max_failures)
     checkpoint = latest_checkpoint(output_dir, run_name)
-    return {"checkpoint": str(checkpoint) if checkpoint else None, "final_metrics": metrics,
-            "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax",
-            "num_workers": spec.total_hosts, "argv": args}
+    return {
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "final_metrics": metrics,
+        "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu",
+        "backend": "jax",
+        "num_workers": spec.total_hosts,
+        "argv": args,
+    }
 
 
-def run_eval(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str,
-             checkpoint: str, champion: str = "") -> dict[str, Any]:
+def run_eval(
+    spec: RunSpec,
+    scaling: dict[str, Any],
+    args: list[str],
+    output_dir: Path,
+    run_name: str,
+    checkpoint: str,
+    champion: str = "",
+) -> dict[str, Any]:
     """MaxText's eval loop on the untrained model, the trained checkpoint and, when given, the registered champion's
     checkpoint: the same batches for each."""
     import math
@@ -200,9 +231,13 @@ def run_eval(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
         losses[which] = _fit(spec, scaling, eval_args, output_dir, name, 0)["eval_loss"]
-    result = {"eval_loss_before": losses["before"], "eval_loss_after": losses["after"],
-              "perplexity_before": math.exp(losses["before"]), "perplexity_after": math.exp(losses["after"]),
-              "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)"}
+    result = {
+        "eval_loss_before": losses["before"],
+        "eval_loss_after": losses["after"],
+        "perplexity_before": math.exp(losses["before"]),
+        "perplexity_after": math.exp(losses["after"]),
+        "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)",
+    }
     if champion:
         result.update(champion_loss=losses["champion"], perplexity_champion=math.exp(losses["champion"]))
     return result
@@ -211,8 +246,10 @@ def run_eval(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The driver's own options, and MaxText's ``KEY=VALUE`` arguments after ``--``."""
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(description="MaxText pretraining or evaluation through Ray Train's JaxTrainer. "
-                                     "After --: the KEY=VALUE arguments MaxText's train.main gets after its base.yml.")
+    parser = argparse.ArgumentParser(
+        description="MaxText pretraining or evaluation through Ray Train's JaxTrainer. "
+        "After --: the KEY=VALUE arguments MaxText's train.main gets after its base.yml."
+    )
     parser.add_argument("mode", choices=("train", "eval"))
     parser.add_argument("--spec", required=True, help="the run spec, as JSON")
     parser.add_argument("--output-dir", required=True, help="MaxText's base_output_directory")
@@ -221,7 +258,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
     parser.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
     args = parser.parse_args(argv[:cut])
-    maxtext_args = argv[cut + 1:]
+    maxtext_args = argv[cut + 1 :]
     bad = [a for a in maxtext_args if "=" not in a]
     if bad:
         parser.error(f"MaxText arguments are KEY=VALUE, got {bad[0]!r}")

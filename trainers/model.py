@@ -90,8 +90,10 @@ def load_trained(model_id: str, checkpoint: str, tokenizer, seed: int, dtype: to
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - frozen_names(model) - {"lm_head.weight"}
     if missing or unexpected:
-        raise ValueError(f"checkpoint {checkpoint} does not fit {model_id}: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}")
+        raise ValueError(
+            f"checkpoint {checkpoint} does not fit {model_id}: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
     return model
 
 

@@ -75,8 +75,9 @@ def assign_ranks(infos: list[dict[str, Any]], devices_per_host: int, per_device:
         key = (info["slice"], info["node_id"])
         if key not in hosts:
             worker_id = info["worker_id"]
-            hosts[key] = int(worker_id) if worker_id not in (None, "") else len(
-                [k for k in hosts if k[0] == info["slice"]])
+            hosts[key] = (
+                int(worker_id) if worker_id not in (None, "") else len([k for k in hosts if k[0] == info["slice"]])
+            )
     hosts_per_slice = max(1, max(sum(1 for k in hosts if k[0] == s) for s in slices))
     seen_on_host: dict[tuple[str, str], int] = {}
     ranks = []
@@ -89,8 +90,13 @@ def assign_ranks(infos: list[dict[str, Any]], devices_per_host: int, per_device:
         host_index = slices.index(info["slice"]) * hosts_per_slice + hosts[key]
         ranks.append(host_index * (devices_per_host if per_device else 1) + (local if per_device else 0))
     if sorted(ranks) != list(range(len(infos))):
-        clash = sorted({f"rank {r} on {info['host']}" for r, info in zip(ranks, infos, strict=True)
-                        if ranks.count(r) > 1 or r >= len(infos)})
+        clash = sorted(
+            {
+                f"rank {r} on {info['host']}"
+                for r, info in zip(ranks, infos, strict=True)
+                if ranks.count(r) > 1 or r >= len(infos)
+            }
+        )
         raise ValueError(f"the devices do not form ranks 0..{len(infos) - 1}: {', '.join(clash)}")
     return ranks
 
@@ -108,8 +114,11 @@ class Probe:
         labels = rc.get_node_labels() if hasattr(rc, "get_node_labels") else {}
         hostnames = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
         worker_id = os.environ.get("TPU_WORKER_ID")
-        host = labels.get(HOST_LABEL) or (hostnames[int(worker_id)] if hostnames and worker_id else "") \
+        host = (
+            labels.get(HOST_LABEL)
+            or (hostnames[int(worker_id)] if hostnames and worker_id else "")
             or socket.gethostname()
+        )
         return {
             "node_id": rc.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
@@ -125,8 +134,9 @@ class Probe:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def check_torch(self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int,
-                    corrupt: bool) -> dict[str, Any]:
+    def check_torch(
+        self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int, corrupt: bool
+    ) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -134,8 +144,16 @@ class Probe:
 
         from trainers.fsdp import detect_backend
 
-        os.environ.update({"MASTER_ADDR": master, "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                           "RANK": str(rank), "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_world)})
+        os.environ.update(
+            {
+                "MASTER_ADDR": master,
+                "MASTER_PORT": str(port),
+                "WORLD_SIZE": str(world),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(local_world),
+            }
+        )
         device_type, backend = detect_backend()
         dist.init_process_group(backend)
         try:
@@ -155,12 +173,18 @@ class Probe:
         ref = torch.from_numpy(reference(x, w1, w2))
         if corrupt:  # testing aid (cluster.slice_check_corrupt_rank): this rank's results go wrong
             out, all_reduce = out + 1.0, all_reduce + 1.0
-        return {"device": device_type, "backend": backend, "max_abs_diff": float((out - ref).abs().max()),
-                "parity": bool(torch.allclose(out, ref, rtol=RTOL, atol=ATOL)), "all_reduce": all_reduce,
-                "num_devices": world}
+        return {
+            "device": device_type,
+            "backend": backend,
+            "max_abs_diff": float((out - ref).abs().max()),
+            "parity": bool(torch.allclose(out, ref, rtol=RTOL, atol=ATOL)),
+            "all_reduce": all_reduce,
+            "num_devices": world,
+        }
 
-    def check_jax(self, rank: int, world: int, coordinator: str, cpu_devices: int, corrupt: bool,
-                  megascale: dict[str, str]) -> dict[str, Any]:
+    def check_jax(
+        self, rank: int, world: int, coordinator: str, cpu_devices: int, corrupt: bool, megascale: dict[str, str]
+    ) -> dict[str, Any]:
         from trainers.fsdp import tpu_chips_on_host
 
         chips = tpu_chips_on_host()
@@ -181,14 +205,16 @@ class Probe:
             n = len(devices)
             mesh = Mesh(np.array(devices), ("d",))
             x, w1, w2 = _block()
-            put = {name: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx, a=a: a[idx])
-                   for name, a, spec in (("x", x, P()), ("w1", w1, P(None, "d")), ("w2", w2, P("d", None)))}
+            put = {
+                name: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx, a=a: a[idx])
+                for name, a, spec in (("x", x, P()), ("w1", w1, P(None, "d")), ("w2", w2, P("d", None)))
+            }
             ffn = jax.jit(lambda x, w1, w2: x + jax.nn.silu(x @ w1) @ w2, out_shardings=NamedSharding(mesh, P()))
             out = np.asarray(ffn(put["x"], put["w1"], put["w2"]).addressable_data(0), dtype=np.float32)
-            ids = jax.make_array_from_callback((n,), NamedSharding(mesh, P("d")),
-                                               lambda idx: np.arange(1, n + 1, dtype=np.int32)[idx])
-            psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"),
-                                         out_specs=P()))
+            ids = jax.make_array_from_callback(
+                (n,), NamedSharding(mesh, P("d")), lambda idx: np.arange(1, n + 1, dtype=np.int32)[idx]
+            )
+            psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P()))
             all_reduce = float(np.asarray(psum(ids).addressable_data(0))[0])
             platform = devices[0].platform
         finally:
@@ -196,9 +222,14 @@ class Probe:
         ref = reference(x, w1, w2)
         if corrupt:
             out, all_reduce = out + 1.0, all_reduce + 1.0
-        return {"device": platform, "backend": "jax", "max_abs_diff": float(np.abs(out - ref).max()),
-                "parity": bool(np.allclose(out, ref, rtol=RTOL, atol=ATOL)), "all_reduce": all_reduce,
-                "num_devices": n}
+        return {
+            "device": platform,
+            "backend": "jax",
+            "max_abs_diff": float(np.abs(out - ref).max()),
+            "parity": bool(np.allclose(out, ref, rtol=RTOL, atol=ATOL)),
+            "all_reduce": all_reduce,
+            "num_devices": n,
+        }
 
 
 def _FeedForward(w1, w2):  # a module class, built where torch is imported
@@ -232,12 +263,17 @@ def _reserve(spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_
 
         from components.tpu import catalogue
 
-        per_chip = catalogue.slice_shape(spec.cluster.accelerator, spec.cluster.topology).family \
-            .logical_devices_per_chip
+        per_chip = catalogue.slice_shape(
+            spec.cluster.accelerator, spec.cluster.topology
+        ).family.logical_devices_per_chip
         bundle = {"TPU": 1} if per_device else {"TPU": devices_per_host}
-        handle = slice_placement_group(scaling["topology"], get_tpu_version_from_type(scaling["accelerator_type"]),
-                                       resources_per_bundle=bundle, num_slices=spec.cluster.num_slices,
-                                       tpu_resource_per_chip=per_chip)
+        handle = slice_placement_group(
+            scaling["topology"],
+            get_tpu_version_from_type(scaling["accelerator_type"]),
+            resources_per_bundle=bundle,
+            num_slices=spec.cluster.num_slices,
+            tpu_resource_per_chip=per_chip,
+        )
         group, count = handle.placement_group, handle.num_bundles
     else:
         bundle = {"CPU": spec.cluster.cpus_per_host}
@@ -262,32 +298,46 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
     group, count, bundle = _reserve(spec, scaling, devices_per_host, per_device, c.slice_check_timeout_s)
     actor_cls = ray.remote(Probe)
     custom = {k: v for k, v in bundle.items() if k != "CPU"}
-    actors = [actor_cls.options(num_cpus=bundle.get("CPU", 0), resources=custom,
-                                scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
-              for i in range(count)]
+    actors = [
+        actor_cls.options(
+            num_cpus=bundle.get("CPU", 0),
+            resources=custom,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+        ).remote()
+        for i in range(count)
+    ]
     infos = ray.get([a.describe.remote() for a in actors], timeout=c.slice_check_timeout_s)
     ranks = assign_ranks(infos, devices_per_host, per_device)
     order = sorted(range(count), key=ranks.__getitem__)
     first = infos[order[0]]
     master = (first["worker_hostnames"] or [first["node_ip"]])[0]
     port = ray.get(actors[order[0]].free_port.remote())
-    print(f"slice check ({kind}): {count} ranks on {len({i['node_id'] for i in infos})} hosts, "
-          f"master {master}:{port}", flush=True)
+    print(
+        f"slice check ({kind}): {count} ranks on {len({i['node_id'] for i in infos})} hosts, master {master}:{port}",
+        flush=True,
+    )
     calls = []
     for i, actor in enumerate(actors):
         corrupt = ranks[i] == c.slice_check_corrupt_rank
         if per_device:
             local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
-            calls.append(actor.check_torch.remote(ranks[i], count, ranks[i] % devices_per_host, local_world,
-                                                  master, port, corrupt))
+            calls.append(
+                actor.check_torch.remote(
+                    ranks[i], count, ranks[i] % devices_per_host, local_world, master, port, corrupt
+                )
+            )
         else:
             megascale = {}
             if c.num_slices > 1 and scaling.get("use_tpu"):
                 slices = sorted({info["slice"] for info in infos})
-                megascale = {"MEGASCALE_COORDINATOR_ADDRESS": master, "MEGASCALE_NUM_SLICES": str(c.num_slices),
-                             "MEGASCALE_SLICE_ID": str(slices.index(infos[i]["slice"]))}
-            calls.append(actor.check_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt,
-                                                megascale))
+                megascale = {
+                    "MEGASCALE_COORDINATOR_ADDRESS": master,
+                    "MEGASCALE_NUM_SLICES": str(c.num_slices),
+                    "MEGASCALE_SLICE_ID": str(slices.index(infos[i]["slice"])),
+                }
+            calls.append(
+                actor.check_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
+            )
     done, _ = ray.wait(calls, num_returns=len(calls), timeout=c.slice_check_timeout_s)
     results: list[dict[str, Any]] = []
     bad: list[dict[str, Any]] = []
@@ -329,8 +379,10 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         "expected_all_reduce": expected_sum(num_devices),
         "seconds": time.monotonic() - started,
         "bad": bad,
-        "ranks": [{k: r[k] for k in ("rank", "host", "max_abs_diff", "all_reduce")} for r in
-                  sorted(results, key=lambda r: r["rank"])],
+        "ranks": [
+            {k: r[k] for k in ("rank", "host", "max_abs_diff", "all_reduce")}
+            for r in sorted(results, key=lambda r: r["rank"])
+        ],
     }
     if bad:
         result["failure"] = failure_message(result)
@@ -340,7 +392,8 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
 def failure_message(result: dict[str, Any]) -> str:
     """One line naming every bad rank and its host."""
     return "slice check failed on " + "; ".join(
-        f"rank {b['rank']} (host {b['host']}): {b['error']}" for b in result["bad"])
+        f"rank {b['rank']} (host {b['host']}): {b['error']}" for b in result["bad"]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -143,7 +143,7 @@ def _start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 

@@ -122,7 +122,7 @@ def runs_with(output_root: str, key: str) -> list[str]:
         bucket, _, prefix = root.removeprefix("gs://").partition("/")
         prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         blobs = gcs_client().list_blobs(bucket, prefix=prefix, match_glob=f"{prefix}*/{key}")
-        return sorted(b.name[len(prefix):].split("/", 1)[0] for b in blobs)
+        return sorted(b.name[len(prefix) :].split("/", 1)[0] for b in blobs)
     path = Path(root).expanduser().resolve()
     return sorted(p.parent.name for p in path.glob(f"*/{key}")) if path.is_dir() else []
 
@@ -137,6 +137,9 @@ def open_store(output_root: str, run_id: str) -> RunStore:
             raise SpecError("output_root", f"{root!r} names no bucket", ["gs://BUCKET/PREFIX", "a local directory"])
         return GcsStore(bucket, f"{prefix.strip('/')}/{run_id}" if prefix.strip("/") else run_id)
     if "://" in root:
-        raise SpecError("output_root", f"{root!r}: only gs:// and local directories hold runs",
-                        ["gs://BUCKET/PREFIX", "a local directory"])
+        raise SpecError(
+            "output_root",
+            f"{root!r}: only gs:// and local directories hold runs",
+            ["gs://BUCKET/PREFIX", "a local directory"],
+        )
     return LocalStore(Path(root).expanduser().resolve() / run_id)

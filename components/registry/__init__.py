@@ -137,24 +137,30 @@ def digest(value: Any) -> str:
 
 def check_name(name: str) -> None:
     if not isinstance(name, str) or not NAME.match(name):
-        raise SpecError("name", f"{name!r} is not a model name: a lowercase letter, then up to 62 lowercase "
-                                "letters, digits, '_' or '-'")
+        raise SpecError(
+            "name",
+            f"{name!r} is not a model name: a lowercase letter, then up to 62 lowercase letters, digits, '_' or '-'",
+        )
 
 
 def check_alias(alias: str) -> None:
     if alias in RESERVED_ALIASES:
         raise SpecError("alias", f"{alias!r} is reserved by Vertex AI (the version a request without a version gets)")
     if not isinstance(alias, str) or not ALIAS.match(alias):
-        raise SpecError("alias", f"{alias!r} is not an alias: lowercase letters, digits and '-', starting and ending "
-                                 "with a letter (an alias is never a version id, nor an alias history marker like "
-                                 f"{CHAMPION}-3)")
+        raise SpecError(
+            "alias",
+            f"{alias!r} is not an alias: lowercase letters, digits and '-', starting and ending "
+            "with a letter (an alias is never a version id, nor an alias history marker like "
+            f"{CHAMPION}-3)",
+        )
 
 
 def check_labels(labels: dict[str, str]) -> None:
     for key, value in labels.items():
         if not isinstance(key, str) or not LABEL_KEY.match(key):
-            raise SpecError("labels", f"key {key!r}: a lowercase letter, then up to 62 lowercase letters, digits, "
-                                      "'_' or '-'")
+            raise SpecError(
+                "labels", f"key {key!r}: a lowercase letter, then up to 62 lowercase letters, digits, '_' or '-'"
+            )
         if not isinstance(value, str) or not LABEL_VALUE.match(value):
             raise SpecError("labels", f"{key}={value!r}: a value is up to 63 lowercase letters, digits, '_' or '-'")
         if key in PROVENANCE_FIELDS:
@@ -170,8 +176,11 @@ def check_provenance(provenance: dict[str, Any]) -> None:
         raise SpecError("provenance", f"a dict of {', '.join(PROVENANCE_FIELDS)}, got {type(provenance).__name__}")
     missing = [key for key in PROVENANCE_FIELDS if key not in provenance]
     if missing:
-        raise SpecError(f"provenance.{missing[0]}", f"missing ({PROVENANCE_FIELDS[missing[0]]}); every version "
-                        f"records {', '.join(PROVENANCE_FIELDS)} (None where one does not apply)")
+        raise SpecError(
+            f"provenance.{missing[0]}",
+            f"missing ({PROVENANCE_FIELDS[missing[0]]}); every version "
+            f"records {', '.join(PROVENANCE_FIELDS)} (None where one does not apply)",
+        )
     for key in COUNTS:
         value = provenance[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -259,8 +268,9 @@ class Registry:
         self.backend = backend
         self.where = backend.where
 
-    def register(self, name: str, artifact_uri: str, provenance: dict[str, Any],
-                 labels: dict[str, str] | None = None) -> Version:
+    def register(
+        self, name: str, artifact_uri: str, provenance: dict[str, Any], labels: dict[str, str] | None = None
+    ) -> Version:
         """A new version of ``name`` (the model is created with its first version). It holds no alias: moving one to
         it (``promote``) is the caller's next, separate decision."""
         check_name(name)
@@ -333,8 +343,11 @@ class Registry:
 
         if not self.backend.change(name, plan):
             holder = seen.get(alias)
-            raise SpecError("name", f"{name!r}: no earlier {alias} to roll back to "
-                            + (f"(version {holder} is the first to hold it)" if holder else f"(no version is {alias})"))
+            raise SpecError(
+                "name",
+                f"{name!r}: no earlier {alias} to roll back to "
+                + (f"(version {holder} is the first to hold it)" if holder else f"(no version is {alias})"),
+            )
         return self.get(name, alias)
 
     def _versions(self, name: str) -> list[Version]:
@@ -351,8 +364,9 @@ class Registry:
         raise SpecError("version", f"model {name!r} has no {what} {ref!r}", ids + aliases)
 
 
-def open_registry(output_root: str | Path = "runs", project: str = "", region: str = DEFAULT_REGION,
-                  **vertex_options: Any) -> Registry:
+def open_registry(
+    output_root: str | Path = "runs", project: str = "", region: str = DEFAULT_REGION, **vertex_options: Any
+) -> Registry:
     """The local registry under ``<output_root>/registry``, or, with a project, Vertex AI Model Registry in
     ``project`` and ``region`` (its options: ``serving_image``, ``retry_delays_s``; see ``vertex.VertexBackend``)."""
     if project:

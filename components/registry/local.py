@@ -78,9 +78,15 @@ class LocalBackend:
         if record is None:
             return None
         held = tuple(sorted(a for a, v in aliases.items() if v == version_id))
-        return Version(name=record["name"], version=record["version"], artifact_uri=record["artifact_uri"],
-                       aliases=held, provenance=record["provenance"], labels=record["labels"],
-                       created=record["created"])
+        return Version(
+            name=record["name"],
+            version=record["version"],
+            artifact_uri=record["artifact_uri"],
+            aliases=held,
+            provenance=record["provenance"],
+            labels=record["labels"],
+            created=record["created"],
+        )
 
     def _ids(self, model: Path) -> list[str]:
         versions = model / "versions"
@@ -92,9 +98,17 @@ class LocalBackend:
             ids = self._ids(model)
             version_id = str(int(ids[-1]) + 1 if ids else 1)
             created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            _write_json(model / "versions" / f"{version_id}.json",
-                        {"name": name, "version": version_id, "artifact_uri": artifact_uri, "labels": labels,
-                         "provenance": provenance, "created": created})
+            _write_json(
+                model / "versions" / f"{version_id}.json",
+                {
+                    "name": name,
+                    "version": version_id,
+                    "artifact_uri": artifact_uri,
+                    "labels": labels,
+                    "provenance": provenance,
+                    "created": created,
+                },
+            )
         return self._version(model, version_id, {})
 
     def fetch(self, name: str, ref: str) -> Version | None:

@@ -38,11 +38,23 @@ from components.spec import InfraError, SpecError
 # The vLLM server of Vertex AI Model Garden: serves a Hugging Face checkpoint directory such as the trainers write.
 DEFAULT_SERVING_IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:latest"
 REGISTRY_LABEL_VALUE = "v1"  # REGISTRY_LABEL's value: the provenance's format
-PERMISSIONS = {"UploadModel": "aiplatform.models.upload", "GetModel": "aiplatform.models.get",
-               "ListModels": "aiplatform.models.list", "ListModelVersions": "aiplatform.models.list",
-               "MergeVersionAliases": "aiplatform.models.update"}
-HTTP_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS",
-               429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+PERMISSIONS = {
+    "UploadModel": "aiplatform.models.upload",
+    "GetModel": "aiplatform.models.get",
+    "ListModels": "aiplatform.models.list",
+    "ListModelVersions": "aiplatform.models.list",
+    "MergeVersionAliases": "aiplatform.models.update",
+}
+HTTP_STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 UPLOAD_TIMEOUT_S = 600
 
 
@@ -54,8 +66,13 @@ def _transient() -> tuple[type[Exception], ...]:
 
 
 class VertexBackend:
-    def __init__(self, project: str, region: str, serving_image: str = DEFAULT_SERVING_IMAGE,
-                 retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)):
+    def __init__(
+        self,
+        project: str,
+        region: str,
+        serving_image: str = DEFAULT_SERVING_IMAGE,
+        retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0),
+    ):
         if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project or ""):
             raise SpecError("--project", f"{project!r} is not a Google Cloud project id")
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region or ""):
@@ -73,7 +90,8 @@ class VertexBackend:
 
             endpoint = os.environ.get(VERTEX_ENDPOINT_ENV) or f"{self.region}-aiplatform.googleapis.com"
             self._client = aiplatform_v1.ModelServiceClient(
-                credentials=credentials(), transport="rest", client_options={"api_endpoint": endpoint})
+                credentials=credentials(), transport="rest", client_options={"api_endpoint": endpoint}
+            )
         return self._client
 
     def _call(self, method: str, what: str, fn: Callable[[], Any], between: Callable[[], Any] | None = None) -> Any:
@@ -88,8 +106,10 @@ class VertexBackend:
                 raise self._denied(method, what, exc) from None
             except _transient() as exc:
                 if delay is None:
-                    raise InfraError(f"{self.where}: {what} failed {attempt + 1} times, the last with "
-                                     f"{_status(exc)}: {_said(exc)}; try again later") from None
+                    raise InfraError(
+                        f"{self.where}: {what} failed {attempt + 1} times, the last with "
+                        f"{_status(exc)}: {_said(exc)}; try again later"
+                    ) from None
                 time.sleep(delay)
                 found = between() if between is not None else None
                 if found is not None:
@@ -102,9 +122,11 @@ class VertexBackend:
 
     def _denied(self, method: str, what: str, exc) -> InfraError:
         permission = (getattr(exc, "metadata", None) or {}).get("permission") or PERMISSIONS[method]
-        return InfraError(f"{self.where}: {what}: permission {permission} denied in project {self.project}. Grant "
-                          f"the caller (the pipeline's service account, or you with gcloud auth application-default "
-                          f"login) a role that has it, such as roles/aiplatform.user. Vertex AI said: {_said(exc)}")
+        return InfraError(
+            f"{self.where}: {what}: permission {permission} denied in project {self.project}. Grant "
+            f"the caller (the pipeline's service account, or you with gcloud auth application-default "
+            f"login) a role that has it, such as roles/aiplatform.user. Vertex AI said: {_said(exc)}"
+        )
 
     def _model(self, name: str) -> str:
         return f"{self.parent}/models/{name}"
@@ -118,17 +140,21 @@ class VertexBackend:
             raise SpecError("artifact_uri", f"{artifact_uri!r}: Vertex AI Model Registry takes a gs:// checkpoint")
         token = uuid.uuid4().hex
         model = aiplatform_v1.Model(
-            display_name=name, artifact_uri=artifact_uri,
+            display_name=name,
+            artifact_uri=artifact_uri,
             container_spec=aiplatform_v1.ModelContainerSpec(image_uri=self.serving_image),
             labels={**labels, REGISTRY_LABEL: REGISTRY_LABEL_VALUE, TOKEN_LABEL: token},
-            version_description=json.dumps(provenance, sort_keys=True))
+            version_description=json.dumps(provenance, sort_keys=True),
+        )
         exists = self._versions(name) is not None
         what = f"registering a version of model {name!r}"
 
         def upload() -> Version:
             request = aiplatform_v1.UploadModelRequest(
-                parent=self.parent, model=model, **({"parent_model": self._model(name)} if exists else
-                                                    {"model_id": name}))
+                parent=self.parent,
+                model=model,
+                **({"parent_model": self._model(name)} if exists else {"model_id": name}),
+            )
             response = self.client().upload_model(request=request).result(timeout=UPLOAD_TIMEOUT_S)
             return self._fetch_id(name, response.model_version_id)
 
@@ -152,8 +178,9 @@ class VertexBackend:
         from google.api_core import exceptions
 
         try:
-            message = self._call("GetModel", f"reading {name}@{ref}",
-                                 lambda: self.client().get_model(name=f"{self._model(name)}@{ref}"))
+            message = self._call(
+                "GetModel", f"reading {name}@{ref}", lambda: self.client().get_model(name=f"{self._model(name)}@{ref}")
+            )
         except exceptions.NotFound:
             return None
         return _hide_token(_version(name, message))
@@ -167,18 +194,21 @@ class VertexBackend:
         from google.api_core import exceptions
 
         try:
-            messages = self._call("ListModelVersions", f"listing the versions of {name!r}",
-                                  lambda: list(self.client().list_model_versions(name=self._model(name))))
+            messages = self._call(
+                "ListModelVersions",
+                f"listing the versions of {name!r}",
+                lambda: list(self.client().list_model_versions(name=self._model(name))),
+            )
         except exceptions.NotFound:
             return None
         versions = [_version(name, m) for m in messages]
         return sorted(versions, key=lambda v: int(v.version) if v.version.isdigit() else 0)
 
     def models(self) -> list[str]:
-        messages = self._call("ListModels", "listing the models",
-                              lambda: list(self.client().list_models(parent=self.parent)))
-        return sorted({m.name.rsplit("/", 1)[-1].split("@")[0] for m in messages
-                       if m.labels.get(REGISTRY_LABEL)})
+        messages = self._call(
+            "ListModels", "listing the models", lambda: list(self.client().list_models(parent=self.parent))
+        )
+        return sorted({m.name.rsplit("/", 1)[-1].split("@")[0] for m in messages if m.labels.get(REGISTRY_LABEL)})
 
     def change(self, name: str, plan: Callable[[dict[str, str]], list[Move]]) -> list[Move]:
         """One MergeVersionAliases per move, in order; Vertex moves an alias added to one version off any other.
@@ -188,8 +218,7 @@ class VertexBackend:
         for done, move in enumerate(moves):
             follows = [VERTEX_DEFAULT_ALIAS] if CHAMPION in move.add else []
             merged = [*move.add, *follows, *(f"-{a}" for a in move.remove)]
-            what = (f"moving aliases of {name}@{move.version} ({', '.join(merged)}; step {done + 1} of "
-                    f"{len(moves)})")
+            what = f"moving aliases of {name}@{move.version} ({', '.join(merged)}; step {done + 1} of {len(moves)})"
             request = {"name": f"{self._model(name)}@{move.version}", "version_aliases": merged}
             self._call("MergeVersionAliases", what, lambda r=request: self.client().merge_version_aliases(request=r))
         return moves
@@ -210,10 +239,15 @@ def _version(name: str, message) -> Version:
     except ValueError:  # a version uploaded by another tool: its description is text
         provenance = {"description": message.version_description}
     created = message.version_create_time
-    return Version(name=name, version=message.version_id, artifact_uri=message.artifact_uri,
-                   aliases=tuple(sorted(a for a in message.version_aliases if a != VERTEX_DEFAULT_ALIAS)),
-                   provenance=provenance, labels={k: v for k, v in message.labels.items() if k != REGISTRY_LABEL},
-                   created=created.isoformat().replace("+00:00", "Z") if created else "")
+    return Version(
+        name=name,
+        version=message.version_id,
+        artifact_uri=message.artifact_uri,
+        aliases=tuple(sorted(a for a in message.version_aliases if a != VERTEX_DEFAULT_ALIAS)),
+        provenance=provenance,
+        labels={k: v for k, v in message.labels.items() if k != REGISTRY_LABEL},
+        created=created.isoformat().replace("+00:00", "Z") if created else "",
+    )
 
 
 def _hide_token(version: Version | None) -> Version | None:

@@ -57,8 +57,9 @@ def run_id_from(explicit: str, job_name: str) -> str:
     if len(rid) > RUN_ID_MAX:
         rid = rid[: RUN_ID_MAX - 7].rstrip("-") + "-" + _digest(raw)  # the hash of the whole job name
     if explicit and rid != explicit:
-        raise SpecError("run_id", f"{explicit!r} is not a DNS-1035 label of at most {RUN_ID_MAX} characters; "
-                                  f"for example {rid!r}")
+        raise SpecError(
+            "run_id", f"{explicit!r} is not a DNS-1035 label of at most {RUN_ID_MAX} characters; for example {rid!r}"
+        )
     return rid
 
 

@@ -80,15 +80,29 @@ PRESETS: dict[str, dict] = {
     },
     # Seed B on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips; worker pods 64 CPU, 200Gi.
     "gemma4-e2b-v6e-16": {
-        "cluster": {"accelerator": "v6e", "topology": "4x4", "num_hosts": 4, "num_slices": 1,
-                    "cpus_per_host": 64, "worker_memory_gib": 200, "worker_shm_gib": 100},
+        "cluster": {
+            "accelerator": "v6e",
+            "topology": "4x4",
+            "num_hosts": 4,
+            "num_slices": 1,
+            "cpus_per_host": 64,
+            "worker_memory_gib": 200,
+            "worker_shm_gib": 100,
+        },
         "train": _GEMMA4_E2B_TRAIN,
         "gke": _GEMMA4_GKE,
     },
     # Seed B on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices; worker pods 250Gi.
     "gemma4-e2b-tpu7x-16": {
-        "cluster": {"accelerator": "tpu7x", "topology": "2x2x2", "num_hosts": 2, "num_slices": 1,
-                    "cpus_per_host": 64, "worker_memory_gib": 250, "worker_shm_gib": 100},
+        "cluster": {
+            "accelerator": "tpu7x",
+            "topology": "2x2x2",
+            "num_hosts": 2,
+            "num_slices": 1,
+            "cpus_per_host": 64,
+            "worker_memory_gib": 250,
+            "worker_shm_gib": 100,
+        },
         "train": _GEMMA4_E2B_TRAIN,
         "gke": _GEMMA4_GKE,
     },
@@ -105,7 +119,8 @@ PRESETS: dict[str, dict] = {
         "cluster": _LLAMA3_V6E_16X2,
         "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-70B"},
         "gke": _LLAMA3_GKE,
-        "maxtext": _LLAMA3_8B_MAXTEXT | {
+        "maxtext": _LLAMA3_8B_MAXTEXT
+        | {
             "model_name": "llama3-70b",
             "per_device_batch_size": 2,
             "dcn_fsdp_parallelism": 2,
@@ -117,8 +132,8 @@ PRESETS: dict[str, dict] = {
     # slices when one is preempted and grows back when capacity returns; 3 failures allowed.
     "llama3-8b-v6e-elastic-spot": {
         "cluster": _LLAMA3_V6E_16X2 | {"capacity": "spot"},
-        "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-8B", "min_workers": 4, "max_workers": 8,
-                                  "max_failures": 3},
+        "train": _LLAMA3_TRAIN
+        | {"model_id": "meta-llama/Meta-Llama-3-8B", "min_workers": 4, "max_workers": 8, "max_failures": 3},
         "gke": _LLAMA3_GKE,
         "maxtext": _LLAMA3_8B_MAXTEXT,
     },

@@ -5,5 +5,14 @@ and follow (``jobs``), the gate in front of the registered model's champion (``g
 """
 
 # The stages in pipeline order; promote runs only when the gate says so; teardown runs last, whatever happened.
-STAGES = ("provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
-          "teardown")
+STAGES = (
+    "provision",
+    "build_image",
+    "deploy_raycluster",
+    "check_slice",
+    "train",
+    "evaluate",
+    "register",
+    "promote",
+    "teardown",
+)

@@ -30,13 +30,21 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
     rec = _record(store, "train")
     result = rec.get("result") or {}
     losses = result.get("losses") or []
-    figures = {"final_loss": losses[-1] if losses else None, "tokens_per_s": result.get("tokens_per_s"),
-               "seconds": rec.get("seconds"), "restarts": result.get("restarts", 0)}
+    figures = {
+        "final_loss": losses[-1] if losses else None,
+        "tokens_per_s": result.get("tokens_per_s"),
+        "seconds": rec.get("seconds"),
+        "restarts": result.get("restarts", 0),
+    }
     for key, value in figures.items():
         if value is not None:
             metrics.log_metric(key, value)
-    summary = {"run_id": rec.get("run_id", ""), "preset": spec["name"], "history": result.get("history") or [],
-               "train_losses": losses}
+    summary = {
+        "run_id": rec.get("run_id", ""),
+        "preset": spec["name"],
+        "history": result.get("history") or [],
+        "train_losses": losses,
+    }
     if losses:
         with open(loss_curve.path, "w") as out:
             out.write(report.loss_html(summary, report.loss_png(summary)))
@@ -44,30 +52,48 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
 
 def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
     ev = (_record(store, "evaluate").get("result")) or {}
-    for key in ("eval_loss_before", "eval_loss_after", "perplexity_before", "perplexity_after", "champion_loss",
-                "perplexity_champion"):
+    for key in (
+        "eval_loss_before",
+        "eval_loss_after",
+        "perplexity_before",
+        "perplexity_after",
+        "champion_loss",
+        "perplexity_champion",
+    ):
         if ev.get(key) is not None:
             metrics.log_metric(key, ev[key])
     train_result = _record(store, "train").get("result") or {}
     image = _record(store, "build_image").get("result") or {}
     cluster, t = spec["cluster"], spec["train"]
     model.uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint") or model.uri
-    model.metadata.update({
-        "preset": spec["name"],
-        "base_model": ev.get("init_from") or (spec["maxtext"]["model_name"] if t["workload"] == "maxtext"
-                                              else t["model_id"]),
-        "accelerator": cluster["accelerator"], "topology": cluster["topology"], "slices": cluster["num_slices"],
-        "trainer_image": image.get("image", ""), "trainer_image_digest": image.get("digest", ""),
-        "git_sha": source_version, "eval_loss_after": ev.get("eval_loss_after"),
-        "eval_loss_before": ev.get("eval_loss_before"), "run_id": _record(store, "train").get("run_id", ""),
-    })
-    rows = [("held-out loss", ev.get("eval_loss_before"), ev.get("eval_loss_after")),
-            ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after"))]
+    model.metadata.update(
+        {
+            "preset": spec["name"],
+            "base_model": ev.get("init_from")
+            or (spec["maxtext"]["model_name"] if t["workload"] == "maxtext" else t["model_id"]),
+            "accelerator": cluster["accelerator"],
+            "topology": cluster["topology"],
+            "slices": cluster["num_slices"],
+            "trainer_image": image.get("image", ""),
+            "trainer_image_digest": image.get("digest", ""),
+            "git_sha": source_version,
+            "eval_loss_after": ev.get("eval_loss_after"),
+            "eval_loss_before": ev.get("eval_loss_before"),
+            "run_id": _record(store, "train").get("run_id", ""),
+        }
+    )
+    rows = [
+        ("held-out loss", ev.get("eval_loss_before"), ev.get("eval_loss_after")),
+        ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after")),
+    ]
     lines = ["| | untrained | trained |", "|---|---|---|"]
     lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
     if ev.get("champion"):
-        lines += ["", f"Champion `{ev['champion']['ref']}`, measured in the same job: held-out loss "
-                      f"{_num(ev.get('champion_loss'))}, perplexity {_num(ev.get('perplexity_champion'))}."]
+        lines += [
+            "",
+            f"Champion `{ev['champion']['ref']}`, measured in the same job: held-out loss "
+            f"{_num(ev.get('champion_loss'))}, perplexity {_num(ev.get('perplexity_champion'))}.",
+        ]
     lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
     with open(summary_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
@@ -81,21 +107,32 @@ def register(store: RunStore, metrics, table_md) -> None:
         with open(table_md.path, "w") as out:
             out.write(f"Gate off: {result['reason']}.\n")
         return
-    figures = {"eval_loss": result.get("eval_loss"), "champion_loss": result.get("champion_loss"),
-               "improvement": result.get("improvement"), "min_improvement": result.get("min_improvement"),
-               "promote": 1.0 if result.get("decision") == "promote" else 0.0,
-               "version": float(result["version"]) if str(result.get("version", "")).isdigit() else None}
+    figures = {
+        "eval_loss": result.get("eval_loss"),
+        "champion_loss": result.get("champion_loss"),
+        "improvement": result.get("improvement"),
+        "min_improvement": result.get("min_improvement"),
+        "promote": 1.0 if result.get("decision") == "promote" else 0.0,
+        "version": float(result["version"]) if str(result.get("version", "")).isdigit() else None,
+    }
     for key, value in figures.items():
         if value is not None:
             metrics.log_metric(key, value)
     champion = result.get("champion_ref") or "none"
-    lines = [f"**Gate: {result.get('decision')}** — {result.get('reason')}", "",
-             "| model | held-out loss |", "|---|---|",
-             f"| new: `{result.get('ref')}` | {_num(result.get('eval_loss'))} |",
-             f"| champion: `{champion}` | {_num(result.get('champion_loss'))} |", ""]
+    lines = [
+        f"**Gate: {result.get('decision')}** — {result.get('reason')}",
+        "",
+        "| model | held-out loss |",
+        "|---|---|",
+        f"| new: `{result.get('ref')}` | {_num(result.get('eval_loss'))} |",
+        f"| champion: `{champion}` | {_num(result.get('champion_loss'))} |",
+        "",
+    ]
     improvement = result.get("improvement")
-    lines.append(f"Improvement {'-' if improvement is None else f'{improvement:.2%}'}; needed "
-                 f"{result.get('min_improvement', 0):.2%} (gate.min_improvement). Registry: {result.get('registry')}.")
+    lines.append(
+        f"Improvement {'-' if improvement is None else f'{improvement:.2%}'}; needed "
+        f"{result.get('min_improvement', 0):.2%} (gate.min_improvement). Registry: {result.get('registry')}."
+    )
     if result.get("provenance"):
         lines += ["", "| provenance | |", "|---|---|"]
         lines += [f"| {key} | `{value}` |" for key, value in result["provenance"].items()]

@@ -48,20 +48,29 @@ def starting_point(ctx: RunContext) -> dict[str, Any] | None:
     except SpecError as exc:
         raise SpecError("train.init_from", f"{ctx.spec.train.init_from}: {exc}") from None
     if version is None:
-        raise SpecError("train.init_from", f"model {name!r} has no {CHAMPION} yet in {reg.where}: run once without "
-                        f"train.init_from, or promote a version (tpupipe models promote {name} VERSION)")
+        raise SpecError(
+            "train.init_from",
+            f"model {name!r} has no {CHAMPION} yet in {reg.where}: run once without "
+            f"train.init_from, or promote a version (tpupipe models promote {name} VERSION)",
+        )
     _check_fits(ctx.spec, version)
-    return {"ref": version.ref, "artifact_uri": version.artifact_uri,
-            "path": get_platform(ctx.platform).checkpoint_path(ctx, version.artifact_uri),
-            "eval_loss": version.provenance.get("eval_loss_after")}
+    return {
+        "ref": version.ref,
+        "artifact_uri": version.artifact_uri,
+        "path": get_platform(ctx.platform).checkpoint_path(ctx, version.artifact_uri),
+        "eval_loss": version.provenance.get("eval_loss_after"),
+    }
 
 
 def _check_fits(spec: RunSpec, version: Version) -> None:
     """A version's weights load over the architecture it was trained on: the same ``train.model_id``."""
     trained_on = version.provenance.get("model_id")
     if trained_on and trained_on != spec.train.model_id:
-        raise SpecError("train.init_from", f"{version.ref} was trained over train.model_id={trained_on}; this run's "
-                        f"train.model_id is {spec.train.model_id}: its weights do not load over it")
+        raise SpecError(
+            "train.init_from",
+            f"{version.ref} was trained over train.model_id={trained_on}; this run's "
+            f"train.model_id is {spec.train.model_id}: its weights do not load over it",
+        )
 
 
 def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
@@ -77,8 +86,11 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
         raise
     if champion is None:
         return None
-    return {"ref": champion.ref, "version": champion.version,
-            "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
+    return {
+        "ref": champion.ref,
+        "version": champion.version,
+        "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri),
+    }
 
 
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
@@ -106,28 +118,40 @@ class Decision:
     improvement: float | None = None  # (champion - new) / champion; None without a champion
 
 
-def decide(new_loss: float, champion_loss: float | None, min_improvement: float, new_ref: str,
-           champion_ref: str = "") -> Decision:
+def decide(
+    new_loss: float, champion_loss: float | None, min_improvement: float, new_ref: str, champion_ref: str = ""
+) -> Decision:
     """Promote the new version when there is no champion, or when its held-out loss is lower than the champion's
     by at least ``min_improvement`` of the champion's (relative). Equal is not better: a schedule whose run learns
     nothing keeps its champion."""
     if champion_loss is None:
-        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: there was no {CHAMPION} yet (held-out "
-                                 f"{new_loss:.4f})")
+        return Decision(
+            PROMOTE, f"promoted {new_ref} to {CHAMPION}: there was no {CHAMPION} yet (held-out {new_loss:.4f})"
+        )
     if not math.isfinite(new_loss):
-        return Decision(KEEP, f"kept {CHAMPION} {champion_ref} (held-out {champion_loss:.4f}): {new_ref}'s held-out "
-                              f"loss is {new_loss}")
+        return Decision(
+            KEEP,
+            f"kept {CHAMPION} {champion_ref} (held-out {champion_loss:.4f}): {new_ref}'s held-out loss is {new_loss}",
+        )
     improvement = (champion_loss - new_loss) / champion_loss if champion_loss > 0 else -math.inf
     figures = f"held-out {new_loss:.4f} vs {CHAMPION} {champion_ref} {champion_loss:.4f}"
     needed = f"gate.min_improvement {min_improvement:.2%}"
     if new_loss < champion_loss and improvement >= min_improvement:
-        return Decision(PROMOTE, f"promoted {new_ref} to {CHAMPION}: {figures}, {improvement:.2%} better "
-                                 f"({needed})", improvement)
+        return Decision(
+            PROMOTE, f"promoted {new_ref} to {CHAMPION}: {figures}, {improvement:.2%} better ({needed})", improvement
+        )
     if new_loss < champion_loss:
-        return Decision(KEEP, f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, {improvement:.2%} better, short "
-                              f"of {needed}", improvement)
-    return Decision(KEEP, f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, "
-                          f"{'not better' if new_loss == champion_loss else f'{-improvement:.2%} worse'}", improvement)
+        return Decision(
+            KEEP,
+            f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, {improvement:.2%} better, short of {needed}",
+            improvement,
+        )
+    return Decision(
+        KEEP,
+        f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, "
+        f"{'not better' if new_loss == champion_loss else f'{-improvement:.2%} worse'}",
+        improvement,
+    )
 
 
 # ---------------------------------------------------------------- provenance
@@ -162,8 +186,14 @@ def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def provenance(spec: RunSpec, run_id: str, records: dict[str, dict[str, Any]], source_version: str = "",
-               job_name: str = "", hosts_lost: int | None = None) -> dict[str, Any]:
+def provenance(
+    spec: RunSpec,
+    run_id: str,
+    records: dict[str, dict[str, Any]],
+    source_version: str = "",
+    job_name: str = "",
+    hosts_lost: int | None = None,
+) -> dict[str, Any]:
     """Every field of ``components.registry.PROVENANCE_FIELDS`` from the results of the run's stages (``records``:
     stage -> its result; train, evaluate and build_image), plus what the gate and a later run need:
     ``model_id`` (the architecture the weights load over), the champion measured beside it and its figure."""

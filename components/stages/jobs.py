@@ -59,21 +59,31 @@ def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str
         info = client.get_job_info(submission_id)
         log(f"{kind}: re-attaching to job {submission_id} ({info.status})")
     except Exception:  # noqa: BLE001 - the Jobs API raises a plain error for an unknown job
-        client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=JOB_RUNTIME_ENV,
-                          metadata={names.RUN_LABEL: ctx.run_id, "kind": kind})
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env=JOB_RUNTIME_ENV,
+            metadata={names.RUN_LABEL: ctx.run_id, "kind": kind},
+        )
         log(f"{kind}: submitted Ray job {submission_id}")
     return submission_id
 
 
-def _take(new: str, kind: str, state: _Follow, ctx: RunContext, on_record: Callable[[str, dict], None] | None,
-          final: bool = False) -> None:
+def _take(
+    new: str,
+    kind: str,
+    state: _Follow,
+    ctx: RunContext,
+    on_record: Callable[[str, dict], None] | None,
+    final: bool = False,
+) -> None:
     """Log text new since the last: print its complete lines (a line cut between two chunks waits for its end, unless
     ``final``), keep the file copy, parse their records."""
     state.text += new
     end = len(state.text) if final else state.text.rfind("\n") + 1
     if end <= state.seen:
         return
-    lines = state.text[state.seen:end].splitlines()
+    lines = state.text[state.seen : end].splitlines()
     state.seen = end
     _save_log(ctx, kind, state)
     for line in lines:
@@ -84,8 +94,15 @@ def _take(new: str, kind: str, state: _Follow, ctx: RunContext, on_record: Calla
             on_record(*rec)
 
 
-def _stream(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
-            on_record: Callable[[str, dict], None] | None, timeout_s: float) -> None:
+def _stream(
+    client,
+    submission_id: str,
+    kind: str,
+    state: _Follow,
+    ctx: RunContext,
+    on_record: Callable[[str, dict], None] | None,
+    timeout_s: float,
+) -> None:
     """Follow the job's log as Ray writes it (the Jobs API's log tailing, a WebSocket) until the job ends. Raises
     TimeoutError past ``timeout_s``, _NoStream when the stream cannot be opened or breaks."""
 
@@ -107,13 +124,20 @@ class _NoStream(Exception):
     """The job's log cannot be streamed (a proxy that does not pass WebSockets): it is polled instead."""
 
 
-def _poll(client, submission_id: str, kind: str, state: _Follow, ctx: RunContext,
-          on_record: Callable[[str, dict], None] | None, deadline: float) -> None:
+def _poll(
+    client,
+    submission_id: str,
+    kind: str,
+    state: _Follow,
+    ctx: RunContext,
+    on_record: Callable[[str, dict], None] | None,
+    deadline: float,
+) -> None:
     """Follow the job by reading its whole log every ``POLL_S`` until it ends. Raises TimeoutError past ``deadline``."""
     while True:
         status = client.get_job_status(submission_id)
         text = client.get_job_logs(submission_id)
-        _take(text[len(state.text):], kind, state, ctx, on_record)
+        _take(text[len(state.text) :], kind, state, ctx, on_record)
         if status.is_terminal():
             return
         if time.monotonic() > deadline:
@@ -139,8 +163,9 @@ def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S)
     return stop
 
 
-def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
-            on_record: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
+def run_job(
+    ctx: RunContext, kind: str, entrypoint: str, timeout_s: float, on_record: Callable[[str, dict], None] | None = None
+) -> dict[str, Any]:
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
     ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline."""
     from ray.job_submission import JobStatus
@@ -160,16 +185,19 @@ def run_job(ctx: RunContext, kind: str, entrypoint: str, timeout_s: float,
                     _poll(client, submission_id, kind, state, ctx, on_record, deadline)
             except TimeoutError:
                 client.stop_job(submission_id)
-                raise JobFailed(f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; "
-                                "stopped") from None
+                raise JobFailed(
+                    f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped"
+                ) from None
     finally:
         _take("", kind, state, ctx, on_record, final=True)
         _save_log(ctx, kind, state, force=True)
     info = client.get_job_info(submission_id)
     if info.status != JobStatus.SUCCEEDED:
         tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])
-        raise JobFailed(f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
-                        f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}")
+        raise JobFailed(
+            f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
+            f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}"
+        )
     result = next((p for k, p in reversed(state.records) if k == "result"), None)
     if result is None:
         raise JobFailed(f"{kind}: job {submission_id} succeeded but printed no result record")

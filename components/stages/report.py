@@ -57,12 +57,35 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-SLICE_CHECK_FIGURES = ("ok", "device", "backend", "num_ranks", "num_hosts", "num_devices", "ranks_verified",
-                       "max_abs_diff", "all_reduce", "expected_all_reduce", "seconds", "bad")
+SLICE_CHECK_FIGURES = (
+    "ok",
+    "device",
+    "backend",
+    "num_ranks",
+    "num_hosts",
+    "num_devices",
+    "ranks_verified",
+    "max_abs_diff",
+    "all_reduce",
+    "expected_all_reduce",
+    "seconds",
+    "bad",
+)
 
 
-GATE_FIGURES = ("model", "version", "ref", "registry", "decision", "reason", "eval_loss", "champion_loss",
-                "champion_ref", "improvement", "min_improvement")
+GATE_FIGURES = (
+    "model",
+    "version",
+    "ref",
+    "registry",
+    "decision",
+    "reason",
+    "eval_loss",
+    "champion_loss",
+    "champion_ref",
+    "improvement",
+    "min_improvement",
+)
 
 
 def gate_summary(registered: dict[str, Any], promoted: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +130,10 @@ def write(ctx: RunContext) -> dict[str, Any]:
         summary["final_checkpoint"] = str(link)
     if summary["train_losses"]:
         png = loss_png(summary)
-        summary["plots"] = {"png": ctx.store.write_bytes("loss.png", png, "image/png"),
-                            "html": write_text(ctx.store, "loss.html", loss_html(summary, png), "text/html")}
+        summary["plots"] = {
+            "png": ctx.store.write_bytes("loss.png", png, "image/png"),
+            "html": write_text(ctx.store, "loss.html", loss_html(summary, png), "text/html"),
+        }
     write_text(ctx.store, "summary.json", json.dumps(summary, indent=2), "application/json")
     return summary
 
@@ -127,8 +152,10 @@ def loss_png(summary: dict[str, Any]) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
     ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
-    for key, style, text in (("eval_loss_before", ":", "held-out, untrained"),
-                             ("eval_loss_after", "--", "held-out, trained")):
+    for key, style, text in (
+        ("eval_loss_before", ":", "held-out, untrained"),
+        ("eval_loss_after", "--", "held-out, trained"),
+    ):
         if summary.get(key) is not None:
             ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=text)
     ax.set_ylim(bottom=0)
@@ -151,8 +178,10 @@ def loss_html(summary: dict[str, Any], png: bytes) -> str:
 
     columns = _columns(summary["history"])
     head = "".join(f"<th>{html.escape(title)}</th>" for title, _key, _fmt in columns)
-    rows = "".join("<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
-                   for row in summary["history"])
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
+        for row in summary["history"]
+    )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>tpupipe "
         f"{html.escape(summary['run_id'])}</title></head><body>"
@@ -171,11 +200,20 @@ def _unit(history: list[dict]) -> str:
 def _columns(history: list[dict]) -> list[tuple[str, str, str]]:
     """(title, key, format) of the metric table: per epoch for FSDP, per step (MaxText's figures) for MaxText."""
     if _unit(history) == "epoch":
-        return [("epoch", "epoch", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "epoch_s", "{:.1f}"),
-                ("tokens/s", "tokens_per_s", "{:.0f}")]
-    return [("step", "step", "{}"), ("loss", "loss", "{:.4f}"), ("seconds", "step_s", "{:.3f}"),
-            ("tokens/s", "tokens_per_s", "{:.0f}"), ("tok/s/dev", "tokens_per_s_per_device", "{:.1f}"),
-            ("TFLOP/s/dev", "tflops_per_s_per_device", "{:.4f}")]
+        return [
+            ("epoch", "epoch", "{}"),
+            ("loss", "loss", "{:.4f}"),
+            ("seconds", "epoch_s", "{:.1f}"),
+            ("tokens/s", "tokens_per_s", "{:.0f}"),
+        ]
+    return [
+        ("step", "step", "{}"),
+        ("loss", "loss", "{:.4f}"),
+        ("seconds", "step_s", "{:.3f}"),
+        ("tokens/s", "tokens_per_s", "{:.0f}"),
+        ("tok/s/dev", "tokens_per_s_per_device", "{:.1f}"),
+        ("TFLOP/s/dev", "tflops_per_s_per_device", "{:.4f}"),
+    ]
 
 
 def _shown(history: list[dict], most: int = 12) -> list[dict]:
@@ -214,9 +252,11 @@ def format_table(summary: dict[str, Any]) -> str:
     if check.get("skipped"):
         lines.append(f"\n  slice check          off ({check['reason']})")
     elif "ranks_verified" in check:
-        lines.append(f"\n  slice check          {check['ranks_verified']}/{check['num_ranks']} ranks verified, max abs "
-                     f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
-                     f"{check['expected_all_reduce']}), {check['seconds']:.1f}s")
+        lines.append(
+            f"\n  slice check          {check['ranks_verified']}/{check['num_ranks']} ranks verified, max abs "
+            f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
+            f"{check['expected_all_reduce']}), {check['seconds']:.1f}s"
+        )
     failed = [s for s in summary["stages"] if s.get("error") and s["status"] == "failed"]
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")

@@ -100,9 +100,11 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
             raise SliceCheckFailed(f"check_slice: {seen['failure']}") from None
         raise
     r = job["result"]
-    log(f"check_slice: {r['ranks_verified']}/{r['num_ranks']} ranks verified on {r['num_hosts']} hosts "
+    log(
+        f"check_slice: {r['ranks_verified']}/{r['num_ranks']} ranks verified on {r['num_hosts']} hosts "
         f"({r['device']}, {r['backend']}): max abs difference {r['max_abs_diff']:.3g}, all-reduce {r['all_reduce']:g} "
-        f"(expected {r['expected_all_reduce']}), {r['seconds']:.1f}s")
+        f"(expected {r['expected_all_reduce']}), {r['seconds']:.1f}s"
+    )
     return {"job": job["submission_id"], **r}
 
 
@@ -124,8 +126,9 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         seconds = p.get("epoch_s", p.get("step_s", 0.0))
         log(f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)")
 
-    job = run_job(ctx, "train", entrypoint(ctx, "train", init_from=start["path"] if start else ""), t.timeout_s,
-                  progress)
+    job = run_job(
+        ctx, "train", entrypoint(ctx, "train", init_from=start["path"] if start else ""), t.timeout_s, progress
+    )
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
     data = next((p for p in reversed(events) if p.get("event") == "data"), {})
@@ -163,13 +166,20 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     champion = gate.champion_to_measure(ctx)
     if champion:
         log(f"evaluate: measuring {gate.CHAMPION} {champion['ref']} beside the new model")
-    command = entrypoint(ctx, "eval", checkpoint=train_result["checkpoint"], init_from=start.get("path", ""),
-                         champion=champion["path"] if champion else "")
+    command = entrypoint(
+        ctx,
+        "eval",
+        checkpoint=train_result["checkpoint"],
+        init_from=start.get("path", ""),
+        champion=champion["path"] if champion else "",
+    )
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
     result = job["result"]
-    log(f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
+    log(
+        f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
         f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
-        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if champion else ""))
+        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if champion else "")
+    )
     out = {"job": job["submission_id"], **result}
     if champion:
         out["champion"] = {"ref": champion["ref"], "version": champion["version"]}
@@ -186,29 +196,45 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
         log("register: skipped (gate.register=false)")
         return {"skipped": True, "decision": gate.OFF, "reason": "gate.register=false: nothing registered"}
     ev = json.loads(upstream) if upstream else {}
-    records = {stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
-               for stage in ("build_image", "train")}
+    records = {
+        stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
+        for stage in ("build_image", "train")
+    }
     records["evaluate"] = ev
     train_result = records["train"]
     artifact_uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint")
     if not artifact_uri:
         raise JobFailed("register: the train stage reported no checkpoint")
     platform = get_platform(ctx.platform)
-    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job,
-                                 platform.hosts_lost(ctx))
+    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job, platform.hosts_lost(ctx))
     reg = gate.registry(ctx)
     version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
     champion = ev.get("champion") or {}
-    decision = gate.decide(ev["eval_loss_after"], ev.get("champion_loss"), ctx.spec.gate.min_improvement,
-                           version.ref, champion.get("ref", ""))
+    decision = gate.decide(
+        ev["eval_loss_after"],
+        ev.get("champion_loss"),
+        ctx.spec.gate.min_improvement,
+        version.ref,
+        champion.get("ref", ""),
+    )
     log(f"register: {version.ref} in {reg.where}")
     log(f"gate: {decision.reason}")
-    return {"model": version.name, "version": version.version, "ref": version.ref, "artifact_uri": artifact_uri,
-            "registry": reg.where, "decision": decision.decision, "reason": decision.reason,
-            "eval_loss": ev["eval_loss_after"], "champion_loss": ev.get("champion_loss"),
-            "champion_ref": champion.get("ref"), "champion_version": champion.get("version"),
-            "improvement": decision.improvement, "min_improvement": ctx.spec.gate.min_improvement,
-            "provenance": version.provenance}
+    return {
+        "model": version.name,
+        "version": version.version,
+        "ref": version.ref,
+        "artifact_uri": artifact_uri,
+        "registry": reg.where,
+        "decision": decision.decision,
+        "reason": decision.reason,
+        "eval_loss": ev["eval_loss_after"],
+        "champion_loss": ev.get("champion_loss"),
+        "champion_ref": champion.get("ref"),
+        "champion_version": champion.get("version"),
+        "improvement": decision.improvement,
+        "min_improvement": ctx.spec.gate.min_improvement,
+        "provenance": version.provenance,
+    }
 
 
 def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
@@ -225,8 +251,10 @@ def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
     measured = registered.get("champion_version")
     if (current.version if current else None) != measured:
         was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
-        reason = (f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
-                  f"{current.ref if current else 'none'} now; the next run measures against it")
+        reason = (
+            f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
+            f"{current.ref if current else 'none'} now; the next run measures against it"
+        )
         log(f"promote: {reason}")
         return {"promoted": False, "ref": registered["ref"], "reason": reason}
     reg.promote(name, version)
@@ -251,8 +279,17 @@ assert tuple(RUNNERS) == STAGES
 # ---------------------------------------------------------------- what a component calls
 
 
-def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-              output_root: str, upstream: str = "", **facts: str) -> str:
+def run_stage(
+    stage: str,
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    upstream: str = "",
+    **facts: str,
+) -> str:
     """Resolve the context, run one stage with its record kept, return its result as JSON. ``facts`` are what the
     pipeline knows beyond the spec that a stage takes as keyword arguments (``FACTS``: the job name, the source
     version).
@@ -269,14 +306,26 @@ def run_stage(stage: str, preset: str, platform: str, overrides: str, run_id: st
         return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
 
 
-def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-                  output_root: str, upstream: str, facts: dict[str, str]) -> str:
+def _run_recorded(
+    stage: str,
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    upstream: str,
+    facts: dict[str, str],
+) -> str:
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
     mark = interrupts.marked(store)
     if mark and (stage != "teardown" or mark.get("abandoned")):
-        reason = "teardown was abandoned" if mark.get("abandoned") else \
-            f"the run was interrupted ({mark['signal']} during {mark['stage']})"
+        reason = (
+            "teardown was abandoned"
+            if mark.get("abandoned")
+            else f"the run was interrupted ({mark['signal']} during {mark['stage']})"
+        )
         record(store, stage, status="skipped", run_id=rid, reason=reason)
         log(f"== {stage}: not started: {reason}")
         raise interrupts.Interrupted(getattr(signal, mark["signal"]))
@@ -287,8 +336,14 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
         ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
-        record(store, stage, status="interrupted", seconds=time.time() - started, signal=exc.signal_name,
-               error=f"interrupted by {exc.signal_name}")
+        record(
+            store,
+            stage,
+            status="interrupted",
+            seconds=time.time() - started,
+            signal=exc.signal_name,
+            error=f"interrupted by {exc.signal_name}",
+        )
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -302,8 +357,15 @@ def _run_recorded(stage: str, preset: str, platform: str, overrides: str, run_id
 
 
 # The argument of each component that carries the upstream stage's result.
-UPSTREAM = {"build_image": "cluster", "deploy_raycluster": "image", "check_slice": "raycluster", "train": "raycluster",
-            "evaluate": "train_result", "register": "eval_result", "promote": "decision"}
+UPSTREAM = {
+    "build_image": "cluster",
+    "deploy_raycluster": "image",
+    "check_slice": "raycluster",
+    "train": "raycluster",
+    "evaluate": "train_result",
+    "register": "eval_result",
+    "promote": "decision",
+}
 # What a stage's runner takes beyond the spec: its keyword argument -> the component's argument that carries it.
 FACTS = {"register": {"pipeline_job": "job_name", "source_version": "source_version"}}
 # A component whose output is one field of its stage's result (what the pipeline's condition reads), not all of it.
@@ -343,8 +405,9 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
     return json.loads(result)[field] if field else result
 
 
-def _stage_context(stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str,
-                   output_root: str) -> RunContext:
+def _stage_context(
+    stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str
+) -> RunContext:
     try:
         return context(preset, platform, overrides, run_id, job_name, output_root)
     except SpecError:
@@ -371,8 +434,11 @@ def teardown_context(run_id: str, platform: str, output_root: str, preset: str =
     elif platform == "local":
         spec = RunSpec(name="local-fsdp")
     else:
-        raise SpecError("run_id", f"run {rid} left no ledger in {store.uri}: name its preset and overrides "
-                                  "(--preset, --set gke.project=...) to find its resources by their labels")
+        raise SpecError(
+            "run_id",
+            f"run {rid} left no ledger in {store.uri}: name its preset and overrides "
+            "(--preset, --set gke.project=...) to find its resources by their labels",
+        )
     return RunContext(spec=spec, run_id=rid, store=store, platform=platform)
 
 

@@ -94,8 +94,15 @@ def load(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     return table
 
 
-def line(table: Mapping[str, Mapping[str, Any]], kind: str, resource: str, item: str, name: str, capacity: str,
-         quantity: float) -> dict[str, Any]:
+def line(
+    table: Mapping[str, Mapping[str, Any]],
+    kind: str,
+    resource: str,
+    item: str,
+    name: str,
+    capacity: str,
+    quantity: float,
+) -> dict[str, Any]:
     """The cost of resource ``kind``/``resource``: ``quantity`` units of ``item/name/capacity`` an hour;
     ``usd_per_hour`` is None when the table has no price for it."""
     price_key = key(item, name, capacity)
@@ -115,8 +122,9 @@ def line(table: Mapping[str, Mapping[str, Any]], kind: str, resource: str, item:
     return out
 
 
-def summarize(lines: list[dict[str, Any]], expected_hours: float,
-              table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def summarize(
+    lines: list[dict[str, Any]], expected_hours: float, table: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     """Totals per hour and for the expected duration; None when any line is unpriced."""
     missing = sorted({ln["price_key"] for ln in lines if ln["usd_per_hour"] is None})
     priced = [ln["usd_per_hour"] for ln in lines if ln["usd_per_hour"] is not None]
@@ -130,8 +138,9 @@ def summarize(lines: list[dict[str, Any]], expected_hours: float,
         "lines": lines,
     }
     if missing and all(ln["usd_per_hour"] is not None or "upper_bound_usd_per_hour" in ln for ln in lines):
-        bound = sum(ln["usd_per_hour"] if ln["usd_per_hour"] is not None else ln["upper_bound_usd_per_hour"]
-                    for ln in lines)
+        bound = sum(
+            ln["usd_per_hour"] if ln["usd_per_hour"] is not None else ln["upper_bound_usd_per_hour"] for ln in lines
+        )
         out["upper_bound_usd_per_hour"] = round(bound, 4)
         out["upper_bound_usd_for_expected_duration"] = round(bound * expected_hours, 2)
     used = sorted({ln["price_key"] for ln in lines if ln["usd_per_hour"] is not None})

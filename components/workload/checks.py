@@ -41,8 +41,9 @@ def check_slice(spec: RunSpec) -> None:
     try:
         family = catalogue.family(c.accelerator)
     except catalogue.CatalogueError:
-        raise SpecError("cluster.accelerator", f"unknown accelerator {c.accelerator!r}",
-                        ["cpu", *catalogue.FAMILIES]) from None
+        raise SpecError(
+            "cluster.accelerator", f"unknown accelerator {c.accelerator!r}", ["cpu", *catalogue.FAMILIES]
+        ) from None
     valid = catalogue.topologies(family.name)
     if not c.topology:
         raise SpecError("cluster.topology", f"required for accelerator {family.name}", valid)
@@ -60,8 +61,11 @@ def check_slice(spec: RunSpec) -> None:
     if c.capacity == "reservation" and not re.match(
         r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", c.reservation
     ):
-        raise SpecError("cluster.reservation", f"{c.reservation!r} is not a reservation",
-                        ["a reservation name", "projects/PROJECT/reservations/NAME"])
+        raise SpecError(
+            "cluster.reservation",
+            f"{c.reservation!r} is not a reservation",
+            ["a reservation name", "projects/PROJECT/reservations/NAME"],
+        )
     if c.num_slices > 1 and not shape.multi_host:
         multi = [t for t in valid if catalogue.slice_shape(family.name, t).multi_host]
         raise SpecError(
@@ -77,38 +81,55 @@ def check_workers(spec: RunSpec) -> None:
     t, slices = spec.train, spec.cluster.num_slices
     per_slice = derive.workers_per_slice(spec)
     whole = [str(per_slice * k) for k in range(1, slices + 1)]
-    unit = (f"slices of {per_slice} workers ({derive.workers_per_host(spec)} per host x "
-            f"{spec.cluster.num_hosts} hosts), at most {slices}")
+    unit = (
+        f"slices of {per_slice} workers ({derive.workers_per_host(spec)} per host x "
+        f"{spec.cluster.num_hosts} hosts), at most {slices}"
+    )
     if t.min_workers or t.max_workers:
         if not (t.min_workers and t.max_workers):
             missing = "train.max_workers" if t.min_workers else "train.min_workers"
-            raise SpecError(missing, "an elastic range needs both train.min_workers and train.max_workers "
-                                     "(both 0: not elastic)", whole)
+            raise SpecError(
+                missing,
+                "an elastic range needs both train.min_workers and train.max_workers (both 0: not elastic)",
+                whole,
+            )
         if t.num_workers:
-            raise SpecError("train.num_workers", "set either train.num_workers or the elastic range "
-                                                 "train.min_workers..train.max_workers, not both", ["0"])
+            raise SpecError(
+                "train.num_workers",
+                "set either train.num_workers or the elastic range train.min_workers..train.max_workers, not both",
+                ["0"],
+            )
         for key, value in (("train.min_workers", t.min_workers), ("train.max_workers", t.max_workers)):
             if value % per_slice or value > per_slice * slices:
                 raise SpecError(key, f"{value} is not a whole number of {unit}", whole)
         if t.min_workers > t.max_workers:
-            raise SpecError("train.min_workers", f"{t.min_workers} is more than train.max_workers={t.max_workers}",
-                            [w for w in whole if int(w) <= t.max_workers])
+            raise SpecError(
+                "train.min_workers",
+                f"{t.min_workers} is more than train.max_workers={t.max_workers}",
+                [w for w in whole if int(w) <= t.max_workers],
+            )
     elif derive.is_tpu(spec) and t.num_workers and str(t.num_workers) not in whole:
         raise SpecError("train.num_workers", f"{t.num_workers} is not a whole number of {unit}", ["0", *whole])
     per_host = derive.workers_per_host(spec)
     if derive.is_tpu(spec) and spec.cluster.cpus_per_host < per_host:
         # Ray Train reserves a CPU with every worker's TPU bundle; the pod's CPU limit is the host's Ray CPUs.
-        raise SpecError("cluster.cpus_per_host", f"{spec.cluster.cpus_per_host} CPUs cannot hold the {per_host} "
-                                                 "Ray Train workers of each host (one CPU each)",
-                        [f"an integer >= {per_host}"])
+        raise SpecError(
+            "cluster.cpus_per_host",
+            f"{spec.cluster.cpus_per_host} CPUs cannot hold the {per_host} "
+            "Ray Train workers of each host (one CPU each)",
+            [f"an integer >= {per_host}"],
+        )
 
 
 def check_corrupt_rank(spec: RunSpec) -> None:
     """The slice check's testing aid names one of its ranks."""
     rank, ranks = spec.cluster.slice_check_corrupt_rank, derive.check_ranks(spec)
     if rank >= ranks:
-        raise SpecError("cluster.slice_check_corrupt_rank", f"rank {rank} is not one of the slice check's {ranks} "
-                        "ranks", ["-1", f"0 to {ranks - 1}"])
+        raise SpecError(
+            "cluster.slice_check_corrupt_rank",
+            f"rank {rank} is not one of the slice check's {ranks} ranks",
+            ["-1", f"0 to {ranks - 1}"],
+        )
 
 
 def check_gke_network(spec: RunSpec) -> None:
@@ -117,14 +138,21 @@ def check_gke_network(spec: RunSpec) -> None:
     if not derive.has_dcn_nics(spec):
         return
     if g.cluster_mode == "autopilot":
-        raise SpecError("gke.multislice_network", "autopilot clusters have no node pools to attach the DCN NICs "
-                                                  "to; multislice on autopilot uses the default network", ["none"])
+        raise SpecError(
+            "gke.multislice_network",
+            "autopilot clusters have no node pools to attach the DCN NICs "
+            "to; multislice on autopilot uses the default network",
+            ["none"],
+        )
     family = catalogue.family(spec.cluster.accelerator)
     if g.multislice_network == "accelerator_network_profile" and not family.accelerator_network_profile:
         supported = [f.name for f in catalogue.FAMILIES.values() if f.accelerator_network_profile]
-        raise SpecError("gke.multislice_network", f"the accelerator network profile does not support {family.name} "
-                        f"(only {', '.join(supported)}): give the slices their own DCN networks",
-                        ["dcn_networks", "none"])
+        raise SpecError(
+            "gke.multislice_network",
+            f"the accelerator network profile does not support {family.name} "
+            f"(only {', '.join(supported)}): give the slices their own DCN networks",
+            ["dcn_networks", "none"],
+        )
 
 
 def version_floors(spec: RunSpec) -> list[tuple[str, str]]:
@@ -145,8 +173,10 @@ def version_floors(spec: RunSpec) -> list[tuple[str, str]]:
 def floor_missed(spec: RunSpec, version: str) -> tuple[str, str] | None:
     """The first (floor, feature) of ``version_floors`` that GKE ``version`` does not reach; None when it reaches
     them all."""
-    return next(((floor, feature) for floor, feature in version_floors(spec)
-                 if not derive.version_at_least(version, floor)), None)
+    return next(
+        ((floor, feature) for floor, feature in version_floors(spec) if not derive.version_at_least(version, floor)),
+        None,
+    )
 
 
 def check_gke_versions(spec: RunSpec) -> None:
@@ -156,5 +186,8 @@ def check_gke_versions(spec: RunSpec) -> None:
     missed = floor_missed(spec, version) if version else None
     if missed:
         floor, feature = missed
-        raise SpecError("gke.cluster_version", f"{version} is older than {floor}, the first {spec.gke.cluster_mode} "
-                        f"version with {feature}", [f">= {floor}", "latest"])
+        raise SpecError(
+            "gke.cluster_version",
+            f"{version} is older than {floor}, the first {spec.gke.cluster_mode} version with {feature}",
+            [f">= {floor}", "latest"],
+        )

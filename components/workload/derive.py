@@ -36,8 +36,11 @@ MIN_GKE_VERSION_FOR_DRANET = {"standard": "1.34.1-gke.1829001", "autopilot": "1.
 WORKLOAD_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}
 WORKLOAD_ENTRYPOINTS = {  # workload -> mode -> python -m arguments
     "fsdp": {"check": ("trainers.slice_check", "torch"), "train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
-    "maxtext": {"check": ("trainers.slice_check", "jax"), "train": ("trainers.maxtext_train", "train"),
-                "eval": ("trainers.maxtext_train", "eval")},
+    "maxtext": {
+        "check": ("trainers.slice_check", "jax"),
+        "train": ("trainers.maxtext_train", "train"),
+        "eval": ("trainers.maxtext_train", "eval"),
+    },
 }
 DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
 # The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered.
@@ -151,8 +154,15 @@ def check_ranks(spec: RunSpec) -> int:
     return spec.total_hosts
 
 
-def job_command(spec: RunSpec, mode: str, output_dir: str, run_name: str, checkpoint: str = "", init_from: str = "",
-                champion: str = "") -> str:
+def job_command(
+    spec: RunSpec,
+    mode: str,
+    output_dir: str,
+    run_name: str,
+    checkpoint: str = "",
+    init_from: str = "",
+    champion: str = "",
+) -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
     devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry

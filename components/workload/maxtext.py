@@ -15,10 +15,33 @@ from components.tpu import catalogue
 # Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
 # users ask for most; any other shipped name can be added here.
 MAXTEXT_MODELS = (
-    "default", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
-    "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama3.3-70b", "mistral-7b", "mixtral-8x7b",
-    "gemma-2b", "gemma-7b", "gemma2-2b", "gemma2-9b", "gemma2-27b", "gemma3-4b", "gemma3-12b", "gemma3-27b",
-    "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "deepseek3-tiny",
+    "default",
+    "llama2-7b",
+    "llama2-13b",
+    "llama2-70b",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.1-405b",
+    "llama3.3-70b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "gemma-2b",
+    "gemma-7b",
+    "gemma2-2b",
+    "gemma2-9b",
+    "gemma2-27b",
+    "gemma3-4b",
+    "gemma3-12b",
+    "gemma3-27b",
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "qwen3-14b",
+    "qwen3-32b",
+    "deepseek3-tiny",
 )
 
 # Models tpupipe defines from MaxText's "default" (Llama-style decoder) with small dimensions: random init,
@@ -58,6 +81,7 @@ CPU_ARGS = (
     "enable_tensorboard=false",
 )
 
+
 def devices_per_host(spec: RunSpec) -> int:
     """JAX devices each host (Ray Train worker) has: emulated CPU devices, or the slice's logical devices."""
     if spec.cluster.accelerator == "cpu":
@@ -84,8 +108,7 @@ def validate(spec: RunSpec) -> None:
     """MaxText-specific checks, run by spec.validate for workload=maxtext before anything starts."""
     m = spec.maxtext
     if m.model_name not in MAXTEXT_MODELS and m.model_name not in SCRATCH_MODELS:
-        raise SpecError("maxtext.model_name", f"unknown model {m.model_name!r}",
-                          [*SCRATCH_MODELS, *MAXTEXT_MODELS])
+        raise SpecError("maxtext.model_name", f"unknown model {m.model_name!r}", [*SCRATCH_MODELS, *MAXTEXT_MODELS])
     if m.steps < 1:
         raise SpecError("maxtext.steps", f"must be at least 1, got {m.steps}")
     if not m.per_device_batch_size > 0:
@@ -93,13 +116,15 @@ def validate(spec: RunSpec) -> None:
     if m.max_target_length < 8:
         raise SpecError("maxtext.max_target_length", f"must be at least 8, got {m.max_target_length}")
     if m.checkpoint_period < 0:
-        raise SpecError("maxtext.checkpoint_period",
-                          f"must be 0 (MaxText's default) or more, got {m.checkpoint_period}")
+        raise SpecError(
+            "maxtext.checkpoint_period", f"must be 0 (MaxText's default) or more, got {m.checkpoint_period}"
+        )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
     if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:
-        raise SpecError("train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, "
-                                               f"got {spec.num_workers}")
+        raise SpecError(
+            "train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, got {spec.num_workers}"
+        )
     _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
     _check_axes(spec, DCN_AXES, spec.cluster.num_slices, "DCN (across slices)")
 
@@ -112,15 +137,17 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
     """The ``key=value`` arguments MaxText's ``train.main`` gets after its base config for this spec (the seed's
     commands, for the seed presets)."""
     m = spec.maxtext
-    args = [f"dataset_type={m.dataset_type}",
-            f"per_device_batch_size={_fmt(m.per_device_batch_size)}", f"max_target_length={m.max_target_length}"]
+    args = [
+        f"dataset_type={m.dataset_type}",
+        f"per_device_batch_size={_fmt(m.per_device_batch_size)}",
+        f"max_target_length={m.max_target_length}",
+    ]
     if m.model_name in SCRATCH_MODELS:
         args += [f"{k}={v}" for k, v in SCRATCH_MODELS[m.model_name].items()]
     else:
         args.append(f"model_name={m.model_name}")
     args.append(f"steps={m.steps}")
-    args += [f"{axis}={getattr(m, axis)}" for axis in ICI_AXES + DCN_AXES
-             if getattr(m, axis) != AXIS_DEFAULTS[axis]]
+    args += [f"{axis}={getattr(m, axis)}" for axis in ICI_AXES + DCN_AXES if getattr(m, axis) != AXIS_DEFAULTS[axis]]
     if m.remat_policy:
         args.append(f"remat_policy={m.remat_policy}")
     if m.learning_rate:

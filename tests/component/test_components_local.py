@@ -14,13 +14,20 @@ from components.platforms.local.cluster import run_processes
 @pytest.fixture(autouse=True)
 def kfp_local(tmp_path):
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
-               raise_on_error=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
 
 
 def args(tmp_path, run_id, **kw):
-    base = dict(preset="local-fsdp", platform="local", overrides="", run_id=run_id, job_name="ignored",
-                output_root=str(tmp_path / "runs"), project="", bucket="")
+    base = dict(
+        preset="local-fsdp",
+        platform="local",
+        overrides="",
+        run_id=run_id,
+        job_name="ignored",
+        output_root=str(tmp_path / "runs"),
+        project="",
+        bucket="",
+    )
     return {**base, **kw}
 
 
@@ -74,11 +81,21 @@ def _trained_run(tmp_path, run_id: str) -> str:
     store = LocalStore(tmp_path / "runs" / run_id)
     checkpoint = tmp_path / "runs" / run_id / "train" / "checkpoint_000002"
     checkpoint.mkdir(parents=True)
-    record(store, "build_image", status="succeeded", result={"image": "local/torch@0123456789ab",
-                                                             "digest": "0123456789ab"})
-    record(store, "train", status="succeeded", result={
-        "checkpoint": str(checkpoint), "checkpoint_uri": str(checkpoint), "restarts": 0,
-        "data_snapshot": "sha256:" + "d4" * 32, "history": [{"epoch": 1, "loss": 2.0, "tokens_seen": 16384}]})
+    record(
+        store, "build_image", status="succeeded", result={"image": "local/torch@0123456789ab", "digest": "0123456789ab"}
+    )
+    record(
+        store,
+        "train",
+        status="succeeded",
+        result={
+            "checkpoint": str(checkpoint),
+            "checkpoint_uri": str(checkpoint),
+            "restarts": 0,
+            "data_snapshot": "sha256:" + "d4" * 32,
+            "history": [{"epoch": 1, "loss": 2.0, "tokens_seen": 16384}],
+        },
+    )
     return str(checkpoint)
 
 
@@ -100,10 +117,16 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
     assert champion.version == "1" and champion.artifact_uri == checkpoint
 
     _trained_run(tmp_path, "gate-2")
-    worse = {"eval_loss_before": 4.6, "eval_loss_after": 4.6, "eval_split": "heldout", "champion_loss": 1.5,
-             "champion": {"ref": "local-fsdp@1", "version": "1"}}
-    task = c.register(**args(tmp_path, "gate-2", overrides="train.learning_rate=0"), source_version="",
-                      eval_result=json.dumps(worse))
+    worse = {
+        "eval_loss_before": 4.6,
+        "eval_loss_after": 4.6,
+        "eval_split": "heldout",
+        "champion_loss": 1.5,
+        "champion": {"ref": "local-fsdp@1", "version": "1"},
+    }
+    task = c.register(
+        **args(tmp_path, "gate-2", overrides="train.learning_rate=0"), source_version="", eval_result=json.dumps(worse)
+    )
     assert task.outputs["Output"] == "keep"
     metrics = task.outputs["metrics"].metadata
     assert (metrics["eval_loss"], metrics["champion_loss"], metrics["promote"]) == (4.6, 1.5, 0.0)

@@ -68,8 +68,12 @@ def _convert(node):
         out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if (out.get("type") == "object" and "properties" in out and "additionalProperties" not in out
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     if node.get("format") == "int32":
         out.setdefault("minimum", -(2**31))

@@ -22,15 +22,22 @@ VARIANTS = [
     ("llama3-8b-v6e-16x2", "gke.cluster_mode=autopilot gke.multislice_network=none"),
     ("llama3-8b-v6e-16x2", "gke.multislice_network=accelerator_network_profile"),
     ("llama3-8b-v6e-16x2", "cluster.capacity=flex-start"),
-    ("llama3-8b-v6e-16x2", "cluster.capacity=reservation cluster.reservation=projects/other-project/reservations/tpu "
-                           "gke.cluster_mode=autopilot gke.multislice_network=none"),
+    (
+        "llama3-8b-v6e-16x2",
+        "cluster.capacity=reservation cluster.reservation=projects/other-project/reservations/tpu "
+        "gke.cluster_mode=autopilot gke.multislice_network=none",
+    ),
     ("llama3-70b-v6e-16x2", "gke.cluster_name=shared-cluster gke.project=my-project gke.bucket=my-bucket"),
     ("gemma4-e2b-v6e-16", "cluster.accelerator=v5e cluster.topology=2x2 cluster.num_hosts=1 train.num_workers=0"),
-    ("gemma4-e2b-v6e-16", "cluster.accelerator=v5p cluster.topology=4x4x4 cluster.num_hosts=16 "
-                          "cluster.num_slices=2 train.num_workers=0"),
+    (
+        "gemma4-e2b-v6e-16",
+        "cluster.accelerator=v5p cluster.topology=4x4x4 cluster.num_hosts=16 cluster.num_slices=2 train.num_workers=0",
+    ),
     ("gemma4-e2b-tpu7x-16", "cluster.topology=4x4x4 cluster.num_hosts=16 cluster.num_slices=4 train.num_workers=0"),
-    ("llama3-8b-v6e-16x2", "cluster.topology=16x16 cluster.num_hosts=64 cluster.num_slices=64 "
-                           "maxtext.ici_fsdp_parallelism=-1"),
+    (
+        "llama3-8b-v6e-16x2",
+        "cluster.topology=16x16 cluster.num_hosts=64 cluster.num_slices=64 maxtext.ici_fsdp_parallelism=-1",
+    ),
 ]
 
 
@@ -81,16 +88,19 @@ MUTATIONS = {
     "int32 overflow": lambda o: o["spec"]["workerGroupSpecs"][0].update(numOfHosts=2**31),
     "bad quantity": lambda o: _first_worker_container(o)["resources"]["limits"].update(memory="lots"),
     "duplicate port": lambda o: o["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"].append(
-        {"name": "again", "containerPort": 6379, "protocol": "TCP"}),
+        {"name": "again", "containerPort": 6379, "protocol": "TCP"}
+    ),
     "duplicate container": lambda o: o["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"].append(
-        copy.deepcopy(_first_worker_container(o))),
+        copy.deepcopy(_first_worker_container(o))
+    ),
     "no head group": lambda o: o["spec"].pop("headGroupSpec"),
     "no minReplicas": lambda o: o["spec"]["workerGroupSpecs"][0].pop("minReplicas"),
     "bad managedBy": lambda o: o["spec"].update(managedBy="someone-else"),
     "name too long for KubeRay": lambda o: o["metadata"].update(name="r" * 54),
     "bad label value": lambda o: o["metadata"]["labels"].update(bad="not ok!"),
     "bad node selector value": lambda o: o["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"].update(
-        **{"cloud.google.com/reservation-name": "projects/p/reservations/r"}),
+        **{"cloud.google.com/reservation-name": "projects/p/reservations/r"}
+    ),
 }
 
 

@@ -54,10 +54,13 @@ def test_composite_checkpoint_loads_shards_and_trains_on_two_cpu_workers(tmp_pat
     python = envs.ensure_env("torch").python
     # A Ray instance of its own. A new local ray.init() turns token authentication on and writes a token to
     # ~/.ray/auth_token, which every later `ray start` on the machine would pick up: keep that home in tmp_path.
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"HOME": str(tmp_path),
-                                                                          "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.run([python, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=env)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "HOME": str(tmp_path),
+        "RAY_AUTH_MODE": "disabled",
+    }
+    proc = subprocess.run(
+        [python, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
     assert facts["class"] == "Gemma4ForConditionalGeneration"

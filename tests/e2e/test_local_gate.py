@@ -84,8 +84,10 @@ def test_a_run_that_trains_worse_is_registered_not_promoted_and_says_why_with_bo
     assert gate["eval_loss"] > gate["champion_loss"]
     promote = next(s for s in summary["stages"] if s["name"] == "promote")
     assert promote["status"] == "skipped" and promote["reason"] == gate["reason"]
-    why = (f"gate: kept champion {MODEL}@1: {MODEL}@2 held-out {gate['eval_loss']:.4f} vs champion {MODEL}@1 "
-           f"{gate['champion_loss']:.4f}, ")
+    why = (
+        f"gate: kept champion {MODEL}@1: {MODEL}@2 held-out {gate['eval_loss']:.4f} vs champion {MODEL}@1 "
+        f"{gate['champion_loss']:.4f}, "
+    )
     assert why in runs["gate-2"]["proc"].stdout and gate["reason"].startswith(why.removeprefix("gate: "))
     second = open_registry(runs["root"]).get(MODEL, "2")  # registered, with its figures; never champion
     assert "champion" not in second.aliases and "2" not in open_registry(runs["root"]).history(MODEL)
@@ -109,7 +111,8 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     assert runs["gate-3"]["champion"] == "3" and registry.history(MODEL)[-2:] == ["1", "3"]
     third = registry.get(MODEL, "3")
     assert third.provenance["base_model"] == f"{MODEL}@1" and third.provenance["eval_loss_before"] == pytest.approx(
-        summary["eval_loss_before"])
+        summary["eval_loss_before"]
+    )
     out = runs["gate-3"]["proc"].stdout
     assert f"  started from         {MODEL}@1" in out and f"gate: promoted {MODEL}@3 to champion" in out
     assert run_processes("gate-3") == []
@@ -119,8 +122,11 @@ def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
     root = str(runs["root"])
     shown = tpupipe("models", "show", f"{MODEL}@3", "--output-root", root, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    lines = {line.split()[0]: line.split(None, 1)[1] if len(line.split()) > 1 else ""
-             for line in shown.stdout.splitlines() if line.startswith("    ")}
+    lines = {
+        line.split()[0]: line.split(None, 1)[1] if len(line.split()) > 1 else ""
+        for line in shown.stdout.splitlines()
+        if line.startswith("    ")
+    }
     assert set(PROVENANCE_FIELDS) <= set(lines)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     third = open_registry(root).get(MODEL, "3").provenance
@@ -131,7 +137,8 @@ def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
     assert int(lines["tokens_seen"]) == third["tokens_seen"] > 0
     assert (lines["restarts"], lines["preemptions"], lines["topology"]) == ("0", "0", "-")
     assert lines["pipeline_job"] != "-" and float(lines["eval_loss_after"]) == pytest.approx(
-        runs["gate-3"]["summary"]["eval_loss_after"])
+        runs["gate-3"]["summary"]["eval_loss_after"]
+    )
     # Same examples in every run: one data snapshot.
     snapshots = {v.provenance["data_snapshot"] for v in open_registry(root).versions(MODEL)}
     assert len(snapshots) == 1

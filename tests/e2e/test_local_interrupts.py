@@ -22,8 +22,10 @@ pytestmark = pytest.mark.e2e
 
 # As small as the pipeline goes: one emulated host, one epoch over a few examples, no slice check (a stage that
 # waits on a Ray job as train does).
-SMALL = ("cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32 "
-         "cluster.slice_check=false")
+SMALL = (
+    "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32 "
+    "cluster.slice_check=false"
+)
 # What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts, the job
 # submitted.
 UNDER_WAY = {
@@ -96,7 +98,9 @@ def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_pat
     assert rc == 129, f"{term.output[-3000:]}\n--- driver.log ---\n{after[-4000:]}"
     assert "status: interrupted during train (SIGHUP)" in after
     assert json.loads((tmp_path / run_id / "summary.json").read_text())["interrupted"] == {
-        "stage": "train", "signal": "SIGHUP"}
+        "stage": "train",
+        "signal": "SIGHUP",
+    }
     assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
 
 
@@ -125,8 +129,13 @@ def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_te
 
 def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp_path):
     run_id = "driver-killed"
-    proc = subprocess.Popen(_run_command(tmp_path, run_id) + ["--set", "train.epochs=50"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _run_command(tmp_path, run_id) + ["--set", "train.epochs=50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     run_dir = tmp_path / run_id
     try:
         deadline = time.monotonic() + 600
@@ -144,14 +153,22 @@ def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp
         assert "the run's driver (pid" in (run_dir / "logs" / "keeper.out").read_text()
         assert run_processes(run_id), "the cluster went with the driver: nothing left to tear down"
 
-        first = subprocess.run([*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
-                               capture_output=True, text=True, timeout=120)
+        first = subprocess.run(
+            [*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"tpupipe teardown {run_id} (local): deleted head (pid" in first.stdout
         assert _nothing_left_within(run_dir, run_id, proc.pid) == ([], [])
 
-        second = subprocess.run([*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 0, second.stdout + second.stderr
         assert f"tpupipe teardown {run_id} (local): nothing was left to delete" in second.stdout
     finally:

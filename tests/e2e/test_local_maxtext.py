@@ -54,8 +54,7 @@ def test_local_maxtext_loss_decreases_and_evaluate_compares(clean_run):
     assert steps == list(range(40))
     losses = summary["train_losses"]
     assert losses[-1] < 0.5 * losses[0]
-    assert all(row["tflops_per_s_per_device"] >= 0 and row["tokens_per_s_per_device"] > 0
-               for row in summary["history"])
+    assert all(row["tflops_per_s_per_device"] >= 0 and row["tokens_per_s_per_device"] > 0 for row in summary["history"])
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     check = summary["slice_check"]  # a psum over the 4 devices of both hosts, and the sharded block's parity
     assert check["ok"] and check["backend"] == "jax" and check["device"] == "cpu"

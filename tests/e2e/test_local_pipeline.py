@@ -39,8 +39,16 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
     assert [s["name"] for s in summary["stages"]] == [
-        "provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
-        "teardown"]
+        "provision",
+        "build_image",
+        "deploy_raycluster",
+        "check_slice",
+        "train",
+        "evaluate",
+        "register",
+        "promote",
+        "teardown",
+    ]
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
@@ -79,8 +87,13 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     from tests.conftest import REPO
 
     model_dir = tmp_path / "gemma4-composite"
-    build = subprocess.run([envs.ensure_env("torch").python, "-m", "tests.tiny_gemma4", str(model_dir)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [envs.ensure_env("torch").python, "-m", "tests.tiny_gemma4", str(model_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     proc = tpupipe_run(tmp_path, "e2e-composite", f"model_id={model_dir} epochs=2 cluster.slice_check=false")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -124,8 +137,9 @@ def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_
 
 def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
-    proc = tpupipe_run(tmp_path, "e2e-resume",
-                       "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false")
+    proc = tpupipe_run(
+        tmp_path, "e2e-resume", "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false"
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     log = (tmp_path / "e2e-resume" / "logs" / "train.log").read_text()
     assert "injected failure at step 10" in log
@@ -151,8 +165,12 @@ def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     ],
 )
 def test_bad_input_fails_with_one_clear_error_before_anything_starts(tmp_path, sets, field):
-    proc = subprocess.run([*tpupipe_cmd(), "run", "--run-id", "e2e-bad", "--output-root", str(tmp_path), *sets],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*tpupipe_cmd(), "run", "--run-id", "e2e-bad", "--output-root", str(tmp_path), *sets],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"tpupipe: error: {field}: ")
     assert len(proc.stderr.strip().splitlines()) == 1

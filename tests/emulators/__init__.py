@@ -44,9 +44,12 @@ def serve_grpc(services: dict[str, dict[str, tuple]]):
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     for service, methods in services.items():
-        handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=deserialize,
-                                                              response_serializer=serialize)
-                    for name, (deserialize, serialize, fn) in methods.items()}
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=deserialize, response_serializer=serialize
+            )
+            for name, (deserialize, serialize, fn) in methods.items()
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -73,4 +76,5 @@ class GrpcEmulator:
                 context.abort(fault.code, fault.message)
             with self._lock:  # the answer is built under the lock
                 return fn(request, context, fault) if pass_fault else fn(request, context)
+
         return handler

@@ -48,19 +48,30 @@ class ArtifactRegistryEmulator(GrpcEmulator):
         self.address = ""
 
     def start(self) -> str:
-        self._server, self.address = serve_grpc({
-            SERVICE: {
-                "GetRepository": (ar.GetRepositoryRequest.deserialize, ar.Repository.serialize,
-                                  self._wrap("GetRepository", self.get_repository)),
-                "GetTag": (ar.GetTagRequest.deserialize, ar.Tag.serialize, self._wrap("GetTag", self.get_tag)),
-                "CreateRepository": (ar.CreateRepositoryRequest.deserialize,
-                                     operations_pb2.Operation.SerializeToString,
-                                     self._wrap("CreateRepository", self.create_repository)),
-            },
-            OPERATIONS: {"GetOperation": (operations_pb2.GetOperationRequest.FromString,
-                                          operations_pb2.Operation.SerializeToString,
-                                          self._wrap("GetOperation", self.get_operation))},
-        })
+        self._server, self.address = serve_grpc(
+            {
+                SERVICE: {
+                    "GetRepository": (
+                        ar.GetRepositoryRequest.deserialize,
+                        ar.Repository.serialize,
+                        self._wrap("GetRepository", self.get_repository),
+                    ),
+                    "GetTag": (ar.GetTagRequest.deserialize, ar.Tag.serialize, self._wrap("GetTag", self.get_tag)),
+                    "CreateRepository": (
+                        ar.CreateRepositoryRequest.deserialize,
+                        operations_pb2.Operation.SerializeToString,
+                        self._wrap("CreateRepository", self.create_repository),
+                    ),
+                },
+                OPERATIONS: {
+                    "GetOperation": (
+                        operations_pb2.GetOperationRequest.FromString,
+                        operations_pb2.Operation.SerializeToString,
+                        self._wrap("GetOperation", self.get_operation),
+                    )
+                },
+            }
+        )
         return self.address
 
     def repository_for(self, image: str) -> str | None:
@@ -159,9 +170,11 @@ class KfpRegistryEmulator(HttpEmulator):
         if repo is None or repo.format_ != ar.Repository.Format.KFP:
             raise HttpError(404, f"KFP repository {name} not found")
         message = BytesParser(policy=HTTP).parsebytes(
-            f"Content-Type: {http.headers['Content-Type']}\r\n\r\n".encode() + raw)
-        fields = {p.get_param("name", header="content-disposition"): p.get_payload(decode=True)
-                  for p in message.iter_parts()}
+            f"Content-Type: {http.headers['Content-Type']}\r\n\r\n".encode() + raw
+        )
+        fields = {
+            p.get_param("name", header="content-disposition"): p.get_payload(decode=True) for p in message.iter_parts()
+        }
         content = fields.get("content")
         if not content:
             raise HttpError(400, "no template in the upload (field 'content')")

@@ -55,28 +55,47 @@ OPERATION_NAME = re.compile(r"projects/[^/]+/locations/[^/]+/operations/[^/]+")
 _PATH = r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+"  # an image's path: components of lowercase letters and digits
 _TAG = r"[\w][\w.-]{0,127}"
 _PROJECT = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
-IMAGE = re.compile(rf"(?:[a-z][a-z0-9-]*-docker\.pkg\.dev/{_PROJECT}/[a-z](?:[a-z0-9-]{{0,61}}[a-z0-9])?"
-                   rf"|(?:(?:us|eu|asia)\.)?gcr\.io/{_PROJECT}){_PATH}(?::{_TAG})?")
+IMAGE = re.compile(
+    rf"(?:[a-z][a-z0-9-]*-docker\.pkg\.dev/{_PROJECT}/[a-z](?:[a-z0-9-]{{0,61}}[a-z0-9])?"
+    rf"|(?:(?:us|eu|asia)\.)?gcr\.io/{_PROJECT}){_PATH}(?::{_TAG})?"
+)
 TAG = re.compile(_TAG)
 SUBSTITUTION_KEY = re.compile(r"_[A-Z0-9_]+")
 TEMPLATE = re.compile(r"\$(?:\$|\{(?P<braced>[A-Z_][A-Z0-9_]*)\}|(?P<bare>[A-Z_][A-Z0-9_]*))")
 # built-in substitutions a build from source in Cloud Storage leaves empty (they describe a repository or a trigger);
 # a build may set them itself
-REPOSITORY_SUBSTITUTIONS = {"REPO_NAME", "REPO_FULL_NAME", "BRANCH_NAME", "TAG_NAME", "REF_NAME", "COMMIT_SHA",
-                            "SHORT_SHA", "REVISION_ID", "TRIGGER_NAME", "TRIGGER_BUILD_CONFIG_PATH"}
+REPOSITORY_SUBSTITUTIONS = {
+    "REPO_NAME",
+    "REPO_FULL_NAME",
+    "BRANCH_NAME",
+    "TAG_NAME",
+    "REF_NAME",
+    "COMMIT_SHA",
+    "SHORT_SHA",
+    "REVISION_ID",
+    "TRIGGER_NAME",
+    "TRIGGER_BUILD_CONFIG_PATH",
+}
 FILTER_CLAUSE = re.compile(r'(?P<field>\w+)\s*=\s*(?:"(?P<quoted>[^"]*)"|(?P<bare>[^\s"]+))')
-FILTER_FIELDS = {"tags": lambda b: list(b.tags), "status": lambda b: [Status(b.status).name],
-                 "build_id": lambda b: [b.id], "id": lambda b: [b.id], "images": lambda b: list(b.images),
-                 "trigger_id": lambda b: [b.build_trigger_id]}
+FILTER_FIELDS = {
+    "tags": lambda b: list(b.tags),
+    "status": lambda b: [Status(b.status).name],
+    "build_id": lambda b: [b.id],
+    "id": lambda b: [b.id],
+    "images": lambda b: list(b.images),
+    "trigger_id": lambda b: [b.build_trigger_id],
+}
 MAX_TIMEOUT = timedelta(hours=24)
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 DEFAULT_QUEUE_TTL = timedelta(hours=1)
 # a finished build's operation error: (code, message) by status
-OPERATION_ERRORS = {Status.FAILURE: (code_pb2.UNKNOWN, "Build failed; check build logs for details"),
-                    Status.CANCELLED: (code_pb2.CANCELLED, "Build was cancelled"),
-                    Status.TIMEOUT: (code_pb2.DEADLINE_EXCEEDED, "Build timeout"),
-                    Status.INTERNAL_ERROR: (code_pb2.INTERNAL, "Build failed with an internal error"),
-                    Status.EXPIRED: (code_pb2.DEADLINE_EXCEEDED, "Build expired in the queue")}
+OPERATION_ERRORS = {
+    Status.FAILURE: (code_pb2.UNKNOWN, "Build failed; check build logs for details"),
+    Status.CANCELLED: (code_pb2.CANCELLED, "Build was cancelled"),
+    Status.TIMEOUT: (code_pb2.DEADLINE_EXCEEDED, "Build timeout"),
+    Status.INTERNAL_ERROR: (code_pb2.INTERNAL, "Build failed with an internal error"),
+    Status.EXPIRED: (code_pb2.DEADLINE_EXCEEDED, "Build expired in the queue"),
+}
 DOCKER_REGISTRY = re.compile(r"[a-z0-9-]+-docker\.pkg\.dev/")
 STEP_FAILURE = 'Build step {step} "{name}" failed: step exited with non-zero status: 1'
 
@@ -130,14 +149,19 @@ class CloudBuildEmulator(GrpcEmulator):
         self.address = ""
 
     # ------------------------------------------------------------------ faults and inspection
-    def fail(self, method: str, code: grpc.StatusCode, message: str = "", times: int = 1,
-             when: Callable[[object], bool] = lambda request: True) -> None:
+    def fail(
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        message: str = "",
+        times: int = 1,
+        when: Callable[[object], bool] = lambda request: True,
+    ) -> None:
         """The next ``times`` calls of ``method`` ("CreateBuild", "GetBuild", "ListBuilds", "CancelBuild",
         "GetOperation") whose request matches ``when`` answer ``code``."""
         self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
 
-    def build_fails(self, when: Callable[[cb.Build], bool] = lambda build: True, times: int = 1,
-                    step: int = 0) -> None:
+    def build_fails(self, when: Callable[[cb.Build], bool] = lambda build: True, times: int = 1, step: int = 0) -> None:
         """The next ``times`` builds created that match ``when`` (given the new build) end in FAILURE at ``step``
         (the last step when there are fewer)."""
         self.faults.append(Fault("build", None, STEP_FAILURE, times, when, step))
@@ -149,20 +173,29 @@ class CloudBuildEmulator(GrpcEmulator):
     # ------------------------------------------------------------------ serving
     def start(self) -> str:
         handlers = {
-            "CreateBuild": (cb.CreateBuildRequest.deserialize, operations_pb2.Operation.SerializeToString,
-                            self.create_build),
+            "CreateBuild": (
+                cb.CreateBuildRequest.deserialize,
+                operations_pb2.Operation.SerializeToString,
+                self.create_build,
+            ),
             "GetBuild": (cb.GetBuildRequest.deserialize, cb.Build.serialize, self.get_build),
             "ListBuilds": (cb.ListBuildsRequest.deserialize, cb.ListBuildsResponse.serialize, self.list_builds),
             "CancelBuild": (cb.CancelBuildRequest.deserialize, cb.Build.serialize, self.cancel_build),
         }
-        operations = {"GetOperation": (operations_pb2.GetOperationRequest.FromString,
-                                       operations_pb2.Operation.SerializeToString, self.get_operation)}
-        self._server, self.address = serve_grpc({
-            SERVICE: {name: (de, ser, self._wrap(name, fn)) for name, (de, ser, fn) in handlers.items()},
-            OPERATIONS: {name: (de, ser, self._wrap(name, fn)) for name, (de, ser, fn) in operations.items()},
-        })
+        operations = {
+            "GetOperation": (
+                operations_pb2.GetOperationRequest.FromString,
+                operations_pb2.Operation.SerializeToString,
+                self.get_operation,
+            )
+        }
+        self._server, self.address = serve_grpc(
+            {
+                SERVICE: {name: (de, ser, self._wrap(name, fn)) for name, (de, ser, fn) in handlers.items()},
+                OPERATIONS: {name: (de, ser, self._wrap(name, fn)) for name, (de, ser, fn) in operations.items()},
+            }
+        )
         return self.address
-
 
     # ------------------------------------------------------------------ checks
     @staticmethod
@@ -174,11 +207,13 @@ class CloudBuildEmulator(GrpcEmulator):
         if parent:
             m = PARENT.fullmatch(parent)
             if not m:
-                self._invalid(context, f"invalid value for 'parent': {parent!r} is not projects/PROJECT/locations/"
-                                       "LOCATION")
+                self._invalid(
+                    context, f"invalid value for 'parent': {parent!r} is not projects/PROJECT/locations/LOCATION"
+                )
             if project_id and project_id != m["project"]:
-                self._invalid(context, f"invalid value for 'project_id': {project_id!r} is not the project of "
-                                       f"parent {parent!r}")
+                self._invalid(
+                    context, f"invalid value for 'project_id': {project_id!r} is not the project of parent {parent!r}"
+                )
             return m["project"], m["location"]
         if not project_id:
             self._invalid(context, "invalid value for 'project_id': a project is required (project_id or parent)")
@@ -189,12 +224,21 @@ class CloudBuildEmulator(GrpcEmulator):
         given = dict(build.substitutions)
         for key in given:
             if not SUBSTITUTION_KEY.fullmatch(key) and key not in REPOSITORY_SUBSTITUTIONS:
-                self._invalid(context, f"invalid value for 'build.substitutions': key {key!r} must begin with an "
-                                       "underscore and have only uppercase letters, digits and underscores "
-                                       "(^_[A-Z0-9_]+$), or be an overridable built-in substitution")
+                self._invalid(
+                    context,
+                    f"invalid value for 'build.substitutions': key {key!r} must begin with an "
+                    "underscore and have only uppercase letters, digits and underscores "
+                    "(^_[A-Z0-9_]+$), or be an overridable built-in substitution",
+                )
         number = (getattr(self.storage, "projects", None) or {}).get(project, "")
-        values = {**dict.fromkeys(REPOSITORY_SUBSTITUTIONS, ""), "PROJECT_ID": project, "PROJECT_NUMBER": number,
-                  "BUILD_ID": build.id, "LOCATION": location, **given}
+        values = {
+            **dict.fromkeys(REPOSITORY_SUBSTITUTIONS, ""),
+            "PROJECT_ID": project,
+            "PROJECT_NUMBER": number,
+            "BUILD_ID": build.id,
+            "LOCATION": location,
+            **given,
+        }
         loose = build.options.substitution_option == cb.BuildOptions.SubstitutionOption.ALLOW_LOOSE
         template = cb.Build(build)
         del template.substitutions
@@ -207,13 +251,22 @@ class CloudBuildEmulator(GrpcEmulator):
                 continue
             used.add(key)
             if key not in values and not loose:
-                self._invalid(context, f"invalid value for 'build.substitutions': key in the template \"{key}\" is "
-                              + ("not matched in the substitution data" if key.startswith("_") else
-                                 "not a valid built-in substitution"))
+                self._invalid(
+                    context,
+                    f"invalid value for 'build.substitutions': key in the template \"{key}\" is "
+                    + (
+                        "not matched in the substitution data"
+                        if key.startswith("_")
+                        else "not a valid built-in substitution"
+                    ),
+                )
         unused = sorted(set(given) - used)
         if unused and not loose:
-            self._invalid(context, f"invalid value for 'build.substitutions': key \"{unused[0]}\" in the substitution "
-                                   "data is not matched in the template")
+            self._invalid(
+                context,
+                f"invalid value for 'build.substitutions': key \"{unused[0]}\" in the substitution "
+                "data is not matched in the template",
+            )
         return values
 
     def _check(self, build: cb.Build, project: str, location: str, context) -> list[str]:
@@ -228,37 +281,54 @@ class CloudBuildEmulator(GrpcEmulator):
                 self._invalid(context, f"invalid value for 'build.steps[{i}].id': duplicate step id {step.id!r}")
             for waited in step.wait_for:
                 if waited != "-" and waited not in ids:
-                    self._invalid(context, f"invalid value for 'build.steps[{i}].wait_for': no earlier step has id "
-                                           f"{waited!r}")
+                    self._invalid(
+                        context, f"invalid value for 'build.steps[{i}].wait_for': no earlier step has id {waited!r}"
+                    )
             if step.id:
                 ids.add(step.id)
         values = self._substitutions(build, project, location, context)
-        images = [TEMPLATE.sub(lambda m: values.get(m["braced"] or m["bare"], "") if m[0] != "$$" else "$", image)
-                  for image in build.images]
+        images = [
+            TEMPLATE.sub(lambda m: values.get(m["braced"] or m["bare"], "") if m[0] != "$$" else "$", image)
+            for image in build.images
+        ]
         for i, image in enumerate(images):
             if not IMAGE.fullmatch(image):
-                self._invalid(context, f"invalid value for 'build.images[{i}]': invalid image name {image!r}: not "
-                                       "LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE[:TAG] or "
-                                       "[REGION.]gcr.io/PROJECT/IMAGE[:TAG]")
+                self._invalid(
+                    context,
+                    f"invalid value for 'build.images[{i}]': invalid image name {image!r}: not "
+                    "LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE[:TAG] or "
+                    "[REGION.]gcr.io/PROJECT/IMAGE[:TAG]",
+                )
         for tag in build.tags:
             if not TAG.fullmatch(tag):
-                self._invalid(context, f"invalid value for 'build.tags': invalid build tag {tag!r}: must match format "
-                                       r'"^[\w][\w.-]{0,127}$"')
+                self._invalid(
+                    context,
+                    f"invalid value for 'build.tags': invalid build tag {tag!r}: must match format "
+                    r'"^[\w][\w.-]{0,127}$"',
+                )
         if build.timeout < timedelta(0) or build.timeout > MAX_TIMEOUT:
-            self._invalid(context, f"invalid value for 'build.timeout': {build.timeout.total_seconds():.0f}s is not "
-                                   f"between 0s and {MAX_TIMEOUT.total_seconds():.0f}s")
+            self._invalid(
+                context,
+                f"invalid value for 'build.timeout': {build.timeout.total_seconds():.0f}s is not "
+                f"between 0s and {MAX_TIMEOUT.total_seconds():.0f}s",
+            )
         if "storage_source" in build.source:
             source = build.source.storage_source
             if not source.bucket or not source.object_:
-                self._invalid(context, "invalid value for 'build.source.storage_source': a bucket and an object are "
-                                       "required")
+                self._invalid(
+                    context, "invalid value for 'build.source.storage_source': a bucket and an object are required"
+                )
             if self.storage is not None:
                 stored = self.storage.object(source.bucket, source.object_)
                 if stored is None or source.generation and str(source.generation) != stored["generation"]:
-                    self._invalid(context, "could not resolve source: googleapi: Error 404: No such object: "
-                                           f"{source.bucket}/{source.object_}, notFound")
+                    self._invalid(
+                        context,
+                        "could not resolve source: googleapi: Error 404: No such object: "
+                        f"{source.bucket}/{source.object_}, notFound",
+                    )
                 build.source_provenance.resolved_storage_source = cb.StorageSource(
-                    bucket=source.bucket, object_=source.object_, generation=int(stored["generation"]))
+                    bucket=source.bucket, object_=source.object_, generation=int(stored["generation"])
+                )
         return images
 
     # ------------------------------------------------------------------ builds
@@ -279,8 +349,20 @@ class CloudBuildEmulator(GrpcEmulator):
     def create_build(self, request: cb.CreateBuildRequest, context) -> operations_pb2.Operation:
         project, location = self._project_location(request.parent, request.project_id, context)
         build = cb.Build(request.build)
-        for output in ("name", "status", "status_detail", "results", "start_time", "finish_time", "log_url",
-                       "source_provenance", "timing", "warnings", "failure_info", "approval"):
+        for output in (
+            "name",
+            "status",
+            "status_detail",
+            "results",
+            "start_time",
+            "finish_time",
+            "log_url",
+            "source_provenance",
+            "timing",
+            "warnings",
+            "failure_info",
+            "approval",
+        ):
             delattr(build, output)
         for step in build.steps:
             for output in ("status", "timing", "pull_timing", "exit_code"):
@@ -295,7 +377,9 @@ class CloudBuildEmulator(GrpcEmulator):
         build.create_time = now
         build.timeout = build.timeout or DEFAULT_TIMEOUT
         build.queue_ttl = build.queue_ttl or DEFAULT_QUEUE_TTL
-        build.log_url = f"https://console.cloud.google.com/cloud-build/builds;region={location}/{build.id}?project={number}"
+        build.log_url = (
+            f"https://console.cloud.google.com/cloud-build/builds;region={location}/{build.id}?project={number}"
+        )
         build.logs_bucket = build.logs_bucket or f"gs://{number}.cloudbuild-logs.googleusercontent.com"
         for step in build.steps:
             step.status = Status.QUEUED
@@ -303,8 +387,13 @@ class CloudBuildEmulator(GrpcEmulator):
         failure = take_fault(self.faults, self._lock, "build", build)
         self.state.builds[build.id] = build
         self.state.operations[operation] = build.id
-        self._progress[build.id] = _Progress(location, operation, images, next(self._order),
-                                             failing_step=min(failure.step, len(build.steps) - 1) if failure else None)
+        self._progress[build.id] = _Progress(
+            location,
+            operation,
+            images,
+            next(self._order),
+            failing_step=min(failure.step, len(build.steps) - 1) if failure else None,
+        )
         return self._operation(build.id)
 
     def _find(self, name: str, project_id: str, build_id: str, context) -> cb.Build:
@@ -313,8 +402,9 @@ class CloudBuildEmulator(GrpcEmulator):
         if name:
             m = BUILD_NAME.fullmatch(name)
             if not m:
-                self._invalid(context, f"invalid value for 'name': {name!r} is not "
-                                       "projects/PROJECT/locations/LOCATION/builds/ID")
+                self._invalid(
+                    context, f"invalid value for 'name': {name!r} is not projects/PROJECT/locations/LOCATION/builds/ID"
+                )
             project_id, location, build_id = m["project"], m["location"], m["id"]
         else:
             if not project_id or not build_id:
@@ -322,8 +412,10 @@ class CloudBuildEmulator(GrpcEmulator):
             location = "global"
         build = self.state.builds.get(build_id)
         if build is None or build.project_id != project_id or self._progress[build_id].location != location:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: build {build_id} in project "
-                                                     f"{project_id} ({location}).")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Requested entity was not found: build {build_id} in project {project_id} ({location}).",
+            )
         return build
 
     def _poll(self, build: cb.Build) -> None:
@@ -350,29 +442,41 @@ class CloudBuildEmulator(GrpcEmulator):
             else:
                 step.status = Status.CANCELLED
             step.timing.end_time = now
-        unpushable = [image for image in progress.images
-                      if self.registry is not None and DOCKER_REGISTRY.match(image)
-                      and self.registry.repository_for(image) is None]
+        unpushable = [
+            image
+            for image in progress.images
+            if self.registry is not None
+            and DOCKER_REGISTRY.match(image)
+            and self.registry.repository_for(image) is None
+        ]
         if failing is None and unpushable:  # every step ran; the push needs the Artifact Registry repository
             build.status = Status.FAILURE
             build.status_detail = f"failed to push {unpushable[0]}: name unknown: the repository does not exist"
-            build.failure_info = cb.Build.FailureInfo(type_=cb.Build.FailureInfo.FailureType.PUSH_FAILED,
-                                                      detail=build.status_detail)
+            build.failure_info = cb.Build.FailureInfo(
+                type_=cb.Build.FailureInfo.FailureType.PUSH_FAILED, detail=build.status_detail
+            )
         elif failing is None:
             build.status = Status.SUCCESS
             for image in progress.images if self.registry is not None else ():
                 self.registry.push(image, _digest(build.id, image))
             build.results = cb.Results(
-                images=[cb.BuiltImage(name=image, digest=_digest(build.id, image),
-                                      push_timing=cb.TimeSpan(start_time=now, end_time=now))
-                        for image in progress.images],
+                images=[
+                    cb.BuiltImage(
+                        name=image,
+                        digest=_digest(build.id, image),
+                        push_timing=cb.TimeSpan(start_time=now, end_time=now),
+                    )
+                    for image in progress.images
+                ],
                 build_step_images=[_digest(step.name) for step in build.steps],
-                build_step_outputs=[b"" for _ in build.steps])
+                build_step_outputs=[b"" for _ in build.steps],
+            )
         else:
             build.status = Status.FAILURE
             build.status_detail = STEP_FAILURE.format(step=failing, name=build.steps[failing].name)
-            build.failure_info = cb.Build.FailureInfo(type_=cb.Build.FailureInfo.FailureType.USER_BUILD_STEP,
-                                                      detail=build.status_detail)
+            build.failure_info = cb.Build.FailureInfo(
+                type_=cb.Build.FailureInfo.FailureType.USER_BUILD_STEP, detail=build.status_detail
+            )
         build.finish_time = now
         build.timing["BUILD"] = cb.TimeSpan(start_time=build.start_time, end_time=now)
 
@@ -389,20 +493,28 @@ class CloudBuildEmulator(GrpcEmulator):
             m = FILTER_CLAUSE.fullmatch(clause.strip())
             value = m and (m["quoted"] if m["quoted"] is not None else m["bare"])
             if not m or m["field"] not in FILTER_FIELDS or m["field"] == "status" and value not in Status.__members__:
-                self._invalid(context, f"invalid value for 'filter': {request.filter!r}: the emulator filters by "
-                                       f"{', '.join(sorted(FILTER_FIELDS))} (FIELD=\"VALUE\", joined by AND), with a "
-                                       "status one of Cloud Build's")
+                self._invalid(
+                    context,
+                    f"invalid value for 'filter': {request.filter!r}: the emulator filters by "
+                    f'{", ".join(sorted(FILTER_FIELDS))} (FIELD="VALUE", joined by AND), with a '
+                    "status one of Cloud Build's",
+                )
             clauses.append((FILTER_FIELDS[m["field"]], value))
-        builds = [build for build_id, build in self.state.builds.items() if build.project_id == project
-                  and self._progress[build_id].location == location and all(value in get(build)
-                                                                               for get, value in clauses)]
+        builds = [
+            build
+            for build_id, build in self.state.builds.items()
+            if build.project_id == project
+            and self._progress[build_id].location == location
+            and all(value in get(build) for get, value in clauses)
+        ]
         builds.sort(key=lambda b: (b.create_time, self._progress[b.id].order), reverse=True)  # newest first
         start = int(request.page_token) if request.page_token.isdigit() else 0
         if request.page_token and not request.page_token.isdigit():
             self._invalid(context, f"invalid value for 'page_token': {request.page_token!r}")
         end = start + request.page_size if request.page_size > 0 else len(builds)
-        return cb.ListBuildsResponse(builds=[cb.Build(b) for b in builds[start:end]],
-                                     next_page_token=str(end) if end < len(builds) else "")
+        return cb.ListBuildsResponse(
+            builds=[cb.Build(b) for b in builds[start:end]], next_page_token=str(end) if end < len(builds) else ""
+        )
 
     def cancel_build(self, request: cb.CancelBuildRequest, context) -> cb.Build:
         build = self._find(request.name, request.project_id, request.id, context)
@@ -421,7 +533,11 @@ class CloudBuildEmulator(GrpcEmulator):
     def get_operation(self, request: operations_pb2.GetOperationRequest, context) -> operations_pb2.Operation:
         build_id = self.state.operations.get(request.name)
         if build_id is None:
-            context.abort(grpc.StatusCode.NOT_FOUND if OPERATION_NAME.fullmatch(request.name)
-                          else grpc.StatusCode.INVALID_ARGUMENT, f"Operation {request.name!r} not found.")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND
+                if OPERATION_NAME.fullmatch(request.name)
+                else grpc.StatusCode.INVALID_ARGUMENT,
+                f"Operation {request.name!r} not found.",
+            )
         self._poll(self.state.builds[build_id])
         return self._operation(build_id)

@@ -50,30 +50,53 @@ from tests.emulators import take_fault
 from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 
 LINK = "https://www.googleapis.com/compute/v1/"
-KINDS = {"networks": compute_v1.Network, "subnetworks": compute_v1.Subnetwork,
-         "resourcePolicies": compute_v1.ResourcePolicy, "firewalls": compute_v1.Firewall}
+KINDS = {
+    "networks": compute_v1.Network,
+    "subnetworks": compute_v1.Subnetwork,
+    "resourcePolicies": compute_v1.ResourcePolicy,
+    "firewalls": compute_v1.Firewall,
+}
 GLOBAL_KINDS = ("networks", "firewalls")
-SINGULAR = {"networks": "network", "subnetworks": "subnetwork", "resourcePolicies": "resourcePolicy",
-            "firewalls": "firewall"}
-QUOTA_METRIC = {"networks": "NETWORKS", "subnetworks": "SUBNETWORKS", "resourcePolicies": "RESOURCE_POLICIES",
-                "firewalls": "FIREWALLS"}
+SINGULAR = {
+    "networks": "network",
+    "subnetworks": "subnetwork",
+    "resourcePolicies": "resourcePolicy",
+    "firewalls": "firewall",
+}
+QUOTA_METRIC = {
+    "networks": "NETWORKS",
+    "subnetworks": "SUBNETWORKS",
+    "resourcePolicies": "RESOURCE_POLICIES",
+    "firewalls": "FIREWALLS",
+}
 # A firewall rule's protocols by name (or an IP protocol number), and those that take ports.
 FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all")
 PORT_PROTOCOLS = ("tcp", "udp", "sctp")
 PORTS = re.compile(r"(?P<low>\d{1,5})(?:-(?P<high>\d{1,5}))?")
 POLICY_TYPES = {t.name for t in compute_v1.ResourcePolicyWorkloadPolicy.Type} - {"UNDEFINED_TYPE"}
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
-                  r"(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?")
+PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/(?:global|regions/(?P<region>[^/]+))/(?P<kind>\w+)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?"
+)
 # What preflight reads: a region (its quotas) and a zonal reservation.
 REGION_PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)")
-RESERVATION_PATH = re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
-                              r"(?P<name>[^/]+)")
+RESERVATION_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
+    r"(?P<name>[^/]+)"
+)
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
-TPU_METRICS = ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5", "TPU_V5P_PODSLICE",
-               "PREEMPTIBLE_TPU_V5P_PODSLICE", "TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE", "TPU_V7X_PODSLICE",
-               "PREEMPTIBLE_TPU_V7X_PODSLICE")
+TPU_METRICS = (
+    "TPU_LITE_PODSLICE_V5",
+    "PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
+    "TPU_V5P_PODSLICE",
+    "PREEMPTIBLE_TPU_V5P_PODSLICE",
+    "TPU_V6E_PODSLICE",
+    "PREEMPTIBLE_TPU_V6E_PODSLICE",
+    "TPU_V7X_PODSLICE",
+    "PREEMPTIBLE_TPU_V7X_PODSLICE",
+)
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
 
 
@@ -122,12 +145,27 @@ class ComputeEmulator(HttpEmulator):
         self._ids = itertools.count(4_000_000_000_000_000_001)
 
     # ------------------------------------------------------------------ faults and inspection
-    def fail(self, method: str, status: int, reason: str = "", message: str = "", times: int = 1,
-             when: Callable[[dict], bool] = lambda body: True) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        times: int = 1,
+        when: Callable[[dict], bool] = lambda body: True,
+    ) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets the body of
         an insert, else the URL's fields (project, region, kind, name)."""
-        self.faults.append(Fault(method, status, reason or REASONS.get(status, "error"),
-                                 message or f"Injected HTTP {status} for {method}.", times, when))
+        self.faults.append(
+            Fault(
+                method,
+                status,
+                reason or REASONS.get(status, "error"),
+                message or f"Injected HTTP {status} for {method}.",
+                times,
+                when,
+            )
+        )
 
     def quota(self, method: str, when: Callable[[dict], bool] = lambda body: True, times: int = 1) -> None:
         """The next insert ``method`` matching ``when`` is accepted, and its operation fails with QUOTA_EXCEEDED."""
@@ -150,20 +188,33 @@ class ComputeEmulator(HttpEmulator):
     def set_quota(self, project: str, region: str, metric: str, limit: float, usage: float = 0.0) -> None:
         """The region's quota ``metric`` (``TPU_LITE_PODSLICE_V5``, ...): its limit and what is in use."""
         with self._lock:
-            self.state.quotas.setdefault((project, region), {})[metric] = {"metric": metric, "limit": float(limit),
-                                                                          "usage": float(usage)}
+            self.state.quotas.setdefault((project, region), {})[metric] = {
+                "metric": metric,
+                "limit": float(limit),
+                "usage": float(usage),
+            }
 
-    def add_reservation(self, project: str, zone: str, name: str, machine_type: str, count: int,
-                        in_use: int = 0) -> None:
+    def add_reservation(
+        self, project: str, zone: str, name: str, machine_type: str, count: int, in_use: int = 0
+    ) -> None:
         """A specific reservation of ``count`` VMs of ``machine_type`` in ``zone``, ``in_use`` of them taken."""
         path = f"projects/{project}/zones/{zone}/reservations/{name}"
         with self._lock:
             self.state.reservations[path] = {
-                "kind": "compute#reservation", "id": str(next(self._ids)), "name": name, "selfLink": LINK + path,
-                "zone": f"{LINK}projects/{project}/zones/{zone}", "creationTimestamp": _now(), "status": "READY",
+                "kind": "compute#reservation",
+                "id": str(next(self._ids)),
+                "name": name,
+                "selfLink": LINK + path,
+                "zone": f"{LINK}projects/{project}/zones/{zone}",
+                "creationTimestamp": _now(),
+                "status": "READY",
                 "specificReservationRequired": True,
-                "specificReservation": {"count": str(count), "inUseCount": str(in_use),
-                                        "instanceProperties": {"machineType": machine_type}}}
+                "specificReservation": {
+                    "count": str(count),
+                    "inUseCount": str(in_use),
+                    "instanceProperties": {"machineType": machine_type},
+                },
+            }
 
     def mutations(self) -> list[str]:
         """The calls that change something (inserts and deletes), in order."""
@@ -175,9 +226,15 @@ class ComputeEmulator(HttpEmulator):
         quotas = {m: {"metric": m, "limit": DEFAULT_TPU_QUOTA, "usage": 0.0} for m in TPU_METRICS}
         quotas.update(self.state.quotas.get((project, region), {}))
         path = f"projects/{project}/regions/{region}"
-        return {"kind": "compute#region", "id": str(abs(hash(path)) % 10**12), "name": region, "status": "UP",
-                "selfLink": LINK + path, "zones": [f"{LINK}projects/{project}/zones/{region}-{z}" for z in "abc"],
-                "quotas": list(quotas.values())}
+        return {
+            "kind": "compute#region",
+            "id": str(abs(hash(path)) % 10**12),
+            "name": region,
+            "status": "UP",
+            "selfLink": LINK + path,
+            "zones": [f"{LINK}projects/{project}/zones/{region}-{z}" for z in "abc"],
+            "quotas": list(quotas.values()),
+        }
 
     def _reservation(self, params: dict) -> dict:
         path = f"projects/{params['project']}/zones/{params['zone']}/reservations/{params['name']}"
@@ -186,8 +243,12 @@ class ComputeEmulator(HttpEmulator):
         return self.state.reservations[path]
 
     def _table(self, kind: str) -> dict[str, dict]:
-        return {"networks": self.state.networks, "subnetworks": self.state.subnetworks,
-                "resourcePolicies": self.state.resource_policies, "firewalls": self.state.firewalls}[kind]
+        return {
+            "networks": self.state.networks,
+            "subnetworks": self.state.subnetworks,
+            "resourcePolicies": self.state.resource_policies,
+            "firewalls": self.state.firewalls,
+        }[kind]
 
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict]:
@@ -225,7 +286,8 @@ class ComputeEmulator(HttpEmulator):
             kind = "regionOperations" if m["region"] else "globalOperations"
         elif kind in KINDS and (m["region"] is None) == (kind in GLOBAL_KINDS) and not m["verb"]:
             action = {("POST", False): "insert", ("GET", True): "get", ("DELETE", True): "delete"}.get(
-                (verb, bool(m["name"])))
+                (verb, bool(m["name"]))
+            )
         if not action:
             raise HttpError(404, f"The emulator does not serve {verb} {path}.")
         return f"{kind}.{action}", m.groupdict()
@@ -237,38 +299,54 @@ class ComputeEmulator(HttpEmulator):
         except (json_format.ParseError, ValueError, TypeError) as e:
             raise HttpError(400, f"Invalid JSON payload received. {e}") from None
         if not NAME.fullmatch(message.name):
-            raise HttpError(400, f"Invalid value for field 'resource.name': '{message.name}'. Must be a match of "
-                                 "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.name': '{message.name}'. Must be a match of "
+                "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
+            )
         if kind not in GLOBAL_KINDS and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
-            raise HttpError(400, f"Invalid value for field 'resource.region': '{message.region}'. "
-                                 f"Must be '{params['region']}'.")
+            raise HttpError(
+                400, f"Invalid value for field 'resource.region': '{message.region}'. Must be '{params['region']}'."
+            )
         if kind == "networks":
             if "auto_create_subnetworks" in message and message.auto_create_subnetworks:
-                raise HttpError(400, "Invalid value for field 'resource.autoCreateSubnetworks': 'true'. "
-                                     "The emulator serves custom-mode networks only.")
+                raise HttpError(
+                    400,
+                    "Invalid value for field 'resource.autoCreateSubnetworks': 'true'. "
+                    "The emulator serves custom-mode networks only.",
+                )
             if "mtu" in message and not 1300 <= message.mtu <= 8896:
-                raise HttpError(400, f"Invalid value for field 'resource.mtu': '{message.mtu}'. "
-                                     "Must be in the range [1300, 8896].")
+                raise HttpError(
+                    400, f"Invalid value for field 'resource.mtu': '{message.mtu}'. Must be in the range [1300, 8896]."
+                )
         elif kind == "subnetworks":
             network = self._network(message.network, params)
             try:
                 cidr = ipaddress.IPv4Network(message.ip_cidr_range)
                 assert cidr.prefixlen <= 29
             except (ValueError, AssertionError):
-                raise HttpError(400, f"Invalid value for field 'resource.ipCidrRange': '{message.ip_cidr_range}'. "
-                                     "Invalid IPCidrRange.") from None
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.ipCidrRange': '{message.ip_cidr_range}'. Invalid IPCidrRange.",
+                ) from None
             for path, other in [*self.state.subnetworks.items(), *self.state.creating.items()]:
                 if other.get("network") == LINK + network and cidr.overlaps(ipaddress.ip_network(other["ipCidrRange"])):
-                    raise HttpError(400, f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork "
-                                         f"'{other['name']}' in region '{path.split('/')[3]}'.")
+                    raise HttpError(
+                        400,
+                        f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork "
+                        f"'{other['name']}' in region '{path.split('/')[3]}'.",
+                    )
             request = {**request, "network": LINK + network}
         elif kind == "firewalls":
             network = self._network(message.network or "global/networks/default", params)
             self._validate_firewall(request)
             request = {**request, "network": LINK + network}
         elif "workload_policy" in message and message.workload_policy.type_ not in POLICY_TYPES:
-            raise HttpError(400, "Invalid value for field 'resource.workloadPolicy.type': "
-                                 f"'{message.workload_policy.type_}'. Must be one of {sorted(POLICY_TYPES)}.")
+            raise HttpError(
+                400,
+                "Invalid value for field 'resource.workloadPolicy.type': "
+                f"'{message.workload_policy.type_}'. Must be one of {sorted(POLICY_TYPES)}.",
+            )
         return request
 
     def _network(self, ref_text: str, params: dict) -> str:
@@ -285,6 +363,7 @@ class ComputeEmulator(HttpEmulator):
     def _validate_firewall(rule: dict) -> None:
         """A firewall rule as Compute checks it: a direction, allowed or denied (not both), known protocols, ports
         only where the protocol has them and in range, sources only on ingress, CIDRs that parse, a priority."""
+
         def invalid(name: str, value) -> HttpError:
             return HttpError(400, f"Invalid value for field 'resource.{name}': '{value}'.")
 
@@ -302,8 +381,13 @@ class ComputeEmulator(HttpEmulator):
                 raise invalid(f"{action}[{index}].IPProtocol", protocol)
             for port in entry.get("ports", []):
                 m = PORTS.fullmatch(port)
-                if protocol.lower() not in (*PORT_PROTOCOLS, "all") or not m or int(m["low"]) > 65535 \
-                        or int(m["high"] or m["low"]) > 65535 or int(m["high"] or m["low"]) < int(m["low"]):
+                if (
+                    protocol.lower() not in (*PORT_PROTOCOLS, "all")
+                    or not m
+                    or int(m["low"]) > 65535
+                    or int(m["high"] or m["low"]) > 65535
+                    or int(m["high"] or m["low"]) < int(m["low"])
+                ):
                     raise invalid(f"{action}[{index}].ports", port)
         if direction == "EGRESS" and (rule.get("sourceRanges") or rule.get("sourceTags")):
             raise HttpError(400, "Source ranges and source tags apply to INGRESS firewall rules only.")
@@ -322,20 +406,31 @@ class ComputeEmulator(HttpEmulator):
         error = None
         if fault is not None:
             where = f"in region {params['region']}" if params["region"] else "globally"
-            error = {"error": {"errors": [{"code": "QUOTA_EXCEEDED", "message":
-                                           f"Quota '{QUOTA_METRIC[kind]}' exceeded.  Limit: 0.0 {where}."}]},
-                     "httpErrorStatusCode": 403, "httpErrorMessage": "FORBIDDEN"}
+            error = {
+                "error": {
+                    "errors": [
+                        {
+                            "code": "QUOTA_EXCEEDED",
+                            "message": f"Quota '{QUOTA_METRIC[kind]}' exceeded.  Limit: 0.0 {where}.",
+                        }
+                    ]
+                },
+                "httpErrorStatusCode": 403,
+                "httpErrorMessage": "FORBIDDEN",
+            }
         self.state.creating[path] = resource
 
         def done():
             self.state.creating.pop(path, None)
             if error is None:
                 self._created(kind, path, resource)
+
         return self._op(params, "insert", path, done, error)
 
     def _created(self, kind: str, path: str, resource: dict) -> None:
-        resource.update(kind=f"compute#{SINGULAR[kind]}", id=str(next(self._ids)), selfLink=LINK + path,
-                        creationTimestamp=_now())
+        resource.update(
+            kind=f"compute#{SINGULAR[kind]}", id=str(next(self._ids)), selfLink=LINK + path, creationTimestamp=_now()
+        )
         if kind not in GLOBAL_KINDS:
             resource["region"] = LINK + path.split(f"/{kind}/")[0]
         if kind == "firewalls":
@@ -352,8 +447,12 @@ class ComputeEmulator(HttpEmulator):
             resource["subnetworks"] = []
         if kind == "subnetworks":
             cidr = ipaddress.IPv4Network(resource["ipCidrRange"])
-            resource.update(gatewayAddress=str(cidr.network_address + 1), fingerprint=resource["id"][-8:],
-                            state="READY", stackType=resource.get("stackType", "IPV4_ONLY"))
+            resource.update(
+                gatewayAddress=str(cidr.network_address + 1),
+                fingerprint=resource["id"][-8:],
+                state="READY",
+                stackType=resource.get("stackType", "IPV4_ONLY"),
+            )
             resource.setdefault("privateIpGoogleAccess", False)
             self.state.networks[resource["network"].removeprefix(LINK)]["subnetworks"].append(LINK + path)
         if kind == "resourcePolicies":
@@ -371,13 +470,18 @@ class ComputeEmulator(HttpEmulator):
         path = resource["selfLink"].removeprefix(LINK)
         if path in self.state.deleting:
             raise HttpError(400, f"The resource '{path}' is not ready", "resourceNotReady")
-        users = [p for p, s in [*self.state.subnetworks.items(), *self.state.firewalls.items(),
-                                *self.state.creating.items()]
-                 if kind == "networks" and s.get("network") == LINK + path]
+        users = [
+            p
+            for p, s in [*self.state.subnetworks.items(), *self.state.firewalls.items(), *self.state.creating.items()]
+            if kind == "networks" and s.get("network") == LINK + path
+        ]
         user = users[0] if users else self.in_use(SINGULAR[kind], path)
         if user:
-            raise HttpError(400, f"The {SINGULAR[kind]} resource '{path}' is already being used by '{user}'",
-                            "resourceInUseByAnotherResource")
+            raise HttpError(
+                400,
+                f"The {SINGULAR[kind]} resource '{path}' is already being used by '{user}'",
+                "resourceInUseByAnotherResource",
+            )
         self.state.deleting.add(path)
         if kind == "resourcePolicies":
             resource["status"] = "DELETING"
@@ -388,17 +492,27 @@ class ComputeEmulator(HttpEmulator):
             network = self.state.networks.get(resource.get("network", "").removeprefix(LINK))
             if kind == "subnetworks" and network:
                 network["subnetworks"].remove(LINK + path)
+
         return self._op(params, "delete", path, done)
 
     # ------------------------------------------------------------------ operations
-    def _op(self, params: dict, op_type: str, target: str, on_done: Callable[[], None],
-            error: dict | None = None) -> dict:
+    def _op(
+        self, params: dict, op_type: str, target: str, on_done: Callable[[], None], error: dict | None = None
+    ) -> dict:
         op_id = str(next(self._ids))
         name = f"operation-{op_id}"
         path = f"{_scope(params)}/operations/{name}"
-        op = {"kind": "compute#operation", "id": op_id, "name": name, "operationType": op_type,
-              "targetLink": LINK + target, "status": "PENDING", "progress": 0, "insertTime": _now(),
-              "selfLink": LINK + path}
+        op = {
+            "kind": "compute#operation",
+            "id": op_id,
+            "name": name,
+            "operationType": op_type,
+            "targetLink": LINK + target,
+            "status": "PENDING",
+            "progress": 0,
+            "insertTime": _now(),
+            "selfLink": LINK + path,
+        }
         if params["region"]:
             op["region"] = LINK + _scope(params)
         entry = self.state.operations[path] = _Op(op, self.polls_to_done, on_done, error)

@@ -37,8 +37,10 @@ SERVICE_ACCOUNT = re.compile(r"default|[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.
 # and one older and one newer minor.
 VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
 DEFAULT_VERSION = "1.35.2-gke.1842000"
-STOCKOUT_MESSAGE = ("Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
-                    "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)")
+STOCKOUT_MESSAGE = (
+    "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
+    "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
+)
 
 
 @dataclass
@@ -68,8 +70,9 @@ class State:
 class ClusterManagerEmulator(GrpcEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 (plaintext, as Google's emulators do)."""
 
-    def __init__(self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2,
-                 compute=None):
+    def __init__(
+        self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2, compute=None
+    ):
         self.state = State()
         self.versions, self.default_version = VERSIONS, DEFAULT_VERSION
         self.default_pod_range, self.default_service_range = "10.52.0.0/14", "34.118.224.0/20"
@@ -88,8 +91,14 @@ class ClusterManagerEmulator(GrpcEmulator):
         self.address = ""
 
     # ------------------------------------------------------------------ faults and inspection
-    def fail(self, method: str, code: grpc.StatusCode, message: str = "", times: int = 1,
-             when: Callable[[object], bool] = lambda r: True) -> None:
+    def fail(
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        message: str = "",
+        times: int = 1,
+        when: Callable[[object], bool] = lambda r: True,
+    ) -> None:
         self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
 
     def stockout(self, when: Callable[[object], bool] = lambda r: True, times: int = 1) -> None:
@@ -118,8 +127,12 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def pools_labelled(self, key: str, value: str) -> list[str]:
         with self._lock:
-            return [f"{name}/nodePools/{p.name}" for name, cl in self.state.clusters.items() for p in cl.node_pools
-                    if p.config.resource_labels.get(key) == value or p.config.labels.get(key) == value]
+            return [
+                f"{name}/nodePools/{p.name}"
+                for name, cl in self.state.clusters.items()
+                for p in cl.node_pools
+                if p.config.resource_labels.get(key) == value or p.config.labels.get(key) == value
+            ]
 
     # ------------------------------------------------------------------ serving
     def start(self) -> str:
@@ -136,19 +149,38 @@ class ClusterManagerEmulator(GrpcEmulator):
             "GetOperation": (c.GetOperationRequest, c.Operation, self.get_operation),
             "CancelOperation": (c.CancelOperationRequest, None, self.cancel_operation),
         }
-        self._server, self.address = serve_grpc({SERVICE: {
-            name: (req.deserialize, resp.serialize if resp else lambda _: b"", self._wrap(name, fn, pass_fault=True))
-            for name, (req, resp, fn) in handlers.items()}})
+        self._server, self.address = serve_grpc(
+            {
+                SERVICE: {
+                    name: (
+                        req.deserialize,
+                        resp.serialize if resp else lambda _: b"",
+                        self._wrap(name, fn, pass_fault=True),
+                    )
+                    for name, (req, resp, fn) in handlers.items()
+                }
+            }
+        )
         return self.address
 
-
     # ------------------------------------------------------------------ helpers
-    def _op(self, location_path: str, kind: c.Operation.Type, target: str, on_done: Callable[[], None],
-            error: tuple[int, str] | None = None) -> c.Operation:
+    def _op(
+        self,
+        location_path: str,
+        kind: c.Operation.Type,
+        target: str,
+        on_done: Callable[[], None],
+        error: tuple[int, str] | None = None,
+    ) -> c.Operation:
         op_id = f"operation-{next(self._ids)}"
-        op = c.Operation(name=op_id, operation_type=kind, status=c.Operation.Status.RUNNING,
-                         self_link=f"{location_path}/operations/{op_id}", target_link=target,
-                         location=location_path.rsplit("/", 1)[-1])
+        op = c.Operation(
+            name=op_id,
+            operation_type=kind,
+            status=c.Operation.Status.RUNNING,
+            self_link=f"{location_path}/operations/{op_id}",
+            target_link=target,
+            location=location_path.rsplit("/", 1)[-1],
+        )
         self.state.operations[f"{location_path}/operations/{op_id}"] = _Op(op, self.polls_to_done, on_done, error)
         return op
 
@@ -176,8 +208,11 @@ class ClusterManagerEmulator(GrpcEmulator):
         """``asked`` resolved against the versions on offer, as GKE resolves a cluster version."""
         if not asked:
             return self.default_version
-        matching = [v for v in self.versions if asked == "latest" or v == asked or v.startswith(f"{asked}.")
-                    or v.startswith(f"{asked}-")]
+        matching = [
+            v
+            for v in self.versions
+            if asked == "latest" or v == asked or v.startswith(f"{asked}.") or v.startswith(f"{asked}-")
+        ]
         if not matching:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Master version "{asked}" is unsupported.')
         return matching[-1]
@@ -187,18 +222,21 @@ class ClusterManagerEmulator(GrpcEmulator):
         if name in self.state.clusters:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {name}.")
         for config in [p.config for p in request.cluster.node_pools] + [
-                request.cluster.autoscaling.autoprovisioning_node_pool_defaults]:
+            request.cluster.autoscaling.autoprovisioning_node_pool_defaults
+        ]:
             self._check_service_account(config.service_account, context)
         cluster = c.Cluster(request.cluster)
         cluster.status = c.Cluster.Status.PROVISIONING
         cluster.location = request.parent.rsplit("/", 1)[-1]
         cluster.self_link = name
         cluster.current_master_version = cluster.current_node_version = self._version(
-            request.cluster.initial_cluster_version, context)
+            request.cluster.initial_cluster_version, context
+        )
         ips = cluster.ip_allocation_policy
         ips.cluster_ipv4_cidr_block = cluster.cluster_ipv4_cidr = ips.cluster_ipv4_cidr_block or self.default_pod_range
-        ips.services_ipv4_cidr_block = cluster.services_ipv4_cidr = (ips.services_ipv4_cidr_block
-                                                                    or self.default_service_range)
+        ips.services_ipv4_cidr_block = cluster.services_ipv4_cidr = (
+            ips.services_ipv4_cidr_block or self.default_service_range
+        )
         cluster.create_time = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         for pool in cluster.node_pools:
             pool.status = c.NodePool.Status.PROVISIONING
@@ -211,6 +249,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             cluster.master_auth = c.MasterAuth(cluster_ca_certificate=base64.b64encode(self.kube_ca_pem).decode())
             for pool in cluster.node_pools:
                 pool.status = c.NodePool.Status.RUNNING
+
         return self._op(request.parent, c.Operation.Type.CREATE_CLUSTER, name, done)
 
     def get_cluster(self, request: c.GetClusterRequest, context, stockout=None) -> c.Cluster:
@@ -226,8 +265,12 @@ class ClusterManagerEmulator(GrpcEmulator):
     def delete_cluster(self, request: c.DeleteClusterRequest, context, stockout=None) -> c.Operation:
         cluster = self._cluster(request.name, context)
         cluster.status = c.Cluster.Status.STOPPING
-        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_CLUSTER, request.name,
-                        lambda: self.state.clusters.pop(request.name, None))
+        return self._op(
+            request.name.rsplit("/clusters/", 1)[0],
+            c.Operation.Type.DELETE_CLUSTER,
+            request.name,
+            lambda: self.state.clusters.pop(request.name, None),
+        )
 
     def update_cluster(self, request: c.UpdateClusterRequest, context, stockout=None) -> c.Operation:
         """One change per request, as GKE takes them; applied when the operation is done. Multi-networking needs
@@ -237,17 +280,23 @@ class ClusterManagerEmulator(GrpcEmulator):
         if len(changes) != 1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Exactly one update can be made at a time; got {changes}.")
         if cluster.status != c.Cluster.Status.RUNNING:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"Cluster {cluster.name} is running an incompatible operation.")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"Cluster {cluster.name} is running an incompatible operation."
+            )
         (change,) = changes
         update = request.update
         if change == "desired_datapath_provider":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Dataplane V2 can only be set when a cluster is created.")
-        if change == "desired_enable_multi_networking" and \
-                cluster.network_config.datapath_provider != c.DatapathProvider.ADVANCED_DATAPATH:
+        if (
+            change == "desired_enable_multi_networking"
+            and cluster.network_config.datapath_provider != c.DatapathProvider.ADVANCED_DATAPATH
+        ):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Multi-networking requires Dataplane V2.")
-        if change not in ("desired_addons_config", "desired_workload_identity_config",
-                          "desired_enable_multi_networking"):
+        if change not in (
+            "desired_addons_config",
+            "desired_workload_identity_config",
+            "desired_enable_multi_networking",
+        ):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, f"The emulator does not update {change}.")
         cluster.status = c.Cluster.Status.RECONCILING
 
@@ -260,6 +309,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             else:
                 cluster.network_config.enable_multi_networking = update.desired_enable_multi_networking
             cluster.status = c.Cluster.Status.RUNNING
+
         return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.UPDATE_CLUSTER, request.name, done)
 
     # ------------------------------------------------------------------ node pools
@@ -268,8 +318,9 @@ class ClusterManagerEmulator(GrpcEmulator):
         if cluster.status != c.Cluster.Status.RUNNING:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Cluster {cluster.name} is not running.")
         if any(p.name == request.node_pool.name for p in cluster.node_pools):
-            context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                          f"Already exists: {request.parent}/nodePools/{request.node_pool.name}.")
+            context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {request.parent}/nodePools/{request.node_pool.name}."
+            )
         self._check_service_account(request.node_pool.config.service_account, context)
         missing = self._missing_references(request.parent, request.node_pool)
         if missing:
@@ -289,8 +340,8 @@ class ClusterManagerEmulator(GrpcEmulator):
                 if p.name == pool.name:
                     p.status = c.NodePool.Status.ERROR if error else c.NodePool.Status.RUNNING
                     p.status_message = error[1] if error else ""
-        return self._op(request.parent.rsplit("/clusters/", 1)[0], c.Operation.Type.CREATE_NODE_POOL, name, done,
-                        error)
+
+        return self._op(request.parent.rsplit("/clusters/", 1)[0], c.Operation.Type.CREATE_NODE_POOL, name, done, error)
 
     def get_node_pool(self, request: c.GetNodePoolRequest, context, stockout=None) -> c.NodePool:
         return self._pool(request.name, context)[1]
@@ -306,8 +357,8 @@ class ClusterManagerEmulator(GrpcEmulator):
             kept = [p for p in cluster.node_pools if p.name != pool.name]
             del cluster.node_pools[:]
             cluster.node_pools.extend(kept)
-        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_NODE_POOL, request.name,
-                        done)
+
+        return self._op(request.name.rsplit("/clusters/", 1)[0], c.Operation.Type.DELETE_NODE_POOL, request.name, done)
 
     # ------------------------------------------------------------------ Compute Engine references
     def _references(self, cluster_name: str, pool: c.NodePool) -> list[str]:
@@ -320,8 +371,10 @@ class ClusterManagerEmulator(GrpcEmulator):
             out.append(f"projects/{project}/global/networks/{extra.network.rsplit('/', 1)[-1]}")
             out.append(f"projects/{project}/regions/{region}/subnetworks/{extra.subnetwork.rsplit('/', 1)[-1]}")
         if pool.placement_policy.policy_name:
-            out.append(f"projects/{project}/regions/{region}/resourcePolicies/"
-                       f"{pool.placement_policy.policy_name.rsplit('/', 1)[-1]}")
+            out.append(
+                f"projects/{project}/regions/{region}/resourcePolicies/"
+                f"{pool.placement_policy.policy_name.rsplit('/', 1)[-1]}"
+            )
         return out
 
     def _missing_references(self, cluster_name: str, pool: c.NodePool) -> str:
@@ -347,7 +400,8 @@ class ClusterManagerEmulator(GrpcEmulator):
         if entry.op.status != c.Operation.Status.DONE:
             entry.polls_left -= 1
             entry.op.progress = c.OperationProgress(
-                metrics=[c.OperationProgress.Metric(name="polls", int_value=self.polls_to_done - entry.polls_left)])
+                metrics=[c.OperationProgress.Metric(name="polls", int_value=self.polls_to_done - entry.polls_left)]
+            )
             if entry.polls_left <= 0:
                 entry.on_done()
                 entry.op.status = c.Operation.Status.DONE

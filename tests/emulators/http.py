@@ -10,8 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-REASONS = {400: "invalid", 401: "authError", 403: "forbidden", 404: "notFound", 409: "alreadyExists",
-           412: "conditionNotMet", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
+REASONS = {
+    400: "invalid",
+    401: "authError",
+    403: "forbidden",
+    404: "notFound",
+    409: "alreadyExists",
+    412: "conditionNotMet",
+    429: "rateLimitExceeded",
+    500: "backendError",
+    503: "backendError",
+}
 
 
 class HttpError(Exception):
@@ -23,8 +32,13 @@ class HttpError(Exception):
         self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
 
     def body(self) -> dict:
-        return {"error": {"code": self.status, "message": self.message,
-                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+        return {
+            "error": {
+                "code": self.status,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+            }
+        }
 
 
 @dataclass

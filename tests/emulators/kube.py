@@ -53,9 +53,19 @@ from pathlib import Path
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
 # The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
 # and the ones every kind has.
-EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-                "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
-                "reportingComponent", "source", "type"}
+EVENT_FIELDS = {
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+}
 OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
 # RayCluster fields by the KubeRay release that added them (the emulator's own table, from
 # ../shared/reference/platform-facts.md: authOptions.secretName came in v1.6.0).
@@ -63,14 +73,22 @@ FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
-UNSCHEDULABLE_MESSAGE = "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are " \
-                        "available: {n} No preemption victims found for incoming pod."
+UNSCHEDULABLE_MESSAGE = (
+    "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are "
+    "available: {n} No preemption victims found for incoming pod."
+)
 # The cluster autoscaler's events on a pod it places by growing a pool (kubernetes/autoscaler FAQ, "What events are
 # emitted by CA?"), the messages in GKE's words.
-TRIGGERED_SCALE_UP = ("TriggeredScaleUp", "pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
-                      "{project}/zones/{zone}/instanceGroups/gke-{pool}-grp 0->{n} (max: {n})}}]")
-OUT_OF_RESOURCES = ("FailedScaleUp", "Node scale up in zones {zone} associated with this pod failed: GCE out of "
-                    "resources. Pod is at risk of not being scheduled.")
+TRIGGERED_SCALE_UP = (
+    "TriggeredScaleUp",
+    "pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
+    "{project}/zones/{zone}/instanceGroups/gke-{pool}-grp 0->{n} (max: {n})}}]",
+)
+OUT_OF_RESOURCES = (
+    "FailedScaleUp",
+    "Node scale up in zones {zone} associated with this pod failed: GCE out of "
+    "resources. Pod is at risk of not being scheduled.",
+)
 NOT_TRIGGERED = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached")
 
 
@@ -84,24 +102,35 @@ def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpupipe emulator CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     directory.mkdir(parents=True, exist_ok=True)
     cert_file, key_file = directory / "apiserver.crt", directory / "apiserver.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file
 
 
@@ -122,8 +151,15 @@ def _older(version: str, than: str) -> bool:
 
 
 def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -168,8 +204,16 @@ class KubeEmulator:
     """The API server and the KubeRay operator. ``start()`` serves on 127.0.0.1; ``stop()`` stops every local
     Ray cluster it started."""
 
-    def __init__(self, work_dir: Path, token: str, crd_validator, ray_env=None, fault: str = "",
-                 ready_delay_s: float = 0.0, scale_up_s: float = 2.0):
+    def __init__(
+        self,
+        work_dir: Path,
+        token: str,
+        crd_validator,
+        ray_env=None,
+        fault: str = "",
+        ready_delay_s: float = 0.0,
+        scale_up_s: float = 2.0,
+    ):
         self.work_dir = Path(work_dir)
         self.token = token
         self.crds = crd_validator
@@ -254,15 +298,21 @@ class KubeEmulator:
         if crd and method == "GET":
             found = self.served_crd(crd.group(1))
             if found is None:
-                return self._send(h, 404, _status(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io '
-                                                                   f'"{crd.group(1)}" not found'))
+                return self._send(
+                    h,
+                    404,
+                    _status(
+                        404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io "{crd.group(1)}" not found'
+                    ),
+                )
             return self._send(h, 200, found)
         proxy = re.match(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$", url.path)
         if proxy:
             return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
         ns_obj = re.match(r"^/api/v1/namespaces(?:/([^/]+))?$", url.path)
-        m = (re.match(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path)
-             or re.match(r"^/apis/[^/]+/[^/]+/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path))
+        m = re.match(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path) or re.match(
+            r"^/apis/[^/]+/[^/]+/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path
+        )
         if ns_obj:
             plural, namespace, name = "namespaces", "", ns_obj.group(1) or ""
         elif m:
@@ -283,12 +333,19 @@ class KubeEmulator:
                 fields = query.get("fieldSelector", "")
                 unknown = _unselectable(plural, fields)
                 if unknown:
-                    return 400, _status(400, "BadRequest", f'"{unknown}" is not a known field selector: only '
-                                                           f'"{", ".join(sorted(_selectable(plural)))}"')
-                items = [o for (p, ns, _), o in self.objects.items()
-                         if p == plural and (ns == namespace or not namespace)
-                         and _matches(o["metadata"].get("labels", {}), query.get("labelSelector", ""))
-                         and _fields_match(o, fields)]
+                    return 400, _status(
+                        400,
+                        "BadRequest",
+                        f'"{unknown}" is not a known field selector: only "{", ".join(sorted(_selectable(plural)))}"',
+                    )
+                items = [
+                    o
+                    for (p, ns, _), o in self.objects.items()
+                    if p == plural
+                    and (ns == namespace or not namespace)
+                    and _matches(o["metadata"].get("labels", {}), query.get("labelSelector", ""))
+                    and _fields_match(o, fields)
+                ]
                 return 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
             if method == "GET":
                 if key not in self.objects:
@@ -367,11 +424,19 @@ class KubeEmulator:
     # ------------------------------------------------------------------ the KubeRay operator
     def _pod(self, namespace: str, cluster: str, name: str, group: dict, node_type: str) -> dict:
         template = group["template"]
-        labels = {**template.get("metadata", {}).get("labels", {}), "ray.io/cluster": cluster,
-                  "ray.io/node-type": node_type, "ray.io/group": group.get("groupName", "headgroup")}
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "spec": template["spec"], "status": {"phase": "Pending", "conditions": []}}
+        labels = {
+            **template.get("metadata", {}).get("labels", {}),
+            "ray.io/cluster": cluster,
+            "ray.io/node-type": node_type,
+            "ray.io/group": group.get("groupName", "headgroup"),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": template["spec"],
+            "status": {"phase": "Pending", "conditions": []},
+        }
 
     def _create_raycluster(self, namespace: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
@@ -380,30 +445,54 @@ class KubeEmulator:
         for group in spec.get("workerGroupSpecs", []):
             for replica in range(group.get("replicas", 1)):
                 for host in range(group.get("numOfHosts", 1)):
-                    pods.append(self._pod(namespace, name, f"{name}-{group['groupName']}-{replica}-{host}", group,
-                                          "worker"))
+                    pods.append(
+                        self._pod(namespace, name, f"{name}-{group['groupName']}-{replica}-{host}", group, "worker")
+                    )
         for pod in pods:
             self.objects[("pods", namespace, pod["metadata"]["name"])] = pod
         self.objects[("services", namespace, f"{name}-head-svc")] = {
-            "apiVersion": "v1", "kind": "Service",
+            "apiVersion": "v1",
+            "kind": "Service",
             "metadata": {"name": f"{name}-head-svc", "namespace": namespace, "labels": {"ray.io/cluster": name}},
-            "spec": {"ports": [{"name": "dashboard", "port": 8265}]}}
+            "spec": {"ports": [{"name": "dashboard", "port": 8265}]},
+        }
         desired = sum(g.get("replicas", 1) * g.get("numOfHosts", 1) for g in spec.get("workerGroupSpecs", []))
-        obj["status"] = {"desiredWorkerReplicas": desired, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
-                         "state": "", "conditions": []}
+        obj["status"] = {
+            "desiredWorkerReplicas": desired,
+            "availableWorkerReplicas": 0,
+            "readyWorkerReplicas": 0,
+            "state": "",
+            "conditions": [],
+        }
         if self.fault == "unschedulable":
             for pod in pods[1:]:
-                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": UNSCHEDULABLE_MESSAGE.format(n=2)}]
+                pod["status"]["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": UNSCHEDULABLE_MESSAGE.format(n=2),
+                    }
+                ]
             return
         if self.fault == "image_pull":
             for pod in pods:
                 image = pod["spec"]["containers"][0]["image"]
-                pod["status"]["containerStatuses"] = [{"name": pod["spec"]["containers"][0]["name"], "ready": False,
-                                                       "image": pod["spec"]["containers"][0]["image"], "imageID": "",
-                                                       "restartCount": 0,
-                                                       "state": {"waiting": {"reason": "ErrImagePull", "message":
-                                                                 f'failed to pull image "{image}": not found'}}}]
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": pod["spec"]["containers"][0]["name"],
+                        "ready": False,
+                        "image": pod["spec"]["containers"][0]["image"],
+                        "imageID": "",
+                        "restartCount": 0,
+                        "state": {
+                            "waiting": {
+                                "reason": "ErrImagePull",
+                                "message": f'failed to pull image "{image}": not found',
+                            }
+                        },
+                    }
+                ]
             return
         if self.fault in ("scale_from_zero", "never_scales_up"):
             return self._scale_from_zero(namespace, obj, pods)
@@ -414,11 +503,21 @@ class KubeEmulator:
         missing = self._missing_secrets(namespace, pods)
         if missing:
             for pod in pods:
-                pod["status"]["containerStatuses"] = [{"name": pod["spec"]["containers"][0]["name"], "ready": False,
-                                                       "image": pod["spec"]["containers"][0]["image"], "imageID": "",
-                                                       "restartCount": 0,
-                                                       "state": {"waiting": {"reason": "CreateContainerConfigError",
-                                                                 "message": f'secret "{missing}" not found'}}}]
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": pod["spec"]["containers"][0]["name"],
+                        "ready": False,
+                        "image": pod["spec"]["containers"][0]["image"],
+                        "imageID": "",
+                        "restartCount": 0,
+                        "state": {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": f'secret "{missing}" not found',
+                            }
+                        },
+                    }
+                ]
             return
         for pod in pods:
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
@@ -433,12 +532,19 @@ class KubeEmulator:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         name = f"{pod}.{secrets.token_hex(8)}"
         self.objects[("events", namespace, name)] = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": namespace, "uid": secrets.token_hex(8), "creationTimestamp": now},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod},
-            "reason": reason, "message": message, "type": "Normal" if reason == "TriggeredScaleUp" else "Warning",
-            "source": {"component": component}, "reportingComponent": component, "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now}
+            "reason": reason,
+            "message": message,
+            "type": "Normal" if reason == "TriggeredScaleUp" else "Warning",
+            "source": {"component": component},
+            "reportingComponent": component,
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+        }
 
     def _scale_from_zero(self, namespace: str, obj: dict, pods: list[dict]) -> None:
         """The TPU pool has no nodes: the worker pods are Unschedulable and the autoscaler grows the pool (after
@@ -450,8 +556,9 @@ class KubeEmulator:
         pods[0]["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]  # the head: on the CPU pool
         for pod in workers:
             message = UNSCHEDULABLE_MESSAGE.format(n=1)
-            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                            "message": message}]
+            pod["status"]["conditions"] = [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ]
             self._event(namespace, pod["metadata"]["name"], "FailedScheduling", message, "default-scheduler")
             if failure and failure[0] == NOT_TRIGGERED[0]:
                 self._event(namespace, pod["metadata"]["name"], *failure, "cluster-autoscaler")
@@ -468,13 +575,21 @@ class KubeEmulator:
             obj = self.objects.get(("rayclusters", namespace, name))
             if obj is None:  # deleted while the nodes came
                 return
-            pods = [p for (plural, ns, _), p in self.objects.items() if plural == "pods" and ns == namespace
-                    and p["metadata"]["labels"].get("ray.io/cluster") == name]
+            pods = [
+                p
+                for (plural, ns, _), p in self.objects.items()
+                if plural == "pods" and ns == namespace and p["metadata"]["labels"].get("ray.io/cluster") == name
+            ]
             if failure:
                 for pod in (p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"):
                     reason, message = failure
-                    self._event(namespace, pod["metadata"]["name"], reason, message.format(**self.autoscaler_place),
-                                "cluster-autoscaler")
+                    self._event(
+                        namespace,
+                        pod["metadata"]["name"],
+                        reason,
+                        message.format(**self.autoscaler_place),
+                        "cluster-autoscaler",
+                    )
                 return
             self._schedule(namespace, obj, pods)
 
@@ -505,9 +620,12 @@ class KubeEmulator:
         secret_name = auth.get("secretName") or obj["metadata"]["name"]
         key = ("secrets", namespace, secret_name)
         if key not in self.objects:  # KubeRay generates the Secret when the spec names none
-            self.objects[key] = {"apiVersion": "v1", "kind": "Secret",
-                                 "metadata": {"name": secret_name, "namespace": namespace},
-                                 "data": {"auth_token": base64.b64encode(secrets.token_hex(16).encode()).decode()}}
+            self.objects[key] = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret_name, "namespace": namespace},
+                "data": {"auth_token": base64.b64encode(secrets.token_hex(16).encode()).decode()},
+            }
         return base64.b64decode(self.objects[key]["data"]["auth_token"]).decode()
 
     def _start_ray(self, namespace: str, obj: dict, pods: list[dict]) -> None:
@@ -519,29 +637,55 @@ class KubeEmulator:
         with self.lock:
             token = self._ray_token(namespace, obj)
             head_group = obj["spec"]["headGroupSpec"]
-            envs = {pod["metadata"]["name"]: self._container_env(namespace, pod["spec"]["containers"][0])
-                    for pod in pods}
+            envs = {
+                pod["metadata"]["name"]: self._container_env(namespace, pod["spec"]["containers"][0]) for pod in pods
+            }
         workers = pods[1:]
         ports = local.allocate_ports(len(workers))
         temp_dir = Path(tempfile.gettempdir()) / f"tk-{secrets.token_hex(4)}"
-        record = {"processes": [], "temp_dir": temp_dir, "dashboard": ports[0]["dashboard-port"], "token": token,
-                  "run_id": run_id}
+        record = {
+            "processes": [],
+            "temp_dir": temp_dir,
+            "dashboard": ports[0]["dashboard-port"],
+            "token": token,
+            "run_id": run_id,
+        }
         with self.lock:
             self.clusters[(namespace, name)] = record
         env = self.ray_env
-        base_env = {**os.environ, local.RUN_MARKER: run_id, "PATH": f"{env.bin}{os.pathsep}{os.environ['PATH']}",
-                    "VIRTUAL_ENV": env.path, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        base_env = {
+            **os.environ,
+            local.RUN_MARKER: run_id,
+            "PATH": f"{env.bin}{os.pathsep}{os.environ['PATH']}",
+            "VIRTUAL_ENV": env.path,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
         if token:
             base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
         ray = str(env.bin / "ray")
-        common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-                  f"--object-store-memory={local.OBJECT_STORE_BYTES}"]
+        common = [
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            f"--object-store-memory={local.OBJECT_STORE_BYTES}",
+        ]
         logs = self.work_dir / "ray" / name
         head_cpus = head_group.get("rayStartParams", {}).get(
-            "num-cpus", head_group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+            "num-cpus", head_group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
+        )
         head = ports[0]
-        cmd = [ray, "start", "--head", *common, "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-               f"--num-cpus={head_cpus}", f"--temp-dir={temp_dir / 'head'}", *[f"--{k}={v}" for k, v in head.items()]]
+        cmd = [
+            ray,
+            "start",
+            "--head",
+            *common,
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            f"--num-cpus={head_cpus}",
+            f"--temp-dir={temp_dir / 'head'}",
+            *[f"--{k}={v}" for k, v in head.items()],
+        ]
         record["processes"].append(local.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out"))
         gcs = f"127.0.0.1:{head['port']}"
         deadline = time.monotonic() + 120
@@ -551,19 +695,33 @@ class KubeEmulator:
             container = pod["spec"]["containers"][0]
             limits = container["resources"]["limits"]
             resources = {"TPU": int(limits[TPU_RESOURCE])} if TPU_RESOURCE in limits else {}
-            group = next(g for g in obj["spec"]["workerGroupSpecs"]
-                         if pod["metadata"]["labels"]["ray.io/group"] == g["groupName"])
+            group = next(
+                g
+                for g in obj["spec"]["workerGroupSpecs"]
+                if pod["metadata"]["labels"]["ray.io/group"] == g["groupName"]
+            )
             resources |= {k: float(v) for k, v in group.get("resources", {}).items()}
             accelerator = pod["spec"].get("nodeSelector", {}).get("cloud.google.com/gke-tpu-accelerator")
             if resources.get("TPU") and accelerator:  # what Ray detects on a real TPU host
                 resources[f"accelerator_type:{catalogue.family(accelerator).ray_accelerator_type}"] = 1
             host_labels = {"tpupipe/host": pod["metadata"]["name"]}
             webhook_env = self._tpu_webhook_env(pod, group) if resources.get("TPU") else {}
-            cmd = [ray, "start", f"--address={gcs}", *common, f"--num-cpus={limits['cpu']}",
-                   f"--resources={json.dumps(resources)}", f"--labels={json.dumps(host_labels)}",
-                   f"--temp-dir={temp_dir / f'w{index}'}", *[f"--{k}={v}" for k, v in node_ports.items()]]
-            record["processes"].append(local.spawn(cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env,
-                                                   logs / f"{pod['metadata']['name']}.out"))
+            cmd = [
+                ray,
+                "start",
+                f"--address={gcs}",
+                *common,
+                f"--num-cpus={limits['cpu']}",
+                f"--resources={json.dumps(resources)}",
+                f"--labels={json.dumps(host_labels)}",
+                f"--temp-dir={temp_dir / f'w{index}'}",
+                *[f"--{k}={v}" for k, v in node_ports.items()],
+            ]
+            record["processes"].append(
+                local.spawn(
+                    cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env, logs / f"{pod['metadata']['name']}.out"
+                )
+            )
         self._watch_ready(namespace, name, len(workers) + 1, deadline=time.monotonic() + 240)
 
     @staticmethod
@@ -578,8 +736,13 @@ class KubeEmulator:
             chips *= int(dim)
         _, _, replica, host = pod["metadata"]["name"].rsplit("-", 3)
         slice_name = f"{pod['metadata']['labels']['ray.io/cluster']}-{group['groupName']}-{replica}"
-        return {"TPU_ACCELERATOR_TYPE": f"{version}-{chips}", "TPU_TOPOLOGY": topology, "TPU_WORKER_ID": host,
-                "TPU_NAME": slice_name, "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * group.get("numOfHosts", 1))}
+        return {
+            "TPU_ACCELERATOR_TYPE": f"{version}-{chips}",
+            "TPU_TOPOLOGY": topology,
+            "TPU_WORKER_ID": host,
+            "TPU_NAME": slice_name,
+            "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * group.get("numOfHosts", 1)),
+        }
 
     @staticmethod
     def _port_open(port: int) -> bool:
@@ -622,20 +785,42 @@ class KubeEmulator:
                 return
             for (plural, ns, _), pod in self.objects.items():
                 if plural == "pods" and ns == namespace and pod["metadata"]["labels"].get("ray.io/cluster") == name:
-                    pod["status"] = {"phase": "Running", "conditions": [
-                        {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+                    pod["status"] = {
+                        "phase": "Running",
+                        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                    }
             status = obj["status"]
-            status.update({"state": "ready", "readyWorkerReplicas": want - 1, "availableWorkerReplicas": want - 1,
-                           "head": {"serviceName": f"{name}-head-svc", "podName": f"{name}-head"},
-                           "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady",
-                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                                          {"type": "RayClusterProvisioned", "status": "True",
-                                           "reason": "AllPodRunningAndReadyFirstTime",
-                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]})
+            status.update(
+                {
+                    "state": "ready",
+                    "readyWorkerReplicas": want - 1,
+                    "availableWorkerReplicas": want - 1,
+                    "head": {"serviceName": f"{name}-head-svc", "podName": f"{name}-head"},
+                    "conditions": [
+                        {
+                            "type": "HeadPodReady",
+                            "status": "True",
+                            "reason": "HeadPodRunningAndReady",
+                            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        },
+                        {
+                            "type": "RayClusterProvisioned",
+                            "status": "True",
+                            "reason": "AllPodRunningAndReadyFirstTime",
+                            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        },
+                    ],
+                }
+            )
 
     def _delete_raycluster(self, namespace: str, name: str) -> None:
-        for key in [k for k, o in self.objects.items() if k[0] in ("pods", "services") and k[1] == namespace
-                    and o["metadata"].get("labels", {}).get("ray.io/cluster") == name]:
+        for key in [
+            k
+            for k, o in self.objects.items()
+            if k[0] in ("pods", "services")
+            and k[1] == namespace
+            and o["metadata"].get("labels", {}).get("ray.io/cluster") == name
+        ]:
             self.objects.pop(key)
         threading.Thread(target=self._stop_ray, args=((namespace, name),), daemon=True).start()
 
@@ -672,12 +857,16 @@ class KubeEmulator:
             record = self.clusters.get((namespace, cluster))
             known = ("services", namespace, service) in self.objects
         if not known or record is None:
-            return self._send(h, 503, _status(503, "ServiceUnavailable", f'no endpoints available for service '
-                                                                        f'"{service}"'))
+            return self._send(
+                h, 503, _status(503, "ServiceUnavailable", f'no endpoints available for service "{service}"')
+            )
         if h.headers.get("Upgrade"):  # a WebSocket (the Jobs API's log tailing): this proxy passes plain requests only
             return self._send(h, 400, _status(400, "BadRequest", "the emulated service proxy passes no upgrades"))
-        headers = {k: v for k, v in h.headers.items()
-                   if k.lower() not in ("authorization", "host", "content-length", "connection")}
+        headers = {
+            k: v
+            for k, v in h.headers.items()
+            if k.lower() not in ("authorization", "host", "content-length", "connection")
+        }
         url = f"http://127.0.0.1:{record['dashboard']}{path}" + (f"?{query}" if query else "")
         try:
             r = requests.request(method, url, data=body or None, headers=headers, timeout=60)

@@ -51,11 +51,24 @@ ALIAS = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DEFAULT = "default"
-PERMISSIONS = {"UploadModel": "aiplatform.models.upload", "GetModel": "aiplatform.models.get",
-               "ListModels": "aiplatform.models.list", "ListModelVersions": "aiplatform.models.list",
-               "MergeVersionAliases": "aiplatform.models.update", "GetOperation": "aiplatform.operations.list"}
-STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-          409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+PERMISSIONS = {
+    "UploadModel": "aiplatform.models.upload",
+    "GetModel": "aiplatform.models.get",
+    "ListModels": "aiplatform.models.list",
+    "ListModelVersions": "aiplatform.models.list",
+    "MergeVersionAliases": "aiplatform.models.update",
+    "GetOperation": "aiplatform.operations.list",
+}
+STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
 TYPE = "type.googleapis.com/"
 
 
@@ -103,8 +116,15 @@ class ModelServiceEmulator(HttpEmulator):
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ faults and inspection
-    def fail(self, method: str, status: int | None, times: int = 1, message: str = "", lost: bool = False,
-             when: Callable[[dict], bool] = lambda request: True) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int | None,
+        times: int = 1,
+        message: str = "",
+        lost: bool = False,
+        when: Callable[[dict], bool] = lambda request: True,
+    ) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` (given the request body, or {"name": ...}) answer
         HTTP ``status``; with ``lost`` after taking effect. UploadModel with ``status=None``: its operation fails."""
         self.faults.append(ModelFault(method, status, STATUS.get(status or 500, ""), message, times, when, lost))
@@ -169,10 +189,17 @@ class ModelServiceEmulator(HttpEmulator):
         if status == 403:
             permission = PERMISSIONS[method]
             resource = target.split("@")[0]
-            return RpcError(403, fault.message or f"Permission '{permission}' denied on resource "
-                                 f"'//aiplatform.googleapis.com/{resource}' (or it may not exist).",
-                            {"reason": "IAM_PERMISSION_DENIED", "domain": "aiplatform.googleapis.com",
-                             "metadata": {"permission": permission, "resource": resource}})
+            return RpcError(
+                403,
+                fault.message
+                or f"Permission '{permission}' denied on resource "
+                f"'//aiplatform.googleapis.com/{resource}' (or it may not exist).",
+                {
+                    "reason": "IAM_PERMISSION_DENIED",
+                    "domain": "aiplatform.googleapis.com",
+                    "metadata": {"permission": permission, "resource": resource},
+                },
+            )
         if status == 503:
             return RpcError(503, fault.message or "The service is currently unavailable.")
         return RpcError(status, fault.message or f"Injected HTTP {status} for {method}.")
@@ -186,12 +213,20 @@ class ModelServiceEmulator(HttpEmulator):
             return copy.deepcopy(self.operations[target])
         if method == "ListModels":
             self._parent(target)
-            return {"models": [copy.deepcopy(self._resolve(name, entry, DEFAULT)) for name, entry in
-                               sorted(self.models.items()) if name.startswith(target + "/models/")]}
+            return {
+                "models": [
+                    copy.deepcopy(self._resolve(name, entry, DEFAULT))
+                    for name, entry in sorted(self.models.items())
+                    if name.startswith(target + "/models/")
+                ]
+            }
         match = MODEL.match(target)
         if not match:
-            raise RpcError(400, f"Invalid resource name {target!r}: expected "
-                                "projects/PROJECT/locations/LOCATION/models/MODEL[@VERSION].")
+            raise RpcError(
+                400,
+                f"Invalid resource name {target!r}: expected "
+                "projects/PROJECT/locations/LOCATION/models/MODEL[@VERSION].",
+            )
         name = target.split("@")[0]
         entry = self.models.get(name)
         if entry is None:
@@ -248,17 +283,25 @@ class ModelServiceEmulator(HttpEmulator):
                 raise RpcError(404, f"The parent model {name} does not exist.")
         else:
             if not MODEL_ID.match(request.model_id or ""):
-                raise RpcError(400, f"Invalid model_id {request.model_id!r}: up to 63 of [a-z0-9_-], not starting "
-                                    "with a digit or '-'.")
+                raise RpcError(
+                    400,
+                    f"Invalid model_id {request.model_id!r}: up to 63 of [a-z0-9_-], not starting with a digit or '-'.",
+                )
             name = f"{parent}/models/{request.model_id}"
             if name in self.models:
                 raise RpcError(409, f"Model {name} already exists.")
         operation = f"{name}/operations/{len(self.operations) + 1}"
-        metadata = {"@type": TYPE + "google.cloud.aiplatform.v1.UploadModelOperationMetadata",
-                    "genericMetadata": {"createTime": _now(), "updateTime": _now()}}
+        metadata = {
+            "@type": TYPE + "google.cloud.aiplatform.v1.UploadModelOperationMetadata",
+            "genericMetadata": {"createTime": _now(), "updateTime": _now()},
+        }
         if failed:
-            self.operations[operation] = {"name": operation, "metadata": metadata, "done": True,
-                                          "error": {"code": 13, "message": "Internal error encountered."}}
+            self.operations[operation] = {
+                "name": operation,
+                "metadata": metadata,
+                "done": True,
+                "error": {"code": 13, "message": "Internal error encountered."},
+            }
             return copy.deepcopy(self.operations[operation])
         entry = self.models.setdefault(name, Entry())
         version_id = str(entry.next_id)
@@ -269,12 +312,25 @@ class ModelServiceEmulator(HttpEmulator):
             version["versionAliases"] = [a for a in version.get("versionAliases", []) if a not in aliases]
         now = _now()
         entry.versions[version_id] = {
-            **model, "name": name, "versionId": version_id, "versionAliases": aliases, "createTime": now,
-            "updateTime": now, "versionCreateTime": now, "versionUpdateTime": now}
+            **model,
+            "name": name,
+            "versionId": version_id,
+            "versionAliases": aliases,
+            "createTime": now,
+            "updateTime": now,
+            "versionCreateTime": now,
+            "versionUpdateTime": now,
+        }
         self.operations[operation] = {
-            "name": operation, "metadata": metadata, "done": True,
-            "response": {"@type": TYPE + "google.cloud.aiplatform.v1.UploadModelResponse", "model": name,
-                         "modelVersionId": version_id}}
+            "name": operation,
+            "metadata": metadata,
+            "done": True,
+            "response": {
+                "@type": TYPE + "google.cloud.aiplatform.v1.UploadModelResponse",
+                "model": name,
+                "modelVersionId": version_id,
+            },
+        }
         return copy.deepcopy(self.operations[operation])
 
     def _merge(self, entry: Entry, version: dict, raw: bytes) -> dict:
@@ -302,8 +358,10 @@ class ModelServiceEmulator(HttpEmulator):
 
 def _check_alias(alias: str) -> None:
     if not ALIAS.match(alias) or alias.isdigit():
-        raise RpcError(400, f"Invalid version alias {alias!r}: it must match [a-z][a-zA-Z0-9-]{{0,126}}[a-z0-9] and "
-                            "not be a number.")
+        raise RpcError(
+            400,
+            f"Invalid version alias {alias!r}: it must match [a-z][a-zA-Z0-9-]{{0,126}}[a-z0-9] and not be a number.",
+        )
 
 
 def _check_labels(labels: dict) -> None:
@@ -311,8 +369,11 @@ def _check_labels(labels: dict) -> None:
         raise RpcError(400, f"A model has at most 64 labels, got {len(labels)}.")
     for key, value in labels.items():
         if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
-            raise RpcError(400, f"Invalid label {key}={value!r}: keys and values are lowercase letters, digits, '_' "
-                                "and '-', at most 63 characters, and keys start with a letter.")
+            raise RpcError(
+                400,
+                f"Invalid label {key}={value!r}: keys and values are lowercase letters, digits, '_' "
+                "and '-', at most 63 characters, and keys start with a letter.",
+            )
 
 
 def _parse(message_type, raw: bytes):

@@ -32,8 +32,10 @@ def default_compute_account(number: str) -> str:
 class ResourceManagerEmulator:
     def __init__(self, projects: dict[str, str]):
         self.projects = dict(projects)  # project id -> project number
-        self.policies = {project_id: {role: {default_compute_account(number)} for role in NODE_ROLES}
-                         for project_id, number in self.projects.items()}  # project id -> role -> members
+        self.policies = {
+            project_id: {role: {default_compute_account(number)} for role in NODE_ROLES}
+            for project_id, number in self.projects.items()
+        }  # project id -> role -> members
         self.calls: list[str] = []
         self.denied: set[str] = set()  # permissions the caller lacks on every project
         self._server = None
@@ -42,13 +44,23 @@ class ResourceManagerEmulator:
         self.denied.update(permissions)
 
     def start(self) -> str:
-        self._server, address = serve_grpc({SERVICE: {
-            "GetProject": (rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project),
-            "GetIamPolicy": (iam_policy_pb2.GetIamPolicyRequest.FromString, policy_pb2.Policy.SerializeToString,
-                             self.get_iam_policy),
-            "TestIamPermissions": (iam_policy_pb2.TestIamPermissionsRequest.FromString,
-                                   iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
-                                   self.test_iam_permissions)}})
+        self._server, address = serve_grpc(
+            {
+                SERVICE: {
+                    "GetProject": (rm.GetProjectRequest.deserialize, rm.Project.serialize, self.get_project),
+                    "GetIamPolicy": (
+                        iam_policy_pb2.GetIamPolicyRequest.FromString,
+                        policy_pb2.Policy.SerializeToString,
+                        self.get_iam_policy,
+                    ),
+                    "TestIamPermissions": (
+                        iam_policy_pb2.TestIamPermissionsRequest.FromString,
+                        iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
+                        self.test_iam_permissions,
+                    ),
+                }
+            }
+        )
         return address
 
     def stop(self) -> None:
@@ -66,20 +78,25 @@ class ResourceManagerEmulator:
         for project_id, number in self.projects.items():
             if key in (project_id, number):
                 return project_id, number
-        context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      f"Permission denied on resource '{name}' (or it may not exist).")
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED, f"Permission denied on resource '{name}' (or it may not exist)."
+        )
 
     def get_project(self, request: rm.GetProjectRequest, context) -> rm.Project:
         self.calls.append("GetProject")
         project_id, number = self._project(request.name, context)
-        return rm.Project(name=f"projects/{number}", project_id=project_id, state=rm.Project.State.ACTIVE,
-                          display_name=project_id)
+        return rm.Project(
+            name=f"projects/{number}", project_id=project_id, state=rm.Project.State.ACTIVE, display_name=project_id
+        )
 
     def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
         self.calls.append("GetIamPolicy")
         project_id, _ = self._project(request.resource, context)
-        bindings = [policy_pb2.Binding(role=role, members=sorted(members))
-                    for role, members in sorted(self.policies[project_id].items()) if members]
+        bindings = [
+            policy_pb2.Binding(role=role, members=sorted(members))
+            for role, members in sorted(self.policies[project_id].items())
+            if members
+        ]
         return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")
 
     def test_iam_permissions(self, request, context):
@@ -89,4 +106,5 @@ class ResourceManagerEmulator:
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Permission {bad[0]} is not valid.")
         return iam_policy_pb2.TestIamPermissionsResponse(
-            permissions=[p for p in request.permissions if p not in self.denied])
+            permissions=[p for p in request.permissions if p not in self.denied]
+        )

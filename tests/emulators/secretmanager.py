@@ -34,8 +34,17 @@ class SecretManagerEmulator:
             return f"projects/{project}/secrets/{secret}/versions/{len(versions)}"
 
     def start(self) -> str:
-        self._server, address = serve_grpc({SERVICE: {"AccessSecretVersion": (
-            sm.AccessSecretVersionRequest.deserialize, sm.AccessSecretVersionResponse.serialize, self.access)}})
+        self._server, address = serve_grpc(
+            {
+                SERVICE: {
+                    "AccessSecretVersion": (
+                        sm.AccessSecretVersionRequest.deserialize,
+                        sm.AccessSecretVersionResponse.serialize,
+                        self.access,
+                    )
+                }
+            }
+        )
         return address
 
     def stop(self) -> None:
@@ -45,8 +54,9 @@ class SecretManagerEmulator:
     def access(self, request: sm.AccessSecretVersionRequest, context) -> sm.AccessSecretVersionResponse:
         m = VERSION.match(request.name)
         if not m:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid resource field value in the request: "
-                                                            f"{request.name!r}")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"Invalid resource field value in the request: {request.name!r}"
+            )
         project = next((p for p, n in self.projects.items() if m["project"] in (p, n)), None)
         with self._lock:
             self.accessed.append(request.name)
@@ -58,4 +68,5 @@ class SecretManagerEmulator:
         number = self.projects[project]
         return sm.AccessSecretVersionResponse(
             name=f"projects/{number}/secrets/{m['secret']}/versions/{index}",
-            payload=sm.SecretPayload(data=data, data_crc32c=google_crc32c.value(data)))
+            payload=sm.SecretPayload(data=data, data_crc32c=google_crc32c.value(data)),
+        )

@@ -32,10 +32,18 @@ class ServiceUsageEmulator:
         self.disabled.update(services)
 
     def start(self) -> str:
-        self._server, address = serve_grpc({SERVICE: {
-            "GetService": (su.GetServiceRequest.deserialize, su.Service.serialize, self.get_service),
-            "BatchGetServices": (su.BatchGetServicesRequest.deserialize, su.BatchGetServicesResponse.serialize,
-                                 self.batch_get_services)}})
+        self._server, address = serve_grpc(
+            {
+                SERVICE: {
+                    "GetService": (su.GetServiceRequest.deserialize, su.Service.serialize, self.get_service),
+                    "BatchGetServices": (
+                        su.BatchGetServicesRequest.deserialize,
+                        su.BatchGetServicesResponse.serialize,
+                        self.batch_get_services,
+                    ),
+                }
+            }
+        )
         return address
 
     def stop(self) -> None:
@@ -48,11 +56,12 @@ class ServiceUsageEmulator:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid service name {name!r}.")
         number = self.projects.get(m["project"]) or (m["project"] if m["project"] in self.projects.values() else "")
         if not number:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"Permission denied on resource project {m['project']} (or it may not exist).")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"Permission denied on resource project {m['project']} (or it may not exist).",
+            )
         state = su.State.DISABLED if m["service"] in self.disabled else su.State.ENABLED
-        return su.Service(name=f"projects/{number}/services/{m['service']}", parent=f"projects/{number}",
-                          state=state)
+        return su.Service(name=f"projects/{number}/services/{m['service']}", parent=f"projects/{number}", state=state)
 
     def get_service(self, request: su.GetServiceRequest, context) -> su.Service:
         with self._lock:

@@ -58,33 +58,105 @@ STORAGE_REASONS = {**REASONS, 409: "conflict"}
 PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|(?P<list>/o)|/o/(?P<object>.+))?)?")
 UPLOAD_PATH = re.compile(r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o")
 DOWNLOAD_PATH = re.compile(r"/download/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)")
-ROUTES = {("POST", "buckets"): "buckets.insert", ("GET", "bucket"): "buckets.get",
-          ("GET", "iam"): "buckets.getIamPolicy", ("PUT", "iam"): "buckets.setIamPolicy",
-          ("GET", "object"): "objects.get", ("DELETE", "object"): "objects.delete", ("GET", "objects"): "objects.list",
-          ("POST", "upload"): "objects.insert", ("PUT", "upload"): "objects.insert", ("GET", "download"): "objects.get"}
+ROUTES = {
+    ("POST", "buckets"): "buckets.insert",
+    ("GET", "bucket"): "buckets.get",
+    ("GET", "iam"): "buckets.getIamPolicy",
+    ("PUT", "iam"): "buckets.setIamPolicy",
+    ("GET", "object"): "objects.get",
+    ("DELETE", "object"): "objects.delete",
+    ("GET", "objects"): "objects.list",
+    ("POST", "upload"): "objects.insert",
+    ("PUT", "upload"): "objects.insert",
+    ("GET", "download"): "objects.get",
+}
 BUCKET_NAME = re.compile(r"[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]")
 # the bucket resource's fields; output-only ones are accepted in an insert and overwritten
-BUCKET_FIELDS = {"kind", "id", "selfLink", "name", "projectNumber", "metageneration", "etag", "timeCreated", "updated",
-                 "location", "locationType", "storageClass", "labels", "iamConfiguration", "versioning", "lifecycle",
-                 "cors", "logging", "website", "encryption", "billing", "retentionPolicy", "defaultEventBasedHold",
-                 "autoclass", "hierarchicalNamespace", "softDeletePolicy", "customPlacementConfig", "rpo", "acl",
-                 "defaultObjectAcl", "objectRetention", "ipFilter", "owner"}
+BUCKET_FIELDS = {
+    "kind",
+    "id",
+    "selfLink",
+    "name",
+    "projectNumber",
+    "metageneration",
+    "etag",
+    "timeCreated",
+    "updated",
+    "location",
+    "locationType",
+    "storageClass",
+    "labels",
+    "iamConfiguration",
+    "versioning",
+    "lifecycle",
+    "cors",
+    "logging",
+    "website",
+    "encryption",
+    "billing",
+    "retentionPolicy",
+    "defaultEventBasedHold",
+    "autoclass",
+    "hierarchicalNamespace",
+    "softDeletePolicy",
+    "customPlacementConfig",
+    "rpo",
+    "acl",
+    "defaultObjectAcl",
+    "objectRetention",
+    "ipFilter",
+    "owner",
+}
 POLICY_FIELDS = {"kind", "resourceId", "version", "etag", "bindings"}
 # the object resource's fields; output-only ones are accepted in an upload's metadata and overwritten
-OBJECT_FIELDS = {"kind", "id", "selfLink", "mediaLink", "name", "bucket", "generation", "metageneration", "contentType",
-                 "storageClass", "size", "md5Hash", "crc32c", "etag", "timeCreated", "updated", "timeFinalized",
-                 "timeStorageClassUpdated", "cacheControl", "contentDisposition", "contentEncoding", "contentLanguage",
-                 "metadata", "customTime", "retention", "contexts", "acl", "owner", "eventBasedHold", "temporaryHold",
-                 "kmsKeyName", "customerEncryption", "componentCount"}
+OBJECT_FIELDS = {
+    "kind",
+    "id",
+    "selfLink",
+    "mediaLink",
+    "name",
+    "bucket",
+    "generation",
+    "metageneration",
+    "contentType",
+    "storageClass",
+    "size",
+    "md5Hash",
+    "crc32c",
+    "etag",
+    "timeCreated",
+    "updated",
+    "timeFinalized",
+    "timeStorageClassUpdated",
+    "cacheControl",
+    "contentDisposition",
+    "contentEncoding",
+    "contentLanguage",
+    "metadata",
+    "customTime",
+    "retention",
+    "contexts",
+    "acl",
+    "owner",
+    "eventBasedHold",
+    "temporaryHold",
+    "kmsKeyName",
+    "customerEncryption",
+    "componentCount",
+}
 CONTENT_RANGE = re.compile(r"bytes (?:(?P<first>\d+)-(?P<last>\d+)|\*)/(?:(?P<total>\d+)|\*)")
 RANGE = re.compile(r"bytes=(?P<first>\d*)-(?P<last>\d*)")
 MULTI_REGIONS = {"US", "EU", "ASIA"}
 ROLE = re.compile(r"(?:roles|(?:projects|organizations)/[^/]+/roles)/[\w.]+")
-MEMBER = re.compile(r"(?:deleted:)?(?:user|serviceAccount|group):[^@\s]+@\S+|domain:\S+"
-                    r"|project(?:Owner|Editor|Viewer):\S+|allUsers|allAuthenticatedUsers"
-                    r"|principal(?:Set)?://iam\.googleapis\.com/\S+")
-POOL_MEMBER = re.compile(r"principal(?:Set)?://iam\.googleapis\.com/projects/(?P<project>[^/]+)/locations/global/"
-                         r"workloadIdentityPools/.+")
+MEMBER = re.compile(
+    r"(?:deleted:)?(?:user|serviceAccount|group):[^@\s]+@\S+|domain:\S+"
+    r"|project(?:Owner|Editor|Viewer):\S+|allUsers|allAuthenticatedUsers"
+    r"|principal(?:Set)?://iam\.googleapis\.com/\S+"
+)
+POOL_MEMBER = re.compile(
+    r"principal(?:Set)?://iam\.googleapis\.com/projects/(?P<project>[^/]+)/locations/global/"
+    r"workloadIdentityPools/.+"
+)
 
 
 @dataclass
@@ -136,13 +208,28 @@ class StorageEmulator(HttpEmulator):
         self._generation = 0
 
     # ------------------------------------------------------------------ faults and inspection
-    def fail(self, method: str, status: int, reason: str = "", message: str = "", times: int = 1,
-             when: Callable[[dict], bool] = lambda request: True) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        times: int = 1,
+        when: Callable[[dict], bool] = lambda request: True,
+    ) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets
         ``{"bucket": name, "query": {...}, "body": {...}}`` (an insert's bucket name is the body's); for an objects
         method also ``"object"``: the object's name (an upload's body is the object metadata it carries)."""
-        self.faults.append(Fault(method, status, reason or STORAGE_REASONS.get(status, "error"),
-                                 message or f"Injected HTTP {status} for {method}.", times, when))
+        self.faults.append(
+            Fault(
+                method,
+                status,
+                reason or STORAGE_REASONS.get(status, "error"),
+                message or f"Injected HTTP {status} for {method}.",
+                times,
+                when,
+            )
+        )
 
     def members(self, bucket: str, role: str) -> list[str]:
         """The members ``bucket``'s policy grants ``role`` (in any binding), sorted."""
@@ -176,8 +263,17 @@ class StorageEmulator(HttpEmulator):
             if not m:
                 continue
             groups = m.groupdict()
-            kind = kind or ("object" if groups["object"] else "iam" if groups["iam"] else
-                            "objects" if groups.get("list") else "bucket" if groups["bucket"] else "buckets")
+            kind = kind or (
+                "object"
+                if groups["object"]
+                else "iam"
+                if groups["iam"]
+                else "objects"
+                if groups.get("list")
+                else "bucket"
+                if groups["bucket"]
+                else "buckets"
+            )
             method = ROUTES.get((command, kind))
             if method:
                 return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or "")
@@ -192,8 +288,13 @@ class StorageEmulator(HttpEmulator):
         if self.token and auth != f"Bearer {self.token}":
             permission = "storage." + method.replace("insert", "create")
             kind = method.split(".")[0][:-1]
-            raise HttpError(401, "Invalid Credentials" if auth else f"Anonymous caller does not have {permission} "
-                            f"access to the Google Cloud Storage {kind}.", "authError" if auth else "required")
+            raise HttpError(
+                401,
+                "Invalid Credentials"
+                if auth
+                else f"Anonymous caller does not have {permission} access to the Google Cloud Storage {kind}.",
+                "authError" if auth else "required",
+            )
         query = dict(parse_qsl(url.query))
         upload = None
         if method.startswith("buckets."):
@@ -241,10 +342,15 @@ class StorageEmulator(HttpEmulator):
         if project not in self.projects:
             raise HttpError(400, f"Unknown project id: {project}")
         if bucket in self.state.buckets:
-            raise HttpError(409, "Your previous request to create the named bucket succeeded and you already own it."
-                            if self.state.owners[bucket] == project else "The requested bucket name is not available. "
-                            "The bucket namespace is shared by all users of the system. Please select a different "
-                            "name and try again.", "conflict")
+            raise HttpError(
+                409,
+                "Your previous request to create the named bucket succeeded and you already own it."
+                if self.state.owners[bucket] == project
+                else "The requested bucket name is not available. "
+                "The bucket namespace is shared by all users of the system. Please select a different "
+                "name and try again.",
+                "conflict",
+            )
         now, number = _now(), self.projects[project]
         location = str(body.get("location", "US")).upper()
         iam = body.get("iamConfiguration", {})
@@ -254,25 +360,49 @@ class StorageEmulator(HttpEmulator):
             locked = datetime.now(UTC) + timedelta(days=90)
             access["lockedTime"] = locked.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         self.state.buckets[bucket] = {
-            **body, "kind": "storage#bucket", "selfLink": f"https://www.googleapis.com/storage/v1/b/{bucket}",
-            "id": bucket, "name": bucket, "projectNumber": number, "metageneration": "1", "location": location,
+            **body,
+            "kind": "storage#bucket",
+            "selfLink": f"https://www.googleapis.com/storage/v1/b/{bucket}",
+            "id": bucket,
+            "name": bucket,
+            "projectNumber": number,
+            "metageneration": "1",
+            "location": location,
             "locationType": "multi-region" if location in MULTI_REGIONS else "region",
-            "storageClass": body.get("storageClass", "STANDARD"), "timeCreated": now, "updated": now,
-            "iamConfiguration": {"bucketPolicyOnly": access, "uniformBucketLevelAccess": access,
-                                 "publicAccessPrevention": iam.get("publicAccessPrevention", "inherited")},
-            "rpo": body.get("rpo", "DEFAULT"), "etag": _etag(1)}
+            "storageClass": body.get("storageClass", "STANDARD"),
+            "timeCreated": now,
+            "updated": now,
+            "iamConfiguration": {
+                "bucketPolicyOnly": access,
+                "uniformBucketLevelAccess": access,
+                "publicAccessPrevention": iam.get("publicAccessPrevention", "inherited"),
+            },
+            "rpo": body.get("rpo", "DEFAULT"),
+            "etag": _etag(1),
+        }
         self.state.owners[bucket] = project
-        self.state.policies[bucket] = {"version": 1, "bindings": [
-            {"role": "roles/storage.legacyBucketOwner", "members": [f"projectEditor:{project}",
-                                                                     f"projectOwner:{project}"]},
-            {"role": "roles/storage.legacyBucketReader", "members": [f"projectViewer:{project}"]}]}
+        self.state.policies[bucket] = {
+            "version": 1,
+            "bindings": [
+                {
+                    "role": "roles/storage.legacyBucketOwner",
+                    "members": [f"projectEditor:{project}", f"projectOwner:{project}"],
+                },
+                {"role": "roles/storage.legacyBucketReader", "members": [f"projectViewer:{project}"]},
+            ],
+        }
         return self.state.buckets[bucket]
 
     # ------------------------------------------------------------------ IAM
     def _policy(self, bucket: str) -> dict:
         policy = self.state.policies[bucket]
-        return {"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}", "version": policy["version"],
-                "etag": self._bucket(bucket)["etag"], "bindings": copy.deepcopy(policy["bindings"])}
+        return {
+            "kind": "storage#policy",
+            "resourceId": f"projects/_/buckets/{bucket}",
+            "version": policy["version"],
+            "etag": self._bucket(bucket)["etag"],
+            "bindings": copy.deepcopy(policy["bindings"]),
+        }
 
     def _getIamPolicy(self, bucket: str, query: dict, body: dict) -> dict:
         self._bucket(bucket)
@@ -280,8 +410,9 @@ class StorageEmulator(HttpEmulator):
         if requested not in ("1", "2", "3"):
             raise HttpError(400, f"Invalid argument: optionsRequestedPolicyVersion '{requested}'.")
         if self.state.policies[bucket]["version"] > int(requested):
-            raise HttpError(400, "The policy has conditional role bindings: request it with "
-                                 "optionsRequestedPolicyVersion=3.")
+            raise HttpError(
+                400, "The policy has conditional role bindings: request it with optionsRequestedPolicyVersion=3."
+            )
         return self._policy(bucket)
 
     def _setIamPolicy(self, bucket: str, query: dict, body: dict) -> dict:
@@ -306,12 +437,19 @@ class StorageEmulator(HttpEmulator):
             for member in members:
                 pool = POOL_MEMBER.fullmatch(str(member))
                 if not MEMBER.fullmatch(str(member)) or (pool and not pool["project"].isdigit()):
-                    raise HttpError(400, f"Invalid argument: invalid member '{member}' in the binding of role {role}"
-                                    + (": the project must be given by its number." if pool else "."))
+                    raise HttpError(
+                        400,
+                        f"Invalid argument: invalid member '{member}' in the binding of role {role}"
+                        + (": the project must be given by its number." if pool else "."),
+                    )
         metageneration = int(resource["metageneration"]) + 1
         resource.update(metageneration=str(metageneration), etag=_etag(metageneration), updated=_now())
-        self.state.policies[bucket] = {"version": 3 if conditional else 1, "bindings": [
-            {k: copy.deepcopy(v) for k, v in b.items() if k in ("role", "members", "condition")} for b in bindings]}
+        self.state.policies[bucket] = {
+            "version": 3 if conditional else 1,
+            "bindings": [
+                {k: copy.deepcopy(v) for k, v in b.items() if k in ("role", "members", "condition")} for b in bindings
+            ],
+        }
         return self._policy(bucket)
 
     # ------------------------------------------------------------------ objects
@@ -322,13 +460,16 @@ class StorageEmulator(HttpEmulator):
         self._bucket(bucket)
         prefix, delimiter, glob = query.get("prefix", ""), query.get("delimiter", ""), query.get("matchGlob")
         parts = re.split(r"(\*\*|\*|\?)", glob or "")
-        pattern = re.compile("".join({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
-                                     for part in parts)) if glob else None
+        pattern = (
+            re.compile("".join({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part)) for part in parts))
+            if glob
+            else None
+        )
         items, prefixes = [], set()
         for (b, name), stored in sorted(self.state.objects.items()):
             if b != bucket or not name.startswith(prefix) or (pattern and not pattern.fullmatch(name)):
                 continue
-            rest = name[len(prefix):]
+            rest = name[len(prefix) :]
             if delimiter and delimiter in rest:
                 prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
             else:
@@ -339,8 +480,10 @@ class StorageEmulator(HttpEmulator):
         """The stored object (its current generation, or the one ``query`` names), its preconditions checked."""
         self._bucket(bucket)
         stored = self.state.objects.get((bucket, name))
-        if stored is None or query.get("generation", stored["metadata"]["generation"]) != stored["metadata"][
-                "generation"]:
+        if (
+            stored is None
+            or query.get("generation", stored["metadata"]["generation"]) != stored["metadata"]["generation"]
+        ):
             raise HttpError(404, f"No such object: {bucket}/{name}")
         _preconditions(query, stored)
         return stored
@@ -351,14 +494,19 @@ class StorageEmulator(HttpEmulator):
         kind = query.get("uploadType")
         if http.command == "PUT" or "upload_id" in query:
             if kind != "resumable" or "upload_id" not in query:
-                raise HttpError(400, "A PUT to the upload URL must name a resumable upload: uploadType=resumable and "
-                                     "upload_id.")
+                raise HttpError(
+                    400, "A PUT to the upload URL must name a resumable upload: uploadType=resumable and upload_id."
+                )
             with self._lock:
                 session = self.state.uploads.get(query["upload_id"])
             if session is None:
                 raise HttpError(404, f"No such upload: {query['upload_id']}.")
-            return {"session": query["upload_id"], "metadata": session["metadata"], "query": session["query"],
-                    "data": raw}
+            return {
+                "session": query["upload_id"],
+                "metadata": session["metadata"],
+                "query": session["query"],
+                "data": raw,
+            }
         if kind == "multipart":
             metadata, data, content_type = _multipart(http.headers.get("Content-Type", ""), raw)
         elif kind == "media":
@@ -375,8 +523,14 @@ class StorageEmulator(HttpEmulator):
         name = metadata.get("name") or query.get("name")
         if not name:
             raise HttpError(400, "Required parameter: name", "required")
-        if (not isinstance(name, str) or len(name.encode()) > 1024 or name in (".", "..") or "\r" in name
-                or "\n" in name or name.startswith(".well-known/acme-challenge/")):
+        if (
+            not isinstance(name, str)
+            or len(name.encode()) > 1024
+            or name in (".", "..")
+            or "\r" in name
+            or "\n" in name
+            or name.startswith(".well-known/acme-challenge/")
+        ):
             raise HttpError(400, f"Invalid object name: {name!r}")
         unknown = sorted(set(metadata) - OBJECT_FIELDS)
         if unknown:
@@ -384,8 +538,9 @@ class StorageEmulator(HttpEmulator):
         _preconditions(query, self.state.objects.get((bucket, name)))
         return name
 
-    def _store(self, bucket: str, metadata: dict, data: bytes, content_type: str, query: dict,
-               claimed: dict | None = None) -> dict:
+    def _store(
+        self, bucket: str, metadata: dict, data: bytes, content_type: str, query: dict, claimed: dict | None = None
+    ) -> dict:
         """Stores an uploaded object (a new generation of it) and answers its resource. ``claimed``: the hashes the
         upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's)."""
         name = self._checked(bucket, metadata, query)
@@ -393,21 +548,34 @@ class StorageEmulator(HttpEmulator):
         claimed = {"crc32c": metadata.get("crc32c"), "md5": metadata.get("md5Hash"), **(claimed or {})}
         for kind, label, actual in (("crc32c", "CRC32C", crc32c), ("md5", "MD5 hash", md5)):
             if claimed.get(kind) not in (None, actual):
-                raise HttpError(400, f'Provided {label} "{claimed[kind]}" doesn\'t match calculated {label} '
-                                     f'"{actual}".')
+                raise HttpError(
+                    400, f'Provided {label} "{claimed[kind]}" doesn\'t match calculated {label} "{actual}".'
+                )
         self._generation = max(self._generation + 1, time.time_ns() // 1000)
         generation, now = self._generation, _now()
         path = f"b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
         resource = {
-            **copy.deepcopy(metadata), "kind": "storage#object", "id": f"{bucket}/{name}/{generation}",
+            **copy.deepcopy(metadata),
+            "kind": "storage#object",
+            "id": f"{bucket}/{name}/{generation}",
             "selfLink": f"https://www.googleapis.com/storage/v1/{path}",
             # where this emulator serves the data (Cloud Storage's is https://storage.googleapis.com/download/...)
             "mediaLink": f"{self.endpoint}/download/storage/v1/{path}?generation={generation}&alt=media",
-            "name": name, "bucket": bucket, "generation": str(generation), "metageneration": "1",
+            "name": name,
+            "bucket": bucket,
+            "generation": str(generation),
+            "metageneration": "1",
             "contentType": metadata.get("contentType") or content_type or "application/octet-stream",
             "storageClass": metadata.get("storageClass") or self.state.buckets[bucket].get("storageClass", "STANDARD"),
-            "size": str(len(data)), "md5Hash": md5, "crc32c": crc32c, "etag": _etag(generation, 1),
-            "timeCreated": now, "updated": now, "timeStorageClassUpdated": now, "timeFinalized": now}
+            "size": str(len(data)),
+            "md5Hash": md5,
+            "crc32c": crc32c,
+            "etag": _etag(generation, 1),
+            "timeCreated": now,
+            "updated": now,
+            "timeStorageClassUpdated": now,
+            "timeFinalized": now,
+        }
         self.state.objects[(bucket, name)] = {"metadata": resource, "data": bytes(data)}
         return resource
 
@@ -415,19 +583,30 @@ class StorageEmulator(HttpEmulator):
         if "session" in upload:
             return self._resumable_chunk(http, upload["session"], upload["data"])
         if upload["data"] is not None:
-            return 200, copy.deepcopy(self._store(bucket, upload["metadata"], upload["data"], upload["content_type"],
-                                                  upload["query"])), {}
+            return (
+                200,
+                copy.deepcopy(
+                    self._store(bucket, upload["metadata"], upload["data"], upload["content_type"], upload["query"])
+                ),
+                {},
+            )
         self._checked(bucket, upload["metadata"], upload["query"])  # a resumable upload starts: checked up front
         total = http.headers.get("X-Upload-Content-Length")
         upload_id = uuid.uuid4().hex
-        self.state.uploads[upload_id] = {"bucket": bucket, "metadata": upload["metadata"], "query": upload["query"],
-                                         "content_type": upload["content_type"], "data": b"",
-                                         "total": int(total) if total and total.isdigit() else None}
+        self.state.uploads[upload_id] = {
+            "bucket": bucket,
+            "metadata": upload["metadata"],
+            "query": upload["query"],
+            "content_type": upload["content_type"],
+            "data": b"",
+            "total": int(total) if total and total.isdigit() else None,
+        }
         location = f"{self.endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=resumable"
         return 200, None, {"Location": f"{location}&upload_id={upload_id}"}
 
-    def _resumable_chunk(self, http: BaseHTTPRequestHandler, upload_id: str, data: bytes) -> tuple[
-            int, dict | None, dict]:
+    def _resumable_chunk(
+        self, http: BaseHTTPRequestHandler, upload_id: str, data: bytes
+    ) -> tuple[int, dict | None, dict]:
         """A chunk of a resumable upload (``Content-Range: bytes FIRST-LAST/TOTAL`` or ``.../*``; ``bytes */TOTAL``
         with no data ends it or asks how far it got): 308 with the ``Range`` received so far until the last byte,
         then the object."""
@@ -443,12 +622,16 @@ class StorageEmulator(HttpEmulator):
         if m["first"] is not None:
             first, last = int(m["first"]), int(m["last"])
             if last - first + 1 != len(data):
-                raise HttpError(400, f"The Content-Range header says {last - first + 1} byte(s), the body has "
-                                     f"{len(data)}.")
+                raise HttpError(
+                    400, f"The Content-Range header says {last - first + 1} byte(s), the body has {len(data)}."
+                )
             if first > len(received):
-                raise HttpError(400, f"Invalid request. According to the Content-Range header, the upload offset is "
-                                     f"{first} byte(s), which exceeds already uploaded size of {len(received)} "
-                                     f"byte(s).")
+                raise HttpError(
+                    400,
+                    f"Invalid request. According to the Content-Range header, the upload offset is "
+                    f"{first} byte(s), which exceeds already uploaded size of {len(received)} "
+                    f"byte(s).",
+                )
             received = session["data"] = received[:first] + data
         elif data:
             raise HttpError(400, "A chunk with data must say its byte range in Content-Range.")
@@ -458,23 +641,30 @@ class StorageEmulator(HttpEmulator):
         if total is None or len(received) < total:
             return 308, None, {"Range": f"bytes=0-{len(received) - 1}"} if received else {}
         claimed = dict(part.split("=", 1) for part in http.headers.get("x-goog-hash", "").split(",") if "=" in part)
-        resource = self._store(session["bucket"], session["metadata"], received, session["content_type"],
-                               session["query"], claimed)
+        resource = self._store(
+            session["bucket"], session["metadata"], received, session["content_type"], session["query"], claimed
+        )
         session.update(object=resource, data=b"")
         return 200, copy.deepcopy(resource), {}
 
-    def _get_object(self, http: BaseHTTPRequestHandler, bucket: str, name: str, query: dict,
-                    media: bool) -> tuple[int, dict | bytes, dict]:
+    def _get_object(
+        self, http: BaseHTTPRequestHandler, bucket: str, name: str, query: dict, media: bool
+    ) -> tuple[int, dict | bytes, dict]:
         stored = self._object(bucket, name, query)
         resource = stored["metadata"]
         if not media:
             return 200, _fields(copy.deepcopy(resource), query.get("fields")), {}
         data = stored["data"]
-        headers = {"Content-Type": resource["contentType"], "ETag": resource["etag"], "Accept-Ranges": "bytes",
-                   "x-goog-generation": resource["generation"], "x-goog-metageneration": resource["metageneration"],
-                   "x-goog-hash": f"crc32c={resource['crc32c']},md5={resource['md5Hash']}",
-                   "x-goog-stored-content-length": resource["size"],
-                   "x-goog-stored-content-encoding": resource.get("contentEncoding") or "identity"}
+        headers = {
+            "Content-Type": resource["contentType"],
+            "ETag": resource["etag"],
+            "Accept-Ranges": "bytes",
+            "x-goog-generation": resource["generation"],
+            "x-goog-metageneration": resource["metageneration"],
+            "x-goog-hash": f"crc32c={resource['crc32c']},md5={resource['md5Hash']}",
+            "x-goog-stored-content-length": resource["size"],
+            "x-goog-stored-content-encoding": resource.get("contentEncoding") or "identity",
+        }
         m = RANGE.fullmatch(http.headers.get("Range", "").strip())
         if not m or not (m["first"] or m["last"]):
             return 200, data, headers
@@ -484,7 +674,7 @@ class StorageEmulator(HttpEmulator):
             first, last = max(len(data) - int(m["last"]), 0), len(data) - 1
         if first >= len(data) or first > last:
             raise HttpError(416, "The requested range cannot be satisfied.", "requestedRangeNotSatisfiable")
-        return 206, data[first:last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+        return 206, data[first : last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
 
     def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
         self._object(bucket, name, query)
@@ -506,8 +696,9 @@ def _multipart(content_type: str, raw: bytes) -> tuple[dict, bytes, str]:
     """A ``multipart/related`` upload's two parts: the object metadata (JSON), and the data with its content type."""
     boundary = re.fullmatch(r'\s*multipart/related\s*;\s*boundary="?([^";]+)"?\s*', content_type, re.IGNORECASE)
     if not boundary:
-        raise HttpError(400, f"A multipart upload's Content-Type must be multipart/related with a boundary, not "
-                             f"{content_type!r}.")
+        raise HttpError(
+            400, f"A multipart upload's Content-Type must be multipart/related with a boundary, not {content_type!r}."
+        )
     chunks = raw.split(b"--" + boundary[1].encode())
     if len(chunks) != 4 or chunks[0].strip() or not chunks[3].startswith(b"--"):
         raise HttpError(400, "A multipart upload has two parts: the metadata and the data.")
@@ -524,9 +715,12 @@ def _preconditions(query: dict, stored: dict | None) -> None:
     """412 unless the object (None: there is none) meets the request's generation and metageneration conditions."""
     generation = stored["metadata"]["generation"] if stored else "0"
     metageneration = stored["metadata"]["metageneration"] if stored else None
-    for key, value, equal in (("ifGenerationMatch", generation, True), ("ifGenerationNotMatch", generation, False),
-                              ("ifMetagenerationMatch", metageneration, True),
-                              ("ifMetagenerationNotMatch", metageneration, False)):
+    for key, value, equal in (
+        ("ifGenerationMatch", generation, True),
+        ("ifGenerationNotMatch", generation, False),
+        ("ifMetagenerationMatch", metageneration, True),
+        ("ifMetagenerationNotMatch", metageneration, False),
+    ):
         if key in query and (query[key] == value) != equal:
             raise HttpError(412, "At least one of the pre-conditions you specified did not hold.", "conditionNotMet")
 

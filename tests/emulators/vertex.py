@@ -54,8 +54,14 @@ JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
 GCS_MOUNT = Path("/gcs")
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
-PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": (int, float), "NUMBER_DOUBLE": (int, float), "BOOLEAN": bool,
-                   "LIST": list, "STRUCT": dict}
+PARAMETER_TYPES = {
+    "STRING": str,
+    "NUMBER_INTEGER": (int, float),
+    "NUMBER_DOUBLE": (int, float),
+    "BOOLEAN": bool,
+    "LIST": list,
+    "STRUCT": dict,
+}
 
 
 def _now() -> str:
@@ -89,8 +95,9 @@ def _cron_matches(cron: str, when: datetime) -> bool:
     zone, _, fields = cron.partition(" ") if cron.startswith(("TZ=", "CRON_TZ=")) else ("", "", cron)
     local = when.astimezone(ZoneInfo(zone.split("=", 1)[1])) if zone else when
     values = (local.minute, local.hour, local.day, local.month, (local.weekday() + 1) % 7)
-    for text, value, (low, high) in zip(fields.split(), values, ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7)),
-                                        strict=True):
+    for text, value, (low, high) in zip(
+        fields.split(), values, ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7)), strict=True
+    ):
         allowed = set()
         for part in text.split(","):
             rng, _, step = part.partition("/")
@@ -105,9 +112,11 @@ class ConditionError(ValueError):
     """A trigger condition outside the CEL this emulator reads."""
 
 
-_CEL_TOKEN = re.compile(r"""\s*(?:(?P<param>inputs\.parameter_values\[(?P<q>['"])(?P<key>[^'"]+)(?P=q)\])"""
-                        r"""|(?P<string>'[^']*'|"[^"]*")|(?P<number>-?\d+(?:\.\d+)?)|(?P<word>true|false)"""
-                        r"""|(?P<op>==|!=|<=|>=|<|>|&&|\|\||!|\(|\)))""")
+_CEL_TOKEN = re.compile(
+    r"""\s*(?:(?P<param>inputs\.parameter_values\[(?P<q>['"])(?P<key>[^'"]+)(?P=q)\])"""
+    r"""|(?P<string>'[^']*'|"[^"]*")|(?P<number>-?\d+(?:\.\d+)?)|(?P<word>true|false)"""
+    r"""|(?P<op>==|!=|<=|>=|<|>|&&|\|\||!|\(|\)))"""
+)
 
 
 def condition_holds(expression: str, parameters: dict) -> bool:
@@ -193,13 +202,20 @@ def condition_holds(expression: str, parameters: dict) -> bool:
     return bool(result)
 
 
-COMPARISONS = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-               "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+COMPARISONS = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
 
 class VertexEmulator(HttpEmulator):
-    def __init__(self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = "",
-                 models=None):
+    def __init__(
+        self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = "", models=None
+    ):
         super().__init__()
         self.storage, self.registry = storage, registry  # the storage and Artifact Registry emulators
         self.models = models  # the ModelService emulator (tests.emulators.models) served on this endpoint
@@ -236,8 +252,7 @@ class VertexEmulator(HttpEmulator):
             return self._schedule_call(http.command, path, raw)
         if http.command == "POST" and path.endswith("/pipelineJobs"):
             self.calls.append("CreatePipelineJob")
-            return 200, self._create(path.removesuffix("/pipelineJobs"), (query.get("pipelineJobId") or [""])[0],
-                                     raw)
+            return 200, self._create(path.removesuffix("/pipelineJobs"), (query.get("pipelineJobId") or [""])[0], raw)
         if http.command == "POST" and path.endswith(":cancel"):
             self.calls.append("CancelPipelineJob")
             self._cancel(path.removesuffix(":cancel"))
@@ -245,7 +260,7 @@ class VertexEmulator(HttpEmulator):
         if http.command == "GET" and path.endswith("/pipelineJobs"):
             self.calls.append("ListPipelineJobs")
             with self._lock:
-                jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(path[: -13] + "/")]
+                jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(path[:-13] + "/")]
             return 200, {"pipelineJobs": jobs}
         if http.command == "GET" and "/pipelineJobs/" in path:
             self.calls.append("GetPipelineJob")
@@ -268,16 +283,26 @@ class VertexEmulator(HttpEmulator):
         if not root.startswith("gs://"):
             raise HttpError(400, f"The pipeline root must be a gs:// path, got {root!r}.")
         parameters = self._parameters(spec, resource.get("runtimeConfig", {}).get("parameterValues", {}))
-        missing = sorted({e["container"]["image"] for e in spec.get("deploymentSpec", {}).get("executors", {}).values()
-                          if not self.registry.has_image(e["container"]["image"])})
+        missing = sorted(
+            {
+                e["container"]["image"]
+                for e in spec.get("deploymentSpec", {}).get("executors", {}).values()
+                if not self.registry.has_image(e["container"]["image"])
+            }
+        )
         if missing:
             raise HttpError(400, f"Image {missing[0]} not found in Artifact Registry; push it first.")
         name = f"{parent}/pipelineJobs/{job_id}"
         with self._lock:
             if name in self.jobs:
                 raise HttpError(409, f"PipelineJob {name} already exists.")
-            resource.update(name=name, state="PIPELINE_STATE_PENDING", createTime=_now(), updateTime=_now(),
-                            jobDetail={"taskDetails": []})
+            resource.update(
+                name=name,
+                state="PIPELINE_STATE_PENDING",
+                createTime=_now(),
+                updateTime=_now(),
+                jobDetail={"taskDetails": []},
+            )
             self.jobs[name] = Job(resource, spec, parameters, root.rstrip("/"))
         threading.Thread(target=self._run, args=(name,), daemon=True).start()
         return copy.deepcopy(resource)
@@ -288,8 +313,9 @@ class VertexEmulator(HttpEmulator):
         values = {}
         for key, value in given.items():
             if key not in declared:
-                raise HttpError(400, f"The pipeline parameter {key} is not found in the pipeline job input "
-                                     f"definitions.")
+                raise HttpError(
+                    400, f"The pipeline parameter {key} is not found in the pipeline job input definitions."
+                )
             kind = declared[key]["parameterType"]
             if not isinstance(value, PARAMETER_TYPES[kind]):
                 raise HttpError(400, f"The pipeline parameter {key} must be of type {kind}, got {value!r}.")
@@ -326,8 +352,13 @@ class VertexEmulator(HttpEmulator):
         except Exception as exc:  # noqa: BLE001 - the emulator's own failure ends the job, visibly
             ok = False
             self._set(job, error={"code": 13, "message": f"emulator: {exc}"})
-        state = ("PIPELINE_STATE_CANCELLED" if job.cancelled.is_set() else
-                 "PIPELINE_STATE_SUCCEEDED" if ok else "PIPELINE_STATE_FAILED")
+        state = (
+            "PIPELINE_STATE_CANCELLED"
+            if job.cancelled.is_set()
+            else "PIPELINE_STATE_SUCCEEDED"
+            if ok
+            else "PIPELINE_STATE_FAILED"
+        )
         self._set(job, state=state, endTime=_now())
 
     def _dag(self, job: Job, component: dict, inputs: dict) -> bool:
@@ -336,8 +367,11 @@ class VertexEmulator(HttpEmulator):
         outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
         outputs: dict[str, dict] = {}
         while len(outcome) < len(tasks):
-            ready = [t for t, spec in tasks.items() if t not in outcome
-                     and all(d in outcome for d in spec.get("dependentTasks", []))]
+            ready = [
+                t
+                for t, spec in tasks.items()
+                if t not in outcome and all(d in outcome for d in spec.get("dependentTasks", []))
+            ]
             for task in sorted(ready):
                 spec = tasks[task]
                 upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
@@ -358,7 +392,8 @@ class VertexEmulator(HttpEmulator):
                 else:
                     outcome[task], outputs[task] = self._container(job, task, child, args)
         return all(v is not False for v in outcome.values()) and not any(
-            v is None and not job.cancelled.is_set() for v in outcome.values())
+            v is None and not job.cancelled.is_set() for v in outcome.values()
+        )
 
     def _resolve(self, job: Job, bindings: dict, inputs: dict, outputs: dict) -> dict:
         job_id = job.resource["name"].rsplit("/", 1)[-1]
@@ -371,8 +406,9 @@ class VertexEmulator(HttpEmulator):
                 values[key] = outputs[ref["producerTask"]]["parameters"][ref["outputParameterKey"]]
             elif "runtimeValue" in binding:
                 constant = binding["runtimeValue"]["constant"]
-                values[key] = constant.replace("{{$.pipeline_job_name}}", job_id) if isinstance(constant, str) \
-                    else constant
+                values[key] = (
+                    constant.replace("{{$.pipeline_job_name}}", job_id) if isinstance(constant, str) else constant
+                )
         return values
 
     def _container(self, job: Job, task: str, component: dict, args: dict) -> tuple[bool, dict]:
@@ -381,36 +417,78 @@ class VertexEmulator(HttpEmulator):
         task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
         job_id = job.resource["name"].rsplit("/", 1)[-1]
         prefix = f"{job.root}/{job_id}/{task}"
-        artifacts = {name: {"artifacts": [{"name": name, "type": {"schemaTitle": a["artifactType"]["schemaTitle"]},
-                                           "uri": f"{prefix}/{name}", "metadata": {}}]}
-                     for name, a in component.get("outputDefinitions", {}).get("artifacts", {}).items()}
+        artifacts = {
+            name: {
+                "artifacts": [
+                    {
+                        "name": name,
+                        "type": {"schemaTitle": a["artifactType"]["schemaTitle"]},
+                        "uri": f"{prefix}/{name}",
+                        "metadata": {},
+                    }
+                ]
+            }
+            for name, a in component.get("outputDefinitions", {}).get("artifacts", {}).items()
+        }
         executor_input = {
             "inputs": {"parameterValues": args},
-            "outputs": {"parameters": {name: {"outputFile": str(task_dir / "outputs" / name)} for name in
-                                       component.get("outputDefinitions", {}).get("parameters", {})},
-                        "artifacts": artifacts, "outputFile": str(task_dir / "outputs" / "executor_output.json")},
+            "outputs": {
+                "parameters": {
+                    name: {"outputFile": str(task_dir / "outputs" / name)}
+                    for name in component.get("outputDefinitions", {}).get("parameters", {})
+                },
+                "artifacts": artifacts,
+                "outputFile": str(task_dir / "outputs" / "executor_output.json"),
+            },
         }
         argv = [*executor["command"], *[json.dumps(executor_input) if a == "{{$}}" else a for a in executor["args"]]]
-        env = {**self.env, "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin", "HOME": str(task_dir),
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            **self.env,
+            "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
+            "HOME": str(task_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
         detail = self._detail(job, task, "RUNNING")
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
-                job.running = subprocess.Popen(argv, cwd=task_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, start_new_session=True)
+                job.running = subprocess.Popen(
+                    argv,
+                    cwd=task_dir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             code = job.running.wait()
         job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
         result = self._collect(task_dir, artifacts, prefix)
         ok = code == 0
         state = "SUCCEEDED" if ok else ("CANCELLED" if job.cancelled.is_set() else "FAILED")
         with self._lock:
-            detail.update(state=state, endTime=_now(), outputs={
-                name: {"artifacts": [{"uri": a["uri"], "schemaTitle": a["type"]["schemaTitle"],
-                                      "metadata": a.get("metadata", {}), "displayName": name}]}
-                for name, spec in result["artifacts"].items() for a in spec["artifacts"]})
+            detail.update(
+                state=state,
+                endTime=_now(),
+                outputs={
+                    name: {
+                        "artifacts": [
+                            {
+                                "uri": a["uri"],
+                                "schemaTitle": a["type"]["schemaTitle"],
+                                "metadata": a.get("metadata", {}),
+                                "displayName": name,
+                            }
+                        ]
+                    }
+                    for name, spec in result["artifacts"].items()
+                    for a in spec["artifacts"]
+                },
+            )
             if not ok:
-                detail["error"] = {"code": 9, "message": f"The task {task} exited with code {code}: "
-                                                         + job.logs[task][-2000:]}
+                detail["error"] = {
+                    "code": 9,
+                    "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:],
+                }
         shutil.rmtree(task_dir, ignore_errors=True)
         return ok, result
 
@@ -437,8 +515,13 @@ class VertexEmulator(HttpEmulator):
         return {"parameters": parameters, "artifacts": merged}
 
     def _detail(self, job: Job, task: str, state: str) -> dict:
-        detail = {"taskId": str(len(job.tasks) + 1), "taskName": task, "state": state, "createTime": _now(),
-                  "startTime": _now()}
+        detail = {
+            "taskId": str(len(job.tasks) + 1),
+            "taskName": task,
+            "state": state,
+            "createTime": _now(),
+            "startTime": _now(),
+        }
         with self._lock:
             job.tasks.append(detail)
             job.resource["jobDetail"] = {"taskDetails": job.tasks}
@@ -452,8 +535,13 @@ class VertexEmulator(HttpEmulator):
         if command == "GET" and path.endswith("/schedules"):
             self.calls.append("ListSchedules")
             with self._lock:
-                return 200, {"schedules": [copy.deepcopy(s.resource) for n, s in self.schedules.items()
-                                           if n.startswith(path[: -len("/schedules")] + "/")]}
+                return 200, {
+                    "schedules": [
+                        copy.deepcopy(s.resource)
+                        for n, s in self.schedules.items()
+                        if n.startswith(path[: -len("/schedules")] + "/")
+                    ]
+                }
         name, _, verb = path.partition(":")
         with self._lock:
             if name not in self.schedules:
@@ -465,8 +553,11 @@ class VertexEmulator(HttpEmulator):
             if command == "DELETE":
                 self.calls.append("DeleteSchedule")
                 del self.schedules[name]
-                return 200, {"name": f"{name}/operations/delete", "done": True,
-                             "response": {"@type": "type.googleapis.com/google.protobuf.Empty"}}
+                return 200, {
+                    "name": f"{name}/operations/delete",
+                    "done": True,
+                    "response": {"@type": "type.googleapis.com/google.protobuf.Empty"},
+                }
             if command == "POST" and verb in ("pause", "resume"):
                 self.calls.append(f"{verb.title()}Schedule")
                 schedule.resource["state"] = "PAUSED" if verb == "pause" else "ACTIVE"
@@ -498,15 +589,19 @@ class VertexEmulator(HttpEmulator):
         while self.clock < to:
             self.clock += timedelta(minutes=1)
             with self._lock:
-                due = [s for s in self.schedules.values() if s.resource["state"] == "ACTIVE"
-                       and _cron_matches(s.resource["cron"], self.clock)]
+                due = [
+                    s
+                    for s in self.schedules.values()
+                    if s.resource["state"] == "ACTIVE" and _cron_matches(s.resource["cron"], self.clock)
+                ]
             started += [job for job in (self._fire(s) for s in due) if job]
         return started
 
     def _fire(self, schedule: Schedule) -> str:
         r = schedule.resource
-        starts, ends = (datetime.fromisoformat(r[k].replace("Z", "+00:00")) if r.get(k) else None
-                        for k in ("startTime", "endTime"))
+        starts, ends = (
+            datetime.fromisoformat(r[k].replace("Z", "+00:00")) if r.get(k) else None for k in ("startTime", "endTime")
+        )
         if (starts and self.clock < starts) or (ends and self.clock > ends):
             return ""
         with self._lock:
@@ -515,10 +610,14 @@ class VertexEmulator(HttpEmulator):
                 schedule.skipped += 1
                 return ""
         request = r["createPipelineJobRequest"]
-        job_id = re.sub(r"[^a-z0-9-]+", "-", r["displayName"].lower()).strip("-")[:100] + \
-            self.clock.strftime("-%Y%m%d%H%M%S")
-        resource = self._create(request.get("parent", r["name"].rsplit("/schedules/", 1)[0]), job_id,
-                                json.dumps(request["pipelineJob"]).encode())
+        job_id = re.sub(r"[^a-z0-9-]+", "-", r["displayName"].lower()).strip("-")[:100] + self.clock.strftime(
+            "-%Y%m%d%H%M%S"
+        )
+        resource = self._create(
+            request.get("parent", r["name"].rsplit("/schedules/", 1)[0]),
+            job_id,
+            json.dumps(request["pipelineJob"]).encode(),
+        )
         with self._lock:
             schedule.jobs.append(resource["name"])
             r["startedRunCount"] = str(len(schedule.jobs))
@@ -533,4 +632,3 @@ def _parse(message_type, raw: bytes):
         return message_type.from_json(raw.decode(), ignore_unknown_fields=False)
     except Exception as exc:  # noqa: BLE001 - the parse error is the answer
         raise HttpError(400, f"Invalid JSON payload: {exc}") from None
-

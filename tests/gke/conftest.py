@@ -28,35 +28,62 @@ REGION = "us-east5"
 PROJECT_NUMBER = "123456789012"
 # local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
 # per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
-ONE_SLICE = (f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4 "
-             f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch gke.namespace=tpupipe")
+ONE_SLICE = (
+    f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4 "
+    f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch gke.namespace=tpupipe"
+)
 
 
 class Project:
-    def __init__(self, gke: ClusterManagerEmulator, compute: ComputeEmulator, storage: StorageEmulator,
-                 projects: ResourceManagerEmulator, cloudbuild: CloudBuildEmulator, kube: KubeEmulator,
-                 env: dict[str, str]):
+    def __init__(
+        self,
+        gke: ClusterManagerEmulator,
+        compute: ComputeEmulator,
+        storage: StorageEmulator,
+        projects: ResourceManagerEmulator,
+        cloudbuild: CloudBuildEmulator,
+        kube: KubeEmulator,
+        env: dict[str, str],
+    ):
         self.gke, self.compute, self.storage, self.projects, self.kube = gke, compute, storage, projects, kube
         self.cloudbuild = cloudbuild
         self.env = env
         self.extras: list = []  # emulators added on top (Vertex AI, the KFP registry), stopped first
 
     def stop(self) -> None:
-        for emulator in (*self.extras, self.gke, self.compute, self.storage, self.projects, self.cloudbuild,
-                         self.registry, self.services, self.kube):
+        for emulator in (
+            *self.extras,
+            self.gke,
+            self.compute,
+            self.storage,
+            self.projects,
+            self.cloudbuild,
+            self.registry,
+            self.services,
+            self.kube,
+        ):
             emulator.stop()
 
     def mutations(self) -> list[str]:
         """Every call that reached an emulator and changes something (creates, updates, deletes, grants, builds),
         in each emulator's order: none before preflight passes."""
-        grpc_calls = [*self.gke.state.calls, *self.cloudbuild.state.calls, *self.registry.state.calls,
-                      *self.projects.calls, *self.services.calls]
+        grpc_calls = [
+            *self.gke.state.calls,
+            *self.cloudbuild.state.calls,
+            *self.registry.state.calls,
+            *self.projects.calls,
+            *self.services.calls,
+        ]
         with self.storage._lock:
             storage = [c for c in self.storage.state.calls if c.endswith((".insert", ".delete", ".setIamPolicy"))]
         with self.kube.lock:
             objects = [f"kubernetes {p}/{n}" for (p, _, n) in self.kube.objects]
-        return [c for c in grpc_calls if c.startswith(("Create", "Update", "Delete", "Set", "Cancel", "Enable"))] \
-            + self.compute.mutations() + storage + objects
+        return (
+            [c for c in grpc_calls if c.startswith(("Create", "Update", "Delete", "Set", "Cancel", "Enable"))]
+            + self.compute.mutations()
+            + storage
+            + objects
+        )
 
     def clusters(self, run_id: str) -> list[str]:
         return self.gke.clusters_labelled("tpupipe-run", run_id)
@@ -73,26 +100,48 @@ class Project:
         from tests.emulators.cloudbuild import FINISHED, Status
 
         with self.kube.lock:
-            objects = [f"{p}/{n}" for (p, _, n), o in self.kube.objects.items()
-                       if o.get("metadata", {}).get("labels", {}).get(names.RUN_LABEL) == run_id]
+            objects = [
+                f"{p}/{n}"
+                for (p, _, n), o in self.kube.objects.items()
+                if o.get("metadata", {}).get("labels", {}).get(names.RUN_LABEL) == run_id
+            ]
         with self.storage._lock:
-            members = [m for policy in self.storage.state.policies.values() for b in policy.get("bindings", [])
-                       for m in b["members"] if run_id in m]
+            members = [
+                m
+                for policy in self.storage.state.policies.values()
+                for b in policy.get("bindings", [])
+                for m in b["members"]
+                if run_id in m
+            ]
         with self.cloudbuild._lock:
-            builds = [i for i, b in self.cloudbuild.state.builds.items()
-                      if names.build_tag(run_id) in b.tags and Status(b.status) not in FINISHED]
+            builds = [
+                i
+                for i, b in self.cloudbuild.state.builds.items()
+                if names.build_tag(run_id) in b.tags and Status(b.status) not in FINISHED
+            ]
         found = {
-            "clusters": list(self.gke.state.clusters), "node pools": self.pools(run_id), "kubernetes": objects,
-            "compute": [n for kind in ("networks", "subnetworks", "firewalls", "resourcePolicies")
-                        for n in self.compute.names(kind) if run_id in n],
-            "bucket bindings": members, "builds": builds, "processes": run_processes(run_id),
+            "clusters": list(self.gke.state.clusters),
+            "node pools": self.pools(run_id),
+            "kubernetes": objects,
+            "compute": [
+                n
+                for kind in ("networks", "subnetworks", "firewalls", "resourcePolicies")
+                for n in self.compute.names(kind)
+                if run_id in n
+            ],
+            "bucket bindings": members,
+            "builds": builds,
+            "processes": run_processes(run_id),
         }
         return {k: v for k, v in found.items() if v}
 
     def rayclusters(self, run_id: str) -> list[str]:
         with self.kube.lock:
-            return [n for (p, _, n), o in self.kube.objects.items() if p == "rayclusters"
-                    and o["metadata"].get("labels", {}).get("tpupipe-run") == run_id]
+            return [
+                n
+                for (p, _, n), o in self.kube.objects.items()
+                if p == "rayclusters" and o["metadata"].get("labels", {}).get("tpupipe-run") == run_id
+            ]
 
 
 @functools.cache
@@ -114,18 +163,23 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault)
     kube.start()
     compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
-    gke = ClusterManagerEmulator(kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done,
-                                 compute=compute)
+    gke = ClusterManagerEmulator(
+        kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done, compute=compute
+    )
     storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token)
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)
-    env = {"TPUPIPE_GKE_EMULATOR_HOST": gke.start(), "TPUPIPE_GKE_EMULATOR_TOKEN": token,
-           "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(), "STORAGE_EMULATOR_HOST": storage.start(),
-           "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
-           "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
-           "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
-           "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket")}
+    env = {
+        "TPUPIPE_GKE_EMULATOR_HOST": gke.start(),
+        "TPUPIPE_GKE_EMULATOR_TOKEN": token,
+        "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(),
+        "STORAGE_EMULATOR_HOST": storage.start(),
+        "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
+        "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
+        "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
+        "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket"),
+    }
     services = ServiceUsageEmulator({PROJECT: PROJECT_NUMBER})
     env["TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"] = services.start()
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
@@ -152,9 +206,15 @@ def _add_vertex(project: Project, tmp_path) -> None:
     project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.token)
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
     task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
-    project.vertex = VertexEmulator(project.storage, project.registry, task_env,
-                                    python_bin=Path(sys.executable).parent, workdir=tmp_path, token=project.token,
-                                    models=project.models)
+    project.vertex = VertexEmulator(
+        project.storage,
+        project.registry,
+        task_env,
+        python_bin=Path(sys.executable).parent,
+        workdir=tmp_path,
+        token=project.token,
+        models=project.models,
+    )
     # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.
     project.env[VERTEX_ENDPOINT_ENV] = task_env[VERTEX_ENDPOINT_ENV] = project.vertex.start()
     project.extras += [project.vertex, project.kfp]
@@ -174,4 +234,3 @@ def project_factory(tmp_path, monkeypatch):
     yield make
     for project in started:
         project.stop()
-

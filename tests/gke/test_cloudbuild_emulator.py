@@ -47,16 +47,20 @@ def cloudbuild(gcs):
 
 def client(emulator: CloudBuildEmulator) -> cloudbuild_v1.CloudBuildClient:
     return cloudbuild_v1.CloudBuildClient(
-        transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(emulator.address)))
+        transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(emulator.address))
+    )
 
 
 def build(images=(IMAGE,), tags=("tpupipe-r1",), obj=CONTEXT, **fields) -> cloudbuild_v1.Build:
     return cloudbuild_v1.Build(
         steps=[cloudbuild_v1.BuildStep(name=DOCKER, args=["build", "-t", "${_IMAGE}", "."])],
-        images=list(images), tags=list(tags), substitutions={"_IMAGE": images[0] if images else "unused"},
+        images=list(images),
+        tags=list(tags),
+        substitutions={"_IMAGE": images[0] if images else "unused"},
         source=cloudbuild_v1.Source(storage_source=cloudbuild_v1.StorageSource(bucket=BUCKET, object_=obj)),
         options=cloudbuild_v1.BuildOptions(machine_type=cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8),
-        **fields)
+        **fields,
+    )
 
 
 def test_build_progresses_to_success(cloudbuild, gcs):
@@ -67,7 +71,8 @@ def test_build_progresses_to_success(cloudbuild, gcs):
     assert op.operation.name.startswith(f"projects/{PROJECT}/locations/global/operations/") and not op.operation.done
     assert created.name == f"projects/{PROJECT}/locations/global/builds/{created.id}"
     assert created.source_provenance.resolved_storage_source.generation == int(
-        gcs.object(BUCKET, CONTEXT)["generation"])
+        gcs.object(BUCKET, CONTEXT)["generation"]
+    )
     stored = cloudbuild.state.builds[created.id]
     assert list(stored.images) == [IMAGE] and list(stored.tags) == ["tpupipe-r1"] and stored.timeout.seconds == 3600
     assert stored.substitutions == {"_IMAGE": IMAGE} and stored.source.storage_source.object_ == CONTEXT
@@ -90,7 +95,8 @@ def test_build_progresses_to_success(cloudbuild, gcs):
     assert listed == [later.id, created.id]  # newest first
     assert [b.id for b in cb.list_builds(project_id=PROJECT, filter='tags="tpupipe-r1"')] == [created.id]
     assert [b.id for b in cb.list_builds(project_id=PROJECT, filter='tags="tpupipe-r2" AND status="QUEUED"')] == [
-        later.id]
+        later.id
+    ]
     assert not list(cb.list_builds(project_id=PROJECT, filter='tags="tpupipe-r1" AND status="FAILURE"'))
     pages = cb.list_builds(request={"project_id": PROJECT, "page_size": 1}).pages
     assert [[b.id for b in page.builds] for page in pages] == [[i] for i in listed]  # paged
@@ -132,18 +138,21 @@ def test_cancel_a_running_build(cloudbuild):
         cb.cancel_build(project_id=PROJECT, id="no-such-build")
 
 
-@pytest.mark.parametrize(("fields", "request_fields", "match"), [
-    ({"obj": "runs/r1/build/missing.tar.gz"}, {}, f"No such object: {BUCKET}/runs/r1/build/missing.tar.gz"),
-    ({"images": ["docker.io/library/trainer:r1"]}, {}, r"build\.images\[0\].*docker\.io/library/trainer:r1"),
-    ({"images": [f"us-central1-docker.pkg.dev/{PROJECT}/tpupipe/Trainer"]}, {}, r"build\.images\[0\]"),
-    ({"images": [f"us-central1-docker.pkg.dev/{PROJECT}/tpupipe"]}, {}, r"build\.images\[0\]"),  # no image name
-    ({"images": [f"gcr.io/{PROJECT}/trainer:bad:tag"]}, {}, r"build\.images\[0\]"),
-    ({"tags": ["has space"]}, {}, "invalid build tag 'has space'"),
-    ({"tags": ["-leading-dash"]}, {}, "build.tags"),
-    ({"timeout": timedelta(hours=25)}, {}, "build.timeout"),
-    ({}, {"project_id": ""}, "project_id"),
-    ({}, {"parent": "projects/only"}, "parent"),
-])
+@pytest.mark.parametrize(
+    ("fields", "request_fields", "match"),
+    [
+        ({"obj": "runs/r1/build/missing.tar.gz"}, {}, f"No such object: {BUCKET}/runs/r1/build/missing.tar.gz"),
+        ({"images": ["docker.io/library/trainer:r1"]}, {}, r"build\.images\[0\].*docker\.io/library/trainer:r1"),
+        ({"images": [f"us-central1-docker.pkg.dev/{PROJECT}/tpupipe/Trainer"]}, {}, r"build\.images\[0\]"),
+        ({"images": [f"us-central1-docker.pkg.dev/{PROJECT}/tpupipe"]}, {}, r"build\.images\[0\]"),  # no image name
+        ({"images": [f"gcr.io/{PROJECT}/trainer:bad:tag"]}, {}, r"build\.images\[0\]"),
+        ({"tags": ["has space"]}, {}, "invalid build tag 'has space'"),
+        ({"tags": ["-leading-dash"]}, {}, "build.tags"),
+        ({"timeout": timedelta(hours=25)}, {}, "build.timeout"),
+        ({}, {"project_id": ""}, "project_id"),
+        ({}, {"parent": "projects/only"}, "parent"),
+    ],
+)
 def test_invalid_builds(cloudbuild, fields, request_fields, match):
     request = {"project_id": PROJECT, "build": build(**fields), **request_fields}
     with pytest.raises(exceptions.InvalidArgument, match=match):
@@ -160,20 +169,29 @@ def test_invalid_steps_and_substitutions(cloudbuild):
 
     invalid(r"build\.steps'.*at least one step", images=[IMAGE])
     invalid(r"build\.steps\[1\]\.name", steps=[{"name": DOCKER}, {"args": ["echo"]}])
-    invalid(r"build\.steps\[1\]\.wait_for.*'later'", steps=[{"name": DOCKER, "id": "first"},
-                                                               {"name": DOCKER, "wait_for": ["later"]}])
+    invalid(
+        r"build\.steps\[1\]\.wait_for.*'later'",
+        steps=[{"name": DOCKER, "id": "first"}, {"name": DOCKER, "wait_for": ["later"]}],
+    )
     invalid(r"build\.steps\[1\]\.id.*duplicate", steps=[{"name": DOCKER, "id": "a"}, {"name": DOCKER, "id": "a"}])
-    invalid('"_UNUSED" in the substitution data is not matched', steps=[{"name": DOCKER}],
-            substitutions={"_UNUSED": "x"})
+    invalid(
+        '"_UNUSED" in the substitution data is not matched', steps=[{"name": DOCKER}], substitutions={"_UNUSED": "x"}
+    )
     invalid('key in the template "_MISSING" is not matched', steps=[{"name": DOCKER, "args": ["$_MISSING"]}])
     invalid('key in the template "HOME" is not a valid built-in', steps=[{"name": DOCKER, "args": ["$HOME"]}])
     invalid("must begin with an underscore", steps=[{"name": DOCKER}], substitutions={"lower": "x"})
     assert not cloudbuild.state.builds
 
     loose = cloudbuild_v1.BuildOptions(substitution_option=cloudbuild_v1.BuildOptions.SubstitutionOption.ALLOW_LOOSE)
-    ok = cb.create_build(project_id=PROJECT, build=cloudbuild_v1.Build(
-        steps=[{"name": DOCKER, "args": ["$$HOME", "${PROJECT_ID}", "$_UNSET"], "script": "echo $HOME"}],
-        images=["gcr.io/$PROJECT_ID/trainer:$BUILD_ID"], substitutions={"_SPARE": "x"}, options=loose))
+    ok = cb.create_build(
+        project_id=PROJECT,
+        build=cloudbuild_v1.Build(
+            steps=[{"name": DOCKER, "args": ["$$HOME", "${PROJECT_ID}", "$_UNSET"], "script": "echo $HOME"}],
+            images=["gcr.io/$PROJECT_ID/trainer:$BUILD_ID"],
+            substitutions={"_SPARE": "x"},
+            options=loose,
+        ),
+    )
     build_id = ok.metadata.build.id
     cb.get_build(project_id=PROJECT, id=build_id)
     done = cb.get_build(project_id=PROJECT, id=build_id)
@@ -251,15 +269,26 @@ def test_a_push_needs_the_artifact_registry_repository(gcs):
         cb.get_build(project_id=PROJECT, id=failed.id)
         failed = cb.get_build(project_id=PROJECT, id=failed.id)
         assert failed.status == Status.FAILURE and "failed to push " + IMAGE in failed.status_detail
-        ar = artifactregistry_v1.ArtifactRegistryClient(transport=artifactregistry_v1.services.artifact_registry
-                                                        .transports.ArtifactRegistryGrpcTransport(
-                                                            channel=grpc.insecure_channel(registry.address)))
-        ar.create_repository(request={"parent": f"projects/{PROJECT}/locations/us-central1", "repository_id": "tpupipe",
-                                      "repository": {"format_": artifactregistry_v1.Repository.Format.DOCKER}}
-                             ).result(timeout=10)
+        ar = artifactregistry_v1.ArtifactRegistryClient(
+            transport=artifactregistry_v1.services.artifact_registry.transports.ArtifactRegistryGrpcTransport(
+                channel=grpc.insecure_channel(registry.address)
+            )
+        )
+        ar.create_repository(
+            request={
+                "parent": f"projects/{PROJECT}/locations/us-central1",
+                "repository_id": "tpupipe",
+                "repository": {"format_": artifactregistry_v1.Repository.Format.DOCKER},
+            }
+        ).result(timeout=10)
         with pytest.raises(exceptions.AlreadyExists):
-            ar.create_repository(request={"parent": f"projects/{PROJECT}/locations/us-central1",
-                                          "repository_id": "tpupipe", "repository": {"format_": 1}})
+            ar.create_repository(
+                request={
+                    "parent": f"projects/{PROJECT}/locations/us-central1",
+                    "repository_id": "tpupipe",
+                    "repository": {"format_": 1},
+                }
+            )
         pushed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
         cb.get_build(project_id=PROJECT, id=pushed.id)
         assert cb.get_build(project_id=PROJECT, id=pushed.id).status == Status.SUCCESS

@@ -17,14 +17,16 @@ PROJECT, REGION, TOKEN = "tpupipe-emulated", "us-east5", "t0ken"
 NET = f"projects/{PROJECT}/global/networks/net-a"
 
 
-
 def wire_operations(client, credentials, client_options) -> None:
     """Point the operations client that ``client``'s ExtendedOperations poll with at ``client_options``' endpoint
     (the transport builds it from the credentials alone), so ``op.result()`` works against the emulator here."""
     services = client.transport._extended_operations_services
-    for key, cls in (("global_operations", compute_v1.GlobalOperationsClient),
-                     ("region_operations", compute_v1.RegionOperationsClient)):
+    for key, cls in (
+        ("global_operations", compute_v1.GlobalOperationsClient),
+        ("region_operations", compute_v1.RegionOperationsClient),
+    ):
         services[key] = cls(credentials=credentials, client_options=client_options)
+
 
 class Clients:
     def __init__(self, endpoint: str, credentials):
@@ -50,8 +52,9 @@ class Clients:
         return self.firewalls.insert(project=PROJECT, firewall_resource=body)
 
     def policy(self, name: str = "pol-a", kind: str = "HIGH_THROUGHPUT"):
-        body = compute_v1.ResourcePolicy(name=name, workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_=kind, accelerator_topology="2x2x2"))
+        body = compute_v1.ResourcePolicy(
+            name=name, workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(type_=kind, accelerator_topology="2x2x2")
+        )
         return self.policies.insert(project=PROJECT, region=REGION, resource_policy_resource=body)
 
 
@@ -117,12 +120,16 @@ def test_validation_and_error_classes(compute, clients):
     with pytest.raises(exceptions.BadRequest, match="name"):
         clients.network("Net_C")
     with pytest.raises(exceptions.BadRequest, match="autoCreateSubnetworks"):
-        clients.networks.insert(project=PROJECT, network_resource=compute_v1.Network(
-            name="net-c", auto_create_subnetworks=True))
+        clients.networks.insert(
+            project=PROJECT, network_resource=compute_v1.Network(name="net-c", auto_create_subnetworks=True)
+        )
 
-    raw = requests.post(f"{compute.endpoint}/compute/v1/projects/{PROJECT}/global/networks",
-                        json={"name": "net-c", "autoCreateSubnetworks": False, "bogusField": 1},
-                        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    raw = requests.post(
+        f"{compute.endpoint}/compute/v1/projects/{PROJECT}/global/networks",
+        json={"name": "net-c", "autoCreateSubnetworks": False, "bogusField": 1},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
     assert raw.status_code == 400 and raw.json()["error"]["errors"][0]["reason"] == "invalid"
     assert "bogusField" in raw.json()["error"]["message"]
 
@@ -135,21 +142,30 @@ def test_validation_and_error_classes(compute, clients):
     with pytest.raises(exceptions.NotFound):
         clients.subnet("sub-c", cidr="10.1.0.0/24", network="global/networks/missing")
     with pytest.raises(exceptions.BadRequest, match="region"):
-        clients.subnets.insert(project=PROJECT, region="europe-west4", subnetwork_resource=compute_v1.Subnetwork(
-            name="sub-c", network=NET, ip_cidr_range="10.1.0.0/24", region=REGION))
+        clients.subnets.insert(
+            project=PROJECT,
+            region="europe-west4",
+            subnetwork_resource=compute_v1.Subnetwork(
+                name="sub-c", network=NET, ip_cidr_range="10.1.0.0/24", region=REGION
+            ),
+        )
     assert compute.names("subnetworks") == ["sub-a", "sub-b"]
 
 
 def test_firewall_rules_are_global_checked_as_compute_checks_them_and_hold_their_network(compute, clients):
     clients.network().result(timeout=10)
-    op = clients.firewall(source_ranges=["10.50.0.0/16"], allowed=[
-        compute_v1.Allowed(I_p_protocol=p) for p in ("tcp", "udp", "icmp")])
+    op = clients.firewall(
+        source_ranges=["10.50.0.0/16"], allowed=[compute_v1.Allowed(I_p_protocol=p) for p in ("tcp", "udp", "icmp")]
+    )
     assert op.operation_type == "insert" and not op.region  # a global operation
     op.result(timeout=10)
     rule = clients.firewalls.get(project=PROJECT, firewall="fw-a")
     assert rule.network == LINK + NET and rule.direction == "INGRESS" and rule.priority == 1000
     assert list(rule.source_ranges) == ["10.50.0.0/16"] and [a.I_p_protocol for a in rule.allowed] == [
-        "tcp", "udp", "icmp"]
+        "tcp",
+        "udp",
+        "icmp",
+    ]
     assert rule.self_link == f"{LINK}projects/{PROJECT}/global/firewalls/fw-a"
     assert "globalOperations.get" in compute.state.calls and "regionOperations.get" not in compute.state.calls
     with pytest.raises(exceptions.Conflict):
@@ -188,8 +204,11 @@ def test_firewall_rules_are_global_checked_as_compute_checks_them_and_hold_their
 
 def test_resource_policies_and_the_in_use_hook(compute, clients):
     op = clients.policy()
-    waited = requests.post(f"{compute.endpoint}/compute/v1/projects/{PROJECT}/regions/{REGION}/operations/{op.name}"
-                           "/wait", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    waited = requests.post(
+        f"{compute.endpoint}/compute/v1/projects/{PROJECT}/regions/{REGION}/operations/{op.name}/wait",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
     assert waited.json()["status"] == "RUNNING" and compute.state.calls[-1] == "regionOperations.wait"
     op.result(timeout=10)
     policy = clients.policies.get(project=PROJECT, region=REGION, resource_policy="pol-a")
@@ -220,8 +239,12 @@ def test_injected_http_errors_are_not_retried_on_insert(compute, clients):
     assert clients.networks.get(project=PROJECT, network="net-a").name == "net-a"
     assert compute.state.calls.count("networks.get") == 2
 
-    compute.fail("subnetworks.delete", 403, message="Required 'compute.subnetworks.delete' permission",
-                 when=lambda request: request["name"] == "sub-x")
+    compute.fail(
+        "subnetworks.delete",
+        403,
+        message="Required 'compute.subnetworks.delete' permission",
+        when=lambda request: request["name"] == "sub-x",
+    )
     with pytest.raises(exceptions.Forbidden, match="compute.subnetworks.delete"):
         clients.subnets.delete(project=PROJECT, region=REGION, subnetwork="sub-x")
 

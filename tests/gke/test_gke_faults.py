@@ -65,21 +65,52 @@ def _the_delete_was_retried(project: Project, out: str) -> None:
 
 
 FAULTS = [
-    pytest.param(Fault("f-provision", "provision", "no capacity for 2 x 16 v6e chips", DCN_SLICES,
-                       _stockout_on_the_second_slice, after=_half_done), id="provision-half-done"),
-    pytest.param(Fault("f-build", "build_image", "ended FAILURE", BUILT, lambda p: p.cloudbuild.build_fails()),
-                 id="image-build-failed"),
-    pytest.param(Fault("f-deploy", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-deploy",
-                       NEVER_READY), id="deploy-past-its-deadline"),
-    pytest.param(Fault("f-train", "train", "injected failure at step 1 (train.fail_at_step)",
-                       ONE_SLICE + TINY + " train.fail_at_step=1", ray=True),
-                 id="train-crashed", marks=pytest.mark.e2e),
-    pytest.param(Fault("f-eval", "evaluate", "(train.fail_eval)", ONE_SLICE + TINY + " train.fail_eval=true", ray=True),
-                 id="evaluate-crashed", marks=pytest.mark.e2e),
-    pytest.param(Fault("f-teardown", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-teardown",
-                       DCN_SLICES + " cluster.ready_timeout_s=5", _a_subnet_delete_unavailable_once,
-                       after=_the_delete_was_retried),
-                 id="a-delete-in-teardown-fails-once"),
+    pytest.param(
+        Fault(
+            "f-provision",
+            "provision",
+            "no capacity for 2 x 16 v6e chips",
+            DCN_SLICES,
+            _stockout_on_the_second_slice,
+            after=_half_done,
+        ),
+        id="provision-half-done",
+    ),
+    pytest.param(
+        Fault("f-build", "build_image", "ended FAILURE", BUILT, lambda p: p.cloudbuild.build_fails()),
+        id="image-build-failed",
+    ),
+    pytest.param(
+        Fault("f-deploy", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-deploy", NEVER_READY),
+        id="deploy-past-its-deadline",
+    ),
+    pytest.param(
+        Fault(
+            "f-train",
+            "train",
+            "injected failure at step 1 (train.fail_at_step)",
+            ONE_SLICE + TINY + " train.fail_at_step=1",
+            ray=True,
+        ),
+        id="train-crashed",
+        marks=pytest.mark.e2e,
+    ),
+    pytest.param(
+        Fault("f-eval", "evaluate", "(train.fail_eval)", ONE_SLICE + TINY + " train.fail_eval=true", ray=True),
+        id="evaluate-crashed",
+        marks=pytest.mark.e2e,
+    ),
+    pytest.param(
+        Fault(
+            "f-teardown",
+            "deploy_raycluster",
+            "timed out after 5s waiting for RayCluster f-teardown",
+            DCN_SLICES + " cluster.ready_timeout_s=5",
+            _a_subnet_delete_unavailable_once,
+            after=_the_delete_was_retried,
+        ),
+        id="a-delete-in-teardown-fails-once",
+    ),
 ]
 
 
@@ -97,10 +128,23 @@ def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(
     try:
         fault.inject(project)
         root = tmp_path / "runs"
-        command = [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", fault.run_id,
-                   "--output-root", str(root), "--set", fault.sets]
-        proc = subprocess.run(command, env=_env(project), capture_output=True, text=True,
-                              timeout=1500 if fault.ray else 600)
+        command = [
+            *tpupipe_cmd(),
+            "run",
+            "--platform",
+            "gke",
+            "--preset",
+            "local-fsdp",
+            "--run-id",
+            fault.run_id,
+            "--output-root",
+            str(root),
+            "--set",
+            fault.sets,
+        ]
+        proc = subprocess.run(
+            command, env=_env(project), capture_output=True, text=True, timeout=1500 if fault.ray else 600
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out[-6000:]
         summary = json.loads((root / fault.run_id / "summary.json").read_text())

@@ -46,8 +46,20 @@ def project(tmp_path):
 
 
 def _command(root: Path, run_id: str, extra: str = "") -> list[str]:
-    return [*tpupipe_cmd(), "run", "--platform", "gke", "--preset", "local-fsdp", "--run-id", run_id,
-            "--output-root", str(root), "--set", BUILT + " train.epochs=2" + extra]
+    return [
+        *tpupipe_cmd(),
+        "run",
+        "--platform",
+        "gke",
+        "--preset",
+        "local-fsdp",
+        "--run-id",
+        run_id,
+        "--output-root",
+        str(root),
+        "--set",
+        BUILT + " train.epochs=2" + extra,
+    ]
 
 
 def _env(project) -> dict[str, str]:
@@ -69,8 +81,9 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     root, run_id = tmp_path / "runs", "gke-e2e"
     project.kube.fault, project.kube.scale_up_s = "scale_from_zero", 8.0
     env = {**_env(project), UNSCHEDULABLE_GRACE_ENV: "2"}
-    proc = subprocess.run(_command(root, run_id, " cluster.capacity=flex-start"), env=env, capture_output=True,
-                          text=True, timeout=1500)
+    proc = subprocess.run(
+        _command(root, run_id, " cluster.capacity=flex-start"), env=env, capture_output=True, text=True, timeout=1500
+    )
     run_dir = root / run_id
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     with project.kube.lock:
@@ -97,16 +110,23 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     # token in X-Ray-Authorization.
     proxied = [(m, p, h) for m, p, h in project.kube.requests if "/proxy/api/jobs/" in p]
     assert any(m == "POST" for m, _, _ in proxied)
-    assert all(h.get("Authorization", "").startswith("Bearer ") and h.get("X-Ray-Authorization", "")
-               .startswith("Bearer ") for _, _, h in proxied)
+    assert all(
+        h.get("Authorization", "").startswith("Bearer ") and h.get("X-Ray-Authorization", "").startswith("Bearer ")
+        for _, _, h in proxied
+    )
     # Afterwards: no cluster, node pool or RayCluster of the run, and no local process of the run.
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
     assert project.gke.state.clusters == {}
     assert _wait_gone(run_id) == []
     # The Hugging Face token reached the pods (a Secret) and nothing else: no log line, no artifact, no compiled
     # pipeline, no plan.
-    plan = subprocess.run([*tpupipe_cmd(), "plan", "local-fsdp", "--set", BUILT, "--output", "json"],
-                          env=_env(project), capture_output=True, text=True, timeout=120)
+    plan = subprocess.run(
+        [*tpupipe_cmd(), "plan", "local-fsdp", "--set", BUILT, "--output", "json"],
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plan.returncode == 0, plan.stderr
     everything = proc.stdout + proc.stderr + plan.stdout + plan.stderr + _files_text(run_dir)
     assert (run_dir / "pipeline.yaml").is_file()
@@ -118,8 +138,9 @@ def training(project, root: Path, run_id: str) -> subprocess.Popen:
     """`tpupipe run --platform gke` in its own session, returned once its train job has run for a while (the slice
     check off: the first job the run submits is the train job). The caller ends it."""
     command = _command(root, run_id, " train.epochs=50 cluster.slice_check=false")
-    proc = subprocess.Popen(command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 900
     submitted = False
     while time.monotonic() < deadline and proc.poll() is None and not submitted:
@@ -180,7 +201,7 @@ def _children(pid: int) -> list[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) in frontier:
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) in frontier:
                 nxt.append(int(entry))
         if not nxt:
             break

@@ -21,15 +21,18 @@ from components.workload import resolve
 from tests.emulators import kube as kube_emulator
 from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
-TWO_SLICES = (f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
-              "cluster.cpus_per_host=4 "
-              f"gke.multislice_network=none gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch "
-              "train.num_workers=0")
+TWO_SLICES = (
+    f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
+    "cluster.cpus_per_host=4 "
+    f"gke.multislice_network=none gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch "
+    "train.num_workers=0"
+)
 
 
 def context(tmp_path, run_id: str, overrides: str = ONE_SLICE) -> RunContext:
-    return RunContext(spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id),
-                      platform="gke")
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke"
+    )
 
 
 def platform() -> GkePlatform:
@@ -63,8 +66,11 @@ def test_a_node_account_without_a_needed_role_is_refused_before_anything_is_crea
     project = project_factory()
     project.projects.revoke(PROJECT, role, f"serviceAccount:{NODE_ACCOUNT}")
     ctx = context(tmp_path, "norole")
-    with pytest.raises(PreflightFailed, match=f"- gke.node_service_account: the nodes' service account {NODE_ACCOUNT} "
-                                              f"lacks {role} on project {PROJECT}"):
+    with pytest.raises(
+        PreflightFailed,
+        match=f"- gke.node_service_account: the nodes' service account {NODE_ACCOUNT} "
+        f"lacks {role} on project {PROJECT}",
+    ):
         platform().provision(ctx)
     assert project.mutations() == []
     project.projects.grant(PROJECT, "roles/container.defaultNodeServiceAccount", f"serviceAccount:{NODE_ACCOUNT}")
@@ -76,8 +82,9 @@ def test_image_pulls_need_the_artifact_registry_reader_only_for_this_projects_re
     project = project_factory()
     project.projects.revoke(PROJECT, "roles/artifactregistry.reader", f"serviceAccount:{NODE_ACCOUNT}")
     built = context(tmp_path, "pulls", BUILD)  # the trainer image goes to this project's Artifact Registry
-    with pytest.raises(PreflightFailed, match="lacks roles/artifactregistry.reader on project .*pulling the trainer "
-                                              "image"):
+    with pytest.raises(
+        PreflightFailed, match="lacks roles/artifactregistry.reader on project .*pulling the trainer image"
+    ):
         platform().provision(built)
     assert project.mutations() == []
     named = context(tmp_path, "named")  # gke.image=local/torch: not this project's registry to grant
@@ -147,8 +154,12 @@ def test_stockout_on_the_second_pool_is_one_clear_error_and_leaves_nothing(tmp_p
 
 def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, project_factory):
     project = project_factory()
-    project.gke.fail("CreateNodePool", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                     "Insufficient quota to satisfy the request: TPU_V6E_PODSLICE_CHIPS", times=1)
+    project.gke.fail(
+        "CreateNodePool",
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "Insufficient quota to satisfy the request: TPU_V6E_PODSLICE_CHIPS",
+        times=1,
+    )
     with pytest.raises(gke_cluster.CapacityError, match="TPU_V6E_PODSLICE_CHIPS"):
         platform().provision(context(tmp_path, "quota"))
     assert project.gke.state.clusters == {}
@@ -156,9 +167,11 @@ def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, projec
 
 def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_factory):
     project = project_factory()
-    for overrides, key in ((f"{ONE_SLICE} gke.torch_tpu_base=registry/base/torch-tpu:2", "gke.torch_tpu_base"),
-                           (ONE_SLICE.replace(f"gke.project={PROJECT}", ""), "gke.project"),
-                           ("gke.image=x", "cluster.accelerator")):
+    for overrides, key in (
+        (f"{ONE_SLICE} gke.torch_tpu_base=registry/base/torch-tpu:2", "gke.torch_tpu_base"),
+        (ONE_SLICE.replace(f"gke.project={PROJECT}", ""), "gke.project"),
+        ("gke.image=x", "cluster.accelerator"),
+    ):
         with pytest.raises(SpecError, match=key):
             platform().provision(context(tmp_path, "bad", overrides))
         assert platform().teardown(context(tmp_path, "bad", overrides))["deleted"] == []  # the exit handler's
@@ -166,7 +179,8 @@ def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_facto
 
 
 def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_leaves_nothing(
-        tmp_path, project_factory, monkeypatch):
+    tmp_path, project_factory, monkeypatch
+):
     project = project_factory(fault="unschedulable")
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "1")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
@@ -183,10 +197,12 @@ def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_l
 FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
 
 
-@pytest.mark.parametrize("run_id, overrides", [("flex", FLEX_START),
-                                               ("auto", ONE_SLICE + " gke.cluster_mode=autopilot")])
+@pytest.mark.parametrize(
+    "run_id, overrides", [("flex", FLEX_START), ("auto", ONE_SLICE + " gke.cluster_mode=autopilot")]
+)
 def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teardown_leaves_nothing(
-        tmp_path, project_factory, monkeypatch, run_id, overrides):
+    tmp_path, project_factory, monkeypatch, run_id, overrides
+):
     """Flex-start pools and Autopilot start with no TPU nodes: the run waits while the autoscaler makes them."""
     project = project_factory(fault="scale_from_zero")
     project.kube.scale_up_s = 1.5  # the nodes come well after the unschedulable grace
@@ -202,16 +218,20 @@ def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teard
     assert gke.deploy_raycluster(ctx)["available_workers"] == 1
     assert time.monotonic() - started >= 1.5  # it waited past the grace: the pods were scaling up, not failing
     with project.kube.lock:
-        reasons = {(e["involvedObject"]["name"], e["reason"]) for (p, _, _), e in project.kube.objects.items()
-                   if p == "events"}
+        reasons = {
+            (e["involvedObject"]["name"], e["reason"]) for (p, _, _), e in project.kube.objects.items() if p == "events"
+        }
     assert {(worker, "FailedScheduling"), (worker, "TriggeredScaleUp")} <= reasons
     assert any(m == "GET" and p == "/api/v1/namespaces/tpupipe/events" for m, p, _ in project.kube.requests)
     kube, _, _ = gke._kube(ctx)  # the events as the API server selects them, through the real client
     listed = kube.core.list_namespaced_event(
-        "tpupipe", field_selector=f"involvedObject.name={worker},involvedObject.kind=Pod")
+        "tpupipe", field_selector=f"involvedObject.name={worker},involvedObject.kind=Pod"
+    )
     assert {e.reason for e in listed.items} == {"FailedScheduling", "TriggeredScaleUp"}
-    assert [e.source.component for e in kube.core.list_namespaced_event(
-        "tpupipe", field_selector="reason=TriggeredScaleUp").items] == ["cluster-autoscaler"]
+    assert [
+        e.source.component
+        for e in kube.core.list_namespaced_event("tpupipe", field_selector="reason=TriggeredScaleUp").items
+    ] == ["cluster-autoscaler"]
     with pytest.raises(ApiException) as refused:
         kube.core.list_namespaced_event("tpupipe", field_selector="spec.nodeName=n1")
     assert refused.value.status == 400
@@ -220,14 +240,26 @@ def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teard
     assert project.leftovers(run_id) == {}
 
 
-@pytest.mark.parametrize("failure, grace, match", [
-    (kube_emulator.OUT_OF_RESOURCES, "600", "scale-up failed: FailedScaleUp: Node scale up in zones us-east5-b "
-                                            "associated with this pod failed: GCE out of resources"),
-    (kube_emulator.NOT_TRIGGERED, "0.3", "with no scale-up under way; pod noscale-tpu-v6e-4-0-0: NotTriggerScaleUp: "
-                                         "pod didn't trigger scale-up: 1 max node group size reached"),
-])
+@pytest.mark.parametrize(
+    "failure, grace, match",
+    [
+        (
+            kube_emulator.OUT_OF_RESOURCES,
+            "600",
+            "scale-up failed: FailedScaleUp: Node scale up in zones us-east5-b "
+            "associated with this pod failed: GCE out of resources",
+        ),
+        (
+            kube_emulator.NOT_TRIGGERED,
+            "0.3",
+            "with no scale-up under way; pod noscale-tpu-v6e-4-0-0: NotTriggerScaleUp: "
+            "pod didn't trigger scale-up: 1 max node group size reached",
+        ),
+    ],
+)
 def test_a_pool_that_never_scales_up_fails_with_the_autoscalers_reason_and_teardown_leaves_nothing(
-        tmp_path, project_factory, monkeypatch, failure, grace, match):
+    tmp_path, project_factory, monkeypatch, failure, grace, match
+):
     project = project_factory(fault="never_scales_up")
     project.kube.scale_up_s = 0.5
     project.kube.scale_up_failure = failure
@@ -281,9 +313,12 @@ def test_the_api_server_rejects_a_raycluster_the_crd_rejects(tmp_path, project_f
 
     project_factory()
     gke, ctx, kube = provisioned_kube(tmp_path, "invalid")
-    bad = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "invalid", "namespace": "tpupipe"},
-           "spec": {"headGroupSpec": {"template": {"spec": {"containers": []}}, "rayStartParams": {}},
-                    "notAField": 1}}
+    bad = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "invalid", "namespace": "tpupipe"},
+        "spec": {"headGroupSpec": {"template": {"spec": {"containers": []}}, "rayStartParams": {}}, "notAField": 1},
+    }
     with pytest.raises(ApiException) as caught:
         kube.apply(bad)
     assert caught.value.status == 422 and "notAField" in caught.value.body
@@ -291,19 +326,24 @@ def test_the_api_server_rejects_a_raycluster_the_crd_rejects(tmp_path, project_f
 
 
 def test_token_auth_is_refused_on_a_kuberay_that_would_drop_it_before_anything_is_applied(
-        tmp_path, project_factory, monkeypatch):
+    tmp_path, project_factory, monkeypatch
+):
     project = project_factory()
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
     ctx = context(tmp_path, "oldray")
     gke = platform()
     gke.provision(ctx)
-    with pytest.raises(SpecError, match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
-                                        "its RayCluster has no spec.authOptions.secretName, which the API server would "
-                                        "drop, leaving the Ray cluster without token authentication"):
+    with pytest.raises(
+        SpecError,
+        match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
+        "its RayCluster has no spec.authOptions.secretName, which the API server would "
+        "drop, leaving the Ray cluster without token authentication",
+    ):
         gke.deploy_raycluster(ctx)
     assert ("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayclusters.ray.io") in [
-        (method, path) for method, path, _ in project.kube.requests]
+        (method, path) for method, path, _ in project.kube.requests
+    ]
     assert project.leftovers("oldray").get("kubernetes") is None  # nothing applied: no secret, no RayCluster
     gke.teardown(ctx)
     assert project.leftovers("oldray") == {}
@@ -313,11 +353,28 @@ def test_an_old_kuberay_drops_the_token_secret_silently_which_is_why_it_is_refus
     """The emulated API server prunes a field its CRD lacks, as a real one does: what the check guards against."""
     project = project_factory()
     gke, ctx, kube = provisioned_kube(tmp_path, "prune")
-    body = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "prune", "namespace": "tpupipe"},
-            "spec": {"authOptions": {"mode": "token", "secretName": "prune-ray-token"},
-                     "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
-                         {"name": "ray-head", "image": "local/torch",
-                          "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}}]}}}}}
+    body = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "prune", "namespace": "tpupipe"},
+        "spec": {
+            "authOptions": {"mode": "token", "secretName": "prune-ray-token"},
+            "headGroupSpec": {
+                "rayStartParams": {},
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "ray-head",
+                                "image": "local/torch",
+                                "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}},
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+    }
     project.kube.kuberay_version = "1.5.1"
     assert "secretName" not in kube.apply(body)["spec"]["authOptions"]
     assert gke_kube.missing_fields(kube.crd("rayclusters.ray.io")) == {"spec.authOptions.secretName": "1.6.0"}
@@ -374,8 +431,17 @@ def test_readiness_state_machine_steps():
     machine = gke_kube.Readiness(unschedulable_grace_s=30)
     cluster = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 1, "state": ""}}
     assert machine.step(cluster, [_pod("w0")], now=0) is None
-    unsched = _pod("w1", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                      "message": "0/3 nodes: Insufficient google.com/tpu"}])
+    unsched = _pod(
+        "w1",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes: Insufficient google.com/tpu",
+            }
+        ],
+    )
     assert machine.step(cluster, [unsched], now=10) is None
     assert machine.step(cluster, [unsched], now=39) is None
     with pytest.raises(gke_kube.RayClusterNotReady, match="Insufficient google.com/tpu"):
@@ -395,12 +461,26 @@ def test_readiness_state_machine_steps():
 
 def _event(pod, reason, message, at):
     """A core/v1 Event about ``pod`` as the API server serves it (the autoscaler's records carry seconds)."""
-    return {"metadata": {"name": f"{pod}.{at}"}, "involvedObject": {"kind": "Pod", "name": pod}, "reason": reason,
-            "message": message, "type": "Normal", "lastTimestamp": f"2026-11-30T10:00:{at:02d}Z"}
+    return {
+        "metadata": {"name": f"{pod}.{at}"},
+        "involvedObject": {"kind": "Pod", "name": pod},
+        "reason": reason,
+        "message": message,
+        "type": "Normal",
+        "lastTimestamp": f"2026-11-30T10:00:{at:02d}Z",
+    }
 
 
-UNSCHED = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                           "message": "0/1 nodes are available: 1 Insufficient google.com/tpu"}]}
+UNSCHED = {
+    "conditions": [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 Insufficient google.com/tpu",
+        }
+    ]
+}
 TRIGGERED = "pod triggered scale-up: [{.../instanceGroups/gke-tpu-grp 0->1 (max: 1)}]"
 
 
@@ -429,8 +509,10 @@ def test_readiness_fails_at_once_with_a_failed_scale_up_and_its_reason():
     assert machine.step(cluster, pods, now=0, events=events) is None
     failed = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources."
     events.append(_event("w1", "FailedScaleUp", failed, 40))  # the latest about w1
-    with pytest.raises(gke_kube.RayClusterNotReady, match="pod w1 .*scale-up failed: FailedScaleUp: Node scale up in "
-                                                          "zones us-east5-b .*GCE out of resources"):
+    with pytest.raises(
+        gke_kube.RayClusterNotReady,
+        match="pod w1 .*scale-up failed: FailedScaleUp: Node scale up in zones us-east5-b .*GCE out of resources",
+    ):
         machine.step(cluster, pods, now=41, events=events)
     # Triggered again after the failure (the autoscaler retries): the latest event decides.
     retried = [_event("w0", "FailedScaleUp", failed, 40), _event("w0", "TriggeredScaleUp", TRIGGERED, 50)]
@@ -447,8 +529,10 @@ def test_readiness_fails_a_scale_up_not_triggered_after_the_grace_with_its_reaso
     events = [_event("w0", "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached", 0)]
     assert machine.step(cluster, pods, now=0, events=events) is None
     assert machine.step(cluster, pods, now=29, events=events) is None and "1 unschedulable" in machine.last
-    with pytest.raises(gke_kube.RayClusterNotReady, match="for 30s with no scale-up under way; pod w0: "
-                                                          "NotTriggerScaleUp: pod didn't trigger scale-up: 1 max node"):
+    with pytest.raises(
+        gke_kube.RayClusterNotReady,
+        match="for 30s with no scale-up under way; pod w0: NotTriggerScaleUp: pod didn't trigger scale-up: 1 max node",
+    ):
         machine.step(cluster, pods, now=30, events=events)
 
 
@@ -466,16 +550,19 @@ def test_wait_ready_has_a_deadline_with_the_last_status():
         clock.now += seconds
 
     with pytest.raises(DeadlineExceeded, match="0/1 workers available"):
-        gke_kube.wait_ready(NeverReady(), "rc", 30, unschedulable_grace_s=10, clock=clock, sleep=sleep,
-                            log=lambda m: None)
+        gke_kube.wait_ready(
+            NeverReady(), "rc", 30, unschedulable_grace_s=10, clock=clock, sleep=sleep, log=lambda m: None
+        )
     assert clock.now >= 30
 
 
 # ---------------------------------------------------------------- Compute Engine: DCN networks, TPU7x workload policy
 
 DCN_SLICES = TWO_SLICES.replace("gke.multislice_network=none", "gke.multislice_network=dcn_networks")
-TPU7X_SLICE = (f"cluster.accelerator=tpu7x cluster.topology=2x2x2 cluster.num_hosts=2 cluster.cpus_per_host=8 "
-               f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch train.num_workers=0")
+TPU7X_SLICE = (
+    f"cluster.accelerator=tpu7x cluster.topology=2x2x2 cluster.num_hosts=2 cluster.cpus_per_host=8 "
+    f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch train.num_workers=0"
+)
 
 
 def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_path, project_factory):
@@ -494,8 +581,10 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     assert calls.index("firewalls.insert") > calls.index("subnetworks.insert")
     assert [n["mtu"] for n in project.compute.state.networks.values()] == [8896, 8896]
     subnets = {n: s["ipCidrRange"] for n, s in project.compute.state.subnetworks.items()}
-    assert subnets == {f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn0-subnet": "10.50.0.0/16",
-                       f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn1-subnet": "10.60.0.0/16"}
+    assert subnets == {
+        f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn0-subnet": "10.50.0.0/16",
+        f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn1-subnet": "10.60.0.0/16",
+    }
     cluster = project.gke.state.clusters[project.clusters("dcn")[0]]
     tpu_pools = [p for p in cluster.node_pools if p.name.startswith("dcn-s")]
     assert len(tpu_pools) == 2
@@ -508,8 +597,9 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
     assert project.compute.names("firewalls") == [] and project.leftovers("dcn") == {}
     assert f"projects/{PROJECT}/global/networks/dcn-dcn1" in result["deleted"]
-    assert result["deleted"].index(f"projects/{PROJECT}/global/firewalls/dcn-dcn1-allow-internal") < \
-        result["deleted"].index(f"projects/{PROJECT}/global/networks/dcn-dcn1")  # the rule holds its network
+    assert result["deleted"].index(f"projects/{PROJECT}/global/firewalls/dcn-dcn1-allow-internal") < result[
+        "deleted"
+    ].index(f"projects/{PROJECT}/global/networks/dcn-dcn1")  # the rule holds its network
     assert platform().teardown(ctx)["deleted"] == []
 
 
@@ -521,8 +611,7 @@ def test_the_70b_preset_provisions_its_firewall_rules_and_teardown_deletes_them(
     ctx = RunContext(spec=spec, run_id="seventy", store=LocalStore(tmp_path / "seventy"), platform="gke")
     platform().provision(ctx)
     assert project.compute.names("firewalls") == ["seventy-dcn0-allow-internal", "seventy-dcn1-allow-internal"]
-    assert {r["sourceRanges"][0] for r in project.compute.state.firewalls.values()} == {"10.50.0.0/16",
-                                                                                        "10.60.0.0/16"}
+    assert {r["sourceRanges"][0] for r in project.compute.state.firewalls.values()} == {"10.50.0.0/16", "10.60.0.0/16"}
     cluster = project.gke.state.clusters[project.clusters("seventy")[0]]
     assert cluster.current_master_version == "1.35.2-gke.1842000"  # the seed's, pinned by the preset
     assert cluster.network_config.enable_multi_networking
@@ -542,9 +631,12 @@ def test_a_cluster_gke_made_older_than_the_slices_floor_is_refused_before_any_no
     project = project_factory()
     project.gke.default_version = "1.33.5-gke.1080000"  # no version pinned: GKE's default, older than DRANET's
     ctx = context(tmp_path, "oldgke", DCN_SLICES)
-    with pytest.raises(SpecError, match="^gke.cluster_version: cluster tpupipe-oldgke runs GKE 1.33.5-gke.1080000, "
-                                        "older than 1.34.1-gke.1829001, the first standard version with managed "
-                                        "DRANET"):
+    with pytest.raises(
+        SpecError,
+        match="^gke.cluster_version: cluster tpupipe-oldgke runs GKE 1.33.5-gke.1080000, "
+        "older than 1.34.1-gke.1829001, the first standard version with managed "
+        "DRANET",
+    ):
         platform().provision(ctx)
     assert project.gke.state.calls.count("CreateNodePool") == 0
     platform().teardown(ctx)  # the exit handler's
@@ -557,8 +649,10 @@ def test_an_existing_cluster_older_than_the_slices_floor_is_refused_naming_it(tm
     owner = context(tmp_path, "owner")
     platform().provision(owner)  # one v6e slice: 1.33 reaches v6e's floor
     guest = context(tmp_path, "guest", DCN_SLICES + " gke.cluster_name=tpupipe-owner")
-    with pytest.raises(SpecError, match="^gke.cluster_name: cluster tpupipe-owner runs GKE 1.33.5-gke.1080000, older "
-                                        "than 1.34.1-gke.1829001"):
+    with pytest.raises(
+        SpecError,
+        match="^gke.cluster_name: cluster tpupipe-owner runs GKE 1.33.5-gke.1080000, older than 1.34.1-gke.1829001",
+    ):
         platform().provision(guest)
     assert project.pools("guest") == []
     platform().teardown(guest)
@@ -570,8 +664,10 @@ def test_pod_ranges_gke_picked_over_a_dcn_subnet_are_refused_before_any_node_poo
     project = project_factory()
     project.gke.default_pod_range = "10.48.0.0/14"  # 10.48-10.51: over the first DCN subnet, 10.50.0.0/16
     ctx = context(tmp_path, "overlap", DCN_SLICES)
-    with pytest.raises(SpecError, match="^gke.pod_range: cluster tpupipe-overlap's Pod range 10.48.0.0/14 overlaps "
-                                        "the DCN subnet 10.50.0.0/16"):
+    with pytest.raises(
+        SpecError,
+        match="^gke.pod_range: cluster tpupipe-overlap's Pod range 10.48.0.0/14 overlaps the DCN subnet 10.50.0.0/16",
+    ):
         platform().provision(ctx)
     assert project.gke.state.calls.count("CreateNodePool") == 0
     platform().teardown(ctx)
@@ -603,8 +699,13 @@ def test_a_subnet_quota_error_is_a_capacity_error_and_leaves_nothing(tmp_path, p
     ctx = context(tmp_path, "subquota", DCN_SLICES)
     with pytest.raises(gke_cluster.CapacityError) as caught:
         platform().provision(ctx)
-    for needle in ("no quota for the subnetwork subquota-dcn1-subnet in us-east5", PROJECT, "QUOTA_EXCEEDED",
-                   "SUBNETWORKS", "accelerator_network_profile"):
+    for needle in (
+        "no quota for the subnetwork subquota-dcn1-subnet in us-east5",
+        PROJECT,
+        "QUOTA_EXCEEDED",
+        "SUBNETWORKS",
+        "accelerator_network_profile",
+    ):
         assert needle in str(caught.value)
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
     assert project.gke.state.calls.count("CreateCluster") == 0
@@ -647,13 +748,17 @@ def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves
 
 # ---------------------------------------------------------------- the checkpoint bucket and the run's access to it
 
+
 def _principal(run_id: str) -> str:
-    return (f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
-            f"{PROJECT}.svc.id.goog/subject/ns/tpupipe/sa/tpupipe-{run_id}")
+    return (
+        f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+        f"{PROJECT}.svc.id.goog/subject/ns/tpupipe/sa/tpupipe-{run_id}"
+    )
 
 
 def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_and_keeps_the_bucket(
-        tmp_path, project_factory):
+    tmp_path, project_factory
+):
     project = project_factory()
     ctx = context(tmp_path, "bucketrun")
     bucket = f"{PROJECT}-tpupipe"
@@ -666,8 +771,10 @@ def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_a
     assert project.storage.state.calls.count("buckets.setIamPolicy") == 1
     other = context(tmp_path, "otherrun")
     platform().provision(other)
-    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("bucketrun"),
-                                                                           _principal("otherrun")]
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [
+        _principal("bucketrun"),
+        _principal("otherrun"),
+    ]
     result = platform().teardown(ctx)
     assert f"roles/storage.objectUser on gs://{bucket} for {_principal('bucketrun')}" in result["deleted"]
     assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("otherrun")]
@@ -715,8 +822,9 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     assert "TORCH_FROM_BASE=1" in build.steps[0].args  # the base's torch is not re-pinned
     source = project.storage.state.objects[(f"{PROJECT}-tpupipe", "runs/built/build/context.tar.gz")]["data"]
     names = tarfile.open(fileobj=io.BytesIO(source)).getnames()
-    assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml",
-            "trainers/fsdp.py"} <= set(names)
+    assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml", "trainers/fsdp.py"} <= set(
+        names
+    )
     assert not any("__pycache__" in n for n in names)
     repository = project.registry.state.repositories[f"projects/{PROJECT}/locations/us-east5/repositories/tpupipe"]
     assert repository.format_.name == "DOCKER"  # created for the push (the emulated build fails without it)
@@ -734,9 +842,13 @@ def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project
 
     project = project_factory()
     registry = gke_build.registry_client()
-    registry.create_repository(request={
-        "parent": f"projects/{PROJECT}/locations/us-east5", "repository_id": "tpupipe",
-        "repository": {"format_": artifactregistry_v1.Repository.Format.MAVEN}}).result(timeout=30)
+    registry.create_repository(
+        request={
+            "parent": f"projects/{PROJECT}/locations/us-east5",
+            "repository_id": "tpupipe",
+            "repository": {"format_": artifactregistry_v1.Repository.Format.MAVEN},
+        }
+    ).result(timeout=30)
     ctx = context(tmp_path, "maven", BUILD)
     gke = platform()
     gke.provision(ctx)
@@ -777,8 +889,9 @@ def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_fact
     gke.teardown(ctx)
 
 
-def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(tmp_path, project_factory,
-                                                                                 monkeypatch, capsys):
+def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
+    tmp_path, project_factory, monkeypatch, capsys
+):
     """A run whose driver died after deploy: `tpupipe teardown RUN_ID` finds everything from the ledger and the labels
     (the spec it ran with comes from the ledger), and a second one finds nothing and exits 0."""
     from pipelines import cli

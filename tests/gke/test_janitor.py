@@ -30,8 +30,9 @@ def _left_behind(project, ctx: RunContext) -> None:
 
 
 def _local(tmp_path, run_id: str) -> RunContext:
-    return RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=LocalStore(tmp_path / run_id),
-                      platform="gke")
+    return RunContext(
+        spec=resolve("local-fsdp", LEFT), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke"
+    )
 
 
 def _janitor(capsys, *args: str) -> tuple[int, str]:
@@ -46,7 +47,8 @@ def hf_token(monkeypatch):
 
 
 def test_the_janitor_deletes_everything_runs_left_behind_and_a_second_sweep_finds_nothing(
-        tmp_path, project_factory, capsys, hf_token):
+    tmp_path, project_factory, capsys, hf_token
+):
     project = project_factory(polls_to_done=1)
     for run_id in ("lost-a", "lost-b"):
         _left_behind(project, _local(tmp_path, run_id))
@@ -62,15 +64,20 @@ def test_the_janitor_deletes_everything_runs_left_behind_and_a_second_sweep_find
     assert code == 0 and "0 runs to clean up; nothing found" in text
 
 
-def test_a_run_whose_teardown_fails_is_reported_and_the_others_are_still_swept(tmp_path, project_factory, capsys,
-                                                                               hf_token):
+def test_a_run_whose_teardown_fails_is_reported_and_the_others_are_still_swept(
+    tmp_path, project_factory, capsys, hf_token
+):
     import grpc
 
     project = project_factory(polls_to_done=1)
     for run_id in ("stuck", "fine"):
         _left_behind(project, _local(tmp_path, run_id))
-    project.gke.fail("DeleteCluster", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.delete denied",
-                     when=lambda request: request.name.endswith("tpupipe-stuck"))
+    project.gke.fail(
+        "DeleteCluster",
+        grpc.StatusCode.PERMISSION_DENIED,
+        "container.clusters.delete denied",
+        when=lambda request: request.name.endswith("tpupipe-stuck"),
+    )
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0")
     assert code == 1
     assert "stuck (started" in text and "failed: teardown could not remove: cluster or pools:" in text
@@ -88,9 +95,12 @@ def test_a_dry_run_lists_everything_and_deletes_nothing(tmp_path, project_factor
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0", "--dry-run")
     assert code == 0, text
     assert text.startswith("tpupipe janitor --dry-run: 1 run to clean up")
-    for needle in ("would delete node pool dry-s0", "would delete cluster tpupipe-dry",  # the CPU pool goes with it
-                   "would delete iam binding tpupipe-dry", "would delete the Kubernetes objects labelled "
-                   "tpupipe-run=dry"):
+    for needle in (
+        "would delete node pool dry-s0",
+        "would delete cluster tpupipe-dry",  # the CPU pool goes with it
+        "would delete iam binding tpupipe-dry",
+        "would delete the Kubernetes objects labelled tpupipe-run=dry",
+    ):
         assert needle in text
     assert project.leftovers("dry") == before and len(project.mutations()) == mutations
     assert not ledger.load(LocalStore(tmp_path / "dry")).get("torn_down")
@@ -108,8 +118,9 @@ def test_a_run_within_its_limit_is_kept_and_a_finished_one_is_collected(tmp_path
     assert project.clusters("young") and project.pools("young")
 
 
-def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(tmp_path, project_factory, capsys, hf_token,
-                                                                monkeypatch):
+def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(
+    tmp_path, project_factory, capsys, hf_token, monkeypatch
+):
     from google.cloud import storage
 
     from components.platforms.credentials import credentials
@@ -117,8 +128,9 @@ def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(tmp_path, proje
     project = project_factory(polls_to_done=1)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
     storage.Client(project=PROJECT, credentials=credentials()).create_bucket("vertex-root", location="us-east5")
-    ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id="in-gcs", store=GcsStore("vertex-root", "runs/in-gcs"),
-                     platform="gke")
+    ctx = RunContext(
+        spec=resolve("local-fsdp", LEFT), run_id="in-gcs", store=GcsStore("vertex-root", "runs/in-gcs"), platform="gke"
+    )
     _left_behind(project, ctx)
     code, text = _janitor(capsys, "--output-root", "gs://vertex-root/runs", "--older-than", "1s", "--dry-run")
     assert code == 0 and "in-gcs (" in text and "would delete cluster tpupipe-in-gcs" in text
@@ -130,10 +142,13 @@ def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(tmp_path, proje
 def test_a_labelled_cluster_whose_run_left_no_ledger_is_adopted_and_deleted(tmp_path, project_factory, capsys):
     project = project_factory(polls_to_done=1)
     parent = f"projects/{PROJECT}/locations/us-east5-b"
-    project.gke.add_cluster(parent, {"name": "tpupipe-ghost", "resourceLabels": {"tpupipe-run": "ghost"},
-                                     "createTime": "2026-01-01T00:00:00Z"})
-    project.gke.add_cluster(parent, {"name": "team", "resourceLabels": {"owner": "someone"},
-                                     "createTime": "2026-01-01T00:00:00Z"})
+    project.gke.add_cluster(
+        parent,
+        {"name": "tpupipe-ghost", "resourceLabels": {"tpupipe-run": "ghost"}, "createTime": "2026-01-01T00:00:00Z"},
+    )
+    project.gke.add_cluster(
+        parent, {"name": "team", "resourceLabels": {"owner": "someone"}, "createTime": "2026-01-01T00:00:00Z"}
+    )
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT)
     assert code == 0, text
     assert "ghost (no ledger; its cluster was created" in text
@@ -144,11 +159,14 @@ def test_a_labelled_cluster_whose_run_left_no_ledger_is_adopted_and_deleted(tmp_
 
 
 def test_a_labelled_node_pool_in_a_shared_cluster_without_a_ledger_is_reported_not_guessed(
-        tmp_path, project_factory, capsys):
+    tmp_path, project_factory, capsys
+):
     project = project_factory(polls_to_done=1)
     parent = f"projects/{PROJECT}/locations/us-east5-b"
-    project.gke.add_cluster(parent, {"name": "team", "nodePools": [
-        {"name": "stray-s0", "config": {"resourceLabels": {"tpupipe-run": "stray"}}}]})
+    project.gke.add_cluster(
+        parent,
+        {"name": "team", "nodePools": [{"name": "stray-s0", "config": {"resourceLabels": {"tpupipe-run": "stray"}}}]},
+    )
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT, "--older-than", "0")
     assert code == 0
     assert "stray: kept: node pools stray-s0 carry its label but it left no ledger" in text
@@ -160,8 +178,9 @@ def test_ages_and_limits():
     assert janitor.parse_age("2d") == 172800 and janitor.parse_age("1.5h") == 5400
     with pytest.raises(SpecError, match="--older-than"):
         janitor.parse_age("six hours")
-    spec = resolve("local-fsdp", ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 "
-                   "cluster.slice_check_timeout_s=100")
+    spec = resolve(
+        "local-fsdp", ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
+    )
     assert janitor.limit_s(spec) == 3600 + 600 + 300 + 7200
 
 
@@ -176,8 +195,7 @@ def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, 
     project = project_factory(polls_to_done=1)
     _left_behind(project, _local(tmp_path / "runs", "swept"))
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
-               raise_on_error=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
     janitor_pipeline(project=PROJECT, output_root=str(tmp_path / "runs"), older_than="0s", dry_run=False)
     assert project.clusters("swept") == [] and project.pools("swept") == [] and project.leftovers("swept") == {}
     assert ledger.load(LocalStore(tmp_path / "runs" / "swept"))["torn_down"]

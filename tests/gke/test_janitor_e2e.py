@@ -34,12 +34,22 @@ def test_a_run_sigkilled_during_train_is_swept_by_the_janitor(tmp_path, project)
     assert {"node pools", "kubernetes", "bucket bindings"} <= set(left), left
     assert not (root / run_id / "summary.json").exists()
 
-    sweep = subprocess.run([*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
-                           env=_env(project), capture_output=True, text=True, timeout=600)
+    sweep = subprocess.run(
+        [*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert f"{run_id} (started" in sweep.stdout and "deleted" in sweep.stdout
     assert _wait_gone(run_id) == []
     assert project.leftovers(run_id) == {}
-    again = subprocess.run([*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
-                           env=_env(project), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0 and "nothing found" in again.stdout, again.stdout + again.stderr

@@ -24,7 +24,8 @@ def _preflight(overrides: str, capsys) -> tuple[int, str]:
 
 
 def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report_and_exit_2(
-        tmp_path, project_factory, capsys):
+    tmp_path, project_factory, capsys
+):
     project = project_factory()
     project.compute.set_quota(PROJECT, "us-east5", "TPU_V6E_PODSLICE", limit=48, usage=40)
     project.services.disable("compute.googleapis.com")
@@ -32,9 +33,12 @@ def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report
     code, text = _preflight(TWO_SLICES, capsys)
     assert code == 2
     assert "3 problems; nothing was created" in text
-    for needle in ("cluster.capacity: TPU quota TPU_V6E_PODSLICE in us-east5", "the run needs 32 chips, 8 of 48",
-                   "apis: not enabled in project tpupipe-emulated: compute.googleapis.com",
-                   "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create"):
+    for needle in (
+        "cluster.capacity: TPU quota TPU_V6E_PODSLICE in us-east5",
+        "the run needs 32 chips, 8 of 48",
+        "apis: not enabled in project tpupipe-emulated: compute.googleapis.com",
+        "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create",
+    ):
         assert needle in text
     with pytest.raises(PreflightFailed) as caught:  # provision's first step is the same check
         platform().provision(context(tmp_path, "pre", TWO_SLICES))
@@ -44,7 +48,8 @@ def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report
 
 
 def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_is_created(
-        tmp_path, project_factory, capsys):
+    tmp_path, project_factory, capsys
+):
     project = project_factory()
     project.projects.deny("storage.buckets.setIamPolicy", "compute.networks.create")
     code, text = _preflight(RESERVED, capsys)
@@ -91,21 +96,31 @@ SHARED = ONE_SLICE + " gke.cluster_name=team"
 
 
 def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True) -> str:
-    return project.gke.add_cluster(PARENT, {
-        "name": "team",
-        "addonsConfig": {"rayOperatorConfig": {"enabled": ray}, "gcsFuseCsiDriverConfig": {"enabled": True},
-                         "httpLoadBalancing": {"disabled": False}},
-        "workloadIdentityConfig": {"workloadPool": f"{PROJECT}.svc.id.goog"},
-        "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH" if dataplane_v2 else "LEGACY_DATAPATH"},
-    })
+    return project.gke.add_cluster(
+        PARENT,
+        {
+            "name": "team",
+            "addonsConfig": {
+                "rayOperatorConfig": {"enabled": ray},
+                "gcsFuseCsiDriverConfig": {"enabled": True},
+                "httpLoadBalancing": {"disabled": False},
+            },
+            "workloadIdentityConfig": {"workloadPool": f"{PROJECT}.svc.id.goog"},
+            "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH" if dataplane_v2 else "LEGACY_DATAPATH"},
+        },
+    )
 
 
 def test_an_existing_cluster_without_the_ray_add_on_gets_it_before_any_node_pool(tmp_path, project_factory, capsys):
     project = project_factory()
     name = _team_cluster(project, ray=False)
     code, text = _preflight(SHARED, capsys)
-    assert code == 0 and "cluster team: has GCS FUSE CSI driver, Workload Identity, Dataplane V2; provision " \
-                         "enables Ray Operator add-on" in text
+    assert (
+        code == 0
+        and "cluster team: has GCS FUSE CSI driver, Workload Identity, Dataplane V2; provision "
+        "enables Ray Operator add-on"
+        in text
+    )
     assert project.mutations() == []
     platform().provision(context(tmp_path, "shared", SHARED))
     calls = project.gke.state.calls
@@ -122,13 +137,16 @@ def test_an_existing_cluster_without_the_ray_add_on_gets_it_before_any_node_pool
 
 
 def test_an_existing_cluster_without_dataplane_v2_is_refused_by_name_before_anything_is_created(
-        tmp_path, project_factory, capsys):
+    tmp_path, project_factory, capsys
+):
     project = project_factory()
     _team_cluster(project, ray=False, dataplane_v2=False)
     code, text = _preflight(SHARED, capsys)
     assert code == 2 and "1 problem;" in text
-    assert "gke.cluster_name: cluster team lacks the Dataplane V2: GKE chooses the dataplane when a cluster is " \
-           "created" in text
+    assert (
+        "gke.cluster_name: cluster team lacks the Dataplane V2: GKE chooses the dataplane when a cluster is "
+        "created" in text
+    )
     with pytest.raises(PreflightFailed, match="Dataplane V2"):
         platform().provision(context(tmp_path, "refused", SHARED))
     assert project.mutations() == [] and project.pools("refused") == []
@@ -136,14 +154,20 @@ def test_an_existing_cluster_without_dataplane_v2_is_refused_by_name_before_anyt
 
 def test_an_existing_cluster_with_another_workload_pool_is_refused_not_changed(tmp_path, project_factory, capsys):
     project = project_factory()
-    name = project.gke.add_cluster(PARENT, {
-        "name": "team", "addonsConfig": {"rayOperatorConfig": {"enabled": True},
-                                         "gcsFuseCsiDriverConfig": {"enabled": True}},
-        "workloadIdentityConfig": {"workloadPool": "fleet-host.svc.id.goog"},
-        "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH"}})
+    name = project.gke.add_cluster(
+        PARENT,
+        {
+            "name": "team",
+            "addonsConfig": {"rayOperatorConfig": {"enabled": True}, "gcsFuseCsiDriverConfig": {"enabled": True}},
+            "workloadIdentityConfig": {"workloadPool": "fleet-host.svc.id.goog"},
+            "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH"},
+        },
+    )
     code, text = _preflight(SHARED, capsys)
-    assert code == 2 and "cluster team lacks the Workload Identity: it uses the workload pool fleet-host.svc.id.goog" \
-        in text
+    assert (
+        code == 2
+        and "cluster team lacks the Workload Identity: it uses the workload pool fleet-host.svc.id.goog" in text
+    )
     assert project.gke.state.clusters[name].workload_identity_config.workload_pool == "fleet-host.svc.id.goog"
     assert project.mutations() == []
 
@@ -174,12 +198,14 @@ def test_the_plan_states_which_features_are_enabled_in_place_and_which_refused()
     spec = resolve("llama3-8b-v6e-16x2", f"gke.project={PROJECT} gke.cluster_name=team")
     (cluster,) = [res for res in plan.resources(spec, "r1") if res.kind == "gke-cluster"]
     assert cluster.action == "use"
-    for needle in ("Ray Operator add-on (enabled in place when missing, and kept)",
-                   "GCS FUSE CSI driver (enabled in place when missing, and kept)",
-                   "Workload Identity (enabled in place when missing, and kept; refused when the cluster uses "
-                   "another workload pool)",
-                   "Dataplane V2 (refused when missing: GKE chooses the dataplane",
-                   "multi-networking (enabled in place when missing, and kept)"):
+    for needle in (
+        "Ray Operator add-on (enabled in place when missing, and kept)",
+        "GCS FUSE CSI driver (enabled in place when missing, and kept)",
+        "Workload Identity (enabled in place when missing, and kept; refused when the cluster uses "
+        "another workload pool)",
+        "Dataplane V2 (refused when missing: GKE chooses the dataplane",
+        "multi-networking (enabled in place when missing, and kept)",
+    ):
         assert needle in cluster.summary
     text = plan.render_text(plan.build(spec, "r1"))
     assert "checked before anything is created" in text and "Dataplane V2 (refused when missing" in text
@@ -199,13 +225,18 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
     project = project_factory()
     name = _team_cluster(project, dataplane_v2=False)
     gke = cluster_manager()
-    two = container_v1.ClusterUpdate(desired_enable_multi_networking=True,
-                                     desired_addons_config={"ray_operator_config": {"enabled": True}})
+    two = container_v1.ClusterUpdate(
+        desired_enable_multi_networking=True, desired_addons_config={"ray_operator_config": {"enabled": True}}
+    )
     with pytest.raises(exceptions.InvalidArgument, match="one update"):
         gke.update_cluster(name=name, update=two)
     with pytest.raises(exceptions.InvalidArgument, match="only be set when a cluster is created"):
-        gke.update_cluster(name=name, update=container_v1.ClusterUpdate(
-            desired_datapath_provider=container_v1.DatapathProvider.ADVANCED_DATAPATH))
+        gke.update_cluster(
+            name=name,
+            update=container_v1.ClusterUpdate(
+                desired_datapath_provider=container_v1.DatapathProvider.ADVANCED_DATAPATH
+            ),
+        )
     with pytest.raises(exceptions.FailedPrecondition, match="requires Dataplane V2"):
         gke.update_cluster(name=name, update=container_v1.ClusterUpdate(desired_enable_multi_networking=True))
     projects = storage.projects_client()
@@ -215,8 +246,13 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
         projects.test_iam_permissions(request={"resource": "projects/someone-else", "permissions": ["a.b.c"]})
     usage = preflight.service_usage_client(None)
     with pytest.raises(exceptions.PermissionDenied):
-        usage.batch_get_services(request={"parent": "projects/someone-else",
-                                          "names": ["projects/someone-else/services/compute.googleapis.com"]})
+        usage.batch_get_services(
+            request={
+                "parent": "projects/someone-else",
+                "names": ["projects/someone-else/services/compute.googleapis.com"],
+            }
+        )
     with pytest.raises(exceptions.NotFound):
-        preflight.compute_client("ReservationsClient", credentials()).get(project=PROJECT, zone="us-east5-b",
-                                                                          reservation="x")
+        preflight.compute_client("ReservationsClient", credentials()).get(
+            project=PROJECT, zone="us-east5-b", reservation="x"
+        )

@@ -83,7 +83,8 @@ def test_iam_policy_bindings(gcs):
     assert policy.version == 1 and policy.etag == "CAE="  # no conditions: answered at version 1
     assert {b["role"]: b["members"] for b in policy.bindings} == {
         "roles/storage.legacyBucketOwner": {f"projectEditor:{PROJECT}", f"projectOwner:{PROJECT}"},
-        "roles/storage.legacyBucketReader": {f"projectViewer:{PROJECT}"}}
+        "roles/storage.legacyBucketReader": {f"projectViewer:{PROJECT}"},
+    }
 
     policy.bindings.append({"role": ROLE, "members": {MEMBER}})
     assert bucket.set_iam_policy(policy).etag == "CAI="
@@ -97,8 +98,10 @@ def test_iam_policy_bindings(gcs):
     current.bindings = [b for b in current.bindings if b["role"] != ROLE]
     bucket.set_iam_policy(current)
     assert gcs.members("tpupipe-ckpt", ROLE) == []
-    assert gcs.members("tpupipe-ckpt", "roles/storage.legacyBucketOwner") == [f"projectEditor:{PROJECT}",
-                                                                               f"projectOwner:{PROJECT}"]
+    assert gcs.members("tpupipe-ckpt", "roles/storage.legacyBucketOwner") == [
+        f"projectEditor:{PROJECT}",
+        f"projectOwner:{PROJECT}",
+    ]
 
     unresolved = f"principal://iam.googleapis.com/projects/{PROJECT}/{POOL}"  # project id where the number goes
     for role, member in ((ROLE, unresolved), (ROLE, "ray@example.com"), ("storage.objectUser", MEMBER)):
@@ -122,8 +125,10 @@ def test_default_retries_of_503(gcs):
     policy = bucket.get_iam_policy(requested_policy_version=3)  # retried
     gcs.fail("buckets.setIamPolicy", 503)
     policy = bucket.set_iam_policy(policy)  # retried: the body carries an etag (DEFAULT_RETRY_IF_ETAG_IN_JSON)
-    assert gcs.state.calls == ["buckets.insert"] * 2 + ["buckets.get"] * 2 + ["buckets.getIamPolicy"] * 2 + [
-        "buckets.setIamPolicy"] * 2
+    assert (
+        gcs.state.calls
+        == ["buckets.insert"] * 2 + ["buckets.get"] * 2 + ["buckets.getIamPolicy"] * 2 + ["buckets.setIamPolicy"] * 2
+    )
 
     gcs.state.calls.clear()
     policy.etag = None
@@ -186,8 +191,12 @@ def test_object_upload_get_download_delete(gcs, tmp_path):
 
     assert blob.exists() and not bucket.blob("runs/r1/other").exists()
     got = client().bucket("tpupipe-ckpt").get_blob(CONTEXT)  # the name's "/" travel URL-encoded
-    assert (got.size, got.md5_hash, got.crc32c, got.generation) == (len(data), blob.md5_hash, blob.crc32c,
-                                                                      blob.generation)
+    assert (got.size, got.md5_hash, got.crc32c, got.generation) == (
+        len(data),
+        blob.md5_hash,
+        blob.crc32c,
+        blob.generation,
+    )
     assert got.time_created and got.metageneration == 1 and got.storage_class == "STANDARD"
     assert client().bucket("tpupipe-ckpt").get_blob("runs/r1/missing") is None
     assert got.download_as_bytes() == data  # through mediaLink, the client checking the x-goog-hash it is sent
@@ -265,8 +274,13 @@ def test_object_faults_and_retries(gcs):
 def test_objects_are_listed_by_prefix_delimiter_and_match_glob(gcs):
     c = client()
     bucket = create(c, "tpupipe-runs")
-    for name in ("runs/a/ledger.json", "runs/a/stages/train.json", "runs/b/ledger.json", "runs/b/ckpt/ledger.json",
-                 "other/c/ledger.json"):
+    for name in (
+        "runs/a/ledger.json",
+        "runs/a/stages/train.json",
+        "runs/b/ledger.json",
+        "runs/b/ckpt/ledger.json",
+        "other/c/ledger.json",
+    ):
         bucket.blob(name).upload_from_string(b"{}")
     globbed = c.list_blobs("tpupipe-runs", prefix="runs/", match_glob="runs/*/ledger.json")
     assert [b.name for b in globbed] == ["runs/a/ledger.json", "runs/b/ledger.json"]  # * stays in one segment

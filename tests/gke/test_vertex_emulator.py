@@ -22,28 +22,40 @@ IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/pipeline:tiny"
 KEY = "pipelinechannel--register-Output"
 
 
-@pytest.mark.parametrize(("condition", "values", "holds"), [
-    (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "promote"}, True),
-    (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "keep"}, False),
-    (f"inputs.parameter_values['{KEY}'] != 'promote'", {KEY: "keep"}, True),
-    (f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2", {KEY: "k", "n": 3},
-     True),
-    (f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2", {KEY: "k", "n": 2},
-     False),
-    ("inputs.parameter_values['a'] == 'x' || inputs.parameter_values['b'] == \"y\"", {"a": "z", "b": "y"}, True),
-    ("inputs.parameter_values['n'] <= 1.5", {"n": 1}, True),
-    ("inputs.parameter_values['flag'] == true", {"flag": True}, True),
-])
+@pytest.mark.parametrize(
+    ("condition", "values", "holds"),
+    [
+        (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "promote"}, True),
+        (f"inputs.parameter_values['{KEY}'] == 'promote'", {KEY: "keep"}, False),
+        (f"inputs.parameter_values['{KEY}'] != 'promote'", {KEY: "keep"}, True),
+        (
+            f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2",
+            {KEY: "k", "n": 3},
+            True,
+        ),
+        (
+            f"!(inputs.parameter_values['{KEY}'] == 'promote') && inputs.parameter_values['n'] > 2",
+            {KEY: "k", "n": 2},
+            False,
+        ),
+        ("inputs.parameter_values['a'] == 'x' || inputs.parameter_values['b'] == \"y\"", {"a": "z", "b": "y"}, True),
+        ("inputs.parameter_values['n'] <= 1.5", {"n": 1}, True),
+        ("inputs.parameter_values['flag'] == true", {"flag": True}, True),
+    ],
+)
 def test_conditions_read_as_vertex_reads_them(condition, values, holds):
     assert condition_holds(condition, values) is holds
 
 
-@pytest.mark.parametrize(("condition", "message"), [
-    ("inputs.parameter_values['missing'] == 'x'", "not an input of the task"),
-    ("size(inputs.parameter_values['a']) > 1", "cannot read the condition"),
-    ("(inputs.parameter_values['a'] == 'x'", "unbalanced parentheses|ends too soon"),
-    ("inputs.parameter_values['a'] ==", "ends too soon"),
-])
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        ("inputs.parameter_values['missing'] == 'x'", "not an input of the task"),
+        ("size(inputs.parameter_values['a']) > 1", "cannot read the condition"),
+        ("(inputs.parameter_values['a'] == 'x'", "unbalanced parentheses|ends too soon"),
+        ("inputs.parameter_values['a'] ==", "ends too soon"),
+    ],
+)
 def test_a_condition_it_cannot_read_is_an_error_not_a_branch_skipped(condition, message):
     with pytest.raises(ConditionError, match=message):
         condition_holds(condition, {"a": "x"})
@@ -80,8 +92,9 @@ def vertex(tmp_path, monkeypatch):
     registry = ArtifactRegistryEmulator()
     registry.push(IMAGE, "sha256:" + "ab" * 32)
     models = ModelServiceEmulator(token=token)
-    emulator = VertexEmulator(None, registry, {}, python_bin=Path(sys.executable).parent, workdir=tmp_path,
-                              token=token, models=models)
+    emulator = VertexEmulator(
+        None, registry, {}, python_bin=Path(sys.executable).parent, workdir=tmp_path, token=token, models=models
+    )
     endpoint = emulator.start()
     for key, value in ((VERTEX_ENDPOINT_ENV, endpoint), (EMULATOR_HOST_ENV, endpoint), (EMULATOR_TOKEN_ENV, token)):
         monkeypatch.setenv(key, value)
@@ -99,14 +112,20 @@ def _run(vertex, tmp_path, job_id: str, value: str) -> dict:
 
     template = tmp_path / "gated.yaml"
     compiler.Compiler().compile(gated, str(template))
-    client = aiplatform_v1.PipelineServiceClient(credentials=credentials(), transport="rest",
-                                                 client_options={"api_endpoint": vertex.endpoint})
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
+    )
     job = aiplatform_v1.PipelineJob(
-        display_name="gated", pipeline_spec=yaml.safe_load(template.read_text()),
-        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-pipeline-root/{job_id}",
-                        "parameter_values": {"value": value}})
-    created = client.create_pipeline_job(parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job,
-                                         pipeline_job_id=job_id)
+        display_name="gated",
+        pipeline_spec=yaml.safe_load(template.read_text()),
+        runtime_config={
+            "gcs_output_directory": f"gs://{PROJECT}-pipeline-root/{job_id}",
+            "parameter_values": {"value": value},
+        },
+    )
+    created = client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id=job_id
+    )
     resource = vertex.wait(created.name, timeout_s=300)
     tasks = {t["taskName"]: t["state"] for t in resource["jobDetail"]["taskDetails"]}
     return {"state": resource["state"], "tasks": tasks, "logs": vertex.job(created.name).logs}
@@ -129,16 +148,34 @@ def test_the_model_registry_is_served_on_the_pipelines_endpoint(vertex):
     from components.registry import open_registry
 
     registry = open_registry(project=PROJECT, region=REGION, retry_delays_s=(0.01,))
-    provenance = {key: None for key in ("preset", "spec_hash", "base_model", "data_snapshot", "trainer_image",
-                                        "git_sha", "accelerator", "topology", "slices", "tokens_seen", "restarts",
-                                        "preemptions", "eval_loss_before", "eval_loss_after", "pipeline_job",
-                                        "run_id")}
+    provenance = {
+        key: None
+        for key in (
+            "preset",
+            "spec_hash",
+            "base_model",
+            "data_snapshot",
+            "trainer_image",
+            "git_sha",
+            "accelerator",
+            "topology",
+            "slices",
+            "tokens_seen",
+            "restarts",
+            "preemptions",
+            "eval_loss_before",
+            "eval_loss_after",
+            "pipeline_job",
+            "run_id",
+        )
+    }
     version = registry.register("gemma-ft", f"gs://{PROJECT}-tpupipe/runs/r/checkpoint", provenance)
     registry.promote("gemma-ft", version.version)
     assert registry.champion("gemma-ft").version == "1"
     assert vertex.models.calls.count("UploadModel") == 1 and "MergeVersionAliases" in vertex.models.calls
     # The pipelines are still answered there: an unknown job is the PipelineService's 404.
-    client = aiplatform_v1.PipelineServiceClient(credentials=credentials(), transport="rest",
-                                                 client_options={"api_endpoint": vertex.endpoint})
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
+    )
     with pytest.raises(exceptions.NotFound, match="PipelineJob .*nope does not exist"):
         client.get_pipeline_job(name=f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/nope")

@@ -9,8 +9,17 @@ from pipelines.pipeline import Target, compile_pipeline
 
 TARGET = Target(project="my-project", region="us-east5")
 
-STAGES = {"provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "register", "promote",
-          "teardown"}
+STAGES = {
+    "provision",
+    "build-image",
+    "deploy-raycluster",
+    "check-slice",
+    "train",
+    "evaluate",
+    "register",
+    "promote",
+    "teardown",
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +35,9 @@ def _inner(compiled) -> dict:
 
 def _gate_condition(compiled) -> tuple[str, dict]:
     """The exit handler's one conditional task: (its name, its spec)."""
-    (found,) = [(name, task) for name, task in _inner(compiled).items()
-                if task.get("triggerPolicy", {}).get("condition")]
+    (found,) = [
+        (name, task) for name, task in _inner(compiled).items() if task.get("triggerPolicy", {}).get("condition")
+    ]
     return found
 
 
@@ -64,8 +74,11 @@ def test_promote_runs_only_when_the_gate_says_promote(compiled):
     # The condition reads register's one output, "Output": kfp.local resolves a condition's task output only in
     # that form (pipelinechannel--<task>-Output); a named output would read as a missing parent input there, and the
     # branch would never run.
-    (decision,) = [key for key, b in bindings.items()
-                   if b.get("taskOutputParameter") == {"producerTask": "register", "outputParameterKey": "Output"}]
+    (decision,) = [
+        key
+        for key, b in bindings.items()
+        if b.get("taskOutputParameter") == {"producerTask": "register", "outputParameterKey": "Output"}
+    ]
     assert decision == "pipelinechannel--register-Output"
     condition = task["triggerPolicy"]["condition"]
     assert condition == f"inputs.parameter_values['{decision}'] == 'promote'"
@@ -78,17 +91,28 @@ def test_promote_runs_only_when_the_gate_says_promote(compiled):
 def test_register_takes_the_evaluation_and_outputs_the_decision(compiled):
     register = _inner(compiled)["register"]
     assert register["inputs"]["parameters"]["eval_result"]["taskOutputParameter"] == {
-        "producerTask": "evaluate", "outputParameterKey": "Output"}
-    assert register["inputs"]["parameters"]["source_version"] == {"componentInputParameter": "pipelinechannel--"
-                                                                  "source_version"}
+        "producerTask": "evaluate",
+        "outputParameterKey": "Output",
+    }
+    assert register["inputs"]["parameters"]["source_version"] == {
+        "componentInputParameter": "pipelinechannel--source_version"
+    }
     outputs = compiled["components"]["comp-register"]["outputDefinitions"]
     assert {name: p["parameterType"] for name, p in outputs["parameters"].items()} == {"Output": "STRING"}
 
 
 def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {"preset", "platform", "overrides", "run_id", "output_root", "project", "bucket",
-                           "source_version"}
+    assert set(params) == {
+        "preset",
+        "platform",
+        "overrides",
+        "run_id",
+        "output_root",
+        "project",
+        "bucket",
+        "source_version",
+    }
     for name, p in params.items():
         assert p["parameterType"] == "STRING", name
         assert "defaultValue" in p, name
@@ -112,10 +136,15 @@ def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
 
     path = tmp_path / "pipeline.yaml"
     compile_pipeline(str(path), TARGET)
-    job = aiplatform.PipelineJob(display_name="offline", template_path=str(path), project="my-project",
-                                 location="us-east5", pipeline_root="gs://my-project-tpupipe/pipeline-root",
-                                 parameter_values={"preset": "llama3-8b-v6e-16x2"},
-                                 credentials=AnonymousCredentials())
+    job = aiplatform.PipelineJob(
+        display_name="offline",
+        template_path=str(path),
+        project="my-project",
+        location="us-east5",
+        pipeline_root="gs://my-project-tpupipe/pipeline-root",
+        parameter_values={"preset": "llama3-8b-v6e-16x2"},
+        credentials=AnonymousCredentials(),
+    )
     resource = job.to_dict()
     assert resource["runtimeConfig"]["parameterValues"] == {"preset": "llama3-8b-v6e-16x2"}
     defaults = resource["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
@@ -162,7 +191,10 @@ def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
         return {name: a["artifactType"]["schemaTitle"] for name, a in outputs.items()}
 
     assert artifacts("comp-train") == {"metrics": "system.Metrics", "loss_curve": "system.HTML"}
-    assert artifacts("comp-evaluate") == {"metrics": "system.Metrics", "summary": "system.Markdown",
-                                          "model": "system.Model"}
+    assert artifacts("comp-evaluate") == {
+        "metrics": "system.Metrics",
+        "summary": "system.Markdown",
+        "model": "system.Model",
+    }
     assert artifacts("comp-register") == {"metrics": "system.Metrics", "gate": "system.Markdown"}
     assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}

@@ -23,8 +23,9 @@ def test_one_task_that_sweeps_in_the_components_image(compiled):
     assert compiled["pipelineInfo"]["name"] == "tpupipe-janitor"
     assert set(compiled["root"]["dag"]["tasks"]) == {"janitor"}
     (executor,) = compiled["deploymentSpec"]["executors"].values()
-    assert executor["container"]["image"] == f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:" \
-                                             f"{image_tag('pipeline')}"
+    assert (
+        executor["container"]["image"] == f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"
+    )
     program = " ".join(executor["container"]["command"] + executor["container"].get("args", []))
     assert "components.platforms.gke.janitor import run_component" in program and "pip install" not in program
     task = compiled["root"]["dag"]["tasks"]["janitor"]

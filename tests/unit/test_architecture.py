@@ -70,7 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             if node.startswith(nxt + "."):  # a submodule importing its parent package: Python runs that first
                 continue
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if state.get(nxt) is None:
                 found = visit(nxt)
                 if found:
@@ -96,13 +96,22 @@ SHARED_BY_PLATFORMS = ("components.platforms", "components.spec", "components.tp
 RULES = [  # (who, may import from the project only these, why)
     ("components.spec", ("components.spec",), "spec imports nothing else of the project"),
     ("components.tpu", ("components.tpu",), "tpu imports nothing else of the project"),
-    ("components.workload", ("components.workload", "components.spec", "components.tpu"),
-     "workload builds on spec and tpu only"),
-    ("trainers", ("trainers", "components.spec", "components.tpu"),
-     "trainers import from components only spec and tpu"),
+    (
+        "components.workload",
+        ("components.workload", "components.spec", "components.tpu"),
+        "workload builds on spec and tpu only",
+    ),
+    (
+        "trainers",
+        ("trainers", "components.spec", "components.tpu"),
+        "trainers import from components only spec and tpu",
+    ),
     *[(platform, (platform, *SHARED_BY_PLATFORMS), "no platform imports another") for platform in PLATFORMS],
-    ("components.registry", ("components.registry", "components.spec", "components.platforms.credentials"),
-     "the registry builds on spec and the Google credentials only"),
+    (
+        "components.registry",
+        ("components.registry", "components.spec", "components.platforms.credentials"),
+        "the registry builds on spec and the Google credentials only",
+    ),
 ]
 
 
@@ -136,32 +145,63 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
-    root = _tree(tmp_path, {
-        "components/__init__.py": "",
-        "components/spec/__init__.py": "",
-        "components/a.py": "def f():\n    from components import b\n",
-        "components/b.py": "from components.a import f\n",
-    })
-    assert find_cycle(import_graph(root)) in (["components.a", "components.b", "components.a"],
-                                              ["components.b", "components.a", "components.b"])
+    root = _tree(
+        tmp_path,
+        {
+            "components/__init__.py": "",
+            "components/spec/__init__.py": "",
+            "components/a.py": "def f():\n    from components import b\n",
+            "components/b.py": "from components.a import f\n",
+        },
+    )
+    assert find_cycle(import_graph(root)) in (
+        ["components.a", "components.b", "components.a"],
+        ["components.b", "components.a", "components.b"],
+    )
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"components/spec/x.py": "def f():\n    from components.tpu import catalogue\n"},
-     "components.spec.x imports components.tpu.catalogue: spec imports nothing else of the project"),
-    ({"trainers/t.py": "from components.workload import derive\n"},
-     "trainers.t imports components.workload.derive: trainers import from components only spec and tpu"),
-    ({"components/platforms/gke/p.py": "from components.platforms.local import cluster\n"},
-     "components.platforms.gke.p imports components.platforms.local.cluster: no platform imports another"),
-    ({"components/registry/r.py": "from components.platforms import ledger\n"},
-     "components.registry.r imports components.platforms.ledger: the registry builds on spec and the Google "
-     "credentials only"),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"components/spec/x.py": "def f():\n    from components.tpu import catalogue\n"},
+            "components.spec.x imports components.tpu.catalogue: spec imports nothing else of the project",
+        ),
+        (
+            {"trainers/t.py": "from components.workload import derive\n"},
+            "trainers.t imports components.workload.derive: trainers import from components only spec and tpu",
+        ),
+        (
+            {"components/platforms/gke/p.py": "from components.platforms.local import cluster\n"},
+            "components.platforms.gke.p imports components.platforms.local.cluster: no platform imports another",
+        ),
+        (
+            {"components/registry/r.py": "from components.platforms import ledger\n"},
+            "components.registry.r imports components.platforms.ledger: the registry builds on spec and the Google "
+            "credentials only",
+        ),
+    ],
+)
 def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
-    base = {f"{d}/__init__.py": "" for d in ("components", "components/spec", "components/tpu", "components/workload",
-                                           "components/platforms", "components/platforms/local",
-                                           "components/platforms/gke", "components/registry", "trainers")}
-    base |= {"components/tpu/catalogue.py": "", "components/workload/derive.py": "",
-             "components/platforms/local/cluster.py": "", "components/platforms/ledger.py": ""}
+    base = {
+        f"{d}/__init__.py": ""
+        for d in (
+            "components",
+            "components/spec",
+            "components/tpu",
+            "components/workload",
+            "components/platforms",
+            "components/platforms/local",
+            "components/platforms/gke",
+            "components/registry",
+            "trainers",
+        )
+    }
+    base |= {
+        "components/tpu/catalogue.py": "",
+        "components/workload/derive.py": "",
+        "components/platforms/local/cluster.py": "",
+        "components/platforms/ledger.py": "",
+    }
     root = _tree(tmp_path, base | files)
     assert violations(import_graph(root)) == [expected]

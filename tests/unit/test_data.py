@@ -60,4 +60,7 @@ def test_the_evaluation_measures_the_start_the_result_and_the_champion():
 
     assert models_to_measure({"checkpoint": "/ck"}) == [("before", ""), ("after", "/ck")]
     assert models_to_measure({"checkpoint": "/ck", "init_from": "/start", "champion": "/champ"}) == [
-        ("before", "/start"), ("after", "/ck"), ("champion", "/champ")]
+        ("before", "/start"),
+        ("after", "/ck"),
+        ("champion", "/champ"),
+    ]

@@ -17,8 +17,10 @@ from components.workload import maxtext, resolve
 # family: (preset, overrides for one multi-host slice of the family)
 FAMILY_SPECS = {
     "v5e": ("gemma4-e2b-v6e-16", "cluster.accelerator=v5e cluster.topology=4x4 cluster.num_hosts=4"),
-    "v5p": ("gemma4-e2b-v6e-16", "cluster.accelerator=v5p cluster.topology=2x2x2 cluster.num_hosts=2 "
-                                 "train.num_workers=0"),
+    "v5p": (
+        "gemma4-e2b-v6e-16",
+        "cluster.accelerator=v5p cluster.topology=2x2x2 cluster.num_hosts=2 train.num_workers=0",
+    ),
     "v6e": ("gemma4-e2b-v6e-16", ""),
     "tpu7x": ("gemma4-e2b-tpu7x-16", ""),
 }
@@ -29,8 +31,17 @@ FAMILY_FACTS = {
     "v5e": ("ct5lp-hightpu-4t", 4, 4, "tpu-v5-lite-podslice", "TPU-V5LITEPOD", 4, {"tpuTopology": "4x4"}, None, 16),
     "v5p": ("ct5p-hightpu-4t", 2, 4, "tpu-v5p-slice", "TPU-V5P", 4, {"tpuTopology": "2x2x2"}, None, 8),
     "v6e": ("ct6e-standard-4t", 4, 4, "tpu-v6e-slice", "TPU-V6E", 4, {"tpuTopology": "4x4"}, None, 16),
-    "tpu7x": ("tpu7x-standard-4t", 2, 4, "tpu7x", "TPU-V7X", 8,
-              {"policyName": "gemma4-e2b-tpu7x-16-placement"}, {"TPU": "8"}, 16),
+    "tpu7x": (
+        "tpu7x-standard-4t",
+        2,
+        4,
+        "tpu7x",
+        "TPU-V7X",
+        8,
+        {"policyName": "gemma4-e2b-tpu7x-16-placement"},
+        {"TPU": "8"},
+        16,
+    ),
 }
 
 
@@ -87,8 +98,10 @@ def test_worker_group_per_family(family):
     assert selector[r.NODE_LABEL_TOPOLOGY] == spec.cluster.topology
     assert group.get("resources") == ray_resources
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
-    head_env = {e["name"]: e.get("value")
-                for e in m.raycluster(spec, t)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    head_env = {
+        e["name"]: e.get("value")
+        for e in m.raycluster(spec, t)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    }
     if family == "tpu7x":
         assert env["RAY_TPU_RESOURCE_PER_CHIP"] == head_env["RAY_TPU_RESOURCE_PER_CHIP"] == "2"
     else:
@@ -108,8 +121,11 @@ def test_scaling_config_per_family(family):
         "resources_per_worker": {"TPU": 1},
     }
     assert torch_workers == devices_per_host * hosts
-    jax = resolve(preset, overrides + " train.workload=maxtext train.num_workers=0 "
-                                      "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=1")
+    jax = resolve(
+        preset,
+        overrides + " train.workload=maxtext train.num_workers=0 "
+        "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=1",
+    )
     assert d.scaling_config_args(jax) == {
         "num_workers": hosts,  # JAX: one worker per host, holding all its devices
         "use_tpu": True,
@@ -134,8 +150,12 @@ def test_scaling_config_on_cpu_is_what_the_trainer_always_used():
 
 def test_seed_a_scaling_config_and_elastic_range():
     assert d.scaling_config_args(resolve("llama3-8b-v6e-16x2")) == {
-        "num_workers": 8, "use_tpu": True, "topology": "4x4", "accelerator_type": "TPU-V6E",
-        "resources_per_worker": {"TPU": 4}, "placement_strategy": "SPREAD",
+        "num_workers": 8,
+        "use_tpu": True,
+        "topology": "4x4",
+        "accelerator_type": "TPU-V6E",
+        "resources_per_worker": {"TPU": 4},
+        "placement_strategy": "SPREAD",
     }
     elastic = resolve("llama3-8b-v6e-elastic-spot")
     assert d.scaling_config_args(elastic)["num_workers"] == (4, 8)
@@ -146,29 +166,34 @@ def test_seed_a_scaling_config_and_elastic_range():
 
 @pytest.mark.parametrize("topology, hosts", [("2x2", 1), ("2x4", 1), ("1x1", 1)])
 def test_single_host_slices_have_no_tpu_topology(topology, hosts):
-    spec, t = spec_and_target("gemma4-e2b-v6e-16", f"cluster.topology={topology} cluster.num_hosts={hosts} "
-                                                    "train.num_workers=0")
+    spec, t = spec_and_target(
+        "gemma4-e2b-v6e-16", f"cluster.topology={topology} cluster.num_hosts={hosts} train.num_workers=0"
+    )
     (pool,) = r.tpu_node_pools(spec, t)
     assert "placementPolicy" not in pool
     assert r.workload_policy(spec, t) is None
 
 
 def test_tpu7x_multi_host_slices_are_placed_by_a_workload_policy():
-    spec, t = spec_and_target("gemma4-e2b-tpu7x-16", "cluster.topology=4x4x4 cluster.num_hosts=16 "
-                                                     "cluster.num_slices=2 train.num_workers=0")
+    spec, t = spec_and_target(
+        "gemma4-e2b-tpu7x-16", "cluster.topology=4x4x4 cluster.num_hosts=16 cluster.num_slices=2 train.num_workers=0"
+    )
     policy = r.workload_policy(spec, t)
     assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4x4"}
     assert policy["region"] == "us-central1"
     pools = r.tpu_node_pools(spec, t)
     assert [p["placementPolicy"] for p in pools] == [{"policyName": policy["name"]}] * 2
-    single, ts = spec_and_target("gemma4-e2b-tpu7x-16", "cluster.topology=2x2x1 cluster.num_hosts=1 "
-                                                        "train.num_workers=0")
+    single, ts = spec_and_target(
+        "gemma4-e2b-tpu7x-16", "cluster.topology=2x2x1 cluster.num_hosts=1 train.num_workers=0"
+    )
     assert r.workload_policy(single, ts) is None
 
 
 def test_one_node_pool_per_slice_with_distinct_names():
-    spec, t = spec_and_target("llama3-8b-v6e-16x2", "cluster.topology=16x16 cluster.num_hosts=64 "
-                                                    "cluster.num_slices=64 maxtext.ici_fsdp_parallelism=-1")
+    spec, t = spec_and_target(
+        "llama3-8b-v6e-16x2",
+        "cluster.topology=16x16 cluster.num_hosts=64 cluster.num_slices=64 maxtext.ici_fsdp_parallelism=-1",
+    )
     pools = r.tpu_node_pools(spec, t)
     assert len(pools) == 64 and len({p["name"] for p in pools}) == 64
     assert {p["config"]["labels"][names.SLICE_LABEL] for p in pools} == {str(i) for i in range(64)}
@@ -194,8 +219,12 @@ def test_capacity_types(capacity):
         if capacity == "flex-start":
             assert config["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
             assert pool["initialNodeCount"] == 0
-            assert pool["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4,
-                                           "locationPolicy": "ANY"}
+            assert pool["autoscaling"] == {
+                "enabled": True,
+                "minNodeCount": 0,
+                "maxNodeCount": 4,
+                "locationPolicy": "ANY",
+            }
             assert pool["management"] == {"autoRepair": False}
         else:
             assert pool["initialNodeCount"] == 4 and "autoscaling" not in pool
@@ -213,12 +242,17 @@ def test_dcn_networking_the_tutorials_way():
         ]
         assert pool["config"]["labels"][r.DRA_NETWORKING_LABEL] == "true"
         assert pool["config"]["gvnic"] == {"enabled": True}
-    assert r.cluster(spec, t)["networkConfig"] == {"datapathProvider": "ADVANCED_DATAPATH",
-                                                   "enableMultiNetworking": True}
+    assert r.cluster(spec, t)["networkConfig"] == {
+        "datapathProvider": "ADVANCED_DATAPATH",
+        "enableMultiNetworking": True,
+    }
     claim = m.dcn_claim_template(spec, t)
     assert claim["apiVersion"] == "resource.k8s.io/v1"
     assert claim["spec"]["spec"]["devices"]["requests"][0]["exactly"] == {
-        "deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}
+        "deviceClassName": "netdev.google.com",
+        "allocationMode": "ExactCount",
+        "count": 2,
+    }
     worker = m.raycluster(spec, t)["spec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["resourceClaims"] == [{"name": "dcn-nics", "resourceClaimTemplateName": claim["metadata"]["name"]}]
     assert worker["containers"][0]["resources"]["claims"] == [{"name": "dcn-nics"}]
@@ -243,10 +277,15 @@ def test_dcn_networking_with_the_accelerator_network_profile():
 def test_the_accelerator_network_profile_refuses_tpu7x():
     from components.spec import SpecError
 
-    with pytest.raises(SpecError, match="^gke.multislice_network: the accelerator network profile does not support "
-                                        "tpu7x.*valid: dcn_networks, none"):
-        resolve("gemma4-e2b-tpu7x-16", "cluster.num_slices=2 train.num_workers=0 "
-                                       "gke.multislice_network=accelerator_network_profile")
+    with pytest.raises(
+        SpecError,
+        match="^gke.multislice_network: the accelerator network profile does not support "
+        "tpu7x.*valid: dcn_networks, none",
+    ):
+        resolve(
+            "gemma4-e2b-tpu7x-16",
+            "cluster.num_slices=2 train.num_workers=0 gke.multislice_network=accelerator_network_profile",
+        )
     resolve("gemma4-e2b-tpu7x-16", "cluster.num_slices=2 train.num_workers=0 gke.multislice_network=dcn_networks")
 
 
@@ -289,10 +328,16 @@ def test_autopilot_cluster_and_capacity_selectors():
     assert t.location == "us-east5" and r.tpu_node_pools(spec, t) == [] and r.cpu_node_pool(spec, t) is None
     container_types().Cluster.from_json(json.dumps(body))
     selector = m.raycluster(spec, t)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
-    assert selector == {r.NODE_LABEL_ACCELERATOR: "tpu-v6e-slice", r.NODE_LABEL_TOPOLOGY: "4x4",
-                        "cloud.google.com/gke-spot": "true"}
-    shared, ts = spec_and_target("gemma4-e2b-v6e-16", "gke.cluster_mode=autopilot cluster.capacity=reservation "
-                                                      "cluster.reservation=projects/other-project/reservations/r1")
+    assert selector == {
+        r.NODE_LABEL_ACCELERATOR: "tpu-v6e-slice",
+        r.NODE_LABEL_TOPOLOGY: "4x4",
+        "cloud.google.com/gke-spot": "true",
+    }
+    shared, ts = spec_and_target(
+        "gemma4-e2b-v6e-16",
+        "gke.cluster_mode=autopilot cluster.capacity=reservation "
+        "cluster.reservation=projects/other-project/reservations/r1",
+    )
     selector = m.raycluster(shared, ts)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
     assert selector["cloud.google.com/reservation-name"] == "r1"
     assert selector["cloud.google.com/reservation-project"] == "other-project"
@@ -339,13 +384,17 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
         pod = group["template"]
         # the sidecar's limits lifted, as the seed's sample does for 70B checkpoints
         assert pod["metadata"]["annotations"] == {
-            "gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
-            "gke-gcsfuse/ephemeral-storage-limit": "0"}
+            "gke-gcsfuse/volumes": "true",
+            "gke-gcsfuse/cpu-limit": "0",
+            "gke-gcsfuse/memory-limit": "0",
+            "gke-gcsfuse/ephemeral-storage-limit": "0",
+        }
         assert pod["spec"]["serviceAccountName"] == t.service_account == names.service_account(t.run_id)
         (volume,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
-        assert volume["csi"] == {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
-            "bucketName": "my-project-tpupipe",
-            "mountOptions": "implicit-dirs,uid=1000,gid=1000"}}  # no file cache: there is no cache volume
+        assert volume["csi"] == {
+            "driver": "gcsfuse.csi.storage.gke.io",
+            "volumeAttributes": {"bucketName": "my-project-tpupipe", "mountOptions": "implicit-dirs,uid=1000,gid=1000"},
+        }  # no file cache: there is no cache volume
         assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
         assert {"name": volume["name"], "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
     binding = r.bucket_binding(t)
@@ -367,7 +416,7 @@ def test_the_train_job_command_carries_the_spec_and_the_stage_submission_id():
 def test_the_maxtext_job_command_ends_with_the_exact_maxtext_arguments():
     spec, t = spec_and_target("llama3-8b-v6e-16x2")
     argv = shlex.split(r.entrypoint(spec, t))
-    assert argv[argv.index("--") + 1:] == maxtext.train_args(spec, t.run_dir, t.run_id)
+    assert argv[argv.index("--") + 1 :] == maxtext.train_args(spec, t.run_dir, t.run_id)
     assert "model_name=llama3-8b" in argv and "ici_tensor_parallelism=4" in argv
 
 

@@ -41,18 +41,21 @@ def test_a_learning_rate_of_zero_is_a_run_that_trains_nothing():
     assert resolve("local-fsdp", "train.learning_rate=0").train.learning_rate == 0.0
 
 
-@pytest.mark.parametrize(("overrides", "field", "message"), [
-    ("gate.model=Gemma", "gate.model", "'Gemma' is not a model name"),
-    ("gate.model=9lives", "gate.model", "is not a model name"),
-    ("gate.min_improvement=-0.1", "gate.min_improvement", "from 0 (any) to below 1, got -0.1"),
-    ("gate.min_improvement=1", "gate.min_improvement", "got 1.0"),
-    ("gate.register=maybe", "gate.register", "expected bool"),
-    ("train.init_from=gemma-ft", "train.init_from", "'gemma-ft' names no registered version"),
-    ("train.init_from=Gemma@3", "train.init_from", "names no registered version"),
-    ("train.init_from=gemma-ft@", "train.init_from", "names no registered version"),
-    ("train.init_from=gemma-ft@v/1", "train.init_from", "names no registered version"),
-    ("train.learning_rate=-1e-4", "train.learning_rate", "must be 0 or more"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        ("gate.model=Gemma", "gate.model", "'Gemma' is not a model name"),
+        ("gate.model=9lives", "gate.model", "is not a model name"),
+        ("gate.min_improvement=-0.1", "gate.min_improvement", "from 0 (any) to below 1, got -0.1"),
+        ("gate.min_improvement=1", "gate.min_improvement", "got 1.0"),
+        ("gate.register=maybe", "gate.register", "expected bool"),
+        ("train.init_from=gemma-ft", "train.init_from", "'gemma-ft' names no registered version"),
+        ("train.init_from=Gemma@3", "train.init_from", "names no registered version"),
+        ("train.init_from=gemma-ft@", "train.init_from", "names no registered version"),
+        ("train.init_from=gemma-ft@v/1", "train.init_from", "names no registered version"),
+        ("train.learning_rate=-1e-4", "train.learning_rate", "must be 0 or more"),
+    ],
+)
 def test_bad_gate_and_init_from_fields_are_named(overrides, field, message):
     with pytest.raises(SpecError) as info:
         resolve("local-fsdp", overrides)
@@ -89,8 +92,9 @@ def test_the_gke_dry_run_lists_the_registry_calls_of_the_stages_that_make_them(t
     model = "projects/my-project/locations/europe-west4/models/gemma-ft"
     train, evaluate, register, promote = (lines.index(stage) for stage in ("train", "evaluate", "register", "promote"))
     assert lines[train + 1] == f"  read          aiplatform.models.get {model}@champion (train.init_from)"
-    assert lines[evaluate + 1] == (f"  read          aiplatform.models.get {model}@champion (measured beside the new "
-                                   "model)")
+    assert lines[evaluate + 1] == (
+        f"  read          aiplatform.models.get {model}@champion (measured beside the new model)"
+    )
     assert lines[register + 1].startswith(f"  upload        aiplatform.models.upload {model} ")
     assert lines[promote + 1].startswith(f"  alias         aiplatform.models.mergeVersionAliases {model}@")
     off = walk("gate.register=false")
@@ -106,15 +110,30 @@ def test_the_first_version_is_promoted():
     assert d.reason == "promoted m@1 to champion: there was no champion yet (held-out 1.2500)"
 
 
-@pytest.mark.parametrize(("new", "champion", "minimum", "decision", "reason"), [
-    (1.5, 2.0, 0.0, "promote", "promoted m@2 to champion: held-out 1.5000 vs champion m@1 2.0000, 25.00% better "
-                               "(gate.min_improvement 0.00%)"),
-    (1.5, 2.0, 0.25, "promote", "25.00% better (gate.min_improvement 25.00%)"),  # exactly the threshold
-    (1.5, 2.0, 0.5, "keep", "kept champion m@1: m@2 held-out 1.5000 vs champion m@1 2.0000, 25.00% better, short of "
-                            "gate.min_improvement 50.00%"),
-    (2.5, 2.0, 0.0, "keep", "kept champion m@1: m@2 held-out 2.5000 vs champion m@1 2.0000, 25.00% worse"),
-    (2.0, 2.0, 0.0, "keep", "kept champion m@1: m@2 held-out 2.0000 vs champion m@1 2.0000, not better"),
-])
+@pytest.mark.parametrize(
+    ("new", "champion", "minimum", "decision", "reason"),
+    [
+        (
+            1.5,
+            2.0,
+            0.0,
+            "promote",
+            "promoted m@2 to champion: held-out 1.5000 vs champion m@1 2.0000, 25.00% better "
+            "(gate.min_improvement 0.00%)",
+        ),
+        (1.5, 2.0, 0.25, "promote", "25.00% better (gate.min_improvement 25.00%)"),  # exactly the threshold
+        (
+            1.5,
+            2.0,
+            0.5,
+            "keep",
+            "kept champion m@1: m@2 held-out 1.5000 vs champion m@1 2.0000, 25.00% better, short of "
+            "gate.min_improvement 50.00%",
+        ),
+        (2.5, 2.0, 0.0, "keep", "kept champion m@1: m@2 held-out 2.5000 vs champion m@1 2.0000, 25.00% worse"),
+        (2.0, 2.0, 0.0, "keep", "kept champion m@1: m@2 held-out 2.0000 vs champion m@1 2.0000, not better"),
+    ],
+)
 def test_the_gate_promotes_only_a_large_enough_improvement(new, champion, minimum, decision, reason):
     d = gate.decide(new, champion, minimum, "m@2", "m@1")
     assert d.decision == decision and reason in d.reason
@@ -132,13 +151,16 @@ LOCAL_BUILD = {"image": "local/torch@0123456789ab", "digest": "0123456789ab", "r
 GKE_BUILD = {"image": "us-east5-docker.pkg.dev/p/tpupipe/torch:run-1", "built": True, "digest": "sha256:" + "ab" * 32}
 
 
-@pytest.mark.parametrize(("build", "pinned"), [
-    (LOCAL_BUILD, "local/torch@sha256:0123456789ab"),  # a local environment's content hash
-    (GKE_BUILD, "us-east5-docker.pkg.dev/p/tpupipe/torch:run-1@sha256:" + "ab" * 32),
-    ({"image": "r/torch@sha256:" + "cd" * 32, "built": False}, "r/torch@sha256:" + "cd" * 32),
-    ({"image": "r/torch:latest", "built": False}, None),  # gke.image by tag: a tag can move
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("build", "pinned"),
+    [
+        (LOCAL_BUILD, "local/torch@sha256:0123456789ab"),  # a local environment's content hash
+        (GKE_BUILD, "us-east5-docker.pkg.dev/p/tpupipe/torch:run-1@sha256:" + "ab" * 32),
+        ({"image": "r/torch@sha256:" + "cd" * 32, "built": False}, "r/torch@sha256:" + "cd" * 32),
+        ({"image": "r/torch:latest", "built": False}, None),  # gke.image by tag: a tag can move
+        ({}, None),
+    ],
+)
 def test_the_trainer_image_is_recorded_with_its_digest_or_not_at_all(build, pinned):
     assert gate.pinned_image(build) == pinned
 
@@ -146,11 +168,23 @@ def test_the_trainer_image_is_recorded_with_its_digest_or_not_at_all(build, pinn
 def _records(**train) -> dict:
     return {
         "build_image": LOCAL_BUILD,
-        "train": {"checkpoint": "/runs/r/train/ck", "restarts": 1, "data_snapshot": "sha256:" + "d4" * 32,
-                  "history": [{"epoch": 1, "loss": 2.0, "tokens_seen": 16384},
-                              {"epoch": 2, "loss": 1.5, "tokens_seen": 32768}], **train},
-        "evaluate": {"eval_loss_before": 4.6, "eval_loss_after": 1.4, "eval_split": "heldout",
-                     "champion": {"ref": "local-fsdp@1", "version": "1"}, "champion_loss": 1.6},
+        "train": {
+            "checkpoint": "/runs/r/train/ck",
+            "restarts": 1,
+            "data_snapshot": "sha256:" + "d4" * 32,
+            "history": [
+                {"epoch": 1, "loss": 2.0, "tokens_seen": 16384},
+                {"epoch": 2, "loss": 1.5, "tokens_seen": 32768},
+            ],
+            **train,
+        },
+        "evaluate": {
+            "eval_loss_before": 4.6,
+            "eval_loss_after": 1.4,
+            "eval_split": "heldout",
+            "champion": {"ref": "local-fsdp@1", "version": "1"},
+            "champion_loss": 1.6,
+        },
     }
 
 
@@ -159,13 +193,28 @@ def test_provenance_has_every_field_from_the_runs_records():
     found = gate.provenance(spec, "run-7", _records(), "3f2a9c1e", "tpupipe-20261130", hosts_lost=0)
     check_provenance(found)  # the registry's own rules: every field, whole counts, a pinned image, JSON
     assert {k: found[k] for k in PROVENANCE_FIELDS} == {
-        "preset": "local-fsdp", "spec_hash": digest(spec.to_dict()), "base_model": "scratch:gemma4-tiny",
-        "data_snapshot": "sha256:" + "d4" * 32, "trainer_image": "local/torch@sha256:0123456789ab",
-        "git_sha": "3f2a9c1e", "accelerator": "cpu", "topology": None, "slices": 1, "tokens_seen": 32768,
-        "restarts": 1, "preemptions": 0, "eval_loss_before": 4.6, "eval_loss_after": 1.4,
-        "pipeline_job": "tpupipe-20261130", "run_id": "run-7"}
+        "preset": "local-fsdp",
+        "spec_hash": digest(spec.to_dict()),
+        "base_model": "scratch:gemma4-tiny",
+        "data_snapshot": "sha256:" + "d4" * 32,
+        "trainer_image": "local/torch@sha256:0123456789ab",
+        "git_sha": "3f2a9c1e",
+        "accelerator": "cpu",
+        "topology": None,
+        "slices": 1,
+        "tokens_seen": 32768,
+        "restarts": 1,
+        "preemptions": 0,
+        "eval_loss_before": 4.6,
+        "eval_loss_after": 1.4,
+        "pipeline_job": "tpupipe-20261130",
+        "run_id": "run-7",
+    }
     assert (found["model_id"], found["champion_measured"], found["champion_loss"]) == (
-        "scratch:gemma4-tiny", "local-fsdp@1", 1.6)
+        "scratch:gemma4-tiny",
+        "local-fsdp@1",
+        1.6,
+    )
 
 
 def test_provenance_names_the_registered_version_training_started_from_and_changes_with_the_spec():
@@ -186,8 +235,9 @@ def test_maxtext_tokens_seen_are_steps_times_the_global_batch():
 
 
 def _context(root, run_id: str, overrides: str = "") -> RunContext:
-    return RunContext(spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(root / run_id),
-                      platform="local")
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(root / run_id), platform="local"
+    )
 
 
 def _trained(ctx: RunContext, root) -> str:
@@ -226,8 +276,9 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     assert measured == {"ref": "local-fsdp@1", "version": "1", "path": str(tmp_path / "run-1/train/checkpoint_000001")}
     result = _registered(second, 4.6, {"ref": "local-fsdp@1", "version": "1"}, 1.5)
     assert (result["ref"], result["decision"]) == ("local-fsdp@2", "keep")
-    assert result["reason"] == ("kept champion local-fsdp@1: local-fsdp@2 held-out 4.6000 vs champion local-fsdp@1 "
-                                "1.5000, 206.67% worse")
+    assert result["reason"] == (
+        "kept champion local-fsdp@1: local-fsdp@2 held-out 4.6000 vs champion local-fsdp@1 1.5000, 206.67% worse"
+    )
     version = registry.get("local-fsdp", "2")
     assert version.artifact_uri == checkpoint and version.aliases == ()
     assert version.provenance["eval_loss_after"] == 4.6 and version.provenance["champion_loss"] == 1.5
@@ -262,8 +313,10 @@ def test_a_champion_that_moved_since_the_evaluation_is_not_replaced(tmp_path):
     registry.promote("local-fsdp", "1")  # run-1 got there first
     result = runner.promote(ctx, "promote")
     assert result["promoted"] is False
-    assert result["reason"] == ("not promoted: local-fsdp@2 was measured against no champion, and the champion is "
-                                "local-fsdp@1 now; the next run measures against it")
+    assert result["reason"] == (
+        "not promoted: local-fsdp@2 was measured against no champion, and the champion is "
+        "local-fsdp@1 now; the next run measures against it"
+    )
     assert registry.champion("local-fsdp").version == "1"
 
 
@@ -285,8 +338,12 @@ def test_init_from_champion_resolves_to_the_champions_checkpoint_at_train_time(t
     with pytest.raises(SpecError, match="model 'local-fsdp' has no champion yet in .*\\(tpupipe models promote"):
         gate.starting_point(ctx)
     open_registry(tmp_path).promote("local-fsdp", "1")
-    assert gate.starting_point(ctx) == {"ref": "local-fsdp@1", "artifact_uri": checkpoint, "path": checkpoint,
-                                        "eval_loss": 1.5}
+    assert gate.starting_point(ctx) == {
+        "ref": "local-fsdp@1",
+        "artifact_uri": checkpoint,
+        "path": checkpoint,
+        "eval_loss": 1.5,
+    }
     pinned = _context(tmp_path, "run-3", "init_from=local-fsdp@1")
     assert gate.starting_point(pinned)["ref"] == "local-fsdp@1"
     with pytest.raises(SpecError, match="train.init_from: local-fsdp@7: version: model 'local-fsdp' has no version"):
@@ -315,8 +372,11 @@ def _summary(ctx: RunContext, promote_ran: bool) -> dict:
     for stage in ("provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown"):
         rec = runner.read_json(ctx.store, f"stages/{stage}.json") or {}
         runner.record(ctx.store, stage, status="succeeded", seconds=1.0, result=rec.get("result") or {})
-    runner.record(ctx.store, "evaluate", result={"eval_loss_before": 4.6, "eval_loss_after": 4.6,
-                                                 "perplexity_before": 99.5, "perplexity_after": 99.5})
+    runner.record(
+        ctx.store,
+        "evaluate",
+        result={"eval_loss_before": 4.6, "eval_loss_after": 4.6, "perplexity_before": 99.5, "perplexity_after": 99.5},
+    )
     if promote_ran:
         runner.record(ctx.store, "promote", status="succeeded", seconds=1.0, result={"promoted": True})
     return report.summarize(ctx)
@@ -341,8 +401,10 @@ def test_the_summary_says_what_the_gate_did_with_both_figures(tmp_path):
     assert summary["gate"]["decision"] == "keep" and summary["gate"]["champion_loss"] == 1.5
     table = report.format_table(summary)
     assert f"  registered           local-fsdp@2 in {tmp_path / 'registry'}" in table
-    assert ("  gate: kept champion local-fsdp@1: local-fsdp@2 held-out 4.6000 vs champion local-fsdp@1 1.5000, "
-            "206.67% worse") in table
+    assert (
+        "  gate: kept champion local-fsdp@1: local-fsdp@2 held-out 4.6000 vs champion local-fsdp@1 1.5000, "
+        "206.67% worse"
+    ) in table
     assert "champion 1.5000" in table
 
 
@@ -365,12 +427,22 @@ def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tm
     _registered(first, 1.5)
     ctx = _context(tmp_path, "run-2", "init_from=champion")
     _trained(ctx, tmp_path)
-    ev = {"eval_loss_before": 1.5, "eval_loss_after": 1.25, "perplexity_before": 4.48, "perplexity_after": 3.49,
-          "champion": {"ref": "local-fsdp@1", "version": "1"}, "champion_loss": 1.5, "perplexity_champion": 4.48,
-          "init_from": "local-fsdp@1"}
+    ev = {
+        "eval_loss_before": 1.5,
+        "eval_loss_after": 1.25,
+        "perplexity_before": 4.48,
+        "perplexity_after": 3.49,
+        "champion": {"ref": "local-fsdp@1", "version": "1"},
+        "champion_loss": 1.5,
+        "perplexity_champion": 4.48,
+        "init_from": "local-fsdp@1",
+    }
     runner.record(ctx.store, "evaluate", status="succeeded", result=ev)
-    metrics, summary, model = (dsl.Metrics(name="m", uri=str(tmp_path / "m")),
-                               dsl.Markdown(name="s", uri=str(tmp_path / "s.md")), dsl.Model(name="model", uri=""))
+    metrics, summary, model = (
+        dsl.Metrics(name="m", uri=str(tmp_path / "m")),
+        dsl.Markdown(name="s", uri=str(tmp_path / "s.md")),
+        dsl.Model(name="model", uri=""),
+    )
     artifacts.evaluate(ctx.store, ctx.spec.to_dict(), metrics, summary, model, "3f2a9c1e")
     assert metrics.metadata["champion_loss"] == 1.5 and metrics.metadata["eval_loss_after"] == 1.25
     assert "Champion `local-fsdp@1`, measured in the same job: held-out loss 1.5000" in open(summary.path).read()
@@ -379,11 +451,19 @@ def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tm
     _registered(ctx, 1.25, ev["champion"], 1.5)
     metrics, table = dsl.Metrics(name="m", uri=str(tmp_path / "m2")), dsl.Markdown(name="g", uri=str(tmp_path / "g"))
     artifacts.register(ctx.store, metrics, table)
-    assert metrics.metadata == {"eval_loss": 1.25, "champion_loss": 1.5, "improvement": pytest.approx(1 / 6),
-                                "min_improvement": 0.0, "promote": 1.0, "version": 2.0}
+    assert metrics.metadata == {
+        "eval_loss": 1.25,
+        "champion_loss": 1.5,
+        "improvement": pytest.approx(1 / 6),
+        "min_improvement": 0.0,
+        "promote": 1.0,
+        "version": 2.0,
+    }
     text = open(table.path).read()
-    assert text.startswith("**Gate: promote** — promoted local-fsdp@2 to champion: held-out 1.2500 vs champion "
-                           "local-fsdp@1 1.5000, 16.67% better")
+    assert text.startswith(
+        "**Gate: promote** — promoted local-fsdp@2 to champion: held-out 1.2500 vs champion "
+        "local-fsdp@1 1.5000, 16.67% better"
+    )
     assert "| new: `local-fsdp@2` | 1.2500 |\n| champion: `local-fsdp@1` | 1.5000 |" in text
     assert "| base_model | `scratch:gemma4-tiny` |" in text  # the train record of this test names no init_from
 
@@ -399,8 +479,17 @@ def test_tpupipe_run_from_a_champion_that_does_not_exist_exits_2_before_anything
 
     root = tmp_path / "runs"
     # A pipeline file that is not there: were the check ever gone, the run would still start nothing.
-    argv = ["run", "--run-id", "from-nothing", "--output-root", str(root), "--set", "train.init_from=champion",
-            "--pipeline-file", str(tmp_path / "absent.yaml")]
+    argv = [
+        "run",
+        "--run-id",
+        "from-nothing",
+        "--output-root",
+        str(root),
+        "--set",
+        "train.init_from=champion",
+        "--pipeline-file",
+        str(tmp_path / "absent.yaml"),
+    ]
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: train.init_from: champion: name: no model 'local-fsdp'")
     assert not (root / "from-nothing").exists()

@@ -57,8 +57,7 @@ def test_a_failing_stop_still_ends_the_stage():
 
 
 def _ctx(tmp_path, run_id="r1") -> RunContext:
-    return RunContext(spec=resolve("local-fsdp"), run_id=run_id, store=LocalStore(tmp_path / run_id),
-                      platform="local")
+    return RunContext(spec=resolve("local-fsdp"), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="local")
 
 
 def test_the_report_says_which_stage_the_interrupt_hit(tmp_path):
@@ -100,8 +99,10 @@ def _ledger(tmp_path, **fields):
 
 
 def test_the_keeper_stops_when_teardown_began(tmp_path):
-    assert keep(_ledger(tmp_path, teardown_started=1.0, driver=interrupts.driver()), log=lambda m: None) == \
-        "teardown began"
+    assert (
+        keep(_ledger(tmp_path, teardown_started=1.0, driver=interrupts.driver()), log=lambda m: None)
+        == "teardown began"
+    )
 
 
 def test_the_keeper_stops_when_the_driver_is_gone(tmp_path):
@@ -138,9 +139,18 @@ def _a_run_of_sleepers(root, run_id: str, driver: dict) -> subprocess.Popen:
     proc = subprocess.Popen(["sleep", "300"], env={**os.environ, RUN_MARKER: run_id}, start_new_session=True)
     path = root / run_id / "ledger.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"run_id": run_id, "platform": "local", "driver": driver, "temp_dir": str(root / "t"),
-                                "ports": [], "processes": [{"role": "head", "pid": proc.pid, "pgid": proc.pid,
-                                                            "log": "", "cmd": ["sleep", "300"]}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "platform": "local",
+                "driver": driver,
+                "temp_dir": str(root / "t"),
+                "ports": [],
+                "processes": [{"role": "head", "pid": proc.pid, "pgid": proc.pid, "log": "", "cmd": ["sleep", "300"]}],
+            }
+        )
+    )
     return proc
 
 
@@ -154,8 +164,11 @@ def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other
     running = _a_run_of_sleepers(tmp_path, "running", interrupts.driver())  # this test is its driver, alive
     try:
         assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0
-        assert capsys.readouterr().out.strip().endswith(
-            f"tpupipe teardown orphan (local): deleted head (pid {orphan.pid})")
+        assert (
+            capsys.readouterr()
+            .out.strip()
+            .endswith(f"tpupipe teardown orphan (local): deleted head (pid {orphan.pid})")
+        )
         assert orphan.wait(timeout=10) == -signal.SIGTERM and running.poll() is None
         assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0
         assert "no local run under" in capsys.readouterr().out
@@ -188,8 +201,10 @@ print("the driver went on after", interrupted.signum)
 def test_a_closed_terminal_while_the_driver_prints_is_taken_as_sighup_and_the_output_goes_to_the_log(tmp_path):
     from tests.terminal import Terminal
 
-    term = Terminal([sys.executable, "-c", _PRINTING_DRIVER, str(tmp_path)],
-                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    term = Terminal(
+        [sys.executable, "-c", _PRINTING_DRIVER, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     rc = term.act_when("printing", term.hang_up, timeout_s=60, exit_timeout_s=60)
     log = (tmp_path / "hup" / "logs" / "driver.log").read_text()
     assert rc == 0, log[-3000:]

@@ -78,8 +78,9 @@ def test_a_model_directory_that_is_not_there_is_refused_before_anything_starts(t
     from components.workload import resolve
 
     def ctx(model_id):
-        return RunContext(spec=resolve("local-fsdp", {"model_id": model_id}), run_id="r",
-                          store=LocalStore(tmp_path), platform="local")
+        return RunContext(
+            spec=resolve("local-fsdp", {"model_id": model_id}), run_id="r", store=LocalStore(tmp_path), platform="local"
+        )
 
     with pytest.raises(SpecError, match="train.model_id: directory not found: /no/such/model"):
         LocalPlatform().check(ctx("/no/such/model"))

@@ -16,9 +16,15 @@ def test_llama3_8b_is_the_seed_command():
     # Seed A: dataset_type=synthetic per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b
     # steps=100 ici_fsdp_parallelism=4 ici_tensor_parallelism=4 base_output_directory=/data/ run_name=...
     assert args("llama3-8b-v6e-16x2") == [
-        "dataset_type=synthetic", "per_device_batch_size=4", "max_target_length=4096",
-        "model_name=llama3-8b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
-        "base_output_directory=/data/", "run_name=RUN",
+        "dataset_type=synthetic",
+        "per_device_batch_size=4",
+        "max_target_length=4096",
+        "model_name=llama3-8b",
+        "steps=100",
+        "ici_fsdp_parallelism=4",
+        "ici_tensor_parallelism=4",
+        "base_output_directory=/data/",
+        "run_name=RUN",
     ]
 
 
@@ -26,10 +32,18 @@ def test_llama3_70b_is_the_seed_command():
     # Seed A: per_device_batch_size=2 model_name=llama3-70b ici_tensor_parallelism=4 ici_fsdp_parallelism=4
     # dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full (2D inside a slice, FSDP across slices)
     assert args("llama3-70b-v6e-16x2") == [
-        "dataset_type=synthetic", "per_device_batch_size=2", "max_target_length=4096",
-        "model_name=llama3-70b", "steps=100", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4",
-        "dcn_data_parallelism=1", "dcn_fsdp_parallelism=2", "remat_policy=full",
-        "base_output_directory=/data/", "run_name=RUN",
+        "dataset_type=synthetic",
+        "per_device_batch_size=2",
+        "max_target_length=4096",
+        "model_name=llama3-70b",
+        "steps=100",
+        "ici_fsdp_parallelism=4",
+        "ici_tensor_parallelism=4",
+        "dcn_data_parallelism=1",
+        "dcn_fsdp_parallelism=2",
+        "remat_policy=full",
+        "base_output_directory=/data/",
+        "run_name=RUN",
     ]
 
 
@@ -73,8 +87,11 @@ def test_eval_args_freeze_training_and_load_the_checkpoint():
         ("local-maxtext", "maxtext.model_name=llama9-1t", "maxtext.model_name"),
         ("local-maxtext", "maxtext.steps=0", "maxtext.steps"),
         ("local-maxtext", "maxtext.per_device_batch_size=0", "maxtext.per_device_batch_size"),
-        ("local-maxtext", "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=-1",
-         "maxtext.ici_tensor_parallelism"),
+        (
+            "local-maxtext",
+            "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=-1",
+            "maxtext.ici_tensor_parallelism",
+        ),
         ("llama3-70b-v6e-16x2", "maxtext.dcn_fsdp_parallelism=4", "maxtext.dcn_fsdp_parallelism"),
         ("llama3-8b-v6e-16x2", "maxtext.ici_fsdp_parallelism=8", "maxtext.ici_fsdp_parallelism"),
     ],
@@ -86,11 +103,17 @@ def test_bad_maxtext_specs_name_the_field(preset, overrides, field):
 
 
 def test_parse_step_reads_maxtexts_step_line():
-    line = ("completed step: 99, seconds: 0.693, TFLOP/s/device: 83.171, Tokens/s/device: 11819.175, "
-            "total_weights: 262144, loss: 0.334")
+    line = (
+        "completed step: 99, seconds: 0.693, TFLOP/s/device: 83.171, Tokens/s/device: 11819.175, "
+        "total_weights: 262144, loss: 0.334"
+    )
     assert maxtext_log.parse_step("(RayTrainWorker pid=1) " + line) == {
-        "step": 99, "loss": 0.334, "step_s": 0.693, "tflops_per_s_per_device": 83.171,
-        "tokens_per_s_per_device": 11819.175}
+        "step": 99,
+        "loss": 0.334,
+        "step_s": 0.693,
+        "tflops_per_s_per_device": 83.171,
+        "tokens_per_s_per_device": 11819.175,
+    }
     assert maxtext_log.parse_step("completed eval step: 3") is None
 
 

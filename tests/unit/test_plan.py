@@ -18,40 +18,68 @@ from tests.conftest import tpupipe_cmd
 
 # preset, overrides, the field named, text that lists what is valid
 BAD_INPUTS = [
-    ("llama3-8b-v6e-16x2", "cluster.topology=4x5", "cluster.topology",
-     "(valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16)"),
+    (
+        "llama3-8b-v6e-16x2",
+        "cluster.topology=4x5",
+        "cluster.topology",
+        "(valid: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16)",
+    ),
     ("llama3-8b-v6e-16x2", "cluster.num_hosts=3", "cluster.num_hosts", "(valid: 4)"),
     ("gemma4-e2b-tpu7x-16", "cluster.num_hosts=4", "cluster.num_hosts", "(valid: 2)"),
     ("llama3-8b-v6e-16x2", "cluster.num_slices=0", "cluster.num_slices", "(valid: an integer >= 1)"),
     ("llama3-8b-v6e-elastic-spot", "train.min_workers=3", "train.min_workers", "(valid: 4, 8)"),
     ("llama3-8b-v6e-elastic-spot", "train.max_workers=6", "train.max_workers", "(valid: 4, 8)"),
     ("llama3-8b-v6e-elastic-spot", "train.max_workers=12", "train.max_workers", "(valid: 4, 8)"),
-    ("llama3-8b-v6e-16x2", "cluster.capacity=cheap", "cluster.capacity",
-     "(valid: on-demand, spot, reservation, flex-start)"),
-    ("llama3-8b-v6e-16x2", "cluster.capacity=reservation", "cluster.reservation",
-     "(valid: a reservation name, projects/PROJECT/reservations/NAME)"),
+    (
+        "llama3-8b-v6e-16x2",
+        "cluster.capacity=cheap",
+        "cluster.capacity",
+        "(valid: on-demand, spot, reservation, flex-start)",
+    ),
+    (
+        "llama3-8b-v6e-16x2",
+        "cluster.capacity=reservation",
+        "cluster.reservation",
+        "(valid: a reservation name, projects/PROJECT/reservations/NAME)",
+    ),
     ("gemma4-e2b-v6e-16", "cluster.accelerator=v9", "cluster.accelerator", "(valid: cpu, v5e, v5p, v6e, tpu7x)"),
-    ("gemma4-e2b-v6e-16", "cluster.topology=2x2 cluster.num_hosts=1 cluster.num_slices=2 train.num_workers=0",
-     "cluster.num_slices", "(valid: 1)"),
+    (
+        "gemma4-e2b-v6e-16",
+        "cluster.topology=2x2 cluster.num_hosts=1 cluster.num_slices=2 train.num_workers=0",
+        "cluster.num_slices",
+        "(valid: 1)",
+    ),
     ("gemma4-e2b-v6e-16", "train.num_workers=12", "train.num_workers", "(valid: 0, 16)"),
     ("llama3-8b-v6e-16x2", "gke.cluster_mode=autopilot", "gke.multislice_network", "(valid: none)"),
-    ("llama3-8b-v6e-16x2", "gke.cluster_version=1.34.0-gke.1", "gke.cluster_version",
-     "(valid: >= 1.34.1-gke.1829001, latest)"),
+    (
+        "llama3-8b-v6e-16x2",
+        "gke.cluster_version=1.34.0-gke.1",
+        "gke.cluster_version",
+        "(valid: >= 1.34.1-gke.1829001, latest)",
+    ),
     ("gemma4-e2b-tpu7x-16", "gke.cluster_version=1.33", "gke.cluster_version", "(valid: >= 1.34.0-gke.2201000"),
-    ("llama3-8b-v6e-16x2", "gke.multislice_network=fast", "gke.multislice_network",
-     "(valid: dcn_networks, accelerator_network_profile, none)"),
+    (
+        "llama3-8b-v6e-16x2",
+        "gke.multislice_network=fast",
+        "gke.multislice_network",
+        "(valid: dcn_networks, accelerator_network_profile, none)",
+    ),
     ("llama3-8b-v6e-16x2", "gke.project=Bad_Project", "gke.project", "(valid: 6 to 30 lowercase"),
-    ("llama3-70b-v6e-16x2", "gke.pod_range=10.48.0.0/14", "gke.pod_range",
-     "overlaps the DCN subnet 10.50.0.0/16"),
-    ("llama3-70b-v6e-16x2", "gke.service_range=10.60.16.0/20", "gke.service_range",
-     "overlaps the DCN subnet 10.60.0.0/16"),
+    ("llama3-70b-v6e-16x2", "gke.pod_range=10.48.0.0/14", "gke.pod_range", "overlaps the DCN subnet 10.50.0.0/16"),
+    (
+        "llama3-70b-v6e-16x2",
+        "gke.service_range=10.60.16.0/20",
+        "gke.service_range",
+        "overlaps the DCN subnet 10.60.0.0/16",
+    ),
     ("llama3-70b-v6e-16x2", "gke.pod_range=10.48.0.0/33", "gke.pod_range", "is not an IPv4 range"),
     ("local-fsdp", "", "cluster.accelerator", "(valid: v5e, v5p, v6e, tpu7x)"),
 ]
 
 
-@pytest.mark.parametrize(("preset", "overrides", "field", "valid"), BAD_INPUTS,
-                         ids=[f"{p}[{o}]" for p, o, _, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("preset", "overrides", "field", "valid"), BAD_INPUTS, ids=[f"{p}[{o}]" for p, o, _, _ in BAD_INPUTS]
+)
 def test_bad_input_exits_2_with_one_message(capsys, preset, overrides, field, valid):
     argv = ["plan", preset] + (["--set", overrides] if overrides else [])
     assert main(argv) == 2
@@ -64,8 +92,12 @@ def test_bad_input_exits_2_with_one_message(capsys, preset, overrides, field, va
 
 
 def test_the_console_script_exits_2():
-    proc = subprocess.run([*tpupipe_cmd(), "plan", "llama3-8b-v6e-16x2", "--set", "cluster.topology=4x5"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*tpupipe_cmd(), "plan", "llama3-8b-v6e-16x2", "--set", "cluster.topology=4x5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().startswith("tpupipe: error: cluster.topology: '4x5' is not a v6e topology")
 
@@ -93,23 +125,49 @@ def test_the_70b_plan_creates_a_firewall_rule_with_each_dcn_network_and_teardown
     spec = resolve("llama3-70b-v6e-16x2", "gke.project=my-project")
     document = plan.build(spec, "run70b")
     kinds = [(res["kind"], res["name"]) for res in document["resources"] if res["stage"] == "provision"][:6]
-    assert kinds == [("vpc-network", "run70b-dcn0"), ("subnetwork", "run70b-dcn0-subnet"),
-                     ("firewall-rule", "run70b-dcn0-allow-internal"), ("vpc-network", "run70b-dcn1"),
-                     ("subnetwork", "run70b-dcn1-subnet"), ("firewall-rule", "run70b-dcn1-allow-internal")]
+    assert kinds == [
+        ("vpc-network", "run70b-dcn0"),
+        ("subnetwork", "run70b-dcn0-subnet"),
+        ("firewall-rule", "run70b-dcn0-allow-internal"),
+        ("vpc-network", "run70b-dcn1"),
+        ("subnetwork", "run70b-dcn1-subnet"),
+        ("firewall-rule", "run70b-dcn1-allow-internal"),
+    ]
     rule = next(res for res in document["resources"] if res["name"] == "run70b-dcn1-allow-internal")
-    assert rule["api"] == "compute.firewalls.insert" and rule["path"] == \
-        "projects/my-project/global/firewalls/run70b-dcn1-allow-internal"
-    assert rule["body"] == {"name": "run70b-dcn1-allow-internal", "network": "projects/my-project/global/networks/"
-                            "run70b-dcn1", "direction": "INGRESS", "priority": 1000, "sourceRanges": ["10.60.0.0/16"],
-                            "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
-                            "description": "tpupipe-run=run70b"}
+    assert (
+        rule["api"] == "compute.firewalls.insert"
+        and rule["path"] == "projects/my-project/global/firewalls/run70b-dcn1-allow-internal"
+    )
+    assert rule["body"] == {
+        "name": "run70b-dcn1-allow-internal",
+        "network": "projects/my-project/global/networks/run70b-dcn1",
+        "direction": "INGRESS",
+        "priority": 1000,
+        "sourceRanges": ["10.60.0.0/16"],
+        "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
+        "description": "tpupipe-run=run70b",
+    }
     assert rule["labels"] == {"tpupipe-run": "run70b"} and rule["deleted_by_teardown"]
     from google.cloud import compute_v1
 
     compute_v1.Firewall.from_json(json.dumps(rule["body"]))  # the real client type takes it
 
-    assert main(["run", "llama3-70b-v6e-16x2", "--platform", "gke", "--dry-run", "--run-id", "run70b",
-                 "--set", "gke.project=my-project"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "llama3-70b-v6e-16x2",
+                "--platform",
+                "gke",
+                "--dry-run",
+                "--run-id",
+                "run70b",
+                "--set",
+                "gke.project=my-project",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     create = "  create        compute.firewalls.insert projects/my-project/global/firewalls/run70b-dcn0-allow-internal"
     delete = "  delete        compute.firewalls.delete projects/my-project/global/firewalls/run70b-dcn0-allow-internal"
@@ -122,8 +180,11 @@ def test_the_70b_plan_creates_a_firewall_rule_with_each_dcn_network_and_teardown
 def test_pinned_pod_and_service_ranges_go_into_the_cluster_when_they_clear_the_dcn_subnets():
     spec = resolve("llama3-70b-v6e-16x2", "gke.pod_range=10.8.0.0/14 gke.service_range=10.12.0.0/20")
     (cluster,) = [res for res in plan.build(spec, "ranges")["resources"] if res["kind"] == "gke-cluster"]
-    assert cluster["body"]["ipAllocationPolicy"] == {"useIpAliases": True, "clusterIpv4CidrBlock": "10.8.0.0/14",
-                                                     "servicesIpv4CidrBlock": "10.12.0.0/20"}
+    assert cluster["body"]["ipAllocationPolicy"] == {
+        "useIpAliases": True,
+        "clusterIpv4CidrBlock": "10.8.0.0/14",
+        "servicesIpv4CidrBlock": "10.12.0.0/20",
+    }
     with pytest.raises(SpecError, match="gke.pod_range: applies to a cluster the run creates"):
         resolve("llama3-70b-v6e-16x2", "gke.pod_range=10.8.0.0/14 gke.cluster_name=shared")
 
@@ -165,13 +226,39 @@ def test_bad_price_file_exits_2(tmp_path, capsys):
 def test_json_shape(capsys):
     assert main(["plan", "gemma4-e2b-tpu7x-16", "--output", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert list(document) == ["plan_version", "run_id", "preset", "platform", "label", "project", "zone", "region",
-                              "cluster", "slice", "resources", "readiness", "training", "cost", "warnings", "spec"]
+    assert list(document) == [
+        "plan_version",
+        "run_id",
+        "preset",
+        "platform",
+        "label",
+        "project",
+        "zone",
+        "region",
+        "cluster",
+        "slice",
+        "resources",
+        "readiness",
+        "training",
+        "cost",
+        "warnings",
+        "spec",
+    ]
     assert document["label"] == {"tpupipe-run": "gemma4-e2b-tpu7x-16"}
     assert document["slice"]["logical_devices_per_host"] == 8 and document["slice"]["pod_type"] == "v7x-16"
     for resource in document["resources"]:
-        assert set(resource) == {"kind", "name", "action", "stage", "labels", "deleted_by_teardown", "summary", "api",
-                                 "path", "body"}
+        assert set(resource) == {
+            "kind",
+            "name",
+            "action",
+            "stage",
+            "labels",
+            "deleted_by_teardown",
+            "summary",
+            "api",
+            "path",
+            "body",
+        }
         assert resource["action"] in ("create", "use", "get-or-create")
     kinds = [r["kind"] for r in document["resources"]]
     assert kinds.count("node-pool") == 2 and "workload-policy" in kinds
@@ -184,9 +271,12 @@ def test_manifests_directory(tmp_path, capsys):
     assert main(["plan", "llama3-8b-v6e-16x2", "--manifests", str(out)]) == 0
     assert "manifests: 4 Kubernetes objects" in capsys.readouterr().out
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["00-namespace-tpupipe.yaml", "01-serviceaccount-tpupipe-llama3-8b-v6e-16x2.yaml",
-                     "02-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
-                     "03-raycluster-llama3-8b-v6e-16x2.yaml"]
+    assert files == [
+        "00-namespace-tpupipe.yaml",
+        "01-serviceaccount-tpupipe-llama3-8b-v6e-16x2.yaml",
+        "02-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
+        "03-raycluster-llama3-8b-v6e-16x2.yaml",
+    ]
     document = plan.build(resolve("llama3-8b-v6e-16x2"), "llama3-8b-v6e-16x2")
     loaded = [yaml.safe_load((out / name).read_text()) for name in files]
     assert loaded == plan.kubernetes_objects(document)
@@ -227,8 +317,11 @@ def test_every_kind_the_plan_lists_has_a_handler_that_creates_it():
     from components.platforms.gke.platform import HANDLERS
 
     assert set(HANDLERS) == set(plan.STAGE_OF_KIND)
-    kinds = {res["kind"] for preset in ("gemma4-e2b-tpu7x-16", "llama3-70b-v6e-16x2")
-             for res in plan.build(resolve(preset), preset)["resources"]}
+    kinds = {
+        res["kind"]
+        for preset in ("gemma4-e2b-tpu7x-16", "llama3-70b-v6e-16x2")
+        for res in plan.build(resolve(preset), preset)["resources"]
+    }
     assert kinds <= set(HANDLERS)
 
 

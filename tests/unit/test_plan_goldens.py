@@ -45,8 +45,22 @@ def test_manifests_match_the_goldens(preset):
 def test_dry_run_matches_the_golden(preset, capsys):
     from pipelines.cli import main
 
-    assert main(["run", preset, "--platform", "gke", "--dry-run", "--run-id", preset,
-                 "--set", _makefile_value("GOLDEN_DRY_RUN_SET")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                preset,
+                "--platform",
+                "gke",
+                "--dry-run",
+                "--run-id",
+                preset,
+                "--set",
+                _makefile_value("GOLDEN_DRY_RUN_SET"),
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == (GOLDENS / preset / "dry-run.txt").read_text(), HINT
 
 
@@ -55,7 +69,10 @@ def test_the_dry_run_lists_exactly_the_planned_resources(preset):
     """Nothing is listed that is not created: every resource of the plan is walked by its stage in the dry run, and
     the dry run walks nothing else."""
     document = plan.build(resolve(preset), preset)
-    walked = [line.split()[-1] for line in (GOLDENS / preset / "dry-run.txt").read_text().splitlines()
-              if line.startswith(("  create", "  get-or-create", "  use"))]
+    walked = [
+        line.split()[-1]
+        for line in (GOLDENS / preset / "dry-run.txt").read_text().splitlines()
+        if line.startswith(("  create", "  get-or-create", "  use"))
+    ]
     listed = [res["path"] or res["name"] for res in document["resources"]]
     assert walked == [p.replace("PROJECT_ID", "my-project") for p in listed]

@@ -11,12 +11,22 @@ def needs(preset: str, overrides: str = "") -> preflight.Needs:
 
 def test_a_multislice_dcn_plan_needs_the_network_calls_and_their_apis():
     n = needs("llama3-8b-v6e-16x2")
-    for permission in ("compute.networks.create", "compute.networks.delete", "compute.subnetworks.create",
-                       "container.clusters.create", "container.clusters.update", "storage.buckets.setIamPolicy",
-                       "compute.regions.get"):
+    for permission in (
+        "compute.networks.create",
+        "compute.networks.delete",
+        "compute.subnetworks.create",
+        "container.clusters.create",
+        "container.clusters.update",
+        "storage.buckets.setIamPolicy",
+        "compute.regions.get",
+    ):
         assert permission in n.permissions
-    assert {"compute.googleapis.com", "container.googleapis.com", "storage.googleapis.com",
-            "cloudresourcemanager.googleapis.com"} <= set(n.services)
+    assert {
+        "compute.googleapis.com",
+        "container.googleapis.com",
+        "storage.googleapis.com",
+        "cloudresourcemanager.googleapis.com",
+    } <= set(n.services)
     assert n.quota == ("TPU_V6E_PODSLICE", 32) and n.reservation is None and n.cluster == ""
 
 
@@ -29,8 +39,10 @@ def test_a_one_slice_plan_with_a_named_image_asks_for_no_network_and_no_build():
 def test_the_capacity_type_picks_the_quota_or_the_reservation():
     assert needs("gemma4-e2b-v6e-16", "cluster.capacity=spot").quota == ("PREEMPTIBLE_TPU_V6E_PODSLICE", 16)
     assert needs("gemma4-e2b-tpu7x-16", "cluster.capacity=flex-start").quota[0] == "PREEMPTIBLE_TPU_V7X_PODSLICE"
-    shared = needs("gemma4-e2b-v6e-16", "cluster.capacity=reservation "
-                   "cluster.reservation=projects/owner-proj/reservations/big gke.zone=us-east5-b")
+    shared = needs(
+        "gemma4-e2b-v6e-16",
+        "cluster.capacity=reservation cluster.reservation=projects/owner-proj/reservations/big gke.zone=us-east5-b",
+    )
     assert shared.quota is None
     assert shared.reservation == ("owner-proj", "us-east5-b", "big", "ct6e-standard-4t", 4)
     assert "compute.reservations.get" in shared.permissions
@@ -54,12 +66,30 @@ def test_every_feature_is_enabled_in_place_or_refused_with_a_reason():
 def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     from pipelines.cli import main
 
-    assert main(["run", "gemma4-e2b-v6e-16", "--platform", "gke", "--dry-run", "--run-id", "r1", "--set",
-                 "gke.project=my-proj gke.cluster_name=team cluster.capacity=reservation cluster.reservation=big"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "gemma4-e2b-v6e-16",
+                "--platform",
+                "gke",
+                "--dry-run",
+                "--run-id",
+                "r1",
+                "--set",
+                "gke.project=my-proj gke.cluster_name=team cluster.capacity=reservation cluster.reservation=big",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
-    provision = lines[lines.index("provision") + 1:]
+    provision = lines[lines.index("provision") + 1 :]
     assert [line.split()[1] for line in provision[:5]] == [
-        "serviceusage.services.batchGet", "resourcemanager.projects.testIamPermissions",
-        "resourcemanager.projects.getIamPolicy", "compute.reservations.get", "container.clusters.get"]
+        "serviceusage.services.batchGet",
+        "resourcemanager.projects.testIamPermissions",
+        "resourcemanager.projects.getIamPolicy",
+        "compute.reservations.get",
+        "container.clusters.get",
+    ]
     assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
     assert provision[5].startswith("  get-or-create storage.buckets.get")  # then what provision creates

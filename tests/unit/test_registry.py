@@ -29,11 +29,25 @@ IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch@sha256:" + "ab" 
 
 
 def provenance(run: int = 1, **changes) -> dict:
-    return {"preset": "gemma4-e2b-v6e-16", "spec_hash": "sha256:" + "5e" * 32, "base_model": "google/gemma-4-E2B-it",
-            "data_snapshot": "sha256:" + "d4" * 32, "trainer_image": IMAGE, "git_sha": SHA, "accelerator": "v6e",
-            "topology": "4x4", "slices": 1, "tokens_seen": 1_234_567, "restarts": 0, "preemptions": 1,
-            "eval_loss_before": 4.6511, "eval_loss_after": 1.0031, "pipeline_job": f"tpupipe-run-{run}",
-            "run_id": f"gemma-run-{run}", **changes}
+    return {
+        "preset": "gemma4-e2b-v6e-16",
+        "spec_hash": "sha256:" + "5e" * 32,
+        "base_model": "google/gemma-4-E2B-it",
+        "data_snapshot": "sha256:" + "d4" * 32,
+        "trainer_image": IMAGE,
+        "git_sha": SHA,
+        "accelerator": "v6e",
+        "topology": "4x4",
+        "slices": 1,
+        "tokens_seen": 1_234_567,
+        "restarts": 0,
+        "preemptions": 1,
+        "eval_loss_before": 4.6511,
+        "eval_loss_after": 1.0031,
+        "pipeline_job": f"tpupipe-run-{run}",
+        "run_id": f"gemma-run-{run}",
+        **changes,
+    }
 
 
 def artifact(run: int) -> str:
@@ -85,9 +99,19 @@ def test_register_numbers_the_versions_and_keeps_what_it_was_given(registry):
     assert first.provenance == provenance(1) and second.provenance == provenance(2)
     # The caller's labels and the provenance fields whose values are label values as they are; digests, the base
     # model (uppercase, '/'), losses ('.') and the pipeline job are in the provenance alone.
-    assert first.labels == {"team": "ml", "preset": "gemma4-e2b-v6e-16", "git_sha": SHA, "accelerator": "v6e",
-                            "topology": "4x4", "slices": "1", "tokens_seen": "1234567", "restarts": "0",
-                            "preemptions": "1", "pipeline_job": "tpupipe-run-1", "run_id": "gemma-run-1"}
+    assert first.labels == {
+        "team": "ml",
+        "preset": "gemma4-e2b-v6e-16",
+        "git_sha": SHA,
+        "accelerator": "v6e",
+        "topology": "4x4",
+        "slices": "1",
+        "tokens_seen": "1234567",
+        "restarts": "0",
+        "preemptions": "1",
+        "pipeline_job": "tpupipe-run-1",
+        "run_id": "gemma-run-1",
+    }
     assert first.aliases == () and first.created.endswith("Z")
     assert registry.get("gemma-ft", "1") == first and registry.get("gemma-ft", "2") == second
     assert registry.versions("gemma-ft") == [first, second]
@@ -148,18 +172,21 @@ def test_the_alias_history_is_bounded(registry):
     assert registry.rollback("gemma-ft").version == history[-2]
 
 
-@pytest.mark.parametrize(("call", "field", "message", "valid"), [
-    (lambda r: r.get("nope", "1"), "name", "no model 'nope' in ", "gemma-ft"),
-    (lambda r: r.versions("nope"), "name", "no model 'nope' in ", "gemma-ft"),
-    (lambda r: r.champion("nope"), "name", "no model 'nope' in ", "gemma-ft"),
-    (lambda r: r.promote("nope", "1"), "name", "no model 'nope' in ", "gemma-ft"),
-    (lambda r: r.rollback("nope"), "name", "no model 'nope' in ", "gemma-ft"),
-    (lambda r: r.get("gemma-ft", "9"), "version", "model 'gemma-ft' has no version or alias '9'", "1, 2"),
-    (lambda r: r.get("gemma-ft", "candidate"), "version", "has no version or alias 'candidate'", "1, 2"),
-    (lambda r: r.get("gemma-ft", "Champion/x"), "version", "has no version or alias 'Champion/x'", "1, 2"),
-    (lambda r: r.promote("gemma-ft", "9"), "version", "model 'gemma-ft' has no version '9'", "1, 2"),
-    (lambda r: r.promote("gemma-ft", "champion"), "version", "has no version 'champion'", "1, 2"),
-])
+@pytest.mark.parametrize(
+    ("call", "field", "message", "valid"),
+    [
+        (lambda r: r.get("nope", "1"), "name", "no model 'nope' in ", "gemma-ft"),
+        (lambda r: r.versions("nope"), "name", "no model 'nope' in ", "gemma-ft"),
+        (lambda r: r.champion("nope"), "name", "no model 'nope' in ", "gemma-ft"),
+        (lambda r: r.promote("nope", "1"), "name", "no model 'nope' in ", "gemma-ft"),
+        (lambda r: r.rollback("nope"), "name", "no model 'nope' in ", "gemma-ft"),
+        (lambda r: r.get("gemma-ft", "9"), "version", "model 'gemma-ft' has no version or alias '9'", "1, 2"),
+        (lambda r: r.get("gemma-ft", "candidate"), "version", "has no version or alias 'candidate'", "1, 2"),
+        (lambda r: r.get("gemma-ft", "Champion/x"), "version", "has no version or alias 'Champion/x'", "1, 2"),
+        (lambda r: r.promote("gemma-ft", "9"), "version", "model 'gemma-ft' has no version '9'", "1, 2"),
+        (lambda r: r.promote("gemma-ft", "champion"), "version", "has no version 'champion'", "1, 2"),
+    ],
+)
 def test_unknown_names_and_versions_are_named(registry, call, field, message, valid):
     _registered(registry, 2)
     with pytest.raises(SpecError) as info:
@@ -167,23 +194,30 @@ def test_unknown_names_and_versions_are_named(registry, call, field, message, va
     assert info.value.field == field and message in str(info.value) and f"(valid: {valid}" in str(info.value)
 
 
-@pytest.mark.parametrize(("call", "field"), [
-    (lambda r: r.register("Gemma", artifact(1), provenance()), "name"),
-    (lambda r: r.register("gemma-ft", "", provenance()), "artifact_uri"),
-    (lambda r: r.register("gemma-ft", artifact(1), {k: v for k, v in provenance().items() if k != "git_sha"}),
-     "provenance.git_sha"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(trainer_image="tpupipe/torch:latest")),
-     "provenance.trainer_image"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(restarts=-1)), "provenance.restarts"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(tokens_seen=1.5)), "provenance.tokens_seen"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"preset": "other"}), "labels"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"Team": "ml"}), "labels"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"team": "ML/x"}), "labels"),
-    (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"tpupipe-registration": "x"}), "labels"),
-    (lambda r: r.set_alias("gemma-ft", "1", "default"), "alias"),
-    (lambda r: r.set_alias("gemma-ft", "1", "champion-2"), "alias"),
-    (lambda r: r.set_alias("gemma-ft", "1", "7"), "alias"),
-])
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda r: r.register("Gemma", artifact(1), provenance()), "name"),
+        (lambda r: r.register("gemma-ft", "", provenance()), "artifact_uri"),
+        (
+            lambda r: r.register("gemma-ft", artifact(1), {k: v for k, v in provenance().items() if k != "git_sha"}),
+            "provenance.git_sha",
+        ),
+        (
+            lambda r: r.register("gemma-ft", artifact(1), provenance(trainer_image="tpupipe/torch:latest")),
+            "provenance.trainer_image",
+        ),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(restarts=-1)), "provenance.restarts"),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(tokens_seen=1.5)), "provenance.tokens_seen"),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"preset": "other"}), "labels"),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"Team": "ml"}), "labels"),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"team": "ML/x"}), "labels"),
+        (lambda r: r.register("gemma-ft", artifact(1), provenance(), {"tpupipe-registration": "x"}), "labels"),
+        (lambda r: r.set_alias("gemma-ft", "1", "default"), "alias"),
+        (lambda r: r.set_alias("gemma-ft", "1", "champion-2"), "alias"),
+        (lambda r: r.set_alias("gemma-ft", "1", "7"), "alias"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_field(registry, call, field):
     _registered(registry, 1)
     with pytest.raises(SpecError) as info:
@@ -220,8 +254,11 @@ def test_unavailable_every_time_is_reported_naming_the_call(vertex, vertex_regis
     _registered(vertex_registry, 1)
     vertex_registry.promote("gemma-ft", "1")
     vertex.fail("UploadModel", 503, times=100)
-    with pytest.raises(InfraError, match=r"registering a version of model 'gemma-ft' failed 4 times, the last with "
-                                         r"UNAVAILABLE \(HTTP 503\): The service is currently unavailable"):
+    with pytest.raises(
+        InfraError,
+        match=r"registering a version of model 'gemma-ft' failed 4 times, the last with "
+        r"UNAVAILABLE \(HTTP 503\): The service is currently unavailable",
+    ):
         vertex_registry.register("gemma-ft", artifact(2), provenance(2))
     assert vertex.calls.count("UploadModel") == 1 + 4
     vertex.faults.clear()
@@ -302,8 +339,10 @@ def test_vertex_takes_a_cloud_storage_artifact_and_lists_only_its_models(vertex,
 def test_a_model_created_by_another_writer_meanwhile_gets_this_as_its_next_version(vertex, vertex_registry):
     def other_writer_first(request: dict) -> bool:  # between this registry's look-up and its upload
         if request.get("modelId") == "gemma-ft":
-            vertex.upload(PARENT, {"modelId": "gemma-ft", "model": {"displayName": "gemma-ft",
-                                                                    "labels": {"tpupipe-registry": "v1"}}})
+            vertex.upload(
+                PARENT,
+                {"modelId": "gemma-ft", "model": {"displayName": "gemma-ft", "labels": {"tpupipe-registry": "v1"}}},
+            )
         return False  # no fault: the upload goes on, and finds the model there
 
     vertex.fail("UploadModel", 503, when=other_writer_first)
@@ -316,33 +355,53 @@ def _upload(**request):
     return lambda client: client.upload_model(request=request)
 
 
-@pytest.mark.parametrize(("call", "error"), [
-    (_upload(parent=PARENT, model_id="gemma-ft", model={"display_name": "gemma-ft"}),
-     "409 .*Model projects/tpupipe-emulated/locations/us-east5/models/gemma-ft already exists"),
-    (_upload(parent=f"projects/{PROJECT}/locations/us_east5", model_id="x", model={"display_name": "x"}),
-     "400 .*Invalid parent"),
-    (_upload(parent=PARENT, model_id="9lives", model={"display_name": "x"}), "400 .*Invalid model_id"),
-    (_upload(parent=PARENT, parent_model=f"{PARENT}/models/nope", model={"display_name": "x"}),
-     "404 .*parent model .*nope does not exist"),
-    (_upload(parent=PARENT, model_id="x", model={"display_name": "x", "artifact_uri": "gs://b/m"}),
-     "400 .*container_spec.image_uri is required"),
-    (_upload(parent=PARENT, model_id="x", model={"display_name": "x", "labels": {"A": "b"}}), "400 .*Invalid label"),
-    (_upload(parent=PARENT, model_id="x", model={}), "400 .*display_name is required"),
-    (lambda c: c.get_model(name=f"{MODEL}@7"), "404 .*no version 7"),
-    (lambda c: c.get_model(name=f"{MODEL}@golden"), "404 .*no version has the alias 'golden'"),
-    (lambda c: c.get_model(name=f"{PARENT}/models/nope"), "404 .*nope does not exist"),
-    (lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["-default"]),
-     "400 .*default alias cannot be removed"),
-    (lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["42"]), "400 .*Invalid version alias"),
-    (lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["Golden"]), "400 .*Invalid version alias"),
-])
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (
+            _upload(parent=PARENT, model_id="gemma-ft", model={"display_name": "gemma-ft"}),
+            "409 .*Model projects/tpupipe-emulated/locations/us-east5/models/gemma-ft already exists",
+        ),
+        (
+            _upload(parent=f"projects/{PROJECT}/locations/us_east5", model_id="x", model={"display_name": "x"}),
+            "400 .*Invalid parent",
+        ),
+        (_upload(parent=PARENT, model_id="9lives", model={"display_name": "x"}), "400 .*Invalid model_id"),
+        (
+            _upload(parent=PARENT, parent_model=f"{PARENT}/models/nope", model={"display_name": "x"}),
+            "404 .*parent model .*nope does not exist",
+        ),
+        (
+            _upload(parent=PARENT, model_id="x", model={"display_name": "x", "artifact_uri": "gs://b/m"}),
+            "400 .*container_spec.image_uri is required",
+        ),
+        (
+            _upload(parent=PARENT, model_id="x", model={"display_name": "x", "labels": {"A": "b"}}),
+            "400 .*Invalid label",
+        ),
+        (_upload(parent=PARENT, model_id="x", model={}), "400 .*display_name is required"),
+        (lambda c: c.get_model(name=f"{MODEL}@7"), "404 .*no version 7"),
+        (lambda c: c.get_model(name=f"{MODEL}@golden"), "404 .*no version has the alias 'golden'"),
+        (lambda c: c.get_model(name=f"{PARENT}/models/nope"), "404 .*nope does not exist"),
+        (
+            lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["-default"]),
+            "400 .*default alias cannot be removed",
+        ),
+        (lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["42"]), "400 .*Invalid version alias"),
+        (
+            lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["Golden"]),
+            "400 .*Invalid version alias",
+        ),
+    ],
+)
 def test_the_emulator_answers_as_vertex_does(vertex, vertex_registry, call, error):
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
     _registered(vertex_registry, 1)
     client = aiplatform_v1.ModelServiceClient(
-        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint})
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
+    )
     with pytest.raises(exceptions.GoogleAPICallError, match=error):
         call(client)
 
@@ -352,7 +411,8 @@ def test_the_emulator_moves_an_alias_and_default_stays_on_one_version(vertex, ve
 
     _registered(vertex_registry, 2)
     client = aiplatform_v1.ModelServiceClient(
-        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint})
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
+    )
     client.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["golden"])
     moved = client.merge_version_aliases(name=f"{MODEL}@2", version_aliases=["golden", "default"])
     assert sorted(moved.version_aliases) == ["default", "golden"]
@@ -386,7 +446,8 @@ def test_two_writers_never_share_a_version_id_nor_leave_half_a_file(tmp_path):
     model = tmp_path / "registry" / "gemma-ft"
     assert json.loads((model / "aliases.json").read_text()) == {"champion": "1", "champion-1": "1"}
     assert sorted(p.name for p in model.rglob("*") if p.is_file() and p.name != ".lock") == sorted(
-        ["aliases.json", *(f"{n}.json" for n in range(1, 17))])  # no temporary file left behind
+        ["aliases.json", *(f"{n}.json" for n in range(1, 17))]
+    )  # no temporary file left behind
 
 
 # ---------------------------------------------------------------- tpupipe models
@@ -426,22 +487,32 @@ def test_models_commands_list_show_promote_and_rollback(backend, tmp_path, capsy
     assert main(["models", "list", "gemma-ft", *place]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[0], r[1], r[3], r[4], r[5]) for r in rows] == [
-        ("1", "-", "1.0031", "gemma-run-1", artifact(1)), ("2", "champion", "1.0031", "gemma-run-2", artifact(2))]
+        ("1", "-", "1.0031", "gemma-run-1", artifact(1)),
+        ("2", "champion", "1.0031", "gemma-run-2", artifact(2)),
+    ]
 
     assert main(["models", "rollback", "gemma-ft", *place]) == 0
     assert capsys.readouterr().out == "gemma-ft: champion moved back to version 1 (from 2)\n"
     assert registry.champion("gemma-ft").version == "1"
 
 
-@pytest.mark.parametrize(("argv", "error"), [
-    (["models", "show", "nope@1"], "tpupipe: error: name: no model 'nope' in "),
-    (["models", "list", "nope"], "tpupipe: error: name: no model 'nope' in "),
-    (["models", "show", "gemma-ft@7"], "tpupipe: error: version: model 'gemma-ft' has no version or alias '7' "
-                                       "(valid: 1)"),
-    (["models", "promote", "gemma-ft", "7"], "tpupipe: error: version: model 'gemma-ft' has no version '7' (valid: 1)"),
-    (["models", "rollback", "gemma-ft"], "tpupipe: error: name: 'gemma-ft': no earlier champion to roll back to"),
-    (["models", "rollback", "nope"], "tpupipe: error: name: no model 'nope' in "),
-])
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["models", "show", "nope@1"], "tpupipe: error: name: no model 'nope' in "),
+        (["models", "list", "nope"], "tpupipe: error: name: no model 'nope' in "),
+        (
+            ["models", "show", "gemma-ft@7"],
+            "tpupipe: error: version: model 'gemma-ft' has no version or alias '7' (valid: 1)",
+        ),
+        (
+            ["models", "promote", "gemma-ft", "7"],
+            "tpupipe: error: version: model 'gemma-ft' has no version '7' (valid: 1)",
+        ),
+        (["models", "rollback", "gemma-ft"], "tpupipe: error: name: 'gemma-ft': no earlier champion to roll back to"),
+        (["models", "rollback", "nope"], "tpupipe: error: name: no model 'nope' in "),
+    ],
+)
 def test_models_commands_exit_2_naming_the_unknown_field(backend, tmp_path, capsys, argv, error):
     _registered(_open(backend, tmp_path), 1)
     assert main([*argv, *_place(backend, tmp_path)]) == 2
@@ -460,6 +531,8 @@ def test_models_command_denied_exits_1_naming_the_permission(vertex, capsys):
     vertex.fail("ListModels", 403)
     assert main(["models", "list", "--project", PROJECT, "--region", REGION]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("tpupipe: error: Vertex AI Model Registry (projects/tpupipe-emulated/locations/us-east5): "
-                          "listing the models: permission aiplatform.models.list denied in project tpupipe-emulated")
+    assert err.startswith(
+        "tpupipe: error: Vertex AI Model Registry (projects/tpupipe-emulated/locations/us-east5): "
+        "listing the models: permission aiplatform.models.list denied in project tpupipe-emulated"
+    )
     assert vertex.calls == ["ListModels"]

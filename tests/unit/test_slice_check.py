@@ -11,28 +11,46 @@ from trainers import slice_check
 
 
 def _actor(node: str, worker_id=None, ids=(), slice_name="", host=""):
-    return {"node_id": node, "worker_id": worker_id, "accelerator_ids": list(ids), "slice": slice_name,
-            "host": host or node}
+    return {
+        "node_id": node,
+        "worker_id": worker_id,
+        "accelerator_ids": list(ids),
+        "slice": slice_name,
+        "host": host or node,
+    }
 
 
 def test_rank_is_worker_id_times_devices_per_host_plus_accelerator_id():
     # A v6e 2x4-like slice: 2 hosts x 4 chips, the bundles placed in no particular order.
-    infos = [_actor("b", "1", ["2"]), _actor("a", "0", ["0"]), _actor("b", "1", ["0"]), _actor("a", "0", ["3"]),
-             _actor("a", "0", ["1"]), _actor("b", "1", ["3"]), _actor("a", "0", ["2"]), _actor("b", "1", ["1"])]
+    infos = [
+        _actor("b", "1", ["2"]),
+        _actor("a", "0", ["0"]),
+        _actor("b", "1", ["0"]),
+        _actor("a", "0", ["3"]),
+        _actor("a", "0", ["1"]),
+        _actor("b", "1", ["3"]),
+        _actor("a", "0", ["2"]),
+        _actor("b", "1", ["1"]),
+    ]
     assert slice_check.assign_ranks(infos, 4, per_device=True) == [6, 0, 4, 3, 1, 7, 2, 5]
 
 
 def test_emulated_hosts_without_worker_ids_rank_by_bundle_order_and_slices_follow_one_another():
     assert slice_check.assign_ranks([_actor("x"), _actor("y")], 1, per_device=True) == [0, 1]
-    infos = [_actor("s1h0", "0", slice_name="s1"), _actor("s0h1", "1", slice_name="s0"),
-             _actor("s0h0", "0", slice_name="s0"), _actor("s1h1", "1", slice_name="s1")]
+    infos = [
+        _actor("s1h0", "0", slice_name="s1"),
+        _actor("s0h1", "1", slice_name="s0"),
+        _actor("s0h0", "0", slice_name="s0"),
+        _actor("s1h1", "1", slice_name="s1"),
+    ]
     assert slice_check.assign_ranks(infos, 4, per_device=False) == [2, 1, 0, 3]
 
 
 def test_two_actors_on_one_rank_are_named():
     with pytest.raises(ValueError, match="rank 0 on host-a"):
-        slice_check.assign_ranks([_actor("a", "0", ["0"], host="host-a"), _actor("a", "0", ["0"], host="host-a")],
-                                 2, per_device=True)
+        slice_check.assign_ranks(
+            [_actor("a", "0", ["0"], host="host-a"), _actor("a", "0", ["0"], host="host-a")], 2, per_device=True
+        )
 
 
 def test_the_all_reduce_of_rank_plus_one_is_n_n_plus_one_over_two():

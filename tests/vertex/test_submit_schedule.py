@@ -37,8 +37,7 @@ def _env(project) -> dict[str, str]:
 
 
 def _tpupipe(project, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([*tpupipe_cmd(), *args], env=_env(project), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([*tpupipe_cmd(), *args], env=_env(project), capture_output=True, text=True, timeout=timeout)
 
 
 def _job(project, name: str):
@@ -53,10 +52,13 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
     project.extras.append(secrets)
     version = secrets.add(PROJECT, "hf-token", SENTINEL.encode())
     _published(project)
-    overrides = OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret") + \
-        f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token cluster.slice_check=false"
-    proc = _tpupipe(project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--wait",
-                    "--label", "team=ml")
+    overrides = (
+        OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret")
+        + f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token cluster.slice_check=false"
+    )
+    proc = _tpupipe(
+        project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--wait", "--label", "team=ml"
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "submitted projects/" in proc.stdout and "console.cloud.google.com/vertex-ai" in proc.stdout
     assert "succeeded" in proc.stdout
@@ -69,8 +71,14 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
     objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")
     others = "\n".join(body for _, path, body in project.kube.bodies if body not in created)
     plan = _tpupipe(project, "plan", "local-fsdp", "--set", overrides, "--output", "json")
-    for where, text in (("cli", proc.stdout + proc.stderr), ("task logs", logs), ("bucket", objects),
-                        ("other requests", others), ("plan", plan.stdout), ("job", str(job.resource))):
+    for where, text in (
+        ("cli", proc.stdout + proc.stderr),
+        ("task logs", logs),
+        ("bucket", objects),
+        ("other requests", others),
+        ("plan", plan.stdout),
+        ("job", str(job.resource)),
+    ):
         assert SENTINEL not in text and ENCODED not in text, where
     assert project.rayclusters(job.resource["name"].rsplit("/", 1)[-1]) == []
 
@@ -96,8 +104,13 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
         time.sleep(1)
     listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
     assert name.rsplit("/", 1)[-1] in listed.stdout, listed.stdout + listed.stderr
-    cancelling = subprocess.Popen([*tpupipe_cmd(), "runs", "cancel", name.rsplit("/", 1)[-1], *PLACE],
-                                  env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cancelling = subprocess.Popen(
+        [*tpupipe_cmd(), "runs", "cancel", name.rsplit("/", 1)[-1], *PLACE],
+        env=_env(project),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     while "CancelPipelineJob" not in project.vertex.calls and cancelling.poll() is None:
         time.sleep(0.1)
     project.gke.polls_to_done = 2  # teardown's deletes finish as usual
@@ -116,8 +129,21 @@ def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resum
     project.gke.stockout(when=lambda request: True, times=1_000)
     _published(project)
     vertex = project.vertex
-    created = _tpupipe(project, "schedule", "create", "weekly", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT,
-                       "--cron", "TZ=Europe/Paris 0 3 * * 1", "--max-concurrent", "1")
+    created = _tpupipe(
+        project,
+        "schedule",
+        "create",
+        "weekly",
+        "local-fsdp",
+        "--set",
+        OVERRIDES,
+        *PLACE,
+        *ACCOUNT,
+        "--cron",
+        "TZ=Europe/Paris 0 3 * * 1",
+        "--max-concurrent",
+        "1",
+    )
     assert created.returncode == 0, created.stderr[-3000:]
     week = timedelta(days=7)
     first = vertex.advance(vertex.clock + week)
@@ -143,16 +169,45 @@ def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resum
     assert "weekly" not in _tpupipe(project, "schedule", "list", *PLACE).stdout
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["submit", "no-such-preset", *PLACE], "preset"),
-    (["submit", "local-fsdp", "--set", OVERRIDES, *PLACE, "--pipeline-root", "/tmp/root"], "--pipeline-root"),
-    (["submit", "local-fsdp", "--set", OVERRIDES, "--region", REGION], "--project"),
-    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "0 25 * * *"], "--cron"),
-    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "TZ=Mars/Olympus 0 3 * * *"],
-     "--cron"),
-    (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "0 3 * * *",
-      "--run-id", "fixed"], "run_id"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["submit", "no-such-preset", *PLACE], "preset"),
+        (["submit", "local-fsdp", "--set", OVERRIDES, *PLACE, "--pipeline-root", "/tmp/root"], "--pipeline-root"),
+        (["submit", "local-fsdp", "--set", OVERRIDES, "--region", REGION], "--project"),
+        (["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, *PLACE, "--cron", "0 25 * * *"], "--cron"),
+        (
+            [
+                "schedule",
+                "create",
+                "nightly",
+                "local-fsdp",
+                "--set",
+                OVERRIDES,
+                *PLACE,
+                "--cron",
+                "TZ=Mars/Olympus 0 3 * * *",
+            ],
+            "--cron",
+        ),
+        (
+            [
+                "schedule",
+                "create",
+                "nightly",
+                "local-fsdp",
+                "--set",
+                OVERRIDES,
+                *PLACE,
+                "--cron",
+                "0 3 * * *",
+                "--run-id",
+                "fixed",
+            ],
+            "run_id",
+        ),
+    ],
+)
 def test_bad_input_exits_2_naming_the_field_before_any_call(project_factory, args, field):
     project = project_factory(vertex=True)
     env = {k: v for k, v in _env(project).items() if k != "GOOGLE_CLOUD_PROJECT"}

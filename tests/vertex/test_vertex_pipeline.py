@@ -24,8 +24,17 @@ SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
 MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
-STAGES = ["provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "register", "promote",
-          "teardown"]
+STAGES = [
+    "provision",
+    "build_image",
+    "deploy_raycluster",
+    "check_slice",
+    "train",
+    "evaluate",
+    "register",
+    "promote",
+    "teardown",
+]
 
 
 def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
@@ -36,11 +45,20 @@ def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
     target = Target(project=PROJECT, region=REGION)
     template = compile_pipeline(str(tmp_path / "tpupipe.yaml"), target)
     publish(target, "tpupipe-pipelines", "v1", log=lambda m: None)
-    aiplatform.init(project=PROJECT, location=REGION, api_endpoint=project.vertex.endpoint, api_transport="rest",
-                    credentials=Credentials(token=project.token))
-    job = aiplatform.PipelineJob(display_name="tpupipe", template_path=template, job_id=job_id,
-                                 pipeline_root=f"gs://{PROJECT}-pipeline-root/{job_id}",
-                                 parameter_values={"preset": "local-fsdp", "overrides": overrides})
+    aiplatform.init(
+        project=PROJECT,
+        location=REGION,
+        api_endpoint=project.vertex.endpoint,
+        api_transport="rest",
+        credentials=Credentials(token=project.token),
+    )
+    job = aiplatform.PipelineJob(
+        display_name="tpupipe",
+        template_path=template,
+        job_id=job_id,
+        pipeline_root=f"gs://{PROJECT}-pipeline-root/{job_id}",
+        parameter_values={"preset": "local-fsdp", "overrides": overrides},
+    )
     job.submit(service_account=SERVICE_ACCOUNT)
     return job.resource_name
 
@@ -69,8 +87,9 @@ def _nothing_left(project, run_id: str) -> None:
     assert project.storage.members(BUCKET, "roles/storage.objectUser") == []
 
 
-def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(tmp_path,
-                                                                                               project_factory):
+def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(
+    tmp_path, project_factory
+):
     """The pipeline on Vertex AI, then the gate: the first job's model becomes the champion in Vertex AI Model
     Registry (the emulated ModelService); a second job that trains worse is registered and not promoted; a third
     that continues from the champion trains better and is promoted."""
@@ -126,7 +145,11 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     first = champion.provenance
     assert set(PROVENANCE_FIELDS) <= set(first)
     assert (first["run_id"], first["pipeline_job"], first["accelerator"], first["topology"]) == (
-        "vx-ok", "vx-ok", "v6e", "2x2")
+        "vx-ok",
+        "vx-ok",
+        "v6e",
+        "2x2",
+    )
     assert first["trainer_image"].startswith(f"{REGION}-docker.pkg.dev/{PROJECT}/tpupipe/torch:vx-ok@sha256:")
     assert first["git_sha"] and first["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert summary["gate"]["decision"] == "promote" and summary["gate"]["promoted"] is True
@@ -149,7 +172,8 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert gate["eval_loss"] > gate["champion_loss"]
     metrics = tasks["register"]["outputs"]["metrics"]["artifacts"][0]["metadata"]
     assert (metrics["promote"], metrics["eval_loss"], metrics["champion_loss"]) == pytest.approx(
-        (0.0, gate["eval_loss"], gate["champion_loss"]))
+        (0.0, gate["eval_loss"], gate["champion_loss"])
+    )
     table = _artifact_text(project, tasks["register"]["outputs"]["gate"]["artifacts"][0])
     assert f"| new: `{MODEL}@2` | {gate['eval_loss']:.4f} |" in table
     assert f"| champion: `{MODEL}@1` | {gate['champion_loss']:.4f} |" in table
@@ -162,8 +186,9 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
 
     # A third job continues from the champion (``train.init_from=champion``, resolved by its train task from the
     # Model Registry): its "before" held-out loss is the champion's "after"; it trains better and is promoted.
-    better = OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false" \
-        " train.init_from=champion"
+    better = (
+        OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.init_from=champion"
+    )
     third = project.vertex.wait(_submit(project, tmp_path, "vx-better", better), timeout_s=1500)
     tasks = _tasks(third)
     assert third["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
@@ -186,12 +211,18 @@ def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_fac
 
     project = project_factory(ray=True, vertex=True)
     # The slice check (shown by the run above) is off: this is about cancelling the train job.
-    name = _submit(project, tmp_path, "vx-cancel",
-                   OVERRIDES.replace("train.epochs=2", "train.epochs=50") + " cluster.slice_check=false")
+    name = _submit(
+        project,
+        tmp_path,
+        "vx-cancel",
+        OVERRIDES.replace("train.epochs=2", "train.epochs=50") + " cluster.slice_check=false",
+    )
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        if any(m == "POST" and p.endswith("/proxy/api/jobs/") and "vx-cancel-train" in body
-               for m, p, body in project.kube.bodies):
+        if any(
+            m == "POST" and p.endswith("/proxy/api/jobs/") and "vx-cancel-train" in body
+            for m, p, body in project.kube.bodies
+        ):
             break
         time.sleep(1)
     else:

@@ -97,7 +97,8 @@ def registry_client(creds=None):
         from google.cloud.artifactregistry_v1.services.artifact_registry.transports import ArtifactRegistryGrpcTransport
 
         return artifactregistry_v1.ArtifactRegistryClient(
-            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host)))
+            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host))
+        )
     return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
 
 
@@ -108,8 +109,9 @@ class Registry(Adapter):
     def __init__(self, client, **options):
         super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
 
-    def ensure(self, project: str, location: str, repository: str, fmt: str = "DOCKER",
-               field: str = "gke.artifact_repository") -> str:
+    def ensure(
+        self, project: str, location: str, repository: str, fmt: str = "DOCKER", field: str = "gke.artifact_repository"
+    ) -> str:
         from google.api_core import exceptions as gexc
         from google.cloud import artifactregistry_v1
 
@@ -122,22 +124,36 @@ class Registry(Adapter):
             found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
             if found.format_ != docker:
                 kind = "Docker" if fmt == "DOCKER" else fmt
-                raise SpecError(field, f"{name} is a {found.format_.name} repository, not {kind}",
-                                [f"a {kind} repository", "a new name"])
+                raise SpecError(
+                    field,
+                    f"{name} is a {found.format_.name} repository, not {kind}",
+                    [f"a {kind} repository", "a new name"],
+                )
             self.log(f"Artifact Registry repository {name} exists: pushing there")
             return name
         except gexc.NotFound:
             pass
-        request = {"parent": parent, "repository_id": repository,
-                   "repository": {"format_": docker, "description": f"tpupipe {'images' if fmt == 'DOCKER' else
-                                                                                    'pipeline templates'}"}}
+        request = {
+            "parent": parent,
+            "repository_id": repository,
+            "repository": {
+                "format_": docker,
+                "description": f"tpupipe {'images' if fmt == 'DOCKER' else 'pipeline templates'}",
+            },
+        }
         try:
             op = self.call(f"create repository {name}", lambda: self.client.create_repository(request=request))
         except gexc.AlreadyExists:
             return name
         self.log(f"creating Artifact Registry repository {name} (kept after the run)")
-        wait_for(lambda: True if op.done() else None, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
-                 what=f"repository {name} to be created", clock=self.clock, sleep=self.sleep)
+        wait_for(
+            lambda: True if op.done() else None,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"repository {name} to be created",
+            clock=self.clock,
+            sleep=self.sleep,
+        )
         op.result()  # raises the operation's error, if it ended in one
         return name
 
@@ -167,8 +183,12 @@ class CloudBuild(Adapter):
 
     def find(self, tag: str):
         """The newest build with ``tag`` that succeeded or is still running, or None."""
-        builds = self.call("list builds", lambda: self.client.list_builds(
-            request={"project_id": self.project, "parent": self.parent, "filter": f'tags="{tag}"'}))
+        builds = self.call(
+            "list builds",
+            lambda: self.client.list_builds(
+                request={"project_id": self.project, "parent": self.parent, "filter": f'tags="{tag}"'}
+            ),
+        )
         for build in builds:
             if build.status.name == "SUCCESS" or build.status.name in RUNNING:
                 return build
@@ -186,18 +206,27 @@ class CloudBuild(Adapter):
         if build is not None:
             self.log(f"image build {build.id} of this run is {build.status.name}: waiting for it")
         else:
-            request = {"project_id": self.project, "parent": self.parent,
-                       "build": cloudbuild_v1.Build.from_json(json.dumps(body))}
+            request = {
+                "project_id": self.project,
+                "parent": self.parent,
+                "build": cloudbuild_v1.Build.from_json(json.dumps(body)),
+            }
             op = self.call("create build", lambda: self.client.create_build(request=request))
             build = op.metadata.build
             record("build", f"{self.parent}/builds/{build.id}")
-            self.log(f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
-                     + (f", log {build.log_url}" if build.log_url else ""))
+            self.log(
+                f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
+                + (f", log {build.log_url}" if build.log_url else "")
+            )
         return self.wait(build.id, timeout_s)
 
     def get(self, build_id: str):
-        return self.call(f"get build {build_id}", lambda: self.client.get_build(
-            request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}))
+        return self.call(
+            f"get build {build_id}",
+            lambda: self.client.get_build(
+                request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
+            ),
+        )
 
     def wait(self, build_id: str, timeout_s: float):
         started = self.clock()
@@ -205,8 +234,9 @@ class CloudBuild(Adapter):
 
         def cancel(signum: int) -> None:
             self.log(f"  image build {build_id}: {signal_name(signum)}: cancelling it")
-            self.client.cancel_build(request={"project_id": self.project, "id": build_id,
-                                              "name": f"{self.parent}/builds/{build_id}"})
+            self.client.cancel_build(
+                request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
+            )
 
         def poll():
             build = self.get(build_id)
@@ -218,12 +248,20 @@ class CloudBuild(Adapter):
             return None if build.status.name in RUNNING else build
 
         with on_interrupt(cancel, log=self.log):
-            build = wait_for(poll, timeout_s=timeout_s, interval_s=self.poll_s,
-                             progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
-                             what=f"image build {build_id}", clock=self.clock, sleep=self.sleep)
+            build = wait_for(
+                poll,
+                timeout_s=timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
+                what=f"image build {build_id}",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
         if build.status.name != "SUCCESS":
-            raise BuildFailed(f"image build {build_id} ended {build.status.name}: {build.status_detail or 'no detail'}"
-                              + (f"; log {build.log_url}" if build.log_url else ""))
+            raise BuildFailed(
+                f"image build {build_id} ended {build.status.name}: {build.status_detail or 'no detail'}"
+                + (f"; log {build.log_url}" if build.log_url else "")
+            )
         digests = ", ".join(f"{i.name}@{i.digest}" for i in build.results.images)
         self.log(f"  image build {build_id}: pushed {digests} in {self.clock() - started:.0f}s")
         return build

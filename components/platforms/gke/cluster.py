@@ -26,8 +26,14 @@ from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
 from components.spec import InfraError
 
-STOCKOUT_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "GCE_STOCKOUT", "does not have enough resources",
-                    "STOCKOUT", "QUOTA_EXCEEDED", "Insufficient quota")
+STOCKOUT_MARKERS = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "GCE_STOCKOUT",
+    "does not have enough resources",
+    "STOCKOUT",
+    "QUOTA_EXCEEDED",
+    "Insufficient quota",
+)
 RESOURCE_EXHAUSTED = 8
 
 
@@ -68,16 +74,18 @@ def cluster_manager(creds=None):
         import grpc
         from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcTransport
 
-        return container_v1.ClusterManagerClient(transport=ClusterManagerGrpcTransport(
-            channel=grpc.insecure_channel(host)))
+        return container_v1.ClusterManagerClient(
+            transport=ClusterManagerGrpcTransport(channel=grpc.insecure_channel(host))
+        )
     return container_v1.ClusterManagerClient(credentials=creds or credentials())
 
 
 # ---------------------------------------------------------------- shared by the Google Cloud adapters
 
 
-def call_with_retry(what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None],
-                    sleep: Callable[[float], None]) -> Any:
+def call_with_retry(
+    what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
+) -> Any:
     """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) retried with backoff."""
     from google.api_core import exceptions as gexc
 
@@ -88,8 +96,10 @@ def call_with_retry(what: str, fn: Callable[[], Any], retry: RetryPolicy, log: C
         except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout) as exc:
             if attempt == retry.attempts:
                 raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc
-            log(f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
-                f"(attempt {attempt + 1}/{retry.attempts})")
+            log(
+                f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
+                f"(attempt {attempt + 1}/{retry.attempts})"
+            )
             sleep(delay)
             delay = min(delay * retry.multiplier, retry.max_s)
     raise AssertionError("unreachable")
@@ -97,9 +107,11 @@ def call_with_retry(what: str, fn: Callable[[], Any], retry: RetryPolicy, log: C
 
 def progress_every(period_s: float, poll_s: float, what: str, log: Callable[[str], None]) -> Callable[[float], None]:
     """A ``wait_for`` progress callback that logs ``what`` is running about every ``period_s``."""
+
     def progress(elapsed: float) -> None:
         if int(elapsed) // period_s != int(elapsed - poll_s) // period_s or elapsed < poll_s:
             log(f"  {what}: running ({elapsed:.0f}s)")
+
     return progress
 
 
@@ -115,9 +127,17 @@ class Adapter:
     retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
     tests)."""
 
-    def __init__(self, client, *, log: Callable[[str], None] = print, retry: RetryPolicy | None = None,
-                 operation_timeout_s: float = 1800.0, poll_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        client,
+        *,
+        log: Callable[[str], None] = print,
+        retry: RetryPolicy | None = None,
+        operation_timeout_s: float = 1800.0,
+        poll_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.client = client
         self.log = log
         self.retry = retry or RetryPolicy()
@@ -167,9 +187,15 @@ class Gke(Adapter):
             return current if current.status == container_v1.Operation.Status.DONE else None
 
         with on_interrupt(cancel, log=self.log):
-            done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
-                            progress=progress_every(30, self.poll_s, what, self.log),
-                            what=f"{what} (operation {op.name})", clock=self.clock, sleep=self.sleep)
+            done = wait_for(
+                poll,
+                timeout_s=self.operation_timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(30, self.poll_s, what, self.log),
+                what=f"{what} (operation {op.name})",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
         if done.error and done.error.code:
             message = done.error.message or done.status_message
             if done.error.code == RESOURCE_EXHAUSTED or is_capacity_error(message):
@@ -186,8 +212,14 @@ class Gke(Adapter):
         cluster = self.get_cluster(name)
         if cluster is None:
             record("cluster", name)
-            self._create("cluster", name, parent, lambda: self.client.create_cluster(
-                parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))))
+            self._create(
+                "cluster",
+                name,
+                parent,
+                lambda: self.client.create_cluster(
+                    parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))
+                ),
+            )
             cluster = self.get_cluster(name)
         else:
             self.log(f"GKE cluster {name} exists ({cluster.status.name}): reusing it")
@@ -202,13 +234,19 @@ class Gke(Adapter):
         pool = self.get_node_pool(name)
         if pool is None:
             record("node_pool", name)
-            self._create(f"node pool ({body['config']['machineType']} x {body.get('initialNodeCount', 0)})",
-                         name, location_path, lambda: self.client.create_node_pool(
-                             parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))))
+            self._create(
+                f"node pool ({body['config']['machineType']} x {body.get('initialNodeCount', 0)})",
+                name,
+                location_path,
+                lambda: self.client.create_node_pool(
+                    parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))
+                ),
+            )
         else:
             self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
-        return self._wait_running(name, lambda: self.get_node_pool(name), container_v1.NodePool.Status,
-                                  what="node pool")
+        return self._wait_running(
+            name, lambda: self.get_node_pool(name), container_v1.NodePool.Status, what="node pool"
+        )
 
     def _create(self, kind: str, name: str, location_path: str, rpc: Callable[[], Any]) -> None:
         """Create and wait; ALREADY_EXISTS is a reuse, quota or stockout one CapacityError."""
@@ -240,8 +278,14 @@ class Gke(Adapter):
                 raise GkeError(f"{what} {name} is being deleted")
             return None
 
-        return wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
-                        what=f"{what} {name} to be RUNNING", clock=self.clock, sleep=self.sleep)
+        return wait_for(
+            poll,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"{what} {name} to be RUNNING",
+            clock=self.clock,
+            sleep=self.sleep,
+        )
 
     # -- an existing cluster's features
     def enable(self, name: str, features, project: str) -> list[str]:
@@ -254,8 +298,9 @@ class Gke(Adapter):
         for feature in features:
             update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
             short = name.rsplit("/", 1)[-1]
-            op = self.call(f"enable {feature.name} in {short}",
-                           lambda u=update: self.client.update_cluster(name=name, update=u))
+            op = self.call(
+                f"enable {feature.name} in {short}", lambda u=update: self.client.update_cluster(name=name, update=u)
+            )
             self.log(f"cluster {short}: enabling the {feature.name} (kept after the run)")
             self.wait(location_path, op, f"enable {feature.name} in {short}")
             self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
@@ -295,8 +340,11 @@ class Gke(Adapter):
             if key in cl.resource_labels:
                 found.append((cl.resource_labels[key], "cluster", name, cl.create_time))
                 continue
-            found += [(p.config.resource_labels[key], "node_pool", f"{name}/nodePools/{p.name}", cl.create_time)
-                      for p in cl.node_pools if key in p.config.resource_labels]
+            found += [
+                (p.config.resource_labels[key], "node_pool", f"{name}/nodePools/{p.name}", cl.create_time)
+                for p in cl.node_pools
+                if key in p.config.resource_labels
+            ]
         return found
 
     def pools_with_label(self, cluster_name: str, key: str, value: str) -> list[str]:
@@ -306,9 +354,23 @@ class Gke(Adapter):
             response = self.call("list node pools", lambda: self.client.list_node_pools(parent=cluster_name))
         except gexc.NotFound:
             return []
-        return [f"{cluster_name}/nodePools/{p.name}" for p in response.node_pools
-                if p.config.resource_labels.get(key) == value]
+        return [
+            f"{cluster_name}/nodePools/{p.name}"
+            for p in response.node_pools
+            if p.config.resource_labels.get(key) == value
+        ]
 
 
-__all__ = ["Adapter", "CapacityError", "DeadlineExceeded", "Gke", "GkeError", "RetryPolicy", "access_token",
-           "call_with_retry", "cluster_manager", "credentials", "progress_every"]
+__all__ = [
+    "Adapter",
+    "CapacityError",
+    "DeadlineExceeded",
+    "Gke",
+    "GkeError",
+    "RetryPolicy",
+    "access_token",
+    "call_with_retry",
+    "cluster_manager",
+    "credentials",
+    "progress_every",
+]

@@ -72,9 +72,19 @@ def clients(creds=None) -> Clients:
     host = os.environ.get(EMULATOR_HOST_ENV)
     options = ClientOptions(api_endpoint=host) if host else None
     creds = creds or credentials()
-    return Clients(*(getattr(compute_v1, name)(credentials=creds, client_options=options)
-                     for name in ("NetworksClient", "SubnetworksClient", "ResourcePoliciesClient",
-                                  "FirewallsClient", "GlobalOperationsClient", "RegionOperationsClient")))
+    return Clients(
+        *(
+            getattr(compute_v1, name)(credentials=creds, client_options=options)
+            for name in (
+                "NetworksClient",
+                "SubnetworksClient",
+                "ResourcePoliciesClient",
+                "FirewallsClient",
+                "GlobalOperationsClient",
+                "RegionOperationsClient",
+            )
+        )
+    )
 
 
 def _request(kind: str, resource_path: str) -> dict[str, str]:
@@ -100,8 +110,9 @@ class Compute(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            return self.call(f"get {kind} {resource_path}",
-                             lambda: self._client(kind).get(**_request(kind, resource_path)))
+            return self.call(
+                f"get {kind} {resource_path}", lambda: self._client(kind).get(**_request(kind, resource_path))
+            )
         except gexc.NotFound:
             return None
 
@@ -135,8 +146,9 @@ class Compute(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            op = self.call(f"delete {kind} {resource_path}",
-                           lambda: self._client(kind).delete(**_request(kind, resource_path)))
+            op = self.call(
+                f"delete {kind} {resource_path}", lambda: self._client(kind).delete(**_request(kind, resource_path))
+            )
         except gexc.NotFound:
             return False
         self.log(f"deleting {kind} {resource_path}")
@@ -156,17 +168,25 @@ class Compute(Adapter):
         started = self.clock()
 
         def stop(signum: int) -> None:
-            self.log(f"  {what}: {signal_name(signum)}: no longer waiting on operation {operation} (Compute operations "
-                     "cannot be cancelled; teardown deletes what the run recorded)")
+            self.log(
+                f"  {what}: {signal_name(signum)}: no longer waiting on operation {operation} (Compute operations "
+                "cannot be cancelled; teardown deletes what the run recorded)"
+            )
 
         def poll():
             current = self.call(f"get operation {operation}", lambda: client.get(operation=operation, **request))
             return current if current.status == compute_v1.Operation.Status.DONE else None
 
         with on_interrupt(stop, log=self.log):
-            done = wait_for(poll, timeout_s=self.operation_timeout_s, interval_s=self.poll_s,
-                            progress=progress_every(30, self.poll_s, what, self.log),
-                            what=f"{what} (operation {operation})", clock=self.clock, sleep=self.sleep)
+            done = wait_for(
+                poll,
+                timeout_s=self.operation_timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(30, self.poll_s, what, self.log),
+                what=f"{what} (operation {operation})",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
         errors = "; ".join(f"{e.code}: {e.message}" for e in done.error.errors)
         if errors or done.http_error_status_code:
             message = f"{done.http_error_status_code} {done.http_error_message}: {errors}".strip()

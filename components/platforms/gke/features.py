@@ -42,7 +42,8 @@ class Feature:
         if not self.in_place:
             return f"{self.name} (refused when missing: {self.refused_because})"
         return f"{self.name} (enabled in place when missing, and kept" + (
-            f"; refused {self.conflict_summary})" if self.conflict_summary else ")")
+            f"; refused {self.conflict_summary})" if self.conflict_summary else ")"
+        )
 
 
 def _workload_pool(project: str) -> str:
@@ -50,24 +51,48 @@ def _workload_pool(project: str) -> str:
 
 
 FEATURES = (
-    Feature("Ray Operator add-on", lambda cl, p: cl.addons_config.ray_operator_config.enabled,
-            lambda p: {"desiredAddonsConfig": {"rayOperatorConfig": {"enabled": True}}}),
-    Feature("GCS FUSE CSI driver", lambda cl, p: cl.addons_config.gcs_fuse_csi_driver_config.enabled,
-            lambda p: {"desiredAddonsConfig": {"gcsFuseCsiDriverConfig": {"enabled": True}}}),
-    Feature("Workload Identity", lambda cl, p: cl.workload_identity_config.workload_pool == _workload_pool(p),
-            lambda p: {"desiredWorkloadIdentityConfig": {"workloadPool": _workload_pool(p)}},
-            conflict=lambda cl, p: (f"it uses the workload pool {cl.workload_identity_config.workload_pool}, and the "
-                                    f"run's bucket binding names {_workload_pool(p)}; changing a shared cluster's pool "
-                                    "would cut off its other workloads")
-            if cl.workload_identity_config.workload_pool else "",
-            conflict_summary="when the cluster uses another workload pool"),
-    Feature("Dataplane V2", lambda cl, p: int(cl.network_config.datapath_provider) == ADVANCED_DATAPATH, None,
-            refused_because="GKE chooses the dataplane when a cluster is created; use a cluster created with it, or "
-                            "let the run create its own (gke.cluster_name empty)"),
-    Feature("multi-networking", lambda cl, p: cl.network_config.enable_multi_networking,
-            lambda p: {"desiredEnableMultiNetworking": True},
-            needed=lambda spec: d.has_dcn_nics(spec) and spec.gke.multislice_network == "dcn_networks"
-            and spec.gke.cluster_mode == "standard"),
+    Feature(
+        "Ray Operator add-on",
+        lambda cl, p: cl.addons_config.ray_operator_config.enabled,
+        lambda p: {"desiredAddonsConfig": {"rayOperatorConfig": {"enabled": True}}},
+    ),
+    Feature(
+        "GCS FUSE CSI driver",
+        lambda cl, p: cl.addons_config.gcs_fuse_csi_driver_config.enabled,
+        lambda p: {"desiredAddonsConfig": {"gcsFuseCsiDriverConfig": {"enabled": True}}},
+    ),
+    Feature(
+        "Workload Identity",
+        lambda cl, p: cl.workload_identity_config.workload_pool == _workload_pool(p),
+        lambda p: {"desiredWorkloadIdentityConfig": {"workloadPool": _workload_pool(p)}},
+        conflict=lambda cl, p: (
+            (
+                f"it uses the workload pool {cl.workload_identity_config.workload_pool}, and the "
+                f"run's bucket binding names {_workload_pool(p)}; changing a shared cluster's pool "
+                "would cut off its other workloads"
+            )
+            if cl.workload_identity_config.workload_pool
+            else ""
+        ),
+        conflict_summary="when the cluster uses another workload pool",
+    ),
+    Feature(
+        "Dataplane V2",
+        lambda cl, p: int(cl.network_config.datapath_provider) == ADVANCED_DATAPATH,
+        None,
+        refused_because="GKE chooses the dataplane when a cluster is created; use a cluster created with it, or "
+        "let the run create its own (gke.cluster_name empty)",
+    ),
+    Feature(
+        "multi-networking",
+        lambda cl, p: cl.network_config.enable_multi_networking,
+        lambda p: {"desiredEnableMultiNetworking": True},
+        needed=lambda spec: (
+            d.has_dcn_nics(spec)
+            and spec.gke.multislice_network == "dcn_networks"
+            and spec.gke.cluster_mode == "standard"
+        ),
+    ),
 )
 
 

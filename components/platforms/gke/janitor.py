@@ -53,8 +53,12 @@ def limit_s(spec: RunSpec) -> float:
     """How long the run may take at most: provisioning and the build, the cluster's start, the slice check, the train
     and evaluate jobs (each bounded by its deadline)."""
     c = spec.cluster
-    return (PROVISION_AND_BUILD_S + ready_limits(spec).deadline_s
-            + (3 * c.slice_check_timeout_s if c.slice_check else 0) + 2 * spec.train.timeout_s)
+    return (
+        PROVISION_AND_BUILD_S
+        + ready_limits(spec).deadline_s
+        + (3 * c.slice_check_timeout_s if c.slice_check else 0)
+        + 2 * spec.train.timeout_s
+    )
 
 
 @dataclass
@@ -75,8 +79,15 @@ class Sweep:
 
 
 class Janitor:
-    def __init__(self, output_root: str, projects: tuple[str, ...] = (), older_than_s: float | None = None,
-                 log: Callable[[str], None] = print, now: Callable[[], float] = time.time, platform=None):
+    def __init__(
+        self,
+        output_root: str,
+        projects: tuple[str, ...] = (),
+        older_than_s: float | None = None,
+        log: Callable[[str], None] = print,
+        now: Callable[[], float] = time.time,
+        platform=None,
+    ):
         from components.platforms.gke.platform import GkePlatform
 
         self.output_root, self.projects, self.older_than_s = output_root, projects, older_than_s
@@ -131,16 +142,20 @@ class Janitor:
             kind, path, created = found[0]
             cluster = path.split("/nodePools/")[0]
             if kind == "node_pool":
-                sweep.kept.append(f"{run_id}: kept: node pools {', '.join(p.rsplit('/', 1)[-1] for _, p, _ in found)}"
-                                  f" carry its label but it left no ledger and a node pool has no creation time; "
-                                  f"`tpupipe teardown {run_id} --platform gke --preset PRESET --set "
-                                  f"gke.project={project} gke.cluster_name={cluster.rsplit('/', 1)[-1]}` removes them")
+                sweep.kept.append(
+                    f"{run_id}: kept: node pools {', '.join(p.rsplit('/', 1)[-1] for _, p, _ in found)}"
+                    f" carry its label but it left no ledger and a node pool has no creation time; "
+                    f"`tpupipe teardown {run_id} --platform gke --preset PRESET --set "
+                    f"gke.project={project} gke.cluster_name={cluster.rsplit('/', 1)[-1]}` removes them"
+                )
                 continue
             age = self.now() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else None
             limit = self.older_than_s if self.older_than_s is not None else DEFAULT_LIMIT_S
             if age is None or age < limit:
-                sweep.kept.append(f"{run_id}: kept: cluster {path.rsplit('/', 1)[-1]} carries its label, no ledger; "
-                                  f"created {'at an unknown time' if age is None else f'{age / 3600:.1f} h ago'}")
+                sweep.kept.append(
+                    f"{run_id}: kept: cluster {path.rsplit('/', 1)[-1]} carries its label, no ledger; "
+                    f"created {'at an unknown time' if age is None else f'{age / 3600:.1f} h ago'}"
+                )
                 continue
             sweep.collected.append(self._adopt(project, run_id, path, age))
 
@@ -149,15 +164,31 @@ class Janitor:
 
         location = cluster.split("/")[3]
         regional = location.count("-") == 1
-        spec = resolve(ADOPT_PRESET, f"gke.project={project} gke.zone={location + '-a' if regional else location}"
-                       + (" gke.cluster_mode=autopilot" if regional else ""))
+        spec = resolve(
+            ADOPT_PRESET,
+            f"gke.project={project} gke.zone={location + '-a' if regional else location}"
+            + (" gke.cluster_mode=autopilot" if regional else ""),
+        )
         store = open_store(self.output_root, run_id)
         parent = cluster.split("/clusters/")[0]
-        ledger = {"run_id": run_id, "platform": "gke", "parent": parent, "cluster": cluster, "owns_cluster": True,
-                  "created": [{"kind": "cluster", "name": cluster}], "adopted_by": "janitor", "spec": spec.to_dict()}
+        ledger = {
+            "run_id": run_id,
+            "platform": "gke",
+            "parent": parent,
+            "cluster": cluster,
+            "owns_cluster": True,
+            "created": [{"kind": "cluster", "name": cluster}],
+            "adopted_by": "janitor",
+            "spec": spec.to_dict(),
+        }
         ctx = RunContext(spec=spec, run_id=run_id, store=store, platform="gke")
-        return Found(run_id, f"no ledger; its cluster was created {age / 3600:.1f} h ago",
-                     [f"cluster {cluster.rsplit('/', 1)[-1]} (labelled {names.RUN_LABEL}={run_id})"], ctx, ledger)
+        return Found(
+            run_id,
+            f"no ledger; its cluster was created {age / 3600:.1f} h ago",
+            [f"cluster {cluster.rsplit('/', 1)[-1]} (labelled {names.RUN_LABEL}={run_id})"],
+            ctx,
+            ledger,
+        )
 
     # ---------------------------------------------------------------- deleting
     def sweep(self, dry_run: bool = False) -> Sweep:
@@ -190,8 +221,10 @@ def render(sweep: Sweep, dry_run: bool) -> str:
             done = sweep.deleted.get(found.run_id) or []
             lines += [f"  {verb} {what}" for what in done] or ["  nothing was left to delete"]
     lines += [f"{line}" for line in sweep.kept]
-    head = (f"tpupipe janitor{' --dry-run' if dry_run else ''}: {len(sweep.collected)} run"
-            f"{'s' if len(sweep.collected) != 1 else ''} to clean up" + ("" if sweep.collected else "; nothing found"))
+    head = (
+        f"tpupipe janitor{' --dry-run' if dry_run else ''}: {len(sweep.collected)} run"
+        f"{'s' if len(sweep.collected) != 1 else ''} to clean up" + ("" if sweep.collected else "; nothing found")
+    )
     return "\n".join([head, *lines]) + "\n"
 
 
@@ -200,8 +233,9 @@ def run_component(output_root: str, project: str, older_than: str, dry_run: bool
     summary (the runs deleted, kept and failed) as its output. A failed teardown fails the task, after the report."""
     from pathlib import Path
 
-    janitor = Janitor(output_root, tuple(p for p in project.split(",") if p),
-                      parse_age(older_than) if older_than else None)
+    janitor = Janitor(
+        output_root, tuple(p for p in project.split(",") if p), parse_age(older_than) if older_than else None
+    )
     sweep = janitor.sweep(dry_run)
     text = render(sweep, dry_run)
     print(text, end="")
@@ -211,5 +245,11 @@ def run_component(output_root: str, project: str, older_than: str, dry_run: bool
         from components.spec import InfraError
 
         raise InfraError("janitor: could not tear down " + "; ".join(f"{k}: {v}" for k, v in sweep.failed.items()))
-    return json.dumps({"collected": [f.run_id for f in sweep.collected], "deleted": sweep.deleted,
-                       "kept": sweep.kept, "dry_run": dry_run})
+    return json.dumps(
+        {
+            "collected": [f.run_id for f in sweep.collected],
+            "deleted": sweep.deleted,
+            "kept": sweep.kept,
+            "dry_run": dry_run,
+        }
+    )

@@ -78,8 +78,7 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                                        "metadata": {"name": self.namespace}})
+            self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
             self.log(f"created namespace {self.namespace}")
         except ApiException as exc:
             if exc.status != 409:
@@ -123,11 +122,16 @@ class Kube:
         group, version, plural = CUSTOM[obj["kind"]]
         name = obj["metadata"]["name"]
         result = self.api.call_api(
-            f"/apis/{group}/{version}/namespaces/{{namespace}}/{plural}/{{name}}", "PATCH",
+            f"/apis/{group}/{version}/namespaces/{{namespace}}/{plural}/{{name}}",
+            "PATCH",
             {"namespace": self.namespace, "name": name},
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
             {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-            body=obj, response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True)
+            body=obj,
+            response_type="object",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
         self.log(f"applied {obj['kind']} {self.namespace}/{name} (server-side apply)")
         return result
 
@@ -137,9 +141,15 @@ class Kube:
 
         try:
             return self.api.call_api(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", "GET", {"name": name}, [],
-                {"Accept": "application/json"}, response_type="object", auth_settings=["BearerToken"],
-                _return_http_data_only=True)
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+                "GET",
+                {"name": name},
+                [],
+                {"Accept": "application/json"},
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -173,8 +183,9 @@ class Kube:
         for kind in ("RayCluster", "ResourceClaimTemplate"):
             group, version, plural = CUSTOM[kind]
             try:
-                items = self.custom.list_namespaced_custom_object(group, version, self.namespace, plural,
-                                                                  label_selector=selector)["items"]
+                items = self.custom.list_namespaced_custom_object(
+                    group, version, self.namespace, plural, label_selector=selector
+                )["items"]
             except ApiException as exc:
                 if exc.status == 404:
                     continue
@@ -189,8 +200,7 @@ class Kube:
                         raise
         for kind, lister, deleter in (
             ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
-            ("ServiceAccount", self.core.list_namespaced_service_account,
-             self.core.delete_namespaced_service_account),
+            ("ServiceAccount", self.core.list_namespaced_service_account, self.core.delete_namespaced_service_account),
         ):
             for item in lister(self.namespace, label_selector=selector).items:
                 try:
@@ -221,9 +231,13 @@ def new_ray_token() -> str:
 
 
 def ray_token_secret(name: str, namespace: str, labels: dict[str, str], token: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "data": {RAY_TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {RAY_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
 
 
 # ---------------------------------------------------------------- readiness
@@ -240,9 +254,12 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
 def scale_up_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Pod name -> the cluster autoscaler's latest event about it (``AUTOSCALER_REASONS``), latest by its last time
     (seconds); in one second the failure wins (``AUTOSCALER_REASONS``' order)."""
+
     def when(event: dict[str, Any]) -> tuple[str, int]:
-        return (event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "",
-                AUTOSCALER_REASONS.index(event["reason"]))
+        return (
+            event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "",
+            AUTOSCALER_REASONS.index(event["reason"]),
+        )
 
     latest: dict[str, dict[str, Any]] = {}
     for event in sorted((e for e in events if e.get("reason") in AUTOSCALER_REASONS), key=when):
@@ -264,15 +281,22 @@ class Readiness:
     unschedulable_since: float | None = None
     last: str = "no status yet"
 
-    def step(self, raycluster: dict[str, Any] | None, pods: list[dict[str, Any]], now: float,
-             events: list[dict[str, Any]] = ()) -> bool | None:
+    def step(
+        self,
+        raycluster: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        now: float,
+        events: list[dict[str, Any]] = (),
+    ) -> bool | None:
         if raycluster is None:
             raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
         status = raycluster.get("status") or {}
         desired = status.get("desiredWorkerReplicas")
         available = status.get("availableWorkerReplicas", 0)
-        self.last = (f"state {status.get('state') or '(none)'}, {available}/{desired if desired is not None else '?'} "
-                     f"workers available, {len(pods)} pods")
+        self.last = (
+            f"state {status.get('state') or '(none)'}, {available}/{desired if desired is not None else '?'} "
+            f"workers available, {len(pods)} pods"
+        )
         if status.get("state") == "ready" and desired is not None and available >= desired:
             return True
         for pod in pods:
@@ -286,8 +310,10 @@ class Readiness:
             event = scale_ups.get(name)
             reason = (event or {}).get("reason")
             if reason == SCALE_UP_FAILED:
-                raise RayClusterNotReady(f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up "
-                                         f"failed: {reason}: {event.get('message', '')}")
+                raise RayClusterNotReady(
+                    f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up "
+                    f"failed: {reason}: {event.get('message', '')}"
+                )
             (waiting if reason == SCALE_UP_TRIGGERED else stuck).append((name, message, event))
         if waiting:
             self.last += f", {len(waiting)} waiting for new nodes ({SCALE_UP_TRIGGERED})"
@@ -299,9 +325,11 @@ class Readiness:
         if now - self.unschedulable_since >= self.unschedulable_grace_s:
             name, message, event = stuck[0]
             why = f"{event['reason']}: {event.get('message', '')}" if event else f"Unschedulable: {message}"
-            raise RayClusterNotReady(f"{len(stuck)} pod(s) of the RayCluster cannot be scheduled for "
-                                     f"{now - self.unschedulable_since:.0f}s with no scale-up under way; pod {name}: "
-                                     f"{why}")
+            raise RayClusterNotReady(
+                f"{len(stuck)} pod(s) of the RayCluster cannot be scheduled for "
+                f"{now - self.unschedulable_since:.0f}s with no scale-up under way; pod {name}: "
+                f"{why}"
+            )
         self.last += f", {len(stuck)} unschedulable"
         return None
 
@@ -313,15 +341,24 @@ def _check_containers(pod: dict[str, Any]) -> None:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in IMAGE_PULL_REASONS:
             image = pod["spec"]["containers"][0].get("image", "")
-            raise RayClusterNotReady(f"pod {name} cannot pull its image {image}: {waiting['reason']}: "
-                                     f"{waiting.get('message', '')}")
+            raise RayClusterNotReady(
+                f"pod {name} cannot pull its image {image}: {waiting['reason']}: {waiting.get('message', '')}"
+            )
         if waiting.get("reason") in CONFIG_REASONS:
             raise RayClusterNotReady(f"pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}")
 
 
-def wait_ready(kube: Kube, name: str, timeout_s: float, *, unschedulable_grace_s: float, poll_s: float = 2.0,
-               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+def wait_ready(
+    kube: Kube,
+    name: str,
+    timeout_s: float,
+    *,
+    unschedulable_grace_s: float,
+    poll_s: float = 2.0,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
     one of them is unschedulable."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
@@ -339,8 +376,15 @@ def wait_ready(kube: Kube, name: str, timeout_s: float, *, unschedulable_grace_s
             log(f"  RayCluster {name}: {machine.last} ({elapsed:.0f}s)")
 
     try:
-        wait_for(poll, timeout_s=timeout_s, interval_s=poll_s, what=f"RayCluster {name} to be ready",
-                 progress=progress, clock=clock, sleep=sleep)
+        wait_for(
+            poll,
+            timeout_s=timeout_s,
+            interval_s=poll_s,
+            what=f"RayCluster {name} to be ready",
+            progress=progress,
+            clock=clock,
+            sleep=sleep,
+        )
     except DeadlineExceeded as exc:
         raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
     return kube.get("RayCluster", name)
@@ -361,8 +405,9 @@ def job_client(endpoint: str, ca_file: Path, namespace: str, raycluster: str, k8
     headers = {"Authorization": f"Bearer {k8s_token}"}
     if ray_token:
         headers["X-Ray-Authorization"] = f"Bearer {ray_token}"
-    return JobSubmissionClient(proxy_address(endpoint, namespace, f"{raycluster}-head-svc"), headers=headers,
-                               verify=str(ca_file))
+    return JobSubmissionClient(
+        proxy_address(endpoint, namespace, f"{raycluster}-head-svc"), headers=headers, verify=str(ca_file)
+    )
 
 
 def dumps(obj: dict[str, Any]) -> str:

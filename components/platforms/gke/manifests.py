@@ -101,8 +101,9 @@ def _common_env(spec: RunSpec) -> list[dict[str, Any]]:
     if d.tpu_resource_per_chip(spec) > 1:
         env.append(_env("RAY_TPU_RESOURCE_PER_CHIP", str(d.tpu_resource_per_chip(spec))))
     if spec.gke.hf_secret:
-        env.append({"name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": spec.gke.hf_secret, "key": HF_TOKEN_KEY}}})
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.gke.hf_secret, "key": HF_TOKEN_KEY}}}
+        )
     return env
 
 

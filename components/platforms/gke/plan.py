@@ -85,9 +85,18 @@ class Resource:
         return STAGE_OF_KIND[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "action": self.action, "stage": self.stage,
-                "labels": self.labels, "deleted_by_teardown": self.deleted_by_teardown, "summary": self.summary,
-                "api": self.api, "path": self.path, "body": self.body}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "action": self.action,
+            "stage": self.stage,
+            "labels": self.labels,
+            "deleted_by_teardown": self.deleted_by_teardown,
+            "summary": self.summary,
+            "api": self.api,
+            "path": self.path,
+            "body": self.body,
+        }
 
 
 def _capacity_text(spec: RunSpec) -> str:
@@ -126,22 +135,59 @@ def _compute_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     labels = names.labels(t.run_id)
     for net in r.dcn_networks(spec, t):
         n, s, f = net["network"], net["subnetwork"], net["firewall"]
-        out.append(Resource("vpc-network", n["name"], "create", f"DCN network, custom subnets, MTU {n['mtu']} (run id "
-                            "in its description: networks take no labels)", labels=labels, body=n,
-                            api="compute.networks.insert", path=r.compute_path("network", t, n["name"])))
-        out.append(Resource("subnetwork", s["name"], "create", f"{s['ipCidrRange']} in {s['region']}", labels=labels,
-                            body=s, api="compute.subnetworks.insert", path=r.compute_path("subnetwork", t, s["name"])))
+        out.append(
+            Resource(
+                "vpc-network",
+                n["name"],
+                "create",
+                f"DCN network, custom subnets, MTU {n['mtu']} (run id in its description: networks take no labels)",
+                labels=labels,
+                body=n,
+                api="compute.networks.insert",
+                path=r.compute_path("network", t, n["name"]),
+            )
+        )
+        out.append(
+            Resource(
+                "subnetwork",
+                s["name"],
+                "create",
+                f"{s['ipCidrRange']} in {s['region']}",
+                labels=labels,
+                body=s,
+                api="compute.subnetworks.insert",
+                path=r.compute_path("subnetwork", t, s["name"]),
+            )
+        )
         protocols = ", ".join(a["IPProtocol"] for a in f["allowed"])
-        out.append(Resource("firewall-rule", f["name"], "create", f"allows ingress to {n['name']} from "
-                            f"{', '.join(f['sourceRanges'])} (the slices' DCN traffic): all ports of {protocols}",
-                            labels=labels, body=f, api="compute.firewalls.insert",
-                            path=r.compute_path("firewall", t, f["name"])))
+        out.append(
+            Resource(
+                "firewall-rule",
+                f["name"],
+                "create",
+                f"allows ingress to {n['name']} from "
+                f"{', '.join(f['sourceRanges'])} (the slices' DCN traffic): all ports of {protocols}",
+                labels=labels,
+                body=f,
+                api="compute.firewalls.insert",
+                path=r.compute_path("firewall", t, f["name"]),
+            )
+        )
     policy = r.workload_policy(spec, t)
     if policy:
-        out.append(Resource(
-            "workload-policy", policy["name"], "create", "Compute Engine workload policy HIGH_THROUGHPUT, accelerator "
-            f"topology {d.slice_shape(spec).topology} (places each TPU7x slice)", labels=labels, body=policy,
-            api="compute.resourcePolicies.insert", path=r.compute_path("resource_policy", t, policy["name"])))
+        out.append(
+            Resource(
+                "workload-policy",
+                policy["name"],
+                "create",
+                "Compute Engine workload policy HIGH_THROUGHPUT, accelerator "
+                f"topology {d.slice_shape(spec).topology} (places each TPU7x slice)",
+                labels=labels,
+                body=policy,
+                api="compute.resourcePolicies.insert",
+                path=r.compute_path("resource_policy", t, policy["name"]),
+            )
+        )
     return out
 
 
@@ -150,12 +196,26 @@ def _storage_resources(t: r.Target) -> list[Resource]:
     binding = r.bucket_binding(t)
     prefix = f"gs://{t.bucket}/{names.run_prefix(t.run_id)}/"
     return [
-        Resource("gcs-bucket", f"gs://{t.bucket}", "get-or-create", f"checkpoints and results under {prefix}, mounted "
-                 f"at {r.MOUNT_PATH} in every pod (GCS FUSE); kept after the run", api="storage.buckets.get",
-                 path=t.bucket, deleted_by_teardown=False),
-        Resource("iam-binding", f"{binding['role']} on gs://{t.bucket}", "create", "for Kubernetes ServiceAccount "
-                 f"{t.namespace}/{t.service_account} (Workload Identity principal)", labels=names.labels(t.run_id),
-                 body=binding, api="storage.buckets.setIamPolicy", path=t.bucket),
+        Resource(
+            "gcs-bucket",
+            f"gs://{t.bucket}",
+            "get-or-create",
+            f"checkpoints and results under {prefix}, mounted "
+            f"at {r.MOUNT_PATH} in every pod (GCS FUSE); kept after the run",
+            api="storage.buckets.get",
+            path=t.bucket,
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "iam-binding",
+            f"{binding['role']} on gs://{t.bucket}",
+            "create",
+            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal)",
+            labels=names.labels(t.run_id),
+            body=binding,
+            api="storage.buckets.setIamPolicy",
+            path=t.bucket,
+        ),
     ]
 
 
@@ -174,45 +234,97 @@ def _cluster_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     mode = "autopilot" if t.autopilot else "standard"
     cluster_path = f"{t.parent}/clusters/{t.cluster}"
     if t.owns_cluster:
-        out = [Resource("gke-cluster", t.cluster, "create", f"{mode} cluster in {t.location}: " + ", ".join(has)
-                        + f"; GKE {spec.gke.cluster_version or 'of the release channel'}; nodes run as "
-                        f"{t.node_service_account}",
-                        labels=labels, body=body, api="container.clusters.create", path=cluster_path,
-                        price=("gke", "cluster", "any", 1))]
+        out = [
+            Resource(
+                "gke-cluster",
+                t.cluster,
+                "create",
+                f"{mode} cluster in {t.location}: "
+                + ", ".join(has)
+                + f"; GKE {spec.gke.cluster_version or 'of the release channel'}; nodes run as "
+                f"{t.node_service_account}",
+                labels=labels,
+                body=body,
+                api="container.clusters.create",
+                path=cluster_path,
+                price=("gke", "cluster", "any", 1),
+            )
+        ]
     else:
-        out = [Resource("gke-cluster", t.cluster, "use", f"existing {mode} cluster in {t.location}, checked before "
-                        "anything is created; it must have: " + ", ".join(has),
-                        api="container.clusters.get (container.clusters.update for a feature enabled in place)",
-                        path=cluster_path, deleted_by_teardown=False)]
+        out = [
+            Resource(
+                "gke-cluster",
+                t.cluster,
+                "use",
+                f"existing {mode} cluster in {t.location}, checked before "
+                "anything is created; it must have: " + ", ".join(has),
+                api="container.clusters.get (container.clusters.update for a feature enabled in place)",
+                path=cluster_path,
+                deleted_by_teardown=False,
+            )
+        ]
     cpu_pool = r.cpu_node_pool(spec, t)
     if cpu_pool:
         with_cluster = t.owns_cluster
-        out.append(Resource(
-            "node-pool", cpu_pool["name"], "create", f"{spec.gke.cpu_machine_type} x 1 for the Ray head"
-            + (" (created with the cluster)" if with_cluster else ""), labels=labels, body=cpu_pool,
-            api=WITH_THE_CLUSTER if with_cluster else "container.nodePools.create",
-            path=f"{cluster_path}/nodePools/{cpu_pool['name']}",
-            price=("machine", spec.gke.cpu_machine_type, "on-demand", 1)))
-    network_text = {
-        "dcn_networks": "additional node networks (DRANET NICs)",
-        "accelerator_network_profile": "accelerator network profile auto (DRANET NICs)",
-        "none": "default network only",
-    }[spec.gke.multislice_network] if d.is_multislice(spec) else ""
+        out.append(
+            Resource(
+                "node-pool",
+                cpu_pool["name"],
+                "create",
+                f"{spec.gke.cpu_machine_type} x 1 for the Ray head"
+                + (" (created with the cluster)" if with_cluster else ""),
+                labels=labels,
+                body=cpu_pool,
+                api=WITH_THE_CLUSTER if with_cluster else "container.nodePools.create",
+                path=f"{cluster_path}/nodePools/{cpu_pool['name']}",
+                price=("machine", spec.gke.cpu_machine_type, "on-demand", 1),
+            )
+        )
+    network_text = (
+        {
+            "dcn_networks": "additional node networks (DRANET NICs)",
+            "accelerator_network_profile": "accelerator network profile auto (DRANET NICs)",
+            "none": "default network only",
+        }[spec.gke.multislice_network]
+        if d.is_multislice(spec)
+        else ""
+    )
     for index, pool in enumerate(r.tpu_node_pools(spec, t)):
         placement = pool.get("placementPolicy", {})
-        where = (f"topology {placement['tpuTopology']}" if "tpuTopology" in placement else
-                 f"placement {placement['policyName']}" if placement else f"topology {shape.topology} (single host)")
-        out.append(Resource(
-            "node-pool", pool["name"], "create", f"slice {index}: {shape.machine_type} x {shape.num_hosts}, {where}, "
-            f"{_capacity_text(spec)}" + (f", {network_text}" if network_text else ""), labels=labels, body=pool,
-            api="container.nodePools.create", path=f"{cluster_path}/nodePools/{pool['name']}",
-            price=("tpu", shape.family.name, c.capacity, shape.num_chips)))
+        where = (
+            f"topology {placement['tpuTopology']}"
+            if "tpuTopology" in placement
+            else f"placement {placement['policyName']}"
+            if placement
+            else f"topology {shape.topology} (single host)"
+        )
+        out.append(
+            Resource(
+                "node-pool",
+                pool["name"],
+                "create",
+                f"slice {index}: {shape.machine_type} x {shape.num_hosts}, {where}, "
+                f"{_capacity_text(spec)}" + (f", {network_text}" if network_text else ""),
+                labels=labels,
+                body=pool,
+                api="container.nodePools.create",
+                path=f"{cluster_path}/nodePools/{pool['name']}",
+                price=("tpu", shape.family.name, c.capacity, shape.num_chips),
+            )
+        )
     if t.autopilot:
-        out.append(Resource(
-            "autopilot-tpu-nodes", names.worker_group(shape.pod_type), "create",
-            f"{c.num_slices} x {shape.num_hosts} {shape.machine_type} nodes made by Autopilot for the worker pods "
-            f"({_capacity_text(spec)})", labels=labels, api="by GKE Autopilot, from the pods' node selectors",
-            price=("tpu", shape.family.name, c.capacity, shape.num_chips * c.num_slices)))
+        out.append(
+            Resource(
+                "autopilot-tpu-nodes",
+                names.worker_group(shape.pod_type),
+                "create",
+                f"{c.num_slices} x {shape.num_hosts} {shape.machine_type} nodes made by Autopilot for the worker pods "
+                f"({_capacity_text(spec)})",
+                labels=labels,
+                api="by GKE Autopilot, from the pods' node selectors",
+                price=("tpu", shape.family.name, c.capacity, shape.num_chips * c.num_slices),
+            )
+        )
     return out
 
 
@@ -220,19 +332,47 @@ def _image_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     """The trainer image: named by gke.image, or built by Cloud Build into the Artifact Registry repository."""
     image = d.trainer_image(spec)
     if spec.gke.image:
-        return [Resource("container-image", t.image, "use", f"trainer image ({image}), named by gke.image",
-                         deleted_by_teardown=False)]
+        return [
+            Resource(
+                "container-image",
+                t.image,
+                "use",
+                f"trainer image ({image}), named by gke.image",
+                deleted_by_teardown=False,
+            )
+        ]
     repository = f"projects/{t.project}/locations/{t.region}/repositories/{spec.gke.artifact_repository}"
     return [
-        Resource("artifact-repository", repository, "get-or-create", "the Docker repository the trainer images go to",
-                 api="artifactregistry.repositories.create", path=repository, deleted_by_teardown=False),
-        Resource("build-source", f"gs://{t.bucket}/{names.build_source(t.run_id)}", "create", "the build context "
-                 f"(images/{image}/ and the tpupipe sources), for Cloud Build", api="storage.objects.insert",
-                 path=f"{t.bucket}/{names.build_source(t.run_id)}", deleted_by_teardown=False),
-        Resource("container-image", t.image, "create", f"trainer image ({image}), built by Cloud Build and pushed to "
-                 f"Artifact Registry repository {spec.gke.artifact_repository}", labels=names.labels(t.run_id),
-                 body=r.cloud_build(spec, t), api="cloudbuild.builds.create",
-                 path=f"projects/{t.project}/locations/{t.region}", deleted_by_teardown=False),
+        Resource(
+            "artifact-repository",
+            repository,
+            "get-or-create",
+            "the Docker repository the trainer images go to",
+            api="artifactregistry.repositories.create",
+            path=repository,
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "build-source",
+            f"gs://{t.bucket}/{names.build_source(t.run_id)}",
+            "create",
+            f"the build context (images/{image}/ and the tpupipe sources), for Cloud Build",
+            api="storage.objects.insert",
+            path=f"{t.bucket}/{names.build_source(t.run_id)}",
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "container-image",
+            t.image,
+            "create",
+            f"trainer image ({image}), built by Cloud Build and pushed to "
+            f"Artifact Registry repository {spec.gke.artifact_repository}",
+            labels=names.labels(t.run_id),
+            body=r.cloud_build(spec, t),
+            api="cloudbuild.builds.create",
+            path=f"projects/{t.project}/locations/{t.region}",
+            deleted_by_teardown=False,
+        ),
     ]
 
 
@@ -244,36 +384,74 @@ def _kubernetes_resources(spec: RunSpec, t: r.Target) -> list[Resource]:
     raycluster = objects.pop()
     for obj in objects:
         shared = obj["kind"] == "Namespace"
-        out.append(Resource(f"k8s/{obj['kind']}", obj["metadata"]["name"], "get-or-create" if shared else "create",
-                            _k8s_summary(spec, obj), labels={} if shared else names.labels(t.run_id), body=obj,
-                            api=f"kubernetes apply {obj['apiVersion']}", path=_k8s_path(obj),
-                            deleted_by_teardown=not shared))
+        out.append(
+            Resource(
+                f"k8s/{obj['kind']}",
+                obj["metadata"]["name"],
+                "get-or-create" if shared else "create",
+                _k8s_summary(spec, obj),
+                labels={} if shared else names.labels(t.run_id),
+                body=obj,
+                api=f"kubernetes apply {obj['apiVersion']}",
+                path=_k8s_path(obj),
+                deleted_by_teardown=not shared,
+            )
+        )
     if spec.gke.hf_secret:
         source = spec.gke.hf_token_secret or "$HF_TOKEN"
-        out.append(Resource("k8s/Secret", spec.gke.hf_secret, "get-or-create", "the Hugging Face token (key "
-                            f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from {source} "
-                            "(labelled with the run, deleted by its teardown); its value never printed",
-                            labels=names.labels(t.run_id), api="kubernetes apply v1",
-                            path=f"namespaces/{t.namespace}/secrets/{spec.gke.hf_secret}"))
+        out.append(
+            Resource(
+                "k8s/Secret",
+                spec.gke.hf_secret,
+                "get-or-create",
+                "the Hugging Face token (key "
+                f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from {source} "
+                "(labelled with the run, deleted by its teardown); its value never printed",
+                labels=names.labels(t.run_id),
+                api="kubernetes apply v1",
+                path=f"namespaces/{t.namespace}/secrets/{spec.gke.hf_secret}",
+            )
+        )
     token = names.ray_token_secret(t.run_id)
-    out.append(Resource("k8s/Secret", token, "create", "the Ray cluster's token (Ray token authentication on; "
-                        "generated at deploy, its value never printed)", labels=names.labels(t.run_id),
-                        api="kubernetes apply v1", path=f"namespaces/{t.namespace}/secrets/{token}"))
+    out.append(
+        Resource(
+            "k8s/Secret",
+            token,
+            "create",
+            "the Ray cluster's token (Ray token authentication on; generated at deploy, its value never printed)",
+            labels=names.labels(t.run_id),
+            api="kubernetes apply v1",
+            path=f"namespaces/{t.namespace}/secrets/{token}",
+        )
+    )
     limits = ready_limits(spec)
-    ready = (f"; ready within {limits.deadline_s:.0f}s ({limits.by}), pods unschedulable with no scale-up under way "
-             f"fail it after {limits.unschedulable_grace_s:.0f}s")
-    out.append(Resource("k8s/RayCluster", raycluster["metadata"]["name"], "create",
-                        _k8s_summary(spec, raycluster) + ready,
-                        labels=names.labels(t.run_id), body=raycluster,
-                        api=f"kubernetes apply {raycluster['apiVersion']}", path=_k8s_path(raycluster)))
+    ready = (
+        f"; ready within {limits.deadline_s:.0f}s ({limits.by}), pods unschedulable with no scale-up under way "
+        f"fail it after {limits.unschedulable_grace_s:.0f}s"
+    )
+    out.append(
+        Resource(
+            "k8s/RayCluster",
+            raycluster["metadata"]["name"],
+            "create",
+            _k8s_summary(spec, raycluster) + ready,
+            labels=names.labels(t.run_id),
+            body=raycluster,
+            api=f"kubernetes apply {raycluster['apiVersion']}",
+            path=_k8s_path(raycluster),
+        )
+    )
     return out
 
 
 def _k8s_path(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
     plural = obj["kind"].lower() + "s"
-    return f"namespaces/{meta['name']}" if obj["kind"] == "Namespace" else \
-        f"namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+    return (
+        f"namespaces/{meta['name']}"
+        if obj["kind"] == "Namespace"
+        else f"namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+    )
 
 
 def resources(spec: RunSpec, run_id: str) -> list[Resource]:
@@ -281,8 +459,13 @@ def resources(spec: RunSpec, run_id: str) -> list[Resource]:
     check_plannable(spec)
     t = r.target(spec, run_id)
     r.check_ranges(spec, t)
-    return [*_compute_resources(spec, t), *_storage_resources(t), *_cluster_resources(spec, t),
-            *_image_resources(spec, t), *_kubernetes_resources(spec, t)]
+    return [
+        *_compute_resources(spec, t),
+        *_storage_resources(t),
+        *_cluster_resources(spec, t),
+        *_image_resources(spec, t),
+        *_kubernetes_resources(spec, t),
+    ]
 
 
 def _cost(spec: RunSpec, records: list[Resource], table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -296,23 +479,30 @@ def _warnings(spec: RunSpec, t: r.Target, cost: dict[str, Any]) -> list[str]:
     shape, c = d.slice_shape(spec), spec.cluster
     warnings = []
     if not spec.gke.project:
-        warnings.append(f"gke.project is empty: names show {names.PLACEHOLDER_PROJECT}; set gke.project=... "
-                        "for a real run")
+        warnings.append(
+            f"gke.project is empty: names show {names.PLACEHOLDER_PROJECT}; set gke.project=... for a real run"
+        )
     if not t.owns_cluster:
-        warnings.append(f"gke.cluster_name={t.cluster}: the run uses an existing cluster; provisioning checks that "
-                        "it has " + ", ".join(_cluster_features(spec, False)) + " before it creates anything, and "
-                        "that the GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)")
+        warnings.append(
+            f"gke.cluster_name={t.cluster}: the run uses an existing cluster; provisioning checks that "
+            "it has " + ", ".join(_cluster_features(spec, False)) + " before it creates anything, and "
+            "that the GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)"
+        )
     if t.autopilot:
         warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
     documented = catalogue.zones(shape.family.name)
     if t.zone not in documented:
-        warnings.append(f"gke.zone={t.zone}: not among the zones documented for {shape.family.name} "
-                        f"({', '.join(documented)})")
+        warnings.append(
+            f"gke.zone={t.zone}: not among the zones documented for {shape.family.name} ({', '.join(documented)})"
+        )
     if d.is_elastic(spec):
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
     if cost["missing_prices"]:
-        warnings.append("no price in the table for " + ", ".join(cost["missing_prices"])
-                        + ": the totals are unknown; give them with --prices FILE")
+        warnings.append(
+            "no price in the table for "
+            + ", ".join(cost["missing_prices"])
+            + ": the totals are unknown; give them with --prices FILE"
+        )
     return warnings
 
 
@@ -343,8 +533,12 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         "project": t.project,
         "zone": t.zone,
         "region": t.region,
-        "cluster": {"name": t.cluster, "mode": "autopilot" if t.autopilot else "standard", "location": t.location,
-                    "created_by_run": t.owns_cluster},
+        "cluster": {
+            "name": t.cluster,
+            "mode": "autopilot" if t.autopilot else "standard",
+            "location": t.location,
+            "created_by_run": t.owns_cluster,
+        },
         "slice": _slice_doc(spec),
         "resources": [res.to_dict() for res in records],
         "readiness": asdict(ready_limits(spec)),
@@ -375,10 +569,12 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         group = obj["spec"]["workerGroupSpecs"][0]
         res = group["template"]["spec"]["containers"][0]["resources"]["requests"]
         pods = group["replicas"] * group["numOfHosts"]
-        text = (f"head {head_res['cpu']} CPU {head_res['memory']}"
-                + (f" num-cpus {head['rayStartParams']['num-cpus']}" if "num-cpus" in head["rayStartParams"] else "")
-                + f"; 1 worker group {group['groupName']}: {group['replicas']} replicas x {group['numOfHosts']} hosts"
-                f" = {pods} pods, each {r.TPU_RESOURCE} {res[r.TPU_RESOURCE]}, {res['cpu']} CPU, {res['memory']}")
+        text = (
+            f"head {head_res['cpu']} CPU {head_res['memory']}"
+            + (f" num-cpus {head['rayStartParams']['num-cpus']}" if "num-cpus" in head["rayStartParams"] else "")
+            + f"; 1 worker group {group['groupName']}: {group['replicas']} replicas x {group['numOfHosts']} hosts"
+            f" = {pods} pods, each {r.TPU_RESOURCE} {res[r.TPU_RESOURCE]}, {res['cpu']} CPU, {res['memory']}"
+        )
         if group["minReplicas"] != group["maxReplicas"]:
             text += f"; replicas {group['minReplicas']}..{group['maxReplicas']}"
         if "resources" in group:
@@ -464,13 +660,17 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
 
 
 def _render_cost(cost: dict[str, Any]) -> list[str]:
-    out = [f"cost ({cost['currency']}, list prices)",
-           f"  per hour                      {_usd(cost['usd_per_hour'])}",
-           f"  {'for ' + format(cost['expected_hours'], 'g') + ' h expected':<29} "
-           f"{_usd(cost['usd_for_expected_duration'])}"]
+    out = [
+        f"cost ({cost['currency']}, list prices)",
+        f"  per hour                      {_usd(cost['usd_per_hour'])}",
+        f"  {'for ' + format(cost['expected_hours'], 'g') + ' h expected':<29} "
+        f"{_usd(cost['usd_for_expected_duration'])}",
+    ]
     if "upper_bound_usd_per_hour" in cost:
-        out.append(f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
-                   f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h")
+        out.append(
+            f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
+            f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h"
+        )
     for key, src in cost["sources"].items():
         out.append(f"  price {key}: {src['source']} ({src['date']})")
     return out

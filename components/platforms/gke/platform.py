@@ -64,13 +64,20 @@ class GkePlatform:
     def check(self, ctx: RunContext) -> None:
         spec = ctx.spec
         if not d.is_tpu(spec):
-            raise SpecError("cluster.accelerator", "the gke platform runs on TPU slices; cpu hosts run on the local "
-                            "platform (platform=local)", ["v5e", "v5p", "v6e", "tpu7x"])
+            raise SpecError(
+                "cluster.accelerator",
+                "the gke platform runs on TPU slices; cpu hosts run on the local platform (platform=local)",
+                ["v5e", "v5p", "v6e", "tpu7x"],
+            )
         if not spec.gke.project:
             raise SpecError("gke.project", "required on the gke platform", ["a GCP project id"])
         if spec.gke.image and spec.gke.torch_tpu_base:
-            raise SpecError("gke.torch_tpu_base", f"builds the torch image FROM a base, but gke.image={spec.gke.image} "
-                            "names a built one and nothing is built", ["", "with gke.image empty"])
+            raise SpecError(
+                "gke.torch_tpu_base",
+                f"builds the torch image FROM a base, but gke.image={spec.gke.image} "
+                "names a built one and nothing is built",
+                ["", "with gke.image empty"],
+            )
         r.check_ranges(spec, self._target(ctx))
 
     def _target(self, ctx: RunContext) -> r.Target:
@@ -119,8 +126,15 @@ class GkePlatform:
             self.preflight(ctx)
             ledger["started"] = time.time()  # the janitor measures a run's age from here
         ledger.setdefault("started", time.time())
-        ledger.update({"parent": t.parent, "cluster": f"{t.parent}/clusters/{t.cluster}",
-                       "owns_cluster": t.owns_cluster, "namespace": t.namespace, "spec": ctx.spec.to_dict()})
+        ledger.update(
+            {
+                "parent": t.parent,
+                "cluster": f"{t.parent}/clusters/{t.cluster}",
+                "owns_cluster": t.owns_cluster,
+                "namespace": t.namespace,
+                "spec": ctx.spec.to_dict(),
+            }
+        )
         ledger.pop("torn_down", None)
         self._save(ctx, ledger)
         try:
@@ -129,11 +143,16 @@ class GkePlatform:
             self.log(f"provision: no capacity or quota: {exc}; deleting what this run created")
             creds = gke_cluster.credentials()
             self._delete_created(self._gke(creds), None, self._ledger(ctx), t)
-            raise gke_cluster.CapacityError(_capacity_message(ctx.spec, t, exc, getattr(exc, "resource", None))) \
-                from None
+            raise gke_cluster.CapacityError(
+                _capacity_message(ctx.spec, t, exc, getattr(exc, "resource", None))
+            ) from None
         cluster = session.cluster
-        return {"cluster": ledger["cluster"], "endpoint": cluster.endpoint if cluster else "",
-                "node_pools": session.tpu_pools, "created": [c["name"] for c in self._ledger(ctx)["created"]]}
+        return {
+            "cluster": ledger["cluster"],
+            "endpoint": cluster.endpoint if cluster else "",
+            "node_pools": session.tpu_pools,
+            "created": [c["name"] for c in self._ledger(ctx)["created"]],
+        }
 
     def preflight(self, ctx: RunContext):
         """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
@@ -218,8 +237,14 @@ class GkePlatform:
         if kube is None:
             raise InfraError(f"no running cluster for run {ctx.run_id}")
         ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
-        return gke_kube.job_client(cluster.endpoint, ctx.run_dir / "gke" / "cluster-ca.crt", kube.namespace,
-                                   names.raycluster(ctx.run_id), token, ray_token)
+        return gke_kube.job_client(
+            cluster.endpoint,
+            ctx.run_dir / "gke" / "cluster-ca.crt",
+            kube.namespace,
+            names.raycluster(ctx.run_id),
+            token,
+            ray_token,
+        )
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return os.environ.get(MOUNT_ROOT_ENV, "") + self._target(ctx).run_dir
@@ -235,8 +260,11 @@ class GkePlatform:
         """A checkpoint in the run's bucket, as the pods see it through their GCS FUSE mount (``/data/...``)."""
         bucket = self._target(ctx).bucket
         if not uri.startswith(f"gs://{bucket}/"):
-            raise SpecError("train.init_from", f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
-                            f"the cluster mounts at {r.MOUNT_PATH}: copy it there, or set gke.bucket")
+            raise SpecError(
+                "train.init_from",
+                f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
+                f"the cluster mounts at {r.MOUNT_PATH}: copy it there, or set gke.bucket",
+            )
         return os.environ.get(MOUNT_ROOT_ENV, "") + f"{r.MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
 
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
@@ -263,14 +291,20 @@ class GkePlatform:
         cluster_name = ledger.get("cluster") or f"{self._target(ctx).parent}/clusters/{self._target(ctx).cluster}"
         deleted: list[str] = []
         failures: list[str] = []
-        for step in (self._delete_kubernetes, self._delete_cluster_or_pools, self._delete_binding,
-                     self._delete_compute):
+        for step in (
+            self._delete_kubernetes,
+            self._delete_cluster_or_pools,
+            self._delete_binding,
+            self._delete_compute,
+        ):
             try:
                 deleted += step(ctx, ledger)
             except Exception as exc:  # noqa: BLE001 - teardown goes on with the next step, then reports
                 failures.append(f"{step.__name__.removeprefix('_delete_').replace('_', ' ')}: {exc}")
-        self.log(f"teardown: deleted {len(deleted)} resources of {ctx.run_id}" +
-                 (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else ""))
+        self.log(
+            f"teardown: deleted {len(deleted)} resources of {ctx.run_id}"
+            + (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else "")
+        )
         if failures:
             raise InfraError("teardown could not remove: " + "; ".join(failures))
         if ledgers.load(ctx.store) is not None:
@@ -283,13 +317,15 @@ class GkePlatform:
         ledger = ledgers.load(ctx.store)
         if not ledger or ledger.get("torn_down") or not ledger.get("created"):
             return []
-        return [f"{e['kind'].replace('_', ' ')} {e['name'].rsplit('/', 1)[-1]}" for e in reversed(ledger["created"])] \
-            + [f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"]
+        return [
+            f"{e['kind'].replace('_', ' ')} {e['name'].rsplit('/', 1)[-1]}" for e in reversed(ledger["created"])
+        ] + [f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"]
 
     def _delete_kubernetes(self, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
         """The run's Kubernetes objects, found by the run label (the namespace is shared and kept)."""
-        cluster = self._gke().get_cluster(ledger.get("cluster") or f"{self._target(ctx).parent}/clusters/"
-                                                                   f"{self._target(ctx).cluster}")
+        cluster = self._gke().get_cluster(
+            ledger.get("cluster") or f"{self._target(ctx).parent}/clusters/{self._target(ctx).cluster}"
+        )
         if cluster is None or not cluster.endpoint:
             return []
         kube, _, _ = self._kube(ctx)
@@ -302,8 +338,11 @@ class GkePlatform:
         cluster_name = ledger.get("cluster") or f"{parent}/clusters/{t.cluster}"
         if not ledger.get("owns_cluster", t.owns_cluster):
             if gke.get_cluster(cluster_name) is not None:
-                deleted += [p for p in gke.pools_with_label(cluster_name, names.RUN_LABEL, ctx.run_id)
-                            if gke.delete_node_pool(p)]
+                deleted += [
+                    p
+                    for p in gke.pools_with_label(cluster_name, names.RUN_LABEL, ctx.run_id)
+                    if gke.delete_node_pool(p)
+                ]
             return deleted
         deleted += [c for c in gke.clusters_with_label(parent, names.RUN_LABEL, ctx.run_id) if gke.delete_cluster(c)]
         # Recorded but not (yet) labelled, or in another location: the ledger finds it.
@@ -317,8 +356,11 @@ class GkePlatform:
     def _delete_compute(self, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
         """The DCN networks, subnets, firewall rules and workload policy, newest first. They take no labels: the ledger
         has them, and their names derive from the run id."""
-        planned = [(COMPUTE_KINDS[res.kind], res.path) for res in plan.resources(ctx.spec, ctx.run_id)
-                   if res.kind in COMPUTE_KINDS]
+        planned = [
+            (COMPUTE_KINDS[res.kind], res.path)
+            for res in plan.resources(ctx.spec, ctx.run_id)
+            if res.kind in COMPUTE_KINDS
+        ]
         recorded = [(e["kind"], e["name"]) for e in ledger.get("created", []) if e["kind"] in COMPUTE_KINDS.values()]
         paths = list(dict.fromkeys(recorded + planned))
         if not paths:
@@ -338,10 +380,13 @@ class GkePlatform:
         for stage in ("provision", "build_image", "deploy_raycluster"):
             lines.append(stage)
             if stage == "provision":  # preflight first: read-only calls, every problem reported before any create
-                lines += [f"  check         {api} {path} ({what})"
-                          for api, path, what in preflight.reads(preflight.needs(ctx.spec, ctx.run_id))]
-            lines += [f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records
-                      if res.stage == stage]
+                lines += [
+                    f"  check         {api} {path} ({what})"
+                    for api, path, what in preflight.reads(preflight.needs(ctx.spec, ctx.run_id))
+                ]
+            lines += [
+                f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records if res.stage == stage
+            ]
         spec, t = ctx.spec, self._target(ctx)
         registered = f"projects/{t.project}/locations/{t.region}/models/{spec.model_name}"
         reads = {}  # what a stage reads from the model registry before it submits its job
@@ -358,11 +403,13 @@ class GkePlatform:
                 lines.append(f"  read          aiplatform.models.get {reads[stage]}")
             lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
         if spec.gate.register:
-            lines += ["register",
-                      f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
-                      "promote",
-                      f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
-                      "(only when the gate promotes)"]
+            lines += [
+                "register",
+                f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
+                "promote",
+                f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
+                "(only when the gate promotes)",
+            ]
         lines.append("teardown")
         for res in reversed(records):
             if res.deleted_by_teardown and res.action != "use" and _deletes(res, ctx):
@@ -376,14 +423,21 @@ def _capacity_message(spec, t: r.Target, exc: Exception, res: plan.Resource | No
     if res is not None and res.kind in COMPUTE_KINDS:
         kind = COMPUTE_KINDS[res.kind]
         where = "" if r.COMPUTE_COLLECTIONS[kind][0] == "global" else f" in {t.region}"
-        return (f"no quota for the {kind.replace('_', ' ')} {res.name}{where} of project {t.project}: {exc}. "
-                "Nothing this run created is left. Raise the quota"
-                + (", or use gke.multislice_network=accelerator_network_profile (no extra networks)."
-                   if res.kind != "workload-policy" else "."))
-    return (f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
-            f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
-            f"{spec.cluster.capacity}) in zone {t.zone}: {exc}. Nothing this run created is left. Try another zone "
-            f"(gke.zone), another capacity type (cluster.capacity=spot, reservation or flex-start) or later.")
+        return (
+            f"no quota for the {kind.replace('_', ' ')} {res.name}{where} of project {t.project}: {exc}. "
+            "Nothing this run created is left. Raise the quota"
+            + (
+                ", or use gke.multislice_network=accelerator_network_profile (no extra networks)."
+                if res.kind != "workload-policy"
+                else "."
+            )
+        )
+    return (
+        f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
+        f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
+        f"{spec.cluster.capacity}) in zone {t.zone}: {exc}. Nothing this run created is left. Try another zone "
+        f"(gke.zone), another capacity type (cluster.capacity=spot, reservation or flex-start) or later."
+    )
 
 
 def _deletes(res: plan.Resource, ctx: RunContext) -> str:
@@ -394,15 +448,23 @@ def _deletes(res: plan.Resource, ctx: RunContext) -> str:
         return "" if owns else f"container.nodePools.delete (label {names.RUN_LABEL})"
     if res.kind.startswith("k8s/"):
         return f"kubernetes delete {res.kind.removeprefix('k8s/')} (label {names.RUN_LABEL})"
-    return {"gke-cluster": "container.clusters.delete", "iam-binding": "storage.buckets.setIamPolicy (binding removed)",
-            "vpc-network": "compute.networks.delete", "subnetwork": "compute.subnetworks.delete",
-            "firewall-rule": "compute.firewalls.delete",
-            "workload-policy": "compute.resourcePolicies.delete"}.get(res.kind, "")
+    return {
+        "gke-cluster": "container.clusters.delete",
+        "iam-binding": "storage.buckets.setIamPolicy (binding removed)",
+        "vpc-network": "compute.networks.delete",
+        "subnetwork": "compute.subnetworks.delete",
+        "firewall-rule": "compute.firewalls.delete",
+        "workload-policy": "compute.resourcePolicies.delete",
+    }.get(res.kind, "")
 
 
 # Plan kinds of the Compute Engine resources -> the kind the Compute adapter and the ledger use.
-COMPUTE_KINDS = {"vpc-network": "network", "subnetwork": "subnetwork", "firewall-rule": "firewall",
-                 "workload-policy": "resource_policy"}
+COMPUTE_KINDS = {
+    "vpc-network": "network",
+    "subnetwork": "subnetwork",
+    "firewall-rule": "firewall",
+    "workload-policy": "resource_policy",
+}
 
 
 class _Session:
@@ -437,8 +499,9 @@ class _Session:
         as PROJECT_NUMBER-compute@...)."""
         import json
 
-        return json.loads(json.dumps(body).replace(json.dumps(self.t.node_service_account),
-                                                   json.dumps(self.node_service_account())))
+        return json.loads(
+            json.dumps(body).replace(json.dumps(self.t.node_service_account), json.dumps(self.node_service_account()))
+        )
 
     def client(self, what: str):
         """``creds``, ``gke``, ``compute``, ``storage`` or ``kube`` (a (Kube, cluster, token) triple)."""
@@ -448,8 +511,12 @@ class _Session:
             self._clients["creds"] = gke_cluster.credentials()
         if what not in self._clients:
             creds, p, t = self._clients["creds"], self.platform, self.t
-            made = {"gke": lambda: p._gke(creds), "compute": lambda: p._compute(creds),
-                    "storage": lambda: p._storage(t, creds), "kube": lambda: p._kube(self.ctx)}
+            made = {
+                "gke": lambda: p._gke(creds),
+                "compute": lambda: p._compute(creds),
+                "storage": lambda: p._storage(t, creds),
+                "kube": lambda: p._kube(self.ctx),
+            }
             self._clients[what] = made[what]()
         return self._clients[what]
 
@@ -498,18 +565,23 @@ def _check_cluster_as_reported(s: _Session) -> None:
     missed = checks.floor_missed(spec, version) if version else None
     if missed:
         floor, feature = missed
-        raise SpecError("gke.cluster_version" if owns else "gke.cluster_name",
-                        f"cluster {s.t.cluster} runs GKE {version}, older than {floor}, the first "
-                        f"{spec.gke.cluster_mode} version with {feature}",
-                        [f">= {floor}"] if owns else [f"a cluster at GKE >= {floor}", "empty: the run creates one"])
-    overlap = r.dcn_range_overlap(spec, s.t, {"Pod": cluster.cluster_ipv4_cidr,
-                                              "Service": cluster.services_ipv4_cidr})
+        raise SpecError(
+            "gke.cluster_version" if owns else "gke.cluster_name",
+            f"cluster {s.t.cluster} runs GKE {version}, older than {floor}, the first "
+            f"{spec.gke.cluster_mode} version with {feature}",
+            [f">= {floor}"] if owns else [f"a cluster at GKE >= {floor}", "empty: the run creates one"],
+        )
+    overlap = r.dcn_range_overlap(spec, s.t, {"Pod": cluster.cluster_ipv4_cidr, "Service": cluster.services_ipv4_cidr})
     if overlap:
         which, value, cidr = overlap
         field = f"gke.{which.lower()}_range" if owns else "gke.cluster_name"
-        raise SpecError(field, f"cluster {s.t.cluster}'s {which} range {value} overlaps the DCN subnet {cidr}",
-                        [f"a {which} range that overlaps no DCN subnet"] if owns
-                        else ["a cluster whose ranges overlap no DCN subnet", "empty: the run creates one"])
+        raise SpecError(
+            field,
+            f"cluster {s.t.cluster}'s {which} range {value} overlaps the DCN subnet {cidr}",
+            [f"a {which} range that overlaps no DCN subnet"]
+            if owns
+            else ["a cluster whose ranges overlap no DCN subnet", "empty: the run creates one"],
+        )
 
 
 def _node_pool(s: _Session, res: plan.Resource) -> None:
@@ -527,16 +599,21 @@ def _autopilot_nodes(s: _Session, res: plan.Resource) -> None:
 def _repository(s: _Session, res: plan.Resource) -> None:
     from components.platforms.gke import build as gke_build
 
-    registry = gke_build.Registry(gke_build.registry_client(s.client("creds")), log=s.platform.log,
-                                  poll_s=min(s.platform.poll_s, 2.0))
+    registry = gke_build.Registry(
+        gke_build.registry_client(s.client("creds")), log=s.platform.log, poll_s=min(s.platform.poll_s, 2.0)
+    )
     registry.ensure(s.t.project, s.t.region, s.ctx.spec.gke.artifact_repository)
 
 
 def _build_source(s: _Session, res: plan.Resource) -> None:
     from components.platforms.gke import build as gke_build
 
-    s.client("storage").upload(s.t.bucket, names.build_source(s.ctx.run_id),
-                               gke_build.build_context(d.trainer_image(s.ctx.spec)), content_type="application/gzip")
+    s.client("storage").upload(
+        s.t.bucket,
+        names.build_source(s.ctx.run_id),
+        gke_build.build_context(d.trainer_image(s.ctx.spec)),
+        content_type="application/gzip",
+    )
 
 
 def _image(s: _Session, res: plan.Resource) -> None:
@@ -546,8 +623,13 @@ def _image(s: _Session, res: plan.Resource) -> None:
         return
     from components.platforms.gke import build as gke_build
 
-    builder = gke_build.CloudBuild(gke_build.client(s.client("creds")), s.t.project, s.t.region, log=s.platform.log,
-                                   poll_s=min(s.platform.poll_s, 10.0))
+    builder = gke_build.CloudBuild(
+        gke_build.client(s.client("creds")),
+        s.t.project,
+        s.t.region,
+        log=s.platform.log,
+        poll_s=min(s.platform.poll_s, 10.0),
+    )
     build = builder.ensure(res.body, names.build_tag(s.ctx.run_id), s.record, timeout_s=r.BUILD_TIMEOUT_S + 600)
     digest = build.results.images[0].digest if build.results.images else ""
     s.image_result = {"image": res.name, "built": True, "build": build.id, "digest": digest}
@@ -588,12 +670,21 @@ def _secret(s: _Session, res: plan.Resource) -> None:
     else:
         value = os.environ.get(HF_TOKEN_ENV, "").encode()
     if not value:
-        raise SpecError("gke.hf_secret", f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
-                                         f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
-                                         "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none")
-    kube.ensure({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                 "metadata": {"name": res.name, "namespace": t.namespace, "labels": names.labels(run_id)},
-                 "data": {m.HF_TOKEN_KEY: base64.b64encode(value).decode()}})
+        raise SpecError(
+            "gke.hf_secret",
+            f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
+            f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
+            "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none",
+        )
+    kube.ensure(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": res.name, "namespace": t.namespace, "labels": names.labels(run_id)},
+            "data": {m.HF_TOKEN_KEY: base64.b64encode(value).decode()},
+        }
+    )
 
 
 def _raycluster(s: _Session, res: plan.Resource) -> None:
@@ -603,15 +694,29 @@ def _raycluster(s: _Session, res: plan.Resource) -> None:
     kube.apply(res.body)
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
-    s.platform.log(f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
-                   f"unschedulable with no scale-up under way fail it after {grace:.0f}s")
-    ready = gke_kube.wait_ready(kube, res.name, limits.deadline_s, unschedulable_grace_s=grace,
-                                poll_s=min(s.platform.poll_s, 2.0), log=s.platform.log)
+    s.platform.log(
+        f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
+        f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+    )
+    ready = gke_kube.wait_ready(
+        kube,
+        res.name,
+        limits.deadline_s,
+        unschedulable_grace_s=grace,
+        poll_s=min(s.platform.poll_s, 2.0),
+        log=s.platform.log,
+    )
     status = ready.get("status", {})
-    s.platform.log(f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
-                   f"{status.get('desiredWorkerReplicas')} workers available")
-    s.deploy_result = {"raycluster": res.name, "namespace": s.t.namespace, "endpoint": s.cluster.endpoint,
-                       "available_workers": status.get("availableWorkerReplicas")}
+    s.platform.log(
+        f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
+        f"{status.get('desiredWorkerReplicas')} workers available"
+    )
+    s.deploy_result = {
+        "raycluster": res.name,
+        "namespace": s.t.namespace,
+        "endpoint": s.cluster.endpoint,
+        "available_workers": status.get("availableWorkerReplicas"),
+    }
 
 
 def _check_kuberay(s: _Session) -> None:
@@ -624,14 +729,22 @@ def _check_kuberay(s: _Session) -> None:
     field = "gke.cluster_version" if t.owns_cluster else "gke.cluster_name"
     crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
     if crd is None:
-        raise SpecError(field, f"cluster {t.cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
-                               "the Ray Operator add-on, is not installed", ["a cluster with the Ray Operator add-on"])
+        raise SpecError(
+            field,
+            f"cluster {t.cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
+            "the Ray Operator add-on, is not installed",
+            ["a cluster with the Ray Operator add-on"],
+        )
     missing = gke_kube.missing_fields(crd)
     if missing:
         since = max(missing.values(), key=lambda v: tuple(int(x) for x in v.split(".")))
-        raise SpecError(field, f"cluster {t.cluster} runs a KubeRay older than {since}: its RayCluster has no "
-                        f"{', '.join(missing)}, which the API server would drop, leaving the Ray cluster without token "
-                        "authentication", [f"a GKE version whose Ray Operator add-on is KubeRay >= {since}"])
+        raise SpecError(
+            field,
+            f"cluster {t.cluster} runs a KubeRay older than {since}: its RayCluster has no "
+            f"{', '.join(missing)}, which the API server would drop, leaving the Ray cluster without token "
+            "authentication",
+            [f"a GKE version whose Ray Operator add-on is KubeRay >= {since}"],
+        )
 
 
 # The checks a stage makes of what is there before it walks its records.

@@ -48,14 +48,18 @@ PERMISSIONS = {
     "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
     "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
     "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
-    "storage.buckets.setIamPolicy": ("storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy",
-                                     "resourcemanager.projects.get"),
-    "container.clusters.create": ("container.clusters.create", "container.clusters.delete",
-                                  "container.operations.get"),
+    "storage.buckets.setIamPolicy": (
+        "storage.buckets.getIamPolicy",
+        "storage.buckets.setIamPolicy",
+        "resourcemanager.projects.get",
+    ),
+    "container.clusters.create": ("container.clusters.create", "container.clusters.delete", "container.operations.get"),
     "container.clusters.get": ("container.clusters.get",),
     "container.nodePools.create": ("container.clusters.update", "container.operations.get"),
-    "artifactregistry.repositories.create": ("artifactregistry.repositories.get",
-                                             "artifactregistry.repositories.create"),
+    "artifactregistry.repositories.create": (
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.create",
+    ),
     "storage.objects.insert": ("storage.objects.create",),
     "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
     "kubernetes": ("container.clusters.get",),
@@ -86,8 +90,10 @@ class PreflightFailed(TpupipeError):
 
     def __init__(self, title: str, problems: list[Problem]):
         self.problems = problems
-        super().__init__(f"{title}: {len(problems)} problem{'s' if len(problems) != 1 else ''}; nothing was "
-                         "created\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(
+            f"{title}: {len(problems)} problem{'s' if len(problems) != 1 else ''}; nothing was "
+            "created\n" + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 @dataclass(frozen=True)
@@ -124,8 +130,13 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
     quota = reservation = None
     if c.capacity == "reservation":
         owner, _, name = c.reservation.rpartition("/reservations/")
-        reservation = (owner.removeprefix("projects/") or t.project, t.zone, name, shape.machine_type,
-                       c.num_slices * shape.num_hosts)
+        reservation = (
+            owner.removeprefix("projects/") or t.project,
+            t.zone,
+            name,
+            shape.machine_type,
+            c.num_slices * shape.num_hosts,
+        )
         permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
     else:
         metric = QUOTA_METRICS[shape.family.name][0 if c.capacity == "on-demand" else 1]
@@ -133,25 +144,52 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.regions.get")  # preflight's own read
     permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
     services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions]]
-    return Needs(t.project, t.region, t.zone, tuple(dict.fromkeys(services)), tuple(dict.fromkeys(permissions)),
-                 quota, reservation, "" if t.owns_cluster else f"{t.parent}/clusters/{t.cluster}",
-                 t.node_service_account, tuple((role, *needed) for role, needed in r.node_roles(t).items()))
+    return Needs(
+        t.project,
+        t.region,
+        t.zone,
+        tuple(dict.fromkeys(services)),
+        tuple(dict.fromkeys(permissions)),
+        quota,
+        reservation,
+        "" if t.owns_cluster else f"{t.parent}/clusters/{t.cluster}",
+        t.node_service_account,
+        tuple((role, *needed) for role, needed in r.node_roles(t).items()),
+    )
 
 
 def reads(n: Needs) -> list[tuple[str, str, str]]:
     """The read-only calls preflight makes, in order: (api, resource path, what it checks). The dry run prints them."""
-    out = [("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
-           ("resourcemanager.projects.testIamPermissions", f"projects/{n.project}",
-            f"{len(n.permissions)} permissions held"),
-           ("resourcemanager.projects.getIamPolicy", f"projects/{n.project}",
-            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}")]
+    out = [
+        ("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
+        (
+            "resourcemanager.projects.testIamPermissions",
+            f"projects/{n.project}",
+            f"{len(n.permissions)} permissions held",
+        ),
+        (
+            "resourcemanager.projects.getIamPolicy",
+            f"projects/{n.project}",
+            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
+        ),
+    ]
     if n.quota:
-        out.append(("compute.regions.get", f"projects/{n.project}/regions/{n.region}",
-                    f"quota {n.quota[0]}: {n.quota[1]} chips free"))
+        out.append(
+            (
+                "compute.regions.get",
+                f"projects/{n.project}/regions/{n.region}",
+                f"quota {n.quota[0]}: {n.quota[1]} chips free",
+            )
+        )
     if n.reservation:
         project, zone, name, machine_type, hosts = n.reservation
-        out.append(("compute.reservations.get", f"projects/{project}/zones/{zone}/reservations/{name}",
-                    f"{hosts} {machine_type} VMs free"))
+        out.append(
+            (
+                "compute.reservations.get",
+                f"projects/{project}/zones/{zone}/reservations/{name}",
+                f"{hosts} {machine_type} VMs free",
+            )
+        )
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
     return out
@@ -201,25 +239,39 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     from google.cloud import service_usage_v1
 
-    response = service_usage_client(creds).batch_get_services(request={
-        "parent": f"projects/{n.project}", "names": [f"projects/{n.project}/services/{s}" for s in n.services]})
+    response = service_usage_client(creds).batch_get_services(
+        request={"parent": f"projects/{n.project}", "names": [f"projects/{n.project}/services/{s}" for s in n.services]}
+    )
     disabled = [s.name.rsplit("/", 1)[-1] for s in response.services if s.state != service_usage_v1.State.ENABLED]
     if disabled:
-        report.problems.append(Problem("apis", f"not enabled in project {n.project}: {', '.join(disabled)} (enable "
-                                               "them in the console's API Library, then run again)"))
+        report.problems.append(
+            Problem(
+                "apis",
+                f"not enabled in project {n.project}: {', '.join(disabled)} (enable "
+                "them in the console's API Library, then run again)",
+            )
+        )
     report.checked.append(f"{len(n.services) - len(disabled)} of {len(n.services)} APIs enabled")
 
 
 def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     from components.platforms.gke import storage
 
-    held = set(storage.projects_client(creds).test_iam_permissions(
-        request={"resource": f"projects/{n.project}", "permissions": list(n.permissions)}).permissions)
+    held = set(
+        storage.projects_client(creds)
+        .test_iam_permissions(request={"resource": f"projects/{n.project}", "permissions": list(n.permissions)})
+        .permissions
+    )
     lacking = [p for p in n.permissions if p not in held]
     if lacking:
-        report.problems.append(Problem("permissions", f"the caller lacks on project {n.project}: {', '.join(lacking)} "
-                                                      "(grant a role that has them, e.g. roles/container.admin, "
-                                                      "roles/compute.networkAdmin, roles/storage.admin)"))
+        report.problems.append(
+            Problem(
+                "permissions",
+                f"the caller lacks on project {n.project}: {', '.join(lacking)} "
+                "(grant a role that has them, e.g. roles/container.admin, "
+                "roles/compute.networkAdmin, roles/storage.admin)",
+            )
+        )
     report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
 
 
@@ -233,9 +285,14 @@ def _node_identity(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     granted = storage.project_roles(n.project, f"serviceAccount:{account}", creds)
     for role, purpose, granted_by in n.node_roles:
         if not granted & set(granted_by):
-            report.problems.append(Problem("gke.node_service_account", f"the nodes' service account {account} lacks "
-                                           f"{role} on project {n.project}, needed for {purpose}: grant it that role "
-                                           "(or one that includes it), or name another account"))
+            report.problems.append(
+                Problem(
+                    "gke.node_service_account",
+                    f"the nodes' service account {account} lacks "
+                    f"{role} on project {n.project}, needed for {purpose}: grant it that role "
+                    "(or one that includes it), or name another account",
+                )
+            )
     report.checked.append(f"the nodes' service account {account}: {len(n.node_roles)} roles needed")
 
 
@@ -250,10 +307,15 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         return
     free = int(found[metric].limit - found[metric].usage)
     if free < chips:
-        report.problems.append(Problem("cluster.capacity", f"TPU quota {metric} in {n.region} of project {n.project}: "
-                                       f"the run needs {chips} chips, {free} of {found[metric].limit:g} are free "
-                                       f"({spec.cluster.capacity}); request more quota, use fewer slices "
-                                       "(cluster.num_slices), or another capacity type (cluster.capacity)"))
+        report.problems.append(
+            Problem(
+                "cluster.capacity",
+                f"TPU quota {metric} in {n.region} of project {n.project}: "
+                f"the run needs {chips} chips, {free} of {found[metric].limit:g} are free "
+                f"({spec.cluster.capacity}); request more quota, use fewer slices "
+                "(cluster.num_slices), or another capacity type (cluster.capacity)",
+            )
+        )
     report.checked.append(f"quota {metric} in {n.region}: {free} chips free, {chips} needed")
 
 
@@ -266,19 +328,28 @@ def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     try:
         found = compute_client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
     except gexc.NotFound:
-        report.problems.append(Problem("cluster.reservation", f"no reservation {name} in zone {zone} of project "
-                                                              f"{project} (gke.zone is {zone})"))
+        report.problems.append(
+            Problem(
+                "cluster.reservation", f"no reservation {name} in zone {zone} of project {project} (gke.zone is {zone})"
+            )
+        )
         return
     specific = found.specific_reservation
     reserved = specific.instance_properties.machine_type.rsplit("/", 1)[-1]
     free = specific.count - specific.in_use_count
     if reserved != machine_type:
-        report.problems.append(Problem("cluster.reservation", f"reservation {name} is for {reserved} VMs; the slice "
-                                                              f"needs {machine_type}"))
+        report.problems.append(
+            Problem("cluster.reservation", f"reservation {name} is for {reserved} VMs; the slice needs {machine_type}")
+        )
     elif free < hosts:
-        report.problems.append(Problem("cluster.reservation", f"reservation {name} in {zone} has room for {free} of "
-                                       f"the {hosts} {machine_type} VMs the run needs ({specific.in_use_count} of "
-                                       f"{specific.count} in use)"))
+        report.problems.append(
+            Problem(
+                "cluster.reservation",
+                f"reservation {name} in {zone} has room for {free} of "
+                f"the {hosts} {machine_type} VMs the run needs ({specific.in_use_count} of "
+                f"{specific.count} in use)",
+            )
+        )
     report.checked.append(f"reservation {name} in {zone}: {free} of {specific.count} {reserved} free, {hosts} needed")
 
 
@@ -290,16 +361,22 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
     short = n.cluster.rsplit("/", 1)[-1]
     if cluster is None:
-        report.problems.append(Problem("gke.cluster_name", f"no cluster {short} in {n.cluster.split('/')[3]} of "
-                                                           f"project {n.project}"))
+        report.problems.append(
+            Problem("gke.cluster_name", f"no cluster {short} in {n.cluster.split('/')[3]} of project {n.project}")
+        )
         return
     report.enable += [f.name for f in features.to_enable(spec, cluster, n.project)]
-    report.problems += [Problem("gke.cluster_name", f"cluster {short} lacks {reason}")
-                        for reason in features.refusals(spec, cluster, n.project)]
+    report.problems += [
+        Problem("gke.cluster_name", f"cluster {short} lacks {reason}")
+        for reason in features.refusals(spec, cluster, n.project)
+    ]
     lacking = features.missing(spec, cluster, n.project)
     has = [f.name for f in features.needed(spec) if f not in lacking]
-    report.checked.append(f"cluster {short}: has " + (", ".join(has) or "none of the features")
-                          + (f"; provision enables {', '.join(report.enable)}" if report.enable else ""))
+    report.checked.append(
+        f"cluster {short}: has "
+        + (", ".join(has) or "none of the features")
+        + (f"; provision enables {', '.join(report.enable)}" if report.enable else "")
+    )
 
 
 # ---------------------------------------------------------------- clients
@@ -314,8 +391,9 @@ def service_usage_client(creds):
         import grpc
         from google.cloud.service_usage_v1.services.service_usage.transports import ServiceUsageGrpcTransport
 
-        return service_usage_v1.ServiceUsageClient(transport=ServiceUsageGrpcTransport(
-            channel=grpc.insecure_channel(host)))
+        return service_usage_v1.ServiceUsageClient(
+            transport=ServiceUsageGrpcTransport(channel=grpc.insecure_channel(host))
+        )
     return service_usage_v1.ServiceUsageClient(credentials=creds)
 
 

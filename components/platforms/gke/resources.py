@@ -81,15 +81,38 @@ DEFAULT_NODE_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount
 # https://cloud.google.com/artifact-registry/docs/access-control#gke (checked when the image is in this project's
 # Artifact Registry). The basic roles Editor and Owner include all three.
 NODE_SERVICE_ACCOUNT_ROLES = {
-    "roles/artifactregistry.reader": ("pulling the trainer image from Artifact Registry", (
-        "roles/artifactregistry.reader", "roles/artifactregistry.writer", "roles/artifactregistry.repoAdmin",
-        "roles/artifactregistry.admin", "roles/editor", "roles/owner")),
-    "roles/logging.logWriter": ("writing the nodes' and pods' logs", (
-        "roles/logging.logWriter", "roles/logging.admin", "roles/container.defaultNodeServiceAccount",
-        "roles/editor", "roles/owner")),
-    "roles/monitoring.metricWriter": ("writing the nodes' metrics", (
-        "roles/monitoring.metricWriter", "roles/monitoring.editor", "roles/monitoring.admin",
-        "roles/container.defaultNodeServiceAccount", "roles/editor", "roles/owner")),
+    "roles/artifactregistry.reader": (
+        "pulling the trainer image from Artifact Registry",
+        (
+            "roles/artifactregistry.reader",
+            "roles/artifactregistry.writer",
+            "roles/artifactregistry.repoAdmin",
+            "roles/artifactregistry.admin",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+    "roles/logging.logWriter": (
+        "writing the nodes' and pods' logs",
+        (
+            "roles/logging.logWriter",
+            "roles/logging.admin",
+            "roles/container.defaultNodeServiceAccount",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+    "roles/monitoring.metricWriter": (
+        "writing the nodes' metrics",
+        (
+            "roles/monitoring.metricWriter",
+            "roles/monitoring.editor",
+            "roles/monitoring.admin",
+            "roles/container.defaultNodeServiceAccount",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
 }
 MOUNT_PATH = "/data"
 
@@ -129,8 +152,11 @@ def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
     in this project's Artifact Registry (an image elsewhere is that registry's to grant)."""
     pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
-    return {role: needs for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
-            if pulls_here or role != "roles/artifactregistry.reader"}
+    return {
+        role: needs
+        for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
+        if pulls_here or role != "roles/artifactregistry.reader"
+    }
 
 
 def region_of(zone: str) -> str:
@@ -251,8 +277,12 @@ def _set_capacity(pool: dict[str, Any], spec: RunSpec) -> None:
         config["flexStart"] = True
         config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
         pool["initialNodeCount"] = 0
-        pool["autoscaling"] = {"enabled": True, "minNodeCount": 0, "maxNodeCount": slice_shape(spec).num_hosts,
-                               "locationPolicy": "ANY"}
+        pool["autoscaling"] = {
+            "enabled": True,
+            "minNodeCount": 0,
+            "maxNodeCount": slice_shape(spec).num_hosts,
+            "locationPolicy": "ANY",
+        }
         pool["management"] = {"autoRepair": False}
 
 
@@ -260,9 +290,12 @@ def _set_dcn_nics(pool: dict[str, Any], spec: RunSpec, t: Target) -> None:
     """gVNIC and the extra NICs for the DCN traffic between slices: the run's networks, or the accelerator profile."""
     pool["config"]["gvnic"] = {"enabled": True}
     if spec.gke.multislice_network == "dcn_networks":
-        pool["networkConfig"] = {"additionalNodeNetworkConfigs": [
-            {"network": names.dcn_network(t.run_id, i), "subnetwork": names.dcn_subnet(t.run_id, i)}
-            for i in range(len(DCN_SUBNET_RANGES))]}
+        pool["networkConfig"] = {
+            "additionalNodeNetworkConfigs": [
+                {"network": names.dcn_network(t.run_id, i), "subnetwork": names.dcn_subnet(t.run_id, i)}
+                for i in range(len(DCN_SUBNET_RANGES))
+            ]
+        }
     else:
         pool["networkConfig"] = {"acceleratorNetworkProfile": "auto"}
 
@@ -305,8 +338,12 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
         body["initialClusterVersion"] = spec.gke.cluster_version
     if t.autopilot:  # the nodes Autopilot makes run as the nodes' account too
         body["autopilot"] = {"enabled": True}
-        body["autoscaling"] = {"autoprovisioningNodePoolDefaults": {
-            "serviceAccount": t.node_service_account, "oauthScopes": [CLOUD_PLATFORM_SCOPE]}}
+        body["autoscaling"] = {
+            "autoprovisioningNodePoolDefaults": {
+                "serviceAccount": t.node_service_account,
+                "oauthScopes": [CLOUD_PLATFORM_SCOPE],
+            }
+        }
         return body
     body["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
     if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)
@@ -343,30 +380,32 @@ def dcn_networks(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     out = []
     for index, cidr in enumerate(DCN_SUBNET_RANGES):
         network = names.dcn_network(t.run_id, index)
-        out.append({
-            "network": {
-                "name": network,
-                "autoCreateSubnetworks": False,
-                "mtu": DCN_MTU,
-                "description": f"{names.RUN_LABEL}={t.run_id}",
-            },
-            "subnetwork": {
-                "name": names.dcn_subnet(t.run_id, index),
-                "network": f"projects/{t.project}/global/networks/{network}",
-                "region": t.region,
-                "ipCidrRange": cidr,
-                "description": f"{names.RUN_LABEL}={t.run_id}",
-            },
-            "firewall": {
-                "name": names.dcn_firewall(t.run_id, index),
-                "network": f"projects/{t.project}/global/networks/{network}",
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceRanges": [cidr],
-                "allowed": [{"IPProtocol": protocol} for protocol in DCN_FIREWALL_PROTOCOLS],
-                "description": f"{names.RUN_LABEL}={t.run_id}",
-            },
-        })
+        out.append(
+            {
+                "network": {
+                    "name": network,
+                    "autoCreateSubnetworks": False,
+                    "mtu": DCN_MTU,
+                    "description": f"{names.RUN_LABEL}={t.run_id}",
+                },
+                "subnetwork": {
+                    "name": names.dcn_subnet(t.run_id, index),
+                    "network": f"projects/{t.project}/global/networks/{network}",
+                    "region": t.region,
+                    "ipCidrRange": cidr,
+                    "description": f"{names.RUN_LABEL}={t.run_id}",
+                },
+                "firewall": {
+                    "name": names.dcn_firewall(t.run_id, index),
+                    "network": f"projects/{t.project}/global/networks/{network}",
+                    "direction": "INGRESS",
+                    "priority": 1000,
+                    "sourceRanges": [cidr],
+                    "allowed": [{"IPProtocol": protocol} for protocol in DCN_FIREWALL_PROTOCOLS],
+                    "description": f"{names.RUN_LABEL}={t.run_id}",
+                },
+            }
+        )
     return out
 
 
@@ -383,12 +422,17 @@ def dcn_range_overlap(spec: RunSpec, t: Target, ranges: dict[str, str]) -> tuple
 
 def check_ranges(spec: RunSpec, t: Target) -> None:
     """The Pod and Service ranges the spec pins must not overlap the DCN subnets: a SpecError naming the field."""
-    overlap = dcn_range_overlap(spec, t, {"gke.pod_range": spec.gke.pod_range,
-                                          "gke.service_range": spec.gke.service_range})
+    overlap = dcn_range_overlap(
+        spec, t, {"gke.pod_range": spec.gke.pod_range, "gke.service_range": spec.gke.service_range}
+    )
     if overlap:
         key, value, cidr = overlap
-        raise SpecError(key, f"{value} overlaps the DCN subnet {cidr} (gke.multislice_network=dcn_networks makes "
-                             f"{', '.join(DCN_SUBNET_RANGES)})", ["a range that overlaps none of them"])
+        raise SpecError(
+            key,
+            f"{value} overlaps the DCN subnet {cidr} (gke.multislice_network=dcn_networks makes "
+            f"{', '.join(DCN_SUBNET_RANGES)})",
+            ["a range that overlaps none of them"],
+        )
 
 
 def bucket_binding(t: Target) -> dict[str, Any]:
@@ -451,4 +495,3 @@ def compute_path(kind: str, t: Target, name: str) -> str:
     scope, collection = COMPUTE_COLLECTIONS[kind]
     where = "global" if scope == "global" else f"regions/{t.region}"
     return f"projects/{t.project}/{where}/{collection}/{name}"
-

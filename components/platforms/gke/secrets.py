@@ -23,7 +23,8 @@ def client(creds=None):
         )
 
         return secretmanager_v1.SecretManagerServiceClient(
-            transport=SecretManagerServiceGrpcTransport(channel=grpc.insecure_channel(host)))
+            transport=SecretManagerServiceGrpcTransport(channel=grpc.insecure_channel(host))
+        )
     return secretmanager_v1.SecretManagerServiceClient(credentials=creds or credentials())
 
 
@@ -37,6 +38,8 @@ def read(name: str, creds=None) -> bytes:
     try:
         return client(creds).access_secret_version(name=version).payload.data
     except (gexc.NotFound, gexc.PermissionDenied) as exc:
-        raise SpecError("gke.hf_token_secret", f"cannot read {version}: {exc.message}",
-                        ["a secret the pipeline's service account can access (roles/secretmanager.secretAccessor)"]
-                        ) from None
+        raise SpecError(
+            "gke.hf_token_secret",
+            f"cannot read {version}: {exc.message}",
+            ["a secret the pipeline's service account can access (roles/secretmanager.secretAccessor)"],
+        ) from None

@@ -74,9 +74,12 @@ class Storage(Adapter):
         except gexc.NotFound:
             pass
         except gexc.Forbidden as exc:
-            raise SpecError("gke.bucket", f"the bucket {name} exists but this identity cannot read it (another "
-                                          f"project's bucket, or no storage.buckets.get): {exc.message}",
-                            ["a bucket of this project", "a globally unique new name"]) from None
+            raise SpecError(
+                "gke.bucket",
+                f"the bucket {name} exists but this identity cannot read it (another "
+                f"project's bucket, or no storage.buckets.get): {exc.message}",
+                ["a bucket of this project", "a globally unique new name"],
+            ) from None
         bucket = self.client.bucket(name)
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
         try:
@@ -85,8 +88,11 @@ class Storage(Adapter):
             try:
                 return self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
             except (gexc.NotFound, gexc.Forbidden):
-                raise SpecError("gke.bucket", f"the bucket name {name} is taken by another project: {exc.message}",
-                                ["a bucket of this project", "a globally unique new name"]) from None
+                raise SpecError(
+                    "gke.bucket",
+                    f"the bucket name {name} is taken by another project: {exc.message}",
+                    ["a bucket of this project", "a globally unique new name"],
+                ) from None
         self.log(f"created bucket gs://{name} in {location} (kept after the run)")
         return bucket
 
@@ -104,8 +110,9 @@ class Storage(Adapter):
 
         bucket = self.client.bucket(name)
         for attempt in range(1, self.retry.attempts + 1):
-            policy = self.call(f"get IAM policy of {name}",
-                               lambda: bucket.get_iam_policy(requested_policy_version=IAM_POLICY_VERSION))
+            policy = self.call(
+                f"get IAM policy of {name}", lambda: bucket.get_iam_policy(requested_policy_version=IAM_POLICY_VERSION)
+            )
             if not change(policy):
                 return False
             try:

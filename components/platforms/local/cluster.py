@@ -32,8 +32,14 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.derive import trainer_image
 
 RUN_MARKER = "TPUPIPE_RUN_ID"
-NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port",
-              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")
+NODE_PORTS = (
+    "node-manager-port",
+    "object-manager-port",
+    "metrics-export-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+)
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
 WORKER_PORT_RANGE = 40
 PORTS_FROM = 10000
@@ -157,8 +163,9 @@ def spawn(cmd: list[str], env: dict[str, str] | None, log_file: Path) -> int:
     """Start ``cmd`` as its own process group (an emulated host, or the head), output to log_file."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     return proc.pid
 
 
@@ -190,8 +197,10 @@ def _keeper_done(ledger: dict[str, Any], ledger_path: Path) -> str:
         return "teardown began"
     driver = ledger.get("driver")
     if driver and not interrupts.alive(driver):
-        return (f"the run's driver (pid {driver['pid']}) is gone; `tpupipe teardown {ledger['run_id']} --output-root "
-                f"{ledger_path.parent.parent}` stops the cluster")
+        return (
+            f"the run's driver (pid {driver['pid']}) is gone; `tpupipe teardown {ledger['run_id']} --output-root "
+            f"{ledger_path.parent.parent}` stops the cluster"
+        )
     return ""
 
 
@@ -203,8 +212,9 @@ def orphaned_runs(output_root: Path) -> list[str]:
         ledger = ledgers.load(LocalStore(path.parent)) or {}
         if ledger.get("platform") != "local" or not ledger.get("driver") or interrupts.alive(ledger["driver"]):
             continue
-        if any(carries_marker(p["pid"], ledger["run_id"]) for p in ledger.get("processes", [])) \
-                or run_processes(ledger["run_id"]):
+        if any(carries_marker(p["pid"], ledger["run_id"]) for p in ledger.get("processes", [])) or run_processes(
+            ledger["run_id"]
+        ):
             found.append(ledger["run_id"])
     return found
 
@@ -234,14 +244,20 @@ class LocalPlatform:
                 ["cpu"],
             )
         if ctx.store.local() is None:
-            raise SpecError("output_root", f"the local platform keeps its runs on this machine, not in {ctx.store.uri}",
-                            ["a local directory (default ./runs)"])
+            raise SpecError(
+                "output_root",
+                f"the local platform keeps its runs on this machine, not in {ctx.store.uri}",
+                ["a local directory (default ./runs)"],
+            )
         model_id = ctx.spec.train.model_id
         if model_id.startswith(("/", "./", "../", "~")) and not Path(model_id).expanduser().is_dir():
             # Local hosts share this machine's files, so a model directory must be here (on GKE it is a path the
             # pods see, such as the bucket under /data).
-            raise SpecError("train.model_id", f"directory not found: {model_id}",
-                            ["a hub name", "a local directory (config, weights, tokenizer)", "scratch:<config>"])
+            raise SpecError(
+                "train.model_id",
+                f"directory not found: {model_id}",
+                ["a hub name", "a local directory (config, weights, tokenizer)", "scratch:<config>"],
+            )
 
     @staticmethod
     def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
@@ -249,15 +265,22 @@ class LocalPlatform:
         usage = shutil.disk_usage(path)
         used = 1 - usage.free / usage.total
         if used >= full_fraction:
-            raise InfraError(f"the disk that holds {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free); "
-                               f"Ray's processes fail above {full_fraction:.0%}: free some space and run again")
+            raise InfraError(
+                f"the disk that holds {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free); "
+                f"Ray's processes fail above {full_fraction:.0%}: free some space and run again"
+            )
 
     # -- provision: start the head and the worker raylets
     def provision(self, ctx: RunContext) -> dict[str, Any]:
         self.check(ctx)
         ledger = self._load(ctx)
-        if ledger and ledger["processes"] and pid_alive(ledger["processes"][0]["pid"]) \
-                and not ledger.get("processes_stopped") and not ledger.get("teardown_started"):
+        if (
+            ledger
+            and ledger["processes"]
+            and pid_alive(ledger["processes"][0]["pid"])
+            and not ledger.get("processes_stopped")
+            and not ledger.get("teardown_started")
+        ):
             self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
             return self._describe(ledger)
         if ledger:  # a previous attempt died half-way: clear what it left before starting again
@@ -311,20 +334,42 @@ class LocalPlatform:
             "RAY_AUTH_MODE": "disabled",
         }
         ray = str(env.bin / "ray")
-        common = ["--block", f"--node-ip-address={LOOPBACK}", "--disable-usage-stats",
-                  f"--object-store-memory={OBJECT_STORE_BYTES}"]
+        common = [
+            "--block",
+            f"--node-ip-address={LOOPBACK}",
+            "--disable-usage-stats",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+        ]
         self.log(f"starting Ray head on {ledger['gcs_address']} (dashboard {ledger['dashboard_url']})")
-        head_cmd = [ray, "start", "--head", *common, f"--dashboard-host={LOOPBACK}", "--include-dashboard=true",
-                    "--num-cpus=0", f"--temp-dir={temp_dir / 'head'}",
-                    *[f"--{k}={v}" for k, v in head.items()]]
+        head_cmd = [
+            ray,
+            "start",
+            "--head",
+            *common,
+            f"--dashboard-host={LOOPBACK}",
+            "--include-dashboard=true",
+            "--num-cpus=0",
+            f"--temp-dir={temp_dir / 'head'}",
+            *[f"--{k}={v}" for k, v in head.items()],
+        ]
         self._spawn(ctx, ledger, "head", head_cmd, process_env)
-        wait_for(lambda: self._head_up(ctx, ledger), timeout_s=ready_limits(ctx.spec).deadline_s, interval_s=0.5,
-                 what="the Ray head's GCS port")
+        wait_for(
+            lambda: self._head_up(ctx, ledger),
+            timeout_s=ready_limits(ctx.spec).deadline_s,
+            interval_s=0.5,
+            what="the Ray head's GCS port",
+        )
         for index, node_ports in enumerate(ledger["ports"][1:], start=1):
-            worker_cmd = [ray, "start", f"--address={ledger['gcs_address']}", *common,
-                          f"--num-cpus={cluster.cpus_per_host}", f"--temp-dir={temp_dir / f'host{index}'}",
-                          f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
-                          *[f"--{k}={v}" for k, v in node_ports.items()]]
+            worker_cmd = [
+                ray,
+                "start",
+                f"--address={ledger['gcs_address']}",
+                *common,
+                f"--num-cpus={cluster.cpus_per_host}",
+                f"--temp-dir={temp_dir / f'host{index}'}",
+                f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
+                *[f"--{k}={v}" for k, v in node_ports.items()],
+            ]
             self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
         keeper = [sys.executable, "-m", "components.platforms.local.cluster", "keep", str(ctx.run_dir / ledgers.KEY)]
         self._spawn(ctx, ledger, "keeper", keeper, process_env)
@@ -347,11 +392,14 @@ class LocalPlatform:
     def _raise_if_dead(ledger: dict) -> None:
         for proc in ledger["processes"]:
             if not pid_alive(proc["pid"]) and not proc["role"].startswith("host-"):  # the keeper replaces hosts
-                raise InfraError(f"{proc['role']} (pid {proc['pid']}) exited; last lines of "
-                                   f"{proc['log']}:\n{_tail(proc['log'])}")
+                raise InfraError(
+                    f"{proc['role']} (pid {proc['pid']}) exited; last lines of {proc['log']}:\n{_tail(proc['log'])}"
+                )
             if proc.get("replacements", 0) >= 3:
-                raise InfraError(f"{proc['role']} keeps exiting ({proc['replacements']} replacements); last "
-                                   f"lines of {proc['log']}:\n{_tail(proc['log'])}")
+                raise InfraError(
+                    f"{proc['role']} keeps exiting ({proc['replacements']} replacements); last "
+                    f"lines of {proc['log']}:\n{_tail(proc['log'])}"
+                )
 
     @staticmethod
     def _describe(ledger: dict) -> dict[str, Any]:
@@ -383,10 +431,13 @@ class LocalPlatform:
             return alive if alive >= want else None
 
         started = time.monotonic()
-        seen = wait_for(alive_nodes, timeout_s=ready_limits(ctx.spec).deadline_s, interval_s=1.0,
-                        what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
-                        progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s")
-                        if int(s) % 10 == 0 else None)
+        seen = wait_for(
+            alive_nodes,
+            timeout_s=ready_limits(ctx.spec).deadline_s,
+            interval_s=1.0,
+            what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
+            progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s") if int(s) % 10 == 0 else None,
+        )
         self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
         return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
 
@@ -406,8 +457,11 @@ class LocalPlatform:
 
     def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
         if "://" in uri:
-            raise SpecError("train.init_from", f"the local platform reads checkpoints on this machine; {uri} is not "
-                            "one (a model of the Vertex AI registry)")
+            raise SpecError(
+                "train.init_from",
+                f"the local platform reads checkpoints on this machine; {uri} is not "
+                "one (a model of the Vertex AI registry)",
+            )
         if not Path(uri).is_dir():
             raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
         return uri
@@ -427,8 +481,12 @@ class LocalPlatform:
             leftover = run_processes(ctx.run_id)
             for pid in leftover:
                 _kill(pid, signal.SIGKILL)
-            return {"stopped_groups": 0, "strays": len(leftover), "note": "no cluster was recorded",
-                    "deleted": [f"process {pid}" for pid in leftover]}
+            return {
+                "stopped_groups": 0,
+                "strays": len(leftover),
+                "note": "no cluster was recorded",
+                "deleted": [f"process {pid}" for pid in leftover],
+            }
         return self._stop(ctx, ledger)
 
     def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
@@ -439,8 +497,12 @@ class LocalPlatform:
         keepers = [p for p in ledger["processes"] if p["role"] == "keeper" and carries_marker(p["pid"], ctx.run_id)]
         for proc in keepers:
             _kill_group(proc["pgid"], signal.SIGKILL)
-            wait_for(lambda p=proc: True if not pid_alive(p["pid"]) else None, timeout_s=10, interval_s=0.1,
-                     what="the host keeper to exit")
+            wait_for(
+                lambda p=proc: True if not pid_alive(p["pid"]) else None,
+                timeout_s=10,
+                interval_s=0.1,
+                what="the host keeper to exit",
+            )
         ledger = self._load(ctx) or ledger
         ledger["teardown_started"] = ledger.get("teardown_started") or time.time()
         self._save(ctx, ledger)
@@ -454,22 +516,32 @@ class LocalPlatform:
         for pid in strays:
             _kill(pid, signal.SIGTERM)
         try:
-            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=GRACE_S, interval_s=0.2,
-                     what="a graceful exit")
+            wait_for(
+                lambda: True if not run_processes(ctx.run_id) else None,
+                timeout_s=GRACE_S,
+                interval_s=0.2,
+                what="a graceful exit",
+            )
         except TimeoutError:
             for pgid in groups:
                 _kill_group(pgid, signal.SIGKILL)
             for pid in run_processes(ctx.run_id):
                 _kill(pid, signal.SIGKILL)
-            wait_for(lambda: True if not run_processes(ctx.run_id) else None, timeout_s=10, interval_s=0.2,
-                     what=f"the processes of run {ctx.run_id} to exit")
+            wait_for(
+                lambda: True if not run_processes(ctx.run_id) else None,
+                timeout_s=10,
+                interval_s=0.2,
+                what=f"the processes of run {ctx.run_id} to exit",
+            )
         shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
         ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
         busy = [p for p in ports if not port_is_free(p)]
         ledger["processes_stopped"] = True
         self._save(ctx, ledger)
-        self.log(f"stopped {len(groups)} process groups of {ctx.run_id}"
-                 + (f" and {len(strays)} processes outside them" if strays else ""))
+        self.log(
+            f"stopped {len(groups)} process groups of {ctx.run_id}"
+            + (f" and {len(strays)} processes outside them" if strays else "")
+        )
         deleted = [f"{p['role']} (pid {p['pid']})" for p in live + keepers] + [f"process {pid}" for pid in strays]
         return {"stopped_groups": len(groups), "strays": len(strays), "ports_still_bound": busy, "deleted": deleted}
 
@@ -480,7 +552,8 @@ class LocalPlatform:
         recorded = {p["pid"] for p in live}
         others = [pid for pid in run_processes(ctx.run_id) if pid not in recorded]
         return [f"{p['role']} (pid {p['pid']})" for p in live] + (
-            [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else [])
+            [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else []
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -106,8 +106,7 @@ def ensure_env(image: str, log=print) -> Env:
     _run_logged([_base_python(), "-m", "venv", str(target)], log, "venv", log_file)
     pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     requirements = IMAGES_DIR / image / "requirements.txt"
-    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {requirements.relative_to(REPO_ROOT)}",
-                log_file)
+    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {requirements.relative_to(REPO_ROOT)}", log_file)
     _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, "pip install tpupipe", log_file)
     (target / COMPLETE_MARKER).write_text(env.digest + "\n")
     log(f"image {image}: environment ready in {time.monotonic() - started:.0f}s")
