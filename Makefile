@@ -38,11 +38,15 @@ envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and 
 run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
 	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
 
-test: envs ## all tests: unit, component, compiled pipeline, contract, gke and Vertex AI emulators, e2e local runs
-	$(BIN)/python -m pytest -q -ra tests
+test: envs ## all tests: the fast tiers first (a broken unit test fails in minutes), then the e2e tier
+	$(MAKE) --no-print-directory test-fast
+	$(MAKE) --no-print-directory test-e2e
 
-test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster
+test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster: unit, component, compiled pipeline, contract, emulators
 	$(BIN)/python -m pytest -q -ra -m "not e2e" tests
+
+test-e2e: envs ## the tier that starts real local Ray clusters and trains: local, gke and Vertex AI emulated runs
+	$(BIN)/python -m pytest -q -ra -m e2e --durations=15 tests
 
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION (offline)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)
