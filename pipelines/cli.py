@@ -54,10 +54,11 @@ def cmd_validate(args) -> int:
 
 
 def _target(args):
-    from components.spec import SpecError
+    from components.spec import SpecError, names
     from pipelines.pipeline import Target
 
-    fields = {"--project": args.project, "--region": args.region, "--repository": args.repository}
+    names.check_project("--project", args.project)
+    fields = {"--region": args.region, "--repository": args.repository}
     for flag, value in fields.items():
         if not value or not all(ch.isalnum() or ch == "-" for ch in value) or value != value.lower():
             raise SpecError(flag, f"{value!r} is not a Google Cloud name (lowercase letters, digits, '-')")
