@@ -38,10 +38,15 @@ Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown,
 def cmd_presets(_args) -> int:
     from components.spec import presets
 
+    rows = []
     for name, layers in presets.PRESETS.items():
         cluster = layers.get("cluster", {})
         shape = cluster.get("accelerator", "cpu") + (f" {cluster['topology']}" if cluster.get("topology") else "")
-        print(f"{name:<24} {shape:<14} {layers.get('train', {}).get('model_id', '')}")
+        rows.append((name, shape, layers.get("train", {}).get("model_id", "")))
+    name_width = max(len(name) for name, _, _ in rows)
+    shape_width = max(len(shape) for _, shape, _ in rows)
+    for name, shape, model in rows:
+        print(f"{name:<{name_width}}  {shape:<{shape_width}}  {model}".rstrip())
     return 0
 
 
