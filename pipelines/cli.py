@@ -1,13 +1,17 @@
-"""``tpupipe``: run the pipeline locally, compile it, inspect presets and specs, build local images."""
+"""``tpupipe``: run the pipeline locally, compile it, inspect presets and specs, build local images.
+
+This module parses the arguments and holds the small commands; ``local_run`` runs the pipeline (``tpupipe run``) and
+tears a run down (``tpupipe teardown``); ``cli_gke``, ``cli_vertex`` and ``cli_models`` add the gke, Vertex AI and
+model registry commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-import time
 from pathlib import Path
+
+from pipelines.cli_common import add_set, fail, overrides
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
 
@@ -31,40 +35,35 @@ Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown,
 """
 
 
-def _overrides(sets: list[str] | None) -> str:
-    """--set may be given several times, each with one or more key=value items."""
-    items = [item for s in (sets or []) for item in shlex.split(s)]
-    return " ".join(shlex.quote(i) for i in items)
-
-
-def _fail(message: str, code: int = 2) -> int:
-    print(f"tpupipe: error: {message}", file=sys.stderr)
-    return code
-
-
 def cmd_presets(_args) -> int:
     from components.spec import presets
 
+    rows = []
     for name, layers in presets.PRESETS.items():
         cluster = layers.get("cluster", {})
         shape = cluster.get("accelerator", "cpu") + (f" {cluster['topology']}" if cluster.get("topology") else "")
-        print(f"{name:<24} {shape:<14} {layers.get('train', {}).get('model_id', '')}")
+        rows.append((name, shape, layers.get("train", {}).get("model_id", "")))
+    name_width = max(len(name) for name, _, _ in rows)
+    shape_width = max(len(shape) for _, shape, _ in rows)
+    for name, shape, model in rows:
+        print(f"{name:<{name_width}}  {shape:<{shape_width}}  {model}".rstrip())
     return 0
 
 
 def cmd_validate(args) -> int:
     from components.workload import resolve
 
-    spec = resolve(args.preset, _overrides(args.set))
+    spec = resolve(args.preset, overrides(args.set))
     print(json.dumps(spec.to_dict(), indent=2))
     return 0
 
 
 def _target(args):
-    from components.spec import SpecError
+    from components.spec import SpecError, names
     from pipelines.pipeline import Target
 
-    fields = {"--project": args.project, "--region": args.region, "--repository": args.repository}
+    names.check_project("--project", args.project)
+    fields = {"--region": args.region, "--repository": args.repository}
     for flag, value in fields.items():
         if not value or not all(ch.isalnum() or ch == "-" for ch in value) or value != value.lower():
             raise SpecError(flag, f"{value!r} is not a Google Cloud name (lowercase letters, digits, '-')")
@@ -111,181 +110,29 @@ def cmd_env(args) -> int:
         try:
             envs.ensure_env(image)
         except ValueError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
     return 0
-
-
-def cmd_plan(args) -> int:
-    """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
-    from components.platforms.gke import plan
-    from components.spec import SpecError
-    from components.tpu import pricing
-
-    spec, run_id = _gke_run(args)
-    try:
-        prices = pricing.load(args.prices)
-    except pricing.PriceError as exc:  # the price table is data: its errors become the flag's
-        raise SpecError("--prices", str(exc)) from None
-    document = plan.build(spec, run_id, prices)
-    if args.manifests:
-        out = Path(args.manifests)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in plan.manifest_files(document).items():
-            (out / name).write_text(text)
-    sys.stdout.write(plan.to_json(document) if args.output == "json" else plan.render_text(document))
-    if args.manifests and args.output != "json":
-        print(f"manifests: {len(plan.kubernetes_objects(document))} Kubernetes objects in {args.manifests}")
-    return 0
-
-
-def cmd_preflight(args) -> int:
-    """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
-    report, exit 2 when there is one; creates nothing."""
-    from components.platforms import RunContext
-    from components.platforms.gke import preflight
-    from components.platforms.gke.platform import GkePlatform
-    from components.platforms.store import LocalStore
-
-    spec, run_id = _gke_run(args)
-    ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(Path(".")), platform="gke")
-    report = GkePlatform(log=lambda m: None).preflight(ctx)
-    sys.stdout.write(preflight.render(spec, run_id, report))
-    return 0
-
-
-def cmd_janitor(args) -> int:
-    """Tear down every gke run under the output root that is finished or older than its limit; --dry-run lists it."""
-    from components.platforms.gke import janitor
-
-    older = janitor.parse_age(args.older_than) if args.older_than else None
-    sweep = janitor.Janitor(args.output_root, tuple(args.project or ()), older, log=lambda m: None).sweep(args.dry_run)
-    sys.stdout.write(janitor.render(sweep, args.dry_run))
-    if sweep.failed:
-        return _fail("janitor: could not tear down " + "; ".join(f"{k}: {v}" for k, v in sweep.failed.items()), 1)
-    return 0
-
-
-def default_run_id(preset: str) -> str:
-    return f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def cmd_run(args) -> int:
-    from components.platforms import get_platform
-    from components.stages import report
-    from components.stages import runner as stages
+    from pipelines import local_run
 
-    overrides = _overrides(args.set)
     preset = args.preset_name or args.preset
-    # Every input checked before anything is started: a SpecError here exits 2 (main).
-    ctx = stages.context(preset, args.platform, overrides, args.run_id or default_run_id(preset), "", args.output_root)
-    get_platform(ctx.platform).check(ctx)
-    if args.dry_run:
-        return _dry_run(ctx)
-    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
-        from components.stages import gate
-
-        gate.starting_point(ctx)
-    if ctx.store.exists("summary.json"):
-        return _fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
-
-    import warnings
-
-    from kfp import components, local
-
-    from pipelines.pipeline import compile_pipeline, source_version
-
-    pipeline_file = args.pipeline_file
-    if not pipeline_file:
-        pipeline_file = str(ctx.run_dir / "pipeline.yaml")
-        ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        compile_pipeline(pipeline_file)
-    pipeline = components.load_component_from_file(pipeline_file)
-    local_dir = ctx.store.local()  # the tasks get it absolute: they need not share this process's directory
-    warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    local.init(
-        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"), raise_on_error=False
+    return local_run.run(
+        preset, args.platform, overrides(args.set), args.run_id, args.output_root, args.pipeline_file, args.dry_run
     )
-    print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
-    from pipelines import driver
-
-    with driver.Interrupts(ctx, args.output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
-        pipeline(
-            preset=preset,
-            platform=args.platform,
-            overrides=overrides,
-            run_id=ctx.run_id,
-            output_root=str(local_dir.parent) if local_dir else args.output_root,
-            project="",
-            bucket="",
-            source_version=source_version(),
-        )
-    if interrupted.abandoned:
-        return interrupted.exit_abandoned()
-    failed = 128 + interrupted.signum if interrupted.signum else 1
-    summary_text = ctx.store.read_text("summary.json")
-    if summary_text is None:
-        return _fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", failed)
-    summary = json.loads(summary_text)
-    print(report.format_table(summary))
-    return 0 if summary["status"] == "succeeded" and not interrupted.signum else failed
 
 
 def cmd_teardown(args) -> int:
     """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left. --orphans: every
     local run under the output root whose driver is gone."""
+    from pipelines import local_run
+
     if args.orphans:
-        from components.platforms.local.cluster import orphaned_runs
-
-        found = orphaned_runs(Path(args.output_root))
-        if not found:
-            print(f"tpupipe teardown --orphans: no local run under {args.output_root} outlived its driver")
-        return max([_teardown(run_id, "local", args) for run_id in found], default=0)
+        return local_run.teardown_orphans(args.output_root, args.preset, overrides(args.set))
     if not args.run_id:
-        return _fail("RUN_ID: name the run to tear down (or --orphans: every local run whose driver is gone)")
-    return _teardown(args.run_id, args.platform, args)
-
-
-def _teardown(run_id: str, platform_name: str, args) -> int:
-    from components.platforms import get_platform
-    from components.stages import runner
-
-    ctx = runner.teardown_context(run_id, platform_name, args.output_root, args.preset, _overrides(args.set))
-    platform = get_platform(ctx.platform)
-    result = platform.teardown(ctx)
-    deleted = result.get("deleted") or []
-    print(
-        f"tpupipe teardown {ctx.run_id} ({ctx.platform}): "
-        + (f"deleted {', '.join(deleted)}" if deleted else "nothing was left to delete")
-    )
-    left = platform.remaining(ctx)
-    if left:
-        return _fail(f"still there after teardown: {', '.join(left)}", 1)
-    return 0
-
-
-def _dry_run(ctx) -> int:
-    """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
-    from components.platforms import get_platform
-    from components.stages import runner
-
-    platform = get_platform(ctx.platform)
-    if not hasattr(platform, "dry_run"):
-        return _fail(
-            f"--dry-run: the {ctx.platform} platform has no dry run; it creates only processes on this "
-            "machine (try --platform gke)"
-        )
-    lines = platform.dry_run(
-        ctx,
-        lambda mode: runner.entrypoint(
-            ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""
-        ),
-    )
-    print(
-        f"tpupipe run {ctx.spec.name} --platform {ctx.platform} --dry-run: the calls run {ctx.run_id} makes, in "
-        "order; nothing is created"
-    )
-    print("\n".join(lines))
-    return 0
+        return fail("RUN_ID: name the run to tear down (or --orphans: every local run whose driver is gone)")
+    return local_run.teardown(args.run_id, args.platform, args.output_root, args.preset, overrides(args.set))
 
 
 def _with_spec_args(p, preset_positional=False):
@@ -293,35 +140,7 @@ def _with_spec_args(p, preset_positional=False):
         p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
     else:
         p.add_argument("--preset", default="local-fsdp", help="preset name (default local-fsdp)")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE ...",
-        help="override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)",
-    )
-
-
-def _with_gke_run_args(p) -> None:
-    """PRESET, --set and --run-id: a gke run as `tpupipe plan` and `tpupipe preflight` see it (``_gke_run``)."""
-    p.add_argument("preset", help="preset name (`tpupipe presets`)")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE ...",
-        help="override spec fields; dotted (cluster.num_slices=4) or unique leaf names",
-    )
-    p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
-
-
-def _gke_run(args):
-    """(spec, run id) of PRESET --set ... --run-id; a cpu preset is a SpecError (it runs on the local platform)."""
-    from components.platforms.gke import plan
-    from components.spec.names import run_id_from
-    from components.workload import resolve
-
-    spec = resolve(args.preset, _overrides(args.set))
-    plan.check_plannable(spec)
-    return spec, run_id_from(args.run_id, args.preset)
+    add_set(p, "override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
 
 def _with_target_args(p) -> None:
@@ -395,12 +214,7 @@ def _add_teardown(sub) -> None:
     p.add_argument("--platform", default="", help="local or gke (default: as the run's ledger says, else local)")
     p.add_argument("--output-root", default="runs", help="where the run's directory is (default ./runs)")
     p.add_argument("--preset", default="", help="gke, when the run left no ledger: the preset it ran")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE ...",
-        help="gke, when the run left no ledger: the overrides it ran with (gke.project=...)",
-    )
+    add_set(p, "gke, when the run left no ledger: the overrides it ran with (gke.project=...)")
     p.set_defaults(func=cmd_teardown)
 
 
@@ -456,66 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     _with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
-    _with_gke_run_args(p)
-    p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")
-    p.add_argument(
-        "--manifests",
-        metavar="DIR",
-        default="",
-        help="write each Kubernetes object the run would apply to DIR as a YAML file",
-    )
-    p.add_argument(
-        "--prices",
-        metavar="FILE",
-        default="",
-        help="a JSON price table that replaces or adds to the built-in one (keys like tpu/v6e/spot)",
-    )
-    p.set_defaults(func=cmd_plan)
+    from pipelines import cli_gke, cli_models, cli_vertex
 
-    p = sub.add_parser(
-        "preflight",
-        help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
-        description="Before a gke run spends anything: the region's TPU quota for the chips the plan needs, the "
-        "reservation (cluster.capacity=reservation) exists and has room, the APIs the plan calls are enabled, the "
-        "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
-        "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
-        "problem in one report; exits 2 when there is one. provision runs the same checks first.",
-    )
-    _with_gke_run_args(p)
-    p.set_defaults(func=cmd_preflight)
-
-    p = sub.add_parser(
-        "janitor",
-        help="delete what gke runs left behind (finished, or older than their limit)",
-        description="Find every gke run under the output root by its ledger, and clusters labelled tpupipe-run whose "
-        "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
-        "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
-        "the teardown every run uses. A second sweep finds nothing. `tpupipe compile --pipeline janitor` gives the "
-        "same sweep as a pipeline to schedule.",
-    )
-    p.add_argument(
-        "--output-root",
-        default="runs",
-        help="where the runs' directories are: gs://BUCKET/runs on Vertex AI, or a local directory (default ./runs)",
-    )
-    p.add_argument(
-        "--older-than",
-        default="",
-        metavar="AGE",
-        help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit",
-    )
-    p.add_argument(
-        "--project",
-        action="append",
-        metavar="PROJECT",
-        help="also search this project for clusters labelled tpupipe-run (repeatable)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
-    p.set_defaults(func=cmd_janitor)
-
-    from pipelines import cli_models, cli_vertex
-
+    cli_gke.add_commands(sub)
     cli_vertex.add_commands(sub)
     cli_models.add_commands(sub)
 
@@ -537,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except TpupipeError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)
-        return _fail("interrupted", 130)
+        return fail("interrupted", 130)
 
 
 if __name__ == "__main__":

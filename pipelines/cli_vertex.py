@@ -3,9 +3,9 @@
 
 import argparse
 import os
-import shlex
 
 from pipelines import vertex
+from pipelines.cli_common import add_set, overrides
 
 EXAMPLES = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --region us-east5 --wait
@@ -13,11 +13,6 @@ EXAMPLES = """examples:
   tpupipe runs list --state failed
   tpupipe runs cancel tpupipe-llama3-8b-v6e-16x2-20261130120000
 """
-
-
-def _overrides(sets: list[str] | None) -> str:
-    items = [item for s in (sets or []) for item in shlex.split(s)]
-    return " ".join(shlex.quote(i) for i in items)
 
 
 def _labels(items: list[str] | None) -> dict[str, str]:
@@ -36,7 +31,7 @@ def _submission(args) -> vertex.Submission:
     project = args.project
     return vertex.Submission(
         preset=args.preset,
-        overrides=_overrides(args.set),
+        overrides=overrides(args.set),
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -51,7 +46,7 @@ def _submission(args) -> vertex.Submission:
 def _job_args(p, preset: bool = True) -> None:
     if preset:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE ...", help="override spec fields")
+    add_set(p, "override spec fields")
     _place_args(p)
     p.add_argument(
         "--pipeline-root",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
-from components.spec import SpecError
+from components.spec import SpecError, names
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {
@@ -52,8 +52,7 @@ class Submission:
 def check_place(project: str) -> None:
     if not project:
         raise SpecError("--project", "required (or $GOOGLE_CLOUD_PROJECT)", ["a Google Cloud project id"])
-    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project):
-        raise SpecError("--project", f"{project!r} is not a project id")
+    names.check_project("--project", project)
 
 
 def check(sub: Submission, scheduled: bool = False) -> None:

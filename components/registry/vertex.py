@@ -33,7 +33,7 @@ from typing import Any
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV, credentials
 from components.registry import CHAMPION, REGISTRY_LABEL, TOKEN_LABEL, VERTEX_DEFAULT_ALIAS, Move, Version
-from components.spec import InfraError, SpecError
+from components.spec import InfraError, SpecError, names
 
 # The vLLM server of Vertex AI Model Garden: serves a Hugging Face checkpoint directory such as the trainers write.
 DEFAULT_SERVING_IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:latest"
@@ -73,8 +73,7 @@ class VertexBackend:
         serving_image: str = DEFAULT_SERVING_IMAGE,
         retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0),
     ):
-        if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project or ""):
-            raise SpecError("--project", f"{project!r} is not a Google Cloud project id")
+        names.check_project("--project", project)
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region or ""):
             raise SpecError("--region", f"{region!r} is not a Vertex AI region (us-east5, europe-west4, ...)")
         self.project, self.region, self.serving_image = project, region, serving_image

@@ -1,20 +1,24 @@
 """The run spec: what a run is, as data, and the names and records that follow from it.
 
-Owns the typed, strict, read-only run spec (``run_spec``), the named presets (``presets``), the models the
-trainers build from a config (``models``), every resource name derived from a run id (``names``), the one error
-hierarchy (``errors``) and the record protocol the trainers print and the stages parse (``protocol``).
+Owns the typed, strict, read-only run spec: its fields (``run_spec``), its parser (``parsing``), its own checks
+across fields (``checks``) and how long a run waits for its hosts (``readiness``); the named presets
+(``presets``), the models the trainers build from a config (``models``), every resource name derived from a run id
+and the Google Cloud project id rule (``names``), the one error hierarchy (``errors``) and the record protocol the
+trainers print and the stages parse (``protocol``).
 Pure standard library; imports nothing else of the project, so the pipeline image and both trainer images
 import it alike. See docs/architecture.md for the dependency rules.
 """
 
+from components.spec.checks import validate
 from components.spec.errors import InfraError, SpecError, TpupipeError
+from components.spec.parsing import all_keys, apply_overrides, from_dict, layered, parse_overrides
+from components.spec.readiness import READY_LIMITS_S, ReadyLimits, ready_limits
 from components.spec.run_spec import (
     CAPACITY_TYPES,
     CHAMPION,
     GENERATED_DATASET,
     GKE_CLUSTER_MODES,
     MULTISLICE_NETWORKS,
-    READY_LIMITS_S,
     SCRATCH_PREFIX,
     SECTIONS,
     WORKLOADS,
@@ -22,16 +26,8 @@ from components.spec.run_spec import (
     GateSpec,
     GkeSpec,
     MaxTextSpec,
-    ReadyLimits,
     RunSpec,
     TrainSpec,
-    all_keys,
-    apply_overrides,
-    from_dict,
-    layered,
-    parse_overrides,
-    ready_limits,
-    validate,
 )
 
 __all__ = [

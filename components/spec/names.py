@@ -27,6 +27,12 @@ LABEL_VALUE_MAX = 63
 RAYCLUSTER_NAME_MAX = 53
 PLACEHOLDER_PROJECT = "PROJECT_ID"
 RUN_ID_MAX = 40
+# A Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens, starting with a letter and not ending
+# with a hyphen (https://cloud.google.com/resource-manager/docs/creating-managing-projects). PROJECT_ID_PATTERN is
+# the same rule inside longer names (projects/PROJECT/..., NAME@PROJECT.iam.gserviceaccount.com).
+PROJECT_ID_PATTERN = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+PROJECT_ID = re.compile(PROJECT_ID_PATTERN)
+PROJECT_ID_RULE = "6 to 30 lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen"
 # A registered model's name: a Vertex AI model id (lowercase), the same rule in the local registry.
 MODEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 MODEL_NAME_MAX = 63
@@ -61,6 +67,12 @@ def run_id_from(explicit: str, job_name: str) -> str:
             "run_id", f"{explicit!r} is not a DNS-1035 label of at most {RUN_ID_MAX} characters; for example {rid!r}"
         )
     return rid
+
+
+def check_project(key: str, project: str) -> None:
+    """A SpecError naming ``key`` unless ``project`` is a Google Cloud project id (``PROJECT_ID``)."""
+    if not PROJECT_ID.fullmatch(project or ""):
+        raise SpecError(key, f"{project!r} is not a Google Cloud project id", [PROJECT_ID_RULE])
 
 
 def model_name(preset: str) -> str:

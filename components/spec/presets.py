@@ -1,7 +1,10 @@
-"""Named presets: the seed workloads, as layers over the spec's field defaults (pure data)."""
+"""Named presets, as layers over the spec's field defaults (pure data). The TPU presets reproduce two public GKE
+tutorials (docs/tutorials.md): the llama3-* presets "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray
+Train and multislice Trillium TPUs" (the MaxText tutorial, below), the gemma4-* presets "Fine-tune models on
+multi-host TPUs with Ray and TorchTPU" (the TorchTPU tutorial)."""
 
 _GEMMA4_E2B_TRAIN = {
-    # Seed workload B: google/gemma-4-E2B-it on databricks-dolly-15k, FSDP2, AdamW 2e-5, 3 epochs.
+    # The TorchTPU tutorial's fine-tune: google/gemma-4-E2B-it on databricks-dolly-15k, FSDP2, AdamW 2e-5, 3 epochs.
     "workload": "fsdp",
     "model_id": "google/gemma-4-E2B-it",
     "dataset": "databricks/databricks-dolly-15k",
@@ -13,10 +16,10 @@ _GEMMA4_E2B_TRAIN = {
     "learning_rate": 2e-5,
     "weight_decay": 0.01,
     "num_workers": 16,  # one Ray Train worker per TPU device
-    "checkpoint_optimizer": False,  # the seed checkpoints the model only
+    "checkpoint_optimizer": False,  # the tutorial checkpoints the model only
 }
 
-# Seed workload A (MaxText on multislice v6e): the cluster side, shared by the three Llama 3 presets.
+# The MaxText tutorial's multislice v6e cluster, shared by the three Llama 3 presets.
 _LLAMA3_V6E_16X2 = {
     "accelerator": "v6e",
     "topology": "4x4",
@@ -28,9 +31,9 @@ _LLAMA3_V6E_16X2 = {
     "head_memory_gib": 16,
 }
 _LLAMA3_TRAIN = {"workload": "maxtext", "num_workers": 0}  # one Ray Train worker per host
-# Seed A's cluster version and CPU system pool; synthetic data: no Hugging Face token.
+# The MaxText tutorial's cluster version and CPU system pool; synthetic data: no Hugging Face token.
 _LLAMA3_GKE = {"cluster_version": "1.35.2-gke.1842000", "cpu_machine_type": "n1-standard-16", "hf_secret": ""}
-# Seed B's cluster version (the TorchTPU tutorial's GKE 1.36, its newest patch).
+# The TorchTPU tutorial's cluster version (GKE 1.36, its newest patch).
 _GEMMA4_GKE = {"cluster_version": "1.36"}
 _LLAMA3_8B_MAXTEXT = {
     "model_name": "llama3-8b",
@@ -78,7 +81,7 @@ PRESETS: dict[str, dict] = {
             "cpu_devices_per_host": 2,
         },
     },
-    # Seed B on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips; worker pods 64 CPU, 200Gi.
+    # The TorchTPU tutorial on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips; worker pods 64 CPU, 200Gi.
     "gemma4-e2b-v6e-16": {
         "cluster": {
             "accelerator": "v6e",
@@ -92,7 +95,8 @@ PRESETS: dict[str, dict] = {
         "train": _GEMMA4_E2B_TRAIN,
         "gke": _GEMMA4_GKE,
     },
-    # Seed B on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices; worker pods 250Gi.
+    # The TorchTPU tutorial on one TPU7x (Ironwood) 2x2x2 slice: 2 hosts, 8 chips, 16 logical devices; worker pods
+    # 250Gi.
     "gemma4-e2b-tpu7x-16": {
         "cluster": {
             "accelerator": "tpu7x",
@@ -106,7 +110,7 @@ PRESETS: dict[str, dict] = {
         "train": _GEMMA4_E2B_TRAIN,
         "gke": _GEMMA4_GKE,
     },
-    # Seed A: MaxText pretraining of Llama 3 8B on two TPU v6e 4x4 slices (multislice over DCN): 2 node pools of
+    # The MaxText tutorial: pretraining of Llama 3 8B on two TPU v6e 4x4 slices (multislice over DCN): 2 node pools of
     # 4 x ct6e-standard-4t, one RayCluster worker group of 2 replicas x 4 hosts, one Ray Train worker per host.
     "llama3-8b-v6e-16x2": {
         "cluster": _LLAMA3_V6E_16X2,
@@ -114,7 +118,7 @@ PRESETS: dict[str, dict] = {
         "gke": _LLAMA3_GKE,
         "maxtext": _LLAMA3_8B_MAXTEXT,
     },
-    # Seed A, Llama 3 70B: 2D sharding inside a slice (FSDP 4 x tensor 4), FSDP across the 2 slices.
+    # The MaxText tutorial, Llama 3 70B: 2D sharding inside a slice (FSDP 4 x tensor 4), FSDP across the 2 slices.
     "llama3-70b-v6e-16x2": {
         "cluster": _LLAMA3_V6E_16X2,
         "train": _LLAMA3_TRAIN | {"model_id": "meta-llama/Meta-Llama-3-70B"},
@@ -128,7 +132,7 @@ PRESETS: dict[str, dict] = {
             "remat_policy": "full",
         },
     },
-    # Seed A, elastic on Spot: Ray Train runs 4 to 8 workers (1 to 2 whole slices), shrinks to the intact
+    # The MaxText tutorial, elastic on Spot: Ray Train runs 4 to 8 workers (1 to 2 whole slices), shrinks to the intact
     # slices when one is preempted and grows back when capacity returns; 3 failures allowed.
     "llama3-8b-v6e-elastic-spot": {
         "cluster": _LLAMA3_V6E_16X2 | {"capacity": "spot"},

@@ -1,8 +1,8 @@
-"""The run spec: one typed, strict, read-only description of a tpupipe run.
+"""The run spec's fields: one typed, strict, read-only description of a tpupipe run, section by section.
 
 Layers, like MaxText's config: field defaults -> preset -> overrides (``key=value``). Every layer goes through
-the same strict parser: unknown keys are rejected, values are coerced to the field's type, and cross-field
-checks run once on the result. Errors are :class:`SpecError` and name the field.
+the same strict parser (``parsing``): unknown keys are rejected, values are coerced to the field's type, and the
+cross-field checks (``checks``) run once on the result. Errors are :class:`SpecError` and name the field.
 
 This module is pure standard library: it is imported by the components (pipeline image) and by the trainers
 (trainer images) alike.
@@ -11,17 +11,12 @@ This module is pure standard library: it is imported by the components (pipeline
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import re
-import shlex
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from components.spec import models, names, presets
-from components.spec.errors import SpecError
+from components.spec import names
 
 CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
 WORKLOADS = ("fsdp", "maxtext")
@@ -30,36 +25,6 @@ SCRATCH_PREFIX = "scratch:"
 CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
 # What follows NAME@ in train.init_from: a version id or an alias (the registry's rule, components.registry.REF).
 MODEL_REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
-
-
-# How long deploy_raycluster waits for every worker host when cluster.ready_timeout_s is 0 (the default), and how long
-# a worker pod may stay Unschedulable with no scale-up under way (no TriggeredScaleUp event) before the run fails, by
-# how the TPU nodes come. Seconds: (deadline, unschedulable grace).
-READY_LIMITS_S = {
-    # Standard node pools made with their nodes at provision (fixed size): the pods schedule at once, the wait is the
-    # image pull and Ray's start; a pod left unschedulable means no capacity the pool can give.
-    "on-demand": (180.0, 120.0),
-    "reservation": (180.0, 120.0),
-    "spot": (180.0, 120.0),
-    # Flex-start pools start with 0 nodes and autoscale: the pods sit Unschedulable with a TriggeredScaleUp event while
-    # the nodes come (../shared/reference/platform-facts.md); a flex-start request "persists until capacity becomes
-    # available" (Cloud TPU docs, "Request Cloud TPUs using Flex-start"; GKE docs, "About flex-start provisioning
-    # mode"): minutes, at times far more. An hour before the run gives up; cluster.ready_timeout_s for longer.
-    "flex-start": (3600.0, 120.0),
-    # Autopilot makes the TPU nodes when the pods ask for them (GKE docs, "Deploy TPU workloads in GKE Autopilot"):
-    # Unschedulable with TriggeredScaleUp while a slice's nodes are created, minutes. Combined with the capacity type's
-    # row (the longer of each).
-    "autopilot": (1800.0, 120.0),
-}
-
-
-@dataclass(frozen=True)
-class ReadyLimits:
-    """How long deploy_raycluster waits for every host, and for a pod unschedulable with no scale-up under way."""
-
-    deadline_s: float
-    unschedulable_grace_s: float
-    by: str  # where the deadline comes from, for the plan and the log
 
 
 @dataclass(frozen=True)
@@ -140,7 +105,7 @@ class GkeSpec:
     zone: str = ""  # TPU zone; empty: the first zone the catalogue documents for the accelerator
     cluster_name: str = ""  # an existing GKE cluster to use; empty: the run creates (and deletes) its own
     cluster_mode: str = "standard"  # standard or autopilot
-    # GKE version of a cluster the run creates (the presets pin their seed's); empty: the release channel's default.
+    # GKE version of a cluster the run creates (the presets pin their tutorial's); empty: the release channel's default.
     # Provisioning checks the version GKE reports, of a created or an existing cluster, against the hardware's floors.
     cluster_version: str = ""
     cpu_machine_type: str = "n2-standard-8"  # the CPU node pool that carries the Ray head (standard mode)
@@ -233,6 +198,8 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
+        from components.spec import from_dict  # the parser (``parsing``) builds on these fields
+
         return from_dict(json.loads(text))
 
 
@@ -243,365 +210,3 @@ SECTIONS: dict[str, type] = {
     "maxtext": MaxTextSpec,
     "gate": GateSpec,
 }
-
-
-def _field_types(cls: type) -> dict[str, type]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def all_keys() -> list[str]:
-    """Every settable dotted key, in declaration order."""
-    keys = ["name"]
-    for section, cls in SECTIONS.items():
-        keys += [f"{section}.{name}" for name in _field_types(cls)]
-    return keys
-
-
-def _canonical_key(key: str) -> str:
-    """Accept a dotted key, or a leaf name that is unique across sections (``epochs`` -> ``train.epochs``)."""
-    keys = all_keys()
-    if key in keys:
-        return key
-    matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise SpecError(key, "ambiguous key; use the full name", matches)
-    raise SpecError(key, "unknown key", keys)
-
-
-def _coerce(key: str, value: Any, typ: type) -> Any:
-    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
-        return value
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            if typ is bool:
-                lowered = text.lower()
-                if lowered in ("true", "1", "yes", "on"):
-                    return True
-                if lowered in ("false", "0", "no", "off"):
-                    return False
-                raise ValueError(text)
-            if typ is int:
-                return int(text)
-            if typ is float:
-                return float(text)
-            if typ is str:
-                return value
-        except ValueError:
-            pass
-    raise SpecError(key, f"expected {typ.__name__}, got {value!r}")
-
-
-def from_dict(data: dict[str, Any]) -> RunSpec:
-    """Build a validated spec from a nested dict (the JSON form). Unknown keys are errors."""
-    if not isinstance(data, dict):
-        raise SpecError("spec", f"expected an object, got {type(data).__name__}")
-    unknown = sorted(set(data) - {"name", *SECTIONS})
-    if unknown:
-        raise SpecError(unknown[0], "unknown key", ["name", *SECTIONS])
-    sections = {}
-    for section, cls in SECTIONS.items():
-        raw = data.get(section, {})
-        if not isinstance(raw, dict):
-            raise SpecError(section, f"expected an object, got {type(raw).__name__}")
-        types = _field_types(cls)
-        for key in raw:
-            if key not in types:
-                raise SpecError(f"{section}.{key}", "unknown key", [f"{section}.{k}" for k in types])
-        sections[section] = cls(**{k: _coerce(f"{section}.{k}", v, types[k]) for k, v in raw.items()})
-    name = _coerce("name", data.get("name", "custom"), str)
-    spec = RunSpec(name=name, **sections)
-    validate(spec)
-    return spec
-
-
-def parse_overrides(text: str | typing.Iterable[str]) -> dict[str, str]:
-    """``"epochs=2 cluster.num_hosts=3"`` (or a list of ``key=value``) -> {canonical key: raw value}."""
-    items = shlex.split(text) if isinstance(text, str) else list(text)
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SpecError(item, "an override must look like key=value")
-        out[_canonical_key(key.strip())] = value
-    return out
-
-
-def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Layer dotted-key overrides onto a nested spec dict (a copy)."""
-    merged = json.loads(json.dumps(base))
-    for key, value in overrides.items():
-        key = _canonical_key(key)
-        if "." in key:
-            section, leaf = key.split(".", 1)
-            merged.setdefault(section, {})[leaf] = value
-        else:
-            merged[key] = value
-    return merged
-
-
-def _is_local_file(dataset: str) -> bool:
-    return dataset.endswith((".json", ".jsonl")) or dataset.startswith(("/", "./", "../", "~"))
-
-
-def _check_counts(spec: RunSpec) -> None:
-    """Counts and durations: positive where zero means nothing, non-negative where zero means "off"."""
-    c, t = spec.cluster, spec.train
-    positive = {
-        "cluster.num_slices": c.num_slices,
-        "cluster.num_hosts": c.num_hosts,
-        "cluster.cpus_per_host": c.cpus_per_host,
-        "cluster.head_cpus": c.head_cpus,
-        "cluster.head_memory_gib": c.head_memory_gib,
-        "cluster.worker_memory_gib": c.worker_memory_gib,
-        "train.epochs": t.epochs,
-        "train.batch_size": t.batch_size,
-        "train.num_to_keep": t.num_to_keep,
-        "train.num_train_examples": t.num_train_examples,
-        "train.num_eval_examples": t.num_eval_examples,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise SpecError(key, f"must be at least 1, got {value}", ["an integer >= 1"])
-    for key, value in {
-        "train.num_workers": t.num_workers,
-        "train.max_failures": t.max_failures,
-        "train.fail_at_step": t.fail_at_step,
-        "train.min_workers": t.min_workers,
-        "train.max_workers": t.max_workers,
-        "cluster.worker_shm_gib": c.worker_shm_gib,
-    }.items():
-        if value < 0:
-            raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
-    if c.slice_check_corrupt_rank < -1:
-        raise SpecError(
-            "cluster.slice_check_corrupt_rank",
-            f"must be -1 (none) or a rank, got {c.slice_check_corrupt_rank}",
-            ["-1", "an integer >= 0"],
-        )
-    if not c.ready_timeout_s >= 0:
-        raise SpecError(
-            "cluster.ready_timeout_s",
-            f"must be 0 (by the capacity type) or seconds, got {c.ready_timeout_s}",
-            ["0", "a number of seconds > 0"],
-        )
-    for key, value in {
-        "train.timeout_s": t.timeout_s,
-        "cluster.expected_hours": c.expected_hours,
-        "cluster.slice_check_timeout_s": c.slice_check_timeout_s,
-    }.items():
-        if not value > 0:
-            raise SpecError(key, f"must be positive, got {value}")
-
-
-def _check_training(spec: RunSpec) -> None:
-    """The optimiser, the capacity type, the workload, the model and the data."""
-    c, t = spec.cluster, spec.train
-    if t.max_length < 8:
-        raise SpecError("train.max_length", f"must be at least 8, got {t.max_length}")
-    if not t.learning_rate >= 0:  # 0 trains nothing: a run that measures its starting model
-        raise SpecError("train.learning_rate", f"must be 0 or more, got {t.learning_rate}")
-    if t.weight_decay < 0:
-        raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
-    if c.capacity not in CAPACITY_TYPES:
-        raise SpecError("cluster.capacity", f"unknown capacity type {c.capacity!r}", CAPACITY_TYPES)
-    if c.capacity == "reservation" and not c.reservation:
-        raise SpecError(
-            "cluster.reservation",
-            "required when cluster.capacity=reservation",
-            ["a reservation name", "projects/PROJECT/reservations/NAME"],
-        )
-    if t.workload not in WORKLOADS:
-        raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
-    if not t.model_id:
-        raise SpecError("train.model_id", "must not be empty")
-    if t.model_id.startswith(SCRATCH_PREFIX):
-        config = t.model_id.removeprefix(SCRATCH_PREFIX)
-        if config not in models.SCRATCH_CONFIGS:
-            raise SpecError(
-                "train.model_id",
-                f"unknown scratch config {config!r}",
-                [SCRATCH_PREFIX + n for n in models.SCRATCH_CONFIGS],
-            )
-    if t.dataset != GENERATED_DATASET and _is_local_file(t.dataset):
-        if not Path(t.dataset).expanduser().is_file():
-            raise SpecError("train.dataset", f"file not found: {t.dataset}")
-
-
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_IMAGE_REF = re.compile(
-    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
-    r"(@sha256:[0-9a-f]{64})?$"
-)
-SECRET_VERSION = re.compile(r"^projects/[a-z0-9-]{1,30}/secrets/[A-Za-z0-9_-]{1,255}(/versions/(latest|[1-9][0-9]*))?$")
-SERVICE_ACCOUNT = re.compile(
-    r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam"
-    r"|[0-9]+-compute@developer)\.gserviceaccount\.com$"
-)
-GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
-
-
-def _check_gke_fields(spec: RunSpec) -> None:
-    """The gke section's own fields: names Google Cloud and Kubernetes accept. (The version floors of the
-    hardware are checked with the TPU catalogue, in ``components.workload.checks``.)"""
-    g = spec.gke
-    if g.cluster_mode not in GKE_CLUSTER_MODES:
-        raise SpecError("gke.cluster_mode", f"unknown cluster mode {g.cluster_mode!r}", GKE_CLUSTER_MODES)
-    if g.multislice_network not in MULTISLICE_NETWORKS:
-        raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}", MULTISLICE_NETWORKS)
-    checks = [
-        (
-            "gke.project",
-            g.project,
-            re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$"),
-            "6 to 30 lowercase letters, digits and hyphens, starting with a letter",
-        ),
-        ("gke.zone", g.zone, re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$"), "a zone such as us-east5-b"),
-        (
-            "gke.cluster_name",
-            g.cluster_name,
-            re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"),
-            "1 to 40 lowercase letters, digits and hyphens, starting with a letter",
-        ),
-        ("gke.namespace", g.namespace, _DNS_LABEL, "a DNS label of at most 63 characters"),
-        (
-            "gke.bucket",
-            g.bucket,
-            re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"),
-            "3 to 63 lowercase letters, digits, '-', '_' and '.'",
-        ),
-        ("gke.artifact_repository", g.artifact_repository, _DNS_LABEL, "lowercase letters, digits and hyphens"),
-        (
-            "gke.cpu_machine_type",
-            g.cpu_machine_type,
-            re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"),
-            "a Compute Engine machine type such as n2-standard-8",
-        ),
-        ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
-    ]
-    if g.node_service_account and not SERVICE_ACCOUNT.match(g.node_service_account):
-        raise SpecError(
-            "gke.node_service_account",
-            f"{g.node_service_account!r} is not a service account email",
-            [
-                "NAME@PROJECT.iam.gserviceaccount.com",
-                "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
-                "empty: the project's default Compute Engine service account",
-            ],
-        )
-    if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
-        raise SpecError(
-            "gke.hf_token_secret",
-            f"{g.hf_token_secret!r} is not a Secret Manager secret",
-            ["projects/PROJECT/secrets/NAME", "projects/PROJECT/secrets/NAME/versions/VERSION"],
-        )
-    if g.hf_token_secret and not g.hf_secret:
-        raise SpecError(
-            "gke.hf_token_secret",
-            "the token goes into the Secret gke.hf_secret names, which is empty",
-            ["", "gke.hf_secret=hf-secret"],
-        )
-    for key, value in (("gke.image", g.image), ("gke.torch_tpu_base", g.torch_tpu_base)):
-        if value and not _IMAGE_REF.match(value):
-            raise SpecError(key, f"{value!r} is not an image reference", ["REGISTRY/PATH/NAME:TAG"])
-    for key, value, pattern, what in checks:
-        if value and (len(value) > 63 or not pattern.match(value)):
-            raise SpecError(key, f"{value!r} is not valid", [what])
-    for key, value in (
-        ("gke.namespace", g.namespace),
-        ("gke.artifact_repository", g.artifact_repository),
-        ("gke.cpu_machine_type", g.cpu_machine_type),
-    ):
-        if not value:
-            raise SpecError(key, "must not be empty")
-    for key, value in (("gke.pod_range", g.pod_range), ("gke.service_range", g.service_range)):
-        if not value:
-            continue
-        if g.cluster_name:
-            raise SpecError(
-                key, f"applies to a cluster the run creates; gke.cluster_name={g.cluster_name} is an existing one", [""]
-            )
-        try:
-            ipaddress.IPv4Network(value)
-        except ValueError:
-            raise SpecError(key, f"{value!r} is not an IPv4 range", ["10.4.0.0/14", "empty: GKE picks one"]) from None
-    if g.cluster_version:  # with gke.cluster_name not applied: the existing cluster's own version is checked
-        if not GKE_VERSION.match(g.cluster_version):
-            raise SpecError(
-                "gke.cluster_version",
-                f"{g.cluster_version!r} is not a GKE version",
-                ["latest", "1.35", "1.35.2-gke.1842000"],
-            )
-
-
-def _check_gate(spec: RunSpec) -> None:
-    """The registered model's name, the gate's threshold, and where training starts from."""
-    g, t = spec.gate, spec.train
-    if g.model and not names.MODEL_NAME.match(g.model):
-        raise SpecError(
-            "gate.model",
-            f"{g.model!r} is not a model name",
-            ["a lowercase letter, then up to 62 lowercase letters, digits, '_' or '-'"],
-        )
-    if not 0 <= g.min_improvement < 1:
-        raise SpecError(
-            "gate.min_improvement",
-            f"a relative improvement from 0 (any) to below 1, got {g.min_improvement}",
-            ["0.0", "0.01 (1% lower held-out loss)"],
-        )
-    if not t.init_from:
-        return
-    name, at, version = t.init_from.partition("@")
-    if t.init_from != CHAMPION and not (at and names.MODEL_NAME.match(name) and MODEL_REF.match(version)):
-        raise SpecError(
-            "train.init_from",
-            f"{t.init_from!r} names no registered version",
-            ["", CHAMPION, "NAME@VERSION (gemma-ft@3)", "NAME@ALIAS (gemma-ft@champion)"],
-        )
-    if t.workload != "fsdp":
-        raise SpecError(
-            "train.init_from",
-            f"the {t.workload} workload starts from its own model; only the fsdp "
-            "workload starts from a registered version",
-            [""],
-        )
-
-
-def validate(spec: RunSpec) -> None:
-    """The spec's own checks (no hardware knowledge): raises SpecError naming the first bad field. The checks
-    against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
-    _check_counts(spec)
-    _check_training(spec)
-    _check_gke_fields(spec)
-    _check_gate(spec)
-
-
-def ready_limits(spec: RunSpec) -> ReadyLimits:
-    """The readiness deadline and unschedulable grace of ``spec``: ``READY_LIMITS_S`` by cluster.capacity (and
-    Autopilot), the deadline overridden by cluster.ready_timeout_s when it is set."""
-    c = spec.cluster
-    rows = [c.capacity] + (["autopilot"] if spec.gke.cluster_mode == "autopilot" else [])
-    deadline = max(READY_LIMITS_S[row][0] for row in rows)
-    grace = max(READY_LIMITS_S[row][1] for row in rows)
-    if c.ready_timeout_s:
-        return ReadyLimits(c.ready_timeout_s, grace, "cluster.ready_timeout_s")
-    return ReadyLimits(
-        deadline,
-        grace,
-        f"cluster.capacity={c.capacity}" + (", gke.cluster_mode=autopilot" if "autopilot" in rows else ""),
-    )
-
-
-def layered(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] = "") -> RunSpec:
-    """preset name + overrides -> a RunSpec that passed the spec's own checks. Callers that run anything use
-    ``components.workload.resolve``, which adds the hardware checks."""
-    if preset not in presets.PRESETS:
-        raise SpecError("preset", f"unknown preset {preset!r}", sorted(presets.PRESETS))
-    parsed = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    base = {"name": preset, **presets.PRESETS[preset]}
-    return from_dict(apply_overrides(base, parsed))

@@ -94,12 +94,15 @@ class SliceShape:
 # (https://cloud.google.com/tpu/docs/v5p); a TPU7x chip has two TensorCores, exposed as two devices
 # (https://cloud.google.com/tpu/docs/tpu7x; Ray's tpu.py says the same of v7x).
 # Aliases include each family's node label and its Ray type in lower case, so either names the family.
-# Node settings: v6e pools run 1 thread per core in the multislice MaxText tutorial (seed A, "Infrastructure":
-#   https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray); neither the TPU7x
-#   tutorial (seed B) nor xpk sets threads per core on TPU7x pools, and no seed names it for v5e or v5p: GKE's default.
-#   The accelerator network profile (GKE-made DCN networks, DRANET NICs) is what xpk uses on v6e; xpk does not
-#   support it on TPU7x (../shared/reference/platform-facts.md, "GKE / multislice details"), nor is it documented
-#   for v5e or v5p.
+# Node settings: v6e pools run 1 thread per core in the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with
+#   MaxText, Ray Train and multislice Trillium TPUs" ("Infrastructure":
+#   https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray); neither the GKE
+#   tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU" (TPU7x) nor xpk sets threads per core on
+#   TPU7x pools, and neither tutorial names it for v5e or v5p: GKE's default (docs/tutorials.md lists both).
+#   The accelerator network profile (GKE-made DCN networks, DRANET NICs) is what xpk uses on v6e; xpk
+#   (https://github.com/AI-Hypercomputer/xpk) does not support it on TPU7x, and the DRANET claims of
+#   https://cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra use `All`; nor is it
+#   documented for v5e or v5p.
 
 FAMILIES: dict[str, Family] = {
     f.name: f

@@ -11,7 +11,7 @@ import re
 import typing
 from typing import Any
 
-from components.spec import RunSpec, SpecError, layered
+from components.spec import RunSpec, SpecError, layered, names
 from components.tpu import catalogue
 from components.workload import derive, maxtext
 
@@ -58,8 +58,8 @@ def check_slice(spec: RunSpec) -> None:
             f"({shape.chips_per_host} chips each), got {c.num_hosts}",
             [str(shape.num_hosts)],
         )
-    if c.capacity == "reservation" and not re.match(
-        r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", c.reservation
+    if c.capacity == "reservation" and not re.fullmatch(
+        rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?[a-z]([-a-z0-9]{{0,61}}[a-z0-9])?", c.reservation
     ):
         raise SpecError(
             "cluster.reservation",

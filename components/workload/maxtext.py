@@ -1,4 +1,6 @@
-"""MaxText's command line, derived from the run spec (seed workload A), and the spec checks it needs.
+"""MaxText's command line, derived from the run spec, and the spec checks it needs. The llama3-* presets reproduce
+the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Train and multislice Trillium TPUs"
+(docs/tutorials.md).
 
 Pure data and functions, run where the pipeline runs: the train job's command carries the ``key=value``
 arguments (``train_args``) and the MaxText driver (``trainers.maxtext_train``) hands them to
@@ -134,8 +136,8 @@ def _fmt(value: float) -> str:
 
 
 def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
-    """The ``key=value`` arguments MaxText's ``train.main`` gets after its base config for this spec (the seed's
-    commands, for the seed presets)."""
+    """The ``key=value`` arguments MaxText's ``train.main`` gets after its base config for this spec (the MaxText
+    tutorial's commands, for the llama3-* presets)."""
     m = spec.maxtext
     args = [
         f"dataset_type={m.dataset_type}",

@@ -1,0 +1,256 @@
+"""The run spec's own checks, across fields (no hardware knowledge): counts, the training setup, the gke section's
+names and the gate. The checks against the TPU catalogue and MaxText's rules are ``components.workload.checks``."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+
+from components.spec import models, names
+from components.spec.errors import SpecError
+from components.spec.run_spec import (
+    CAPACITY_TYPES,
+    CHAMPION,
+    GENERATED_DATASET,
+    GKE_CLUSTER_MODES,
+    MODEL_REF,
+    MULTISLICE_NETWORKS,
+    SCRATCH_PREFIX,
+    WORKLOADS,
+    RunSpec,
+)
+
+
+def _is_local_file(dataset: str) -> bool:
+    return dataset.endswith((".json", ".jsonl")) or dataset.startswith(("/", "./", "../", "~"))
+
+
+def _check_counts(spec: RunSpec) -> None:
+    """Counts and durations: positive where zero means nothing, non-negative where zero means "off"."""
+    c, t = spec.cluster, spec.train
+    positive = {
+        "cluster.num_slices": c.num_slices,
+        "cluster.num_hosts": c.num_hosts,
+        "cluster.cpus_per_host": c.cpus_per_host,
+        "cluster.head_cpus": c.head_cpus,
+        "cluster.head_memory_gib": c.head_memory_gib,
+        "cluster.worker_memory_gib": c.worker_memory_gib,
+        "train.epochs": t.epochs,
+        "train.batch_size": t.batch_size,
+        "train.num_to_keep": t.num_to_keep,
+        "train.num_train_examples": t.num_train_examples,
+        "train.num_eval_examples": t.num_eval_examples,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise SpecError(key, f"must be at least 1, got {value}", ["an integer >= 1"])
+    for key, value in {
+        "train.num_workers": t.num_workers,
+        "train.max_failures": t.max_failures,
+        "train.fail_at_step": t.fail_at_step,
+        "train.min_workers": t.min_workers,
+        "train.max_workers": t.max_workers,
+        "cluster.worker_shm_gib": c.worker_shm_gib,
+    }.items():
+        if value < 0:
+            raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
+    if c.slice_check_corrupt_rank < -1:
+        raise SpecError(
+            "cluster.slice_check_corrupt_rank",
+            f"must be -1 (none) or a rank, got {c.slice_check_corrupt_rank}",
+            ["-1", "an integer >= 0"],
+        )
+    if not c.ready_timeout_s >= 0:
+        raise SpecError(
+            "cluster.ready_timeout_s",
+            f"must be 0 (by the capacity type) or seconds, got {c.ready_timeout_s}",
+            ["0", "a number of seconds > 0"],
+        )
+    for key, value in {
+        "train.timeout_s": t.timeout_s,
+        "cluster.expected_hours": c.expected_hours,
+        "cluster.slice_check_timeout_s": c.slice_check_timeout_s,
+    }.items():
+        if not value > 0:
+            raise SpecError(key, f"must be positive, got {value}")
+
+
+def _check_training(spec: RunSpec) -> None:
+    """The optimiser, the capacity type, the workload, the model and the data."""
+    c, t = spec.cluster, spec.train
+    if t.max_length < 8:
+        raise SpecError("train.max_length", f"must be at least 8, got {t.max_length}")
+    if not t.learning_rate >= 0:  # 0 trains nothing: a run that measures its starting model
+        raise SpecError("train.learning_rate", f"must be 0 or more, got {t.learning_rate}")
+    if t.weight_decay < 0:
+        raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
+    if c.capacity not in CAPACITY_TYPES:
+        raise SpecError("cluster.capacity", f"unknown capacity type {c.capacity!r}", CAPACITY_TYPES)
+    if c.capacity == "reservation" and not c.reservation:
+        raise SpecError(
+            "cluster.reservation",
+            "required when cluster.capacity=reservation",
+            ["a reservation name", "projects/PROJECT/reservations/NAME"],
+        )
+    if t.workload not in WORKLOADS:
+        raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
+    if not t.model_id:
+        raise SpecError("train.model_id", "must not be empty")
+    if t.model_id.startswith(SCRATCH_PREFIX):
+        config = t.model_id.removeprefix(SCRATCH_PREFIX)
+        if config not in models.SCRATCH_CONFIGS:
+            raise SpecError(
+                "train.model_id",
+                f"unknown scratch config {config!r}",
+                [SCRATCH_PREFIX + n for n in models.SCRATCH_CONFIGS],
+            )
+    if t.dataset != GENERATED_DATASET and _is_local_file(t.dataset):
+        if not Path(t.dataset).expanduser().is_file():
+            raise SpecError("train.dataset", f"file not found: {t.dataset}")
+
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_IMAGE_REF = re.compile(
+    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
+    r"(@sha256:[0-9a-f]{64})?$"
+)
+SECRET_VERSION = re.compile(
+    rf"^projects/{names.PROJECT_ID_PATTERN}/secrets/[A-Za-z0-9_-]{{1,255}}(/versions/(latest|[1-9][0-9]*))?$"
+)
+SERVICE_ACCOUNT = re.compile(  # an account id of 6 to 30 characters @ the project, or a default Compute Engine account
+    rf"^([a-z][a-z0-9-]{{4,28}}[a-z0-9]@{names.PROJECT_ID_PATTERN}\.iam"
+    r"|[0-9]+-compute@developer)\.gserviceaccount\.com$"
+)
+GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
+
+
+def _check_gke_fields(spec: RunSpec) -> None:
+    """The gke section's own fields: names Google Cloud and Kubernetes accept. (The version floors of the
+    hardware are checked with the TPU catalogue, in ``components.workload.checks``.)"""
+    g = spec.gke
+    if g.cluster_mode not in GKE_CLUSTER_MODES:
+        raise SpecError("gke.cluster_mode", f"unknown cluster mode {g.cluster_mode!r}", GKE_CLUSTER_MODES)
+    if g.multislice_network not in MULTISLICE_NETWORKS:
+        raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}", MULTISLICE_NETWORKS)
+    if g.project:
+        names.check_project("gke.project", g.project)
+    checks = [
+        ("gke.zone", g.zone, re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$"), "a zone such as us-east5-b"),
+        (
+            "gke.cluster_name",
+            g.cluster_name,
+            re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"),
+            "1 to 40 lowercase letters, digits and hyphens, starting with a letter",
+        ),
+        ("gke.namespace", g.namespace, _DNS_LABEL, "a DNS label of at most 63 characters"),
+        (
+            "gke.bucket",
+            g.bucket,
+            re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"),
+            "3 to 63 lowercase letters, digits, '-', '_' and '.'",
+        ),
+        ("gke.artifact_repository", g.artifact_repository, _DNS_LABEL, "lowercase letters, digits and hyphens"),
+        (
+            "gke.cpu_machine_type",
+            g.cpu_machine_type,
+            re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"),
+            "a Compute Engine machine type such as n2-standard-8",
+        ),
+        ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
+    ]
+    if g.node_service_account and not SERVICE_ACCOUNT.match(g.node_service_account):
+        raise SpecError(
+            "gke.node_service_account",
+            f"{g.node_service_account!r} is not a service account email",
+            [
+                "NAME@PROJECT.iam.gserviceaccount.com",
+                "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
+                "empty: the project's default Compute Engine service account",
+            ],
+        )
+    if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
+        raise SpecError(
+            "gke.hf_token_secret",
+            f"{g.hf_token_secret!r} is not a Secret Manager secret",
+            ["projects/PROJECT/secrets/NAME", "projects/PROJECT/secrets/NAME/versions/VERSION"],
+        )
+    if g.hf_token_secret and not g.hf_secret:
+        raise SpecError(
+            "gke.hf_token_secret",
+            "the token goes into the Secret gke.hf_secret names, which is empty",
+            ["", "gke.hf_secret=hf-secret"],
+        )
+    for key, value in (("gke.image", g.image), ("gke.torch_tpu_base", g.torch_tpu_base)):
+        if value and not _IMAGE_REF.match(value):
+            raise SpecError(key, f"{value!r} is not an image reference", ["REGISTRY/PATH/NAME:TAG"])
+    for key, value, pattern, what in checks:
+        if value and (len(value) > 63 or not pattern.match(value)):
+            raise SpecError(key, f"{value!r} is not valid", [what])
+    for key, value in (
+        ("gke.namespace", g.namespace),
+        ("gke.artifact_repository", g.artifact_repository),
+        ("gke.cpu_machine_type", g.cpu_machine_type),
+    ):
+        if not value:
+            raise SpecError(key, "must not be empty")
+    for key, value in (("gke.pod_range", g.pod_range), ("gke.service_range", g.service_range)):
+        if not value:
+            continue
+        if g.cluster_name:
+            raise SpecError(
+                key, f"applies to a cluster the run creates; gke.cluster_name={g.cluster_name} is an existing one", [""]
+            )
+        try:
+            ipaddress.IPv4Network(value)
+        except ValueError:
+            raise SpecError(key, f"{value!r} is not an IPv4 range", ["10.4.0.0/14", "empty: GKE picks one"]) from None
+    if g.cluster_version:  # with gke.cluster_name not applied: the existing cluster's own version is checked
+        if not GKE_VERSION.match(g.cluster_version):
+            raise SpecError(
+                "gke.cluster_version",
+                f"{g.cluster_version!r} is not a GKE version",
+                ["latest", "1.35", "1.35.2-gke.1842000"],
+            )
+
+
+def _check_gate(spec: RunSpec) -> None:
+    """The registered model's name, the gate's threshold, and where training starts from."""
+    g, t = spec.gate, spec.train
+    if g.model and not names.MODEL_NAME.match(g.model):
+        raise SpecError(
+            "gate.model",
+            f"{g.model!r} is not a model name",
+            ["a lowercase letter, then up to 62 lowercase letters, digits, '_' or '-'"],
+        )
+    if not 0 <= g.min_improvement < 1:
+        raise SpecError(
+            "gate.min_improvement",
+            f"a relative improvement from 0 (any) to below 1, got {g.min_improvement}",
+            ["0.0", "0.01 (1% lower held-out loss)"],
+        )
+    if not t.init_from:
+        return
+    name, at, version = t.init_from.partition("@")
+    if t.init_from != CHAMPION and not (at and names.MODEL_NAME.match(name) and MODEL_REF.match(version)):
+        raise SpecError(
+            "train.init_from",
+            f"{t.init_from!r} names no registered version",
+            ["", CHAMPION, "NAME@VERSION (gemma-ft@3)", "NAME@ALIAS (gemma-ft@champion)"],
+        )
+    if t.workload != "fsdp":
+        raise SpecError(
+            "train.init_from",
+            f"the {t.workload} workload starts from its own model; only the fsdp "
+            "workload starts from a registered version",
+            [""],
+        )
+
+
+def validate(spec: RunSpec) -> None:
+    """The spec's own checks (no hardware knowledge): raises SpecError naming the first bad field. The checks
+    against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
+    _check_counts(spec)
+    _check_training(spec)
+    _check_gke_fields(spec)
+    _check_gate(spec)

@@ -1,0 +1,137 @@
+"""The run driver behind ``tpupipe run`` and ``tpupipe teardown``: the compiled pipeline run with kfp.local on this
+machine (each task a subprocess; the platform says where the run's resources are), the dry run of a gke run, and
+the teardown of a run by its id. ``pipelines.cli`` parses the arguments and calls these."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pipelines.cli_common import fail
+
+
+def default_run_id(preset: str) -> str:
+    return f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(
+    preset: str,
+    platform_name: str,
+    overrides: str,
+    run_id: str,
+    output_root: str,
+    pipeline_file: str = "",
+    dry_run: bool = False,
+) -> int:
+    """Run the whole pipeline with kfp.local (``dry_run``: print its calls instead) and print its summary; the exit
+    code: 0 when it succeeded, 1 when it failed, 128 + the signal when one stopped it."""
+    from components.platforms import get_platform
+    from components.stages import report
+    from components.stages import runner as stages
+
+    # Every input checked before anything is started: a SpecError here exits 2 (main).
+    ctx = stages.context(preset, platform_name, overrides, run_id or default_run_id(preset), "", output_root)
+    get_platform(ctx.platform).check(ctx)
+    if dry_run:
+        return _dry_run(ctx)
+    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
+        from components.stages import gate
+
+        gate.starting_point(ctx)
+    if ctx.store.exists("summary.json"):
+        return fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
+
+    import warnings
+
+    from kfp import components, local
+
+    from pipelines.pipeline import compile_pipeline, source_version
+
+    if not pipeline_file:
+        pipeline_file = str(ctx.run_dir / "pipeline.yaml")
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        compile_pipeline(pipeline_file)
+    pipeline = components.load_component_from_file(pipeline_file)
+    local_dir = ctx.store.local()  # the tasks get it absolute: they need not share this process's directory
+    warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"), raise_on_error=False
+    )
+    print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
+    from pipelines import driver
+
+    with driver.Interrupts(ctx, output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
+        pipeline(
+            preset=preset,
+            platform=platform_name,
+            overrides=overrides,
+            run_id=ctx.run_id,
+            output_root=str(local_dir.parent) if local_dir else output_root,
+            project="",
+            bucket="",
+            source_version=source_version(),
+        )
+    if interrupted.abandoned:
+        return interrupted.exit_abandoned()
+    failed = 128 + interrupted.signum if interrupted.signum else 1
+    summary_text = ctx.store.read_text("summary.json")
+    if summary_text is None:
+        return fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", failed)
+    summary = json.loads(summary_text)
+    print(report.format_table(summary))
+    return 0 if summary["status"] == "succeeded" and not interrupted.signum else failed
+
+
+def _dry_run(ctx) -> int:
+    """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
+    from components.platforms import get_platform
+    from components.stages import runner
+
+    platform = get_platform(ctx.platform)
+    if not hasattr(platform, "dry_run"):
+        return fail(
+            f"--dry-run: the {ctx.platform} platform has no dry run; it creates only processes on this "
+            "machine (try --platform gke)"
+        )
+    lines = platform.dry_run(
+        ctx,
+        lambda mode: runner.entrypoint(
+            ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""
+        ),
+    )
+    print(
+        f"tpupipe run {ctx.spec.name} --platform {ctx.platform} --dry-run: the calls run {ctx.run_id} makes, in "
+        "order; nothing is created"
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def teardown_orphans(output_root: str, preset: str = "", overrides: str = "") -> int:
+    """Tear down every local run under ``output_root`` whose driver is gone; the worst exit code of them."""
+    from components.platforms.local.cluster import orphaned_runs
+
+    found = orphaned_runs(Path(output_root))
+    if not found:
+        print(f"tpupipe teardown --orphans: no local run under {output_root} outlived its driver")
+    return max([teardown(run_id, "local", output_root, preset, overrides) for run_id in found], default=0)
+
+
+def teardown(run_id: str, platform_name: str, output_root: str, preset: str = "", overrides: str = "") -> int:
+    """Delete what run ``run_id`` created, from its ledger and labels alone; 0 when nothing of it is left."""
+    from components.platforms import get_platform
+    from components.stages import runner
+
+    ctx = runner.teardown_context(run_id, platform_name, output_root, preset, overrides)
+    platform = get_platform(ctx.platform)
+    result = platform.teardown(ctx)
+    deleted = result.get("deleted") or []
+    print(
+        f"tpupipe teardown {ctx.run_id} ({ctx.platform}): "
+        + (f"deleted {', '.join(deleted)}" if deleted else "nothing was left to delete")
+    )
+    left = platform.remaining(ctx)
+    if left:
+        return fail(f"still there after teardown: {', '.join(left)}", 1)
+    return 0
