@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import Platform, RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke import dry_run, walk
 from components.platforms.gke import teardown as teardowns
@@ -46,7 +46,7 @@ from components.workload import derive as d
 MOUNT_ROOT_ENV = "TPUPIPE_GKE_MOUNT_ROOT"
 
 
-class GkePlatform:
+class GkePlatform(Platform):
     name = "gke"
 
     def __init__(self, log=print, poll_s: float = 5.0):
