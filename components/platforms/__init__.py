@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +36,9 @@ class RunContext:
 
 
 class Platform(Protocol):
+    """What every stage runs against. A platform subclasses it, so that a method it does not have (``dry_run``) is
+    declared here with what it does instead."""
+
     name: str
 
     def check(self, ctx: RunContext) -> None:
@@ -72,6 +76,14 @@ class Platform(Protocol):
 
     def remaining(self, ctx: RunContext) -> list[str]:
         """What of the run may still exist, as its ledger (and, locally, /proc) says; no cloud call."""
+
+    def dry_run(self, ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
+        """The calls the run would make, in order, one line each, creating nothing (``entrypoint(mode)``: the command
+        of each job it submits). Only the gke platform has one: elsewhere a SpecError (exit 2) says so."""
+        raise SpecError(
+            "--dry-run",
+            f"the {self.name} platform has no dry run; it creates only processes on this machine (try --platform gke)",
+        )
 
 
 # name -> "module:class"; imported on first use so `components` stays cheap to import.

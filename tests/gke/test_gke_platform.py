@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from components.platforms import RunContext
 from components.platforms.gke import cluster as gke_cluster
 from components.platforms.gke import kube as gke_kube
+from components.platforms.gke import readiness
 from components.platforms.gke.platform import GkePlatform
 from components.platforms.gke.preflight import PreflightFailed
 from components.platforms.store import LocalStore
@@ -187,7 +188,7 @@ def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_l
     ctx = context(tmp_path, "nocap", ONE_SLICE + " cluster.ready_timeout_s=60")
     gke = platform()
     gke.provision(ctx)
-    with pytest.raises(gke_kube.RayClusterNotReady, match="Unschedulable: 0/2 nodes are available.*google.com/tpu"):
+    with pytest.raises(readiness.RayClusterNotReady, match="Unschedulable: 0/2 nodes are available.*google.com/tpu"):
         gke.deploy_raycluster(ctx)
     assert project.rayclusters("nocap") == ["nocap"]
     gke.teardown(ctx)
@@ -223,7 +224,7 @@ def test_tpu_nodes_that_come_after_the_pods_are_pending_are_waited_for_and_teard
         }
     assert {(worker, "FailedScheduling"), (worker, "TriggeredScaleUp")} <= reasons
     assert any(m == "GET" and p == "/api/v1/namespaces/tpupipe/events" for m, p, _ in project.kube.requests)
-    kube, _, _ = gke._kube(ctx)  # the events as the API server selects them, through the real client
+    kube, _, _ = gke.clients.kube(ctx)  # the events as the API server selects them, through the real client
     listed = kube.core.list_namespaced_event(
         "tpupipe", field_selector=f"involvedObject.name={worker},involvedObject.kind=Pod"
     )
@@ -269,7 +270,7 @@ def test_a_pool_that_never_scales_up_fails_with_the_autoscalers_reason_and_teard
     gke = platform()
     gke.provision(ctx)
     started = time.monotonic()
-    with pytest.raises(gke_kube.RayClusterNotReady, match=match):
+    with pytest.raises(readiness.RayClusterNotReady, match=match):
         gke.deploy_raycluster(ctx)
     assert time.monotonic() - started < 30  # the autoscaler's word, not the deadline
     gke.teardown(ctx)
@@ -282,7 +283,7 @@ def test_image_pull_failure_is_a_clear_error(tmp_path, project_factory, monkeypa
     ctx = context(tmp_path, "noimage")
     gke = platform()
     gke.provision(ctx)
-    with pytest.raises(gke_kube.RayClusterNotReady, match="cannot pull its image local/torch: ErrImagePull"):
+    with pytest.raises(readiness.RayClusterNotReady, match="cannot pull its image local/torch: ErrImagePull"):
         gke.deploy_raycluster(ctx)
     gke.teardown(ctx)
 
@@ -303,7 +304,7 @@ def provisioned_kube(tmp_path, run_id: str):
     ctx = context(tmp_path, run_id)
     gke = platform()
     gke.provision(ctx)
-    kube, _, _ = gke._kube(ctx)
+    kube, _, _ = gke.clients.kube(ctx)
     kube.ensure_namespace()
     return gke, ctx, kube
 
@@ -428,7 +429,7 @@ def _pod(name, **status):
 
 
 def test_readiness_state_machine_steps():
-    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    machine = readiness.Readiness(unschedulable_grace_s=30)
     cluster = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 1, "state": ""}}
     assert machine.step(cluster, [_pod("w0")], now=0) is None
     unsched = _pod(
@@ -444,19 +445,19 @@ def test_readiness_state_machine_steps():
     )
     assert machine.step(cluster, [unsched], now=10) is None
     assert machine.step(cluster, [unsched], now=39) is None
-    with pytest.raises(gke_kube.RayClusterNotReady, match="Insufficient google.com/tpu"):
+    with pytest.raises(readiness.RayClusterNotReady, match="Insufficient google.com/tpu"):
         machine.step(cluster, [unsched], now=40)
-    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    machine = readiness.Readiness(unschedulable_grace_s=30)
     assert machine.step(cluster, [unsched], now=0) is None
     assert machine.step(cluster, [_pod("w1")], now=20) is None  # scheduled after all: the grace starts again
     assert machine.unschedulable_since is None
     ready = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 2, "state": "ready"}}
     assert machine.step(ready, [], now=21) is True
     pull = _pod("w0", containerStatuses=[{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "x"}}}])
-    with pytest.raises(gke_kube.RayClusterNotReady, match="ImagePullBackOff"):
-        gke_kube.Readiness().step(cluster, [pull], now=0)
-    with pytest.raises(gke_kube.RayClusterNotReady, match="gone"):
-        gke_kube.Readiness().step(None, [], now=0)
+    with pytest.raises(readiness.RayClusterNotReady, match="ImagePullBackOff"):
+        readiness.Readiness().step(cluster, [pull], now=0)
+    with pytest.raises(readiness.RayClusterNotReady, match="gone"):
+        readiness.Readiness().step(None, [], now=0)
 
 
 def _event(pod, reason, message, at):
@@ -485,7 +486,7 @@ TRIGGERED = "pod triggered scale-up: [{.../instanceGroups/gke-tpu-grp 0->1 (max:
 
 
 def test_readiness_waits_for_a_triggered_scale_up_past_the_grace_then_is_ready():
-    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    machine = readiness.Readiness(unschedulable_grace_s=30)
     cluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
     pods = [_pod("w0", **UNSCHED)]
     assert machine.step(cluster, pods, now=0) is None  # no event yet: the grace starts
@@ -502,7 +503,7 @@ def test_readiness_waits_for_a_triggered_scale_up_past_the_grace_then_is_ready()
 
 
 def test_readiness_fails_at_once_with_a_failed_scale_up_and_its_reason():
-    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    machine = readiness.Readiness(unschedulable_grace_s=30)
     cluster = {"status": {"desiredWorkerReplicas": 2, "availableWorkerReplicas": 0, "state": ""}}
     pods = [_pod("w0", **UNSCHED), _pod("w1", **UNSCHED)]
     events = [_event("w0", "TriggeredScaleUp", TRIGGERED, 1), _event("w1", "TriggeredScaleUp", TRIGGERED, 1)]
@@ -510,27 +511,27 @@ def test_readiness_fails_at_once_with_a_failed_scale_up_and_its_reason():
     failed = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources."
     events.append(_event("w1", "FailedScaleUp", failed, 40))  # the latest about w1
     with pytest.raises(
-        gke_kube.RayClusterNotReady,
+        readiness.RayClusterNotReady,
         match="pod w1 .*scale-up failed: FailedScaleUp: Node scale up in zones us-east5-b .*GCE out of resources",
     ):
         machine.step(cluster, pods, now=41, events=events)
     # Triggered again after the failure (the autoscaler retries): the latest event decides.
     retried = [_event("w0", "FailedScaleUp", failed, 40), _event("w0", "TriggeredScaleUp", TRIGGERED, 50)]
-    assert gke_kube.Readiness().step(cluster, pods[:1], now=51, events=retried) is None
+    assert readiness.Readiness().step(cluster, pods[:1], now=51, events=retried) is None
     same_second = [_event("w0", "TriggeredScaleUp", TRIGGERED, 40), _event("w0", "FailedScaleUp", failed, 40)]
-    with pytest.raises(gke_kube.RayClusterNotReady, match="FailedScaleUp"):
-        gke_kube.Readiness().step(cluster, pods[:1], now=41, events=same_second[::-1])
+    with pytest.raises(readiness.RayClusterNotReady, match="FailedScaleUp"):
+        readiness.Readiness().step(cluster, pods[:1], now=41, events=same_second[::-1])
 
 
 def test_readiness_fails_a_scale_up_not_triggered_after_the_grace_with_its_reason():
-    machine = gke_kube.Readiness(unschedulable_grace_s=30)
+    machine = readiness.Readiness(unschedulable_grace_s=30)
     cluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
     pods = [_pod("w0", **UNSCHED)]
     events = [_event("w0", "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached", 0)]
     assert machine.step(cluster, pods, now=0, events=events) is None
     assert machine.step(cluster, pods, now=29, events=events) is None and "1 unschedulable" in machine.last
     with pytest.raises(
-        gke_kube.RayClusterNotReady,
+        readiness.RayClusterNotReady,
         match="for 30s with no scale-up under way; pod w0: NotTriggerScaleUp: pod didn't trigger scale-up: 1 max node",
     ):
         machine.step(cluster, pods, now=30, events=events)
@@ -550,7 +551,7 @@ def test_wait_ready_has_a_deadline_with_the_last_status():
         clock.now += seconds
 
     with pytest.raises(DeadlineExceeded, match="0/1 workers available"):
-        gke_kube.wait_ready(
+        readiness.wait_ready(
             NeverReady(), "rc", 30, unschedulable_grace_s=10, clock=clock, sleep=sleep, log=lambda m: None
         )
     assert clock.now >= 30

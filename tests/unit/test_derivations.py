@@ -8,8 +8,10 @@ import shlex
 
 import pytest
 
+from components.platforms.gke import compute_resources as cr
 from components.platforms.gke import manifests as m
 from components.platforms.gke import resources as r
+from components.platforms.gke import target as tg
 from components.spec import names
 from components.workload import derive as d
 from components.workload import maxtext, resolve
@@ -47,7 +49,7 @@ FAMILY_FACTS = {
 
 def spec_and_target(preset: str, overrides: str = "", run_id: str = ""):
     spec = resolve(preset, overrides)
-    return spec, r.target(spec, run_id or preset)
+    return spec, tg.target(spec, run_id or preset)
 
 
 def container_types():
@@ -160,7 +162,7 @@ def test_seed_a_scaling_config_and_elastic_range():
     elastic = resolve("llama3-8b-v6e-elastic-spot")
     assert d.scaling_config_args(elastic)["num_workers"] == (4, 8)
     assert d.run_config_args(elastic) == {"failure_config": {"max_failures": 3}}
-    group = m.raycluster(elastic, r.target(elastic, "r"))["spec"]["workerGroupSpecs"][0]
+    group = m.raycluster(elastic, tg.target(elastic, "r"))["spec"]["workerGroupSpecs"][0]
     assert (group["minReplicas"], group["replicas"], group["maxReplicas"]) == (1, 2, 2)
 
 
@@ -171,14 +173,14 @@ def test_single_host_slices_have_no_tpu_topology(topology, hosts):
     )
     (pool,) = r.tpu_node_pools(spec, t)
     assert "placementPolicy" not in pool
-    assert r.workload_policy(spec, t) is None
+    assert cr.workload_policy(spec, t) is None
 
 
 def test_tpu7x_multi_host_slices_are_placed_by_a_workload_policy():
     spec, t = spec_and_target(
         "gemma4-e2b-tpu7x-16", "cluster.topology=4x4x4 cluster.num_hosts=16 cluster.num_slices=2 train.num_workers=0"
     )
-    policy = r.workload_policy(spec, t)
+    policy = cr.workload_policy(spec, t)
     assert policy["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4x4"}
     assert policy["region"] == "us-central1"
     pools = r.tpu_node_pools(spec, t)
@@ -186,7 +188,7 @@ def test_tpu7x_multi_host_slices_are_placed_by_a_workload_policy():
     single, ts = spec_and_target(
         "gemma4-e2b-tpu7x-16", "cluster.topology=2x2x1 cluster.num_hosts=1 train.num_workers=0"
     )
-    assert r.workload_policy(single, ts) is None
+    assert cr.workload_policy(single, ts) is None
 
 
 def test_one_node_pool_per_slice_with_distinct_names():
@@ -233,7 +235,7 @@ def test_capacity_types(capacity):
 
 def test_dcn_networking_the_tutorials_way():
     spec, t = spec_and_target("llama3-8b-v6e-16x2")
-    nets = r.dcn_networks(spec, t)
+    nets = cr.dcn_networks(spec, t)
     assert [n["subnetwork"]["ipCidrRange"] for n in nets] == ["10.50.0.0/16", "10.60.0.0/16"]
     assert all(n["network"]["mtu"] == 8896 and n["network"]["autoCreateSubnetworks"] is False for n in nets)
     for pool in r.tpu_node_pools(spec, t):
@@ -264,7 +266,7 @@ def test_dcn_networking_the_tutorials_way():
 
 def test_dcn_networking_with_the_accelerator_network_profile():
     spec, t = spec_and_target("llama3-8b-v6e-16x2", "gke.multislice_network=accelerator_network_profile")
-    assert r.dcn_networks(spec, t) == []
+    assert cr.dcn_networks(spec, t) == []
     for pool in r.tpu_node_pools(spec, t):
         assert pool["networkConfig"] == {"acceleratorNetworkProfile": "auto"}
         assert pool["config"]["labels"][r.DRA_NETWORKING_LABEL] == "true"
@@ -292,7 +294,7 @@ def test_the_accelerator_network_profile_refuses_tpu7x():
 def test_no_dcn_nics_for_one_slice_or_network_none():
     for preset, overrides in (("gemma4-e2b-v6e-16", ""), ("llama3-8b-v6e-16x2", "gke.multislice_network=none")):
         spec, t = spec_and_target(preset, overrides)
-        assert r.dcn_networks(spec, t) == [] and m.dcn_claim_template(spec, t) is None
+        assert cr.dcn_networks(spec, t) == [] and m.dcn_claim_template(spec, t) is None
         for pool in r.tpu_node_pools(spec, t):
             assert "networkConfig" not in pool and r.DRA_NETWORKING_LABEL not in pool["config"]["labels"]
         assert "megascale_grpc_interface_prefixes" not in r.libtpu_init_args(spec)
@@ -397,7 +399,7 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
         }  # no file cache: there is no cache volume
         assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
         assert {"name": volume["name"], "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
-    binding = r.bucket_binding(t)
+    binding = tg.bucket_binding(t)
     assert binding["role"] == "roles/storage.objectUser"
     assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
 
@@ -441,7 +443,7 @@ def test_names_derive_from_the_run_id_and_fit_their_limits():
     cut = names.fit("a" * 50, 40)
     assert len(cut) == 40 and cut == names.fit("a" * 50, 40) and cut != names.fit("a" * 49 + "b", 40)
     spec = resolve("llama3-8b-v6e-16x2")
-    assert r.target(spec, "same-id") == r.target(spec, "same-id")
+    assert tg.target(spec, "same-id") == tg.target(spec, "same-id")
 
 
 def test_zone_default_and_image():

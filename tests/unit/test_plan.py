@@ -314,9 +314,10 @@ def test_spec_errors_come_before_the_plan():
 
 
 def test_every_kind_the_plan_lists_has_a_handler_that_creates_it():
-    from components.platforms.gke.platform import HANDLERS
+    from components.platforms.gke.records import STAGE_OF_KIND
+    from components.platforms.gke.walk import HANDLERS
 
-    assert set(HANDLERS) == set(plan.STAGE_OF_KIND)
+    assert set(HANDLERS) == set(STAGE_OF_KIND)
     kinds = {
         res["kind"]
         for preset in ("gemma4-e2b-tpu7x-16", "llama3-70b-v6e-16x2")

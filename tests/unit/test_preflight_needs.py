@@ -1,12 +1,13 @@
 """What preflight checks, derived from the run's plan with no call made: the APIs and permissions of the plan's
 calls, the quota metric and chips of the capacity type, the reservation of the zone, an existing cluster."""
 
-from components.platforms.gke import features, preflight
+from components.platforms.gke import features
+from components.platforms.gke import needs as gke_needs
 from components.workload import resolve
 
 
-def needs(preset: str, overrides: str = "") -> preflight.Needs:
-    return preflight.needs(resolve(preset, "gke.project=my-proj " + overrides), "r1")
+def needs(preset: str, overrides: str = "") -> gke_needs.Needs:
+    return gke_needs.needs(resolve(preset, "gke.project=my-proj " + overrides), "r1")
 
 
 def test_a_multislice_dcn_plan_needs_the_network_calls_and_their_apis():

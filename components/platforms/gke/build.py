@@ -1,5 +1,5 @@
 """The trainer image on GKE: Cloud Build builds ``images/<name>/Dockerfile`` and pushes it to Artifact Registry,
-through google-cloud-build (architecture decision 8).
+through google-cloud-build (docs/architecture.md, "Cloud calls through the client libraries").
 
 The build context (the image directory and the tpupipe sources the Dockerfile copies) is packed reproducibly
 (sorted entries, no timestamps or owners) and uploaded to the run's prefix in the bucket. The build carries the

@@ -1,5 +1,5 @@
 """The GKE side of the gke platform: the cluster and its node pools through google-cloud-container's
-``ClusterManagerClient`` (architecture decision 8).
+``ClusterManagerClient`` (docs/architecture.md, "Cloud calls through the client libraries").
 
 Get-or-create, resumable and cancellable: every create first looks for what exists (a re-run provision
 re-attaches, an ``ALREADY_EXISTS`` is a reuse), records what it started before it waits, waits on the
@@ -22,6 +22,7 @@ from typing import Any
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
 from components.platforms.credentials import EMULATOR_HOST_ENV, credentials
+from components.platforms.gke import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
 from components.spec import InfraError
@@ -208,7 +209,7 @@ class Gke(Adapter):
         """The cluster ``body`` names: reused if it exists (waiting while it provisions), else created."""
         from google.cloud import container_v1
 
-        name = f"{parent}/clusters/{body['name']}"
+        name = paths.cluster_path(parent, body["name"])
         cluster = self.get_cluster(name)
         if cluster is None:
             record("cluster", name)
@@ -229,8 +230,8 @@ class Gke(Adapter):
     def ensure_node_pool(self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
         from google.cloud import container_v1
 
-        name = f"{cluster_name}/nodePools/{body['name']}"
-        location_path = cluster_name.rsplit("/clusters/", 1)[0]
+        name = paths.node_pool_path(cluster_name, body["name"])
+        location_path = paths.cluster_parent(cluster_name)
         pool = self.get_node_pool(name)
         if pool is None:
             record("node_pool", name)
@@ -294,7 +295,7 @@ class Gke(Adapter):
         was enabled."""
         from google.cloud import container_v1
 
-        location_path = name.rsplit("/clusters/", 1)[0]
+        location_path = paths.cluster_parent(name)
         for feature in features:
             update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
             short = name.rsplit("/", 1)[-1]
@@ -322,26 +323,26 @@ class Gke(Adapter):
         except gexc.NotFound:
             return False
         self.log(f"deleting {kind} {name}")
-        self.wait(name.rsplit("/clusters/", 1)[0], op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
+        self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
         return True
 
     def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
         response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
-        return [f"{parent}/clusters/{cl.name}" for cl in response.clusters if cl.resource_labels.get(key) == value]
+        return [paths.cluster_path(parent, cl.name) for cl in response.clusters if cl.resource_labels.get(key) == value]
 
     def labelled(self, project: str, key: str) -> list[tuple[str, str, str, str]]:
         """Every cluster of ``project`` (all locations) and every node pool of another cluster that carries the label
         ``key``: (its value, "cluster" or "node_pool", the resource's name, the cluster's create time)."""
-        parent = f"projects/{project}/locations/-"
+        parent = paths.location_path(project, "-")
         response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
         found = []
         for cl in response.clusters:
-            name = f"projects/{project}/locations/{cl.location}/clusters/{cl.name}"
+            name = paths.cluster_path(paths.location_path(project, cl.location), cl.name)
             if key in cl.resource_labels:
                 found.append((cl.resource_labels[key], "cluster", name, cl.create_time))
                 continue
             found += [
-                (p.config.resource_labels[key], "node_pool", f"{name}/nodePools/{p.name}", cl.create_time)
+                (p.config.resource_labels[key], "node_pool", paths.node_pool_path(name, p.name), cl.create_time)
                 for p in cl.node_pools
                 if key in p.config.resource_labels
             ]
@@ -355,7 +356,7 @@ class Gke(Adapter):
         except gexc.NotFound:
             return []
         return [
-            f"{cluster_name}/nodePools/{p.name}"
+            paths.node_pool_path(cluster_name, p.name)
             for p in response.node_pools
             if p.config.resource_labels.get(key) == value
         ]

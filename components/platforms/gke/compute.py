@@ -1,8 +1,9 @@
-"""The Compute Engine side of the gke platform, through google-cloud-compute (architecture decision 8): the extra
-VPC networks, subnets and firewall rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``)
-and the workload policy that places TPU7x multi-host slices.
+"""The Compute Engine side of the gke platform, through google-cloud-compute
+(docs/architecture.md, "Cloud calls through the client libraries"): the extra VPC networks, subnets and firewall
+rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``) and the workload policy that
+places TPU7x multi-host slices (their bodies: ``compute_resources``).
 
-Same contract as the GKE adapter (``components.gke_cluster``): get-or-create (what exists is reused, a
+Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
 progress and a deadline, ``503``/``504`` retried with backoff, quota errors a :class:`CapacityError`. Compute
 operations cannot be cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run
@@ -10,7 +11,7 @@ recorded.
 
 Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``,
 ``projects/P/global/firewalls/N``, ``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that
-``components.derivations`` makes. ``google.cloud.compute_v1`` is imported inside functions.
+``compute_resources`` makes. ``google.cloud.compute_v1`` is imported inside functions.
 """
 
 from __future__ import annotations

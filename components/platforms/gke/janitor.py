@@ -27,6 +27,7 @@ from typing import Any
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
+from components.platforms.gke import paths
 from components.platforms.store import open_store, runs_with
 from components.spec import RunSpec, SpecError, names, ready_limits
 
@@ -135,12 +136,12 @@ class Janitor:
     def _find_labelled(self, project: str, known: set[str], sweep: Sweep) -> None:
         """Clusters and node pools labelled with a run that has no ledger under the output root."""
         orphans: dict[str, list[tuple[str, str, str]]] = {}
-        for run_id, kind, path, created in self.platform._gke().labelled(project, names.RUN_LABEL):
+        for run_id, kind, path, created in self.platform.clients.gke().labelled(project, names.RUN_LABEL):
             if run_id not in known:
                 orphans.setdefault(run_id, []).append((kind, path, created))
         for run_id, found in sorted(orphans.items()):
             kind, path, created = found[0]
-            cluster = path.split("/nodePools/")[0]
+            cluster = paths.node_pool_cluster(path)
             if kind == "node_pool":
                 sweep.kept.append(
                     f"{run_id}: kept: node pools {', '.join(p.rsplit('/', 1)[-1] for _, p, _ in found)}"
@@ -162,7 +163,7 @@ class Janitor:
     def _adopt(self, project: str, run_id: str, cluster: str, age: float) -> Found:
         from components.workload import resolve
 
-        location = cluster.split("/")[3]
+        location = paths.cluster_location(cluster)
         regional = location.count("-") == 1
         spec = resolve(
             ADOPT_PRESET,
@@ -170,7 +171,7 @@ class Janitor:
             + (" gke.cluster_mode=autopilot" if regional else ""),
         )
         store = open_store(self.output_root, run_id)
-        parent = cluster.split("/clusters/")[0]
+        parent = paths.cluster_parent(cluster)
         ledger = {
             "run_id": run_id,
             "platform": "gke",

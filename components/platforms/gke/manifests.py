@@ -21,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from components.platforms.gke import resources as r
+from components.platforms.gke.compute_resources import DCN_SUBNET_RANGES
+from components.platforms.gke.target import MOUNT_PATH, Target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -29,12 +31,13 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 DCN_CLAIM = "dcn-nics"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
-# The mount options of the seed (implicit directories, owned by uid/gid 1000). Its unlimited file cache is left out:
-# without a cache volume for it (a volume named gke-gcsfuse-cache) it has no place to cache, and MaxText reads a
-# checkpoint once, on restore, so a cache sized for a 70B checkpoint would buy nothing.
+# The mount options of the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Train and
+# multislice Trillium TPUs" (docs/tutorials.md): implicit directories, owned by uid/gid 1000. Its unlimited file
+# cache is left out: without a cache volume for it (a volume named gke-gcsfuse-cache) it has no place to cache, and
+# MaxText reads a checkpoint once, on restore, so a cache sized for a 70B checkpoint would buy nothing.
 GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,uid=1000,gid=1000"
-# The GCS FUSE sidecar's CPU, memory and ephemeral-storage limits lifted ("0": no limit), as the multislice Ray
-# tutorial's sample does for 70B checkpoints (seed A): the sidecar's defaults throttle multi-GB checkpoint writes.
+# The GCS FUSE sidecar's CPU, memory and ephemeral-storage limits lifted ("0": no limit), as that tutorial's sample
+# does for 70B checkpoints: the sidecar's defaults throttle multi-GB checkpoint writes.
 # https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/cloud-storage-fuse-csi-driver-sidecar
 GCSFUSE_POD_ANNOTATIONS = {
     "gke-gcsfuse/volumes": "true",
@@ -45,7 +48,7 @@ GCSFUSE_POD_ANNOTATIONS = {
 HF_TOKEN_KEY = "hf_api_token"
 
 
-def _meta(name: str, t: r.Target, namespaced: bool = True) -> dict[str, Any]:
+def _meta(name: str, t: Target, namespaced: bool = True) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if namespaced:
         meta["namespace"] = t.namespace
@@ -53,24 +56,26 @@ def _meta(name: str, t: r.Target, namespaced: bool = True) -> dict[str, Any]:
     return meta
 
 
-def namespace(t: r.Target) -> dict[str, Any]:
+def namespace(t: Target) -> dict[str, Any]:
     """Shared by the runs of the cluster: created if missing, never deleted by a run (so no run label)."""
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace}}
 
 
-def service_account(t: r.Target) -> dict[str, Any]:
-    """The pods' identity; the bucket binding (``derivations.bucket_binding``) names it as a principal."""
+def service_account(t: Target) -> dict[str, Any]:
+    """The pods' identity; the bucket binding (``target.bucket_binding``) names it as a principal."""
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(t.service_account, t)}
 
 
-def dcn_claim_template(spec: RunSpec, t: r.Target) -> dict[str, Any] | None:
+def dcn_claim_template(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     """The DCN NICs of every worker pod, from managed DRANET (device class netdev.google.com): exactly the two NICs
-    of the run's DCN networks (seed A), or, with the accelerator network profile, all the NICs GKE attached (the
-    samples' claim, allocation mode All)."""
+    of the run's DCN networks (as the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Train
+    and multislice Trillium TPUs" claims them), or, with the accelerator network profile, all the NICs GKE attached
+    (the claim of xpk and of https://cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra,
+    allocation mode All)."""
     if not d.has_dcn_nics(spec):
         return None
     if spec.gke.multislice_network == "dcn_networks":
-        nics = {"allocationMode": "ExactCount", "count": len(r.DCN_SUBNET_RANGES)}
+        nics = {"allocationMode": "ExactCount", "count": len(DCN_SUBNET_RANGES)}
     else:
         nics = {"allocationMode": "All"}
     return {
@@ -120,7 +125,7 @@ def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _checkpoint_volume(t: r.Target) -> dict[str, Any]:
+def _checkpoint_volume(t: Target) -> dict[str, Any]:
     return {
         "name": CHECKPOINT_VOLUME,
         "csi": {
@@ -130,7 +135,7 @@ def _checkpoint_volume(t: r.Target) -> dict[str, Any]:
     }
 
 
-def _pod_metadata(t: r.Target) -> dict[str, Any]:
+def _pod_metadata(t: Target) -> dict[str, Any]:
     return {"labels": names.labels(t.run_id), "annotations": dict(GCSFUSE_POD_ANNOTATIONS)}
 
 
@@ -139,14 +144,14 @@ def _resources(cpu: int, memory_gib: int, **extra: str) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _head_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     c = spec.cluster
     container: dict[str, Any] = {
         "name": "ray-head",
         "image": t.image,
         "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
         "resources": _resources(c.head_cpus, c.head_memory_gib),
-        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": r.MOUNT_PATH}],
+        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}],
     }
     env = _common_env(spec)
     if env:
@@ -167,11 +172,11 @@ def _head_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
     }
 
 
-def _worker_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     c = spec.cluster
     shape = d.slice_shape(spec)
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
-    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": r.MOUNT_PATH}]
+    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}]
     volumes = [_checkpoint_volume(t)]
     if c.worker_shm_gib:
         mounts.insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
@@ -207,7 +212,7 @@ def _worker_group(spec: RunSpec, t: r.Target) -> dict[str, Any]:
     return group
 
 
-def raycluster(spec: RunSpec, t: r.Target) -> dict[str, Any]:
+def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -222,7 +227,7 @@ def raycluster(spec: RunSpec, t: r.Target) -> dict[str, Any]:
     }
 
 
-def all_objects(spec: RunSpec, t: r.Target) -> list[dict[str, Any]]:
+def all_objects(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     """Every object, in the order to apply them."""
     objects = [namespace(t), service_account(t)]
     claim = dcn_claim_template(spec, t)

@@ -1,7 +1,8 @@
 """Preflight: before a gke run spends anything, every reason it would fail for lack of quota, capacity, access or
 set-up, found with read-only calls and reported together.
 
-What is checked derives from the run's plan (``plan.resources``), the one source of what the run does:
+What is checked derives from the run's plan (``plan.resources``), the one source of what the run does, through
+``needs`` (what the run needs of the project, no call made):
 - the APIs the plan's calls go to are enabled in the project (Service Usage ``BatchGetServices``);
 - the caller holds the IAM permissions those calls need (Resource Manager ``projects.testIamPermissions``);
 - the region's TPU quota (Compute Engine ``regions.get``) has room for the chips of every slice, for on-demand, spot
@@ -9,7 +10,7 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 - with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
   machine type and has a VM free for every host;
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
-  (``resources.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
+  (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``);
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
   the ones it can enable, provision enables before it creates any node pool.
@@ -24,63 +25,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from components.platforms.gke import features
-from components.platforms.gke import plan as plans
-from components.platforms.gke import resources as r
+from components.platforms.gke import features, paths
+from components.platforms.gke.needs import Needs, needs
+from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec, TpupipeError
-from components.workload import derive as d
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
-
-# Compute Engine's regional TPU quota metric of each family: (on-demand, preemptible: spot and flex-start), in chips.
-# A metric the region does not list is reported as not checked, never as a problem.
-QUOTA_METRICS = {
-    "v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
-    "v5p": ("TPU_V5P_PODSLICE", "PREEMPTIBLE_TPU_V5P_PODSLICE"),
-    "v6e": ("TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE"),
-    "tpu7x": ("TPU_V7X_PODSLICE", "PREEMPTIBLE_TPU_V7X_PODSLICE"),
-}
-
-# The IAM permissions each call of the plan needs (what creates a resource, and what deletes it at teardown), keyed
-# by the plan record's api (its first word); the service a call goes to is the key's first part (SERVICES).
-PERMISSIONS = {
-    "compute.networks.insert": ("compute.networks.create", "compute.networks.delete"),
-    "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
-    "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
-    "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
-    "storage.buckets.setIamPolicy": (
-        "storage.buckets.getIamPolicy",
-        "storage.buckets.setIamPolicy",
-        "resourcemanager.projects.get",
-    ),
-    "container.clusters.create": ("container.clusters.create", "container.clusters.delete", "container.operations.get"),
-    "container.clusters.get": ("container.clusters.get",),
-    "container.nodePools.create": ("container.clusters.update", "container.operations.get"),
-    "artifactregistry.repositories.create": (
-        "artifactregistry.repositories.get",
-        "artifactregistry.repositories.create",
-    ),
-    "storage.objects.insert": ("storage.objects.create",),
-    "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
-    "kubernetes": ("container.clusters.get",),
-}
-# Calls the plan does not list as records, by what the spec asks for.
-EXTRA_PERMISSIONS = {
-    "gate.register": ("aiplatform.models.upload", "aiplatform.models.get", "aiplatform.models.update"),
-    "gke.hf_token_secret": ("secretmanager.versions.access",),
-    "features": ("container.clusters.update",),  # a feature of an existing cluster enabled in place
-}
-SERVICES = {
-    "compute": "compute.googleapis.com",
-    "storage": "storage.googleapis.com",
-    "container": "container.googleapis.com",
-    "kubernetes": "container.googleapis.com",
-    "artifactregistry": "artifactregistry.googleapis.com",
-    "cloudbuild": "cloudbuild.googleapis.com",
-    "resourcemanager": "cloudresourcemanager.googleapis.com",
-    "aiplatform": "aiplatform.googleapis.com",
-    "secretmanager": "secretmanager.googleapis.com",
-}
 
 
 class PreflightFailed(TpupipeError):
@@ -103,103 +53,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What the run needs of the project, derived from its plan: no call made."""
-
-    project: str
-    region: str
-    zone: str
-    services: tuple[str, ...]
-    permissions: tuple[str, ...]
-    quota: tuple[str, int] | None  # (metric, chips)
-    reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
-    cluster: str  # the path of the existing cluster the spec names, or ""
-    node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
-    node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
-
-
-def needs(spec: RunSpec, run_id: str) -> Needs:
-    t = r.target(spec, run_id)
-    calls = [res.api.split(" ")[0] for res in plans.resources(spec, run_id) if res.api.split(" ")[0] in PERMISSIONS]
-    permissions = [p for call in calls for p in PERMISSIONS[call]]
-    permissions += [p for key, extra in EXTRA_PERMISSIONS.items() for p in extra if _asks(spec, key)]
-    shape, c = d.slice_shape(spec), spec.cluster
-    quota = reservation = None
-    if c.capacity == "reservation":
-        owner, _, name = c.reservation.rpartition("/reservations/")
-        reservation = (
-            owner.removeprefix("projects/") or t.project,
-            t.zone,
-            name,
-            shape.machine_type,
-            c.num_slices * shape.num_hosts,
-        )
-        permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
-    else:
-        metric = QUOTA_METRICS[shape.family.name][0 if c.capacity == "on-demand" else 1]
-        quota = (metric, c.num_slices * shape.num_chips)
-        permissions.append("compute.regions.get")  # preflight's own read
-    permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
-    services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions]]
-    return Needs(
-        t.project,
-        t.region,
-        t.zone,
-        tuple(dict.fromkeys(services)),
-        tuple(dict.fromkeys(permissions)),
-        quota,
-        reservation,
-        "" if t.owns_cluster else f"{t.parent}/clusters/{t.cluster}",
-        t.node_service_account,
-        tuple((role, *needed) for role, needed in r.node_roles(t).items()),
-    )
-
-
-def reads(n: Needs) -> list[tuple[str, str, str]]:
-    """The read-only calls preflight makes, in order: (api, resource path, what it checks). The dry run prints them."""
-    out = [
-        ("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
-        (
-            "resourcemanager.projects.testIamPermissions",
-            f"projects/{n.project}",
-            f"{len(n.permissions)} permissions held",
-        ),
-        (
-            "resourcemanager.projects.getIamPolicy",
-            f"projects/{n.project}",
-            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
-        ),
-    ]
-    if n.quota:
-        out.append(
-            (
-                "compute.regions.get",
-                f"projects/{n.project}/regions/{n.region}",
-                f"quota {n.quota[0]}: {n.quota[1]} chips free",
-            )
-        )
-    if n.reservation:
-        project, zone, name, machine_type, hosts = n.reservation
-        out.append(
-            (
-                "compute.reservations.get",
-                f"projects/{project}/zones/{zone}/reservations/{name}",
-                f"{hosts} {machine_type} VMs free",
-            )
-        )
-    if n.cluster:
-        out.append(("container.clusters.get", n.cluster, "its features"))
-    return out
-
-
-def _asks(spec: RunSpec, key: str) -> bool:
-    if key == "features":
-        return bool(spec.gke.cluster_name) and any(f.in_place for f in features.needed(spec))
-    section, _, name = key.partition(".")
-    return bool(getattr(getattr(spec, section), name))
 
 
 # ---------------------------------------------------------------- the checks
@@ -280,7 +133,7 @@ def _node_identity(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     from components.platforms.gke import storage
 
     account = n.node_account
-    if account == r.DEFAULT_NODE_SERVICE_ACCOUNT:
+    if account == DEFAULT_NODE_SERVICE_ACCOUNT:
         account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
     granted = storage.project_roles(n.project, f"serviceAccount:{account}", creds)
     for role, purpose, granted_by in n.node_roles:
@@ -362,7 +215,9 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     short = n.cluster.rsplit("/", 1)[-1]
     if cluster is None:
         report.problems.append(
-            Problem("gke.cluster_name", f"no cluster {short} in {n.cluster.split('/')[3]} of project {n.project}")
+            Problem(
+                "gke.cluster_name", f"no cluster {short} in {paths.cluster_location(n.cluster)} of project {n.project}"
+            )
         )
         return
     report.enable += [f.name for f in features.to_enable(spec, cluster, n.project)]

@@ -1,9 +1,11 @@
-"""What the gke platform creates, derived from the run spec and the TPU catalogue (docs/architecture.md).
+"""What the gke platform creates in GKE and Cloud Build, derived from the run spec and the TPU catalogue
+(docs/architecture.md, "The TPU catalogue is data"): where the run goes is ``target``, what it creates in Compute
+Engine ``compute_resources``.
 
-Pure functions of (spec, run id) that return data: GKE API bodies in the REST JSON form that
-``google.cloud.container_v1`` parses (``NodePool.from_json``), Compute Engine REST bodies, and the facts the
-Kubernetes manifests (``manifests``) are built from. Nothing here talks
-to a cloud; the unit tests pin every derivation for every accelerator family.
+Pure functions of (spec, target) that return data: GKE API bodies in the REST JSON form that
+``google.cloud.container_v1`` parses (``NodePool.from_json``), the Cloud Build that builds the trainer image, and the
+facts the Kubernetes manifests (``manifests``) are built from (node selectors, the TPU workers' XLA flags). Nothing
+here talks to a cloud; the unit tests pin every derivation for every accelerator family.
 
 Sources of the GKE facts:
 - TPU node pools, multi-host slices one per node pool, ``--tpu-topology`` only for multi-host slices, Spot,
@@ -26,19 +28,13 @@ Sources of the GKE facts:
 
 from __future__ import annotations
 
-import ipaddress
-from dataclasses import dataclass
 from typing import Any
 
 from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
-from components.spec import RunSpec, SpecError, names
-from components.tpu import catalogue
-from components.workload.derive import (
-    WORKLOAD_IMAGES,
-    has_dcn_nics,
-    job_command,
-    slice_shape,
-)
+from components.platforms.gke.compute_resources import DCN_SUBNET_RANGES
+from components.platforms.gke.target import Target
+from components.spec import RunSpec, names
+from components.workload.derive import WORKLOAD_IMAGES, has_dcn_nics, job_command, slice_shape
 
 # --- Kubernetes and GKE strings ----------------------------------------------------------------------------
 TPU_RESOURCE = "google.com/tpu"
@@ -53,13 +49,7 @@ AUTOPILOT_CAPACITY_SELECTORS = {
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},
 }
 
-# --- Multislice DCN networking, the tutorial's way ---------------------------------------------------------
-DCN_SUBNET_RANGES = ("10.50.0.0/16", "10.60.0.0/16")  # one extra VPC network (and subnet) per range
-DCN_MTU = 8896
-# A new VPC network denies all ingress: each DCN network gets a rule that allows what comes from its own subnet (the
-# other slices' NICs), every port of TCP, UDP and ICMP, as the established multislice tooling (xpk) does for each
-# extra network (../shared/reference/platform-facts.md, "GKE / multislice details").
-DCN_FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp")
+# --- Multislice DCN NICs and the XLA flags of the TPU workers ---------------------------------------------
 DCN_NIC_PREFIXES = "eth1,eth2,lo"  # the DRANET NICs, then loopback
 MEGASCALE_PORT = 9915
 # XLA TPU flags that overlap collectives with compute (MaxText's recommended set), then the NICs to use.
@@ -71,124 +61,6 @@ LIBTPU_COLLECTIVE_FLAGS = (
     "--xla_enable_async_all_gather=true",
 )
 RAY_VERSION = "2.60.0"
-
-# --- The nodes' identity ------------------------------------------------------------------------------------------
-# Unless gke.node_service_account names another, nodes run as the project's default Compute Engine service account.
-DEFAULT_NODE_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
-# What the nodes' account must be granted on the project: role -> (what for, the roles that include it). Logs and
-# metrics: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
-# (roles/container.defaultNodeServiceAccount holds both); image pulls from Artifact Registry:
-# https://cloud.google.com/artifact-registry/docs/access-control#gke (checked when the image is in this project's
-# Artifact Registry). The basic roles Editor and Owner include all three.
-NODE_SERVICE_ACCOUNT_ROLES = {
-    "roles/artifactregistry.reader": (
-        "pulling the trainer image from Artifact Registry",
-        (
-            "roles/artifactregistry.reader",
-            "roles/artifactregistry.writer",
-            "roles/artifactregistry.repoAdmin",
-            "roles/artifactregistry.admin",
-            "roles/editor",
-            "roles/owner",
-        ),
-    ),
-    "roles/logging.logWriter": (
-        "writing the nodes' and pods' logs",
-        (
-            "roles/logging.logWriter",
-            "roles/logging.admin",
-            "roles/container.defaultNodeServiceAccount",
-            "roles/editor",
-            "roles/owner",
-        ),
-    ),
-    "roles/monitoring.metricWriter": (
-        "writing the nodes' metrics",
-        (
-            "roles/monitoring.metricWriter",
-            "roles/monitoring.editor",
-            "roles/monitoring.admin",
-            "roles/container.defaultNodeServiceAccount",
-            "roles/editor",
-            "roles/owner",
-        ),
-    ),
-}
-MOUNT_PATH = "/data"
-
-
-# ================================================================= where the run goes
-
-
-@dataclass(frozen=True)
-class Target:
-    """The resolved places and names of a run on GKE."""
-
-    run_id: str
-    project: str  # PROJECT_ID when the spec has none (plans only)
-    zone: str
-    region: str
-    cluster: str
-    owns_cluster: bool  # the run creates (and its teardown deletes) the cluster
-    autopilot: bool
-    location: str  # the cluster's location: the zone (standard) or the region (autopilot)
-    namespace: str
-    bucket: str
-    image: str
-    service_account: str
-    node_service_account: str  # the nodes' identity; the default names PROJECT_NUMBER, filled in at provision
-
-    @property
-    def parent(self) -> str:
-        return f"projects/{self.project}/locations/{self.location}"
-
-    @property
-    def run_dir(self) -> str:
-        """Where the run's jobs write (checkpoints, results): the bucket, mounted in every pod."""
-        return f"{MOUNT_PATH}/{names.run_prefix(self.run_id)}"
-
-
-def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
-    in this project's Artifact Registry (an image elsewhere is that registry's to grant)."""
-    pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
-    return {
-        role: needs
-        for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
-        if pulls_here or role != "roles/artifactregistry.reader"
-    }
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
-def target(spec: RunSpec, run_id: str) -> Target:
-    g = spec.gke
-    project = g.project or names.PLACEHOLDER_PROJECT
-    zone = g.zone or catalogue.zones(spec.cluster.accelerator)[0]
-    region = region_of(zone)
-    autopilot = g.cluster_mode == "autopilot"
-    image = g.image or (
-        f"{region}-docker.pkg.dev/{project}/{g.artifact_repository}/"
-        f"{WORKLOAD_IMAGES[spec.train.workload]}:{names.image_tag(run_id)}"
-    )
-    return Target(
-        run_id=run_id,
-        project=project,
-        zone=zone,
-        region=region,
-        cluster=g.cluster_name or names.gke_cluster(run_id),
-        owns_cluster=not g.cluster_name,
-        autopilot=autopilot,
-        location=region if autopilot else zone,
-        namespace=g.namespace,
-        bucket=g.bucket or names.bucket(g.project),
-        image=image,
-        service_account=names.service_account(run_id),
-        node_service_account=g.node_service_account or DEFAULT_NODE_SERVICE_ACCOUNT,
-    )
-
 
 BUILD_STEP_IMAGE = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
@@ -358,96 +230,6 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     return body
 
 
-def workload_policy(spec: RunSpec, t: Target) -> dict[str, Any] | None:
-    """The Compute Engine ``ResourcePolicy`` that places TPU7x multi-host slices (standard mode)."""
-    shape = slice_shape(spec)
-    if t.autopilot or shape.family.name != "tpu7x" or not shape.multi_host:
-        return None
-    return {
-        "name": names.workload_policy(t.run_id),
-        "region": t.region,
-        "description": f"{names.RUN_LABEL}={t.run_id}",
-        "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": shape.topology},
-    }
-
-
-def dcn_networks(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
-    """The extra VPC networks (custom subnets, jumbo MTU), their subnets and the firewall rules that let the slices'
-    traffic in, one network per DCN NIC: the tutorial's way. Compute Engine networks and firewall rules take no
-    labels: the run id is in the description and the name."""
-    if not has_dcn_nics(spec) or spec.gke.multislice_network != "dcn_networks" or t.autopilot:
-        return []
-    out = []
-    for index, cidr in enumerate(DCN_SUBNET_RANGES):
-        network = names.dcn_network(t.run_id, index)
-        out.append(
-            {
-                "network": {
-                    "name": network,
-                    "autoCreateSubnetworks": False,
-                    "mtu": DCN_MTU,
-                    "description": f"{names.RUN_LABEL}={t.run_id}",
-                },
-                "subnetwork": {
-                    "name": names.dcn_subnet(t.run_id, index),
-                    "network": f"projects/{t.project}/global/networks/{network}",
-                    "region": t.region,
-                    "ipCidrRange": cidr,
-                    "description": f"{names.RUN_LABEL}={t.run_id}",
-                },
-                "firewall": {
-                    "name": names.dcn_firewall(t.run_id, index),
-                    "network": f"projects/{t.project}/global/networks/{network}",
-                    "direction": "INGRESS",
-                    "priority": 1000,
-                    "sourceRanges": [cidr],
-                    "allowed": [{"IPProtocol": protocol} for protocol in DCN_FIREWALL_PROTOCOLS],
-                    "description": f"{names.RUN_LABEL}={t.run_id}",
-                },
-            }
-        )
-    return out
-
-
-def dcn_range_overlap(spec: RunSpec, t: Target, ranges: dict[str, str]) -> tuple[str, str, str] | None:
-    """The first of the cluster's ``ranges`` (field -> CIDR, e.g. its Pod and Service ranges) that overlaps a DCN
-    subnet of the run, as (field, range, DCN range); None when none does (or the run makes no DCN networks)."""
-    dcn = [net["subnetwork"]["ipCidrRange"] for net in dcn_networks(spec, t)]
-    for key, value in ranges.items():
-        for cidr in dcn if value else ():
-            if ipaddress.ip_network(value, strict=False).overlaps(ipaddress.ip_network(cidr)):
-                return key, value, cidr
-    return None
-
-
-def check_ranges(spec: RunSpec, t: Target) -> None:
-    """The Pod and Service ranges the spec pins must not overlap the DCN subnets: a SpecError naming the field."""
-    overlap = dcn_range_overlap(
-        spec, t, {"gke.pod_range": spec.gke.pod_range, "gke.service_range": spec.gke.service_range}
-    )
-    if overlap:
-        key, value, cidr = overlap
-        raise SpecError(
-            key,
-            f"{value} overlaps the DCN subnet {cidr} (gke.multislice_network=dcn_networks makes "
-            f"{', '.join(DCN_SUBNET_RANGES)})",
-            ["a range that overlaps none of them"],
-        )
-
-
-def bucket_binding(t: Target) -> dict[str, Any]:
-    """The IAM binding that lets the run's Kubernetes ServiceAccount read and write the bucket (Workload
-    Identity Federation principal; the project number is looked up when the run provisions)."""
-    return {
-        "bucket": t.bucket,
-        "role": "roles/storage.objectUser",
-        "member": (
-            "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
-            f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
-        ),
-    }
-
-
 def worker_node_selector(spec: RunSpec, t: Target) -> dict[str, str]:
     """Where the TPU worker pods go: the slice shape, and the run's own node pools (standard) or the capacity
     type (autopilot, where the selectors make GKE create matching nodes)."""
@@ -478,20 +260,3 @@ def libtpu_init_args(spec: RunSpec) -> str:
     if has_dcn_nics(spec):
         flags.append(f"--megascale_grpc_interface_prefixes={DCN_NIC_PREFIXES}")
     return " ".join(flags)
-
-
-# Compute Engine resources by the ledger's kind: where their REST collection lives (global or in the region).
-COMPUTE_COLLECTIONS = {
-    "network": ("global", "networks"),
-    "subnetwork": ("regional", "subnetworks"),
-    "resource_policy": ("regional", "resourcePolicies"),
-    "firewall": ("global", "firewalls"),
-}
-
-
-def compute_path(kind: str, t: Target, name: str) -> str:
-    """``projects/P/global/networks/N`` or ``projects/P/regions/R/<collection>/N``: the name Compute Engine's API and
-    the run's ledger use."""
-    scope, collection = COMPUTE_COLLECTIONS[kind]
-    where = "global" if scope == "global" else f"regions/{t.region}"
-    return f"projects/{t.project}/{where}/{collection}/{name}"

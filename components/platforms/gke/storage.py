@@ -1,4 +1,5 @@
-"""The checkpoint bucket and the run's access to it, through google-cloud-storage (architecture decision 8).
+"""The checkpoint bucket and the run's access to it, through google-cloud-storage
+(docs/architecture.md, "Cloud calls through the client libraries").
 
 - the bucket (``gke.bucket``, default ``<project>-tpupipe``) is got or created (uniform bucket-level access, in the
   cluster's region) and kept after the run: it holds every run's checkpoints;

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.platforms import RunContext, interrupts
+from components.platforms import Platform, RunContext, interrupts
 from components.platforms import ledger as ledgers
 from components.platforms.local import envs
 from components.platforms.store import LocalStore
@@ -222,7 +222,7 @@ def orphaned_runs(output_root: Path) -> list[str]:
 # ---------------------------------------------------------------- the platform
 
 
-class LocalPlatform:
+class LocalPlatform(Platform):
     name = "local"
 
     def __init__(self, log=print):

@@ -1,0 +1,131 @@
+"""The creation handlers of deploy_raycluster: the run's Kubernetes objects (``k8s_records``) applied in order
+through the stage's :class:`session.Session` (the namespace, ServiceAccount and DCN claim template get-or-create; the
+Hugging Face token Secret from Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret), then
+the RayCluster by server-side apply, waited on until every worker is available (``readiness``). Before any of it,
+the check that the cluster's KubeRay serves every RayCluster field the run sets (``check_kuberay``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from components.platforms.gke import manifests as m
+from components.platforms.gke.records import Resource
+from components.platforms.gke.session import Session
+from components.spec import InfraError, SpecError, names, ready_limits
+
+HF_TOKEN_ENV = "HF_TOKEN"
+# The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
+UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
+
+
+def _kube(s: Session):
+    kube, cluster, _ = s.client("kube")
+    if kube is None:
+        raise InfraError(f"no running cluster {s.t.cluster} for run {s.ctx.run_id}: provision did not finish")
+    s.cluster = cluster
+    return kube
+
+
+def k8s_object(s: Session, res: Resource) -> None:
+    kube = _kube(s)
+    if res.kind == "k8s/Namespace":
+        kube.ensure_namespace()
+    else:
+        kube.ensure(res.body)
+
+
+def secret(s: Session, res: Resource) -> None:
+    import base64
+
+    from components.platforms.gke import kube as gke_kube
+
+    kube, t, run_id = _kube(s), s.t, s.ctx.run_id
+    if kube.secret(res.name) is not None:
+        return
+    if res.name == names.ray_token_secret(run_id):
+        kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
+        return
+    source = s.ctx.spec.gke.hf_token_secret
+    if source:
+        from components.platforms.gke import secrets
+
+        value = secrets.read(source, s.client("creds"))
+    else:
+        value = os.environ.get(HF_TOKEN_ENV, "").encode()
+    if not value:
+        raise SpecError(
+            "gke.hf_secret",
+            f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
+            f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
+            "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none",
+        )
+    kube.ensure(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": res.name, "namespace": t.namespace, "labels": names.labels(run_id)},
+            "data": {m.HF_TOKEN_KEY: base64.b64encode(value).decode()},
+        }
+    )
+
+
+def raycluster(s: Session, res: Resource) -> None:
+    from components.platforms.gke import readiness
+
+    kube, spec = _kube(s), s.ctx.spec
+    kube.apply(res.body)
+    limits = ready_limits(spec)
+    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
+    s.log(
+        f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
+        f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+    )
+    ready = readiness.wait_ready(
+        kube,
+        res.name,
+        limits.deadline_s,
+        unschedulable_grace_s=grace,
+        poll_s=min(s.poll_s, 2.0),
+        log=s.log,
+    )
+    status = ready.get("status", {})
+    s.log(
+        f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
+        f"{status.get('desiredWorkerReplicas')} workers available"
+    )
+    s.deploy_result = {
+        "raycluster": res.name,
+        "namespace": s.t.namespace,
+        "endpoint": s.cluster.endpoint,
+        "available_workers": status.get("availableWorkerReplicas"),
+    }
+
+
+def check_kuberay(s: Session) -> None:
+    """Before deploy_raycluster applies anything: the cluster's KubeRay serves every RayCluster field the run sets.
+    The API server drops a field its CRD lacks without a word, and without ``authOptions.secretName`` (KubeRay < 1.6)
+    the Ray cluster would run with no token: refused, never dropped silently."""
+    from components.platforms.gke import kube as gke_kube
+
+    kube, t = _kube(s), s.t
+    field = "gke.cluster_version" if t.owns_cluster else "gke.cluster_name"
+    crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
+    if crd is None:
+        raise SpecError(
+            field,
+            f"cluster {t.cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
+            "the Ray Operator add-on, is not installed",
+            ["a cluster with the Ray Operator add-on"],
+        )
+    missing = gke_kube.missing_fields(crd)
+    if missing:
+        since = max(missing.values(), key=lambda v: tuple(int(x) for x in v.split(".")))
+        raise SpecError(
+            field,
+            f"cluster {t.cluster} runs a KubeRay older than {since}: its RayCluster has no "
+            f"{', '.join(missing)}, which the API server would drop, leaving the Ray cluster without token "
+            "authentication",
+            [f"a GKE version whose Ray Operator add-on is KubeRay >= {since}"],
+        )

@@ -1,0 +1,162 @@
+"""What a gke run needs of its project, derived from its plan (``plan.resources``) with no call made: the APIs its
+calls go to, the IAM permissions they take (to create, and to delete at teardown), the TPU quota or the reservation
+its slices use, the existing cluster it names, and the roles its nodes' service account must hold. ``preflight``
+checks each against the project; the dry run prints the reads that check makes (``reads``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.platforms.gke import features
+from components.platforms.gke import plan as plans
+from components.platforms.gke.target import node_roles, target
+from components.spec import RunSpec
+from components.workload import derive as d
+
+# Compute Engine's regional TPU quota metric of each family: (on-demand, preemptible: spot and flex-start), in chips.
+# A metric the region does not list is reported as not checked, never as a problem.
+QUOTA_METRICS = {
+    "v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
+    "v5p": ("TPU_V5P_PODSLICE", "PREEMPTIBLE_TPU_V5P_PODSLICE"),
+    "v6e": ("TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE"),
+    "tpu7x": ("TPU_V7X_PODSLICE", "PREEMPTIBLE_TPU_V7X_PODSLICE"),
+}
+
+# The IAM permissions each call of the plan needs (what creates a resource, and what deletes it at teardown), keyed
+# by the plan record's api (its first word); the service a call goes to is the key's first part (SERVICES).
+PERMISSIONS = {
+    "compute.networks.insert": ("compute.networks.create", "compute.networks.delete"),
+    "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
+    "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
+    "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
+    "storage.buckets.setIamPolicy": (
+        "storage.buckets.getIamPolicy",
+        "storage.buckets.setIamPolicy",
+        "resourcemanager.projects.get",
+    ),
+    "container.clusters.create": ("container.clusters.create", "container.clusters.delete", "container.operations.get"),
+    "container.clusters.get": ("container.clusters.get",),
+    "container.nodePools.create": ("container.clusters.update", "container.operations.get"),
+    "artifactregistry.repositories.create": (
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.create",
+    ),
+    "storage.objects.insert": ("storage.objects.create",),
+    "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
+    "kubernetes": ("container.clusters.get",),
+}
+# Calls the plan does not list as records, by what the spec asks for.
+EXTRA_PERMISSIONS = {
+    "gate.register": ("aiplatform.models.upload", "aiplatform.models.get", "aiplatform.models.update"),
+    "gke.hf_token_secret": ("secretmanager.versions.access",),
+    "features": ("container.clusters.update",),  # a feature of an existing cluster enabled in place
+}
+SERVICES = {
+    "compute": "compute.googleapis.com",
+    "storage": "storage.googleapis.com",
+    "container": "container.googleapis.com",
+    "kubernetes": "container.googleapis.com",
+    "artifactregistry": "artifactregistry.googleapis.com",
+    "cloudbuild": "cloudbuild.googleapis.com",
+    "resourcemanager": "cloudresourcemanager.googleapis.com",
+    "aiplatform": "aiplatform.googleapis.com",
+    "secretmanager": "secretmanager.googleapis.com",
+}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the run needs of the project, derived from its plan: no call made."""
+
+    project: str
+    region: str
+    zone: str
+    services: tuple[str, ...]
+    permissions: tuple[str, ...]
+    quota: tuple[str, int] | None  # (metric, chips)
+    reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
+    cluster: str  # the path of the existing cluster the spec names, or ""
+    node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
+    node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
+
+
+def needs(spec: RunSpec, run_id: str) -> Needs:
+    t = target(spec, run_id)
+    calls = [res.api.split(" ")[0] for res in plans.resources(spec, run_id) if res.api.split(" ")[0] in PERMISSIONS]
+    permissions = [p for call in calls for p in PERMISSIONS[call]]
+    permissions += [p for key, extra in EXTRA_PERMISSIONS.items() for p in extra if _asks(spec, key)]
+    shape, c = d.slice_shape(spec), spec.cluster
+    quota = reservation = None
+    if c.capacity == "reservation":
+        owner, _, name = c.reservation.rpartition("/reservations/")
+        reservation = (
+            owner.removeprefix("projects/") or t.project,
+            t.zone,
+            name,
+            shape.machine_type,
+            c.num_slices * shape.num_hosts,
+        )
+        permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
+    else:
+        metric = QUOTA_METRICS[shape.family.name][0 if c.capacity == "on-demand" else 1]
+        quota = (metric, c.num_slices * shape.num_chips)
+        permissions.append("compute.regions.get")  # preflight's own read
+    permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
+    services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions]]
+    return Needs(
+        t.project,
+        t.region,
+        t.zone,
+        tuple(dict.fromkeys(services)),
+        tuple(dict.fromkeys(permissions)),
+        quota,
+        reservation,
+        "" if t.owns_cluster else t.cluster_path,
+        t.node_service_account,
+        tuple((role, *needed) for role, needed in node_roles(t).items()),
+    )
+
+
+def reads(n: Needs) -> list[tuple[str, str, str]]:
+    """The read-only calls preflight makes, in order: (api, resource path, what it checks). The dry run prints them."""
+    out = [
+        ("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
+        (
+            "resourcemanager.projects.testIamPermissions",
+            f"projects/{n.project}",
+            f"{len(n.permissions)} permissions held",
+        ),
+        (
+            "resourcemanager.projects.getIamPolicy",
+            f"projects/{n.project}",
+            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
+        ),
+    ]
+    if n.quota:
+        out.append(
+            (
+                "compute.regions.get",
+                f"projects/{n.project}/regions/{n.region}",
+                f"quota {n.quota[0]}: {n.quota[1]} chips free",
+            )
+        )
+    if n.reservation:
+        project, zone, name, machine_type, hosts = n.reservation
+        out.append(
+            (
+                "compute.reservations.get",
+                f"projects/{project}/zones/{zone}/reservations/{name}",
+                f"{hosts} {machine_type} VMs free",
+            )
+        )
+    if n.cluster:
+        out.append(("container.clusters.get", n.cluster, "its features"))
+    return out
+
+
+def _asks(spec: RunSpec, key: str) -> bool:
+    if key == "features":
+        return bool(spec.gke.cluster_name) and any(f.in_place for f in features.needed(spec))
+    section, _, name = key.partition(".")
+    return bool(getattr(getattr(spec, section), name))
