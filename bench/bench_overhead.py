@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, table  # noqa: E402
 from components.platforms.local import envs  # noqa: E402
-from components.platforms.local.cluster import LOOPBACK, OBJECT_STORE_BYTES, allocate_ports, port_is_free  # noqa: E402
+from components.platforms.local.cluster import OBJECT_STORE_BYTES  # noqa: E402
+from components.platforms.local.ports import LOOPBACK, allocate_ports, port_is_free  # noqa: E402
 from components.spec import protocol  # noqa: E402
 from components.workload import resolve  # noqa: E402
 from components.workload.derive import JOB_RUNTIME_ENV, job_command, trainer_image  # noqa: E402

@@ -3,7 +3,8 @@ import socket
 import pytest
 
 from components.platforms.local import envs
-from components.platforms.local.cluster import LocalPlatform, allocate_ports, port_is_free, port_range
+from components.platforms.local.cluster import LocalPlatform
+from components.platforms.local.ports import allocate_ports, port_is_free, port_range
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
 
