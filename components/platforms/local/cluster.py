@@ -3,7 +3,7 @@
 One Ray head and N worker raylets (N emulated hosts), each its own process group, on loopback, on ports
 chosen free (``ports``), under a run-scoped temporary directory, all from the trainer image's environment, and the
 host keeper that replaces a lost host (``keeper``). Every process this run starts carries ``TPUPIPE_RUN_ID``
-(``processes``) in its environment and is recorded in the run's ledger
+(``processes``) and ``RAY_ADDRESS`` (the run's own GCS address) in its environment and is recorded in the run's ledger
 (``ledger.json`` in the run's directory, ``components.platforms.ledger``) before anything waits on it, so teardown finds
 exactly what the run started.
 """
@@ -147,12 +147,16 @@ class LocalPlatform:
             "processes": [],
         }
 
-    def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
-        """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
-        cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
-        process_env = {
+    @staticmethod
+    def host_environment(run_id: str, gcs_address: str, env) -> dict[str, str]:
+        """The environment of the run's head, hosts and keeper (and of everything Ray starts on them): the run's
+        marker, its own cluster's address, the trainer image's environment first on the PATH."""
+        return {
             **os.environ,
-            RUN_MARKER: ctx.run_id,
+            RUN_MARKER: run_id,
+            # This run's cluster, by name: every process Ray starts on the hosts inherits it (job drivers, Ray Train's
+            # PlacementGroupCleaner), so none looks for "the" cluster among the runs this machine holds.
+            "RAY_ADDRESS": gcs_address,
             "PATH": f"{env.bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "VIRTUAL_ENV": env.path,
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -166,6 +170,11 @@ class LocalPlatform:
             # as soon as ~/.ray/auth_token exists (any local ray.init() writes one), and the hosts then cannot join.
             "RAY_AUTH_MODE": "disabled",
         }
+
+    def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
+        """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
+        cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
+        process_env = self.host_environment(ctx.run_id, ledger["gcs_address"], env)
         ray = str(env.bin / "ray")
         common = [
             "--block",
