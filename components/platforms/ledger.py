@@ -26,7 +26,8 @@ def save(store: RunStore, ledger: dict[str, Any]) -> None:
 
 def gcs_address(store: RunStore) -> str | None:
     """The GCS address of the run's own Ray cluster where its ledger records one: the local platform's, whose clusters
-    share this machine with other runs' (KubeRay's pods name theirs in their own ``RAY_ADDRESS``)."""
+    share this machine with other runs' (KubeRay sets ``RAY_ADDRESS`` in every Ray container of a RayCluster:
+    https://github.com/ray-project/kuberay, ray-operator/controllers/ray/common/pod.go)."""
     return (load(store) or {}).get("gcs_address")
 
 
