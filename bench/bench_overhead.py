@@ -3,10 +3,11 @@ run.
 
 A: `tpupipe run` of local-fsdp (kfp.local runs each stage as its own process: provision, build image, deploy,
    slice check, train, evaluate, teardown).
-B: what the seeds teach, scripted: `ray start --head` and one `ray start --address` per emulated host (each in the
-   background, as in a terminal of its own), `ray job submit` of the slice check, the train job and the evaluate job
-   (each waits and streams its log, as the seeds' commands do; the checkpoint for evaluation is read from the train
-   job's log), then the cluster stopped (SIGTERM to each `ray start`, as Ctrl-C in its terminal) and waited for.
+B: what the public GKE tutorials the presets reproduce teach (docs/tutorials.md), scripted: `ray start --head` and one
+   `ray start --address` per emulated host (each in the background, as in a terminal of its own), `ray job submit` of
+   the slice check, the train job and the evaluate job (each waits and streams its log, as the tutorials' commands do;
+   the checkpoint for evaluation is read from the train job's log), then the cluster stopped (SIGTERM to each `ray
+   start`, as Ctrl-C in its terminal) and waited for.
 Both sides run the same jobs, with the same commands, in the same environment, on the same number of hosts.
 Target: A / B <= 1.15. The detail keeps each side's steps, to show where the time goes.
 """
@@ -28,7 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, table  # noqa: E402
 from components.platforms.local import envs  # noqa: E402
-from components.platforms.local.cluster import LOOPBACK, OBJECT_STORE_BYTES, allocate_ports, port_is_free  # noqa: E402
+from components.platforms.local.cluster import OBJECT_STORE_BYTES  # noqa: E402
+from components.platforms.local.ports import LOOPBACK, allocate_ports, port_is_free  # noqa: E402
 from components.spec import protocol  # noqa: E402
 from components.workload import resolve  # noqa: E402
 from components.workload.derive import JOB_RUNTIME_ENV, job_command, trainer_image  # noqa: E402

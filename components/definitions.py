@@ -1,4 +1,4 @@
-"""The nine KFP components: thin shells that hand the pipeline parameters to ``components.stages.runner``.
+"""The nine KFP components: thin shells that hand their arguments to ``components.stages.component.run_component``.
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
 store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed
@@ -17,7 +17,7 @@ def provision(
     preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str, project: str, bucket: str
 ) -> str:
     """Create the cluster the run trains on (local: a Ray head and N emulated hosts)."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("provision", locals())
 
@@ -35,7 +35,7 @@ def build_image(
     cluster: str,
 ) -> str:
     """Build or reuse the trainer image (local: the torch environment, by content hash)."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("build_image", locals())
 
@@ -53,7 +53,7 @@ def deploy_raycluster(
     image: str,
 ) -> str:
     """Deploy the RayCluster and wait until every host is alive."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("deploy_raycluster", locals())
 
@@ -71,7 +71,7 @@ def check_slice(
     raycluster: str,
 ) -> str:
     """Check every device of the slice before training (collectives, tensor-parallel parity), as a Ray job."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("check_slice", locals())
 
@@ -91,7 +91,7 @@ def train(
     loss_curve: dsl.Output[dsl.HTML],
 ) -> str:
     """Submit the trainer as a Ray job, stream its log; its metrics and loss curve as artifacts."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("train", locals())
 
@@ -113,7 +113,7 @@ def evaluate(
     model: dsl.Output[dsl.Model],
 ) -> str:
     """Held-out loss and perplexity, untrained vs trained, as a Ray job; the trained model as an artifact."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("evaluate", locals())
 
@@ -135,7 +135,7 @@ def register(
 ) -> str:
     """Register the trained model with its provenance and decide the gate: its output is the decision (promote,
     keep, off), with both held-out figures as Metrics and a Markdown table."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("register", locals())
 
@@ -153,7 +153,7 @@ def promote(
     decision: str,
 ) -> str:
     """Make the registered version the champion: it beat the champion on the same held-out examples."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("promote", locals())
 
@@ -171,6 +171,6 @@ def teardown(
     deleted: dsl.Output[dsl.Markdown],
 ) -> str:
     """Delete everything the run created (found from the run id alone) and write the run summary."""
-    from components.stages.runner import run_component
+    from components.stages.component import run_component
 
     return run_component("teardown", locals())

@@ -19,48 +19,32 @@ import os
 import shlex
 import signal
 import threading
-from pathlib import Path
 
-from components.platforms import RunContext, get_platform, interrupts
+from components.platforms import RunContext, get_platform, interrupts, procs
 from components.platforms.store import read_json
 from components.stages import STAGES
 
-EXECUTOR = b"-m\0kfp.dsl.executor_main\0"
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
+EXECUTOR = "kfp.dsl.executor_main"  # the module a stage process runs (`python -m`)
 
 
 def task_processes(driver_pid: int) -> list[int]:
     """The processes of this driver's tasks: they carry its pid in their environment and stay in its process group
     (the clusters a stage starts have groups and sessions of their own)."""
-    tag, group, found = f"{interrupts.DRIVER_ENV}={driver_pid}".encode(), os.getpgid(driver_pid), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != driver_pid and tag in _environ(int(entry)):
-            try:
-                if os.getpgid(int(entry)) == group:
-                    found.append(int(entry))
-            except ProcessLookupError:
-                continue
-    return found
+    group = os.getpgid(driver_pid)
+    return [
+        pid
+        for pid in procs.carrying(interrupts.DRIVER_ENV, str(driver_pid))
+        if pid != driver_pid and procs.group_of(pid) == group
+    ]
 
 
 def running_stages(driver_pid: int) -> list[tuple[int, str]]:
     """``(pid, stage)`` of each stage process (kfp's executor) of this driver that is running now."""
     found = []
     for pid in task_processes(driver_pid):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if EXECUTOR in argv:
-            args = argv.decode(errors="replace").split("\0")
-            if "--function_to_execute" in args:
-                found.append((pid, args[args.index("--function_to_execute") + 1]))
+        args = procs.cmdline(pid)
+        if EXECUTOR in args and "--function_to_execute" in args:
+            found.append((pid, args[args.index("--function_to_execute") + 1]))
     return found
 
 
@@ -137,7 +121,7 @@ class Interrupts:
         )
         for pid, running in running_stages(os.getpid()):
             if running != "teardown":
-                _signal(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
+                procs.signal_process(pid, signum)  # a terminal's Ctrl-C got there too: the stage takes the first
 
     def _take_more(self) -> None:
         while not self.abandoned:
@@ -154,7 +138,7 @@ class Interrupts:
             self.abandoned = True
             interrupts.mark_abandoned(self.ctx.store)
             for pid in task_processes(os.getpid()):
-                _signal(pid, signal.SIGKILL)
+                procs.signal_process(pid, signal.SIGKILL)
 
     def _say_teardown_runs(self, signum: int, stage: str) -> None:
         self.say(
@@ -177,10 +161,3 @@ def _status(ctx: RunContext, stage: str) -> str:
         return (read_json(ctx.store, f"stages/{stage}.json") or {}).get("status", "")
     except ValueError:  # a record being written
         return ""
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass

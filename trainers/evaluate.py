@@ -11,7 +11,6 @@ checkpoint named twice (the champion training started from) is measured once. Pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, protocol
-from trainers import data
+from trainers import data, job_args
 
 
 def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, Any]]:
@@ -181,25 +180,22 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from trainers.fsdp import scaling_config
-
-    parser = argparse.ArgumentParser(description="Held-out loss before vs after fine-tuning, on the training devices.")
-    parser.add_argument("--spec", required=True, help="the run spec, as JSON")
-    parser.add_argument("--checkpoint", required=True, help="the fine-tuned checkpoint directory")
-    parser.add_argument("--output-dir", required=True, help="the run's training output directory")
-    parser.add_argument("--run-name", required=True, help="Ray Train run name (of the train job)")
-    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
-    parser.add_argument(
+    p = job_args.parser(
+        "Held-out loss before vs after fine-tuning, on the training devices.",
+        "the run's training output directory",
+        "Ray Train run name (of the train job)",
+    )
+    p.add_argument("--checkpoint", required=True, help="the fine-tuned checkpoint directory")
+    p.add_argument(
         "--init-from",
         default="",
         help="the checkpoint training started from (the 'before' model); default: train.model_id as built",
     )
-    parser.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
-    args = parser.parse_args(argv)
-    spec = RunSpec.from_json(args.spec)
+    p.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
+    args = job_args.parse(p, argv)
     result = run(
-        spec,
-        scaling_config(args.scaling_config),
+        args.spec,
+        args.scaling_config,
         args.checkpoint,
         Path(args.output_dir),
         args.run_name,

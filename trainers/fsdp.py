@@ -1,15 +1,14 @@
-"""FSDP2 fine-tuning through Ray Train's TorchTrainer (seed workload B).
+"""FSDP2 fine-tuning through Ray Train's TorchTrainer: the workload of the GKE tutorial "Fine-tune models on
+multi-host TPUs with Ray and TorchTPU" (docs/tutorials.md).
 
 ``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON`` is the Ray job
-entrypoint. The driver picks
-the collective backend from what the training workers have (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA,
-``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE result`` line. Rank 0 prints one
-``TPUPIPE metric`` line per epoch and one ``step`` event per step.
+entrypoint (``trainers.job_args``). The driver picks the collective backend from what the training workers have
+(``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE
+result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per step.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, protocol
-from trainers import data
+from trainers import data, job_args
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 
@@ -73,26 +72,18 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
     return {}
 
 
-def scaling_config(text: str) -> dict[str, Any]:
-    """Ray ``ScalingConfig`` arguments from the job's ``--scaling-config`` JSON (derived with the RayCluster from the
-    TPU catalogue, in ``components.workload.derive``); an elastic ``num_workers`` range comes back as a tuple."""
-    args = json.loads(text)
-    if isinstance(args.get("num_workers"), list):
-        args["num_workers"] = tuple(args["num_workers"])
-    return args
-
-
 # ---------------------------------------------------------------- the model, sharded
 
 
 def parallelize(model, mesh, device_type: str):
-    """FSDP2 in the layout the seed validated on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the
-    root (attention, norms and embeddings shard with it), the frozen per-layer embedding table in ``ignored_params``
-    (every rank keeps it whole and it never enters an all-gather or a reduce-scatter: in E2B it is ~2.3B of the ~5B
-    parameters, and it gets no gradient). Kept rather than a group per whole decoder layer: on TorchTPU each FSDP
-    group is a traced collective, and the MLP groups are the ones the seed ran to its reported losses and
-    throughput; no measurement on TPU says another grouping is better. Returns the model and its frozen
-    parameters."""
+    """FSDP2 in the layout of the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU"
+    (docs/tutorials.md) on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the root (attention, norms and
+    embeddings shard with it), the frozen per-layer embedding table in ``ignored_params`` (every rank keeps it whole and
+    it never enters an all-gather or a reduce-scatter: in E2B it is ~2.3B of the ~5B parameters, and it gets no
+    gradient). Kept rather than a group per whole decoder layer: on TorchTPU each FSDP group is a traced collective, and
+    the MLP groups are the ones that tutorial runs to its reported losses and throughput; no measurement on TPU says
+    another grouping is better. Returns the sharded model; its frozen parameters no longer require a gradient (the
+    optimizer takes the parameters that do)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -348,20 +339,17 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="FSDP2 fine-tune through Ray Train's TorchTrainer.")
-    parser.add_argument("--spec", required=True, help="the run spec, as JSON")
-    parser.add_argument("--output-dir", required=True, help="where checkpoints and data go")
-    parser.add_argument("--run-name", required=True, help="Ray Train run name")
-    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
-    parser.add_argument(
+    p = job_args.parser(
+        "FSDP2 fine-tune through Ray Train's TorchTrainer.", "where checkpoints and data go", "Ray Train run name"
+    )
+    p.add_argument(
         "--init-from",
         default="",
         help="a checkpoint of this trainer to start from (its weights over "
         "train.model_id): the registered version train.init_from names",
     )
-    args = parser.parse_args(argv)
-    spec = RunSpec.from_json(args.spec)
-    result = run(spec, scaling_config(args.scaling_config), Path(args.output_dir), args.run_name, args.init_from)
+    args = job_args.parse(p, argv)
+    result = run(args.spec, args.scaling_config, Path(args.output_dir), args.run_name, args.init_from)
     if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
         raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")
     protocol.emit("result", result)

@@ -1,4 +1,6 @@
-"""MaxText pretraining through Ray Train's JaxTrainer (seed workload A), and MaxText's eval for evaluate.
+"""MaxText pretraining through Ray Train's JaxTrainer, and MaxText's eval for evaluate: the workload of the GKE
+tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Train and multislice Trillium TPUs"
+(docs/tutorials.md).
 
 ``python -m trainers.maxtext_train train|eval --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON
 -- KEY=VALUE ...`` is the Ray job entrypoint (``components.workload.derive.job_command`` writes it). One JaxTrainer
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import maxtext_log
+from trainers import job_args, maxtext_log
 
 
 def base_yml() -> str:
@@ -246,22 +248,20 @@ def run_eval(
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The driver's own options, and MaxText's ``KEY=VALUE`` arguments after ``--``."""
     cut = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(
-        description="MaxText pretraining or evaluation through Ray Train's JaxTrainer. "
-        "After --: the KEY=VALUE arguments MaxText's train.main gets after its base.yml."
+    p = job_args.parser(
+        "MaxText pretraining or evaluation through Ray Train's JaxTrainer. "
+        "After --: the KEY=VALUE arguments MaxText's train.main gets after its base.yml.",
+        "MaxText's base_output_directory",
+        "MaxText's run_name (checkpoints go under it)",
     )
-    parser.add_argument("mode", choices=("train", "eval"))
-    parser.add_argument("--spec", required=True, help="the run spec, as JSON")
-    parser.add_argument("--output-dir", required=True, help="MaxText's base_output_directory")
-    parser.add_argument("--run-name", required=True, help="MaxText's run_name (checkpoints go under it)")
-    parser.add_argument("--scaling-config", required=True, help="Ray Train's ScalingConfig arguments, as JSON")
-    parser.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
-    parser.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
-    args = parser.parse_args(argv[:cut])
+    p.add_argument("mode", choices=("train", "eval"))
+    p.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
+    p.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
+    args = job_args.parse(p, argv[:cut])
     maxtext_args = argv[cut + 1 :]
     bad = [a for a in maxtext_args if "=" not in a]
     if bad:
-        parser.error(f"MaxText arguments are KEY=VALUE, got {bad[0]!r}")
+        p.error(f"MaxText arguments are KEY=VALUE, got {bad[0]!r}")
     return args, maxtext_args
 
 
@@ -269,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     args, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
-    spec = RunSpec.from_json(args.spec)
-    scaling = json.loads(args.scaling_config)
+    spec, scaling = args.spec, args.scaling_config
     ray.init()
     out = Path(args.output_dir)
     try:

@@ -20,9 +20,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from components.platforms import procs
 from components.platforms.store import RunStore, read_json, write_json
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; kill or a cancelled run; a closed terminal
@@ -137,22 +137,12 @@ def marked(store: RunStore) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- the driver, as the keeper watches it
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot): with the pid, it names one process, never a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
 def driver() -> dict[str, int]:
     """The run's driver: the process named by $TPUPIPE_DRIVER_PID (``tpupipe run`` sets it), else this process."""
     pid = int(os.environ.get(DRIVER_ENV) or os.getpid())
-    return {"pid": pid, "started": _start_time(pid) or 0}
+    return {"pid": pid, "started": procs.start_time(pid) or 0}
 
 
 def alive(record: dict[str, int]) -> bool:
     """Whether the driver ``record`` names is still running (not a later process that got its pid)."""
-    return _start_time(record["pid"]) == record["started"]
+    return procs.start_time(record["pid"]) == record["started"]

@@ -1,7 +1,8 @@
 """The run's ledger: one JSON document per run (``ledger.json`` in its store) recording everything the run created,
 written before anything waits on it, so teardown — a later task, a retried one, or ``tpupipe teardown`` — finds
 exactly what to delete. Both platforms keep theirs here: the local platform records the processes it started
-(``processes``), the gke platform the cloud resources (``created``: ``{kind, name}`` in creation order)."""
+(``processes``) and its cluster's GCS address (``gcs_address``), the gke platform the cloud resources (``created``:
+``{kind, name}`` in creation order)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def load(store: RunStore) -> dict[str, Any] | None:
 def save(store: RunStore, ledger: dict[str, Any]) -> None:
     """Write it whole: a reader (the host keeper, a teardown) never sees half a ledger."""
     write_json(store, KEY, ledger)
+
+
+def gcs_address(store: RunStore) -> str | None:
+    """The GCS address of the run's own Ray cluster where its ledger records one: the local platform's, whose clusters
+    share this machine with other runs' (KubeRay sets ``RAY_ADDRESS`` in every Ray container of a RayCluster:
+    https://github.com/ray-project/kuberay, ray-operator/controllers/ray/common/pod.go)."""
+    return (load(store) or {}).get("gcs_address")
 
 
 def recorder(store: RunStore, ledger: dict[str, Any]) -> Callable[[str, str], None]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.platforms import RunContext, get_platform
+from components.platforms import RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.store import write_text
 from components.spec import InfraError, names, protocol
@@ -51,6 +51,17 @@ def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -
         state.saved_at, state.saved = time.monotonic(), len(state.text)
 
 
+def runtime_env(ctx: RunContext) -> dict[str, Any]:
+    """The runtime environment of the run's jobs: ``JOB_RUNTIME_ENV``, and ``RAY_ADDRESS`` naming the run's own
+    cluster where the ledger records its address (the local platform), so that nothing of Ray's in the job (Ray Train's
+    PlacementGroupCleaner, say) looks for "the" cluster on a machine that holds several."""
+    address = ledger.gcs_address(ctx.store)
+    return {
+        **JOB_RUNTIME_ENV,
+        "env_vars": {**JOB_RUNTIME_ENV["env_vars"], **({"RAY_ADDRESS": address} if address else {})},
+    }
+
+
 def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str:
     """Submit the run's ``kind`` job under its derived submission id, or re-attach to it when it exists (a retried
     task). Returns the submission id."""
@@ -62,7 +73,7 @@ def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str
         client.submit_job(
             entrypoint=entrypoint,
             submission_id=submission_id,
-            runtime_env=JOB_RUNTIME_ENV,
+            runtime_env=runtime_env(ctx),
             metadata={names.RUN_LABEL: ctx.run_id, "kind": kind},
         )
         log(f"{kind}: submitted Ray job {submission_id}")

@@ -1,10 +1,13 @@
-"""The pipeline's stages as plain functions over the platform interface.
+"""The pipeline's stages as plain functions over the platform interface, and :func:`run_stage`, which runs one with its
+record kept.
 
-Each KFP component calls :func:`run_stage` with the pipeline parameters; everything a stage needs is derived
-from them (spec from preset + overrides, run id from the job name), which is what lets ``teardown`` run in
-an exit handler without any other task's output. Each stage records its status and duration in
-``stages/<stage>.json`` of the run's store (a local directory, or Cloud Storage on Vertex AI, where every task runs
-on its own machine); teardown, which always runs last, writes the run's summary.
+A KFP component calls ``components.stages.component.run_component`` with its arguments, which calls
+:func:`run_stage` with the pipeline parameters; everything a stage needs is derived from them (spec from preset +
+overrides, run id from the job name), which is what lets ``teardown`` run in an exit handler without any other task's
+output. Each stage records its status and duration in ``stages/<stage>.json`` of the run's store (a local directory,
+or Cloud Storage on Vertex AI, where every task runs on its own machine); teardown, which always runs last, writes the
+run's summary. The stages that run on the platform are its own methods; check_slice, train and evaluate are Ray jobs
+(``components.stages.jobs``); register and promote act on the model registry (``components.stages.registration``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
 from components.stages import STAGES, gate
 from components.stages.jobs import JobFailed, log, run_job
+from components.stages.registration import promote, register
 from components.workload import resolve
 
 
@@ -188,80 +192,6 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     return out
 
 
-def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_version: str = "") -> dict[str, Any]:
-    """Register the trained checkpoint as a new version of ``spec.model_name`` with its provenance, and decide the
-    gate from the evaluation's figures (``upstream``): ``promote`` or ``keep``. No alias moves here: the version
-    exists before anything names it, and the promote stage moves ``champion`` only when the decision says so."""
-    if not ctx.spec.gate.register:
-        log("register: skipped (gate.register=false)")
-        return {"skipped": True, "decision": gate.OFF, "reason": "gate.register=false: nothing registered"}
-    ev = json.loads(upstream) if upstream else {}
-    records = {
-        stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
-        for stage in ("build_image", "train")
-    }
-    records["evaluate"] = ev
-    train_result = records["train"]
-    artifact_uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint")
-    if not artifact_uri:
-        raise JobFailed("register: the train stage reported no checkpoint")
-    platform = get_platform(ctx.platform)
-    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job, platform.hosts_lost(ctx))
-    reg = gate.registry(ctx)
-    version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
-    champion = ev.get("champion") or {}
-    decision = gate.decide(
-        ev["eval_loss_after"],
-        ev.get("champion_loss"),
-        ctx.spec.gate.min_improvement,
-        version.ref,
-        champion.get("ref", ""),
-    )
-    log(f"register: {version.ref} in {reg.where}")
-    log(f"gate: {decision.reason}")
-    return {
-        "model": version.name,
-        "version": version.version,
-        "ref": version.ref,
-        "artifact_uri": artifact_uri,
-        "registry": reg.where,
-        "decision": decision.decision,
-        "reason": decision.reason,
-        "eval_loss": ev["eval_loss_after"],
-        "champion_loss": ev.get("champion_loss"),
-        "champion_ref": champion.get("ref"),
-        "champion_version": champion.get("version"),
-        "improvement": decision.improvement,
-        "min_improvement": ctx.spec.gate.min_improvement,
-        "provenance": version.provenance,
-    }
-
-
-def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
-    """Move ``champion`` to the version the register stage registered (its record) when the gate's decision
-    (``upstream``) is ``promote``: the pipeline runs this stage only then, after the version exists. A champion that
-    moved since the evaluation measured it (another run promoted meanwhile) is not replaced: the new version was
-    shown better than the old champion only."""
-    registered = (read_json(ctx.store, "stages/register.json") or {}).get("result") or {}
-    if upstream != gate.PROMOTE or registered.get("decision") != gate.PROMOTE:
-        raise JobFailed(f"promote: the gate decided {registered.get('decision') or upstream!r}, not {gate.PROMOTE!r}")
-    reg = gate.registry(ctx)
-    name, version = registered["model"], registered["version"]
-    current = reg.champion(name)
-    measured = registered.get("champion_version")
-    if (current.version if current else None) != measured:
-        was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
-        reason = (
-            f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
-            f"{current.ref if current else 'none'} now; the next run measures against it"
-        )
-        log(f"promote: {reason}")
-        return {"promoted": False, "ref": registered["ref"], "reason": reason}
-    reg.promote(name, version)
-    log(f"promote: {gate.CHAMPION} of {name} is now {registered['ref']} (was {measured or 'none'})")
-    return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}
-
-
 RUNNERS: dict[str, Callable[[RunContext, str], dict[str, Any]]] = {
     "provision": _on_platform("provision"),
     "build_image": _on_platform("build_image"),
@@ -291,8 +221,8 @@ def run_stage(
     **facts: str,
 ) -> str:
     """Resolve the context, run one stage with its record kept, return its result as JSON. ``facts`` are what the
-    pipeline knows beyond the spec that a stage takes as keyword arguments (``FACTS``: the job name, the source
-    version).
+    pipeline knows beyond the spec that a stage takes as keyword arguments (``component.FACTS``: the job name, the
+    source version).
 
     SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
     it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
@@ -333,7 +263,7 @@ def _run_recorded(
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
-        ctx = _stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
+        ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
         record(
@@ -356,56 +286,7 @@ def _run_recorded(
     return json.dumps(result)
 
 
-# The argument of each component that carries the upstream stage's result.
-UPSTREAM = {
-    "build_image": "cluster",
-    "deploy_raycluster": "image",
-    "check_slice": "raycluster",
-    "train": "raycluster",
-    "evaluate": "train_result",
-    "register": "eval_result",
-    "promote": "decision",
-}
-# What a stage's runner takes beyond the spec: its keyword argument -> the component's argument that carries it.
-FACTS = {"register": {"pipeline_job": "job_name", "source_version": "source_version"}}
-# A component whose output is one field of its stage's result (what the pipeline's condition reads), not all of it.
-OUTPUT_FIELD = {"register": "decision"}
-
-
-def with_target(overrides: str, project: str, bucket: str) -> str:
-    """The pipeline's ``project`` and ``bucket`` parameters (set when the pipeline was compiled) as spec overrides,
-    before the user's own, which win."""
-    import shlex
-
-    target = [f"gke.project={project}"] if project else []
-    target += [f"gke.bucket={bucket}"] if bucket else []
-    return " ".join([*(shlex.quote(t) for t in target), overrides]).strip()
-
-
-def run_component(stage: str, args: dict[str, Any]) -> str:
-    """What a KFP component calls with its arguments (its ``locals()``): the stage, then the stage's typed
-    artifacts (``components.stages.artifacts``), written from the records the stage left in the run's store."""
-    from components.stages import artifacts
-
-    overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""))
-    common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
-    facts = {key: args[arg] for key, arg in FACTS.get(stage, {}).items()}
-    result = run_stage(stage, *common, args.get(UPSTREAM.get(stage, ""), ""), **facts)
-    ctx = _stage_context(stage, *common)
-    spec = ctx.spec.to_dict()
-    if stage == "train":
-        artifacts.train(ctx.store, spec, args["metrics"], args["loss_curve"])
-    elif stage == "evaluate":
-        artifacts.evaluate(ctx.store, spec, args["metrics"], args["summary"], args["model"], args["source_version"])
-    elif stage == "register":
-        artifacts.register(ctx.store, args["metrics"], args["gate"])
-    elif stage == "teardown":
-        artifacts.teardown(ctx.store, args["deleted"])
-    field = OUTPUT_FIELD.get(stage)
-    return json.loads(result)[field] if field else result
-
-
-def _stage_context(
+def stage_context(
     stage: str, preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str
 ) -> RunContext:
     try:

@@ -8,7 +8,7 @@ from kfp import local
 
 from components import definitions as c
 from components.platforms.local import envs
-from components.platforms.local.cluster import run_processes
+from components.platforms.local.processes import run_processes
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from components.platforms.local.cluster import run_processes
+from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
 from tests.conftest import REPO, tpupipe_cmd
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from components.platforms.local.cluster import run_processes
+from components.platforms.local.processes import run_processes
 from components.spec import protocol
 from tests.conftest import tpupipe_cmd
 

@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from components.platforms.local.cluster import port_is_free, run_processes
+from components.platforms.local.ports import port_is_free
+from components.platforms.local.processes import run_processes
 from tests.conftest import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e

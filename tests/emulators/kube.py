@@ -629,7 +629,8 @@ class KubeEmulator:
         return base64.b64decode(self.objects[key]["data"]["auth_token"]).decode()
 
     def _start_ray(self, namespace: str, obj: dict, pods: list[dict]) -> None:
-        from components.platforms.local import cluster as local
+        from components.platforms.local import cluster, processes
+        from components.platforms.local.ports import allocate_ports
         from components.tpu import catalogue
 
         name = obj["metadata"]["name"]
@@ -641,7 +642,7 @@ class KubeEmulator:
                 pod["metadata"]["name"]: self._container_env(namespace, pod["spec"]["containers"][0]) for pod in pods
             }
         workers = pods[1:]
-        ports = local.allocate_ports(len(workers))
+        ports = allocate_ports(len(workers))
         temp_dir = Path(tempfile.gettempdir()) / f"tk-{secrets.token_hex(4)}"
         record = {
             "processes": [],
@@ -655,7 +656,7 @@ class KubeEmulator:
         env = self.ray_env
         base_env = {
             **os.environ,
-            local.RUN_MARKER: run_id,
+            processes.RUN_MARKER: run_id,
             "PATH": f"{env.bin}{os.pathsep}{os.environ['PATH']}",
             "VIRTUAL_ENV": env.path,
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -668,7 +669,7 @@ class KubeEmulator:
             "--block",
             "--node-ip-address=127.0.0.1",
             "--disable-usage-stats",
-            f"--object-store-memory={local.OBJECT_STORE_BYTES}",
+            f"--object-store-memory={cluster.OBJECT_STORE_BYTES}",
         ]
         logs = self.work_dir / "ray" / name
         head_cpus = head_group.get("rayStartParams", {}).get(
@@ -686,7 +687,9 @@ class KubeEmulator:
             f"--temp-dir={temp_dir / 'head'}",
             *[f"--{k}={v}" for k, v in head.items()],
         ]
-        record["processes"].append(local.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out"))
+        record["processes"].append(
+            processes.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out")
+        )
         gcs = f"127.0.0.1:{head['port']}"
         deadline = time.monotonic() + 120
         while not self._port_open(head["port"]) and time.monotonic() < deadline:
@@ -718,7 +721,7 @@ class KubeEmulator:
                 *[f"--{k}={v}" for k, v in node_ports.items()],
             ]
             record["processes"].append(
-                local.spawn(
+                processes.spawn(
                     cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env, logs / f"{pod['metadata']['name']}.out"
                 )
             )
@@ -828,23 +831,24 @@ class KubeEmulator:
         import shutil
         import signal
 
-        from components.platforms.local import cluster as local
+        from components.platforms import procs
+        from components.platforms.local import processes
 
         with self.lock:
             record = self.clusters.pop(key, None)
         if not record:
             return
         for pid in reversed(record["processes"]):
-            local._kill_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + local.GRACE_S
-        while time.monotonic() < deadline and local.run_processes(record["run_id"]):
+            procs.signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + processes.GRACE_S
+        while time.monotonic() < deadline and processes.run_processes(record["run_id"]):
             time.sleep(0.2)
         for pid in record["processes"]:
-            local._kill_group(pid, signal.SIGKILL)
-        for pid in local.run_processes(record["run_id"]):
-            local._kill(pid, signal.SIGKILL)
+            procs.signal_group(pid, signal.SIGKILL)
+        for pid in processes.run_processes(record["run_id"]):
+            procs.signal_process(pid, signal.SIGKILL)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and local.run_processes(record["run_id"]):
+        while time.monotonic() < deadline and processes.run_processes(record["run_id"]):
             time.sleep(0.2)
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
 

@@ -95,7 +95,7 @@ class Project:
         """What of the run any emulator still holds (empty when nothing): clusters, node pools, Kubernetes objects
         labelled with the run, Compute Engine resources named after it, its bucket bindings, unfinished builds, and
         the local processes that play its Ray cluster."""
-        from components.platforms.local.cluster import run_processes
+        from components.platforms.local.processes import run_processes
         from components.spec import names
         from tests.emulators.cloudbuild import FINISHED, Status
 

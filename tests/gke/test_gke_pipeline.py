@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
-from components.platforms.local.cluster import run_processes
+from components.platforms.local.processes import run_processes
 from tests.conftest import tpupipe_cmd
 from tests.gke.conftest import ONE_SLICE, start_project
 from tests.terminal import Terminal, driver_processes

@@ -139,7 +139,7 @@ def test_scaling_config_per_family(family):
 
 
 def test_scaling_config_on_cpu_is_what_the_trainer_always_used():
-    from trainers import fsdp
+    from trainers import job_args
 
     spec = resolve("local-fsdp", "cluster.num_hosts=3 cluster.cpus_per_host=2")
     expected = {"num_workers": 3, "resources_per_worker": {"CPU": 2}, "placement_strategy": "SPREAD"}
@@ -147,7 +147,7 @@ def test_scaling_config_on_cpu_is_what_the_trainer_always_used():
     # The trainer gets exactly this on its command line (the job command the stages submit and the plan prints).
     for s in (spec, resolve("gemma4-e2b-tpu7x-16"), resolve("llama3-8b-v6e-elastic-spot")):
         argv = shlex.split(d.job_command(s, "train", "/out", "run"))
-        assert fsdp.scaling_config(argv[argv.index("--scaling-config") + 1]) == d.scaling_config_args(s)
+        assert job_args.scaling_config(argv[argv.index("--scaling-config") + 1]) == d.scaling_config_args(s)
 
 
 def test_seed_a_scaling_config_and_elastic_range():

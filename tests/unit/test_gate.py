@@ -15,7 +15,7 @@ from components.platforms import RunContext
 from components.platforms.store import LocalStore
 from components.registry import PROVENANCE_FIELDS, check_provenance, digest, open_registry
 from components.spec import SpecError
-from components.stages import gate, report, runner
+from components.stages import gate, registration, report, runner
 from components.workload import resolve
 
 # ---------------------------------------------------------------- the spec
@@ -254,7 +254,7 @@ def _registered(ctx: RunContext, eval_loss: float, champion: dict | None = None,
     ev = {"eval_loss_before": 4.6, "eval_loss_after": eval_loss, "eval_split": "heldout"}
     if champion:
         ev.update(champion=champion, champion_loss=champion_loss)
-    result = runner.register(ctx, json.dumps(ev), pipeline_job="tpupipe-job", source_version="3f2a9c1e")
+    result = registration.register(ctx, json.dumps(ev), pipeline_job="tpupipe-job", source_version="3f2a9c1e")
     runner.record(ctx.store, "register", status="succeeded", result=result)
     return result
 
@@ -267,7 +267,7 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     result = _registered(first, 1.5)
     assert (result["ref"], result["decision"]) == ("local-fsdp@1", "promote")
     assert registry.champion("local-fsdp") is None  # registering moves no alias
-    moved = runner.promote(first, "promote")
+    moved = registration.promote(first, "promote")
     assert moved["promoted"] and registry.champion("local-fsdp").version == "1"
 
     second = _context(tmp_path, "run-2", "train.learning_rate=0")
@@ -284,14 +284,14 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     assert version.provenance["eval_loss_after"] == 4.6 and version.provenance["champion_loss"] == 1.5
     assert version.provenance["git_sha"] == "3f2a9c1e" and version.provenance["pipeline_job"] == "tpupipe-job"
     with pytest.raises(runner.JobFailed, match="the gate decided 'keep'"):
-        runner.promote(second, "keep")
+        registration.promote(second, "keep")
     assert registry.champion("local-fsdp").version == "1"
 
     third = _context(tmp_path, "run-3")
     _trained(third, tmp_path)
     result = _registered(third, 1.2, {"ref": "local-fsdp@1", "version": "1"}, 1.5)
     assert result["decision"] == "promote" and "held-out 1.2000 vs champion local-fsdp@1 1.5000" in result["reason"]
-    assert runner.promote(third, "promote")["promoted"]
+    assert registration.promote(third, "promote")["promoted"]
     assert registry.champion("local-fsdp").version == "3" and registry.history("local-fsdp") == ["1", "3"]
     assert registry.rollback("local-fsdp").version == "1"
 
@@ -311,7 +311,7 @@ def test_a_champion_that_moved_since_the_evaluation_is_not_replaced(tmp_path):
         _trained(ctx, tmp_path)
         _registered(ctx, 1.5)  # both measured with no champion: both say promote
     registry.promote("local-fsdp", "1")  # run-1 got there first
-    result = runner.promote(ctx, "promote")
+    result = registration.promote(ctx, "promote")
     assert result["promoted"] is False
     assert result["reason"] == (
         "not promoted: local-fsdp@2 was measured against no champion, and the champion is "
@@ -323,7 +323,7 @@ def test_a_champion_that_moved_since_the_evaluation_is_not_replaced(tmp_path):
 def test_the_gate_off_registers_nothing_and_measures_no_champion(tmp_path):
     ctx = _context(tmp_path, "run-1", "gate.register=false")
     _trained(ctx, tmp_path)
-    assert runner.register(ctx, json.dumps({"eval_loss_after": 1.0}))["decision"] == gate.OFF
+    assert registration.register(ctx, json.dumps({"eval_loss_after": 1.0}))["decision"] == gate.OFF
     assert open_registry(tmp_path).models() == []
     assert gate.champion_to_measure(ctx) is None
 
@@ -386,7 +386,7 @@ def test_the_summary_says_what_the_gate_did_with_both_figures(tmp_path):
     first = _context(tmp_path, "run-1")
     _trained(first, tmp_path)
     _registered(first, 1.5)
-    runner.promote(first, "promote")
+    registration.promote(first, "promote")
     summary = _summary(first, promote_ran=True)
     assert summary["status"] == "succeeded" and summary["gate"]["promoted"] is True
     assert "  gate: promoted local-fsdp@1 to champion" in report.format_table(summary)
@@ -468,7 +468,7 @@ def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tm
     assert "| base_model | `scratch:gemma4-tiny` |" in text  # the train record of this test names no init_from
 
     off = _context(tmp_path, "run-3", "gate.register=false")
-    runner.record(off.store, "register", status="succeeded", result=runner.register(off, "{}"))
+    runner.record(off.store, "register", status="succeeded", result=registration.register(off, "{}"))
     metrics, table = dsl.Metrics(name="m", uri=str(tmp_path / "m3")), dsl.Markdown(name="g", uri=str(tmp_path / "g3"))
     artifacts.register(off.store, metrics, table)
     assert metrics.metadata == {} and open(table.path).read() == "Gate off: gate.register=false: nothing registered.\n"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from components.platforms import RunContext, interrupts
-from components.platforms.local.cluster import RUN_MARKER, keep
+from components.platforms import RunContext, interrupts, procs
+from components.platforms.local.keeper import keep
+from components.platforms.local.processes import RUN_MARKER
 from components.platforms.store import LocalStore
 from components.stages import report
 from components.stages.runner import record, run_stage
@@ -107,7 +108,7 @@ def test_the_keeper_stops_when_teardown_began(tmp_path):
 
 def test_the_keeper_stops_when_the_driver_is_gone(tmp_path):
     gone = subprocess.Popen(["true"])
-    record_of_gone = {"pid": gone.pid, "started": interrupts._start_time(gone.pid) or 1}
+    record_of_gone = {"pid": gone.pid, "started": procs.start_time(gone.pid) or 1}
     gone.wait()
     assert interrupts.alive(interrupts.driver()) and not interrupts.alive(record_of_gone)
     said = []
@@ -158,7 +159,7 @@ def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other
     from pipelines import cli
 
     gone = subprocess.Popen(["true"])
-    record_of_gone = {"pid": gone.pid, "started": interrupts._start_time(gone.pid) or 1}
+    record_of_gone = {"pid": gone.pid, "started": procs.start_time(gone.pid) or 1}
     gone.wait()
     orphan = _a_run_of_sleepers(tmp_path, "orphan", record_of_gone)
     running = _a_run_of_sleepers(tmp_path, "running", interrupts.driver())  # this test is its driver, alive

@@ -3,7 +3,8 @@ import socket
 import pytest
 
 from components.platforms.local import envs
-from components.platforms.local.cluster import LocalPlatform, allocate_ports, port_is_free, port_range
+from components.platforms.local.cluster import LocalPlatform
+from components.platforms.local.ports import allocate_ports, port_is_free, port_range
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
 
@@ -86,3 +87,26 @@ def test_a_model_directory_that_is_not_there_is_refused_before_anything_starts(t
         LocalPlatform().check(ctx("/no/such/model"))
     LocalPlatform().check(ctx(str(tmp_path)))
     LocalPlatform().check(ctx("google/gemma-4-E2B-it"))
+
+
+def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
+    """Two runs on one machine: each host's environment (and so every process Ray starts there, Ray Train's
+    PlacementGroupCleaner among them) and each job's runtime environment carry the run's own GCS address, so nothing
+    of Ray's looks for "the" cluster and finds both."""
+    from components.platforms import RunContext, ledger
+    from components.platforms.local.processes import RUN_MARKER
+    from components.platforms.store import LocalStore
+    from components.stages.jobs import runtime_env
+    from components.workload import resolve
+
+    image = envs.Env(image="torch", digest="0", path=str(tmp_path / "env"), reused=True)
+    host = LocalPlatform.host_environment("run-a", "127.0.0.1:12345", image)
+    assert host["RAY_ADDRESS"] == "127.0.0.1:12345" and host[RUN_MARKER] == "run-a"
+    ctx = RunContext(spec=resolve("local-fsdp"), run_id="run-a", store=LocalStore(tmp_path / "run-a"), platform="local")
+    assert "RAY_ADDRESS" not in runtime_env(ctx)["env_vars"]  # no cluster recorded (gke: KubeRay's pods name theirs)
+    ledger.save(ctx.store, {"run_id": "run-a", "gcs_address": "127.0.0.1:12345", "processes": []})
+    assert runtime_env(ctx)["env_vars"] == {
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",
+        "RAY_ADDRESS": "127.0.0.1:12345",
+    }

@@ -7,7 +7,7 @@ import pytest
 
 from components.spec import SpecError
 from components.workload import derive, resolve
-from trainers import slice_check
+from trainers import slice_check, slice_probe
 
 
 def _actor(node: str, worker_id=None, ids=(), slice_name="", host=""):
@@ -60,11 +60,11 @@ def test_the_all_reduce_of_rank_plus_one_is_n_n_plus_one_over_two():
 def test_the_reference_block_is_x_plus_silu_of_x_w1_times_w2():
     import numpy as np
 
-    x, w1, w2 = slice_check._block()
+    x, w1, w2 = slice_probe._block()
     assert x.dtype == w1.dtype == w2.dtype == np.float32 and w1.shape == (64, 256)
     h = x.astype(np.float64) @ w1
     expected = x + (h * (1 / (1 + np.exp(-h)))) @ w2
-    assert np.allclose(slice_check.reference(x, w1, w2), expected, atol=1e-5)
+    assert np.allclose(slice_probe.reference(x, w1, w2), expected, atol=1e-5)
 
 
 def test_the_check_job_carries_the_devices_each_host_checks():

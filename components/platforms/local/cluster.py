@@ -1,8 +1,9 @@
 """The local platform: a real multi-node Ray cluster on this machine.
 
 One Ray head and N worker raylets (N emulated hosts), each its own process group, on loopback, on ports
-chosen free, under a run-scoped temporary directory, all from the torch image's environment. Every process
-this run starts carries ``TPUPIPE_RUN_ID`` in its environment and is recorded in the run's ledger
+chosen free (``ports``), under a run-scoped temporary directory, all from the trainer image's environment, and the
+host keeper that replaces a lost host (``keeper``). Every process this run starts carries ``TPUPIPE_RUN_ID``
+(``processes``) and ``RAY_ADDRESS`` (the run's own GCS address) in its environment and is recorded in the run's ledger
 (``ledger.json`` in the run's directory, ``components.platforms.ledger``) before anything waits on it, so teardown finds
 exactly what the run started.
 """
@@ -12,196 +13,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from components.platforms import Platform, RunContext, interrupts
+from components.platforms import Platform, RunContext, interrupts, procs
 from components.platforms import ledger as ledgers
-from components.platforms.local import envs
+from components.platforms.local import envs, keeper, processes
+from components.platforms.local.ports import LOOPBACK, allocate_ports, bound
+from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
 from components.platforms.store import LocalStore
 from components.platforms.waiting import wait_for
 from components.spec import InfraError, SpecError, ready_limits
 from components.workload.derive import trainer_image
 
-RUN_MARKER = "TPUPIPE_RUN_ID"
-NODE_PORTS = (
-    "node-manager-port",
-    "object-manager-port",
-    "metrics-export-port",
-    "dashboard-agent-listen-port",
-    "dashboard-agent-grpc-port",
-    "runtime-env-agent-port",
-)
-HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
-WORKER_PORT_RANGE = 40
-PORTS_FROM = 10000
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
-LOOPBACK = "127.0.0.1"
 # Ray's local_fs_capacity_threshold: above it a node refuses to create objects and its agents fail to start, which
 # reaches the pipeline only as "Connection refused" from the job API.
 DISK_FULL_FRACTION = 0.95
-GRACE_S = 3.0  # SIGTERM to SIGKILL: Ray's `start --block` and GCS can take far longer to exit on their own
-
-
-# ---------------------------------------------------------------- ports
-
-
-def port_is_free(port: int) -> bool:
-    """True if a server could listen on the port now (SO_REUSEADDR, as servers bind: TIME_WAIT is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
-    """Where the cluster's ports are chosen: below the kernel's ephemeral range, whose ports any outgoing connection
-    may take between the choice and the bind (a Ray server then fails to start on "Address already in use")."""
-    try:
-        ephemeral_low = int(Path(path).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768  # Linux's default
-    return PORTS_FROM, max(PORTS_FROM + 2000, min(ephemeral_low, 60000))
-
-
-def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
-    """A run of ``size`` consecutive free ports, none in ``taken``; returns the first."""
-    low, high = port_range()
-    for _ in range(200):
-        base = rng.randrange(low, high - size)
-        block = range(base, base + size)
-        if not taken.intersection(block) and all(port_is_free(p) for p in block):
-            taken.update(block)
-            return base
-    raise InfraError(f"no block of {size} free ports on {LOOPBACK}")
-
-
-def allocate_ports(num_workers: int, seed: int | None = None) -> list[dict[str, int]]:
-    """Ports for the head (index 0) and each worker node: its own ports and its own worker-process range."""
-    rng, taken = random.Random(seed), set()
-    nodes = []
-    for index in range(num_workers + 1):
-        names = (HEAD_PORTS if index == 0 else ()) + NODE_PORTS
-        base = _free_block(len(names) + WORKER_PORT_RANGE, taken, rng)
-        ports = {name: base + i for i, name in enumerate(names)}
-        ports["min-worker-port"] = base + len(names)
-        ports["max-worker-port"] = base + len(names) + WORKER_PORT_RANGE - 1
-        nodes.append(ports)
-    return nodes
-
-
-# ---------------------------------------------------------------- processes
-
-
-def _state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
-
-
-def pid_alive(pid: int) -> bool:
-    state = _state(pid)
-    return state is not None and state not in ("Z", "X")
-
-
-def carries_marker(pid: int, run_id: str) -> bool:
-    """Whether ``pid`` is a live process of the run (its environment carries the run's marker)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"{RUN_MARKER}={run_id}".encode() in environ.split(b"\0") and pid_alive(pid)
-
-
-def run_processes(run_id: str) -> list[int]:
-    """Live processes carrying this run's marker in their environment (zombies excluded)."""
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and carries_marker(int(entry), run_id)]
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: str | Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def spawn(cmd: list[str], env: dict[str, str] | None, log_file: Path) -> int:
-    """Start ``cmd`` as its own process group (an emulated host, or the head), output to log_file."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as out:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    return proc.pid
-
-
-def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
-    """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
-    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until teardown
-    begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the rest); returns why it stopped."""
-    while True:
-        store = LocalStore(ledger_path.parent)
-        ledger = ledgers.load(store)
-        reason = _keeper_done(ledger, ledger_path)
-        if reason:
-            log(f"keeper: {reason}: exiting")
-            return reason
-        for proc in ledger["processes"]:
-            if proc["role"].startswith("host-") and not pid_alive(proc["pid"]):
-                if _keeper_done(ledgers.load(store) or ledger, ledger_path):  # teardown may have begun since
-                    break
-                log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
-                proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
-                proc["replacements"] = proc.get("replacements", 0) + 1
-                ledgers.save(store, ledger)
-        time.sleep(interval_s)
-
-
-def _keeper_done(ledger: dict[str, Any], ledger_path: Path) -> str:
-    """Why the keeper stops ('' while it keeps the hosts): teardown began, or the run's driver is gone."""
-    if ledger.get("teardown_started"):
-        return "teardown began"
-    driver = ledger.get("driver")
-    if driver and not interrupts.alive(driver):
-        return (
-            f"the run's driver (pid {driver['pid']}) is gone; `tpupipe teardown {ledger['run_id']} --output-root "
-            f"{ledger_path.parent.parent}` stops the cluster"
-        )
-    return ""
 
 
 def orphaned_runs(output_root: Path) -> list[str]:
@@ -277,7 +110,7 @@ class LocalPlatform(Platform):
         if (
             ledger
             and ledger["processes"]
-            and pid_alive(ledger["processes"][0]["pid"])
+            and procs.alive(ledger["processes"][0]["pid"])
             and not ledger.get("processes_stopped")
             and not ledger.get("teardown_started")
         ):
@@ -314,12 +147,16 @@ class LocalPlatform(Platform):
             "processes": [],
         }
 
-    def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
-        """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
-        cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
-        process_env = {
+    @staticmethod
+    def host_environment(run_id: str, gcs_address: str, env) -> dict[str, str]:
+        """The environment of the run's head, hosts and keeper (and of everything Ray starts on them): the run's
+        marker, its own cluster's address, the trainer image's environment first on the PATH."""
+        return {
             **os.environ,
-            RUN_MARKER: ctx.run_id,
+            RUN_MARKER: run_id,
+            # This run's cluster, by name: every process Ray starts on the hosts inherits it (job drivers, Ray Train's
+            # PlacementGroupCleaner), so none looks for "the" cluster among the runs this machine holds.
+            "RAY_ADDRESS": gcs_address,
             "PATH": f"{env.bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "VIRTUAL_ENV": env.path,
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -333,6 +170,11 @@ class LocalPlatform(Platform):
             # as soon as ~/.ray/auth_token exists (any local ray.init() writes one), and the hosts then cannot join.
             "RAY_AUTH_MODE": "disabled",
         }
+
+    def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
+        """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
+        cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
+        process_env = self.host_environment(ctx.run_id, ledger["gcs_address"], env)
         ray = str(env.bin / "ray")
         common = [
             "--block",
@@ -371,13 +213,12 @@ class LocalPlatform(Platform):
                 *[f"--{k}={v}" for k, v in node_ports.items()],
             ]
             self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
-        keeper = [sys.executable, "-m", "components.platforms.local.cluster", "keep", str(ctx.run_dir / ledgers.KEY)]
-        self._spawn(ctx, ledger, "keeper", keeper, process_env)
+        self._spawn(ctx, ledger, "keeper", keeper.command(ctx.run_dir / ledgers.KEY), process_env)
 
     def _spawn(self, ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
         log_file = ctx.run_dir / "logs" / f"{role}.out"
         with interrupts.deferred():  # an interrupt never falls between starting a process and recording it
-            pid = spawn(cmd, env, log_file)
+            pid = processes.spawn(cmd, env, log_file)
             ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
             self._save(ctx, ledger)
 
@@ -391,14 +232,15 @@ class LocalPlatform(Platform):
     @staticmethod
     def _raise_if_dead(ledger: dict) -> None:
         for proc in ledger["processes"]:
-            if not pid_alive(proc["pid"]) and not proc["role"].startswith("host-"):  # the keeper replaces hosts
+            if not procs.alive(proc["pid"]) and not proc["role"].startswith("host-"):  # the keeper replaces hosts
                 raise InfraError(
-                    f"{proc['role']} (pid {proc['pid']}) exited; last lines of {proc['log']}:\n{_tail(proc['log'])}"
+                    f"{proc['role']} (pid {proc['pid']}) exited; last lines of {proc['log']}:\n"
+                    + processes.tail(proc["log"])
                 )
             if proc.get("replacements", 0) >= 3:
                 raise InfraError(
                     f"{proc['role']} keeps exiting ({proc['replacements']} replacements); last "
-                    f"lines of {proc['log']}:\n{_tail(proc['log'])}"
+                    f"lines of {proc['log']}:\n{processes.tail(proc['log'])}"
                 )
 
     @staticmethod
@@ -480,7 +322,7 @@ class LocalPlatform(Platform):
         if not ledger:
             leftover = run_processes(ctx.run_id)
             for pid in leftover:
-                _kill(pid, signal.SIGKILL)
+                procs.signal_process(pid, signal.SIGKILL)
             return {
                 "stopped_groups": 0,
                 "strays": len(leftover),
@@ -496,9 +338,9 @@ class LocalPlatform(Platform):
         self._save(ctx, ledger)
         keepers = [p for p in ledger["processes"] if p["role"] == "keeper" and carries_marker(p["pid"], ctx.run_id)]
         for proc in keepers:
-            _kill_group(proc["pgid"], signal.SIGKILL)
+            procs.signal_group(proc["pgid"], signal.SIGKILL)
             wait_for(
-                lambda p=proc: True if not pid_alive(p["pid"]) else None,
+                lambda p=proc: True if not procs.alive(p["pid"]) else None,
                 timeout_s=10,
                 interval_s=0.1,
                 what="the host keeper to exit",
@@ -509,33 +351,9 @@ class LocalPlatform(Platform):
         # Only groups whose leader is still ours: a pid (and its group id) may since belong to another process.
         live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
         groups = [p["pgid"] for p in live]
-        for pgid in reversed(groups):  # workers first, the head last
-            _kill_group(pgid, signal.SIGTERM)
-        # Processes that left their group (Ray's job supervisors, say) carry the run marker: signal them too.
-        strays = [pid for pid in run_processes(ctx.run_id) if _pgid(pid) not in groups]
-        for pid in strays:
-            _kill(pid, signal.SIGTERM)
-        try:
-            wait_for(
-                lambda: True if not run_processes(ctx.run_id) else None,
-                timeout_s=GRACE_S,
-                interval_s=0.2,
-                what="a graceful exit",
-            )
-        except TimeoutError:
-            for pgid in groups:
-                _kill_group(pgid, signal.SIGKILL)
-            for pid in run_processes(ctx.run_id):
-                _kill(pid, signal.SIGKILL)
-            wait_for(
-                lambda: True if not run_processes(ctx.run_id) else None,
-                timeout_s=10,
-                interval_s=0.2,
-                what=f"the processes of run {ctx.run_id} to exit",
-            )
+        strays = processes.stop(ctx.run_id, groups)
         shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
-        ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
-        busy = [p for p in ports if not port_is_free(p)]
+        busy = bound(ledger["ports"])
         ledger["processes_stopped"] = True
         self._save(ctx, ledger)
         self.log(
@@ -554,17 +372,3 @@ class LocalPlatform(Platform):
         return [f"{p['role']} (pid {p['pid']})" for p in live] + (
             [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else []
         )
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="The local platform's host keeper.")
-    parser.add_argument("command", choices=("keep",))
-    parser.add_argument("ledger", help="the run's ledger.json")
-    args = parser.parse_args(argv)
-    keep(Path(args.ledger), log=lambda m: print(m, flush=True))
-
-
-if __name__ == "__main__":
-    main()

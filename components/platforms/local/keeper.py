@@ -1,0 +1,68 @@
+"""The host keeper of a local run: KubeRay's part for the emulated hosts, a process of its own
+(``python -m components.platforms.local.keeper keep LEDGER``) that the run starts after its hosts."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from components.platforms import interrupts, procs
+from components.platforms import ledger as ledgers
+from components.platforms.local.processes import spawn
+from components.platforms.store import LocalStore
+
+
+def command(ledger_path: Path) -> list[str]:
+    """The keeper's command line, for the run whose ledger is at ``ledger_path``."""
+    return [sys.executable, "-m", "components.platforms.local.keeper", "keep", str(ledger_path)]
+
+
+def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
+    """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
+    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until teardown
+    begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the rest); returns why it stopped."""
+    while True:
+        store = LocalStore(ledger_path.parent)
+        ledger = ledgers.load(store)
+        reason = _done(ledger, ledger_path)
+        if reason:
+            log(f"keeper: {reason}: exiting")
+            return reason
+        for proc in ledger["processes"]:
+            if proc["role"].startswith("host-") and not procs.alive(proc["pid"]):
+                if _done(ledgers.load(store) or ledger, ledger_path):  # teardown may have begun since
+                    break
+                log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
+                proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
+                proc["replacements"] = proc.get("replacements", 0) + 1
+                ledgers.save(store, ledger)
+        time.sleep(interval_s)
+
+
+def _done(ledger: dict[str, Any], ledger_path: Path) -> str:
+    """Why the keeper stops ('' while it keeps the hosts): teardown began, or the run's driver is gone."""
+    if ledger.get("teardown_started"):
+        return "teardown began"
+    driver = ledger.get("driver")
+    if driver and not interrupts.alive(driver):
+        return (
+            f"the run's driver (pid {driver['pid']}) is gone; `tpupipe teardown {ledger['run_id']} --output-root "
+            f"{ledger_path.parent.parent}` stops the cluster"
+        )
+    return ""
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The local platform's host keeper.")
+    parser.add_argument("command", choices=("keep",))
+    parser.add_argument("ledger", help="the run's ledger.json")
+    args = parser.parse_args(argv)
+    keep(Path(args.ledger), log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()

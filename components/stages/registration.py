@@ -1,0 +1,87 @@
+"""The register and promote stages: the trained checkpoint becomes a new version of the run's model in the registry,
+with its provenance and the gate's decision (``components.stages.gate``), and ``champion`` moves to it only when the
+decision says so."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.platforms.store import read_json
+from components.stages import gate
+from components.stages.jobs import JobFailed, log
+
+
+def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_version: str = "") -> dict[str, Any]:
+    """Register the trained checkpoint as a new version of ``spec.model_name`` with its provenance, and decide the
+    gate from the evaluation's figures (``upstream``): ``promote`` or ``keep``. No alias moves here: the version
+    exists before anything names it, and the promote stage moves ``champion`` only when the decision says so."""
+    if not ctx.spec.gate.register:
+        log("register: skipped (gate.register=false)")
+        return {"skipped": True, "decision": gate.OFF, "reason": "gate.register=false: nothing registered"}
+    ev = json.loads(upstream) if upstream else {}
+    records = {
+        stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
+        for stage in ("build_image", "train")
+    }
+    records["evaluate"] = ev
+    train_result = records["train"]
+    artifact_uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint")
+    if not artifact_uri:
+        raise JobFailed("register: the train stage reported no checkpoint")
+    platform = get_platform(ctx.platform)
+    provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job, platform.hosts_lost(ctx))
+    reg = gate.registry(ctx)
+    version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
+    champion = ev.get("champion") or {}
+    decision = gate.decide(
+        ev["eval_loss_after"],
+        ev.get("champion_loss"),
+        ctx.spec.gate.min_improvement,
+        version.ref,
+        champion.get("ref", ""),
+    )
+    log(f"register: {version.ref} in {reg.where}")
+    log(f"gate: {decision.reason}")
+    return {
+        "model": version.name,
+        "version": version.version,
+        "ref": version.ref,
+        "artifact_uri": artifact_uri,
+        "registry": reg.where,
+        "decision": decision.decision,
+        "reason": decision.reason,
+        "eval_loss": ev["eval_loss_after"],
+        "champion_loss": ev.get("champion_loss"),
+        "champion_ref": champion.get("ref"),
+        "champion_version": champion.get("version"),
+        "improvement": decision.improvement,
+        "min_improvement": ctx.spec.gate.min_improvement,
+        "provenance": version.provenance,
+    }
+
+
+def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
+    """Move ``champion`` to the version the register stage registered (its record) when the gate's decision
+    (``upstream``) is ``promote``: the pipeline runs this stage only then, after the version exists. A champion that
+    moved since the evaluation measured it (another run promoted meanwhile) is not replaced: the new version was
+    shown better than the old champion only."""
+    registered = (read_json(ctx.store, "stages/register.json") or {}).get("result") or {}
+    if upstream != gate.PROMOTE or registered.get("decision") != gate.PROMOTE:
+        raise JobFailed(f"promote: the gate decided {registered.get('decision') or upstream!r}, not {gate.PROMOTE!r}")
+    reg = gate.registry(ctx)
+    name, version = registered["model"], registered["version"]
+    current = reg.champion(name)
+    measured = registered.get("champion_version")
+    if (current.version if current else None) != measured:
+        was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
+        reason = (
+            f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
+            f"{current.ref if current else 'none'} now; the next run measures against it"
+        )
+        log(f"promote: {reason}")
+        return {"promoted": False, "ref": registered["ref"], "reason": reason}
+    reg.promote(name, version)
+    log(f"promote: {gate.CHAMPION} of {name} is now {registered['ref']} (was {measured or 'none'})")
+    return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}
