@@ -18,7 +18,7 @@ import pytest
 
 from components.platforms.local.cluster import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
-from tests.conftest import REPO, tpupipe_cmd
+from tests.helpers import REPO, tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
 

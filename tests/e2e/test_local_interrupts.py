@@ -15,7 +15,7 @@ import time
 import pytest
 
 from components.platforms.local.cluster import port_is_free, run_processes
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd
 from tests.terminal import Terminal, driver_processes
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 
 from components.platforms.local.cluster import run_processes
 from components.spec import protocol
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
 # The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from components.platforms.local.cluster import port_is_free, run_processes
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     """train.model_id names a local directory with the layout of google/gemma-4-E2B-it (text, vision and audio
     configs, a tokenizer beside it); the slice check is switched off, and the summary says so."""
     from components.platforms.local import envs
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     model_dir = tmp_path / "gemma4-composite"
     build = subprocess.run(

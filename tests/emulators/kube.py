@@ -139,7 +139,7 @@ def _vendored_crds() -> dict[str, dict]:
     """The vendored KubeRay CRDs by name (``rayclusters.ray.io``), read once."""
     import yaml
 
-    from tests.contract.conftest import CRD_FILES, schema_dir
+    from tests.contract.kuberay_schema import CRD_FILES, schema_dir
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crds = [yaml.load((schema_dir() / f).read_text(), Loader=loader) for f in CRD_FILES.values()]

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import tpupipe_cmd
-from tests.gke.conftest import ONE_SLICE, Project, start_project
+from tests.emulators.project import ONE_SLICE, Project, start_project
 from tests.gke.test_gke_pipeline import BUILT, _env
 from tests.gke.test_gke_platform import DCN_SLICES
+from tests.helpers import tpupipe_cmd
 
 # Trains for seconds: 64 examples, one epoch, no slice check (the first job the run submits is the train job).
 TINY = " train.epochs=1 train.num_train_examples=64 train.num_eval_examples=16 cluster.slice_check=false"

@@ -17,8 +17,8 @@ import pytest
 
 from components.platforms.gke.platform import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.cluster import run_processes
-from tests.conftest import tpupipe_cmd
-from tests.gke.conftest import ONE_SLICE, start_project
+from tests.emulators.project import ONE_SLICE, start_project
+from tests.helpers import tpupipe_cmd
 from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.

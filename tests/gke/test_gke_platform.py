@@ -19,7 +19,7 @@ from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import kube as kube_emulator
-from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 TWO_SLICES = (
     f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from tests.conftest import tpupipe_cmd
-from tests.gke.conftest import start_project
+from tests.emulators.project import start_project
 from tests.gke.test_gke_pipeline import _env, _wait_gone, training
+from tests.helpers import tpupipe_cmd
 
 pytestmark = [pytest.mark.e2e]
 

@@ -10,7 +10,7 @@ from components.platforms.gke import plan
 from components.platforms.gke.preflight import PreflightFailed
 from components.workload import resolve
 from pipelines import cli
-from tests.gke.conftest import ONE_SLICE, PROJECT
+from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 
 RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"

@@ -17,8 +17,8 @@ from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_E
 from components.registry import HISTORY_DEPTH, open_registry
 from components.spec import InfraError, SpecError
 from pipelines.cli import main
-from tests.conftest import REPO
 from tests.emulators.models import ModelServiceEmulator
+from tests.helpers import REPO
 
 PROJECT, REGION = "tpupipe-emulated", "us-east5"
 PARENT = f"projects/{PROJECT}/locations/{REGION}"

@@ -13,9 +13,9 @@ import pytest
 
 from pipelines.pipeline import Target
 from pipelines.publish import publish
-from tests.conftest import tpupipe_cmd
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
-from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
+from tests.helpers import tpupipe_cmd
 
 pytestmark = [pytest.mark.e2e]
 

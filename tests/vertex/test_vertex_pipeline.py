@@ -14,7 +14,7 @@ import pytest
 from components.registry import PROVENANCE_FIELDS, open_registry
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish import publish
-from tests.gke.conftest import ONE_SLICE, PROJECT, REGION
+from tests.emulators.project import ONE_SLICE, PROJECT, REGION
 
 pytestmark = [pytest.mark.e2e]
 
