@@ -848,6 +848,24 @@ class KubeEmulator:
             time.sleep(0.2)
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
 
+    def job_status(self, submission_id: str) -> str:
+        """A Ray job's status (``RUNNING``, say) as the Jobs API of the local Ray cluster running it reports it; ''
+        while no cluster knows the job."""
+        import requests
+
+        with self.lock:
+            records = list(self.clusters.values())
+        for record in records:
+            headers = {"Authorization": f"Bearer {record['token']}"} if record["token"] else {}
+            url = f"http://127.0.0.1:{record['dashboard']}/api/jobs/{submission_id}"
+            try:
+                r = requests.get(url, headers=headers, timeout=5)
+            except requests.RequestException:
+                continue
+            if r.ok:
+                return r.json().get("status", "")
+        return ""
+
     # ------------------------------------------------------------------ the service proxy
     def _proxy(self, h, method: str, namespace: str, service: str, path: str, query: str, body: bytes) -> None:
         import requests
