@@ -30,3 +30,22 @@ def project_factory(tmp_path, monkeypatch):
     yield make
     for project in started:
         project.stop()
+
+
+@pytest.fixture
+def vertex(monkeypatch):
+    """The emulated Vertex AI Model Registry (ModelService, tests/emulators/models.py) alone, and the environment that
+    points tpupipe's clients at it."""
+    import secrets
+
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+    from tests.emulators.models import ModelServiceEmulator
+
+    token = secrets.token_hex(12)
+    emulator = ModelServiceEmulator(token=token)
+    endpoint = emulator.start()
+    monkeypatch.setenv(VERTEX_ENDPOINT_ENV, endpoint)
+    monkeypatch.setenv(EMULATOR_HOST_ENV, endpoint)  # credentials(): the emulators' static token
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    yield emulator
+    emulator.stop()
