@@ -2,17 +2,50 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import pytest
 
-BIN = Path(sys.executable).parent
-
-
-def tpupipe_cmd() -> list[str]:
-    return [str(BIN / "tpupipe")]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # google-cloud-storage looks a bucket up in the background for its OpenTelemetry spans when OpenTelemetry is installed
 # (google-cloud-aiplatform brings it): calls no test asked for, which the emulators' call lists would count.
 os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
+
+
+@pytest.fixture
+def project_factory(tmp_path, monkeypatch):
+    """``make(**kwargs)``: an emulated project (tests/emulators/project.py), its environment set for this test;
+    every project made is stopped afterwards."""
+    from tests.emulators.project import start_project
+
+    started = []
+
+    def make(**kwargs):
+        project = start_project(tmp_path, **kwargs)
+        for key, value in project.env.items():
+            monkeypatch.setenv(key, value)
+        started.append(project)
+        return project
+
+    yield make
+    for project in started:
+        project.stop()
+
+
+@pytest.fixture
+def vertex(monkeypatch):
+    """The emulated Vertex AI Model Registry (ModelService, tests/emulators/models.py) alone, and the environment that
+    points tpupipe's clients at it."""
+    import secrets
+
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+    from tests.emulators.models import ModelServiceEmulator
+
+    token = secrets.token_hex(12)
+    emulator = ModelServiceEmulator(token=token)
+    endpoint = emulator.start()
+    monkeypatch.setenv(VERTEX_ENDPOINT_ENV, endpoint)
+    monkeypatch.setenv(EMULATOR_HOST_ENV, endpoint)  # credentials(): the emulators' static token
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    yield emulator
+    emulator.stop()

@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from tests.helpers import wait_until
 
 # Runs in the new session before the command: take the pty as the controlling terminal (its process group becomes
 # the foreground one), put SIGINT back to its default, then become the command.
@@ -65,14 +66,11 @@ class Terminal:
 
     def wait_for(self, text: str, timeout_s: float) -> bool:
         """Until ``text`` shows on the terminal (True), the command ends or the time is up (False)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if text in self.output:
-                return True
-            if self.proc.poll() is not None:
-                return text in self.output
-            time.sleep(0.2)
-        return False
+        try:
+            wait_until(lambda: text in self.output or self.proc.poll() is not None, timeout_s, repr(text))
+        except AssertionError:
+            return False
+        return text in self.output
 
     def ctrl_c(self) -> None:
         os.write(self._master, b"\x03")

@@ -113,7 +113,7 @@ def test_the_check_rejects_broken_rayclusters(crds, mutation):
 
 
 def test_a_rule_the_check_cannot_evaluate_fails_instead_of_passing_unchecked(crds):
-    from tests.contract.conftest import _cel_rules
+    from tests.contract.kuberay_schema import _cel_rules
 
     errors = list(_cel_rules(None, [{"rule": "self.size() > 1"}], "x", {}))
     assert errors and "not evaluated" in errors[0].message

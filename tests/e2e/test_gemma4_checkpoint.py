@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from components.platforms.local import envs
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 

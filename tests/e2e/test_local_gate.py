@@ -18,13 +18,13 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
-from tests.conftest import REPO, tpupipe_cmd
+from tests.helpers import REPO, tpupipe_cmd, unique_run_id
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
 SMALL = "cluster.num_hosts=1 cluster.slice_check=false num_train_examples=256 num_eval_examples=64 epochs=1"
-RUNS = {  # run id -> its overrides, in order
+RUNS = {  # run -> its overrides, in order (its run id: this test session's own, unique_run_id)
     "gate-1": SMALL,
     "gate-2": SMALL + " train.learning_rate=0",
     "gate-3": SMALL + " train.init_from=champion epochs=2",
@@ -40,13 +40,19 @@ def runs(tmp_path_factory):
     """The three runs, in order, each with its process, summary and the registry as it left it."""
     root = tmp_path_factory.mktemp("runs")
     out = {"root": root}
-    for run_id, overrides in RUNS.items():
+    for name, overrides in RUNS.items():
+        run_id = unique_run_id(name)
         proc = tpupipe("run", "--run-id", run_id, "--output-root", str(root), "--set", overrides)
         summary_file = root / run_id / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         registry = open_registry(root)
         champion = registry.champion(MODEL) if MODEL in registry.models() else None
-        out[run_id] = {"proc": proc, "summary": summary, "champion": champion.version if champion else None}
+        out[name] = {
+            "run_id": run_id,
+            "proc": proc,
+            "summary": summary,
+            "champion": champion.version if champion else None,
+        }
     return out
 
 
@@ -66,7 +72,7 @@ def test_the_first_run_becomes_the_champion(runs):
     stages = {s["name"]: s["status"] for s in summary["stages"]}
     assert stages["register"] == stages["promote"] == "succeeded"
     assert f"gate: promoted {MODEL}@1 to champion: there was no champion yet" in runs["gate-1"]["proc"].stdout
-    assert run_processes("gate-1") == []
+    assert run_processes(runs["gate-1"]["run_id"]) == []
 
 
 def test_a_run_that_trains_worse_is_registered_not_promoted_and_says_why_with_both_figures(runs):
@@ -93,7 +99,7 @@ def test_a_run_that_trains_worse_is_registered_not_promoted_and_says_why_with_bo
     assert "champion" not in second.aliases and "2" not in open_registry(runs["root"]).history(MODEL)
     assert second.provenance["eval_loss_after"] == pytest.approx(gate["eval_loss"])
     assert second.provenance["champion_measured"] == f"{MODEL}@1"
-    assert run_processes("gate-2") == []
+    assert run_processes(runs["gate-2"]["run_id"]) == []
 
 
 def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promoted(runs):
@@ -115,7 +121,7 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     )
     out = runs["gate-3"]["proc"].stdout
     assert f"  started from         {MODEL}@1" in out and f"gate: promoted {MODEL}@3 to champion" in out
-    assert run_processes("gate-3") == []
+    assert run_processes(runs["gate-3"]["run_id"]) == []
 
 
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
@@ -130,7 +136,11 @@ def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
     assert set(PROVENANCE_FIELDS) <= set(lines)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     third = open_registry(root).get(MODEL, "3").provenance
-    assert lines["preset"] == "local-fsdp" and lines["run_id"] == "gate-3" and lines["base_model"] == f"{MODEL}@1"
+    assert (
+        lines["preset"] == "local-fsdp"
+        and lines["run_id"] == runs["gate-3"]["run_id"]
+        and lines["base_model"] == f"{MODEL}@1"
+    )
     assert lines["git_sha"] == head and lines["accelerator"] == "cpu" and lines["slices"] == "1"
     assert lines["spec_hash"].startswith("sha256:") and lines["data_snapshot"].startswith("sha256:")
     assert lines["trainer_image"].startswith("local/torch@sha256:")

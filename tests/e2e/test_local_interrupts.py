@@ -10,13 +10,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from components.platforms.local.ports import port_is_free
 from components.platforms.local.processes import run_processes
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 from tests.terminal import Terminal, driver_processes
 
 pytestmark = pytest.mark.e2e
@@ -49,18 +48,19 @@ def _left(run_dir, run_id: str, driver_pid: int) -> tuple[list[int], list[int]]:
     return run_processes(run_id) + driver_processes(driver_pid), [p for p in ports if not port_is_free(p)]
 
 
-def _nothing_left_within(run_dir, run_id: str, driver_pid: int, timeout_s: float = GONE_S) -> tuple:
-    deadline = time.monotonic() + timeout_s
-    left = _left(run_dir, run_id, driver_pid)
-    while time.monotonic() < deadline and left != ([], []):
-        time.sleep(0.5)
-        left = _left(run_dir, run_id, driver_pid)
-    return left
+def _nothing_left_within(run_dir, run_id: str, driver_pid: int, timeout_s: float = GONE_S) -> None:
+    wait_until(
+        lambda: _left(run_dir, run_id, driver_pid) == ([], []),
+        timeout_s,
+        f"run {run_id}'s processes and ports to go",
+        interval_s=0.5,
+        detail=lambda: _left(run_dir, run_id, driver_pid),
+    )
 
 
 @pytest.mark.parametrize("stage", list(UNDER_WAY))
 def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage):
-    run_id = f"ctrl-c-{stage.replace('_', '-')}"
+    run_id = unique_run_id(f"ctrl-c-{stage.replace('_', '-')}")
     term = Terminal(_run_command(tmp_path, run_id))
     rc = term.ctrl_c_when(UNDER_WAY[stage], timeout_s=600, exit_timeout_s=300)
     out = term.output
@@ -77,21 +77,21 @@ def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage
         assert summary["deleted"][0].startswith("head (pid")
     if stage in ("train", "evaluate"):
         assert f"{stage}: SIGINT: stopping job {run_id}-{stage}" in out
-    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+    _nothing_left_within(tmp_path / run_id, run_id, term.pid)
 
 
 def test_sigterm_to_the_driver_alone_is_passed_on_and_exits_143(tmp_path):
-    run_id = "sigterm-driver"
+    run_id = unique_run_id("sigterm-driver")
     term = Terminal(_run_command(tmp_path, run_id))
     # `kill PID`: to the driver only, not to its process group
     rc = term.act_when(UNDER_WAY["deploy_raycluster"], lambda: os.kill(term.pid, signal.SIGTERM), 600, 300)
     assert rc == 143, term.output[-4000:]
     assert "status: interrupted during deploy_raycluster (SIGTERM)" in term.output
-    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+    _nothing_left_within(tmp_path / run_id, run_id, term.pid)
 
 
 def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_path):
-    run_id = "hung-up"
+    run_id = unique_run_id("hung-up")
     term = Terminal(_run_command(tmp_path, run_id))
     rc = term.act_when(UNDER_WAY["train"], term.hang_up, timeout_s=600, exit_timeout_s=300)
     log = tmp_path / run_id / "logs" / "driver.log"
@@ -102,11 +102,11 @@ def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_pat
         "stage": "train",
         "signal": "SIGHUP",
     }
-    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+    _nothing_left_within(tmp_path / run_id, run_id, term.pid)
 
 
 def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_teardown(tmp_path):
-    run_id = "ctrl-c-thrice"
+    run_id = unique_run_id("ctrl-c-thrice")
     term = Terminal(_run_command(tmp_path, run_id))
     try:
         assert term.wait_for(UNDER_WAY["deploy_raycluster"], timeout_s=600), term.output[-4000:]
@@ -125,11 +125,11 @@ def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_te
     assert "teardown abandoned; left behind: " in out and f"finish the cleanup with: {command}" in out
     finish = subprocess.run([*tpupipe_cmd(), *command.split()[1:]], capture_output=True, text=True, timeout=120)
     assert finish.returncode == 0, finish.stdout + finish.stderr
-    assert _nothing_left_within(tmp_path / run_id, run_id, term.pid) == ([], [])
+    _nothing_left_within(tmp_path / run_id, run_id, term.pid)
 
 
 def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp_path):
-    run_id = "driver-killed"
+    run_id = unique_run_id("driver-killed")
     proc = subprocess.Popen(
         _run_command(tmp_path, run_id) + ["--set", "train.epochs=50"],
         stdout=subprocess.PIPE,
@@ -138,19 +138,18 @@ def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp
         start_new_session=True,
     )
     run_dir = tmp_path / run_id
+
+    def train_started() -> bool:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        return (run_dir / "logs" / "train.log").is_file()
+
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not (run_dir / "logs" / "train.log").is_file():
-            assert proc.poll() is None, proc.stdout.read()[-4000:]
-            time.sleep(0.5)
+        wait_until(train_started, 600, "train to start (its train.log)", interval_s=0.5)
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its stage and the cluster are left running
         proc.wait(timeout=30)
         ledger = json.loads((run_dir / "ledger.json").read_text())
         keeper = next(p for p in ledger["processes"] if p["role"] == "keeper")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and keeper["pid"] in run_processes(run_id):
-            time.sleep(0.5)
-        assert keeper["pid"] not in run_processes(run_id), "the keeper outlived the run's driver"
+        wait_until(lambda: keeper["pid"] not in run_processes(run_id), 30, "the keeper to exit after the run's driver")
         assert "the run's driver (pid" in (run_dir / "logs" / "keeper.out").read_text()
         assert run_processes(run_id), "the cluster went with the driver: nothing left to tear down"
 
@@ -162,7 +161,7 @@ def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp
         )
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"tpupipe teardown {run_id} (local): deleted head (pid" in first.stdout
-        assert _nothing_left_within(run_dir, run_id, proc.pid) == ([], [])
+        _nothing_left_within(run_dir, run_id, proc.pid)
 
         second = subprocess.run(
             [*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],

@@ -5,13 +5,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from components.platforms.local.processes import run_processes
 from components.spec import protocol
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 pytestmark = pytest.mark.e2e
 # The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.
@@ -31,10 +30,10 @@ def records(run_dir):
 
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    proc = start(root, "mt-clean")
+    root, run_id = tmp_path_factory.mktemp("runs"), unique_run_id("mt-clean")
+    proc = start(root, run_id)
     out, _ = proc.communicate(timeout=1500)
-    return root / "mt-clean", proc.returncode, out
+    return root / run_id, proc.returncode, out
 
 
 def test_local_maxtext_completes_with_the_mesh_the_spec_asked_for(clean_run):
@@ -63,7 +62,7 @@ def test_local_maxtext_loss_decreases_and_evaluate_compares(clean_run):
     assert check["max_abs_diff"] < 1e-2 and check["seconds"] > 0
     for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out loss", "slice check"):
         assert needle in out
-    assert run_processes("mt-clean") == []
+    assert run_processes(run_dir.name) == []
 
 
 def checkpoint_steps(run_dir, run_id):
@@ -74,15 +73,16 @@ def checkpoint_steps(run_dir, run_id):
 
 
 def test_a_lost_host_is_replaced_and_training_resumes_from_the_last_checkpoint(tmp_path):
-    run_id = "mt-lost-host"
+    run_id = unique_run_id("mt-lost-host")
     run_dir = tmp_path / run_id
     proc = start(tmp_path, run_id, f"maxtext.steps={LOST_HOST_STEPS} cluster.slice_check=false")
+
+    def first_checkpoint() -> bool:  # the first periodic checkpoint
+        assert proc.poll() is None, proc.stdout.read()[-5000:]
+        return any(s > 0 for s in checkpoint_steps(run_dir, run_id))
+
     try:
-        deadline = time.monotonic() + 900
-        while not [s for s in checkpoint_steps(run_dir, run_id) if s > 0]:  # the first periodic checkpoint
-            assert proc.poll() is None, proc.stdout.read()[-5000:]
-            assert time.monotonic() < deadline, "no checkpoint within 15 minutes"
-            time.sleep(0.2)
+        wait_until(first_checkpoint, 900, "the first periodic checkpoint")
         ledger = json.loads((run_dir / "ledger.json").read_text())
         host = next(p for p in ledger["processes"] if p["role"] == "host-2")
         os.killpg(host["pgid"], signal.SIGKILL)  # the emulated host, with every process on it

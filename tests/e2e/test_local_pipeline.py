@@ -7,7 +7,7 @@ import pytest
 
 from components.platforms.local.ports import port_is_free
 from components.platforms.local.processes import run_processes
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd, unique_run_id
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +29,9 @@ def assert_nothing_left(run_dir, run_id):
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    proc = tpupipe_run(root, "e2e-good")
-    return root / "e2e-good", proc
+    root, run_id = tmp_path_factory.mktemp("runs"), unique_run_id("e2e-good")
+    proc = tpupipe_run(root, run_id)
+    return root / run_id, proc
 
 
 def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
@@ -68,9 +68,10 @@ def test_slice_check_runs_before_training_with_its_figures_in_the_summary(good_r
 
 
 def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
-    proc = tpupipe_run(tmp_path, "e2e-badrank", "cluster.slice_check_corrupt_rank=1")
+    run_id = unique_run_id("e2e-badrank")
+    proc = tpupipe_run(tmp_path, run_id, "cluster.slice_check_corrupt_rank=1")
     assert proc.returncode == 1, proc.stdout[-4000:]
-    summary = json.loads((tmp_path / "e2e-badrank" / "summary.json").read_text())
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["check_slice"]["status"] == "failed"
     assert "slice check failed on rank 1 (host host-" in stages["check_slice"]["error"]
@@ -78,14 +79,14 @@ def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
     assert "differs from the reference" in stages["check_slice"]["error"]
     assert stages["train"]["status"] == stages["evaluate"]["status"] == "skipped"
     assert stages["teardown"]["status"] == "succeeded"
-    assert_nothing_left(tmp_path / "e2e-badrank", "e2e-badrank")
+    assert_nothing_left(tmp_path / run_id, run_id)
 
 
 def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     """train.model_id names a local directory with the layout of google/gemma-4-E2B-it (text, vision and audio
     configs, a tokenizer beside it); the slice check is switched off, and the summary says so."""
     from components.platforms.local import envs
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     model_dir = tmp_path / "gemma4-composite"
     build = subprocess.run(
@@ -96,14 +97,15 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
         timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
-    proc = tpupipe_run(tmp_path, "e2e-composite", f"model_id={model_dir} epochs=2 cluster.slice_check=false")
+    run_id = unique_run_id("e2e-composite")
+    proc = tpupipe_run(tmp_path, run_id, f"model_id={model_dir} epochs=2 cluster.slice_check=false")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    summary = json.loads((tmp_path / "e2e-composite" / "summary.json").read_text())
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert summary["spec"]["train"]["model_id"] == str(model_dir)
     assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
     assert "slice check          off (cluster.slice_check=false)" in proc.stdout
     assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]
-    assert_nothing_left(tmp_path / "e2e-composite", "e2e-composite")
+    assert_nothing_left(tmp_path / run_id, run_id)
 
 
 def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
@@ -119,35 +121,37 @@ def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
 
 def test_successful_run_leaves_no_process_and_no_port(good_run):
     run_dir, _ = good_run
-    assert_nothing_left(run_dir, "e2e-good")
+    assert_nothing_left(run_dir, run_dir.name)
 
 
 def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_path):
-    proc = tpupipe_run(tmp_path, "e2e-fail", "fail_at_step=3 cluster.slice_check=false")
+    run_id = unique_run_id("e2e-fail")
+    proc = tpupipe_run(tmp_path, run_id, "fail_at_step=3 cluster.slice_check=false")
     assert proc.returncode == 1
     assert "injected failure at step 3" in proc.stdout
-    summary = json.loads((tmp_path / "e2e-fail" / "summary.json").read_text())
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     stages = {s["name"]: s for s in summary["stages"]}
     assert summary["status"] == "failed"
     assert stages["train"]["status"] == "failed"
     assert "injected failure at step 3" in stages["train"]["error"]
     assert stages["evaluate"]["status"] == "skipped"
     assert stages["teardown"]["status"] == "succeeded"
-    assert_nothing_left(tmp_path / "e2e-fail", "e2e-fail")
+    assert_nothing_left(tmp_path / run_id, run_id)
 
 
 def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
+    run_id = unique_run_id("e2e-resume")
     proc = tpupipe_run(
-        tmp_path, "e2e-resume", "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false"
+        tmp_path, run_id, "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false"
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
-    log = (tmp_path / "e2e-resume" / "logs" / "train.log").read_text()
+    log = (tmp_path / run_id / "logs" / "train.log").read_text()
     assert "injected failure at step 10" in log
     assert "resumed from checkpoint of epoch 1 (step 8)" in log
-    summary = json.loads((tmp_path / "e2e-resume" / "summary.json").read_text())
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
-    assert_nothing_left(tmp_path / "e2e-resume", "e2e-resume")
+    assert_nothing_left(tmp_path / run_id, run_id)
 
 
 @pytest.mark.parametrize(
@@ -166,8 +170,9 @@ def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     ],
 )
 def test_bad_input_fails_with_one_clear_error_before_anything_starts(tmp_path, sets, field):
+    run_id = unique_run_id("e2e-bad")
     proc = subprocess.run(
-        [*tpupipe_cmd(), "run", "--run-id", "e2e-bad", "--output-root", str(tmp_path), *sets],
+        [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(tmp_path), *sets],
         capture_output=True,
         text=True,
         timeout=120,
@@ -175,5 +180,5 @@ def test_bad_input_fails_with_one_clear_error_before_anything_starts(tmp_path, s
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"tpupipe: error: {field}: ")
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "e2e-bad").exists()
-    assert run_processes("e2e-bad") == []
+    assert not (tmp_path / run_id).exists()
+    assert run_processes(run_id) == []

@@ -1,5 +1,5 @@
 """In-process emulators of the cloud APIs the gke platform calls, served over the real protocols so that the real
-client libraries run against them (architecture decision 9):
+client libraries run against them (docs/architecture.md, "Tests exercise the real client code"):
 
 - ``gke``: the GKE ``google.container.v1.ClusterManager`` gRPC service, with clusters (created, updated one change
   at a time, listed in one location or all), node pools and long-running operations that progress over polls, and
@@ -18,9 +18,16 @@ client libraries run against them (architecture decision 9):
 - ``models``: Vertex AI Model Registry's ``ModelService`` over REST (models, versions, aliases, the upload's
   operation), with injectable faults;
 - ``http``: what the HTTP emulators share (Google's error shape, faults, the server);
-- ``kube``: a Kubernetes API server over HTTPS (its own CA) that validates RayCluster and RayJob objects against
-  the KubeRay CRD schemas, plays the KubeRay operator's part with a local Ray cluster of the manifest's shape, and
-  serves the head service's proxy path.
+- ``kube``: a Kubernetes API server over HTTPS (its own CA) for namespaces, secrets, service accounts, pods,
+  services, events, ResourceClaimTemplates and RayClusters; it validates RayClusters against the vendored KubeRay
+  RayCluster CRD (tests/contract/kuberay_schema.py; there is no RayJob: the stages submit their jobs through the Ray
+  Jobs API), serves that CRD as a given KubeRay release installs it, plays the KubeRay operator's part with a local
+  Ray cluster of the manifest's shape, and serves the head service's proxy path;
+- ``vertex``: Vertex AI Pipelines' PipelineService and ScheduleService over REST, running each task of a compiled
+  pipeline in its own process; ``secretmanager``: Secret Manager's AccessSecretVersion (gRPC);
+- ``project``: the emulated project, all of them started together, and the environment that points tpupipe at them.
+
+Each emulator's own tests are beside it (``test_*_emulator.py``).
 """
 
 

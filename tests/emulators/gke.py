@@ -33,7 +33,7 @@ from tests.emulators import GrpcEmulator, serve_grpc, take_fault
 SERVICE = "google.container.v1.ClusterManager"
 # A node config's service account: "default" or an account's email (GKE refuses anything else).
 SERVICE_ACCOUNT = re.compile(r"default|[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.com")
-# The versions the emulated GKE offers: the seeds' (1.35.2-gke.1842000, the managed DRANET floor 1.34.1-gke.1829001)
+# The versions the emulated GKE offers: the presets' (1.35.2-gke.1842000, the managed DRANET floor 1.34.1-gke.1829001)
 # and one older and one newer minor.
 VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
 DEFAULT_VERSION = "1.35.2-gke.1842000"

@@ -67,8 +67,8 @@ EVENT_FIELDS = {
     "type",
 }
 OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
-# RayCluster fields by the KubeRay release that added them (the emulator's own table, from
-# ../shared/reference/platform-facts.md: authOptions.secretName came in v1.6.0).
+# RayCluster fields by the KubeRay release that added them (the emulator's own table: authOptions.secretName came in
+# v1.6.0, https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
 FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
@@ -139,7 +139,7 @@ def _vendored_crds() -> dict[str, dict]:
     """The vendored KubeRay CRDs by name (``rayclusters.ray.io``), read once."""
     import yaml
 
-    from tests.contract.conftest import CRD_FILES, schema_dir
+    from tests.contract.kuberay_schema import CRD_FILES, schema_dir
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crds = [yaml.load((schema_dir() / f).read_text(), Loader=loader) for f in CRD_FILES.values()]
@@ -851,6 +851,24 @@ class KubeEmulator:
         while time.monotonic() < deadline and processes.run_processes(record["run_id"]):
             time.sleep(0.2)
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
+
+    def job_status(self, submission_id: str) -> str:
+        """A Ray job's status (``RUNNING``, say) as the Jobs API of the local Ray cluster running it reports it; ''
+        while no cluster knows the job."""
+        import requests
+
+        with self.lock:
+            records = list(self.clusters.values())
+        for record in records:
+            headers = {"Authorization": f"Bearer {record['token']}"} if record["token"] else {}
+            url = f"http://127.0.0.1:{record['dashboard']}/api/jobs/{submission_id}"
+            try:
+                r = requests.get(url, headers=headers, timeout=5)
+            except requests.RequestException:
+                continue
+            if r.ok:
+                return r.json().get("status", "")
+        return ""
 
     # ------------------------------------------------------------------ the service proxy
     def _proxy(self, h, method: str, namespace: str, service: str, path: str, query: str, body: bytes) -> None:

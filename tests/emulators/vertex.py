@@ -232,13 +232,16 @@ class VertexEmulator(HttpEmulator):
             return next(j for n, j in self.jobs.items() if n == name_or_id or n.endswith("/" + name_or_id))
 
     def wait(self, name_or_id: str, timeout_s: float = 600) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            job = self.job(name_or_id)
-            if job.resource["state"] in TERMINAL:
-                return job.resource
-            time.sleep(0.2)
-        raise TimeoutError(f"job {name_or_id} did not finish in {timeout_s:.0f}s")
+        """The job's resource once it has ended."""
+        from tests.helpers import wait_until
+
+        def ended() -> dict | None:
+            resource = self.job(name_or_id).resource
+            return resource if resource["state"] in TERMINAL else None
+
+        return wait_until(
+            ended, timeout_s, f"job {name_or_id} to end", detail=lambda: self.job(name_or_id).resource["state"]
+        )
 
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import tpupipe_cmd
-from tests.gke.conftest import ONE_SLICE, Project, start_project
+from tests.emulators.project import ONE_SLICE, Project, start_project
 from tests.gke.test_gke_pipeline import BUILT, _env
 from tests.gke.test_gke_platform import DCN_SLICES
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 # Trains for seconds: 64 examples, one epoch, no slice check (the first job the run submits is the train job).
 TINY = " train.epochs=1 train.num_train_examples=64 train.num_eval_examples=16 cluster.slice_check=false"
@@ -36,9 +35,9 @@ def _nothing(project: Project) -> None:
 
 @dataclass(frozen=True)
 class Fault:
-    run_id: str
+    run_id: str  # this test session's own (unique_run_id)
     stage: str  # the stage the fault fails
-    error: str  # what that stage's error says
+    error: str  # what that stage's error says ({run_id}: the run's id)
     sets: str  # the run's spec overrides
     inject: Callable[[Project], None] = _nothing
     ray: bool = False  # the emulated cluster runs Ray (the jobs run)
@@ -67,7 +66,7 @@ def _the_delete_was_retried(project: Project, out: str) -> None:
 FAULTS = [
     pytest.param(
         Fault(
-            "f-provision",
+            unique_run_id("f-provision"),
             "provision",
             "no capacity for 2 x 16 v6e chips",
             DCN_SLICES,
@@ -77,16 +76,21 @@ FAULTS = [
         id="provision-half-done",
     ),
     pytest.param(
-        Fault("f-build", "build_image", "ended FAILURE", BUILT, lambda p: p.cloudbuild.build_fails()),
+        Fault(unique_run_id("f-build"), "build_image", "ended FAILURE", BUILT, lambda p: p.cloudbuild.build_fails()),
         id="image-build-failed",
     ),
     pytest.param(
-        Fault("f-deploy", "deploy_raycluster", "timed out after 5s waiting for RayCluster f-deploy", NEVER_READY),
+        Fault(
+            unique_run_id("f-deploy"),
+            "deploy_raycluster",
+            "timed out after 5s waiting for RayCluster {run_id}",
+            NEVER_READY,
+        ),
         id="deploy-past-its-deadline",
     ),
     pytest.param(
         Fault(
-            "f-train",
+            unique_run_id("f-train"),
             "train",
             "injected failure at step 1 (train.fail_at_step)",
             ONE_SLICE + TINY + " train.fail_at_step=1",
@@ -96,15 +100,21 @@ FAULTS = [
         marks=pytest.mark.e2e,
     ),
     pytest.param(
-        Fault("f-eval", "evaluate", "(train.fail_eval)", ONE_SLICE + TINY + " train.fail_eval=true", ray=True),
+        Fault(
+            unique_run_id("f-eval"),
+            "evaluate",
+            "(train.fail_eval)",
+            ONE_SLICE + TINY + " train.fail_eval=true",
+            ray=True,
+        ),
         id="evaluate-crashed",
         marks=pytest.mark.e2e,
     ),
     pytest.param(
         Fault(
-            "f-teardown",
+            unique_run_id("f-teardown"),
             "deploy_raycluster",
-            "timed out after 5s waiting for RayCluster f-teardown",
+            "timed out after 5s waiting for RayCluster {run_id}",
             DCN_SLICES + " cluster.ready_timeout_s=5",
             _a_subnet_delete_unavailable_once,
             after=_the_delete_was_retried,
@@ -114,12 +124,15 @@ FAULTS = [
 ]
 
 
-def _leftovers(project: Project, run_id: str, timeout_s: float = 60) -> dict[str, list]:
-    """What the run left in any emulator, once the Ray processes of a deleted RayCluster have had time to stop."""
-    deadline = time.monotonic() + timeout_s
-    while (left := project.leftovers(run_id)) and time.monotonic() < deadline:
-        time.sleep(1)
-    return left
+def _nothing_left(project: Project, run_id: str, timeout_s: float = 60) -> None:
+    """Nothing of the run in any emulator, once the Ray processes of a deleted RayCluster have had time to stop."""
+    wait_until(
+        lambda: not project.leftovers(run_id),
+        timeout_s,
+        f"run {run_id} to leave nothing in any emulator",
+        interval_s=1,
+        detail=lambda: project.leftovers(run_id),
+    )
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -151,10 +164,11 @@ def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(
         stages = {s["name"]: s for s in summary["stages"]}
         assert summary["status"] == "failed" and summary["interrupted"] is None
         assert [name for name, s in stages.items() if s["status"] == "failed"] == [fault.stage], summary["stages"]
-        assert fault.error in stages[fault.stage]["error"], stages[fault.stage]["error"]
+        error = fault.error.format(run_id=fault.run_id)
+        assert error in stages[fault.stage]["error"], stages[fault.stage]["error"]
         assert f"{fault.stage} failed: " in proc.stdout and "status: failed" in proc.stdout
         assert stages["teardown"]["status"] == "succeeded"
-        assert _leftovers(project, fault.run_id) == {}
+        _nothing_left(project, fault.run_id)
         fault.after(project, out)
     finally:
         project.stop()

@@ -10,15 +10,14 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
-from tests.conftest import tpupipe_cmd
-from tests.gke.conftest import ONE_SLICE, start_project
+from tests.emulators.project import ONE_SLICE, start_project
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
@@ -31,11 +30,13 @@ pytestmark = [
 SENTINEL = "hf_SENTINEL0123456789abcdefTOKEN"
 
 
-def _wait_gone(run_id: str, timeout_s: float = 60) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and run_processes(run_id):
-        time.sleep(1)
-    return run_processes(run_id)
+def _wait_gone(run_id: str, timeout_s: float = 60) -> None:
+    wait_until(
+        lambda: not run_processes(run_id),
+        timeout_s,
+        f"the processes of run {run_id} to exit",
+        detail=lambda: run_processes(run_id),
+    )
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def _files_text(*roots: Path) -> str:
 def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, project):
     """A flex-start run, its TPU pool scaled from zero: the worker pod is Unschedulable with a TriggeredScaleUp event
     for longer than the unschedulable grace, which is waiting for nodes, not a failure; then the whole pipeline."""
-    root, run_id = tmp_path / "runs", "gke-e2e"
+    root, run_id = tmp_path / "runs", unique_run_id("gke-e2e")
     project.kube.fault, project.kube.scale_up_s = "scale_from_zero", 8.0
     env = {**_env(project), UNSCHEDULABLE_GRACE_ENV: "2"}
     proc = subprocess.run(
@@ -103,7 +104,7 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert (check["device"], check["backend"], check["all_reduce"]) == ("cpu", "gloo", 10)
     built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
     assert built["built"] and built["digest"].startswith("sha256:")
-    assert built["image"] == "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:gke-e2e"
+    assert built["image"] == f"us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:{run_id}"
     deploy = json.loads((run_dir / "stages" / "deploy_raycluster.json").read_text())["result"]
     assert deploy["available_workers"] == 1
     # Every job call went through the API server's service proxy, Kubernetes token in Authorization and the Ray
@@ -117,7 +118,7 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     # Afterwards: no cluster, node pool or RayCluster of the run, and no local process of the run.
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
     assert project.gke.state.clusters == {}
-    assert _wait_gone(run_id) == []
+    _wait_gone(run_id)
     # The Hugging Face token reached the pods (a Secret) and nothing else: no log line, no artifact, no compiled
     # pipeline, no plan.
     plan = subprocess.run(
@@ -135,26 +136,28 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
 
 
 def training(project, root: Path, run_id: str) -> subprocess.Popen:
-    """`tpupipe run --platform gke` in its own session, returned once its train job has run for a while (the slice
-    check off: the first job the run submits is the train job). The caller ends it."""
+    """`tpupipe run --platform gke` in its own session, returned once its train job runs (the slice check off: the
+    first job the run submits is the train job). The caller ends it."""
     command = _command(root, run_id, " train.epochs=50 cluster.slice_check=false")
     proc = subprocess.Popen(
         command, env=_env(project), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    deadline = time.monotonic() + 900
-    submitted = False
-    while time.monotonic() < deadline and proc.poll() is None and not submitted:
-        submitted = any(m == "POST" and p.endswith("/proxy/api/jobs/") for m, p, _ in project.kube.requests)
-        time.sleep(1)
-    if not submitted:
+    job = f"{run_id}-train"
+
+    def running() -> bool:
+        assert proc.poll() is None, f"the run ended before its train job ran:\n{proc.stdout.read()[-4000:]}"
+        return project.kube.job_status(job) == "RUNNING"
+
+    try:
+        wait_until(running, 900, f"the train job {job} to run", interval_s=1)
+    except AssertionError:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the train job was never submitted")
-    time.sleep(10)  # the job is running
+        raise
     return proc
 
 
 def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
-    root, run_id = tmp_path / "runs", "gke-sigterm"
+    root, run_id = tmp_path / "runs", unique_run_id("gke-sigterm")
     proc = training(project, root, run_id)
     try:
         # The train component's Python process (not the `sh -c` wrapping it), as Vertex's SIGTERM reaches it.
@@ -173,11 +176,11 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
     assert stages["train"] == "interrupted" and stages["teardown"] == "succeeded"
     assert summary["interrupted"] == {"stage": "train", "signal": "SIGTERM"}
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
-    assert _wait_gone(run_id) == []
+    _wait_gone(run_id)
 
 
 def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tmp_path, project):
-    root, run_id = tmp_path / "runs", "gke-ctrl-c"
+    root, run_id = tmp_path / "runs", unique_run_id("gke-ctrl-c")
     term = Terminal(_command(root, run_id, " train.epochs=50 cluster.slice_check=false"), env=_env(project))
     rc = term.ctrl_c_when("  [train] ", timeout_s=900, exit_timeout_s=600)  # once the job runs: its log streams
     out = term.output

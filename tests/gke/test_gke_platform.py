@@ -20,7 +20,7 @@ from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import kube as kube_emulator
-from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 TWO_SLICES = (
     f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
@@ -614,7 +614,7 @@ def test_the_70b_preset_provisions_its_firewall_rules_and_teardown_deletes_them(
     assert project.compute.names("firewalls") == ["seventy-dcn0-allow-internal", "seventy-dcn1-allow-internal"]
     assert {r["sourceRanges"][0] for r in project.compute.state.firewalls.values()} == {"10.50.0.0/16", "10.60.0.0/16"}
     cluster = project.gke.state.clusters[project.clusters("seventy")[0]]
-    assert cluster.current_master_version == "1.35.2-gke.1842000"  # the seed's, pinned by the preset
+    assert cluster.current_master_version == "1.35.2-gke.1842000"  # pinned by the preset
     assert cluster.network_config.enable_multi_networking
     platform().teardown(ctx)
     assert project.compute.names("firewalls") == [] and project.leftovers("seventy") == {}

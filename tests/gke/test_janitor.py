@@ -14,7 +14,7 @@ from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
 from pipelines import cli
-from tests.gke.conftest import ONE_SLICE, PROJECT
+from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import platform
 
 LEFT = ONE_SLICE + " cluster.ready_timeout_s=1"

@@ -74,8 +74,9 @@ def test_node_pool_per_family(family):
     container_types().NodePool.from_json(json.dumps(pool))  # the real client type takes it, unknown keys fail
 
 
-# family: the node pool's advancedMachineFeatures (seed A sets 1 thread per core on v6e; no seed or xpk sets it on
-# TPU7x, nor does any seed on v5e and v5p)
+# family: the node pool's advancedMachineFeatures (the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with
+# MaxText, Ray Train and multislice Trillium TPUs" sets 1 thread per core on v6e; neither that tutorial, "Fine-tune
+# models on multi-host TPUs with Ray and TorchTPU" nor xpk sets it on TPU7x, v5e or v5p; docs/tutorials.md)
 THREADS_PER_CORE = {"v5e": None, "v5p": None, "v6e": {"threadsPerCore": "1"}, "tpu7x": None}
 
 
@@ -384,7 +385,7 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
     rc = m.raycluster(spec, t)["spec"]
     for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
         pod = group["template"]
-        # the sidecar's limits lifted, as the seed's sample does for 70B checkpoints
+        # the sidecar's limits lifted, as the MaxText GKE tutorial's sample does for 70B checkpoints (docs/tutorials.md)
         assert pod["metadata"]["annotations"] == {
             "gke-gcsfuse/volumes": "true",
             "gke-gcsfuse/cpu-limit": "0",

@@ -39,7 +39,7 @@ def test_torch_tpu_importable_without_chips_takes_the_gloo_path(tmp_path):
     import subprocess
 
     from components.platforms.local import envs
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     code = (
         "import importlib.metadata, sys, torch, torch.distributed as dist, torch_tpu\n"

@@ -19,6 +19,7 @@ from components.platforms.store import LocalStore
 from components.stages import report
 from components.stages.runner import record, run_stage
 from components.workload import resolve
+from tests.helpers import unique_run_id
 
 
 def test_the_first_signal_stops_once_and_ends_the_block_with_128_plus_its_number():
@@ -161,14 +162,16 @@ def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other
     gone = subprocess.Popen(["true"])
     record_of_gone = {"pid": gone.pid, "started": procs.start_time(gone.pid) or 1}
     gone.wait()
-    orphan = _a_run_of_sleepers(tmp_path, "orphan", record_of_gone)
-    running = _a_run_of_sleepers(tmp_path, "running", interrupts.driver())  # this test is its driver, alive
+    # Run ids of this test session's own: the janitor kills the orphan's processes by its run's marker.
+    orphan_id, running_id = unique_run_id("orphan"), unique_run_id("running")
+    orphan = _a_run_of_sleepers(tmp_path, orphan_id, record_of_gone)
+    running = _a_run_of_sleepers(tmp_path, running_id, interrupts.driver())  # this test is its driver, alive
     try:
         assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0
         assert (
             capsys.readouterr()
             .out.strip()
-            .endswith(f"tpupipe teardown orphan (local): deleted head (pid {orphan.pid})")
+            .endswith(f"tpupipe teardown {orphan_id} (local): deleted head (pid {orphan.pid})")
         )
         assert orphan.wait(timeout=10) == -signal.SIGTERM and running.poll() is None
         assert cli.main(["teardown", "--orphans", "--output-root", str(tmp_path)]) == 0

@@ -14,7 +14,7 @@ from components.spec import SpecError
 from components.tpu import pricing
 from components.workload import resolve
 from pipelines.cli import main
-from tests.conftest import tpupipe_cmd
+from tests.helpers import tpupipe_cmd
 
 # preset, overrides, the field named, text that lists what is valid
 BAD_INPUTS = [

@@ -1,4 +1,4 @@
-"""The committed plans of the seed presets (tests/goldens/<preset>/: plan.json, manifests/*.yaml, and dry-run.txt,
+"""The committed plans of the tutorial presets (tests/goldens/<preset>/: plan.json, manifests/*.yaml, and dry-run.txt,
 the transcript of `tpupipe run --platform gke --dry-run`) are what tpupipe gives today. A change to a plan is made on
 purpose: `make goldens`, then review the diff."""
 

@@ -7,18 +7,15 @@ registry; then ``tpupipe models`` through ``pipelines.cli.main``."""
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import sys
 
 import pytest
 
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV, credentials
 from components.registry import HISTORY_DEPTH, open_registry
 from components.spec import InfraError, SpecError
 from pipelines.cli import main
-from tests.conftest import REPO
-from tests.emulators.models import ModelServiceEmulator
+from tests.helpers import REPO
 
 PROJECT, REGION = "tpupipe-emulated", "us-east5"
 PARENT = f"projects/{PROJECT}/locations/{REGION}"
@@ -52,19 +49,6 @@ def provenance(run: int = 1, **changes) -> dict:
 
 def artifact(run: int) -> str:
     return f"gs://{PROJECT}-tpupipe/runs/gemma-run-{run}/checkpoint"
-
-
-@pytest.fixture
-def vertex(monkeypatch):
-    """The emulated ModelService, and the environment that points tpupipe's clients at it."""
-    token = secrets.token_hex(12)
-    emulator = ModelServiceEmulator(token=token)
-    endpoint = emulator.start()
-    monkeypatch.setenv(VERTEX_ENDPOINT_ENV, endpoint)
-    monkeypatch.setenv(EMULATOR_HOST_ENV, endpoint)  # credentials(): the emulators' static token
-    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
-    yield emulator
-    emulator.stop()
 
 
 @pytest.fixture(params=["local", "vertex"])
@@ -349,76 +333,6 @@ def test_a_model_created_by_another_writer_meanwhile_gets_this_as_its_next_versi
     version = vertex_registry.register("gemma-ft", artifact(1), provenance())
     assert version.version == "2" and version.provenance == provenance()
     assert [v.version for v in vertex_registry.versions("gemma-ft")] == ["1", "2"]
-
-
-def _upload(**request):
-    return lambda client: client.upload_model(request=request)
-
-
-@pytest.mark.parametrize(
-    ("call", "error"),
-    [
-        (
-            _upload(parent=PARENT, model_id="gemma-ft", model={"display_name": "gemma-ft"}),
-            "409 .*Model projects/tpupipe-emulated/locations/us-east5/models/gemma-ft already exists",
-        ),
-        (
-            _upload(parent=f"projects/{PROJECT}/locations/us_east5", model_id="x", model={"display_name": "x"}),
-            "400 .*Invalid parent",
-        ),
-        (_upload(parent=PARENT, model_id="9lives", model={"display_name": "x"}), "400 .*Invalid model_id"),
-        (
-            _upload(parent=PARENT, parent_model=f"{PARENT}/models/nope", model={"display_name": "x"}),
-            "404 .*parent model .*nope does not exist",
-        ),
-        (
-            _upload(parent=PARENT, model_id="x", model={"display_name": "x", "artifact_uri": "gs://b/m"}),
-            "400 .*container_spec.image_uri is required",
-        ),
-        (
-            _upload(parent=PARENT, model_id="x", model={"display_name": "x", "labels": {"A": "b"}}),
-            "400 .*Invalid label",
-        ),
-        (_upload(parent=PARENT, model_id="x", model={}), "400 .*display_name is required"),
-        (lambda c: c.get_model(name=f"{MODEL}@7"), "404 .*no version 7"),
-        (lambda c: c.get_model(name=f"{MODEL}@golden"), "404 .*no version has the alias 'golden'"),
-        (lambda c: c.get_model(name=f"{PARENT}/models/nope"), "404 .*nope does not exist"),
-        (
-            lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["-default"]),
-            "400 .*default alias cannot be removed",
-        ),
-        (lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["42"]), "400 .*Invalid version alias"),
-        (
-            lambda c: c.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["Golden"]),
-            "400 .*Invalid version alias",
-        ),
-    ],
-)
-def test_the_emulator_answers_as_vertex_does(vertex, vertex_registry, call, error):
-    from google.api_core import exceptions
-    from google.cloud import aiplatform_v1
-
-    _registered(vertex_registry, 1)
-    client = aiplatform_v1.ModelServiceClient(
-        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
-    )
-    with pytest.raises(exceptions.GoogleAPICallError, match=error):
-        call(client)
-
-
-def test_the_emulator_moves_an_alias_and_default_stays_on_one_version(vertex, vertex_registry):
-    from google.cloud import aiplatform_v1
-
-    _registered(vertex_registry, 2)
-    client = aiplatform_v1.ModelServiceClient(
-        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
-    )
-    client.merge_version_aliases(name=f"{MODEL}@1", version_aliases=["golden"])
-    moved = client.merge_version_aliases(name=f"{MODEL}@2", version_aliases=["golden", "default"])
-    assert sorted(moved.version_aliases) == ["default", "golden"]
-    assert vertex.aliases(MODEL) == {"default": "2", "golden": "2"}
-    assert client.get_model(name=f"{MODEL}@golden").version_id == "2" == client.get_model(name=MODEL).version_id
-    assert [m.version_id for m in client.list_models(parent=PARENT)] == ["2"]  # each model once, as its default
 
 
 # ---------------------------------------------------------------- the local registry's files

@@ -6,16 +6,15 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import time
 from datetime import timedelta
 
 import pytest
 
 from pipelines.pipeline import Target
 from pipelines.publish import publish
-from tests.conftest import tpupipe_cmd
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
-from tests.gke.conftest import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -56,8 +55,20 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
         OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret")
         + f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token cluster.slice_check=false"
     )
+    run_id = unique_run_id("vx-submit")  # the Ray cluster's processes carry it: this session's own
     proc = _tpupipe(
-        project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--wait", "--label", "team=ml"
+        project,
+        "submit",
+        "local-fsdp",
+        "--set",
+        overrides,
+        *PLACE,
+        *ACCOUNT,
+        "--run-id",
+        run_id,
+        "--wait",
+        "--label",
+        "team=ml",
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "submitted projects/" in proc.stdout and "console.cloud.google.com/vertex-ai" in proc.stdout
@@ -80,7 +91,7 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
         ("job", str(job.resource)),
     ):
         assert SENTINEL not in text and ENCODED not in text, where
-    assert project.rayclusters(job.resource["name"].rsplit("/", 1)[-1]) == []
+    assert project.rayclusters(run_id) == []
 
 
 def test_submit_wait_of_a_failing_run_exits_1_naming_the_stage(project_factory):
@@ -96,12 +107,11 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
     project = project_factory(vertex=True)
     _published(project)
     project.gke.polls_to_done = 10_000  # from now on, the cluster never finishes creating
-    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", "vx-runs")
+    run_id = unique_run_id("vx-runs")
+    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id)
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = proc.stdout.split("submitted ", 1)[1].split()[0]
-    deadline = time.monotonic() + 300
-    while "CreateCluster" not in project.gke.state.calls and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_until(lambda: "CreateCluster" in project.gke.state.calls, 300, "provision to create the cluster", 1)
     listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
     assert name.rsplit("/", 1)[-1] in listed.stdout, listed.stdout + listed.stderr
     cancelling = subprocess.Popen(
@@ -111,8 +121,12 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    while "CancelPipelineJob" not in project.vertex.calls and cancelling.poll() is None:
-        time.sleep(0.1)
+    wait_until(
+        lambda: "CancelPipelineJob" in project.vertex.calls or cancelling.poll() is not None,
+        600,
+        "`tpupipe runs cancel` to cancel the job",
+        0.1,
+    )
     project.gke.polls_to_done = 2  # teardown's deletes finish as usual
     out, _ = cancelling.communicate(timeout=600)
     assert cancelling.returncode == 0, out
@@ -120,7 +134,7 @@ def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
     assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
     assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
     assert "CancelOperation" in project.gke.state.calls  # provision's SIGTERM cancelled the cluster's creation
-    assert project.clusters("vx-runs") == [] and project.gke.state.clusters == {}
+    assert project.clusters(run_id) == [] and project.gke.state.clusters == {}
 
 
 def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):

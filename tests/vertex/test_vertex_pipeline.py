@@ -7,14 +7,14 @@ Cloud Storage, its cluster on the emulated GKE."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from components.registry import PROVENANCE_FIELDS, open_registry
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish import publish
-from tests.gke.conftest import ONE_SLICE, PROJECT, REGION
+from tests.emulators.project import ONE_SLICE, PROJECT, REGION
+from tests.helpers import unique_run_id, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -94,7 +94,8 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     Registry (the emulated ModelService); a second job that trains worse is registered and not promoted; a third
     that continues from the champion trains better and is promoted."""
     project = project_factory(ray=True, vertex=True)
-    name = _submit(project, tmp_path, "vx-ok")
+    ok, worse_id, better_id = (unique_run_id(n) for n in ("vx-ok", "vx-worse", "vx-better"))
+    name = _submit(project, tmp_path, ok)
     # Published: the components image (exactly the tag every task names) and the template with its tags.
     images = {e["container"]["image"] for e in project.vertex.job(name).spec["deploymentSpec"]["executors"].values()}
     assert len(images) == 1 and project.registry.has_image(images.pop())
@@ -104,9 +105,9 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
     # The run's state lives in the bucket; the summary written by teardown (its own task) saw every stage.
-    summary = _summary(project, "vx-ok")
+    summary = _summary(project, ok)
     assert [(s["name"], s["status"]) for s in summary["stages"]] == [(s, "succeeded") for s in STAGES]
-    assert summary["run_dir"] == f"gs://{BUCKET}/runs/vx-ok"
+    assert summary["run_dir"] == f"gs://{BUCKET}/runs/{ok}"
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     # Typed artifacts in the task details, with the summary's figures.
     train, evaluate, teardown = tasks["train"]["outputs"], tasks["evaluate"]["outputs"], tasks["teardown"]["outputs"]
@@ -126,14 +127,14 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert evaluate["summary"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
     model = evaluate["model"]["artifacts"][0]
     assert model["schemaTitle"] == "system.Model"
-    assert model["uri"] == summary["checkpoint_uri"] and model["uri"].startswith(f"gs://{BUCKET}/runs/vx-ok/")
+    assert model["uri"] == summary["checkpoint_uri"] and model["uri"].startswith(f"gs://{BUCKET}/runs/{ok}/")
     provenance = model["metadata"]
     assert provenance["preset"] == "local-fsdp" and provenance["accelerator"] == "v6e"
     assert provenance["topology"] == "2x2" and provenance["slices"] == 1
-    assert provenance["trainer_image"].endswith("/torch:vx-ok") and provenance["trainer_image_digest"]
+    assert provenance["trainer_image"].endswith(f"/torch:{ok}") and provenance["trainer_image_digest"]
     assert provenance["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert teardown["deleted"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
-    _nothing_left(project, "vx-ok")
+    _nothing_left(project, ok)
 
     # The gate, in Vertex AI Model Registry (the emulated ModelService, reached by every task through
     # $TPUPIPE_VERTEX_ENDPOINT): the first model became the champion, with its provenance.
@@ -145,12 +146,12 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     first = champion.provenance
     assert set(PROVENANCE_FIELDS) <= set(first)
     assert (first["run_id"], first["pipeline_job"], first["accelerator"], first["topology"]) == (
-        "vx-ok",
-        "vx-ok",
+        ok,
+        ok,
         "v6e",
         "2x2",
     )
-    assert first["trainer_image"].startswith(f"{REGION}-docker.pkg.dev/{PROJECT}/tpupipe/torch:vx-ok@sha256:")
+    assert first["trainer_image"].startswith(f"{REGION}-docker.pkg.dev/{PROJECT}/tpupipe/torch:{ok}@sha256:")
     assert first["git_sha"] and first["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert summary["gate"]["decision"] == "promote" and summary["gate"]["promoted"] is True
 
@@ -158,14 +159,14 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # task not triggered; its gate Markdown and summary say why with both held-out figures, the champion measured
     # again in its own evaluation job on the same examples.
     worse = OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.learning_rate=0"
-    second = project.vertex.wait(_submit(project, tmp_path, "vx-worse", worse), timeout_s=1500)
+    second = project.vertex.wait(_submit(project, tmp_path, worse_id, worse), timeout_s=1500)
     tasks = _tasks(second)
     assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
     assert tasks["register"]["state"] == "SUCCEEDED"
     assert tasks["gate-promotes"]["state"] == "NOT_TRIGGERED" and "promote" not in tasks
     assert registry.champion(MODEL).version == "1"
     assert [v.version for v in registry.versions(MODEL)] == ["1", "2"]
-    summary = _summary(project, "vx-worse")
+    summary = _summary(project, worse_id)
     gate = summary["gate"]
     assert (gate["ref"], gate["decision"], gate["champion_ref"]) == (f"{MODEL}@2", "keep", f"{MODEL}@1")
     assert gate["champion_loss"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
@@ -182,17 +183,17 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert promote["status"] == "skipped" and promote["reason"] == gate["reason"] and summary["status"] == "succeeded"
     # Vertex AI's default version follows the champion: a deployment of the model serves version 1.
     assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "1"
-    _nothing_left(project, "vx-worse")
+    _nothing_left(project, worse_id)
 
     # A third job continues from the champion (``train.init_from=champion``, resolved by its train task from the
     # Model Registry): its "before" held-out loss is the champion's "after"; it trains better and is promoted.
     better = (
         OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.init_from=champion"
     )
-    third = project.vertex.wait(_submit(project, tmp_path, "vx-better", better), timeout_s=1500)
+    third = project.vertex.wait(_submit(project, tmp_path, better_id, better), timeout_s=1500)
     tasks = _tasks(third)
     assert third["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
-    summary = _summary(project, "vx-better")
+    summary = _summary(project, better_id)
     assert summary["init_from"] == f"{MODEL}@1"
     assert summary["eval_loss_before"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
     gate = summary["gate"]
@@ -201,53 +202,47 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert tasks["promote"]["state"] == "SUCCEEDED" and tasks.get("gate-promotes", {}).get("state") != "NOT_TRIGGERED"
     champion = registry.champion(MODEL)
     assert champion.version == "3" and champion.provenance["base_model"] == f"{MODEL}@1"
-    assert champion.provenance["run_id"] == "vx-better" and champion.artifact_uri == summary["checkpoint_uri"]
+    assert champion.provenance["run_id"] == better_id and champion.artifact_uri == summary["checkpoint_uri"]
     assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "3"
-    _nothing_left(project, "vx-better")
+    _nothing_left(project, better_id)
 
 
 def test_cancel_during_train_ends_cancelled_after_teardown(tmp_path, project_factory):
     from google.cloud import aiplatform
 
     project = project_factory(ray=True, vertex=True)
+    run_id = unique_run_id("vx-cancel")
     # The slice check (shown by the run above) is off: this is about cancelling the train job.
     name = _submit(
         project,
         tmp_path,
-        "vx-cancel",
+        run_id,
         OVERRIDES.replace("train.epochs=2", "train.epochs=50") + " cluster.slice_check=false",
     )
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if any(
-            m == "POST" and p.endswith("/proxy/api/jobs/") and "vx-cancel-train" in body
-            for m, p, body in project.kube.bodies
-        ):
-            break
-        time.sleep(1)
-    else:
-        pytest.fail("the train job was never submitted")
-    time.sleep(5)
+    wait_until(
+        lambda: project.kube.job_status(f"{run_id}-train") == "RUNNING", 900, f"the train job {run_id}-train to run", 1
+    )
     aiplatform.PipelineJob.get(name).cancel()
     resource = project.vertex.wait(name, timeout_s=900)
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"
     assert tasks["train"]["state"] == "CANCELLED" and tasks["evaluate"]["state"] == "CANCELLED"
     assert tasks["teardown"]["state"] == "SUCCEEDED"
-    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith("/api/jobs/vx-cancel-train/stop")]
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
     assert stops, "the train job was not stopped"
-    _nothing_left(project, "vx-cancel")
+    _nothing_left(project, run_id)
 
 
 def test_a_failing_stage_fails_the_job_and_teardown_still_runs(tmp_path, project_factory):
     project = project_factory(vertex=True)
     project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
-    name = _submit(project, tmp_path, "vx-fail")
+    run_id = unique_run_id("vx-fail")
+    name = _submit(project, tmp_path, run_id)
     resource = project.vertex.wait(name, timeout_s=600)
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_FAILED"
     assert tasks["provision"]["state"] == "FAILED" and "no capacity" in tasks["provision"]["error"]["message"]
     assert tasks["teardown"]["state"] == "SUCCEEDED", (resource.get("error"), project.vertex.job(name).logs)
-    summary = _summary(project, "vx-fail")
+    summary = _summary(project, run_id)
     assert summary["status"] == "failed" and summary["stages"][0]["status"] == "failed"
-    _nothing_left(project, "vx-fail")
+    _nothing_left(project, run_id)

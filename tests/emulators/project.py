@@ -2,15 +2,14 @@
 Manager, Cloud Build and Artifact Registry (gRPC), Vertex AI Model Registry (REST) and the cluster's Kubernetes API
 server (HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
 found). With ``vertex=True``, Vertex AI Pipelines too, on the same endpoint as the Model Registry (as Google serves
-both on one)."""
+both on one). ``start_project`` makes one; the ``project_factory`` fixture (tests/conftest.py) makes them for a test
+and stops them after it."""
 
 from __future__ import annotations
 
 import functools
 import secrets
 from pathlib import Path
-
-import pytest
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
@@ -147,7 +146,7 @@ class Project:
 @functools.cache
 def crd_validator():
     """The KubeRay CRD schemas, read once (the CRD files are large)."""
-    from tests.contract.conftest import CrdValidator, schema_dir
+    from tests.contract.kuberay_schema import CrdValidator, schema_dir
 
     return CrdValidator(schema_dir())
 
@@ -218,19 +217,3 @@ def _add_vertex(project: Project, tmp_path) -> None:
     # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.
     project.env[VERTEX_ENDPOINT_ENV] = task_env[VERTEX_ENDPOINT_ENV] = project.vertex.start()
     project.extras += [project.vertex, project.kfp]
-
-
-@pytest.fixture
-def project_factory(tmp_path, monkeypatch):
-    started = []
-
-    def make(**kwargs) -> Project:
-        project = start_project(tmp_path, **kwargs)
-        for key, value in project.env.items():
-            monkeypatch.setenv(key, value)
-        started.append(project)
-        return project
-
-    yield make
-    for project in started:
-        project.stop()

@@ -9,7 +9,6 @@ import gzip
 import hashlib
 import io
 import os
-import time
 
 import pytest
 from google.api_core import exceptions
@@ -18,6 +17,7 @@ from google.cloud import storage
 from google.oauth2.credentials import Credentials
 
 from tests.emulators.storage import StorageEmulator
+from tests.helpers import wait_until
 
 PROJECT, NUMBER, OTHER, TOKEN = "tpupipe-emulated", "123456789012", "tpupipe-other", "t0ken"
 ROLE = "roles/storage.objectUser"
@@ -165,9 +165,7 @@ def test_background_metadata_fetch(gcs, monkeypatch):
     monkeypatch.delenv("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA")
     gcs.state.calls.clear()
     client().bucket("tpupipe-ckpt").get_iam_policy()  # a fresh client has not seen the bucket
-    deadline = time.monotonic() + 5
-    while "buckets.get" not in gcs.state.calls and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: "buckets.get" in gcs.state.calls, 5, "the background buckets.get", 0.02)
     assert sorted(gcs.state.calls) == ["buckets.get", "buckets.getIamPolicy"]
 
 

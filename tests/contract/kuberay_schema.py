@@ -1,0 +1,197 @@
+"""Validation of rendered objects against the real KubeRay CRDs, the way a Kubernetes API server does it.
+
+The CRDs' ``openAPIV3Schema`` is a Kubernetes *structural* schema: OpenAPI v3 plus ``x-kubernetes-*``
+extensions. It is converted to JSON Schema and checked with ``jsonschema``:
+
+- unknown fields are rejected (``additionalProperties: false`` on every object with ``properties``, unless
+  ``x-kubernetes-preserve-unknown-fields``), as the API server does with strict field validation
+  (kubectl's default);
+- ``x-kubernetes-int-or-string`` accepts an integer or a string; ``nullable`` adds null;
+- ``format: int32`` / ``int64`` bound integers;
+- ``x-kubernetes-list-type: set`` needs unique items, ``map`` unique ``x-kubernetes-list-map-keys`` tuples;
+- ``x-kubernetes-validations`` (CEL): rules with ``oldSelf`` apply to updates only and are skipped; the form
+  ``self in [...]`` is evaluated; any other rule reached by an object fails the check as not evaluated, so a
+  manifest never passes a rule this test cannot check;
+- ``metadata`` (a bare object in CRDs; the server checks ObjectMeta itself): name, namespace and labels as the
+  API server and KubeRay check them.
+
+The schema is vendored in ``tests/contract/crds/kuberay-v1.7.0/`` (its SOURCE.md says where it comes from);
+``$TPUPIPE_KUBERAY_SCHEMAS`` points the tests at another directory holding the same file (another KubeRay
+version, say).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+SCHEMA_ENV = "TPUPIPE_KUBERAY_SCHEMAS"
+DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent / "crds" / "kuberay-v1.7.0"
+CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml"}
+
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# KubeRay's limit (ray-operator/controllers/ray/utils/constant.go): it appends suffixes to the name.
+NAME_LIMITS = {"RayCluster": 53}
+
+
+def schema_dir() -> Path:
+    return Path(os.environ.get(SCHEMA_ENV, str(DEFAULT_SCHEMA_DIR)))
+
+
+def _convert(node):
+    """One structural-schema node -> a JSON Schema node (x-kubernetes-* keywords kept for the validator)."""
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "description":
+            continue
+        if key == "properties":
+            out[key] = {name: _convert(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            out[key] = _convert(value)
+        elif key in ("allOf", "anyOf", "oneOf"):
+            out[key] = [_convert(sub) for sub in value]
+        else:
+            out[key] = value
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    if node.get("format") == "int32":
+        out.setdefault("minimum", -(2**31))
+        out.setdefault("maximum", 2**31 - 1)
+    elif node.get("format") == "int64":
+        out.setdefault("minimum", -(2**63))
+        out.setdefault("maximum", 2**63 - 1)
+    return out
+
+
+def _list_type(validator, list_type, instance, schema):
+    from jsonschema.exceptions import ValidationError
+
+    if not isinstance(instance, list):
+        return
+    if list_type == "set":
+        seen = []
+        for item in instance:
+            if item in seen:
+                yield ValidationError(f"duplicate item {item!r} in a set list")
+            seen.append(item)
+    elif list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        item_properties = schema.get("items", {}).get("properties", {})
+        defaults = {k: item_properties.get(k, {}).get("default") for k in keys}  # applied before the check
+        seen = set()
+        for item in instance:
+            if not isinstance(item, dict):
+                continue
+            ident = tuple(repr(item.get(k, defaults[k])) for k in keys)
+            if ident in seen:
+                yield ValidationError(f"duplicate entry for keys {keys} = {ident} in a map list")
+            seen.add(ident)
+
+
+_IN_LIST = re.compile(r"^self in (\[.*\])$")
+
+
+def _cel_rules(validator, rules, instance, schema):
+    from jsonschema.exceptions import ValidationError
+
+    for rule in rules:
+        text = rule["rule"]
+        if "oldSelf" in text:
+            continue  # a transition rule: checked on update only
+        match = _IN_LIST.match(text)
+        if match:
+            if instance not in ast.literal_eval(match.group(1)):
+                yield ValidationError(rule.get("message", f"{instance!r} fails {text}"))
+            continue
+        yield ValidationError(f"CEL rule not evaluated by this test, and the object reaches it: {text}")
+
+
+def _metadata_errors(obj: dict) -> list[str]:
+    errors = []
+    meta = obj.get("metadata", {})
+    name = meta.get("name", "")
+    kind = obj.get("kind", "")
+    if not name or not DNS1035_LABEL.match(name):
+        errors.append(f"metadata.name {name!r} is not a DNS-1035 label")
+    if kind in NAME_LIMITS and len(name) > NAME_LIMITS[kind]:
+        errors.append(f"metadata.name {name!r} is longer than KubeRay's {NAME_LIMITS[kind]} for a {kind}")
+    namespace = meta.get("namespace", "")
+    if namespace and (len(namespace) > 63 or not DNS1123_LABEL.match(namespace)):
+        errors.append(f"metadata.namespace {namespace!r} is not a DNS-1123 label")
+    errors += _label_errors(obj)
+    return errors
+
+
+def _label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(LABEL_NAME.match(name))
+
+
+def _label_errors(node, path="") -> list[str]:
+    """Every ``labels`` and ``nodeSelector`` map anywhere in the object: label keys and values."""
+    errors = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else key
+            if key in ("labels", "nodeSelector") and isinstance(value, dict):
+                for k, v in value.items():
+                    if not _label_key_ok(k):
+                        errors.append(f"{where}: bad label key {k!r}")
+                    if not isinstance(v, str) or len(v) > 63 or not LABEL_VALUE.match(v):
+                        errors.append(f"{where}: bad label value {v!r} for {k!r}")
+            else:
+                errors += _label_errors(value, where)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            errors += _label_errors(item, f"{path}[{i}]")
+    return errors
+
+
+class CrdValidator:
+    """Validates objects of the CRDs' kinds against their served, stored version."""
+
+    def __init__(self, directory: Path):
+        import yaml
+        from jsonschema import Draft7Validator, validators
+
+        checker = validators.extend(
+            Draft7Validator,
+            {"x-kubernetes-list-type": _list_type, "x-kubernetes-validations": _cel_rules},
+        )
+        self.validators = {}
+        for kind, filename in CRD_FILES.items():
+            crd = yaml.safe_load((directory / filename).read_text())
+            assert crd["spec"]["names"]["kind"] == kind
+            version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+            schema = _convert(version["schema"]["openAPIV3Schema"])
+            self.validators[(f"{crd['spec']['group']}/{version['name']}", kind)] = checker(schema)
+
+    def errors(self, obj: dict) -> list[str]:
+        key = (obj.get("apiVersion"), obj.get("kind"))
+        if key not in self.validators:
+            return [f"no CRD for {key}"]
+        found = [
+            f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+            for e in self.validators[key].iter_errors(obj)
+        ]
+        return found + _metadata_errors(obj)
