@@ -38,15 +38,23 @@ envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and 
 run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
 	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
 
-test: envs ## all tests: the fast tiers first (a broken unit test fails in minutes), then the e2e tier
-	$(MAKE) --no-print-directory test-fast
+# The tests run in two processes (pytest-xdist; CI's machine has 2 cores), each test file in one process so that a
+# module's shared run is made once. XDIST= runs them in this process alone.
+XDIST ?= -n 2 --dist loadfile
+
+test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environments build, then the e2e tier
+	@mkdir -p build
+	@echo "creating (or reusing) the trainer environments in the background, log build/envs.log; the fast tiers meanwhile"
+	@set -m; $(BIN)/tpupipe env torch maxtext > build/envs.log 2>&1 & envs=$$!; \
+	  $(MAKE) --no-print-directory test-fast || { kill -- -$$envs 2>/dev/null; exit 1; }; \
+	  wait $$envs || { echo "creating the trainer environments failed:"; tail -30 build/envs.log; exit 1; }
 	$(MAKE) --no-print-directory test-e2e
 
-test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster: unit, component, compiled pipeline, contract, emulators
-	$(BIN)/python -m pytest -q -ra -m "not e2e" tests
+test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster and need no trainer environment (minutes)
+	$(BIN)/python -m pytest -q -ra -m "not e2e" $(XDIST) tests
 
 test-e2e: envs ## the tier that starts real local Ray clusters and trains: local, gke and Vertex AI emulated runs
-	$(BIN)/python -m pytest -q -ra -m e2e --durations=15 tests
+	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests
 
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION (offline)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)

@@ -48,6 +48,7 @@ def test_provision_rejects_a_tpu_preset_on_the_local_platform(tmp_path):
     assert record["error"].startswith("cluster.accelerator: the local platform emulates CPU hosts")
 
 
+@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_build_image_reuses_the_torch_environment_by_content_hash(tmp_path):
     if not envs.env_for("torch").reused:
         pytest.skip("the torch environment is not built (make envs)")

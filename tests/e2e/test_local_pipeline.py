@@ -9,8 +9,6 @@ from components.platforms.local.ports import port_is_free
 from components.platforms.local.processes import run_processes
 from tests.helpers import tpupipe_cmd, unique_run_id
 
-pytestmark = pytest.mark.e2e
-
 
 def tpupipe_run(root, run_id, *sets):
     cmd = [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root)]
@@ -34,6 +32,7 @@ def good_run(tmp_path_factory):
     return root / run_id, proc
 
 
+@pytest.mark.e2e
 def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     run_dir, proc = good_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -57,6 +56,7 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     assert summary["tokens_per_s"] > 0
 
 
+@pytest.mark.e2e
 def test_slice_check_runs_before_training_with_its_figures_in_the_summary(good_run):
     run_dir, proc = good_run
     check = json.loads((run_dir / "summary.json").read_text())["slice_check"]
@@ -67,6 +67,7 @@ def test_slice_check_runs_before_training_with_its_figures_in_the_summary(good_r
     assert "slice check          2/2 ranks verified" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
     run_id = unique_run_id("e2e-badrank")
     proc = tpupipe_run(tmp_path, run_id, "cluster.slice_check_corrupt_rank=1")
@@ -82,6 +83,7 @@ def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
     assert_nothing_left(tmp_path / run_id, run_id)
 
 
+@pytest.mark.e2e
 def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     """train.model_id names a local directory with the layout of google/gemma-4-E2B-it (text, vision and audio
     configs, a tokenizer beside it); the slice check is switched off, and the summary says so."""
@@ -108,6 +110,7 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     assert_nothing_left(tmp_path / run_id, run_id)
 
 
+@pytest.mark.e2e
 def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
     run_dir, proc = good_run
     checkpoint = run_dir / "checkpoint"
@@ -119,11 +122,13 @@ def test_run_directory_holds_checkpoint_plots_and_summary(good_run):
         assert needle in proc.stdout
 
 
+@pytest.mark.e2e
 def test_successful_run_leaves_no_process_and_no_port(good_run):
     run_dir, _ = good_run
     assert_nothing_left(run_dir, run_dir.name)
 
 
+@pytest.mark.e2e
 def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_path):
     run_id = unique_run_id("e2e-fail")
     proc = tpupipe_run(tmp_path, run_id, "fail_at_step=3 cluster.slice_check=false")
@@ -139,6 +144,7 @@ def test_failure_inside_training_fails_the_pipeline_and_teardown_still_runs(tmp_
     assert_nothing_left(tmp_path / run_id, run_id)
 
 
+@pytest.mark.e2e
 def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
     run_id = unique_run_id("e2e-resume")

@@ -4,6 +4,7 @@ google-cloud-aiplatform SDK over REST), and the Hugging Face token from Secret M
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 from datetime import timedelta
@@ -14,9 +15,7 @@ from pipelines.pipeline import Target
 from pipelines.publish import publish
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
-from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
-
-pytestmark = [pytest.mark.e2e]
+from tests.helpers import tpupipe_cmd, unique_run_id
 
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
@@ -43,6 +42,7 @@ def _job(project, name: str):
     return project.vertex.job(name.rsplit("/", 1)[-1])
 
 
+@pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(tmp_path, project_factory):
     project = project_factory(ray=True, vertex=True)
     secrets = SecretManagerEmulator({PROJECT: PROJECT_NUMBER})
@@ -94,49 +94,28 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
     assert project.rayclusters(run_id) == []
 
 
-def test_submit_wait_of_a_failing_run_exits_1_naming_the_stage(project_factory):
+@pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
+def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_runs(project_factory):
     project = project_factory(vertex=True)
     project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
     _published(project)
-    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--wait")
+    run_id = unique_run_id("vx-fail")
+    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id, "--wait")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "failed — provision: " in proc.stdout and "CapacityError: no capacity" in proc.stdout, proc.stdout[-3000:]
+    resource = project.vertex.job(proc.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1]).resource
+    tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
+    assert resource["state"] == "PIPELINE_STATE_FAILED"
+    assert tasks["provision"]["state"] == "FAILED" and "no capacity" in tasks["provision"]["error"]["message"]
+    assert tasks["teardown"]["state"] == "SUCCEEDED", resource.get("error")
+    summary = json.loads(project.storage.data(f"{PROJECT}-tpupipe", f"runs/{run_id}/summary.json"))
+    assert summary["status"] == "failed" and summary["stages"][0]["status"] == "failed"
+    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.gke.state.clusters == {}
+    state = project.compute.state
+    assert not state.networks and not state.subnetworks and not state.resource_policies
 
 
-def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
-    project = project_factory(vertex=True)
-    _published(project)
-    project.gke.polls_to_done = 10_000  # from now on, the cluster never finishes creating
-    run_id = unique_run_id("vx-runs")
-    proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    name = proc.stdout.split("submitted ", 1)[1].split()[0]
-    wait_until(lambda: "CreateCluster" in project.gke.state.calls, 300, "provision to create the cluster", 1)
-    listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
-    assert name.rsplit("/", 1)[-1] in listed.stdout, listed.stdout + listed.stderr
-    cancelling = subprocess.Popen(
-        [*tpupipe_cmd(), "runs", "cancel", name.rsplit("/", 1)[-1], *PLACE],
-        env=_env(project),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wait_until(
-        lambda: "CancelPipelineJob" in project.vertex.calls or cancelling.poll() is not None,
-        600,
-        "`tpupipe runs cancel` to cancel the job",
-        0.1,
-    )
-    project.gke.polls_to_done = 2  # teardown's deletes finish as usual
-    out, _ = cancelling.communicate(timeout=600)
-    assert cancelling.returncode == 0, out
-    shown = _tpupipe(project, "runs", "show", name, *PLACE)
-    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
-    assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
-    assert "CancelOperation" in project.gke.state.calls  # provision's SIGTERM cancelled the cluster's creation
-    assert project.clusters(run_id) == [] and project.gke.state.clusters == {}
-
-
+@pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):
     project = project_factory(vertex=True)
     # Every run fails fast, at provision: this is about when runs start.
