@@ -192,9 +192,13 @@ def schedule_create(
     if _schedule(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
     schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub), display_name=name)
+    # max_concurrent_active_run_count limits the runs "in a non-terminal state"; max_concurrent_run_count (required)
+    # only the runs being *started* at once (the field docs of google.cloud.aiplatform_v1.types.Schedule): one
+    # fine-tune at a time needs the first.
     schedule.create(
         cron=cron,
         max_concurrent_run_count=max_concurrent,
+        max_concurrent_active_run_count=max_concurrent,
         start_time=start or None,
         end_time=end or None,
         max_run_count=max_runs or None,

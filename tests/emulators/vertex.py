@@ -3,7 +3,7 @@
 CancelPipelineJob), bodies parsed into the SDK's own ``aiplatform_v1.PipelineJob`` message, and an executor of the
 accepted PipelineSpec; and the ``ScheduleService`` (CreateSchedule, GetSchedule, ListSchedules, PauseSchedule,
 ResumeSchedule, DeleteSchedule) whose cron schedules fire on a test clock (``advance``), honouring the time zone,
-start and end, ``maxRunCount`` and ``maxConcurrentRunCount`` (a run due while that many are active is skipped).
+start and end, ``maxRunCount`` and ``maxConcurrentActiveRunCount`` (a run due while that many are active is skipped).
 
 The same endpoint serves Vertex AI Model Registry's ``ModelService`` (``tests.emulators.models``), as Google's one
 ``REGION-aiplatform.googleapis.com`` serves both, so a task's registry calls (``$TPUPIPE_VERTEX_ENDPOINT``) reach
@@ -85,7 +85,7 @@ class Schedule:
     resource: dict
     checked: datetime  # the test clock up to which its cron was evaluated
     jobs: list[str] = field(default_factory=list)  # the jobs it started
-    skipped: int = 0  # runs due while maxConcurrentRunCount were active
+    skipped: int = 0  # runs due while maxConcurrentActiveRunCount were active
 
 
 def _cron_matches(cron: str, when: datetime) -> bool:
@@ -575,6 +575,8 @@ class VertexEmulator(HttpEmulator):
             _cron_matches(cron, self.clock)
         except Exception:  # noqa: BLE001 - any parse failure is the service's INVALID_ARGUMENT
             raise HttpError(400, f"Invalid cron {cron!r}.") from None
+        if resource.get("allowQueueing"):  # a limit of this emulator, not of Vertex AI: it never queues a run
+            raise HttpError(501, "emulator: allow_queueing is not emulated (held-back runs are skipped)")
         job = resource.get("createPipelineJobRequest", {}).get("pipelineJob", {})
         self._parameters(job.get("pipelineSpec", {}), job.get("runtimeConfig", {}).get("parameterValues", {}))
         name = f"{parent}/schedules/{len(self.schedules) + 1}"
@@ -604,9 +606,15 @@ class VertexEmulator(HttpEmulator):
         )
         if (starts and self.clock < starts) or (ends and self.clock > ends):
             return ""
+        # The field docs of google.cloud.aiplatform_v1.types.Schedule: max_concurrent_active_run_count limits "the
+        # number of runs that can be in a non-terminal state at the same time"; max_concurrent_run_count is "the limit
+        # for starting the scheduled requests and not the execution of the operations/jobs created by the requests".
+        # Here a start (CreatePipelineJob) completes before the next is due, so only the active limit holds a run
+        # back: without it, runs overlap. With allow_queueing unset (its default, false) a held-back run is skipped.
         with self._lock:
             active = [j for j in schedule.jobs if self.jobs[j].resource["state"] not in TERMINAL]
-            if len(active) >= int(r.get("maxConcurrentRunCount", 1)):
+            limit = int(r.get("maxConcurrentActiveRunCount") or 0)
+            if limit and len(active) >= limit:
                 schedule.skipped += 1
                 return ""
         request = r["createPipelineJobRequest"]
