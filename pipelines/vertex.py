@@ -30,6 +30,14 @@ CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+PRESET_LABEL = "tpupipe-preset"  # on every job tpupipe submits or schedules: what `runs list` lists by
+# A pipeline job id: "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
+# CreatePipelineJobRequest.pipeline_job_id, google/cloud/aiplatform_v1/types/pipeline_service.py), starting with a
+# letter (the SDK's _VALID_NAME_PATTERN, google/cloud/aiplatform/constants/pipeline.py).
+VERTEX_JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
+# Ours: the SDK's default ("<pipeline name>-<timestamp>", to the second) with the preset and a random suffix, so two
+# submits in the same second do not collide.
+JOB_ID = re.compile(r"^tpupipe-(?P<preset>[a-z0-9-]+)-(?P<time>\d{14})-(?P<suffix>[0-9a-f]{6})$")
 SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}$")
 
 
@@ -100,6 +108,17 @@ def _template(sub: Submission) -> str:
     return compile_pipeline(str(path), Target(project=sub.project, region=sub.region))
 
 
+def new_job_id(preset: str) -> str:
+    """A job id of its own for one submit: ``tpupipe-PRESET-YYYYMMDDHHMMSS-XXXXXX`` (UTC, 6 random hex digits)."""
+    import secrets
+    from datetime import UTC, datetime
+
+    job_id = f"tpupipe-{preset}-{datetime.now(UTC):%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
+    if not VERTEX_JOB_ID.match(job_id):
+        raise SpecError("preset", f"{preset!r} makes the job id {job_id!r}, which Vertex AI refuses")
+    return job_id
+
+
 def _job(sub: Submission, job_id: str = ""):
     from google.cloud import aiplatform
 
@@ -112,7 +131,7 @@ def _job(sub: Submission, job_id: str = ""):
         job_id=job_id or None,
         pipeline_root=sub.pipeline_root,
         parameter_values=parameters,
-        labels={"tpupipe-preset": sub.preset, **sub.labels},
+        labels={PRESET_LABEL: sub.preset, **sub.labels},
     )
 
 
@@ -125,7 +144,7 @@ def submit(sub: Submission, job_id: str = "") -> str:
     """Submit one job; its resource name."""
     check(sub)
     init(sub.project, sub.region)
-    job = _job(sub, job_id)
+    job = _job(sub, job_id or new_job_id(sub.preset))
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name
 
@@ -231,18 +250,30 @@ def schedule_action(name: str, action: str) -> None:
 # ---------------------------------------------------------------- runs
 
 
-def runs(preset: str = "", state: str = "") -> list[dict]:
-    from google.cloud import aiplatform
-
+def list_filter(preset: str = "", state: str = "") -> str:
+    """The ListPipelineJobs filter of tpupipe's jobs (its label), of one preset, in one state: "labels: Supports
+    key-value equality and key presence", "state: Supports = and !=" (the field docs of
+    ListPipelineJobsRequest.filter, google/cloud/aiplatform_v1/types/pipeline_service.py; syntax
+    https://google.aip.dev/160)."""
     if state and state not in STATES:
         raise SpecError("--state", f"unknown state {state!r}", list(STATES))
-    jobs = [j.to_dict() for j in aiplatform.PipelineJob.list()]
-    return [
-        j
-        for j in jobs
-        if (not preset or j.get("labels", {}).get("tpupipe-preset") == preset)
-        and (not state or j.get("state") == STATES[state])
-    ]
+    terms = [f'labels.{PRESET_LABEL}="{preset}"' if preset else f"labels.{PRESET_LABEL}:*"]
+    terms += [f'state="{STATES[state]}"'] if state else []
+    return " AND ".join(terms)
+
+
+def runs(preset: str = "", state: str = "") -> list[dict]:
+    """tpupipe's jobs, newest first, in the list's simple view (``enable_simple_view``: state, names, times, labels;
+    no spec, no task details)."""
+    import logging
+
+    from google.cloud import aiplatform
+
+    where = list_filter(preset, state)
+    # The SDK's logger warns on every call that the view is simple: what is asked for here.
+    logging.getLogger("google.cloud.aiplatform.pipeline_jobs").setLevel(logging.ERROR)
+    jobs = aiplatform.PipelineJob.list(filter=where, order_by="create_time desc", enable_simple_view=True)
+    return [j.to_dict() for j in jobs]
 
 
 def job_name(job: str, project: str, region: str) -> str:
@@ -264,7 +295,7 @@ def show(name: str) -> dict:
     return {
         "name": job["name"],
         "state": job.get("state"),
-        "preset": job.get("labels", {}).get("tpupipe-preset"),
+        "preset": job.get("labels", {}).get(PRESET_LABEL),
         "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
         "metrics": metrics,
         "cost": cost_so_far(job),

@@ -50,7 +50,16 @@ from google.cloud import aiplatform_v1
 from tests.emulators.http import HttpEmulator, HttpError
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
-JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
+# "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
+# CreatePipelineJobRequest.pipeline_job_id, google/cloud/aiplatform_v1/types/pipeline_service.py), starting with a
+# letter (the SDK's own check, _VALID_NAME_PATTERN in google/cloud/aiplatform/constants/pipeline.py).
+JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
+# The list filter's terms this emulator reads (ListPipelineJobsRequest.filter's field docs: "labels: Supports
+# key-value equality and key presence", "state: Supports = and !="; the syntax of https://google.aip.dev/160, whose
+# `m.key:*` is key presence), joined by AND. Any other filter is refused: a filter it cannot judge fails visibly.
+FILTER_TERM = re.compile(
+    r"""^(?P<field>labels\.[a-z0-9_-]+|state|display_name)\s*(?P<op>!=|=|:)\s*(?P<value>\*|"[^"]*"|[A-Za-z0-9_-]+)$"""
+)
 MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
 GCS_MOUNT = Path("/gcs")
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
@@ -224,6 +233,7 @@ class VertexEmulator(HttpEmulator):
         self.schedules: dict[str, Schedule] = {}
         self.clock = datetime.now(UTC).replace(second=0, microsecond=0)  # the schedules' clock, moved by advance()
         self.calls: list[str] = []
+        self.list_queries: list[dict] = []  # each ListPipelineJobs call's query parameters
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ inspection
@@ -259,9 +269,8 @@ class VertexEmulator(HttpEmulator):
             return 200, {}
         if http.command == "GET" and path.endswith("/pipelineJobs"):
             self.calls.append("ListPipelineJobs")
-            with self._lock:
-                jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(path[:-13] + "/")]
-            return 200, {"pipelineJobs": jobs}
+            self.list_queries.append(query)
+            return 200, {"pipelineJobs": self._list(path.removesuffix("/pipelineJobs"), query)}
         if http.command == "GET" and "/pipelineJobs/" in path:
             self.calls.append("GetPipelineJob")
             with self._lock:
@@ -269,6 +278,23 @@ class VertexEmulator(HttpEmulator):
                     raise HttpError(404, f"The PipelineJob {path} does not exist.")
                 return 200, copy.deepcopy(self.jobs[path].resource)
         raise HttpError(404, f"unknown method {http.command} {url.path}")
+
+    def _list(self, parent: str, query: dict) -> list[dict]:
+        """ListPipelineJobs: the jobs matching ``filter``, newest first ("if order_by is not specified, it will order
+        by default order is create time in descending order", ListPipelineJobsRequest.order_by's field docs), each
+        cut to ``readMask`` when given (what the SDK's ``enable_simple_view`` sends)."""
+        terms = [t.strip() for t in (query.get("filter") or [""])[0].split(" AND ") if t.strip()]
+        parsed = [FILTER_TERM.match(t) for t in terms]
+        if not all(parsed):
+            raise HttpError(400, f"emulator: cannot read the filter term {terms[parsed.index(None)]!r}")
+        if (query.get("orderBy") or [""])[0] not in ("", "create_time desc"):
+            raise HttpError(400, f"emulator: cannot order by {query['orderBy'][0]!r}")
+        with self._lock:
+            jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(parent + "/")]
+        jobs = [j for j in jobs if all(_matches(j, m) for m in parsed)]
+        jobs.sort(key=lambda j: j["createTime"], reverse=True)
+        mask = [p for text in query.get("readMask", []) for p in text.split(",") if p]
+        return [_masked(j, mask) for j in jobs] if mask else jobs
 
     def _create(self, parent: str, job_id: str, raw: bytes) -> dict:
         if not PARENT.match(parent):
@@ -632,6 +658,41 @@ class VertexEmulator(HttpEmulator):
             if int(r.get("maxRunCount") or 0) and len(schedule.jobs) >= int(r["maxRunCount"]):
                 r["state"] = "COMPLETED"
         return resource["name"]
+
+
+def _matches(job: dict, term: re.Match) -> bool:
+    field, op, value = term["field"], term["op"], term["value"].strip('"')
+    if field.startswith("labels."):
+        labels = job.get("labels", {})
+        key = field.removeprefix("labels.")
+        if op == ":":
+            return key in labels if value == "*" else value in labels.get(key, "")
+        actual = labels.get(key)
+    else:
+        actual = job.get({"state": "state", "display_name": "displayName"}[field])
+    if op == ":":
+        raise HttpError(400, f"emulator: cannot read {term.string!r} (':' on {field})")
+    return (actual == value) == (op == "=")
+
+
+def _camel(path: str) -> str:
+    return ".".join(re.sub(r"_([a-z])", lambda m: m[1].upper(), part) for part in path.split("."))
+
+
+def _masked(resource: dict, paths: list[str]) -> dict:
+    """``resource`` with only the fields of ``paths`` (a FieldMask, snake_case or camelCase, dotted)."""
+    out: dict = {}
+    for path in paths:
+        parts = _camel(path).split(".")
+        source, target = resource, out
+        for part in parts[:-1]:
+            if part not in source:
+                break
+            source, target = source[part], target.setdefault(part, {})
+        else:
+            if parts[-1] in source:
+                target[parts[-1]] = copy.deepcopy(source[parts[-1]])
+    return out
 
 
 def _parse(message_type, raw: bytes):

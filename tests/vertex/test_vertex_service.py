@@ -3,6 +3,7 @@ pipeline of the same parameters as tpupipe's: no Ray cluster, no training, secon
 test writes, so a run stays active as long as the test needs. (No ``from __future__ import annotations`` here: KFP
 reads the components' real annotations.)"""
 
+import re
 import secrets
 import sys
 from datetime import timedelta
@@ -72,15 +73,15 @@ def service(tmp_path, monkeypatch):
 
 
 def _submission(service, **fields) -> vertex.Submission:
-    return vertex.Submission(
-        preset=PRESET,
-        overrides="",
-        project=PROJECT,
-        region=REGION,
-        pipeline_root=f"gs://{PROJECT}-tpupipe/pipeline-root",
-        template=service.template,
-        **fields,
-    )
+    given = {
+        "preset": PRESET,
+        "overrides": "",
+        "project": PROJECT,
+        "region": REGION,
+        "pipeline_root": f"gs://{PROJECT}-tpupipe/pipeline-root",
+        "template": service.template,
+    }
+    return vertex.Submission(**{**given, **fields})
 
 
 def test_a_schedule_limits_the_runs_not_yet_finished_not_the_runs_started(service):
@@ -116,3 +117,82 @@ def test_without_an_active_run_limit_scheduled_runs_overlap(service):
     first, second = service.advance(service.clock + week), service.advance(service.clock + week)
     assert len(first) == len(second) == 1
     assert all(service.job(n).resource["state"] not in TERMINAL for n in first + second)
+
+
+def _create(service, sub: vertex.Submission, job_id: str) -> str:
+    """Create the job ``submit`` would (``pipelines.vertex._job``) with the PipelineService client: ``submit``'s
+    SDK call would first get or create the pipeline root's bucket in Cloud Storage."""
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
+    )
+    job = vertex._job(sub, job_id)
+    created = client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job._gca_resource, pipeline_job_id=job.job_id
+    )
+    return created.name
+
+
+def test_runs_lists_only_tpupipe_jobs_newest_first_in_the_simple_view(service):
+    from google.cloud import aiplatform
+
+    other = aiplatform.PipelineJob(
+        display_name="not-ours", template_path=service.template, pipeline_root=f"gs://{PROJECT}-other/root"
+    )
+    ours = [
+        _create(service, _submission(service), vertex.new_job_id(PRESET)),
+        _create(service, _submission(service, preset="llama3-8b-v6e-16x2"), vertex.new_job_id("llama3-8b-v6e-16x2")),
+    ]
+    other.api_client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=other._gca_resource, pipeline_job_id="not-ours"
+    )
+    listed = vertex.runs()
+    assert [j["name"] for j in listed] == ours[::-1]  # newest first; the job without the label is not listed
+    assert all("root" not in j["pipelineSpec"] and "taskDetails" not in j.get("jobDetail", {}) for j in listed)
+    query = service.list_queries[-1]
+    assert query["filter"] == ["labels.tpupipe-preset:*"] and query["readMask"]
+    assert [j["name"] for j in vertex.runs(preset="llama3-8b-v6e-16x2")] == ours[1:]
+    assert vertex.runs(state="succeeded") == []
+    service.release.touch()
+    for name in ours:
+        service.wait(name, timeout_s=120)
+    assert [j["name"] for j in vertex.runs(preset=PRESET, state="succeeded")] == ours[:1]
+
+
+def test_job_ids_are_unique_per_submit_start_with_a_letter_and_match_the_documented_example():
+    from google.cloud.aiplatform.constants.pipeline import _VALID_NAME_PATTERN
+
+    from pipelines.cli_vertex import EXAMPLES
+    from tests.emulators.vertex import JOB_ID
+
+    ids = [vertex.new_job_id("llama3-8b-v6e-16x2") for _ in range(20)]  # all within a second or two
+    assert len(set(ids)) == len(ids)
+    for job_id in ids:
+        assert vertex.JOB_ID.match(job_id) and JOB_ID.match(job_id) and _VALID_NAME_PATTERN.match(job_id), job_id
+    documented = Path(__file__).parents[2].joinpath("docs", "vertex.md").read_text()
+    examples = [m for text in (EXAMPLES, documented) for m in re.findall(r"tpupipe-llama3[a-z0-9-]*", text)]
+    assert examples and all(vertex.JOB_ID.match(e) for e in examples), examples
+
+
+def test_the_emulator_refuses_a_job_id_vertex_refuses(service):
+    """The SDK refuses such an id before any call; the service does too (a client of the API alone)."""
+    import yaml
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
+    )
+    job = aiplatform_v1.PipelineJob(
+        pipeline_spec=yaml.safe_load(Path(service.template).read_text()),
+        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-tpupipe/root"},
+    )
+    with pytest.raises(exceptions.BadRequest, match="Invalid pipeline job id '1-starts-with-a-digit'"):
+        client.create_pipeline_job(
+            parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id="1-starts-with-a-digit"
+        )
