@@ -14,7 +14,8 @@ the spec's root inputs (names and types), a ``gs://`` pipeline root, and that ev
 Artifact Registry.
 
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
-container's command run with the pipeline image's Python first on PATH (the image's stand-in) and the emulated
+container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
+``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every task, with its reserved billing-id label) and the emulated
 cloud services' endpoints in its environment: nothing else is shared. Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
@@ -62,6 +63,10 @@ FILTER_TERM = re.compile(
 )
 MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
 GCS_MOUNT = Path("/gcs")
+BILLING_LABEL = "vertex-ai-pipelines-run-billing-id"
+# What Vertex AI Pipelines gives every task: the run's labels as JSON ("Resources generated from user-defined
+# components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation).
+RUN_LABELS_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 PARAMETER_TYPES = {
     "STRING": str,
@@ -322,8 +327,12 @@ class VertexEmulator(HttpEmulator):
         with self._lock:
             if name in self.jobs:
                 raise HttpError(409, f"PipelineJob {name} already exists.")
+            # "some reserved label key for Vertex AI Pipelines. - vertex-ai-pipelines-run-billing-id, user set value
+            # will get overrided" (PipelineJob.labels' field docs, google/cloud/aiplatform_v1/types/pipeline_job.py)
+            labels = {**resource.get("labels", {}), BILLING_LABEL: str(8_700_000_000_000_000_000 + len(self.jobs))}
             resource.update(
                 name=name,
+                labels=labels,
                 state="PIPELINE_STATE_PENDING",
                 createTime=_now(),
                 updateTime=_now(),
@@ -473,6 +482,7 @@ class VertexEmulator(HttpEmulator):
             "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
             "HOME": str(task_dir),
             "PYTHONUNBUFFERED": "1",
+            RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
         }
         detail = self._detail(job, task, "RUNNING")
         with open(task_dir / "task.log", "wb") as log:

@@ -151,6 +151,26 @@ def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
     assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
 
 
+def test_a_run_that_names_only_the_preset_takes_the_default_pipeline_root(tmp_path, compiled):
+    """What the Vertex UI's run form sends when only the preset is chosen: the root the compiled spec defaults to
+    (``defaultPipelineRoot``, the SDK's fallback too), the parameters' defaults for a gke run."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform
+
+    assert compiled["defaultPipelineRoot"] == "gs://my-project-tpupipe/pipeline-root"
+    path = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(path), TARGET)
+    job = aiplatform.PipelineJob(
+        display_name="ui",
+        template_path=str(path),
+        project="my-project",
+        location="us-east5",
+        parameter_values={"preset": "llama3-8b-v6e-16x2"},
+        credentials=AnonymousCredentials(),
+    )
+    assert job.to_dict()["runtimeConfig"]["gcsOutputDirectory"] == "gs://my-project-tpupipe/pipeline-root"
+
+
 def test_run_scoped_names_come_from_the_job_name(compiled):
     name, condition = _gate_condition(compiled)
     branch = compiled["components"][condition["componentRef"]["name"]]["dag"]["tasks"]

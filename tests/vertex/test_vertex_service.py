@@ -28,6 +28,7 @@ def hold(preset: str) -> str:
     import os
     import time
 
+    print("run labels:", os.environ.get("VERTEX_AI_PIPELINES_RUN_LABELS"))
     while not os.path.exists(os.environ["RELEASE"]):
         time.sleep(0.1)
     return preset
@@ -196,3 +197,15 @@ def test_the_emulator_refuses_a_job_id_vertex_refuses(service):
         client.create_pipeline_job(
             parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id="1-starts-with-a-digit"
         )
+
+
+def test_every_task_gets_the_run_labels_as_vertex_gives_them(service):
+    import json
+
+    name = _create(service, _submission(service, labels={"team": "ml"}), vertex.new_job_id(PRESET))
+    service.release.touch()
+    service.wait(name, timeout_s=120)
+    (line,) = [ln for ln in service.job(name).logs["hold"].splitlines() if ln.startswith("run labels:")]
+    labels = json.loads(line.removeprefix("run labels:"))
+    assert labels["tpupipe-preset"] == PRESET and labels["team"] == "ml"
+    assert labels["vertex-ai-pipelines-run-billing-id"].isdigit()
