@@ -149,6 +149,26 @@ def submit(sub: Submission, job_id: str = "") -> str:
     return job.resource_name
 
 
+def stages(job: dict) -> list[dict]:
+    """The job's component tasks (the stages) among its task details, which also hold its DAG-level tasks: the root
+    (named after the job), the exit handler's group and the condition's (``PipelineTaskDetail.parent_task_id``'s
+    field docs; the SDK's model_evaluation_job.py reads the root task by the job's name). A component task is one
+    whose component in the job's spec runs a container (``executorLabel``), not a DAG."""
+    spec = job.get("pipelineSpec", {})
+    names: set[str] = set()
+
+    def walk(component: dict) -> None:
+        for key, task in component.get("dag", {}).get("tasks", {}).items():
+            child = spec.get("components", {}).get(task["componentRef"]["name"], {})
+            if "dag" in child:
+                walk(child)
+            else:
+                names.add(task.get("taskInfo", {}).get("name", key))
+
+    walk(spec.get("root", {}))
+    return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
+
+
 def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -> dict:
     """Print each task's state as it changes until the job ends; the final job as a dict."""
     from google.cloud import aiplatform
@@ -156,7 +176,7 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
     seen: dict[str, str] = {}
     while True:
         job = aiplatform.PipelineJob.get(name).to_dict()
-        for task in job.get("jobDetail", {}).get("taskDetails", []):
+        for task in stages(job):
             if seen.get(task["taskName"]) != task["state"]:
                 seen[task["taskName"]] = task["state"]
                 log(f"  {task['taskName']:<20} {task['state'].lower()}")
@@ -166,9 +186,9 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
 
 
 def failing_stage(job: dict) -> str:
-    """The first task that failed, with its error, or ''."""
-    for task in job.get("jobDetail", {}).get("taskDetails", []):
-        if task["state"] == "FAILED" and task["taskName"] != "exit-handler-1":
+    """The first stage that failed, with its error, or ''."""
+    for task in stages(job):
+        if task["state"] == "FAILED":
             lines = [ln.strip() for ln in task.get("error", {}).get("message", "").splitlines() if ln.strip()]
             errors = [ln for ln in lines if "Error:" in ln]  # the exception that ended the task, when shown
             return f"{task['taskName']}: {(errors or lines or ['failed'])[-1]}"
@@ -285,7 +305,7 @@ def show(name: str) -> dict:
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob.get(name).to_dict()
-    tasks = job.get("jobDetail", {}).get("taskDetails", [])
+    tasks = stages(job)
     metrics = {}
     for task in tasks:
         for output in task.get("outputs", {}).values():
@@ -296,7 +316,7 @@ def show(name: str) -> dict:
         "name": job["name"],
         "state": job.get("state"),
         "preset": job.get("labels", {}).get(PRESET_LABEL),
-        "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
+        "stages": [(t["taskName"], t["state"]) for t in tasks],
         "metrics": metrics,
         "cost": cost_so_far(job),
         "console": console_url(job["name"]),

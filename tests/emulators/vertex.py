@@ -23,7 +23,10 @@ another's disk. The DAG runs in dependency order; a task waits for its upstream 
 ``ALL_UPSTREAM_TASKS_COMPLETED`` (the exit handler), which runs whatever happened. A task with a
 ``triggerPolicy.condition`` (what ``dsl.If`` compiles to: a CEL expression over the task's input parameters, such as
 ``inputs.parameter_values['pipelinechannel--register-decision'] == 'promote'``) runs only when it holds; when it
-does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Cancel sends SIGTERM to the
+does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Besides the component tasks, the
+job's task details hold its DAG-level tasks, as Vertex's do: the root (named after the job), the exit handler's group
+and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-promotes``), every task with the
+``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to the
 running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
 SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title, metadata).
 """
@@ -382,11 +385,13 @@ class VertexEmulator(HttpEmulator):
     def _run(self, name: str) -> None:
         job = self.jobs[name]
         self._set(job, state="PIPELINE_STATE_RUNNING", startTime=_now())
+        root = self._detail(job, name.rsplit("/", 1)[-1], "RUNNING")  # the root DAG's task, named after the job
         try:
-            ok = self._dag(job, job.spec["root"], dict(job.parameters))
+            ok = self._dag(job, job.spec["root"], dict(job.parameters), root["taskId"])
         except Exception as exc:  # noqa: BLE001 - the emulator's own failure ends the job, visibly
             ok = False
             self._set(job, error={"code": 13, "message": f"emulator: {exc}"})
+        self._end(job, root, ok)
         state = (
             "PIPELINE_STATE_CANCELLED"
             if job.cancelled.is_set()
@@ -396,8 +401,16 @@ class VertexEmulator(HttpEmulator):
         )
         self._set(job, state=state, endTime=_now())
 
-    def _dag(self, job: Job, component: dict, inputs: dict) -> bool:
-        """Run a DAG's tasks in dependency order; True when every task that ran succeeded."""
+    def _end(self, job: Job, detail: dict, ok: bool) -> None:
+        """A DAG task's end: succeeded when all its tasks did, else cancelled or failed with them (the emulator's
+        reading: Vertex documents the DAG tasks' states, not how they follow their children's)."""
+        with self._lock:
+            detail.update(state="SUCCEEDED" if ok else "CANCELLED" if job.cancelled.is_set() else "FAILED")
+            detail["endTime"] = _now()
+
+    def _dag(self, job: Job, component: dict, inputs: dict, parent: str) -> bool:
+        """Run a DAG's tasks in dependency order, each task's detail under the DAG's task ``parent``; True when
+        every task that ran succeeded."""
         tasks = component["dag"]["tasks"]
         outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
         outputs: dict[str, dict] = {}
@@ -409,23 +422,26 @@ class VertexEmulator(HttpEmulator):
             ]
             for task in sorted(ready):
                 spec = tasks[task]
+                shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
                 upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
                 always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
                 if not always and (not all(upstream) or job.cancelled.is_set()):
                     outcome[task] = None
-                    self._detail(job, task, "CANCELLED" if job.cancelled.is_set() else "SKIPPED")
+                    self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
                     continue
                 args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
                 condition = spec.get("triggerPolicy", {}).get("condition")
                 if condition and not condition_holds(condition, args):
                     outcome[task] = True  # not triggered: done, and no failure
-                    self._detail(job, spec.get("taskInfo", {}).get("name", task), "NOT_TRIGGERED")
+                    self._detail(job, shown, "NOT_TRIGGERED", parent)
                     continue
                 child = job.spec["components"][spec["componentRef"]["name"]]
-                if "dag" in child:
-                    outcome[task] = self._dag(job, child, args)
+                if "dag" in child:  # an exit handler's or a condition's group: a task of its own, as on Vertex
+                    group = self._detail(job, shown, "RUNNING", parent)
+                    outcome[task] = self._dag(job, child, args, group["taskId"])
+                    self._end(job, group, outcome[task])
                 else:
-                    outcome[task], outputs[task] = self._container(job, task, child, args)
+                    outcome[task], outputs[task] = self._container(job, task, child, args, shown, parent)
         return all(v is not False for v in outcome.values()) and not any(
             v is None and not job.cancelled.is_set() for v in outcome.values()
         )
@@ -446,7 +462,9 @@ class VertexEmulator(HttpEmulator):
                 )
         return values
 
-    def _container(self, job: Job, task: str, component: dict, args: dict) -> tuple[bool, dict]:
+    def _container(
+        self, job: Job, task: str, component: dict, args: dict, shown: str, parent: str
+    ) -> tuple[bool, dict]:
         """One task: its own directory and process group; its artifacts moved to the storage emulator after it."""
         executor = job.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
         task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
@@ -484,7 +502,7 @@ class VertexEmulator(HttpEmulator):
             "PYTHONUNBUFFERED": "1",
             RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
         }
-        detail = self._detail(job, task, "RUNNING")
+        detail = self._detail(job, shown, "RUNNING", parent)
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
                 job.running = subprocess.Popen(
@@ -550,7 +568,11 @@ class VertexEmulator(HttpEmulator):
             shutil.rmtree(local, ignore_errors=True)
         return {"parameters": parameters, "artifacts": merged}
 
-    def _detail(self, job: Job, task: str, state: str) -> dict:
+    def _detail(self, job: Job, task: str, state: str, parent: str = "") -> dict:
+        """A PipelineTaskDetail: ``parentTaskId`` is "the id of the parent task if the task is within a component
+        scope. Empty if the task is at the root level" (its field docs, google/cloud/aiplatform_v1/types/
+        pipeline_job.py); the root level is the job's own task, named after the job (the SDK finds the root's
+        outputs that way: google/cloud/aiplatform/model_evaluation/model_evaluation_job.py)."""
         detail = {
             "taskId": str(len(job.tasks) + 1),
             "taskName": task,
@@ -558,6 +580,8 @@ class VertexEmulator(HttpEmulator):
             "createTime": _now(),
             "startTime": _now(),
         }
+        if parent:
+            detail["parentTaskId"] = parent
         with self._lock:
             job.tasks.append(detail)
             job.resource["jobDetail"] = {"taskDetails": job.tasks}

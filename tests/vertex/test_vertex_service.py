@@ -46,6 +46,32 @@ def tiny(preset: str = PRESET, overrides: str = "", run_id: str = ""):
     hold(preset=preset)
 
 
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def boom(preset: str) -> str:
+    raise RuntimeError(f"no capacity for {preset}")
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def clean() -> str:
+    return "cleaned"
+
+
+@dsl.pipeline(name="staged")
+def staged(preset: str = PRESET, overrides: str = "", run_id: str = ""):
+    """tpupipe's shape: stages inside an exit handler named "run", one under a condition, the exit task outside.
+
+    Args:
+        preset: The preset.
+        overrides: Spec overrides.
+        run_id: The run id.
+    """
+    end = clean().set_display_name("teardown")
+    with dsl.ExitHandler(end, name="run"):
+        first = hold(preset=preset)
+        with dsl.If(first.output == PRESET, name="gate-promotes"):
+            boom(preset=preset)
+
+
 @pytest.fixture
 def service(tmp_path, monkeypatch):
     """Vertex AI Pipelines, its tasks released by ``service.release``; the template is ``service.template``."""
@@ -209,3 +235,32 @@ def test_every_task_gets_the_run_labels_as_vertex_gives_them(service):
     labels = json.loads(line.removeprefix("run labels:"))
     assert labels["tpupipe-preset"] == PRESET and labels["team"] == "ml"
     assert labels["vertex-ai-pipelines-run-billing-id"].isdigit()
+
+
+def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(service, tmp_path):
+    """Vertex lists the DAG-level tasks too (the root named after the job, "run", "gate-promotes"), and they fail
+    with the component: the failing stage is the component."""
+    from google.cloud import aiplatform
+
+    template = str(tmp_path / "staged.yaml")
+    compiler.Compiler().compile(staged, template)
+    service.release.touch()
+    job_id = vertex.new_job_id(PRESET)
+    name = _create(service, _submission(service, template=template), job_id)
+    service.wait(name, timeout_s=120)
+    details = {t["taskName"]: t for t in service.job(name).resource["jobDetail"]["taskDetails"]}
+    assert {n: d["state"] for n, d in details.items()} == {
+        job_id: "FAILED",
+        "run": "FAILED",
+        "hold": "SUCCEEDED",
+        "gate-promotes": "FAILED",
+        "boom": "FAILED",
+        "teardown": "SUCCEEDED",
+    }
+    assert "parentTaskId" not in details[job_id]
+    assert details["boom"]["parentTaskId"] == details["gate-promotes"]["taskId"]
+    assert details["gate-promotes"]["parentTaskId"] == details["run"]["taskId"] == "2"
+    job = aiplatform.PipelineJob.get(name).to_dict()
+    assert vertex.failing_stage(job) == "boom: RuntimeError: no capacity for " + PRESET
+    shown = vertex.show(name)
+    assert shown["stages"] == [("hold", "SUCCEEDED"), ("boom", "FAILED"), ("teardown", "SUCCEEDED")]
