@@ -79,7 +79,7 @@ def _place_args(p) -> None:
 
 def cmd_submit(args) -> int:
     sub = _submission(args)
-    name = vertex.submit(sub)
+    name = vertex.submit(sub, publish_first=args.publish)
     print(f"submitted {name}\n  {vertex.console_url(name)}", flush=True)
     if not args.wait:
         return 0
@@ -143,13 +143,20 @@ def add_commands(sub) -> None:
         "submit",
         help="submit a run to Vertex AI Pipelines",
         description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
-        "input exits 2 before any call); prints the job and its console URL. --wait follows the "
+        "input exits 2 before any call, as does a components image missing from Artifact Registry); prints the "
+        "job and its console URL. --wait follows the "
         "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _job_args(p)
     p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 or 1 with its outcome")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish this source tree first (`tpupipe publish`: its components image built if missing); without "
+        "it, a tree whose image is not in Artifact Registry is refused (exit 2)",
+    )
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(

@@ -119,7 +119,28 @@ def new_job_id(preset: str) -> str:
     return job_id
 
 
-def _job(sub: Submission, job_id: str = ""):
+def published_template(sub: Submission, publish_first: bool = False, log: Callable[[str], None] = print) -> str:
+    """The job's template, its images in Artifact Registry: with ``publish_first``, ``tpupipe publish`` of this tree
+    first; else a missing image is refused (exit 2) with the command that publishes it."""
+    from pipelines.pipeline import Target
+    from pipelines.publish import missing_images, publish
+
+    if publish_first and sub.template:
+        raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])
+    if publish_first:
+        publish(Target(project=sub.project, region=sub.region), "tpupipe-pipelines", "", log=log)
+    template = _template(sub)
+    missing = missing_images(template)
+    if missing:
+        raise SpecError(
+            "image",
+            f"{missing[0]} is not in Artifact Registry: every task would fail at image pull. Publish this source "
+            f"tree first: tpupipe publish --project {sub.project} --region {sub.region} (or add --publish)",
+        )
+    return template
+
+
+def _job(sub: Submission, job_id: str = "", template: str = ""):
     from google.cloud import aiplatform
 
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
@@ -127,7 +148,7 @@ def _job(sub: Submission, job_id: str = ""):
         parameters["run_id"] = sub.run_id
     return aiplatform.PipelineJob(
         display_name=f"tpupipe-{sub.preset}",
-        template_path=_template(sub),
+        template_path=template or _template(sub),
         job_id=job_id or None,
         pipeline_root=sub.pipeline_root,
         parameter_values=parameters,
@@ -140,11 +161,12 @@ def console_url(name: str) -> str:
     return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
 
 
-def submit(sub: Submission, job_id: str = "") -> str:
-    """Submit one job; its resource name."""
+def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: Callable[[str], None] = print) -> str:
+    """Submit one job (its image published, or refused); its resource name."""
     check(sub)
+    template = published_template(sub, publish_first, log)
     init(sub.project, sub.region)
-    job = _job(sub, job_id or new_job_id(sub.preset))
+    job = _job(sub, job_id or new_job_id(sub.preset), template)
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name
 
@@ -227,10 +249,11 @@ def schedule_create(
         raise SpecError("NAME", f"{name!r} is not a schedule name (letters, digits, ' ', '_', '.', '-')")
     if max_concurrent < 1:
         raise SpecError("--max-concurrent", f"must be at least 1, got {max_concurrent}")
+    template = published_template(sub)
     init(sub.project, sub.region)
     if _schedule(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
-    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub), display_name=name)
+    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub, template=template), display_name=name)
     # max_concurrent_active_run_count limits the runs "in a non-terminal state"; max_concurrent_run_count (required)
     # only the runs being *started* at once (the field docs of google.cloud.aiplatform_v1.types.Schedule): one
     # fine-tune at a time needs the first.

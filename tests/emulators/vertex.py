@@ -10,8 +10,9 @@ The same endpoint serves Vertex AI Model Registry's ``ModelService`` (``tests.em
 it.
 
 What it validates, as Vertex does: the parent ``projects/P/locations/L``, the job id pattern, the parameters against
-the spec's root inputs (names and types), a ``gs://`` pipeline root, and that every task's image is in the emulated
-Artifact Registry.
+the spec's root inputs (names and types) and a ``gs://`` pipeline root. A task's image is not looked at when the job
+is created: a task whose image is not in the emulated Artifact Registry fails when it starts, at image pull (the
+wording of its error is this emulator's: Vertex documents no message for it).
 
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
 container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
@@ -317,15 +318,6 @@ class VertexEmulator(HttpEmulator):
         if not root.startswith("gs://"):
             raise HttpError(400, f"The pipeline root must be a gs:// path, got {root!r}.")
         parameters = self._parameters(spec, resource.get("runtimeConfig", {}).get("parameterValues", {}))
-        missing = sorted(
-            {
-                e["container"]["image"]
-                for e in spec.get("deploymentSpec", {}).get("executors", {}).values()
-                if not self.registry.has_image(e["container"]["image"])
-            }
-        )
-        if missing:
-            raise HttpError(400, f"Image {missing[0]} not found in Artifact Registry; push it first.")
         name = f"{parent}/pipelineJobs/{job_id}"
         with self._lock:
             if name in self.jobs:
@@ -503,6 +495,16 @@ class VertexEmulator(HttpEmulator):
             RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
         }
         detail = self._detail(job, shown, "RUNNING", parent)
+        if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
+            with self._lock:
+                detail.update(state="FAILED", endTime=_now())
+                detail["error"] = {
+                    "code": 5,
+                    "message": f"emulator: failed to pull image {executor['image']}: not found",
+                }
+            job.logs[task] = detail["error"]["message"]
+            shutil.rmtree(task_dir, ignore_errors=True)
+            return False, {"parameters": {}, "artifacts": {}}
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
                 job.running = subprocess.Popen(

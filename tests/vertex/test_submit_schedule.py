@@ -92,6 +92,27 @@ def test_submit_wait_of_a_failing_run_exits_1_naming_the_stage(project_factory):
     assert "failed — provision: " in proc.stdout and "CapacityError: no capacity" in proc.stdout, proc.stdout[-3000:]
 
 
+def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_submits(project_factory):
+    """This tree's components image is not in Artifact Registry (as after any source change since the last
+    publish): refused before any Vertex AI call; ``--publish`` builds it, uploads the template, then submits."""
+    project = project_factory(vertex=True)
+    project.gke.stockout(when=lambda request: True, times=1_000)  # the run itself fails fast: this is about submit
+    refused = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"tpupipe publish --project {PROJECT} --region {REGION}" in refused.stderr
+    assert project.vertex.calls == []
+    published = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--publish")
+    assert published.returncode == 0, published.stdout[-3000:] + published.stderr[-3000:]
+    assert "publish: template " in published.stdout and "submitted projects/" in published.stdout
+    (template,) = project.kfp.packages.values()
+    assert "latest" in template["tags"]
+    job = project.vertex.job(published.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1])
+    assert {
+        project.registry.has_image(e["container"]["image"]) for e in job.spec["deploymentSpec"]["executors"].values()
+    } == {True}
+    project.vertex.wait(job.resource["name"], timeout_s=300)
+
+
 def test_runs_cancel_ends_cancelled_after_teardown(project_factory):
     project = project_factory(vertex=True)
     _published(project)

@@ -88,8 +88,14 @@ def service(tmp_path, monkeypatch):
         token=token,
     )
     endpoint = emulator.start()
-    for key, value in ((VERTEX_ENDPOINT_ENV, endpoint), (EMULATOR_HOST_ENV, endpoint), (EMULATOR_TOKEN_ENV, token)):
+    for key, value in (
+        (VERTEX_ENDPOINT_ENV, endpoint),
+        (EMULATOR_HOST_ENV, endpoint),
+        (EMULATOR_TOKEN_ENV, token),
+        ("TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST", registry.start()),
+    ):
         monkeypatch.setenv(key, value)
+    emulator.registry_server = registry
     emulator.template = str(tmp_path / "tiny.yaml")
     compiler.Compiler().compile(tiny, emulator.template)
     emulator.release = release
@@ -97,6 +103,7 @@ def service(tmp_path, monkeypatch):
     yield emulator
     release.touch()
     emulator.stop()
+    registry.stop()
 
 
 def _submission(service, **fields) -> vertex.Submission:
@@ -264,3 +271,50 @@ def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(servi
     assert vertex.failing_stage(job) == "boom: RuntimeError: no capacity for " + PRESET
     shown = vertex.show(name)
     assert shown["stages"] == [("hold", "SUCCEEDED"), ("boom", "FAILED"), ("teardown", "SUCCEEDED")]
+
+
+@pytest.mark.parametrize("template", ["", "missing"])
+def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_publish(
+    service, tmp_path, capsys, template
+):
+    """The image the compiled tree (or the template given) names is not in Artifact Registry: exit 2 naming the
+    command that publishes it, before any Vertex AI call."""
+    from pipelines.cli import main
+
+    args = ["submit", PRESET, "--project", PROJECT, "--region", REGION]
+    if template:
+        path = tmp_path / "missing.yaml"
+        path.write_text(Path(service.template).read_text().replace(":tiny", ":never-built"))
+        args += ["--template", str(path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: image: " in err and "is not in Artifact Registry" in err
+    assert f"tpupipe publish --project {PROJECT} --region {REGION} (or add --publish)" in err
+    assert service.calls == []
+    if template:  # --publish publishes this source tree: with another template it is refused
+        assert main([*args, "--publish"]) == 2
+        assert "error: --publish: publishes this source tree's image" in capsys.readouterr().err
+
+
+def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, monkeypatch):
+    from tests.emulators.storage import StorageEmulator
+
+    storage = StorageEmulator({PROJECT: "123456789012"})
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    try:
+        sub = _submission(service, service_account=f"pipelines@{PROJECT}.iam.gserviceaccount.com")
+        name = vertex.submit(sub, log=lambda m: None)
+    finally:
+        storage.stop()
+    assert vertex.JOB_ID.match(name.rsplit("/", 1)[-1]) and service.calls == ["CreatePipelineJob"]
+
+
+def test_a_job_whose_image_is_missing_is_created_and_its_task_fails_at_image_pull(service, tmp_path):
+    """Vertex AI does not look at the images when it creates a job: the task fails when it starts."""
+    path = tmp_path / "missing.yaml"
+    path.write_text(Path(service.template).read_text().replace(":tiny", ":never-built"))
+    name = _create(service, _submission(service, template=str(path)), vertex.new_job_id(PRESET))
+    resource = service.wait(name, timeout_s=60)
+    assert resource["state"] == "PIPELINE_STATE_FAILED"
+    (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
+    assert hold["state"] == "FAILED" and "failed to pull image" in hold["error"]["message"]
