@@ -131,30 +131,9 @@ def test_compiling_twice_gives_the_same_bytes(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform
-
-    path = tmp_path / "pipeline.yaml"
-    compile_pipeline(str(path), TARGET)
-    job = aiplatform.PipelineJob(
-        display_name="offline",
-        template_path=str(path),
-        project="my-project",
-        location="us-east5",
-        pipeline_root="gs://my-project-tpupipe/pipeline-root",
-        parameter_values={"preset": "llama3-8b-v6e-16x2"},
-        credentials=AnonymousCredentials(),
-    )
-    resource = job.to_dict()
-    assert resource["runtimeConfig"]["parameterValues"] == {"preset": "llama3-8b-v6e-16x2"}
-    defaults = resource["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
-    assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
-
-
-def test_a_run_that_names_only_the_preset_takes_the_default_pipeline_root(tmp_path, compiled):
+def test_a_run_that_names_only_the_preset_loads_offline_into_a_vertex_pipeline_job(tmp_path, compiled):
     """What the Vertex UI's run form sends when only the preset is chosen: the root the compiled spec defaults to
-    (``defaultPipelineRoot``, the SDK's fallback too), the parameters' defaults for a gke run."""
+    (``defaultPipelineRoot``, the SDK's fallback too) and the parameters' defaults for a gke run."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import aiplatform
 
@@ -162,14 +141,18 @@ def test_a_run_that_names_only_the_preset_takes_the_default_pipeline_root(tmp_pa
     path = tmp_path / "pipeline.yaml"
     compile_pipeline(str(path), TARGET)
     job = aiplatform.PipelineJob(
-        display_name="ui",
+        display_name="offline",
         template_path=str(path),
         project="my-project",
         location="us-east5",
         parameter_values={"preset": "llama3-8b-v6e-16x2"},
         credentials=AnonymousCredentials(),
     )
-    assert job.to_dict()["runtimeConfig"]["gcsOutputDirectory"] == "gs://my-project-tpupipe/pipeline-root"
+    resource = job.to_dict()
+    assert resource["runtimeConfig"]["parameterValues"] == {"preset": "llama3-8b-v6e-16x2"}
+    assert resource["runtimeConfig"]["gcsOutputDirectory"] == "gs://my-project-tpupipe/pipeline-root"
+    defaults = resource["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
+    assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
 
 
 def test_run_scoped_names_come_from_the_job_name(compiled):

@@ -20,6 +20,7 @@ from tests.emulators.vertex import TERMINAL, VertexEmulator
 PROJECT, REGION = "tpupipe-emulated", "us-east5"
 IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/pipeline:tiny"
 PRESET = "gemma4-e2b-v6e-16"
+FAILING = "llama3-8b-v6e-16x2"  # a job of this preset fails in the tiny pipeline
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -34,18 +35,6 @@ def hold(preset: str) -> str:
     return preset
 
 
-@dsl.pipeline(name="tiny")
-def tiny(preset: str = PRESET, overrides: str = "", run_id: str = ""):
-    """A pipeline of tpupipe's parameters.
-
-    Args:
-        preset: The preset.
-        overrides: Spec overrides.
-        run_id: The run id.
-    """
-    hold(preset=preset)
-
-
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def boom(preset: str) -> str:
     raise RuntimeError(f"no capacity for {preset}")
@@ -56,9 +45,10 @@ def clean() -> str:
     return "cleaned"
 
 
-@dsl.pipeline(name="staged")
-def staged(preset: str = PRESET, overrides: str = "", run_id: str = ""):
-    """tpupipe's shape: stages inside an exit handler named "run", one under a condition, the exit task outside.
+@dsl.pipeline(name="tiny")
+def tiny(preset: str = PRESET, overrides: str = "", run_id: str = ""):
+    """tpupipe's parameters and shape: stages inside an exit handler named "run", one under a condition (it runs, and
+    fails, for the preset FAILING), the exit task outside.
 
     Args:
         preset: The preset.
@@ -68,7 +58,7 @@ def staged(preset: str = PRESET, overrides: str = "", run_id: str = ""):
     end = clean().set_display_name("teardown")
     with dsl.ExitHandler(end, name="run"):
         first = hold(preset=preset)
-        with dsl.If(first.output == PRESET, name="gate-promotes"):
+        with dsl.If(first.output == FAILING, name="gate-promotes"):
             boom(preset=preset)
 
 
@@ -178,7 +168,7 @@ def test_runs_lists_only_tpupipe_jobs_newest_first_in_the_simple_view(service):
     )
     ours = [
         _create(service, _submission(service), vertex.new_job_id(PRESET)),
-        _create(service, _submission(service, preset="llama3-8b-v6e-16x2"), vertex.new_job_id("llama3-8b-v6e-16x2")),
+        _create(service, _submission(service, preset=FAILING), vertex.new_job_id(FAILING)),
     ]
     other.api_client.create_pipeline_job(
         parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=other._gca_resource, pipeline_job_id="not-ours"
@@ -188,7 +178,7 @@ def test_runs_lists_only_tpupipe_jobs_newest_first_in_the_simple_view(service):
     assert all("root" not in j["pipelineSpec"] and "taskDetails" not in j.get("jobDetail", {}) for j in listed)
     query = service.list_queries[-1]
     assert query["filter"] == ["labels.tpupipe-preset:*"] and query["readMask"]
-    assert [j["name"] for j in vertex.runs(preset="llama3-8b-v6e-16x2")] == ours[1:]
+    assert [j["name"] for j in vertex.runs(preset=FAILING)] == ours[1:]
     assert vertex.runs(state="succeeded") == []
     service.release.touch()
     for name in ours:
@@ -244,16 +234,14 @@ def test_every_task_gets_the_run_labels_as_vertex_gives_them(service):
     assert labels["vertex-ai-pipelines-run-billing-id"].isdigit()
 
 
-def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(service, tmp_path):
+def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(service):
     """Vertex lists the DAG-level tasks too (the root named after the job, "run", "gate-promotes"), and they fail
     with the component: the failing stage is the component."""
     from google.cloud import aiplatform
 
-    template = str(tmp_path / "staged.yaml")
-    compiler.Compiler().compile(staged, template)
     service.release.touch()
-    job_id = vertex.new_job_id(PRESET)
-    name = _create(service, _submission(service, template=template), job_id)
+    job_id = vertex.new_job_id(FAILING)
+    name = _create(service, _submission(service, preset=FAILING), job_id)
     service.wait(name, timeout_s=120)
     details = {t["taskName"]: t for t in service.job(name).resource["jobDetail"]["taskDetails"]}
     assert {n: d["state"] for n, d in details.items()} == {
@@ -268,7 +256,7 @@ def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(servi
     assert details["boom"]["parentTaskId"] == details["gate-promotes"]["taskId"]
     assert details["gate-promotes"]["parentTaskId"] == details["run"]["taskId"] == "2"
     job = aiplatform.PipelineJob.get(name).to_dict()
-    assert vertex.failing_stage(job) == "boom: RuntimeError: no capacity for " + PRESET
+    assert vertex.failing_stage(job) == "boom: RuntimeError: no capacity for " + FAILING
     shown = vertex.show(name)
     assert shown["stages"] == [("hold", "SUCCEEDED"), ("boom", "FAILED"), ("teardown", "SUCCEEDED")]
 
