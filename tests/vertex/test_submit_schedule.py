@@ -90,6 +90,14 @@ def test_submit_wait_of_a_failing_run_exits_1_naming_the_stage(project_factory):
     proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--wait")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "failed — provision: " in proc.stdout and "CapacityError: no capacity" in proc.stdout, proc.stdout[-3000:]
+    # The job's task details hold its DAG-level tasks too (the root, "run"), failed with provision: neither is a
+    # stage of `runs show`.
+    name = proc.stdout.split("submitted ", 1)[1].split()[0]
+    details = {t["taskName"]: t["state"] for t in _job(project, name).resource["jobDetail"]["taskDetails"]}
+    assert details[name.rsplit("/", 1)[-1]] == details["run"] == "FAILED"
+    shown = _tpupipe(project, "runs", "show", name, *PLACE)
+    stages = [line.split()[0] for line in shown.stdout.splitlines()[2:] if line.split()[-1] in ("failed", "succeeded")]
+    assert stages == ["provision", "teardown"], shown.stdout
 
 
 def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_submits(project_factory):
