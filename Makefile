@@ -56,7 +56,7 @@ test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster and need no
 test-e2e: envs ## the tier that starts real local Ray clusters and trains: local, gke and Vertex AI emulated runs
 	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests
 
-compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION (offline)
+compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION and check it as Vertex AI will read it (offline)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)
 
 bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one run, each against its target); writes bench/results.json

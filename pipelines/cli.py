@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from pipelines import check
 from pipelines.cli_common import add_set, fail, overrides
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
@@ -83,10 +84,17 @@ def cmd_compile(args) -> int:
         compile_pipeline(args.output, target, janitor_pipeline)
     else:
         compile_pipeline(args.output, target)
+    check.check(args.output, target.project, target.region)
     print(
         f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
-        f"project {target.project}, bucket {target.run_bucket})"
+        f"project {target.project}, bucket {target.run_bucket}); checked as Vertex AI will read it"
     )
+    return 0
+
+
+def cmd_check_pipeline(args) -> int:
+    check.check(args.file, args.project, args.region)
+    print(f"{args.file}: Vertex AI can run it as compiled (every parameter typed, defaulted and described)")
     return 0
 
 
@@ -248,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
         "schedule beside it",
     )
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "check-pipeline",
+        help="check a compiled pipeline as Vertex AI will read it (offline); exit 2 naming each problem",
+        description="Check a compiled pipeline offline as Vertex AI Pipelines will read it: the PipelineSpec "
+        "parses, every parameter is typed, defaulted and described, the default pipeline root is gs://, and the "
+        "SDK builds a job of it with the defaults. `tpupipe compile` runs the same check on what it compiles.",
+    )
+    p.add_argument("file", help="the compiled pipeline (YAML)")
+    _with_target_args(p)
+    p.set_defaults(func=cmd_check_pipeline)
 
     p = sub.add_parser(
         "publish",

@@ -11,7 +11,7 @@ EXAMPLES = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --region us-east5 --wait
   tpupipe schedule create weekly-gemma gemma4-e2b-v6e-16 --cron "TZ=Europe/Paris 0 3 * * 1" --project my-project
   tpupipe runs list --state failed
-  tpupipe runs cancel tpupipe-llama3-8b-v6e-16x2-20261130120000
+  tpupipe runs cancel tpupipe-llama3-8b-v6e-16x2-20261130120000-3f9a2c
 """
 
 
@@ -79,7 +79,7 @@ def _place_args(p) -> None:
 
 def cmd_submit(args) -> int:
     sub = _submission(args)
-    name = vertex.submit(sub)
+    name = vertex.submit(sub, publish_first=args.publish)
     print(f"submitted {name}\n  {vertex.console_url(name)}", flush=True)
     if not args.wait:
         return 0
@@ -113,8 +113,8 @@ def cmd_runs(args) -> int:
     if args.action == "list":
         for job in vertex.runs(args.preset, args.state):
             print(
-                f"{job['name'].rsplit('/', 1)[-1]:<48} {job.get('state', '').removeprefix('PIPELINE_STATE_'):<10} "
-                f"{job.get('labels', {}).get('tpupipe-preset', '')}"
+                f"{job['name'].rsplit('/', 1)[-1]:<52} {job.get('state', '').removeprefix('PIPELINE_STATE_'):<10} "
+                f"{job.get('createTime', '')[:19]:<20} {job.get('labels', {}).get(vertex.PRESET_LABEL, '')}"
             )
         return 0
     name = vertex.job_name(args.job, args.project, args.region)
@@ -143,13 +143,20 @@ def add_commands(sub) -> None:
         "submit",
         help="submit a run to Vertex AI Pipelines",
         description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
-        "input exits 2 before any call); prints the job and its console URL. --wait follows the "
+        "input exits 2 before any call, as does a components image missing from Artifact Registry); prints the "
+        "job and its console URL. --wait follows the "
         "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _job_args(p)
     p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 or 1 with its outcome")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish this source tree first (`tpupipe publish`: its components image built if missing); without "
+        "it, a tree whose image is not in Artifact Registry is refused (exit 2)",
+    )
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
@@ -182,7 +189,13 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("runs", help="list, show or cancel runs on Vertex AI")
     actions = p.add_subparsers(dest="action", required=True)
-    a = actions.add_parser("list", help="the runs, newest first")
+    a = actions.add_parser(
+        "list",
+        help="tpupipe's runs, newest first",
+        description="tpupipe's runs (its jobs, by their tpupipe-preset label), newest first: job id, state, "
+        "creation time (UTC), preset. A job id is tpupipe-PRESET-YYYYMMDDHHMMSS-XXXXXX (UTC, 6 random hex digits); "
+        "a scheduled run's is the schedule's.",
+    )
     a.add_argument("--preset", default="", help="only runs of this preset")
     a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
     _place_args(a)

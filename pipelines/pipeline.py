@@ -86,6 +86,11 @@ class Target:
     def run_bucket(self) -> str:
         return self.bucket or f"{self.project}-tpupipe"
 
+    @property
+    def pipeline_root(self) -> str:
+        """Where Vertex AI writes the runs' artifacts when a run names no pipeline root."""
+        return f"gs://{self.run_bucket}/pipeline-root"
+
     def image(self, tag: str) -> str:
         return f"{self.region}-docker.pkg.dev/{self.project}/{self.repository}/{PIPELINE_IMAGE}:{tag}"
 
@@ -135,5 +140,9 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> 
     for name, value in defaults.items():
         if name in parameters:
             parameters[name]["defaultValue"] = value
+    # The pipeline root a run takes when it names none: what kfp writes from @dsl.pipeline(pipeline_root=...)
+    # (kfp/dsl/graph_component.py), what the SDK falls back to (PipelineJob's "defaultPipelineRoot") and the Vertex
+    # UI's run form offers, so that form needs only the preset.
+    spec["defaultPipelineRoot"] = target.pipeline_root
     Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
     return path

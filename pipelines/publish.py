@@ -50,6 +50,23 @@ def build_body(target: Target, image: str, tag: str) -> dict:
     }
 
 
+def missing_images(template: str) -> list[str]:
+    """The images a compiled pipeline file's tasks name that are not in Artifact Registry (the call ``publish``
+    makes before it builds): on Vertex AI each such task would fail at image pull. A registry URL's template is not
+    read: it was published with its image."""
+    import yaml
+
+    from components.platforms.credentials import credentials
+    from components.platforms.gke import build as gke_build
+
+    if template.startswith("https://"):
+        return []
+    spec = yaml.safe_load(Path(template).read_text())
+    images = sorted({e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()})
+    registry = gke_build.Registry(gke_build.registry_client(credentials()), log=lambda m: None)
+    return [image for image in images if not gke_build.has_image(registry, image)]
+
+
 def publish(target: Target, kfp_repository: str, version: str, log=print) -> Published:
     from components.platforms.credentials import credentials
     from components.platforms.gke import build as gke_build

@@ -30,6 +30,14 @@ CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+PRESET_LABEL = "tpupipe-preset"  # on every job tpupipe submits or schedules: what `runs list` lists by
+# A pipeline job id: "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
+# CreatePipelineJobRequest.pipeline_job_id, google/cloud/aiplatform_v1/types/pipeline_service.py), starting with a
+# letter (the SDK's _VALID_NAME_PATTERN, google/cloud/aiplatform/constants/pipeline.py).
+VERTEX_JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
+# Ours: the SDK's default ("<pipeline name>-<timestamp>", to the second) with the preset and a random suffix, so two
+# submits in the same second do not collide.
+JOB_ID = re.compile(r"^tpupipe-(?P<preset>[a-z0-9-]+)-(?P<time>\d{14})-(?P<suffix>[0-9a-f]{6})$")
 SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}$")
 
 
@@ -100,7 +108,39 @@ def _template(sub: Submission) -> str:
     return compile_pipeline(str(path), Target(project=sub.project, region=sub.region))
 
 
-def _job(sub: Submission, job_id: str = ""):
+def new_job_id(preset: str) -> str:
+    """A job id of its own for one submit: ``tpupipe-PRESET-YYYYMMDDHHMMSS-XXXXXX`` (UTC, 6 random hex digits)."""
+    import secrets
+    from datetime import UTC, datetime
+
+    job_id = f"tpupipe-{preset}-{datetime.now(UTC):%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
+    if not VERTEX_JOB_ID.match(job_id):
+        raise SpecError("preset", f"{preset!r} makes the job id {job_id!r}, which Vertex AI refuses")
+    return job_id
+
+
+def published_template(sub: Submission, publish_first: bool = False, log: Callable[[str], None] = print) -> str:
+    """The job's template, its images in Artifact Registry: with ``publish_first``, ``tpupipe publish`` of this tree
+    first; else a missing image is refused (exit 2) with the command that publishes it."""
+    from pipelines.pipeline import Target
+    from pipelines.publish import missing_images, publish
+
+    if publish_first and sub.template:
+        raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])
+    if publish_first:
+        publish(Target(project=sub.project, region=sub.region), "tpupipe-pipelines", "", log=log)
+    template = _template(sub)
+    missing = missing_images(template)
+    if missing:
+        raise SpecError(
+            "image",
+            f"{missing[0]} is not in Artifact Registry: every task would fail at image pull. Publish this source "
+            f"tree first: tpupipe publish --project {sub.project} --region {sub.region} (or add --publish)",
+        )
+    return template
+
+
+def _job(sub: Submission, job_id: str = "", template: str = ""):
     from google.cloud import aiplatform
 
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
@@ -108,11 +148,11 @@ def _job(sub: Submission, job_id: str = ""):
         parameters["run_id"] = sub.run_id
     return aiplatform.PipelineJob(
         display_name=f"tpupipe-{sub.preset}",
-        template_path=_template(sub),
+        template_path=template or _template(sub),
         job_id=job_id or None,
         pipeline_root=sub.pipeline_root,
         parameter_values=parameters,
-        labels={"tpupipe-preset": sub.preset, **sub.labels},
+        labels={PRESET_LABEL: sub.preset, **sub.labels},
     )
 
 
@@ -121,13 +161,34 @@ def console_url(name: str) -> str:
     return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
 
 
-def submit(sub: Submission, job_id: str = "") -> str:
-    """Submit one job; its resource name."""
+def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: Callable[[str], None] = print) -> str:
+    """Submit one job (its image published, or refused); its resource name."""
     check(sub)
+    template = published_template(sub, publish_first, log)
     init(sub.project, sub.region)
-    job = _job(sub, job_id)
+    job = _job(sub, job_id or new_job_id(sub.preset), template)
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name
+
+
+def stages(job: dict) -> list[dict]:
+    """The job's component tasks (the stages) among its task details, which also hold its DAG-level tasks: the root
+    (named after the job), the exit handler's group and the condition's (``PipelineTaskDetail.parent_task_id``'s
+    field docs; the SDK's model_evaluation_job.py reads the root task by the job's name). A component task is one
+    whose component in the job's spec runs a container (``executorLabel``), not a DAG."""
+    spec = job.get("pipelineSpec", {})
+    names: set[str] = set()
+
+    def walk(component: dict) -> None:
+        for key, task in component.get("dag", {}).get("tasks", {}).items():
+            child = spec.get("components", {}).get(task["componentRef"]["name"], {})
+            if "dag" in child:
+                walk(child)
+            else:
+                names.add(task.get("taskInfo", {}).get("name", key))
+
+    walk(spec.get("root", {}))
+    return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
 
 
 def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -> dict:
@@ -137,7 +198,7 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
     seen: dict[str, str] = {}
     while True:
         job = aiplatform.PipelineJob.get(name).to_dict()
-        for task in job.get("jobDetail", {}).get("taskDetails", []):
+        for task in stages(job):
             if seen.get(task["taskName"]) != task["state"]:
                 seen[task["taskName"]] = task["state"]
                 log(f"  {task['taskName']:<20} {task['state'].lower()}")
@@ -147,9 +208,9 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
 
 
 def failing_stage(job: dict) -> str:
-    """The first task that failed, with its error, or ''."""
-    for task in job.get("jobDetail", {}).get("taskDetails", []):
-        if task["state"] == "FAILED" and task["taskName"] != "exit-handler-1":
+    """The first stage that failed, with its error, or ''."""
+    for task in stages(job):
+        if task["state"] == "FAILED":
             lines = [ln.strip() for ln in task.get("error", {}).get("message", "").splitlines() if ln.strip()]
             errors = [ln for ln in lines if "Error:" in ln]  # the exception that ended the task, when shown
             return f"{task['taskName']}: {(errors or lines or ['failed'])[-1]}"
@@ -188,13 +249,18 @@ def schedule_create(
         raise SpecError("NAME", f"{name!r} is not a schedule name (letters, digits, ' ', '_', '.', '-')")
     if max_concurrent < 1:
         raise SpecError("--max-concurrent", f"must be at least 1, got {max_concurrent}")
+    template = published_template(sub)
     init(sub.project, sub.region)
     if _schedule(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
-    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub), display_name=name)
+    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub, template=template), display_name=name)
+    # max_concurrent_active_run_count limits the runs "in a non-terminal state"; max_concurrent_run_count (required)
+    # only the runs being *started* at once (the field docs of google.cloud.aiplatform_v1.types.Schedule): one
+    # fine-tune at a time needs the first.
     schedule.create(
         cron=cron,
         max_concurrent_run_count=max_concurrent,
+        max_concurrent_active_run_count=max_concurrent,
         start_time=start or None,
         end_time=end or None,
         max_run_count=max_runs or None,
@@ -227,18 +293,30 @@ def schedule_action(name: str, action: str) -> None:
 # ---------------------------------------------------------------- runs
 
 
-def runs(preset: str = "", state: str = "") -> list[dict]:
-    from google.cloud import aiplatform
-
+def list_filter(preset: str = "", state: str = "") -> str:
+    """The ListPipelineJobs filter of tpupipe's jobs (its label), of one preset, in one state: "labels: Supports
+    key-value equality and key presence", "state: Supports = and !=" (the field docs of
+    ListPipelineJobsRequest.filter, google/cloud/aiplatform_v1/types/pipeline_service.py; syntax
+    https://google.aip.dev/160)."""
     if state and state not in STATES:
         raise SpecError("--state", f"unknown state {state!r}", list(STATES))
-    jobs = [j.to_dict() for j in aiplatform.PipelineJob.list()]
-    return [
-        j
-        for j in jobs
-        if (not preset or j.get("labels", {}).get("tpupipe-preset") == preset)
-        and (not state or j.get("state") == STATES[state])
-    ]
+    terms = [f'labels.{PRESET_LABEL}="{preset}"' if preset else f"labels.{PRESET_LABEL}:*"]
+    terms += [f'state="{STATES[state]}"'] if state else []
+    return " AND ".join(terms)
+
+
+def runs(preset: str = "", state: str = "") -> list[dict]:
+    """tpupipe's jobs, newest first, in the list's simple view (``enable_simple_view``: state, names, times, labels;
+    no spec, no task details)."""
+    import logging
+
+    from google.cloud import aiplatform
+
+    where = list_filter(preset, state)
+    # The SDK's logger warns on every call that the view is simple: what is asked for here.
+    logging.getLogger("google.cloud.aiplatform.pipeline_jobs").setLevel(logging.ERROR)
+    jobs = aiplatform.PipelineJob.list(filter=where, order_by="create_time desc", enable_simple_view=True)
+    return [j.to_dict() for j in jobs]
 
 
 def job_name(job: str, project: str, region: str) -> str:
@@ -250,7 +328,7 @@ def show(name: str) -> dict:
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob.get(name).to_dict()
-    tasks = job.get("jobDetail", {}).get("taskDetails", [])
+    tasks = stages(job)
     metrics = {}
     for task in tasks:
         for output in task.get("outputs", {}).values():
@@ -260,8 +338,8 @@ def show(name: str) -> dict:
     return {
         "name": job["name"],
         "state": job.get("state"),
-        "preset": job.get("labels", {}).get("tpupipe-preset"),
-        "stages": [(t["taskName"], t["state"]) for t in tasks if t["taskName"] != "exit-handler-1"],
+        "preset": job.get("labels", {}).get(PRESET_LABEL),
+        "stages": [(t["taskName"], t["state"]) for t in tasks],
         "metrics": metrics,
         "cost": cost_so_far(job),
         "console": console_url(job["name"]),

@@ -13,6 +13,7 @@ run's summary. The stages that run on the platform are its own methods; check_sl
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -263,6 +264,8 @@ def _run_recorded(
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
+        if stage == STAGES[0]:
+            check_on_vertex(platform, output_root)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
@@ -284,6 +287,31 @@ def _run_recorded(
     if stage == "teardown":
         _write_report(ctx)
     return json.dumps(result)
+
+
+# Vertex AI Pipelines gives every task the run's labels as JSON in this variable ("Resources generated from
+# user-defined components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation); kfp's own
+# executor reads it to know it runs on Vertex AI (kfp/dsl/executor.py).
+VERTEX_TASK_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
+
+
+def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
+    """On Vertex AI every task runs on a machine of its own: a run there is a gke run whose state is in Cloud
+    Storage, else each task would keep the run's state (and a local cluster) on its own disk, lost when it ends.
+    Refused (a SpecError naming the parameter) by the first task, before anything is created."""
+    if VERTEX_TASK_ENV not in (os.environ if environ is None else environ):
+        return
+    where = "on Vertex AI every task runs on a machine of its own"
+    if platform != "gke":
+        raise SpecError(
+            "platform", f"{platform!r} is not a run for Vertex AI: {where}; a run there is a gke run", ["gke"]
+        )
+    if not output_root.startswith("gs://"):
+        raise SpecError(
+            "output_root",
+            f"{output_root!r} is not a gs:// path: {where}, so a run's state lives in Cloud Storage",
+            ["gs://BUCKET/runs"],
+        )
 
 
 def stage_context(

@@ -48,6 +48,37 @@ def test_provision_rejects_a_tpu_preset_on_the_local_platform(tmp_path):
     assert record["error"].startswith("cluster.accelerator: the local platform emulates CPU hosts")
 
 
+def test_on_vertex_the_first_task_refuses_a_local_platform_before_anything(tmp_path, monkeypatch):
+    """Vertex AI gives every task VERTEX_AI_PIPELINES_RUN_LABELS: there, a local run would keep its cluster and state
+    on the first task's own machine."""
+    monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", '{"vertex-ai-pipelines-run-billing-id": "1"}')
+    with pytest.raises(RuntimeError):
+        c.provision(**args(tmp_path, "on-vertex"))
+    record = json.loads((tmp_path / "runs" / "on-vertex" / "stages" / "provision.json").read_text())
+    assert record["status"] == "failed"  # what the run's summary shows (when its state is in Cloud Storage)
+    assert record["error"].startswith("platform: 'local' is not a run for Vertex AI: on Vertex AI every task runs")
+    assert not (tmp_path / "runs" / "on-vertex" / "ledger.json").exists() and run_processes("on-vertex") == []
+
+
+@pytest.mark.parametrize(
+    ("platform", "output_root", "message"),
+    [
+        ("local", "gs://b/runs", "platform: 'local' is not a run for Vertex AI"),
+        ("gke", "/var/runs", "output_root: '/var/runs' is not a gs:// path"),
+        ("gke", "", "output_root: '' is not a gs:// path"),
+    ],
+)
+def test_on_vertex_a_run_is_a_gke_run_with_its_state_in_cloud_storage(platform, output_root, message):
+    from components.spec import SpecError
+    from components.stages.runner import VERTEX_TASK_ENV, check_on_vertex
+
+    with pytest.raises(SpecError, match=message) as refused:
+        check_on_vertex(platform, output_root, {VERTEX_TASK_ENV: "{}"})
+    assert "every task runs on a machine of its own" in str(refused.value)
+    check_on_vertex(platform, output_root, {})  # off Vertex AI, both are fine
+    check_on_vertex("gke", "gs://b/runs", {VERTEX_TASK_ENV: "{}"})
+
+
 @pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_build_image_reuses_the_torch_environment_by_content_hash(tmp_path):
     if not envs.env_for("torch").reused:

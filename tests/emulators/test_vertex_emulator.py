@@ -132,12 +132,26 @@ def _run(vertex, tmp_path, job_id: str, value: str) -> dict:
 
 
 def test_a_branch_runs_only_when_its_condition_holds_and_a_false_one_is_no_failure(vertex, tmp_path):
+    # The DAG-level tasks are details too, as on Vertex: the root (named after the job) and the exit handler's group.
     kept = _run(vertex, tmp_path, "gated-keep", "keep")
     assert kept["state"] == "PIPELINE_STATE_SUCCEEDED", kept
-    assert kept["tasks"] == {"decide": "SUCCEEDED", "gate-promotes": "NOT_TRIGGERED", "cleanup": "SUCCEEDED"}
+    assert kept["tasks"] == {
+        "gated-keep": "SUCCEEDED",
+        "run": "SUCCEEDED",
+        "decide": "SUCCEEDED",
+        "gate-promotes": "NOT_TRIGGERED",
+        "cleanup": "SUCCEEDED",
+    }
     promoted = _run(vertex, tmp_path, "gated-promote", "promote")
     assert promoted["state"] == "PIPELINE_STATE_SUCCEEDED", promoted
-    assert promoted["tasks"] == {"decide": "SUCCEEDED", "act": "SUCCEEDED", "cleanup": "SUCCEEDED"}
+    assert promoted["tasks"] == {
+        "gated-promote": "SUCCEEDED",
+        "run": "SUCCEEDED",
+        "decide": "SUCCEEDED",
+        "gate-promotes": "SUCCEEDED",
+        "act": "SUCCEEDED",
+        "cleanup": "SUCCEEDED",
+    }
 
 
 def test_the_model_registry_is_served_on_the_pipelines_endpoint(vertex):

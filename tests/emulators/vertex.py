@@ -3,18 +3,20 @@
 CancelPipelineJob), bodies parsed into the SDK's own ``aiplatform_v1.PipelineJob`` message, and an executor of the
 accepted PipelineSpec; and the ``ScheduleService`` (CreateSchedule, GetSchedule, ListSchedules, PauseSchedule,
 ResumeSchedule, DeleteSchedule) whose cron schedules fire on a test clock (``advance``), honouring the time zone,
-start and end, ``maxRunCount`` and ``maxConcurrentRunCount`` (a run due while that many are active is skipped).
+start and end, ``maxRunCount`` and ``maxConcurrentActiveRunCount`` (a run due while that many are active is skipped).
 
 The same endpoint serves Vertex AI Model Registry's ``ModelService`` (``tests.emulators.models``), as Google's one
 ``REGION-aiplatform.googleapis.com`` serves both, so a task's registry calls (``$TPUPIPE_VERTEX_ENDPOINT``) reach
 it.
 
 What it validates, as Vertex does: the parent ``projects/P/locations/L``, the job id pattern, the parameters against
-the spec's root inputs (names and types), a ``gs://`` pipeline root, and that every task's image is in the emulated
-Artifact Registry.
+the spec's root inputs (names and types) and a ``gs://`` pipeline root. A task's image is not looked at when the job
+is created: a task whose image is not in the emulated Artifact Registry fails when it starts, at image pull (the
+wording of its error is this emulator's: Vertex documents no message for it).
 
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
-container's command run with the pipeline image's Python first on PATH (the image's stand-in) and the emulated
+container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
+``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every task, with its reserved billing-id label) and the emulated
 cloud services' endpoints in its environment: nothing else is shared. Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
@@ -22,7 +24,10 @@ another's disk. The DAG runs in dependency order; a task waits for its upstream 
 ``ALL_UPSTREAM_TASKS_COMPLETED`` (the exit handler), which runs whatever happened. A task with a
 ``triggerPolicy.condition`` (what ``dsl.If`` compiles to: a CEL expression over the task's input parameters, such as
 ``inputs.parameter_values['pipelinechannel--register-decision'] == 'promote'``) runs only when it holds; when it
-does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Cancel sends SIGTERM to the
+does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Besides the component tasks, the
+job's task details hold its DAG-level tasks, as Vertex's do: the root (named after the job), the exit handler's group
+and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-promotes``), every task with the
+``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to the
 running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
 SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title, metadata).
 """
@@ -50,9 +55,22 @@ from google.cloud import aiplatform_v1
 from tests.emulators.http import HttpEmulator, HttpError
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
-JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
+# "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
+# CreatePipelineJobRequest.pipeline_job_id, google/cloud/aiplatform_v1/types/pipeline_service.py), starting with a
+# letter (the SDK's own check, _VALID_NAME_PATTERN in google/cloud/aiplatform/constants/pipeline.py).
+JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
+# The list filter's terms this emulator reads (ListPipelineJobsRequest.filter's field docs: "labels: Supports
+# key-value equality and key presence", "state: Supports = and !="; the syntax of https://google.aip.dev/160, whose
+# `m.key:*` is key presence), joined by AND. Any other filter is refused: a filter it cannot judge fails visibly.
+FILTER_TERM = re.compile(
+    r"""^(?P<field>labels\.[a-z0-9_-]+|state|display_name)\s*(?P<op>!=|=|:)\s*(?P<value>\*|"[^"]*"|[A-Za-z0-9_-]+)$"""
+)
 MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
 GCS_MOUNT = Path("/gcs")
+BILLING_LABEL = "vertex-ai-pipelines-run-billing-id"
+# What Vertex AI Pipelines gives every task: the run's labels as JSON ("Resources generated from user-defined
+# components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation).
+RUN_LABELS_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 PARAMETER_TYPES = {
     "STRING": str,
@@ -85,7 +103,7 @@ class Schedule:
     resource: dict
     checked: datetime  # the test clock up to which its cron was evaluated
     jobs: list[str] = field(default_factory=list)  # the jobs it started
-    skipped: int = 0  # runs due while maxConcurrentRunCount were active
+    skipped: int = 0  # runs due while maxConcurrentActiveRunCount were active
 
 
 def _cron_matches(cron: str, when: datetime) -> bool:
@@ -224,6 +242,7 @@ class VertexEmulator(HttpEmulator):
         self.schedules: dict[str, Schedule] = {}
         self.clock = datetime.now(UTC).replace(second=0, microsecond=0)  # the schedules' clock, moved by advance()
         self.calls: list[str] = []
+        self.list_queries: list[dict] = []  # each ListPipelineJobs call's query parameters
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ inspection
@@ -262,9 +281,8 @@ class VertexEmulator(HttpEmulator):
             return 200, {}
         if http.command == "GET" and path.endswith("/pipelineJobs"):
             self.calls.append("ListPipelineJobs")
-            with self._lock:
-                jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(path[:-13] + "/")]
-            return 200, {"pipelineJobs": jobs}
+            self.list_queries.append(query)
+            return 200, {"pipelineJobs": self._list(path.removesuffix("/pipelineJobs"), query)}
         if http.command == "GET" and "/pipelineJobs/" in path:
             self.calls.append("GetPipelineJob")
             with self._lock:
@@ -272,6 +290,23 @@ class VertexEmulator(HttpEmulator):
                     raise HttpError(404, f"The PipelineJob {path} does not exist.")
                 return 200, copy.deepcopy(self.jobs[path].resource)
         raise HttpError(404, f"unknown method {http.command} {url.path}")
+
+    def _list(self, parent: str, query: dict) -> list[dict]:
+        """ListPipelineJobs: the jobs matching ``filter``, newest first ("if order_by is not specified, it will order
+        by default order is create time in descending order", ListPipelineJobsRequest.order_by's field docs), each
+        cut to ``readMask`` when given (what the SDK's ``enable_simple_view`` sends)."""
+        terms = [t.strip() for t in (query.get("filter") or [""])[0].split(" AND ") if t.strip()]
+        parsed = [FILTER_TERM.match(t) for t in terms]
+        if not all(parsed):
+            raise HttpError(400, f"emulator: cannot read the filter term {terms[parsed.index(None)]!r}")
+        if (query.get("orderBy") or [""])[0] not in ("", "create_time desc"):
+            raise HttpError(400, f"emulator: cannot order by {query['orderBy'][0]!r}")
+        with self._lock:
+            jobs = [copy.deepcopy(j.resource) for n, j in self.jobs.items() if n.startswith(parent + "/")]
+        jobs = [j for j in jobs if all(_matches(j, m) for m in parsed)]
+        jobs.sort(key=lambda j: j["createTime"], reverse=True)
+        mask = [p for text in query.get("readMask", []) for p in text.split(",") if p]
+        return [_masked(j, mask) for j in jobs] if mask else jobs
 
     def _create(self, parent: str, job_id: str, raw: bytes) -> dict:
         if not PARENT.match(parent):
@@ -286,21 +321,16 @@ class VertexEmulator(HttpEmulator):
         if not root.startswith("gs://"):
             raise HttpError(400, f"The pipeline root must be a gs:// path, got {root!r}.")
         parameters = self._parameters(spec, resource.get("runtimeConfig", {}).get("parameterValues", {}))
-        missing = sorted(
-            {
-                e["container"]["image"]
-                for e in spec.get("deploymentSpec", {}).get("executors", {}).values()
-                if not self.registry.has_image(e["container"]["image"])
-            }
-        )
-        if missing:
-            raise HttpError(400, f"Image {missing[0]} not found in Artifact Registry; push it first.")
         name = f"{parent}/pipelineJobs/{job_id}"
         with self._lock:
             if name in self.jobs:
                 raise HttpError(409, f"PipelineJob {name} already exists.")
+            # "some reserved label key for Vertex AI Pipelines. - vertex-ai-pipelines-run-billing-id, user set value
+            # will get overrided" (PipelineJob.labels' field docs, google/cloud/aiplatform_v1/types/pipeline_job.py)
+            labels = {**resource.get("labels", {}), BILLING_LABEL: str(8_700_000_000_000_000_000 + len(self.jobs))}
             resource.update(
                 name=name,
+                labels=labels,
                 state="PIPELINE_STATE_PENDING",
                 createTime=_now(),
                 updateTime=_now(),
@@ -350,11 +380,13 @@ class VertexEmulator(HttpEmulator):
     def _run(self, name: str) -> None:
         job = self.jobs[name]
         self._set(job, state="PIPELINE_STATE_RUNNING", startTime=_now())
+        root = self._detail(job, name.rsplit("/", 1)[-1], "RUNNING")  # the root DAG's task, named after the job
         try:
-            ok = self._dag(job, job.spec["root"], dict(job.parameters))
+            ok = self._dag(job, job.spec["root"], dict(job.parameters), root["taskId"])
         except Exception as exc:  # noqa: BLE001 - the emulator's own failure ends the job, visibly
             ok = False
             self._set(job, error={"code": 13, "message": f"emulator: {exc}"})
+        self._end(job, root, ok)
         state = (
             "PIPELINE_STATE_CANCELLED"
             if job.cancelled.is_set()
@@ -364,8 +396,16 @@ class VertexEmulator(HttpEmulator):
         )
         self._set(job, state=state, endTime=_now())
 
-    def _dag(self, job: Job, component: dict, inputs: dict) -> bool:
-        """Run a DAG's tasks in dependency order; True when every task that ran succeeded."""
+    def _end(self, job: Job, detail: dict, ok: bool) -> None:
+        """A DAG task's end: succeeded when all its tasks did, else cancelled or failed with them (the emulator's
+        reading: Vertex documents the DAG tasks' states, not how they follow their children's)."""
+        with self._lock:
+            detail.update(state="SUCCEEDED" if ok else "CANCELLED" if job.cancelled.is_set() else "FAILED")
+            detail["endTime"] = _now()
+
+    def _dag(self, job: Job, component: dict, inputs: dict, parent: str) -> bool:
+        """Run a DAG's tasks in dependency order, each task's detail under the DAG's task ``parent``; True when
+        every task that ran succeeded."""
         tasks = component["dag"]["tasks"]
         outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
         outputs: dict[str, dict] = {}
@@ -377,23 +417,26 @@ class VertexEmulator(HttpEmulator):
             ]
             for task in sorted(ready):
                 spec = tasks[task]
+                shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
                 upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
                 always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
                 if not always and (not all(upstream) or job.cancelled.is_set()):
                     outcome[task] = None
-                    self._detail(job, task, "CANCELLED" if job.cancelled.is_set() else "SKIPPED")
+                    self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
                     continue
                 args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
                 condition = spec.get("triggerPolicy", {}).get("condition")
                 if condition and not condition_holds(condition, args):
                     outcome[task] = True  # not triggered: done, and no failure
-                    self._detail(job, spec.get("taskInfo", {}).get("name", task), "NOT_TRIGGERED")
+                    self._detail(job, shown, "NOT_TRIGGERED", parent)
                     continue
                 child = job.spec["components"][spec["componentRef"]["name"]]
-                if "dag" in child:
-                    outcome[task] = self._dag(job, child, args)
+                if "dag" in child:  # an exit handler's or a condition's group: a task of its own, as on Vertex
+                    group = self._detail(job, shown, "RUNNING", parent)
+                    outcome[task] = self._dag(job, child, args, group["taskId"])
+                    self._end(job, group, outcome[task])
                 else:
-                    outcome[task], outputs[task] = self._container(job, task, child, args)
+                    outcome[task], outputs[task] = self._container(job, task, child, args, shown, parent)
         return all(v is not False for v in outcome.values()) and not any(
             v is None and not job.cancelled.is_set() for v in outcome.values()
         )
@@ -414,7 +457,9 @@ class VertexEmulator(HttpEmulator):
                 )
         return values
 
-    def _container(self, job: Job, task: str, component: dict, args: dict) -> tuple[bool, dict]:
+    def _container(
+        self, job: Job, task: str, component: dict, args: dict, shown: str, parent: str
+    ) -> tuple[bool, dict]:
         """One task: its own directory and process group; its artifacts moved to the storage emulator after it."""
         executor = job.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
         task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
@@ -450,8 +495,19 @@ class VertexEmulator(HttpEmulator):
             "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
             "HOME": str(task_dir),
             "PYTHONUNBUFFERED": "1",
+            RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
         }
-        detail = self._detail(job, task, "RUNNING")
+        detail = self._detail(job, shown, "RUNNING", parent)
+        if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
+            with self._lock:
+                detail.update(state="FAILED", endTime=_now())
+                detail["error"] = {
+                    "code": 5,
+                    "message": f"emulator: failed to pull image {executor['image']}: not found",
+                }
+            job.logs[task] = detail["error"]["message"]
+            shutil.rmtree(task_dir, ignore_errors=True)
+            return False, {"parameters": {}, "artifacts": {}}
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
                 job.running = subprocess.Popen(
@@ -517,7 +573,11 @@ class VertexEmulator(HttpEmulator):
             shutil.rmtree(local, ignore_errors=True)
         return {"parameters": parameters, "artifacts": merged}
 
-    def _detail(self, job: Job, task: str, state: str) -> dict:
+    def _detail(self, job: Job, task: str, state: str, parent: str = "") -> dict:
+        """A PipelineTaskDetail: ``parentTaskId`` is "the id of the parent task if the task is within a component
+        scope. Empty if the task is at the root level" (its field docs, google/cloud/aiplatform_v1/types/
+        pipeline_job.py); the root level is the job's own task, named after the job (the SDK finds the root's
+        outputs that way: google/cloud/aiplatform/model_evaluation/model_evaluation_job.py)."""
         detail = {
             "taskId": str(len(job.tasks) + 1),
             "taskName": task,
@@ -525,6 +585,8 @@ class VertexEmulator(HttpEmulator):
             "createTime": _now(),
             "startTime": _now(),
         }
+        if parent:
+            detail["parentTaskId"] = parent
         with self._lock:
             job.tasks.append(detail)
             job.resource["jobDetail"] = {"taskDetails": job.tasks}
@@ -578,6 +640,8 @@ class VertexEmulator(HttpEmulator):
             _cron_matches(cron, self.clock)
         except Exception:  # noqa: BLE001 - any parse failure is the service's INVALID_ARGUMENT
             raise HttpError(400, f"Invalid cron {cron!r}.") from None
+        if resource.get("allowQueueing"):  # a limit of this emulator, not of Vertex AI: it never queues a run
+            raise HttpError(501, "emulator: allow_queueing is not emulated (held-back runs are skipped)")
         job = resource.get("createPipelineJobRequest", {}).get("pipelineJob", {})
         self._parameters(job.get("pipelineSpec", {}), job.get("runtimeConfig", {}).get("parameterValues", {}))
         name = f"{parent}/schedules/{len(self.schedules) + 1}"
@@ -607,9 +671,15 @@ class VertexEmulator(HttpEmulator):
         )
         if (starts and self.clock < starts) or (ends and self.clock > ends):
             return ""
+        # The field docs of google.cloud.aiplatform_v1.types.Schedule: max_concurrent_active_run_count limits "the
+        # number of runs that can be in a non-terminal state at the same time"; max_concurrent_run_count is "the limit
+        # for starting the scheduled requests and not the execution of the operations/jobs created by the requests".
+        # Here a start (CreatePipelineJob) completes before the next is due, so only the active limit holds a run
+        # back: without it, runs overlap. With allow_queueing unset (its default, false) a held-back run is skipped.
         with self._lock:
             active = [j for j in schedule.jobs if self.jobs[j].resource["state"] not in TERMINAL]
-            if len(active) >= int(r.get("maxConcurrentRunCount", 1)):
+            limit = int(r.get("maxConcurrentActiveRunCount") or 0)
+            if limit and len(active) >= limit:
                 schedule.skipped += 1
                 return ""
         request = r["createPipelineJobRequest"]
@@ -627,6 +697,41 @@ class VertexEmulator(HttpEmulator):
             if int(r.get("maxRunCount") or 0) and len(schedule.jobs) >= int(r["maxRunCount"]):
                 r["state"] = "COMPLETED"
         return resource["name"]
+
+
+def _matches(job: dict, term: re.Match) -> bool:
+    field, op, value = term["field"], term["op"], term["value"].strip('"')
+    if field.startswith("labels."):
+        labels = job.get("labels", {})
+        key = field.removeprefix("labels.")
+        if op == ":":
+            return key in labels if value == "*" else value in labels.get(key, "")
+        actual = labels.get(key)
+    else:
+        actual = job.get({"state": "state", "display_name": "displayName"}[field])
+    if op == ":":
+        raise HttpError(400, f"emulator: cannot read {term.string!r} (':' on {field})")
+    return (actual == value) == (op == "=")
+
+
+def _camel(path: str) -> str:
+    return ".".join(re.sub(r"_([a-z])", lambda m: m[1].upper(), part) for part in path.split("."))
+
+
+def _masked(resource: dict, paths: list[str]) -> dict:
+    """``resource`` with only the fields of ``paths`` (a FieldMask, snake_case or camelCase, dotted)."""
+    out: dict = {}
+    for path in paths:
+        parts = _camel(path).split(".")
+        source, target = resource, out
+        for part in parts[:-1]:
+            if part not in source:
+                break
+            source, target = source[part], target.setdefault(part, {})
+        else:
+            if parts[-1] in source:
+                target[parts[-1]] = copy.deepcopy(source[parts[-1]])
+    return out
 
 
 def _parse(message_type, raw: bytes):

@@ -1,6 +1,7 @@
 """Assertions on the compiled pipeline YAML: what Vertex AI Pipelines would run."""
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -130,10 +131,13 @@ def test_compiling_twice_gives_the_same_bytes(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
+def test_a_run_that_names_only_the_preset_loads_offline_into_a_vertex_pipeline_job(tmp_path, compiled):
+    """What the Vertex UI's run form sends when only the preset is chosen: the root the compiled spec defaults to
+    (``defaultPipelineRoot``, the SDK's fallback too) and the parameters' defaults for a gke run."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import aiplatform
 
+    assert compiled["defaultPipelineRoot"] == "gs://my-project-tpupipe/pipeline-root"
     path = tmp_path / "pipeline.yaml"
     compile_pipeline(str(path), TARGET)
     job = aiplatform.PipelineJob(
@@ -141,12 +145,12 @@ def test_it_loads_offline_into_a_vertex_pipeline_job(tmp_path):
         template_path=str(path),
         project="my-project",
         location="us-east5",
-        pipeline_root="gs://my-project-tpupipe/pipeline-root",
         parameter_values={"preset": "llama3-8b-v6e-16x2"},
         credentials=AnonymousCredentials(),
     )
     resource = job.to_dict()
     assert resource["runtimeConfig"]["parameterValues"] == {"preset": "llama3-8b-v6e-16x2"}
+    assert resource["runtimeConfig"]["gcsOutputDirectory"] == "gs://my-project-tpupipe/pipeline-root"
     defaults = resource["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
     assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
 
@@ -198,3 +202,93 @@ def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
     }
     assert artifacts("comp-register") == {"metrics": "system.Metrics", "gate": "system.Markdown"}
     assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}
+
+
+@pytest.mark.parametrize("pipeline", ["tpupipe", "janitor"])
+def test_both_compiled_pipelines_pass_the_check_vertex_reads_them_by(tmp_path, pipeline):
+    from pipelines.check import problems
+    from pipelines.janitor import janitor_pipeline
+
+    path = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(path), TARGET, janitor_pipeline if pipeline == "janitor" else None)
+    assert problems(str(path), "my-project", "us-east5") == []
+
+
+def _undescribed(spec):
+    spec["root"]["inputDefinitions"]["parameters"]["bucket"].pop("description")
+
+
+def _untyped(spec):
+    spec["root"]["inputDefinitions"]["parameters"]["run_id"]["parameterType"] = "TEXT"
+
+
+def _wrong_default(spec):
+    spec["root"]["inputDefinitions"]["parameters"]["preset"]["defaultValue"] = 3
+
+
+def _no_default(spec):
+    spec["root"]["inputDefinitions"]["parameters"]["overrides"].pop("defaultValue")
+
+
+def _local_root(spec):
+    spec["defaultPipelineRoot"] = "/tmp/root"
+
+
+def _bad_name(spec):
+    spec["pipelineInfo"]["name"] = "2024 pipeline"
+
+
+@pytest.mark.parametrize(
+    ("break_it", "problem"),
+    [
+        (_undescribed, "parameter bucket: no description"),
+        (_untyped, "not a PipelineSpec: "),
+        (_wrong_default, "parameter preset: default 3 is not a STRING"),
+        (_no_default, "parameter overrides: no default: a run given only the preset would lack it"),
+        (_local_root, "defaultPipelineRoot: '/tmp/root' is not a gs:// path"),
+        (_bad_name, "the Vertex AI SDK refuses it: Generated job ID: 2024-pipeline-"),
+    ],
+)
+def test_check_pipeline_exits_2_naming_what_vertex_would_refuse(tmp_path, compiled, capsys, break_it, problem):
+    """What `make compile-pipeline` (tpupipe compile, then this check of its output) and `tpupipe check-pipeline`
+    refuse: a spec Vertex AI would reject, or whose run form would lack something."""
+    import copy
+
+    from pipelines.cli import main
+
+    spec = copy.deepcopy(compiled)
+    break_it(spec)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["check-pipeline", str(path), "--project", "my-project", "--region", "us-east5"]) == 2
+    err = capsys.readouterr().err
+    assert "Vertex AI would not run it as compiled" in err and problem in err, err
+
+
+def test_make_compile_pipeline_compiles_then_checks(tmp_path, capsys):
+    """`make compile-pipeline` is `tpupipe compile`, which checks what it compiled; a pipeline with a parameter left
+    undescribed fails that check."""
+    from kfp import dsl
+
+    from pipelines.check import problems
+    from pipelines.cli import main
+
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\ncompile-pipeline:", 1)[1].split("\n\n", 1)[0]
+    assert "tpupipe compile --output $(PIPELINE_YAML)" in recipe
+    assert main(["compile", "--output", str(tmp_path / "ok.yaml"), "--project", "my-project"]) == 0
+    assert "checked as Vertex AI will read it" in capsys.readouterr().out
+
+    @dsl.pipeline(name="undescribed")
+    def undescribed(preset: str = "x"):
+        from components import definitions as c
+
+        c.teardown(
+            preset=preset, platform="gke", overrides="", run_id="", job_name="j", output_root="", project="", bucket=""
+        )
+
+    path = tmp_path / "undescribed.yaml"
+    compile_pipeline(str(path), TARGET, undescribed)
+    assert problems(str(path), "my-project", "us-east5") == [
+        "parameter preset: no description (the Vertex AI run form shows it beside the field)"
+    ]

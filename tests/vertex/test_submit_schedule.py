@@ -113,6 +113,36 @@ def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_r
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.gke.state.clusters == {}
     state = project.compute.state
     assert not state.networks and not state.subnetworks and not state.resource_policies
+    # The job's task details hold its DAG-level tasks too (the root, "run"), failed with provision: neither is a
+    # stage of `runs show`.
+    name = proc.stdout.split("submitted ", 1)[1].split()[0]
+    details = {t["taskName"]: t["state"] for t in _job(project, name).resource["jobDetail"]["taskDetails"]}
+    assert details[name.rsplit("/", 1)[-1]] == details["run"] == "FAILED"
+    shown = _tpupipe(project, "runs", "show", name, *PLACE)
+    stages = [line.split()[0] for line in shown.stdout.splitlines()[2:] if line.split()[-1] in ("failed", "succeeded")]
+    assert stages == ["provision", "teardown"], shown.stdout
+
+
+@pytest.mark.e2e  # runs a Vertex AI job, each task its own process
+def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_submits(project_factory):
+    """This tree's components image is not in Artifact Registry (as after any source change since the last
+    publish): refused before any Vertex AI call; ``--publish`` builds it, uploads the template, then submits."""
+    project = project_factory(vertex=True)
+    project.gke.stockout(when=lambda request: True, times=1_000)  # the run itself fails fast: this is about submit
+    refused = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"tpupipe publish --project {PROJECT} --region {REGION}" in refused.stderr
+    assert project.vertex.calls == []
+    published = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--publish")
+    assert published.returncode == 0, published.stdout[-3000:] + published.stderr[-3000:]
+    assert "publish: template " in published.stdout and "submitted projects/" in published.stdout
+    (template,) = project.kfp.packages.values()
+    assert "latest" in template["tags"]
+    job = project.vertex.job(published.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1])
+    assert {
+        project.registry.has_image(e["container"]["image"]) for e in job.spec["deploymentSpec"]["executors"].values()
+    } == {True}
+    project.vertex.wait(job.resource["name"], timeout_s=300)
 
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process

@@ -15,6 +15,7 @@ import pytest
 from components.registry import PROVENANCE_FIELDS, open_registry
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish import publish
+from pipelines.vertex import PRESET_LABEL
 from tests.emulators.project import ONE_SLICE, PROJECT, REGION
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
@@ -61,6 +62,7 @@ def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
         job_id=job_id,
         pipeline_root=f"gs://{PROJECT}-pipeline-root/{job_id}",
         parameter_values={"preset": "local-fsdp", "overrides": overrides},
+        labels={PRESET_LABEL: "local-fsdp"},  # as `tpupipe submit` labels its jobs, so `tpupipe runs` finds them
     )
     job.submit(service_account=SERVICE_ACCOUNT)
     return job.resource_name

@@ -1,0 +1,308 @@
+"""``pipelines.vertex`` (what ``tpupipe submit | schedule | runs`` do) against the emulated Vertex AI, with a tiny
+pipeline of the same parameters as tpupipe's: no Ray cluster, no training, seconds. Its one task waits for a file the
+test writes, so a run stays active as long as the test needs. (No ``from __future__ import annotations`` here: KFP
+reads the components' real annotations.)"""
+
+import re
+import secrets
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from kfp import compiler, dsl
+
+from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+from pipelines import vertex
+from tests.emulators.artifactregistry import ArtifactRegistryEmulator
+from tests.emulators.vertex import TERMINAL, VertexEmulator
+
+PROJECT, REGION = "tpupipe-emulated", "us-east5"
+IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/pipeline:tiny"
+PRESET = "gemma4-e2b-v6e-16"
+FAILING = "llama3-8b-v6e-16x2"  # a job of this preset fails in the tiny pipeline
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def hold(preset: str) -> str:
+    """Wait until the file named by $RELEASE exists (the test's gate), then succeed."""
+    import os
+    import time
+
+    print("run labels:", os.environ.get("VERTEX_AI_PIPELINES_RUN_LABELS"))
+    while not os.path.exists(os.environ["RELEASE"]):
+        time.sleep(0.1)
+    return preset
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def boom(preset: str) -> str:
+    raise RuntimeError(f"no capacity for {preset}")
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def clean() -> str:
+    return "cleaned"
+
+
+@dsl.pipeline(name="tiny")
+def tiny(preset: str = PRESET, overrides: str = "", run_id: str = ""):
+    """tpupipe's parameters and shape: stages inside an exit handler named "run", one under a condition (it runs, and
+    fails, for the preset FAILING), the exit task outside.
+
+    Args:
+        preset: The preset.
+        overrides: Spec overrides.
+        run_id: The run id.
+    """
+    end = clean().set_display_name("teardown")
+    with dsl.ExitHandler(end, name="run"):
+        first = hold(preset=preset)
+        with dsl.If(first.output == FAILING, name="gate-promotes"):
+            boom(preset=preset)
+
+
+@pytest.fixture
+def service(tmp_path, monkeypatch):
+    """Vertex AI Pipelines, its tasks released by ``service.release``; the template is ``service.template``."""
+    token = secrets.token_hex(12)
+    registry = ArtifactRegistryEmulator()
+    registry.push(IMAGE, "sha256:" + "ab" * 32)
+    release = tmp_path / "release"
+    emulator = VertexEmulator(
+        None,
+        registry,
+        {"RELEASE": str(release)},
+        python_bin=Path(sys.executable).parent,
+        workdir=tmp_path,
+        token=token,
+    )
+    endpoint = emulator.start()
+    for key, value in (
+        (VERTEX_ENDPOINT_ENV, endpoint),
+        (EMULATOR_HOST_ENV, endpoint),
+        (EMULATOR_TOKEN_ENV, token),
+        ("TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST", registry.start()),
+    ):
+        monkeypatch.setenv(key, value)
+    emulator.registry_server = registry
+    emulator.template = str(tmp_path / "tiny.yaml")
+    compiler.Compiler().compile(tiny, emulator.template)
+    emulator.release = release
+    vertex.init(PROJECT, REGION)
+    yield emulator
+    release.touch()
+    emulator.stop()
+    registry.stop()
+
+
+def _submission(service, **fields) -> vertex.Submission:
+    given = {
+        "preset": PRESET,
+        "overrides": "",
+        "project": PROJECT,
+        "region": REGION,
+        "pipeline_root": f"gs://{PROJECT}-tpupipe/pipeline-root",
+        "template": service.template,
+    }
+    return vertex.Submission(**{**given, **fields})
+
+
+def test_a_schedule_limits_the_runs_not_yet_finished_not_the_runs_started(service):
+    """``max_concurrent_active_run_count`` (runs in a non-terminal state), not ``max_concurrent_run_count`` (runs
+    being started): a run due while one is still running is skipped."""
+    vertex.schedule_create(_submission(service), "weekly", "0 3 * * 1", max_concurrent=1)
+    (schedule,) = service.schedules.values()
+    assert schedule.resource["maxConcurrentActiveRunCount"] == "1"
+    week = timedelta(days=7)
+    first = service.advance(service.clock + week)
+    assert len(first) == 1
+    assert service.advance(service.clock + week) == [] and schedule.skipped == 1  # the first still runs
+    service.release.touch()
+    assert service.wait(first[0], timeout_s=120)["state"] == "PIPELINE_STATE_SUCCEEDED"
+    second = service.advance(service.clock + week)
+    assert len(second) == 1 and second != first
+
+
+def test_without_an_active_run_limit_scheduled_runs_overlap(service):
+    """The emulator reads the fields as documented: ``max_concurrent_run_count`` alone limits starts, not runs."""
+    from google.cloud import aiplatform
+
+    schedule = aiplatform.PipelineJobSchedule(
+        pipeline_job=aiplatform.PipelineJob(
+            display_name="tiny",
+            template_path=service.template,
+            pipeline_root=f"gs://{PROJECT}-tpupipe/pipeline-root",
+        ),
+        display_name="overlapping",
+    )
+    schedule.create(cron="0 3 * * 1", max_concurrent_run_count=1)
+    week = timedelta(days=7)
+    first, second = service.advance(service.clock + week), service.advance(service.clock + week)
+    assert len(first) == len(second) == 1
+    assert all(service.job(n).resource["state"] not in TERMINAL for n in first + second)
+
+
+def _create(service, sub: vertex.Submission, job_id: str) -> str:
+    """Create the job ``submit`` would (``pipelines.vertex._job``) with the PipelineService client: ``submit``'s
+    SDK call would first get or create the pipeline root's bucket in Cloud Storage."""
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
+    )
+    job = vertex._job(sub, job_id)
+    created = client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job._gca_resource, pipeline_job_id=job.job_id
+    )
+    return created.name
+
+
+def test_runs_lists_only_tpupipe_jobs_newest_first_in_the_simple_view(service):
+    from google.cloud import aiplatform
+
+    other = aiplatform.PipelineJob(
+        display_name="not-ours", template_path=service.template, pipeline_root=f"gs://{PROJECT}-other/root"
+    )
+    ours = [
+        _create(service, _submission(service), vertex.new_job_id(PRESET)),
+        _create(service, _submission(service, preset=FAILING), vertex.new_job_id(FAILING)),
+    ]
+    other.api_client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=other._gca_resource, pipeline_job_id="not-ours"
+    )
+    listed = vertex.runs()
+    assert [j["name"] for j in listed] == ours[::-1]  # newest first; the job without the label is not listed
+    assert all("root" not in j["pipelineSpec"] and "taskDetails" not in j.get("jobDetail", {}) for j in listed)
+    query = service.list_queries[-1]
+    assert query["filter"] == ["labels.tpupipe-preset:*"] and query["readMask"]
+    assert [j["name"] for j in vertex.runs(preset=FAILING)] == ours[1:]
+    assert vertex.runs(state="succeeded") == []
+    service.release.touch()
+    for name in ours:
+        service.wait(name, timeout_s=120)
+    assert [j["name"] for j in vertex.runs(preset=PRESET, state="succeeded")] == ours[:1]
+
+
+def test_job_ids_are_unique_per_submit_start_with_a_letter_and_match_the_documented_example():
+    from google.cloud.aiplatform.constants.pipeline import _VALID_NAME_PATTERN
+
+    from pipelines.cli_vertex import EXAMPLES
+    from tests.emulators.vertex import JOB_ID
+
+    ids = [vertex.new_job_id("llama3-8b-v6e-16x2") for _ in range(20)]  # all within a second or two
+    assert len(set(ids)) == len(ids)
+    for job_id in ids:
+        assert vertex.JOB_ID.match(job_id) and JOB_ID.match(job_id) and _VALID_NAME_PATTERN.match(job_id), job_id
+    documented = Path(__file__).parents[2].joinpath("docs", "vertex.md").read_text()
+    examples = [m for text in (EXAMPLES, documented) for m in re.findall(r"tpupipe-llama3[a-z0-9-]*", text)]
+    assert examples and all(vertex.JOB_ID.match(e) for e in examples), examples
+
+
+def test_the_emulator_refuses_a_job_id_vertex_refuses(service):
+    """The SDK refuses such an id before any call; the service does too (a client of the API alone)."""
+    import yaml
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
+    )
+    job = aiplatform_v1.PipelineJob(
+        pipeline_spec=yaml.safe_load(Path(service.template).read_text()),
+        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-tpupipe/root"},
+    )
+    with pytest.raises(exceptions.BadRequest, match="Invalid pipeline job id '1-starts-with-a-digit'"):
+        client.create_pipeline_job(
+            parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id="1-starts-with-a-digit"
+        )
+
+
+def test_every_task_gets_the_run_labels_as_vertex_gives_them(service):
+    import json
+
+    name = _create(service, _submission(service, labels={"team": "ml"}), vertex.new_job_id(PRESET))
+    service.release.touch()
+    service.wait(name, timeout_s=120)
+    (line,) = [ln for ln in service.job(name).logs["hold"].splitlines() if ln.startswith("run labels:")]
+    labels = json.loads(line.removeprefix("run labels:"))
+    assert labels["tpupipe-preset"] == PRESET and labels["team"] == "ml"
+    assert labels["vertex-ai-pipelines-run-billing-id"].isdigit()
+
+
+def test_failing_stage_and_show_read_the_component_tasks_not_the_dag_tasks(service):
+    """Vertex lists the DAG-level tasks too (the root named after the job, "run", "gate-promotes"), and they fail
+    with the component: the failing stage is the component."""
+    from google.cloud import aiplatform
+
+    service.release.touch()
+    job_id = vertex.new_job_id(FAILING)
+    name = _create(service, _submission(service, preset=FAILING), job_id)
+    service.wait(name, timeout_s=120)
+    details = {t["taskName"]: t for t in service.job(name).resource["jobDetail"]["taskDetails"]}
+    assert {n: d["state"] for n, d in details.items()} == {
+        job_id: "FAILED",
+        "run": "FAILED",
+        "hold": "SUCCEEDED",
+        "gate-promotes": "FAILED",
+        "boom": "FAILED",
+        "teardown": "SUCCEEDED",
+    }
+    assert "parentTaskId" not in details[job_id]
+    assert details["boom"]["parentTaskId"] == details["gate-promotes"]["taskId"]
+    assert details["gate-promotes"]["parentTaskId"] == details["run"]["taskId"] == "2"
+    job = aiplatform.PipelineJob.get(name).to_dict()
+    assert vertex.failing_stage(job) == "boom: RuntimeError: no capacity for " + FAILING
+    shown = vertex.show(name)
+    assert shown["stages"] == [("hold", "SUCCEEDED"), ("boom", "FAILED"), ("teardown", "SUCCEEDED")]
+
+
+@pytest.mark.parametrize("template", ["", "missing"])
+def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_publish(
+    service, tmp_path, capsys, template
+):
+    """The image the compiled tree (or the template given) names is not in Artifact Registry: exit 2 naming the
+    command that publishes it, before any Vertex AI call."""
+    from pipelines.cli import main
+
+    args = ["submit", PRESET, "--project", PROJECT, "--region", REGION]
+    if template:
+        path = tmp_path / "missing.yaml"
+        path.write_text(Path(service.template).read_text().replace(":tiny", ":never-built"))
+        args += ["--template", str(path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: image: " in err and "is not in Artifact Registry" in err
+    assert f"tpupipe publish --project {PROJECT} --region {REGION} (or add --publish)" in err
+    assert service.calls == []
+    if template:  # --publish publishes this source tree: with another template it is refused
+        assert main([*args, "--publish"]) == 2
+        assert "error: --publish: publishes this source tree's image" in capsys.readouterr().err
+
+
+def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, monkeypatch):
+    from tests.emulators.storage import StorageEmulator
+
+    storage = StorageEmulator({PROJECT: "123456789012"})
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    try:
+        sub = _submission(service, service_account=f"pipelines@{PROJECT}.iam.gserviceaccount.com")
+        name = vertex.submit(sub, log=lambda m: None)
+    finally:
+        storage.stop()
+    assert vertex.JOB_ID.match(name.rsplit("/", 1)[-1]) and service.calls == ["CreatePipelineJob"]
+
+
+def test_a_job_whose_image_is_missing_is_created_and_its_task_fails_at_image_pull(service, tmp_path):
+    """Vertex AI does not look at the images when it creates a job: the task fails when it starts."""
+    path = tmp_path / "missing.yaml"
+    path.write_text(Path(service.template).read_text().replace(":tiny", ":never-built"))
+    name = _create(service, _submission(service, template=str(path)), vertex.new_job_id(PRESET))
+    resource = service.wait(name, timeout_s=60)
+    assert resource["state"] == "PIPELINE_STATE_FAILED"
+    (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
+    assert hold["state"] == "FAILED" and "failed to pull image" in hold["error"]["message"]
