@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, table  # noqa: E402
+from components.platforms import procs  # noqa: E402
 from components.spec import protocol  # noqa: E402
 from components.workload import resolve  # noqa: E402
 
@@ -108,30 +109,12 @@ def recovery(events: list[dict], killed_at: float) -> dict:
     }
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process under ``pid`` (children, theirs, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def lose_host(host: dict) -> float:
     """Kill an emulated host as a lost machine dies: its process group, as the lost-host test does, and also every
     process under it that left that group (Ray starts each worker in a session of its own; killed with the group
     alone they outlive their raylet by seconds, and keep training). Returns the wall-clock time of the kill."""
     groups = {host["pgid"]}
-    for pid in _descendants(host["pid"]):
+    for pid in procs.descendants(host["pid"]):
         try:
             groups.add(os.getpgid(pid))
         except ProcessLookupError:

@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
+from components.platforms import procs
 from tests.helpers import wait_until
 
 # Runs in the new session before the command: take the pty as the controlling terminal (its process group becomes
@@ -115,15 +115,4 @@ class Terminal:
 def driver_processes(driver_pid: int) -> list[int]:
     """Live processes the driver started (its stages, and what they started): they carry its pid in their
     environment."""
-    tag, found = f"TPUPIPE_DRIVER_PID={driver_pid}".encode(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if tag in environ.split(b"\0") and stat[stat.rindex(")") + 2] not in "ZX":
-            found.append(int(entry))
-    return found
+    return procs.carrying("TPUPIPE_DRIVER_PID", str(driver_pid))

@@ -50,6 +50,21 @@ def cmdline(pid: int) -> list[str]:
     return argv.decode(errors="replace").split("\0")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (its children, theirs, ...), as their parent pids in ``/proc/PID/stat`` say."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
 def carries(pid: int, name: str, value: str) -> bool:
     """Whether ``pid`` still runs with ``name=value`` in its environment."""
     return f"{name}={value}".encode() in environ(pid) and alive(pid)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from components.platforms import procs
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
 from tests.emulators.project import ONE_SLICE, start_project
@@ -161,7 +162,7 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
     proc = training(project, root, run_id)
     try:
         # The train component's Python process (not the `sh -c` wrapping it), as Vertex's SIGTERM reaches it.
-        executors = [pid for pid in _children(proc.pid) if b"-m\0kfp.dsl.executor_main" in _cmdline(pid)]
+        executors = [pid for pid in procs.descendants(proc.pid) if "kfp.dsl.executor_main" in procs.cmdline(pid)]
         assert len(executors) == 1, executors
         os.kill(executors[0], signal.SIGTERM)
         out, _ = proc.communicate(timeout=600)
@@ -191,30 +192,3 @@ def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tm
     assert "status: interrupted during train (SIGINT)" in out
     assert project.leftovers(run_id) == {}
     assert driver_processes(term.pid) == []
-
-
-def _children(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    for _ in range(10):
-        nxt = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) in frontier:
-                nxt.append(int(entry))
-        if not nxt:
-            break
-        found += nxt
-        frontier = nxt
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
