@@ -73,6 +73,11 @@ class GkePlatform(Platform):
             )
         check_ranges(spec, self._target(ctx))
 
+    def check_access(self, ctx: RunContext) -> None:
+        from components.platforms.credentials import credentials
+
+        credentials()  # none: an AccessError naming `gcloud auth application-default login`
+
     def _target(self, ctx: RunContext) -> Target:
         return target(ctx.spec, ctx.run_id)
 

@@ -79,9 +79,12 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
             from google.api_core import exceptions as gexc
 
+            from components.platforms.credentials import access_error
+
             if not isinstance(exc, gexc.GoogleAPICallError):
                 raise
-            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {exc.message}"))
+            why = access_error(exc) or exc.message
+            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why}"))
     for line in report.checked:
         log(f"preflight: {line}")
     if report.problems:
