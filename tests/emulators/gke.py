@@ -10,8 +10,14 @@ given to the server, as GKE's are those of the cluster's control plane.
 
 A created cluster runs the version its ``initialClusterVersion`` names, resolved as GKE resolves it against the
 versions on offer (``versions``; empty: ``default_version``; ``latest``: the newest; ``1.36``: the newest 1.36), or
-INVALID_ARGUMENT when none matches; its node pools run its version. It reports Pod and Service ranges: those its
-``ipAllocationPolicy`` pins, else ``default_pod_range`` and ``default_service_range`` (what GKE picked).
+INVALID_ARGUMENT when none matches; its node pools run its version. A cluster created without ``releaseChannel`` is
+enrolled in REGULAR (GKE docs, "Release channels": Standard clusters are enrolled in a channel by default,
+https://cloud.google.com/kubernetes-engine/docs/how-to/release-channels); on a channel, a node pool whose
+``management`` turns auto-upgrade off is refused with GKE's 400 (the ``ReleaseChannel`` message's comment in
+google-cloud-container: "Node auto-upgrade defaults to true and cannot be disabled"), and one without ``management``
+gets auto-upgrade and auto-repair on (GKE docs, "Node auto-upgrades": on by default). It reports Pod and Service
+ranges: those its ``ipAllocationPolicy`` pins, else ``default_pod_range`` and ``default_service_range``
+(what GKE picked).
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ SERVICE_ACCOUNT = re.compile(r"default|[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.
 # and one older and one newer minor.
 VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
 DEFAULT_VERSION = "1.35.2-gke.1842000"
+# GKE's answer (400 badRequest) to a node pool with auto-upgrade off in a cluster on a channel, as GKE users report it
+# (e.g. https://github.com/terraform-google-modules/terraform-google-kubernetes-engine/pull/682).
+AUTO_UPGRADE_MESSAGE = "Auto_upgrade cannot be false when release_channel {channel} is set."
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -217,15 +226,28 @@ class ClusterManagerEmulator(GrpcEmulator):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Master version "{asked}" is unsupported.')
         return matching[-1]
 
+    @staticmethod
+    def _check_management(cluster: c.Cluster, pool: c.NodePool, context) -> None:
+        """A pool's node management as the cluster's release channel allows it (defaults filled in)."""
+        channel = cluster.release_channel.channel
+        if "management" not in pool:
+            pool.management = c.NodeManagement(auto_upgrade=True, auto_repair=True)
+        elif channel != c.ReleaseChannel.Channel.UNSPECIFIED and not pool.management.auto_upgrade:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, AUTO_UPGRADE_MESSAGE.format(channel=channel.name))
+
     def create_cluster(self, request: c.CreateClusterRequest, context, stockout=None) -> c.Operation:
         name = f"{request.parent}/clusters/{request.cluster.name}"
         if name in self.state.clusters:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {name}.")
+        cluster = c.Cluster(request.cluster)
+        if "release_channel" not in cluster:
+            cluster.release_channel = c.ReleaseChannel(channel=c.ReleaseChannel.Channel.REGULAR)
+        for pool in cluster.node_pools:
+            self._check_management(cluster, pool, context)
         for config in [p.config for p in request.cluster.node_pools] + [
             request.cluster.autoscaling.autoprovisioning_node_pool_defaults
         ]:
             self._check_service_account(config.service_account, context)
-        cluster = c.Cluster(request.cluster)
         cluster.status = c.Cluster.Status.PROVISIONING
         cluster.location = request.parent.rsplit("/", 1)[-1]
         cluster.self_link = name
@@ -326,6 +348,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         if missing:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")
         pool = c.NodePool(request.node_pool)
+        self._check_management(cluster, pool, context)
         pool.status = c.NodePool.Status.PROVISIONING
         pool.version = pool.version or cluster.current_node_version
         cluster.node_pools.append(pool)
