@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from components.platforms.gke import features
 from components.platforms.gke import plan as plans
+from components.platforms.gke.resources import RELEASE_CHANNEL
 from components.platforms.gke.target import node_roles, target
 from components.spec import RunSpec
 from components.workload import derive as d
@@ -79,6 +80,8 @@ class Needs:
     cluster: str  # the path of the existing cluster the spec names, or ""
     node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
     node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
+    location: str = ""  # where the run creates its cluster (a zone or region), "" when it uses an existing one
+    cluster_version: str = ""  # gke.cluster_version of a cluster the run creates, resolved at preflight
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -115,6 +118,8 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         "" if t.owns_cluster else t.cluster_path,
         t.node_service_account,
         tuple((role, *needed) for role, needed in node_roles(t).items()),
+        t.location if t.owns_cluster else "",
+        spec.gke.cluster_version if t.owns_cluster else "",
     )
 
 
@@ -152,6 +157,14 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         )
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
+    if n.location:
+        out.append(
+            (
+                "container.projects.locations.getServerConfig",
+                f"projects/{n.project}/locations/{n.location}",
+                f"GKE {n.cluster_version or 'default'} offered on the {RELEASE_CHANNEL} channel",
+            )
+        )
     return out
 
 

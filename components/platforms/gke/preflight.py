@@ -23,46 +23,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from components.platforms.gke import features, paths
+from components.platforms.gke import features, offers, paths
+from components.platforms.gke.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.needs import Needs, needs
 from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
-from components.spec import RunSpec, TpupipeError
+from components.spec import RunSpec
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
-
-
-class PreflightFailed(TpupipeError):
-    """Every problem preflight found, in one message; nothing was created. Exit 2, as for bad input."""
-
-    exit_code = 2
-
-    def __init__(self, title: str, problems: list[Problem]):
-        self.problems = problems
-        super().__init__(
-            f"{title}: {len(problems)} problem{'s' if len(problems) != 1 else ''}; nothing was "
-            "created\n" + "\n".join(f"  - {p}" for p in problems)
-        )
-
-
-@dataclass(frozen=True)
-class Problem:
-    field: str  # the spec field (or the project's set-up) to change
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-# ---------------------------------------------------------------- the checks
-
-
-@dataclass
-class Report:
-    problems: list[Problem] = field(default_factory=list)
-    checked: list[str] = field(default_factory=list)  # what was found in order, for the person reading
-    enable: list[str] = field(default_factory=list)  # features of the existing cluster provision will enable
 
 
 def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
@@ -73,7 +41,8 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
         creds = credentials()
     report = Report()
-    for step in (_apis, _permissions, _node_identity, _quota, _reservation, _cluster):
+    steps = (_apis, _permissions, _node_identity, _quota, _reservation, _cluster, offers.version)
+    for step in steps:
         try:
             step(n, spec, creds, report)
         except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
@@ -87,8 +56,10 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
             report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why}"))
     for line in report.checked:
         log(f"preflight: {line}")
+    for line in report.warnings:
+        log(f"preflight: warning: {line}")
     if report.problems:
-        raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems)
+        raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
 
 
@@ -271,4 +242,5 @@ def render(spec: RunSpec, run_id: str, report: Report) -> str:
     """The report of a preflight that passed."""
     lines = [f"preflight {spec.name} (run {run_id}): no problem found; nothing was created"]
     lines += [f"  {line}" for line in report.checked]
+    lines += [f"  warning: {line}" for line in report.warnings]
     return "\n".join(lines) + "\n"
