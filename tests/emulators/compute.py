@@ -17,7 +17,15 @@ be deleted while a subnetwork or firewall rule names it. Links
 URLs Compute writes.
 
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
-``set_quota`` says otherwise) and ``reservations.get`` of the zonal reservations ``add_reservation`` made.
+``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` made,
+``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
+offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
+(https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
+which CPU series each zone offers (Compute Engine's "Regions and zones",
+https://cloud.google.com/compute/docs/regions-zones#available) is not modelled: every CPU machine type is offered in
+every zone unless ``withhold_machine_type`` says otherwise. Every project has the auto-mode ``default`` network
+Compute makes with a new project (VPC docs, "Default network": https://cloud.google.com/vpc/docs/vpc#default-network)
+unless ``skip_default_network`` says the organisation skips it (``constraints/compute.skipDefaultNetworkCreation``).
 
 Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
 error for the next N matching calls, or a quota failure, where the insert is accepted and its operation ends DONE
@@ -85,6 +93,17 @@ RESERVATION_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
     r"(?P<name>[^/]+)"
 )
+MACHINE_TYPE_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)"
+)
+# TPU machine types (by prefix) and the zones that offer them, North America and Europe, from Cloud TPU's "TPU
+# regions and zones" (https://cloud.google.com/tpu/docs/regions-zones): v5e, v5p, v6e and TPU7x.
+TPU_MACHINE_ZONES = {
+    "ct5lp-hightpu-": ("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+    "ct5p-hightpu-": ("us-central1-a", "us-east5-a"),
+    "ct6e-standard-": ("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+    "tpu7x-standard-": ("us-central1-c",),
+}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
 TPU_METRICS = (
@@ -120,6 +139,8 @@ class State:
     calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
     quotas: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)  # (project, region) -> metric -> ...
     reservations: dict[str, dict] = field(default_factory=dict)  # "projects/P/zones/Z/reservations/N" -> resource
+    withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
+    no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
 
 
 def _now() -> str:
@@ -216,6 +237,43 @@ class ComputeEmulator(HttpEmulator):
                 },
             }
 
+    def withhold_machine_type(self, zone: str, machine_type: str) -> None:
+        """``zone`` does not offer ``machine_type`` (as a zone may lack a CPU series)."""
+        with self._lock:
+            self.state.withheld.add((zone, machine_type))
+
+    def skip_default_network(self, project: str) -> None:
+        """``project`` has no ``default`` network (its organisation skips creating it)."""
+        with self._lock:
+            self.state.no_default_network.add(project)
+
+    def _machine_type(self, params: dict) -> dict:
+        zone, name = params["zone"], params["name"]
+        path = f"projects/{params['project']}/zones/{zone}/machineTypes/{name}"
+        tpu_zones = next((zones for prefix, zones in TPU_MACHINE_ZONES.items() if name.startswith(prefix)), None)
+        if (zone, name) in self.state.withheld or (tpu_zones is not None and zone not in tpu_zones):
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {
+            "kind": "compute#machineType",
+            "id": str(abs(hash(name)) % 10**12),
+            "name": name,
+            "zone": zone,
+            "selfLink": LINK + path,
+        }
+
+    def _default_network(self, params: dict) -> dict:
+        path = f"projects/{params['project']}/global/networks/default"
+        if params["project"] in self.state.no_default_network:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {
+            "kind": "compute#network",
+            "id": str(abs(hash(path)) % 10**12),
+            "name": "default",
+            "selfLink": LINK + path,
+            "autoCreateSubnetworks": True,
+            "routingConfig": {"routingMode": "REGIONAL"},
+        }
+
     def mutations(self) -> list[str]:
         """The calls that change something (inserts and deletes), in order."""
         with self._lock:
@@ -266,6 +324,10 @@ class ComputeEmulator(HttpEmulator):
         if fault and fault.status is not None:
             raise HttpError(fault.status, fault.message, fault.reason)
         reads = {"regions.get": self._region, "reservations.get": self._reservation}
+        reads["machineTypes.get"] = self._machine_type
+        default = method == "networks.get" and params.get("name") == "default" and not params.get("region")
+        if default and f"{_scope(params)}/networks/default" not in self.state.networks:
+            reads[method] = self._default_network
         if method in reads:
             with self._lock:
                 return 200, copy.deepcopy(reads[method](params))
@@ -275,7 +337,11 @@ class ComputeEmulator(HttpEmulator):
             return 200, copy.deepcopy(handler(kind, params, request, fault))
 
     def _route(self, verb: str, path: str) -> tuple[str, dict]:
-        for method, pattern in (("regions.get", REGION_PATH), ("reservations.get", RESERVATION_PATH)):
+        for method, pattern in (
+            ("regions.get", REGION_PATH),
+            ("reservations.get", RESERVATION_PATH),
+            ("machineTypes.get", MACHINE_TYPE_PATH),
+        ):
             read = pattern.fullmatch(path)
             if read and verb == "GET":
                 return method, read.groupdict()

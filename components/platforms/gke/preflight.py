@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from components.platforms.gke import compute as gke_compute
 from components.platforms.gke import features, offers, paths
 from components.platforms.gke.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.needs import Needs, needs
@@ -31,6 +32,7 @@ from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
+ACT_AS = "iam.serviceAccounts.actAs"
 
 
 def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
@@ -41,7 +43,17 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
         creds = credentials()
     report = Report()
-    steps = (_apis, _permissions, _node_identity, _quota, _reservation, _cluster, offers.version)
+    steps = (
+        _apis,
+        _permissions,
+        _node_identity,
+        _quota,
+        _reservation,
+        _cluster,
+        offers.version,
+        offers.machine_types,
+        offers.default_network,
+    )
     for step in steps:
         try:
             step(n, spec, creds, report)
@@ -90,6 +102,17 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         .permissions
     )
     lacking = [p for p in n.permissions if p not in held]
+    if ACT_AS in lacking:
+        lacking.remove(ACT_AS)
+        report.problems.append(
+            Problem(
+                "gke.node_service_account",
+                f"the caller lacks {ACT_AS} on project {n.project}: the nodes run as {n.node_account}, and GKE "
+                "creates no node pool for a caller that cannot act as it: grant roles/iam.serviceAccountUser on "
+                "the project, or name an account the caller can act as (tested on the project: a grant on the "
+                "account alone is not seen here)",
+            )
+        )
     if lacking:
         report.problems.append(
             Problem(
@@ -127,7 +150,7 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     if n.quota is None:
         return
     metric, chips = n.quota
-    region = compute_client("RegionsClient", creds).get(project=n.project, region=n.region)
+    region = gke_compute.client("RegionsClient", creds).get(project=n.project, region=n.region)
     found = {q.metric: q for q in region.quotas}
     if metric not in found:
         report.checked.append(f"quota {metric}: not listed in {n.region}, not checked")
@@ -153,7 +176,7 @@ def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 
     project, zone, name, machine_type, hosts = n.reservation
     try:
-        found = compute_client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
+        found = gke_compute.client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
     except gexc.NotFound:
         report.problems.append(
             Problem(
@@ -224,18 +247,6 @@ def service_usage_client(creds):
             transport=ServiceUsageGrpcTransport(channel=grpc.insecure_channel(host))
         )
     return service_usage_v1.ServiceUsageClient(credentials=creds)
-
-
-def compute_client(name: str, creds):
-    """A compute_v1 client (``RegionsClient``, ``ReservationsClient``) at the endpoint the Compute adapter uses."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
-
-    from components.platforms.gke.compute import EMULATOR_HOST_ENV
-
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    options = ClientOptions(api_endpoint=host) if host else None
-    return getattr(compute_v1, name)(credentials=creds, client_options=options)
 
 
 def render(spec: RunSpec, run_id: str, report: Report) -> str:
