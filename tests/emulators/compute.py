@@ -106,15 +106,15 @@ TPU_MACHINE_ZONES = {
 }
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
+# The regional TPU quota metrics Compute Engine reports, as google-cloud-compute's ``Quota.Metric`` enum names them
+# (compute_v1/types/compute.py); it names none for v5p, v6e or TPU7x, and neither does the emulated region.
 TPU_METRICS = (
+    "TPU_PODSLICE_V4",
+    "PREEMPTIBLE_TPU_PODSLICE_V4",
+    "TPU_LITE_DEVICE_V5",
+    "PREEMPTIBLE_TPU_LITE_DEVICE_V5",
     "TPU_LITE_PODSLICE_V5",
     "PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
-    "TPU_V5P_PODSLICE",
-    "PREEMPTIBLE_TPU_V5P_PODSLICE",
-    "TPU_V6E_PODSLICE",
-    "PREEMPTIBLE_TPU_V6E_PODSLICE",
-    "TPU_V7X_PODSLICE",
-    "PREEMPTIBLE_TPU_V7X_PODSLICE",
 )
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
 
@@ -215,6 +215,11 @@ class ComputeEmulator(HttpEmulator):
                 "usage": float(usage),
             }
 
+    def hide_quota(self, project: str, region: str, metric: str) -> None:
+        """The region lists no quota ``metric`` (one preflight looks for and cannot find)."""
+        with self._lock:
+            self.state.quotas.setdefault((project, region), {})[metric] = None
+
     def add_reservation(
         self, project: str, zone: str, name: str, machine_type: str, count: int, in_use: int = 0
     ) -> None:
@@ -283,6 +288,7 @@ class ComputeEmulator(HttpEmulator):
         project, region = params["project"], params["region"]
         quotas = {m: {"metric": m, "limit": DEFAULT_TPU_QUOTA, "usage": 0.0} for m in TPU_METRICS}
         quotas.update(self.state.quotas.get((project, region), {}))
+        quotas = {m: q for m, q in quotas.items() if q is not None}
         path = f"projects/{project}/regions/{region}"
         return {
             "kind": "compute#region",

@@ -14,6 +14,13 @@ from tests.gke.conftest import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 
 RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"
+# v5e: the family whose TPU quota Compute Engine reports per region (TPU_LITE_PODSLICE_V5; resources.QUOTA_METRICS).
+V5E_TWO_SLICES = TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+)
+V5E_ONE_SLICE = ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+)
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
 
@@ -27,21 +34,21 @@ def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report
     tmp_path, project_factory, capsys
 ):
     project = project_factory()
-    project.compute.set_quota(PROJECT, "us-east5", "TPU_V6E_PODSLICE", limit=48, usage=40)
+    project.compute.set_quota(PROJECT, "us-west4", "TPU_LITE_PODSLICE_V5", limit=48, usage=40)
     project.services.disable("compute.googleapis.com")
     project.projects.deny("container.clusters.create")
-    code, text = _preflight(TWO_SLICES, capsys)
+    code, text = _preflight(V5E_TWO_SLICES, capsys)
     assert code == 2
     assert "3 problems; nothing was created" in text
     for needle in (
-        "cluster.capacity: TPU quota TPU_V6E_PODSLICE in us-east5",
+        "cluster.capacity: TPU quota TPU_LITE_PODSLICE_V5 in us-west4",
         "the run needs 32 chips, 8 of 48",
         "apis: not enabled in project tpupipe-emulated: compute.googleapis.com",
         "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create",
     ):
         assert needle in text
     with pytest.raises(PreflightFailed) as caught:  # provision's first step is the same check
-        platform().provision(context(tmp_path, "pre", TWO_SLICES))
+        platform().provision(context(tmp_path, "pre", V5E_TWO_SLICES))
     assert len(caught.value.problems) == 3
     assert project.mutations() == []
     assert project.leftovers("pre") == {}
@@ -78,16 +85,32 @@ def test_preflight_that_passes_says_what_it_found_and_creates_nothing(project_fa
     assert code == 0, text
     assert "no problem found; nothing was created" in text
     assert "reservation team-v6e in us-east5-b: 3 of 4 ct6e-standard-4t free, 1 needed" in text
-    code, text = _preflight(ONE_SLICE, capsys)
-    assert code == 0 and "quota TPU_V6E_PODSLICE in us-east5: 4096 chips free, 4 needed" in text
+    code, text = _preflight(V5E_ONE_SLICE, capsys)
+    assert code == 0 and "quota TPU_LITE_PODSLICE_V5 in us-west4: 4096 chips free, 4 needed" in text
+    assert "warning" not in text
     assert project.mutations() == []
 
 
 def test_spot_capacity_is_checked_against_the_preemptible_quota(project_factory, capsys):
     project = project_factory()
-    project.compute.set_quota(PROJECT, "us-east5", "PREEMPTIBLE_TPU_V6E_PODSLICE", limit=0)
-    code, text = _preflight(ONE_SLICE + " cluster.capacity=spot", capsys)
-    assert code == 2 and "PREEMPTIBLE_TPU_V6E_PODSLICE" in text and "4 chips, 0 of 0 are free (spot)" in text
+    project.compute.set_quota(PROJECT, "us-west4", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5", limit=0)
+    code, text = _preflight(V5E_ONE_SLICE + " cluster.capacity=spot", capsys)
+    assert code == 2 and "PREEMPTIBLE_TPU_LITE_PODSLICE_V5" in text and "4 chips, 0 of 0 are free (spot)" in text
+
+
+def test_a_quota_preflight_cannot_read_is_a_warning_in_the_report_never_silence(project_factory, capsys):
+    project = project_factory()
+    code, text = _preflight(ONE_SLICE, capsys)  # v6e: no regional Compute Engine metric
+    assert code == 0, text
+    assert (
+        "warning: TPU quota not checked: Compute Engine's regional quotas have no metric for v6e "
+        "(resources.QUOTA_METRICS); the run needs 4 on-demand v6e chips in us-east5"
+    ) in text
+    project.compute.hide_quota(PROJECT, "us-west4", "TPU_LITE_PODSLICE_V5")
+    project.projects.deny("container.clusters.create")
+    code, text = _preflight(V5E_ONE_SLICE, capsys)  # with a problem: the warning is in the failing report too
+    assert code == 2, text
+    assert "warning: TPU quota TPU_LITE_PODSLICE_V5 not checked: us-west4 of project" in text
 
 
 # ---------------------------------------------------------------- an existing cluster (gke.cluster_name)

@@ -10,19 +10,10 @@ from dataclasses import dataclass
 
 from components.platforms.gke import features
 from components.platforms.gke import plan as plans
-from components.platforms.gke.resources import RELEASE_CHANNEL
+from components.platforms.gke.resources import QUOTA_METRICS, RELEASE_CHANNEL
 from components.platforms.gke.target import node_roles, target
 from components.spec import RunSpec, names
 from components.workload import derive as d
-
-# Compute Engine's regional TPU quota metric of each family: (on-demand, preemptible: spot and flex-start), in chips.
-# A metric the region does not list is reported as not checked, never as a problem.
-QUOTA_METRICS = {
-    "v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
-    "v5p": ("TPU_V5P_PODSLICE", "PREEMPTIBLE_TPU_V5P_PODSLICE"),
-    "v6e": ("TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE"),
-    "tpu7x": ("TPU_V7X_PODSLICE", "PREEMPTIBLE_TPU_V7X_PODSLICE"),
-}
 
 # The IAM permissions each call of the plan needs (what creates a resource, and what deletes it at teardown), keyed
 # by the plan record's api (its first word); the service a call goes to is the key's first part (SERVICES).
@@ -88,7 +79,7 @@ class Needs:
     zone: str
     services: tuple[str, ...]
     permissions: tuple[str, ...]
-    quota: tuple[str, int] | None  # (metric, chips)
+    quota: tuple[str, int] | None  # (metric, chips); metric "" when Compute Engine has none for the family
     reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
     cluster: str  # the path of the existing cluster the spec names, or ""
     node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
@@ -116,9 +107,10 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         )
         permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
     else:
-        metric = QUOTA_METRICS[shape.family.name][0 if c.capacity == "on-demand" else 1]
-        quota = (metric, c.num_slices * shape.num_chips)
-        permissions.append("compute.regions.get")  # preflight's own read
+        metric = QUOTA_METRICS.get(shape.family.name, ("", ""))[0 if c.capacity == "on-demand" else 1]
+        quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
+        if metric:
+            permissions.append("compute.regions.get")  # preflight's own read
     permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
     machine_types = _machine_types(spec, run_id)
     if machine_types:
@@ -173,7 +165,7 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
             f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
         ),
     ]
-    if n.quota:
+    if n.quota and n.quota[0]:
         out.append(
             (
                 "compute.regions.get",

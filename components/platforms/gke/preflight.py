@@ -6,7 +6,10 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 - the APIs the plan's calls go to are enabled in the project (Service Usage ``BatchGetServices``);
 - the caller holds the IAM permissions those calls need (Resource Manager ``projects.testIamPermissions``);
 - the region's TPU quota (Compute Engine ``regions.get``) has room for the chips of every slice, for on-demand, spot
-  and flex-start capacity (spot and flex-start use the preemptible quota);
+  and flex-start capacity (spot and flex-start use the preemptible quota), where Compute Engine reports a metric for
+  the family (``resources.QUOTA_METRICS``); a quota it cannot read is a warning in the report, never silence;
+- what the location offers (``offers``): the GKE version on the cluster's release channel, the node pools' machine
+  types in their zone, the default network a cluster the run creates uses;
 - with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
   machine type and has a VM free for every host;
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
@@ -150,10 +153,21 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     if n.quota is None:
         return
     metric, chips = n.quota
+    c = spec.cluster
+    if not metric:
+        report.warnings.append(
+            f"TPU quota not checked: Compute Engine's regional quotas have no metric for {c.accelerator} "
+            f"(resources.QUOTA_METRICS); the run needs {chips} {c.capacity} {c.accelerator} chips in {n.region} of "
+            f"project {n.project}: see the console's Quotas page, else node pool creation fails with a quota error"
+        )
+        return
     region = gke_compute.client("RegionsClient", creds).get(project=n.project, region=n.region)
     found = {q.metric: q for q in region.quotas}
     if metric not in found:
-        report.checked.append(f"quota {metric}: not listed in {n.region}, not checked")
+        report.warnings.append(
+            f"TPU quota {metric} not checked: {n.region} of project {n.project} does not list it; the run needs "
+            f"{chips} chips"
+        )
         return
     free = int(found[metric].limit - found[metric].usage)
     if free < chips:

@@ -55,6 +55,14 @@ NETDEV_DEVICE_CLASS = "netdev.google.com"
 # the channel whose offered versions preflight resolves gke.cluster_version against.
 RELEASE_CHANNEL = "REGULAR"
 
+# Compute Engine's regional TPU quota metrics, in chips, of each family: (on-demand, preemptible: spot and
+# flex-start), by the names regions.get reports them, which google-cloud-compute's ``Quota.Metric`` enum lists
+# (compute_v1/types/compute.py: TPU_LITE_PODSLICE_V5, PREEMPTIBLE_TPU_LITE_PODSLICE_V5). The enum names no metric for
+# v5p, v6e or TPU7x: their quota is not among the region's Compute Engine quotas (it is a Cloud Quotas quota, per
+# TPU version: GKE docs, "Troubleshoot TPUs in GKE", https://cloud.google.com/kubernetes-engine/docs/troubleshooting/
+# tpus), so preflight cannot check it and says so in a warning naming the chips the run needs, never silently.
+QUOTA_METRICS = {"v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5")}
+
 AUTOPILOT_CAPACITY_SELECTORS = {
     "spot": {"cloud.google.com/gke-spot": "true"},
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},
