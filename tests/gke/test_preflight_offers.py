@@ -5,26 +5,17 @@ account. Every problem is in the one report, exit 2, nothing created."""
 
 from __future__ import annotations
 
-import pytest
-
 from components.platforms.gke.needs import needs
-from components.platforms.gke.preflight import PreflightFailed
 from components.workload import resolve
-from pipelines import cli
 from tests.gke.conftest import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
-
-
-def _preflight(overrides: str, capsys) -> tuple[int, str]:
-    code = cli.main(["preflight", "local-fsdp", "--set", overrides, "--run-id", "pre"])
-    out = capsys.readouterr()
-    return code, out.out + out.err
+from tests.gke.test_preflight import preflight_cli, refused
 
 
 def test_a_retired_version_pin_is_a_problem_naming_the_offered_ones(project_factory, capsys):
     project = project_factory()
     project.gke.channels["REGULAR"] = ("1.35.5-gke.1100000", "1.36.1-gke.1012000")  # 1.35.2-gke.1842000 retired
-    code, text = _preflight(ONE_SLICE + " gke.cluster_version=1.35.2-gke.1842000", capsys)
+    code, text = preflight_cli(ONE_SLICE + " gke.cluster_version=1.35.2-gke.1842000", capsys)
     assert code == 2, text
     assert (
         "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on the REGULAR release channel in us-east5-b"
@@ -38,7 +29,7 @@ def test_a_minor_resolves_to_the_newest_offered_patch_and_the_cluster_is_created
 ):
     project = project_factory()
     project.gke.channels["REGULAR"] = ("1.35.2-gke.1842000", "1.35.5-gke.1100000", "1.36.1-gke.1012000")
-    code, text = _preflight(ONE_SLICE + " gke.cluster_version=1.35", capsys)
+    code, text = preflight_cli(ONE_SLICE + " gke.cluster_version=1.35", capsys)
     assert code == 0, text
     assert "GKE 1.35.5-gke.1100000 on the REGULAR channel in us-east5-b (gke.cluster_version=1.35)" in text
     platform().provision(context(tmp_path, "minor", ONE_SLICE + " gke.cluster_version=1.35"))
@@ -48,7 +39,7 @@ def test_a_minor_resolves_to_the_newest_offered_patch_and_the_cluster_is_created
 
 def test_no_pin_is_the_channels_default(project_factory, capsys):
     project_factory()
-    code, text = _preflight(ONE_SLICE, capsys)
+    code, text = preflight_cli(ONE_SLICE, capsys)
     assert code == 0 and "GKE 1.35.2-gke.1842000 on the REGULAR channel in us-east5-b (the channel's default)" in text
 
 
@@ -61,27 +52,22 @@ def test_a_head_type_the_zone_lacks_a_retired_pin_no_default_network_and_no_act_
     project.compute.skip_default_network(PROJECT)
     project.projects.deny("iam.serviceAccounts.actAs")
     overrides = ONE_SLICE + " gke.cpu_machine_type=n1-standard-16 gke.cluster_version=1.35.2-gke.1842000"
-    code, text = _preflight(overrides, capsys)
+    code, text = preflight_cli(overrides, capsys)
     assert code == 2, text
     assert "4 problems; nothing was created" in text
-    for needle in (
+    needles = (
         f"gke.cpu_machine_type: machine type n1-standard-16 is not offered in zone us-east5-b of project {PROJECT}",
         "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on the REGULAR release channel",
         f"gke.cluster_name: project {PROJECT} has no VPC network 'default'",
         f"gke.node_service_account: the caller lacks iam.serviceAccounts.actAs on project {PROJECT}",
         "roles/iam.serviceAccountUser",
-    ):
-        assert needle in text
-    with pytest.raises(PreflightFailed) as caught:  # provision's first step is the same check
-        platform().provision(context(tmp_path, "pre", overrides))
-    assert len(caught.value.problems) == 4
-    assert project.mutations() == []
-    assert project.leftovers("pre") == {}
+    )
+    refused(project, tmp_path, overrides, text, needles, problems=4)
 
 
 def test_a_tpu_machine_type_the_zone_does_not_offer_names_the_zones_that_do(project_factory, capsys):
     project_factory()
-    code, text = _preflight(ONE_SLICE.replace("us-east5-b", "us-central1-a"), capsys)
+    code, text = preflight_cli(ONE_SLICE.replace("us-east5-b", "us-central1-a"), capsys)
     assert code == 2, text
     assert "gke.zone: machine type ct6e-standard-4t is not offered in zone us-central1-a" in text
     assert "choose a zone that offers v6e (us-east5-b, " in text
