@@ -67,8 +67,8 @@ EVENT_FIELDS = {
     "type",
 }
 OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
-# RayCluster fields by the KubeRay release that added them (the emulator's own table, from
-# ../shared/reference/platform-facts.md: authOptions.secretName came in v1.6.0).
+# RayCluster fields by the KubeRay release that added them (the emulator's own table: authOptions.secretName came in
+# v1.6.0, https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
 FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
