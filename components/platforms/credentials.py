@@ -21,9 +21,14 @@ LOGIN = "gcloud auth application-default login"
 
 
 class AccessError(TpupipeError):
-    """The caller cannot reach Google Cloud as the run needs: nothing was created. Exit 2, as for bad input."""
+    """The caller cannot reach Google Cloud as the run needs: nothing was created. Exit 2, as for bad input. ``whole``:
+    nothing the command does can succeed (no credentials, no such project), as against one API or permission."""
 
     exit_code = 2
+
+    def __init__(self, message: str, whole: bool = True):
+        super().__init__(message)
+        self.whole = whole
 
 
 def credentials():
@@ -67,7 +72,8 @@ def access_error(exc: BaseException) -> AccessError | None:
     if reason == "SERVICE_DISABLED":
         return AccessError(
             f"the API {service} is not enabled in project {project}: run "
-            f"`gcloud services enable {service} --project {project}`"
+            f"`gcloud services enable {service} --project {project}`",
+            whole=False,
         )
     if reason in ("CONSUMER_INVALID", "USER_PROJECT_DENIED", "CONSUMER_SUSPENDED", "RESOURCE_PROJECT_INVALID"):
         return AccessError(
@@ -83,7 +89,8 @@ def access_error(exc: BaseException) -> AccessError | None:
         what = f"{permission} on {resource}" if permission else _first_line(exc)
         return AccessError(
             f'permission denied: {what}; grant the caller a role that holds it (docs/gke.md, "IAM roles": '
-            "`gcloud projects add-iam-policy-binding PROJECT --member=user:YOU --role=ROLE`)"
+            "`gcloud projects add-iam-policy-binding PROJECT --member=user:YOU --role=ROLE`)",
+            whole=False,
         )
     return None
 

@@ -174,9 +174,11 @@ class ComputeEmulator(HttpEmulator):
         message: str = "",
         times: int = 1,
         when: Callable[[dict], bool] = lambda body: True,
+        info: dict | None = None,
     ) -> None:
-        """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets the body of
-        an insert, else the URL's fields (project, region, kind, name)."""
+        """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status`` (with ``info``, a
+        ``google.rpc.ErrorInfo`` in its details). ``when`` gets the body of an insert, else the URL's fields
+        (project, region, kind, name)."""
         self.faults.append(
             Fault(
                 method,
@@ -185,6 +187,7 @@ class ComputeEmulator(HttpEmulator):
                 message or f"Injected HTTP {status} for {method}.",
                 times,
                 when,
+                info,
             )
         )
 
@@ -328,7 +331,7 @@ class ComputeEmulator(HttpEmulator):
             raise HttpError(400, f"Invalid JSON payload received. {e}") from None
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None:
-            raise HttpError(fault.status, fault.message, fault.reason)
+            raise HttpError(fault.status, fault.message, fault.reason, fault.info)
         reads = {"regions.get": self._region, "reservations.get": self._reservation}
         reads["machineTypes.get"] = self._machine_type
         default = method == "networks.get" and params.get("name") == "default" and not params.get("region")

@@ -1,7 +1,8 @@
 """A Google Cloud the caller cannot reach as a command needs is one line naming the fix, exit 2, never a traceback:
 no credentials at all (every command that calls Google Cloud, run with an empty environment), and the errors Google's
 APIs answer with for a project that does not exist, an API not enabled and a permission denied (Google's error
-shape, parsed by google-api-core as it parses a real response)."""
+shape, parsed by google-api-core as it parses a real response; and through the real Compute client against the
+emulator: an API off is a problem in preflight's report, a project that cannot be reached one line)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import requests
 from google.api_core import exceptions as gexc
 
 from components.platforms.credentials import LOGIN, access_error
+from pipelines import cli
+from tests.gke.conftest import PROJECT
+from tests.gke.test_preflight import V5E_ONE_SLICE, preflight_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {
@@ -124,3 +128,22 @@ def test_google_access_errors_name_what_is_missing_and_the_fix(reason, metadata,
 def test_other_errors_are_not_access_errors():
     assert access_error(gexc.ServiceUnavailable("try again")) is None
     assert access_error(ValueError("x")) is None
+
+
+def test_preflight_in_a_project_that_cannot_be_reached_is_one_line_and_an_api_off_is_a_problem(project_factory, capsys):
+    project = project_factory()
+    disabled = {"reason": "SERVICE_DISABLED", "domain": "googleapis.com"}
+    disabled["metadata"] = {"service": "compute.googleapis.com", "consumer": f"projects/{PROJECT}"}
+    project.compute.fail("regions.get", 403, message="Compute Engine API has not been used", info=disabled)
+    code, text = preflight_cli(V5E_ONE_SLICE, capsys)
+    assert code == 2 and "Traceback" not in text
+    assert f"quota: could not be checked: the API compute.googleapis.com is not enabled in project {PROJECT}" in text
+
+    invalid = {"reason": "CONSUMER_INVALID", "domain": "googleapis.com"}
+    invalid["metadata"] = {"service": "compute.googleapis.com", "consumer": f"projects/{PROJECT}"}
+    project.compute.fail("regions.get", 403, message="Permission denied on resource project", info=invalid)
+    code = cli.main(["preflight", "local-fsdp", "--set", V5E_ONE_SLICE, "--run-id", "pre"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"project {PROJECT} does not exist or cannot be reached" in err
+    assert project.mutations() == []

@@ -67,8 +67,10 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
             if not isinstance(exc, gexc.GoogleAPICallError):
                 raise
-            why = access_error(exc) or exc.message
-            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why}"))
+            why = access_error(exc)
+            if why is not None and why.whole:  # no credentials, no such project: no check can be made, one line
+                raise why from None
+            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why or exc.message}"))
     for line in report.checked:
         log(f"preflight: {line}")
     for line in report.warnings:
