@@ -187,7 +187,7 @@ class ComputeEmulator(HttpEmulator):
                 message or f"Injected HTTP {status} for {method}.",
                 times,
                 when,
-                info,
+                info=info,
             )
         )
 

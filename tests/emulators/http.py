@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REASONS = {
@@ -51,7 +51,7 @@ class Fault:
     message: str
     times: int = 1
     when: Callable[[dict], bool] = lambda request: True
-    info: dict | None = None  # the ErrorInfo of the answer (HttpError.info)
+    info: dict | None = field(default=None, kw_only=True)  # the answer's ErrorInfo (HttpError.info)
 
 
 class HttpServer:
