@@ -305,8 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Bad input exits 2 with one message naming the field; an infrastructure failure exits 1 (teardown has run, and
-    the summary says what it deleted)."""
+    """Bad input exits 2 with one message naming the field, and so does a Google Cloud that cannot be reached as the
+    command needs (no credentials, no such project, an API not enabled, a permission denied: ``access_error``); an
+    infrastructure failure exits 1 (teardown has run, and the summary says what it deleted)."""
     from components.spec import TpupipeError
 
     args = build_parser().parse_args(argv)
@@ -316,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)
         return fail("interrupted", 130)
+    except Exception as exc:  # credentials, project, API or permission: one line naming the fix, exit 2
+        from components.platforms.credentials import access_error
+
+        error = access_error(exc)
+        if error is None:
+            raise
+        return fail(str(error), error.exit_code)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,11 @@ def run(
 
     # Every input checked before anything is started: a SpecError here exits 2 (main).
     ctx = stages.context(preset, platform_name, overrides, run_id or default_run_id(preset), "", output_root)
-    get_platform(ctx.platform).check(ctx)
+    platform = get_platform(ctx.platform)
+    platform.check(ctx)
     if dry_run:
         return _dry_run(ctx)
+    platform.check_access(ctx)  # no credentials: one line (exit 2), not a failed provision task
     if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
         from components.stages import gate
 

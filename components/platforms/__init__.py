@@ -44,6 +44,10 @@ class Platform(Protocol):
     def check(self, ctx: RunContext) -> None:
         """Platform-specific spec checks; raise SpecError before anything is created."""
 
+    def check_access(self, ctx: RunContext) -> None:
+        """The credentials the stages will call the cloud with, found before anything is started (no call made);
+        an ``AccessError`` (exit 2) names what is missing. Nothing to find on a platform that calls no cloud."""
+
     def provision(self, ctx: RunContext) -> dict[str, Any]: ...
 
     def build_image(self, ctx: RunContext) -> dict[str, Any]: ...

@@ -1,16 +1,34 @@
 """Google credentials for everything that calls Google Cloud (the gke platform, the run store in Cloud Storage,
 Vertex AI): Application Default Credentials (the pipeline's service account on Vertex, ``gcloud auth
-application-default login`` on a workstation), or, when the emulators are in use, their static token."""
+application-default login`` on a workstation), or, when the emulators are in use, their static token.
+
+What a user fixes before any cloud call can succeed — no credentials, credentials refused, a project that does not
+exist or cannot be reached, an API not enabled, a permission denied — is one :class:`AccessError` (exit 2): one line
+naming what is missing and the command or role that fixes it (``access_error``), never a traceback."""
 
 from __future__ import annotations
 
 import os
+
+from components.spec import TpupipeError
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"  # set when the tests point the clients at the emulators
 EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"
 # Vertex AI's endpoint (http://host:port, REST) with the emulators; unset, the SDK's default for the region.
 VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
+LOGIN = "gcloud auth application-default login"
+
+
+class AccessError(TpupipeError):
+    """The caller cannot reach Google Cloud as the run needs: nothing was created. Exit 2, as for bad input. ``whole``:
+    nothing the command does can succeed (no credentials, no such project), as against one API or permission."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, whole: bool = True):
+        super().__init__(message)
+        self.whole = whole
 
 
 def credentials():
@@ -20,6 +38,63 @@ def credentials():
 
         return Credentials(token=token)
     import google.auth
+    from google.auth import exceptions
 
-    creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    try:
+        creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except exceptions.DefaultCredentialsError:
+        raise AccessError(
+            "no Google Cloud credentials: Application Default Credentials were not found "
+            f"(no GOOGLE_APPLICATION_CREDENTIALS, no gcloud login, no metadata server); run `{LOGIN}`"
+        ) from None
     return creds
+
+
+def access_error(exc: BaseException) -> AccessError | None:
+    """The one-line :class:`AccessError` of a Google Cloud error the user fixes (credentials, project, API,
+    permission), or None for any other error. The reasons are ``google.rpc.ErrorInfo.reason`` values of the
+    ``googleapis.com`` domain as ``google/api/error_reason.proto`` (googleapis-common-protos) defines them, with the
+    service and the consumer project in the ErrorInfo's metadata."""
+    if isinstance(exc, AccessError):
+        return exc
+    if not type(exc).__module__.startswith("google."):  # no Google library raised it (and none need be installed)
+        return None
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth
+
+    if isinstance(exc, auth.RefreshError | auth.DefaultCredentialsError) or isinstance(exc, gexc.Unauthenticated):
+        return AccessError(f"the Google Cloud credentials were refused ({_first_line(exc)}); run `{LOGIN}`")
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        return None
+    reason, meta = exc.reason or "", exc.metadata or {}
+    service = meta.get("service", "")
+    project = meta.get("consumer", "").removeprefix("projects/")
+    if reason == "SERVICE_DISABLED":
+        return AccessError(
+            f"the API {service} is not enabled in project {project}: run "
+            f"`gcloud services enable {service} --project {project}`",
+            whole=False,
+        )
+    if reason in ("CONSUMER_INVALID", "USER_PROJECT_DENIED", "CONSUMER_SUSPENDED", "RESOURCE_PROJECT_INVALID"):
+        return AccessError(
+            f"project {project or '(as named)'} does not exist or cannot be reached with these credentials "
+            f"({reason}): check the project id (--project, gke.project) with `gcloud projects describe "
+            f"{project or 'PROJECT'}`"
+        )
+    if reason in ("ACCESS_TOKEN_EXPIRED", "CREDENTIALS_MISSING"):
+        return AccessError(f"the Google Cloud credentials were refused ({reason}); run `{LOGIN}`")
+    if reason == "IAM_PERMISSION_DENIED" or isinstance(exc, gexc.PermissionDenied | gexc.Forbidden):
+        permission = meta.get("permission", "")
+        resource = meta.get("resource", "")
+        what = f"{permission} on {resource}" if permission else _first_line(exc)
+        return AccessError(
+            f'permission denied: {what}; grant the caller a role that holds it (docs/gke.md, "IAM roles": '
+            "`gcloud projects add-iam-policy-binding PROJECT --member=user:YOU --role=ROLE`)",
+            whole=False,
+        )
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

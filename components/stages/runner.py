@@ -352,6 +352,9 @@ def teardown_context(run_id: str, platform: str, output_root: str, preset: str =
 
 
 def _error_text(exc: BaseException) -> str:
+    from components.platforms.credentials import access_error
+
+    exc = access_error(exc) or exc  # no credentials, no project, an API off, a permission denied: the fix, one line
     if isinstance(exc, TpupipeError):
         return str(exc)
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()

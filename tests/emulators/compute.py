@@ -17,7 +17,15 @@ be deleted while a subnetwork or firewall rule names it. Links
 URLs Compute writes.
 
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
-``set_quota`` says otherwise) and ``reservations.get`` of the zonal reservations ``add_reservation`` made.
+``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` made,
+``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
+offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
+(https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
+which CPU series each zone offers (Compute Engine's "Regions and zones",
+https://cloud.google.com/compute/docs/regions-zones#available) is not modelled: every CPU machine type is offered in
+every zone unless ``withhold_machine_type`` says otherwise. Every project has the auto-mode ``default`` network
+Compute makes with a new project (VPC docs, "Default network": https://cloud.google.com/vpc/docs/vpc#default-network)
+unless ``skip_default_network`` says the organisation skips it (``constraints/compute.skipDefaultNetworkCreation``).
 
 Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
 error for the next N matching calls, or a quota failure, where the insert is accepted and its operation ends DONE
@@ -85,17 +93,28 @@ RESERVATION_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
     r"(?P<name>[^/]+)"
 )
+MACHINE_TYPE_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)"
+)
+# TPU machine types (by prefix) and the zones that offer them, North America and Europe, from Cloud TPU's "TPU
+# regions and zones" (https://cloud.google.com/tpu/docs/regions-zones): v5e, v5p, v6e and TPU7x.
+TPU_MACHINE_ZONES = {
+    "ct5lp-hightpu-": ("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+    "ct5p-hightpu-": ("us-central1-a", "us-east5-a"),
+    "ct6e-standard-": ("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+    "tpu7x-standard-": ("us-central1-c",),
+}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
+# The regional TPU quota metrics Compute Engine reports, as google-cloud-compute's ``Quota.Metric`` enum names them
+# (compute_v1/types/compute.py); it names none for v5p, v6e or TPU7x, and neither does the emulated region.
 TPU_METRICS = (
+    "TPU_PODSLICE_V4",
+    "PREEMPTIBLE_TPU_PODSLICE_V4",
+    "TPU_LITE_DEVICE_V5",
+    "PREEMPTIBLE_TPU_LITE_DEVICE_V5",
     "TPU_LITE_PODSLICE_V5",
     "PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
-    "TPU_V5P_PODSLICE",
-    "PREEMPTIBLE_TPU_V5P_PODSLICE",
-    "TPU_V6E_PODSLICE",
-    "PREEMPTIBLE_TPU_V6E_PODSLICE",
-    "TPU_V7X_PODSLICE",
-    "PREEMPTIBLE_TPU_V7X_PODSLICE",
 )
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
 
@@ -120,6 +139,8 @@ class State:
     calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
     quotas: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)  # (project, region) -> metric -> ...
     reservations: dict[str, dict] = field(default_factory=dict)  # "projects/P/zones/Z/reservations/N" -> resource
+    withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
+    no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
 
 
 def _now() -> str:
@@ -153,9 +174,11 @@ class ComputeEmulator(HttpEmulator):
         message: str = "",
         times: int = 1,
         when: Callable[[dict], bool] = lambda body: True,
+        info: dict | None = None,
     ) -> None:
-        """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets the body of
-        an insert, else the URL's fields (project, region, kind, name)."""
+        """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status`` (with ``info``, a
+        ``google.rpc.ErrorInfo`` in its details). ``when`` gets the body of an insert, else the URL's fields
+        (project, region, kind, name)."""
         self.faults.append(
             Fault(
                 method,
@@ -164,6 +187,7 @@ class ComputeEmulator(HttpEmulator):
                 message or f"Injected HTTP {status} for {method}.",
                 times,
                 when,
+                info=info,
             )
         )
 
@@ -194,6 +218,11 @@ class ComputeEmulator(HttpEmulator):
                 "usage": float(usage),
             }
 
+    def hide_quota(self, project: str, region: str, metric: str) -> None:
+        """The region lists no quota ``metric`` (one preflight looks for and cannot find)."""
+        with self._lock:
+            self.state.quotas.setdefault((project, region), {})[metric] = None
+
     def add_reservation(
         self, project: str, zone: str, name: str, machine_type: str, count: int, in_use: int = 0
     ) -> None:
@@ -216,6 +245,43 @@ class ComputeEmulator(HttpEmulator):
                 },
             }
 
+    def withhold_machine_type(self, zone: str, machine_type: str) -> None:
+        """``zone`` does not offer ``machine_type`` (as a zone may lack a CPU series)."""
+        with self._lock:
+            self.state.withheld.add((zone, machine_type))
+
+    def skip_default_network(self, project: str) -> None:
+        """``project`` has no ``default`` network (its organisation skips creating it)."""
+        with self._lock:
+            self.state.no_default_network.add(project)
+
+    def _machine_type(self, params: dict) -> dict:
+        zone, name = params["zone"], params["name"]
+        path = f"projects/{params['project']}/zones/{zone}/machineTypes/{name}"
+        tpu_zones = next((zones for prefix, zones in TPU_MACHINE_ZONES.items() if name.startswith(prefix)), None)
+        if (zone, name) in self.state.withheld or (tpu_zones is not None and zone not in tpu_zones):
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {
+            "kind": "compute#machineType",
+            "id": str(abs(hash(name)) % 10**12),
+            "name": name,
+            "zone": zone,
+            "selfLink": LINK + path,
+        }
+
+    def _default_network(self, params: dict) -> dict:
+        path = f"projects/{params['project']}/global/networks/default"
+        if params["project"] in self.state.no_default_network:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {
+            "kind": "compute#network",
+            "id": str(abs(hash(path)) % 10**12),
+            "name": "default",
+            "selfLink": LINK + path,
+            "autoCreateSubnetworks": True,
+            "routingConfig": {"routingMode": "REGIONAL"},
+        }
+
     def mutations(self) -> list[str]:
         """The calls that change something (inserts and deletes), in order."""
         with self._lock:
@@ -225,6 +291,7 @@ class ComputeEmulator(HttpEmulator):
         project, region = params["project"], params["region"]
         quotas = {m: {"metric": m, "limit": DEFAULT_TPU_QUOTA, "usage": 0.0} for m in TPU_METRICS}
         quotas.update(self.state.quotas.get((project, region), {}))
+        quotas = {m: q for m, q in quotas.items() if q is not None}
         path = f"projects/{project}/regions/{region}"
         return {
             "kind": "compute#region",
@@ -264,8 +331,12 @@ class ComputeEmulator(HttpEmulator):
             raise HttpError(400, f"Invalid JSON payload received. {e}") from None
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None:
-            raise HttpError(fault.status, fault.message, fault.reason)
+            raise HttpError(fault.status, fault.message, fault.reason, fault.info)
         reads = {"regions.get": self._region, "reservations.get": self._reservation}
+        reads["machineTypes.get"] = self._machine_type
+        default = method == "networks.get" and params.get("name") == "default" and not params.get("region")
+        if default and f"{_scope(params)}/networks/default" not in self.state.networks:
+            reads[method] = self._default_network
         if method in reads:
             with self._lock:
                 return 200, copy.deepcopy(reads[method](params))
@@ -275,7 +346,11 @@ class ComputeEmulator(HttpEmulator):
             return 200, copy.deepcopy(handler(kind, params, request, fault))
 
     def _route(self, verb: str, path: str) -> tuple[str, dict]:
-        for method, pattern in (("regions.get", REGION_PATH), ("reservations.get", RESERVATION_PATH)):
+        for method, pattern in (
+            ("regions.get", REGION_PATH),
+            ("reservations.get", RESERVATION_PATH),
+            ("machineTypes.get", MACHINE_TYPE_PATH),
+        ):
             read = pattern.fullmatch(path)
             if read and verb == "GET":
                 return method, read.groupdict()

@@ -9,9 +9,19 @@ when a zone has no capacity. A cluster's endpoint and CA certificate are those o
 given to the server, as GKE's are those of the cluster's control plane.
 
 A created cluster runs the version its ``initialClusterVersion`` names, resolved as GKE resolves it against the
-versions on offer (``versions``; empty: ``default_version``; ``latest``: the newest; ``1.36``: the newest 1.36), or
-INVALID_ARGUMENT when none matches; its node pools run its version. It reports Pod and Service ranges: those its
-``ipAllocationPolicy`` pins, else ``default_pod_range`` and ``default_service_range`` (what GKE picked).
+versions its release channel offers (``channels``; empty: ``default_version``; ``latest``: the newest; ``1.36``: the
+newest 1.36), or INVALID_ARGUMENT when none matches; its node pools run its version. ``GetServerConfig`` reports the
+same offer as GKE's ``ServerConfig`` documents it (google-cloud-container's
+``container_v1/types/cluster_service.py``): per channel a ``ReleaseChannelConfig`` with its ``default_version``
+("The default version for newly created clusters on the channel") and ``valid_versions`` ("List of valid versions
+for the channel"), and ``valid_master_versions`` and ``valid_node_versions`` "in descending order". A cluster
+created without ``releaseChannel`` is enrolled in REGULAR (GKE docs, "Release channels": Standard clusters are
+enrolled in a channel by default, https://cloud.google.com/kubernetes-engine/docs/how-to/release-channels); on a
+channel, a node pool whose ``management`` turns auto-upgrade off is refused with GKE's 400 (the ``ReleaseChannel``
+message's comment in google-cloud-container: "Node auto-upgrade defaults to true and cannot be disabled"), and one
+without ``management`` gets auto-upgrade and auto-repair on (GKE docs, "Node auto-upgrades": on by default). It
+reports Pod and Service ranges: those its ``ipAllocationPolicy`` pins, else ``default_pod_range`` and
+``default_service_range`` (what GKE picked).
 """
 
 from __future__ import annotations
@@ -37,6 +47,11 @@ SERVICE_ACCOUNT = re.compile(r"default|[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.
 # and one older and one newer minor.
 VERSIONS = ("1.33.5-gke.1080000", "1.34.1-gke.1829001", "1.35.2-gke.1842000", "1.36.1-gke.1012000")
 DEFAULT_VERSION = "1.35.2-gke.1842000"
+# What each release channel offers (oldest first): RAPID and REGULAR all of them, STABLE not the newest minor.
+CHANNELS = {"RAPID": VERSIONS, "REGULAR": VERSIONS, "STABLE": VERSIONS[:-1]}
+# GKE's answer (400 badRequest) to a node pool with auto-upgrade off in a cluster on a channel, as GKE users report it
+# (e.g. https://github.com/terraform-google-modules/terraform-google-kubernetes-engine/pull/682).
+AUTO_UPGRADE_MESSAGE = "Auto_upgrade cannot be false when release_channel {channel} is set."
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -74,7 +89,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         self, kube_endpoint: str = "127.0.0.1:1", kube_ca_pem: bytes = b"", polls_to_done: int = 2, compute=None
     ):
         self.state = State()
-        self.versions, self.default_version = VERSIONS, DEFAULT_VERSION
+        self.channels, self.default_version = dict(CHANNELS), DEFAULT_VERSION
         self.default_pod_range, self.default_service_range = "10.52.0.0/14", "34.118.224.0/20"
         # The project's Compute Engine (tests.emulators.compute), when there is one: node pools must name networks,
         # subnets and workload policies that exist there, and hold them while they exist, as GKE's do.
@@ -148,6 +163,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             "DeleteNodePool": (c.DeleteNodePoolRequest, c.Operation, self.delete_node_pool),
             "GetOperation": (c.GetOperationRequest, c.Operation, self.get_operation),
             "CancelOperation": (c.CancelOperationRequest, None, self.cancel_operation),
+            "GetServerConfig": (c.GetServerConfigRequest, c.ServerConfig, self.get_server_config),
         }
         self._server, self.address = serve_grpc(
             {
@@ -204,33 +220,71 @@ class ClusterManagerEmulator(GrpcEmulator):
         if account and not SERVICE_ACCOUNT.fullmatch(account):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Service account "{account}" does not exist.')
 
-    def _version(self, asked: str, context) -> str:
-        """``asked`` resolved against the versions on offer, as GKE resolves a cluster version."""
+    def _offered(self, channel: c.ReleaseChannel.Channel) -> tuple[str, ...]:
+        """The versions a channel offers, oldest first (no channel: every version of any)."""
+        if channel == c.ReleaseChannel.Channel.UNSPECIFIED:
+            return tuple(sorted({v for vs in self.channels.values() for v in vs}, key=_version_key))
+        return tuple(self.channels.get(channel.name, ()))
+
+    def _version(self, asked: str, channel: c.ReleaseChannel.Channel, context) -> str:
+        """``asked`` resolved against the versions the channel offers, as GKE resolves a cluster version."""
+        offered = self._offered(channel)
         if not asked:
-            return self.default_version
+            return self.default_version if self.default_version in offered else offered[-1]
         matching = [
             v
-            for v in self.versions
+            for v in offered
             if asked == "latest" or v == asked or v.startswith(f"{asked}.") or v.startswith(f"{asked}-")
         ]
         if not matching:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'Master version "{asked}" is unsupported.')
         return matching[-1]
 
+    def get_server_config(self, request: c.GetServerConfigRequest, context, stockout=None) -> c.ServerConfig:
+        every = self._offered(c.ReleaseChannel.Channel.UNSPECIFIED)[::-1]
+        channels = []
+        for name, offered in self.channels.items():
+            newest_first = list(offered)[::-1]
+            default = self.default_version if self.default_version in offered else newest_first[0]
+            channels.append(
+                c.ServerConfig.ReleaseChannelConfig(
+                    channel=c.ReleaseChannel.Channel[name], default_version=default, valid_versions=newest_first
+                )
+            )
+        return c.ServerConfig(
+            default_cluster_version=self.default_version,
+            valid_master_versions=every,
+            valid_node_versions=every,
+            channels=channels,
+        )
+
+    @staticmethod
+    def _check_management(cluster: c.Cluster, pool: c.NodePool, context) -> None:
+        """A pool's node management as the cluster's release channel allows it (defaults filled in)."""
+        channel = cluster.release_channel.channel
+        if "management" not in pool:
+            pool.management = c.NodeManagement(auto_upgrade=True, auto_repair=True)
+        elif channel != c.ReleaseChannel.Channel.UNSPECIFIED and not pool.management.auto_upgrade:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, AUTO_UPGRADE_MESSAGE.format(channel=channel.name))
+
     def create_cluster(self, request: c.CreateClusterRequest, context, stockout=None) -> c.Operation:
         name = f"{request.parent}/clusters/{request.cluster.name}"
         if name in self.state.clusters:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {name}.")
+        cluster = c.Cluster(request.cluster)
+        if "release_channel" not in cluster:
+            cluster.release_channel = c.ReleaseChannel(channel=c.ReleaseChannel.Channel.REGULAR)
+        for pool in cluster.node_pools:
+            self._check_management(cluster, pool, context)
         for config in [p.config for p in request.cluster.node_pools] + [
             request.cluster.autoscaling.autoprovisioning_node_pool_defaults
         ]:
             self._check_service_account(config.service_account, context)
-        cluster = c.Cluster(request.cluster)
         cluster.status = c.Cluster.Status.PROVISIONING
         cluster.location = request.parent.rsplit("/", 1)[-1]
         cluster.self_link = name
         cluster.current_master_version = cluster.current_node_version = self._version(
-            request.cluster.initial_cluster_version, context
+            request.cluster.initial_cluster_version, cluster.release_channel.channel, context
         )
         ips = cluster.ip_allocation_policy
         ips.cluster_ipv4_cidr_block = cluster.cluster_ipv4_cidr = ips.cluster_ipv4_cidr_block or self.default_pod_range
@@ -326,6 +380,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         if missing:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")
         pool = c.NodePool(request.node_pool)
+        self._check_management(cluster, pool, context)
         pool.status = c.NodePool.Status.PROVISIONING
         pool.version = pool.version or cluster.current_node_version
         cluster.node_pools.append(pool)
@@ -418,3 +473,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         if entry.op.status != c.Operation.Status.DONE:
             entry.op.status = c.Operation.Status.ABORTING
         return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))

@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REASONS = {
@@ -27,18 +27,20 @@ class HttpError(Exception):
     """An error answer in Google's JSON shape, so the clients raise the ``google.api_core.exceptions`` class of its
     status."""
 
-    def __init__(self, status: int, message: str, reason: str = ""):
+    def __init__(self, status: int, message: str, reason: str = "", info: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
+        self.info = info  # a google.rpc.ErrorInfo (reason, domain, metadata), sent in the error's details
 
     def body(self) -> dict:
-        return {
-            "error": {
-                "code": self.status,
-                "message": self.message,
-                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
-            }
+        error = {
+            "code": self.status,
+            "message": self.message,
+            "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
         }
+        if self.info:  # Google's error model carries it in details (https://cloud.google.com/apis/design/errors)
+            error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", **self.info}]
+        return {"error": error}
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Fault:
     message: str
     times: int = 1
     when: Callable[[dict], bool] = lambda request: True
+    info: dict | None = field(default=None, kw_only=True)  # the answer's ErrorInfo (HttpError.info)
 
 
 class HttpServer:

@@ -15,7 +15,7 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
     from google.cloud import container_v1
 
     from components.platforms.credentials import credentials
-    from components.platforms.gke import preflight, storage
+    from components.platforms.gke import compute, preflight, storage
     from components.platforms.gke.cluster import cluster_manager
 
     project = project_factory()
@@ -49,6 +49,4 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
             }
         )
     with pytest.raises(exceptions.NotFound):
-        preflight.compute_client("ReservationsClient", credentials()).get(
-            project=PROJECT, zone="us-east5-b", reservation="x"
-        )
+        compute.client("ReservationsClient", credentials()).get(project=PROJECT, zone="us-east5-b", reservation="x")

@@ -562,8 +562,8 @@ def test_wait_ready_has_a_deadline_with_the_last_status():
 DCN_SLICES = TWO_SLICES.replace("gke.multislice_network=none", "gke.multislice_network=dcn_networks")
 TPU7X_SLICE = (
     f"cluster.accelerator=tpu7x cluster.topology=2x2x2 cluster.num_hosts=2 cluster.cpus_per_host=8 "
-    f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch train.num_workers=0"
-)
+    f"gke.project={PROJECT} gke.zone=us-central1-c gke.image=local/torch train.num_workers=0"
+)  # us-central1-c: where Cloud TPU offers TPU7x (the Compute emulator's machine types per zone)
 
 
 def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_path, project_factory):
@@ -683,7 +683,7 @@ def test_a_tpu7x_slice_is_placed_by_a_workload_policy_the_run_creates_and_delete
     project = project_factory()
     ctx = context(tmp_path, "ironwood", TPU7X_SLICE)
     platform().provision(ctx)
-    path = f"projects/{PROJECT}/regions/us-east5/resourcePolicies/ironwood-placement"
+    path = f"projects/{PROJECT}/regions/us-central1/resourcePolicies/ironwood-placement"
     assert project.compute.names("resourcePolicies") == ["ironwood-placement"]
     policy = project.compute.state.resource_policies[path]["workloadPolicy"]
     assert policy == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}

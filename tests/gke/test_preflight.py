@@ -14,37 +14,51 @@ from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 
 RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"
+# v5e: the family whose TPU quota Compute Engine reports per region (TPU_LITE_PODSLICE_V5; resources.QUOTA_METRICS).
+V5E_TWO_SLICES = TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+)
+V5E_ONE_SLICE = ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+)
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
 
-def _preflight(overrides: str, capsys) -> tuple[int, str]:
+def preflight_cli(overrides: str, capsys) -> tuple[int, str]:
     code = cli.main(["preflight", "local-fsdp", "--set", overrides, "--run-id", "pre"])
     out = capsys.readouterr()
     return code, out.out + out.err
+
+
+def refused(project, tmp_path, overrides: str, text: str, needles: tuple[str, ...], problems: int) -> None:
+    """Every needle is in the one report; provision's first step (the same check) refuses the same problems; nothing
+    was created."""
+    for needle in needles:
+        assert needle in text
+    with pytest.raises(PreflightFailed) as caught:
+        platform().provision(context(tmp_path, "pre", overrides))
+    assert len(caught.value.problems) == problems
+    assert project.mutations() == []
+    assert project.leftovers("pre") == {}
 
 
 def test_too_little_quota_a_disabled_api_and_a_missing_permission_are_one_report_and_exit_2(
     tmp_path, project_factory, capsys
 ):
     project = project_factory()
-    project.compute.set_quota(PROJECT, "us-east5", "TPU_V6E_PODSLICE", limit=48, usage=40)
+    project.compute.set_quota(PROJECT, "us-west4", "TPU_LITE_PODSLICE_V5", limit=48, usage=40)
     project.services.disable("compute.googleapis.com")
     project.projects.deny("container.clusters.create")
-    code, text = _preflight(TWO_SLICES, capsys)
+    code, text = preflight_cli(V5E_TWO_SLICES, capsys)
     assert code == 2
     assert "3 problems; nothing was created" in text
-    for needle in (
-        "cluster.capacity: TPU quota TPU_V6E_PODSLICE in us-east5",
+    needles = (
+        "cluster.capacity: TPU quota TPU_LITE_PODSLICE_V5 in us-west4",
         "the run needs 32 chips, 8 of 48",
         "apis: not enabled in project tpupipe-emulated: compute.googleapis.com",
         "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create",
-    ):
-        assert needle in text
-    with pytest.raises(PreflightFailed) as caught:  # provision's first step is the same check
-        platform().provision(context(tmp_path, "pre", TWO_SLICES))
-    assert len(caught.value.problems) == 3
-    assert project.mutations() == []
-    assert project.leftovers("pre") == {}
+    )
+    refused(project, tmp_path, V5E_TWO_SLICES, text, needles, problems=3)
 
 
 def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_is_created(
@@ -52,7 +66,7 @@ def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_i
 ):
     project = project_factory()
     project.projects.deny("storage.buckets.setIamPolicy", "compute.networks.create")
-    code, text = _preflight(RESERVED, capsys)
+    code, text = preflight_cli(RESERVED, capsys)
     assert code == 2 and "2 problems" in text
     assert f"cluster.reservation: no reservation team-v6e in zone us-east5-b of project {PROJECT}" in text
     assert "lacks on project tpupipe-emulated: storage.buckets.setIamPolicy" in text
@@ -63,10 +77,10 @@ def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_i
 def test_a_reservation_too_small_or_for_another_machine_is_a_problem(project_factory, capsys):
     project = project_factory()
     project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=4, in_use=4)
-    code, text = _preflight(RESERVED, capsys)
+    code, text = preflight_cli(RESERVED, capsys)
     assert code == 2 and "reservation team-v6e in us-east5-b has room for 0 of the 1 ct6e-standard-4t VMs" in text
     project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct5lp-hightpu-4t", count=4)
-    code, text = _preflight(RESERVED, capsys)
+    code, text = preflight_cli(RESERVED, capsys)
     assert code == 2 and "reservation team-v6e is for ct5lp-hightpu-4t VMs; the slice needs ct6e-standard-4t" in text
     assert project.mutations() == []
 
@@ -74,20 +88,36 @@ def test_a_reservation_too_small_or_for_another_machine_is_a_problem(project_fac
 def test_preflight_that_passes_says_what_it_found_and_creates_nothing(project_factory, capsys):
     project = project_factory()
     project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=4, in_use=1)
-    code, text = _preflight(RESERVED, capsys)
+    code, text = preflight_cli(RESERVED, capsys)
     assert code == 0, text
     assert "no problem found; nothing was created" in text
     assert "reservation team-v6e in us-east5-b: 3 of 4 ct6e-standard-4t free, 1 needed" in text
-    code, text = _preflight(ONE_SLICE, capsys)
-    assert code == 0 and "quota TPU_V6E_PODSLICE in us-east5: 4096 chips free, 4 needed" in text
+    code, text = preflight_cli(V5E_ONE_SLICE, capsys)
+    assert code == 0 and "quota TPU_LITE_PODSLICE_V5 in us-west4: 4096 chips free, 4 needed" in text
+    assert "warning" not in text
     assert project.mutations() == []
 
 
 def test_spot_capacity_is_checked_against_the_preemptible_quota(project_factory, capsys):
     project = project_factory()
-    project.compute.set_quota(PROJECT, "us-east5", "PREEMPTIBLE_TPU_V6E_PODSLICE", limit=0)
-    code, text = _preflight(ONE_SLICE + " cluster.capacity=spot", capsys)
-    assert code == 2 and "PREEMPTIBLE_TPU_V6E_PODSLICE" in text and "4 chips, 0 of 0 are free (spot)" in text
+    project.compute.set_quota(PROJECT, "us-west4", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5", limit=0)
+    code, text = preflight_cli(V5E_ONE_SLICE + " cluster.capacity=spot", capsys)
+    assert code == 2 and "PREEMPTIBLE_TPU_LITE_PODSLICE_V5" in text and "4 chips, 0 of 0 are free (spot)" in text
+
+
+def test_a_quota_preflight_cannot_read_is_a_warning_in_the_report_never_silence(project_factory, capsys):
+    project = project_factory()
+    code, text = preflight_cli(ONE_SLICE, capsys)  # v6e: no regional Compute Engine metric
+    assert code == 0, text
+    assert (
+        "warning: TPU quota not checked: Compute Engine's regional quotas have no metric for v6e "
+        "(resources.QUOTA_METRICS); the run needs 4 on-demand v6e chips in us-east5"
+    ) in text
+    project.compute.hide_quota(PROJECT, "us-west4", "TPU_LITE_PODSLICE_V5")
+    project.projects.deny("container.clusters.create")
+    code, text = preflight_cli(V5E_ONE_SLICE, capsys)  # with a problem: the warning is in the failing report too
+    assert code == 2, text
+    assert "warning: TPU quota TPU_LITE_PODSLICE_V5 not checked: us-west4 of project" in text
 
 
 # ---------------------------------------------------------------- an existing cluster (gke.cluster_name)
@@ -114,7 +144,7 @@ def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True) -> st
 def test_an_existing_cluster_without_the_ray_add_on_gets_it_before_any_node_pool(tmp_path, project_factory, capsys):
     project = project_factory()
     name = _team_cluster(project, ray=False)
-    code, text = _preflight(SHARED, capsys)
+    code, text = preflight_cli(SHARED, capsys)
     assert (
         code == 0
         and "cluster team: has GCS FUSE CSI driver, Workload Identity, Dataplane V2; provision "
@@ -141,7 +171,7 @@ def test_an_existing_cluster_without_dataplane_v2_is_refused_by_name_before_anyt
 ):
     project = project_factory()
     _team_cluster(project, ray=False, dataplane_v2=False)
-    code, text = _preflight(SHARED, capsys)
+    code, text = preflight_cli(SHARED, capsys)
     assert code == 2 and "1 problem;" in text
     assert (
         "gke.cluster_name: cluster team lacks the Dataplane V2: GKE chooses the dataplane when a cluster is "
@@ -163,7 +193,7 @@ def test_an_existing_cluster_with_another_workload_pool_is_refused_not_changed(t
             "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH"},
         },
     )
-    code, text = _preflight(SHARED, capsys)
+    code, text = preflight_cli(SHARED, capsys)
     assert (
         code == 2
         and "cluster team lacks the Workload Identity: it uses the workload pool fleet-host.svc.id.goog" in text
@@ -190,7 +220,7 @@ def test_provision_again_after_a_teardown_checks_again_and_starts_the_clock_agai
 
 def test_a_cluster_name_that_does_not_exist_is_a_problem(project_factory, capsys):
     project_factory()
-    code, text = _preflight(SHARED, capsys)
+    code, text = preflight_cli(SHARED, capsys)
     assert code == 2 and f"gke.cluster_name: no cluster team in us-east5-b of project {PROJECT}" in text
 
 

@@ -228,7 +228,7 @@ def test_capacity_types(capacity):
                 "maxNodeCount": 4,
                 "locationPolicy": "ANY",
             }
-            assert pool["management"] == {"autoRepair": False}
+            assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
         else:
             assert pool["initialNodeCount"] == 4 and "autoscaling" not in pool
         container_types().NodePool.from_json(json.dumps(pool))

@@ -19,7 +19,8 @@ def test_a_multislice_dcn_plan_needs_the_network_calls_and_their_apis():
         "container.clusters.create",
         "container.clusters.update",
         "storage.buckets.setIamPolicy",
-        "compute.regions.get",
+        "compute.firewalls.create",
+        "iam.serviceAccounts.actAs",
     ):
         assert permission in n.permissions
     assert {
@@ -28,18 +29,24 @@ def test_a_multislice_dcn_plan_needs_the_network_calls_and_their_apis():
         "storage.googleapis.com",
         "cloudresourcemanager.googleapis.com",
     } <= set(n.services)
-    assert n.quota == ("TPU_V6E_PODSLICE", 32) and n.reservation is None and n.cluster == ""
+    assert "iam.googleapis.com" not in n.services  # actAs is tested on the project: no API of its own
+    # v6e has no regional Compute Engine quota metric: no read, the quota a warning (preflight)
+    assert n.quota == ("", 32) and "compute.regions.get" not in n.permissions
+    assert n.reservation is None and n.cluster == ""
 
 
 def test_a_one_slice_plan_with_a_named_image_asks_for_no_network_and_no_build():
     n = needs("gemma4-e2b-v6e-16", "gke.image=registry/torch:1 gke.multislice_network=none")
-    assert not any(p.startswith(("compute.networks", "cloudbuild", "artifactregistry")) for p in n.permissions)
+    assert not any(p.startswith(("compute.networks.create", "cloudbuild", "artifactregistry")) for p in n.permissions)
     assert "cloudbuild.googleapis.com" not in n.services
 
 
 def test_the_capacity_type_picks_the_quota_or_the_reservation():
-    assert needs("gemma4-e2b-v6e-16", "cluster.capacity=spot").quota == ("PREEMPTIBLE_TPU_V6E_PODSLICE", 16)
-    assert needs("gemma4-e2b-tpu7x-16", "cluster.capacity=flex-start").quota[0] == "PREEMPTIBLE_TPU_V7X_PODSLICE"
+    v5e = "cluster.accelerator=v5e cluster.topology=4x4 gke.zone=us-west4-a"
+    assert needs("gemma4-e2b-v6e-16", v5e).quota == ("TPU_LITE_PODSLICE_V5", 16)
+    assert needs("gemma4-e2b-v6e-16", v5e + " cluster.capacity=spot").quota == ("PREEMPTIBLE_TPU_LITE_PODSLICE_V5", 16)
+    assert needs("gemma4-e2b-v6e-16", "cluster.capacity=spot").quota == ("", 16)  # no metric: a warning
+    assert needs("gemma4-e2b-tpu7x-16", "cluster.capacity=flex-start").quota[0] == ""
     shared = needs(
         "gemma4-e2b-v6e-16",
         "cluster.capacity=reservation cluster.reservation=projects/owner-proj/reservations/big gke.zone=us-east5-b",
@@ -85,12 +92,14 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     )
     lines = capsys.readouterr().out.splitlines()
     provision = lines[lines.index("provision") + 1 :]
-    assert [line.split()[1] for line in provision[:5]] == [
+    assert [line.split()[1] for line in provision[:7]] == [
         "serviceusage.services.batchGet",
         "resourcemanager.projects.testIamPermissions",
         "resourcemanager.projects.getIamPolicy",
         "compute.reservations.get",
         "container.clusters.get",
+        "compute.machineTypes.get",  # the head's pool, then the slice's, in their zone
+        "compute.machineTypes.get",
     ]
     assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
-    assert provision[5].startswith("  get-or-create storage.buckets.get")  # then what provision creates
+    assert provision[7].startswith("  get-or-create storage.buckets.get")  # then what provision creates

@@ -63,6 +63,18 @@ class Clients:
     region_operations: Any
 
 
+def client(name: str, creds):
+    """One compute_v1 client (``RegionsClient``, ``ReservationsClient``, ``MachineTypesClient``, ...) at the endpoint
+    the adapter uses: preflight's reads."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    return getattr(compute_v1, name)(
+        credentials=creds, client_options=ClientOptions(api_endpoint=host) if host else None
+    )
+
+
 def clients(creds=None) -> Clients:
     """The compute_v1 clients: to the emulator named by $TPUPIPE_COMPUTE_EMULATOR_HOST, else to Google. Operations
     are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert

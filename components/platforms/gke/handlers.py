@@ -34,7 +34,10 @@ def binding(s: Session, res: Resource) -> None:
 def cluster(s: Session, res: Resource) -> None:
     gke = s.client("gke")
     if res.action == "create":
-        s.cluster = gke.ensure_cluster(s.t.parent, s.node_body(res.body), s.record)
+        body = s.node_body(res.body)
+        if s.ledger.get("cluster_version"):  # gke.cluster_version as preflight resolved it (a minor: its newest patch)
+            body["initialClusterVersion"] = s.ledger["cluster_version"]
+        s.cluster = gke.ensure_cluster(s.t.parent, body, s.record)
     else:
         s.cluster = gke.get_cluster(res.path)
         if s.cluster is None:

@@ -10,18 +10,10 @@ from dataclasses import dataclass
 
 from components.platforms.gke import features
 from components.platforms.gke import plan as plans
+from components.platforms.gke.resources import QUOTA_METRICS, RELEASE_CHANNEL
 from components.platforms.gke.target import node_roles, target
-from components.spec import RunSpec
+from components.spec import RunSpec, names
 from components.workload import derive as d
-
-# Compute Engine's regional TPU quota metric of each family: (on-demand, preemptible: spot and flex-start), in chips.
-# A metric the region does not list is reported as not checked, never as a problem.
-QUOTA_METRICS = {
-    "v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
-    "v5p": ("TPU_V5P_PODSLICE", "PREEMPTIBLE_TPU_V5P_PODSLICE"),
-    "v6e": ("TPU_V6E_PODSLICE", "PREEMPTIBLE_TPU_V6E_PODSLICE"),
-    "tpu7x": ("TPU_V7X_PODSLICE", "PREEMPTIBLE_TPU_V7X_PODSLICE"),
-}
 
 # The IAM permissions each call of the plan needs (what creates a resource, and what deletes it at teardown), keyed
 # by the plan record's api (its first word); the service a call goes to is the key's first part (SERVICES).
@@ -29,15 +21,28 @@ PERMISSIONS = {
     "compute.networks.insert": ("compute.networks.create", "compute.networks.delete"),
     "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
     "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
+    "compute.firewalls.insert": ("compute.firewalls.create", "compute.firewalls.delete"),
     "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
     "storage.buckets.setIamPolicy": (
         "storage.buckets.getIamPolicy",
         "storage.buckets.setIamPolicy",
         "resourcemanager.projects.get",
     ),
-    "container.clusters.create": ("container.clusters.create", "container.clusters.delete", "container.operations.get"),
+    "container.clusters.create": (
+        "container.clusters.create",
+        "container.clusters.delete",
+        "container.operations.get",
+        "iam.serviceAccounts.actAs",
+    ),
     "container.clusters.get": ("container.clusters.get",),
-    "container.nodePools.create": ("container.clusters.update", "container.operations.get"),
+    # Nodes that run as a service account need the caller to act as it (IAM "Service account permissions":
+    # https://cloud.google.com/iam/docs/service-account-permissions#user-role; GKE docs, "Use least privilege IAM
+    # service accounts": roles/iam.serviceAccountUser on the nodes' account).
+    "container.nodePools.create": (
+        "container.clusters.update",
+        "container.operations.get",
+        "iam.serviceAccounts.actAs",
+    ),
     "artifactregistry.repositories.create": (
         "artifactregistry.repositories.get",
         "artifactregistry.repositories.create",
@@ -74,11 +79,14 @@ class Needs:
     zone: str
     services: tuple[str, ...]
     permissions: tuple[str, ...]
-    quota: tuple[str, int] | None  # (metric, chips)
+    quota: tuple[str, int] | None  # (metric, chips); metric "" when Compute Engine has none for the family
     reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
     cluster: str  # the path of the existing cluster the spec names, or ""
     node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
     node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
+    location: str = ""  # where the run creates its cluster (a zone or region), "" when it uses an existing one
+    cluster_version: str = ""  # gke.cluster_version of a cluster the run creates, resolved at preflight
+    machine_types: tuple[tuple[str, str, str], ...] = ()  # (zone, machine type, the field that names it) of its pools
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -99,11 +107,18 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         )
         permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
     else:
-        metric = QUOTA_METRICS[shape.family.name][0 if c.capacity == "on-demand" else 1]
-        quota = (metric, c.num_slices * shape.num_chips)
-        permissions.append("compute.regions.get")  # preflight's own read
+        metric = QUOTA_METRICS.get(shape.family.name, ("", ""))[0 if c.capacity == "on-demand" else 1]
+        quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
+        if metric:
+            permissions.append("compute.regions.get")  # preflight's own read
     permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
-    services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions]]
+    machine_types = _machine_types(spec, run_id)
+    if machine_types:
+        permissions.append("compute.machineTypes.get")  # preflight's own read
+    if t.owns_cluster:
+        permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
+    # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
+    services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions] if not p.startswith("iam.")]
     return Needs(
         t.project,
         t.region,
@@ -115,7 +130,24 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         "" if t.owns_cluster else t.cluster_path,
         t.node_service_account,
         tuple((role, *needed) for role, needed in node_roles(t).items()),
+        t.location if t.owns_cluster else "",
+        spec.gke.cluster_version if t.owns_cluster else "",
+        machine_types,
     )
+
+
+def _machine_types(spec: RunSpec, run_id: str) -> tuple[tuple[str, str, str], ...]:
+    """(zone, machine type, field) of every node pool the run creates: the Ray head's CPU pool (gke.cpu_machine_type)
+    and the TPU pools (their machine type follows from the slice; the zone is gke.zone)."""
+    out = []
+    for res in plans.resources(spec, run_id):
+        if res.kind != "node-pool" or not res.body:
+            continue
+        tpu = names.SLICE_LABEL in res.body["config"].get("labels", {})
+        out.append(
+            (res.body["locations"][0], res.body["config"]["machineType"], "gke.zone" if tpu else "gke.cpu_machine_type")
+        )
+    return tuple(dict.fromkeys(out))
 
 
 def reads(n: Needs) -> list[tuple[str, str, str]]:
@@ -133,7 +165,7 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
             f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
         ),
     ]
-    if n.quota:
+    if n.quota and n.quota[0]:
         out.append(
             (
                 "compute.regions.get",
@@ -152,6 +184,19 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         )
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
+    out += [
+        ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
+        for zone, machine, _ in n.machine_types
+    ]
+    if n.location:
+        out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
+        out.append(
+            (
+                "container.projects.locations.getServerConfig",
+                f"projects/{n.project}/locations/{n.location}",
+                f"GKE {n.cluster_version or 'default'} offered on the {RELEASE_CHANNEL} channel",
+            )
+        )
     return out
 
 

@@ -100,6 +100,12 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
         warnings.append(
             f"gke.zone={t.zone}: not among the zones documented for {shape.family.name} ({', '.join(documented)})"
         )
+    if c.capacity != "reservation" and shape.family.name not in r.QUOTA_METRICS:
+        warnings.append(
+            f"TPU quota: Compute Engine reports no regional quota metric for {shape.family.name}, so preflight "
+            f"cannot check it; make sure {c.num_slices * shape.num_chips} {c.capacity} chips of its quota are free "
+            f"in {t.region} (the console's Quotas page)"
+        )
     if d.is_elastic(spec):
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
     if cost["missing_prices"]:

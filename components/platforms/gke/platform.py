@@ -73,6 +73,11 @@ class GkePlatform(Platform):
             )
         check_ranges(spec, self._target(ctx))
 
+    def check_access(self, ctx: RunContext) -> None:
+        from components.platforms.credentials import credentials
+
+        credentials()  # none: an AccessError naming `gcloud auth application-default login`
+
     def _target(self, ctx: RunContext) -> Target:
         return target(ctx.spec, ctx.run_id)
 
@@ -88,8 +93,9 @@ class GkePlatform(Platform):
         t = self._target(ctx)
         ledger = load_ledger(ctx)
         if not ledger.get("created") or ledger.get("torn_down"):  # one that resumes passed preflight when it started
-            self.preflight(ctx)
+            report = self.preflight(ctx)
             ledger["started"] = time.time()  # the janitor measures a run's age from here
+            ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
         ledger.setdefault("started", time.time())
         ledger.update(
             {

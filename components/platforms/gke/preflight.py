@@ -6,7 +6,10 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 - the APIs the plan's calls go to are enabled in the project (Service Usage ``BatchGetServices``);
 - the caller holds the IAM permissions those calls need (Resource Manager ``projects.testIamPermissions``);
 - the region's TPU quota (Compute Engine ``regions.get``) has room for the chips of every slice, for on-demand, spot
-  and flex-start capacity (spot and flex-start use the preemptible quota);
+  and flex-start capacity (spot and flex-start use the preemptible quota), where Compute Engine reports a metric for
+  the family (``resources.QUOTA_METRICS``); a quota it cannot read is a warning in the report, never silence;
+- what the location offers (``offers``): the GKE version on the cluster's release channel, the node pools' machine
+  types in their zone, the default network a cluster the run creates uses;
 - with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
   machine type and has a VM free for every host;
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
@@ -23,46 +26,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from components.platforms.gke import features, paths
+from components.platforms.gke import compute as gke_compute
+from components.platforms.gke import features, offers, paths
+from components.platforms.gke.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.needs import Needs, needs
 from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
-from components.spec import RunSpec, TpupipeError
+from components.spec import RunSpec
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
-
-
-class PreflightFailed(TpupipeError):
-    """Every problem preflight found, in one message; nothing was created. Exit 2, as for bad input."""
-
-    exit_code = 2
-
-    def __init__(self, title: str, problems: list[Problem]):
-        self.problems = problems
-        super().__init__(
-            f"{title}: {len(problems)} problem{'s' if len(problems) != 1 else ''}; nothing was "
-            "created\n" + "\n".join(f"  - {p}" for p in problems)
-        )
-
-
-@dataclass(frozen=True)
-class Problem:
-    field: str  # the spec field (or the project's set-up) to change
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-# ---------------------------------------------------------------- the checks
-
-
-@dataclass
-class Report:
-    problems: list[Problem] = field(default_factory=list)
-    checked: list[str] = field(default_factory=list)  # what was found in order, for the person reading
-    enable: list[str] = field(default_factory=list)  # features of the existing cluster provision will enable
+ACT_AS = "iam.serviceAccounts.actAs"
 
 
 def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
@@ -73,19 +46,37 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
         creds = credentials()
     report = Report()
-    for step in (_apis, _permissions, _node_identity, _quota, _reservation, _cluster):
+    steps = (
+        _apis,
+        _permissions,
+        _node_identity,
+        _quota,
+        _reservation,
+        _cluster,
+        offers.version,
+        offers.machine_types,
+        offers.default_network,
+    )
+    for step in steps:
         try:
             step(n, spec, creds, report)
         except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
             from google.api_core import exceptions as gexc
 
+            from components.platforms.credentials import access_error
+
             if not isinstance(exc, gexc.GoogleAPICallError):
                 raise
-            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {exc.message}"))
+            why = access_error(exc)
+            if why is not None and why.whole:  # no credentials, no such project: no check can be made, one line
+                raise why from None
+            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why or exc.message}"))
     for line in report.checked:
         log(f"preflight: {line}")
+    for line in report.warnings:
+        log(f"preflight: warning: {line}")
     if report.problems:
-        raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems)
+        raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
 
 
@@ -116,6 +107,17 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         .permissions
     )
     lacking = [p for p in n.permissions if p not in held]
+    if ACT_AS in lacking:
+        lacking.remove(ACT_AS)
+        report.problems.append(
+            Problem(
+                "gke.node_service_account",
+                f"the caller lacks {ACT_AS} on project {n.project}: the nodes run as {n.node_account}, and GKE "
+                "creates no node pool for a caller that cannot act as it: grant roles/iam.serviceAccountUser on "
+                "the project, or name an account the caller can act as (tested on the project: a grant on the "
+                "account alone is not seen here)",
+            )
+        )
     if lacking:
         report.problems.append(
             Problem(
@@ -153,10 +155,21 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     if n.quota is None:
         return
     metric, chips = n.quota
-    region = compute_client("RegionsClient", creds).get(project=n.project, region=n.region)
+    c = spec.cluster
+    if not metric:
+        report.warnings.append(
+            f"TPU quota not checked: Compute Engine's regional quotas have no metric for {c.accelerator} "
+            f"(resources.QUOTA_METRICS); the run needs {chips} {c.capacity} {c.accelerator} chips in {n.region} of "
+            f"project {n.project}: see the console's Quotas page, else node pool creation fails with a quota error"
+        )
+        return
+    region = gke_compute.client("RegionsClient", creds).get(project=n.project, region=n.region)
     found = {q.metric: q for q in region.quotas}
     if metric not in found:
-        report.checked.append(f"quota {metric}: not listed in {n.region}, not checked")
+        report.warnings.append(
+            f"TPU quota {metric} not checked: {n.region} of project {n.project} does not list it; the run needs "
+            f"{chips} chips"
+        )
         return
     free = int(found[metric].limit - found[metric].usage)
     if free < chips:
@@ -179,7 +192,7 @@ def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 
     project, zone, name, machine_type, hosts = n.reservation
     try:
-        found = compute_client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
+        found = gke_compute.client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
     except gexc.NotFound:
         report.problems.append(
             Problem(
@@ -252,20 +265,9 @@ def service_usage_client(creds):
     return service_usage_v1.ServiceUsageClient(credentials=creds)
 
 
-def compute_client(name: str, creds):
-    """A compute_v1 client (``RegionsClient``, ``ReservationsClient``) at the endpoint the Compute adapter uses."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
-
-    from components.platforms.gke.compute import EMULATOR_HOST_ENV
-
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    options = ClientOptions(api_endpoint=host) if host else None
-    return getattr(compute_v1, name)(credentials=creds, client_options=options)
-
-
 def render(spec: RunSpec, run_id: str, report: Report) -> str:
     """The report of a preflight that passed."""
     lines = [f"preflight {spec.name} (run {run_id}): no problem found; nothing was created"]
     lines += [f"  {line}" for line in report.checked]
+    lines += [f"  warning: {line}" for line in report.warnings]
     return "\n".join(lines) + "\n"

@@ -191,7 +191,8 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 "create",
                 f"{mode} cluster in {t.location}: "
                 + ", ".join(has)
-                + f"; GKE {spec.gke.cluster_version or 'of the release channel'}; nodes run as "
+                + f"; GKE {spec.gke.cluster_version or 'of the release channel'} on the {r.RELEASE_CHANNEL} release "
+                "channel (node auto-upgrade on); nodes run as "
                 f"{t.node_service_account}",
                 labels=labels,
                 body=body,

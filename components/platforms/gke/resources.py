@@ -16,6 +16,13 @@ Sources of the GKE facts:
   https://docs.cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood
 - Flex-start node pools (flex_start, autoscaling from 0 with location policy ANY, no reservation, no
   auto-repair): https://docs.cloud.google.com/kubernetes-engine/docs/concepts/dws and xpk's capacity.py
+- Release channels: a cluster created without ``releaseChannel`` is enrolled in the default channel, REGULAR
+  (GKE docs, "Release channels": https://cloud.google.com/kubernetes-engine/docs/concepts/release-channels); "when a
+  cluster is subscribed to a release channel ... node auto-upgrade defaults to true and cannot be disabled" (the
+  ``ReleaseChannel`` message's comment in google-cloud-container's ``container_v1/types/cluster_service.py``; GKE docs,
+  "Node auto-upgrades"), so a node pool states ``autoUpgrade: true`` beside ``autoRepair: false`` (gcloud's
+  ``--no-enable-autorepair`` leaves auto-upgrade on); GKE refuses ``autoUpgrade: false`` with 400 "Auto_upgrade cannot
+  be false when release_channel REGULAR is set."
 - Multislice (multi-host slices only): https://cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice
 - DCN NICs through managed DRANET (``cloud.google.com/gke-networking-dra-driver=true`` node label, device class
   ``netdev.google.com``): https://docs.cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra;
@@ -43,6 +50,18 @@ NODE_LABEL_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 NODE_LABEL_NODE_POOL = "cloud.google.com/gke-nodepool"
 DRA_NETWORKING_LABEL = "cloud.google.com/gke-networking-dra-driver"
 NETDEV_DEVICE_CLASS = "netdev.google.com"
+
+# The release channel of a cluster the run creates, stated in its body (GKE would enroll it in REGULAR anyway), and
+# the channel whose offered versions preflight resolves gke.cluster_version against.
+RELEASE_CHANNEL = "REGULAR"
+
+# Compute Engine's regional TPU quota metrics, in chips, of each family: (on-demand, preemptible: spot and
+# flex-start), by the names regions.get reports them, which google-cloud-compute's ``Quota.Metric`` enum lists
+# (compute_v1/types/compute.py: TPU_LITE_PODSLICE_V5, PREEMPTIBLE_TPU_LITE_PODSLICE_V5). The enum names no metric for
+# v5p, v6e or TPU7x: their quota is not among the region's Compute Engine quotas (it is a Cloud Quotas quota, per
+# TPU version: GKE docs, "Troubleshoot TPUs in GKE", https://cloud.google.com/kubernetes-engine/docs/troubleshooting/
+# tpus), so preflight cannot check it and says so in a warning naming the chips the run needs, never silently.
+QUOTA_METRICS = {"v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5")}
 
 AUTOPILOT_CAPACITY_SELECTORS = {
     "spot": {"cloud.google.com/gke-spot": "true"},
@@ -139,7 +158,8 @@ def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
 
 
 def _set_capacity(pool: dict[str, Any], spec: RunSpec) -> None:
-    """Spot, a reservation, or flex-start (autoscaling from 0 with location policy ANY, no auto-repair)."""
+    """Spot, a reservation, or flex-start (autoscaling from 0 with location policy ANY, no auto-repair; auto-upgrade
+    stays on, as the release channel requires)."""
     c, config = spec.cluster, pool["config"]
     if c.capacity == "spot":
         config["spot"] = True
@@ -155,7 +175,7 @@ def _set_capacity(pool: dict[str, Any], spec: RunSpec) -> None:
             "maxNodeCount": slice_shape(spec).num_hosts,
             "locationPolicy": "ANY",
         }
-        pool["management"] = {"autoRepair": False}
+        pool["management"] = {"autoRepair": False, "autoUpgrade": True}
 
 
 def _set_dcn_nics(pool: dict[str, Any], spec: RunSpec, t: Target) -> None:
@@ -205,6 +225,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             "gcsFuseCsiDriverConfig": {"enabled": True},
         },
         "workloadIdentityConfig": {"workloadPool": f"{t.project}.svc.id.goog"},
+        "releaseChannel": {"channel": RELEASE_CHANNEL},
     }
     if spec.gke.cluster_version:
         body["initialClusterVersion"] = spec.gke.cluster_version

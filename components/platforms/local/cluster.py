@@ -68,6 +68,9 @@ class LocalPlatform(Platform):
     def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
         ledgers.save(ctx.store, ledger)
 
+    def check_access(self, ctx: RunContext) -> None:
+        """Nothing to find: the local platform keeps its runs on this machine and calls no cloud."""
+
     def check(self, ctx: RunContext) -> None:
         if ctx.spec.cluster.accelerator != "cpu":
             raise SpecError(

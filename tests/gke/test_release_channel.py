@@ -1,0 +1,71 @@
+"""Node management as the cluster's release channel allows it, against the emulated GKE that enforces GKE's rule
+(``tests/emulators/gke.py``): a cluster created without ``releaseChannel`` is enrolled in REGULAR, and on a channel a
+node pool with auto-upgrade off is refused with GKE's 400. The flex-start plan's pools (auto-repair off) are
+accepted; the same body with auto-upgrade off is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import container_v1
+
+from components.platforms.gke import resources
+from components.platforms.gke.cluster import cluster_manager
+from components.platforms.gke.target import target
+from components.workload import resolve
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
+
+FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
+PARENT = f"projects/{PROJECT}/locations/us-east5-b"
+
+
+def _created(client, body: dict) -> container_v1.Cluster:
+    op = client.create_cluster(parent=PARENT, cluster=container_v1.Cluster.from_json(json.dumps(body)))
+    for _ in range(10):  # the emulator finishes the operation after a few polls
+        if client.get_operation(name=f"{PARENT}/operations/{op.name}").status == container_v1.Operation.Status.DONE:
+            return client.get_cluster(name=f"{PARENT}/clusters/{body['name']}")
+    raise AssertionError(f"cluster {body['name']} never ran")
+
+
+def _plan(overrides: str):
+    """The cluster's and the first TPU pool's bodies as provision sends them (the nodes' account's number filled in)."""
+    spec = resolve("local-fsdp", overrides)
+    t = target(spec, "rc")
+    bodies = json.dumps([resources.cluster(spec, t), resources.tpu_node_pools(spec, t)[0]])
+    return json.loads(bodies.replace("PROJECT_NUMBER", PROJECT_NUMBER))
+
+
+def test_the_cluster_body_states_its_channel_and_flex_start_pools_keep_auto_upgrade_on():
+    cluster, pool = _plan(FLEX_START)
+    assert cluster["releaseChannel"] == {"channel": resources.RELEASE_CHANNEL}
+    assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
+
+
+def test_the_flex_start_plans_node_pool_is_accepted_and_auto_upgrade_off_is_refused(project_factory):
+    project_factory()
+    client = cluster_manager()
+    cluster_body, pool_body = _plan(FLEX_START)
+    cluster = _created(client, cluster_body)
+    assert cluster.release_channel.channel == container_v1.ReleaseChannel.Channel.REGULAR
+    client.create_node_pool(parent=cluster.self_link, node_pool=container_v1.NodePool.from_json(json.dumps(pool_body)))
+
+    refused = {**pool_body, "name": "off", "management": {"autoRepair": False, "autoUpgrade": False}}
+    with pytest.raises(gexc.InvalidArgument) as caught:
+        client.create_node_pool(
+            parent=cluster.self_link, node_pool=container_v1.NodePool.from_json(json.dumps(refused))
+        )
+    assert "Auto_upgrade cannot be false when release_channel REGULAR is set." in str(caught.value)
+
+
+def test_a_cluster_created_without_a_channel_is_enrolled_in_regular_and_refuses_auto_upgrade_off(project_factory):
+    project_factory()
+    client = cluster_manager()
+    cluster_body, pool_body = _plan(ONE_SLICE)
+    del cluster_body["releaseChannel"]  # as the body was before it stated one
+    cluster = _created(client, cluster_body)
+    assert cluster.release_channel.channel == container_v1.ReleaseChannel.Channel.REGULAR
+    old = {**pool_body, "management": {"autoRepair": False}}  # what flex-start pools sent: auto-upgrade false
+    with pytest.raises(gexc.InvalidArgument, match="Auto_upgrade cannot be false"):
+        client.create_node_pool(parent=cluster.self_link, node_pool=container_v1.NodePool.from_json(json.dumps(old)))
