@@ -654,8 +654,13 @@ class KubeEmulator:
         with self.lock:
             self.clusters[(namespace, name)] = record
         env = self.ray_env
+        gcs = f"127.0.0.1:{ports[0]['port']}"
         base_env = {
             **os.environ,
+            # KubeRay sets RAY_ADDRESS in the head and every worker pod to the head's GCS address (KubeRay's docs,
+            # "Network-related environment variables"; https://github.com/ray-project/kuberay/pull/388), so nothing
+            # in a pod looks for "the" Ray cluster of the machine.
+            "RAY_ADDRESS": gcs,
             processes.RUN_MARKER: run_id,
             "PATH": f"{env.bin}{os.pathsep}{os.environ['PATH']}",
             "VIRTUAL_ENV": env.path,
@@ -690,7 +695,6 @@ class KubeEmulator:
         record["processes"].append(
             processes.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out")
         )
-        gcs = f"127.0.0.1:{head['port']}"
         deadline = time.monotonic() + 120
         while not self._port_open(head["port"]) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -15,7 +15,7 @@ from pipelines.pipeline import Target
 from pipelines.publish import publish
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
-from tests.helpers import tpupipe_cmd, unique_run_id
+from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
@@ -43,7 +43,10 @@ def _job(project, name: str):
 
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
-def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(tmp_path, project_factory):
+def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kubernetes_secret(project_factory):
+    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train (the train job is stopped, teardown
+    runs), `runs show`; the Hugging Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere
+    else, cancel path included; nothing of the run is left."""
     project = project_factory(ray=True, vertex=True)
     secrets = SecretManagerEmulator({PROJECT: PROJECT_NUMBER})
     project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = secrets.start()
@@ -52,38 +55,45 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
     version = secrets.add(PROJECT, "hf-token", SENTINEL.encode())
     _published(project)
     overrides = (
-        OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret")
+        OVERRIDES.replace("gke.hf_secret=", "gke.hf_secret=hf-secret").replace("train.epochs=2", "train.epochs=50")
         + f" gke.hf_token_secret=projects/{PROJECT}/secrets/hf-token cluster.slice_check=false"
     )
     run_id = unique_run_id("vx-submit")  # the Ray cluster's processes carry it: this session's own
     proc = _tpupipe(
-        project,
-        "submit",
-        "local-fsdp",
-        "--set",
-        overrides,
-        *PLACE,
-        *ACCOUNT,
-        "--run-id",
-        run_id,
-        "--wait",
-        "--label",
-        "team=ml",
+        project, "submit", "local-fsdp", "--set", overrides, *PLACE, *ACCOUNT, "--run-id", run_id, "--label", "team=ml"
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "submitted projects/" in proc.stdout and "console.cloud.google.com/vertex-ai" in proc.stdout
-    assert "succeeded" in proc.stdout
+    name = proc.stdout.split("submitted ", 1)[1].split()[0]
+    job_id = name.rsplit("/", 1)[-1]
+    wait_until(
+        lambda: project.kube.job_status(f"{run_id}-train") == "RUNNING", 900, f"the train job {run_id}-train to run", 1
+    )
+    listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
+    assert job_id in listed.stdout, listed.stdout + listed.stderr
+    cancelled = _tpupipe(project, "runs", "cancel", job_id, *PLACE)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    resource = project.vertex.wait(name, timeout_s=900)
+    tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
+    assert resource["state"] == "PIPELINE_STATE_CANCELLED"
+    assert tasks["train"]["state"] == "CANCELLED" and tasks["evaluate"]["state"] == "CANCELLED"
+    assert tasks["teardown"]["state"] == "SUCCEEDED"
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
+    assert stops, "the train job was not stopped"
+    shown = _tpupipe(project, "runs", "show", name, *PLACE)
+    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
+    assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
     # The token: read from Secret Manager, into the run's Kubernetes Secret (deleted by teardown), nowhere else.
     assert secrets.accessed == [version.rsplit("/", 1)[0] + "/latest"]
     created = [body for method, path, body in project.kube.bodies if "/secrets" in path and ENCODED in body]
     assert len(created) == 1 and '"hf-secret"' in created[0], "the Hugging Face Secret was not created once"
-    job = project.vertex.job(proc.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1])
+    job = project.vertex.job(job_id)
     logs = "\n".join(job.logs.values())
     objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")
     others = "\n".join(body for _, path, body in project.kube.bodies if body not in created)
     plan = _tpupipe(project, "plan", "local-fsdp", "--set", overrides, "--output", "json")
     for where, text in (
-        ("cli", proc.stdout + proc.stderr),
+        ("cli", proc.stdout + proc.stderr + listed.stdout + cancelled.stdout + shown.stdout),
         ("task logs", logs),
         ("bucket", objects),
         ("other requests", others),
@@ -91,7 +101,8 @@ def test_submit_wait_succeeds_and_the_secret_reaches_only_the_kubernetes_secret(
         ("job", str(job.resource)),
     ):
         assert SENTINEL not in text and ENCODED not in text, where
-    assert project.rayclusters(run_id) == []
+    assert project.rayclusters(run_id) == [] and project.clusters(run_id) == [] and project.pools(run_id) == []
+    assert project.gke.state.clusters == {}
 
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
