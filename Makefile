@@ -39,8 +39,9 @@ run: envs ## run the whole pipeline on the local platform (kfp.local + a local m
 	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
 
 # The tests run in two processes (pytest-xdist; CI's machine has 2 cores), each test file in one process so that a
-# module's shared run is made once. XDIST= runs them in this process alone.
-XDIST ?= -n 2 --dist loadfile
+# module's shared run is made once, handed out in collection order (the longest files first: tests/conftest.py).
+# XDIST= runs them in this process alone.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environments build, then the e2e tier
 	@mkdir -p build
