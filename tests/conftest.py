@@ -15,11 +15,12 @@ os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
 # `make test-e2e`'s --durations): with two processes (--dist loadfile --no-loadscope-reorder, the Makefile's XDIST), a
 # long file handed out last would run alone at the end.
 LONGEST_FIRST = (
-    "tests/vertex/test_vertex_pipeline.py",  # 11: three Vertex AI jobs, each task its own process
-    "tests/e2e/test_local_pipeline.py",  # 7.5
-    "tests/vertex/test_submit_schedule.py",  # 7
-    "tests/e2e/test_local_gate.py",  # 6
+    "tests/vertex/test_vertex_pipeline.py",  # 6.5: two Vertex AI jobs, each task its own process
+    "tests/vertex/test_submit_schedule.py",  # 6
+    "tests/e2e/test_local_pipeline.py",  # 6
     "tests/gke/test_gke_pipeline.py",  # 5
+    "tests/e2e/test_local_maxtext.py",  # 4
+    "tests/e2e/test_local_gate.py",  # 3.5
 )
 
 

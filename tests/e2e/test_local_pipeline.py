@@ -129,18 +129,29 @@ def test_successful_run_leaves_no_process_and_no_port(good_run):
 
 
 @pytest.mark.e2e
-def test_worker_failure_resumes_from_the_last_checkpoint(tmp_path):
+def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluation_fails_the_run(tmp_path):
+    """Train loses a worker at step 10 and resumes from the last checkpoint; then the evaluation job crashes
+    (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing."""
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
     run_id = unique_run_id("e2e-resume")
     proc = tpupipe_run(
-        tmp_path, run_id, "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false"
+        tmp_path,
+        run_id,
+        "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false train.fail_eval=true",
     )
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     log = (tmp_path / run_id / "logs" / "train.log").read_text()
     assert "injected failure at step 10" in log
     assert "resumed from checkpoint of epoch 1 (step 8)" in log
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
+    assert summary["status"] == "failed"
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert stages["train"]["status"] == "succeeded" and stages["evaluate"]["status"] == "failed"
+    assert "(train.fail_eval)" in stages["evaluate"]["error"]
+    assert stages["register"]["status"] == stages["promote"]["status"] == "skipped"
+    assert stages["teardown"]["status"] == "succeeded"
+    assert "evaluate" in proc.stdout and "status: failed" in proc.stdout
     assert_nothing_left(tmp_path / run_id, run_id)
 
 

@@ -93,10 +93,10 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     tmp_path, project_factory
 ):
     """The pipeline on Vertex AI, then the gate: the first job's model becomes the champion in Vertex AI Model
-    Registry (the emulated ModelService); a second job that trains worse is registered and not promoted; a third
-    that continues from the champion trains better and is promoted."""
+    Registry (the emulated ModelService); a second job that continues from the champion and learns nothing is
+    registered and not promoted."""
     project = project_factory(ray=True, vertex=True)
-    ok, worse_id, better_id = (unique_run_id(n) for n in ("vx-ok", "vx-worse", "vx-better"))
+    ok, keep_id = unique_run_id("vx-ok"), unique_run_id("vx-keep")
     name = _submit(project, tmp_path, ok)
     # Published: the components image (exactly the tag every task names) and the template with its tags.
     images = {e["container"]["image"] for e in project.vertex.job(name).spec["deploymentSpec"]["executors"].values()}
@@ -157,22 +157,34 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert first["git_sha"] and first["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert summary["gate"]["decision"] == "promote" and summary["gate"]["promoted"] is True
 
-    # A second job that trains worse (learning rate 0: its model is the untrained one) is registered, its promote
-    # task not triggered; its gate Markdown and summary say why with both held-out figures, the champion measured
-    # again in its own evaluation job on the same examples.
-    worse = OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.learning_rate=0"
-    second = project.vertex.wait(_submit(project, tmp_path, worse_id, worse), timeout_s=1500)
+    # A second job continues from the champion (``train.init_from=champion``, resolved by its train task from the
+    # Model Registry) but learns nothing (learning rate 0), so its "before" held-out loss is the champion's "after" and
+    # so is its "after": registered, its promote task not triggered; its gate Markdown and summary say why with both
+    # held-out figures, the champion measured again in its own evaluation job on the same examples. (A later version
+    # promoted over a champion is the local gate's third run, tests/e2e/test_local_gate.py; Vertex AI's default alias
+    # following it, tests/unit/test_registry.py.)
+    keep = (
+        OVERRIDES.replace("train.epochs=2", "train.epochs=1")
+        + " cluster.slice_check=false train.init_from=champion train.learning_rate=0 gate.min_improvement=0.01"
+    )
+    second = project.vertex.wait(_submit(project, tmp_path, keep_id, keep), timeout_s=1500)
     tasks = _tasks(second)
     assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
     assert tasks["register"]["state"] == "SUCCEEDED"
     assert tasks["gate-promotes"]["state"] == "NOT_TRIGGERED" and "promote" not in tasks
     assert registry.champion(MODEL).version == "1"
     assert [v.version for v in registry.versions(MODEL)] == ["1", "2"]
-    summary = _summary(project, worse_id)
+    summary = _summary(project, keep_id)
+    assert summary["init_from"] == f"{MODEL}@1"
+    assert summary["eval_loss_before"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
+    assert summary["eval_loss_after"] == pytest.approx(summary["eval_loss_before"], rel=1e-6)
     gate = summary["gate"]
     assert (gate["ref"], gate["decision"], gate["champion_ref"]) == (f"{MODEL}@2", "keep", f"{MODEL}@1")
     assert gate["champion_loss"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
-    assert gate["eval_loss"] > gate["champion_loss"]
+    assert gate["eval_loss"] > gate["champion_loss"] * 0.99  # short of gate.min_improvement, whatever the rounding
+    assert gate["reason"].startswith(f"kept champion {MODEL}@1: {MODEL}@2 held-out {gate['eval_loss']:.4f}")
+    second_version = registry.versions(MODEL)[-1]
+    assert second_version.provenance["base_model"] == f"{MODEL}@1" and second_version.provenance["run_id"] == keep_id
     metrics = tasks["register"]["outputs"]["metrics"]["artifacts"][0]["metadata"]
     assert (metrics["promote"], metrics["eval_loss"], metrics["champion_loss"]) == pytest.approx(
         (0.0, gate["eval_loss"], gate["champion_loss"])
@@ -185,25 +197,4 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert promote["status"] == "skipped" and promote["reason"] == gate["reason"] and summary["status"] == "succeeded"
     # Vertex AI's default version follows the champion: a deployment of the model serves version 1.
     assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "1"
-    _nothing_left(project, worse_id)
-
-    # A third job continues from the champion (``train.init_from=champion``, resolved by its train task from the
-    # Model Registry): its "before" held-out loss is the champion's "after"; it trains better and is promoted.
-    better = (
-        OVERRIDES.replace("train.epochs=2", "train.epochs=1") + " cluster.slice_check=false train.init_from=champion"
-    )
-    third = project.vertex.wait(_submit(project, tmp_path, better_id, better), timeout_s=1500)
-    tasks = _tasks(third)
-    assert third["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
-    summary = _summary(project, better_id)
-    assert summary["init_from"] == f"{MODEL}@1"
-    assert summary["eval_loss_before"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
-    gate = summary["gate"]
-    assert (gate["ref"], gate["decision"], gate["promoted"]) == (f"{MODEL}@3", "promote", True)
-    assert gate["eval_loss"] < gate["champion_loss"] == pytest.approx(first["eval_loss_after"], rel=1e-5)
-    assert tasks["promote"]["state"] == "SUCCEEDED" and tasks.get("gate-promotes", {}).get("state") != "NOT_TRIGGERED"
-    champion = registry.champion(MODEL)
-    assert champion.version == "3" and champion.provenance["base_model"] == f"{MODEL}@1"
-    assert champion.provenance["run_id"] == better_id and champion.artifact_uri == summary["checkpoint_uri"]
-    assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "3"
-    _nothing_left(project, better_id)
+    _nothing_left(project, keep_id)
