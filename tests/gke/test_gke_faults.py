@@ -1,9 +1,9 @@
 """A fault in each stage in turn of `tpupipe run --platform gke` against the emulated project: provision half done
 (a stockout on the second slice's node pool, after the DCN networks, the cluster and the first slice exist), the image
 build failed (Cloud Build ends the build in FAILURE), deploy past its deadline (the RayCluster never gets ready), train
-crashed (the real trainer process raises: ``train.fail_at_step``), and a delete in teardown failing once (DeleteCluster answers UNAVAILABLE, on top of a deploy past its deadline). Each run
-exits 1, its summary names the failing stage and its error, and teardown leaves nothing in any emulator and no process
-of the run.
+crashed (the real trainer process raises: ``train.fail_at_step``), and a delete in teardown failing once
+(DeleteCluster answers UNAVAILABLE, on top of a deploy past its deadline). Each run exits 1, its summary names the
+failing stage and its error, and teardown leaves nothing in any emulator and no process of the run.
 
 The faults are injected at the wire (the emulators) or are a real crash of the real trainer; only the train case needs
 the Ray-backed emulated cluster (e2e): without Ray, the kube emulator starts no process and the RayCluster never gets
