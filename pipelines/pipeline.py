@@ -1,6 +1,6 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate ->
-register, then promote when the gate says the new model beats the champion, inside an exit handler whose task,
-teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
+"""The tpupipe pipeline: provision and build image side by side -> deploy RayCluster -> check the slice -> train ->
+evaluate -> register, then promote when the gate says the new model beats the champion, inside an exit handler whose
+task, teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
 
 import subprocess
 import tempfile
@@ -57,9 +57,11 @@ def tpupipe_pipeline(
     )
     cleanup = c.teardown(**common).set_display_name("teardown")
     with dsl.ExitHandler(cleanup, name="run"):
+        # build_image depends on nothing of provision: the image builds while the slices come up (Cloud Build may
+        # take up to an hour, and every chip bills from its node pool's creation). deploy needs both.
         cluster = c.provision(**common)
-        image = c.build_image(**common, cluster=cluster.output)
-        ray = c.deploy_raycluster(**common, image=image.output)
+        image = c.build_image(**common)
+        ray = c.deploy_raycluster(**common, image=image.output).after(cluster)
         checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
         trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
         evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])

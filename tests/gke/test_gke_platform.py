@@ -10,6 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from components.platforms import RunContext
+from components.platforms import ledger as ledgers
 from components.platforms.gke import cluster as gke_cluster
 from components.platforms.gke import kube as gke_kube
 from components.platforms.gke import readiness
@@ -266,7 +267,8 @@ def test_a_pool_that_never_scales_up_fails_with_the_autoscalers_reason_and_teard
     project.kube.scale_up_failure = failure
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", grace)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    ctx = context(tmp_path, "noscale", FLEX_START + " cluster.ready_timeout_s=30")
+    # A fixed pool: the autoscaler's FailedScaleUp is final at once (flex-start's retries: test_readiness_limits.py).
+    ctx = context(tmp_path, "noscale", ONE_SLICE + " cluster.ready_timeout_s=30")
     gke = platform()
     gke.provision(ctx)
     started = time.monotonic()
@@ -813,8 +815,13 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     project = project_factory()
     ctx = context(tmp_path, "built", BUILD)
     gke = platform()
-    gke.provision(ctx)
+    # build_image first: it needs nothing of provision (the pipeline runs the two side by side); it gets or creates
+    # the bucket for its build context itself, and writes nothing to the ledger provision writes meanwhile.
     result = gke.build_image(ctx)
+    assert project.storage.state.buckets.get(f"{PROJECT}-tpupipe") is not None
+    assert ledgers.load(ctx.store) is None
+    gke.provision(ctx)
+    assert project.storage.state.calls.count("buckets.insert") == 1  # provision found it
     image = f"us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:built"
     assert result["image"] == image and result["built"] and result["digest"].startswith("sha256:")
     (build,) = project.cloudbuild.state.builds.values()

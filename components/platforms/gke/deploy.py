@@ -81,12 +81,18 @@ def raycluster(s: Session, res: Resource) -> None:
     s.log(
         f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
         f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+        + (
+            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
+            if limits.failed_scale_up_grace_s
+            else "; a FailedScaleUp at once (a fixed pool)"
+        )
     )
     ready = readiness.wait_ready(
         kube,
         res.name,
         limits.deadline_s,
         unschedulable_grace_s=grace,
+        failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
         poll_s=min(s.poll_s, 2.0),
         log=s.log,
     )

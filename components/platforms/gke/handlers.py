@@ -103,8 +103,11 @@ def repository(s: Session, res: Resource) -> None:
 
 
 def build_source(s: Session, res: Resource) -> None:
+    """The build context, uploaded to the run's bucket, got or created first: build_image runs beside provision, which
+    gets or creates the same bucket (the one of the two that comes second finds it)."""
     from components.platforms.gke import build as gke_build
 
+    s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
     s.client("storage").upload(
         s.t.bucket,
         names.build_source(s.ctx.run_id),
@@ -127,6 +130,12 @@ def image(s: Session, res: Resource) -> None:
         log=s.log,
         poll_s=min(s.poll_s, 10.0),
     )
-    build = builder.ensure(res.body, names.build_tag(s.ctx.run_id), s.record, timeout_s=r.BUILD_TIMEOUT_S + 600)
+    # The build is not written to the ledger: provision writes it at the same time (one writer per ledger, or one
+    # would lose the other's records), and teardown deletes no build; a retried stage finds the build by its tag.
+    build = builder.ensure(res.body, names.build_tag(s.ctx.run_id), _unrecorded, timeout_s=r.BUILD_TIMEOUT_S + 600)
     digest = build.results.images[0].digest if build.results.images else ""
     s.image_result = {"image": res.name, "built": True, "build": build.id, "digest": digest}
+
+
+def _unrecorded(kind: str, name: str) -> None:
+    """What build_image records in the ledger: nothing (see ``image``)."""
