@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from components.spec.run_spec import RunSpec
 
 # Fixed-size node pools (on-demand, reservation, spot) are made with their nodes at provision, so the wait is the
 # pods' scheduling, the image pull on every host and Ray's start: the MaxText tutorial's own RayCluster took 2 min
-# 11 s to become ready (https://cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray, the
-# output of its `kubectl get raycluster`), before a multi-GB image pull on each host. The deadline is derived:
+# 11 s to become ready (https://cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray), before
+# a multi-GB image pull on each host. The deadline is derived, rounded up to the second:
 # FIXED_BASE_S, plus the trainer image's pull at PULL_MIB_S, plus HOST_S for every host of the run (each host's pod
 # pulls and starts its raylet, which then joins the head).
 FIXED_BASE_S = 180.0
@@ -67,7 +68,7 @@ def fixed_deadline(spec: RunSpec) -> tuple[float, str]:
     hosts = spec.cluster.num_hosts * spec.cluster.num_slices
     gib = IMAGE_GIB[spec.train.workload]
     pull_s = gib * 1024 / PULL_MIB_S
-    deadline = FIXED_BASE_S + pull_s + HOST_S * hosts
+    deadline = float(math.ceil(FIXED_BASE_S + pull_s + HOST_S * hosts))
     return deadline, (
         f"{FIXED_BASE_S:g} s + a {gib:g} GiB image at an assumed {PULL_MIB_S:g} MiB/s ({pull_s:.0f} s) + "
         f"{HOST_S:g} s x {hosts} hosts"

@@ -4,6 +4,8 @@ and its image, and a pool never ready fails at that deadline (an injected clock)
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from components.platforms import RunContext
@@ -97,9 +99,9 @@ def test_the_state_machine_retries_failed_scale_ups_for_its_grace_then_fails_nam
 
 def test_a_fixed_pools_deadline_derives_from_its_hosts_and_image():
     one = ready_limits(resolve("local-fsdp", ONE_SLICE)).deadline_s
-    assert one == FIXED_BASE_S + IMAGE_GIB["fsdp"] * 1024 / PULL_MIB_S + HOST_S * 1
+    assert one == math.ceil(FIXED_BASE_S + IMAGE_GIB["fsdp"] * 1024 / PULL_MIB_S + HOST_S * 1)
     big = ready_limits(resolve("llama3-8b-v6e-16x2", ""))  # 2 slices x 4 hosts, the MaxText image
-    assert big.deadline_s == FIXED_BASE_S + IMAGE_GIB["maxtext"] * 1024 / PULL_MIB_S + HOST_S * 8
+    assert big.deadline_s == math.ceil(FIXED_BASE_S + IMAGE_GIB["maxtext"] * 1024 / PULL_MIB_S + HOST_S * 8)
     assert "8 hosts" in big.by and big.failed_scale_up_grace_s == 0
     assert ready_limits(resolve("local-fsdp", ONE_SLICE + " cluster.ready_timeout_s=42")).deadline_s == 42
 

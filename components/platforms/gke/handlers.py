@@ -8,7 +8,7 @@ build_image's: the Artifact Registry repository, the build context and the Cloud
 
 from __future__ import annotations
 
-from components.platforms.gke import features, paths
+from components.platforms.gke import deploy, features, paths
 from components.platforms.gke import resources as r
 from components.platforms.gke.compute_resources import COMPUTE_KINDS, dcn_range_overlap
 from components.platforms.gke.records import WITH_THE_CLUSTER, Resource
@@ -33,6 +33,7 @@ def binding(s: Session, res: Resource) -> None:
 
 def cluster(s: Session, res: Resource) -> None:
     gke = s.client("gke")
+    enable = []
     if res.action == "create":
         body = s.node_body(res.body)
         if s.ledger.get("cluster_version"):  # gke.cluster_version as preflight resolved it (a minor: its newest patch)
@@ -50,6 +51,10 @@ def cluster(s: Session, res: Resource) -> None:
             gke.enable(res.path, enable, s.t.project)
             s.cluster = gke.get_cluster(res.path)
     _check_cluster_as_reported(s)
+    # KubeRay's version, as soon as the cluster exists: before any TPU node pool is created (deploy checks again).
+    # A cluster just made, or just given the Ray Operator add-on, may take a while to serve its CRD.
+    just_installed = res.action == "create" or "Ray Operator add-on" in [f.name for f in enable]
+    deploy.check_kuberay(s, wait_s=deploy.KUBERAY_CRD_WAIT_S if just_installed else 0.0)
 
 
 def _check_cluster_as_reported(s: Session) -> None:
