@@ -897,6 +897,28 @@ def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_fact
     gke.teardown(ctx)
 
 
+def test_the_image_build_is_cancelled_once_provision_beside_it_failed(tmp_path, project_factory):
+    """build_image runs beside provision: when provision fails, nothing will deploy the image, so its build is
+    cancelled (the exit handler's teardown waits for this task); a provision record of an earlier attempt is not
+    taken for this run's."""
+    import threading
+
+    from components.platforms.gke.build import BuildFailed
+    from components.platforms.store import write_json
+
+    project = project_factory()
+    project.cloudbuild.polls_to_done = 10_000
+    ctx = context(tmp_path, "orphanbuild", BUILD)
+    key, error = "stages/provision.json", "preflight of run orphanbuild: 1 problem"
+    write_json(ctx.store, key, {"stage": "provision", "status": "failed", "started": time.time() - 7200})
+    failed = {"stage": "provision", "status": "failed", "started": time.time(), "error": error}
+    threading.Timer(1.0, write_json, (ctx.store, key, failed)).start()
+    with pytest.raises(BuildFailed, match=f"cancelled: provision failed \\({error}\\)"):
+        platform().build_image(ctx)
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "CANCELLED"
+
+
 def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
     tmp_path, project_factory, monkeypatch, capsys
 ):

@@ -8,6 +8,8 @@ build_image's: the Artifact Registry repository, the build context and the Cloud
 
 from __future__ import annotations
 
+import time
+
 from components.platforms.gke import deploy, features, paths
 from components.platforms.gke import resources as r
 from components.platforms.gke.compute_resources import COMPUTE_KINDS, dcn_range_overlap
@@ -137,10 +139,35 @@ def image(s: Session, res: Resource) -> None:
     )
     # The build is not written to the ledger: provision writes it at the same time (one writer per ledger, or one
     # would lose the other's records), and teardown deletes no build; a retried stage finds the build by its tag.
-    build = builder.ensure(res.body, names.build_tag(s.ctx.run_id), _unrecorded, timeout_s=r.BUILD_TIMEOUT_S + 600)
+    build = builder.ensure(
+        res.body,
+        names.build_tag(s.ctx.run_id),
+        _unrecorded,
+        timeout_s=r.BUILD_TIMEOUT_S + 600,
+        stop=_provision_ended_badly(s, time.time()),
+    )
     digest = build.results.images[0].digest if build.results.images else ""
     s.image_result = {"image": res.name, "built": True, "build": build.id, "digest": digest}
 
 
 def _unrecorded(kind: str, name: str) -> None:
     """What build_image records in the ledger: nothing (see ``image``)."""
+
+
+# How long before build_image's own start a provision record may have started and still be this run's: the two
+# tasks start together (on Vertex AI within moments of each other); an older record is a previous attempt's.
+SAME_RUN_S = 600.0
+
+
+def _provision_ended_badly(s: Session, started: float):
+    """``stop`` for the image build: why to cancel it, once provision (which runs beside it) failed or was
+    interrupted; then nothing will deploy the image, and the exit handler's teardown waits for this task to end."""
+    from components.platforms.store import read_json
+
+    def stop() -> str | None:
+        rec = read_json(s.ctx.store, "stages/provision.json") or {}
+        if rec.get("status") in ("failed", "interrupted") and rec.get("started", 0) >= started - SAME_RUN_S:
+            return f"provision {rec['status']} ({rec.get('error', '')[:300]})"
+        return None
+
+    return stop
