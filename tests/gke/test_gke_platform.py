@@ -333,10 +333,10 @@ def test_token_auth_is_refused_on_a_kuberay_that_would_drop_it_before_anything_i
 ):
     project = project_factory()
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
     ctx = context(tmp_path, "oldray")
     gke = platform()
-    gke.provision(ctx)
+    gke.provision(ctx)  # provision checks it too, before any TPU node pool (test_preflight.py); then it changed:
+    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
     with pytest.raises(
         SpecError,
         match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
