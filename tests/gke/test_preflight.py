@@ -274,3 +274,18 @@ def test_a_new_clusters_old_kuberay_is_refused_by_provision_before_any_tpu_node_
     assert [p.rsplit("/", 1)[-1] for p in project.pools("newold")] == ["newold-cpu"]  # the head's, with the cluster
     platform().teardown(ctx)
     assert project.leftovers("newold") == {}
+
+
+def test_tpupipe_run_preflights_before_kfp_local_builds_the_image(tmp_path, project_factory, capsys):
+    """kfp.local runs the tasks one at a time, build_image (which needs nothing of provision) first: `tpupipe run`
+    preflights before it starts them, so a problem costs no image build."""
+    project = project_factory()
+    project.projects.deny("container.clusters.create")
+    built = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/b/t:2")
+    code = cli.main(
+        ["run", "local-fsdp", "--platform", "gke", "--set", built, "--run-id", "pre", "--output-root", str(tmp_path)]
+    )
+    out = capsys.readouterr()
+    assert code == 2, out.out + out.err
+    assert "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create" in out.out + out.err
+    assert "CreateBuild" not in project.cloudbuild.state.calls and project.mutations() == []
