@@ -33,7 +33,8 @@ def tpupipe_pipeline(
     """Train or fine-tune an LLM, evaluate it, and tear down what the run created.
 
     Args:
-        preset: A named workload: gemma4-e2b-v6e-16, gemma4-e2b-tpu7x-16 (Gemma 4 fine-tunes), llama3-8b-v6e-16x2,
+        preset: A named workload: smoke (one v6e chip, a tiny model: a first run that costs little),
+            gemma4-e2b-v6e-16, gemma4-e2b-tpu7x-16 (Gemma 4 fine-tunes), llama3-8b-v6e-16x2,
             llama3-70b-v6e-16x2, llama3-8b-v6e-elastic-spot (MaxText pretraining); local-fsdp and local-maxtext run
             only on the local platform.
         platform: Where the run's cluster lives: gke (TPU slices on GKE) or local (emulated hosts on one machine).
