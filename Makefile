@@ -65,7 +65,7 @@ bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one 
 
 # The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) and `tpupipe run --platform gke --dry-run`
 # transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).
-GOLDEN_PRESETS := gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
+GOLDEN_PRESETS := smoke gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
 GOLDEN_DRY_RUN_SET := gke.project=my-project
 
 goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of each seed preset) on purpose; review the diff

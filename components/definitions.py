@@ -32,9 +32,9 @@ def build_image(
     output_root: str,
     project: str,
     bucket: str,
-    cluster: str,
 ) -> str:
-    """Build or reuse the trainer image (local: the torch environment, by content hash)."""
+    """Build or reuse the trainer image (local: the torch environment, by content hash), beside provision: it needs
+    nothing of it."""
     from components.stages.component import run_component
 
     return run_component("build_image", locals())

@@ -1,6 +1,6 @@
-"""The tpupipe pipeline: provision -> build image -> deploy RayCluster -> check the slice -> train -> evaluate ->
-register, then promote when the gate says the new model beats the champion, inside an exit handler whose task,
-teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
+"""The tpupipe pipeline: provision and build image side by side -> deploy RayCluster -> check the slice -> train ->
+evaluate -> register, then promote when the gate says the new model beats the champion, inside an exit handler whose
+task, teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
 
 import subprocess
 import tempfile
@@ -33,7 +33,8 @@ def tpupipe_pipeline(
     """Train or fine-tune an LLM, evaluate it, and tear down what the run created.
 
     Args:
-        preset: A named workload: gemma4-e2b-v6e-16, gemma4-e2b-tpu7x-16 (Gemma 4 fine-tunes), llama3-8b-v6e-16x2,
+        preset: A named workload: smoke (one v6e chip, a tiny model: a first run that costs little),
+            gemma4-e2b-v6e-16, gemma4-e2b-tpu7x-16 (Gemma 4 fine-tunes), llama3-8b-v6e-16x2,
             llama3-70b-v6e-16x2, llama3-8b-v6e-elastic-spot (MaxText pretraining); local-fsdp and local-maxtext run
             only on the local platform.
         platform: Where the run's cluster lives: gke (TPU slices on GKE) or local (emulated hosts on one machine).
@@ -57,9 +58,11 @@ def tpupipe_pipeline(
     )
     cleanup = c.teardown(**common).set_display_name("teardown")
     with dsl.ExitHandler(cleanup, name="run"):
+        # build_image depends on nothing of provision: the image builds while the slices come up (Cloud Build may
+        # take up to an hour, and every chip bills from its node pool's creation). deploy needs both.
         cluster = c.provision(**common)
-        image = c.build_image(**common, cluster=cluster.output)
-        ray = c.deploy_raycluster(**common, image=image.output)
+        image = c.build_image(**common)
+        ray = c.deploy_raycluster(**common, image=image.output).after(cluster)
         checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
         trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
         evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])

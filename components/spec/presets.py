@@ -81,6 +81,40 @@ PRESETS: dict[str, dict] = {
             "cpu_devices_per_host": 2,
         },
     },
+    # A first real run that costs little: the smallest single-host slice of the catalogue (components/tpu/
+    # catalogue.py), one TPU v6e chip on one ct6e-standard-1t host (the 1x1 topology; v5e's 1x1 is one chip too, but
+    # v6e is the family TorchTPU's tutorial runs the FSDP trainer on), in the family's first documented zone,
+    # us-east5-b (Cloud TPU, "TPU regions and zones", https://cloud.google.com/tpu/docs/regions-zones). The FSDP
+    # trainer on the tiny Gemma 4 of local-fsdp and the generated dataset: no weights, no token, minutes of
+    # training, then teardown. `tpupipe plan smoke` prices it from components/tpu/pricing.py (Cloud TPU pricing,
+    # https://cloud.google.com/tpu/pricing: v6e on demand per chip-hour).
+    "smoke": {
+        "cluster": {
+            "accelerator": "v6e",
+            "topology": "1x1",
+            "num_hosts": 1,
+            "num_slices": 1,
+            "cpus_per_host": 8,
+            "worker_memory_gib": 32,
+            "worker_shm_gib": 8,
+            "expected_hours": 0.5,
+            "slice_check_timeout_s": 300.0,
+        },
+        "train": {
+            "model_id": "scratch:gemma4-tiny",
+            "dataset": "generated",
+            "num_train_examples": 512,
+            "num_eval_examples": 128,
+            "max_length": 64,
+            "batch_size": 16,
+            "epochs": 3,
+            "learning_rate": 3e-3,
+            "weight_decay": 0.01,
+            "num_workers": 1,  # one Ray Train worker per TPU device
+            "timeout_s": 1800.0,
+        },
+        "gke": _GEMMA4_GKE | {"hf_secret": ""},
+    },
     # The TorchTPU tutorial on one TPU v6e 4x4 slice: 4 hosts of ct6e-standard-4t, 16 chips; worker pods 64 CPU, 200Gi.
     "gemma4-e2b-v6e-16": {
         "cluster": {

@@ -12,7 +12,6 @@ from components.stages.runner import run_stage, stage_context
 
 # The argument of each component that carries the upstream stage's result.
 UPSTREAM = {
-    "build_image": "cluster",
     "deploy_raycluster": "image",
     "check_slice": "raycluster",
     "train": "raycluster",

@@ -52,6 +52,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "init_from": ev.get("init_from"),
         "gate": gate,
         "slice_check": slice_check(results["check_slice"], ctx),
+        "before_training": before_training(ctx, read_json(ctx.store, "stages/provision.json") or {}, train),
         "deleted": results["teardown"].get("deleted", []),
         "spec": ctx.spec.to_dict(),
     }
@@ -105,6 +106,21 @@ def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     if result.get("skipped") or not ctx.spec.cluster.slice_check:
         return {"skipped": True, "reason": "cluster.slice_check=false"}
     return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
+
+
+def before_training(ctx: RunContext, provision: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
+    """The TPU chips billed before the first training step: from provision's end (the TPU node pools exist) to the
+    trainer's first step, chips x minutes (at most: flex-start and Autopilot nodes bill only once they come). None
+    for cpu hosts, or when the run did not reach a step."""
+    from components.workload import derive as d
+
+    first = train.get("first_step_at")
+    if not d.is_tpu(ctx.spec) or first is None or provision.get("status") != "succeeded":
+        return None
+    shape = d.slice_shape(ctx.spec)
+    chips = shape.num_chips * ctx.spec.cluster.num_slices
+    minutes = max(0.0, first - provision["started"] - provision["seconds"]) / 60
+    return {"chips": chips, "minutes": round(minutes, 2), "chip_minutes": round(chips * minutes, 1)}
 
 
 def _interrupted(stages: list[dict[str, Any]], mark: dict[str, Any] | None) -> dict[str, str] | None:
@@ -256,6 +272,12 @@ def format_table(summary: dict[str, Any]) -> str:
             f"\n  slice check          {check['ranks_verified']}/{check['num_ranks']} ranks verified, max abs "
             f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
             f"{check['expected_all_reduce']}), {check['seconds']:.1f}s"
+        )
+    before = summary.get("before_training")
+    if before:
+        lines.append(
+            f"  before training      {before['chips']} chips x {before['minutes']:.1f} min = "
+            f"{before['chip_minutes']:g} chip-minutes billed, from the TPU node pools to the first training step"
         )
     failed = [s for s in summary["stages"] if s.get("error") and s["status"] == "failed"]
     for s in failed:

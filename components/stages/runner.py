@@ -143,6 +143,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "data_snapshot": data.get("data_snapshot"),
         "num_train_examples": data.get("num_examples"),
         "restarts": restarts(events),
+        "first_step_at": first_step_at(job["records"]),
         "checkpoint": job["result"]["checkpoint"],
         "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),
         "history": rows,
@@ -152,6 +153,13 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
     }
+
+
+def first_step_at(records: list[tuple[str, dict]]) -> float | None:
+    """When the trainer's first step ended (epoch seconds): its first ``step`` event (FSDP), or its first step's
+    metric (MaxText); None when it stamped none."""
+    times = [p["time"] for kind, p in records if "time" in p and (p.get("event") == "step" or kind == "metric")]
+    return min(times) if times else None
 
 
 def restarts(events: list[dict]) -> int:

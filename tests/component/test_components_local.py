@@ -83,7 +83,7 @@ def test_on_vertex_a_run_is_a_gke_run_with_its_state_in_cloud_storage(platform, 
 def test_build_image_reuses_the_torch_environment_by_content_hash(tmp_path):
     if not envs.env_for("torch").reused:
         pytest.skip("the torch environment is not built (make envs)")
-    task = c.build_image(**args(tmp_path, "build"), cluster="{}")
+    task = c.build_image(**args(tmp_path, "build"))
     out = json.loads(task.output)
     assert out["reused"] is True
     assert out["image"] == f"local/torch@{envs.image_digest('torch')}"

@@ -26,7 +26,14 @@ Faults: ``unschedulable`` (pods stay Pending with the scheduler's reason), ``ima
 ``scale_from_zero`` (the node pool starts with no nodes: the worker pods are Unschedulable with a TriggeredScaleUp
 event for ``scale_up_s`` seconds, then the nodes come and the pods are scheduled as without the fault) and
 ``never_scales_up`` (Unschedulable, and the scale-up fails: ``scale_up_failure``, a FailedScaleUp after a
-TriggeredScaleUp and ``scale_up_s``, or a NotTriggerScaleUp at once). With ``ready_without_ray`` and no Ray
+TriggeredScaleUp and ``scale_up_s``, or a NotTriggerScaleUp at once). ``stockouts`` (with ``scale_from_zero``): the
+first that many scale-ups fail with a FailedScaleUp (GCE out of resources) and the autoscaler tries again after its
+backoff (``scale_up_s`` here; 5 minutes at first, doubling up to 30, in the cluster autoscaler: its flags
+initial-node-group-backoff-duration and max-node-group-backoff-duration,
+https://github.com/kubernetes/autoscaler/blob/master/cluster-autoscaler/FAQ.md), a TriggeredScaleUp again, until the
+nodes come. ``never_starts``: the pods are scheduled but their container stays waiting in ContainerCreating (the
+kubelet's reason for a container not yet started, while its image is pulled: kubernetes/kubernetes,
+pkg/kubelet/kubelet_pods.go), so the RayCluster never becomes ready. With ``ready_without_ray`` and no Ray
 environment, the RayCluster's status turns ready once its pods are scheduled, with no Ray behind it (the service
 proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone.
 """
@@ -222,6 +229,7 @@ class KubeEmulator:
         self.ready_delay_s = ready_delay_s
         self.scale_up_s = scale_up_s  # scale_from_zero / never_scales_up: how long the nodes take to come (or fail)
         self.scale_up_failure = OUT_OF_RESOURCES  # never_scales_up: the autoscaler's event, or NOT_TRIGGERED
+        self.stockouts = 0  # scale_from_zero: how many scale-ups fail (FailedScaleUp) before the nodes come
         self.autoscaler_place = {"project": "tpupipe-emulated", "zone": "us-east5-b"}  # in the autoscaler's messages
         self.ready_without_ray = False  # no Ray environment: the status turns ready once the pods are scheduled
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
@@ -496,6 +504,21 @@ class KubeEmulator:
             return
         if self.fault in ("scale_from_zero", "never_scales_up"):
             return self._scale_from_zero(namespace, obj, pods)
+        if self.fault == "never_starts":
+            for pod in pods:
+                container = pod["spec"]["containers"][0]
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": container["name"],
+                        "ready": False,
+                        "image": container["image"],
+                        "imageID": "",
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                ]
+            return
         self._schedule(namespace, obj, pods)
 
     def _schedule(self, namespace: str, obj: dict, pods: list[dict]) -> None:
@@ -580,9 +603,11 @@ class KubeEmulator:
                 for (plural, ns, _), p in self.objects.items()
                 if plural == "pods" and ns == namespace and p["metadata"]["labels"].get("ray.io/cluster") == name
             ]
-            if failure:
-                for pod in (p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"):
-                    reason, message = failure
+            workers = [p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+            stockout = not failure and self.stockouts > 0
+            if failure or stockout:
+                reason, message = failure or OUT_OF_RESOURCES
+                for pod in workers:
                     self._event(
                         namespace,
                         pod["metadata"]["name"],
@@ -590,8 +615,26 @@ class KubeEmulator:
                         message.format(**self.autoscaler_place),
                         "cluster-autoscaler",
                     )
+                if stockout:  # after its backoff the autoscaler tries again
+                    self.stockouts -= 1
+                    timer = threading.Timer(self.scale_up_s, self._retry_scale_up, args=(namespace, name, workers))
+                    timer.daemon = True
+                    timer.start()
                 return
             self._schedule(namespace, obj, pods)
+
+    def _retry_scale_up(self, namespace: str, name: str, workers: list[dict]) -> None:
+        with self.lock:
+            group = (self.objects.get(("rayclusters", namespace, name)) or {}).get("spec", {})
+            if not group:
+                return
+            pool = group["workerGroupSpecs"][0]["groupName"]
+            triggered = TRIGGERED_SCALE_UP[1].format(pool=pool, n=len(workers), **self.autoscaler_place)
+            for pod in workers:
+                self._event(namespace, pod["metadata"]["name"], TRIGGERED_SCALE_UP[0], triggered, "cluster-autoscaler")
+        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=(namespace, name, None))
+        timer.daemon = True
+        timer.start()
 
     def _missing_secrets(self, namespace: str, pods: list[dict]) -> str:
         for pod in pods:

@@ -193,3 +193,49 @@ def test_the_model_registry_is_served_on_the_pipelines_endpoint(vertex):
     )
     with pytest.raises(exceptions.NotFound, match="PipelineJob .*nope does not exist"):
         client.get_pipeline_job(name=f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/nope")
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def slow(name: str) -> str:
+    import time
+
+    time.sleep(3)
+    return name
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def join(a: str, b: str) -> str:
+    return a + b
+
+
+@dsl.pipeline(name="fork")
+def fork():
+    """tpupipe's shape in small: provision and build_image depend on nothing of each other, deploy on both."""
+    join(a=slow(name="provision").output, b=slow(name="build").output)
+
+
+def test_tasks_that_do_not_depend_on_each_other_run_side_by_side(vertex, tmp_path):
+    import yaml
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import credentials
+
+    template = tmp_path / "fork.yaml"
+    compiler.Compiler().compile(fork, str(template))
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
+    )
+    job = aiplatform_v1.PipelineJob(
+        display_name="fork",
+        pipeline_spec=yaml.safe_load(template.read_text()),
+        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-pipeline-root/fork"},
+    )
+    created = client.create_pipeline_job(
+        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id="fork"
+    )
+    resource = vertex.wait(created.name, timeout_s=300)
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", vertex.job(created.name).logs
+    details = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
+    first, second, joined = details["slow"], details["slow-2"], details["join"]
+    assert first["startTime"] < second["endTime"] and second["startTime"] < first["endTime"], (first, second)
+    assert joined["startTime"] >= max(first["endTime"], second["endTime"])

@@ -20,15 +20,19 @@ container's command run with the pipeline image's Python first on PATH (the imag
 cloud services' endpoints in its environment: nothing else is shared. Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
-another's disk. The DAG runs in dependency order; a task waits for its upstream tasks to succeed, except with
+another's disk. The DAG runs in dependency order, tasks that do not depend on each other side by side (Vertex
+schedules every task it can: "the pipeline will continue to run until no more tasks can be executed ... Any scheduled
+tasks will continue to completion", the ``PipelineFailurePolicy`` enum's comment in google-cloud-aiplatform's
+``aiplatform_v1/types/pipeline_failure_policy.py``; its default, FAIL_SLOW, is the one emulated: a failed task stops
+only what depends on it); a task waits for its upstream tasks to succeed, except with
 ``ALL_UPSTREAM_TASKS_COMPLETED`` (the exit handler), which runs whatever happened. A task with a
 ``triggerPolicy.condition`` (what ``dsl.If`` compiles to: a CEL expression over the task's input parameters, such as
 ``inputs.parameter_values['pipelinechannel--register-decision'] == 'promote'``) runs only when it holds; when it
 does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Besides the component tasks, the
 job's task details hold its DAG-level tasks, as Vertex's do: the root (named after the job), the exit handler's group
 and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-promotes``), every task with the
-``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to the
-running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
+``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to
+each running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
 SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title, metadata).
 """
 
@@ -93,7 +97,7 @@ class Job:
     parameters: dict
     root: str  # the pipeline root, gs://...
     cancelled: threading.Event = field(default_factory=threading.Event)
-    running: subprocess.Popen | None = None
+    running: set[subprocess.Popen] = field(default_factory=set)  # the tasks' processes that run now
     tasks: list[dict] = field(default_factory=list)  # PipelineTaskDetail JSON, in start order
     logs: dict[str, str] = field(default_factory=dict)  # task name -> its output
 
@@ -369,8 +373,9 @@ class VertexEmulator(HttpEmulator):
                 raise HttpError(400, f"The PipelineJob {name} is already in a final state.")
             job.resource["state"] = "PIPELINE_STATE_CANCELLING"
             job.cancelled.set()
-            if job.running and job.running.poll() is None:
-                os.killpg(job.running.pid, signal.SIGTERM)
+            for proc in job.running:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
 
     # ------------------------------------------------------------------ running a job
     def _set(self, job: Job, **fields) -> None:
@@ -404,42 +409,72 @@ class VertexEmulator(HttpEmulator):
             detail["endTime"] = _now()
 
     def _dag(self, job: Job, component: dict, inputs: dict, parent: str) -> bool:
-        """Run a DAG's tasks in dependency order, each task's detail under the DAG's task ``parent``; True when
-        every task that ran succeeded."""
+        """Run a DAG's tasks, each task's detail under the DAG's task ``parent``: every task whose upstream tasks
+        have ended starts at once, beside the others that run (a thread each), as Vertex does; True when every task
+        that ran succeeded."""
         tasks = component["dag"]["tasks"]
         outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
         outputs: dict[str, dict] = {}
-        while len(outcome) < len(tasks):
-            ready = [
-                t
-                for t, spec in tasks.items()
-                if t not in outcome and all(d in outcome for d in spec.get("dependentTasks", []))
-            ]
-            for task in sorted(ready):
-                spec = tasks[task]
-                shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
-                upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
-                always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
-                if not always and (not all(upstream) or job.cancelled.is_set()):
-                    outcome[task] = None
-                    self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
-                    continue
-                args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
-                condition = spec.get("triggerPolicy", {}).get("condition")
-                if condition and not condition_holds(condition, args):
-                    outcome[task] = True  # not triggered: done, and no failure
-                    self._detail(job, shown, "NOT_TRIGGERED", parent)
-                    continue
-                child = job.spec["components"][spec["componentRef"]["name"]]
-                if "dag" in child:  # an exit handler's or a condition's group: a task of its own, as on Vertex
-                    group = self._detail(job, shown, "RUNNING", parent)
-                    outcome[task] = self._dag(job, child, args, group["taskId"])
-                    self._end(job, group, outcome[task])
-                else:
-                    outcome[task], outputs[task] = self._container(job, task, child, args, shown, parent)
+        started: dict[str, threading.Thread] = {}
+        errors: list[Exception] = []  # the emulator's own failures (a condition it cannot read): they end the job
+        ended = threading.Condition()
+
+        def run(task: str, spec: dict, args: dict) -> None:
+            done = False
+            try:
+                done = self._task(job, task, spec, args, parent, outputs)
+            except Exception as exc:  # noqa: BLE001 - raised again below, in the job's own thread
+                errors.append(exc)
+            with ended:
+                outcome[task] = done
+                ended.notify_all()
+
+        with ended:
+            while len(outcome) < len(tasks):
+                ready = [
+                    t
+                    for t, spec in tasks.items()
+                    if t not in started
+                    and t not in outcome
+                    and all(d in outcome for d in spec.get("dependentTasks", []))
+                ]
+                for task in sorted(ready):
+                    spec = tasks[task]
+                    shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
+                    upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
+                    always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
+                    if not always and (not all(upstream) or job.cancelled.is_set()):
+                        outcome[task] = None
+                        self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
+                        continue
+                    args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
+                    started[task] = threading.Thread(target=run, args=(task, spec, args), daemon=True)
+                    started[task].start()
+                if len(outcome) < len(tasks) and not ready:
+                    ended.wait()
+        if errors:
+            raise errors[0]
         return all(v is not False for v in outcome.values()) and not any(
             v is None and not job.cancelled.is_set() for v in outcome.values()
         )
+
+    def _task(self, job: Job, task: str, spec: dict, args: dict, parent: str, outputs: dict) -> bool:
+        """One task of a DAG whose upstream tasks allow it to run: not triggered when its condition does not hold
+        (done, and no failure), a group's DAG (an exit handler's or a condition's, a task of its own as on Vertex),
+        or a container."""
+        shown = spec.get("taskInfo", {}).get("name", task)
+        condition = spec.get("triggerPolicy", {}).get("condition")
+        if condition and not condition_holds(condition, args):
+            self._detail(job, shown, "NOT_TRIGGERED", parent)
+            return True
+        child = job.spec["components"][spec["componentRef"]["name"]]
+        if "dag" in child:
+            group = self._detail(job, shown, "RUNNING", parent)
+            ok = self._dag(job, child, args, group["taskId"])
+            self._end(job, group, ok)
+            return ok
+        ok, outputs[task] = self._container(job, task, child, args, shown, parent)
+        return ok
 
     def _resolve(self, job: Job, bindings: dict, inputs: dict, outputs: dict) -> dict:
         job_id = job.resource["name"].rsplit("/", 1)[-1]
@@ -510,7 +545,7 @@ class VertexEmulator(HttpEmulator):
             return False, {"parameters": {}, "artifacts": {}}
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
-                job.running = subprocess.Popen(
+                proc = subprocess.Popen(
                     argv,
                     cwd=task_dir,
                     env=env,
@@ -519,7 +554,10 @@ class VertexEmulator(HttpEmulator):
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-            code = job.running.wait()
+                job.running.add(proc)
+            code = proc.wait()
+            with self._lock:
+                job.running.discard(proc)
         job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
         result = self._collect(task_dir, artifacts, prefix)
         ok = code == 0
@@ -578,16 +616,11 @@ class VertexEmulator(HttpEmulator):
         scope. Empty if the task is at the root level" (its field docs, google/cloud/aiplatform_v1/types/
         pipeline_job.py); the root level is the job's own task, named after the job (the SDK finds the root's
         outputs that way: google/cloud/aiplatform/model_evaluation/model_evaluation_job.py)."""
-        detail = {
-            "taskId": str(len(job.tasks) + 1),
-            "taskName": task,
-            "state": state,
-            "createTime": _now(),
-            "startTime": _now(),
-        }
+        detail = {"taskName": task, "state": state, "createTime": _now(), "startTime": _now()}
         if parent:
             detail["parentTaskId"] = parent
-        with self._lock:
+        with self._lock:  # tasks that run side by side start at once: one id each
+            detail["taskId"] = str(len(job.tasks) + 1)
             job.tasks.append(detail)
             job.resource["jobDetail"] = {"taskDetails": job.tasks}
         return detail

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import pytest
 
 from tests.emulators.project import ONE_SLICE, Project, start_project
-from tests.gke.test_gke_pipeline import BUILT, _env
+from tests.gke.test_gke_pipeline import _env
 from tests.gke.test_gke_platform import DCN_SLICES
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 # Trains for seconds: 64 examples, one epoch, no slice check (the first job the run submits is the train job).
 TINY = " train.epochs=1 train.num_train_examples=64 train.num_eval_examples=16 cluster.slice_check=false"
 NEVER_READY = ONE_SLICE + " cluster.ready_timeout_s=5"
+# The trainer image built by (emulated) Cloud Build from images/torch, FROM a TorchTPU base.
+BUILT = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2")
 
 
 def _nothing(project: Project) -> None:

@@ -1,8 +1,9 @@
 """The whole pipeline with platform=gke against the emulated project: `tpupipe run --platform gke` (kfp.local)
 talks gRPC to the GKE emulator and HTTPS to the Kubernetes emulator, whose KubeRay part runs the RayCluster as a
 local Ray cluster of the manifest's shape; the training and evaluation jobs go through the API server's service
-proxy with Ray token authentication on. local-fsdp is shaped as a 1-slice TPU plan (v6e 2x2: one host of 4 chips,
-4 Ray Train workers, one per TPU device); the chips are emulated and the workers compute on CPU."""
+proxy with Ray token authentication on. The run is the smoke preset, the first real run README tells a new user to
+make (one v6e 1x1 slice: one host, one chip, one Ray Train worker), its hosts' CPUs cut to the emulated host's; the
+chip is emulated and the worker computes on CPU."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ import pytest
 from components.platforms import procs
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
-from tests.emulators.project import ONE_SLICE, start_project
+from tests.emulators.project import PROJECT, start_project
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
-BUILT = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2")
+BUILT = (
+    f"gke.project={PROJECT} gke.zone=us-east5-b gke.namespace=tpupipe cluster.cpus_per_host=4 "
+    "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -54,7 +58,7 @@ def _command(root: Path, run_id: str, extra: str = "") -> list[str]:
         "--platform",
         "gke",
         "--preset",
-        "local-fsdp",
+        "smoke",
         "--run-id",
         run_id,
         "--output-root",
@@ -97,12 +101,14 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert len(losses) == 2 and losses[-1] < losses[0]
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     train = json.loads((run_dir / "stages" / "train.json").read_text())["result"]
-    assert train["num_workers"] == 4 and train["device"] == "cpu"  # one worker per (emulated) TPU device
+    assert train["num_workers"] == 1 and train["device"] == "cpu"  # one worker per (emulated) TPU device
     # The slice check reserved the slice with a slice placement group, one actor per emulated chip; without chips
     # (torch_tpu installed, registering nothing) it ran on CPU with gloo.
     check = summary["slice_check"]
-    assert check["ok"] and (check["num_ranks"], check["ranks_verified"], check["num_hosts"]) == (4, 4, 1)
-    assert (check["device"], check["backend"], check["all_reduce"]) == ("cpu", "gloo", 10)
+    assert check["ok"] and (check["num_ranks"], check["ranks_verified"], check["num_hosts"]) == (1, 1, 1)
+    assert (check["device"], check["backend"], check["all_reduce"]) == ("cpu", "gloo", check["expected_all_reduce"])
+    # The chips billed before the first training step, measured: from provision's end to the trainer's first step.
+    assert summary["before_training"]["chips"] == 1 and summary["before_training"]["minutes"] > 0
     built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
     assert built["built"] and built["digest"].startswith("sha256:")
     assert built["image"] == f"us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:{run_id}"
@@ -123,7 +129,7 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     # The Hugging Face token reached the pods (a Secret) and nothing else: no log line, no artifact, no compiled
     # pipeline, no plan.
     plan = subprocess.run(
-        [*tpupipe_cmd(), "plan", "local-fsdp", "--set", BUILT, "--output", "json"],
+        [*tpupipe_cmd(), "plan", "smoke", "--set", BUILT, "--output", "json"],
         env=_env(project),
         capture_output=True,
         text=True,

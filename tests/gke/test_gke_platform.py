@@ -10,6 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from components.platforms import RunContext
+from components.platforms import ledger as ledgers
 from components.platforms.gke import cluster as gke_cluster
 from components.platforms.gke import kube as gke_kube
 from components.platforms.gke import readiness
@@ -266,7 +267,8 @@ def test_a_pool_that_never_scales_up_fails_with_the_autoscalers_reason_and_teard
     project.kube.scale_up_failure = failure
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", grace)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    ctx = context(tmp_path, "noscale", FLEX_START + " cluster.ready_timeout_s=30")
+    # A fixed pool: the autoscaler's FailedScaleUp is final at once (flex-start's retries: test_readiness_limits.py).
+    ctx = context(tmp_path, "noscale", ONE_SLICE + " cluster.ready_timeout_s=30")
     gke = platform()
     gke.provision(ctx)
     started = time.monotonic()
@@ -331,10 +333,10 @@ def test_token_auth_is_refused_on_a_kuberay_that_would_drop_it_before_anything_i
 ):
     project = project_factory()
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
     ctx = context(tmp_path, "oldray")
     gke = platform()
-    gke.provision(ctx)
+    gke.provision(ctx)  # provision checks it too, before any TPU node pool (test_preflight.py); then it changed:
+    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
     with pytest.raises(
         SpecError,
         match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
@@ -813,8 +815,13 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     project = project_factory()
     ctx = context(tmp_path, "built", BUILD)
     gke = platform()
-    gke.provision(ctx)
+    # build_image first: it needs nothing of provision (the pipeline runs the two side by side); it gets or creates
+    # the bucket for its build context itself, and writes nothing to the ledger provision writes meanwhile.
     result = gke.build_image(ctx)
+    assert project.storage.state.buckets.get(f"{PROJECT}-tpupipe") is not None
+    assert ledgers.load(ctx.store) is None
+    gke.provision(ctx)
+    assert project.storage.state.calls.count("buckets.insert") == 1  # provision found it
     image = f"us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:built"
     assert result["image"] == image and result["built"] and result["digest"].startswith("sha256:")
     (build,) = project.cloudbuild.state.builds.values()
@@ -888,6 +895,28 @@ def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_fact
     (build,) = project.cloudbuild.state.builds.values()
     assert build.status.name == "CANCELLED"
     gke.teardown(ctx)
+
+
+def test_the_image_build_is_cancelled_once_provision_beside_it_failed(tmp_path, project_factory):
+    """build_image runs beside provision: when provision fails, nothing will deploy the image, so its build is
+    cancelled (the exit handler's teardown waits for this task); a provision record of an earlier attempt is not
+    taken for this run's."""
+    import threading
+
+    from components.platforms.gke.build import BuildFailed
+    from components.platforms.store import write_json
+
+    project = project_factory()
+    project.cloudbuild.polls_to_done = 10_000
+    ctx = context(tmp_path, "orphanbuild", BUILD)
+    key, error = "stages/provision.json", "preflight of run orphanbuild: 1 problem"
+    write_json(ctx.store, key, {"stage": "provision", "status": "failed", "started": time.time() - 7200})
+    failed = {"stage": "provision", "status": "failed", "started": time.time(), "error": error}
+    threading.Timer(1.0, write_json, (ctx.store, key, failed)).start()
+    with pytest.raises(BuildFailed, match=f"cancelled: provision failed \\({error}\\)"):
+        platform().build_image(ctx)
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "CANCELLED"
 
 
 def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(

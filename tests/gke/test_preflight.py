@@ -8,6 +8,7 @@ import pytest
 
 from components.platforms.gke import plan
 from components.platforms.gke.preflight import PreflightFailed
+from components.spec import SpecError
 from components.workload import resolve
 from pipelines import cli
 from tests.emulators.project import ONE_SLICE, PROJECT
@@ -239,3 +240,52 @@ def test_the_plan_states_which_features_are_enabled_in_place_and_which_refused()
         assert needle in cluster.summary
     text = plan.render_text(plan.build(spec, "r1"))
     assert "checked before anything is created" in text and "Dataplane V2 (refused when missing" in text
+
+
+def test_an_old_kuberay_on_an_existing_cluster_is_a_preflight_problem_and_nothing_tpu_is_created(
+    tmp_path, project_factory, capsys
+):
+    project = project_factory()
+    _team_cluster(project)
+    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 2 and "1 problem;" in text
+    assert (
+        "gke.cluster_name: cluster team runs a KubeRay older than 1.6.0: its RayCluster has no "
+        "spec.authOptions.secretName" in text
+    )
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayclusters.ray.io"
+    assert ("GET", crd) in [(m, p) for m, p, _ in project.kube.requests]  # read through the cluster's API
+    with pytest.raises(PreflightFailed, match="KubeRay older than 1.6.0"):
+        platform().provision(context(tmp_path, "pre", SHARED))
+    assert "CreateNodePool" not in project.gke.state.calls and project.mutations() == []
+    project.kube.kuberay_version = "1.7.0"
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 0 and "cluster team: its KubeRay serves every RayCluster field the run sets" in text
+
+
+def test_a_new_clusters_old_kuberay_is_refused_by_provision_before_any_tpu_node_pool(tmp_path, project_factory):
+    project = project_factory()
+    project.kube.kuberay_version = "1.5.1"
+    ctx = context(tmp_path, "newold")
+    with pytest.raises(SpecError, match="^gke.cluster_version: cluster tpupipe-newold runs a KubeRay older than 1.6.0"):
+        platform().provision(ctx)
+    assert "CreateCluster" in project.gke.state.calls and "CreateNodePool" not in project.gke.state.calls
+    assert [p.rsplit("/", 1)[-1] for p in project.pools("newold")] == ["newold-cpu"]  # the head's, with the cluster
+    platform().teardown(ctx)
+    assert project.leftovers("newold") == {}
+
+
+def test_tpupipe_run_preflights_before_kfp_local_builds_the_image(tmp_path, project_factory, capsys):
+    """kfp.local runs the tasks one at a time, build_image (which needs nothing of provision) first: `tpupipe run`
+    preflights before it starts them, so a problem costs no image build."""
+    project = project_factory()
+    project.projects.deny("container.clusters.create")
+    built = ONE_SLICE.replace("gke.image=local/torch", "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/b/t:2")
+    code = cli.main(
+        ["run", "local-fsdp", "--platform", "gke", "--set", built, "--run-id", "pre", "--output-root", str(tmp_path)]
+    )
+    out = capsys.readouterr()
+    assert code == 2, out.out + out.err
+    assert "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create" in out.out + out.err
+    assert "CreateBuild" not in project.cloudbuild.state.calls and project.mutations() == []

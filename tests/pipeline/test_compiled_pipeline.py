@@ -59,9 +59,22 @@ def test_teardown_is_the_exit_task_around_every_other_stage(compiled):
 def test_stages_run_in_order(compiled):
     inner = _inner(compiled)
     condition, _ = _gate_condition(compiled)
-    order = ["provision", "build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "register", condition]
+    order = ["build-image", "deploy-raycluster", "check-slice", "train", "evaluate", "register", condition]
     for before, after in zip(order, order[1:], strict=False):
         assert before in inner[after].get("dependentTasks", []), (before, after)
+    assert "provision" in inner["deploy-raycluster"]["dependentTasks"]
+
+
+def test_the_image_builds_beside_provision(compiled):
+    # Nothing of build_image waits for provision: no dependency, no input from it; deploy waits for both.
+    inner = _inner(compiled)
+    build = inner["build-image"]
+    assert build.get("dependentTasks", []) == []
+    assert not any(
+        binding.get("taskOutputParameter", {}).get("producerTask") == "provision"
+        for binding in build.get("inputs", {}).get("parameters", {}).values()
+    )
+    assert set(inner["deploy-raycluster"]["dependentTasks"]) == {"provision", "build-image"}
 
 
 def test_promote_runs_only_when_the_gate_says_promote(compiled):

@@ -241,6 +241,7 @@ def test_json_shape(capsys):
         "readiness",
         "training",
         "cost",
+        "before_training",
         "warnings",
         "spec",
     ]
@@ -332,3 +333,32 @@ def test_the_text_plan_shows_the_trainers_command_line(capsys):
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("entrypoint"))
     assert "python -m trainers.maxtext_train train --spec <the run spec, JSON>" in line
     assert "--scaling-config" in line and "-- dataset_type=synthetic" in line and "ici_fsdp_parallelism=4" in line
+
+
+def test_plan_smoke_is_the_smallest_single_host_slice_in_a_zone_that_offers_it_and_shows_its_price(capsys):
+    from components.tpu import catalogue
+
+    assert main(["plan", "smoke", "--set", "gke.project=my-project"]) == 0
+    text = capsys.readouterr().out
+    assert main(["plan", "smoke", "--set", "gke.project=my-project", "--output", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    single = [
+        catalogue.slice_shape(f, t).num_chips
+        for f in catalogue.FAMILIES
+        for t in catalogue.topologies(f)
+        if not catalogue.slice_shape(f, t).multi_host
+    ]
+    s = document["slice"]
+    assert s["total_chips"] == min(single) == 1 and s["total_hosts"] == 1 and not s["multi_host"]
+    assert document["zone"] in catalogue.zones(s["family"])
+    assert not any("not among the zones documented" in w for w in document["warnings"])
+    cost = document["cost"]
+    assert cost["usd_per_hour"] == pytest.approx(2.70 + 0.388472 + 0.10, abs=1e-4)  # the chip, the head, GKE's fee
+    assert "per hour                      $3.19" in text
+    # The chips billed before the first training step: readiness and the slice check, the image built beside.
+    before = document["before_training"]
+    assert before["chips"] == 1 and before["image_build"] == "beside provision"
+    minutes = (before["readiness_s"] + before["slice_check_s"]) / 60
+    assert before["chip_minutes_at_most"] == pytest.approx(minutes, abs=0.1)
+    assert "before training               at most" in text
+    assert document["training"]["scaling_config"]["num_workers"] == 1

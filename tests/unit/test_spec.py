@@ -111,10 +111,15 @@ TPU = "cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.
 def test_readiness_deadlines_come_by_capacity_type_and_autopilot_unless_the_spec_sets_one():
     assert set(READY_LIMITS_S) == {*CAPACITY_TYPES, "autopilot"}
     on_demand = ready_limits(resolve("local-fsdp", TPU))
-    assert (on_demand.deadline_s, on_demand.unschedulable_grace_s) == READY_LIMITS_S["on-demand"]
-    assert on_demand.by == "cluster.capacity=on-demand"
+    # A fixed pool's deadline derives from its hosts and its image (tests/gke/test_readiness_limits.py).
+    assert READY_LIMITS_S["on-demand"][0] is None and on_demand.unschedulable_grace_s == READY_LIMITS_S["on-demand"][1]
+    assert on_demand.by == (
+        "cluster.capacity=on-demand: 180 s + a 8 GiB image at an assumed 50 MiB/s (164 s) + 10 s x 1 hosts"
+    )
+    assert on_demand.deadline_s == 354 and on_demand.failed_scale_up_grace_s == 0  # a FailedScaleUp is final
     flex = ready_limits(resolve("local-fsdp", TPU + " cluster.capacity=flex-start"))
     assert flex.deadline_s == READY_LIMITS_S["flex-start"][0] >= 10 * on_demand.deadline_s  # far longer
+    assert flex.failed_scale_up_grace_s == 1800  # the autoscaler retries a stockout
     autopilot = ready_limits(resolve("local-fsdp", TPU + " gke.cluster_mode=autopilot"))
     assert autopilot.deadline_s == READY_LIMITS_S["autopilot"][0] > on_demand.deadline_s
     assert autopilot.by == "cluster.capacity=on-demand, gke.cluster_mode=autopilot"

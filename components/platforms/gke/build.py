@@ -194,7 +194,14 @@ class CloudBuild(Adapter):
                 return build
         return None
 
-    def ensure(self, body: dict[str, Any], tag: str, record: Callable[[str, str], None], timeout_s: float):
+    def ensure(
+        self,
+        body: dict[str, Any],
+        tag: str,
+        record: Callable[[str, str], None],
+        timeout_s: float,
+        stop: Callable[[], str | None] = lambda: None,
+    ):
         """The build ``body`` describes: reused when one with ``tag`` succeeded, re-attached to when it runs, else
         started; waited on until it has pushed the image."""
         from google.cloud.devtools import cloudbuild_v1
@@ -218,7 +225,7 @@ class CloudBuild(Adapter):
                 f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
                 + (f", log {build.log_url}" if build.log_url else "")
             )
-        return self.wait(build.id, timeout_s)
+        return self.wait(build.id, timeout_s, stop)
 
     def get(self, build_id: str):
         return self.call(
@@ -228,17 +235,22 @@ class CloudBuild(Adapter):
             ),
         )
 
-    def wait(self, build_id: str, timeout_s: float):
+    def wait(self, build_id: str, timeout_s: float, stop: Callable[[], str | None] = lambda: None):
+        """Until the build ends (or ``timeout_s``); when ``stop()`` gives a reason (the run it builds for failed), the
+        build is cancelled and :class:`BuildFailed` names the reason."""
         started = self.clock()
         last = {"status": ""}
 
         def cancel(signum: int) -> None:
             self.log(f"  image build {build_id}: {signal_name(signum)}: cancelling it")
-            self.client.cancel_build(
-                request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
-            )
+            self._cancel(build_id)
 
         def poll():
+            reason = stop()
+            if reason:
+                self.log(f"  image build {build_id}: {reason}: cancelling it")
+                self._cancel(build_id)
+                raise BuildFailed(f"image build {build_id} cancelled: {reason}")
             build = self.get(build_id)
             steps = ", ".join(f"step {i} {s.status.name}" for i, s in enumerate(build.steps))
             status = f"{build.status.name}" + (f" ({steps})" if steps else "")
@@ -265,6 +277,11 @@ class CloudBuild(Adapter):
         digests = ", ".join(f"{i.name}@{i.digest}" for i in build.results.images)
         self.log(f"  image build {build_id}: pushed {digests} in {self.clock() - started:.0f}s")
         return build
+
+    def _cancel(self, build_id: str) -> None:
+        self.client.cancel_build(
+            request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
+        )
 
 
 __all__ = ["BuildFailed", "CloudBuild", "Registry", "build_context", "client", "registry_client", "source_root"]

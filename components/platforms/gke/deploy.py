@@ -81,12 +81,18 @@ def raycluster(s: Session, res: Resource) -> None:
     s.log(
         f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
         f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+        + (
+            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
+            if limits.failed_scale_up_grace_s
+            else "; a FailedScaleUp at once (a fixed pool)"
+        )
     )
     ready = readiness.wait_ready(
         kube,
         res.name,
         limits.deadline_s,
         unschedulable_grace_s=grace,
+        failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
         poll_s=min(s.poll_s, 2.0),
         log=s.log,
     )
@@ -103,29 +109,76 @@ def raycluster(s: Session, res: Resource) -> None:
     }
 
 
-def check_kuberay(s: Session) -> None:
-    """Before deploy_raycluster applies anything: the cluster's KubeRay serves every RayCluster field the run sets.
-    The API server drops a field its CRD lacks without a word, and without ``authOptions.secretName`` (KubeRay < 1.6)
-    the Ray cluster would run with no token: refused, never dropped silently."""
+# How long provision waits for the RayCluster CRD to be served after it created the cluster or enabled the Ray
+# Operator add-on (GKE installs KubeRay with the add-on; its docs give no time): a bound, then a clear error.
+KUBERAY_CRD_WAIT_S = 300.0
+
+
+def check_kuberay(s: Session, wait_s: float = 0.0) -> None:
+    """The cluster's KubeRay serves every RayCluster field the run sets: checked by provision as soon as the cluster
+    exists (before any TPU node pool; ``wait_s`` for a CRD not served yet, on a cluster just made or given the add-on)
+    and again by deploy_raycluster before it applies anything (the cluster may have changed)."""
+    from components.platforms.waiting import DeadlineExceeded, wait_for
+
+    kube = _kube(s)
+    crd = _crd(kube)
+    if crd is None and wait_s:
+        s.log(f"waiting up to {wait_s:.0f}s for cluster {s.t.cluster} to serve KubeRay's RayCluster")
+        try:
+            crd = wait_for(lambda: _crd(kube), timeout_s=wait_s, interval_s=min(s.poll_s * 10, 5.0), what="KubeRay")
+        except DeadlineExceeded:
+            crd = None
+    refusal = kuberay_refusal(crd, s.t.cluster, s.t.owns_cluster)
+    if refusal is not None:
+        raise refusal
+
+
+def _crd(kube):
     from components.platforms.gke import kube as gke_kube
 
-    kube, t = _kube(s), s.t
-    field = "gke.cluster_version" if t.owns_cluster else "gke.cluster_name"
-    crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
+    return kube.crd(gke_kube.RAYCLUSTER_CRD)
+
+
+def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
+    """Why the cluster's KubeRay (its RayCluster CRD, ``crd``; None when none is served) cannot run the run, naming
+    the field to change; None when it can. The API server drops a field its CRD lacks without a word, and without
+    ``authOptions.secretName`` (KubeRay < 1.6) the Ray cluster would run with no token: refused, never dropped
+    silently."""
+    from components.platforms.gke import kube as gke_kube
+
+    field = "gke.cluster_version" if owns_cluster else "gke.cluster_name"
     if crd is None:
-        raise SpecError(
+        return SpecError(
             field,
-            f"cluster {t.cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
+            f"cluster {cluster} serves no RayCluster (no {gke_kube.RAYCLUSTER_CRD} CRD): KubeRay, "
             "the Ray Operator add-on, is not installed",
             ["a cluster with the Ray Operator add-on"],
         )
     missing = gke_kube.missing_fields(crd)
     if missing:
         since = max(missing.values(), key=lambda v: tuple(int(x) for x in v.split(".")))
-        raise SpecError(
+        return SpecError(
             field,
-            f"cluster {t.cluster} runs a KubeRay older than {since}: its RayCluster has no "
+            f"cluster {cluster} runs a KubeRay older than {since}: its RayCluster has no "
             f"{', '.join(missing)}, which the API server would drop, leaving the Ray cluster without token "
             "authentication",
             [f"a GKE version whose Ray Operator add-on is KubeRay >= {since}"],
         )
+    return None
+
+
+def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None:
+    """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
+    its Kubernetes API with ``creds``' token; None when its KubeRay will do."""
+    import base64
+    import tempfile
+    from pathlib import Path
+
+    from components.platforms.gke import cluster as gke_cluster
+    from components.platforms.gke import kube as gke_kube
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
+        api = gke_kube.api_client(cluster.endpoint, ca_pem, gke_cluster.access_token(creds), Path(tmp))
+        crd = _crd(gke_kube.Kube(api, namespace, log=lambda m: None))
+    return kuberay_refusal(crd, cluster.name, owns_cluster=False)

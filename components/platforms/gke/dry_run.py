@@ -19,16 +19,24 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
     stages walk, the job commands they submit (``entrypoint(mode)``), and what teardown deletes, newest first."""
     records = plan.resources(ctx.spec, ctx.run_id)
     lines = []
+    kuberay = (
+        "  check         kubernetes get customresourcedefinitions/rayclusters.ray.io (the cluster's KubeRay serves "
+        "every RayCluster field the run sets)"
+    )
     for stage in ("provision", "build_image", "deploy_raycluster"):
-        lines.append(stage)
+        lines.append("build_image (beside provision: it needs nothing of it)" if stage == "build_image" else stage)
         if stage == "provision":  # preflight first: read-only calls, every problem reported before any create
             lines += [
                 f"  check         {api} {path} ({what})"
                 for api, path, what in needs.reads(needs.needs(ctx.spec, ctx.run_id))
             ]
-        lines += [
-            f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip() for res in records if res.stage == stage
-        ]
+        if stage == "deploy_raycluster":
+            lines.append(kuberay)
+        for res in records:
+            if res.stage == stage:
+                lines.append(f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip())
+                if res.kind == "gke-cluster":  # as soon as the cluster exists, before any TPU node pool
+                    lines.append(kuberay)
     spec, t = ctx.spec, target(ctx.spec, ctx.run_id)
     registered = f"projects/{t.project}/locations/{t.region}/models/{spec.model_name}"
     reads = {}  # what a stage reads from the model registry before it submits its job

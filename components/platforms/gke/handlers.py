@@ -8,7 +8,9 @@ build_image's: the Artifact Registry repository, the build context and the Cloud
 
 from __future__ import annotations
 
-from components.platforms.gke import features, paths
+import time
+
+from components.platforms.gke import deploy, features, paths
 from components.platforms.gke import resources as r
 from components.platforms.gke.compute_resources import COMPUTE_KINDS, dcn_range_overlap
 from components.platforms.gke.records import WITH_THE_CLUSTER, Resource
@@ -33,6 +35,7 @@ def binding(s: Session, res: Resource) -> None:
 
 def cluster(s: Session, res: Resource) -> None:
     gke = s.client("gke")
+    enable = []
     if res.action == "create":
         body = s.node_body(res.body)
         if s.ledger.get("cluster_version"):  # gke.cluster_version as preflight resolved it (a minor: its newest patch)
@@ -50,6 +53,10 @@ def cluster(s: Session, res: Resource) -> None:
             gke.enable(res.path, enable, s.t.project)
             s.cluster = gke.get_cluster(res.path)
     _check_cluster_as_reported(s)
+    # KubeRay's version, as soon as the cluster exists: before any TPU node pool is created (deploy checks again).
+    # A cluster just made, or just given the Ray Operator add-on, may take a while to serve its CRD.
+    just_installed = res.action == "create" or "Ray Operator add-on" in [f.name for f in enable]
+    deploy.check_kuberay(s, wait_s=deploy.KUBERAY_CRD_WAIT_S if just_installed else 0.0)
 
 
 def _check_cluster_as_reported(s: Session) -> None:
@@ -103,8 +110,11 @@ def repository(s: Session, res: Resource) -> None:
 
 
 def build_source(s: Session, res: Resource) -> None:
+    """The build context, uploaded to the run's bucket, got or created first: build_image runs beside provision, which
+    gets or creates the same bucket (the one of the two that comes second finds it)."""
     from components.platforms.gke import build as gke_build
 
+    s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
     s.client("storage").upload(
         s.t.bucket,
         names.build_source(s.ctx.run_id),
@@ -127,6 +137,37 @@ def image(s: Session, res: Resource) -> None:
         log=s.log,
         poll_s=min(s.poll_s, 10.0),
     )
-    build = builder.ensure(res.body, names.build_tag(s.ctx.run_id), s.record, timeout_s=r.BUILD_TIMEOUT_S + 600)
+    # The build is not written to the ledger: provision writes it at the same time (one writer per ledger, or one
+    # would lose the other's records), and teardown deletes no build; a retried stage finds the build by its tag.
+    build = builder.ensure(
+        res.body,
+        names.build_tag(s.ctx.run_id),
+        _unrecorded,
+        timeout_s=r.BUILD_TIMEOUT_S + 600,
+        stop=_provision_ended_badly(s, time.time()),
+    )
     digest = build.results.images[0].digest if build.results.images else ""
     s.image_result = {"image": res.name, "built": True, "build": build.id, "digest": digest}
+
+
+def _unrecorded(kind: str, name: str) -> None:
+    """What build_image records in the ledger: nothing (see ``image``)."""
+
+
+# How long before build_image's own start a provision record may have started and still be this run's: the two
+# tasks start together (on Vertex AI within moments of each other); an older record is a previous attempt's.
+SAME_RUN_S = 600.0
+
+
+def _provision_ended_badly(s: Session, started: float):
+    """``stop`` for the image build: why to cancel it, once provision (which runs beside it) failed or was
+    interrupted; then nothing will deploy the image, and the exit handler's teardown waits for this task to end."""
+    from components.platforms.store import read_json
+
+    def stop() -> str | None:
+        rec = read_json(s.ctx.store, "stages/provision.json") or {}
+        if rec.get("status") in ("failed", "interrupted") and rec.get("started", 0) >= started - SAME_RUN_S:
+            return f"provision {rec['status']} ({rec.get('error', '')[:300]})"
+        return None
+
+    return stop

@@ -130,6 +130,27 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
     }
 
 
+def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
+    """The TPU chips billed before the first training step, at most: from the node pools' creation through the
+    readiness wait (its deadline) and the slice check (its job's deadline) to the trainer's start. The image builds
+    beside provision (the pipeline's DAG), so it adds nothing unless it outlasts provision."""
+    shape, c = d.slice_shape(spec), spec.cluster
+    chips = shape.num_chips * c.num_slices
+    ready_s = ready_limits(spec).deadline_s
+    check_s = 3 * c.slice_check_timeout_s if c.slice_check else 0.0  # the check job's deadline (stages.runner)
+    minutes = (ready_s + check_s) / 60
+    tpu = [ln for ln in cost["lines"] if ln["price_key"].startswith("tpu/")]
+    per_chip_hour = tpu[0]["unit_usd"] if tpu and all(ln["unit_usd"] is not None for ln in tpu) else None
+    return {
+        "chips": chips,
+        "readiness_s": ready_s,
+        "slice_check_s": check_s,
+        "chip_minutes_at_most": round(chips * minutes, 1),
+        "usd_at_most": None if per_chip_hour is None else round(chips * minutes / 60 * per_chip_hour, 2),
+        "image_build": "beside provision",
+    }
+
+
 def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The plan of ``spec`` under ``run_id`` (names derive from it) priced from ``prices`` (default table)."""
     listed = resources(spec, run_id)
@@ -155,6 +176,7 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         "readiness": asdict(ready_limits(spec)),
         "training": _training(spec, t),
         "cost": cost,
+        "before_training": _before_training(spec, cost),
         "warnings": _warnings(spec, t, cost),
         "spec": spec.to_dict(),
     }
@@ -202,7 +224,7 @@ def render_text(plan: dict[str, Any]) -> str:
         "",
         *_render_training(plan["training"]),
         "",
-        *_render_cost(plan["cost"]),
+        *_render_cost(plan["cost"], plan["before_training"]),
     ]
     if plan["warnings"]:
         out += ["", "warnings"] + [f"  - {w}" for w in plan["warnings"]]
@@ -240,7 +262,16 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
     ]
 
 
-def _render_cost(cost: dict[str, Any]) -> list[str]:
+def _render_before_training(b: dict[str, Any]) -> list[str]:
+    check = f" + the slice check (at most {b['slice_check_s']:g} s)" if b["slice_check_s"] else ""
+    return [
+        f"  before training               at most {b['chip_minutes_at_most']:g} chip-minutes "
+        f"({_usd(b['usd_at_most'])}): {b['chips']} chips from their node pools' creation through readiness "
+        f"(at most {b['readiness_s']:g} s){check}; the image builds beside provision",
+    ]
+
+
+def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
     out = [
         f"cost ({cost['currency']}, list prices)",
         f"  per hour                      {_usd(cost['usd_per_hour'])}",
@@ -252,6 +283,7 @@ def _render_cost(cost: dict[str, Any]) -> list[str]:
             f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
             f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h"
         )
+    out += _render_before_training(before)
     for key, src in cost["sources"].items():
         out.append(f"  price {key}: {src['source']} ({src['date']})")
     return out

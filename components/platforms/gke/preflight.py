@@ -16,7 +16,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``);
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
-  the ones it can enable, provision enables before it creates any node pool.
+  the ones it can enable, provision enables before it creates any node pool; its KubeRay (the RayCluster CRD it
+  serves, read through its Kubernetes API) has every field the run sets (``deploy.kuberay_refusal``).
 
 :func:`check` raises :class:`PreflightFailed` listing every problem (exit 2); nothing has been created then.
 ``provision`` calls it first; ``tpupipe preflight PRESET`` calls it alone.
@@ -245,6 +246,28 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         + (", ".join(has) or "none of the features")
         + (f"; provision enables {', '.join(report.enable)}" if report.enable else "")
     )
+    if cluster.addons_config.ray_operator_config.enabled:  # else provision enables it, then checks its KubeRay
+        _kuberay(cluster, short, spec, creds, report)
+
+
+def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
+    """The existing cluster's KubeRay serves every RayCluster field the run sets (its CRD, read through the
+    cluster's Kubernetes API); one it cannot be read from is a warning: provision checks it again before any TPU
+    node pool."""
+    from components.platforms.gke import deploy
+
+    try:
+        refusal = deploy.existing_cluster_kuberay(cluster, creds, spec.gke.namespace)
+    except Exception as exc:  # noqa: BLE001 - unreachable, or no access: said, and checked again by provision
+        report.warnings.append(
+            f"cluster {short}: KubeRay's version could not be read ({type(exc).__name__}: {str(exc)[:200]}); "
+            "provision checks it before it creates any TPU node pool"
+        )
+        return
+    if refusal is not None:
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    else:
+        report.checked.append(f"cluster {short}: its KubeRay serves every RayCluster field the run sets")
 
 
 # ---------------------------------------------------------------- clients

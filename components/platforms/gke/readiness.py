@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms.gke.kube import Kube
@@ -60,14 +60,21 @@ class Readiness:
     """The RayCluster's way to ready, one observation at a time: ``step(raycluster, pods, now, events)`` returns True
     when every worker is available, None while it is on its way, and raises :class:`RayClusterNotReady` with the pod's
     own reason when it will not get there: an image that cannot be pulled, a pod that cannot start, a scale-up the
-    cluster autoscaler reports failed (FailedScaleUp), pods unschedulable for ``unschedulable_grace_s`` with no
-    scale-up under way (a fixed-size pool does not grow; NotTriggerScaleUp names why). A pod unschedulable with a
-    TriggeredScaleUp event is waiting for its nodes (flex-start, Autopilot: they start with none): only the deadline
-    of :func:`wait_ready` bounds that wait."""
+    cluster autoscaler reports failed (FailedScaleUp: at once for a fixed pool; for flex-start and Autopilot, whose
+    stockouts the autoscaler retries, only once it repeated for ``failed_scale_up_grace_s``), pods unschedulable for
+    ``unschedulable_grace_s`` with no scale-up under way (a fixed-size pool does not grow; NotTriggerScaleUp names
+    why). A pod unschedulable with a TriggeredScaleUp event is waiting for its nodes (flex-start, Autopilot: they
+    start with none): only the deadline of :func:`wait_ready` bounds that wait. While it waits, ``last`` names each
+    pod that is not running and why."""
 
     unschedulable_grace_s: float = 60.0
+    # 0: a FailedScaleUp is final (a fixed pool); else the autoscaler retries, and FailedScaleUp ends the wait only
+    # when it repeats for this long (flex-start, Autopilot: components.spec.READY_LIMITS_S)
+    failed_scale_up_grace_s: float = 0.0
     unschedulable_since: float | None = None
     last: str = "no status yet"
+    failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
+    failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
 
     def step(
         self,
@@ -91,20 +98,25 @@ class Readiness:
             _check_containers(pod)
         scale_ups = scale_up_events(list(events))
         waiting, stuck = [], []  # (pod, scheduler's message, the autoscaler's latest event or None)
+        retried = 0
         for pod in pods:
             name, message = pod["metadata"]["name"], unschedulable(pod)
             if message is None:
+                self.failed_since.pop(name, None)
+                self.failures.pop(name, None)
                 continue
             event = scale_ups.get(name)
             reason = (event or {}).get("reason")
             if reason == SCALE_UP_FAILED:
-                raise RayClusterNotReady(
-                    f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up "
-                    f"failed: {reason}: {event.get('message', '')}"
-                )
+                self._failed_scale_up(name, event, now)
+                retried += 1
+                reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
             (waiting if reason == SCALE_UP_TRIGGERED else stuck).append((name, message, event))
         if waiting:
             self.last += f", {len(waiting)} waiting for new nodes ({SCALE_UP_TRIGGERED})"
+        if retried:
+            self.last += f", {retried} after a {SCALE_UP_FAILED} the autoscaler retries"
+        self.last += _pod_reasons(pods)
         if not stuck:
             self.unschedulable_since = None
             return None
@@ -120,6 +132,44 @@ class Readiness:
             )
         self.last += f", {len(stuck)} unschedulable"
         return None
+
+    def _failed_scale_up(self, name: str, event: dict[str, Any], now: float) -> None:
+        """A FailedScaleUp about pod ``name``: final for a fixed pool (no grace), else final only once such events
+        repeated (two or more) for ``failed_scale_up_grace_s``."""
+        why = f"{SCALE_UP_FAILED}: {event.get('message', '')}"
+        if self.failed_scale_up_grace_s <= 0:
+            raise RayClusterNotReady(
+                f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up failed: {why}"
+            )
+        since = self.failed_since.setdefault(name, now)
+        seen = self.failures.setdefault(name, set())
+        seen.add(((event.get("metadata") or {}).get("name", ""), event.get("count", 1)))  # a repeat: a new count
+        if len(seen) >= 2 and now - since >= self.failed_scale_up_grace_s:
+            raise RayClusterNotReady(
+                f"pod {name} cannot be scheduled: the cluster autoscaler's scale-up failed {len(seen)} times over "
+                f"{now - since:.0f}s (past the {self.failed_scale_up_grace_s:.0f}s it is given to retry): {why}"
+            )
+
+
+def _pod_reasons(pods: list[dict[str, Any]]) -> str:
+    """Why each pod is not running yet, as the API server says: unschedulable (the scheduler's message), a
+    container waiting (its reason: ContainerCreating while the image is pulled), or its phase."""
+    out = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        waiting = [
+            (cs.get("state") or {}).get("waiting", {}).get("reason")
+            for cs in status.get("containerStatuses") or []
+            if (cs.get("state") or {}).get("waiting")
+        ]
+        message = unschedulable(pod)
+        if message is not None:
+            out.append(f"{pod['metadata']['name']} Unschedulable: {message}")
+        elif waiting:
+            out.append(f"{pod['metadata']['name']} {', '.join(w or 'waiting' for w in waiting)}")
+        elif status.get("phase", "Pending") != "Running":
+            out.append(f"{pod['metadata']['name']} {status.get('phase', 'Pending')}")
+    return "; pods not running: " + "; ".join(out) if out else ""
 
 
 def _check_containers(pod: dict[str, Any]) -> None:
@@ -142,6 +192,7 @@ def wait_ready(
     timeout_s: float,
     *,
     unschedulable_grace_s: float,
+    failed_scale_up_grace_s: float = 0.0,
     poll_s: float = 2.0,
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
@@ -151,7 +202,7 @@ def wait_ready(
     one of them is unschedulable."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
-    machine = Readiness(unschedulable_grace_s=unschedulable_grace_s)
+    machine = Readiness(unschedulable_grace_s=unschedulable_grace_s, failed_scale_up_grace_s=failed_scale_up_grace_s)
     selector = f"ray.io/cluster={name}"
 
     def poll():
