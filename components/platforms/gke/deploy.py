@@ -82,14 +82,15 @@ def raycluster(s: Session, res: Resource) -> None:
         f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
         f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
     )
-    ready = readiness.wait_ready(
-        kube,
-        res.name,
-        limits.deadline_s,
-        unschedulable_grace_s=grace,
-        poll_s=min(s.poll_s, 2.0),
-        log=s.log,
-    )
+    with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+        ready = readiness.wait_ready(
+            kube,
+            res.name,
+            limits.deadline_s,
+            unschedulable_grace_s=grace,
+            poll_s=min(s.poll_s, 2.0),
+            log=s.log,
+        )
     status = ready.get("status", {})
     s.log(
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
