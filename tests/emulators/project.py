@@ -2,10 +2,10 @@
 Manager, Cloud Build and Artifact Registry (gRPC), Vertex AI Model Registry (REST) and the cluster's Kubernetes API
 server (HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
 found). Credentials are found as on a workstation: ``GOOGLE_APPLICATION_CREDENTIALS`` names an ``authorized_user``
-file, refreshed (``TPUPIPE_GKE_EMULATOR_TOKEN_URI``) at the emulated token issuer (``tokens``, ``project.tokens``), whose tokens expire; every
-emulator that checks a token takes only those. With ``vertex=True``, Vertex AI Pipelines too, on the same endpoint as
-the Model Registry (as Google serves both on one). ``start_project`` makes one; the ``project_factory`` fixture
-(tests/conftest.py) makes them for a test and stops them after it."""
+file, refreshed (``TPUPIPE_GKE_EMULATOR_TOKEN_URI``) at the emulated token issuer (``tokens``, ``project.tokens``),
+whose tokens expire; every emulator that checks a token takes only those. With ``vertex=True``, Vertex AI Pipelines
+too, on the same endpoint as the Model Registry (as Google serves both on one). ``start_project`` makes one; the
+``project_factory`` fixture (tests/conftest.py) makes them for a test and stops them after it."""
 
 from __future__ import annotations
 
