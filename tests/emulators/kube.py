@@ -33,6 +33,9 @@ environment, the RayCluster's status turns ready once its pods are scheduled, wi
 proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone; with ``jobs`` (a
 ``tests/emulators/rayjobs.py`` Jobs API) as well, the proxy forwards to that, the cluster's Ray token required.
 
+``denied``: the (verb, group, resource, subresource) a SelfSubjectAccessReview answers not allowed (the caller's
+IAM and RBAC lack it); every other is allowed.
+
 ``unavailable(times, when)``: a burst of 503s — the next ``times`` requests that ``when(method, path)`` selects are
 answered ``503 ServiceUnavailable`` with ``Retry-After``, as while GKE upgrades a zonal cluster's single control
 plane (https://cloud.google.com/kubernetes-engine/docs/concepts/cluster-upgrades); the Kubernetes API conventions
@@ -81,6 +84,9 @@ OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
 # RayCluster fields by the KubeRay release that added them (the emulator's own table: authOptions.secretName came in
 # v1.6.0, https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
 FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
+# SelfSubjectAccessReview (authorization.k8s.io/v1): "can I", answered for the caller; 201 with ``status.allowed``
+# (https://kubernetes.io/docs/reference/kubernetes-api/authorization-resources/self-subject-access-review-v1/).
+ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
@@ -238,6 +244,8 @@ class KubeEmulator:
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
+        self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
+        self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order
         self.jobs = None  # with ready_without_ray: the Jobs API (rayjobs.RayJobsEmulator) behind the head's proxy
         self.burst = {"times": 0, "when": None, "answered": 0}  # unavailable(): the 503s left, which, how many sent
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
@@ -289,6 +297,15 @@ class KubeEmulator:
             self._server.shutdown()
             self._server.server_close()
 
+    def _access_review(self, review: dict) -> dict:
+        """A SelfSubjectAccessReview answered: allowed unless ``denied`` holds (verb, group, resource, subresource)."""
+        attributes = review.get("spec", {}).get("resourceAttributes", {})
+        key = tuple(attributes.get(k, "") for k in ("verb", "group", "resource", "subresource"))
+        with self.lock:
+            self.reviews.append(key)
+            allowed = key not in self.denied
+        return {**review, "status": {"allowed": allowed, **({"reason": "access granted by IAM"} if allowed else {})}}
+
     def unavailable(self, times: int, when=lambda method, path: True) -> None:
         """Answer the next ``times`` requests that ``when(method, path)`` selects with 503 (a burst)."""
         with self.lock:
@@ -325,6 +342,8 @@ class KubeEmulator:
             )
         if not authorized(self.token, h.headers.get("Authorization")):
             return self._send(h, 401, _status(401, "Unauthorized", "Unauthorized"))
+        if url.path == ACCESS_REVIEW_PATH and method == "POST":
+            return self._send(h, 201, self._access_review(json.loads(body or b"{}")))
         crd = CRD_PATH.match(url.path)
         if crd and method == "GET":
             found = self.served_crd(crd.group(1))

@@ -16,7 +16,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``);
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
-  the ones it can enable, provision enables before it creates any node pool.
+  the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
+  lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews).
 
 :func:`check` raises :class:`PreflightFailed` listing every problem (exit 2); nothing has been created then.
 ``provision`` calls it first; ``tpupipe preflight PRESET`` calls it alone.
@@ -53,6 +54,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _quota,
         _reservation,
         _cluster,
+        _kubernetes,
         offers.version,
         offers.machine_types,
         offers.default_network,
@@ -245,6 +247,18 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         + (", ".join(has) or "none of the features")
         + (f"; provision enables {', '.join(report.enable)}" if report.enable else "")
     )
+
+
+def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """An existing cluster's API server can be reached and lets the caller do what the run does (``k8s_access``)."""
+    if not n.cluster:
+        return
+    from components.platforms.gke import k8s_access
+    from components.platforms.gke.cluster import Gke, cluster_manager
+
+    cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
+    if cluster is not None and cluster.endpoint:  # no cluster: _cluster's problem
+        k8s_access.check(cluster, n.namespace, n.k8s_kinds, creds, report)
 
 
 # ---------------------------------------------------------------- clients
