@@ -11,7 +11,8 @@ proxy that consumes ``Authorization``: ray/_private/authentication/authenticatio
 
 No entrypoint runs: a job is RUNNING for ``duration_s`` seconds of ``clock`` (``time.time``, which a test moves
 with time-machine) from its submission, then SUCCEEDED with ``log`` as its whole log (a test gives the ``TPUPIPE``
-records the stage expects); stopped, it is STOPPED at once.
+records the stage expects); stopped, it is STOPPED at once. ``lost_answers``: submissions that are taken but answered
+502, as when the answer is lost between the dashboard and the client (the client, retrying, meets its own job).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class RayJobsEmulator(HttpEmulator):
         self.duration_s, self.log, self.clock = duration_s, log, clock
         self.token = ""  # the Ray token the cluster was started with ('' : no token authentication)
         self.jobs: dict[str, dict] = {}
+        self.lost_answers = 0  # submissions taken whose answer is lost (a 502 from the proxy in between), this many
         self.calls: list[str] = []  # "METHOD path" of every request
         self._lock = threading.Lock()
 
@@ -81,6 +83,9 @@ class RayJobsEmulator(HttpEmulator):
                     "metadata": request.get("metadata") or {},
                     "runtime_env": request.get("runtime_env") or {},
                 }
+                if self.lost_answers > 0:
+                    self.lost_answers -= 1
+                    return 502, {"error": "Bad Gateway: the answer was lost on its way back"}
                 return 200, {"job_id": self.jobs[sid]["job_id"], "submission_id": sid}
             parts = path.removeprefix("/api/jobs/").split("/")
             job = self.jobs.get(parts[0]) if path.startswith("/api/jobs/") else None

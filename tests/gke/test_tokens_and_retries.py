@@ -40,7 +40,6 @@ def deployed(tmp_path, project_factory, monkeypatch):
         project.extras.append(project.kube.jobs)
         project.tokens.lifetime_s = FIVE_MINUTES
         monkeypatch.setenv("HF_TOKEN", "hf_test")
-        monkeypatch.setattr(jobs, "log", lambda message: None)
         ctx = context(tmp_path, run_id)
         gke = GkePlatform(log=lambda m: None, poll_s=0.05, backoff=backoff)
         gke.provision(ctx)
@@ -159,3 +158,12 @@ def test_past_the_deadline_a_transient_error_is_one_clear_error(deployed):
     with pytest.raises(Exception, match=r"still failing after \d+s of retries: ApiException 503"):
         kube.get("RayCluster", names.raycluster(ctx.run_id))
     assert time.monotonic() - started < 5
+
+
+def test_a_submission_whose_answer_was_lost_is_retried_and_attaches_to_the_job_it_made(deployed):
+    project, ctx, _ = deployed("lost")
+    project.kube.jobs.lost_answers = 1
+    with time_machine.travel(time.time(), tick=True) as clock:
+        done = jobs.run_job(ctx, "train", "python -m trainers.train", 600, sleep=lambda s: clock.shift(FIVE_MINUTES))
+    assert done["result"] == RESULT
+    assert project.kube.jobs.calls.count("POST /api/jobs") == 2 and len(project.kube.jobs.jobs) == 1

@@ -312,8 +312,17 @@ class JobClient:
     def _call(self, name: str, *args, **kwargs):
         from ray.exceptions import AuthenticationError
 
+        tries = []
+
         def once():
-            return getattr(self._current(), name)(*args, **kwargs)
+            tries.append(name)
+            try:
+                return getattr(self._current(), name)(*args, **kwargs)
+            except RuntimeError as exc:
+                # A submission retried after an answer that never came (a 502, 504): Ray took the first one.
+                if name == "submit_job" and len(tries) > 1 and "already exists" in str(exc):
+                    return kwargs["submission_id"]
+                raise
 
         try:
             return self.retrying.call(name, once)
