@@ -1,7 +1,9 @@
 """The Kubernetes side of the gke platform: the ``kubernetes`` client built from the GKE cluster's endpoint, CA
 certificate and a google-auth token (no gcloud, no kubeconfig); the run's objects created get-or-create; the
 RayCluster server-side applied, after the check that the cluster's KubeRay serves every field it sets; the Ray Jobs
-API through the API server's service proxy. Waiting for the RayCluster to be ready is ``readiness``.
+API through the API server's service proxy. Waiting for the RayCluster to be ready is ``readiness``. Both clients
+keep their Google token valid (it lives at most an hour; runs wait longer) and retry transient errors
+(``transient``).
 
 ``kubernetes`` and ``ray`` are imported inside functions.
 """
