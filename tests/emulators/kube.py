@@ -582,7 +582,7 @@ class KubeEmulator:
                     "temp_dir": self.work_dir / "no-ray",
                     "dashboard": self.jobs.port,
                     "token": self.jobs.token,
-                    "run_id": obj["metadata"].get("labels", {}).get("tpupipe-run", name),
+                    "run_id": f"no-ray-{secrets.token_hex(6)}",  # no process of any run is this cluster's
                 }
             self._mark_ready(namespace, name, len(pods))
 
