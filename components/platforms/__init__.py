@@ -54,8 +54,9 @@ class Platform(Protocol):
 
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]: ...
 
-    def job_client(self, ctx: RunContext):
-        """A ``ray.job_submission.JobSubmissionClient`` for the run's cluster."""
+    def job_client(self, ctx: RunContext, deadline: float | None = None):
+        """A client of the run's cluster's Ray Jobs API with the calls of ``ray.job_submission.JobSubmissionClient``
+        the stages make; where the platform retries transient errors, never past ``deadline`` (``time.monotonic()``)."""
 
     def job_output_dir(self, ctx: RunContext) -> str:
         """Where the cluster's jobs write checkpoints and data (a path the cluster sees)."""

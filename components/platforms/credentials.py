@@ -9,12 +9,16 @@ naming what is missing and the command or role that fixes it (``access_error``),
 from __future__ import annotations
 
 import os
+import threading
 
 from components.spec import TpupipeError
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"  # set when the tests point the clients at the emulators
-EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"
+EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"  # a static token (an emulator started alone)
+# With the emulators: the emulated OAuth 2.0 token endpoint, where user credentials (Application Default Credentials
+# of type authorized_user) refresh, as the emulator host variables redirect the APIs.
+EMULATOR_TOKEN_URI_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN_URI"
 # Vertex AI's endpoint (http://host:port, REST) with the emulators; unset, the SDK's default for the region.
 VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
 LOGIN = "gcloud auth application-default login"
@@ -47,7 +51,31 @@ def credentials():
             "no Google Cloud credentials: Application Default Credentials were not found "
             f"(no GOOGLE_APPLICATION_CREDENTIALS, no gcloud login, no metadata server); run `{LOGIN}`"
         ) from None
+    token_uri = os.environ.get(EMULATOR_TOKEN_URI_ENV)
+    if token_uri and os.environ.get(EMULATOR_HOST_ENV) and hasattr(creds, "with_token_uri"):
+        creds = creds.with_token_uri(token_uri)
     return creds
+
+
+class AccessToken:
+    """A Google OAuth access token that stays valid, for the clients that take a bare token (the Kubernetes client's
+    bearer token, the Ray job client's ``Authorization`` header): ``token()`` refreshes ``creds`` first when google-auth
+    says they are no longer valid (``Credentials.valid``: expired, or within its refresh threshold of ``expiry``),
+    ``token(fresh=True)`` always (after a 401). An access token lives at most an hour, less when the metadata server
+    hands out one it has cached (https://cloud.google.com/docs/authentication/token-types#access-tokens); a run waits
+    longer than that."""
+
+    def __init__(self, creds):
+        self.creds = creds
+        self._lock = threading.Lock()
+
+    def __call__(self, fresh: bool = False) -> str:
+        with self._lock:
+            if fresh or not self.creds.valid:
+                import google.auth.transport.requests
+
+                self.creds.refresh(google.auth.transport.requests.Request())
+            return self.creds.token
 
 
 def access_error(exc: BaseException) -> AccessError | None:

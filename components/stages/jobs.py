@@ -143,6 +143,7 @@ def _poll(
     ctx: RunContext,
     on_record: Callable[[str, dict], None] | None,
     deadline: float,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Follow the job by reading its whole log every ``POLL_S`` until it ends. Raises TimeoutError past ``deadline``."""
     while True:
@@ -153,7 +154,7 @@ def _poll(
             return
         if time.monotonic() > deadline:
             raise TimeoutError
-        time.sleep(POLL_S)
+        sleep(POLL_S)
 
 
 def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
@@ -175,16 +176,22 @@ def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S)
 
 
 def run_job(
-    ctx: RunContext, kind: str, entrypoint: str, timeout_s: float, on_record: Callable[[str, dict], None] | None = None
+    ctx: RunContext,
+    kind: str,
+    entrypoint: str,
+    timeout_s: float,
+    on_record: Callable[[str, dict], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
-    ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline."""
+    ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline, which also bounds
+    the platform's retries of transient errors. ``sleep``: the wait between two reads of the log (injected in tests)."""
     from ray.job_submission import JobStatus
 
-    client = get_platform(ctx.platform).job_client(ctx)
+    deadline = time.monotonic() + timeout_s
+    client = get_platform(ctx.platform).job_client(ctx, deadline)
     submission_id = names.job_submission_id(ctx.run_id, kind)
     state = _Follow()
-    deadline = time.monotonic() + timeout_s
     try:
         with on_interrupt(_stopper(client, submission_id, kind), log=log):
             submit_or_attach(client, ctx, kind, entrypoint)
@@ -193,7 +200,7 @@ def run_job(
                     _stream(client, submission_id, kind, state, ctx, on_record, deadline - time.monotonic())
                 except _NoStream as exc:
                     log(f"{kind}: cannot stream the job's log ({exc}); reading it every {POLL_S:.0f}s")
-                    _poll(client, submission_id, kind, state, ctx, on_record, deadline)
+                    _poll(client, submission_id, kind, state, ctx, on_record, deadline, sleep)
             except TimeoutError:
                 client.stop_job(submission_id)
                 raise JobFailed(

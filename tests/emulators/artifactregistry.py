@@ -23,6 +23,7 @@ from google.longrunning import operations_pb2
 
 from tests.emulators import GrpcEmulator, serve_grpc
 from tests.emulators.http import HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
 
 SERVICE = "google.devtools.artifactregistry.v1.ArtifactRegistry"
 OPERATIONS = "google.longrunning.Operations"
@@ -158,7 +159,7 @@ class KfpRegistryEmulator(HttpEmulator):
 
         import yaml
 
-        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise HttpError(401, "Request is missing required authentication credential.")
         parts = http.path.strip("/").split("/")
         if http.command != "POST" or len(parts) != 2:

@@ -56,6 +56,7 @@ from google.protobuf import json_format
 
 from tests.emulators import take_fault
 from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
 
 LINK = "https://www.googleapis.com/compute/v1/"
 KINDS = {
@@ -323,7 +324,7 @@ class ComputeEmulator(HttpEmulator):
         method, params = self._route(http.command, urlsplit(http.path).path)
         with self._lock:
             self.state.calls.append(method)
-        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise HttpError(401, "Request had invalid authentication credentials.", "authError")
         try:
             request = json.loads(text) if method.endswith(".insert") else {}

@@ -8,7 +8,9 @@
 - the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:
   the vendored v1.7.0 CRD, less the fields added after an older release (``FIELDS_SINCE``), which the API
   server then drops from RayClusters without a word, as a real one prunes fields its CRD lacks;
-- every request needs ``Authorization: Bearer <token>`` (401 otherwise);
+- every request needs ``Authorization: Bearer <token>``: the static ``token``, or one the emulated token issuer
+  (``tests/emulators/tokens.py``) minted that has not expired; 401 otherwise, as the API server answers a request it
+  cannot authenticate (https://kubernetes.io/docs/reference/access-authn-authz/authentication/);
 - it plays the KubeRay operator's part: for a RayCluster it makes the head and worker pods, and when they can be
   scheduled, starts a local Ray cluster of the manifest's shape (the head, and replicas x numOfHosts raylets with
   the resources KubeRay gives them from the containers: CPU from the cpu limit, ``TPU`` from google.com/tpu, the
@@ -35,7 +37,17 @@ nodes come. ``never_starts``: the pods are scheduled but their container stays w
 kubelet's reason for a container not yet started, while its image is pulled: kubernetes/kubernetes,
 pkg/kubelet/kubelet_pods.go), so the RayCluster never becomes ready. With ``ready_without_ray`` and no Ray
 environment, the RayCluster's status turns ready once its pods are scheduled, with no Ray behind it (the service
-proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone.
+proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone; with ``jobs`` (a
+``tests/emulators/rayjobs.py`` Jobs API) as well, the proxy forwards to that, the cluster's Ray token required.
+
+``denied``: the (verb, group, resource, subresource) a SelfSubjectAccessReview answers not allowed (the caller's
+IAM and RBAC lack it); every other is allowed.
+
+``unavailable(times, when)``: a burst of 503s — the next ``times`` requests that ``when(method, path)`` selects are
+answered ``503 ServiceUnavailable`` with ``Retry-After``, as while GKE upgrades a zonal cluster's single control
+plane (https://cloud.google.com/kubernetes-engine/docs/concepts/cluster-upgrades); the Kubernetes API conventions
+tell the client to retry a 503 with exponential backoff
+(https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md#error-codes).
 """
 
 from __future__ import annotations
@@ -57,6 +69,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.emulators.tokens import authorized
+
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
 # The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
 # and the ones every kind has.
@@ -77,6 +91,9 @@ OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
 # RayCluster fields by the KubeRay release that added them (the emulator's own table: authOptions.secretName came in
 # v1.6.0, https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
 FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
+# SelfSubjectAccessReview (authorization.k8s.io/v1): "can I", answered for the caller; 201 with ``status.allowed``
+# (https://kubernetes.io/docs/reference/kubernetes-api/authorization-resources/self-subject-access-review-v1/).
+ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
@@ -235,7 +252,12 @@ class KubeEmulator:
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
+        self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
+        self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order
+        self.jobs = None  # with ready_without_ray: the Jobs API (rayjobs.RayJobsEmulator) behind the head's proxy
+        self.burst = {"times": 0, "when": None, "answered": 0}  # unavailable(): the 503s left, which, how many sent
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
+        self.statuses: list[tuple[str, str, int]] = []  # (method, path, status) of every answer
         self.bodies: list[tuple[str, str, str]] = []  # (method, path, body text) of every request
         self.lock = threading.RLock()
         self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
@@ -283,11 +305,29 @@ class KubeEmulator:
             self._server.shutdown()
             self._server.server_close()
 
+    def _access_review(self, review: dict) -> dict:
+        """A SelfSubjectAccessReview answered: allowed unless ``denied`` holds (verb, group, resource, subresource)."""
+        attributes = review.get("spec", {}).get("resourceAttributes", {})
+        key = tuple(attributes.get(k, "") for k in ("verb", "group", "resource", "subresource"))
+        with self.lock:
+            self.reviews.append(key)
+            allowed = key not in self.denied
+        return {**review, "status": {"allowed": allowed, **({"reason": "access granted by IAM"} if allowed else {})}}
+
+    def unavailable(self, times: int, when=lambda method, path: True) -> None:
+        """Answer the next ``times`` requests that ``when(method, path)`` selects with 503 (a burst)."""
+        with self.lock:
+            self.burst.update(times=times, when=when)
+
     # ------------------------------------------------------------------ HTTP
     def _send(self, h: BaseHTTPRequestHandler, code: int, body, content_type: str = "application/json") -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        with self.lock:
+            self.statuses.append((h.command, urllib.parse.urlsplit(h.path).path, code))
         h.send_response(code)
         h.send_header("Content-Type", content_type)
+        if code in (429, 503) and not isinstance(body, bytes):  # the API server's own: says when to retry
+            h.send_header("Retry-After", "1")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
@@ -300,8 +340,18 @@ class KubeEmulator:
         with self.lock:
             self.requests.append((method, url.path, dict(h.headers)))
             self.bodies.append((method, url.path, body.decode(errors="replace")))
-        if h.headers.get("Authorization") != f"Bearer {self.token}":
+            burst = self.burst["times"] > 0 and self.burst["when"](method, url.path)
+            if burst:
+                self.burst["times"] -= 1
+                self.burst["answered"] += 1
+        if burst:
+            return self._send(
+                h, 503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+            )
+        if not authorized(self.token, h.headers.get("Authorization")):
             return self._send(h, 401, _status(401, "Unauthorized", "Unauthorized"))
+        if url.path == ACCESS_REVIEW_PATH and method == "POST":
+            return self._send(h, 201, self._access_review(json.loads(body or b"{}")))
         crd = CRD_PATH.match(url.path)
         if crd and method == "GET":
             found = self.served_crd(crd.group(1))
@@ -547,7 +597,17 @@ class KubeEmulator:
         if self.ray_env is not None:
             threading.Thread(target=self._start_ray, args=(namespace, obj, pods), daemon=True).start()
         elif self.ready_without_ray:
-            self._mark_ready(namespace, obj["metadata"]["name"], len(pods))
+            name = obj["metadata"]["name"]
+            if self.jobs is not None:  # the head's dashboard: the emulated Jobs API, with the cluster's Ray token
+                self.jobs.token = self._ray_token(namespace, obj)
+                self.clusters[(namespace, name)] = {
+                    "processes": [],
+                    "temp_dir": self.work_dir / "no-ray",
+                    "dashboard": self.jobs.port,
+                    "token": self.jobs.token,
+                    "run_id": f"no-ray-{secrets.token_hex(6)}",  # no process of any run is this cluster's
+                }
+            self._mark_ready(namespace, name, len(pods))
 
     # ------------------------------------------------------------------ the cluster autoscaler
     def _event(self, namespace: str, pod: str, reason: str, message: str, component: str) -> None:

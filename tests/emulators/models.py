@@ -42,6 +42,7 @@ from google.protobuf import json_format
 
 from tests.emulators import take_fault
 from tests.emulators.http import Fault, HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
 MODEL = re.compile(r"^(?P<parent>projects/[^/]+/locations/[^/]+)/models/(?P<id>[^/@:]+)(?:@(?P<ref>[^/@:]+))?$")
@@ -146,7 +147,7 @@ class ModelServiceEmulator(HttpEmulator):
         # The answer's headers and body go out in two writes: without this, Nagle's algorithm holds the second until
         # the client's delayed ACK (~40 ms a call).
         http.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise RpcError(401, "Request is missing required authentication credential.")
         path = unquote(urlparse(http.path).path).removeprefix("/v1/")
         method, target = self._route(http.command, path)

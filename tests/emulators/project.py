@@ -1,14 +1,15 @@
 """The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
 Manager, Cloud Build and Artifact Registry (gRPC), Vertex AI Model Registry (REST) and the cluster's Kubernetes API
 server (HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
-found). With ``vertex=True``, Vertex AI Pipelines too, on the same endpoint as the Model Registry (as Google serves
-both on one). ``start_project`` makes one; the ``project_factory`` fixture (tests/conftest.py) makes them for a test
-and stops them after it."""
+found). Credentials are found as on a workstation: ``GOOGLE_APPLICATION_CREDENTIALS`` names an ``authorized_user``
+file, refreshed (``TPUPIPE_GKE_EMULATOR_TOKEN_URI``) at the emulated token issuer (``tokens``, ``project.tokens``),
+whose tokens expire; every emulator that checks a token takes only those. With ``vertex=True``, Vertex AI Pipelines
+too, on the same endpoint as the Model Registry (as Google serves both on one). ``start_project`` makes one; the
+``project_factory`` fixture (tests/conftest.py) makes them for a test and stops them after it."""
 
 from __future__ import annotations
 
 import functools
-import secrets
 from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
@@ -21,6 +22,7 @@ from tests.emulators.models import ModelServiceEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
 from tests.emulators.serviceusage import ServiceUsageEmulator
 from tests.emulators.storage import StorageEmulator
+from tests.emulators.tokens import TokenIssuer
 
 PROJECT = "tpupipe-emulated"
 REGION = "us-east5"
@@ -52,6 +54,7 @@ class Project:
     def stop(self) -> None:
         for emulator in (
             *self.extras,
+            self.tokens,
             self.gke,
             self.compute,
             self.storage,
@@ -158,7 +161,9 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
         from components.platforms.local import envs
 
         ray_env = envs.ensure_env("torch")
-    token = secrets.token_hex(12)
+    token = TokenIssuer()
+    token.start()
+    adc = token.adc_file(Path(tmp_path) / "adc" / "application_default_credentials.json")
     kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault)
     kube.start()
     compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
@@ -171,7 +176,8 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)
     env = {
         "TPUPIPE_GKE_EMULATOR_HOST": gke.start(),
-        "TPUPIPE_GKE_EMULATOR_TOKEN": token,
+        "GOOGLE_APPLICATION_CREDENTIALS": str(adc),
+        "TPUPIPE_GKE_EMULATOR_TOKEN_URI": f"{token.endpoint}/token",
         "TPUPIPE_COMPUTE_EMULATOR_HOST": compute.start(),
         "STORAGE_EMULATOR_HOST": storage.start(),
         "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
@@ -184,7 +190,8 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)
     project.registry = registry
     project.services = services
-    project.token = token
+    project.tokens = token
+    project.token = token.mint()  # one of its tokens, for a test's own client (it lives the issuer's lifetime)
     project.models = ModelServiceEmulator(token=token)  # the runs' model registry (gke runs register there)
     if vertex:
         _add_vertex(project, tmp_path)
@@ -202,7 +209,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
     from tests.emulators.artifactregistry import KfpRegistryEmulator
     from tests.emulators.vertex import VertexEmulator
 
-    project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.token)
+    project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.tokens)
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
     task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
     project.vertex = VertexEmulator(
@@ -211,7 +218,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
         task_env,
         python_bin=Path(sys.executable).parent,
         workdir=tmp_path,
-        token=project.token,
+        token=project.tokens,
         models=project.models,
     )
     # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.

@@ -52,6 +52,7 @@ import google_crc32c
 
 from tests.emulators import take_fault
 from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
 # the JSON API (buckets, their policies, objects' metadata), uploads, and downloads
@@ -285,7 +286,7 @@ class StorageEmulator(HttpEmulator):
         with self._lock:
             self.state.calls.append(method)
         auth = http.headers.get("Authorization")
-        if self.token and auth != f"Bearer {self.token}":
+        if self.token and not authorized(self.token, auth):
             permission = "storage." + method.replace("insert", "create")
             kind = method.split(".")[0][:-1]
             raise HttpError(

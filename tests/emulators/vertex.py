@@ -57,6 +57,7 @@ from urllib.parse import parse_qs, urlparse
 from google.cloud import aiplatform_v1
 
 from tests.emulators.http import HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
 # "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
@@ -268,7 +269,7 @@ class VertexEmulator(HttpEmulator):
 
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
-        if self.token and http.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise HttpError(401, "Request is missing required authentication credential.")
         url = urlparse(http.path)
         path, query = url.path.removeprefix("/v1/"), parse_qs(url.query)

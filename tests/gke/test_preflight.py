@@ -289,3 +289,32 @@ def test_tpupipe_run_preflights_before_kfp_local_builds_the_image(tmp_path, proj
     assert code == 2, out.out + out.err
     assert "permissions: the caller lacks on project tpupipe-emulated: container.clusters.create" in out.out + out.err
     assert "CreateBuild" not in project.cloudbuild.state.calls and project.mutations() == []
+
+
+def test_an_existing_cluster_where_the_caller_may_not_do_what_the_run_does_is_refused_naming_each(
+    project_factory, capsys
+):
+    """Asked of the cluster's API server (SelfSubjectAccessReview), one action at a time: every one denied named."""
+    project = project_factory()
+    _team_cluster(project)
+    project.kube.denied |= {("create", "", "services", "proxy"), ("list", "", "events", "")}
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 2 and "1 problem;" in text
+    assert "gke.cluster_name: the caller may not, in namespace tpupipe of cluster team: list events (" in text
+    assert "create services/proxy (the jobs are submitted through the head Service's proxy)" in text
+    assert "roles/container.developer" in text
+    assert ("patch", "ray.io", "rayclusters", "") in project.kube.reviews
+    assert project.mutations() == []
+    project.kube.denied.clear()
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 0 and "namespace tpupipe of cluster team: the caller may do all 17 things the run does" in text
+
+
+def test_an_existing_cluster_whose_api_server_cannot_be_reached_is_a_problem(project_factory, capsys):
+    project = project_factory()
+    name = _team_cluster(project)
+    project.gke.state.clusters[name].endpoint = "127.0.0.1:9"  # nothing answers there (a private endpoint, say)
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 2
+    assert "the Kubernetes API of cluster team at 127.0.0.1:9 cannot be reached from here" in text
+    assert project.mutations() == []

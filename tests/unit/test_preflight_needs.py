@@ -92,14 +92,15 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     )
     lines = capsys.readouterr().out.splitlines()
     provision = lines[lines.index("provision") + 1 :]
-    assert [line.split()[1] for line in provision[:7]] == [
+    assert [line.split()[1] for line in provision[:8]] == [
         "serviceusage.services.batchGet",
         "resourcemanager.projects.testIamPermissions",
         "resourcemanager.projects.getIamPolicy",
         "compute.reservations.get",
         "container.clusters.get",
+        "kubernetes.selfsubjectaccessreviews.create",  # what the run does in the cluster, asked of its API server
         "compute.machineTypes.get",  # the head's pool, then the slice's, in their zone
         "compute.machineTypes.get",
     ]
     assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
-    assert provision[7].startswith("  get-or-create storage.buckets.get")  # then what provision creates
+    assert provision[8].startswith("  get-or-create storage.buckets.get")  # then what provision creates

@@ -106,6 +106,9 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     resource = project.vertex.wait(name, timeout_s=1500)
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    # build_image does not wait for provision: the two tasks ran side by side (their times overlap).
+    provision, build = tasks["provision"], tasks["build-image"]
+    assert provision["startTime"] < build["endTime"] and build["startTime"] < provision["endTime"]
     # The run's state lives in the bucket; the summary written by teardown (its own task) saw every stage.
     summary = _summary(project, ok)
     assert [(s["name"], s["status"]) for s in summary["stages"]] == [(s, "succeeded") for s in STAGES]

@@ -27,9 +27,10 @@ def run_cluster(ledger: dict[str, Any], t: Target) -> str:
 
 
 class Clients:
-    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0):
+    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff=None):
         self.log = log
         self.poll_s = poll_s
+        self.backoff = backoff  # of the Kubernetes and Ray job clients' retries (transient.Backoff; None: its defaults)
 
     def gke(self, creds=None):
         from components.platforms.gke import cluster as gke_cluster
@@ -47,9 +48,11 @@ class Clients:
         return gke_storage.Storage(gke_storage.storage_client(t.project, creds), log=self.log)
 
     def kube(self, ctx: RunContext):
-        """(Kube, cluster, token) for the run's cluster, or (None, None, None) while it has no endpoint."""
+        """(Kube, cluster, token) for the run's cluster, or (None, None, None) while it has no endpoint; ``token()``
+        the Google access token both the Kubernetes and the Ray job client send, refreshed before it expires."""
         import base64
 
+        from components.platforms.credentials import AccessToken
         from components.platforms.gke import cluster as gke_cluster
         from components.platforms.gke import kube as gke_kube
 
@@ -58,11 +61,11 @@ class Clients:
         cluster = self.gke(creds).get_cluster(run_cluster(ledger, target(ctx.spec, ctx.run_id)))
         if cluster is None or not cluster.endpoint:
             return None, None, None
-        token = gke_cluster.access_token(creds)
+        token = AccessToken(creds)
         ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
         api = gke_kube.api_client(cluster.endpoint, ca_pem, token, ctx.run_dir / "gke")
         namespace = ledger.get("namespace") or ctx.spec.gke.namespace
-        return gke_kube.Kube(api, namespace, log=self.log), cluster, token
+        return gke_kube.Kube(api, namespace, log=self.log, backoff=self.backoff), cluster, token
 
     def bucket_member(self, t: Target, creds=None) -> tuple[str, str]:
         """(role, member) of the run's binding on the bucket, the project number looked up."""

@@ -57,15 +57,6 @@ class RetryPolicy:
 # ---------------------------------------------------------------- credentials and client
 
 
-def access_token(creds) -> str:
-    """A valid OAuth access token from ``creds`` (refreshed when it has expired), for the Kubernetes API."""
-    if not creds.valid:
-        import google.auth.transport.requests
-
-        creds.refresh(google.auth.transport.requests.Request())
-    return creds.token
-
-
 def cluster_manager(creds=None):
     """A ``ClusterManagerClient``: to the emulator named by $TPUPIPE_GKE_EMULATOR_HOST, else to Google."""
     from google.cloud import container_v1
@@ -369,7 +360,6 @@ __all__ = [
     "Gke",
     "GkeError",
     "RetryPolicy",
-    "access_token",
     "call_with_retry",
     "cluster_manager",
     "credentials",

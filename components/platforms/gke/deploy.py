@@ -87,15 +87,16 @@ def raycluster(s: Session, res: Resource) -> None:
             else "; a FailedScaleUp at once (a fixed pool)"
         )
     )
-    ready = readiness.wait_ready(
-        kube,
-        res.name,
-        limits.deadline_s,
-        unschedulable_grace_s=grace,
-        failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-        poll_s=min(s.poll_s, 2.0),
-        log=s.log,
-    )
+    with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+        ready = readiness.wait_ready(
+            kube,
+            res.name,
+            limits.deadline_s,
+            unschedulable_grace_s=grace,
+            failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+            poll_s=min(s.poll_s, 2.0),
+            log=s.log,
+        )
     status = ready.get("status", {})
     s.log(
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
@@ -174,11 +175,11 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None
     import tempfile
     from pathlib import Path
 
-    from components.platforms.gke import cluster as gke_cluster
+    from components.platforms.credentials import AccessToken
     from components.platforms.gke import kube as gke_kube
 
     with tempfile.TemporaryDirectory() as tmp:
         ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
-        api = gke_kube.api_client(cluster.endpoint, ca_pem, gke_cluster.access_token(creds), Path(tmp))
+        api = gke_kube.api_client(cluster.endpoint, ca_pem, AccessToken(creds), Path(tmp))
         crd = _crd(gke_kube.Kube(api, namespace, log=lambda m: None))
     return kuberay_refusal(crd, cluster.name, owns_cluster=False)

@@ -1,7 +1,9 @@
 """The Kubernetes side of the gke platform: the ``kubernetes`` client built from the GKE cluster's endpoint, CA
 certificate and a google-auth token (no gcloud, no kubeconfig); the run's objects created get-or-create; the
 RayCluster server-side applied, after the check that the cluster's KubeRay serves every field it sets; the Ray Jobs
-API through the API server's service proxy. Waiting for the RayCluster to be ready is ``readiness``.
+API through the API server's service proxy. Waiting for the RayCluster to be ready is ``readiness``. Both clients
+keep their Google token valid (it lives at most an hour; runs wait longer) and retry transient errors
+(``transient``).
 
 ``kubernetes`` and ``ray`` are imported inside functions.
 """
@@ -13,6 +15,9 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from components.platforms.gke import transient
+from components.platforms.gke.transient import Retrying
 
 FIELD_MANAGER = "tpupipe"
 RAY_TOKEN_KEY = "auth_token"  # the key KubeRay's token Secret holds
@@ -27,9 +32,12 @@ CUSTOM = {  # kind -> (group, version, plural)
 }
 
 
-def api_client(endpoint: str, ca_pem: bytes, token: str, ca_dir: Path):
-    """A ``kubernetes.client.ApiClient`` for ``https://<endpoint>``, trusting the cluster's CA, with the bearer
-    token (a Google OAuth access token: GKE accepts it for the identity it belongs to)."""
+def api_client(endpoint: str, ca_pem: bytes, token: Callable[[], str], ca_dir: Path):
+    """A ``kubernetes.client.ApiClient`` for ``https://<endpoint>``, trusting the cluster's CA, with the bearer token
+    ``token()`` (a Google OAuth access token, :class:`~components.platforms.credentials.AccessToken`: GKE accepts it
+    for the identity it belongs to). The client's ``refresh_api_key_hook``, which it calls before every request that
+    authenticates, sets the token again, refreshed when it is about to expire (as the client's own kubeconfig loader
+    does for tokens with an expiry: ``kubernetes/config/kube_config.py``)."""
     from kubernetes import client
 
     ca_dir.mkdir(parents=True, exist_ok=True)
@@ -39,17 +47,43 @@ def api_client(endpoint: str, ca_pem: bytes, token: str, ca_dir: Path):
     config.host = f"https://{endpoint}"
     config.ssl_ca_cert = str(ca_file)
     config.verify_ssl = True
-    config.api_key = {"authorization": f"Bearer {token}"}
+
+    def bearer(configuration) -> None:
+        configuration.api_key["authorization"] = f"Bearer {token()}"
+
+    config.api_key = {}
+    bearer(config)
+    config.refresh_api_key_hook = bearer
     return client.ApiClient(config)
 
 
+class _Retried:
+    """An API object of the kubernetes client (``CoreV1Api``, ``CustomObjectsApi``) whose calls are retried on
+    transient errors (``transient``)."""
+
+    def __init__(self, api, retrying: Retrying):
+        self._api, self._retrying = api, retrying
+
+    def __getattr__(self, name: str):
+        method = getattr(self._api, name)
+        if not callable(method):
+            return method
+        return lambda *args, **kwargs: self._retrying.call(name, method, *args, **kwargs)
+
+
 class Kube:
-    def __init__(self, api, namespace: str, log: Callable[[str], None] = print):
+    """The run's namespace through the kubernetes client; every call retried on transient errors (``retrying``,
+    whose ``until`` a wait with a deadline sets)."""
+
+    def __init__(
+        self, api, namespace: str, log: Callable[[str], None] = print, backoff: transient.Backoff | None = None
+    ):
         from kubernetes import client
 
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.retrying = Retrying(backoff, log=log)
+        self.core = _Retried(client.CoreV1Api(api), self.retrying)
+        self.custom = _Retried(client.CustomObjectsApi(api), self.retrying)
         self.namespace = namespace
         self.log = log
 
@@ -101,7 +135,9 @@ class Kube:
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         group, version, plural = CUSTOM[obj["kind"]]
         name = obj["metadata"]["name"]
-        result = self.api.call_api(
+        result = self.retrying.call(
+            "apply",
+            self.api.call_api,
             f"/apis/{group}/{version}/namespaces/{{namespace}}/{plural}/{{name}}",
             "PATCH",
             {"namespace": self.namespace, "name": name},
@@ -120,7 +156,9 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.api.call_api(
+            return self.retrying.call(
+                "get CRD",
+                self.api.call_api,
                 "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
                 "GET",
                 {"name": name},
@@ -227,14 +265,89 @@ def proxy_address(endpoint: str, namespace: str, service: str, port: str = "dash
     return f"https://{endpoint}/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy"
 
 
-def job_client(endpoint: str, ca_file: Path, namespace: str, raycluster: str, k8s_token: str, ray_token: str):
+def job_client(
+    endpoint: str,
+    ca_file: Path,
+    namespace: str,
+    raycluster: str,
+    k8s_token: Callable[..., str],
+    ray_token: str,
+    log: Callable[[str], None] = print,
+    backoff: transient.Backoff | None = None,
+) -> JobClient:
     """The Ray Jobs API of the RayCluster's head, through the API server's service proxy: Kubernetes credentials in
-    ``Authorization`` (the API server consumes them), the Ray token in ``X-Ray-Authorization``."""
+    ``Authorization`` (the API server consumes them; ``k8s_token()``, kept valid), the Ray token in
+    ``X-Ray-Authorization``."""
     from ray.job_submission import JobSubmissionClient
 
-    headers = {"Authorization": f"Bearer {k8s_token}"}
-    if ray_token:
-        headers["X-Ray-Authorization"] = f"Bearer {ray_token}"
-    return JobSubmissionClient(
-        proxy_address(endpoint, namespace, f"{raycluster}-head-svc"), headers=headers, verify=str(ca_file)
-    )
+    address = proxy_address(endpoint, namespace, f"{raycluster}-head-svc")
+
+    def make(token: str):
+        headers = {"Authorization": f"Bearer {token}"}
+        if ray_token:
+            headers["X-Ray-Authorization"] = f"Bearer {ray_token}"
+        return JobSubmissionClient(address, headers=headers, verify=str(ca_file))
+
+    return JobClient(make, k8s_token, Retrying(backoff, log=log))
+
+
+class JobClient:
+    """Ray's ``JobSubmissionClient`` (the calls the stages make) with credentials that expire: the client takes its
+    headers once, so it is made again whenever ``token()`` hands out a new token (refreshed before it expires), and
+    after a 401 with a token refreshed at once (one that was revoked, or that a skewed clock let expire). Each call
+    is retried on transient errors (``transient``) until ``retrying.until``, the job's deadline (``until``)."""
+
+    def __init__(self, make: Callable[[str], Any], token: Callable[..., str], retrying: Retrying):
+        self._make, self._token, self.retrying = make, token, retrying
+        self._client, self._made_with = None, ""
+
+    def until(self, deadline: float) -> None:
+        self.retrying.until = deadline
+
+    def _current(self, fresh: bool = False):
+        token = self._token(fresh=True) if fresh else self._token()
+        if self._client is None or token != self._made_with:
+            self._client = self.retrying.call("connect to the Ray dashboard", self._make, token)
+            self._made_with = token
+        return self._client
+
+    def _call(self, name: str, *args, **kwargs):
+        from ray.exceptions import AuthenticationError
+
+        tries = []
+
+        def once():
+            tries.append(name)
+            try:
+                return getattr(self._current(), name)(*args, **kwargs)
+            except RuntimeError as exc:
+                # A submission retried after an answer that never came (a 502, 504): Ray took the first one.
+                if name == "submit_job" and len(tries) > 1 and "already exists" in str(exc):
+                    return kwargs["submission_id"]
+                raise
+
+        try:
+            return self.retrying.call(name, once)
+        except AuthenticationError:  # a 401 (or 403) with a token thought valid: once more with a new one
+            self._current(fresh=True)
+            return self.retrying.call(name, once)
+
+    def submit_job(self, **kwargs) -> str:
+        return self._call("submit_job", **kwargs)
+
+    def get_job_info(self, job_id: str):
+        return self._call("get_job_info", job_id)
+
+    def get_job_status(self, job_id: str):
+        return self._call("get_job_status", job_id)
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self._call("get_job_logs", job_id)
+
+    def stop_job(self, job_id: str) -> bool:
+        return self._call("stop_job", job_id)
+
+    def tail_job_logs(self, job_id: str):
+        """The job's log as Ray streams it (a WebSocket, opened with the current token): not retried, the stages
+        read the whole log instead when the stream breaks."""
+        return self._current().tail_job_logs(job_id)

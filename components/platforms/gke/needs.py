@@ -87,6 +87,8 @@ class Needs:
     location: str = ""  # where the run creates its cluster (a zone or region), "" when it uses an existing one
     cluster_version: str = ""  # gke.cluster_version of a cluster the run creates, resolved at preflight
     machine_types: tuple[tuple[str, str, str], ...] = ()  # (zone, machine type, the field that names it) of its pools
+    k8s_kinds: tuple[str, ...] = ()  # the plan's Kubernetes kinds (``k8s/Secret``...): what it does in the cluster
+    namespace: str = ""  # the run's Kubernetes namespace
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -133,6 +135,8 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         t.location if t.owns_cluster else "",
         spec.gke.cluster_version if t.owns_cluster else "",
         machine_types,
+        tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/"))),
+        t.namespace,
     )
 
 
@@ -184,6 +188,13 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         )
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
+        out.append(
+            (
+                "kubernetes.selfsubjectaccessreviews.create",
+                f"{n.cluster} namespace {n.namespace}",
+                "the caller may do what the run does there",
+            )
+        )
     out += [
         ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
         for zone, machine, _ in n.machine_types

@@ -49,10 +49,10 @@ MOUNT_ROOT_ENV = "TPUPIPE_GKE_MOUNT_ROOT"
 class GkePlatform(Platform):
     name = "gke"
 
-    def __init__(self, log=print, poll_s: float = 5.0):
+    def __init__(self, log=print, poll_s: float = 5.0, backoff=None):
         self.log = log
         self.poll_s = poll_s
-        self.clients = Clients(log=log, poll_s=poll_s)
+        self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff)
 
     def check(self, ctx: RunContext) -> None:
         spec = ctx.spec
@@ -140,21 +140,28 @@ class GkePlatform(Platform):
         return self._walk(ctx, "deploy_raycluster").deploy_result
 
     # ---------------------------------------------------------------- the jobs and their output
-    def job_client(self, ctx: RunContext):
+    def job_client(self, ctx: RunContext, deadline: float | None = None):
+        """The Ray Jobs API through the API server's service proxy, its Google token refreshed before it expires, its
+        transient errors retried until ``deadline`` (the job's)."""
         from components.platforms.gke import kube as gke_kube
 
         kube, cluster, token = self.clients.kube(ctx)
         if kube is None:
             raise InfraError(f"no running cluster for run {ctx.run_id}")
         ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
-        return gke_kube.job_client(
+        client = gke_kube.job_client(
             cluster.endpoint,
             ctx.run_dir / "gke" / "cluster-ca.crt",
             kube.namespace,
             names.raycluster(ctx.run_id),
             token,
             ray_token,
+            log=self.log,
+            backoff=self.clients.backoff,
         )
+        if deadline is not None:
+            client.until(deadline)
+        return client
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return os.environ.get(MOUNT_ROOT_ENV, "") + self._target(ctx).run_dir

@@ -16,8 +16,9 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``);
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
-  the ones it can enable, provision enables before it creates any node pool; its KubeRay (the RayCluster CRD it
-  serves, read through its Kubernetes API) has every field the run sets (``deploy.kuberay_refusal``).
+  the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
+  lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
+  RayCluster CRD it serves, read through that API) has every field the run sets (``deploy.kuberay_refusal``).
 
 :func:`check` raises :class:`PreflightFailed` listing every problem (exit 2); nothing has been created then.
 ``provision`` calls it first; ``tpupipe preflight PRESET`` calls it alone.
@@ -54,6 +55,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _quota,
         _reservation,
         _cluster,
+        _kubernetes,
         offers.version,
         offers.machine_types,
         offers.default_network,
@@ -268,6 +270,18 @@ def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
         report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
     else:
         report.checked.append(f"cluster {short}: its KubeRay serves every RayCluster field the run sets")
+
+
+def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """An existing cluster's API server can be reached and lets the caller do what the run does (``k8s_access``)."""
+    if not n.cluster:
+        return
+    from components.platforms.gke import k8s_access
+    from components.platforms.gke.cluster import Gke, cluster_manager
+
+    cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
+    if cluster is not None and cluster.endpoint:  # no cluster: _cluster's problem
+        k8s_access.check(cluster, n.namespace, n.k8s_kinds, creds, report)
 
 
 # ---------------------------------------------------------------- clients

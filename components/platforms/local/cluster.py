@@ -286,7 +286,7 @@ class LocalPlatform(Platform):
         self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
         return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
 
-    def job_client(self, ctx: RunContext):
+    def job_client(self, ctx: RunContext, deadline: float | None = None):
         from ray.job_submission import JobSubmissionClient
 
         ledger = self._load(ctx)

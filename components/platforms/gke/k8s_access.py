@@ -1,0 +1,147 @@
+"""Preflight's Kubernetes side, for an existing cluster (``gke.cluster_name``): its API server can be reached, and
+the caller may do in the run's namespace what the run's stages do there, asked of the API server itself with one
+SelfSubjectAccessReview per action (``authorization.k8s.io/v1``, what ``kubectl auth can-i`` sends:
+https://kubernetes.io/docs/reference/access-authn-authz/authorization/#checking-api-access). On GKE the answer is
+IAM's and RBAC's together (https://cloud.google.com/kubernetes-engine/docs/concepts/access-control): a role such as
+``roles/container.developer`` grants these.
+
+What the stages do, by the Kubernetes kinds of the plan: deploy_raycluster gets or creates the namespace, the
+ServiceAccount, the Secrets (the Hugging Face token's, the Ray token's), the ResourceClaimTemplate (multislice over
+DCN), reads the RayCluster CRD (``check_kuberay``) and applies the RayCluster (server-side apply: ``patch``), then
+reads its pods and their events; the jobs go through the head Service's ``proxy`` subresource; teardown lists and
+deletes by the run's label.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from pathlib import Path
+
+from components.platforms.gke.findings import Problem, Report
+
+# (verb, API group, resource, subresource, what needs it); a namespaced resource is asked in the run's namespace.
+ALWAYS = (
+    ("create", "", "namespaces", "", "deploy_raycluster creates the run's namespace when there is none"),
+    ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "deploy_raycluster checks KubeRay's CRD"),
+    ("get", "", "secrets", "", "deploy_raycluster reads the Hugging Face and Ray token Secrets"),
+    ("create", "", "secrets", "", "deploy_raycluster creates the token Secrets"),
+    ("create", "", "serviceaccounts", "", "deploy_raycluster creates the run's ServiceAccount"),
+    ("get", "ray.io", "rayclusters", "", "deploy_raycluster waits for the RayCluster"),
+    ("patch", "ray.io", "rayclusters", "", "deploy_raycluster applies the RayCluster (server-side apply)"),
+    ("list", "", "pods", "", "deploy_raycluster reads the RayCluster's pods"),
+    ("list", "", "events", "", "deploy_raycluster reads the pods' scheduling events"),
+    ("get", "", "services", "proxy", "the jobs read their status and logs through the head Service's proxy"),
+    ("create", "", "services", "proxy", "the jobs are submitted through the head Service's proxy"),
+    ("list", "ray.io", "rayclusters", "", "teardown finds the run's RayCluster by its label"),
+    ("delete", "ray.io", "rayclusters", "", "teardown deletes the run's RayCluster"),
+    ("list", "", "secrets", "", "teardown finds the run's Secrets by its label"),
+    ("delete", "", "secrets", "", "teardown deletes the run's Secrets"),
+    ("list", "", "serviceaccounts", "", "teardown finds the run's ServiceAccount by its label"),
+    ("delete", "", "serviceaccounts", "", "teardown deletes the run's ServiceAccount"),
+)
+CLAIMS = tuple(
+    (verb, "resource.k8s.io", "resourceclaimtemplates", "", why)
+    for verb, why in (
+        ("create", "deploy_raycluster creates the DCN ResourceClaimTemplate"),
+        ("list", "teardown finds the run's ResourceClaimTemplate"),
+        ("delete", "teardown deletes the run's ResourceClaimTemplate"),
+    )
+)
+REACH_BUDGET_S = 5.0  # how long a review is retried (a connection refused, a 503) before preflight reports it
+REQUEST_TIMEOUT_S = 10.0  # an endpoint this machine cannot route to answers nothing: not waited on for long
+CLUSTER_SCOPED = {"namespaces", "customresourcedefinitions"}
+
+
+def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
+    """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
+    return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
+
+
+def check(cluster, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:
+    """Ask the cluster's API server whether the caller may do each of ``actions(kinds)``; each one denied, or an API
+    server that cannot be reached, is a problem."""
+    from kubernetes.client.exceptions import ApiException
+
+    from components.platforms.credentials import AccessToken
+    from components.platforms.gke import kube as gke_kube
+    from components.platforms.gke.transient import Backoff
+
+    short = cluster.name
+    with tempfile.TemporaryDirectory() as ca_dir:
+        api = gke_kube.api_client(
+            cluster.endpoint,
+            base64.b64decode(cluster.master_auth.cluster_ca_certificate),
+            AccessToken(creds),
+            Path(ca_dir),
+        )
+        kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=REACH_BUDGET_S))
+        denied = []
+        try:
+            for verb, group, resource, subresource, why in actions(kinds):
+                allowed, reason = review(kube, namespace, verb, group, resource, subresource)
+                if not allowed:
+                    because = f"{why}; {reason}" if reason else why
+                    denied.append(f"{_named(verb, group, resource, subresource)} ({because})")
+        except ApiException as exc:
+            report.problems.append(
+                Problem(
+                    "gke.cluster_name",
+                    f"the Kubernetes API of cluster {short} refused the caller ({exc.status} {exc.reason})",
+                )
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - an API server that cannot be reached, whatever the client raises
+            report.problems.append(
+                Problem(
+                    "gke.cluster_name",
+                    f"the Kubernetes API of cluster {short} at {cluster.endpoint} cannot be reached from here "
+                    f"({type(exc).__name__}): a private endpoint or authorized networks keep this machine out",
+                )
+            )
+            return
+    where = f"namespace {namespace} of cluster {short}"
+    if denied:
+        report.problems.append(
+            Problem(
+                "gke.cluster_name",
+                f"the caller may not, in {where}: {'; '.join(denied)}: grant roles/container.developer (or a "
+                "Kubernetes Role and RoleBinding with these verbs)",
+            )
+        )
+    else:
+        report.checked.append(f"{where}: the caller may do all {len(actions(kinds))} things the run does there")
+
+
+def _named(verb: str, group: str, resource: str, subresource: str) -> str:
+    """``create services/proxy``, ``patch rayclusters.ray.io``: as ``kubectl auth can-i`` takes them."""
+    return f"{verb} {resource}" + (f"/{subresource}" if subresource else "") + (f".{group}" if group else "")
+
+
+def review(kube, namespace: str, verb: str, group: str, resource: str, subresource: str) -> tuple[bool, str]:
+    """(allowed, the authorizer's reason) of one SelfSubjectAccessReview."""
+    attributes = {"verb": verb, "group": group, "resource": resource}
+    if subresource:
+        attributes["subresource"] = subresource
+    if resource not in CLUSTER_SCOPED:
+        attributes["namespace"] = namespace
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+    status = kube.retrying.call(
+        "SelfSubjectAccessReview",
+        kube.api.call_api,
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        "POST",
+        {},
+        [],
+        {"Content-Type": "application/json", "Accept": "application/json"},
+        body=body,
+        response_type="object",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _request_timeout=REQUEST_TIMEOUT_S,
+    ).get("status", {})
+    return bool(status.get("allowed")), status.get("reason", "")
