@@ -135,6 +135,7 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> 
         "bucket": target.run_bucket,
         "output_root": f"gs://{target.run_bucket}/runs",
         "source_version": source_version(),
+        "region": target.region,  # the janitor pipeline's: where the runs' pipeline jobs are
     }
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     for name, value in defaults.items():

@@ -370,11 +370,3 @@ def cost_so_far(job: dict) -> dict:
     start = when("startTime")
     hours = ((when("endTime") or datetime.now(UTC)) - start).total_seconds() / 3600 if start else 0.0
     return {"usd_per_hour": hourly, "hours": hours, "usd": None if hourly is None else hourly * hours}
-
-
-def cancel(name: str) -> dict:
-    """Cancel a job (its exit handler's teardown still runs) and follow it to its end."""
-    from google.cloud import aiplatform
-
-    aiplatform.PipelineJob.get(name).cancel()
-    return follow(name, log=lambda m: None, poll_s=2.0)
