@@ -214,6 +214,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
         token=project.token,
         models=project.models,
     )
+    project.vertex.backoff_scale = 0.01  # a retry's 30 s backoff: 0.3 s here
     # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.
     project.env[VERTEX_ENDPOINT_ENV] = task_env[VERTEX_ENDPOINT_ENV] = project.vertex.start()
     project.extras += [project.vertex, project.kfp]

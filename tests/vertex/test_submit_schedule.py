@@ -44,10 +44,15 @@ def _job(project, name: str):
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kubernetes_secret(project_factory):
-    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train (the train job is stopped, teardown
-    runs), `runs show`; the Hugging Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere
-    else, cancel path included; nothing of the run is left."""
+    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train: the train job is stopped and, as
+    Vertex AI documents, the exit handler's teardown task is cancelled with the rest, so `runs cancel` tears the run
+    down from its ledger and prints what it deleted; `runs show`. provision's first attempt is killed once its
+    cluster exists (a lost machine): its retry policy runs it again and it resumes, one cluster, not two. The Hugging
+    Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere else, cancel path included;
+    nothing of the run is left in any emulator."""
     project = project_factory(ray=True, vertex=True)
+    project.vertex.backoff_scale = 0.05  # provision's 30 s backoff: 1.5 s here
+    project.vertex.kill_first_attempt("provision", when=lambda: bool(project.gke.state.clusters))
     secrets = SecretManagerEmulator({PROJECT: PROJECT_NUMBER})
     project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = secrets.start()
     project.vertex.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"]
@@ -73,15 +78,25 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     assert job_id in listed.stdout, listed.stdout + listed.stderr
     cancelled = _tpupipe(project, "runs", "cancel", job_id, *PLACE)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    resource = project.vertex.wait(name, timeout_s=900)
+    resource = project.vertex.job(job_id).resource  # runs cancel returned once it had ended
     tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"
     assert tasks["train"]["state"] == "CANCELLED" and tasks["evaluate"]["state"] == "CANCELLED"
-    assert tasks["teardown"]["state"] == "SUCCEEDED"
+    assert tasks["teardown"]["state"] == "CANCELLED" and "teardown" not in project.vertex.job(job_id).logs
+    assert "  train                cancelled" in cancelled.stdout and f"{name}: cancelled" in cancelled.stdout
+    assert f"tpupipe teardown {run_id} (gke): deleted " in cancelled.stdout
+    assert f"clusters/tpupipe-{run_id}" in cancelled.stdout, cancelled.stdout
+    assert project.leftovers(run_id) == {}, project.leftovers(run_id)
+    # provision: killed once mid-way, retried per its policy (30 s backoff), resumed: one cluster created.
+    assert project.vertex.job(job_id).attempts["provision"] == 2 and project.vertex.job(job_id).backoffs == {
+        "provision": [30.0]
+    }
+    assert [t["state"] for t in tasks["provision"]["pipelineTaskStatus"]] == ["FAILED"]
+    assert tasks["provision"]["state"] == "SUCCEEDED" and project.gke.state.calls.count("CreateCluster") == 1
     stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
     assert stops, "the train job was not stopped"
     shown = _tpupipe(project, "runs", "show", name, *PLACE)
-    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
+    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown             cancelled" in shown.stdout
     assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
     # The token: read from Secret Manager, into the run's Kubernetes Secret (deleted by teardown), nowhere else.
     assert secrets.accessed == [version.rsplit("/", 1)[0] + "/latest"]
@@ -108,7 +123,8 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_runs(project_factory):
     project = project_factory(vertex=True)
-    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
+    # Every attempt of provision (it is retried twice) finds no capacity.
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"), times=3)
     _published(project)
     run_id = unique_run_id("vx-fail")
     proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id, "--wait")
