@@ -204,7 +204,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
 
     project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.token)
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
-    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
+    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0"}
     project.vertex = VertexEmulator(
         project.storage,
         project.registry,

@@ -17,7 +17,11 @@ wording of its error is this emulator's: Vertex documents no message for it).
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
 container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
 ``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every task, with its reserved billing-id label) and the emulated
-cloud services' endpoints in its environment: nothing else is shared. Output artifacts are written through the
+cloud services' endpoints in its environment (the stand-ins of Google's), and nothing else a test gives it beyond
+``env`` — no project (a Vertex task has none in its environment; its clients find it from their credentials). The
+tests' ``env`` adds one more, ``TPUPIPE_GKE_MOUNT_ROOT``: the emulated KubeRay's pods are processes on this machine,
+and the prefix maps their Cloud Storage FUSE mount, whose paths a task writes into its Ray jobs, to a directory here.
+Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
 another's disk. The DAG runs in dependency order; a task waits for its upstream tasks to succeed, except with
@@ -35,9 +39,10 @@ compiles to: "the number of attempts to rerun the task on failure and the delay 
 https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries) is run again after a failed attempt, up to
 ``maxRetryCount`` times, the n-th retry after ``backoffDuration`` x ``backoffFactor`` ** (n - 1) (kfp's
 ``PipelineTask.set_retry`` docstring), at most ``backoffMaxDuration`` (the emulator's reading of "maximum duration"),
-each wait scaled by ``backoff_scale`` (the tests' clock); each failed attempt is kept in the task's
+each wait scaled by ``backoff_scale`` (the tests' clock); each failed attempt that is retried is kept in the task's
 ``pipelineTaskStatus`` ("a record of task status evolving over time", its field docs in
-google/cloud/aiplatform_v1/types/pipeline_job.py). ``kill_first_attempt`` is an injectable fault: the task's first
+google/cloud/aiplatform_v1/types/pipeline_job.py) as RUNNING with its error, as those docs say of an error being
+retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt`` is an injectable fault: the task's first
 attempt is SIGKILLed, its process group with it, once a condition holds (a task's machine lost mid-way). States:
 PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title,
 metadata).
@@ -455,7 +460,11 @@ class VertexEmulator(HttpEmulator):
                 # (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
                 if job.cancelled.is_set() or (not always and not all(upstream)):
                     outcome[task] = None
-                    self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
+                    # SKIPPED "specifies task was skipped due to cache hit" (PipelineTaskDetail.State's docs,
+                    # google/cloud/aiplatform_v1/types/pipeline_job.py), and caching is this emulator's to refuse: a
+                    # task not started because an upstream task failed gets no detail (no state is documented for it).
+                    if job.cancelled.is_set():
+                        self._detail(job, shown, "CANCELLED", parent)
                     continue
                 args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
                 condition = spec.get("triggerPolicy", {}).get("condition")
@@ -516,9 +525,12 @@ class VertexEmulator(HttpEmulator):
                 break
             wait = _backoff(retry, job.attempts[shown])
             job.backoffs.setdefault(shown, []).append(wait)
+            # A PipelineTaskStatus's error in a non-final state "indicates a system-error being retried"; in FAILED
+            # it "is final and not going to be retried" (its field docs, google/cloud/aiplatform_v1/types/
+            # pipeline_job.py): an attempt that is retried is recorded RUNNING, with its error.
             with self._lock:
                 detail.setdefault("pipelineTaskStatus", []).append(
-                    {"updateTime": _now(), "state": "FAILED", "error": error}
+                    {"updateTime": _now(), "state": "RUNNING", "error": error}
                 )
             if job.cancelled.wait(wait * self.backoff_scale):
                 break
