@@ -78,7 +78,8 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
 
     job = aiplatform.PipelineJob.get(name).to_dict()
     if job.get("state") not in vertex.TERMINAL:
-        aiplatform.PipelineJob.get(name).cancel()
+        if job.get("state") != "PIPELINE_STATE_CANCELLING":  # cancelled already (the UI's Stop): just wait
+            aiplatform.PipelineJob.get(name).cancel()
         log(f"{name}: cancel requested; waiting at most {timeout_s:.0f}s for Vertex AI to stop its tasks")
         job = wait_ended(name, timeout_s, log)
     state = job["state"].removeprefix("PIPELINE_STATE_").lower()

@@ -42,10 +42,10 @@ https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries) is run agai
 each wait scaled by ``backoff_scale`` (the tests' clock); each failed attempt that is retried is kept in the task's
 ``pipelineTaskStatus`` ("a record of task status evolving over time", its field docs in
 google/cloud/aiplatform_v1/types/pipeline_job.py) as RUNNING with its error, as those docs say of an error being
-retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt`` is an injectable fault: the task's first
-attempt is SIGKILLed, its process group with it, once a condition holds (a task's machine lost mid-way). States:
-PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title,
-metadata).
+retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt``
+is an injectable fault: the task's first attempt is SIGKILLed, its process group with it, once a condition holds (a
+task's machine lost mid-way). States: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the
+output artifacts (uri, schema title, metadata).
 """
 
 from __future__ import annotations
