@@ -354,3 +354,28 @@ def test_a_task_without_a_retry_policy_is_not_retried_and_backoff_grows_by_the_f
     policy = {"maxRetryCount": 3, "backoffDuration": "60s", "backoffFactor": 2.0, "backoffMaxDuration": "200s"}
     assert [_backoff(policy, n) for n in (1, 2, 3)] == [60.0, 120.0, 200.0]
     assert _backoff({"maxRetryCount": 1}, 1) == 0.0
+
+
+def test_runs_cancel_finds_the_run_a_job_ran_as_its_tasks_do():
+    """The run id is the job's ``run_id`` parameter, else derived from its job id (what every task derives it from);
+    the output root and the rest are the job's values, else the compiled defaults."""
+    from components.spec.names import run_id_from
+    from pipelines.stopping import run_of
+
+    spec = {
+        "root": {
+            "inputDefinitions": {
+                "parameters": {
+                    "run_id": {"defaultValue": ""},
+                    "output_root": {"defaultValue": "gs://b/runs"},
+                    "preset": {"defaultValue": PRESET},
+                }
+            }
+        }
+    }
+    job_id = vertex.new_job_id(PRESET)
+    job = {"name": f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{job_id}", "pipelineSpec": spec}
+    assert run_of(job)["run_id"] == run_id_from("", job_id) and run_of(job)["output_root"] == "gs://b/runs"
+    job["runtimeConfig"] = {"parameterValues": {"run_id": "mine", "output_root": "gs://other/runs"}}
+    run = run_of(job)
+    assert (run["run_id"], run["output_root"], run["preset"]) == ("mine", "gs://other/runs", PRESET)
