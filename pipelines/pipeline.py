@@ -13,8 +13,9 @@ from components import definitions as c
 from components.stages import RESUMES, STAGES
 
 PIPELINE_NAME = "tpupipe"
-# A stage that resumes is retried twice, 30 s then 60 s after a failed attempt (backoff_max_duration caps a wait).
-RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s")
+# A stage that resumes is retried once, 30 s after a failed attempt: a lost machine's task runs again, and a stage
+# that fails for good fails the run one attempt later (each attempt of a failing provision creates and deletes).
+RETRY = dict(num_retries=1, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s")
 PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
 
 

@@ -310,7 +310,7 @@ def test_every_stage_that_resumes_asks_vertex_to_retry_it_and_a_local_run_retrie
     assert set(tasks) == STAGES
     for name, task in tasks.items():
         assert task["retryPolicy"] == {
-            "maxRetryCount": 2,
+            "maxRetryCount": 1,
             "backoffDuration": "30s",
             "backoffFactor": 2.0,
             "backoffMaxDuration": "600s",

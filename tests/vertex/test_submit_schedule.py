@@ -123,8 +123,8 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_runs(project_factory):
     project = project_factory(vertex=True)
-    # Every attempt of provision (it is retried twice) finds no capacity.
-    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"), times=3)
+    # Both attempts of provision (it is retried once) find no capacity.
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"), times=2)
     _published(project)
     run_id = unique_run_id("vx-fail")
     proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id, "--wait")
