@@ -15,7 +15,6 @@ them, so after a Stop (in the UI, or a cancel call) nothing of the pipeline tear
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,27 +44,6 @@ def run_of(job: dict) -> dict[str, str]:
     }
 
 
-def wait_ended(name: str, timeout_s: float, log: Callable[[str], None] = print, poll_s: float = 2.0) -> dict:
-    """Follow the job, printing each task's state as it changes, until it ends; InfraError past ``timeout_s``."""
-    from google.cloud import aiplatform
-
-    deadline, seen = time.monotonic() + timeout_s, {}
-    while True:
-        job = aiplatform.PipelineJob.get(name).to_dict()
-        for task in vertex.stages(job):
-            if seen.get(task["taskName"]) != task["state"]:
-                seen[task["taskName"]] = task["state"]
-                log(f"  {task['taskName']:<20} {task['state'].lower()}")
-        if job.get("state") in vertex.TERMINAL:
-            return job
-        if time.monotonic() >= deadline:
-            raise InfraError(
-                f"{name} is still {job.get('state', '').removeprefix('PIPELINE_STATE_').lower()} after "
-                f"{timeout_s:.0f}s: its tasks may still be stopping; run `tpupipe runs cancel` again to wait longer"
-            )
-        time.sleep(poll_s)
-
-
 def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], None] = print) -> int:
     """Cancel the job (unless it has ended), wait for it to end, then tear its run down from the run's ledger; 0 when
     the job ended and nothing of the run is left."""
@@ -81,7 +59,10 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
         if job.get("state") != "PIPELINE_STATE_CANCELLING":  # cancelled already (the UI's Stop): just wait
             aiplatform.PipelineJob.get(name).cancel()
         log(f"{name}: cancel requested; waiting at most {timeout_s:.0f}s for Vertex AI to stop its tasks")
-        job = wait_ended(name, timeout_s, log)
+        try:
+            job = vertex.follow(name, log, poll_s=2.0, timeout_s=timeout_s)
+        except InfraError as exc:
+            raise InfraError(f"{exc}: its tasks may still be stopping; run `tpupipe runs cancel` again") from None
     state = job["state"].removeprefix("PIPELINE_STATE_").lower()
     log(f"{name}: {state}; its exit handler's teardown does not run after a cancel: tearing the run down here")
     run = run_of(job)

@@ -191,11 +191,15 @@ def stages(job: dict) -> list[dict]:
     return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
 
 
-def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -> dict:
-    """Print each task's state as it changes until the job ends; the final job as a dict."""
+def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None) -> dict:
+    """Print each task's state as it changes until the job ends; the final job as a dict. Past ``timeout_s``, an
+    InfraError saying the job's state."""
     from google.cloud import aiplatform
 
+    from components.spec import InfraError
+
     seen: dict[str, str] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         job = aiplatform.PipelineJob.get(name).to_dict()
         for task in stages(job):
@@ -204,6 +208,9 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
                 log(f"  {task['taskName']:<20} {task['state'].lower()}")
         if job.get("state") in TERMINAL:
             return job
+        if deadline is not None and time.monotonic() >= deadline:
+            state = job.get("state", "").removeprefix("PIPELINE_STATE_").lower()
+            raise InfraError(f"{name} is still {state} after {timeout_s:.0f}s")
         time.sleep(poll_s)
 
 
