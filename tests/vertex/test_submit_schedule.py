@@ -38,6 +38,14 @@ def _tpupipe(project, *args: str, timeout: float = 1500) -> subprocess.Completed
     return subprocess.run([*tpupipe_cmd(), *args], env=_env(project), capture_output=True, text=True, timeout=timeout)
 
 
+def _fail_at_preflight(project) -> None:
+    """Every attempt of provision (it is retried once) fails in preflight, before it creates anything: GKE refuses
+    the versions it offers."""
+    import grpc
+
+    project.gke.fail("GetServerConfig", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.list denied", 1_000)
+
+
 def _job(project, name: str):
     return project.vertex.job(name.rsplit("/", 1)[-1])
 
@@ -155,7 +163,7 @@ def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_s
     """This tree's components image is not in Artifact Registry (as after any source change since the last
     publish): refused before any Vertex AI call; ``--publish`` builds it, uploads the template, then submits."""
     project = project_factory(vertex=True)
-    project.gke.stockout(when=lambda request: True, times=1_000)  # the run itself fails fast: this is about submit
+    _fail_at_preflight(project)  # the run itself fails fast: this is about submit
     refused = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"tpupipe publish --project {PROJECT} --region {REGION}" in refused.stderr
@@ -175,8 +183,7 @@ def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_s
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):
     project = project_factory(vertex=True)
-    # Every run fails fast, at provision: this is about when runs start.
-    project.gke.stockout(when=lambda request: True, times=1_000)
+    _fail_at_preflight(project)  # every run fails fast, at provision: this is about when runs start
     _published(project)
     vertex = project.vertex
     created = _tpupipe(
