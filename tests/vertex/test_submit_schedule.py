@@ -130,7 +130,7 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_runs(project_factory):
-    project = project_factory(vertex=True)
+    project = project_factory(vertex=True, polls_to_done=1)  # each GKE operation done at its first poll
     # Both attempts of provision (it is retried once) find no capacity.
     project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"), times=2)
     _published(project)
