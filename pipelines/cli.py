@@ -108,6 +108,16 @@ def cmd_publish(args) -> int:
         f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
         f"Pipelines > Create run > Select from existing pipelines, repository {args.kfp_repository}."
     )
+    from pipelines import stopping
+
+    if args.janitor_schedule:
+        stopping.janitor_schedule(target.project, target.region, args.service_account)
+    else:
+        print(
+            "next: a Stop in the Vertex AI UI cancels the exit handler's teardown too, so the run's TPUs stay up until "
+            "the janitor collects them; schedule it every 15 minutes: tpupipe publish --project "
+            f"{target.project} --region {target.region} --janitor-schedule"
+        )
     return 0
 
 
@@ -283,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Artifact Registry KFP repository of the templates (default tpupipe-pipelines; created if missing)",
     )
     p.add_argument("--version", default="", help="a version tag for the template, e.g. v1.2 (optional)")
+    p.add_argument(
+        "--janitor-schedule",
+        action="store_true",
+        help="also schedule the janitor pipeline every 15 minutes (created if missing): it tears down each run "
+        "whose pipeline job has ended, so a Stop in the UI leaves the TPUs up 15 minutes at most",
+    )
+    p.add_argument("--service-account", default="", help="the service account the janitor's runs run as")
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")

@@ -52,7 +52,9 @@ def cmd_janitor(args) -> int:
     from components.platforms.gke import janitor
 
     older = janitor.parse_age(args.older_than) if args.older_than else None
-    sweep = janitor.Janitor(args.output_root, tuple(args.project or ()), older, log=lambda m: None).sweep(args.dry_run)
+    sweep = janitor.Janitor(
+        args.output_root, tuple(args.project or ()), older, log=lambda m: None, region=args.region
+    ).sweep(args.dry_run)
     sys.stdout.write(janitor.render(sweep, args.dry_run))
     if sweep.failed:
         return fail("janitor: could not tear down " + "; ".join(f"{k}: {v}" for k, v in sweep.failed.items()), 1)
@@ -113,8 +115,10 @@ def add_commands(sub) -> None:
         description="Find every gke run under the output root by its ledger, and clusters labelled tpupipe-run whose "
         "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
         "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
-        "the teardown every run uses. A second sweep finds nothing. `tpupipe compile --pipeline janitor` gives the "
-        "same sweep as a pipeline to schedule.",
+        "the teardown every run uses. A run that ran on Vertex AI is collected as soon as its pipeline job has "
+        "ended (a Stop in the UI, a cancel) and left alone while it runs, whatever its age. A second sweep finds "
+        "nothing. `tpupipe compile --pipeline janitor` gives the same sweep as a pipeline to schedule "
+        "(`tpupipe publish --janitor-schedule`: every 15 minutes).",
     )
     p.add_argument(
         "--output-root",
@@ -132,6 +136,11 @@ def add_commands(sub) -> None:
         action="append",
         metavar="PROJECT",
         help="also search this project for clusters labelled tpupipe-run (repeatable)",
+    )
+    p.add_argument(
+        "--region",
+        default="us-east5",
+        help="the Vertex AI region asked for the state of the runs' pipeline jobs (default us-east5; '' asks nothing)",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.set_defaults(func=cmd_janitor)

@@ -119,9 +119,9 @@ def cmd_runs(args) -> int:
         return 0
     name = vertex.job_name(args.job, args.project, args.region)
     if args.action == "cancel":
-        job = vertex.cancel(name)
-        print(f"{name}: {job['state'].removeprefix('PIPELINE_STATE_').lower()} (teardown ran)")
-        return 0 if job["state"] == "PIPELINE_STATE_CANCELLED" else 1
+        from pipelines import stopping
+
+        return stopping.cancel(name, args.timeout)
     shown = vertex.show(name)
     print(f"{shown['name']}  {shown['state']}  preset {shown['preset']}\n  {shown['console']}")
     for stage, state in shown["stages"]:
@@ -202,9 +202,22 @@ def add_commands(sub) -> None:
     a.set_defaults(func=cmd_runs)
     for action, text in (
         ("show", "a run's stages, figures and console URL"),
-        ("cancel", "cancel a run (teardown still runs) and wait for its end"),
+        ("cancel", "cancel a run, wait for its end, then tear it down from its ledger"),
     ):
-        a = actions.add_parser(action, help=text)
+        a = actions.add_parser(
+            action,
+            help=text,
+            description=None
+            if action == "show"
+            else "Cancel the job and wait for it to end (each task's state printed). Vertex AI cancels every remaining "
+            "task, the exit handler's teardown included, so this command then runs the teardown `tpupipe teardown "
+            "RUN_ID --platform gke` runs, from the run's ledger in Cloud Storage, and prints what it deleted. Exit 0 "
+            "when the job ended cancelled and nothing of the run is left.",
+        )
         a.add_argument("job", help="the job id or resource name")
+        if action == "cancel":
+            a.add_argument(
+                "--timeout", type=float, default=1800.0, help="seconds to wait for the job to end (default 1800)"
+            )
         _place_args(a)
         a.set_defaults(func=cmd_runs)

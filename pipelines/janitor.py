@@ -10,29 +10,35 @@ PIPELINE_NAME = "tpupipe-janitor"
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
-def janitor(output_root: str, project: str, older_than: str, dry_run: bool, report: dsl.Output[dsl.Markdown]) -> str:
-    """Tear down every gke run under the output root that is finished or older than its limit, and clusters labelled
-    with a run that left no ledger; the report as Markdown."""
+def janitor(
+    output_root: str, project: str, region: str, older_than: str, dry_run: bool, report: dsl.Output[dsl.Markdown]
+) -> str:
+    """Tear down every gke run under the output root whose pipeline job has ended, or that is finished or older than
+    its limit, and clusters labelled with a run that left no ledger; the report as Markdown."""
     from components.platforms.gke.janitor import run_component
 
-    return run_component(output_root, project, older_than, dry_run, report.path)
+    return run_component(output_root, project, older_than, dry_run, report.path, region)
 
 
 @dsl.pipeline(
     name=PIPELINE_NAME,
-    description="Delete what gke runs left behind: runs that are finished or older than "
-    "their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.",
+    description="Delete what gke runs left behind: runs whose pipeline job has ended (a Stop), or that are finished "
+    "or older than their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.",
 )
-def janitor_pipeline(project: str = "", output_root: str = "", older_than: str = "", dry_run: bool = False):
+def janitor_pipeline(
+    project: str = "", region: str = "", output_root: str = "", older_than: str = "", dry_run: bool = False
+):
     """Sweep what gke runs left behind.
 
     Args:
         project: Projects to search for clusters labelled tpupipe-run, comma-separated; the projects of the runs'
             ledgers are searched too.
+        region: The Vertex AI region of the runs' pipeline jobs: a run whose job has ended (a Stop in the UI) is
+            collected at once, one whose job still runs is left alone.
         output_root: Where the runs' directories (and ledgers) are: gs://BUCKET/runs.
         older_than: Collect a run older than this (6h, 90m, 2d); empty: each run's own limit, from its spec.
         dry_run: List what would be deleted and delete nothing.
     """
-    janitor(output_root=output_root, project=project, older_than=older_than, dry_run=dry_run).set_display_name(
-        "janitor"
-    ).set_caching_options(False)
+    janitor(
+        output_root=output_root, project=project, region=region, older_than=older_than, dry_run=dry_run
+    ).set_display_name("janitor").set_caching_options(False)

@@ -58,7 +58,7 @@ def run(
     if not pipeline_file:
         pipeline_file = str(ctx.run_dir / "pipeline.yaml")
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        compile_pipeline(pipeline_file)
+        compile_pipeline(pipeline_file, retries=False)  # the driver stops a stage on Ctrl-C: nothing retries it
     pipeline = components.load_component_from_file(pipeline_file)
     local_dir = ctx.store.local()  # the tasks get it absolute: they need not share this process's directory
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")

@@ -10,8 +10,12 @@ from pathlib import Path
 from kfp import compiler, dsl
 
 from components import definitions as c
+from components.stages import RESUMES, STAGES
 
 PIPELINE_NAME = "tpupipe"
+# A stage that resumes is retried once, 30 s after a failed attempt: a lost machine's task runs again, and a stage
+# that fails for good fails the run one attempt later (each attempt of a failing provision creates and deletes).
+RETRY = dict(num_retries=1, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s")
 PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
 
 
@@ -73,6 +77,12 @@ def tpupipe_pipeline(
             promoted = c.promote(**common, decision=registered.outputs["Output"])
     for task in (cleanup, cluster, image, ray, checked, trained, evaluated, registered, promoted):
         task.set_caching_options(False)
+    # A task whose attempt failed (its machine lost mid-way) runs again when its spec asks, after the backoff
+    # (https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries): every stage that resumes safely asks.
+    tasks = (cluster, image, ray, checked, trained, evaluated, registered, promoted, cleanup)
+    for stage, task in zip(STAGES, tasks, strict=True):
+        if RESUMES[stage]:
+            task.set_retry(**RETRY)
 
 
 @dataclass(frozen=True)
@@ -113,13 +123,15 @@ def source_version(root: Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> str:
+def compile_pipeline(path: str, target: Target | None = None, pipeline=None, retries: bool = True) -> str:
     """Compile ``pipeline`` (default: the tpupipe pipeline; ``pipelines.janitor.janitor_pipeline`` too) to ``path``.
     With a ``target``, every task runs in the components image of this exact source (its tag a hash of the image's
     build context) in the target's Artifact Registry, and the parameters the pipeline has default to a gke run in the
-    target's project and bucket. Deterministic: the same tree gives the same bytes."""
+    target's project and bucket. Without ``retries``, no task asks to be retried: what a local run (kfp.local, which
+    honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver stops a stage on
+    Ctrl-C and a retry would start it again. Deterministic: the same tree gives the same bytes."""
     pipeline = pipeline or tpupipe_pipeline
-    if target is None:
+    if target is None and retries:
         compiler.Compiler().compile(pipeline, package_path=path)
         return path
     import yaml
@@ -130,6 +142,13 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> 
         raw = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, package_path=str(raw))
         spec = yaml.safe_load(raw.read_text())
+    if not retries:
+        for component in [spec["root"], *spec.get("components", {}).values()]:
+            for task in component.get("dag", {}).get("tasks", {}).values():
+                task.pop("retryPolicy", None)
+    if target is None:
+        Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
+        return path
     image = target.image(image_tag(PIPELINE_IMAGE))
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = image
@@ -138,6 +157,7 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None) -> 
         "bucket": target.run_bucket,
         "output_root": f"gs://{target.run_bucket}/runs",
         "source_version": source_version(),
+        "region": target.region,  # the janitor pipeline's: where the runs' pipeline jobs are
     }
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     for name, value in defaults.items():

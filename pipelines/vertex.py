@@ -191,11 +191,15 @@ def stages(job: dict) -> list[dict]:
     return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
 
 
-def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -> dict:
-    """Print each task's state as it changes until the job ends; the final job as a dict."""
+def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None) -> dict:
+    """Print each task's state as it changes until the job ends; the final job as a dict. Past ``timeout_s``, an
+    InfraError saying the job's state."""
     from google.cloud import aiplatform
 
+    from components.spec import InfraError
+
     seen: dict[str, str] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         job = aiplatform.PipelineJob.get(name).to_dict()
         for task in stages(job):
@@ -204,6 +208,9 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0) -
                 log(f"  {task['taskName']:<20} {task['state'].lower()}")
         if job.get("state") in TERMINAL:
             return job
+        if deadline is not None and time.monotonic() >= deadline:
+            state = job.get("state", "").removeprefix("PIPELINE_STATE_").lower()
+            raise InfraError(f"{name} is still {state} after {timeout_s:.0f}s")
         time.sleep(poll_s)
 
 
@@ -370,11 +377,3 @@ def cost_so_far(job: dict) -> dict:
     start = when("startTime")
     hours = ((when("endTime") or datetime.now(UTC)) - start).total_seconds() / 3600 if start else 0.0
     return {"usd_per_hour": hourly, "hours": hours, "usd": None if hourly is None else hourly * hours}
-
-
-def cancel(name: str) -> dict:
-    """Cancel a job (its exit handler's teardown still runs) and follow it to its end."""
-    from google.cloud import aiplatform
-
-    aiplatform.PipelineJob.get(name).cancel()
-    return follow(name, log=lambda m: None, poll_s=2.0)

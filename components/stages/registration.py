@@ -74,6 +74,9 @@ def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
     name, version = registered["model"], registered["version"]
     current = reg.champion(name)
     measured = registered.get("champion_version")
+    if current is not None and current.version == version:  # a retried task whose first attempt moved it
+        log(f"promote: {gate.CHAMPION} of {name} is {registered['ref']} already")
+        return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}
     if (current.version if current else None) != measured:
         was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
         reason = (

@@ -274,6 +274,7 @@ def _run_recorded(
     try:
         if stage == STAGES[0]:
             check_on_vertex(platform, output_root)
+            note_pipeline_job(store, rid, platform, job_name)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
@@ -320,6 +321,21 @@ def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
             f"{output_root!r} is not a gs:// path: {where}, so a run's state lives in Cloud Storage",
             ["gs://BUCKET/runs"],
         )
+
+
+def note_pipeline_job(store: RunStore, run_id: str, platform: str, job_name: str, environ=None) -> None:
+    """On Vertex AI, the run's pipeline job in its ledger before anything is created: its id (the job name KFP's
+    ``{{$.pipeline_job_name}}`` gives) and its labels, so the janitor can ask Vertex AI whether the job still runs
+    (``components.platforms.gke.janitor``)."""
+    from components.platforms import ledger as ledgers
+
+    labels = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV)
+    if labels is None or not job_name:
+        return
+    recorded = ledgers.load(store) or {"run_id": run_id, "platform": platform, "created": []}
+    job = {"id": job_name, "labels": json.loads(labels or "{}")}
+    if recorded.get("pipeline_job") != job:
+        ledgers.save(store, {**recorded, "pipeline_job": job})
 
 
 def stage_context(

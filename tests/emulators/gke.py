@@ -307,6 +307,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         return self._op(request.parent, c.Operation.Type.CREATE_CLUSTER, name, done)
 
     def get_cluster(self, request: c.GetClusterRequest, context, stockout=None) -> c.Cluster:
+        self._advance_ops_on(request.name)
         return self._cluster(request.name, context)
 
     def list_clusters(self, request: c.ListClustersRequest, context, stockout=None) -> c.ListClustersResponse:
@@ -399,6 +400,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         return self._op(request.parent.rsplit("/clusters/", 1)[0], c.Operation.Type.CREATE_NODE_POOL, name, done, error)
 
     def get_node_pool(self, request: c.GetNodePoolRequest, context, stockout=None) -> c.NodePool:
+        self._advance_ops_on(request.name)
         return self._pool(request.name, context)[1]
 
     def list_node_pools(self, request: c.ListNodePoolsRequest, context, stockout=None) -> c.ListNodePoolsResponse:
@@ -452,6 +454,16 @@ class ClusterManagerEmulator(GrpcEmulator):
         entry = self.state.operations.get(request.name)
         if entry is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Not found: {request.name}.")
+        return self._advance(entry)
+
+    def _advance_ops_on(self, target: str) -> None:
+        """GKE's operations go on whether or not anyone polls them (a client that died mid-create leaves its cluster
+        to finish provisioning): here an operation advances when it is polled, and when what it works on is read."""
+        for entry in list(self.state.operations.values()):
+            if entry.op.target_link == target and entry.op.status != c.Operation.Status.DONE:
+                self._advance(entry)
+
+    def _advance(self, entry: _Op) -> c.Operation:
         if entry.op.status != c.Operation.Status.DONE:
             entry.polls_left -= 1
             entry.op.progress = c.OperationProgress(

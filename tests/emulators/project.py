@@ -211,7 +211,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
 
     project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.tokens)
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
-    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "GOOGLE_CLOUD_PROJECT": PROJECT}
+    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0"}
     project.vertex = VertexEmulator(
         project.storage,
         project.registry,
@@ -221,6 +221,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
         token=project.tokens,
         models=project.models,
     )
+    project.vertex.backoff_scale = 0.01  # a retry's 30 s backoff: 0.3 s here
     # Every task, and this process, reach Vertex AI (pipelines and the Model Registry) at the emulator.
     project.env[VERTEX_ENDPOINT_ENV] = task_env[VERTEX_ENDPOINT_ENV] = project.vertex.start()
     project.extras += [project.vertex, project.kfp]

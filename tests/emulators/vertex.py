@@ -17,7 +17,11 @@ wording of its error is this emulator's: Vertex documents no message for it).
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
 container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
 ``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every task, with its reserved billing-id label) and the emulated
-cloud services' endpoints in its environment: nothing else is shared. Output artifacts are written through the
+cloud services' endpoints in its environment (the stand-ins of Google's), and nothing else a test gives it beyond
+``env`` — no project (a Vertex task has none in its environment; its clients find it from their credentials). The
+tests' ``env`` adds one more, ``TPUPIPE_GKE_MOUNT_ROOT``: the emulated KubeRay's pods are processes on this machine,
+and the prefix maps their Cloud Storage FUSE mount, whose paths a task writes into its Ray jobs, to a directory here.
+Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
 another's disk. The DAG runs in dependency order, tasks that do not depend on each other side by side (Vertex
@@ -31,9 +35,21 @@ only what depends on it); a task waits for its upstream tasks to succeed, except
 does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Besides the component tasks, the
 job's task details hold its DAG-level tasks, as Vertex's do: the root (named after the job), the exit handler's group
 and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-promotes``), every task with the
-``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to
-each running task's process group; the exit task still runs; the job ends CANCELLED. States: PENDING -> RUNNING ->
-SUCCEEDED | FAILED | CANCELLED; task details carry the output artifacts (uri, schema title, metadata).
+``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to each
+running task's process group, and "cancels all the remaining tasks in the pipeline"
+(https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs): the exit handler's task among them, which is
+CANCELLED, not run; the job ends CANCELLED. A task whose spec has a ``retryPolicy`` (what KFP's ``set_retry``
+compiles to: "the number of attempts to rerun the task on failure and the delay between subsequent retries",
+https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries) is run again after a failed attempt, up to
+``maxRetryCount`` times, the n-th retry after ``backoffDuration`` x ``backoffFactor`` ** (n - 1) (kfp's
+``PipelineTask.set_retry`` docstring), at most ``backoffMaxDuration`` (the emulator's reading of "maximum duration"),
+each wait scaled by ``backoff_scale`` (the tests' clock); each failed attempt that is retried is kept in the task's
+``pipelineTaskStatus`` ("a record of task status evolving over time", its field docs in
+google/cloud/aiplatform_v1/types/pipeline_job.py) as RUNNING with its error, as those docs say of an error being
+retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt``
+is an injectable fault: the task's first attempt is SIGKILLed, its process group with it, once a condition holds (a
+task's machine lost mid-way). States: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the
+output artifacts (uri, schema title, metadata).
 """
 
 from __future__ import annotations
@@ -100,7 +116,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     running: set[subprocess.Popen] = field(default_factory=set)  # the tasks' processes that run now
     tasks: list[dict] = field(default_factory=list)  # PipelineTaskDetail JSON, in start order
-    logs: dict[str, str] = field(default_factory=dict)  # task name -> its output
+    logs: dict[str, str] = field(default_factory=dict)  # task name -> its output (its last attempt's)
+    attempts: dict[str, int] = field(default_factory=dict)  # task name -> attempts started
+    backoffs: dict[str, list[float]] = field(default_factory=dict)  # task name -> the unscaled waits before retries
 
 
 @dataclass
@@ -248,6 +266,8 @@ class VertexEmulator(HttpEmulator):
         self.clock = datetime.now(UTC).replace(second=0, microsecond=0)  # the schedules' clock, moved by advance()
         self.calls: list[str] = []
         self.list_queries: list[dict] = []  # each ListPipelineJobs call's query parameters
+        self.backoff_scale = 1.0  # a retry's wait, as the spec gives it, times this
+        self.kills: dict[str, object] = {}  # task name -> the condition that kills its first attempt
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ inspection
@@ -266,6 +286,22 @@ class VertexEmulator(HttpEmulator):
         return wait_until(
             ended, timeout_s, f"job {name_or_id} to end", detail=lambda: self.job(name_or_id).resource["state"]
         )
+
+    def kill_first_attempt(self, task: str, when=lambda: True) -> None:
+        """The fault: the first attempt of ``task`` (its name in the task details) is SIGKILLed, its process group with
+        it, as soon as ``when()`` holds while it runs; a retry, if the spec asks for one, is not touched."""
+        self.kills[task] = when
+
+    def add_job(self, parent: str, job_id: str, state: str, labels: dict | None = None) -> str:
+        """A job known to the service in ``state`` (``PIPELINE_STATE_...``) with nothing to run, as one started by
+        another client (the UI, a schedule) and stopped there."""
+        name = f"{parent}/pipelineJobs/{job_id}"
+        resource = {"name": name, "state": state, "labels": labels or {}, "createTime": _now(), "updateTime": _now()}
+        if state in TERMINAL:
+            resource["endTime"] = _now()
+        with self._lock:
+            self.jobs[name] = Job(resource, {}, {}, "")
+        return name
 
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
@@ -374,7 +410,7 @@ class VertexEmulator(HttpEmulator):
                 raise HttpError(400, f"The PipelineJob {name} is already in a final state.")
             job.resource["state"] = "PIPELINE_STATE_CANCELLING"
             job.cancelled.set()
-            for proc in job.running:
+            for proc in list(job.running):
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGTERM)
 
@@ -410,9 +446,8 @@ class VertexEmulator(HttpEmulator):
             detail["endTime"] = _now()
 
     def _dag(self, job: Job, component: dict, inputs: dict, parent: str) -> bool:
-        """Run a DAG's tasks, each task's detail under the DAG's task ``parent``: every task whose upstream tasks
-        have ended starts at once, beside the others that run (a thread each), as Vertex does; True when every task
-        that ran succeeded."""
+        """Run a DAG's tasks in dependency order, each task's detail under the DAG's task ``parent``; True when
+        every task that ran succeeded."""
         tasks = component["dag"]["tasks"]
         outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
         outputs: dict[str, dict] = {}
@@ -444,9 +479,16 @@ class VertexEmulator(HttpEmulator):
                     shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
                     upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
                     always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
-                    if not always and (not all(upstream) or job.cancelled.is_set()):
+                    # Cancelling "cancels all the remaining tasks in the pipeline", the exit handler's too
+                    # (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
+                    if job.cancelled.is_set() or (not always and not all(upstream)):
                         outcome[task] = None
-                        self._detail(job, shown, "CANCELLED" if job.cancelled.is_set() else "SKIPPED", parent)
+                        # SKIPPED "specifies task was skipped due to cache hit" (PipelineTaskDetail.State's docs,
+                        # google/cloud/aiplatform_v1/types/pipeline_job.py), and caching is this emulator's to refuse:
+                        # a task not started because an upstream task failed gets no detail (no state is documented
+                        # for it).
+                        if job.cancelled.is_set():
+                            self._detail(job, shown, "CANCELLED", parent)
                         continue
                     args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
                     started[task] = threading.Thread(target=run, args=(task, spec, args), daemon=True)
@@ -462,7 +504,7 @@ class VertexEmulator(HttpEmulator):
     def _task(self, job: Job, task: str, spec: dict, args: dict, parent: str, outputs: dict) -> bool:
         """One task of a DAG whose upstream tasks allow it to run: not triggered when its condition does not hold
         (done, and no failure), a group's DAG (an exit handler's or a condition's, a task of its own as on Vertex),
-        or a container."""
+        or a container, attempt after attempt as its ``retryPolicy`` allows."""
         shown = spec.get("taskInfo", {}).get("name", task)
         condition = spec.get("triggerPolicy", {}).get("condition")
         if condition and not condition_holds(condition, args):
@@ -474,7 +516,7 @@ class VertexEmulator(HttpEmulator):
             ok = self._dag(job, child, args, group["taskId"])
             self._end(job, group, ok)
             return ok
-        ok, outputs[task] = self._container(job, task, child, args, shown, parent)
+        ok, outputs[task] = self._container(job, task, child, args, shown, parent, spec.get("retryPolicy") or {})
         return ok
 
     def _resolve(self, job: Job, bindings: dict, inputs: dict, outputs: dict) -> dict:
@@ -494,10 +536,66 @@ class VertexEmulator(HttpEmulator):
         return values
 
     def _container(
-        self, job: Job, task: str, component: dict, args: dict, shown: str, parent: str
+        self, job: Job, task: str, component: dict, args: dict, shown: str, parent: str, retry: dict
     ) -> tuple[bool, dict]:
-        """One task: its own directory and process group; its artifacts moved to the storage emulator after it."""
+        """One task, attempt after attempt as its ``retryPolicy`` allows: each in its own directory and process group,
+        its artifacts moved to the storage emulator after it."""
         executor = job.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+        detail = self._detail(job, shown, "RUNNING", parent)
+        if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
+            with self._lock:
+                detail.update(state="FAILED", endTime=_now())
+                detail["error"] = {
+                    "code": 5,
+                    "message": f"emulator: failed to pull image {executor['image']}: not found",
+                }
+            job.logs[task] = detail["error"]["message"]
+            return False, {"parameters": {}, "artifacts": {}}
+        retries = int(retry.get("maxRetryCount") or 0)
+        while True:
+            job.attempts[shown] = job.attempts.get(shown, 0) + 1
+            ok, result, error = self._attempt(job, task, component, executor, args, shown)
+            if ok or job.cancelled.is_set() or job.attempts[shown] > retries:
+                break
+            wait = _backoff(retry, job.attempts[shown])
+            job.backoffs.setdefault(shown, []).append(wait)
+            # A PipelineTaskStatus's error in a non-final state "indicates a system-error being retried"; in FAILED
+            # it "is final and not going to be retried" (its field docs, google/cloud/aiplatform_v1/types/
+            # pipeline_job.py): an attempt that is retried is recorded RUNNING, with its error.
+            with self._lock:
+                detail.setdefault("pipelineTaskStatus", []).append(
+                    {"updateTime": _now(), "state": "RUNNING", "error": error}
+                )
+            if job.cancelled.wait(wait * self.backoff_scale):
+                break
+        state = "SUCCEEDED" if ok else ("CANCELLED" if job.cancelled.is_set() else "FAILED")
+        with self._lock:
+            detail.update(
+                state=state,
+                endTime=_now(),
+                outputs={
+                    name: {
+                        "artifacts": [
+                            {
+                                "uri": a["uri"],
+                                "schemaTitle": a["type"]["schemaTitle"],
+                                "metadata": a.get("metadata", {}),
+                                "displayName": name,
+                            }
+                        ]
+                    }
+                    for name, spec in result["artifacts"].items()
+                    for a in spec["artifacts"]
+                },
+            )
+            if not ok:
+                detail["error"] = error
+        return ok, result
+
+    def _attempt(
+        self, job: Job, task: str, component: dict, executor: dict, args: dict, shown: str
+    ) -> tuple[bool, dict, dict]:
+        """One attempt of a task: (succeeded, its outputs, its error)."""
         task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
         job_id = job.resource["name"].rsplit("/", 1)[-1]
         prefix = f"{job.root}/{job_id}/{task}"
@@ -533,17 +631,6 @@ class VertexEmulator(HttpEmulator):
             "PYTHONUNBUFFERED": "1",
             RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
         }
-        detail = self._detail(job, shown, "RUNNING", parent)
-        if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
-            with self._lock:
-                detail.update(state="FAILED", endTime=_now())
-                detail["error"] = {
-                    "code": 5,
-                    "message": f"emulator: failed to pull image {executor['image']}: not found",
-                }
-            job.logs[task] = detail["error"]["message"]
-            shutil.rmtree(task_dir, ignore_errors=True)
-            return False, {"parameters": {}, "artifacts": {}}
         with open(task_dir / "task.log", "wb") as log:
             with self._lock:
                 proc = subprocess.Popen(
@@ -556,39 +643,29 @@ class VertexEmulator(HttpEmulator):
                     start_new_session=True,
                 )
                 job.running.add(proc)
+            if job.attempts[shown] == 1 and shown in self.kills:
+                self._kill_when(proc, self.kills[shown])
             code = proc.wait()
             with self._lock:
                 job.running.discard(proc)
         job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
         result = self._collect(task_dir, artifacts, prefix)
-        ok = code == 0
-        state = "SUCCEEDED" if ok else ("CANCELLED" if job.cancelled.is_set() else "FAILED")
-        with self._lock:
-            detail.update(
-                state=state,
-                endTime=_now(),
-                outputs={
-                    name: {
-                        "artifacts": [
-                            {
-                                "uri": a["uri"],
-                                "schemaTitle": a["type"]["schemaTitle"],
-                                "metadata": a.get("metadata", {}),
-                                "displayName": name,
-                            }
-                        ]
-                    }
-                    for name, spec in result["artifacts"].items()
-                    for a in spec["artifacts"]
-                },
-            )
-            if not ok:
-                detail["error"] = {
-                    "code": 9,
-                    "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:],
-                }
         shutil.rmtree(task_dir, ignore_errors=True)
-        return ok, result
+        error = {"code": 9, "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:]}
+        return code == 0, result, error
+
+    @staticmethod
+    def _kill_when(process: subprocess.Popen, when) -> None:
+        """SIGKILL the process's group once ``when()`` holds, unless it ended first."""
+
+        def watch() -> None:
+            while process.poll() is None:
+                if when():
+                    os.killpg(process.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
 
     def _collect(self, task_dir: Path, artifacts: dict, prefix: str) -> dict:
         """The task's output parameters and artifacts (with their metadata from the executor output); the files it
@@ -731,6 +808,19 @@ class VertexEmulator(HttpEmulator):
             if int(r.get("maxRunCount") or 0) and len(schedule.jobs) >= int(r["maxRunCount"]):
                 r["state"] = "COMPLETED"
         return resource["name"]
+
+
+def _seconds(duration: str | None) -> float:
+    """A protobuf Duration in its JSON form ("60s", "1.5s") as seconds."""
+    return float(duration.removesuffix("s")) if duration else 0.0
+
+
+def _backoff(retry: dict, attempt: int) -> float:
+    """The wait before the retry that follows failed attempt ``attempt`` (1-based): ``backoffDuration`` x
+    ``backoffFactor`` ** (attempt - 1), at most ``backoffMaxDuration``. The defaults are kfp's ``set_retry``
+    docstring's: no wait ("0s"), a factor of 2, at most 3600s."""
+    wait = _seconds(retry.get("backoffDuration")) * float(retry.get("backoffFactor") or 2.0) ** (attempt - 1)
+    return min(wait, _seconds(retry.get("backoffMaxDuration") or "3600s"))
 
 
 def _matches(job: dict, term: re.Match) -> bool:

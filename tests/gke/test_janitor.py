@@ -5,6 +5,8 @@ Ray: the emulated cluster's RayCluster never gets ready, as after a lost driver.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from components.platforms import RunContext, ledger
@@ -199,3 +201,86 @@ def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, 
     janitor_pipeline(project=PROJECT, output_root=str(tmp_path / "runs"), older_than="0s", dry_run=False)
     assert project.clusters("swept") == [] and project.pools("swept") == [] and project.leftovers("swept") == {}
     assert ledger.load(LocalStore(tmp_path / "runs" / "swept"))["torn_down"]
+
+
+def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunContext:
+    """A Vertex AI run left behind as a Stop leaves it: its first task noted its pipeline job in the ledger,
+    provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran."""
+    import json
+
+    from components.stages.runner import VERTEX_TASK_ENV, note_pipeline_job
+    from tests.emulators.project import REGION
+
+    store = GcsStore(f"{PROJECT}-tpupipe", f"runs/{run_id}")
+    labels = {"tpupipe-preset": "local-fsdp"}
+    note_pipeline_job(store, run_id, "gke", job_id, environ={VERTEX_TASK_ENV: json.dumps(labels)})
+    ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=store, platform="gke")
+    _left_behind(project, ctx)
+    assert ledger.load(store)["pipeline_job"] == {"id": job_id, "labels": labels}  # provision kept it
+    project.vertex.add_job(f"projects/{PROJECT}/locations/{REGION}", job_id, state, labels)
+    return ctx
+
+
+@pytest.fixture
+def run_bucket(project_factory, monkeypatch):
+    from google.cloud import storage
+
+    from components.platforms.credentials import credentials
+
+    project = project_factory(polls_to_done=1, vertex=True)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
+    storage.Client(project=PROJECT, credentials=credentials()).create_bucket(f"{PROJECT}-tpupipe", location="us-east5")
+    return project
+
+
+def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running_one_is_left_alone(
+    run_bucket, capsys, hf_token
+):
+    """No --older-than: the stopped run is minutes old, far within its own limit, yet its job has ended (a Stop in
+    the UI cancels the exit handler's teardown too), so nothing else will tear it down. A run whose job still runs is
+    kept, whatever its age."""
+    project = run_bucket
+    _stopped_on_vertex(project, "stopped", "tpupipe-local-fsdp-20261201000000-aaaaaa", "PIPELINE_STATE_CANCELLED")
+    _stopped_on_vertex(project, "busy", "tpupipe-local-fsdp-20261201000000-bbbbbb", "PIPELINE_STATE_RUNNING")
+    root = f"gs://{PROJECT}-tpupipe/runs"
+    code, text = _janitor(capsys, "--output-root", root, "--older-than", "0s", "--dry-run")
+    assert "busy: kept: its pipeline job tpupipe-local-fsdp-20261201000000-bbbbbb is running" in text, text
+    code, text = _janitor(capsys, "--output-root", root)
+    assert code == 0, text
+    assert "stopped (its pipeline job tpupipe-local-fsdp-20261201000000-aaaaaa is cancelled):" in text, text
+    assert "deleted projects/tpupipe-emulated/locations/us-east5-b/clusters/tpupipe-stopped" in text
+    left = project.leftovers("stopped")  # its "clusters": every cluster in the project, busy's among them
+    assert project.clusters("stopped") == [] and set(left) == {"clusters"}, left
+    assert project.clusters("busy") and project.pools("busy")
+    assert "GetPipelineJob" in project.vertex.calls
+    # Without the region the janitor asks Vertex AI nothing, and the age limit holds.
+    calls = len(project.vertex.calls)
+    code, text = _janitor(capsys, "--output-root", root, "--region", "")
+    assert "busy: kept: running for 0.0 h, within" in text and len(project.vertex.calls) == calls
+
+
+def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_bucket, hf_token):
+    """``tpupipe publish --janitor-schedule``'s schedule: every 15 minutes the janitor pipeline runs on Vertex AI (its
+    one task in its own process) and tears down a run whose job was cancelled by the service alone, no CLI."""
+    from components.platforms.gke.build import image_tag
+    from pipelines import stopping
+    from pipelines.pipeline import Target
+    from tests.emulators.project import REGION
+
+    project = run_bucket
+    project.registry.push(Target(PROJECT, REGION).image(image_tag("pipeline")), "sha256:" + "cd" * 32)
+    _stopped_on_vertex(project, "ui-stop", "tpupipe-local-fsdp-20261201000000-cccccc", "PIPELINE_STATE_CANCELLED")
+    account = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
+    name = stopping.janitor_schedule(PROJECT, REGION, account, log=lambda m: None)
+    assert stopping.janitor_schedule(PROJECT, REGION, account, log=lambda m: None) == name  # created once
+    (schedule,) = project.vertex.schedules.values()
+    assert schedule.resource["cron"] == "*/15 * * * *" and schedule.resource["maxConcurrentActiveRunCount"] == "1"
+    assert project.leftovers("ui-stop")
+    (job,) = project.vertex.advance(project.vertex.clock + timedelta(minutes=15))
+    resource = project.vertex.wait(job, timeout_s=120)
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", project.vertex.job(job).logs
+    assert (
+        "ui-stop (its pipeline job tpupipe-local-fsdp-20261201000000-cccccc is cancelled):"
+        in (project.vertex.job(job).logs["janitor"])
+    )
+    assert project.leftovers("ui-stop") == {}

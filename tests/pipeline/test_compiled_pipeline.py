@@ -305,3 +305,29 @@ def test_make_compile_pipeline_compiles_then_checks(tmp_path, capsys):
     assert problems(str(path), "my-project", "us-east5") == [
         "parameter preset: no description (the Vertex AI run form shows it beside the field)"
     ]
+
+
+def test_every_stage_that_resumes_asks_vertex_to_retry_it_and_a_local_run_retries_none(compiled, tmp_path):
+    """Each stage says why it resumes safely (``components.stages.RESUMES``); each such task's spec carries the
+    ``retryPolicy`` KFP's ``set_retry`` compiles to, which Vertex AI honours. The file a local run compiles has none:
+    kfp.local would retry a stage the driver stopped on Ctrl-C."""
+    from components.stages import RESUMES
+
+    assert all(RESUMES.values())
+    tasks = {
+        name: task
+        for component in [compiled["root"], *compiled["components"].values()]
+        for name, task in component.get("dag", {}).get("tasks", {}).items()
+        if not name.startswith(("exit-handler", "condition"))
+    }
+    assert set(tasks) == STAGES
+    for name, task in tasks.items():
+        assert task["retryPolicy"] == {
+            "maxRetryCount": 1,
+            "backoffDuration": "30s",
+            "backoffFactor": 2.0,
+            "backoffMaxDuration": "600s",
+        }, name
+    local = tmp_path / "local.yaml"
+    compile_pipeline(str(local), retries=False)
+    assert "retryPolicy" not in local.read_text() and "triggerPolicy" in local.read_text()

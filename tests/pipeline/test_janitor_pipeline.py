@@ -36,8 +36,8 @@ def test_one_task_that_sweeps_in_the_components_image(compiled):
 
 def test_parameters_are_defaulted_for_the_target_and_described(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {"project", "output_root", "older_than", "dry_run"}
-    assert params["project"]["defaultValue"] == "my-project"
+    assert set(params) == {"project", "region", "output_root", "older_than", "dry_run"}
+    assert params["project"]["defaultValue"] == "my-project" and params["region"]["defaultValue"] == "us-east5"
     assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/runs"
     assert params["older_than"]["defaultValue"] == "" and params["dry_run"]["defaultValue"] is False
     for name, p in params.items():

@@ -38,16 +38,29 @@ def _tpupipe(project, *args: str, timeout: float = 1500) -> subprocess.Completed
     return subprocess.run([*tpupipe_cmd(), *args], env=_env(project), capture_output=True, text=True, timeout=timeout)
 
 
+def _fail_at_preflight(project) -> None:
+    """Every attempt of provision (it is retried once) fails in preflight, before it creates anything: GKE refuses
+    the versions it offers."""
+    import grpc
+
+    project.gke.fail("GetServerConfig", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.list denied", 1_000)
+
+
 def _job(project, name: str):
     return project.vertex.job(name.rsplit("/", 1)[-1])
 
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kubernetes_secret(project_factory):
-    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train (the train job is stopped, teardown
-    runs), `runs show`; the Hugging Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere
-    else, cancel path included; nothing of the run is left."""
+    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train: the train job is stopped and, as
+    Vertex AI documents, the exit handler's teardown task is cancelled with the rest, so `runs cancel` tears the run
+    down from its ledger and prints what it deleted; `runs show`. provision's first attempt is killed once its
+    cluster exists (a lost machine): its retry policy runs it again and it resumes, one cluster, not two. The Hugging
+    Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere else, cancel path included;
+    nothing of the run is left in any emulator."""
     project = project_factory(ray=True, vertex=True)
+    project.vertex.backoff_scale = 0.05  # provision's 30 s backoff: 1.5 s here
+    project.vertex.kill_first_attempt("provision", when=lambda: bool(project.gke.state.clusters))
     secrets = SecretManagerEmulator({PROJECT: PROJECT_NUMBER})
     project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = secrets.start()
     project.vertex.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"] = project.env["TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"]
@@ -73,15 +86,25 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     assert job_id in listed.stdout, listed.stdout + listed.stderr
     cancelled = _tpupipe(project, "runs", "cancel", job_id, *PLACE)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    resource = project.vertex.wait(name, timeout_s=900)
+    resource = project.vertex.job(job_id).resource  # runs cancel returned once it had ended
     tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"
     assert tasks["train"]["state"] == "CANCELLED" and tasks["evaluate"]["state"] == "CANCELLED"
-    assert tasks["teardown"]["state"] == "SUCCEEDED"
+    assert tasks["teardown"]["state"] == "CANCELLED" and "teardown" not in project.vertex.job(job_id).logs
+    assert "  train                cancelled" in cancelled.stdout and f"{name}: cancelled" in cancelled.stdout
+    assert f"tpupipe teardown {run_id} (gke): deleted " in cancelled.stdout
+    assert f"clusters/tpupipe-{run_id}" in cancelled.stdout, cancelled.stdout
+    assert project.leftovers(run_id) == {}, project.leftovers(run_id)
+    # provision: killed once mid-way, retried per its policy (30 s backoff), resumed: one cluster created.
+    assert project.vertex.job(job_id).attempts["provision"] == 2 and project.vertex.job(job_id).backoffs == {
+        "provision": [30.0]
+    }
+    assert [t["state"] for t in tasks["provision"]["pipelineTaskStatus"]] == ["RUNNING"]  # an error being retried
+    assert tasks["provision"]["state"] == "SUCCEEDED" and project.gke.state.calls.count("CreateCluster") == 1
     stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
     assert stops, "the train job was not stopped"
     shown = _tpupipe(project, "runs", "show", name, *PLACE)
-    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown" in shown.stdout
+    assert "PIPELINE_STATE_CANCELLED" in shown.stdout and "teardown             cancelled" in shown.stdout
     assert "cost so far          $" in shown.stdout and "/h, list prices" in shown.stdout  # v6e on-demand is priced
     # The token: read from Secret Manager, into the run's Kubernetes Secret (deleted by teardown), nowhere else.
     assert secrets.accessed == [version.rsplit("/", 1)[0] + "/latest"]
@@ -107,8 +130,9 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
 
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_runs(project_factory):
-    project = project_factory(vertex=True)
-    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"))
+    project = project_factory(vertex=True, polls_to_done=1)  # each GKE operation done at its first poll
+    # Both attempts of provision (it is retried once) find no capacity.
+    project.gke.stockout(when=lambda request: request.node_pool.name.endswith("-s0"), times=2)
     _published(project)
     run_id = unique_run_id("vx-fail")
     proc = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT, "--run-id", run_id, "--wait")
@@ -139,7 +163,7 @@ def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_s
     """This tree's components image is not in Artifact Registry (as after any source change since the last
     publish): refused before any Vertex AI call; ``--publish`` builds it, uploads the template, then submits."""
     project = project_factory(vertex=True)
-    project.gke.stockout(when=lambda request: True, times=1_000)  # the run itself fails fast: this is about submit
+    _fail_at_preflight(project)  # the run itself fails fast: this is about submit
     refused = _tpupipe(project, "submit", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"tpupipe publish --project {PROJECT} --region {REGION}" in refused.stderr
@@ -159,8 +183,7 @@ def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_s
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
 def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resumed_deleted(project_factory):
     project = project_factory(vertex=True)
-    # Every run fails fast, at provision: this is about when runs start.
-    project.gke.stockout(when=lambda request: True, times=1_000)
+    _fail_at_preflight(project)  # every run fails fast, at provision: this is about when runs start
     _published(project)
     vertex = project.vertex
     created = _tpupipe(

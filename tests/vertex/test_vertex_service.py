@@ -16,6 +16,7 @@ from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_E
 from pipelines import vertex
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.vertex import TERMINAL, VertexEmulator
+from tests.helpers import wait_until
 
 PROJECT, REGION = "tpupipe-emulated", "us-east5"
 IMAGE = "us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/pipeline:tiny"
@@ -57,7 +58,7 @@ def tiny(preset: str = PRESET, overrides: str = "", run_id: str = ""):
     """
     end = clean().set_display_name("teardown")
     with dsl.ExitHandler(end, name="run"):
-        first = hold(preset=preset)
+        first = hold(preset=preset).set_retry(2, backoff_duration="30s", backoff_factor=2.0)
         with dsl.If(first.output == FAILING, name="gate-promotes"):
             boom(preset=preset)
 
@@ -306,3 +307,75 @@ def test_a_job_whose_image_is_missing_is_created_and_its_task_fails_at_image_pul
     assert resource["state"] == "PIPELINE_STATE_FAILED"
     (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
     assert hold["state"] == "FAILED" and "failed to pull image" in hold["error"]["message"]
+
+
+def test_a_cancelled_run_cancels_its_exit_task_too(service):
+    """Cancelling "cancels all the remaining tasks in the pipeline"
+    (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs): the exit handler's task is one of them,
+    so a pipeline's own teardown does not run after a Stop."""
+    from google.cloud import aiplatform
+
+    name = _create(service, _submission(service), vertex.new_job_id(PRESET))
+    wait_until(lambda: service.job(name).attempts.get("hold"), 60, "hold to start")
+    aiplatform.PipelineJob.get(name).cancel()
+    resource = service.wait(name, timeout_s=60)
+    states = {t["taskName"]: t["state"] for t in resource["jobDetail"]["taskDetails"]}
+    assert resource["state"] == "PIPELINE_STATE_CANCELLED"
+    assert states["hold"] == states["teardown"] == states["run"] == "CANCELLED", states
+    assert "teardown" not in service.job(name).logs  # never started
+
+
+def test_a_task_killed_mid_way_is_retried_as_its_retry_policy_says(service):
+    """``set_retry(2, backoff_duration="30s", backoff_factor=2.0)`` on hold: its first attempt is killed (SIGKILL, as a
+    lost machine), the emulator waits the policy's backoff (scaled to the tests' clock) and runs it again, which
+    succeeds; the failed attempt stays in the task's status history."""
+    service.backoff_scale = 0.01
+    service.kill_first_attempt("hold", when=lambda: True)
+    name = _create(service, _submission(service), vertex.new_job_id(PRESET))
+    wait_until(lambda: service.job(name).attempts.get("hold") == 2, 60, "hold's second attempt")
+    service.release.touch()
+    resource = service.wait(name, timeout_s=60)
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED"
+    job = service.job(name)
+    assert job.attempts == {"hold": 2, "teardown": 1} and job.backoffs == {"hold": [30.0]}
+    (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
+    assert hold["state"] == "SUCCEEDED" and "error" not in hold
+    (failed,) = hold["pipelineTaskStatus"]  # an error in a non-final state: "a system-error being retried"
+    assert failed["state"] == "RUNNING" and "exited with code -9" in failed["error"]["message"]
+
+
+def test_a_task_without_a_retry_policy_is_not_retried_and_backoff_grows_by_the_factor(service):
+    from tests.emulators.vertex import _backoff
+
+    service.release.touch()
+    name = _create(service, _submission(service, preset=FAILING), vertex.new_job_id(FAILING))
+    service.wait(name, timeout_s=60)
+    assert service.job(name).attempts["boom"] == 1  # no set_retry: failed once, not run again
+    policy = {"maxRetryCount": 3, "backoffDuration": "60s", "backoffFactor": 2.0, "backoffMaxDuration": "200s"}
+    assert [_backoff(policy, n) for n in (1, 2, 3)] == [60.0, 120.0, 200.0]
+    assert _backoff({"maxRetryCount": 1}, 1) == 0.0
+
+
+def test_runs_cancel_finds_the_run_a_job_ran_as_its_tasks_do():
+    """The run id is the job's ``run_id`` parameter, else derived from its job id (what every task derives it from);
+    the output root and the rest are the job's values, else the compiled defaults."""
+    from components.spec.names import run_id_from
+    from pipelines.stopping import run_of
+
+    spec = {
+        "root": {
+            "inputDefinitions": {
+                "parameters": {
+                    "run_id": {"defaultValue": ""},
+                    "output_root": {"defaultValue": "gs://b/runs"},
+                    "preset": {"defaultValue": PRESET},
+                }
+            }
+        }
+    }
+    job_id = vertex.new_job_id(PRESET)
+    job = {"name": f"projects/{PROJECT}/locations/{REGION}/pipelineJobs/{job_id}", "pipelineSpec": spec}
+    assert run_of(job)["run_id"] == run_id_from("", job_id) and run_of(job)["output_root"] == "gs://b/runs"
+    job["runtimeConfig"] = {"parameterValues": {"run_id": "mine", "output_root": "gs://other/runs"}}
+    run = run_of(job)
+    assert (run["run_id"], run["output_root"], run["preset"]) == ("mine", "gs://other/runs", PRESET)

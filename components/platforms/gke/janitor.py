@@ -9,9 +9,17 @@ A run is found two ways:
   (a ledger is written for it, with a stand-in spec whose derived names cover the DCN networks and subnets of a
   multislice run) once its cluster is older than the limit.
 
-A run is collected when it is finished (its summary written, yet something of it remains) or older than its limit:
-``older_than_s`` when given, else the run's own: the longest its stages may wait (:func:`limit_s`). A run already
-torn down is skipped. Each collected run goes through ``GkePlatform.teardown`` (newest first, not found is success),
+A run that ran on Vertex AI Pipelines has its pipeline job in its ledger (``pipeline_job``, written by its first
+task): given the Vertex AI region, the janitor asks Vertex AI for that job's state (in the run's project, where the
+compiled pipeline runs). A job that ended (cancelled from the UI, by a schedule's owner, failed, succeeded) whose run
+still has resources is collected at once, whatever its age: a cancelled job's exit handler never ran its teardown
+("cancels all the remaining tasks in the pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
+A run whose job is still pending or running is left alone, whatever its age.
+
+Any other run is collected when it is finished (its summary written, yet something of it remains) or older than its
+limit: ``older_than_s`` when given, else the run's own: the longest its stages may wait (:func:`limit_s`); so is a
+Vertex AI run whose job's state cannot be read (not found in the region, no permission). A run already torn down is
+skipped. Each collected run goes through ``GkePlatform.teardown`` (newest first, not found is success),
 so a second sweep finds nothing; a dry run lists everything and deletes nothing.
 """
 
@@ -38,6 +46,8 @@ ADOPT_PRESET = "llama3-8b-v6e-16x2"
 DEFAULT_LIMIT_S = 6 * 3600.0
 # Provisioning and the image build, beyond the deadlines the spec gives the stages that wait.
 PROVISION_AND_BUILD_S = 3600.0
+# PipelineJob.state values of a job that ended (google.cloud.aiplatform_v1.types.PipelineState).
+JOB_ENDED = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 AGE = re.compile(r"(?P<number>\d+(?:\.\d+)?)(?P<unit>[smhd]?)")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -88,11 +98,12 @@ class Janitor:
         log: Callable[[str], None] = print,
         now: Callable[[], float] = time.time,
         platform=None,
+        region: str = "",
     ):
         from components.platforms.gke.platform import GkePlatform
 
         self.output_root, self.projects, self.older_than_s = output_root, projects, older_than_s
-        self.log, self.now = log, now
+        self.log, self.now, self.region = log, now, region  # region: Vertex AI's, where the runs' jobs are
         self.platform = platform or GkePlatform(log=log)
 
     # ---------------------------------------------------------------- finding
@@ -113,7 +124,9 @@ class Janitor:
             has = self.platform.remaining(ctx)
             if not has:
                 continue
-            reason = self._reason(store.exists("summary.json"), ledger.get("started"), limit_s(spec))
+            reason, unknown = self._job_reason(ledger.get("pipeline_job"), spec.gke.project)
+            if not reason:
+                reason = self._reason(store.exists("summary.json"), ledger.get("started"), limit_s(spec)) + unknown
             if reason.startswith("kept"):
                 sweep.kept.append(f"{run_id}: {reason}")
             else:
@@ -121,6 +134,20 @@ class Janitor:
         for project in sorted(p for p in projects if p):
             self._find_labelled(project, known, sweep)
         return sweep
+
+    def _job_reason(self, job: dict | None, project: str) -> tuple[str, str]:
+        """Why a Vertex AI run is collected or kept, from its pipeline job's state; else '' and, when the state
+        could not be read, why (said beside the age limit's reason)."""
+        if not job or not self.region:
+            return "", ""
+        name = f"projects/{project}/locations/{self.region}/pipelineJobs/{job['id']}"
+        state, problem = pipeline_job_state(name, self.region)
+        if state is None:
+            return "", f" (the state of its pipeline job {name} is unknown: {problem})"
+        shown = state.removeprefix("PIPELINE_STATE_").lower()
+        if state in JOB_ENDED:
+            return f"its pipeline job {job['id']} is {shown}", ""
+        return f"kept: its pipeline job {job['id']} is {shown}", ""
 
     def _reason(self, finished: bool, started: float | None, own_limit: float) -> str:
         limit = self.older_than_s if self.older_than_s is not None else own_limit
@@ -208,6 +235,28 @@ class Janitor:
         return sweep
 
 
+def pipeline_job_state(name: str, region: str) -> tuple[str | None, str]:
+    """A Vertex AI pipeline job's state (``PIPELINE_STATE_...``), or None and why it cannot be read."""
+    import os
+
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    from components.platforms.credentials import VERTEX_ENDPOINT_ENV, credentials
+
+    endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=credentials(),
+        transport="rest" if endpoint else None,
+        client_options={"api_endpoint": endpoint or f"{region}-aiplatform.googleapis.com"},
+    )
+    try:
+        job = client.get_pipeline_job(name=name)
+    except exceptions.GoogleAPICallError as exc:
+        return None, f"{type(exc).__name__}: {exc.message}"
+    return aiplatform_v1.PipelineState(job.state).name, ""
+
+
 def render(sweep: Sweep, dry_run: bool) -> str:
     """The sweep as text: what was (or would be) deleted, run by run, and what was left and why."""
     verb = "would delete" if dry_run else "deleted"
@@ -229,13 +278,18 @@ def render(sweep: Sweep, dry_run: bool) -> str:
     return "\n".join([head, *lines]) + "\n"
 
 
-def run_component(output_root: str, project: str, older_than: str, dry_run: bool, report_path: str) -> str:
+def run_component(
+    output_root: str, project: str, older_than: str, dry_run: bool, report_path: str, region: str = ""
+) -> str:
     """What the janitor pipeline's component calls: one sweep, its report as Markdown at ``report_path``, and a JSON
     summary (the runs deleted, kept and failed) as its output. A failed teardown fails the task, after the report."""
     from pathlib import Path
 
     janitor = Janitor(
-        output_root, tuple(p for p in project.split(",") if p), parse_age(older_than) if older_than else None
+        output_root,
+        tuple(p for p in project.split(",") if p),
+        parse_age(older_than) if older_than else None,
+        region=region,
     )
     sweep = janitor.sweep(dry_run)
     text = render(sweep, dry_run)
