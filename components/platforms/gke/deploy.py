@@ -177,9 +177,14 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None
 
     from components.platforms.credentials import AccessToken
     from components.platforms.gke import kube as gke_kube
+    from components.platforms.gke.k8s_access import REACH_BUDGET_S
+    from components.platforms.gke.transient import Backoff
 
     with tempfile.TemporaryDirectory() as tmp:
         ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
         api = gke_kube.api_client(cluster.endpoint, ca_pem, AccessToken(creds), Path(tmp))
-        crd = _crd(gke_kube.Kube(api, namespace, log=lambda m: None))
+        # Preflight's read: retried as briefly as its access review (an API server that cannot be reached is reported,
+        # not waited on for the 600 s a stage's call may retry).
+        kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=REACH_BUDGET_S))
+        crd = _crd(kube)
     return kuberay_refusal(crd, cluster.name, owns_cluster=False)
