@@ -11,6 +11,7 @@ checkpoint named twice (the champion training started from) is measured once. Pr
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import tempfile
@@ -179,7 +180,8 @@ def run(
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The job's options (``components.workload.derive.job_command`` writes them)."""
     p = job_args.parser(
         "Held-out loss before vs after fine-tuning, on the training devices.",
         "the run's training output directory",
@@ -192,7 +194,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the checkpoint training started from (the 'before' model); default: train.model_id as built",
     )
     p.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
-    args = job_args.parse(p, argv)
+    return job_args.parse(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     result = run(
         args.spec,
         args.scaling_config,

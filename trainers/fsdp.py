@@ -9,6 +9,7 @@ result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``ste
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import tempfile
@@ -338,7 +339,8 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The job's options (``components.workload.derive.job_command`` writes them)."""
     p = job_args.parser(
         "FSDP2 fine-tune through Ray Train's TorchTrainer.", "where checkpoints and data go", "Ray Train run name"
     )
@@ -348,7 +350,11 @@ def main(argv: list[str] | None = None) -> None:
         help="a checkpoint of this trainer to start from (its weights over "
         "train.model_id): the registered version train.init_from names",
     )
-    args = job_args.parse(p, argv)
+    return job_args.parse(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     result = run(args.spec, args.scaling_config, Path(args.output_dir), args.run_name, args.init_from)
     if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
         raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")

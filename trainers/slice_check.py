@@ -22,6 +22,7 @@ ranks with their hosts) and exits 1 when a rank failed. What each actor runs is 
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -221,13 +222,18 @@ def failure_message(result: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The job's options (``components.workload.derive.job_command`` writes them)."""
     p = job_args.parser(
         "Check every device of the cluster before training.", "the run's job output directory", "the run's name"
     )
     p.add_argument("kind", choices=("torch", "jax"))
     p.add_argument("--devices-per-host", required=True, type=int, help="devices each host checks")
-    args = job_args.parse(p, argv)
+    return job_args.parse(p, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     result = run(args.kind, args.spec, args.scaling_config, args.devices_per_host)
     protocol.emit("result", result)
     if not result["ok"]:
