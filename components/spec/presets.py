@@ -45,22 +45,26 @@ _LLAMA3_8B_MAXTEXT = {
     "ici_tensor_parallelism": 4,
 }
 
+# The FSDP2 fine-tune of a tiny Gemma 4 built from a config, on the generated instruction dataset: local-fsdp's and
+# smoke's training.
+TINY_FSDP = {
+    "model_id": "scratch:gemma4-tiny",
+    "dataset": "generated",
+    "num_train_examples": 512,
+    "num_eval_examples": 128,
+    "max_length": 64,
+    "batch_size": 16,
+    "epochs": 3,
+    "learning_rate": 3e-3,
+    "weight_decay": 0.01,
+}
+
 PRESETS: dict[str, dict] = {
     # The default of `make run`: the FSDP2 fine-tune on 2 emulated CPU hosts, a tiny Gemma 4 from a config
     # and the generated instruction dataset. A few minutes on 2 cores.
     "local-fsdp": {
         "cluster": {"accelerator": "cpu", "num_hosts": 2, "cpus_per_host": 1},
-        "train": {
-            "model_id": "scratch:gemma4-tiny",
-            "dataset": "generated",
-            "num_train_examples": 512,
-            "num_eval_examples": 128,
-            "max_length": 64,
-            "batch_size": 16,
-            "epochs": 3,
-            "learning_rate": 3e-3,
-            "weight_decay": 0.01,
-        },
+        "train": TINY_FSDP,
     },
     # MaxText pretraining of a tiny Llama-style model on 2 emulated CPU hosts x 2 devices: one JAX runtime of
     # 2 processes and 4 devices, sharded fsdp 2 x tensor 2, as a v6e slice's hosts form one.
@@ -100,16 +104,8 @@ PRESETS: dict[str, dict] = {
             "expected_hours": 0.5,
             "slice_check_timeout_s": 300.0,
         },
-        "train": {
-            "model_id": "scratch:gemma4-tiny",
-            "dataset": "generated",
-            "num_train_examples": 512,
-            "num_eval_examples": 128,
-            "max_length": 64,
-            "batch_size": 16,
-            "epochs": 3,
-            "learning_rate": 3e-3,
-            "weight_decay": 0.01,
+        "train": TINY_FSDP
+        | {
             "num_workers": 1,  # one Ray Train worker per TPU device
             "timeout_s": 1800.0,
         },
