@@ -15,9 +15,11 @@ after the first, and counts the presses in a thread of its own).
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
+import sys
 import threading
 
 from components.platforms import RunContext, get_platform, interrupts, procs
@@ -63,16 +65,34 @@ class Interrupts:
         self.abandoned = False
         self._lock = threading.Lock()
         self._previous: dict[int, object] = {}
+        self._streams = (sys.stdout, sys.stderr)
+        self._logging = False
+        self._redirect = threading.RLock()
 
     def __enter__(self) -> Interrupts:
         os.environ[interrupts.DRIVER_ENV] = str(os.getpid())  # every stage (and the keeper) knows the driver
         self._previous = {s: signal.signal(s, self._first) for s in interrupts.SIGNALS}
+        sys.stdout, sys.stderr = (_Terminal(stream, self._to_log) for stream in self._streams)
         return self
 
     def __exit__(self, *_exc) -> None:
         # After an interrupt the signals stay blocked (see _first): the driver is about to print the summary and exit.
         for s, h in self._previous.items():
             signal.signal(s, h)
+        sys.stdout, sys.stderr = self._streams
+
+    def _to_log(self) -> None:
+        """The terminal is gone: what the driver prints from now on goes to the run's ``logs/driver.log`` (once)."""
+        with self._redirect:  # reentrant: SIGHUP's handler may run inside a redirecting write (twice is harmless)
+            if self._logging:
+                return
+            logs = self.ctx.run_dir / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            log = os.open(logs / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for fd in (1, 2):
+                os.dup2(log, fd)
+            os.close(log)
+            self._logging = True
 
     @staticmethod
     def say(message: str) -> None:
@@ -100,12 +120,7 @@ class Interrupts:
             return self._more(signum)
         self.count, self.signum = 1, signum
         if signum == signal.SIGHUP:  # the terminal is gone: what the driver prints from now on goes to the run's log
-            logs = self.ctx.run_dir / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            log = os.open(logs / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            for fd in (1, 2):
-                os.dup2(log, fd)
-            os.close(log)
+            self._to_log()
         stage = self._current_stage()
         interrupts.mark(self.ctx.store, stage, signum)
         signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
@@ -154,6 +169,33 @@ class Interrupts:
             f"finish the cleanup with: {teardown_command(self.ctx, self.output_root)}"
         )
         return 128 + (self.signum or signal.SIGINT)
+
+
+class _Terminal:
+    """The driver's stdout or stderr while it runs: a write that a closed terminal refuses (EIO, which may come before
+    SIGHUP's handler has run) sends what the driver prints from then on to the run's log, as SIGHUP does, and is
+    written there."""
+
+    def __init__(self, stream, to_log):
+        self._stream, self._to_log = stream, to_log
+
+    def _again(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            self._to_log()
+            return call(*args)
+
+    def write(self, text: str) -> int:
+        return self._again(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._again(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _status(ctx: RunContext, stage: str) -> str:
