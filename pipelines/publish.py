@@ -98,8 +98,11 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
     host = kfp_host(target, kfp_repository)
     with tempfile.TemporaryDirectory() as tmp:
         path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target)
+        import google.auth.transport.requests
         from kfp.registry import RegistryClient
 
+        if not creds.valid:  # kfp refreshes them only for a *-kfp.pkg.dev host (its RegistryClient._refresh_creds)
+            creds.refresh(google.auth.transport.requests.Request())
         package, package_version = RegistryClient(host=host, auth=creds).upload_pipeline(path, tags=list(tags))
     log(f"publish: template {package}/{package_version} in {host}, tags {', '.join(tags)}")
     return Published(image, built, f"{package}/{package_version}", tags, host)
