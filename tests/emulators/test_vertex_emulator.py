@@ -102,33 +102,36 @@ def vertex(tmp_path, monkeypatch):
     emulator.stop()
 
 
-def _run(vertex, tmp_path, job_id: str, value: str) -> dict:
-    """Compile ``gated`` and create a job of it with the PipelineService client (the SDK's PipelineJob would first
-    look the pipeline root's bucket up in Cloud Storage); its outcome once it ends."""
+def _create(vertex, tmp_path, pipeline, job_id: str, parameters: dict | None = None) -> tuple[str, dict]:
+    """Compile ``pipeline`` and create a job of it with the PipelineService client (the SDK's PipelineJob would first
+    look the pipeline root's bucket up in Cloud Storage); (its resource name, its resource once it ends)."""
     import yaml
     from google.cloud import aiplatform_v1
 
     from components.platforms.credentials import credentials
 
-    template = tmp_path / "gated.yaml"
-    compiler.Compiler().compile(gated, str(template))
+    template = tmp_path / f"{job_id}.yaml"
+    compiler.Compiler().compile(pipeline, str(template))
     client = aiplatform_v1.PipelineServiceClient(
         credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
     )
+    runtime = {"gcs_output_directory": f"gs://{PROJECT}-pipeline-root/{job_id}"}
     job = aiplatform_v1.PipelineJob(
-        display_name="gated",
+        display_name=job_id,
         pipeline_spec=yaml.safe_load(template.read_text()),
-        runtime_config={
-            "gcs_output_directory": f"gs://{PROJECT}-pipeline-root/{job_id}",
-            "parameter_values": {"value": value},
-        },
+        runtime_config=runtime | ({"parameter_values": parameters} if parameters else {}),
     )
     created = client.create_pipeline_job(
         parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id=job_id
     )
-    resource = vertex.wait(created.name, timeout_s=300)
+    return created.name, vertex.wait(created.name, timeout_s=300)
+
+
+def _run(vertex, tmp_path, job_id: str, value: str) -> dict:
+    """A job of ``gated``: its outcome once it ends."""
+    name, resource = _create(vertex, tmp_path, gated, job_id, {"value": value})
     tasks = {t["taskName"]: t["state"] for t in resource["jobDetail"]["taskDetails"]}
-    return {"state": resource["state"], "tasks": tasks, "logs": vertex.job(created.name).logs}
+    return {"state": resource["state"], "tasks": tasks, "logs": vertex.job(name).logs}
 
 
 def test_a_branch_runs_only_when_its_condition_holds_and_a_false_one_is_no_failure(vertex, tmp_path):
@@ -215,26 +218,8 @@ def fork():
 
 
 def test_tasks_that_do_not_depend_on_each_other_run_side_by_side(vertex, tmp_path):
-    import yaml
-    from google.cloud import aiplatform_v1
-
-    from components.platforms.credentials import credentials
-
-    template = tmp_path / "fork.yaml"
-    compiler.Compiler().compile(fork, str(template))
-    client = aiplatform_v1.PipelineServiceClient(
-        credentials=credentials(), transport="rest", client_options={"api_endpoint": vertex.endpoint}
-    )
-    job = aiplatform_v1.PipelineJob(
-        display_name="fork",
-        pipeline_spec=yaml.safe_load(template.read_text()),
-        runtime_config={"gcs_output_directory": f"gs://{PROJECT}-pipeline-root/fork"},
-    )
-    created = client.create_pipeline_job(
-        parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job, pipeline_job_id="fork"
-    )
-    resource = vertex.wait(created.name, timeout_s=300)
-    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", vertex.job(created.name).logs
+    name, resource = _create(vertex, tmp_path, fork, "fork")
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", vertex.job(name).logs
     details = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
     first, second, joined = details["slow"], details["slow-2"], details["join"]
     assert first["startTime"] < second["endTime"] and second["startTime"] < first["endTime"], (first, second)
