@@ -43,10 +43,13 @@ run: envs ## run the whole pipeline on the local platform (kfp.local + a local m
 # XDIST= runs them in this process alone.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
+# The emulated Vertex AI runs its tasks in the components image's environment (.envs/pipeline-<hash>, from
+# images/pipeline alone): the first fast test that runs a task there builds it (others wait on its lock), else the
+# background job does, after the trainer environments.
 test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environments build, then the e2e tier
 	@mkdir -p build
-	@echo "creating (or reusing) the trainer environments in the background, log build/envs.log; the fast tiers meanwhile"
-	@set -m; $(BIN)/tpupipe env torch maxtext > build/envs.log 2>&1 & envs=$$!; \
+	@echo "creating (or reusing) the trainer and components environments in the background, log build/envs.log; the fast tiers meanwhile"
+	@set -m; $(BIN)/tpupipe env torch maxtext pipeline > build/envs.log 2>&1 & envs=$$!; \
 	  $(MAKE) --no-print-directory test-fast || { kill -- -$$envs 2>/dev/null; exit 1; }; \
 	  wait $$envs || { echo "creating the trainer environments failed:"; tail -30 build/envs.log; exit 1; }
 	$(MAKE) --no-print-directory test-e2e

@@ -19,6 +19,12 @@
 - ``/api/v1/namespaces/{ns}/services/{svc}:{port}/proxy/...`` is forwarded to that cluster's dashboard, with the
   ``Authorization`` header removed as the API server does after authenticating the caller; plain requests only (a
   WebSocket upgrade is refused with 400, so the stages' fallback of reading a job's whole log is what runs here).
+- the pods' Cloud Storage FUSE volume: a RayCluster's pods mount a bucket where their manifest says (the gke
+  platform's: ``/data``), and the emulated pods are processes on this machine, which has no such mount; so
+  ``mount_root`` (a local directory) plays it: a path under the mount in what a caller sends to the cluster through
+  the proxy (a job's entrypoint) is the same path under ``mount_root`` for the processes, and such a path in what the
+  cluster answers (a job's log and records) is shown under the mount again, as a pod prints it. The caller (a pipeline
+  task, the stages) sees the pods' paths only, as on GKE, and needs no mount of its own.
 
 - core/v1 Events are listed with a ``fieldSelector`` (``involvedObject.kind=Pod,involvedObject.name=...``, the
   event fields the API server selects on); the emulator records the scheduler's and the cluster autoscaler's events
@@ -97,6 +103,7 @@ ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"  # Cloud Storage FUSE's CSI driver on GKE
 UNSCHEDULABLE_MESSAGE = (
     "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are "
     "available: {n} No preemption victims found for incoming pod."
@@ -237,11 +244,13 @@ class KubeEmulator:
         fault: str = "",
         ready_delay_s: float = 0.0,
         scale_up_s: float = 2.0,
+        mount_root: Path | str | None = None,
     ):
         self.work_dir = Path(work_dir)
         self.token = token
         self.crds = crd_validator
         self.ray_env = ray_env  # components.envs.Env of the torch image, for the raylets; None: never start Ray
+        self.mount_root = Path(mount_root) if mount_root else None  # plays the bucket the pods mount at /data
         self.fault = fault
         self.ready_delay_s = ready_delay_s
         self.scale_up_s = scale_up_s  # scale_from_zero / never_scales_up: how long the nodes take to come (or fail)
@@ -997,8 +1006,34 @@ class KubeEmulator:
             if k.lower() not in ("authorization", "host", "content-length", "connection")
         }
         url = f"http://127.0.0.1:{record['dashboard']}{path}" + (f"?{query}" if query else "")
+        mount = self._fuse_mount(namespace, cluster)
         try:
-            r = requests.request(method, url, data=body or None, headers=headers, timeout=60)
+            r = requests.request(method, url, data=self._into_pods(body, mount) or None, headers=headers, timeout=60)
         except requests.RequestException as exc:
             return self._send(h, 503, _status(503, "ServiceUnavailable", f"error trying to reach service: {exc}"))
-        self._send(h, r.status_code, r.content, r.headers.get("Content-Type", "application/json"))
+        content = self._from_pods(r.content, mount)
+        self._send(h, r.status_code, content, r.headers.get("Content-Type", "application/json"))
+
+    def _fuse_mount(self, namespace: str, cluster: str) -> str:
+        """Where the RayCluster's head pod mounts a Cloud Storage FUSE volume (a CSI ephemeral volume of the
+        ``gcsfuse.csi.storage.gke.io`` driver, https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-
+        volumes/cloud-storage-fuse-csi-driver); '' when it mounts none."""
+        with self.lock:
+            obj = self.objects.get(("rayclusters", namespace, cluster)) or {}
+        pod = obj.get("spec", {}).get("headGroupSpec", {}).get("template", {}).get("spec", {})
+        fuse = {v["name"] for v in pod.get("volumes", []) if v.get("csi", {}).get("driver") == GCSFUSE_DRIVER}
+        mounts = [m for c in pod.get("containers", []) for m in c.get("volumeMounts", []) if m["name"] in fuse]
+        return mounts[0]["mountPath"].rstrip("/") if mounts else ""
+
+    def _into_pods(self, data: bytes, mount: str) -> bytes:
+        """Paths under the pods' mount (``/data/...``) as the emulated pods reach them: under ``mount_root``."""
+        if not (self.mount_root and mount and data):
+            return data
+        pattern = re.compile(rb"(?<![\w./-])" + re.escape(mount.encode()) + rb"(?=/)")
+        return pattern.sub(lambda m: str(self.mount_root).encode() + m[0], data)
+
+    def _from_pods(self, data: bytes, mount: str) -> bytes:
+        """Paths under ``mount_root`` as a pod shows them: under its mount (``/data/...``)."""
+        if not (self.mount_root and mount and data):
+            return data
+        return data.replace(f"{self.mount_root}{mount}/".encode(), f"{mount}/".encode())

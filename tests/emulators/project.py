@@ -164,7 +164,9 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     token = TokenIssuer()
     token.start()
     adc = token.adc_file(Path(tmp_path) / "adc" / "application_default_credentials.json")
-    kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault)
+    # The pods' Cloud Storage FUSE mount (/data) is this directory for the emulated pods' processes.
+    mount = tmp_path / "bucket"
+    kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault, mount_root=mount)
     kube.start()
     compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
     gke = ClusterManagerEmulator(
@@ -183,7 +185,6 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
         "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
         "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
         "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
-        "TPUPIPE_GKE_MOUNT_ROOT": str(tmp_path / "bucket"),
     }
     services = ServiceUsageEmulator({PROJECT: PROJECT_NUMBER})
     env["TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"] = services.start()
@@ -203,9 +204,10 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
 
 def _add_vertex(project: Project, tmp_path) -> None:
     """Vertex AI Pipelines and the KFP template registry on top: ``project.vertex``, ``project.kfp``. The tasks it
-    runs get the emulators' endpoints in their environment, as Vertex tasks get Google's."""
-    import sys
-
+    runs get the emulators' endpoints in their environment, as Vertex tasks get Google's, and run in the components
+    image's environment (images/pipeline's requirements alone, by content hash, as ``tpupipe env pipeline`` makes it),
+    not this test's: a package the components import that the image lacks fails the run."""
+    from components.platforms.local import envs
     from tests.emulators.artifactregistry import KfpRegistryEmulator
     from tests.emulators.vertex import VertexEmulator
 
@@ -216,7 +218,7 @@ def _add_vertex(project: Project, tmp_path) -> None:
         project.storage,
         project.registry,
         task_env,
-        python_bin=Path(sys.executable).parent,
+        python_bin=lambda: envs.ensure_env("pipeline").bin,
         workdir=tmp_path,
         token=project.tokens,
         models=project.models,

@@ -224,3 +224,46 @@ def test_tasks_that_do_not_depend_on_each_other_run_side_by_side(vertex, tmp_pat
     first, second, joined = details["slow"], details["slow-2"], details["join"]
     assert first["startTime"] < second["endTime"] and second["startTime"] < first["endTime"], (first, second)
     assert joined["startTime"] >= max(first["endTime"], second["endTime"])
+
+
+@dsl.container_component
+def reads_yaml():
+    """A task that imports one package of the components image (PyYAML), as every component imports its own."""
+    return dsl.ContainerSpec(image=IMAGE, command=["python3", "-c", "import yaml; print('yaml', yaml.__version__)"])
+
+
+@dsl.pipeline(name="image-env")
+def image_env():
+    reads_yaml()
+
+
+def test_a_task_runs_in_the_environment_of_its_image_alone_so_a_package_the_image_lacks_fails_the_run(
+    vertex, tmp_path, monkeypatch
+):
+    """The tasks run in an environment built from the image's directory alone (``components.platforms.local.envs``,
+    by content hash, as ``tpupipe env`` builds every image): a test copy of images/pipeline keeping one of its
+    requirements, PyYAML, then the same copy with that line removed. The task that imports it succeeds in the first
+    and fails the run in the second, although this test's own environment has PyYAML."""
+    from components.platforms.local import envs
+
+    monkeypatch.setenv("TPUPIPE_ENVS_DIR", str(tmp_path / "envs"))
+    pins = (envs.IMAGES_DIR / "pipeline" / "requirements.txt").read_text().splitlines()
+    (pyyaml,) = [line for line in pins if line.lower().startswith("pyyaml==")]
+
+    def image(name: str, requirements: list[str]) -> Path:
+        copy = tmp_path / name / "pipeline"
+        copy.mkdir(parents=True)
+        (copy / "Dockerfile").write_text((envs.IMAGES_DIR / "pipeline" / "Dockerfile").read_text())
+        (copy / "requirements.txt").write_text("\n".join(requirements) + "\n")
+        return envs.ensure_env("pipeline", log=lambda m: None, images=copy.parent).bin
+
+    vertex.python_bin = image("with", [pyyaml])
+    _, ran = _create(vertex, tmp_path, image_env, "with-pyyaml")
+    assert ran["state"] == "PIPELINE_STATE_SUCCEEDED", (ran.get("error"), ran["jobDetail"])
+    assert "yaml 6." in vertex.job("with-pyyaml").logs["reads-yaml"]
+
+    vertex.python_bin = image("without", [])
+    _, failed = _create(vertex, tmp_path, image_env, "without-pyyaml")
+    assert failed["state"] == "PIPELINE_STATE_FAILED"
+    (task,) = [t for t in failed["jobDetail"]["taskDetails"] if t["taskName"] == "reads-yaml"]
+    assert task["state"] == "FAILED" and "No module named 'yaml'" in task["error"]["message"]

@@ -15,13 +15,15 @@ is created: a task whose image is not in the emulated Artifact Registry fails wh
 wording of its error is this emulator's: Vertex documents no message for it).
 
 How it runs a job, as Vertex does: every task in its own process group and its own empty working directory, its
-container's command run with the pipeline image's Python first on PATH (the image's stand-in), the run's labels in
-``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every task, with its reserved billing-id label) and the emulated
-cloud services' endpoints in its environment (the stand-ins of Google's), and nothing else a test gives it beyond
-``env`` — no project (a Vertex task has none in its environment; its clients find it from their credentials). The
-tests' ``env`` adds one more, ``TPUPIPE_GKE_MOUNT_ROOT``: the emulated KubeRay's pods are processes on this machine,
-and the prefix maps their Cloud Storage FUSE mount, whose paths a task writes into its Ray jobs, to a directory here.
-Output artifacts are written through the
+container's command run with the image's stand-in first on PATH (``python_bin``: the tests give the components
+image's environment, built from images/pipeline alone by ``components.platforms.local.envs``, so a package the image
+lacks is missing in the task too), the run's labels in ``VERTEX_AI_PIPELINES_RUN_LABELS`` (as Vertex gives every
+task, with its reserved billing-id label) and the emulated cloud services' endpoints in its environment (the
+stand-ins of Google's), and nothing else a test gives it beyond ``env`` — no project, no mount (a Vertex task's
+container gets the image's command and environment, the variables the job's spec names, and the run's labels:
+https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation; its clients find the project from their
+credentials, and the paths it writes into its Ray jobs are the pods' own, under their Cloud Storage FUSE mount, which
+the emulated KubeRay maps for its processes: tests/emulators/kube.py). Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
 another's disk. The DAG runs in dependency order, tasks that do not depend on each other side by side (Vertex
@@ -64,6 +66,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
@@ -255,8 +258,17 @@ COMPARISONS = {
 
 class VertexEmulator(HttpEmulator):
     def __init__(
-        self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = "", models=None
+        self,
+        storage,
+        registry,
+        env: dict[str, str],
+        python_bin: Path | Callable[[], Path],
+        workdir: Path,
+        token: str = "",
+        models=None,
     ):
+        """``python_bin``: the bin directory of the environment the tasks run in, or what makes it (called once,
+        when the first task starts: a test that runs no task builds nothing)."""
         super().__init__()
         self.storage, self.registry = storage, registry  # the storage and Artifact Registry emulators
         self.models = models  # the ModelService emulator (tests.emulators.models) served on this endpoint
@@ -269,6 +281,7 @@ class VertexEmulator(HttpEmulator):
         self.backoff_scale = 1.0  # a retry's wait, as the spec gives it, times this
         self.kills: dict[str, object] = {}  # task name -> the condition that kills its first attempt
         self._lock = threading.RLock()
+        self._image_lock = threading.Lock()
 
     # ------------------------------------------------------------------ inspection
     def job(self, name_or_id: str) -> Job:
@@ -623,10 +636,11 @@ class VertexEmulator(HttpEmulator):
                 "outputFile": str(task_dir / "outputs" / "executor_output.json"),
             },
         }
-        argv = [*executor["command"], *[json.dumps(executor_input) if a == "{{$}}" else a for a in executor["args"]]]
+        words = executor.get("args", [])  # a container component may have none
+        argv = [*executor["command"], *[json.dumps(executor_input) if a == "{{$}}" else a for a in words]]
         env = {
             **self.env,
-            "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
+            "PATH": f"{self._python_bin()}{os.pathsep}/usr/bin:/bin",
             "HOME": str(task_dir),
             "PYTHONUNBUFFERED": "1",
             RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
@@ -653,6 +667,12 @@ class VertexEmulator(HttpEmulator):
         shutil.rmtree(task_dir, ignore_errors=True)
         error = {"code": 9, "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:]}
         return code == 0, result, error
+
+    def _python_bin(self) -> Path:
+        with self._image_lock:  # not the service's lock: it may take minutes, while the service answers
+            if callable(self.python_bin):
+                self.python_bin = self.python_bin()
+            return self.python_bin
 
     @staticmethod
     def _kill_when(process: subprocess.Popen, when) -> None:

@@ -26,7 +26,6 @@ Heavy imports (google-cloud, kubernetes, ray) stay inside functions.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,9 +40,6 @@ from components.platforms.gke.session import Session
 from components.platforms.gke.target import MOUNT_PATH, Target, target
 from components.spec import InfraError, SpecError, names
 from components.workload import derive as d
-
-# With the emulators: the local directory that plays the bucket mounted at /data in every pod (GCS FUSE).
-MOUNT_ROOT_ENV = "TPUPIPE_GKE_MOUNT_ROOT"
 
 
 class GkePlatform(Platform):
@@ -164,14 +160,13 @@ class GkePlatform(Platform):
         return client
 
     def job_output_dir(self, ctx: RunContext) -> str:
-        return os.environ.get(MOUNT_ROOT_ENV, "") + self._target(ctx).run_dir
+        return self._target(ctx).run_dir
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """The bucket's object path of a path under the pods' GCS FUSE mount (``/data/runs/<id>/...``)."""
-        mounted = path.removeprefix(os.environ.get(MOUNT_ROOT_ENV, ""))
-        if not mounted.startswith(MOUNT_PATH + "/"):
+        if not path.startswith(MOUNT_PATH + "/"):
             return path
-        return f"gs://{self._target(ctx).bucket}/{mounted.removeprefix(MOUNT_PATH + '/')}"
+        return f"gs://{self._target(ctx).bucket}/{path.removeprefix(MOUNT_PATH + '/')}"
 
     def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
         """A checkpoint in the run's bucket, as the pods see it through their GCS FUSE mount (``/data/...``)."""
@@ -182,7 +177,7 @@ class GkePlatform(Platform):
                 f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
                 f"the cluster mounts at {MOUNT_PATH}: copy it there, or set gke.bucket",
             )
-        return os.environ.get(MOUNT_ROOT_ENV, "") + f"{MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
+        return f"{MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
 
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         """Vertex AI Model Registry of the run's project, in the region of its zone."""

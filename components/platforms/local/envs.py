@@ -47,23 +47,24 @@ class Env:
         return {**asdict(self), "python": self.python}
 
 
-def image_names() -> list[str]:
-    return sorted(p.name for p in IMAGES_DIR.iterdir() if (p / "Dockerfile").is_file())
+def image_names(images: Path = IMAGES_DIR) -> list[str]:
+    return sorted(p.name for p in images.iterdir() if (p / "Dockerfile").is_file())
 
 
-def image_digest(image: str) -> str:
-    """sha256 over the image directory's files (names and bytes) and the Python minor version."""
-    directory = IMAGES_DIR / image
+def image_digest(image: str, images: Path = IMAGES_DIR) -> str:
+    """sha256 over the image directory's files (names and bytes) and the Python minor version. ``images`` is the
+    directory of image directories (default: this repository's ``images/``; a test gives a copy)."""
+    directory = images / image
     if not (directory / "Dockerfile").is_file():
-        raise SpecError("image", f"unknown image {image!r}", image_names())
+        raise SpecError("image", f"unknown image {image!r}", image_names(images))
     h = hashlib.sha256(f"python{sys.version_info.major}.{sys.version_info.minor}\n".encode())
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 
-def env_for(image: str) -> Env:
-    digest = image_digest(image)
+def env_for(image: str, images: Path = IMAGES_DIR) -> Env:
+    digest = image_digest(image, images)
     path = envs_dir() / f"{image}-{digest}"
     return Env(image, digest, str(path), (path / COMPLETE_MARKER).is_file())
 
@@ -90,24 +91,38 @@ def _run_logged(cmd: list[str], log, what: str, log_file: Path) -> None:
         raise InfraError(f"{what} failed (exit {proc.returncode}); log {log_file}:\n" + "\n".join(tail))
 
 
-def ensure_env(image: str, log=print) -> Env:
-    """Create the image's environment unless one with the same content hash exists. Idempotent."""
-    env = env_for(image)
+def ensure_env(image: str, log=print, images: Path = IMAGES_DIR) -> Env:
+    """Create the image's environment unless one with the same content hash exists. Idempotent, and safe to call
+    from processes side by side (one builds, under a file lock beside it; the others wait, then reuse). The image's
+    requirements alone, and this package without dependencies, as its Dockerfile installs them: what the image lacks,
+    the environment lacks."""
+    import fcntl
+
+    env = env_for(image, images)
     if env.reused:
         log(f"image {image}: reusing environment {env.path} (content hash {env.digest})")
         return env
     target = Path(env.path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f"{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if env_for(image, images).reused:  # another process built it while this one waited
+            log(f"image {image}: reusing environment {env.path} (content hash {env.digest})")
+            return env
+        return _build(env, target, log, images / image / "requirements.txt")
+
+
+def _build(env: Env, target: Path, log, requirements: Path) -> Env:
     log_file = target.with_name(f"{target.name}.log")
-    log(f"image {image}: creating environment {target} (content hash {env.digest}); log {log_file}")
+    log(f"image {env.image}: creating environment {target} (content hash {env.digest}); log {log_file}")
     started = time.monotonic()
     # Venvs are not relocatable, so it is made at its final path; the marker, written last, makes it count.
     shutil.rmtree(target, ignore_errors=True)
     _run_logged([_base_python(), "-m", "venv", str(target)], log, "venv", log_file)
     pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-    requirements = IMAGES_DIR / image / "requirements.txt"
-    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {requirements.relative_to(REPO_ROOT)}", log_file)
+    shown = requirements.relative_to(REPO_ROOT) if requirements.is_relative_to(REPO_ROOT) else requirements
+    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {shown}", log_file)
     _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, "pip install tpupipe", log_file)
     (target / COMPLETE_MARKER).write_text(env.digest + "\n")
-    log(f"image {image}: environment ready in {time.monotonic() - started:.0f}s")
-    return Env(image, env.digest, env.path, False)
+    log(f"image {env.image}: environment ready in {time.monotonic() - started:.0f}s")
+    return Env(env.image, env.digest, env.path, False)
