@@ -2,11 +2,15 @@
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
 store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed
-artifacts (Metrics, HTML, Markdown, Model) that the Vertex AI UI shows. They run in the pipeline image, which has
-this package; ``pipelines.pipeline.compile_pipeline`` sets that image's registry path.
+artifacts (Metrics, HTML, Markdown, Model) that the Vertex AI UI shows, and the model goes from evaluate to
+register as an artifact, so the run's lineage reaches the version register creates (a google.VertexModel). They
+run in the pipeline image, which has this package; ``pipelines.pipeline.compile_pipeline`` sets that image's
+registry path.
 """
 
 from kfp import dsl
+
+from components.artifact_types import VertexModel
 
 # The image tasks run in until compile_pipeline names the content-addressed one in Artifact Registry.
 PIPELINE_IMAGE = "tpupipe-pipeline"
@@ -130,11 +134,14 @@ def register(
     bucket: str,
     source_version: str,
     eval_result: str,
+    model: dsl.Input[dsl.Model],
     metrics: dsl.Output[dsl.Metrics],
     gate: dsl.Output[dsl.Markdown],
+    registered: dsl.Output[VertexModel],
 ) -> str:
-    """Register the trained model with its provenance and decide the gate: its output is the decision (promote,
-    keep, off), with both held-out figures as Metrics and a Markdown table."""
+    """Register the trained model (evaluate's Model artifact) with its provenance and decide the gate: its output is
+    the decision (promote, keep, off), with both held-out figures as Metrics, a Markdown table, and the registered
+    version as a google.VertexModel artifact, the run's link to it in Vertex AI Model Registry."""
     from components.stages.component import run_component
 
     return run_component("register", locals())

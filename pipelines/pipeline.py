@@ -70,7 +70,12 @@ def tpupipe_pipeline(
         checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
         trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
         evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])
-        registered = c.register(**common, source_version=source_version, eval_result=evaluated.outputs["Output"])
+        registered = c.register(
+            **common,
+            source_version=source_version,
+            eval_result=evaluated.outputs["Output"],
+            model=evaluated.outputs["model"],
+        )
         # The condition reads register's single output: kfp.local resolves a condition's task output only when it
         # is a component's "Output" (a named output reads as a parent input there, and the branch never runs).
         with dsl.If(registered.outputs["Output"] == "promote", name="gate-promotes"):

@@ -120,6 +120,10 @@ class Backend(Protocol):
         """Apply ``plan(aliases)``'s moves, in order, to the aliases as they are now ({alias: version id}, markers
         included); the moves applied. The local backend plans and applies under the model's lock, in one write."""
 
+    def resource(self, name: str, version: str) -> str:
+        """The version's resource name in Vertex AI (``projects/P/locations/L/models/NAME@VERSION``), what the UI
+        links a pipeline run's ``google.VertexModel`` artifact to; '' for a registry outside Vertex AI."""
+
 
 # ---------------------------------------------------------------- the rules
 
@@ -300,6 +304,9 @@ class Registry:
 
     def models(self) -> list[str]:
         return self.backend.models()
+
+    def resource(self, version: Version) -> str:
+        return self.backend.resource(version.name, version.version)
 
     def champion(self, name: str) -> Version | None:
         """The version in use, or None before any promotion."""

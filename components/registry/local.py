@@ -111,6 +111,9 @@ class LocalBackend:
             )
         return self._version(model, version_id, {})
 
+    def resource(self, name: str, version: str) -> str:
+        return ""  # a directory, not a Vertex AI resource
+
     def fetch(self, name: str, ref: str) -> Version | None:
         model = self._model(name)
         aliases = self._aliases(model)

@@ -130,6 +130,12 @@ class VertexBackend:
     def _model(self, name: str) -> str:
         return f"{self.parent}/models/{name}"
 
+    def resource(self, name: str, version: str) -> str:
+        """A version's resource name, ``.../models/NAME@VERSION`` ("to retrieve a specific version of the model, also
+        provide the version ID", the field docs of GetModelRequest.name, google/cloud/aiplatform_v1/types/
+        model_service.py)."""
+        return f"{self._model(name)}@{version}"
+
     # ------------------------------------------------------------------ the backend
     def upload(self, name: str, artifact_uri: str, provenance: dict[str, Any], labels: dict[str, str]) -> Version:
         from google.api_core import exceptions

@@ -6,7 +6,10 @@
   ``Markdown`` summary, and the ``Model`` (its uri the checkpoint in Cloud Storage, its metadata the run's
   provenance);
 - register: ``Metrics`` (the new version's and the champion's held-out loss, the relative improvement, the threshold,
-  whether the gate promotes) and a ``Markdown`` table of the decision, both figures and the version's provenance;
+  whether the gate promotes), a ``Markdown`` table of the decision, both figures and the version's provenance, and
+  the version registered as a ``google.VertexModel`` (``components.definitions.VertexModel``: metadata
+  ``resourceName`` the version's resource name, uri its REST URL, as google-cloud-pipeline-components' type of that
+  name has them; on a registry outside Vertex AI, no ``resourceName`` and the checkpoint's uri);
 - teardown: ``Markdown`` of what it deleted.
 
 Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
@@ -99,10 +102,12 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
         out.write("\n".join(lines) + "\n")
 
 
-def register(store: RunStore, metrics, table_md) -> None:
-    """The gate's decision as the run's graph shows it: both figures, and why."""
+def register(store: RunStore, metrics, table_md, registered=None) -> None:
+    """The gate's decision as the run's graph shows it: both figures, and why; the version registered."""
     rec = _record(store, "register")
     result = rec.get("result") or {}
+    if registered is not None and not result.get("skipped"):
+        vertex_model(registered, result)
     if result.get("skipped"):
         with open(table_md.path, "w") as out:
             out.write(f"Gate off: {result['reason']}.\n")
@@ -138,6 +143,20 @@ def register(store: RunStore, metrics, table_md) -> None:
         lines += [f"| {key} | `{value}` |" for key, value in result["provenance"].items()]
     with open(table_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
+
+
+def vertex_model(artifact, result: dict[str, Any]) -> None:
+    """The registered version as a google.VertexModel: ``resourceName`` ``projects/P/locations/L/models/M@V`` and
+    the uri ``https://L-aiplatform.googleapis.com/v1/<resourceName>`` (the form google-cloud-pipeline-components'
+    ``VertexModel.create`` documents for its uri), with the version's reference."""
+    resource = result.get("resource_name") or ""
+    artifact.metadata["ref"] = result.get("ref", "")
+    if resource:
+        location = resource.split("/")[3]
+        artifact.uri = f"https://{location}-aiplatform.googleapis.com/v1/{resource}"
+        artifact.metadata["resourceName"] = resource
+    else:
+        artifact.uri = result.get("artifact_uri") or artifact.uri
 
 
 def teardown(store: RunStore, deleted_md) -> None:

@@ -50,7 +50,7 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
     elif stage == "evaluate":
         artifacts.evaluate(ctx.store, spec, args["metrics"], args["summary"], args["model"], args["source_version"])
     elif stage == "register":
-        artifacts.register(ctx.store, args["metrics"], args["gate"])
+        artifacts.register(ctx.store, args["metrics"], args["gate"], args["registered"])
     elif stage == "teardown":
         artifacts.teardown(ctx.store, args["deleted"])
     field = OUTPUT_FIELD.get(stage)

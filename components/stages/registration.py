@@ -50,6 +50,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
         "ref": version.ref,
         "artifact_uri": artifact_uri,
         "registry": reg.where,
+        "resource_name": reg.resource(version),
         "decision": decision.decision,
         "reason": decision.reason,
         "eval_loss": ev["eval_loss_after"],

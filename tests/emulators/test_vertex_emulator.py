@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kfp import compiler, dsl
 
+from components.artifact_types import VertexModel
 from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.models import ModelServiceEmulator
@@ -267,3 +268,39 @@ def test_a_task_runs_in_the_environment_of_its_image_alone_so_a_package_the_imag
     assert failed["state"] == "PIPELINE_STATE_FAILED"
     (task,) = [t for t in failed["jobDetail"]["taskDetails"] if t["taskName"] == "reads-yaml"]
     assert task["state"] == "FAILED" and "No module named 'yaml'" in task["error"]["message"]
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def evaluates(model: dsl.Output[dsl.Model]):
+    model.uri = "gs://bucket/runs/r/checkpoint"
+    model.metadata["run_id"] = "r"
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def registers(model: dsl.Input[dsl.Model], registered: dsl.Output[VertexModel]):
+    """Reads the artifact evaluates wrote, and names the version it became, as tpupipe's register does."""
+    assert model.uri == "gs://bucket/runs/r/checkpoint" and model.metadata["run_id"] == "r", (model.uri, model.metadata)
+    resource = "projects/tpupipe-emulated/locations/us-east5/models/m@1"
+    registered.uri = f"https://us-east5-aiplatform.googleapis.com/v1/{resource}"
+    registered.metadata["resourceName"] = resource
+
+
+@dsl.pipeline(name="lineage")
+def lineage():
+    registers(model=evaluates().outputs["model"])
+
+
+def test_an_artifact_goes_from_its_producer_to_its_consumer_and_the_vertex_model_names_the_version(vertex, tmp_path):
+    """Lineage as Vertex records it: register's input is the very Model artifact evaluate wrote (its uri and
+    metadata, in the consumer's executor input and in its task detail's inputs), and its output a google.VertexModel
+    whose resourceName is the registered version (the custom type imported in the task, as KFP writes it)."""
+    _, ran = _create(vertex, tmp_path, lineage, "lineage")
+    assert ran["state"] == "PIPELINE_STATE_SUCCEEDED", (ran.get("error"), vertex.job("lineage").logs)
+    tasks = {t["taskName"]: t for t in ran["jobDetail"]["taskDetails"]}
+    (made,) = tasks["evaluates"]["outputs"]["model"]["artifacts"]
+    (used,) = tasks["registers"]["inputs"]["model"]["artifacts"]
+    assert used == made and made["schemaTitle"] == "system.Model" and made["uri"] == "gs://bucket/runs/r/checkpoint"
+    (version,) = tasks["registers"]["outputs"]["registered"]["artifacts"]
+    assert version["schemaTitle"] == "google.VertexModel"
+    assert version["metadata"]["resourceName"] == f"projects/{PROJECT}/locations/{REGION}/models/m@1"
+    assert version["uri"] == f"https://{REGION}-aiplatform.googleapis.com/v1/" + version["metadata"]["resourceName"]

@@ -51,7 +51,8 @@ google/cloud/aiplatform_v1/types/pipeline_job.py) as RUNNING with its error, as 
 retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt``
 is an injectable fault: the task's first attempt is SIGKILLed, its process group with it, once a condition holds (a
 task's machine lost mid-way). States: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the
-output artifacts (uri, schema title, metadata).
+output artifacts (uri, schema title, metadata) and the input artifacts, each the very artifact an upstream task wrote
+(``taskOutputArtifact``), handed to the task's executor as KFP's executor input names them.
 """
 
 from __future__ import annotations
@@ -529,8 +530,23 @@ class VertexEmulator(HttpEmulator):
             ok = self._dag(job, child, args, group["taskId"])
             self._end(job, group, ok)
             return ok
-        ok, outputs[task] = self._container(job, task, child, args, shown, parent, spec.get("retryPolicy") or {})
+        artifacts = self._input_artifacts(job, spec.get("inputs", {}).get("artifacts", {}), outputs)
+        retry = spec.get("retryPolicy") or {}
+        ok, outputs[task] = self._container(job, task, child, args, shown, parent, retry, artifacts)
         return ok
+
+    @staticmethod
+    def _input_artifacts(job: Job, bindings: dict, outputs: dict) -> dict:
+        """A task's input artifacts: each an output artifact of a task upstream (``taskOutputArtifact``), as it
+        was written (uri, schema title, metadata), so an artifact is one node between its producer and its
+        consumers, Vertex's lineage. Any other binding is refused: the emulator does not guess."""
+        resolved = {}
+        for key, binding in bindings.items():
+            ref = binding.get("taskOutputArtifact")
+            if not ref:
+                raise ValueError(f"emulator: cannot resolve the input artifact {key!r}: {binding}")
+            resolved[key] = copy.deepcopy(outputs[ref["producerTask"]]["artifacts"][ref["outputArtifactKey"]])
+        return resolved
 
     def _resolve(self, job: Job, bindings: dict, inputs: dict, outputs: dict) -> dict:
         job_id = job.resource["name"].rsplit("/", 1)[-1]
@@ -549,12 +565,24 @@ class VertexEmulator(HttpEmulator):
         return values
 
     def _container(
-        self, job: Job, task: str, component: dict, args: dict, shown: str, parent: str, retry: dict
+        self,
+        job: Job,
+        task: str,
+        component: dict,
+        args: dict,
+        shown: str,
+        parent: str,
+        retry: dict,
+        artifacts: dict | None = None,
     ) -> tuple[bool, dict]:
         """One task, attempt after attempt as its ``retryPolicy`` allows: each in its own directory and process group,
         its artifacts moved to the storage emulator after it."""
         executor = job.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
         detail = self._detail(job, shown, "RUNNING", parent)
+        artifacts = artifacts or {}
+        if artifacts:
+            with self._lock:
+                detail["inputs"] = {name: {"artifacts": _shown(name, a)} for name, a in artifacts.items()}
         if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
             with self._lock:
                 detail.update(state="FAILED", endTime=_now())
@@ -567,7 +595,7 @@ class VertexEmulator(HttpEmulator):
         retries = int(retry.get("maxRetryCount") or 0)
         while True:
             job.attempts[shown] = job.attempts.get(shown, 0) + 1
-            ok, result, error = self._attempt(job, task, component, executor, args, shown)
+            ok, result, error = self._attempt(job, task, component, executor, args, shown, artifacts)
             if ok or job.cancelled.is_set() or job.attempts[shown] > retries:
                 break
             wait = _backoff(retry, job.attempts[shown])
@@ -586,27 +614,14 @@ class VertexEmulator(HttpEmulator):
             detail.update(
                 state=state,
                 endTime=_now(),
-                outputs={
-                    name: {
-                        "artifacts": [
-                            {
-                                "uri": a["uri"],
-                                "schemaTitle": a["type"]["schemaTitle"],
-                                "metadata": a.get("metadata", {}),
-                                "displayName": name,
-                            }
-                        ]
-                    }
-                    for name, spec in result["artifacts"].items()
-                    for a in spec["artifacts"]
-                },
+                outputs={name: {"artifacts": _shown(name, spec)} for name, spec in result["artifacts"].items()},
             )
             if not ok:
                 detail["error"] = error
         return ok, result
 
     def _attempt(
-        self, job: Job, task: str, component: dict, executor: dict, args: dict, shown: str
+        self, job: Job, task: str, component: dict, executor: dict, args: dict, shown: str, inputs: dict
     ) -> tuple[bool, dict, dict]:
         """One attempt of a task: (succeeded, its outputs, its error)."""
         task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
@@ -626,7 +641,7 @@ class VertexEmulator(HttpEmulator):
             for name, a in component.get("outputDefinitions", {}).get("artifacts", {}).items()
         }
         executor_input = {
-            "inputs": {"parameterValues": args},
+            "inputs": {"parameterValues": args, "artifacts": inputs},
             "outputs": {
                 "parameters": {
                     name: {"outputFile": str(task_dir / "outputs" / name)}
@@ -828,6 +843,17 @@ class VertexEmulator(HttpEmulator):
             if int(r.get("maxRunCount") or 0) and len(schedule.jobs) >= int(r["maxRunCount"]):
                 r["state"] = "COMPLETED"
         return resource["name"]
+
+
+def _shown(name: str, artifacts: dict) -> list[dict]:
+    """An ArtifactList as a task detail shows it: each artifact's uri, schema title and metadata."""
+    shown = []
+    for a in artifacts["artifacts"]:
+        shown.append(
+            {"uri": a["uri"], "schemaTitle": a["type"]["schemaTitle"], "metadata": a.get("metadata", {})}
+            | {"displayName": name}
+        )
+    return shown
 
 
 def _seconds(duration: str | None) -> float:
