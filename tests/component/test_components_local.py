@@ -2,11 +2,13 @@
 
 import json
 import warnings
+from typing import NamedTuple
 
 import pytest
-from kfp import local
+from kfp import dsl, local
 
 from components import definitions as c
+from components.artifact_types import VertexModel
 from components.platforms.local import envs
 from components.platforms.local.processes import run_processes
 
@@ -131,13 +133,47 @@ def _trained_run(tmp_path, run_id: str) -> str:
     return str(checkpoint)
 
 
+@dsl.component(install_kfp_package=False)
+def evaluated_model(uri: str, model: dsl.Output[dsl.Model]):
+    """The Model artifact evaluate hands register: the checkpoint."""
+    model.uri = uri
+
+
+class Registered(NamedTuple):
+    Output: str
+    metrics: dsl.Metrics
+    gate: dsl.Markdown
+    registered: VertexModel
+
+
+def _register(given: dict, checkpoint: str):
+    """register as the pipeline runs it, evaluate's Model artifact its input (kfp.local hands a task an input
+    artifact only inside a pipeline); its outputs."""
+
+    @dsl.pipeline(name="registering")
+    def registering() -> Registered:
+        model = evaluated_model(uri=checkpoint).outputs["model"]
+        task = c.register(**given, model=model)
+        outputs = task.outputs
+        return Registered(outputs["Output"], outputs["metrics"], outputs["gate"], outputs["registered"])
+
+    return registering()
+
+
 def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_path):
     from components.registry import open_registry
 
     checkpoint = _trained_run(tmp_path, "gate-1")
     first = {"eval_loss_before": 4.6, "eval_loss_after": 1.5, "eval_split": "heldout"}
-    task = c.register(**args(tmp_path, "gate-1"), source_version="3f2a9c1e", eval_result=json.dumps(first))
+    given = dict(args(tmp_path, "gate-1"), source_version="3f2a9c1e", eval_result=json.dumps(first))
+    task = _register(given, checkpoint)
     assert task.outputs["Output"] == "promote"
+    # The version registered (a google.VertexModel in the compiled spec: tests/pipeline/test_compiled_pipeline.py;
+    # kfp.local hands a pipeline's artifact outputs back untyped): a local registry is no Vertex AI resource, so its
+    # uri is the checkpoint and it has no resourceName (tests/vertex/test_vertex_pipeline.py has the Model Registry's).
+    registered = task.outputs["registered"]
+    assert registered.metadata["ref"] == "local-fsdp@1"
+    assert registered.uri == checkpoint and "resourceName" not in registered.metadata
     assert task.outputs["metrics"].metadata["promote"] == 1.0 and task.outputs["metrics"].metadata["eval_loss"] == 1.5
     table = open(task.outputs["gate"].path).read()
     assert "**Gate: promote** — promoted local-fsdp@1 to champion: there was no champion yet" in table
@@ -148,7 +184,7 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
     champion = registry.champion("local-fsdp")
     assert champion.version == "1" and champion.artifact_uri == checkpoint
 
-    _trained_run(tmp_path, "gate-2")
+    second = _trained_run(tmp_path, "gate-2")
     worse = {
         "eval_loss_before": 4.6,
         "eval_loss_after": 4.6,
@@ -156,9 +192,8 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
         "champion_loss": 1.5,
         "champion": {"ref": "local-fsdp@1", "version": "1"},
     }
-    task = c.register(
-        **args(tmp_path, "gate-2", overrides="train.learning_rate=0"), source_version="", eval_result=json.dumps(worse)
-    )
+    given = args(tmp_path, "gate-2", overrides="train.learning_rate=0")
+    task = _register(dict(given, source_version="", eval_result=json.dumps(worse)), second)
     assert task.outputs["Output"] == "keep"
     metrics = task.outputs["metrics"].metadata
     assert (metrics["eval_loss"], metrics["champion_loss"], metrics["promote"]) == (4.6, 1.5, 0.0)

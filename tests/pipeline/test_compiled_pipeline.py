@@ -113,6 +113,14 @@ def test_register_takes_the_evaluation_and_outputs_the_decision(compiled):
     }
     outputs = compiled["components"]["comp-register"]["outputDefinitions"]
     assert {name: p["parameterType"] for name, p in outputs["parameters"].items()} == {"Output": "STRING"}
+    # Lineage: the Model artifact evaluate wrote is register's input; the version registered its google.VertexModel.
+    assert register["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
+        "producerTask": "evaluate",
+        "outputArtifactKey": "model",
+    }
+    assert outputs["artifacts"]["registered"]["artifactType"]["schemaTitle"] == "google.VertexModel"
+    inputs = compiled["components"]["comp-register"]["inputDefinitions"]
+    assert inputs["artifacts"]["model"]["artifactType"]["schemaTitle"] == "system.Model"
 
 
 def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run(compiled):
@@ -213,7 +221,11 @@ def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
         "summary": "system.Markdown",
         "model": "system.Model",
     }
-    assert artifacts("comp-register") == {"metrics": "system.Metrics", "gate": "system.Markdown"}
+    assert artifacts("comp-register") == {
+        "metrics": "system.Metrics",
+        "gate": "system.Markdown",
+        "registered": "google.VertexModel",
+    }
     assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}
 
 

@@ -14,17 +14,18 @@ from components.registry import PROVENANCE_FIELDS, open_registry
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish import publish
 from pipelines.vertex import PRESET_LABEL
-from tests.emulators.project import ONE_SLICE, PROJECT, REGION
+from tests.emulators.project import PROJECT, REGION
 from tests.helpers import unique_run_id
 
 pytestmark = [pytest.mark.e2e]
 
 BUCKET = f"{PROJECT}-tpupipe"
 SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
-# local-fsdp shaped as one v6e 2x2 slice; the trainer image built by (emulated) Cloud Build; no Hugging Face token.
-BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
-OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
-MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
+# The first job is what the Vertex AI UI's run form starts with only the preset chosen: the smoke preset, every other
+# parameter at the compiled default (project, bucket, output root), no overrides; its trainer image built by
+# (emulated) Cloud Build, no Hugging Face token.
+PRESET = "smoke"
+MODEL = PRESET  # the registered model: the preset's name (gate.model is empty)
 STAGES = [
     "provision",
     "build_image",
@@ -38,8 +39,10 @@ STAGES = [
 ]
 
 
-def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
-    """Compile, publish, and submit a job of the compiled template with the real SDK; its resource name."""
+def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str:
+    """Compile, publish, and submit a job of the compiled template with the real SDK; its resource name. Without
+    ``overrides``, the job sets the preset alone and no pipeline root, as the UI's run form does when only the preset
+    is chosen."""
     from google.cloud import aiplatform
     from google.oauth2.credentials import Credentials
 
@@ -57,9 +60,10 @@ def _submit(project, tmp_path, job_id: str, overrides: str = OVERRIDES) -> str:
         display_name="tpupipe",
         template_path=template,
         job_id=job_id,
-        pipeline_root=f"gs://{PROJECT}-pipeline-root/{job_id}",
-        parameter_values={"preset": "local-fsdp", "overrides": overrides},
-        labels={PRESET_LABEL: "local-fsdp"},  # as `tpupipe submit` labels its jobs, so `tpupipe runs` finds them
+        # The UI's form takes the template's defaultPipelineRoot; the SDK does too when the job names none.
+        pipeline_root=None if overrides is None else f"gs://{PROJECT}-pipeline-root/{job_id}",
+        parameter_values={"preset": PRESET} | ({"overrides": overrides} if overrides is not None else {}),
+        labels={PRESET_LABEL: PRESET},  # as `tpupipe submit` labels its jobs, so `tpupipe runs` finds them
     )
     job.submit(service_account=SERVICE_ACCOUNT)
     return job.resource_name
@@ -92,9 +96,10 @@ def _nothing_left(project, run_id: str) -> None:
 def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(
     tmp_path, project_factory
 ):
-    """The pipeline on Vertex AI, then the gate: the first job's model becomes the champion in Vertex AI Model
-    Registry (the emulated ModelService); a second job that continues from the champion and learns nothing is
-    registered and not promoted."""
+    """The pipeline on Vertex AI, then the gate: the first job, shaped as the UI starts one (only the preset set),
+    succeeds and its model becomes the champion in Vertex AI Model Registry (the emulated ModelService), the run
+    linked to the version by register's google.VertexModel artifact; a second job that continues from the champion
+    and learns nothing is registered and not promoted."""
     project = project_factory(ray=True, vertex=True)
     ok, keep_id = unique_run_id("vx-ok"), unique_run_id("vx-keep")
     name = _submit(project, tmp_path, ok)
@@ -106,6 +111,11 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     resource = project.vertex.wait(name, timeout_s=1500)
     tasks = _tasks(resource)
     assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    assert resource["runtimeConfig"]["gcsOutputDirectory"] == f"gs://{BUCKET}/pipeline-root"  # the compiled default
+    declared = project.vertex.job(name).spec["root"]["inputDefinitions"]["parameters"]
+    given = resource["runtimeConfig"].get("parameterValues", {})
+    assert given.get("preset") == PRESET
+    assert all(given[k] == declared[k]["defaultValue"] for k in given if k != "preset"), given  # defaults, if any
     # build_image does not wait for provision: the two tasks ran side by side (their times overlap).
     provision, build = tasks["provision"], tasks["build-image"]
     assert provision["startTime"] < build["endTime"] and build["startTime"] < provision["endTime"]
@@ -134,8 +144,8 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert model["schemaTitle"] == "system.Model"
     assert model["uri"] == summary["checkpoint_uri"] and model["uri"].startswith(f"gs://{BUCKET}/runs/{ok}/")
     provenance = model["metadata"]
-    assert provenance["preset"] == "local-fsdp" and provenance["accelerator"] == "v6e"
-    assert provenance["topology"] == "2x2" and provenance["slices"] == 1
+    assert provenance["preset"] == PRESET and provenance["accelerator"] == "v6e"
+    assert provenance["topology"] == "1x1" and provenance["slices"] == 1
     assert provenance["trainer_image"].endswith(f"/torch:{ok}") and provenance["trainer_image_digest"]
     assert provenance["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert teardown["deleted"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
@@ -154,11 +164,19 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
         ok,
         ok,
         "v6e",
-        "2x2",
+        "1x1",
     )
     assert first["trainer_image"].startswith(f"{REGION}-docker.pkg.dev/{PROJECT}/tpupipe/torch:{ok}@sha256:")
     assert first["git_sha"] and first["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert summary["gate"]["decision"] == "promote" and summary["gate"]["promoted"] is True
+    # Lineage: register consumed the very Model artifact evaluate wrote, and its google.VertexModel names the version
+    # registered, which is what links the run to it in the Model Registry's UI.
+    assert tasks["register"]["inputs"]["model"]["artifacts"] == evaluate["model"]["artifacts"]
+    (linked,) = tasks["register"]["outputs"]["registered"]["artifacts"]
+    resource = f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}@1"
+    assert linked["schemaTitle"] == "google.VertexModel" and linked["metadata"]["resourceName"] == resource
+    assert linked["uri"] == f"https://{REGION}-aiplatform.googleapis.com/v1/{resource}"
+    assert registry.get(MODEL, "1").artifact_uri == model["uri"]
 
     # A second job continues from the champion (``train.init_from=champion``, resolved by its train task from the
     # Model Registry) but learns nothing (learning rate 0), so its "before" held-out loss is the champion's "after" and
@@ -166,10 +184,8 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # held-out figures, the champion measured again in its own evaluation job on the same examples. (A later version
     # promoted over a champion is the local gate's third run, tests/e2e/test_local_gate.py; Vertex AI's default alias
     # following it, tests/unit/test_registry.py.)
-    keep = (
-        OVERRIDES.replace("train.epochs=2", "train.epochs=1")
-        + " cluster.slice_check=false train.init_from=champion train.learning_rate=0 gate.min_improvement=0.01"
-    )
+    keep = "train.epochs=1 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
+    keep += " gate.min_improvement=0.01"
     second = project.vertex.wait(_submit(project, tmp_path, keep_id, keep), timeout_s=1500)
     tasks = _tasks(second)
     assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
