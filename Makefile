@@ -44,7 +44,7 @@ run: envs ## run the whole pipeline on the local platform (kfp.local + a local m
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # The emulated Vertex AI runs its tasks in the components image's environment (.envs/pipeline-<hash>, from
-# images/pipeline alone): the first fast test that runs a task there builds it (others wait on its lock), else the
+# images/pipeline alone): the first fast test that starts it builds it (another waits on its lock), else the
 # background job does, after the trainer environments.
 test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environments build, then the e2e tier
 	@mkdir -p build

@@ -218,7 +218,8 @@ def _add_vertex(project: Project, tmp_path) -> None:
         project.storage,
         project.registry,
         task_env,
-        python_bin=lambda: envs.ensure_env("pipeline").bin,
+        # Built (once, by content hash) before any job starts, so no job's wait includes pip's minutes.
+        python_bin=envs.ensure_env("pipeline").bin,
         workdir=tmp_path,
         token=project.tokens,
         models=project.models,

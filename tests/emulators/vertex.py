@@ -67,7 +67,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
@@ -263,13 +262,12 @@ class VertexEmulator(HttpEmulator):
         storage,
         registry,
         env: dict[str, str],
-        python_bin: Path | Callable[[], Path],
+        python_bin: Path,
         workdir: Path,
         token: str = "",
         models=None,
     ):
-        """``python_bin``: the bin directory of the environment the tasks run in, or what makes it (called once,
-        when the first task starts: a test that runs no task builds nothing)."""
+        """``python_bin``: the bin directory of the environment the tasks run in (the image's stand-in)."""
         super().__init__()
         self.storage, self.registry = storage, registry  # the storage and Artifact Registry emulators
         self.models = models  # the ModelService emulator (tests.emulators.models) served on this endpoint
@@ -282,7 +280,6 @@ class VertexEmulator(HttpEmulator):
         self.backoff_scale = 1.0  # a retry's wait, as the spec gives it, times this
         self.kills: dict[str, object] = {}  # task name -> the condition that kills its first attempt
         self._lock = threading.RLock()
-        self._image_lock = threading.Lock()
 
     # ------------------------------------------------------------------ inspection
     def job(self, name_or_id: str) -> Job:
@@ -655,7 +652,7 @@ class VertexEmulator(HttpEmulator):
         argv = [*executor["command"], *[json.dumps(executor_input) if a == "{{$}}" else a for a in words]]
         env = {
             **self.env,
-            "PATH": f"{self._python_bin()}{os.pathsep}/usr/bin:/bin",
+            "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
             "HOME": str(task_dir),
             "PYTHONUNBUFFERED": "1",
             RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
@@ -682,12 +679,6 @@ class VertexEmulator(HttpEmulator):
         shutil.rmtree(task_dir, ignore_errors=True)
         error = {"code": 9, "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:]}
         return code == 0, result, error
-
-    def _python_bin(self) -> Path:
-        with self._image_lock:  # not the service's lock: it may take minutes, while the service answers
-            if callable(self.python_bin):
-                self.python_bin = self.python_bin()
-            return self.python_bin
 
     @staticmethod
     def _kill_when(process: subprocess.Popen, when) -> None:
