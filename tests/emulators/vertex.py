@@ -24,7 +24,9 @@ container gets the image's command and environment, the variables the job's spec
 https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation; its clients find the project from their
 credentials, and the paths it writes into its Ray jobs are the pods' own, under their Cloud Storage FUSE mount, which
 the emulated KubeRay maps for its processes: tests/emulators/kube.py). Output artifacts are written through the
-``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs; after the task the emulator moves them into the
+``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs (the one mount a task has: "your data is stored on
+Cloud Storage, and mounted into your components using Cloud Storage FUSE",
+https://cloud.google.com/vertex-ai/docs/pipelines/migrate-kfp); after the task the emulator moves them into the
 storage emulator (as Vertex's Cloud Storage FUSE would have) and clears the local copy, so no later task reads
 another's disk. The DAG runs in dependency order, tasks that do not depend on each other side by side (Vertex
 schedules every task it can: "the pipeline will continue to run until no more tasks can be executed ... Any scheduled
