@@ -103,11 +103,12 @@ def ensure_env(image: str, log=print) -> Env:
     started = time.monotonic()
     # Venvs are not relocatable, so it is made at its final path; the marker, written last, makes it count.
     shutil.rmtree(target, ignore_errors=True)
-    _run_logged([_base_python(), "-m", "venv", str(target)], log, "venv", log_file)
+    _run_logged([_base_python(), "-m", "venv", str(target)], log, f"image {image}: venv", log_file)
     pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     requirements = IMAGES_DIR / image / "requirements.txt"
-    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {requirements.relative_to(REPO_ROOT)}", log_file)
-    _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, "pip install tpupipe", log_file)
+    what = f"image {image}: pip install"
+    _run_logged([*pip, "-r", str(requirements)], log, f"{what} -r {requirements.relative_to(REPO_ROOT)}", log_file)
+    _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, f"{what} tpupipe", log_file)
     (target / COMPLETE_MARKER).write_text(env.digest + "\n")
     log(f"image {image}: environment ready in {time.monotonic() - started:.0f}s")
     return Env(image, env.digest, env.path, False)
