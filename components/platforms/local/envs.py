@@ -104,7 +104,10 @@ def ensure_env(image: str, log=print) -> Env:
     # Venvs are not relocatable, so it is made at its final path; the marker, written last, makes it count.
     shutil.rmtree(target, ignore_errors=True)
     _run_logged([_base_python(), "-m", "venv", str(target)], log, f"image {image}: venv", log_file)
-    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+    # --no-compile: pip would byte-compile every module of every package (some 40,000 files for torch, transformers,
+    # jax and maxtext; a minute or more on two cores), although a run imports a few thousand, which Python compiles
+    # (and caches) on first import.
+    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
     requirements = IMAGES_DIR / image / "requirements.txt"
     what = f"image {image}: pip install"
     _run_logged([*pip, "-r", str(requirements)], log, f"{what} -r {requirements.relative_to(REPO_ROOT)}", log_file)
