@@ -96,10 +96,8 @@ def test_without_the_emulators_ca_the_dns_endpoint_is_checked_against_the_public
 
 
 def _private_team_cluster(project) -> str:
-    name = _team_cluster(project)
-    project.gke.state.clusters[name].private_cluster_config.enable_private_endpoint = True
-    project.gke._endpoints(project.gke.state.clusters[name])  # as GKE reports such a cluster: its internal address
-    return name
+    """Its only IP endpoint private, its DNS-based endpoint taking no user traffic (the emulator's default)."""
+    return _team_cluster(project, privateClusterConfig={"enablePrivateEndpoint": True})
 
 
 def _enable_dns_access(name: str) -> None:
@@ -148,8 +146,7 @@ def test_a_cluster_reached_from_here_through_authorized_networks_only_is_a_warni
     project_factory, capsys
 ):
     project = project_factory()
-    name = _team_cluster(project)
-    project.gke.state.clusters[name].master_authorized_networks_config.enabled = True  # this machine is in them
+    name = _team_cluster(project, masterAuthorizedNetworksConfig={"enabled": True})  # this machine is in them
     code, text = preflight_cli(SHARED, capsys)
     assert code == 0, text
     assert (
