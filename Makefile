@@ -23,13 +23,14 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  make run PRESET=<preset> SET=\"key=value ...\"   e.g. SET=\"epochs=2 cluster.num_hosts=3\""
 
+# --no-compile here and in the trainer environments: Python compiles the modules a run imports on first import.
 $(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
 	rm -rf $(VENV)
 	$(PYTHON312) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r images/pipeline/requirements.txt -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -r images/pipeline/requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -e .
 	touch $@
 
 envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and the trainer environments
@@ -44,8 +45,8 @@ run: envs ## run the whole pipeline on the local platform (kfp.local + a local m
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # The emulated Vertex AI runs its tasks in the components image's environment (.envs/pipeline-<hash>, from
-# images/pipeline alone): the first fast test that starts it builds it (another waits on its lock), else the
-# background job does, after the trainer environments.
+# images/pipeline alone), built in the background beside the trainer environments; a fast test that needs it
+# before it is ready waits on its lock.
 test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environments build, then the e2e tier
 	@mkdir -p build
 	@echo "creating (or reusing) the trainer and components environments in the background, log build/envs.log; the fast tiers meanwhile"

@@ -1,7 +1,8 @@
 """`make bench`: every ``bench/bench_*.py``, one after another (never side by side: each measures its two sides in
 one run on a quiet machine); prints one table of every figure with its target and whether it holds, and writes
-them to ``bench/results.json`` with the commit and the machine. ``python bench/run.py overhead recovery`` runs
-those alone. Exits 1 when a figure misses its target."""
+them to ``bench/results.json`` with the commit and the machine. ``python bench/run.py overhead recovery`` (or
+``make bench BENCH="overhead recovery"``) runs those alone and replaces only their figures in results.json, each
+figure keeping the commit and time it was measured at. Exits 1 when a figure misses its target."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def commit() -> str:
     return head + ("+uncommitted changes" if dirty else "")
 
 
+def previous(path: Path) -> list[dict]:
+    """The figures of an earlier results.json, each with its bench's seconds (to carry them over)."""
+    if not path.is_file():
+        return []
+    results = json.loads(path.read_text())
+    return [f | {"bench_seconds": results.get("bench_seconds", {}).get(f.get("bench"))} for f in results["figures"]]
+
+
 def main(names: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops what it started (finally)
     benches = sorted(p.stem.removeprefix("bench_") for p in (REPO / "bench").glob("bench_*.py"))
@@ -49,7 +58,7 @@ def main(names: list[str]) -> int:
     if unknown:
         print(f"unknown bench {', '.join(unknown)}; the benches are: {', '.join(benches)}", file=sys.stderr)
         return 2
-    found, seconds = [], {}
+    found, seconds, at = [], {}, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name in names or benches:
         print(f"== bench/bench_{name}.py", flush=True)
         started = time.perf_counter()
@@ -62,21 +71,22 @@ def main(names: list[str]) -> int:
             figures = [Figure(f"bench_{name}.py ran", 0, "", ">= 1", {"error": str(e)[-2000:]})]
         seconds[name] = round(time.perf_counter() - started, 1)
         print(table(figures), flush=True)
-        found += figures
+        found += [(name, f) for f in figures]
+    rows = [{"bench": name, **f.to_dict(), "commit": commit(), "at": at} for name, f in found]
+    kept = [f for f in previous(RESULTS) if f.get("bench") not in seconds]  # a subset run keeps the others' figures
     RESULTS.write_text(
         json.dumps(
             {
-                "commit": commit(),
                 "machine": machine(),
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "bench_seconds": seconds,
-                "figures": [f.to_dict() for f in found],
+                "bench_seconds": {f["bench"]: f.get("bench_seconds") for f in kept} | seconds,
+                "figures": sorted(kept + rows, key=lambda f: f["bench"]),
             },
             indent=1,
         )
         + "\n"
     )
-    print(f"\n== every figure (written to {RESULTS.relative_to(REPO)})\n{table(found)}")
+    found = [f for _, f in found]
+    print(f"\n== every figure (written to {os.path.relpath(RESULTS, REPO)})\n{table(found)}")
     return 1 if any(f.holds is False for f in found) else 0
 
 

@@ -122,13 +122,16 @@ def cmd_publish(args) -> int:
 
 
 def cmd_env(args) -> int:
+    """The images' environments side by side: creating one is mostly pip waiting on downloads and unpacking."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from components.platforms.local import envs
 
-    for image in args.images or ["torch"]:
-        try:
-            envs.ensure_env(image)
-        except ValueError as exc:
-            return fail(str(exc))
+    images = list(dict.fromkeys(args.images or ["torch"]))
+    for image in images:
+        envs.env_for(image)  # an unknown image fails (exit 2) before any environment is started
+    with ThreadPoolExecutor(len(images)) as pool:
+        list(pool.map(envs.ensure_env, images))
     return 0
 
 

@@ -61,6 +61,12 @@ def _check_counts(spec: RunSpec) -> None:
             f"must be -1 (none) or a rank, got {c.slice_check_corrupt_rank}",
             ["-1", "an integer >= 0"],
         )
+    if not c.host_start_delay_s >= 0:
+        raise SpecError("cluster.host_start_delay_s", f"must be 0 or more seconds, got {c.host_start_delay_s}")
+    if c.host_start_delay_s and c.accelerator != "cpu":
+        raise SpecError(
+            "cluster.host_start_delay_s", "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"]
+        )
     if not c.ready_timeout_s >= 0:
         raise SpecError(
             "cluster.ready_timeout_s",

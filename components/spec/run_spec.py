@@ -49,6 +49,9 @@ class ClusterSpec:
     slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
     slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
     slice_check_corrupt_rank: int = -1  # testing aid: corrupt this rank's check result (-1: none)
+    # Testing aid of the emulated (cpu) hosts: each host joins this many seconds after it starts, as a node still
+    # pulling its image does (0: at once).
+    host_start_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -26,19 +26,22 @@ SMALL = (
     "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32 "
     "cluster.slice_check=false"
 )
-# What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts, the job
-# submitted.
+# What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts (which join
+# late, so that the stage cannot end before the signal lands), the job submitted.
 UNDER_WAY = {
     "provision": "starting Ray head",
-    "deploy_raycluster": "== deploy_raycluster (",
+    "deploy_raycluster": "waiting for 2 nodes",
     "train": "train: submitted Ray job",
     "evaluate": "evaluate: submitted Ray job",
 }
 GONE_S = 10  # the deadline: after the run ends, nothing of it is left within this
 
 
-def _run_command(root, run_id: str) -> list[str]:
-    return [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root), "--set", SMALL]
+LATE_HOSTS = "cluster.host_start_delay_s=120"
+
+
+def _run_command(root, run_id: str, *sets: str) -> list[str]:
+    return [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root), "--set", " ".join((SMALL, *sets))]
 
 
 def _left(run_dir, run_id: str, driver_pid: int) -> tuple[list[int], list[int]]:
@@ -61,7 +64,7 @@ def _nothing_left_within(run_dir, run_id: str, driver_pid: int, timeout_s: float
 @pytest.mark.parametrize("stage", list(UNDER_WAY))
 def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage):
     run_id = unique_run_id(f"ctrl-c-{stage.replace('_', '-')}")
-    term = Terminal(_run_command(tmp_path, run_id))
+    term = Terminal(_run_command(tmp_path, run_id, *([LATE_HOSTS] if stage == "deploy_raycluster" else [])))
     rc = term.ctrl_c_when(UNDER_WAY[stage], timeout_s=600, exit_timeout_s=300)
     out = term.output
     assert rc == 130, out[-4000:]
@@ -82,7 +85,7 @@ def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage
 
 def test_sigterm_to_the_driver_alone_is_passed_on_and_exits_143(tmp_path):
     run_id = unique_run_id("sigterm-driver")
-    term = Terminal(_run_command(tmp_path, run_id))
+    term = Terminal(_run_command(tmp_path, run_id, LATE_HOSTS))
     # `kill PID`: to the driver only, not to its process group
     rc = term.act_when(UNDER_WAY["deploy_raycluster"], lambda: os.kill(term.pid, signal.SIGTERM), 600, 300)
     assert rc == 143, term.output[-4000:]
@@ -107,7 +110,7 @@ def test_a_closed_terminal_during_train_stops_the_run_and_leaves_nothing(tmp_pat
 
 def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_teardown(tmp_path):
     run_id = unique_run_id("ctrl-c-thrice")
-    term = Terminal(_run_command(tmp_path, run_id))
+    term = Terminal(_run_command(tmp_path, run_id, LATE_HOSTS))
     try:
         assert term.wait_for(UNDER_WAY["deploy_raycluster"], timeout_s=600), term.output[-4000:]
         term.ctrl_c()

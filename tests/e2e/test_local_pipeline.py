@@ -83,10 +83,20 @@ def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
     assert_nothing_left(tmp_path / run_id, run_id)
 
 
+def safetensors_names(path) -> list[str]:
+    """The tensor names in a safetensors file's header (8 bytes of length, then JSON), read without torch."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return [name for name in header if name != "__metadata__"]
+
+
 @pytest.mark.e2e
 def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
-    """train.model_id names a local directory with the layout of google/gemma-4-E2B-it (text, vision and audio
-    configs, a tokenizer beside it); the slice check is switched off, and the summary says so."""
+    """train.model_id names a local directory with the layout of google/gemma-4-E2B-it
+    (``Gemma4ForConditionalGeneration``: text, vision and audio configs, a tokenizer beside it): it trains on 2 CPU
+    workers of Ray Train without the towers, the checkpoint leaves out the frozen per-layer table (and, with
+    train.checkpoint_optimizer=false, the optimizer), and evaluate loads it back onto the base. The slice check is
+    switched off, and the summary says so."""
     from components.platforms.local import envs
     from tests.helpers import REPO
 
@@ -100,14 +110,27 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
     )
     assert build.returncode == 0, build.stderr[-3000:]
     run_id = unique_run_id("e2e-composite")
-    proc = tpupipe_run(tmp_path, run_id, f"model_id={model_dir} epochs=2 cluster.slice_check=false")
+    sets = f"model_id={model_dir} epochs=2 cluster.slice_check=false checkpoint_optimizer=false"
+    proc = tpupipe_run(tmp_path, run_id, sets)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
+    run_dir = tmp_path / run_id
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["spec"]["train"]["model_id"] == str(model_dir)
     assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
     assert "slice check          off (cluster.slice_check=false)" in proc.stdout
+    assert "workers: 2 x {'CPU': 1} on cpu, backend gloo" in (run_dir / "logs" / "train.log").read_text()
+    assert [e["epoch"] for e in summary["history"]] == [1, 2]
+    # evaluate loaded the fine-tuned weights onto the base (the frozen table from the base) and measured them
     assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]
-    assert_nothing_left(tmp_path / run_id, run_id)
+    checkpoint = run_dir / "checkpoint"
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"] == ["Gemma4ForConditionalGeneration"]
+    assert config["vision_config"] is None and config["audio_config"] is None  # loaded without the towers
+    assert config["text_config"]["use_cache"] is False and config["text_config"]["num_hidden_layers"] == 2
+    names = safetensors_names(checkpoint / "model.safetensors")
+    assert len(names) > 10 and [n for n in names if "embed_tokens_per_layer" in n] == []
+    assert not (checkpoint / "optimizer.pt").exists() and (checkpoint / "tokenizer.json").is_file()
+    assert_nothing_left(run_dir, run_id)
 
 
 @pytest.mark.e2e

@@ -5,8 +5,14 @@ serialise themselves), so ``ClusterManagerClient`` talks real gRPC to it.
 Clusters and node pools are created by long-running operations that finish after ``polls_to_done`` GetOperation
 calls. Faults are injected per method: a gRPC status for the next N calls (UNAVAILABLE, RESOURCE_EXHAUSTED,
 ALREADY_EXISTS, ...), or a stockout, where the create call succeeds and its operation ends in the error GKE reports
-when a zone has no capacity. A cluster's endpoint and CA certificate are those of the Kubernetes API emulator
-given to the server, as GKE's are those of the cluster's control plane.
+when a zone has no capacity. A cluster's endpoints and CA certificate are those of the Kubernetes API emulator
+given to the server, as GKE's are those of the cluster's control plane (``_endpoints``): its DNS-based endpoint the
+emulator by name (``localhost:PORT``, whose certificate chains to the emulator's CA, not to public roots: the clients
+are told that CA by ``TPUPIPE_GKE_EMULATOR_DNS_CA``), taking user traffic only when the cluster asked; its IP
+endpoint the emulator's address, or, for a cluster whose only IP endpoint is private, an address nothing answers at
+(``PRIVATE_ENDPOINT``), as no client outside the cluster's VPC reaches a private endpoint. UpdateCluster's
+``desired_control_plane_endpoints_config`` turns the DNS-based endpoint's user traffic on or off in place (what
+``gcloud container clusters update --enable-dns-access`` sends).
 
 A created cluster runs the version its ``initialClusterVersion`` names, resolved as GKE resolves it against the
 versions its release channel offers (``channels``; empty: ``default_version``; ``latest``: the newest; ``1.36``: the
@@ -52,6 +58,10 @@ CHANNELS = {"RAPID": VERSIONS, "REGULAR": VERSIONS, "STABLE": VERSIONS[:-1]}
 # GKE's answer (400 badRequest) to a node pool with auto-upgrade off in a cluster on a channel, as GKE users report it
 # (e.g. https://github.com/terraform-google-modules/terraform-google-kubernetes-engine/pull/682).
 AUTO_UPGRADE_MESSAGE = "Auto_upgrade cannot be false when release_channel {channel} is set."
+# A private IP endpoint is reached from the cluster's VPC only
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation): here a port nothing listens on, so a
+# client outside meets what it meets there, no answer.
+PRIVATE_ENDPOINT = "127.0.0.1:9"
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -127,11 +137,30 @@ class ClusterManagerEmulator(GrpcEmulator):
         cluster = c.Cluster.from_json(json.dumps(body))
         name = f"{parent}/clusters/{cluster.name}"
         cluster.status, cluster.location, cluster.self_link = c.Cluster.Status.RUNNING, parent.rsplit("/", 1)[-1], name
-        cluster.endpoint = self.kube_endpoint
+        self._endpoints(cluster)
         cluster.master_auth = c.MasterAuth(cluster_ca_certificate=base64.b64encode(self.kube_ca_pem).decode())
         with self._lock:
             self.state.clusters[name] = cluster
         return name
+
+    def _endpoints(self, cluster: c.Cluster) -> None:
+        """The control plane's endpoints, as google-cloud-container's ``ControlPlaneEndpointsConfig`` describes them
+        (``container_v1/types/cluster_service.py``). The DNS-based one: ``endpoint`` "Always present, but the behavior
+        may change according to the value of [DNSEndpointConfig.allow_external_traffic]", which "Controls whether
+        user traffic is allowed over this endpoint"; the proto gives no default, so the emulator takes the closed one
+        (off unless asked), and a client that wants the endpoint must ask for it. The IP one (``Cluster.endpoint``):
+        private when ``PrivateClusterConfig.enable_private_endpoint`` ("Whether the master's internal IP address is
+        used as the cluster endpoint") or ``IPEndpointsConfig.enable_public_endpoint`` is false ("the value of
+        enable_public_endpoint is reversed")."""
+        config = cluster.control_plane_endpoints_config
+        config.dns_endpoint_config.endpoint = self.kube_endpoint.replace("127.0.0.1", "localhost", 1)
+        ip = config.ip_endpoints_config
+        private = cluster.private_cluster_config.enable_private_endpoint or (
+            "enable_public_endpoint" in ip and not ip.enable_public_endpoint
+        )
+        ip.private_endpoint = PRIVATE_ENDPOINT
+        ip.public_endpoint = "" if private else self.kube_endpoint
+        cluster.endpoint = PRIVATE_ENDPOINT if private else self.kube_endpoint
 
     def _fault(self, method: str, request) -> Fault | None:
         return take_fault(self.faults, self._lock, method, request)
@@ -299,7 +328,7 @@ class ClusterManagerEmulator(GrpcEmulator):
 
         def done():
             cluster.status = c.Cluster.Status.RUNNING
-            cluster.endpoint = self.kube_endpoint
+            self._endpoints(cluster)
             cluster.master_auth = c.MasterAuth(cluster_ca_certificate=base64.b64encode(self.kube_ca_pem).decode())
             for pool in cluster.node_pools:
                 pool.status = c.NodePool.Status.RUNNING
@@ -351,6 +380,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             "desired_addons_config",
             "desired_workload_identity_config",
             "desired_enable_multi_networking",
+            "desired_control_plane_endpoints_config",
         ):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, f"The emulator does not update {change}.")
         cluster.status = c.Cluster.Status.RECONCILING
@@ -361,6 +391,13 @@ class ClusterManagerEmulator(GrpcEmulator):
                     setattr(cluster.addons_config, addon.name, getattr(update.desired_addons_config, addon.name))
             elif change == "desired_workload_identity_config":
                 cluster.workload_identity_config = update.desired_workload_identity_config
+            elif change == "desired_control_plane_endpoints_config":  # the DNS-based endpoint's user traffic
+                dns = update.desired_control_plane_endpoints_config.dns_endpoint_config
+                if "allow_external_traffic" in dns:
+                    cluster.control_plane_endpoints_config.dns_endpoint_config.allow_external_traffic = (
+                        dns.allow_external_traffic
+                    )
+                self._endpoints(cluster)
             else:
                 cluster.network_config.enable_multi_networking = update.desired_enable_multi_networking
             cluster.status = c.Cluster.Status.RUNNING

@@ -124,7 +124,8 @@ NOT_TRIGGERED = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node g
 
 
 def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM, cert file, key file)."""
+    """A CA and a server certificate signed by it for 127.0.0.1 (the cluster's IP endpoint) and ``localhost`` (its
+    DNS-based endpoint, which clients reach by name and check the name of): (CA PEM, cert file, key file)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -153,7 +154,10 @@ def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
@@ -271,7 +275,8 @@ class KubeEmulator:
         self.lock = threading.RLock()
         self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
         self._server = None
-        self.endpoint = ""
+        self.endpoint = ""  # 127.0.0.1:PORT, the cluster's IP endpoint
+        self.dns_endpoint = ""  # localhost:PORT, the same server by name: the cluster's DNS-based endpoint
 
     # ------------------------------------------------------------------ serving
     def start(self) -> str:
@@ -305,6 +310,7 @@ class KubeEmulator:
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.endpoint = f"127.0.0.1:{self._server.server_address[1]}"
+        self.dns_endpoint = f"localhost:{self._server.server_address[1]}"
         return self.endpoint
 
     def stop(self) -> None:

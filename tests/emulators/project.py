@@ -13,6 +13,7 @@ import functools
 from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
+from components.platforms.gke.control_plane import DNS_CA_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
@@ -154,6 +155,12 @@ def crd_validator():
     return CrdValidator(schema_dir())
 
 
+def _written(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
 def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: int = 2, vertex: bool = False):
     validator = crd_validator()
     ray_env = None
@@ -185,6 +192,8 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
         "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST": projects.start(),
         "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST": cloudbuild.start(),
         "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST": registry.start(),
+        # The CA the emulated DNS-based endpoint's certificate chains to (Google's chains to public roots).
+        DNS_CA_ENV: str(_written(tmp_path / "kube" / "pki" / "ca.crt", kube.ca_pem)),
     }
     services = ServiceUsageEmulator({PROJECT: PROJECT_NUMBER})
     env["TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"] = services.start()

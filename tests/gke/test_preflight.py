@@ -126,7 +126,8 @@ def test_a_quota_preflight_cannot_read_is_a_warning_in_the_report_never_silence(
 SHARED = ONE_SLICE + " gke.cluster_name=team"
 
 
-def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True) -> str:
+def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True, **more) -> str:
+    """The team's shared cluster, ``more`` fields of the Cluster's REST body beside its features."""
     return project.gke.add_cluster(
         PARENT,
         {
@@ -138,6 +139,7 @@ def _team_cluster(project, *, ray: bool = True, dataplane_v2: bool = True) -> st
             },
             "workloadIdentityConfig": {"workloadPool": f"{PROJECT}.svc.id.goog"},
             "networkConfig": {"datapathProvider": "ADVANCED_DATAPATH" if dataplane_v2 else "LEGACY_DATAPATH"},
+            **more,
         },
     )
 

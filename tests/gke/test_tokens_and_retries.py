@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from ray.exceptions import AuthenticationError
 
 from components.platforms.gke import kube as gke_kube
+from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.platform import GkePlatform
 from components.platforms.gke.transient import Backoff
 from components.spec import names, protocol
@@ -64,6 +65,8 @@ def test_a_train_job_of_three_token_lifetimes_succeeds_with_the_tokens_refreshed
     assert len(_bearers(project)) >= 4  # a new token for each period, and the first
     with project.kube.lock:
         assert not [s for s in project.kube.statuses if s[2] == 401]
+        # The Ray job client too goes through the cluster's DNS-based endpoint (tests/gke/test_control_plane.py).
+        assert {h.get("Host") for _, _, h in project.kube.requests} == {project.kube.dns_endpoint}
 
 
 def test_with_the_refresh_disabled_the_same_job_is_refused_401_once_its_token_expires(deployed):
@@ -74,8 +77,8 @@ def test_with_the_refresh_disabled_the_same_job_is_refused_401_once_its_token_ex
     first = token()
     ray_token = kube.secret(names.ray_token_secret(ctx.run_id))[gke_kube.RAY_TOKEN_KEY]
     client = gke_kube.job_client(
-        cluster.endpoint,
-        ctx.run_dir / "gke" / "cluster-ca.crt",
+        control_plane(cluster),
+        ctx.run_dir / "gke",
         kube.namespace,
         names.raycluster(ctx.run_id),
         lambda fresh=False: first,  # never refreshed

@@ -49,21 +49,26 @@ class Clients:
 
     def kube(self, ctx: RunContext):
         """(Kube, cluster, token) for the run's cluster, or (None, None, None) while it has no endpoint; ``token()``
-        the Google access token both the Kubernetes and the Ray job client send, refreshed before it expires."""
-        import base64
-
+        the Google access token both the Kubernetes and the Ray job client send, refreshed before it expires. The
+        endpoint is ``control_plane``'s choice; one that keeps out callers outside the cluster's networks is tried
+        once at once, so that a stage which cannot reach it says why and what to run instead of retrying for
+        minutes."""
         from components.platforms.credentials import AccessToken
         from components.platforms.gke import cluster as gke_cluster
+        from components.platforms.gke import k8s_access
         from components.platforms.gke import kube as gke_kube
+        from components.platforms.gke.control_plane import control_plane, restricted
 
         ledger = load_ledger(ctx)
         creds = gke_cluster.credentials()
-        cluster = self.gke(creds).get_cluster(run_cluster(ledger, target(ctx.spec, ctx.run_id)))
-        if cluster is None or not cluster.endpoint:
+        path = run_cluster(ledger, target(ctx.spec, ctx.run_id))
+        cluster = self.gke(creds).get_cluster(path)
+        if cluster is None or not control_plane(cluster).host:
             return None, None, None
         token = AccessToken(creds)
-        ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
-        api = gke_kube.api_client(cluster.endpoint, ca_pem, token, ctx.run_dir / "gke")
+        api = gke_kube.api_client(control_plane(cluster), token, ctx.run_dir / "gke")
+        if restricted(cluster):
+            k8s_access.reach(api, cluster, path)
         namespace = ledger.get("namespace") or ctx.spec.gke.namespace
         return gke_kube.Kube(api, namespace, log=self.log, backoff=self.backoff), cluster, token
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from components.platforms.gke import manifests as m
+from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.records import Resource
 from components.platforms.gke.session import Session
 from components.spec import InfraError, SpecError, names, ready_limits
@@ -105,7 +106,7 @@ def raycluster(s: Session, res: Resource) -> None:
     s.deploy_result = {
         "raycluster": res.name,
         "namespace": s.t.namespace,
-        "endpoint": s.cluster.endpoint,
+        "endpoint": control_plane(s.cluster).host,
         "available_workers": status.get("availableWorkerReplicas"),
     }
 
@@ -171,7 +172,6 @@ def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
 def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None:
     """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
     its Kubernetes API with ``creds``' token; None when its KubeRay will do."""
-    import base64
     import tempfile
     from pathlib import Path
 
@@ -181,8 +181,7 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None
     from components.platforms.gke.transient import Backoff
 
     with tempfile.TemporaryDirectory() as tmp:
-        ca_pem = base64.b64decode(cluster.master_auth.cluster_ca_certificate)
-        api = gke_kube.api_client(cluster.endpoint, ca_pem, AccessToken(creds), Path(tmp))
+        api = gke_kube.api_client(control_plane(cluster), AccessToken(creds), Path(tmp))
         # Preflight's read: retried as briefly as its access review (an API server that cannot be reached is reported,
         # not waited on for the 600 s a stage's call may retry).
         kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=REACH_BUDGET_S))

@@ -14,11 +14,12 @@ deletes by the run's label.
 
 from __future__ import annotations
 
-import base64
 import tempfile
 from pathlib import Path
 
+from components.platforms.gke import control_plane as planes
 from components.platforms.gke.findings import Problem, Report
+from components.spec import InfraError
 
 # (verb, API group, resource, subresource, what needs it); a namespaced resource is asked in the run's namespace.
 ALWAYS = (
@@ -58,9 +59,11 @@ def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...
     return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
 
 
-def check(cluster, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:
-    """Ask the cluster's API server whether the caller may do each of ``actions(kinds)``; each one denied, or an API
-    server that cannot be reached, is a problem."""
+def check(cluster, path: str, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:
+    """Ask the API server of the cluster (its ``Cluster`` message, at ``path``) whether the caller may do each of
+    ``actions(kinds)``; each one denied, or an API server that cannot be reached, is a problem. One reached through
+    an endpoint that keeps out callers outside the cluster's networks (``control_plane.restricted``) is a warning:
+    Vertex AI tasks run outside them."""
     from kubernetes.client.exceptions import ApiException
 
     from components.platforms.credentials import AccessToken
@@ -69,12 +72,7 @@ def check(cluster, namespace: str, kinds: tuple[str, ...], creds, report: Report
 
     short = cluster.name
     with tempfile.TemporaryDirectory() as ca_dir:
-        api = gke_kube.api_client(
-            cluster.endpoint,
-            base64.b64decode(cluster.master_auth.cluster_ca_certificate),
-            AccessToken(creds),
-            Path(ca_dir),
-        )
+        api = gke_kube.api_client(planes.control_plane(cluster), AccessToken(creds), Path(ca_dir))
         kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=REACH_BUDGET_S))
         denied = []
         try:
@@ -92,14 +90,15 @@ def check(cluster, namespace: str, kinds: tuple[str, ...], creds, report: Report
             )
             return
         except Exception as exc:  # noqa: BLE001 - an API server that cannot be reached, whatever the client raises
-            report.problems.append(
-                Problem(
-                    "gke.cluster_name",
-                    f"the Kubernetes API of cluster {short} at {cluster.endpoint} cannot be reached from here "
-                    f"({type(exc).__name__}): a private endpoint or authorized networks keep this machine out",
-                )
-            )
+            report.problems.append(Problem("gke.cluster_name", planes.unreachable(cluster, path, exc)))
             return
+    why = planes.restricted(cluster)
+    if why:
+        report.warnings.append(
+            f"cluster {short}: {why} and its DNS-based endpoint takes no user traffic: reached from here, but a run "
+            f"on Vertex AI (whose tasks run outside the cluster's networks) cannot reach it: run "
+            f"{planes.enable_dns_access(path)}"
+        )
     where = f"namespace {namespace} of cluster {short}"
     if denied:
         report.problems.append(
@@ -111,6 +110,23 @@ def check(cluster, namespace: str, kinds: tuple[str, ...], creds, report: Report
         )
     else:
         report.checked.append(f"{where}: the caller may do all {len(actions(kinds))} things the run does there")
+
+
+def reach(api, cluster, path: str) -> None:
+    """Raise :class:`InfraError` naming the fix when the API server behind ``api`` (a client of ``cluster``, at
+    ``path``) does not answer within preflight's short budget: a stage's own calls would retry it for minutes."""
+    from components.platforms.gke import kube as gke_kube
+    from components.platforms.gke.transient import Backoff
+
+    kube = gke_kube.Kube(api, "default", log=lambda m: None, backoff=Backoff(budget_s=REACH_BUDGET_S))
+    try:
+        review(kube, "default", "get", "ray.io", "rayclusters", "")
+    except Exception as exc:  # noqa: BLE001 - whatever the client raises for an endpoint it cannot reach
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, ApiException):  # it answered: the caller's calls say what is wrong
+            return
+        raise InfraError(planes.unreachable(cluster, path, exc)) from None
 
 
 def _named(verb: str, group: str, resource: str, subresource: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.platforms.gke import transient
+from components.platforms.gke.control_plane import ControlPlane
 from components.platforms.gke.transient import Retrying
 
 FIELD_MANAGER = "tpupipe"
@@ -32,20 +33,18 @@ CUSTOM = {  # kind -> (group, version, plural)
 }
 
 
-def api_client(endpoint: str, ca_pem: bytes, token: Callable[[], str], ca_dir: Path):
-    """A ``kubernetes.client.ApiClient`` for ``https://<endpoint>``, trusting the cluster's CA, with the bearer token
+def api_client(plane: ControlPlane, token: Callable[[], str], ca_dir: Path):
+    """A ``kubernetes.client.ApiClient`` for the cluster's endpoint ``plane`` (``control_plane.control_plane``),
+    trusting its CA (written in ``ca_dir``) or, for the DNS-based endpoint, the public roots, with the bearer token
     ``token()`` (a Google OAuth access token, :class:`~components.platforms.credentials.AccessToken`: GKE accepts it
     for the identity it belongs to). The client's ``refresh_api_key_hook``, which it calls before every request that
     authenticates, sets the token again, refreshed when it is about to expire (as the client's own kubeconfig loader
     does for tokens with an expiry: ``kubernetes/config/kube_config.py``)."""
     from kubernetes import client
 
-    ca_dir.mkdir(parents=True, exist_ok=True)
-    ca_file = ca_dir / "cluster-ca.crt"
-    ca_file.write_bytes(ca_pem)
     config = client.Configuration()
-    config.host = f"https://{endpoint}"
-    config.ssl_ca_cert = str(ca_file)
+    config.host = f"https://{plane.host}"
+    config.ssl_ca_cert = plane.ca_file(ca_dir)  # None: the client's own roots (certifi's)
     config.verify_ssl = True
 
     def bearer(configuration) -> None:
@@ -266,8 +265,8 @@ def proxy_address(endpoint: str, namespace: str, service: str, port: str = "dash
 
 
 def job_client(
-    endpoint: str,
-    ca_file: Path,
+    plane: ControlPlane,
+    ca_dir: Path,
     namespace: str,
     raycluster: str,
     k8s_token: Callable[..., str],
@@ -277,16 +276,18 @@ def job_client(
 ) -> JobClient:
     """The Ray Jobs API of the RayCluster's head, through the API server's service proxy: Kubernetes credentials in
     ``Authorization`` (the API server consumes them; ``k8s_token()``, kept valid), the Ray token in
-    ``X-Ray-Authorization``."""
+    ``X-Ray-Authorization``; the endpoint's CA (written in ``ca_dir``) or the public roots trusted, as by
+    :func:`api_client`."""
     from ray.job_submission import JobSubmissionClient
 
-    address = proxy_address(endpoint, namespace, f"{raycluster}-head-svc")
+    address = proxy_address(plane.host, namespace, f"{raycluster}-head-svc")
+    verify = plane.ca_file(ca_dir) or True  # True: requests' own roots (certifi's)
 
     def make(token: str):
         headers = {"Authorization": f"Bearer {token}"}
         if ray_token:
             headers["X-Ray-Authorization"] = f"Bearer {ray_token}"
-        return JobSubmissionClient(address, headers=headers, verify=str(ca_file))
+        return JobSubmissionClient(address, headers=headers, verify=verify)
 
     return JobClient(make, k8s_token, Retrying(backoff, log=log))
 

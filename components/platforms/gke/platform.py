@@ -36,6 +36,7 @@ from components.platforms.gke import dry_run, walk
 from components.platforms.gke import teardown as teardowns
 from components.platforms.gke.clients import Clients, load_ledger
 from components.platforms.gke.compute_resources import check_ranges
+from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.session import Session
 from components.platforms.gke.target import MOUNT_PATH, Target, target
 from components.spec import InfraError, SpecError, names
@@ -116,7 +117,7 @@ class GkePlatform(Platform):
         cluster = session.cluster
         return {
             "cluster": ledger["cluster"],
-            "endpoint": cluster.endpoint if cluster else "",
+            "endpoint": control_plane(cluster).host if cluster else "",
             "node_pools": session.tpu_pools,
             "created": [c["name"] for c in load_ledger(ctx)["created"]],
         }
@@ -146,8 +147,8 @@ class GkePlatform(Platform):
             raise InfraError(f"no running cluster for run {ctx.run_id}")
         ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
         client = gke_kube.job_client(
-            cluster.endpoint,
-            ctx.run_dir / "gke" / "cluster-ca.crt",
+            control_plane(cluster),
+            ctx.run_dir / "gke",
             kube.namespace,
             names.raycluster(ctx.run_id),
             token,

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from components.platforms.gke import compute as gke_compute
 from components.platforms.gke import features, offers, paths
+from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.needs import Needs, needs
 from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
@@ -280,8 +281,8 @@ def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     from components.platforms.gke.cluster import Gke, cluster_manager
 
     cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
-    if cluster is not None and cluster.endpoint:  # no cluster: _cluster's problem
-        k8s_access.check(cluster, n.namespace, n.k8s_kinds, creds, report)
+    if cluster is not None and control_plane(cluster).host:  # no cluster: _cluster's problem
+        k8s_access.check(cluster, n.cluster, n.namespace, n.k8s_kinds, creds, report)
 
 
 # ---------------------------------------------------------------- clients

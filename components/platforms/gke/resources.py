@@ -23,6 +23,11 @@ Sources of the GKE facts:
   "Node auto-upgrades"), so a node pool states ``autoUpgrade: true`` beside ``autoRepair: false`` (gcloud's
   ``--no-enable-autorepair`` leaves auto-upgrade on); GKE refuses ``autoUpgrade: false`` with 400 "Auto_upgrade cannot
   be false when release_channel REGULAR is set."
+- The control plane's DNS-based endpoint takes user traffic (``controlPlaneEndpointsConfig.dnsEndpointConfig
+  .allowExternalTraffic``, google-cloud-container's ``ControlPlaneEndpointsConfig.DNSEndpointConfig``: "Controls
+  whether user traffic is allowed over this endpoint"), so Vertex AI tasks, outside the cluster's VPC, reach its
+  Kubernetes API with IAM deciding who may: https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation
+  (``control_plane``).
 - Multislice (multi-host slices only): https://cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice
 - DCN NICs through managed DRANET (``cloud.google.com/gke-networking-dra-driver=true`` node label, device class
   ``netdev.google.com``): https://docs.cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra;
@@ -226,6 +231,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
         },
         "workloadIdentityConfig": {"workloadPool": f"{t.project}.svc.id.goog"},
         "releaseChannel": {"channel": RELEASE_CHANNEL},
+        "controlPlaneEndpointsConfig": {"dnsEndpointConfig": {"allowExternalTraffic": True}},
     }
     if spec.gke.cluster_version:
         body["initialClusterVersion"] = spec.gke.cluster_version

@@ -15,6 +15,7 @@ from components.platforms import ledger as ledgers
 from components.platforms.gke import plan
 from components.platforms.gke.clients import Clients, load_ledger, run_cluster
 from components.platforms.gke.compute_resources import COMPUTE_KINDS
+from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.target import Target, target
 from components.spec import InfraError, names
 
@@ -80,7 +81,7 @@ def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Ta
 def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
     """The run's Kubernetes objects, found by the run label (the namespace is shared and kept)."""
     cluster = clients.gke().get_cluster(run_cluster(ledger, target(ctx.spec, ctx.run_id)))
-    if cluster is None or not cluster.endpoint:
+    if cluster is None or not control_plane(cluster).host:
         return []
     kube, _, _ = clients.kube(ctx)
     return kube.delete_labelled(f"{names.RUN_LABEL}={ctx.run_id}") if kube is not None else []

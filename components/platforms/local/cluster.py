@@ -215,6 +215,8 @@ class LocalPlatform(Platform):
                 f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
                 *[f"--{k}={v}" for k, v in node_ports.items()],
             ]
+            if cluster.host_start_delay_s:  # the same process (exec) joins later: a node still pulling its image
+                worker_cmd = ["/bin/sh", "-c", f'sleep {cluster.host_start_delay_s}; exec "$@"', "sh", *worker_cmd]
             self._spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
         self._spawn(ctx, ledger, "keeper", keeper.command(ctx.run_dir / ledgers.KEY), process_env)
 

@@ -118,11 +118,16 @@ def _build(env: Env, target: Path, log, requirements: Path) -> Env:
     started = time.monotonic()
     # Venvs are not relocatable, so it is made at its final path; the marker, written last, makes it count.
     shutil.rmtree(target, ignore_errors=True)
-    _run_logged([_base_python(), "-m", "venv", str(target)], log, "venv", log_file)
-    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+    image = env.image
+    _run_logged([_base_python(), "-m", "venv", str(target)], log, f"image {image}: venv", log_file)
+    # --no-compile: pip would byte-compile every module of every package (some 40,000 files for torch, transformers,
+    # jax and maxtext; a minute or more on two cores), although a run imports a few thousand, which Python compiles
+    # (and caches) on first import.
+    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
     shown = requirements.relative_to(REPO_ROOT) if requirements.is_relative_to(REPO_ROOT) else requirements
-    _run_logged([*pip, "-r", str(requirements)], log, f"pip install -r {shown}", log_file)
-    _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, "pip install tpupipe", log_file)
+    what = f"image {image}: pip install"
+    _run_logged([*pip, "-r", str(requirements)], log, f"{what} -r {shown}", log_file)
+    _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, f"{what} tpupipe", log_file)
     (target / COMPLETE_MARKER).write_text(env.digest + "\n")
     log(f"image {env.image}: environment ready in {time.monotonic() - started:.0f}s")
     return Env(env.image, env.digest, env.path, False)

@@ -1,0 +1,48 @@
+"""bench/figures.py's alternated pairs and bench/run.py's results.json: what the benchmark figures rest on."""
+
+import json
+
+from bench import run
+from bench.figures import Figure, alternated
+
+
+def test_pairs_alternate_their_order_and_the_figure_is_the_median_ratio_with_its_spread():
+    calls = []
+
+    def side(name, values):
+        return lambda i: calls.append((name, i)) or values[i]
+
+    ratio, detail, a, b = alternated(side("A", [10, 9, 12]), side("B", [10, 10, 10]), float, pairs=3)
+    assert calls == [("A", 0), ("B", 0), ("B", 1), ("A", 1), ("A", 2), ("B", 2)]
+    assert (a, b) == ([10, 9, 12], [10, 10, 10])
+    assert ratio == 1.0 and detail["ratios"] == [1.0, 0.9, 1.2] and detail["spread"] == [0.9, 1.2]
+
+
+def test_a_subset_run_replaces_its_own_figures_and_keeps_the_others(tmp_path, monkeypatch):
+    results = tmp_path / "results.json"
+    results.write_text(
+        json.dumps(
+            {
+                "bench_seconds": {"plan": 2.0, "scale": 60.0},
+                "figures": [
+                    {"bench": "plan", "name": "old plan figure", "value": 1},
+                    {"bench": "scale", "name": "scale figure", "value": 2},
+                ],
+            }
+        )
+    )
+    monkeypatch.setattr(run, "RESULTS", results)
+
+    class Plan:  # the bench module run.main imports for "plan"
+        @staticmethod
+        def figures():
+            return [Figure("new plan figure", 0.5, "s", "<= 1")]
+
+    monkeypatch.setattr(run.importlib, "import_module", lambda name: Plan)
+    assert run.main(["plan"]) == 0
+    written = json.loads(results.read_text())
+    assert [(f["bench"], f["name"]) for f in written["figures"]] == [
+        ("plan", "new plan figure"),
+        ("scale", "scale figure"),
+    ]
+    assert written["bench_seconds"]["scale"] == 60.0 and "commit" in written["figures"][0]
