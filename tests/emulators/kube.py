@@ -697,12 +697,18 @@ class KubeEmulator:
         timer.start()
 
     def _missing_secrets(self, namespace: str, pods: list[dict]) -> str:
+        """The first Secret a pod names (an env var's secretKeyRef, a secret volume) that the namespace lacks: the
+        kubelet cannot start its containers (CreateContainerConfigError, or the volume's mount fails)."""
         for pod in pods:
+            named = [v["secret"]["secretName"] for v in pod["spec"].get("volumes", []) if "secret" in v]
             for container in pod["spec"]["containers"]:
                 for env in container.get("env", []):
                     ref = env.get("valueFrom", {}).get("secretKeyRef")
-                    if ref and ("secrets", namespace, ref["name"]) not in self.objects:
-                        return ref["name"]
+                    if ref:
+                        named.append(ref["name"])
+            for name in named:
+                if ("secrets", namespace, name) not in self.objects:
+                    return name
         return ""
 
     def _container_env(self, namespace: str, container: dict) -> dict[str, str]:

@@ -368,15 +368,28 @@ def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
     assert m.raycluster(jax, tj)["spec"]["headGroupSpec"]["rayStartParams"] == {}
 
 
-def test_hugging_face_token_comes_from_a_secret_never_inline():
+def test_hugging_face_token_is_the_runs_own_secret_mounted_as_a_file_never_an_env_var():
     spec, t = spec_and_target("gemma4-e2b-v6e-16")
     rc = m.raycluster(spec, t)["spec"]
+    own = names.hf_token_secret(t.run_id)
+    assert own != spec.gke.hf_secret and t.run_id in own
     for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
-        (token,) = [e for e in group["template"]["spec"]["containers"][0]["env"] if e["name"] == "HF_TOKEN"]
-        assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}}
-        assert "value" not in token
+        pod = group["template"]["spec"]
+        container = pod["containers"][0]
+        assert [e for e in container["env"] if e["name"] == "HF_TOKEN"] == []
+        assert "secretKeyRef" not in json.dumps(container["env"])
+        assert {"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/tpupipe/hf/token"} in container["env"]
+        assert {"name": "hf-token", "mountPath": "/var/run/secrets/tpupipe/hf", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "hf-token"]
+        assert volume["secret"] == {
+            "secretName": own,
+            "items": [{"key": "hf_api_token", "path": "token"}],
+            "defaultMode": 0o400,
+        }
     none, tn = spec_and_target("gemma4-e2b-v6e-16", "gke.hf_secret=")
-    assert "HF_TOKEN" not in json.dumps(m.raycluster(none, tn))
+    assert "HF_TOKEN" not in json.dumps(m.raycluster(none, tn)) and "hf-token" not in json.dumps(m.raycluster(none, tn))
 
 
 def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_service_account():

@@ -46,8 +46,14 @@ def secret(s: Session, res: Resource) -> None:
     if res.name == names.ray_token_secret(run_id):
         kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
         return
+    # The run's own copy: the namespace's Secret (shared by its runs, the user's) is read, never labelled with the
+    # run, so no run's teardown deletes what another run's pods still mount.
+    shared = s.ctx.spec.gke.hf_secret
     source = s.ctx.spec.gke.hf_token_secret
-    if source:
+    found = kube.secret(shared)
+    if found is not None and found.get(m.HF_TOKEN_KEY):
+        value = found[m.HF_TOKEN_KEY].encode()
+    elif source:
         from components.platforms.gke import secrets
 
         value = secrets.read(source, s.client("creds"))
@@ -56,7 +62,7 @@ def secret(s: Session, res: Resource) -> None:
     if not value:
         raise SpecError(
             "gke.hf_secret",
-            f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
+            f"no Secret {shared} (key {m.HF_TOKEN_KEY}) in namespace {t.namespace}, no gke.hf_token_secret and "
             f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
             "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none",
         )

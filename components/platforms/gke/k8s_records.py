@@ -37,17 +37,18 @@ def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
         )
     if spec.gke.hf_secret:
         source = spec.gke.hf_token_secret or "$HF_TOKEN"
+        hf = names.hf_token_secret(t.run_id)
         out.append(
             Resource(
                 "k8s/Secret",
-                spec.gke.hf_secret,
-                "get-or-create",
-                "the Hugging Face token (key "
-                f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from {source} "
-                "(labelled with the run, deleted by its teardown); its value never printed",
+                hf,
+                "create",
+                f"the run's Hugging Face token (key {m.HF_TOKEN_KEY}), mounted read-only as a file in the pods: "
+                f"copied from the namespace's Secret {spec.gke.hf_secret} when it has one (never changed or deleted "
+                f"by a run), else made from {source}; deleted by the run's teardown; its value never printed",
                 labels=names.labels(t.run_id),
                 api="kubernetes apply v1",
-                path=f"namespaces/{t.namespace}/secrets/{spec.gke.hf_secret}",
+                path=f"namespaces/{t.namespace}/secrets/{hf}",
             )
         )
     token = names.ray_token_secret(t.run_id)

@@ -46,6 +46,14 @@ GCSFUSE_POD_ANNOTATIONS = {
     "gke-gcsfuse/ephemeral-storage-limit": "0",
 }
 HF_TOKEN_KEY = "hf_api_token"
+# The Hugging Face token reaches the pods as a file of a read-only Secret volume, never as an environment variable
+# (which every process and Ray job of the pod inherits and prints in its environment): huggingface_hub reads the
+# token from the file $HF_TOKEN_PATH names when $HF_TOKEN is unset
+# (https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables#hftokenpath).
+# Secret volumes: https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
+HF_TOKEN_FILE = "token"
 
 
 def _meta(name: str, t: Target, namespaced: bool = True) -> dict[str, Any]:
@@ -106,10 +114,23 @@ def _common_env(spec: RunSpec) -> list[dict[str, Any]]:
     if d.tpu_resource_per_chip(spec) > 1:
         env.append(_env("RAY_TPU_RESOURCE_PER_CHIP", str(d.tpu_resource_per_chip(spec))))
     if spec.gke.hf_secret:
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.gke.hf_secret, "key": HF_TOKEN_KEY}}}
-        )
+        env.append(_env("HF_TOKEN_PATH", f"{HF_TOKEN_DIR}/{HF_TOKEN_FILE}"))
     return env
+
+
+def _token_mounts(spec: RunSpec, t: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's Hugging Face token Secret (``names.hf_token_secret``) as a read-only file: (mounts, volumes)."""
+    if not spec.gke.hf_secret:
+        return [], []
+    volume = {
+        "name": HF_TOKEN_VOLUME,
+        "secret": {
+            "secretName": names.hf_token_secret(t.run_id),
+            "items": [{"key": HF_TOKEN_KEY, "path": HF_TOKEN_FILE}],
+            "defaultMode": 0o400,
+        },
+    }
+    return [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}], [volume]
 
 
 def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
@@ -151,15 +172,16 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "image": t.image,
         "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
         "resources": _resources(c.head_cpus, c.head_memory_gib),
-        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}],
     }
     env = _common_env(spec)
     if env:
         container["env"] = env
+    token_mounts, token_volumes = _token_mounts(spec, t)
+    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "containers": [container],
-        "volumes": [_checkpoint_volume(t)],
+        "volumes": [_checkpoint_volume(t), *token_volumes],
     }
     selector = r.head_node_selector(spec, t)
     if selector:
@@ -185,7 +207,9 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     env = _worker_env(spec)
     if env:
         container["env"] = env
-    container["volumeMounts"] = mounts
+    token_mounts, token_volumes = _token_mounts(spec, t)
+    container["volumeMounts"] = mounts + token_mounts
+    volumes += token_volumes
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "nodeSelector": r.worker_node_selector(spec, t),
