@@ -145,6 +145,11 @@ def hf_token_secret(run_id: str) -> str:
     return fit(f"{run_id}-hf-token", COMPUTE_NAME_MAX)
 
 
+def network_policy(run_id: str, what: str) -> str:
+    """The run's NetworkPolicy ``what`` (``isolate``: its pods admit only one another; ``job-api``: the head's port)."""
+    return fit(f"{run_id}-{what}", COMPUTE_NAME_MAX)
+
+
 def service_account(run_id: str) -> str:
     """The Kubernetes ServiceAccount of the run's pods (Workload Identity)."""
     return fit(f"tpupipe-{run_id}", COMPUTE_NAME_MAX)

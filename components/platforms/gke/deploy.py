@@ -108,12 +108,31 @@ def raycluster(s: Session, res: Resource) -> None:
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
         f"{status.get('desiredWorkerReplicas')} workers available"
     )
+    _verify_ray_auth(s, res.name)
     s.deploy_result = {
         "raycluster": res.name,
         "namespace": s.t.namespace,
         "endpoint": s.cluster.endpoint,
         "available_workers": status.get("availableWorkerReplicas"),
     }
+
+
+def _verify_ray_auth(s: Session, raycluster: str) -> None:
+    """Fail closed unless the Ray cluster refuses a request without its token: a Ray too old for token
+    authentication, or an image that turns it off, would otherwise run every job unauthenticated without a word."""
+    from components.platforms.gke import kube as gke_kube
+
+    kube, cluster, token = s.client("kube")
+    ca_file = s.ctx.run_dir / "gke" / "cluster-ca.crt"
+    status = gke_kube.unauthenticated_status(cluster.endpoint, ca_file, kube.namespace, raycluster, token)
+    if status not in (401, 403):
+        raise InfraError(
+            f"RayCluster {raycluster} answered a request without its Ray token with HTTP {status}, not 401: its "
+            "token authentication is off (a Ray older than token authentication in the image, or RAY_AUTH_MODE "
+            "set in it); no job is sent to it. Use an image with the Ray of the plan "
+            "(components.platforms.gke.resources.RAY_VERSION)"
+        )
+    s.log(f"RayCluster {raycluster}: a request without the Ray token is refused ({status}): token authentication on")
 
 
 # How long provision waits for the RayCluster CRD to be served after it created the cluster or enabled the Ray

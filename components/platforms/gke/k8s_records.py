@@ -85,7 +85,8 @@ def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
 
 def _k8s_path(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
-    plural = obj["kind"].lower() + "s"
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
     return (
         f"namespaces/{meta['name']}"
         if obj["kind"] == "Namespace"
@@ -99,6 +100,11 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         return "shared by runs; created if missing, kept"
     if kind == "ServiceAccount":
         return "the pods' identity (Workload Identity)"
+    if kind == "NetworkPolicy":
+        rule = obj["spec"]["ingress"][0]
+        if "ports" in rule:
+            return f"the head's Jobs API port {rule['ports'][0]['port']} open to the cluster (the API server's proxy)"
+        return "default deny: the run's pods take traffic only from one another"
     if kind == "ResourceClaimTemplate":
         req = obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"
