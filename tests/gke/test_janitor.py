@@ -6,6 +6,7 @@ Ray: the emulated cluster's RayCluster never gets ready, as after a lost driver.
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import timedelta
 
@@ -186,7 +187,7 @@ def test_a_run_whose_driver_beats_is_left_alone_past_older_than_and_collected_on
     heartbeat.beat(ctx.store, "train")
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
     assert code == 0 and "nothing found" in text, text
-    assert "alive: kept: its driver's heartbeat is 0 s old (a stage of it is working)" in text
+    assert re.search(r"alive: kept: its driver's heartbeat is \d+ s old \(a stage of it is working\)", text), text
     assert project.clusters("alive") and project.pools("alive")
     heartbeat.beat(ctx.store, "train", now=time.time() - heartbeat.STALE_S - 1)
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
