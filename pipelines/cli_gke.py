@@ -53,7 +53,7 @@ def cmd_janitor(args) -> int:
 
     older = janitor.parse_age(args.older_than) if args.older_than else None
     sweep = janitor.Janitor(
-        args.output_root, tuple(args.project or ()), older, log=lambda m: None, region=args.region
+        args.output_root, tuple(args.project or ()), older, log=lambda m: None, region=args.region, adopt=args.adopt
     ).sweep(args.dry_run)
     sys.stdout.write(janitor.render(sweep, args.dry_run))
     if sweep.failed:
@@ -116,7 +116,9 @@ def add_commands(sub) -> None:
         "run left no ledger, in the runs' projects and those named by --project; tear down each one that is finished "
         "or older than its limit (--older-than, else the longest its stages may wait), newest resource first, with "
         "the teardown every run uses. A run that ran on Vertex AI is collected as soon as its pipeline job has "
-        "ended (a Stop in the UI, a cancel) and left alone while it runs, whatever its age. A second sweep finds "
+        "ended (a Stop in the UI, a cancel) and left alone while it runs, whatever its age; so is a run whose "
+        "driver's heartbeat is fresh. A labelled cluster without a ledger is collected only with --adopt. A second "
+        "sweep finds "
         "nothing. `tpupipe compile --pipeline janitor` gives the same sweep as a pipeline to schedule "
         "(`tpupipe publish --janitor-schedule`: every 15 minutes).",
     )
@@ -141,6 +143,12 @@ def add_commands(sub) -> None:
         "--region",
         default="us-east5",
         help="the Vertex AI region asked for the state of the runs' pipeline jobs (default us-east5; '' asks nothing)",
+    )
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="also collect clusters labelled tpupipe-run whose run left no ledger under the output root (without it "
+        "they are reported and kept: their ledger may be under another output root)",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     p.set_defaults(func=cmd_janitor)

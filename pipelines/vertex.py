@@ -17,6 +17,7 @@ from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import SpecError, names
+from pipelines import run_ids
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {
@@ -152,7 +153,7 @@ def _job(sub: Submission, job_id: str = "", template: str = ""):
         job_id=job_id or None,
         pipeline_root=sub.pipeline_root,
         parameter_values=parameters,
-        labels={PRESET_LABEL: sub.preset, **sub.labels},
+        labels={PRESET_LABEL: sub.preset, **run_ids.job_labels(sub.run_id), **sub.labels},
     )
 
 
@@ -166,6 +167,7 @@ def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: 
     check(sub)
     template = published_template(sub, publish_first, log)
     init(sub.project, sub.region)
+    run_ids.check_free(sub.run_id, sub.project, template)  # exit 2 for a run id another job or run holds
     job = _job(sub, job_id or new_job_id(sub.preset), template)
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name

@@ -132,10 +132,33 @@ def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int
     (directory / CHECKPOINT_META).write_text(json.dumps(meta))
 
 
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds more than tensors and plain containers: a pickle that would run code on load."""
+
+
+def load_optimizer_state(path: Path) -> dict[str, Any]:
+    """The optimizer state :func:`save_checkpoint` wrote, read with ``weights_only=True``: tensors, numbers,
+    strings and plain containers only, so a file planted in the checkpoint directory cannot run code when a
+    restarted worker group resumes from it
+    (https://docs.pytorch.org/docs/stable/notes/serialization.html#weights-only-security)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+        raise UnsafeCheckpoint(
+            f"refusing to load {path}: it is not a plain optimizer state (tensors and containers only); "
+            f"torch.load with weights_only=True said: {lines[0] if lines else str(e).strip()[:300]}"
+        ) from None
+
+
 def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
     """Restore a checkpoint of :func:`save_checkpoint` into the sharded model (the frozen table stays the base
-    model's) and, when it holds one, the optimizer state; without one the optimizer starts fresh."""
-    import torch
+    model's) and, when it holds one, the optimizer state; without one the optimizer starts fresh. Weights are read
+    from safetensors and the optimizer state with :func:`load_optimizer_state`: nothing here unpickles code."""
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -146,7 +169,7 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, load_file(str(directory / "model.safetensors")), options=options)
     if (directory / "optimizer.pt").is_file():
-        optim_state = torch.load(directory / "optimizer.pt", weights_only=False)
+        optim_state = load_optimizer_state(directory / "optimizer.pt")
         set_optimizer_state_dict(model, optimizer, optim_state, options=options)
     return json.loads((directory / CHECKPOINT_META).read_text())
 

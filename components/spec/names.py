@@ -139,6 +139,17 @@ def ray_token_secret(run_id: str) -> str:
     return fit(f"{run_id}-ray-token", COMPUTE_NAME_MAX)
 
 
+def hf_token_secret(run_id: str) -> str:
+    """The run's own Secret holding the Hugging Face token, copied from the namespace's ``gke.hf_secret`` or made
+    from Secret Manager or $HF_TOKEN: the run's teardown deletes it, never the Secret another run reads."""
+    return fit(f"{run_id}-hf-token", COMPUTE_NAME_MAX)
+
+
+def network_policy(run_id: str, what: str) -> str:
+    """The run's NetworkPolicy ``what`` (``isolate``: its pods admit only one another; ``job-api``: the head's port)."""
+    return fit(f"{run_id}-{what}", COMPUTE_NAME_MAX)
+
+
 def service_account(run_id: str) -> str:
     """The Kubernetes ServiceAccount of the run's pods (Workload Identity)."""
     return fit(f"tpupipe-{run_id}", COMPUTE_NAME_MAX)

@@ -35,6 +35,7 @@ def log(message: str) -> None:
 class _Follow:
     """What following a job has seen so far: the log length, the whole text, the records, when the log was saved."""
 
+    nonce: str = ""  # the job's record nonce (``protocol``): only its records count
     seen: int = 0
     text: str = ""
     records: list[tuple[str, dict]] = field(default_factory=list)
@@ -62,19 +63,24 @@ def runtime_env(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str) -> str:
-    """Submit the run's ``kind`` job under its derived submission id, or re-attach to it when it exists (a retried
-    task). Returns the submission id."""
+def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None) -> str:
+    """Submit the run's ``kind`` job under its derived submission id with a record nonce of its own, or re-attach to
+    it when it exists (a retried task), its nonce read back from the job's metadata; the nonce goes to ``state``.
+    Returns the submission id."""
     submission_id = names.job_submission_id(ctx.run_id, kind)
+    state = state if state is not None else _Follow()
     try:
         info = client.get_job_info(submission_id)
+        state.nonce = (info.metadata or {}).get(protocol.NONCE_METADATA, "")
         log(f"{kind}: re-attaching to job {submission_id} ({info.status})")
     except Exception:  # noqa: BLE001 - the Jobs API raises a plain error for an unknown job
+        state.nonce = protocol.new_nonce()
+        env = runtime_env(ctx)
         client.submit_job(
             entrypoint=entrypoint,
             submission_id=submission_id,
-            runtime_env=runtime_env(ctx),
-            metadata={names.RUN_LABEL: ctx.run_id, "kind": kind},
+            runtime_env={**env, "env_vars": {**env["env_vars"], protocol.NONCE_ENV: state.nonce}},
+            metadata={names.RUN_LABEL: ctx.run_id, "kind": kind, protocol.NONCE_METADATA: state.nonce},
         )
         log(f"{kind}: submitted Ray job {submission_id}")
     return submission_id
@@ -99,7 +105,7 @@ def _take(
     _save_log(ctx, kind, state)
     for line in lines:
         print(f"  [{kind}] {line}", flush=True)
-    for rec in protocol.parse(lines):
+    for rec in protocol.parse(lines, state.nonce):
         state.records.append(rec)
         if on_record:
             on_record(*rec)
@@ -194,7 +200,7 @@ def run_job(
     state = _Follow()
     try:
         with on_interrupt(_stopper(client, submission_id, kind), log=log):
-            submit_or_attach(client, ctx, kind, entrypoint)
+            submit_or_attach(client, ctx, kind, entrypoint, state)
             try:
                 try:
                     _stream(client, submission_id, kind, state, ctx, on_record, deadline - time.monotonic())

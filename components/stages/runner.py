@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms import RunContext, get_platform, interrupts
+from components.platforms import RunContext, get_platform, heartbeat, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
@@ -276,7 +276,8 @@ def _run_recorded(
             check_on_vertex(platform, output_root)
             note_pipeline_job(store, rid, platform, job_name)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
-        result = RUNNERS[stage](ctx, upstream, **facts)
+        with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
+            result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
         record(
             store,

@@ -75,6 +75,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.emulators import kube_schema
 from tests.emulators.tokens import authorized
 
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
@@ -263,6 +264,10 @@ class KubeEmulator:
         self.autoscaler_place = {"project": "tpupipe-emulated", "zone": "us-east5-b"}  # in the autoscaler's messages
         self.ready_without_ray = False  # no Ray environment: the status turns ready once the pods are scheduled
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
+        # A fault: the Ray cluster runs without token authentication whatever its spec says (a Ray older than 2.52 in
+        # the image, or RAY_AUTH_MODE=disabled baked into it), so it answers requests that carry no token.
+        self.ray_auth_off = False
+        self._own_jobs = False  # the Jobs API below was made here (not given by a test): stopped with the server
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
@@ -316,6 +321,8 @@ class KubeEmulator:
     def stop(self) -> None:
         for key in list(self.clusters):
             self._stop_ray(key)
+        if self._own_jobs:
+            self.jobs.stop()
         if self._server:
             self._server.shutdown()
             self._server.server_close()
@@ -443,7 +450,7 @@ class KubeEmulator:
                 self._prune(obj)
             errors = self._validate(plural, namespace, obj)
             if errors:
-                kind = CRD_KINDS.get(plural, plural)
+                kind = CRD_KINDS.get(plural) or obj.get("kind") or plural
                 return 422, _status(422, "Invalid", f'{kind} "{name}" is invalid: ' + "; ".join(errors))
             existed = key in self.objects
             meta = obj.setdefault("metadata", {})
@@ -488,10 +495,12 @@ class KubeEmulator:
     def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
         if plural in CRD_KINDS:
             return self.crds.errors(obj)
-        if plural not in CORE and plural != "resourceclaimtemplates":
+        if plural not in CORE and plural != "resourceclaimtemplates" and plural not in kube_schema.MODELS:
             return [f"unknown resource {plural}"]
         if namespace and ("namespaces", "", namespace) not in self.objects:
             return [f'namespaces "{namespace}" not found']
+        if plural in kube_schema.MODELS:
+            return kube_schema.errors(obj, kube_schema.MODELS[plural])
         return []
 
     # ------------------------------------------------------------------ the KubeRay operator
@@ -613,15 +622,20 @@ class KubeEmulator:
             threading.Thread(target=self._start_ray, args=(namespace, obj, pods), daemon=True).start()
         elif self.ready_without_ray:
             name = obj["metadata"]["name"]
-            if self.jobs is not None:  # the head's dashboard: the emulated Jobs API, with the cluster's Ray token
-                self.jobs.token = self._ray_token(namespace, obj)
-                self.clusters[(namespace, name)] = {
-                    "processes": [],
-                    "temp_dir": self.work_dir / "no-ray",
-                    "dashboard": self.jobs.port,
-                    "token": self.jobs.token,
-                    "run_id": f"no-ray-{secrets.token_hex(6)}",  # no process of any run is this cluster's
-                }
+            if self.jobs is None:  # the head's dashboard: the emulated Jobs API, with the cluster's Ray token
+                from tests.emulators.rayjobs import RayJobsEmulator
+
+                self.jobs = RayJobsEmulator()
+                self.jobs.start()
+                self._own_jobs = True
+            self.jobs.token = "" if self.ray_auth_off else self._ray_token(namespace, obj)
+            self.clusters[(namespace, name)] = {
+                "processes": [],
+                "temp_dir": self.work_dir / "no-ray",
+                "dashboard": self.jobs.port,
+                "token": self.jobs.token,
+                "run_id": f"no-ray-{secrets.token_hex(6)}",  # no process of any run is this cluster's
+            }
             self._mark_ready(namespace, name, len(pods))
 
     # ------------------------------------------------------------------ the cluster autoscaler
@@ -712,19 +726,51 @@ class KubeEmulator:
         timer.start()
 
     def _missing_secrets(self, namespace: str, pods: list[dict]) -> str:
+        """The first Secret a pod names (an env var's secretKeyRef, a secret volume) that the namespace lacks: the
+        kubelet cannot start its containers (CreateContainerConfigError, or the volume's mount fails)."""
         for pod in pods:
+            named = [v["secret"]["secretName"] for v in pod["spec"].get("volumes", []) if "secret" in v]
             for container in pod["spec"]["containers"]:
                 for env in container.get("env", []):
                     ref = env.get("valueFrom", {}).get("secretKeyRef")
-                    if ref and ("secrets", namespace, ref["name"]) not in self.objects:
-                        return ref["name"]
+                    if ref:
+                        named.append(ref["name"])
+            for name in named:
+                if ("secrets", namespace, name) not in self.objects:
+                    return name
         return ""
 
-    def _container_env(self, namespace: str, container: dict) -> dict[str, str]:
+    def _volumes(self, namespace: str, pod: dict) -> dict[str, str]:
+        """The pod's emptyDir and Secret volumes as directories here, by the container's mount path: a Secret's keys
+        are files with the volume's mode (https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-
+        files-from-a-pod). The processes of a pod see its paths there (``_container_env``)."""
+        root = self.work_dir / "pods" / namespace / pod["metadata"]["name"]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        out = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if "emptyDir" not in volume and "secret" not in volume:
+                continue
+            where = root / mount["name"]
+            where.mkdir(parents=True, exist_ok=True)
+            if "secret" in volume:
+                data = self.objects[("secrets", namespace, volume["secret"]["secretName"])].get("data", {})
+                for item in volume["secret"].get("items") or [{"key": k, "path": k} for k in data]:
+                    path = where / item["path"]
+                    path.write_bytes(base64.b64decode(data[item["key"]]))
+                    path.chmod(volume["secret"].get("defaultMode", 0o644))
+            out[mount["mountPath"]] = str(where)
+        return out
+
+    def _container_env(self, namespace: str, container: dict, mounts: dict[str, str] | None = None) -> dict[str, str]:
         out = {}
         for env in container.get("env", []):
             if "value" in env:
-                out[env["name"]] = env["value"]
+                value = env["value"]
+                for path, here in (mounts or {}).items():  # a path in one of the pod's volumes: where it is here
+                    if value == path or value.startswith(path + "/"):
+                        value = here + value[len(path) :]
+                out[env["name"]] = value
             elif "secretKeyRef" in env.get("valueFrom", {}):
                 ref = env["valueFrom"]["secretKeyRef"]
                 secret = self.objects[("secrets", namespace, ref["name"])]
@@ -754,10 +800,13 @@ class KubeEmulator:
         name = obj["metadata"]["name"]
         run_id = obj["metadata"].get("labels", {}).get("tpupipe-run", name)
         with self.lock:
-            token = self._ray_token(namespace, obj)
+            token = "" if self.ray_auth_off else self._ray_token(namespace, obj)
             head_group = obj["spec"]["headGroupSpec"]
             envs = {
-                pod["metadata"]["name"]: self._container_env(namespace, pod["spec"]["containers"][0]) for pod in pods
+                pod["metadata"]["name"]: self._container_env(
+                    namespace, pod["spec"]["containers"][0], self._volumes(namespace, pod)
+                )
+                for pod in pods
             }
         workers = pods[1:]
         ports = allocate_ports(len(workers))
@@ -785,8 +834,7 @@ class KubeEmulator:
             "RAY_USAGE_STATS_ENABLED": "0",
             "PYTHONUNBUFFERED": "1",
         }
-        if token:
-            base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
         ray = str(env.bin / "ray")
         common = [
             "--block",

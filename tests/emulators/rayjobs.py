@@ -3,7 +3,8 @@ without Ray (``KubeEmulator.ready_without_ray``) answers through the API server'
 the stages' job client runs — submit, status, logs, stop — against the wire it meets on GKE, in seconds.
 
 The REST surface is Ray's (https://docs.ray.io/en/latest/cluster/running-applications/job-submission/rest.html):
-``GET /api/version``, ``POST /api/jobs/`` (``{"submission_id", "job_id"}``), ``GET /api/jobs/{id}`` (the
+``GET /api/version``, ``GET /api/jobs/`` (every job's ``JobDetails``, a list), ``POST /api/jobs/``
+(``{"submission_id", "job_id"}``), ``GET /api/jobs/{id}`` (the
 ``JobDetails`` of ray/dashboard/modules/job/pydantic_models.py; 404 for an unknown job), ``GET
 /api/jobs/{id}/logs`` (``{"logs"}``) and ``POST /api/jobs/{id}/stop`` (``{"stopped"}``); with Ray token
 authentication on, a request without the cluster's token in ``X-Ray-Authorization`` (the header Ray reads behind a
@@ -11,8 +12,9 @@ proxy that consumes ``Authorization``: ray/_private/authentication/authenticatio
 
 No entrypoint runs: a job is RUNNING for ``duration_s`` seconds of ``clock`` (``time.time``, which a test moves
 with time-machine) from its submission, then SUCCEEDED with ``log`` as its whole log (a test gives the ``TPUPIPE``
-records the stage expects); stopped, it is STOPPED at once. ``lost_answers``: submissions that are taken but answered
-502, as when the answer is lost between the dashboard and the client (the client, retrying, meets its own job).
+records the stage expects, with the job's nonce when ``log`` is a function of its environment); stopped, it is
+STOPPED at once. ``lost_answers``: submissions that are taken but answered 502, as when the answer is lost between
+the dashboard and the client (the client, retrying, meets its own job).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class RayJobsEmulator(HttpEmulator):
             "runtime_env": job["runtime_env"],
         }
 
+    def _log(self, job: dict) -> str:
+        """The job's whole log: ``log`` as given, or ``log(env_vars)`` of the job's runtime environment (what a job's
+        process reads from its environment, the record nonce among it: ``components.spec.protocol``)."""
+        return self.log(job["runtime_env"].get("env_vars", {})) if callable(self.log) else self.log
+
     def _serve(self, http, body: bytes) -> tuple:
         path = urllib.parse.urlsplit(http.path).path.rstrip("/")
         with self._lock:
@@ -67,6 +74,8 @@ class RayJobsEmulator(HttpEmulator):
                 return 401, {"error": "Unauthorized: missing or invalid authentication token"}
             if path == "/api/version":
                 return 200, {"version": "4", "ray_version": RAY_VERSION, "ray_commit": "emulated"}
+            if http.command == "GET" and path == "/api/jobs":
+                return 200, [self._details(job) for job in self.jobs.values()]
             if http.command == "POST" and path == "/api/jobs":
                 request = json.loads(body or b"{}")
                 sid = request.get("submission_id") or f"raysubmit_{len(self.jobs)}"
@@ -95,7 +104,8 @@ class RayJobsEmulator(HttpEmulator):
             if http.command == "GET" and len(parts) == 1:
                 return 200, details
             if http.command == "GET" and parts[1:] == ["logs"]:
-                return 200, {"logs": self.log if details["status"] == "SUCCEEDED" else ""}
+                done = details["status"] == "SUCCEEDED"
+                return 200, {"logs": self._log(job) if done else ""}
             if http.command == "POST" and parts[1:] == ["stop"]:
                 stopped = job["status"] == "RUNNING"
                 if stopped:

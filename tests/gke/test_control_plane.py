@@ -127,7 +127,7 @@ def test_an_existing_private_cluster_without_dns_access_is_a_problem_naming_the_
     _enable_dns_access(name)
     code, text = preflight_cli(SHARED, capsys)
     assert code == 0, text
-    assert "namespace tpupipe of cluster team: the caller may do all 17 things the run does" in text
+    assert "namespace tpupipe of cluster team: the caller may do all 20 things the run does" in text
     assert _hosts(project) == {project.kube.dns_endpoint}
 
 

@@ -5,6 +5,9 @@ Ray: the emulated cluster's RayCluster never gets ready, as after a lost driver.
 
 from __future__ import annotations
 
+import json
+import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -141,7 +144,9 @@ def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(
     assert ledger.load(GcsStore("vertex-root", "runs/in-gcs"))["torn_down"]
 
 
-def test_a_labelled_cluster_whose_run_left_no_ledger_is_adopted_and_deleted(tmp_path, project_factory, capsys):
+def test_a_labelled_cluster_whose_run_left_no_ledger_is_kept_and_adopted_only_with_adopt(
+    tmp_path, project_factory, capsys
+):
     project = project_factory(polls_to_done=1)
     parent = f"projects/{PROJECT}/locations/us-east5-b"
     project.gke.add_cluster(
@@ -151,13 +156,62 @@ def test_a_labelled_cluster_whose_run_left_no_ledger_is_adopted_and_deleted(tmp_
     project.gke.add_cluster(
         parent, {"name": "team", "resourceLabels": {"owner": "someone"}, "createTime": "2026-01-01T00:00:00Z"}
     )
-    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT)
+    # Its ledger may be under another output root (a workstation run's ./runs): without --adopt it is reported, kept,
+    # whatever --older-than says.
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT, "--older-than", "0s")
+    assert code == 0 and "nothing found" in text, text
+    assert f"ghost: kept: cluster tpupipe-ghost carries its label but its run left no ledger under {tmp_path}" in text
+    assert "`tpupipe janitor --adopt` collects it" in text and len(project.gke.state.clusters) == 2
+    assert ledger.load(LocalStore(tmp_path / "ghost")) is None
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT, "--adopt")
     assert code == 0, text
     assert "ghost (no ledger; its cluster was created" in text
     assert list(project.gke.state.clusters) == [f"{parent}/clusters/team"]  # an unlabelled cluster is not touched
     assert ledger.load(LocalStore(tmp_path / "ghost"))["adopted_by"] == "janitor"
-    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT)
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--project", PROJECT, "--adopt")
     assert "nothing found" in text
+
+
+def test_a_run_whose_driver_beats_is_left_alone_past_older_than_and_collected_once_its_heartbeat_is_stale(
+    tmp_path, project_factory, capsys, hf_token
+):
+    """No pipeline job to ask (a workstation run): the heartbeat its stages write says it is alive, so --older-than
+    0s keeps it; once the heartbeat is older than heartbeat.STALE_S the driver is gone and the run is collected."""
+    import time
+
+    from components.platforms import heartbeat
+
+    project = project_factory(polls_to_done=1)
+    ctx = _local(tmp_path, "alive")
+    _left_behind(project, ctx)
+    heartbeat.beat(ctx.store, "train")
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
+    assert code == 0 and "nothing found" in text, text
+    assert re.search(r"alive: kept: its driver's heartbeat is \d+ s old \(a stage of it is working\)", text), text
+    assert project.clusters("alive") and project.pools("alive")
+    heartbeat.beat(ctx.store, "train", now=time.time() - heartbeat.STALE_S - 1)
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s")
+    assert code == 0 and "alive (started 0.0 h ago, older than 0.0 h):" in text, text
+    assert project.leftovers("alive") == {}
+
+
+def test_a_stage_beats_while_it_works_and_a_failed_write_never_fails_it(tmp_path):
+    import threading
+
+    from components.platforms import heartbeat
+
+    store = LocalStore(tmp_path / "run")
+    seen = []
+    with heartbeat.beating(store, "train", interval_s=0.05):
+        first = heartbeat.age_s(store)
+        threading.Event().wait(0.3)
+        seen.append(json.loads((tmp_path / "run" / heartbeat.KEY).read_text())["at"])
+    assert first is not None and first < 1 and seen[0] > time.time() - 0.2  # beaten again while the block ran
+    assert heartbeat.fresh(store) is not None
+    broken = tmp_path / "not-a-directory"
+    broken.write_text("")
+    with heartbeat.beating(LocalStore(broken), "train", interval_s=0.01):  # every write fails: the stage goes on
+        threading.Event().wait(0.05)
 
 
 def test_a_labelled_node_pool_in_a_shared_cluster_without_a_ledger_is_reported_not_guessed(

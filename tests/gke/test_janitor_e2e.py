@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
+from components.platforms import heartbeat
+from components.platforms.store import LocalStore
 from tests.emulators.project import start_project
 from tests.gke.test_gke_pipeline import _env, _wait_gone, training
 from tests.helpers import tpupipe_cmd, unique_run_id
@@ -33,6 +36,9 @@ def test_a_run_sigkilled_during_train_is_swept_by_the_janitor(tmp_path, project)
     left = project.leftovers(run_id)
     assert {"node pools", "kubernetes", "bucket bindings"} <= set(left), left
     assert not (root / run_id / "summary.json").exists()
+    # Its last heartbeat is seconds old: the janitor would keep it as live for heartbeat.STALE_S (test_janitor.py
+    # shows it). Those minutes pass here at once: the heartbeat made as old as a dead driver's.
+    heartbeat.beat(LocalStore(root / run_id), "train", now=time.time() - heartbeat.STALE_S - 1)
 
     sweep = subprocess.run(
         [*tpupipe_cmd(), "janitor", "--output-root", str(root), "--older-than", "0s"],

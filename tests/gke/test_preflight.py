@@ -309,7 +309,7 @@ def test_an_existing_cluster_where_the_caller_may_not_do_what_the_run_does_is_re
     assert project.mutations() == []
     project.kube.denied.clear()
     code, text = preflight_cli(SHARED, capsys)
-    assert code == 0 and "namespace tpupipe of cluster team: the caller may do all 17 things the run does" in text
+    assert code == 0 and "namespace tpupipe of cluster team: the caller may do all 20 things the run does" in text
 
 
 def test_an_existing_cluster_whose_api_server_cannot_be_reached_is_a_problem(project_factory, capsys):

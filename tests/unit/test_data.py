@@ -34,14 +34,43 @@ def test_write_generated_writes_jsonl(tmp_path):
 
 
 def test_protocol_round_trip_through_ray_log_prefixes():
+    nonce = protocol.new_nonce()
     lines = [
-        "(RayTrainWorker pid=123, ip=127.0.0.1) " + protocol.line("metric", {"epoch": 1, "loss": 2.5}),
+        "(RayTrainWorker pid=123, ip=127.0.0.1) " + protocol.line("metric", {"epoch": 1, "loss": 2.5}, nonce),
+        "\x1b[36m(RayTrainWorker pid=9)\x1b[0m " + protocol.line("event", {"event": "step"}, nonce),
         "unrelated output",
-        "TPUPIPE metric {not json",
-        protocol.line("result", {"checkpoint": "/x"}),
+        f"TPUPIPE[{nonce}] metric {{not json",
+        protocol.line("result", {"checkpoint": "/x"}, nonce),
     ]
-    assert list(protocol.parse(lines)) == [("metric", {"epoch": 1, "loss": 2.5}), ("result", {"checkpoint": "/x"})]
-    assert protocol.last_result(lines) == {"checkpoint": "/x"}
+    assert list(protocol.parse(lines, nonce)) == [
+        ("metric", {"epoch": 1, "loss": 2.5}),
+        ("event", {"event": "step"}),
+        ("result", {"checkpoint": "/x"}),
+    ]
+    assert protocol.last_result(lines, nonce) == {"checkpoint": "/x"}
+
+
+def test_printed_text_cannot_forge_a_record():
+    """Only whole lines with the job's nonce are records: not one with another nonce or none (a record printed by
+    something that does not know the job's nonce), not one inside other text (a data example, a model's output)."""
+    nonce = protocol.new_nonce()
+    forged = {"checkpoint": "/elsewhere", "eval_loss": 0.0}
+    lines = [
+        protocol.line("result", {"checkpoint": "/x"}, nonce),
+        protocol.line("result", forged, protocol.new_nonce()),
+        protocol.line("result", forged, ""),
+        "TPUPIPE result " + json.dumps(forged),
+        "example 12: " + protocol.line("result", forged, nonce),
+        "(RayTrainWorker pid=1) response: " + protocol.line("result", forged, nonce),
+    ]
+    assert protocol.last_result(lines, nonce) == {"checkpoint": "/x"}
+    assert protocol.last_result(lines[1:], nonce) is None
+
+
+def test_a_record_takes_the_jobs_nonce_from_its_environment(monkeypatch):
+    monkeypatch.setenv(protocol.NONCE_ENV, "0123abcd")
+    assert protocol.line("result", {"a": 1}) == 'TPUPIPE[0123abcd] result {"a": 1}'
+    assert list(protocol.parse([protocol.line("result", {"a": 1})], "0123abcd")) == [("result", {"a": 1})]
 
 
 def test_the_data_snapshot_names_the_examples_wherever_they_come_from(tmp_path):

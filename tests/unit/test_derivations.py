@@ -359,7 +359,7 @@ def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
     head = rc["headGroupSpec"]
     assert head["rayStartParams"] == {"num-cpus": "0"}
     ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
-    assert ports == {6379, 8265, 10001}
+    assert ports == {6379, 8265}  # no Ray Client port 10001: nothing uses it
     assert head["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
     worker = rc["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["containers"][0]["resources"]["requests"] == {"cpu": "64", "memory": "200Gi", r.TPU_RESOURCE: "4"}
@@ -368,15 +368,28 @@ def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
     assert m.raycluster(jax, tj)["spec"]["headGroupSpec"]["rayStartParams"] == {}
 
 
-def test_hugging_face_token_comes_from_a_secret_never_inline():
+def test_hugging_face_token_is_the_runs_own_secret_mounted_as_a_file_never_an_env_var():
     spec, t = spec_and_target("gemma4-e2b-v6e-16")
     rc = m.raycluster(spec, t)["spec"]
+    own = names.hf_token_secret(t.run_id)
+    assert own != spec.gke.hf_secret and t.run_id in own
     for group in (rc["headGroupSpec"], rc["workerGroupSpecs"][0]):
-        (token,) = [e for e in group["template"]["spec"]["containers"][0]["env"] if e["name"] == "HF_TOKEN"]
-        assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-secret", "key": "hf_api_token"}}
-        assert "value" not in token
+        pod = group["template"]["spec"]
+        container = pod["containers"][0]
+        assert [e for e in container["env"] if e["name"] == "HF_TOKEN"] == []
+        assert "secretKeyRef" not in json.dumps(container["env"])
+        assert {"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/tpupipe/hf/token"} in container["env"]
+        assert {"name": "hf-token", "mountPath": "/var/run/secrets/tpupipe/hf", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "hf-token"]
+        assert volume["secret"] == {
+            "secretName": own,
+            "items": [{"key": "hf_api_token", "path": "token"}],
+            "defaultMode": 0o440,
+        }
     none, tn = spec_and_target("gemma4-e2b-v6e-16", "gke.hf_secret=")
-    assert "HF_TOKEN" not in json.dumps(m.raycluster(none, tn))
+    assert "HF_TOKEN" not in json.dumps(m.raycluster(none, tn)) and "hf-token" not in json.dumps(m.raycluster(none, tn))
 
 
 def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_service_account():
@@ -490,3 +503,59 @@ def test_documented_zones():
     from components.platforms.gke import plan
 
     assert any("gke.zone=us-west1-a" in w for w in plan.build(spec, "r")["warnings"])
+
+
+@pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2"])
+def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset):
+    spec, t = spec_and_target(preset)
+    objects = m.all_objects(spec, t)
+    rc = objects[-1]["spec"]
+    for group in (rc["headGroupSpec"], *rc["workerGroupSpecs"]):
+        pod = group["template"]["spec"]
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        for container in pod["containers"]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
+            assert {"name": "HOME", "value": "/home/tpupipe"} in container["env"]
+            assert {"name": "home", "mountPath": "/home/tpupipe"} in container["volumeMounts"]
+            assert 10001 not in [p["containerPort"] for p in container.get("ports", [])]
+        assert {"name": "home", "emptyDir": {}} in pod["volumes"]
+    assert "10001" not in json.dumps(objects)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("NetworkPolicy") < kinds.index("RayCluster")  # in force before any pod starts
+    run = {"tpupipe-run": t.run_id}
+    assert [p["spec"] for p in policies] == [
+        {
+            "podSelector": {"matchLabels": run},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": run}}]}],
+        },
+        {
+            "podSelector": {"matchLabels": {**run, "ray.io/node-type": "head"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": 8265}]}],
+        },
+    ]
+    assert all(p["metadata"]["labels"] == run for p in policies)  # teardown deletes them by the label
+
+
+@pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2", "gemma4-e2b-tpu7x-16"])
+def test_every_node_pool_the_run_creates_is_shielded_with_secure_boot(preset):
+    from google.cloud import container_v1
+
+    spec, t = spec_and_target(preset)
+    pools = [*r.tpu_node_pools(spec, t), r.cpu_node_pool(spec, t)]
+    for pool in pools:
+        parsed = container_v1.NodePool.from_json(json.dumps(pool))  # GKE's own message: the field is real
+        assert parsed.config.shielded_instance_config.enable_secure_boot is True
+        assert parsed.config.shielded_instance_config.enable_integrity_monitoring is True

@@ -110,3 +110,26 @@ def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
         "PYTHONUNBUFFERED": "1",
         "RAY_ADDRESS": "127.0.0.1:12345",
     }
+
+
+def test_the_ray_temp_dir_is_private_and_unpredictable(tmp_path):
+    """Ray keeps its sockets, session files and logs under the temp dir: made now with mode 0700 under a random
+    name, so no other local user can pre-create it or read it, and no run id predicts it."""
+    import os
+    import shutil
+    import stat
+
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.workload import resolve
+
+    ctx = RunContext(spec=resolve("smoke"), run_id="same", store=LocalStore(tmp_path / "same"), platform="local")
+    env = envs.env_for("torch")
+    first, second = (LocalPlatform._new_ledger(ctx, env)["temp_dir"] for _ in range(2))
+    try:
+        assert first != second and "same" not in first
+        for made in (first, second):
+            assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+    finally:
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.rmtree(second, ignore_errors=True)

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from components.spec import names
 from pipelines.pipeline import Target
 from pipelines.publish import publish
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
@@ -109,7 +110,7 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     # The token: read from Secret Manager, into the run's Kubernetes Secret (deleted by teardown), nowhere else.
     assert secrets.accessed == [version.rsplit("/", 1)[0] + "/latest"]
     created = [body for method, path, body in project.kube.bodies if "/secrets" in path and ENCODED in body]
-    assert len(created) == 1 and '"hf-secret"' in created[0], "the Hugging Face Secret was not created once"
+    assert len(created) == 1 and f'"{names.hf_token_secret(run_id)}"' in created[0], "the run's token Secret: not once"
     job = project.vertex.job(job_id)
     logs = "\n".join(job.logs.values())
     objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")

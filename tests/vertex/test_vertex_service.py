@@ -379,3 +379,48 @@ def test_runs_cancel_finds_the_run_a_job_ran_as_its_tasks_do():
     job["runtimeConfig"] = {"parameterValues": {"run_id": "mine", "output_root": "gs://other/runs"}}
     run = run_of(job)
     assert (run["run_id"], run["output_root"], run["preset"]) == ("mine", "gs://other/runs", PRESET)
+
+
+def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, monkeypatch, capsys):
+    """A run id another job runs under (its label), or whose ledger under the output root records resources not torn
+    down, or whose driver's heartbeat there is fresh, is refused before the job is created: a second job under it
+    would resume the first one's ledger and tear its live cluster down. A torn-down run's id may be used again, and
+    the job carries it in its label."""
+    from google.cloud import storage as gcs
+
+    from components.platforms import heartbeat
+    from components.platforms import ledger as ledgers
+    from components.platforms.credentials import credentials
+    from components.platforms.store import GcsStore
+    from pipelines.cli import main
+    from tests.emulators.storage import StorageEmulator
+
+    storage = StorageEmulator({PROJECT: "123456789012"})
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    try:
+        gcs.Client(project=PROJECT, credentials=credentials()).create_bucket(f"{PROJECT}-tpupipe")
+        parent = f"projects/{PROJECT}/locations/{REGION}"
+        busy = "tpupipe-x-20261201000000-aaaaaa"
+        service.add_job(parent, busy, "PIPELINE_STATE_RUNNING", {"tpupipe-run": "busy"})
+        service.add_job(parent, "tpupipe-x-20261201000000-bbbbbb", "PIPELINE_STATE_SUCCEEDED", {"tpupipe-run": "old"})
+        ledgers.save(GcsStore(f"{PROJECT}-tpupipe", "runs/held"), {"run_id": "held", "platform": "gke", "created": []})
+        heartbeat.beat(GcsStore(f"{PROJECT}-tpupipe", "runs/beating"), "train")
+        ledgers.save(
+            GcsStore(f"{PROJECT}-tpupipe", "runs/old"),
+            {"run_id": "old", "platform": "gke", "created": [], "torn_down": True},
+        )
+        args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--template", service.template]
+        for run_id, why in (
+            ("busy", re.escape(f"pipeline job {parent}/pipelineJobs/{busy} runs under it (running)")),
+            ("held", re.escape(f"its ledger gs://{PROJECT}-tpupipe/runs/held/ledger.json records resources not")),
+            ("beating", f"its driver's heartbeat in gs://{PROJECT}-tpupipe/runs/beating is \\d+ s old"),
+        ):
+            assert main([*args, "--run-id", run_id]) == 2
+            err = capsys.readouterr().err
+            assert re.search(f"error: --run-id: '{run_id}' is in use: {why}", err), err
+        assert "CreatePipelineJob" not in service.calls
+        assert main([*args, "--run-id", "old"]) == 0, capsys.readouterr().err
+    finally:
+        storage.stop()
+    (created,) = [j for j in service.jobs.values() if j.resource["labels"].get("tpupipe-run") == "old" and j.spec]
+    assert created.resource["runtimeConfig"]["parameterValues"]["run_id"] == "old"

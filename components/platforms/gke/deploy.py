@@ -47,8 +47,14 @@ def secret(s: Session, res: Resource) -> None:
     if res.name == names.ray_token_secret(run_id):
         kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
         return
+    # The run's own copy: the namespace's Secret (shared by its runs, the user's) is read, never labelled with the
+    # run, so no run's teardown deletes what another run's pods still mount.
+    shared = s.ctx.spec.gke.hf_secret
     source = s.ctx.spec.gke.hf_token_secret
-    if source:
+    found = kube.secret(shared)
+    if found is not None and found.get(m.HF_TOKEN_KEY):
+        value = found[m.HF_TOKEN_KEY].encode()
+    elif source:
         from components.platforms.gke import secrets
 
         value = secrets.read(source, s.client("creds"))
@@ -57,7 +63,7 @@ def secret(s: Session, res: Resource) -> None:
     if not value:
         raise SpecError(
             "gke.hf_secret",
-            f"no Secret {res.name} in namespace {t.namespace}, no gke.hf_token_secret and "
+            f"no Secret {shared} (key {m.HF_TOKEN_KEY}) in namespace {t.namespace}, no gke.hf_token_secret and "
             f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
             "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none",
         )
@@ -103,12 +109,32 @@ def raycluster(s: Session, res: Resource) -> None:
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
         f"{status.get('desiredWorkerReplicas')} workers available"
     )
+    _verify_ray_auth(s, res.name)
     s.deploy_result = {
         "raycluster": res.name,
         "namespace": s.t.namespace,
         "endpoint": control_plane(s.cluster).host,
         "available_workers": status.get("availableWorkerReplicas"),
     }
+
+
+def _verify_ray_auth(s: Session, raycluster: str) -> None:
+    """Fail closed unless the Ray cluster refuses a request without its token: a Ray too old for token
+    authentication, or an image that turns it off, would otherwise run every job unauthenticated without a word."""
+    from components.platforms.gke import kube as gke_kube
+
+    kube, cluster, token = s.client("kube")
+    status = gke_kube.unauthenticated_status(
+        control_plane(cluster), s.ctx.run_dir / "gke", kube.namespace, raycluster, token
+    )
+    if status not in (401, 403):
+        raise InfraError(
+            f"RayCluster {raycluster} answered a request without its Ray token with HTTP {status}, not 401: its "
+            "token authentication is off (a Ray older than token authentication in the image, or RAY_AUTH_MODE "
+            "set in it); no job is sent to it. Use an image with the Ray of the plan "
+            "(components.platforms.gke.resources.RAY_VERSION)"
+        )
+    s.log(f"RayCluster {raycluster}: a request without the Ray token is refused ({status}): token authentication on")
 
 
 # How long provision waits for the RayCluster CRD to be served after it created the cluster or enabled the Ray

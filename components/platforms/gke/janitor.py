@@ -5,16 +5,18 @@ A run is found two ways:
 - by its ledger in the output root (``gs://BUCKET/runs/<run id>/ledger.json``, or a local directory), which every
   provision writes before it creates anything: the run's spec, start time and what it created;
 - by the ``tpupipe-run`` label on clusters, and on node pools in clusters a run did not create, in the projects of
-  those ledgers and the ones named: a labelled resource whose run left no ledger under the output root is adopted
-  (a ledger is written for it, with a stand-in spec whose derived names cover the DCN networks and subnets of a
-  multislice run) once its cluster is older than the limit.
+  those ledgers and the ones named: a labelled cluster whose run left no ledger under the output root is reported
+  and kept (its ledger may be under another output root: a workstation run's is in its ``./runs``), and adopted
+  only with ``adopt`` (``tpupipe janitor --adopt``: a ledger is written for it, with a stand-in spec whose derived
+  names cover the DCN networks and subnets of a multislice run) once its cluster is older than the limit.
 
 A run that ran on Vertex AI Pipelines has its pipeline job in its ledger (``pipeline_job``, written by its first
 task): given the Vertex AI region, the janitor asks Vertex AI for that job's state (in the run's project, where the
 compiled pipeline runs). A job that ended (cancelled from the UI, by a schedule's owner, failed, succeeded) whose run
 still has resources is collected at once, whatever its age: a cancelled job's exit handler never ran its teardown
 ("cancels all the remaining tasks in the pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
-A run whose job is still pending or running is left alone, whatever its age.
+A run whose job is still pending or running is left alone, whatever its age; so is a run whose driver's heartbeat
+is fresh (``components.platforms.heartbeat``: a stage of it is working now), even past ``older_than_s``.
 
 Any other run is collected when it is finished (its summary written, yet something of it remains) or older than its
 limit: ``older_than_s`` when given, else the run's own: the longest its stages may wait (:func:`limit_s`); so is a
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, heartbeat
 from components.platforms import ledger as ledgers
 from components.platforms.gke import paths
 from components.platforms.store import open_store, runs_with
@@ -99,10 +101,12 @@ class Janitor:
         now: Callable[[], float] = time.time,
         platform=None,
         region: str = "",
+        adopt: bool = False,
     ):
         from components.platforms.gke.platform import GkePlatform
 
         self.output_root, self.projects, self.older_than_s = output_root, projects, older_than_s
+        self.adopt = adopt  # collect labelled clusters whose run left no ledger under the output root
         self.log, self.now, self.region = log, now, region  # region: Vertex AI's, where the runs' jobs are
         self.platform = platform or GkePlatform(log=log)
 
@@ -125,6 +129,9 @@ class Janitor:
             if not has:
                 continue
             reason, unknown = self._job_reason(ledger.get("pipeline_job"), spec.gke.project)
+            beat = heartbeat.fresh(store, self.now()) if not reason else None
+            if beat is not None:
+                reason = f"kept: its driver's heartbeat is {beat:.0f} s old (a stage of it is working)"
             if not reason:
                 reason = self._reason(store.exists("summary.json"), ledger.get("started"), limit_s(spec)) + unknown
             if reason.startswith("kept"):
@@ -175,6 +182,13 @@ class Janitor:
                     f" carry its label but it left no ledger and a node pool has no creation time; "
                     f"`tpupipe teardown {run_id} --platform gke --preset PRESET --set "
                     f"gke.project={project} gke.cluster_name={cluster.rsplit('/', 1)[-1]}` removes them"
+                )
+                continue
+            if not self.adopt:
+                sweep.kept.append(
+                    f"{run_id}: kept: cluster {path.rsplit('/', 1)[-1]} carries its label but its run left no ledger "
+                    f"under {self.output_root} (it may be under another output root, a workstation's ./runs); "
+                    f"`tpupipe janitor --adopt` collects it"
                 )
                 continue
             age = self.now() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else None

@@ -28,6 +28,7 @@ ALWAYS = (
     ("get", "", "secrets", "", "deploy_raycluster reads the Hugging Face and Ray token Secrets"),
     ("create", "", "secrets", "", "deploy_raycluster creates the token Secrets"),
     ("create", "", "serviceaccounts", "", "deploy_raycluster creates the run's ServiceAccount"),
+    ("create", "networking.k8s.io", "networkpolicies", "", "deploy_raycluster creates the run's NetworkPolicies"),
     ("get", "ray.io", "rayclusters", "", "deploy_raycluster waits for the RayCluster"),
     ("patch", "ray.io", "rayclusters", "", "deploy_raycluster applies the RayCluster (server-side apply)"),
     ("list", "", "pods", "", "deploy_raycluster reads the RayCluster's pods"),
@@ -40,6 +41,8 @@ ALWAYS = (
     ("delete", "", "secrets", "", "teardown deletes the run's Secrets"),
     ("list", "", "serviceaccounts", "", "teardown finds the run's ServiceAccount by its label"),
     ("delete", "", "serviceaccounts", "", "teardown deletes the run's ServiceAccount"),
+    ("list", "networking.k8s.io", "networkpolicies", "", "teardown finds the run's NetworkPolicies by its label"),
+    ("delete", "networking.k8s.io", "networkpolicies", "", "teardown deletes the run's NetworkPolicies"),
 )
 CLAIMS = tuple(
     (verb, "resource.k8s.io", "resourceclaimtemplates", "", why)

@@ -37,17 +37,18 @@ def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
         )
     if spec.gke.hf_secret:
         source = spec.gke.hf_token_secret or "$HF_TOKEN"
+        hf = names.hf_token_secret(t.run_id)
         out.append(
             Resource(
                 "k8s/Secret",
-                spec.gke.hf_secret,
-                "get-or-create",
-                "the Hugging Face token (key "
-                f"{m.HF_TOKEN_KEY}): used when the namespace has it, else created from {source} "
-                "(labelled with the run, deleted by its teardown); its value never printed",
+                hf,
+                "create",
+                f"the run's Hugging Face token (key {m.HF_TOKEN_KEY}), mounted read-only as a file in the pods: "
+                f"copied from the namespace's Secret {spec.gke.hf_secret} when it has one (never changed or deleted "
+                f"by a run), else made from {source}; deleted by the run's teardown; its value never printed",
                 labels=names.labels(t.run_id),
                 api="kubernetes apply v1",
-                path=f"namespaces/{t.namespace}/secrets/{spec.gke.hf_secret}",
+                path=f"namespaces/{t.namespace}/secrets/{hf}",
             )
         )
     token = names.ray_token_secret(t.run_id)
@@ -84,7 +85,8 @@ def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
 
 def _k8s_path(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
-    plural = obj["kind"].lower() + "s"
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
     return (
         f"namespaces/{meta['name']}"
         if obj["kind"] == "Namespace"
@@ -98,6 +100,11 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         return "shared by runs; created if missing, kept"
     if kind == "ServiceAccount":
         return "the pods' identity (Workload Identity)"
+    if kind == "NetworkPolicy":
+        rule = obj["spec"]["ingress"][0]
+        if "ports" in rule:
+            return f"the head's Jobs API port {rule['ports'][0]['port']} open to the cluster (the API server's proxy)"
+        return "default deny: the run's pods take traffic only from one another"
     if kind == "ResourceClaimTemplate":
         req = obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"

@@ -30,6 +30,7 @@ RAYCLUSTER_FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
 CUSTOM = {  # kind -> (group, version, plural)
     "RayCluster": ("ray.io", "v1", "rayclusters"),
     "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),  # a built-in kind, by the same generic calls
 }
 
 
@@ -197,7 +198,7 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         deleted = []
-        for kind in ("RayCluster", "ResourceClaimTemplate"):
+        for kind in ("RayCluster", "ResourceClaimTemplate", "NetworkPolicy"):
             group, version, plural = CUSTOM[kind]
             try:
                 items = self.custom.list_namespaced_custom_object(
@@ -276,20 +277,54 @@ def job_client(
 ) -> JobClient:
     """The Ray Jobs API of the RayCluster's head, through the API server's service proxy: Kubernetes credentials in
     ``Authorization`` (the API server consumes them; ``k8s_token()``, kept valid), the Ray token in
-    ``X-Ray-Authorization``; the endpoint's CA (written in ``ca_dir``) or the public roots trusted, as by
-    :func:`api_client`."""
+    ``X-Ray-Authorization``, always (without one the jobs would go to the cluster unauthenticated, so none is made);
+    the endpoint's CA (written in ``ca_dir``) or the public roots trusted, as by :func:`api_client`."""
     from ray.job_submission import JobSubmissionClient
 
+    from components.spec import InfraError
+
+    if not ray_token:
+        raise InfraError(
+            f"no Ray token for RayCluster {raycluster} in namespace {namespace} (its Secret is missing or empty): "
+            "the jobs are never sent to a Ray cluster unauthenticated"
+        )
     address = proxy_address(plane.host, namespace, f"{raycluster}-head-svc")
     verify = plane.ca_file(ca_dir) or True  # True: requests' own roots (certifi's)
 
     def make(token: str):
-        headers = {"Authorization": f"Bearer {token}"}
-        if ray_token:
-            headers["X-Ray-Authorization"] = f"Bearer {ray_token}"
+        headers = {"Authorization": f"Bearer {token}", "X-Ray-Authorization": f"Bearer {ray_token}"}
         return JobSubmissionClient(address, headers=headers, verify=verify)
 
     return JobClient(make, k8s_token, Retrying(backoff, log=log))
+
+
+def unauthenticated_status(
+    plane: ControlPlane,
+    ca_dir: Path,
+    namespace: str,
+    raycluster: str,
+    k8s_token: Callable[..., str],
+    tries: int = 10,
+) -> int:
+    """The HTTP status the head's Jobs API gives a request through the service proxy that carries the Kubernetes
+    credentials and no Ray token: 401 when Ray's token authentication is on (Ray answers a request without a valid
+    token so: https://docs.ray.io/en/latest/ray-security/token-auth.html). A proxy's transient answer (502, 503,
+    504: the head's endpoints not published yet) is asked again, a second apart."""
+    import time
+
+    import requests
+
+    url = proxy_address(plane.host, namespace, f"{raycluster}-head-svc") + "/api/jobs/"
+    verify = plane.ca_file(ca_dir) or True  # as job_client's
+    status = 0
+    for attempt in range(tries):
+        answer = requests.get(url, headers={"Authorization": f"Bearer {k8s_token()}"}, verify=verify, timeout=30)
+        status = answer.status_code
+        if status not in (502, 503, 504):
+            break
+        if attempt + 1 < tries:
+            time.sleep(1.0)
+    return status
 
 
 class JobClient:

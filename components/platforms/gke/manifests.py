@@ -3,10 +3,12 @@
 - the run's namespace (shared by runs: get-or-create, kept) and ServiceAccount (Workload Identity);
 - for multislice with DCN NICs, a ``resource.k8s.io/v1`` ResourceClaimTemplate asking managed DRANET for the
   extra NICs of each worker pod;
-- the KubeRay ``RayCluster``: a head on the CPU pool (ports 6379 GCS, 8265 dashboard and Jobs API, 10001 client;
-  ``num-cpus: "0"`` for TorchTPU workloads, so no work lands on it) and ONE worker group whose ``replicas`` are
-  the slices and ``numOfHosts`` the hosts of each slice (the KubeRay TPU webhook checks numOfHosts against the
-  topology and gives each pod TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, TPU_NAME).
+- two NetworkPolicies: the run's pods take traffic only from one another, and the head's port 8265 (the dashboard's
+  Jobs API, which tpupipe reaches through the API server's service proxy) from anywhere in the cluster;
+- the KubeRay ``RayCluster``: a head on the CPU pool (ports 6379 GCS and 8265 dashboard and Jobs API; no Ray Client
+  port 10001: nothing uses it; ``num-cpus: "0"`` for TorchTPU workloads, so no work lands on it) and ONE worker
+  group whose ``replicas`` are the slices and ``numOfHosts`` the hosts of each slice (the KubeRay TPU webhook
+  checks numOfHosts against the topology and gives each pod TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, TPU_NAME).
 
 The train and evaluate jobs are not Kubernetes objects: the stages submit them to the RayCluster's head through
 the Ray Jobs API (docs/architecture.md, "Why no RayJob").
@@ -26,7 +28,8 @@ from components.platforms.gke.target import MOUNT_PATH, Target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
-HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265))
+DASHBOARD_PORT = 8265
 CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 DCN_CLAIM = "dcn-nics"
@@ -46,6 +49,23 @@ GCSFUSE_POD_ANNOTATIONS = {
     "gke-gcsfuse/ephemeral-storage-limit": "0",
 }
 HF_TOKEN_KEY = "hf_api_token"
+# The Hugging Face token reaches the pods as a file of a read-only Secret volume, never as an environment variable
+# (which every process and Ray job of the pod inherits and prints in its environment): huggingface_hub reads the
+# token from the file $HF_TOKEN_PATH names when $HF_TOKEN is unset
+# (https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables#hftokenpath).
+# Secret volumes: https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
+HF_TOKEN_FILE = "token"
+# Every pod runs as an unprivileged user: non-root, no privilege escalation, every capability dropped, the runtime's
+# default seccomp profile (the Pod Security Standards' "restricted" profile:
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/). TPU chips need no privileged container on GKE
+# 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run containers without privileged
+# mode"); the uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of
+# that uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
+RUN_AS = 1000
+HOME_VOLUME = "home"
+HOME_DIR = "/home/tpupipe"
 
 
 def _meta(name: str, t: Target, namespaced: bool = True) -> dict[str, Any]:
@@ -101,15 +121,47 @@ def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _home() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The writable HOME of a pod's user: (its mount, its volume)."""
+    return {"name": HOME_VOLUME, "mountPath": HOME_DIR}, {"name": HOME_VOLUME, "emptyDir": {}}
+
+
 def _common_env(spec: RunSpec) -> list[dict[str, Any]]:
-    env = []
+    env = [_env("HOME", HOME_DIR)]
     if d.tpu_resource_per_chip(spec) > 1:
         env.append(_env("RAY_TPU_RESOURCE_PER_CHIP", str(d.tpu_resource_per_chip(spec))))
     if spec.gke.hf_secret:
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.gke.hf_secret, "key": HF_TOKEN_KEY}}}
-        )
+        env.append(_env("HF_TOKEN_PATH", f"{HF_TOKEN_DIR}/{HF_TOKEN_FILE}"))
     return env
+
+
+def _token_mounts(spec: RunSpec, t: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's Hugging Face token Secret (``names.hf_token_secret``) as a read-only file: (mounts, volumes)."""
+    if not spec.gke.hf_secret:
+        return [], []
+    volume = {
+        "name": HF_TOKEN_VOLUME,
+        "secret": {
+            "secretName": names.hf_token_secret(t.run_id),
+            "items": [{"key": HF_TOKEN_KEY, "path": HF_TOKEN_FILE}],
+            "defaultMode": 0o440,  # owner root, group RUN_AS (fsGroup): readable by the pods' user only
+        },
+    }
+    return [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}], [volume]
 
 
 def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
@@ -151,15 +203,19 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "image": t.image,
         "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
         "resources": _resources(c.head_cpus, c.head_memory_gib),
-        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}],
+        "securityContext": _container_security(),
     }
     env = _common_env(spec)
     if env:
         container["env"] = env
+    token_mounts, token_volumes = _token_mounts(spec, t)
+    home_mount, home_volume = _home()
+    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}, home_mount, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
+        "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [_checkpoint_volume(t)],
+        "volumes": [_checkpoint_volume(t), home_volume, *token_volumes],
     }
     selector = r.head_node_selector(spec, t)
     if selector:
@@ -181,13 +237,22 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     if c.worker_shm_gib:
         mounts.insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         volumes.insert(0, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{c.worker_shm_gib}Gi"}})
-    container: dict[str, Any] = {"name": "ray-worker", "image": t.image, "resources": resources}
+    container: dict[str, Any] = {
+        "name": "ray-worker",
+        "image": t.image,
+        "resources": resources,
+        "securityContext": _container_security(),
+    }
     env = _worker_env(spec)
     if env:
         container["env"] = env
-    container["volumeMounts"] = mounts
+    token_mounts, token_volumes = _token_mounts(spec, t)
+    home_mount, home_volume = _home()
+    container["volumeMounts"] = [*mounts, home_mount, *token_mounts]
+    volumes += [home_volume, *token_volumes]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
+        "securityContext": _pod_security(),
         "nodeSelector": r.worker_node_selector(spec, t),
         "containers": [container],
         "volumes": volumes,
@@ -227,9 +292,41 @@ def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
     }
 
 
+def network_policies(t: Target) -> list[dict[str, Any]]:
+    """Default deny for the run's pods (they take traffic only from the run's own pods: Ray's GCS, raylets, object
+    transfers and collectives), and the head's Jobs API port open to the cluster (the API server's service proxy,
+    through which tpupipe submits and follows the jobs). Policies add up: a pod any policy selects takes only what one
+    of them admits, and traffic from its own node (the kubelet's probes) is always allowed
+    (https://kubernetes.io/docs/concepts/services-networking/network-policies/). GKE enforces them with Dataplane V2,
+    which provision enables and preflight checks (https://cloud.google.com/kubernetes-engine/docs/how-to/dataplane-v2)."""
+    run = names.labels(t.run_id)
+    isolate = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(names.network_policy(t.run_id, "isolate"), t),
+        "spec": {
+            "podSelector": {"matchLabels": dict(run)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": dict(run)}}]}],
+        },
+    }
+    job_api = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(names.network_policy(t.run_id, "job-api"), t),
+        "spec": {
+            # KubeRay labels the head pod ray.io/node-type=head (ray-operator/controllers/ray/utils/constant.go).
+            "podSelector": {"matchLabels": {**run, "ray.io/node-type": "head"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}],
+        },
+    }
+    return [isolate, job_api]
+
+
 def all_objects(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
-    """Every object, in the order to apply them."""
-    objects = [namespace(t), service_account(t)]
+    """Every object, in the order to apply them (the NetworkPolicies before any pod)."""
+    objects = [namespace(t), service_account(t), *network_policies(t)]
     claim = dcn_claim_template(spec, t)
     if claim:
         objects.append(claim)

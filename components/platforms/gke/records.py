@@ -33,6 +33,7 @@ STAGE_OF_KIND = {
     "k8s/Namespace": "deploy_raycluster",
     "k8s/ServiceAccount": "deploy_raycluster",
     "k8s/ResourceClaimTemplate": "deploy_raycluster",
+    "k8s/NetworkPolicy": "deploy_raycluster",
     "k8s/Secret": "deploy_raycluster",
     "k8s/RayCluster": "deploy_raycluster",
 }

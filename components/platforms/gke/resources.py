@@ -123,6 +123,12 @@ def _reservation_affinity(reservation: str) -> dict[str, Any]:
     }
 
 
+# Shielded nodes with secure boot and integrity monitoring on every pool the run creates: NodeConfig's
+# shielded_instance_config (ShieldedInstanceConfig.enable_secure_boot, .enable_integrity_monitoring:
+# google/cloud/container_v1/types/cluster_service.py; https://cloud.google.com/kubernetes-engine/docs/how-to/shielded-gke-nodes).
+SHIELDED = {"enableSecureBoot": True, "enableIntegrityMonitoring": True}
+
+
 def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     """One node pool per slice (``NodePool`` REST bodies); none in autopilot mode (GKE makes the nodes)."""
     if t.autopilot:
@@ -141,6 +147,7 @@ def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
             "oauthScopes": [CLOUD_PLATFORM_SCOPE],
             "serviceAccount": t.node_service_account,
             "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+            "shieldedInstanceConfig": dict(SHIELDED),
         }
         if shape.family.threads_per_core is not None:
             config["advancedMachineFeatures"] = {"threadsPerCore": str(shape.family.threads_per_core)}
@@ -212,6 +219,7 @@ def cpu_node_pool(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             "oauthScopes": [CLOUD_PLATFORM_SCOPE],
             "serviceAccount": t.node_service_account,
             "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+            "shieldedInstanceConfig": dict(SHIELDED),
         },
     }
 

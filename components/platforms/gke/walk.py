@@ -37,6 +37,7 @@ HANDLERS = {
     "k8s/Namespace": deploy.k8s_object,
     "k8s/ServiceAccount": deploy.k8s_object,
     "k8s/ResourceClaimTemplate": deploy.k8s_object,
+    "k8s/NetworkPolicy": deploy.k8s_object,
     "k8s/Secret": deploy.secret,
     "k8s/RayCluster": deploy.raycluster,
 }

@@ -10,7 +10,6 @@ exactly what the run started.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -142,7 +141,9 @@ class LocalPlatform(Platform):
             "driver": interrupts.driver(),  # the keeper exits when it is gone
             "marker": f"{RUN_MARKER}={ctx.run_id}",  # in the environment of every process the run starts
             "env": env.path,
-            "temp_dir": str(Path(tempfile.gettempdir()) / f"tp-{hashlib.sha256(ctx.run_id.encode()).hexdigest()[:10]}"),
+            # Private to this user (mode 0700) and unpredictable (mkdtemp's random name), made now: no other local
+            # user can pre-create it or read the sessions' sockets and logs Ray writes there.
+            "temp_dir": tempfile.mkdtemp(prefix="tp-"),
             "gcs_address": f"{LOOPBACK}:{head['port']}",
             "dashboard_url": f"http://{LOOPBACK}:{head['dashboard-port']}",
             "num_hosts": len(ports) - 1,
