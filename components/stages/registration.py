@@ -35,13 +35,18 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     reg = gate.registry(ctx)
     version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
     champion = ev.get("champion") or {}
-    decision = gate.decide(
-        ev["eval_loss_after"],
-        ev.get("champion_loss"),
-        ctx.spec.gate.min_improvement,
-        version.ref,
-        champion.get("ref", ""),
-    )
+    if champion.get("not_compared"):  # a champion over another base, promoted after this run's first task checked
+        decision = gate.Decision(
+            gate.KEEP, f"kept {gate.CHAMPION} {champion['ref']}: {version.ref} not compared: {champion['not_compared']}"
+        )
+    else:
+        decision = gate.decide(
+            ev["eval_loss_after"],
+            ev.get("champion_loss"),
+            ctx.spec.gate.min_improvement,
+            version.ref,
+            champion.get("ref", ""),
+        )
     log(f"register: {version.ref} in {reg.where}")
     log(f"gate: {decision.reason}")
     return {

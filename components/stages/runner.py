@@ -177,25 +177,28 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         raise JobFailed("evaluate: the train stage reported no checkpoint")
     start = train_result.get("init_from") or {}
     champion = gate.champion_to_measure(ctx)
-    if champion:
+    if champion and champion.get("not_compared"):
+        log(f"evaluate: not measuring {champion['ref']}: {champion['not_compared']}")
+    elif champion:
         log(f"evaluate: measuring {gate.CHAMPION} {champion['ref']} beside the new model")
     command = entrypoint(
         ctx,
         "eval",
         checkpoint=train_result["checkpoint"],
         init_from=start.get("path", ""),
-        champion=champion["path"] if champion else "",
+        champion=(champion or {}).get("path", ""),
     )
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
     result = job["result"]
+    measured = (champion or {}).get("path")
     log(
         f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
         f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
-        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if champion else "")
+        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if measured else "")
     )
     out = {"job": job["submission_id"], **result}
     if champion:
-        out["champion"] = {"ref": champion["ref"], "version": champion["version"]}
+        out["champion"] = {k: v for k, v in champion.items() if k != "path"}
     if start:
         out["init_from"] = start["ref"]
     return out
@@ -276,6 +279,8 @@ def _run_recorded(
             check_on_vertex(platform, output_root)
             note_pipeline_job(store, rid, platform, job_name)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
+        if stage == STAGES[0]:
+            gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
         result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
         record(
