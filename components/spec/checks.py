@@ -55,12 +55,12 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if value < 0:
             raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
-    if c.slice_check_corrupt_rank < -1:
-        raise SpecError(
-            "cluster.slice_check_corrupt_rank",
-            f"must be -1 (none) or a rank, got {c.slice_check_corrupt_rank}",
-            ["-1", "an integer >= 0"],
-        )
+    for key, rank in {
+        "cluster.slice_check_corrupt_rank": c.slice_check_corrupt_rank,
+        "cluster.slice_check_slow_rank": c.slice_check_slow_rank,
+    }.items():
+        if rank < -1:
+            raise SpecError(key, f"must be -1 (none) or a rank, got {rank}", ["-1", "an integer >= 0"])
     if not c.ready_timeout_s >= 0:
         raise SpecError(
             "cluster.ready_timeout_s",

@@ -48,7 +48,8 @@ class ClusterSpec:
     # The slice check before training: every device's collectives and tensor-parallel parity (check_slice stage).
     slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
     slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
-    slice_check_corrupt_rank: int = -1  # testing aid: corrupt this rank's check result (-1: none)
+    slice_check_corrupt_rank: int = -1  # testing aid: this rank's device computes with corrupted weights (-1: none)
+    slice_check_slow_rank: int = -1  # testing aid: this rank's transfers are held below the bandwidth floor
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,11 @@ SLICE_CHECK_FIGURES = (
     "max_abs_diff",
     "all_reduce",
     "expected_all_reduce",
+    "devices_checked",
+    "bandwidth_bytes",
+    "gbytes_per_s",
+    "floor_gbytes_per_s",
+    "floor_source",
     "seconds",
     "bad",
 )
@@ -106,6 +111,16 @@ def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     if result.get("skipped") or not ctx.spec.cluster.slice_check:
         return {"skipped": True, "reason": "cluster.slice_check=false"}
     return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
+
+
+def bandwidth_line(check: dict[str, Any]) -> str:
+    """The slice check's timed all-reduce and its floor, in words."""
+    figure = check.get("gbytes_per_s")
+    measured = "one rank, no link to time" if figure is None else f"{figure:.3g} GB/s on the slowest rank"
+    size = f"all-reduce of {check['bandwidth_bytes'] // 2**20} MiB: {measured}"
+    if check.get("floor_gbytes_per_s") is None:
+        return f"{size}, held to no floor ({check.get('floor_source') or 'none known'})"
+    return f"{size}, floor {check['floor_gbytes_per_s']:.3g} GB/s ({check['floor_source']})"
 
 
 def before_training(ctx: RunContext, provision: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
@@ -273,6 +288,8 @@ def format_table(summary: dict[str, Any]) -> str:
             f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
             f"{check['expected_all_reduce']}), {check['seconds']:.1f}s"
         )
+        if "bandwidth_bytes" in check:
+            lines.append(f"  slice bandwidth      {bandwidth_line(check)}")
     before = summary.get("before_training")
     if before:
         lines.append(

@@ -88,6 +88,8 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert (check["num_ranks"], check["num_hosts"], check["num_devices"], check["ranks_verified"]) == (2, 2, 4, 2)
     assert check["all_reduce"] == check["expected_all_reduce"] == 10
     assert check["max_abs_diff"] < 1e-2 and check["seconds"] > 0
+    assert check["devices_checked"] == 4  # each device's block alone, before any collective
+    assert check["gbytes_per_s"] >= check["floor_gbytes_per_s"] == 0.02  # the timed 32 MiB psum, CPU's floor
     for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out loss", "slice check"):
         assert needle in out
     assert run_processes(run_id) == []
