@@ -7,17 +7,23 @@ spread, on the local platform) and places one actor per device (torch, as TorchT
 per host (jax, whose runtime owns every device of its host). Ranks follow the hosts: rank = worker id x devices per
 host + accelerator id (slices after one another).
 
+Two steps, so a fault is found where it is (docs/local.md, "The slice check"): first every device computes a
+feed-forward block (Linear h->4h, SiLU, Linear 4h->h, residual) alone, against a CPU reference within rtol 1e-3 /
+atol 1e-2, before any collective, so a device that computes wrongly is named by itself (its rank, host and device);
+then the collectives, of which only the bandwidth is judged when a device failed the first step:
+
 - torch (as the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU" checks its slice,
   docs/tutorials.md): ``MASTER_ADDR`` is the first of ``TPU_WORKER_HOSTNAMES``, then ``init_process_group("tpu_dist")``;
-  a feed-forward block (Linear h->4h, SiLU, Linear 4h->h, residual) under ``parallelize_module`` (``ColwiseParallel`` on
-  w1, ``RowwiseParallel`` on w2) over every rank must equal the CPU reference within rtol 1e-3 / atol 1e-2, and an
-  ``all_reduce(SUM)`` of rank + 1 must be n(n+1)/2 on every rank.
+  the block under ``parallelize_module`` (``ColwiseParallel`` on w1, ``RowwiseParallel`` on w2) over every rank, an
+  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and a 32 MiB all-reduce timed on every rank against the floor
+  (:func:`bandwidth_floor`); below it, timed transfers between rank 0 and each rank locate the slow link's host.
 - jax: one runtime over every host (``jax.distributed``); the same block with w1's columns and w2's rows sharded over
-  every device of every host against a NumPy reference, and a ``psum`` of device index + 1 over every device.
+  every device of every host against a NumPy reference (every addressable shard), a ``psum`` of device index + 1 over
+  every device, and a timed 32 MiB psum against the floor.
 
 Hosts without TPU chips (emulated slices, the local platform) run the same code on CPU devices with gloo. The job
-prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, seconds, and the bad
-ranks with their hosts) and exits 1 when a rank failed. What each actor runs is ``trainers.slice_probe``.
+prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, bandwidth and floor,
+seconds, and the bad ranks or hosts) and exits 1 when one failed. What each actor runs is ``trainers.slice_probe``.
 """
 
 from __future__ import annotations

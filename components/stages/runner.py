@@ -110,9 +110,10 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         f"({r['device']}, {r['backend']}): max abs difference {r['max_abs_diff']:.3g}, all-reduce {r['all_reduce']:g} "
         f"(expected {r['expected_all_reduce']}), {r['seconds']:.1f}s"
     )
-    from components.stages.report import bandwidth_line
+    if "bandwidth_bytes" in r:
+        from components.stages.report import bandwidth_line
 
-    log(f"check_slice: {bandwidth_line(r)}")
+        log(f"check_slice: {bandwidth_line(r)}")
     return {"job": job["submission_id"], **r}
 
 
