@@ -16,6 +16,7 @@ from components.spec.run_spec import (
     GKE_CLUSTER_MODES,
     MODEL_REF,
     MULTISLICE_NETWORKS,
+    PRECISIONS,
     SCRATCH_PREFIX,
     WORKLOADS,
     RunSpec,
@@ -95,6 +96,8 @@ def _check_training(spec: RunSpec) -> None:
         )
     if t.workload not in WORKLOADS:
         raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
+    if t.precision not in PRECISIONS:
+        raise SpecError("train.precision", f"unknown precision {t.precision!r}", PRECISIONS)
     if not t.model_id:
         raise SpecError("train.model_id", "must not be empty")
     if t.model_id.startswith(SCRATCH_PREFIX):

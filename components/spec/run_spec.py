@@ -20,6 +20,10 @@ from components.spec import names
 
 CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
 WORKLOADS = ("fsdp", "maxtext")
+# The FSDP trainer's precision on TPU: "mixed", float32 master weights and optimizer state with bfloat16 compute
+# (FSDP2's MixedPrecisionPolicy: params cast to bfloat16 for the forward and backward, gradients reduced in float32);
+# "bf16", the weights themselves in bfloat16, as the TorchTPU tutorial runs. On CPU both compute in float32.
+PRECISIONS = ("mixed", "bf16")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
 CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
@@ -72,6 +76,7 @@ class TrainSpec:
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     seed: int = 0
+    precision: str = "mixed"  # the FSDP trainer on TPU: "mixed" (float32 master weights, bfloat16 compute) or "bf16"
     num_workers: int = 0  # 0: one per host (cpu) or one per TPU device
     min_workers: int = 0  # elastic range (min_workers, max_workers), whole slices; 0 and 0: not elastic
     max_workers: int = 0
