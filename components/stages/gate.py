@@ -156,6 +156,20 @@ def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[
 # ---------------------------------------------------------------- the decision
 
 
+def not_held_out(spec: RunSpec) -> str | None:
+    """Why this run's evaluation is no held-out figure, or None. With ``maxtext.dataset_type=synthetic`` MaxText's
+    eval loop reads the very batch training reads: its synthetic iterator builds one batch of random tokens from
+    ``jax.random.PRNGKey(0)`` and returns it on every call, train and eval alike (maxtext 0.2.5 on PyPI,
+    ``maxtext/input_pipeline/synthetic_data_processing.py``, ``SyntheticDataIterator``). An FSDP evaluation of the
+    training split is none either."""
+    t = spec.train
+    if t.workload == "maxtext" and spec.maxtext.dataset_type == "synthetic":
+        return "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
+    if t.workload == "fsdp" and t.eval_split == t.train_split:
+        return f"train.eval_split is train.train_split ({t.train_split!r}): the evaluation reads the training examples"
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
     decision: str  # PROMOTE or KEEP

@@ -10,6 +10,7 @@ from typing import Any
 from components.platforms import RunContext, interrupts
 from components.platforms.store import read_json, write_text
 from components.stages import STAGES
+from components.stages import gate as gate_rules
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "eval_loss_after": ev.get("eval_loss_after"),
         "perplexity_before": ev.get("perplexity_before"),
         "perplexity_after": ev.get("perplexity_after"),
+        "eval_not_held_out": gate_rules.not_held_out(ctx.spec),  # why the eval figures are no held-out ones
         "init_from": ev.get("init_from"),
         "gate": gate,
         "slice_check": slice_check(results["check_slice"], ctx),
@@ -307,14 +309,17 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("eval_loss_before") is not None:
         before = "at start" if summary.get("init_from") else "untrained"
         champion = (summary.get("gate") or {}).get("champion_loss")
+        what = "eval" if summary.get("eval_not_held_out") else "held-out"
         lines += [
             "",
-            f"  held-out loss        {before} {_fmt(summary['eval_loss_before'])}   "
+            f"  {what + ' loss':<20} {before} {_fmt(summary['eval_loss_before'])}   "
             f"trained {_fmt(summary['eval_loss_after'])}"
             + (f"   champion {_fmt(champion)}" if champion is not None else ""),
-            f"  held-out perplexity  {before} {_fmt(summary['perplexity_before'], 2)}   "
+            f"  {what + ' perplexity':<20} {before} {_fmt(summary['perplexity_before'], 2)}   "
             f"trained {_fmt(summary['perplexity_after'], 2)}",
         ]
+        if summary.get("eval_not_held_out"):
+            lines.append(f"  not held out: {summary['eval_not_held_out']}")
     if summary.get("tokens_per_s"):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
     lines += gate_lines(summary)

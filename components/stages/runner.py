@@ -195,8 +195,12 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
     result = job["result"]
     measured = (champion or {}).get("path")
+    not_held_out = gate.not_held_out(ctx.spec)
+    if not_held_out:
+        log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it")
     log(
-        f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
+        f"evaluate: {'eval' if not_held_out else 'held-out'} loss {result['eval_loss_before']:.4f} -> "
+        f"{result['eval_loss_after']:.4f}  "
         f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
         + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if measured else "")
     )

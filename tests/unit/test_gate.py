@@ -434,6 +434,33 @@ def test_a_champion_over_another_base_promoted_after_the_check_is_not_measured_a
     assert open_registry(tmp_path).get("local-fsdp", "2").provenance["model_id"] == "/ckpt/b"
 
 
+def test_an_evaluation_that_is_not_held_out_is_never_promoted_on_and_the_summary_says_why(tmp_path):
+    assert gate.not_held_out(resolve("local-fsdp")) is None
+    assert gate.not_held_out(resolve("local-maxtext")) == (
+        "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
+    )
+    assert "reads the training examples" in gate.not_held_out(resolve("local-fsdp", "train.eval_split=train"))
+    ctx = RunContext(
+        spec=resolve("local-maxtext"), run_id="mx-1", store=LocalStore(tmp_path / "mx-1"), platform="local"
+    )
+    _trained(ctx, tmp_path)
+    result = _registered(ctx, 1.0)  # no champion yet: a held-out figure would promote
+    assert (result["ref"], result["decision"], result["held_out"]) == ("local-maxtext@1", "keep", False)
+    assert result["reason"] == (
+        "not promoted: local-maxtext@1's evaluation is not held out (maxtext.dataset_type=synthetic: MaxText "
+        "evaluates on the same fixed batch it trains on); no champion set"
+    )
+    assert open_registry(tmp_path).champion("local-maxtext") is None
+    figures = {"eval_loss_before": 6.0, "eval_loss_after": 1.0, "perplexity_before": 403.4, "perplexity_after": 2.7}
+    runner.record(ctx.store, "evaluate", status="succeeded", seconds=1.0, result=figures)
+    summary = report.summarize(ctx)
+    assert summary["eval_not_held_out"].startswith("maxtext.dataset_type=synthetic")
+    text = report.format_table(summary)
+    assert "not held out: maxtext.dataset_type=synthetic" in text and "held-out loss" not in text
+    assert "  eval loss            untrained 6.0000   trained 1.0000" in text
+    assert "gate: not promoted: local-maxtext@1's evaluation is not held out" in text
+
+
 # ---------------------------------------------------------------- what the run says
 
 
