@@ -155,7 +155,11 @@ class MaxTextSpec:
     dcn_fsdp_parallelism: int = 1
     remat_policy: str = ""  # empty: MaxText's default
     learning_rate: float = 0.0  # 0: MaxText's default
-    checkpoint_period: int = 0  # steps between checkpoints; 0: MaxText's default
+    # A preemption (a lost host, a Spot reclaim) repeats at most max_lost_steps steps: MaxText checkpoints every that
+    # many steps (its own default, 10000, would save only step 0 of a 100-step run). checkpoint_period > 0 sets the
+    # period itself, at most max_lost_steps.
+    max_lost_steps: int = 20
+    checkpoint_period: int = 0  # steps between checkpoints; 0: derived from max_lost_steps
     eval_steps: int = 4  # batches of MaxText's eval loop in the evaluate stage
     cpu_devices_per_host: int = 2  # JAX devices of each emulated CPU host (XLA's host device count)
 
