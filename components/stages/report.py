@@ -93,6 +93,7 @@ GATE_FIGURES = (
     "champion_ref",
     "improvement",
     "min_improvement",
+    "held_out",
 )
 
 
@@ -221,8 +222,9 @@ def loss_html(summary: dict[str, Any], png: bytes) -> str:
         f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
         f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' alt='loss curve'>"
         f"<table border='1'><tr>{head}</tr>{rows}</table>"
-        f"<p>held-out loss: {_fmt(summary.get('eval_loss_before'))} untrained, "
-        f"{_fmt(summary.get('eval_loss_after'))} trained</p></body></html>"
+        f"<p>{'eval loss (not held out)' if summary.get('eval_not_held_out') else 'held-out loss'}: "
+        f"{_fmt(summary.get('eval_loss_before'))} untrained, {_fmt(summary.get('eval_loss_after'))} trained</p>"
+        "</body></html>"
     )
 
 
