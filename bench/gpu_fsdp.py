@@ -130,7 +130,8 @@ def build(config: dict, device, device_type: str, seed: int):
     dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
     model = build_model(f"scratch:{SCRATCH_NAME}", Vocabulary(config["vocab_size"]), seed, dtype)
     params = sum(p.numel() for p in model.parameters())  # unique parameters: the tied embedding once
-    model = parallelize(model.to(device), init_device_mesh(device_type, (1,)), device_type)
+    compute = None if device_type == "cpu" else "bfloat16"  # bf16 parameters (built so above), fp32 reduction
+    model = parallelize(model.to(device), init_device_mesh(device_type, (1,)), compute)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.01)
     return model, optimizer, params
 

@@ -42,10 +42,11 @@ def run(
         # preflight now, so its problems (exit 2, nothing created) come before an image is built; provision checks
         # again when it starts.
         platform.preflight(ctx)
-    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
-        from components.stages import gate
+    from components.stages import gate
 
+    if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)
         gate.starting_point(ctx)
+    gate.check_lineage(ctx)  # the champion's base is this run's, or the gate could not compare: exit 2 now
     if ctx.store.exists("summary.json"):
         return fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
 

@@ -75,7 +75,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.fsdp import InjectedFailure, detect_backend, parallelize
+    from trainers.fsdp import InjectedFailure, detect_backend, dtypes, parallelize
     from trainers.model import build_model, load_tokenizer, load_trained
 
     spec = RunSpec.from_json(config["spec"])
@@ -86,7 +86,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         raise InjectedFailure(f"injected failure in evaluation on rank {rank} (train.fail_eval)")
     device_type, _ = detect_backend()
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
-    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
+    weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.fsdp.dtypes)
+    dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.eval_split, config.get("data_files"), config.get("cache_dir"))
     batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
@@ -100,7 +101,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
             model = load_trained(t.model_id, source, tokenizer, t.seed, dtype)
         else:
             model = build_model(t.model_id, tokenizer, t.seed, dtype)
-        model = parallelize(model.to(device), mesh, device_type)
+        model = parallelize(model.to(device), mesh, compute)
         sums = heldout_sums(model, batches, device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         total, count = sums.tolist()

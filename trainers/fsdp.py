@@ -76,7 +76,18 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- the model, sharded
 
 
-def parallelize(model, mesh, device_type: str):
+def dtypes(device_type: str, precision: str) -> tuple[str, str | None]:
+    """(the dtype the weights and the optimizer's state are kept in, the dtype FSDP2 computes in; None: the weights')
+    for ``train.precision``. On TPU "mixed" keeps float32 master weights and computes in bfloat16: an update of a
+    small learning rate (2e-5 x a gradient) is below bfloat16's resolution for most weights (8 bits of mantissa: a
+    weight near 1 moves in steps of 2^-7), so pure bfloat16 weights round most updates away; "bf16" is the tutorial's
+    bfloat16 weights. On CPU float32 throughout."""
+    if device_type == "cpu":
+        return "float32", None
+    return ("bfloat16", "bfloat16") if precision == "bf16" else ("float32", "bfloat16")
+
+
+def parallelize(model, mesh, compute: str | None = None):
     """FSDP2 in the layout of the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU"
     (docs/tutorials.md) on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the root (attention, norms and
     embeddings shard with it), the frozen per-layer embedding table in ``ignored_params`` (every rank keeps it whole and
@@ -93,9 +104,11 @@ def parallelize(model, mesh, device_type: str):
     frozen = frozen_params(model)
     for param in frozen:
         param.requires_grad_(False)
+        if compute:  # outside FSDP2, so not cast by its policy: kept in the compute dtype (it gets no update)
+            param.data = param.data.to(getattr(torch, compute))
     mp = MixedPrecisionPolicy()
-    if device_type != "cpu":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if compute:  # the forward and backward in ``compute`` (see dtypes), gradients reduced in float32
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, compute), reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer.mlp, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=frozen or None)
@@ -166,8 +179,13 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
         set_optimizer_state_dict,
     )
 
+    # Rank 0 reads the weights and broadcasts them: one read of the file (on GKE, from the bucket's FUSE mount), not
+    # one per rank.
+    rank0 = torch.distributed.get_rank() == 0
+    weights = load_file(str(directory / "model.safetensors")) if rank0 else {}
+    broadcast = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=broadcast)
     options = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, load_file(str(directory / "model.safetensors")), options=options)
     if (directory / "optimizer.pt").is_file():
         optim_state = load_optimizer_state(directory / "optimizer.pt")
         set_optimizer_state_dict(model, optimizer, optim_state, options=options)
@@ -177,35 +195,43 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- the loop each worker runs
 
 
-def _setup(spec: RunSpec, config: dict[str, Any], world: int, device_type: str, device):
+def data_loader(dataset, batch_size: int, seed: int, world: int, rank: int):
+    """This worker's batches, shuffled by ``train.seed``: with more than one worker a ``DistributedSampler`` of its
+    own seeded by it (Ray's ``prepare_data_loader`` would add one with torch's default seed, 0, whatever the spec
+    says), with one a generator seeded by it. drop_last: every step has the same shapes (a short last batch would
+    recompile the step on XLA)."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    if world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator)
+
+
+def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device):
     """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split. The model
     is ``train.model_id`` as it is, or with a registered version's weights over it (``config["init_from"]``: the
     checkpoint ``train.init_from`` resolved to when the stage started)."""
     import ray.train.torch
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.utils.data import DataLoader
 
     from trainers.model import build_model, load_tokenizer, load_trained
 
     t = spec.train
-    dtype = torch.float32 if device_type == "cpu" else torch.bfloat16
+    weights, compute = dtypes(device_type, t.precision)
+    dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
-    # drop_last: every step has the same shapes (a short last batch would recompile the step on XLA).
-    loader = DataLoader(
-        data.tokenize(raw, tokenizer, t.max_length),
-        batch_size=t.batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(t.seed),
-    )
-    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
+    loader = data_loader(data.tokenize(raw, tokenizer, t.max_length), t.batch_size, t.seed, world, rank)
+    loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=False)
     if config.get("init_from"):
         model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
     else:
         model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), device_type)
+    model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), compute)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
     )
@@ -268,7 +294,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     if rank == 0:
         protocol.emit("event", {"event": "worker_group_started", "world_size": world, "time": time.time()})
-    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, device_type, device)
+    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, rank, device_type, device)
     if rank == 0:  # what the model is trained on, for its provenance
         protocol.emit("event", {"event": "data", "data_snapshot": data.snapshot(raw), "num_examples": len(raw)})
     start_epoch, global_step, resumed = _resume(model, optimizer, rank)

@@ -238,7 +238,8 @@ def run_eval(
         "eval_loss_after": losses["after"],
         "perplexity_before": math.exp(losses["before"]),
         "perplexity_after": math.exp(losses["after"]),
-        "eval_split": f"synthetic ({spec.maxtext.eval_steps} batches)",
+        "eval_split": f"{spec.maxtext.dataset_type} ({spec.maxtext.eval_steps} batches)"
+        + (": the training batch, not held out" if spec.maxtext.dataset_type == "synthetic" else ""),
     }
     if champion:
         result.update(champion_loss=losses["champion"], perplexity_champion=math.exp(losses["champion"]))

@@ -7,17 +7,23 @@ spread, on the local platform) and places one actor per device (torch, as TorchT
 per host (jax, whose runtime owns every device of its host). Ranks follow the hosts: rank = worker id x devices per
 host + accelerator id (slices after one another).
 
+Two steps, so a fault is found where it is (docs/local.md, "The slice check"): first every device computes a
+feed-forward block (Linear h->4h, SiLU, Linear 4h->h, residual) alone, against a CPU reference within rtol 1e-3 /
+atol 1e-2, before any collective, so a device that computes wrongly is named by itself (its rank, host and device);
+then the collectives, of which only the bandwidth is judged when a device failed the first step:
+
 - torch (as the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU" checks its slice,
   docs/tutorials.md): ``MASTER_ADDR`` is the first of ``TPU_WORKER_HOSTNAMES``, then ``init_process_group("tpu_dist")``;
-  a feed-forward block (Linear h->4h, SiLU, Linear 4h->h, residual) under ``parallelize_module`` (``ColwiseParallel`` on
-  w1, ``RowwiseParallel`` on w2) over every rank must equal the CPU reference within rtol 1e-3 / atol 1e-2, and an
-  ``all_reduce(SUM)`` of rank + 1 must be n(n+1)/2 on every rank.
+  the block under ``parallelize_module`` (``ColwiseParallel`` on w1, ``RowwiseParallel`` on w2) over every rank, an
+  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and a 32 MiB all-reduce timed on every rank against the floor
+  (:func:`bandwidth_floor`); below it, timed transfers between rank 0 and each rank locate the slow link's host.
 - jax: one runtime over every host (``jax.distributed``); the same block with w1's columns and w2's rows sharded over
-  every device of every host against a NumPy reference, and a ``psum`` of device index + 1 over every device.
+  every device of every host against a NumPy reference (every addressable shard), a ``psum`` of device index + 1 over
+  every device, and a timed 32 MiB psum against the floor.
 
 Hosts without TPU chips (emulated slices, the local platform) run the same code on CPU devices with gloo. The job
-prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, seconds, and the bad
-ranks with their hosts) and exits 1 when a rank failed. What each actor runs is ``trainers.slice_probe``.
+prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, bandwidth and floor,
+seconds, and the bad ranks or hosts) and exits 1 when one failed. What each actor runs is ``trainers.slice_probe``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import time
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import job_args
+from trainers import job_args, slice_probe
 from trainers.slice_probe import Probe
 
 
@@ -109,8 +115,77 @@ def _reserve(spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_
     return group, count, bundle
 
 
-def _bad(index: int, info: dict[str, Any], rank: int | None, why: str) -> dict[str, Any]:
-    return {"rank": rank, "host": info.get("host", f"bundle {index}"), "node_ip": info.get("node_ip"), "error": why}
+# The floor on CPU devices (the local platform, emulated TPU hosts): tpupipe's own figure, not a TPU one. A gloo
+# all-reduce of 32 MiB over loopback between two processes ran at 0.16 to 0.57 GB/s on a 2-core machine at load 17,
+# JAX's psum over two CPU devices at 0.18 GB/s; 0.02 GB/s passes such runs and fails the testing aid's slow host.
+CPU_GLOO_FLOOR_GB_S = 0.02
+
+
+def bandwidth_floor(spec: RunSpec, device: str) -> tuple[float | None, str]:
+    """The GB/s the all-reduce's bus bandwidth must reach on every rank, and where it comes from: on TPU the
+    catalogue's (ICI within one slice, DCN across slices), on CPU devices the local one."""
+    if device == "cpu":
+        return CPU_GLOO_FLOOR_GB_S, "tpupipe's floor for CPU gloo over loopback, not a TPU figure"
+    from components.tpu import catalogue
+
+    return catalogue.link_floor(spec.cluster.accelerator, spec.cluster.num_slices > 1)
+
+
+def _bad(index: int, info: dict[str, Any], rank: int | None, why: str, device: str = "") -> dict[str, Any]:
+    found = {"rank": rank, "host": info.get("host", f"bundle {index}"), "node_ip": info.get("node_ip"), "error": why}
+    return found | ({"device": device} if device else {})
+
+
+def _gather(calls, infos, ranks, timeout_s: float) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+    """Each call's result (None where it failed), and the failures with their ranks and hosts."""
+    import ray
+
+    done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+    results: list[dict[str, Any] | None] = []
+    bad: list[dict[str, Any]] = []
+    for i, call in enumerate(calls):
+        results.append(None)
+        if call not in done:
+            bad.append(_bad(i, infos[i], ranks[i], f"no answer within {timeout_s:.0f}s"))
+            continue
+        try:
+            results[i] = ray.get(call)
+        except Exception as exc:  # noqa: BLE001 - a rank's own error, reported with its rank and host
+            bad.append(_bad(i, infos[i], ranks[i], f"{type(exc).__name__}: {str(exc).splitlines()[-1][:300]}"))
+    return results, bad
+
+
+def slow_links(results, infos, ranks, floor: float, source: str) -> list[dict[str, Any]]:
+    """The hosts whose sends ran below the floor, from the links the ranks timed (``slice_probe._links``): a link
+    slow one way only is its sender's; slow both ways, both hosts'. Without timed links (the JAX check), every rank's
+    all-reduce below the floor, unlocated."""
+    index = {rank: i for i, rank in enumerate(ranks)}
+    speed = {(link["from"], link["to"]): link["gbytes_per_s"] for r in results if r for link in r["links"]}
+    bad = []
+    for (sender, receiver), gbs in sorted(speed.items()):
+        if gbs >= floor:
+            continue
+        back = speed.get((receiver, sender), 0.0)
+        for culprit, other in ((sender, receiver),) if back >= floor else ((sender, receiver), (receiver, sender)):
+            i = index[culprit]
+            why = (
+                f"the link to host {infos[index[other]]['host']} runs at {gbs:.3g} GB/s, below the floor "
+                f"{floor:.3g} GB/s ({source})"
+            )
+            bad.append(_bad(i, infos[i], None, why))
+    if speed or bad:
+        return bad
+    return [
+        _bad(
+            i,
+            infos[i],
+            ranks[i],
+            f"all-reduce at {r['gbytes_per_s']:.3g} GB/s, below the floor {floor:.3g} GB/s "
+            f"({source}); not located to one link",
+        )
+        for i, r in enumerate(results)
+        if r and r["gbytes_per_s"] is not None and r["gbytes_per_s"] < floor
+    ]
 
 
 def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int) -> dict[str, Any]:
@@ -142,16 +217,12 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         f"slice check ({kind}): {count} ranks on {len({i['node_id'] for i in infos})} hosts, master {master}:{port}",
         flush=True,
     )
-    calls = []
+    # First every device alone, before any collective: a device that computes wrongly is named by itself.
+    local_calls = []
     for i, actor in enumerate(actors):
         corrupt = ranks[i] == c.slice_check_corrupt_rank
         if per_device:
-            local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
-            calls.append(
-                actor.check_torch.remote(
-                    ranks[i], count, ranks[i] % devices_per_host, local_world, master, port, corrupt
-                )
-            )
+            local_calls.append(actor.local_torch.remote(ranks[i] % devices_per_host, corrupt))
         else:
             megascale = {}
             if c.num_slices > 1 and scaling.get("use_tpu"):
@@ -161,53 +232,77 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
                     "MEGASCALE_NUM_SLICES": str(c.num_slices),
                     "MEGASCALE_SLICE_ID": str(slices.index(infos[i]["slice"])),
                 }
-            calls.append(
-                actor.check_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
+            local_calls.append(
+                actor.local_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
             )
-    done, _ = ray.wait(calls, num_returns=len(calls), timeout=c.slice_check_timeout_s)
-    results: list[dict[str, Any]] = []
-    bad: list[dict[str, Any]] = []
+    local, bad = _gather(local_calls, infos, ranks, c.slice_check_timeout_s)
+    for i, r in enumerate(local):
+        for d in (r or {}).get("devices", []):
+            if not d["ok"]:
+                why = f"computes the block alone {d['max_abs_diff']:.3g} off the reference, before any collective"
+                bad.append(_bad(i, infos[i], ranks[i], why, d["device"]))
+    device = next((r["device"] for r in local if r), None)
+    floor, source = bandwidth_floor(spec, device) if device else (None, "")
+    results: list[dict[str, Any] | None] = [None] * count
+    if all(local):  # every rank answered: the collectives (a bad device's figures there are not judged: see above)
+        calls = []
+        for i, actor in enumerate(actors):
+            slow = ranks[i] == c.slice_check_slow_rank
+            if per_device:
+                local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
+                calls.append(
+                    actor.collectives_torch.remote(
+                        ranks[i], count, ranks[i] % devices_per_host, local_world, master, port, slow, floor
+                    )
+                )
+            else:
+                calls.append(actor.collectives_jax.remote(slow, floor))
+        results, failed = _gather(calls, infos, ranks, c.slice_check_timeout_s)
+        bad += failed
+    numerics_judged = not bad
     verified = 0
-    for i, call in enumerate(calls):
-        if call not in done:
-            bad.append(_bad(i, infos[i], ranks[i], f"no answer within {c.slice_check_timeout_s:.0f}s"))
+    for i, r in enumerate(results):
+        if not r:
             continue
-        try:
-            result = ray.get(call)
-        except Exception as exc:  # noqa: BLE001 - a rank's own error, reported with its rank and host
-            bad.append(_bad(i, infos[i], ranks[i], f"{type(exc).__name__}: {str(exc).splitlines()[-1][:300]}"))
-            continue
-        result |= {"rank": ranks[i], "host": infos[i]["host"]}
-        results.append(result)
         problems = []
-        if not result["parity"]:
-            problems.append(f"tensor-parallel output differs from the reference by {result['max_abs_diff']:.3g}")
-        expected = expected_sum(result["num_devices"])
-        if result["all_reduce"] != expected:
-            problems.append(f"all-reduce gave {result['all_reduce']:g}, expected {expected}")
+        if numerics_judged and not r["parity"]:
+            problems.append(f"tensor-parallel output differs from the reference by {r['max_abs_diff']:.3g}")
+        expected = expected_sum(r["num_devices"])
+        if numerics_judged and r["all_reduce"] != expected:
+            problems.append(f"all-reduce gave {r['all_reduce']:g}, expected {expected}")
         if problems:
             bad.append(_bad(i, infos[i], ranks[i], "; ".join(problems)))
-        else:
+        elif local[i] and all(d["ok"] for d in local[i]["devices"]):
             verified += 1
-    bad.sort(key=lambda b: (b["rank"] is None, b["rank"]))
-    num_devices = results[0]["num_devices"] if results else count * (1 if per_device else devices_per_host)
+    if floor is not None:
+        bad += slow_links(results, infos, ranks, floor, source)
+    bad.sort(key=lambda b: (b["rank"] is None, b["rank"] if b["rank"] is not None else 0, b["host"]))
+    got = [r for r in results if r]
+    num_devices = got[0]["num_devices"] if got else count * (1 if per_device else devices_per_host)
     result = {
         "ok": not bad,
         "kind": kind,
-        "device": results[0]["device"] if results else None,
-        "backend": results[0]["backend"] if results else None,
+        "device": device,
+        "backend": next((r["backend"] for r in local if r), None),
         "num_ranks": count,
         "num_devices": num_devices,
         "num_hosts": len({i["node_id"] for i in infos}),
         "ranks_verified": verified,
-        "max_abs_diff": max((r["max_abs_diff"] for r in results), default=None),
-        "all_reduce": results[0]["all_reduce"] if results else None,
+        "devices_checked": sum(len(r["devices"]) for r in local if r),
+        "max_abs_diff": max((r["max_abs_diff"] for r in got), default=None),
+        "all_reduce": got[0]["all_reduce"] if got else None,
         "expected_all_reduce": expected_sum(num_devices),
+        "bandwidth_bytes": slice_probe.BANDWIDTH_BYTES,
+        "gbytes_per_s": min((r["gbytes_per_s"] for r in got if r["gbytes_per_s"] is not None), default=None),
+        "floor_gbytes_per_s": floor,
+        "floor_source": source,
         "seconds": time.monotonic() - started,
         "bad": bad,
         "ranks": [
-            {k: r[k] for k in ("rank", "host", "max_abs_diff", "all_reduce")}
-            for r in sorted(results, key=lambda r: r["rank"])
+            {"rank": ranks[i], "host": infos[i]["host"]}
+            | {k: r[k] for k in ("max_abs_diff", "all_reduce", "gbytes_per_s", "all_reduce_s") if r}
+            | {"devices": (local[i] or {}).get("devices", [])}
+            for i, r in sorted(enumerate(results), key=lambda ir: ranks[ir[0]])
         ],
     }
     if bad:
@@ -216,10 +311,14 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
 
 
 def failure_message(result: dict[str, Any]) -> str:
-    """One line naming every bad rank and its host."""
-    return "slice check failed on " + "; ".join(
-        f"rank {b['rank']} (host {b['host']}): {b['error']}" for b in result["bad"]
-    )
+    """One line naming every bad rank (its host, and its device where one computed wrongly) or slow host."""
+
+    def where(b: dict[str, Any]) -> str:
+        if b["rank"] is None:
+            return f"host {b['host']}"
+        return f"rank {b['rank']} (host {b['host']}" + (f", device {b['device']})" if b.get("device") else ")")
+
+    return "slice check failed on " + "; ".join(f"{where(b)}: {b['error']}" for b in result["bad"])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

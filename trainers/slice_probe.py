@@ -1,18 +1,46 @@
 """What each actor of the slice check runs (``trainers.slice_check``): :class:`Probe`, on a device (torch) or a host
-(jax), says where it runs and checks its collectives and a tensor-parallel feed-forward block against a reference
-computed on the host."""
+(jax), says where it runs, then in two calls: first each device computes the feed-forward block alone against a
+reference computed on the host, before any collective (a device that computes wrongly shows on its own rank only);
+then the collectives: the tensor-parallel block, an all-reduce of rank + 1, and a sized all-reduce timed on every
+rank (its bus bandwidth against the floor the driver passes). Below the floor, the torch check locates the slow link:
+rank 0 and each other rank in turn send each other the same buffer, each direction timed by its receiver."""
 
 from __future__ import annotations
 
 import math
 import os
 import socket
+import statistics
+import time
 from typing import Any
 
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
 RTOL, ATOL = 1e-3, 1e-2
 HOST_LABEL = "tpupipe/host"  # the host label of emulated hosts (local platform, emulated KubeRay pods)
+BANDWIDTH_BYTES = 32 * 2**20  # the timed all-reduce: 32 MiB of float32 on every rank
+TIMED = 3  # timed all-reduces after one untimed (the median is the rank's figure)
+
+
+def corrupted(w1):
+    """The testing aid's bad device (``cluster.slice_check_corrupt_rank``): its copy of w1 is off by 5%, as a chip
+    whose memory or matrix unit is wrong; everything it computes after uses it."""
+    return w1 * 1.05
+
+
+def bus_gbytes_per_s(nbytes: int, world: int, seconds: float) -> float | None:
+    """An all-reduce's bus bandwidth: 2 (n - 1) / n x bytes / time, the figure comparable to one link's speed
+    whatever the number of ranks (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md); None for one
+    rank, which moves nothing."""
+    if world < 2:
+        return None
+    return 2 * (world - 1) / world * nbytes / max(seconds, 1e-9) / 1e9
+
+
+def throttle_s(floor: float | None) -> float:
+    """How long the testing aid's slow rank (``cluster.slice_check_slow_rank``) holds each timed transfer: 1.25 times
+    what the buffer takes at the floor, so its link runs below the floor whatever the transfer itself takes."""
+    return 1.25 * BANDWIDTH_BYTES / (floor * 1e9) if floor else 1.0
 
 
 def _block(seed: int = 0):
@@ -64,16 +92,37 @@ class Probe:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def check_torch(
-        self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int, corrupt: bool
+    # ------------------------------------------------------------ torch: one actor per device
+
+    def local_torch(self, local_rank: int, corrupt: bool) -> dict[str, Any]:
+        """The block computed on this device alone (no collective, no process group yet) against the reference."""
+        import torch
+
+        from trainers.fsdp import detect_backend
+
+        device_type, backend = detect_backend()
+        x, w1, w2 = _block()
+        ref = torch.from_numpy(reference(x, w1, w2))
+        self._torch = (device_type, backend, corrupted(w1) if corrupt else w1)
+        block = _FeedForward(torch.from_numpy(self._torch[2]), torch.from_numpy(w2)).to(device_type)
+        with torch.no_grad():
+            out = block(torch.from_numpy(x).to(device_type)).float().cpu()
+        close = torch.allclose(out, ref, rtol=RTOL, atol=ATOL)
+        return {
+            "device": device_type,
+            "backend": backend,
+            "devices": [_compared(f"{device_type}:{local_rank}", (out - ref).abs().max(), close)],
+        }
+
+    def collectives_torch(
+        self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int, slow: bool, floor
     ) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        from trainers.fsdp import detect_backend
-
+        device_type, backend, w1 = self._torch
         os.environ.update(
             {
                 "MASTER_ADDR": master,
@@ -84,10 +133,9 @@ class Probe:
                 "LOCAL_WORLD_SIZE": str(local_world),
             }
         )
-        device_type, backend = detect_backend()
         dist.init_process_group(backend)
         try:
-            x, w1, w2 = _block()
+            x, _, w2 = _block()
             block = _FeedForward(torch.from_numpy(w1), torch.from_numpy(w2))
             mesh = init_device_mesh(device_type, (world,))
             block = parallelize_module(block.to(device_type), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
@@ -98,23 +146,33 @@ class Probe:
             total = torch.tensor([float(rank + 1)], device=device_type)
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             all_reduce = float(total.cpu()[0])
+            buf = torch.ones(BANDWIDTH_BYTES // 4, device=device_type)
+            seconds = _timed(lambda: (dist.all_reduce(buf), buf[:1].cpu()), slow, floor, dist.barrier)
+            worst = torch.tensor([seconds], dtype=torch.float64, device=device_type)  # every rank decides alike
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            links = []
+            if floor and world > 1 and bus_gbytes_per_s(BANDWIDTH_BYTES, world, float(worst.cpu()[0])) < floor:
+                links = _links(dist, buf, rank, world, slow, floor)
         finally:
             dist.destroy_process_group()
-        ref = torch.from_numpy(reference(x, w1, w2))
-        if corrupt:  # testing aid (cluster.slice_check_corrupt_rank): this rank's results go wrong
-            out, all_reduce = out + 1.0, all_reduce + 1.0
+        ref = torch.from_numpy(reference(*_block()))  # the host's reference, of the weights every rank was given
         return {
-            "device": device_type,
-            "backend": backend,
             "max_abs_diff": float((out - ref).abs().max()),
             "parity": bool(torch.allclose(out, ref, rtol=RTOL, atol=ATOL)),
             "all_reduce": all_reduce,
             "num_devices": world,
+            "all_reduce_s": seconds,
+            "gbytes_per_s": bus_gbytes_per_s(BANDWIDTH_BYTES, world, seconds),
+            "links": links,
         }
 
-    def check_jax(
+    # ------------------------------------------------------------ jax: one actor per host
+
+    def local_jax(
         self, rank: int, world: int, coordinator: str, cpu_devices: int, corrupt: bool, megascale: dict[str, str]
     ) -> dict[str, Any]:
+        """One runtime over every host (``jax.distributed``: a connection, no collective), then the block computed on
+        each of this host's devices alone against the reference; ``corrupt``: its first device's w1 is off."""
         from trainers.fsdp import tpu_chips_on_host
 
         chips = tpu_chips_on_host()
@@ -124,12 +182,30 @@ class Probe:
         os.environ.update(megascale)
         import jax
         import numpy as np
-        from jax.sharding import Mesh, NamedSharding
-        from jax.sharding import PartitionSpec as P
 
         if not chips:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=world, process_id=rank)
+        x, w1, w2 = _block()
+        ref = reference(x, w1, w2)
+        ffn = jax.jit(lambda x, w1, w2: x + jax.nn.silu(x @ w1) @ w2)
+        self._bad_device = jax.local_devices()[0].id if corrupt else None
+        devices = []
+        for d in jax.local_devices():
+            mine = corrupted(w1) if d.id == self._bad_device else w1
+            out = np.asarray(ffn(*(jax.device_put(a, d) for a in (x, mine, w2))), dtype=np.float32)
+            close = np.allclose(out, ref, rtol=RTOL, atol=ATOL)
+            devices.append(_compared(f"{d.platform}:{d.id}", np.abs(out - ref).max(), close))
+        return {"device": jax.local_devices()[0].platform, "backend": "jax", "devices": devices}
+
+    def collectives_jax(self, slow: bool, floor) -> dict[str, Any]:
+        """The block with w1's columns and w2's rows sharded over every device, every addressable shard of its
+        (replicated) output compared; a psum of device index + 1; a timed psum of 32 MiB a device."""
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
         try:
             devices = jax.devices()
             n = len(devices)
@@ -137,29 +213,80 @@ class Probe:
             x, w1, w2 = _block()
             put = {
                 name: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx, a=a: a[idx])
-                for name, a, spec in (("x", x, P()), ("w1", w1, P(None, "d")), ("w2", w2, P("d", None)))
+                for name, a, spec in (("x", x, P()), ("w2", w2, P("d", None)))
             }
+            cols = NamedSharding(mesh, P(None, "d"))
+            shards = [  # this host's shards of w1, the bad device's (testing aid) off
+                jax.device_put((corrupted(w1) if d.id == self._bad_device else w1)[idx], d)
+                for d, idx in cols.addressable_devices_indices_map(w1.shape).items()
+            ]
+            put["w1"] = jax.make_array_from_single_device_arrays(w1.shape, cols, shards)
             ffn = jax.jit(lambda x, w1, w2: x + jax.nn.silu(x @ w1) @ w2, out_shardings=NamedSharding(mesh, P()))
-            out = np.asarray(ffn(put["x"], put["w1"], put["w2"]).addressable_data(0), dtype=np.float32)
+            out = ffn(put["x"], put["w1"], put["w2"])
+            outs = [np.asarray(shard.data, dtype=np.float32) for shard in out.addressable_shards]
             ids = jax.make_array_from_callback(
                 (n,), NamedSharding(mesh, P("d")), lambda idx: np.arange(1, n + 1, dtype=np.int32)[idx]
             )
             psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P()))
             all_reduce = float(np.asarray(psum(ids).addressable_data(0))[0])
-            platform = devices[0].platform
+            per = BANDWIDTH_BYTES // 4
+            big = jax.make_array_from_callback(
+                (n * per,), NamedSharding(mesh, P("d")), lambda idx: np.ones(per, dtype=np.float32)
+            )
+            seconds = _timed(lambda: psum(big).block_until_ready(), slow, floor)
         finally:
             jax.distributed.shutdown()
         ref = reference(x, w1, w2)
-        if corrupt:
-            out, all_reduce = out + 1.0, all_reduce + 1.0
         return {
-            "device": platform,
-            "backend": "jax",
-            "max_abs_diff": float(np.abs(out - ref).max()),
-            "parity": bool(np.allclose(out, ref, rtol=RTOL, atol=ATOL)),
+            "max_abs_diff": max(float(np.abs(o - ref).max()) for o in outs),
+            "parity": all(bool(np.allclose(o, ref, rtol=RTOL, atol=ATOL)) for o in outs),
+            "shards_compared": len(outs),
             "all_reduce": all_reduce,
             "num_devices": n,
+            "all_reduce_s": seconds,
+            "gbytes_per_s": bus_gbytes_per_s(BANDWIDTH_BYTES, n, seconds),
+            "links": [],
         }
+
+
+def _compared(device: str, diff, close) -> dict[str, Any]:
+    return {"device": device, "max_abs_diff": float(diff), "ok": bool(close)}
+
+
+def _timed(once, slow: bool, floor, barrier=None) -> float:
+    """The median seconds of ``TIMED`` calls of ``once`` after an untimed one; ``slow``: each held by
+    :func:`throttle_s` first (the testing aid's slow host)."""
+    once()
+    times = []
+    for _ in range(TIMED):
+        if barrier:
+            barrier()
+        started = time.perf_counter()
+        if slow:
+            time.sleep(throttle_s(floor))
+        once()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _links(dist, buf, rank: int, world: int, slow: bool, floor) -> list[dict[str, Any]]:
+    """Rank 0 and each other rank in turn send each other ``buf``, one pair at a time; each direction is timed by its
+    receiver: the links this rank received on, with their GB/s."""
+    links = []
+    for peer in range(1, world):
+        for sender, receiver in ((peer, 0), (0, peer)):
+            dist.barrier()
+            if rank == sender:
+                if slow:
+                    time.sleep(throttle_s(floor))
+                dist.send(buf, receiver)
+            elif rank == receiver:
+                started = time.perf_counter()
+                dist.recv(buf, sender)
+                buf[:1].cpu()
+                seconds = time.perf_counter() - started
+                links.append({"from": sender, "to": receiver, "gbytes_per_s": BANDWIDTH_BYTES / seconds / 1e9})
+    return links
 
 
 def _FeedForward(w1, w2):  # a module class, built where torch is imported

@@ -16,6 +16,7 @@ from components.spec.run_spec import (
     GKE_CLUSTER_MODES,
     MODEL_REF,
     MULTISLICE_NETWORKS,
+    PRECISIONS,
     SCRATCH_PREFIX,
     WORKLOADS,
     RunSpec,
@@ -55,12 +56,12 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if value < 0:
             raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
-    if c.slice_check_corrupt_rank < -1:
-        raise SpecError(
-            "cluster.slice_check_corrupt_rank",
-            f"must be -1 (none) or a rank, got {c.slice_check_corrupt_rank}",
-            ["-1", "an integer >= 0"],
-        )
+    for key, rank in {
+        "cluster.slice_check_corrupt_rank": c.slice_check_corrupt_rank,
+        "cluster.slice_check_slow_rank": c.slice_check_slow_rank,
+    }.items():
+        if rank < -1:
+            raise SpecError(key, f"must be -1 (none) or a rank, got {rank}", ["-1", "an integer >= 0"])
     if not c.host_start_delay_s >= 0:
         raise SpecError("cluster.host_start_delay_s", f"must be 0 or more seconds, got {c.host_start_delay_s}")
     if c.host_start_delay_s and c.accelerator != "cpu":
@@ -101,6 +102,8 @@ def _check_training(spec: RunSpec) -> None:
         )
     if t.workload not in WORKLOADS:
         raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
+    if t.precision not in PRECISIONS:
+        raise SpecError("train.precision", f"unknown precision {t.precision!r}", PRECISIONS)
     if not t.model_id:
         raise SpecError("train.model_id", "must not be empty")
     if t.model_id.startswith(SCRATCH_PREFIX):

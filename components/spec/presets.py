@@ -80,7 +80,7 @@ PRESETS: dict[str, dict] = {
             "ici_fsdp_parallelism": 2,
             "ici_tensor_parallelism": 2,
             "learning_rate": 3e-3,
-            "checkpoint_period": 10,
+            "max_lost_steps": 10,
             "eval_steps": 4,
             "cpu_devices_per_host": 2,
         },

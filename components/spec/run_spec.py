@@ -20,6 +20,10 @@ from components.spec import names
 
 CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
 WORKLOADS = ("fsdp", "maxtext")
+# The FSDP trainer's precision on TPU: "mixed", float32 master weights and optimizer state with bfloat16 compute
+# (FSDP2's MixedPrecisionPolicy: params cast to bfloat16 for the forward and backward, gradients reduced in float32);
+# "bf16", the weights themselves in bfloat16, as the TorchTPU tutorial runs. On CPU both compute in float32.
+PRECISIONS = ("mixed", "bf16")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
 CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
@@ -48,7 +52,8 @@ class ClusterSpec:
     # The slice check before training: every device's collectives and tensor-parallel parity (check_slice stage).
     slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
     slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
-    slice_check_corrupt_rank: int = -1  # testing aid: corrupt this rank's check result (-1: none)
+    slice_check_corrupt_rank: int = -1  # testing aid: this rank's device computes with corrupted weights (-1: none)
+    slice_check_slow_rank: int = -1  # testing aid: this rank's transfers are held below the bandwidth floor
     # Testing aid of the emulated (cpu) hosts: each host joins this many seconds after it starts, as a node still
     # pulling its image does (0: at once).
     host_start_delay_s: float = 0.0
@@ -74,6 +79,7 @@ class TrainSpec:
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     seed: int = 0
+    precision: str = "mixed"  # the FSDP trainer on TPU: "mixed" (float32 master weights, bfloat16 compute) or "bf16"
     num_workers: int = 0  # 0: one per host (cpu) or one per TPU device
     min_workers: int = 0  # elastic range (min_workers, max_workers), whole slices; 0 and 0: not elastic
     max_workers: int = 0
@@ -152,7 +158,11 @@ class MaxTextSpec:
     dcn_fsdp_parallelism: int = 1
     remat_policy: str = ""  # empty: MaxText's default
     learning_rate: float = 0.0  # 0: MaxText's default
-    checkpoint_period: int = 0  # steps between checkpoints; 0: MaxText's default
+    # A preemption (a lost host, a Spot reclaim) repeats at most max_lost_steps steps: MaxText checkpoints every that
+    # many steps (its own default, 10000, would save only step 0 of a 100-step run). checkpoint_period > 0 sets the
+    # period itself, at most max_lost_steps.
+    max_lost_steps: int = 20
+    checkpoint_period: int = 0  # steps between checkpoints; 0: derived from max_lost_steps
     eval_steps: int = 4  # batches of MaxText's eval loop in the evaluate stage
     cpu_devices_per_host: int = 2  # JAX devices of each emulated CPU host (XLA's host device count)
 

@@ -85,12 +85,19 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
             "run_id": _record(store, "train").get("run_id", ""),
         }
     )
+    from components.spec import RunSpec
+    from components.stages.gate import not_held_out
+
+    why = not_held_out(RunSpec.from_json(json.dumps(spec))) if spec else None
+    what = "eval" if why else "held-out"
     rows = [
-        ("held-out loss", ev.get("eval_loss_before"), ev.get("eval_loss_after")),
-        ("held-out perplexity", ev.get("perplexity_before"), ev.get("perplexity_after")),
+        (f"{what} loss", ev.get("eval_loss_before"), ev.get("eval_loss_after")),
+        (f"{what} perplexity", ev.get("perplexity_before"), ev.get("perplexity_after")),
     ]
     lines = ["| | untrained | trained |", "|---|---|---|"]
     lines += [f"| {name} | {_num(before)} | {_num(after)} |" for name, before, after in rows]
+    if why:
+        lines += ["", f"Not held out: {why}; the gate does not promote on it."]
     if ev.get("champion"):
         lines += [
             "",

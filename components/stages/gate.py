@@ -21,7 +21,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.registry import CHAMPION, IMAGE_WITH_DIGEST, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
-from components.spec import RunSpec, SpecError
+from components.spec import RunSpec, SpecError, names
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
 
@@ -73,24 +73,69 @@ def _check_fits(spec: RunSpec, version: Version) -> None:
         )
 
 
-def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
-    """The champion the evaluation measures beside the new model: its reference, version and checkpoint path, read
-    from the registry now. None when the gate is off, the model is not registered yet or has no champion."""
+def base_model(spec: RunSpec) -> str:
+    """The architecture and tokenizer a run's weights belong to: ``train.model_id`` (FSDP) or ``maxtext.model_name``;
+    every version records it as its provenance's ``model_id``."""
+    return spec.train.model_id if spec.train.workload == "fsdp" else spec.maxtext.model_name
+
+
+def current_champion(ctx: RunContext) -> Version | None:
+    """The champion of the run's registered model now; None when the gate is off, the model is not registered yet or
+    has no champion."""
     if not ctx.spec.gate.register:
         return None
     try:
-        champion = registry(ctx).champion(ctx.spec.model_name)
+        return registry(ctx).champion(ctx.spec.model_name)
     except SpecError as exc:
         if exc.field == "name":  # no such model yet: this run registers its first version
             return None
         raise
+
+
+def other_base(spec: RunSpec, champion: Version) -> str | None:
+    """Why ``champion`` cannot be measured beside this run's model, or None: it was trained over another base. A
+    held-out loss is a mean over the tokens of its model's tokenizer, so the losses of two bases are figures over
+    different token sequences and vocabularies and do not compare (docs/registry.md, "One base per registered
+    model")."""
+    trained_on = champion.provenance.get("model_id")
+    if not trained_on or trained_on == base_model(spec):
+        return None
+    return f"{CHAMPION} {champion.ref} was trained over {trained_on}, this run over {base_model(spec)}"
+
+
+def new_lineage(spec: RunSpec) -> str:
+    """A model name for this run's base beside the registered one: ``<model>-<the base's last path part>``."""
+    return names.model_name(f"{spec.model_name}-{base_model(spec).rstrip('/').rsplit('/', 1)[-1]}")
+
+
+def check_lineage(ctx: RunContext) -> None:
+    """Before anything starts (``tpupipe run``, and the pipeline's first task): a run over another base than its
+    registered model's champion is refused, naming ``gate.model`` for a new lineage, instead of training in full and
+    then finding that the gate cannot compare the two."""
+    champion = current_champion(ctx)
+    why = other_base(ctx.spec, champion) if champion else None
+    if why:
+        raise SpecError(
+            "gate.model",
+            f"{ctx.spec.model_name}: {why}; their held-out losses do not compare, so the gate could not decide: "
+            f"register this base as a model of its own (gate.model={new_lineage(ctx.spec)}), or train over "
+            f"{champion.provenance['model_id']}",
+        )
+
+
+def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
+    """The champion the evaluation measures beside the new model: its reference, version and checkpoint path, read
+    from the registry now. None when the gate is off, the model is not registered yet or has no champion. A champion
+    over another base (one promoted since this run's first task checked) is not measured: ``not_compared`` says why,
+    and the gate keeps it."""
+    champion = current_champion(ctx)
     if champion is None:
         return None
-    return {
-        "ref": champion.ref,
-        "version": champion.version,
-        "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri),
-    }
+    found = {"ref": champion.ref, "version": champion.version}
+    why = other_base(ctx.spec, champion)
+    if why:
+        return {**found, "path": "", "not_compared": why}
+    return {**found, "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
 
 
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
@@ -109,6 +154,20 @@ def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[
 
 
 # ---------------------------------------------------------------- the decision
+
+
+def not_held_out(spec: RunSpec) -> str | None:
+    """Why this run's evaluation is no held-out figure, or None. With ``maxtext.dataset_type=synthetic`` MaxText's
+    eval loop reads the very batch training reads: its synthetic iterator builds one batch of random tokens from
+    ``jax.random.PRNGKey(0)`` and returns it on every call, train and eval alike (maxtext 0.2.5 on PyPI,
+    ``maxtext/input_pipeline/synthetic_data_processing.py``, ``SyntheticDataIterator``). An FSDP evaluation of the
+    training split is none either."""
+    t = spec.train
+    if t.workload == "maxtext" and spec.maxtext.dataset_type == "synthetic":
+        return "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
+    if t.workload == "fsdp" and t.eval_split == t.train_split:
+        return f"train.eval_split is train.train_split ({t.train_split!r}): the evaluation reads the training examples"
+    return None
 
 
 @dataclass(frozen=True)
@@ -219,7 +278,7 @@ def provenance(
         "eval_loss_after": ev.get("eval_loss_after"),
         "pipeline_job": job_name or None,
         "run_id": run_id,
-        "model_id": t.model_id if t.workload == "fsdp" else spec.maxtext.model_name,
+        "model_id": base_model(spec),
         "eval_split": ev.get("eval_split"),
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),

@@ -35,13 +35,24 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     reg = gate.registry(ctx)
     version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)
     champion = ev.get("champion") or {}
-    decision = gate.decide(
-        ev["eval_loss_after"],
-        ev.get("champion_loss"),
-        ctx.spec.gate.min_improvement,
-        version.ref,
-        champion.get("ref", ""),
-    )
+    not_held_out = gate.not_held_out(ctx.spec)
+    if not_held_out:  # a loss on the training data says nothing of the model on new data: never promoted on it
+        kept = f"{gate.CHAMPION} {champion['ref']} kept" if champion.get("ref") else f"no {gate.CHAMPION} set"
+        decision = gate.Decision(
+            gate.KEEP, f"not promoted: {version.ref}'s evaluation is not held out ({not_held_out}); {kept}"
+        )
+    elif champion.get("not_compared"):  # a champion over another base, promoted after this run's first task checked
+        decision = gate.Decision(
+            gate.KEEP, f"kept {gate.CHAMPION} {champion['ref']}: {version.ref} not compared: {champion['not_compared']}"
+        )
+    else:
+        decision = gate.decide(
+            ev["eval_loss_after"],
+            ev.get("champion_loss"),
+            ctx.spec.gate.min_improvement,
+            version.ref,
+            champion.get("ref", ""),
+        )
     log(f"register: {version.ref} in {reg.where}")
     log(f"gate: {decision.reason}")
     return {
@@ -59,6 +70,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
         "champion_version": champion.get("version"),
         "improvement": decision.improvement,
         "min_improvement": ctx.spec.gate.min_improvement,
+        "held_out": not not_held_out,
         "provenance": version.provenance,
     }
 

@@ -10,6 +10,7 @@ from typing import Any
 from components.platforms import RunContext, interrupts
 from components.platforms.store import read_json, write_text
 from components.stages import STAGES
+from components.stages import gate as gate_rules
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "eval_loss_after": ev.get("eval_loss_after"),
         "perplexity_before": ev.get("perplexity_before"),
         "perplexity_after": ev.get("perplexity_after"),
+        "eval_not_held_out": gate_rules.not_held_out(ctx.spec),  # why the eval figures are no held-out ones
         "init_from": ev.get("init_from"),
         "gate": gate,
         "slice_check": slice_check(results["check_slice"], ctx),
@@ -69,6 +71,11 @@ SLICE_CHECK_FIGURES = (
     "max_abs_diff",
     "all_reduce",
     "expected_all_reduce",
+    "devices_checked",
+    "bandwidth_bytes",
+    "gbytes_per_s",
+    "floor_gbytes_per_s",
+    "floor_source",
     "seconds",
     "bad",
 )
@@ -86,6 +93,7 @@ GATE_FIGURES = (
     "champion_ref",
     "improvement",
     "min_improvement",
+    "held_out",
 )
 
 
@@ -106,6 +114,16 @@ def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     if result.get("skipped") or not ctx.spec.cluster.slice_check:
         return {"skipped": True, "reason": "cluster.slice_check=false"}
     return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
+
+
+def bandwidth_line(check: dict[str, Any]) -> str:
+    """The slice check's timed all-reduce and its floor, in words."""
+    figure = check.get("gbytes_per_s")
+    measured = "one rank, no link to time" if figure is None else f"{figure:.3g} GB/s on the slowest rank"
+    size = f"all-reduce of {check['bandwidth_bytes'] // 2**20} MiB: {measured}"
+    if check.get("floor_gbytes_per_s") is None:
+        return f"{size}, held to no floor ({check.get('floor_source') or 'none known'})"
+    return f"{size}, floor {check['floor_gbytes_per_s']:.3g} GB/s ({check['floor_source']})"
 
 
 def before_training(ctx: RunContext, provision: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
@@ -204,8 +222,9 @@ def loss_html(summary: dict[str, Any], png: bytes) -> str:
         f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
         f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' alt='loss curve'>"
         f"<table border='1'><tr>{head}</tr>{rows}</table>"
-        f"<p>held-out loss: {_fmt(summary.get('eval_loss_before'))} untrained, "
-        f"{_fmt(summary.get('eval_loss_after'))} trained</p></body></html>"
+        f"<p>{'eval loss (not held out)' if summary.get('eval_not_held_out') else 'held-out loss'}: "
+        f"{_fmt(summary.get('eval_loss_before'))} untrained, {_fmt(summary.get('eval_loss_after'))} trained</p>"
+        "</body></html>"
     )
 
 
@@ -273,6 +292,8 @@ def format_table(summary: dict[str, Any]) -> str:
             f"difference {check['max_abs_diff']:.3g}, all-reduce {check['all_reduce']:g} (expected "
             f"{check['expected_all_reduce']}), {check['seconds']:.1f}s"
         )
+        if "bandwidth_bytes" in check:
+            lines.append(f"  slice bandwidth      {bandwidth_line(check)}")
     before = summary.get("before_training")
     if before:
         lines.append(
@@ -290,14 +311,17 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("eval_loss_before") is not None:
         before = "at start" if summary.get("init_from") else "untrained"
         champion = (summary.get("gate") or {}).get("champion_loss")
+        what = "eval" if summary.get("eval_not_held_out") else "held-out"
         lines += [
             "",
-            f"  held-out loss        {before} {_fmt(summary['eval_loss_before'])}   "
+            f"  {what + ' loss':<20} {before} {_fmt(summary['eval_loss_before'])}   "
             f"trained {_fmt(summary['eval_loss_after'])}"
             + (f"   champion {_fmt(champion)}" if champion is not None else ""),
-            f"  held-out perplexity  {before} {_fmt(summary['perplexity_before'], 2)}   "
+            f"  {what + ' perplexity':<20} {before} {_fmt(summary['perplexity_before'], 2)}   "
             f"trained {_fmt(summary['perplexity_after'], 2)}",
         ]
+        if summary.get("eval_not_held_out"):
+            lines.append(f"  not held out: {summary['eval_not_held_out']}")
     if summary.get("tokens_per_s"):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
     lines += gate_lines(summary)

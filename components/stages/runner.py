@@ -13,7 +13,6 @@ run's summary. The stages that run on the platform are its own methods; check_sl
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from components.platforms import RunContext, get_platform, heartbeat, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
-from components.stages import STAGES, gate
+from components.stages import STAGES, gate, vertex_task
 from components.stages.jobs import JobFailed, log, run_job
 from components.stages.registration import promote, register
 from components.workload import resolve
@@ -110,6 +109,10 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         f"({r['device']}, {r['backend']}): max abs difference {r['max_abs_diff']:.3g}, all-reduce {r['all_reduce']:g} "
         f"(expected {r['expected_all_reduce']}), {r['seconds']:.1f}s"
     )
+    if "bandwidth_bytes" in r:
+        from components.stages.report import bandwidth_line
+
+        log(f"check_slice: {bandwidth_line(r)}")
     return {"job": job["submission_id"], **r}
 
 
@@ -177,25 +180,32 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         raise JobFailed("evaluate: the train stage reported no checkpoint")
     start = train_result.get("init_from") or {}
     champion = gate.champion_to_measure(ctx)
-    if champion:
+    if champion and champion.get("not_compared"):
+        log(f"evaluate: not measuring {champion['ref']}: {champion['not_compared']}")
+    elif champion:
         log(f"evaluate: measuring {gate.CHAMPION} {champion['ref']} beside the new model")
     command = entrypoint(
         ctx,
         "eval",
         checkpoint=train_result["checkpoint"],
         init_from=start.get("path", ""),
-        champion=champion["path"] if champion else "",
+        champion=(champion or {}).get("path", ""),
     )
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
     result = job["result"]
+    measured = (champion or {}).get("path")
+    not_held_out = gate.not_held_out(ctx.spec)
+    if not_held_out:
+        log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it")
     log(
-        f"evaluate: held-out loss {result['eval_loss_before']:.4f} -> {result['eval_loss_after']:.4f}  "
+        f"evaluate: {'eval' if not_held_out else 'held-out'} loss {result['eval_loss_before']:.4f} -> "
+        f"{result['eval_loss_after']:.4f}  "
         f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
-        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if champion else "")
+        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if measured else "")
     )
     out = {"job": job["submission_id"], **result}
     if champion:
-        out["champion"] = {"ref": champion["ref"], "version": champion["version"]}
+        out["champion"] = {k: v for k, v in champion.items() if k != "path"}
     if start:
         out["init_from"] = start["ref"]
     return out
@@ -273,10 +283,12 @@ def _run_recorded(
     ctx = None
     try:
         if stage == STAGES[0]:
-            check_on_vertex(platform, output_root)
-            note_pipeline_job(store, rid, platform, job_name)
+            vertex_task.check_on_vertex(platform, output_root)
+            vertex_task.note_pipeline_job(store, rid, platform, job_name)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
+            if stage == STAGES[0]:
+                gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
             result = RUNNERS[stage](ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
         record(
@@ -297,46 +309,6 @@ def _run_recorded(
     if stage == "teardown":
         _write_report(ctx)
     return json.dumps(result)
-
-
-# Vertex AI Pipelines gives every task the run's labels as JSON in this variable ("Resources generated from
-# user-defined components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation); kfp's own
-# executor reads it to know it runs on Vertex AI (kfp/dsl/executor.py).
-VERTEX_TASK_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
-
-
-def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
-    """On Vertex AI every task runs on a machine of its own: a run there is a gke run whose state is in Cloud
-    Storage, else each task would keep the run's state (and a local cluster) on its own disk, lost when it ends.
-    Refused (a SpecError naming the parameter) by the first task, before anything is created."""
-    if VERTEX_TASK_ENV not in (os.environ if environ is None else environ):
-        return
-    where = "on Vertex AI every task runs on a machine of its own"
-    if platform != "gke":
-        raise SpecError(
-            "platform", f"{platform!r} is not a run for Vertex AI: {where}; a run there is a gke run", ["gke"]
-        )
-    if not output_root.startswith("gs://"):
-        raise SpecError(
-            "output_root",
-            f"{output_root!r} is not a gs:// path: {where}, so a run's state lives in Cloud Storage",
-            ["gs://BUCKET/runs"],
-        )
-
-
-def note_pipeline_job(store: RunStore, run_id: str, platform: str, job_name: str, environ=None) -> None:
-    """On Vertex AI, the run's pipeline job in its ledger before anything is created: its id (the job name KFP's
-    ``{{$.pipeline_job_name}}`` gives) and its labels, so the janitor can ask Vertex AI whether the job still runs
-    (``components.platforms.gke.janitor``)."""
-    from components.platforms import ledger as ledgers
-
-    labels = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV)
-    if labels is None or not job_name:
-        return
-    recorded = ledgers.load(store) or {"run_id": run_id, "platform": platform, "created": []}
-    job = {"id": job_name, "labels": json.loads(labels or "{}")}
-    if recorded.get("pipeline_job") != job:
-        ledgers.save(store, {**recorded, "pipeline_job": job})
 
 
 def stage_context(

@@ -19,6 +19,7 @@ __all__ = [
     "Family",
     "SliceShape",
     "family",
+    "link_floor",
     "slice_shape",
     "topologies",
     "zones",
@@ -55,6 +56,9 @@ class Family:
     # Node settings of the family's GKE node pools (sources below, at FAMILIES):
     threads_per_core: int | None = None  # advancedMachineFeatures.threadsPerCore; None: GKE's default, not set
     accelerator_network_profile: bool = False  # node pools may take accelerator_network_profile=auto (DRANET NICs)
+    # Documented link bandwidths (sources at FAMILIES), the slice check's floors derive from them (link_floor):
+    ici_gbytes_per_s: float | None = None  # bidirectional inter-chip interconnect per chip, GB/s
+    dcn_gbits_per_s: float | None = None  # data center network per chip, Gbit/s
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,12 @@ class SliceShape:
 #   https://cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra use `All`; nor is it
 #   documented for v5e or v5p.
 
+# Link bandwidths, each family's "System architecture" table: v5e ICI 400 GBps bidirectional per chip, 2 x 100 Gbps
+#   NICs per 8-chip host (25 Gbps of DCN a chip; https://docs.cloud.google.com/tpu/docs/v5e); v6e ICI 800 GBps,
+#   4 x 200 Gbps NICs per 8-chip host (100 Gbps a chip; https://docs.cloud.google.com/tpu/docs/v6e); v5p ICI 1200
+#   GBps, DCN 50 Gbps per chip (https://docs.cloud.google.com/tpu/docs/v5p). TPU7x: no figure sourced here, so its
+#   slice check measures and reports the bandwidth but holds it to no floor (the check says so).
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -114,6 +124,8 @@ FAMILIES: dict[str, Family] = {
             ray_accelerator_type="TPU-V5LITEPOD",
             logical_devices_per_chip=1,
             topology_dims=2,
+            ici_gbytes_per_s=400,
+            dcn_gbits_per_s=25,
         ),
         Family(
             name="v5p",
@@ -122,6 +134,8 @@ FAMILIES: dict[str, Family] = {
             ray_accelerator_type="TPU-V5P",
             logical_devices_per_chip=1,
             topology_dims=3,
+            ici_gbytes_per_s=1200,
+            dcn_gbits_per_s=50,
         ),
         Family(
             name="v6e",
@@ -132,6 +146,8 @@ FAMILIES: dict[str, Family] = {
             topology_dims=2,
             threads_per_core=1,
             accelerator_network_profile=True,
+            ici_gbytes_per_s=800,
+            dcn_gbits_per_s=100,
         ),
         Family(
             name="tpu7x",
@@ -167,6 +183,27 @@ _ZONES: dict[str, tuple[str, ...]] = {
     "v6e": ("us-east5-b", "us-east5-a", "us-east1-d", "us-central1-b", "europe-west4-a"),
     "tpu7x": ("us-central1-c",),
 }
+
+
+# The slice check's floor is this fraction of the documented figure (one direction of ICI, a chip's DCN share): a
+# choice of tpupipe's, not a documented figure. A healthy link's 32 MiB all-reduce runs well above it; a link degraded
+# to a few percent of its speed (a flapping or mis-cabled link) falls below it.
+LINK_FLOOR_FRACTION = 0.05
+
+
+def link_floor(family_name: str, multislice: bool) -> tuple[float | None, str]:
+    """The GB/s an all-reduce's bus bandwidth must reach on every rank of a slice of ``family_name``: over ICI within
+    one slice, over DCN across slices (``multislice``); and where the figure comes from. None: no documented figure."""
+    fam = family(family_name)
+    if multislice:
+        if fam.dcn_gbits_per_s is None:
+            return None, f"{fam.name}: no documented DCN bandwidth in the catalogue"
+        peak, link = fam.dcn_gbits_per_s / 8, f"DCN {fam.dcn_gbits_per_s:g} Gbps per chip"
+    else:
+        if fam.ici_gbytes_per_s is None:
+            return None, f"{fam.name}: no documented ICI bandwidth in the catalogue"
+        peak, link = fam.ici_gbytes_per_s / 2, f"ICI {fam.ici_gbytes_per_s:g} GB/s bidirectional per chip"
+    return peak * LINK_FLOOR_FRACTION, f"{LINK_FLOOR_FRACTION:.0%} of {fam.name}'s {link} (Cloud TPU docs)"
 
 
 def zones(family_name: str) -> list[str]:

@@ -122,14 +122,15 @@ def check_workers(spec: RunSpec) -> None:
 
 
 def check_corrupt_rank(spec: RunSpec) -> None:
-    """The slice check's testing aid names one of its ranks."""
-    rank, ranks = spec.cluster.slice_check_corrupt_rank, derive.check_ranks(spec)
-    if rank >= ranks:
-        raise SpecError(
-            "cluster.slice_check_corrupt_rank",
-            f"rank {rank} is not one of the slice check's {ranks} ranks",
-            ["-1", f"0 to {ranks - 1}"],
-        )
+    """The slice check's testing aids name one of its ranks."""
+    ranks = derive.check_ranks(spec)
+    for key, rank in {
+        "cluster.slice_check_corrupt_rank": spec.cluster.slice_check_corrupt_rank,
+        "cluster.slice_check_slow_rank": spec.cluster.slice_check_slow_rank,
+    }.items():
+        if rank >= ranks:
+            valid = ["-1", f"0 to {ranks - 1}"]
+            raise SpecError(key, f"rank {rank} is not one of the slice check's {ranks} ranks", valid)
 
 
 def check_gke_network(spec: RunSpec) -> None:

@@ -117,9 +117,18 @@ def validate(spec: RunSpec) -> None:
         raise SpecError("maxtext.per_device_batch_size", f"must be positive, got {m.per_device_batch_size}")
     if m.max_target_length < 8:
         raise SpecError("maxtext.max_target_length", f"must be at least 8, got {m.max_target_length}")
+    if m.max_lost_steps < 1:
+        raise SpecError("maxtext.max_lost_steps", f"must be at least 1, got {m.max_lost_steps}")
     if m.checkpoint_period < 0:
         raise SpecError(
-            "maxtext.checkpoint_period", f"must be 0 (MaxText's default) or more, got {m.checkpoint_period}"
+            "maxtext.checkpoint_period", f"must be 0 (from maxtext.max_lost_steps) or more, got {m.checkpoint_period}"
+        )
+    if m.checkpoint_period > m.max_lost_steps:
+        raise SpecError(
+            "maxtext.checkpoint_period",
+            f"{m.checkpoint_period} steps between checkpoints would let a preemption repeat more than "
+            f"maxtext.max_lost_steps={m.max_lost_steps} steps",
+            ["0", f"1 to {m.max_lost_steps}"],
         )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
@@ -129,6 +138,13 @@ def validate(spec: RunSpec) -> None:
         )
     _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
     _check_axes(spec, DCN_AXES, spec.cluster.num_slices, "DCN (across slices)")
+
+
+def checkpoint_period(spec: RunSpec) -> int:
+    """Steps between MaxText's checkpoints: ``maxtext.checkpoint_period``, else ``maxtext.max_lost_steps`` (a run
+    restored from its newest checkpoint repeats at most that many steps), at most the run's steps."""
+    m = spec.maxtext
+    return min(m.checkpoint_period or m.max_lost_steps, m.steps)
 
 
 def _fmt(value: float) -> str:
@@ -154,8 +170,7 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
         args.append(f"remat_policy={m.remat_policy}")
     if m.learning_rate:
         args.append(f"learning_rate={_fmt(m.learning_rate)}")
-    if m.checkpoint_period:
-        args.append(f"checkpoint_period={m.checkpoint_period}")
+    args.append(f"checkpoint_period={checkpoint_period(spec)}")
     args += [f"base_output_directory={output_dir}", f"run_name={run_name}"]
     if spec.cluster.accelerator == "cpu":
         args += CPU_ARGS

@@ -72,7 +72,7 @@ def test_on_vertex_the_first_task_refuses_a_local_platform_before_anything(tmp_p
 )
 def test_on_vertex_a_run_is_a_gke_run_with_its_state_in_cloud_storage(platform, output_root, message):
     from components.spec import SpecError
-    from components.stages.runner import VERTEX_TASK_ENV, check_on_vertex
+    from components.stages.vertex_task import VERTEX_TASK_ENV, check_on_vertex
 
     with pytest.raises(SpecError, match=message) as refused:
         check_on_vertex(platform, output_root, {VERTEX_TASK_ENV: "{}"})

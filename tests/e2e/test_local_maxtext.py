@@ -88,6 +88,15 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert (check["num_ranks"], check["num_hosts"], check["num_devices"], check["ranks_verified"]) == (2, 2, 4, 2)
     assert check["all_reduce"] == check["expected_all_reduce"] == 10
     assert check["max_abs_diff"] < 1e-2 and check["seconds"] > 0
-    for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out loss", "slice check"):
+    assert check["devices_checked"] == 4  # each device's block alone, before any collective
+    assert check["gbytes_per_s"] >= check["floor_gbytes_per_s"] == 0.02  # the timed 32 MiB psum, CPU's floor
+    # Synthetic data: MaxText evaluates on the batch it trains on, so the figure is not called held out and the gate
+    # does not promote on it (the summary says why); the version is still registered.
+    gate = summary["gate"]
+    assert summary["eval_not_held_out"].startswith("maxtext.dataset_type=synthetic")
+    assert gate["decision"] == "keep" and gate["held_out"] is False and gate["promoted"] is None
+    assert gate["reason"].startswith("not promoted: local-maxtext@1's evaluation is not held out (maxtext.dataset_type")
+    assert "not held out: maxtext.dataset_type=synthetic" in out and "held-out loss" not in out
+    for needle in ("TFLOP/s/dev", "tok/s/dev", "eval loss", "slice check", "slice bandwidth"):
         assert needle in out
     assert run_processes(run_id) == []

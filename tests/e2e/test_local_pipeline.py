@@ -1,6 +1,7 @@
 """The whole pipeline through `tpupipe run`: kfp.local + a real local multi-node Ray cluster + Ray Train."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -64,20 +65,35 @@ def test_slice_check_runs_before_training_with_its_figures_in_the_summary(good_r
     assert (check["num_ranks"], check["num_hosts"], check["ranks_verified"]) == (2, 2, 2)
     assert check["all_reduce"] == check["expected_all_reduce"] == 3
     assert 0 <= check["max_abs_diff"] < 1e-2 and check["seconds"] > 0 and check["bad"] == []
+    assert check["devices_checked"] == 2  # each device computed the block alone first
+    # A 32 MiB all-reduce timed on every rank, above the local floor (stated as CPU gloo's, not a TPU figure).
+    assert check["bandwidth_bytes"] == 32 * 2**20 and check["floor_gbytes_per_s"] == 0.02
+    assert check["gbytes_per_s"] >= check["floor_gbytes_per_s"] and "CPU gloo" in check["floor_source"]
     assert "slice check          2/2 ranks verified" in proc.stdout
+    assert "slice bandwidth      all-reduce of 32 MiB: " in proc.stdout
 
 
 @pytest.mark.e2e
-def test_a_bad_rank_fails_the_run_at_the_slice_check_naming_it(tmp_path):
+def test_a_bad_device_and_a_slow_host_fail_the_run_at_the_slice_check_each_named_alone(tmp_path):
+    """Rank 1's device computes with corrupted weights; rank 0's host holds its transfers below the floor. The
+    device is named by itself (its own block, computed before any collective), the slow host by its link."""
     run_id = unique_run_id("e2e-badrank")
-    proc = tpupipe_run(tmp_path, run_id, "cluster.slice_check_corrupt_rank=1")
+    proc = tpupipe_run(tmp_path, run_id, "cluster.slice_check_corrupt_rank=1 cluster.slice_check_slow_rank=0")
     assert proc.returncode == 1, proc.stdout[-4000:]
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["check_slice"]["status"] == "failed"
-    assert "slice check failed on rank 1 (host host-" in stages["check_slice"]["error"]
-    assert "rank 0" not in stages["check_slice"]["error"]
-    assert "differs from the reference" in stages["check_slice"]["error"]
+    error = stages["check_slice"]["error"]
+    found = re.fullmatch(
+        r"check_slice: slice check failed on rank 1 \(host (host-\d), device cpu:0\): computes the block alone "
+        r"[0-9.e-]+ off the reference, before any collective; host (host-\d): the link to host (host-\d) runs at "
+        r"[0-9.e-]+ GB/s, below the floor 0.02 GB/s \(tpupipe's floor for CPU gloo over loopback, not a TPU figure\)",
+        error,
+    )
+    assert found, error
+    bad_device_host, slow_host, its_peer = found.groups()
+    assert slow_host != bad_device_host == its_peer  # the slow host is rank 0's, named by its link to rank 1's
+    assert "rank 0" not in error and "tensor-parallel" not in error  # no rank blamed for what the bad device spread
     assert stages["train"]["status"] == stages["evaluate"]["status"] == "skipped"
     assert stages["teardown"]["status"] == "succeeded"
     assert_nothing_left(tmp_path / run_id, run_id)

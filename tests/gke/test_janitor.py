@@ -262,7 +262,7 @@ def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunCont
     provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran."""
     import json
 
-    from components.stages.runner import VERTEX_TASK_ENV, note_pipeline_job
+    from components.stages.vertex_task import VERTEX_TASK_ENV, note_pipeline_job
     from tests.emulators.project import REGION
 
     store = GcsStore(f"{PROJECT}-tpupipe", f"runs/{run_id}")

@@ -4,9 +4,90 @@ from Ray Train's workers."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from trainers import fsdp
+
+TRAINER = r"""
+import json, os, shutil, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+
+from trainers import fsdp
+from trainers.model import build_model, load_tokenizer
+
+ROOT = Path(sys.argv[1])
+SCRATCH = "scratch:gemma4-tiny"
+
+
+def one_step(compute, weights):
+    tokenizer = load_tokenizer(SCRATCH)
+    model = build_model(SCRATCH, tokenizer, 0, getattr(torch, weights))
+    model = fsdp.parallelize(model, init_device_mesh("cpu", (1,)), compute)
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().to_local().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.0)
+    ids = torch.randint(0, len(tokenizer), (2, 16))
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    optimizer.step()
+    after = [p.detach().to_local() for p in params]
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
+    return {"param": str(params[0].dtype), "logits": str(out.logits.dtype), "moved": moved}
+
+
+def restore(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tokenizer = load_tokenizer(SCRATCH)
+    trained = build_model(SCRATCH, tokenizer, 1)  # other weights than the fresh model below
+    saved = ROOT / "saved"
+    if rank == 0:
+        saved.mkdir()
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in trained.state_dict().items() if "lm_head" not in k},
+                  str(saved / "model.safetensors"))
+        (saved / fsdp.CHECKPOINT_META).write_text(json.dumps({"epoch": 0}))
+        mine = saved
+    dist.barrier()
+    if rank == 1:  # only the small meta file: a read of the weights here would fail
+        mine = ROOT / "rank1"
+        mine.mkdir()
+        shutil.copy(saved / fsdp.CHECKPOINT_META, mine)
+    model = fsdp.parallelize(build_model(SCRATCH, tokenizer, 0), init_device_mesh("cpu", (world,)), None)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    fsdp.load_checkpoint(model, optimizer, mine)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    got = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # gathered on every rank
+    want = trained.state_dict()
+    out[rank] = max(float((got[k] - want[k]).abs().max()) for k in got if "lm_head" not in k)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    facts = {"mixed": one_step("bfloat16", "float32"), "bf16": one_step("bfloat16", "bfloat16")}
+    dist.destroy_process_group()
+    dataset = list(range(64))
+    order = lambda seed, rank: list(fsdp.data_loader(dataset, 4, seed, 2, rank).sampler)
+    facts["sampler"] = {"seed_0": order(0, 0), "seed_7": order(7, 0), "seed_0_again": order(0, 0),
+                        "disjoint": not set(order(0, 0)) & set(order(0, 1))}
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(restore, args=(2, port, out), nprocs=2)
+    facts["restore"] = [out[0], out[1]]
+    print("FACTS " + json.dumps(facts))
+"""
 
 
 def _dev(tmp_path, *names: str) -> str:
@@ -25,6 +106,18 @@ def test_chips_are_counted_from_accel_and_vfio_device_files(tmp_path):
 def test_chips_without_torch_tpu_are_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="4 TPU chips but the trainer image has no torch_tpu"):
         fsdp.detect_backend(_dev(tmp_path, "vfio/0", "vfio/1", "vfio/2", "vfio/3"))
+
+
+def test_tpu_keeps_float32_master_weights_and_computes_in_bfloat16_unless_train_precision_says_bf16():
+    from components.spec import SpecError
+    from components.workload import resolve
+
+    assert resolve("local-fsdp").train.precision == "mixed"
+    assert fsdp.dtypes("tpu", "mixed") == ("float32", "bfloat16")
+    assert fsdp.dtypes("tpu", "bf16") == ("bfloat16", "bfloat16")  # the TorchTPU tutorial's
+    assert fsdp.dtypes("cpu", "mixed") == fsdp.dtypes("cpu", "bf16") == ("float32", None)
+    with pytest.raises(SpecError, match=r"train.precision: unknown precision 'fp16' \(valid: mixed, bf16\)"):
+        resolve("local-fsdp", "train.precision=fp16")
 
 
 def test_a_tpu_slice_without_chips_hides_them_from_the_workers():
@@ -54,3 +147,24 @@ def test_torch_tpu_importable_without_chips_takes_the_gloo_path(tmp_path):
     proc = subprocess.run([python, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-4:] == ["0.2.0", "cpu", "gloo", "False"]
+    # In the same environment, what the trainer does on those ranks (TRAINER, below): precision, sampler, restore.
+    # torch's autoload of device backends off: imported here, outside Ray's workers, torch_tpu would wait on the GCE
+    # metadata server of a machine that has none, which is not what this measures.
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    script = tmp_path / "trainer_facts.py"  # a file: torch.multiprocessing's spawn re-imports the main module
+    script.write_text(TRAINER)
+    proc = subprocess.run(
+        [python, str(script), str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    # "mixed": float32 master weights, the forward in bfloat16; one AdamW step of lr 2e-5 moves nearly every weight,
+    # where bfloat16 weights (the tutorial's "bf16") round most of the same updates away.
+    assert facts["mixed"]["param"] == "torch.float32" and facts["mixed"]["logits"] == "torch.bfloat16"
+    assert facts["bf16"]["param"] == "torch.bfloat16"
+    assert facts["mixed"]["moved"] > 0.9 and facts["bf16"]["moved"] < 0.5, facts
+    # train.seed reaches the sampler with two workers: each seed its own order, the two ranks' shards disjoint.
+    assert facts["sampler"]["seed_0"] != facts["sampler"]["seed_7"]
+    assert facts["sampler"]["seed_0"] == facts["sampler"]["seed_0_again"] and facts["sampler"]["disjoint"]
+    # Restore on two ranks: rank 1 reads no weights (its checkpoint directory has none) and gets rank 0's.
+    assert facts["restore"] == [0.0, 0.0], facts["restore"]

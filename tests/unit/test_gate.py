@@ -365,6 +365,102 @@ def test_init_from_refuses_weights_of_another_architecture_and_a_checkpoint_that
         gate.starting_point(_context(tmp_path, "run-3", "init_from=champion"))
 
 
+def _champion_over_scratch(tmp_path) -> None:
+    """A first run over the preset's scratch model, registered and promoted: the champion of local-fsdp."""
+    first = _context(tmp_path, "run-1")
+    _trained(first, tmp_path)
+    _registered(first, 1.5)
+    open_registry(tmp_path).promote("local-fsdp", "1")
+
+
+def test_a_run_over_another_base_is_refused_before_anything_starts_naming_gate_model(tmp_path):
+    _champion_over_scratch(tmp_path)
+    gate.check_lineage(_context(tmp_path, "run-2"))  # the same base: measured against its champion
+    other = _context(tmp_path, "run-2", "model_id=/ckpt/gemma4-tiny-composite")
+    with pytest.raises(SpecError) as info:
+        gate.check_lineage(other)
+    assert info.value.field == "gate.model"
+    assert str(info.value) == (
+        "gate.model: local-fsdp: champion local-fsdp@1 was trained over scratch:gemma4-tiny, this run over "
+        "/ckpt/gemma4-tiny-composite; their held-out losses do not compare, so the gate could not decide: register "
+        "this base as a model of its own (gate.model=local-fsdp-gemma4-tiny-composite), or train over "
+        "scratch:gemma4-tiny"
+    )
+    # The suggested new lineage has no champion yet, the gate off registers nothing: neither is refused.
+    gate.check_lineage(_context(tmp_path, "run-2", "model_id=/ckpt/x gate.model=local-fsdp-gemma4-tiny-composite"))
+    gate.check_lineage(_context(tmp_path, "run-2", "model_id=/ckpt/x gate.register=false"))
+    gate.check_lineage(_context(tmp_path, "run-2", "model_id=/ckpt/x gate.model=never-registered"))
+
+
+def test_tpupipe_run_over_another_base_exits_2_before_provisioning(tmp_path, capsys):
+    from pipelines.cli import main
+
+    _champion_over_scratch(tmp_path)
+    base = tmp_path / "gemma4-tiny-composite"
+    base.mkdir()  # the local platform checks that a model directory exists, and nothing reads it before the refusal
+    code = main(["run", "--output-root", str(tmp_path), "--run-id", "second", "--set", f"model_id={base}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "gate.model: local-fsdp: champion local-fsdp@1 was trained over scratch:gemma4-tiny" in err
+    assert "gate.model=local-fsdp-gemma4-tiny-composite" in err
+    assert not (tmp_path / "second").exists()  # nothing started: no run directory, no ledger, no cluster
+
+
+def test_the_pipelines_first_task_refuses_another_base_too(tmp_path):
+    _champion_over_scratch(tmp_path)
+    with pytest.raises(SpecError, match="^gate.model: local-fsdp: champion local-fsdp@1 was trained over"):
+        runner.run_stage("provision", "local-fsdp", "local", "model_id=/ckpt/b", "late", "", str(tmp_path))
+    record = runner.read_json(LocalStore(tmp_path / "late"), "stages/provision.json")
+    assert record["status"] == "failed" and "ledger.json" not in {p.name for p in (tmp_path / "late").iterdir()}
+
+
+def test_a_champion_over_another_base_promoted_after_the_check_is_not_measured_and_is_kept(tmp_path):
+    _champion_over_scratch(tmp_path)
+    ctx = _context(tmp_path, "run-2", "model_id=/ckpt/b")
+    assert gate.champion_to_measure(ctx) == {
+        "ref": "local-fsdp@1",
+        "version": "1",
+        "path": "",
+        "not_compared": "champion local-fsdp@1 was trained over scratch:gemma4-tiny, this run over /ckpt/b",
+    }
+    _trained(ctx, tmp_path)
+    champion = {k: v for k, v in gate.champion_to_measure(ctx).items() if k != "path"}
+    result = _registered(ctx, 0.1, champion)
+    assert result["decision"] == "keep"
+    assert result["reason"] == (
+        "kept champion local-fsdp@1: local-fsdp@2 not compared: champion local-fsdp@1 was trained over "
+        "scratch:gemma4-tiny, this run over /ckpt/b"
+    )
+    assert open_registry(tmp_path).get("local-fsdp", "2").provenance["model_id"] == "/ckpt/b"
+
+
+def test_an_evaluation_that_is_not_held_out_is_never_promoted_on_and_the_summary_says_why(tmp_path):
+    assert gate.not_held_out(resolve("local-fsdp")) is None
+    assert gate.not_held_out(resolve("local-maxtext")) == (
+        "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
+    )
+    assert "reads the training examples" in gate.not_held_out(resolve("local-fsdp", "train.eval_split=train"))
+    ctx = RunContext(
+        spec=resolve("local-maxtext"), run_id="mx-1", store=LocalStore(tmp_path / "mx-1"), platform="local"
+    )
+    _trained(ctx, tmp_path)
+    result = _registered(ctx, 1.0)  # no champion yet: a held-out figure would promote
+    assert (result["ref"], result["decision"], result["held_out"]) == ("local-maxtext@1", "keep", False)
+    assert result["reason"] == (
+        "not promoted: local-maxtext@1's evaluation is not held out (maxtext.dataset_type=synthetic: MaxText "
+        "evaluates on the same fixed batch it trains on); no champion set"
+    )
+    assert open_registry(tmp_path).champion("local-maxtext") is None
+    figures = {"eval_loss_before": 6.0, "eval_loss_after": 1.0, "perplexity_before": 403.4, "perplexity_after": 2.7}
+    runner.record(ctx.store, "evaluate", status="succeeded", seconds=1.0, result=figures)
+    summary = report.summarize(ctx)
+    assert summary["eval_not_held_out"].startswith("maxtext.dataset_type=synthetic")
+    text = report.format_table(summary)
+    assert "not held out: maxtext.dataset_type=synthetic" in text and "held-out loss" not in text
+    assert "  eval loss            untrained 6.0000   trained 1.0000" in text
+    assert "gate: not promoted: local-maxtext@1's evaluation is not held out" in text
+
+
 # ---------------------------------------------------------------- what the run says
 
 

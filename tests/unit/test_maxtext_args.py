@@ -23,6 +23,7 @@ def test_llama3_8b_is_the_seed_command():
         "steps=100",
         "ici_fsdp_parallelism=4",
         "ici_tensor_parallelism=4",
+        "checkpoint_period=20",  # beyond the seed: maxtext.max_lost_steps (MaxText's 10000 saves only step 0)
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -42,6 +43,7 @@ def test_llama3_70b_is_the_seed_command():
         "dcn_data_parallelism=1",
         "dcn_fsdp_parallelism=2",
         "remat_policy=full",
+        "checkpoint_period=20",
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -131,3 +133,24 @@ def test_the_driver_reads_the_job_command_it_is_given():
     assert maxtext == maxtext_args.train_args(spec, "/out", "run")
     with pytest.raises(SystemExit):
         maxtext_train.parse_args([*argv[3:], "not-a-key-value"])
+
+
+def test_the_checkpoint_period_derives_from_the_steps_a_preemption_may_repeat_and_the_plan_shows_it():
+    from components.platforms.gke import plan
+
+    spec = resolve("llama3-8b-v6e-elastic-spot")  # MaxText's own default (10000) would save only step 0 of 100
+    assert (spec.maxtext.max_lost_steps, maxtext_args.checkpoint_period(spec)) == (20, 20)
+    assert "checkpoint_period=20" in args("llama3-8b-v6e-elastic-spot")
+    assert maxtext_args.checkpoint_period(resolve("local-maxtext", "max_lost_steps=5")) == 5
+    assert maxtext_args.checkpoint_period(resolve("local-maxtext", "max_lost_steps=5 checkpoint_period=2")) == 2
+    assert maxtext_args.checkpoint_period(resolve("local-maxtext", "max_lost_steps=500")) == 40  # at most steps
+    with pytest.raises(SpecError) as info:
+        resolve("local-maxtext", "checkpoint_period=25")  # max_lost_steps=10 in the preset
+    assert info.value.field == "maxtext.checkpoint_period" and "more than maxtext.max_lost_steps=10" in str(info.value)
+    with pytest.raises(SpecError, match="maxtext.max_lost_steps: must be at least 1"):
+        resolve("local-maxtext", "max_lost_steps=0")
+    document = plan.build(spec, "r")
+    assert document["training"]["checkpoints"] == {"period_steps": 20, "max_lost_steps": 20}
+    text = plan.render_text(document)
+    assert "checkpoints every 20 steps: a preemption repeats at most as many (maxtext.max_lost_steps=20)" in text
+    assert "checkpoints" not in plan.build(resolve("gemma4-e2b-v6e-16"), "r")["training"]

@@ -103,4 +103,6 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
         "compute.machineTypes.get",
     ]
     assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
-    assert provision[8].startswith("  get-or-create storage.buckets.get")  # then what provision creates
+    # then the champion's base (components.stages.gate.check_lineage), then what provision creates
+    assert provision[8].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
+    assert provision[9].startswith("  get-or-create storage.buckets.get")

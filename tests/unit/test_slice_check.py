@@ -78,11 +78,12 @@ def test_the_check_job_carries_the_devices_each_host_checks():
     assert derive.check_ranks(resolve("local-fsdp")) == 2
 
 
+@pytest.mark.parametrize("aid", ["slice_check_corrupt_rank", "slice_check_slow_rank"])
 @pytest.mark.parametrize("value", ["-2", "2"])
-def test_the_corrupt_rank_must_be_none_or_one_of_the_ranks(value):
-    with pytest.raises(SpecError, match="cluster.slice_check_corrupt_rank"):
-        resolve("local-fsdp", f"cluster.slice_check_corrupt_rank={value}")
-    assert resolve("local-fsdp", "cluster.slice_check_corrupt_rank=1").cluster.slice_check_corrupt_rank == 1
+def test_the_testing_aids_name_none_or_one_of_the_ranks(aid, value):
+    with pytest.raises(SpecError, match=f"cluster.{aid}"):
+        resolve("local-fsdp", f"cluster.{aid}={value}")
+    assert getattr(resolve("local-fsdp", f"cluster.{aid}=1").cluster, aid) == 1
 
 
 def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_path):
@@ -98,3 +99,76 @@ def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_
     summary = report.summarize(ctx)
     assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
     assert "slice check          off (cluster.slice_check=false)" in report.format_table(summary)
+
+
+# ---------------------------------------------------------------- the bandwidth floor and what locates a slow link
+
+
+def test_the_floor_is_the_catalogues_on_tpu_and_cpu_gloos_locally():
+    from components.tpu import catalogue
+
+    assert slice_check.bandwidth_floor(resolve("local-fsdp"), "cpu") == (
+        0.02,
+        "tpupipe's floor for CPU gloo over loopback, not a TPU figure",
+    )
+    one = slice_check.bandwidth_floor(resolve("gemma4-e2b-v6e-16"), "tpu")
+    assert one == (20.0, "5% of v6e's ICI 800 GB/s bidirectional per chip (Cloud TPU docs)")  # one direction: 400
+    two = slice_check.bandwidth_floor(resolve("llama3-8b-v6e-16x2"), "tpu")  # across slices: DCN
+    assert two == (0.625, "5% of v6e's DCN 100 Gbps per chip (Cloud TPU docs)")
+    assert slice_check.bandwidth_floor(resolve("gemma4-e2b-tpu7x-16"), "tpu")[0] is None  # no figure sourced
+    assert catalogue.link_floor("v5p", False)[0] == 30.0 and catalogue.link_floor("v5e", True)[0] == 25 / 8 * 0.05
+
+
+def test_the_bus_bandwidth_of_an_all_reduce_and_the_slow_ranks_throttle():
+    assert slice_probe.bus_gbytes_per_s(10**9, 2, 1.0) == 1.0  # 2 (n - 1) / n = 1
+    assert slice_probe.bus_gbytes_per_s(10**9, 4, 1.0) == 1.5
+    assert slice_probe.bus_gbytes_per_s(10**9, 1, 1.0) is None  # one rank moves nothing
+    seconds = slice_probe.throttle_s(0.02)
+    assert slice_probe.BANDWIDTH_BYTES / seconds / 1e9 < 0.02  # held below the floor
+
+
+def _rank(links, gbs=0.01):
+    return {"links": links, "gbytes_per_s": gbs}
+
+
+def test_a_link_slow_one_way_is_its_senders_and_slow_both_ways_both_hosts():
+    infos = [{"host": f"host-{i}", "node_ip": "10.0.0.1"} for i in range(3)]
+    ranks = [0, 1, 2]
+    one_way = [  # rank 2 sends slowly to rank 0; every other direction is fast
+        _rank([{"from": 1, "to": 0, "gbytes_per_s": 5.0}, {"from": 2, "to": 0, "gbytes_per_s": 0.001}]),
+        _rank([{"from": 0, "to": 1, "gbytes_per_s": 5.0}]),
+        _rank([{"from": 0, "to": 2, "gbytes_per_s": 5.0}]),
+    ]
+    bad = slice_check.slow_links(one_way, infos, ranks, 0.02, "floor")
+    assert [(b["rank"], b["host"]) for b in bad] == [(None, "host-2")]
+    assert bad[0]["error"] == "the link to host host-0 runs at 0.001 GB/s, below the floor 0.02 GB/s (floor)"
+    both = [_rank([{"from": 1, "to": 0, "gbytes_per_s": 0.001}]), _rank([{"from": 0, "to": 1, "gbytes_per_s": 0.001}])]
+    assert {b["host"] for b in slice_check.slow_links(both, infos[:2], [0, 1], 0.02, "floor")} == {"host-0", "host-1"}
+    unlocated = slice_check.slow_links([_rank([]), _rank([], 5.0)], infos[:2], [0, 1], 0.02, "floor")
+    assert [(b["rank"], b["host"]) for b in unlocated] == [(0, "host-0")]
+    assert "not located to one link" in unlocated[0]["error"]
+
+
+def test_the_failure_names_a_bad_device_with_its_host_and_a_slow_host_by_itself():
+    result = {
+        "bad": [
+            {"rank": 1, "host": "host-2", "device": "cpu:0", "error": "computes the block alone 0.13 off"},
+            {"rank": None, "host": "host-1", "error": "the link to host host-2 runs at 0.01 GB/s"},
+            {"rank": 3, "host": "host-4", "error": "no answer within 600s"},
+        ]
+    }
+    assert slice_check.failure_message(result) == (
+        "slice check failed on rank 1 (host host-2, device cpu:0): computes the block alone 0.13 off; "
+        "host host-1: the link to host host-2 runs at 0.01 GB/s; rank 3 (host host-4): no answer within 600s"
+    )
+
+
+def test_the_summary_says_the_bandwidth_and_its_floor():
+    from components.stages import report
+
+    check = {"bandwidth_bytes": 32 * 2**20, "gbytes_per_s": 0.21, "floor_gbytes_per_s": 0.02, "floor_source": "CPU"}
+    assert report.bandwidth_line(check) == "all-reduce of 32 MiB: 0.21 GB/s on the slowest rank, floor 0.02 GB/s (CPU)"
+    one = {**check, "gbytes_per_s": None, "floor_gbytes_per_s": None, "floor_source": "tpu7x: no documented ICI"}
+    assert report.bandwidth_line(one) == (
+        "all-reduce of 32 MiB: one rank, no link to time, held to no floor (tpu7x: no documented ICI)"
+    )

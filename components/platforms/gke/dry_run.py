@@ -30,6 +30,12 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
                 f"  check         {api} {path} ({what})"
                 for api, path, what in needs.reads(needs.needs(ctx.spec, ctx.run_id))
             ]
+            if ctx.spec.gate.register:  # the champion's base is this run's (components.stages.gate.check_lineage)
+                t = target(ctx.spec, ctx.run_id)
+                lines.append(
+                    f"  check         aiplatform.models.get projects/{t.project}/locations/{t.region}/models/"
+                    f"{ctx.spec.model_name}@champion (trained over this run's base, or gate.model names a new model)"
+                )
         if stage == "deploy_raycluster":
             lines.append(kuberay)
         for res in records:

@@ -127,7 +127,15 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
         "elastic": d.is_elastic(spec),
         "timeout_s": spec.train.timeout_s,
         "output_dir": t.run_dir,
+        **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
     }
+
+
+def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
+    from components.workload import maxtext
+
+    period, most = maxtext.checkpoint_period(spec), spec.maxtext.max_lost_steps
+    return {"checkpoints": {"period_steps": period, "max_lost_steps": most}}
 
 
 def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
@@ -259,6 +267,14 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
         f"  entrypoint  {command}",
         f"  scaling     ScalingConfig({scaling})",
         f"  failures    {tr['run_config']['failure_config']}" + ("  (elastic)" if tr["elastic"] else ""),
+        *(
+            [
+                f"  checkpoints every {tr['checkpoints']['period_steps']} steps: a preemption repeats at most as many "
+                f"(maxtext.max_lost_steps={tr['checkpoints']['max_lost_steps']})"
+            ]
+            if "checkpoints" in tr
+            else []
+        ),
     ]
 
 
