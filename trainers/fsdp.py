@@ -172,6 +172,7 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
     """Restore a checkpoint of :func:`save_checkpoint` into the sharded model (the frozen table stays the base
     model's) and, when it holds one, the optimizer state; without one the optimizer starts fresh. Weights are read
     from safetensors and the optimizer state with :func:`load_optimizer_state`: nothing here unpickles code."""
+    import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
