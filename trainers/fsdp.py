@@ -182,9 +182,10 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
 
     # Rank 0 reads the weights and broadcasts them: one read of the file (on GKE, from the bucket's FUSE mount), not
     # one per rank.
-    rank0 = torch.distributed.get_rank() == 0
+    distributed = torch.distributed.is_initialized()  # (a single process, as in a test, reads it itself)
+    rank0 = not distributed or torch.distributed.get_rank() == 0
     weights = load_file(str(directory / "model.safetensors")) if rank0 else {}
-    broadcast = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)
+    broadcast = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=distributed)
     set_model_state_dict(model, weights, options=broadcast)
     options = StateDictOptions(full_state_dict=True, strict=False)
     if (directory / "optimizer.pt").is_file():

@@ -25,7 +25,11 @@ def start(root, run_id, *sets):
 
 
 def records(run_dir):
-    return list(protocol.parse((run_dir / "logs" / "train.log").read_text().splitlines()))
+    """The train job's records: the lines with its nonce (the one every record line of its log carries)."""
+    lines = (run_dir / "logs" / "train.log").read_text().splitlines()
+    nonces = {m["nonce"] for m in map(protocol.RECORD.match, lines) if m}
+    assert len(nonces) == 1, nonces
+    return list(protocol.parse(lines, nonces.pop()))
 
 
 def checkpoint_steps(run_dir, run_id):
