@@ -100,16 +100,19 @@ def ensure_env(image: str, log=print, images: Path = IMAGES_DIR) -> Env:
 
     env = env_for(image, images)
     if env.reused:
-        log(f"image {image}: reusing environment {env.path} (content hash {env.digest})")
-        return env
+        return _reusing(env, log)
     target = Path(env.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_name(f"{target.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
         if env_for(image, images).reused:  # another process built it while this one waited
-            log(f"image {image}: reusing environment {env.path} (content hash {env.digest})")
-            return env
+            return _reusing(env, log)
         return _build(env, target, log, images / image / "requirements.txt")
+
+
+def _reusing(env: Env, log) -> Env:
+    log(f"image {env.image}: reusing environment {env.path} (content hash {env.digest})")
+    return env
 
 
 def _build(env: Env, target: Path, log, requirements: Path) -> Env:
