@@ -136,10 +136,12 @@ def test_default_retries_of_503(gcs):
     with pytest.raises(exceptions.ServiceUnavailable, match="backend unavailable"):
         bucket.set_iam_policy(policy)  # without an etag a set is not retried
     assert gcs.state.calls == ["buckets.setIamPolicy"]
-    gcs.fail("buckets.get", 404, times=2)
+    # one 404, then the bucket: a retried get would answer it, so the NotFound shows the 404 was not retried. (After a
+    # 404 the client also checks, in a background thread, whether a bucket it has cached still exists: an extra
+    # buckets.get at a time of its own, so the calls are not counted here.)
+    gcs.fail("buckets.get", 404)
     with pytest.raises(exceptions.NotFound):  # not retryable
         gcs_client.get_bucket("tpupipe-ckpt")
-    assert gcs.faults[-1].times == 1
 
 
 def test_credentials_and_token(gcs):
