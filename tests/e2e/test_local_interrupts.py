@@ -2,7 +2,7 @@
 
 `tpupipe run` is started as a terminal starts a foreground job (tests/terminal.py) and gets Ctrl-C in each stage
 that starts or waits on something; and its driver is killed outright during train, after which the host keeper exits
-on its own and `tpupipe teardown RUN_ID` cleans up, twice."""
+on its own, the cluster it left answers only the run's Ray token, and `tpupipe teardown RUN_ID` cleans up, twice."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import json
 import os
 import signal
 import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -131,6 +134,16 @@ def test_a_second_ctrl_c_says_what_a_third_leaves_behind_and_a_third_abandons_te
     _nothing_left_within(tmp_path / run_id, run_id, term.pid)
 
 
+def _status(url: str, token: str | None = None) -> int:
+    """The HTTP status of a GET of ``url``, with ``token`` as its bearer token when given."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp_path):
     run_id = unique_run_id("driver-killed")
     proc = subprocess.Popen(
@@ -155,6 +168,13 @@ def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp
         wait_until(lambda: keeper["pid"] not in run_processes(run_id), 30, "the keeper to exit after the run's driver")
         assert "the run's driver (pid" in (run_dir / "logs" / "keeper.out").read_text()
         assert run_processes(run_id), "the cluster went with the driver: nothing left to tear down"
+        # The cluster is the run's alone: its dashboard (the Jobs API) answers only the run's own token, kept in a file
+        # no other user can read.
+        token_file = Path(ledger["auth_token_path"])
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        jobs = ledger["dashboard_url"] + "/api/jobs/"
+        assert _status(jobs) == 401 and _status(jobs, "0" * 64) == 403
+        assert _status(jobs, token_file.read_text().strip()) == 200
 
         first = subprocess.run(
             [*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],
@@ -165,6 +185,7 @@ def test_a_killed_driver_leaves_a_cluster_that_teardown_removes_twice_safely(tmp
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"tpupipe teardown {run_id} (local): deleted head (pid" in first.stdout
         _nothing_left_within(run_dir, run_id, proc.pid)
+        assert not token_file.exists()  # with the run's temporary directory
 
         second = subprocess.run(
             [*tpupipe_cmd(), "teardown", run_id, "--output-root", str(tmp_path)],

@@ -100,8 +100,9 @@ def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
     from components.workload import resolve
 
     image = envs.Env(image="torch", digest="0", path=str(tmp_path / "env"), reused=True)
-    host = LocalPlatform.host_environment("run-a", "127.0.0.1:12345", image)
+    host = LocalPlatform.host_environment("run-a", "127.0.0.1:12345", image, "/tmp/tp-x/auth_token")
     assert host["RAY_ADDRESS"] == "127.0.0.1:12345" and host[RUN_MARKER] == "run-a"
+    assert host["RAY_AUTH_MODE"] == "token" and host["RAY_AUTH_TOKEN_PATH"] == "/tmp/tp-x/auth_token"
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="run-a", store=LocalStore(tmp_path / "run-a"), platform="local")
     assert "RAY_ADDRESS" not in runtime_env(ctx)["env_vars"]  # no cluster recorded (gke: KubeRay's pods name theirs)
     ledger.save(ctx.store, {"run_id": "run-a", "gcs_address": "127.0.0.1:12345", "processes": []})

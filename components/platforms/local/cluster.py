@@ -22,7 +22,7 @@ from typing import Any
 
 from components.platforms import Platform, RunContext, interrupts, procs
 from components.platforms import ledger as ledgers
-from components.platforms.local import envs, keeper, processes
+from components.platforms.local import auth, envs, keeper, processes
 from components.platforms.local.ports import LOOPBACK, allocate_ports, bound
 from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
 from components.platforms.store import LocalStore
@@ -133,6 +133,9 @@ class LocalPlatform(Platform):
         """The ledger of a new cluster: its ports (chosen free), temp dir and addresses; no process yet."""
         cluster = ctx.spec.cluster
         ports = allocate_ports(cluster.num_hosts * cluster.num_slices)
+        # Private to this user (mode 0700) and unpredictable (mkdtemp's random name), made now: no other local
+        # user can pre-create it or read the sessions' sockets and logs Ray writes there, or the run's Ray token.
+        temp_dir = tempfile.mkdtemp(prefix="tp-")
         head = ports[0]
         return {
             "run_id": ctx.run_id,
@@ -141,9 +144,8 @@ class LocalPlatform(Platform):
             "driver": interrupts.driver(),  # the keeper exits when it is gone
             "marker": f"{RUN_MARKER}={ctx.run_id}",  # in the environment of every process the run starts
             "env": env.path,
-            # Private to this user (mode 0700) and unpredictable (mkdtemp's random name), made now: no other local
-            # user can pre-create it or read the sessions' sockets and logs Ray writes there.
-            "temp_dir": tempfile.mkdtemp(prefix="tp-"),
+            "temp_dir": temp_dir,
+            "auth_token_path": auth.new_token(temp_dir),
             "gcs_address": f"{LOOPBACK}:{head['port']}",
             "dashboard_url": f"http://{LOOPBACK}:{head['dashboard-port']}",
             "num_hosts": len(ports) - 1,
@@ -152,9 +154,9 @@ class LocalPlatform(Platform):
         }
 
     @staticmethod
-    def host_environment(run_id: str, gcs_address: str, env) -> dict[str, str]:
+    def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dict[str, str]:
         """The environment of the run's head, hosts and keeper (and of everything Ray starts on them): the run's
-        marker, its own cluster's address, the trainer image's environment first on the PATH."""
+        marker, its own cluster's address and token, the trainer image's environment first on the PATH."""
         return {
             **os.environ,
             RUN_MARKER: run_id,
@@ -170,15 +172,15 @@ class LocalPlatform(Platform):
             # libtpu) would only add 15-20 s to every process that imports torch, a restarted worker group's too.
             # Where chips exist, trainers.fsdp.detect_backend imports torch_tpu itself.
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-            # A loopback cluster. Explicit, because with the mode unset `ray start --head` turns token authentication on
-            # as soon as ~/.ray/auth_token exists (any local ray.init() writes one), and the hosts then cannot join.
-            "RAY_AUTH_MODE": "disabled",
+            # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
+            # this user would share.
+            **auth.environment(token_path),
         }
 
     def _start(self, ctx: RunContext, ledger: dict[str, Any], env) -> None:
         """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
         cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
-        process_env = self.host_environment(ctx.run_id, ledger["gcs_address"], env)
+        process_env = self.host_environment(ctx.run_id, ledger["gcs_address"], env, ledger["auth_token_path"])
         ray = str(env.bin / "ray")
         common = [
             "--block",
@@ -270,12 +272,9 @@ class LocalPlatform(Platform):
         def alive_nodes() -> int | None:
             self._raise_if_dead(self._load(ctx))
             try:
-                from ray.util.state import list_nodes
-
-                nodes = list_nodes(address=ledger["dashboard_url"], raise_on_missing_output=False)
+                alive = auth.alive_nodes(ledger["dashboard_url"], ledger["auth_token_path"])
             except Exception:  # noqa: BLE001 - the dashboard is still starting
                 return None
-            alive = sum(1 for n in nodes if n.state == "ALIVE")
             return alive if alive >= want else None
 
         started = time.monotonic()
@@ -295,7 +294,7 @@ class LocalPlatform(Platform):
         ledger = self._load(ctx)
         if not ledger:
             raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
-        return JobSubmissionClient(ledger["dashboard_url"])
+        return JobSubmissionClient(ledger["dashboard_url"], headers=auth.headers(ledger["auth_token_path"]))
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return str(ctx.run_dir / "train")
