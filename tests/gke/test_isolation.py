@@ -1,18 +1,21 @@
 """Runs that share a cluster and its namespace stay out of each other's way: each run's pods mount a Hugging Face
 token Secret of its own, so one run's teardown leaves the Secrets another run uses (and the namespace's own)
-alone. Against the emulated project, through the real kubernetes client."""
+alone; and a run's teardown deletes only what derives from its run id, whatever its ledger says. Against the
+emulated project, through the real kubernetes client."""
 
 from __future__ import annotations
 
 import base64
 
 from components.platforms import RunContext
+from components.platforms import ledger as ledgers
 from components.platforms.gke.platform import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import names
 from components.workload import resolve
-from tests.emulators.project import ONE_SLICE
+from tests.emulators.project import ONE_SLICE, PROJECT
 
+BUCKET = f"{PROJECT}-tpupipe"  # the default bucket of the emulated project
 SHARED = ONE_SLICE + " gke.cluster_name=tpupipe-owner cluster.ready_timeout_s=30"
 
 
@@ -69,3 +72,32 @@ def test_one_runs_teardown_leaves_the_secrets_another_run_in_the_namespace_mount
     gke.teardown(second)
     assert set(_secrets(project)) == {"hf-secret"}  # the namespace's own Secret: no run's to delete
     gke.teardown(owner)
+
+
+def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_delete_them(tmp_path, project_factory):
+    """The ledger sits under the output root the run's own pods can write, and teardown runs as the pipeline's
+    service account. A run whose ledger is edited to name another run's cluster, node pools and bucket binding as its
+    own gets them left alone by its teardown, said in its log, while its own resources are deleted."""
+    project = project_factory()
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    victim, tamperer = context(tmp_path, "victim", ONE_SLICE), context(tmp_path, "tamperer", ONE_SLICE)
+    for ctx in (victim, tamperer):
+        gke.provision(ctx)
+    theirs, mine = ledgers.load(victim.store), ledgers.load(tamperer.store)
+    assert {e["kind"] for e in theirs["created"]} >= {"cluster", "node_pool", "iam_binding"}
+    forged = {**mine, "cluster": theirs["cluster"], "created": mine["created"] + theirs["created"]}
+    ledgers.save(tamperer.store, forged)
+    before = {"clusters": project.clusters("victim"), "pools": project.pools("victim")}
+    members = project.storage.members(BUCKET, "roles/storage.objectUser")
+    assert before["clusters"] and before["pools"] and len(members) == 2
+
+    gke.teardown(tamperer)
+    assert project.leftovers("tamperer") == project.leftovers("no-such-run")  # its own: all gone
+    assert {"clusters": project.clusters("victim"), "pools": project.pools("victim")} == before
+    (left,) = project.storage.members(BUCKET, "roles/storage.objectUser")
+    assert left.endswith(f"/sa/{names.service_account('victim')}")
+    refused = [line for line in logs if line.startswith("teardown: left alone:")]
+    assert len(refused) == len(theirs["created"]) and all("not one run tamperer creates" in line for line in refused)
+    gke.teardown(victim)
+    assert project.leftovers("victim") == project.leftovers("no-such-run")

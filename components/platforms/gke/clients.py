@@ -22,8 +22,11 @@ def load_ledger(ctx: RunContext) -> dict[str, Any]:
 
 
 def run_cluster(ledger: dict[str, Any], t: Target) -> str:
-    """The path of the run's cluster: as the ledger recorded it, else the one the spec names or the run id derives."""
-    return ledger.get("cluster") or paths.cluster_path(ledger.get("parent") or t.parent, t.cluster)
+    """The path of the run's cluster: as the ledger recorded it (in the location it records), else the one the spec
+    names or the run id derives; a recorded cluster of another name or project is not the run's (the ledger is where
+    the run's pods can write: components/platforms/gke/ownership.py), and the derived one is used instead."""
+    recorded = ledger.get("cluster") or paths.cluster_path(ledger.get("parent") or t.parent, t.cluster)
+    return recorded if paths.is_cluster(recorded, t.project, t.cluster) else t.cluster_path
 
 
 class Clients:

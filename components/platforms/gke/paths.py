@@ -29,6 +29,12 @@ def cluster_parent(path: str) -> str:
     return path.rsplit("/clusters/", 1)[0]
 
 
+def is_cluster(path: str, project: str, name: str) -> bool:
+    """``path`` is the cluster ``name`` of ``project``, in any location."""
+    parent, _, found = path.partition("/clusters/")
+    return found == name and parent.startswith(f"projects/{project}/locations/") and parent.count("/") == 3
+
+
 def cluster_location(path: str) -> str:
     """The zone or region of a cluster's path (``L`` of ``projects/P/locations/L/clusters/N``)."""
     return cluster_parent(path).rsplit("/", 1)[-1]

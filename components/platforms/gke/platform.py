@@ -32,7 +32,7 @@ from typing import Any
 
 from components.platforms import Platform, RunContext
 from components.platforms import ledger as ledgers
-from components.platforms.gke import dry_run, walk
+from components.platforms.gke import dry_run, ownership, walk
 from components.platforms.gke import teardown as teardowns
 from components.platforms.gke.clients import Clients, load_ledger
 from components.platforms.gke.compute_resources import check_ranges
@@ -110,7 +110,8 @@ class GkePlatform(Platform):
         except gke_cluster.CapacityError as exc:
             self.log(f"provision: no capacity or quota: {exc}; deleting what this run created")
             creds = gke_cluster.credentials()
-            teardowns.delete_created(self.clients, self.clients.gke(creds), None, load_ledger(ctx), t)
+            owned = ownership.owned(ctx, load_ledger(ctx), self.log)
+            teardowns.delete_created(self.clients, self.clients.gke(creds), None, owned, t)
             raise gke_cluster.CapacityError(
                 walk.capacity_message(ctx.spec, t, exc, getattr(exc, "resource", None))
             ) from None

@@ -12,7 +12,7 @@ from typing import Any
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
-from components.platforms.gke import plan
+from components.platforms.gke import ownership, paths, plan
 from components.platforms.gke.clients import Clients, load_ledger, run_cluster
 from components.platforms.gke.compute_resources import COMPUTE_KINDS
 from components.platforms.gke.control_plane import control_plane
@@ -25,7 +25,8 @@ def teardown(ctx: RunContext, clients: Clients) -> dict[str, Any]:
     the spec names) or None."""
     ledger = load_ledger(ctx)
     t = target(ctx.spec, ctx.run_id)
-    owns = ledger.get("owns_cluster", t.owns_cluster)
+    owns = t.owns_cluster  # the spec's word, not the ledger's
+    ledger = ownership.owned(ctx, ledger, clients.log)
     deleted: list[str] = []
     failures: list[str] = []
     for step in (_delete_kubernetes, _delete_cluster_or_pools, _delete_binding, _delete_compute):
@@ -90,9 +91,9 @@ def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]
 def _delete_cluster_or_pools(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
     """The cluster the run created (by label, and as recorded); in a cluster the spec names, the run's pools."""
     t, gke, deleted = target(ctx.spec, ctx.run_id), clients.gke(), []
-    parent = ledger.get("parent") or t.parent
+    parent = paths.cluster_parent(run_cluster(ledger, t))
     cluster_name = run_cluster(ledger, t)
-    if not ledger.get("owns_cluster", t.owns_cluster):
+    if not t.owns_cluster:
         if gke.get_cluster(cluster_name) is not None:
             deleted += [
                 p for p in gke.pools_with_label(cluster_name, names.RUN_LABEL, ctx.run_id) if gke.delete_node_pool(p)
