@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components.spec import CHAMPION, SpecError
+from components.spec.images import IMAGE_WITH_DIGEST
 from components.spec.names import MODEL_NAME
 from components.spec.run_spec import MODEL_REF
 
@@ -47,7 +48,6 @@ LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 MAX_LABELS = 64
 # The Vertex backend's own labels: which models are this registry's, and the token of one registration.
 REGISTRY_LABEL, TOKEN_LABEL = "tpupipe-registry", "tpupipe-registration"
-IMAGE_WITH_DIGEST = re.compile(r"^\S+@[a-z0-9]+:[0-9a-f]{8,}$")
 
 # What every version records of how it was made. A value may be None where it does not apply (a local run has no
 # pipeline job name); the key must be there, so that every version answers every question the same way.

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.registry import CHAMPION, IMAGE_WITH_DIGEST, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
+from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
 from components.spec import RunSpec, SpecError, names
+from components.spec.images import pinned_image
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
 
@@ -214,19 +215,6 @@ def decide(
 
 
 # ---------------------------------------------------------------- provenance
-
-
-def pinned_image(build: dict[str, Any]) -> str | None:
-    """The trainer image with its digest (``NAME[:TAG]@sha256:HEX``) from build_image's result, or None when the
-    run used an image by tag alone (``gke.image`` without a digest): a tag can move, so it is no provenance."""
-    image = build.get("image") or ""
-    if IMAGE_WITH_DIGEST.match(image):
-        return image
-    found = build.get("digest") or ""
-    if not (image and found):
-        return None
-    found = found if ":" in found else f"sha256:{found}"  # a local environment's content hash
-    return f"{image.split('@')[0]}@{found}"
 
 
 def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:

@@ -114,6 +114,7 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert built["image"] == f"us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:{run_id}"
     deploy = json.loads((run_dir / "stages" / "deploy_raycluster.json").read_text())["result"]
     assert deploy["available_workers"] == 1
+    assert deploy["images"] == [f"{built['image']}@{built['digest']}"]  # every pod pulls what was built, by digest
     # Every job call went through the API server's service proxy, Kubernetes token in Authorization and the Ray
     # token in X-Ray-Authorization; but one: deploy's request without the Ray token, which the real Ray cluster
     # (token authentication on) refused with 401.

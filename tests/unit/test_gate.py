@@ -15,6 +15,7 @@ from components.platforms import RunContext
 from components.platforms.store import LocalStore
 from components.registry import PROVENANCE_FIELDS, check_provenance, digest, open_registry
 from components.spec import SpecError
+from components.spec.images import pinned_image
 from components.stages import gate, registration, report, runner
 from components.workload import resolve
 
@@ -162,7 +163,7 @@ GKE_BUILD = {"image": "us-east5-docker.pkg.dev/p/tpupipe/torch:run-1", "built": 
     ],
 )
 def test_the_trainer_image_is_recorded_with_its_digest_or_not_at_all(build, pinned):
-    assert gate.pinned_image(build) == pinned
+    assert pinned_image(build) == pinned
 
 
 def _records(**train) -> dict:

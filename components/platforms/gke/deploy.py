@@ -13,7 +13,9 @@ from components.platforms.gke import manifests as m
 from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.records import Resource
 from components.platforms.gke.session import Session
+from components.platforms.store import read_json
 from components.spec import InfraError, SpecError, names, ready_limits
+from components.spec.images import pinned_image
 
 HF_TOKEN_ENV = "HF_TOKEN"
 # The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
@@ -78,11 +80,38 @@ def secret(s: Session, res: Resource) -> None:
     )
 
 
+def _pinned(s: Session, body: dict) -> dict:
+    """The RayCluster with its pods pulling the trainer image by the digest build_image recorded (a tag can move
+    between the build and a pod's start, or a restarted pod's), or by tag, said, when the run has no digest (an image
+    named by gke.image without one)."""
+    import copy
+
+    build = (read_json(s.ctx.store, "stages/build_image.json") or {}).get("result") or {}
+    pinned = pinned_image(build)
+    if pinned is None:
+        s.log(
+            f"warning: the pods pull {s.t.image} by tag, which can move: name gke.image as NAME@sha256:DIGEST to pin "
+            "what they run"
+        )
+        return body
+    body = copy.deepcopy(body)
+    for container in _containers(body):
+        if container["image"] == s.t.image:
+            container["image"] = pinned
+    s.log(f"the pods pull the trainer image by digest: {pinned}")
+    return body
+
+
+def _containers(raycluster: dict) -> list[dict]:
+    groups = [raycluster["spec"]["headGroupSpec"], *raycluster["spec"].get("workerGroupSpecs", [])]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
 def raycluster(s: Session, res: Resource) -> None:
     from components.platforms.gke import readiness
 
     kube, spec = _kube(s), s.ctx.spec
-    kube.apply(res.body)
+    kube.apply(_pinned(s, res.body))
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
     s.log(
@@ -115,6 +144,7 @@ def raycluster(s: Session, res: Resource) -> None:
         "namespace": s.t.namespace,
         "endpoint": control_plane(s.cluster).host,
         "available_workers": status.get("availableWorkerReplicas"),
+        "images": sorted({c["image"] for c in _containers(ready)}),  # as the API server holds the RayCluster
     }
 
 

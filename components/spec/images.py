@@ -1,0 +1,22 @@
+"""Image references: pinned (``NAME[:TAG]@ALGORITHM:HEX``, what a registry cannot move) or by tag alone. The trainer
+image a run deploys and records is pinned to the digest its build returned, so what ran is what provenance names."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+IMAGE_WITH_DIGEST = re.compile(r"^\S+@[a-z0-9]+:[0-9a-f]{8,}$")
+
+
+def pinned_image(build: dict[str, Any]) -> str | None:
+    """The trainer image with its digest (``NAME[:TAG]@sha256:HEX``) from build_image's result, or None when the
+    run used an image by tag alone (``gke.image`` without a digest): a tag can move, so it pins nothing."""
+    image = build.get("image") or ""
+    if IMAGE_WITH_DIGEST.match(image):
+        return image
+    found = build.get("digest") or ""
+    if not (image and found):
+        return None
+    found = found if ":" in found else f"sha256:{found}"  # a local environment's content hash
+    return f"{image.split('@')[0]}@{found}"
