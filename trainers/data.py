@@ -91,6 +91,25 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
     return datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
 
 
+def _fingerprint(ds, tokenizer, max_length: int) -> str:
+    """What the tokenised split depends on, hashed: the split's own fingerprint, the tokenizer (its class, name and
+    vocabulary, padding side and pad token), the prompt, the length and the labels' masking (``tokenize``)."""
+    h = hashlib.sha256()
+    for part in (
+        ds._fingerprint,
+        type(tokenizer).__name__,
+        tokenizer.name_or_path,
+        tokenizer.padding_side,
+        tokenizer.pad_token_id,
+        PROMPT,
+        max_length,
+        "labels: input ids, -100 where padded",
+    ):
+        h.update(repr(part).encode() + b"\0")
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    return h.hexdigest()[:32]
+
+
 def tokenize(ds, tokenizer, max_length: int):
     """Prompt-format, tokenise, pad to max_length; labels mask the padding (causal-LM collation)."""
 
@@ -101,6 +120,8 @@ def tokenize(ds, tokenizer, max_length: int):
         ]
         return enc
 
-    ds = ds.map(encode, remove_columns=ds.column_names)
+    # The fingerprint (the name of the map's cache) given, not derived by hashing ``encode``: that hash disassembles the
+    # closure (dill.detect.nestedglobals), which in a Ray Train worker prints its bytecode into the job's log.
+    ds = ds.map(encode, remove_columns=ds.column_names, new_fingerprint=_fingerprint(ds, tokenizer, max_length))
     ds.set_format("torch", columns=["input_ids", "attention_mask", "labels"])
     return ds
