@@ -140,7 +140,14 @@ def cmd_run(args) -> int:
 
     preset = args.preset_name or args.preset
     return local_run.run(
-        preset, args.platform, overrides(args.set), args.run_id, args.output_root, args.pipeline_file, args.dry_run
+        preset,
+        args.platform,
+        overrides(args.set),
+        args.run_id,
+        args.output_root,
+        args.pipeline_file,
+        args.dry_run,
+        args.verbose,
     )
 
 
@@ -210,6 +217,14 @@ def _add_run(sub) -> None:
         action="store_true",
         help="gke: print every call the run would make, stage by stage, in order (the plan's records, the "
         "job commands, teardown's deletes); needs no credentials and creates nothing",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="stream kfp.local's whole output (each task's executor input and outputs, the Ray jobs' logs); by "
+        "default the terminal shows each stage's progress and the summary, and the rest goes to "
+        "<run dir>/logs/pipeline.log",
     )
     p.set_defaults(func=cmd_run)
 

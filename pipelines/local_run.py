@@ -23,6 +23,7 @@ def run(
     output_root: str,
     pipeline_file: str = "",
     dry_run: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Run the whole pipeline with kfp.local (``dry_run``: print its calls instead) and print its summary; the exit
     code: 0 when it succeeded, 1 when it failed, 128 + the signal when one stopped it."""
@@ -66,10 +67,19 @@ def run(
     local.init(
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(ctx.run_dir / "kfp"), raise_on_error=False
     )
-    print(f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}", flush=True)
-    from pipelines import driver
+    import contextlib
 
-    with driver.Interrupts(ctx, output_root) as interrupted:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
+    from pipelines import driver
+    from pipelines.quiet import Quiet
+
+    log = ctx.run_dir / "logs" / "pipeline.log"
+    print(
+        f"tpupipe: running {pipeline_file} with kfp.local, run {ctx.run_id}, platform {ctx.platform}"
+        + ("" if verbose else f"; its whole output in {log} (--verbose shows it here)"),
+        flush=True,
+    )
+    quiet = contextlib.nullcontext() if verbose else Quiet(log)
+    with driver.Interrupts(ctx, output_root) as interrupted, quiet:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
         pipeline(
             preset=preset,
             platform=platform_name,
@@ -85,7 +95,8 @@ def run(
     failed = 128 + interrupted.signum if interrupted.signum else 1
     summary_text = ctx.store.read_text("summary.json")
     if summary_text is None:
-        return fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log above", failed)
+        where = "above" if verbose else f"in {log}"
+        return fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log {where}", failed)
     summary = json.loads(summary_text)
     print(report.format_table(summary))
     return 0 if summary["status"] == "succeeded" and not interrupted.signum else failed

@@ -278,7 +278,7 @@ def gate_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    lines = ["", f"tpupipe run {summary['run_id']}  preset {summary['preset']}  platform {summary['platform']}", ""]
+    lines = ["", f"tpupipe run {summary['run_id']}  preset {summary['preset']}  platform {summary['platform']}"]
     lines.append(f"  {'stage':<20} {'status':<10} {'seconds':>8}")
     for s in summary["stages"]:
         secs = "-" if s["seconds"] is None else f"{s['seconds']:.1f}"
@@ -322,7 +322,7 @@ def format_table(summary: dict[str, Any]) -> str:
         ]
         if summary.get("eval_not_held_out"):
             lines.append(f"  not held out: {summary['eval_not_held_out']}")
-    if summary.get("tokens_per_s"):
+    if summary.get("tokens_per_s") and not any("tokens_per_s" in row for row in summary["history"]):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
     lines += gate_lines(summary)
     if summary["status"] != "succeeded":

@@ -8,6 +8,7 @@ import pytest
 
 from components.platforms.local.ports import port_is_free
 from components.platforms.local.processes import run_processes
+from components.stages import STAGES
 from tests.helpers import tpupipe_cmd, unique_run_id
 
 
@@ -39,22 +40,18 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(good_run):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
-    assert [s["name"] for s in summary["stages"]] == [
-        "provision",
-        "build_image",
-        "deploy_raycluster",
-        "check_slice",
-        "train",
-        "evaluate",
-        "register",
-        "promote",
-        "teardown",
-    ]
+    assert [s["name"] for s in summary["stages"]] == list(STAGES)
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert summary["eval_loss_after"] < 0.6 * summary["eval_loss_before"]
     assert summary["tokens_per_s"] > 0
+    # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
+    shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
+    assert len(shown) <= 60, proc.stdout
+    assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
+    assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
+    assert "train: succeeded (" in proc.stdout and "train: epoch 3/3" in proc.stdout
 
 
 @pytest.mark.e2e

@@ -197,10 +197,13 @@ def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path
 
 def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tmp_path, project):
     root, run_id = tmp_path / "runs", unique_run_id("gke-ctrl-c")
-    term = Terminal(_command(root, run_id, " train.epochs=50 cluster.slice_check=false"), env=_env(project))
+    # --verbose: the whole stream on the terminal, the train job's log among it (what this waits for)
+    command = [*_command(root, run_id, " train.epochs=50 cluster.slice_check=false"), "--verbose"]
+    term = Terminal(command, env=_env(project))
     rc = term.ctrl_c_when("  [train] ", timeout_s=900, exit_timeout_s=600)  # once the job runs: its log streams
     out = term.output
     assert rc == 130, out[-4000:]
+    assert "KFP Executor" in out  # kfp.local's own output too, as --verbose streams it
     assert f"train: SIGINT: stopping job {run_id}-train" in out and f"train: job {run_id}-train STOPPED" in out
     stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
     assert stops, "the job was not stopped through the proxy"

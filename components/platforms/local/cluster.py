@@ -125,7 +125,6 @@ class LocalPlatform(Platform):
         ledger = self._new_ledger(ctx, env)
         self._save(ctx, ledger)
         self._start(ctx, ledger, env)
-        self.log(f"started {ledger['num_hosts']} emulated hosts and their keeper (replaces a lost host)")
         return self._describe(ledger)
 
     @staticmethod
@@ -188,7 +187,10 @@ class LocalPlatform(Platform):
             "--disable-usage-stats",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
         ]
-        self.log(f"starting Ray head on {ledger['gcs_address']} (dashboard {ledger['dashboard_url']})")
+        self.log(
+            f"starting Ray head on {ledger['gcs_address']} (dashboard {ledger['dashboard_url']}), "
+            f"{ledger['num_hosts']} emulated hosts and their keeper (replaces a lost host)"
+        )
         head_cmd = [
             ray,
             "start",

@@ -1,0 +1,97 @@
+"""What `tpupipe run` shows without --verbose (pipelines/quiet.py): the stages' progress from kfp.local's stream, and
+everything in the run's log, whoever wrote it (the driver, a task it started)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from pipelines.quiet import Shown
+
+# kfp.local's stream of one task, as it prints it (colours included), the stage's own lines among kfp's.
+TASK = [
+    "14:09:02.443 - INFO - Executing task \x1b[96m'provision'\x1b[0m",
+    "14:09:02.443 - INFO - Streamed logs:",
+    "",
+    "    [KFP Executor 2026-12-01 14:09:02,521 INFO]: Got executor_input:",
+    "    {",
+    '        "inputs": {',
+    "        }",
+    "    }",
+    "    == provision (local, run r1)",
+    "    image torch: reusing environment /e (content hash 1)",
+    "    starting Ray head on 127.0.0.1:1 (dashboard http://127.0.0.1:2), 2 emulated hosts and their keeper",
+    "      waiting for 3 nodes ... 10s",
+    "      [train] (RayTrainWorker pid=1) Reporting training result 1",
+    "    2026-12-01 14:09:32,853\tINFO sdk.py:520 -- WebSocket closed for job r1-train with close code 1000",
+    "    train: epoch 1/3  loss 3.4515  6662 tokens/s  (4.92s)",
+    "    evaluate: held-out loss 4.6511 -> 1.0090  perplexity 104.70 -> 2.74",
+    "    gate: promoted local-fsdp@1 to champion",
+    "    image torch: reusing environment /e (content hash 1)",
+    '    Output: \'{"gcs_address": "127.0.0.1:1"}\'',
+    "    metrics: Metrics( name='metrics',",
+    "                      uri='/runs/r1/kfp/metrics',",
+    "                      metadata={'loss': 1.0} )",
+    "                ]",
+    "14:09:04.243 - INFO - Task \x1b[96m'provision'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
+    "--------------------------------------------------------------------------------",
+    "14:09:05.000 - WARNING - a warning of kfp's",
+    "tpupipe: SIGINT during train: stopping it, then tearing down run r1",
+]
+
+
+def test_the_stream_shows_each_stage_starting_and_ending_and_what_it_says_once_but_no_plumbing():
+    clock = iter([100.0, 101.8])
+    shown = Shown(clock=lambda: next(clock))
+    assert [line for line in map(shown, TASK) if line is not None] == [
+        "    == provision (local, run r1)",
+        "    image torch: reusing environment /e (content hash 1)",
+        "    starting Ray head on 127.0.0.1:1 (dashboard http://127.0.0.1:2), 2 emulated hosts and their keeper",
+        "      waiting for 3 nodes ... 10s",
+        "    train: epoch 1/3  loss 3.4515  6662 tokens/s  (4.92s)",
+        "    provision: succeeded (1.8s)",
+        "14:09:05.000 - WARNING - a warning of kfp's",
+        "tpupipe: SIGINT during train: stopping it, then tearing down run r1",
+    ]
+
+
+def test_a_task_that_ends_unseen_ends_without_seconds():
+    shown = Shown()
+    assert shown("14:09:04.243 - ERROR - Task 'train' finished with status FAILURE") == "    train: failure"
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import subprocess, sys
+    from pathlib import Path
+    from pipelines.quiet import Quiet
+
+    print("before", flush=True)
+    with Quiet(Path(sys.argv[1])):
+        print("    == train (local, run r1)")
+        print("    Output: plumbing of the driver")
+        subprocess.run([sys.executable, "-c", "print('    train: epoch 1/1'); print('      [train] a job line')"])
+        print("tpupipe: said by the driver", file=sys.stderr)
+    print("after")
+    """
+)
+
+
+def test_the_driver_and_its_tasks_write_to_the_log_and_the_terminal_gets_what_is_shown(tmp_path):
+    log = tmp_path / "logs" / "pipeline.log"
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(log)], capture_output=True, text=True, timeout=60, cwd=tmp_path.parent
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "before",
+        "    == train (local, run r1)",
+        "    train: epoch 1/1",
+        "tpupipe: said by the driver",
+        "after",
+    ]
+    assert proc.stderr == ""
+    text = log.read_text()
+    assert "    Output: plumbing of the driver" in text and "      [train] a job line" in text
+    assert "    train: epoch 1/1" in text and "before" not in text and "after" not in text
