@@ -39,6 +39,10 @@ RESULTS = re.compile(
     r"|register:\ |gate:\ |promote:\ champion)",
     re.X,
 )
+# A progress line that repeats the last one shown but for its figures ("waiting for 3 nodes ... 20s" after "... 10s")
+# is shown again only this long after it: a long wait still says it is waiting, once a minute.
+REPEAT_S = 60.0
+DIGITS = re.compile(r"\d+(?:\.\d+)?")
 POLL_S = 0.1
 
 
@@ -47,6 +51,7 @@ class Shown:
 
     def __init__(self, clock=time.monotonic):
         self.clock, self.started, self.said = clock, {}, set()
+        self.last: tuple[str, float] = ("", 0.0)  # the last task line shown, without its figures, and when
 
     def __call__(self, line: str) -> str | None:
         text = ANSI.sub("", line.rstrip("\n"))
@@ -69,6 +74,10 @@ class Shown:
             if PLUMBING.match(stripped) or RESULTS.match(stripped) or stripped in self.said:
                 return None
             self.said.add(stripped)  # said once: a second stage's same line (the image's environment) is not news
+            shape, now = DIGITS.sub("#", stripped), self.clock()
+            if text.startswith("      ") and shape == self.last[0] and now - self.last[1] < REPEAT_S:
+                return None  # a wait's progress, indented under its stage, again: not yet
+            self.last = (shape, now)
         return text
 
 

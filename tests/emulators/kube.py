@@ -104,6 +104,7 @@ ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
+HEAD_RESTARTS = 3  # the times a head whose Ray start failed is started again before the cluster is left unready
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"  # Cloud Storage FUSE's CSI driver on GKE
 UNSCHEDULABLE_MESSAGE = (
     "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are "
@@ -858,12 +859,7 @@ class KubeEmulator:
             f"--temp-dir={temp_dir / 'head'}",
             *[f"--{k}={v}" for k, v in head.items()],
         ]
-        record["processes"].append(
-            processes.spawn(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out")
-        )
-        deadline = time.monotonic() + 120
-        while not self._port_open(head["port"]) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        launches = [(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out")]
         for index, (pod, node_ports) in enumerate(zip(workers, ports[1:], strict=True)):
             container = pod["spec"]["containers"][0]
             limits = container["resources"]["limits"]
@@ -890,12 +886,37 @@ class KubeEmulator:
                 f"--temp-dir={temp_dir / f'w{index}'}",
                 *[f"--{k}={v}" for k, v in node_ports.items()],
             ]
-            record["processes"].append(
-                processes.spawn(
-                    cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env, logs / f"{pod['metadata']['name']}.out"
-                )
+            launches.append(
+                (cmd, base_env | envs[pod["metadata"]["name"]] | webhook_env, logs / f"{pod['metadata']['name']}.out")
             )
+        record["launches"], record["head_port"] = launches, head["port"]
+        self._launch(record)
         self._watch_ready(namespace, name, len(workers) + 1, deadline=time.monotonic() + 240)
+
+    def _launch(self, record: dict) -> None:
+        """Start the pods' Ray: the head (until its GCS port opens), then the workers."""
+        from components.platforms.local import processes
+
+        (head, *workers) = record["launches"]
+        record["processes"] = [processes.spawn(*head)]
+        deadline = time.monotonic() + 120
+        while not self._port_open(record["head_port"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        record["processes"] += [processes.spawn(*worker) for worker in workers]
+
+    def _restart(self, record: dict) -> None:
+        """The head's container ended before the cluster was ready (``ray start`` gives up when the GCS answers too
+        slowly on a loaded machine): KubeRay deletes a Ray pod whose container has terminated and creates it again
+        (``shouldDeletePod``, https://github.com/ray-project/kuberay/pull/1386), and the workers, which cannot join
+        without it, start again with it."""
+        import signal
+
+        from components.platforms import procs
+
+        for pid in record["processes"]:
+            procs.signal_group(pid, signal.SIGKILL)
+        record["restarts"] = record.get("restarts", 0) + 1
+        self._launch(record)
 
     @staticmethod
     def _tpu_webhook_env(pod: dict, group: dict) -> dict[str, str]:
@@ -937,6 +958,8 @@ class KubeEmulator:
         return sum(1 for n in nodes if n.get("raylet", {}).get("state") == "ALIVE")
 
     def _watch_ready(self, namespace: str, name: str, want: int, deadline: float) -> None:
+        from components.platforms import procs
+
         while time.monotonic() < deadline:
             with self.lock:
                 record = self.clusters.get((namespace, name))
@@ -944,6 +967,9 @@ class KubeEmulator:
                 return
             if self._alive_nodes(record) >= want:
                 break
+            if not procs.alive(record["processes"][0]) and record.get("restarts", 0) < HEAD_RESTARTS:
+                self._restart(record)
+                deadline = time.monotonic() + 240
             time.sleep(1.0)
         else:
             return
