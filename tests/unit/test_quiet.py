@@ -41,14 +41,19 @@ TASK = [
 ]
 
 
-def test_the_stream_shows_each_stage_starting_and_ending_and_what_it_says_once_but_no_plumbing():
-    now = [100.0]
+def _shown(timed: list[tuple[float, str]]) -> list[str]:
+    """What :class:`Shown` shows of ``(the clock's time, line)`` pairs, fed in order."""
+    now = [0.0]
     shown = Shown(clock=lambda: now[0])
-    seen = []
-    for line in TASK:
-        now[0] = 101.8 if "finished with status" in line else now[0]
-        seen.append(shown(line))
-    assert [line for line in seen if line is not None] == [
+    out = []
+    for now[0], line in timed:
+        out.append(shown(line))
+    return [line for line in out if line is not None]
+
+
+def test_the_stream_shows_each_stage_starting_and_ending_and_what_it_says_once_but_no_plumbing():
+    timed = [(101.8 if "finished with status" in line else 100.0, line) for line in TASK]
+    assert _shown(timed) == [
         "    == provision (local, run r1)",
         "    image torch: reusing environment /e (content hash 1)",
         "    starting Ray head on 127.0.0.1:1 (dashboard http://127.0.0.1:2), 2 emulated hosts and their keeper",
@@ -61,16 +66,11 @@ def test_the_stream_shows_each_stage_starting_and_ending_and_what_it_says_once_b
 
 
 def test_a_wait_says_it_is_waiting_once_a_minute_not_every_ten_seconds():
-    now = [0.0]
-    shown = Shown(clock=lambda: now[0])
-    seen = []
-    for second in range(10, 130, 10):
-        now[0] = float(second)
-        seen.append(shown(f"      waiting for 3 nodes ... {second}s"))
-    assert [line for line in seen if line] == ["      waiting for 3 nodes ... 10s", "      waiting for 3 nodes ... 70s"]
+    waits = [(float(second), f"      waiting for 3 nodes ... {second}s") for second in range(10, 130, 10)]
+    assert _shown(waits) == ["      waiting for 3 nodes ... 10s", "      waiting for 3 nodes ... 70s"]
     # A stage's own progress lines (an epoch each) differ only in their figures too, and every one is shown.
-    epochs = [shown(f"    train: epoch {i}/3  loss {4 - i}.5") for i in (1, 2, 3)]
-    assert all(epochs)
+    epochs = [(130.0, f"    train: epoch {i}/3  loss {4 - i}.5") for i in (1, 2, 3)]
+    assert len(_shown(epochs)) == 3
 
 
 def test_a_task_that_ends_unseen_ends_without_seconds():

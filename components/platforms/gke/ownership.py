@@ -15,7 +15,7 @@ from typing import Any
 from components.platforms import RunContext
 from components.platforms.gke import paths, plan
 from components.platforms.gke.compute_resources import COMPUTE_KINDS
-from components.platforms.gke.target import target
+from components.platforms.gke.target import Target, target
 
 # Plan kinds of what a run creates -> the ledger's kind.
 LEDGER_KINDS = {"gke-cluster": "cluster", "node-pool": "node_pool", **COMPUTE_KINDS}
@@ -30,16 +30,13 @@ def derived_names(ctx: RunContext) -> dict[str, set[str]]:
     return found
 
 
-def is_owned(ctx: RunContext, kind: str, name: str, derived: dict[str, set[str]] | None = None) -> bool:
-    """Whether the ledger's entry (``kind``, ``name``) is the run's own to delete."""
-    t = target(ctx.spec, ctx.run_id)
-    if (
-        kind == "iam_binding"
-    ):  # principal://iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/..
+def is_owned(t: Target, derived: dict[str, set[str]], kind: str, name: str) -> bool:
+    """Whether the ledger's entry (``kind``, ``name``) is the run's own to delete: ``t`` its target, ``derived`` the
+    names it creates (``derived_names``)."""
+    if kind == "iam_binding":  # principal://iam.googleapis.com/projects/NUMBER/locations/global/...
         return name.startswith("principal://iam.googleapis.com/projects/") and name.endswith(
             f"/workloadIdentityPools/{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
         )
-    derived = derived_names(ctx) if derived is None else derived
     if name.rsplit("/", 1)[-1] not in derived.get(kind, set()):
         return False
     if kind == "cluster":
@@ -51,9 +48,9 @@ def is_owned(ctx: RunContext, kind: str, name: str, derived: dict[str, set[str]]
 
 def owned(ctx: RunContext, ledger: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     """The ledger with only the ``created`` entries that are the run's own (in its order); each other one is logged."""
-    derived, kept = derived_names(ctx), []
+    t, derived, kept = target(ctx.spec, ctx.run_id), derived_names(ctx), []
     for entry in ledger.get("created", []):
-        if is_owned(ctx, entry["kind"], entry["name"], derived):
+        if is_owned(t, derived, entry["kind"], entry["name"]):
             kept.append(entry)
         else:
             log(
