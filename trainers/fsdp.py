@@ -10,8 +10,10 @@ result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``ste
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -34,9 +36,6 @@ class InjectedFailure(RuntimeError):
 def tpu_chips_on_host(dev: str = "/dev") -> int:
     """TPU chips this host exposes, where libtpu finds them: ``/dev/accel<n>`` (v4, v5p) or ``/dev/vfio/<n>``
     (v5e, v6e, TPU7x)."""
-    import glob
-    import os
-
     vfio = [n for n in glob.glob(os.path.join(dev, "vfio", "*")) if os.path.basename(n).isdigit()]
     return len(glob.glob(os.path.join(dev, "accel[0-9]*"))) + len(vfio)
 
@@ -56,6 +55,8 @@ def detect_backend(dev: str = "/dev") -> tuple[str, str]:
                 "images/torch (torch-tpu and libtpu come from PyPI), or on a TorchTPU base image"
             ) from None
         return "tpu", "tpu_dist"
+    if not glob.glob(os.path.join(dev, "nvidia[0-9]*")):  # no NVIDIA GPU's device file: CPU, without importing torch
+        return "cpu", "gloo"
     import torch
 
     if torch.cuda.is_available():

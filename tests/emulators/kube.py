@@ -67,6 +67,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import ssl
 import tempfile
 import threading
@@ -104,7 +105,7 @@ ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 CRD_PATH = re.compile(r"^/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions/([^/]+)$")
 CRD_KINDS = {"rayclusters": "RayCluster"}
 TPU_RESOURCE = "google.com/tpu"
-HEAD_RESTARTS = 3  # the times a head whose Ray start failed is started again before the cluster is left unready
+POD_RESTARTS = 3  # the times a Ray pod whose Ray start failed is started again before the cluster is left unready
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"  # Cloud Storage FUSE's CSI driver on GKE
 UNSCHEDULABLE_MESSAGE = (
     "0/{n} nodes are available: {n} Insufficient google.com/tpu. preemption: 0/{n} nodes are "
@@ -834,6 +835,10 @@ class KubeEmulator:
             "VIRTUAL_ENV": env.path,
             "RAY_USAGE_STATS_ENABLED": "0",
             "PYTHONUNBUFFERED": "1",
+            # The emulated nodes have no chips: as on the local platform's hosts (components/platforms/local/
+            # cluster.py), torch does not autoload the torch image's torch_tpu into every process that imports it
+            # (seconds each); trainers.fsdp.detect_backend imports torch_tpu itself where chips exist.
+            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         }
         base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
         ray = str(env.bin / "ray")
@@ -909,14 +914,28 @@ class KubeEmulator:
         slowly on a loaded machine): KubeRay deletes a Ray pod whose container has terminated and creates it again
         (``shouldDeletePod``, https://github.com/ray-project/kuberay/pull/1386), and the workers, which cannot join
         without it, start again with it."""
-        import signal
-
         from components.platforms import procs
 
         for pid in record["processes"]:
             procs.signal_group(pid, signal.SIGKILL)
         record["restarts"] = record.get("restarts", 0) + 1
         self._launch(record)
+
+    def _restart_workers(self, record: dict) -> float | None:
+        """A worker pod's ``ray start`` gave up (its raylet registered too slowly on a loaded machine) while the head
+        runs: KubeRay creates that pod again as it does any Ray pod whose container ended (``_restart``); the new
+        deadline if one was, else None."""
+        from components.platforms import procs
+        from components.platforms.local import processes
+
+        dead = [i for i, pid in enumerate(record["processes"]) if i and not procs.alive(pid)]
+        for index in dead:
+            procs.signal_group(record["processes"][index], signal.SIGKILL)
+            record["processes"][index] = processes.spawn(*record["launches"][index])
+        if not dead:
+            return None
+        record["restarts"] = record.get("restarts", 0) + 1
+        return time.monotonic() + 240
 
     @staticmethod
     def _tpu_webhook_env(pod: dict, group: dict) -> dict[str, str]:
@@ -967,9 +986,12 @@ class KubeEmulator:
                 return
             if self._alive_nodes(record) >= want:
                 break
-            if not procs.alive(record["processes"][0]) and record.get("restarts", 0) < HEAD_RESTARTS:
-                self._restart(record)
-                deadline = time.monotonic() + 240
+            if record.get("restarts", 0) < POD_RESTARTS:
+                if not procs.alive(record["processes"][0]):
+                    self._restart(record)
+                    deadline = time.monotonic() + 240
+                else:
+                    deadline = max(deadline, self._restart_workers(record) or deadline)
             time.sleep(1.0)
         else:
             return

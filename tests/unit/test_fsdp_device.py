@@ -108,6 +108,21 @@ def test_chips_without_torch_tpu_are_a_clear_error(tmp_path):
         fsdp.detect_backend(_dev(tmp_path, "vfio/0", "vfio/1", "vfio/2", "vfio/3"))
 
 
+def test_a_host_without_chips_or_a_gpu_device_file_is_cpu_gloo_found_without_importing_torch(tmp_path):
+    """The driver asks a worker host for its backend in a task of its own: on a host with neither TPU chips nor an
+    NVIDIA device file that task does not pay for importing torch."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = "import sys; from trainers.fsdp import detect_backend as d; print(d(sys.argv[1]), 'torch' in sys.modules)"
+    dev = _dev(tmp_path, "null")
+    proc = subprocess.run([sys.executable, "-c", code, dev], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "('cpu', 'gloo') False"
+
+
 def test_tpu_keeps_float32_master_weights_and_computes_in_bfloat16_unless_train_precision_says_bf16():
     from components.spec import SpecError
     from components.workload import resolve
