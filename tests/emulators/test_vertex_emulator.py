@@ -259,6 +259,8 @@ def test_a_task_runs_in_the_environment_of_its_image_alone_so_a_package_the_imag
         return envs.ensure_env("pipeline", log=lambda m: None, images=copy.parent).bin
 
     vertex.python_bin = image("with", [pyyaml])
+    # Byte-compiled, as the image's `pip install` compiles: no process of a run compiles the package again.
+    assert list(vertex.python_bin.parent.glob("lib/python3.*/site-packages/yaml/__pycache__/__init__.*.pyc"))
     _, ran = _create(vertex, tmp_path, image_env, "with-pyyaml")
     assert ran["state"] == "PIPELINE_STATE_SUCCEEDED", (ran.get("error"), ran["jobDetail"])
     assert "yaml 6." in vertex.job("with-pyyaml").logs["reads-yaml"]
