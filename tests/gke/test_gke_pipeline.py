@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from components.platforms import procs
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
 from tests.emulators.project import PROJECT, start_project
@@ -172,30 +171,9 @@ def training(project, root: Path, run_id: str) -> subprocess.Popen:
     return proc
 
 
-def test_sigterm_during_train_stops_the_job_and_teardown_leaves_nothing(tmp_path, project):
-    root, run_id = tmp_path / "runs", unique_run_id("gke-sigterm")
-    proc = training(project, root, run_id)
-    try:
-        # The train component's Python process (not the `sh -c` wrapping it), as Vertex's SIGTERM reaches it.
-        executors = [pid for pid in procs.descendants(proc.pid) if "kfp.dsl.executor_main" in procs.cmdline(pid)]
-        assert len(executors) == 1, executors
-        os.kill(executors[0], signal.SIGTERM)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert "train: SIGTERM: stopping job" in out, out[-4000:]
-    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
-    assert stops, "the job was not stopped through the proxy"
-    summary = json.loads((root / run_id / "summary.json").read_text())
-    stages = {s["name"]: s["status"] for s in summary["stages"]}
-    assert stages["train"] == "interrupted" and stages["teardown"] == "succeeded"
-    assert summary["interrupted"] == {"stage": "train", "signal": "SIGTERM"}
-    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
-    _wait_gone(run_id)
-
-
 def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tmp_path, project):
+    """Ctrl-C in the terminal of a gke run. (The SIGTERM that Vertex AI sends a task it cancels, the train task's
+    among them, is tests/vertex/test_submit_schedule.py's cancel during train.)"""
     root, run_id = tmp_path / "runs", unique_run_id("gke-ctrl-c")
     # --verbose: the whole stream on the terminal, the train job's log among it (what this waits for)
     command = [*_command(root, run_id, " train.epochs=50 cluster.slice_check=false"), "--verbose"]
