@@ -909,33 +909,27 @@ class KubeEmulator:
             time.sleep(0.5)
         record["processes"] += [processes.spawn(*worker) for worker in workers]
 
-    def _restart(self, record: dict) -> None:
-        """The head's container ended before the cluster was ready (``ray start`` gives up when the GCS answers too
-        slowly on a loaded machine): KubeRay deletes a Ray pod whose container has terminated and creates it again
-        (``shouldDeletePod``, https://github.com/ray-project/kuberay/pull/1386), and the workers, which cannot join
-        without it, start again with it."""
-        from components.platforms import procs
-
-        for pid in record["processes"]:
-            procs.signal_group(pid, signal.SIGKILL)
-        record["restarts"] = record.get("restarts", 0) + 1
-        self._launch(record)
-
-    def _restart_workers(self, record: dict) -> float | None:
-        """A worker pod's ``ray start`` gave up (its raylet registered too slowly on a loaded machine) while the head
-        runs: KubeRay creates that pod again as it does any Ray pod whose container ended (``_restart``); the new
-        deadline if one was, else None."""
+    def _recreate_ended_pods(self, record: dict) -> bool:
+        """Whether a Ray pod's container had ended before the cluster was ready (``ray start`` gives up when the GCS
+        answers too slowly on a loaded machine), and so was started again: KubeRay deletes a Ray pod whose container
+        has terminated and creates it again (``shouldDeletePod``, https://github.com/ray-project/kuberay/pull/1386).
+        The head's: the workers, which cannot join without it, start again with it; a worker's: that pod alone."""
         from components.platforms import procs
         from components.platforms.local import processes
 
-        dead = [i for i, pid in enumerate(record["processes"]) if i and not procs.alive(pid)]
-        for index in dead:
-            procs.signal_group(record["processes"][index], signal.SIGKILL)
-            record["processes"][index] = processes.spawn(*record["launches"][index])
-        if not dead:
-            return None
+        pids = record["processes"]
+        head_ended = not procs.alive(pids[0])
+        ended = range(len(pids)) if head_ended else [i for i, pid in enumerate(pids) if i and not procs.alive(pid)]
+        if not ended:
+            return False
+        for index in ended:
+            procs.signal_group(pids[index], signal.SIGKILL)
+            if not head_ended:
+                pids[index] = processes.spawn(*record["launches"][index])
+        if head_ended:
+            self._launch(record)
         record["restarts"] = record.get("restarts", 0) + 1
-        return time.monotonic() + 240
+        return True
 
     @staticmethod
     def _tpu_webhook_env(pod: dict, group: dict) -> dict[str, str]:
@@ -977,7 +971,6 @@ class KubeEmulator:
         return sum(1 for n in nodes if n.get("raylet", {}).get("state") == "ALIVE")
 
     def _watch_ready(self, namespace: str, name: str, want: int, deadline: float) -> None:
-        from components.platforms import procs
 
         while time.monotonic() < deadline:
             with self.lock:
@@ -986,12 +979,8 @@ class KubeEmulator:
                 return
             if self._alive_nodes(record) >= want:
                 break
-            if record.get("restarts", 0) < POD_RESTARTS:
-                if not procs.alive(record["processes"][0]):
-                    self._restart(record)
-                    deadline = time.monotonic() + 240
-                else:
-                    deadline = max(deadline, self._restart_workers(record) or deadline)
+            if record.get("restarts", 0) < POD_RESTARTS and self._recreate_ended_pods(record):
+                deadline = time.monotonic() + 240
             time.sleep(1.0)
         else:
             return
