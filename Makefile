@@ -23,9 +23,8 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  make run PRESET=<preset> SET=\"key=value ...\"   e.g. SET=\"epochs=2 cluster.num_hosts=3\""
 
-# --no-compile, then compileall on every core (pip compiles one file after another), here and in the image
-# environments (components/platforms/local/envs.py): where PYTHONDONTWRITEBYTECODE is set, Python writes no cache and
-# every process would compile the modules it imports again. -qq: a package's test data that is not Python 3 is no news.
+# --no-compile: the modules a process imports are compiled on first import and kept, even where PYTHONDONTWRITEBYTECODE
+# is set (components/platforms/local/envs.py cache_bytecode, here and in the image environments).
 $(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
@@ -33,7 +32,7 @@ $(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
 	$(PYTHON312) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -r images/pipeline/requirements.txt -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -e .
-	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
+	$(BIN)/python -c 'import sys; from components.platforms.local.envs import cache_bytecode; cache_bytecode(sys.prefix)'
 	touch $@
 
 envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and the trainer environments

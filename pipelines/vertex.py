@@ -94,10 +94,19 @@ def init(project: str, region: str) -> None:
     from google.cloud import aiplatform
 
     from components.platforms.credentials import credentials
+    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
 
     endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
     extra = {"api_endpoint": endpoint, "api_transport": "rest"} if endpoint else {}
     aiplatform.init(project=project, location=region, credentials=credentials(), **extra)
+    if os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV):
+        # Before a job is created, the SDK checks that the pipeline root's bucket belongs to the project, through a
+        # Resource Manager client of its own that takes no endpoint (gcs_utils._verify_bucket_ownership calls
+        # resource_manager_utils.get_project_number): against emulators, it asks the emulated Resource Manager, as
+        # every other call does, rather than retrying Google's for a minute.
+        from google.cloud.aiplatform.utils import resource_manager_utils
+
+        resource_manager_utils.get_project_number = lambda project_id, credentials=None: project_number(project_id)
 
 
 def _template(sub: Submission) -> str:

@@ -5,7 +5,9 @@ ModelService on the same endpoint as the pipelines, where tpupipe's registry rea
 ``$TPUPIPE_VERTEX_ENDPOINT``. (No ``from __future__ import annotations`` here: KFP reads the components' real
 annotations.)"""
 
+import os
 import secrets
+import subprocess
 import sys
 from pathlib import Path
 
@@ -259,8 +261,13 @@ def test_a_task_runs_in_the_environment_of_its_image_alone_so_a_package_the_imag
         return envs.ensure_env("pipeline", log=lambda m: None, images=copy.parent).bin
 
     vertex.python_bin = image("with", [pyyaml])
-    # Byte-compiled, as the image's `pip install` compiles: no process of a run compiles the package again.
-    assert list(vertex.python_bin.parent.glob("lib/python3.*/site-packages/yaml/__pycache__/__init__.*.pyc"))
+    # Where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it; a Ray host inherits it), a process of the
+    # environment still keeps the bytecode of what it imports: compiled once, for every later process.
+    cached = "lib/python3.*/site-packages/yaml/__pycache__/__init__.*.pyc"
+    assert not list(vertex.python_bin.parent.glob(cached))  # pip --no-compile: nothing compiled at build
+    no_cache = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([str(vertex.python_bin / "python"), "-c", "import yaml"], env=no_cache, check=True)
+    assert list(vertex.python_bin.parent.glob(cached))
     _, ran = _create(vertex, tmp_path, image_env, "with-pyyaml")
     assert ran["state"] == "PIPELINE_STATE_SUCCEEDED", (ran.get("error"), ran["jobDetail"])
     assert "yaml 6." in vertex.job("with-pyyaml").logs["reads-yaml"]

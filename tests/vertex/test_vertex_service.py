@@ -391,12 +391,17 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
     from components.platforms import heartbeat
     from components.platforms import ledger as ledgers
     from components.platforms.credentials import credentials
+    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
     from components.platforms.store import GcsStore
     from pipelines.cli import main
+    from tests.emulators.resourcemanager import ResourceManagerEmulator
     from tests.emulators.storage import StorageEmulator
 
     storage = StorageEmulator({PROJECT: "123456789012"})
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    # The SDK checks the pipeline root's bucket is the project's (its project number) before it creates a job.
+    projects = ResourceManagerEmulator({PROJECT: "123456789012"})
+    monkeypatch.setenv(RESOURCE_MANAGER_EMULATOR_HOST_ENV, projects.start())
     try:
         gcs.Client(project=PROJECT, credentials=credentials()).create_bucket(f"{PROJECT}-tpupipe")
         parent = f"projects/{PROJECT}/locations/{REGION}"
@@ -422,5 +427,6 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
         assert main([*args, "--run-id", "old"]) == 0, capsys.readouterr().err
     finally:
         storage.stop()
+        projects.stop()
     (created,) = [j for j in service.jobs.values() if j.resource["labels"].get("tpupipe-run") == "old" and j.spec]
     assert created.resource["runtimeConfig"]["parameterValues"]["run_id"] == "old"

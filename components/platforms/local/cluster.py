@@ -171,6 +171,10 @@ class LocalPlatform(Platform):
             # libtpu) would only add 15-20 s to every process that imports torch, a restarted worker group's too.
             # Where chips exist, trainers.fsdp.detect_backend imports torch_tpu itself.
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+            # Ray Train's preemption watcher (an actor per training run) polls Ray's drain state, which only a
+            # platform that drains nodes sets (GKE spot, through KubeRay); nothing drains these hosts.
+            # (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py.)
+            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
             # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
             # this user would share.
             **auth.environment(token_path),
