@@ -137,7 +137,8 @@ def add_commands(sub) -> None:
         "--project",
         action="append",
         metavar="PROJECT",
-        help="also search this project for clusters labelled tpupipe-run (repeatable)",
+        help="also search this project for clusters labelled tpupipe-run (repeatable); once given, a ledger naming "
+        "any other project is reported and kept, not obeyed",
     )
     p.add_argument(
         "--region",

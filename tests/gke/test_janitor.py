@@ -123,6 +123,30 @@ def test_a_run_within_its_limit_is_kept_and_a_finished_one_is_collected(tmp_path
     assert project.clusters("young") and project.pools("young")
 
 
+def test_a_ledger_naming_another_run_or_a_project_outside_the_sweep_is_kept_not_obeyed(
+    tmp_path, project_factory, capsys, hf_token
+):
+    """The run's own pods can write its ledger, and the janitor runs as the pipeline's service account: a ledger
+    edited to name another project (one the sweep was not given) or another run is reported and kept, its run's
+    resources left for a person; the honest ledger beside them is collected."""
+    project = project_factory(polls_to_done=1)
+    for run_id in ("honest", "elsewhere", "renamed"):
+        _left_behind(project, _local(tmp_path, run_id))
+    elsewhere = ledger.load(LocalStore(tmp_path / "elsewhere"))
+    elsewhere["spec"]["gke"]["project"] = "someone-elses-project"
+    ledger.save(LocalStore(tmp_path / "elsewhere"), elsewhere)
+    renamed = ledger.load(LocalStore(tmp_path / "renamed"))
+    ledger.save(LocalStore(tmp_path / "renamed"), {**renamed, "run_id": "honest"})
+    code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s", "--project", PROJECT)
+    assert code == 0, text
+    assert "1 run to clean up" in text and project.clusters("honest") == [] and project.pools("honest") == []
+    outside = f"elsewhere: kept: its ledger names project 'someone-elses-project', not one of this sweep's ({PROJECT})"
+    assert outside in text
+    assert "renamed: kept: its ledger names run 'honest', not the run it is filed under" in text
+    for run_id in ("elsewhere", "renamed"):
+        assert project.clusters(run_id) and project.pools(run_id)
+
+
 def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(
     tmp_path, project_factory, capsys, hf_token, monkeypatch
 ):

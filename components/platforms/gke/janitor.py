@@ -16,7 +16,9 @@ compiled pipeline runs). A job that ended (cancelled from the UI, by a schedule'
 still has resources is collected at once, whatever its age: a cancelled job's exit handler never ran its teardown
 ("cancels all the remaining tasks in the pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
 A run whose job is still pending or running is left alone, whatever its age; so is a run whose driver's heartbeat
-is fresh (``components.platforms.heartbeat``: a stage of it is working now), even past ``older_than_s``.
+is fresh (``components.platforms.heartbeat``: a stage of it is working now), even past ``older_than_s``. The run's
+own pods can write its ledger, so a ledger that names another run, or a project outside the ones the sweep was given,
+is reported and kept, never obeyed.
 
 Any other run is collected when it is finished (its summary written, yet something of it remains) or older than its
 limit: ``older_than_s`` when given, else the run's own: the longest its stages may wait (:func:`limit_s`); so is a
@@ -123,6 +125,10 @@ class Janitor:
             spec = RunSpec.from_json(json.dumps(ledger["spec"])) if ledger.get("spec") else None
             if spec is None or ledger.get("torn_down"):
                 continue
+            doubt = self._doubt(run_id, ledger, spec)
+            if doubt:  # the run's own pods can write its ledger: one that names another run or project is not obeyed
+                sweep.kept.append(f"{run_id}: kept: {doubt}; left to a person")
+                continue
             projects.add(spec.gke.project)
             ctx = RunContext(spec=spec, run_id=run_id, store=store, platform="gke")
             has = self.platform.remaining(ctx)
@@ -141,6 +147,16 @@ class Janitor:
         for project in sorted(p for p in projects if p):
             self._find_labelled(project, known, sweep)
         return sweep
+
+    def _doubt(self, run_id: str, ledger: dict, spec: RunSpec) -> str:
+        """Why a ledger is not to be acted on: it names another run than the one it is filed under, or a project
+        outside the ones this janitor was given (it runs as the pipeline's service account, which may reach more)."""
+        if ledger.get("run_id", run_id) != run_id:
+            return f"its ledger names run {ledger['run_id']!r}, not the run it is filed under"
+        if self.projects and spec.gke.project not in self.projects:
+            given = ", ".join(self.projects)
+            return f"its ledger names project {spec.gke.project!r}, not one of this sweep's ({given})"
+        return ""
 
     def _job_reason(self, job: dict | None, project: str) -> tuple[str, str]:
         """Why a Vertex AI run is collected or kept, from its pipeline job's state; else '' and, when the state
