@@ -17,22 +17,23 @@ PYTHON312 ?= $(shell \
   for p in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
     if [ -x "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1; then echo "$$p"; exit; fi; done)
 
-.PHONY: help run test test-fast test-e2e compile-pipeline bench lint format envs clean-runs goldens
+.PHONY: help run test test-fast test-e2e compile-pipeline bench lint format lock envs clean-runs goldens
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 	@echo "  make run PRESET=<preset> SET=\"key=value ...\"   e.g. SET=\"epochs=2 cluster.num_hosts=3\""
 
-# --no-compile: the modules a process imports are compiled on first import and kept, even where PYTHONDONTWRITEBYTECODE
-# is set (components/platforms/local/envs.py cache_bytecode, here and in the image environments).
-$(VENV)/.installed: images/pipeline/requirements.txt requirements-dev.txt
+# --no-compile, then compileall on every core (pip compiles one file after another), here and in the image
+# environments (components/platforms/local/envs.py): where PYTHONDONTWRITEBYTECODE is set, Python writes no cache and
+# every process would compile the modules it imports again. -qq: a package's test data that is not Python 3 is no news.
+$(VENV)/.installed: requirements-dev.lock
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
 	rm -rf $(VENV)
 	$(PYTHON312) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -r images/pipeline/requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --require-hashes -r requirements-dev.lock
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -e .
-	$(BIN)/python -c 'import sys; from components.platforms.local.envs import cache_bytecode; cache_bytecode(sys.prefix)'
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and the trainer environments
@@ -91,6 +92,17 @@ lint: $(VENV)/.installed ## ruff check (pyproject.toml's rules) and ruff format 
 format: $(VENV)/.installed ## format the tree (ruff format) and apply ruff's safe fixes
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
+
+# Every environment installs a hash-locked file (pip --require-hashes): each image's requirements.lock (its Dockerfile
+# and components/platforms/local/envs.py install it) and requirements-dev.lock (.venv: the components image's
+# requirements and the test tools), resolved for Python 3.12 on Linux x86_64 (manylinux_2_31: the oldest glibc
+# torch-tpu's and libtpu's wheels are built for). tests/unit/test_locks.py fails when a pin is not in its lock.
+LOCK := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_31 \
+  --custom-compile-command "make lock"
+
+lock: $(VENV)/.installed ## regenerate the hash-locked requirements (images/*/requirements.lock, requirements-dev.lock) after changing a requirements file
+	@set -e; for d in $(wildcard images/*); do echo "locking $$d/requirements.txt"; $(LOCK) -o $$d/requirements.lock $$d/requirements.txt; done
+	$(LOCK) -o requirements-dev.lock images/pipeline/requirements.txt requirements-dev.txt
 
 clean-runs: ## delete local run directories
 	rm -rf runs

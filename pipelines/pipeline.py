@@ -128,13 +128,16 @@ def source_version(root: Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def compile_pipeline(path: str, target: Target | None = None, pipeline=None, retries: bool = True) -> str:
+def compile_pipeline(
+    path: str, target: Target | None = None, pipeline=None, retries: bool = True, digest: str | None = None
+) -> str:
     """Compile ``pipeline`` (default: the tpupipe pipeline; ``pipelines.janitor.janitor_pipeline`` too) to ``path``.
     With a ``target``, every task runs in the components image of this exact source (its tag a hash of the image's
     build context) in the target's Artifact Registry, and the parameters the pipeline has default to a gke run in the
-    target's project and bucket. Without ``retries``, no task asks to be retried: what a local run (kfp.local, which
-    honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver stops a stage on
-    Ctrl-C and a retry would start it again. Deterministic: the same tree gives the same bytes."""
+    target's project and bucket; with its ``digest`` (``sha256:HEX``, what ``publish`` built or found), the image is
+    pinned to it (``NAME:TAG@sha256:HEX``). Without ``retries``, no task asks to be retried: what a local run
+    (kfp.local, which honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver
+    stops a stage on Ctrl-C and a retry would start it again. Deterministic: the same tree gives the same bytes."""
     pipeline = pipeline or tpupipe_pipeline
     if target is None and retries:
         compiler.Compiler().compile(pipeline, package_path=path)
@@ -154,7 +157,7 @@ def compile_pipeline(path: str, target: Target | None = None, pipeline=None, ret
     if target is None:
         Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
         return path
-    image = target.image(image_tag(PIPELINE_IMAGE))
+    image = target.image(image_tag(PIPELINE_IMAGE)) + (f"@{digest}" if digest else "")
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = image
     defaults = {

@@ -3,7 +3,8 @@
 1. The components image of this source tree (tagged with the hash of its build context, the tag the compiled
    pipeline names): built with Cloud Build and pushed to the Artifact Registry Docker repository when that tag is
    missing, else reused.
-2. The compiled template uploaded to an Artifact Registry KFP repository (``kfp.registry.RegistryClient``), tagged
+2. The compiled template, every task's image pinned to that image's digest, uploaded to an Artifact Registry KFP
+   repository (``kfp.registry.RegistryClient``), tagged
    with the version, the git commit and ``latest``: the Vertex UI offers it under "Create run" from a template.
 """
 
@@ -50,21 +51,33 @@ def build_body(target: Target, image: str, tag: str) -> dict:
     }
 
 
-def missing_images(template: str) -> list[str]:
-    """The images a compiled pipeline file's tasks name that are not in Artifact Registry (the call ``publish``
-    makes before it builds): on Vertex AI each such task would fail at image pull. A registry URL's template is not
-    read: it was published with its image."""
+def pin_images(template: str) -> tuple[str, list[str]]:
+    """A compiled pipeline file with every task's image pinned to the digest its tag names in Artifact Registry now
+    (``NAME:TAG@sha256:HEX``: a tag pushed again later cannot change what the job runs), written beside it under a
+    new name (the file given is left as it is), and the images that are not there (on Vertex AI each such task would
+    fail at image pull). A registry URL's template is not read: ``publish`` pinned its images before uploading it."""
     import yaml
 
     from components.platforms.credentials import credentials
     from components.platforms.gke import build as gke_build
+    from components.spec.images import IMAGE_WITH_DIGEST
 
     if template.startswith("https://"):
-        return []
+        return template, []
     spec = yaml.safe_load(Path(template).read_text())
-    images = sorted({e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()})
+    executors = spec["deploymentSpec"]["executors"].values()
     registry = gke_build.Registry(gke_build.registry_client(credentials()), log=lambda m: None)
-    return [image for image in images if not gke_build.has_image(registry, image)]
+    images = sorted({e["container"]["image"] for e in executors})
+    found = {i: i if IMAGE_WITH_DIGEST.match(i) else gke_build.tag_digest(registry, i) for i in images}
+    missing = [image for image, digest in found.items() if digest is None]
+    if missing:
+        return template, missing
+    for executor in executors:
+        image = executor["container"]["image"]
+        executor["container"]["image"] = image if found[image] == image else f"{image}@{found[image]}"
+    pinned = Path(tempfile.mkdtemp(prefix="tpupipe-")) / Path(template).name
+    pinned.write_text(yaml.safe_dump(spec, sort_keys=True))
+    return str(pinned), []
 
 
 def publish(target: Target, kfp_repository: str, version: str, log=print) -> Published:
@@ -96,8 +109,9 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
     registry.ensure(target.project, target.region, kfp_repository, fmt="KFP", field="--kfp-repository")
     tags = tuple(t for t in (version, source_version()[:12], "latest") if t)
     host = kfp_host(target, kfp_repository)
+    digest = gke_build.tag_digest(registry, image)
     with tempfile.TemporaryDirectory() as tmp:
-        path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target)
+        path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target, digest=digest)
         import google.auth.transport.requests
         from kfp.registry import RegistryClient
 
@@ -105,4 +119,4 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
             creds.refresh(google.auth.transport.requests.Request())
         package, package_version = RegistryClient(host=host, auth=creds).upload_pipeline(path, tags=list(tags))
     log(f"publish: template {package}/{package_version} in {host}, tags {', '.join(tags)}")
-    return Published(image, built, f"{package}/{package_version}", tags, host)
+    return Published(f"{image}@{digest}", built, f"{package}/{package_version}", tags, host)

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from components.spec import InfraError
+from components.spec import InfraError, SpecError
 from pipelines import vertex
 
 JANITOR_SCHEDULE = "tpupipe-janitor"
@@ -84,6 +84,7 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
 
     from pipelines.janitor import janitor_pipeline
     from pipelines.pipeline import Target, compile_pipeline
+    from pipelines.publish import pin_images
 
     target = Target(project=project, region=region)
     vertex.init(project, region)
@@ -92,7 +93,9 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
         log(f"publish: the janitor schedule {JANITOR_SCHEDULE} exists already ({existing.resource_name})")
         return existing.resource_name
     with tempfile.TemporaryDirectory() as tmp:
-        path = compile_pipeline(str(Path(tmp) / "janitor.yaml"), target, janitor_pipeline)
+        path, missing = pin_images(compile_pipeline(str(Path(tmp) / "janitor.yaml"), target, janitor_pipeline))
+        if missing:
+            raise SpecError("image", f"{missing[0]} is not in Artifact Registry: tpupipe publish builds it")
         job = aiplatform.PipelineJob(
             display_name=JANITOR_SCHEDULE, template_path=path, pipeline_root=target.pipeline_root
         )

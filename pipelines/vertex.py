@@ -130,17 +130,18 @@ def new_job_id(preset: str) -> str:
 
 
 def published_template(sub: Submission, publish_first: bool = False, log: Callable[[str], None] = print) -> str:
-    """The job's template, its images in Artifact Registry: with ``publish_first``, ``tpupipe publish`` of this tree
-    first; else a missing image is refused (exit 2) with the command that publishes it."""
+    """The job's template, its images in Artifact Registry and pinned to their digests: with ``publish_first``,
+    ``tpupipe publish`` of this tree first; else a missing image is refused (exit 2) with the command that publishes
+    it."""
     from pipelines.pipeline import Target
-    from pipelines.publish import missing_images, publish
+    from pipelines.publish import pin_images, publish
 
     if publish_first and sub.template:
         raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])
     if publish_first:
         publish(Target(project=sub.project, region=sub.region), "tpupipe-pipelines", "", log=log)
     template = _template(sub)
-    missing = missing_images(template)
+    template, missing = pin_images(template)
     if missing:
         raise SpecError(
             "image",

@@ -91,8 +91,15 @@ class ArtifactRegistryEmulator(GrpcEmulator):
             self.state.images[image] = digest
 
     def has_image(self, image: str) -> bool:
+        """Whether a pull of ``image`` finds it: ``NAME:TAG`` by its tag; ``NAME[:TAG]@DIGEST`` by the digest alone,
+        the tag ignored, as Docker and containerd pull a reference that has both (the reference grammar:
+        https://github.com/distribution/reference/blob/main/reference.go)."""
+        reference, _, digest = image.partition("@")
         with self._lock:
-            return image in self.state.images
+            if not digest:
+                return reference in self.state.images
+            name = reference.rsplit(":", 1)[0] if ":" in reference.rsplit("/", 1)[-1] else reference
+            return any(i.rsplit(":", 1)[0] == name and d == digest for i, d in self.state.images.items())
 
     def get_tag(self, request: ar.GetTagRequest, context) -> ar.Tag:
         """``projects/P/locations/L/repositories/R/packages/IMAGE/tags/TAG``: the tag of a pushed image."""

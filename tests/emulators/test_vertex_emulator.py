@@ -5,9 +5,7 @@ ModelService on the same endpoint as the pipelines, where tpupipe's registry rea
 ``$TPUPIPE_VERTEX_ENDPOINT``. (No ``from __future__ import annotations`` here: KFP reads the components' real
 annotations.)"""
 
-import os
 import secrets
-import subprocess
 import sys
 from pathlib import Path
 
@@ -250,24 +248,22 @@ def test_a_task_runs_in_the_environment_of_its_image_alone_so_a_package_the_imag
     from components.platforms.local import envs
 
     monkeypatch.setenv("TPUPIPE_ENVS_DIR", str(tmp_path / "envs"))
-    pins = (envs.IMAGES_DIR / "pipeline" / "requirements.txt").read_text().splitlines()
-    (pyyaml,) = [line for line in pins if line.lower().startswith("pyyaml==")]
+    # PyYAML's block of the image's lock (its pin and the hashes of its files; it depends on nothing).
+    lock = (envs.IMAGES_DIR / "pipeline" / envs.LOCK_FILE).read_text().split("\n")
+    start = next(i for i, line in enumerate(lock) if line.lower().startswith("pyyaml=="))
+    end = next(i for i in range(start + 1, len(lock)) if lock[i][:1].isalnum())
+    pyyaml = "\n".join(lock[start:end])
 
     def image(name: str, requirements: list[str]) -> Path:
         copy = tmp_path / name / "pipeline"
         copy.mkdir(parents=True)
         (copy / "Dockerfile").write_text((envs.IMAGES_DIR / "pipeline" / "Dockerfile").read_text())
-        (copy / "requirements.txt").write_text("\n".join(requirements) + "\n")
+        (copy / envs.LOCK_FILE).write_text("\n".join(requirements) + "\n")
         return envs.ensure_env("pipeline", log=lambda m: None, images=copy.parent).bin
 
     vertex.python_bin = image("with", [pyyaml])
-    # Where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it; a Ray host inherits it), a process of the
-    # environment still keeps the bytecode of what it imports: compiled once, for every later process.
-    cached = "lib/python3.*/site-packages/yaml/__pycache__/__init__.*.pyc"
-    assert not list(vertex.python_bin.parent.glob(cached))  # pip --no-compile: nothing compiled at build
-    no_cache = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    subprocess.run([str(vertex.python_bin / "python"), "-c", "import yaml"], env=no_cache, check=True)
-    assert list(vertex.python_bin.parent.glob(cached))
+    # Byte-compiled, as the image's `pip install` compiles: no process of a run compiles the package again.
+    assert list(vertex.python_bin.parent.glob("lib/python3.*/site-packages/yaml/__pycache__/__init__.*.pyc"))
     _, ran = _create(vertex, tmp_path, image_env, "with-pyyaml")
     assert ran["state"] == "PIPELINE_STATE_SUCCEEDED", (ran.get("error"), ran["jobDetail"])
     assert "yaml 6." in vertex.job("with-pyyaml").logs["reads-yaml"]

@@ -48,8 +48,14 @@ def test_provision_creates_the_planned_cluster_and_pools_with_the_run_label(tmp_
     assert project.clusters("plan-run") == [f"projects/{PROJECT}/locations/us-east5-b/clusters/tpupipe-plan-run"]
     assert sorted(p.rsplit("/", 1)[-1] for p in project.pools("plan-run")) == ["plan-run-cpu", "plan-run-s0"]
     assert result["node_pools"] == ["plan-run-s0"]
-    pool = project.gke.state.clusters[project.clusters("plan-run")[0]].node_pools[1]
+    cluster = project.gke.state.clusters[project.clusters("plan-run")[0]]
+    pool = cluster.node_pools[1]
     assert pool.config.machine_type == "ct6e-standard-4t" and pool.initial_node_count == 1
+    # Shielded nodes, every pool's with secure boot and integrity monitoring.
+    assert cluster.shielded_nodes.enabled
+    for each in cluster.node_pools:
+        shielded = each.config.shielded_instance_config
+        assert shielded.enable_secure_boot and shielded.enable_integrity_monitoring, each.name
 
 
 NODE_ACCOUNT = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"  # the project's default Compute Engine one

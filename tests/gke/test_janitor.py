@@ -357,6 +357,8 @@ def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_buck
     (job,) = project.vertex.advance(project.vertex.clock + timedelta(minutes=15))
     resource = project.vertex.wait(job, timeout_s=120)
     assert resource["state"] == "PIPELINE_STATE_SUCCEEDED", project.vertex.job(job).logs
+    executors = project.vertex.job(job).spec["deploymentSpec"]["executors"].values()  # its image by digest
+    assert {e["container"]["image"].rsplit("@", 1)[-1] for e in executors} == {"sha256:" + "cd" * 32}
     assert (
         "ui-stop (its pipeline job tpupipe-local-fsdp-20261201000000-cccccc is cancelled):"
         in (project.vertex.job(job).logs["janitor"])

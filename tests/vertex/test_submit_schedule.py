@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from components.spec import names
+from components.spec.images import IMAGE_WITH_DIGEST
 from pipelines.pipeline import Target
 from pipelines.publish import publish
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
@@ -177,9 +178,8 @@ def test_submit_of_an_unpublished_tree_exits_2_naming_publish_and_with_publish_s
     (template,) = project.kfp.packages.values()
     assert "latest" in template["tags"]
     job = project.vertex.job(published.stdout.split("submitted ", 1)[1].split()[0].rsplit("/", 1)[-1])
-    assert {
-        project.registry.has_image(e["container"]["image"]) for e in job.spec["deploymentSpec"]["executors"].values()
-    } == {True}
+    images = {e["container"]["image"] for e in job.spec["deploymentSpec"]["executors"].values()}
+    assert {bool(IMAGE_WITH_DIGEST.match(i)) and project.registry.has_image(i) for i in images} == {True}
     project.vertex.wait(job.resource["name"], timeout_s=300)
 
 

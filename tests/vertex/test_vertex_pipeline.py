@@ -11,7 +11,8 @@ import json
 import pytest
 
 from components.registry import PROVENANCE_FIELDS, open_registry
-from pipelines.pipeline import Target, compile_pipeline
+from components.spec.images import IMAGE_WITH_DIGEST
+from pipelines.pipeline import Target
 from pipelines.publish import publish
 from pipelines.vertex import PRESET_LABEL
 from tests.emulators.project import PROJECT, REGION
@@ -40,15 +41,17 @@ STAGES = [
 
 
 def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str:
-    """Compile, publish, and submit a job of the compiled template with the real SDK; its resource name. Without
-    ``overrides``, the job sets the preset alone and no pipeline root, as the UI's run form does when only the preset
-    is chosen."""
+    """Publish, and submit a job of the template publish uploaded (what the UI's "Create run" from a template
+    starts) with the real SDK; its resource name. Without ``overrides``, the job sets the preset alone and no
+    pipeline root, as the UI's run form does when only the preset is chosen."""
     from google.cloud import aiplatform
     from google.oauth2.credentials import Credentials
 
     target = Target(project=PROJECT, region=REGION)
-    template = compile_pipeline(str(tmp_path / "tpupipe.yaml"), target)
     publish(target, "tpupipe-pipelines", "v1", log=lambda m: None)
+    (package,) = project.kfp.packages.values()
+    template = tmp_path / f"{job_id}.yaml"
+    template.write_bytes(package["versions"][package["tags"]["v1"]])
     aiplatform.init(
         project=PROJECT,
         location=REGION,
@@ -58,7 +61,7 @@ def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str
     )
     job = aiplatform.PipelineJob(
         display_name="tpupipe",
-        template_path=template,
+        template_path=str(template),
         job_id=job_id,
         # The UI's form takes the template's defaultPipelineRoot; the SDK does too when the job names none.
         pipeline_root=None if overrides is None else f"gs://{PROJECT}-pipeline-root/{job_id}",
@@ -111,9 +114,10 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     project = project_factory(ray=True, vertex=True)
     ok, keep_id = unique_run_id("vx-ok"), unique_run_id("vx-keep")
     name = _submit(project, tmp_path, ok)
-    # Published: the components image (exactly the tag every task names) and the template with its tags.
+    # Published: the components image (every task names it by the digest its build pushed) and the template with its
+    # tags.
     images = {e["container"]["image"] for e in project.vertex.job(name).spec["deploymentSpec"]["executors"].values()}
-    assert len(images) == 1 and project.registry.has_image(images.pop())
+    assert len(images) == 1 and IMAGE_WITH_DIGEST.match(image := images.pop()) and project.registry.has_image(image)
     (template,) = project.kfp.packages.values()
     assert {"v1", "latest"} <= set(template["tags"])
     resource = project.vertex.wait(name, timeout_s=1500)

@@ -296,6 +296,11 @@ def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, 
     finally:
         storage.stop()
     assert vertex.JOB_ID.match(name.rsplit("/", 1)[-1]) and service.calls == ["CreatePipelineJob"]
+    # The job's tasks name the image by the digest its tag names now (a tag pushed again cannot change what runs);
+    # the template file given is left as it was.
+    executors = service.job(name.rsplit("/", 1)[-1]).spec["deploymentSpec"]["executors"].values()
+    assert {e["container"]["image"] for e in executors} == {f"{IMAGE}@sha256:{'ab' * 32}"}
+    assert "@sha256:" not in Path(service.template).read_text()
 
 
 def test_a_job_whose_image_is_missing_is_created_and_its_task_fails_at_image_pull(service, tmp_path):

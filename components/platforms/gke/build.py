@@ -158,19 +158,26 @@ class Registry(Adapter):
         return name
 
 
-def has_image(registry: Registry, image: str) -> bool:
-    """Whether ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` is in Artifact Registry (its tag exists)."""
+def tag_digest(registry: Registry, image: str) -> str | None:
+    """The digest (``sha256:HEX``) that ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` names in Artifact
+    Registry now, or None when the tag is not there. A tag names a version (``Tag.version``:
+    ``.../versions/sha256:HEX``, google/cloud/artifactregistry_v1/types/tag.py); a reference by digest cannot move."""
     from google.api_core import exceptions as gexc
 
-    host, project, repository, rest = image.split("/", 3)
+    host, project, repository, rest = image.split("@")[0].split("/", 3)
     name, _, tag = rest.rpartition(":")
     location = host.removesuffix("-docker.pkg.dev")
     path = f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}/tags/{tag}"
     try:
-        registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))
+        found = registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))
     except gexc.NotFound:
-        return False
-    return True
+        return None
+    return found.version.rsplit("/versions/", 1)[-1]
+
+
+def has_image(registry: Registry, image: str) -> bool:
+    """Whether ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` is in Artifact Registry (its tag exists)."""
+    return tag_digest(registry, image) is not None
 
 
 class CloudBuild(Adapter):

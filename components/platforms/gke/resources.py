@@ -252,6 +252,10 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             }
         }
         return body
+    # Shielded GKE Nodes on the cluster (Cluster.shielded_nodes, google/cloud/container_v1/types/cluster_service.py;
+    # https://cloud.google.com/kubernetes-engine/docs/how-to/shielded-gke-nodes): nodes prove their identity to the
+    # control plane before joining. Autopilot's nodes always are.
+    body["shieldedNodes"] = {"enabled": True}
     body["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
     if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)
         body["networkConfig"]["enableMultiNetworking"] = True

@@ -1,9 +1,9 @@
 """Local "images": one Python environment per image directory, keyed by the content hash of its files.
 
-``images/<name>/`` holds the image's Dockerfile and pinned requirements. Locally, building the image means
-creating ``.envs/<name>-<hash>/`` from those files (Python 3.12, the requirements, then this repository
-installed without dependencies, as the Dockerfile does). The same files give the same hash, so an environment
-is built once and reused until its image files change.
+``images/<name>/`` holds the image's Dockerfile, its pinned requirements and their hash-locked resolution
+(``requirements.lock``). Locally, building the image means creating ``.envs/<name>-<hash>/`` from those files (Python
+3.12, the locked requirements, then this repository installed without dependencies, as the Dockerfile does). The
+same files give the same hash, so an environment is built once and reused until its image files change.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from components.spec import InfraError, SpecError
 REPO_ROOT = Path(__file__).resolve().parents[3]  # components/platforms/local/envs.py
 IMAGES_DIR = REPO_ROOT / "images"
 COMPLETE_MARKER = ".tpupipe-env-complete"
-# A .pth line runs as the interpreter starts (the site module): every process of the environment writes the bytecode
-# of the modules it imports, even where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it).
-BYTECODE_PTH = "tpupipe-bytecode.pth"
-BYTECODE_LINE = "import sys; sys.dont_write_bytecode = False\n"
+# What the image's Dockerfile installs: its requirements.txt resolved, every file by its hash (`make lock`).
+LOCK_FILE = "requirements.lock"
+COMPILED_MARKER = ".tpupipe-env-compiled"  # its modules byte-compiled (an environment built before lacks it)
 
 
 def envs_dir() -> Path:
@@ -70,7 +69,7 @@ def image_digest(image: str, images: Path = IMAGES_DIR) -> str:
 def env_for(image: str, images: Path = IMAGES_DIR) -> Env:
     digest = image_digest(image, images)
     path = envs_dir() / f"{image}-{digest}"
-    return Env(image, digest, str(path), (path / COMPLETE_MARKER).is_file())
+    return Env(image, digest, str(path), all((path / m).is_file() for m in (COMPLETE_MARKER, COMPILED_MARKER)))
 
 
 def _base_python() -> str:
@@ -112,26 +111,26 @@ def ensure_env(image: str, log=print, images: Path = IMAGES_DIR) -> Env:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
         if env_for(image, images).reused:  # another process built it while this one waited
             return _reusing(env, log)
-        return _build(env, target, log, images / image / "requirements.txt")
+        if (target / COMPLETE_MARKER).is_file():  # built before environments were byte-compiled: compiled now
+            _compile(image, target, log, target.with_name(f"{target.name}.log"))
+            return _reusing(env_for(image, images), log)
+        return _build(env, target, log, images / image / LOCK_FILE)
 
 
-def cache_bytecode(prefix: str | Path) -> None:
-    """Make every process of the environment at ``prefix`` keep the bytecode of what it imports, so that a module is
-    compiled once, by the first process that imports it, as Python does by default. Without it, where
-    ``PYTHONDONTWRITEBYTECODE`` is set, every process of a run compiled again what it imports (importing Ray Train,
-    torch and transformers took 12.5 CPU-seconds instead of 5.3, in each Ray worker). Compiling every module when
-    the environment is built, as the images' ``pip install`` does, cost about 350 CPU-seconds for the four
-    environments, most of it for modules no run imports. Idempotent; an environment built before gets it on reuse."""
-    site = Path(prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    pth = site / BYTECODE_PTH
-    if not pth.is_file() or pth.read_text() != BYTECODE_LINE:
-        staged = pth.with_name(f".{pth.name}.{os.getpid()}")
-        staged.write_text(BYTECODE_LINE)
-        staged.replace(pth)  # atomic: a process starting beside this one reads the old file or the new one
+def _compile(image: str, target: Path, log, log_file: Path) -> None:
+    """Byte-compile the environment's packages, as the image's ``pip install`` does (images/*/Dockerfile). Without
+    it, every process of a run compiles the modules it imports again wherever ``PYTHONDONTWRITEBYTECODE`` is set (it
+    writes no cache): importing Ray Train, torch and transformers took 12.5 CPU-seconds instead of 5.3, in each Ray
+    worker. A file that does not compile (a package's Python 2 example) is left to fail at import, as in the image."""
+    python = target / "bin" / "python"
+    site = target / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    cmd = [str(python), "-m", "compileall", "-q", "-j", "0", str(site)]
+    if _run_logged(cmd, log, f"image {image}: byte-compile", log_file, check=False):
+        log(f"image {image}: some modules did not byte-compile (see {log_file}); they compile on import")
+    (target / COMPILED_MARKER).write_text("compileall\n")
 
 
 def _reusing(env: Env, log) -> Env:
-    cache_bytecode(env.path)
     log(f"image {env.image}: reusing environment {env.path} (content hash {env.digest})")
     return env
 
@@ -144,13 +143,13 @@ def _build(env: Env, target: Path, log, requirements: Path) -> Env:
     shutil.rmtree(target, ignore_errors=True)
     image = env.image
     _run_logged([_base_python(), "-m", "venv", str(target)], log, f"image {image}: venv", log_file)
-    # --no-compile: the modules a run imports are compiled on first import and kept (cache_bytecode).
+    # --no-compile: pip byte-compiles one module after another; _compile does it on every core, once (below).
     pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
     shown = requirements.relative_to(REPO_ROOT) if requirements.is_relative_to(REPO_ROOT) else requirements
     what = f"image {image}: pip install"
-    _run_logged([*pip, "-r", str(requirements)], log, f"{what} -r {shown}", log_file)
+    _run_logged([*pip, "--require-hashes", "-r", str(requirements)], log, f"{what} -r {shown}", log_file)
     _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, f"{what} tpupipe", log_file)
-    cache_bytecode(target)
+    _compile(image, target, log, log_file)
     (target / COMPLETE_MARKER).write_text(env.digest + "\n")
     log(f"image {env.image}: environment ready in {time.monotonic() - started:.0f}s")
     return Env(env.image, env.digest, env.path, False)

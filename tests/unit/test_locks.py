@@ -1,0 +1,69 @@
+"""Every environment installs a hash-locked file: each image's ``requirements.lock`` (its Dockerfile and the local
+environment alike) and ``requirements-dev.lock`` (.venv). A pin in a requirements file that its lock lacks, at
+that version and with a hash, fails here: `make lock` regenerates the locks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from components.platforms.local import envs
+from tests.helpers import REPO
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)")
+LOCKS = {  # lock -> the requirements files it resolves
+    **{f"images/{i}/{envs.LOCK_FILE}": [f"images/{i}/requirements.txt"] for i in envs.image_names()},
+    "requirements-dev.lock": ["images/pipeline/requirements.txt", "requirements-dev.txt"],
+}
+
+
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503's normalized name
+
+
+def locked(text: str) -> dict[str, tuple[str, int]]:
+    """The lock's entries: normalized name -> (version, how many hashes its block lists)."""
+    entries: dict[str, tuple[str, int]] = {}
+    name = ""
+    for line in text.splitlines():
+        m = PIN.match(line)
+        if m:
+            name = _name(m[1])
+            entries[name] = (m[3], 0)
+        elif name and line.strip().startswith("--hash=sha256:"):
+            version, hashes = entries[name]
+            entries[name] = (version, hashes + 1)
+    return entries
+
+
+def pins(text: str) -> dict[str, str]:
+    return {_name(m[1]): m[3] for line in text.splitlines() if (m := PIN.match(line.strip()))}
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_pin_is_in_its_lock_at_its_version_and_every_entry_has_a_hash(lock):
+    entries = locked((REPO / lock).read_text())
+    assert entries, f"{lock} lists nothing"
+    unhashed = sorted(n for n, (_, hashes) in entries.items() if not hashes)
+    assert unhashed == [], f"{lock}: no --hash for {unhashed}"
+    for requirements in LOCKS[lock]:
+        for name, version in pins((REPO / requirements).read_text()).items():
+            assert name in entries, f"{requirements} pins {name}=={version}, which {lock} lacks: run `make lock`"
+            assert entries[name][0] == version, f"{lock} has {name}=={entries[name][0]}, {requirements} pins {version}"
+
+
+def test_the_lock_checks_catch_a_missing_pin_and_a_missing_hash():
+    entries = locked("a==1 \\\n    --hash=sha256:00\nb==2\n    # via a\n")
+    assert entries == {"a": ("1", 1), "b": ("2", 0)}
+    assert pins("A_B[x]==3  # why\n# c==4\n") == {"a-b": "3"}
+
+
+@pytest.mark.parametrize("image", envs.image_names())
+def test_each_image_installs_its_lock_by_hash_and_the_venv_its_own(image):
+    dockerfile = (REPO / "images" / image / "Dockerfile").read_text()
+    assert f"COPY images/{image}/{envs.LOCK_FILE} " in dockerfile
+    assert re.search(r"pip install [^\n]*--require-hashes[^\n]* -r /tmp/requirements\.lock", dockerfile)
+    assert not re.search(r"COPY \S*requirements\.txt", dockerfile)
+    makefile = (REPO / "Makefile").read_text()
+    assert "--require-hashes -r requirements-dev.lock" in makefile
