@@ -90,7 +90,8 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
     image = target.image(tag)
     registry = gke_build.Registry(gke_build.registry_client(creds), log=log)
     registry.ensure(target.project, target.region, target.repository, field="--repository")
-    built = not gke_build.has_image(registry, image)
+    digest = gke_build.tag_digest(registry, image)
+    built = digest is None
     if built:
         log(f"publish: {image} is not in Artifact Registry: building it")
         storage = gke_storage.Storage(gke_storage.storage_client(target.project, creds), log=log)
@@ -104,12 +105,12 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
         )
         builder = gke_build.CloudBuild(gke_build.client(creds), target.project, target.region, log=log)
         builder.ensure(body, body["tags"][1], lambda kind, name: None, timeout_s=BUILD_TIMEOUT_S + 600)
+        digest = gke_build.tag_digest(registry, image)  # what the build pushed
     else:
         log(f"publish: {image} is in Artifact Registry already: reusing it")
     registry.ensure(target.project, target.region, kfp_repository, fmt="KFP", field="--kfp-repository")
     tags = tuple(t for t in (version, source_version()[:12], "latest") if t)
     host = kfp_host(target, kfp_repository)
-    digest = gke_build.tag_digest(registry, image)
     with tempfile.TemporaryDirectory() as tmp:
         path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target, digest=digest)
         import google.auth.transport.requests

@@ -175,11 +175,6 @@ def tag_digest(registry: Registry, image: str) -> str | None:
     return found.version.rsplit("/versions/", 1)[-1]
 
 
-def has_image(registry: Registry, image: str) -> bool:
-    """Whether ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` is in Artifact Registry (its tag exists)."""
-    return tag_digest(registry, image) is not None
-
-
 class CloudBuild(Adapter):
     """Get-or-create and wait for the run's image build, in ``projects/<project>/locations/<location>``."""
 
