@@ -15,12 +15,12 @@ os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
 # `make test-e2e`'s --durations): with two processes (--dist loadfile --no-loadscope-reorder, the Makefile's XDIST), a
 # long file handed out last would run alone at the end.
 LONGEST_FIRST = (
-    "tests/e2e/test_local_pipeline.py",  # 8.0
-    "tests/vertex/test_submit_schedule.py",  # 6.7
     "tests/vertex/test_vertex_pipeline.py",  # 6.6: two Vertex AI jobs, each task its own process
+    "tests/vertex/test_submit_schedule.py",  # 6.5
+    "tests/e2e/test_local_pipeline.py",  # 5.5
+    "tests/e2e/test_local_gate.py",  # 4.5: `make run`'s run, then a run from its champion
     "tests/gke/test_gke_pipeline.py",  # 4.2
     "tests/e2e/test_local_maxtext.py",  # 4.0
-    "tests/e2e/test_local_gate.py",  # 4.0
     "tests/e2e/test_local_interrupts.py",  # 3.7
 )
 

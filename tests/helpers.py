@@ -1,13 +1,17 @@
-"""What the tests share: the repository, the `tpupipe` command, run ids of this test session's own, and waiting on a
-condition with a deadline."""
+"""What the tests share: the repository, the `tpupipe` command (and a local run of it), run ids of this test
+session's own, what a finished local run must leave behind, and waiting on a condition with a deadline."""
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from components.platforms.local.ports import port_is_free
+from components.platforms.local.processes import run_processes
 from components.platforms.waiting import DeadlineExceeded, wait_for
 from components.spec import names
 
@@ -25,6 +29,23 @@ def tpupipe_cmd() -> list[str]:
 def unique_run_id(name: str) -> str:
     """``name`` made this test session's own (``e2e-good`` -> ``e2e-good-3fa9c1``), a valid run id."""
     return names.run_id_from(f"{name}-{SESSION}", "")
+
+
+def tpupipe_run(root: Path, run_id: str, *sets: str) -> subprocess.CompletedProcess:
+    """`tpupipe run` of the default preset under ``root``, each of ``sets`` one ``--set``."""
+    cmd = [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root)]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+
+
+def assert_nothing_left(run_dir: Path, run_id: str) -> None:
+    """No process of the local run alive, and none of the ports its ledger recorded still bound."""
+    assert run_processes(run_id) == [], "processes of the run are still alive"
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["processes"], "the run recorded no process"
+    ports = [p for node in ledger["ports"] for k, p in node.items() if not k.endswith("worker-port")]
+    assert [p for p in ports if not port_is_free(p)] == []
 
 
 def wait_until[T](

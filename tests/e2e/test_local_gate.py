@@ -1,16 +1,17 @@
-"""Recurring fine-tunes that only ever improve, on the local platform: two `tpupipe run`s of local-fsdp with one
-output root, so one local registry (``<root>/registry``, model ``local-fsdp``):
+"""`make run`'s run, then a recurring fine-tune after it, on the local platform: two `tpupipe run`s of local-fsdp with
+one output root, so one local registry (``<root>/registry``, model ``local-fsdp``):
 
-1. the first run's model becomes the champion (there is none yet);
+1. the default run (2 emulated hosts, the slice check, 3 epochs): the whole pipeline succeeds, fine-tuning lowers the
+   held-out loss, the run directory holds what it should, nothing is left running; its model becomes the champion
+   (there is none yet);
 2. a run with ``train.init_from=champion`` starts from the champion's weights (its "before" held-out loss is the
    champion's "after"), the champion measured again in its evaluation job on the same examples, trains further, and
-   is promoted;
+   is promoted. It is as small as its assertions allow: one emulated host, no slice check, one epoch.
 
 then `tpupipe models rollback` moves the champion back and `tpupipe models show` lists every provenance field. A run
 that is registered and not promoted is the Vertex AI gate test's second job (tests/vertex/test_vertex_pipeline.py,
 the same gate code over the other registry), and how a local run prints that decision,
-tests/component/test_components_local.py. Each run is as small as the assertions allow: one emulated host, no slice
-check, 256 examples."""
+tests/component/test_components_local.py."""
 
 import json
 import subprocess
@@ -19,15 +20,15 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
-from tests.helpers import REPO, tpupipe_cmd, unique_run_id
+from components.stages import STAGES
+from tests.helpers import REPO, assert_nothing_left, tpupipe_cmd, tpupipe_run, unique_run_id
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
-SMALL = "cluster.num_hosts=1 cluster.slice_check=false num_train_examples=256 num_eval_examples=64 epochs=1"
 RUNS = {  # run -> its overrides, in order (its run id: this test session's own, unique_run_id)
-    "gate-1": SMALL,
-    "gate-2": SMALL + " train.init_from=champion epochs=2",
+    "gate-1": (),  # the default: `make run`'s
+    "gate-2": ("cluster.num_hosts=1 cluster.slice_check=false train.init_from=champion epochs=1",),
 }
 
 
@@ -37,18 +38,19 @@ def tpupipe(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The three runs, in order, each with its process, summary and the registry as it left it."""
+    """The two runs, in order, each with its process, summary and the registry as it left it."""
     root = tmp_path_factory.mktemp("runs")
     out = {"root": root}
     for name, overrides in RUNS.items():
         run_id = unique_run_id(name)
-        proc = tpupipe("run", "--run-id", run_id, "--output-root", str(root), "--set", overrides)
+        proc = tpupipe_run(root, run_id, *overrides)
         summary_file = root / run_id / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         registry = open_registry(root)
         champion = registry.champion(MODEL) if MODEL in registry.models() else None
         out[name] = {
             "run_id": run_id,
+            "run_dir": root / run_id,
             "proc": proc,
             "summary": summary,
             "champion": champion.version if champion else None,
@@ -72,10 +74,56 @@ def test_the_first_run_becomes_the_champion(runs):
     stages = {s["name"]: s["status"] for s in summary["stages"]}
     assert stages["register"] == stages["promote"] == "succeeded"
     assert f"gate: promoted {MODEL}@1 to champion: there was no champion yet" in runs["gate-1"]["proc"].stdout
-    # The slice check switched off: the summary says so.
-    assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
-    assert "slice check          off (cluster.slice_check=false)" in runs["gate-1"]["proc"].stdout
-    assert run_processes(runs["gate-1"]["run_id"]) == []
+
+
+def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
+    run_dir, proc = runs["gate-1"]["run_dir"], runs["gate-1"]["proc"]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert [s["name"] for s in summary["stages"]] == list(STAGES)
+    assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
+    losses = summary["train_losses"]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert summary["eval_loss_after"] < 0.6 * summary["eval_loss_before"]
+    assert summary["tokens_per_s"] > 0
+    # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
+    shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
+    assert len(shown) <= 60, proc.stdout
+    assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
+    assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
+    assert "train: succeeded (" in proc.stdout and "train: epoch 3/3" in proc.stdout
+
+
+def test_slice_check_runs_before_training_with_its_figures_in_the_summary(runs):
+    run_dir, proc = runs["gate-1"]["run_dir"], runs["gate-1"]["proc"]
+    check = json.loads((run_dir / "summary.json").read_text())["slice_check"]
+    assert check["ok"] and (check["device"], check["backend"]) == ("cpu", "gloo")
+    assert (check["num_ranks"], check["num_hosts"], check["ranks_verified"]) == (2, 2, 2)
+    assert check["all_reduce"] == check["expected_all_reduce"] == 3
+    assert 0 <= check["max_abs_diff"] < 1e-2 and check["seconds"] > 0 and check["bad"] == []
+    assert check["devices_checked"] == 2  # each device computed the block alone first
+    # A 32 MiB all-reduce timed on every rank, above the local floor (stated as CPU gloo's, not a TPU figure).
+    assert check["bandwidth_bytes"] == 32 * 2**20 and check["floor_gbytes_per_s"] == 0.02
+    assert check["gbytes_per_s"] >= check["floor_gbytes_per_s"] and "CPU gloo" in check["floor_source"]
+    assert "slice check          2/2 ranks verified" in proc.stdout
+    assert "slice bandwidth      all-reduce of 32 MiB: " in proc.stdout
+
+
+def test_run_directory_holds_checkpoint_plots_and_summary(runs):
+    run_dir, proc = runs["gate-1"]["run_dir"], runs["gate-1"]["proc"]
+    checkpoint = run_dir / "checkpoint"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
+    assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "data:image/png;base64," in (run_dir / "loss.html").read_text()  # self-contained: the PNG inline
+    assert proc.stdout.rstrip().splitlines()[-1] == str(run_dir)
+    for needle in ("held-out loss", "untrained", "trained", "tokens/s", "deploy_raycluster"):
+        assert needle in proc.stdout
+
+
+def test_successful_run_leaves_no_process_and_no_port(runs):
+    run_dir = runs["gate-1"]["run_dir"]
+    assert_nothing_left(run_dir, run_dir.name)
 
 
 def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promoted(runs):
@@ -91,6 +139,9 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     assert (gate["ref"], gate["decision"], gate["promoted"]) == (f"{MODEL}@2", "promote", True)
     assert gate["eval_loss"] < gate["champion_loss"]
     assert runs["gate-2"]["champion"] == "2" and registry.history(MODEL)[-2:] == ["1", "2"]
+    # The slice check switched off: the summary says so.
+    assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
+    assert "slice check          off (cluster.slice_check=false)" in runs["gate-2"]["proc"].stdout
     second = registry.get(MODEL, "2")
     assert second.provenance["base_model"] == f"{MODEL}@1" and second.provenance["eval_loss_before"] == pytest.approx(
         summary["eval_loss_before"]

@@ -194,7 +194,7 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # Model Registry) but learns nothing (learning rate 0), so its "before" held-out loss is the champion's "after" and
     # so is its "after": registered, its promote task not triggered; its gate Markdown and summary say why with both
     # held-out figures, the champion measured again in its own evaluation job on the same examples. (A later version
-    # promoted over a champion is the local gate's third run, tests/e2e/test_local_gate.py; Vertex AI's default alias
+    # promoted over a champion is the local gate's second run, tests/e2e/test_local_gate.py; Vertex AI's default alias
     # following it, tests/unit/test_registry.py.)
     keep = "train.epochs=1 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
     keep += " gate.min_improvement=0.01"
