@@ -2,16 +2,22 @@
 written before anything waits on it, so teardown — a later task, a retried one, or ``tpupipe teardown`` — finds
 exactly what to delete. Both platforms keep theirs here: the local platform records the processes it started
 (``processes``) and its cluster's GCS address (``gcs_address``), the gke platform the cloud resources (``created``:
-``{kind, name}`` in creation order)."""
+``{kind, name}`` in creation order).
+
+Several writers share a run's ledger (a stage's task and the local host keeper, a retried task, teardown, the
+janitor), so every change is a read-modify-write under a generation precondition (:func:`update`): a writer that
+lost the race reads the ledger again and applies its change to what the other wrote, so no change is lost."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.store import RunStore, read_json, write_json
+from components.platforms.store import RunStore, StoreConflict, read_json
 
 KEY = "ledger.json"
+ATTEMPTS = 20  # read-modify-writes a change is tried in before the conflict is raised
 
 
 def load(store: RunStore) -> dict[str, Any] | None:
@@ -19,9 +25,26 @@ def load(store: RunStore) -> dict[str, Any] | None:
     return read_json(store, KEY)
 
 
-def save(store: RunStore, ledger: dict[str, Any]) -> None:
-    """Write it whole: a reader (the host keeper, a teardown) never sees half a ledger."""
-    write_json(store, KEY, ledger)
+def update(
+    store: RunStore, change: Callable[[dict[str, Any]], bool | None], empty: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Apply ``change`` to the ledger (``empty``, or ``{}``, when there is none yet) and write it whole, on the
+    condition that nobody wrote it since it was read; when someone did, read it again and apply ``change`` again.
+    ``change`` returns False when it has nothing to change (nothing is written). The ledger as written (or read)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        text, generation = store.read_versioned(KEY)
+        ledger = json.loads(text if text is not None else json.dumps(empty or {}))  # a copy: change may mutate it
+        if change(ledger) is False:
+            return ledger
+        try:
+            store.write_bytes(
+                KEY, json.dumps(ledger, indent=2, sort_keys=True).encode(), "application/json", generation
+            )
+            return ledger
+        except StoreConflict:
+            if attempt == ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def gcs_address(store: RunStore) -> str | None:
@@ -31,13 +54,30 @@ def gcs_address(store: RunStore) -> str | None:
     return (load(store) or {}).get("gcs_address")
 
 
+def replace(store: RunStore, ledger: dict[str, Any]) -> dict[str, Any]:
+    """Write ``ledger`` whole in place of what is stored (a run starting afresh), as :func:`update` writes."""
+
+    def whole(stored: dict[str, Any]) -> None:
+        stored.clear()
+        stored.update(ledger)
+
+    return update(store, whole)
+
+
 def recorder(store: RunStore, ledger: dict[str, Any]) -> Callable[[str, str], None]:
-    """``record(kind, name)``: append a created resource to ``ledger['created']`` (once) and save at once."""
+    """``record(kind, name)``: append a created resource to the stored ledger's ``created`` (once) at once, and
+    refresh ``ledger`` (the caller's copy) from what was written."""
 
     def record(kind: str, name: str) -> None:
-        created = ledger.setdefault("created", [])
-        if not any(e["kind"] == kind and e["name"] == name for e in created):
+        def add(stored: dict[str, Any]) -> bool:
+            created = stored.setdefault("created", [])
+            if any(e["kind"] == kind and e["name"] == name for e in created):
+                return False
             created.append({"kind": kind, "name": name})
-            save(store, ledger)
+            return True
+
+        written = update(store, add, ledger)
+        ledger.clear()
+        ledger.update(written)
 
     return record

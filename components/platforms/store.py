@@ -7,16 +7,31 @@ disk. The store writes through the Cloud Storage client rather than the ``/gcs/`
 code then works from a workstation (``tpupipe run --platform gke``), in every task, and against the storage
 emulator in tests; and each write is one whole object, so a reader never sees half a record (the FUSE mount gives
 no such guarantee for read-modify-write of the ledger).
+
+A read-modify-write (the ledger's, ``components/platforms/ledger.py``) is made safe by a generation precondition, as
+Cloud Storage offers it: :meth:`RunStore.read_versioned` answers a key's text with its generation (0: no such key),
+and a write given ``if_generation`` takes effect only while the key still has that generation, else raises
+:class:`StoreConflict` and writes nothing ("Request preconditions",
+https://cloud.google.com/storage/docs/request-preconditions: ``ifGenerationMatch``, 0 meaning "only if no live
+object"). On this machine a lock file beside the key plays it: held by every write and versioned read, it holds the
+key's count of writes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from components.spec import SpecError
+
+
+class StoreConflict(Exception):
+    """A write's generation precondition did not hold: another writer changed the key since it was read."""
 
 
 class RunStore(Protocol):
@@ -24,7 +39,12 @@ class RunStore(Protocol):
 
     def read_text(self, key: str) -> str | None: ...
 
-    def write_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str: ...
+    def read_versioned(self, key: str) -> tuple[str | None, int]:
+        """The key's text (None when absent) and its generation (0 when absent)."""
+
+    def write_bytes(
+        self, key: str, data: bytes, content_type: str = "application/octet-stream", if_generation: int | None = None
+    ) -> str: ...
 
     def exists(self, key: str) -> bool: ...
 
@@ -57,13 +77,40 @@ class LocalStore:
         path = self.path(key)
         return path.read_text() if path.is_file() else None
 
-    def write_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+    def read_versioned(self, key: str) -> tuple[str | None, int]:
+        with self._locked(key) as lock:
+            text = self.read_text(key)
+            return text, 0 if text is None else _count(lock)
+
+    def write_bytes(
+        self, key: str, data: bytes, content_type: str = "application/octet-stream", if_generation: int | None = None
+    ) -> str:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole or nothing, like an object write
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        lock_file = path.with_name(f".{path.name}.lock")
+        if if_generation is None and not lock_file.exists():  # a key never written conditionally
+            _replace(path, data)
+            return str(path)
+        with self._locked(key) as lock:
+            generation = _count(lock) if path.is_file() else 0
+            if if_generation is not None and generation != if_generation:
+                raise StoreConflict(f"{path} changed since it was read")
+            _replace(path, data)
+            lock.seek(0)
+            lock.truncate()
+            lock.write(str(generation + 1))
+            lock.flush()
         return str(path)
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator:
+        """The key's lock file (beside it), held by one conditional writer or versioned reader at a time; it holds the
+        key's generation (a key read-modify-written is written only conditionally: the ledger)."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield lock
 
     def exists(self, key: str) -> bool:
         return self.path(key).exists()
@@ -94,8 +141,25 @@ class GcsStore:
         except gexc.NotFound:
             return None
 
-    def write_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
-        self._blob(key).upload_from_string(data, content_type=content_type)
+    def read_versioned(self, key: str) -> tuple[str | None, int]:
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(key)
+        try:
+            text = blob.download_as_text()  # the client takes the generation from the response (x-goog-generation)
+        except gexc.NotFound:
+            return None, 0
+        return text, int(blob.generation)
+
+    def write_bytes(
+        self, key: str, data: bytes, content_type: str = "application/octet-stream", if_generation: int | None = None
+    ) -> str:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self._blob(key).upload_from_string(data, content_type=content_type, if_generation_match=if_generation)
+        except gexc.PreconditionFailed as exc:
+            raise StoreConflict(f"{self.uri}/{key} changed since it was read") from exc
         return f"{self.uri}/{key}"
 
     def exists(self, key: str) -> bool:
@@ -103,6 +167,20 @@ class GcsStore:
 
     def local(self) -> None:
         return None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write the file whole or not at all, like an object write."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _count(lock) -> int:
+    """The generation a key's lock file holds (1 for a file written before it had one)."""
+    lock.seek(0)
+    text = lock.read().strip()
+    return int(text) if text.isdigit() else 1
 
 
 def gcs_client():

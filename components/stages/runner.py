@@ -268,6 +268,13 @@ def _run_recorded(
 ) -> str:
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
+    if stage == STAGES[0]:
+        try:
+            vertex_task.check_on_vertex(platform, output_root)
+        except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
+            record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
+            raise
+    vertex_task.claim(store, rid, platform, job_name, first=stage == STAGES[0])  # before anything is written
     mark = interrupts.marked(store)
     if mark and (stage != "teardown" or mark.get("abandoned")):
         reason = (
@@ -282,9 +289,6 @@ def _run_recorded(
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
-        if stage == STAGES[0]:
-            vertex_task.check_on_vertex(platform, output_root)
-            vertex_task.note_pipeline_job(store, rid, platform, job_name)
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
             if stage == STAGES[0]:

@@ -34,16 +34,46 @@ def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
         )
 
 
-def note_pipeline_job(store: RunStore, run_id: str, platform: str, job_name: str, environ=None) -> None:
-    """On Vertex AI, the run's pipeline job in its ledger before anything is created: its id (the job name KFP's
-    ``{{$.pipeline_job_name}}`` gives) and its labels, so the janitor can ask Vertex AI whether the job still runs
-    (``components.platforms.gke.janitor``)."""
+def claim(store: RunStore, run_id: str, platform: str, job_name: str, first: bool, environ=None) -> None:
+    """On Vertex AI, the run id is its pipeline job's, held in the run's ledger as a lease, before a task writes
+    anything of the run (its stage record included):
+
+    - the first task notes the job in the ledger (its id, the job name KFP's ``{{$.pipeline_job_name}}`` gives, and its
+      labels, so the janitor can ask Vertex AI whether the job still runs: ``components.platforms.gke.janitor``),
+      under a generation precondition (``ledger.update``), unless another job holds the run id: its ledger names
+      another job and was not torn down. Two jobs started with one ``--run-id`` at once: one wins the write, the other
+      reads the winner's claim and is refused;
+    - every later task (teardown, the exit handler's, included) goes on only while the ledger names its own job, so a
+      job refused its run id never writes another's records nor deletes what the other created.
+
+    Refused: a SpecError naming ``run_id``."""
     from components.platforms import ledger as ledgers
 
     labels = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV)
     if labels is None or not job_name:
         return
-    recorded = ledgers.load(store) or {"run_id": run_id, "platform": platform, "created": []}
     job = {"id": job_name, "labels": json.loads(labels or "{}")}
-    if recorded.get("pipeline_job") != job:
-        ledgers.save(store, {**recorded, "pipeline_job": job})
+
+    def refuse(holder: str) -> SpecError:
+        return SpecError(
+            "run_id",
+            f"run id {run_id!r} is held by pipeline job {holder} (its ledger {store.uri}/{ledgers.KEY}), not this "
+            f"job {job_name}: nothing of that run is touched; submit with another run id",
+        )
+
+    if not first:
+        holder = ((ledgers.load(store) or {}).get("pipeline_job") or {}).get("id")
+        if holder and holder != job_name:
+            raise refuse(holder)
+        return
+
+    def note(recorded: dict) -> bool:
+        holder = (recorded.get("pipeline_job") or {}).get("id")
+        if holder and holder != job_name and not recorded.get("torn_down"):
+            raise refuse(holder)
+        if recorded.get("pipeline_job") == job:
+            return False
+        recorded["pipeline_job"] = job
+        return True
+
+    ledgers.update(store, note, {"run_id": run_id, "platform": platform, "created": []})

@@ -6,12 +6,16 @@ emulated project, through the real kubernetes client."""
 from __future__ import annotations
 
 import base64
+import json
+
+import pytest
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke.platform import GkePlatform
 from components.platforms.store import LocalStore
-from components.spec import names
+from components.spec import SpecError, names
+from components.stages.vertex_task import VERTEX_TASK_ENV, claim
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT
 
@@ -87,7 +91,7 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
     theirs, mine = ledgers.load(victim.store), ledgers.load(tamperer.store)
     assert {e["kind"] for e in theirs["created"]} >= {"cluster", "node_pool", "iam_binding"}
     forged = {**mine, "cluster": theirs["cluster"], "created": mine["created"] + theirs["created"]}
-    ledgers.save(tamperer.store, forged)
+    ledgers.replace(tamperer.store, forged)
     before = {"clusters": project.clusters("victim"), "pools": project.pools("victim")}
     members = project.storage.members(BUCKET, "roles/storage.objectUser")
     assert before["clusters"] and before["pools"] and len(members) == 2
@@ -101,3 +105,23 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
     assert len(refused) == len(theirs["created"]) and all("not one run tamperer creates" in line for line in refused)
     gke.teardown(victim)
     assert project.leftovers("victim") == project.leftovers("no-such-run")
+
+
+def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_anything(tmp_path):
+    """Two Vertex AI jobs given one ``--run-id``: the first holds it (its ledger names its job); the second's first task
+    is refused, and so is its exit handler's teardown, which would otherwise delete the first's cluster. Once the
+    first is torn down, the run id is free again."""
+    on_vertex = {VERTEX_TASK_ENV: json.dumps({"tpupipe-run": "shared"})}
+    store = LocalStore(tmp_path / "shared")
+    claim(store, "shared", "gke", "job-a", first=True, environ=on_vertex)
+    ledgers.recorder(store, ledgers.load(store))("cluster", "projects/p/locations/z/clusters/tpupipe-shared")
+    held = store.read_versioned(ledgers.KEY)
+    for first in (True, False):  # its provision, then its teardown
+        with pytest.raises(SpecError) as refused:
+            claim(store, "shared", "gke", "job-b", first=first, environ=on_vertex)
+        assert refused.value.field == "run_id" and "held by pipeline job job-a" in str(refused.value)
+    assert store.read_versioned(ledgers.KEY) == held  # nothing written
+    claim(store, "shared", "gke", "job-a", first=False, environ=on_vertex)  # the holder's own later tasks go on
+    ledgers.update(store, lambda ledger: ledger.update(torn_down=1.0))
+    claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
+    assert ledgers.load(store)["pipeline_job"]["id"] == "job-b"

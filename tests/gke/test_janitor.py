@@ -134,9 +134,9 @@ def test_a_ledger_naming_another_run_or_a_project_outside_the_sweep_is_kept_not_
         _left_behind(project, _local(tmp_path, run_id))
     elsewhere = ledger.load(LocalStore(tmp_path / "elsewhere"))
     elsewhere["spec"]["gke"]["project"] = "someone-elses-project"
-    ledger.save(LocalStore(tmp_path / "elsewhere"), elsewhere)
+    ledger.replace(LocalStore(tmp_path / "elsewhere"), elsewhere)
     renamed = ledger.load(LocalStore(tmp_path / "renamed"))
-    ledger.save(LocalStore(tmp_path / "renamed"), {**renamed, "run_id": "honest"})
+    ledger.replace(LocalStore(tmp_path / "renamed"), {**renamed, "run_id": "honest"})
     code, text = _janitor(capsys, "--output-root", str(tmp_path), "--older-than", "0s", "--project", PROJECT)
     assert code == 0, text
     assert "1 run to clean up" in text and project.clusters("honest") == [] and project.pools("honest") == []
@@ -286,12 +286,12 @@ def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunCont
     provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran."""
     import json
 
-    from components.stages.vertex_task import VERTEX_TASK_ENV, note_pipeline_job
+    from components.stages.vertex_task import VERTEX_TASK_ENV, claim
     from tests.emulators.project import REGION
 
     store = GcsStore(f"{PROJECT}-tpupipe", f"runs/{run_id}")
     labels = {"tpupipe-preset": "local-fsdp"}
-    note_pipeline_job(store, run_id, "gke", job_id, environ={VERTEX_TASK_ENV: json.dumps(labels)})
+    claim(store, run_id, "gke", job_id, first=True, environ={VERTEX_TASK_ENV: json.dumps(labels)})
     ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=store, platform="gke")
     _left_behind(project, ctx)
     assert ledger.load(store)["pipeline_job"] == {"id": job_id, "labels": labels}  # provision kept it

@@ -5,6 +5,9 @@ behind the proxy), through the real kubernetes client and Ray's JobSubmissionCli
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
 from components.platforms import RunContext
@@ -29,6 +32,33 @@ def _proxied(project, run_id: str) -> list[tuple[str, int]]:
     return [(p.removeprefix(prefix), s) for _, p, s in project.kube.statuses if p.startswith(prefix)]
 
 
+def secret_values(project, run_id: str) -> dict[str, str]:
+    """The run's Secrets as created (name -> the one value each holds, decoded), and so the bodies they came in."""
+    found = {}
+    for method, path, body in project.kube.bodies:
+        if method == "POST" and path.endswith("/secrets") and run_id in body:
+            secret = json.loads(body)
+            (value,) = secret["data"].values()
+            found[secret["metadata"]["name"]] = base64.b64decode(value).decode()
+    return found
+
+
+def assert_only_in_their_secrets(project, run_id: str, tokens: list[str], *elsewhere: str) -> None:
+    """Each token in one Secret's creation, and, plain or as a Secret's data carries it (base64), in no other request
+    to the cluster nor in ``elsewhere`` (logs, the run's records, errors)."""
+    created = [b for m, p, b in project.kube.bodies if m == "POST" and p.endswith("/secrets") and run_id in b]
+    others = [b for _, _, b in project.kube.bodies if b not in created]
+    for token in tokens:
+        assert len([b for b in created if token in secret_text(b)]) == 1, "the token's Secret: not once"
+        for form in (token, base64.b64encode(token.encode()).decode()):
+            assert not [text for text in (*others, *elsewhere) if form in text], f"a token outside its Secret: {form}"
+
+
+def secret_text(body: str) -> str:
+    """A Secret's values, decoded."""
+    return "".join(base64.b64decode(v).decode() for v in json.loads(body)["data"].values())
+
+
 def test_a_cluster_that_refuses_a_request_without_its_token_is_deployed(tmp_path, project_factory, monkeypatch):
     project = project_factory()
     project.kube.ready_without_ray = True
@@ -49,15 +79,24 @@ def test_a_cluster_that_answers_without_its_token_fails_the_run_at_deploy_and_ge
     project = project_factory()
     project.kube.ready_without_ray = True
     project.kube.ray_auth_off = True  # the image's Ray runs with token authentication off
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    monkeypatch.setenv("HF_TOKEN", "hf_SENTINEL0123456789")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
     ctx = _context(tmp_path, "open")
     gke.provision(ctx)
-    with pytest.raises(InfraError, match="^RayCluster open answered a request without its Ray token with HTTP 200"):
+    refused = "^RayCluster open answered a request without its Ray token with HTTP 200"
+    with pytest.raises(InfraError, match=refused) as e:
         gke.deploy_raycluster(ctx)
     assert project.kube.jobs.calls == ["GET /api/jobs"]  # the probe alone: nothing submitted
     gke.teardown(ctx)
     assert project.leftovers("open") == {}
+    # The failure path keeps both tokens where they belong: the Hugging Face token and the cluster's Ray token are
+    # each in their own Secret (deleted by teardown) and nowhere else.
+    secrets = secret_values(project, "open")
+    tokens = [secrets[names.hf_token_secret("open")], secrets[names.ray_token_secret("open")]]
+    assert tokens[0] == "hf_SENTINEL0123456789" and len(tokens[1]) >= 32
+    records = [p.read_text(errors="replace") for p in (tmp_path / "open").rglob("*") if p.is_file()]
+    assert_only_in_their_secrets(project, "open", tokens, str(e.value), *logs, *records)
 
 
 def test_the_job_client_is_never_made_without_the_ray_token(tmp_path, project_factory, monkeypatch):

@@ -105,7 +105,7 @@ def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
     assert host["RAY_AUTH_MODE"] == "token" and host["RAY_AUTH_TOKEN_PATH"] == "/tmp/tp-x/auth_token"
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="run-a", store=LocalStore(tmp_path / "run-a"), platform="local")
     assert "RAY_ADDRESS" not in runtime_env(ctx)["env_vars"]  # no cluster recorded (gke: KubeRay's pods name theirs)
-    ledger.save(ctx.store, {"run_id": "run-a", "gcs_address": "127.0.0.1:12345", "processes": []})
+    ledger.replace(ctx.store, {"run_id": "run-a", "gcs_address": "127.0.0.1:12345", "processes": []})
     assert runtime_env(ctx)["env_vars"] == {
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",

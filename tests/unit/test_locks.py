@@ -67,3 +67,18 @@ def test_each_image_installs_its_lock_by_hash_and_the_venv_its_own(image):
     assert not re.search(r"COPY \S*requirements\.txt", dockerfile)
     makefile = (REPO / "Makefile").read_text()
     assert "--require-hashes -r requirements-dev.lock" in makefile
+
+
+def test_every_image_builds_from_its_base_by_digest_one_digest_for_all():
+    """A FROM (or the ARG it names) by tag alone could build from other content than was reviewed."""
+    bases = {}
+    for image in envs.image_names():
+        dockerfile = (REPO / "images" / image / "Dockerfile").read_text()
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, re.M))
+        (base,) = re.findall(r"^FROM (\S+)", dockerfile, re.M)
+        base = args.get(base.strip("${}"), base)
+        assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", base), (
+            f"images/{image}/Dockerfile: {base} is not by digest"
+        )
+        bases[image] = base
+    assert len(set(bases.values())) == 1, bases

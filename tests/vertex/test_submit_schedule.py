@@ -115,7 +115,12 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     job = project.vertex.job(job_id)
     logs = "\n".join(job.logs.values())
     objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")
-    others = "\n".join(body for _, path, body in project.kube.bodies if body not in created)
+    # The cluster's Ray token likewise: in its own Secret, nowhere else (the requests carry it in a header).
+    ray_secret = f'"{names.ray_token_secret(run_id)}"'
+    (ray_body,) = [body for method, path, body in project.kube.bodies if method == "POST" and ray_secret in body]
+    (ray_encoded,) = json.loads(ray_body)["data"].values()
+    ray_token = base64.b64decode(ray_encoded).decode()
+    others = "\n".join(body for _, path, body in project.kube.bodies if body not in (*created, ray_body))
     plan = _tpupipe(project, "plan", "local-fsdp", "--set", overrides, "--output", "json")
     for where, text in (
         ("cli", proc.stdout + proc.stderr + listed.stdout + cancelled.stdout + shown.stdout),
@@ -126,6 +131,7 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
         ("job", str(job.resource)),
     ):
         assert SENTINEL not in text and ENCODED not in text, where
+        assert ray_token not in text and ray_encoded not in text, where
     assert project.rayclusters(run_id) == [] and project.clusters(run_id) == [] and project.pools(run_id) == []
     assert project.gke.state.clusters == {}
 

@@ -413,9 +413,11 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
         busy = "tpupipe-x-20261201000000-aaaaaa"
         service.add_job(parent, busy, "PIPELINE_STATE_RUNNING", {"tpupipe-run": "busy"})
         service.add_job(parent, "tpupipe-x-20261201000000-bbbbbb", "PIPELINE_STATE_SUCCEEDED", {"tpupipe-run": "old"})
-        ledgers.save(GcsStore(f"{PROJECT}-tpupipe", "runs/held"), {"run_id": "held", "platform": "gke", "created": []})
+        ledgers.replace(
+            GcsStore(f"{PROJECT}-tpupipe", "runs/held"), {"run_id": "held", "platform": "gke", "created": []}
+        )
         heartbeat.beat(GcsStore(f"{PROJECT}-tpupipe", "runs/beating"), "train")
-        ledgers.save(
+        ledgers.replace(
             GcsStore(f"{PROJECT}-tpupipe", "runs/old"),
             {"run_id": "old", "platform": "gke", "created": [], "torn_down": True},
         )

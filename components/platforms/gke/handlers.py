@@ -137,8 +137,7 @@ def image(s: Session, res: Resource) -> None:
         log=s.log,
         poll_s=min(s.poll_s, 10.0),
     )
-    # The build is not written to the ledger: provision writes it at the same time (one writer per ledger, or one
-    # would lose the other's records), and teardown deletes no build; a retried stage finds the build by its tag.
+    # The build is not written to the ledger: teardown deletes no build, and a retried stage finds it by its tag.
     build = builder.ensure(
         res.body,
         names.build_tag(s.ctx.run_id),

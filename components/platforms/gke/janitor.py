@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from components.platforms import RunContext, heartbeat
@@ -257,7 +258,7 @@ class Janitor:
             return sweep
         for found in sweep.collected:
             if found.adopt is not None:
-                ledgers.save(found.ctx.store, found.adopt)
+                ledgers.update(found.ctx.store, partial(_adopted, found.adopt))
             try:
                 sweep.deleted[found.run_id] = self.platform.teardown(found.ctx)["deleted"]
             except Exception as exc:  # noqa: BLE001 - the other runs are still swept; the report names this one
@@ -338,3 +339,11 @@ def run_component(
             "dry_run": dry_run,
         }
     )
+
+
+def _adopted(new: dict, recorded: dict) -> bool:
+    """The adopted cluster's ledger, unless the run wrote one of its own since the sweep looked."""
+    if recorded:
+        return False
+    recorded.update(new)
+    return True

@@ -88,23 +88,27 @@ class GkePlatform(Platform):
 
         self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
         t = self._target(ctx)
-        ledger = load_ledger(ctx)
-        if not ledger.get("created") or ledger.get("torn_down"):  # one that resumes passed preflight when it started
-            report = self.preflight(ctx)
-            ledger["started"] = time.time()  # the janitor measures a run's age from here
-            ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
-        ledger.setdefault("started", time.time())
-        ledger.update(
-            {
-                "parent": t.parent,
-                "cluster": t.cluster_path,
-                "owns_cluster": t.owns_cluster,
-                "namespace": t.namespace,
-                "spec": ctx.spec.to_dict(),
-            }
-        )
-        ledger.pop("torn_down", None)
-        ledgers.save(ctx.store, ledger)
+        recorded = load_ledger(ctx)
+        # One that resumes passed preflight when it started.
+        report = self.preflight(ctx) if not recorded.get("created") or recorded.get("torn_down") else None
+
+        def begin(ledger: dict[str, Any]) -> None:
+            if report is not None:
+                ledger["started"] = time.time()  # the janitor measures a run's age from here
+                ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
+            ledger.setdefault("started", time.time())
+            ledger.update(
+                {
+                    "parent": t.parent,
+                    "cluster": t.cluster_path,
+                    "owns_cluster": t.owns_cluster,
+                    "namespace": t.namespace,
+                    "spec": ctx.spec.to_dict(),
+                }
+            )
+            ledger.pop("torn_down", None)
+
+        ledger = ledgers.update(ctx.store, begin, recorded)
         try:
             session = self._walk(ctx, "provision")
         except gke_cluster.CapacityError as exc:

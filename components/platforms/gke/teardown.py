@@ -41,7 +41,7 @@ def teardown(ctx: RunContext, clients: Clients) -> dict[str, Any]:
     if failures:
         raise InfraError("teardown could not remove: " + "; ".join(failures))
     if ledgers.load(ctx.store) is not None:
-        ledgers.save(ctx.store, {**load_ledger(ctx), "torn_down": time.time()})
+        ledgers.update(ctx.store, lambda recorded: recorded.update(torn_down=time.time()))
     return {"deleted": deleted, "kept_cluster": None if owns else run_cluster(ledger, t)}
 
 

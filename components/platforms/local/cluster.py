@@ -64,8 +64,14 @@ class LocalPlatform(Platform):
     def _load(self, ctx: RunContext) -> dict[str, Any] | None:
         return ledgers.load(ctx.store)
 
-    def _save(self, ctx: RunContext, ledger: dict[str, Any]) -> None:
-        ledgers.save(ctx.store, ledger)
+    def _note(self, ctx: RunContext, **fields: Any) -> dict[str, Any]:
+        """Set ``fields`` in the stored ledger (those already set are kept); the ledger as written."""
+
+        def note(ledger: dict[str, Any]) -> None:
+            for key, value in fields.items():
+                ledger[key] = ledger.get(key) or value
+
+        return ledgers.update(ctx.store, note)
 
     def check_access(self, ctx: RunContext) -> None:
         """Nothing to find: the local platform keeps its runs on this machine and calls no cloud."""
@@ -123,7 +129,7 @@ class LocalPlatform(Platform):
         self.check_disk(Path(tempfile.gettempdir()))
         env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
         ledger = self._new_ledger(ctx, env)
-        self._save(ctx, ledger)
+        ledgers.replace(ctx.store, ledger)
         self._start(ctx, ledger, env)
         return self._describe(ledger)
 
@@ -233,8 +239,9 @@ class LocalPlatform(Platform):
         log_file = ctx.run_dir / "logs" / f"{role}.out"
         with interrupts.deferred():  # an interrupt never falls between starting a process and recording it
             pid = processes.spawn(cmd, env, log_file)
-            ledger["processes"].append({"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd})
-            self._save(ctx, ledger)
+            entry = {"role": role, "pid": pid, "pgid": pid, "log": str(log_file), "cmd": cmd}
+            ledger["processes"].append(entry)
+            ledgers.update(ctx.store, lambda stored: stored["processes"].append(entry))
 
     def _head_up(self, ctx: RunContext, ledger: dict) -> bool | None:
         self._raise_if_dead(ledger)
@@ -345,8 +352,7 @@ class LocalPlatform(Platform):
     def _stop(self, ctx: RunContext, ledger: dict) -> dict[str, Any]:
         # Teardown began: the keeper replaces no host from now on. Then the keeper is stopped, and the ledger read
         # again as it left it (with a replacement it may have just recorded).
-        ledger["teardown_started"] = ledger.get("teardown_started") or time.time()
-        self._save(ctx, ledger)
+        ledger = self._note(ctx, teardown_started=time.time())
         keepers = [p for p in ledger["processes"] if p["role"] == "keeper" and carries_marker(p["pid"], ctx.run_id)]
         for proc in keepers:
             procs.signal_group(proc["pgid"], signal.SIGKILL)
@@ -356,17 +362,14 @@ class LocalPlatform(Platform):
                 interval_s=0.1,
                 what="the host keeper to exit",
             )
-        ledger = self._load(ctx) or ledger
-        ledger["teardown_started"] = ledger.get("teardown_started") or time.time()
-        self._save(ctx, ledger)
+        ledger = self._note(ctx, teardown_started=time.time())
         # Only groups whose leader is still ours: a pid (and its group id) may since belong to another process.
         live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
         groups = [p["pgid"] for p in live]
         strays = processes.stop(ctx.run_id, groups)
         shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
         busy = bound(ledger["ports"])
-        ledger["processes_stopped"] = True
-        self._save(ctx, ledger)
+        self._note(ctx, processes_stopped=True)
         self.log(
             f"stopped {len(groups)} process groups of {ctx.run_id}"
             + (f" and {len(strays)} processes outside them" if strays else "")

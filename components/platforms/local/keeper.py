@@ -35,10 +35,17 @@ def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
                 if _done(ledgers.load(store) or ledger, ledger_path):  # teardown may have begun since
                     break
                 log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
-                proc["pid"] = proc["pgid"] = spawn(proc["cmd"], None, Path(proc["log"]))
-                proc["replacements"] = proc.get("replacements", 0) + 1
-                ledgers.save(store, ledger)
+                pid = spawn(proc["cmd"], None, Path(proc["log"]))
+                ledgers.update(store, lambda stored, role=proc["role"], pid=pid: _replaced(stored, role, pid))
         time.sleep(interval_s)
+
+
+def _replaced(ledger: dict[str, Any], role: str, pid: int) -> None:
+    """Record ``pid`` as the process of ``role`` now, one replacement more."""
+    for proc in ledger["processes"]:
+        if proc["role"] == role:
+            proc["pid"] = proc["pgid"] = pid
+            proc["replacements"] = proc.get("replacements", 0) + 1
 
 
 def _done(ledger: dict[str, Any], ledger_path: Path) -> str:
