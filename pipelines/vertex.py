@@ -4,7 +4,9 @@
 Every job is a PipelineJob of the compiled template (compiled now for the target, or a file or registry URL given)
 with an explicit pipeline root (without one the SDK makes a bucket with a random name on every call). The spec is
 resolved before any call, so bad input exits 2 having called nothing. A scheduled run gets its own run id from its
-job name: a fixed ``run_id`` on a schedule is refused (two runs would share every resource name).
+job name: a fixed ``run_id`` on a schedule is refused (two runs would share every resource name). The pipeline's
+service account is warned of, not refused, when it is the Compute Engine default or holds a basic role
+(``service_account``).
 """
 
 import os
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import SpecError, names
-from pipelines import run_ids
+from pipelines import run_ids, service_account
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {
@@ -178,6 +180,7 @@ def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: 
     template = published_template(sub, publish_first, log)
     init(sub.project, sub.region)
     run_ids.check_free(sub.run_id, sub.project, template)  # exit 2 for a run id another job or run holds
+    service_account.warn(sub.project, sub.service_account)
     job = _job(sub, job_id or new_job_id(sub.preset), template)
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name
@@ -272,6 +275,7 @@ def schedule_create(
     init(sub.project, sub.region)
     if _schedule(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
+    service_account.warn(sub.project, sub.service_account)
     schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub, template=template), display_name=name)
     # max_concurrent_active_run_count limits the runs "in a non-terminal state"; max_concurrent_run_count (required)
     # only the runs being *started* at once (the field docs of google.cloud.aiplatform_v1.types.Schedule): one

@@ -42,12 +42,12 @@ def environ(pid: int) -> list[bytes]:
 
 
 def cmdline(pid: int) -> list[str]:
-    """The process's arguments ([] when it is gone)."""
+    """The process's arguments ([] when it is gone, or exiting: a zombie's cmdline is empty)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return argv.decode(errors="replace").split("\0")
+    return argv.decode(errors="replace").split("\0") if argv else []
 
 
 def descendants(pid: int) -> list[int]:

@@ -127,9 +127,12 @@ _IMAGE_REF = re.compile(
 SECRET_VERSION = re.compile(
     rf"^projects/{names.PROJECT_ID_PATTERN}/secrets/[A-Za-z0-9_-]{{1,255}}(/versions/(latest|[1-9][0-9]*))?$"
 )
+# A project's Compute Engine default service account: PROJECT_NUMBER-compute@developer.gserviceaccount.com
+# (https://cloud.google.com/compute/docs/access/service-accounts#default_service_account).
+DEFAULT_COMPUTE_ACCOUNT = re.compile(r"^[0-9]+-compute@developer\.gserviceaccount\.com$")
 SERVICE_ACCOUNT = re.compile(  # an account id of 6 to 30 characters @ the project, or a default Compute Engine account
-    rf"^([a-z][a-z0-9-]{{4,28}}[a-z0-9]@{names.PROJECT_ID_PATTERN}\.iam"
-    r"|[0-9]+-compute@developer)\.gserviceaccount\.com$"
+    rf"^[a-z][a-z0-9-]{{4,28}}[a-z0-9]@{names.PROJECT_ID_PATTERN}\.iam\.gserviceaccount\.com$"
+    rf"|{DEFAULT_COMPUTE_ACCOUNT.pattern}"
 )
 GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
 
@@ -168,16 +171,20 @@ def _check_gke_fields(spec: RunSpec) -> None:
         ),
         ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
     ]
-    if g.node_service_account and not SERVICE_ACCOUNT.match(g.node_service_account):
-        raise SpecError(
-            "gke.node_service_account",
-            f"{g.node_service_account!r} is not a service account email",
-            [
-                "NAME@PROJECT.iam.gserviceaccount.com",
-                "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
-                "empty: the project's default Compute Engine service account",
-            ],
-        )
+    for key, value, default in (
+        ("gke.node_service_account", g.node_service_account, "the project's default Compute Engine service account"),
+        ("gke.build_service_account", g.build_service_account, "the project's default Cloud Build service account"),
+    ):
+        if value and not SERVICE_ACCOUNT.match(value):
+            raise SpecError(
+                key,
+                f"{value!r} is not a service account email",
+                [
+                    "NAME@PROJECT.iam.gserviceaccount.com",
+                    "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
+                    f"empty: {default}",
+                ],
+            )
     if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
         raise SpecError(
             "gke.hf_token_secret",

@@ -122,6 +122,9 @@ class GkeSpec:
     # Compute Engine service account, PROJECT_NUMBER-compute@developer.gserviceaccount.com. Provisioning checks, before
     # it creates anything, that the project's IAM policy grants it what nodes need (image pulls, logs, metrics).
     node_service_account: str = ""
+    # Who Cloud Build runs the trainer image's build as: a service account email (the caller needs
+    # iam.serviceAccounts.actAs on it); empty: the project's default Cloud Build account, which preflight warns of.
+    build_service_account: str = ""
     multislice_network: str = "dcn_networks"  # NICs between slices: dcn_networks, accelerator_network_profile, none
     # The Pod and Service IPv4 ranges (CIDR) of a cluster the run creates; empty: GKE picks them. Either must not
     # overlap the DCN networks' subnets (checked at plan time, and against the ranges GKE reports at provision).
@@ -134,6 +137,9 @@ class GkeSpec:
     # A TorchTPU base image (torch, torch_tpu, libtpu) to build the torch trainer image FROM, its torch kept; empty:
     # python:3.12-slim with torch, torch-tpu and libtpu from PyPI (images/torch/requirements.txt).
     torch_tpu_base: str = ""
+    # The Ray containers' root filesystem read-only: what Ray and the trainers write goes to HOME and /tmp (volumes of
+    # the pod's own) and the bucket's mount; false: writable, for an image that writes elsewhere.
+    read_only_root: bool = True
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
     # projects/P/secrets/NAME[/versions/V] (latest by default); empty: $HF_TOKEN of the process that deploys.

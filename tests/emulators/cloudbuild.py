@@ -10,9 +10,12 @@ a name for every step, unique step ids that ``wait_for`` refers to, substitution
 (``LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE[:TAG]``) or Container Registry (``[REGION.]gcr.io/PROJECT/IMAGE
 [:TAG]``) once substituted, tags (``^[\\w][\\w.-]{0,127}$``), a timeout of at most 24 hours, and a
 ``source.storage_source`` that names a bucket and an object, which must exist in the Cloud Storage emulator given to
-the service, when there is one (Cloud Build resolves the source when the build is created). With an Artifact Registry
-emulator given, a build whose steps succeed fails at the push when an image's repository does not exist. A build that
-does not pass is INVALID_ARGUMENT, with a message that names the field.
+the service, when there is one (Cloud Build resolves the source when the build is created), and a ``service_account``,
+when there is one, of the form ``projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}`` with the build's logs in a bucket it
+names or in Cloud Logging only (or nowhere): a build with a user-specified service account cannot use the default logs
+bucket (https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts). With an
+Artifact Registry emulator given, a build whose steps succeed fails at the push when an image's repository does not
+exist. A build that does not pass is INVALID_ARGUMENT, with a message that names the field.
 
 A build is created QUEUED, with the fields Cloud Build fills in (id, name, create_time, log_url, logs_bucket, the
 default timeout and queue_ttl, the resolved source's generation), and progresses as it is polled (each GetBuild of
@@ -60,6 +63,13 @@ IMAGE = re.compile(
     rf"|(?:(?:us|eu|asia)\.)?gcr\.io/{_PROJECT}){_PATH}(?::{_TAG})?"
 )
 TAG = re.compile(_TAG)
+# Build.service_account: "projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}", ACCOUNT "can be email address or uniqueId
+# of the service account" (google/cloud/devtools/cloudbuild_v1/types/cloudbuild.py)
+SERVICE_ACCOUNT = re.compile(
+    rf"projects/{_PROJECT}/serviceAccounts/(?:[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.com|\d+)"
+)
+Logging = cb.BuildOptions.LoggingMode
+DefaultLogsBucket = cb.BuildOptions.DefaultLogsBucketBehavior
 SUBSTITUTION_KEY = re.compile(r"_[A-Z0-9_]+")
 TEMPLATE = re.compile(r"\$(?:\$|\{(?P<braced>[A-Z_][A-Z0-9_]*)\}|(?P<bare>[A-Z_][A-Z0-9_]*))")
 # built-in substitutions a build from source in Cloud Storage leaves empty (they describe a repository or a trigger);
@@ -269,6 +279,33 @@ class CloudBuildEmulator(GrpcEmulator):
             )
         return values
 
+    def _check_service_account(self, build: cb.Build, context) -> None:
+        """A build that names its service account names it as ``projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}``
+        (``Build.service_account``'s field docs, google/cloud/devtools/cloudbuild_v1/types/cloudbuild.py), and, as
+        one with "your own service account" must store its logs "either in Cloud Logging or in a user-created Cloud
+        Storage bucket" (https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts),
+        it names ``logs_bucket``, a regional user-owned logs bucket, or logging CLOUD_LOGGING_ONLY or NONE."""
+        if not build.service_account:
+            return
+        if not SERVICE_ACCOUNT.fullmatch(build.service_account):
+            self._invalid(
+                context,
+                f"invalid value for 'build.service_account': {build.service_account!r} is not "
+                "projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}",
+            )
+        options = build.options
+        if not (
+            build.logs_bucket
+            or options.default_logs_bucket_behavior == DefaultLogsBucket.REGIONAL_USER_OWNED_BUCKET
+            or options.logging in (Logging.CLOUD_LOGGING_ONLY, Logging.NONE)
+        ):
+            self._invalid(
+                context,
+                "if 'build.service_account' is specified, the build must either (a) specify 'build.logs_bucket', "
+                "(b) use the REGIONAL_USER_OWNED_BUCKET build.options.default_logs_bucket_behavior option, or (c) "
+                "use either CLOUD_LOGGING_ONLY / NONE logging options",
+            )
+
     def _check(self, build: cb.Build, project: str, location: str, context) -> list[str]:
         """Checks a build as Cloud Build does; its images, substituted."""
         if not build.steps:
@@ -286,6 +323,7 @@ class CloudBuildEmulator(GrpcEmulator):
                     )
             if step.id:
                 ids.add(step.id)
+        self._check_service_account(build, context)
         values = self._substitutions(build, project, location, context)
         images = [
             TEMPLATE.sub(lambda m: values.get(m["braced"] or m["bare"], "") if m[0] != "$$" else "$", image)
@@ -380,7 +418,8 @@ class CloudBuildEmulator(GrpcEmulator):
         build.log_url = (
             f"https://console.cloud.google.com/cloud-build/builds;region={location}/{build.id}?project={number}"
         )
-        build.logs_bucket = build.logs_bucket or f"gs://{number}.cloudbuild-logs.googleusercontent.com"
+        if not build.service_account:  # a user-specified service account's logs never go to the default bucket
+            build.logs_bucket = build.logs_bucket or f"gs://{number}.cloudbuild-logs.googleusercontent.com"
         for step in build.steps:
             step.status = Status.QUEUED
         operation = f"projects/{project}/locations/{location}/operations/{uuid.uuid4()}"

@@ -8,6 +8,7 @@ Each project's IAM policy starts as a new project's commonly is for GKE: its def
 (``<number>-compute@developer.gserviceaccount.com``) holds what nodes need (``NODE_ROLES``); ``revoke`` takes a role
 away, ``grant`` gives one. TestIamPermissions answers the subset of the permissions asked that the caller holds: all
 of them, less those ``deny`` names; as in IAM, a permission that is not ``service.resource.verb`` is INVALID_ARGUMENT.
+GetIamPolicy is PERMISSION_DENIED once ``deny`` names ``resourcemanager.projects.getIamPolicy``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from tests.emulators import serve_grpc
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
 PERMISSION = re.compile(r"[a-z][a-zA-Z0-9]*\.[a-zA-Z0-9]+\.[a-zA-Z0-9]+")
 NODE_ROLES = ("roles/artifactregistry.reader", "roles/logging.logWriter", "roles/monitoring.metricWriter")
+# What reading a project's IAM policy takes: "Authorization requires the Google IAM permission
+# resourcemanager.projects.getIamPolicy on the project"
+# (https://cloud.google.com/resource-manager/reference/rest/v1/projects/getIamPolicy).
+GET_IAM_POLICY = "resourcemanager.projects.getIamPolicy"
 
 
 def default_compute_account(number: str) -> str:
@@ -92,6 +97,8 @@ class ResourceManagerEmulator:
     def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
         self.calls.append("GetIamPolicy")
         project_id, _ = self._project(request.resource, context)
+        if GET_IAM_POLICY in self.denied:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "The caller does not have permission")
         bindings = [
             policy_pb2.Binding(role=role, members=sorted(members))
             for role, members in sorted(self.policies[project_id].items())

@@ -52,13 +52,15 @@ def client(emulator: CloudBuildEmulator) -> cloudbuild_v1.CloudBuildClient:
 
 
 def build(images=(IMAGE,), tags=("tpupipe-r1",), obj=CONTEXT, **fields) -> cloudbuild_v1.Build:
+    fields.setdefault(
+        "options", cloudbuild_v1.BuildOptions(machine_type=cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8)
+    )
     return cloudbuild_v1.Build(
         steps=[cloudbuild_v1.BuildStep(name=DOCKER, args=["build", "-t", "${_IMAGE}", "."])],
         images=list(images),
         tags=list(tags),
         substitutions={"_IMAGE": images[0] if images else "unused"},
         source=cloudbuild_v1.Source(storage_source=cloudbuild_v1.StorageSource(bucket=BUCKET, object_=obj)),
-        options=cloudbuild_v1.BuildOptions(machine_type=cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8),
         **fields,
     )
 
@@ -295,3 +297,63 @@ def test_a_push_needs_the_artifact_registry_repository(gcs):
     finally:
         cloudbuild.stop()
         registry.stop()
+
+
+BUILDER = f"projects/{PROJECT}/serviceAccounts/builder@{PROJECT}.iam.gserviceaccount.com"
+Logging = cloudbuild_v1.BuildOptions.LoggingMode
+
+
+@pytest.mark.parametrize(
+    "account",
+    [
+        f"builder@{PROJECT}.iam.gserviceaccount.com",  # the email alone
+        f"projects/{PROJECT}/serviceAccount/builder@{PROJECT}.iam.gserviceaccount.com",
+        f"projects/{PROJECT}/serviceAccounts/",
+    ],
+)
+def test_a_service_account_not_of_the_documented_form_is_refused(cloudbuild, account):
+    """``projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}`` (Build.service_account's field docs)."""
+    options = cloudbuild_v1.BuildOptions(logging=Logging.CLOUD_LOGGING_ONLY)
+    with pytest.raises(exceptions.InvalidArgument, match=r"build\.service_account.*projects/\{PROJECT_ID\}"):
+        client(cloudbuild).create_build(project_id=PROJECT, build=build(service_account=account, options=options))
+    assert not cloudbuild.state.builds
+
+
+@pytest.mark.parametrize("logging", [Logging.LOGGING_UNSPECIFIED, Logging.LEGACY, Logging.GCS_ONLY])
+def test_a_build_with_a_service_account_and_the_default_logs_bucket_is_refused(cloudbuild, logging):
+    """A build with a user-specified service account stores its logs in Cloud Logging or a bucket of the user's, never
+    the default logs bucket (https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
+    options = cloudbuild_v1.BuildOptions(logging=logging)
+    with pytest.raises(
+        exceptions.InvalidArgument, match=r"if 'build\.service_account' is specified.*CLOUD_LOGGING_ONLY"
+    ):
+        client(cloudbuild).create_build(project_id=PROJECT, build=build(service_account=BUILDER, options=options))
+    assert not cloudbuild.state.builds
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"options": cloudbuild_v1.BuildOptions(logging=Logging.CLOUD_LOGGING_ONLY)},
+        {"options": cloudbuild_v1.BuildOptions(logging=Logging.NONE)},
+        {"logs_bucket": "gs://team-build-logs"},
+        {
+            "options": cloudbuild_v1.BuildOptions(
+                default_logs_bucket_behavior=cloudbuild_v1.BuildOptions.DefaultLogsBucketBehavior.REGIONAL_USER_OWNED_BUCKET
+            )
+        },
+    ],
+)
+def test_a_build_with_a_service_account_and_its_logs_elsewhere_runs_as_that_account(cloudbuild, fields):
+    cb = client(cloudbuild)
+    created = cb.create_build(project_id=PROJECT, build=build(service_account=BUILDER, **fields)).metadata.build
+    stored = cloudbuild.state.builds[created.id]
+    assert stored.service_account == BUILDER
+    assert stored.logs_bucket == fields.get("logs_bucket", "")  # never the default logs bucket
+    cb.get_build(project_id=PROJECT, id=created.id)
+    assert cb.get_build(project_id=PROJECT, id=created.id).status == Status.SUCCESS
+
+
+def test_a_build_without_a_service_account_keeps_the_default_logs_bucket(cloudbuild):
+    created = client(cloudbuild).create_build(project_id=PROJECT, build=build()).metadata.build
+    assert cloudbuild.state.builds[created.id].logs_bucket == f"gs://{NUMBER}.cloudbuild-logs.googleusercontent.com"

@@ -93,7 +93,9 @@ def test_preflight_that_passes_says_what_it_found_and_creates_nothing(project_fa
     assert code == 0, text
     assert "no problem found; nothing was created" in text
     assert "reservation team-v6e in us-east5-b: 3 of 4 ct6e-standard-4t free, 1 needed" in text
-    code, text = preflight_cli(V5E_ONE_SLICE, capsys)
+    nodes = f"tpu-nodes@{PROJECT}.iam.gserviceaccount.com"  # not the default account, which is warned of
+    project.projects.grant(PROJECT, "roles/container.defaultNodeServiceAccount", f"serviceAccount:{nodes}")
+    code, text = preflight_cli(f"{V5E_ONE_SLICE} gke.node_service_account={nodes}", capsys)
     assert code == 0 and "quota TPU_LITE_PODSLICE_V5 in us-west4: 4096 chips free, 4 needed" in text
     assert "warning" not in text
     assert project.mutations() == []

@@ -523,12 +523,15 @@ def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(p
             assert container["securityContext"] == {
                 "allowPrivilegeEscalation": False,
                 "privileged": False,
+                "readOnlyRootFilesystem": True,
                 "capabilities": {"drop": ["ALL"]},
             }
             assert {"name": "HOME", "value": "/home/tpupipe"} in container["env"]
-            assert {"name": "home", "mountPath": "/home/tpupipe"} in container["volumeMounts"]
+            # The root filesystem read-only: everything written has a volume (HOME, /tmp, the bucket, /dev/shm).
+            mounted = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
+            assert mounted["/home/tpupipe"] == "home" and mounted["/tmp"] == "tmp" and mounted["/data"]
             assert 10001 not in [p["containerPort"] for p in container.get("ports", [])]
-        assert {"name": "home", "emptyDir": {}} in pod["volumes"]
+        assert {"name": "home", "emptyDir": {}} in pod["volumes"] and {"name": "tmp", "emptyDir": {}} in pod["volumes"]
     assert "10001" not in json.dumps(objects)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     kinds = [o["kind"] for o in objects]
@@ -547,6 +550,14 @@ def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(p
         },
     ]
     assert all(p["metadata"]["labels"] == run for p in policies)  # teardown deletes them by the label
+
+
+def test_gke_read_only_root_false_leaves_the_containers_root_filesystem_writable():
+    spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.read_only_root=false")
+    rc = m.all_objects(spec, t)[-1]["spec"]
+    for group in (rc["headGroupSpec"], *rc["workerGroupSpecs"]):
+        (container,) = group["template"]["spec"]["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is False
 
 
 @pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2", "gemma4-e2b-tpu7x-16"])

@@ -286,15 +286,20 @@ def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_pu
 
 
 def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, monkeypatch):
+    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+    from tests.emulators.resourcemanager import ResourceManagerEmulator
     from tests.emulators.storage import StorageEmulator
 
     storage = StorageEmulator({PROJECT: "123456789012"})
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    projects = ResourceManagerEmulator({PROJECT: "123456789012"})  # submit reads the pipeline account's roles
+    monkeypatch.setenv(RESOURCE_MANAGER_EMULATOR_HOST_ENV, projects.start())
     try:
         sub = _submission(service, service_account=f"pipelines@{PROJECT}.iam.gserviceaccount.com")
         name = vertex.submit(sub, log=lambda m: None)
     finally:
         storage.stop()
+        projects.stop()
     assert vertex.JOB_ID.match(name.rsplit("/", 1)[-1]) and service.calls == ["CreatePipelineJob"]
     # The job's tasks name the image by the digest its tag names now (a tag pushed again cannot change what runs);
     # the template file given is left as it was.

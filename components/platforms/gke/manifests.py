@@ -66,6 +66,14 @@ HF_TOKEN_FILE = "token"
 RUN_AS = 1000
 HOME_VOLUME = "home"
 HOME_DIR = "/home/tpupipe"
+# With gke.read_only_root the containers' root filesystem is read-only (readOnlyRootFilesystem, the hardening the
+# Pod Security Standards page and https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster
+# recommend), so everything a pod writes has a volume of its own: HOME (caches: Hugging Face, JAX, pip), /tmp
+# (Ray's temp and session directory, /tmp/ray by default:
+# https://docs.ray.io/en/latest/ray-observability/user-guides/configure-logging.html; libtpu's logs, /tmp/tpu_logs;
+# Python's tempfile), the bucket's mount (checkpoints, outputs) and, on workers, /dev/shm.
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
 
 
 def _meta(name: str, t: Target, namespaced: bool = True) -> dict[str, Any]:
@@ -131,13 +139,19 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
-def _container_security() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+def _container_security(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": spec.gke.read_only_root,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
-def _home() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The writable HOME of a pod's user: (its mount, its volume)."""
-    return {"name": HOME_VOLUME, "mountPath": HOME_DIR}, {"name": HOME_VOLUME, "emptyDir": {}}
+def _scratch() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where a pod's user writes besides the bucket: HOME and /tmp, volumes of the pod's own: (mounts, volumes)."""
+    dirs = ((HOME_VOLUME, HOME_DIR), (TMP_VOLUME, TMP_DIR))
+    return [{"name": n, "mountPath": p} for n, p in dirs], [{"name": n, "emptyDir": {}} for n, _ in dirs]
 
 
 def _common_env(spec: RunSpec) -> list[dict[str, Any]]:
@@ -203,19 +217,19 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "image": t.image,
         "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
         "resources": _resources(c.head_cpus, c.head_memory_gib),
-        "securityContext": _container_security(),
+        "securityContext": _container_security(spec),
     }
     env = _common_env(spec)
     if env:
         container["env"] = env
     token_mounts, token_volumes = _token_mounts(spec, t)
-    home_mount, home_volume = _home()
-    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}, home_mount, *token_mounts]
+    scratch_mounts, scratch_volumes = _scratch()
+    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}, *scratch_mounts, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [_checkpoint_volume(t), home_volume, *token_volumes],
+        "volumes": [_checkpoint_volume(t), *scratch_volumes, *token_volumes],
     }
     selector = r.head_node_selector(spec, t)
     if selector:
@@ -241,15 +255,15 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "name": "ray-worker",
         "image": t.image,
         "resources": resources,
-        "securityContext": _container_security(),
+        "securityContext": _container_security(spec),
     }
     env = _worker_env(spec)
     if env:
         container["env"] = env
     token_mounts, token_volumes = _token_mounts(spec, t)
-    home_mount, home_volume = _home()
-    container["volumeMounts"] = [*mounts, home_mount, *token_mounts]
-    volumes += [home_volume, *token_volumes]
+    scratch_mounts, scratch_volumes = _scratch()
+    container["volumeMounts"] = [*mounts, *scratch_mounts, *token_mounts]
+    volumes += [*scratch_volumes, *token_volumes]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "securityContext": _pod_security(),

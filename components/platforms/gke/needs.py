@@ -1,7 +1,8 @@
 """What a gke run needs of its project, derived from its plan (``plan.resources``) with no call made: the APIs its
 calls go to, the IAM permissions they take (to create, and to delete at teardown), the TPU quota or the reservation
-its slices use, the existing cluster it names, and the roles its nodes' service account must hold. ``preflight``
-checks each against the project; the dry run prints the reads that check makes (``reads``).
+its slices use, the existing cluster it names, the roles its nodes' service account must hold, and the service
+accounts the caller must act as (the nodes', Cloud Build's). ``preflight`` checks each against the project; the dry
+run prints the reads that check makes (``reads``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from components.platforms.gke import features
 from components.platforms.gke import plan as plans
 from components.platforms.gke.resources import QUOTA_METRICS, RELEASE_CHANNEL
-from components.platforms.gke.target import node_roles, target
+from components.platforms.gke.target import Target, node_roles, target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -51,6 +52,7 @@ PERMISSIONS = {
     "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
     "kubernetes": ("container.clusters.get",),
 }
+ACT_AS = "iam.serviceAccounts.actAs"
 # Calls the plan does not list as records, by what the spec asks for.
 EXTRA_PERMISSIONS = {
     "gate.register": ("aiplatform.models.upload", "aiplatform.models.get", "aiplatform.models.update"),
@@ -89,6 +91,10 @@ class Needs:
     machine_types: tuple[tuple[str, str, str], ...] = ()  # (zone, machine type, the field that names it) of its pools
     k8s_kinds: tuple[str, ...] = ()  # the plan's Kubernetes kinds (``k8s/Secret``...): what it does in the cluster
     namespace: str = ""  # the run's Kubernetes namespace
+    # The accounts the caller must act as (iam.serviceAccounts.actAs), with the field that names each.
+    act_as: tuple[tuple[str, str], ...] = ()
+    builds: bool = False  # the run builds its trainer image with Cloud Build
+    build_account: str = ""  # the account Cloud Build runs that build as; empty: the project's default
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -113,7 +119,10 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
         if metric:
             permissions.append("compute.regions.get")  # preflight's own read
-    permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the nodes' roles
+    act_as = _act_as(calls, t)
+    if act_as:
+        permissions.append(ACT_AS)
+    permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the accounts' roles
     machine_types = _machine_types(spec, run_id)
     if machine_types:
         permissions.append("compute.machineTypes.get")  # preflight's own read
@@ -137,7 +146,22 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         machine_types,
         tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/"))),
         t.namespace,
+        act_as,
+        "cloudbuild.builds.create" in calls,
+        t.build_service_account,
     )
+
+
+def _act_as(calls: list[str], t: Target) -> tuple[tuple[str, str], ...]:
+    """The service accounts the plan's calls make the caller act as: the nodes' (a cluster or node pool the run
+    creates), Cloud Build's when gke.build_service_account names one (a build that runs as a user-specified service
+    account needs actAs on it: https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
+    out = []
+    if any(ACT_AS in PERMISSIONS[call] for call in calls if call.startswith("container.")):
+        out.append(("gke.node_service_account", t.node_service_account))
+    if "cloudbuild.builds.create" in calls and t.build_service_account:
+        out.append(("gke.build_service_account", t.build_service_account))
+    return tuple(out)
 
 
 def _machine_types(spec: RunSpec, run_id: str) -> tuple[tuple[str, str, str], ...]:
@@ -166,7 +190,9 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         (
             "resourcemanager.projects.getIamPolicy",
             f"projects/{n.project}",
-            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}",
+            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}; a basic role "
+            + ("(Owner, Editor) on it or on Cloud Build's" if n.builds else "(Owner, Editor) on it")
+            + " is a warning",
         ),
     ]
     if n.quota and n.quota[0]:

@@ -14,7 +14,9 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   machine type and has a VM free for every host;
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
-  IAM policy (Resource Manager ``projects.getIamPolicy``);
+  IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
+  nodes or Cloud Build (``gke.build_service_account``) run as a default account or as one that holds a basic role
+  (Owner, Editor) on the project;
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
   the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
   lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
@@ -30,15 +32,14 @@ import os
 from collections.abc import Callable
 
 from components.platforms.gke import compute as gke_compute
-from components.platforms.gke import features, offers, paths
+from components.platforms.gke import features, identities, offers, paths
 from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.findings import PreflightFailed, Problem, Report
-from components.platforms.gke.needs import Needs, needs
+from components.platforms.gke.needs import ACT_AS, Needs, needs
 from components.platforms.gke.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
-ACT_AS = "iam.serviceAccounts.actAs"
 
 
 def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
@@ -52,7 +53,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     steps = (
         _apis,
         _permissions,
-        _node_identity,
+        _identities,
         _quota,
         _reservation,
         _cluster,
@@ -113,15 +114,7 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     lacking = [p for p in n.permissions if p not in held]
     if ACT_AS in lacking:
         lacking.remove(ACT_AS)
-        report.problems.append(
-            Problem(
-                "gke.node_service_account",
-                f"the caller lacks {ACT_AS} on project {n.project}: the nodes run as {n.node_account}, and GKE "
-                "creates no node pool for a caller that cannot act as it: grant roles/iam.serviceAccountUser on "
-                "the project, or name an account the caller can act as (tested on the project: a grant on the "
-                "account alone is not seen here)",
-            )
-        )
+        report.problems += [_act_as(n.project, field, account) for field, account in n.act_as]
     if lacking:
         report.problems.append(
             Problem(
@@ -134,14 +127,41 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
 
 
-def _node_identity(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    """Nodes whose service account lacks these fail late and obscurely: image pulls refused, no logs."""
+# Who refuses a caller that cannot act as the account a field names.
+ACTS_AS = {
+    "gke.node_service_account": ("the nodes run", "GKE creates no node pool"),
+    "gke.build_service_account": ("Cloud Build runs the image build", "Cloud Build starts no build"),
+}
+
+
+def _act_as(project: str, field: str, account: str) -> Problem:
+    who, refusal = ACTS_AS[field]
+    return Problem(
+        field,
+        f"the caller lacks {ACT_AS} on project {project}: {who} as {account}, and {refusal} for a caller that "
+        "cannot act as it: grant roles/iam.serviceAccountUser on the project, or name an account the caller can "
+        "act as (tested on the project: a grant on the account alone is not seen here)",
+    )
+
+
+def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
+    (problems), and the risks of the default accounts and of basic roles (warnings)."""
     from components.platforms.gke import storage
 
     account = n.node_account
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
         account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
-    granted = storage.project_roles(n.project, f"serviceAccount:{account}", creds)
+    grants = storage.project_grants(n.project, creds)
+    _node_identity(n, account, grants.get(f"serviceAccount:{account}", set()), report)
+    if n.builds:
+        granted = grants.get(f"serviceAccount:{n.build_account}", set())
+        report.warnings += identities.build_risks(n.build_account, granted, n.project)
+
+
+def _node_identity(n: Needs, account: str, granted: set[str], report: Report) -> None:
+    """Nodes whose service account lacks these fail late and obscurely: image pulls refused, no logs."""
+    report.warnings += identities.node_risks(account, granted, n.project)
     for role, purpose, granted_by in n.node_roles:
         if not granted & set(granted_by):
             report.problems.append(

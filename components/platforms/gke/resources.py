@@ -93,21 +93,28 @@ BUILD_MACHINE_TYPE = "E2_HIGHCPU_8"
 
 def cloud_build(spec: RunSpec, t: Target) -> dict[str, Any]:
     """The Cloud Build that builds the workload's trainer image (``images/<name>/Dockerfile``, the repository as
-    context, uploaded to the bucket) and pushes it to Artifact Registry. The torch image gets torch-tpu and libtpu from
+    context, uploaded to the bucket) and pushes it to Artifact Registry, as ``gke.build_service_account`` when it
+    names one (else as the project's default build account). The torch image gets torch-tpu and libtpu from
     PyPI; built FROM a TorchTPU base image (``gke.torch_tpu_base``), it keeps the base's torch, torch_tpu and libtpu
     (``TORCH_FROM_BASE=1``: the requirements' pins of those three are not installed over them)."""
     name = WORKLOAD_IMAGES[spec.train.workload]
     args = ["build", "--file", f"images/{name}/Dockerfile", "--tag", t.image]
     if name == "torch" and spec.gke.torch_tpu_base:
         args += ["--build-arg", f"TORCH_TPU_BASE={spec.gke.torch_tpu_base}", "--build-arg", "TORCH_FROM_BASE=1"]
-    return {
+    body = {
         "source": {"storageSource": {"bucket": t.bucket, "object": names.build_source(t.run_id)}},
         "steps": [{"name": BUILD_STEP_IMAGE, "args": [*args, "."]}],
         "images": [t.image],
         "tags": ["tpupipe", names.build_tag(t.run_id)],
         "timeout": f"{BUILD_TIMEOUT_S}s",
+        # Logs in Cloud Logging only: no logs bucket to grant, and what a build with a user-specified service
+        # account must choose when it names no logs bucket
+        # (https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts).
         "options": {"machineType": BUILD_MACHINE_TYPE, "logging": "CLOUD_LOGGING_ONLY"},
     }
+    if t.build_service_account:  # Build.service_account: projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}
+        body["serviceAccount"] = f"projects/{t.project}/serviceAccounts/{t.build_service_account}"
+    return body
 
 
 def entrypoint(spec: RunSpec, t: Target) -> str:

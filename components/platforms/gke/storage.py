@@ -6,7 +6,8 @@
 - the run's Kubernetes ServiceAccount gets ``roles/storage.objectUser`` on it through Workload Identity Federation
   (a ``principal://`` member naming the project *number*, looked up through Resource Manager); teardown removes
   that binding;
-- the project's IAM policy is read (Resource Manager) to check what the nodes' service account is granted;
+- the project's IAM policy is read (Resource Manager) to check what the nodes', Cloud Build's and the pipeline's
+  service accounts are granted;
 - IAM policy changes are read-modify-write with the policy's etag, retried when another writer got in between
   (HTTP 412).
 
@@ -46,10 +47,20 @@ def project_number(project: str, creds=None) -> str:
     return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
 
 
+def project_grants(project: str, creds=None) -> dict[str, set[str]]:
+    """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
+    ``getIamPolicy``)."""
+    policy = projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"})
+    grants: dict[str, set[str]] = {}
+    for binding in policy.bindings:
+        for who in binding.members:
+            grants.setdefault(who, set()).add(binding.role)
+    return grants
+
+
 def project_roles(project: str, member: str, creds=None) -> set[str]:
     """The roles the project's IAM policy grants ``member`` (``serviceAccount:EMAIL``) on the project itself."""
-    policy = projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"})
-    return {binding.role for binding in policy.bindings if member in binding.members}
+    return project_grants(project, creds).get(member, set())
 
 
 def storage_client(project: str, creds=None):
@@ -159,4 +170,12 @@ class Storage(Adapter):
             return False
 
 
-__all__ = ["Storage", "member", "project_number", "project_roles", "projects_client", "storage_client"]
+__all__ = [
+    "Storage",
+    "member",
+    "project_grants",
+    "project_number",
+    "project_roles",
+    "projects_client",
+    "storage_client",
+]

@@ -1,6 +1,7 @@
 """Where a gke run goes and who it runs as, resolved once from the run spec: the project, zone, region and cluster
 (:class:`Target`, every name not set in the spec derived from the run id), the bucket mounted in every pod, the
-nodes' service account and the roles it needs, and the Workload Identity binding of the pods' account on the bucket.
+nodes' service account and the roles it needs, Cloud Build's account, and the Workload Identity binding of the pods'
+account on the bucket.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.platforms.gke import paths
+from components.platforms.gke.identities import DEFAULT_COMPUTE
 from components.spec import RunSpec, names
 from components.tpu import catalogue
 from components.workload.derive import WORKLOAD_IMAGES
 
 # Unless gke.node_service_account names another, nodes run as the project's default Compute Engine service account.
-DEFAULT_NODE_SERVICE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+DEFAULT_NODE_SERVICE_ACCOUNT = DEFAULT_COMPUTE
 # What the nodes' account must be granted on the project: role -> (what for, the roles that include it). Logs and
 # metrics: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
 # (roles/container.defaultNodeServiceAccount holds both); image pulls from Artifact Registry:
@@ -74,6 +76,7 @@ class Target:
     image: str
     service_account: str
     node_service_account: str  # the nodes' identity; the default names PROJECT_NUMBER, filled in at provision
+    build_service_account: str = ""  # who Cloud Build builds the trainer image as; empty: the project's default
 
     @property
     def parent(self) -> str:
@@ -130,6 +133,7 @@ def target(spec: RunSpec, run_id: str) -> Target:
         image=image,
         service_account=names.service_account(run_id),
         node_service_account=g.node_service_account or DEFAULT_NODE_SERVICE_ACCOUNT,
+        build_service_account=g.build_service_account,
     )
 
 

@@ -1,0 +1,53 @@
+"""The service account a pipeline runs as on Vertex AI (``--service-account`` of ``tpupipe submit`` and ``tpupipe
+schedule create``): warnings on stderr, never a refusal, when it is one with more than the pipeline needs.
+
+- none given: Vertex AI runs the pipeline as the project's Compute Engine default service account
+  (https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account), which in many projects
+  holds the basic Editor role (``components.platforms.gke.identities``); no call is made;
+- one given: it is that default account (by its form, ``NUMBER-compute@developer.gserviceaccount.com``), or the
+  project's IAM policy (one ``getIamPolicy``, Resource Manager) grants it a basic role (Owner, Editor); a policy the
+  caller may not read is said in a warning, and the submit goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from components.platforms.gke import identities
+
+VERTEX_ACCOUNT_DOC = "https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account"
+ADVICE = (
+    'pass --service-account with a dedicated account granted only the roles docs/vertex.md, "Setup, once" lists '
+    f"({VERTEX_ACCOUNT_DOC})"
+)
+WHO = "Vertex AI runs the pipeline's tasks (which provision, build and tear down)"
+
+
+def risks(project: str, account: str, creds=None) -> list[str]:
+    """The warnings for a pipeline of ``project`` that runs as ``account`` ("" for none given)."""
+    if not account:
+        return [
+            "--service-account not given: " + identities.default_compute_risk(WHO, identities.DEFAULT_COMPUTE, ADVICE)
+        ]
+    from google.api_core import exceptions as gexc
+
+    from components.platforms.gke import storage
+
+    out = [identities.default_compute_risk(WHO, account, ADVICE)] if identities.is_default_compute(account) else []
+    try:
+        granted = storage.project_roles(project, f"serviceAccount:{account}", creds)
+    except gexc.PermissionDenied as exc:
+        out.append(
+            f"the IAM policy of project {project} could not be read ({exc.message}; reading it takes "
+            f"resourcemanager.projects.getIamPolicy): whether {account} holds roles/owner or roles/editor there "
+            "was not checked"
+        )
+    else:
+        out += identities.basic_role_risks(WHO, account, granted, project, ADVICE)
+    return [f"--service-account: {line}" for line in out]
+
+
+def warn(project: str, account: str) -> None:
+    """Each of :func:`risks`, on stderr."""
+    for line in risks(project, account):
+        print(f"tpupipe: warning: {line}", file=sys.stderr, flush=True)
