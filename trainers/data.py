@@ -80,6 +80,17 @@ def format_example(example: dict[str, Any]) -> str:
     return PROMPT.format(instruction=example["instruction"], response=example["response"])
 
 
+def local_cache_dir(run_name: str) -> str:
+    """Where a host's workers keep the datasets cache: its own temporary directory (a pod's /tmp on GKE, an emptyDir;
+    the run's private temp directory on the local platform), never the bucket's shared mount. The datasets library
+    locks its cache with files on the local filesystem, which a GCS FUSE directory written by every host at once does
+    not make safe (Cloud Storage FUSE's semantics: https://cloud.google.com/storage/docs/cloud-storage-fuse/overview,
+    "Differences from POSIX file systems")."""
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / "tpupipe-datasets" / run_name)
+
+
 def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cache_dir: str | None = None):
     """One split through ``datasets.load_dataset``: generated/local JSON files or a hub name."""
     import datasets

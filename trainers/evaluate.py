@@ -137,7 +137,7 @@ def run(
         "checkpoint": checkpoint,
         "init_from": init_from,
         "champion": champion,
-        "cache_dir": str(output_dir / "data" / ".cache"),
+        "cache_dir": data.local_cache_dir(run_name),
     }
     if t.dataset == GENERATED_DATASET:
         config["data_files"] = data.write_generated(

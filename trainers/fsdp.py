@@ -349,7 +349,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
     output_dir.mkdir(parents=True, exist_ok=True)
     loop_config: dict[str, Any] = {
         "spec": spec.to_json(),
-        "cache_dir": str(output_dir / "data" / ".cache"),
+        "cache_dir": data.local_cache_dir(run_name),
         "init_from": init_from,
     }
     if t.dataset == GENERATED_DATASET:

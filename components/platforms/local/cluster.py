@@ -190,6 +190,10 @@ class LocalPlatform(Platform):
         """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
         cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
         process_env = self.host_environment(ctx.run_id, ledger["gcs_address"], env, ledger["auth_token_path"])
+        # What the run's processes write to a temporary directory (the trainers' datasets cache) goes to the run's
+        # private one, deleted by teardown with the rest, as a pod's /tmp goes with the pod.
+        process_env["TMPDIR"] = str(temp_dir / "tmp")
+        (temp_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
         ray = str(env.bin / "ray")
         common = [
             "--block",
