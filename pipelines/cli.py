@@ -28,7 +28,7 @@ EPILOG = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait     a run on Vertex AI Pipelines
   tpupipe teardown local-fsdp-20261129-101500   delete what that run left (a killed driver, an abandoned teardown)
   tpupipe teardown --orphans                    the same for every local run whose driver is gone
-  tpupipe janitor --output-root gs://my-project-tpupipe/runs --older-than 6h --dry-run   what gke runs left behind
+  tpupipe janitor --output-root gs://my-project-tpupipe/state --older-than 6h --dry-run   what gke runs left behind
 
 Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown, prints what it deleted and exits
 130 (143); a second Ctrl-C says what a third would leave behind; a third abandons teardown and prints the
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile the pipeline for Vertex AI Pipelines. Every task runs in the components image of this "
         "exact source tree, REGION-docker.pkg.dev/PROJECT/REPOSITORY/pipeline:<hash of its build context> "
         "(`tpupipe publish` builds it), and the run form defaults to a gke run in PROJECT with its state under "
-        "gs://BUCKET/runs. The same tree gives the same bytes.",
+        "gs://BUCKET/state. The same tree gives the same bytes.",
     )
     _with_target_args(p)
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")

@@ -125,7 +125,7 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--output-root",
         default="runs",
-        help="where the runs' directories are: gs://BUCKET/runs on Vertex AI, or a local directory (default ./runs)",
+        help="where the runs' directories are: gs://BUCKET/state on Vertex AI, or a local directory (default ./runs)",
     )
     p.add_argument(
         "--older-than",

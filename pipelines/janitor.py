@@ -35,7 +35,7 @@ def janitor_pipeline(
             ledgers are searched too.
         region: The Vertex AI region of the runs' pipeline jobs: a run whose job has ended (a Stop in the UI) is
             collected at once, one whose job still runs is left alone.
-        output_root: Where the runs' directories (and ledgers) are: gs://BUCKET/runs.
+        output_root: Where the runs' directories (and ledgers) are: gs://BUCKET/state.
         older_than: Collect a run older than this (6h, 90m, 2d); empty: each run's own limit, from its spec.
         dry_run: List what would be deleted and delete nothing.
     """

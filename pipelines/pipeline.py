@@ -10,6 +10,7 @@ from pathlib import Path
 from kfp import compiler, dsl
 
 from components import definitions as c
+from components.spec import names
 from components.stages import RESUMES, STAGES
 
 PIPELINE_NAME = "tpupipe"
@@ -47,7 +48,7 @@ def tpupipe_pipeline(
         run_id: Names every resource of the run. Leave empty: each pipeline job gets its own, from its job name.
         project: The Google Cloud project the run creates its cluster in (gke.project).
         bucket: The Cloud Storage bucket for checkpoints and the run's state (gke.bucket).
-        output_root: Where run directories go: gs://BUCKET/runs on Vertex AI, or a local directory.
+        output_root: Where run directories go: gs://BUCKET/state on Vertex AI, or a local directory.
         source_version: The tpupipe source (git commit) this pipeline was compiled from, recorded with the model.
     """
     common = dict(
@@ -163,7 +164,7 @@ def compile_pipeline(
     defaults = {
         "project": target.project,
         "bucket": target.run_bucket,
-        "output_root": f"gs://{target.run_bucket}/runs",
+        "output_root": names.state_root(target.run_bucket),
         "source_version": source_version(),
         "region": target.region,  # the janitor pipeline's: where the runs' pipeline jobs are
     }

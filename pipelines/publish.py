@@ -97,13 +97,14 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
         storage = gke_storage.Storage(gke_storage.storage_client(target.project, creds), log=log)
         storage.ensure_bucket(target.run_bucket, target.region)
         body = build_body(target, image, tag)
-        storage.upload(
+        generation = storage.upload(
             target.run_bucket,
             body["source"]["storageSource"]["object"],
             gke_build.build_context(PIPELINE_IMAGE),
             content_type="application/gzip",
         )
         builder = gke_build.CloudBuild(gke_build.client(creds), target.project, target.region, log=log)
+        body = gke_build.pinned_source(body, generation)
         builder.ensure(body, body["tags"][1], lambda kind, name: None, timeout_s=BUILD_TIMEOUT_S + 600)
         digest = gke_build.tag_digest(registry, image)  # what the build pushed
     else:

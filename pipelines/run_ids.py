@@ -24,7 +24,7 @@ def output_root(template: str, project: str) -> str:
     compiled default for the project (``pipelines.pipeline.Target``)."""
     import yaml
 
-    fallback = f"gs://{project}-tpupipe/runs"
+    fallback = names.state_root(names.bucket(project))
     path = Path(template)
     if "://" in template or not path.is_file():
         return fallback

@@ -170,9 +170,23 @@ def bucket(project: str) -> str:
     return f"{project or PLACEHOLDER_PROJECT}-tpupipe"
 
 
+RUNS_PREFIX = "runs"  # the runs' pods' prefixes in the bucket: runs/<run id>/
+
+
 def run_prefix(run_id: str) -> str:
-    """Where the run's checkpoints and outputs go, inside the bucket and under its mount path."""
-    return f"runs/{run_id}"
+    """Where the run's pods write (checkpoints, outputs, the inputs copied in for them), inside the bucket and under
+    its mount path: the one prefix the run's pods may read and write."""
+    return f"{RUNS_PREFIX}/{run_id}"
+
+
+# Where a gke run's state goes on Vertex AI (its ledger, stage records, logs, summary), inside the bucket: beside the
+# pods' prefixes, never under one, so no run's pods can write it.
+STATE_PREFIX = "state"
+
+
+def state_root(bucket_name: str) -> str:
+    """The output root of gke runs on Vertex AI: ``gs://BUCKET/state``, each run's state under ``state/<run id>/``."""
+    return f"gs://{bucket_name}/{STATE_PREFIX}"
 
 
 def image_tag(run_id: str) -> str:
@@ -186,5 +200,6 @@ def build_tag(run_id: str) -> str:
 
 
 def build_source(run_id: str) -> str:
-    """The object, in the bucket, that holds the image build's context."""
-    return f"{run_prefix(run_id)}/build/context.tar.gz"
+    """The object, in the bucket, that holds the image build's context: outside the pods' prefix, so no pod can change
+    what the next build of this run builds."""
+    return f"builds/{run_id}/context.tar.gz"

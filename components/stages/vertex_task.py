@@ -30,7 +30,7 @@ def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
         raise SpecError(
             "output_root",
             f"{output_root!r} is not a gs:// path: {where}, so a run's state lives in Cloud Storage",
-            ["gs://BUCKET/runs"],
+            ["gs://BUCKET/state"],
         )
 
 

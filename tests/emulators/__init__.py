@@ -8,7 +8,9 @@ client libraries run against them (docs/architecture.md, "Tests exercise the rea
   HTTP, with bodies checked against compute_v1's message types, and injectable faults; regions (their quotas) and
   reservations, read;
 - ``storage``: Cloud Storage's JSON API for buckets, their IAM policies and objects (multipart, media and resumable
-  uploads, downloads), over HTTP (found by google-cloud-storage through ``STORAGE_EMULATOR_HOST``);
+  uploads, downloads, server-side copies and rewrites), over HTTP (found by google-cloud-storage through
+  ``STORAGE_EMULATOR_HOST``); with a ``root``, a bucket's objects are files there, the ones the emulated pods'
+  Cloud Storage FUSE mounts reach;
 - ``cloudbuild``: Cloud Build's ``google.devtools.cloudbuild.v1.CloudBuild`` gRPC service, builds that progress over
   polls, fail or are cancelled, with their source checked against the storage emulator;
 - ``artifactregistry``: Artifact Registry's GetRepository and CreateRepository (gRPC, with its operations);
@@ -22,7 +24,8 @@ client libraries run against them (docs/architecture.md, "Tests exercise the rea
   services, events, ResourceClaimTemplates and RayClusters; it validates RayClusters against the vendored KubeRay
   RayCluster CRD (tests/contract/kuberay_schema.py; there is no RayJob: the stages submit their jobs through the Ray
   Jobs API), serves that CRD as a given KubeRay release installs it, plays the KubeRay operator's part with a local
-  Ray cluster of the manifest's shape, and serves the head service's proxy path;
+  Ray cluster of the manifest's shape, and serves the head service's proxy path, where each path under a pod's Cloud
+  Storage FUSE mount (the bucket, or the ``only-dir`` of it the volume mounts) is the storage emulator's file;
 - ``vertex``: Vertex AI Pipelines' PipelineService and ScheduleService over REST, running each task of a compiled
   pipeline in its own process; ``secretmanager``: Secret Manager's AccessSecretVersion (gRPC);
 - ``project``: the emulated project, all of them started together, and the environment that points tpupipe at them.

@@ -19,12 +19,17 @@
 - ``/api/v1/namespaces/{ns}/services/{svc}:{port}/proxy/...`` is forwarded to that cluster's dashboard, with the
   ``Authorization`` header removed as the API server does after authenticating the caller; plain requests only (a
   WebSocket upgrade is refused with 400, so the stages' fallback of reading a job's whole log is what runs here).
-- the pods' Cloud Storage FUSE volume: a RayCluster's pods mount a bucket where their manifest says (the gke
-  platform's: ``/data``), and the emulated pods are processes on this machine, which has no such mount; so
-  ``mount_root`` (a local directory) plays it: a path under the mount in what a caller sends to the cluster through
-  the proxy (a job's entrypoint) is the same path under ``mount_root`` for the processes, and such a path in what the
-  cluster answers (a job's log and records) is shown under the mount again, as a pod prints it. The caller (a pipeline
-  task, the stages) sees the pods' paths only, as on GKE, and needs no mount of its own.
+- the pods' Cloud Storage FUSE volumes: a RayCluster's pods mount a bucket (``volumeAttributes.bucketName`` of a CSI
+  volume of the ``gcsfuse.csi.storage.gke.io`` driver), or only a directory of it (the ``only-dir=D`` mount option),
+  where their manifest says (the gke platform's: ``/data``), and the emulated pods are processes on this machine,
+  which has no such mount; so the storage emulator's directory of that bucket (``bucket_dir(bucket)``, whose files
+  are the bucket's objects: tests/emulators/storage.py), or its ``D`` under it, plays each mount: a path under a
+  mount path in what a caller sends to the cluster through the proxy (a job's entrypoint) is the same path under that
+  directory for the processes, and such a path in what the cluster answers (a job's log and records) is shown under
+  the mount path again, as a pod prints it. A path under none of the mounts is left as it is (a pod cannot reach it,
+  as on GKE). What the pods write there is in the bucket, and what is written to the bucket through the Cloud Storage
+  API is there for the pods. The caller (a pipeline task, the stages) sees the pods' paths only, as on GKE, and needs
+  no mount of its own.
 
 - core/v1 Events are listed with a ``fieldSelector`` (``involvedObject.kind=Pod,involvedObject.name=...``, the
   event fields the API server selects on); the emulator records the scheduler's and the cluster autoscaler's events
@@ -73,6 +78,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -188,6 +194,34 @@ def _older(version: str, than: str) -> bool:
     return tuple(int(x) for x in version.split(".")) < tuple(int(x) for x in than.split("."))
 
 
+def _into_pods(data: bytes, mounts: dict[str, Path]) -> bytes:
+    """Paths at or under the pods' mounts (``/data/...``) as the emulated pods reach them: at or under the directory
+    that plays each mount (``KubeEmulator._fuse_mounts``), the longest mount path that holds the path; a path under
+    no mount stays as it is."""
+    return _rewrite(data, {path: str(here) for path, here in mounts.items()})
+
+
+def _from_pods(data: bytes, mounts: dict[str, Path]) -> bytes:
+    """Paths at or under the directories that play the pods' mounts as a pod shows them: at or under its mount path
+    (wherever they are in the text, a ``file://`` URI's among them: those directories are this machine's own)."""
+    return _rewrite(data, {str(here): path for path, here in mounts.items()}, start=b"")
+
+
+# a path starts where no path's character is before it
+PATH_START = rb"(?<![\w./-])"
+
+
+def _rewrite(data: bytes, prefixes: dict[str, str], start: bytes = PATH_START) -> bytes:
+    """``data`` with each path that is a key of ``prefixes``, or under one (the longest), starting with its value
+    instead: where ``start`` matches before it, and followed by ``/`` or by no path's character."""
+    if not (prefixes and data):
+        return data
+    keys = sorted(prefixes, key=len, reverse=True)
+    alternatives = b"|".join(re.escape(key.encode()) for key in keys)
+    pattern = re.compile(start + rb"(" + alternatives + rb")(?=/|(?![\w.-]))")
+    return pattern.sub(lambda m: prefixes[m[1].decode()].encode(), data)
+
+
 def _status(code: int, reason: str, message: str) -> dict:
     return {
         "kind": "Status",
@@ -251,13 +285,15 @@ class KubeEmulator:
         fault: str = "",
         ready_delay_s: float = 0.0,
         scale_up_s: float = 2.0,
-        mount_root: Path | str | None = None,
+        bucket_dir: Callable[[str], Path] | None = None,
     ):
         self.work_dir = Path(work_dir)
         self.token = token
         self.crds = crd_validator
         self.ray_env = ray_env  # components.envs.Env of the torch image, for the raylets; None: never start Ray
-        self.mount_root = Path(mount_root) if mount_root else None  # plays the bucket the pods mount at /data
+        # a bucket's name -> the directory whose files are its objects, which plays the pods' mounts of it (the
+        # storage emulator's bucket_dir); None: no mount is played (paths under the mounts are sent as they are)
+        self.bucket_dir = bucket_dir
         self.fault = fault
         self.ready_delay_s = ready_delay_s
         self.scale_up_s = scale_up_s  # scale_from_zero / never_scales_up: how long the nodes take to come (or fail)
@@ -1097,34 +1133,40 @@ class KubeEmulator:
             if k.lower() not in ("authorization", "host", "content-length", "connection")
         }
         url = f"http://127.0.0.1:{record['dashboard']}{path}" + (f"?{query}" if query else "")
-        mount = self._fuse_mount(namespace, cluster)
+        mounts = self._fuse_mounts(namespace, cluster)
         try:
-            r = requests.request(method, url, data=self._into_pods(body, mount) or None, headers=headers, timeout=60)
+            r = requests.request(method, url, data=_into_pods(body, mounts) or None, headers=headers, timeout=60)
         except requests.RequestException as exc:
             return self._send(h, 503, _status(503, "ServiceUnavailable", f"error trying to reach service: {exc}"))
-        content = self._from_pods(r.content, mount)
+        content = _from_pods(r.content, mounts)
         self._send(h, r.status_code, content, r.headers.get("Content-Type", "application/json"))
 
-    def _fuse_mount(self, namespace: str, cluster: str) -> str:
-        """Where the RayCluster's head pod mounts a Cloud Storage FUSE volume (a CSI ephemeral volume of the
+    def _fuse_mounts(self, namespace: str, cluster: str) -> dict[str, Path]:
+        """Where the RayCluster's head pod mounts Cloud Storage FUSE volumes (CSI ephemeral volumes of the
         ``gcsfuse.csi.storage.gke.io`` driver, https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-
-        volumes/cloud-storage-fuse-csi-driver); '' when it mounts none."""
+        volumes/cloud-storage-fuse-csi-driver), each mount path (no trailing ``/``) -> the directory here that plays
+        it: the bucket's directory (``bucket_dir(volumeAttributes.bucketName)``), or, with the ``only-dir=D`` mount
+        option (``volumeAttributes.mountOptions``, comma-separated), its ``D``: "mount only a specific directory
+        within a bucket" (https://cloud.google.com/storage/docs/cloud-storage-fuse/cli-options, --only-dir). Empty
+        when it mounts none, or no ``bucket_dir`` plays them."""
+        if self.bucket_dir is None:
+            return {}
         with self.lock:
             obj = self.objects.get(("rayclusters", namespace, cluster)) or {}
         pod = obj.get("spec", {}).get("headGroupSpec", {}).get("template", {}).get("spec", {})
-        fuse = {v["name"] for v in pod.get("volumes", []) if v.get("csi", {}).get("driver") == GCSFUSE_DRIVER}
-        mounts = [m for c in pod.get("containers", []) for m in c.get("volumeMounts", []) if m["name"] in fuse]
-        return mounts[0]["mountPath"].rstrip("/") if mounts else ""
-
-    def _into_pods(self, data: bytes, mount: str) -> bytes:
-        """Paths under the pods' mount (``/data/...``) as the emulated pods reach them: under ``mount_root``."""
-        if not (self.mount_root and mount and data):
-            return data
-        pattern = re.compile(rb"(?<![\w./-])" + re.escape(mount.encode()) + rb"(?=/)")
-        return pattern.sub(lambda m: str(self.mount_root).encode() + m[0], data)
-
-    def _from_pods(self, data: bytes, mount: str) -> bytes:
-        """Paths under ``mount_root`` as a pod shows them: under its mount (``/data/...``)."""
-        if not (self.mount_root and mount and data):
-            return data
-        return data.replace(f"{self.mount_root}{mount}/".encode(), f"{mount}/".encode())
+        volumes = {
+            v["name"]: v["csi"].get("volumeAttributes", {})
+            for v in pod.get("volumes", [])
+            if v.get("csi", {}).get("driver") == GCSFUSE_DRIVER
+        }
+        mounts = {}
+        for mount in (m for c in pod.get("containers", []) for m in c.get("volumeMounts", [])):
+            attributes = volumes.get(mount["name"])
+            if attributes is None:
+                continue
+            options = dict(o.strip().partition("=")[::2] for o in attributes.get("mountOptions", "").split(","))
+            only = [part for part in options.get("only-dir", "").split("/") if part]
+            here = self.bucket_dir(attributes["bucketName"]).joinpath(*only)
+            here.mkdir(parents=True, exist_ok=True)  # a mount point is there, objects under it or not
+            mounts[mount["mountPath"].rstrip("/")] = here
+        return mounts

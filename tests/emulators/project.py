@@ -1,11 +1,13 @@
 """The emulated project: the GKE ClusterManager (gRPC), Compute Engine (REST), Cloud Storage (JSON API), Resource
 Manager, Cloud Build and Artifact Registry (gRPC), Vertex AI Model Registry (REST) and the cluster's Kubernetes API
 server (HTTPS), in this process, and the environment that points the gke platform at them (as Google's emulators are
-found). Credentials are found as on a workstation: ``GOOGLE_APPLICATION_CREDENTIALS`` names an ``authorized_user``
-file, refreshed (``TPUPIPE_GKE_EMULATOR_TOKEN_URI``) at the emulated token issuer (``tokens``, ``project.tokens``),
-whose tokens expire; every emulator that checks a token takes only those. With ``vertex=True``, Vertex AI Pipelines
-too, on the same endpoint as the Model Registry (as Google serves both on one). ``start_project`` makes one; the
-``project_factory`` fixture (tests/conftest.py) makes them for a test and stops them after it."""
+found). The buckets' objects are files (``storage.bucket_dir(bucket)``, under ``tmp_path/buckets``), and the emulated
+pods' Cloud Storage FUSE mounts are those files: what a pod writes is an object, and an object written through the
+API is there for the pods. Credentials are found as on a workstation: ``GOOGLE_APPLICATION_CREDENTIALS`` names an
+``authorized_user`` file, refreshed (``TPUPIPE_GKE_EMULATOR_TOKEN_URI``) at the emulated token issuer (``tokens``,
+``project.tokens``), whose tokens expire; every emulator that checks a token takes only those. With ``vertex=True``,
+Vertex AI Pipelines too, on the same endpoint as the Model Registry (as Google serves both on one). ``start_project``
+makes one; the ``project_factory`` fixture (tests/conftest.py) makes them for a test and stops them after it."""
 
 from __future__ import annotations
 
@@ -171,15 +173,17 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     token = TokenIssuer()
     token.start()
     adc = token.adc_file(Path(tmp_path) / "adc" / "application_default_credentials.json")
-    # The pods' Cloud Storage FUSE mount (/data) is this directory for the emulated pods' processes.
-    mount = tmp_path / "bucket"
-    kube = KubeEmulator(tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault, mount_root=mount)
+    # The buckets' objects are files under tmp_path/buckets/<bucket>, which the emulated pods' processes reach where
+    # their Cloud Storage FUSE volumes mount the bucket (or a directory of it): one world, as on GKE.
+    storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token, root=tmp_path / "buckets")
+    kube = KubeEmulator(
+        tmp_path / "kube", token, validator, ray_env=ray_env, fault=fault, bucket_dir=storage.bucket_dir
+    )
     kube.start()
     compute = ComputeEmulator(token=token, polls_to_done=polls_to_done)
     gke = ClusterManagerEmulator(
         kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done, compute=compute
     )
-    storage = StorageEmulator({PROJECT: PROJECT_NUMBER}, token=token)
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)

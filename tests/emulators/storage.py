@@ -2,7 +2,23 @@
 buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy) and the objects a run stages (objects.insert by the
 multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of metadata or of the data
 with ``alt=media`` or under ``/download/storage/v1``, objects.delete, objects.list by prefix, delimiter and
-matchGlob), served over plain HTTP by ``http.server``, so that the real ``google.cloud.storage.Client`` talks to it.
+matchGlob, and the server-side copies objects.copy and objects.rewrite), served over plain HTTP by ``http.server``,
+so that the real ``google.cloud.storage.Client`` talks to it.
+
+Where objects are kept: without ``root``, in memory (``state.objects`` holds each one's metadata and data). With
+``root`` (a directory), a bucket's objects are files, ``root/<bucket>/<object name>`` (``bucket_dir(bucket)``), as
+the pods that mount the bucket with Cloud Storage FUSE see them: each object a file, its name the file's path in the
+mount (https://cloud.google.com/storage/docs/cloud-storage-fuse/overview). An object written through
+the API is written as its file (the metadata Cloud Storage gives it staying in ``state.objects``); a file that a
+writer outside the API (an emulated pod, through the kube emulator's mount) wrote, changed or deleted is that object,
+a new generation of it, or its deletion: its metadata is made from the file (size, MD5 and CRC32C of its bytes,
+``application/octet-stream``, a new generation whenever the file's inode, size or modification time changes, as
+GCS FUSE writes a changed file back "as a new object generation":
+https://github.com/GoogleCloudPlatform/gcsfuse/blob/master/docs/semantics.md). Directories are no objects (GCS FUSE's
+implicit directories have none). A deliberate limit: a name that cannot be such a file (an empty segment, ``.`` or
+``..``, a trailing ``/``, a name under another object's name, or one that a directory holds) is refused with 400
+there, where Cloud Storage would take it; a change that keeps a file's inode, size and modification time (two writes
+of one length within the file system's timestamp tick) is not seen as a new generation.
 
 Requests are checked as Cloud Storage checks them: bucket names (3-63 characters of lowercase letters, digits,
 ``-``, ``_`` and ``.``, starting and ending with a letter or digit, no ``goog`` prefix), unknown body fields, the
@@ -23,10 +39,33 @@ An object is stored with the metadata Cloud Storage gives it (generation, size, 
 does not exist (404). A download carries the ``x-goog-hash``, ``x-goog-generation`` and
 ``x-goog-stored-content-length`` headers the client checks the data against, and honours a ``Range`` header.
 
+A copy (``POST .../o/SOURCE/copyTo/b/BUCKET/o/NAME``, https://cloud.google.com/storage/docs/json_api/v1/objects/copy)
+or a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite, answered done
+in one call) writes the source's data as a new object (a new generation) at the destination, with the source's
+content metadata (contentType, custom metadata, ...) unless the request body gives the destination's: 404 for a
+source or a bucket that does not exist; the source's generation may be named (``sourceGeneration``) and its
+preconditions are ``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc.
+
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
-"objects.insert", "objects.get", "objects.delete"): an HTTP error for the next N matching calls, before the call takes
-effect. Every request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a
-download is an "objects.get".
+"objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy", "objects.rewrite"): an HTTP error for
+the next N matching calls, before the call takes effect. Every request of an upload is an "objects.insert" (a resumable
+upload's start and each of its chunks); a download is an "objects.get".
+
+Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
+the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
+for it. ``token_for(member)`` mints a bearer token that acts as ``member`` instead (a ``user:``, ``serviceAccount:`` or
+``principal://`` workload identity), as Workload Identity Federation's token exchange hands one to a pod; it is accepted
+whatever ``token`` is, and lives as long as the emulator. Every request of such a member is authorized as Cloud Storage
+authorizes it (https://cloud.google.com/storage/docs/access-control/iam-json): the method's permission
+(``PERMISSIONS``), on the bucket or the object it checks it on (a copy's: ``storage.objects.get`` on the source and
+``storage.objects.create`` on the destination), must be allowed by that bucket's IAM policy (``iam.py`` beside this
+module: the roles' permissions, and IAM Conditions on ``resource.name`` and ``resource.type``); refused, it is 403 with
+Cloud Storage's message (``google.api_core.exceptions.Forbidden``), before any injected fault. Overwriting an object (by
+an upload or a copy) also needs ``storage.objects.delete`` on it; objects.list is checked on the bucket, so a binding
+conditioned on an object prefix does not by itself allow listing; creating a bucket is a project permission, which no
+member holds here (the emulator has no project or organization policy). A deliberate limit: conditions are evaluated for
+a subset of CEL only (``resource.name``/``resource.type``, ``startsWith``, ``==``, ``!``, ``&&``, ``||``, parentheses),
+and setIamPolicy refuses any other expression with 400 rather than guess what it would grant.
 
 Pointing the client here: set ``STORAGE_EMULATOR_HOST`` to the endpoint ``start()`` returns (scheme included); the
 client then sends the credentials it is given, or none at all (anonymous) when it is given none.
@@ -38,7 +77,9 @@ import base64
 import copy
 import hashlib
 import json
+import os
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -46,11 +87,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import google_crc32c
 
-from tests.emulators import take_fault
+from tests.emulators import iam, take_fault
 from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
 from tests.emulators.tokens import authorized
 
@@ -59,6 +101,11 @@ STORAGE_REASONS = {**REASONS, 409: "conflict"}
 PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|(?P<list>/o)|/o/(?P<object>.+))?)?")
 UPLOAD_PATH = re.compile(r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o")
 DOWNLOAD_PATH = re.compile(r"/download/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)")
+# a server-side copy: the source and the destination, each name URL-encoded ("/" as %2F)
+COPY_PATH = re.compile(
+    r"/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>[^/]+)/(?P<verb>copyTo|rewriteTo)"
+    r"/b/(?P<destination_bucket>[^/]+)/o/(?P<destination_object>[^/]+)"
+)
 ROUTES = {
     ("POST", "buckets"): "buckets.insert",
     ("GET", "bucket"): "buckets.get",
@@ -70,6 +117,8 @@ ROUTES = {
     ("POST", "upload"): "objects.insert",
     ("PUT", "upload"): "objects.insert",
     ("GET", "download"): "objects.get",
+    ("POST", "copyTo"): "objects.copy",
+    ("POST", "rewriteTo"): "objects.rewrite",
 }
 BUCKET_NAME = re.compile(r"[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]")
 # the bucket resource's fields; output-only ones are accepted in an insert and overwritten
@@ -154,6 +203,56 @@ MEMBER = re.compile(
     r"|project(?:Owner|Editor|Viewer):\S+|allUsers|allAuthenticatedUsers"
     r"|principal(?:Set)?://iam\.googleapis\.com/\S+"
 )
+# the members a token can act as: one principal (not a group, domain, set or convenience value)
+IDENTITY = re.compile(r"(?:user|serviceAccount):[^@\s]+@\S+|principal://iam\.googleapis\.com/\S+")
+# each method: the permissions Cloud Storage checks, each with the resource it checks it on: the project, the
+# request's bucket, its object, or a copy's destination object
+# (https://cloud.google.com/storage/docs/access-control/iam-json); every request of an upload is an objects.insert
+COPY_PERMISSIONS = (("storage.objects.get", "object"), ("storage.objects.create", "destination"))
+PERMISSIONS = {
+    "buckets.insert": (("storage.buckets.create", "project"),),
+    "buckets.get": (("storage.buckets.get", "bucket"),),
+    "buckets.getIamPolicy": (("storage.buckets.getIamPolicy", "bucket"),),
+    "buckets.setIamPolicy": (("storage.buckets.setIamPolicy", "bucket"),),
+    "objects.insert": (("storage.objects.create", "object"),),
+    "objects.get": (("storage.objects.get", "object"),),
+    "objects.delete": (("storage.objects.delete", "object"),),
+    "objects.list": (("storage.objects.list", "bucket"),),
+    "objects.copy": COPY_PERMISSIONS,
+    "objects.rewrite": COPY_PERMISSIONS,
+}
+# overwriting an object needs its deletion too (https://cloud.google.com/storage/docs/access-control/iam-permissions)
+OVERWRITE_PERMISSION = "storage.objects.delete"
+# the methods that write an object: which of the request's resources they write
+WRITES = {"objects.insert": "object", "objects.copy": "destination", "objects.rewrite": "destination"}
+# how a refusal names the kind of resource
+RESOURCE_NOUNS = {
+    "project": "Google Cloud project",
+    "bucket": "Google Cloud Storage bucket",
+    "object": "Google Cloud Storage object",
+    "destination": "Google Cloud Storage object",
+}
+# the object metadata a copy or rewrite gives the destination from its source, where the request body (the
+# destination's metadata: https://cloud.google.com/storage/docs/json_api/v1/objects/copy#request-body) does not give
+# it; a body may name the storage class too
+COPIED_FIELDS = (
+    "contentType",
+    "contentEncoding",
+    "contentLanguage",
+    "contentDisposition",
+    "cacheControl",
+    "metadata",
+    "customTime",
+)
+# a copy's or rewrite's preconditions on its source, as the preconditions of a request for the source itself
+SOURCE_QUERY = {
+    "sourceGeneration": "generation",
+    "ifSourceGenerationMatch": "ifGenerationMatch",
+    "ifSourceGenerationNotMatch": "ifGenerationNotMatch",
+    "ifSourceMetagenerationMatch": "ifMetagenerationMatch",
+    "ifSourceMetagenerationNotMatch": "ifMetagenerationNotMatch",
+}
+DESTINATION_QUERY = ("ifGenerationMatch", "ifGenerationNotMatch", "ifMetagenerationMatch", "ifMetagenerationNotMatch")
 POOL_MEMBER = re.compile(
     r"principal(?:Set)?://iam\.googleapis\.com/projects/(?P<project>[^/]+)/locations/global/"
     r"workloadIdentityPools/.+"
@@ -165,7 +264,8 @@ class State:
     buckets: dict[str, dict] = field(default_factory=dict)  # bucket name -> bucket resource JSON
     policies: dict[str, dict] = field(default_factory=dict)  # bucket name -> {"version": V, "bindings": [...]}
     owners: dict[str, str] = field(default_factory=dict)  # bucket name -> project id it was created in
-    # (bucket, object name) -> {"metadata": the object resource JSON, "data": bytes}
+    # (bucket, object name) -> {"metadata": the object resource JSON, and "data": bytes (in memory) or "file": the
+    # stat signature its file had when the metadata was made (with ``root``)}
     objects: dict[tuple[str, str], dict] = field(default_factory=dict)
     # resumable upload id -> {"bucket", "metadata", "query" (the start's), "content_type", "total" (None: not yet
     # known), "data" (received so far), and once finished "object" (the resource it created)}
@@ -196,10 +296,132 @@ def _hashes(data: bytes) -> tuple[str, str]:
     return base64.b64encode(hashlib.md5(data).digest()).decode(), base64.b64encode(crc32c).decode()
 
 
-class StorageEmulator(HttpEmulator):
-    """The service; ``start()`` serves it on 127.0.0.1 over plain HTTP and returns the endpoint."""
+class _InMemory:
+    """Objects kept in memory: ``objects`` (``State.objects``) holds each one's metadata and data."""
 
-    def __init__(self, projects: dict[str, str], token: str = ""):
+    def __init__(self, objects: dict[tuple[str, str], dict]):
+        self.objects = objects
+
+    def add_bucket(self, bucket: str) -> None:
+        pass
+
+    def check(self, bucket: str, name: str) -> None:
+        pass  # every valid object name can be stored
+
+    def get(self, bucket: str, name: str) -> dict | None:
+        return self.objects.get((bucket, name))
+
+    def read(self, bucket: str, name: str, stored: dict) -> bytes:
+        return stored["data"]
+
+    def write(self, bucket: str, name: str, resource: dict, data: bytes) -> None:
+        self.objects[(bucket, name)] = {"metadata": resource, "data": bytes(data)}
+
+    def delete(self, bucket: str, name: str) -> None:
+        del self.objects[(bucket, name)]
+
+    def names(self, bucket: str, prefix: str) -> list[str]:
+        return sorted(n for b, n in self.objects if b == bucket and n.startswith(prefix))
+
+
+class _InFiles:
+    """Objects kept as files, ``root/<bucket>/<name>``: ``objects`` (``State.objects``) holds the metadata of each
+    one and the stat signature its file had then; a file with no metadata, or whose signature changed, gets new
+    metadata from ``made(bucket, name, data)`` (a new generation); an entry whose file is gone is dropped."""
+
+    def __init__(self, root: Path, objects: dict[tuple[str, str], dict], made: Callable[[str, str, bytes], dict]):
+        self.root = Path(root)
+        self.objects = objects
+        self.made = made
+
+    def directory(self, bucket: str) -> Path:
+        return self.root / bucket
+
+    def add_bucket(self, bucket: str) -> None:
+        self.directory(bucket).mkdir(parents=True, exist_ok=True)
+
+    def _path(self, bucket: str, name: str) -> Path | None:
+        """The object's file, or None when no file can hold an object of that name."""
+        parts = name.split("/")
+        if any(part in ("", ".", "..") for part in parts) or "\0" in name:
+            return None
+        return self.directory(bucket).joinpath(*parts)
+
+    def check(self, bucket: str, name: str) -> None:
+        path = self._path(bucket, name)
+        top = self.directory(bucket)
+        if path is None or path.is_dir() or any(p.is_file() for p in path.parents if p.is_relative_to(top)):
+            raise HttpError(
+                400,
+                f"The emulator keeps the bucket's objects as files (as a Cloud Storage FUSE mount shows them), and "
+                f"no file can hold an object named {name!r}.",
+            )
+
+    @staticmethod
+    def _signature(path: Path) -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns) if path.is_file() else None
+
+    def get(self, bucket: str, name: str) -> dict | None:
+        path = self._path(bucket, name)
+        signature = self._signature(path) if path else None
+        if signature is None:
+            self.objects.pop((bucket, name), None)  # never stored, or its file was deleted
+            return None
+        stored = self.objects.get((bucket, name))
+        if stored is None or stored["file"] != signature:  # written, or rewritten, outside the API
+            try:
+                data = path.read_bytes()  # read after the stat: a change while reading is seen next time
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                self.objects.pop((bucket, name), None)
+                return None
+            stored = self.objects[(bucket, name)] = {"metadata": self.made(bucket, name, data), "file": signature}
+        return stored
+
+    def read(self, bucket: str, name: str, stored: dict) -> bytes:
+        try:
+            return self._path(bucket, name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise HttpError(404, f"No such object: {bucket}/{name}") from None
+
+    def write(self, bucket: str, name: str, resource: dict, data: bytes) -> None:
+        path = self._path(bucket, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        self.objects[(bucket, name)] = {"metadata": resource, "file": self._signature(path)}
+
+    def delete(self, bucket: str, name: str) -> None:
+        self._path(bucket, name).unlink(missing_ok=True)
+        self.objects.pop((bucket, name), None)
+
+    def names(self, bucket: str, prefix: str) -> list[str]:
+        """The names of the bucket's files that start with ``prefix`` (directories are no objects), sorted; entries
+        whose file is gone are dropped."""
+        top, directories = self.directory(bucket), prefix.split("/")[:-1]
+        if any(part in ("", ".", "..") for part in directories):
+            return []  # no file's name starts so
+        start = top.joinpath(*directories)  # the deepest directory every such name is under
+        found = set()
+        for directory, _, files in os.walk(start):
+            for file in files:
+                name = (Path(directory) / file).relative_to(top).as_posix()
+                if name.startswith(prefix) and (Path(directory) / file).is_file():
+                    found.add(name)
+        for b, name in list(self.objects):
+            if b == bucket and name.startswith(prefix) and name not in found:
+                del self.objects[(b, name)]
+        return sorted(found)
+
+
+class StorageEmulator(HttpEmulator):
+    """The service; ``start()`` serves it on 127.0.0.1 over plain HTTP and returns the endpoint. With ``root``, each
+    bucket's objects are the files under ``bucket_dir(bucket)`` (``root/<bucket>``); without it, they are kept in
+    memory."""
+
+    def __init__(self, projects: dict[str, str], token: str = "", root: Path | str | None = None):
         super().__init__()
         self.projects = projects  # project id -> project number (a string of digits)
         self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
@@ -207,6 +429,13 @@ class StorageEmulator(HttpEmulator):
         self.faults: list[Fault] = []
         self._lock = threading.RLock()
         self._generation = 0
+        self.root = Path(root) if root else None
+        self._objects = (
+            _InFiles(self.root, self.state.objects, self._made_from_file)
+            if self.root
+            else _InMemory(self.state.objects)
+        )
+        self._identities: dict[str, str] = {}  # access token -> the member it acts as (token_for)
 
     # ------------------------------------------------------------------ faults and inspection
     def fail(
@@ -220,7 +449,8 @@ class StorageEmulator(HttpEmulator):
     ) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` answer HTTP ``status``. ``when`` gets
         ``{"bucket": name, "query": {...}, "body": {...}}`` (an insert's bucket name is the body's); for an objects
-        method also ``"object"``: the object's name (an upload's body is the object metadata it carries)."""
+        method also ``"object"``: the object's name (an upload's body is the object metadata it carries); for a copy
+        or a rewrite, the source's, and ``"destination"``: ``{"bucket", "object"}``."""
         self.faults.append(
             Fault(
                 method,
@@ -232,6 +462,19 @@ class StorageEmulator(HttpEmulator):
             )
         )
 
+    def token_for(self, member: str) -> str:
+        """A bearer token that acts as ``member`` (``principal://iam.googleapis.com/projects/NUMBER/locations/global/
+        workloadIdentityPools/PROJECT.svc.id.goog/subject/ns/NAMESPACE/sa/KSA`` for a pod's Kubernetes
+        ServiceAccount, ``serviceAccount:...`` or ``user:...``): its requests are authorized by the buckets' IAM
+        policies."""
+        pool = POOL_MEMBER.fullmatch(member)
+        if not IDENTITY.fullmatch(member) or (pool and not pool["project"].isdigit()):
+            raise ValueError(f"{member!r} is not a principal a token can act as")
+        token = f"ya29.emulated-member-{secrets.token_hex(12)}"
+        with self._lock:
+            self._identities[token] = member
+        return token
+
     def members(self, bucket: str, role: str) -> list[str]:
         """The members ``bucket``'s policy grants ``role`` (in any binding), sorted."""
         with self._lock:
@@ -241,7 +484,7 @@ class StorageEmulator(HttpEmulator):
     def object(self, bucket: str, name: str) -> dict | None:
         """A copy of the stored object's resource JSON (its metadata), or None when there is no such object."""
         with self._lock:
-            stored = self.state.objects.get((bucket, name))
+            stored = self._objects.get(bucket, name)
             return copy.deepcopy(stored["metadata"]) if stored else None
 
     def put(self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream") -> None:
@@ -252,13 +495,32 @@ class StorageEmulator(HttpEmulator):
             self._store(bucket, {"name": name}, data, content_type, {})
 
     def data(self, bucket: str, name: str) -> bytes | None:
+        """The object's data (with ``root``: its file's bytes), or None when there is no such object."""
         with self._lock:
-            stored = self.state.objects.get((bucket, name))
-            return bytes(stored["data"]) if stored else None
+            stored = self._objects.get(bucket, name)
+            return bytes(self._objects.read(bucket, name, stored)) if stored else None
+
+    def objects_of(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """The data of the bucket's objects whose names start with ``prefix``, by name (sorted)."""
+        with self._lock:
+            return {name: self.data(bucket, name) for name in self._objects.names(bucket, prefix)}
+
+    def bucket_dir(self, bucket: str) -> Path:
+        """The directory whose files are ``bucket``'s objects (``root/<bucket>``; it need not exist yet). What the
+        pods that mount the bucket reach through the mount (tests/emulators/kube.py)."""
+        if self.root is None:
+            raise ValueError("this storage emulator keeps objects in memory: it was started without a root")
+        return self._objects.directory(bucket)
 
     # ------------------------------------------------------------------ serving
-    def _route(self, command: str, path: str) -> tuple[str, str, str]:
-        """The method a request calls, and the names (unquoted) of the bucket and object it is for ("" where none)."""
+    def _route(self, command: str, path: str) -> tuple[str, str, str, dict]:
+        """The method a request calls, the names (unquoted) of the bucket and object it is for ("" where none), and a
+        copy's destination (``{"bucket", "object"}``; empty for any other method)."""
+        m = COPY_PATH.fullmatch(path)
+        method = ROUTES.get((command, m["verb"])) if m else None
+        if method:
+            destination = {"bucket": unquote(m["destination_bucket"]), "object": unquote(m["destination_object"])}
+            return method, unquote(m["bucket"]), unquote(m["object"]), destination
         for kind, pattern in (("upload", UPLOAD_PATH), ("download", DOWNLOAD_PATH), ("", PATH)):
             m = pattern.fullmatch(path)
             if not m:
@@ -277,16 +539,17 @@ class StorageEmulator(HttpEmulator):
             )
             method = ROUTES.get((command, kind))
             if method:
-                return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or "")
+                return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or ""), {}
         raise HttpError(404, f"The emulator does not serve {command} {path}.")
 
     def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple[int, dict | bytes | None, dict]:
         url = urlsplit(http.path)
-        method, bucket, name = self._route(http.command, url.path)
+        method, bucket, name, destination = self._route(http.command, url.path)
+        auth = http.headers.get("Authorization")
         with self._lock:
             self.state.calls.append(method)
-        auth = http.headers.get("Authorization")
-        if self.token and not authorized(self.token, auth):
+            member = self._identities.get((auth or "").removeprefix("Bearer "))  # None: the owner, or no one
+        if member is None and self.token and not authorized(self.token, auth):
             permission = "storage." + method.replace("insert", "create")
             kind = method.split(".")[0][:-1]
             raise HttpError(
@@ -305,8 +568,12 @@ class StorageEmulator(HttpEmulator):
             upload = self._upload(http, query, raw)
             name = upload["metadata"].get("name") or upload["query"].get("name", "")
             request = {"bucket": bucket, "object": name, "query": query, "body": upload["metadata"]}
+        elif destination:
+            request = {"bucket": bucket, "object": name, "destination": destination, "query": query, "body": _json(raw)}
         else:
             request = {"bucket": bucket, "object": name, "query": query, "body": {}}
+        if member is not None:
+            self._authorize(member, method, request)
         fault = take_fault(self.faults, self._lock, method, request)
         if fault:
             raise HttpError(fault.status, fault.message, fault.reason)
@@ -320,7 +587,39 @@ class StorageEmulator(HttpEmulator):
                 return self._delete_object(bucket, name, query)
             if method == "objects.list":
                 return 200, self._list_objects(bucket, query), {}
+            if destination:
+                return 200, self._copy_object(method, bucket, name, destination, query, request["body"]), {}
             return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
+
+    def _authorize(self, member: str, method: str, request: dict) -> None:
+        """403 unless the buckets' policies allow ``member`` what ``method`` needs, on each resource it is checked
+        on: its ``resource.name`` and ``resource.type`` as Cloud Storage gives them to conditions
+        (https://cloud.google.com/iam/docs/conditions-resource-attributes)."""
+        destination = request.get("destination") or {}
+        # each kind of resource: (its bucket, its object name) (None for the project: the emulator holds no project
+        # policy, so nothing is granted there; "" for the bucket itself)
+        where = {
+            "project": None,
+            "bucket": (request["bucket"], ""),
+            "object": (request["bucket"], request.get("object", "")),
+            "destination": (destination.get("bucket", ""), destination.get("object", "")),
+        }
+        with self._lock:
+            checks = list(PERMISSIONS[method])
+            written = WRITES.get(method)
+            if written and self._objects.get(*where[written]) is not None:
+                checks.append((OVERWRITE_PERMISSION, written))
+            for needed, kind in checks:
+                target = where[kind]
+                allowed = target is not None and iam.allows(
+                    self.state.policies.get(target[0], {}).get("bindings", []), member, needed, _attributes(*target)
+                )
+                if not allowed:
+                    raise HttpError(
+                        403,
+                        f"{member} does not have {needed} access to the {RESOURCE_NOUNS[kind]}. "
+                        f"Permission '{needed}' denied on resource (or it may not exist).",
+                    )
 
     # ------------------------------------------------------------------ buckets
     def _bucket(self, bucket: str) -> dict:
@@ -382,6 +681,7 @@ class StorageEmulator(HttpEmulator):
             "etag": _etag(1),
         }
         self.state.owners[bucket] = project
+        self._objects.add_bucket(bucket)
         self.state.policies[bucket] = {
             "version": 1,
             "bindings": [
@@ -435,6 +735,16 @@ class StorageEmulator(HttpEmulator):
                 raise HttpError(400, f"Role ({role}) does not exist in the resource's hierarchy.")
             if not isinstance(members, list) or not members:
                 raise HttpError(400, f"Invalid argument: the binding of role {role} has no members.")
+            condition = binding.get("condition")
+            if condition:
+                try:
+                    iam.condition(condition.get("expression") if isinstance(condition, dict) else None)
+                except iam.UnsupportedCondition as e:
+                    raise HttpError(
+                        400,
+                        f"The emulator cannot evaluate the condition of the binding of role {role} ({e}): it "
+                        f"evaluates {iam.SUBSET}.",
+                    ) from None
             for member in members:
                 pool = POOL_MEMBER.fullmatch(str(member))
                 if not MEMBER.fullmatch(str(member)) or (pool and not pool["project"].isdigit()):
@@ -467,8 +777,9 @@ class StorageEmulator(HttpEmulator):
             else None
         )
         items, prefixes = [], set()
-        for (b, name), stored in sorted(self.state.objects.items()):
-            if b != bucket or not name.startswith(prefix) or (pattern and not pattern.fullmatch(name)):
+        for name in self._objects.names(bucket, prefix):
+            stored = self._objects.get(bucket, name)
+            if stored is None or (pattern and not pattern.fullmatch(name)):
                 continue
             rest = name[len(prefix) :]
             if delimiter and delimiter in rest:
@@ -480,7 +791,7 @@ class StorageEmulator(HttpEmulator):
     def _object(self, bucket: str, name: str, query: dict) -> dict:
         """The stored object (its current generation, or the one ``query`` names), its preconditions checked."""
         self._bucket(bucket)
-        stored = self.state.objects.get((bucket, name))
+        stored = self._objects.get(bucket, name)
         if (
             stored is None
             or query.get("generation", stored["metadata"]["generation"]) != stored["metadata"]["generation"]
@@ -536,7 +847,8 @@ class StorageEmulator(HttpEmulator):
         unknown = sorted(set(metadata) - OBJECT_FIELDS)
         if unknown:
             raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
-        _preconditions(query, self.state.objects.get((bucket, name)))
+        self._objects.check(bucket, name)
+        _preconditions(query, self._objects.get(bucket, name))
         return name
 
     def _store(
@@ -552,10 +864,23 @@ class StorageEmulator(HttpEmulator):
                 raise HttpError(
                     400, f'Provided {label} "{claimed[kind]}" doesn\'t match calculated {label} "{actual}".'
                 )
+        resource = self._resource(bucket, name, metadata, data, content_type)
+        self._objects.write(bucket, name, resource, data)
+        return resource
+
+    def _made_from_file(self, bucket: str, name: str, data: bytes) -> dict:
+        """The metadata of an object whose file a writer outside the API wrote: a new generation, the data's size and
+        hashes, and the content type Cloud Storage gives data that comes with none."""
+        return self._resource(bucket, name, {}, data, "")
+
+    def _resource(self, bucket: str, name: str, metadata: dict, data: bytes, content_type: str) -> dict:
+        """The resource of a new generation of an object: ``metadata`` (what the writer gave), and what Cloud Storage
+        adds (generation, size, hashes, times, links)."""
+        md5, crc32c = _hashes(data)
         self._generation = max(self._generation + 1, time.time_ns() // 1000)
         generation, now = self._generation, _now()
         path = f"b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
-        resource = {
+        return {
             **copy.deepcopy(metadata),
             "kind": "storage#object",
             "id": f"{bucket}/{name}/{generation}",
@@ -567,7 +892,8 @@ class StorageEmulator(HttpEmulator):
             "generation": str(generation),
             "metageneration": "1",
             "contentType": metadata.get("contentType") or content_type or "application/octet-stream",
-            "storageClass": metadata.get("storageClass") or self.state.buckets[bucket].get("storageClass", "STANDARD"),
+            "storageClass": metadata.get("storageClass")
+            or self.state.buckets.get(bucket, {}).get("storageClass", "STANDARD"),
             "size": str(len(data)),
             "md5Hash": md5,
             "crc32c": crc32c,
@@ -577,8 +903,6 @@ class StorageEmulator(HttpEmulator):
             "timeStorageClassUpdated": now,
             "timeFinalized": now,
         }
-        self.state.objects[(bucket, name)] = {"metadata": resource, "data": bytes(data)}
-        return resource
 
     def _insert_object(self, http: BaseHTTPRequestHandler, bucket: str, upload: dict) -> tuple[int, dict | None, dict]:
         if "session" in upload:
@@ -655,7 +979,7 @@ class StorageEmulator(HttpEmulator):
         resource = stored["metadata"]
         if not media:
             return 200, _fields(copy.deepcopy(resource), query.get("fields")), {}
-        data = stored["data"]
+        data = self._objects.read(bucket, name, stored)
         headers = {
             "Content-Type": resource["contentType"],
             "ETag": resource["etag"],
@@ -679,8 +1003,41 @@ class StorageEmulator(HttpEmulator):
 
     def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
         self._object(bucket, name, query)
-        del self.state.objects[(bucket, name)]
+        self._objects.delete(bucket, name)
         return 204, None, {}
+
+    def _copy_object(self, method: str, bucket: str, name: str, destination: dict, query: dict, body: dict) -> dict:
+        """objects.copy and objects.rewrite: the source (its generation and preconditions the ``source*`` parameters)
+        written as a new generation of the destination (its preconditions the others), with the source's content
+        metadata where the body gives none. A rewrite is done in one call: its response carries the resource."""
+        unknown = sorted(set(body) - OBJECT_FIELDS)
+        if unknown:
+            raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+        source_query = {SOURCE_QUERY[key]: value for key, value in query.items() if key in SOURCE_QUERY}
+        stored = self._object(bucket, name, source_query)
+        data = self._objects.read(bucket, name, stored)
+        source = stored["metadata"]
+        metadata = {
+            **{key: copy.deepcopy(source[key]) for key in COPIED_FIELDS if key in source},
+            **{key: body[key] for key in (*COPIED_FIELDS, "storageClass") if key in body},
+            "name": destination["object"],
+        }
+        resource = self._store(
+            destination["bucket"],
+            metadata,
+            data,
+            source["contentType"],
+            {key: value for key, value in query.items() if key in DESTINATION_QUERY},
+        )
+        if method == "objects.copy":
+            return copy.deepcopy(resource)
+        return {
+            "kind": "storage#rewriteResponse",
+            "totalBytesRewritten": resource["size"],
+            "objectSize": resource["size"],
+            "done": True,
+            "resource": copy.deepcopy(resource),
+        }
 
 
 def _json(raw: bytes) -> dict:
@@ -710,6 +1067,13 @@ def _multipart(content_type: str, raw: bytes) -> tuple[dict, bytes, str]:
         parts.append(({k.strip().lower(): v.strip() for k, v in headers.items()}, content.removesuffix(b"\r\n")))
     (_, metadata), (data_headers, data) = parts
     return _json(metadata), data, data_headers.get("content-type", "")
+
+
+def _attributes(bucket: str, name: str) -> dict:
+    """The attributes of a bucket (``name`` "") or an object that IAM Conditions read."""
+    if not name:
+        return {"resource.name": f"projects/_/buckets/{bucket}", "resource.type": iam.BUCKET_TYPE}
+    return {"resource.name": f"projects/_/buckets/{bucket}/objects/{name}", "resource.type": iam.OBJECT_TYPE}
 
 
 def _preconditions(query: dict, stored: dict | None) -> None:

@@ -1,6 +1,7 @@
 """The emulated project (tests/emulators/project.py) refuses what the real APIs refuse: GKE's one update at a time and
 its create-only fields, Resource Manager's and Service Usage's permission checks, Compute Engine's unknown
-reservation; the real clients against it."""
+reservation; the real clients against it. And its pods' Cloud Storage FUSE mounts are its bucket: each mount path is
+the bucket's directory, or the ``only-dir`` of it the volume mounts, and nothing outside them."""
 
 from __future__ import annotations
 
@@ -50,3 +51,63 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
         )
     with pytest.raises(exceptions.NotFound):
         compute.client("ReservationsClient", credentials()).get(project=PROJECT, zone="us-east5-b", reservation="x")
+
+
+def test_the_pods_fuse_mounts_are_the_bucket_or_the_directory_they_mount(project_factory):
+    from google.cloud import storage
+    from google.oauth2.credentials import Credentials
+
+    from tests.emulators import kube
+
+    project = project_factory()
+    name = f"{PROJECT}-tpupipe"
+    bucket = storage.Client(project=PROJECT, credentials=Credentials(token=project.token)).create_bucket(name)
+    bucket.blob("models/m1/weights").upload_from_string(b"registered")
+
+    def fuse(volume: str, options: str) -> dict:
+        attributes = {"bucketName": name, "mountOptions": options}
+        return {"name": volume, "csi": {"driver": kube.GCSFUSE_DRIVER, "volumeAttributes": attributes}}
+
+    head = {
+        "volumes": [
+            fuse("run", "implicit-dirs,only-dir=runs/r1,uid=1000,gid=1000"),
+            fuse("whole", "implicit-dirs"),
+            {"name": "home", "emptyDir": {}},
+        ],
+        "containers": [
+            {
+                "name": "ray-head",
+                "volumeMounts": [
+                    {"name": "run", "mountPath": "/data/runs/r1"},
+                    {"name": "whole", "mountPath": "/bucket/"},
+                    {"name": "home", "mountPath": "/home/tpupipe"},
+                ],
+            }
+        ],
+    }
+    with project.kube.lock:
+        project.kube.objects[("rayclusters", "tpupipe", "r1")] = {
+            "spec": {"headGroupSpec": {"template": {"spec": head}}}
+        }
+    mounts = project.kube._fuse_mounts("tpupipe", "r1")
+    root = project.storage.bucket_dir(name)
+    assert mounts == {"/data/runs/r1": root / "runs" / "r1", "/bucket": root}
+    sent = (
+        b"train --run /data/runs/r1 --out /data/runs/r1/ckpt --peek /data/runs/r2/x,/data/runs/r1x --home /home/tpupipe"
+    )
+    reached = kube._into_pods(sent + b" --ledger /bucket/state/l", mounts)
+    # at or under a mount: where the mount's directory is here; /data/runs/r2 and /data/runs/r1x are under no mount
+    # (a pod cannot reach them)
+    expected = f"train --run {root}/runs/r1 --out {root}/runs/r1/ckpt --peek /data/runs/r2/x,/data/runs/r1x --home"
+    assert reached == f"{expected} /home/tpupipe --ledger {root}/state/l".encode()
+    assert kube._from_pods(reached, mounts) == sent + b" --ledger /bucket/state/l"  # the pods' paths again
+
+    # What a pod writes under its mount is an object of the run's prefix, and an object copied there through the
+    # API is a file the pod reads.
+    written = mounts["/data/runs/r1"] / "ckpt" / "step-1"
+    written.parent.mkdir(parents=True)
+    written.write_bytes(b"step one")
+    assert bucket.blob("runs/r1/ckpt/step-1").download_as_bytes() == b"step one"
+    bucket.copy_blob(bucket.blob("models/m1/weights"), bucket, "runs/r1/model/weights")
+    assert (mounts["/data/runs/r1"] / "model" / "weights").read_bytes() == b"registered"
+    assert sorted(project.storage.objects_of(name, "runs/")) == ["runs/r1/ckpt/step-1", "runs/r1/model/weights"]

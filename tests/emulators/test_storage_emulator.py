@@ -1,6 +1,8 @@
 """The Cloud Storage emulator through the real google-cloud-storage client (JSON API over HTTP, found through
-STORAGE_EMULATOR_HOST): buckets and their IAM policies, objects (uploaded, read, downloaded, deleted), Cloud Storage's
-validation and error shapes, injected faults, and which calls the client retries by itself."""
+STORAGE_EMULATOR_HOST): buckets and their IAM policies, objects (uploaded, read, downloaded, deleted, copied), Cloud
+Storage's validation and error shapes, injected faults, and which calls the client retries by itself; each test with
+the objects kept in memory and kept as files (``root``), and the files that a writer outside the API (a pod, through
+its Cloud Storage FUSE mount) writes as objects."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 
 import pytest
 from google.api_core import exceptions
@@ -16,6 +19,7 @@ from google.auth import exceptions as auth_exceptions
 from google.cloud import storage
 from google.oauth2.credentials import Credentials
 
+from tests.emulators import iam
 from tests.emulators.storage import StorageEmulator
 from tests.helpers import wait_until
 
@@ -25,9 +29,10 @@ POOL = f"locations/global/workloadIdentityPools/{PROJECT}.svc.id.goog/subject/ns
 MEMBER = f"principal://iam.googleapis.com/projects/{NUMBER}/{POOL}"
 
 
-@pytest.fixture
-def gcs(monkeypatch):
-    emulator = StorageEmulator({PROJECT: NUMBER, OTHER: "210987654321"}, token=TOKEN)
+@pytest.fixture(params=["memory", "files"])
+def gcs(request, monkeypatch, tmp_path):
+    root = tmp_path / "buckets" if request.param == "files" else None
+    emulator = StorageEmulator({PROJECT: NUMBER, OTHER: "210987654321"}, token=TOKEN, root=root)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.start())
     # the client's bucket-metadata cache fetches unseen buckets in the background (an extra buckets.get); off here,
     # so that calls and faults are the test's own (test_background_metadata_fetch shows it on)
@@ -183,11 +188,11 @@ def test_object_upload_get_download_delete(gcs, tmp_path):
     blob = bucket.blob(CONTEXT)
     blob.upload_from_filename(path)  # small: one multipart upload
     assert gcs.state.calls[-1] == "objects.insert"
-    stored = gcs.state.objects[("tpupipe-ckpt", CONTEXT)]
-    assert stored["data"] == data and stored["metadata"]["size"] == str(len(data))
-    assert stored["metadata"]["contentType"] == "application/x-tar"  # guessed by the client from the file name
-    assert stored["metadata"]["md5Hash"] == base64.b64encode(hashlib.md5(data).digest()).decode()
-    assert blob.generation == int(stored["metadata"]["generation"]) and blob.size == len(data) and blob.crc32c
+    stored = gcs.object("tpupipe-ckpt", CONTEXT)
+    assert gcs.data("tpupipe-ckpt", CONTEXT) == data and stored["size"] == str(len(data))
+    assert stored["contentType"] == "application/x-tar"  # guessed by the client from the file name
+    assert stored["md5Hash"] == base64.b64encode(hashlib.md5(data).digest()).decode()
+    assert blob.generation == int(stored["generation"]) and blob.size == len(data) and blob.crc32c
 
     assert blob.exists() and not bucket.blob("runs/r1/other").exists()
     got = client().bucket("tpupipe-ckpt").get_blob(CONTEXT)  # the name's "/" travel URL-encoded
@@ -216,7 +221,7 @@ def test_object_upload_get_download_delete(gcs, tmp_path):
         bucket.blob(CONTEXT, generation=blob.generation).download_as_bytes()
 
     second.delete()
-    assert not second.exists() and ("tpupipe-ckpt", CONTEXT) not in gcs.state.objects
+    assert not second.exists() and CONTEXT not in gcs.objects_of("tpupipe-ckpt")
     with pytest.raises(exceptions.NotFound, match=f"No such object: tpupipe-ckpt/{CONTEXT}"):
         second.delete()
     with pytest.raises(exceptions.NotFound):
@@ -232,7 +237,7 @@ def test_resumable_upload(gcs):
     gcs.state.calls.clear()
     blob.upload_from_file(io.BytesIO(data))  # a stream of unknown size (or over 8 MiB) is uploaded resumably
     assert gcs.state.calls == ["objects.insert"] * 4  # the start and three chunks
-    assert blob.size == len(data) and gcs.state.objects[("tpupipe-ckpt", "runs/r1/big.bin")]["data"] == data
+    assert blob.size == len(data) and gcs.data("tpupipe-ckpt", "runs/r1/big.bin") == data
     assert bucket.blob("runs/r1/big.bin").download_as_bytes() == data
     assert not any(session["data"] for session in gcs.state.uploads.values())
     with pytest.raises(exceptions.NotFound):
@@ -248,7 +253,7 @@ def test_object_checks(gcs):
     bucket.blob("runs/r1/a.txt").upload_from_string(b"data", if_generation_match=0)  # only if there is none
     with pytest.raises(exceptions.PreconditionFailed):
         bucket.blob("runs/r1/a.txt").upload_from_string(b"data", if_generation_match=0)
-    assert sorted(name for _, name in gcs.state.objects) == ["runs/r1/a.txt"]
+    assert list(gcs.objects_of("tpupipe-ckpt")) == ["runs/r1/a.txt"]
 
 
 def test_object_faults_and_retries(gcs):
@@ -257,7 +262,7 @@ def test_object_faults_and_retries(gcs):
     gcs.fail("objects.insert", 503, message="backend unavailable")
     with pytest.raises(exceptions.ServiceUnavailable, match="backend unavailable"):
         bucket.blob("runs/r1/a.txt").upload_from_string(b"data", retry=None)
-    assert gcs.state.calls == ["objects.insert"] and not gcs.state.objects
+    assert gcs.state.calls == ["objects.insert"] and not gcs.objects_of("tpupipe-ckpt")
     gcs.fail("objects.insert", 503, when=lambda request: request["object"] == "runs/r1/a.txt")
     bucket.blob("runs/r1/a.txt").upload_from_string(b"data")  # uploads are retried by default (DEFAULT_RETRY)
     gcs.fail("objects.get", 503)
@@ -290,3 +295,354 @@ def test_objects_are_listed_by_prefix_delimiter_and_match_glob(gcs):
     assert list(listing) == [] and listing.prefixes == {"runs/a/", "runs/b/"}
     with pytest.raises(exceptions.NotFound):
         list(c.list_blobs("no-such-bucket"))
+
+
+# ---------------------------------------------------------------------- IAM for members other than the owner
+BUCKET = "tpupipe-ckpt"
+
+
+def objects_under(prefix: str) -> str:
+    """The condition that holds for the bucket's objects whose names start with ``prefix``."""
+    return f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/{prefix}")'
+
+
+RUN_A = objects_under("runs/a/")
+LISTER = RUN_A + ' || resource.type == "storage.googleapis.com/Bucket"'  # the objects of runs/a/, and the bucket
+
+
+NOUNS = {
+    "object": "Google Cloud Storage object",
+    "bucket": "Google Cloud Storage bucket",
+    "project": "Google Cloud project",
+}
+
+
+def refusal(permission: str, kind: str, member: str = MEMBER) -> str:
+    """Cloud Storage's message for a permission refused on a resource of ``kind``, as a pattern."""
+    return re.escape(
+        f"{member} does not have {permission} access to the {NOUNS[kind]}. "
+        f"Permission '{permission}' denied on resource (or it may not exist)."
+    )
+
+
+def grant(bucket: storage.Bucket, role: str, member: str = MEMBER, expression: str = "") -> None:
+    """Add a binding (conditioned on ``expression`` when given) to the bucket's policy, as its owner."""
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    policy.version = 3
+    binding = {"role": role, "members": {member}}
+    if expression:
+        binding["condition"] = {"title": "run a", "expression": expression}
+    policy.bindings.append(binding)
+    bucket.set_iam_policy(policy)
+
+
+def as_member(gcs: StorageEmulator, member: str = MEMBER) -> storage.Client:
+    """A client whose credentials are ``member``'s token (what a pod gets through Workload Identity Federation)."""
+    return client(token=gcs.token_for(member))
+
+
+def test_a_prefix_grant_confines_a_workload_identity_to_its_prefix(gcs):
+    owner = create(client())
+    owner.blob("state/a/ledger.json").upload_from_string(b"{}")
+    owner.blob("runs/b/ckpt").upload_from_string(b"b")
+    grant(owner, ROLE, expression=LISTER)
+    policy = owner.get_iam_policy(requested_policy_version=3)
+    pod_client = as_member(gcs)
+    pod = pod_client.bucket(BUCKET)
+
+    pod.blob("runs/a/x").upload_from_string(b"one")  # create
+    assert pod.blob("runs/a/x").download_as_bytes() == b"one" and pod.get_blob("runs/a/x").size == 3  # read
+    pod.blob("runs/a/x").upload_from_string(b"two")  # overwrite: create and delete
+    pod.blob("runs/a/big", chunk_size=256 * 1024).upload_from_file(io.BytesIO(os.urandom(300 * 1024)))  # resumable
+    assert [b.name for b in pod_client.list_blobs(BUCKET, prefix="runs/a/")] == ["runs/a/big", "runs/a/x"]
+    # the bucket clause allows listing the whole bucket: listing is checked on the bucket, not on the names listed
+    assert [b.name for b in pod_client.list_blobs(BUCKET, prefix="state/")] == ["state/a/ledger.json"]
+    assert pod.get_blob("runs/a/missing") is None  # allowed, then not found
+    pod.blob("runs/a/x").delete()
+    assert gcs.data(BUCKET, "runs/a/x") is None
+
+    refused = [
+        ("storage.objects.create", "object", lambda: pod.blob("runs/b/ledger.json").upload_from_string(b"{}")),
+        ("storage.objects.create", "object", lambda: pod.blob("runs/b/big").upload_from_file(io.BytesIO(b"x"))),
+        ("storage.objects.get", "object", lambda: pod.blob("state/a/ledger.json").download_as_bytes()),
+        ("storage.objects.get", "object", lambda: pod.get_blob("state/a/ledger.json")),
+        ("storage.objects.delete", "object", lambda: pod.blob("runs/b/ckpt").delete()),
+        ("storage.buckets.get", "bucket", lambda: pod_client.get_bucket(BUCKET)),  # objectUser has no buckets.*
+        ("storage.buckets.getIamPolicy", "bucket", lambda: pod.get_iam_policy(requested_policy_version=3)),
+        (
+            "storage.buckets.setIamPolicy",
+            "bucket",
+            lambda: pod.set_iam_policy(policy),
+        ),
+    ]
+    for permission, kind, call in refused:
+        with pytest.raises(exceptions.Forbidden, match=refusal(permission, kind)):
+            call()
+    assert list(gcs.objects_of(BUCKET)) == ["runs/a/big", "runs/b/ckpt", "state/a/ledger.json"]
+
+
+def test_a_prefix_grant_alone_does_not_allow_listing(gcs):
+    owner = create(client())
+    grant(owner, ROLE, expression=RUN_A)  # no bucket clause: objects.list, checked on the bucket, is not granted
+    pod_client = as_member(gcs)
+    pod_client.bucket(BUCKET).blob("runs/a/x").upload_from_string(b"x")
+    assert pod_client.bucket(BUCKET).blob("runs/a/x").download_as_bytes() == b"x"
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.list", "bucket")):
+        list(pod_client.list_blobs(BUCKET, prefix="runs/a/"))
+
+
+def test_viewer_and_creator_roles(gcs):
+    owner = create(client())
+    owner.blob("runs/a/x").upload_from_string(b"x")
+    viewer, creator = MEMBER.replace("sa/ray", "sa/viewer"), MEMBER.replace("sa/ray", "sa/creator")
+    grant(owner, "roles/storage.objectViewer", viewer, RUN_A)
+    grant(owner, "roles/storage.objectCreator", creator, RUN_A)
+    read_only = as_member(gcs, viewer).bucket(BUCKET)
+    assert read_only.blob("runs/a/x").download_as_bytes() == b"x"
+    for name in ("runs/a/new", "runs/a/x"):  # neither create nor overwrite
+        with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.create", "object", viewer)):
+            read_only.blob(name).upload_from_string(b"y")
+
+    write_only = as_member(gcs, creator).bucket(BUCKET)
+    write_only.blob("runs/a/new").upload_from_string(b"new")
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.delete", "object", creator)):
+        write_only.blob("runs/a/new").upload_from_string(b"again")  # overwriting needs delete, which it lacks
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.get", "object", creator)):
+        write_only.blob("runs/a/new").download_as_bytes()
+    assert gcs.data(BUCKET, "runs/a/x") == b"x" and gcs.data(BUCKET, "runs/a/new") == b"new"
+
+
+def test_a_member_without_a_binding_is_refused_everything(gcs):
+    owner = create(client())
+    owner.blob("runs/a/x").upload_from_string(b"x")
+    grant(owner, "roles/storage.admin", MEMBER.replace("sa/ray", "sa/admin"))  # someone else's binding
+    policy = owner.get_iam_policy(requested_policy_version=3)
+    stranger = as_member(gcs)
+    bucket = stranger.bucket(BUCKET)
+    refused = [
+        ("storage.buckets.get", "bucket", lambda: stranger.get_bucket(BUCKET)),
+        ("storage.buckets.get", "bucket", lambda: stranger.get_bucket("no-such-bucket")),  # 403, not 404
+        ("storage.objects.list", "bucket", lambda: list(stranger.list_blobs(BUCKET))),
+        ("storage.objects.create", "object", lambda: bucket.blob("runs/a/y").upload_from_string(b"y")),
+        ("storage.objects.get", "object", lambda: bucket.blob("runs/a/x").download_as_bytes()),
+        ("storage.objects.delete", "object", lambda: bucket.blob("runs/a/x").delete()),
+        ("storage.buckets.getIamPolicy", "bucket", lambda: bucket.get_iam_policy()),
+        ("storage.buckets.setIamPolicy", "bucket", lambda: bucket.set_iam_policy(policy)),
+        ("storage.buckets.create", "project", lambda: create(stranger, "stranger-bucket")),
+    ]
+    for permission, kind, call in refused:
+        with pytest.raises(exceptions.Forbidden, match=refusal(permission, kind)):
+            call()
+    assert sorted(gcs.state.buckets) == [BUCKET] and gcs.data(BUCKET, "runs/a/x") == b"x"
+
+
+def test_an_unconditional_admin_and_a_negated_condition(gcs):
+    owner = create(client())
+    owner.blob("runs/a/x").upload_from_string(b"x")
+    admin = MEMBER.replace("sa/ray", "sa/admin")
+    grant(owner, "roles/storage.admin", admin)
+    admin_client = as_member(gcs, admin)
+    assert admin_client.get_bucket(BUCKET).name == BUCKET
+    grant(admin_client.bucket(BUCKET), "roles/storage.objectViewer", expression=f"!({objects_under('runs/secret/')})")
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.buckets.create", "project", admin)):
+        create(admin_client, "admin-bucket")  # a project permission: a bucket's policy cannot grant it
+
+    owner.blob("runs/secret/key").upload_from_string(b"k")
+    reader = as_member(gcs).bucket(BUCKET)
+    assert reader.blob("runs/a/x").download_as_bytes() == b"x"
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.get", "object")):
+        reader.blob("runs/secret/key").download_as_bytes()
+
+
+def test_a_condition_outside_the_subset_is_refused(gcs):
+    bucket = create(client())
+    for expression in (
+        'resource.name.endsWith(".json")',
+        'request.time < timestamp("2030-01-01T00:00:00Z")',
+        'resource.service == "storage.googleapis.com"',
+        '!resource.name == "x"',  # CEL reads it (!resource.name) == "x": ! of a string
+        "resource.name",  # a string, not a condition
+        'resource.name.startsWith("runs/"',
+        'resource.name.startsWith("a") &&',
+        'resource.name.startsWith("a\\nb")',
+        'resource.type != "storage.googleapis.com/Bucket"',
+    ):
+        with pytest.raises(exceptions.BadRequest, match="The emulator cannot evaluate the condition"):
+            grant(bucket, ROLE, expression=expression)
+    assert gcs.members(BUCKET, ROLE) == [] and client().get_bucket(BUCKET).metageneration == 1
+
+
+@pytest.mark.parametrize(
+    ("expression", "holds_for_object", "holds_for_bucket"),
+    [
+        (RUN_A, True, False),
+        (LISTER, True, True),
+        (f"!{RUN_A}", False, True),
+        ('resource.type == "storage.googleapis.com/Object" && !(resource.name == "x")', True, False),
+        (f'({RUN_A} || resource.name == "x") && resource.type == "storage.googleapis.com/Bucket"', False, False),
+        (f"'projects/_/buckets/{BUCKET}' == resource.name", False, True),
+        ("resource.name.startsWith('projects/_/buckets/' + 'x')", None, None),  # + is outside the subset
+    ],
+)
+def test_condition_evaluation(expression, holds_for_object, holds_for_bucket):
+    bucket = {"resource.name": f"projects/_/buckets/{BUCKET}", "resource.type": iam.BUCKET_TYPE}
+    obj = {"resource.name": f"projects/_/buckets/{BUCKET}/objects/runs/a/x", "resource.type": iam.OBJECT_TYPE}
+    if holds_for_object is None:
+        with pytest.raises(iam.UnsupportedCondition):
+            iam.condition(expression)
+        return
+    assert (iam.condition(expression)(obj), iam.condition(expression)(bucket)) == (holds_for_object, holds_for_bucket)
+
+
+def test_the_owners_token_is_not_checked(gcs):
+    owner_client = client()
+    owner = create(owner_client)
+    policy = owner.get_iam_policy(requested_policy_version=3)
+    policy.version = 3
+    policy.bindings = [{"role": ROLE, "members": {MEMBER}, "condition": {"title": "a", "expression": RUN_A}}]
+    owner.set_iam_policy(policy)  # the owner is in no binding now
+    owner.blob("state/x").upload_from_string(b"x")
+    owner.blob("state/x").upload_from_string(b"y")
+    assert owner.blob("state/x").download_as_bytes() == b"y" and [b.name for b in owner_client.list_blobs(BUCKET)]
+    owner.blob("state/x").delete()
+    assert owner_client.get_bucket(BUCKET).metageneration == 2 and create(owner_client, "another-bucket")
+    owner.set_iam_policy(owner.get_iam_policy(requested_policy_version=3))
+    with pytest.raises(ValueError, match="not a principal"):
+        gcs.token_for(f"projectOwner:{PROJECT}")  # a convenience value, not an identity
+
+
+# ---------------------------------------------------------------------- objects as files (root)
+@pytest.fixture
+def files(monkeypatch, tmp_path):
+    """An emulator that keeps the buckets' objects as files under ``tmp_path / "buckets"``."""
+    emulator = StorageEmulator({PROJECT: NUMBER}, token=TOKEN, root=tmp_path / "buckets")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.start())
+    monkeypatch.setenv("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "1")
+    yield emulator
+    emulator.stop()
+
+
+def test_an_uploaded_object_is_a_file_in_the_buckets_directory(files):
+    bucket = create(client())
+    directory = files.bucket_dir("tpupipe-ckpt")
+    assert directory.is_dir() and not any(directory.iterdir())  # made with the bucket, empty
+    bucket.blob("runs/r1/notes.txt").upload_from_string("héllo", content_type="text/plain")
+    bucket.blob("runs/r1/big.bin", chunk_size=256 * 1024).upload_from_file(io.BytesIO(b"b" * 300 * 1024))
+    assert (directory / "runs/r1/notes.txt").read_text() == "héllo"
+    assert (directory / "runs/r1/big.bin").read_bytes() == b"b" * 300 * 1024
+    assert bucket.get_blob("runs/r1/notes.txt").content_type == "text/plain"  # the metadata is the emulator's
+    bucket.blob("runs/r1/notes.txt").delete()
+    assert not (directory / "runs/r1/notes.txt").exists()
+    assert files.objects_of("tpupipe-ckpt") == {"runs/r1/big.bin": b"b" * 300 * 1024}
+    for name in ("runs//x", "runs/r1/big.bin/under", "runs/r1", "runs/./x"):  # no file can hold these
+        with pytest.raises(exceptions.BadRequest, match="no file can hold"):
+            bucket.blob(name).upload_from_string(b"x")
+    with pytest.raises(ValueError, match="in memory"):
+        StorageEmulator({PROJECT: NUMBER}).bucket_dir("tpupipe-ckpt")
+
+
+def test_a_file_written_outside_the_api_is_an_object(files):
+    c = client()
+    bucket = create(c)
+    file = files.bucket_dir("tpupipe-ckpt") / "runs" / "r1" / "ckpt" / "model.bin"
+    file.parent.mkdir(parents=True)
+    data = os.urandom(70_000)
+    file.write_bytes(data)  # as a pod writes it through its mount
+    (file.parent / "empty-dir").mkdir()  # a directory is no object
+    assert [b.name for b in c.list_blobs("tpupipe-ckpt", prefix="runs/")] == ["runs/r1/ckpt/model.bin"]
+    listing = c.list_blobs("tpupipe-ckpt", prefix="runs/r1/", delimiter="/")
+    assert list(listing) == [] and listing.prefixes == {"runs/r1/ckpt/"}
+    assert [b.name for b in c.list_blobs("tpupipe-ckpt", match_glob="**/*.bin")] == ["runs/r1/ckpt/model.bin"]
+    blob = bucket.get_blob("runs/r1/ckpt/model.bin")
+    assert blob.size == len(data) and blob.content_type == "application/octet-stream"
+    assert blob.md5_hash == base64.b64encode(hashlib.md5(data).digest()).decode()
+    assert blob.download_as_bytes() == data  # checked by the client against x-goog-hash (crc32c and md5)
+    assert bucket.blob("runs/r1/ckpt/model.bin").download_as_bytes(checksum="md5") == data
+    assert bucket.blob("runs/r1/ckpt/model.bin").download_as_bytes(start=5, end=9) == data[5:10]
+    assert bucket.get_blob("runs/r1/ckpt/model.bin").generation == blob.generation  # unchanged file, same object
+
+    file.write_bytes(b"rewritten")  # rewritten by the pod: a new generation
+    again = bucket.get_blob("runs/r1/ckpt/model.bin")
+    assert again.generation > blob.generation and again.size == 9 and again.download_as_bytes() == b"rewritten"
+    with pytest.raises(exceptions.PreconditionFailed):  # against the generation the file had before
+        bucket.blob("runs/r1/ckpt/model.bin").upload_from_string(b"api", if_generation_match=blob.generation)
+    bucket.blob("runs/r1/ckpt/model.bin").upload_from_string(b"api", if_generation_match=again.generation)
+    assert file.read_bytes() == b"api"
+
+    bucket.blob("runs/r1/ckpt/model.bin").delete()  # through the API: the file goes
+    assert not file.exists() and files.data("tpupipe-ckpt", "runs/r1/ckpt/model.bin") is None
+    (file.parent / "log.txt").write_text("one")
+    assert files.objects_of("tpupipe-ckpt", "runs/") == {"runs/r1/ckpt/log.txt": b"one"}
+    (file.parent / "log.txt").unlink()  # deleted by the pod: the object is gone
+    assert bucket.get_blob("runs/r1/ckpt/log.txt") is None and list(c.list_blobs("tpupipe-ckpt")) == []
+
+
+def test_a_members_requests_are_authorized_on_files_as_on_objects(files):
+    owner = create(client())
+    grant(owner, "roles/storage.objectCreator", expression=RUN_A)
+    directory = files.bucket_dir(BUCKET)
+    (directory / "runs" / "a").mkdir(parents=True)
+    (directory / "runs" / "a" / "x").write_bytes(b"from a pod")
+    pod = as_member(files).bucket(BUCKET)
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.delete", "object")):
+        pod.blob("runs/a/x").upload_from_string(b"y")  # the file is an object: writing it is an overwrite
+    pod.blob("runs/a/new").upload_from_string(b"new")
+    assert files.data(BUCKET, "runs/a/new") == b"new"
+
+
+def test_copy_and_rewrite(gcs):
+    c = client()
+    bucket = create(c)
+    other = create(c, "tpupipe-models")
+    source = other.blob("models/m1/ckpt/model.bin")
+    source.metadata = {"step": "100"}
+    source.upload_from_string(b"weights", content_type="application/x-weights")
+    copied = other.copy_blob(source, bucket, "runs/r1/model/model.bin")
+    assert gcs.state.calls.count("objects.copy") == 1
+    assert copied.generation != source.generation and copied.size == 7 and copied.md5_hash == source.md5_hash
+    assert (copied.content_type, copied.metadata) == ("application/x-weights", {"step": "100"})  # the source's
+    assert bucket.blob("runs/r1/model/model.bin").download_as_bytes() == b"weights"
+    with pytest.raises(exceptions.PreconditionFailed):  # the destination's precondition
+        other.copy_blob(source, bucket, "runs/r1/model/model.bin", if_generation_match=0)
+    with pytest.raises(exceptions.PreconditionFailed):  # the source's
+        other.copy_blob(source, bucket, "runs/r1/b", if_source_generation_match=source.generation + 1)
+    with pytest.raises(exceptions.NotFound):
+        other.copy_blob(other.blob("models/missing"), bucket, "runs/r1/c")
+    with pytest.raises(exceptions.NotFound):
+        other.copy_blob(source, c.bucket("no-such-bucket"), "runs/r1/c")
+
+    destination = bucket.blob("runs/r1/model/rewritten.bin")
+    token, rewritten, total = destination.rewrite(source)
+    assert (token, rewritten, total) == (None, 7, 7) and gcs.state.calls.count("objects.rewrite") == 1
+    assert destination.generation and destination.download_as_bytes() == b"weights"
+    source.upload_from_string(b"v2")
+    bucket.blob("runs/r1/model/model.bin").rewrite(source, if_generation_match=copied.generation)  # overwrites
+    assert gcs.data("tpupipe-ckpt", "runs/r1/model/model.bin") == b"v2"
+    with pytest.raises(exceptions.NotFound):
+        bucket.blob("runs/r1/d").rewrite(other.blob("models/missing"))
+    gcs.fail("objects.copy", 503, when=lambda request: request["destination"]["object"] == "runs/r1/e")
+    with pytest.raises(exceptions.ServiceUnavailable):
+        other.copy_blob(source, bucket, "runs/r1/e", retry=None)
+    assert list(gcs.objects_of("tpupipe-ckpt")) == ["runs/r1/model/model.bin", "runs/r1/model/rewritten.bin"]
+
+
+def test_a_copy_needs_get_on_the_source_and_create_on_the_destination(gcs):
+    owner_client = client()
+    owner = create(owner_client)
+    owner.blob("models/m1/model.bin").upload_from_string(b"weights")
+    owner.blob("runs/a/existing").upload_from_string(b"old")
+    grant(owner, "roles/storage.objectCreator", expression=RUN_A)  # create under runs/a/, nothing to read
+    pod = as_member(gcs).bucket(BUCKET)
+    source = pod.blob("models/m1/model.bin")
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.get", "object")):
+        pod.copy_blob(source, pod, "runs/a/model.bin")
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.get", "object")):
+        pod.blob("runs/a/model.bin").rewrite(source)
+    grant(owner, "roles/storage.objectViewer", expression=objects_under("models/"))
+    pod.copy_blob(source, pod, "runs/a/model.bin")
+    assert gcs.data(BUCKET, "runs/a/model.bin") == b"weights"
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.create", "object")):
+        pod.copy_blob(source, pod, "runs/b/model.bin")  # outside its prefix
+    with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.delete", "object")):
+        pod.blob("runs/a/existing").rewrite(source)  # an overwrite needs delete, which objectCreator lacks
+    assert gcs.data(BUCKET, "runs/a/existing") == b"old" and gcs.data(BUCKET, "runs/b/model.bin") is None

@@ -834,7 +834,9 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     assert build.status.name == "SUCCESS" and list(build.images) == [image]
     assert f"TORCH_TPU_BASE={TORCH_TPU_BASE}" in build.steps[0].args and "tpupipe-run-built" in build.tags
     assert "TORCH_FROM_BASE=1" in build.steps[0].args  # the base's torch is not re-pinned
-    source = project.storage.state.objects[(f"{PROJECT}-tpupipe", "runs/built/build/context.tar.gz")]["data"]
+    source = project.storage.data(f"{PROJECT}-tpupipe", "builds/built/context.tar.gz")  # out of the pods' reach
+    uploaded = project.storage.object(f"{PROJECT}-tpupipe", "builds/built/context.tar.gz")
+    assert build.source.storage_source.generation == int(uploaded["generation"])  # the build pinned to it
     names = tarfile.open(fileobj=io.BytesIO(source)).getnames()
     assert {"images/torch/Dockerfile", "images/torch/requirements.txt", "pyproject.toml", "trainers/fsdp.py"} <= set(
         names

@@ -125,3 +125,76 @@ def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_
     ledgers.update(store, lambda ledger: ledger.update(torn_down=1.0))
     claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
     assert ledgers.load(store)["pipeline_job"]["id"] == "job-b"
+
+
+def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_the_control_state(
+    tmp_path, project_factory
+):
+    """The run's Kubernetes ServiceAccount, as the emulated Cloud Storage authorizes its token through the bucket's IAM
+    policy (the conditional binding provision made), writes and reads under ``runs/<run id>/`` only: another run's
+    objects and ledger, the runs' state (``state/``), the build contexts and the pipeline root are refused; after
+    teardown, even its own prefix."""
+    from google.api_core.exceptions import Forbidden
+    from google.cloud import storage
+    from google.oauth2.credentials import Credentials
+
+    project = project_factory()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
+    for ctx in (mine, theirs):
+        gke.provision(ctx)
+    (member,) = [
+        m
+        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
+        if m.endswith(f"/sa/{names.service_account('mine')}")
+    ]
+    pod = storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member)))
+    bucket = pod.bucket(BUCKET)
+    bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights")
+    bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights, again")  # overwrite: its own
+    project.storage.put(BUCKET, "runs/theirs/checkpoint/model.safetensors", b"theirs")
+    assert [b.name for b in pod.list_blobs(BUCKET, prefix="runs/mine/")] == ["runs/mine/checkpoint/model.safetensors"]
+    for name in (
+        "runs/theirs/ledger.json",
+        "runs/theirs/checkpoint/model.safetensors",
+        "state/theirs/ledger.json",
+        "state/mine/ledger.json",
+        "builds/mine/context.tar.gz",
+        "pipeline-root/run/artifact",
+    ):
+        with pytest.raises(Forbidden, match="storage.objects.create"):
+            bucket.blob(name).upload_from_string(b"forged")
+    with pytest.raises(Forbidden, match="storage.objects.get"):
+        bucket.blob("runs/theirs/checkpoint/model.safetensors").download_as_bytes()
+    assert project.storage.data(BUCKET, "runs/theirs/checkpoint/model.safetensors") == b"theirs"
+    for ctx in (mine, theirs):
+        gke.teardown(ctx)
+    with pytest.raises(Forbidden):
+        bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"after teardown")
+
+
+def test_another_runs_checkpoint_is_copied_into_the_runs_prefix_before_its_pods_read_it(tmp_path, project_factory):
+    """A registered checkpoint (the champion, train.init_from) lives under the run that made it, out of this run's
+    reach: the stage copies it, server-side, into ``runs/<run id>/inputs/`` and the job reads it there, through the
+    pods' mount; the original is left as it was. Asked again (a retried stage), nothing is copied twice."""
+    project = project_factory()
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    reader = context(tmp_path, "reader", ONE_SLICE)
+    gke.provision(reader)
+    for name, data in (("model.safetensors", b"weights"), ("config.json", b"{}")):
+        project.storage.put(BUCKET, f"runs/champ/checkpoint/{name}", data)
+    path = gke.checkpoint_path(reader, f"gs://{BUCKET}/runs/champ/checkpoint")
+    assert path == "/data/runs/reader/inputs/runs/champ/checkpoint"
+    copies = project.storage.objects_of(BUCKET, "runs/reader/inputs/")
+    assert copies == {
+        "runs/reader/inputs/runs/champ/checkpoint/config.json": b"{}",
+        "runs/reader/inputs/runs/champ/checkpoint/model.safetensors": b"weights",
+    }
+    assert f"copied 2 of 2 objects (0.00 GiB) of gs://{BUCKET}/runs/champ/checkpoint" in logs[-1]
+    assert gke.checkpoint_path(reader, f"gs://{BUCKET}/runs/champ/checkpoint/") == path
+    assert "copied 0 of 2 objects" in logs[-1]
+    assert gke.checkpoint_path(reader, f"gs://{BUCKET}/runs/reader/checkpoint") == "/data/runs/reader/checkpoint"
+    with pytest.raises(SpecError, match="holds no object"):
+        gke.checkpoint_path(reader, f"gs://{BUCKET}/runs/nothing/checkpoint")
+    gke.teardown(reader)

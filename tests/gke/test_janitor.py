@@ -289,7 +289,7 @@ def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunCont
     from components.stages.vertex_task import VERTEX_TASK_ENV, claim
     from tests.emulators.project import REGION
 
-    store = GcsStore(f"{PROJECT}-tpupipe", f"runs/{run_id}")
+    store = GcsStore(f"{PROJECT}-tpupipe", f"state/{run_id}")
     labels = {"tpupipe-preset": "local-fsdp"}
     claim(store, run_id, "gke", job_id, first=True, environ={VERTEX_TASK_ENV: json.dumps(labels)})
     ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=store, platform="gke")
@@ -320,7 +320,7 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
     project = run_bucket
     _stopped_on_vertex(project, "stopped", "tpupipe-local-fsdp-20261201000000-aaaaaa", "PIPELINE_STATE_CANCELLED")
     _stopped_on_vertex(project, "busy", "tpupipe-local-fsdp-20261201000000-bbbbbb", "PIPELINE_STATE_RUNNING")
-    root = f"gs://{PROJECT}-tpupipe/runs"
+    root = f"gs://{PROJECT}-tpupipe/state"
     code, text = _janitor(capsys, "--output-root", root, "--older-than", "0s", "--dry-run")
     assert "busy: kept: its pipeline job tpupipe-local-fsdp-20261201000000-bbbbbb is running" in text, text
     code, text = _janitor(capsys, "--output-root", root)

@@ -142,7 +142,7 @@ def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run
     assert params["preset"]["defaultValue"] == "gemma4-e2b-v6e-16"
     assert params["platform"]["defaultValue"] == "gke"
     assert params["project"]["defaultValue"] == "my-project"
-    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/runs"
+    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/state"
 
 
 def test_compiling_twice_gives_the_same_bytes(tmp_path):

@@ -38,7 +38,7 @@ def test_parameters_are_defaulted_for_the_target_and_described(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"project", "region", "output_root", "older_than", "dry_run"}
     assert params["project"]["defaultValue"] == "my-project" and params["region"]["defaultValue"] == "us-east5"
-    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/runs"
+    assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/state"
     assert params["older_than"]["defaultValue"] == "" and params["dry_run"]["defaultValue"] is False
     for name, p in params.items():
         assert len(p.get("description", "")) > 20, name

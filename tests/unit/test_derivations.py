@@ -409,13 +409,21 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
         (volume,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
         assert volume["csi"] == {
             "driver": "gcsfuse.csi.storage.gke.io",
-            "volumeAttributes": {"bucketName": "my-project-tpupipe", "mountOptions": "implicit-dirs,uid=1000,gid=1000"},
-        }  # no file cache: there is no cache volume
+            "volumeAttributes": {
+                "bucketName": "my-project-tpupipe",
+                "mountOptions": f"implicit-dirs,uid=1000,gid=1000,only-dir=runs/{t.run_id}",
+            },
+        }  # no file cache: there is no cache volume; the run's own directory alone
         assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
-        assert {"name": volume["name"], "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
+        mount = {"name": volume["name"], "mountPath": f"/data/runs/{t.run_id}"}
+        assert mount in pod["spec"]["containers"][0]["volumeMounts"] and t.run_dir == mount["mountPath"]
     binding = tg.bucket_binding(t)
     assert binding["role"] == "roles/storage.objectUser"
     assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
+    assert binding["condition"]["expression"] == (
+        f'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/runs/{t.run_id}/") '
+        '|| resource.type == "storage.googleapis.com/Bucket"'
+    )
 
 
 def test_the_train_job_command_carries_the_spec_and_the_stage_submission_id():
@@ -529,7 +537,7 @@ def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(p
             assert {"name": "HOME", "value": "/home/tpupipe"} in container["env"]
             # The root filesystem read-only: everything written has a volume (HOME, /tmp, the bucket, /dev/shm).
             mounted = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
-            assert mounted["/home/tpupipe"] == "home" and mounted["/tmp"] == "tmp" and mounted["/data"]
+            assert mounted["/home/tpupipe"] == "home" and mounted["/tmp"] == "tmp" and mounted[t.run_dir]
             assert 10001 not in [p["containerPort"] for p in container.get("ports", [])]
         assert {"name": "home", "emptyDir": {}} in pod["volumes"] and {"name": "tmp", "emptyDir": {}} in pod["volumes"]
     assert "10001" not in json.dumps(objects)

@@ -114,7 +114,8 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     assert len(created) == 1 and f'"{names.hf_token_secret(run_id)}"' in created[0], "the run's token Secret: not once"
     job = project.vertex.job(job_id)
     logs = "\n".join(job.logs.values())
-    objects = b"\n".join(o["data"] for o in project.storage.state.objects.values()).decode(errors="replace")
+    stored = [data for bucket in project.storage.state.buckets for data in project.storage.objects_of(bucket).values()]
+    objects = b"\n".join(stored).decode(errors="replace")
     # The cluster's Ray token likewise: in its own Secret, nowhere else (the requests carry it in a header).
     ray_secret = f'"{names.ray_token_secret(run_id)}"'
     (ray_body,) = [body for method, path, body in project.kube.bodies if method == "POST" and ray_secret in body]
@@ -151,7 +152,7 @@ def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_r
     assert resource["state"] == "PIPELINE_STATE_FAILED"
     assert tasks["provision"]["state"] == "FAILED" and "no capacity" in tasks["provision"]["error"]["message"]
     assert tasks["teardown"]["state"] == "SUCCEEDED", resource.get("error")
-    summary = json.loads(project.storage.data(f"{PROJECT}-tpupipe", f"runs/{run_id}/summary.json"))
+    summary = json.loads(project.storage.data(f"{PROJECT}-tpupipe", f"state/{run_id}/summary.json"))
     assert summary["status"] == "failed" and summary["stages"][0]["status"] == "failed"
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.gke.state.clusters == {}
     state = project.compute.state

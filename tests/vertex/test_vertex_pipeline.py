@@ -85,7 +85,7 @@ def _failure(project, name: str, tasks: dict[str, dict]) -> str:
 
 
 def _summary(project, run_id: str) -> dict:
-    data = project.storage.data(BUCKET, f"runs/{run_id}/summary.json")
+    data = project.storage.data(BUCKET, f"state/{run_id}/summary.json")
     assert data is not None, "no summary in the bucket"
     return json.loads(data)
 
@@ -134,7 +134,7 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # The run's state lives in the bucket; the summary written by teardown (its own task) saw every stage.
     summary = _summary(project, ok)
     assert [(s["name"], s["status"]) for s in summary["stages"]] == [(s, "succeeded") for s in STAGES]
-    assert summary["run_dir"] == f"gs://{BUCKET}/runs/{ok}"
+    assert summary["run_dir"] == f"gs://{BUCKET}/state/{ok}"  # the run state: out of the pods' reach
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
     # Typed artifacts in the task details, with the summary's figures.
     train, evaluate, teardown = tasks["train"]["outputs"], tasks["evaluate"]["outputs"], tasks["teardown"]["outputs"]

@@ -419,18 +419,18 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
         service.add_job(parent, busy, "PIPELINE_STATE_RUNNING", {"tpupipe-run": "busy"})
         service.add_job(parent, "tpupipe-x-20261201000000-bbbbbb", "PIPELINE_STATE_SUCCEEDED", {"tpupipe-run": "old"})
         ledgers.replace(
-            GcsStore(f"{PROJECT}-tpupipe", "runs/held"), {"run_id": "held", "platform": "gke", "created": []}
+            GcsStore(f"{PROJECT}-tpupipe", "state/held"), {"run_id": "held", "platform": "gke", "created": []}
         )
-        heartbeat.beat(GcsStore(f"{PROJECT}-tpupipe", "runs/beating"), "train")
+        heartbeat.beat(GcsStore(f"{PROJECT}-tpupipe", "state/beating"), "train")
         ledgers.replace(
-            GcsStore(f"{PROJECT}-tpupipe", "runs/old"),
+            GcsStore(f"{PROJECT}-tpupipe", "state/old"),
             {"run_id": "old", "platform": "gke", "created": [], "torn_down": True},
         )
         args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--template", service.template]
         for run_id, why in (
             ("busy", re.escape(f"pipeline job {parent}/pipelineJobs/{busy} runs under it (running)")),
-            ("held", re.escape(f"its ledger gs://{PROJECT}-tpupipe/runs/held/ledger.json records resources not")),
-            ("beating", f"its driver's heartbeat in gs://{PROJECT}-tpupipe/runs/beating is \\d+ s old"),
+            ("held", re.escape(f"its ledger gs://{PROJECT}-tpupipe/state/held/ledger.json records resources not")),
+            ("beating", f"its driver's heartbeat in gs://{PROJECT}-tpupipe/state/beating is \\d+ s old"),
         ):
             assert main([*args, "--run-id", run_id]) == 2
             err = capsys.readouterr().err

@@ -158,6 +158,16 @@ class Registry(Adapter):
         return name
 
 
+def pinned_source(body: dict, generation: int | None) -> dict:
+    """The build ``body`` with its source object pinned to the generation uploaded (``StorageSource.generation``:
+    https://cloud.google.com/build/docs/api/reference/rest/v1/projects.builds#storagesource): an object written over
+    it since is not what is built."""
+    if generation is None:
+        return body
+    source = {**body["source"]["storageSource"], "generation": str(generation)}
+    return {**body, "source": {**body["source"], "storageSource": source}}
+
+
 def tag_digest(registry: Registry, image: str) -> str | None:
     """The digest (``sha256:HEX``) that ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` names in Artifact
     Registry now, or None when the tag is not there. A tag names a version (``Tag.version``:
@@ -286,4 +296,13 @@ class CloudBuild(Adapter):
         )
 
 
-__all__ = ["BuildFailed", "CloudBuild", "Registry", "build_context", "client", "registry_client", "source_root"]
+__all__ = [
+    "BuildFailed",
+    "CloudBuild",
+    "Registry",
+    "build_context",
+    "client",
+    "pinned_source",
+    "registry_client",
+    "source_root",
+]

@@ -15,6 +15,7 @@ from components.platforms.gke import resources as r
 from components.platforms.gke.compute_resources import COMPUTE_KINDS, dcn_range_overlap
 from components.platforms.gke.records import WITH_THE_CLUSTER, Resource
 from components.platforms.gke.session import Session
+from components.platforms.gke.target import bucket_binding
 from components.spec import SpecError, names
 from components.workload import derive as d
 
@@ -30,7 +31,7 @@ def bucket(s: Session, res: Resource) -> None:
 def binding(s: Session, res: Resource) -> None:
     role, who = s.clients.bucket_member(s.t, s.client("creds"))
     s.record("iam_binding", who)
-    s.client("storage").add_binding(s.t.bucket, role, who)
+    s.client("storage").add_binding(s.t.bucket, role, who, bucket_binding(s.t)["condition"])
 
 
 def cluster(s: Session, res: Resource) -> None:
@@ -115,7 +116,7 @@ def build_source(s: Session, res: Resource) -> None:
     from components.platforms.gke import build as gke_build
 
     s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
-    s.client("storage").upload(
+    s.build_source_generation = s.client("storage").upload(
         s.t.bucket,
         names.build_source(s.ctx.run_id),
         gke_build.build_context(d.trainer_image(s.ctx.spec)),
@@ -139,7 +140,7 @@ def image(s: Session, res: Resource) -> None:
     )
     # The build is not written to the ledger: teardown deletes no build, and a retried stage finds it by its tag.
     build = builder.ensure(
-        res.body,
+        gke_build.pinned_source(res.body, s.build_source_generation),
         names.build_tag(s.ctx.run_id),
         _unrecorded,
         timeout_s=r.BUILD_TIMEOUT_S + 600,

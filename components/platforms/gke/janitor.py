@@ -2,7 +2,7 @@
 found and deleted through the same teardown every run uses.
 
 A run is found two ways:
-- by its ledger in the output root (``gs://BUCKET/runs/<run id>/ledger.json``, or a local directory), which every
+- by its ledger in the output root (``gs://BUCKET/state/<run id>/ledger.json``, or a local directory), which every
   provision writes before it creates anything: the run's spec, start time and what it created;
 - by the ``tpupipe-run`` label on clusters, and on node pools in clusters a run did not create, in the projects of
   those ledgers and the ones named: a labelled cluster whose run left no ledger under the output root is reported

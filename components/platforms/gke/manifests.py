@@ -24,7 +24,7 @@ from typing import Any
 
 from components.platforms.gke import resources as r
 from components.platforms.gke.compute_resources import DCN_SUBNET_RANGES
-from components.platforms.gke.target import MOUNT_PATH, Target
+from components.platforms.gke.target import Target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -192,12 +192,14 @@ def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
 
 
 def _checkpoint_volume(t: Target) -> dict[str, Any]:
+    """The bucket as the run's pods mount it: its ``runs/<run id>/`` directory alone (GCS FUSE's ``only-dir``,
+    https://cloud.google.com/storage/docs/cloud-storage-fuse/cli-options), at the same path under the mount
+    (``Target.run_dir``), so nothing else of the bucket is in reach of a pod's files, as the run's IAM binding allows
+    (``target.bucket_binding``)."""
+    options = f"{GCSFUSE_MOUNT_OPTIONS},only-dir={names.run_prefix(t.run_id)}"
     return {
         "name": CHECKPOINT_VOLUME,
-        "csi": {
-            "driver": GCSFUSE_DRIVER,
-            "volumeAttributes": {"bucketName": t.bucket, "mountOptions": GCSFUSE_MOUNT_OPTIONS},
-        },
+        "csi": {"driver": GCSFUSE_DRIVER, "volumeAttributes": {"bucketName": t.bucket, "mountOptions": options}},
     }
 
 
@@ -224,7 +226,7 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         container["env"] = env
     token_mounts, token_volumes = _token_mounts(spec, t)
     scratch_mounts, scratch_volumes = _scratch()
-    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}, *scratch_mounts, *token_mounts]
+    container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir}, *scratch_mounts, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "securityContext": _pod_security(),
@@ -246,7 +248,7 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     c = spec.cluster
     shape = d.slice_shape(spec)
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
-    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": MOUNT_PATH}]
+    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir}]
     volumes = [_checkpoint_volume(t)]
     if c.worker_shm_gib:
         mounts.insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})

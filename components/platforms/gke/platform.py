@@ -88,6 +88,14 @@ class GkePlatform(Platform):
 
         self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
         t = self._target(ctx)
+        pods = f"gs://{t.bucket}/{names.RUNS_PREFIX}/"
+        if ctx.store.uri.startswith(pods):
+            raise SpecError(
+                "output_root",
+                f"the run's state {ctx.store.uri} would be under {pods}, where runs' pods write: a pod could rewrite "
+                "the ledger teardown deletes by",
+                [names.state_root(t.bucket)],
+            )
         recorded = load_ledger(ctx)
         # One that resumes passed preflight when it started.
         report = self.preflight(ctx) if not recorded.get("created") or recorded.get("torn_down") else None
@@ -175,15 +183,29 @@ class GkePlatform(Platform):
         return f"gs://{self._target(ctx).bucket}/{path.removeprefix(MOUNT_PATH + '/')}"
 
     def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
-        """A checkpoint in the run's bucket, as the pods see it through their GCS FUSE mount (``/data/...``)."""
-        bucket = self._target(ctx).bucket
-        if not uri.startswith(f"gs://{bucket}/"):
+        """A checkpoint of the run's bucket where the run's pods can read it: under their own prefix, the only one
+        they mount and may read (``manifests``, ``target.bucket_binding``). A checkpoint of another run (a registered
+        version, the champion) is copied in first, server-side, to ``runs/<run id>/inputs/<its object path>/``: the
+        original stays out of this run's reach, read-only to every run."""
+        t = self._target(ctx)
+        if not uri.startswith(f"gs://{t.bucket}/"):
             raise SpecError(
                 "train.init_from",
-                f"checkpoint {uri} is outside the run's bucket gs://{bucket}, the one "
-                f"the cluster mounts at {MOUNT_PATH}: copy it there, or set gke.bucket",
+                f"checkpoint {uri} is outside the run's bucket gs://{t.bucket}, the one "
+                f"the cluster mounts from: copy it there, or set gke.bucket",
             )
-        return f"{MOUNT_PATH}/{uri.removeprefix(f'gs://{bucket}/')}"
+        source, own = uri.removeprefix(f"gs://{t.bucket}/").rstrip("/"), names.run_prefix(ctx.run_id)
+        if source == own or source.startswith(f"{own}/"):
+            return f"{MOUNT_PATH}/{source}"
+        inputs = f"{own}/inputs/{source}"
+        copied, total, size = self.clients.storage(t).copy_prefix(t.bucket, source, inputs)
+        if not total:
+            raise SpecError("train.init_from", f"checkpoint {uri} holds no object: nothing to start from")
+        self.log(
+            f"copied {copied} of {total} objects ({size / 2**30:.2f} GiB) of {uri} to gs://{t.bucket}/{inputs}/, "
+            "where the run's pods read it"
+        )
+        return f"{MOUNT_PATH}/{inputs}"
 
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         """Vertex AI Model Registry of the run's project, in the region of its zone."""

@@ -12,7 +12,7 @@ from typing import Any
 from components.platforms.gke import compute_resources as cr
 from components.platforms.gke import features, paths
 from components.platforms.gke import resources as r
-from components.platforms.gke.target import MOUNT_PATH, Target, bucket_binding
+from components.platforms.gke.target import Target, bucket_binding
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -151,8 +151,8 @@ def storage_records(t: Target) -> list[Resource]:
             "gcs-bucket",
             f"gs://{t.bucket}",
             "get-or-create",
-            f"checkpoints and results under {prefix}, mounted "
-            f"at {MOUNT_PATH} in every pod (GCS FUSE); kept after the run",
+            f"checkpoints and results under {prefix}, that directory alone mounted "
+            f"at {t.run_dir} in every pod (GCS FUSE); kept after the run",
             api="storage.buckets.get",
             path=t.bucket,
             deleted_by_teardown=False,
@@ -161,7 +161,8 @@ def storage_records(t: Target) -> list[Resource]:
             "iam-binding",
             f"{binding['role']} on gs://{t.bucket}",
             "create",
-            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal)",
+            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal), "
+            f"on the objects under {prefix} only (an IAM condition)",
             labels=names.labels(t.run_id),
             body=binding,
             api="storage.buckets.setIamPolicy",

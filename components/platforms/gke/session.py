@@ -24,6 +24,7 @@ class Session:
         self.cluster = None
         self.tpu_pools: list[str] = []
         self.image_result: dict[str, Any] = {}
+        self.build_source_generation: int | None = None  # of the build context uploaded by this stage
         self.deploy_result: dict[str, Any] = {}
         self._project_number: str | None = None
 

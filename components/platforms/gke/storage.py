@@ -108,12 +108,39 @@ class Storage(Adapter):
         self.log(f"created bucket gs://{name} in {location} (kept after the run)")
         return bucket
 
-    def upload(self, name: str, path: str, data: bytes, content_type: str = "application/octet-stream") -> str:
-        """Write ``data`` to ``gs://name/path``; the object's URL."""
+    def upload(self, name: str, path: str, data: bytes, content_type: str = "application/octet-stream") -> int:
+        """Write ``data`` to ``gs://name/path``; the object's generation (what a build pins its source to)."""
         blob = self.client.bucket(name).blob(path)
         self.call(f"upload gs://{name}/{path}", lambda: blob.upload_from_string(data, content_type=content_type))
         self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
-        return f"gs://{name}/{path}"
+        return int(blob.generation)
+
+    def copy_prefix(self, name: str, source: str, destination: str) -> tuple[int, int, int]:
+        """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
+        (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
+        an object already there with the same size and MD5 is kept (a retried copy resumes). (objects copied,
+        objects in all, bytes copied); (0, 0, 0) when ``source/`` holds nothing."""
+        bucket = self.client.bucket(name)
+
+        def listed(prefix: str) -> list:
+            under = f"{prefix}/"
+            return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
+
+        found, have = listed(source), {b.name: (b.size, b.md5_hash) for b in listed(destination)}
+        copied = size = 0
+        for blob in found:
+            target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
+            if have.get(target) == (blob.size, blob.md5_hash):
+                continue
+            token = None
+            while True:
+                token, _, _ = self.call(
+                    f"copy gs://{name}/{blob.name}", lambda t=token, b=blob, n=target: bucket.blob(n).rewrite(b, t)
+                )
+                if token is None:
+                    break
+            copied, size = copied + 1, size + (blob.size or 0)
+        return copied, len(found), size
 
     def _update_policy(self, name: str, change: Callable[[Any], bool]) -> bool:
         """Read the bucket's IAM policy, ``change`` it in place, write it back with its etag; again when another
@@ -136,15 +163,20 @@ class Storage(Adapter):
                 self.log(f"  IAM policy of gs://{name} changed meanwhile: reading it again")
         raise AssertionError("unreachable")
 
-    def add_binding(self, name: str, role: str, who: str) -> bool:
+    def add_binding(self, name: str, role: str, who: str, condition: dict[str, str] | None = None) -> bool:
+        """Grant ``who`` ``role`` on the bucket, under ``condition`` (an IAM condition: title, description,
+        expression) when given; a policy with a conditional binding is written at version 3
+        (https://cloud.google.com/iam/docs/policies#versions)."""
+
         def add(policy) -> bool:
             for binding in policy.bindings:
-                if binding["role"] == role and not binding.get("condition"):
+                if binding["role"] == role and binding.get("condition") == condition:
                     if who in binding["members"]:
                         return False
                     binding["members"] = set(binding["members"]) | {who}
                     return True
-            policy.bindings.append({"role": role, "members": {who}})
+            policy.bindings.append({"role": role, "members": {who}, **({"condition": condition} if condition else {})})
+            policy.version = IAM_POLICY_VERSION
             return True
 
         added = self._update_policy(name, add)

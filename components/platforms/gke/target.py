@@ -57,6 +57,7 @@ NODE_SERVICE_ACCOUNT_ROLES = {
     ),
 }
 MOUNT_PATH = "/data"
+BUCKET_RESOURCE_TYPE = "storage.googleapis.com/Bucket"  # resource.type of a bucket in an IAM condition
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,15 @@ def target(spec: RunSpec, run_id: str) -> Target:
 
 
 def bucket_binding(t: Target) -> dict[str, Any]:
-    """The IAM binding that lets the run's Kubernetes ServiceAccount read and write the bucket (Workload
-    Identity Federation principal; the project number is looked up when the run provisions)."""
+    """The IAM binding that lets the run's Kubernetes ServiceAccount (a Workload Identity Federation principal; the
+    project number is looked up when the run provisions) read and write the objects under the run's own prefix
+    (``runs/<run id>/``) and nothing else: an IAM condition on the object's name
+    (https://cloud.google.com/storage/docs/access-control/iam#conditions; Cloud Storage names an object
+    ``projects/_/buckets/BUCKET/objects/NAME``: https://cloud.google.com/iam/docs/conditions-resource-attributes).
+    Listing is a permission on the bucket itself, which GCS FUSE needs, so the condition also holds for the bucket
+    resource: the pods can list the bucket's object names, not read or write another run's objects or the control
+    state (``state/``, ``builds/``, the pipeline root)."""
+    prefix = f"projects/_/buckets/{t.bucket}/objects/{names.run_prefix(t.run_id)}/"
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectUser",
@@ -147,4 +155,9 @@ def bucket_binding(t: Target) -> dict[str, Any]:
             "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
             f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
         ),
+        "condition": {
+            "title": f"tpupipe run {t.run_id}",
+            "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
+            "expression": f'resource.name.startsWith("{prefix}") || resource.type == "{BUCKET_RESOURCE_TYPE}"',
+        },
     }
