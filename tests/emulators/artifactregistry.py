@@ -7,7 +7,11 @@ CreateRepository checks what Artifact Registry checks (a parent ``projects/P/loc
 lowercase letters, digits and hyphens starting with a letter, a format) and answers an operation that is done after
 ``polls_to_done`` GetOperation calls, when the repository appears. An existing id is ALREADY_EXISTS, an unknown
 repository NOT_FOUND. ``repository_for(image)`` tells the Cloud Build emulator whether an image's Docker repository
-exists, as a push needs it to.
+exists, as a push needs it to; ``refused_push(image, digest)`` why a push of it fails: a Docker repository with
+immutable tags refuses to move a tag that names another image ("The repository which enabled this flag prevents all
+tags from being modified, moved or deleted. This does not prevent tags from being created.": the
+``DockerRepositoryConfig.immutable_tags`` field of google/devtools/artifactregistry/v1/repository.proto,
+https://github.com/googleapis/googleapis).
 """
 
 from __future__ import annotations
@@ -84,6 +88,17 @@ class ArtifactRegistryEmulator(GrpcEmulator):
         with self._lock:
             repo = self.state.repositories.get(name)
         return name if repo is not None and repo.format_ == ar.Repository.Format.DOCKER else None
+
+    def refused_push(self, image: str, digest: str) -> str | None:
+        """Why a push of ``image`` (``...:TAG``) as ``digest`` fails, or None: its repository has immutable tags and
+        the tag names another digest already (the same image again is no move)."""
+        name = self.repository_for(image)
+        with self._lock:
+            repo = self.state.repositories.get(name or "")
+            held = self.state.images.get(image)
+        if repo is not None and repo.docker_config.immutable_tags and held not in (None, digest):
+            return f"tag {image.rsplit(':', 1)[-1]} is immutable in {name}: it names {held} already"
+        return None
 
     def push(self, image: str, digest: str) -> None:
         """A Docker push (the Cloud Build emulator's, after a build succeeded): ``image`` is ``...:TAG``."""

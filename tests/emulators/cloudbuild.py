@@ -457,6 +457,12 @@ class CloudBuildEmulator(GrpcEmulator):
             )
         return build
 
+    def _refused_push(self, build, images) -> str | None:
+        """Why the registry refuses to take one of the build's images (an immutable tag moved), or None."""
+        if self.registry is None:
+            return None
+        return next((why for i in images if (why := self.registry.refused_push(i, _digest(build.id, i)))), None)
+
     def _poll(self, build: cb.Build) -> None:
         """One poll of the build: it starts at the first, and finishes at the ``polls_to_done``-th."""
         if build.status in FINISHED:
@@ -491,6 +497,12 @@ class CloudBuildEmulator(GrpcEmulator):
         if failing is None and unpushable:  # every step ran; the push needs the Artifact Registry repository
             build.status = Status.FAILURE
             build.status_detail = f"failed to push {unpushable[0]}: name unknown: the repository does not exist"
+            build.failure_info = cb.Build.FailureInfo(
+                type_=cb.Build.FailureInfo.FailureType.PUSH_FAILED, detail=build.status_detail
+            )
+        elif failing is None and (refused := self._refused_push(build, progress.images)):
+            build.status = Status.FAILURE
+            build.status_detail = f"failed to push: {refused}"
             build.failure_info = cb.Build.FailureInfo(
                 type_=cb.Build.FailureInfo.FailureType.PUSH_FAILED, detail=build.status_detail
             )

@@ -299,6 +299,46 @@ def test_a_push_needs_the_artifact_registry_repository(gcs):
         registry.stop()
 
 
+def test_a_repository_with_immutable_tags_refuses_to_move_a_tag_to_another_image(gcs):
+    from google.cloud import artifactregistry_v1
+
+    from tests.emulators.artifactregistry import ArtifactRegistryEmulator
+
+    registry = ArtifactRegistryEmulator(polls_to_done=1)
+    cloudbuild = CloudBuildEmulator(storage=gcs, registry=registry)
+    cloudbuild.start()
+    registry.start()
+    try:
+        ar = artifactregistry_v1.ArtifactRegistryClient(
+            transport=artifactregistry_v1.services.artifact_registry.transports.ArtifactRegistryGrpcTransport(
+                channel=grpc.insecure_channel(registry.address)
+            )
+        )
+        ar.create_repository(
+            request={
+                "parent": f"projects/{PROJECT}/locations/us-central1",
+                "repository_id": "tpupipe",
+                "repository": {
+                    "format_": artifactregistry_v1.Repository.Format.DOCKER,
+                    "docker_config": {"immutable_tags": True},
+                },
+            }
+        ).result(timeout=10)
+        cb = client(cloudbuild)
+        outcomes = []
+        for _ in range(2):  # the same tag, built twice: the second build's image is another one (another digest)
+            made = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+            cb.get_build(project_id=PROJECT, id=made.id)
+            outcomes.append(cb.get_build(project_id=PROJECT, id=made.id))
+        assert outcomes[0].status == Status.SUCCESS
+        assert outcomes[1].status == Status.FAILURE and "is immutable" in outcomes[1].status_detail
+        assert registry.state.images[IMAGE] == outcomes[0].results.images[0].digest  # the tag did not move
+        assert registry.refused_push(IMAGE, outcomes[0].results.images[0].digest) is None  # the same image: no move
+    finally:
+        cloudbuild.stop()
+        registry.stop()
+
+
 BUILDER = f"projects/{PROJECT}/serviceAccounts/builder@{PROJECT}.iam.gserviceaccount.com"
 Logging = cloudbuild_v1.BuildOptions.LoggingMode
 

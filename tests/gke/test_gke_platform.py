@@ -844,6 +844,7 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     assert not any("__pycache__" in n for n in names)
     repository = project.registry.state.repositories[f"projects/{PROJECT}/locations/us-east5/repositories/tpupipe"]
     assert repository.format_.name == "DOCKER"  # created for the push (the emulated build fails without it)
+    assert repository.docker_config.immutable_tags  # a tag, once pushed, names that image for good
     again = gke.build_image(ctx)  # a re-run of the stage: the build is found by its tag and reused
     assert again["build"] == result["build"] and project.cloudbuild.state.calls.count("CreateBuild") == 1
     assert project.registry.state.calls.count("CreateRepository") == 1
@@ -872,6 +873,29 @@ def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project
         gke.build_image(ctx)
     assert project.cloudbuild.state.calls.count("CreateBuild") == 0
     gke.teardown(ctx)
+
+
+def test_an_existing_docker_repository_whose_tags_can_move_is_used_and_said(project_factory):
+    from google.cloud import artifactregistry_v1
+
+    from components.platforms.gke import build as gke_build
+
+    project_factory()
+    client = gke_build.registry_client()
+    parent = f"projects/{PROJECT}/locations/us-east5"
+    docker = artifactregistry_v1.Repository.Format.DOCKER
+    client.create_repository(
+        request={"parent": parent, "repository_id": "mutable", "repository": {"format_": docker}}
+    ).result(timeout=30)
+    logs: list[str] = []
+    registry = gke_build.Registry(client, log=logs.append)
+    assert registry.ensure(PROJECT, "us-east5", "mutable") == f"{parent}/repositories/mutable"
+    assert any(line.startswith("warning: ") and "no immutable tags" in line for line in logs)
+    logs.clear()
+    registry.ensure(PROJECT, "us-east5", "fresh")  # created by tpupipe: immutable, nothing to say
+    assert client.get_repository(name=f"{parent}/repositories/fresh").docker_config.immutable_tags
+    registry.ensure(PROJECT, "us-east5", "fresh")
+    assert not any("warning" in line for line in logs)
 
 
 def test_a_failed_build_is_one_clear_error_with_cloud_builds_detail(tmp_path, project_factory):

@@ -130,6 +130,11 @@ class Registry(Adapter):
                     [f"a {kind} repository", "a new name"],
                 )
             self.log(f"Artifact Registry repository {name} exists: pushing there")
+            if fmt == "DOCKER" and not found.docker_config.immutable_tags:
+                self.log(
+                    f"warning: {name} lets a pushed tag be moved to another image (no immutable tags): the pods "
+                    "pull by digest, but a person pulling by tag may get what someone pushed since"
+                )
             return name
         except gexc.NotFound:
             pass
@@ -139,6 +144,9 @@ class Registry(Adapter):
             "repository": {
                 "format_": docker,
                 "description": f"tpupipe {'images' if fmt == 'DOCKER' else 'pipeline templates'}",
+                # Tags never move: one names one image for good (DockerRepositoryConfig.immutable_tags,
+                # google/devtools/artifactregistry/v1/repository.proto). Run and content tags are pushed once.
+                **({"docker_config": {"immutable_tags": True}} if fmt == "DOCKER" else {}),
             },
         }
         try:
