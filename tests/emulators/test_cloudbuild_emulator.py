@@ -256,7 +256,9 @@ def test_faults_and_retries(cloudbuild):
     assert cloudbuild.builds_tagged("tpupipe-r1") == [build_id, op.metadata.build.id]
 
 
-def test_a_push_needs_the_artifact_registry_repository(gcs):
+@pytest.fixture
+def pushing(gcs):
+    """(the Cloud Build emulator, the Artifact Registry emulator it pushes to, a client of that registry)."""
     from google.cloud import artifactregistry_v1
 
     from tests.emulators.artifactregistry import ArtifactRegistryEmulator
@@ -265,78 +267,69 @@ def test_a_push_needs_the_artifact_registry_repository(gcs):
     cloudbuild = CloudBuildEmulator(storage=gcs, registry=registry)
     cloudbuild.start()
     registry.start()
-    try:
-        cb = client(cloudbuild)
-        failed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
-        cb.get_build(project_id=PROJECT, id=failed.id)
-        failed = cb.get_build(project_id=PROJECT, id=failed.id)
-        assert failed.status == Status.FAILURE and "failed to push " + IMAGE in failed.status_detail
-        ar = artifactregistry_v1.ArtifactRegistryClient(
-            transport=artifactregistry_v1.services.artifact_registry.transports.ArtifactRegistryGrpcTransport(
-                channel=grpc.insecure_channel(registry.address)
-            )
+    ar = artifactregistry_v1.ArtifactRegistryClient(
+        transport=artifactregistry_v1.services.artifact_registry.transports.ArtifactRegistryGrpcTransport(
+            channel=grpc.insecure_channel(registry.address)
         )
-        ar.create_repository(
-            request={
-                "parent": f"projects/{PROJECT}/locations/us-central1",
-                "repository_id": "tpupipe",
-                "repository": {"format_": artifactregistry_v1.Repository.Format.DOCKER},
-            }
-        ).result(timeout=10)
-        with pytest.raises(exceptions.AlreadyExists):
-            ar.create_repository(
-                request={
-                    "parent": f"projects/{PROJECT}/locations/us-central1",
-                    "repository_id": "tpupipe",
-                    "repository": {"format_": 1},
-                }
-            )
-        pushed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
-        cb.get_build(project_id=PROJECT, id=pushed.id)
-        assert cb.get_build(project_id=PROJECT, id=pushed.id).status == Status.SUCCESS
-    finally:
-        cloudbuild.stop()
-        registry.stop()
+    )
+    yield cloudbuild, registry, ar
+    cloudbuild.stop()
+    registry.stop()
 
 
-def test_a_repository_with_immutable_tags_refuses_to_move_a_tag_to_another_image(gcs):
+def test_a_push_needs_the_artifact_registry_repository(pushing):
     from google.cloud import artifactregistry_v1
 
-    from tests.emulators.artifactregistry import ArtifactRegistryEmulator
-
-    registry = ArtifactRegistryEmulator(polls_to_done=1)
-    cloudbuild = CloudBuildEmulator(storage=gcs, registry=registry)
-    cloudbuild.start()
-    registry.start()
-    try:
-        ar = artifactregistry_v1.ArtifactRegistryClient(
-            transport=artifactregistry_v1.services.artifact_registry.transports.ArtifactRegistryGrpcTransport(
-                channel=grpc.insecure_channel(registry.address)
-            )
-        )
+    cloudbuild, registry, ar = pushing
+    cb = client(cloudbuild)
+    failed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+    cb.get_build(project_id=PROJECT, id=failed.id)
+    failed = cb.get_build(project_id=PROJECT, id=failed.id)
+    assert failed.status == Status.FAILURE and "failed to push " + IMAGE in failed.status_detail
+    ar.create_repository(
+        request={
+            "parent": f"projects/{PROJECT}/locations/us-central1",
+            "repository_id": "tpupipe",
+            "repository": {"format_": artifactregistry_v1.Repository.Format.DOCKER},
+        }
+    ).result(timeout=10)
+    with pytest.raises(exceptions.AlreadyExists):
         ar.create_repository(
             request={
                 "parent": f"projects/{PROJECT}/locations/us-central1",
                 "repository_id": "tpupipe",
-                "repository": {
-                    "format_": artifactregistry_v1.Repository.Format.DOCKER,
-                    "docker_config": {"immutable_tags": True},
-                },
+                "repository": {"format_": 1},
             }
-        ).result(timeout=10)
-        cb = client(cloudbuild)
-        outcomes = []
-        for _ in range(2):  # the same tag, built twice: the second build's image is another one (another digest)
-            made = cb.create_build(project_id=PROJECT, build=build()).metadata.build
-            cb.get_build(project_id=PROJECT, id=made.id)
-            outcomes.append(cb.get_build(project_id=PROJECT, id=made.id))
-        assert outcomes[0].status == Status.SUCCESS
-        assert outcomes[1].status == Status.FAILURE and "is immutable" in outcomes[1].status_detail
-        assert registry.state.images[IMAGE] == outcomes[0].results.images[0].digest  # the tag did not move
-        assert registry.refused_push(IMAGE, outcomes[0].results.images[0].digest) is None  # the same image: no move
-    finally:
-        cloudbuild.stop()
-        registry.stop()
+        )
+    pushed = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+    cb.get_build(project_id=PROJECT, id=pushed.id)
+    assert cb.get_build(project_id=PROJECT, id=pushed.id).status == Status.SUCCESS
+
+
+def test_a_repository_with_immutable_tags_refuses_to_move_a_tag_to_another_image(pushing):
+    from google.cloud import artifactregistry_v1
+
+    cloudbuild, registry, ar = pushing
+    ar.create_repository(
+        request={
+            "parent": f"projects/{PROJECT}/locations/us-central1",
+            "repository_id": "tpupipe",
+            "repository": {
+                "format_": artifactregistry_v1.Repository.Format.DOCKER,
+                "docker_config": {"immutable_tags": True},
+            },
+        }
+    ).result(timeout=10)
+    cb = client(cloudbuild)
+    outcomes = []
+    for _ in range(2):  # the same tag, built twice: the second build's image is another one (another digest)
+        made = cb.create_build(project_id=PROJECT, build=build()).metadata.build
+        cb.get_build(project_id=PROJECT, id=made.id)
+        outcomes.append(cb.get_build(project_id=PROJECT, id=made.id))
+    assert outcomes[0].status == Status.SUCCESS
+    assert outcomes[1].status == Status.FAILURE and "is immutable" in outcomes[1].status_detail
+    assert registry.state.images[IMAGE] == outcomes[0].results.images[0].digest  # the tag did not move
+    assert registry.refused_push(IMAGE, outcomes[0].results.images[0].digest) is None  # the same image: no move
 
 
 BUILDER = f"projects/{PROJECT}/serviceAccounts/builder@{PROJECT}.iam.gserviceaccount.com"
