@@ -102,7 +102,7 @@ def cmd_publish(args) -> int:
     from pipelines.publish import publish
 
     target = _target(args)
-    result = publish(target, args.kfp_repository, args.version)
+    result = publish(target, args.kfp_repository, args.version, build_account=args.build_service_account)
     print(
         f"published: template {result.template} ({', '.join(result.tags)}) in {result.host}; tasks run in "
         f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
@@ -311,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Artifact Registry KFP repository of the templates (default tpupipe-pipelines; created if missing)",
     )
     p.add_argument("--version", default="", help="a version tag for the template, e.g. v1.2 (optional)")
+    p.add_argument(
+        "--build-service-account",
+        default="",
+        help="the service account Cloud Build builds the components image as (the caller needs "
+        "iam.serviceAccounts.actAs on it); default: the project's default build account, which is warned of",
+    )
     p.add_argument(
         "--janitor-schedule",
         action="store_true",

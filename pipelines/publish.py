@@ -34,9 +34,12 @@ def kfp_host(target: Target, kfp_repository: str) -> str:
     return f"{base.rstrip('/')}/{target.project}/{kfp_repository}"
 
 
-def build_body(target: Target, image: str, tag: str) -> dict:
-    """The Cloud Build of the components image: ``images/pipeline/Dockerfile`` over the uploaded context."""
-    return {
+def build_body(target: Target, image: str, tag: str, build_account: str = "") -> dict:
+    """The Cloud Build of the components image: ``images/pipeline/Dockerfile`` over the uploaded context, as
+    ``build_account`` when given (``Build.service_account``, its logs in Cloud Logging only, as such a build must
+    choose: https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
+    account = {"serviceAccount": f"projects/{target.project}/serviceAccounts/{build_account}"} if build_account else {}
+    return account | {
         "source": {"storageSource": {"bucket": target.run_bucket, "object": f"build/{PIPELINE_IMAGE}-{tag}.tar.gz"}},
         "steps": [
             {
@@ -80,10 +83,16 @@ def pin_images(template: str) -> tuple[str, list[str]]:
     return str(pinned), []
 
 
-def publish(target: Target, kfp_repository: str, version: str, log=print) -> Published:
+def publish(target: Target, kfp_repository: str, version: str, log=print, build_account: str = "") -> Published:
     from components.platforms.credentials import credentials
     from components.platforms.gke import build as gke_build
+    from components.platforms.gke import identities
     from components.platforms.gke import storage as gke_storage
+    from components.spec import SpecError
+    from components.spec.checks import SERVICE_ACCOUNT
+
+    if build_account and not SERVICE_ACCOUNT.match(build_account):
+        raise SpecError("--build-service-account", f"{build_account!r} is not a service account email")
 
     creds = credentials()
     tag = gke_build.image_tag(PIPELINE_IMAGE)
@@ -94,9 +103,14 @@ def publish(target: Target, kfp_repository: str, version: str, log=print) -> Pub
     built = digest is None
     if built:
         log(f"publish: {image} is not in Artifact Registry: building it")
+        if not build_account:
+            log(
+                "publish: warning: --build-service-account not given: Cloud Build builds it as the project's default "
+                f"build account, often with broad roles on the project ({identities.BUILD_ACCOUNT_DOC})"
+            )
         storage = gke_storage.Storage(gke_storage.storage_client(target.project, creds), log=log)
         storage.ensure_bucket(target.run_bucket, target.region)
-        body = build_body(target, image, tag)
+        body = build_body(target, image, tag, build_account)
         generation = storage.upload(
             target.run_bucket,
             body["source"]["storageSource"]["object"],
