@@ -181,17 +181,17 @@ def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
         set_optimizer_state_dict,
     )
 
-    # Rank 0 reads the weights and broadcasts them: one read of the file (on GKE, from the bucket's FUSE mount), not
-    # one per rank.
+    # Rank 0 reads the weights and the optimizer state and broadcasts them: one read of each file (on GKE, from the
+    # bucket's FUSE mount), not one per rank; the other ranks give an empty state, which torch's state_dict API takes
+    # with broadcast_from_rank0 (torch/distributed/checkpoint/state_dict.py, StateDictOptions).
     distributed = torch.distributed.is_initialized()  # (a single process, as in a test, reads it itself)
     rank0 = not distributed or torch.distributed.get_rank() == 0
     weights = load_file(str(directory / "model.safetensors")) if rank0 else {}
     broadcast = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=distributed)
     set_model_state_dict(model, weights, options=broadcast)
-    options = StateDictOptions(full_state_dict=True, strict=False)
     if (directory / "optimizer.pt").is_file():
-        optim_state = load_optimizer_state(directory / "optimizer.pt")
-        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+        optim_state = load_optimizer_state(directory / "optimizer.pt") if rank0 else {}
+        set_optimizer_state_dict(model, optimizer, optim_state, options=broadcast)
     return json.loads((directory / CHECKPOINT_META).read_text())
 
 
