@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.store import RunStore, StoreConflict, read_json
+from components.platforms.store import RunStore, StoreConflict, read_json, write_json
 
 KEY = "ledger.json"
 ATTEMPTS = 20  # read-modify-writes a change is tried in before the conflict is raised
@@ -37,9 +37,7 @@ def update(
         if change(ledger) is False:
             return ledger
         try:
-            store.write_bytes(
-                KEY, json.dumps(ledger, indent=2, sort_keys=True).encode(), "application/json", generation
-            )
+            write_json(store, KEY, ledger, generation)
             return ledger
         except StoreConflict:
             if attempt == ATTEMPTS:

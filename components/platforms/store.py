@@ -52,8 +52,10 @@ class RunStore(Protocol):
         """The run's directory on this machine, or None when the run lives in Cloud Storage."""
 
 
-def write_text(store: RunStore, key: str, text: str, content_type: str = "text/plain") -> str:
-    return store.write_bytes(key, text.encode(), content_type)
+def write_text(
+    store: RunStore, key: str, text: str, content_type: str = "text/plain", if_generation: int | None = None
+) -> str:
+    return store.write_bytes(key, text.encode(), content_type, if_generation)
 
 
 def read_json(store: RunStore, key: str) -> Any:
@@ -61,8 +63,9 @@ def read_json(store: RunStore, key: str) -> Any:
     return None if text is None else json.loads(text)
 
 
-def write_json(store: RunStore, key: str, value: Any) -> str:
-    return write_text(store, key, json.dumps(value, indent=2, sort_keys=True), "application/json")
+def write_json(store: RunStore, key: str, value: Any, if_generation: int | None = None) -> str:
+    """``value`` as JSON, on ``if_generation``'s condition when given (:meth:`RunStore.write_bytes`)."""
+    return write_text(store, key, json.dumps(value, indent=2, sort_keys=True), "application/json", if_generation)
 
 
 class LocalStore:

@@ -37,9 +37,7 @@ def secret_values(project, run_id: str) -> dict[str, str]:
     found = {}
     for method, path, body in project.kube.bodies:
         if method == "POST" and path.endswith("/secrets") and run_id in body:
-            secret = json.loads(body)
-            (value,) = secret["data"].values()
-            found[secret["metadata"]["name"]] = base64.b64decode(value).decode()
+            found[json.loads(body)["metadata"]["name"]] = secret_text(body)
     return found
 
 
