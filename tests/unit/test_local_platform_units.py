@@ -66,10 +66,16 @@ def test_image_digest_is_per_image_and_stable():
         envs.image_digest("nope")
 
 
-def test_a_disk_as_full_as_ray_tolerates_is_a_clear_error(tmp_path):
-    LocalPlatform.check_disk(tmp_path, full_fraction=1.01)  # never that full: passes
-    with pytest.raises(RuntimeError, match=r"full \(.* GiB free\); Ray's processes fail above 0%"):
-        LocalPlatform.check_disk(tmp_path, full_fraction=0.0)
+def test_a_disk_with_less_free_space_than_a_run_needs_is_a_clear_error(tmp_path):
+    LocalPlatform.check_disk(tmp_path, min_free=1)  # a byte is free: passes, however full the disk is in percent
+    with pytest.raises(RuntimeError, match=r"has .* GiB free; a local run needs at least .* GiB there"):
+        LocalPlatform.check_disk(tmp_path, min_free=1 << 60)
+
+
+def test_the_hosts_turn_off_rays_disk_fraction_rule():
+    # A shared disk 99% used can still hold many GiB; the free-space check above is the rule instead.
+    env = LocalPlatform.host_environment("r", "127.0.0.1:1", envs.Env("torch", "d", "/e", True), "/t")
+    assert env["RAY_local_fs_capacity_threshold"] == "1"
 
 
 def test_a_model_directory_that_is_not_there_is_refused_before_anything_starts(tmp_path):

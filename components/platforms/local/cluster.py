@@ -31,9 +31,12 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.derive import trainer_image
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
-# Ray's local_fs_capacity_threshold: above it a node refuses to create objects and its agents fail to start, which
-# reaches the pipeline only as "Connection refused" from the job API.
-DISK_FULL_FRACTION = 0.95
+# What a local run needs free on the disk that holds its temporary directory (Ray's session logs, spilled objects up
+# to the object store's size, the datasets cache), asked for before anything starts. Ray's own rule is a fraction:
+# a node refuses to create objects once that disk is 95% used (local_fs_capacity_threshold,
+# https://github.com/ray-project/ray/blob/master/src/ray/common/ray_config_def.h), 12 GiB free on a 250 GiB disk
+# shared with others. The hosts turn that rule off instead (host_environment).
+MIN_FREE_BYTES = 1 << 30
 
 
 def orphaned_runs(output_root: Path) -> list[str]:
@@ -101,14 +104,15 @@ class LocalPlatform(Platform):
             )
 
     @staticmethod
-    def check_disk(path: Path, full_fraction: float = DISK_FULL_FRACTION) -> None:
-        """A clear error when the disk that holds Ray's session directories is as full as Ray tolerates."""
-        usage = shutil.disk_usage(path)
-        used = 1 - usage.free / usage.total
-        if used >= full_fraction:
+    def check_disk(path: Path, min_free: int = MIN_FREE_BYTES) -> None:
+        """A clear error, before anything starts, when the disk that holds the run's temporary directory (Ray's
+        session directories) has less free space than a run needs."""
+        free = shutil.disk_usage(path).free
+        if free < min_free:
             raise InfraError(
-                f"the disk that holds {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free); "
-                f"Ray's processes fail above {full_fraction:.0%}: free some space and run again"
+                f"the disk that holds {path} has {free / 2**30:.1f} GiB free; a local run needs at least "
+                f"{min_free / 2**30:.1f} GiB there (Ray's logs and spilled objects, checkpoints): free some space "
+                "and run again"
             )
 
     # -- provision: start the head and the worker raylets
@@ -181,6 +185,11 @@ class LocalPlatform(Platform):
             # platform that drains nodes sets (GKE spot, through KubeRay); nothing drains these hosts.
             # (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py.)
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+            # Ray's disk rule is a fraction of the disk (MIN_FREE_BYTES); a threshold of 1 reads as "never over
+            # capacity" (FileSystemMonitor::CheckIfAnyPathOverCapacity,
+            # https://github.com/ray-project/ray/blob/master/src/ray/common/file_system_monitor.cc). Provision asks
+            # for the free space a run needs instead.
+            "RAY_local_fs_capacity_threshold": "1",
             # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
             # this user would share.
             **auth.environment(token_path),
