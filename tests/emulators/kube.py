@@ -875,6 +875,9 @@ class KubeEmulator:
             # cluster.py), torch does not autoload the torch image's torch_tpu into every process that imports it
             # (seconds each); trainers.fsdp.detect_backend imports torch_tpu itself where chips exist.
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+            # A pod's disk is its own; the emulated pods share this machine's, which other work may have filled past
+            # Ray's 95% rule: turned off as on the local hosts (components/platforms/local/cluster.py).
+            "RAY_local_fs_capacity_threshold": "1",
         }
         base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
         ray = str(env.bin / "ray")
