@@ -176,8 +176,11 @@ def teardown(
     project: str,
     bucket: str,
     deleted: dsl.Output[dsl.Markdown],
+    goodput: dsl.Output[dsl.Metrics],
+    timeline: dsl.Output[dsl.HTML],
 ) -> str:
-    """Delete everything the run created (found from the run id alone) and write the run summary."""
+    """Delete everything the run created (found from the run id alone) and write the run summary; the run's goodput
+    ledger (Metrics) and timeline (HTML)."""
     from components.stages.component import run_component
 
     return run_component("teardown", locals())

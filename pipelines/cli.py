@@ -330,11 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     _with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
 
-    from pipelines import cli_gke, cli_models, cli_vertex
+    from pipelines import cli_gke, cli_models, cli_runs, cli_vertex
 
     cli_gke.add_commands(sub)
     cli_vertex.add_commands(sub)
     cli_models.add_commands(sub)
+    cli_runs.add_commands(sub)
 
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(func=cmd_presets)

@@ -102,8 +102,9 @@ def add_commands(sub) -> None:
         help="check quota, reservation, APIs, permissions and an existing cluster; creates nothing",
         description="Before a gke run spends anything: the region's TPU quota for the chips the plan needs, the "
         "reservation (cluster.capacity=reservation) exists and has room, the APIs the plan calls are enabled, the "
-        "caller holds the IAM permissions the plan needs, and a cluster named by gke.cluster_name has what the run "
-        "needs (or GKE can enable it in place). Read-only calls with your Application Default Credentials; every "
+        "caller holds the IAM permissions the plan needs, a cluster named by gke.cluster_name has what the run "
+        "needs (or GKE can enable it in place), and the plan's expected cost fits the run's budget (run.max_cost_usd, "
+        "else its default; `tpupipe plan` shows it). Read-only calls with your Application Default Credentials; every "
         "problem in one report; exits 2 when there is one. provision runs the same checks first.",
     )
     _with_gke_run_args(p)

@@ -68,3 +68,42 @@ def wait_until[T](
     except DeadlineExceeded:
         seen = detail() if detail else last[0]
         raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (seen: {seen!r})") from None
+
+
+def assert_goodput_accounts(summary: dict) -> dict:
+    """The run's goodput ledger accounts for its whole wall time and every billed chip-second, each within 2%, the
+    wall time and the billed window taken from the stages' own records (first start to last end; provision's end to
+    teardown's end); the ledger's categories by name."""
+    g = summary["goodput"]
+    spans = [(s["started"], s["started"] + s["seconds"]) for s in summary["stages"] if s.get("started") is not None]
+    wall = max(b for _, b in spans) - min(a for a, _ in spans)
+    stages = {s["name"]: s for s in summary["stages"]}
+    billed = stages["teardown"]["started"] + stages["teardown"]["seconds"]
+    billed -= stages["provision"]["started"] + stages["provision"]["seconds"]
+    categories = {c["name"]: c for c in g["categories"]}
+    assert abs(sum(c["seconds"] for c in categories.values()) - wall) <= 0.02 * wall, g
+    assert abs(g["billed_chip_s"] - billed * g["chips"]) <= 0.02 * billed * g["chips"], g
+    assert abs(sum(c["chip_s"] for c in categories.values()) - g["billed_chip_s"]) <= 0.02 * g["billed_chip_s"], g
+    assert 0 < g["goodput"] < 1 and categories["productive steps"]["chip_s"] > 0, g
+    assert (
+        g["goodput"] == round(categories["productive steps"]["chip_s"] / g["billed_chip_s"], 4)
+        or abs(g["goodput"] - categories["productive steps"]["chip_s"] / g["billed_chip_s"]) < 1e-3
+    )
+    return categories
+
+
+def trainer_steps(log: str) -> list[int]:
+    """The steps a trainer's log says it ended, in order (its ``step`` events and per-step metrics), each once."""
+    from components.spec import protocol
+
+    seen, steps = set(), []
+    for line in log.splitlines():
+        match = protocol.RECORD.match(line)
+        if not match or match["kind"] not in ("event", "metric"):
+            continue
+        payload = json.loads(match["body"])
+        is_step = payload.get("event") == "step" or (match["kind"] == "metric" and "step" in payload)
+        if is_step and "epoch" not in payload and (payload["step"], payload.get("time")) not in seen:
+            seen.add((payload["step"], payload.get("time")))
+            steps.append(payload["step"])
+    return steps

@@ -267,6 +267,7 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
     fail_at = spec.train.fail_at_step
     timed = ray.train.get_context().get_world_rank() == 0
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    first_step, step_losses = global_step + 1, []
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
         loss = model(**batch).loss
@@ -276,9 +277,13 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
         loss_sum += loss.detach().float()
         global_step += 1
         if timed:
+            step_losses.append(loss.detach().float())
             protocol.emit("event", {"event": "step", "step": global_step, "time": time.time()})
         if fail_at and global_step == fail_at and not resumed:
             raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
+    if step_losses:  # rank 0's loss of each step, read from the device once per epoch
+        losses = torch.stack(step_losses).cpu().tolist()
+        protocol.emit("event", {"event": "step_losses", "first_step": first_step, "losses": losses})
     return loss_sum, global_step
 
 
@@ -320,10 +325,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
             "tokens_seen": global_step * t.batch_size * world * t.max_length,
         }
+        saving = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
             save_checkpoint(model, optimizer if t.checkpoint_optimizer else None, tokenizer, meta, rank, Path(tmp))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
+        if rank == 0:  # the save and Ray Train's upload of it to the run's storage, for the goodput ledger
+            saved = {"seconds": time.perf_counter() - saving, "time": time.time()}
+            protocol.emit("event", {"event": "checkpoint", "step": global_step, **saved})
         if rank == 0:
             protocol.emit("metric", metrics)
 

@@ -16,6 +16,11 @@ STEP_LINE = re.compile(
 MESH_AXES_LINE = re.compile(r"Config param mesh_axes: \[(?P<axes>[^\]]*)\]")
 MESH_SHAPE_LINE = re.compile(r"Num_devices: (?P<devices>\d+), shape \((?P<shape>[\d, ]+)\)")
 EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=(?P<loss>[\d.]+)")
+# MaxText's own words once a checkpoint is saved, or its asynchronous save started (maxtext/common/checkpointing.py,
+# print_save_message).
+CHECKPOINT_LINE = re.compile(
+    r"(?:Saved a checkpoint at step|Started an asynchronous checkpoint save for step) (?P<step>\d+)"
+)
 
 # Train arguments the eval loop replaces: it runs one frozen step under its own run name.
 _REPLACED_FOR_EVAL = ("steps=", "learning_rate=", "checkpoint_period=", "run_name=")

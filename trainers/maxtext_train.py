@@ -70,6 +70,10 @@ class _StepRecords(logging.Handler):
         match = maxtext_log.EVAL_LINE.search(message)
         if match:
             self.last["eval_loss"] = float(match["loss"])
+            return
+        match = maxtext_log.CHECKPOINT_LINE.search(message)
+        if match:  # its seconds: from the record before it (components.stages.goodput.timeline)
+            protocol.emit("event", {"event": "checkpoint", "step": int(match["step"]), "time": time.time()})
 
 
 class _LineTee:

@@ -15,10 +15,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.platforms.store import RunStore
 from components.spec import RunSpec, SpecError
+
+if TYPE_CHECKING:
+    from components.workload.budget import Limits
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,14 @@ class Platform(Protocol):
     def hosts_lost(self, ctx: RunContext) -> int | None:
         """Hosts the run lost and had replaced while it ran (preempted or failed), or None when the platform does
         not count them."""
+
+    def limits(self, ctx: RunContext) -> Limits:
+        """The budget and deadline the run is held to while it waits on its jobs (``components.workload.budget``): the
+        spec's, else this platform's defaults, with the hourly price its spending is counted at. Here: the spec's
+        alone, nothing billed; a platform that bills overrides it."""
+        from components.workload import budget
+
+        return budget.limits(ctx.spec, None)
 
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, found from its ledger and its labels; safe to run again."""

@@ -27,6 +27,7 @@ from components.spec.run_spec import (
     GateSpec,
     GkeSpec,
     MaxTextSpec,
+    RunLimitsSpec,
     RunSpec,
     TrainSpec,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "InfraError",
     "MaxTextSpec",
     "ReadyLimits",
+    "RunLimitsSpec",
     "RunSpec",
     "SpecError",
     "TpupipeError",

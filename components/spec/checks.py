@@ -1,9 +1,11 @@
 """The run spec's own checks, across fields (no hardware knowledge): counts, the training setup, the gke section's
-names and the gate. The checks against the TPU catalogue and MaxText's rules are ``components.workload.checks``."""
+names, the gate and the run's limits. The checks against the TPU catalogue and MaxText's rules are
+``components.workload.checks``."""
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from pathlib import Path
 
@@ -263,6 +265,21 @@ def _check_gate(spec: RunSpec) -> None:
         )
 
 
+def _check_limits(spec: RunSpec) -> None:
+    """The run's budget and deadline: unset, or a positive, finite figure."""
+    r = spec.run
+    for key, value, unit in (
+        ("run.max_cost_usd", r.max_cost_usd, "US dollars"),
+        ("run.deadline_h", r.deadline_h, "hours"),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SpecError(
+                key,
+                f"must be a positive number of {unit}, got {value}",
+                ["a number > 0", "empty: the platform's default"],
+            )
+
+
 def validate(spec: RunSpec) -> None:
     """The spec's own checks (no hardware knowledge): raises SpecError naming the first bad field. The checks
     against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
@@ -270,3 +287,4 @@ def validate(spec: RunSpec) -> None:
     _check_training(spec)
     _check_gke_fields(spec)
     _check_gate(spec)
+    _check_limits(spec)

@@ -42,7 +42,23 @@ def _canonical_key(key: str) -> str:
     raise SpecError(key, "unknown key", keys)
 
 
-def _coerce(key: str, value: Any, typ: type) -> Any:
+def _optional(typ: Any) -> type | None:
+    """``X`` of a field typed ``X | None`` (a limit that may be unset), else None."""
+    args = typing.get_args(typ)
+    if len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    inner = _optional(typ)
+    if inner is not None:  # unset: JSON null, or an empty override (``run.deadline_h=``)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        try:
+            return _coerce(key, value, inner)
+        except SpecError:
+            raise SpecError(key, f"expected {inner.__name__} or empty (unset), got {value!r}") from None
     if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):

@@ -102,6 +102,19 @@ class GateSpec:
     min_improvement: float = 0.0  # relative: (champion - new) / champion must reach it; 0: any improvement
 
 
+@dataclass(frozen=True)
+class RunLimitsSpec:
+    """What the whole run may spend and how long it may take. Past either, the Ray job the run is waiting on is
+    stopped, its stage fails with ``stopped: budget`` or ``stopped: deadline`` and the figures, and teardown runs
+    (``components.workload.budget``). Empty (None): the platform's default, none on the local platform, one derived
+    from the plan on gke (`tpupipe plan` shows the limits in effect and what set them)."""
+
+    # USD at the plan's list prices: the run's hourly price from provision's end (its chips billing) on; preflight
+    # refuses a plan whose expected cost (cluster.expected_hours) exceeds it.
+    max_cost_usd: float | None = None
+    deadline_h: float | None = None  # hours from the start of the run's first stage
+
+
 GKE_CLUSTER_MODES = ("standard", "autopilot")
 MULTISLICE_NETWORKS = ("dcn_networks", "accelerator_network_profile", "none")
 
@@ -181,6 +194,7 @@ class RunSpec:
     gke: GkeSpec = field(default_factory=GkeSpec)
     maxtext: MaxTextSpec = field(default_factory=MaxTextSpec)
     gate: GateSpec = field(default_factory=GateSpec)
+    run: RunLimitsSpec = field(default_factory=RunLimitsSpec)
 
     # ---- derived facts (one place each) ----
     @property
@@ -228,4 +242,5 @@ SECTIONS: dict[str, type] = {
     "gke": GkeSpec,
     "maxtext": MaxTextSpec,
     "gate": GateSpec,
+    "run": RunLimitsSpec,
 }

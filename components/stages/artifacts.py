@@ -10,7 +10,8 @@
   the version registered as a ``google.VertexModel`` (``components.definitions.VertexModel``: metadata
   ``resourceName`` the version's resource name, uri its REST URL, as google-cloud-pipeline-components' type of that
   name has them; on a registry outside Vertex AI, no ``resourceName`` and the checkpoint's uri);
-- teardown: ``Markdown`` of what it deleted.
+- teardown: ``Markdown`` of what it deleted; the run's goodput ledger as ``Metrics`` (goodput, billed chip-seconds,
+  cost, each category's chip-seconds) and its timeline as ``HTML`` (``components.stages.timeline``).
 
 Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
 store; nothing here imports kfp.
@@ -22,7 +23,7 @@ import json
 from typing import Any
 
 from components.platforms.store import RunStore, read_json
-from components.stages import report
+from components.stages import report, timeline
 
 
 def _record(store: RunStore, stage: str) -> dict[str, Any]:
@@ -47,6 +48,7 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
         "preset": spec["name"],
         "history": result.get("history") or [],
         "train_losses": losses,
+        "steps": result.get("steps") or [],
     }
     if losses:
         with open(loss_curve.path, "w") as out:
@@ -164,6 +166,21 @@ def vertex_model(artifact, result: dict[str, Any]) -> None:
         artifact.metadata["resourceName"] = resource
     else:
         artifact.uri = result.get("artifact_uri") or artifact.uri
+
+
+def run_ledger(store: RunStore, metrics, timeline_html) -> None:
+    """The whole run's account, from its summary (written as teardown ends): goodput, billed chip-seconds and cost
+    with each category's chip-seconds as ``Metrics``, and the timeline page as ``HTML``."""
+    summary = read_json(store, "summary.json") or {}
+    g = summary.get("goodput") or {}
+    figures = {"goodput": g.get("goodput"), "billed_chip_s": g.get("billed_chip_s"), "usd": g.get("usd")}
+    figures |= {f"chip_s: {c['name']}": c["chip_s"] for c in g.get("categories") or []}
+    for key, value in figures.items():
+        if value is not None:
+            metrics.log_metric(key, value)
+    if summary:
+        with open(timeline_html.path, "w") as out:
+            out.write(timeline.page(summary))
 
 
 def teardown(store: RunStore, deleted_md) -> None:

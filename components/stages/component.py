@@ -53,5 +53,6 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
         artifacts.register(ctx.store, args["metrics"], args["gate"], args["registered"])
     elif stage == "teardown":
         artifacts.teardown(ctx.store, args["deleted"])
+        artifacts.run_ledger(ctx.store, args["goodput"], args["timeline"])
     field = OUTPUT_FIELD.get(stage)
     return json.loads(result)[field] if field else result

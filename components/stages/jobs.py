@@ -1,11 +1,13 @@
 """The Ray jobs of a run: submitted (or re-attached to) through the Ray Jobs API, followed to a terminal state
 with their log streamed (the Jobs API's log tailing; read whole every ``POLL_S`` where a proxy passes no WebSocket)
-to ours and to ``<run dir>/logs/<kind>.log``, stopped on an interrupt (SIGINT, SIGTERM) or
-past their deadline. Results come back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
+to ours and to ``<run dir>/logs/<kind>.log``, stopped on an interrupt (SIGINT, SIGTERM), past their deadline, or
+once the run crosses its budget or its deadline (``run.max_cost_usd``, ``run.deadline_h``: ``watch``). Results come
+back as ``TPUPIPE`` records in the log (``components.spec.protocol``)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,18 +15,25 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, signal_name
-from components.platforms.store import write_text
+from components.platforms.store import read_json, write_text
 from components.spec import InfraError, names, protocol
+from components.workload import budget
 from components.workload.derive import JOB_RUNTIME_ENV
 
 POLL_S = 1.0
 LOG_SAVE_S = 15.0
 TAIL_LINES = 25
 STOP_WAIT_S = 20.0  # an interrupt stops the job, then waits this long for Ray to say it ended
+FIRST_STAGES = ("provision", "build_image")  # the pipeline's first tasks, side by side (pipelines/pipeline.py)
 
 
 class JobFailed(InfraError):
     """A Ray job of the run ended FAILED or STOPPED; the message carries the job's own error."""
+
+
+class LimitCrossed(JobFailed):
+    """The run crossed its budget or its deadline while a job ran: the job was stopped. The message begins
+    ``stopped: budget`` or ``stopped: deadline`` and gives the figures."""
 
 
 def log(message: str) -> None:
@@ -150,33 +159,52 @@ def _poll(
     on_record: Callable[[str, dict], None] | None,
     deadline: float,
     sleep: Callable[[float], None] = time.sleep,
+    watched: budget.Watch | None = None,
 ) -> None:
-    """Follow the job by reading its whole log every ``POLL_S`` until it ends. Raises TimeoutError past ``deadline``."""
+    """Follow the job by reading its whole log every ``POLL_S`` until it ends. Raises TimeoutError past ``deadline``,
+    or once the run crossed one of the limits ``watched``."""
     while True:
         status = client.get_job_status(submission_id)
         text = client.get_job_logs(submission_id)
         _take(text[len(state.text) :], kind, state, ctx, on_record)
         if status.is_terminal():
             return
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (watched is not None and watched.crossed(time.time())):
             raise TimeoutError
         sleep(POLL_S)
+
+
+def watch(ctx: RunContext) -> budget.Watch:
+    """The run's budget and deadline as its platform holds it to them (``Platform.limits``), and the instants they
+    count from, read from the stages' records: provision's end (the chips bill from there; the convention of
+    ``report.before_training``) and the start of the run's first stage."""
+    records = {stage: read_json(ctx.store, f"stages/{stage}.json") or {} for stage in FIRST_STAGES}
+    provision = records["provision"]
+    billing = provision["started"] + provision["seconds"] if provision.get("status") == "succeeded" else None
+    started = min((r["started"] for r in records.values() if r.get("started") is not None), default=None)
+    return budget.Watch(get_platform(ctx.platform).limits(ctx), billing, started)
+
+
+def _stop(client, submission_id: str, kind: str, why: str, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop the run's ``kind`` job and wait (briefly) until Ray says it ended: what an interrupt and a crossed limit
+    do."""
+    log(f"{kind}: {why}: stopping job {submission_id}")
+    try:
+        client.stop_job(submission_id)
+    except Exception:  # noqa: BLE001 - not submitted yet, or already gone: nothing runs
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not client.get_job_status(submission_id).is_terminal():
+        time.sleep(0.5)
+    status = client.get_job_status(submission_id)
+    log(f"{kind}: job {submission_id} {getattr(status, 'value', status)}")
 
 
 def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
     """What an interrupt does to the run's ``kind`` job: stop it and wait (briefly) until Ray says it ended."""
 
     def stop(signum: int) -> None:
-        log(f"{kind}: {signal_name(signum)}: stopping job {submission_id}")
-        try:
-            client.stop_job(submission_id)
-        except Exception:  # noqa: BLE001 - not submitted yet, or already gone: nothing runs
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not client.get_job_status(submission_id).is_terminal():
-            time.sleep(0.5)
-        status = client.get_job_status(submission_id)
-        log(f"{kind}: job {submission_id} {getattr(status, 'value', status)}")
+        _stop(client, submission_id, kind, signal_name(signum), wait_s)
 
     return stop
 
@@ -191,23 +219,34 @@ def run_job(
 ) -> dict[str, Any]:
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
     ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline, which also bounds
-    the platform's retries of transient errors. ``sleep``: the wait between two reads of the log (injected in tests)."""
+    the platform's retries of transient errors, and so does the run's crossing its budget or its deadline (``watch``:
+    :class:`LimitCrossed`). ``sleep``: the wait between two reads of the log (injected in tests)."""
     from ray.job_submission import JobStatus
 
     deadline = time.monotonic() + timeout_s
     client = get_platform(ctx.platform).job_client(ctx, deadline)
     submission_id = names.job_submission_id(ctx.run_id, kind)
     state = _Follow()
+    watched = watch(ctx)
+    for line in watched.lines(time.time()):
+        log(f"{kind}: {line}")
     try:
         with on_interrupt(_stopper(client, submission_id, kind), log=log):
             submit_or_attach(client, ctx, kind, entrypoint, state)
             try:
                 try:
-                    _stream(client, submission_id, kind, state, ctx, on_record, deadline - time.monotonic())
+                    # The stream is followed until the job ends, its deadline, or the instant the run crosses a limit.
+                    stop_at = watched.stop_at()
+                    until = min(deadline - time.monotonic(), math.inf if stop_at is None else stop_at - time.time())
+                    _stream(client, submission_id, kind, state, ctx, on_record, until)
                 except _NoStream as exc:
                     log(f"{kind}: cannot stream the job's log ({exc}); reading it every {POLL_S:.0f}s")
-                    _poll(client, submission_id, kind, state, ctx, on_record, deadline, sleep)
+                    _poll(client, submission_id, kind, state, ctx, on_record, deadline, sleep, watched)
             except TimeoutError:
+                crossed = watched.crossed(time.time(), slack_s=1.0)  # a timer may wake a moment early
+                if crossed:
+                    _stop(client, submission_id, kind, crossed.removeprefix("stopped: "))
+                    raise LimitCrossed(crossed) from None
                 client.stop_job(submission_id)
                 raise JobFailed(
                     f"{kind}: job {submission_id} ran past its deadline of {timeout_s:.0f}s; stopped"
@@ -216,6 +255,9 @@ def run_job(
         _take("", kind, state, ctx, on_record, final=True)
         _save_log(ctx, kind, state, force=True)
     info = client.get_job_info(submission_id)
+    crossed = watched.crossed(time.time()) if info.status == JobStatus.STOPPED else None
+    if crossed:  # stopped as the run crossed a limit, by an attempt before this one (a retried task re-attached)
+        raise LimitCrossed(crossed)
     if info.status != JobStatus.SUCCEEDED:
         tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])
         raise JobFailed(

@@ -9,15 +9,20 @@ from typing import Any
 
 from components.platforms import RunContext, interrupts
 from components.platforms.store import read_json, write_text
-from components.stages import STAGES
+from components.stages import STAGES, goodput, timeline
 from components.stages import gate as gate_rules
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
-    stages, results = [], {}
+    stages, results, records = [], {}, {}
     for name in STAGES:
-        rec = read_json(ctx.store, f"stages/{name}.json") or {"status": "skipped"}
-        entry = {"name": name, "status": rec.get("status", "unknown"), "seconds": rec.get("seconds")}
+        rec = records[name] = read_json(ctx.store, f"stages/{name}.json") or {"status": "skipped"}
+        entry = {
+            "name": name,
+            "status": rec.get("status", "unknown"),
+            "started": rec.get("started"),
+            "seconds": rec.get("seconds"),
+        }
         if rec.get("error"):
             entry["error"] = rec["error"]
         if rec.get("signal"):
@@ -41,6 +46,9 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "stages": stages,
         "train_losses": train.get("losses", []),
         "history": train.get("history", []),
+        "steps": train.get("steps", []),
+        "train_timeline": train.get("timeline"),
+        "goodput": goodput.ledger(records, *billing(ctx)),
         "tokens_per_s": train.get("tokens_per_s"),
         "train_seconds": next(s["seconds"] for s in stages if s["name"] == "train"),
         "restarts": train.get("restarts", 0),
@@ -58,6 +66,25 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "deleted": results["teardown"].get("deleted", []),
         "spec": ctx.spec.to_dict(),
     }
+
+
+def billing(ctx: RunContext) -> tuple[int, float | None, str]:
+    """(chips, the hourly price of all the run's resources, what the chips are) for the goodput ledger: the slice's
+    TPU chips (a CPU cluster's hosts) at the plan's list prices, None when its table lacks one; on the local
+    platform the same count, emulated, at zero."""
+    from components.workload import derive as d
+
+    tpu = d.is_tpu(ctx.spec)
+    chips = d.slice_shape(ctx.spec).num_chips * ctx.spec.cluster.num_slices if tpu else ctx.spec.total_hosts
+    kind = "TPU chip" if tpu else "host"
+    if ctx.platform == "local":
+        return chips, 0.0, f"emulated {kind}"
+    from components.platforms.gke import plan
+
+    try:
+        return chips, plan.build(ctx.spec, ctx.run_id)["cost"]["usd_per_hour"], kind
+    except Exception:  # noqa: BLE001 - a price the summary cannot know is shown as unknown, never fails the report
+        return chips, None, kind
 
 
 SLICE_CHECK_FIGURES = (
@@ -162,9 +189,10 @@ def write(ctx: RunContext) -> dict[str, Any]:
         link.unlink(missing_ok=True)
         link.symlink_to(checkpoint.relative_to(run_dir))
         summary["final_checkpoint"] = str(link)
+    summary["plots"] = {"timeline": write_text(ctx.store, "timeline.html", timeline.page(summary), "text/html")}
     if summary["train_losses"]:
         png = loss_png(summary)
-        summary["plots"] = {
+        summary["plots"] |= {
             "png": ctx.store.write_bytes("loss.png", png, "image/png"),
             "html": write_text(ctx.store, "loss.html", loss_html(summary, png), "text/html"),
         }
@@ -181,11 +209,18 @@ def loss_png(summary: dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    unit = _unit(summary["history"])
-    xs = [row[unit] for row in summary["history"]]
+    steps = [s for s in summary.get("steps") or [] if s.get("loss") is not None]
+    unit = "step" if steps else _unit(summary["history"])
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
-    ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
+    if steps:  # one point per step; where a worker group took over after a restart, a line
+        xs = [s["step"] for s in steps]
+        ax.plot(xs, [s["loss"] for s in steps], marker="o" if len(xs) < 30 else None, label="train loss")
+        for n, s in enumerate(r for r, prev in zip(steps[1:], steps, strict=False) if r["group"] != prev["group"]):
+            ax.axvline(s["step"] - 0.5, color="red", linestyle="-.", label="restart" if n == 0 else None)
+    else:
+        xs = [row[unit] for row in summary["history"]]
+        label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
+        ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
     for key, style, text in (
         ("eval_loss_before", ":", "held-out, untrained"),
         ("eval_loss_after", "--", "held-out, trained"),
@@ -324,7 +359,8 @@ def format_table(summary: dict[str, Any]) -> str:
             lines.append(f"  not held out: {summary['eval_not_held_out']}")
     if summary.get("tokens_per_s") and not any("tokens_per_s" in row for row in summary["history"]):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
-    lines += gate_lines(summary)
+    lines += gate_lines(summary) or [""]
+    lines += [text for text in [goodput.line(summary.get("goodput"))] if text]
     if summary["status"] != "succeeded":
         deleted = summary.get("deleted") or []
         lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")

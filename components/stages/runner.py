@@ -24,7 +24,7 @@ from components.platforms import RunContext, get_platform, heartbeat, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
-from components.stages import STAGES, gate, vertex_task
+from components.stages import STAGES, gate, goodput, vertex_task
 from components.stages.jobs import JobFailed, log, run_job
 from components.stages.registration import promote, register
 from components.workload import resolve
@@ -125,6 +125,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
 
     shown: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
+    durations: list[float] = []
 
     def progress(kind: str, p: dict) -> None:
         unit, index = ("step", p["step"] + 1) if "step" in p else ("epoch", p.get("epoch"))
@@ -132,7 +133,12 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
             return
         shown.add((unit, index, p["loss"]))
         seconds = p.get("epoch_s", p.get("step_s", 0.0))
-        log(f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)")
+        durations.append(seconds)
+        eta = (total - index) * sum(durations[-5:]) / len(durations[-5:])  # the last few: not the first's compile
+        log(
+            f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)"
+            + (f"  about {eta:.0f}s to go" if index < total else "")
+        )
 
     job = run_job(
         ctx, "train", entrypoint(ctx, "train", init_from=start["path"] if start else ""), t.timeout_s, progress
@@ -140,6 +146,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
     data = next((p for p in reversed(events) if p.get("event") == "data"), {})
+    timeline = goodput.timeline(job["records"])
     return {
         "job": job["submission_id"],
         "init_from": start,
@@ -151,6 +158,8 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),
         "history": rows,
         "losses": [r["loss"] for r in rows],
+        "steps": goodput.step_records(job["records"], timeline),
+        "timeline": timeline,
         "tokens_per_s": rows[-1]["tokens_per_s"] if rows else None,
         "device": job["result"]["device"],
         "backend": job["result"]["backend"],

@@ -98,6 +98,10 @@ def test_teardown_without_a_cluster_succeeds_and_writes_a_summary(tmp_path):
     assert summary["status"] == "failed"  # nothing else ran
     assert [s["name"] for s in summary["stages"]][-1] == "teardown"
     assert summary["stages"][-1]["status"] == "succeeded"
+    # The run's account as teardown's artifacts: no stage before it billed a chip, so no goodput figure, and a
+    # timeline page of its one lane.
+    assert summary["goodput"]["billed_chip_s"] == 0 and summary["goodput"]["goodput"] is None
+    assert "<svg" in open(task.outputs["timeline"].path).read()
 
 
 def test_run_id_defaults_to_the_pipeline_job_name(tmp_path):

@@ -21,7 +21,15 @@ import pytest
 from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
 from components.stages import STAGES
-from tests.helpers import REPO, assert_nothing_left, tpupipe_cmd, tpupipe_run, unique_run_id
+from tests.helpers import (
+    REPO,
+    assert_goodput_accounts,
+    assert_nothing_left,
+    tpupipe_cmd,
+    tpupipe_run,
+    trainer_steps,
+    unique_run_id,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -93,6 +101,32 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
     assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
     assert "train: succeeded (" in proc.stdout and "train: epoch 3/3" in proc.stdout
+
+
+def test_the_run_accounts_for_every_chip_second_and_every_step(runs):
+    """The goodput ledger sums to the run's wall time and its billed chip-seconds; the summary has one record per
+    step of the trainer's log (the loss plot's points); the timeline page is self-contained; `tpupipe show` prints
+    the summary again, goodput included."""
+    run_dir, proc = runs["gate-1"]["run_dir"], runs["gate-1"]["proc"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    categories = assert_goodput_accounts(summary)
+    assert summary["goodput"]["usd"] == 0.0 and summary["goodput"]["chip_kind"] == "emulated host"
+    assert categories["lost to failures"]["seconds"] == 0 and categories["checkpoint saves"]["seconds"] > 0
+    assert "  goodput              " in proc.stdout and "host-minutes billed ($0.00); most to " in proc.stdout
+    steps = trainer_steps((run_dir / "logs" / "train.log").read_text())
+    assert steps == list(range(1, 49))  # 512 examples / (16 x 2 workers) = 16 steps an epoch, 3 epochs
+    assert [s["step"] for s in summary["steps"]] == steps and all(s["loss"] > 0 for s in summary["steps"])
+    page = (run_dir / "timeline.html").read_text()
+    assert "<svg" in page and "train" in page and "Goodput" in page
+    assert "http" not in page.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
+    shown = subprocess.run(
+        [*tpupipe_cmd(), "show", str(run_dir)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert shown.splitlines()[0].startswith(f"tpupipe run {summary['run_id']}") and "  goodput  " in shown
+    # What the Ray processes logged, kept from the session directories teardown deleted (each file's tail, bounded).
+    kept = run_dir / "logs" / "ray"
+    assert (kept / "head" / "gcs_server.out").is_file() and list(kept.glob("host*/raylet.out"))
+    assert all(f.stat().st_size <= 129 * 1024 for f in kept.rglob("*"))
 
 
 def test_slice_check_runs_before_training_with_its_figures_in_the_summary(runs):

@@ -10,7 +10,7 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.spec import protocol
-from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
+from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until
 
 pytestmark = pytest.mark.e2e
 # The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.
@@ -87,6 +87,12 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert losses[-1] < 0.5 * losses[0]
     assert all(row["tflops_per_s_per_device"] >= 0 and row["tokens_per_s_per_device"] > 0 for row in summary["history"])
     assert summary["eval_loss_after"] < summary["eval_loss_before"]
+    # The goodput ledger: the steps the first worker group ran after its checkpoint, and the restart, lost to
+    # failures; MaxText's saves counted; one step record per step, the second group's from the restored step on.
+    categories = assert_goodput_accounts(summary)
+    assert categories["lost to failures"]["seconds"] > 0 and categories["checkpoint saves"]["seconds"] > 0
+    assert [s["step"] for s in summary["steps"]] == list(range(LOST_HOST_STEPS))
+    assert all(s["group"] >= 1 for s in summary["steps"] if s["step"] > restart["restore_step"])
     check = summary["slice_check"]  # a psum over the 4 devices of both hosts, and the sharded block's parity
     assert check["ok"] and check["backend"] == "jax" and check["device"] == "cpu"
     assert (check["num_ranks"], check["num_hosts"], check["num_devices"], check["ranks_verified"]) == (2, 2, 4, 2)

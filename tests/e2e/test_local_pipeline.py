@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from components.platforms.local.processes import run_processes
-from tests.helpers import assert_nothing_left, tpupipe_cmd, tpupipe_run, unique_run_id
+from tests.helpers import assert_goodput_accounts, assert_nothing_left, tpupipe_cmd, tpupipe_run, unique_run_id
 
 
 @pytest.mark.e2e
@@ -106,6 +106,14 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
     assert summary["status"] == "failed"
+    # The goodput ledger: steps 9 and 10 ran twice (the first worker group's runs of them, and the restart up to the
+    # second group's first step, are lost to failures); one record per step kept, the second group's from step 9.
+    categories = assert_goodput_accounts(summary)
+    assert categories["lost to failures"]["seconds"] > 0 and categories["evaluation"]["seconds"] > 0
+    ran = [s["step"] for s in summary["train_timeline"]["steps"]]
+    assert ran[:8] == list(range(1, 9)) and ran[-16:] == list(range(9, 25)) and 9 in ran[8:-16]
+    assert len(summary["train_timeline"]["groups"]) == 2
+    assert [(s["step"], s["group"]) for s in summary["steps"]] == [(n, int(n >= 9)) for n in range(1, 25)]
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["train"]["status"] == "succeeded" and stages["evaluate"]["status"] == "failed"
     assert "(train.fail_eval)" in stages["evaluate"]["error"]

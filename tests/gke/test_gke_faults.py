@@ -159,6 +159,21 @@ def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(
         assert error in stages[fault.stage]["error"], stages[fault.stage]["error"]
         assert f"{fault.stage} failed: " in proc.stdout and "status: failed" in proc.stdout
         assert stages["teardown"]["status"] == "succeeded"
+        # After teardown, the run's store still has what failed: `tpupipe logs` prints the stage's error (and, for a
+        # job's stage, the job's whole log, the trainer's own exception in it).
+        logs = subprocess.run(
+            [*tpupipe_cmd(), "logs", fault.run_id, "--output-root", str(root), "--stage", fault.stage],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert logs.returncode == 0 and f"== {fault.stage}: failed" in logs.stdout and error in logs.stdout, logs
+        if fault.stage == "train":
+            assert "InjectedFailure" in logs.stdout.split(f"== {fault.stage}: failed")[0]  # in the job's log
+            # The pods' statuses and the RayCluster's, as the API server gave them before teardown deleted them.
+            kept = json.loads((root / fault.run_id / "logs" / "kubernetes.json").read_text())
+            assert kept["pods"] and all(p["phase"] for p in kept["pods"]), kept
+            assert kept["raycluster"], kept
         _nothing_left(project, fault.run_id)
         fault.after(project, out)
     finally:

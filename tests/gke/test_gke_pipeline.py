@@ -18,7 +18,7 @@ import pytest
 from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
 from tests.emulators.project import PROJECT, start_project
-from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
+from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until
 from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
@@ -108,6 +108,15 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     assert (check["device"], check["backend"], check["all_reduce"]) == ("cpu", "gloo", check["expected_all_reduce"])
     # The chips billed before the first training step, measured: from provision's end to the trainer's first step.
     assert summary["before_training"]["chips"] == 1 and summary["before_training"]["minutes"] > 0
+    # The goodput ledger accounts for every second and billed chip-second; flex-start has no list price, so the cost
+    # is unknown, not zero.
+    categories = assert_goodput_accounts(summary)
+    assert (summary["goodput"]["chips"], summary["goodput"]["chip_kind"], summary["goodput"]["usd"]) == (
+        1,
+        "TPU chip",
+        None,
+    )
+    assert categories["cluster start"]["chip_s"] > 0 and "TPU chip-minutes billed (price unknown)" in proc.stdout
     built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
     assert built["built"] and built["digest"].startswith("sha256:")
     assert built["image"] == f"us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:{run_id}"
@@ -188,3 +197,30 @@ def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tm
     assert "status: interrupted during train (SIGINT)" in out
     assert project.leftovers(run_id) == {}
     assert driver_processes(term.pid) == []
+
+
+def test_a_run_that_crosses_its_budget_during_train_is_stopped_and_torn_down(tmp_path, project):
+    """A budget preflight accepts (cluster.expected_hours=0.001: the plan expects $0.0032 at the smoke preset's
+    $3.19/h, within $0.01) that the run crosses 11 s after provision ended: the train job, the run's first (the slice
+    check off), is stopped through the API server's proxy as an interrupt stops it, the stage fails with the figures,
+    teardown runs as after any failure, nothing is left and the run exits 1."""
+    root, run_id = tmp_path / "runs", unique_run_id("gke-budget")
+    extra = " train.epochs=50 cluster.slice_check=false cluster.expected_hours=0.001 run.max_cost_usd=0.01"
+    proc = subprocess.run(
+        _command(root, run_id, extra), env=_env(project), capture_output=True, text=True, timeout=1500
+    )
+    assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads((root / run_id / "summary.json").read_text())
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert summary["status"] == "failed" and stages["train"]["status"] == "failed", stages["train"]
+    error = stages["train"]["error"]
+    assert error.startswith("stopped: budget: $"), error
+    assert "of the $0.01 budget (run.max_cost_usd)" in error, error
+    assert "since provision ended at $3.19/h (list prices)" in error, error
+    assert "train failed: stopped: budget: $" in proc.stdout
+    stops = [p for m, p, _ in project.kube.requests if m == "POST" and p.endswith(f"/api/jobs/{run_id}-train/stop")]
+    assert stops, "the train job was not stopped through the proxy"
+    assert stages["teardown"]["status"] == "succeeded", stages["teardown"]
+    assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
+    assert project.leftovers(run_id) == {}
+    _wait_gone(run_id)

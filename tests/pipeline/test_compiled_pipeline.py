@@ -226,7 +226,11 @@ def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
         "gate": "system.Markdown",
         "registered": "google.VertexModel",
     }
-    assert artifacts("comp-teardown") == {"deleted": "system.Markdown"}
+    assert artifacts("comp-teardown") == {
+        "deleted": "system.Markdown",
+        "goodput": "system.Metrics",
+        "timeline": "system.HTML",
+    }
 
 
 @pytest.mark.parametrize("pipeline", ["tpupipe", "janitor"])

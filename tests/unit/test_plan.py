@@ -241,6 +241,7 @@ def test_json_shape(capsys):
         "readiness",
         "training",
         "cost",
+        "limits",
         "before_training",
         "warnings",
         "spec",

@@ -167,6 +167,7 @@ def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_r
     # Component tasks only: provision, teardown, and build_image, which runs beside provision (it may have ended either
     # way by the time provision failed); never the root or "run".
     assert {"provision", "teardown"} <= set(stages) <= {"provision", "build-image", "teardown"}, shown.stdout
+    assert "  goodput              0.0" in shown.stdout  # teardown's Metrics: no training step, no goodput
 
 
 @pytest.mark.e2e  # runs a Vertex AI job, each task its own process

@@ -161,6 +161,18 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert provenance["trainer_image"].endswith(f"/torch:{ok}") and provenance["trainer_image_digest"]
     assert provenance["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert teardown["deleted"]["artifacts"][0]["schemaTitle"] == "system.Markdown"
+    # The whole run's account, from teardown's task: goodput as Metrics, the timeline as a self-contained page.
+    goodput = teardown["goodput"]["artifacts"][0]
+    assert goodput["schemaTitle"] == "system.Metrics"
+    assert (
+        goodput["metadata"]["goodput"] == pytest.approx(summary["goodput"]["goodput"])
+        and 0 < summary["goodput"]["goodput"] < 1
+    )
+    assert goodput["metadata"]["usd"] == pytest.approx(summary["goodput"]["usd"]) and summary["goodput"]["usd"] > 0
+    assert goodput["metadata"]["chip_s: productive steps"] > 0
+    page = _artifact_text(project, teardown["timeline"]["artifacts"][0])
+    assert teardown["timeline"]["artifacts"][0]["schemaTitle"] == "system.HTML" and "<svg" in page
+    assert "http" not in page.replace("http://www.w3.org/2000/svg", "") and "class='restart'" not in page
     _nothing_left(project, ok)
 
     # The gate, in Vertex AI Model Registry (the emulated ModelService, reached by every task through
@@ -196,8 +208,10 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # held-out figures, the champion measured again in its own evaluation job on the same examples. (A later version
     # promoted over a champion is the local gate's second run, tests/e2e/test_local_gate.py; Vertex AI's default alias
     # following it, tests/unit/test_registry.py.)
-    keep = "train.epochs=1 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
-    keep += " gate.min_improvement=0.01"
+    # Its trainer also fails once at step 40, in its second epoch (32 steps each), and resumes from the first's
+    # checkpoint: the restart its timeline marks.
+    keep = "train.epochs=2 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
+    keep += " gate.min_improvement=0.01 train.fail_at_step=40 train.max_failures=1"
     second = project.vertex.wait(_submit(project, tmp_path, keep_id, keep), timeout_s=1500)
     tasks = _tasks(second)
     assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
@@ -226,6 +240,11 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert f"kept champion {MODEL}@1" in table and gate["reason"] in table
     promote = next(s for s in summary["stages"] if s["name"] == "promote")
     assert promote["status"] == "skipped" and promote["reason"] == gate["reason"] and summary["status"] == "succeeded"
+    # The restart: its repeated steps and the new worker group lost to failures, marked on the timeline.
+    lost = next(c for c in summary["goodput"]["categories"] if c["name"] == "lost to failures")
+    assert lost["chip_s"] > 0 and len(summary["train_timeline"]["groups"]) == 2
+    page = _artifact_text(project, tasks["teardown"]["outputs"]["timeline"]["artifacts"][0])
+    assert page.count("class='restart'") == 1 and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     # Vertex AI's default version follows the champion: a deployment of the model serves version 1.
     assert project.models.aliases(f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}")["default"] == "1"
     _nothing_left(project, keep_id)

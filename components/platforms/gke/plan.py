@@ -22,6 +22,7 @@ from components.platforms.gke.compute_resources import check_ranges
 from components.platforms.gke.target import Target, target
 from components.spec import RunSpec, SpecError, names, ready_limits
 from components.tpu import catalogue, pricing
+from components.workload import budget
 from components.workload import derive as d
 
 PLAN_VERSION = 1
@@ -80,6 +81,17 @@ def _cost(spec: RunSpec, listed: list[records.Resource], table: Mapping[str, Map
     return pricing.summarize(lines, spec.cluster.expected_hours, table)
 
 
+def cost(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan's cost (``_cost``) alone, from ``prices`` (default: the table)."""
+    return _cost(spec, resources(spec, run_id), prices if prices is not None else pricing.load())
+
+
+def limits(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> budget.Limits:
+    """The budget and deadline the run is held to on gke: the spec's, else the defaults derived from the plan's cost
+    (``components.workload.budget``)."""
+    return budget.limits(spec, cost(spec, run_id, prices))
+
+
 def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
     shape, c = d.slice_shape(spec), spec.cluster
     warnings = []
@@ -108,6 +120,11 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
         )
     if d.is_elastic(spec):
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
+    problem, unchecked = budget.plan_check(budget.limits(spec, cost), cost)
+    if problem:
+        warnings.append(f"run.max_cost_usd: {problem}; preflight refuses the run")
+    if unchecked:
+        warnings.append(unchecked)
     if cost["missing_prices"]:
         warnings.append(
             "no price in the table for "
@@ -163,7 +180,7 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
     """The plan of ``spec`` under ``run_id`` (names derive from it) priced from ``prices`` (default table)."""
     listed = resources(spec, run_id)
     t = target(spec, run_id)
-    cost = _cost(spec, listed, prices if prices is not None else pricing.load())
+    priced = _cost(spec, listed, prices if prices is not None else pricing.load())
     return {
         "plan_version": PLAN_VERSION,
         "run_id": t.run_id,
@@ -183,9 +200,10 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         "resources": [res.to_dict() for res in listed],
         "readiness": asdict(ready_limits(spec)),
         "training": _training(spec, t),
-        "cost": cost,
-        "before_training": _before_training(spec, cost),
-        "warnings": _warnings(spec, t, cost),
+        "cost": priced,
+        "limits": asdict(budget.limits(spec, priced)),
+        "before_training": _before_training(spec, priced),
+        "warnings": _warnings(spec, t, priced),
         "spec": spec.to_dict(),
     }
 
@@ -233,6 +251,8 @@ def render_text(plan: dict[str, Any]) -> str:
         *_render_training(plan["training"]),
         "",
         *_render_cost(plan["cost"], plan["before_training"]),
+        "",
+        *_render_limits(plan["limits"]),
     ]
     if plan["warnings"]:
         out += ["", "warnings"] + [f"  - {w}" for w in plan["warnings"]]
@@ -303,3 +323,13 @@ def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
     for key, src in cost["sources"].items():
         out.append(f"  price {key}: {src['source']} ({src['date']})")
     return out
+
+
+def _render_limits(lim: dict[str, Any]) -> list[str]:
+    """The budget and deadline the run is held to, and what set each (``components.workload.budget``)."""
+    cost, deadline = budget.describe(lim)
+    return [
+        "limits (past one, the running job is stopped, its stage fails and teardown runs)",
+        f"  budget     {cost}",
+        f"  deadline   {deadline}",
+    ]

@@ -40,6 +40,7 @@ from components.platforms.gke.control_plane import control_plane
 from components.platforms.gke.session import Session
 from components.platforms.gke.target import MOUNT_PATH, Target, target
 from components.spec import InfraError, SpecError, names
+from components.workload import budget
 from components.workload import derive as d
 
 
@@ -211,6 +212,13 @@ class GkePlatform(Platform):
         """Vertex AI Model Registry of the run's project, in the region of its zone."""
         t = self._target(ctx)
         return {"project": t.project, "region": t.region}
+
+    def limits(self, ctx: RunContext) -> budget.Limits:
+        """The spec's budget and deadline, else the defaults derived from the plan's cost, which is also the hourly
+        price spending is counted at (``plan.limits``)."""
+        from components.platforms.gke import plan
+
+        return plan.limits(ctx.spec, ctx.run_id)
 
     def hosts_lost(self, ctx: RunContext) -> int | None:
         return None  # a lost TPU host shows as a restart of Ray Train's worker group (restarts)

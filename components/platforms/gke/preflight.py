@@ -17,6 +17,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
   nodes or Cloud Build (``gke.build_service_account``) run as a default account or as one that holds a basic role
   (Owner, Editor) on the project;
+- the run's budget (``run.max_cost_usd``, else the default derived from the plan) holds the plan's expected cost
+  (``components.workload.budget``); a price the table lacks leaves it unchecked, which is a warning naming the price;
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
   the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
   lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
@@ -50,6 +52,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
         creds = credentials()
     report = Report()
+    _limits(spec, run_id, report)
     steps = (
         _apis,
         _permissions,
@@ -83,6 +86,23 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     if report.problems:
         raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
+
+
+def _limits(spec: RunSpec, run_id: str, report: Report) -> None:
+    """The plan's expected cost against the run's budget (``components.workload.budget``), no call made: over it, a
+    problem; a price unknown, a warning naming it (the budget cannot be checked)."""
+    from components.platforms.gke import plan
+    from components.workload import budget
+
+    cost = plan.cost(spec, run_id)
+    lim = budget.limits(spec, cost)
+    problem, unchecked = budget.plan_check(lim, cost)
+    if problem:
+        report.problems.append(Problem("run.max_cost_usd", problem))
+    if unchecked:
+        report.warnings.append(unchecked)
+    spend, deadline = budget.describe(lim)
+    report.checked.append(f"budget {spend}; deadline {deadline}")
 
 
 def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:

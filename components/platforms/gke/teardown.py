@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, postmortem
 from components.platforms import ledger as ledgers
 from components.platforms.gke import ownership, paths, plan
 from components.platforms.gke.clients import Clients, load_ledger, run_cluster
@@ -85,7 +85,14 @@ def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]
     if cluster is None or not control_plane(cluster).host:
         return []
     kube, _, _ = clients.kube(ctx)
-    return kube.delete_labelled(f"{names.RUN_LABEL}={ctx.run_id}") if kube is not None else []
+    if kube is None:
+        return []
+    selector = f"{names.RUN_LABEL}={ctx.run_id}"
+    try:  # what the pods knew, kept before they go (components/platforms/postmortem.py)
+        postmortem.kubernetes(ctx.store, kube, selector, names.raycluster(ctx.run_id))
+    except Exception as exc:  # noqa: BLE001 - a post-mortem never stops the teardown itself
+        print(f"teardown: could not keep the pods' statuses and events: {exc}", flush=True)
+    return kube.delete_labelled(selector)
 
 
 def _delete_cluster_or_pools(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.platforms import Platform, RunContext, interrupts, procs
+from components.platforms import Platform, RunContext, interrupts, postmortem, procs
 from components.platforms import ledger as ledgers
 from components.platforms.local import auth, envs, keeper, processes
 from components.platforms.local.ports import LOOPBACK, allocate_ports, bound
@@ -31,11 +31,10 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.derive import trainer_image
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
-# What a local run needs free on the disk that holds its temporary directory (Ray's session logs, spilled objects up
-# to the object store's size, the datasets cache), asked for before anything starts. Ray's own rule is a fraction:
-# a node refuses to create objects once that disk is 95% used (local_fs_capacity_threshold,
-# https://github.com/ray-project/ray/blob/master/src/ray/common/ray_config_def.h), 12 GiB free on a 250 GiB disk
-# shared with others. The hosts turn that rule off instead (host_environment).
+# What a local run needs free where its temporary directory is (Ray's logs and spilled objects, the datasets cache),
+# asked for before anything starts, instead of Ray's rule: no new objects once the disk is 95% used (12 GiB free on a
+# shared 250 GiB disk; local_fs_capacity_threshold, https://github.com/ray-project/ray/blob/master/src/ray/common/
+# ray_config_def.h), which the hosts turn off (host_environment).
 MIN_FREE_BYTES = 1 << 30
 
 
@@ -380,6 +379,7 @@ class LocalPlatform(Platform):
         live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
         groups = [p["pgid"] for p in live]
         strays = processes.stop(ctx.run_id, groups)
+        postmortem.ray_session_logs(ctx.store, {d.name: d for d in Path(ledger["temp_dir"]).glob("*") if d.is_dir()})
         shutil.rmtree(ledger["temp_dir"], ignore_errors=True)
         busy = bound(ledger["ports"])
         self._note(ctx, processes_stopped=True)

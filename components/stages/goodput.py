@@ -1,0 +1,234 @@
+"""The goodput ledger of a run: every second of its wall-clock time, and every billed chip-second, in one named
+category; goodput = productive chip-seconds / billed chip-seconds, and the cost of each category at the plan's list
+prices.
+
+Measured from records the run already keeps: the stages' own (``stages/<stage>.json``: when each started, how long it
+took) and the trainer's per-step records (the train stage's ``timeline``: when each worker group started, when each
+step ended, when each checkpoint was saved and for how long), the same for FSDP and MaxText and on every platform.
+
+- The run's wall time runs from its first stage's start to its last stage's end. Where stages overlap (on Vertex AI
+  ``build_image`` and ``provision`` run side by side), an instant counts once, for the stage that holds the chips
+  longest (``PRIORITY``); an instant in no stage is "idle between stages" (the pipeline starting the next task).
+- The chips bill from the end of ``provision`` (its node pools exist) to the end of ``teardown`` (it deletes them),
+  the rule the plan's "before training" figure uses (``components.platforms.gke.plan``). Flex-start and Autopilot
+  nodes bill only once they come, so the figures are at most what was billed. The local platform's emulated chips
+  (one per host) are priced at zero; the categories are the same.
+- Inside ``train``: until the first step of the first worker group ends, "trainer start" (imports, building the
+  model, restoring, XLA's compile of the first step); a step that ends later is "productive" unless a later worker
+  group ran the same step again, then it is "lost to failures", as is the time from a worker group's last step to the
+  next group's first (the failure, the restart, the restore and compile); checkpoint saves are their own category;
+  after the last step, "trainer start" again (the last report, the driver's result, the job's end).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (category, what it is), in the order the summary lists them.
+CATEGORIES = (
+    ("image build", "build_image"),
+    ("provisioning", "provision"),
+    ("cluster start", "deploy_raycluster: the RayCluster's pods scheduled and ready"),
+    ("slice check", "check_slice"),
+    ("trainer start", "train until its first step: imports, model, restore, compile; and after its last step"),
+    ("productive steps", "training steps that were kept"),
+    ("checkpoint saves", "the trainer saving checkpoints"),
+    ("lost to failures", "steps repeated after a restart, and the restart itself"),
+    ("evaluation", "evaluate"),
+    ("registry", "register and promote"),
+    ("teardown", "teardown"),
+    ("idle between stages", "no stage running: the pipeline starting the next"),
+)
+STAGE_CATEGORY = {
+    "build_image": "image build",
+    "provision": "provisioning",
+    "deploy_raycluster": "cluster start",
+    "check_slice": "slice check",
+    "evaluate": "evaluation",
+    "register": "registry",
+    "promote": "registry",
+    "teardown": "teardown",
+}
+# An instant two stages share counts for the one listed first.
+PRIORITY = (
+    "productive steps",
+    "checkpoint saves",
+    "lost to failures",
+    "trainer start",
+    "slice check",
+    "evaluation",
+    "cluster start",
+    "provisioning",
+    "image build",
+    "registry",
+    "teardown",
+)
+TRAIN_PARTS = ("trainer start", "productive steps", "checkpoint saves", "lost to failures")
+
+
+def stage_span(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """(start, end) in epoch seconds of a stage that started and has its seconds recorded."""
+    if rec.get("started") is None or rec.get("seconds") is None:
+        return None
+    return rec["started"], rec["started"] + rec["seconds"]
+
+
+def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """The train stage's ``span`` cut into (start, end, category) by the trainer's ``timeline``:
+    ``groups`` (each worker group's start time), ``steps`` (``{step, time}``, every step each group ended, repeated
+    ones included) and ``checkpoints`` (``{time, seconds}``, each save's end and length)."""
+    start, end = span
+    groups = sorted(timeline.get("groups") or [])
+    steps = sorted((s for s in timeline.get("steps") or [] if start <= s["time"] <= end), key=lambda s: s["time"])
+    saves = sorted(timeline.get("checkpoints") or [], key=lambda c: c["time"])
+
+    def group_of(t: float) -> int:
+        return max([i for i, g in enumerate(groups) if g <= t], default=0)
+
+    last_run = {}  # step number -> the group that ran it last
+    for s in steps:
+        last_run[s["step"]] = max(last_run.get(s["step"], 0), group_of(s["time"]))
+    out: list[tuple[float, float, str]] = []
+
+    def add(a: float, b: float, category: str) -> None:
+        """[a, b] as ``category``, less the checkpoint saves that ended inside it."""
+        for c in saves:
+            if a < c["time"] <= b:
+                save_start = max(a, c["time"] - c.get("seconds", 0.0))
+                out.append((save_start, c["time"], "checkpoint saves"))
+                if save_start > a:
+                    out.append((a, save_start, category))
+                a = c["time"]
+        if b > a:
+            out.append((a, b, category))
+
+    previous, previous_group = start, None
+    for s in steps:
+        group = group_of(s["time"])
+        if previous_group is None:
+            category = "trainer start"
+        elif group != previous_group:
+            category = "lost to failures"
+        elif last_run[s["step"]] > group:
+            category = "lost to failures"
+        else:
+            category = "productive steps"
+        add(previous, s["time"], category)
+        previous, previous_group = s["time"], group
+    add(previous, end, "trainer start")
+    return out
+
+
+def _sweep(intervals: list[tuple[float, float, str]], lo: float, hi: float) -> dict[str, float]:
+    """Seconds of [lo, hi] per category, each instant counted once (``PRIORITY``), uncovered time as idle."""
+    rank = {c: i for i, c in enumerate(PRIORITY)}
+    cuts = sorted({lo, hi, *(t for a, b, _ in intervals for t in (a, b) if lo < t < hi)})
+    seconds: dict[str, float] = {name: 0.0 for name, _ in CATEGORIES}
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        covering = [c for s, e, c in intervals if s <= a and e >= b]
+        seconds[min(covering, key=rank.__getitem__) if covering else "idle between stages"] += b - a
+    return seconds
+
+
+def ledger(
+    records: dict[str, dict[str, Any]], chips: int, usd_per_hour: float | None, chip_kind: str = "TPU chip"
+) -> dict[str, Any] | None:
+    """The run's goodput ledger from its stage ``records`` (name -> record; train's result carries its ``timeline``)
+    for ``chips`` chips billed at ``usd_per_hour`` for all the run's resources (None: a price is unknown); None when
+    no stage has its times."""
+    spans = {name: stage_span(rec) for name, rec in records.items()}
+    spans = {name: span for name, span in spans.items() if span}
+    if not spans:
+        return None
+    wall_lo, wall_hi = min(a for a, _ in spans.values()), max(b for _, b in spans.values())
+    intervals = [(a, b, STAGE_CATEGORY[name]) for name, (a, b) in spans.items() if name in STAGE_CATEGORY]
+    if "train" in spans:
+        if records["train"].get("status") == "succeeded":
+            intervals += train_intervals(spans["train"], records["train"].get("result", {}).get("timeline") or {})
+        else:  # the job failed or was stopped: nothing of it was kept
+            intervals.append((*spans["train"], "lost to failures"))
+    wall = _sweep(intervals, wall_lo, wall_hi)
+    bill_lo = spans["provision"][1] if "provision" in spans else None
+    billed = _sweep(intervals, bill_lo, max(bill_lo, wall_hi)) if bill_lo is not None else dict.fromkeys(wall, 0.0)
+    billed_s = sum(billed.values())
+    categories = [
+        {
+            "name": name,
+            "what": what,
+            "seconds": round(wall[name], 3),
+            "chip_s": round(billed[name] * chips, 3),
+            "usd": None if usd_per_hour is None else round(billed[name] * usd_per_hour / 3600, 4),
+        }
+        for name, what in CATEGORIES
+    ]
+    productive = billed["productive steps"] * chips
+    return {
+        "wall_s": round(wall_hi - wall_lo, 3),
+        "chips": chips,
+        "chip_kind": chip_kind,
+        "billed_s": round(billed_s, 3),
+        "billed_chip_s": round(billed_s * chips, 3),
+        "productive_chip_s": round(productive, 3),
+        "goodput": round(productive / (billed_s * chips), 4) if billed_s and chips else None,
+        "usd_per_hour": usd_per_hour,
+        "usd": None if usd_per_hour is None else round(billed_s * usd_per_hour / 3600, 4),
+        "categories": categories,
+    }
+
+
+def line(g: dict[str, Any] | None) -> str | None:
+    """The summary's one line: goodput with its figures, and the three categories most of the chip-seconds went to
+    (``tpupipe show --json`` and summary.json have every category)."""
+    if not g:
+        return None
+    cost = "price unknown" if g["usd"] is None else f"${g['usd']:.2f}"
+    if g["goodput"] is None:
+        return f"  goodput              - (no chip billed; {g['wall_s']:.0f}s wall)"
+    shares = sorted((c for c in g["categories"] if c["chip_s"] > 0), key=lambda c: -c["chip_s"])[:3]
+    most = ", ".join(f"{c['name']} {c['chip_s'] / g['billed_chip_s']:.0%}" for c in shares)
+    return (
+        f"  goodput              {g['goodput']:.1%} of {g['billed_chip_s'] / 60:.1f} {g['chip_kind']}-minutes billed "
+        f"({cost}); most to {most}"
+    )
+
+
+def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
+    """The train job's ``TPUPIPE`` records -> its timeline (``train_intervals``): each worker group's start, each
+    step's end (FSDP's ``step`` events, MaxText's per-step metrics), each checkpoint save's end and seconds (a save
+    that gives none: the time since the record before it). A line Ray forwarded twice counts once."""
+    groups, steps, saves, seen = set(), {}, [], set()
+    last_time = None
+    for kind, p in records:
+        if "time" not in p:
+            continue
+        event = p.get("event") if kind == "event" else None
+        if event == "worker_group_started":
+            groups.add(p["time"])
+        elif event == "step" or (kind == "metric" and "step" in p and "epoch" not in p):
+            steps[(p["step"], p["time"])] = {"step": p["step"], "time": p["time"]}
+        elif event == "checkpoint" and (p["time"], p.get("step")) not in seen:
+            seen.add((p["time"], p.get("step")))
+            seconds = p.get("seconds")
+            if seconds is None:
+                seconds = max(0.0, p["time"] - last_time) if last_time is not None else 0.0
+            saves.append({"time": p["time"], "seconds": seconds, "step": p.get("step")})
+        last_time = p["time"]
+    return {"groups": sorted(groups), "steps": sorted(steps.values(), key=lambda s: s["time"]), "checkpoints": saves}
+
+
+def step_records(records: list[tuple[str, dict]], timeline_: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per kept step (the last worker group's run of it): ``step``, ``loss``, ``time``, ``group`` (the
+    worker group that ran it: 0, then 1 after the first restart). Losses come from MaxText's per-step metrics or
+    FSDP's ``step_losses`` events (rank 0's loss of each step, sent once per epoch)."""
+    losses: dict[int, float] = {}
+    for kind, p in records:
+        if kind == "metric" and "step" in p and "epoch" not in p:
+            losses[p["step"]] = p["loss"]
+        elif kind == "event" and p.get("event") == "step_losses":
+            losses.update({p["first_step"] + i: loss for i, loss in enumerate(p["losses"])})
+    groups = timeline_["groups"]
+    kept: dict[int, dict[str, Any]] = {}
+    for s in timeline_["steps"]:
+        group = max([i for i, g in enumerate(groups) if g <= s["time"]], default=0)
+        kept[s["step"]] = {"step": s["step"], "loss": losses.get(s["step"]), "time": s["time"], "group": group}
+    return [kept[k] for k in sorted(kept)]
