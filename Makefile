@@ -39,8 +39,10 @@ $(VENV)/.installed: requirements-dev.lock
 envs: $(VENV)/.installed ## create (or reuse, by content hash) the pipeline and the trainer environments
 	$(BIN)/tpupipe env torch maxtext
 
-run: envs ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
-	$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
+# The run creates (or reuses) the one trainer environment its preset needs itself, in build_image; the terminal shows
+# the run's own lines alone.
+run: $(VENV)/.installed ## run the whole pipeline on the local platform (kfp.local + a local multi-node Ray cluster)
+	@$(BIN)/tpupipe run --preset $(PRESET) $(if $(SET),--set "$(SET)")
 
 # The tests run in two processes (pytest-xdist; CI's machine has 2 cores), each test file in one process so that a
 # module's shared run is made once, handed out in collection order (the longest files first: tests/conftest.py).

@@ -123,6 +123,7 @@ def cmd_publish(args) -> int:
 
 def cmd_env(args) -> int:
     """The images' environments side by side: creating one is mostly pip waiting on downloads and unpacking."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from components.platforms.local import envs
@@ -130,8 +131,14 @@ def cmd_env(args) -> int:
     images = list(dict.fromkeys(args.images or ["torch"]))
     for image in images:
         envs.env_for(image)  # an unknown image fails (exit 2) before any environment is started
+    lock = threading.Lock()
+
+    def log(message: str) -> None:  # one whole line at a time from the threads side by side
+        with lock:
+            print(message, flush=True)
+
     with ThreadPoolExecutor(len(images)) as pool:
-        list(pool.map(envs.ensure_env, images))
+        list(pool.map(lambda image: envs.ensure_env(image, log=log), images))
     return 0
 
 
