@@ -375,14 +375,14 @@ def cost_so_far(job: dict) -> dict:
     from datetime import UTC, datetime
 
     from components.platforms.gke import plan
-    from components.workload import resolve
+    from components.workload import budget, resolve
 
     values = job.get("runtimeConfig", {}).get("parameterValues", {})
     defaults = job.get("pipelineSpec", {}).get("root", {}).get("inputDefinitions", {}).get("parameters", {})
     value = {k: values.get(k, d.get("defaultValue", "")) for k, d in defaults.items()}
     try:
         spec = resolve(value.get("preset", ""), value.get("overrides", ""))
-        hourly = plan.build(spec, "cost")["cost"]["usd_per_hour"]
+        hourly = plan.cost(spec, "cost")["usd_per_hour"]
     except (SpecError, ValueError):
         return {"usd_per_hour": None, "hours": None, "usd": None}
 
@@ -390,6 +390,7 @@ def cost_so_far(job: dict) -> dict:
         text = job.get(key)
         return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
-    start = when("startTime")
-    hours = ((when("endTime") or datetime.now(UTC)) - start).total_seconds() / 3600 if start else 0.0
-    return {"usd_per_hour": hourly, "hours": hours, "usd": None if hourly is None else hourly * hours}
+    start, end = when("startTime"), when("endTime") or datetime.now(UTC)
+    since, now = (start or end).timestamp(), end.timestamp()
+    hours = budget.hours(since, now)
+    return {"usd_per_hour": hourly, "hours": hours, "usd": None if hourly is None else budget.spent(hourly, since, now)}

@@ -22,6 +22,7 @@ step ended, when each checkpoint was saved and for how long), the same for FSDP 
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 # (category, what it is), in the order the summary lists them.
@@ -73,6 +74,12 @@ def stage_span(rec: dict[str, Any]) -> tuple[float, float] | None:
     return rec["started"], rec["started"] + rec["seconds"]
 
 
+def group_of(groups: list[float], t: float) -> int:
+    """Which worker group ran what ended at ``t``: the index of the last of ``groups`` (their start times, sorted) that
+    started by then; 0 before the first."""
+    return max(0, bisect.bisect_right(groups, t) - 1)
+
+
 def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list[tuple[float, float, str]]:
     """The train stage's ``span`` cut into (start, end, category) by the trainer's ``timeline``:
     ``groups`` (each worker group's start time), ``steps`` (``{step, time}``, every step each group ended, repeated
@@ -82,12 +89,9 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     steps = sorted((s for s in timeline.get("steps") or [] if start <= s["time"] <= end), key=lambda s: s["time"])
     saves = sorted(timeline.get("checkpoints") or [], key=lambda c: c["time"])
 
-    def group_of(t: float) -> int:
-        return max([i for i, g in enumerate(groups) if g <= t], default=0)
-
     last_run = {}  # step number -> the group that ran it last
     for s in steps:
-        last_run[s["step"]] = max(last_run.get(s["step"], 0), group_of(s["time"]))
+        last_run[s["step"]] = max(last_run.get(s["step"], 0), group_of(groups, s["time"]))
     out: list[tuple[float, float, str]] = []
 
     def add(a: float, b: float, category: str) -> None:
@@ -104,7 +108,7 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
 
     previous, previous_group = start, None
     for s in steps:
-        group = group_of(s["time"])
+        group = group_of(groups, s["time"])
         if previous_group is None:
             category = "trainer start"
         elif group != previous_group:
@@ -226,9 +230,9 @@ def step_records(records: list[tuple[str, dict]], timeline_: dict[str, Any]) -> 
             losses[p["step"]] = p["loss"]
         elif kind == "event" and p.get("event") == "step_losses":
             losses.update({p["first_step"] + i: loss for i, loss in enumerate(p["losses"])})
-    groups = timeline_["groups"]
+    groups = sorted(timeline_["groups"])
     kept: dict[int, dict[str, Any]] = {}
     for s in timeline_["steps"]:
-        group = max([i for i, g in enumerate(groups) if g <= s["time"]], default=0)
+        group = group_of(groups, s["time"])
         kept[s["step"]] = {"step": s["step"], "loss": losses.get(s["step"]), "time": s["time"], "group": group}
     return [kept[k] for k in sorted(kept)]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.platforms import RunContext, interrupts
+from components.platforms import RunContext, get_platform, interrupts
 from components.platforms.store import read_json, write_text
 from components.stages import STAGES, goodput, timeline
 from components.stages import gate as gate_rules
@@ -78,11 +78,9 @@ def billing(ctx: RunContext) -> tuple[int, float | None, str]:
     chips = d.slice_shape(ctx.spec).num_chips * ctx.spec.cluster.num_slices if tpu else ctx.spec.total_hosts
     kind = "TPU chip" if tpu else "host"
     if ctx.platform == "local":
-        return chips, 0.0, f"emulated {kind}"
-    from components.platforms.gke import plan
-
-    try:
-        return chips, plan.build(ctx.spec, ctx.run_id)["cost"]["usd_per_hour"], kind
+        kind = f"emulated {kind}"
+    try:  # the price the run's budget is counted at: 0.0 where nothing bills, None where a price is unknown
+        return chips, get_platform(ctx.platform).limits(ctx).usd_per_hour, kind
     except Exception:  # noqa: BLE001 - a price the summary cannot know is shown as unknown, never fails the report
         return chips, None, kind
 
