@@ -258,10 +258,11 @@ def test_ages_and_limits():
     assert janitor.parse_age("2d") == 172800 and janitor.parse_age("1.5h") == 5400
     with pytest.raises(SpecError, match="--older-than"):
         janitor.parse_age("six hours")
-    spec = resolve(
-        "local-fsdp", ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
-    )
-    assert janitor.limit_s(spec) == 3600 + 600 + 300 + 7200
+    sets = ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
+    assert janitor.limit_s(resolve("local-fsdp", sets)) == 3600 + 600 + 300 + 7200
+    # The run's own deadline, when sooner: its stages stop it there, so a run still up after it has lost its driver.
+    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=0.5")) == 1800
+    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=100")) == 3600 + 600 + 300 + 7200
 
 
 def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, hf_token):

@@ -67,14 +67,16 @@ def parse_age(text: str) -> float:
 
 def limit_s(spec: RunSpec) -> float:
     """How long the run may take at most: provisioning and the build, the cluster's start, the slice check, the train
-    and evaluate jobs (each bounded by its deadline)."""
+    and evaluate jobs (each bounded by its deadline); or, when sooner, the run's own ``run.deadline_h``, past which its
+    stages stop it themselves (``components.workload.budget``), so a run still there after it has lost its driver."""
     c = spec.cluster
-    return (
+    stages = (
         PROVISION_AND_BUILD_S
         + ready_limits(spec).deadline_s
         + (3 * c.slice_check_timeout_s if c.slice_check else 0)
         + 2 * spec.train.timeout_s
     )
+    return stages if spec.run.deadline_h is None else min(stages, spec.run.deadline_h * 3600)
 
 
 @dataclass
