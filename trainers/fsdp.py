@@ -4,7 +4,8 @@ multi-host TPUs with Ray and TorchTPU" (docs/tutorials.md).
 ``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON`` is the Ray job
 entrypoint (``trainers.job_args``). The driver picks the collective backend from what the training workers have
 (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE
-result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per step.
+result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per step. Over several
+slices the model is sharded within a slice and replicated across them (HSDP, ``trainers.mesh``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, protocol
-from trainers import data, job_args
+from trainers import data, job_args, mesh
+from trainers.mesh import dtypes, parallelize  # trainers.evaluate and bench import them from here too
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 
@@ -74,46 +76,7 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
     return {}
 
 
-# ---------------------------------------------------------------- the model, sharded
-
-
-def dtypes(device_type: str, precision: str) -> tuple[str, str | None]:
-    """(the dtype the weights and the optimizer's state are kept in, the dtype FSDP2 computes in; None: the weights')
-    for ``train.precision``. On TPU "mixed" keeps float32 master weights and computes in bfloat16: an update of a
-    small learning rate (2e-5 x a gradient) is below bfloat16's resolution for most weights (8 bits of mantissa: a
-    weight near 1 moves in steps of 2^-7), so pure bfloat16 weights round most updates away; "bf16" is the tutorial's
-    bfloat16 weights. On CPU float32 throughout."""
-    if device_type == "cpu":
-        return "float32", None
-    return ("bfloat16", "bfloat16") if precision == "bf16" else ("float32", "bfloat16")
-
-
-def parallelize(model, mesh, compute: str | None = None):
-    """FSDP2 in the layout of the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU"
-    (docs/tutorials.md) on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the root (attention, norms and
-    embeddings shard with it), the frozen per-layer embedding table in ``ignored_params`` (every rank keeps it whole and
-    it never enters an all-gather or a reduce-scatter: in E2B it is ~2.3B of the ~5B parameters, and it gets no
-    gradient). Kept rather than a group per whole decoder layer: on TorchTPU each FSDP group is a traced collective, and
-    the MLP groups are the ones that tutorial runs to its reported losses and throughput; no measurement on TPU says
-    another grouping is better. Returns the sharded model; its frozen parameters no longer require a gradient (the
-    optimizer takes the parameters that do)."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from trainers.model import decoder_layers, frozen_params
-
-    frozen = frozen_params(model)
-    for param in frozen:
-        param.requires_grad_(False)
-        if compute:  # outside FSDP2, so not cast by its policy: kept in the compute dtype (it gets no update)
-            param.data = param.data.to(getattr(torch, compute))
-    mp = MixedPrecisionPolicy()
-    if compute:  # the forward and backward in ``compute`` (see dtypes), gradients reduced in float32
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, compute), reduce_dtype=torch.float32)
-    for layer in decoder_layers(model):
-        fully_shard(layer.mlp, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=frozen or None)
-    return model
+# ---------------------------------------------------------------- checkpoints
 
 
 def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int, directory: Path) -> None:
@@ -219,7 +182,6 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     checkpoint ``train.init_from`` resolved to when the stage started)."""
     import ray.train.torch
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
 
     from trainers.model import build_model, load_tokenizer, load_trained
 
@@ -234,11 +196,23 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
         model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
     else:
         model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    model = parallelize(model.to(device), init_device_mesh(device_type, (world,)), compute)
+    model = parallelize(model.to(device), _mesh(spec, world, rank, device_type), compute)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
     )
     return tokenizer, loader, model, optimizer, raw
+
+
+def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
+    """The device mesh over the workers: 1-D on one slice; over several, 2-D (HSDP: replicate across the slices,
+    shard within one), each rank placed by the slice its host is on (``trainers.mesh.slice_name``, the slice check's
+    rule). Rank 0 prints it."""
+    here = mesh.slice_here(spec.cluster.num_hosts)
+    slices = mesh.gather_slices(here) if spec.cluster.num_slices > 1 and world > 1 else [here] * world
+    built = mesh.device_mesh(device_type, mesh.layout(slices))
+    if rank == 0:
+        print(f"{mesh.describe(built)} over {world} workers on {len(set(slices))} slices", flush=True)
+    return built
 
 
 def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
@@ -269,15 +243,11 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     first_step, step_losses = global_step + 1, []
     for batch in loader:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach().float()
+        loss = mesh.train_step(model, optimizer, batch, device)
+        loss_sum += loss
         global_step += 1
         if timed:
-            step_losses.append(loss.detach().float())
+            step_losses.append(loss)
             protocol.emit("event", {"event": "step", "step": global_step, "time": time.time()})
         if fail_at and global_step == fail_at and not resumed:
             raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import job_args, slice_probe
+from trainers import job_args, mesh, slice_probe
 from trainers.slice_probe import Probe
 
 
@@ -207,31 +207,27 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         ).remote()
         for i in range(count)
     ]
-    infos = ray.get([a.describe.remote() for a in actors], timeout=c.slice_check_timeout_s)
+    infos = ray.get([a.describe.remote(c.num_hosts) for a in actors], timeout=c.slice_check_timeout_s)
     ranks = assign_ranks(infos, devices_per_host, per_device)
     order = sorted(range(count), key=ranks.__getitem__)
     first = infos[order[0]]
     master = (first["worker_hostnames"] or [first["node_ip"]])[0]
     port = ray.get(actors[order[0]].free_port.remote())
     print(
-        f"slice check ({kind}): {count} ranks on {len({i['node_id'] for i in infos})} hosts, master {master}:{port}",
+        f"slice check ({kind}): {count} ranks on {len({i['node_id'] for i in infos})} hosts in "
+        f"{len({i['slice'] for i in infos})} slices, master {master}:{port}",
         flush=True,
     )
     # First every device alone, before any collective: a device that computes wrongly is named by itself.
     local_calls = []
+    slices = [info["slice"] for info in infos]
     for i, actor in enumerate(actors):
         corrupt = ranks[i] == c.slice_check_corrupt_rank
+        # TPU hosts over several slices: libtpu's multislice runtime, set as the trainer's ranks see their slices.
+        megascale = mesh.megascale_env(slices, i, master) if scaling.get("use_tpu") else {}
         if per_device:
-            local_calls.append(actor.local_torch.remote(ranks[i] % devices_per_host, corrupt))
+            local_calls.append(actor.local_torch.remote(ranks[i] % devices_per_host, corrupt, megascale))
         else:
-            megascale = {}
-            if c.num_slices > 1 and scaling.get("use_tpu"):
-                slices = sorted({info["slice"] for info in infos})
-                megascale = {
-                    "MEGASCALE_COORDINATOR_ADDRESS": master,
-                    "MEGASCALE_NUM_SLICES": str(c.num_slices),
-                    "MEGASCALE_SLICE_ID": str(slices.index(infos[i]["slice"])),
-                }
             local_calls.append(
                 actor.local_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
             )
@@ -287,6 +283,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         "num_ranks": count,
         "num_devices": num_devices,
         "num_hosts": len({i["node_id"] for i in infos}),
+        "num_slices": len({i["slice"] for i in infos}),
         "ranks_verified": verified,
         "devices_checked": sum(len(r["devices"]) for r in local if r),
         "max_abs_diff": max((r["max_abs_diff"] for r in got), default=None),

@@ -14,10 +14,11 @@ import statistics
 import time
 from typing import Any
 
+from trainers.mesh import HOST_LABEL, slice_name
+
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
 RTOL, ATOL = 1e-3, 1e-2
-HOST_LABEL = "tpupipe/host"  # the host label of emulated hosts (local platform, emulated KubeRay pods)
 BANDWIDTH_BYTES = 32 * 2**20  # the timed all-reduce: 32 MiB of float32 on every rank
 TIMED = 3  # timed all-reduces after one untimed (the median is the rank's figure)
 
@@ -65,7 +66,8 @@ def reference(x, w1, w2):
 class Probe:
     """One actor of the check: a device (torch) or a host (jax)."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, hosts_per_slice: int) -> dict[str, Any]:
+        """Where this actor runs; its slice by the trainer's rule (``trainers.mesh.slice_name``)."""
         import ray
 
         rc = ray.get_runtime_context()
@@ -81,7 +83,7 @@ class Probe:
             "node_id": rc.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "host": host,
-            "slice": os.environ.get("TPU_NAME", ""),
+            "slice": slice_name(os.environ.get("TPU_NAME", ""), labels.get(HOST_LABEL, ""), hosts_per_slice),
             "worker_id": worker_id,
             "worker_hostnames": hostnames,
             "accelerator_ids": [str(a) for a in rc.get_accelerator_ids().get("TPU", [])],
@@ -94,8 +96,10 @@ class Probe:
 
     # ------------------------------------------------------------ torch: one actor per device
 
-    def local_torch(self, local_rank: int, corrupt: bool) -> dict[str, Any]:
-        """The block computed on this device alone (no collective, no process group yet) against the reference."""
+    def local_torch(self, local_rank: int, corrupt: bool, megascale: dict[str, str]) -> dict[str, Any]:
+        """The block computed on this device alone (no collective, no process group yet) against the reference;
+        ``megascale``: the multislice environment, set before the device's runtime starts."""
+        os.environ.update(megascale)
         import torch
 
         from trainers.fsdp import detect_backend

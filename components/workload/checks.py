@@ -110,6 +110,14 @@ def check_workers(spec: RunSpec) -> None:
             )
     elif derive.is_tpu(spec) and t.num_workers and str(t.num_workers) not in whole:
         raise SpecError("train.num_workers", f"{t.num_workers} is not a whole number of {unit}", ["0", *whole])
+    elif not derive.is_tpu(spec) and t.workload == "fsdp" and slices > 1 and spec.num_workers % slices:
+        # Emulated hosts: HSDP (trainers.mesh) shards the model over as many workers on every slice.
+        raise SpecError(
+            "train.num_workers",
+            f"{spec.num_workers} workers do not split evenly over {slices} slices (HSDP shards the model over "
+            "as many workers on every slice)",
+            ["0", f"a multiple of {slices}"],
+        )
     per_host = derive.workers_per_host(spec)
     if derive.is_tpu(spec) and spec.cluster.cpus_per_host < per_host:
         # Ray Train reserves a CPU with every worker's TPU bundle; the pod's CPU limit is the host's Ray CPUs.

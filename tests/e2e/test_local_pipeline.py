@@ -91,16 +91,23 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
 @pytest.mark.e2e
 def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluation_fails_the_run(tmp_path):
     """Train loses a worker at step 10 and resumes from the last checkpoint; then the evaluation job crashes
-    (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing."""
+    (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing.
+    Its 2 hosts are 2 slices of one: the slice check places them on 2 slices and passes, and each worker group
+    trains on a 2-D mesh (HSDP), the restarted one resuming onto it."""
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
     run_id = unique_run_id("e2e-resume")
     proc = tpupipe_run(
         tmp_path,
         run_id,
-        "num_train_examples=256 fail_at_step=10 max_failures=1 cluster.slice_check=false train.fail_eval=true",
+        "num_train_examples=256 fail_at_step=10 max_failures=1 train.fail_eval=true cluster.num_hosts=1 "
+        "cluster.num_slices=2",
     )
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    check = (tmp_path / run_id / "logs" / "check_slice.log").read_text()
+    assert "slice check (torch): 2 ranks on 2 hosts in 2 slices" in check
     log = (tmp_path / run_id / "logs" / "train.log").read_text()
+    meshes = re.findall(r"pid=(\d+)\)\S* mesh \(replicate=2, shard=1\) over 2 workers on 2 slices", log)
+    assert len(set(meshes)) == 2, log[-3000:]  # each worker group's rank 0 (a process of its own) built one
     assert "injected failure at step 10" in log
     assert "resumed from checkpoint of epoch 1 (step 8)" in log
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
@@ -115,7 +122,8 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     assert len(summary["train_timeline"]["groups"]) == 2
     assert [(s["step"], s["group"]) for s in summary["steps"]] == [(n, int(n >= 9)) for n in range(1, 25)]
     stages = {s["name"]: s for s in summary["stages"]}
-    assert stages["train"]["status"] == "succeeded" and stages["evaluate"]["status"] == "failed"
+    assert stages["check_slice"]["status"] == stages["train"]["status"] == "succeeded" and summary["slice_check"]["ok"]
+    assert stages["evaluate"]["status"] == "failed"
     assert "(train.fail_eval)" in stages["evaluate"]["error"]
     assert stages["register"]["status"] == stages["promote"]["status"] == "skipped"
     assert stages["teardown"]["status"] == "succeeded"
