@@ -2,7 +2,7 @@
 
 Run by hand on a machine with a GPU, in the torch environment (``.envs/torch-*/bin/python bench/gpu_fsdp.py --out
 gpu_fsdp.json``). One process, no Ray: the model is built by ``trainers.model.build_model`` and sharded by
-``trainers.fsdp.parallelize`` (bf16 parameters, fp32 gradient reduction, ``fully_shard`` on each MLP and the root)
+``trainers.mesh.parallelize`` (bf16 parameters, fp32 gradient reduction, ``fully_shard`` on each MLP and the root)
 over a one-device mesh, and each step is the train loop's (forward, backward, AdamW step, gradients cleared, the loss
 kept on the device). The data is random token ids: the figure is the model's speed, not the input pipeline's.
 
@@ -116,7 +116,7 @@ def build(config: dict, device, device_type: str, seed: int):
     from torch.distributed.device_mesh import init_device_mesh
 
     from components.spec import models as model_configs
-    from trainers.fsdp import parallelize
+    from trainers.mesh import parallelize
     from trainers.model import build_model
 
     if not dist.is_initialized():

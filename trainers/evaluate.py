@@ -75,7 +75,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.fsdp import InjectedFailure, detect_backend, dtypes, parallelize
+    from trainers.fsdp import InjectedFailure, detect_backend
+    from trainers.mesh import dtypes, parallelize
     from trainers.model import build_model, load_tokenizer, load_trained
 
     spec = RunSpec.from_json(config["spec"])
@@ -86,7 +87,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         raise InjectedFailure(f"injected failure in evaluation on rank {rank} (train.fail_eval)")
     device_type, _ = detect_backend()
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
-    weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.fsdp.dtypes)
+    weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)
     dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.eval_split, config.get("data_files"), config.get("cache_dir"))

@@ -22,7 +22,6 @@ from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, protocol
 from trainers import data, job_args, mesh
-from trainers.mesh import dtypes, parallelize  # trainers.evaluate and bench import them from here too
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 
@@ -186,7 +185,7 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     from trainers.model import build_model, load_tokenizer, load_trained
 
     t = spec.train
-    weights, compute = dtypes(device_type, t.precision)
+    weights, compute = mesh.dtypes(device_type, t.precision)
     dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
     raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
@@ -196,7 +195,7 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
         model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
     else:
         model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    model = parallelize(model.to(device), _mesh(spec, world, rank, device_type), compute)
+    model = mesh.parallelize(model.to(device), _mesh(spec, world, rank, device_type), compute)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
     )

@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from trainers.mesh import HOST_LABEL, slice_name
+from trainers.mesh import HOST_LABEL, slice_here
 
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
@@ -83,7 +83,7 @@ class Probe:
             "node_id": rc.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "host": host,
-            "slice": slice_name(os.environ.get("TPU_NAME", ""), labels.get(HOST_LABEL, ""), hosts_per_slice),
+            "slice": slice_here(hosts_per_slice),
             "worker_id": worker_id,
             "worker_hostnames": hostnames,
             "accelerator_ids": [str(a) for a in rc.get_accelerator_ids().get("TPU", [])],

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from trainers import fsdp
+from trainers import fsdp, mesh
 
 TRAINER = r"""
 import json, os, shutil, sys
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainers import fsdp
+from trainers import fsdp, mesh
 from trainers.model import build_model, load_tokenizer
 
 ROOT = Path(sys.argv[1])
@@ -30,7 +30,7 @@ SCRATCH = "scratch:gemma4-tiny"
 def one_step(compute, weights):
     tokenizer = load_tokenizer(SCRATCH)
     model = build_model(SCRATCH, tokenizer, 0, getattr(torch, weights))
-    model = fsdp.parallelize(model, init_device_mesh("cpu", (1,)), compute)
+    model = mesh.parallelize(model, init_device_mesh("cpu", (1,)), compute)
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().to_local().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.0)
@@ -61,7 +61,7 @@ def restore(rank, world, port, out):
         mine = ROOT / "rank1"
         mine.mkdir()
         shutil.copy(saved / fsdp.CHECKPOINT_META, mine)
-    model = fsdp.parallelize(build_model(SCRATCH, tokenizer, 0), init_device_mesh("cpu", (world,)), None)
+    model = mesh.parallelize(build_model(SCRATCH, tokenizer, 0), init_device_mesh("cpu", (world,)), None)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     fsdp.load_checkpoint(model, optimizer, mine)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -128,9 +128,9 @@ def test_tpu_keeps_float32_master_weights_and_computes_in_bfloat16_unless_train_
     from components.workload import resolve
 
     assert resolve("local-fsdp").train.precision == "mixed"
-    assert fsdp.dtypes("tpu", "mixed") == ("float32", "bfloat16")
-    assert fsdp.dtypes("tpu", "bf16") == ("bfloat16", "bfloat16")  # the TorchTPU tutorial's
-    assert fsdp.dtypes("cpu", "mixed") == fsdp.dtypes("cpu", "bf16") == ("float32", None)
+    assert mesh.dtypes("tpu", "mixed") == ("float32", "bfloat16")
+    assert mesh.dtypes("tpu", "bf16") == ("bfloat16", "bfloat16")  # the TorchTPU tutorial's
+    assert mesh.dtypes("cpu", "mixed") == mesh.dtypes("cpu", "bf16") == ("float32", None)
     with pytest.raises(SpecError, match=r"train.precision: unknown precision 'fp16' \(valid: mixed, bf16\)"):
         resolve("local-fsdp", "train.precision=fp16")
 
