@@ -4,9 +4,10 @@ kfp.local prints every task's executor input and output, its artifacts, and ever
 streamed logs among it: hundreds of lines before the summary. Without ``--verbose`` the driver's standard output and
 error (and so every task's, which inherit them) go to the run's ``logs/pipeline.log`` whole, and the terminal gets the
 lines a person follows a run by: each stage as it starts (``== stage``) and ends (with its seconds), what the stage
-says it is doing (the cluster starting, a job submitted, an epoch's loss; once, and not the results the summary shows
-again), warnings, errors, and what the driver itself says (an interrupt, teardown). ``--verbose`` streams everything, as
-kfp.local prints it.
+says it is doing (the cluster starting, a job re-attached; once, and not the results the summary shows again), the
+progress bars of training and evaluation (``components/stages/progress.py``: on a terminal drawn again in place; piped,
+a bar's first and last lines and at most one a minute between), warnings, errors, and what the driver itself says (an
+interrupt, teardown). ``--verbose`` streams everything, as kfp.local prints it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from components.platforms import interrupts
+from components.stages import progress
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KFP_LOG = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - (?P<level>[A-Z]+) - (?P<message>.*)$")
@@ -34,9 +36,10 @@ PLUMBING = re.compile(
     re.X,
 )
 # What a stage says of its result that the summary shows again at the end (components/stages/report.py).
+# Also a job's submission (the stage's start said it) and an epoch's loss (the train bar shows it).
 RESULTS = re.compile(
     r"^(?:check_slice:\ (?:\d+/\d+\ ranks\ verified|all-reduce\ of)|evaluate:\ [\w-]+\ loss"
-    r"|register:\ |gate:\ |promote:\ champion)",
+    r"|register:\ |gate:\ |promote:\ champion|\w+:\ submitted\ Ray\ job\ |train:\ epoch\ \d)",
     re.X,
 )
 # A progress line that repeats the last one shown but for its figures ("waiting for 3 nodes ... 20s" after "... 10s")
@@ -71,6 +74,8 @@ class Shown:
                 return f"    {end['task']}: {status}" + (f" ({self.clock() - began:.1f}s)" if began is not None else "")
             return text if found["level"] in ("WARNING", "ERROR", "CRITICAL") else None
         if text[0].isspace():  # a task's output
+            if progress.LINE.match(stripped):
+                return text  # the terminal draws it (Render)
             if PLUMBING.match(stripped) or RESULTS.match(stripped) or stripped in self.said:
                 return None
             self.said.add(stripped)  # said once: a second stage's same line (the image's environment) is not news
@@ -78,6 +83,37 @@ class Shown:
             if text.startswith("      ") and shape == self.last[0] and now - self.last[1] < REPEAT_S:
                 return None  # a wait's progress, indented under its stage, again: not yet
             self.last = (shape, now)
+        return text
+
+
+class Render:
+    """What the terminal gets for each line :class:`Shown` picked: a progress bar's line (``progress.LINE``) on a
+    terminal (``tty``) drawn over the bar's last line, the next other line starting on a line of its own; piped, a
+    bar's first line (again after a restart moved it back), its last, and between them one line at most every
+    ``REPEAT_S``: the log a pipe fills stays short, the run's log has every line."""
+
+    def __init__(self, tty: bool, clock=time.monotonic):
+        self.tty, self.clock = tty, clock
+        self.open = False  # a bar is drawn on the terminal's current line
+        self.bars: dict[str, tuple[int, float]] = {}  # piped: a bar -> (its last done, when it was last shown)
+
+    def __call__(self, line: str) -> str:
+        bar = progress.LINE.match(line.strip())
+        if bar is None:
+            text, self.open = ("\n" if self.open else "") + line + "\n", False
+            return text
+        if self.tty:
+            text, self.open = ("\r\x1b[2K" if self.open else "") + line, True
+            return text
+        done, total, now = int(bar["done"]), int(bar["total"]), self.clock()
+        seen, shown_at = self.bars.get(bar["what"], (None, 0.0))
+        show = seen is None or done <= seen or done >= total or now - shown_at >= REPEAT_S
+        self.bars[bar["what"]] = (done, now if show else shown_at)
+        return line + "\n" if show else ""
+
+    def close(self) -> str:
+        """What ends the output: the line a bar is drawn on."""
+        text, self.open = "\n" if self.open else "", False
         return text
 
 
@@ -128,6 +164,7 @@ class Quiet:
         # takes them with sigwait (pipelines/driver.py); a thread that left them unblocked would get them instead.
         signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
         shown, out, pending = Shown(), self._saved[0], ""
+        render = Render(os.isatty(out))
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # a character may span two reads
         with open(self.log, "ab") as log:
             while True:
@@ -140,9 +177,9 @@ class Quiet:
                 log.write(data)
                 log.flush()
                 *lines, pending = (pending + decode(data)).split("\n")
-                out = _write(out, "".join(f"{s}\n" for s in map(shown, lines) if s is not None))
+                out = _write(out, "".join(render(s) for s in map(shown, lines) if s is not None))
             last = shown(pending) if pending else None
-            _write(out, f"{last}\n" if last else "")
+            _write(out, (render(last) if last else "") + render.close())
 
 
 def _write(fd: int, text: str) -> int:

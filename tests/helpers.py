@@ -31,12 +31,32 @@ def unique_run_id(name: str) -> str:
     return names.run_id_from(f"{name}-{SESSION}", "")
 
 
-def tpupipe_run(root: Path, run_id: str, *sets: str) -> subprocess.CompletedProcess:
-    """`tpupipe run` of the default preset under ``root``, each of ``sets`` one ``--set``."""
+def tpupipe_run(root: Path, run_id: str, *sets: str, tty: bool = False) -> subprocess.CompletedProcess:
+    """`tpupipe run` of the default preset under ``root``, each of ``sets`` one ``--set``; with ``tty``, its standard
+    output and error a terminal (a pseudo-terminal: ``stdout`` is what the terminal got, both streams, as written)."""
     cmd = [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root)]
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if not tty:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    import os
+    import pty
+
+    main, terminal = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: every writer of the terminal is gone
+            break
+        if not data:
+            break
+        out += data
+    os.close(main)
+    proc.wait(timeout=60)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out.decode(errors="replace"), "")
 
 
 def assert_nothing_left(run_dir: Path, run_id: str) -> None:
@@ -73,13 +93,15 @@ def wait_until[T](
 def assert_goodput_accounts(summary: dict) -> dict:
     """The run's goodput ledger accounts for its whole wall time and every billed chip-second, each within 2%, the
     wall time and the billed window taken from the stages' own records (first start to last end; provision's end to
-    teardown's end); the ledger's categories by name."""
+    teardown's end, less the time the RayCluster's pods waited for nodes); the ledger's categories by name."""
     g = summary["goodput"]
     spans = [(s["started"], s["started"] + s["seconds"]) for s in summary["stages"] if s.get("started") is not None]
     wall = max(b for _, b in spans) - min(a for a, _ in spans)
     stages = {s["name"]: s for s in summary["stages"]}
     billed = stages["teardown"]["started"] + stages["teardown"]["seconds"]
     billed -= stages["provision"]["started"] + stages["provision"]["seconds"]
+    waited = stages["deploy_raycluster"].get("capacity_wait")
+    billed -= waited[1] - waited[0] if waited else 0.0
     categories = {c["name"]: c for c in g["categories"]}
     assert abs(sum(c["seconds"] for c in categories.values()) - wall) <= 0.02 * wall, g
     assert abs(g["billed_chip_s"] - billed * g["chips"]) <= 0.02 * billed * g["chips"], g

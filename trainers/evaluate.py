@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,17 @@ def models_to_measure(config: dict[str, Any]) -> list[tuple[str, str]]:
     return models
 
 
+def eval_progress(which: str, index: int, num_models: int, num_batches: int) -> None:
+    """The evaluation's progress record after its ``index``-th model of ``num_models`` (``num_batches`` each)."""
+    done, total = (index + 1) * num_batches, num_models * num_batches
+    protocol.emit("event", {"event": "eval_model", "which": which, "done": done, "total": total, "time": time.time()})
+
+
+def _measured(rank: int, which: str, index: int, num_models: int, num_batches: int) -> None:
+    if rank == 0:
+        eval_progress(which, index, num_models, num_batches)
+
+
 def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -94,9 +106,11 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
     mesh = init_device_mesh(device_type, (world,))
     losses, measured = {}, {}
-    for which, source in models_to_measure(config):
+    models = models_to_measure(config)
+    for index, (which, source) in enumerate(models):
         if source in measured:
             losses[which] = measured[source]
+            _measured(rank, which, index, len(models), len(batches))
             continue
         if source:
             model = load_trained(t.model_id, source, tokenizer, t.seed, dtype)
@@ -108,6 +122,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         total, count = sums.tolist()
         losses[which] = measured[source] = total / max(count, 1.0)
         del model
+        _measured(rank, which, index, len(models), len(batches))
     metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
     metrics.update(num_eval_examples=len(raw), num_workers=world, device=device_type)
     # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.

@@ -241,18 +241,26 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
     timed = ray.train.get_context().get_world_rank() == 0
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     first_step, step_losses = global_step + 1, []
-    for batch in loader:
+    total = len(loader) * spec.train.epochs  # the run's steps, for the progress bar
+    tokens = spec.train.batch_size * ray.train.get_context().get_world_size() * spec.train.max_length  # a step's
+
+    def step_ended(step: int) -> None:
+        protocol.emit("event", {"event": "step", "step": step, "total": total, "tokens": tokens, "time": time.time()})
+
+    for index, batch in enumerate(loader):
         loss = mesh.train_step(model, optimizer, batch, device)
         loss_sum += loss
         global_step += 1
         if timed:
             step_losses.append(loss)
-            protocol.emit("event", {"event": "step", "step": global_step, "time": time.time()})
+            if index < len(loader) - 1:  # the epoch's last: once its loss is read (the progress bar shows it)
+                step_ended(global_step)
         if fail_at and global_step == fail_at and not resumed:
             raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
     if step_losses:  # rank 0's loss of each step, read from the device once per epoch
         losses = torch.stack(step_losses).cpu().tolist()
         protocol.emit("event", {"event": "step_losses", "first_step": first_step, "losses": losses})
+        step_ended(global_step)
     return loss_sum, global_step
 
 

@@ -229,14 +229,17 @@ def run_eval(
     checkpoint: the same batches for each."""
     import math
 
+    from trainers.evaluate import eval_progress
+
     models = [("before", ""), ("after", str(Path(checkpoint) / "items"))]
     if champion:
         models.append(("champion", str(Path(champion) / "items")))
     losses = {}
-    for which, params in models:
+    for index, (which, params) in enumerate(models):
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
         losses[which] = _fit(spec, scaling, eval_args, output_dir, name, 0)["eval_loss"]
+        eval_progress(which, index, len(models), spec.maxtext.eval_steps)
     result = {
         "eval_loss_before": losses["before"],
         "eval_loss_after": losses["after"],

@@ -1,7 +1,16 @@
 """What a run's cluster knew, kept in the run's store before teardown deletes the cluster (on success, failure,
-Ctrl-C or a cancel alike): the local hosts' Ray session logs; on GKE the run's pods' statuses, the Kubernetes events
-about them and the RayCluster's status. Bounded: each file keeps at most ``CAP_BYTES``, its tail (where a failure is).
-``tpupipe logs`` lists what the stages recorded; these files sit beside the job logs under ``logs/``."""
+Ctrl-C, a cancel or the janitor alike):
+
+- locally, every host's Ray session logs (``logs/ray/<node>/``);
+- on GKE, through the API server: the run's pods' statuses, the Kubernetes events about them and the RayCluster's
+  status (``logs/kubernetes.json``), each Ray pod's own log (``logs/pods/<pod>.log``, and ``<pod>.previous.log`` for
+  a container that restarted); the node pools' state (``logs/node_pools.json``); and through the head's dashboard
+  (the service proxy), Ray's state of the cluster's nodes, its dead actors and failed tasks
+  (``logs/ray_state.json``) and each node's Ray logs (``logs/ray/<node>/``, as locally).
+
+Bounded: each file keeps at most ``CAP_BYTES``, its tail (where a failure is), and at most ``MAX_FILES`` Ray log
+files are kept. ``tpupipe logs`` lists what the stages recorded; these files sit beside the job logs under
+``logs/``."""
 
 from __future__ import annotations
 
@@ -13,6 +22,10 @@ from components.platforms.store import RunStore, write_text
 
 CAP_BYTES = 128 * 1024
 MAX_FILES = 100  # per run, the newest: Ray writes a few files per worker process
+TAIL_LINES = 5000  # of a pod's log, and of a Ray log file, asked of the server (then capped at CAP_BYTES)
+# The Ray logs most telling of a failure, kept first from each node (Ray's logging docs, "Log directory":
+# https://docs.ray.io/en/latest/ray-observability/user-guides/configure-logging.html); the workers' after them.
+RAY_LOGS_FIRST = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard.log", "monitor.log")
 
 
 def tail(data: bytes, cap: int = CAP_BYTES) -> bytes:
@@ -66,3 +79,80 @@ def kubernetes(store: RunStore, kube, selector: str, raycluster: str) -> str:
     cluster = kube.get("RayCluster", raycluster) or {}
     doc = {"pods": [_pod(p) for p in pods], "events": events[-500:], "raycluster": cluster.get("status")}
     return write_text(store, "logs/kubernetes.json", json.dumps(doc, indent=1, default=str), "application/json")
+
+
+def pod_logs(store: RunStore, kube, pods: list[dict[str, Any]], cap: int = CAP_BYTES) -> list[str]:
+    """Each started container's log of the run's pods (the API server's "read log" of a pod, its last
+    ``TAIL_LINES`` lines), and the previous container's of one that restarted, as ``logs/pods/<pod>[.<container>]
+    [.previous].log``; the keys written. A pod whose container never started has no log (its status says why)."""
+    written = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            container = status["name"]
+            stem = name if len(statuses) == 1 else f"{name}.{container}"
+            state = status.get("state") or {}
+            wanted = [(False, "")] if state.get("running") or state.get("terminated") else []
+            wanted += [(True, ".previous")] if status.get("restartCount") else []
+            for previous, suffix in wanted:
+                text = kube.pod_log(name, container, tail_lines=TAIL_LINES, previous=previous)
+                key = f"logs/pods/{stem}{suffix}.log"
+                store.write_bytes(key, tail(text.encode(), cap), "text/plain")
+                written.append(key)
+    return written
+
+
+def node_pools(store: RunStore, pools: list[dict[str, Any]]) -> str:
+    """The run's node pools as GKE describes them (status and its message, conditions, autoscaling, the nodes'
+    machine, spot or flex-start), as ``logs/node_pools.json``; its key."""
+    return write_text(store, "logs/node_pools.json", json.dumps(pools, indent=1, default=str), "application/json")
+
+
+def _listed(get, path: str, state: str = "") -> list[dict[str, Any]]:
+    """The rows of a State API list (``GET /api/v0/<resource>``, detail on, filtered on ``state``): its answer is
+    ``{"data": {"result": {"result": [...]}}}`` (ray ``dashboard/state_api_utils.py``, ``handle_list_api``)."""
+    params = [("detail", "true"), ("limit", "1000")]
+    if state:
+        params += [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", state)]
+    return get(path, params).json()["data"]["result"]["result"]
+
+
+def node_label(node: dict[str, Any]) -> str:
+    """A Ray node's name in the post-mortem: its host label where the platform gives one, "head", else its IP."""
+    labels = node.get("labels") or {}
+    return labels.get("tpupipe/host") or ("head" if node.get("is_head_node") else node.get("node_ip", node["node_id"]))
+
+
+def ray_state(store: RunStore, get, cap: int = CAP_BYTES) -> list[str]:
+    """Through the head's dashboard (``get(path, params)`` -> a response): the cluster's nodes, its dead actors (their
+    death causes) and failed tasks (their errors), from Ray's State API
+    (https://docs.ray.io/en/latest/ray-observability/reference/api.html), as ``logs/ray_state.json``; then each
+    live node's Ray logs (the State API's ``/api/v0/logs`` lists a node's files, ``/api/v0/logs/file`` gives one's
+    last lines), the telling ones first (``RAY_LOGS_FIRST``), into ``logs/ray/<node>/``; the keys written."""
+    nodes = _listed(get, "/api/v0/nodes")
+    doc = {
+        "nodes": nodes,
+        "dead_actors": _listed(get, "/api/v0/actors", "DEAD"),
+        "failed_tasks": _listed(get, "/api/v0/tasks", "FAILED"),
+    }
+    written = [write_text(store, "logs/ray_state.json", json.dumps(doc, indent=1, default=str), "application/json")]
+    wanted = []
+    for node in nodes:
+        if node.get("state") != "ALIVE":
+            continue
+        listing = get("/api/v0/logs", [("node_id", node["node_id"])]).json()["data"]["result"]
+        files = sorted({f for names in listing.values() for f in names if not f.endswith("/")})  # no folders
+        files.sort(key=lambda f: RAY_LOGS_FIRST.index(f) if f in RAY_LOGS_FIRST else len(RAY_LOGS_FIRST))
+        wanted += [(i, node, f) for i, f in enumerate(files)]
+    wanted.sort(key=lambda w: w[0])  # round-robin over the nodes, so that every node keeps its telling logs
+    for _, node, filename in wanted[:MAX_FILES]:
+        params = [("node_id", node["node_id"]), ("filename", filename), ("lines", str(TAIL_LINES))]
+        key = f"logs/ray/{node_label(node)}/{filename.rsplit('/', 1)[-1]}"
+        try:  # one file the node cannot give (gone, unreadable) costs that file alone
+            content = get("/api/v0/logs/file", params).content
+        except Exception as exc:  # noqa: BLE001 - a post-mortem keeps what it can
+            content = f"(not kept: {str(exc)[:300]})\n".encode()
+        store.write_bytes(key, tail(content, cap), "text/plain")
+        written.append(key)
+    return written

@@ -10,9 +10,12 @@ step ended, when each checkpoint was saved and for how long), the same for FSDP 
   ``build_image`` and ``provision`` run side by side), an instant counts once, for the stage that holds the chips
   longest (``PRIORITY``); an instant in no stage is "idle between stages" (the pipeline starting the next task).
 - The chips bill from the end of ``provision`` (its node pools exist) to the end of ``teardown`` (it deletes them),
-  the rule the plan's "before training" figure uses (``components.platforms.gke.plan``). Flex-start and Autopilot
-  nodes bill only once they come, so the figures are at most what was billed. The local platform's emulated chips
-  (one per host) are priced at zero; the categories are the same.
+  the rule the plan's "before training" figure uses (``components.platforms.gke.plan``), less "waiting for
+  capacity": the time ``deploy_raycluster`` saw the RayCluster's pods Unschedulable, waiting for nodes the cluster
+  autoscaler adds (a flex-start or Autopilot pool starts with none, and its nodes bill from when they come:
+  https://cloud.google.com/kubernetes-engine/docs/concepts/dws#pricing). Where some of the nodes came before the
+  others, those billed during the wait: the figures are at most what was billed. The local platform's emulated
+  chips (one per host) are priced at zero; the categories are the same.
 - Inside ``train``: until the first step of the first worker group ends, "trainer start" (imports, building the
   model, restoring, XLA's compile of the first step); a step that ends later is "productive" unless a later worker
   group ran the same step again, then it is "lost to failures", as is the time from a worker group's last step to the
@@ -29,6 +32,7 @@ from typing import Any
 CATEGORIES = (
     ("image build", "build_image"),
     ("provisioning", "provision"),
+    ("waiting for capacity", "deploy_raycluster: the RayCluster's pods waiting for nodes (not billed)"),
     ("cluster start", "deploy_raycluster: the RayCluster's pods scheduled and ready"),
     ("slice check", "check_slice"),
     ("trainer start", "train until its first step: imports, model, restore, compile; and after its last step"),
@@ -58,12 +62,14 @@ PRIORITY = (
     "trainer start",
     "slice check",
     "evaluation",
+    "waiting for capacity",
     "cluster start",
     "provisioning",
     "image build",
     "registry",
     "teardown",
 )
+UNBILLED = "waiting for capacity"  # wall time, no chip billed
 TRAIN_PARTS = ("trainer start", "productive steps", "checkpoint saves", "lost to failures")
 
 
@@ -146,6 +152,9 @@ def ledger(
         return None
     wall_lo, wall_hi = min(a for a, _ in spans.values()), max(b for _, b in spans.values())
     intervals = [(a, b, STAGE_CATEGORY[name]) for name, (a, b) in spans.items() if name in STAGE_CATEGORY]
+    capacity = ((records.get("deploy_raycluster") or {}).get("result") or {}).get("capacity_wait")
+    if capacity:
+        intervals.append((*capacity, UNBILLED))
     if "train" in spans:
         if records["train"].get("status") == "succeeded":
             intervals += train_intervals(spans["train"], records["train"].get("result", {}).get("timeline") or {})
@@ -154,6 +163,7 @@ def ledger(
     wall = _sweep(intervals, wall_lo, wall_hi)
     bill_lo = spans["provision"][1] if "provision" in spans else None
     billed = _sweep(intervals, bill_lo, max(bill_lo, wall_hi)) if bill_lo is not None else dict.fromkeys(wall, 0.0)
+    billed[UNBILLED] = 0.0
     billed_s = sum(billed.values())
     categories = [
         {

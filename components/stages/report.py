@@ -27,6 +27,8 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
             entry["error"] = rec["error"]
         if rec.get("signal"):
             entry["signal"] = rec["signal"]
+        if (rec.get("result") or {}).get("capacity_wait"):  # deploy_raycluster: when its pods waited for nodes
+            entry["capacity_wait"] = rec["result"]["capacity_wait"]
         stages.append(entry)
         results[name] = rec.get("result") or {}
     train, ev = results["train"], results["evaluate"]

@@ -24,7 +24,7 @@ from components.platforms import RunContext, get_platform, heartbeat, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import InfraError, RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
-from components.stages import STAGES, gate, goodput, vertex_task
+from components.stages import STAGES, gate, goodput, progress, vertex_task
 from components.stages.jobs import JobFailed, log, run_job
 from components.stages.registration import promote, register
 from components.workload import resolve
@@ -119,30 +119,12 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
 def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     """The trainer as a Ray job; ``train.init_from`` is resolved to a registered version's checkpoint now."""
     t = ctx.spec.train
-    total = ctx.spec.maxtext.steps if t.workload == "maxtext" else t.epochs
     start = gate.starting_point(ctx)
     if start:
         log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
 
-    shown: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
-    durations: list[float] = []
-
-    def progress(kind: str, p: dict) -> None:
-        unit, index = ("step", p["step"] + 1) if "step" in p else ("epoch", p.get("epoch"))
-        if kind != "metric" or (unit, index, p["loss"]) in shown:
-            return
-        shown.add((unit, index, p["loss"]))
-        seconds = p.get("epoch_s", p.get("step_s", 0.0))
-        durations.append(seconds)
-        eta = (total - index) * sum(durations[-5:]) / len(durations[-5:])  # the last few: not the first's compile
-        log(
-            f"train: {unit} {index}/{total}  loss {p['loss']:.4f}  {p['tokens_per_s']:.0f} tokens/s  ({seconds:.2f}s)"
-            + (f"  about {eta:.0f}s to go" if index < total else "")
-        )
-
-    job = run_job(
-        ctx, "train", entrypoint(ctx, "train", init_from=start["path"] if start else ""), t.timeout_s, progress
-    )
+    command = entrypoint(ctx, "train", init_from=start["path"] if start else "")
+    job = run_job(ctx, "train", command, t.timeout_s, _train_progress(ctx.spec))
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
     data = next((p for p in reversed(events) if p.get("event") == "data"), {})
@@ -165,6 +147,40 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
     }
+
+
+def _train_progress(spec: RunSpec) -> Callable[[str, dict], None]:
+    """What the train job's records show while it runs: a progress bar of its steps (FSDP's ``step`` events carry
+    their total and tokens, its losses come once an epoch; MaxText's per-step metrics carry the loss and tokens/s,
+    ``maxtext.steps`` in all) and, for FSDP, a line per epoch."""
+    seen: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
+    bar: list[progress.Bar] = []
+    loss: list[float] = []
+
+    def update(total: int, step: int, when: float | None, **figures) -> None:
+        if not bar:
+            bar.append(progress.Bar("train", total, "steps", log))
+        bar[0].update(step, when, loss[-1] if loss else None, **figures)
+
+    def on_record(kind: str, p: dict) -> None:
+        key = (kind, p.get("event"), p.get("step"), p.get("epoch"), p.get("time"), p.get("loss"))
+        if key in seen:
+            return
+        seen.add(key)
+        if kind == "event" and p.get("event") == "step_losses" and p.get("losses"):
+            loss.append(p["losses"][-1])
+        elif kind == "event" and p.get("event") == "step" and p.get("total"):
+            update(p["total"], p["step"], p.get("time"), tokens=p.get("tokens", 0.0))
+        elif kind == "metric" and "step" in p:  # MaxText: its step counts from 0
+            loss.append(p["loss"])
+            update(spec.maxtext.steps, p["step"] + 1, p.get("time"), rate=p.get("tokens_per_s"))
+        elif kind == "metric" and "epoch" in p:
+            log(
+                f"train: epoch {p['epoch']}/{spec.train.epochs}  loss {p['loss']:.4f}  "
+                f"{p['tokens_per_s']:.0f} tokens/s  ({p['epoch_s']:.2f}s)"
+            )
+
+    return on_record
 
 
 def first_step_at(records: list[tuple[str, dict]]) -> float | None:
@@ -200,7 +216,14 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         init_from=start.get("path", ""),
         champion=(champion or {}).get("path", ""),
     )
-    job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s)
+    bar: list[progress.Bar] = []
+
+    def on_record(kind: str, p: dict) -> None:  # the evaluation's progress: its batches, model after model
+        if kind == "event" and p.get("event") == "eval_model":
+            bar[:] = bar or [progress.Bar("evaluate", p["total"], "batches", log)]
+            bar[0].update(p["done"], p.get("time"))
+
+    job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s, on_record)
     result = job["result"]
     measured = (champion or {}).get("path")
     not_held_out = gate.not_held_out(ctx.spec)

@@ -35,8 +35,8 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
 RUNS = {  # run -> its overrides, in order (its run id: this test session's own, unique_run_id)
-    "gate-1": (),  # the default: `make run`'s
-    "gate-2": ("cluster.num_hosts=1 cluster.slice_check=false train.init_from=champion epochs=1",),
+    "gate-1": (),  # the default: `make run`'s, piped
+    "gate-2": ("cluster.num_hosts=1 cluster.slice_check=false train.init_from=champion epochs=1",),  # on a terminal
 }
 
 
@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
     out = {"root": root}
     for name, overrides in RUNS.items():
         run_id = unique_run_id(name)
-        proc = tpupipe_run(root, run_id, *overrides)
+        proc = tpupipe_run(root, run_id, *overrides, tty=name == "gate-2")
         summary_file = root / run_id / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         registry = open_registry(root)
@@ -100,7 +100,13 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert len(shown) <= 60, proc.stdout
     assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
     assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
-    assert "train: succeeded (" in proc.stdout and "train: epoch 3/3" in proc.stdout
+    assert "train: succeeded (" in proc.stdout and "progress train [" in proc.stdout, proc.stdout
+    assert "] 48/48 steps  loss " in proc.stdout and "] 8/8 batches" in proc.stdout, proc.stdout
+    # On a terminal a bar is drawn in place: each of its updates a line of the run's log, one line of the terminal.
+    terminal, log = runs["gate-2"]["proc"].stdout, (runs["gate-2"]["run_dir"] / "logs" / "pipeline.log").read_text()
+    assert terminal.count("\n") <= 60 and "\r\x1b[2K    progress train [" in terminal, terminal
+    bars = [line for line in terminal.split("\n") if "progress train [" in line]
+    assert len(bars) == 1 and log.count("progress train [") == bars[0].count("progress train [") > 1, terminal
 
 
 def test_the_run_accounts_for_every_chip_second_and_every_step(runs):

@@ -222,6 +222,21 @@ def _rewrite(data: bytes, prefixes: dict[str, str], start: bytes = PATH_START) -
     return pattern.sub(lambda m: prefixes[m[1].decode()].encode(), data)
 
 
+def _running(container: dict) -> dict:
+    """The kubelet's status of a container that started and runs: one entry per container of the pod's spec
+    (PodStatus ``containerStatuses``; ContainerStatus ``state.running.startedAt``, ``ready``, ``restartCount``:
+    https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#PodStatus)."""
+    return {
+        "name": container["name"],
+        "ready": True,
+        "started": True,
+        "image": container["image"],
+        "imageID": container["image"],
+        "restartCount": 0,
+        "state": {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}},
+    }
+
+
 def _status(code: int, reason: str, message: str) -> dict:
     return {
         "kind": "Status",
@@ -424,6 +439,10 @@ class KubeEmulator:
                     ),
                 )
             return self._send(h, 200, found)
+        pod_log = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", url.path)
+        if pod_log and method == "GET":
+            code, out = self._pod_log(pod_log.group(1), pod_log.group(2), query)
+            return self._send(h, code, out, "text/plain" if code == 200 else "application/json")
         proxy = re.match(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$", url.path)
         if proxy:
             return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
@@ -903,7 +922,7 @@ class KubeEmulator:
             f"--temp-dir={temp_dir / 'head'}",
             *[f"--{k}={v}" for k, v in head.items()],
         ]
-        launches = [(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / "head.out")]
+        launches = [(cmd, base_env | envs[pods[0]["metadata"]["name"]], logs / f"{pods[0]['metadata']['name']}.out")]
         for index, (pod, node_ports) in enumerate(zip(workers, ports[1:], strict=True)):
             container = pod["spec"]["containers"][0]
             limits = container["resources"]["limits"]
@@ -1037,6 +1056,7 @@ class KubeEmulator:
                     pod["status"] = {
                         "phase": "Running",
                         "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                        "containerStatuses": [_running(c) for c in pod["spec"]["containers"]],
                     }
             status = obj["status"]
             status.update(
@@ -1115,6 +1135,48 @@ class KubeEmulator:
             if r.ok:
                 return r.json().get("status", "")
         return ""
+
+    # ------------------------------------------------------------------ a pod's log
+    def _pod_log(self, namespace: str, name: str, query: dict) -> tuple[int, object]:
+        """``GET /api/v1/namespaces/{ns}/pods/{name}/log``: the container's output, as the kubelet keeps it; its
+        parameters ``container`` (needed when the pod has several), ``previous``, ``tailLines`` and ``limitBytes``
+        (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#read-log-of-the-specified-pod).
+        An emulated Ray pod's container is its ``ray start --block`` process, whose output is the pod's log. A
+        container name missing or wrong is a 400 with the API server's message (kubernetes/kubernetes,
+        pkg/registry/core/pod/strategy.go, ``LogLocation``); a container not yet started, or a ``previous`` one that
+        never ended, a 400 with the kubelet's (pkg/kubelet/kubelet_pods.go, ``validateContainerLogStatus``)."""
+        with self.lock:
+            pod = self.objects.get(("pods", namespace, name))
+        if pod is None:
+            return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        container = query.get("container") or (containers[0] if len(containers) == 1 else "")
+        if container not in containers:
+            message = f"a container name must be specified for pod {name}, choose one of: {containers}"
+            if query.get("container"):
+                message = f"container {container} is not valid for pod {name}"
+            return 400, _status(400, "BadRequest", message)
+        status = next((c for c in pod["status"].get("containerStatuses") or [] if c["name"] == container), {})
+        state = status.get("state") or {}
+        if query.get("previous") == "true":
+            if not status.get("restartCount"):
+                return 400, _status(
+                    400, "BadRequest", f'previous terminated container "{container}" in pod "{name}" not found'
+                )
+            return 200, b""  # the emulated pods restart in place: the output before is in the one file
+        if not (state.get("running") or state.get("terminated")):
+            reason = (state.get("waiting") or {}).get("reason", "ContainerCreating")
+            return 400, _status(
+                400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: {reason}'
+            )
+        out = self.work_dir / "ray" / pod["metadata"]["labels"]["ray.io/cluster"] / f"{name}.out"
+        data = out.read_bytes() if out.exists() else b""
+        if query.get("tailLines"):
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-int(query["tailLines"]) :]) if int(query["tailLines"]) else b""
+        if query.get("limitBytes"):
+            data = data[: int(query["limitBytes"])]
+        return 200, data
 
     # ------------------------------------------------------------------ the service proxy
     def _proxy(self, h, method: str, namespace: str, service: str, path: str, query: str, body: bytes) -> None:

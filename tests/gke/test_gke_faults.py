@@ -115,6 +115,24 @@ FAULTS = [
 ]
 
 
+def _assert_postmortem(run_dir, pods: list[str]) -> None:
+    """What teardown kept of the crashed run's cluster, besides the pods' statuses: each pod's own log (the Ray
+    processes' output), the node pools GKE described, Ray's state with the dead actors, and the nodes' Ray logs."""
+    logs = run_dir / "logs"
+    print(sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_file()))
+    head = next(p for p in pods if "-head" in p)
+    assert "Ray runtime started" in (logs / "pods" / f"{head}.log").read_text()
+    assert {p.name for p in (logs / "pods").glob("*.log")} == {f"{p}.log" for p in pods}
+    pools = json.loads((logs / "node_pools.json").read_text())
+    assert pools and all(p["status"] and p["machine_type"] for p in pools), pools
+    state = json.loads((logs / "ray_state.json").read_text())
+    print(json.dumps(state["dead_actors"], indent=1)[:6000], json.dumps(state["failed_tasks"], indent=1)[:6000])
+    assert len(state["nodes"]) == len(pods), state["nodes"]
+    assert state["dead_actors"] and all(a["death_cause"] for a in state["dead_actors"]), state["dead_actors"]
+    assert (logs / "ray" / "head" / "gcs_server.out").stat().st_size
+    assert all(list((logs / "ray" / p).glob("raylet.*")) for p in pods if p != head)
+
+
 def _nothing_left(project: Project, run_id: str, timeout_s: float = 60) -> None:
     """Nothing of the run in any emulator, once the Ray processes of a deleted RayCluster have had time to stop."""
     wait_until(
@@ -174,6 +192,7 @@ def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(
             kept = json.loads((root / fault.run_id / "logs" / "kubernetes.json").read_text())
             assert kept["pods"] and all(p["phase"] for p in kept["pods"]), kept
             assert kept["raycluster"], kept
+            _assert_postmortem(root / fault.run_id, [p["name"] for p in kept["pods"]])
         _nothing_left(project, fault.run_id)
         fault.after(project, out)
     finally:

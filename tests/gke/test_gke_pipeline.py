@@ -117,6 +117,9 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
         None,
     )
     assert categories["cluster start"]["chip_s"] > 0 and "TPU chip-minutes billed (price unknown)" in proc.stdout
+    # The pool scales from zero (flex-start): the pods waited for their node, the scale-up's seconds, billing none.
+    waited = categories["waiting for capacity"]
+    assert waited["seconds"] >= project.kube.scale_up_s * 0.9 and waited["chip_s"] == 0, categories
     built = json.loads((run_dir / "stages" / "build_image.json").read_text())["result"]
     assert built["built"] and built["digest"].startswith("sha256:")
     assert built["image"] == f"us-east5-docker.pkg.dev/tpupipe-emulated/tpupipe/torch:{run_id}"

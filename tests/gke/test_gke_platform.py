@@ -505,9 +505,11 @@ def test_readiness_waits_for_a_triggered_scale_up_past_the_grace_then_is_ready()
     assert machine.step(cluster, pods, now=600, events=scaling) is None  # far past the grace: still waiting
     other = [_event("w1", "TriggeredScaleUp", TRIGGERED, 1)]  # another pod's scale-up says nothing of w0
     assert machine.step(cluster, pods, now=601, events=other) is None and machine.unschedulable_since == 601
+    assert machine.capacity_wait == (0, None)  # waiting for a node since the first observation
     assert machine.step(cluster, [_pod("w0")], now=620, events=scaling) is None  # the nodes came: scheduled
+    assert machine.capacity_wait == (0, 620)
     ready = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 1, "state": "ready"}}
-    assert machine.step(ready, [_pod("w0")], now=640) is True
+    assert machine.step(ready, [_pod("w0")], now=640) is True and machine.capacity_wait == (0, 620)
 
 
 def test_readiness_fails_at_once_with_a_failed_scale_up_and_its_reason():

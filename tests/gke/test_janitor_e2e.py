@@ -5,6 +5,7 @@ RayCluster as local raylets)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,6 +50,14 @@ def test_a_run_sigkilled_during_train_is_swept_by_the_janitor(tmp_path, project)
     )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert f"{run_id} (started" in sweep.stdout and "deleted" in sweep.stdout
+    # Through the same teardown, the janitor kept what the cluster knew before deleting it: the pods' statuses and
+    # events, each Ray pod's log, the node pools, Ray's state and the nodes' Ray logs (the train job's driver's too).
+    logs = root / run_id / "logs"
+    kept = json.loads((logs / "kubernetes.json").read_text())
+    assert kept["pods"] and kept["raycluster"], kept
+    assert {p.name for p in (logs / "pods").glob("*.log")} == {f"{p['name']}.log" for p in kept["pods"]}
+    assert json.loads((logs / "node_pools.json").read_text()) and json.loads((logs / "ray_state.json").read_text())
+    assert any(f.name.startswith("job-driver-") for f in (logs / "ray").rglob("*.log")), list((logs / "ray").rglob("*"))
     _wait_gone(run_id)
     assert project.leftovers(run_id) == {}
     again = subprocess.run(

@@ -50,6 +50,23 @@ def test_a_run_with_a_restart_accounts_every_second_and_counts_repeated_steps_as
     assert g["usd"] == pytest.approx(45 * 36.0 / 3600)
 
 
+def test_pods_waiting_for_nodes_are_wall_time_waiting_for_capacity_and_bill_no_chip():
+    # Flex-start: the pools exist at provision's end (10) with no nodes; the pods wait for them 12-40, then start.
+    records = {
+        "provision": _stage(0, 10),
+        "deploy_raycluster": _stage(10, 35, result={"capacity_wait": [12.0, 40.0]}),
+        "train": _stage(45, 10, status="failed"),
+        "teardown": _stage(55, 5),
+    }
+    g = goodput.ledger(records, chips=4, usd_per_hour=8.0)
+    c = _categories(g)
+    assert c["waiting for capacity"]["seconds"] == 28 and c["waiting for capacity"]["chip_s"] == 0
+    assert c["cluster start"]["seconds"] == 2 + 5 and c["cluster start"]["chip_s"] == 7 * 4
+    assert g["wall_s"] == 60 and sum(x["seconds"] for x in g["categories"]) == pytest.approx(60)
+    assert g["billed_s"] == 50 - 28 and sum(x["chip_s"] for x in g["categories"]) == pytest.approx(22 * 4)
+    assert g["usd"] == pytest.approx(22 * 8.0 / 3600, abs=1e-4)
+
+
 def test_unknown_prices_are_unknown_and_a_failed_train_is_lost():
     records = {
         "provision": _stage(0, 10),

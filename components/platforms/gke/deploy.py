@@ -124,7 +124,7 @@ def raycluster(s: Session, res: Resource) -> None:
         )
     )
     with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
-        ready = readiness.wait_ready(
+        ready, capacity_wait = readiness.wait_ready(
             kube,
             res.name,
             limits.deadline_s,
@@ -145,6 +145,7 @@ def raycluster(s: Session, res: Resource) -> None:
         "endpoint": control_plane(s.cluster).host,
         "available_workers": status.get("availableWorkerReplicas"),
         "images": sorted({c["image"] for c in _containers(ready)}),  # as the API server holds the RayCluster
+        "capacity_wait": capacity_wait,  # when its pods waited for nodes (the goodput ledger's "waiting for capacity")
     }
 
 

@@ -193,6 +193,15 @@ class Kube:
         listed = self.core.list_namespaced_event(self.namespace, field_selector="involvedObject.kind=Pod")
         return [self.api.sanitize_for_serialization(e) for e in listed.items]
 
+    def pod_log(self, name: str, container: str, tail_lines: int, previous: bool = False) -> str:
+        """A container's log, its last ``tail_lines`` lines (``previous``: of its container before the last restart):
+        the API server's "read log" of a pod (``GET .../pods/{name}/log``, its ``container``, ``tailLines`` and
+        ``previous`` parameters: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
+        #read-log-of-the-specified-pod)."""
+        return self.core.read_namespaced_pod_log(
+            name, self.namespace, container=container, tail_lines=tail_lines, previous=previous
+        )
+
     # -- delete by the run label (not found is success)
     def delete_labelled(self, selector: str) -> list[str]:
         from kubernetes.client.exceptions import ApiException
@@ -325,6 +334,26 @@ def unauthenticated_status(
         if attempt + 1 < tries:
             time.sleep(1.0)
     return status
+
+
+def dashboard_get(
+    plane: ControlPlane, ca_dir: Path, namespace: str, raycluster: str, k8s_token: Callable[..., str], ray_token: str
+) -> Callable[[str, list[tuple[str, str]]], Any]:
+    """``get(path, params)``: a GET on the RayCluster head's dashboard (its State API: the post-mortem's) through the
+    API server's service proxy, with the job client's credentials (:func:`job_client`); the response, an HTTP error
+    raised."""
+    import requests
+
+    address = proxy_address(plane.host, namespace, f"{raycluster}-head-svc")
+    verify = plane.ca_file(ca_dir) or True
+
+    def get(path: str, params: list[tuple[str, str]]):
+        headers = {"Authorization": f"Bearer {k8s_token()}", "X-Ray-Authorization": f"Bearer {ray_token}"}
+        response = requests.get(address + path, params=params, headers=headers, verify=verify, timeout=60)
+        response.raise_for_status()
+        return response
+
+    return get
 
 
 class JobClient:

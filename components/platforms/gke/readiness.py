@@ -65,7 +65,9 @@ class Readiness:
     ``unschedulable_grace_s`` with no scale-up under way (a fixed-size pool does not grow; NotTriggerScaleUp names
     why). A pod unschedulable with a TriggeredScaleUp event is waiting for its nodes (flex-start, Autopilot: they
     start with none): only the deadline of :func:`wait_ready` bounds that wait. While it waits, ``last`` names each
-    pod that is not running and why."""
+    pod that is not running and why, and ``capacity_wait`` is the (first, last) time a pod of the RayCluster was
+    waiting for a node: from the first observation of a pod Unschedulable to the first after it at which none is (the
+    goodput ledger's "waiting for capacity", components/stages/goodput.py)."""
 
     unschedulable_grace_s: float = 60.0
     # 0: a FailedScaleUp is final (a fixed pool); else the autoscaler retries, and FailedScaleUp ends the wait only
@@ -75,6 +77,7 @@ class Readiness:
     last: str = "no status yet"
     failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
     failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
+    capacity_wait: tuple[float, float | None] | None = None  # (since, until; None while still waiting)
 
     def step(
         self,
@@ -92,7 +95,9 @@ class Readiness:
             f"state {status.get('state') or '(none)'}, {available}/{desired if desired is not None else '?'} "
             f"workers available, {len(pods)} pods"
         )
+        self._capacity(now, any(unschedulable(p) is not None for p in pods))
         if status.get("state") == "ready" and desired is not None and available >= desired:
+            self._capacity(now, False)
             return True
         for pod in pods:
             _check_containers(pod)
@@ -132,6 +137,14 @@ class Readiness:
             )
         self.last += f", {len(stuck)} unschedulable"
         return None
+
+    def _capacity(self, now: float, waiting: bool) -> None:
+        """Keep ``capacity_wait``: opened at the first observation of a pod waiting for a node, closed at the first
+        at which none waits (a later wait, rare, extends it to its own end)."""
+        if waiting:
+            self.capacity_wait = (self.capacity_wait[0] if self.capacity_wait else now, None)
+        elif self.capacity_wait and self.capacity_wait[1] is None:
+            self.capacity_wait = (self.capacity_wait[0], now)
 
     def _failed_scale_up(self, name: str, event: dict[str, Any], now: float) -> None:
         """A FailedScaleUp about pod ``name``: final for a fixed pool (no grace), else final only once such events
@@ -197,9 +210,10 @@ def wait_ready(
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
-    one of them is unschedulable."""
+    one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
+    epoch seconds; None if none ever did)."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(unschedulable_grace_s=unschedulable_grace_s, failed_scale_up_grace_s=failed_scale_up_grace_s)
@@ -226,4 +240,6 @@ def wait_ready(
         )
     except DeadlineExceeded as exc:
         raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
-    return kube.get("RayCluster", name)
+    epoch = time.time() - clock()  # the clock's instants as epoch seconds, as the stage records keep time
+    wait = machine.capacity_wait
+    return kube.get("RayCluster", name), (wait[0] + epoch, wait[1] + epoch) if wait and wait[1] is not None else None

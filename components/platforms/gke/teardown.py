@@ -84,15 +84,57 @@ def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]
     cluster = clients.gke().get_cluster(run_cluster(ledger, target(ctx.spec, ctx.run_id)))
     if cluster is None or not control_plane(cluster).host:
         return []
-    kube, _, _ = clients.kube(ctx)
+    kube, _, token = clients.kube(ctx)
     if kube is None:
         return []
     selector = f"{names.RUN_LABEL}={ctx.run_id}"
-    try:  # what the pods knew, kept before they go (components/platforms/postmortem.py)
-        postmortem.kubernetes(ctx.store, kube, selector, names.raycluster(ctx.run_id))
-    except Exception as exc:  # noqa: BLE001 - a post-mortem never stops the teardown itself
-        print(f"teardown: could not keep the pods' statuses and events: {exc}", flush=True)
+    _keep_postmortem(ctx, kube, cluster, token, selector)
     return kube.delete_labelled(selector)
+
+
+def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> None:
+    """What the cluster knew, kept in the run's store before it goes (components/platforms/postmortem.py); each
+    part on its own, and none of them stops the teardown itself."""
+    from components.platforms.gke import kube as gke_kube
+
+    raycluster = names.raycluster(ctx.run_id)
+
+    def ray():
+        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        get = gke_kube.dashboard_get(
+            control_plane(cluster), ctx.run_dir / "gke", kube.namespace, raycluster, token, ray_token
+        )
+        postmortem.ray_state(ctx.store, get)
+
+    parts = {
+        "the pods' statuses and events": lambda: postmortem.kubernetes(ctx.store, kube, selector, raycluster),
+        "the pods' logs": lambda: postmortem.pod_logs(ctx.store, kube, kube.pods(selector)),
+        "the node pools' state": lambda: postmortem.node_pools(ctx.store, _pools(ctx, cluster)),
+        "Ray's state and logs": ray,
+    }
+    for what, keep in parts.items():
+        try:
+            keep()
+        except Exception as exc:  # noqa: BLE001 - a post-mortem never stops the teardown itself
+            print(f"teardown: could not keep {what}: {str(exc)[:300]}", flush=True)
+
+
+def _pools(ctx: RunContext, cluster) -> list[dict[str, Any]]:
+    """The run's node pools in ``cluster`` (all of a cluster the run owns; its labelled ones in another), as GKE
+    describes them: status, message, conditions, autoscaling, size, the nodes' machine and provisioning."""
+    owned = target(ctx.spec, ctx.run_id).owns_cluster
+    pools = []
+    for pool in cluster.node_pools:
+        if not owned and pool.config.resource_labels.get(names.RUN_LABEL) != ctx.run_id:
+            continue
+        doc = type(pool).to_dict(pool)
+        config = doc.get("config") or {}
+        pools.append(
+            {k: doc.get(k) for k in ("name", "status", "status_message", "conditions", "autoscaling")}
+            | {k: doc.get(k) for k in ("initial_node_count", "placement_policy", "queued_provisioning")}
+            | {k: config.get(k) for k in ("machine_type", "spot", "reservation_affinity")}
+        )
+    return pools
 
 
 def _delete_cluster_or_pools(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
