@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from components.spec import RunSpec, SpecError
+from components.spec import GENERATED_DATASET, RunSpec, SpecError
 from components.tpu import catalogue
 
 # Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
@@ -73,6 +73,36 @@ AXIS_DEFAULTS = {
     "dcn_fsdp_parallelism": 1,
 }
 
+# MaxText's input pipelines tpupipe wires: synthetic (one fixed batch of random tokens, for train and eval alike) and
+# hf (MaxText's Hugging Face pipeline on the generated dataset: JSON Lines files and a character tokenizer the train
+# and eval jobs write, trainers/maxtext_data.py; its eval reads the held-out split).
+DATASET_TYPES = ("synthetic", "hf")
+DATA_DIR = "maxtext-data"
+
+
+def data_paths(output_dir: str) -> dict[str, str]:
+    """Where the generated dataset's MaxText files are, under the jobs' output directory (the one both the train
+    and the eval job get): the train split, the held-out split (MaxText's eval data) and the tokenizer directory."""
+    root = f"{output_dir.rstrip('/')}/{DATA_DIR}"
+    return {"train": f"{root}/train.jsonl", "eval": f"{root}/heldout.jsonl", "tokenizer": f"{root}/tokenizer"}
+
+
+def data_args(spec: RunSpec, output_dir: str) -> list[str]:
+    """MaxText's data arguments: the dataset type and, for hf, the files it reads (``hf_path=json`` loads local JSON
+    Lines files: maxtext/input_pipeline/hf_data_processing.py in maxtext 0.2.5) and the tokenizer."""
+    args = [f"dataset_type={spec.maxtext.dataset_type}"]
+    if spec.maxtext.dataset_type == "hf":
+        paths = data_paths(output_dir)
+        args += [
+            "hf_path=json",
+            f"hf_train_files={paths['train']}",
+            f"hf_eval_files={paths['eval']}",
+            f"tokenizer_path={paths['tokenizer']}",
+            "tokenizer_type=huggingface",
+        ]
+    return args
+
+
 # Extra arguments when the hosts are emulated on CPU: the driver initialises jax.distributed itself.
 CPU_ARGS = (
     "hardware=cpu",
@@ -81,6 +111,7 @@ CPU_ARGS = (
     "dtype=float32",
     "async_checkpointing=false",
     "enable_tensorboard=false",
+    "grain_worker_count=0",  # the hf pipeline's loader in the worker's own process: no extra process per host
 )
 
 
@@ -130,6 +161,14 @@ def validate(spec: RunSpec) -> None:
             f"maxtext.max_lost_steps={m.max_lost_steps} steps",
             ["0", f"1 to {m.max_lost_steps}"],
         )
+    if m.dataset_type not in DATASET_TYPES:
+        raise SpecError("maxtext.dataset_type", f"unknown or unwired dataset type {m.dataset_type!r}", DATASET_TYPES)
+    if m.dataset_type == "hf" and spec.train.dataset != GENERATED_DATASET:
+        raise SpecError(
+            "train.dataset",
+            f"maxtext.dataset_type=hf reads the generated dataset here, got {spec.train.dataset!r}",
+            [GENERATED_DATASET],
+        )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
     if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:
@@ -156,7 +195,7 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
     tutorial's commands, for the llama3-* presets)."""
     m = spec.maxtext
     args = [
-        f"dataset_type={m.dataset_type}",
+        *data_args(spec, output_dir),
         f"per_device_batch_size={_fmt(m.per_device_batch_size)}",
         f"max_target_length={m.max_target_length}",
     ]

@@ -94,6 +94,8 @@ def test_eval_args_freeze_training_and_load_the_checkpoint():
             "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=-1",
             "maxtext.ici_tensor_parallelism",
         ),
+        ("local-maxtext", "maxtext.dataset_type=tfds", "maxtext.dataset_type"),
+        ("local-maxtext", "train.dataset=databricks/databricks-dolly-15k", "train.dataset"),
         ("llama3-70b-v6e-16x2", "maxtext.dcn_fsdp_parallelism=4", "maxtext.dcn_fsdp_parallelism"),
         ("llama3-8b-v6e-16x2", "maxtext.ici_fsdp_parallelism=8", "maxtext.ici_fsdp_parallelism"),
     ],
