@@ -9,6 +9,18 @@ arguments of the command line. On TPU, Ray's JAX backend forms the multi-host ru
 on emulated CPU hosts it does not, so each worker gets XLA's host device count and the workers join one
 ``jax.distributed`` runtime (gloo collectives) here, so MaxText's mesh spans the processes as it spans the
 hosts of a slice. Rank 0 turns MaxText's per-step log lines into ``TPUPIPE metric`` records.
+
+Elastic runs (``train.min_workers`` < ``train.max_workers``): Ray Train starts each worker group with as many workers
+as the cluster holds, within the range; MaxText builds its mesh from the group's devices (an axis of -1 fills in
+what is left: the spec checks in ``components.workload.maxtext`` refuse a mesh that fits no group) and Orbax
+restores the newest checkpoint onto that mesh's shardings, however many devices it has. The multislice environment
+follows the group, not the pod: the worker pods carry a static ``MEGASCALE_NUM_SLICES`` (the cluster's slices), but
+Ray's JAX backend overwrites ``MEGASCALE_COORDINATOR_ADDRESS``, ``MEGASCALE_NUM_SLICES`` and ``MEGASCALE_SLICE_ID`` on
+every worker of every new group with the values of that group before JAX starts (ray 2.60.0,
+``ray/train/v2/jax/config.py``: ``_JAX_MULTISLICE_OVERRIDE_KEYS`` and ``_setup_jax_distributed_environment``), so a
+group shrunk to the intact slices waits for no lost one. On emulated CPU hosts no ``MEGASCALE_*`` is set at all and
+MaxText makes one slice of every device whatever the cluster's slices (maxtext 0.2.5, ``maxtext/utils/max_utils.py``,
+``get_num_slices``: hardware=cpu), so a shrink there changes only the device count.
 """
 
 from __future__ import annotations
@@ -158,6 +170,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             {
                 "event": "worker_group_started",
                 "group": os.getpid(),
+                "num_workers": world,  # an elastic run's group may be smaller than the first
                 "launched": launched,
                 "time": time.time(),
                 "restore_step": int(restored.name) if restored else None,

@@ -122,7 +122,7 @@ def devices_per_host(spec: RunSpec) -> int:
     return catalogue.slice_shape(spec.cluster.accelerator, spec.cluster.topology).logical_devices_per_host
 
 
-def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str) -> None:
+def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str, when: str = "") -> None:
     values = {axis: getattr(spec.maxtext, axis) for axis in axes}
     auto = [a for a, v in values.items() if v == -1]
     bad = [a for a, v in values.items() if v == 0 or v < -1]
@@ -134,7 +134,36 @@ def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str) -> 
     product = " x ".join(f"{a.removesuffix('_parallelism')} {v}" for a, v in values.items())
     if (auto and total % explicit) or (not auto and explicit != total):
         field = f"maxtext.{next((a for a, v in values.items() if v not in (1, -1)), axes[0])}"
-        raise SpecError(field, f"{what} parallelism {product} must multiply to {total}")
+        hint = [f"one axis -1 (auto), the others dividing {total}"] if when else []
+        raise SpecError(field, f"{what} parallelism {product} must multiply to {total}{when}", hint)
+
+
+def worker_counts(spec: RunSpec) -> list[int]:
+    """The Ray Train worker counts (one per host) a run may train with: each whole number of slices from
+    ``train.min_workers`` to ``train.max_workers`` when elastic, else every host."""
+    t = spec.train
+    if not (t.min_workers and t.max_workers):
+        return [spec.total_hosts]
+    per_slice = spec.cluster.num_hosts
+    return list(range(t.min_workers, t.max_workers + 1, per_slice))
+
+
+def _check_mesh(spec: RunSpec) -> None:
+    """MaxText's mesh must fit every worker group the run may have. On TPU the ICI axes span one slice and the DCN
+    axes the slices of the group (an elastic group of fewer slices keeps the slices whole). On emulated CPU hosts
+    MaxText makes one slice of every device (``max_utils.get_num_slices`` in maxtext 0.2.5: hardware=cpu is one
+    slice), so the ICI axes span all the group's devices and the DCN axes multiply to 1; an elastic run needs an
+    axis of -1 (auto) for MaxText to fill in on a smaller group."""
+    counts = worker_counts(spec)
+    elastic = len(counts) > 1
+    for workers in counts:
+        when = f" on {workers} workers (train.min_workers..train.max_workers)" if elastic else ""
+        if spec.cluster.accelerator == "cpu":
+            _check_axes(spec, ICI_AXES, devices_per_host(spec) * workers, "ICI (all the devices on CPU)", when)
+            _check_axes(spec, DCN_AXES, 1, "DCN (one slice on CPU)")
+        else:
+            _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
+            _check_axes(spec, DCN_AXES, workers // spec.cluster.num_hosts, "DCN (across slices)", when)
 
 
 def validate(spec: RunSpec) -> None:
@@ -171,12 +200,11 @@ def validate(spec: RunSpec) -> None:
         )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
-    if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:
-        raise SpecError(
+    if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:  # an elastic range: checked
+        raise SpecError(  # with the TPU catalogue's rules (whole slices, components.workload.checks.check_workers)
             "train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, got {spec.num_workers}"
         )
-    _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
-    _check_axes(spec, DCN_AXES, spec.cluster.num_slices, "DCN (across slices)")
+    _check_mesh(spec)
 
 
 def checkpoint_period(spec: RunSpec) -> int:
