@@ -27,7 +27,8 @@ _REPLACED_FOR_EVAL = ("steps=", "learning_rate=", "checkpoint_period=", "run_nam
 
 
 def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path: str) -> list[str]:
-    """MaxText's own eval loop on the held-out (synthetic) eval split, training frozen (learning rate 0, one
+    """MaxText's own eval loop on its eval data (``hf_eval_files``, the held-out split, with ``dataset_type=hf``;
+    with synthetic data the training batch itself), training frozen (learning rate 0, one
     step): of ``params_path`` (a checkpoint's ``items``), or of the untrained initialisation when empty."""
     args = [a for a in train_args if not a.startswith(_REPLACED_FOR_EVAL)]
     args += [

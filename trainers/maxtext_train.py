@@ -9,6 +9,18 @@ arguments of the command line. On TPU, Ray's JAX backend forms the multi-host ru
 on emulated CPU hosts it does not, so each worker gets XLA's host device count and the workers join one
 ``jax.distributed`` runtime (gloo collectives) here, so MaxText's mesh spans the processes as it spans the
 hosts of a slice. Rank 0 turns MaxText's per-step log lines into ``TPUPIPE metric`` records.
+
+Elastic runs (``train.min_workers`` < ``train.max_workers``): Ray Train starts each worker group with as many workers
+as the cluster holds, within the range; MaxText builds its mesh from the group's devices (an axis of -1 fills in
+what is left: the spec checks in ``components.workload.maxtext`` refuse a mesh that fits no group) and Orbax
+restores the newest checkpoint onto that mesh's shardings, however many devices it has. The multislice environment
+follows the group, not the pod: the worker pods carry a static ``MEGASCALE_NUM_SLICES`` (the cluster's slices), but
+Ray's JAX backend overwrites ``MEGASCALE_COORDINATOR_ADDRESS``, ``MEGASCALE_NUM_SLICES`` and ``MEGASCALE_SLICE_ID`` on
+every worker of every new group with the values of that group before JAX starts (ray 2.60.0,
+``ray/train/v2/jax/config.py``: ``_JAX_MULTISLICE_OVERRIDE_KEYS`` and ``_setup_jax_distributed_environment``), so a
+group shrunk to the intact slices waits for no lost one. On emulated CPU hosts no ``MEGASCALE_*`` is set at all and
+MaxText makes one slice of every device whatever the cluster's slices (maxtext 0.2.5, ``maxtext/utils/max_utils.py``,
+``get_num_slices``: hardware=cpu), so a shrink there changes only the device count.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import job_args, maxtext_log
+from trainers import job_args, maxtext_data, maxtext_log
 
 
 def base_yml() -> str:
@@ -138,7 +150,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
     else:
         absl_logging.set_verbosity(absl_logging.WARNING)
+    from absl import flags
     from maxtext.trainers.pre_train import train
+
+    # MaxText's own entry point runs under absl's app.run, which parses absl's flags; called as a function it does
+    # not, and Grain's data loader reads its flags (grain_enable_multiprocess_worker_profiling) on the first batch.
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
     # Importing MaxText takes the ranks of busy CPU hosts tens of seconds, and they finish it far apart, while gloo
     # gives a late peer 30 s at MaxText's first collective (then the group fails and restarts): start together.
@@ -152,6 +170,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             {
                 "event": "worker_group_started",
                 "group": os.getpid(),
+                "num_workers": world,  # an elastic run's group may be smaller than the first
                 "launched": launched,
                 "time": time.time(),
                 "restore_step": int(restored.name) if restored else None,
@@ -245,12 +264,23 @@ def run_eval(
         "eval_loss_after": losses["after"],
         "perplexity_before": math.exp(losses["before"]),
         "perplexity_after": math.exp(losses["after"]),
-        "eval_split": f"{spec.maxtext.dataset_type} ({spec.maxtext.eval_steps} batches)"
-        + (": the training batch, not held out" if spec.maxtext.dataset_type == "synthetic" else ""),
+        "eval_split": eval_split(spec, args),
     }
     if champion:
         result.update(champion_loss=losses["champion"], perplexity_champion=math.exp(losses["champion"]))
     return result
+
+
+def eval_split(spec: RunSpec, args: list[str]) -> str:
+    """What MaxText's eval loop read, in words."""
+    batches = f"{spec.maxtext.eval_steps} batches"
+    if _arg(args, "dataset_type") == "hf":
+        return (
+            f"the generated dataset's held-out split ({spec.train.num_eval_examples} examples, "
+            f"{_arg(args, 'hf_eval_files')}; none of its instructions is in the {spec.train.num_train_examples} "
+            f"training examples): at most {batches}"
+        )
+    return f"{spec.maxtext.dataset_type} ({batches}): the training batch, not held out"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -273,11 +303,31 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, maxtext_args
 
 
+def prepare_data(spec: RunSpec, args: list[str]) -> dict[str, Any] | None:
+    """With ``dataset_type=hf``: the generated dataset's splits and the tokenizer, written where MaxText's arguments
+    point (``hf_train_files``, ``hf_eval_files``, ``tokenizer_path``), before any worker reads them."""
+    if _arg(args, "dataset_type") != "hf":
+        return None
+    t = spec.train
+    files = {"train": _arg(args, "hf_train_files"), "eval": _arg(args, "hf_eval_files")}
+    counts = maxtext_data.write_dataset(
+        files["train"], files["eval"], t.num_train_examples, t.num_eval_examples, t.seed
+    )
+    vocab = maxtext_data.write_tokenizer(_arg(args, "tokenizer_path"))
+    print(
+        f"MaxText data: {counts['train']} training examples in {files['train']}, {counts['heldout']} held-out "
+        f"examples in {files['eval']}, a {vocab}-token character tokenizer",
+        flush=True,
+    )
+    return {"files": files, "counts": counts}
+
+
 def main(argv: list[str] | None = None) -> None:
     import ray
 
     args, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
     spec, scaling = args.spec, args.scaling_config
+    prepare_data(spec, maxtext_args)
     ray.init()
     out = Path(args.output_dir)
     try:

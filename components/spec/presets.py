@@ -73,7 +73,8 @@ PRESETS: dict[str, dict] = {
         "train": {"workload": "maxtext", "max_failures": 3},
         "maxtext": {
             "model_name": "tiny-llama",
-            "dataset_type": "synthetic",
+            # The generated dataset (train.num_*_examples) through MaxText's hf pipeline; eval reads the held-out split.
+            "dataset_type": "hf",
             "per_device_batch_size": 2,
             "max_target_length": 128,
             "steps": 40,

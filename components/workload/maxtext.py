@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from components.spec import RunSpec, SpecError
+from components.spec import GENERATED_DATASET, RunSpec, SpecError
 from components.tpu import catalogue
 
 # Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
@@ -73,6 +73,36 @@ AXIS_DEFAULTS = {
     "dcn_fsdp_parallelism": 1,
 }
 
+# MaxText's input pipelines tpupipe wires: synthetic (one fixed batch of random tokens, for train and eval alike) and
+# hf (MaxText's Hugging Face pipeline on the generated dataset: JSON Lines files and a character tokenizer the train
+# and eval jobs write, trainers/maxtext_data.py; its eval reads the held-out split).
+DATASET_TYPES = ("synthetic", "hf")
+DATA_DIR = "maxtext-data"
+
+
+def data_paths(output_dir: str) -> dict[str, str]:
+    """Where the generated dataset's MaxText files are, under the jobs' output directory (the one both the train
+    and the eval job get): the train split, the held-out split (MaxText's eval data) and the tokenizer directory."""
+    root = f"{output_dir.rstrip('/')}/{DATA_DIR}"
+    return {"train": f"{root}/train.jsonl", "eval": f"{root}/heldout.jsonl", "tokenizer": f"{root}/tokenizer"}
+
+
+def data_args(spec: RunSpec, output_dir: str) -> list[str]:
+    """MaxText's data arguments: the dataset type and, for hf, the files it reads (``hf_path=json`` loads local JSON
+    Lines files: maxtext/input_pipeline/hf_data_processing.py in maxtext 0.2.5) and the tokenizer."""
+    args = [f"dataset_type={spec.maxtext.dataset_type}"]
+    if spec.maxtext.dataset_type == "hf":
+        paths = data_paths(output_dir)
+        args += [
+            "hf_path=json",
+            f"hf_train_files={paths['train']}",
+            f"hf_eval_files={paths['eval']}",
+            f"tokenizer_path={paths['tokenizer']}",
+            "tokenizer_type=huggingface",
+        ]
+    return args
+
+
 # Extra arguments when the hosts are emulated on CPU: the driver initialises jax.distributed itself.
 CPU_ARGS = (
     "hardware=cpu",
@@ -81,6 +111,7 @@ CPU_ARGS = (
     "dtype=float32",
     "async_checkpointing=false",
     "enable_tensorboard=false",
+    "grain_worker_count=0",  # the hf pipeline's loader in the worker's own process: no extra process per host
 )
 
 
@@ -91,7 +122,7 @@ def devices_per_host(spec: RunSpec) -> int:
     return catalogue.slice_shape(spec.cluster.accelerator, spec.cluster.topology).logical_devices_per_host
 
 
-def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str) -> None:
+def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str, when: str = "") -> None:
     values = {axis: getattr(spec.maxtext, axis) for axis in axes}
     auto = [a for a, v in values.items() if v == -1]
     bad = [a for a, v in values.items() if v == 0 or v < -1]
@@ -103,7 +134,36 @@ def _check_axes(spec: RunSpec, axes: tuple[str, ...], total: int, what: str) -> 
     product = " x ".join(f"{a.removesuffix('_parallelism')} {v}" for a, v in values.items())
     if (auto and total % explicit) or (not auto and explicit != total):
         field = f"maxtext.{next((a for a, v in values.items() if v not in (1, -1)), axes[0])}"
-        raise SpecError(field, f"{what} parallelism {product} must multiply to {total}")
+        hint = [f"one axis -1 (auto), the others dividing {total}"] if when else []
+        raise SpecError(field, f"{what} parallelism {product} must multiply to {total}{when}", hint)
+
+
+def worker_counts(spec: RunSpec) -> list[int]:
+    """The Ray Train worker counts (one per host) a run may train with: each whole number of slices from
+    ``train.min_workers`` to ``train.max_workers`` when elastic, else every host."""
+    t = spec.train
+    if not (t.min_workers and t.max_workers):
+        return [spec.total_hosts]
+    per_slice = spec.cluster.num_hosts
+    return list(range(t.min_workers, t.max_workers + 1, per_slice))
+
+
+def _check_mesh(spec: RunSpec) -> None:
+    """MaxText's mesh must fit every worker group the run may have. On TPU the ICI axes span one slice and the DCN
+    axes the slices of the group (an elastic group of fewer slices keeps the slices whole). On emulated CPU hosts
+    MaxText makes one slice of every device (``max_utils.get_num_slices`` in maxtext 0.2.5: hardware=cpu is one
+    slice), so the ICI axes span all the group's devices and the DCN axes multiply to 1; an elastic run needs an
+    axis of -1 (auto) for MaxText to fill in on a smaller group."""
+    counts = worker_counts(spec)
+    elastic = len(counts) > 1
+    for workers in counts:
+        when = f" on {workers} workers (train.min_workers..train.max_workers)" if elastic else ""
+        if spec.cluster.accelerator == "cpu":
+            _check_axes(spec, ICI_AXES, devices_per_host(spec) * workers, "ICI (all the devices on CPU)", when)
+            _check_axes(spec, DCN_AXES, 1, "DCN (one slice on CPU)")
+        else:
+            _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
+            _check_axes(spec, DCN_AXES, workers // spec.cluster.num_hosts, "DCN (across slices)", when)
 
 
 def validate(spec: RunSpec) -> None:
@@ -130,14 +190,21 @@ def validate(spec: RunSpec) -> None:
             f"maxtext.max_lost_steps={m.max_lost_steps} steps",
             ["0", f"1 to {m.max_lost_steps}"],
         )
+    if m.dataset_type not in DATASET_TYPES:
+        raise SpecError("maxtext.dataset_type", f"unknown or unwired dataset type {m.dataset_type!r}", DATASET_TYPES)
+    if m.dataset_type == "hf" and spec.train.dataset != GENERATED_DATASET:
+        raise SpecError(
+            "train.dataset",
+            f"maxtext.dataset_type=hf reads the generated dataset here, got {spec.train.dataset!r}",
+            [GENERATED_DATASET],
+        )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
-    if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:
-        raise SpecError(
+    if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:  # an elastic range: checked
+        raise SpecError(  # with the TPU catalogue's rules (whole slices, components.workload.checks.check_workers)
             "train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, got {spec.num_workers}"
         )
-    _check_axes(spec, ICI_AXES, devices_per_host(spec) * spec.cluster.num_hosts, "ICI (within a slice)")
-    _check_axes(spec, DCN_AXES, spec.cluster.num_slices, "DCN (across slices)")
+    _check_mesh(spec)
 
 
 def checkpoint_period(spec: RunSpec) -> int:
@@ -156,7 +223,7 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
     tutorial's commands, for the llama3-* presets)."""
     m = spec.maxtext
     args = [
-        f"dataset_type={m.dataset_type}",
+        *data_args(spec, output_dir),
         f"per_device_batch_size={_fmt(m.per_device_batch_size)}",
         f"max_target_length={m.max_target_length}",
     ]

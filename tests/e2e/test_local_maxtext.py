@@ -11,6 +11,7 @@ import pytest
 from components.platforms.local.processes import run_processes
 from components.spec import protocol
 from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until
+from trainers import maxtext_data
 
 pytestmark = pytest.mark.e2e
 # The lost-host run: the host is killed at its first checkpoint (step 10), two checkpoint periods before the end.
@@ -41,8 +42,8 @@ def checkpoint_steps(run_dir, run_id):
 
 def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate_compares(tmp_path):
     """One run shows it all: the JAX slice check over both hosts, the mesh the spec asked for, an emulated host killed
-    at the first periodic checkpoint and replaced, training resumed from that checkpoint, the loss down, evaluate
-    comparing before and after, nothing left."""
+    at the first periodic checkpoint and replaced, training resumed from that checkpoint, the loss down on the generated
+    dataset, evaluate comparing before and after on its held-out split, nothing left."""
     run_id = unique_run_id("mt-lost-host")
     run_dir = tmp_path / run_id
     proc = start(tmp_path, run_id, f"maxtext.steps={LOST_HOST_STEPS}")
@@ -100,13 +101,22 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert check["max_abs_diff"] < 1e-2 and check["seconds"] > 0
     assert check["devices_checked"] == 4  # each device's block alone, before any collective
     assert check["gbytes_per_s"] >= check["floor_gbytes_per_s"] == 0.02  # the timed 32 MiB psum, CPU's floor
-    # Synthetic data: MaxText evaluates on the batch it trains on, so the figure is not called held out and the gate
-    # does not promote on it (the summary says why); the version is still registered.
+    # The generated dataset through MaxText's hf pipeline: training read the train split's file, the evaluation the
+    # held-out split's, and no held-out example is a training one; the gate promotes on the held-out figure.
+    data = run_dir / "train" / "maxtext-data"
+    train_ids, eval_ids = (maxtext_data.read_ids(str(data / f)) for f in ("train.jsonl", "heldout.jsonl"))
+    assert len(train_ids) == 1024 and len(eval_ids) == 128 and not set(train_ids) & set(eval_ids)
+    for job in ("train", "evaluate"):
+        lines = (run_dir / "logs" / f"{job}.log").read_text().splitlines()
+        argv = next(line for line in lines if "MaxText argv:" in line)
+        assert f"hf_train_files={data / 'train.jsonl'} hf_eval_files={data / 'heldout.jsonl'}" in argv, argv
+    assert "MaxText data: 1024 training examples" in log
     gate = summary["gate"]
-    assert summary["eval_not_held_out"].startswith("maxtext.dataset_type=synthetic")
-    assert gate["decision"] == "keep" and gate["held_out"] is False and gate["promoted"] is None
-    assert gate["reason"].startswith("not promoted: local-maxtext@1's evaluation is not held out (maxtext.dataset_type")
-    assert "not held out: maxtext.dataset_type=synthetic" in out and "held-out loss" not in out
+    assert summary["eval_not_held_out"] is None and gate["held_out"] is True
+    assert (gate["decision"], gate["promoted"]) == ("promote", True), gate["reason"]
+    evaluation = json.loads((run_dir / "stages" / "evaluate.json").read_text())["result"]
+    assert evaluation["eval_split"].startswith(f"the generated dataset's held-out split (128 examples, {data}/heldout")
+    assert "held-out loss" in out and "not held out" not in out
     for needle in ("TFLOP/s/dev", "tok/s/dev", "eval loss", "slice check", "slice bandwidth"):
         assert needle in out
     assert run_processes(run_id) == []

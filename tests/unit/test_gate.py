@@ -437,13 +437,13 @@ def test_a_champion_over_another_base_promoted_after_the_check_is_not_measured_a
 
 def test_an_evaluation_that_is_not_held_out_is_never_promoted_on_and_the_summary_says_why(tmp_path):
     assert gate.not_held_out(resolve("local-fsdp")) is None
-    assert gate.not_held_out(resolve("local-maxtext")) == (
+    assert gate.not_held_out(resolve("local-maxtext")) is None  # hf: the generated dataset's held-out split
+    synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic")
+    assert gate.not_held_out(synthetic) == (
         "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
     )
     assert "reads the training examples" in gate.not_held_out(resolve("local-fsdp", "train.eval_split=train"))
-    ctx = RunContext(
-        spec=resolve("local-maxtext"), run_id="mx-1", store=LocalStore(tmp_path / "mx-1"), platform="local"
-    )
+    ctx = RunContext(spec=synthetic, run_id="mx-1", store=LocalStore(tmp_path / "mx-1"), platform="local")
     _trained(ctx, tmp_path)
     result = _registered(ctx, 1.0)  # no champion yet: a held-out figure would promote
     assert (result["ref"], result["decision"], result["held_out"]) == ("local-maxtext@1", "keep", False)

@@ -3,8 +3,8 @@
 import pytest
 
 from components.spec import SpecError
+from components.workload import derive, resolve
 from components.workload import maxtext as maxtext_args
-from components.workload import resolve
 from trainers import maxtext_log
 
 
@@ -66,6 +66,18 @@ def test_local_maxtext_is_a_tiny_llama_on_two_emulated_hosts():
     assert maxtext_args.devices_per_host(spec) * spec.total_hosts == 4
 
 
+ELASTIC = "cluster.num_slices=2 cluster.num_hosts=1 train.min_workers=1 train.max_workers=2"
+
+
+def test_an_elastic_local_run_needs_a_mesh_that_fits_every_group():
+    spec = resolve("local-maxtext", f"{ELASTIC} maxtext.ici_fsdp_parallelism=-1")
+    assert maxtext_args.worker_counts(spec) == [1, 2]
+    assert derive.scaling_config_args(spec)["num_workers"] == (1, 2)
+    argv = maxtext_args.train_args(spec, "/o", "r")
+    assert "ici_tensor_parallelism=2" in argv and not any(a.startswith("ici_fsdp") for a in argv)  # -1: MaxText's
+    assert maxtext_args.worker_counts(resolve("llama3-8b-v6e-elastic-spot")) == [4, 8]  # 1 or 2 whole slices
+
+
 def test_tpu_hosts_have_their_logical_devices():
     assert maxtext_args.devices_per_host(resolve("llama3-8b-v6e-16x2")) == 4
 
@@ -94,6 +106,16 @@ def test_eval_args_freeze_training_and_load_the_checkpoint():
             "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=-1",
             "maxtext.ici_tensor_parallelism",
         ),
+        ("local-maxtext", "maxtext.dataset_type=tfds", "maxtext.dataset_type"),
+        ("local-maxtext", "train.dataset=databricks/databricks-dolly-15k", "train.dataset"),
+        ("local-maxtext", f"{ELASTIC}", "maxtext.ici_fsdp_parallelism"),  # fsdp 2 x tensor 2 fits no 1-host group
+        (
+            "local-maxtext",
+            f"{ELASTIC} maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=4",
+            "maxtext.ici_tensor_parallelism",
+        ),
+        ("local-maxtext", "train.min_workers=1 train.max_workers=2", "train.min_workers"),  # not whole slices
+        ("llama3-8b-v6e-elastic-spot", "maxtext.dcn_data_parallelism=2", "maxtext.dcn_data_parallelism"),
         ("llama3-70b-v6e-16x2", "maxtext.dcn_fsdp_parallelism=4", "maxtext.dcn_fsdp_parallelism"),
         ("llama3-8b-v6e-16x2", "maxtext.ici_fsdp_parallelism=8", "maxtext.ici_fsdp_parallelism"),
     ],
