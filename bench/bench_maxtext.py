@@ -59,14 +59,19 @@ def worker(rank: int, world: int, port: int, output_dir: str) -> None:
     import jax
     from absl import logging as absl_logging
 
+    from trainers.maxtext_train import base_yml, prepare_data
+
+    args = maxtext_args.train_args(spec, output_dir, "bench-direct")
+    if rank == 0:  # the data the arguments name (hf), written before rank 1 gets past initialize below
+        prepare_data(spec, args)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world, process_id=rank)
     absl_logging.set_verbosity(absl_logging.INFO if rank == 0 else absl_logging.WARNING)
+    from absl import flags
     from maxtext.trainers.pre_train import train
 
-    from trainers.maxtext_train import base_yml
-
-    train.main(["train", base_yml(), *maxtext_args.train_args(spec, output_dir, "bench-direct")])
+    flags.FLAGS.mark_as_parsed()  # as MaxText's own entry point (absl's app.run) leaves them
+    train.main(["train", base_yml(), *args])
 
 
 def directly(root: Path, name: str) -> list[float]:

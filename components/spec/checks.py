@@ -64,12 +64,14 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if rank < -1:
             raise SpecError(key, f"must be -1 (none) or a rank, got {rank}", ["-1", "an integer >= 0"])
-    if not c.host_start_delay_s >= 0:
-        raise SpecError("cluster.host_start_delay_s", f"must be 0 or more seconds, got {c.host_start_delay_s}")
-    if c.host_start_delay_s and c.accelerator != "cpu":
-        raise SpecError(
-            "cluster.host_start_delay_s", "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"]
-        )
+    for key, delay in {
+        "cluster.host_start_delay_s": c.host_start_delay_s,
+        "cluster.host_replace_delay_s": c.host_replace_delay_s,
+    }.items():
+        if not delay >= 0:
+            raise SpecError(key, f"must be 0 or more seconds, got {delay}")
+        if delay and c.accelerator != "cpu":
+            raise SpecError(key, "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"])
     if not c.ready_timeout_s >= 0:
         raise SpecError(
             "cluster.ready_timeout_s",

@@ -57,6 +57,9 @@ class ClusterSpec:
     # Testing aid of the emulated (cpu) hosts: each host joins this many seconds after it starts, as a node still
     # pulling its image does (0: at once).
     host_start_delay_s: float = 0.0
+    # Testing aid of the emulated (cpu) hosts: the keeper starts a lost host's replacement this many seconds after it
+    # saw the host gone, as a preempted Spot VM's replacement comes minutes later or never (0: at once).
+    host_replace_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "gke.node_service_account=nodes@example.com", "gke.node_service_account"),
         ("local-fsdp", "cluster.ready_timeout_s=-1", "cluster.ready_timeout_s"),
         ("local-fsdp", "cluster.ready_timeout_s=nan", "cluster.ready_timeout_s"),
+        ("local-fsdp", "cluster.host_replace_delay_s=-5", "cluster.host_replace_delay_s"),
+        ("smoke", "cluster.host_replace_delay_s=60", "cluster.host_replace_delay_s"),  # emulated hosts only
     ],
 )
 def test_bad_input_names_the_field(preset, overrides, field):

@@ -21,8 +21,11 @@ def command(ledger_path: Path) -> list[str]:
 
 def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
-    pod), start a replacement with the same command, as KubeRay recreates a worker pod. Runs until teardown
-    begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the rest); returns why it stopped."""
+    pod), start a replacement with the same command, as KubeRay recreates a worker pod; with the spec's
+    ``cluster.host_replace_delay_s``, that long after it saw the host gone (a preempted Spot VM's replacement comes
+    later). Runs until teardown begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the
+    rest); returns why it stopped."""
+    lost: dict[int, float] = {}  # pid of a host seen gone -> when
     while True:
         store = LocalStore(ledger_path.parent)
         ledger = ledgers.load(store)
@@ -30,8 +33,13 @@ def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
         if reason:
             log(f"keeper: {reason}: exiting")
             return reason
+        delay = float(((ledger.get("spec") or {}).get("cluster") or {}).get("host_replace_delay_s") or 0.0)
         for proc in ledger["processes"]:
             if proc["role"].startswith("host-") and not procs.alive(proc["pid"]):
+                if proc["pid"] not in lost and delay:
+                    log(f"{proc['role']} (pid {proc['pid']}) is gone: its replacement starts in {delay:.0f}s")
+                if time.monotonic() - lost.setdefault(proc["pid"], time.monotonic()) < delay:
+                    continue
                 if _done(ledgers.load(store) or ledger, ledger_path):  # teardown may have begun since
                     break
                 log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
