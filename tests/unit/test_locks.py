@@ -82,3 +82,28 @@ def test_every_image_builds_from_its_base_by_digest_one_digest_for_all():
         )
         bases[image] = base
     assert len(set(bases.values())) == 1, bases
+
+
+def test_the_tpu_image_installs_torchs_cpu_build_by_hash_and_none_of_the_cuda_wheels(tmp_path):
+    """images/torch/Dockerfile with TORCH_WHEELS=cpu (the default): its own awk program run on the lock leaves out
+    torch and the wheels only PyPI's CUDA build needs, keeps everything else (torch-tpu and libtpu among it); the CPU
+    build it installs instead is requirements.lock's torch version, by hash."""
+    import subprocess
+
+    dockerfile = (REPO / "images" / "torch" / "Dockerfile").read_text()
+    assert re.search(r"^ARG TORCH_WHEELS=cpu$", dockerfile, re.M)
+    program = re.search(r'"\$TORCH_WHEELS" = "cpu" \]; then \\\n\s+awk \'([^\']+)\'', dockerfile)[1]
+    full = (REPO / "images" / "torch" / envs.LOCK_FILE).read_text()
+    kept = subprocess.run(["awk", program], input=full, capture_output=True, text=True, check=True).stdout
+    before, after = locked(full), locked(kept)
+    dropped = sorted(set(before) - set(after))
+    assert (
+        "torch" in dropped
+        and "triton" in dropped
+        and all(n == "torch" or n == "triton" or n.startswith(("nvidia-", "cuda-")) for n in dropped)
+    ), dropped
+    assert {"torch-tpu", "libtpu", "transformers", "ray"} <= set(after)
+    assert all(after[n] == before[n] for n in after), "a kept block lost a hash"
+    cpu = locked((REPO / "images" / "torch" / "torch-cpu.lock").read_text())
+    assert list(cpu) == ["torch"] and cpu["torch"] == (f"{before['torch'][0]}+cpu", 1), cpu
+    assert "--index-url https://download.pytorch.org/whl/cpu" in dockerfile and "-r /tmp/torch-cpu.lock" in dockerfile

@@ -281,6 +281,18 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
     return out
 
 
+def _torch_wheels(spec: RunSpec, image: str) -> str:
+    """What the torch image's torch is, and what the hosts pull for it."""
+    if image != "torch":
+        return ""
+    if spec.gke.torch_tpu_base:
+        return f"; torch, torch_tpu and libtpu from the base image {spec.gke.torch_tpu_base}"
+    return (
+        f"; torch's CPU build (a {r.TORCH_CPU_WHEEL_MB} MB wheel from download.pytorch.org/whl/cpu), none of PyPI's "
+        "CUDA wheels (triton, nvidia-*)"
+    )
+
+
 def image_records(spec: RunSpec, t: Target) -> list[Resource]:
     """The trainer image: named by gke.image, or built by Cloud Build into the Artifact Registry repository."""
     image = d.trainer_image(spec)
@@ -319,7 +331,7 @@ def image_records(spec: RunSpec, t: Target) -> list[Resource]:
             t.image,
             "create",
             f"trainer image ({image}), built by Cloud Build and pushed to "
-            f"Artifact Registry repository {spec.gke.artifact_repository}",
+            f"Artifact Registry repository {spec.gke.artifact_repository}" + _torch_wheels(spec, image),
             labels=names.labels(t.run_id),
             body=r.cloud_build(spec, t),
             api="cloudbuild.builds.create",

@@ -87,6 +87,9 @@ LIBTPU_COLLECTIVE_FLAGS = (
 RAY_VERSION = "2.60.0"
 
 BUILD_STEP_IMAGE = "gcr.io/cloud-builders/docker"
+# The torch image's torch: its CPU build's wheel (images/torch/torch-cpu.lock), 196,253,677 bytes as torch's index
+# lists torch-2.14.1+cpu-cp312-cp312-manylinux_2_28_x86_64.whl (https://download.pytorch.org/whl/cpu/torch/).
+TORCH_CPU_WHEEL_MB = 196
 BUILD_TIMEOUT_S = 3600
 BUILD_MACHINE_TYPE = "E2_HIGHCPU_8"
 
@@ -95,12 +98,16 @@ def cloud_build(spec: RunSpec, t: Target) -> dict[str, Any]:
     """The Cloud Build that builds the workload's trainer image (``images/<name>/Dockerfile``, the repository as
     context, uploaded to the bucket) and pushes it to Artifact Registry, as ``gke.build_service_account`` when it
     names one (else as the project's default build account). The torch image gets torch-tpu and libtpu from
-    PyPI; built FROM a TorchTPU base image (``gke.torch_tpu_base``), it keeps the base's torch, torch_tpu and libtpu
-    (``TORCH_FROM_BASE=1``: the requirements' pins of those three are not installed over them)."""
+    PyPI and torch's CPU build from torch's own index (``TORCH_WHEELS=cpu``: a TPU host runs no CUDA, and PyPI's
+    Linux torch is the CUDA build with gigabytes of nvidia-* wheels); built FROM a TorchTPU base image
+    (``gke.torch_tpu_base``), it keeps the base's torch, torch_tpu and libtpu (``TORCH_FROM_BASE=1``: the
+    requirements' pins of those three are not installed over them)."""
     name = WORKLOAD_IMAGES[spec.train.workload]
     args = ["build", "--file", f"images/{name}/Dockerfile", "--tag", t.image]
     if name == "torch" and spec.gke.torch_tpu_base:
         args += ["--build-arg", f"TORCH_TPU_BASE={spec.gke.torch_tpu_base}", "--build-arg", "TORCH_FROM_BASE=1"]
+    elif name == "torch":  # torch's CPU build, none of the CUDA wheels (images/torch/Dockerfile, torch-cpu.lock)
+        args += ["--build-arg", "TORCH_WHEELS=cpu"]
     body = {
         "source": {"storageSource": {"bucket": t.bucket, "object": names.build_source(t.run_id)}},
         "steps": [{"name": BUILD_STEP_IMAGE, "args": [*args, "."]}],
