@@ -105,6 +105,9 @@ LOCK := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.12 --pytho
 lock: $(VENV)/.installed ## regenerate the hash-locked requirements (images/*/requirements.lock, requirements-dev.lock) after changing a requirements file
 	@set -e; for d in $(wildcard images/*); do echo "locking $$d/requirements.txt"; $(LOCK) -o $$d/requirements.lock $$d/requirements.txt; done
 	$(LOCK) -o requirements-dev.lock images/pipeline/requirements.txt requirements-dev.txt
+	@echo "locking torch's CPU build (images/torch/torch-cpu.lock) from torch's index, at requirements.txt's version"
+	sed -n 's/^torch==\(.*\)/torch==\1+cpu/p' images/torch/requirements.txt | $(LOCK) --no-deps \
+	  --index-url https://download.pytorch.org/whl/cpu -o images/torch/torch-cpu.lock -
 
 clean-runs: ## delete local run directories
 	rm -rf runs
