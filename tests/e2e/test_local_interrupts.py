@@ -30,12 +30,14 @@ SMALL = (
     "cluster.slice_check=false"
 )
 # What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts (which join
-# late, so that the stage cannot end before the signal lands), the job submitted.
+# late, so that the stage cannot end before the signal lands), the training's progress bar (its first step ended; the
+# train case runs enough epochs that the job cannot end before the signal lands).
 UNDER_WAY = {
     "provision": "starting Ray head",
     "deploy_raycluster": "waiting for 2 nodes",
-    "train": "train: submitted Ray job",
+    "train": "progress train [",
 }
+LONG_TRAIN = "train.epochs=20"
 GONE_S = 10  # the deadline: after the run ends, nothing of it is left within this
 
 
@@ -68,7 +70,8 @@ def _nothing_left_within(run_dir, run_id: str, driver_pid: int, timeout_s: float
 @pytest.mark.parametrize("stage", ["provision", "deploy_raycluster", "train"])
 def test_ctrl_c_during_a_stage_stops_it_tears_down_and_exits_130(tmp_path, stage):
     run_id = unique_run_id(f"ctrl-c-{stage.replace('_', '-')}")
-    term = Terminal(_run_command(tmp_path, run_id, *([LATE_HOSTS] if stage == "deploy_raycluster" else [])))
+    extra = {"deploy_raycluster": [LATE_HOSTS], "train": [LONG_TRAIN]}.get(stage, [])
+    term = Terminal(_run_command(tmp_path, run_id, *extra))
     rc = term.ctrl_c_when(UNDER_WAY[stage], timeout_s=600, exit_timeout_s=300)
     out = term.output
     assert rc == 130, out[-4000:]

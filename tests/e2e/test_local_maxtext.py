@@ -34,12 +34,17 @@ def start(root, run_id, *sets):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def records(run_dir):
-    """The train job's records: the lines with its nonce (the one every record line of its log carries)."""
-    lines = (run_dir / "logs" / "train.log").read_text().splitlines()
+def _nonce(lines: list[str]) -> str:
+    """The nonce every record line of a job's log carries (one job, one nonce)."""
     nonces = {m["nonce"] for m in map(protocol.RECORD.match, lines) if m}
-    assert len(nonces) == 1, nonces
-    return list(protocol.parse(lines, nonces.pop()))
+    assert len(nonces) <= 1, nonces
+    return nonces.pop() if nonces else ""
+
+
+def records(run_dir):
+    """The train job's records: the lines with its nonce."""
+    lines = (run_dir / "logs" / "train.log").read_text().splitlines()
+    return list(protocol.parse(lines, _nonce(lines)))
 
 
 def checkpoint_steps(run_dir, run_id):
@@ -93,7 +98,13 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
-    assert [row["step"] for row in summary["history"]] == list(range(LOST_HOST_STEPS))
+    # One record per step, but for the figures the lost host took with it: MaxText writes a step's figures after the
+    # next step's (maxtext/common/metric_logger.py, buffer_and_write_metrics: "a queue of length 1"), so the last
+    # steps before the restored checkpoint may never have been written; every step the new group ran is there.
+    kept = [row["step"] for row in summary["history"]]
+    assert kept == sorted(set(kept)) and set(range(restart["restore_step"] + 1, LOST_HOST_STEPS)) <= set(kept)
+    missing = set(range(LOST_HOST_STEPS)) - set(kept)
+    assert missing <= {restart["restore_step"] - 1, restart["restore_step"]}, missing
     assert LOST_HOST_STEPS - 1 in checkpoint_steps(run_dir, run_id)
     assert summary["checkpoint"].endswith(f"/{LOST_HOST_STEPS - 1}")
     losses = summary["train_losses"]
@@ -104,7 +115,7 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     # failures; MaxText's saves counted; one step record per step, the second group's from the restored step on.
     categories = assert_goodput_accounts(summary)
     assert categories["lost to failures"]["seconds"] > 0 and categories["checkpoint saves"]["seconds"] > 0
-    assert [s["step"] for s in summary["steps"]] == list(range(LOST_HOST_STEPS))
+    assert [s["step"] for s in summary["steps"]] == kept
     assert all(s["group"] >= 1 for s in summary["steps"] if s["step"] > restart["restore_step"])
     check = summary["slice_check"]  # a psum over the 4 devices of both hosts, and the sharded block's parity
     assert check["ok"] and check["backend"] == "jax" and check["device"] == "cpu"
