@@ -3,7 +3,8 @@ and evaluation batches (the evaluation job's ``eval_model`` events).
 
 A stage prints one plain line per update, ``progress <what> [#####.....] done/total <unit>  <figures>  ETA ..``;
 what a person sees of it is the terminal's business (``pipelines/quiet.py``): on a terminal the bar is drawn again in
-place, piped it shows a few of its lines (each quarter, and the last), and the run's log keeps every one.
+place, piped it shows a bar's first and last lines and at most one a minute between, and the run's log keeps every
+one.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ class Bar:
         loss: float | None = None,
         tokens: float = 0.0,
         rate: float | None = None,
+        total: int | None = None,
     ) -> str:
-        """Print and return the line for ``done`` of ``total`` at ``when`` (the step's own time, else now), with the
-        last ``loss`` known and the tokens per second: ``rate`` as measured, else from ``tokens`` a step."""
+        """Print and return the line for ``done`` of ``total`` (given here when the records carry it) at ``when`` (the
+        step's own time, else now), with the last ``loss`` known and the tokens per second: ``rate`` as measured, else
+        from ``tokens`` a step."""
+        self.total = total or self.total
         now = self.clock() if when is None else when
         if self.times and done <= self.times[-1][0]:
             self.times = [t for t in self.times if t[0] < done]  # repeated after a restart: from there again

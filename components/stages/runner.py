@@ -154,13 +154,8 @@ def _train_progress(spec: RunSpec) -> Callable[[str, dict], None]:
     their total and tokens, its losses come once an epoch; MaxText's per-step metrics carry the loss and tokens/s,
     ``maxtext.steps`` in all) and, for FSDP, a line per epoch."""
     seen: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
-    bar: list[progress.Bar] = []
-    loss: list[float] = []
-
-    def update(total: int, step: int, when: float | None, **figures) -> None:
-        if not bar:
-            bar.append(progress.Bar("train", total, "steps", log))
-        bar[0].update(step, when, loss[-1] if loss else None, **figures)
+    bar = progress.Bar("train", spec.maxtext.steps, "steps", log)  # FSDP's records give its total
+    last: dict[str, float] = {}  # the last loss known
 
     def on_record(kind: str, p: dict) -> None:
         key = (kind, p.get("event"), p.get("step"), p.get("epoch"), p.get("time"), p.get("loss"))
@@ -168,12 +163,12 @@ def _train_progress(spec: RunSpec) -> Callable[[str, dict], None]:
             return
         seen.add(key)
         if kind == "event" and p.get("event") == "step_losses" and p.get("losses"):
-            loss.append(p["losses"][-1])
+            last["loss"] = p["losses"][-1]
         elif kind == "event" and p.get("event") == "step" and p.get("total"):
-            update(p["total"], p["step"], p.get("time"), tokens=p.get("tokens", 0.0))
+            bar.update(p["step"], p.get("time"), last.get("loss"), tokens=p.get("tokens", 0.0), total=p["total"])
         elif kind == "metric" and "step" in p:  # MaxText: its step counts from 0
-            loss.append(p["loss"])
-            update(spec.maxtext.steps, p["step"] + 1, p.get("time"), rate=p.get("tokens_per_s"))
+            last["loss"] = p["loss"]
+            bar.update(p["step"] + 1, p.get("time"), p["loss"], rate=p.get("tokens_per_s"))
         elif kind == "metric" and "epoch" in p:
             log(
                 f"train: epoch {p['epoch']}/{spec.train.epochs}  loss {p['loss']:.4f}  "
@@ -216,12 +211,11 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         init_from=start.get("path", ""),
         champion=(champion or {}).get("path", ""),
     )
-    bar: list[progress.Bar] = []
+    bar = progress.Bar("evaluate", 0, "batches", log)
 
     def on_record(kind: str, p: dict) -> None:  # the evaluation's progress: its batches, model after model
         if kind == "event" and p.get("event") == "eval_model":
-            bar[:] = bar or [progress.Bar("evaluate", p["total"], "batches", log)]
-            bar[0].update(p["done"], p.get("time"))
+            bar.update(p["done"], p.get("time"), total=p["total"])
 
     job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s, on_record)
     result = job["result"]
