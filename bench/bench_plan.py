@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, table  # noqa: E402
-from components.platforms.gke import plan  # noqa: E402
+from components.platforms.gke.plan import document as plan  # noqa: E402
 from components.workload import resolve  # noqa: E402
 from pipelines.cli import main  # noqa: E402
 

@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish the pipeline for the Vertex AI UI: build the components image of this source tree with "
         "Cloud Build when its tag is missing from Artifact Registry, then upload the compiled template to an "
         "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
-        "Default Credentials with the roles the README lists.",
+        'Default Credentials with the roles docs/vertex.md lists ("Setup").',
     )
     _with_target_args(p)
     p.add_argument(

@@ -11,7 +11,7 @@ from pipelines.cli_common import add_set, fail, overrides
 
 def cmd_plan(args) -> int:
     """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
-    from components.platforms.gke import plan
+    from components.platforms.gke.plan import document as plan
     from components.spec import SpecError
     from components.tpu import pricing
 
@@ -36,8 +36,8 @@ def cmd_preflight(args) -> int:
     """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
     report, exit 2 when there is one; creates nothing."""
     from components.platforms import RunContext
-    from components.platforms.gke import preflight
-    from components.platforms.gke.platform import GkePlatform
+    from components.platforms.gke.checks import preflight
+    from components.platforms.gke.run.platform import GkePlatform
     from components.platforms.store import LocalStore
 
     spec, run_id = _gke_run(args)
@@ -49,7 +49,7 @@ def cmd_preflight(args) -> int:
 
 def cmd_janitor(args) -> int:
     """Tear down every gke run under the output root that is finished or older than its limit; --dry-run lists it."""
-    from components.platforms.gke import janitor
+    from components.platforms.gke.run import janitor
 
     older = janitor.parse_age(args.older_than) if args.older_than else None
     sweep = janitor.Janitor(
@@ -70,7 +70,7 @@ def _with_gke_run_args(p) -> None:
 
 def _gke_run(args):
     """(spec, run id) of PRESET --set ... --run-id; a cpu preset is a SpecError (it runs on the local platform)."""
-    from components.platforms.gke import plan
+    from components.platforms.gke.plan import document as plan
     from components.spec.names import run_id_from
     from components.workload import resolve
 

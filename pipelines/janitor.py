@@ -1,5 +1,5 @@
-"""The janitor pipeline: one task that sweeps what gke runs left behind (``components.platforms.gke.janitor``), to put
-on a schedule in Vertex AI Pipelines beside the training pipeline. Compiled like it (``tpupipe compile --pipeline
+"""The janitor pipeline: one task that sweeps what gke runs left behind (``components.platforms.gke.run.janitor``),
+to put on a schedule in Vertex AI Pipelines beside the training pipeline. Compiled like it (``tpupipe compile --pipeline
 janitor``): the same components image, the project, bucket and run root as defaults."""
 
 from kfp import dsl
@@ -15,7 +15,7 @@ def janitor(
 ) -> str:
     """Tear down every gke run under the output root whose pipeline job has ended, or that is finished or older than
     its limit, and clusters labelled with a run that left no ledger; the report as Markdown."""
-    from components.platforms.gke.janitor import run_component
+    from components.platforms.gke.run.janitor import run_component
 
     return run_component(output_root, project, older_than, dry_run, report.path, region)
 

@@ -145,7 +145,7 @@ def compile_pipeline(
         return path
     import yaml
 
-    from components.platforms.gke.build import image_tag
+    from components.platforms.gke.cloud.build import image_tag
 
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "pipeline.yaml"

@@ -62,7 +62,7 @@ def pin_images(template: str) -> tuple[str, list[str]]:
     import yaml
 
     from components.platforms.credentials import credentials
-    from components.platforms.gke import build as gke_build
+    from components.platforms.gke.cloud import build as gke_build
     from components.spec.images import IMAGE_WITH_DIGEST
 
     if template.startswith("https://"):
@@ -85,9 +85,9 @@ def pin_images(template: str) -> tuple[str, list[str]]:
 
 def publish(target: Target, kfp_repository: str, version: str, log=print, build_account: str = "") -> Published:
     from components.platforms.credentials import credentials
-    from components.platforms.gke import build as gke_build
-    from components.platforms.gke import identities
-    from components.platforms.gke import storage as gke_storage
+    from components.platforms.gke.cloud import build as gke_build
+    from components.platforms.gke.cloud import storage as gke_storage
+    from components.platforms.gke.plan import identities
     from components.spec import SpecError
     from components.spec.checks import SERVICE_ACCOUNT
 

@@ -3,7 +3,7 @@ schedule create``): warnings on stderr, never a refusal, when it is one with mor
 
 - none given: Vertex AI runs the pipeline as the project's Compute Engine default service account
   (https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account), which in many projects
-  holds the basic Editor role (``components.platforms.gke.identities``); no call is made;
+  holds the basic Editor role (``components.platforms.gke.plan.identities``); no call is made;
 - one given: it is that default account (by its form, ``NUMBER-compute@developer.gserviceaccount.com``), or the
   project's IAM policy (one ``getIamPolicy``, Resource Manager) grants it a basic role (Owner, Editor); a policy the
   caller may not read is said in a warning, and the submit goes on.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from components.platforms.gke import identities
+from components.platforms.gke.plan import identities
 
 VERTEX_ACCOUNT_DOC = "https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account"
 ADVICE = (
@@ -31,7 +31,7 @@ def risks(project: str, account: str, creds=None) -> list[str]:
         ]
     from google.api_core import exceptions as gexc
 
-    from components.platforms.gke import storage
+    from components.platforms.gke.cloud import storage
 
     out = [identities.default_compute_risk(WHO, account, ADVICE)] if identities.is_default_compute(account) else []
     try:

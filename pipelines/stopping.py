@@ -9,7 +9,7 @@ them, so after a Stop (in the UI, or a cancel call) nothing of the pipeline tear
   Storage, and prints what it deleted;
 - the janitor on a schedule (:func:`janitor_schedule`, ``tpupipe publish --janitor-schedule``): every 15 minutes it
   asks Vertex AI for the state of each run's pipeline job and tears down at once every run whose job has ended
-  (``components.platforms.gke.janitor``), so a Stop from the UI costs at most one sweep's interval of slices.
+  (``components.platforms.gke.run.janitor``), so a Stop from the UI costs at most one sweep's interval of slices.
 """
 
 from __future__ import annotations

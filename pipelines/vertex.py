@@ -96,7 +96,7 @@ def init(project: str, region: str) -> None:
     from google.cloud import aiplatform
 
     from components.platforms.credentials import credentials
-    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
+    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
 
     endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
     extra = {"api_endpoint": endpoint, "api_transport": "rest"} if endpoint else {}
@@ -374,7 +374,7 @@ def cost_so_far(job: dict) -> dict:
     (``usd`` None) when a price is missing from the table, as in ``tpupipe plan``."""
     from datetime import UTC, datetime
 
-    from components.platforms.gke import plan
+    from components.platforms.gke.plan import document as plan
     from components.workload import budget, resolve
 
     values = job.get("runtimeConfig", {}).get("parameterValues", {})

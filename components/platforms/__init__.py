@@ -105,7 +105,7 @@ class Platform(Protocol):
 # name -> "module:class"; imported on first use so `components` stays cheap to import.
 REGISTRY = {
     "local": "components.platforms.local.cluster:LocalPlatform",
-    "gke": "components.platforms.gke.platform:GkePlatform",
+    "gke": "components.platforms.gke.run.platform:GkePlatform",
 }
 PLATFORMS = tuple(REGISTRY)
 

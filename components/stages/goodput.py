@@ -10,7 +10,7 @@ step ended, when each checkpoint was saved and for how long), the same for FSDP 
   ``build_image`` and ``provision`` run side by side), an instant counts once, for the stage that holds the chips
   longest (``PRIORITY``); an instant in no stage is "idle between stages" (the pipeline starting the next task).
 - The chips bill from the end of ``provision`` (its node pools exist) to the end of ``teardown`` (it deletes them),
-  the rule the plan's "before training" figure uses (``components.platforms.gke.plan``), less "waiting for
+  the rule the plan's "before training" figure uses (``components.platforms.gke.plan.document``), less "waiting for
   capacity": the time ``deploy_raycluster`` saw the RayCluster's pods Unschedulable, waiting for nodes the cluster
   autoscaler adds (a flex-start or Autopilot pool starts with none, and its nodes bill from when they come:
   https://cloud.google.com/kubernetes-engine/docs/concepts/dws#pricing). Where some of the nodes came before the

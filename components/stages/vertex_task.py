@@ -39,7 +39,7 @@ def claim(store: RunStore, run_id: str, platform: str, job_name: str, first: boo
     anything of the run (its stage record included):
 
     - the first task notes the job in the ledger (its id, the job name KFP's ``{{$.pipeline_job_name}}`` gives, and its
-      labels, so the janitor can ask Vertex AI whether the job still runs: ``components.platforms.gke.janitor``),
+      labels, so the janitor can ask Vertex AI whether the job still runs: ``components.platforms.gke.run.janitor``),
       under a generation precondition (``ledger.update``), unless another job holds the run id: its ledger names
       another job and was not torn down. Two jobs started with one ``--run-id`` at once: one wins the write, the other
       reads the winner's claim and is refused;

@@ -1,7 +1,7 @@
 """A run's budget and deadline (the spec's ``run`` section) against what its resources cost: the limits in effect
 (the spec's, else the platform's default), whether the plan fits the budget, and, while the run goes, what it has
 spent and how long it has taken, and the limit it crossed. Plain arithmetic over the plan's cost
-(``components.platforms.gke.plan``, priced by ``components.tpu.pricing``): no price is looked up here.
+(``components.platforms.gke.plan.document``, priced by ``components.tpu.pricing``): no price is looked up here.
 
 - Spent money counts from the end of ``provision`` (its node pools exist, the chips bill), as the plan's "before
   training" figure and the run's summary count it: the plan's hourly price of the run's resources x the hours since.

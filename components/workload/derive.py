@@ -4,7 +4,7 @@ Pure functions of the run spec and the TPU catalogue (``components.tpu``) that r
 ``ScalingConfig``/``RunConfig`` arguments, the trainer image of each workload, and the job command the stages
 submit (the same one the plan prints). The trainers get everything derived here on their command line, so they
 import from ``components`` only ``spec`` and ``tpu``. The GKE bodies built on these facts are in
-``components.platforms.gke.resources``.
+``components.platforms.gke.plan.resources``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """A Kubernetes API server emulator over HTTPS on 127.0.0.1, enough for the gke platform's kubernetes client:
 
-- namespaces, secrets, service accounts, pods, services (core v1) and ResourceClaimTemplates (resource.k8s.io/v1),
-  RayClusters (ray.io/v1): create (409 when it exists), get, list by ``labelSelector``, delete (404
-  when missing), server-side apply (``application/apply-patch+yaml``);
+- namespaces, secrets, service accounts, pods, services and events (core v1), and the namespaced objects of any API
+  group by the same generic paths (ResourceClaimTemplates of resource.k8s.io/v1, NetworkPolicies of
+  networking.k8s.io/v1, RayClusters of ray.io/v1): create (409 when it exists), get, list by ``labelSelector``,
+  delete (404 when missing), server-side apply (``application/apply-patch+yaml``); a pod's log (``pods/log``);
+  SelfSubjectAccessReviews (``ACCESS_REVIEW_PATH``);
 - RayCluster objects are validated against the KubeRay CRD schema (422 with the reasons), as the API
   server does with strict field validation;
 - the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:

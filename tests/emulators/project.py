@@ -15,7 +15,7 @@ import functools
 from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
-from components.platforms.gke.control_plane import DNS_CA_ENV
+from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator

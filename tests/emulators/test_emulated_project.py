@@ -16,8 +16,9 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
     from google.cloud import container_v1
 
     from components.platforms.credentials import credentials
-    from components.platforms.gke import compute, preflight, storage
-    from components.platforms.gke.cluster import cluster_manager
+    from components.platforms.gke.checks import preflight
+    from components.platforms.gke.cloud import compute, storage
+    from components.platforms.gke.cloud.cluster import cluster_manager
 
     project = project_factory()
     name = _team_cluster(project, dataplane_v2=False)

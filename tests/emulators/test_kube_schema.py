@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from components.platforms.gke import manifests as m
-from components.platforms.gke import target as tg
+from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan import target as tg
 from components.workload import resolve
 from tests.emulators import kube_schema
 

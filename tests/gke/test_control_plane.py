@@ -13,9 +13,9 @@ import pytest
 from google.cloud import container_v1 as c
 
 from components.platforms.credentials import AccessToken
-from components.platforms.gke import cluster as gke_cluster
-from components.platforms.gke import kube as gke_kube
-from components.platforms.gke.control_plane import DNS_CA_ENV, control_plane, restricted
+from components.platforms.gke.cloud import cluster as gke_cluster
+from components.platforms.gke.cloud import kube as gke_kube
+from components.platforms.gke.cloud.control_plane import DNS_CA_ENV, control_plane, restricted
 from components.spec import InfraError
 from tests.emulators.gke import PRIVATE_ENDPOINT
 from tests.emulators.project import PROJECT

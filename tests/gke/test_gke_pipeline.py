@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.platforms.gke.deploy import UNSCHEDULABLE_GRACE_ENV
+from components.platforms.gke.run.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
 from tests.emulators.project import PROJECT, start_project
 from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until

@@ -11,11 +11,11 @@ from kubernetes.client.exceptions import ApiException
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
-from components.platforms.gke import cluster as gke_cluster
-from components.platforms.gke import kube as gke_kube
-from components.platforms.gke import readiness
-from components.platforms.gke.platform import GkePlatform
-from components.platforms.gke.preflight import PreflightFailed
+from components.platforms.gke.checks.preflight import PreflightFailed
+from components.platforms.gke.cloud import cluster as gke_cluster
+from components.platforms.gke.cloud import kube as gke_kube
+from components.platforms.gke.run import readiness
+from components.platforms.gke.run.platform import GkePlatform
 from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
@@ -857,7 +857,7 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):
     from google.cloud import artifactregistry_v1
 
-    from components.platforms.gke import build as gke_build
+    from components.platforms.gke.cloud import build as gke_build
 
     project = project_factory()
     registry = gke_build.registry_client()
@@ -880,7 +880,7 @@ def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project
 def test_an_existing_docker_repository_whose_tags_can_move_is_used_and_said(project_factory):
     from google.cloud import artifactregistry_v1
 
-    from components.platforms.gke import build as gke_build
+    from components.platforms.gke.cloud import build as gke_build
 
     project_factory()
     client = gke_build.registry_client()
@@ -901,7 +901,7 @@ def test_an_existing_docker_repository_whose_tags_can_move_is_used_and_said(proj
 
 
 def test_a_failed_build_is_one_clear_error_with_cloud_builds_detail(tmp_path, project_factory):
-    from components.platforms.gke import build as gke_build
+    from components.platforms.gke.cloud import build as gke_build
 
     project = project_factory()
     project.cloudbuild.build_fails()
@@ -937,7 +937,7 @@ def test_the_image_build_is_cancelled_once_provision_beside_it_failed(tmp_path, 
     taken for this run's."""
     import threading
 
-    from components.platforms.gke.build import BuildFailed
+    from components.platforms.gke.cloud.build import BuildFailed
     from components.platforms.store import write_json
 
     project = project_factory()

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from components.platforms import RunContext, ledger
-from components.platforms.gke import janitor
+from components.platforms.gke.run import janitor
 from components.platforms.store import GcsStore, LocalStore, write_json
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
@@ -341,7 +341,7 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
 def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_bucket, hf_token):
     """``tpupipe publish --janitor-schedule``'s schedule: every 15 minutes the janitor pipeline runs on Vertex AI (its
     one task in its own process) and tears down a run whose job was cancelled by the service alone, no CLI."""
-    from components.platforms.gke.build import image_tag
+    from components.platforms.gke.cloud.build import image_tag
     from pipelines import stopping
     from pipelines.pipeline import Target
     from tests.emulators.project import REGION

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.platforms.gke import plan
-from components.platforms.gke.preflight import PreflightFailed
+from components.platforms.gke.checks.preflight import PreflightFailed
+from components.platforms.gke.plan import document as plan
 from components.spec import SpecError
 from components.workload import resolve
 from pipelines import cli

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from google.cloud.devtools import cloudbuild_v1
 
-from components.platforms.gke.needs import needs
+from components.platforms.gke.plan.needs import needs
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 from tests.gke.test_gke_platform import BUILD, context, platform

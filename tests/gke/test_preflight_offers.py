@@ -5,7 +5,7 @@ account. Every problem is in the one report, exit 2, nothing created."""
 
 from __future__ import annotations
 
-from components.platforms.gke.needs import needs
+from components.platforms.gke.plan.needs import needs
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform

@@ -11,9 +11,9 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import container_v1
 
-from components.platforms.gke import resources
-from components.platforms.gke.cluster import cluster_manager
-from components.platforms.gke.target import target
+from components.platforms.gke.cloud.cluster import cluster_manager
+from components.platforms.gke.plan import resources
+from components.platforms.gke.plan.target import target
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 

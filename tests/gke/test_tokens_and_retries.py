@@ -14,10 +14,11 @@ import time_machine
 from kubernetes.client.exceptions import ApiException
 from ray.exceptions import AuthenticationError
 
-from components.platforms.gke import kube as gke_kube
-from components.platforms.gke.control_plane import control_plane
-from components.platforms.gke.platform import GkePlatform
-from components.platforms.gke.transient import Backoff
+from components.platforms.gke.cloud import kube as gke_kube
+from components.platforms.gke.cloud import ray_jobs
+from components.platforms.gke.cloud.control_plane import control_plane
+from components.platforms.gke.cloud.transient import Backoff
+from components.platforms.gke.run.platform import GkePlatform
 from components.spec import names, protocol
 from components.stages import jobs
 from tests.emulators.rayjobs import RayJobsEmulator
@@ -84,7 +85,7 @@ def test_with_the_refresh_disabled_the_same_job_is_refused_401_once_its_token_ex
     kube.api.configuration.refresh_api_key_hook = None  # the bearer token as set when the client was made
     first = token()
     ray_token = kube.secret(names.ray_token_secret(ctx.run_id))[gke_kube.RAY_TOKEN_KEY]
-    client = gke_kube.job_client(
+    client = ray_jobs.job_client(
         control_plane(cluster),
         ctx.run_dir / "gke",
         kube.namespace,

@@ -187,7 +187,7 @@ def test_run_scoped_names_come_from_the_job_name(compiled):
 
 
 def test_every_task_runs_in_the_content_addressed_components_image_in_the_registry(compiled):
-    from components.platforms.gke.build import image_tag
+    from components.platforms.gke.cloud.build import image_tag
 
     images = {executor["container"]["image"] for executor in compiled["deploymentSpec"]["executors"].values()}
     assert images == {f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"}
@@ -199,7 +199,7 @@ def test_every_task_runs_in_the_content_addressed_components_image_in_the_regist
 def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     import shutil
 
-    from components.platforms.gke.build import image_tag, source_root
+    from components.platforms.gke.cloud.build import image_tag, source_root
 
     root = tmp_path / "tree"
     for top in ("images", "components", "pipelines", "trainers", "pyproject.toml"):

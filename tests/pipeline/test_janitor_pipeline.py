@@ -18,7 +18,7 @@ def compiled(tmp_path_factory):
 
 
 def test_one_task_that_sweeps_in_the_components_image(compiled):
-    from components.platforms.gke.build import image_tag
+    from components.platforms.gke.cloud.build import image_tag
 
     assert compiled["pipelineInfo"]["name"] == "tpupipe-janitor"
     assert set(compiled["root"]["dag"]["tasks"]) == {"janitor"}
@@ -27,7 +27,7 @@ def test_one_task_that_sweeps_in_the_components_image(compiled):
         executor["container"]["image"] == f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"
     )
     program = " ".join(executor["container"]["command"] + executor["container"].get("args", []))
-    assert "components.platforms.gke.janitor import run_component" in program and "pip install" not in program
+    assert "components.platforms.gke.run.janitor import run_component" in program and "pip install" not in program
     task = compiled["root"]["dag"]["tasks"]["janitor"]
     assert task["cachingOptions"] == {}  # caching off: every scheduled sweep looks again
     outputs = compiled["components"]["comp-janitor"]["outputDefinitions"]["artifacts"]

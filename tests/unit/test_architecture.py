@@ -5,7 +5,9 @@
 - ``trainers`` import from ``components`` only ``spec`` and ``tpu``;
 - ``components.workload`` imports only ``spec`` and ``tpu``;
 - no platform imports another (``components.platforms.local`` and ``components.platforms.gke``);
-- ``components.registry`` imports only ``spec`` and ``platforms.credentials``.
+- ``components.registry`` imports only ``spec`` and ``platforms.credentials``;
+- inside ``components.platforms.gke``, imports point down its layers only: ``run`` -> ``checks`` -> ``cloud`` ->
+  ``plan`` (a module of ``plan`` makes no call and imports no other layer; ``cloud`` imports ``plan`` alone).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ def within(module: str, package: str) -> bool:
 
 PLATFORMS = ("components.platforms.local", "components.platforms.gke")
 SHARED_BY_PLATFORMS = ("components.platforms", "components.spec", "components.tpu", "components.workload")
+GKE = "components.platforms.gke"
+# The gke platform's layers, each importing only those after it (and anything outside the gke platform that the
+# platforms' rule allows).
+GKE_LAYERS = ("run", "checks", "cloud", "plan")
 RULES = [  # (who, may import from the project only these, why)
     ("components.spec", ("components.spec",), "spec imports nothing else of the project"),
     ("components.tpu", ("components.tpu",), "tpu imports nothing else of the project"),
@@ -115,8 +121,23 @@ RULES = [  # (who, may import from the project only these, why)
 ]
 
 
-def violations(graph: dict[str, set[str]]) -> list[str]:
+def gke_layer_violations(graph: dict[str, set[str]]) -> list[str]:
     out = []
+    for i, layer in enumerate(GKE_LAYERS):
+        below = GKE_LAYERS[i + 1 :]
+        for module, deps in sorted(graph.items()):
+            if not within(module, f"{GKE}.{layer}"):
+                continue
+            for dep in sorted(deps):
+                if within(dep, GKE) and not any(within(dep, f"{GKE}.{d}") for d in (layer, *below)):
+                    out.append(
+                        f"{module} imports {dep}: the gke layer {layer} imports only {', '.join(below) or 'itself'}"
+                    )
+    return out
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    out = gke_layer_violations(graph)
     for who, allowed, why in RULES:
         others = [p for p in PLATFORMS if p != who]  # inside components.platforms, but another platform
         for module, deps in sorted(graph.items()):
@@ -176,6 +197,16 @@ def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
             "components.platforms.gke.p imports components.platforms.local.cluster: no platform imports another",
         ),
         (
+            {"components/platforms/gke/cloud/c.py": "def f():\n    from components.platforms.gke.checks import p\n"},
+            "components.platforms.gke.cloud.c imports components.platforms.gke.checks.p: the gke layer cloud imports "
+            "only plan",
+        ),
+        (
+            {"components/platforms/gke/plan/q.py": "from components.platforms.gke.cloud import c\n"},
+            "components.platforms.gke.plan.q imports components.platforms.gke.cloud.c: the gke layer plan imports only "
+            "itself",
+        ),
+        (
             {"components/registry/r.py": "from components.platforms import ledger\n"},
             "components.registry.r imports components.platforms.ledger: the registry builds on spec and the Google "
             "credentials only",
@@ -193,6 +224,10 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
             "components/platforms",
             "components/platforms/local",
             "components/platforms/gke",
+            "components/platforms/gke/plan",
+            "components/platforms/gke/cloud",
+            "components/platforms/gke/checks",
+            "components/platforms/gke/run",
             "components/registry",
             "trainers",
         )
@@ -202,6 +237,8 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
         "components/workload/derive.py": "",
         "components/platforms/local/cluster.py": "",
         "components/platforms/ledger.py": "",
+        "components/platforms/gke/checks/p.py": "",
+        "components/platforms/gke/cloud/c.py": "",
     }
     root = _tree(tmp_path, base | files)
     assert violations(import_graph(root)) == [expected]

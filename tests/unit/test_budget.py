@@ -9,7 +9,7 @@ import json
 import pytest
 
 from components.platforms import RunContext, get_platform
-from components.platforms.gke import plan
+from components.platforms.gke.plan import document as plan
 from components.platforms.store import LocalStore
 from components.spec import RunSpec, SpecError
 from components.workload import budget, resolve

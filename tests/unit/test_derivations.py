@@ -8,10 +8,10 @@ import shlex
 
 import pytest
 
-from components.platforms.gke import compute_resources as cr
-from components.platforms.gke import manifests as m
-from components.platforms.gke import resources as r
-from components.platforms.gke import target as tg
+from components.platforms.gke.plan import compute_resources as cr
+from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan import resources as r
+from components.platforms.gke.plan import target as tg
 from components.spec import names
 from components.workload import derive as d
 from components.workload import maxtext, resolve
@@ -508,7 +508,7 @@ def test_documented_zones():
     assert catalogue.zones("tpu7x") == ["us-central1-c"]
     assert all(catalogue.zones(f) for f in catalogue.FAMILIES)
     spec, t = spec_and_target("gemma4-e2b-v6e-16", "gke.zone=us-west1-a")
-    from components.platforms.gke import plan
+    from components.platforms.gke.plan import document as plan
 
     assert any("gke.zone=us-west1-a" in w for w in plan.build(spec, "r")["warnings"])
 

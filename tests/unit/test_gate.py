@@ -82,7 +82,7 @@ def test_the_eval_job_gets_the_starting_checkpoint_and_the_champion_on_its_comma
 
 
 def test_the_gke_dry_run_lists_the_registry_calls_of_the_stages_that_make_them(tmp_path):
-    from components.platforms.gke.platform import GkePlatform
+    from components.platforms.gke.run.platform import GkePlatform
 
     def walk(overrides: str) -> list[str]:
         spec = resolve("gemma4-e2b-v6e-16", "gke.project=my-project " + overrides)

@@ -158,7 +158,7 @@ def test_the_driver_reads_the_job_command_it_is_given():
 
 
 def test_the_checkpoint_period_derives_from_the_steps_a_preemption_may_repeat_and_the_plan_shows_it():
-    from components.platforms.gke import plan
+    from components.platforms.gke.plan import document as plan
 
     spec = resolve("llama3-8b-v6e-elastic-spot")  # MaxText's own default (10000) would save only step 0 of 100
     assert (spec.maxtext.max_lost_steps, maxtext_args.checkpoint_period(spec)) == (20, 20)

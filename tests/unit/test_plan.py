@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from components.platforms.gke import plan
+from components.platforms.gke.plan import document as plan
 from components.spec import SpecError
 from components.tpu import pricing
 from components.workload import resolve
@@ -318,8 +318,8 @@ def test_spec_errors_come_before_the_plan():
 
 
 def test_every_kind_the_plan_lists_has_a_handler_that_creates_it():
-    from components.platforms.gke.records import STAGE_OF_KIND
-    from components.platforms.gke.walk import HANDLERS
+    from components.platforms.gke.plan.records import STAGE_OF_KIND
+    from components.platforms.gke.run.walk import HANDLERS
 
     assert set(HANDLERS) == set(STAGE_OF_KIND)
     kinds = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.platforms.gke import plan
+from components.platforms.gke.plan import document as plan
 from components.spec import presets
 from components.workload import resolve
 

@@ -1,8 +1,8 @@
 """What preflight checks, derived from the run's plan with no call made: the APIs and permissions of the plan's
 calls, the quota metric and chips of the capacity type, the reservation of the zone, an existing cluster."""
 
-from components.platforms.gke import features
-from components.platforms.gke import needs as gke_needs
+from components.platforms.gke.plan import features
+from components.platforms.gke.plan import needs as gke_needs
 from components.workload import resolve
 
 

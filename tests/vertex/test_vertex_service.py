@@ -13,7 +13,7 @@ import pytest
 from kfp import compiler, dsl
 
 from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
-from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
 from pipelines import vertex
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
@@ -289,7 +289,7 @@ def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_pu
 
 
 def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, monkeypatch):
-    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
     from tests.emulators.resourcemanager import ResourceManagerEmulator
     from tests.emulators.storage import StorageEmulator
 
@@ -404,7 +404,7 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
     from components.platforms import heartbeat
     from components.platforms import ledger as ledgers
     from components.platforms.credentials import credentials
-    from components.platforms.gke.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
     from components.platforms.store import GcsStore
     from pipelines.cli import main
     from tests.emulators.resourcemanager import ResourceManagerEmulator

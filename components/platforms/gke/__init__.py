@@ -1,16 +1,14 @@
-"""The gke platform.
+"""The gke platform: GKE, KubeRay and Cloud Build, in four layers; a module's folder says whether it makes calls.
 
-- What a run is, as data: where it goes and who it runs as (``target``); the API bodies derived from the spec and the
-  catalogue, GKE and Cloud Build (``resources``) and Compute Engine (``compute_resources``); the Kubernetes objects
-  (``manifests``); the resource names the APIs take (``paths``).
-- The plan: its typed records in creation order (``records``, ``k8s_records``), their cost and the printed plan
-  (``plan``); what the run needs of its project (``needs``), checked before anything is created (``preflight``, its
-  checks against what the location offers in ``offers``, the GKE version resolved in ``versions``, what it finds in
-  ``findings``).
-- The platform (``platform``) that walks those records (``walk``) through the creation handlers (``handlers``,
-  ``deploy``) in a stage's session (``session``, ``clients``), tears a run down (``teardown``), prints its dry run
-  (``dry_run``), waits for its RayCluster (``readiness``); the janitor of what runs left (``janitor``).
-- One adapter per API it calls: ``cluster`` (GKE's ClusterManager), ``compute`` (Compute Engine), ``storage`` (Cloud
-  Storage, Resource Manager), ``build`` (Cloud Build, Artifact Registry), ``secrets`` (Secret Manager) and ``kube``
-  (Kubernetes, and the Ray Jobs API through its service proxy); ``features`` (what an existing cluster has).
+- ``plan/``: what a run creates, derived from the run spec with no call made: where it goes (``target``), the API
+  bodies (``resources``, ``compute_resources``, ``manifests``), their records in creation order (``records``,
+  ``k8s_records``), the plan with its cost (``document``), what it needs of the project (``needs``), the dry run.
+- ``cloud/``: the calls, one adapter per API (``cluster``, ``compute``, ``storage``, ``build``, ``secrets``,
+  ``kube``, ``ray_jobs``), the control-plane endpoint, transient errors, and a run's clients (``clients``).
+- ``checks/``: read-only checks before anything is spent: ``preflight``, what the location offers, Kubernetes access.
+- ``run/``: the stages as walks of the plan (``platform``, ``walk``, ``handlers``, ``deploy``), the RayCluster's
+  readiness, ``teardown`` and the ``janitor``.
+
+Imports point down that list's reverse order only: ``run`` may import ``checks``, ``cloud`` and ``plan``; ``checks``
+``cloud`` and ``plan``; ``cloud`` ``plan``; ``plan`` none of them (``tests/unit/test_architecture.py``).
 """

@@ -1,0 +1,136 @@
+"""Preflight's Kubernetes side, for an existing cluster (``gke.cluster_name``): its API server can be reached, and
+the caller may do in the run's namespace what the run's stages do there, asked of the API server itself with one
+SelfSubjectAccessReview per action (``authorization.k8s.io/v1``, what ``kubectl auth can-i`` sends:
+https://kubernetes.io/docs/reference/access-authn-authz/authorization/#checking-api-access). On GKE the answer is
+IAM's and RBAC's together (https://cloud.google.com/kubernetes-engine/docs/concepts/access-control): a role such as
+``roles/container.developer`` grants these.
+
+What the stages do, by the Kubernetes kinds of the plan: deploy_raycluster gets or creates the namespace, the
+ServiceAccount, the Secrets (the Hugging Face token's, the Ray token's), the ResourceClaimTemplate (multislice over
+DCN), reads the RayCluster CRD (``check_kuberay``) and applies the RayCluster (server-side apply: ``patch``), then
+reads its pods and their events; the jobs go through the head Service's ``proxy`` subresource; teardown lists and
+deletes by the run's label.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from components.platforms.gke.checks.findings import Problem, Report
+from components.platforms.gke.cloud import control_plane as planes
+from components.spec import SpecError
+
+# (verb, API group, resource, subresource, what needs it); a namespaced resource is asked in the run's namespace.
+ALWAYS = (
+    ("create", "", "namespaces", "", "deploy_raycluster creates the run's namespace when there is none"),
+    ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "deploy_raycluster checks KubeRay's CRD"),
+    ("get", "", "secrets", "", "deploy_raycluster reads the Hugging Face and Ray token Secrets"),
+    ("create", "", "secrets", "", "deploy_raycluster creates the token Secrets"),
+    ("create", "", "serviceaccounts", "", "deploy_raycluster creates the run's ServiceAccount"),
+    ("create", "networking.k8s.io", "networkpolicies", "", "deploy_raycluster creates the run's NetworkPolicies"),
+    ("get", "ray.io", "rayclusters", "", "deploy_raycluster waits for the RayCluster"),
+    ("patch", "ray.io", "rayclusters", "", "deploy_raycluster applies the RayCluster (server-side apply)"),
+    ("list", "", "pods", "", "deploy_raycluster reads the RayCluster's pods"),
+    ("list", "", "events", "", "deploy_raycluster reads the pods' scheduling events"),
+    ("get", "", "services", "proxy", "the jobs read their status and logs through the head Service's proxy"),
+    ("create", "", "services", "proxy", "the jobs are submitted through the head Service's proxy"),
+    ("list", "ray.io", "rayclusters", "", "teardown finds the run's RayCluster by its label"),
+    ("delete", "ray.io", "rayclusters", "", "teardown deletes the run's RayCluster"),
+    ("list", "", "secrets", "", "teardown finds the run's Secrets by its label"),
+    ("delete", "", "secrets", "", "teardown deletes the run's Secrets"),
+    ("list", "", "serviceaccounts", "", "teardown finds the run's ServiceAccount by its label"),
+    ("delete", "", "serviceaccounts", "", "teardown deletes the run's ServiceAccount"),
+    ("list", "networking.k8s.io", "networkpolicies", "", "teardown finds the run's NetworkPolicies by its label"),
+    ("delete", "networking.k8s.io", "networkpolicies", "", "teardown deletes the run's NetworkPolicies"),
+)
+CLAIMS = tuple(
+    (verb, "resource.k8s.io", "resourceclaimtemplates", "", why)
+    for verb, why in (
+        ("create", "deploy_raycluster creates the DCN ResourceClaimTemplate"),
+        ("list", "teardown finds the run's ResourceClaimTemplate"),
+        ("delete", "teardown deletes the run's ResourceClaimTemplate"),
+    )
+)
+
+
+def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
+    """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
+    return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
+
+
+def check(cluster, path: str, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:
+    """Ask the API server of the cluster (its ``Cluster`` message, at ``path``) whether the caller may do each of
+    ``actions(kinds)``; each one denied, or an API server that cannot be reached, is a problem. One reached through
+    an endpoint that keeps out callers outside the cluster's networks (``control_plane.restricted``) is a warning:
+    Vertex AI tasks run outside them."""
+    from kubernetes.client.exceptions import ApiException
+
+    from components.platforms.credentials import AccessToken
+    from components.platforms.gke.cloud import kube as gke_kube
+    from components.platforms.gke.cloud.transient import Backoff
+
+    short = cluster.name
+    with tempfile.TemporaryDirectory() as ca_dir:
+        api = gke_kube.api_client(planes.control_plane(cluster), AccessToken(creds), Path(ca_dir))
+        kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
+        denied = []
+        try:
+            for verb, group, resource, subresource, why in actions(kinds):
+                allowed, reason = gke_kube.review(kube, namespace, verb, group, resource, subresource)
+                if not allowed:
+                    because = f"{why}; {reason}" if reason else why
+                    denied.append(f"{_named(verb, group, resource, subresource)} ({because})")
+        except ApiException as exc:
+            report.problems.append(
+                Problem(
+                    "gke.cluster_name",
+                    f"the Kubernetes API of cluster {short} refused the caller ({exc.status} {exc.reason})",
+                )
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - an API server that cannot be reached, whatever the client raises
+            report.problems.append(Problem("gke.cluster_name", planes.unreachable(cluster, path, exc)))
+            return
+    why = planes.restricted(cluster)
+    if why:
+        report.warnings.append(
+            f"cluster {short}: {why} and its DNS-based endpoint takes no user traffic: reached from here, but a run "
+            f"on Vertex AI (whose tasks run outside the cluster's networks) cannot reach it: run "
+            f"{planes.enable_dns_access(path)}"
+        )
+    where = f"namespace {namespace} of cluster {short}"
+    if denied:
+        report.problems.append(
+            Problem(
+                "gke.cluster_name",
+                f"the caller may not, in {where}: {'; '.join(denied)}: grant roles/container.developer (or a "
+                "Kubernetes Role and RoleBinding with these verbs)",
+            )
+        )
+    else:
+        report.checked.append(f"{where}: the caller may do all {len(actions(kinds))} things the run does there")
+
+
+def _named(verb: str, group: str, resource: str, subresource: str) -> str:
+    """``create services/proxy``, ``patch rayclusters.ray.io``: as ``kubectl auth can-i`` takes them."""
+    return f"{verb} {resource}" + (f"/{subresource}" if subresource else "") + (f".{group}" if group else "")
+
+
+def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None:
+    """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
+    its Kubernetes API with ``creds``' token; None when its KubeRay will do."""
+    import tempfile
+    from pathlib import Path
+
+    from components.platforms.credentials import AccessToken
+    from components.platforms.gke.cloud import kube as gke_kube
+    from components.platforms.gke.cloud.transient import Backoff
+
+    with tempfile.TemporaryDirectory() as tmp:
+        api = gke_kube.api_client(planes.control_plane(cluster), AccessToken(creds), Path(tmp))
+        # Preflight's read: retried as briefly as its access review (an API server that cannot be reached is reported,
+        # not waited on for the 600 s a stage's call may retry).
+        kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
+        crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
+    return gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)

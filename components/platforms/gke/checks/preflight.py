@@ -1,0 +1,352 @@
+"""Preflight: before a gke run spends anything, every reason it would fail for lack of quota, capacity, access or
+set-up, found with read-only calls and reported together.
+
+What is checked derives from the run's plan (``plan.resources``), the one source of what the run does, through
+``needs`` (what the run needs of the project, no call made):
+- the APIs the plan's calls go to are enabled in the project (Service Usage ``BatchGetServices``);
+- the caller holds the IAM permissions those calls need (Resource Manager ``projects.testIamPermissions``);
+- the region's TPU quota (Compute Engine ``regions.get``) has room for the chips of every slice, for on-demand, spot
+  and flex-start capacity (spot and flex-start use the preemptible quota), where Compute Engine reports a metric for
+  the family (``resources.QUOTA_METRICS``); a quota it cannot read is a warning in the report, never silence;
+- what the location offers (``offers``): the GKE version on the cluster's release channel, the node pools' machine
+  types in their zone, the default network a cluster the run creates uses;
+- with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
+  machine type and has a VM free for every host;
+- the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
+  (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
+  IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
+  nodes or Cloud Build (``gke.build_service_account``) run as a default account or as one that holds a basic role
+  (Owner, Editor) on the project;
+- the run's budget (``run.max_cost_usd``, else the default derived from the plan) holds the plan's expected cost
+  (``components.workload.budget``); a price the table lacks leaves it unchecked, which is a warning naming the price;
+- with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
+  the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
+  lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
+  RayCluster CRD it serves, read through that API) has every field the run sets (``kube.kuberay_refusal``).
+
+:func:`check` raises :class:`PreflightFailed` listing every problem (exit 2); nothing has been created then.
+``provision`` calls it first; ``tpupipe preflight PRESET`` calls it alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from components.platforms.gke.checks import offers
+from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
+from components.platforms.gke.cloud import compute as gke_compute
+from components.platforms.gke.cloud.control_plane import control_plane
+from components.platforms.gke.plan import features, identities, paths
+from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
+from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
+from components.spec import RunSpec
+
+SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
+
+
+def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
+    """Run every check; raise :class:`PreflightFailed` with all the problems, else the report of what was found."""
+    n = needs(spec, run_id)
+    if creds is None:
+        from components.platforms.credentials import credentials
+
+        creds = credentials()
+    report = Report()
+    _limits(spec, run_id, report)
+    steps = (
+        _apis,
+        _permissions,
+        _identities,
+        _quota,
+        _reservation,
+        _cluster,
+        _kubernetes,
+        offers.version,
+        offers.machine_types,
+        offers.default_network,
+    )
+    for step in steps:
+        try:
+            step(n, spec, creds, report)
+        except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
+            from google.api_core import exceptions as gexc
+
+            from components.platforms.credentials import access_error
+
+            if not isinstance(exc, gexc.GoogleAPICallError):
+                raise
+            why = access_error(exc)
+            if why is not None and why.whole:  # no credentials, no such project: no check can be made, one line
+                raise why from None
+            report.problems.append(Problem(step.__name__.strip("_"), f"could not be checked: {why or exc.message}"))
+    for line in report.checked:
+        log(f"preflight: {line}")
+    for line in report.warnings:
+        log(f"preflight: warning: {line}")
+    if report.problems:
+        raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
+    return report
+
+
+def _limits(spec: RunSpec, run_id: str, report: Report) -> None:
+    """The plan's expected cost against the run's budget (``components.workload.budget``), no call made: over it, a
+    problem; a price unknown, a warning naming it (the budget cannot be checked)."""
+    from components.platforms.gke.plan import document as plan
+    from components.workload import budget
+
+    cost = plan.cost(spec, run_id)
+    lim = budget.limits(spec, cost)
+    problem, unchecked = budget.plan_check(lim, cost)
+    if problem:
+        report.problems.append(Problem("run.max_cost_usd", problem))
+    if unchecked:
+        report.warnings.append(unchecked)
+    spend, deadline = budget.describe(lim)
+    report.checked.append(f"budget {spend}; deadline {deadline}")
+
+
+def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    from google.cloud import service_usage_v1
+
+    response = service_usage_client(creds).batch_get_services(
+        request={"parent": f"projects/{n.project}", "names": [f"projects/{n.project}/services/{s}" for s in n.services]}
+    )
+    disabled = [s.name.rsplit("/", 1)[-1] for s in response.services if s.state != service_usage_v1.State.ENABLED]
+    if disabled:
+        report.problems.append(
+            Problem(
+                "apis",
+                f"not enabled in project {n.project}: {', '.join(disabled)} (enable "
+                "them in the console's API Library, then run again)",
+            )
+        )
+    report.checked.append(f"{len(n.services) - len(disabled)} of {len(n.services)} APIs enabled")
+
+
+def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    from components.platforms.gke.cloud import storage
+
+    held = set(
+        storage.projects_client(creds)
+        .test_iam_permissions(request={"resource": f"projects/{n.project}", "permissions": list(n.permissions)})
+        .permissions
+    )
+    lacking = [p for p in n.permissions if p not in held]
+    if ACT_AS in lacking:
+        lacking.remove(ACT_AS)
+        report.problems += [_act_as(n.project, field, account) for field, account in n.act_as]
+    if lacking:
+        report.problems.append(
+            Problem(
+                "permissions",
+                f"the caller lacks on project {n.project}: {', '.join(lacking)} "
+                "(grant a role that has them, e.g. roles/container.admin, "
+                "roles/compute.networkAdmin, roles/storage.admin)",
+            )
+        )
+    report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
+
+
+# Who refuses a caller that cannot act as the account a field names.
+ACTS_AS = {
+    "gke.node_service_account": ("the nodes run", "GKE creates no node pool"),
+    "gke.build_service_account": ("Cloud Build runs the image build", "Cloud Build starts no build"),
+}
+
+
+def _act_as(project: str, field: str, account: str) -> Problem:
+    who, refusal = ACTS_AS[field]
+    return Problem(
+        field,
+        f"the caller lacks {ACT_AS} on project {project}: {who} as {account}, and {refusal} for a caller that "
+        "cannot act as it: grant roles/iam.serviceAccountUser on the project, or name an account the caller can "
+        "act as (tested on the project: a grant on the account alone is not seen here)",
+    )
+
+
+def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
+    (problems), and the risks of the default accounts and of basic roles (warnings)."""
+    from components.platforms.gke.cloud import storage
+
+    account = n.node_account
+    if account == DEFAULT_NODE_SERVICE_ACCOUNT:
+        account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
+    grants = storage.project_grants(n.project, creds)
+    _node_identity(n, account, grants.get(f"serviceAccount:{account}", set()), report)
+    if n.builds:
+        granted = grants.get(f"serviceAccount:{n.build_account}", set())
+        report.warnings += identities.build_risks(n.build_account, granted, n.project)
+
+
+def _node_identity(n: Needs, account: str, granted: set[str], report: Report) -> None:
+    """Nodes whose service account lacks these fail late and obscurely: image pulls refused, no logs."""
+    report.warnings += identities.node_risks(account, granted, n.project)
+    for role, purpose, granted_by in n.node_roles:
+        if not granted & set(granted_by):
+            report.problems.append(
+                Problem(
+                    "gke.node_service_account",
+                    f"the nodes' service account {account} lacks "
+                    f"{role} on project {n.project}, needed for {purpose}: grant it that role "
+                    "(or one that includes it), or name another account",
+                )
+            )
+    report.checked.append(f"the nodes' service account {account}: {len(n.node_roles)} roles needed")
+
+
+def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    if n.quota is None:
+        return
+    metric, chips = n.quota
+    c = spec.cluster
+    if not metric:
+        report.warnings.append(
+            f"TPU quota not checked: Compute Engine's regional quotas have no metric for {c.accelerator} "
+            f"(resources.QUOTA_METRICS); the run needs {chips} {c.capacity} {c.accelerator} chips in {n.region} of "
+            f"project {n.project}: see the console's Quotas page, else node pool creation fails with a quota error"
+        )
+        return
+    region = gke_compute.client("RegionsClient", creds).get(project=n.project, region=n.region)
+    found = {q.metric: q for q in region.quotas}
+    if metric not in found:
+        report.warnings.append(
+            f"TPU quota {metric} not checked: {n.region} of project {n.project} does not list it; the run needs "
+            f"{chips} chips"
+        )
+        return
+    free = int(found[metric].limit - found[metric].usage)
+    if free < chips:
+        report.problems.append(
+            Problem(
+                "cluster.capacity",
+                f"TPU quota {metric} in {n.region} of project {n.project}: "
+                f"the run needs {chips} chips, {free} of {found[metric].limit:g} are free "
+                f"({spec.cluster.capacity}); request more quota, use fewer slices "
+                "(cluster.num_slices), or another capacity type (cluster.capacity)",
+            )
+        )
+    report.checked.append(f"quota {metric} in {n.region}: {free} chips free, {chips} needed")
+
+
+def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    if n.reservation is None:
+        return
+    from google.api_core import exceptions as gexc
+
+    project, zone, name, machine_type, hosts = n.reservation
+    try:
+        found = gke_compute.client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
+    except gexc.NotFound:
+        report.problems.append(
+            Problem(
+                "cluster.reservation", f"no reservation {name} in zone {zone} of project {project} (gke.zone is {zone})"
+            )
+        )
+        return
+    specific = found.specific_reservation
+    reserved = specific.instance_properties.machine_type.rsplit("/", 1)[-1]
+    free = specific.count - specific.in_use_count
+    if reserved != machine_type:
+        report.problems.append(
+            Problem("cluster.reservation", f"reservation {name} is for {reserved} VMs; the slice needs {machine_type}")
+        )
+    elif free < hosts:
+        report.problems.append(
+            Problem(
+                "cluster.reservation",
+                f"reservation {name} in {zone} has room for {free} of "
+                f"the {hosts} {machine_type} VMs the run needs ({specific.in_use_count} of "
+                f"{specific.count} in use)",
+            )
+        )
+    report.checked.append(f"reservation {name} in {zone}: {free} of {specific.count} {reserved} free, {hosts} needed")
+
+
+def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    if not n.cluster:
+        return
+    from components.platforms.gke.cloud.cluster import Gke, cluster_manager
+
+    cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
+    short = n.cluster.rsplit("/", 1)[-1]
+    if cluster is None:
+        report.problems.append(
+            Problem(
+                "gke.cluster_name", f"no cluster {short} in {paths.cluster_location(n.cluster)} of project {n.project}"
+            )
+        )
+        return
+    report.enable += [f.name for f in features.to_enable(spec, cluster, n.project)]
+    report.problems += [
+        Problem("gke.cluster_name", f"cluster {short} lacks {reason}")
+        for reason in features.refusals(spec, cluster, n.project)
+    ]
+    lacking = features.missing(spec, cluster, n.project)
+    has = [f.name for f in features.needed(spec) if f not in lacking]
+    report.checked.append(
+        f"cluster {short}: has "
+        + (", ".join(has) or "none of the features")
+        + (f"; provision enables {', '.join(report.enable)}" if report.enable else "")
+    )
+    if cluster.addons_config.ray_operator_config.enabled:  # else provision enables it, then checks its KubeRay
+        _kuberay(cluster, short, spec, creds, report)
+
+
+def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
+    """The existing cluster's KubeRay serves every RayCluster field the run sets (its CRD, read through the
+    cluster's Kubernetes API); one it cannot be read from is a warning: provision checks it again before any TPU
+    node pool."""
+    from components.platforms.gke.checks import k8s_access
+
+    try:
+        refusal = k8s_access.existing_cluster_kuberay(cluster, creds, spec.gke.namespace)
+    except Exception as exc:  # noqa: BLE001 - unreachable, or no access: said, and checked again by provision
+        report.warnings.append(
+            f"cluster {short}: KubeRay's version could not be read ({type(exc).__name__}: {str(exc)[:200]}); "
+            "provision checks it before it creates any TPU node pool"
+        )
+        return
+    if refusal is not None:
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    else:
+        report.checked.append(f"cluster {short}: its KubeRay serves every RayCluster field the run sets")
+
+
+def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """An existing cluster's API server can be reached and lets the caller do what the run does (``k8s_access``)."""
+    if not n.cluster:
+        return
+    from components.platforms.gke.checks import k8s_access
+    from components.platforms.gke.cloud.cluster import Gke, cluster_manager
+
+    cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
+    if cluster is not None and control_plane(cluster).host:  # no cluster: _cluster's problem
+        k8s_access.check(cluster, n.cluster, n.namespace, n.k8s_kinds, creds, report)
+
+
+# ---------------------------------------------------------------- clients
+
+
+def service_usage_client(creds):
+    """Service Usage's client: to the emulator named by $TPUPIPE_SERVICE_USAGE_EMULATOR_HOST, else to Google."""
+    from google.cloud import service_usage_v1
+
+    host = os.environ.get(SERVICE_USAGE_EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.service_usage_v1.services.service_usage.transports import ServiceUsageGrpcTransport
+
+        return service_usage_v1.ServiceUsageClient(
+            transport=ServiceUsageGrpcTransport(channel=grpc.insecure_channel(host))
+        )
+    return service_usage_v1.ServiceUsageClient(credentials=creds)
+
+
+def render(spec: RunSpec, run_id: str, report: Report) -> str:
+    """The report of a preflight that passed."""
+    lines = [f"preflight {spec.name} (run {run_id}): no problem found; nothing was created"]
+    lines += [f"  {line}" for line in report.checked]
+    lines += [f"  warning: {line}" for line in report.warnings]
+    return "\n".join(lines) + "\n"

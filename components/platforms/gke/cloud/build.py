@@ -1,0 +1,316 @@
+"""The trainer image on GKE: Cloud Build builds ``images/<name>/Dockerfile`` and pushes it to Artifact Registry,
+through google-cloud-build (docs/architecture.md, "Cloud calls through the client libraries").
+
+The build context (the image directory and the tpupipe sources the Dockerfile copies) is packed reproducibly
+(sorted entries, no timestamps or owners) and uploaded to the run's prefix in the bucket. The build carries the
+run's tag, so a re-run build stage finds it again: a finished build is reused, a running one re-attached to. The
+wait polls the build with its step statuses as progress and a deadline; an interrupt (SIGINT, SIGTERM) cancels
+the build; a failed build is one error with Cloud Build's own detail and log URL.
+
+The Artifact Registry Docker repository the image goes to is got or created first (kept after the run).
+
+The build finds the sources under ``$TPUPIPE_SOURCE_ROOT`` (the components image sets it; default: this
+repository). Emulators are found through ``TPUPIPE_CLOUD_BUILD_EMULATOR_HOST`` and
+``TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST`` (host:port, plaintext gRPC).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platforms.gke.cloud.cluster import Adapter, GkeError, credentials, progress_every
+from components.platforms.interrupts import on_interrupt, signal_name
+from components.platforms.waiting import wait_for
+
+EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
+REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
+SOURCE_ROOT_ENV = "TPUPIPE_SOURCE_ROOT"
+# What every trainer Dockerfile copies besides its own directory.
+CONTEXT_PATHS = ("pyproject.toml", "components", "pipelines", "trainers")
+RUNNING = ("PENDING", "QUEUED", "WORKING")
+
+
+class BuildFailed(GkeError):
+    """The image build ended without an image (failure, timeout, cancellation)."""
+
+
+def source_root() -> Path:
+    return Path(os.environ.get(SOURCE_ROOT_ENV) or Path(__file__).resolve().parents[4])
+
+
+def build_context(image: str, root: Path | None = None) -> bytes:
+    """The build context of ``images/<image>/`` as a reproducible .tar.gz: the same files give the same bytes."""
+    root = root or source_root()
+    if not (root / "images" / image / "Dockerfile").is_file():
+        raise FileNotFoundError(f"no images/{image}/Dockerfile under {root} (set ${SOURCE_ROOT_ENV})")
+    files = []
+    # The components image carries every image's directory: build_image uploads the trainer images' contexts.
+    for top in ("images" if image == "pipeline" else f"images/{image}", *CONTEXT_PATHS):
+        path = root / top
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            info = tarfile.TarInfo(str(path.relative_to(root)))
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def image_tag(image: str, root: Path | None = None) -> str:
+    """A tag that names the content: the hash of the image's build context. The same tree gives the same tag, and
+    any change to what the image holds gives another."""
+    import hashlib
+
+    return hashlib.sha256(build_context(image, root)).hexdigest()[:16]
+
+
+def client(creds=None):
+    """A ``CloudBuildClient``: to the emulator named by $TPUPIPE_CLOUD_BUILD_EMULATOR_HOST, else to Google."""
+    from google.cloud.devtools import cloudbuild_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.devtools.cloudbuild_v1.services.cloud_build.transports import CloudBuildGrpcTransport
+
+        return cloudbuild_v1.CloudBuildClient(transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(host)))
+    return cloudbuild_v1.CloudBuildClient(credentials=creds or credentials())
+
+
+def registry_client(creds=None):
+    """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
+    from google.cloud import artifactregistry_v1
+
+    host = os.environ.get(REGISTRY_EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.artifactregistry_v1.services.artifact_registry.transports import ArtifactRegistryGrpcTransport
+
+        return artifactregistry_v1.ArtifactRegistryClient(
+            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host))
+        )
+    return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
+
+
+class Registry(Adapter):
+    """Artifact Registry repositories: the Docker one the images go to, the KFP one the pipeline templates go to;
+    reused, or created (and kept after the run)."""
+
+    def __init__(self, client, **options):
+        super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
+
+    def ensure(
+        self, project: str, location: str, repository: str, fmt: str = "DOCKER", field: str = "gke.artifact_repository"
+    ) -> str:
+        from google.api_core import exceptions as gexc
+        from google.cloud import artifactregistry_v1
+
+        from components.spec import SpecError
+
+        parent = f"projects/{project}/locations/{location}"
+        name = f"{parent}/repositories/{repository}"
+        docker = artifactregistry_v1.Repository.Format[fmt]
+        try:
+            found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
+            if found.format_ != docker:
+                kind = "Docker" if fmt == "DOCKER" else fmt
+                raise SpecError(
+                    field,
+                    f"{name} is a {found.format_.name} repository, not {kind}",
+                    [f"a {kind} repository", "a new name"],
+                )
+            self.log(f"Artifact Registry repository {name} exists: pushing there")
+            if fmt == "DOCKER" and not found.docker_config.immutable_tags:
+                self.log(
+                    f"warning: {name} lets a pushed tag be moved to another image (no immutable tags): the pods "
+                    "pull by digest, but a person pulling by tag may get what someone pushed since"
+                )
+            return name
+        except gexc.NotFound:
+            pass
+        request = {
+            "parent": parent,
+            "repository_id": repository,
+            "repository": {
+                "format_": docker,
+                "description": f"tpupipe {'images' if fmt == 'DOCKER' else 'pipeline templates'}",
+                # Tags never move: one names one image for good (DockerRepositoryConfig.immutable_tags,
+                # google/devtools/artifactregistry/v1/repository.proto). Run and content tags are pushed once.
+                **({"docker_config": {"immutable_tags": True}} if fmt == "DOCKER" else {}),
+            },
+        }
+        try:
+            op = self.call(f"create repository {name}", lambda: self.client.create_repository(request=request))
+        except gexc.AlreadyExists:
+            return name
+        self.log(f"creating Artifact Registry repository {name} (kept after the run)")
+        wait_for(
+            lambda: True if op.done() else None,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"repository {name} to be created",
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+        op.result()  # raises the operation's error, if it ended in one
+        return name
+
+
+def pinned_source(body: dict, generation: int | None) -> dict:
+    """The build ``body`` with its source object pinned to the generation uploaded (``StorageSource.generation``:
+    https://cloud.google.com/build/docs/api/reference/rest/v1/projects.builds#storagesource): an object written over
+    it since is not what is built."""
+    if generation is None:
+        return body
+    source = {**body["source"]["storageSource"], "generation": str(generation)}
+    return {**body, "source": {**body["source"], "storageSource": source}}
+
+
+def tag_digest(registry: Registry, image: str) -> str | None:
+    """The digest (``sha256:HEX``) that ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` names in Artifact
+    Registry now, or None when the tag is not there. A tag names a version (``Tag.version``:
+    ``.../versions/sha256:HEX``, google/cloud/artifactregistry_v1/types/tag.py); a reference by digest cannot move."""
+    from google.api_core import exceptions as gexc
+
+    host, project, repository, rest = image.split("@")[0].split("/", 3)
+    name, _, tag = rest.rpartition(":")
+    location = host.removesuffix("-docker.pkg.dev")
+    path = f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}/tags/{tag}"
+    try:
+        found = registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))
+    except gexc.NotFound:
+        return None
+    return found.version.rsplit("/versions/", 1)[-1]
+
+
+class CloudBuild(Adapter):
+    """Get-or-create and wait for the run's image build, in ``projects/<project>/locations/<location>``."""
+
+    def __init__(self, client, project: str, location: str, **options):
+        super().__init__(client, **{"poll_s": 10.0, **options})
+        self.project = project
+        self.parent = f"projects/{project}/locations/{location}"
+
+    def find(self, tag: str):
+        """The newest build with ``tag`` that succeeded or is still running, or None."""
+        builds = self.call(
+            "list builds",
+            lambda: self.client.list_builds(
+                request={"project_id": self.project, "parent": self.parent, "filter": f'tags="{tag}"'}
+            ),
+        )
+        for build in builds:
+            if build.status.name == "SUCCESS" or build.status.name in RUNNING:
+                return build
+        return None
+
+    def ensure(
+        self,
+        body: dict[str, Any],
+        tag: str,
+        record: Callable[[str, str], None],
+        timeout_s: float,
+        stop: Callable[[], str | None] = lambda: None,
+    ):
+        """The build ``body`` describes: reused when one with ``tag`` succeeded, re-attached to when it runs, else
+        started; waited on until it has pushed the image."""
+        from google.cloud.devtools import cloudbuild_v1
+
+        build = self.find(tag)
+        if build is not None and build.status.name == "SUCCESS":
+            self.log(f"image build {build.id} of this run succeeded already: reusing {', '.join(build.images)}")
+            return build
+        if build is not None:
+            self.log(f"image build {build.id} of this run is {build.status.name}: waiting for it")
+        else:
+            request = {
+                "project_id": self.project,
+                "parent": self.parent,
+                "build": cloudbuild_v1.Build.from_json(json.dumps(body)),
+            }
+            op = self.call("create build", lambda: self.client.create_build(request=request))
+            build = op.metadata.build
+            record("build", f"{self.parent}/builds/{build.id}")
+            self.log(
+                f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
+                + (f", log {build.log_url}" if build.log_url else "")
+            )
+        return self.wait(build.id, timeout_s, stop)
+
+    def get(self, build_id: str):
+        return self.call(
+            f"get build {build_id}",
+            lambda: self.client.get_build(
+                request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
+            ),
+        )
+
+    def wait(self, build_id: str, timeout_s: float, stop: Callable[[], str | None] = lambda: None):
+        """Until the build ends (or ``timeout_s``); when ``stop()`` gives a reason (the run it builds for failed), the
+        build is cancelled and :class:`BuildFailed` names the reason."""
+        started = self.clock()
+        last = {"status": ""}
+
+        def cancel(signum: int) -> None:
+            self.log(f"  image build {build_id}: {signal_name(signum)}: cancelling it")
+            self._cancel(build_id)
+
+        def poll():
+            reason = stop()
+            if reason:
+                self.log(f"  image build {build_id}: {reason}: cancelling it")
+                self._cancel(build_id)
+                raise BuildFailed(f"image build {build_id} cancelled: {reason}")
+            build = self.get(build_id)
+            steps = ", ".join(f"step {i} {s.status.name}" for i, s in enumerate(build.steps))
+            status = f"{build.status.name}" + (f" ({steps})" if steps else "")
+            if status != last["status"]:
+                self.log(f"  image build {build_id}: {status}")
+                last["status"] = status
+            return None if build.status.name in RUNNING else build
+
+        with on_interrupt(cancel, log=self.log):
+            build = wait_for(
+                poll,
+                timeout_s=timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
+                what=f"image build {build_id}",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+        if build.status.name != "SUCCESS":
+            raise BuildFailed(
+                f"image build {build_id} ended {build.status.name}: {build.status_detail or 'no detail'}"
+                + (f"; log {build.log_url}" if build.log_url else "")
+            )
+        digests = ", ".join(f"{i.name}@{i.digest}" for i in build.results.images)
+        self.log(f"  image build {build_id}: pushed {digests} in {self.clock() - started:.0f}s")
+        return build
+
+    def _cancel(self, build_id: str) -> None:
+        self.client.cancel_build(
+            request={"project_id": self.project, "id": build_id, "name": f"{self.parent}/builds/{build_id}"}
+        )
+
+
+__all__ = [
+    "BuildFailed",
+    "CloudBuild",
+    "Registry",
+    "build_context",
+    "client",
+    "pinned_source",
+    "registry_client",
+    "source_root",
+]

@@ -1,0 +1,367 @@
+"""The GKE side of the gke platform: the cluster and its node pools through google-cloud-container's
+``ClusterManagerClient`` (docs/architecture.md, "Cloud calls through the client libraries").
+
+Get-or-create, resumable and cancellable: every create first looks for what exists (a re-run provision
+re-attaches, an ``ALREADY_EXISTS`` is a reuse), records what it started before it waits, waits on the
+long-running operation with progress and a deadline, and cancels that operation on SIGINT or SIGTERM. Status codes
+map to meanings: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` are transient (retried with backoff); ``RESOURCE_EXHAUSTED``
+and stockouts are :class:`CapacityError`, a user error that names zone, accelerator and count.
+
+``google.cloud.container_v1`` is imported inside functions: ``components`` imports in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
+# are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
+from components.platforms.credentials import EMULATOR_HOST_ENV, credentials
+from components.platforms.gke.plan import paths
+from components.platforms.interrupts import on_interrupt, signal_name
+from components.platforms.waiting import DeadlineExceeded, wait_for
+from components.spec import InfraError
+
+STOCKOUT_MARKERS = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "GCE_STOCKOUT",
+    "does not have enough resources",
+    "STOCKOUT",
+    "QUOTA_EXCEEDED",
+    "Insufficient quota",
+)
+RESOURCE_EXHAUSTED = 8
+
+
+class CapacityError(InfraError):
+    """No capacity (a stockout) or no quota for what the run asks: the user's to resolve, not retried."""
+
+
+class GkeError(InfraError):
+    """A GKE operation that ended in an error other than capacity."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    initial_s: float = 1.0
+    multiplier: float = 2.0
+    max_s: float = 30.0
+
+
+# ---------------------------------------------------------------- credentials and client
+
+
+def cluster_manager(creds=None):
+    """A ``ClusterManagerClient``: to the emulator named by $TPUPIPE_GKE_EMULATOR_HOST, else to Google."""
+    from google.cloud import container_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if host:
+        import grpc
+        from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcTransport
+
+        return container_v1.ClusterManagerClient(
+            transport=ClusterManagerGrpcTransport(channel=grpc.insecure_channel(host))
+        )
+    return container_v1.ClusterManagerClient(credentials=creds or credentials())
+
+
+# ---------------------------------------------------------------- shared by the Google Cloud adapters
+
+
+def call_with_retry(
+    what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
+) -> Any:
+    """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) retried with backoff."""
+    from google.api_core import exceptions as gexc
+
+    delay = retry.initial_s
+    for attempt in range(1, retry.attempts + 1):
+        try:
+            return fn()
+        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout) as exc:
+            if attempt == retry.attempts:
+                raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc
+            log(
+                f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
+                f"(attempt {attempt + 1}/{retry.attempts})"
+            )
+            sleep(delay)
+            delay = min(delay * retry.multiplier, retry.max_s)
+    raise AssertionError("unreachable")
+
+
+def progress_every(period_s: float, poll_s: float, what: str, log: Callable[[str], None]) -> Callable[[float], None]:
+    """A ``wait_for`` progress callback that logs ``what`` is running about every ``period_s``."""
+
+    def progress(elapsed: float) -> None:
+        if int(elapsed) // period_s != int(elapsed - poll_s) // period_s or elapsed < poll_s:
+            log(f"  {what}: running ({elapsed:.0f}s)")
+
+    return progress
+
+
+def is_capacity_error(message: str) -> bool:
+    return any(marker in message for marker in STOCKOUT_MARKERS)
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+class Adapter:
+    """What every Google Cloud adapter of the gke platform shares: a client, progress lines, transient codes
+    retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
+    tests)."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        log: Callable[[str], None] = print,
+        retry: RetryPolicy | None = None,
+        operation_timeout_s: float = 1800.0,
+        poll_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.client = client
+        self.log = log
+        self.retry = retry or RetryPolicy()
+        self.operation_timeout_s = operation_timeout_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self.sleep = sleep
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+
+
+class Gke(Adapter):
+    """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
+    this run starts creating, before anything waits on it (the ledger)."""
+
+    def get_cluster(self, name: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name))
+        except gexc.NotFound:
+            return None
+
+    def get_node_pool(self, name: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name))
+        except gexc.NotFound:
+            return None
+
+    # -- operations
+    def wait(self, location_path: str, op, what: str) -> None:
+        """Poll the operation until DONE, with progress, a deadline, and an interrupt cancelling it."""
+        from google.cloud import container_v1
+
+        name = f"{location_path}/operations/{op.name}"
+        started = self.clock()
+
+        def cancel(signum: int) -> None:
+            self.log(f"  {what}: {signal_name(signum)}: cancelling operation {op.name}")
+            self.client.cancel_operation(name=name)
+
+        def poll():
+            current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
+            return current if current.status == container_v1.Operation.Status.DONE else None
+
+        with on_interrupt(cancel, log=self.log):
+            done = wait_for(
+                poll,
+                timeout_s=self.operation_timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(30, self.poll_s, what, self.log),
+                what=f"{what} (operation {op.name})",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+        if done.error and done.error.code:
+            message = done.error.message or done.status_message
+            if done.error.code == RESOURCE_EXHAUSTED or is_capacity_error(message):
+                raise CapacityError(message)
+            raise GkeError(f"{what}: operation {op.name} failed: {message}")
+        self.log(f"  {what}: done in {self.clock() - started:.1f}s")
+
+    # -- get-or-create
+    def ensure_cluster(self, parent: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
+        """The cluster ``body`` names: reused if it exists (waiting while it provisions), else created."""
+        from google.cloud import container_v1
+
+        name = paths.cluster_path(parent, body["name"])
+        cluster = self.get_cluster(name)
+        if cluster is None:
+            record("cluster", name)
+            self._create(
+                "cluster",
+                name,
+                parent,
+                lambda: self.client.create_cluster(
+                    parent=parent, cluster=container_v1.Cluster.from_json(json.dumps(body))
+                ),
+            )
+            cluster = self.get_cluster(name)
+        else:
+            self.log(f"GKE cluster {name} exists ({cluster.status.name}): reusing it")
+        self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
+        return self.get_cluster(name)
+
+    def ensure_node_pool(self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
+        from google.cloud import container_v1
+
+        name = paths.node_pool_path(cluster_name, body["name"])
+        location_path = paths.cluster_parent(cluster_name)
+        pool = self.get_node_pool(name)
+        if pool is None:
+            record("node_pool", name)
+            self._create(
+                f"node pool ({body['config']['machineType']} x {body.get('initialNodeCount', 0)})",
+                name,
+                location_path,
+                lambda: self.client.create_node_pool(
+                    parent=cluster_name, node_pool=container_v1.NodePool.from_json(json.dumps(body))
+                ),
+            )
+        else:
+            self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
+        return self._wait_running(
+            name, lambda: self.get_node_pool(name), container_v1.NodePool.Status, what="node pool"
+        )
+
+    def _create(self, kind: str, name: str, location_path: str, rpc: Callable[[], Any]) -> None:
+        """Create and wait; ALREADY_EXISTS is a reuse, quota or stockout one CapacityError."""
+        from google.api_core import exceptions as gexc
+
+        short = name.rsplit("/", 1)[-1]
+        try:
+            op = self.call(f"create {kind} {short}", rpc)
+            self.log(f"creating {kind} {name}")
+            self.wait(location_path, op, f"create {kind} {short}")
+        except gexc.AlreadyExists:
+            self.log(f"{kind} {name} already exists: reusing it")
+        except gexc.ResourceExhausted as exc:
+            raise CapacityError(exc.message) from exc
+
+    def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str) -> Any:
+        def poll():
+            current = get()
+            if current is None:
+                raise GkeError(f"{what} {name} disappeared while the run waited for it")
+            if current.status == statuses.RUNNING:
+                return current
+            if current.status == statuses.ERROR:
+                message = current.status_message
+                if is_capacity_error(message):
+                    raise CapacityError(message)
+                raise GkeError(f"{what} {name} is in ERROR: {message}")
+            if current.status in (statuses.STOPPING,):
+                raise GkeError(f"{what} {name} is being deleted")
+            return None
+
+        return wait_for(
+            poll,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"{what} {name} to be RUNNING",
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+
+    # -- an existing cluster's features
+    def enable(self, name: str, features, project: str) -> list[str]:
+        """Turn on each of ``features`` (``features.Feature`` rows GKE enables in place) in the cluster ``name``: one
+        UpdateCluster each (GKE takes one change per update, one operation at a time), waited on. The names of what
+        was enabled."""
+        from google.cloud import container_v1
+
+        location_path = paths.cluster_parent(name)
+        for feature in features:
+            update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
+            short = name.rsplit("/", 1)[-1]
+            op = self.call(
+                f"enable {feature.name} in {short}", lambda u=update: self.client.update_cluster(name=name, update=u)
+            )
+            self.log(f"cluster {short}: enabling the {feature.name} (kept after the run)")
+            self.wait(location_path, op, f"enable {feature.name} in {short}")
+            self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
+        return [f.name for f in features]
+
+    # -- delete (not found is success)
+    def delete_node_pool(self, name: str) -> bool:
+        return self._delete("node pool", name, self.client.delete_node_pool)
+
+    def delete_cluster(self, name: str) -> bool:
+        return self._delete("cluster", name, self.client.delete_cluster)
+
+    def _delete(self, kind: str, name: str, rpc) -> bool:
+        """Delete and wait; False when it was already gone."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self.call(f"delete {kind} {name}", lambda: rpc(name=name))
+        except gexc.NotFound:
+            return False
+        self.log(f"deleting {kind} {name}")
+        self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
+        return True
+
+    def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
+        response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
+        return [paths.cluster_path(parent, cl.name) for cl in response.clusters if cl.resource_labels.get(key) == value]
+
+    def labelled(self, project: str, key: str) -> list[tuple[str, str, str, str]]:
+        """Every cluster of ``project`` (all locations) and every node pool of another cluster that carries the label
+        ``key``: (its value, "cluster" or "node_pool", the resource's name, the cluster's create time)."""
+        parent = paths.location_path(project, "-")
+        response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))
+        found = []
+        for cl in response.clusters:
+            name = paths.cluster_path(paths.location_path(project, cl.location), cl.name)
+            if key in cl.resource_labels:
+                found.append((cl.resource_labels[key], "cluster", name, cl.create_time))
+                continue
+            found += [
+                (p.config.resource_labels[key], "node_pool", paths.node_pool_path(name, p.name), cl.create_time)
+                for p in cl.node_pools
+                if key in p.config.resource_labels
+            ]
+        return found
+
+    def pools_with_label(self, cluster_name: str, key: str, value: str) -> list[str]:
+        from google.api_core import exceptions as gexc
+
+        try:
+            response = self.call("list node pools", lambda: self.client.list_node_pools(parent=cluster_name))
+        except gexc.NotFound:
+            return []
+        return [
+            paths.node_pool_path(cluster_name, p.name)
+            for p in response.node_pools
+            if p.config.resource_labels.get(key) == value
+        ]
+
+
+__all__ = [
+    "Adapter",
+    "CapacityError",
+    "DeadlineExceeded",
+    "Gke",
+    "GkeError",
+    "RetryPolicy",
+    "call_with_retry",
+    "cluster_manager",
+    "credentials",
+    "progress_every",
+]

@@ -1,0 +1,212 @@
+"""The Compute Engine side of the gke platform, through google-cloud-compute
+(docs/architecture.md, "Cloud calls through the client libraries"): the extra VPC networks, subnets and firewall
+rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``) and the workload policy that
+places TPU7x multi-host slices (their bodies: ``compute_resources``).
+
+Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
+``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
+progress and a deadline, ``503``/``504`` retried with backoff, quota errors a :class:`CapacityError`. Compute
+operations cannot be cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run
+recorded.
+
+Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``,
+``projects/P/global/firewalls/N``, ``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that
+``compute_resources`` makes. ``google.cloud.compute_v1`` is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from components.platforms.gke.cloud.cluster import (
+    Adapter,
+    CapacityError,
+    GkeError,
+    credentials,
+    is_capacity_error,
+    progress_every,
+)
+from components.platforms.interrupts import on_interrupt, signal_name
+from components.platforms.waiting import wait_for
+
+# The Compute Engine REST endpoint of an emulator (http://host:port); unset, the clients talk to
+# compute.googleapis.com.
+EMULATOR_HOST_ENV = "TPUPIPE_COMPUTE_EMULATOR_HOST"
+
+
+@dataclass(frozen=True)
+class Kind:
+    client: str  # attribute of Clients
+    message: str  # compute_v1 message type of the body
+    field: str  # the request field that names the resource (``network=``) and, + "_resource", carries the body
+
+
+KINDS = {
+    "network": Kind("networks", "Network", "network"),
+    "subnetwork": Kind("subnetworks", "Subnetwork", "subnetwork"),
+    "resource_policy": Kind("resource_policies", "ResourcePolicy", "resource_policy"),
+    "firewall": Kind("firewalls", "Firewall", "firewall"),
+}
+
+
+@dataclass(frozen=True)
+class Clients:
+    networks: Any
+    subnetworks: Any
+    resource_policies: Any
+    firewalls: Any
+    global_operations: Any
+    region_operations: Any
+
+
+def client(name: str, creds):
+    """One compute_v1 client (``RegionsClient``, ``ReservationsClient``, ``MachineTypesClient``, ...) at the endpoint
+    the adapter uses: preflight's reads."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    return getattr(compute_v1, name)(
+        credentials=creds, client_options=ClientOptions(api_endpoint=host) if host else None
+    )
+
+
+def clients(creds=None) -> Clients:
+    """The compute_v1 clients: to the emulator named by $TPUPIPE_COMPUTE_EMULATOR_HOST, else to Google. Operations
+    are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert
+    returns, whose own operations client always goes to Google's endpoint."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    options = ClientOptions(api_endpoint=host) if host else None
+    creds = creds or credentials()
+    return Clients(
+        *(
+            getattr(compute_v1, name)(credentials=creds, client_options=options)
+            for name in (
+                "NetworksClient",
+                "SubnetworksClient",
+                "ResourcePoliciesClient",
+                "FirewallsClient",
+                "GlobalOperationsClient",
+                "RegionOperationsClient",
+            )
+        )
+    )
+
+
+def _request(kind: str, resource_path: str) -> dict[str, str]:
+    """``projects/P/regions/R/subnetworks/N`` -> {project: P, region: R, subnetwork: N}."""
+    parts = resource_path.split("/")
+    request = {"project": parts[1], KINDS[kind].field: parts[-1]}
+    if parts[2] == "regions":
+        request["region"] = parts[3]
+    return request
+
+
+class Compute(Adapter):
+    """Get-or-create, wait, delete for the run's Compute Engine resources. ``record(kind, path)`` is called with
+    every resource this run starts creating, before anything waits on it (the ledger)."""
+
+    def __init__(self, clients: Clients, **options):
+        super().__init__(clients, **{"operation_timeout_s": 600.0, "poll_s": 2.0, **options})
+
+    def _client(self, kind: str):
+        return getattr(self.client, KINDS[kind].client)
+
+    def get(self, kind: str, resource_path: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self.call(
+                f"get {kind} {resource_path}", lambda: self._client(kind).get(**_request(kind, resource_path))
+            )
+        except gexc.NotFound:
+            return None
+
+    def ensure(self, kind: str, resource_path: str, body: dict[str, Any], record: Callable[[str, str], None]) -> None:
+        """The resource ``body`` describes at ``resource_path``: reused if it exists, else created and waited on."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import compute_v1
+
+        if self.get(kind, resource_path) is not None:
+            self.log(f"{kind} {resource_path} exists: reusing it")
+            return
+        record(kind, resource_path)
+        request = _request(kind, resource_path)
+        request.pop(KINDS[kind].field)
+        request[KINDS[kind].field + "_resource"] = getattr(compute_v1, KINDS[kind].message).from_json(json.dumps(body))
+        short = resource_path.rsplit("/", 1)[-1]
+        try:
+            op = self.call(f"create {kind} {short}", lambda: self._client(kind).insert(**request))
+        except gexc.Conflict:
+            self.log(f"{kind} {resource_path} already exists: reusing it")
+            return
+        except (gexc.Forbidden, gexc.ResourceExhausted) as exc:
+            if is_capacity_error(exc.message) or isinstance(exc, gexc.ResourceExhausted):
+                raise CapacityError(exc.message) from exc
+            raise
+        self.log(f"creating {kind} {resource_path}")
+        self.wait(resource_path, op.name, f"create {kind} {short}")
+
+    def delete(self, kind: str, resource_path: str) -> bool:
+        """Delete and wait; False when it was already gone."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self.call(
+                f"delete {kind} {resource_path}", lambda: self._client(kind).delete(**_request(kind, resource_path))
+            )
+        except gexc.NotFound:
+            return False
+        self.log(f"deleting {kind} {resource_path}")
+        self.wait(resource_path, op.name, f"delete {kind} {resource_path.rsplit('/', 1)[-1]}")
+        return True
+
+    def wait(self, resource_path: str, operation: str, what: str) -> None:
+        """Poll the operation (global or regional, as the resource is) until DONE, with progress and a deadline;
+        its error mapped to a meaning."""
+        from google.cloud import compute_v1
+
+        parts = resource_path.split("/")
+        if parts[2] == "regions":
+            client, request = self.client.region_operations, {"project": parts[1], "region": parts[3]}
+        else:
+            client, request = self.client.global_operations, {"project": parts[1]}
+        started = self.clock()
+
+        def stop(signum: int) -> None:
+            self.log(
+                f"  {what}: {signal_name(signum)}: no longer waiting on operation {operation} (Compute operations "
+                "cannot be cancelled; teardown deletes what the run recorded)"
+            )
+
+        def poll():
+            current = self.call(f"get operation {operation}", lambda: client.get(operation=operation, **request))
+            return current if current.status == compute_v1.Operation.Status.DONE else None
+
+        with on_interrupt(stop, log=self.log):
+            done = wait_for(
+                poll,
+                timeout_s=self.operation_timeout_s,
+                interval_s=self.poll_s,
+                progress=progress_every(30, self.poll_s, what, self.log),
+                what=f"{what} (operation {operation})",
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+        errors = "; ".join(f"{e.code}: {e.message}" for e in done.error.errors)
+        if errors or done.http_error_status_code:
+            message = f"{done.http_error_status_code} {done.http_error_message}: {errors}".strip()
+            if is_capacity_error(message):
+                raise CapacityError(message)
+            raise GkeError(f"{what}: operation {operation} failed: {message}")
+        self.log(f"  {what}: done in {self.clock() - started:.1f}s")
+
+
+__all__ = ["KINDS", "Clients", "Compute", "clients"]

@@ -1,0 +1,335 @@
+"""`tpupipe plan`: every resource a gke run would create and what it would cost, before anything is created.
+
+``build(spec, run_id)`` derives the whole plan as one JSON-able document (the shape is documented in docs/plan.md,
+"The `--output json` document"): its resources are the records of ``records`` and ``k8s_records`` in creation order
+(``resources``). ``render_text`` and ``to_json`` print it; ``manifest_files`` gives the Kubernetes objects the run
+would apply, one YAML file each. No credentials and no network: everything comes from the spec, the TPU catalogue
+and the price table. The plan's size grows with the number of slices (one node pool each) and not with the number of
+chips: the RayCluster has one worker group whatever the size.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from components.platforms.gke.plan import k8s_records, records
+from components.platforms.gke.plan import resources as r
+from components.platforms.gke.plan.compute_resources import check_ranges
+from components.platforms.gke.plan.target import Target, target
+from components.spec import RunSpec, SpecError, names, ready_limits
+from components.tpu import catalogue, pricing
+from components.workload import budget
+from components.workload import derive as d
+
+PLAN_VERSION = 1
+
+
+def check_plannable(spec: RunSpec) -> None:
+    """A plan describes the gke platform's TPU resources; the cpu accelerator runs on the local platform."""
+    if not d.is_tpu(spec):
+        raise SpecError(
+            "cluster.accelerator",
+            f"preset {spec.name!r} emulates cpu hosts on the local platform; a plan describes TPU slices on gke",
+            list(catalogue.FAMILIES),
+        )
+
+
+def _slice_doc(spec: RunSpec) -> dict[str, Any]:
+    shape = d.slice_shape(spec)
+    c = spec.cluster
+    return {
+        "family": shape.family.name,
+        "topology": shape.topology,
+        "num_slices": c.num_slices,
+        "chips_per_slice": shape.num_chips,
+        "hosts_per_slice": shape.num_hosts,
+        "chips_per_host": shape.chips_per_host,
+        "logical_devices_per_host": shape.logical_devices_per_host,
+        "machine_type": shape.machine_type,
+        "gke_accelerator": shape.family.gke_accelerator,
+        "ray_accelerator_type": shape.family.ray_accelerator_type,
+        "pod_type": shape.pod_type,
+        "multi_host": shape.multi_host,
+        "total_chips": shape.num_chips * c.num_slices,
+        "total_hosts": shape.num_hosts * c.num_slices,
+        "capacity": c.capacity,
+    }
+
+
+def resources(spec: RunSpec, run_id: str) -> list[records.Resource]:
+    """Every resource the run creates or uses, in the order the stages create them."""
+    check_plannable(spec)
+    t = target(spec, run_id)
+    check_ranges(spec, t)
+    return [
+        *records.compute_records(spec, t),
+        *records.storage_records(t),
+        *records.cluster_records(spec, t),
+        *records.image_records(spec, t),
+        *k8s_records.kubernetes_records(spec, t),
+    ]
+
+
+def _cost(spec: RunSpec, listed: list[records.Resource], table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The hourly price of the run's billed resources (the records that carry a price: the cluster, the CPU pool,
+    the TPU chips)."""
+    lines = [pricing.line(table, res.kind, res.name, *res.price) for res in listed if res.price]
+    return pricing.summarize(lines, spec.cluster.expected_hours, table)
+
+
+def cost(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan's cost (``_cost``) alone, from ``prices`` (default: the table)."""
+    return _cost(spec, resources(spec, run_id), prices if prices is not None else pricing.load())
+
+
+def limits(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> budget.Limits:
+    """The budget and deadline the run is held to on gke: the spec's, else the defaults derived from the plan's cost
+    (``components.workload.budget``)."""
+    return budget.limits(spec, cost(spec, run_id, prices))
+
+
+def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
+    shape, c = d.slice_shape(spec), spec.cluster
+    warnings = []
+    if not spec.gke.project:
+        warnings.append(
+            f"gke.project is empty: names show {names.PLACEHOLDER_PROJECT}; set gke.project=... for a real run"
+        )
+    if not t.owns_cluster:
+        warnings.append(
+            f"gke.cluster_name={t.cluster}: the run uses an existing cluster; provisioning checks that "
+            "it has " + ", ".join(records.cluster_features(spec, False)) + " before it creates anything, and "
+            "that the GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)"
+        )
+    if t.autopilot:
+        warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
+    documented = catalogue.zones(shape.family.name)
+    if t.zone not in documented:
+        warnings.append(
+            f"gke.zone={t.zone}: not among the zones documented for {shape.family.name} ({', '.join(documented)})"
+        )
+    if c.capacity != "reservation" and shape.family.name not in r.QUOTA_METRICS:
+        warnings.append(
+            f"TPU quota: Compute Engine reports no regional quota metric for {shape.family.name}, so preflight "
+            f"cannot check it; make sure {c.num_slices * shape.num_chips} {c.capacity} chips of its quota are free "
+            f"in {t.region} (the console's Quotas page)"
+        )
+    if d.is_elastic(spec):
+        warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
+    problem, unchecked = budget.plan_check(budget.limits(spec, cost), cost)
+    if problem:
+        warnings.append(f"run.max_cost_usd: {problem}; preflight refuses the run")
+    if unchecked:
+        warnings.append(unchecked)
+    if cost["missing_prices"]:
+        warnings.append(
+            "no price in the table for "
+            + ", ".join(cost["missing_prices"])
+            + ": the totals are unknown; give them with --prices FILE"
+        )
+    return warnings
+
+
+def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
+    scaling = d.scaling_config_args(spec)
+    return {
+        "submission_id": names.job_submission_id(t.run_id, "train"),
+        "entrypoint": r.entrypoint(spec, t),
+        "scaling_config": {**scaling, "num_workers": _jsonable(scaling["num_workers"])},
+        "run_config": d.run_config_args(spec),
+        "elastic": d.is_elastic(spec),
+        "timeout_s": spec.train.timeout_s,
+        "output_dir": t.run_dir,
+        **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
+    }
+
+
+def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
+    from components.workload import maxtext
+
+    period, most = maxtext.checkpoint_period(spec), spec.maxtext.max_lost_steps
+    return {"checkpoints": {"period_steps": period, "max_lost_steps": most}}
+
+
+def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
+    """The TPU chips billed before the first training step, at most: from the node pools' creation through the
+    readiness wait (its deadline) and the slice check (its job's deadline) to the trainer's start. The image builds
+    beside provision (the pipeline's DAG), so it adds nothing unless it outlasts provision."""
+    shape, c = d.slice_shape(spec), spec.cluster
+    chips = shape.num_chips * c.num_slices
+    ready_s = ready_limits(spec).deadline_s
+    check_s = 3 * c.slice_check_timeout_s if c.slice_check else 0.0  # the check job's deadline (stages.runner)
+    minutes = (ready_s + check_s) / 60
+    tpu = [ln for ln in cost["lines"] if ln["price_key"].startswith("tpu/")]
+    per_chip_hour = tpu[0]["unit_usd"] if tpu and all(ln["unit_usd"] is not None for ln in tpu) else None
+    return {
+        "chips": chips,
+        "readiness_s": ready_s,
+        "slice_check_s": check_s,
+        "chip_minutes_at_most": round(chips * minutes, 1),
+        "usd_at_most": None if per_chip_hour is None else round(chips * minutes / 60 * per_chip_hour, 2),
+        "image_build": "beside provision",
+    }
+
+
+def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan of ``spec`` under ``run_id`` (names derive from it) priced from ``prices`` (default table)."""
+    listed = resources(spec, run_id)
+    t = target(spec, run_id)
+    priced = _cost(spec, listed, prices if prices is not None else pricing.load())
+    return {
+        "plan_version": PLAN_VERSION,
+        "run_id": t.run_id,
+        "preset": spec.name,
+        "platform": "gke",
+        "label": names.labels(t.run_id),
+        "project": t.project,
+        "zone": t.zone,
+        "region": t.region,
+        "cluster": {
+            "name": t.cluster,
+            "mode": "autopilot" if t.autopilot else "standard",
+            "location": t.location,
+            "created_by_run": t.owns_cluster,
+        },
+        "slice": _slice_doc(spec),
+        "resources": [res.to_dict() for res in listed],
+        "readiness": asdict(ready_limits(spec)),
+        "training": _training(spec, t),
+        "cost": priced,
+        "limits": asdict(budget.limits(spec, priced)),
+        "before_training": _before_training(spec, priced),
+        "warnings": _warnings(spec, t, priced),
+        "spec": spec.to_dict(),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def to_json(plan: dict[str, Any]) -> str:
+    return json.dumps(plan, indent=2) + "\n"
+
+
+def kubernetes_objects(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [res["body"] for res in plan["resources"] if res["kind"].startswith("k8s/") and res["body"] is not None]
+
+
+def manifest_files(plan: dict[str, Any]) -> dict[str, str]:
+    """``NN-kind-name.yaml`` -> YAML text of each Kubernetes object, in apply order."""
+    import yaml
+
+    files = {}
+    for index, obj in enumerate(kubernetes_objects(plan)):
+        filename = f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        files[filename] = yaml.safe_dump(obj, sort_keys=False, width=100)
+    return files
+
+
+def _usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
+
+
+def render_text(plan: dict[str, Any]) -> str:
+    s = plan["slice"]
+    out = [
+        f"tpupipe plan {plan['preset']} (gke): creates nothing. Run id {plan['run_id']}: every name below derives "
+        "from it (a pipeline run uses its own).",
+        f"slice      {s['family']} {s['topology']} x {s['num_slices']}: {s['chips_per_slice']} chips on "
+        f"{s['hosts_per_slice']} x {s['machine_type']} ({s['chips_per_host']} chips each) per slice; "
+        f"{s['total_chips']} chips, {s['total_hosts']} hosts in all; {s['capacity']}",
+        f"where      project {plan['project']}, zone {plan['zone']}, cluster {plan['cluster']['name']} "
+        f"({plan['cluster']['mode']})",
+        "",
+        *_render_resources(plan),
+        "",
+        *_render_training(plan["training"]),
+        "",
+        *_render_cost(plan["cost"], plan["before_training"]),
+        "",
+        *_render_limits(plan["limits"]),
+    ]
+    if plan["warnings"]:
+        out += ["", "warnings"] + [f"  - {w}" for w in plan["warnings"]]
+    return "\n".join(out) + "\n"
+
+
+def _render_resources(plan: dict[str, Any]) -> list[str]:
+    label = f"{names.RUN_LABEL}={plan['run_id']}"
+    costs = {(ln["kind"], ln["resource"]): ln for ln in plan["cost"]["lines"]}
+    out = ["resources"]
+    for res in plan["resources"]:
+        tag = label if res["labels"] else "shared: no run label"
+        kept = "" if res["deleted_by_teardown"] else "; kept after the run"
+        price = ""
+        ln = costs.get((res["kind"], res["name"]))
+        if ln:
+            price = f"  {_usd(ln['usd_per_hour'])}/h" if ln["usd_per_hour"] is not None else "  price unknown"
+        out.append(f"  {res['action']:<13} {res['kind']:<25} {res['name']}{price}")
+        out.append(f"  {'':<13} {'':<25} {res['summary']}  [{tag}{kept}]")
+    return out
+
+
+def _render_training(tr: dict[str, Any]) -> list[str]:
+    """The train job: its submission id, its command line (the spec abbreviated), Ray Train's configs."""
+    scaling = ", ".join(f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in tr["scaling_config"].items())
+    words = shlex.split(tr["entrypoint"])
+    words[words.index("--spec") + 1] = "<the run spec, JSON>"
+    command = " ".join(w if w.startswith("<") else shlex.quote(w) for w in words)
+    return [
+        "training",
+        f"  ray job     submission id {tr['submission_id']} (Ray Jobs API), deadline {tr['timeout_s']:g} s",
+        f"  entrypoint  {command}",
+        f"  scaling     ScalingConfig({scaling})",
+        f"  failures    {tr['run_config']['failure_config']}" + ("  (elastic)" if tr["elastic"] else ""),
+        *(
+            [
+                f"  checkpoints every {tr['checkpoints']['period_steps']} steps: a preemption repeats at most as many "
+                f"(maxtext.max_lost_steps={tr['checkpoints']['max_lost_steps']})"
+            ]
+            if "checkpoints" in tr
+            else []
+        ),
+    ]
+
+
+def _render_before_training(b: dict[str, Any]) -> list[str]:
+    check = f" + the slice check (at most {b['slice_check_s']:g} s)" if b["slice_check_s"] else ""
+    return [
+        f"  before training               at most {b['chip_minutes_at_most']:g} chip-minutes "
+        f"({_usd(b['usd_at_most'])}): {b['chips']} chips from their node pools' creation through readiness "
+        f"(at most {b['readiness_s']:g} s){check}; the image builds beside provision",
+    ]
+
+
+def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    out = [
+        f"cost ({cost['currency']}, list prices)",
+        f"  per hour                      {_usd(cost['usd_per_hour'])}",
+        f"  {'for ' + format(cost['expected_hours'], 'g') + ' h expected':<29} "
+        f"{_usd(cost['usd_for_expected_duration'])}",
+    ]
+    if "upper_bound_usd_per_hour" in cost:
+        out.append(
+            f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
+            f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h"
+        )
+    out += _render_before_training(before)
+    for key, src in cost["sources"].items():
+        out.append(f"  price {key}: {src['source']} ({src['date']})")
+    return out
+
+
+def _render_limits(lim: dict[str, Any]) -> list[str]:
+    """The budget and deadline the run is held to, and what set each (``components.workload.budget``)."""
+    cost, deadline = budget.describe(lim)
+    return [
+        "limits (past one, the running job is stopped, its stage fails and teardown runs)",
+        f"  budget     {cost}",
+        f"  deadline   {deadline}",
+    ]

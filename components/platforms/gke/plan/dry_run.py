@@ -1,0 +1,92 @@
+"""``tpupipe run --platform gke --dry-run``: the calls a run makes, stage by stage, in order, without credentials or
+network: preflight's reads, the same records the stages walk (``plan.resources``), the job commands they submit, the
+model registry's calls, and what teardown deletes, newest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from components.platforms import RunContext
+from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan import needs
+from components.platforms.gke.plan.records import Resource
+from components.platforms.gke.plan.target import target
+from components.spec import names
+
+
+def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
+    """The calls a run makes, stage by stage, in order, without credentials or network: the same records the
+    stages walk, the job commands they submit (``entrypoint(mode)``), and what teardown deletes, newest first."""
+    records = plan.resources(ctx.spec, ctx.run_id)
+    lines = []
+    kuberay = (
+        "  check         kubernetes get customresourcedefinitions/rayclusters.ray.io (the cluster's KubeRay serves "
+        "every RayCluster field the run sets)"
+    )
+    for stage in ("provision", "build_image", "deploy_raycluster"):
+        lines.append("build_image (beside provision: it needs nothing of it)" if stage == "build_image" else stage)
+        if stage == "provision":  # preflight first: read-only calls, every problem reported before any create
+            lines += [
+                f"  check         {api} {path} ({what})"
+                for api, path, what in needs.reads(needs.needs(ctx.spec, ctx.run_id))
+            ]
+            if ctx.spec.gate.register:  # the champion's base is this run's (components.stages.gate.check_lineage)
+                t = target(ctx.spec, ctx.run_id)
+                lines.append(
+                    f"  check         aiplatform.models.get projects/{t.project}/locations/{t.region}/models/"
+                    f"{ctx.spec.model_name}@champion (trained over this run's base, or gate.model names a new model)"
+                )
+        if stage == "deploy_raycluster":
+            lines.append(kuberay)
+        for res in records:
+            if res.stage == stage:
+                lines.append(f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip())
+                if res.kind == "gke-cluster":  # as soon as the cluster exists, before any TPU node pool
+                    lines.append(kuberay)
+    spec, t = ctx.spec, target(ctx.spec, ctx.run_id)
+    registered = f"projects/{t.project}/locations/{t.region}/models/{spec.model_name}"
+    reads = {}  # what a stage reads from the model registry before it submits its job
+    if spec.init_from_ref:
+        name, ref = spec.init_from_ref
+        reads["train"] = f"{registered.rsplit('/', 1)[0]}/{name}@{ref} (train.init_from)"
+    if spec.gate.register:
+        reads["evaluate"] = f"{registered}@champion (measured beside the new model)"
+    jobs = (("check_slice", "check"),) if spec.cluster.slice_check else ()
+    for stage, mode in (*jobs, ("train", "train"), ("evaluate", "eval")):
+        submission = names.job_submission_id(ctx.run_id, stage)
+        lines.append(stage)
+        if stage in reads:
+            lines.append(f"  read          aiplatform.models.get {reads[stage]}")
+        lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
+    if spec.gate.register:
+        lines += [
+            "register",
+            f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
+            "promote",
+            f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
+            "(only when the gate promotes)",
+        ]
+    lines.append("teardown")
+    for res in reversed(records):
+        if res.deleted_by_teardown and res.action != "use" and _deletes(res, ctx):
+            lines.append(f"  delete        {_deletes(res, ctx)} {res.path or res.name}")
+    return lines
+
+
+def _deletes(res: Resource, ctx: RunContext) -> str:
+    """The call teardown deletes ``res`` with ('' when it goes with another: the cluster's CPU pool, Autopilot's
+    nodes, a node pool of a cluster the run deletes)."""
+    owns = target(ctx.spec, ctx.run_id).owns_cluster
+    if res.kind == "node-pool":
+        return "" if owns else f"container.nodePools.delete (label {names.RUN_LABEL})"
+    if res.kind.startswith("k8s/"):
+        return f"kubernetes delete {res.kind.removeprefix('k8s/')} (label {names.RUN_LABEL})"
+    return {
+        "gke-cluster": "container.clusters.delete",
+        "iam-binding": "storage.buckets.setIamPolicy (binding removed)",
+        "vpc-network": "compute.networks.delete",
+        "subnetwork": "compute.subnetworks.delete",
+        "firewall-rule": "compute.firewalls.delete",
+        "workload-policy": "compute.resourcePolicies.delete",
+    }.get(res.kind, "")

@@ -1,0 +1,129 @@
+"""The plan's records of the Kubernetes objects a gke run applies (``manifests`` builds them), in apply order: the
+namespace, the ServiceAccount, the DCN claim template, the Secrets (the Hugging Face token, the Ray token), then the
+RayCluster, each with a one-line summary of what it is for. Pure functions of (spec, target).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan import resources as r
+from components.platforms.gke.plan.records import Resource
+from components.platforms.gke.plan.target import Target
+from components.spec import RunSpec, names, ready_limits
+
+
+def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
+    """The Kubernetes objects, in apply order: namespace, ServiceAccount, the DCN claim template, the Secrets (the
+    Hugging Face token when the namespace lacks it, the Ray token), then the RayCluster."""
+    out = []
+    objects = m.all_objects(spec, t)
+    raycluster = objects.pop()
+    for obj in objects:
+        shared = obj["kind"] == "Namespace"
+        out.append(
+            Resource(
+                f"k8s/{obj['kind']}",
+                obj["metadata"]["name"],
+                "get-or-create" if shared else "create",
+                _k8s_summary(spec, obj),
+                labels={} if shared else names.labels(t.run_id),
+                body=obj,
+                api=f"kubernetes apply {obj['apiVersion']}",
+                path=_k8s_path(obj),
+                deleted_by_teardown=not shared,
+            )
+        )
+    if spec.gke.hf_secret:
+        source = spec.gke.hf_token_secret or "$HF_TOKEN"
+        hf = names.hf_token_secret(t.run_id)
+        out.append(
+            Resource(
+                "k8s/Secret",
+                hf,
+                "create",
+                f"the run's Hugging Face token (key {m.HF_TOKEN_KEY}), mounted read-only as a file in the pods: "
+                f"copied from the namespace's Secret {spec.gke.hf_secret} when it has one (never changed or deleted "
+                f"by a run), else made from {source}; deleted by the run's teardown; its value never printed",
+                labels=names.labels(t.run_id),
+                api="kubernetes apply v1",
+                path=f"namespaces/{t.namespace}/secrets/{hf}",
+            )
+        )
+    token = names.ray_token_secret(t.run_id)
+    out.append(
+        Resource(
+            "k8s/Secret",
+            token,
+            "create",
+            "the Ray cluster's token (Ray token authentication on; generated at deploy, its value never printed)",
+            labels=names.labels(t.run_id),
+            api="kubernetes apply v1",
+            path=f"namespaces/{t.namespace}/secrets/{token}",
+        )
+    )
+    limits = ready_limits(spec)
+    ready = (
+        f"; ready within {limits.deadline_s:.0f}s ({limits.by}), pods unschedulable with no scale-up under way "
+        f"fail it after {limits.unschedulable_grace_s:.0f}s"
+    )
+    out.append(
+        Resource(
+            "k8s/RayCluster",
+            raycluster["metadata"]["name"],
+            "create",
+            _k8s_summary(spec, raycluster) + ready,
+            labels=names.labels(t.run_id),
+            body=raycluster,
+            api=f"kubernetes apply {raycluster['apiVersion']}",
+            path=_k8s_path(raycluster),
+        )
+    )
+    return out
+
+
+def _k8s_path(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+    return (
+        f"namespaces/{meta['name']}"
+        if obj["kind"] == "Namespace"
+        else f"namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+    )
+
+
+def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
+    kind = obj["kind"]
+    if kind == "Namespace":
+        return "shared by runs; created if missing, kept"
+    if kind == "ServiceAccount":
+        return "the pods' identity (Workload Identity)"
+    if kind == "NetworkPolicy":
+        rule = obj["spec"]["ingress"][0]
+        if "ports" in rule:
+            return f"the head's Jobs API port {rule['ports'][0]['port']} open to the cluster (the API server's proxy)"
+        return "default deny: the run's pods take traffic only from one another"
+    if kind == "ResourceClaimTemplate":
+        req = obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"
+        return f"{count} NICs of device class {req['deviceClassName']} per worker pod"
+    if kind == "RayCluster":
+        head = obj["spec"]["headGroupSpec"]
+        head_res = head["template"]["spec"]["containers"][0]["resources"]["requests"]
+        group = obj["spec"]["workerGroupSpecs"][0]
+        res = group["template"]["spec"]["containers"][0]["resources"]["requests"]
+        pods = group["replicas"] * group["numOfHosts"]
+        text = (
+            f"head {head_res['cpu']} CPU {head_res['memory']}"
+            + (f" num-cpus {head['rayStartParams']['num-cpus']}" if "num-cpus" in head["rayStartParams"] else "")
+            + f"; 1 worker group {group['groupName']}: {group['replicas']} replicas x {group['numOfHosts']} hosts"
+            f" = {pods} pods, each {r.TPU_RESOURCE} {res[r.TPU_RESOURCE]}, {res['cpu']} CPU, {res['memory']}"
+        )
+        if group["minReplicas"] != group["maxReplicas"]:
+            text += f"; replicas {group['minReplicas']}..{group['maxReplicas']}"
+        if "resources" in group:
+            text += f"; Ray resources {group['resources']}"
+        return text
+    return kind

@@ -1,0 +1,244 @@
+"""What a gke run needs of its project, derived from its plan (``plan.resources``) with no call made: the APIs its
+calls go to, the IAM permissions they take (to create, and to delete at teardown), the TPU quota or the reservation
+its slices use, the existing cluster it names, the roles its nodes' service account must hold, and the service
+accounts the caller must act as (the nodes', Cloud Build's). ``preflight`` checks each against the project; the dry
+run prints the reads that check makes (``reads``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.platforms.gke.plan import document as plans
+from components.platforms.gke.plan import features
+from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
+from components.platforms.gke.plan.target import Target, node_roles, target
+from components.spec import RunSpec, names
+from components.workload import derive as d
+
+# The IAM permissions each call of the plan needs (what creates a resource, and what deletes it at teardown), keyed
+# by the plan record's api (its first word); the service a call goes to is the key's first part (SERVICES).
+PERMISSIONS = {
+    "compute.networks.insert": ("compute.networks.create", "compute.networks.delete"),
+    "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
+    "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
+    "compute.firewalls.insert": ("compute.firewalls.create", "compute.firewalls.delete"),
+    "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
+    "storage.buckets.setIamPolicy": (
+        "storage.buckets.getIamPolicy",
+        "storage.buckets.setIamPolicy",
+        "resourcemanager.projects.get",
+    ),
+    "container.clusters.create": (
+        "container.clusters.create",
+        "container.clusters.delete",
+        "container.operations.get",
+        "iam.serviceAccounts.actAs",
+    ),
+    "container.clusters.get": ("container.clusters.get",),
+    # Nodes that run as a service account need the caller to act as it (IAM "Service account permissions":
+    # https://cloud.google.com/iam/docs/service-account-permissions#user-role; GKE docs, "Use least privilege IAM
+    # service accounts": roles/iam.serviceAccountUser on the nodes' account).
+    "container.nodePools.create": (
+        "container.clusters.update",
+        "container.operations.get",
+        "iam.serviceAccounts.actAs",
+    ),
+    "artifactregistry.repositories.create": (
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.create",
+    ),
+    "storage.objects.insert": ("storage.objects.create",),
+    "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
+    "kubernetes": ("container.clusters.get",),
+}
+ACT_AS = "iam.serviceAccounts.actAs"
+# Calls the plan does not list as records, by what the spec asks for.
+EXTRA_PERMISSIONS = {
+    "gate.register": ("aiplatform.models.upload", "aiplatform.models.get", "aiplatform.models.update"),
+    "gke.hf_token_secret": ("secretmanager.versions.access",),
+    "features": ("container.clusters.update",),  # a feature of an existing cluster enabled in place
+}
+SERVICES = {
+    "compute": "compute.googleapis.com",
+    "storage": "storage.googleapis.com",
+    "container": "container.googleapis.com",
+    "kubernetes": "container.googleapis.com",
+    "artifactregistry": "artifactregistry.googleapis.com",
+    "cloudbuild": "cloudbuild.googleapis.com",
+    "resourcemanager": "cloudresourcemanager.googleapis.com",
+    "aiplatform": "aiplatform.googleapis.com",
+    "secretmanager": "secretmanager.googleapis.com",
+}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the run needs of the project, derived from its plan: no call made."""
+
+    project: str
+    region: str
+    zone: str
+    services: tuple[str, ...]
+    permissions: tuple[str, ...]
+    quota: tuple[str, int] | None  # (metric, chips); metric "" when Compute Engine has none for the family
+    reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
+    cluster: str  # the path of the existing cluster the spec names, or ""
+    node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
+    node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
+    location: str = ""  # where the run creates its cluster (a zone or region), "" when it uses an existing one
+    cluster_version: str = ""  # gke.cluster_version of a cluster the run creates, resolved at preflight
+    machine_types: tuple[tuple[str, str, str], ...] = ()  # (zone, machine type, the field that names it) of its pools
+    k8s_kinds: tuple[str, ...] = ()  # the plan's Kubernetes kinds (``k8s/Secret``...): what it does in the cluster
+    namespace: str = ""  # the run's Kubernetes namespace
+    # The accounts the caller must act as (iam.serviceAccounts.actAs), with the field that names each.
+    act_as: tuple[tuple[str, str], ...] = ()
+    builds: bool = False  # the run builds its trainer image with Cloud Build
+    build_account: str = ""  # the account Cloud Build runs that build as; empty: the project's default
+
+
+def needs(spec: RunSpec, run_id: str) -> Needs:
+    t = target(spec, run_id)
+    calls = [res.api.split(" ")[0] for res in plans.resources(spec, run_id) if res.api.split(" ")[0] in PERMISSIONS]
+    permissions = [p for call in calls for p in PERMISSIONS[call]]
+    permissions += [p for key, extra in EXTRA_PERMISSIONS.items() for p in extra if _asks(spec, key)]
+    shape, c = d.slice_shape(spec), spec.cluster
+    quota = reservation = None
+    if c.capacity == "reservation":
+        owner, _, name = c.reservation.rpartition("/reservations/")
+        reservation = (
+            owner.removeprefix("projects/") or t.project,
+            t.zone,
+            name,
+            shape.machine_type,
+            c.num_slices * shape.num_hosts,
+        )
+        permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
+    else:
+        metric = QUOTA_METRICS.get(shape.family.name, ("", ""))[0 if c.capacity == "on-demand" else 1]
+        quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
+        if metric:
+            permissions.append("compute.regions.get")  # preflight's own read
+    act_as = _act_as(calls, t)
+    if act_as:
+        permissions.append(ACT_AS)
+    permissions.append("resourcemanager.projects.getIamPolicy")  # preflight's own read of the accounts' roles
+    machine_types = _machine_types(spec, run_id)
+    if machine_types:
+        permissions.append("compute.machineTypes.get")  # preflight's own read
+    if t.owns_cluster:
+        permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
+    # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
+    services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions] if not p.startswith("iam.")]
+    return Needs(
+        t.project,
+        t.region,
+        t.zone,
+        tuple(dict.fromkeys(services)),
+        tuple(dict.fromkeys(permissions)),
+        quota,
+        reservation,
+        "" if t.owns_cluster else t.cluster_path,
+        t.node_service_account,
+        tuple((role, *needed) for role, needed in node_roles(t).items()),
+        t.location if t.owns_cluster else "",
+        spec.gke.cluster_version if t.owns_cluster else "",
+        machine_types,
+        tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/"))),
+        t.namespace,
+        act_as,
+        "cloudbuild.builds.create" in calls,
+        t.build_service_account,
+    )
+
+
+def _act_as(calls: list[str], t: Target) -> tuple[tuple[str, str], ...]:
+    """The service accounts the plan's calls make the caller act as: the nodes' (a cluster or node pool the run
+    creates), Cloud Build's when gke.build_service_account names one (a build that runs as a user-specified service
+    account needs actAs on it: https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
+    out = []
+    if any(ACT_AS in PERMISSIONS[call] for call in calls if call.startswith("container.")):
+        out.append(("gke.node_service_account", t.node_service_account))
+    if "cloudbuild.builds.create" in calls and t.build_service_account:
+        out.append(("gke.build_service_account", t.build_service_account))
+    return tuple(out)
+
+
+def _machine_types(spec: RunSpec, run_id: str) -> tuple[tuple[str, str, str], ...]:
+    """(zone, machine type, field) of every node pool the run creates: the Ray head's CPU pool (gke.cpu_machine_type)
+    and the TPU pools (their machine type follows from the slice; the zone is gke.zone)."""
+    out = []
+    for res in plans.resources(spec, run_id):
+        if res.kind != "node-pool" or not res.body:
+            continue
+        tpu = names.SLICE_LABEL in res.body["config"].get("labels", {})
+        out.append(
+            (res.body["locations"][0], res.body["config"]["machineType"], "gke.zone" if tpu else "gke.cpu_machine_type")
+        )
+    return tuple(dict.fromkeys(out))
+
+
+def reads(n: Needs) -> list[tuple[str, str, str]]:
+    """The read-only calls preflight makes, in order: (api, resource path, what it checks). The dry run prints them."""
+    out = [
+        ("serviceusage.services.batchGet", f"projects/{n.project}", f"{len(n.services)} APIs enabled"),
+        (
+            "resourcemanager.projects.testIamPermissions",
+            f"projects/{n.project}",
+            f"{len(n.permissions)} permissions held",
+        ),
+        (
+            "resourcemanager.projects.getIamPolicy",
+            f"projects/{n.project}",
+            f"the nodes' service account holds {', '.join(role for role, _, _ in n.node_roles)}; a basic role "
+            + ("(Owner, Editor) on it or on Cloud Build's" if n.builds else "(Owner, Editor) on it")
+            + " is a warning",
+        ),
+    ]
+    if n.quota and n.quota[0]:
+        out.append(
+            (
+                "compute.regions.get",
+                f"projects/{n.project}/regions/{n.region}",
+                f"quota {n.quota[0]}: {n.quota[1]} chips free",
+            )
+        )
+    if n.reservation:
+        project, zone, name, machine_type, hosts = n.reservation
+        out.append(
+            (
+                "compute.reservations.get",
+                f"projects/{project}/zones/{zone}/reservations/{name}",
+                f"{hosts} {machine_type} VMs free",
+            )
+        )
+    if n.cluster:
+        out.append(("container.clusters.get", n.cluster, "its features"))
+        out.append(
+            (
+                "kubernetes.selfsubjectaccessreviews.create",
+                f"{n.cluster} namespace {n.namespace}",
+                "the caller may do what the run does there",
+            )
+        )
+    out += [
+        ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
+        for zone, machine, _ in n.machine_types
+    ]
+    if n.location:
+        out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
+        out.append(
+            (
+                "container.projects.locations.getServerConfig",
+                f"projects/{n.project}/locations/{n.location}",
+                f"GKE {n.cluster_version or 'default'} offered on the {RELEASE_CHANNEL} channel",
+            )
+        )
+    return out
+
+
+def _asks(spec: RunSpec, key: str) -> bool:
+    if key == "features":
+        return bool(spec.gke.cluster_name) and any(f.in_place for f in features.needed(spec))
+    section, _, name = key.partition(".")
+    return bool(getattr(getattr(spec, section), name))

@@ -1,0 +1,341 @@
+"""The plan's records: one :class:`Resource` per thing a gke run creates or uses in Google Cloud, in creation
+order, each with the call that creates (or gets) it, the path that call takes and the body it sends. ``plan.resources``
+lists them (with the Kubernetes objects of ``k8s_records``); the gke platform walks them, the dry run prints them.
+Pure functions of (spec, target): no credentials and no network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.platforms.gke.plan import compute_resources as cr
+from components.platforms.gke.plan import features, paths
+from components.platforms.gke.plan import resources as r
+from components.platforms.gke.plan.target import Target, bucket_binding
+from components.spec import RunSpec, names
+from components.workload import derive as d
+
+# The stage that creates each kind of resource; a stage walks the plan's records of its own kinds, in plan order.
+STAGE_OF_KIND = {
+    "vpc-network": "provision",
+    "subnetwork": "provision",
+    "firewall-rule": "provision",
+    "workload-policy": "provision",
+    "gcs-bucket": "provision",
+    "iam-binding": "provision",
+    "gke-cluster": "provision",
+    "node-pool": "provision",
+    "autopilot-tpu-nodes": "provision",
+    "artifact-repository": "build_image",
+    "build-source": "build_image",
+    "container-image": "build_image",
+    "k8s/Namespace": "deploy_raycluster",
+    "k8s/ServiceAccount": "deploy_raycluster",
+    "k8s/ResourceClaimTemplate": "deploy_raycluster",
+    "k8s/NetworkPolicy": "deploy_raycluster",
+    "k8s/Secret": "deploy_raycluster",
+    "k8s/RayCluster": "deploy_raycluster",
+}
+
+
+# The api of a resource created as part of another's request: the Ray head's CPU pool, in the cluster's body.
+WITH_THE_CLUSTER = "container.clusters.create (in the cluster's body)"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource of the plan: what the gke platform creates (or uses), in creation order.
+
+    ``api`` is the call that creates (or gets) it and ``path`` the resource name that call takes; ``stage`` is the
+    stage that walks it (``STAGE_OF_KIND``). The gke platform applies each record through its kind's handler, and
+    ``tpupipe run --dry-run`` prints the same walk."""
+
+    kind: str
+    name: str
+    action: str  # create | use | get-or-create
+    summary: str
+    api: str = ""
+    path: str = ""
+    body: Any = None
+    labels: dict[str, str] = field(default_factory=dict)
+    deleted_by_teardown: bool = True
+    price: tuple[str, str, str, int] | None = None  # (category, item, capacity, quantity) in the price table
+
+    @property
+    def stage(self) -> str:
+        return STAGE_OF_KIND[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "action": self.action,
+            "stage": self.stage,
+            "labels": self.labels,
+            "deleted_by_teardown": self.deleted_by_teardown,
+            "summary": self.summary,
+            "api": self.api,
+            "path": self.path,
+            "body": self.body,
+        }
+
+
+def capacity_text(spec: RunSpec) -> str:
+    c = spec.cluster
+    return f"reservation {c.reservation}" if c.capacity == "reservation" else c.capacity
+
+
+def compute_records(spec: RunSpec, t: Target) -> list[Resource]:
+    """The DCN networks, each with its subnet and the firewall rule that lets the slices' traffic in (multislice
+    ``dcn_networks``), then the TPU7x workload policy: Compute Engine resources the node pools reference, so they
+    come first (and teardown, walking them newest first, deletes each rule before its network). They take no
+    labels: their names derive from the run id."""
+    out = []
+    for net in cr.dcn_networks(spec, t):
+        n, s, f = net["network"], net["subnetwork"], net["firewall"]
+        protocols = ", ".join(a["IPProtocol"] for a in f["allowed"])
+        out += [
+            _compute_record(
+                "vpc-network",
+                n,
+                f"DCN network, custom subnets, MTU {n['mtu']} (run id in its description: networks take no labels)",
+                t,
+            ),
+            _compute_record("subnetwork", s, f"{s['ipCidrRange']} in {s['region']}", t),
+            _compute_record(
+                "firewall-rule",
+                f,
+                f"allows ingress to {n['name']} from "
+                f"{', '.join(f['sourceRanges'])} (the slices' DCN traffic): all ports of {protocols}",
+                t,
+            ),
+        ]
+    policy = cr.workload_policy(spec, t)
+    if policy:
+        out.append(
+            _compute_record(
+                "workload-policy",
+                policy,
+                "Compute Engine workload policy HIGH_THROUGHPUT, accelerator "
+                f"topology {d.slice_shape(spec).topology} (places each TPU7x slice)",
+                t,
+            )
+        )
+    return out
+
+
+def _compute_record(kind: str, body: dict[str, Any], summary: str, t: Target) -> Resource:
+    """The record of a Compute Engine resource: created by its collection's ``insert`` at its path, labelled in the
+    plan with the run (the resource itself takes no labels)."""
+    ledger_kind = cr.COMPUTE_KINDS[kind]
+    collection = paths.COMPUTE_COLLECTIONS[ledger_kind][1]
+    return Resource(
+        kind,
+        body["name"],
+        "create",
+        summary,
+        labels=names.labels(t.run_id),
+        body=body,
+        api=f"compute.{collection}.insert",
+        path=cr.compute_path(ledger_kind, t, body["name"]),
+    )
+
+
+def storage_records(t: Target) -> list[Resource]:
+    """The checkpoint bucket (shared by runs, kept) and the run's Workload Identity binding on it."""
+    binding = bucket_binding(t)
+    prefix = f"gs://{t.bucket}/{names.run_prefix(t.run_id)}/"
+    return [
+        Resource(
+            "gcs-bucket",
+            f"gs://{t.bucket}",
+            "get-or-create",
+            f"checkpoints and results under {prefix}, that directory alone mounted "
+            f"at {t.run_dir} in every pod (GCS FUSE); kept after the run",
+            api="storage.buckets.get",
+            path=t.bucket,
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "iam-binding",
+            f"{binding['role']} on gs://{t.bucket}",
+            "create",
+            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal), "
+            f"on the objects under {prefix} only (an IAM condition)",
+            labels=names.labels(t.run_id),
+            body=binding,
+            api="storage.buckets.setIamPolicy",
+            path=t.bucket,
+        ),
+    ]
+
+
+def cluster_features(spec: RunSpec, owns_cluster: bool) -> list[str]:
+    """What the cluster has: created with it, or, for a cluster the spec names, checked before anything is created
+    and enabled in place or refused (``features``)."""
+    return [f.name if owns_cluster else f.promise() for f in features.needed(spec)]
+
+
+def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
+    """The GKE cluster (created, or the existing one used), the Ray head's CPU pool, one TPU pool per slice, or the
+    TPU nodes Autopilot makes."""
+    shape, c, labels = d.slice_shape(spec), spec.cluster, names.labels(t.run_id)
+    body = r.cluster(spec, t)
+    has = cluster_features(spec, t.owns_cluster)
+    mode = "autopilot" if t.autopilot else "standard"
+    cluster_path = t.cluster_path
+    if t.owns_cluster:
+        out = [
+            Resource(
+                "gke-cluster",
+                t.cluster,
+                "create",
+                f"{mode} cluster in {t.location}: "
+                + ", ".join(has)
+                + f"; GKE {spec.gke.cluster_version or 'of the release channel'} on the {r.RELEASE_CHANNEL} release "
+                "channel (node auto-upgrade on); nodes run as "
+                f"{t.node_service_account}",
+                labels=labels,
+                body=body,
+                api="container.clusters.create",
+                path=cluster_path,
+                price=("gke", "cluster", "any", 1),
+            )
+        ]
+    else:
+        out = [
+            Resource(
+                "gke-cluster",
+                t.cluster,
+                "use",
+                f"existing {mode} cluster in {t.location}, checked before "
+                "anything is created; it must have: " + ", ".join(has),
+                api="container.clusters.get (container.clusters.update for a feature enabled in place)",
+                path=cluster_path,
+                deleted_by_teardown=False,
+            )
+        ]
+    cpu_pool = r.cpu_node_pool(spec, t)
+    if cpu_pool:
+        with_cluster = t.owns_cluster
+        out.append(
+            Resource(
+                "node-pool",
+                cpu_pool["name"],
+                "create",
+                f"{spec.gke.cpu_machine_type} x 1 for the Ray head"
+                + (" (created with the cluster)" if with_cluster else ""),
+                labels=labels,
+                body=cpu_pool,
+                api=WITH_THE_CLUSTER if with_cluster else "container.nodePools.create",
+                path=paths.node_pool_path(cluster_path, cpu_pool["name"]),
+                price=("machine", spec.gke.cpu_machine_type, "on-demand", 1),
+            )
+        )
+    network_text = (
+        {
+            "dcn_networks": "additional node networks (DRANET NICs)",
+            "accelerator_network_profile": "accelerator network profile auto (DRANET NICs)",
+            "none": "default network only",
+        }[spec.gke.multislice_network]
+        if d.is_multislice(spec)
+        else ""
+    )
+    for index, pool in enumerate(r.tpu_node_pools(spec, t)):
+        placement = pool.get("placementPolicy", {})
+        where = (
+            f"topology {placement['tpuTopology']}"
+            if "tpuTopology" in placement
+            else f"placement {placement['policyName']}"
+            if placement
+            else f"topology {shape.topology} (single host)"
+        )
+        out.append(
+            Resource(
+                "node-pool",
+                pool["name"],
+                "create",
+                f"slice {index}: {shape.machine_type} x {shape.num_hosts}, {where}, "
+                f"{capacity_text(spec)}" + (f", {network_text}" if network_text else ""),
+                labels=labels,
+                body=pool,
+                api="container.nodePools.create",
+                path=paths.node_pool_path(cluster_path, pool["name"]),
+                price=("tpu", shape.family.name, c.capacity, shape.num_chips),
+            )
+        )
+    if t.autopilot:
+        out.append(
+            Resource(
+                "autopilot-tpu-nodes",
+                names.worker_group(shape.pod_type),
+                "create",
+                f"{c.num_slices} x {shape.num_hosts} {shape.machine_type} nodes made by Autopilot for the worker pods "
+                f"({capacity_text(spec)})",
+                labels=labels,
+                api="by GKE Autopilot, from the pods' node selectors",
+                price=("tpu", shape.family.name, c.capacity, shape.num_chips * c.num_slices),
+            )
+        )
+    return out
+
+
+def _torch_wheels(spec: RunSpec, image: str) -> str:
+    """What the torch image's torch is, and what the hosts pull for it."""
+    if image != "torch":
+        return ""
+    if spec.gke.torch_tpu_base:
+        return f"; torch, torch_tpu and libtpu from the base image {spec.gke.torch_tpu_base}"
+    return (
+        f"; torch's CPU build (a {r.TORCH_CPU_WHEEL_MB} MB wheel from download.pytorch.org/whl/cpu), none of PyPI's "
+        "CUDA wheels (triton, nvidia-*)"
+    )
+
+
+def image_records(spec: RunSpec, t: Target) -> list[Resource]:
+    """The trainer image: named by gke.image, or built by Cloud Build into the Artifact Registry repository."""
+    image = d.trainer_image(spec)
+    if spec.gke.image:
+        return [
+            Resource(
+                "container-image",
+                t.image,
+                "use",
+                f"trainer image ({image}), named by gke.image",
+                deleted_by_teardown=False,
+            )
+        ]
+    repository = f"projects/{t.project}/locations/{t.region}/repositories/{spec.gke.artifact_repository}"
+    return [
+        Resource(
+            "artifact-repository",
+            repository,
+            "get-or-create",
+            "the Docker repository the trainer images go to",
+            api="artifactregistry.repositories.create",
+            path=repository,
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "build-source",
+            f"gs://{t.bucket}/{names.build_source(t.run_id)}",
+            "create",
+            f"the build context (images/{image}/ and the tpupipe sources), for Cloud Build",
+            api="storage.objects.insert",
+            path=f"{t.bucket}/{names.build_source(t.run_id)}",
+            deleted_by_teardown=False,
+        ),
+        Resource(
+            "container-image",
+            t.image,
+            "create",
+            f"trainer image ({image}), built by Cloud Build and pushed to "
+            f"Artifact Registry repository {spec.gke.artifact_repository}" + _torch_wheels(spec, image),
+            labels=names.labels(t.run_id),
+            body=r.cloud_build(spec, t),
+            api="cloudbuild.builds.create",
+            path=f"projects/{t.project}/locations/{t.region}",
+            deleted_by_teardown=False,
+        ),
+    ]

@@ -1,0 +1,163 @@
+"""Where a gke run goes and who it runs as, resolved once from the run spec: the project, zone, region and cluster
+(:class:`Target`, every name not set in the spec derived from the run id), the bucket mounted in every pod, the
+nodes' service account and the roles it needs, Cloud Build's account, and the Workload Identity binding of the pods'
+account on the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components.platforms.gke.plan import paths
+from components.platforms.gke.plan.identities import DEFAULT_COMPUTE
+from components.spec import RunSpec, names
+from components.tpu import catalogue
+from components.workload.derive import WORKLOAD_IMAGES
+
+# Unless gke.node_service_account names another, nodes run as the project's default Compute Engine service account.
+DEFAULT_NODE_SERVICE_ACCOUNT = DEFAULT_COMPUTE
+# What the nodes' account must be granted on the project: role -> (what for, the roles that include it). Logs and
+# metrics: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
+# (roles/container.defaultNodeServiceAccount holds both); image pulls from Artifact Registry:
+# https://cloud.google.com/artifact-registry/docs/access-control#gke (checked when the image is in this project's
+# Artifact Registry). The basic roles Editor and Owner include all three.
+NODE_SERVICE_ACCOUNT_ROLES = {
+    "roles/artifactregistry.reader": (
+        "pulling the trainer image from Artifact Registry",
+        (
+            "roles/artifactregistry.reader",
+            "roles/artifactregistry.writer",
+            "roles/artifactregistry.repoAdmin",
+            "roles/artifactregistry.admin",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+    "roles/logging.logWriter": (
+        "writing the nodes' and pods' logs",
+        (
+            "roles/logging.logWriter",
+            "roles/logging.admin",
+            "roles/container.defaultNodeServiceAccount",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+    "roles/monitoring.metricWriter": (
+        "writing the nodes' metrics",
+        (
+            "roles/monitoring.metricWriter",
+            "roles/monitoring.editor",
+            "roles/monitoring.admin",
+            "roles/container.defaultNodeServiceAccount",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+}
+MOUNT_PATH = "/data"
+BUCKET_RESOURCE_TYPE = "storage.googleapis.com/Bucket"  # resource.type of a bucket in an IAM condition
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resolved places and names of a run on GKE."""
+
+    run_id: str
+    project: str  # PROJECT_ID when the spec has none (plans only)
+    zone: str
+    region: str
+    cluster: str
+    owns_cluster: bool  # the run creates (and its teardown deletes) the cluster
+    autopilot: bool
+    location: str  # the cluster's location: the zone (standard) or the region (autopilot)
+    namespace: str
+    bucket: str
+    image: str
+    service_account: str
+    node_service_account: str  # the nodes' identity; the default names PROJECT_NUMBER, filled in at provision
+    build_service_account: str = ""  # who Cloud Build builds the trainer image as; empty: the project's default
+
+    @property
+    def parent(self) -> str:
+        """``projects/P/locations/L``: the cluster's location."""
+        return paths.location_path(self.project, self.location)
+
+    @property
+    def cluster_path(self) -> str:
+        """``projects/P/locations/L/clusters/N``: the cluster the run creates or uses."""
+        return paths.cluster_path(self.parent, self.cluster)
+
+    @property
+    def run_dir(self) -> str:
+        """Where the run's jobs write (checkpoints, results): the bucket, mounted in every pod."""
+        return f"{MOUNT_PATH}/{names.run_prefix(self.run_id)}"
+
+
+def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
+    in this project's Artifact Registry (an image elsewhere is that registry's to grant)."""
+    pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
+    return {
+        role: needs
+        for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
+        if pulls_here or role != "roles/artifactregistry.reader"
+    }
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def target(spec: RunSpec, run_id: str) -> Target:
+    g = spec.gke
+    project = g.project or names.PLACEHOLDER_PROJECT
+    zone = g.zone or catalogue.zones(spec.cluster.accelerator)[0]
+    region = region_of(zone)
+    autopilot = g.cluster_mode == "autopilot"
+    image = g.image or (
+        f"{region}-docker.pkg.dev/{project}/{g.artifact_repository}/"
+        f"{WORKLOAD_IMAGES[spec.train.workload]}:{names.image_tag(run_id)}"
+    )
+    return Target(
+        run_id=run_id,
+        project=project,
+        zone=zone,
+        region=region,
+        cluster=g.cluster_name or names.gke_cluster(run_id),
+        owns_cluster=not g.cluster_name,
+        autopilot=autopilot,
+        location=region if autopilot else zone,
+        namespace=g.namespace,
+        bucket=g.bucket or names.bucket(g.project),
+        image=image,
+        service_account=names.service_account(run_id),
+        node_service_account=g.node_service_account or DEFAULT_NODE_SERVICE_ACCOUNT,
+        build_service_account=g.build_service_account,
+    )
+
+
+def bucket_binding(t: Target) -> dict[str, Any]:
+    """The IAM binding that lets the run's Kubernetes ServiceAccount (a Workload Identity Federation principal; the
+    project number is looked up when the run provisions) read and write the objects under the run's own prefix
+    (``runs/<run id>/``) and nothing else: an IAM condition on the object's name
+    (https://cloud.google.com/storage/docs/access-control/iam#conditions; Cloud Storage names an object
+    ``projects/_/buckets/BUCKET/objects/NAME``: https://cloud.google.com/iam/docs/conditions-resource-attributes).
+    Listing is a permission on the bucket itself, which GCS FUSE needs, so the condition also holds for the bucket
+    resource: the pods can list the bucket's object names, not read or write another run's objects or the control
+    state (``state/``, ``builds/``, the pipeline root)."""
+    prefix = f"projects/_/buckets/{t.bucket}/objects/{names.run_prefix(t.run_id)}/"
+    return {
+        "bucket": t.bucket,
+        "role": "roles/storage.objectUser",
+        "member": (
+            "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+            f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
+        ),
+        "condition": {
+            "title": f"tpupipe run {t.run_id}",
+            "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
+            "expression": f'resource.name.startsWith("{prefix}") || resource.type == "{BUCKET_RESOURCE_TYPE}"',
+        },
+    }

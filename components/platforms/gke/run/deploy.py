@@ -1,0 +1,198 @@
+"""The creation handlers of deploy_raycluster: the run's Kubernetes objects (``k8s_records``) applied in order
+through the stage's :class:`session.Session` (the namespace, ServiceAccount and DCN claim template get-or-create; the
+Hugging Face token Secret from Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret), then
+the RayCluster by server-side apply, waited on until every worker is available (``readiness``). Before any of it,
+the check that the cluster's KubeRay serves every RayCluster field the run sets (``check_kuberay``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from components.platforms.gke.cloud.control_plane import control_plane
+from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan.records import Resource
+from components.platforms.gke.run.session import Session
+from components.platforms.store import read_json
+from components.spec import InfraError, SpecError, names, ready_limits
+from components.spec.images import pinned_image
+
+HF_TOKEN_ENV = "HF_TOKEN"
+# The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
+UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
+
+
+def _kube(s: Session):
+    kube, cluster, _ = s.client("kube")
+    if kube is None:
+        raise InfraError(f"no running cluster {s.t.cluster} for run {s.ctx.run_id}: provision did not finish")
+    s.cluster = cluster
+    return kube
+
+
+def k8s_object(s: Session, res: Resource) -> None:
+    kube = _kube(s)
+    if res.kind == "k8s/Namespace":
+        kube.ensure_namespace()
+    else:
+        kube.ensure(res.body)
+
+
+def secret(s: Session, res: Resource) -> None:
+    import base64
+
+    from components.platforms.gke.cloud import kube as gke_kube
+
+    kube, t, run_id = _kube(s), s.t, s.ctx.run_id
+    if kube.secret(res.name) is not None:
+        return
+    if res.name == names.ray_token_secret(run_id):
+        kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
+        return
+    # The run's own copy: the namespace's Secret (shared by its runs, the user's) is read, never labelled with the
+    # run, so no run's teardown deletes what another run's pods still mount.
+    shared = s.ctx.spec.gke.hf_secret
+    source = s.ctx.spec.gke.hf_token_secret
+    found = kube.secret(shared)
+    if found is not None and found.get(m.HF_TOKEN_KEY):
+        value = found[m.HF_TOKEN_KEY].encode()
+    elif source:
+        from components.platforms.gke.cloud import secrets
+
+        value = secrets.read(source, s.client("creds"))
+    else:
+        value = os.environ.get(HF_TOKEN_ENV, "").encode()
+    if not value:
+        raise SpecError(
+            "gke.hf_secret",
+            f"no Secret {shared} (key {m.HF_TOKEN_KEY}) in namespace {t.namespace}, no gke.hf_token_secret and "
+            f"${HF_TOKEN_ENV} is not set: name the token's secret in Secret Manager "
+            "(gke.hf_token_secret), or gke.hf_secret= (empty) for models that need none",
+        )
+    kube.ensure(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": res.name, "namespace": t.namespace, "labels": names.labels(run_id)},
+            "data": {m.HF_TOKEN_KEY: base64.b64encode(value).decode()},
+        }
+    )
+
+
+def _pinned(s: Session, body: dict) -> dict:
+    """The RayCluster with its pods pulling the trainer image by the digest build_image recorded (a tag can move
+    between the build and a pod's start, or a restarted pod's), or by tag, said, when the run has no digest (an image
+    named by gke.image without one)."""
+    import copy
+
+    build = (read_json(s.ctx.store, "stages/build_image.json") or {}).get("result") or {}
+    pinned = pinned_image(build)
+    if pinned is None:
+        s.log(
+            f"warning: the pods pull {s.t.image} by tag, which can move: name gke.image as NAME@sha256:DIGEST to pin "
+            "what they run"
+        )
+        return body
+    body = copy.deepcopy(body)
+    for container in _containers(body):
+        if container["image"] == s.t.image:
+            container["image"] = pinned
+    s.log(f"the pods pull the trainer image by digest: {pinned}")
+    return body
+
+
+def _containers(raycluster: dict) -> list[dict]:
+    groups = [raycluster["spec"]["headGroupSpec"], *raycluster["spec"].get("workerGroupSpecs", [])]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+def raycluster(s: Session, res: Resource) -> None:
+    from components.platforms.gke.run import readiness
+
+    kube, spec = _kube(s), s.ctx.spec
+    kube.apply(_pinned(s, res.body))
+    limits = ready_limits(spec)
+    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
+    s.log(
+        f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
+        f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+        + (
+            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
+            if limits.failed_scale_up_grace_s
+            else "; a FailedScaleUp at once (a fixed pool)"
+        )
+    )
+    with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+        ready, capacity_wait = readiness.wait_ready(
+            kube,
+            res.name,
+            limits.deadline_s,
+            unschedulable_grace_s=grace,
+            failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+            poll_s=min(s.poll_s, 2.0),
+            log=s.log,
+        )
+    status = ready.get("status", {})
+    s.log(
+        f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
+        f"{status.get('desiredWorkerReplicas')} workers available"
+    )
+    _verify_ray_auth(s, res.name)
+    s.deploy_result = {
+        "raycluster": res.name,
+        "namespace": s.t.namespace,
+        "endpoint": control_plane(s.cluster).host,
+        "available_workers": status.get("availableWorkerReplicas"),
+        "images": sorted({c["image"] for c in _containers(ready)}),  # as the API server holds the RayCluster
+        "capacity_wait": capacity_wait,  # when its pods waited for nodes (the goodput ledger's "waiting for capacity")
+    }
+
+
+def _verify_ray_auth(s: Session, raycluster: str) -> None:
+    """Fail closed unless the Ray cluster refuses a request without its token: a Ray too old for token
+    authentication, or an image that turns it off, would otherwise run every job unauthenticated without a word."""
+    from components.platforms.gke.cloud import ray_jobs
+
+    kube, cluster, token = s.client("kube")
+    status = ray_jobs.unauthenticated_status(
+        control_plane(cluster), s.ctx.run_dir / "gke", kube.namespace, raycluster, token
+    )
+    if status not in (401, 403):
+        raise InfraError(
+            f"RayCluster {raycluster} answered a request without its Ray token with HTTP {status}, not 401: its "
+            "token authentication is off (a Ray older than token authentication in the image, or RAY_AUTH_MODE "
+            "set in it); no job is sent to it. Use an image with the Ray of the plan "
+            "(components.platforms.gke.plan.resources.RAY_VERSION)"
+        )
+    s.log(f"RayCluster {raycluster}: a request without the Ray token is refused ({status}): token authentication on")
+
+
+# How long provision waits for the RayCluster CRD to be served after it created the cluster or enabled the Ray
+# Operator add-on (GKE installs KubeRay with the add-on; its docs give no time): a bound, then a clear error.
+KUBERAY_CRD_WAIT_S = 300.0
+
+
+def check_kuberay(s: Session, wait_s: float = 0.0) -> None:
+    """The cluster's KubeRay serves every RayCluster field the run sets: checked by provision as soon as the cluster
+    exists (before any TPU node pool; ``wait_s`` for a CRD not served yet, on a cluster just made or given the add-on)
+    and again by deploy_raycluster before it applies anything (the cluster may have changed)."""
+    from components.platforms.gke.cloud import kube as gke_kube
+    from components.platforms.waiting import DeadlineExceeded, wait_for
+
+    kube = _kube(s)
+    crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
+    if crd is None and wait_s:
+        s.log(f"waiting up to {wait_s:.0f}s for cluster {s.t.cluster} to serve KubeRay's RayCluster")
+        try:
+            crd = wait_for(
+                lambda: kube.crd(gke_kube.RAYCLUSTER_CRD),
+                timeout_s=wait_s,
+                interval_s=min(s.poll_s * 10, 5.0),
+                what="KubeRay",
+            )
+        except DeadlineExceeded:
+            crd = None
+    refusal = gke_kube.kuberay_refusal(crd, s.t.cluster, s.t.owns_cluster)
+    if refusal is not None:
+        raise refusal

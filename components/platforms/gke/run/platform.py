@@ -1,0 +1,244 @@
+"""The gke platform: the run's plan executed on GKE. Each stage walks the plan's records of its kinds
+(``plan.resources``, in creation order) through one handler per kind (``walk``); every handler records what it
+creates in the run's ledger before it waits on it.
+
+- provision: first preflight (``preflight``: quota, reservation, APIs, permissions, the nodes' service account's roles,
+  an existing cluster's features; every problem in one report, nothing created), then the Compute Engine resources
+  (the DCN networks, subnets and firewall rules of multislice ``dcn_networks`` plans, the TPU7x workload policy), the
+  checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it, the GKE cluster (with the
+  Ray head's CPU pool) or the existing one named (what it lacks that GKE enables in place enabled first,
+  ``features``), and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>`` (``handlers``); a stockout
+  or quota error ends the stage with one message naming what, where and what to try, after deleting what this run
+  created;
+- build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
+  Artifact Registry (the repository got or created first; ``handlers``);
+- deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
+  (from $HF_TOKEN when the namespace has none), the Ray token Secret, then the RayCluster by server-side apply, with
+  Ray token authentication on; waits for every worker, failing fast with the pod's reason (``deploy``);
+- jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
+- teardown: newest first, the run's Kubernetes objects (by label), its node pools or cluster (by label and ledger),
+  its binding on the bucket, its Compute Engine resources (by ledger and derived name); not found is success
+  (``teardown``);
+- dry_run: the same walk printed, with the job commands and teardown's deletes (``dry_run``).
+
+Heavy imports (google-cloud, kubernetes, ray) stay inside functions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from components.platforms import Platform, RunContext
+from components.platforms import ledger as ledgers
+from components.platforms.gke.cloud.clients import Clients, load_ledger
+from components.platforms.gke.cloud.control_plane import control_plane
+from components.platforms.gke.plan import dry_run, ownership
+from components.platforms.gke.plan.compute_resources import check_ranges
+from components.platforms.gke.plan.target import MOUNT_PATH, Target, target
+from components.platforms.gke.run import teardown as teardowns
+from components.platforms.gke.run import walk
+from components.platforms.gke.run.session import Session
+from components.spec import InfraError, SpecError, names
+from components.workload import budget
+from components.workload import derive as d
+
+
+class GkePlatform(Platform):
+    name = "gke"
+
+    def __init__(self, log=print, poll_s: float = 5.0, backoff=None):
+        self.log = log
+        self.poll_s = poll_s
+        self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff)
+
+    def check(self, ctx: RunContext) -> None:
+        spec = ctx.spec
+        if not d.is_tpu(spec):
+            raise SpecError(
+                "cluster.accelerator",
+                "the gke platform runs on TPU slices; cpu hosts run on the local platform (platform=local)",
+                ["v5e", "v5p", "v6e", "tpu7x"],
+            )
+        if not spec.gke.project:
+            raise SpecError("gke.project", "required on the gke platform", ["a GCP project id"])
+        if spec.gke.image and spec.gke.torch_tpu_base:
+            raise SpecError(
+                "gke.torch_tpu_base",
+                f"builds the torch image FROM a base, but gke.image={spec.gke.image} "
+                "names a built one and nothing is built",
+                ["", "with gke.image empty"],
+            )
+        check_ranges(spec, self._target(ctx))
+
+    def check_access(self, ctx: RunContext) -> None:
+        from components.platforms.credentials import credentials
+
+        credentials()  # none: an AccessError naming `gcloud auth application-default login`
+
+    def _target(self, ctx: RunContext) -> Target:
+        return target(ctx.spec, ctx.run_id)
+
+    def _walk(self, ctx: RunContext, stage: str) -> Session:
+        self.check(ctx)
+        return walk.walk(ctx, stage, self.clients)
+
+    # ---------------------------------------------------------------- the stages that create
+    def provision(self, ctx: RunContext) -> dict[str, Any]:
+        from components.platforms.gke.cloud import cluster as gke_cluster
+
+        self.check(ctx)  # before anything is derived or recorded: bad input creates nothing
+        t = self._target(ctx)
+        pods = f"gs://{t.bucket}/{names.RUNS_PREFIX}/"
+        if ctx.store.uri.startswith(pods):
+            raise SpecError(
+                "output_root",
+                f"the run's state {ctx.store.uri} would be under {pods}, where runs' pods write: a pod could rewrite "
+                "the ledger teardown deletes by",
+                [names.state_root(t.bucket)],
+            )
+        recorded = load_ledger(ctx)
+        # One that resumes passed preflight when it started.
+        report = self.preflight(ctx) if not recorded.get("created") or recorded.get("torn_down") else None
+
+        def begin(ledger: dict[str, Any]) -> None:
+            if report is not None:
+                ledger["started"] = time.time()  # the janitor measures a run's age from here
+                ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
+            ledger.setdefault("started", time.time())
+            ledger.update(
+                {
+                    "parent": t.parent,
+                    "cluster": t.cluster_path,
+                    "owns_cluster": t.owns_cluster,
+                    "namespace": t.namespace,
+                    "spec": ctx.spec.to_dict(),
+                }
+            )
+            ledger.pop("torn_down", None)
+
+        ledger = ledgers.update(ctx.store, begin, recorded)
+        try:
+            session = self._walk(ctx, "provision")
+        except gke_cluster.CapacityError as exc:
+            self.log(f"provision: no capacity or quota: {exc}; deleting what this run created")
+            creds = gke_cluster.credentials()
+            owned = ownership.owned(ctx, load_ledger(ctx), self.log)
+            teardowns.delete_created(self.clients, self.clients.gke(creds), None, owned, t)
+            raise gke_cluster.CapacityError(
+                walk.capacity_message(ctx.spec, t, exc, getattr(exc, "resource", None))
+            ) from None
+        cluster = session.cluster
+        return {
+            "cluster": ledger["cluster"],
+            "endpoint": control_plane(cluster).host if cluster else "",
+            "node_pools": session.tpu_pools,
+            "created": [c["name"] for c in load_ledger(ctx)["created"]],
+        }
+
+    def preflight(self, ctx: RunContext):
+        """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
+        created; :class:`preflight.PreflightFailed` lists every problem."""
+        from components.platforms.gke.checks import preflight
+
+        self.check(ctx)
+        return preflight.check(ctx.spec, ctx.run_id, log=self.log)
+
+    def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        return self._walk(ctx, "build_image").image_result
+
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
+        return self._walk(ctx, "deploy_raycluster").deploy_result
+
+    # ---------------------------------------------------------------- the jobs and their output
+    def job_client(self, ctx: RunContext, deadline: float | None = None):
+        """The Ray Jobs API through the API server's service proxy, its Google token refreshed before it expires, its
+        transient errors retried until ``deadline`` (the job's)."""
+        from components.platforms.gke.cloud import kube as gke_kube
+        from components.platforms.gke.cloud import ray_jobs
+
+        kube, cluster, token = self.clients.kube(ctx)
+        if kube is None:
+            raise InfraError(f"no running cluster for run {ctx.run_id}")
+        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        client = ray_jobs.job_client(
+            control_plane(cluster),
+            ctx.run_dir / "gke",
+            kube.namespace,
+            names.raycluster(ctx.run_id),
+            token,
+            ray_token,
+            log=self.log,
+            backoff=self.clients.backoff,
+        )
+        if deadline is not None:
+            client.until(deadline)
+        return client
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        return self._target(ctx).run_dir
+
+    def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
+        """The bucket's object path of a path under the pods' GCS FUSE mount (``/data/runs/<id>/...``)."""
+        if not path.startswith(MOUNT_PATH + "/"):
+            return path
+        return f"gs://{self._target(ctx).bucket}/{path.removeprefix(MOUNT_PATH + '/')}"
+
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        """A checkpoint of the run's bucket where the run's pods can read it: under their own prefix, the only one
+        they mount and may read (``manifests``, ``target.bucket_binding``). A checkpoint of another run (a registered
+        version, the champion) is copied in first, server-side, to ``runs/<run id>/inputs/<its object path>/``: the
+        original stays out of this run's reach, read-only to every run."""
+        t = self._target(ctx)
+        if not uri.startswith(f"gs://{t.bucket}/"):
+            raise SpecError(
+                "train.init_from",
+                f"checkpoint {uri} is outside the run's bucket gs://{t.bucket}, the one "
+                f"the cluster mounts from: copy it there, or set gke.bucket",
+            )
+        source, own = uri.removeprefix(f"gs://{t.bucket}/").rstrip("/"), names.run_prefix(ctx.run_id)
+        if source == own or source.startswith(f"{own}/"):
+            return f"{MOUNT_PATH}/{source}"
+        inputs = f"{own}/inputs/{source}"
+        copied, total, size = self.clients.storage(t).copy_prefix(t.bucket, source, inputs)
+        if not total:
+            raise SpecError("train.init_from", f"checkpoint {uri} holds no object: nothing to start from")
+        self.log(
+            f"copied {copied} of {total} objects ({size / 2**30:.2f} GiB) of {uri} to gs://{t.bucket}/{inputs}/, "
+            "where the run's pods read it"
+        )
+        return f"{MOUNT_PATH}/{inputs}"
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        """Vertex AI Model Registry of the run's project, in the region of its zone."""
+        t = self._target(ctx)
+        return {"project": t.project, "region": t.region}
+
+    def limits(self, ctx: RunContext) -> budget.Limits:
+        """The spec's budget and deadline, else the defaults derived from the plan's cost, which is also the hourly
+        price spending is counted at (``plan.limits``)."""
+        from components.platforms.gke.plan import document as plan
+
+        return plan.limits(ctx.spec, ctx.run_id)
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        return None  # a lost TPU host shows as a restart of Ray Train's worker group (restarts)
+
+    # ---------------------------------------------------------------- teardown and the dry run
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        """Delete what the run created, newest first (``teardown``); what is shared is kept."""
+        try:
+            self.check(ctx)
+        except SpecError as exc:  # provision checks first: a run that fails the checks created nothing
+            self.log(f"teardown: nothing to delete: the run never got past its checks ({exc})")
+            return {"deleted": [], "kept_cluster": None}
+        return teardowns.teardown(ctx, self.clients)
+
+    def remaining(self, ctx: RunContext) -> list[str]:
+        return teardowns.remaining(ctx)
+
+    def dry_run(self, ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
+        """The calls a run makes, stage by stage, in order, without credentials or network (``dry_run``)."""
+        self.check(ctx)
+        return dry_run.calls(ctx, entrypoint)

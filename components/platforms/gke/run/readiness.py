@@ -1,0 +1,245 @@
+"""The RayCluster's way to ready, as a small state machine stepped one observation at a time
+(:class:`Readiness`), and the wait that steps it with a deadline (:func:`wait_ready`): ready when every worker is
+available; failed fast, with the pod's own reason, when it will not get there (an image that cannot be pulled, a pod
+that cannot start, a failed scale-up, pods unschedulable with no scale-up under way).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.platforms.gke.cloud.kube import Kube
+from components.spec import InfraError
+
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff")
+# The cluster autoscaler's events on a pod it cannot place (kubernetes/autoscaler FAQ, "What events are emitted by
+# CA?"; GKE docs, "Troubleshoot the cluster autoscaler not scaling up"): TriggeredScaleUp, it is adding nodes for the
+# pod (flex-start and Autopilot start with none: the pods wait there for minutes); NotTriggerScaleUp, no node group
+# it may grow would fit the pod; FailedScaleUp, it tried and the scale-up failed, the message naming why (on GKE
+# "Node scale up in zones ... associated with this pod failed: GCE out of resources. ...").
+SCALE_UP_TRIGGERED = "TriggeredScaleUp"
+SCALE_UP_NOT_TRIGGERED = "NotTriggerScaleUp"
+SCALE_UP_FAILED = "FailedScaleUp"
+AUTOSCALER_REASONS = (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED, SCALE_UP_FAILED)
+
+
+class RayClusterNotReady(InfraError):
+    """The RayCluster cannot become ready: pods unschedulable, an image that cannot be pulled, a bad pod config."""
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message when ``pod`` is Unschedulable (PodScheduled False), else None."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+            return cond.get("message", "")
+    return None
+
+
+def scale_up_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pod name -> the cluster autoscaler's latest event about it (``AUTOSCALER_REASONS``), latest by its last time
+    (seconds); in one second the failure wins (``AUTOSCALER_REASONS``' order)."""
+
+    def when(event: dict[str, Any]) -> tuple[str, int]:
+        return (
+            event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "",
+            AUTOSCALER_REASONS.index(event["reason"]),
+        )
+
+    latest: dict[str, dict[str, Any]] = {}
+    for event in sorted((e for e in events if e.get("reason") in AUTOSCALER_REASONS), key=when):
+        latest[(event.get("involvedObject") or {}).get("name", "")] = event
+    return latest
+
+
+@dataclass
+class Readiness:
+    """The RayCluster's way to ready, one observation at a time: ``step(raycluster, pods, now, events)`` returns True
+    when every worker is available, None while it is on its way, and raises :class:`RayClusterNotReady` with the pod's
+    own reason when it will not get there: an image that cannot be pulled, a pod that cannot start, a scale-up the
+    cluster autoscaler reports failed (FailedScaleUp: at once for a fixed pool; for flex-start and Autopilot, whose
+    stockouts the autoscaler retries, only once it repeated for ``failed_scale_up_grace_s``), pods unschedulable for
+    ``unschedulable_grace_s`` with no scale-up under way (a fixed-size pool does not grow; NotTriggerScaleUp names
+    why). A pod unschedulable with a TriggeredScaleUp event is waiting for its nodes (flex-start, Autopilot: they
+    start with none): only the deadline of :func:`wait_ready` bounds that wait. While it waits, ``last`` names each
+    pod that is not running and why, and ``capacity_wait`` is the (first, last) time a pod of the RayCluster was
+    waiting for a node: from the first observation of a pod Unschedulable to the first after it at which none is (the
+    goodput ledger's "waiting for capacity", components/stages/goodput.py)."""
+
+    unschedulable_grace_s: float = 60.0
+    # 0: a FailedScaleUp is final (a fixed pool); else the autoscaler retries, and FailedScaleUp ends the wait only
+    # when it repeats for this long (flex-start, Autopilot: components.spec.READY_LIMITS_S)
+    failed_scale_up_grace_s: float = 0.0
+    unschedulable_since: float | None = None
+    last: str = "no status yet"
+    failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
+    failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
+    capacity_wait: tuple[float, float | None] | None = None  # (since, until; None while still waiting)
+
+    def step(
+        self,
+        raycluster: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        now: float,
+        events: list[dict[str, Any]] = (),
+    ) -> bool | None:
+        if raycluster is None:
+            raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
+        status = raycluster.get("status") or {}
+        desired = status.get("desiredWorkerReplicas")
+        available = status.get("availableWorkerReplicas", 0)
+        self.last = (
+            f"state {status.get('state') or '(none)'}, {available}/{desired if desired is not None else '?'} "
+            f"workers available, {len(pods)} pods"
+        )
+        self._capacity(now, any(unschedulable(p) is not None for p in pods))
+        if status.get("state") == "ready" and desired is not None and available >= desired:
+            self._capacity(now, False)
+            return True
+        for pod in pods:
+            _check_containers(pod)
+        scale_ups = scale_up_events(list(events))
+        waiting, stuck = [], []  # (pod, scheduler's message, the autoscaler's latest event or None)
+        retried = 0
+        for pod in pods:
+            name, message = pod["metadata"]["name"], unschedulable(pod)
+            if message is None:
+                self.failed_since.pop(name, None)
+                self.failures.pop(name, None)
+                continue
+            event = scale_ups.get(name)
+            reason = (event or {}).get("reason")
+            if reason == SCALE_UP_FAILED:
+                self._failed_scale_up(name, event, now)
+                retried += 1
+                reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
+            (waiting if reason == SCALE_UP_TRIGGERED else stuck).append((name, message, event))
+        if waiting:
+            self.last += f", {len(waiting)} waiting for new nodes ({SCALE_UP_TRIGGERED})"
+        if retried:
+            self.last += f", {retried} after a {SCALE_UP_FAILED} the autoscaler retries"
+        self.last += _pod_reasons(pods)
+        if not stuck:
+            self.unschedulable_since = None
+            return None
+        if self.unschedulable_since is None:
+            self.unschedulable_since = now
+        if now - self.unschedulable_since >= self.unschedulable_grace_s:
+            name, message, event = stuck[0]
+            why = f"{event['reason']}: {event.get('message', '')}" if event else f"Unschedulable: {message}"
+            raise RayClusterNotReady(
+                f"{len(stuck)} pod(s) of the RayCluster cannot be scheduled for "
+                f"{now - self.unschedulable_since:.0f}s with no scale-up under way; pod {name}: "
+                f"{why}"
+            )
+        self.last += f", {len(stuck)} unschedulable"
+        return None
+
+    def _capacity(self, now: float, waiting: bool) -> None:
+        """Keep ``capacity_wait``: opened at the first observation of a pod waiting for a node, closed at the first
+        at which none waits (a later wait, rare, extends it to its own end)."""
+        if waiting:
+            self.capacity_wait = (self.capacity_wait[0] if self.capacity_wait else now, None)
+        elif self.capacity_wait and self.capacity_wait[1] is None:
+            self.capacity_wait = (self.capacity_wait[0], now)
+
+    def _failed_scale_up(self, name: str, event: dict[str, Any], now: float) -> None:
+        """A FailedScaleUp about pod ``name``: final for a fixed pool (no grace), else final only once such events
+        repeated (two or more) for ``failed_scale_up_grace_s``."""
+        why = f"{SCALE_UP_FAILED}: {event.get('message', '')}"
+        if self.failed_scale_up_grace_s <= 0:
+            raise RayClusterNotReady(
+                f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up failed: {why}"
+            )
+        since = self.failed_since.setdefault(name, now)
+        seen = self.failures.setdefault(name, set())
+        seen.add(((event.get("metadata") or {}).get("name", ""), event.get("count", 1)))  # a repeat: a new count
+        if len(seen) >= 2 and now - since >= self.failed_scale_up_grace_s:
+            raise RayClusterNotReady(
+                f"pod {name} cannot be scheduled: the cluster autoscaler's scale-up failed {len(seen)} times over "
+                f"{now - since:.0f}s (past the {self.failed_scale_up_grace_s:.0f}s it is given to retry): {why}"
+            )
+
+
+def _pod_reasons(pods: list[dict[str, Any]]) -> str:
+    """Why each pod is not running yet, as the API server says: unschedulable (the scheduler's message), a
+    container waiting (its reason: ContainerCreating while the image is pulled), or its phase."""
+    out = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        waiting = [
+            (cs.get("state") or {}).get("waiting", {}).get("reason")
+            for cs in status.get("containerStatuses") or []
+            if (cs.get("state") or {}).get("waiting")
+        ]
+        message = unschedulable(pod)
+        if message is not None:
+            out.append(f"{pod['metadata']['name']} Unschedulable: {message}")
+        elif waiting:
+            out.append(f"{pod['metadata']['name']} {', '.join(w or 'waiting' for w in waiting)}")
+        elif status.get("phase", "Pending") != "Running":
+            out.append(f"{pod['metadata']['name']} {status.get('phase', 'Pending')}")
+    return "; pods not running: " + "; ".join(out) if out else ""
+
+
+def _check_containers(pod: dict[str, Any]) -> None:
+    """Raise when a container of ``pod`` waits on something that will not come: its image, or its config."""
+    name = pod["metadata"]["name"]
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            image = pod["spec"]["containers"][0].get("image", "")
+            raise RayClusterNotReady(
+                f"pod {name} cannot pull its image {image}: {waiting['reason']}: {waiting.get('message', '')}"
+            )
+        if waiting.get("reason") in CONFIG_REASONS:
+            raise RayClusterNotReady(f"pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}")
+
+
+def wait_ready(
+    kube: Kube,
+    name: str,
+    timeout_s: float,
+    *,
+    unschedulable_grace_s: float,
+    failed_scale_up_grace_s: float = 0.0,
+    poll_s: float = 2.0,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
+    one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
+    epoch seconds; None if none ever did)."""
+    from components.platforms.waiting import DeadlineExceeded, wait_for
+
+    machine = Readiness(unschedulable_grace_s=unschedulable_grace_s, failed_scale_up_grace_s=failed_scale_up_grace_s)
+    selector = f"ray.io/cluster={name}"
+
+    def poll():
+        raycluster, pods = kube.get("RayCluster", name), kube.pods(selector)
+        events = kube.pod_events() if any(unschedulable(p) is not None for p in pods) else []
+        return machine.step(raycluster, pods, clock(), events) or None
+
+    def progress(elapsed: float) -> None:
+        if int(elapsed) % 10 < poll_s:
+            log(f"  RayCluster {name}: {machine.last} ({elapsed:.0f}s)")
+
+    try:
+        wait_for(
+            poll,
+            timeout_s=timeout_s,
+            interval_s=poll_s,
+            what=f"RayCluster {name} to be ready",
+            progress=progress,
+            clock=clock,
+            sleep=sleep,
+        )
+    except DeadlineExceeded as exc:
+        raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
+    epoch = time.time() - clock()  # the clock's instants as epoch seconds, as the stage records keep time
+    wait = machine.capacity_wait
+    return kube.get("RayCluster", name), (wait[0] + epoch, wait[1] + epoch) if wait and wait[1] is not None else None

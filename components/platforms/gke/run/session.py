@@ -1,0 +1,64 @@
+"""One stage's walk of the plan on GKE (:class:`Session`): the run's target and ledger, its cloud clients (made on
+first use, with one set of credentials), and what the creation handlers found that the stage returns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.platforms import RunContext
+from components.platforms import ledger as ledgers
+from components.platforms.gke.cloud.clients import Clients, load_ledger
+from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT, target
+
+
+class Session:
+    def __init__(self, ctx: RunContext, clients: Clients):
+        self.ctx, self.clients = ctx, clients
+        self.log, self.poll_s = clients.log, clients.poll_s
+        self.t = target(ctx.spec, ctx.run_id)
+        self.ledger = load_ledger(ctx)
+        self.record = ledgers.recorder(ctx.store, self.ledger)
+        self._clients: dict[str, Any] = {}
+        self.cluster = None
+        self.tpu_pools: list[str] = []
+        self.image_result: dict[str, Any] = {}
+        self.build_source_generation: int | None = None  # of the build context uploaded by this stage
+        self.deploy_result: dict[str, Any] = {}
+        self._project_number: str | None = None
+
+    def node_service_account(self) -> str:
+        """The nodes' service account, the default's project number filled in (looked up once)."""
+        account = self.t.node_service_account
+        if account != DEFAULT_NODE_SERVICE_ACCOUNT:
+            return account
+        if self._project_number is None:
+            from components.platforms.gke.cloud import storage as gke_storage
+
+            self._project_number = gke_storage.project_number(self.t.project, self.client("creds"))
+        return account.replace("PROJECT_NUMBER", self._project_number)
+
+    def node_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A cluster or node pool body with the nodes' service account as it really is (the plan shows the default
+        as PROJECT_NUMBER-compute@...)."""
+        return json.loads(
+            json.dumps(body).replace(json.dumps(self.t.node_service_account), json.dumps(self.node_service_account()))
+        )
+
+    def client(self, what: str):
+        """``creds``, ``gke``, ``compute``, ``storage`` or ``kube`` (a (Kube, cluster, token) triple)."""
+        if "creds" not in self._clients:
+            from components.platforms.gke.cloud import cluster as gke_cluster
+
+            self._clients["creds"] = gke_cluster.credentials()
+        if what not in self._clients:
+            creds, clients, t = self._clients["creds"], self.clients, self.t
+            made = {
+                "gke": lambda: clients.gke(creds),
+                "compute": lambda: clients.compute(creds),
+                "storage": lambda: clients.storage(t, creds),
+                "kube": lambda: clients.kube(self.ctx),
+            }
+            self._clients[what] = made[what]()
+        return self._clients[what]

@@ -1,0 +1,175 @@
+"""Teardown of a gke run: what it created deleted newest first, found by its label, its ledger and the names derived
+from its run id: its Kubernetes objects (by the run label), its node pools or its cluster (by label and by the
+ledger), its binding on the bucket, its Compute Engine resources (by the ledger and by the derived names). Not found
+is success, so it is safe to run again; what is shared (the namespace, the bucket, the image repository, a cluster the
+spec names) is kept. Each step runs even when one before it failed; the failures are reported together.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from components.platforms import RunContext, postmortem
+from components.platforms import ledger as ledgers
+from components.platforms.gke.cloud.clients import Clients, load_ledger, run_cluster
+from components.platforms.gke.cloud.control_plane import control_plane
+from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan import ownership, paths
+from components.platforms.gke.plan.compute_resources import COMPUTE_KINDS
+from components.platforms.gke.plan.target import Target, target
+from components.spec import InfraError, names
+
+
+def teardown(ctx: RunContext, clients: Clients) -> dict[str, Any]:
+    """Delete what the run created (its spec passed the platform's checks); the deleted, and the cluster kept (one
+    the spec names) or None."""
+    ledger = load_ledger(ctx)
+    t = target(ctx.spec, ctx.run_id)
+    owns = t.owns_cluster  # the spec's word, not the ledger's
+    ledger = ownership.owned(ctx, ledger, clients.log)
+    deleted: list[str] = []
+    failures: list[str] = []
+    for step in (_delete_kubernetes, _delete_cluster_or_pools, _delete_binding, _delete_compute):
+        try:
+            deleted += step(clients, ctx, ledger)
+        except Exception as exc:  # noqa: BLE001 - teardown goes on with the next step, then reports
+            failures.append(f"{step.__name__.removeprefix('_delete_').replace('_', ' ')}: {exc}")
+    clients.log(
+        f"teardown: deleted {len(deleted)} resources of {ctx.run_id}"
+        + (": " + ", ".join(x.rsplit("/", 1)[-1] for x in deleted) if deleted else "")
+    )
+    if failures:
+        raise InfraError("teardown could not remove: " + "; ".join(failures))
+    if ledgers.load(ctx.store) is not None:
+        ledgers.update(ctx.store, lambda recorded: recorded.update(torn_down=time.time()))
+    return {"deleted": deleted, "kept_cluster": None if owns else run_cluster(ledger, t)}
+
+
+def remaining(ctx: RunContext) -> list[str]:
+    """What the run may still have, as its ledger says (read here, no call made); nothing once a teardown
+    finished."""
+    ledger = ledgers.load(ctx.store)
+    if not ledger or ledger.get("torn_down") or not ledger.get("created"):
+        return []
+    return [f"{e['kind'].replace('_', ' ')} {e['name'].rsplit('/', 1)[-1]}" for e in reversed(ledger["created"])] + [
+        f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"
+    ]
+
+
+def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Target) -> list[str]:
+    """Delete what the ledger says this run created, newest first (node pools go with their cluster): what a
+    provision that found no capacity leaves behind."""
+    deleted = []
+    has_cluster = any(e["kind"] == "cluster" for e in ledger["created"])
+    for entry in reversed(ledger["created"]):
+        kind, name = entry["kind"], entry["name"]
+        if kind == "node_pool" and not has_cluster:
+            gone = gke.delete_node_pool(name)
+        elif kind == "cluster":
+            gone = gke.delete_cluster(name)
+        elif kind in COMPUTE_KINDS.values():
+            gone = (compute or clients.compute()).delete(kind, name)
+        elif kind == "iam_binding":
+            deleted += clients.revoke_bucket(t, name)
+            continue
+        else:
+            continue
+        if gone:
+            deleted.append(name)
+    return deleted
+
+
+def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
+    """The run's Kubernetes objects, found by the run label (the namespace is shared and kept)."""
+    cluster = clients.gke().get_cluster(run_cluster(ledger, target(ctx.spec, ctx.run_id)))
+    if cluster is None or not control_plane(cluster).host:
+        return []
+    kube, _, token = clients.kube(ctx)
+    if kube is None:
+        return []
+    selector = f"{names.RUN_LABEL}={ctx.run_id}"
+    _keep_postmortem(ctx, kube, cluster, token, selector)
+    return kube.delete_labelled(selector)
+
+
+def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> None:
+    """What the cluster knew, kept in the run's store before it goes (components/platforms/postmortem.py); each
+    part on its own, and none of them stops the teardown itself."""
+    from components.platforms.gke.cloud import kube as gke_kube
+    from components.platforms.gke.cloud import ray_jobs
+
+    raycluster = names.raycluster(ctx.run_id)
+
+    def ray():
+        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        get = ray_jobs.dashboard_get(
+            control_plane(cluster), ctx.run_dir / "gke", kube.namespace, raycluster, token, ray_token
+        )
+        postmortem.ray_state(ctx.store, get)
+
+    parts = {
+        "the pods' statuses and events": lambda: postmortem.kubernetes(ctx.store, kube, selector, raycluster),
+        "the pods' logs": lambda: postmortem.pod_logs(ctx.store, kube, kube.pods(selector)),
+        "the node pools' state": lambda: postmortem.node_pools(ctx.store, _pools(ctx, cluster)),
+        "Ray's state and logs": ray,
+    }
+    for what, keep in parts.items():
+        try:
+            keep()
+        except Exception as exc:  # noqa: BLE001 - a post-mortem never stops the teardown itself
+            print(f"teardown: could not keep {what}: {str(exc)[:300]}", flush=True)
+
+
+def _pools(ctx: RunContext, cluster) -> list[dict[str, Any]]:
+    """The run's node pools in ``cluster`` (all of a cluster the run owns; its labelled ones in another), as GKE
+    describes them: status, message, conditions, autoscaling, size, the nodes' machine and provisioning."""
+    owned = target(ctx.spec, ctx.run_id).owns_cluster
+    pools = []
+    for pool in cluster.node_pools:
+        if not owned and pool.config.resource_labels.get(names.RUN_LABEL) != ctx.run_id:
+            continue
+        doc = type(pool).to_dict(pool)
+        config = doc.get("config") or {}
+        pools.append(
+            {k: doc.get(k) for k in ("name", "status", "status_message", "conditions", "autoscaling")}
+            | {k: doc.get(k) for k in ("initial_node_count", "placement_policy", "queued_provisioning")}
+            | {k: config.get(k) for k in ("machine_type", "spot", "reservation_affinity")}
+        )
+    return pools
+
+
+def _delete_cluster_or_pools(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
+    """The cluster the run created (by label, and as recorded); in a cluster the spec names, the run's pools."""
+    t, gke, deleted = target(ctx.spec, ctx.run_id), clients.gke(), []
+    parent = paths.cluster_parent(run_cluster(ledger, t))
+    cluster_name = run_cluster(ledger, t)
+    if not t.owns_cluster:
+        if gke.get_cluster(cluster_name) is not None:
+            deleted += [
+                p for p in gke.pools_with_label(cluster_name, names.RUN_LABEL, ctx.run_id) if gke.delete_node_pool(p)
+            ]
+        return deleted
+    deleted += [c for c in gke.clusters_with_label(parent, names.RUN_LABEL, ctx.run_id) if gke.delete_cluster(c)]
+    # Recorded but not (yet) labelled, or in another location: the ledger finds it.
+    recorded = [e["name"] for e in ledger.get("created", []) if e["kind"] == "cluster"]
+    return deleted + [c for c in recorded if c not in deleted and gke.delete_cluster(c)]
+
+
+def _delete_binding(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
+    """The run's binding on the bucket; the bucket itself is kept: it holds every run's checkpoints."""
+    return clients.revoke_bucket(target(ctx.spec, ctx.run_id))
+
+
+def _delete_compute(clients: Clients, ctx: RunContext, ledger: dict[str, Any]) -> list[str]:
+    """The DCN networks, subnets, firewall rules and workload policy, newest first. They take no labels: the ledger
+    has them, and their names derive from the run id."""
+    planned = [
+        (COMPUTE_KINDS[res.kind], res.path) for res in plan.resources(ctx.spec, ctx.run_id) if res.kind in COMPUTE_KINDS
+    ]
+    recorded = [(e["kind"], e["name"]) for e in ledger.get("created", []) if e["kind"] in COMPUTE_KINDS.values()]
+    found = list(dict.fromkeys(recorded + planned))
+    if not found:
+        return []
+    compute = clients.compute()
+    return [path for kind, path in reversed(found) if compute.delete(kind, path)]
