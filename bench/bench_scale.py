@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, table  # noqa: E402
-from components.platforms.local.cluster import LocalPlatform  # noqa: E402
+from components.platforms.local.platform import LocalPlatform  # noqa: E402
 from components.stages import runner as stages  # noqa: E402
 
 HOSTS = (2, 4, 8)

@@ -31,7 +31,8 @@ from bench.figures import Figure, table  # noqa: E402
 
 # torch would load every installed device backend on import, torch_tpu too (the torch image has it): without chips,
 # and outside a torchrun- or Ray-started process, its first use waits minutes on the TPU metadata server. This
-# script measures a GPU, so it loads none (trainers.fsdp.detect_backend imports torch_tpu itself where there are chips).
+# script measures a GPU, so it loads none (trainers.devices.detect_backend imports torch_tpu itself where there are
+# chips).
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 # google/gemma-3-1b-pt's text dimensions (26 layers, 5 sliding-window layers to 1 global, one KV head, Gemma's
@@ -148,7 +149,7 @@ def measure(
     """Train ``warmup`` steps, then time ``steps`` more; returns the figures as a dict."""
     import torch
 
-    from trainers.fsdp import detect_backend
+    from trainers.devices import detect_backend
 
     device_type, _ = detect_backend()
     if device_type not in ("cuda", "cpu"):

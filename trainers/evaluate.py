@@ -87,7 +87,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.fsdp import InjectedFailure, detect_backend
+    from trainers.devices import detect_backend
+    from trainers.fsdp import InjectedFailure
     from trainers.mesh import dtypes, parallelize
     from trainers.model import build_model, load_tokenizer, load_trained
 
@@ -145,7 +146,7 @@ def run(
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainers.fsdp import probe_backend, worker_runtime_env
+    from trainers.devices import probe_backend, worker_runtime_env
 
     t = spec.train
     config: dict[str, Any] = {

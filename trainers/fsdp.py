@@ -3,18 +3,16 @@ multi-host TPUs with Ray and TorchTPU" (docs/tutorials.md).
 
 ``python -m trainers.fsdp --spec JSON --output-dir DIR --run-name NAME --scaling-config JSON`` is the Ray job
 entrypoint (``trainers.job_args``). The driver picks the collective backend from what the training workers have
-(``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), runs the TorchTrainer, and prints one ``TPUPIPE
-result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per step. Over several
-slices the model is sharded within a slice and replicated across them (HSDP, ``trainers.mesh``).
+(``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU; ``trainers.devices``), runs the TorchTrainer, and
+prints one ``TPUPIPE result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per
+step, and each epoch ends in a checkpoint (``trainers.checkpoints``) a restarted worker group resumes from. Over
+several slices the model is sharded within a slice and replicated across them (HSDP, ``trainers.mesh``).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -22,139 +20,13 @@ from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, protocol
 from trainers import data, job_args, mesh
-
-CHECKPOINT_META = "tpupipe_checkpoint.json"
+from trainers.checkpoints import load_checkpoint, save_checkpoint
+from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
 
 class InjectedFailure(RuntimeError):
     """Raised by ``train.fail_at_step`` (training) and ``train.fail_eval`` (evaluation): a deliberate failure, for
     tests of the failure path."""
-
-
-# ---------------------------------------------------------------- device and backend
-
-
-def tpu_chips_on_host(dev: str = "/dev") -> int:
-    """TPU chips this host exposes, where libtpu finds them: ``/dev/accel<n>`` (v4, v5p) or ``/dev/vfio/<n>``
-    (v5e, v6e, TPU7x)."""
-    vfio = [n for n in glob.glob(os.path.join(dev, "vfio", "*")) if os.path.basename(n).isdigit()]
-    return len(glob.glob(os.path.join(dev, "accel[0-9]*"))) + len(vfio)
-
-
-def detect_backend(dev: str = "/dev") -> tuple[str, str]:
-    """(device type, process-group backend) from the chips this host has, not from what imports: torch_tpu imports on
-    a host without chips and then registers no ``tpu`` device and no ``tpu_dist`` backend, and the torch image has it
-    on every host. Chips without torch_tpu are a misbuilt image, an error; a TPU-shaped host without chips (an
-    emulated slice) computes on CPU with gloo, torch_tpu installed or not."""
-    chips = tpu_chips_on_host(dev)
-    if chips:
-        try:
-            import torch_tpu  # noqa: F401
-        except ImportError:
-            raise RuntimeError(
-                f"this host has {chips} TPU chips but the trainer image has no torch_tpu: build the torch image from "
-                "images/torch (torch-tpu and libtpu come from PyPI), or on a TorchTPU base image"
-            ) from None
-        return "tpu", "tpu_dist"
-    if not glob.glob(os.path.join(dev, "nvidia[0-9]*")):  # no NVIDIA GPU's device file: CPU, without importing torch
-        return "cpu", "gloo"
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", "nccl"
-    return "cpu", "gloo"
-
-
-def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
-    """Ray Train's per-worker runtime env. On a TPU slice without chips (emulated hosts) the workers still hold the
-    slice's TPU resources, so Ray Train schedules and gang-reserves exactly as on TPU, but see no chip ids: an
-    empty ``TPU_VISIBLE_CHIPS`` makes Ray give them no accelerator ids, so its Torch backend sets them up for CPU
-    instead of looking for torch_tpu."""
-    if use_tpu and device_type == "cpu":
-        return {"env_vars": {"TPU_VISIBLE_CHIPS": ""}}
-    return {}
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(model, optimizer, tokenizer, meta: dict[str, Any], rank: int, directory: Path) -> None:
-    """Gather the trained state to rank 0 and write it with the config and tokenizer. The frozen per-layer table is
-    left out (``ignore_frozen_params``: it never changes, and in E2B it is ~4.7 GB of bf16): the model is the base
-    model (``train.model_id``) with these weights loaded over it (``trainers.model.load_trained``). The optimizer
-    state is written when ``optimizer`` is given (``train.checkpoint_optimizer``)."""
-    import torch
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    state = get_model_state_dict(model, options=options)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
-    if rank != 0:
-        return
-    if model.config.get_text_config().tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file(
-        {k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"}
-    )
-    model.config.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    if optim_state is not None:
-        torch.save(optim_state, directory / "optimizer.pt")
-    (directory / CHECKPOINT_META).write_text(json.dumps(meta))
-
-
-class UnsafeCheckpoint(ValueError):
-    """A checkpoint file holds more than tensors and plain containers: a pickle that would run code on load."""
-
-
-def load_optimizer_state(path: Path) -> dict[str, Any]:
-    """The optimizer state :func:`save_checkpoint` wrote, read with ``weights_only=True``: tensors, numbers,
-    strings and plain containers only, so a file planted in the checkpoint directory cannot run code when a
-    restarted worker group resumes from it
-    (https://docs.pytorch.org/docs/stable/notes/serialization.html#weights-only-security)."""
-    import pickle
-
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        lines = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line]
-        raise UnsafeCheckpoint(
-            f"refusing to load {path}: it is not a plain optimizer state (tensors and containers only); "
-            f"torch.load with weights_only=True said: {lines[0] if lines else str(e).strip()[:300]}"
-        ) from None
-
-
-def load_checkpoint(model, optimizer, directory: Path) -> dict[str, Any]:
-    """Restore a checkpoint of :func:`save_checkpoint` into the sharded model (the frozen table stays the base
-    model's) and, when it holds one, the optimizer state; without one the optimizer starts fresh. Weights are read
-    from safetensors and the optimizer state with :func:`load_optimizer_state`: nothing here unpickles code."""
-    import torch
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    # Rank 0 reads the weights and the optimizer state and broadcasts them: one read of each file (on GKE, from the
-    # bucket's FUSE mount), not one per rank; the other ranks give an empty state, which torch's state_dict API takes
-    # with broadcast_from_rank0 (torch/distributed/checkpoint/state_dict.py, StateDictOptions).
-    distributed = torch.distributed.is_initialized()  # (a single process, as in a test, reads it itself)
-    rank0 = not distributed or torch.distributed.get_rank() == 0
-    weights = load_file(str(directory / "model.safetensors")) if rank0 else {}
-    broadcast = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=distributed)
-    set_model_state_dict(model, weights, options=broadcast)
-    if (directory / "optimizer.pt").is_file():
-        optim_state = load_optimizer_state(directory / "optimizer.pt") if rank0 else {}
-        set_optimizer_state_dict(model, optimizer, optim_state, options=broadcast)
-    return json.loads((directory / CHECKPOINT_META).read_text())
 
 
 # ---------------------------------------------------------------- the loop each worker runs
@@ -315,15 +187,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- the driver
-
-
-def probe_backend(resources: dict[str, float]) -> tuple[str, str]:
-    """Ask a worker-shaped task what it sees: the head may have no accelerator."""
-    import ray
-
-    custom = {k: v for k, v in resources.items() if k != "CPU"}
-    task = ray.remote(detect_backend).options(num_cpus=resources.get("CPU", 0), resources=custom or None)
-    return ray.get(task.remote())
 
 
 def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "") -> dict[str, Any]:

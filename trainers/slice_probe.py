@@ -102,7 +102,7 @@ class Probe:
         os.environ.update(megascale)
         import torch
 
-        from trainers.fsdp import detect_backend
+        from trainers.devices import detect_backend
 
         device_type, backend = detect_backend()
         x, w1, w2 = _block()
@@ -177,7 +177,7 @@ class Probe:
     ) -> dict[str, Any]:
         """One runtime over every host (``jax.distributed``: a connection, no collective), then the block computed on
         each of this host's devices alone against the reference; ``corrupt``: its first device's w1 is off."""
-        from trainers.fsdp import tpu_chips_on_host
+        from trainers.devices import tpu_chips_on_host
 
         chips = tpu_chips_on_host()
         if not chips:  # emulated host: CPU devices, set before JAX creates its backend

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import importlib
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.store import RunStore
 from components.spec import RunSpec, SpecError
@@ -38,43 +39,55 @@ class RunContext:
         return self.store.local() or Path(tempfile.mkdtemp(prefix=f"tpupipe-{self.run_id}-"))
 
 
-class Platform(Protocol):
-    """What every stage runs against. A platform subclasses it, so that a method it does not have (``dry_run``) is
-    declared here with what it does instead."""
+class Platform(ABC):
+    """What every stage runs against. A platform subclasses it and implements every abstract method (a platform that
+    lacks one cannot be instantiated); ``dry_run`` and ``limits`` answer here for a platform that has no dry run or
+    bills nothing."""
 
     name: str
 
+    @abstractmethod
     def check(self, ctx: RunContext) -> None:
         """Platform-specific spec checks; raise SpecError before anything is created."""
 
+    @abstractmethod
     def check_access(self, ctx: RunContext) -> None:
         """The credentials the stages will call the cloud with, found before anything is started (no call made);
         an ``AccessError`` (exit 2) names what is missing. Nothing to find on a platform that calls no cloud."""
 
+    @abstractmethod
     def provision(self, ctx: RunContext) -> dict[str, Any]: ...
 
+    @abstractmethod
     def build_image(self, ctx: RunContext) -> dict[str, Any]: ...
 
+    @abstractmethod
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]: ...
 
+    @abstractmethod
     def job_client(self, ctx: RunContext, deadline: float | None = None):
         """A client of the run's cluster's Ray Jobs API with the calls of ``ray.job_submission.JobSubmissionClient``
         the stages make; where the platform retries transient errors, never past ``deadline`` (``time.monotonic()``)."""
 
+    @abstractmethod
     def job_output_dir(self, ctx: RunContext) -> str:
         """Where the cluster's jobs write checkpoints and data (a path the cluster sees)."""
 
+    @abstractmethod
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""
 
+    @abstractmethod
     def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
         """The inverse of ``checkpoint_uri``: a checkpoint's path as the cluster's jobs see it (a registered version
         the run starts from or measures); SpecError when the cluster cannot read it."""
 
+    @abstractmethod
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         """Where the run's models are registered: ``components.registry.open_registry``'s arguments (a local
         directory's root, or a Google Cloud project and region)."""
 
+    @abstractmethod
     def hosts_lost(self, ctx: RunContext) -> int | None:
         """Hosts the run lost and had replaced while it ran (preempted or failed), or None when the platform does
         not count them."""
@@ -87,9 +100,11 @@ class Platform(Protocol):
 
         return budget.limits(ctx.spec, None)
 
+    @abstractmethod
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, found from its ledger and its labels; safe to run again."""
 
+    @abstractmethod
     def remaining(self, ctx: RunContext) -> list[str]:
         """What of the run may still exist, as its ledger (and, locally, /proc) says; no cloud call."""
 
@@ -104,7 +119,7 @@ class Platform(Protocol):
 
 # name -> "module:class"; imported on first use so `components` stays cheap to import.
 REGISTRY = {
-    "local": "components.platforms.local.cluster:LocalPlatform",
+    "local": "components.platforms.local.platform:LocalPlatform",
     "gke": "components.platforms.gke.run.platform:GkePlatform",
 }
 PLATFORMS = tuple(REGISTRY)

@@ -894,7 +894,7 @@ class KubeEmulator:
             "PYTHONUNBUFFERED": "1",
             # The emulated nodes have no chips: as on the local platform's hosts (components/platforms/local/
             # cluster.py), torch does not autoload the torch image's torch_tpu into every process that imports it
-            # (seconds each); trainers.fsdp.detect_backend imports torch_tpu itself where chips exist.
+            # (seconds each); trainers.devices.detect_backend imports torch_tpu itself where chips exist.
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
             # A pod's disk is its own; the emulated pods share this machine's, which other work may have filled past
             # Ray's 95% rule: turned off as on the local hosts (components/platforms/local/cluster.py).

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from trainers import fsdp
+from trainers import checkpoints
 
 root = Path(sys.argv[1])
 model = torch.nn.Linear(3, 2)
@@ -31,11 +31,11 @@ good = root / "good"
 good.mkdir()
 save_file(get_model_state_dict(model, options=options), str(good / "model.safetensors"))
 torch.save(get_optimizer_state_dict(model, optimizer, options=options), good / "optimizer.pt")
-(good / fsdp.CHECKPOINT_META).write_text(json.dumps({"epoch": 0, "global_step": 1}))
+(good / checkpoints.CHECKPOINT_META).write_text(json.dumps({"epoch": 0, "global_step": 1}))
 
 fresh = torch.nn.Linear(3, 2)
 fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
-meta = fsdp.load_checkpoint(fresh, fresh_optimizer, good)
+meta = checkpoints.load_checkpoint(fresh, fresh_optimizer, good)
 steps = [float(s["step"]) for s in fresh_optimizer.state_dict()["state"].values()]
 same = bool(torch.equal(fresh.weight, model.weight))
 
@@ -47,13 +47,13 @@ class Planted:
 
 bad = root / "bad"
 bad.mkdir()
-for name in ("model.safetensors", fsdp.CHECKPOINT_META):
+for name in ("model.safetensors", checkpoints.CHECKPOINT_META):
     (bad / name).write_bytes((good / name).read_bytes())
 torch.save({"state": {}, "param_groups": [], "planted": Planted()}, bad / "optimizer.pt")
 try:
-    fsdp.load_checkpoint(fresh, fresh_optimizer, bad)
+    checkpoints.load_checkpoint(fresh, fresh_optimizer, bad)
     refused = None
-except fsdp.UnsafeCheckpoint as e:
+except checkpoints.UnsafeCheckpoint as e:
     refused = str(e)
 print("FACTS " + json.dumps({"meta": meta, "steps": steps, "same": same, "refused": refused,
                              "ran": (root / "code-ran").exists()}))

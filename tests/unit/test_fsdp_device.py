@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from trainers import fsdp, mesh
+from trainers import devices, mesh
 
 TRAINER = r"""
 import json, os, shutil, sys
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainers import fsdp, mesh
+from trainers import checkpoints, fsdp, mesh
 from trainers.model import build_model, load_tokenizer
 
 ROOT = Path(sys.argv[1])
@@ -54,16 +54,16 @@ def restore(rank, world, port, out):
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in trained.state_dict().items() if "lm_head" not in k},
                   str(saved / "model.safetensors"))
-        (saved / fsdp.CHECKPOINT_META).write_text(json.dumps({"epoch": 0}))
+        (saved / checkpoints.CHECKPOINT_META).write_text(json.dumps({"epoch": 0}))
         mine = saved
     dist.barrier()
     if rank == 1:  # only the small meta file: a read of the weights here would fail
         mine = ROOT / "rank1"
         mine.mkdir()
-        shutil.copy(saved / fsdp.CHECKPOINT_META, mine)
+        shutil.copy(saved / checkpoints.CHECKPOINT_META, mine)
     model = mesh.parallelize(build_model(SCRATCH, tokenizer, 0), init_device_mesh("cpu", (world,)), None)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    fsdp.load_checkpoint(model, optimizer, mine)
+    checkpoints.load_checkpoint(model, optimizer, mine)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     got = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # gathered on every rank
     want = trained.state_dict()
@@ -99,13 +99,13 @@ def _dev(tmp_path, *names: str) -> str:
 
 
 def test_chips_are_counted_from_accel_and_vfio_device_files(tmp_path):
-    assert fsdp.tpu_chips_on_host(_dev(tmp_path)) == 0
-    assert fsdp.tpu_chips_on_host(_dev(tmp_path, "accel0", "accel1", "vfio/0", "vfio/1", "vfio/vfio")) == 4
+    assert devices.tpu_chips_on_host(_dev(tmp_path)) == 0
+    assert devices.tpu_chips_on_host(_dev(tmp_path, "accel0", "accel1", "vfio/0", "vfio/1", "vfio/vfio")) == 4
 
 
 def test_chips_without_torch_tpu_are_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="4 TPU chips but the trainer image has no torch_tpu"):
-        fsdp.detect_backend(_dev(tmp_path, "vfio/0", "vfio/1", "vfio/2", "vfio/3"))
+        devices.detect_backend(_dev(tmp_path, "vfio/0", "vfio/1", "vfio/2", "vfio/3"))
 
 
 def test_a_host_without_chips_or_a_gpu_device_file_is_cpu_gloo_found_without_importing_torch(tmp_path):
@@ -116,7 +116,7 @@ def test_a_host_without_chips_or_a_gpu_device_file_is_cpu_gloo_found_without_imp
 
     from tests.helpers import REPO
 
-    code = "import sys; from trainers.fsdp import detect_backend as d; print(d(sys.argv[1]), 'torch' in sys.modules)"
+    code = "import sys; from trainers.devices import detect_backend as d; print(d(sys.argv[1]), 'torch' in sys.modules)"
     dev = _dev(tmp_path, "null")
     proc = subprocess.run([sys.executable, "-c", code, dev], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -136,9 +136,9 @@ def test_tpu_keeps_float32_master_weights_and_computes_in_bfloat16_unless_train_
 
 
 def test_a_tpu_slice_without_chips_hides_them_from_the_workers():
-    assert fsdp.worker_runtime_env(True, "cpu") == {"env_vars": {"TPU_VISIBLE_CHIPS": ""}}
-    assert fsdp.worker_runtime_env(True, "tpu") == {}
-    assert fsdp.worker_runtime_env(False, "cpu") == {}
+    assert devices.worker_runtime_env(True, "cpu") == {"env_vars": {"TPU_VISIBLE_CHIPS": ""}}
+    assert devices.worker_runtime_env(True, "tpu") == {}
+    assert devices.worker_runtime_env(False, "cpu") == {}
 
 
 @pytest.mark.e2e  # runs in the torch trainer environment, which `make test` builds while the fast tiers run
@@ -152,7 +152,7 @@ def test_torch_tpu_importable_without_chips_takes_the_gloo_path(tmp_path):
 
     code = (
         "import importlib.metadata, sys, torch, torch.distributed as dist, torch_tpu\n"
-        "from trainers.fsdp import detect_backend\n"
+        "from trainers.devices import detect_backend\n"
         "device, backend = detect_backend(sys.argv[1])\n"
         "dist.init_process_group(backend, init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
         "t = torch.ones(1, device=device); dist.all_reduce(t); dist.destroy_process_group()\n"

@@ -2,8 +2,8 @@ import socket
 
 import pytest
 
-from components.platforms.local import envs
-from components.platforms.local.cluster import LocalPlatform
+from components.platforms.local import cluster, envs
+from components.platforms.local.platform import LocalPlatform
 from components.platforms.local.ports import allocate_ports, port_is_free, port_range
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
@@ -67,14 +67,14 @@ def test_image_digest_is_per_image_and_stable():
 
 
 def test_a_disk_with_less_free_space_than_a_run_needs_is_a_clear_error(tmp_path):
-    LocalPlatform.check_disk(tmp_path, min_free=1)  # a byte is free: passes, however full the disk is in percent
+    cluster.check_disk(tmp_path, min_free=1)  # a byte is free: passes, however full the disk is in percent
     with pytest.raises(RuntimeError, match=r"has .* GiB free; a local run needs at least .* GiB there"):
-        LocalPlatform.check_disk(tmp_path, min_free=1 << 60)
+        cluster.check_disk(tmp_path, min_free=1 << 60)
 
 
 def test_the_hosts_turn_off_rays_disk_fraction_rule():
     # A shared disk 99% used can still hold many GiB; the free-space check above is the rule instead.
-    env = LocalPlatform.host_environment("r", "127.0.0.1:1", envs.Env("torch", "d", "/e", True), "/t")
+    env = cluster.host_environment("r", "127.0.0.1:1", envs.Env("torch", "d", "/e", True), "/t")
     assert env["RAY_local_fs_capacity_threshold"] == "1"
 
 
@@ -106,7 +106,7 @@ def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
     from components.workload import resolve
 
     image = envs.Env(image="torch", digest="0", path=str(tmp_path / "env"), reused=True)
-    host = LocalPlatform.host_environment("run-a", "127.0.0.1:12345", image, "/tmp/tp-x/auth_token")
+    host = cluster.host_environment("run-a", "127.0.0.1:12345", image, "/tmp/tp-x/auth_token")
     assert host["RAY_ADDRESS"] == "127.0.0.1:12345" and host[RUN_MARKER] == "run-a"
     assert host["RAY_AUTH_MODE"] == "token" and host["RAY_AUTH_TOKEN_PATH"] == "/tmp/tp-x/auth_token"
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="run-a", store=LocalStore(tmp_path / "run-a"), platform="local")
@@ -132,7 +132,7 @@ def test_the_ray_temp_dir_is_private_and_unpredictable(tmp_path):
 
     ctx = RunContext(spec=resolve("smoke"), run_id="same", store=LocalStore(tmp_path / "same"), platform="local")
     env = envs.env_for("torch")
-    first, second = (LocalPlatform._new_ledger(ctx, env)["temp_dir"] for _ in range(2))
+    first, second = (cluster.new_ledger(ctx, env)["temp_dir"] for _ in range(2))
     try:
         assert first != second and "same" not in first
         for made in (first, second):

@@ -29,6 +29,17 @@ def test_every_platform_implements_the_interface_itself(name):
     assert own == (members if name == "gke" else members - {"dry_run", "limits"})
 
 
+def test_a_platform_that_lacks_a_method_of_the_interface_cannot_be_made():
+    """Platform is an abstract base class: a method every platform must have and one lacks fails at once, when the
+    platform is made, not when a stage first calls it."""
+
+    class NoTeardown(type(get_platform("local"))):
+        teardown = Platform.teardown
+
+    with pytest.raises(TypeError, match="abstract method 'teardown'"):
+        NoTeardown()
+
+
 def test_a_platform_without_a_dry_run_says_so_naming_itself(tmp_path):
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
     with pytest.raises(SpecError) as exc:

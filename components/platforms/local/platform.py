@@ -1,0 +1,170 @@
+"""The local platform: :class:`LocalPlatform`, the ``Platform`` interface (``components.platforms``) over a real
+multi-node Ray cluster of processes on this machine (``cluster``).
+
+Provision checks the spec and the disk, builds or reuses the trainer image's environment (``envs``) and starts the
+cluster, or re-attaches to the run's running one; deploy_raycluster waits until the head and every host are alive;
+the jobs reach the head's dashboard with the run's Ray token (``auth``); checkpoints and the registry stay on this
+machine; teardown stops exactly what the run's ledger and marker name. ``components.platforms.get_platform("local")``
+makes one.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components.platforms import Platform, RunContext, procs
+from components.platforms import ledger as ledgers
+from components.platforms.local import auth, cluster, envs
+from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
+from components.platforms.waiting import wait_for
+from components.spec import InfraError, SpecError, ready_limits
+from components.workload.derive import trainer_image
+
+
+class LocalPlatform(Platform):
+    name = "local"
+
+    def __init__(self, log=print):
+        self.log = log
+
+    def check_access(self, ctx: RunContext) -> None:
+        """Nothing to find: the local platform keeps its runs on this machine and calls no cloud."""
+
+    def check(self, ctx: RunContext) -> None:
+        if ctx.spec.cluster.accelerator != "cpu":
+            raise SpecError(
+                "cluster.accelerator",
+                f"the local platform emulates CPU hosts; preset {ctx.spec.name!r} asks for "
+                f"{ctx.spec.cluster.accelerator!r}: run it with platform=gke, or set cluster.accelerator=cpu",
+                ["cpu"],
+            )
+        if ctx.store.local() is None:
+            raise SpecError(
+                "output_root",
+                f"the local platform keeps its runs on this machine, not in {ctx.store.uri}",
+                ["a local directory (default ./runs)"],
+            )
+        model_id = ctx.spec.train.model_id
+        if model_id.startswith(("/", "./", "../", "~")) and not Path(model_id).expanduser().is_dir():
+            # Local hosts share this machine's files, so a model directory must be here (on GKE it is a path the
+            # pods see, such as the bucket under /data).
+            raise SpecError(
+                "train.model_id",
+                f"directory not found: {model_id}",
+                ["a hub name", "a local directory (config, weights, tokenizer)", "scratch:<config>"],
+            )
+
+    # -- provision: start the head and the worker raylets
+    def provision(self, ctx: RunContext) -> dict[str, Any]:
+        self.check(ctx)
+        ledger = ledgers.load(ctx.store)
+        if (
+            ledger
+            and ledger["processes"]
+            and procs.alive(ledger["processes"][0]["pid"])
+            and not ledger.get("processes_stopped")
+            and not ledger.get("teardown_started")
+        ):
+            self.log(f"re-attaching to the running cluster of {ctx.run_id} ({ledger['dashboard_url']})")
+            return cluster.describe(ledger)
+        if ledger:  # a previous attempt died half-way: clear what it left before starting again
+            cluster.stop(ctx, ledger, self.log)
+        cluster.check_disk(Path(tempfile.gettempdir()))
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
+        ledger = cluster.new_ledger(ctx, env)
+        ledgers.replace(ctx.store, ledger)
+        cluster.start(ctx, ledger, env, self.log)
+        return cluster.describe(ledger)
+
+    # -- build_image: the trainer image's environment, by content hash
+    def build_image(self, ctx: RunContext) -> dict[str, Any]:
+        env = envs.ensure_env(trainer_image(ctx.spec), log=self.log)
+        return {**env.to_dict(), "image": f"local/{env.image}@{env.digest}"}
+
+    # -- deploy_raycluster: wait until the head and every host are alive
+    def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = ledgers.load(ctx.store)
+        if not ledger:
+            raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        want = ledger["num_hosts"] + 1
+
+        def alive_nodes() -> int | None:
+            cluster.raise_if_dead(ledgers.load(ctx.store))
+            try:
+                alive = auth.alive_nodes(ledger["dashboard_url"], ledger["auth_token_path"])
+            except Exception:  # noqa: BLE001 - the dashboard is still starting
+                return None
+            return alive if alive >= want else None
+
+        started = time.monotonic()
+        seen = wait_for(
+            alive_nodes,
+            timeout_s=ready_limits(ctx.spec).deadline_s,
+            interval_s=1.0,
+            what=f"{want} Ray nodes (head + {want - 1} hosts) to be alive",
+            progress=lambda s: self.log(f"  waiting for {want} nodes ... {s:.0f}s") if int(s) % 10 == 0 else None,
+        )
+        self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
+        return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
+
+    def job_client(self, ctx: RunContext, deadline: float | None = None):
+        from ray.job_submission import JobSubmissionClient
+
+        ledger = ledgers.load(ctx.store)
+        if not ledger:
+            raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
+        return JobSubmissionClient(ledger["dashboard_url"], headers=auth.headers(ledger["auth_token_path"]))
+
+    def job_output_dir(self, ctx: RunContext) -> str:
+        return str(ctx.run_dir / "train")
+
+    def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
+        return path  # the jobs write on this machine
+
+    def checkpoint_path(self, ctx: RunContext, uri: str) -> str:
+        if "://" in uri:
+            raise SpecError(
+                "train.init_from",
+                f"the local platform reads checkpoints on this machine; {uri} is not "
+                "one (a model of the Vertex AI registry)",
+            )
+        if not Path(uri).is_dir():
+            raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
+        return uri
+
+    def registry_place(self, ctx: RunContext) -> dict[str, str]:
+        return {"output_root": str(ctx.run_dir.parent)}  # <output root>/registry, beside the runs
+
+    def hosts_lost(self, ctx: RunContext) -> int | None:
+        """The hosts the keeper replaced, as the ledger records them."""
+        ledger = ledgers.load(ctx.store) or {}
+        return sum(p.get("replacements", 0) for p in ledger.get("processes", []) if p["role"].startswith("host-"))
+
+    # -- teardown: stop exactly what this run started, free its ports, keep its outputs
+    def teardown(self, ctx: RunContext) -> dict[str, Any]:
+        ledger = ledgers.load(ctx.store)
+        if not ledger:
+            leftover = run_processes(ctx.run_id)
+            for pid in leftover:
+                procs.signal_process(pid, signal.SIGKILL)
+            return {
+                "stopped_groups": 0,
+                "strays": len(leftover),
+                "note": "no cluster was recorded",
+                "deleted": [f"process {pid}" for pid in leftover],
+            }
+        return cluster.stop(ctx, ledger, self.log)
+
+    def remaining(self, ctx: RunContext) -> list[str]:
+        """What of the run is still running, found from its ledger and its marker (read here, no call made)."""
+        ledger = ledgers.load(ctx.store) or {"processes": []}
+        live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
+        recorded = {p["pid"] for p in live}
+        others = [pid for pid in run_processes(ctx.run_id) if pid not in recorded]
+        return [f"{p['role']} (pid {p['pid']})" for p in live] + (
+            [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else []
+        )

@@ -1,0 +1,64 @@
+"""What a training worker computes on: the TPU chips a host exposes, the device type and process-group backend they
+make (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), the runtime env that hides a chipless TPU
+slice's chips from Ray Train's workers, and the driver's probe of what a worker-shaped task sees.
+
+The FSDP2 trainer (``trainers.fsdp``) and its evaluation (``trainers.evaluate``) pick their backend here, the slice
+check's probe (``trainers.slice_probe``) counts chips here, and ``bench/gpu_fsdp.py`` checks its device here. Imports
+torch only where the host has an NVIDIA device file, torch_tpu only where it has chips.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+
+def tpu_chips_on_host(dev: str = "/dev") -> int:
+    """TPU chips this host exposes, where libtpu finds them: ``/dev/accel<n>`` (v4, v5p) or ``/dev/vfio/<n>``
+    (v5e, v6e, TPU7x)."""
+    vfio = [n for n in glob.glob(os.path.join(dev, "vfio", "*")) if os.path.basename(n).isdigit()]
+    return len(glob.glob(os.path.join(dev, "accel[0-9]*"))) + len(vfio)
+
+
+def detect_backend(dev: str = "/dev") -> tuple[str, str]:
+    """(device type, process-group backend) from the chips this host has, not from what imports: torch_tpu imports on
+    a host without chips and then registers no ``tpu`` device and no ``tpu_dist`` backend, and the torch image has it
+    on every host. Chips without torch_tpu are a misbuilt image, an error; a TPU-shaped host without chips (an
+    emulated slice) computes on CPU with gloo, torch_tpu installed or not."""
+    chips = tpu_chips_on_host(dev)
+    if chips:
+        try:
+            import torch_tpu  # noqa: F401
+        except ImportError:
+            raise RuntimeError(
+                f"this host has {chips} TPU chips but the trainer image has no torch_tpu: build the torch image from "
+                "images/torch (torch-tpu and libtpu come from PyPI), or on a TorchTPU base image"
+            ) from None
+        return "tpu", "tpu_dist"
+    if not glob.glob(os.path.join(dev, "nvidia[0-9]*")):  # no NVIDIA GPU's device file: CPU, without importing torch
+        return "cpu", "gloo"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", "nccl"
+    return "cpu", "gloo"
+
+
+def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
+    """Ray Train's per-worker runtime env. On a TPU slice without chips (emulated hosts) the workers still hold the
+    slice's TPU resources, so Ray Train schedules and gang-reserves exactly as on TPU, but see no chip ids: an
+    empty ``TPU_VISIBLE_CHIPS`` makes Ray give them no accelerator ids, so its Torch backend sets them up for CPU
+    instead of looking for torch_tpu."""
+    if use_tpu and device_type == "cpu":
+        return {"env_vars": {"TPU_VISIBLE_CHIPS": ""}}
+    return {}
+
+
+def probe_backend(resources: dict[str, float]) -> tuple[str, str]:
+    """Ask a worker-shaped task what it sees: the head may have no accelerator."""
+    import ray
+
+    custom = {k: v for k, v in resources.items() if k != "CPU"}
+    task = ray.remote(detect_backend).options(num_cpus=resources.get("CPU", 0), resources=custom or None)
+    return ray.get(task.remote())
