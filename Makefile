@@ -87,9 +87,12 @@ goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of ea
 
 LINTED := components pipelines trainers tests bench
 
-lint: $(VENV)/.installed ## ruff check (pyproject.toml's rules) and ruff format --check: what CI runs first
+# mypy takes what it checks, and how strictly, from pyproject.toml's [tool.mypy]; run from .venv, it sees the packages
+# installed there.
+lint: $(VENV)/.installed ## ruff check (pyproject.toml's rules), ruff format --check, then mypy: what CI runs first
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
 
 format: $(VENV)/.installed ## format the tree (ruff format) and apply ruff's safe fixes
 	$(BIN)/ruff check --fix $(LINTED)

@@ -21,6 +21,9 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from components.platforms import RunContext, get_platform, interrupts, procs
 from components.platforms.store import read_json
@@ -64,7 +67,7 @@ class Interrupts:
         self.count = 0
         self.abandoned = False
         self._lock = threading.Lock()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
         self._streams = (sys.stdout, sys.stderr)
         self._logging = False
         self._redirect = threading.RLock()

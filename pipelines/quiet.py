@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from components.platforms import interrupts
@@ -52,8 +53,10 @@ POLL_S = 0.1
 class Shown:
     """Picks the lines to show from kfp.local's stream, one line at a time (its state: when each task started)."""
 
-    def __init__(self, clock=time.monotonic):
-        self.clock, self.started, self.said = clock, {}, set()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started: dict[str, float] = {}  # task -> when it started
+        self.said: set[str] = set()
         self.last: tuple[str, float] = ("", 0.0)  # the last task line shown, without its figures, and when
 
     def __call__(self, line: str) -> str | None:

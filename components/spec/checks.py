@@ -78,13 +78,13 @@ def _check_counts(spec: RunSpec) -> None:
             f"must be 0 (by the capacity type) or seconds, got {c.ready_timeout_s}",
             ["0", "a number of seconds > 0"],
         )
-    for key, value in {
+    for key, amount in {
         "train.timeout_s": t.timeout_s,
         "cluster.expected_hours": c.expected_hours,
         "cluster.slice_check_timeout_s": c.slice_check_timeout_s,
     }.items():
-        if not value > 0:
-            raise SpecError(key, f"must be positive, got {value}")
+        if not amount > 0:
+            raise SpecError(key, f"must be positive, got {amount}")
 
 
 def _check_training(spec: RunSpec) -> None:

@@ -4,7 +4,9 @@ Pure data, importable without torch. ``scratch:<name>`` in ``train.model_id`` se
 the model with ``<family>ForCausalLM(<family>TextConfig(**config))`` and a character tokenizer.
 """
 
-SCRATCH_CONFIGS: dict[str, dict] = {
+from typing import Any
+
+SCRATCH_CONFIGS: dict[str, dict[str, Any]] = {
     # A ~0.4M-parameter member of the Gemma 4 family: sliding + full attention layers, per-layer inputs.
     "gemma4-tiny": {
         "family": "gemma4",

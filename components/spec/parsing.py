@@ -46,7 +46,8 @@ def _optional(typ: Any) -> type | None:
     """``X`` of a field typed ``X | None`` (a limit that may be unset), else None."""
     args = typing.get_args(typ)
     if len(args) == 2 and type(None) in args:
-        return next(a for a in args if a is not type(None))
+        inner: type = next(a for a in args if a is not type(None))
+        return inner
     return None
 
 
@@ -121,7 +122,7 @@ def parse_overrides(text: str | typing.Iterable[str]) -> dict[str, str]:
 
 def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Layer dotted-key overrides onto a nested spec dict (a copy)."""
-    merged = json.loads(json.dumps(base))
+    merged: dict[str, Any] = json.loads(json.dumps(base))
     for key, value in overrides.items():
         key = _canonical_key(key)
         if "." in key:

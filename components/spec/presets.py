@@ -3,6 +3,8 @@ tutorials (docs/tutorials.md): the llama3-* presets "Train an LLM such as Llama 
 Train and multislice Trillium TPUs" (the MaxText tutorial, below), the gemma4-* presets "Fine-tune models on
 multi-host TPUs with Ray and TorchTPU" (the TorchTPU tutorial)."""
 
+from typing import Any
+
 _GEMMA4_E2B_TRAIN = {
     # The TorchTPU tutorial's fine-tune: google/gemma-4-E2B-it on databricks-dolly-15k, FSDP2, AdamW 2e-5, 3 epochs.
     "workload": "fsdp",
@@ -59,7 +61,7 @@ TINY_FSDP = {
     "weight_decay": 0.01,
 }
 
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     # The default of `make run`: the FSDP2 fine-tune on 2 emulated CPU hosts, a tiny Gemma 4 from a config
     # and the generated instruction dataset. A few minutes on 2 cores.
     "local-fsdp": {

@@ -144,12 +144,15 @@ class Watch:
         at, name = due[0]
         now, lim = max(now, at), self.limits
         if name == "budget":
+            # stops() counts the budget only with its price and provision's end known
+            assert lim.max_cost_usd is not None and lim.usd_per_hour is not None and self.billing_since is not None
             billed_h = hours(self.billing_since, now)
             return (
                 f"stopped: budget: {usd(spent(lim.usd_per_hour, self.billing_since, now))} spent of the "
                 f"{usd(lim.max_cost_usd)} budget ({lim.max_cost_by}): {billed_h:.3g} h since provision ended at "
                 f"{usd(lim.usd_per_hour)}/h (list prices)"
             )
+        assert self.started is not None  # stops() counts the deadline only from a known start
         return (
             f"stopped: deadline: {hours(self.started, now):.3g} h elapsed of the {lim.deadline_h:g} h deadline "
             f"({lim.deadline_by}) since the run's first stage started"

@@ -34,7 +34,7 @@ MIN_GKE_VERSION_FOR_DRANET = {"standard": "1.34.1-gke.1829001", "autopilot": "1.
 # as components.stages submits them. TorchTPU workloads (fsdp) run one Ray Train worker per TPU device and keep
 # the head free of work (num-cpus 0); JAX workloads (maxtext) run one worker per host.
 WORKLOAD_IMAGES = {"fsdp": "torch", "maxtext": "maxtext"}
-WORKLOAD_ENTRYPOINTS = {  # workload -> mode -> python -m arguments
+WORKLOAD_ENTRYPOINTS: dict[str, dict[str, tuple[str, ...]]] = {  # workload -> mode -> python -m arguments
     "fsdp": {"check": ("trainers.slice_check", "torch"), "train": ("trainers.fsdp",), "eval": ("trainers.evaluate",)},
     "maxtext": {
         "check": ("trainers.slice_check", "jax"),

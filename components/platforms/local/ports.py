@@ -58,7 +58,8 @@ def _free_block(size: int, taken: set[int], rng: random.Random) -> int:
 
 def allocate_ports(num_workers: int, seed: int | None = None) -> list[dict[str, int]]:
     """Ports for the head (index 0) and each worker node: its own ports and its own worker-process range."""
-    rng, taken = random.Random(seed), set()
+    rng = random.Random(seed)
+    taken: set[int] = set()
     nodes = []
     for index in range(num_workers + 1):
         names = (HEAD_PORTS if index == 0 else ()) + NODE_PORTS
