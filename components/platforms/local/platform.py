@@ -93,7 +93,7 @@ class LocalPlatform(Platform):
         want = ledger["num_hosts"] + 1
 
         def alive_nodes() -> int | None:
-            cluster.raise_if_dead(ledgers.load(ctx.store))
+            cluster.raise_if_dead(ledgers.load(ctx.store) or ledger)
             try:
                 alive = auth.alive_nodes(ledger["dashboard_url"], ledger["auth_token_path"])
             except Exception:  # noqa: BLE001 - the dashboard is still starting
