@@ -5,7 +5,7 @@
 - ``trainers`` import from ``components`` only ``spec`` and ``tpu``;
 - ``components.workload`` imports only ``spec`` and ``tpu``;
 - no platform imports another (``components.platforms.local`` and ``components.platforms.gke``);
-- ``components.registry`` imports only ``spec`` and ``platforms.credentials``;
+- ``components.registry`` and ``components.data`` import only ``spec`` and ``platforms.credentials``;
 - inside ``components.platforms.gke``, imports point down its layers only: ``run`` -> ``checks`` -> ``cloud`` ->
   ``plan`` (a module of ``plan`` makes no call and imports no other layer; ``cloud`` imports ``plan`` alone).
 """
@@ -117,6 +117,11 @@ RULES = [  # (who, may import from the project only these, why)
         "components.registry",
         ("components.registry", "components.spec", "components.platforms.credentials"),
         "the registry builds on spec and the Google credentials only",
+    ),
+    (
+        "components.data",
+        ("components.data", "components.spec", "components.platforms.credentials"),
+        "the data builds on spec and the Google credentials only",
     ),
 ]
 
