@@ -1,4 +1,7 @@
-"""The nine KFP components: thin shells that hand their arguments to ``components.stages.component.run_component``.
+"""One KFP component per stage of ``components.stages.table``, named as it and in its order: thin shells that hand
+their arguments to ``components.stages.component.run_component``. They are written out because KFP reads each one's
+signature for its inputs and outputs and copies its source into the compiled pipeline as the program its task runs;
+``tests/unit/test_stage_table.py`` checks that each takes what its stage's record says.
 
 Every component gets the same few parameters and derives everything else (spec, run id, resource names, the run's
 store) from them. Results travel as JSON strings between stages; what a person looks at comes out as typed

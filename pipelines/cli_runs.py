@@ -9,9 +9,9 @@ import time
 
 from components.platforms.store import RunStore, open_store, read_json
 from components.spec import SpecError
-from components.stages import STAGES
+from components.stages.table import STAGES, TABLE
 
-JOB_STAGES = ("check_slice", "train", "evaluate")  # the stages that run a Ray job, its log in logs/<stage>.log
+JOB_STAGES = tuple(stage.name for stage in TABLE if stage.job)  # each runs a Ray job, its log logs/<stage>.log
 FOLLOW_S = 2.0  # how often --follow reads the log again (a gke run saves it to Cloud Storage every 15 s)
 TAIL_LINES = 20
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform, interrupts, procs
 from components.platforms.store import read_json
-from components.stages import STAGES
+from components.stages.table import STAGES
 
 EXECUTOR = "kfp.dsl.executor_main"  # the module a stage process runs (`python -m`)
 

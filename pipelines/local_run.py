@@ -105,11 +105,11 @@ def run(
 def _dry_run(ctx) -> int:
     """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
     from components.platforms import get_platform
-    from components.stages import runner
+    from components.stages import ray_stages
 
     lines = get_platform(ctx.platform).dry_run(  # a platform without one raises SpecError: exit 2
         ctx,
-        lambda mode: runner.entrypoint(
+        lambda mode: ray_stages.entrypoint(
             ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""
         ),
     )

@@ -1,9 +1,11 @@
 """The tpupipe pipeline: provision and build image side by side -> deploy RayCluster -> check the slice -> train ->
 evaluate -> register, then promote when the gate says the new model beats the champion, inside an exit handler whose
-task, teardown, runs whatever happens to them; and its compilation for Vertex AI Pipelines."""
+task, teardown, runs whatever happens to them, wired from the stages' records (``components.stages.table``); and its
+compilation for Vertex AI Pipelines."""
 
 import subprocess
 import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,13 +13,48 @@ from kfp import compiler, dsl
 
 from components import definitions as c
 from components.spec import names
-from components.stages import RESUMES, STAGES
+from components.stages.table import RESULT, TABLE, Stage
 
 PIPELINE_NAME = "tpupipe"
 # A stage that resumes is retried once, 30 s after a failed attempt: a lost machine's task runs again, and a stage
 # that fails for good fails the run one attempt later (each attempt of a failing provision creates and deletes).
 RETRY = dict(num_retries=1, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s")
 PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
+
+
+def wire(common: dict, params: dict) -> None:
+    """The stages' tasks as their records say (``components.stages.table``): the exit task first, then the others in
+    order inside its exit handler, each taking the outputs it names and waiting for the stages it names, a gating
+    stage's ``dsl.If`` around every stage after it; no task cached, every stage that resumes retried."""
+    (exit_stage,) = [stage for stage in TABLE if stage.exit]
+    tasks = {exit_stage.name: _task(exit_stage, common, params, {})}
+    with dsl.ExitHandler(tasks[exit_stage.name], name="run"), ExitStack() as gates:
+        for stage in TABLE:
+            if stage.exit:
+                continue
+            tasks[stage.name] = task = _task(stage, common, params, tasks)
+            if stage.gates:
+                # The condition reads the stage's single output: kfp.local resolves a condition's task output only
+                # when it is a component's "Output" (a named output reads as a parent input there, and the branch
+                # never runs).
+                gates.enter_context(dsl.If(task.outputs[RESULT] == stage.gates.value, name=stage.gates.name))
+    for stage in TABLE:
+        tasks[stage.name].set_caching_options(False)
+        # A task whose attempt failed (its machine lost mid-way) runs again when its spec asks, after the backoff
+        # (https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries): every stage that resumes safely asks.
+        if stage.resumes:
+            tasks[stage.name].set_retry(**RETRY)
+
+
+def _task(stage: Stage, common: dict, params: dict, tasks: dict) -> dsl.PipelineTask:
+    """The stage's task: its component (``components.definitions``, named as the stage) given the common parameters,
+    the pipeline parameters it takes, and the outputs of earlier tasks it names; after the stages it waits for."""
+    arguments = {
+        **common,
+        **{name: params[name] for name in stage.params},
+        **{arg: tasks[source.stage].outputs[source.output] for arg, source in stage.inputs.items()},
+    }
+    return getattr(c, stage.name)(**arguments).after(*(tasks[name] for name in stage.after))
 
 
 @dsl.pipeline(
@@ -61,34 +98,7 @@ def tpupipe_pipeline(
         project=project,
         bucket=bucket,
     )
-    cleanup = c.teardown(**common).set_display_name("teardown")
-    with dsl.ExitHandler(cleanup, name="run"):
-        # build_image depends on nothing of provision: the image builds while the slices come up (Cloud Build may
-        # take up to an hour, and every chip bills from its node pool's creation). deploy needs both.
-        cluster = c.provision(**common)
-        image = c.build_image(**common)
-        ray = c.deploy_raycluster(**common, image=image.output).after(cluster)
-        checked = c.check_slice(**common, raycluster=ray.outputs["Output"])
-        trained = c.train(**common, raycluster=ray.outputs["Output"]).after(checked)
-        evaluated = c.evaluate(**common, source_version=source_version, train_result=trained.outputs["Output"])
-        registered = c.register(
-            **common,
-            source_version=source_version,
-            eval_result=evaluated.outputs["Output"],
-            model=evaluated.outputs["model"],
-        )
-        # The condition reads register's single output: kfp.local resolves a condition's task output only when it
-        # is a component's "Output" (a named output reads as a parent input there, and the branch never runs).
-        with dsl.If(registered.outputs["Output"] == "promote", name="gate-promotes"):
-            promoted = c.promote(**common, decision=registered.outputs["Output"])
-    for task in (cleanup, cluster, image, ray, checked, trained, evaluated, registered, promoted):
-        task.set_caching_options(False)
-    # A task whose attempt failed (its machine lost mid-way) runs again when its spec asks, after the backoff
-    # (https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries): every stage that resumes safely asks.
-    tasks = (cluster, image, ray, checked, trained, evaluated, registered, promoted, cleanup)
-    for stage, task in zip(STAGES, tasks, strict=True):
-        if RESUMES[stage]:
-            task.set_retry(**RETRY)
+    wire(common, {"source_version": source_version})
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,16 @@
   provenance);
 - register: ``Metrics`` (the new version's and the champion's held-out loss, the relative improvement, the threshold,
   whether the gate promotes), a ``Markdown`` table of the decision, both figures and the version's provenance, and
-  the version registered as a ``google.VertexModel`` (``components.definitions.VertexModel``: metadata
+  the version registered as a ``google.VertexModel`` (``components.artifact_types.VertexModel``: metadata
   ``resourceName`` the version's resource name, uri its REST URL, as google-cloud-pipeline-components' type of that
   name has them; on a registry outside Vertex AI, no ``resourceName`` and the checkpoint's uri);
 - teardown: ``Markdown`` of what it deleted; the run's goodput ledger as ``Metrics`` (goodput, billed chip-seconds,
   cost, each category's chip-seconds) and its timeline as ``HTML`` (``components.stages.timeline``).
 
 Each function takes the artifact objects KFP hands the component (``metadata`` and ``path``/``uri``) and the run's
-store; nothing here imports kfp.
+store; nothing here imports kfp. The stage's record in ``components.stages.table`` names what its component writes
+(``for_train``, ...): a function of the run's context and the component's arguments, its artifacts under the names
+its definition gives them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.platforms import RunContext
 from components.platforms.store import RunStore, read_json
-from components.stages import report, timeline
+from components.stages import timeline
+from components.stages.loss_curve import loss_html, loss_png
 
 
 def _record(store: RunStore, stage: str) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
     }
     if losses:
         with open(loss_curve.path, "w") as out:
-            out.write(report.loss_html(summary, report.loss_png(summary)))
+            out.write(loss_html(summary, loss_png(summary)))
 
 
 def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
@@ -192,6 +196,26 @@ def teardown(store: RunStore, deleted_md) -> None:
         lines += ["", f"Error: {rec['error']}"]
     with open(deleted_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------- what each stage's component writes
+
+
+def for_train(ctx: RunContext, args: dict[str, Any]) -> None:
+    train(ctx.store, ctx.spec.to_dict(), args["metrics"], args["loss_curve"])
+
+
+def for_evaluate(ctx: RunContext, args: dict[str, Any]) -> None:
+    evaluate(ctx.store, ctx.spec.to_dict(), args["metrics"], args["summary"], args["model"], args["source_version"])
+
+
+def for_register(ctx: RunContext, args: dict[str, Any]) -> None:
+    register(ctx.store, args["metrics"], args["gate"], args["registered"])
+
+
+def for_teardown(ctx: RunContext, args: dict[str, Any]) -> None:
+    teardown(ctx.store, args["deleted"])
+    run_ledger(ctx.store, args["goodput"], args["timeline"])
 
 
 def _num(value: float | None) -> str:

@@ -24,7 +24,10 @@ POLL_S = 1.0
 LOG_SAVE_S = 15.0
 TAIL_LINES = 25
 STOP_WAIT_S = 20.0  # an interrupt stops the job, then waits this long for Ray to say it ended
-FIRST_STAGES = ("provision", "build_image")  # the pipeline's first tasks, side by side (pipelines/pipeline.py)
+# The pipeline's first tasks, side by side: the stages of components.stages.table that wait for none. Checked
+# against the table by tests/unit/test_stage_table.py: the stages' functions import this module, so it cannot
+# import the table.
+FIRST_STAGES = ("provision", "build_image")
 
 
 class JobFailed(InfraError):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
 
 from components.platforms import RunContext, get_platform, interrupts
 from components.platforms.store import read_json, write_text
-from components.stages import STAGES, goodput, timeline
 from components.stages import gate as gate_rules
+from components.stages import goodput, timeline
+from components.stages.loss_curve import loss_html, loss_png, metric_columns, number
+from components.stages.ray_stages import bandwidth_line
+from components.stages.table import STAGES
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
@@ -143,16 +145,6 @@ def slice_check(result: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     return {k: result[k] for k in SLICE_CHECK_FIGURES if k in result}
 
 
-def bandwidth_line(check: dict[str, Any]) -> str:
-    """The slice check's timed all-reduce and its floor, in words."""
-    figure = check.get("gbytes_per_s")
-    measured = "one rank, no link to time" if figure is None else f"{figure:.3g} GB/s on the slowest rank"
-    size = f"all-reduce of {check['bandwidth_bytes'] // 2**20} MiB: {measured}"
-    if check.get("floor_gbytes_per_s") is None:
-        return f"{size}, held to no floor ({check.get('floor_source') or 'none known'})"
-    return f"{size}, floor {check['floor_gbytes_per_s']:.3g} GB/s ({check['floor_source']})"
-
-
 def before_training(ctx: RunContext, provision: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
     """The TPU chips billed before the first training step: from provision's end (the TPU node pools exist) to the
     trainer's first step, chips x minutes (at most: flex-start and Autopilot nodes bill only once they come). None
@@ -200,102 +192,12 @@ def write(ctx: RunContext) -> dict[str, Any]:
     return summary
 
 
-def loss_png(summary: dict[str, Any]) -> bytes:
-    """The loss curve (PNG): training loss per epoch or step, and the held-out losses when known."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [s for s in summary.get("steps") or [] if s.get("loss") is not None]
-    unit = "step" if steps else _unit(summary["history"])
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    if steps:  # one point per step; where a worker group took over after a restart, a line
-        xs = [s["step"] for s in steps]
-        ax.plot(xs, [s["loss"] for s in steps], marker="o" if len(xs) < 30 else None, label="train loss")
-        for n, s in enumerate(r for r, prev in zip(steps[1:], steps, strict=False) if r["group"] != prev["group"]):
-            ax.axvline(s["step"] - 0.5, color="red", linestyle="-.", label="restart" if n == 0 else None)
-    else:
-        xs = [row[unit] for row in summary["history"]]
-        label = "train loss (epoch mean)" if unit == "epoch" else "train loss"
-        ax.plot(xs, summary["train_losses"], marker="o" if len(xs) < 30 else None, label=label)
-    for key, style, text in (
-        ("eval_loss_before", ":", "held-out, untrained"),
-        ("eval_loss_after", "--", "held-out, trained"),
-    ):
-        if summary.get(key) is not None:
-            ax.axhline(summary[key], linestyle=style, color="gray" if "before" in key else "green", label=text)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel(unit)
-    ax.set_ylabel("loss")
-    if unit == "epoch":
-        ax.set_xticks(xs)
-    ax.set_title(f"{summary['preset']} — {summary['run_id']}")
-    ax.legend()
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    return out.getvalue()
-
-
-def loss_html(summary: dict[str, Any], png: bytes) -> str:
-    """One self-contained page (the PNG inline): what the Vertex UI shows for the HTML artifact."""
-    import base64
-
-    columns = _columns(summary["history"])
-    head = "".join(f"<th>{html.escape(title)}</th>" for title, _key, _fmt in columns)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{fmt.format(row.get(key, 0))}</td>" for _t, key, fmt in columns) + "</tr>"
-        for row in summary["history"]
-    )
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>tpupipe "
-        f"{html.escape(summary['run_id'])}</title></head><body>"
-        f"<h1>{html.escape(summary['preset'])} — {html.escape(summary['run_id'])}</h1>"
-        f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' alt='loss curve'>"
-        f"<table border='1'><tr>{head}</tr>{rows}</table>"
-        f"<p>{'eval loss (not held out)' if summary.get('eval_not_held_out') else 'held-out loss'}: "
-        f"{_fmt(summary.get('eval_loss_before'))} untrained, {_fmt(summary.get('eval_loss_after'))} trained</p>"
-        "</body></html>"
-    )
-
-
-def _unit(history: list[dict]) -> str:
-    return "epoch" if history and "epoch" in history[0] else "step"
-
-
-def _columns(history: list[dict]) -> list[tuple[str, str, str]]:
-    """(title, key, format) of the metric table: per epoch for FSDP, per step (MaxText's figures) for MaxText."""
-    if _unit(history) == "epoch":
-        return [
-            ("epoch", "epoch", "{}"),
-            ("loss", "loss", "{:.4f}"),
-            ("seconds", "epoch_s", "{:.1f}"),
-            ("tokens/s", "tokens_per_s", "{:.0f}"),
-        ]
-    return [
-        ("step", "step", "{}"),
-        ("loss", "loss", "{:.4f}"),
-        ("seconds", "step_s", "{:.3f}"),
-        ("tokens/s", "tokens_per_s", "{:.0f}"),
-        ("tok/s/dev", "tokens_per_s_per_device", "{:.1f}"),
-        ("TFLOP/s/dev", "tflops_per_s_per_device", "{:.4f}"),
-    ]
-
-
 def _shown(history: list[dict], most: int = 12) -> list[dict]:
     """Every row when few, else evenly spaced rows and the last."""
     if len(history) <= most:
         return history
     stride = -(-len(history) // most)
     return history[::stride] + ([history[-1]] if (len(history) - 1) % stride else [])
-
-
-def _fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def gate_lines(summary: dict[str, Any]) -> list[str]:
@@ -339,7 +241,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for s in failed:
         lines.append(f"\n  {s['name']} failed: {s['error']}")
     if summary["history"]:
-        columns = _columns(summary["history"])
+        columns = metric_columns(summary["history"])
         lines += ["", "  " + " ".join(f"{title:>11}" for title, _key, _fmt in columns)]
         for row in _shown(summary["history"]):
             lines.append("  " + " ".join(f"{fmt.format(row.get(key, 0)):>11}" for _t, key, fmt in columns))
@@ -349,11 +251,11 @@ def format_table(summary: dict[str, Any]) -> str:
         what = "eval" if summary.get("eval_not_held_out") else "held-out"
         lines += [
             "",
-            f"  {what + ' loss':<20} {before} {_fmt(summary['eval_loss_before'])}   "
-            f"trained {_fmt(summary['eval_loss_after'])}"
-            + (f"   champion {_fmt(champion)}" if champion is not None else ""),
-            f"  {what + ' perplexity':<20} {before} {_fmt(summary['perplexity_before'], 2)}   "
-            f"trained {_fmt(summary['perplexity_after'], 2)}",
+            f"  {what + ' loss':<20} {before} {number(summary['eval_loss_before'])}   "
+            f"trained {number(summary['eval_loss_after'])}"
+            + (f"   champion {number(champion)}" if champion is not None else ""),
+            f"  {what + ' perplexity':<20} {before} {number(summary['perplexity_before'], 2)}   "
+            f"trained {number(summary['perplexity_after'], 2)}",
         ]
         if summary.get("eval_not_held_out"):
             lines.append(f"  not held out: {summary['eval_not_held_out']}")

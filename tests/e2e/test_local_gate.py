@@ -20,7 +20,7 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
-from components.stages import STAGES
+from components.stages.table import STAGES
 from tests.helpers import (
     REPO,
     assert_goodput_accounts,

@@ -324,12 +324,12 @@ def test_make_compile_pipeline_compiles_then_checks(tmp_path, capsys):
 
 
 def test_every_stage_that_resumes_asks_vertex_to_retry_it_and_a_local_run_retries_none(compiled, tmp_path):
-    """Each stage says why it resumes safely (``components.stages.RESUMES``); each such task's spec carries the
-    ``retryPolicy`` KFP's ``set_retry`` compiles to, which Vertex AI honours. The file a local run compiles has none:
-    kfp.local would retry a stage the driver stopped on Ctrl-C."""
-    from components.stages import RESUMES
+    """Each stage says why it resumes safely (its record's ``resumes``, ``components.stages.table``); each such task's
+    spec carries the ``retryPolicy`` KFP's ``set_retry`` compiles to, which Vertex AI honours. The file a local run
+    compiles has none: kfp.local would retry a stage the driver stopped on Ctrl-C."""
+    from components.stages.table import TABLE
 
-    assert all(RESUMES.values())
+    assert all(stage.resumes for stage in TABLE)
     tasks = {
         name: task
         for component in [compiled["root"], *compiled["components"].values()]

@@ -16,7 +16,7 @@ from components.platforms.store import LocalStore
 from components.registry import PROVENANCE_FIELDS, check_provenance, digest, open_registry
 from components.spec import SpecError
 from components.spec.images import pinned_image
-from components.stages import gate, registration, report, runner
+from components.stages import gate, jobs, registration, report, runner
 from components.workload import resolve
 
 # ---------------------------------------------------------------- the spec
@@ -284,7 +284,7 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     assert version.artifact_uri == checkpoint and version.aliases == ()
     assert version.provenance["eval_loss_after"] == 4.6 and version.provenance["champion_loss"] == 1.5
     assert version.provenance["git_sha"] == "3f2a9c1e" and version.provenance["pipeline_job"] == "tpupipe-job"
-    with pytest.raises(runner.JobFailed, match="the gate decided 'keep'"):
+    with pytest.raises(jobs.JobFailed, match="the gate decided 'keep'"):
         registration.promote(second, "keep")
     assert registry.champion("local-fsdp").version == "1"
 

@@ -1,4 +1,4 @@
-from components.stages.runner import restarts
+from components.stages.ray_stages import restarts
 
 
 def test_restarts_count_starts_of_the_worker_group_once_each_even_when_a_line_came_twice():

@@ -90,12 +90,12 @@ def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_
     from components.platforms import RunContext
     from components.platforms.gke.run.platform import GkePlatform
     from components.platforms.store import LocalStore
-    from components.stages import report, runner
+    from components.stages import ray_stages, report
 
     spec = resolve("gemma4-e2b-v6e-16", "gke.project=my-project cluster.slice_check=false")
     ctx = RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path), platform="gke")
     assert "check_slice" not in "\n".join(GkePlatform().dry_run(ctx, lambda mode: mode))
-    assert runner.check_slice(ctx) == {"skipped": True, "reason": "cluster.slice_check=false"}
+    assert ray_stages.check_slice(ctx) == {"skipped": True, "reason": "cluster.slice_check=false"}
     summary = report.summarize(ctx)
     assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
     assert "slice check          off (cluster.slice_check=false)" in report.format_table(summary)
