@@ -7,9 +7,10 @@ SET ?=
 VENV := .venv
 BIN := $(VENV)/bin
 PIPELINE_YAML := build/tpupipe_pipeline.yaml
-# compile-pipeline / publish: the Google Cloud project and region the compiled pipeline runs in (placeholders here).
-PROJECT ?= $(or $(GOOGLE_CLOUD_PROJECT),my-project)
-REGION ?= us-east5
+# compile-pipeline: the Google Cloud project and region the compiled pipeline runs in; empty, tpupipe compile's
+# defaults ($GOOGLE_CLOUD_PROJECT, else its placeholder project; its default region).
+PROJECT ?=
+REGION ?=
 
 # Python 3.12: python3.12 if it runs, else pyenv's 3.12.x (its shim needs PYENV_VERSION), else common paths.
 PYTHON312 ?= $(shell \
@@ -67,7 +68,7 @@ test-e2e: envs ## the tier that starts real local Ray clusters and trains: local
 	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests
 
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION and check it as Vertex AI will read it (offline)
-	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) --project $(PROJECT) --region $(REGION)
+	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) $(if $(PROJECT),--project $(PROJECT)) $(if $(REGION),--region $(REGION))
 
 bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one run, each against its target); writes bench/results.json
 	$(BIN)/python bench/run.py $(BENCH)

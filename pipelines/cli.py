@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pipelines import check
-from pipelines.cli_common import add_set, fail, overrides
+from pipelines.cli_common import add_place, add_set, fail, overrides, refuse_placeholder
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
 
@@ -178,19 +178,9 @@ def _with_spec_args(p, preset_positional=False):
     add_set(p, "override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
 
-def _with_target_args(p) -> None:
-    import os
-
-    p.add_argument(
-        "--project",
-        default=os.environ.get("GOOGLE_CLOUD_PROJECT", "my-project"),
-        help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT, else the placeholder my-project)",
-    )
-    p.add_argument(
-        "--region",
-        default="us-east5",
-        help="the region of the registry and of Vertex AI (default us-east5, where v6e and TPU7x slices are)",
-    )
+def _with_target_args(p, project: str, region: str, offline: bool = False) -> None:
+    """--project and --region (``add_place``), --repository and --bucket: where a compiled pipeline runs."""
+    add_place(p, project, region, offline=offline)
     p.add_argument(
         "--repository",
         default="tpupipe",
@@ -281,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(`tpupipe publish` builds it), and the run form defaults to a gke run in PROJECT with its state under "
         "gs://BUCKET/state. The same tree gives the same bytes.",
     )
-    _with_target_args(p)
+    _with_target_args(
+        p,
+        "the project the run form defaults to, whose Artifact Registry holds the components image",
+        "the region of that registry and of the runs on Vertex AI",
+        offline=True,
+    )
     p.add_argument("--output", default=DEFAULT_PIPELINE_FILE, help=f"default {DEFAULT_PIPELINE_FILE}")
     p.add_argument(
         "--pipeline",
@@ -300,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SDK builds a job of it with the defaults. `tpupipe compile` runs the same check on what it compiles.",
     )
     p.add_argument("file", help="the compiled pipeline (YAML)")
-    _with_target_args(p)
+    add_place(p, "the project the job is built for", "the Vertex AI region the job is built for", offline=True)
     p.set_defaults(func=cmd_check_pipeline)
 
     p = sub.add_parser(
@@ -311,7 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
         'Default Credentials with the roles docs/vertex.md lists ("Setup").',
     )
-    _with_target_args(p)
+    _with_target_args(
+        p,
+        "the project the components image is built in, the template published to and the janitor scheduled in",
+        "the region of its Artifact Registry repositories and of the janitor's schedule on Vertex AI",
+    )
     p.add_argument(
         "--kfp-repository",
         default="tpupipe-pipelines",
@@ -361,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        refuse_placeholder(args)
         return args.func(args)
     except TpupipeError as exc:
         return fail(str(exc), exc.exit_code)

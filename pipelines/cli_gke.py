@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipelines.cli_common import add_set, fail, overrides
+from pipelines.cli_common import add_place, add_set, fail, overrides
 
 
 def cmd_plan(args) -> int:
@@ -134,17 +134,14 @@ def add_commands(sub) -> None:
         metavar="AGE",
         help="collect runs started longer ago than AGE (6h, 90m, 2d); default: each run's own limit",
     )
-    p.add_argument(
-        "--project",
-        action="append",
-        metavar="PROJECT",
-        help="also search this project for clusters labelled tpupipe-run (repeatable); once given, a ledger naming "
-        "any other project is reported and kept, not obeyed",
-    )
-    p.add_argument(
-        "--region",
-        default="us-east5",
-        help="the Vertex AI region asked for the state of the runs' pipeline jobs (default us-east5; '' asks nothing)",
+    add_place(
+        p,
+        "also search this project for clusters labelled tpupipe-run; once given, a ledger naming any other project is "
+        "reported and kept, not obeyed",
+        "the Vertex AI region asked for the state of the runs' pipeline jobs",
+        without_project="the projects the runs' ledgers name",
+        repeatable=True,
+        empty_region="asks nothing",
     )
     p.add_argument(
         "--adopt",

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from components.registry import CHAMPION, DEFAULT_REGION, PROVENANCE_FIELDS, Registry, Version, open_registry
+from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, open_registry
 from components.spec import SpecError
+from pipelines.cli_common import add_place
 
 EXAMPLES = """examples:
   tpupipe models list                          every model of the local registry (./runs/registry)
@@ -16,7 +17,7 @@ EXAMPLES = """examples:
   tpupipe models show gemma-ft@champion        a version and its whole provenance (also NAME@3; NAME: the champion)
   tpupipe models promote gemma-ft 3            version 3 becomes the champion
   tpupipe models rollback gemma-ft             the champion goes back to the version that held it before
-  tpupipe models list --project my-project --region us-east5     Vertex AI Model Registry
+  tpupipe models list --project my-project     Vertex AI Model Registry of that project
 """
 
 
@@ -104,12 +105,12 @@ def cmd_rollback(args) -> int:
 
 def _place_args(p) -> None:
     p.add_argument("--output-root", default="", help="the local registry is OUTPUT_ROOT/registry (default ./runs)")
-    p.add_argument(
-        "--project",
-        default="",
-        help="Vertex AI Model Registry of this Google Cloud project (default: the local registry)",
+    add_place(
+        p,
+        "Vertex AI Model Registry of this Google Cloud project",
+        "the Vertex AI region of that registry",
+        without_project="the local registry",
     )
-    p.add_argument("--region", default=DEFAULT_REGION, help=f"its region (default {DEFAULT_REGION})")
 
 
 def add_commands(sub) -> None:

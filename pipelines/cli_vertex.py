@@ -2,13 +2,12 @@
 (``pipelines.vertex`` does the work). Bad input exits 2 before any API call."""
 
 import argparse
-import os
 
 from pipelines import vertex
-from pipelines.cli_common import add_set, overrides
+from pipelines.cli_common import add_place, add_set, overrides
 
 EXAMPLES = """examples:
-  tpupipe submit llama3-8b-v6e-16x2 --project my-project --region us-east5 --wait
+  tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait
   tpupipe schedule create weekly-gemma gemma4-e2b-v6e-16 --cron "TZ=Europe/Paris 0 3 * * 1" --project my-project
   tpupipe runs list --state failed
   tpupipe runs cancel tpupipe-llama3-8b-v6e-16x2-20261130120000-3f9a2c
@@ -47,7 +46,7 @@ def _job_args(p, preset: bool = True) -> None:
     if preset:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
     add_set(p, "override spec fields")
-    _place_args(p)
+    add_place(p, "the project the run's pipeline job runs in on Vertex AI", "the Vertex AI region of the job")
     p.add_argument(
         "--pipeline-root",
         default="",
@@ -66,15 +65,6 @@ def _job_args(p, preset: bool = True) -> None:
     )
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label of the job (repeatable)")
     p.add_argument("--run-id", default="", help="names every resource of the run (default: from the job name)")
-
-
-def _place_args(p) -> None:
-    p.add_argument(
-        "--project",
-        default=os.environ.get("GOOGLE_CLOUD_PROJECT", ""),
-        help="the Google Cloud project (default $GOOGLE_CLOUD_PROJECT)",
-    )
-    p.add_argument("--region", default="us-east5", help="the Vertex AI region (default us-east5)")
 
 
 def cmd_submit(args) -> int:
@@ -184,7 +174,7 @@ def add_commands(sub) -> None:
         a = actions.add_parser(action, help=f"{action} schedules" if action == "list" else f"{action} schedule NAME")
         if action != "list":
             a.add_argument("name", help="the schedule's name")
-        _place_args(a)
+        add_place(a, "the project of the schedules on Vertex AI", "their Vertex AI region")
         a.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("runs", help="list, show or cancel runs on Vertex AI")
@@ -198,7 +188,7 @@ def add_commands(sub) -> None:
     )
     a.add_argument("--preset", default="", help="only runs of this preset")
     a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
-    _place_args(a)
+    add_place(a, "the project of the runs' pipeline jobs on Vertex AI", "their Vertex AI region")
     a.set_defaults(func=cmd_runs)
     for action, text in (
         ("show", "a run's stages, figures and console URL"),
@@ -219,5 +209,5 @@ def add_commands(sub) -> None:
             a.add_argument(
                 "--timeout", type=float, default=1800.0, help="seconds to wait for the job to end (default 1800)"
             )
-        _place_args(a)
+        add_place(a, "the project of the run's pipeline job on Vertex AI", "its Vertex AI region")
         a.set_defaults(func=cmd_runs)

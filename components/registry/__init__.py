@@ -29,10 +29,9 @@ from typing import Any, Protocol
 
 from components.spec import CHAMPION, SpecError
 from components.spec.images import IMAGE_WITH_DIGEST
-from components.spec.names import MODEL_NAME
+from components.spec.names import DEFAULT_REGION, MODEL_NAME
 from components.spec.run_spec import MODEL_REF
 
-DEFAULT_REGION = "us-east5"
 HISTORY_DEPTH = 20  # alias history kept per alias: rollback can go this many promotions back, minus one
 
 # Vertex AI's rules, applied on both backends so that a model that fits one fits the other.

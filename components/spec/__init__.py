@@ -2,9 +2,9 @@
 
 Owns the typed, strict, read-only run spec: its fields (``run_spec``), its parser (``parsing``), its own checks
 across fields (``checks``) and how long a run waits for its hosts (``readiness``); the named presets
-(``presets``), the models the trainers build from a config (``models``), every resource name derived from a run id
-and the Google Cloud project id rule (``names``), the one error hierarchy (``errors``) and the record protocol the
-trainers print and the stages parse (``protocol``).
+(``presets``), the models the trainers build from a config (``models``), every resource name derived from a run id,
+the Google Cloud project id rule and where the command line points when told nothing (``names``), the one error
+hierarchy (``errors``) and the record protocol the trainers print and the stages parse (``protocol``).
 Pure standard library; imports nothing else of the project, so the pipeline image and both trainer images
 import it alike. See docs/architecture.md for the dependency rules.
 """

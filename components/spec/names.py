@@ -25,7 +25,14 @@ GKE_NAME_MAX = 40
 COMPUTE_NAME_MAX = 63
 LABEL_VALUE_MAX = 63
 RAYCLUSTER_NAME_MAX = 53
-PLACEHOLDER_PROJECT = "PROJECT_ID"
+PLACEHOLDER_PROJECT = "PROJECT_ID"  # what a plan's names show while gke.project is empty: no valid id, on purpose
+# Where the command line points when told nothing (its --project and --region: pipelines/cli_common.py, add_place).
+# The region of Vertex AI, its Model Registry and the components image's registry; it has v6e and v5p zones (the
+# catalogue's, components.tpu).
+DEFAULT_REGION = "us-east5"
+# The project of the examples, and --project's default without $GOOGLE_CLOUD_PROJECT: a valid id, so that an offline
+# compile gives a pipeline Vertex AI would parse; every command that calls Google Cloud refuses it before any call.
+EXAMPLE_PROJECT = "my-project"
 RUN_ID_MAX = 40
 # A Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens, starting with a letter and not ending
 # with a hyphen (https://cloud.google.com/resource-manager/docs/creating-managing-projects). PROJECT_ID_PATTERN is

@@ -22,23 +22,15 @@ from tests.emulators.project import PROJECT
 from tests.gke.test_preflight import V5E_ONE_SLICE, preflight_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+# A project id like any other: the placeholder my-project is refused before any call (tests/unit/test_cli_place.py).
 COMMANDS = {
-    "preflight": ["preflight", "llama3-8b-v6e-16x2", "--set", "gke.project=my-project"],
-    "publish": ["publish", "--project", "my-project"],
-    "submit": ["submit", "llama3-8b-v6e-16x2", "--project", "my-project"],
-    "schedule": [
-        "schedule",
-        "create",
-        "weekly",
-        "llama3-8b-v6e-16x2",
-        "--cron",
-        "0 3 * * 1",
-        "--project",
-        "my-project",
-    ],
-    "runs": ["runs", "list", "--project", "my-project"],
-    "janitor": ["janitor", "--project", "my-project"],
-    "run": ["run", "llama3-8b-v6e-16x2", "--platform", "gke", "--set", "gke.project=my-project"],
+    "preflight": ["preflight", "llama3-8b-v6e-16x2", "--set", f"gke.project={PROJECT}"],
+    "publish": ["publish", "--project", PROJECT],
+    "submit": ["submit", "llama3-8b-v6e-16x2", "--project", PROJECT],
+    "schedule": ["schedule", "create", "weekly", "llama3-8b-v6e-16x2", "--cron", "0 3 * * 1", "--project", PROJECT],
+    "runs": ["runs", "list", "--project", PROJECT],
+    "janitor": ["janitor", "--project", PROJECT],
+    "run": ["run", "llama3-8b-v6e-16x2", "--platform", "gke", "--set", f"gke.project={PROJECT}"],
 }
 
 
