@@ -1,6 +1,7 @@
 """Google credentials for everything that calls Google Cloud (the gke platform, the run store in Cloud Storage,
 Vertex AI): Application Default Credentials (the pipeline's service account on Vertex, ``gcloud auth
-application-default login`` on a workstation), or, when the emulators are in use, their static token.
+application-default login`` on a workstation), or, when the emulators are in use, their static token; and the one
+factory of the Google API clients, :func:`google_client`: to an emulator when its variable is set, else to Google.
 
 What a user fixes before any cloud call can succeed — no credentials, credentials refused, a project that does not
 exist or cannot be reached, an API not enabled, a permission denied — is one :class:`AccessError` (exit 2): one line
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any, Literal
 
 from components.spec import TpupipeError
 
@@ -55,6 +57,54 @@ def credentials():
     if token_uri and os.environ.get(EMULATOR_HOST_ENV) and hasattr(creds, "with_token_uri"):
         creds = creds.with_token_uri(token_uri)
     return creds
+
+
+def google_client[C](
+    cls: type[C],
+    emulator_env: str,
+    *,
+    endpoint: str | None = None,
+    transport: str | None = None,
+    emulator_transport: Literal["grpc", "rest"] | None = None,
+    creds: Any = None,
+    **kwargs: Any,
+) -> C:
+    """A ``cls`` (a Google API client class) to the emulator named by ``$emulator_env`` when it is set, else to Google
+    with ``creds`` or Application Default Credentials (:func:`credentials`), at ``endpoint`` (its ``api_endpoint``;
+    None: the library's default) over ``transport`` (a GAPIC client's, ``"grpc"`` or ``"rest"``; None: the library's
+    default). ``kwargs`` go to ``cls`` as they are (``project=``).
+
+    ``emulator_transport`` says how the emulator is reached (None: as Google is, ``transport``; else gRPC for a client
+    with a gRPC transport, REST for one without): ``"grpc"``, the variable is ``host:port`` of a gRPC server in
+    plaintext, as Google's own emulators are found (``PUBSUB_EMULATOR_HOST``): the client gets an insecure channel on
+    its gRPC transport, and no credentials; ``"rest"``, the variable is the emulator's URL (``http://host:port``, as
+    ``STORAGE_EMULATOR_HOST``): it is the client's ``api_endpoint``, with the credentials Google would get, and a GAPIC
+    client (one that takes a transport) speaks REST to it."""
+    host = os.environ.get(emulator_env)
+    grpc_transport = _grpc_transport(cls)
+    if host and (emulator_transport or transport or ("grpc" if grpc_transport else "rest")) == "grpc":
+        import grpc
+
+        return cls(transport=grpc_transport(channel=grpc.insecure_channel(host)), **kwargs)  # type: ignore[call-arg]
+    if host:
+        endpoint = host
+        transport = "rest" if hasattr(cls, "get_transport_class") else None
+    options: dict[str, Any] = {"credentials": creds or credentials(), **kwargs}
+    if endpoint:
+        options["client_options"] = {"api_endpoint": endpoint}
+    if transport:
+        options["transport"] = transport
+    return cls(**options)
+
+
+def _grpc_transport(cls: type) -> Any:
+    """The gRPC transport class of a GAPIC client class; None for a client without one (compute_v1's, Cloud
+    Storage's, BigQuery's)."""
+    transports = getattr(cls, "get_transport_class", None)
+    try:
+        return transports("grpc") if transports else None
+    except KeyError:  # a GAPIC client with REST alone
+        return None
 
 
 class AccessToken:

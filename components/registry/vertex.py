@@ -24,14 +24,13 @@ and the role that grants it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.credentials import VERTEX_ENDPOINT_ENV, credentials
+from components.platforms.credentials import VERTEX_ENDPOINT_ENV, google_client
 from components.registry import CHAMPION, REGISTRY_LABEL, TOKEN_LABEL, VERTEX_DEFAULT_ALIAS, Move, Version
 from components.spec import InfraError, SpecError, names
 
@@ -87,9 +86,11 @@ class VertexBackend:
         if self._client is None:
             from google.cloud import aiplatform_v1
 
-            endpoint = os.environ.get(VERTEX_ENDPOINT_ENV) or f"{self.region}-aiplatform.googleapis.com"
-            self._client = aiplatform_v1.ModelServiceClient(
-                credentials=credentials(), transport="rest", client_options={"api_endpoint": endpoint}
+            self._client = google_client(
+                aiplatform_v1.ModelServiceClient,
+                VERTEX_ENDPOINT_ENV,
+                endpoint=f"{self.region}-aiplatform.googleapis.com",
+                transport="rest",
             )
         return self._client
 

@@ -30,7 +30,6 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from components.platforms.gke.checks import offers
@@ -333,15 +332,9 @@ def service_usage_client(creds):
     """Service Usage's client: to the emulator named by $TPUPIPE_SERVICE_USAGE_EMULATOR_HOST, else to Google."""
     from google.cloud import service_usage_v1
 
-    host = os.environ.get(SERVICE_USAGE_EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.service_usage_v1.services.service_usage.transports import ServiceUsageGrpcTransport
+    from components.platforms.credentials import google_client
 
-        return service_usage_v1.ServiceUsageClient(
-            transport=ServiceUsageGrpcTransport(channel=grpc.insecure_channel(host))
-        )
-    return service_usage_v1.ServiceUsageClient(credentials=creds)
+    return google_client(service_usage_v1.ServiceUsageClient, SERVICE_USAGE_EMULATOR_HOST_ENV, creds=creds)
 
 
 def render(spec: RunSpec, run_id: str, report: Report) -> str:

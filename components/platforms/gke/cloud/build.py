@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.platforms.gke.cloud.cluster import Adapter, GkeError, credentials, progress_every
+from components.platforms.credentials import google_client
+from components.platforms.gke.cloud.cluster import Adapter, GkeError, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 
@@ -78,28 +79,14 @@ def client(creds=None):
     """A ``CloudBuildClient``: to the emulator named by $TPUPIPE_CLOUD_BUILD_EMULATOR_HOST, else to Google."""
     from google.cloud.devtools import cloudbuild_v1
 
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.devtools.cloudbuild_v1.services.cloud_build.transports import CloudBuildGrpcTransport
-
-        return cloudbuild_v1.CloudBuildClient(transport=CloudBuildGrpcTransport(channel=grpc.insecure_channel(host)))
-    return cloudbuild_v1.CloudBuildClient(credentials=creds or credentials())
+    return google_client(cloudbuild_v1.CloudBuildClient, EMULATOR_HOST_ENV, creds=creds)
 
 
 def registry_client(creds=None):
     """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
     from google.cloud import artifactregistry_v1
 
-    host = os.environ.get(REGISTRY_EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.artifactregistry_v1.services.artifact_registry.transports import ArtifactRegistryGrpcTransport
-
-        return artifactregistry_v1.ArtifactRegistryClient(
-            transport=ArtifactRegistryGrpcTransport(channel=grpc.insecure_channel(host))
-        )
-    return artifactregistry_v1.ArtifactRegistryClient(credentials=creds or credentials())
+    return google_client(artifactregistry_v1.ArtifactRegistryClient, REGISTRY_EMULATOR_HOST_ENV, creds=creds)
 
 
 class Registry(Adapter):

@@ -13,7 +13,6 @@ and stockouts are :class:`CapacityError`, a user error that names zone, accelera
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
-from components.platforms.credentials import EMULATOR_HOST_ENV, credentials
+from components.platforms.credentials import EMULATOR_HOST_ENV, credentials, google_client
 from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
@@ -61,15 +60,7 @@ def cluster_manager(creds=None):
     """A ``ClusterManagerClient``: to the emulator named by $TPUPIPE_GKE_EMULATOR_HOST, else to Google."""
     from google.cloud import container_v1
 
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.container_v1.services.cluster_manager.transports import ClusterManagerGrpcTransport
-
-        return container_v1.ClusterManagerClient(
-            transport=ClusterManagerGrpcTransport(channel=grpc.insecure_channel(host))
-        )
-    return container_v1.ClusterManagerClient(credentials=creds or credentials())
+    return google_client(container_v1.ClusterManagerClient, EMULATOR_HOST_ENV, creds=creds)
 
 
 # ---------------------------------------------------------------- shared by the Google Cloud adapters

@@ -17,11 +17,11 @@ Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regi
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from components.platforms.credentials import google_client
 from components.platforms.gke.cloud.cluster import (
     Adapter,
     CapacityError,
@@ -66,28 +66,19 @@ class Clients:
 def client(name: str, creds):
     """One compute_v1 client (``RegionsClient``, ``ReservationsClient``, ``MachineTypesClient``, ...) at the endpoint
     the adapter uses: preflight's reads."""
-    from google.api_core.client_options import ClientOptions
     from google.cloud import compute_v1
 
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    return getattr(compute_v1, name)(
-        credentials=creds, client_options=ClientOptions(api_endpoint=host) if host else None
-    )
+    return google_client(getattr(compute_v1, name), EMULATOR_HOST_ENV, creds=creds)
 
 
 def clients(creds=None) -> Clients:
     """The compute_v1 clients: to the emulator named by $TPUPIPE_COMPUTE_EMULATOR_HOST, else to Google. Operations
     are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert
     returns, whose own operations client always goes to Google's endpoint."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
-
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    options = ClientOptions(api_endpoint=host) if host else None
     creds = creds or credentials()
     return Clients(
         *(
-            getattr(compute_v1, name)(credentials=creds, client_options=options)
+            client(name, creds)
             for name in (
                 "NetworksClient",
                 "SubnetworksClient",

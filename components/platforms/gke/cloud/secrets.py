@@ -4,9 +4,7 @@ logged, never a pipeline parameter, never written to the run's state."""
 
 from __future__ import annotations
 
-import os
-
-from components.platforms.credentials import credentials
+from components.platforms.credentials import google_client
 
 EMULATOR_HOST_ENV = "TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"
 
@@ -15,17 +13,7 @@ def client(creds=None):
     """A ``SecretManagerServiceClient``: to the emulator named by $TPUPIPE_SECRET_MANAGER_EMULATOR_HOST, else Google."""
     from google.cloud import secretmanager_v1
 
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.secretmanager_v1.services.secret_manager_service.transports import (
-            SecretManagerServiceGrpcTransport,
-        )
-
-        return secretmanager_v1.SecretManagerServiceClient(
-            transport=SecretManagerServiceGrpcTransport(channel=grpc.insecure_channel(host))
-        )
-    return secretmanager_v1.SecretManagerServiceClient(credentials=creds or credentials())
+    return google_client(secretmanager_v1.SecretManagerServiceClient, EMULATOR_HOST_ENV, creds=creds)
 
 
 def read(name: str, creds=None) -> bytes:

@@ -17,14 +17,15 @@ and ``TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST`` (host:port, plaintext gRPC). Clou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.gke.cloud.cluster import Adapter, credentials
+from components.platforms.credentials import google_client
+from components.platforms.gke.cloud.cluster import Adapter
 from components.spec import SpecError
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
+STORAGE_EMULATOR_HOST_ENV = "STORAGE_EMULATOR_HOST"
 IAM_POLICY_VERSION = 3
 
 
@@ -33,13 +34,7 @@ def projects_client(creds=None):
     Google."""
     from google.cloud import resourcemanager_v3
 
-    host = os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV)
-    if host:
-        import grpc
-        from google.cloud.resourcemanager_v3.services.projects.transports import ProjectsGrpcTransport
-
-        return resourcemanager_v3.ProjectsClient(transport=ProjectsGrpcTransport(channel=grpc.insecure_channel(host)))
-    return resourcemanager_v3.ProjectsClient(credentials=creds or credentials())
+    return google_client(resourcemanager_v3.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
 
 
 def project_number(project: str, creds=None) -> str:
@@ -64,9 +59,11 @@ def project_roles(project: str, member: str, creds=None) -> set[str]:
 
 
 def storage_client(project: str, creds=None):
+    """A Cloud Storage ``Client``: to the emulator named by $STORAGE_EMULATOR_HOST (google-cloud-storage's own), else
+    to Google."""
     from google.cloud import storage
 
-    return storage.Client(project=project, credentials=creds or credentials())
+    return google_client(storage.Client, STORAGE_EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
 def member(binding: dict[str, Any], number: str) -> str:

@@ -270,18 +270,16 @@ class Janitor:
 
 def pipeline_job_state(name: str, region: str) -> tuple[str | None, str]:
     """A Vertex AI pipeline job's state (``PIPELINE_STATE_...``), or None and why it cannot be read."""
-    import os
-
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
-    from components.platforms.credentials import VERTEX_ENDPOINT_ENV, credentials
+    from components.platforms.credentials import VERTEX_ENDPOINT_ENV, google_client
 
-    endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
-    client = aiplatform_v1.PipelineServiceClient(
-        credentials=credentials(),
-        transport="rest" if endpoint else None,
-        client_options={"api_endpoint": endpoint or f"{region}-aiplatform.googleapis.com"},
+    client = google_client(
+        aiplatform_v1.PipelineServiceClient,
+        VERTEX_ENDPOINT_ENV,
+        endpoint=f"{region}-aiplatform.googleapis.com",
+        emulator_transport="rest",
     )
     try:
         job = client.get_pipeline_job(name=name)

@@ -1,0 +1,86 @@
+"""``components.platforms.credentials.google_client``, the one factory of the Google API clients, over real client
+objects of each shape the project makes (or will): a GAPIC client over gRPC, a GAPIC client over REST alone
+(compute_v1), a GAPIC client over gRPC at Google whose emulator speaks REST (Vertex AI's pipelines), one over REST at
+both (Vertex AI's models), and the REST clients that are not GAPIC (Cloud Storage, BigQuery). With the emulator's
+variable set the client's endpoint is the emulator; unset, it is Google's. The gRPC emulator is reached for real: a
+call to the in-process Resource Manager, with no credentials anywhere."""
+
+from __future__ import annotations
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import aiplatform_v1, bigquery, compute_v1, container_v1, resourcemanager_v3, storage
+
+from components.platforms.credentials import AccessError, google_client
+
+ENV = "TPUPIPE_TEST_EMULATOR_HOST"
+EMULATOR = "http://127.0.0.1:8089"
+VERTEX = "us-east5-aiplatform.googleapis.com"
+
+
+def endpoint(client) -> str:
+    """Where a client sends its calls, as the client library says it."""
+    if isinstance(client, bigquery.Client):  # BigQuery's client names its endpoint on its connection alone
+        return client._connection.API_BASE_URL
+    return client.api_endpoint
+
+
+def kind(client) -> str | None:
+    """The GAPIC transport a client speaks (``grpc``, ``rest``); None for a client that is not GAPIC (REST alone)."""
+    return client.transport.kind if hasattr(client, "transport") else None
+
+
+# class, the factory's arguments, Google's endpoint and transport, the emulator's transport
+SHAPES = {
+    "gRPC": (container_v1.ClusterManagerClient, {}, "container.googleapis.com", "grpc", None),
+    "REST alone": (compute_v1.NetworksClient, {}, "compute.googleapis.com", "rest", "rest"),
+    "gRPC, REST emulator": (
+        aiplatform_v1.PipelineServiceClient,
+        {"endpoint": VERTEX, "emulator_transport": "rest"},
+        VERTEX,
+        "grpc",
+        "rest",
+    ),
+    "REST": (aiplatform_v1.ModelServiceClient, {"endpoint": VERTEX, "transport": "rest"}, VERTEX, "rest", "rest"),
+    "storage": (storage.Client, {"project": "p"}, "https://storage.googleapis.com", None, None),
+    "bigquery": (bigquery.Client, {"project": "p"}, "https://bigquery.googleapis.com", None, None),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_without_the_variable_the_client_goes_to_google(shape, monkeypatch):
+    cls, args, google, transport, _ = SHAPES[shape]
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    client = google_client(cls, ENV, creds=AnonymousCredentials(), **args)
+    assert isinstance(client, cls)
+    assert endpoint(client).removeprefix("https://") == google.removeprefix("https://")
+    assert kind(client) == transport
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s != "gRPC"])
+def test_with_a_rest_emulator_its_url_is_the_endpoint(shape, monkeypatch):
+    cls, args, _, _, transport = SHAPES[shape]
+    monkeypatch.setenv(ENV, EMULATOR)
+    client = google_client(cls, ENV, creds=AnonymousCredentials(), **args)
+    assert endpoint(client) == EMULATOR
+    assert kind(client) == transport
+
+
+def test_with_a_grpc_emulator_the_calls_reach_it_in_plaintext_without_credentials(monkeypatch, tmp_path):
+    from tests.emulators.resourcemanager import ResourceManagerEmulator
+
+    emulator = ResourceManagerEmulator({"tpupipe-emulated": "123456789012"})
+    host = emulator.start()
+    try:
+        # No credentials to be found: Application Default Credentials would raise (AccessError) if they were asked.
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+        monkeypatch.delenv(ENV, raising=False)
+        with pytest.raises(AccessError):
+            google_client(resourcemanager_v3.ProjectsClient, ENV)
+        monkeypatch.setenv(ENV, host)
+        client = google_client(resourcemanager_v3.ProjectsClient, ENV)
+        assert client.transport.kind == "grpc"
+        assert client.get_project(name="projects/tpupipe-emulated").name == "projects/123456789012"
+    finally:
+        emulator.stop()
