@@ -1,9 +1,9 @@
 """An in-process Cloud Storage: the part of the JSON API (``/storage/v1``) that bucket provisioning uses (buckets.get,
-buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy) and the objects a run stages (objects.insert by the
-multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of metadata or of the data
-with ``alt=media`` or under ``/download/storage/v1``, objects.delete, objects.list by prefix, delimiter and
-matchGlob, and the server-side copies objects.copy and objects.rewrite), served over plain HTTP by ``http.server``,
-so that the real ``google.cloud.storage.Client`` talks to it.
+buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy, buckets.testIamPermissions) and the objects a run stages
+(objects.insert by the multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of
+metadata or of the data with ``alt=media`` or under ``/download/storage/v1``, objects.delete, objects.list by prefix,
+delimiter and matchGlob in pages, and the server-side copies objects.copy and objects.rewrite), served over plain HTTP
+by ``http.server``, so that the real ``google.cloud.storage.Client`` talks to it.
 
 Where objects are kept: without ``root``, in memory (``state.objects`` holds each one's metadata and data). With
 ``root`` (a directory), a bucket's objects are files, ``root/<bucket>/<object name>`` (``bucket_dir(bucket)``), as
@@ -38,6 +38,22 @@ An object is stored with the metadata Cloud Storage gives it (generation, size, 
 ``ifGenerationMatch``/``ifGenerationNotMatch`` preconditions that do not hold (412), and an upload into a bucket that
 does not exist (404). A download carries the ``x-goog-hash``, ``x-goog-generation`` and
 ``x-goog-stored-content-length`` headers the client checks the data against, and honours a ``Range`` header.
+A request may name the object's generation (``generation``: "selects a specific revision of this object",
+https://cloud.google.com/storage/docs/json_api/v1/objects/get); only the live one is kept (the emulator has no Object
+Versioning, without which an object's live version is gone once it is replaced or deleted:
+https://cloud.google.com/storage/docs/object-versioning), so any other generation is 404.
+
+objects.list answers in pages (https://cloud.google.com/storage/docs/json_api/v1/objects/list): ``maxResults`` is the
+"maximum combined number of entries in items[] and prefixes[]" of a page, and "the service uses this parameter or
+1,000 items, whichever is smaller"; a page that is not the last carries ``nextPageToken``, which the next request
+sends as ``pageToken`` (an opaque token here: where the last page stopped).
+
+buckets.testIamPermissions (``GET .../b/BUCKET/iam/testPermissions?permissions=P&permissions=Q``,
+https://cloud.google.com/storage/docs/json_api/v1/buckets/testIamPermissions) answers the permissions of those the
+caller holds on the bucket: "Permissions are not required for using this method", and ``storage.buckets.list`` or
+``storage.buckets.create`` (project permissions) "returns an error" (400). A bucket that does not exist is 404, as
+Google's own Cloud Storage testbench answers it (it gets the bucket first:
+https://github.com/googleapis/storage-testbench/blob/main/testbench/rest_server.py, ``bucket_test_iam_permissions``).
 
 A copy (``POST .../o/SOURCE/copyTo/b/BUCKET/o/NAME``, https://cloud.google.com/storage/docs/json_api/v1/objects/copy)
 or a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite, answered done
@@ -47,15 +63,16 @@ source or a bucket that does not exist; the source's generation may be named (``
 preconditions are ``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc.
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
-"objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy", "objects.rewrite"): an HTTP error for
-the next N matching calls, before the call takes effect. Every request of an upload is an "objects.insert" (a resumable
-upload's start and each of its chunks); a download is an "objects.get".
+"buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
+"objects.rewrite"): an HTTP error for the next N matching calls, before the call takes effect. Every request of an
+upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an "objects.get".
 
 Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
-for it. ``token_for(member)`` mints a bearer token that acts as ``member`` instead (a ``user:``, ``serviceAccount:`` or
-``principal://`` workload identity), as Workload Identity Federation's token exchange hands one to a pod; it is accepted
-whatever ``token`` is, and lives as long as the emulator. Every request of such a member is authorized as Cloud Storage
+for it (it holds every permission testIamPermissions asks about). ``token_for(member)`` mints a bearer token that acts
+as ``member`` instead (a ``user:``, ``serviceAccount:`` or ``principal://`` workload identity), as Workload Identity
+Federation's token exchange hands one to a pod; it is accepted whatever ``token`` is, and lives as long as the
+emulator. Every request of such a member is authorized as Cloud Storage
 authorizes it (https://cloud.google.com/storage/docs/access-control/iam-json): the method's permission
 (``PERMISSIONS``), on the bucket or the object it checks it on (a copy's: ``storage.objects.get`` on the source and
 ``storage.objects.create`` on the destination), must be allowed by that bucket's IAM policy (``iam.py`` beside this
@@ -74,6 +91,7 @@ client then sends the credentials it is given, or none at all (anonymous) when i
 from __future__ import annotations
 
 import base64
+import bisect
 import copy
 import hashlib
 import json
@@ -88,7 +106,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlsplit
 
 import google_crc32c
 
@@ -98,7 +116,9 @@ from tests.emulators.tokens import authorized
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
 # the JSON API (buckets, their policies, objects' metadata), uploads, and downloads
-PATH = re.compile(r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam)|(?P<list>/o)|/o/(?P<object>.+))?)?")
+PATH = re.compile(
+    r"/storage/v1/b(?:/(?P<bucket>[^/]+)(?:(?P<iam>/iam(?P<test>/testPermissions)?)|(?P<list>/o)|/o/(?P<object>.+))?)?"
+)
 UPLOAD_PATH = re.compile(r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o")
 DOWNLOAD_PATH = re.compile(r"/download/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)")
 # a server-side copy: the source and the destination, each name URL-encoded ("/" as %2F)
@@ -111,6 +131,7 @@ ROUTES = {
     ("GET", "bucket"): "buckets.get",
     ("GET", "iam"): "buckets.getIamPolicy",
     ("PUT", "iam"): "buckets.setIamPolicy",
+    ("GET", "testPermissions"): "buckets.testIamPermissions",
     ("GET", "object"): "objects.get",
     ("DELETE", "object"): "objects.delete",
     ("GET", "objects"): "objects.list",
@@ -214,6 +235,7 @@ PERMISSIONS = {
     "buckets.get": (("storage.buckets.get", "bucket"),),
     "buckets.getIamPolicy": (("storage.buckets.getIamPolicy", "bucket"),),
     "buckets.setIamPolicy": (("storage.buckets.setIamPolicy", "bucket"),),
+    "buckets.testIamPermissions": (),  # "Permissions are not required for using this method"
     "objects.insert": (("storage.objects.create", "object"),),
     "objects.get": (("storage.objects.get", "object"),),
     "objects.delete": (("storage.objects.delete", "object"),),
@@ -252,6 +274,12 @@ SOURCE_QUERY = {
     "ifSourceMetagenerationMatch": "ifMetagenerationMatch",
     "ifSourceMetagenerationNotMatch": "ifMetagenerationNotMatch",
 }
+# objects.list's page size: "the service uses this parameter or 1,000 items, whichever is smaller"
+# (https://cloud.google.com/storage/docs/json_api/v1/objects/list, maxResults)
+LIST_PAGE = 1000
+# the permissions testIamPermissions refuses to test on a bucket: they "apply to projects instead of buckets"
+# (https://cloud.google.com/storage/docs/json_api/v1/buckets/testIamPermissions)
+PROJECT_PERMISSIONS = ("storage.buckets.list", "storage.buckets.create")
 DESTINATION_QUERY = ("ifGenerationMatch", "ifGenerationNotMatch", "ifMetagenerationMatch", "ifMetagenerationNotMatch")
 POOL_MEMBER = re.compile(
     r"principal(?:Set)?://iam\.googleapis\.com/projects/(?P<project>[^/]+)/locations/global/"
@@ -529,6 +557,8 @@ class StorageEmulator(HttpEmulator):
             kind = kind or (
                 "object"
                 if groups["object"]
+                else "testPermissions"
+                if groups.get("test")
                 else "iam"
                 if groups["iam"]
                 else "objects"
@@ -589,6 +619,8 @@ class StorageEmulator(HttpEmulator):
                 return 200, self._list_objects(bucket, query), {}
             if destination:
                 return 200, self._copy_object(method, bucket, name, destination, query, request["body"]), {}
+            if method == "buckets.testIamPermissions":
+                return 200, self._test_permissions(bucket, parse_qs(url.query).get("permissions", []), member), {}
             return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
 
     def _authorize(self, member: str, method: str, request: dict) -> None:
@@ -763,33 +795,74 @@ class StorageEmulator(HttpEmulator):
         }
         return self._policy(bucket)
 
+    def _test_permissions(self, bucket: str, permissions: list[str], member: str | None) -> dict:
+        """buckets.testIamPermissions: those of ``permissions`` the caller holds on the bucket (the owner's token:
+        all of them; a member: those the bucket's policy allows it on the bucket itself)."""
+        self._bucket(bucket)
+        if not permissions:
+            raise HttpError(400, "Required parameter: permissions", "required")
+        for permission in permissions:
+            if permission in PROJECT_PERMISSIONS:
+                raise HttpError(
+                    400, f"Permission '{permission}' applies to projects, not buckets: it cannot be tested on one."
+                )
+        bindings = self.state.policies.get(bucket, {}).get("bindings", [])
+        held = [p for p in permissions if member is None or iam.allows(bindings, member, p, _attributes(bucket, ""))]
+        return {"kind": "storage#testIamPermissionsResponse", **({"permissions": held} if held else {})}
+
     # ------------------------------------------------------------------ objects
     def _list_objects(self, bucket: str, query: dict) -> dict:
         """objects.list: the objects whose names start with ``prefix`` and match ``matchGlob`` (``*`` and ``?`` within
         one path segment, ``**`` across them), by name; with a ``delimiter``, the names it cuts short become
-        ``prefixes``. One page."""
+        ``prefixes``. One page of at most ``maxResults`` (at most 1,000) entries, items and prefixes together, from
+        where ``pageToken`` says the previous page stopped; ``nextPageToken`` when more follow."""
         self._bucket(bucket)
         prefix, delimiter, glob = query.get("prefix", ""), query.get("delimiter", ""), query.get("matchGlob")
+        size = query.get("maxResults", str(LIST_PAGE))
+        if not size.isdigit() or int(size) < 1:
+            raise HttpError(400, f"Invalid value for maxResults: {size!r}.")
+        size = min(int(size), LIST_PAGE)
         parts = re.split(r"(\*\*|\*|\?)", glob or "")
         pattern = (
             re.compile("".join({"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part)) for part in parts))
             if glob
             else None
         )
-        items, prefixes = [], set()
-        for name in self._objects.names(bucket, prefix):
+        names = self._objects.names(bucket, prefix)
+        after, skipped = _page_start(query.get("pageToken"))  # the last entry listed; a prefix: all names under it
+        if after is not None:
+            names = names[bisect.bisect_right(names, after) :]
+        items, prefixes, last, more = [], [], None, False
+        for name in names:
+            if skipped and name.startswith(skipped):
+                continue
             stored = self._objects.get(bucket, name)
             if stored is None or (pattern and not pattern.fullmatch(name)):
                 continue
             rest = name[len(prefix) :]
-            if delimiter and delimiter in rest:
-                prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+            cut = prefix + rest.split(delimiter, 1)[0] + delimiter if delimiter and delimiter in rest else None
+            if cut is not None and prefixes and prefixes[-1] == cut:  # names under one prefix are adjacent
+                continue
+            if len(items) + len(prefixes) == size:
+                more = True
+                break
+            if cut is not None:
+                prefixes.append(cut)
+                last = (cut, True)
             else:
                 items.append(copy.deepcopy(stored["metadata"]))
-        return {"kind": "storage#objects", "items": items, **({"prefixes": sorted(prefixes)} if prefixes else {})}
+                last = (name, False)
+        return {
+            "kind": "storage#objects",
+            "items": items,
+            **({"prefixes": prefixes} if prefixes else {}),
+            **({"nextPageToken": _page_token(*last)} if more and last else {}),
+        }
 
     def _object(self, bucket: str, name: str, query: dict) -> dict:
-        """The stored object (its current generation, or the one ``query`` names), its preconditions checked."""
+        """The stored object (its live generation, or the one ``query`` names: 404 unless that is the live one, as no
+        older generation is kept without Object Versioning, https://cloud.google.com/storage/docs/object-versioning),
+        its preconditions checked."""
         self._bucket(bucket)
         stored = self._objects.get(bucket, name)
         if (
@@ -1088,6 +1161,26 @@ def _preconditions(query: dict, stored: dict | None) -> None:
     ):
         if key in query and (query[key] == value) != equal:
             raise HttpError(412, "At least one of the pre-conditions you specified did not hold.", "conditionNotMet")
+
+
+def _page_token(entry: str, is_prefix: bool) -> str:
+    """objects.list's ``nextPageToken``: opaque to the client; here, the last entry of the page (and whether it was a
+    prefix, whose names the next page skips)."""
+    return base64.urlsafe_b64encode(json.dumps([entry, is_prefix]).encode()).decode()
+
+
+def _page_start(token: str | None) -> tuple[str | None, str]:
+    """Where a ``pageToken`` says to go on: (the name the previous page ended at, None for the first page; the
+    prefix whose names to skip, or "")."""
+    if not token:
+        return None, ""
+    try:
+        entry, is_prefix = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        raise HttpError(400, f"Invalid page token: {token!r}.") from None
+    if not isinstance(entry, str):
+        raise HttpError(400, f"Invalid page token: {token!r}.")
+    return entry, entry if is_prefix else ""
 
 
 def _fields(resource: dict, fields: str | None) -> dict:

@@ -297,6 +297,32 @@ def test_objects_are_listed_by_prefix_delimiter_and_match_glob(gcs):
         list(c.list_blobs("no-such-bucket"))
 
 
+def test_objects_are_listed_in_pages(gcs):
+    c = client()
+    create(c, "tpupipe-runs")
+    names = [f"runs/{i:04d}.json" for i in range(2345)]
+    for name in names:
+        gcs.put("tpupipe-runs", name, b"{}")
+    gcs.state.calls.clear()
+    assert [b.name for b in c.list_blobs("tpupipe-runs")] == names  # the client follows nextPageToken
+    assert gcs.state.calls == ["objects.list"] * 3  # at most 1,000 a page, whatever maxResults asks
+    pages = list(c.list_blobs("tpupipe-runs", page_size=5000).pages)
+    assert [page.num_items for page in pages] == [1000, 1000, 345]
+    pages = list(c.list_blobs("tpupipe-runs", page_size=1000).pages)  # no empty page after an exact fit
+    assert [page.num_items for page in pages] == [1000, 1000, 345]
+
+    for name in ("dirs/a/1", "dirs/a/2", "dirs/a/3", "dirs/b/1", "dirs/c", "dirs/d/1/x", "dirs/e"):
+        gcs.put("tpupipe-runs", name, b"{}")
+    # with a delimiter, a page holds maxResults entries, items and prefixes together, each prefix once
+    listing = c.list_blobs("tpupipe-runs", prefix="dirs/", delimiter="/", page_size=2)
+    seen = [(sorted(b.name for b in page), sorted(page.prefixes)) for page in listing.pages]
+    assert seen == [([], ["dirs/a/", "dirs/b/"]), (["dirs/c"], ["dirs/d/"]), (["dirs/e"], [])]
+    with pytest.raises(exceptions.BadRequest, match="maxResults"):
+        list(c.list_blobs("tpupipe-runs", page_size=0))
+    with pytest.raises(exceptions.BadRequest, match="Invalid page token"):
+        list(c.list_blobs("tpupipe-runs", page_token="not-a-token"))
+
+
 # ---------------------------------------------------------------------- IAM for members other than the owner
 BUCKET = "tpupipe-ckpt"
 
@@ -434,6 +460,24 @@ def test_a_member_without_a_binding_is_refused_everything(gcs):
         with pytest.raises(exceptions.Forbidden, match=refusal(permission, kind)):
             call()
     assert sorted(gcs.state.buckets) == [BUCKET] and gcs.data(BUCKET, "runs/a/x") == b"x"
+
+
+def test_test_iam_permissions_answers_what_the_caller_holds_on_the_bucket(gcs):
+    owner = create(client())
+    read = ["storage.objects.list", "storage.objects.get", "storage.objects.create"]
+    assert owner.test_iam_permissions(read) == read  # the owner's token holds everything
+    stranger = as_member(gcs).bucket(BUCKET)
+    assert stranger.test_iam_permissions(read) == []  # no permission needed to ask
+    grant(owner, "roles/storage.objectViewer")
+    assert stranger.test_iam_permissions(read) == ["storage.objects.list", "storage.objects.get"]
+    viewer = MEMBER.replace("sa/ray", "sa/viewer")
+    grant(owner, "roles/storage.objectViewer", viewer, RUN_A)  # objects of runs/a/ only: not the bucket's
+    assert as_member(gcs, viewer).bucket(BUCKET).test_iam_permissions(read) == []
+    with pytest.raises(exceptions.BadRequest, match="storage.buckets.list"):
+        stranger.test_iam_permissions(["storage.buckets.list"])
+    with pytest.raises(exceptions.NotFound, match="bucket does not exist"):
+        as_member(gcs).bucket("no-such-bucket").test_iam_permissions(read)
+    assert gcs.state.calls.count("buckets.testIamPermissions") == 6
 
 
 def test_an_unconditional_admin_and_a_negated_condition(gcs):

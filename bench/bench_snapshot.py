@@ -1,0 +1,95 @@
+"""Snapshotting a dataset in Cloud Storage: ``components.data.gcs.list_objects`` of a prefix through
+google-cloud-storage against the in-process storage emulator (tests/emulators/storage.py, pages of 1,000 objects).
+
+A: 10,000 objects under a prefix; B: 1,000 (another bucket, the same names' shape). Measured side by side in one run,
+as pairs in alternating order (bench/figures.py ``alternated``), each side the best of five listings: the figure is
+the median A/B ratio, 10 when the listing is linear in objects (10 pages against 1, each the same work). Target:
+<= 12 (within 20% of linear). The cost per object of A is reported without a target: it is this machine's and the
+emulator's, not Cloud Storage's.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.figures import Figure, alternated, table  # noqa: E402
+from components.data import gcs  # noqa: E402
+from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV  # noqa: E402
+from tests.emulators.storage import StorageEmulator  # noqa: E402
+
+PROJECT, TOKEN = "tpupipe-bench", "bench-token"
+SIZES = {"tpupipe-bench-large": 10_000, "tpupipe-bench-small": 1_000}
+
+
+REPEATS = 5  # a measurement is the best of this many listings: the least disturbed by what else the machine runs
+
+
+def listing_seconds(bucket: str) -> float:
+    """The best of REPEATS listings of the bucket's ``data/``, in seconds."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        found = gcs.list_objects(f"gs://{bucket}/data/", field="train.dataset")
+        best = min(best, time.perf_counter() - started)
+        if len(found) != SIZES[bucket]:
+            raise SystemExit(f"listed {len(found)} objects of gs://{bucket}/data/, not {SIZES[bucket]}")
+    return best
+
+
+def figures() -> list[Figure]:
+    emulator = StorageEmulator({PROJECT: "123456789012"}, token=TOKEN)
+    env = {
+        "STORAGE_EMULATOR_HOST": emulator.start(),
+        EMULATOR_HOST_ENV: emulator.endpoint,  # credentials(): the emulator's static token
+        EMULATOR_TOKEN_ENV: TOKEN,
+        "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA": "true",  # no background bucket lookups
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        from google.cloud import storage
+        from google.oauth2.credentials import Credentials
+
+        owner = storage.Client(project=PROJECT, credentials=Credentials(token=TOKEN))
+        for bucket, count in SIZES.items():
+            owner.create_bucket(bucket)
+            for i in range(count):  # written as a writer outside the JSON API would: no request each
+                emulator.put(bucket, f"data/part-{i:05d}.jsonl", b'{"text": "x"}\n')
+        listing_seconds("tpupipe-bench-small")  # imports and the first connection, outside the figures
+        pages = len(emulator.state.calls)
+        ratio, detail, large, small = alternated(
+            lambda _i: listing_seconds("tpupipe-bench-large"), lambda _i: listing_seconds("tpupipe-bench-small"), float
+        )
+        pages = emulator.state.calls[pages:].count("objects.list") // (len(large) * REPEATS)
+    finally:
+        emulator.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    best = min(large)
+    print(
+        f"list_objects of 10,000 objects: {best:.3f} s best of {len(large) * REPEATS} "
+        f"({best / 10_000 * 1e6:.0f} us an object); "
+        f"of 1,000: {min(small):.3f} s; median ratio {ratio:.2f} (linear: 10); {pages} objects.list pages a pair"
+    )
+    detail |= {"A": [round(s, 3) for s in large], "B": [round(s, 3) for s in small], "pages_per_pair": pages}
+    return [
+        Figure("snapshot: listing 10,000 objects / 1,000 objects (linear: 10)", ratio, "x", "<= 12", detail),
+        Figure(
+            "snapshot: listing cost per object, 10,000 objects through the emulator",
+            best / 10_000 * 1e6,
+            "us",
+            None,
+            {"seconds": round(best, 3), "objects": 10_000},
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    print(table(figures()))

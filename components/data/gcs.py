@@ -1,0 +1,276 @@
+"""Training data in Cloud Storage: ``train.dataset=gs://BUCKET/PREFIX/`` (every .jsonl, .json and .parquet object
+under the prefix), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or ``gs://BUCKET/a.jsonl`` (one object), pinned.
+
+A run reads the data as it was when the run began: ``list_objects`` resolves the URI to a list of objects, each with
+its generation (a new one each time the object's data is replaced: https://cloud.google.com/storage/docs/metadata,
+"Generation number"), and every later read names that generation (``read``), so an object replaced during the run
+does not change what is trained on; without Object Versioning the replaced generation is gone
+(https://cloud.google.com/storage/docs/object-versioning), and a read of it fails naming the object. The trainers'
+pods reach only the run's own prefix, so ``copy_into`` copies the pinned generations server-side (objects.rewrite
+with ``sourceGeneration``) into it before any TPU is provisioned. ``missing_read`` says which of the read permissions
+(``storage.objects.list``, ``storage.objects.get``: ``roles/storage.objectViewer``) the caller lacks on the
+dataset's bucket (buckets.testIamPermissions), for preflight.
+
+Every call goes through google-cloud-storage, imported inside the functions; its own ``STORAGE_EMULATOR_HOST``
+points it at an emulator. Errors in the URI or in what it names are :class:`SpecError` naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+from components.platforms.credentials import credentials
+from components.spec import InfraError, SpecError
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+READ_PERMISSIONS = ("storage.objects.list", "storage.objects.get")
+# the role that holds both, "to list objects" (https://cloud.google.com/storage/docs/listing-objects, "Before you
+# begin") and to read them (https://cloud.google.com/storage/docs/access-control/iam-roles)
+READ_ROLE = "roles/storage.objectViewer"
+FORMS = "gs://BUCKET/PREFIX/, gs://BUCKET/PATH/*.jsonl or gs://BUCKET/OBJECT"
+# a glob's wildcards, as objects.list's matchGlob reads them: * within a path segment, ** across segments, ? one
+# character (https://cloud.google.com/storage/docs/json_api/v1/objects/list#list-objects-and-prefixes-using-glob)
+WILDCARD = re.compile(r"[*?]")
+# Bucket names (https://cloud.google.com/storage/docs/buckets#naming): lowercase letters, digits, dashes,
+# underscores and dots, starting and ending with a letter or digit; 3-63 characters, or up to 222 with dots, each
+# dot-separated part at most 63; not an IP address in dotted-decimal notation; not starting with "goog", not
+# containing "google" or a close misspelling of it.
+BUCKET_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_.-]*[a-z0-9])?")
+DOTTED_DECIMAL = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+GOOGLE = re.compile(r"g[o0]{2}g[l1]e")
+# while copying, a progress line every this many objects, and at least this often
+PROGRESS_EVERY, PROGRESS_S = 1000, 10.0
+
+
+class SnapshotChanged(InfraError):
+    """A pinned generation is no longer there: the object was replaced or deleted after the run's snapshot."""
+
+
+def _client():
+    """The Cloud Storage client, with the project's Google credentials (google-cloud-storage itself honours
+    ``STORAGE_EMULATOR_HOST``). No project: reading and copying objects bills the buckets' own."""
+    from google.cloud import storage
+
+    return storage.Client(project=None, credentials=credentials())
+
+
+def parse(uri: str, field: str) -> tuple[str, str, str]:
+    """(bucket, prefix, glob) of a ``gs://`` URI: ``gs://b/p/`` (or ``gs://b``) is the prefix ``p/`` (or "") and no
+    glob; ``gs://b/p/*.jsonl`` the glob ``p/*.jsonl`` and its literal start ``p/`` as the prefix; ``gs://b/a.jsonl``
+    one object, its name as the prefix (no trailing ``/``) and no glob. SpecError(field) for a malformed one."""
+    if not uri.startswith("gs://"):
+        raise SpecError(field, f"{uri!r} is not a Cloud Storage URI", [FORMS])
+    bucket, _, path = uri.removeprefix("gs://").partition("/")
+    _check_bucket(bucket, uri, field)
+    # object names: 1-1024 bytes of UTF-8, no carriage return or line feed
+    # (https://cloud.google.com/storage/docs/objects#naming)
+    if len(path.encode()) > 1024 or "\r" in path or "\n" in path:
+        raise SpecError(field, f"{uri!r}: an object name is at most 1024 bytes, without line breaks")
+    if not WILDCARD.search(path):
+        return bucket, path, ""
+    if any(c in path for c in "[]{}"):
+        raise SpecError(field, f"{uri!r}: a glob's wildcards here are *, ** and ? (no [...] or {{...}})", [FORMS])
+    return bucket, WILDCARD.split(path, 1)[0], path
+
+
+def _check_bucket(bucket: str, uri: str, field: str) -> None:
+    parts = bucket.split(".")
+    problem = (
+        "no bucket name"
+        if not bucket
+        else "letters, digits, -, _ and . only, in lower case, starting and ending with a letter or digit"
+        if not BUCKET_NAME.fullmatch(bucket)
+        else "3 to 63 characters (222 with dots, each dotted part at most 63)"
+        if len(bucket) < 3 or len(bucket) > (222 if len(parts) > 1 else 63) or any(len(p) > 63 for p in parts)
+        else "no IP address"
+        if DOTTED_DECIMAL.fullmatch(bucket)
+        else 'no "goog" prefix and no "google"'
+        if bucket.startswith("goog") or GOOGLE.search(bucket)
+        else ""
+    )
+    if problem:
+        raise SpecError(
+            field,
+            f"{uri!r}: bucket name {bucket!r} is not valid: {problem} "
+            "(https://cloud.google.com/storage/docs/buckets#naming)",
+            [FORMS],
+        )
+
+
+def list_objects(uri: str, *, field: str) -> list[dict]:
+    """The objects ``uri`` means, pinned: ``{"uri": "gs://b/name", "generation": "G", "size": N, "crc32c": "…",
+    "updated": "RFC 3339"}`` each, by name; of a prefix or a glob only the .jsonl, .json and .parquet ones. Every
+    page of the listing is read (the client's iterator follows ``nextPageToken``). SpecError(field) when the bucket
+    or the one object does not exist, nothing matches, or the caller may not read the bucket."""
+    from google.api_core import exceptions as gexc
+
+    bucket, prefix, glob = parse(uri, field)
+    client = _client()
+    found: list[dict] = []  # each blob made an entry as its page comes: no page is held longer
+    others: list[str] = []  # the first few objects that are not data, for the error that none is
+    skipped = 0
+    try:
+        if not glob and prefix and not prefix.endswith("/"):
+            return [_one(client, bucket, prefix, uri, field)]
+        for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
+            if blob.name.endswith(DATA_SUFFIXES):
+                found.append(_entry(bucket, blob))
+            else:
+                skipped += 1
+                others += [blob.name][: 3 - len(others)]
+    except gexc.NotFound:
+        raise SpecError(field, f"{uri}: the bucket {bucket} does not exist") from None
+    except gexc.Forbidden as exc:
+        raise _refused(client, bucket, uri, field, exc) from None
+    if not found:
+        raise SpecError(
+            field,
+            f"{uri}: no {'/'.join(DATA_SUFFIXES)} object "
+            + (f"matches the glob {glob}" if glob else f"under gs://{bucket}/{prefix}")
+            + (f" ({skipped} other object(s): {', '.join(others)}{', ...' if skipped > 3 else ''})" if skipped else ""),
+        )
+    return sorted(found, key=lambda entry: entry["uri"])
+
+
+def _one(client, bucket: str, name: str, uri: str, field: str) -> dict:
+    """The one object ``name``, pinned; SpecError when it is not there or not a data file."""
+    blob = client.bucket(bucket).get_blob(name)  # None for a 404: no such object, or no such bucket
+    if blob is None:
+        under = list(client.list_blobs(bucket, prefix=f"{name}/", max_results=1))  # NotFound: no such bucket
+        hint = f"; objects are under the prefix gs://{bucket}/{name}/ (with the trailing /)" if under else ""
+        raise SpecError(field, f"{uri}: no such object in the bucket {bucket}{hint}")
+    if not name.endswith(DATA_SUFFIXES):
+        raise SpecError(field, f"{uri}: not a {'/'.join(DATA_SUFFIXES)} object", [FORMS])
+    return _entry(bucket, blob)
+
+
+def _entry(bucket: str, blob) -> dict:
+    # RFC 3339 in UTC, to the millisecond, as the API writes it
+    updated = blob.updated.isoformat(timespec="milliseconds").replace("+00:00", "Z") if blob.updated else ""
+    return {
+        "uri": f"gs://{bucket}/{blob.name}",
+        "generation": str(blob.generation),
+        "size": int(blob.size or 0),
+        "crc32c": blob.crc32c or "",
+        "updated": updated,
+    }
+
+
+def _refused(client, bucket: str, uri: str, field: str, exc) -> SpecError:
+    who = caller(getattr(client, "_credentials", None))
+    said = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
+    return SpecError(
+        field, f"{uri}: {who or 'this identity'} may not read the bucket ({said}); {read_hint(bucket, who)}"
+    )
+
+
+def read_hint(bucket: str, member: str = "") -> str:
+    """What grants ``member`` (``serviceAccount:…``/``user:…``; "" unknown) read access to ``bucket``."""
+    return (
+        f"grant {READ_ROLE} on gs://{bucket}: `gcloud storage buckets add-iam-policy-binding gs://{bucket} "
+        f"--member={member or 'MEMBER'} --role={READ_ROLE}`"
+    )
+
+
+def caller(creds) -> str:
+    """The IAM member the credentials act as, where they say it (a service account's email, the account gcloud
+    logged in); "" where they do not (a bare token, a metadata server's account before its first refresh)."""
+    email = getattr(creds, "service_account_email", None)
+    if email and email != "default":
+        return f"serviceAccount:{email}"
+    account = getattr(creds, "account", None)
+    return f"user:{account}" if account else ""
+
+
+def _split(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    if not uri.startswith("gs://") or not bucket or not name:
+        raise ValueError(f"not a Cloud Storage object URI: {uri!r}")
+    return bucket, name
+
+
+def _changed(obj: dict) -> SnapshotChanged:
+    return SnapshotChanged(
+        f"{obj['uri']} changed since the run's snapshot: its generation {obj['generation']} was replaced or "
+        "deleted, and the bucket keeps no older generation (https://cloud.google.com/storage/docs/object-versioning); "
+        "the run trains on the data as it was when it began: run again to train on the current data"
+    )
+
+
+def read(obj: dict) -> bytes:
+    """The data of ``obj`` (an entry of ``list_objects``) at its pinned generation exactly; SnapshotChanged when that
+    generation is gone."""
+    from google.api_core import exceptions as gexc
+
+    bucket, name = _split(obj["uri"])
+    blob = _client().bucket(bucket).blob(name, generation=int(obj["generation"]))
+    try:
+        return blob.download_as_bytes()
+    except gexc.NotFound:
+        raise _changed(obj) from None
+
+
+def copy_into(objects: list[dict], dest_prefix: str, *, log: Callable[[str], None]) -> list[str]:
+    """Copy each pinned generation of ``objects`` (entries of ``list_objects``) server-side (objects.rewrite with
+    ``sourceGeneration``, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite)
+    to ``<dest_prefix>/<index>-<file name>`` (``dest_prefix``: ``gs://RUN_BUCKET/runs/<id>/data/<split>``); the
+    destinations' URIs, in the order of ``objects``. A destination that already holds the same data (CRC32C and
+    size) is kept, so a retried stage goes on where the first try stopped. SnapshotChanged when a pinned generation
+    is gone."""
+    from google.api_core import exceptions as gexc
+
+    dest_bucket, dest_path = _split(dest_prefix.rstrip("/"))
+    client = _client()
+    have = {
+        b.name: (b.crc32c, int(b.size or 0), b.generation)
+        for b in client.list_blobs(dest_bucket, prefix=f"{dest_path}/")
+    }
+    width = max(5, len(str(len(objects))))
+    uris, copied, size, last = [], 0, 0, time.monotonic()
+    for i, obj in enumerate(objects):
+        bucket, name = _split(obj["uri"])
+        target = f"{dest_path}/{i:0{width}d}-{name.rsplit('/', 1)[-1]}"
+        uris.append(f"gs://{dest_bucket}/{target}")
+        there = have.get(target)
+        if there and there[:2] == (obj["crc32c"], obj["size"]):
+            continue
+        source = client.bucket(bucket).blob(name, generation=int(obj["generation"]))
+        destination = client.bucket(dest_bucket).blob(target)
+        token = None
+        try:
+            while True:  # replaces only what was there when listed (412 if someone else wrote it since)
+                token, _, _ = destination.rewrite(source, token=token, if_generation_match=there[2] if there else 0)
+                if token is None:
+                    break
+        except gexc.NotFound:
+            if not source.exists():
+                raise _changed(obj) from None
+            raise
+        if destination.crc32c != obj["crc32c"]:
+            raise _changed(obj)
+        copied, size = copied + 1, size + obj["size"]
+        if (i + 1) % PROGRESS_EVERY == 0 or time.monotonic() - last >= PROGRESS_S:
+            log(f"copying the dataset: {i + 1} of {len(objects)} objects into {dest_prefix}")
+            last = time.monotonic()
+    kept = len(objects) - copied
+    log(
+        f"copied {copied} object(s) ({size / 2**20:.1f} MiB) into {dest_prefix}"
+        + (f"; {kept} already there" if kept else "")
+    )
+    return uris
+
+
+def missing_read(bucket: str, *, field: str = "train.dataset") -> list[str]:
+    """Of ``storage.objects.list`` and ``storage.objects.get``, those the caller lacks on ``bucket`` (empty: it may
+    read the dataset), through buckets.testIamPermissions
+    (https://cloud.google.com/storage/docs/json_api/v1/buckets/testIamPermissions: it needs no permission itself).
+    Both are in ``roles/storage.objectViewer`` (``READ_ROLE``). SpecError(field) when the bucket does not exist."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        held = set(_client().bucket(bucket).test_iam_permissions(list(READ_PERMISSIONS)))
+    except gexc.NotFound:
+        raise SpecError(field, f"the bucket {bucket} does not exist") from None
+    return [p for p in READ_PERMISSIONS if p not in held]

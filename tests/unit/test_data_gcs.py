@@ -1,0 +1,268 @@
+"""components.data.gcs against the Cloud Storage emulator (tests/emulators/storage.py), through the real
+google-cloud-storage client: a dataset URI resolved to its pinned objects (a prefix, a glob, one object; every page of
+the listing), reads of the pinned generation, the server-side copy into the run's prefix and its retry, each error a
+SpecError naming the field, and the read permissions a caller lacks."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud import storage as gcs_client
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
+
+from components.data import gcs
+from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.spec import SpecError
+from tests.emulators.storage import StorageEmulator
+
+PROJECT, NUMBER, TOKEN = "tpupipe-emulated", "123456789012", "t0ken"
+DATA, RUNS = "tpupipe-datasets", "tpupipe-runs"
+FIELD = "train.dataset"
+POOL = f"locations/global/workloadIdentityPools/{PROJECT}.svc.id.goog/subject/ns/tpupipe/sa"
+READER = f"principal://iam.googleapis.com/projects/{NUMBER}/{POOL}/reader"
+STRANGER = f"principal://iam.googleapis.com/projects/{NUMBER}/{POOL}/stranger"
+FILES = {
+    "data/a.jsonl": b'{"text": "a"}\n',
+    "data/b.json": b'[{"text": "b"}]',
+    "data/c.parquet": b"PAR1",
+    "data/_SUCCESS": b"",
+    "data/readme.txt": b"not data",
+    "data/sub/d.jsonl": b'{"text": "d"}\n',
+    "other/e.jsonl": b'{"text": "e"}\n',
+    "notes/readme.md": b"# notes",
+}
+
+
+@pytest.fixture
+def storage(monkeypatch):
+    """The emulator with the dataset bucket (FILES) and the runs' bucket; the project's credentials its owner's."""
+    emulator = StorageEmulator({PROJECT: NUMBER}, token=TOKEN)
+    endpoint = emulator.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    monkeypatch.setenv(EMULATOR_HOST_ENV, endpoint)  # credentials(): the emulators' static token
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, TOKEN)
+    for bucket in (DATA, RUNS):
+        owner().create_bucket(bucket)
+    for name, data in FILES.items():
+        emulator.put(DATA, name, data)
+    yield emulator
+    emulator.stop()
+
+
+def owner() -> gcs_client.Client:
+    """A client of the project's owner (the emulator's static token)."""
+    return gcs_client.Client(project=PROJECT, credentials=user_credentials.Credentials(token=TOKEN))
+
+
+def act_as(storage: StorageEmulator, monkeypatch, member: str) -> None:
+    """The project's credentials become ``member``'s token (as Workload Identity hands one to a pod)."""
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, storage.token_for(member))
+
+
+def grant(bucket: str, role: str, member: str) -> None:
+    """Add a binding to the bucket's IAM policy, as its owner."""
+    policy = owner().bucket(bucket).get_iam_policy()
+    policy.bindings.append({"role": role, "members": {member}})
+    owner().bucket(bucket).set_iam_policy(policy)
+
+
+def names(objects: list[dict]) -> list[str]:
+    return [o["uri"].removeprefix(f"gs://{DATA}/") for o in objects]
+
+
+def test_parse_the_three_forms():
+    assert gcs.parse(f"gs://{DATA}/data/", FIELD) == (DATA, "data/", "")
+    assert gcs.parse(f"gs://{DATA}", FIELD) == (DATA, "", "")
+    assert gcs.parse(f"gs://{DATA}/data/*.jsonl", FIELD) == (DATA, "data/", "data/*.jsonl")
+    assert gcs.parse(f"gs://{DATA}/data/part-??/**.parquet", FIELD) == (DATA, "data/part-", "data/part-??/**.parquet")
+    assert gcs.parse(f"gs://{DATA}/data/a.jsonl", FIELD) == (DATA, "data/a.jsonl", "")
+    assert gcs.parse("gs://a.b-c_d/x/", FIELD) == ("a.b-c_d", "x/", "")
+    assert gcs.parse("gs://" + ".".join(["a" * 60] * 3) + "/x", FIELD)[0] == ".".join(["a" * 60] * 3)
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("/data/train.jsonl", "not a Cloud Storage URI"),
+        ("s3://bucket/train.jsonl", "not a Cloud Storage URI"),
+        ("gs:///train.jsonl", "no bucket name"),
+        ("gs://My-Bucket/x/", "lower case"),
+        ("gs://-bucket/x/", "starting and ending"),
+        ("gs://bucket-/x/", "starting and ending"),
+        ("gs://ab/x/", "3 to 63"),
+        ("gs://" + "a" * 64 + "/x/", "3 to 63"),
+        ("gs://" + "a" * 64 + ".b/x/", "each dotted part at most 63"),
+        ("gs://192.168.5.4/x/", "no IP address"),
+        ("gs://goog-data/x/", '"goog"'),
+        ("gs://my-g00gle-data/x/", '"google"'),
+        ("gs://bucket/x\ny.jsonl", "line breaks"),
+        ("gs://bucket/" + "x" * 1025, "1024 bytes"),
+        ("gs://bucket/part-[0-9]*.jsonl", "*, ** and ?"),
+    ],
+)
+def test_a_malformed_uri_is_a_spec_error_naming_the_field(uri, says):
+    with pytest.raises(SpecError) as raised:
+        gcs.parse(uri, FIELD)
+    assert raised.value.field == FIELD and says in str(raised.value)
+
+
+def test_a_prefix_lists_its_data_objects_pinned(storage):
+    objects = gcs.list_objects(f"gs://{DATA}/data/", field=FIELD)
+    assert names(objects) == ["data/a.jsonl", "data/b.json", "data/c.parquet", "data/sub/d.jsonl"]  # no _SUCCESS, txt
+    for entry in objects:
+        stored = storage.object(DATA, entry["uri"].removeprefix(f"gs://{DATA}/"))
+        assert entry == {
+            "uri": entry["uri"],
+            "generation": stored["generation"],
+            "size": int(stored["size"]),
+            "crc32c": stored["crc32c"],
+            "updated": stored["updated"],
+        }
+    assert names(gcs.list_objects(f"gs://{DATA}", field=FIELD)) == [
+        *names(objects),
+        "other/e.jsonl",
+    ]  # the whole bucket
+
+
+def test_a_glob_lists_what_matches_through_match_glob(storage):
+    assert names(gcs.list_objects(f"gs://{DATA}/data/*.jsonl", field=FIELD)) == ["data/a.jsonl"]
+    assert names(gcs.list_objects(f"gs://{DATA}/data/**.jsonl", field=FIELD)) == ["data/a.jsonl", "data/sub/d.jsonl"]
+    assert names(gcs.list_objects(f"gs://{DATA}/*/?.jsonl", field=FIELD)) == ["data/a.jsonl", "other/e.jsonl"]
+    assert names(gcs.list_objects(f"gs://{DATA}/data/*", field=FIELD)) == [
+        "data/a.jsonl",
+        "data/b.json",
+        "data/c.parquet",
+    ]
+
+
+def test_one_object(storage):
+    (entry,) = gcs.list_objects(f"gs://{DATA}/data/b.json", field=FIELD)
+    assert entry["uri"] == f"gs://{DATA}/data/b.json" and entry["size"] == len(FILES["data/b.json"])
+    assert gcs.read(entry) == FILES["data/b.json"]
+
+
+def test_every_page_is_read(storage):
+    for i in range(2500):
+        storage.put(DATA, f"many/{i:05d}.jsonl", b"{}\n")
+    storage.put(DATA, "many/zz.txt", b"")
+    before = storage.state.calls.count("objects.list")
+    objects = gcs.list_objects(f"gs://{DATA}/many/", field=FIELD)
+    assert names(objects) == [f"many/{i:05d}.jsonl" for i in range(2500)]
+    assert storage.state.calls.count("objects.list") - before == 3  # pages of at most 1,000
+
+
+def test_a_pinned_generation_is_what_is_read_and_copied(storage):
+    logged: list[str] = []
+    pinned = gcs.list_objects(f"gs://{DATA}/data/", field=FIELD)
+    copies = gcs.copy_into(pinned, f"gs://{RUNS}/runs/r1/data/train", log=logged.append)
+    assert copies == [
+        f"gs://{RUNS}/runs/r1/data/train/00000-a.jsonl",
+        f"gs://{RUNS}/runs/r1/data/train/00001-b.json",
+        f"gs://{RUNS}/runs/r1/data/train/00002-c.parquet",
+        f"gs://{RUNS}/runs/r1/data/train/00003-d.jsonl",
+    ]
+    assert logged == [f"copied 4 object(s) (0.0 MiB) into gs://{RUNS}/runs/r1/data/train"]
+
+    storage.put(DATA, "data/a.jsonl", b'{"text": "replaced"}\n')  # a new generation, during the run
+    with pytest.raises(gcs.SnapshotChanged, match=rf"gs://{DATA}/data/a.jsonl changed since the run's snapshot"):
+        gcs.read(pinned[0])
+    assert gcs.read(pinned[1]) == FILES["data/b.json"]  # unchanged: its pinned generation is the live one
+    assert storage.data(RUNS, "runs/r1/data/train/00000-a.jsonl") == FILES["data/a.jsonl"]  # the copy keeps the pin
+    with pytest.raises(gcs.SnapshotChanged, match="data/a.jsonl changed since the run's snapshot"):
+        gcs.copy_into(pinned, f"gs://{RUNS}/runs/r2/data/train", log=logged.append)  # never the live generation
+    assert storage.data(RUNS, "runs/r2/data/train/00000-a.jsonl") is None
+    (fresh,) = gcs.list_objects(f"gs://{DATA}/data/a.jsonl", field=FIELD)  # a new snapshot sees the new data
+    assert int(fresh["generation"]) > int(pinned[0]["generation"]) and gcs.read(fresh) == b'{"text": "replaced"}\n'
+
+
+def test_a_retried_copy_copies_only_what_is_missing(storage):
+    logged: list[str] = []
+    pinned = gcs.list_objects(f"gs://{DATA}/data/", field=FIELD)
+    destination = f"gs://{RUNS}/runs/r1/data/train"
+    first = gcs.copy_into(pinned, destination, log=logged.append)
+    generations = {n: storage.object(RUNS, n)["generation"] for n in storage.objects_of(RUNS)}
+    rewrites = storage.state.calls.count("objects.rewrite")
+    assert gcs.copy_into(pinned, destination + "/", log=logged.append) == first  # a retried stage re-attaches
+    assert storage.state.calls.count("objects.rewrite") == rewrites
+    assert {n: storage.object(RUNS, n)["generation"] for n in storage.objects_of(RUNS)} == generations
+    assert logged[-1] == f"copied 0 object(s) (0.0 MiB) into {destination}/; 4 already there"
+
+    storage.put(RUNS, "runs/r1/data/train/00001-b.json", b"torn")  # not the pinned data: copied again
+    owner().bucket(RUNS).blob("runs/r1/data/train/00002-c.parquet").delete()
+    gcs.copy_into(pinned, destination, log=logged.append)
+    assert storage.state.calls.count("objects.rewrite") == rewrites + 2
+    assert logged[-1] == f"copied 2 object(s) (0.0 MiB) into {destination}; 2 already there"
+    assert storage.objects_of(RUNS, "runs/r1/") == {
+        "runs/r1/data/train/00000-a.jsonl": FILES["data/a.jsonl"],
+        "runs/r1/data/train/00001-b.json": FILES["data/b.json"],
+        "runs/r1/data/train/00002-c.parquet": FILES["data/c.parquet"],
+        "runs/r1/data/train/00003-d.jsonl": FILES["data/sub/d.jsonl"],
+    }
+
+
+def test_many_objects_copy_with_progress(storage):
+    for i in range(1200):
+        storage.put(DATA, f"many/{i:05d}.jsonl", b"{}\n")
+    logged: list[str] = []
+    pinned = gcs.list_objects(f"gs://{DATA}/many/", field=FIELD)
+    copies = gcs.copy_into(pinned, f"gs://{RUNS}/runs/r1/data/train", log=logged.append)
+    assert len(copies) == 1200 and copies[-1] == f"gs://{RUNS}/runs/r1/data/train/01199-01199.jsonl"
+    assert f"copying the dataset: 1000 of 1200 objects into gs://{RUNS}/runs/r1/data/train" in logged
+    assert logged[-1].startswith("copied 1200 object(s)")
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("gs://no-such-bucket/data/", "the bucket no-such-bucket does not exist"),
+        ("gs://no-such-bucket/data/a.jsonl", "the bucket no-such-bucket does not exist"),
+        (f"gs://{DATA}/empty/", f"no .jsonl/.json/.parquet object under gs://{DATA}/empty/"),
+        (f"gs://{DATA}/notes/", "(1 other object(s): notes/readme.md)"),
+        (f"gs://{DATA}/data/*.csv", "no .jsonl/.json/.parquet object matches the glob data/*.csv"),
+        (f"gs://{DATA}/data/missing.jsonl", f"no such object in the bucket {DATA}"),
+        (f"gs://{DATA}/data", f"objects are under the prefix gs://{DATA}/data/ (with the trailing /)"),
+        (f"gs://{DATA}/data/readme.txt", "not a .jsonl/.json/.parquet object"),
+    ],
+)
+def test_what_names_no_data_is_a_spec_error_naming_the_field(storage, uri, says):
+    with pytest.raises(SpecError) as raised:
+        gcs.list_objects(uri, field="train.eval_dataset")
+    assert raised.value.field == "train.eval_dataset" and says in str(raised.value)
+
+
+@pytest.mark.parametrize("uri", [f"gs://{DATA}/data/", f"gs://{DATA}/data/*.jsonl", f"gs://{DATA}/data/a.jsonl"])
+def test_a_caller_who_may_not_read_is_told_the_role_on_the_bucket(storage, monkeypatch, uri):
+    act_as(storage, monkeypatch, STRANGER)
+    with pytest.raises(SpecError) as raised:
+        gcs.list_objects(uri, field=FIELD)
+    message = str(raised.value)
+    assert raised.value.field == FIELD and STRANGER in message  # Cloud Storage's refusal names the member
+    assert (
+        f"grant roles/storage.objectViewer on gs://{DATA}" in message and "--role=roles/storage.objectViewer" in message
+    )
+
+    grant(DATA, "roles/storage.objectViewer", STRANGER)
+    assert gcs.list_objects(uri, field=FIELD)
+
+
+def test_the_caller_named_from_its_credentials():
+    key = service_account.Credentials(
+        signer=None, service_account_email="pipeline@p.iam.gserviceaccount.com", token_uri="https://x"
+    )
+    assert gcs.caller(key) == "serviceAccount:pipeline@p.iam.gserviceaccount.com"
+    assert gcs.caller(user_credentials.Credentials(token="t", account="me@example.com")) == "user:me@example.com"
+    assert gcs.caller(user_credentials.Credentials(token="t")) == "" and gcs.caller(None) == ""
+    assert "--member=serviceAccount:pipeline@p" in gcs.read_hint(DATA, gcs.caller(key))
+
+
+def test_missing_read_permissions(storage, monkeypatch):
+    assert gcs.missing_read(DATA) == []  # the project's owner
+    act_as(storage, monkeypatch, STRANGER)
+    assert gcs.missing_read(DATA) == ["storage.objects.list", "storage.objects.get"]
+    grant(DATA, "roles/storage.legacyObjectReader", STRANGER)  # get, not list
+    assert gcs.missing_read(DATA) == ["storage.objects.list"]
+    act_as(storage, monkeypatch, READER)
+    grant(DATA, "roles/storage.objectViewer", READER)
+    assert gcs.missing_read(DATA) == [] and gcs.missing_read(RUNS) == list(gcs.READ_PERMISSIONS)
+    with pytest.raises(SpecError, match="train.dataset: the bucket no-such-bucket does not exist"):
+        gcs.missing_read("no-such-bucket")
