@@ -20,8 +20,36 @@ PIPELINE_IMAGE = "tpupipe-pipeline"
 
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+def snapshot_data(
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    dataset: str,
+    schedule_time: str,
+) -> str:
+    """Resolve the run's data to an immutable snapshot before anything is created; its output, train or skip (nothing
+    new since the champion), gates every stage after it."""
+    from components.stages.component import run_component
+
+    return run_component("snapshot_data", locals())
+
+
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def provision(
-    preset: str, platform: str, overrides: str, run_id: str, job_name: str, output_root: str, project: str, bucket: str
+    preset: str,
+    platform: str,
+    overrides: str,
+    run_id: str,
+    job_name: str,
+    output_root: str,
+    project: str,
+    bucket: str,
+    dataset: str,
 ) -> str:
     """Create the cluster the run trains on (local: a Ray head and N emulated hosts)."""
     from components.stages.component import run_component
@@ -39,6 +67,7 @@ def build_image(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
 ) -> str:
     """Build or reuse the trainer image (local: the torch environment, by content hash), beside provision: it needs
     nothing of it."""
@@ -57,6 +86,7 @@ def deploy_raycluster(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     image: str,
 ) -> str:
     """Deploy the RayCluster and wait until every host is alive."""
@@ -75,6 +105,7 @@ def check_slice(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     raycluster: str,
 ) -> str:
     """Check every device of the slice before training (collectives, tensor-parallel parity), as a Ray job."""
@@ -93,6 +124,7 @@ def train(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     raycluster: str,
     metrics: dsl.Output[dsl.Metrics],
     loss_curve: dsl.Output[dsl.HTML],
@@ -113,6 +145,7 @@ def evaluate(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     source_version: str,
     train_result: str,
     metrics: dsl.Output[dsl.Metrics],
@@ -135,6 +168,7 @@ def register(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     source_version: str,
     eval_result: str,
     model: dsl.Input[dsl.Model],
@@ -160,6 +194,7 @@ def promote(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     decision: str,
 ) -> str:
     """Make the registered version the champion: it beat the champion on the same held-out examples."""
@@ -178,6 +213,7 @@ def teardown(
     output_root: str,
     project: str,
     bucket: str,
+    dataset: str,
     deleted: dsl.Output[dsl.Markdown],
     goodput: dsl.Output[dsl.Metrics],
     timeline: dsl.Output[dsl.HTML],

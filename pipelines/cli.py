@@ -336,8 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     _with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
 
-    from pipelines import cli_gke, cli_models, cli_runs, cli_vertex
+    from pipelines import cli_data, cli_gke, cli_models, cli_runs, cli_vertex
 
+    cli_data.add_commands(sub)
     cli_gke.add_commands(sub)
     cli_vertex.add_commands(sub)
     cli_models.add_commands(sub)

@@ -30,7 +30,7 @@ def _submission(args) -> vertex.Submission:
     project = args.project
     return vertex.Submission(
         preset=args.preset,
-        overrides=overrides(args.set),
+        overrides=" ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip(),
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -39,6 +39,7 @@ def _submission(args) -> vertex.Submission:
         network=args.network,
         labels=_labels(args.label),
         run_id=args.run_id,
+        dataset=args.dataset,
     )
 
 
@@ -65,6 +66,19 @@ def _job_args(p, preset: bool = True) -> None:
     )
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label of the job (repeatable)")
     p.add_argument("--run-id", default="", help="names every resource of the run (default: from the job name)")
+    p.add_argument(
+        "--dataset",
+        default="",
+        help="the examples to train on instead of the preset's (the run form's dataset field): gs://BUCKET/PREFIX/, "
+        "gs://BUCKET/PATH/*.jsonl or bq://PROJECT.DATASET.TABLE; {date} is the schedule's date (YYYY-MM-DD, UTC)",
+    )
+    p.add_argument(
+        "--data-since",
+        choices=("champion",),
+        default=None,
+        help="train only on what the champion has not seen (train.data_since=champion): a day with nothing new "
+        "ends after the data snapshot, nothing created or billed",
+    )
 
 
 def cmd_submit(args) -> int:

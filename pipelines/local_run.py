@@ -26,7 +26,8 @@ def run(
     verbose: bool = False,
 ) -> int:
     """Run the whole pipeline with kfp.local (``dry_run``: print its calls instead) and print its summary; the exit
-    code: 0 when it succeeded, 1 when it failed, 128 + the signal when one stopped it."""
+    code: 0 when it succeeded (or was skipped: nothing new to learn), 1 when it failed, 128 + the signal when one
+    stopped it."""
     from components.platforms import get_platform
     from components.stages import report
     from components.stages import runner as stages
@@ -50,6 +51,11 @@ def run(
     gate.check_lineage(ctx)  # the champion's base is this run's, or the gate could not compare: exit 2 now
     if ctx.store.exists("summary.json"):
         return fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
+    from components.stages import dataset
+
+    # The data snapshot now: bad data (no such file or object, no permission, no examples, an example without the
+    # prompt's fields) exits 2 before anything starts; the pipeline's snapshot_data stage reads this one.
+    dataset.snapshot_data(ctx)
 
     import warnings
 
@@ -99,7 +105,7 @@ def run(
         return fail(f"the pipeline wrote no summary ({ctx.store.uri}/summary.json); see the log {where}", failed)
     summary = json.loads(summary_text)
     print(report.format_table(summary))
-    return 0 if summary["status"] == "succeeded" and not interrupted.signum else failed
+    return 0 if summary["status"] in ("succeeded", "skipped") and not interrupted.signum else failed
 
 
 def _dry_run(ctx) -> int:

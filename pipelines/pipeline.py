@@ -71,6 +71,7 @@ def tpupipe_pipeline(
     bucket: str = "",
     output_root: str = "",
     source_version: str = "",
+    dataset: str = "",
 ):
     """Train or fine-tune an LLM, evaluate it, and tear down what the run created.
 
@@ -87,6 +88,9 @@ def tpupipe_pipeline(
         bucket: The Cloud Storage bucket for checkpoints and the run's state (gke.bucket).
         output_root: Where run directories go: gs://BUCKET/state on Vertex AI, or a local directory.
         source_version: The tpupipe source (git commit) this pipeline was compiled from, recorded with the model.
+        dataset: The examples to train on, instead of the preset's: gs://BUCKET/PREFIX/ (every .jsonl, .json and
+            .parquet object under it), gs://BUCKET/PATH/*.jsonl, or bq://PROJECT.DATASET.TABLE; {date} in it is the
+            schedule's date (YYYY-MM-DD, UTC). Leave empty for the preset's dataset.
     """
     common = dict(
         preset=preset,
@@ -97,8 +101,9 @@ def tpupipe_pipeline(
         output_root=output_root,
         project=project,
         bucket=bucket,
+        dataset=dataset,
     )
-    wire(common, {"source_version": source_version})
+    wire(common, {"source_version": source_version, "schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER})
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,10 @@ def compile_pipeline(
     target's project and bucket; with its ``digest`` (``sha256:HEX``, what ``publish`` built or found), the image is
     pinned to it (``NAME:TAG@sha256:HEX``). Without ``retries``, no task asks to be retried: what a local run
     (kfp.local, which honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver
-    stops a stage on Ctrl-C and a retry would start it again. Deterministic: the same tree gives the same bytes."""
+    stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's time, which
+    kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names and ids and the
+    pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is never scheduled,
+    and its snapshot takes the run's start. Deterministic: the same tree gives the same bytes."""
     pipeline = pipeline or tpupipe_pipeline
     if target is None and retries:
         compiler.Compiler().compile(pipeline, package_path=path)
@@ -165,6 +173,12 @@ def compile_pipeline(
         for component in [spec["root"], *spec.get("components", {}).values()]:
             for task in component.get("dag", {}).get("tasks", {}).values():
                 task.pop("retryPolicy", None)
+                for binding in task.get("inputs", {}).get("parameters", {}).values():
+                    if (
+                        binding.get("runtimeValue", {}).get("constant")
+                        == dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
+                    ):
+                        binding["runtimeValue"]["constant"] = ""
     if target is None:
         Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
         return path

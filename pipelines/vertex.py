@@ -58,6 +58,15 @@ class Submission:
     network: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
+    dataset: str = ""  # the run form's dataset parameter: the examples instead of the preset's; "" for the preset's
+
+    @property
+    def resolved_overrides(self) -> str:
+        """The overrides every task resolves the spec with: the run form's dataset last, as the components apply it
+        (``components.stages.component.with_target``)."""
+        from components.stages.component import with_target
+
+        return with_target(self.overrides, "", "", self.dataset)
 
 
 def check_place(project: str) -> None:
@@ -77,7 +86,7 @@ def check(sub: Submission, scheduled: bool = False) -> None:
     for key, value in sub.labels.items():
         if not LABEL.match(key) or not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
             raise SpecError("--label", f"{key}={value!r}: keys and values are lowercase letters, digits, '_', '-'")
-    spec = resolve(sub.preset, sub.overrides)
+    spec = resolve(sub.preset, sub.resolved_overrides)
     if scheduled and sub.run_id:
         raise SpecError(
             "run_id",
@@ -159,6 +168,8 @@ def _job(sub: Submission, job_id: str = "", template: str = ""):
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
     if sub.run_id:
         parameters["run_id"] = sub.run_id
+    if sub.dataset:
+        parameters["dataset"] = sub.dataset
     return aiplatform.PipelineJob(
         display_name=f"tpupipe-{sub.preset}",
         template_path=template or _template(sub),

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from components.spec import RunSpec, datasets
+
 PROMPT = "Instruction: {instruction}\nResponse: {response}"
 
 # Generated task: short string and arithmetic instructions a tiny model measurably learns in minutes.
@@ -64,6 +66,23 @@ def write_generated(directory: Path, num_train: int, num_eval: int, seed: int = 
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         files[split] = str(path)
     return files
+
+
+def job_files(spec: RunSpec, output_dir: Path) -> dict[str, str] | None:
+    """The files a job reads, by split: the generated dataset (written now, the same in every job), the two files of
+    the run's data snapshot (the first stage's, copied under the jobs' directory by the train stage:
+    components/stages/dataset.py), or None for a hub dataset, loaded by name."""
+    t = spec.train
+    if t.dataset == datasets.GENERATED:
+        return write_generated(output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed)
+    if datasets.snapshotted(t.dataset):
+        return {split: str(output_dir / "data" / f"{split}.jsonl") for split in datasets.SNAPSHOT_SPLITS}
+    return None
+
+
+def splits(spec: RunSpec) -> tuple[str, str]:
+    """(train split, evaluation split) the jobs read: a snapshot's files, else the spec's splits."""
+    return datasets.splits(spec.train.dataset, spec.train.train_split, spec.train.eval_split)
 
 
 def snapshot(examples: Iterable[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.spec import GENERATED_DATASET, RunSpec, protocol
+from components.spec import RunSpec, protocol
 from trainers import data, job_args
 
 
@@ -103,7 +103,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)
     dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, t.eval_split, config.get("data_files"), config.get("cache_dir"))
+    raw = data.load_split(t.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
     batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
     mesh = init_device_mesh(device_type, (world,))
     losses, measured = {}, {}
@@ -148,7 +148,6 @@ def run(
 
     from trainers.devices import probe_backend, worker_runtime_env
 
-    t = spec.train
     config: dict[str, Any] = {
         "spec": spec.to_json(),
         "checkpoint": checkpoint,
@@ -156,10 +155,9 @@ def run(
         "champion": champion,
         "cache_dir": data.local_cache_dir(run_name),
     }
-    if t.dataset == GENERATED_DATASET:
-        config["data_files"] = data.write_generated(
-            output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
-        )
+    files = data.job_files(spec, output_dir)
+    if files is not None:
+        config["data_files"] = files
     ray.init(log_to_driver=True)
     device_type, backend = probe_backend(scaling["resources_per_worker"])
     print(
@@ -189,7 +187,7 @@ def run(
         "num_eval_examples": metrics["num_eval_examples"],
         "num_workers": metrics["num_workers"],
         "device": metrics["device"],
-        "eval_split": t.eval_split,
+        "eval_split": data.splits(spec)[1],
     }
     if "eval_loss_champion" in metrics:
         result.update(

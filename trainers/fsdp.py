@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.spec import GENERATED_DATASET, RunSpec, protocol
+from components.spec import RunSpec, protocol
 from trainers import data, job_args, mesh
 from trainers.checkpoints import load_checkpoint, save_checkpoint
 from trainers.devices import detect_backend, probe_backend, worker_runtime_env
@@ -60,7 +60,7 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     weights, compute = mesh.dtypes(device_type, t.precision)
     dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, t.train_split, config.get("data_files"), config.get("cache_dir"))
+    raw = data.load_split(t.dataset, data.splits(spec)[0], config.get("data_files"), config.get("cache_dir"))
     loader = data_loader(data.tokenize(raw, tokenizer, t.max_length), t.batch_size, t.seed, world, rank)
     loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=False)
     if config.get("init_from"):
@@ -201,10 +201,9 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
         "cache_dir": data.local_cache_dir(run_name),
         "init_from": init_from,
     }
-    if t.dataset == GENERATED_DATASET:
-        loop_config["data_files"] = data.write_generated(
-            output_dir / "data", t.num_train_examples, t.num_eval_examples, t.seed
-        )
+    files = data.job_files(spec, output_dir)
+    if files is not None:
+        loop_config["data_files"] = files
     ray.init(log_to_driver=True)
     device_type, backend = probe_backend(scaling["resources_per_worker"])
     worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)

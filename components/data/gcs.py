@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable
 
-from components.platforms.credentials import credentials
+from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
 from components.spec import InfraError, SpecError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -53,7 +53,7 @@ def _client():
     ``STORAGE_EMULATOR_HOST``). No project: reading and copying objects bills the buckets' own."""
     from google.cloud import storage
 
-    return storage.Client(project=None, credentials=credentials())
+    return google_client(storage.Client, STORAGE_EMULATOR_HOST_ENV, project=None)
 
 
 def parse(uri: str, field: str) -> tuple[str, str, str]:

@@ -23,6 +23,7 @@ EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"  # a static token (an emulator
 EMULATOR_TOKEN_URI_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN_URI"
 # Vertex AI's endpoint (http://host:port, REST) with the emulators; unset, the SDK's default for the region.
 VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
+STORAGE_EMULATOR_HOST_ENV = "STORAGE_EMULATOR_HOST"  # google-cloud-storage's own (it reads it itself)
 LOGIN = "gcloud auth application-default login"
 
 

@@ -54,7 +54,7 @@ PROVENANCE_FIELDS = {
     "preset": "the preset the run resolved",
     "spec_hash": "digest of the resolved run spec (components.registry.digest)",
     "base_model": "the model the fine-tune started from (a model id, or NAME@VERSION of this registry)",
-    "data_snapshot": "digest of the examples trained on",
+    "data_snapshot": "digest of the examples trained on (a snapshotted dataset: its data manifest's)",
     "trainer_image": "the trainer image with its digest (NAME@sha256:...)",
     "git_sha": "the source commit",
     "accelerator": "cpu, v6e, tpu7x, ...",

@@ -9,12 +9,11 @@ import math
 import re
 from pathlib import Path
 
-from components.spec import models, names
+from components.spec import datasets, models, names
 from components.spec.errors import SpecError
 from components.spec.run_spec import (
     CAPACITY_TYPES,
     CHAMPION,
-    GENERATED_DATASET,
     GKE_CLUSTER_MODES,
     MODEL_REF,
     MULTISLICE_NETWORKS,
@@ -23,10 +22,6 @@ from components.spec.run_spec import (
     WORKLOADS,
     RunSpec,
 )
-
-
-def _is_local_file(dataset: str) -> bool:
-    return dataset.endswith((".json", ".jsonl")) or dataset.startswith(("/", "./", "../", "~"))
 
 
 def _check_counts(spec: RunSpec) -> None:
@@ -118,9 +113,71 @@ def _check_training(spec: RunSpec) -> None:
                 f"unknown scratch config {config!r}",
                 [SCRATCH_PREFIX + n for n in models.SCRATCH_CONFIGS],
             )
-    if t.dataset != GENERATED_DATASET and _is_local_file(t.dataset):
-        if not Path(t.dataset).expanduser().is_file():
-            raise SpecError("train.dataset", f"file not found: {t.dataset}")
+    _check_data(spec)
+
+
+_GCS = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$")
+# PROJECT.DATASET.TABLE: a project id (a domain-scoped one has "domain:"), a dataset id of letters, digits and
+# underscores, a table id of up to 1,024 characters (https://cloud.google.com/bigquery/docs/datasets#dataset-naming,
+# https://cloud.google.com/bigquery/docs/tables#table_naming).
+_BQ = re.compile(r"^bq://([a-z][a-z0-9:.-]{4,61}[a-z0-9])\.([A-Za-z0-9_]{1,1024})\.([\w$-]{1,1024})$")
+DATASET_SHAPES = ["generated", "a hub dataset name", "a local file, DIR/ or glob", "gs://BUCKET/PREFIX/", "bq://P.D.T"]
+
+
+def _check_data(spec: RunSpec) -> None:
+    """Where the examples come from: each dataset's shape and placeholders (no file opened but a local one named
+    without a placeholder, no call made); the fields that go with a kind; ``train.data_since``."""
+    t = spec.train
+    for key, value in (("train.dataset", t.dataset), ("train.eval_dataset", t.eval_dataset)):
+        if not value:
+            continue
+        try:
+            source = datasets.kind(value)
+        except ValueError as exc:
+            raise SpecError(key, str(exc), DATASET_SHAPES) from None
+        unknown = [p for p in datasets.placeholders(value) if p not in datasets.PLACEHOLDERS]
+        if unknown:
+            raise SpecError(key, f"unknown placeholder {{{unknown[0]}}} in {value!r}", ["{date}"])
+        if source == "gcs" and not _GCS.match(value):
+            raise SpecError(key, f"not a Cloud Storage URI: {value!r}", ["gs://BUCKET/PREFIX/", "gs://BUCKET/*.jsonl"])
+        if source == "bigquery" and not _BQ.match(value):
+            raise SpecError(key, f"not a BigQuery table: {value!r}", ["bq://PROJECT.DATASET.TABLE"])
+        if source == "local" and not datasets.placeholders(value) and not any(c in value for c in "*?["):
+            if not Path(value).expanduser().exists():
+                raise SpecError(key, f"file not found: {value}")
+    if t.eval_dataset and not datasets.snapshotted(t.eval_dataset):
+        raise SpecError(
+            "train.eval_dataset",
+            f"a fixed evaluation set is snapshotted data, got {t.eval_dataset!r}",
+            DATASET_SHAPES[2:],
+        )
+    snapshotted = datasets.snapshotted(t.dataset)
+    if t.eval_dataset and not snapshotted:
+        raise SpecError(
+            "train.eval_dataset", f"needs a snapshotted train.dataset (local files, gs://, bq://), got {t.dataset!r}"
+        )
+    is_bq = snapshotted and datasets.kind(t.dataset) == "bigquery"
+    for key, value in (
+        ("train.dataset_filter", t.dataset_filter),
+        ("train.dataset_time_column", t.dataset_time_column),
+    ):
+        if value and not is_bq:
+            raise SpecError(key, f"applies to a bq:// train.dataset only, got {t.dataset!r}", [""])
+    if t.dataset_time_column and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,299}", t.dataset_time_column):
+        raise SpecError("train.dataset_time_column", f"not a column name: {t.dataset_time_column!r}")
+    if t.data_since not in datasets.SINCE:
+        raise SpecError("train.data_since", f"unknown value {t.data_since!r}", ['""', "champion"])
+    if t.data_since:
+        if not snapshotted:
+            raise SpecError("train.data_since", f"needs a snapshotted train.dataset, got {t.dataset!r}", [""])
+        if is_bq and not t.dataset_time_column:
+            raise SpecError(
+                "train.data_since",
+                "a bq:// dataset needs train.dataset_time_column to tell the new rows",
+                ["train.dataset_time_column=COLUMN"],
+            )
+        if not spec.gate.register:
+            raise SpecError("train.data_since", "compares with the champion: needs gate.register=true", [""])
 
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -71,7 +71,13 @@ class TrainSpec:
     # Start from a registered version's weights (over model_id's architecture): "" (model_id's own), "champion"
     # (the champion of gate.model, resolved when train starts) or NAME@VERSION (a version id or an alias).
     init_from: str = ""
-    dataset: str = GENERATED_DATASET  # "generated", a local .json/.jsonl file, or a hub dataset name
+    # "generated", a hub dataset name, local files (a file, DIR/, a glob), gs://BUCKET/PREFIX/ (or a glob, or one
+    # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date (components/spec/datasets.py)
+    dataset: str = GENERATED_DATASET
+    eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
+    dataset_filter: str = ""  # bq:// only: a SQL predicate the rows must satisfy
+    dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
+    data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
     train_split: str = "train"
     eval_split: str = "heldout"
     num_train_examples: int = 1024  # size of the generated dataset's train split

@@ -11,14 +11,16 @@ from components.stages import table
 from components.stages.runner import run_stage, stage_context
 
 
-def with_target(overrides: str, project: str, bucket: str) -> str:
+def with_target(overrides: str, project: str, bucket: str, dataset: str = "") -> str:
     """The pipeline's ``project`` and ``bucket`` parameters (set when the pipeline was compiled) as spec overrides,
-    before the user's own, which win."""
+    before the user's own, which win; its ``dataset`` parameter (the run form's, empty for the preset's) after them:
+    a field of the form is what the person asked for."""
     import shlex
 
     target = [f"gke.project={project}"] if project else []
     target += [f"gke.bucket={bucket}"] if bucket else []
-    return " ".join([*(shlex.quote(t) for t in target), overrides]).strip()
+    chosen = [f"train.dataset={dataset}"] if dataset else []
+    return " ".join([*(shlex.quote(t) for t in target), overrides, *(shlex.quote(d) for d in chosen)]).strip()
 
 
 def run_component(stage: str, args: dict[str, Any]) -> str:
@@ -26,7 +28,7 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
     artifacts (``components.stages.artifacts``), written from the records the stage left in the run's store. What the
     stage takes and writes is its record's (``components.stages.table``)."""
     this = table.named(stage)
-    overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""))
+    overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""), args.get("dataset", ""))
     common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
     facts = {key: args[arg] for key, arg in this.facts.items()}
     result = run_stage(stage, *common, args.get(this.upstream, ""), **facts)

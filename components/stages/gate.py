@@ -21,7 +21,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
-from components.spec import RunSpec, SpecError, names
+from components.spec import RunSpec, SpecError, datasets, names
 from components.spec.images import pinned_image
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
@@ -166,7 +166,8 @@ def not_held_out(spec: RunSpec) -> str | None:
     t = spec.train
     if t.workload == "maxtext" and spec.maxtext.dataset_type == "synthetic":
         return "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
-    if t.workload == "fsdp" and t.eval_split == t.train_split:
+    train_split, eval_split = datasets.splits(t.dataset, t.train_split, t.eval_split)
+    if t.workload == "fsdp" and eval_split == train_split:
         return f"train.eval_split is train.train_split ({t.train_split!r}): the evaluation reads the training examples"
     return None
 
@@ -245,6 +246,7 @@ def provenance(
     stage -> its result; train, evaluate and build_image), plus what the gate and a later run need:
     ``model_id`` (the architecture the weights load over), the champion measured beside it and its figure."""
     train, ev, build = records.get("train", {}), records.get("evaluate", {}), records.get("build_image", {})
+    data = records.get("snapshot_data") or {}
     c, t = spec.cluster, spec.train
     started = (train.get("init_from") or {}).get("ref")
     base = started or (spec.maxtext.model_name if t.workload == "maxtext" else t.model_id)
@@ -253,7 +255,7 @@ def provenance(
         "preset": spec.name,
         "spec_hash": digest(spec.to_dict()),
         "base_model": base,
-        "data_snapshot": train.get("data_snapshot"),
+        "data_snapshot": data.get("snapshot") or train.get("data_snapshot"),
         "trainer_image": pinned_image(build),
         "git_sha": source_version or None,
         "accelerator": c.accelerator,
@@ -267,6 +269,8 @@ def provenance(
         "pipeline_job": job_name or None,
         "run_id": run_id,
         "model_id": base_model(spec),
+        "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
+        "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),

@@ -30,6 +30,7 @@ from typing import Any
 
 # (category, what it is), in the order the summary lists them.
 CATEGORIES = (
+    ("data snapshot", "snapshot_data: the data resolved and read before anything is created (no chip billed)"),
     ("image build", "build_image"),
     ("provisioning", "provision"),
     ("waiting for capacity", "deploy_raycluster: the RayCluster's pods waiting for nodes (not billed)"),
@@ -45,6 +46,7 @@ CATEGORIES = (
     ("idle between stages", "no stage running: the pipeline starting the next"),
 )
 STAGE_CATEGORY = {
+    "snapshot_data": "data snapshot",
     "build_image": "image build",
     "provision": "provisioning",
     "deploy_raycluster": "cluster start",
@@ -68,6 +70,7 @@ PRIORITY = (
     "image build",
     "registry",
     "teardown",
+    "data snapshot",
 )
 UNBILLED = "waiting for capacity"  # wall time, no chip billed
 TRAIN_PARTS = ("trainer start", "productive steps", "checkpoint saves", "lost to failures")

@@ -27,7 +27,7 @@ STOP_WAIT_S = 20.0  # an interrupt stops the job, then waits this long for Ray t
 # The pipeline's first tasks, side by side: the stages of components.stages.table that wait for none. Checked
 # against the table by tests/unit/test_stage_table.py: the stages' functions import this module, so it cannot
 # import the table.
-FIRST_STAGES = ("provision", "build_image")
+FIRST_STAGES = ("snapshot_data",)
 
 
 class JobFailed(InfraError):
@@ -181,7 +181,10 @@ def watch(ctx: RunContext) -> budget.Watch:
     """The run's budget and deadline as its platform holds it to them (``Platform.limits``), and the instants they
     count from, read from the stages' records: provision's end (the chips bill from there; the convention of
     ``report.before_training``) and the start of the run's first stage."""
-    records = {stage: read_json(ctx.store, f"stages/{stage}.json") or {} for stage in FIRST_STAGES}
+    # The run's clock starts with its first stage; provision and build_image follow it side by side (whichever a
+    # runner starts first counts when the first stage left no record).
+    starting = (*FIRST_STAGES, "provision", "build_image")
+    records = {stage: read_json(ctx.store, f"stages/{stage}.json") or {} for stage in starting}
     provision = records["provision"]
     billing = provision["started"] + provision["seconds"] if provision.get("status") == "succeeded" else None
     started = min((r["started"] for r in records.values() if r.get("started") is not None), default=None)

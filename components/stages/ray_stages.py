@@ -12,7 +12,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.spec import InfraError, RunSpec
-from components.stages import gate, goodput, progress
+from components.stages import dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
 
 
@@ -86,6 +86,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     if start:
         log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
 
+    dataset.stage_files(ctx)  # the snapshot's examples where the jobs read them
     command = entrypoint(ctx, "train", init_from=start["path"] if start else "")
     job = run_job(ctx, "train", command, t.timeout_s, _train_progress(ctx.spec))
     rows = history(job["records"])

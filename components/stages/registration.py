@@ -23,7 +23,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     ev = json.loads(upstream) if upstream else {}
     records = {
         stage: (read_json(ctx.store, f"stages/{stage}.json") or {}).get("result") or {}
-        for stage in ("build_image", "train")
+        for stage in ("snapshot_data", "build_image", "train")
     }
     records["evaluate"] = ev
     train_result = records["train"]

@@ -10,6 +10,7 @@ from components.platforms import RunContext, get_platform, interrupts
 from components.platforms.store import read_json, write_text
 from components.stages import gate as gate_rules
 from components.stages import goodput, timeline
+from components.stages.dataset import SKIP
 from components.stages.loss_curve import loss_html, loss_png, metric_columns, number
 from components.stages.ray_stages import bandwidth_line
 from components.stages.table import STAGES
@@ -38,13 +39,20 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
     for s in stages:  # promote runs only when the gate says so: not running otherwise is how it succeeds
         if s["name"] == "promote" and s["status"] == "skipped" and gate.get("decision") in ("keep", "off"):
             s["reason"] = gate["reason"]
+    data = results["snapshot_data"]
+    skipped = data.get("proceed") == SKIP  # nothing new since the champion: the run ended after its snapshot
+    for s in stages:
+        if skipped and s["status"] == "skipped":
+            s["reason"] = data["reason"]
     ok = all(s["status"] == "succeeded" or s.get("reason") for s in stages)
     interrupted = _interrupted(stages, interrupts.marked(ctx.store))
     return {
         "run_id": ctx.run_id,
         "preset": ctx.spec.name,
         "platform": ctx.platform,
-        "status": "interrupted" if interrupted else "succeeded" if ok else "failed",
+        "status": "interrupted" if interrupted else ("skipped" if skipped else "succeeded") if ok else "failed",
+        "skipped": data["reason"] if skipped else None,
+        "data": {k: data.get(k) for k in ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples")},
         "interrupted": interrupted,
         "run_dir": ctx.store.uri,
         "stages": stages,
@@ -220,6 +228,14 @@ def format_table(summary: dict[str, Any]) -> str:
     for s in summary["stages"]:
         secs = "-" if s["seconds"] is None else f"{s['seconds']:.1f}"
         lines.append(f"  {s['name']:<20} {s['status']:<10} {secs:>8}")
+    data = summary.get("data") or {}
+    if data.get("snapshot") and not summary.get("skipped"):  # a skipped run's status line says what it found
+        lines.append(
+            f"\n  data                 {data['dataset']}: snapshot {data['snapshot']}"
+            + (f", {data['num_examples']} examples" if data.get("num_examples") is not None else "")
+        )
+        if data.get("eval_snapshot"):
+            lines.append(f"  evaluation set       snapshot {data['eval_snapshot']}")
     check = summary.get("slice_check") or {}
     if check.get("skipped"):
         lines.append(f"\n  slice check          off ({check['reason']})")
@@ -263,11 +279,13 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
     lines += gate_lines(summary) or [""]
     lines += [text for text in [goodput.line(summary.get("goodput"))] if text]
-    if summary["status"] != "succeeded":
+    if summary["status"] not in ("succeeded", "skipped"):
         deleted = summary.get("deleted") or []
         lines.append(f"\n  cleaned up: {', '.join(deleted) if deleted else 'nothing was left to delete'}")
     status = summary["status"]
     if summary.get("interrupted"):
         status += " during {stage} ({signal})".format(**summary["interrupted"])
+    if summary.get("skipped"):
+        status += f" ({summary['skipped']})"
     lines += ["", f"status: {status}", summary["run_dir"]]
     return "\n".join(lines)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.stages import artifacts, ray_stages, registration
+from components.stages import artifacts, dataset, ray_stages, registration
 
 # What every component takes: the pipeline's parameters (``job_name`` is KFP's job name), from which a stage derives
 # everything else (the spec, the run id, its resources' names, the run's store).
-COMMON = ("preset", "platform", "overrides", "run_id", "job_name", "output_root", "project", "bucket")
+COMMON = ("preset", "platform", "overrides", "run_id", "job_name", "output_root", "project", "bucket", "dataset")
 RESULT = "Output"  # a component's return value: its stage's result as JSON, or its ``output`` field
 
 
@@ -85,10 +85,20 @@ def on_platform(name: str) -> Callable[[RunContext, str], dict[str, Any]]:
 
 RAY_JOB_RESUMES = "its Ray job's submission id derives from the run id: a retry re-attaches to it"
 
-# In pipeline order; provision and build_image start side by side (the image builds while the slices come up: Cloud
+# In pipeline order; the data snapshot first: it gates everything after it (a run with nothing new to learn ends there,
+# nothing created); provision and build_image start side by side (the image builds while the slices come up: Cloud
 # Build may take up to an hour, and every chip bills from its node pool's creation), deploy needs both; promote runs
 # only when register's gate says so; teardown runs last, whatever happened.
 TABLE: tuple[Stage, ...] = (
+    Stage(
+        "snapshot_data",
+        dataset.snapshot_data,
+        resumes="the manifest its first attempt wrote is what a retry reads: the same objects, generations and rows",
+        params=("schedule_time",),
+        facts={"schedule_time": "schedule_time"},
+        output="proceed",
+        gates=Gate(dataset.PROCEED, "new-data"),
+    ),
     Stage(
         "provision",
         on_platform("provision"),

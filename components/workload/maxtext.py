@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from components.spec import GENERATED_DATASET, RunSpec, SpecError
+from components.spec import GENERATED_DATASET, RunSpec, SpecError, datasets
 from components.tpu import catalogue
 
 # Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
@@ -196,6 +196,13 @@ def validate(spec: RunSpec) -> None:
         raise SpecError(
             "train.dataset",
             f"maxtext.dataset_type=hf reads the generated dataset here, got {spec.train.dataset!r}",
+            [GENERATED_DATASET],
+        )
+    if datasets.snapshotted(spec.train.dataset) or spec.train.eval_dataset:
+        raise SpecError(
+            "train.dataset",
+            f"MaxText reads the generated dataset (maxtext.dataset_type=hf) or synthetic data here; a snapshotted "
+            f"dataset ({spec.train.dataset!r}) is the FSDP trainer's (train.workload=fsdp)",
             [GENERATED_DATASET],
         )
     if m.cpu_devices_per_host < 1:

@@ -464,6 +464,8 @@ class StorageEmulator(HttpEmulator):
             else _InMemory(self.state.objects)
         )
         self._identities: dict[str, str] = {}  # access token -> the member it acts as (token_for)
+        # Buckets of another project -> the member the project's own credentials are there (``foreign``).
+        self._foreign: dict[str, str] = {}
 
     # ------------------------------------------------------------------ faults and inspection
     def fail(
@@ -489,6 +491,17 @@ class StorageEmulator(HttpEmulator):
                 when,
             )
         )
+
+    def foreign(self, bucket: str, caller: str) -> None:
+        """Make ``bucket`` (created already) another project's: the project's own credentials, which own its buckets,
+        are there only ``caller`` (``user:...``, ``serviceAccount:...``), holding what the bucket's policy grants that
+        member. A project's owners hold roles on its own buckets through the default policy's convenience values
+        (projectOwner, projectEditor, projectViewer), and none on another project's
+        (https://cloud.google.com/storage/docs/access-control/iam#convenience-values)."""
+        if not IDENTITY.fullmatch(caller):
+            raise ValueError(f"{caller!r} is not a principal")
+        with self._lock:
+            self._foreign[bucket] = caller
 
     def token_for(self, member: str) -> str:
         """A bearer token that acts as ``member`` (``principal://iam.googleapis.com/projects/NUMBER/locations/global/
@@ -602,6 +615,8 @@ class StorageEmulator(HttpEmulator):
             request = {"bucket": bucket, "object": name, "destination": destination, "query": query, "body": _json(raw)}
         else:
             request = {"bucket": bucket, "object": name, "query": query, "body": {}}
+        if member is None and request.get("bucket") in self._foreign:
+            member = self._foreign[request["bucket"]]
         if member is not None:
             self._authorize(member, method, request)
         fault = take_fault(self.faults, self._lock, method, request)

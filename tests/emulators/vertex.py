@@ -124,6 +124,11 @@ class Job:
     logs: dict[str, str] = field(default_factory=dict)  # task name -> its output (its last attempt's)
     attempts: dict[str, int] = field(default_factory=dict)  # task name -> attempts started
     backoffs: dict[str, list[float]] = field(default_factory=dict)  # task name -> the unscaled waits before retries
+    # The time a schedule started the job for (RFC 3339, UTC), what KFP's schedule-time placeholder stands for: "the
+    # time for which a pipeline job is scheduled" (kfp/dsl/__init__.py, PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER).
+    # A job no schedule started has none; what Vertex AI puts there for one is not documented, and "" is this
+    # emulator's choice (docs/recurring.md says so).
+    scheduled: str = ""
 
 
 @dataclass
@@ -362,7 +367,7 @@ class VertexEmulator(HttpEmulator):
         mask = [p for text in query.get("readMask", []) for p in text.split(",") if p]
         return [_masked(j, mask) for j in jobs] if mask else jobs
 
-    def _create(self, parent: str, job_id: str, raw: bytes) -> dict:
+    def _create(self, parent: str, job_id: str, raw: bytes, scheduled: str = "") -> dict:
         if not PARENT.match(parent):
             raise HttpError(400, f"Invalid parent {parent!r}: expected projects/PROJECT/locations/LOCATION.")
         message = _parse(aiplatform_v1.PipelineJob, raw)
@@ -390,7 +395,7 @@ class VertexEmulator(HttpEmulator):
                 updateTime=_now(),
                 jobDetail={"taskDetails": []},
             )
-            self.jobs[name] = Job(resource, spec, parameters, root.rstrip("/"))
+            self.jobs[name] = Job(resource, spec, parameters, root.rstrip("/"), scheduled=scheduled)
         threading.Thread(target=self._run, args=(name,), daemon=True).start()
         return copy.deepcopy(resource)
 
@@ -559,7 +564,11 @@ class VertexEmulator(HttpEmulator):
             elif "runtimeValue" in binding:
                 constant = binding["runtimeValue"]["constant"]
                 values[key] = (
-                    constant.replace("{{$.pipeline_job_name}}", job_id) if isinstance(constant, str) else constant
+                    constant.replace("{{$.pipeline_job_name}}", job_id).replace(
+                        "{{$.pipeline_job_schedule_time_utc}}", job.scheduled
+                    )
+                    if isinstance(constant, str)
+                    else constant
                 )
         return values
 
@@ -829,6 +838,7 @@ class VertexEmulator(HttpEmulator):
             request.get("parent", r["name"].rsplit("/schedules/", 1)[0]),
             job_id,
             json.dumps(request["pipelineJob"]).encode(),
+            scheduled=self.clock.strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         with self._lock:
             schedule.jobs.append(resource["name"])

@@ -322,3 +322,30 @@ def test_an_existing_cluster_whose_api_server_cannot_be_reached_is_a_problem(pro
     assert code == 2
     assert "the Kubernetes API of cluster team at 127.0.0.1:9 cannot be reached from here" in text
     assert project.mutations() == []
+
+
+def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_role(project_factory, capsys):
+    """A Cloud Storage dataset in another project's bucket: the run's data snapshot reads it as the caller, so
+    preflight asks the bucket what the caller may do there (testIamPermissions) and names the role it lacks."""
+    from google.cloud import storage
+
+    from components.platforms.credentials import credentials
+
+    project = project_factory()
+    storage.Client(project=PROJECT, credentials=credentials()).create_bucket("acme-sft")
+    project.storage.put("acme-sft", "drops/2026-12-01/a.jsonl", b'{"instruction": "a", "response": "b"}\n')
+    project.storage.foreign("acme-sft", "user:dev@example.com")
+    data = "train.dataset=gs://acme-sft/drops/{date}/"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 2
+    assert (
+        "train.dataset: the caller may not read gs://acme-sft (it lacks storage.objects.list, storage.objects.get)"
+        in text
+    )
+    assert "grant roles/storage.objectViewer on gs://acme-sft" in text
+    policy = project.storage.state.policies["acme-sft"]  # the bucket's owner, in its project, grants the role
+    policy.setdefault("bindings", []).append(
+        {"role": "roles/storage.objectViewer", "members": ["user:dev@example.com"]}
+    )
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert "train.dataset: the caller may list and read gs://acme-sft" in text, text

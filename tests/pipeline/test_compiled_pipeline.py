@@ -11,6 +11,7 @@ from pipelines.pipeline import Target, compile_pipeline
 TARGET = Target(project="my-project", region="us-east5")
 
 STAGES = {
+    "snapshot-data",
     "provision",
     "build-image",
     "deploy-raycluster",
@@ -30,19 +31,32 @@ def compiled(tmp_path_factory):
     return yaml.safe_load(path.read_text())
 
 
-def _inner(compiled) -> dict:
+def _handler(compiled) -> dict:
+    """The exit handler's tasks: the data snapshot and the condition on it."""
     return compiled["components"]["comp-exit-handler-1"]["dag"]["tasks"]
 
 
-def _gate_condition(compiled) -> tuple[str, dict]:
-    """The exit handler's one conditional task: (its name, its spec)."""
-    (found,) = [
-        (name, task) for name, task in _inner(compiled).items() if task.get("triggerPolicy", {}).get("condition")
-    ]
+def _condition_in(compiled, tasks: dict) -> tuple[str, dict]:
+    """The one conditional task among ``tasks``: (its name, its spec)."""
+    (found,) = [(name, task) for name, task in tasks.items() if task.get("triggerPolicy", {}).get("condition")]
     return found
 
 
-def test_nine_components(compiled):
+def _branch(compiled, task: dict) -> dict:
+    return compiled["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def _inner(compiled) -> dict:
+    """The tasks under the snapshot's condition: every stage from provision to register, and the gate's condition."""
+    return _branch(compiled, _condition_in(compiled, _handler(compiled))[1])
+
+
+def _gate_condition(compiled) -> tuple[str, dict]:
+    """The gate's conditional task, around promote: (its name, its spec)."""
+    return _condition_in(compiled, _inner(compiled))
+
+
+def test_ten_components(compiled):
     executors = {name.removeprefix("exec-") for name in compiled["deploymentSpec"]["executors"]}
     assert executors == STAGES
 
@@ -52,8 +66,30 @@ def test_teardown_is_the_exit_task_around_every_other_stage(compiled):
     assert set(root) == {"exit-handler-1", "teardown"}
     assert root["teardown"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert root["teardown"]["dependentTasks"] == ["exit-handler-1"]
+    new_data, _ = _condition_in(compiled, _handler(compiled))
+    assert set(_handler(compiled)) == {"snapshot-data", new_data}
     condition, _ = _gate_condition(compiled)
-    assert set(_inner(compiled)) == STAGES - {"teardown", "promote"} | {condition}
+    assert set(_inner(compiled)) == STAGES - {"snapshot-data", "teardown", "promote"} | {condition}
+
+
+def test_the_data_snapshot_gates_every_stage_but_teardown_and_reads_the_schedules_time(compiled):
+    """A run with nothing new (snapshot_data's output ``skip``) creates nothing: every stage but teardown is under the
+    condition on its output; the schedule's time reaches it as KFP's placeholder, which Vertex AI fills in."""
+    from tests.emulators.vertex import condition_holds
+
+    name, task = _condition_in(compiled, _handler(compiled))
+    assert task["taskInfo"]["name"] == "new-data"
+    (key,) = [
+        k
+        for k, b in task["inputs"]["parameters"].items()
+        if b.get("taskOutputParameter") == {"producerTask": "snapshot-data", "outputParameterKey": "Output"}
+    ]
+    condition = task["triggerPolicy"]["condition"]
+    assert condition_holds(condition, {key: "train"}) and not condition_holds(condition, {key: "skip"})
+    snapshot = _handler(compiled)["snapshot-data"]
+    assert snapshot["inputs"]["parameters"]["schedule_time"]["runtimeValue"]["constant"] == (
+        "{{$.pipeline_job_schedule_time_utc}}"
+    )
 
 
 def test_stages_run_in_order(compiled):
@@ -134,6 +170,7 @@ def test_every_pipeline_parameter_is_typed_described_and_defaulted_for_a_gke_run
         "project",
         "bucket",
         "source_version",
+        "dataset",
     }
     for name, p in params.items():
         assert p["parameterType"] == "STRING", name
@@ -180,6 +217,7 @@ def test_run_scoped_names_come_from_the_job_name(compiled):
     name, condition = _gate_condition(compiled)
     branch = compiled["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
     tasks = [t for n, t in _inner(compiled).items() if n != name] + list(branch.values())
+    tasks.append(_handler(compiled)["snapshot-data"])
     assert len(tasks) == len(STAGES) - 1
     for task in tasks:
         job_name = task["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"]
@@ -313,7 +351,15 @@ def test_make_compile_pipeline_compiles_then_checks(tmp_path, capsys):
         from components import definitions as c
 
         c.teardown(
-            preset=preset, platform="gke", overrides="", run_id="", job_name="j", output_root="", project="", bucket=""
+            preset=preset,
+            platform="gke",
+            overrides="",
+            run_id="",
+            job_name="j",
+            output_root="",
+            project="",
+            bucket="",
+            dataset="",
         )
 
     path = tmp_path / "undescribed.yaml"

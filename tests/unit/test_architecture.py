@@ -94,7 +94,13 @@ def within(module: str, package: str) -> bool:
 
 
 PLATFORMS = ("components.platforms.local", "components.platforms.gke")
-SHARED_BY_PLATFORMS = ("components.platforms", "components.spec", "components.tpu", "components.workload")
+SHARED_BY_PLATFORMS = (
+    "components.platforms",
+    "components.spec",
+    "components.tpu",
+    "components.workload",
+    "components.data",
+)
 GKE = "components.platforms.gke"
 # The gke platform's layers, each importing only those after it (and anything outside the gke platform that the
 # platforms' rule allows).

@@ -266,3 +266,28 @@ def test_missing_read_permissions(storage, monkeypatch):
     assert gcs.missing_read(DATA) == [] and gcs.missing_read(RUNS) == list(gcs.READ_PERMISSIONS)
     with pytest.raises(SpecError, match="train.dataset: the bucket no-such-bucket does not exist"):
         gcs.missing_read("no-such-bucket")
+
+
+def test_a_runs_snapshot_of_a_prefix_pins_each_objects_generation_and_reads_it(storage):
+    """The run's snapshot (components.data.snapshot) of a gs:// prefix: every data object with its generation, every
+    example read from that generation; an object replaced afterwards is another generation, and a later read of the
+    pinned one fails naming it instead of reading the new bytes."""
+    from datetime import UTC, datetime
+
+    from components.data import snapshot
+    from components.workload import resolve
+
+    rows = "".join(f'{{"instruction": "Repeat x{i} twice.", "response": "x{i} x{i}"}}\n' for i in range(30)).encode()
+    storage.put(DATA, "drops/2026-12-01/a.jsonl", rows)
+    storage.put(DATA, "drops/2026-12-01/_SUCCESS", b"")
+    spec = resolve("local-fsdp", f"train.dataset=gs://{DATA}/drops/{{date}}/")
+    manifest, train, heldout = snapshot.take(spec, datetime(2026, 12, 1, tzinfo=UTC), log=lambda line: None)
+    (item,) = manifest["train"]["items"]
+    assert item["uri"] == f"gs://{DATA}/drops/2026-12-01/a.jsonl" and item["num_examples"] == 30
+    assert item["generation"] == str(storage.object(DATA, "drops/2026-12-01/a.jsonl")["generation"])
+    assert len(train) + len(heldout) == 30
+    storage.put(DATA, "drops/2026-12-01/a.jsonl", rows + rows)  # replaced after the snapshot
+    with pytest.raises(gcs.SnapshotChanged, match="changed since the run's snapshot"):
+        gcs.read(item)
+    again, _, _ = snapshot.take(spec, datetime(2026, 12, 1, tzinfo=UTC), log=lambda line: None)
+    assert again["digest"] != manifest["digest"]  # a new generation is a new snapshot

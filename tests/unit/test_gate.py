@@ -410,8 +410,8 @@ def test_tpupipe_run_over_another_base_exits_2_before_provisioning(tmp_path, cap
 def test_the_pipelines_first_task_refuses_another_base_too(tmp_path):
     _champion_over_scratch(tmp_path)
     with pytest.raises(SpecError, match="^gate.model: local-fsdp: champion local-fsdp@1 was trained over"):
-        runner.run_stage("provision", "local-fsdp", "local", "model_id=/ckpt/b", "late", "", str(tmp_path))
-    record = runner.read_json(LocalStore(tmp_path / "late"), "stages/provision.json")
+        runner.run_stage("snapshot_data", "local-fsdp", "local", "model_id=/ckpt/b", "late", "", str(tmp_path))
+    record = runner.read_json(LocalStore(tmp_path / "late"), "stages/snapshot_data.json")
     assert record["status"] == "failed" and "ledger.json" not in {p.name for p in (tmp_path / "late").iterdir()}
 
 
@@ -466,7 +466,8 @@ def test_an_evaluation_that_is_not_held_out_is_never_promoted_on_and_the_summary
 
 
 def _summary(ctx: RunContext, promote_ran: bool) -> dict:
-    for stage in ("provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate", "teardown"):
+    stages = ("snapshot_data", "provision", "build_image", "deploy_raycluster", "check_slice", "train", "evaluate")
+    for stage in (*stages, "teardown"):
         rec = runner.read_json(ctx.store, f"stages/{stage}.json") or {}
         runner.record(ctx.store, stage, status="succeeded", seconds=1.0, result=rec.get("result") or {})
     runner.record(

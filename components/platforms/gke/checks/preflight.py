@@ -64,6 +64,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         offers.version,
         offers.machine_types,
         offers.default_network,
+        _data,
     )
     for step in steps:
         try:
@@ -86,6 +87,32 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     if report.problems:
         raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
+
+
+def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """The run's Cloud Storage datasets can be read by the caller, who takes the data snapshot (the pipeline's first
+    task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
+    naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix."""
+    from components.data import gcs
+    from components.spec import datasets
+
+    t = spec.train
+    for key, value in (("train.dataset", t.dataset), ("train.eval_dataset", t.eval_dataset)):
+        if not value or datasets.kind(value) != "gcs":
+            continue
+        bucket = gcs.parse(value, key)[0]
+        missing = gcs.missing_read(bucket, field=key)
+        if missing:
+            who = gcs.caller(creds)
+            report.problems.append(
+                Problem(
+                    key,
+                    f"the caller{' ' + who if who else ''} may not read gs://{bucket} (it lacks {', '.join(missing)}), "
+                    f"which the run's data snapshot reads: {gcs.read_hint(bucket, who)}",
+                )
+            )
+        else:
+            report.checked.append(f"{key}: the caller may list and read gs://{bucket}")
 
 
 def _limits(spec: RunSpec, run_id: str, report: Report) -> None:

@@ -20,12 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.credentials import google_client
+from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
 from components.platforms.gke.cloud.cluster import Adapter
 from components.spec import SpecError
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
-STORAGE_EMULATOR_HOST_ENV = "STORAGE_EMULATOR_HOST"
 IAM_POLICY_VERSION = 3
 
 

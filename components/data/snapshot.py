@@ -1,0 +1,262 @@
+"""A run's data snapshot: ``train.dataset`` (and a fixed ``train.eval_dataset``) resolved once, before anything is
+spent, to an immutable list of what the run reads, and the examples read from exactly that list.
+
+- Local files: each file with the digest of its bytes (its "generation": a file changed later is another one).
+- Cloud Storage: each object with its generation and size (``gcs``); every read names the generation, so an object
+  replaced during the run does not change what it trains on.
+- BigQuery: the table as of the snapshot time, with its filter and row count (``bigquery``), read by time travel.
+
+The manifest (:func:`take`'s first value) lists the items the run trains on and every item its lineage has trained on
+(``seen``: the champion's and its own), the fields its examples carry, their count and a token estimate, and its
+``digest``: the registry's ``data_snapshot`` of the version the run registers. With ``train.data_since=champion``
+the items are only those the champion's manifest did not have (rows after its newest, for BigQuery); none is a run
+with nothing to learn (``skip``). Every example is checked for the fields the prompt needs, naming the item and line
+of the first that lacks one. The examples held out for evaluation: a fixed ``train.eval_dataset``, else those whose
+instruction's digest falls in ``HELDOUT_PERCENT`` percent (the same example is held out in every run).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from components.spec import RunSpec, SpecError, datasets
+
+HELDOUT_PERCENT = 10
+MANIFEST_VERSION = 1
+CHARS_PER_TOKEN = 4  # a rough estimate of English text with subword tokenizers, for `tpupipe data` alone
+Rows = list[dict[str, Any]]
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- listing: the items a source means
+
+
+def _local_items(path: str, key: str) -> list[dict[str, Any]]:
+    """The local files ``path`` means (a file, ``DIR/`` for every data file under it, or a glob), each with the
+    digest of its bytes."""
+    expanded = os.path.expanduser(path)
+    if any(c in expanded for c in "*?["):
+        files = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+    elif os.path.isdir(expanded):
+        files = sorted(
+            str(p) for p in Path(expanded).rglob("*") if p.is_file() and p.name.endswith(datasets.DATA_SUFFIXES)
+        )
+    elif os.path.isfile(expanded):
+        files = [expanded]
+    else:
+        raise SpecError(key, f"file not found: {path}")
+    files = [f for f in files if f.endswith(datasets.DATA_SUFFIXES)]
+    if not files:
+        raise SpecError(key, f"no .jsonl, .json or .parquet file under {path}")
+    items = []
+    for name in files:
+        data = Path(name).read_bytes()
+        items.append({"uri": str(Path(name).resolve()), "generation": _sha(data), "size": len(data)})
+    return items
+
+
+def _read_local(item: dict[str, Any]) -> bytes:
+    data = Path(item["uri"]).read_bytes()
+    if _sha(data) != item["generation"]:
+        raise SpecError("train.dataset", f"{item['uri']} changed since the run's snapshot")
+    return data
+
+
+def list_items(source: str, key: str) -> tuple[str, list[dict[str, Any]]]:
+    """(kind, items) of a rendered dataset: local files or Cloud Storage objects, each {uri, generation, size}."""
+    kind = datasets.kind(source)
+    if kind == "local":
+        return kind, _local_items(source, key)
+    if kind == "gcs":
+        from components.data import gcs
+
+        return kind, gcs.list_objects(source, field=key)
+    raise ValueError(f"{kind} has no items")
+
+
+# ---------------------------------------------------------------- reading: examples of an item
+
+
+def parse(name: str, data: bytes, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line or row number, example) of one file's bytes by its suffix: JSON Lines (``.jsonl``; ``.json`` may also be
+    one JSON array) or Parquet; a malformed one a SpecError naming the item and line."""
+    if name.endswith(".parquet"):
+        yield from _parquet(name, data, key)
+        return
+    text = data.decode("utf-8", errors="replace")
+    if name.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(key, f"{name}: not JSON: {exc}") from None
+        yield from enumerate(rows, start=1)
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(key, f"{name}, line {number}: not JSON Lines: {exc.msg}") from None
+
+
+def _parquet(name: str, data: bytes, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        import io
+
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SpecError(key, f"{name}: reading Parquet needs pyarrow, which this image lacks") from None
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not Parquet
+        raise SpecError(key, f"{name}: not Parquet: {exc}") from None
+    yield from enumerate(table.to_pylist(), start=1)
+
+
+def check_example(where: str, example: Any, key: str) -> dict[str, Any]:
+    """The example, when it is an object with every field the prompt needs as non-empty text."""
+    if not isinstance(example, dict):
+        raise SpecError(key, f"{where}: an example is a JSON object, got {type(example).__name__}")
+    missing = [f for f in datasets.FIELDS if not isinstance(example.get(f), str) or not example[f]]
+    if missing:
+        shown = json.dumps(example, default=str)[:200]
+        raise SpecError(
+            key,
+            f"{where}: the example lacks {', '.join(missing)} (the prompt needs {', '.join(datasets.FIELDS)}): {shown}",
+        )
+    return example
+
+
+def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[str], None]) -> Iterator[dict]:
+    """Every example of the items, in order, each checked; each item's count kept in it (``num_examples``)."""
+    if kind == "gcs":
+        from components.data import gcs
+
+        def read(item: dict[str, Any]) -> bytes:
+            return gcs.read(item)
+    else:
+        read = _read_local
+    for index, item in enumerate(items, start=1):
+        count = 0
+        for number, example in parse(item["uri"], read(item), key):
+            count += 1
+            yield check_example(f"{item['uri']}, line {number}", example, key)
+        if not count:
+            raise SpecError(key, f"{item['uri']}: no examples")
+        item["num_examples"] = count
+        if index % 500 == 0:
+            log(f"snapshot: read {index}/{len(items)} files")
+
+
+# ---------------------------------------------------------------- the snapshot
+
+
+def _heldout(example: dict[str, Any]) -> bool:
+    number = int(hashlib.sha256(example["instruction"].encode()).hexdigest()[:8], 16)
+    return number % 100 < HELDOUT_PERCENT
+
+
+def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str | None) -> tuple[dict, Iterable]:
+    from components.data import bigquery
+
+    t = spec.train
+    table = bigquery.parse_table(source, key)
+    bq_filter, column = (t.dataset_filter, t.dataset_time_column) if key == "train.dataset" else ("", "")
+    snap = bigquery.snapshot(table, field=key, at=when, filter=bq_filter, time_column=column, after=after)
+    rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
+    return snap, rows
+
+
+def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log) -> tuple[dict, Rows]:
+    """One dataset's part of the manifest and its examples: everything, or what ``since`` (the champion's manifest)
+    did not have."""
+    kind = datasets.kind(source)
+    if kind == "bigquery":
+        after = (since or {}).get("max_time") if since else None
+        snap, rows = _bigquery(spec, source, key, when, after)
+        examples = list(rows)
+        part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": len(examples)}
+        part["identity"] = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
+        return part, examples
+    kind, items = list_items(source, key)
+    seen = set((since or {}).get("seen", []))
+    new = [item for item in items if f"{item['uri']}#{item['generation']}" not in seen]
+    log(f"snapshot: {source}: {len(items)} files" + (f", {len(new)} new since the champion" if since else ""))
+    examples = list(read_items(kind, new, key, log))
+    part = {"kind": kind, "source": source, "items": new, "num_examples": len(examples)}
+    part["identity"] = [{k: item[k] for k in ("uri", "generation", "size")} for item in new]
+    return part, examples
+
+
+def take(
+    spec: RunSpec,
+    when: datetime,
+    champion: dict[str, Any] | None = None,
+    champion_ref: str = "",
+    log: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], Rows, Rows]:
+    """(manifest, train examples, held-out examples) of the run's snapshotted data as of ``when`` (the schedule's
+    time), against ``champion`` (the champion's manifest) when ``train.data_since=champion``. A manifest with
+    ``skip`` set is a run with nothing new: its examples are empty."""
+    t = spec.train
+    source = datasets.render(t.dataset, when)
+    since = champion if t.data_since == "champion" else None
+    part, examples = _side(spec, "train.dataset", source, when, since, log)
+    manifest: dict[str, Any] = {
+        "version": MANIFEST_VERSION,
+        "dataset": source,
+        "taken": when.isoformat(),
+        "since": {"champion": champion_ref, "digest": (champion or {}).get("digest")} if since else None,
+        "train": {k: v for k, v in part.items() if k != "identity"},
+    }
+    if not examples:
+        if since is None:
+            raise SpecError("train.dataset", f"{source}: no examples")
+        manifest["skip"] = f"no examples since champion {champion_ref}, snapshot {(champion or {}).get('digest')}"
+        manifest["digest"] = digest(part["identity"])
+        return manifest, [], []
+    if t.eval_dataset:
+        eval_source = datasets.render(t.eval_dataset, when)
+        eval_part, heldout = _side(spec, "train.eval_dataset", eval_source, when, None, log)
+        eval_part["digest"] = digest(eval_part.pop("identity"))
+        manifest["eval"] = eval_part
+        train = examples
+    else:
+        heldout = [e for e in examples if _heldout(e)]
+        train = [e for e in examples if not _heldout(e)]
+        if not heldout or not train:
+            raise SpecError(
+                "train.eval_dataset",
+                f"{len(examples)} examples of {source} hold out {len(heldout)} ({HELDOUT_PERCENT}% by their "
+                f"instruction's digest) and leave {len(train)} to train on: name a fixed evaluation set",
+                ["train.eval_dataset=gs://BUCKET/eval/", "train.eval_dataset=DIR/"],
+            )
+        manifest["eval"] = None
+    keys = [f"{item['uri']}#{item['generation']}" for item in part["items"]]
+    manifest["seen"] = sorted(set((since or {}).get("seen", [])) | set(keys))
+    if part["kind"] == "bigquery":
+        manifest["max_time"] = part["table"].get("max_time") or (since or {}).get("max_time")
+    manifest["num_train_examples"], manifest["num_heldout_examples"] = len(train), len(heldout)
+    manifest["fields"] = sorted({name for e in examples for name in e})
+    manifest["tokens_estimate"] = sum(len(e["instruction"]) + len(e["response"]) for e in train) // CHARS_PER_TOKEN
+    manifest["digest"] = digest(part["identity"])
+    return manifest, train, heldout
+
+
+def jsonl(rows: Rows) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode()

@@ -1,0 +1,73 @@
+"""Where ``train.dataset`` and ``train.eval_dataset`` point, read from their text alone (no file opened, no call made):
+the kind of source, the ``{date}`` placeholder, the fields that go with a kind, and the splits the trainers read.
+
+Kinds:
+
+- ``generated``: the generated instruction task, written by the trainer itself;
+- a hub name (``databricks/databricks-dolly-15k``): loaded by ``datasets`` on the hosts, its splits
+  ``train.train_split`` and ``train.eval_split``;
+- local files: a path that starts with ``/``, ``./``, ``../`` or ``~``, ends with a data suffix, or holds a glob
+  (``DIR/`` is every data file under it, ``DIR/*.jsonl`` a glob, ``a.jsonl`` one file);
+- Cloud Storage: ``gs://BUCKET/PREFIX/`` (every data object under it), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or one
+  object;
+- BigQuery: ``bq://PROJECT.DATASET.TABLE``, with ``train.dataset_filter`` (a SQL predicate) and
+  ``train.dataset_time_column`` (an ingestion-time column, for ``train.data_since``).
+
+Local files, Cloud Storage and BigQuery are *snapshotted*: the run's first stage resolves them once to an immutable
+list (``components.data``), writes the examples the run trains and evaluates on under the jobs' directory, and the
+trainers read those files, the split ``train`` and the split ``heldout`` (a fixed ``train.eval_dataset``, else the
+examples held out of the new data).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+GENERATED = "generated"
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+KINDS = ("generated", "hub", "local", "gcs", "bigquery")
+SNAPSHOTTED = ("local", "gcs", "bigquery")
+SCHEMES = {"gs://": "gcs", "bq://": "bigquery"}
+# The placeholders a dataset may hold, each with what it becomes. ``{date}``: the pipeline job's scheduled time (UTC),
+# the run's start for a run no schedule started.
+PLACEHOLDERS = {"date": "the schedule's date, YYYY-MM-DD (UTC)"}
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+SINCE = ("", "champion")
+# The trainers' splits of a snapshot: the files the first stage writes under the jobs' directory.
+SNAPSHOT_SPLITS = ("train", "heldout")
+FIELDS = ("instruction", "response")  # what the prompt format needs of every example (trainers.data.PROMPT)
+
+
+def kind(dataset: str) -> str:
+    """The kind of source ``dataset`` names (``KINDS``); a scheme tpupipe does not read is a ValueError."""
+    if dataset == GENERATED:
+        return "generated"
+    for scheme, name in SCHEMES.items():
+        if dataset.startswith(scheme):
+            return name
+    if "://" in dataset:
+        raise ValueError(f"{dataset.split('://')[0]}:// is not a source tpupipe reads (gs://, bq://, a local path)")
+    if dataset.startswith(LOCAL_PREFIXES) or dataset.endswith(DATA_SUFFIXES) or any(c in dataset for c in "*?["):
+        return "local"
+    return "hub"
+
+
+def snapshotted(dataset: str) -> bool:
+    """Whether the run's first stage snapshots ``dataset`` (local files, Cloud Storage, BigQuery)."""
+    return bool(dataset) and kind(dataset) in SNAPSHOTTED
+
+
+def placeholders(dataset: str) -> list[str]:
+    return _PLACEHOLDER.findall(dataset)
+
+
+def render(dataset: str, when: datetime) -> str:
+    """``dataset`` with ``{date}`` replaced by ``when``'s UTC date."""
+    return dataset.replace("{date}", when.strftime("%Y-%m-%d"))
+
+
+def splits(dataset: str, train_split: str, eval_split: str) -> tuple[str, str]:
+    """The (train, evaluation) splits the trainers read: a snapshot's two files, else the spec's own."""
+    return SNAPSHOT_SPLITS if snapshotted(dataset) else (train_split, eval_split)

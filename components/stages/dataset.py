@@ -1,0 +1,150 @@
+"""The run's first stage, ``snapshot_data``: its data resolved once, before anything is created or billed
+(``components.data.snapshot``), the manifest and the examples it trains and evaluates on kept in the run's store
+(``data/manifest.json``, ``data/train.jsonl``, ``data/heldout.jsonl``), which every later stage reads instead of the
+source; the train stage copies the two files where the jobs read them (``stage_files``: the jobs' directory, in the
+run's bucket on gke, which provision creates). ``{date}`` in a dataset is the pipeline
+job's scheduled time; a run no schedule started takes its own start.
+
+Its output gates the rest of the pipeline: ``train`` runs it, ``skip`` (``train.data_since=champion`` and nothing new
+since the champion's snapshot) ends the run here, with nothing created: the teardown that still runs finds nothing.
+Generated and hub datasets have nothing to snapshot: it says so and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from datetime import UTC, datetime
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.platforms.store import open_store, read_json, write_json
+from components.spec import SpecError, datasets
+from components.stages import gate
+from components.stages.jobs import log
+
+MANIFEST = "data/manifest.json"
+PROCEED, SKIP = "train", "skip"  # the stage's output, which the pipeline's dsl.If reads
+
+
+def scheduled(schedule_time: str, started: datetime | None = None) -> datetime:
+    """The pipeline job's scheduled time (UTC), as KFP's schedule-time placeholder gives it (RFC 3339); the run's
+    start when there is none: an empty value, or the placeholder itself, which a runner without schedules (kfp.local)
+    leaves as it is."""
+    text = (schedule_time or "").strip()
+    if text and not text.startswith("{{"):
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise SpecError("schedule_time", f"not an RFC 3339 time: {schedule_time!r}") from None
+        return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    return started or datetime.now(UTC)
+
+
+def read_manifest(uri: str) -> dict[str, Any] | None:
+    """A manifest by its URI (``gs://...`` or a local path): a champion's, named in its provenance."""
+    parent, name = posixpath.split(uri.rstrip("/"))
+    grand, directory = posixpath.split(parent)
+    return read_json(open_store(grand, directory), name)
+
+
+def champion_manifest(ctx: RunContext) -> tuple[dict[str, Any] | None, str]:
+    """(the champion's data manifest, its reference) for ``train.data_since=champion``; (None, "") when the model has
+    no champion yet (everything is new)."""
+    champion = gate.current_champion(ctx)
+    if champion is None:
+        return None, ""
+    uri = champion.provenance.get("data_manifest")
+    manifest = read_manifest(uri) if uri else None
+    if manifest is None:
+        raise SpecError(
+            "train.data_since",
+            f"champion {champion.ref} records no data manifest"
+            + (f" ({uri} is gone)" if uri else " (it was trained before data snapshots)")
+            + ": nothing tells what it has seen",
+            ['train.data_since="" (train on everything)'],
+        )
+    return manifest, champion.ref
+
+
+def check_eval_set(ctx: RunContext, manifest: dict[str, Any]) -> None:
+    """A fixed evaluation set is one yardstick: a run measured on another one than its champion's is refused (the
+    gate refuses to compare two bases the same way, ``gate.check_lineage``)."""
+    champion = gate.current_champion(ctx)
+    if champion is None:
+        return
+    theirs = champion.provenance.get("eval_snapshot")
+    ours = (manifest.get("eval") or {}).get("digest")
+    if theirs and ours and theirs != ours:
+        raise SpecError(
+            "train.eval_dataset",
+            f"{manifest['eval']['source']} (snapshot {ours}) is not the fixed evaluation set champion {champion.ref} "
+            f"was judged on (snapshot {theirs}): the gate compares runs on one set",
+            ["the champion's evaluation set", f"gate.model={gate.new_lineage(ctx.spec)} (a lineage of its own)"],
+        )
+
+
+def data_dir(ctx: RunContext) -> str:
+    """Where the jobs read the snapshot's examples, as everyone but the cluster reaches it (a local path or gs://)."""
+    platform = get_platform(ctx.platform)
+    return platform.checkpoint_uri(ctx, posixpath.join(platform.job_output_dir(ctx), "data"))
+
+
+def stage_files(ctx: RunContext) -> None:
+    """Copy the snapshot's examples from the run's store to where the jobs read them (``data_dir``), once."""
+    if not datasets.snapshotted(ctx.spec.train.dataset):
+        return
+    parent, name = posixpath.split(data_dir(ctx).rstrip("/"))
+    target = open_store(parent, name)
+    for split in datasets.SNAPSHOT_SPLITS:
+        text = ctx.store.read_text(f"data/{split}.jsonl")
+        if text is None:
+            raise SpecError("train.dataset", f"the run's snapshot has no {split} examples ({ctx.store.uri}/data/)")
+        if target.read_text(f"{split}.jsonl") != text:
+            target.write_bytes(f"{split}.jsonl", text.encode(), "application/jsonl")
+
+
+def snapshot_data(ctx: RunContext, _upstream: str = "", schedule_time: str = "") -> dict[str, Any]:
+    t = ctx.spec.train
+    when = scheduled(schedule_time)
+    if not datasets.snapshotted(t.dataset):
+        log(f"snapshot_data: {t.dataset}: nothing to snapshot ({datasets.kind(t.dataset)} data)")
+        return {"proceed": PROCEED, "dataset": t.dataset, "snapshot": None}
+    earlier = read_json(ctx.store, MANIFEST)
+    if earlier is None:  # a retried task keeps the first attempt's snapshot
+        since, ref = champion_manifest(ctx) if t.data_since == "champion" else (None, "")
+        from components.data import snapshot
+
+        manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
+        check_eval_set(ctx, manifest)
+        if not manifest.get("skip"):
+            for split, rows in (("train", train), ("heldout", heldout)):
+                ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
+        write_json(ctx.store, MANIFEST, manifest)
+        earlier = manifest
+    return outcome(ctx, earlier)
+
+
+def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The stage's result from the manifest: what it read, and whether the run goes on."""
+    found = {
+        "dataset": manifest["dataset"],
+        "snapshot": manifest["digest"],
+        "manifest": f"{ctx.store.uri}/{MANIFEST}",
+        "eval_snapshot": (manifest.get("eval") or {}).get("digest"),
+    }
+    if manifest.get("skip"):
+        log(f"snapshot_data: {manifest['skip']}: the run ends here, nothing created")
+        return {"proceed": SKIP, "reason": manifest["skip"], **found}
+    train = manifest["train"]
+    log(
+        f"snapshot_data: {manifest['dataset']}: {len(train['items']) or 1} "
+        f"{'table' if train['kind'] == 'bigquery' else 'files'}, {manifest['num_train_examples']} examples to train "
+        f"on, {manifest['num_heldout_examples']} to evaluate on, snapshot {manifest['digest'][:19]}"
+    )
+    return {"proceed": PROCEED, **found, "num_examples": manifest["num_train_examples"]}
+
+
+def describe(manifest: dict[str, Any]) -> str:
+    """``tpupipe data``'s report of a manifest."""
+    return json.dumps(manifest, indent=2, sort_keys=True, default=str)

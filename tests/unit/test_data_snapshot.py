@@ -1,0 +1,222 @@
+"""A run's data snapshot on local files (components/data/snapshot.py, components/stages/dataset.py): the shapes
+``train.dataset`` takes and the errors that name the field before anything is created; what a snapshot pins; only
+what is new since the champion; the held-out split; the first stage's result and the manifest it keeps; `tpupipe
+data`. Cloud Storage and BigQuery sources have their own tests beside their emulators."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from components.data import snapshot
+from components.platforms import RunContext
+from components.platforms.store import LocalStore, read_json
+from components.spec import SpecError, datasets
+from components.stages import dataset
+from components.workload import resolve
+
+WHEN = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+
+
+def _rows(seed: int, count: int = 30) -> list[dict]:
+    return [{"instruction": f"Repeat w{seed}x{i} twice.", "response": f"w{seed}x{i} w{seed}x{i}"} for i in range(count)]
+
+
+def _write(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def drops(tmp_path):
+    _write(tmp_path / "sft" / "2026-12-01.jsonl", _rows(1))
+    _write(tmp_path / "sft" / "2026-12-02.jsonl", _rows(2))
+    (tmp_path / "sft" / "README.txt").write_text("not data")
+    return tmp_path / "sft"
+
+
+# ---------------------------------------------------------------- the shapes, checked before anything
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kind"),
+    [
+        ("generated", "generated"),
+        ("databricks/databricks-dolly-15k", "hub"),
+        ("./sft/", "local"),
+        ("/data/sft/*.jsonl", "local"),
+        ("a.parquet", "local"),
+        ("gs://my-bucket/sft/{date}/", "gcs"),
+        ("gs://my-bucket/sft/*.jsonl", "gcs"),
+        ("bq://my-project.sft.examples", "bigquery"),
+    ],
+)
+def test_a_dataset_is_read_by_its_shape(dataset, kind):
+    assert datasets.kind(dataset) == kind
+    assert datasets.snapshotted(dataset) == (kind in ("local", "gcs", "bigquery"))
+
+
+def test_a_cloud_storage_prefix_with_the_schedules_date_validates_without_a_call():
+    spec = resolve("gemma4-e2b-v6e-16", "train.dataset=gs://my-bucket/sft/{date}/*.jsonl")
+    assert datasets.render(spec.train.dataset, WHEN) == "gs://my-bucket/sft/2026-12-02/*.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("train.dataset=gs://my-bucket/sft/{day}/", "train.dataset: unknown placeholder {day}"),
+        ("train.dataset=s3://bucket/sft/", "train.dataset: s3:// is not a source tpupipe reads"),
+        ("train.dataset=gs://B/sft/", "train.dataset: not a Cloud Storage URI"),
+        ("train.dataset=bq://my-project.sft", "train.dataset: not a BigQuery table"),
+        ("train.dataset=/no/such/dir/", "train.dataset: file not found: /no/such/dir/"),
+        ("train.eval_dataset=databricks/databricks-dolly-15k", "train.eval_dataset: a fixed evaluation set is"),
+        ("train.dataset_filter=x>1", "train.dataset_filter: applies to a bq:// train.dataset only"),
+        ("train.data_since=champion", "train.data_since: needs a snapshotted train.dataset"),
+        ("train.data_since=yesterday", "train.data_since: unknown value 'yesterday'"),
+        (
+            "train.dataset=bq://my-project.sft.examples train.data_since=champion",
+            "train.data_since: a bq:// dataset needs train.dataset_time_column",
+        ),
+    ],
+)
+def test_a_bad_dataset_is_refused_naming_its_field(overrides, message):
+    with pytest.raises(SpecError) as err:
+        resolve("local-fsdp", overrides)
+    assert str(err.value).startswith(message)
+
+
+# ---------------------------------------------------------------- what a snapshot pins
+
+
+def test_a_directory_is_every_data_file_under_it_each_pinned_by_its_bytes(drops):
+    spec = resolve("local-fsdp", f"train.dataset={drops}/")
+    manifest, train, heldout = snapshot.take(spec, WHEN, log=lambda line: None)
+    names = [item["uri"].rsplit("/", 1)[1] for item in manifest["train"]["items"]]
+    assert names == ["2026-12-01.jsonl", "2026-12-02.jsonl"]  # the README is no data
+    assert all(item["generation"].startswith("sha256:") for item in manifest["train"]["items"])
+    assert len(train) + len(heldout) == 60 == manifest["num_train_examples"] + manifest["num_heldout_examples"]
+    assert heldout and all(snapshot._heldout(e) for e in heldout) and not any(snapshot._heldout(e) for e in train)
+    assert manifest["fields"] == ["instruction", "response"] and manifest["tokens_estimate"] > 0
+    again, _, _ = snapshot.take(spec, WHEN, log=lambda line: None)
+    assert again["digest"] == manifest["digest"]  # the same files: the same snapshot
+    _write(drops / "2026-12-02.jsonl", _rows(2, count=31))
+    changed, _, _ = snapshot.take(spec, WHEN, log=lambda line: None)
+    assert changed["digest"] != manifest["digest"]  # a file changed: another snapshot
+
+
+def test_a_glob_and_the_schedules_date_pick_one_drop(drops):
+    spec = resolve("local-fsdp", f"train.dataset={drops}/{{date}}.jsonl")
+    manifest, _, _ = snapshot.take(spec, WHEN, log=lambda line: None)
+    assert manifest["dataset"] == f"{drops}/2026-12-02.jsonl"
+    assert [i["num_examples"] for i in manifest["train"]["items"]] == [30]
+
+
+def test_only_what_the_champion_has_not_seen(drops):
+    spec = resolve("local-fsdp", f"train.dataset={drops}/ train.data_since=champion")
+    first, _, _ = snapshot.take(spec, WHEN, None, "", log=lambda line: None)
+    assert len(first["seen"]) == 2 and first["since"] is None  # no champion yet: everything is new
+    nothing, train, heldout = snapshot.take(spec, WHEN, first, "local-fsdp@1", log=lambda line: None)
+    assert nothing["skip"] == f"no examples since champion local-fsdp@1, snapshot {first['digest']}"
+    assert (train, heldout) == ([], [])
+    _write(drops / "2026-12-03.jsonl", _rows(3))
+    third, train, heldout = snapshot.take(spec, WHEN, first, "local-fsdp@1", log=lambda line: None)
+    assert [i["uri"].rsplit("/", 1)[1] for i in third["train"]["items"]] == ["2026-12-03.jsonl"]
+    assert len(train) + len(heldout) == 30 and len(third["seen"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"instruction": "a", "response": "b"}\n{not json\n', "a.jsonl, line 2: not JSON Lines"),
+        ('{"instruction": "a"}\n', "a.jsonl, line 1: the example lacks response"),
+        ('["a", "b"]\n', "a.jsonl, line 1: an example is a JSON object, got list"),
+        ("\n\n", "a.jsonl: no examples"),
+    ],
+)
+def test_bad_data_names_the_file_and_line(tmp_path, text, message):
+    (tmp_path / "a.jsonl").write_text(text)
+    spec = resolve("local-fsdp", f"train.dataset={tmp_path}/a.jsonl")
+    with pytest.raises(SpecError) as err:
+        snapshot.take(spec, WHEN, log=lambda line: None)
+    assert err.value.field == "train.dataset" and message in str(err.value)
+
+
+def test_a_fixed_evaluation_set_is_snapshotted_apart_and_never_filtered(drops, tmp_path):
+    _write(tmp_path / "eval" / "eval.jsonl", _rows(9, count=12))
+    spec = resolve("local-fsdp", f"train.dataset={drops}/ train.eval_dataset={tmp_path}/eval/")
+    manifest, train, heldout = snapshot.take(spec, WHEN, log=lambda line: None)
+    assert len(train) == 60 and len(heldout) == 12  # every new example trains; the set evaluates
+    assert manifest["eval"]["digest"].startswith("sha256:") and manifest["eval"]["num_examples"] == 12
+
+
+# ---------------------------------------------------------------- the first stage
+
+
+def _ctx(tmp_path, overrides: str, run_id: str = "r1") -> RunContext:
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="local"
+    )
+
+
+def test_the_first_stage_keeps_the_manifest_and_the_examples_and_a_retry_reads_them(drops, tmp_path):
+    ctx = _ctx(tmp_path / "runs", f"train.dataset={drops}/")
+    result = dataset.snapshot_data(ctx)
+    manifest = read_json(ctx.store, dataset.MANIFEST)
+    assert result["proceed"] == "train" and result["snapshot"] == manifest["digest"]
+    assert result["manifest"] == f"{ctx.store.uri}/data/manifest.json"
+    lines = (ctx.store.local() / "data" / "train.jsonl").read_text().splitlines()
+    assert len(lines) == manifest["num_train_examples"]
+    _write(drops / "2026-12-04.jsonl", _rows(4))  # arrives after the snapshot: a retried task still reads the first
+    assert dataset.snapshot_data(ctx)["snapshot"] == manifest["digest"]
+    dataset.stage_files(ctx)  # the train stage's copy to where the jobs read
+    jobs = ctx.run_dir / "train" / "data"
+    assert (jobs / "train.jsonl").read_text() == (ctx.store.local() / "data" / "train.jsonl").read_text()
+
+
+def test_a_generated_dataset_has_nothing_to_snapshot(tmp_path):
+    result = dataset.snapshot_data(_ctx(tmp_path, ""))
+    assert result == {"proceed": "train", "dataset": "generated", "snapshot": None}
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("2026-12-02T03:00:00Z", WHEN),
+        ("2026-12-02T04:00:00+01:00", WHEN),
+        ("{{$.pipeline_job_schedule_time_utc}}", None),  # a runner without schedules leaves it as it is
+        ("", None),
+    ],
+)
+def test_the_schedules_time_or_the_runs_start(given, expected):
+    started = datetime(2026, 12, 4, tzinfo=UTC)
+    assert dataset.scheduled(given, started) == (expected or started)
+
+
+def test_an_unreadable_schedule_time_is_refused():
+    with pytest.raises(SpecError, match="^schedule_time: not an RFC 3339 time"):
+        dataset.scheduled("yesterday")
+
+
+def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, capsys):
+    from pipelines.cli import main
+
+    root = tmp_path / "runs"
+    assert main(["data", "local-fsdp", "--output-root", str(root), "--set", f"train.dataset={drops}/"]) == 0
+    out = capsys.readouterr().out
+    assert "2 files:" in out and "fields               instruction, response" in out
+    assert "snapshot             sha256:" in out and not root.exists()
+    assert main(["data", "local-fsdp", "--set", f"train.dataset={drops}/nothing-*.jsonl"]) == 2
+    assert "train.dataset: no .jsonl, .json or .parquet file under" in capsys.readouterr().err
+
+
+def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, capsys):
+    from pipelines.cli import main
+
+    (tmp_path / "bad.jsonl").write_text('{"instruction": "only"}\n')
+    root = tmp_path / "runs"
+    code = main(["run", "--output-root", str(root), "--run-id", "bad", "--set", f"train.dataset={tmp_path}/bad.jsonl"])
+    assert code == 2
+    assert "train.dataset: " in capsys.readouterr().err
+    assert not (root / "bad" / "ledger.json").exists() and not (root / "bad" / "data").exists()
