@@ -3,7 +3,7 @@
 
 import argparse
 
-from pipelines import vertex
+from pipelines import schedules, vertex
 from pipelines.cli_common import add_place, add_set, overrides
 
 EXAMPLES = """examples:
@@ -95,7 +95,7 @@ def cmd_submit(args) -> int:
 
 def cmd_schedule(args) -> int:
     if args.action == "create":
-        name = vertex.schedule_create(
+        name = schedules.schedule_create(
             _submission(args), args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
         )
         print(f"schedule {args.name} created: {name} ({args.cron}, at most {args.max_concurrent} at a time)")
@@ -103,10 +103,10 @@ def cmd_schedule(args) -> int:
     vertex.check_place(args.project)
     vertex.init(args.project, args.region)
     if args.action == "list":
-        for s in vertex.schedules():
+        for s in schedules.schedules():
             print(f"{s['displayName']:<28} {s['state']:<10} {s.get('cron', ''):<32} runs {s.get('startedRunCount', 0)}")
         return 0
-    vertex.schedule_action(args.name, args.action)
+    schedules.schedule_action(args.name, args.action)
     print(f"schedule {args.name}: {args.action}d")
     return 0
 

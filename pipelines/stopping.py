@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.spec import InfraError, SpecError
-from pipelines import vertex
+from pipelines import schedules, vertex
 
 JANITOR_SCHEDULE = "tpupipe-janitor"
 JANITOR_CRON = "*/15 * * * *"  # every 15 minutes: the longest a stopped run's slices stay up
@@ -88,7 +88,7 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
 
     target = Target(project=project, region=region)
     vertex.init(project, region)
-    existing = vertex._schedule(JANITOR_SCHEDULE, required=False)
+    existing = schedules.find(JANITOR_SCHEDULE, required=False)
     if existing is not None:
         log(f"publish: the janitor schedule {JANITOR_SCHEDULE} exists already ({existing.resource_name})")
         return existing.resource_name

@@ -1,5 +1,5 @@
-"""Runs and schedules on Vertex AI Pipelines, through the real ``google-cloud-aiplatform`` SDK: what ``tpupipe submit``,
-``tpupipe schedule`` and ``tpupipe runs`` do.
+"""Runs on Vertex AI Pipelines, through the real ``google-cloud-aiplatform`` SDK: what ``tpupipe submit`` and
+``tpupipe runs`` do; ``tpupipe schedule`` is ``pipelines.schedules``, over the same jobs.
 
 Every job is a PipelineJob of the compiled template (compiled now for the target, or a file or registry URL given)
 with an explicit pipeline root (without one the SDK makes a bucket with a random name on every call). The spec is
@@ -29,9 +29,6 @@ STATES = {
     "running": "PIPELINE_STATE_RUNNING",
     "pending": "PIPELINE_STATE_PENDING",
 }
-CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+){4})$")
-CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
-CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 PRESET_LABEL = "tpupipe-preset"  # on every job tpupipe submits or schedules: what `runs list` lists by
 # A pipeline job id: "less than 128 characters, and valid characters are /[a-z][0-9]-/" (the field docs of
@@ -41,7 +38,6 @@ VERTEX_JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
 # Ours: the SDK's default ("<pipeline name>-<timestamp>", to the second) with the preset and a random suffix, so two
 # submits in the same second do not collide.
 JOB_ID = re.compile(r"^tpupipe-(?P<preset>[a-z0-9-]+)-(?P<time>\d{14})-(?P<suffix>[0-9a-f]{6})$")
-SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -162,7 +158,7 @@ def published_template(sub: Submission, publish_first: bool = False, log: Callab
     return template
 
 
-def _job(sub: Submission, job_id: str = "", template: str = ""):
+def pipeline_job(sub: Submission, job_id: str = "", template: str = ""):
     from google.cloud import aiplatform
 
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
@@ -192,7 +188,7 @@ def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: 
     init(sub.project, sub.region)
     run_ids.check_free(sub.run_id, sub.project, template)  # exit 2 for a run id another job or run holds
     service_account.warn(sub.project, sub.service_account)
-    job = _job(sub, job_id or new_job_id(sub.preset), template)
+    job = pipeline_job(sub, job_id or new_job_id(sub.preset), template)
     job.submit(service_account=sub.service_account or None, network=sub.network or None)
     return job.resource_name
 
@@ -248,80 +244,6 @@ def failing_stage(job: dict) -> str:
             errors = [ln for ln in lines if "Error:" in ln]  # the exception that ended the task, when shown
             return f"{task['taskName']}: {(errors or lines or ['failed'])[-1]}"
     return ""
-
-
-# ---------------------------------------------------------------- schedules
-
-
-def check_cron(cron: str) -> None:
-    """A Vertex schedule's cron: optional ``TZ=`` / ``CRON_TZ=`` with an IANA zone, then five fields in range."""
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    match = CRON.match(cron.strip())
-    if not match:
-        raise SpecError("--cron", f"{cron!r} is not a cron expression", ["TZ=Europe/Paris 0 3 * * 1", "0 3 * * *"])
-    if match["tz"]:
-        try:
-            ZoneInfo(match["tz"])
-        except (ZoneInfoNotFoundError, ValueError):
-            raise SpecError("--cron", f"unknown time zone {match['tz']!r}", ["an IANA zone: Europe/Paris"]) from None
-    for text, (low, high) in zip(match["fields"].split(), CRON_RANGES, strict=True):
-        numbers = [int(n) for n in re.findall(r"\d+", re.sub(r"/\d+", "", text))]
-        if not CRON_FIELD.match(text) or any(not low <= n <= high for n in numbers):
-            raise SpecError("--cron", f"field {text!r} of {cron!r} is out of range {low}-{high}")
-
-
-def schedule_create(
-    sub: Submission, name: str, cron: str, max_concurrent: int = 1, start: str = "", end: str = "", max_runs: int = 0
-) -> str:
-    from google.cloud import aiplatform
-
-    check(sub, scheduled=True)
-    check_cron(cron)
-    if not SCHEDULE_NAME.match(name):
-        raise SpecError("NAME", f"{name!r} is not a schedule name (letters, digits, ' ', '_', '.', '-')")
-    if max_concurrent < 1:
-        raise SpecError("--max-concurrent", f"must be at least 1, got {max_concurrent}")
-    template = published_template(sub)
-    init(sub.project, sub.region)
-    if _schedule(name, required=False) is not None:
-        raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
-    service_account.warn(sub.project, sub.service_account)
-    schedule = aiplatform.PipelineJobSchedule(pipeline_job=_job(sub, template=template), display_name=name)
-    # max_concurrent_active_run_count limits the runs "in a non-terminal state"; max_concurrent_run_count (required)
-    # only the runs being *started* at once (the field docs of google.cloud.aiplatform_v1.types.Schedule): one
-    # fine-tune at a time needs the first.
-    schedule.create(
-        cron=cron,
-        max_concurrent_run_count=max_concurrent,
-        max_concurrent_active_run_count=max_concurrent,
-        start_time=start or None,
-        end_time=end or None,
-        max_run_count=max_runs or None,
-        service_account=sub.service_account or None,
-        network=sub.network or None,
-    )
-    return schedule.resource_name
-
-
-def _schedule(name: str, required: bool = True):
-    from google.cloud import aiplatform
-
-    found = [s for s in aiplatform.PipelineJobSchedule.list() if s.display_name == name]
-    if not found and required:
-        raise SpecError("NAME", f"no schedule named {name!r}")
-    return found[0] if found else None
-
-
-def schedules() -> list[dict]:
-    from google.cloud import aiplatform
-
-    return [s.to_dict() for s in aiplatform.PipelineJobSchedule.list()]
-
-
-def schedule_action(name: str, action: str) -> None:
-    schedule = _schedule(name)
-    {"pause": schedule.pause, "resume": schedule.resume, "delete": schedule.delete}[action]()
 
 
 # ---------------------------------------------------------------- runs

@@ -100,7 +100,7 @@ def test_a_new_drop_trains_on_it_alone_from_the_champion_judged_on_the_fixed_set
     assert manifest["num_train_examples"] == 40
     assert manifest["since"]["champion"] == f"{MODEL}@1"
     assert manifest["eval"]["digest"] == loop["first"]["manifest"]["eval"]["digest"]
-    assert summary["init_from"]["ref"] == f"{MODEL}@1"
+    assert summary["init_from"] == f"{MODEL}@1"  # from the champion's weights
     gate = summary["gate"]
     assert gate["champion_loss"] is not None  # the champion measured again on the same fixed set
     version = open_registry(loop["root"]).get(MODEL, gate["ref"].split("@")[1])

@@ -220,3 +220,54 @@ def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, caps
     assert code == 2
     assert "train.dataset: " in capsys.readouterr().err
     assert not (root / "bad" / "ledger.json").exists() and not (root / "bad" / "data").exists()
+
+
+def _champion(root, **provenance) -> None:
+    """A registered, promoted version of local-fsdp in the local registry under ``root``."""
+    from components.registry import PROVENANCE_FIELDS, open_registry
+
+    fields = {name: None for name in PROVENANCE_FIELDS} | {"run_id": "r0", "preset": "local-fsdp"} | provenance
+    registry = open_registry(root)
+    version = registry.register("local-fsdp", str(root / "r0" / "train" / "ck"), fields)
+    registry.promote("local-fsdp", version.version)
+
+
+def test_a_fixed_evaluation_set_other_than_the_champions_is_refused_before_anything(drops, tmp_path):
+    root = tmp_path / "runs"
+    _write(tmp_path / "eval" / "eval.jsonl", _rows(9, count=12))
+    _champion(root, eval_snapshot="sha256:" + "ab" * 32)
+    ctx = _ctx(root, f"train.dataset={drops}/ train.eval_dataset={tmp_path}/eval/eval.jsonl")
+    with pytest.raises(SpecError) as err:
+        dataset.snapshot_data(ctx)
+    assert err.value.field == "train.eval_dataset"
+    assert "is not the fixed evaluation set champion local-fsdp@1 was judged on" in str(err.value)
+    assert read_json(ctx.store, dataset.MANIFEST) is None  # nothing kept: the run never started
+
+
+def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_path):
+    root = tmp_path / "runs"
+    _champion(root)  # registered before data snapshots: no data_manifest
+    with pytest.raises(SpecError, match=r"^train.data_since: champion local-fsdp@1 records no data manifest"):
+        dataset.snapshot_data(_ctx(root, f"train.dataset={drops}/ train.data_since=champion"))
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ("train.dataset={dir}/bad.jsonl", "train.dataset: {dir}/bad.jsonl, line 1: not JSON Lines"),
+        ("train.dataset={dir}/nofields.jsonl", "train.dataset: {dir}/nofields.jsonl, line 1: the example lacks"),
+        ("train.dataset={dir}/empty/", "train.dataset: no .jsonl, .json or .parquet file under {dir}/empty/"),
+        ("train.dataset={dir}/sft/{{week}}/", "train.dataset: unknown placeholder {{week}}"),
+        ("train.dataset={dir}/nothing.jsonl", "train.dataset: file not found: {dir}/nothing.jsonl"),
+        ("train.dataset={dir}/sft/ train.eval_dataset={dir}/bad.jsonl", "train.eval_dataset: {dir}/bad.jsonl, line"),
+    ],
+)
+def test_tpupipe_data_exits_2_naming_the_field_for_bad_data(tmp_path, capsys, sets, message):
+    from pipelines.cli import main
+
+    _write(tmp_path / "sft" / "a.jsonl", _rows(1))
+    (tmp_path / "bad.jsonl").write_text("{oops\n")
+    (tmp_path / "nofields.jsonl").write_text('{"prompt": "a"}\n')
+    (tmp_path / "empty").mkdir()
+    assert main(["data", "local-fsdp", "--set", sets.format(dir=tmp_path)]) == 2
+    assert message.format(dir=tmp_path) in capsys.readouterr().err

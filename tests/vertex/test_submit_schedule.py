@@ -235,6 +235,49 @@ def test_a_schedule_fires_on_the_clock_one_run_at_a_time_and_can_be_paused_resum
     assert "weekly" not in _tpupipe(project, "schedule", "list", *PLACE).stdout
 
 
+def test_a_scheduled_run_reads_the_drop_of_its_schedules_date(project_factory):
+    """`schedule create --dataset "gs://.../{date}/"`: each run's first task, snapshot_data, takes ``{date}`` from
+    the time its schedule started it (KFP's schedule-time placeholder, which Vertex AI fills in), pins that day's
+    objects and keeps the manifest in the run's state, before provision (here failing at preflight) creates
+    anything."""
+    from datetime import UTC, datetime
+
+    from google.cloud import storage
+
+    from components.platforms.credentials import credentials
+
+    project = project_factory(vertex=True)
+    _fail_at_preflight(project)
+    _published(project)
+    vertex = project.vertex
+    storage.Client(project=PROJECT, credentials=credentials()).create_bucket("acme-sft")
+    due = (vertex.clock + timedelta(days=1)).replace(hour=3, minute=0)
+    if due - vertex.clock > timedelta(days=1):
+        due -= timedelta(days=1)
+    for day in (due - timedelta(days=1), due):  # yesterday's drop is not the run's
+        rows = "".join(f'{{"instruction": "Say {day:%d}{i}.", "response": "{i}"}}\n' for i in range(20 + day.day))
+        project.storage.put("acme-sft", f"drops/{day:%Y-%m-%d}/a.jsonl", rows.encode())
+    created = _tpupipe(
+        project,
+        *("schedule", "create", "daily", "local-fsdp", "--set", OVERRIDES, *PLACE, *ACCOUNT),
+        *("--cron", "0 3 * * *", "--dataset", "gs://acme-sft/drops/{date}/", "--data-since", "champion"),
+    )
+    assert created.returncode == 0, created.stderr[-3000:]
+    (name,) = vertex.advance(due)
+    vertex.wait(name, timeout_s=300)
+    job = vertex.job(name.rsplit("/", 1)[-1])
+    assert job.scheduled == due.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert job.parameters["dataset"] == "gs://acme-sft/drops/{date}/"
+    (manifest,) = [
+        json.loads(data)
+        for key, data in project.storage.objects_of(f"{PROJECT}-tpupipe", "state/").items()
+        if key.endswith("/data/manifest.json")
+    ]
+    assert manifest["dataset"] == f"gs://acme-sft/drops/{due:%Y-%m-%d}/"
+    assert datetime.fromisoformat(manifest["taken"]) == due.astimezone(UTC)
+    assert manifest["num_train_examples"] + manifest["num_heldout_examples"] == 20 + due.day
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [

@@ -14,7 +14,7 @@ from kfp import compiler, dsl
 
 from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
 from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
-from pipelines import vertex
+from pipelines import schedules, vertex
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
 from tests.emulators.storage import StorageEmulator
@@ -115,7 +115,7 @@ def _submission(service, **fields) -> vertex.Submission:
 def test_a_schedule_limits_the_runs_not_yet_finished_not_the_runs_started(service):
     """``max_concurrent_active_run_count`` (runs in a non-terminal state), not ``max_concurrent_run_count`` (runs
     being started): a run due while one is still running is skipped."""
-    vertex.schedule_create(_submission(service), "weekly", "0 3 * * 1", max_concurrent=1)
+    schedules.schedule_create(_submission(service), "weekly", "0 3 * * 1", max_concurrent=1)
     (schedule,) = service.schedules.values()
     assert schedule.resource["maxConcurrentActiveRunCount"] == "1"
     week = timedelta(days=7)
@@ -531,10 +531,10 @@ def test_a_policy_the_caller_may_not_read_is_a_warning_and_the_submit_goes_on(se
 
 def test_a_schedule_warns_as_a_submit_does(service, projects, capsys):
     projects.grant(PROJECT, "roles/editor", f"serviceAccount:{DEDICATED}")
-    vertex.schedule_create(_submission(service, service_account=DEDICATED), "weekly", "0 3 * * 1")
+    schedules.schedule_create(_submission(service, service_account=DEDICATED), "weekly", "0 3 * * 1")
     (warning,) = [line for line in capsys.readouterr().err.splitlines() if "tpupipe: warning: " in line]
     assert f"{DEDICATED}, which holds roles/editor on project {PROJECT}" in warning
-    vertex.schedule_create(_submission(service), "nightly", "0 3 * * *")
+    schedules.schedule_create(_submission(service), "nightly", "0 3 * * *")
     assert "--service-account not given" in capsys.readouterr().err
 
 
