@@ -148,7 +148,7 @@ def test_without_an_active_run_limit_scheduled_runs_overlap(service):
 
 
 def _create(service, sub: vertex.Submission, job_id: str) -> str:
-    """Create the job ``submit`` would (``pipelines.vertex._job``) with the PipelineService client: ``submit``'s
+    """Create the job ``submit`` would (``pipelines.vertex.pipeline_job``) with the PipelineService client: ``submit``'s
     SDK call would first get or create the pipeline root's bucket in Cloud Storage."""
     from google.cloud import aiplatform_v1
 
@@ -157,7 +157,7 @@ def _create(service, sub: vertex.Submission, job_id: str) -> str:
     client = aiplatform_v1.PipelineServiceClient(
         credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
     )
-    job = vertex._job(sub, job_id)
+    job = vertex.pipeline_job(sub, job_id)
     created = client.create_pipeline_job(
         parent=f"projects/{PROJECT}/locations/{REGION}", pipeline_job=job._gca_resource, pipeline_job_id=job.job_id
     )
