@@ -54,7 +54,19 @@ def _write(path: Path, text: str) -> None:
 
 def write_dataset(train_file: str, eval_file: str, num_train: int, num_eval: int, seed: int) -> dict[str, int]:
     """The generated train and held-out splits as JSON Lines at the two paths; returns the row counts."""
-    splits = data.generate(num_train, num_eval, seed)
+    return write_splits(train_file, eval_file, data.generate(num_train, num_eval, seed))
+
+
+def read_snapshot(directory: Path) -> dict[str, list[dict]]:
+    """The run's data snapshot's two splits, as the train stage put them under the jobs' directory (``data/``)."""
+    return {
+        split: [json.loads(line) for line in (directory / f"{split}.jsonl").read_text().splitlines() if line]
+        for split in ("train", "heldout")
+    }
+
+
+def write_splits(train_file: str, eval_file: str, splits: dict[str, list[dict]]) -> dict[str, int]:
+    """The ``train`` and ``heldout`` examples as MaxText's rows at the two paths; returns the row counts."""
     counts = {}
     for split, path in (("train", train_file), ("heldout", eval_file)):
         lines = rows(splits[split])

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.spec import RunSpec, protocol
+from components.spec import RunSpec, datasets, protocol
 from trainers import job_args, maxtext_data, maxtext_log
 
 
@@ -274,6 +274,8 @@ def run_eval(
 def eval_split(spec: RunSpec, args: list[str]) -> str:
     """What MaxText's eval loop read, in words."""
     batches = f"{spec.maxtext.eval_steps} batches"
+    if _arg(args, "dataset_type") == "hf" and datasets.snapshotted(spec.train.dataset):
+        return f"the run's data snapshot's held-out examples ({_arg(args, 'hf_eval_files')}): at most {batches}"
     if _arg(args, "dataset_type") == "hf":
         return (
             f"the generated dataset's held-out split ({spec.train.num_eval_examples} examples, "
@@ -303,16 +305,25 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, maxtext_args
 
 
-def prepare_data(spec: RunSpec, args: list[str]) -> dict[str, Any] | None:
-    """With ``dataset_type=hf``: the generated dataset's splits and the tokenizer, written where MaxText's arguments
-    point (``hf_train_files``, ``hf_eval_files``, ``tokenizer_path``), before any worker reads them."""
+def examples(spec: RunSpec, output_dir: Path) -> dict[str, list[dict]]:
+    """The ``train`` and ``heldout`` examples: the run's data snapshot's (the train stage put them under
+    ``output_dir/data``), else the generated dataset's."""
+    t = spec.train
+    if datasets.snapshotted(t.dataset):
+        return maxtext_data.read_snapshot(output_dir / "data")
+    from trainers import data
+
+    return data.generate(t.num_train_examples, t.num_eval_examples, t.seed)
+
+
+def prepare_data(spec: RunSpec, args: list[str], output_dir: Path) -> dict[str, Any] | None:
+    """With ``dataset_type=hf``: the run's examples (its data snapshot's, under ``output_dir/data``, else the
+    generated dataset's splits) and the tokenizer, written where MaxText's arguments point (``hf_train_files``,
+    ``hf_eval_files``, ``tokenizer_path``), before any worker reads them."""
     if _arg(args, "dataset_type") != "hf":
         return None
-    t = spec.train
     files = {"train": _arg(args, "hf_train_files"), "eval": _arg(args, "hf_eval_files")}
-    counts = maxtext_data.write_dataset(
-        files["train"], files["eval"], t.num_train_examples, t.num_eval_examples, t.seed
-    )
+    counts = maxtext_data.write_splits(files["train"], files["eval"], examples(spec, output_dir))
     vocab = maxtext_data.write_tokenizer(_arg(args, "tokenizer_path"))
     print(
         f"MaxText data: {counts['train']} training examples in {files['train']}, {counts['heldout']} held-out "
@@ -327,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
     spec, scaling = args.spec, args.scaling_config
-    prepare_data(spec, maxtext_args)
+    prepare_data(spec, maxtext_args, Path(args.output_dir))
     ray.init()
     out = Path(args.output_dir)
     try:

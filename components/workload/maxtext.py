@@ -74,8 +74,8 @@ AXIS_DEFAULTS = {
 }
 
 # MaxText's input pipelines tpupipe wires: synthetic (one fixed batch of random tokens, for train and eval alike) and
-# hf (MaxText's Hugging Face pipeline on the generated dataset: JSON Lines files and a character tokenizer the train
-# and eval jobs write, trainers/maxtext_data.py; its eval reads the held-out split).
+# hf (MaxText's Hugging Face pipeline on the generated dataset or the run's data snapshot: JSON Lines files and a
+# character tokenizer the train and eval jobs write, trainers/maxtext_data.py; its eval reads the held-out split).
 DATASET_TYPES = ("synthetic", "hf")
 DATA_DIR = "maxtext-data"
 
@@ -192,18 +192,20 @@ def validate(spec: RunSpec) -> None:
         )
     if m.dataset_type not in DATASET_TYPES:
         raise SpecError("maxtext.dataset_type", f"unknown or unwired dataset type {m.dataset_type!r}", DATASET_TYPES)
-    if m.dataset_type == "hf" and spec.train.dataset != GENERATED_DATASET:
+    snapshotted = datasets.snapshotted(spec.train.dataset)
+    if m.dataset_type == "hf" and spec.train.dataset != GENERATED_DATASET and not snapshotted:
         raise SpecError(
             "train.dataset",
-            f"maxtext.dataset_type=hf reads the generated dataset here, got {spec.train.dataset!r}",
-            [GENERATED_DATASET],
+            f"maxtext.dataset_type=hf reads the generated dataset or the run's data snapshot (local files, gs://, "
+            f"bq://), got {spec.train.dataset!r}",
+            [GENERATED_DATASET, "DIR/", "gs://BUCKET/PREFIX/", "bq://P.D.T"],
         )
-    if datasets.snapshotted(spec.train.dataset) or spec.train.eval_dataset:
+    if snapshotted and m.dataset_type != "hf":
         raise SpecError(
-            "train.dataset",
-            f"MaxText reads the generated dataset (maxtext.dataset_type=hf) or synthetic data here; a snapshotted "
-            f"dataset ({spec.train.dataset!r}) is the FSDP trainer's (train.workload=fsdp)",
-            [GENERATED_DATASET],
+            "maxtext.dataset_type",
+            f"MaxText reads the run's data snapshot ({spec.train.dataset!r}) through its Hugging Face pipeline, not "
+            f"{m.dataset_type!r} data",
+            ["hf"],
         )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")

@@ -47,3 +47,34 @@ def test_the_eval_split_says_what_was_evaluated():
     text = maxtext_train.eval_split(synthetic, maxtext_args.train_args(synthetic, "/o", "r"))
     assert text == "synthetic (4 batches): the training batch, not held out"
     assert not any(a.startswith(("hf_", "tokenizer_")) for a in maxtext_args.train_args(synthetic, "/o", "r"))
+
+
+def test_maxtext_reads_the_runs_data_snapshot_through_its_hugging_face_pipeline(tmp_path):
+    """With a snapshotted train.dataset, the driver writes MaxText's rows from the snapshot's two files the train
+    stage put under the jobs' directory, not the generated examples; synthetic data with a snapshot is refused."""
+    import pytest
+
+    from components.spec import SpecError
+
+    drops = tmp_path / "sft"
+    drops.mkdir()
+    (drops / "a.jsonl").write_text(
+        "".join(json.dumps({"instruction": f"Say {i}.", "response": str(i)}) + "\n" for i in range(5))
+    )
+    spec = resolve("local-maxtext", f"train.dataset={drops}/")
+    out = tmp_path / "train"
+    (out / "data").mkdir(parents=True)
+    snapshot = {
+        "train": [{"instruction": "Say 1.", "response": "1"}],
+        "heldout": [{"instruction": "Say 2.", "response": "2"}],
+    }
+    for split, rows in snapshot.items():
+        (out / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = maxtext_args.train_args(spec, str(out), "run")
+    files = (_arg(args, "hf_train_files"), _arg(args, "hf_eval_files"))
+    assert maxtext_data.write_splits(*files, maxtext_train.examples(spec, out)) == {"train": 1, "heldout": 1}
+    rows = [json.loads(line) for line in open(_arg(args, "hf_train_files"))]
+    assert rows == [{"id": maxtext_data.example_id(snapshot["train"][0]), "text": "Instruction: Say 1.\nResponse: 1"}]
+    assert maxtext_train.eval_split(spec, args).startswith("the run's data snapshot's held-out examples")
+    with pytest.raises(SpecError, match="^maxtext.dataset_type: MaxText reads the run's data snapshot"):
+        resolve("local-maxtext", f"train.dataset={drops}/ maxtext.dataset_type=synthetic")
