@@ -1,5 +1,6 @@
-"""What the JSON-over-HTTP emulators (``compute``, ``storage``) share: Google's error shape, injected faults, and a
-threaded HTTP server on 127.0.0.1 that hands each request to the emulator's ``handle``."""
+"""What the JSON-over-HTTP emulators (``compute``, ``storage``, ``models``, ``bigquery``) share: Google's error shape
+and its status names, injected faults, and a threaded HTTP server on 127.0.0.1 that hands each request to the
+emulator's ``handle``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ REASONS = {
     429: "rateLimitExceeded",
     500: "backendError",
     503: "backendError",
+}
+# google.rpc.Code's name of each HTTP status, as the "status" of an error (https://cloud.google.com/apis/design/errors)
+STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
 }
 
 

@@ -41,7 +41,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from tests.emulators import take_fault
-from tests.emulators.http import Fault, HttpEmulator, HttpError
+from tests.emulators.http import STATUS, Fault, HttpEmulator, HttpError
 from tests.emulators.tokens import authorized
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
@@ -59,16 +59,6 @@ PERMISSIONS = {
     "ListModelVersions": "aiplatform.models.list",
     "MergeVersionAliases": "aiplatform.models.update",
     "GetOperation": "aiplatform.operations.list",
-}
-STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    429: "RESOURCE_EXHAUSTED",
-    500: "INTERNAL",
-    503: "UNAVAILABLE",
 }
 TYPE = "type.googleapis.com/"
 

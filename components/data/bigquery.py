@@ -1,0 +1,355 @@
+"""A BigQuery table as a run's data (``train.dataset=bq://PROJECT.DATASET.TABLE``), pinned in time.
+
+A run reads its table as it was at one moment, never twice as it may have changed: :func:`snapshot` (before anything
+is spent) checks the table and counts its rows as of a time ``at``, and :func:`rows` later reads those rows, and no
+others, with BigQuery time travel (``FOR SYSTEM_TIME AS OF``, https://cloud.google.com/bigquery/docs/time-travel):
+what was inserted, updated or deleted after ``at`` changes nothing. Time travel reaches back over the dataset's time
+travel window only (7 days by default), so the rows must be read within it.
+
+Two optional fields narrow the rows, named after the dataset's field (``field`` ``train.dataset``:
+``train.dataset_filter``, ``train.dataset_time_column``):
+
+- ``<field>_filter``: a GoogleSQL boolean expression over the table's columns, ANDed to the query's WHERE clause;
+  one expression (no ``;``, no comment, balanced quotes and parentheses);
+- ``<field>_time_column``: a TIMESTAMP, DATETIME, DATE or INT64 column that grows with each new row (its ingestion
+  time): the snapshot records its largest value, ``max_time``, and a later snapshot with ``after=max_time`` counts and
+  reads only the rows past it (strictly greater: a row that arrives later with a time not past ``max_time`` is never
+  read).
+
+Bad input is a :class:`SpecError` naming its field: a malformed URI, a table or dataset that does not exist, no
+permission to read it or to run a query, a filter BigQuery refuses, no rows (unless ``after`` is given: then none
+new is an answer, ``num_rows`` 0), a column the trainer's formatter needs (``instruction``, ``response``) missing from
+the table or NULL or empty in some row, a time column that is missing or of another type.
+
+The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.platforms.credentials``, at
+Google's endpoint, or at ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) when the tests set it. Queries go
+through ``Client.query_and_wait`` (jobs.query, then jobs.get and jobs.getQueryResults page by page when the rows do
+not fit one answer). The client library is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import json
+import os
+import re
+import unicodedata
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, time
+from typing import Any
+
+from components.platforms.credentials import access_error, credentials
+from components.spec import InfraError, SpecError
+from components.spec.names import PROJECT_ID_PATTERN
+
+EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
+SCHEME = "bq://"
+REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
+# A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
+PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
+# A dataset name: letters, digits and underscores, at most 1,024 (https://cloud.google.com/bigquery/docs/datasets#dataset-naming)
+DATASET = re.compile(r"[A-Za-z0-9_]{1,1024}")
+# A table name: at most 1,024 UTF-8 bytes of Unicode letters, marks, numbers, connectors, dashes and spaces (categories
+# L, M, N, Pc, Pd, Zs: https://cloud.google.com/bigquery/docs/tables#table_naming)
+TABLE_CATEGORIES = ("L", "M", "N", "Pc", "Pd", "Zs")
+TABLE_RULE = "bq://PROJECT.DATASET.TABLE"
+# the time column's schema type -> the query parameter type ``after`` is sent as (legacy and GoogleSQL names:
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema)
+TIME_TYPES = {"TIMESTAMP": "TIMESTAMP", "DATETIME": "DATETIME", "DATE": "DATE", "INTEGER": "INT64", "INT64": "INT64"}
+TIME_WINDOW = "https://cloud.google.com/bigquery/docs/time-travel"
+
+
+def parse_table(uri: str, field: str) -> str:
+    """``bq://PROJECT.DATASET.TABLE`` -> ``PROJECT.DATASET.TABLE``; a SpecError naming ``field`` unless each part has
+    a shape BigQuery allows."""
+    path = uri.removeprefix(SCHEME) if uri.startswith(SCHEME) else ""
+    parts = path.rsplit(".", 2)  # a domain-scoped project holds dots, a dataset or a table none
+    if len(parts) != 3:
+        raise SpecError(field, f"{uri!r} is not a BigQuery table URI", [TABLE_RULE])
+    project, dataset, table = parts
+    if not PROJECT.fullmatch(project):
+        raise SpecError(field, f"{project!r} in {uri!r} is not a Google Cloud project id", [TABLE_RULE])
+    if not DATASET.fullmatch(dataset):
+        raise SpecError(field, f"{dataset!r} in {uri!r} is not a BigQuery dataset name", ["letters, digits and _"])
+    bad = [ch for ch in table if not unicodedata.category(ch).startswith(TABLE_CATEGORIES)]
+    if not table or bad or len(table.encode()) > 1024:
+        raise SpecError(
+            field,
+            f"{table!r} in {uri!r} is not a BigQuery table name",
+            ["at most 1,024 bytes of letters, marks, digits, connectors (_), dashes and spaces"],
+        )
+    return path
+
+
+def client(project: str, creds=None):
+    """A ``bigquery.Client`` whose jobs run (and are billed) in ``project``: at $TPUPIPE_BIGQUERY_EMULATOR_HOST when
+    set, else at Google's endpoint, with the Google credentials (``components.platforms.credentials``)."""
+    from google.cloud import bigquery
+
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    options = {"api_endpoint": host} if host else None
+    return bigquery.Client(project=project, credentials=creds or credentials(), client_options=options)
+
+
+def snapshot(
+    table: str,
+    *,
+    field: str,
+    at: datetime,
+    filter: str = "",
+    time_column: str = "",
+    after: str | None = None,
+    required: tuple[str, ...] = REQUIRED,
+    project: str = "",
+) -> dict:
+    """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked: a JSON-able
+    dict that :func:`rows` reads back, ``{"table", "project" (where the queries run: ``project``, else the table's),
+    "snapshot_time" (``at`` in UTC, ISO 8601 with ``Z``), "num_rows", "fields" (the schema's column names), "filter",
+    "time_column", "time_type", "after", "max_time" (the largest ``time_column`` among the rows, as text; None when
+    there are none or no time column)}``. Makes two calls (tables.get, one query), three when some row lacks a
+    ``required`` column. ``after`` (a ``max_time`` of an earlier snapshot) counts only the rows past it, and then no
+    rows is no error."""
+    if at.tzinfo is None:
+        raise ValueError(f"snapshot time {at!r} has no time zone")
+    filter_field, time_field = f"{field}_filter", f"{field}_time_column"
+    _check_filter(filter, filter_field)
+    if after is not None and not time_column:
+        raise SpecError(time_field, f"reading only the rows after {after!r} needs the column they are ordered by")
+    billing = project or table.rsplit(".", 2)[0]
+    creds = credentials()
+    bq = client(billing, creds)
+    try:
+        schema = {f.name: f.field_type for f in bq.get_table(table).schema}
+    except _failures() as exc:
+        raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    missing = [name for name in required if name not in schema]
+    if missing:
+        raise SpecError(
+            field,
+            f"{table} has no column {', '.join(missing)}, which the trainer's formatter needs; it has "
+            f"{', '.join(schema) or 'none'}",
+        )
+    wrong = [f"{name} is {schema[name]}" for name in required if schema[name] != "STRING"]
+    if wrong:
+        raise SpecError(field, f"{table}: {', '.join(wrong)}; the formatter's columns must be STRING")
+    time_type = ""
+    if time_column:
+        if time_column not in schema:
+            raise SpecError(time_field, f"{table} has no column {time_column!r}; it has {', '.join(schema)}")
+        time_type = TIME_TYPES.get(schema[time_column], "")
+        if not time_type:
+            raise SpecError(
+                time_field,
+                f"{time_column} is {schema[time_column]}: an ingestion time is TIMESTAMP, DATETIME, DATE or INT64",
+            )
+    snap: dict[str, Any] = {
+        "table": table,
+        "project": billing,
+        "snapshot_time": at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        "num_rows": 0,
+        "fields": list(schema),
+        "filter": filter,
+        "time_column": time_column,
+        "time_type": time_type,
+        "after": after,
+        "max_time": None,
+    }
+    lacking = [f"{_quoted(name)} IS NULL OR {_quoted(name)} = ''" for name in required]
+    items = ["COUNT(*) AS num_rows", *(f"COUNTIF({cond}) AS lacking_{i}" for i, cond in enumerate(lacking))]
+    if time_column:
+        items.append(f"MAX({_quoted(time_column)}) AS max_time")
+    where, params = _where(snap, time_field)
+    try:
+        (counts,) = list(_query(bq, f"SELECT {', '.join(items)} FROM {_source(snap)}{where}", params))
+        snap["num_rows"], snap["max_time"] = counts["num_rows"], _text(counts.get("max_time"))
+        short = {name: counts[f"lacking_{i}"] for i, name in enumerate(required) if counts[f"lacking_{i}"]}
+        example = None
+        if short:
+            joined = " OR ".join(f"({cond})" for cond in lacking)
+            first = f"SELECT * FROM {_source(snap)}{where or ' WHERE TRUE'} AND ({joined}) LIMIT 1"
+            example = next(iter(_query(bq, first, params)), None)
+    except _failures() as exc:
+        raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    matching = f" matching {filter_field} {filter!r}" if filter else ""
+    if snap["num_rows"] == 0 and after is None:
+        raise SpecError(field, f"{table} has no rows{matching} as of {snap['snapshot_time']}")
+    if short:
+        counted = ", ".join(f"{name} in {n}" for name, n in short.items())
+        shown = json.dumps({k: _jsonable(v) for k, v in dict(example or {}).items()}, ensure_ascii=False)
+        raise SpecError(
+            field,
+            f"{table}{matching}: of its {snap['num_rows']} rows, some lack a column the trainer's formatter needs "
+            f"(NULL or empty): {counted}; the first found: {shown[:400]}",
+        )
+    return snap
+
+
+def rows(snap: dict, *, field: str, page_size: int | None = None) -> Iterator[dict]:
+    """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
+    8601 text, NUMERIC as text, BYTES as base64), read as of its time with its filter and ``after``: paged by the
+    client (``page_size`` rows a page at most, else as many as BigQuery sends in one answer, 10 MB). An InfraError
+    before the first row when BigQuery counts other rows than the snapshot did."""
+    creds = credentials()
+    bq = client(snap["project"], creds)
+    where, params = _where(snap, f"{field}_time_column")
+    try:
+        found = _query(bq, f"SELECT * FROM {_source(snap)}{where}", params, page_size)
+        if found.total_rows != snap["num_rows"]:
+            raise InfraError(
+                f"{snap['table']} as of {snap['snapshot_time']} has {found.total_rows} rows now and had "
+                f"{snap['num_rows']} when the run's snapshot counted them"
+            )
+        for row in found:
+            yield {k: _jsonable(v) for k, v in row.items()}
+    except _failures() as exc:
+        raise _refusal(exc, field, snap["table"], snap["project"], creds, f"{field}_filter", snap["filter"]) from None
+
+
+def _failures() -> tuple[type[Exception], ...]:
+    """What a call to BigQuery raises: an API error, or google-auth's about the credentials."""
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.auth.exceptions import GoogleAuthError
+
+    return GoogleAPICallError, GoogleAuthError
+
+
+def _query(bq, sql: str, params: list, page_size: int | None = None):
+    from google.cloud import bigquery
+
+    config = bigquery.QueryJobConfig(query_parameters=params)
+    return bq.query_and_wait(sql, job_config=config, page_size=page_size)
+
+
+def _source(snap: dict) -> str:
+    return f"`{snap['table']}` FOR SYSTEM_TIME AS OF @at"
+
+
+def _where(snap: dict, time_field: str) -> tuple[str, list]:
+    """The query's WHERE clause (empty, or with a leading space) and its parameters: ``@at``, and ``@after`` with
+    the time column's type."""
+    from google.cloud import bigquery
+
+    at = datetime.fromisoformat(snap["snapshot_time"])
+    params = [bigquery.ScalarQueryParameter("at", "TIMESTAMP", at)]
+    conditions = [f"(\n{snap['filter']}\n)"] if snap["filter"] else []
+    if snap["after"] is not None:
+        kind = snap["time_type"]
+        params.append(bigquery.ScalarQueryParameter("after", kind, _typed(kind, snap["after"], time_field)))
+        conditions.append(f"{_quoted(snap['time_column'])} > @after")
+    return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
+
+
+def _typed(kind: str, text: str, time_field: str) -> Any:
+    """``after`` (the text :func:`_text` wrote) as the Python value of its query parameter type."""
+    try:
+        if kind == "INT64":
+            return int(text)
+        if kind == "DATE":
+            return date.fromisoformat(text)
+        value = datetime.fromisoformat(text)
+        if kind == "TIMESTAMP":
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        if value.tzinfo is None:
+            return value
+    except ValueError:
+        pass
+    raise SpecError(time_field, f"{text!r} is not a {kind} value to read the rows after")
+
+
+def _quoted(column: str) -> str:
+    """A column name as a GoogleSQL quoted identifier (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical)."""
+    return "`" + column.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _check_filter(text: str, key: str) -> None:
+    """A SpecError naming ``key`` unless ``text`` reads as one expression to put in parentheses: quotes closed,
+    parentheses balanced, no ``;`` (a second statement) and no comment (which could hide the rest of the query)."""
+    depth, quote, i = 0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == ";" or ch == "#" or text.startswith(("--", "/*"), i):
+            raise SpecError(key, f"{text!r}: one boolean expression, without ';' or comments")
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+            if depth < 0:
+                break
+        i += 1
+    if quote or depth:
+        raise SpecError(key, f"{text!r}: unclosed quote or unbalanced parentheses")
+
+
+def _text(value: Any) -> str | None:
+    """A time column's value as text that :func:`_typed` reads back."""
+    return None if value is None else str(_jsonable(value))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return value.isoformat()
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter_field: str, filter: str) -> Exception:
+    """What to raise for ``exc``, a failed call about ``table``: a SpecError naming the field at fault when the input
+    is, the AccessError of credentials refused or an API not enabled, else ``exc`` itself."""
+    from google.api_core import exceptions as gexc
+
+    if not isinstance(exc, gexc.GoogleAPICallError):  # google-auth's: the credentials
+        return access_error(exc) or exc
+    first = next((e for e in exc.errors or [] if isinstance(e, dict)), {})
+    said = (first.get("message") or exc.message or str(exc)).strip().splitlines()[0]
+    reason = first.get("reason", "")
+    if isinstance(exc, gexc.NotFound):
+        return SpecError(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE])
+    if isinstance(exc, gexc.Forbidden) and reason == "accessDenied":
+        who = _identity(creds)
+        dataset = table.rsplit(".", 1)[0]
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may not read {table}: {said}",
+            [f"roles/bigquery.dataViewer on the dataset {dataset} (or the table) and roles/bigquery.jobUser on the "
+             f"project {project}, granted to {who or 'the pipeline service account'}"],
+        )  # fmt: skip
+    if isinstance(exc, gexc.BadRequest) and "Invalid snapshot time" in said:
+        return SpecError(
+            field,
+            f"{table} cannot be read as of the run's snapshot time, outside the table's time travel window "
+            f"(7 days by default: {TIME_WINDOW}): {said}; a new run takes a new snapshot",
+        )
+    if isinstance(exc, gexc.BadRequest) and filter:
+        return SpecError(
+            filter_field,
+            f"BigQuery refused the query with the filter {filter!r} (line 2 of the query is its first): {said}",
+        )
+    if isinstance(exc, gexc.Forbidden) and not exc.reason:  # a quota or a rate limit (errors[].reason), not access
+        return exc
+    return access_error(exc) or exc
+
+
+def _identity(creds) -> str:
+    """The account the credentials act as, when they say (a service account's e-mail, a user's account)."""
+    for attribute in ("service_account_email", "signer_email", "account"):
+        value = getattr(creds, attribute, None)
+        if isinstance(value, str) and "@" in value:
+            return value
+    return ""

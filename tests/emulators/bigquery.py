@@ -1,0 +1,1114 @@
+"""An in-process BigQuery: the part of the REST API v2 (``/bigquery/v2``) that google-cloud-bigquery 3.47.0 calls to
+read a table's schema and to run a query and page through its results, served over plain HTTP by ``http.server`` so
+that the real ``google.cloud.bigquery.Client`` talks to it:
+
+- tables.get, ``GET /projects/P/datasets/D/tables/T`` (``Client.get_table``, google/cloud/bigquery/client.py): the
+  table resource (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table);
+- jobs.query, ``POST /projects/P/queries`` (``Client.query_and_wait``, and ``Client.query`` with
+  ``api_method="QUERY"``: google/cloud/bigquery/_job_helpers.py, ``query_and_wait`` and ``query_jobs_query``): runs
+  the query and answers its first page (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/query);
+- jobs.insert, ``POST /projects/P/jobs`` (``Client.query``'s default, ``query_jobs_insert``): the job resource
+  (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert);
+- jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
+  jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
+- jobs.getQueryResults, ``GET /projects/P/queries/J`` (``QueryJob.result`` and the ``RowIterator`` it returns: one
+  call per page, ``pageToken`` from the previous page, ``maxResults``, ``startIndex``, ``fields``:
+  https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/getQueryResults).
+
+A page holds at most ``maxResults`` rows and at most ``page_bytes`` of rows (10 MB, as jobs.query's ``maxResults``
+documents: "responses are also limited to 10 MB"); ``pageToken`` is there while rows remain. Rows are
+``{"f": [{"v": ...}]}`` with every value a string (TIMESTAMP as microseconds with
+``formatOptions.useInt64Timestamp``, else seconds: https://cloud.google.com/bigquery/docs/reference/rest/v2/DataFormatOptions).
+Jobs finish at once: every job is DONE when created, and a query that fails is a DONE job with an ``errorResult``
+(jobs.insert) or the HTTP error itself (jobs.query, jobs.getQueryResults). A jobs.query repeated with the same
+``requestId`` answers the job of the first (QueryRequest.requestId makes the call idempotent). A job runs in its
+dataset's location (US unless ``create_dataset`` says otherwise); a request naming another location does not find the
+dataset there (``Not found: Dataset P:D was not found in location EU``). A failure of the emulator itself is a 500
+with the reason ``emulatorError``, which the client does not retry (google/cloud/bigquery/retry.py).
+
+Tables keep every version of every row: ``insert``, ``update`` and ``delete`` (the tests' own calls) stamp the
+row versions they make or end with the emulator's clock (or ``at``), so ``FOR SYSTEM_TIME AS OF t`` reads the table
+as it was at ``t`` (https://cloud.google.com/bigquery/docs/time-travel): rows inserted after ``t`` are not there, rows
+updated or deleted after ``t`` are as they were. ``t`` before the table's creation or before its dataset's time
+travel window (``max_time_travel_hours``, 48 to 168 hours in steps of 24, 168 by default:
+https://cloud.google.com/bigquery/docs/time-travel#configure_the_time_travel_window) is BigQuery's ``Invalid
+snapshot time T for table P:D.T@T. Cannot read before S.``
+(https://cloud.google.com/bigquery/docs/access-historical-data); a dropped table is ``Not found``, as there. A time in
+the future is refused with 400 (BigQuery documents no answer for it; the message is the emulator's).
+
+The SQL it reads is a deliberate subset, the shapes ``components/data/bigquery.py`` sends, with no SQL engine behind
+it: ``SELECT {* | item, ...} FROM `P.D.T` [FOR SYSTEM_TIME AS OF expr] [WHERE cond] [LIMIT n]`` where an item is a
+column, ``COUNT(*)``, ``COUNTIF(cond)``, ``MAX(column)`` or ``MIN(column)`` (``[AS alias]``), and a condition is made
+of columns, literals (strings, numbers, TRUE, FALSE, NULL, ``TIMESTAMP '...'``, ``DATE '...'``, ``DATETIME '...'``),
+named parameters (``@name``), ``= != <> < <= > >=``, ``IS [NOT] NULL|TRUE|FALSE``, ``[NOT] IN (...)``, ``AND``,
+``OR``, ``NOT`` and parentheses, with GoogleSQL's three-valued logic and its literal coercions (a string literal
+compared with a TIMESTAMP, DATE or DATETIME is read as one:
+https://cloud.google.com/bigquery/docs/reference/standard-sql/conversion_rules). Names are resolved as BigQuery does
+(``Unrecognized name: x at [1:20]``, ``Query parameter 'x' not found at [1:20]``, ``No matching signature for
+operator ...``). Anything else (functions, arithmetic, GROUP BY, ORDER BY, joins, scripts, legacy SQL, ARRAY and
+STRUCT parameters) is answered 400 "... is not supported by the emulator", never guessed. Column types: STRING,
+INT64, FLOAT64, BOOL, TIMESTAMP, DATE and DATETIME (legacy names too); no RECORD, no REPEATED.
+
+Identities: a request with the emulator's ``token`` (a static token, or the ``TokenIssuer``'s) acts as the projects'
+owner. ``token_for(member)`` mints one that acts as ``member``, allowed what ``grant(member, role, resource)`` gave it
+on the project, the dataset or the table (a grant on a project or a dataset holds for what is in it:
+https://cloud.google.com/bigquery/docs/control-access-to-resources-iam), with the permissions of BigQuery's predefined
+roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control): tables.get needs ``bigquery.tables.get`` on
+the table, a query ``bigquery.jobs.create`` on the project it runs in and ``bigquery.tables.getData`` on the table it
+reads, and a job is read back by whoever created it (or with ``bigquery.jobs.get``). A refusal is 403 ``accessDenied``
+with BigQuery's message; an unknown dataset, table or job is 404 ``notFound``; a bad query 400 ``invalidQuery``
+(https://cloud.google.com/bigquery/docs/error-messages), in the error shape of Google's JSON APIs with
+``errors[].reason``, which the client reads to decide what it retries (google/cloud/bigquery/retry.py).
+
+Faults are injected per method ("tables.get", "jobs.query", "jobs.insert", "jobs.get", "jobs.getQueryResults",
+"jobs.cancel"): the next N matching calls answer an HTTP error before they take effect.
+
+Pointing the client here: ``bigquery.Client(project=..., credentials=..., client_options={"api_endpoint":
+endpoint})``; ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` for tpupipe (components/data/bigquery.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+import secrets
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.emulators import take_fault
+from tests.emulators.http import REASONS, STATUS, Fault, HttpEmulator, HttpError
+from tests.emulators.tokens import authorized
+
+PREFIX = "/bigquery/v2"  # the client's API_URL_TEMPLATE, google/cloud/bigquery/_http.py
+ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
+    (
+        "GET",
+        re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
+        "tables.get",
+    ),
+    ("POST", re.compile(r"/projects/(?P<project>[^/]+)/queries"), "jobs.query"),
+    ("GET", re.compile(r"/projects/(?P<project>[^/]+)/queries/(?P<job>[^/]+)"), "jobs.getQueryResults"),
+    ("POST", re.compile(r"/projects/(?P<project>[^/]+)/jobs"), "jobs.insert"),
+    ("GET", re.compile(r"/projects/(?P<project>[^/]+)/jobs/(?P<job>[^/]+)"), "jobs.get"),
+    ("POST", re.compile(r"/projects/(?P<project>[^/]+)/jobs/(?P<job>[^/]+)/cancel"), "jobs.cancel"),
+]
+# errors[].reason of each status (https://cloud.google.com/bigquery/docs/error-messages): a refusal is accessDenied
+BIGQUERY_REASONS = {**REASONS, 403: "accessDenied"}
+PAGE_BYTES = 10 * 1024 * 1024
+DEFAULT_TRAVEL_HOURS = 168
+# a job id: letters, digits, underscores and dashes, at most 1,024 characters
+# (https://cloud.google.com/bigquery/docs/running-jobs#generate-jobid)
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,1024}")
+# what jobs.query's body may hold (QueryRequest: https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/query):
+# the fields the emulator honours, and the ones that change nothing here (it answers at once, caches nothing)
+QUERY_REQUEST = {
+    "kind", "query", "maxResults", "timeoutMs", "useLegacySql", "parameterMode", "queryParameters", "location",
+    "formatOptions", "requestId", "useQueryCache", "labels", "jobCreationMode", "jobTimeoutMs",
+}  # fmt: skip
+# what a query job's configuration.query may hold here (JobConfigurationQuery:
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery)
+QUERY_CONFIG = {"query", "useLegacySql", "parameterMode", "queryParameters", "useQueryCache", "priority"}
+
+_VIEWER = frozenset({"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.getData", "bigquery.tables.list"})
+_EDITOR = _VIEWER | {"bigquery.tables.create", "bigquery.tables.update", "bigquery.tables.updateData"}
+# role -> the permissions of it that the emulator checks (https://cloud.google.com/bigquery/docs/access-control)
+ROLES: dict[str, frozenset[str]] = {
+    "roles/bigquery.dataViewer": _VIEWER,
+    "roles/bigquery.metadataViewer": frozenset(
+        {"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.list"}
+    ),
+    "roles/bigquery.dataEditor": _EDITOR,
+    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete"},
+    "roles/bigquery.jobUser": frozenset({"bigquery.jobs.create"}),
+    "roles/bigquery.user": frozenset({"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"}),
+    "roles/bigquery.admin": _EDITOR | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get"},
+}
+# the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
+# names the REST API answers with, and the GoogleSQL names
+LEGACY = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN"}
+STANDARD = {"INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL"}
+TYPES = {"STRING", "INT64", "FLOAT64", "BOOL", "TIMESTAMP", "DATE", "DATETIME"}
+ORDERED = {"STRING", "INT64", "FLOAT64", "BOOL", "TIMESTAMP", "DATE", "DATETIME"}
+NUMERIC = {"INT64", "FLOAT64"}
+TEMPORAL = {"TIMESTAMP", "DATE", "DATETIME"}
+
+
+class BigQueryError(HttpError):
+    """An error in BigQuery's JSON shape: ``{"error": {"code", "message", "errors": [{"message", "domain",
+    "reason"}], "status"}}`` (https://cloud.google.com/bigquery/docs/error-messages)."""
+
+    def body(self) -> dict:
+        error = super().body()["error"]
+        error["status"] = STATUS.get(self.status, "UNKNOWN")
+        return {"error": error}
+
+
+def _denied(message: str) -> BigQueryError:
+    return BigQueryError(403, message, "accessDenied")
+
+
+def _not_found(message: str) -> BigQueryError:
+    return BigQueryError(404, message, "notFound")
+
+
+def _invalid(message: str) -> BigQueryError:
+    return BigQueryError(400, message, "invalidQuery")
+
+
+def _unsupported(what: str, where: str = "") -> BigQueryError:
+    return _invalid(
+        f"{what} is not supported by the emulator{where} (tests/emulators/bigquery.py reads a subset of SQL)"
+    )
+
+
+def _micros(at: datetime | None, clock: Callable[[], float]) -> int:
+    if at is None:
+        return int(clock() * 1_000_000)
+    if at.tzinfo is None:
+        raise ValueError(f"{at!r} has no time zone")
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def _datetime(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+
+def _iso(micros: int) -> str:
+    return _datetime(micros).isoformat().replace("+00:00", "Z")
+
+
+# ---------------------------------------------------------------------------------------------------- values
+def parse_value(kind: str, value: Any) -> Any:
+    """``value`` (a Python value or its string form) as the emulator keeps a ``kind`` value: TIMESTAMP as
+    microseconds since the epoch, DATE a date, DATETIME a naive datetime; ValueError when it is not one. Timestamps
+    are read in GoogleSQL's canonical form, ``YYYY-MM-DD[( |T)HH:MM:SS[.F]][time zone]``, UTC when none is given
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types#timestamp_type)."""
+    if value is None:
+        return None
+    try:
+        converted = _converted(kind, value)
+    except (TypeError, ValueError):
+        converted = None
+    if converted is None:
+        raise ValueError(f"{value!r} is not a {kind} value")
+    return converted
+
+
+def _converted(kind: str, value: Any) -> Any:
+    if kind == "STRING" and isinstance(value, str):
+        return value
+    if kind == "INT64" and not isinstance(value, bool | float):
+        return int(value)
+    if kind == "FLOAT64" and not isinstance(value, bool):
+        return float(value)
+    if kind == "BOOL":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    if kind == "TIMESTAMP":
+        if isinstance(value, str):
+            value = datetime.fromisoformat(re.sub(r"\s*UTC$", "+00:00", value.strip()))
+        if isinstance(value, datetime):
+            return _micros(value if value.tzinfo else value.replace(tzinfo=UTC), time.time)
+    if kind == "DATETIME":
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.strip())
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value
+    if kind == "DATE":
+        if isinstance(value, str):
+            return date.fromisoformat(value.strip())
+        if isinstance(value, date) and not isinstance(value, datetime):
+            return value
+    return None
+
+
+def encode_cell(kind: str, value: Any, int64_timestamp: bool) -> Any:
+    """A value as the REST API answers it in a row (``{"v": ...}``): a string, or None for NULL."""
+    if value is None:
+        return None
+    if kind == "BOOL":
+        return "true" if value else "false"
+    if kind == "TIMESTAMP":
+        return str(value) if int64_timestamp else repr(value / 1_000_000)
+    if kind in ("DATE", "DATETIME"):
+        return value.isoformat()
+    if kind == "FLOAT64":
+        return repr(float(value))
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------------- SQL
+# GoogleSQL's tokens that the subset uses (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical):
+# quoted identifiers in backticks, string literals in single or double quotes with backslash escapes, numbers, named
+# query parameters (@name: https://cloud.google.com/bigquery/docs/parameterized-queries), names and operators
+_TOKEN = re.compile(
+    r"\s*(?:(?P<quoted>`(?:[^`\\]|\\.)+`)|(?P<string>'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")"
+    r"|(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<param>@[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op><=|>=|<>|!=|[=<>(),*.;]))"
+)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "`": "`"}
+COMPARISONS = {"=", "!=", "<>", "<", "<=", ">", ">="}
+
+
+@dataclass
+class Token:
+    kind: str  # quoted, string, number, param, name, op, end
+    text: str
+    offset: int
+
+    def word(self) -> str:
+        return self.text.upper() if self.kind == "name" else ""
+
+
+def _unescape(body: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m[1], m[1]), body)
+
+
+class Query:
+    """One query of the subset, parsed: ``select`` (None for ``*``: [(kind, argument, alias, offset)] otherwise),
+    ``table`` (its path and offset), ``as_of``, ``where`` (expressions: nested tuples) and ``limit``."""
+
+    def __init__(self, sql: str):
+        self.sql = sql
+        self.tokens = self._tokens(sql)
+        self.i = 0
+        self.select = self._select()
+        self.table, self.table_offset = self._table()
+        self.as_of = self._expression() if self._words("FOR", "SYSTEM_TIME", "AS", "OF") else None
+        self.where = self._expression() if self._words("WHERE") else None
+        self.limit = self._limit() if self._words("LIMIT") else None
+        self._accept("op", ";")
+        if self.peek().kind != "end":
+            raise self._unexpected(self.peek())
+
+    def at(self, offset: int) -> str:
+        """BigQuery's position of an error: `` at [line:column]``, both from 1."""
+        line = self.sql.count("\n", 0, offset) + 1
+        return f" at [{line}:{offset - (self.sql.rfind(chr(10), 0, offset) + 1) + 1}]"
+
+    def _tokens(self, sql: str) -> list[Token]:
+        tokens, offset = [], 0
+        while offset < len(sql):
+            m = _TOKEN.match(sql, offset)
+            if not m or not m.lastgroup:
+                if not sql[offset:].strip():
+                    break
+                start = len(sql) - len(sql[offset:].lstrip())
+                if sql[start] in "'\"":
+                    raise _invalid(f"Syntax error: Unclosed string literal{self.at(start)}")
+                raise _unsupported(f"{sql[start:].split()[0][:10]!r}", self.at(start))
+            tokens.append(Token(m.lastgroup, m[m.lastgroup], m.start(m.lastgroup)))
+            offset = m.end()
+        return [*tokens, Token("end", "", len(sql))]
+
+    def peek(self) -> Token:
+        return self.tokens[self.i]
+
+    def _next(self) -> Token:
+        token = self.tokens[self.i]
+        if token.kind == "end":
+            raise _invalid(f"Syntax error: Unexpected end of script{self.at(token.offset)}")
+        self.i += 1
+        return token
+
+    def _accept(self, kind: str, text: str) -> bool:
+        token = self.peek()
+        if token.kind == kind and (token.word() or token.text) == text:
+            self.i += 1
+            return True
+        return False
+
+    def _words(self, *words: str) -> bool:
+        if self.peek().word() != words[0]:
+            return False
+        for word in words:
+            token = self._next()
+            if token.word() != word:
+                raise self._unexpected(token)
+        return True
+
+    def _expect(self, text: str) -> None:
+        token = self._next()
+        if (token.word() or token.text) != text:
+            raise self._unexpected(token)
+
+    def _unexpected(self, token: Token) -> BigQueryError:
+        if token.kind == "end":
+            return _invalid(f"Syntax error: Unexpected end of script{self.at(token.offset)}")
+        if token.text == ")":
+            return _invalid(f'Syntax error: Unexpected ")"{self.at(token.offset)}')
+        return _unsupported(f"{token.text!r} here", self.at(token.offset))
+
+    def _select(self) -> list | None:
+        self._expect("SELECT")
+        if self._accept("op", "*"):
+            self._expect("FROM")
+            return None
+        items = []
+        while True:
+            token = self.peek()
+            word = token.word()
+            if word in ("COUNT", "COUNTIF", "MAX", "MIN") and self.tokens[self.i + 1].text == "(":
+                self.i += 2
+                if word == "COUNT":
+                    self._expect("*")
+                    argument = None
+                else:
+                    argument = self._expression()
+                self._expect(")")
+                kind = word.lower()
+            else:
+                argument, kind = self._primary(), "column"
+                if argument[0] != "column":
+                    raise _unsupported(
+                        "a SELECT item other than a column, COUNT(*), COUNTIF, MAX or MIN", self.at(token.offset)
+                    )
+            alias = self._name().text.strip("`") if self._words("AS") else ""
+            items.append((kind, argument, alias, token.offset))
+            if not self._accept("op", ","):
+                break
+        self._expect("FROM")
+        return items
+
+    def _name(self) -> Token:
+        token = self._next()
+        if token.kind not in ("name", "quoted"):
+            raise self._unexpected(token)
+        return token
+
+    def _table(self) -> tuple[list[str], int]:
+        first = self._name()
+        parts = [_unescape(first.text[1:-1]) if first.kind == "quoted" else first.text]
+        while self._accept("op", "."):
+            token = self._name()
+            parts.append(_unescape(token.text[1:-1]) if token.kind == "quoted" else token.text)
+        path = ".".join(parts)
+        # a domain-scoped project ("example.com:project") holds dots: the table and the dataset are the last parts
+        names = path.rsplit(".", 2)
+        if len(names) < 2:
+            raise _unsupported("a table without its dataset", self.at(first.offset))
+        return names, first.offset
+
+    def _limit(self) -> int:
+        token = self._next()
+        if token.kind != "number" or not token.text.isdigit():
+            raise _unsupported("a LIMIT other than an integer literal", self.at(token.offset))
+        return int(token.text)
+
+    # expressions: ("or"|"and", left, right), ("not", e), ("cmp", op, left, right, offset), ("is", e, what, negated),
+    # ("in", e, [items], negated, offset), ("column", name, offset), ("param", name, offset),
+    # ("literal", type, value, offset): the literal's value as written (a string, for a typed literal)
+    def _keyword(self, word: str) -> bool:
+        if self.peek().word() == word:
+            self.i += 1
+            return True
+        return False
+
+    def _expression(self) -> tuple:
+        left = self._conjunction()
+        while self._keyword("OR"):
+            left = ("or", left, self._conjunction())
+        return left
+
+    def _conjunction(self) -> tuple:
+        left = self._negation()
+        while self._keyword("AND"):
+            left = ("and", left, self._negation())
+        return left
+
+    def _negation(self) -> tuple:
+        return ("not", self._negation()) if self._keyword("NOT") else self._comparison()
+
+    def _comparison(self) -> tuple:
+        left = self._primary()
+        token = self.peek()
+        if token.kind == "op" and token.text in COMPARISONS:
+            self.i += 1
+            return ("cmp", token.text, left, self._primary(), token.offset)
+        if token.word() == "IS":
+            self.i += 1
+            negated = self.peek().word() == "NOT" and self._words("NOT")
+            what = self._next()
+            if what.word() not in ("NULL", "TRUE", "FALSE"):
+                raise self._unexpected(what)
+            return ("is", left, what.word(), negated, token.offset)
+        negated = token.word() == "NOT" and self.tokens[self.i + 1].word() == "IN" and self._words("NOT")
+        if self.peek().word() == "IN":
+            self.i += 1
+            self._expect("(")
+            items = [self._primary()]
+            while self._accept("op", ","):
+                items.append(self._primary())
+            self._expect(")")
+            return ("in", left, items, negated, token.offset)
+        return left
+
+    def _primary(self) -> tuple:
+        token = self._next()
+        word = token.word()
+        if token.text == "(" and token.kind == "op":
+            inner = self._expression()
+            self._expect(")")
+            return inner
+        if token.kind == "string":
+            return ("literal", "STRING", _unescape(token.text[1:-1]), token.offset)
+        if token.kind == "number":
+            kind = "INT64" if token.text.isdigit() else "FLOAT64"
+            return ("literal", kind, int(token.text) if kind == "INT64" else float(token.text), token.offset)
+        if token.kind == "param":
+            return ("param", token.text[1:], token.offset)
+        if word in ("TRUE", "FALSE"):
+            return ("literal", "BOOL", word == "TRUE", token.offset)
+        if word == "NULL":
+            return ("literal", "NULL", None, token.offset)
+        if word in TEMPORAL and self.peek().kind == "string":
+            text = _unescape(self._next().text[1:-1])
+            try:
+                return ("literal", word, parse_value(word, text), token.offset)
+            except ValueError:
+                raise _invalid(f"Invalid {word} literal{self.at(token.offset)}") from None
+        if token.kind in ("name", "quoted") and self.peek().text not in ("(", "."):
+            if token.kind == "name" and word in RESERVED:
+                raise self._unexpected(token)
+            return ("column", _unescape(token.text[1:-1]) if token.kind == "quoted" else token.text, token.offset)
+        raise self._unexpected(token)
+
+
+# GoogleSQL's reserved keywords that the subset could meet where a column is expected
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical#reserved_keywords)
+RESERVED = {"SELECT", "FROM", "WHERE", "AND", "OR", "NOT", "IS", "IN", "AS", "FOR", "LIMIT", "NULL", "TRUE", "FALSE"}
+
+
+class Compiled:
+    """A query's expressions resolved against a table's columns (name -> (index, type)) and the parameters (name ->
+    (type, value)): ``compile(e)`` gives the expression's type and a function of a row (a list of values) that
+    evaluates it, with GoogleSQL's NULL semantics (a comparison with NULL is NULL; AND, OR and NOT are three-valued;
+    WHERE keeps the rows where the condition is TRUE)."""
+
+    def __init__(self, query: Query, columns: dict[str, tuple[int, str]], params: dict[str, tuple[str, Any]]):
+        self.query, self.columns, self.params = query, columns, params
+
+    def condition(self, expression: tuple, clause: str) -> Callable[[list], Any]:
+        kind, fn = self.compile(expression)
+        if kind not in ("BOOL", "NULL"):
+            raise _invalid(f"{clause} clause should return type BOOL, but returns {kind}")
+        return fn
+
+    def compile(self, e: tuple) -> tuple[str, Callable[[list], Any]]:
+        at = self.query.at
+        if e[0] == "literal":
+            value = e[2]
+            return e[1], lambda row: value
+        if e[0] == "column":
+            found = self.columns.get(e[1].lower())
+            if found is None:
+                raise _invalid(f"Unrecognized name: {e[1]}{at(e[2])}")
+            index, kind = found
+            return kind, lambda row: row[index]
+        if e[0] == "param":
+            if e[1].lower() not in self.params:
+                raise _invalid(f"Query parameter '{e[1]}' not found{at(e[2])}")
+            kind, value = self.params[e[1].lower()]
+            return kind, lambda row: value
+        if e[0] in ("and", "or"):
+            return "BOOL", self._logical(e)
+        if e[0] == "not":
+            inner = self._boolean(e[1], "NOT")
+            return "BOOL", lambda row: None if (v := inner(row)) is None else not v
+        if e[0] == "is":
+            kind, fn = self.compile(e[1])
+            if e[2] != "NULL" and kind not in ("BOOL", "NULL"):
+                raise _invalid(f"No matching signature for operator IS {e[2]} for argument types: {kind}{at(e[4])}")
+            wanted = {"NULL": None, "TRUE": True, "FALSE": False}[e[2]]
+            return "BOOL", lambda row: (fn(row) is wanted) != e[3]
+        if e[0] == "cmp":
+            return "BOOL", self._comparison(e[1], e[2], e[3], e[4])
+        if e[0] == "in":
+            tests = [self._comparison("=", e[1], item, e[4]) for item in e[2]]
+            return "BOOL", lambda row: self._any(tests, row, e[3])
+        raise _unsupported(f"the expression {e[0]}")
+
+    @staticmethod
+    def _any(tests: list, row: list, negated: bool) -> bool | None:
+        found = [test(row) for test in tests]
+        result = True if True in found else None if None in found else False
+        return result if result is None or not negated else not result
+
+    def _boolean(self, e: tuple, operator: str) -> Callable[[list], Any]:
+        kind, fn = self.compile(e)
+        if kind not in ("BOOL", "NULL"):
+            raise _invalid(f"No matching signature for operator {operator} for argument types: {kind}")
+        return fn
+
+    def _logical(self, e: tuple) -> Callable[[list], Any]:
+        left, right = self._boolean(e[1], e[0].upper()), self._boolean(e[2], e[0].upper())
+        absorbing = e[0] == "or"  # TRUE decides an OR, FALSE an AND
+
+        def fn(row: list) -> Any:
+            values = (left(row), right(row))
+            if absorbing in values:
+                return absorbing
+            return None if None in values else not absorbing
+
+        return fn
+
+    def _comparison(self, op: str, left: tuple, right: tuple, offset: int) -> Callable[[list], Any]:
+        (lk, lf), (rk, rf) = self._coerced(left, right), self._coerced(right, left)
+        comparable = "NULL" in (lk, rk) or lk == rk or {lk, rk} <= NUMERIC
+        if not comparable or (op not in ("=", "!=", "<>") and not {lk, rk} <= ORDERED | {"NULL"}):
+            raise _invalid(
+                f"No matching signature for operator {op} for argument types: {lk}, {rk}. "
+                f"Supported signature: ANY {op} ANY{self.query.at(offset)}"
+            )
+        compare = {
+            "=": lambda a, b: a == b,
+            "!=": lambda a, b: a != b,
+            "<>": lambda a, b: a != b,
+            "<": lambda a, b: a < b,
+            "<=": lambda a, b: a <= b,
+            ">": lambda a, b: a > b,
+            ">=": lambda a, b: a >= b,
+        }[op]
+
+        def fn(row: list) -> Any:
+            a, b = lf(row), rf(row)
+            return None if a is None or b is None else compare(a, b)
+
+        return fn
+
+    def _coerced(self, e: tuple, other: tuple) -> tuple[str, Callable[[list], Any]]:
+        """``e`` compiled; a string literal compared with a TIMESTAMP, DATE or DATETIME is read as one (a literal
+        coercion: https://cloud.google.com/bigquery/docs/reference/standard-sql/conversion_rules#coercion)."""
+        kind, fn = self.compile(e)
+        other_kind = self.compile(other)[0]
+        if e[0] == "literal" and kind == "STRING" and other_kind in TEMPORAL:
+            try:
+                value = parse_value(other_kind, e[2])
+            except ValueError:
+                raise _invalid(f'Could not cast literal "{e[2]}" to type {other_kind}{self.query.at(e[3])}') from None
+            return other_kind, lambda row: value
+        return kind, fn
+
+
+def _count_true(test: Callable[[list], Any], rows: list[list]) -> int:
+    return sum(test(r) is True for r in rows)
+
+
+def _extreme(pick: Callable, get: Callable[[list], Any], rows: list[list]) -> Any:
+    """MAX or MIN of ``get`` over ``rows``, NULLs ignored; NULL when none is left."""
+    return pick((v for r in rows if (v := get(r)) is not None), default=None)
+
+
+# ---------------------------------------------------------------------------------------------------- state
+@dataclass
+class Version:
+    """One version of a row: its values (column order), from ``start`` until ``end`` (microseconds; None: current)."""
+
+    values: list
+    start: int
+    end: int | None = None
+
+    def visible(self, at: int) -> bool:
+        return self.start <= at and (self.end is None or at < self.end)
+
+
+@dataclass
+class Table:
+    schema: list[dict]  # [{"name", "type" (GoogleSQL name), "mode"}]
+    created: int
+    versions: list[Version] = field(default_factory=list)
+    modified: int = 0
+
+
+@dataclass
+class Dataset:
+    location: str
+    travel_hours: int
+    created: int
+    tables: dict[str, Table] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    project: str
+    job_id: str
+    location: str
+    resource: dict
+    member: str | None  # who created it (None: the owner)
+    fields: list[dict] = field(default_factory=list)  # the result's schema
+    types: list[str] = field(default_factory=list)
+    rows: list[list] = field(default_factory=list)
+    error: BigQueryError | None = None
+
+
+class BigQueryEmulator(HttpEmulator):
+    def __init__(self, token: Any = "", clock: Callable[[], float] = time.time, page_bytes: int = PAGE_BYTES):
+        super().__init__()
+        self.token = token  # a static token or a TokenIssuer: the owner's
+        self.clock = clock  # seconds since the epoch
+        self.page_bytes = page_bytes
+        self.datasets: dict[tuple[str, str], Dataset] = {}
+        self.jobs: dict[tuple[str, str], Job] = {}
+        self.requests: dict[str, tuple[str, str]] = {}  # jobs.query requestId -> (project, job id)
+        self.grants: dict[str, set[tuple[str, str]]] = {}  # member -> {(role, "P" | "P.D" | "P.D.T")}
+        self.calls: list[str] = []  # REST methods, in order
+        self.bodies: list[tuple[str, dict, dict]] = []  # (method, query string, body) of each call
+        self.faults: list[Fault] = []
+        self._identities: dict[str, str] = {}  # token -> member
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ the tests' side
+    def create_dataset(
+        self, dataset: str, *, location: str = "US", max_time_travel_hours: int = DEFAULT_TRAVEL_HOURS, at=None
+    ) -> None:
+        """``P.D``; the time travel window is 48 to 168 hours, a multiple of 24
+        (https://cloud.google.com/bigquery/docs/time-travel#configure_the_time_travel_window)."""
+        if max_time_travel_hours not in range(48, 169, 24):
+            raise ValueError(f"maxTimeTravelHours {max_time_travel_hours} is not 48 to 168 in steps of 24")
+        project, name = dataset.rsplit(".", 1)
+        with self._lock:
+            self.datasets[(project, name)] = Dataset(location, max_time_travel_hours, _micros(at, self.clock))
+
+    def create_table(self, table: str, schema: Sequence[tuple[str, str] | tuple[str, str, str]], *, at=None) -> None:
+        """``P.D.T`` with columns ``(name, type[, mode])`` (mode NULLABLE or REQUIRED); its dataset is created (in
+        US) when there is none."""
+        project, dataset, name = table.rsplit(".", 2)
+        fields = []
+        for column in schema:
+            kind = STANDARD.get(column[1].upper(), column[1].upper())
+            mode = column[2] if len(column) > 2 else "NULLABLE"
+            if kind not in TYPES or mode not in ("NULLABLE", "REQUIRED"):
+                raise ValueError(f"column {column}: the emulator keeps {sorted(TYPES)}, NULLABLE or REQUIRED")
+            fields.append({"name": column[0], "type": kind, "mode": mode})
+        with self._lock:
+            if (project, dataset) not in self.datasets:
+                self.create_dataset(f"{project}.{dataset}", at=at)
+            created = _micros(at, self.clock)
+            self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created)
+
+    def drop_table(self, table: str) -> None:
+        with self._lock:
+            project, dataset, name = table.rsplit(".", 2)
+            del self.datasets[(project, dataset)].tables[name]
+
+    def insert(self, table: str, rows: Iterable[dict], *, at=None) -> None:
+        """New rows, current from ``at`` (now by default)."""
+        with self._lock:
+            t = self._table_of(table)
+            start = _micros(at, self.clock)
+            if start < t.created:
+                raise ValueError(f"{table} was created after {_iso(start)}")
+            t.versions += [Version(self._values(t, row), start) for row in rows]
+            t.modified = max(t.modified, start)
+
+    def update(self, table: str, where: Callable[[dict], bool], changes: dict, *, at=None) -> int:
+        """The current rows for which ``where(row)`` holds get ``changes`` from ``at``: how many."""
+        with self._lock:
+            t = self._table_of(table)
+            now = _micros(at, self.clock)
+            changed = [v for v in t.versions if v.end is None and where(self._row(t, v.values))]
+            replaced = self._values(t, changes, partial=True)
+            for version in changed:
+                version.end = now
+                values = [replaced.get(i, value) for i, value in enumerate(version.values)]
+                t.versions.append(Version(values, now))
+            t.modified = max(t.modified, now)
+            return len(changed)
+
+    def delete(self, table: str, where: Callable[[dict], bool], *, at=None) -> int:
+        """The current rows for which ``where(row)`` holds end at ``at``: how many."""
+        with self._lock:
+            t = self._table_of(table)
+            now = _micros(at, self.clock)
+            gone = [v for v in t.versions if v.end is None and where(self._row(t, v.values))]
+            for version in gone:
+                version.end = now
+            t.modified = max(t.modified, now)
+            return len(gone)
+
+    def grant(self, member: str, role: str, resource: str) -> None:
+        """``member`` gets ``role`` on ``resource``: a project ``P``, a dataset ``P.D`` or a table ``P.D.T``."""
+        if role not in ROLES:
+            raise ValueError(f"{role}: the emulator knows {sorted(ROLES)}")
+        with self._lock:
+            self.grants.setdefault(member, set()).add((role, resource))
+
+    def token_for(self, member: str) -> str:
+        """A bearer token that acts as ``member`` (``user:...`` or ``serviceAccount:...``)."""
+        if not re.fullmatch(r"(?:user|serviceAccount):[^@\s]+@\S+", member):
+            raise ValueError(f"{member!r} is not a principal a token can act as")
+        token = f"ya29.emulated-member-{secrets.token_hex(12)}"
+        with self._lock:
+            self._identities[token] = member
+        return token
+
+    def fail(
+        self,
+        method: str,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        times: int = 1,
+        when: Callable[[dict], bool] = lambda request: True,
+    ) -> None:
+        """The next ``times`` calls of ``method`` matching ``when`` (given ``{"path": {...}, "query": {...},
+        "body": {...}}``) answer HTTP ``status`` with ``errors[0].reason`` ``reason``."""
+        reason = reason or BIGQUERY_REASONS.get(status, "error")
+        self.faults.append(Fault(method, status, reason, message or f"Injected {status}.", times, when))
+
+    def _table_of(self, table: str) -> Table:
+        project, dataset, name = table.rsplit(".", 2)
+        return self.datasets[(project, dataset)].tables[name]
+
+    @staticmethod
+    def _values(t: Table, row: dict, partial: bool = False) -> Any:
+        """``row``'s values in column order (``partial``: {index: value} of the columns it names)."""
+        unknown = set(row) - {c["name"] for c in t.schema}
+        if unknown:
+            raise ValueError(f"no such columns: {sorted(unknown)}")
+        values = {}
+        for i, column in enumerate(t.schema):
+            if partial and column["name"] not in row:
+                continue
+            values[i] = parse_value(column["type"], row.get(column["name"]))
+            if values[i] is None and column["mode"] == "REQUIRED":
+                raise ValueError(f"{column['name']} is REQUIRED")
+        return values if partial else list(values.values())
+
+    @staticmethod
+    def _row(t: Table, values: list) -> dict:
+        """A row as the tests' ``where`` sees it: a TIMESTAMP as a datetime in UTC."""
+        return {
+            c["name"]: _datetime(v) if c["type"] == "TIMESTAMP" and v is not None else v
+            for c, v in zip(t.schema, values, strict=True)
+        }
+
+    # ------------------------------------------------------------------ HTTP
+    def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
+        url = urlsplit(http.path)
+        path = unquote(url.path)
+        for verb, pattern, name in ROUTES:
+            m = pattern.fullmatch(path.removeprefix(PREFIX)) if path.startswith(PREFIX) else None
+            if m and verb == http.command:
+                method, args = name, m.groupdict()
+                break
+        else:
+            raise _not_found(f"Not found: {http.command} {url.path}")
+        query = dict(parse_qsl(url.query))
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            raise BigQueryError(400, "Invalid JSON payload received.", "invalid") from None
+        auth = http.headers.get("Authorization")
+        with self._lock:
+            self.calls.append(method)
+            self.bodies.append((method, query, body))
+            member = self._identities.get((auth or "").removeprefix("Bearer "))
+        if member is None and self.token and not authorized(self.token, auth):
+            # https://cloud.google.com/bigquery/docs/error-messages: authError, "invalid credentials"
+            raise BigQueryError(401, "Request had invalid authentication credentials.", "authError")
+        fault = take_fault(self.faults, self._lock, method, {"path": args, "query": query, "body": body})
+        if fault:
+            raise BigQueryError(fault.status, fault.message, fault.reason)
+        with self._lock:
+            handler = getattr(self, "_" + method.replace(".", "_"))
+            try:
+                return 200, handler(member, args, query, body)
+            except HttpError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the emulator's own bug: a reason the client does not retry
+                detail = "".join(traceback.format_exception(exc))
+                raise BigQueryError(500, f"The emulator failed: {detail}", "emulatorError") from None
+
+    def _allowed(self, member: str | None, permission: str, project: str, dataset: str = "", table: str = "") -> bool:
+        """The owner is allowed everything; a member what a grant on the resource, or on the dataset or project that
+        holds it, gives."""
+        if member is None:
+            return True
+        scopes = {project, f"{project}.{dataset}", f"{project}.{dataset}.{table}"}
+        return any(permission in ROLES[role] and scope in scopes for role, scope in self.grants.get(member, ()))
+
+    def _tables_get(self, member, args, query, body) -> dict:
+        project, dataset, table = args["project"], args["dataset"], args["table"]
+        name = f"{project}:{dataset}.{table}"
+        if not self._allowed(member, "bigquery.tables.get", project, dataset, table):
+            raise _denied(
+                f"Access Denied: Table {name}: Permission bigquery.tables.get denied on table {name} "
+                "(or it may not exist)."
+            )
+        d = self.datasets.get((project, dataset))
+        if d is None:
+            raise _not_found(f"Not found: Dataset {project}:{dataset}")
+        t = d.tables.get(table)
+        if t is None:
+            raise _not_found(f"Not found: Table {name}")
+        now = _micros(None, self.clock)
+        return {
+            "kind": "bigquery#table",
+            "etag": base64.b64encode(str(t.modified).encode()).decode(),
+            "id": name,
+            "selfLink": f"{self.endpoint}{PREFIX}/projects/{project}/datasets/{dataset}/tables/{table}",
+            "tableReference": {"projectId": project, "datasetId": dataset, "tableId": table},
+            "schema": {"fields": [{**c, "type": LEGACY.get(c["type"], c["type"])} for c in t.schema]},
+            "numRows": str(sum(v.visible(now) for v in t.versions)),
+            "creationTime": str(t.created // 1000),
+            "lastModifiedTime": str(t.modified // 1000),
+            "type": "TABLE",
+            "location": d.location,
+        }
+
+    def _jobs_query(self, member, args, query, body) -> dict:
+        unknown = set(body) - QUERY_REQUEST
+        if unknown:
+            raise _unsupported(f"QueryRequest fields {sorted(unknown)}")
+        repeated = self.requests.get(body.get("requestId", ""))
+        if repeated:  # the same request again (QueryRequest.requestId): its job's answer
+            job = self.jobs[repeated]
+        else:
+            config = {k: body[k] for k in ("query", "useLegacySql", "parameterMode", "queryParameters") if k in body}
+            job = self._run(member, args["project"], body.get("location"), None, config)
+            if body.get("requestId"):
+                self.requests[body["requestId"]] = (job.project, job.job_id)
+        if job.error:
+            raise job.error
+        return self._results(job, body.get("maxResults"), None, None, body.get("formatOptions", {}), None, "query")
+
+    def _jobs_insert(self, member, args, query, body) -> dict:
+        reference = body.get("jobReference", {})
+        configuration = body.get("configuration", {})
+        if set(configuration) - {"query", "labels", "jobType"} or "query" not in configuration:
+            raise _unsupported(f"a job configuration with {sorted(configuration)} (only query jobs)")
+        config = configuration["query"]
+        if set(config) - QUERY_CONFIG:
+            raise _unsupported(f"JobConfigurationQuery fields {sorted(set(config) - QUERY_CONFIG)}")
+        if reference.get("projectId", args["project"]) != args["project"]:
+            raise BigQueryError(400, "The job's project is not the request's.", "invalid")
+        job_id = reference.get("jobId") or str(uuid.uuid4())
+        if not JOB_ID.fullmatch(job_id):
+            raise BigQueryError(400, f'Invalid job ID "{job_id}".', "invalid")
+        return self._run(member, args["project"], reference.get("location"), job_id, config).resource
+
+    def _jobs_get(self, member, args, query, body) -> dict:
+        return self._job(member, args["project"], args["job"], query.get("location")).resource
+
+    def _jobs_cancel(self, member, args, query, body) -> dict:
+        job = self._job(member, args["project"], args["job"], query.get("location"))
+        return {"kind": "bigquery#jobCancelResponse", "job": job.resource}  # done jobs stay as they are
+
+    def _jobs_getQueryResults(self, member, args, query, body) -> dict:
+        job = self._job(member, args["project"], args["job"], query.get("location"))
+        if job.error:
+            raise job.error
+        formats = {"useInt64Timestamp": query.get("formatOptions.useInt64Timestamp", "false").lower() in ("true", "1")}
+        start = int(query["startIndex"]) if "startIndex" in query else None
+        wanted = query.get("fields")
+        return self._results(job, query.get("maxResults"), query.get("pageToken"), start, formats, wanted)
+
+    def _job(self, member, project: str, job_id: str, location: str | None) -> Job:
+        job = self.jobs.get((project, job_id))
+        if job is None or (location and location.upper() != job.location.upper()):
+            raise _not_found(f"Not found: Job {project}:{location or 'US'}.{job_id}")
+        if job.member != member and not self._allowed(member, "bigquery.jobs.get", project):
+            # a job is its creator's to read (bigquery.jobs.create); anyone else needs bigquery.jobs.get
+            raise _denied(
+                f"Access Denied: Job {project}:{job.location}.{job_id}: User does not have bigquery.jobs.get "
+                f"permission for job {project}:{job.location}.{job_id}."
+            )
+        return job
+
+    def _run(self, member, project: str, location: str | None, job_id: str | None, config: dict) -> Job:
+        """Create the query job in ``project`` and run it at once: the job, DONE, with its rows or its error. A
+        refusal to create it at all (no bigquery.jobs.create) is raised."""
+        if not self._allowed(member, "bigquery.jobs.create", project):
+            raise _denied(
+                f"Access Denied: Project {project}: User does not have bigquery.jobs.create permission in "
+                f"project {project}."
+            )
+        job_id = job_id or str(uuid.uuid4())
+        if (project, job_id) in self.jobs:
+            raise BigQueryError(409, f"Already Exists: Job {project}:{location or 'US'}.{job_id}", "duplicate")
+        now = _micros(None, self.clock)
+        job = Job(project, job_id, location or "US", {}, member)
+        try:
+            self._execute(job, config, now, location)
+        except BigQueryError as error:
+            job.error = error
+        status: dict[str, Any] = {"state": "DONE"}
+        if job.error:
+            status["errorResult"] = {"reason": job.error.reason, "message": job.error.message}
+            status["errors"] = [status["errorResult"]]
+        millis = str(now // 1000)
+        job.resource = {
+            "kind": "bigquery#job",
+            "etag": base64.b64encode(job_id.encode()).decode()[:16],
+            "id": f"{project}:{job.location}.{job_id}",
+            "selfLink": f"{self.endpoint}{PREFIX}/projects/{project}/jobs/{job_id}?location={job.location}",
+            "jobReference": {"projectId": project, "jobId": job_id, "location": job.location},
+            "configuration": {"jobType": "QUERY", "query": {**config, "priority": "INTERACTIVE"}},
+            "status": status,
+            "statistics": {
+                "creationTime": millis,
+                "startTime": millis,
+                "endTime": millis,
+                "totalBytesProcessed": "0",
+                "query": {
+                    "totalBytesProcessed": "0",
+                    "totalBytesBilled": "0",
+                    "cacheHit": False,
+                    "statementType": "SELECT",
+                },
+            },
+        }
+        if member:
+            job.resource["user_email"] = member.split(":", 1)[1]
+        self.jobs[(project, job_id)] = job
+        return job
+
+    def _execute(self, job: Job, config: dict, now: int, location: str | None) -> None:
+        """Run the query into ``job``: its result's schema and rows, or a BigQueryError. A job runs where the data
+        it reads is; a request naming another location does not find it there."""
+        if config.get("useLegacySql", True):  # true unless the request says (QueryRequest, JobConfigurationQuery)
+            raise _unsupported("Legacy SQL")
+        if config.get("parameterMode", "NAMED") != "NAMED":
+            raise _unsupported("positional query parameters")
+        params = {}
+        for p in config.get("queryParameters", []):
+            kind = STANDARD.get(p.get("parameterType", {}).get("type", ""), p.get("parameterType", {}).get("type", ""))
+            if kind not in TYPES:
+                raise _unsupported(f"a query parameter of type {p.get('parameterType')}")
+            raw = p.get("parameterValue", {}).get("value")
+            try:
+                params[p["name"].lower()] = (kind, parse_value(kind, raw))
+            except ValueError:
+                raise _invalid(f"Invalid {kind} value for query parameter {p['name']}: {raw!r}") from None
+        q = Query(config.get("query", ""))
+        path, offset = q.table, q.table_offset
+        project, dataset, name = path if len(path) == 3 else (job.project, *path)
+        table_name = f"{project}:{dataset}.{name}"
+        if not self._allowed(job.member, "bigquery.tables.getData", project, dataset, name):
+            raise _denied(
+                f"Access Denied: Table {table_name}: User does not have permission to query table {table_name}, "
+                "or perhaps it does not exist."
+            )
+        d = self.datasets.get((project, dataset))
+        if d is None or (location and location.upper() != d.location.upper()):
+            raise _not_found(f"Not found: Dataset {project}:{dataset} was not found in location {job.location}")
+        job.location = d.location
+        t = d.tables.get(name)
+        if t is None:
+            raise _not_found(f"Not found: Table {table_name} was not found in location {d.location}")
+        columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(t.schema)}
+        compiled = Compiled(q, columns, params)
+        at = now
+        if q.as_of is not None:
+            kind, fn = Compiled(q, {}, params).compile(q.as_of)
+            if kind == "STRING" and q.as_of[0] == "literal":  # a string literal where a TIMESTAMP is expected
+                kind, fn = compiled._coerced(q.as_of, ("literal", "TIMESTAMP", 0, 0))
+            if kind != "TIMESTAMP" or fn([]) is None:
+                raise _invalid(f"FOR SYSTEM_TIME AS OF needs a TIMESTAMP, not {kind}{q.at(offset)}")
+            at = fn([])
+            earliest = max(t.created, now - d.travel_hours * 3_600_000_000)
+            if at < earliest:
+                ms = at // 1000
+                raise _invalid(
+                    f"Invalid snapshot time {ms} for table {table_name}@{ms}. Cannot read before {earliest // 1000}."
+                )
+            if at > now:
+                raise _invalid(f"FOR SYSTEM_TIME AS OF {_iso(at)} is in the future (the emulator's refusal)")
+        where = compiled.condition(q.where, "WHERE") if q.where is not None else (lambda row: True)
+        rows = [v.values for v in t.versions if v.visible(at) and where(v.values) is True]
+        if q.select is None:
+            job.fields = [{**c, "type": LEGACY.get(c["type"], c["type"])} for c in t.schema]
+            job.types = [c["type"] for c in t.schema]
+            job.rows = [list(r) for r in rows]
+        else:
+            self._aggregate(job, q, compiled, rows)
+        if q.limit is not None:
+            job.rows = job.rows[: q.limit]
+
+    @staticmethod
+    def _aggregate(job: Job, q: Query, compiled: Compiled, rows: list[list]) -> None:
+        """The SELECT list's items over ``rows``: one row of aggregates, or the columns of each row."""
+        assert q.select is not None
+        columns = [item for item in q.select if item[0] == "column"]
+        if columns and len(columns) < len(q.select):
+            raise _invalid(
+                f"SELECT list expression references column {columns[0][1][1]} which is neither grouped nor "
+                f"aggregated{q.at(columns[0][3])}"
+            )
+        names, kinds, fns, anonymous = [], [], [], 0
+        for kind, argument, alias, offset in q.select:
+            if kind == "count":
+                value_kind, fn = "INT64", len
+            elif kind == "countif":
+                value_kind, fn = "INT64", functools.partial(_count_true, compiled.condition(argument, "COUNTIF"))
+            else:
+                value_kind, get = compiled.compile(argument)
+                if value_kind not in ORDERED:
+                    raise _invalid(f"No matching signature for aggregate function {kind.upper()}{q.at(offset)}")
+                fn = get if kind == "column" else functools.partial(_extreme, max if kind == "max" else min, get)
+            if not alias:  # BigQuery names an unnamed result column f0_, f1_, ...
+                alias = argument[1] if kind == "column" else f"f{anonymous}_"
+                anonymous += kind != "column"
+            names.append(alias)
+            kinds.append(value_kind)
+            fns.append(fn)
+        job.fields = [
+            {"name": n, "type": LEGACY.get(k, k), "mode": "NULLABLE"} for n, k in zip(names, kinds, strict=True)
+        ]
+        job.types = kinds
+        job.rows = [[fn(r) for fn in fns] for r in rows] if columns else [[fn(rows) for fn in fns]]
+
+    def _results(
+        self, job: Job, max_results, token: str | None, start: int | None, formats: dict, wanted, kind: str = "get"
+    ) -> dict:
+        """One page of the job's rows: from ``pageToken`` (or ``startIndex``, or the first), at most ``maxResults``
+        rows and ``page_bytes`` of them; as jobs.getQueryResults answers it, or (``kind="query"``) jobs.query."""
+        offset = start or 0
+        if token:
+            try:
+                token_job, _, at = base64.urlsafe_b64decode(token.encode()).decode().rpartition(":")
+                offset = int(at)
+            except ValueError:
+                token_job = ""
+            if token_job != job.job_id:
+                raise BigQueryError(400, f"Invalid page token: {token}", "invalid")
+        limit = len(job.rows) if max_results is None else int(max_results)
+        int64 = bool(formats.get("useInt64Timestamp"))
+        page, size = [], 0
+        for values in job.rows[offset : offset + limit]:
+            row = {"f": [{"v": encode_cell(k, v, int64)} for k, v in zip(job.types, values, strict=True)]}
+            size += len(json.dumps(row))
+            if page and size > self.page_bytes:
+                break
+            page.append(row)
+        end = offset + len(page)
+        answer = {
+            "kind": "bigquery#queryResponse" if kind == "query" else "bigquery#getQueryResultsResponse",
+            "etag": job.resource["etag"],
+            "schema": {"fields": job.fields},
+            "jobReference": job.resource["jobReference"],
+            "totalRows": str(len(job.rows)),
+            "totalBytesProcessed": "0",
+            "jobComplete": True,
+            "cacheHit": False,
+        }
+        if page:
+            answer["rows"] = page
+        if end < len(job.rows):
+            answer["pageToken"] = base64.urlsafe_b64encode(f"{job.job_id}:{end}".encode()).decode()
+        if wanted:  # a partial response (https://cloud.google.com/bigquery/docs/api-performance#partial-response)
+            answer = {k: v for k, v in answer.items() if k in wanted.split(",")}
+        return answer

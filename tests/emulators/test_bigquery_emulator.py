@@ -1,0 +1,264 @@
+"""The BigQuery emulator (tests/emulators/bigquery.py) through the real google-cloud-bigquery client: tables.get,
+queries by jobs.query (``query_and_wait``) and by jobs.insert (``query``), their pages, time travel, the SQL subset
+and its errors as BigQuery words them, identities and their roles, injected faults."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import bigquery
+from google.oauth2.credentials import Credentials
+
+from tests.emulators.bigquery import BigQueryEmulator
+
+PROJECT, TOKEN = "tpupipe-data", "t0ken"
+TABLE = f"{PROJECT}.examples.dolly"
+SCHEMA = [("instruction", "STRING", "REQUIRED"), ("response", "STRING"), ("n", "INT64"), ("ts", "TIMESTAMP")]
+NOW = datetime.now(UTC)
+DAY = timedelta(days=1)
+ALICE = "user:alice@example.com"
+
+
+@pytest.fixture
+def bq():
+    emulator = BigQueryEmulator(token=TOKEN)
+    emulator.start()
+    emulator.create_table(TABLE, SCHEMA, at=NOW - 3 * DAY)
+    emulator.insert(TABLE, [_row(n, NOW - 2 * DAY) for n in range(5)], at=NOW - 2 * DAY)
+    yield emulator
+    emulator.stop()
+
+
+def _row(n: int, ts: datetime) -> dict:
+    return {"instruction": f"say {n}", "response": str(n), "n": n, "ts": ts}
+
+
+def client(bq: BigQueryEmulator, token: str = TOKEN, project: str = PROJECT) -> bigquery.Client:
+    return bigquery.Client(
+        project=project, credentials=Credentials(token=token), client_options={"api_endpoint": bq.endpoint}
+    )
+
+
+def query(bq, sql: str, token: str = TOKEN, page_size: int | None = None, **params) -> list[dict]:
+    config = bigquery.QueryJobConfig(query_parameters=[bigquery.ScalarQueryParameter(k, *v) for k, v in params.items()])
+    return [dict(r) for r in client(bq, token).query_and_wait(sql, job_config=config, page_size=page_size)]
+
+
+def test_tables_get_answers_the_schema_and_bigquerys_not_found(bq):
+    table = client(bq).get_table(TABLE)
+    assert [(f.name, f.field_type, f.mode) for f in table.schema] == [
+        ("instruction", "STRING", "REQUIRED"),
+        ("response", "STRING", "NULLABLE"),
+        ("n", "INTEGER", "NULLABLE"),  # the REST API's legacy name
+        ("ts", "TIMESTAMP", "NULLABLE"),
+    ]
+    assert table.num_rows == 5 and table.location == "US" and table.table_type == "TABLE"
+    with pytest.raises(exceptions.NotFound, match=f"Not found: Table {PROJECT}:examples.nope"):
+        client(bq).get_table(f"{PROJECT}.examples.nope")
+    with pytest.raises(exceptions.NotFound, match=f"Not found: Dataset {PROJECT}:nope$"):
+        client(bq).get_table(f"{PROJECT}.nope.dolly")
+    assert bq.calls == ["tables.get"] * 3
+
+
+def test_a_query_runs_by_jobs_query_with_named_parameters(bq):
+    found = query(
+        bq,
+        "SELECT COUNT(*) AS rows, MAX(`ts`) AS newest, MIN(n), COUNTIF(n >= 3) FROM `tpupipe-data.examples.dolly` "
+        "WHERE instruction != 'say 0' AND (n IN (1, 2, 3) OR response IS NULL) AND ts <= @now",
+        now=("TIMESTAMP", NOW),
+    )
+    assert found == [{"rows": 3, "newest": NOW - 2 * DAY, "f0_": 1, "f1_": 1}]
+    assert bq.calls == ["jobs.query"]  # one page: the answer holds it
+    (_, _, body) = bq.bodies[0]
+    assert body["useLegacySql"] is False and body["parameterMode"] == "NAMED"
+    assert body["queryParameters"][0]["parameterType"] == {"type": "TIMESTAMP"}
+    rows = query(bq, "SELECT * FROM `tpupipe-data.examples.dolly` WHERE n > 3")
+    assert rows == [{"instruction": "say 4", "response": "4", "n": 4, "ts": NOW - 2 * DAY}]
+    assert query(bq, "SELECT n FROM `tpupipe-data`.examples.dolly WHERE n < 2 LIMIT 1") == [{"n": 0}]
+    with pytest.raises(exceptions.NotFound, match=f"Dataset {PROJECT}:examples was not found in location EU"):
+        client(bq).query_and_wait(f"SELECT * FROM `{TABLE}`", location="EU")  # a job runs where its data is
+
+
+def test_the_pages_of_a_query_come_by_jobs_get_and_jobs_get_query_results(bq):
+    bq.insert(TABLE, [_row(n, NOW - DAY) for n in range(5, 2500)], at=NOW - DAY)
+    rows = query(bq, f"SELECT * FROM `{TABLE}`", page_size=1000)
+    assert [r["n"] for r in rows] == list(range(2500))
+    assert bq.calls == ["jobs.query", "jobs.get", "jobs.getQueryResults", "jobs.getQueryResults"]
+    pages = [q for m, q, _ in bq.bodies if m == "jobs.getQueryResults"]
+    assert all(q["maxResults"] == "1000" and q["pageToken"] for q in pages)
+
+    bq.calls.clear()  # jobs.insert (Client.query's default), then a page per getQueryResults
+    job = client(bq).query(f"SELECT n FROM `{TABLE}` WHERE n < 10")
+    assert [r["n"] for r in job.result(page_size=4)] == list(range(10))
+    assert bq.calls == ["jobs.insert", *["jobs.getQueryResults"] * 3]
+
+    bq.calls.clear()  # without maxResults a page is what fits in page_bytes
+    bq.page_bytes = 20_000
+    assert len(query(bq, f"SELECT * FROM `{TABLE}`")) == 2500
+    assert bq.calls.count("jobs.getQueryResults") > 3
+
+
+def test_for_system_time_as_of_reads_the_table_as_it_was(bq):
+    before = NOW - DAY
+    bq.insert(TABLE, [_row(9, NOW)], at=NOW - timedelta(hours=1))
+    assert bq.update(TABLE, lambda r: r["n"] == 1, {"response": "one"}, at=NOW - timedelta(hours=1)) == 1
+    assert bq.delete(TABLE, lambda r: r["n"] == 2, at=NOW - timedelta(hours=1)) == 1
+    sql = f"SELECT n, response FROM `{TABLE}` FOR SYSTEM_TIME AS OF @at"
+    then = query(bq, sql, at=("TIMESTAMP", before))
+    assert then == [{"n": n, "response": str(n)} for n in range(5)]
+    now = query(bq, f"SELECT n, response FROM `{TABLE}`")
+    assert now == [{"n": 0, "response": "0"}, {"n": 3, "response": "3"}, {"n": 4, "response": "4"}] + [
+        {"n": 9, "response": "9"},
+        {"n": 1, "response": "one"},
+    ]
+    literal = f"SELECT COUNT(*) AS c FROM `{TABLE}` FOR SYSTEM_TIME AS OF TIMESTAMP '{before.isoformat()}'"
+    assert query(bq, literal) == [{"c": 5}]
+
+
+def test_time_travel_ends_at_the_window_and_the_tables_creation(bq):
+    sql = f"SELECT COUNT(*) FROM `{TABLE}` FOR SYSTEM_TIME AS OF @at"
+    created_ms = int((NOW - 3 * DAY).timestamp() * 1000)
+    early = NOW - 4 * DAY
+    with pytest.raises(
+        exceptions.BadRequest, match=rf"Invalid snapshot time \d+ for table {PROJECT}:examples.dolly@\d+"
+    ):
+        query(bq, sql, at=("TIMESTAMP", early))
+    with pytest.raises(exceptions.BadRequest, match=f"Cannot read before {created_ms}"):
+        query(bq, sql, at=("TIMESTAMP", early))
+    bq.create_table(f"{PROJECT}.old.t", SCHEMA, at=NOW - 30 * DAY)
+    bq.create_dataset(f"{PROJECT}.short", max_time_travel_hours=48, at=NOW - 30 * DAY)
+    bq.create_table(f"{PROJECT}.short.t", SCHEMA, at=NOW - 30 * DAY)
+    old = f"SELECT COUNT(*) AS c FROM `{PROJECT}.old.t` FOR SYSTEM_TIME AS OF @at"
+    assert query(bq, old, at=("TIMESTAMP", NOW - 6 * DAY)) == [{"c": 0}]  # within the default 7 days
+    with pytest.raises(exceptions.BadRequest, match="Invalid snapshot time"):
+        query(bq, old, at=("TIMESTAMP", NOW - 8 * DAY))
+    with pytest.raises(exceptions.BadRequest, match="Invalid snapshot time"):  # a 2-day window
+        query(bq, old.replace(".old.", ".short."), at=("TIMESTAMP", NOW - 3 * DAY))
+    with pytest.raises(exceptions.BadRequest, match="in the future"):
+        query(bq, sql, at=("TIMESTAMP", NOW + DAY))
+    bq.drop_table(TABLE)  # a dropped table is not found, at any time
+    with pytest.raises(exceptions.NotFound, match=f"Table {PROJECT}:examples.dolly was not found in location US"):
+        query(bq, sql, at=("TIMESTAMP", NOW - DAY))
+    with pytest.raises(ValueError, match="48 to 168"):
+        bq.create_dataset(f"{PROJECT}.odd", max_time_travel_hours=50)
+
+
+@pytest.mark.parametrize(
+    ("sql", "error"),
+    [
+        (f"SELECT nope FROM `{TABLE}`", r"Unrecognized name: nope at \[1:8\]"),
+        (f"SELECT * FROM `{TABLE}`\nWHERE (\nnope = 1\n)", r"Unrecognized name: nope at \[3:1\]"),
+        (f"SELECT * FROM `{TABLE}` WHERE ts > @after", r"Query parameter 'after' not found at \[1:\d+\]"),
+        (
+            f"SELECT * FROM `{TABLE}` WHERE n = 'x'",
+            "No matching signature for operator = for argument types: INT64, STRING",
+        ),
+        (f"SELECT * FROM `{TABLE}` WHERE ts > 'soon'", 'Could not cast literal "soon" to type TIMESTAMP'),
+        (f"SELECT * FROM `{TABLE}` WHERE response", "WHERE clause should return type BOOL, but returns STRING"),
+        (f"SELECT * FROM `{TABLE}` WHERE n =", r"Syntax error: Unexpected end of script at \[1:\d+\]"),
+        (f"SELECT * FROM `{TABLE}` WHERE response = 'x", "Syntax error: Unclosed string literal"),
+        (f"SELECT * FROM `{TABLE}` WHERE n = 1)", r'Syntax error: Unexpected "\)"'),
+        (f"SELECT n, COUNT(*) FROM `{TABLE}`", "SELECT list expression references column n which is neither grouped"),
+        (f"SELECT * FROM `{TABLE}` WHERE LOWER(response) = 'x'", "'LOWER' here is not supported by the emulator"),
+        (f"SELECT * FROM `{TABLE}` WHERE n + 1 = 2", "'\\+' is not supported by the emulator"),
+        (f"SELECT * FROM `{TABLE}` ORDER BY n", "'ORDER' here is not supported by the emulator"),
+        (f"SELECT * FROM `{TABLE}`; SELECT 1", "'SELECT' here is not supported by the emulator"),
+        (f"SELECT * FROM `{PROJECT}.nope.t`", f"Not found: Dataset {PROJECT}:nope was not found in location US"),
+    ],
+)
+def test_query_errors_are_bigquerys_or_the_emulators_refusal(bq, sql, error):
+    with pytest.raises((exceptions.BadRequest, exceptions.NotFound), match=error):
+        query(bq, sql)
+
+
+def test_legacy_sql_and_unknown_request_fields_are_refused(bq):
+    config = bigquery.QueryJobConfig(use_legacy_sql=True)
+    with pytest.raises(exceptions.BadRequest, match="Legacy SQL is not supported by the emulator"):
+        client(bq).query_and_wait(f"SELECT * FROM [{TABLE}]", job_config=config)
+    with pytest.raises(exceptions.BadRequest, match=r"QueryRequest fields \['dryRun'\]"):
+        _post(bq, "queries", {"query": "SELECT 1", "dryRun": True})
+
+
+def _post(bq, path: str, body: dict, token: str = TOKEN) -> dict:
+    request = urllib.request.Request(
+        f"{bq.endpoint}/bigquery/v2/projects/{PROJECT}/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        raise exceptions.from_http_status(e.code, json.loads(e.read())["error"]["message"]) from None
+
+
+def test_a_repeated_request_id_answers_the_same_job(bq):
+    body = {"query": f"SELECT COUNT(*) FROM `{TABLE}`", "useLegacySql": False, "requestId": "r-1"}
+    first, again = _post(bq, "queries", body), _post(bq, "queries", body)
+    assert first["jobReference"] == again["jobReference"] and len(bq.jobs) == 1
+    assert first["kind"] == "bigquery#queryResponse" and first["rows"] == [{"f": [{"v": "5"}]}]
+
+
+def test_members_need_bigquerys_roles_and_unknown_tokens_are_refused(bq):
+    alice = bq.token_for(ALICE)
+    sql = f"SELECT COUNT(*) AS c FROM `{TABLE}`"
+    with pytest.raises(
+        exceptions.Forbidden, match=f"Permission bigquery.tables.get denied on table {PROJECT}:examples"
+    ):
+        client(bq, alice).get_table(TABLE)
+    with pytest.raises(
+        exceptions.Forbidden, match=f"User does not have bigquery.jobs.create permission in project {PROJECT}"
+    ):
+        query(bq, sql, alice)
+    bq.grant(ALICE, "roles/bigquery.jobUser", PROJECT)
+    with pytest.raises(exceptions.Forbidden, match="User does not have permission to query table"):
+        query(bq, sql, alice)
+    bq.grant(ALICE, "roles/bigquery.metadataViewer", f"{PROJECT}.examples")  # the schema, not the data
+    assert client(bq, alice).get_table(TABLE).num_rows == 5
+    with pytest.raises(exceptions.Forbidden, match="User does not have permission to query table"):
+        query(bq, sql, alice)
+    bq.grant(ALICE, "roles/bigquery.dataViewer", TABLE)
+    assert query(bq, sql, alice) == [{"c": 5}]
+    (job,) = [j for j in bq.jobs.values() if j.member == ALICE and not j.error]
+    assert job.resource["user_email"] == "alice@example.com"
+    bob = bq.token_for("user:bob@example.com")
+    with pytest.raises(exceptions.Forbidden, match="bigquery.jobs.get permission"):  # alice's job is hers
+        client(bq, bob).get_job(job.job_id, location="US")
+    assert client(bq).get_job(job.job_id, location="US").state == "DONE"  # the owner's
+    assert client(bq).cancel_job(job.job_id, location="US").state == "DONE"  # a done job stays done
+    with pytest.raises(exceptions.Unauthorized, match="invalid authentication credentials"):
+        _post(bq, "queries", {"query": "SELECT 1"}, token="forged")
+    with pytest.raises(ValueError, match="knows"):
+        bq.grant(ALICE, "roles/bigquery.everything", PROJECT)
+
+
+def test_injected_faults_and_what_the_client_retries(bq):
+    bq.insert(TABLE, [_row(n, NOW - DAY) for n in range(5, 30)], at=NOW - DAY)
+    bq.fail("jobs.getQueryResults", 503, times=1)  # backendError: retried by the client (its DEFAULT_RETRY)
+    assert len(query(bq, f"SELECT n FROM `{TABLE}`", page_size=10)) == 30
+    assert bq.calls.count("jobs.getQueryResults") == 3
+    bq.fail("tables.get", 404, message="Not found: Table gone")  # notFound: not retried
+    with pytest.raises(exceptions.NotFound, match="gone"):
+        client(bq).get_table(TABLE)
+    bq.fail("jobs.query", 403, message="Quota exceeded", reason="quotaExceeded")
+    with pytest.raises(exceptions.Forbidden, match="Quota exceeded") as raised:
+        query(bq, f"SELECT n FROM `{TABLE}`")
+    assert raised.value.errors[0]["reason"] == "quotaExceeded"
+
+
+def test_rows_are_checked_against_the_schema_when_the_tests_write_them(bq):
+    with pytest.raises(ValueError, match="no such columns"):
+        bq.insert(TABLE, [{"instruction": "x", "extra": 1}])
+    with pytest.raises(ValueError, match="instruction is REQUIRED"):
+        bq.insert(TABLE, [{"response": "x"}])
+    with pytest.raises(ValueError, match="not a INT64 value"):
+        bq.insert(TABLE, [{"instruction": "x", "n": "many"}])
+    with pytest.raises(ValueError, match="created after"):
+        bq.insert(TABLE, [{"instruction": "x"}], at=NOW - 5 * DAY)
+    with pytest.raises(ValueError, match="NULLABLE or REQUIRED"):
+        bq.create_table(f"{PROJECT}.examples.nested", [("r", "RECORD")])
