@@ -32,14 +32,13 @@ from __future__ import annotations
 import base64
 import decimal
 import json
-import os
 import re
 import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time
 from typing import Any
 
-from components.platforms.credentials import access_error, credentials
+from components.platforms.credentials import access_error, credentials, google_client
 from components.spec import InfraError, SpecError
 from components.spec.names import PROJECT_ID_PATTERN
 
@@ -87,9 +86,7 @@ def client(project: str, creds=None):
     set, else at Google's endpoint, with the Google credentials (``components.platforms.credentials``)."""
     from google.cloud import bigquery
 
-    host = os.environ.get(EMULATOR_HOST_ENV)
-    options = {"api_endpoint": host} if host else None
-    return bigquery.Client(project=project, credentials=creds or credentials(), client_options=options)
+    return google_client(bigquery.Client, EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
 def snapshot(

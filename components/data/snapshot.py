@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -142,18 +142,29 @@ def check_example(where: str, example: Any, key: str) -> dict[str, Any]:
     return example
 
 
+READERS = 16  # Cloud Storage objects read at once: each read is a round trip, mostly waiting
+
+
 def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[str], None]) -> Iterator[dict]:
-    """Every example of the items, in order, each checked; each item's count kept in it (``num_examples``)."""
+    """Every example of the items, in order, each checked; each item's count kept in it (``num_examples``). Cloud
+    Storage objects are read ``READERS`` at a time, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     if kind == "gcs":
         from components.data import gcs
 
-        def read(item: dict[str, Any]) -> bytes:
-            return gcs.read(item)
+        read: Callable[[dict[str, Any]], bytes] = gcs.read
     else:
         read = _read_local
-    for index, item in enumerate(items, start=1):
+    with ThreadPoolExecutor(READERS if kind == "gcs" else 1) as pool:
+        contents = pool.map(read, items)
+        yield from _examples(items, contents, key, log)
+
+
+def _examples(items: list[dict[str, Any]], contents: Iterable[bytes], key: str, log) -> Iterator[dict]:
+    for index, (item, data) in enumerate(zip(items, contents, strict=True), start=1):
         count = 0
-        for number, example in parse(item["uri"], read(item), key):
+        for number, example in parse(item["uri"], data, key):
             count += 1
             yield check_example(f"{item['uri']}, line {number}", example, key)
         if not count:
@@ -177,7 +188,10 @@ def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str |
     t = spec.train
     table = bigquery.parse_table(source, key)
     bq_filter, column = (t.dataset_filter, t.dataset_time_column) if key == "train.dataset" else ("", "")
-    snap = bigquery.snapshot(table, field=key, at=when, filter=bq_filter, time_column=column, after=after)
+    # As of the schedule's time, or a minute ago: BigQuery refuses a time travel into its own future, which a clock
+    # a little ahead of its would ask for.
+    at = min(when, datetime.now(UTC) - timedelta(minutes=1))
+    snap = bigquery.snapshot(table, field=key, at=at, filter=bq_filter, time_column=column, after=after)
     rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
     return snap, rows
 

@@ -120,7 +120,8 @@ _GCS = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$")
 # PROJECT.DATASET.TABLE: a project id (a domain-scoped one has "domain:"), a dataset id of letters, digits and
 # underscores, a table id of up to 1,024 characters (https://cloud.google.com/bigquery/docs/datasets#dataset-naming,
 # https://cloud.google.com/bigquery/docs/tables#table_naming).
-_BQ = re.compile(r"^bq://([a-z][a-z0-9:.-]{4,61}[a-z0-9])\.([A-Za-z0-9_]{1,1024})\.([\w$-]{1,1024})$")
+# The parts are checked against those rules when the run's first stage reads the table (components/data/bigquery.py).
+_BQ = re.compile(r"^bq://[^.\s]+(\.[^.\s]+)*\.[^.]+\.[^.]+$")
 DATASET_SHAPES = ["generated", "a hub dataset name", "a local file, DIR/ or glob", "gs://BUCKET/PREFIX/", "bq://P.D.T"]
 
 

@@ -273,3 +273,27 @@ def test_the_queries_run_in_the_billing_project(bq):
     assert [j.project for j in bq.jobs.values()] == ["tpupipe-billing"]
     read(got)
     assert {j.project for j in bq.jobs.values()} == {"tpupipe-billing"}
+
+
+def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_only_what_is_new(bq, tmp_path):
+    """The run's snapshot (components.data.snapshot) of a table with ``train.data_since=champion``: the rows as of
+    its time; against that manifest, nothing new is a run that ends after its snapshot; rows ingested later are the
+    next run's, and only they."""
+    from components.data import snapshot
+    from components.workload import resolve
+
+    (tmp_path / "eval.jsonl").write_text('{"instruction": "Say 99.", "response": "99"}\n')
+    spec = resolve(
+        "local-fsdp",
+        f"train.dataset=bq://{TABLE} train.dataset_time_column=ingested train.data_since=champion "
+        f"train.eval_dataset={tmp_path}/eval.jsonl",
+    )
+    first, train, heldout = snapshot.take(spec, NOW, log=lambda line: None)
+    assert first["train"]["table"]["num_rows"] == 10 and len(train) == 10 and len(heldout) == 1
+    assert first["max_time"] and first["digest"].startswith("sha256:")
+    nothing, train, _ = snapshot.take(spec, NOW, first, "local-fsdp@1", log=lambda line: None)
+    assert nothing["skip"].startswith("no examples since champion local-fsdp@1") and train == []
+    bq.insert(TABLE, [example(n, NOW - 2 * HOUR) for n in range(10, 15)], at=NOW - 2 * HOUR)
+    later, train, _ = snapshot.take(spec, NOW, first, "local-fsdp@1", log=lambda line: None)
+    assert sorted(e["instruction"] for e in train) == [f"Say {n}." for n in range(10, 15)]
+    assert later["max_time"] > first["max_time"] and later["digest"] != first["digest"]
