@@ -37,10 +37,11 @@ PLUMBING = re.compile(
     re.X,
 )
 # What a stage says of its result that the summary shows again at the end (components/stages/report.py).
-# Also a job's submission (the stage's start said it) and an epoch's loss (the train bar shows it).
+# Also a job's submission (the stage's start said it), an epoch's loss (the train bar shows it) and what the data
+# snapshot found (the summary's data line and status say it).
 RESULTS = re.compile(
     r"^(?:check_slice:\ (?:\d+/\d+\ ranks\ verified|all-reduce\ of)|evaluate:\ [\w-]+\ loss"
-    r"|register:\ |gate:\ |promote:\ champion|\w+:\ submitted\ Ray\ job\ |train:\ epoch\ \d)",
+    r"|register:\ |gate:\ |promote:\ champion|\w+:\ submitted\ Ray\ job\ |train:\ epoch\ \d|snapshot_data:\ )",
     re.X,
 )
 # A progress line that repeats the last one shown but for its figures ("waiting for 3 nodes ... 20s" after "... 10s")
