@@ -291,3 +291,19 @@ def test_a_runs_snapshot_of_a_prefix_pins_each_objects_generation_and_reads_it(s
         gcs.read(item)
     again, _, _ = snapshot.take(spec, datetime(2026, 12, 1, tzinfo=UTC), log=lambda line: None)
     assert again["digest"] != manifest["digest"]  # a new generation is a new snapshot
+
+
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        ("gs://no-such-bucket/drops/", "train.dataset: "),
+        (f"gs://{DATA}/nothing-here/", "train.dataset: "),
+        (f"gs://{DATA}/data/a.jsonl", "train.dataset: gs://tpupipe-datasets/data/a.jsonl, line 1: the example lacks"),
+    ],
+)
+def test_tpupipe_data_exits_2_naming_the_field_for_bad_cloud_storage_data(storage, capsys, dataset, message):
+    from pipelines.cli import main
+
+    assert main(["data", "local-fsdp", "--set", f"train.dataset={dataset}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
