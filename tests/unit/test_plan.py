@@ -365,3 +365,33 @@ def test_plan_smoke_is_the_smallest_single_host_slice_in_a_zone_that_offers_it_a
     assert before["chip_minutes_at_most"] == pytest.approx(minutes, abs=0.1)
     assert "before training               at most" in text
     assert document["training"]["scaling_config"]["num_workers"] == 1
+
+
+@pytest.mark.parametrize(
+    ("dataset", "first"),
+    [
+        (
+            "gs://acme-sft/drops/{date}/",
+            "  read          storage.objects.list gs://acme-sft/drops/{date}/ (train.dataset;",
+        ),
+        (
+            "bq://acme-data.sft.examples",
+            "  read          bigquery.tables.get bq://acme-data.sft.examples (train.dataset:",
+        ),
+    ],
+)
+def test_the_dry_run_starts_with_the_data_snapshot_before_anything_is_created(capsys, dataset, first):
+    from pipelines.cli import main
+
+    sets = f"gke.project=my-project train.dataset={dataset}" + (
+        " train.dataset_time_column=ingested" if dataset.startswith("bq://") else ""
+    )
+    assert main(["run", "smoke", "--platform", "gke", "--dry-run", "--run-id", "data", "--set", sets]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "snapshot_data" and lines[2].startswith(first)
+    written = "  write         the run's state data/manifest.json, train.jsonl, heldout.jsonl"
+    assert lines.index(written) < lines.index("provision")
+    granted = "  check         storage.buckets.testIamPermissions gs://acme-sft (the caller may list and read it)"
+    assert (granted in lines) == dataset.startswith("gs://")
+    copies = [i for i, line in enumerate(lines) if line.startswith("  copy          the snapshot's train.jsonl")]
+    assert len(copies) == 1 and copies[0] == lines.index("train") + 1

@@ -12,14 +12,14 @@ from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan import needs
 from components.platforms.gke.plan.records import Resource
 from components.platforms.gke.plan.target import target
-from components.spec import names
+from components.spec import datasets, names
 
 
 def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
     """The calls a run makes, stage by stage, in order, without credentials or network: the same records the
     stages walk, the job commands they submit (``entrypoint(mode)``), and what teardown deletes, newest first."""
     records = plan.resources(ctx.spec, ctx.run_id)
-    lines = []
+    lines = snapshot_calls(ctx)
     kuberay = (
         "  check         kubernetes get customresourcedefinitions/rayclusters.ray.io (the cluster's KubeRay serves "
         "every RayCluster field the run sets)"
@@ -30,6 +30,10 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
             lines += [
                 f"  check         {api} {path} ({what})"
                 for api, path, what in needs.reads(needs.needs(ctx.spec, ctx.run_id))
+            ]
+            lines += [
+                f"  check         storage.buckets.testIamPermissions {bucket} (the caller may list and read it)"
+                for bucket in _data_buckets(ctx)
             ]
             if ctx.spec.gate.register:  # the champion's base is this run's (components.stages.gate.check_lineage)
                 t = target(ctx.spec, ctx.run_id)
@@ -56,6 +60,11 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
     for stage, mode in (*jobs, ("train", "train"), ("evaluate", "eval")):
         submission = names.job_submission_id(ctx.run_id, stage)
         lines.append(stage)
+        if stage == "train" and datasets.snapshotted(spec.train.dataset):
+            lines.append(
+                f"  copy          the snapshot's train.jsonl and heldout.jsonl to gs://{t.bucket}/"
+                f"{names.run_prefix(ctx.run_id)}/data/ (where the jobs read them)"
+            )
         if stage in reads:
             lines.append(f"  read          aiplatform.models.get {reads[stage]}")
         lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
@@ -71,6 +80,42 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
     for res in reversed(records):
         if res.deleted_by_teardown and res.action != "use" and _deletes(res, ctx):
             lines.append(f"  delete        {_deletes(res, ctx)} {res.path or res.name}")
+    return lines
+
+
+def _data_buckets(ctx: RunContext) -> list[str]:
+    t = ctx.spec.train
+    found = [d.removeprefix("gs://").split("/", 1)[0] for d in (t.dataset, t.eval_dataset) if d.startswith("gs://")]
+    return [f"gs://{bucket}" for bucket in dict.fromkeys(found)]
+
+
+def snapshot_calls(ctx: RunContext) -> list[str]:
+    """snapshot_data's calls (``components.stages.dataset``): the dataset's listing or table read, pinned, before
+    anything is created; none for generated or hub data."""
+    lines = ["snapshot_data"]
+    t = ctx.spec.train
+    for key, value in (("train.dataset", t.dataset), ("train.eval_dataset", t.eval_dataset)):
+        if not value or not datasets.snapshotted(value):
+            continue
+        kind = datasets.kind(value)
+        if kind == "gcs":
+            lines += [
+                f"  read          storage.objects.list {value} ({key}; {{date}}: the schedule's date; every .jsonl, "
+                ".json and .parquet object, each pinned by its generation)",
+                "  read          storage.objects.get each object at its pinned generation (every example checked)",
+            ]
+        elif kind == "bigquery":
+            lines += [
+                f"  read          bigquery.tables.get {value} ({key}: its schema)",
+                f"  read          bigquery.jobs.query {value} FOR SYSTEM_TIME AS OF the run's time (the rows, counted "
+                "then read)",
+            ]
+        else:
+            lines.append(f"  read          the local files of {value} ({key}), each pinned by its bytes' digest")
+    if len(lines) == 1:
+        lines.append(f"  (none: {datasets.kind(t.dataset)} data is not snapshotted)")
+    else:
+        lines.append("  write         the run's state data/manifest.json, train.jsonl, heldout.jsonl")
     return lines
 
 
