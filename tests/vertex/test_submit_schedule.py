@@ -153,7 +153,8 @@ def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_r
     assert tasks["provision"]["state"] == "FAILED" and "no capacity" in tasks["provision"]["error"]["message"]
     assert tasks["teardown"]["state"] == "SUCCEEDED", resource.get("error")
     summary = json.loads(project.storage.data(f"{PROJECT}-tpupipe", f"state/{run_id}/summary.json"))
-    assert summary["status"] == "failed" and summary["stages"][0]["status"] == "failed"
+    stages = {s["name"]: s["status"] for s in summary["stages"]}
+    assert summary["status"] == "failed" and (stages["snapshot_data"], stages["provision"]) == ("succeeded", "failed")
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.gke.state.clusters == {}
     state = project.compute.state
     assert not state.networks and not state.subnetworks and not state.resource_policies
@@ -164,9 +165,10 @@ def test_a_failing_stage_fails_the_job_submit_wait_names_it_and_teardown_still_r
     assert details[name.rsplit("/", 1)[-1]] == details["run"] == "FAILED"
     shown = _tpupipe(project, "runs", "show", name, *PLACE)
     stages = [line.split()[0] for line in shown.stdout.splitlines()[2:] if line.split()[-1] in ("failed", "succeeded")]
-    # Component tasks only: provision, teardown, and build_image, which runs beside provision (it may have ended either
-    # way by the time provision failed); never the root or "run".
-    assert {"provision", "teardown"} <= set(stages) <= {"provision", "build-image", "teardown"}, shown.stdout
+    # Component tasks only: the data snapshot, provision, teardown, and build_image, which runs beside provision (it
+    # may have ended either way by the time provision failed); never the root or "run".
+    expected = {"snapshot-data", "provision", "teardown"}
+    assert expected <= set(stages) <= expected | {"build-image"}, shown.stdout
     assert "  goodput              0.0" in shown.stdout  # teardown's Metrics: no training step, no goodput
 
 

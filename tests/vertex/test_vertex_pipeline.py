@@ -28,6 +28,7 @@ SERVICE_ACCOUNT = f"pipelines@{PROJECT}.iam.gserviceaccount.com"
 PRESET = "smoke"
 MODEL = PRESET  # the registered model: the preset's name (gate.model is empty)
 STAGES = [
+    "snapshot_data",
     "provision",
     "build_image",
     "deploy_raycluster",
