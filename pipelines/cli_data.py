@@ -20,7 +20,6 @@ EXAMPLES = """examples:
 
 
 def cmd_data(args) -> int:
-    from components.data import snapshot
     from components.spec import SpecError, datasets
     from components.stages import dataset, runner
 
@@ -33,9 +32,7 @@ def cmd_data(args) -> int:
         when = datetime.fromisoformat(args.date).replace(tzinfo=UTC) if args.date else datetime.now(UTC)
     except ValueError:
         raise SpecError("--date", f"not a date: {args.date!r}", ["YYYY-MM-DD"]) from None
-    since, ref = dataset.champion_manifest(ctx) if t.data_since == "champion" else (None, "")
-    manifest, _train, _heldout = snapshot.take(ctx.spec, when, since, ref, log=lambda line: None)
-    dataset.check_eval_set(ctx, manifest)
+    manifest, _train, _heldout = dataset.take(ctx, when, log=lambda line: None)
     print(json.dumps(manifest, indent=2, default=str) if args.output == "json" else render(ctx.spec.name, manifest))
     return 0
 

@@ -12,14 +12,15 @@ Generated and hub datasets have nothing to snapshot: it says so and the run goes
 
 from __future__ import annotations
 
-import json
 import posixpath
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import open_store, read_json, write_json
-from components.spec import SpecError, datasets
+from components.registry import Version
+from components.spec import RunSpec, SpecError, datasets
 from components.stages import gate
 from components.stages.jobs import log
 
@@ -48,10 +49,21 @@ def read_manifest(uri: str) -> dict[str, Any] | None:
     return read_json(open_store(grand, directory), name)
 
 
-def champion_manifest(ctx: RunContext) -> tuple[dict[str, Any] | None, str]:
+def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, list[dict], list[dict]]:
+    """(manifest, train examples, held-out examples) of the run's data as of ``when``: its champion read once from
+    the registry, for what it has seen (``train.data_since=champion``) and the evaluation set it was judged on."""
+    from components.data import snapshot
+
+    champion = gate.current_champion(ctx)
+    since, ref = champion_manifest(champion) if ctx.spec.train.data_since == "champion" else (None, "")
+    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
+    check_eval_set(ctx.spec, champion, manifest)
+    return manifest, train, heldout
+
+
+def champion_manifest(champion: Version | None) -> tuple[dict[str, Any] | None, str]:
     """(the champion's data manifest, its reference) for ``train.data_since=champion``; (None, "") when the model has
     no champion yet (everything is new)."""
-    champion = gate.current_champion(ctx)
     if champion is None:
         return None, ""
     uri = champion.provenance.get("data_manifest")
@@ -67,10 +79,9 @@ def champion_manifest(ctx: RunContext) -> tuple[dict[str, Any] | None, str]:
     return manifest, champion.ref
 
 
-def check_eval_set(ctx: RunContext, manifest: dict[str, Any]) -> None:
+def check_eval_set(spec: RunSpec, champion: Version | None, manifest: dict[str, Any]) -> None:
     """A fixed evaluation set is one yardstick: a run measured on another one than its champion's is refused (the
     gate refuses to compare two bases the same way, ``gate.check_lineage``)."""
-    champion = gate.current_champion(ctx)
     if champion is None:
         return
     theirs = champion.provenance.get("eval_snapshot")
@@ -80,7 +91,7 @@ def check_eval_set(ctx: RunContext, manifest: dict[str, Any]) -> None:
             "train.eval_dataset",
             f"{manifest['eval']['source']} (snapshot {ours}) is not the fixed evaluation set champion {champion.ref} "
             f"was judged on (snapshot {theirs}): the gate compares runs on one set",
-            ["the champion's evaluation set", f"gate.model={gate.new_lineage(ctx.spec)} (a lineage of its own)"],
+            ["the champion's evaluation set", f"gate.model={gate.new_lineage(spec)} (a lineage of its own)"],
         )
 
 
@@ -112,11 +123,9 @@ def snapshot_data(ctx: RunContext, _upstream: str = "", schedule_time: str = "")
         return {"proceed": PROCEED, "dataset": t.dataset, "snapshot": None}
     earlier = read_json(ctx.store, MANIFEST)
     if earlier is None:  # a retried task keeps the first attempt's snapshot
-        since, ref = champion_manifest(ctx) if t.data_since == "champion" else (None, "")
         from components.data import snapshot
 
-        manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
-        check_eval_set(ctx, manifest)
+        manifest, train, heldout = take(ctx, when)
         if not manifest.get("skip"):
             for split, rows in (("train", train), ("heldout", heldout)):
                 ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
@@ -143,8 +152,3 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         f"on, {manifest['num_heldout_examples']} to evaluate on, snapshot {manifest['digest'][:19]}"
     )
     return {"proceed": PROCEED, **found, "num_examples": manifest["num_train_examples"]}
-
-
-def describe(manifest: dict[str, Any]) -> str:
-    """``tpupipe data``'s report of a manifest."""
-    return json.dumps(manifest, indent=2, sort_keys=True, default=str)
