@@ -982,3 +982,40 @@ def test_tpupipe_teardown_of_a_gke_run_without_a_ledger_needs_its_spec(tmp_path,
 
     assert cli.main(["teardown", "never-ran", "--platform", "gke", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: run_id: run never-ran left no ledger")
+
+
+def test_a_cluster_busy_upgrading_is_waited_for_in_provision_and_teardown_and_nothing_is_left(
+    tmp_path, project_factory
+):
+    """An existing cluster GKE starts upgrading on its own: node pool create, then delete, are refused with GKE's
+    failedPrecondition until the upgrade ends, asked again, and succeed; teardown leaks no billing pool."""
+    project = project_factory()
+    owner = context(tmp_path, "owner")
+    platform().provision(owner)
+    cluster = project.clusters("owner")[0]
+    guest = context(tmp_path, "guest", ONE_SLICE + " gke.cluster_name=tpupipe-owner")
+    lines: list[str] = []
+    busy = GkePlatform(log=lines.append, poll_s=0.01)
+    project.gke.upgrading(cluster, refusals=8)  # GetCluster calls count too: provision waits for RUNNING first
+    busy.provision(guest)
+    assert len(project.pools("guest")) == 2
+    assert any("the cluster is busy" in line and "is currently upgrading" in line for line in lines)
+    lines.clear()
+    project.gke.upgrading(cluster, refusals=8)
+    result = busy.teardown(guest)
+    assert project.pools("guest") == [] and len(result["deleted"]) >= 2
+    assert any("the cluster is busy" in line for line in lines)
+    project.gke.upgrading(cluster, refusals=2)
+    platform().teardown(owner)
+    assert project.gke.state.clusters == {}
+
+
+def test_a_failed_precondition_that_is_not_a_busy_cluster_is_not_retried(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.fail("CreateNodePool", grpc.StatusCode.FAILED_PRECONDITION, "Multi-networking requires Dataplane V2.")
+    ctx = context(tmp_path, "precondition")
+    with pytest.raises(Exception, match="Multi-networking requires Dataplane V2"):
+        platform().provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 1
+    platform().teardown(ctx)
+    assert project.gke.state.clusters == {}
