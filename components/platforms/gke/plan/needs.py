@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from components.platforms.gke.plan import document as plans
 from components.platforms.gke.plan import features
 from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
-from components.platforms.gke.plan.target import Target, node_roles, target
+from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -130,6 +130,8 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
     # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
     services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions] if not p.startswith("iam.")]
+    if t.owns_cluster:  # the cluster the run creates streams images (``target.IMAGE_STREAMING_API``)
+        services.append(IMAGE_STREAMING_API)
     return Needs(
         t.project,
         t.region,
