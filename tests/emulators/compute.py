@@ -105,6 +105,21 @@ TPU_MACHINE_ZONES = {
     "ct6e-standard-": ("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
     "tpu7x-standard-": ("us-central1-c",),
 }
+# The vCPUs and memory (MB) a machine type reports (``MachineType.guestCpus``, ``memoryMb``). TPU machine types from
+# GKE's "Plan TPUs in GKE" tables (https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus); the 4-chip
+# ones the catalogue uses, v5e's 1- and 8-chip too. CPU machine types by their series' rule (vCPUs from the name; memory
+# per vCPU: N2 and E2 standard 4 GB, N1 standard 3.75 GB: https://cloud.google.com/compute/docs/general-purpose-machines).
+TPU_MACHINE_SIZES = {
+    "ct5lp-hightpu-1t": (24, 48 * 1024),
+    "ct5lp-hightpu-4t": (112, 192 * 1024),
+    "ct5lp-hightpu-8t": (224, 384 * 1024),
+    "ct5p-hightpu-4t": (208, 448 * 1024),
+    "ct6e-standard-1t": (44, 176 * 1024),
+    "ct6e-standard-4t": (180, 720 * 1024),
+    "ct6e-standard-8t": (180, 1440 * 1024),
+    "tpu7x-standard-4t": (224, 960 * 1024),
+}
+GB_PER_VCPU = {"n2-standard-": 4.0, "e2-standard-": 4.0, "n1-standard-": 3.75}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
 # The regional TPU quota metrics Compute Engine reports, as google-cloud-compute's ``Quota.Metric`` enum names them
@@ -262,12 +277,18 @@ class ComputeEmulator(HttpEmulator):
         tpu_zones = next((zones for prefix, zones in TPU_MACHINE_ZONES.items() if name.startswith(prefix)), None)
         if (zone, name) in self.state.withheld or (tpu_zones is not None and zone not in tpu_zones):
             raise HttpError(404, f"The resource '{path}' was not found")
+        cpus, memory_mb = TPU_MACHINE_SIZES.get(name, (0, 0))
+        series = next((prefix for prefix in GB_PER_VCPU if name.startswith(prefix)), None)
+        if series and name.removeprefix(series).isdigit():
+            cpus = int(name.removeprefix(series))
+            memory_mb = int(cpus * GB_PER_VCPU[series] * 1024)
         return {
             "kind": "compute#machineType",
             "id": str(abs(hash(name)) % 10**12),
             "name": name,
             "zone": zone,
             "selfLink": LINK + path,
+            **({"guestCpus": cpus, "memoryMb": memory_mb} if cpus else {}),
         }
 
     def _default_network(self, params: dict) -> dict:

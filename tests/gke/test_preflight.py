@@ -13,14 +13,23 @@ from components.workload import resolve
 from pipelines import cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
+from tests.unit.test_plan_goldens import TPU_PRESETS
 
 RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"
 # v5e: the family whose TPU quota Compute Engine reports per region (TPU_LITE_PODSLICE_V5; resources.QUOTA_METRICS).
-V5E_TWO_SLICES = TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
-    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+# Its ct5lp-hightpu-4t hosts have 192 GB: pods sized to fit one.
+V5E_PODS = " cluster.worker_memory_gib=160 cluster.worker_shm_gib=16"
+V5E_TWO_SLICES = (
+    TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+        "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+    )
+    + V5E_PODS
 )
-V5E_ONE_SLICE = ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
-    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+V5E_ONE_SLICE = (
+    ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+        "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+    )
+    + V5E_PODS
 )
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
@@ -349,3 +358,32 @@ def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_r
     )
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert "train.dataset: the caller may list and read gs://acme-sft" in text, text
+
+
+def test_a_pod_larger_than_its_node_is_refused_before_anything_is_created(tmp_path, project_factory, capsys):
+    """The default TPU worker pod (200 GiB, 100 GiB /dev/shm) on v5e's ct5lp-hightpu-4t (192 GB, of which GKE gives
+    pods about 181 GiB): it would stay Unschedulable while its pool bills. Refused naming the field and the most that
+    fits; a pod that fits but whose /dev/shm would not is a warning."""
+    project = project_factory()
+    too_large = V5E_ONE_SLICE.replace(V5E_PODS, "")
+    code, text = preflight_cli(too_large, capsys)
+    assert code == 2, text
+    assert (
+        "cluster.worker_memory_gib: each TPU worker pod asks for 200 GiB but a ct5lp-hightpu-4t node gives pods "
+        "111.7 vCPUs and 181 GiB of its 112 and 192 GiB: it would never be scheduled; ask for at most 181"
+    ) in text
+    refused(project, tmp_path, too_large, text, (), problems=1)
+    code, text = preflight_cli(too_large + " cluster.worker_memory_gib=170", capsys)
+    assert code == 0, text
+    assert "cluster.worker_shm_gib: a TPU worker's 170 GiB and its 100 GiB /dev/shm" in text
+    code, text = preflight_cli(ONE_SLICE + " cluster.head_cpus=9", capsys)  # n2-standard-8 carries the Ray head
+    assert code == 2 and "cluster.head_cpus: each pod asks for 9 vCPUs but a n2-standard-8 node gives pods" in text
+
+
+@pytest.mark.parametrize("preset", TPU_PRESETS)
+def test_every_tpu_preset_preflights_clean_in_its_own_default_zone(preset, project_factory, capsys):
+    """As shipped, with only the project named: what each preset's pools and pods ask for is offered and fits."""
+    project_factory()
+    code = cli.main(["preflight", preset, "--set", f"gke.project={PROJECT}", "--run-id", "pre"])
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
