@@ -8,6 +8,7 @@ import pytest
 
 from components.platforms.gke.checks.preflight import PreflightFailed
 from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan.needs import needs
 from components.spec import SpecError
 from components.workload import resolve
 from pipelines import cli
@@ -387,3 +388,23 @@ def test_every_tpu_preset_preflights_clean_in_its_own_default_zone(preset, proje
     code = cli.main(["preflight", preset, "--set", f"gke.project={PROJECT}", "--run-id", "pre"])
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
+
+
+def test_a_caller_who_may_create_the_cluster_but_not_use_its_kubernetes_api_is_refused_before_it(
+    tmp_path, project_factory, capsys
+):
+    """A cluster the run creates has no RBAC binding for the caller: IAM alone decides. One who may create clusters
+    (as roles/container.clusterAdmin allows) but not connect to the DNS endpoint or write the RayCluster would get
+    a 403 at deploy_raycluster, after the cluster bills: refused before it, naming the permissions."""
+    project = project_factory()
+    project.projects.deny("container.clusters.connect", "container.thirdPartyObjects.update")
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2, text
+    assert (
+        "permissions: the caller lacks on project tpupipe-emulated: container.clusters.connect, "
+        "container.thirdPartyObjects.update"
+    ) in text
+    refused(project, tmp_path, ONE_SLICE, text, (), problems=1)
+    # On an existing cluster the API server answers for itself (SelfSubjectAccessReview): not asked of IAM here.
+    existing = needs(resolve("local-fsdp", ONE_SLICE + " gke.cluster_name=shared"), "pre")
+    assert "container.clusters.connect" not in existing.permissions

@@ -36,7 +36,7 @@ from components.platforms.gke.checks import offers
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
-from components.platforms.gke.plan import features, identities, paths
+from components.platforms.gke.plan import features, identities, k8s_actions, paths
 from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
@@ -172,6 +172,12 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
     report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
+    if n.location and "k8s/ResourceClaimTemplate" in n.k8s_kinds:
+        report.warnings.append(
+            "the run's ResourceClaimTemplate (the DCN NICs) in the cluster it creates: no IAM permission for "
+            f"resource.k8s.io objects is documented ({', '.join(k8s_actions.UNMAPPED_GROUPS)}), so whether the caller "
+            "may create and delete it is not checked"
+        )
 
 
 # Who refuses a caller that cannot act as the account a field names.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.platforms.gke.plan import document as plans
-from components.platforms.gke.plan import features
+from components.platforms.gke.plan import features, k8s_actions
 from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
 from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, target
 from components.spec import RunSpec, names
@@ -128,6 +128,9 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.machineTypes.get")  # preflight's own read
     if t.owns_cluster:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
+    kinds = tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/")))
+    if t.owns_cluster:  # a new cluster has no RBAC binding for the caller: IAM alone decides what it may do there
+        permissions += k8s_actions.iam_permissions(kinds)
     # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
     services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions] if not p.startswith("iam.")]
     if t.owns_cluster:  # the cluster the run creates streams images (``target.IMAGE_STREAMING_API``)
@@ -146,7 +149,7 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         t.location if t.owns_cluster else "",
         spec.gke.cluster_version if t.owns_cluster else "",
         machine_types,
-        tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/"))),
+        kinds,
         t.namespace,
         act_as,
         "cloudbuild.builds.create" in calls,
