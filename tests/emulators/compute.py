@@ -17,7 +17,8 @@ be deleted while a subnetwork or firewall rule names it. Links
 URLs Compute writes.
 
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
-``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` made,
+``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` (specific) and
+``add_aggregate_reservation`` made, ``reservationBlocks.get`` of the blocks ``add_reservation_block`` made,
 ``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
 offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
 (https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
@@ -94,6 +95,10 @@ RESERVATION_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
     r"(?P<name>[^/]+)"
 )
+BLOCK_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
+    r"(?P<name>[^/]+)/reservationBlocks/(?P<block>[^/]+)"
+)
 MACHINE_TYPE_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)"
 )
@@ -155,6 +160,7 @@ class State:
     calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
     quotas: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)  # (project, region) -> metric -> ...
     reservations: dict[str, dict] = field(default_factory=dict)  # "projects/P/zones/Z/reservations/N" -> resource
+    blocks: dict[str, dict] = field(default_factory=dict)  # ".../reservations/N/reservationBlocks/B" -> resource
     withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
     no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
 
@@ -261,6 +267,45 @@ class ComputeEmulator(HttpEmulator):
                 },
             }
 
+    def add_aggregate_reservation(
+        self, project: str, zone: str, name: str, vm_family: str, chips: int, in_use: int = 0
+    ) -> None:
+        """An aggregate reservation of ``chips`` TPU chips of ``vm_family`` (``VM_FAMILY_CLOUD_TPU_...``), ``in_use`` of
+        them taken: the shape of compute_v1's ``AllocationAggregateReservation`` (reserved and in-use resources as
+        accelerator counts), the way Cloud TPU capacity is reserved."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        with self._lock:
+            self.state.reservations[path] = {
+                "kind": "compute#reservation",
+                "id": str(next(self._ids)),
+                "name": name,
+                "selfLink": LINK + path,
+                "zone": f"{LINK}projects/{project}/zones/{zone}",
+                "creationTimestamp": _now(),
+                "status": "READY",
+                "aggregateReservation": {
+                    "vmFamily": vm_family,
+                    "workloadType": "BATCH",
+                    "reservedResources": [{"accelerator": {"acceleratorCount": chips}}],
+                    "inUseResources": [{"accelerator": {"acceleratorCount": in_use}}] if in_use else [],
+                },
+            }
+
+    def add_reservation_block(self, project: str, zone: str, reservation: str, block: str, count: int, in_use: int = 0):
+        """A block of ``count`` VMs in ``reservation`` (which must exist), ``in_use`` of them taken: compute_v1's
+        ``ReservationBlock`` (``count``, ``inUseCount``), answered inside a ``ReservationBlocksGetResponse``."""
+        parent = f"projects/{project}/zones/{zone}/reservations/{reservation}"
+        with self._lock:
+            assert parent in self.state.reservations, f"no reservation {parent}"
+            self.state.blocks[f"{parent}/reservationBlocks/{block}"] = {
+                "kind": "compute#reservationBlock",
+                "id": str(next(self._ids)),
+                "name": block,
+                "selfLink": f"{LINK}{parent}/reservationBlocks/{block}",
+                "count": count,
+                "inUseCount": in_use,
+            }
+
     def withhold_machine_type(self, zone: str, machine_type: str) -> None:
         """``zone`` does not offer ``machine_type`` (as a zone may lack a CPU series)."""
         with self._lock:
@@ -331,6 +376,15 @@ class ComputeEmulator(HttpEmulator):
             raise HttpError(404, f"The resource '{path}' was not found")
         return self.state.reservations[path]
 
+    def _block(self, params: dict) -> dict:
+        path = (
+            f"projects/{params['project']}/zones/{params['zone']}/reservations/{params['name']}"
+            f"/reservationBlocks/{params['block']}"
+        )
+        if path not in self.state.blocks:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {"resource": self.state.blocks[path]}
+
     def _table(self, kind: str) -> dict[str, dict]:
         return {
             "networks": self.state.networks,
@@ -354,7 +408,11 @@ class ComputeEmulator(HttpEmulator):
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None:
             raise HttpError(fault.status, fault.message, fault.reason, fault.info)
-        reads = {"regions.get": self._region, "reservations.get": self._reservation}
+        reads = {
+            "regions.get": self._region,
+            "reservations.get": self._reservation,
+            "reservationBlocks.get": self._block,
+        }
         reads["machineTypes.get"] = self._machine_type
         default = method == "networks.get" and params.get("name") == "default" and not params.get("region")
         if default and f"{_scope(params)}/networks/default" not in self.state.networks:
@@ -371,6 +429,7 @@ class ComputeEmulator(HttpEmulator):
         for method, pattern in (
             ("regions.get", REGION_PATH),
             ("reservations.get", RESERVATION_PATH),
+            ("reservationBlocks.get", BLOCK_PATH),
             ("machineTypes.get", MACHINE_TYPE_PATH),
         ):
             read = pattern.fullmatch(path)

@@ -85,6 +85,45 @@ def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_i
     assert project.mutations() == []
 
 
+def test_an_aggregate_tpu_reservation_is_counted_in_chips_of_its_family(tmp_path, project_factory, capsys):
+    """Cloud TPU capacity as it is sold: an aggregate reservation of chips of one TPU VM family (compute_v1's
+    ``AllocationAggregateReservation``), not VMs of one machine type. A v6e 2x2 slice needs 4 chips."""
+    project = project_factory()
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E", chips=64, in_use=48
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 0, text
+    assert "aggregate reservation team-v6e in us-east5-b: 16 of 64 chips free, 4 needed" in text
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E", chips=64, in_use=62
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 2 and "has 2 of the 4 chips the run needs free (62 of 64 in use)" in text
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_POD_SLICE_TPU7X", chips=64
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 2 and "reserves VM_FAMILY_CLOUD_TPU_POD_SLICE_TPU7X; the slice's ct6e-standard-4t hosts" in text
+    assert project.mutations() == []
+
+
+def test_a_reservation_block_is_checked_by_its_own_count(tmp_path, project_factory, capsys):
+    project = project_factory()
+    project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=8, in_use=8)
+    project.compute.add_reservation_block(PROJECT, "us-east5-b", "team-v6e", "block-1", count=4, in_use=2)
+    in_block = RESERVED + "/reservationBlocks/block-1"
+    code, text = preflight_cli(in_block, capsys)
+    assert code == 0, text
+    assert "block block-1 of reservation team-v6e: 2 of 4 VMs free, 1 needed" in text
+    code, text = preflight_cli(RESERVED + "/reservationBlocks/block-9", capsys)
+    assert code == 2 and "no block block-9 in reservation team-v6e in zone us-east5-b" in text
+    # The node pools name the block as GKE takes it.
+    pools = [r for r in plan.resources(resolve("local-fsdp", in_block), "pre") if r.kind == "node-pool"]
+    affinity = pools[-1].body["config"]["reservationAffinity"]
+    assert affinity["values"] == ["team-v6e/reservationBlocks/block-1"]
+
+
 def test_a_reservation_too_small_or_for_another_machine_is_a_problem(project_factory, capsys):
     project = project_factory()
     project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=4, in_use=4)

@@ -10,8 +10,9 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   the family (``resources.QUOTA_METRICS``); a quota it cannot read is a warning in the report, never silence;
 - what the location offers (``offers``): the GKE version on the cluster's release channel, the node pools' machine
   types in their zone, the default network a cluster the run creates uses;
-- with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
-  machine type and has a VM free for every host;
+- with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``) and has room for
+  the slices: a specific one a VM of the slice's machine type free for every host, an aggregate one enough chips of
+  its TPU family, a block (``reservationBlocks.get``) a VM free for every host (``checks.reservations``);
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from components.platforms.gke.checks import offers
+from components.platforms.gke.checks import offers, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -58,7 +59,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _permissions,
         _identities,
         _quota,
-        _reservation,
+        reservations.check,
         _cluster,
         _kubernetes,
         offers.version,
@@ -260,40 +261,6 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
     report.checked.append(f"quota {metric} in {n.region}: {free} chips free, {chips} needed")
-
-
-def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    if n.reservation is None:
-        return
-    from google.api_core import exceptions as gexc
-
-    project, zone, name, machine_type, hosts = n.reservation
-    try:
-        found = gke_compute.client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
-    except gexc.NotFound:
-        report.problems.append(
-            Problem(
-                "cluster.reservation", f"no reservation {name} in zone {zone} of project {project} (gke.zone is {zone})"
-            )
-        )
-        return
-    specific = found.specific_reservation
-    reserved = specific.instance_properties.machine_type.rsplit("/", 1)[-1]
-    free = specific.count - specific.in_use_count
-    if reserved != machine_type:
-        report.problems.append(
-            Problem("cluster.reservation", f"reservation {name} is for {reserved} VMs; the slice needs {machine_type}")
-        )
-    elif free < hosts:
-        report.problems.append(
-            Problem(
-                "cluster.reservation",
-                f"reservation {name} in {zone} has room for {free} of "
-                f"the {hosts} {machine_type} VMs the run needs ({specific.in_use_count} of "
-                f"{specific.count} in use)",
-            )
-        )
-    report.checked.append(f"reservation {name} in {zone}: {free} of {specific.count} {reserved} free, {hosts} needed")
 
 
 def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
