@@ -22,28 +22,28 @@ from components.tpu import catalogue
 
 
 def version(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    """The version a cluster the run creates gets: ``gke.cluster_version`` resolved against the channel's offered
-    versions (ClusterManager ``getServerConfig``); a pin GKE no longer offers is a problem naming those it does."""
+    """The version and release channel a cluster the run creates gets: ``gke.cluster_version`` resolved on the most
+    stable channel offering it (``versions.choose``, from ClusterManager ``getServerConfig``); a pin GKE no longer
+    offers is a problem naming those it does."""
     if not n.location:
         return
     from components.platforms.gke.cloud.cluster import cluster_manager
 
     config = cluster_manager(creds).get_server_config(name=f"projects/{n.project}/locations/{n.location}")
-    offer = versions.offered(config, RELEASE_CHANNEL)
-    resolved = versions.resolve(n.cluster_version, offer)
-    if resolved is None:
+    resolved, channel, offer = versions.choose(n.cluster_version, config)
+    if not resolved:
         report.problems.append(
             Problem(
                 "gke.cluster_version",
-                f"GKE {n.cluster_version or 'default'} is not offered on the {RELEASE_CHANNEL} release channel in "
-                f"{n.location} (a pinned version retires); offered: {', '.join(offer.versions) or 'none'}: pin one, "
-                "or a minor (e.g. 1.35) for its newest patch",
+                f"GKE {n.cluster_version or 'default'} is not offered on any release channel in {n.location} (a "
+                f"pinned version retires); offered on {RELEASE_CHANNEL}: {', '.join(offer.versions) or 'none'}: pin "
+                "one, or a minor (e.g. 1.35) for its newest patch",
             )
         )
         return
-    report.version = resolved
+    report.version, report.channel = resolved, channel
     asked = f"gke.cluster_version={n.cluster_version}" if n.cluster_version else "the channel's default"
-    report.checked.append(f"GKE {resolved} on the {RELEASE_CHANNEL} channel in {n.location} ({asked})")
+    report.checked.append(f"GKE {resolved} on the {channel} channel in {n.location} ({asked})")
 
 
 def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
