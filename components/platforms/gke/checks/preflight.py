@@ -160,9 +160,15 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         .permissions
     )
     lacking = [p for p in n.permissions if p not in held]
-    if ACT_AS in lacking:
+    if ACT_AS in lacking:  # not on the project: it may still be granted on each account itself (least privilege)
         lacking.remove(ACT_AS)
-        report.problems += [_act_as(n.project, field, account) for field, account in n.act_as]
+        for field, account in n.act_as:
+            if "PROJECT_NUMBER" in account:  # the default Compute Engine account, its number looked up
+                account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
+            if storage.may_act_as(account, creds):
+                report.checked.append(f"{ACT_AS} on {account} ({field}), granted on the account")
+            else:
+                report.problems.append(_act_as(n.project, field, account))
     if lacking:
         report.problems.append(
             Problem(
@@ -192,9 +198,9 @@ def _act_as(project: str, field: str, account: str) -> Problem:
     who, refusal = ACTS_AS[field]
     return Problem(
         field,
-        f"the caller lacks {ACT_AS} on project {project}: {who} as {account}, and {refusal} for a caller that "
-        "cannot act as it: grant roles/iam.serviceAccountUser on the project, or name an account the caller can "
-        "act as (tested on the project: a grant on the account alone is not seen here)",
+        f"the caller lacks {ACT_AS} on project {project} and on {account}: {who} as it, and {refusal} for a "
+        "caller that cannot act as it: grant roles/iam.serviceAccountUser on that account (or on the project), or "
+        "name an account the caller can act as",
     )
 
 

@@ -36,6 +36,24 @@ def projects_client(creds=None):
     return google_client(resourcemanager_v3.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
 
 
+IAM_EMULATOR_HOST_ENV = "TPUPIPE_IAM_EMULATOR_HOST"
+
+
+def may_act_as(account: str, creds=None) -> bool:
+    """Whether the caller holds ``iam.serviceAccounts.actAs`` on the service account ``account`` itself (the IAM
+    API's ``projects.serviceAccounts.testIamPermissions``, which needs no permission of its own:
+    https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions): a grant of
+    roles/iam.serviceAccountUser on the account, which the project's testIamPermissions does not see."""
+    from google.cloud import iam_admin_v1
+
+    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
+    permission = "iam.serviceAccounts.actAs"
+    answer = client.test_iam_permissions(
+        request={"resource": f"projects/-/serviceAccounts/{account}", "permissions": [permission]}
+    )
+    return permission in answer.permissions
+
+
 def project_number(project: str, creds=None) -> str:
     """The project's number (Workload Identity principals name it, not the id)."""
     return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
