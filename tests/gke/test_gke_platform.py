@@ -794,10 +794,27 @@ def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_a
     assert bucket in project.storage.state.buckets  # kept: it holds every run's checkpoints
 
 
+def test_an_existing_bucket_without_uniform_access_is_refused_by_preflight_and_provision(
+    tmp_path, project_factory, capsys
+):
+    """The run's grant on the bucket is conditioned on its prefix, which Cloud Storage refuses on a bucket without
+    uniform bucket-level access: refused before anything is created, naming gke.bucket."""
+    from components.platforms.gke.cloud.storage import storage_client
+    from tests.gke.test_preflight import preflight_cli
+
+    project = project_factory()
+    storage_client(PROJECT).create_bucket(f"{PROJECT}-tpupipe", location="us-east5")  # fine-grained ACLs
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2 and f"gke.bucket: the bucket {PROJECT}-tpupipe has no uniform bucket-level access" in text
+    with pytest.raises(PreflightFailed, match="uniform bucket-level access"):
+        platform().provision(context(tmp_path, "ubla"))
+    assert project.clusters("ubla") == [] and project.mutations() == ["buckets.insert"]
+
+
 def test_a_bucket_this_identity_cannot_read_is_refused_before_the_cluster(tmp_path, project_factory):
     project = project_factory()
     project.storage.fail("buckets.get", 403, message="tpupipe@x.iam does not have storage.buckets.get access")
-    with pytest.raises(SpecError, match="gke.bucket.*cannot read it"):
+    with pytest.raises(PreflightFailed, match="gke.bucket.*cannot read it"):  # preflight reads it first
         platform().provision(context(tmp_path, "foreign"))
     assert project.gke.state.calls.count("CreateCluster") == 0
 

@@ -107,7 +107,7 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     )
     lines = capsys.readouterr().out.splitlines()
     provision = lines[lines.index("provision") + 1 :]
-    assert [line.split()[1] for line in provision[:8]] == [
+    assert [line.split()[1] for line in provision[:9]] == [
         "serviceusage.services.batchGet",
         "resourcemanager.projects.testIamPermissions",
         "resourcemanager.projects.getIamPolicy",
@@ -116,11 +116,12 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
         "kubernetes.selfsubjectaccessreviews.create",  # what the run does in the cluster, asked of its API server
         "compute.machineTypes.get",  # the head's pool, then the slice's, in their zone
         "compute.machineTypes.get",
+        "storage.buckets.get",  # the run's bucket, if it exists: uniform bucket-level access
     ]
     assert (
         "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs (or, aggregate, 16 chips) free)"
         in provision[3]
     )
     # then the champion's base (components.stages.gate.check_lineage), then what provision creates
-    assert provision[8].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
+    assert provision[9].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
     assert provision[9].startswith("  get-or-create storage.buckets.get")

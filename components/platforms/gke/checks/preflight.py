@@ -65,6 +65,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         offers.version,
         offers.machine_types,
         offers.default_network,
+        _bucket,
         _data,
     )
     for step in steps:
@@ -88,6 +89,29 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     if report.problems:
         raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
+
+
+def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """An existing bucket (``gke.bucket``) has uniform bucket-level access (``storage.without_uniform_access``); one
+    that does not exist yet is created with it at provision."""
+    from google.api_core import exceptions as gexc
+
+    from components.platforms.gke.cloud import storage
+
+    name = n.bucket
+    try:
+        bucket = storage.storage_client(n.project, creds).get_bucket(name)
+    except gexc.NotFound:
+        return
+    except gexc.Forbidden as exc:
+        refusal = storage.unreadable(name, exc.message)
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+        return
+    refusal = storage.without_uniform_access(bucket)
+    if refusal:
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    else:
+        report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
 
 
 def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:

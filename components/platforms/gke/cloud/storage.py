@@ -88,24 +88,47 @@ def member(binding: dict[str, Any], number: str) -> str:
     return binding["member"].replace("PROJECT_NUMBER", number)
 
 
+def unreadable(name: str, why: str) -> SpecError:
+    return SpecError(
+        "gke.bucket",
+        f"the bucket {name} exists but this identity cannot read it (another project's bucket, or no "
+        f"storage.buckets.get): {why}",
+        ["a bucket of this project", "a globally unique new name"],
+    )
+
+
+def without_uniform_access(bucket) -> SpecError | None:
+    """The refusal of an existing bucket without uniform bucket-level access: the run's bindings on it are conditioned
+    on its prefix, and "you must enable uniform bucket-level access on a bucket" to use IAM Conditions there
+    (https://cloud.google.com/storage/docs/access-control/iam#conditions)."""
+    if bucket.iam_configuration.uniform_bucket_level_access_enabled:
+        return None
+    return SpecError(
+        "gke.bucket",
+        f"the bucket {bucket.name} has no uniform bucket-level access: the run grants its pods access to the run's "
+        "prefix only, with an IAM condition, which such a bucket refuses: turn it on (Cloud Storage, \"Use uniform "
+        "bucket-level access\") or name another bucket",
+        ["a bucket with uniform bucket-level access", "a new name (created with it)"],
+    )
+
+
 class Storage(Adapter):
     def ensure_bucket(self, name: str, location: str):
-        """The bucket: reused if the project can read it, else created in ``location``."""
+        """The bucket: reused if the project can read it (with uniform bucket-level access), else created in
+        ``location``."""
         from google.api_core import exceptions as gexc
 
         try:
             bucket = self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
+            refusal = without_uniform_access(bucket)
+            if refusal:
+                raise refusal
             self.log(f"bucket gs://{name} exists ({bucket.location}): using it")
             return bucket
         except gexc.NotFound:
             pass
         except gexc.Forbidden as exc:
-            raise SpecError(
-                "gke.bucket",
-                f"the bucket {name} exists but this identity cannot read it (another "
-                f"project's bucket, or no storage.buckets.get): {exc.message}",
-                ["a bucket of this project", "a globally unique new name"],
-            ) from None
+            raise unreadable(name, exc.message) from None
         bucket = self.client.bucket(name)
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
         try:

@@ -116,6 +116,7 @@ class Needs:
     act_as: tuple[tuple[str, str], ...] = ()
     builds: bool = False  # the run builds its trainer image with Cloud Build
     build_account: str = ""  # the account Cloud Build runs that build as; empty: the project's default
+    bucket: str = ""  # the run's bucket (gke.bucket): an existing one must have uniform bucket-level access
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -180,6 +181,7 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         act_as,
         "cloudbuild.builds.create" in calls,
         t.build_service_account,
+        t.bucket,
     )
 
 
@@ -254,6 +256,8 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
         for zone, machine, _ in n.machine_types
     ]
+    if n.bucket:
+        out.append(("storage.buckets.get", f"b/{n.bucket}", "if it exists: uniform bucket-level access"))
     if n.location:
         out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
         out.append(
