@@ -124,4 +124,4 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     )
     # then the champion's base (components.stages.gate.check_lineage), then what provision creates
     assert provision[9].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
-    assert provision[9].startswith("  get-or-create storage.buckets.get")
+    assert provision[10].startswith("  get-or-create storage.buckets.get")
