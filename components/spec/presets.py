@@ -34,7 +34,7 @@ _LLAMA3_V6E_16X2 = {
 }
 _LLAMA3_TRAIN = {"workload": "maxtext", "num_workers": 0}  # one Ray Train worker per host
 # The MaxText tutorial's cluster version and CPU system pool; synthetic data: no Hugging Face token.
-_LLAMA3_GKE = {"cluster_version": "1.35.2-gke.1842000", "cpu_machine_type": "n1-standard-16", "hf_secret": ""}
+_LLAMA3_GKE = {"cluster_version": "1.35", "cpu_machine_type": "n1-standard-16", "hf_secret": ""}
 # The TorchTPU tutorial's cluster version (GKE 1.36, its newest patch).
 _GEMMA4_GKE = {"cluster_version": "1.36"}
 _LLAMA3_8B_MAXTEXT = {

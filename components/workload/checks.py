@@ -58,13 +58,21 @@ def check_slice(spec: RunSpec) -> None:
             f"({shape.chips_per_host} chips each), got {c.num_hosts}",
             [str(shape.num_hosts)],
         )
+    # A reservation by name, or one block of it (GKE docs, "Consume reserved zonal resources":
+    # https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations), in this project or a shared one.
+    name = "[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
     if c.capacity == "reservation" and not re.fullmatch(
-        rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?[a-z]([-a-z0-9]{{0,61}}[a-z0-9])?", c.reservation
+        rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?{name}(/reservationBlocks/{name})?", c.reservation
     ):
         raise SpecError(
             "cluster.reservation",
             f"{c.reservation!r} is not a reservation",
-            ["a reservation name", "projects/PROJECT/reservations/NAME"],
+            [
+                "a reservation name",
+                "NAME/reservationBlocks/BLOCK",
+                "projects/PROJECT/reservations/NAME",
+                "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK",
+            ],
         )
     if c.num_slices > 1 and not shape.multi_host:
         multi = [t for t in valid if catalogue.slice_shape(family.name, t).multi_host]

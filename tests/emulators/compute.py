@@ -17,7 +17,8 @@ be deleted while a subnetwork or firewall rule names it. Links
 URLs Compute writes.
 
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
-``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` made,
+``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` (specific) and
+``add_aggregate_reservation`` made, ``reservationBlocks.get`` of the blocks ``add_reservation_block`` made,
 ``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
 offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
 (https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
@@ -94,6 +95,10 @@ RESERVATION_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
     r"(?P<name>[^/]+)"
 )
+BLOCK_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
+    r"(?P<name>[^/]+)/reservationBlocks/(?P<block>[^/]+)"
+)
 MACHINE_TYPE_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)"
 )
@@ -105,6 +110,21 @@ TPU_MACHINE_ZONES = {
     "ct6e-standard-": ("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
     "tpu7x-standard-": ("us-central1-c",),
 }
+# The vCPUs and memory (MB) a machine type reports (``MachineType.guestCpus``, ``memoryMb``). TPU machine types from
+# GKE's "Plan TPUs in GKE" tables (https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus); the 4-chip
+# ones the catalogue uses, v5e's 1- and 8-chip too. CPU machine types by their series' rule (vCPUs from the name; memory
+# per vCPU: N2 and E2 standard 4 GB, N1 standard 3.75 GB: https://cloud.google.com/compute/docs/general-purpose-machines).
+TPU_MACHINE_SIZES = {
+    "ct5lp-hightpu-1t": (24, 48 * 1024),
+    "ct5lp-hightpu-4t": (112, 192 * 1024),
+    "ct5lp-hightpu-8t": (224, 384 * 1024),
+    "ct5p-hightpu-4t": (208, 448 * 1024),
+    "ct6e-standard-1t": (44, 176 * 1024),
+    "ct6e-standard-4t": (180, 720 * 1024),
+    "ct6e-standard-8t": (180, 1440 * 1024),
+    "tpu7x-standard-4t": (224, 960 * 1024),
+}
+GB_PER_VCPU = {"n2-standard-": 4.0, "e2-standard-": 4.0, "n1-standard-": 3.75}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
 # The regional TPU quota metrics Compute Engine reports, as google-cloud-compute's ``Quota.Metric`` enum names them
@@ -140,6 +160,7 @@ class State:
     calls: list[str] = field(default_factory=list)  # method names ("networks.insert", ...), in order
     quotas: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)  # (project, region) -> metric -> ...
     reservations: dict[str, dict] = field(default_factory=dict)  # "projects/P/zones/Z/reservations/N" -> resource
+    blocks: dict[str, dict] = field(default_factory=dict)  # ".../reservations/N/reservationBlocks/B" -> resource
     withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
     no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
 
@@ -246,6 +267,45 @@ class ComputeEmulator(HttpEmulator):
                 },
             }
 
+    def add_aggregate_reservation(
+        self, project: str, zone: str, name: str, vm_family: str, chips: int, in_use: int = 0
+    ) -> None:
+        """An aggregate reservation of ``chips`` TPU chips of ``vm_family`` (``VM_FAMILY_CLOUD_TPU_...``), ``in_use`` of
+        them taken: the shape of compute_v1's ``AllocationAggregateReservation`` (reserved and in-use resources as
+        accelerator counts), the way Cloud TPU capacity is reserved."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        with self._lock:
+            self.state.reservations[path] = {
+                "kind": "compute#reservation",
+                "id": str(next(self._ids)),
+                "name": name,
+                "selfLink": LINK + path,
+                "zone": f"{LINK}projects/{project}/zones/{zone}",
+                "creationTimestamp": _now(),
+                "status": "READY",
+                "aggregateReservation": {
+                    "vmFamily": vm_family,
+                    "workloadType": "BATCH",
+                    "reservedResources": [{"accelerator": {"acceleratorCount": chips}}],
+                    "inUseResources": [{"accelerator": {"acceleratorCount": in_use}}] if in_use else [],
+                },
+            }
+
+    def add_reservation_block(self, project: str, zone: str, reservation: str, block: str, count: int, in_use: int = 0):
+        """A block of ``count`` VMs in ``reservation`` (which must exist), ``in_use`` of them taken: compute_v1's
+        ``ReservationBlock`` (``count``, ``inUseCount``), answered inside a ``ReservationBlocksGetResponse``."""
+        parent = f"projects/{project}/zones/{zone}/reservations/{reservation}"
+        with self._lock:
+            assert parent in self.state.reservations, f"no reservation {parent}"
+            self.state.blocks[f"{parent}/reservationBlocks/{block}"] = {
+                "kind": "compute#reservationBlock",
+                "id": str(next(self._ids)),
+                "name": block,
+                "selfLink": f"{LINK}{parent}/reservationBlocks/{block}",
+                "count": count,
+                "inUseCount": in_use,
+            }
+
     def withhold_machine_type(self, zone: str, machine_type: str) -> None:
         """``zone`` does not offer ``machine_type`` (as a zone may lack a CPU series)."""
         with self._lock:
@@ -262,12 +322,18 @@ class ComputeEmulator(HttpEmulator):
         tpu_zones = next((zones for prefix, zones in TPU_MACHINE_ZONES.items() if name.startswith(prefix)), None)
         if (zone, name) in self.state.withheld or (tpu_zones is not None and zone not in tpu_zones):
             raise HttpError(404, f"The resource '{path}' was not found")
+        cpus, memory_mb = TPU_MACHINE_SIZES.get(name, (0, 0))
+        series = next((prefix for prefix in GB_PER_VCPU if name.startswith(prefix)), None)
+        if series and name.removeprefix(series).isdigit():
+            cpus = int(name.removeprefix(series))
+            memory_mb = int(cpus * GB_PER_VCPU[series] * 1024)
         return {
             "kind": "compute#machineType",
             "id": str(abs(hash(name)) % 10**12),
             "name": name,
             "zone": zone,
             "selfLink": LINK + path,
+            **({"guestCpus": cpus, "memoryMb": memory_mb} if cpus else {}),
         }
 
     def _default_network(self, params: dict) -> dict:
@@ -310,6 +376,15 @@ class ComputeEmulator(HttpEmulator):
             raise HttpError(404, f"The resource '{path}' was not found")
         return self.state.reservations[path]
 
+    def _block(self, params: dict) -> dict:
+        path = (
+            f"projects/{params['project']}/zones/{params['zone']}/reservations/{params['name']}"
+            f"/reservationBlocks/{params['block']}"
+        )
+        if path not in self.state.blocks:
+            raise HttpError(404, f"The resource '{path}' was not found")
+        return {"resource": self.state.blocks[path]}
+
     def _table(self, kind: str) -> dict[str, dict]:
         return {
             "networks": self.state.networks,
@@ -333,7 +408,11 @@ class ComputeEmulator(HttpEmulator):
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None:
             raise HttpError(fault.status, fault.message, fault.reason, fault.info)
-        reads = {"regions.get": self._region, "reservations.get": self._reservation}
+        reads = {
+            "regions.get": self._region,
+            "reservations.get": self._reservation,
+            "reservationBlocks.get": self._block,
+        }
         reads["machineTypes.get"] = self._machine_type
         default = method == "networks.get" and params.get("name") == "default" and not params.get("region")
         if default and f"{_scope(params)}/networks/default" not in self.state.networks:
@@ -350,6 +429,7 @@ class ComputeEmulator(HttpEmulator):
         for method, pattern in (
             ("regions.get", REGION_PATH),
             ("reservations.get", RESERVATION_PATH),
+            ("reservationBlocks.get", BLOCK_PATH),
             ("machineTypes.get", MACHINE_TYPE_PATH),
         ):
             read = pattern.fullmatch(path)

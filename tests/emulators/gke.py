@@ -62,6 +62,14 @@ AUTO_UPGRADE_MESSAGE = "Auto_upgrade cannot be false when release_channel {chann
 # (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation): here a port nothing listens on, so a
 # client outside meets what it meets there, no answer.
 PRIVATE_ENDPOINT = "127.0.0.1:9"
+# GKE's answer (400 failedPrecondition) to a change while an operation of its own holds the cluster, an auto-upgrade
+# for one, as GKE users report it (https://github.com/hashicorp/terraform-provider-google/issues/3650: "Operation
+# operation-... is currently upgrading cluster ... Please wait and try again once it is done."). GKE docs, "Standard
+# cluster upgrades": during a zonal control plane's upgrade "you cannot ... make other changes to the cluster's
+# configuration until the upgrade is complete" (https://cloud.google.com/kubernetes-engine/docs/concepts/cluster-upgrades).
+BUSY_MESSAGE = (
+    "Operation {operation} is currently upgrading cluster {cluster}. Please wait and try again once it is done."
+)
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -90,6 +98,7 @@ class State:
     clusters: dict[str, c.Cluster] = field(default_factory=dict)  # full name -> cluster (node pools inside)
     operations: dict[str, _Op] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)  # method names, in order
+    upgrades: dict[str, tuple[str, int]] = field(default_factory=dict)  # cluster -> (its operation, refusals left)
 
 
 class ClusterManagerEmulator(GrpcEmulator):
@@ -129,6 +138,30 @@ class ClusterManagerEmulator(GrpcEmulator):
     def stockout(self, when: Callable[[object], bool] = lambda r: True, times: int = 1) -> None:
         """The next CreateNodePool matching ``when`` starts, and its operation fails for lack of capacity."""
         self.faults.append(Fault("CreateNodePool", None, STOCKOUT_MESSAGE, times, when))
+
+    def upgrading(self, cluster_name: str, refusals: int) -> None:
+        """GKE starts an upgrade of ``cluster_name`` (a path) on its own: the cluster is RECONCILING and the next
+        ``refusals`` changes to it (node pool create or delete, cluster delete or update) are refused with
+        ``BUSY_MESSAGE`` (a GetCluster counts as one too, unrefused); then the upgrade is done and the cluster
+        RUNNING again."""
+        with self._lock:
+            self.state.clusters[cluster_name].status = c.Cluster.Status.RECONCILING
+            self.state.upgrades[cluster_name] = (f"operation-upgrade-{next(self._ids)}", refusals)
+
+    def _refuse_while_upgrading(self, cluster_name: str, context, refuse: bool = True) -> None:
+        with self._lock:
+            if cluster_name not in self.state.upgrades:
+                return
+            operation, left = self.state.upgrades[cluster_name]
+            if left <= 0:
+                del self.state.upgrades[cluster_name]
+                self.state.clusters[cluster_name].status = c.Cluster.Status.RUNNING
+                return
+            self.state.upgrades[cluster_name] = (operation, left - 1)
+        if not refuse:
+            return
+        short = cluster_name.rsplit("/", 1)[-1]
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUSY_MESSAGE.format(operation=operation, cluster=short))
 
     def add_cluster(self, parent: str, body: dict) -> str:
         """A RUNNING cluster created outside the run (``body`` in the REST JSON form), as a team's shared cluster is."""
@@ -337,7 +370,9 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def get_cluster(self, request: c.GetClusterRequest, context, stockout=None) -> c.Cluster:
         self._advance_ops_on(request.name)
-        return self._cluster(request.name, context)
+        cluster = self._cluster(request.name, context)
+        self._refuse_while_upgrading(request.name, context, refuse=False)
+        return cluster
 
     def list_clusters(self, request: c.ListClustersRequest, context, stockout=None) -> c.ListClustersResponse:
         """The clusters of a location, or of every location with ``-``."""
@@ -348,6 +383,7 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def delete_cluster(self, request: c.DeleteClusterRequest, context, stockout=None) -> c.Operation:
         cluster = self._cluster(request.name, context)
+        self._refuse_while_upgrading(request.name, context)
         cluster.status = c.Cluster.Status.STOPPING
         return self._op(
             request.name.rsplit("/clusters/", 1)[0],
@@ -360,6 +396,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         """One change per request, as GKE takes them; applied when the operation is done. Multi-networking needs
         Dataplane V2; Dataplane V2 itself is chosen when a cluster is created."""
         cluster = self._cluster(request.name, context)
+        self._refuse_while_upgrading(request.name, context)
         changes = [f.name for f, _ in c.ClusterUpdate.pb(request.update).ListFields()]
         if len(changes) != 1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Exactly one update can be made at a time; got {changes}.")
@@ -407,6 +444,7 @@ class ClusterManagerEmulator(GrpcEmulator):
     # ------------------------------------------------------------------ node pools
     def create_node_pool(self, request: c.CreateNodePoolRequest, context, stockout=None) -> c.Operation:
         cluster = self._cluster(request.parent, context)
+        self._refuse_while_upgrading(request.parent, context)
         if cluster.status != c.Cluster.Status.RUNNING:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Cluster {cluster.name} is not running.")
         if any(p.name == request.node_pool.name for p in cluster.node_pools):
@@ -445,6 +483,7 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def delete_node_pool(self, request: c.DeleteNodePoolRequest, context, stockout=None) -> c.Operation:
         cluster, pool = self._pool(request.name, context)
+        self._refuse_while_upgrading(request.name.split("/nodePools/")[0], context)
         pool.status = c.NodePool.Status.STOPPING
 
         def done():

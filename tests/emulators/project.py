@@ -199,6 +199,7 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
         # The CA the emulated DNS-based endpoint's certificate chains to (Google's chains to public roots).
         DNS_CA_ENV: str(_written(tmp_path / "kube" / "pki" / "ca.crt", kube.ca_pem)),
     }
+    env["TPUPIPE_IAM_EMULATOR_HOST"] = env["TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"]  # the IAM API, same server
     services = ServiceUsageEmulator({PROJECT: PROJECT_NUMBER})
     env["TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"] = services.start()
     project = Project(gke, compute, storage, projects, cloudbuild, kube, env)

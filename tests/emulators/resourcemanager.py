@@ -1,6 +1,8 @@
 """An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject,
 GetIamPolicy and TestIamPermissions, served from the messages google-cloud-resource-manager ships, so
-``ProjectsClient`` talks real gRPC to it. A project is found by ``projects/<id>`` or ``projects/<number>``, as in
+``ProjectsClient`` talks real gRPC to it; and, on the same server, the IAM API's ``google.iam.admin.v1.IAM``
+TestIamPermissions on a service account (``projects/-/serviceAccounts/EMAIL``), which ``iam_admin_v1.IAMClient``
+sends. A project is found by ``projects/<id>`` or ``projects/<number>``, as in
 Resource Manager; an unknown one is PERMISSION_DENIED, which is what Resource Manager answers for a project the caller
 cannot see (it does not say whether it exists).
 
@@ -8,7 +10,9 @@ Each project's IAM policy starts as a new project's commonly is for GKE: its def
 (``<number>-compute@developer.gserviceaccount.com``) holds what nodes need (``NODE_ROLES``); ``revoke`` takes a role
 away, ``grant`` gives one. TestIamPermissions answers the subset of the permissions asked that the caller holds: all
 of them, less those ``deny`` names; as in IAM, a permission that is not ``service.resource.verb`` is INVALID_ARGUMENT.
-GetIamPolicy is PERMISSION_DENIED once ``deny`` names ``resourcemanager.projects.getIamPolicy``.
+GetIamPolicy is PERMISSION_DENIED once ``deny`` names ``resourcemanager.projects.getIamPolicy``. On a service account
+the caller holds what it holds on the project (a grant on the project is inherited by its accounts: IAM docs, "Policy
+inheritance", https://cloud.google.com/iam/docs/policies#inheritance) and what ``grant_on_account`` gave it there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from google.iam.v1 import iam_policy_pb2, policy_pb2
 from tests.emulators import serve_grpc
 
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
+IAM_SERVICE = "google.iam.admin.v1.IAM"
+ACCOUNT = re.compile(r"projects/[^/]+/serviceAccounts/(?P<email>[^/]+)")
 PERMISSION = re.compile(r"[a-z][a-zA-Z0-9]*\.[a-zA-Z0-9]+\.[a-zA-Z0-9]+")
 NODE_ROLES = ("roles/artifactregistry.reader", "roles/logging.logWriter", "roles/monitoring.metricWriter")
 # What reading a project's IAM policy takes: "Authorization requires the Google IAM permission
@@ -43,6 +49,7 @@ class ResourceManagerEmulator:
         }  # project id -> role -> members
         self.calls: list[str] = []
         self.denied: set[str] = set()  # permissions the caller lacks on every project
+        self.on_accounts: dict[str, set[str]] = {}  # service account email -> permissions granted on it alone
         self._server = None
 
     def deny(self, *permissions: str) -> None:
@@ -63,7 +70,14 @@ class ResourceManagerEmulator:
                         iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
                         self.test_iam_permissions,
                     ),
-                }
+                },
+                IAM_SERVICE: {
+                    "TestIamPermissions": (
+                        iam_policy_pb2.TestIamPermissionsRequest.FromString,
+                        iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
+                        self.test_account_permissions,
+                    ),
+                },
             }
         )
         return address
@@ -71,6 +85,20 @@ class ResourceManagerEmulator:
     def stop(self) -> None:
         if self._server:
             self._server.stop(grace=None)
+
+    def grant_on_account(self, email: str, *permissions: str) -> None:
+        """The caller holds ``permissions`` on the service account ``email`` (a role granted on the account)."""
+        self.on_accounts.setdefault(email, set()).update(permissions)
+
+    def test_account_permissions(self, request, context):
+        self.calls.append("serviceAccounts.TestIamPermissions")
+        account = ACCOUNT.fullmatch(request.resource)
+        if not account:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid service account name {request.resource}.")
+        granted = self.on_accounts.get(account["email"], set())
+        return iam_policy_pb2.TestIamPermissionsResponse(
+            permissions=[p for p in request.permissions if p not in self.denied or p in granted]
+        )
 
     def grant(self, project_id: str, role: str, member: str) -> None:
         self.policies[project_id].setdefault(role, set()).add(member)

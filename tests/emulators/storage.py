@@ -776,6 +776,10 @@ class StorageEmulator(HttpEmulator):
         conditional = any(b.get("condition") for b in bindings)
         if conditional and body.get("version") != 3:
             raise HttpError(400, "Conditional role bindings need a policy of version 3.")
+        # "You must enable uniform bucket-level access on a bucket" to add IAM Conditions to it
+        # (https://cloud.google.com/storage/docs/access-control/iam#conditions).
+        if conditional and not resource["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]:
+            raise HttpError(400, "IAM Conditions require uniform bucket-level access on the bucket.")
         for binding in bindings:
             role, members = binding.get("role", ""), binding.get("members")
             if not isinstance(role, str) or not ROLE.fullmatch(role):

@@ -794,10 +794,27 @@ def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_a
     assert bucket in project.storage.state.buckets  # kept: it holds every run's checkpoints
 
 
+def test_an_existing_bucket_without_uniform_access_is_refused_by_preflight_and_provision(
+    tmp_path, project_factory, capsys
+):
+    """The run's grant on the bucket is conditioned on its prefix, which Cloud Storage refuses on a bucket without
+    uniform bucket-level access: refused before anything is created, naming gke.bucket."""
+    from components.platforms.gke.cloud.storage import storage_client
+    from tests.gke.test_preflight import preflight_cli
+
+    project = project_factory()
+    storage_client(PROJECT).create_bucket(f"{PROJECT}-tpupipe", location="us-east5")  # fine-grained ACLs
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2 and f"gke.bucket: the bucket {PROJECT}-tpupipe has no uniform bucket-level access" in text
+    with pytest.raises(PreflightFailed, match="uniform bucket-level access"):
+        platform().provision(context(tmp_path, "ubla"))
+    assert project.clusters("ubla") == [] and project.mutations() == ["buckets.insert"]
+
+
 def test_a_bucket_this_identity_cannot_read_is_refused_before_the_cluster(tmp_path, project_factory):
     project = project_factory()
     project.storage.fail("buckets.get", 403, message="tpupipe@x.iam does not have storage.buckets.get access")
-    with pytest.raises(SpecError, match="gke.bucket.*cannot read it"):
+    with pytest.raises(PreflightFailed, match="gke.bucket.*cannot read it"):  # preflight reads it first
         platform().provision(context(tmp_path, "foreign"))
     assert project.gke.state.calls.count("CreateCluster") == 0
 
@@ -982,3 +999,40 @@ def test_tpupipe_teardown_of_a_gke_run_without_a_ledger_needs_its_spec(tmp_path,
 
     assert cli.main(["teardown", "never-ran", "--platform", "gke", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: run_id: run never-ran left no ledger")
+
+
+def test_a_cluster_busy_upgrading_is_waited_for_in_provision_and_teardown_and_nothing_is_left(
+    tmp_path, project_factory
+):
+    """An existing cluster GKE starts upgrading on its own: node pool create, then delete, are refused with GKE's
+    failedPrecondition until the upgrade ends, asked again, and succeed; teardown leaks no billing pool."""
+    project = project_factory()
+    owner = context(tmp_path, "owner")
+    platform().provision(owner)
+    cluster = project.clusters("owner")[0]
+    guest = context(tmp_path, "guest", ONE_SLICE + " gke.cluster_name=tpupipe-owner")
+    lines: list[str] = []
+    busy = GkePlatform(log=lines.append, poll_s=0.01)
+    project.gke.upgrading(cluster, refusals=8)  # GetCluster calls count too: provision waits for RUNNING first
+    busy.provision(guest)
+    assert len(project.pools("guest")) == 2
+    assert any("the cluster is busy" in line and "is currently upgrading" in line for line in lines)
+    lines.clear()
+    project.gke.upgrading(cluster, refusals=8)
+    result = busy.teardown(guest)
+    assert project.pools("guest") == [] and len(result["deleted"]) >= 2
+    assert any("the cluster is busy" in line for line in lines)
+    project.gke.upgrading(cluster, refusals=2)
+    platform().teardown(owner)
+    assert project.gke.state.clusters == {}
+
+
+def test_a_failed_precondition_that_is_not_a_busy_cluster_is_not_retried(tmp_path, project_factory):
+    project = project_factory()
+    project.gke.fail("CreateNodePool", grpc.StatusCode.FAILED_PRECONDITION, "Multi-networking requires Dataplane V2.")
+    ctx = context(tmp_path, "precondition")
+    with pytest.raises(Exception, match="Multi-networking requires Dataplane V2"):
+        platform().provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 1
+    platform().teardown(ctx)
+    assert project.gke.state.clusters == {}

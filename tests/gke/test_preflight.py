@@ -8,19 +8,29 @@ import pytest
 
 from components.platforms.gke.checks.preflight import PreflightFailed
 from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan.needs import needs
 from components.spec import SpecError
 from components.workload import resolve
 from pipelines import cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
+from tests.unit.test_plan_goldens import TPU_PRESETS
 
 RESERVED = ONE_SLICE + " cluster.capacity=reservation cluster.reservation=team-v6e"
 # v5e: the family whose TPU quota Compute Engine reports per region (TPU_LITE_PODSLICE_V5; resources.QUOTA_METRICS).
-V5E_TWO_SLICES = TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
-    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+# Its ct5lp-hightpu-4t hosts have 192 GB: pods sized to fit one.
+V5E_PODS = " cluster.worker_memory_gib=160 cluster.worker_shm_gib=16"
+V5E_TWO_SLICES = (
+    TWO_SLICES.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+        "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+    )
+    + V5E_PODS
 )
-V5E_ONE_SLICE = ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
-    "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+V5E_ONE_SLICE = (
+    ONE_SLICE.replace("cluster.accelerator=v6e", "cluster.accelerator=v5e").replace(
+        "gke.zone=us-east5-b", "gke.zone=us-west4-a"
+    )
+    + V5E_PODS
 )
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
@@ -73,6 +83,45 @@ def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_i
     assert "lacks on project tpupipe-emulated: storage.buckets.setIamPolicy" in text
     assert "compute.networks.create" not in text  # a one-slice plan creates no network: not asked
     assert project.mutations() == []
+
+
+def test_an_aggregate_tpu_reservation_is_counted_in_chips_of_its_family(tmp_path, project_factory, capsys):
+    """Cloud TPU capacity as it is sold: an aggregate reservation of chips of one TPU VM family (compute_v1's
+    ``AllocationAggregateReservation``), not VMs of one machine type. A v6e 2x2 slice needs 4 chips."""
+    project = project_factory()
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E", chips=64, in_use=48
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 0, text
+    assert "aggregate reservation team-v6e in us-east5-b: 16 of 64 chips free, 4 needed" in text
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E", chips=64, in_use=62
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 2 and "has 2 of the 4 chips the run needs free (62 of 64 in use)" in text
+    project.compute.add_aggregate_reservation(
+        PROJECT, "us-east5-b", "team-v6e", "VM_FAMILY_CLOUD_TPU_POD_SLICE_TPU7X", chips=64
+    )
+    code, text = preflight_cli(RESERVED, capsys)
+    assert code == 2 and "reserves VM_FAMILY_CLOUD_TPU_POD_SLICE_TPU7X; the slice's ct6e-standard-4t hosts" in text
+    assert project.mutations() == []
+
+
+def test_a_reservation_block_is_checked_by_its_own_count(tmp_path, project_factory, capsys):
+    project = project_factory()
+    project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=8, in_use=8)
+    project.compute.add_reservation_block(PROJECT, "us-east5-b", "team-v6e", "block-1", count=4, in_use=2)
+    in_block = RESERVED + "/reservationBlocks/block-1"
+    code, text = preflight_cli(in_block, capsys)
+    assert code == 0, text
+    assert "block block-1 of reservation team-v6e: 2 of 4 VMs free, 1 needed" in text
+    code, text = preflight_cli(RESERVED + "/reservationBlocks/block-9", capsys)
+    assert code == 2 and "no block block-9 in reservation team-v6e in zone us-east5-b" in text
+    # The node pools name the block as GKE takes it.
+    pools = [r for r in plan.resources(resolve("local-fsdp", in_block), "pre") if r.kind == "node-pool"]
+    affinity = pools[-1].body["config"]["reservationAffinity"]
+    assert affinity["values"] == ["team-v6e/reservationBlocks/block-1"]
 
 
 def test_a_reservation_too_small_or_for_another_machine_is_a_problem(project_factory, capsys):
@@ -349,3 +398,52 @@ def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_r
     )
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert "train.dataset: the caller may list and read gs://acme-sft" in text, text
+
+
+def test_a_pod_larger_than_its_node_is_refused_before_anything_is_created(tmp_path, project_factory, capsys):
+    """The default TPU worker pod (200 GiB, 100 GiB /dev/shm) on v5e's ct5lp-hightpu-4t (192 GB, of which GKE gives
+    pods about 181 GiB): it would stay Unschedulable while its pool bills. Refused naming the field and the most that
+    fits; a pod that fits but whose /dev/shm would not is a warning."""
+    project = project_factory()
+    too_large = V5E_ONE_SLICE.replace(V5E_PODS, "")
+    code, text = preflight_cli(too_large, capsys)
+    assert code == 2, text
+    assert (
+        "cluster.worker_memory_gib: each TPU worker pod asks for 200 GiB but a ct5lp-hightpu-4t node gives pods "
+        "111.7 vCPUs and 181 GiB of its 112 and 192 GiB: it would never be scheduled; ask for at most 181"
+    ) in text
+    refused(project, tmp_path, too_large, text, (), problems=1)
+    code, text = preflight_cli(too_large + " cluster.worker_memory_gib=170", capsys)
+    assert code == 0, text
+    assert "cluster.worker_shm_gib: a TPU worker's 170 GiB and its 100 GiB /dev/shm" in text
+    code, text = preflight_cli(ONE_SLICE + " cluster.head_cpus=9", capsys)  # n2-standard-8 carries the Ray head
+    assert code == 2 and "cluster.head_cpus: each pod asks for 9 vCPUs but a n2-standard-8 node gives pods" in text
+
+
+@pytest.mark.parametrize("preset", TPU_PRESETS)
+def test_every_tpu_preset_preflights_clean_in_its_own_default_zone(preset, project_factory, capsys):
+    """As shipped, with only the project named: what each preset's pools and pods ask for is offered and fits."""
+    project_factory()
+    code = cli.main(["preflight", preset, "--set", f"gke.project={PROJECT}", "--run-id", "pre"])
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+
+
+def test_a_caller_who_may_create_the_cluster_but_not_use_its_kubernetes_api_is_refused_before_it(
+    tmp_path, project_factory, capsys
+):
+    """A cluster the run creates has no RBAC binding for the caller: IAM alone decides. One who may create clusters
+    (as roles/container.clusterAdmin allows) but not connect to the DNS endpoint or write the RayCluster would get
+    a 403 at deploy_raycluster, after the cluster bills: refused before it, naming the permissions."""
+    project = project_factory()
+    project.projects.deny("container.clusters.connect", "container.thirdPartyObjects.update")
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2, text
+    assert (
+        "permissions: the caller lacks on project tpupipe-emulated: container.clusters.connect, "
+        "container.thirdPartyObjects.update"
+    ) in text
+    refused(project, tmp_path, ONE_SLICE, text, (), problems=1)
+    # On an existing cluster the API server answers for itself (SelfSubjectAccessReview): not asked of IAM here.
+    existing = needs(resolve("local-fsdp", ONE_SLICE + " gke.cluster_name=shared"), "pre")
+    assert "container.clusters.connect" not in existing.permissions

@@ -21,8 +21,12 @@ DEDICATED_NODES = f"{ONE_SLICE} gke.node_service_account={NODES}"
 
 def _nodes(project, *roles: str) -> None:
     """NODES granted ``roles``, else what nodes need (and, as BUILD's image is in this project's registry, image
-    pulls)."""
-    for role in roles or ("roles/container.defaultNodeServiceAccount", "roles/artifactregistry.reader"):
+    pulls and image streaming)."""
+    for role in roles or (
+        "roles/container.defaultNodeServiceAccount",
+        "roles/artifactregistry.reader",
+        "roles/serviceusage.serviceUsageConsumer",
+    ):
         project.projects.grant(PROJECT, role, f"serviceAccount:{NODES}")
 
 
@@ -103,10 +107,40 @@ def test_a_named_build_account_is_acted_as_and_a_basic_role_on_it_is_a_warning(p
     code, text = preflight_cli(overrides, capsys)
     assert code == 2 and "2 problems" in text, text
     assert (
-        f"gke.build_service_account: the caller lacks iam.serviceAccounts.actAs on project {PROJECT}: Cloud Build "
-        f"runs the image build as {BUILDER}, and Cloud Build starts no build for a caller that cannot act as it"
+        f"gke.build_service_account: the caller lacks iam.serviceAccounts.actAs on project {PROJECT} and on "
+        f"{BUILDER}: Cloud Build runs the image build as it, and Cloud Build starts no build for a caller that cannot "
+        "act as it"
     ) in text
     assert f"gke.node_service_account: the caller lacks iam.serviceAccounts.actAs on project {PROJECT}" in text
+    # Least privilege: roles/iam.serviceAccountUser granted on each account alone, not on the project, is enough
+    # (what docs/gke.md asks for); seen with the IAM API's testIamPermissions on the account.
+    project.projects.grant_on_account(BUILDER, "iam.serviceAccounts.actAs")
+    project.projects.grant_on_account(NODES, "iam.serviceAccounts.actAs")
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 0, text
+    assert f"iam.serviceAccounts.actAs on {BUILDER} (gke.build_service_account), granted on the account" in text
+    assert project.projects.calls.count("serviceAccounts.TestIamPermissions") >= 2
+
+
+def test_image_streaming_needs_its_api_and_a_named_node_account_its_role_in_the_images_project(project_factory, capsys):
+    """GKE's "Use Image streaming to pull container images" requirements, for the cluster the run creates: the
+    Container File System API enabled, and a node account other than the default granted Service Usage Consumer in
+    the project that holds the image (here: BUILD's image is in this project's registry)."""
+    project = project_factory()
+    _nodes(project, "roles/container.defaultNodeServiceAccount", "roles/artifactregistry.reader")
+    project.services.disable("containerfilesystem.googleapis.com")
+    overrides = f"{BUILD} gke.node_service_account={NODES} gke.build_service_account={BUILDER}"
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 2 and "2 problems" in text, text
+    assert f"apis: not enabled in project {PROJECT}: containerfilesystem.googleapis.com" in text
+    assert (
+        f"gke.node_service_account: the nodes' service account {NODES} lacks roles/serviceusage.serviceUsageConsumer "
+        f"on project {PROJECT}, needed for image streaming"
+    ) in text
+    # On an existing cluster the run turns nothing on: neither is asked.
+    existing = needs(resolve("local-fsdp", overrides + " gke.cluster_name=shared"), "pre")
+    assert "containerfilesystem.googleapis.com" not in existing.services
+    assert "roles/serviceusage.serviceUsageConsumer" not in [role for role, _, _ in existing.node_roles]
 
 
 def test_a_build_account_that_is_not_an_email_is_refused_naming_the_field():

@@ -14,13 +14,12 @@ from tests.gke.test_preflight import preflight_cli, refused
 
 def test_a_retired_version_pin_is_a_problem_naming_the_offered_ones(project_factory, capsys):
     project = project_factory()
-    project.gke.channels["REGULAR"] = ("1.35.5-gke.1100000", "1.36.1-gke.1012000")  # 1.35.2-gke.1842000 retired
+    offered = ("1.35.5-gke.1100000", "1.36.1-gke.1012000")  # 1.35.2-gke.1842000 retired from every channel
+    project.gke.channels.update({"RAPID": offered, "REGULAR": offered, "STABLE": offered[:1]})
     code, text = preflight_cli(ONE_SLICE + " gke.cluster_version=1.35.2-gke.1842000", capsys)
     assert code == 2, text
-    assert (
-        "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on the REGULAR release channel in us-east5-b"
-    ) in text
-    assert "offered: 1.36.1-gke.1012000, 1.35.5-gke.1100000" in text
+    assert "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on any release channel in us-east5-b" in text
+    assert "offered on REGULAR: 1.36.1-gke.1012000, 1.35.5-gke.1100000" in text
     assert project.mutations() == []
 
 
@@ -28,10 +27,11 @@ def test_a_minor_resolves_to_the_newest_offered_patch_and_the_cluster_is_created
     tmp_path, project_factory, capsys
 ):
     project = project_factory()
-    project.gke.channels["REGULAR"] = ("1.35.2-gke.1842000", "1.35.5-gke.1100000", "1.36.1-gke.1012000")
+    offered = ("1.35.2-gke.1842000", "1.35.5-gke.1100000", "1.36.1-gke.1012000")
+    project.gke.channels.update({"RAPID": offered, "REGULAR": offered, "STABLE": offered[:2]})
     code, text = preflight_cli(ONE_SLICE + " gke.cluster_version=1.35", capsys)
     assert code == 0, text
-    assert "GKE 1.35.5-gke.1100000 on the REGULAR channel in us-east5-b (gke.cluster_version=1.35)" in text
+    assert "GKE 1.35.5-gke.1100000 on the STABLE channel in us-east5-b (gke.cluster_version=1.35)" in text
     platform().provision(context(tmp_path, "minor", ONE_SLICE + " gke.cluster_version=1.35"))
     (name,) = project.clusters("minor")
     assert project.gke.state.clusters[name].current_master_version == "1.35.5-gke.1100000"
@@ -48,7 +48,7 @@ def test_a_head_type_the_zone_lacks_a_retired_pin_no_default_network_and_no_act_
 ):
     project = project_factory()
     project.compute.withhold_machine_type("us-east5-b", "n1-standard-16")
-    project.gke.channels["REGULAR"] = ("1.35.5-gke.1100000",)
+    project.gke.channels.update({channel: ("1.35.5-gke.1100000",) for channel in ("RAPID", "REGULAR", "STABLE")})
     project.compute.skip_default_network(PROJECT)
     project.projects.deny("iam.serviceAccounts.actAs")
     overrides = ONE_SLICE + " gke.cpu_machine_type=n1-standard-16 gke.cluster_version=1.35.2-gke.1842000"
@@ -57,7 +57,7 @@ def test_a_head_type_the_zone_lacks_a_retired_pin_no_default_network_and_no_act_
     assert "4 problems; nothing was created" in text
     needles = (
         f"gke.cpu_machine_type: machine type n1-standard-16 is not offered in zone us-east5-b of project {PROJECT}",
-        "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on the REGULAR release channel",
+        "gke.cluster_version: GKE 1.35.2-gke.1842000 is not offered on any release channel",
         f"gke.cluster_name: project {PROJECT} has no VPC network 'default'",
         f"gke.node_service_account: the caller lacks iam.serviceAccounts.actAs on project {PROJECT}",
         "roles/iam.serviceAccountUser",

@@ -69,3 +69,26 @@ def test_a_cluster_created_without_a_channel_is_enrolled_in_regular_and_refuses_
     old = {**pool_body, "management": {"autoRepair": False}}  # what flex-start pools sent: auto-upgrade false
     with pytest.raises(gexc.InvalidArgument, match="Auto_upgrade cannot be false"):
         client.create_node_pool(parent=cluster.self_link, node_pool=container_v1.NodePool.from_json(json.dumps(old)))
+
+
+def test_a_version_that_has_reached_only_rapid_is_created_on_rapid_and_one_everywhere_on_stable(
+    tmp_path, project_factory
+):
+    """GKE offers a version on Rapid first, then Regular, then Stable: the cluster is created on the most stable
+    channel that offers the pinned version, not refused because Regular has not got it yet."""
+    from tests.emulators.gke import VERSIONS
+    from tests.gke.test_gke_platform import context, platform
+
+    project = project_factory()
+    project.gke.channels = {"RAPID": VERSIONS, "REGULAR": VERSIONS[:-1], "STABLE": VERSIONS[:-2]}
+    platform().provision(context(tmp_path, "rapid", ONE_SLICE + " gke.cluster_version=1.36"))
+    (name,) = project.clusters("rapid")
+    cluster = project.gke.state.clusters[name]
+    assert cluster.release_channel.channel == container_v1.ReleaseChannel.Channel.RAPID
+    assert cluster.current_master_version == VERSIONS[-1]
+    platform().provision(context(tmp_path, "stable", ONE_SLICE + " gke.cluster_version=1.34"))
+    (name,) = project.clusters("stable")
+    assert project.gke.state.clusters[name].release_channel.channel == container_v1.ReleaseChannel.Channel.STABLE
+    platform().provision(context(tmp_path, "default", ONE_SLICE))  # no pin: the default channel's default
+    (name,) = project.clusters("default")
+    assert project.gke.state.clusters[name].release_channel.channel == container_v1.ReleaseChannel.Channel.REGULAR

@@ -514,25 +514,24 @@ def test_documented_zones():
 
 
 @pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2"])
-def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset):
-    spec, t = spec_and_target(preset)
+@pytest.mark.parametrize("non_root", [False, True])
+def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset, non_root):
+    """Unprivileged, no escalation, the runtime's seccomp profile; as uid 1000 with every capability dropped only with
+    gke.run_as_non_root (the tutorials' containers run as the image's root)."""
+    spec, t = spec_and_target(preset, f"gke.run_as_non_root={str(non_root).lower()}")
     objects = m.all_objects(spec, t)
     rc = objects[-1]["spec"]
+    user = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000} if non_root else {}
+    dropped = {"capabilities": {"drop": ["ALL"]}} if non_root else {}
     for group in (rc["headGroupSpec"], *rc["workerGroupSpecs"]):
         pod = group["template"]["spec"]
-        assert pod["securityContext"] == {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        }
+        assert pod["securityContext"] == {**user, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
         for container in pod["containers"]:
             assert container["securityContext"] == {
                 "allowPrivilegeEscalation": False,
                 "privileged": False,
                 "readOnlyRootFilesystem": True,
-                "capabilities": {"drop": ["ALL"]},
+                **dropped,
             }
             assert {"name": "HOME", "value": "/home/tpupipe"} in container["env"]
             # The root filesystem read-only: everything written has a volume (HOME, /tmp, the bucket, /dev/shm).

@@ -1,8 +1,12 @@
 """What preflight checks, derived from the run's plan with no call made: the APIs and permissions of the plan's
 calls, the quota metric and chips of the capacity type, the reservation of the zone, an existing cluster."""
 
+import pytest
+
 from components.platforms.gke.plan import features
 from components.platforms.gke.plan import needs as gke_needs
+from components.platforms.gke.plan.needs import Reservation
+from components.spec import SpecError
 from components.workload import resolve
 
 
@@ -52,8 +56,19 @@ def test_the_capacity_type_picks_the_quota_or_the_reservation():
         "cluster.capacity=reservation cluster.reservation=projects/owner-proj/reservations/big gke.zone=us-east5-b",
     )
     assert shared.quota is None
-    assert shared.reservation == ("owner-proj", "us-east5-b", "big", "ct6e-standard-4t", 4)
+    assert shared.reservation == Reservation("owner-proj", "us-east5-b", "big", "", "ct6e-standard-4t", 4, 16)
     assert "compute.reservations.get" in shared.permissions
+    block = needs("gemma4-e2b-v6e-16", "cluster.capacity=reservation cluster.reservation=big/reservationBlocks/b1")
+    assert (block.reservation.name, block.reservation.block) == ("big", "b1")
+    assert block.reservation.path.endswith("/reservations/big/reservationBlocks/b1")
+    assert "compute.reservationBlocks.get" in block.permissions
+
+
+@pytest.mark.parametrize("bad", ["Big", "big/blocks/b1", "projects/p/reservations/big", "a/b/c"])
+def test_a_reservation_that_is_not_a_reservation_path_is_refused_naming_the_field(bad):
+    with pytest.raises(SpecError, match="is not a reservation") as caught:
+        resolve("gemma4-e2b-v6e-16", f"cluster.capacity=reservation cluster.reservation={bad}")
+    assert "NAME/reservationBlocks/BLOCK" in str(caught.value)
 
 
 def test_an_existing_cluster_is_checked_and_may_be_updated():
@@ -92,7 +107,7 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
     )
     lines = capsys.readouterr().out.splitlines()
     provision = lines[lines.index("provision") + 1 :]
-    assert [line.split()[1] for line in provision[:8]] == [
+    assert [line.split()[1] for line in provision[:9]] == [
         "serviceusage.services.batchGet",
         "resourcemanager.projects.testIamPermissions",
         "resourcemanager.projects.getIamPolicy",
@@ -101,8 +116,12 @@ def test_the_dry_run_prints_preflight_s_reads_first(capsys):
         "kubernetes.selfsubjectaccessreviews.create",  # what the run does in the cluster, asked of its API server
         "compute.machineTypes.get",  # the head's pool, then the slice's, in their zone
         "compute.machineTypes.get",
+        "storage.buckets.get",  # the run's bucket, if it exists: uniform bucket-level access
     ]
-    assert "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs free)" in provision[3]
+    assert (
+        "projects/my-proj/zones/us-east5-b/reservations/big (4 ct6e-standard-4t VMs (or, aggregate, 16 chips) free)"
+        in provision[3]
+    )
     # then the champion's base (components.stages.gate.check_lineage), then what provision creates
-    assert provision[8].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
-    assert provision[9].startswith("  get-or-create storage.buckets.get")
+    assert provision[9].startswith("  check         aiplatform.models.get projects/my-proj/locations/us-east5/models/")
+    assert provision[10].startswith("  get-or-create storage.buckets.get")

@@ -36,4 +36,5 @@ class Report:
     checked: list[str] = field(default_factory=list)  # what was found in order, for the person reading
     warnings: list[str] = field(default_factory=list)  # what could not be checked, said, never silent
     enable: list[str] = field(default_factory=list)  # features of the existing cluster provision will enable
-    version: str = ""  # the GKE version a cluster the run creates gets (``versions.resolve``), "" for an existing one
+    version: str = ""  # the GKE version a cluster the run creates gets (``versions.choose``), "" for an existing one
+    channel: str = ""  # the release channel it is created on: the most stable one that offers ``version``

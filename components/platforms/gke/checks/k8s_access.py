@@ -5,11 +5,7 @@ https://kubernetes.io/docs/reference/access-authn-authz/authorization/#checking-
 IAM's and RBAC's together (https://cloud.google.com/kubernetes-engine/docs/concepts/access-control): a role such as
 ``roles/container.developer`` grants these.
 
-What the stages do, by the Kubernetes kinds of the plan: deploy_raycluster gets or creates the namespace, the
-ServiceAccount, the Secrets (the Hugging Face token's, the Ray token's), the ResourceClaimTemplate (multislice over
-DCN), reads the RayCluster CRD (``check_kuberay``) and applies the RayCluster (server-side apply: ``patch``), then
-reads its pods and their events; the jobs go through the head Service's ``proxy`` subresource; teardown lists and
-deletes by the run's label.
+What the stages do there is ``plan.k8s_actions``' table.
 """
 
 from __future__ import annotations
@@ -19,44 +15,8 @@ from pathlib import Path
 
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.cloud import control_plane as planes
+from components.platforms.gke.plan.k8s_actions import actions
 from components.spec import SpecError
-
-# (verb, API group, resource, subresource, what needs it); a namespaced resource is asked in the run's namespace.
-ALWAYS = (
-    ("create", "", "namespaces", "", "deploy_raycluster creates the run's namespace when there is none"),
-    ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "deploy_raycluster checks KubeRay's CRD"),
-    ("get", "", "secrets", "", "deploy_raycluster reads the Hugging Face and Ray token Secrets"),
-    ("create", "", "secrets", "", "deploy_raycluster creates the token Secrets"),
-    ("create", "", "serviceaccounts", "", "deploy_raycluster creates the run's ServiceAccount"),
-    ("create", "networking.k8s.io", "networkpolicies", "", "deploy_raycluster creates the run's NetworkPolicies"),
-    ("get", "ray.io", "rayclusters", "", "deploy_raycluster waits for the RayCluster"),
-    ("patch", "ray.io", "rayclusters", "", "deploy_raycluster applies the RayCluster (server-side apply)"),
-    ("list", "", "pods", "", "deploy_raycluster reads the RayCluster's pods"),
-    ("list", "", "events", "", "deploy_raycluster reads the pods' scheduling events"),
-    ("get", "", "services", "proxy", "the jobs read their status and logs through the head Service's proxy"),
-    ("create", "", "services", "proxy", "the jobs are submitted through the head Service's proxy"),
-    ("list", "ray.io", "rayclusters", "", "teardown finds the run's RayCluster by its label"),
-    ("delete", "ray.io", "rayclusters", "", "teardown deletes the run's RayCluster"),
-    ("list", "", "secrets", "", "teardown finds the run's Secrets by its label"),
-    ("delete", "", "secrets", "", "teardown deletes the run's Secrets"),
-    ("list", "", "serviceaccounts", "", "teardown finds the run's ServiceAccount by its label"),
-    ("delete", "", "serviceaccounts", "", "teardown deletes the run's ServiceAccount"),
-    ("list", "networking.k8s.io", "networkpolicies", "", "teardown finds the run's NetworkPolicies by its label"),
-    ("delete", "networking.k8s.io", "networkpolicies", "", "teardown deletes the run's NetworkPolicies"),
-)
-CLAIMS = tuple(
-    (verb, "resource.k8s.io", "resourceclaimtemplates", "", why)
-    for verb, why in (
-        ("create", "deploy_raycluster creates the DCN ResourceClaimTemplate"),
-        ("list", "teardown finds the run's ResourceClaimTemplate"),
-        ("delete", "teardown deletes the run's ResourceClaimTemplate"),
-    )
-)
-
-
-def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
-    """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
-    return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
 
 
 def check(cluster, path: str, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:

@@ -5,7 +5,8 @@ regions and zones", https://cloud.google.com/tpu/docs/regions-zones, and CPU mac
 Engine docs, "Regions and zones", https://cloud.google.com/compute/docs/regions-zones#available); and the VPC network
 ``default`` the cluster it creates is attached to (its body names no network: "If left unspecified, the ``default``
 network will be used", the ``Cluster.network`` field's comment in google-cloud-container; an organisation with the
-``compute.skipDefaultNetworkCreation`` constraint has none).
+``compute.skipDefaultNetworkCreation`` constraint has none). The same ``machineTypes.get`` says each machine's vCPUs
+and memory: a pod that asks for more than a node of its pool can give (``fits``) never schedules, and its pool bills.
 
 Each check is ``check(needs, spec, creds, report)``: read-only calls, problems and findings added to the report.
 """
@@ -21,28 +22,28 @@ from components.tpu import catalogue
 
 
 def version(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    """The version a cluster the run creates gets: ``gke.cluster_version`` resolved against the channel's offered
-    versions (ClusterManager ``getServerConfig``); a pin GKE no longer offers is a problem naming those it does."""
+    """The version and release channel a cluster the run creates gets: ``gke.cluster_version`` resolved on the most
+    stable channel offering it (``versions.choose``, from ClusterManager ``getServerConfig``); a pin GKE no longer
+    offers is a problem naming those it does."""
     if not n.location:
         return
     from components.platforms.gke.cloud.cluster import cluster_manager
 
     config = cluster_manager(creds).get_server_config(name=f"projects/{n.project}/locations/{n.location}")
-    offer = versions.offered(config, RELEASE_CHANNEL)
-    resolved = versions.resolve(n.cluster_version, offer)
-    if resolved is None:
+    resolved, channel, offer = versions.choose(n.cluster_version, config)
+    if not resolved:
         report.problems.append(
             Problem(
                 "gke.cluster_version",
-                f"GKE {n.cluster_version or 'default'} is not offered on the {RELEASE_CHANNEL} release channel in "
-                f"{n.location} (a pinned version retires); offered: {', '.join(offer.versions) or 'none'}: pin one, "
-                "or a minor (e.g. 1.35) for its newest patch",
+                f"GKE {n.cluster_version or 'default'} is not offered on any release channel in {n.location} (a "
+                f"pinned version retires); offered on {RELEASE_CHANNEL}: {', '.join(offer.versions) or 'none'}: pin "
+                "one, or a minor (e.g. 1.35) for its newest patch",
             )
         )
         return
-    report.version = resolved
+    report.version, report.channel = resolved, channel
     asked = f"gke.cluster_version={n.cluster_version}" if n.cluster_version else "the channel's default"
-    report.checked.append(f"GKE {resolved} on the {RELEASE_CHANNEL} channel in {n.location} ({asked})")
+    report.checked.append(f"GKE {resolved} on the {channel} channel in {n.location} ({asked})")
 
 
 def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
@@ -58,7 +59,7 @@ def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     offered = []
     for zone, machine, field in n.machine_types:
         try:
-            client.get(project=n.project, zone=zone, machine_type=machine)
+            offer = client.get(project=n.project, zone=zone, machine_type=machine)
         except gexc.NotFound:
             hint = (
                 "choose a machine type of a series the zone offers"
@@ -70,6 +71,7 @@ def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
             continue
         offered.append(machine)
+        fits(spec, machine, offer.guest_cpus, offer.memory_mb, tpu=field == "gke.zone", report=report)
     if offered:
         report.checked.append(f"machine types offered in {n.zone}: {', '.join(offered)}")
 
@@ -96,3 +98,55 @@ def default_network(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         )
         return
     report.checked.append(f"VPC network default in project {n.project}")
+
+
+# What GKE keeps of a node for itself, so pods get the rest ("allocatable"): GKE docs, "Plan GKE Standard node sizes",
+# memory and CPU reservations (https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes): of memory,
+# 25% of the first 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112 and 2% above 128 GiB, plus a
+# 100 MiB eviction threshold; of CPU, 6% of the first core, 1% of the next, 0.5% of the next 2 and 0.25% above 4.
+MEMORY_RESERVED = ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02))  # (GiB of the band, share)
+CPU_RESERVED = ((1, 0.06), (1, 0.01), (2, 0.005), (float("inf"), 0.0025))  # (cores of the band, share)
+EVICTION_GIB = 100 / 1024
+
+
+def allocatable(total: float, bands: tuple[tuple[float, float], ...]) -> float:
+    """``total`` less what GKE reserves of it, band by band."""
+    left, reserved = total, 0.0
+    for size, share in bands:
+        taken = min(left, size)
+        reserved, left = reserved + taken * share, left - taken
+    return total - reserved
+
+
+def fits(spec: RunSpec, machine: str, cpus: int, memory_mb: int, *, tpu: bool, report: Report) -> None:
+    """A pod of the pool (a TPU worker, one per host; or the Ray head) fits on one of its nodes: its CPU and memory
+    requests within the node's allocatable, else a problem naming the field (the pod stays Unschedulable while the
+    pool bills); a worker's in-memory /dev/shm, which counts against its memory once written (Kubernetes docs,
+    "emptyDir": https://kubernetes.io/docs/concepts/storage/volumes/#emptydir), beyond it is a warning."""
+    if not cpus or not memory_mb:  # the offer says no size: nothing to compare
+        return
+    c = spec.cluster
+    memory_gib = allocatable(memory_mb / 1024, MEMORY_RESERVED) - EVICTION_GIB
+    cores = allocatable(float(cpus), CPU_RESERVED)
+    prefix = "cluster.worker" if tpu else "cluster.head"
+    pod_cpus, pod_memory = (c.cpus_per_host, c.worker_memory_gib) if tpu else (c.head_cpus, c.head_memory_gib)
+    total_gib = memory_mb / 1024
+    node = f"a {machine} node gives pods {cores:.1f} vCPUs and {memory_gib:.0f} GiB of its {cpus} and {total_gib:.0f}"
+    if pod_memory > memory_gib:
+        report.problems.append(
+            Problem(
+                f"{prefix}_memory_gib",
+                f"each {'TPU worker' if tpu else 'Ray head'} pod asks for {pod_memory} GiB but {node} GiB: it would "
+                f"never be scheduled; ask for at most {int(memory_gib)}",
+            )
+        )
+    if pod_cpus > cores:
+        field = "cluster.cpus_per_host" if tpu else "cluster.head_cpus"
+        report.problems.append(
+            Problem(field, f"each pod asks for {pod_cpus} vCPUs but {node} GiB: ask for at most {int(cores)}")
+        )
+    if tpu and c.worker_shm_gib and pod_memory <= memory_gib < pod_memory + c.worker_shm_gib:
+        report.warnings.append(
+            f"cluster.worker_shm_gib: a TPU worker's {pod_memory} GiB and its {c.worker_shm_gib} GiB /dev/shm (memory "
+            f"once written) exceed the {memory_gib:.0f} GiB {machine} gives pods: a full /dev/shm gets the pod evicted"
+        )

@@ -10,8 +10,9 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   the family (``resources.QUOTA_METRICS``); a quota it cannot read is a warning in the report, never silence;
 - what the location offers (``offers``): the GKE version on the cluster's release channel, the node pools' machine
   types in their zone, the default network a cluster the run creates uses;
-- with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``), is for the slice's
-  machine type and has a VM free for every host;
+- with ``cluster.capacity=reservation``: the reservation exists in the zone (``reservations.get``) and has room for
+  the slices: a specific one a VM of the slice's machine type free for every host, an aggregate one enough chips of
+  its TPU family, a block (``reservationBlocks.get``) a VM free for every host (``checks.reservations``);
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
   IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
@@ -32,11 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from components.platforms.gke.checks import offers
+from components.platforms.gke.checks import offers, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
-from components.platforms.gke.plan import features, identities, paths
+from components.platforms.gke.plan import features, identities, k8s_actions, paths
 from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
@@ -58,12 +59,13 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _permissions,
         _identities,
         _quota,
-        _reservation,
+        reservations.check,
         _cluster,
         _kubernetes,
         offers.version,
         offers.machine_types,
         offers.default_network,
+        _bucket,
         _data,
     )
     for step in steps:
@@ -87,6 +89,29 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     if report.problems:
         raise PreflightFailed(f"preflight of run {run_id} in project {n.project}", report.problems, report.warnings)
     return report
+
+
+def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """An existing bucket (``gke.bucket``) has uniform bucket-level access (``storage.without_uniform_access``); one
+    that does not exist yet is created with it at provision."""
+    from google.api_core import exceptions as gexc
+
+    from components.platforms.gke.cloud import storage
+
+    name = n.bucket
+    try:
+        bucket = storage.storage_client(n.project, creds).get_bucket(name)
+    except gexc.NotFound:
+        return
+    except gexc.Forbidden as exc:
+        refusal = storage.unreadable(name, exc.message)
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+        return
+    refusal = storage.without_uniform_access(bucket)
+    if refusal:
+        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    else:
+        report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
 
 
 def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
@@ -159,9 +184,15 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         .permissions
     )
     lacking = [p for p in n.permissions if p not in held]
-    if ACT_AS in lacking:
+    if ACT_AS in lacking:  # not on the project: it may still be granted on each account itself (least privilege)
         lacking.remove(ACT_AS)
-        report.problems += [_act_as(n.project, field, account) for field, account in n.act_as]
+        for field, account in n.act_as:
+            if "PROJECT_NUMBER" in account:  # the default Compute Engine account, its number looked up
+                account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
+            if storage.may_act_as(account, creds):
+                report.checked.append(f"{ACT_AS} on {account} ({field}), granted on the account")
+            else:
+                report.problems.append(_act_as(n.project, field, account))
     if lacking:
         report.problems.append(
             Problem(
@@ -172,6 +203,12 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
     report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
+    if n.location and "k8s/ResourceClaimTemplate" in n.k8s_kinds:
+        report.warnings.append(
+            "the run's ResourceClaimTemplate (the DCN NICs) in the cluster it creates: no IAM permission for "
+            f"resource.k8s.io objects is documented ({', '.join(k8s_actions.UNMAPPED_GROUPS)}), so whether the caller "
+            "may create and delete it is not checked"
+        )
 
 
 # Who refuses a caller that cannot act as the account a field names.
@@ -185,9 +222,9 @@ def _act_as(project: str, field: str, account: str) -> Problem:
     who, refusal = ACTS_AS[field]
     return Problem(
         field,
-        f"the caller lacks {ACT_AS} on project {project}: {who} as {account}, and {refusal} for a caller that "
-        "cannot act as it: grant roles/iam.serviceAccountUser on the project, or name an account the caller can "
-        "act as (tested on the project: a grant on the account alone is not seen here)",
+        f"the caller lacks {ACT_AS} on project {project} and on {account}: {who} as it, and {refusal} for a "
+        "caller that cannot act as it: grant roles/iam.serviceAccountUser on that account (or on the project), or "
+        "name an account the caller can act as",
     )
 
 
@@ -254,40 +291,6 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
     report.checked.append(f"quota {metric} in {n.region}: {free} chips free, {chips} needed")
-
-
-def _reservation(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    if n.reservation is None:
-        return
-    from google.api_core import exceptions as gexc
-
-    project, zone, name, machine_type, hosts = n.reservation
-    try:
-        found = gke_compute.client("ReservationsClient", creds).get(project=project, zone=zone, reservation=name)
-    except gexc.NotFound:
-        report.problems.append(
-            Problem(
-                "cluster.reservation", f"no reservation {name} in zone {zone} of project {project} (gke.zone is {zone})"
-            )
-        )
-        return
-    specific = found.specific_reservation
-    reserved = specific.instance_properties.machine_type.rsplit("/", 1)[-1]
-    free = specific.count - specific.in_use_count
-    if reserved != machine_type:
-        report.problems.append(
-            Problem("cluster.reservation", f"reservation {name} is for {reserved} VMs; the slice needs {machine_type}")
-        )
-    elif free < hosts:
-        report.problems.append(
-            Problem(
-                "cluster.reservation",
-                f"reservation {name} in {zone} has room for {free} of "
-                f"the {hosts} {machine_type} VMs the run needs ({specific.in_use_count} of "
-                f"{specific.count} in use)",
-            )
-        )
-    report.checked.append(f"reservation {name} in {zone}: {free} of {specific.count} {reserved} free, {hosts} needed")
 
 
 def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:

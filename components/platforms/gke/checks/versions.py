@@ -1,7 +1,8 @@
 """The GKE version of a cluster the run creates: ``gke.cluster_version`` resolved against the versions GKE offers on
-the cluster's release channel (``resources.RELEASE_CHANNEL``), as ClusterManager ``getServerConfig`` reports them
-for the cluster's location. Pinned patch versions retire (a cluster cannot be created at one GKE no longer offers),
-so preflight resolves the pin before anything is created, and provision creates the cluster at the version resolved.
+the most stable release channel that offers it (``choose``), as ClusterManager ``getServerConfig`` reports them for
+the cluster's location; the cluster is created on that channel. Pinned patch versions retire (a cluster cannot be
+created at one GKE no longer offers), so preflight resolves the pin before anything is created, and provision creates
+the cluster at the version resolved.
 
 The fields read, as google-cloud-container's ``ServerConfig`` documents them (``container_v1/types/
 cluster_service.py``): ``channels`` ("List of release channel configurations"), each a ``ReleaseChannelConfig`` with
@@ -30,6 +31,27 @@ def offered(server_config, channel: str) -> Offered:
             versions = sorted(config.valid_versions, key=_key, reverse=True)
             return Offered(channel, config.default_version, tuple(versions))
     return Offered(channel, "", ())
+
+
+# The channels from the most stable to the newest (GKE docs, "Release channels": Rapid gets versions first, then
+# Regular, then Stable: https://cloud.google.com/kubernetes-engine/docs/concepts/release-channels); a cluster created
+# without one is enrolled in REGULAR, the default.
+CHANNELS = ("STABLE", "REGULAR", "RAPID")
+DEFAULT_CHANNEL = "REGULAR"
+
+
+def choose(asked: str, server_config) -> tuple[str, str, Offered]:
+    """(version, channel, the default channel's offer): ``asked`` resolved on the most stable channel that offers it,
+    so a version that has reached only Rapid is created on Rapid; an empty ``asked`` is the default channel's
+    default. The version is "" when no channel offers it."""
+    default = offered(server_config, DEFAULT_CHANNEL)
+    if not asked:
+        return resolve(asked, default) or "", DEFAULT_CHANNEL, default
+    for channel in CHANNELS:
+        version = resolve(asked, offered(server_config, channel))
+        if version:
+            return version, channel, default
+    return "", DEFAULT_CHANNEL, default
 
 
 def resolve(asked: str, offer: Offered) -> str | None:

@@ -35,6 +35,12 @@ STOCKOUT_MARKERS = (
     "Insufficient quota",
 )
 RESOURCE_EXHAUSTED = 8
+# GKE's FAILED_PRECONDITION while an operation of its own (an auto-upgrade, another run's node pool) holds the cluster:
+# "Operation operation-... is currently upgrading cluster X. Please wait and try again once it is done."
+# (https://github.com/hashicorp/terraform-provider-google/issues/3650). It passes when that operation ends, so a
+# change is asked again until the operation deadline, as terraform-provider-google does for node pools
+# (``retryWhileIncompatibleOperation`` in its container service, resource_container_node_pool.go).
+BUSY_MARKERS = ("try again once it is done", "incompatible operation")
 
 
 class CapacityError(InfraError):
@@ -102,6 +108,11 @@ def is_capacity_error(message: str) -> bool:
     return any(marker in message for marker in STOCKOUT_MARKERS)
 
 
+def is_busy(message: str) -> bool:
+    """A change refused because another operation holds the cluster (``BUSY_MARKERS``): it will pass later."""
+    return any(marker in message.lower() for marker in BUSY_MARKERS)
+
+
 # ---------------------------------------------------------------- the adapter
 
 
@@ -131,6 +142,34 @@ class Adapter:
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+
+    def change(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``call`` for a change to a cluster (a node pool created or deleted, the cluster updated or deleted): while
+        another operation holds the cluster (``is_busy``) it is asked again every ``poll_s`` until the operation
+        deadline, with a line when the wait starts and about every minute."""
+        from google.api_core import exceptions as gexc
+
+        waited: list[float] = []
+
+        def attempt():
+            try:
+                return (self.call(what, fn),)
+            except gexc.FailedPrecondition as exc:
+                if not is_busy(exc.message or ""):
+                    raise
+                if not waited or self.clock() - waited[-1] >= 60:
+                    self.log(f"  {what}: the cluster is busy ({exc.message}); asking again every {self.poll_s:.0f}s")
+                    waited.append(self.clock())
+                return None
+
+        return wait_for(
+            attempt,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"{what}: the cluster busy with another operation",
+            clock=self.clock,
+            sleep=self.sleep,
+        )[0]
 
 
 class Gke(Adapter):
@@ -237,7 +276,7 @@ class Gke(Adapter):
 
         short = name.rsplit("/", 1)[-1]
         try:
-            op = self.call(f"create {kind} {short}", rpc)
+            op = self.change(f"create {kind} {short}", rpc)
             self.log(f"creating {kind} {name}")
             self.wait(location_path, op, f"create {kind} {short}")
         except gexc.AlreadyExists:
@@ -281,7 +320,7 @@ class Gke(Adapter):
         for feature in features:
             update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
             short = name.rsplit("/", 1)[-1]
-            op = self.call(
+            op = self.change(
                 f"enable {feature.name} in {short}", lambda u=update: self.client.update_cluster(name=name, update=u)
             )
             self.log(f"cluster {short}: enabling the {feature.name} (kept after the run)")
@@ -301,7 +340,7 @@ class Gke(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            op = self.call(f"delete {kind} {name}", lambda: rpc(name=name))
+            op = self.change(f"delete {kind} {name}", lambda: rpc(name=name))
         except gexc.NotFound:
             return False
         self.log(f"deleting {kind} {name}")

@@ -36,6 +36,24 @@ def projects_client(creds=None):
     return google_client(resourcemanager_v3.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
 
 
+IAM_EMULATOR_HOST_ENV = "TPUPIPE_IAM_EMULATOR_HOST"
+
+
+def may_act_as(account: str, creds=None) -> bool:
+    """Whether the caller holds ``iam.serviceAccounts.actAs`` on the service account ``account`` itself (the IAM
+    API's ``projects.serviceAccounts.testIamPermissions``, which needs no permission of its own:
+    https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions): a grant of
+    roles/iam.serviceAccountUser on the account, which the project's testIamPermissions does not see."""
+    from google.cloud import iam_admin_v1
+
+    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
+    permission = "iam.serviceAccounts.actAs"
+    answer = client.test_iam_permissions(
+        request={"resource": f"projects/-/serviceAccounts/{account}", "permissions": [permission]}
+    )
+    return permission in answer.permissions
+
+
 def project_number(project: str, creds=None) -> str:
     """The project's number (Workload Identity principals name it, not the id)."""
     return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
@@ -70,24 +88,47 @@ def member(binding: dict[str, Any], number: str) -> str:
     return binding["member"].replace("PROJECT_NUMBER", number)
 
 
+def unreadable(name: str, why: str) -> SpecError:
+    return SpecError(
+        "gke.bucket",
+        f"the bucket {name} exists but this identity cannot read it (another project's bucket, or no "
+        f"storage.buckets.get): {why}",
+        ["a bucket of this project", "a globally unique new name"],
+    )
+
+
+def without_uniform_access(bucket) -> SpecError | None:
+    """The refusal of an existing bucket without uniform bucket-level access: the run's bindings on it are conditioned
+    on its prefix, and "you must enable uniform bucket-level access on a bucket" to use IAM Conditions there
+    (https://cloud.google.com/storage/docs/access-control/iam#conditions)."""
+    if bucket.iam_configuration.uniform_bucket_level_access_enabled:
+        return None
+    return SpecError(
+        "gke.bucket",
+        f"the bucket {bucket.name} has no uniform bucket-level access: the run grants its pods access to the run's "
+        "prefix only, with an IAM condition, which such a bucket refuses: turn it on (Cloud Storage, \"Use uniform "
+        "bucket-level access\") or name another bucket",
+        ["a bucket with uniform bucket-level access", "a new name (created with it)"],
+    )
+
+
 class Storage(Adapter):
     def ensure_bucket(self, name: str, location: str):
-        """The bucket: reused if the project can read it, else created in ``location``."""
+        """The bucket: reused if the project can read it (with uniform bucket-level access), else created in
+        ``location``."""
         from google.api_core import exceptions as gexc
 
         try:
             bucket = self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
+            refusal = without_uniform_access(bucket)
+            if refusal:
+                raise refusal
             self.log(f"bucket gs://{name} exists ({bucket.location}): using it")
             return bucket
         except gexc.NotFound:
             pass
         except gexc.Forbidden as exc:
-            raise SpecError(
-                "gke.bucket",
-                f"the bucket {name} exists but this identity cannot read it (another "
-                f"project's bucket, or no storage.buckets.get): {exc.message}",
-                ["a bucket of this project", "a globally unique new name"],
-            ) from None
+            raise unreadable(name, exc.message) from None
         bucket = self.client.bucket(name)
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
         try:

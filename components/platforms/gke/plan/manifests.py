@@ -57,12 +57,14 @@ HF_TOKEN_KEY = "hf_api_token"
 HF_TOKEN_VOLUME = "hf-token"
 HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
 HF_TOKEN_FILE = "token"
-# Every pod runs as an unprivileged user: non-root, no privilege escalation, every capability dropped, the runtime's
-# default seccomp profile (the Pod Security Standards' "restricted" profile:
-# https://kubernetes.io/docs/concepts/security/pod-security-standards/). TPU chips need no privileged container on GKE
-# 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run containers without privileged
-# mode"); the uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of
-# that uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
+# Every pod runs unprivileged, with no privilege escalation and the runtime's default seccomp profile: TPU chips need
+# no privileged container on GKE 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run
+# containers without privileged mode"). With gke.run_as_non_root also as a non-root user with every capability
+# dropped (the Pod Security Standards' "restricted" profile:
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/); off by default, as that GKE's TPU device
+# nodes open for a non-root user is not documented (the tutorials run their containers as the image's root). The uid
+# is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that uid, so HOME
+# is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
 RUN_AS = 1000
 HOME_VOLUME = "home"
 HOME_DIR = "/home/tpupipe"
@@ -129,22 +131,18 @@ def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
-def _pod_security() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "fsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def _pod_security(spec: RunSpec) -> dict[str, Any]:
+    user = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS} if spec.gke.run_as_non_root else {}
+    return {**user, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _container_security(spec: RunSpec) -> dict[str, Any]:
+    dropped = {"capabilities": {"drop": ["ALL"]}} if spec.gke.run_as_non_root else {}
     return {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "readOnlyRootFilesystem": spec.gke.read_only_root,
-        "capabilities": {"drop": ["ALL"]},
+        **dropped,
     }
 
 
@@ -229,7 +227,7 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir}, *scratch_mounts, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
-        "securityContext": _pod_security(),
+        "securityContext": _pod_security(spec),
         "containers": [container],
         "volumes": [_checkpoint_volume(t), *scratch_volumes, *token_volumes],
     }
@@ -268,7 +266,7 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     volumes += [*scratch_volumes, *token_volumes]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
-        "securityContext": _pod_security(),
+        "securityContext": _pod_security(spec),
         "nodeSelector": r.worker_node_selector(spec, t),
         "containers": [container],
         "volumes": volumes,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.platforms.gke.plan import document as plans
-from components.platforms.gke.plan import features
+from components.platforms.gke.plan import features, k8s_actions
 from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
-from components.platforms.gke.plan.target import Target, node_roles, target
+from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -73,6 +73,27 @@ SERVICES = {
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """The reservation (or one block of it) a run's slices consume: ``cluster.reservation`` is ``NAME``,
+    ``NAME/reservationBlocks/BLOCK`` or either under ``projects/P/reservations/`` (a shared one of another project);
+    GKE takes a block by that path (GKE docs, "Consume reserved zonal resources", reservation blocks:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations)."""
+
+    project: str
+    zone: str
+    name: str  # the reservation's name, a block's parent
+    block: str  # "" for the whole reservation
+    machine_type: str
+    hosts: int  # VMs of machine_type the slices take
+    chips: int  # their TPU chips (an aggregate reservation counts chips, not VMs)
+
+    @property
+    def path(self) -> str:
+        where = f"projects/{self.project}/zones/{self.zone}/reservations/{self.name}"
+        return where + (f"/reservationBlocks/{self.block}" if self.block else "")
+
+
+@dataclass(frozen=True)
 class Needs:
     """What the run needs of the project, derived from its plan: no call made."""
 
@@ -82,7 +103,7 @@ class Needs:
     services: tuple[str, ...]
     permissions: tuple[str, ...]
     quota: tuple[str, int] | None  # (metric, chips); metric "" when Compute Engine has none for the family
-    reservation: tuple[str, str, str, str, int] | None  # (project, zone, name, machine type, hosts)
+    reservation: Reservation | None
     cluster: str  # the path of the existing cluster the spec names, or ""
     node_account: str  # the nodes' service account; the default's PROJECT_NUMBER is looked up
     node_roles: tuple[tuple[str, str, tuple[str, ...]], ...]  # (role, what for, the roles that include it)
@@ -95,6 +116,7 @@ class Needs:
     act_as: tuple[tuple[str, str], ...] = ()
     builds: bool = False  # the run builds its trainer image with Cloud Build
     build_account: str = ""  # the account Cloud Build runs that build as; empty: the project's default
+    bucket: str = ""  # the run's bucket (gke.bucket): an existing one must have uniform bucket-level access
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -106,14 +128,19 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
     quota = reservation = None
     if c.capacity == "reservation":
         owner, _, name = c.reservation.rpartition("/reservations/")
-        reservation = (
+        name, _, block = name.partition("/reservationBlocks/")
+        reservation = Reservation(
             owner.removeprefix("projects/") or t.project,
             t.zone,
             name,
+            block,
             shape.machine_type,
             c.num_slices * shape.num_hosts,
+            c.num_slices * shape.num_chips,
         )
         permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
+        if block:
+            permissions.append("compute.reservationBlocks.get")  # preflight's read of the block
     else:
         metric = QUOTA_METRICS.get(shape.family.name, ("", ""))[0 if c.capacity == "on-demand" else 1]
         quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
@@ -128,8 +155,13 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.machineTypes.get")  # preflight's own read
     if t.owns_cluster:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
+    kinds = tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/")))
+    if t.owns_cluster:  # a new cluster has no RBAC binding for the caller: IAM alone decides what it may do there
+        permissions += k8s_actions.iam_permissions(kinds)
     # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
     services = [SERVICES[p.split(".")[0]] for p in [*calls, *permissions] if not p.startswith("iam.")]
+    if t.owns_cluster:  # the cluster the run creates streams images (``target.IMAGE_STREAMING_API``)
+        services.append(IMAGE_STREAMING_API)
     return Needs(
         t.project,
         t.region,
@@ -144,11 +176,12 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         t.location if t.owns_cluster else "",
         spec.gke.cluster_version if t.owns_cluster else "",
         machine_types,
-        tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/"))),
+        kinds,
         t.namespace,
         act_as,
         "cloudbuild.builds.create" in calls,
         t.build_service_account,
+        t.bucket,
     )
 
 
@@ -204,14 +237,12 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
             )
         )
     if n.reservation:
-        project, zone, name, machine_type, hosts = n.reservation
-        out.append(
-            (
-                "compute.reservations.get",
-                f"projects/{project}/zones/{zone}/reservations/{name}",
-                f"{hosts} {machine_type} VMs free",
-            )
-        )
+        r = n.reservation
+        whole = f"projects/{r.project}/zones/{r.zone}/reservations/{r.name}"
+        free = f"{r.hosts} {r.machine_type} VMs (or, aggregate, {r.chips} chips) free"
+        out.append(("compute.reservations.get", whole, free))
+        if r.block:
+            out.append(("compute.reservationBlocks.get", r.path, f"{r.hosts} VMs free in the block"))
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
         out.append(
@@ -225,6 +256,8 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
         for zone, machine, _ in n.machine_types
     ]
+    if n.bucket:
+        out.append(("storage.buckets.get", f"b/{n.bucket}", "if it exists: uniform bucket-level access"))
     if n.location:
         out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
         out.append(

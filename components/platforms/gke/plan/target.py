@@ -56,6 +56,23 @@ NODE_SERVICE_ACCOUNT_ROLES = {
         ),
     ),
 }
+# Image streaming (on in the clusters the run creates: ``resources``' gcfsConfig) streams from the image's project,
+# and a node account other than the default needs roles/serviceusage.serviceUsageConsumer there (GKE docs, "Use Image
+# streaming to pull container images", Requirements:
+# https://cloud.google.com/kubernetes-engine/docs/how-to/image-streaming#requirements). Editor and Owner hold
+# serviceusage.services.use too (https://cloud.google.com/service-usage/docs/access-control).
+IMAGE_STREAMING_ROLE = {
+    "roles/serviceusage.serviceUsageConsumer": (
+        "image streaming, on in the cluster the run creates (pods do not start without it)",
+        (
+            "roles/serviceusage.serviceUsageConsumer",
+            "roles/serviceusage.serviceUsageAdmin",
+            "roles/editor",
+            "roles/owner",
+        ),
+    ),
+}
+IMAGE_STREAMING_API = "containerfilesystem.googleapis.com"  # the same page's first requirement: its API enabled
 MOUNT_PATH = "/data"
 BUCKET_RESOURCE_TYPE = "storage.googleapis.com/Bucket"  # resource.type of a bucket in an IAM condition
 
@@ -97,13 +114,17 @@ class Target:
 
 def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
-    in this project's Artifact Registry (an image elsewhere is that registry's to grant)."""
+    in this project's Artifact Registry (an image elsewhere is that registry's to grant); image streaming's role too
+    for a named account in a cluster the run creates (``IMAGE_STREAMING_ROLE``)."""
     pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
-    return {
+    roles = {
         role: needs
         for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
         if pulls_here or role != "roles/artifactregistry.reader"
     }
+    if pulls_here and t.owns_cluster and t.node_service_account != DEFAULT_NODE_SERVICE_ACCOUNT:
+        roles.update(IMAGE_STREAMING_ROLE)
+    return roles
 
 
 def region_of(zone: str) -> str:

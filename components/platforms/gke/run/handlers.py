@@ -42,6 +42,8 @@ def cluster(s: Session, res: Resource) -> None:
         body = s.node_body(res.body)
         if s.ledger.get("cluster_version"):  # gke.cluster_version as preflight resolved it (a minor: its newest patch)
             body["initialClusterVersion"] = s.ledger["cluster_version"]
+        if s.ledger.get("release_channel"):  # on the most stable channel that offers it
+            body["releaseChannel"] = {"channel": s.ledger["release_channel"]}
         s.cluster = gke.ensure_cluster(s.t.parent, body, s.record)
     else:
         s.cluster = gke.get_cluster(res.path)

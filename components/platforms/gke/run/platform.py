@@ -106,6 +106,7 @@ class GkePlatform(Platform):
             if report is not None:
                 ledger["started"] = time.time()  # the janitor measures a run's age from here
                 ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
+                ledger["release_channel"] = report.channel  # the most stable channel that offers it
             ledger.setdefault("started", time.time())
             ledger.update(
                 {
