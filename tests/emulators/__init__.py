@@ -66,6 +66,18 @@ def serve_grpc(services: dict[str, dict[str, tuple]]):
     return server, f"127.0.0.1:{port}"
 
 
+def rich_status(code, message: str, reason: str, domain: str = "googleapis.com"):
+    """A gRPC status carrying a ``google.rpc.ErrorInfo`` detail, as Google's APIs answer errors
+    (https://google.aip.dev/193): google-api-core reads its ``reason`` into the exception's ``reason``."""
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=domain))
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[detail]))
+
+
 class GrpcEmulator:
     """Base of a gRPC emulator with ``state.calls``, ``faults`` and ``_lock``: ``_wrap(method, fn)`` records each
     call, answers an injected fault's status code, else runs ``fn`` under the lock (``fn(request, context, fault)``
@@ -83,6 +95,9 @@ class GrpcEmulator:
                 self.state.calls.append(method)
             fault = take_fault(self.faults, self._lock, method, request)
             if fault is not None and fault.code is not None:
+                reason = getattr(fault, "reason", "")
+                if reason:  # with the google.rpc.ErrorInfo Google's APIs attach (its ``reason``: AIP-193)
+                    context.abort_with_status(rich_status(fault.code, fault.message, reason))
                 context.abort(fault.code, fault.message)
             with self._lock:  # the answer is built under the lock
                 return fn(request, context, fault) if pass_fault else fn(request, context)

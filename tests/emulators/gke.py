@@ -83,6 +83,7 @@ class Fault:
     message: str
     times: int = 1
     when: Callable[[object], bool] = lambda request: True
+    reason: str = ""  # the ErrorInfo reason the status carries, if any (``tests.emulators.rich_status``)
 
 
 @dataclass
@@ -132,8 +133,9 @@ class ClusterManagerEmulator(GrpcEmulator):
         message: str = "",
         times: int = 1,
         when: Callable[[object], bool] = lambda r: True,
+        reason: str = "",
     ) -> None:
-        self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
+        self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when, reason))
 
     def stockout(self, when: Callable[[object], bool] = lambda r: True, times: int = 1) -> None:
         """The next CreateNodePool matching ``when`` starts, and its operation fails for lack of capacity."""

@@ -173,6 +173,22 @@ def test_quota_exhausted_is_a_capacity_error_and_leaves_nothing(tmp_path, projec
     assert project.gke.state.clusters == {}
 
 
+def test_a_rate_limited_call_is_asked_again_not_taken_for_a_stockout(tmp_path, project_factory):
+    """RESOURCE_EXHAUSTED whose ErrorInfo says RATE_LIMIT_EXCEEDED (too many requests, or operations at once) passes
+    with time: retried, where a quota's is a CapacityError at once (the test above)."""
+    project = project_factory()
+    project.gke.fail(
+        "CreateNodePool",
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "Quota exceeded for quota metric 'Cluster write requests' and limit 'per minute'.",
+        times=2,
+        reason="RATE_LIMIT_EXCEEDED",
+    )
+    platform().provision(context(tmp_path, "throttled"))
+    assert project.gke.state.calls.count("CreateNodePool") == 3
+    assert len(project.pools("throttled")) == 2
+
+
 def test_bad_input_is_refused_before_anything_is_created(tmp_path, project_factory):
     project = project_factory()
     for overrides, key in (

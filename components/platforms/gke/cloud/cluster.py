@@ -72,17 +72,30 @@ def cluster_manager(creds=None):
 # ---------------------------------------------------------------- shared by the Google Cloud adapters
 
 
+# RESOURCE_EXHAUSTED is a quota (the user's to raise) or a rate limit (asked again later); Google's APIs say which in
+# the error's ErrorInfo reason (google/api/error_reason.proto: RATE_LIMIT_EXCEEDED, "the request is denied because it
+# violates a rate limit", apart from RESOURCE_QUOTA_EXCEEDED).
+RATE_LIMITED = "RATE_LIMIT_EXCEEDED"
+
+
+def is_rate_limit(exc) -> bool:
+    return getattr(exc, "reason", None) == RATE_LIMITED
+
+
 def call_with_retry(
     what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
 ) -> Any:
-    """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) retried with backoff."""
+    """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) and a rate limit's
+    ``RESOURCE_EXHAUSTED`` (``is_rate_limit``) retried with backoff."""
     from google.api_core import exceptions as gexc
 
     delay = retry.initial_s
     for attempt in range(1, retry.attempts + 1):
         try:
             return fn()
-        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout) as exc:
+        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout, gexc.ResourceExhausted) as exc:
+            if isinstance(exc, gexc.ResourceExhausted) and not is_rate_limit(exc):
+                raise
             if attempt == retry.attempts:
                 raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc
             log(
