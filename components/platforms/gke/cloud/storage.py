@@ -106,8 +106,8 @@ def without_uniform_access(bucket) -> SpecError | None:
     return SpecError(
         "gke.bucket",
         f"the bucket {bucket.name} has no uniform bucket-level access: the run grants its pods access to the run's "
-        "prefix only, with an IAM condition, which such a bucket refuses: turn it on (Cloud Storage, \"Use uniform "
-        "bucket-level access\") or name another bucket",
+        'prefix only, with an IAM condition, which such a bucket refuses: turn it on (Cloud Storage, "Use uniform '
+        'bucket-level access") or name another bucket',
         ["a bucket with uniform bucket-level access", "a new name (created with it)"],
     )
 
