@@ -210,3 +210,6 @@ def build_source(run_id: str) -> str:
     """The object, in the bucket, that holds the image build's context: outside the pods' prefix, so no pod can change
     what the next build of this run builds."""
     return f"builds/{run_id}/context.tar.gz"
+
+
+MAINTENANCE_EXCLUSION = "tpupipe-run"  # the maintenance exclusion a cluster the run creates carries while it trains

@@ -114,6 +114,23 @@ def test_a_named_node_account_is_checked_and_set_on_every_pool(tmp_path, project
     platform().teardown(ctx)
 
 
+def test_a_cluster_the_run_creates_takes_no_node_upgrade_until_the_runs_deadline(tmp_path, project_factory):
+    """A node pool upgrade recreates the nodes: the cluster carries a maintenance exclusion of scope
+    NO_MINOR_OR_NODE_UPGRADES from provision to the run's deadline (the plan shows RUN_START and RUN_END for it)."""
+    from datetime import UTC, datetime
+
+    from google.cloud import container_v1
+
+    project = project_factory()
+    platform().provision(context(tmp_path, "calm", ONE_SLICE + " run.deadline_h=6"))
+    cluster = project.gke.state.clusters[project.clusters("calm")[0]]
+    window = cluster.maintenance_policy.window.maintenance_exclusions["tpupipe-run"]
+    scope = container_v1.MaintenanceExclusionOptions.Scope.NO_MINOR_OR_NODE_UPGRADES
+    assert window.maintenance_exclusion_options.scope == scope
+    hours = (window.end_time - window.start_time).total_seconds() / 3600
+    assert hours == 6 and abs((window.start_time - datetime.now(UTC)).total_seconds()) < 300
+
+
 def test_provision_twice_reattaches_one_cluster(tmp_path, project_factory):
     project = project_factory()
     ctx = context(tmp_path, "twice")

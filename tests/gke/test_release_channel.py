@@ -14,6 +14,7 @@ from google.cloud import container_v1
 from components.platforms.gke.cloud.cluster import cluster_manager
 from components.platforms.gke.plan import resources
 from components.platforms.gke.plan.target import target
+from components.platforms.gke.run.handlers import exclusion_window
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
@@ -34,7 +35,9 @@ def _plan(overrides: str):
     spec = resolve("local-fsdp", overrides)
     t = target(spec, "rc")
     bodies = json.dumps([resources.cluster(spec, t), resources.tpu_node_pools(spec, t)[0]])
-    return json.loads(bodies.replace("PROJECT_NUMBER", PROJECT_NUMBER))
+    cluster, pool = json.loads(bodies.replace("PROJECT_NUMBER", PROJECT_NUMBER))
+    exclusion_window(cluster, spec.run.deadline_h)  # its maintenance exclusion's window, as provision fills it in
+    return cluster, pool
 
 
 def test_the_cluster_body_states_its_channel_and_flex_start_pools_keep_auto_upgrade_on():

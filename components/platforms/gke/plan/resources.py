@@ -59,6 +59,18 @@ NETDEV_DEVICE_CLASS = "netdev.google.com"
 # The release channel of a cluster the run creates, stated in its body (GKE would enroll it in REGULAR anyway), and
 # the channel whose offered versions preflight resolves gke.cluster_version against.
 RELEASE_CHANNEL = "REGULAR"
+# No node upgrade while the run trains: a node pool upgrade recreates the nodes, which takes a slice mid-step. A
+# maintenance exclusion of scope NO_MINOR_OR_NODE_UPGRADES keeps GKE from upgrading the nodes (and the control plane's
+# minor version) in its window (GKE docs, "Maintenance windows and exclusions":
+# https://cloud.google.com/kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions); ``MaintenanceWindow``'s
+# ``maintenance_exclusions`` in google-cloud-container. Its window, from provision to the run's deadline (else
+# EXCLUSION_HOURS), is filled in when the cluster is created: RUN_START and RUN_END stand for it in the plan.
+RUN_EXCLUSION = {
+    "startTime": "RUN_START",
+    "endTime": "RUN_END",
+    "maintenanceExclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+}
+EXCLUSION_HOURS = 72.0
 
 # Compute Engine's regional TPU quota metrics, in chips, of each family: (on-demand, preemptible: spot and
 # flex-start), by the names regions.get reports them, which google-cloud-compute's ``Quota.Metric`` enum lists
@@ -257,6 +269,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     }
     if spec.gke.cluster_version:
         body["initialClusterVersion"] = spec.gke.cluster_version
+    body["maintenancePolicy"] = {"window": {"maintenanceExclusions": {names.MAINTENANCE_EXCLUSION: {**RUN_EXCLUSION}}}}
     if t.autopilot:  # the nodes Autopilot makes run as the nodes' account too
         body["autopilot"] = {"enabled": True}
         body["autoscaling"] = {

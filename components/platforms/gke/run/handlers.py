@@ -35,6 +35,18 @@ def binding(s: Session, res: Resource) -> None:
     s.client("storage").add_binding(s.t.bucket, role, who, bucket_binding(s.t)["condition"])
 
 
+def exclusion_window(body: dict, deadline_h: float | None) -> None:
+    """The plan's maintenance exclusion (``resources.RUN_EXCLUSION``) from now to the run's deadline."""
+    from datetime import UTC, datetime, timedelta
+
+    from components.platforms.gke.plan.resources import EXCLUSION_HOURS
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    end = now + timedelta(hours=deadline_h or EXCLUSION_HOURS)
+    for window in body.get("maintenancePolicy", {}).get("window", {}).get("maintenanceExclusions", {}).values():
+        window["startTime"], window["endTime"] = (t.isoformat().replace("+00:00", "Z") for t in (now, end))
+
+
 def cluster(s: Session, res: Resource) -> None:
     gke = s.client("gke")
     enable = []
@@ -44,6 +56,7 @@ def cluster(s: Session, res: Resource) -> None:
             body["initialClusterVersion"] = s.ledger["cluster_version"]
         if s.ledger.get("release_channel"):  # on the most stable channel that offers it
             body["releaseChannel"] = {"channel": s.ledger["release_channel"]}
+        exclusion_window(body, s.ctx.spec.run.deadline_h)
         s.cluster = gke.ensure_cluster(s.t.parent, body, s.record)
     else:
         s.cluster = gke.get_cluster(res.path)
