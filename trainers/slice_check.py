@@ -115,6 +115,26 @@ def _reserve(spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_
     return group, count, bundle
 
 
+# libtpu's multislice runtime listens on MEGASCALE_PORT in every process: where several processes share a host (torch,
+# one per device) each needs its own. Ray Train's torch backend gives each base + LOCAL_RANK and names the coordinator
+# with the base port; its JAX backend, one process a host, the base (ray 2.60.0, ``ray/train/torch/config.py``:
+# ``_set_tpu_multislice_env_vars`` and ``_setup_tpu_multislice``; ``ray/util/tpu.py``:
+# ``get_tpu_coordinator_env_vars``). The base is Ray's default, ``DEFAULT_MEGASCALE_PORT`` in
+# ``ray/_private/accelerators/tpu.py``, and the KubeRay TPU webhook's (``megascalePortBase``,
+# https://github.com/ai-on-gke/kuberay-tpu-webhook/blob/main/main.go).
+MEGASCALE_BASE_PORT = 8081
+
+
+def multislice_env(slices: list[str], index: int, master: str, local_rank: int, per_device: bool) -> dict[str, str]:
+    """libtpu's multislice environment of actor ``index`` as the trainers' Ray Train workers get theirs (above), the
+    slices as the trainer's ranks see them (``trainers.mesh.megascale_env``); empty on one slice."""
+    coordinator = f"{master}:{MEGASCALE_BASE_PORT}" if per_device else master
+    env = mesh.megascale_env(slices, index, coordinator)
+    if env:
+        env["MEGASCALE_PORT"] = str(MEGASCALE_BASE_PORT + (local_rank if per_device else 0))
+    return env
+
+
 # The floor on CPU devices (the local platform, emulated TPU hosts): tpupipe's own figure, not a TPU one. A gloo
 # all-reduce of 32 MiB over loopback between two processes ran at 0.16 to 0.57 GB/s on a 2-core machine at load 17,
 # JAX's psum over two CPU devices at 0.18 GB/s; 0.02 GB/s passes such runs and fails the testing aid's slow host.
@@ -223,10 +243,12 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
     slices = [info["slice"] for info in infos]
     for i, actor in enumerate(actors):
         corrupt = ranks[i] == c.slice_check_corrupt_rank
-        # TPU hosts over several slices: libtpu's multislice runtime, set as the trainer's ranks see their slices.
-        megascale = mesh.megascale_env(slices, i, master) if scaling.get("use_tpu") else {}
+        local_rank = ranks[i] % devices_per_host if per_device else 0
+        megascale = multislice_env(slices, i, master, local_rank, per_device) if scaling.get("use_tpu") else {}
         if per_device:
-            local_calls.append(actor.local_torch.remote(ranks[i] % devices_per_host, corrupt, megascale))
+            local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
+            env = slice_probe.rank_env(ranks[i], count, local_rank, local_world, master, port)
+            local_calls.append(actor.local_torch.remote(env | megascale, corrupt))
         else:
             local_calls.append(
                 actor.local_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
@@ -245,12 +267,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         for i, actor in enumerate(actors):
             slow = ranks[i] == c.slice_check_slow_rank
             if per_device:
-                local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
-                calls.append(
-                    actor.collectives_torch.remote(
-                        ranks[i], count, ranks[i] % devices_per_host, local_world, master, port, slow, floor
-                    )
-                )
+                calls.append(actor.collectives_torch.remote(slow, floor))
             else:
                 calls.append(actor.collectives_jax.remote(slow, floor))
         results, failed = _gather(calls, infos, ranks, c.slice_check_timeout_s)

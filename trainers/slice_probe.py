@@ -63,6 +63,22 @@ def reference(x, w1, w2):
     return x + (h / (1.0 + np.exp(-h))) @ w2
 
 
+# What a torch rank's process reads to know itself, all set before its first tensor (the GKE tutorial "Fine-tune
+# models on multi-host TPUs with Ray and TorchTPU", docs/tutorials.md, sets them in its actor's ``__init__``):
+# torch.distributed's env:// rendezvous reads all six (https://docs.pytorch.org/docs/stable/distributed.html,
+# "Environment variable initialization"), and torch_tpu reads its rank from RANK or LOCAL_RANK and MASTER_ADDR once,
+# the first value it sees staying for the process (torch-tpu 0.2.0, ``torch_tpu/_internal/distributed/
+# torchcomm_tpu.py`` and ``handshake.py``: ``get_str_env_once``). Ray has already bound the process to its chip
+# (``TPU_VISIBLE_CHIPS``, from the actor's TPU resource) when the actor starts.
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def rank_env(rank: int, world: int, local_rank: int, local_world: int, master: str, port: int) -> dict[str, str]:
+    """The :data:`RANK_ENV` of one torch rank."""
+    values = (master, port, world, rank, local_rank, local_world)
+    return {name: str(value) for name, value in zip(RANK_ENV, values, strict=True)}
+
+
 class Probe:
     """One actor of the check: a device (torch) or a host (jax)."""
 
@@ -96,10 +112,11 @@ class Probe:
 
     # ------------------------------------------------------------ torch: one actor per device
 
-    def local_torch(self, local_rank: int, corrupt: bool, megascale: dict[str, str]) -> dict[str, Any]:
-        """The block computed on this device alone (no collective, no process group yet) against the reference;
-        ``megascale``: the multislice environment, set before the device's runtime starts."""
-        os.environ.update(megascale)
+    def local_torch(self, env: dict[str, str], corrupt: bool) -> dict[str, Any]:
+        """The block computed on this device alone (no collective, no process group yet) against the reference.
+        ``env``: this rank's :func:`rank_env` and, over several slices, its multislice environment, set before
+        anything touches the device (before torch is imported here: torch_tpu loads with it)."""
+        os.environ.update(env)
         import torch
 
         from trainers.devices import detect_backend
@@ -115,28 +132,18 @@ class Probe:
         return {
             "device": device_type,
             "backend": backend,
-            "devices": [_compared(f"{device_type}:{local_rank}", (out - ref).abs().max(), close)],
+            "devices": [_compared(f"{device_type}:{env['LOCAL_RANK']}", (out - ref).abs().max(), close)],
         }
 
-    def collectives_torch(
-        self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int, slow: bool, floor
-    ) -> dict[str, Any]:
+    def collectives_torch(self, slow: bool, floor) -> dict[str, Any]:
+        """The collectives over every rank, from the environment :meth:`local_torch` set."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         device_type, backend, w1 = self._torch
-        os.environ.update(
-            {
-                "MASTER_ADDR": master,
-                "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(world),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(local_world),
-            }
-        )
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(backend)
         try:
             x, _, w2 = _block()
