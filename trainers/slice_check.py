@@ -15,11 +15,12 @@ then the collectives, of which only the bandwidth is judged when a device failed
 - torch (as the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU" checks its slice,
   docs/tutorials.md): ``MASTER_ADDR`` is the first of ``TPU_WORKER_HOSTNAMES``, then ``init_process_group("tpu_dist")``;
   the block under ``parallelize_module`` (``ColwiseParallel`` on w1, ``RowwiseParallel`` on w2) over every rank, an
-  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and a 32 MiB all-reduce timed on every rank against the floor
-  (:func:`bandwidth_floor`); below it, timed transfers between rank 0 and each rank locate the slow link's host.
+  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and an all-reduce timed on every rank against the floor
+  (:func:`bandwidth_floor`; its size: ``slice_probe.transfer``); below it, timed transfers between rank 0 and each
+  rank locate the slow link's host.
 - jax: one runtime over every host (``jax.distributed``); the same block with w1's columns and w2's rows sharded over
   every device of every host against a NumPy reference (every addressable shard), a ``psum`` of device index + 1 over
-  every device, and a timed 32 MiB psum against the floor.
+  every device, and a timed psum against the floor.
 
 Hosts without TPU chips (emulated slices, the local platform) run the same code on CPU devices with gloo. The job
 prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, bandwidth and floor,
@@ -261,6 +262,8 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
                 bad.append(_bad(i, infos[i], ranks[i], why, d["device"]))
     device = next((r["device"] for r in local if r), None)
     floor, source = bandwidth_floor(spec, device) if device else (None, "")
+    if device and floor is None:
+        print(f"warning: the all-reduce's bandwidth is measured but held to no floor: {source}", flush=True)
     results: list[dict[str, Any] | None] = [None] * count
     if all(local):  # every rank answered: the collectives (a bad device's figures there are not judged: see above)
         calls = []
@@ -306,7 +309,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         "max_abs_diff": max((r["max_abs_diff"] for r in got), default=None),
         "all_reduce": got[0]["all_reduce"] if got else None,
         "expected_all_reduce": expected_sum(num_devices),
-        "bandwidth_bytes": slice_probe.BANDWIDTH_BYTES,
+        "bandwidth_bytes": got[0]["bandwidth_bytes"] if got else slice_probe.transfer(device or "cpu")[0],
         "gbytes_per_s": min((r["gbytes_per_s"] for r in got if r["gbytes_per_s"] is not None), default=None),
         "floor_gbytes_per_s": floor,
         "floor_source": source,

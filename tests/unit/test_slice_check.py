@@ -176,7 +176,8 @@ def test_the_floor_is_the_catalogues_on_tpu_and_cpu_gloos_locally():
     assert one == (20.0, "5% of v6e's ICI 800 GB/s bidirectional per chip (Cloud TPU docs)")  # one direction: 400
     two = slice_check.bandwidth_floor(resolve("llama3-8b-v6e-16x2"), "tpu")  # across slices: DCN
     assert two == (0.625, "5% of v6e's DCN 100 Gbps per chip (Cloud TPU docs)")
-    assert slice_check.bandwidth_floor(resolve("gemma4-e2b-tpu7x-16"), "tpu")[0] is None  # no figure sourced
+    tpu7x = slice_check.bandwidth_floor(resolve("gemma4-e2b-tpu7x-16"), "tpu")  # a chip's ICI over its 2 devices
+    assert tpu7x == (15.0, "5% of tpu7x's ICI 1200 GB/s bidirectional per chip, over 2 devices a chip (Cloud TPU docs)")
     assert catalogue.link_floor("v5p", False)[0] == 30.0 and catalogue.link_floor("v5e", True)[0] == 25 / 8 * 0.05
 
 
@@ -184,8 +185,16 @@ def test_the_bus_bandwidth_of_an_all_reduce_and_the_slow_ranks_throttle():
     assert slice_probe.bus_gbytes_per_s(10**9, 2, 1.0) == 1.0  # 2 (n - 1) / n = 1
     assert slice_probe.bus_gbytes_per_s(10**9, 4, 1.0) == 1.5
     assert slice_probe.bus_gbytes_per_s(10**9, 1, 1.0) is None  # one rank moves nothing
-    seconds = slice_probe.throttle_s(0.02)
-    assert slice_probe.BANDWIDTH_BYTES / seconds / 1e9 < 0.02  # held below the floor
+    nbytes, _ = slice_probe.transfer("cpu")
+    assert nbytes / slice_probe.throttle_s(0.02, nbytes) / 1e9 < 0.02  # held below the floor
+
+
+def test_on_tpu_the_timed_all_reduce_is_large_and_queued_so_the_link_not_the_dispatch_sets_the_time():
+    """At the floor's source, v6e's ICI (400 GB/s one way), one TPU sample's transfers take over 10 ms, where a
+    dispatch and a host sync take milliseconds; the CPU check stays small for the local platform."""
+    nbytes, repeats = slice_probe.transfer("tpu")
+    assert nbytes * repeats / 400e9 > 0.01 and nbytes <= 2**30
+    assert slice_probe.transfer("cpu") == (32 * 2**20, 1)
 
 
 def _rank(links, gbs=0.01):
