@@ -255,6 +255,10 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
                 actor.local_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
             )
     local, bad = _gather(local_calls, infos, ranks, c.slice_check_timeout_s)
+    for i in sorted(range(count), key=ranks.__getitem__):
+        if (local[i] or {}).get("environ"):  # torch: what the rank knew of itself before its first tensor
+            seen = " ".join(f"{k}={v}" for k, v in local[i]["environ"].items())
+            print(f"rank {ranks[i]} (host {infos[i]['host']}) before its first tensor: {seen}", flush=True)
     for i, r in enumerate(local):
         for d in (r or {}).get("devices", []):
             if not d["ok"]:

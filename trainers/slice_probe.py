@@ -132,6 +132,7 @@ class Probe:
 
         device_type, backend = detect_backend()
         x, w1, w2 = _block()
+        seen = {k: v for k, v in sorted(os.environ.items()) if k in RANK_ENV or k.startswith("MEGASCALE_")}
         ref = torch.from_numpy(reference(x, w1, w2))
         self._torch = (device_type, backend, corrupted(w1) if corrupt else w1)
         block = _FeedForward(torch.from_numpy(self._torch[2]), torch.from_numpy(w2)).to(device_type)
@@ -142,6 +143,7 @@ class Probe:
             "device": device_type,
             "backend": backend,
             "devices": [_compared(f"{device_type}:{env['LOCAL_RANK']}", (out - ref).abs().max(), close)],
+            "environ": seen,  # as the process had it before its first tensor
         }
 
     def collectives_torch(self, slow: bool, floor) -> dict[str, Any]:
