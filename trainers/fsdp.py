@@ -67,7 +67,7 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
         model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
     else:
         model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    model = mesh.parallelize(model.to(device), _mesh(spec, world, rank, device_type), compute)
+    model = mesh.shard_from_host(model, _mesh(spec, world, rank, device_type), compute, device)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
     )

@@ -14,11 +14,12 @@ Elastic runs (``train.min_workers`` < ``train.max_workers``): Ray Train starts e
 as the cluster holds, within the range; MaxText builds its mesh from the group's devices (an axis of -1 fills in
 what is left: the spec checks in ``components.workload.maxtext`` refuse a mesh that fits no group) and Orbax
 restores the newest checkpoint onto that mesh's shardings, however many devices it has. The multislice environment
-follows the group, not the pod: the worker pods carry a static ``MEGASCALE_NUM_SLICES`` (the cluster's slices), but
-Ray's JAX backend overwrites ``MEGASCALE_COORDINATOR_ADDRESS``, ``MEGASCALE_NUM_SLICES`` and ``MEGASCALE_SLICE_ID`` on
-every worker of every new group with the values of that group before JAX starts (ray 2.60.0,
-``ray/train/v2/jax/config.py``: ``_JAX_MULTISLICE_OVERRIDE_KEYS`` and ``_setup_jax_distributed_environment``), so a
-group shrunk to the intact slices waits for no lost one. On emulated CPU hosts no ``MEGASCALE_*`` is set at all and
+follows the group, not the pod: the worker pods carry no ``MEGASCALE_*`` (``components.platforms.gke.plan.manifests``
+says why), and Ray's JAX backend sets ``MEGASCALE_COORDINATOR_ADDRESS``, ``MEGASCALE_NUM_SLICES`` and
+``MEGASCALE_SLICE_ID`` on every worker of a new group that spans several slices, from that group's slices, before JAX
+starts, and none on a group of one slice (ray 2.60.0, ``ray/train/v2/jax/config.py``: ``_JaxBackend.on_start`` and
+``_setup_jax_distributed_environment``), so a group shrunk to the intact slices waits for no lost one and a group
+shrunk to one slice starts as a single slice. On emulated CPU hosts no ``MEGASCALE_*`` is set at all and
 MaxText makes one slice of every device whatever the cluster's slices (maxtext 0.2.5, ``maxtext/utils/max_utils.py``,
 ``get_num_slices``: hardware=cpu), so a shrink there changes only the device count.
 """

@@ -15,11 +15,12 @@ then the collectives, of which only the bandwidth is judged when a device failed
 - torch (as the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU" checks its slice,
   docs/tutorials.md): ``MASTER_ADDR`` is the first of ``TPU_WORKER_HOSTNAMES``, then ``init_process_group("tpu_dist")``;
   the block under ``parallelize_module`` (``ColwiseParallel`` on w1, ``RowwiseParallel`` on w2) over every rank, an
-  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and a 32 MiB all-reduce timed on every rank against the floor
-  (:func:`bandwidth_floor`); below it, timed transfers between rank 0 and each rank locate the slow link's host.
+  ``all_reduce(SUM)`` of rank + 1 equal to n(n+1)/2, and an all-reduce timed on every rank against the floor
+  (:func:`bandwidth_floor`; its size: ``slice_probe.transfer``); below it, timed transfers between rank 0 and each
+  rank locate the slow link's host.
 - jax: one runtime over every host (``jax.distributed``); the same block with w1's columns and w2's rows sharded over
   every device of every host against a NumPy reference (every addressable shard), a ``psum`` of device index + 1 over
-  every device, and a timed 32 MiB psum against the floor.
+  every device, and a timed psum against the floor.
 
 Hosts without TPU chips (emulated slices, the local platform) run the same code on CPU devices with gloo. The job
 prints one ``TPUPIPE result`` record (ranks verified, max abs difference, all-reduce value, bandwidth and floor,
@@ -113,6 +114,26 @@ def _reserve(spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_
         group = placement_group([bundle] * count, strategy="STRICT_SPREAD")
     ray.get(group.ready(), timeout=timeout_s)
     return group, count, bundle
+
+
+# libtpu's multislice runtime listens on MEGASCALE_PORT in every process: where several processes share a host (torch,
+# one per device) each needs its own. Ray Train's torch backend gives each base + LOCAL_RANK and names the coordinator
+# with the base port; its JAX backend, one process a host, the base (ray 2.60.0, ``ray/train/torch/config.py``:
+# ``_set_tpu_multislice_env_vars`` and ``_setup_tpu_multislice``; ``ray/util/tpu.py``:
+# ``get_tpu_coordinator_env_vars``). The base is Ray's default, ``DEFAULT_MEGASCALE_PORT`` in
+# ``ray/_private/accelerators/tpu.py``, and the KubeRay TPU webhook's (``megascalePortBase``,
+# https://github.com/ai-on-gke/kuberay-tpu-webhook/blob/main/main.go).
+MEGASCALE_BASE_PORT = 8081
+
+
+def multislice_env(slices: list[str], index: int, master: str, local_rank: int, per_device: bool) -> dict[str, str]:
+    """libtpu's multislice environment of actor ``index`` as the trainers' Ray Train workers get theirs (above), the
+    slices as the trainer's ranks see them (``trainers.mesh.megascale_env``); empty on one slice."""
+    coordinator = f"{master}:{MEGASCALE_BASE_PORT}" if per_device else master
+    env = mesh.megascale_env(slices, index, coordinator)
+    if env:
+        env["MEGASCALE_PORT"] = str(MEGASCALE_BASE_PORT + (local_rank if per_device else 0))
+    return env
 
 
 # The floor on CPU devices (the local platform, emulated TPU hosts): tpupipe's own figure, not a TPU one. A gloo
@@ -223,15 +244,21 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
     slices = [info["slice"] for info in infos]
     for i, actor in enumerate(actors):
         corrupt = ranks[i] == c.slice_check_corrupt_rank
-        # TPU hosts over several slices: libtpu's multislice runtime, set as the trainer's ranks see their slices.
-        megascale = mesh.megascale_env(slices, i, master) if scaling.get("use_tpu") else {}
+        local_rank = ranks[i] % devices_per_host if per_device else 0
+        megascale = multislice_env(slices, i, master, local_rank, per_device) if scaling.get("use_tpu") else {}
         if per_device:
-            local_calls.append(actor.local_torch.remote(ranks[i] % devices_per_host, corrupt, megascale))
+            local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
+            env = slice_probe.rank_env(ranks[i], count, local_rank, local_world, master, port)
+            local_calls.append(actor.local_torch.remote(env | megascale, corrupt))
         else:
             local_calls.append(
                 actor.local_jax.remote(ranks[i], count, f"{master}:{port}", devices_per_host, corrupt, megascale)
             )
     local, bad = _gather(local_calls, infos, ranks, c.slice_check_timeout_s)
+    for i in sorted(range(count), key=ranks.__getitem__):
+        if (local[i] or {}).get("environ"):  # torch: what the rank knew of itself before its first tensor
+            seen = " ".join(f"{k}={v}" for k, v in local[i]["environ"].items())
+            print(f"rank {ranks[i]} (host {infos[i]['host']}) before its first tensor: {seen}", flush=True)
     for i, r in enumerate(local):
         for d in (r or {}).get("devices", []):
             if not d["ok"]:
@@ -239,18 +266,15 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
                 bad.append(_bad(i, infos[i], ranks[i], why, d["device"]))
     device = next((r["device"] for r in local if r), None)
     floor, source = bandwidth_floor(spec, device) if device else (None, "")
+    if device and floor is None:
+        print(f"warning: the all-reduce's bandwidth is measured but held to no floor: {source}", flush=True)
     results: list[dict[str, Any] | None] = [None] * count
     if all(local):  # every rank answered: the collectives (a bad device's figures there are not judged: see above)
         calls = []
         for i, actor in enumerate(actors):
             slow = ranks[i] == c.slice_check_slow_rank
             if per_device:
-                local_world = sum(1 for info in infos if info["node_id"] == infos[i]["node_id"])
-                calls.append(
-                    actor.collectives_torch.remote(
-                        ranks[i], count, ranks[i] % devices_per_host, local_world, master, port, slow, floor
-                    )
-                )
+                calls.append(actor.collectives_torch.remote(slow, floor))
             else:
                 calls.append(actor.collectives_jax.remote(slow, floor))
         results, failed = _gather(calls, infos, ranks, c.slice_check_timeout_s)
@@ -289,7 +313,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
         "max_abs_diff": max((r["max_abs_diff"] for r in got), default=None),
         "all_reduce": got[0]["all_reduce"] if got else None,
         "expected_all_reduce": expected_sum(num_devices),
-        "bandwidth_bytes": slice_probe.BANDWIDTH_BYTES,
+        "bandwidth_bytes": got[0]["bandwidth_bytes"] if got else slice_probe.transfer(device or "cpu")[0],
         "gbytes_per_s": min((r["gbytes_per_s"] for r in got if r["gbytes_per_s"] is not None), default=None),
         "floor_gbytes_per_s": floor,
         "floor_source": source,

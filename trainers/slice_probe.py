@@ -19,8 +19,17 @@ from trainers.mesh import HOST_LABEL, slice_here
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
 RTOL, ATOL = 1e-3, 1e-2
-BANDWIDTH_BYTES = 32 * 2**20  # the timed all-reduce: 32 MiB of float32 on every rank
-TIMED = 3  # timed all-reduces after one untimed (the median is the rank's figure)
+TIMED = 3  # timed samples after one untimed (the median is the rank's figure)
+
+
+def transfer(device: str) -> tuple[int, int]:
+    """(bytes of float32 each rank all-reduces, all-reduces a sample runs back to back) on ``device``. A sample is
+    timed from its first dispatch to its last result, one host sync for them all, so the figure is the link's and not
+    the dispatch's and sync's: on TPU 512 MiB, 8 times (at v6e's ICI, 400 GB/s one way, one such all-reduce moves in
+    about 2.7 ms, 32 MiB in 0.17 ms, below the milliseconds a dispatch and sync can take; 512 MiB is 3% of the smallest
+    HBM the catalogue's families have, v5e's 16 GiB, https://docs.cloud.google.com/tpu/docs/v5e). On CPU devices (the
+    local platform, emulated hosts) 32 MiB once: gloo over loopback moves it in a fraction of a second."""
+    return (32 * 2**20, 1) if device == "cpu" else (512 * 2**20, 8)
 
 
 def corrupted(w1):
@@ -38,10 +47,10 @@ def bus_gbytes_per_s(nbytes: int, world: int, seconds: float) -> float | None:
     return 2 * (world - 1) / world * nbytes / max(seconds, 1e-9) / 1e9
 
 
-def throttle_s(floor: float | None) -> float:
-    """How long the testing aid's slow rank (``cluster.slice_check_slow_rank``) holds each timed transfer: 1.25 times
-    what the buffer takes at the floor, so its link runs below the floor whatever the transfer itself takes."""
-    return 1.25 * BANDWIDTH_BYTES / (floor * 1e9) if floor else 1.0
+def throttle_s(floor: float | None, nbytes: int) -> float:
+    """How long the testing aid's slow rank (``cluster.slice_check_slow_rank``) holds each timed transfer of
+    ``nbytes``: 1.25 times what they take at the floor, so its link runs below the floor whatever the transfer takes."""
+    return 1.25 * nbytes / (floor * 1e9) if floor else 1.0
 
 
 def _block(seed: int = 0):
@@ -61,6 +70,22 @@ def reference(x, w1, w2):
 
     h = x @ w1
     return x + (h / (1.0 + np.exp(-h))) @ w2
+
+
+# What a torch rank's process reads to know itself, all set before its first tensor (the GKE tutorial "Fine-tune
+# models on multi-host TPUs with Ray and TorchTPU", docs/tutorials.md, sets them in its actor's ``__init__``):
+# torch.distributed's env:// rendezvous reads all six (https://docs.pytorch.org/docs/stable/distributed.html,
+# "Environment variable initialization"), and torch_tpu reads its rank from RANK or LOCAL_RANK and MASTER_ADDR once,
+# the first value it sees staying for the process (torch-tpu 0.2.0, ``torch_tpu/_internal/distributed/
+# torchcomm_tpu.py`` and ``handshake.py``: ``get_str_env_once``). Ray has already bound the process to its chip
+# (``TPU_VISIBLE_CHIPS``, from the actor's TPU resource) when the actor starts.
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def rank_env(rank: int, world: int, local_rank: int, local_world: int, master: str, port: int) -> dict[str, str]:
+    """The :data:`RANK_ENV` of one torch rank."""
+    values = (master, port, world, rank, local_rank, local_world)
+    return {name: str(value) for name, value in zip(RANK_ENV, values, strict=True)}
 
 
 class Probe:
@@ -96,16 +121,18 @@ class Probe:
 
     # ------------------------------------------------------------ torch: one actor per device
 
-    def local_torch(self, local_rank: int, corrupt: bool, megascale: dict[str, str]) -> dict[str, Any]:
-        """The block computed on this device alone (no collective, no process group yet) against the reference;
-        ``megascale``: the multislice environment, set before the device's runtime starts."""
-        os.environ.update(megascale)
+    def local_torch(self, env: dict[str, str], corrupt: bool) -> dict[str, Any]:
+        """The block computed on this device alone (no collective, no process group yet) against the reference.
+        ``env``: this rank's :func:`rank_env` and, over several slices, its multislice environment, set before
+        anything touches the device (before torch is imported here: torch_tpu loads with it)."""
+        os.environ.update(env)
         import torch
 
         from trainers.devices import detect_backend
 
         device_type, backend = detect_backend()
         x, w1, w2 = _block()
+        seen = {k: v for k, v in sorted(os.environ.items()) if k in RANK_ENV or k.startswith("MEGASCALE_")}
         ref = torch.from_numpy(reference(x, w1, w2))
         self._torch = (device_type, backend, corrupted(w1) if corrupt else w1)
         block = _FeedForward(torch.from_numpy(self._torch[2]), torch.from_numpy(w2)).to(device_type)
@@ -115,28 +142,19 @@ class Probe:
         return {
             "device": device_type,
             "backend": backend,
-            "devices": [_compared(f"{device_type}:{local_rank}", (out - ref).abs().max(), close)],
+            "devices": [_compared(f"{device_type}:{env['LOCAL_RANK']}", (out - ref).abs().max(), close)],
+            "environ": seen,  # as the process had it before its first tensor
         }
 
-    def collectives_torch(
-        self, rank: int, world: int, local_rank: int, local_world: int, master: str, port: int, slow: bool, floor
-    ) -> dict[str, Any]:
+    def collectives_torch(self, slow: bool, floor) -> dict[str, Any]:
+        """The collectives over every rank, from the environment :meth:`local_torch` set."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         device_type, backend, w1 = self._torch
-        os.environ.update(
-            {
-                "MASTER_ADDR": master,
-                "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(world),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(local_world),
-            }
-        )
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(backend)
         try:
             x, _, w2 = _block()
@@ -150,12 +168,19 @@ class Probe:
             total = torch.tensor([float(rank + 1)], device=device_type)
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             all_reduce = float(total.cpu()[0])
-            buf = torch.ones(BANDWIDTH_BYTES // 4, device=device_type)
-            seconds = _timed(lambda: (dist.all_reduce(buf), buf[:1].cpu()), slow, floor, dist.barrier)
+            nbytes, repeats = transfer(device_type)
+            buf = torch.ones(nbytes // 4, device=device_type)
+
+            def sample():  # ``repeats`` all-reduces queued on the device, one sync after the last
+                for _ in range(repeats):
+                    dist.all_reduce(buf)
+                buf[:1].cpu()
+
+            seconds = _timed(sample, repeats, slow, floor, nbytes, dist.barrier)
             worst = torch.tensor([seconds], dtype=torch.float64, device=device_type)  # every rank decides alike
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             links = []
-            if floor and world > 1 and bus_gbytes_per_s(BANDWIDTH_BYTES, world, float(worst.cpu()[0])) < floor:
+            if floor and world > 1 and bus_gbytes_per_s(nbytes, world, float(worst.cpu()[0])) < floor:
                 links = _links(dist, buf, rank, world, slow, floor)
         finally:
             dist.destroy_process_group()
@@ -166,7 +191,8 @@ class Probe:
             "all_reduce": all_reduce,
             "num_devices": world,
             "all_reduce_s": seconds,
-            "gbytes_per_s": bus_gbytes_per_s(BANDWIDTH_BYTES, world, seconds),
+            "gbytes_per_s": bus_gbytes_per_s(nbytes, world, seconds),
+            "bandwidth_bytes": nbytes,
             "links": links,
         }
 
@@ -204,8 +230,9 @@ class Probe:
 
     def collectives_jax(self, slow: bool, floor) -> dict[str, Any]:
         """The block with w1's columns and w2's rows sharded over every device, every addressable shard of its
-        (replicated) output compared; a psum of device index + 1; a timed psum of 32 MiB a device."""
+        (replicated) output compared; a psum of device index + 1; a timed psum (:func:`transfer`)."""
         import jax
+        import jax.numpy as jnp
         import numpy as np
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
@@ -233,11 +260,23 @@ class Probe:
             )
             psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P()))
             all_reduce = float(np.asarray(psum(ids).addressable_data(0))[0])
-            per = BANDWIDTH_BYTES // 4
-            big = jax.make_array_from_callback(
-                (n * per,), NamedSharding(mesh, P("d")), lambda idx: np.ones(per, dtype=np.float32)
+            nbytes, repeats = transfer(devices[0].platform)
+            big = jax.jit(
+                lambda: jnp.ones((n * (nbytes // 4),), jnp.float32), out_shardings=NamedSharding(mesh, P("d"))
+            )()
+            # ``repeats`` psums in one program, each kept a real all-reduce: its result is cast back to varying over the
+            # devices, as every device's own block (a psum of a value already the same on every device is a product)
+            psums = jax.jit(
+                jax.shard_map(
+                    lambda v: _repeated(
+                        lambda a: jax.lax.pcast(jax.lax.psum(a, "d") / n, "d", to="varying"), v, repeats
+                    ),
+                    mesh=mesh,
+                    in_specs=P("d"),
+                    out_specs=P("d"),
+                )
             )
-            seconds = _timed(lambda: psum(big).block_until_ready(), slow, floor)
+            seconds = _timed(lambda: psums(big).block_until_ready(), repeats, slow, floor, nbytes)
         finally:
             jax.distributed.shutdown()
         ref = reference(x, w1, w2)
@@ -248,7 +287,8 @@ class Probe:
             "all_reduce": all_reduce,
             "num_devices": n,
             "all_reduce_s": seconds,
-            "gbytes_per_s": bus_gbytes_per_s(BANDWIDTH_BYTES, n, seconds),
+            "gbytes_per_s": bus_gbytes_per_s(nbytes, n, seconds),
+            "bandwidth_bytes": nbytes,
             "links": [],
         }
 
@@ -257,19 +297,26 @@ def _compared(device: str, diff, close) -> dict[str, Any]:
     return {"device": device, "max_abs_diff": float(diff), "ok": bool(close)}
 
 
-def _timed(once, slow: bool, floor, barrier=None) -> float:
-    """The median seconds of ``TIMED`` calls of ``once`` after an untimed one; ``slow``: each held by
-    :func:`throttle_s` first (the testing aid's slow host)."""
-    once()
+def _repeated(step, value, times: int):
+    for _ in range(times):
+        value = step(value)
+    return value
+
+
+def _timed(sample, repeats: int, slow: bool, floor, nbytes: int, barrier=None) -> float:
+    """The seconds of one all-reduce: the median of ``TIMED`` calls of ``sample`` (``repeats`` all-reduces of
+    ``nbytes``) after an untimed one, over ``repeats``; ``slow``: each all-reduce held by :func:`throttle_s` (the
+    testing aid's slow host)."""
+    sample()
     times = []
     for _ in range(TIMED):
         if barrier:
             barrier()
         started = time.perf_counter()
         if slow:
-            time.sleep(throttle_s(floor))
-        once()
-        times.append(time.perf_counter() - started)
+            time.sleep(repeats * throttle_s(floor, nbytes))
+        sample()
+        times.append((time.perf_counter() - started) / repeats)
     return statistics.median(times)
 
 
@@ -282,14 +329,14 @@ def _links(dist, buf, rank: int, world: int, slow: bool, floor) -> list[dict[str
             dist.barrier()
             if rank == sender:
                 if slow:
-                    time.sleep(throttle_s(floor))
+                    time.sleep(throttle_s(floor, buf.numel() * 4))
                 dist.send(buf, receiver)
             elif rank == receiver:
                 started = time.perf_counter()
                 dist.recv(buf, sender)
                 buf[:1].cpu()
                 seconds = time.perf_counter() - started
-                links.append({"from": sender, "to": receiver, "gbytes_per_s": BANDWIDTH_BYTES / seconds / 1e9})
+                links.append({"from": sender, "to": receiver, "gbytes_per_s": buf.numel() * 4 / seconds / 1e9})
     return links
 
 

@@ -111,8 +111,9 @@ class SliceShape:
 # Link bandwidths, each family's "System architecture" table: v5e ICI 400 GBps bidirectional per chip, 2 x 100 Gbps
 #   NICs per 8-chip host (25 Gbps of DCN a chip; https://docs.cloud.google.com/tpu/docs/v5e); v6e ICI 800 GBps,
 #   4 x 200 Gbps NICs per 8-chip host (100 Gbps a chip; https://docs.cloud.google.com/tpu/docs/v6e); v5p ICI 1200
-#   GBps, DCN 50 Gbps per chip (https://docs.cloud.google.com/tpu/docs/v5p). TPU7x: no figure sourced here, so its
-#   slice check measures and reports the bandwidth but holds it to no floor (the check says so).
+#   GBps, DCN 50 Gbps per chip (https://docs.cloud.google.com/tpu/docs/v5p); TPU7x ICI 1200 GBps, DCN 100 Gbps per
+#   chip (https://docs.cloud.google.com/tpu/docs/tpu7x). A family without a figure would have its slice check
+#   measure and report the bandwidth but hold it to no floor (the check warns).
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -156,6 +157,8 @@ FAMILIES: dict[str, Family] = {
             ray_accelerator_type="TPU-V7X",
             logical_devices_per_chip=2,
             topology_dims=3,
+            ici_gbytes_per_s=1200,
+            dcn_gbits_per_s=100,
         ),
     )
 }
@@ -192,8 +195,10 @@ LINK_FLOOR_FRACTION = 0.05
 
 
 def link_floor(family_name: str, multislice: bool) -> tuple[float | None, str]:
-    """The GB/s an all-reduce's bus bandwidth must reach on every rank of a slice of ``family_name``: over ICI within
-    one slice, over DCN across slices (``multislice``); and where the figure comes from. None: no documented figure."""
+    """The GB/s an all-reduce's bus bandwidth must reach on every rank (a device) of a slice of ``family_name``: over
+    ICI within one slice, over DCN across slices (``multislice``), a chip's figure shared by its devices (TPU7x: two,
+    https://docs.cloud.google.com/tpu/docs/tpu7x, "Dual-chiplet architecture"); and where the figure comes from.
+    None: no documented figure."""
     fam = family(family_name)
     if multislice:
         if fam.dcn_gbits_per_s is None:
@@ -203,7 +208,12 @@ def link_floor(family_name: str, multislice: bool) -> tuple[float | None, str]:
         if fam.ici_gbytes_per_s is None:
             return None, f"{fam.name}: no documented ICI bandwidth in the catalogue"
         peak, link = fam.ici_gbytes_per_s / 2, f"ICI {fam.ici_gbytes_per_s:g} GB/s bidirectional per chip"
-    return peak * LINK_FLOOR_FRACTION, f"{LINK_FLOOR_FRACTION:.0%} of {fam.name}'s {link} (Cloud TPU docs)"
+    per_device = fam.logical_devices_per_chip
+    share = f", over {per_device} devices a chip" if per_device > 1 else ""
+    return (
+        peak * LINK_FLOOR_FRACTION / per_device,
+        f"{LINK_FLOOR_FRACTION:.0%} of {fam.name}'s {link}{share} (Cloud TPU docs)",
+    )
 
 
 def zones(family_name: str) -> list[str]:

@@ -1003,13 +1003,22 @@ class KubeEmulator:
             chips *= int(dim)
         _, _, replica, host = pod["metadata"]["name"].rsplit("-", 3)
         slice_name = f"{pod['metadata']['labels']['ray.io/cluster']}-{group['groupName']}-{replica}"
-        return {
+        injected = {
             "TPU_ACCELERATOR_TYPE": f"{version}-{chips}",
             "TPU_TOPOLOGY": topology,
             "TPU_WORKER_ID": host,
             "TPU_NAME": slice_name,
             "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * group.get("numOfHosts", 1)),
         }
+        # The multislice rule: a container whose spec names MEGASCALE_NUM_SLICES also gets its replica as
+        # MEGASCALE_SLICE_ID, worker 0 of replica 0 as MEGASCALE_COORDINATOR_ADDRESS and port 8081, each unless set;
+        # without it, no MEGASCALE_* at all (``mutatePod``, https://github.com/ai-on-gke/kuberay-tpu-webhook/blob/
+        # main/main.go, ``megascalePortBase``).
+        spec_env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env", [])}
+        if "MEGASCALE_NUM_SLICES" in spec_env:
+            multislice = {"MEGASCALE_SLICE_ID": replica, "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1"}
+            injected |= {k: v for k, v in (multislice | {"MEGASCALE_PORT": "8081"}).items() if not spec_env.get(k)}
+        return injected
 
     @staticmethod
     def _port_open(port: int) -> bool:

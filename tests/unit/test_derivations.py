@@ -260,7 +260,7 @@ def test_dcn_networking_the_tutorials_way():
     assert worker["resourceClaims"] == [{"name": "dcn-nics", "resourceClaimTemplateName": claim["metadata"]["name"]}]
     assert worker["containers"][0]["resources"]["claims"] == [{"name": "dcn-nics"}]
     env = {e["name"]: e["value"] for e in worker["containers"][0]["env"] if "value" in e}
-    assert env["MEGASCALE_NUM_SLICES"] == "2" and env["MEGASCALE_PORT"] == "9915"
+    assert not [name for name in env if name.startswith("MEGASCALE_")]  # Ray Train's, per worker group
     assert env["JAX_PLATFORMS"] == "tpu,cpu" and env["ENABLE_PJRT_COMPATIBILITY"] == "true"
     assert env["LIBTPU_INIT_ARGS"].endswith("--megascale_grpc_interface_prefixes=eth1,eth2,lo")
 

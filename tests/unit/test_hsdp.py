@@ -1,6 +1,7 @@
 """FSDP over several slices is HSDP (trainers.mesh): the slice of each host by one rule for the slice check and the
 trainer, the mesh's rows by slice, the spec's refusal of workers that do not split over the slices, and, in the torch
-trainer environment, the trainer's own step on 4 gloo ranks over a 1x4 and a 2x2 mesh giving the same losses."""
+trainer environment, the trainer's own step on 4 gloo ranks over a 1x4 and a 2x2 mesh giving the same losses, and the
+model sharded from the host through the meta device giving the losses of the whole model sharded where it is."""
 
 from __future__ import annotations
 
@@ -75,9 +76,15 @@ def worker(rank, port, out):
     ids = torch.randint(0, len(tokenizer), (4, LENGTH), generator=torch.Generator().manual_seed(0))
     dataset = [{"input_ids": ids[i % 4], "labels": ids[i % 4]} for i in range(WORLD * STEPS * BATCH)]
     # One slice of 4 ranks; two slices of 2, the slices' ranks interleaved (placed by slice, not by rank order).
-    for name, slices in (("1x4", ["s0"] * 4), ("2x2", ["s1", "s0", "s1", "s0"])):
+    # The trainer's sharding from the host through the meta device, and the whole model sharded where it is (as the
+    # trainer did before), on the 1-D mesh.
+    layouts = (("1x4", ["s0"] * 4), ("2x2", ["s1", "s0", "s1", "s0"]), ("1x4-whole", ["s0"] * 4))
+    for name, slices in layouts:
         device_mesh = mesh.device_mesh("cpu", mesh.layout(slices))
-        model = mesh.parallelize(build_model(SCRATCH, tokenizer, 0), device_mesh)
+        if name.endswith("whole"):
+            model = mesh.parallelize(build_model(SCRATCH, tokenizer, 0), device_mesh)
+        else:
+            model = mesh.shard_from_host(build_model(SCRATCH, tokenizer, 0), device_mesh, None, "cpu")
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
         loader = fsdp.data_loader(dataset, BATCH, 0, WORLD, rank)
@@ -134,3 +141,5 @@ def test_hsdp_over_two_slices_trains_as_fsdp_over_one_on_the_same_ranks(tmp_path
         fsdp_losses, hsdp_losses = facts[f"1x4/{rank}"]["losses"], facts[f"2x2/{rank}"]["losses"]
         assert len(fsdp_losses) == 4 and fsdp_losses[-1] < fsdp_losses[0]  # it trains
         assert hsdp_losses == pytest.approx(fsdp_losses, rel=1e-5), (rank, fsdp_losses, hsdp_losses)
+        # sharded from the host through the meta device: the same weights, so the very same losses
+        assert fsdp_losses == facts[f"1x4-whole/{rank}"]["losses"], rank

@@ -3,6 +3,8 @@ testing aid, the job command, and what the summary says."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from components.spec import SpecError
@@ -51,6 +53,65 @@ def test_two_actors_on_one_rank_are_named():
         slice_check.assign_ranks(
             [_actor("a", "0", ["0"], host="host-a"), _actor("a", "0", ["0"], host="host-a")], 2, per_device=True
         )
+
+
+class _FirstTensor(Exception):
+    pass
+
+
+def test_a_torch_ranks_environment_is_complete_before_its_first_tensor(monkeypatch):
+    """The probe's process knows its rank, its host's ranks and its master before torch (and with it torch_tpu) is
+    imported and before the first tensor: a stand-in ``torch`` module records the environment at the probe's first
+    use of it and stops the probe there."""
+    import sys
+    import types
+
+    for name in slice_probe.RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    seen: list[dict[str, str]] = []
+
+    def first_use(attr):
+        seen.append({k: v for k, v in os.environ.items() if k in slice_probe.RANK_ENV or k.startswith("MEGASCALE_")})
+        raise _FirstTensor(attr)
+
+    fake = types.ModuleType("torch")
+    fake.__getattr__ = first_use  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    slices = ["s0"] * 4 + ["s1"] * 4  # 2 slices of one 4-device host
+    env = slice_probe.rank_env(5, 8, 1, 4, "10.0.0.2", 29500) | slice_check.multislice_env(
+        slices, 5, "10.0.0.2", 1, True
+    )
+    with pytest.raises(_FirstTensor):
+        slice_probe.Probe().local_torch(env, corrupt=False)
+    assert seen == [
+        {
+            "MASTER_ADDR": "10.0.0.2",
+            "MASTER_PORT": "29500",
+            "WORLD_SIZE": "8",
+            "RANK": "5",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "4",
+            "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8081",
+            "MEGASCALE_NUM_SLICES": "2",
+            "MEGASCALE_SLICE_ID": "1",
+            "MEGASCALE_PORT": "8082",
+        }
+    ]
+
+
+def test_each_process_of_a_host_listens_on_its_own_megascale_port_as_ray_trains_workers_do():
+    slices = ["s0", "s0", "s1", "s1"]  # 2 slices of one host, 2 devices each
+    torch_ports = [slice_check.multislice_env(slices, i, "h0", i % 2, True)["MEGASCALE_PORT"] for i in range(4)]
+    assert torch_ports == ["8081", "8082", "8081", "8082"]  # base + local rank
+    assert slice_check.multislice_env(slices, 3, "h0", 1, True)["MEGASCALE_COORDINATOR_ADDRESS"] == "h0:8081"
+    jax = slice_check.multislice_env(["s0", "s1"], 1, "h0", 0, False)  # one process a host: the base
+    assert jax == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "h0",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+        "MEGASCALE_PORT": "8081",
+    }
+    assert slice_check.multislice_env(["s0", "s0"], 1, "h0", 1, True) == {}  # one slice: none at all
 
 
 def test_the_all_reduce_of_rank_plus_one_is_n_n_plus_one_over_two():
@@ -115,7 +176,8 @@ def test_the_floor_is_the_catalogues_on_tpu_and_cpu_gloos_locally():
     assert one == (20.0, "5% of v6e's ICI 800 GB/s bidirectional per chip (Cloud TPU docs)")  # one direction: 400
     two = slice_check.bandwidth_floor(resolve("llama3-8b-v6e-16x2"), "tpu")  # across slices: DCN
     assert two == (0.625, "5% of v6e's DCN 100 Gbps per chip (Cloud TPU docs)")
-    assert slice_check.bandwidth_floor(resolve("gemma4-e2b-tpu7x-16"), "tpu")[0] is None  # no figure sourced
+    tpu7x = slice_check.bandwidth_floor(resolve("gemma4-e2b-tpu7x-16"), "tpu")  # a chip's ICI over its 2 devices
+    assert tpu7x == (15.0, "5% of tpu7x's ICI 1200 GB/s bidirectional per chip, over 2 devices a chip (Cloud TPU docs)")
     assert catalogue.link_floor("v5p", False)[0] == 30.0 and catalogue.link_floor("v5e", True)[0] == 25 / 8 * 0.05
 
 
@@ -123,8 +185,16 @@ def test_the_bus_bandwidth_of_an_all_reduce_and_the_slow_ranks_throttle():
     assert slice_probe.bus_gbytes_per_s(10**9, 2, 1.0) == 1.0  # 2 (n - 1) / n = 1
     assert slice_probe.bus_gbytes_per_s(10**9, 4, 1.0) == 1.5
     assert slice_probe.bus_gbytes_per_s(10**9, 1, 1.0) is None  # one rank moves nothing
-    seconds = slice_probe.throttle_s(0.02)
-    assert slice_probe.BANDWIDTH_BYTES / seconds / 1e9 < 0.02  # held below the floor
+    nbytes, _ = slice_probe.transfer("cpu")
+    assert nbytes / slice_probe.throttle_s(0.02, nbytes) / 1e9 < 0.02  # held below the floor
+
+
+def test_on_tpu_the_timed_all_reduce_is_large_and_queued_so_the_link_not_the_dispatch_sets_the_time():
+    """At the floor's source, v6e's ICI (400 GB/s one way), one TPU sample's transfers take over 10 ms, where a
+    dispatch and a host sync take milliseconds; the CPU check stays small for the local platform."""
+    nbytes, repeats = slice_probe.transfer("tpu")
+    assert nbytes * repeats / 400e9 > 0.01 and nbytes <= 2**30
+    assert slice_probe.transfer("cpu") == (32 * 2**20, 1)
 
 
 def _rank(links, gbs=0.01):

@@ -176,12 +176,19 @@ def _token_mounts(spec: RunSpec, t: Target) -> tuple[list[dict[str, Any]], list[
     return [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}], [volume]
 
 
+# No MEGASCALE_* on the worker pods: libtpu's multislice settings belong to each worker group, not to the cluster.
+# With MEGASCALE_NUM_SLICES in a pod's spec the KubeRay TPU webhook adds MEGASCALE_SLICE_ID (the pod's replica),
+# MEGASCALE_COORDINATOR_ADDRESS and MEGASCALE_PORT, and without it none (``mutatePod``,
+# https://github.com/ai-on-gke/kuberay-tpu-webhook/blob/main/main.go); Ray Train sets all of them on every worker of
+# a group that spans several slices, from the slices of that group, and leaves them alone on a group of one (ray
+# 2.60.0, ``ray/train/v2/jax/config.py``: ``_JaxBackend.on_start`` when ``num_slices > 1``;
+# ``ray/train/torch/config.py``: ``_setup_tpu_multislice``). A static count would stay on the workers of an elastic
+# group shrunk to one slice, and libtpu would wait at start-up for a slice that is gone (the comment on
+# ``_JAX_MULTISLICE_OVERRIDE_KEYS`` there). The port is Ray's default then (8081, the webhook's too).
 def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
     env = _common_env(spec)
     if d.is_multislice(spec):
         env += [
-            _env("MEGASCALE_NUM_SLICES", str(spec.cluster.num_slices)),
-            _env("MEGASCALE_PORT", str(r.MEGASCALE_PORT)),
             _env("JAX_PLATFORMS", "tpu,cpu"),
             _env("ENABLE_PJRT_COMPATIBILITY", "true"),
             _env("LIBTPU_INIT_ARGS", r.libtpu_init_args(spec)),

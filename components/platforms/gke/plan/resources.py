@@ -87,7 +87,6 @@ AUTOPILOT_CAPACITY_SELECTORS = {
 
 # --- Multislice DCN NICs and the XLA flags of the TPU workers ---------------------------------------------
 DCN_NIC_PREFIXES = "eth1,eth2,lo"  # the DRANET NICs, then loopback
-MEGASCALE_PORT = 9915
 # XLA TPU flags that overlap collectives with compute (MaxText's recommended set), then the NICs to use.
 LIBTPU_COLLECTIVE_FLAGS = (
     "--xla_tpu_enable_async_collective_fusion=true",
