@@ -104,6 +104,11 @@ class Platform(ABC):
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, found from its ledger and its labels; safe to run again."""
 
+    def release(self, ctx: RunContext) -> list[str]:
+        """Start deleting what bills by the hour (a cancelled run's, whose teardown task never runs) without waiting
+        for it to go; what was started. Nothing on a platform where nothing bills."""
+        return []
+
     @abstractmethod
     def remaining(self, ctx: RunContext) -> list[str]:
         """What of the run may still exist, as its ledger (and, locally, /proc) says; no cloud call."""

@@ -67,12 +67,20 @@ def run_stage(
     SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
     it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
     driver marked the run interrupted does not run. The exit task (teardown) ignores Ctrl-C: the driver counts the
-    presses."""
-    if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
-        with interrupts.sigint_ignored():
-            return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
-    with interrupts.on_interrupt(lambda signum: log(f"{stage}: {interrupts.signal_name(signum)}: stopping"), log=log):
-        return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
+    presses. On Vertex AI, ``job_name`` is the pipeline job's full resource name, and a SIGTERM stops what the stage
+    started only when that job is being cancelled (``vertex_task.sigterm_stops``); then the stage also starts the
+    deletion of what bills (``Platform.release``) before it ends, as the cancel never runs the exit task."""
+    vertex_task.watch(job_name)
+    job = vertex_task.job_id(job_name)
+    with interrupts.sigterm_judged_by(lambda: vertex_task.sigterm_stops(log)):
+        if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
+            with interrupts.sigint_ignored():
+                return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
+        stopping = interrupts.on_interrupt(
+            lambda sig: log(f"{stage}: {interrupts.signal_name(sig)}: stopping"), log=log
+        )
+        with stopping:
+            return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
 
 
 def _run_recorded(
@@ -89,13 +97,15 @@ def _run_recorded(
     this, first = table.named(stage), stage == table.STAGES[0]
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
-    if first:
-        try:
-            vertex_task.check_on_vertex(platform, output_root)
-        except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
-            record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
-            raise
-    vertex_task.claim(store, rid, platform, job_name, first=first)  # before anything is written
+    try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
+        vertex_task.check_on_vertex(platform, output_root)
+    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
+        record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
+        log(f"== {stage}: refused: {exc}")
+        raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
+    vertex_task.claim(
+        store, rid, platform, job_name, first=first, resource=vertex_task.watched()
+    )  # before anything is written
     mark = interrupts.marked(store)
     if mark and (not this.exit or mark.get("abandoned")):
         reason = (
@@ -116,14 +126,17 @@ def _run_recorded(
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
             result = this.run(ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
+        stopped = exc.signum != signal.SIGTERM or not vertex_task.watched() or vertex_task.cancelling()
         record(
             store,
             stage,
             status="interrupted",
             seconds=time.time() - started,
             signal=exc.signal_name,
-            error=f"interrupted by {exc.signal_name}",
+            error=f"interrupted by {exc.signal_name}" + ("" if stopped else ": left running for the task's retry"),
         )
+        if ctx is not None and exc.signum == signal.SIGTERM and vertex_task.cancelling():
+            _release(ctx)
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -171,6 +184,18 @@ def teardown_context(run_id: str, platform: str, output_root: str, preset: str =
             "(--preset, --set gke.project=...) to find its resources by their labels",
         )
     return RunContext(spec=spec, run_id=rid, store=store, platform=platform)
+
+
+def _release(ctx: RunContext) -> None:
+    """A cancelled run's deletes started now, by the task the cancel reached, never waited on (the grace period before
+    SIGKILL is short); the janitor finishes what they miss."""
+    try:
+        started = get_platform(ctx.platform).release(ctx)
+    except Exception as exc:  # noqa: BLE001 - the janitor collects a cancelled run; the task still ends
+        log(f"cancelled: could not start the deletion of what bills ({exc}); the janitor collects the run")
+        return
+    for name in started:
+        log(f"cancelled: deleting {name}")
 
 
 def _error_text(exc: BaseException) -> str:
