@@ -301,6 +301,7 @@ class VertexEmulator(HttpEmulator):
         # documents no other for its tasks.
         self.grace_s = 30.0
         self.terminated: list[tuple[str, float]] = []  # (task name, when) each SIGTERM was sent
+        self.forced: list[str] = []  # the tasks whose processes were SIGKILLed at the end of their grace period
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ inspection
@@ -729,20 +730,27 @@ class VertexEmulator(HttpEmulator):
         threading.Thread(target=watch, daemon=True).start()
 
     def _terminate(self, process: subprocess.Popen, shown: str) -> None:
-        """End a task as Kubernetes ends a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later if it still
-        runs."""
+        """End a task as Kubernetes ends a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later to whatever of
+        the group still runs (the emulator's reading: Kubernetes signals the container's first process, and every
+        process of the container ends with it; a task's command is a shell around the executor, so the group stands
+        for the container)."""
         if process.poll() is not None:
             return
         self.terminated.append((shown, time.time()))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
 
-        def force() -> None:
-            try:
-                process.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+        def force() -> None:  # the group's every process, the container's first (its shell) or not
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(process.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+                self.forced.append(shown)
 
         threading.Thread(target=force, daemon=True).start()
 
