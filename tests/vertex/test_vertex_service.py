@@ -31,9 +31,8 @@ FAILING = "llama3-8b-v6e-16x2"  # a job of this preset fails in the tiny pipelin
 def hold(preset: str) -> str:
     """Wait until the file named by $RELEASE exists (the test's gate), then succeed."""
     import os
-    import time
-
     import signal
+    import time
 
     print("run labels:", os.environ.get("VERTEX_AI_PIPELINES_RUN_LABELS"))
     if os.environ.get("IGNORE_SIGTERM"):  # a task that does not end on SIGTERM: the grace period's SIGKILL ends it
