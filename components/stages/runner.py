@@ -116,7 +116,7 @@ def _run_recorded(
         record(store, stage, status="skipped", run_id=rid, reason=reason)
         log(f"== {stage}: not started: {reason}")
         raise interrupts.Interrupted(getattr(signal, mark["signal"]))
-    record(store, stage, status="running", started=started, run_id=rid)
+    _attempt(store, stage, started=started, run_id=rid)
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
@@ -136,7 +136,7 @@ def _run_recorded(
             error=f"interrupted by {exc.signal_name}" + ("" if stopped else ": left running for the task's retry"),
         )
         if ctx is not None and exc.signum == signal.SIGTERM and vertex_task.cancelling():
-            _release(ctx)
+            record(store, stage, released=_release(ctx))
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -186,16 +186,28 @@ def teardown_context(run_id: str, platform: str, output_root: str, preset: str =
     return RunContext(spec=spec, run_id=rid, store=store, platform=platform)
 
 
-def _release(ctx: RunContext) -> None:
+def _attempt(store: RunStore, stage: str, **fields: Any) -> None:
+    """The stage's record as an attempt starts: running, without what an earlier attempt ended with (its error, the
+    signal that ended it: a retried task's)."""
+    key = f"stages/{stage}.json"
+    current = {k: v for k, v in (read_json(store, key) or {"stage": stage}).items() if k not in _ENDED}
+    write_json(store, key, {**current, "status": "running", **fields})
+
+
+_ENDED = ("error", "signal", "seconds", "released")
+
+
+def _release(ctx: RunContext) -> list[str]:
     """A cancelled run's deletes started now, by the task the cancel reached, never waited on (the grace period before
-    SIGKILL is short); the janitor finishes what they miss."""
+    SIGKILL is short); the janitor and ``tpupipe runs cancel`` finish what they miss. What was started."""
     try:
         started = get_platform(ctx.platform).release(ctx)
     except Exception as exc:  # noqa: BLE001 - the janitor collects a cancelled run; the task still ends
         log(f"cancelled: could not start the deletion of what bills ({exc}); the janitor collects the run")
-        return
+        return []
     for name in started:
         log(f"cancelled: deleting {name}")
+    return started
 
 
 def _error_text(exc: BaseException) -> str:
