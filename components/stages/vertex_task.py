@@ -7,14 +7,9 @@ from __future__ import annotations
 import json
 import os
 
+from components.platforms import VERTEX_TASK_ENV
 from components.platforms.store import RunStore
 from components.spec import SpecError
-
-# Vertex AI Pipelines gives every task the run's labels as JSON in this variable ("Resources generated from
-# user-defined components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation); kfp's own
-# executor reads it to know it runs on Vertex AI (kfp/dsl/executor.py).
-VERTEX_TASK_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
-
 
 # The states of a pipeline job being stopped: "Vertex AI Pipelines sets the pipeline run state to CANCELLING" on a
 # cancel, then CANCELLED (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs;

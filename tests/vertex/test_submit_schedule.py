@@ -113,6 +113,13 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     )
     listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
     assert job_id in listed.stdout, listed.stdout + listed.stderr
+    # The run's Vertex AI labels (its billing id, the user's) on the cluster and its nodes, beside the run's own: the
+    # run's cost in Vertex AI counts its TPUs.
+    billing = project.vertex.job(job_id).resource["labels"]["vertex-ai-pipelines-run-billing-id"]
+    (cluster,) = project.gke.state.clusters.values()
+    for labels in [cluster.resource_labels, *(p.config.resource_labels for p in cluster.node_pools)]:
+        assert labels["vertex-ai-pipelines-run-billing-id"] == billing and labels["team"] == "ml", labels
+        assert labels[names.RUN_LABEL] == run_id
     deleting = _deleting_since(project, run_id)
     cancelled = _tpupipe(project, "runs", "cancel", job_id, *PLACE)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
