@@ -365,3 +365,12 @@ def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_buck
         in (project.vertex.job(job).logs["janitor"])
     )
     assert project.leftovers("ui-stop") == {}
+    # A new components image published: the schedule is replaced by one on it, not left on the digest it had.
+    project.registry.push(Target(PROJECT, REGION).image(image_tag("pipeline")), "sha256:" + "ef" * 32)
+    replaced = stopping.janitor_schedule(PROJECT, REGION, account, log=lambda m: None)
+    (schedule,) = project.vertex.schedules.values()
+    assert schedule.resource["name"] == replaced and schedule.resource["cron"] == "*/15 * * * *"
+    spec = schedule.resource["createPipelineJobRequest"]["pipelineJob"]["pipelineSpec"]
+    assert {e["container"]["image"].rsplit("@", 1)[-1] for e in spec["deploymentSpec"]["executors"].values()} == {
+        "sha256:" + "ef" * 32
+    }
