@@ -2,14 +2,18 @@
 
 Vertex AI documents that cancelling a pipeline run "cancels all the remaining tasks in the pipeline"
 (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs): the exit handler's teardown task is one of
-them, so after a Stop (in the UI, or a cancel call) nothing of the pipeline tears the run down. Two things do:
+them, so after a Stop (in the UI, or a cancel call) the pipeline's own teardown never runs. What does:
+
+- the stage the Stop reaches: its task gets SIGTERM while its pipeline job is CANCELLING, stops what it started and
+  starts the deletion of the run's cluster (``components.stages.runner``, ``components.stages.vertex_task``);
 
 - ``tpupipe runs cancel JOB`` (:func:`cancel`): cancels the job, waits for it to end (with a deadline, printing each
   task's state), then runs the teardown ``tpupipe teardown RUN_ID --platform gke`` runs, from the run's ledger in Cloud
   Storage, and prints what it deleted;
 - the janitor on a schedule (:func:`janitor_schedule`, ``tpupipe publish --janitor-schedule``): every 15 minutes it
   asks Vertex AI for the state of each run's pipeline job and tears down at once every run whose job has ended
-  (``components.platforms.gke.run.janitor``), so a Stop from the UI costs at most one sweep's interval of slices.
+  (``components.platforms.gke.run.janitor``), so a Stop between two tasks costs at most one sweep's interval of
+  slices. Publishing a new image replaces a schedule on an older one.
 """
 
 from __future__ import annotations
