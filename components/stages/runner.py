@@ -98,7 +98,8 @@ def _run_recorded(
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
     try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
-        vertex_task.check_on_vertex(platform, output_root)
+        if not this.exit:  # the exit task writes the run's summary, the refusal in it; it deletes only what was made
+            vertex_task.check_on_vertex(platform, output_root)
     except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
         record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
         log(f"== {stage}: refused: {exc}")

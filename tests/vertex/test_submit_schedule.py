@@ -131,6 +131,7 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     (released,) = train["released"]
     assert released.startswith(f"projects/{PROJECT}/locations/") and released.endswith(f"/clusters/tpupipe-{run_id}")
     record_property("cancel_to_deleting_s", round(deleting["at"] - sigterm, 2))
+    print(f"cancel -> the cluster's deletion under way: {deleting['at'] - sigterm:.2f} s")
     assert deleting["at"] - sigterm < 60, deleting["at"] - sigterm
     resource = project.vertex.job(job_id).resource  # runs cancel returned once it had ended
     tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
