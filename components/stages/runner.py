@@ -29,7 +29,9 @@ from components.workload import resolve
 
 
 def store_for(run_id: str, job_name: str, output_root: str) -> tuple[str, RunStore]:
-    rid = run_id_from(run_id, job_name)
+    """The run id (given, else from the pipeline job's id: ``job_name`` may be its full resource name) and its
+    store."""
+    rid = run_id_from(run_id, vertex_task.job_id(job_name))
     return rid, open_store(output_root, rid)
 
 

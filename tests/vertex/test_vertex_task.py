@@ -48,3 +48,14 @@ def test_on_vertex_build_image_refuses_a_run_that_cannot_work_there_before_build
     record = json.loads((root / written[0]).read_text())
     assert record["status"] == "failed" and record["error"].startswith(f"{field}: ")
     assert "every task runs on a machine of its own" in record["error"]
+
+
+def test_the_run_id_derives_from_the_jobs_id_when_a_task_is_given_its_full_resource_name(tmp_path):
+    """Every task on Vertex AI gets the job's full resource name; the run id (and so its store, what every stage and
+    the artifacts a component writes read) is the one its id gives, as a local run's job name gives it."""
+    from components.stages.runner import store_for
+
+    name = "projects/p-123456/locations/us-east5/pipelineJobs/tpupipe-smoke-20261204"
+    assert store_for("", name, str(tmp_path))[0] == store_for("", "tpupipe-smoke-20261204", str(tmp_path))[0]
+    assert store_for("", name, str(tmp_path))[0] == "tpupipe-smoke-20261204"
+    assert store_for("given", name, str(tmp_path))[0] == "given"
