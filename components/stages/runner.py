@@ -106,9 +106,8 @@ def _run_recorded(
         record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
         log(f"== {stage}: refused: {exc}")
         raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
-    vertex_task.claim(
-        store, rid, platform, job_name, first=first, resource=vertex_task.watched()
-    )  # before anything is written
+    # Before anything is written: the job's full resource name (on Vertex AI) goes in the ledger for the janitor.
+    vertex_task.claim(store, rid, platform, job_name, first=first, resource=vertex_task.watched())
     mark = interrupts.marked(store)
     if mark and (not this.exit or mark.get("abandoned")):
         reason = (
