@@ -114,8 +114,9 @@ def cmd_publish(args) -> int:
         stopping.janitor_schedule(target.project, target.region, args.service_account)
     else:
         print(
-            "next: a Stop in the Vertex AI UI cancels the exit handler's teardown too, so the run's TPUs stay up until "
-            "the janitor collects them; schedule it every 15 minutes: tpupipe publish --project "
+            "next: a Stop in the Vertex AI UI cancels the exit handler's teardown too; the stage it reaches starts "
+            "the teardown, and a Stop between two tasks leaves the run's TPUs up until the janitor collects them; "
+            "schedule it every 15 minutes: tpupipe publish --project "
             f"{target.project} --region {target.region} --janitor-schedule"
         )
     return 0
@@ -304,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish the pipeline for the Vertex AI UI: build the components image of this source tree with "
         "Cloud Build when its tag is missing from Artifact Registry, then upload the compiled template to an "
         "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
-        'Default Credentials with the roles docs/vertex.md lists ("Setup").',
+        'Default Credentials with the roles docs/vertex.md lists ("Setup"). A Stop of a run needs no trigger, so there '
+        "is no --stop-trigger: the stage the Stop's SIGTERM reaches sees its pipeline job cancelling and starts the "
+        "deletion of the run's cluster within seconds; the janitor schedule catches a Stop between two tasks "
+        '(docs/vertex.md, "Stopping a run").',
     )
     _with_target_args(
         p,
@@ -326,8 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--janitor-schedule",
         action="store_true",
-        help="also schedule the janitor pipeline every 15 minutes (created if missing): it tears down each run "
-        "whose pipeline job has ended, so a Stop in the UI leaves the TPUs up 15 minutes at most",
+        help="also schedule the janitor pipeline every 15 minutes (created if missing, replaced when it runs another "
+        "image than the one published): it tears down each run whose pipeline job has ended, so a Stop between two "
+        "tasks leaves the TPUs up 15 minutes at most",
     )
     p.add_argument("--service-account", default="", help="the service account the janitor's runs run as")
     p.set_defaults(func=cmd_publish)

@@ -20,6 +20,8 @@ PIPELINE_NAME = "tpupipe"
 # that fails for good fails the run one attempt later (each attempt of a failing provision creates and deletes).
 RETRY = dict(num_retries=1, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s")
 PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
+# kfp.local fills in the job's name, not its resource name (kfp/local/placeholder_utils.py): a local task gets the name.
+LOCAL_JOB_NAME = {dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER: dsl.PIPELINE_JOB_NAME_PLACEHOLDER}
 
 
 def wire(common: dict, params: dict) -> None:
@@ -97,7 +99,9 @@ def tpupipe_pipeline(
         platform=platform,
         overrides=overrides,
         run_id=run_id,
-        job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        # The job's full resource name (projects/P/locations/L/pipelineJobs/ID): the run id derives from its id, and a
+        # task asks Vertex AI for the job's state where the job is (a SIGTERM, the janitor).
+        job_name=dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER,
         output_root=output_root,
         project=project,
         bucket=bucket,
@@ -156,11 +160,10 @@ def compile_pipeline(
     stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's time, which
     kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names and ids and the
     pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is never scheduled,
-    and its snapshot takes the run's start. Deterministic: the same tree gives the same bytes."""
+    and its snapshot takes the run's start; nor the job's resource name (the same file's placeholders): a local task
+    is given the job's name instead. Every parameter's description is one line, as the Vertex AI run form shows it
+    (kfp keeps the docstring's line breaks). Deterministic: the same tree gives the same bytes."""
     pipeline = pipeline or tpupipe_pipeline
-    if target is None and retries:
-        compiler.Compiler().compile(pipeline, package_path=path)
-        return path
     import yaml
 
     from components.platforms.gke.cloud.build import image_tag
@@ -169,16 +172,19 @@ def compile_pipeline(
         raw = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, package_path=str(raw))
         spec = yaml.safe_load(raw.read_text())
+    for component in [spec["root"], *spec.get("components", {}).values()]:
+        for parameter in component.get("inputDefinitions", {}).get("parameters", {}).values():
+            if "description" in parameter:
+                parameter["description"] = " ".join(parameter["description"].split())
     if not retries:
+        local = {dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "", **LOCAL_JOB_NAME}
         for component in [spec["root"], *spec.get("components", {}).values()]:
             for task in component.get("dag", {}).get("tasks", {}).values():
                 task.pop("retryPolicy", None)
                 for binding in task.get("inputs", {}).get("parameters", {}).values():
-                    if (
-                        binding.get("runtimeValue", {}).get("constant")
-                        == dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
-                    ):
-                        binding["runtimeValue"]["constant"] = ""
+                    constant = binding.get("runtimeValue", {}).get("constant")
+                    if isinstance(constant, str) and constant in local:
+                        binding["runtimeValue"]["constant"] = local[constant]
     if target is None:
         Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
         return path

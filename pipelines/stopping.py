@@ -2,14 +2,18 @@
 
 Vertex AI documents that cancelling a pipeline run "cancels all the remaining tasks in the pipeline"
 (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs): the exit handler's teardown task is one of
-them, so after a Stop (in the UI, or a cancel call) nothing of the pipeline tears the run down. Two things do:
+them, so after a Stop (in the UI, or a cancel call) the pipeline's own teardown never runs. What does:
+
+- the stage the Stop reaches: its task gets SIGTERM while its pipeline job is CANCELLING, stops what it started and
+  starts the deletion of the run's cluster (``components.stages.runner``, ``components.stages.vertex_task``);
 
 - ``tpupipe runs cancel JOB`` (:func:`cancel`): cancels the job, waits for it to end (with a deadline, printing each
   task's state), then runs the teardown ``tpupipe teardown RUN_ID --platform gke`` runs, from the run's ledger in Cloud
   Storage, and prints what it deleted;
 - the janitor on a schedule (:func:`janitor_schedule`, ``tpupipe publish --janitor-schedule``): every 15 minutes it
   asks Vertex AI for the state of each run's pipeline job and tears down at once every run whose job has ended
-  (``components.platforms.gke.run.janitor``), so a Stop from the UI costs at most one sweep's interval of slices.
+  (``components.platforms.gke.run.janitor``), so a Stop between two tasks costs at most one sweep's interval of
+  slices. Publishing a new image replaces a schedule on an older one.
 """
 
 from __future__ import annotations
@@ -78,8 +82,11 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
 
 
 def janitor_schedule(project: str, region: str, service_account: str = "", log: Callable[[str], None] = print) -> str:
-    """The schedule of the janitor pipeline every 15 minutes, one sweep at a time (created when missing); its
-    resource name."""
+    """The schedule of the janitor pipeline every 15 minutes, one sweep at a time: created when missing, replaced
+    when it runs another image than this source tree's (as published), left as it is otherwise; its resource name.
+    Replaced, not updated: UpdateSchedule changes a schedule's timing, not the pipeline job it creates (the fields
+    ``PipelineJobSchedule.update`` takes in google-cloud-aiplatform: display name, cron, run counts, queueing)."""
+    import yaml
     from google.cloud import aiplatform
 
     from pipelines.janitor import janitor_pipeline
@@ -89,13 +96,21 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
     target = Target(project=project, region=region)
     vertex.init(project, region)
     existing = schedules.find(JANITOR_SCHEDULE, required=False)
-    if existing is not None:
-        log(f"publish: the janitor schedule {JANITOR_SCHEDULE} exists already ({existing.resource_name})")
-        return existing.resource_name
     with tempfile.TemporaryDirectory() as tmp:
         path, missing = pin_images(compile_pipeline(str(Path(tmp) / "janitor.yaml"), target, janitor_pipeline))
         if missing:
             raise SpecError("image", f"{missing[0]} is not in Artifact Registry: tpupipe publish builds it")
+        image = _images(yaml.safe_load(Path(path).read_text()))
+        if existing is not None:
+            running = _images(existing.to_dict().get("createPipelineJobRequest", {}).get("pipelineJob", {}))
+            if running == image:
+                log(f"publish: the janitor schedule {JANITOR_SCHEDULE} exists already ({existing.resource_name})")
+                return existing.resource_name
+            log(
+                f"publish: the janitor schedule {JANITOR_SCHEDULE} runs {', '.join(sorted(running)) or 'another image'}"
+                f": replacing it with one on {', '.join(sorted(image))}"
+            )
+            existing.delete()
         job = aiplatform.PipelineJob(
             display_name=JANITOR_SCHEDULE, template_path=path, pipeline_root=target.pipeline_root
         )
@@ -108,3 +123,9 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
     )
     log(f"publish: the janitor sweeps every 15 minutes: schedule {JANITOR_SCHEDULE} ({schedule.resource_name})")
     return schedule.resource_name
+
+
+def _images(job: dict) -> set[str]:
+    """The images a compiled pipeline's (or a pipeline job's ``pipelineSpec``'s) tasks run in."""
+    spec = job.get("pipelineSpec", job)
+    return {e["container"]["image"] for e in spec.get("deploymentSpec", {}).get("executors", {}).values()}

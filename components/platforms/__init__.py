@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -23,6 +24,35 @@ from components.spec import RunSpec, SpecError
 
 if TYPE_CHECKING:
     from components.workload.budget import Limits
+
+# Vertex AI Pipelines gives every task the run's labels as JSON in this variable, its reserved
+# vertex-ai-pipelines-run-billing-id among them, for a component to put on the resources it creates, so that they show
+# in the run's cost ("Resources generated from user-defined components",
+# https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation); kfp's own executor reads it to know it
+# runs on Vertex AI (kfp/dsl/executor.py).
+VERTEX_TASK_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
+# A Google Cloud label: a key of a lowercase letter then up to 62 lowercase letters, digits, '_' or '-'; a value of up
+# to 63 of those (https://cloud.google.com/resource-manager/docs/labels-overview#requirements).
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def vertex_run_labels(environ=None) -> dict[str, str]:
+    """The labels of the Vertex AI pipeline run this process is a task of (none elsewhere), those that are valid
+    Google Cloud labels."""
+    import json
+    import os
+
+    raw = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV) or "{}"
+    try:
+        given = json.loads(raw)
+    except ValueError:
+        return {}
+    return {
+        str(k): str(v)
+        for k, v in (given.items() if isinstance(given, dict) else [])
+        if _LABEL_KEY.fullmatch(str(k)) and _LABEL_VALUE.fullmatch(str(v))
+    }
 
 
 @dataclass(frozen=True)
@@ -103,6 +133,11 @@ class Platform(ABC):
     @abstractmethod
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, found from its ledger and its labels; safe to run again."""
+
+    def release(self, ctx: RunContext) -> list[str]:
+        """Start deleting what bills by the hour (a cancelled run's, whose teardown task never runs) without waiting
+        for it to go; what was started. Nothing on a platform where nothing bills."""
+        return []
 
     @abstractmethod
     def remaining(self, ctx: RunContext) -> list[str]:

@@ -177,3 +177,28 @@ def access_error(exc: BaseException) -> AccessError | None:
 def _first_line(exc: BaseException) -> str:
     text = getattr(exc, "message", None) or str(exc)
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def pipeline_job_state(name: str, timeout_s: float | None = None) -> tuple[str | None, str]:
+    """A Vertex AI pipeline job's state (``PIPELINE_STATE_...``), by its full resource name
+    (``projects/P/locations/L/pipelineJobs/ID``, asked of its region's endpoint), or None and why it cannot be read.
+    ``timeout_s``: how long the call may take (None: the library's default)."""
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    region = name.split("/")[3] if name.count("/") >= 5 else ""
+    if not region:
+        return None, f"{name!r} is not a pipeline job's resource name (projects/P/locations/L/pipelineJobs/ID)"
+    client = google_client(
+        aiplatform_v1.PipelineServiceClient,
+        VERTEX_ENDPOINT_ENV,
+        endpoint=f"{region}-aiplatform.googleapis.com",
+        emulator_transport="rest",
+    )
+    try:
+        job = client.get_pipeline_job(name=name, timeout=timeout_s)
+    except exceptions.GoogleAPICallError as exc:
+        return None, f"{type(exc).__name__}: {exc.message}"
+    except Exception as exc:  # noqa: BLE001 - no credentials, a timeout: the state is unknown, and why is said
+        return None, f"{type(exc).__name__}: {exc}"
+    return aiplatform_v1.PipelineState(job.state).name, ""

@@ -4,6 +4,9 @@ by stopping what it started.
 A stage process runs inside :func:`on_interrupt` blocks: the innermost one's ``stop`` (stop the Ray job, cancel the
 GKE operation or the Cloud Build) runs once on the first signal, then :class:`Interrupted` unwinds the stage, which
 records itself interrupted; the process exits 128 + the signal's number. Later signals are ignored while it unwinds.
+A SIGTERM is not always a stop: where a process's SIGTERM can also mean "this process is being moved, the work goes
+on" (a Vertex AI task whose pod is evicted, retried by its pipeline), :func:`sigterm_judged_by` names what decides;
+when it says no, nothing is stopped and the stage still ends, so its retry finds what it started still running.
 :func:`deferred` holds a signal back while a process is started and recorded, so none is started unrecorded.
 
 The driver (``tpupipe run``, the process that runs the whole pipeline) marks the run interrupted in
@@ -51,9 +54,21 @@ class _State:
     depth: int = 0  # on_interrupt blocks entered
     deferring: int = 0
     pending: int | None = None
+    sigterm_stops: Callable[[], bool] = staticmethod(lambda: True)  # whether a SIGTERM stops what the stage started
 
 
 _state = _State()
+
+
+@contextlib.contextmanager
+def sigterm_judged_by(decide: Callable[[], bool]):
+    """While inside, a SIGTERM stops what the stage started only when ``decide()`` says so (it is asked once, when the
+    signal comes); SIGINT and SIGHUP always do."""
+    previous, _state.sigterm_stops = _state.sigterm_stops, decide
+    try:
+        yield
+    finally:
+        _state.sigterm_stops = previous
 
 
 @contextlib.contextmanager
@@ -71,6 +86,8 @@ def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callab
         if _state.received is not None:
             return
         _state.received = signum
+        if signum == signal.SIGTERM and not _sigterm_stops(log):
+            raise Interrupted(signum)  # what runs is left running: the stage ends without stopping it
         try:
             stop(signum)
         except Exception as exc:  # noqa: BLE001 - the stage still ends; teardown deletes what stop could not
@@ -87,6 +104,14 @@ def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callab
         _state.depth -= 1
         if not _state.depth:
             _state.received = None
+
+
+def _sigterm_stops(log: Callable[[str], None]) -> bool:
+    try:
+        return _state.sigterm_stops()
+    except Exception as exc:  # noqa: BLE001 - what cannot be judged is taken for a stop, as without a judge
+        log(f"SIGTERM: could not tell whether it stops the run ({exc}): stopping")
+        return True
 
 
 @contextlib.contextmanager

@@ -29,7 +29,9 @@ from components.workload import resolve
 
 
 def store_for(run_id: str, job_name: str, output_root: str) -> tuple[str, RunStore]:
-    rid = run_id_from(run_id, job_name)
+    """The run id (given, else from the pipeline job's id: ``job_name`` may be its full resource name) and its
+    store."""
+    rid = run_id_from(run_id, vertex_task.job_id(job_name))
     return rid, open_store(output_root, rid)
 
 
@@ -67,12 +69,20 @@ def run_stage(
     SIGINT, SIGTERM or SIGHUP ends a stage: what it started is stopped (``interrupts.on_interrupt`` where it waits),
     it is recorded ``interrupted`` and the process exits 128 + the signal's number; a stage that starts after the
     driver marked the run interrupted does not run. The exit task (teardown) ignores Ctrl-C: the driver counts the
-    presses."""
-    if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
-        with interrupts.sigint_ignored():
-            return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
-    with interrupts.on_interrupt(lambda signum: log(f"{stage}: {interrupts.signal_name(signum)}: stopping"), log=log):
-        return _run_recorded(stage, preset, platform, overrides, run_id, job_name, output_root, upstream, facts)
+    presses. On Vertex AI, ``job_name`` is the pipeline job's full resource name, and a SIGTERM stops what the stage
+    started only when that job is being cancelled (``vertex_task.sigterm_stops``); then the stage also starts the
+    deletion of what bills (``Platform.release``) before it ends, as the cancel never runs the exit task."""
+    vertex_task.watch(job_name)
+    job = vertex_task.job_id(job_name)
+    with interrupts.sigterm_judged_by(lambda: vertex_task.sigterm_stops(log)):
+        if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
+            with interrupts.sigint_ignored():
+                return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
+        stopping = interrupts.on_interrupt(
+            lambda sig: log(f"{stage}: {interrupts.signal_name(sig)}: stopping"), log=log
+        )
+        with stopping:
+            return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
 
 
 def _run_recorded(
@@ -89,13 +99,15 @@ def _run_recorded(
     this, first = table.named(stage), stage == table.STAGES[0]
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
-    if first:
-        try:
+    try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
+        if not this.exit:  # the exit task writes the run's summary, the refusal in it; it deletes only what was made
             vertex_task.check_on_vertex(platform, output_root)
-        except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
-            record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
-            raise
-    vertex_task.claim(store, rid, platform, job_name, first=first)  # before anything is written
+    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
+        record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
+        log(f"== {stage}: refused: {exc}")
+        raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
+    # Before anything is written: the job's full resource name (on Vertex AI) goes in the ledger for the janitor.
+    vertex_task.claim(store, rid, platform, job_name, first=first, resource=vertex_task.watched())
     mark = interrupts.marked(store)
     if mark and (not this.exit or mark.get("abandoned")):
         reason = (
@@ -106,7 +118,7 @@ def _run_recorded(
         record(store, stage, status="skipped", run_id=rid, reason=reason)
         log(f"== {stage}: not started: {reason}")
         raise interrupts.Interrupted(getattr(signal, mark["signal"]))
-    record(store, stage, status="running", started=started, run_id=rid)
+    _attempt(store, stage, started=started, run_id=rid)
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
@@ -116,14 +128,17 @@ def _run_recorded(
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
             result = this.run(ctx, upstream, **facts)
     except interrupts.Interrupted as exc:
+        stopped = exc.signum != signal.SIGTERM or not vertex_task.watched() or vertex_task.cancelling()
         record(
             store,
             stage,
             status="interrupted",
             seconds=time.time() - started,
             signal=exc.signal_name,
-            error=f"interrupted by {exc.signal_name}",
+            error=f"interrupted by {exc.signal_name}" + ("" if stopped else ": left running for the task's retry"),
         )
+        if ctx is not None and exc.signum == signal.SIGTERM and vertex_task.cancelling():
+            record(store, stage, released=_release(ctx))
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -171,6 +186,30 @@ def teardown_context(run_id: str, platform: str, output_root: str, preset: str =
             "(--preset, --set gke.project=...) to find its resources by their labels",
         )
     return RunContext(spec=spec, run_id=rid, store=store, platform=platform)
+
+
+def _attempt(store: RunStore, stage: str, **fields: Any) -> None:
+    """The stage's record as an attempt starts: running, without what an earlier attempt ended with (its error, the
+    signal that ended it: a retried task's)."""
+    key = f"stages/{stage}.json"
+    current = {k: v for k, v in (read_json(store, key) or {"stage": stage}).items() if k not in _ENDED}
+    write_json(store, key, {**current, "status": "running", **fields})
+
+
+_ENDED = ("error", "signal", "seconds", "released")
+
+
+def _release(ctx: RunContext) -> list[str]:
+    """A cancelled run's deletes started now, by the task the cancel reached, never waited on (the grace period before
+    SIGKILL is short); the janitor and ``tpupipe runs cancel`` finish what they miss. What was started."""
+    try:
+        started = get_platform(ctx.platform).release(ctx)
+    except Exception as exc:  # noqa: BLE001 - the janitor collects a cancelled run; the task still ends
+        log(f"cancelled: could not start the deletion of what bills ({exc}); the janitor collects the run")
+        return []
+    for name in started:
+        log(f"cancelled: deleting {name}")
+    return started
 
 
 def _error_text(exc: BaseException) -> str:

@@ -1,18 +1,86 @@
 """What a stage's task knows of Vertex AI Pipelines when it runs there: the variable Vertex AI gives every task, the
-refusal of a run that cannot work there, and the pipeline job noted in the run's ledger for the janitor."""
+refusal of a run that cannot work there, the pipeline job noted in the run's ledger for the janitor, and what a
+SIGTERM means there (:func:`sigterm_stops`: a Stop of the run, or a pod ended under a job that goes on)."""
 
 from __future__ import annotations
 
 import json
 import os
 
+from components.platforms import VERTEX_TASK_ENV
 from components.platforms.store import RunStore
 from components.spec import SpecError
 
-# Vertex AI Pipelines gives every task the run's labels as JSON in this variable ("Resources generated from
-# user-defined components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation); kfp's own
-# executor reads it to know it runs on Vertex AI (kfp/dsl/executor.py).
-VERTEX_TASK_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
+# The states of a pipeline job being stopped: "Vertex AI Pipelines sets the pipeline run state to CANCELLING" on a
+# cancel, then CANCELLED (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs;
+# google.cloud.aiplatform_v1.types.PipelineState).
+STOPPING = ("PIPELINE_STATE_CANCELLING", "PIPELINE_STATE_CANCELLED")
+# How long a SIGTERM'd task waits for its job's state: the pod's grace period is 30 s unless set
+# (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), and stopping comes after.
+STATE_TIMEOUT_S = 5.0
+
+
+def job_id(job_name: str) -> str:
+    """The pipeline job's id: the last part of its resource name (``projects/P/locations/L/pipelineJobs/ID``, what
+    the pipeline gives every task as ``job_name`` on Vertex AI), or the name itself (a local run's job name)."""
+    return job_name.rsplit("/pipelineJobs/", 1)[-1]
+
+
+def job_resource(job_name: str) -> str:
+    """The pipeline job's full resource name when ``job_name`` is one, else ''."""
+    return job_name if "/pipelineJobs/" in job_name else ""
+
+
+class _Job:
+    """This task's pipeline job (set by the runner before a stage runs) and its state once a SIGTERM read it."""
+
+    resource: str = ""
+    state: str | None = None
+    problem: str = ""
+
+
+_job = _Job()
+
+
+def watch(job_name: str, environ=None) -> None:
+    """This task's pipeline job: what :func:`sigterm_stops` asks Vertex AI about (on Vertex AI alone)."""
+    on_vertex = VERTEX_TASK_ENV in (os.environ if environ is None else environ)
+    _job.resource, _job.state, _job.problem = (job_resource(job_name) if on_vertex else ""), None, ""
+
+
+def watched() -> str:
+    """The full resource name of this task's pipeline job on Vertex AI; '' elsewhere."""
+    return _job.resource
+
+
+def sigterm_stops(log=print) -> bool:
+    """Whether a SIGTERM is a stop of the run. Outside Vertex AI (a terminal's ``kill``, ``tpupipe run``, kfp.local)
+    it always is. On Vertex AI a task gets SIGTERM when its run is cancelled, and also when its pod is ended under a
+    job that goes on (evicted, its node drained for maintenance: a pod gets SIGTERM, then SIGKILL after its grace
+    period, https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), which its retry
+    policy then runs again. So the job's state decides: a job CANCELLING or CANCELLED is a stop; any other state is
+    not, and what the stage started (a Ray job training for hours) is left running for the retry to re-attach to. A
+    state that cannot be read is not taken for a stop either: a retry still finds the training, and a run that was
+    in fact stopped is collected by the janitor once its job ended (``components.platforms.gke.run.janitor``)."""
+    if not _job.resource:
+        return True
+    if _job.state is None:
+        from components.platforms.credentials import pipeline_job_state
+
+        _job.state, _job.problem = pipeline_job_state(_job.resource, timeout_s=STATE_TIMEOUT_S)
+    shown = (_job.state or "unknown").removeprefix("PIPELINE_STATE_")
+    stops = _job.state in STOPPING
+    why = f": {_job.problem}" if _job.problem else ""
+    log(
+        f"SIGTERM: pipeline job {job_id(_job.resource)} is {shown}{why}: "
+        + ("the run is being stopped" if stops else "not a stop of the run; what runs is left for the task's retry")
+    )
+    return stops
+
+
+def cancelling() -> bool:
+    """Whether a SIGTERM this task took came with its pipeline job being cancelled (read by :func:`sigterm_stops`)."""
+    return bool(_job.resource) and _job.state in STOPPING
 
 
 def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
@@ -34,12 +102,15 @@ def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
         )
 
 
-def claim(store: RunStore, run_id: str, platform: str, job_name: str, first: bool, environ=None) -> None:
+def claim(
+    store: RunStore, run_id: str, platform: str, job_name: str, first: bool, environ=None, resource: str = ""
+) -> None:
     """On Vertex AI, the run id is its pipeline job's, held in the run's ledger as a lease, before a task writes
     anything of the run (its stage record included):
 
-    - the first task notes the job in the ledger (its id, the job name KFP's ``{{$.pipeline_job_name}}`` gives, and its
-      labels, so the janitor can ask Vertex AI whether the job still runs: ``components.platforms.gke.run.janitor``),
+    - the first task notes the job in the ledger (its id, its full resource name ``resource``, what KFP's
+      ``{{$.pipeline_job_resource_name}}`` gives, and its labels, so the janitor can ask Vertex AI whether the job
+      still runs, wherever it is: ``components.platforms.gke.run.janitor``),
       under a generation precondition (``ledger.update``), unless another job holds the run id: its ledger names
       another job and was not torn down. Two jobs started with one ``--run-id`` at once: one wins the write, the other
       reads the winner's claim and is refused;
@@ -52,7 +123,7 @@ def claim(store: RunStore, run_id: str, platform: str, job_name: str, first: boo
     labels = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV)
     if labels is None or not job_name:
         return
-    job = {"id": job_name, "labels": json.loads(labels or "{}")}
+    job = {"id": job_name, **({"name": resource} if resource else {}), "labels": json.loads(labels or "{}")}
 
     def refuse(holder: str) -> SpecError:
         return SpecError(

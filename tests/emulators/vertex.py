@@ -39,10 +39,15 @@ only what depends on it); a task waits for its upstream tasks to succeed, except
 does not, the task is NOT_TRIGGERED and nothing inside it runs, which is no failure. Besides the component tasks, the
 job's task details hold its DAG-level tasks, as Vertex's do: the root (named after the job), the exit handler's group
 and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-promotes``), every task with the
-``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sends SIGTERM to each
-running task's process group, and "cancels all the remaining tasks in the pipeline"
-(https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs): the exit handler's task among them, which is
-CANCELLED, not run; the job ends CANCELLED. A task whose spec has a ``retryPolicy`` (what KFP's ``set_retry``
+``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sets the job
+CANCELLING ("Vertex AI Pipelines sets the pipeline run state to CANCELLING. ... cancels all the remaining tasks in the
+pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs), then stops each running task as
+Kubernetes ends a pod, for a Vertex task is a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later if it still
+runs (the pod's termination grace period, 30 s unless set: "the kubelet triggers forcible shutdown" once it expires,
+https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); the exit handler's task is
+CANCELLED, not run; the job ends CANCELLED. A task's ``{{$.pipeline_job_resource_name}}`` is the job's full resource
+name (``projects/P/locations/L/pipelineJobs/ID``: ``PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER``, kfp/dsl/__init__.py),
+its ``{{$.pipeline_job_name}}`` the job's id. A task whose spec has a ``retryPolicy`` (what KFP's ``set_retry``
 compiles to: "the number of attempts to rerun the task on failure and the delay between subsequent retries",
 https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries) is run again after a failed attempt, up to
 ``maxRetryCount`` times, the n-th retry after ``backoffDuration`` x ``backoffFactor`` ** (n - 1) (kfp's
@@ -50,15 +55,19 @@ https://cloud.google.com/vertex-ai/docs/pipelines/configure-retries) is run agai
 each wait scaled by ``backoff_scale`` (the tests' clock); each failed attempt that is retried is kept in the task's
 ``pipelineTaskStatus`` ("a record of task status evolving over time", its field docs in
 google/cloud/aiplatform_v1/types/pipeline_job.py) as RUNNING with its error, as those docs say of an error being
-retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. ``kill_first_attempt``
-is an injectable fault: the task's first attempt is SIGKILLed, its process group with it, once a condition holds (a
-task's machine lost mid-way). States: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the
+retried. No task detail is SKIPPED: that state is a cache hit's, and no task is cached here. Two injectable faults:
+``kill_first_attempt``: the task's first attempt is SIGKILLed, its process group with it, once a condition holds (a
+task's machine lost mid-way); ``terminate_first_attempt``: SIGTERM, then SIGKILL ``grace_s`` later, as Kubernetes
+ends a pod it evicts or whose node is drained for maintenance (the pod termination above; "Voluntary and involuntary
+disruptions", https://kubernetes.io/docs/concepts/workloads/pods/disruptions/) while the job itself goes on running.
+States: PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; task details carry the
 output artifacts (uri, schema title, metadata) and the input artifacts, each the very artifact an upstream task wrote
 (``taskOutputArtifact``), handed to the task's executor as KFP's executor input names them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -119,7 +128,7 @@ class Job:
     parameters: dict
     root: str  # the pipeline root, gs://...
     cancelled: threading.Event = field(default_factory=threading.Event)
-    running: set[subprocess.Popen] = field(default_factory=set)  # the tasks' processes that run now
+    running: dict[subprocess.Popen, str] = field(default_factory=dict)  # the tasks' processes that run now: names
     tasks: list[dict] = field(default_factory=list)  # PipelineTaskDetail JSON, in start order
     logs: dict[str, str] = field(default_factory=dict)  # task name -> its output (its last attempt's)
     attempts: dict[str, int] = field(default_factory=dict)  # task name -> attempts started
@@ -286,6 +295,13 @@ class VertexEmulator(HttpEmulator):
         self.list_queries: list[dict] = []  # each ListPipelineJobs call's query parameters
         self.backoff_scale = 1.0  # a retry's wait, as the spec gives it, times this
         self.kills: dict[str, object] = {}  # task name -> the condition that kills its first attempt
+        self.terms: dict[str, object] = {}  # task name -> the condition that terminates its first attempt
+        # A pod's terminationGracePeriodSeconds: 30 unless set (the Pod spec's field docs,
+        # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle); Vertex AI
+        # documents no other for its tasks.
+        self.grace_s = 30.0
+        self.terminated: list[tuple[str, float]] = []  # (task name, when) each SIGTERM was sent
+        self.forced: list[str] = []  # the tasks whose processes were SIGKILLed at the end of their grace period
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ inspection
@@ -309,6 +325,11 @@ class VertexEmulator(HttpEmulator):
         """The fault: the first attempt of ``task`` (its name in the task details) is SIGKILLed, its process group with
         it, as soon as ``when()`` holds while it runs; a retry, if the spec asks for one, is not touched."""
         self.kills[task] = when
+
+    def terminate_first_attempt(self, task: str, when=lambda: True) -> None:
+        """The fault: the first attempt of ``task`` is sent SIGTERM (its process group), then SIGKILL ``grace_s``
+        later unless it ended, as soon as ``when()`` holds while it runs: an evicted pod, the job going on."""
+        self.terms[task] = when
 
     def add_job(self, parent: str, job_id: str, state: str, labels: dict | None = None) -> str:
         """A job known to the service in ``state`` (``PIPELINE_STATE_...``) with nothing to run, as one started by
@@ -428,9 +449,8 @@ class VertexEmulator(HttpEmulator):
                 raise HttpError(400, f"The PipelineJob {name} is already in a final state.")
             job.resource["state"] = "PIPELINE_STATE_CANCELLING"
             job.cancelled.set()
-            for proc in list(job.running):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc, shown in list(job.running.items()):
+                self._terminate(proc, shown)
 
     # ------------------------------------------------------------------ running a job
     def _set(self, job: Job, **fields) -> None:
@@ -564,9 +584,9 @@ class VertexEmulator(HttpEmulator):
             elif "runtimeValue" in binding:
                 constant = binding["runtimeValue"]["constant"]
                 values[key] = (
-                    constant.replace("{{$.pipeline_job_name}}", job_id).replace(
-                        "{{$.pipeline_job_schedule_time_utc}}", job.scheduled
-                    )
+                    constant.replace("{{$.pipeline_job_name}}", job_id)
+                    .replace("{{$.pipeline_job_resource_name}}", job.resource["name"])
+                    .replace("{{$.pipeline_job_schedule_time_utc}}", job.scheduled)
                     if isinstance(constant, str)
                     else constant
                 )
@@ -679,12 +699,14 @@ class VertexEmulator(HttpEmulator):
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-                job.running.add(proc)
+                job.running[proc] = shown
             if job.attempts[shown] == 1 and shown in self.kills:
                 self._kill_when(proc, self.kills[shown])
+            if job.attempts[shown] == 1 and shown in self.terms:
+                self._kill_when(proc, self.terms[shown], lambda: self._terminate(proc, shown))
             code = proc.wait()
             with self._lock:
-                job.running.discard(proc)
+                job.running.pop(proc, None)
         job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
         result = self._collect(task_dir, artifacts, prefix)
         shutil.rmtree(task_dir, ignore_errors=True)
@@ -692,17 +714,45 @@ class VertexEmulator(HttpEmulator):
         return code == 0, result, error
 
     @staticmethod
-    def _kill_when(process: subprocess.Popen, when) -> None:
-        """SIGKILL the process's group once ``when()`` holds, unless it ended first."""
+    def _kill_when(process: subprocess.Popen, when, kill=None) -> None:
+        """SIGKILL the process's group (or ``kill()``) once ``when()`` holds, unless it ended first."""
 
         def watch() -> None:
             while process.poll() is None:
                 if when():
-                    os.killpg(process.pid, signal.SIGKILL)
+                    if kill is None:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    else:
+                        kill()
                     return
                 time.sleep(0.2)
 
         threading.Thread(target=watch, daemon=True).start()
+
+    def _terminate(self, process: subprocess.Popen, shown: str) -> None:
+        """End a task as Kubernetes ends a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later to whatever of
+        the group still runs (the emulator's reading: Kubernetes signals the container's first process, and every
+        process of the container ends with it; a task's command is a shell around the executor, so the group stands
+        for the container)."""
+        if process.poll() is not None:
+            return
+        self.terminated.append((shown, time.time()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+
+        def force() -> None:  # the group's every process, the container's first (its shell) or not
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(process.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+                self.forced.append(shown)
+
+        threading.Thread(target=force, daemon=True).start()
 
     def _collect(self, task_dir: Path, artifacts: dict, prefix: str) -> dict:
         """The task's output parameters and artifacts (with their metadata from the executor output); the files it

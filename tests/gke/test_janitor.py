@@ -282,8 +282,9 @@ def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, 
     assert ledger.load(LocalStore(tmp_path / "runs" / "swept"))["torn_down"]
 
 
-def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunContext:
-    """A Vertex AI run left behind as a Stop leaves it: its first task noted its pipeline job in the ledger,
+def _stopped_on_vertex(project, run_id: str, job_id: str, state: str, region: str = "", named: bool = False):
+    """A Vertex AI run left behind as a Stop leaves it: its first task noted its pipeline job in the ledger (with its
+    full resource name when ``named``, as every task now gets it; the bare id alone, as older ledgers have it),
     provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran."""
     import json
 
@@ -292,11 +293,14 @@ def _stopped_on_vertex(project, run_id: str, job_id: str, state: str) -> RunCont
 
     store = GcsStore(f"{PROJECT}-tpupipe", f"state/{run_id}")
     labels = {"tpupipe-preset": "local-fsdp"}
-    claim(store, run_id, "gke", job_id, first=True, environ={VERTEX_TASK_ENV: json.dumps(labels)})
+    parent = f"projects/{PROJECT}/locations/{region or REGION}"
+    name = f"{parent}/pipelineJobs/{job_id}" if named else ""
+    claim(store, run_id, "gke", job_id, first=True, environ={VERTEX_TASK_ENV: json.dumps(labels)}, resource=name)
     ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=store, platform="gke")
     _left_behind(project, ctx)
-    assert ledger.load(store)["pipeline_job"] == {"id": job_id, "labels": labels}  # provision kept it
-    project.vertex.add_job(f"projects/{PROJECT}/locations/{REGION}", job_id, state, labels)
+    job = {"id": job_id, "labels": labels} | ({"name": name} if named else {})
+    assert ledger.load(store)["pipeline_job"] == job  # provision kept it
+    project.vertex.add_job(parent, job_id, state, labels)
     return ctx
 
 
@@ -321,15 +325,20 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
     project = run_bucket
     _stopped_on_vertex(project, "stopped", "tpupipe-local-fsdp-20261201000000-aaaaaa", "PIPELINE_STATE_CANCELLED")
     _stopped_on_vertex(project, "busy", "tpupipe-local-fsdp-20261201000000-bbbbbb", "PIPELINE_STATE_RUNNING")
+    # A run whose job ran in another region: its ledger's full resource name finds the job there.
+    elsewhere = "tpupipe-local-fsdp-20261201000000-dddddd"
+    _stopped_on_vertex(project, "elsewhere", elsewhere, "PIPELINE_STATE_CANCELLED", "europe-west4", named=True)
     root = f"gs://{PROJECT}-tpupipe/state"
     code, text = _janitor(capsys, "--output-root", root, "--older-than", "0s", "--dry-run")
     assert "busy: kept: its pipeline job tpupipe-local-fsdp-20261201000000-bbbbbb is running" in text, text
     code, text = _janitor(capsys, "--output-root", root)
     assert code == 0, text
     assert "stopped (its pipeline job tpupipe-local-fsdp-20261201000000-aaaaaa is cancelled):" in text, text
+    assert f"elsewhere (its pipeline job {elsewhere} is cancelled):" in text, text
     assert "deleted projects/tpupipe-emulated/locations/us-east5-b/clusters/tpupipe-stopped" in text
     left = project.leftovers("stopped")  # its "clusters": every cluster in the project, busy's among them
     assert project.clusters("stopped") == [] and set(left) == {"clusters"}, left
+    assert project.clusters("elsewhere") == []
     assert project.clusters("busy") and project.pools("busy")
     assert "GetPipelineJob" in project.vertex.calls
     # Without the region the janitor asks Vertex AI nothing, and the age limit holds.
@@ -365,3 +374,12 @@ def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_buck
         in (project.vertex.job(job).logs["janitor"])
     )
     assert project.leftovers("ui-stop") == {}
+    # A new components image published: the schedule is replaced by one on it, not left on the digest it had.
+    project.registry.push(Target(PROJECT, REGION).image(image_tag("pipeline")), "sha256:" + "ef" * 32)
+    replaced = stopping.janitor_schedule(PROJECT, REGION, account, log=lambda m: None)
+    (schedule,) = project.vertex.schedules.values()
+    assert schedule.resource["name"] == replaced and schedule.resource["cron"] == "*/15 * * * *"
+    spec = schedule.resource["createPipelineJobRequest"]["pipelineJob"]["pipelineSpec"]
+    assert {e["container"]["image"].rsplit("@", 1)[-1] for e in spec["deploymentSpec"]["executors"].values()} == {
+        "sha256:" + "ef" * 32
+    }

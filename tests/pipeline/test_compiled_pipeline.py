@@ -213,15 +213,32 @@ def test_a_run_that_names_only_the_preset_loads_offline_into_a_vertex_pipeline_j
     assert defaults["platform"]["defaultValue"] == "gke" and defaults["project"]["defaultValue"] == "my-project"
 
 
-def test_run_scoped_names_come_from_the_job_name(compiled):
+def _job_names(compiled: dict) -> list[str]:
     name, condition = _gate_condition(compiled)
     branch = compiled["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
     tasks = [t for n, t in _inner(compiled).items() if n != name] + list(branch.values())
     tasks.append(_handler(compiled)["snapshot-data"])
     assert len(tasks) == len(STAGES) - 1
-    for task in tasks:
-        job_name = task["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"]
-        assert job_name == "{{$.pipeline_job_name}}"
+    return [task["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"] for task in tasks]
+
+
+def test_run_scoped_names_come_from_the_job_and_a_task_knows_where_its_job_is(compiled, tmp_path):
+    """On Vertex AI every task gets the job's full resource name (the run id derives from its id; the job's state is
+    asked where the job is); a local run's tasks get its name, which kfp.local fills in."""
+    assert set(_job_names(compiled)) == {"{{$.pipeline_job_resource_name}}"}
+    local = yaml.safe_load(Path(compile_pipeline(str(tmp_path / "local.yaml"), retries=False)).read_text())
+    assert set(_job_names(local)) == {"{{$.pipeline_job_name}}"}
+
+
+def test_every_parameter_description_is_one_line(compiled):
+    """The Vertex AI run form shows each description beside its field: no docstring line breaks in them."""
+    described = [
+        p["description"]
+        for component in [compiled["root"], *compiled["components"].values()]
+        for p in component.get("inputDefinitions", {}).get("parameters", {}).values()
+        if "description" in p
+    ]
+    assert described and all("\n" not in d and "  " not in d for d in described)
 
 
 def test_every_task_runs_in_the_content_addressed_components_image_in_the_registry(compiled):

@@ -50,3 +50,19 @@ def test_tpupipe_compile_gives_the_janitor_pipeline(tmp_path):
     out = tmp_path / "janitor.yaml"
     assert cli.main(["compile", "--pipeline", "janitor", "--output", str(out), "--project", "my-project"]) == 0
     assert yaml.safe_load(out.read_text())["pipelineInfo"]["name"] == "tpupipe-janitor"
+
+
+def test_publish_help_says_why_a_stop_needs_no_trigger(capsys):
+    """A Stop's teardown starts from the stage its SIGTERM reaches; ``publish --help`` says so, and there is no
+    ``--stop-trigger`` to give."""
+    import pytest
+
+    from pipelines.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["publish", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "needs no trigger, so there is no --stop-trigger" in shown and "Stopping a run" in shown
+    assert "replaced when it runs another image" in shown
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["publish", "--stop-trigger"])

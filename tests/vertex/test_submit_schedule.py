@@ -52,14 +52,41 @@ def _job(project, name: str):
     return project.vertex.job(name.rsplit("/", 1)[-1])
 
 
+def _deleting_since(project, run_id: str) -> dict[str, float]:
+    """Watch the run's cluster from now: ``at`` is set to when GKE first shows it being deleted (STOPPING) or gone,
+    the instant its nodes stop being the run's to pay for."""
+    import threading
+    import time
+
+    from google.cloud.container_v1 import Cluster
+
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        had = False
+        while "at" not in seen:
+            clusters = [cl for n, cl in list(project.gke.state.clusters.items()) if run_id in n]
+            had = had or bool(clusters)
+            if had and all(cl.status == Cluster.Status.STOPPING for cl in clusters):
+                seen["at"] = time.time()
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
+
+
 @pytest.mark.e2e  # runs Vertex AI jobs, each task its own process
-def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kubernetes_secret(project_factory):
-    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train: the train job is stopped and, as
-    Vertex AI documents, the exit handler's teardown task is cancelled with the rest, so `runs cancel` tears the run
-    down from its ledger and prints what it deleted; `runs show`. provision's first attempt is killed once its
-    cluster exists (a lost machine): its retry policy runs it again and it resumes, one cluster, not two. The Hugging
-    Face token goes from Secret Manager to the run's Kubernetes Secret and nowhere else, cancel path included;
-    nothing of the run is left in any emulator."""
+def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kubernetes_secret(
+    project_factory, record_property
+):
+    """`tpupipe submit`, `runs list` while it trains, `runs cancel` during train: the cancel reaches the train task as
+    SIGTERM while its pipeline job is CANCELLING, so the task stops the Ray job and starts the deletion of the run's
+    cluster at once, not waiting on it (the time from cancel to the cluster being deleted is this test's record,
+    ``cancel_to_deleting_s``); as Vertex AI documents, the exit handler's teardown task is cancelled with the rest, so
+    `runs cancel` tears the rest of the run down from its ledger and prints what it deleted; `runs show`.
+    provision's first attempt is killed once its cluster exists (a lost machine): its retry policy runs it again and
+    it resumes, one cluster, not two. The Hugging Face token goes from Secret Manager to the run's Kubernetes Secret
+    and nowhere else, cancel path included; nothing of the run is left in any emulator."""
     project = project_factory(ray=True, vertex=True)
     project.vertex.backoff_scale = 0.05  # provision's 30 s backoff: 1.5 s here
     project.vertex.kill_first_attempt("provision", when=lambda: bool(project.gke.state.clusters))
@@ -86,8 +113,26 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     )
     listed = _tpupipe(project, "runs", "list", "--preset", "local-fsdp", "--state", "running", *PLACE)
     assert job_id in listed.stdout, listed.stdout + listed.stderr
+    # The run's Vertex AI labels (its billing id, the user's) on the cluster and its nodes, beside the run's own: the
+    # run's cost in Vertex AI counts its TPUs.
+    billing = project.vertex.job(job_id).resource["labels"]["vertex-ai-pipelines-run-billing-id"]
+    (cluster,) = project.gke.state.clusters.values()
+    for labels in [cluster.resource_labels, *(p.config.resource_labels for p in cluster.node_pools)]:
+        assert labels["vertex-ai-pipelines-run-billing-id"] == billing and labels["team"] == "ml", labels
+        assert labels[names.RUN_LABEL] == run_id
+    deleting = _deleting_since(project, run_id)
     cancelled = _tpupipe(project, "runs", "cancel", job_id, *PLACE)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    # The train task took the cancel's SIGTERM: the job was CANCELLING, so it stopped the Ray job (below) and started
+    # the cluster's deletion itself, seconds after the cancel, before `runs cancel` got to its own teardown.
+    (sigterm,) = [at for task, at in project.vertex.terminated if task == "train"]
+    train = json.loads(project.storage.data(f"{PROJECT}-tpupipe", f"state/{run_id}/stages/train.json"))
+    assert train["status"] == "interrupted" and train["signal"] == "SIGTERM", train
+    (released,) = train["released"]
+    assert released.startswith(f"projects/{PROJECT}/locations/") and released.endswith(f"/clusters/tpupipe-{run_id}")
+    record_property("cancel_to_deleting_s", round(deleting["at"] - sigterm, 2))
+    print(f"cancel -> the cluster's deletion under way: {deleting['at'] - sigterm:.2f} s")
+    assert deleting["at"] - sigterm < 60, deleting["at"] - sigterm
     resource = project.vertex.job(job_id).resource  # runs cancel returned once it had ended
     tasks = {t["taskName"]: t for t in resource["jobDetail"]["taskDetails"]}
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"

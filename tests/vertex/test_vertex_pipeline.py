@@ -187,7 +187,7 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert set(PROVENANCE_FIELDS) <= set(first)
     assert (first["run_id"], first["pipeline_job"], first["accelerator"], first["topology"]) == (
         ok,
-        ok,
+        name,  # the job's full resource name: the project and region it ran in
         "v6e",
         "1x1",
     )
@@ -211,11 +211,29 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # following it, tests/unit/test_registry.py.)
     # Its trainer also fails once at step 40, in its second epoch (32 steps each), and resumes from the first's
     # checkpoint: the restart its timeline marks.
+    # And its train task's pod is evicted while the Ray job trains (SIGTERM, the job going on): the task reads that
+    # its pipeline job is running, leaves the Ray job training and ends; its retry re-attaches to the same job.
     keep = "train.epochs=2 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
     keep += " gate.min_improvement=0.01 train.fail_at_step=40 train.max_failures=1"
+    project.vertex.backoff_scale = 0.05  # train's 30 s backoff: 1.5 s here
+    train_job = f"{keep_id}-train"
+    project.vertex.terminate_first_attempt("train", when=lambda: project.kube.job_status(train_job) == "RUNNING")
     second = project.vertex.wait(_submit(project, tmp_path, keep_id, keep), timeout_s=1500)
     tasks = _tasks(second)
     assert second["state"] == "PIPELINE_STATE_SUCCEEDED", {t: (d["state"], d.get("error")) for t, d in tasks.items()}
+    # The eviction: one SIGTERM, the Ray job neither stopped nor submitted again, the retry re-attached to it.
+    assert [t for t, _ in project.vertex.terminated] == ["train"] and project.vertex.job(keep_id).attempts["train"] == 2
+    (evicted,) = tasks["train"]["pipelineTaskStatus"]
+    assert evicted["state"] == "RUNNING" and "exited with code" in evicted["error"]["message"]
+    assert "re-attaching to job" in project.vertex.job(keep_id).logs["train"]
+    train_calls = [(m, p) for m, p, _ in project.kube.requests if train_job in p]
+    assert not [c for c in train_calls if c[1].endswith("/stop")], "the evicted task stopped the training"
+    submits = [
+        b
+        for m, path, b in project.kube.bodies
+        if m == "POST" and path.rstrip("/").endswith("/api/jobs") and train_job in b
+    ]
+    assert len(submits) == 1, submits
     assert tasks["register"]["state"] == "SUCCEEDED"
     assert tasks["gate-promotes"]["state"] == "NOT_TRIGGERED" and "promote" not in tasks
     assert registry.champion(MODEL).version == "1"
@@ -241,6 +259,11 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert f"kept champion {MODEL}@1" in table and gate["reason"] in table
     promote = next(s for s in summary["stages"] if s["name"] == "promote")
     assert promote["status"] == "skipped" and promote["reason"] == gate["reason"] and summary["status"] == "succeeded"
+    # Its steps intact: every step of both epochs trained once, then the failure's repeated ones (the eviction
+    # repeated none).
+    steps = [s["step"] for s in summary["steps"]]
+    assert steps == list(range(steps[0], steps[0] + 64)) and all(s["loss"] is not None for s in summary["steps"])
+    assert summary["restarts"] == 1  # the trainer's own failure at step 40, and no other
     # The restart: its repeated steps and the new worker group lost to failures, marked on the timeline.
     lost = next(c for c in summary["goodput"]["categories"] if c["name"] == "lost to failures")
     assert lost["chip_s"] > 0 and len(summary["train_timeline"]["groups"]) == 2

@@ -31,9 +31,13 @@ FAILING = "llama3-8b-v6e-16x2"  # a job of this preset fails in the tiny pipelin
 def hold(preset: str) -> str:
     """Wait until the file named by $RELEASE exists (the test's gate), then succeed."""
     import os
+    import signal
     import time
 
     print("run labels:", os.environ.get("VERTEX_AI_PIPELINES_RUN_LABELS"))
+    if os.environ.get("IGNORE_SIGTERM"):  # a task that does not end on SIGTERM: the grace period's SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.environ["IGNORE_SIGTERM"], "a").close()  # said once it holds
     while not os.path.exists(os.environ["RELEASE"]):
         time.sleep(0.1)
     return preset
@@ -355,6 +359,88 @@ def test_a_task_killed_mid_way_is_retried_as_its_retry_policy_says(service):
     assert hold["state"] == "SUCCEEDED" and "error" not in hold
     (failed,) = hold["pipelineTaskStatus"]  # an error in a non-final state: "a system-error being retried"
     assert failed["state"] == "RUNNING" and "exited with code -9" in failed["error"]["message"]
+
+
+def test_an_evicted_task_gets_sigterm_then_sigkill_after_its_grace_period_and_is_retried(service):
+    """A pod ended under a running job (evicted, its node drained): SIGTERM, then SIGKILL once the grace period is over
+    (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); the job goes on, and the
+    task's retry policy runs it again."""
+    service.backoff_scale, service.grace_s = 0.01, 1.0
+    ignoring = service.workdir / "ignoring"
+    service.env["IGNORE_SIGTERM"] = str(ignoring)
+    service.terminate_first_attempt("hold", when=ignoring.exists)
+    name = _create(service, _submission(service), vertex.new_job_id(PRESET))
+    wait_until(lambda: service.job(name).attempts.get("hold") == 2, 60, "hold's second attempt")
+    assert service.job(name).resource["state"] == "PIPELINE_STATE_RUNNING"
+    service.release.touch()
+    resource = service.wait(name, timeout_s=60)
+    assert resource["state"] == "PIPELINE_STATE_SUCCEEDED"
+    ((task, _),) = service.terminated
+    (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
+    (failed,) = hold["pipelineTaskStatus"]
+    assert task == "hold" and "exited with code -15" in failed["error"]["message"]
+    assert service.forced == ["hold"]  # SIGTERM ignored by the executor: the grace period's SIGKILL ended it
+
+
+def test_a_cancel_sets_the_job_cancelling_then_ends_its_tasks_as_kubernetes_ends_pods(service):
+    """A cancel: the job is CANCELLING while its running task gets SIGTERM, then SIGKILL after the grace period
+    when it has not ended; the job ends CANCELLED."""
+    from google.cloud import aiplatform
+
+    service.grace_s = 1.0
+    ignoring = service.workdir / "ignoring"
+    service.env["IGNORE_SIGTERM"] = str(ignoring)
+    name = _create(service, _submission(service), vertex.new_job_id(PRESET))
+    wait_until(ignoring.exists, 60, "hold to start")
+    aiplatform.PipelineJob.get(name).cancel()
+    assert service.job(name).resource["state"] == "PIPELINE_STATE_CANCELLING"
+    assert [t for t, _ in service.terminated] == ["hold"]
+    resource = service.wait(name, timeout_s=60)
+    assert resource["state"] == "PIPELINE_STATE_CANCELLED"
+    wait_until(lambda: service.forced == ["hold"], 10, "the grace period's SIGKILL")
+
+
+@pytest.mark.parametrize(
+    ("state", "stops"),
+    [
+        ("PIPELINE_STATE_RUNNING", False),
+        ("PIPELINE_STATE_CANCELLING", True),
+        ("PIPELINE_STATE_CANCELLED", True),
+        (None, False),  # no such job: its state is unknown
+    ],
+)
+def test_on_vertex_a_sigterm_stops_a_stage_only_when_its_pipeline_job_is_being_cancelled(
+    service, monkeypatch, state, stops
+):
+    """A stage on Vertex AI asks for its pipeline job's state (by the resource name every task is given) when SIGTERM
+    comes: a job being cancelled is a stop (what the stage started is stopped); a job that goes on is not (a pod
+    evicted: the task ends and its retry re-attaches). SIGINT always stops; off Vertex AI SIGTERM always stops."""
+    import os
+    import signal
+
+    from components.platforms import interrupts
+    from components.stages import vertex_task
+
+    parent = f"projects/{PROJECT}/locations/{REGION}"
+    name = service.add_job(parent, "job-1", state) if state else f"{parent}/pipelineJobs/gone"
+    said: list[str] = []
+
+    def stopped_by(signum: int, on_vertex: bool) -> list[int]:
+        stopped: list[int] = []
+        environ = {vertex_task.VERTEX_TASK_ENV: "{}"} if on_vertex else {}
+        vertex_task.watch(name, environ)
+        judge = interrupts.sigterm_judged_by(lambda: vertex_task.sigterm_stops(said.append))
+        with judge, pytest.raises(interrupts.Interrupted), interrupts.on_interrupt(stopped.append, log=said.append):
+            os.kill(os.getpid(), signum)
+        return stopped
+
+    assert stopped_by(signal.SIGTERM, on_vertex=True) == ([signal.SIGTERM] if stops else [])
+    assert vertex_task.cancelling() is stops
+    assert said[0].startswith("SIGTERM: pipeline job job-1 is " if state else "SIGTERM: pipeline job gone is unknown")
+    assert ("not a stop of the run" in said[0]) is not stops
+    assert stopped_by(signal.SIGINT, on_vertex=True) == [signal.SIGINT]
+    assert stopped_by(signal.SIGTERM, on_vertex=False) == [signal.SIGTERM]
+    assert vertex_task.job_id(name) == name.rsplit("/", 1)[-1] and vertex_task.job_id("job-1") == "job-1"
 
 
 def test_a_task_without_a_retry_policy_is_not_retried_and_backoff_grows_by_the_factor(service):

@@ -263,14 +263,15 @@ class Gke(Adapter):
         return [f.name for f in features]
 
     # -- delete (not found is success)
-    def delete_node_pool(self, name: str) -> bool:
-        return self._delete("node pool", name, self.client.delete_node_pool)
+    def delete_node_pool(self, name: str, wait: bool = True) -> bool:
+        return self._delete("node pool", name, self.client.delete_node_pool, wait)
 
-    def delete_cluster(self, name: str) -> bool:
-        return self._delete("cluster", name, self.client.delete_cluster)
+    def delete_cluster(self, name: str, wait: bool = True) -> bool:
+        return self._delete("cluster", name, self.client.delete_cluster, wait)
 
-    def _delete(self, kind: str, name: str, rpc) -> bool:
-        """Delete and wait; False when it was already gone."""
+    def _delete(self, kind: str, name: str, rpc, wait: bool = True) -> bool:
+        """Delete and wait (unless not ``wait``: the operation started is enough); False when it was already
+        gone."""
         from google.api_core import exceptions as gexc
 
         try:
@@ -278,7 +279,8 @@ class Gke(Adapter):
         except gexc.NotFound:
             return False
         self.log(f"deleting {kind} {name}")
-        self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
+        if wait:
+            self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
         return True
 
     def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:

@@ -11,8 +11,9 @@ A run is found two ways:
   names cover the DCN networks and subnets of a multislice run) once its cluster is older than the limit.
 
 A run that ran on Vertex AI Pipelines has its pipeline job in its ledger (``pipeline_job``, written by its first
-task): given the Vertex AI region, the janitor asks Vertex AI for that job's state (in the run's project, where the
-compiled pipeline runs). A job that ended (cancelled from the UI, by a schedule's owner, failed, succeeded) whose run
+task, with the job's full resource name): the janitor asks Vertex AI for that job's state where the job is, whatever
+project or region it ran in (a ledger with the bare id alone, from before the name was recorded: in the run's project
+and the janitor's region). A job that ended (cancelled from the UI, by a schedule's owner, failed, succeeded) whose run
 still has resources is collected at once, whatever its age: a cancelled job's exit handler never ran its teardown
 ("cancels all the remaining tasks in the pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
 A run whose job is still pending or running is left alone, whatever its age; so is a run whose driver's heartbeat
@@ -40,6 +41,7 @@ from typing import Any
 
 from components.platforms import RunContext, heartbeat
 from components.platforms import ledger as ledgers
+from components.platforms.credentials import pipeline_job_state
 from components.platforms.gke.plan import paths
 from components.platforms.store import open_store, runs_with
 from components.spec import RunSpec, SpecError, names, ready_limits
@@ -164,10 +166,12 @@ class Janitor:
     def _job_reason(self, job: dict | None, project: str) -> tuple[str, str]:
         """Why a Vertex AI run is collected or kept, from its pipeline job's state; else '' and, when the state
         could not be read, why (said beside the age limit's reason)."""
-        if not job or not self.region:
+        if not job or not (job.get("name") or self.region):
             return "", ""
-        name = f"projects/{project}/locations/{self.region}/pipelineJobs/{job['id']}"
-        state, problem = pipeline_job_state(name, self.region)
+        # The job's full resource name, as its first task recorded it, finds it in its own project and region; a
+        # ledger written before the name was recorded has the bare id: the job is looked for in the janitor's region.
+        name = job.get("name") or f"projects/{project}/locations/{self.region}/pipelineJobs/{job['id']}"
+        state, problem = pipeline_job_state(name)
         if state is None:
             return "", f" (the state of its pipeline job {name} is unknown: {problem})"
         shown = state.removeprefix("PIPELINE_STATE_").lower()
@@ -266,26 +270,6 @@ class Janitor:
             except Exception as exc:  # noqa: BLE001 - the other runs are still swept; the report names this one
                 sweep.failed[found.run_id] = str(exc)
         return sweep
-
-
-def pipeline_job_state(name: str, region: str) -> tuple[str | None, str]:
-    """A Vertex AI pipeline job's state (``PIPELINE_STATE_...``), or None and why it cannot be read."""
-    from google.api_core import exceptions
-    from google.cloud import aiplatform_v1
-
-    from components.platforms.credentials import VERTEX_ENDPOINT_ENV, google_client
-
-    client = google_client(
-        aiplatform_v1.PipelineServiceClient,
-        VERTEX_ENDPOINT_ENV,
-        endpoint=f"{region}-aiplatform.googleapis.com",
-        emulator_transport="rest",
-    )
-    try:
-        job = client.get_pipeline_job(name=name)
-    except exceptions.GoogleAPICallError as exc:
-        return None, f"{type(exc).__name__}: {exc.message}"
-    return aiplatform_v1.PipelineState(job.state).name, ""
 
 
 def render(sweep: Sweep, dry_run: bool) -> str:

@@ -236,6 +236,10 @@ class GkePlatform(Platform):
             return {"deleted": [], "kept_cluster": None}
         return teardowns.teardown(ctx, self.clients)
 
+    def release(self, ctx: RunContext) -> list[str]:
+        """The run's cluster (or its node pools) as its ledger records them: deletes started, not waited on."""
+        return teardowns.start_deletes(ctx, self.clients)
+
     def remaining(self, ctx: RunContext) -> list[str]:
         return teardowns.remaining(ctx)
 

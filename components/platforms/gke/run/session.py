@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.platforms import RunContext
+from components.platforms import RunContext, vertex_run_labels
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT, target
@@ -41,10 +41,13 @@ class Session:
 
     def node_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """A cluster or node pool body with the nodes' service account as it really is (the plan shows the default
-        as PROJECT_NUMBER-compute@...)."""
-        return json.loads(
+        as PROJECT_NUMBER-compute@...), and on Vertex AI the pipeline run's labels beside the run's own on the cluster
+        and its nodes (``resourceLabels``: their VMs and disks carry them), so the run's cost in Vertex AI counts its
+        TPUs (``components.platforms.vertex_run_labels``)."""
+        real = json.loads(
             json.dumps(body).replace(json.dumps(self.t.node_service_account), json.dumps(self.node_service_account()))
         )
+        return with_labels(real, vertex_run_labels())
 
     def client(self, what: str):
         """``creds``, ``gke``, ``compute``, ``storage`` or ``kube`` (a (Kube, cluster, token) triple)."""
@@ -62,3 +65,16 @@ class Session:
             }
             self._clients[what] = made[what]()
         return self._clients[what]
+
+
+def with_labels(body: Any, labels: dict[str, str]) -> Any:
+    """``body`` with ``labels`` added to every ``resourceLabels`` in it (the cluster's, its node pools' configs'); the
+    run's own labels win a clash."""
+    if isinstance(body, list):
+        return [with_labels(item, labels) for item in body]
+    if not isinstance(body, dict):
+        return body
+    found = {key: with_labels(value, labels) for key, value in body.items()}
+    if "resourceLabels" in found:
+        found["resourceLabels"] = {**labels, **found["resourceLabels"]}
+    return found

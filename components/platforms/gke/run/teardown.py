@@ -46,6 +46,25 @@ def teardown(ctx: RunContext, clients: Clients) -> dict[str, Any]:
     return {"deleted": deleted, "kept_cluster": None if owns else run_cluster(ledger, t)}
 
 
+def start_deletes(ctx: RunContext, clients: Clients) -> list[str]:
+    """What bills of a cancelled run: the node pools it created in a cluster it does not own, else its cluster (its
+    node pools go with it), as its ledger records them; each delete started, none waited on, so a task with seconds
+    left before its SIGKILL issues them all. A GKE operation runs on once started: it is the cluster's, not the
+    caller's ("Operation" resource, https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.operations).
+    The rest (Kubernetes objects, Compute Engine resources, the bucket binding) bills nothing by the hour and is left
+    to the janitor or ``tpupipe teardown``, which also finish what these deletes miss."""
+    ledger = ledgers.load(ctx.store) or {}
+    if ledger.get("torn_down"):
+        return []
+    created = ledger.get("created", [])
+    clusters = [e["name"] for e in created if e["kind"] == "cluster"]
+    pools = [e["name"] for e in created if e["kind"] == "node_pool"]
+    gke = clients.gke()
+    deleting = clusters or pools  # a cluster's node pools go with it
+    delete = gke.delete_cluster if clusters else gke.delete_node_pool
+    return [name for name in reversed(deleting) if delete(name, wait=False)]
+
+
 def remaining(ctx: RunContext) -> list[str]:
     """What the run may still have, as its ledger says (read here, no call made); nothing once a teardown
     finished."""
