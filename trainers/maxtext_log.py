@@ -7,15 +7,22 @@ argument list of MaxText's eval loop, derived from the ``key=value`` train argum
 
 from __future__ import annotations
 
+import json
 import re
 
+# A loss as MaxText formats it (``f"{loss:.3f}"``): digits, or nan/inf when training diverged.
+_LOSS = r"(?P<loss>-?(?:[\d.]+|nan|inf))"
 STEP_LINE = re.compile(
     r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.]+), TFLOP/s/device: (?P<tflops>[\d.]+), "
-    r"Tokens/s/device: (?P<tokens>[\d.]+), total_weights: (?P<weights>\d+), loss: (?P<loss>[\d.]+)"
+    r"Tokens/s/device: (?P<tokens>[\d.]+), total_weights: (?P<weights>\d+), loss: " + _LOSS
 )
 MESH_AXES_LINE = re.compile(r"Config param mesh_axes: \[(?P<axes>[^\]]*)\]")
 MESH_SHAPE_LINE = re.compile(r"Num_devices: (?P<devices>\d+), shape \((?P<shape>[\d, ]+)\)")
-EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=(?P<loss>[\d.]+)")
+EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=" + _LOSS)
+# MaxText's metrics file (``metrics_file``, base.yml: "local file that stores scalar metrics"): one JSON object per
+# written step, every scalar at full precision (``float``), train and eval alike (maxtext/common/metric_logger.py,
+# ``write_metrics_locally`` and ``_prepare_metrics_for_json``); the log lines round the losses to 3 decimals.
+TRAIN_LOSS, EVAL_LOSS = "learning/loss", "eval/avg_loss"
 # MaxText's own words once a checkpoint is saved, or its asynchronous save started (maxtext/common/checkpointing.py,
 # print_save_message).
 CHECKPOINT_LINE = re.compile(
@@ -42,6 +49,29 @@ def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path
     if params_path:
         args.append(f"load_parameters_path={params_path}")
     return args
+
+
+class MetricsFile:
+    """MaxText's metrics file as it grows: ``read`` returns the records written since the last read (a line not yet
+    complete waits for the next). MaxText empties the file when it writes step 0 again (``write_metrics_locally``
+    truncates at step 0), so a file shorter than what was read is read again from its start."""
+
+    def __init__(self, path: str):
+        self.path, self.offset, self.pending = path, 0, ""
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, encoding="utf8") as f:
+                f.seek(0, 2)
+                if f.tell() < self.offset:
+                    self.offset, self.pending = 0, ""
+                f.seek(self.offset)
+                text = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return []
+        *lines, self.pending = (self.pending + text).split("\n")
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def parse_step(line: str) -> dict | None:

@@ -24,6 +24,7 @@ def test_llama3_8b_is_the_seed_command():
         "ici_fsdp_parallelism=4",
         "ici_tensor_parallelism=4",
         "checkpoint_period=20",  # beyond the seed: maxtext.max_lost_steps (MaxText's 10000 saves only step 0)
+        "max_num_checkpoints_to_keep=2",  # beyond the seed: MaxText keeps every checkpoint otherwise
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -44,6 +45,7 @@ def test_llama3_70b_is_the_seed_command():
         "dcn_fsdp_parallelism=2",
         "remat_policy=full",
         "checkpoint_period=20",
+        "max_num_checkpoints_to_keep=2",
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -172,7 +174,8 @@ def test_the_checkpoint_period_derives_from_the_steps_a_preemption_may_repeat_an
     with pytest.raises(SpecError, match="maxtext.max_lost_steps: must be at least 1"):
         resolve("local-maxtext", "max_lost_steps=0")
     document = plan.build(spec, "r")
-    assert document["training"]["checkpoints"] == {"period_steps": 20, "max_lost_steps": 20}
+    checkpoints = document["training"]["checkpoints"]
+    assert (checkpoints["period_steps"], checkpoints["max_lost_steps"], checkpoints["kept"]) == (20, 20, 2)
     text = plan.render_text(document)
     assert "checkpoints every 20 steps: a preemption repeats at most as many (maxtext.max_lost_steps=20)" in text
     assert "checkpoints" not in plan.build(resolve("gemma4-e2b-v6e-16"), "r")["training"]
