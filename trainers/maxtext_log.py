@@ -53,25 +53,37 @@ def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path
 
 class MetricsFile:
     """MaxText's metrics file as it grows: ``read`` returns the records written since the last read (a line not yet
-    complete waits for the next). MaxText empties the file when it writes step 0 again (``write_metrics_locally``
-    truncates at step 0), so a file shorter than what was read is read again from its start."""
+    complete waits for the next). MaxText empties the file whenever it writes step 0 (``write_metrics_locally``
+    truncates at step 0: the eval after train step 0 empties the train step's line), so a file whose start changed,
+    or that is shorter than what was read, is read again from its start."""
 
     def __init__(self, path: str):
-        self.path, self.offset, self.pending = path, 0, ""
+        self.path, self.offset, self.pending, self.head = path, 0, "", ""
 
     def read(self) -> list[dict]:
         try:
             with open(self.path, encoding="utf8") as f:
-                f.seek(0, 2)
-                if f.tell() < self.offset:
+                head = f.read(HEAD_CHARS)
+                size = f.seek(0, 2)
+                if size < self.offset or head[: len(self.head)] != self.head:
                     self.offset, self.pending = 0, ""
                 f.seek(self.offset)
                 text = f.read()
-                self.offset = f.tell()
+                self.offset, self.head = f.tell(), head
         except FileNotFoundError:
             return []
         *lines, self.pending = (self.pending + text).split("\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [record for record in map(_record, lines) if record is not None]
+
+
+HEAD_CHARS = 64  # the start of the file a read remembers, to see it emptied and written again
+
+
+def _record(line: str) -> dict | None:
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:  # a line cut by the file emptied under the reader: its figures are lost, not the run
+        return None
 
 
 def parse_step(line: str) -> dict | None:

@@ -207,3 +207,7 @@ def test_the_metrics_file_gives_the_losses_at_full_precision_as_it_grows(tmp_pat
     assert later[0]["learning/loss"] == 4.987654321 and math.isnan(later[1][maxtext_log.EVAL_LOSS])
     path.write_text(json.dumps(row) + "\n")  # MaxText empties the file when it writes step 0 again
     assert metrics.read() == [row]
+    # the eval after train step 0 empties it again, with a longer line than the one read before
+    longer = {"eval/avg_loss": 2.123456789, "eval/total_weights": 512.0, "step": 0.0, "run_name": "r" * 300}
+    path.write_text(json.dumps(longer) + "\n")
+    assert metrics.read() == [longer]
