@@ -34,8 +34,11 @@ def run(root: Path, preset: str, name: str) -> Path:
         capture_output=True,
         text=True,
     )
-    if proc.returncode != 0:
-        raise SystemExit(f"tpupipe run {preset} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    train = root / name / "stages" / "train.json"
+    if not train.is_file() or json.loads(train.read_text()).get("status") != "succeeded":
+        raise SystemExit(f"tpupipe run {preset}: train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if proc.returncode != 0:  # a later stage failed (evaluate, say): its trainer start is measured all the same
+        print(f"tpupipe run {preset} {name} failed after train:\n{proc.stdout[-1500:]}", file=sys.stderr)
     return root / name
 
 
@@ -60,6 +63,7 @@ def start_of(run_dir: Path) -> dict:
         "worker_group_started_s": round(events["worker_group_started"]["time"] - started, 2),
         "compiling_s": round(sum(c["seconds"] for c in timeline.get("compiles") or []), 2),
         "compile_cache": timeline.get("compile_cache"),
+        "status": summary.get("status"),
         "goodput": summary["goodput"]["goodput"],
         "trainer_start_s": categories["trainer start"],
         "compilation_s": categories["compilation"],
