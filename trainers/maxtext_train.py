@@ -209,6 +209,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     train.main(argv)
     if handler:
         handler.precise()
+        Path(handler.metrics.path).unlink(missing_ok=True)
         protocol.emit("event", handler.jax.summary())
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     last = dict(handler.last) if handler else {}
