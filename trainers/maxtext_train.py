@@ -33,12 +33,13 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, datasets, protocol
-from trainers import job_args, maxtext_data, maxtext_log
+from trainers import jax_events, job_args, maxtext_data, maxtext_log
 
 
 def base_yml() -> str:
@@ -50,13 +51,29 @@ def base_yml() -> str:
 class _StepRecords(logging.Handler):
     """Rank 0: MaxText's output lines -> TPUPIPE records and a readable mesh line. MaxText logs its step and
     eval lines and prints its config and mesh, so the handler sees log records and, through
-    :class:`_LineTee`, stdout lines."""
+    :class:`_LineTee`, stdout lines. A step's loss is sent again at full precision once MaxText's metrics file has
+    it (the line before it is rounded), and each step carries its tokens at the worker group's size then (the global
+    batch: ``per_device_batch_size`` x ``max_target_length`` x the group's devices), so an elastic run's tokens seen
+    add up whatever the groups' sizes."""
 
-    def __init__(self, num_devices: int):
+    def __init__(self, num_devices: int, tokens_per_step: float, metrics_file: str):
         super().__init__(logging.INFO)
-        self.num_devices = num_devices
+        self.num_devices, self.tokens_per_step = num_devices, tokens_per_step
         self.last: dict[str, Any] = {}
         self.axes: list[str] = []
+        self.metrics = maxtext_log.MetricsFile(metrics_file)
+        self.rounded: dict[int, dict[str, Any]] = {}  # steps sent with a rounded loss, by step
+        self.jax = jax_events.JaxEvents(protocol.emit).register()
+
+    def precise(self) -> None:
+        """The losses MaxText's metrics file has by now: each rounded step's again, and the newest eval loss."""
+        for rec in self.metrics.read():
+            if maxtext_log.EVAL_LOSS in rec:
+                self.last["eval_loss"] = rec[maxtext_log.EVAL_LOSS]
+            step = self.rounded.pop(int(rec.get("step", -1)), None)
+            if step and maxtext_log.TRAIN_LOSS in rec:
+                step["loss"] = rec[maxtext_log.TRAIN_LOSS]
+                protocol.emit("metric", step)  # the same step and time: it replaces the rounded one
 
     def emit(self, record: logging.LogRecord) -> None:
         self.line(record.getMessage())
@@ -77,30 +94,36 @@ class _StepRecords(logging.Handler):
             step["tokens_per_s"] = step["tokens_per_s_per_device"] * self.num_devices
             step["group"] = os.getpid()  # which worker group (attempt) ran it: rank 0's process
             step["time"] = time.time()  # when MaxText logged it: how soon training resumes after a lost host
-            self.last["train"] = step
+            step["tokens"] = self.tokens_per_step
+            self.last["train"] = self.rounded[step["step"]] = step
             protocol.emit("metric", step)
+            self.precise()
             return
         match = maxtext_log.EVAL_LINE.search(message)
         if match:
             self.last["eval_loss"] = float(match["loss"])
             return
         match = maxtext_log.CHECKPOINT_LINE.search(message)
-        if match:  # its seconds: from the record before it (components.stages.goodput.timeline)
-            protocol.emit("event", {"event": "checkpoint", "step": int(match["step"]), "time": time.time()})
+        if match:  # its seconds: how long the save blocked training, as Orbax measured it (trainers.jax_events)
+            blocked = self.jax.take_blocked()
+            save = {"event": "checkpoint", "step": int(match["step"]), "time": time.time()}
+            protocol.emit("event", save if blocked is None else {**save, "seconds": blocked})
 
 
 class _LineTee:
-    """A stdout that also hands each complete line to ``on_line``."""
+    """A stdout that also hands each complete line to ``on_line``; Orbax's background thread writes too."""
 
     def __init__(self, stream, on_line):
         self.stream, self.on_line, self.pending = stream, on_line, ""
+        self.lock = threading.RLock()
 
     def write(self, text: str) -> int:
-        self.stream.write(text)
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.on_line(line)
+        with self.lock:
+            self.stream.write(text)
+            self.pending += text
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                self.on_line(line)
         return len(text)
 
     def __getattr__(self, name):
@@ -133,15 +156,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     if cpu_devices:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX writes a program to its persistent cache only if it compiled for at least 1 s (jax/_src/config.py,
+        # jax_persistent_cache_min_compile_time_secs); a small model's programs compile faster on CPU, so emulated
+        # hosts keep every one, as a slice keeps its long compiles
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         import ray.util
 
         address = broadcast_from_rank_zero(f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else "")
         jax.distributed.initialize(coordinator_address=address, num_processes=world, process_id=rank)
         jax.devices()  # every rank forms its backend now: each waits for all the others' (rank 0's, below, too)
-    handler = None
+    handler, argv = None, list(config["argv"])
     if rank == 0:
         absl_logging.set_verbosity(absl_logging.INFO)
-        handler = _StepRecords(jax.device_count())
+        per_device, length = (float(_arg(argv, k) or 0) for k in ("per_device_batch_size", "max_target_length"))
+        metrics_file = tempfile.mkstemp(prefix="maxtext-metrics-", suffix=".jsonl")[1]
+        argv.append(f"metrics_file={metrics_file}")  # rank 0's own: every process writes the file it is given
+        handler = _StepRecords(jax.device_count(), per_device * length * jax.device_count(), metrics_file)
         logging.getLogger().addHandler(handler)  # absl's records propagate here, and MaxText's config logger's
         sys.stdout = _LineTee(sys.stdout, handler.line)
         print(
@@ -177,7 +207,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 "restore_step": int(restored.name) if restored else None,
             },
         )
-    train.main(config["argv"])
+    train.main(argv)
+    if handler:
+        handler.precise()
+        Path(handler.metrics.path).unlink(missing_ok=True)
+        protocol.emit("event", handler.jax.summary())
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     last = dict(handler.last) if handler else {}
     metrics = {
@@ -258,7 +292,10 @@ def run_eval(
     for index, (which, params) in enumerate(models):
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
-        losses[which] = _fit(spec, scaling, eval_args, output_dir, name, 0)["eval_loss"]
+        measured = _fit(spec, scaling, eval_args, output_dir, name, 0)
+        if "eval_loss" not in measured:
+            raise RuntimeError(f"MaxText's eval of the {which} model reported no loss: its log has no eval line")
+        losses[which] = measured["eval_loss"]
         eval_progress(which, index, len(models), spec.maxtext.eval_steps)
     result = {
         "eval_loss_before": losses["before"],

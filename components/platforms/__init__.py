@@ -104,6 +104,11 @@ class Platform(ABC):
         """Where the cluster's jobs write checkpoints and data (a path the cluster sees)."""
 
     @abstractmethod
+    def compile_cache_root(self, ctx: RunContext) -> str:
+        """Where the cluster's jobs keep what outlives a run, compiled programs first (a path the cluster sees,
+        ``components.workload.cache``); empty: nothing is kept across runs."""
+
+    @abstractmethod
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""
 

@@ -225,7 +225,9 @@ def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:
     last = history[-1]
     if "tokens_seen" in last:
         return int(last["tokens_seen"])
-    if "step" in last:  # MaxText: steps x global batch x sequence length
+    if all("tokens" in r for r in history):  # MaxText: each kept step's global batch at its worker group's size
+        return int(sum(r["tokens"] for r in history))  # (trainers.maxtext_train: an elastic group may be smaller)
+    if "step" in last:  # MaxText before per-step tokens: steps x global batch x sequence length
         from components.workload import maxtext
 
         m = spec.maxtext

@@ -18,10 +18,16 @@ from components.stages.jobs import JobFailed, log, run_job
 
 def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "", init_from: str = "", champion: str = "") -> str:
     """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it."""
+    from components.platforms.store import read_json
+    from components.spec.images import pinned_image
+    from components.workload import cache
     from components.workload.derive import job_command
 
-    out = get_platform(ctx.platform).job_output_dir(ctx)
-    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion)
+    platform = get_platform(ctx.platform)
+    image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
+    compiled = cache.directory(platform.compile_cache_root(ctx), ctx.spec, image) if image else ""
+    out = platform.job_output_dir(ctx)
+    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion, compiled)
 
 
 def history(records: list[tuple[str, dict]]) -> list[dict]:

@@ -162,13 +162,15 @@ def job_command(
     checkpoint: str = "",
     init_from: str = "",
     champion: str = "",
+    compile_cache: str = "",
 ) -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
     devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
-    same evaluation. One source for the stages' job submissions and the plan."""
+    same evaluation; ``compile_cache``, the directory of the compiled programs kept across runs
+    (``components.workload.cache.directory``). One source for the stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -188,7 +190,7 @@ def job_command(
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":
-        words += ["--", *(shlex.quote(a) for a in maxtext.train_args(spec, output_dir, run_name))]
+        words += ["--", *(shlex.quote(a) for a in maxtext.train_args(spec, output_dir, run_name, compile_cache))]
     return " ".join(words)
 
 

@@ -109,7 +109,6 @@ CPU_ARGS = (
     "skip_jax_distributed_system=true",
     "attention=dot_product",
     "dtype=float32",
-    "async_checkpointing=false",
     "enable_tensorboard=false",
     "grain_worker_count=0",  # the hf pipeline's loader in the worker's own process: no extra process per host
 )
@@ -216,6 +215,66 @@ def validate(spec: RunSpec) -> None:
     _check_mesh(spec)
 
 
+# Checkpoints MaxText keeps of a run (``max_num_checkpoints_to_keep``; base.yml leaves it None: every one is kept,
+# maxtext/configs/base.yml in maxtext 0.2.5). Two: the newest, and the one before it while the newest is still being
+# written in the background (asynchronous checkpointing, MaxText's default ``async_checkpointing: true``), so a host
+# lost during a save still finds a complete checkpoint to restore.
+CHECKPOINTS_KEPT = 2
+
+# What one MaxText checkpoint holds per parameter: the parameters and AdamW's two moments, each in ``weight_dtype``
+# (base.yml: ``weight_dtype: "float32"``, ``opt_type: "adamw"``, ``mu_dtype: ""``, which "inherits from
+# weight_dtype"): 3 x 4 bytes.
+CHECKPOINT_BYTES_PER_PARAMETER = 3 * 4
+
+# The dimensions of the shipped models the presets train (maxtext/configs/models/<name>.yml in maxtext 0.2.5), for
+# the parameter count the plan sizes checkpoints by; another model's size is reported unknown.
+MODEL_DIMS: dict[str, dict[str, str]] = {
+    "llama3-8b": {
+        "base_emb_dim": "4096",
+        "base_num_query_heads": "32",
+        "base_num_kv_heads": "8",
+        "base_num_decoder_layers": "32",
+        "base_mlp_dim": "14336",
+        "head_dim": "128",
+        "vocab_size": "128256",
+    },
+    "llama3-70b": {
+        "base_emb_dim": "8192",
+        "base_num_query_heads": "64",
+        "base_num_kv_heads": "8",
+        "base_num_decoder_layers": "80",
+        "base_mlp_dim": "28672",
+        "head_dim": "128",
+        "vocab_size": "128256",
+    },
+}
+
+
+def parameters(spec: RunSpec) -> int | None:
+    """The parameters of the spec's Llama-style decoder (MaxText's ``llama2`` decoder block, which the scratch
+    models and the llama3 configs use): token embedding and a separate output projection (``logits_via_embedding:
+    false``), per layer the query, key, value and output projections, a gated MLP (``mlp_activations: [silu,
+    linear]``: two input matrices and one output) and two RMS norms' scales, and the final norm's; None for a model
+    whose dimensions are not in ``MODEL_DIMS``."""
+    name = spec.maxtext.model_name
+    dims = SCRATCH_MODELS.get(name) or MODEL_DIMS.get(name)
+    if not dims:
+        return None
+    d, layers, mlp = int(dims["base_emb_dim"]), int(dims["base_num_decoder_layers"]), int(dims["base_mlp_dim"])
+    q, kv = (
+        int(dims["base_num_query_heads"]) * int(dims["head_dim"]),
+        int(dims["base_num_kv_heads"]) * int(dims["head_dim"]),
+    )
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * mlp + 2 * d
+    return 2 * int(dims["vocab_size"]) * d + layers * per_layer + d
+
+
+def checkpoint_bytes(spec: RunSpec) -> int | None:
+    """One checkpoint's size (parameters and optimizer state); None when the model's size is unknown."""
+    params = parameters(spec)
+    return None if params is None else params * CHECKPOINT_BYTES_PER_PARAMETER
+
+
 def checkpoint_period(spec: RunSpec) -> int:
     """Steps between MaxText's checkpoints: ``maxtext.checkpoint_period``, else ``maxtext.max_lost_steps`` (a run
     restored from its newest checkpoint repeats at most that many steps), at most the run's steps."""
@@ -227,9 +286,12 @@ def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
-def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
+def train_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: str = "") -> list[str]:
     """The ``key=value`` arguments MaxText's ``train.main`` gets after its base config for this spec (the MaxText
-    tutorial's commands, for the llama3-* presets)."""
+    tutorial's commands, for the llama3-* presets). ``compile_cache``: the directory of JAX's persistent compilation
+    cache shared across runs (``components.workload.cache``), MaxText's ``jax_cache_dir`` (MaxText hands it to
+    ``jax.experimental.compilation_cache.set_cache_dir``: maxtext/configs/pyconfig.py; its default, ``~/jax_cache``,
+    dies with the pod)."""
     m = spec.maxtext
     args = [
         *data_args(spec, output_dir),
@@ -246,7 +308,9 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str) -> list[str]:
         args.append(f"remat_policy={m.remat_policy}")
     if m.learning_rate:
         args.append(f"learning_rate={_fmt(m.learning_rate)}")
-    args.append(f"checkpoint_period={checkpoint_period(spec)}")
+    args += [f"checkpoint_period={checkpoint_period(spec)}", f"max_num_checkpoints_to_keep={CHECKPOINTS_KEPT}"]
+    if compile_cache:
+        args.append(f"jax_cache_dir={compile_cache}")
     args += [f"base_output_directory={output_dir}", f"run_name={run_name}"]
     if spec.cluster.accelerator == "cpu":
         args += CPU_ARGS

@@ -115,6 +115,10 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     # failures; MaxText's saves counted; one step record per step, the second group's from the restored step on.
     categories = assert_goodput_accounts(summary)
     assert categories["lost to failures"]["seconds"] > 0 and categories["checkpoint saves"]["seconds"] > 0
+    # The programs compiled, timed apart from trainer start and kept under the output root for the next run
+    assert categories["compilation"]["seconds"] > 0 and summary["goodput"]["compile_cache"]["compiles"] > 0
+    assert list((tmp_path / "cache" / "compile" / "tiny-llama").glob("cpu-1hosts-2-slice/*/*-cache"))
+    assert any(round(loss, 3) != loss for loss in losses)  # MaxText's metrics file: not its 3-decimal log lines
     assert [s["step"] for s in summary["steps"]] == kept
     assert all(s["group"] >= 1 for s in summary["steps"] if s["step"] > restart["restore_step"])
     check = summary["slice_check"]  # a psum over the 4 devices of both hosts, and the sharded block's parity

@@ -154,6 +154,9 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
     bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights, again")  # overwrite: its own
     project.storage.put(BUCKET, "runs/theirs/checkpoint/model.safetensors", b"theirs")
     assert [b.name for b in pod.list_blobs(BUCKET, prefix="runs/mine/")] == ["runs/mine/checkpoint/model.safetensors"]
+    # the compile cache every run of the bucket shares (components.workload.cache): read and written by each
+    bucket.blob("cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache").upload_from_string(b"program")
+    assert bucket.blob("cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache").download_as_bytes() == b"program"
     for name in (
         "runs/theirs/ledger.json",
         "runs/theirs/checkpoint/model.safetensors",

@@ -13,8 +13,8 @@ from components.platforms.gke.plan import manifests as m
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan import target as tg
 from components.spec import names
+from components.workload import cache, maxtext, resolve
 from components.workload import derive as d
-from components.workload import maxtext, resolve
 
 # family: (preset, overrides for one multi-host slice of the family)
 FAMILY_SPECS = {
@@ -406,7 +406,7 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
             "gke-gcsfuse/ephemeral-storage-limit": "0",
         }
         assert pod["spec"]["serviceAccountName"] == t.service_account == names.service_account(t.run_id)
-        (volume,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints"]
         assert volume["csi"] == {
             "driver": "gcsfuse.csi.storage.gke.io",
             "volumeAttributes": {
@@ -417,11 +417,18 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
         assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
         mount = {"name": volume["name"], "mountPath": f"/data/runs/{t.run_id}"}
         assert mount in pod["spec"]["containers"][0]["volumeMounts"] and t.run_dir == mount["mountPath"]
+    # the workers alone also mount the bucket's cache/ prefix: the compiled programs kept across runs
+    worker, head = rc["workerGroupSpecs"][0]["template"]["spec"], rc["headGroupSpec"]["template"]["spec"]
+    (cached,) = [v for v in worker["volumes"] if v["name"] == "compile-cache"]
+    assert cached["csi"]["volumeAttributes"]["mountOptions"] == "implicit-dirs,uid=1000,gid=1000,only-dir=cache"
+    assert {"name": "compile-cache", "mountPath": "/cache"} in worker["containers"][0]["volumeMounts"]
+    assert not [v for v in head["volumes"] if v["name"] == "compile-cache"]
     binding = tg.bucket_binding(t)
     assert binding["role"] == "roles/storage.objectUser"
     assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
     assert binding["condition"]["expression"] == (
         f'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/runs/{t.run_id}/") '
+        '|| resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/cache/") '
         '|| resource.type == "storage.googleapis.com/Bucket"'
     )
 
@@ -440,7 +447,8 @@ def test_the_train_job_command_carries_the_spec_and_the_stage_submission_id():
 def test_the_maxtext_job_command_ends_with_the_exact_maxtext_arguments():
     spec, t = spec_and_target("llama3-8b-v6e-16x2")
     argv = shlex.split(r.entrypoint(spec, t))
-    assert argv[argv.index("--") + 1 :] == maxtext.train_args(spec, t.run_dir, t.run_id)
+    compiled = f"/cache/compile/llama3-8b/v6e-4x4-2-slice/{cache.UNKNOWN_IMAGE}"  # the build gives the digest
+    assert argv[argv.index("--") + 1 :] == maxtext.train_args(spec, t.run_dir, t.run_id, compiled)
     assert "model_name=llama3-8b" in argv and "ici_tensor_parallelism=4" in argv
 
 

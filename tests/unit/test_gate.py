@@ -232,6 +232,13 @@ def test_maxtext_tokens_seen_are_steps_times_the_global_batch():
     assert gate.tokens_seen(spec, []) is None
 
 
+def test_maxtext_tokens_seen_follow_an_elastic_shrink_step_by_step():
+    spec = resolve("local-maxtext")
+    full, half = 2 * 4 * 128, 2 * 2 * 128  # the global batch of 4 devices, then of the 2 a shrunk group has
+    history = [{"step": s, "loss": 3.0, "tokens": full if s < 20 else half} for s in range(40)]
+    assert gate.tokens_seen(spec, history) == 20 * full + 20 * half
+
+
 # ---------------------------------------------------------------- the stages, on a local registry
 
 

@@ -112,3 +112,50 @@ def test_the_summary_line_names_goodput_and_where_most_chip_seconds_went():
         "  goodput              0.0% of 2.7 emulated host-minutes billed ($0.00); most to trainer start 75%, "
         "teardown 25%"
     )
+
+
+def test_compiles_are_cut_out_of_trainer_start_and_the_cache_hits_are_counted():
+    # The first step ends at 1020; the trainer compiled 1012-1016 before it and 1030.5-1031 inside step 3 (an eval
+    # program, say); the cache served 40 of the 42 programs MaxText compiled.
+    records_ = [
+        ("event", {"event": "worker_group_started", "time": 1009.0}),
+        ("event", {"event": "compiled", "seconds": 4.0, "hit": False, "time": 1016.0}),
+        ("metric", {"step": 0, "loss": 3.0, "time": 1020.0}),
+        ("metric", {"step": 1, "loss": 2.9, "time": 1025.0}),
+        ("event", {"event": "compiled", "seconds": 0.5, "hit": True, "time": 1031.0}),
+        ("event", {"event": "compiled", "seconds": 0.5, "hit": True, "time": 1031.0}),  # forwarded twice by Ray
+        ("metric", {"step": 2, "loss": 2.8, "time": 1032.0}),
+        ("event", {"event": "compile_cache", "compiles": 42, "hits": 40, "seconds": 5.1, "time": 1033.0}),
+    ]
+    timeline = goodput.timeline(records_)
+    assert [c["time"] for c in timeline["compiles"]] == [1016.0, 1031.0]
+    assert timeline["compile_cache"] == {"compiles": 42, "hits": 40, "seconds": 5.1}
+    records = {
+        "provision": _stage(1000, 5),
+        "train": _stage(1008, 27, result={"timeline": timeline}),
+        "teardown": _stage(1035, 1),
+    }
+    g = goodput.ledger(records, chips=4, usd_per_hour=0.0)
+    c = _categories(g)
+    assert c["compilation"]["seconds"] == pytest.approx(4 + 0.5)
+    assert c["trainer start"]["seconds"] == pytest.approx(12 - 4 + 3)  # 1008-1020 less the compile, 1032-1035
+    assert c["productive steps"]["seconds"] == pytest.approx(5 + 7 - 0.5)
+    assert sum(x["seconds"] for x in g["categories"]) == pytest.approx(g["wall_s"])
+    assert g["compile_cache"] == {"compiles": 42, "hits": 40, "seconds": 5.1}
+    assert goodput.line(g).endswith("; compiling 5.1 s, 40 of 42 programs from the compile cache")
+
+
+def test_a_save_is_the_seconds_it_blocked_training_however_long_it_wrote_in_the_background():
+    records_ = [
+        ("event", {"event": "worker_group_started", "time": 1009.0}),
+        ("metric", {"step": 0, "loss": 3.0, "time": 1010.0}),
+        ("metric", {"step": 1, "loss": 2.9, "time": 1015.0}),
+        ("event", {"event": "checkpoint", "step": 1, "seconds": 0.25, "time": 1015.5}),
+        ("event", {"event": "checkpoint_written", "seconds": 6.0, "time": 1021.0}),
+        ("metric", {"step": 2, "loss": 2.8, "time": 1020.0}),
+    ]
+    timeline = goodput.timeline(records_)
+    assert timeline["checkpoints"] == [{"time": 1015.5, "seconds": 0.25, "step": 1}]
+    records = {"provision": _stage(1000, 5), "train": _stage(1008, 14, result={"timeline": timeline})}
+    c = _categories(goodput.ledger(records, chips=4, usd_per_hour=0.0))
+    assert c["checkpoint saves"]["seconds"] == pytest.approx(0.25)  # not the 6 s it wrote behind training

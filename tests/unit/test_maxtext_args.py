@@ -1,5 +1,8 @@
 """MaxText's argument lists (seed workload A) and the MaxText spec checks."""
 
+import json
+import math
+
 import pytest
 
 from components.spec import SpecError
@@ -24,6 +27,7 @@ def test_llama3_8b_is_the_seed_command():
         "ici_fsdp_parallelism=4",
         "ici_tensor_parallelism=4",
         "checkpoint_period=20",  # beyond the seed: maxtext.max_lost_steps (MaxText's 10000 saves only step 0)
+        "max_num_checkpoints_to_keep=2",  # beyond the seed: MaxText keeps every checkpoint otherwise
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -44,6 +48,7 @@ def test_llama3_70b_is_the_seed_command():
         "dcn_fsdp_parallelism=2",
         "remat_policy=full",
         "checkpoint_period=20",
+        "max_num_checkpoints_to_keep=2",
         "base_output_directory=/data/",
         "run_name=RUN",
     ]
@@ -172,7 +177,37 @@ def test_the_checkpoint_period_derives_from_the_steps_a_preemption_may_repeat_an
     with pytest.raises(SpecError, match="maxtext.max_lost_steps: must be at least 1"):
         resolve("local-maxtext", "max_lost_steps=0")
     document = plan.build(spec, "r")
-    assert document["training"]["checkpoints"] == {"period_steps": 20, "max_lost_steps": 20}
+    checkpoints = document["training"]["checkpoints"]
+    assert (checkpoints["period_steps"], checkpoints["max_lost_steps"], checkpoints["kept"]) == (20, 20, 2)
     text = plan.render_text(document)
     assert "checkpoints every 20 steps: a preemption repeats at most as many (maxtext.max_lost_steps=20)" in text
     assert "checkpoints" not in plan.build(resolve("gemma4-e2b-v6e-16"), "r")["training"]
+
+
+def test_a_nan_loss_is_read_not_dropped():
+    # MaxText formats its losses with f"{loss:.3f}" (maxtext/common/metric_logger.py): a diverged run prints nan
+    line = "Completed eval after train step 0, loss=nan, perplexity=nan, total_weights=512.0, avg_z_loss=0.000"
+    assert math.isnan(float(maxtext_log.EVAL_LINE.search(line)["loss"]))
+    step = maxtext_log.parse_step(
+        "completed step: 3, seconds: 0.1, TFLOP/s/device: 1.0, Tokens/s/device: 2.0, total_weights: 8, loss: nan"
+    )
+    assert step is not None and math.isnan(step["loss"])
+
+
+def test_the_metrics_file_gives_the_losses_at_full_precision_as_it_grows(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    metrics = maxtext_log.MetricsFile(str(path))
+    assert metrics.read() == []  # not written yet
+    row = {"learning/loss": 5.123456789, "step": 0.0, "run_name": "r"}
+    path.write_text(json.dumps(row) + "\n" + '{"learning/loss": 4.9')  # the second line half written
+    assert metrics.read() == [row]
+    with path.open("a") as f:
+        f.write('87654321, "step": 1.0, "run_name": "r"}\n{"eval/avg_loss": NaN, "step": 1.0}\n')
+    later = metrics.read()
+    assert later[0]["learning/loss"] == 4.987654321 and math.isnan(later[1][maxtext_log.EVAL_LOSS])
+    path.write_text(json.dumps(row) + "\n")  # MaxText empties the file when it writes step 0 again
+    assert metrics.read() == [row]
+    # the eval after train step 0 empties it again, with a longer line than the one read before
+    longer = {"eval/avg_loss": 2.123456789, "eval/total_weights": 512.0, "step": 0.0, "run_name": "r" * 300}
+    path.write_text(json.dumps(longer) + "\n")
+    assert metrics.read() == [longer]

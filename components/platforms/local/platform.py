@@ -22,6 +22,7 @@ from components.platforms.local import auth, cluster, envs
 from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
 from components.platforms.waiting import wait_for
 from components.spec import InfraError, SpecError, ready_limits
+from components.workload.cache import CACHE_PREFIX
 from components.workload.derive import trainer_image
 
 
@@ -121,6 +122,9 @@ class LocalPlatform(Platform):
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return str(ctx.run_dir / "train")
+
+    def compile_cache_root(self, ctx: RunContext) -> str:
+        return str(ctx.run_dir.parent / CACHE_PREFIX)  # beside the runs, under the output root
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         return path  # the jobs write on this machine

@@ -19,11 +19,12 @@ from typing import Any
 from components.platforms.gke.plan import k8s_records, records
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import check_ranges
-from components.platforms.gke.plan.target import Target, target
+from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target, target
 from components.spec import RunSpec, SpecError, names, ready_limits
 from components.tpu import catalogue, pricing
-from components.workload import budget
+from components.workload import budget, maxtext
 from components.workload import derive as d
+from components.workload.cache import CACHE_PREFIX
 
 PLAN_VERSION = 1
 
@@ -92,6 +93,16 @@ def limits(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] |
     return budget.limits(spec, cost(spec, run_id, prices))
 
 
+# TorchTPU keeps its compiled programs across processes under TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT (vLLM's TorchTPU
+# backend documents it: https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md);
+# torch_tpu's own documentation does not name it, so the FSDP trainer does not set it yet.
+TORCH_COMPILE_CACHE_WARNING = (
+    "train.workload=fsdp: the FSDP trainer keeps no compiled programs across runs; torch_tpu's own documentation names "
+    "no persistent compilation cache (vLLM's TorchTPU backend sets TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT), so each "
+    "run compiles its programs again"
+)
+
+
 def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
     shape, c = d.slice_shape(spec), spec.cluster
     warnings = []
@@ -120,6 +131,13 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
         )
     if d.is_elastic(spec):
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
+    if spec.train.workload == "fsdp":
+        warnings.append(TORCH_COMPILE_CACHE_WARNING)
+    if spec.train.workload == "maxtext" and maxtext.parameters(spec) is None:
+        warnings.append(
+            f"maxtext.model_name={spec.maxtext.model_name}: its size is not in the plan's table, so the checkpoints' "
+            f"size is unknown ({maxtext.CHECKPOINTS_KEPT} are kept)"
+        )
     problem, unchecked = budget.plan_check(budget.limits(spec, cost), cost)
     if problem:
         warnings.append(f"run.max_cost_usd: {problem}; preflight refuses the run")
@@ -144,15 +162,33 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
         "elastic": d.is_elastic(spec),
         "timeout_s": spec.train.timeout_s,
         "output_dir": t.run_dir,
+        "compile_cache": _compile_cache(spec, t),
         **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
     }
 
 
-def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
-    from components.workload import maxtext
+def _compile_cache(spec: RunSpec, t: Target) -> dict[str, Any] | None:
+    """Where the train job keeps its compiled programs across runs: the bucket's object prefix and the pods' path;
+    None for a trainer that keeps none (``_warnings``)."""
+    if spec.train.workload != "maxtext":
+        return None
+    path = r.compile_cache(spec, t)
+    return {"path": path, "uri": f"gs://{t.bucket}/{CACHE_PREFIX}/{path.removeprefix(CACHE_MOUNT_PATH + '/')}"}
 
+
+def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
     period, most = maxtext.checkpoint_period(spec), spec.maxtext.max_lost_steps
-    return {"checkpoints": {"period_steps": period, "max_lost_steps": most}}
+    each = maxtext.checkpoint_bytes(spec)
+    return {
+        "checkpoints": {
+            "period_steps": period,
+            "max_lost_steps": most,
+            "kept": maxtext.CHECKPOINTS_KEPT,
+            "parameters": maxtext.parameters(spec),
+            "bytes_each": each,
+            "bytes_kept": None if each is None else each * maxtext.CHECKPOINTS_KEPT,
+        }
+    }
 
 
 def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +331,25 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
             if "checkpoints" in tr
             else []
         ),
+        *(
+            [
+                f"  kept        the newest {tr['checkpoints']['kept']} checkpoints: "
+                f"{_gb(tr['checkpoints']['bytes_kept'])} ({_gb(tr['checkpoints']['bytes_each'])} each: "
+                f"{tr['checkpoints']['parameters'] or 0:,} parameters and AdamW's two moments, 4 bytes each)"
+            ]
+            if "checkpoints" in tr
+            else []
+        ),
+        *(
+            [f"  compiled    {tr['compile_cache']['uri']} (kept across runs; pods: {tr['compile_cache']['path']})"]
+            if tr.get("compile_cache")
+            else []
+        ),
     ]
+
+
+def _gb(n: int | None) -> str:
+    return "unknown size" if n is None else f"{n / 1e9:,.1f} GB"
 
 
 def _render_before_training(b: dict[str, Any]) -> list[str]:

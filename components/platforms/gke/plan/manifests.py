@@ -24,13 +24,15 @@ from typing import Any
 
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
-from components.platforms.gke.plan.target import Target
+from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
 from components.spec import RunSpec, names
 from components.workload import derive as d
+from components.workload.cache import CACHE_PREFIX
 
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265))
 DASHBOARD_PORT = 8265
 CHECKPOINT_VOLUME = "checkpoints"
+CACHE_VOLUME = "compile-cache"
 SHM_VOLUME = "dshm"
 DCN_CLAIM = "dcn-nics"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
@@ -208,6 +210,16 @@ def _checkpoint_volume(t: Target) -> dict[str, Any]:
     }
 
 
+def _cache_volume(t: Target) -> dict[str, Any]:
+    """The bucket's cache prefix alone (``only-dir``, as ``_checkpoint_volume``), for the workers' compiled programs
+    kept across runs (``components.workload.cache``), at ``CACHE_MOUNT_PATH``."""
+    options = f"{GCSFUSE_MOUNT_OPTIONS},only-dir={CACHE_PREFIX}"
+    return {
+        "name": CACHE_VOLUME,
+        "csi": {"driver": GCSFUSE_DRIVER, "volumeAttributes": {"bucketName": t.bucket, "mountOptions": options}},
+    }
+
+
 def _pod_metadata(t: Target) -> dict[str, Any]:
     return {"labels": names.labels(t.run_id), "annotations": dict(GCSFUSE_POD_ANNOTATIONS)}
 
@@ -253,8 +265,11 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     c = spec.cluster
     shape = d.slice_shape(spec)
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
-    mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir}]
-    volumes = [_checkpoint_volume(t)]
+    mounts = [
+        {"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir},
+        {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT_PATH},
+    ]
+    volumes = [_checkpoint_volume(t), _cache_volume(t)]
     if c.worker_shm_gib:
         mounts.insert(0, {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         volumes.insert(0, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{c.worker_shm_gib}Gi"}})

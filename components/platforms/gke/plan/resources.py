@@ -44,8 +44,10 @@ from typing import Any
 
 from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
-from components.platforms.gke.plan.target import Target
+from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
 from components.spec import RunSpec, names
+from components.spec.images import IMAGE_WITH_DIGEST
+from components.workload import cache
 from components.workload.derive import WORKLOAD_IMAGES, has_dcn_nics, job_command, slice_shape
 
 # --- Kubernetes and GKE strings ----------------------------------------------------------------------------
@@ -136,8 +138,15 @@ def cloud_build(spec: RunSpec, t: Target) -> dict[str, Any]:
 
 
 def entrypoint(spec: RunSpec, t: Target) -> str:
-    """The Ray job entrypoint of the train stage on GKE."""
-    return job_command(spec, "train", t.run_dir, t.run_id)
+    """The Ray job entrypoint of the train stage on GKE, its compile cache under the trainer image's digest: the
+    digest of ``gke.image`` when it names one, else a stand-in (the run's build gives the digest: ``components.stages.
+    ray_stages.entrypoint``)."""
+    return job_command(spec, "train", t.run_dir, t.run_id, compile_cache=compile_cache(spec, t))
+
+
+def compile_cache(spec: RunSpec, t: Target) -> str:
+    """The train job's compile cache as its pods see it (``components.workload.cache``)."""
+    return cache.directory(CACHE_MOUNT_PATH, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
 
 
 def _reservation_affinity(reservation: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from components.platforms.gke.plan import paths
 from components.platforms.gke.plan.identities import DEFAULT_COMPUTE
 from components.spec import RunSpec, names
 from components.tpu import catalogue
+from components.workload.cache import CACHE_PREFIX
 from components.workload.derive import WORKLOAD_IMAGES
 
 # Unless gke.node_service_account names another, nodes run as the project's default Compute Engine service account.
@@ -74,6 +75,9 @@ IMAGE_STREAMING_ROLE = {
 }
 IMAGE_STREAMING_API = "containerfilesystem.googleapis.com"  # the same page's first requirement: its API enabled
 MOUNT_PATH = "/data"
+# Where the worker pods mount the bucket's cache prefix (``components.workload.cache.CACHE_PREFIX``): what outlives a
+# run, the compiled programs of every run with the same trainer image, slice and model (``manifests``).
+CACHE_MOUNT_PATH = "/cache"
 BUCKET_RESOURCE_TYPE = "storage.googleapis.com/Bucket"  # resource.type of a bucket in an IAM condition
 
 
@@ -167,8 +171,13 @@ def bucket_binding(t: Target) -> dict[str, Any]:
     ``projects/_/buckets/BUCKET/objects/NAME``: https://cloud.google.com/iam/docs/conditions-resource-attributes).
     Listing is a permission on the bucket itself, which GCS FUSE needs, so the condition also holds for the bucket
     resource: the pods can list the bucket's object names, not read or write another run's objects or the control
-    state (``state/``, ``builds/``, the pipeline root)."""
+    state (``state/``, ``builds/``, the pipeline root). They also read and write the cache prefix (``cache/``), the
+    compiled programs every run of the project shares: JAX runs what its compilation cache holds, so whoever may
+    write there may run code in every later run that reads it ("The compilation cache is considered trusted",
+    https://docs.jax.dev/en/latest/persistent_compilation_cache.html): the runs of one project's bucket, with the
+    same pipeline's accounts, and no one else."""
     prefix = f"projects/_/buckets/{t.bucket}/objects/{names.run_prefix(t.run_id)}/"
+    cached = f"projects/_/buckets/{t.bucket}/objects/{CACHE_PREFIX}/"
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectUser",
@@ -178,7 +187,12 @@ def bucket_binding(t: Target) -> dict[str, Any]:
         ),
         "condition": {
             "title": f"tpupipe run {t.run_id}",
-            "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
-            "expression": f'resource.name.startsWith("{prefix}") || resource.type == "{BUCKET_RESOURCE_TYPE}"',
+            "description": (
+                f"the objects under {names.run_prefix(t.run_id)}/ and {CACHE_PREFIX}/ only, and listing the bucket"
+            ),
+            "expression": (
+                f'resource.name.startsWith("{prefix}") || resource.name.startsWith("{cached}") '
+                f'|| resource.type == "{BUCKET_RESOURCE_TYPE}"'
+            ),
         },
     }

@@ -36,7 +36,7 @@ from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import dry_run, ownership
 from components.platforms.gke.plan.compute_resources import check_ranges
-from components.platforms.gke.plan.target import MOUNT_PATH, Target, target
+from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, MOUNT_PATH, Target, target
 from components.platforms.gke.run import teardown as teardowns
 from components.platforms.gke.run import walk
 from components.platforms.gke.run.session import Session
@@ -179,6 +179,9 @@ class GkePlatform(Platform):
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return self._target(ctx).run_dir
+
+    def compile_cache_root(self, ctx: RunContext) -> str:
+        return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted in the worker pods (plan.manifests)
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """The bucket's object path of a path under the pods' GCS FUSE mount (``/data/runs/<id>/...``)."""
