@@ -139,6 +139,32 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
     return {**found, "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
 
 
+def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str] | None:
+    """(held-out loss, the version that records it) of the registered version ``ref`` (``NAME@VERSION``) measured
+    with evaluation key ``key`` (``trainers.heldout.eval_key``: the same examples, tokenizer, length and dtypes), as
+    the versions of its model record it: its own figure (``eval_loss_after``), or a later version's figure of it (as
+    the champion measured beside it, or as the model it started from). Each version's provenance is written once, at
+    registration, so the figure is the one measurement, found by any later run wherever it runs; None when no
+    version records one with that key (the evaluation measures it)."""
+    if not key:
+        return None
+    name = ref.split("@", 1)[0]
+    try:
+        versions = registry(ctx).versions(name)
+    except SpecError:
+        return None
+    for version in versions:
+        p = version.provenance
+        if p.get("eval_key") != key:
+            continue
+        for field, holder in (("eval_loss_after", version.ref), ("champion_loss", p.get("champion_measured"))):
+            if holder == ref and isinstance(p.get(field), float):
+                return p[field], version.ref
+        if p.get("base_model") == ref and isinstance(p.get("eval_loss_before"), float):
+            return p["eval_loss_before"], version.ref
+    return None
+
+
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
     """A new version of ``name``, or the one this run registered already (same run id and checkpoint): a retried
     register task does not register the run's model twice."""
@@ -272,6 +298,7 @@ def provenance(
         "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
+        "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
     }

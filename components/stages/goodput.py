@@ -40,7 +40,7 @@ CATEGORIES = (
     ("productive steps", "training steps that were kept"),
     ("checkpoint saves", "the trainer saving checkpoints"),
     ("lost to failures", "steps repeated after a restart, and the restart itself"),
-    ("evaluation", "evaluate"),
+    ("evaluation", "evaluate, and the train job's own evaluation of the model it trained"),
     ("registry", "register and promote"),
     ("teardown", "teardown"),
     ("idle between stages", "no stage running: the pipeline starting the next"),
@@ -96,7 +96,9 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     start, end = span
     groups = sorted(timeline.get("groups") or [])
     steps = sorted((s for s in timeline.get("steps") or [] if start <= s["time"] <= end), key=lambda s: s["time"])
-    saves = sorted(timeline.get("checkpoints") or [], key=lambda c: c["time"])
+    saves = [(c["time"], c.get("seconds", 0.0), "checkpoint saves") for c in timeline.get("checkpoints") or []]
+    saves += [(e["time"], e["seconds"], "evaluation") for e in timeline.get("evaluations") or []]  # in-job
+    saves.sort()
 
     last_run = {}  # step number -> the group that ran it last
     for s in steps:
@@ -104,14 +106,14 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     out: list[tuple[float, float, str]] = []
 
     def add(a: float, b: float, category: str) -> None:
-        """[a, b] as ``category``, less the checkpoint saves that ended inside it."""
-        for c in saves:
-            if a < c["time"] <= b:
-                save_start = max(a, c["time"] - c.get("seconds", 0.0))
-                out.append((save_start, c["time"], "checkpoint saves"))
+        """[a, b] as ``category``, less the checkpoint saves and in-job evaluations that ended inside it."""
+        for when, seconds, cut in saves:
+            if a < when <= b:
+                save_start = max(a, when - seconds)
+                out.append((save_start, when, cut))
                 if save_start > a:
                     out.append((a, save_start, category))
-                a = c["time"]
+                a = when
         if b > a:
             out.append((a, b, category))
 
@@ -213,7 +215,7 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
     """The train job's ``TPUPIPE`` records -> its timeline (``train_intervals``): each worker group's start, each
     step's end (FSDP's ``step`` events, MaxText's per-step metrics), each checkpoint save's end and seconds (a save
     that gives none: the time since the record before it). A line Ray forwarded twice counts once."""
-    groups, steps, saves, seen = set(), {}, [], set()
+    groups, steps, saves, seen, evaluations = set(), {}, [], set(), {}
     last_time = None
     for kind, p in records:
         if "time" not in p:
@@ -229,8 +231,15 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
             if seconds is None:
                 seconds = max(0.0, p["time"] - last_time) if last_time is not None else 0.0
             saves.append({"time": p["time"], "seconds": seconds, "step": p.get("step")})
+        elif event == "eval":  # the train job's own evaluation (trainers.heldout): evaluation, not trainer start
+            evaluations[p["time"]] = {"time": p["time"], "seconds": p["seconds"]}
         last_time = p["time"]
-    return {"groups": sorted(groups), "steps": sorted(steps.values(), key=lambda s: s["time"]), "checkpoints": saves}
+    return {
+        "groups": sorted(groups),
+        "steps": sorted(steps.values(), key=lambda s: s["time"]),
+        "checkpoints": saves,
+        "evaluations": sorted(evaluations.values(), key=lambda e: e["time"]),
+    }
 
 
 def step_records(records: list[tuple[str, dict]], timeline_: dict[str, Any]) -> list[dict[str, Any]]:

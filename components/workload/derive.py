@@ -162,13 +162,15 @@ def job_command(
     checkpoint: str = "",
     init_from: str = "",
     champion: str = "",
+    measure: tuple[str, ...] = (),
 ) -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
     devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
-    same evaluation. One source for the stages' job submissions and the plan."""
+    same evaluation; ``measure``, which of before, after and champion the evaluation measures (empty: all). One
+    source for the stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -185,6 +187,8 @@ def job_command(
         args["init_from"] = init_from
     if mode == "eval" and champion:
         args["champion"] = champion
+    if mode == "eval" and measure:
+        args["measure"] = ",".join(measure)
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":
