@@ -3,9 +3,9 @@ docs/architecture.md, "The gate").
 
 Every run that trains registers its model as a new version of ``spec.model_name`` (``gate.model``, else the
 preset's name) with its provenance; the version becomes the champion only when its held-out loss is lower than the
-champion's, both measured by the same evaluation job on the same held-out examples, by at least
-``gate.min_improvement`` (relative). The first version of a model, or the first after a model lost its champion,
-becomes the champion. The decision is made here, once (:func:`decide`); the register stage records it and the
+champion's, both measured on the same held-out examples the same way (one evaluation key, :func:`known_figure`), by
+at least ``gate.min_improvement`` (relative). The first version of a model, or the first after a model lost its
+champion, becomes the champion. The decision is made here, once (:func:`decide`); the register stage records it and the
 promote stage, under the pipeline's ``dsl.If``, acts on it.
 
 Which registry a run uses is the platform's answer (``Platform.registry_place``): the local platform's directory
