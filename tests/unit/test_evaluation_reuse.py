@@ -152,3 +152,42 @@ def test_the_evaluation_job_measures_only_what_it_is_asked():
         evaluate.measure_list("after,tomorrow")
     found = evaluate.measured({"eval_loss_champion": 1.5, "eval_key": KEY, "device": "cpu"}, "heldout")
     assert found == {"champion_loss": 1.5, "eval_key": KEY, "device": "cpu", "eval_split": "heldout"}
+
+
+def test_the_train_jobs_own_evaluation_is_evaluation_in_the_goodput_ledger():
+    """The model as built measured before the first step, the trained one after the last (``eval`` events with their
+    seconds): evaluation, not trainer start; the train stage's figures carry both and their seconds."""
+    from components.stages import goodput
+
+    def event(**p):
+        return ("event", p)
+
+    records = [
+        event(event="worker_group_started", time=100.0),
+        event(
+            event="eval", which="before", eval_loss=4.6, eval_key=KEY, num_eval_examples=128, seconds=3.0, time=110.0
+        ),
+        event(event="step", step=1, time=112.0),
+        event(event="step", step=2, time=113.0),
+        event(event="eval", which="after", eval_loss=1.5, eval_key=KEY, num_eval_examples=128, seconds=2.0, time=116.0),
+        event(event="checkpoint", step=2, seconds=1.0, time=117.0),
+    ]
+    timeline = goodput.timeline(records + records[1:2])  # a line Ray forwarded twice counts once
+    assert timeline["evaluations"] == [{"time": 110.0, "seconds": 3.0}, {"time": 116.0, "seconds": 2.0}]
+    intervals = goodput.train_intervals((100.0, 120.0), timeline)
+    evaluation = sorted((a, b) for a, b, category in intervals if category == "evaluation")
+    assert evaluation == [(107.0, 110.0), (114.0, 116.0)]
+    seconds = {}
+    for a, b, category in intervals:
+        seconds[category] = seconds.get(category, 0.0) + b - a
+    assert seconds == {"trainer start": 13.0, "productive steps": 1.0, "evaluation": 5.0, "checkpoint saves": 1.0}
+    figures = ray_stages.in_job_figures(
+        {"heldout": {"eval_loss_after": 1.5, "eval_key": KEY, "num_eval_examples": 128}}, records
+    )
+    assert figures == {
+        "eval_loss_after": 1.5,
+        "eval_loss_before": 4.6,
+        "eval_key": KEY,
+        "num_eval_examples": 128,
+        "seconds": 5.0,
+    }
