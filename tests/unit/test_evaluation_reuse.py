@@ -191,3 +191,24 @@ def test_the_train_jobs_own_evaluation_is_evaluation_in_the_goodput_ledger():
         "num_eval_examples": 128,
         "seconds": 5.0,
     }
+
+
+def test_the_evaluation_jobs_command_names_what_it_measures_for_both_workloads():
+    import shlex
+
+    from components.workload.derive import job_command
+    from trainers import maxtext_train
+
+    fsdp = shlex.split(
+        job_command(resolve("local-fsdp"), "eval", "/out", "r", "/ck", champion="/c", measure=("champion",))
+    )
+    assert fsdp[fsdp.index("--measure") + 1] == "champion"
+    assert evaluate.parse_args(fsdp[3:]).measure == ("champion",)
+    assert "--measure" not in job_command(resolve("local-fsdp"), "eval", "/out", "r", "/ck")  # all, as before
+    assert "--measure" not in job_command(resolve("local-fsdp"), "train", "/out", "r", measure=("after",))
+    maxtext = shlex.split(
+        job_command(resolve("local-maxtext"), "eval", "/out", "r", "/ck", measure=("before", "after"))
+    )
+    assert maxtext.index("--measure") < maxtext.index("--")
+    args, _ = maxtext_train.parse_args(maxtext[3:])
+    assert (args.mode, args.measure) == ("eval", ("before", "after"))
