@@ -217,7 +217,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     missing = () if not_held_out else tuple(w for w in wanted if w not in known)
     result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in ("seconds", *FIGURES.values())}
     result.update(device=train_result.get("device"), num_workers=train_result.get("num_workers"))
-    if not_held_out:
+    if not_held_out:  # register keeps the champion whatever such a figure says (registration.register)
         log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it, so nothing more is measured")
     if missing:
         log(f"evaluate: measuring {', '.join(missing)} in an evaluation job" + _sources(known))
