@@ -1,10 +1,13 @@
-"""Held-out loss and perplexity of the fine-tuned checkpoint, of the model training started from and, when the
-registered model has one, of its champion, side by side on the same held-out examples in the same job.
+"""Held-out loss of the fine-tuned checkpoint, of the model training started from and, when the registered model
+has one, of its champion, side by side on the same held-out examples in the same job: the figures the evaluate stage
+does not have yet (the train job measures the model it trained, and the model as built, itself: ``trainers.heldout``;
+a registered version's figure on the same examples is the registry's).
 
 ``python -m trainers.evaluate --spec JSON --checkpoint DIR --output-dir DIR --run-name NAME --scaling-config JSON
-[--init-from DIR] [--champion DIR]`` is the Ray job entrypoint. It runs Ray Train's TorchTrainer with the train
-job's workers (one per TPU device, or one per emulated host on CPU): each model is sharded as for training (FSDP2,
-bf16 on TPU), every worker evaluates its share of the held-out split, and the sums meet in one all_reduce per model.
+[--init-from DIR] [--champion DIR] [--measure before,after,champion]`` is the Ray job entrypoint. It runs Ray Train's
+TorchTrainer with the train job's workers (one per TPU device, or one per emulated host on CPU): each model is sharded
+as for training (FSDP2, bf16 on TPU), every worker evaluates its share of the held-out split, and the sums meet in one
+all_reduce per model.
 The "before" model is ``train.model_id`` as built, or the checkpoint training started from (``--init-from``); a
 checkpoint named twice (the champion training started from) is measured once. Prints one ``TPUPIPE result`` line.
 """
@@ -13,60 +16,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import data, job_args
+from trainers import data, heldout, job_args
 
-
-def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, Any]]:
-    """This worker's share of the split (examples ``rank, rank + world, ...``) in batches of one shape. Every worker
-    runs the same number of forward passes (each one is a collective under FSDP): a worker with fewer examples
-    pads with copies of the first example whose labels are masked, so they add neither loss nor tokens."""
-    indices = list(range(rank, len(ds), world))
-    num_batches = math.ceil(math.ceil(len(ds) / world) / batch_size)
-    batches = []
-    for b in range(num_batches):
-        chunk = indices[b * batch_size : (b + 1) * batch_size]
-        rows = ds[chunk + [0] * (batch_size - len(chunk))]
-        rows["labels"][len(chunk) :] = -100
-        batches.append(rows)
-    return batches
-
-
-def heldout_sums(model, batches, device):
-    """(summed next-token loss, target tokens) over the batches, as one fp32 tensor on the device: nothing waits
-    for the host until the caller's all_reduce."""
-    import torch
-
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float32, device=device)
-    with torch.no_grad():
-        for batch in batches:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            targets = batch["labels"][:, 1:]
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                targets.reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-            )
-            sums += torch.stack([loss, (targets != -100).sum().float()])
-    return sums
+MODELS = ("before", "after", "champion")
 
 
 def models_to_measure(config: dict[str, Any]) -> list[tuple[str, str]]:
     """(which, checkpoint) of each model the job measures, in order: ``before`` (``""``: ``train.model_id`` as
-    built), ``after`` (the fine-tuned checkpoint) and, when given, ``champion``."""
+    built), ``after`` (the fine-tuned checkpoint) and, when given, ``champion``; only those ``measure`` names when it
+    is given (the figures the evaluate stage does not have yet)."""
     models = [("before", config.get("init_from") or ""), ("after", config["checkpoint"])]
     if config.get("champion"):
         models.append(("champion", config["champion"]))
-    return models
+    wanted = config.get("measure") or MODELS
+    return [(which, source) for which, source in models if which in wanted]
 
 
 def eval_progress(which: str, index: int, num_models: int, num_batches: int) -> None:
@@ -84,7 +53,6 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from trainers.devices import detect_backend
@@ -103,8 +71,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)
     dtype = getattr(torch, weights)
     tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
-    batches = shard_batches(data.tokenize(raw, tokenizer, t.max_length), rank, world, t.batch_size)
+    split = heldout.Split(spec, config, tokenizer, rank, world, device_type)
+    batches = split.batches
     mesh = init_device_mesh(device_type, (world,))
     losses, measured = {}, {}
     models = models_to_measure(config)
@@ -118,14 +86,11 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         else:
             model = build_model(t.model_id, tokenizer, t.seed, dtype)
         model = parallelize(model.to(device), mesh, compute)
-        sums = heldout_sums(model, batches, device)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        total, count = sums.tolist()
-        losses[which] = measured[source] = total / max(count, 1.0)
+        losses[which] = measured[source] = heldout.loss(model, batches, device)
         del model
         _measured(rank, which, index, len(models), len(batches))
     metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
-    metrics.update(num_eval_examples=len(raw), num_workers=world, device=device_type)
+    metrics.update(num_eval_examples=len(split.raw), num_workers=world, device=device_type, eval_key=split.key)
     # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
@@ -141,6 +106,7 @@ def run(
     run_name: str,
     init_from: str = "",
     champion: str = "",
+    measure: tuple[str, ...] = MODELS,
 ) -> dict[str, Any]:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -153,6 +119,7 @@ def run(
         "checkpoint": checkpoint,
         "init_from": init_from,
         "champion": champion,
+        "measure": list(measure),
         "cache_dir": data.local_cache_dir(run_name),
     }
     files = data.job_files(spec, output_dir)
@@ -178,22 +145,16 @@ def run(
         ),
     )
     metrics = dict(trainer.fit().metrics)
-    before, after = metrics["eval_loss_before"], metrics["eval_loss_after"]
-    result = {
-        "eval_loss_before": before,
-        "eval_loss_after": after,
-        "perplexity_before": math.exp(before),
-        "perplexity_after": math.exp(after),
-        "num_eval_examples": metrics["num_eval_examples"],
-        "num_workers": metrics["num_workers"],
-        "device": metrics["device"],
-        "eval_split": data.splits(spec)[1],
-    }
-    if "eval_loss_champion" in metrics:
-        result.update(
-            champion_loss=metrics["eval_loss_champion"], perplexity_champion=math.exp(metrics["eval_loss_champion"])
-        )
-    return result
+    return measured(metrics, data.splits(spec)[1])
+
+
+def measured(metrics: dict[str, Any], eval_split: str) -> dict[str, Any]:
+    """The job's result: each figure it measured (``eval_loss_before``, ``eval_loss_after``, ``champion_loss``) and
+    what they were measured on; the evaluate stage adds what it had already."""
+    names = {"before": "eval_loss_before", "after": "eval_loss_after", "champion": "champion_loss"}
+    result = {names[which]: metrics[f"eval_loss_{which}"] for which in MODELS if f"eval_loss_{which}" in metrics}
+    keep = ("num_eval_examples", "num_workers", "device", "eval_key")
+    return {**result, **{k: metrics[k] for k in keep if k in metrics}, "eval_split": eval_split}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -210,7 +171,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the checkpoint training started from (the 'before' model); default: train.model_id as built",
     )
     p.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
+    add_measure(p)
     return job_args.parse(p, argv)
+
+
+def add_measure(p: argparse.ArgumentParser) -> None:
+    """``--measure``: which of before, after and champion the job measures (comma-separated; default all): the
+    evaluate stage names only the figures it does not have yet."""
+    p.add_argument("--measure", type=measure_list, default=MODELS, help="before,after,champion (default: all)")
+
+
+def measure_list(text: str) -> tuple[str, ...]:
+    words = tuple(w.strip() for w in text.split(",") if w.strip())
+    unknown = [w for w in words if w not in MODELS]
+    if unknown or not words:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of {', '.join(MODELS)}")
+    return words
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         args.run_name,
         args.init_from,
         args.champion,
+        args.measure,
     )
     protocol.emit("result", result)
 

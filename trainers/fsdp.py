@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import data, job_args, mesh
+from trainers import data, heldout, job_args, mesh
 from trainers.checkpoints import load_checkpoint, save_checkpoint
 from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
@@ -155,6 +155,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:  # what the model is trained on, for its provenance
         protocol.emit("event", {"event": "data", "data_snapshot": data.snapshot(raw), "num_examples": len(raw)})
     start_epoch, global_step, resumed = _resume(model, optimizer, rank)
+    evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
+    evaluation.before(model, resumed)
     steps_per_epoch = len(loader)
     for epoch in range(start_epoch, t.epochs):
         if world > 1:
@@ -174,6 +176,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
             "tokens_seen": global_step * t.batch_size * world * t.max_length,
         }
+        if epoch + 1 == t.epochs:  # the trained model on the held-out split, kept with its checkpoint
+            metrics.update(evaluation.after(model))
         saving = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
@@ -233,6 +237,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
     return {
         "checkpoint": checkpoint.path if checkpoint else None,
         "final_metrics": result.metrics,
+        "heldout": heldout.of_checkpoint(best[1] if best else result.metrics),
         "device": device_type,
         "backend": backend,
         "num_workers": scaling["num_workers"],

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, datasets, protocol
-from trainers import jax_events, job_args, maxtext_data, maxtext_log
+from trainers import evaluate, jax_events, job_args, maxtext_data, maxtext_log
 
 
 def base_yml() -> str:
@@ -278,35 +278,25 @@ def run_eval(
     run_name: str,
     checkpoint: str,
     champion: str = "",
+    measure: tuple[str, ...] = evaluate.MODELS,
 ) -> dict[str, Any]:
     """MaxText's eval loop on the untrained model, the trained checkpoint and, when given, the registered champion's
-    checkpoint: the same batches for each."""
-    import math
-
-    from trainers.evaluate import eval_progress
+    checkpoint (those ``measure`` names): the same batches for each."""
 
     models = [("before", ""), ("after", str(Path(checkpoint) / "items"))]
     if champion:
         models.append(("champion", str(Path(champion) / "items")))
+    models = [(which, params) for which, params in models if which in measure]
     losses = {}
     for index, (which, params) in enumerate(models):
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
-        measured = _fit(spec, scaling, eval_args, output_dir, name, 0)
-        if "eval_loss" not in measured:
-            raise RuntimeError(f"MaxText's eval of the {which} model reported no loss: its log has no eval line")
-        losses[which] = measured["eval_loss"]
-        eval_progress(which, index, len(models), spec.maxtext.eval_steps)
-    result = {
-        "eval_loss_before": losses["before"],
-        "eval_loss_after": losses["after"],
-        "perplexity_before": math.exp(losses["before"]),
-        "perplexity_after": math.exp(losses["after"]),
-        "eval_split": eval_split(spec, args),
-    }
-    if champion:
-        result.update(champion_loss=losses["champion"], perplexity_champion=math.exp(losses["champion"]))
-    return result
+        found = _fit(spec, scaling, eval_args, output_dir, name, 0)
+        if "eval_loss" not in found:  # its eval line gave no number (a NaN loss prints none the pattern reads)
+            raise SystemExit(f"MaxText's eval of the {which} model logged no finite loss: see its log above")
+        losses[f"eval_loss_{which}"] = found["eval_loss"]
+        evaluate.eval_progress(which, index, len(models), spec.maxtext.eval_steps)
+    return evaluate.measured(losses, eval_split(spec, args))
 
 
 def eval_split(spec: RunSpec, args: list[str]) -> str:
@@ -335,6 +325,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("mode", choices=("train", "eval"))
     p.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
     p.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
+    evaluate.add_measure(p)
     args = job_args.parse(p, argv[:cut])
     maxtext_args = argv[cut + 1 :]
     bad = [a for a in maxtext_args if "=" not in a]
@@ -383,7 +374,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.mode == "train":
             result = run_train(spec, scaling, maxtext_args, out, args.run_name)
         else:
-            result = run_eval(spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion)
+            result = run_eval(
+                spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion, args.measure
+            )
     finally:
         ray.shutdown()
     protocol.emit("result", result)

@@ -3,9 +3,9 @@ docs/architecture.md, "The gate").
 
 Every run that trains registers its model as a new version of ``spec.model_name`` (``gate.model``, else the
 preset's name) with its provenance; the version becomes the champion only when its held-out loss is lower than the
-champion's, both measured by the same evaluation job on the same held-out examples, by at least
-``gate.min_improvement`` (relative). The first version of a model, or the first after a model lost its champion,
-becomes the champion. The decision is made here, once (:func:`decide`); the register stage records it and the
+champion's, both measured on the same held-out examples the same way (one evaluation key, :func:`known_figure`), by
+at least ``gate.min_improvement`` (relative). The first version of a model, or the first after a model lost its
+champion, becomes the champion. The decision is made here, once (:func:`decide`); the register stage records it and the
 promote stage, under the pipeline's ``dsl.If``, acts on it.
 
 Which registry a run uses is the platform's answer (``Platform.registry_place``): the local platform's directory
@@ -137,6 +137,32 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
     if why:
         return {**found, "path": "", "not_compared": why}
     return {**found, "path": get_platform(ctx.platform).checkpoint_path(ctx, champion.artifact_uri)}
+
+
+def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str] | None:
+    """(held-out loss, the version that records it) of the registered version ``ref`` (``NAME@VERSION``) measured
+    with evaluation key ``key`` (``trainers.heldout.eval_key``: the same examples, tokenizer, length and dtypes), as
+    the versions of its model record it: its own figure (``eval_loss_after``), or a later version's figure of it (as
+    the champion measured beside it, or as the model it started from). Each version's provenance is written once, at
+    registration, so the figure is the one measurement, found by any later run wherever it runs; None when no
+    version records one with that key (the evaluation measures it)."""
+    if not key:
+        return None
+    name = ref.split("@", 1)[0]
+    try:
+        versions = registry(ctx).versions(name)
+    except SpecError:
+        return None
+    for version in versions:
+        p = version.provenance
+        if p.get("eval_key") != key:
+            continue
+        for field, holder in (("eval_loss_after", version.ref), ("champion_loss", p.get("champion_measured"))):
+            if holder == ref and isinstance(p.get(field), float):
+                return p[field], version.ref
+        if p.get("base_model") == ref and isinstance(p.get("eval_loss_before"), float):
+            return p["eval_loss_before"], version.ref
+    return None
 
 
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
@@ -274,6 +300,7 @@ def provenance(
         "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
+        "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
     }

@@ -44,7 +44,7 @@ CATEGORIES = (
     ("productive steps", "training steps that were kept"),
     ("checkpoint saves", "the trainer saving checkpoints"),
     ("lost to failures", "steps repeated after a restart, and the restart itself"),
-    ("evaluation", "evaluate"),
+    ("evaluation", "evaluate, and the train job's own evaluation of the model it trained"),
     ("registry", "register and promote"),
     ("teardown", "teardown"),
     ("idle between stages", "no stage running: the pipeline starting the next"),
@@ -102,7 +102,9 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     start, end = span
     groups = sorted(timeline.get("groups") or [])
     steps = sorted((s for s in timeline.get("steps") or [] if start <= s["time"] <= end), key=lambda s: s["time"])
-    saves = sorted(timeline.get("checkpoints") or [], key=lambda c: c["time"])
+    saves = [(c["time"], c.get("seconds", 0.0), "checkpoint saves") for c in timeline.get("checkpoints") or []]
+    saves += [(e["time"], e["seconds"], "evaluation") for e in timeline.get("evaluations") or []]  # in-job
+    saves.sort()
 
     last_run = {}  # step number -> the group that ran it last
     for s in steps:
@@ -110,14 +112,14 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     out: list[tuple[float, float, str]] = []
 
     def add(a: float, b: float, category: str) -> None:
-        """[a, b] as ``category``, less the checkpoint saves that ended inside it."""
-        for c in saves:
-            if a < c["time"] <= b:
-                save_start = max(a, c["time"] - c.get("seconds", 0.0))
-                out.append((save_start, c["time"], "checkpoint saves"))
+        """[a, b] as ``category``, less the checkpoint saves and in-job evaluations that ended inside it."""
+        for when, seconds, cut in saves:
+            if a < when <= b:
+                save_start = max(a, when - seconds)
+                out.append((save_start, when, cut))
                 if save_start > a:
                     out.append((a, save_start, category))
-                a = c["time"]
+                a = when
         if b > a:
             out.append((a, b, category))
 
@@ -233,9 +235,10 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
     """The train job's ``TPUPIPE`` records -> its timeline (``train_intervals``): each worker group's start, each
     step's end (FSDP's ``step`` events, MaxText's per-step metrics), each checkpoint save's end and seconds (a save
     that gives none: the time since the record before it), each compile of at least a few hundredths of a second
-    (``compiled``) and the compile cache's counts (``compile_cache``: the last worker group's). A line Ray forwarded
-    twice counts once."""
+    (``compiled``), the compile cache's counts (``compile_cache``: the last worker group's) and the job's own
+    evaluations (``eval``). A line Ray forwarded twice counts once."""
     groups, steps, saves, seen = set(), {}, [], set()
+    evaluations: dict[float, dict[str, Any]] = {}
     compiles: dict[tuple[float, float], dict[str, Any]] = {}
     cache = None
     last_time = None
@@ -258,6 +261,8 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
             if seconds is None:
                 seconds = max(0.0, p["time"] - last_time) if last_time is not None else 0.0
             saves.append({"time": p["time"], "seconds": seconds, "step": p.get("step")})
+        elif event == "eval":  # the train job's own evaluation (trainers.heldout): evaluation, not trainer start
+            evaluations[p["time"]] = {"time": p["time"], "seconds": p["seconds"]}
         last_time = p["time"]
     return {
         "groups": sorted(groups),
@@ -265,6 +270,7 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
         "checkpoints": saves,
         "compiles": sorted(compiles.values(), key=lambda c: c["time"]),
         "compile_cache": cache,
+        "evaluations": sorted(evaluations.values(), key=lambda e: e["time"]),
     }
 
 

@@ -7,16 +7,24 @@ its log is ``logs/<stage>.log`` of the run's store.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.spec import InfraError, RunSpec
+from components.spec import InfraError, RunSpec, datasets
 from components.stages import dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
 
 
-def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "", init_from: str = "", champion: str = "") -> str:
+def entrypoint(
+    ctx: RunContext,
+    mode: str,
+    checkpoint: str = "",
+    init_from: str = "",
+    champion: str = "",
+    measure: tuple[str, ...] = (),
+) -> str:
     """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it."""
     from components.platforms.store import read_json
     from components.spec.images import pinned_image
@@ -27,7 +35,9 @@ def entrypoint(ctx: RunContext, mode: str, checkpoint: str = "", init_from: str 
     image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
     compiled = cache.directory(platform.compile_cache_root(ctx), ctx.spec, image) if image else ""
     out = platform.job_output_dir(ctx)
-    return job_command(ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion, compiled)
+    return job_command(
+        ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion, compile_cache=compiled, measure=measure
+    )
 
 
 def history(records: list[tuple[str, dict]]) -> list[dict]:
@@ -116,6 +126,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "device": job["result"]["device"],
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
+        "heldout": in_job_figures(job["result"], job["records"]),
     }
 
 
@@ -161,47 +172,110 @@ def restarts(events: list[dict]) -> int:
     return max(0, len({p.get("time") for p in events if p.get("event") == "worker_group_started"}) - 1)
 
 
+def in_job_figures(result: dict[str, Any], records: list[tuple[str, dict]]) -> dict[str, Any]:
+    """What the train job measured on the held-out split in itself (``trainers.heldout.InJob``): the trained model's
+    figure bound to the checkpoint it returns (its result's ``heldout``), the model as built from its ``eval``
+    event, their key, and the seconds it spent on them. Empty when it measured nothing."""
+    found = dict(result.get("heldout") or {})
+    events = {(p["which"], p["time"]): p for kind, p in records if kind == "event" and p.get("event") == "eval"}
+    before = next((p for (which, _), p in events.items() if which == "before"), None)
+    if before and before["eval_key"] == found.get("eval_key", before["eval_key"]):
+        found.update(eval_loss_before=before["eval_loss"], eval_key=before["eval_key"])
+        found.setdefault("num_eval_examples", before["num_eval_examples"])
+    if found:
+        found["seconds"] = sum(p["seconds"] for p in events.values())
+    return found
+
+
+FIGURES = {"before": "eval_loss_before", "after": "eval_loss_after", "champion": "champion_loss"}
+
+
+def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, champion: dict) -> dict[str, Any]:
+    """The figures the evaluation has before it starts anything, each with where it comes from: the train job's own
+    (``in_job_figures``), and a registered version's (the "before" model started from, the champion) that the
+    registry records with the same evaluation key (``gate.known_figure``). A figure of another key is none."""
+    figures = train_result.get("heldout") or {}
+    key = figures.get("eval_key")
+    known = {which: (figures[name], "the train job") for which, name in FIGURES.items() if name in figures}
+    for which, version in (("before", start), ("champion", champion)):
+        if which not in known and version.get("ref") and version.get("path"):
+            found = gate.known_figure(ctx, version["ref"], key)
+            if found:
+                known[which] = (found[0], f"{found[1]}'s record")
+    return known
+
+
 def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     """Held-out loss before and after training, of the checkpoint the train stage (``upstream``) reported, and of
-    the registered model's champion beside them, in the same job on the same examples (``gate.champion_to_measure``,
-    read from the registry now): the figures the gate compares."""
+    the registered model's champion beside them (``gate.champion_to_measure``, read from the registry now): the
+    figures the gate compares. Each is measured once per model and evaluation key: the train job measures the model
+    it trained (and the model as built) in itself, a registered version's figure with the same key is its record's,
+    and an evaluation job measures only what is still missing, on the same held-out examples; with nothing missing
+    no job starts. An evaluation the gate cannot use (``gate.not_held_out``) starts none either."""
     train_result = json.loads(upstream) if upstream else {}
     if not train_result.get("checkpoint"):
         raise JobFailed("evaluate: the train stage reported no checkpoint")
     start = train_result.get("init_from") or {}
-    champion = gate.champion_to_measure(ctx)
-    if champion and champion.get("not_compared"):
+    champion = gate.champion_to_measure(ctx) or {}
+    if champion.get("not_compared"):
         log(f"evaluate: not measuring {champion['ref']}: {champion['not_compared']}")
-    elif champion:
-        log(f"evaluate: measuring {gate.CHAMPION} {champion['ref']} beside the new model")
-    command = entrypoint(
-        ctx,
-        "eval",
-        checkpoint=train_result["checkpoint"],
-        init_from=start.get("path", ""),
-        champion=(champion or {}).get("path", ""),
-    )
+    not_held_out = gate.not_held_out(ctx.spec)
+    known = known_figures(ctx, train_result, start, champion)
+    wanted = ["before", "after"] + (["champion"] if champion.get("path") else [])
+    missing = () if not_held_out else tuple(w for w in wanted if w not in known)
+    result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in ("seconds", *FIGURES.values())}
+    result.update(device=train_result.get("device"), num_workers=train_result.get("num_workers"))
+    if not_held_out:  # register keeps the champion whatever such a figure says (registration.register)
+        log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it, so nothing more is measured")
+    if missing:
+        log(f"evaluate: measuring {', '.join(missing)} in an evaluation job" + _sources(known))
+        job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing)
+        if known and job["result"].get("eval_key") != result.get("eval_key"):  # not the same yardstick: all again
+            log("evaluate: the evaluation job read other held-out examples than the figures known: measuring all")
+            known, missing = {}, tuple(wanted)
+            job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing)
+        result.update({k: v for k, v in job["result"].items() if k not in FIGURES.values()}, job=job["submission_id"])
+        known.update({which: (job["result"][FIGURES[which]], "this evaluation job") for which in missing})
+    elif not not_held_out:
+        log("evaluate: no evaluation job: every figure is known" + _sources(known))
+    figures = {FIGURES[which]: loss for which, (loss, _) in known.items()}
+    champion_known = "champion_loss" in figures
+    result.update(figures, measured_by={which: where for which, (_, where) in known.items()})
+    for which in ("before", "after", "champion"):
+        if FIGURES[which] in figures:
+            result[f"perplexity_{which}"] = math.exp(figures[FIGURES[which]])
+    t = ctx.spec.train
+    result.setdefault("eval_split", datasets.splits(t.dataset, t.train_split, t.eval_split)[1])
+    if "eval_loss_after" in figures and "eval_loss_before" in figures:
+        beside = f"  ({gate.CHAMPION} {champion['ref']}: {figures['champion_loss']:.4f})" if champion_known else ""
+        log(
+            f"evaluate: {'eval' if not_held_out else 'held-out'} loss {figures['eval_loss_before']:.4f} -> "
+            f"{figures['eval_loss_after']:.4f}  "
+            f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}{beside}"
+        )
+    if champion:
+        result["champion"] = {k: v for k, v in champion.items() if k != "path"}
+    if start:
+        result["init_from"] = start["ref"]
+    return result
+
+
+def _sources(known: dict[str, tuple[float, str]]) -> str:
+    """Where the figures the evaluation has came from, in words."""
+    if not known:
+        return ""
+    return "; known: " + ", ".join(f"{which} ({where})" for which, (_, where) in known.items())
+
+
+def _evaluation_job(
+    ctx: RunContext, checkpoint: str, start: dict, champion: dict, measure: tuple[str, ...]
+) -> dict[str, Any]:
+    """The evaluation job measuring ``measure`` of before, after and champion, followed with a progress bar."""
+    command = entrypoint(ctx, "eval", checkpoint, start.get("path", ""), champion.get("path", ""), measure)
     bar = progress.Bar("evaluate", 0, "batches", log)
 
     def on_record(kind: str, p: dict) -> None:  # the evaluation's progress: its batches, model after model
         if kind == "event" and p.get("event") == "eval_model":
             bar.update(p["done"], p.get("time"), total=p["total"])
 
-    job = run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s, on_record)
-    result = job["result"]
-    measured = (champion or {}).get("path")
-    not_held_out = gate.not_held_out(ctx.spec)
-    if not_held_out:
-        log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it")
-    log(
-        f"evaluate: {'eval' if not_held_out else 'held-out'} loss {result['eval_loss_before']:.4f} -> "
-        f"{result['eval_loss_after']:.4f}  "
-        f"perplexity {result['perplexity_before']:.2f} -> {result['perplexity_after']:.2f}"
-        + (f"  ({gate.CHAMPION} {champion['ref']}: {result['champion_loss']:.4f})" if measured else "")
-    )
-    out = {"job": job["submission_id"], **result}
-    if champion:
-        out["champion"] = {k: v for k, v in champion.items() if k != "path"}
-    if start:
-        out["init_from"] = start["ref"]
-    return out
+    return run_job(ctx, "evaluate", command, ctx.spec.train.timeout_s, on_record)

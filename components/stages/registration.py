@@ -64,7 +64,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
         "resource_name": reg.resource(version),
         "decision": decision.decision,
         "reason": decision.reason,
-        "eval_loss": ev["eval_loss_after"],
+        "eval_loss": ev.get("eval_loss_after"),  # none when the evaluation was not held out and so not measured
         "champion_loss": ev.get("champion_loss"),
         "champion_ref": champion.get("ref"),
         "champion_version": champion.get("version"),

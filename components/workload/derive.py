@@ -163,6 +163,7 @@ def job_command(
     init_from: str = "",
     champion: str = "",
     compile_cache: str = "",
+    measure: tuple[str, ...] = (),
 ) -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
@@ -170,7 +171,8 @@ def job_command(
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
     same evaluation; ``compile_cache``, the directory of the compiled programs kept across runs
-    (``components.workload.cache.directory``). One source for the stages' job submissions and the plan."""
+    (``components.workload.cache.directory``); ``measure``, which of before, after and champion the evaluation
+    measures (empty: all). One source for the stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -187,6 +189,8 @@ def job_command(
         args["init_from"] = init_from
     if mode == "eval" and champion:
         args["champion"] = champion
+    if mode == "eval" and measure:
+        args["measure"] = ",".join(measure)
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":

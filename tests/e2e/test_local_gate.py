@@ -5,8 +5,10 @@ one output root, so one local registry (``<root>/registry``, model ``local-fsdp`
    held-out loss, the run directory holds what it should, nothing is left running; its model becomes the champion
    (there is none yet);
 2. a run with ``train.init_from=champion`` starts from the champion's weights (its "before" held-out loss is the
-   champion's "after"), the champion measured again in its evaluation job on the same examples, trains further, and
-   is promoted. It is as small as its assertions allow: one emulated host, no slice check, one epoch.
+   champion's "after"), trains further, and is promoted. Neither run starts an evaluation job: each train job measures
+   the model it trained in itself (the first also the model as built), and the second's champion figure is the one
+   the champion's own record holds for the same held-out examples (the same evaluation key). It is as small as its
+   assertions allow: one emulated host, no slice check, one epoch.
 
 then `tpupipe models rollback` moves the champion back and `tpupipe models show` lists every provenance field. A run
 that is registered and not promoted is the Vertex AI gate test's second job (tests/vertex/test_vertex_pipeline.py,
@@ -101,7 +103,14 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
     assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
     assert "train: succeeded (" in proc.stdout and "progress train [" in proc.stdout, proc.stdout
-    assert "] 48/48 steps  loss " in proc.stdout and "] 8/8 batches" in proc.stdout, proc.stdout
+    assert "] 48/48 steps  loss " in proc.stdout, proc.stdout
+    # The train job measured both figures in itself: no evaluation job, its seconds the ledger's evaluation.
+    evaluation = json.loads((run_dir / "stages" / "evaluate.json").read_text())["result"]
+    assert "job" not in evaluation and "] 8/8 batches" not in proc.stdout, proc.stdout
+    assert evaluation["measured_by"] == {"before": "the train job", "after": "the train job"}
+    assert "evaluate: no evaluation job: every figure is known" in proc.stdout
+    categories = {c["name"]: c for c in summary["goodput"]["categories"]}
+    assert categories["evaluation"]["seconds"] > 0
     # On a terminal a bar is drawn in place: each of its updates a line of the run's log, one line of the terminal.
     terminal, log = runs["gate-2"]["proc"].stdout, (runs["gate-2"]["run_dir"] / "logs" / "pipeline.log").read_text()
     assert terminal.count("\n") <= 62 and "\r\x1b[2K    progress train [" in terminal, terminal
@@ -189,6 +198,11 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
         summary["eval_loss_before"]
     )
     assert second.provenance["champion_measured"] == f"{MODEL}@1"
+    # Measured once: the champion's figure (and the "before" model's, the same version) is its own record's.
+    evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
+    assert "job" not in evaluation and gate["champion_loss"] == first.provenance["eval_loss_after"]
+    assert evaluation["measured_by"]["champion"] == evaluation["measured_by"]["before"] == f"{MODEL}@1's record"
+    assert second.provenance["eval_key"] == first.provenance["eval_key"] == evaluation["eval_key"]
     assert second.provenance["eval_loss_after"] == pytest.approx(gate["eval_loss"])
     out = runs["gate-2"]["proc"].stdout
     assert f"  started from         {MODEL}@1" in out and f"gate: promoted {MODEL}@2 to champion" in out

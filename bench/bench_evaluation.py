@@ -1,0 +1,109 @@
+"""Evaluation chip-seconds of a recurring run: the evaluation as it was (the commit before the train job measured the
+model it trained in itself, ``trainers/heldout.py``) against as it is, side by side in one run, on the same pair of
+runs.
+
+Each side runs the local gate's pair: two `tpupipe run`s of local-fsdp with one output root (one local registry).
+The first (2 emulated hosts, one epoch) registers the champion; the second, the recurring run, starts from it
+(``train.init_from=champion``, one host, no slice check, one epoch) and is judged on the same held-out split. The
+figure is the second run's evaluation chip-seconds (its goodput ledger's "evaluation": the evaluate stage and, as it
+is, the train job's own evaluation), as it is / as it was; target <= 0.5 (issue 41). The first run's ratio is
+reported beside it. The side as it was runs from ``git archive`` of that commit in a temporary directory, with the
+same Python and the same trainer environments (the images did not change), A then B (one pair: each side takes
+minutes, and the figure is far from its bound).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.figures import Figure, table  # noqa: E402
+
+TARGET = "<= 0.5"
+RUNS = {  # the pair, in order: run -> its overrides
+    "first": ("epochs=1",),
+    "recurring": ("cluster.num_hosts=1", "cluster.slice_check=false", "train.init_from=champion", "epochs=1"),
+}
+
+
+def baseline() -> str:
+    """The commit before the in-job evaluation: the parent of the one that added trainers/heldout.py."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    added = git("log", "--diff-filter=A", "--format=%H", "--", "trainers/heldout.py").splitlines()
+    if not added:
+        raise SystemExit("bench_evaluation: no commit adds trainers/heldout.py: nothing to compare with")
+    return git("rev-parse", f"{added[-1]}^")
+
+
+def checkout(commit: str, into: Path) -> Path:
+    """The tree of ``commit``, as files under ``into`` (no git state changed)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run(repo: Path, root: Path, run_id: str, overrides: tuple[str, ...]) -> dict:
+    """One `tpupipe run` of the code in ``repo``: its evaluation's chip-seconds and seconds, its evaluate stage's
+    seconds and its goodput, from its summary."""
+    cmd = [str(Path(sys.executable).parent / "tpupipe"), "run", "--run-id", run_id, "--output-root", str(root)]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_evaluation: {run_id} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+    summary = json.loads((root / run_id / "summary.json").read_text())
+    categories = {c["name"]: c for c in summary["goodput"]["categories"]}
+    stages = {s["name"]: s for s in summary["stages"]}
+    evaluation = json.loads((root / run_id / "stages" / "evaluate.json").read_text())["result"]
+    return {
+        "evaluation_chip_s": categories["evaluation"]["chip_s"],
+        "evaluation_s": round(categories["evaluation"]["seconds"], 2),
+        "evaluate_stage_s": round(stages["evaluate"]["seconds"], 2),
+        "evaluation_job": bool(evaluation.get("job")),
+        "goodput": summary["goodput"]["goodput"],
+    }
+
+
+def pair(repo: Path, root: Path, side: str) -> dict[str, dict]:
+    return {name: run(repo, root, f"bench-eval-{side}-{name}", overrides) for name, overrides in RUNS.items()}
+
+
+def figures() -> list[Figure]:
+    was_commit = baseline()
+    with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
+        was = pair(checkout(was_commit, Path(tmp) / "was"), Path(tmp) / "runs-was", "was")
+        now = pair(REPO, Path(tmp) / "runs-now", "now")
+    ratio = {name: now[name]["evaluation_chip_s"] / was[name]["evaluation_chip_s"] for name in RUNS}
+    detail = {"as_it_was": {"commit": was_commit, **was}, "as_it_is": now, "first_run_ratio": round(ratio["first"], 3)}
+    print(
+        f"evaluation chip-seconds, recurring run: {now['recurring']['evaluation_chip_s']:.1f} as it is, "
+        f"{was['recurring']['evaluation_chip_s']:.1f} as it was ({ratio['recurring']:.2f}); first run "
+        f"{now['first']['evaluation_chip_s']:.1f} vs {was['first']['evaluation_chip_s']:.1f} ({ratio['first']:.2f})"
+    )
+    return [
+        Figure(
+            "evaluation: a recurring run's evaluation chip-seconds, as it is / as it was",
+            ratio["recurring"],
+            "x",
+            TARGET,
+            detail,
+        )
+    ]
+
+
+if __name__ == "__main__":
+    results = figures()
+    print(table(results))
+    print(json.dumps([f.detail for f in results], indent=1))
