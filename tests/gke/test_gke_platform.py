@@ -116,7 +116,7 @@ def test_a_named_node_account_is_checked_and_set_on_every_pool(tmp_path, project
 
 def test_a_cluster_the_run_creates_takes_no_node_upgrade_until_the_runs_deadline(tmp_path, project_factory):
     """A node pool upgrade recreates the nodes: the cluster carries a maintenance exclusion of scope
-    NO_MINOR_OR_NODE_UPGRADES from provision to the run's deadline (the plan shows RUN_START and RUN_END for it)."""
+    NO_MINOR_OR_NODE_UPGRADES from provision to the run's deadline (its window added when the cluster is created)."""
     from datetime import UTC, datetime
 
     from google.cloud import container_v1

@@ -65,13 +65,9 @@ RELEASE_CHANNEL = "REGULAR"
 # maintenance exclusion of scope NO_MINOR_OR_NODE_UPGRADES keeps GKE from upgrading the nodes (and the control plane's
 # minor version) in its window (GKE docs, "Maintenance windows and exclusions":
 # https://cloud.google.com/kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions); ``MaintenanceWindow``'s
-# ``maintenance_exclusions`` in google-cloud-container. Its window, from provision to the run's deadline (else
-# EXCLUSION_HOURS), is filled in when the cluster is created: RUN_START and RUN_END stand for it in the plan.
-RUN_EXCLUSION = {
-    "startTime": "RUN_START",
-    "endTime": "RUN_END",
-    "maintenanceExclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
-}
+# ``maintenance_exclusions`` in google-cloud-container. Its window (``startTime``, ``endTime``), from provision to the
+# run's deadline (else EXCLUSION_HOURS), is added when the cluster is created (``run.handlers.exclusion_window``).
+RUN_EXCLUSION = {"maintenanceExclusionOptions": {"scope": "NO_MINOR_OR_NODE_UPGRADES"}}
 EXCLUSION_HOURS = 72.0
 
 # Compute Engine's regional TPU quota metrics, in chips, of each family: (on-demand, preemptible: spot and
