@@ -123,6 +123,8 @@ def _run_recorded(
     ctx = None
     try:
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
+        if not this.exit:  # the credentials where it runs, as a run from the command line checks them first
+            get_platform(ctx.platform).check_access(ctx)
         with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
             if first:
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created

@@ -59,3 +59,24 @@ def test_the_run_id_derives_from_the_jobs_id_when_a_task_is_given_its_full_resou
     assert store_for("", name, str(tmp_path))[0] == store_for("", "tpupipe-smoke-20261204", str(tmp_path))[0]
     assert store_for("", name, str(tmp_path))[0] == "tpupipe-smoke-20261204"
     assert store_for("given", name, str(tmp_path))[0] == "given"
+
+
+def test_every_stage_checks_its_credentials_before_it_acts(tmp_path, monkeypatch):
+    """A gke stage's task with no Google Cloud credentials where it runs (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud
+    login, no metadata server) is refused before it acts: one line naming the fix, exit 2, its record failed."""
+    from components.platforms.credentials import LOGIN, AccessError
+    from components.stages.runner import run_stage
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "TPUPIPE_GKE_EMULATOR_TOKEN", "TPUPIPE_GKE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # google-auth told there is no metadata server
+    root = tmp_path / "runs"
+    with pytest.raises(AccessError, match="no Google Cloud credentials") as refused:
+        run_stage("build_image", "smoke", "gke", "gke.project=tpupipe-emulated", "no-creds", "", str(root))
+    assert refused.value.exit_code == 2 and LOGIN in str(refused.value)
+    written = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert written == ["no-creds/stages/build_image.json"]  # no heartbeat: the stage never started its work
+    record = json.loads((root / "no-creds" / "stages" / "build_image.json").read_text())
+    assert record["status"] == "failed" and "no Google Cloud credentials" in record["error"]
