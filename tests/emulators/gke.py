@@ -165,6 +165,21 @@ class ClusterManagerEmulator(GrpcEmulator):
         short = cluster_name.rsplit("/", 1)[-1]
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUSY_MESSAGE.format(operation=operation, cluster=short))
 
+    def _refuse_while_deleting(self, deleting: bool, name: str, what: str, context) -> None:
+        """A second delete of what a delete under way is deleting: GKE's failedPrecondition, the operation named
+        ("Operation operation-... is currently deleting a node pool for cluster default-cluster. Please wait and try
+        again once it is done.": https://github.com/hashicorp/terraform-provider-google/issues/10366)."""
+        if not deleting:
+            return
+        cluster = name.split("/clusters/")[1].split("/")[0]
+        operation = next(
+            (e.op.name for e in self.state.operations.values() if e.op.target_link == name), "operation-unknown"
+        )
+        message = (
+            f"Operation {operation} is currently deleting {what} {cluster}. Please wait and try again once it is done."
+        )
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+
     def add_cluster(self, parent: str, body: dict) -> str:
         """A RUNNING cluster created outside the run (``body`` in the REST JSON form), as a team's shared cluster is."""
         import json
@@ -384,8 +399,10 @@ class ClusterManagerEmulator(GrpcEmulator):
         return c.ListClustersResponse(clusters=[cl for n, cl in self.state.clusters.items() if n.startswith(prefix)])
 
     def delete_cluster(self, request: c.DeleteClusterRequest, context, stockout=None) -> c.Operation:
+        self._advance_ops_on(request.name)  # a delete under way goes on while the caller asks again
         cluster = self._cluster(request.name, context)
         self._refuse_while_upgrading(request.name, context)
+        self._refuse_while_deleting(cluster.status == c.Cluster.Status.STOPPING, request.name, "cluster", context)
         cluster.status = c.Cluster.Status.STOPPING
         return self._op(
             request.name.rsplit("/clusters/", 1)[0],
@@ -484,8 +501,11 @@ class ClusterManagerEmulator(GrpcEmulator):
         return c.ListNodePoolsResponse(node_pools=list(self._cluster(request.parent, context).node_pools))
 
     def delete_node_pool(self, request: c.DeleteNodePoolRequest, context, stockout=None) -> c.Operation:
+        self._advance_ops_on(request.name)
         cluster, pool = self._pool(request.name, context)
         self._refuse_while_upgrading(request.name.split("/nodePools/")[0], context)
+        stopping = pool.status == c.NodePool.Status.STOPPING
+        self._refuse_while_deleting(stopping, request.name, "a node pool for cluster", context)
         pool.status = c.NodePool.Status.STOPPING
 
         def done():

@@ -1069,3 +1069,19 @@ def test_a_failed_precondition_that_is_not_a_busy_cluster_is_not_retried(tmp_pat
     assert project.gke.state.calls.count("CreateNodePool") == 1
     platform().teardown(ctx)
     assert project.gke.state.clusters == {}
+
+
+def test_teardown_after_a_cancel_started_the_deletes_finds_them_under_way_and_leaves_nothing(tmp_path, project_factory):
+    """A cancelled run's task starts its cluster's deletion and does not wait (``release``); the janitor's or
+    ``tpupipe teardown``'s later delete meets GKE's failedPrecondition ("currently deleting"), waits for that delete
+    and succeeds; a second release meanwhile counts the delete under way."""
+    project = project_factory()
+    ctx = context(tmp_path, "released")
+    gke = platform()
+    gke.provision(ctx)
+    (cluster,) = project.clusters("released")
+    assert gke.release(ctx) == [cluster]
+    assert project.gke.state.clusters[cluster].status.name == "STOPPING"
+    assert gke.release(ctx) == [cluster]  # the delete already under way
+    gke.teardown(ctx)
+    assert project.gke.state.clusters == {} and project.leftovers("released") == {}

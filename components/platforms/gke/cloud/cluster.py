@@ -275,9 +275,17 @@ class Gke(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            op = self.change(f"delete {kind} {name}", lambda: rpc(name=name))
+            if wait:
+                op = self.change(f"delete {kind} {name}", lambda: rpc(name=name))
+            else:  # no time to wait on another operation: a delete under way is enough
+                op = self.call(f"delete {kind} {name}", lambda: rpc(name=name))
         except gexc.NotFound:
             return False
+        except gexc.FailedPrecondition as exc:
+            if wait or not is_busy(exc.message or ""):
+                raise
+            self.log(f"  delete {kind} {name}: {exc.message}")
+            return "currently deleting" in (exc.message or "")
         self.log(f"deleting {kind} {name}")
         if wait:
             self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
