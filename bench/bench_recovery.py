@@ -163,9 +163,11 @@ def lose_host(host: dict) -> float:
 
 def _latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:
     """The newest step the workers have written to their own log files (Ray's worker-*.out under the run's temp
-    dir): seconds ahead of logs/train.log, which comes through the Jobs API."""
+    dir): seconds ahead of logs/train.log, which comes through the Jobs API. Each node's session directory is
+    ``<node>/session_<time>``; only the head's has a ``session_latest`` link, and the training workers run on the
+    hosts, so every session directory is read (each file once)."""
     latest = -1
-    for path in temp_dir.glob("*/session_latest/logs/worker-*.out"):
+    for path in sorted({p.resolve() for p in temp_dir.glob("*/session_*/logs/worker-*.out")}):
         try:
             with open(path, errors="replace") as f:
                 f.seek(offsets.get(path, 0))
