@@ -5,7 +5,7 @@ multi-host TPUs with Ray and TorchTPU" (docs/tutorials.md).
 entrypoint (``trainers.job_args``). The driver picks the collective backend from what the training workers have
 (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU; ``trainers.devices``), runs the TorchTrainer, and
 prints one ``TPUPIPE result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per
-step. Each epoch's end, every ``train.checkpoint_every_steps`` steps and a announced preemption write a sharded
+step. Each epoch's end, every ``train.checkpoint_every_steps`` steps and an announced preemption write a sharded
 checkpoint while training goes on (``trainers.checkpoints``), which a restarted worker group resumes from at the
 batch it had reached; the end of training writes the trained model once. Over several slices the model is sharded
 within a slice and replicated across them (HSDP, ``trainers.mesh``).
