@@ -316,7 +316,12 @@ class Checkpointer:
         """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
         once when Ray Train announces a preemption of one of the workers' nodes (``ray.train.get_preemption_info``:
         Ray's node drain with its deadline, Ray 2.60 ``ray/train/v2/api/train_fn_utils.py``), asked every
-        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together."""
+        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together. On GKE a Spot VM's preemption
+        notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
+        ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
+        shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
+        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run loses
+        at most ``train.checkpoint_every_steps`` steps (the newest checkpoint), which is what that field bounds."""
         import ray.train
 
         if last_of_epoch:
