@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.bench_recovery import records  # noqa: E402
 from bench.figures import Figure, table  # noqa: E402
-from components.spec import protocol  # noqa: E402
 
 PRESET = "local-fsdp"
 OVERRIDES = "cluster.slice_check=false train.checkpoint_every_steps=4 train.num_eval_examples=16"
@@ -34,7 +34,7 @@ def saves(log_text: str) -> list[dict]:
     """The run's sharded saves: {"step", "waited_s", "whole_s"}, by step (lines Ray forwarded twice kept once)."""
     waited: dict[int, float] = {}
     whole: dict[int, float] = {}
-    for kind, p in protocol.parse(log_text.splitlines()):
+    for kind, p in records(log_text):
         if kind != "event":
             continue
         if p.get("event") == "checkpoint":

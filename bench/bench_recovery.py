@@ -90,12 +90,21 @@ def sized(case: Case) -> Case:
     return replace(case, sets=f"{case.sets} epochs={math.ceil(steps / _steps_per_epoch(spec))}")
 
 
+def records(log_text: str):
+    """Every (kind, payload) record in a log, whatever its job's nonce (``components.spec.protocol``: a job's records
+    carry the nonce the stage gave it, which the bench, reading the logs from outside, does not know)."""
+    for text in log_text.splitlines():
+        m = protocol.RECORD.match(text)
+        if m:
+            yield from protocol.parse([text], m["nonce"])
+
+
 def timeline(log_text: str) -> list[dict]:
     """The run's worker-group starts and training steps, in log order: {"kind": "start"|"step", "time", "step"}, a
     start also with "launched" (when its train function began, where the trainer says so, else its time).
     Lines Ray forwarded twice are kept once (the records carry their time, so two real ones differ)."""
     out, seen = [], set()
-    for kind, p in protocol.parse(log_text.splitlines()):
+    for kind, p in records(log_text):
         key = json.dumps(p, sort_keys=True)
         if key in seen or "time" not in p:
             continue
