@@ -22,6 +22,7 @@ safetensors and JSON. Imports torch and safetensors only inside the functions.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import tempfile
 import time
@@ -255,6 +256,9 @@ class Checkpointer:
         self.t, self.model, self.tokenizer, self.rank, self.world = spec.train, model, tokenizer, rank, world
         self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
         self.saver = AsyncSaver()
+        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off: nothing
+        # drains its hosts; RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
+        self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
         self.preempted = False
 
     def _meta(self, at: Position) -> dict[str, Any]:
@@ -329,7 +333,7 @@ class Checkpointer:
         every = self.t.checkpoint_every_steps
         if every and at.global_step % every == 0:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
-        elif at.global_step % PREEMPTION_POLL_STEPS == 0 and not self.preempted:
+        elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
             info = ray.train.get_preemption_info()
             if info is not None:
                 self.preempted = True
