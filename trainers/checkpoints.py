@@ -33,6 +33,7 @@ from components.spec import RunSpec, protocol
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 DCP_INDEX = ".metadata"  # DCP's index of a sharded checkpoint (torch/distributed/checkpoint/filesystem.py)
+SHARDED_PREFIX = "checkpoint_step"  # a sharded checkpoint's directory: this and its global step, 8 digits
 
 # What DCP's index holds (torch/distributed/checkpoint/metadata.py and filesystem.py's _StorageInfo), by module.
 _INDEX_CLASSES = {
@@ -111,7 +112,8 @@ class AsyncSaver:
         started = time.perf_counter()
         self.wait()
         directory.mkdir(parents=True, exist_ok=True)
-        if rank == 0:
+        if rank == 0:  # a step saved again (after a restart): not complete again until DCP commits its new index
+            (directory / DCP_INDEX).unlink(missing_ok=True)
             (directory / CHECKPOINT_META).write_text(json.dumps({**meta, "optimizer": optimizer is not None}))
         state = sharded_state(model, optimizer)
         self.pending = dcp.async_save(state, checkpoint_id=str(directory), process_group=self.group)
@@ -174,7 +176,18 @@ def _safe_planner():
 
 
 def is_sharded(directory: Path) -> bool:
-    return (directory / DCP_INDEX).is_file()
+    """A complete sharded checkpoint: DCP commits its index (renamed into place) once every rank's shards are
+    written (``FileSystemWriter.finish``, torch/distributed/checkpoint/filesystem.py)."""
+    return (directory / DCP_INDEX).is_file() and (directory / CHECKPOINT_META).is_file()
+
+
+def newest_sharded(storage: Path) -> Path | None:
+    """The newest complete sharded checkpoint in the run's storage (the directories ``Checkpointer`` names by
+    step), whether or not Ray Train had registered it when the worker group was lost: Ray Train's controller
+    collects the workers' reports only every few seconds (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default,
+    ray/train/v2/_internal/constants.py), and a host lost in between would otherwise cost a whole period more."""
+    done = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if is_sharded(d)]
+    return max(done, key=lambda d: d.name, default=None)
 
 
 def load_sharded(model, optimizer, directory: Path) -> dict[str, Any]:
@@ -274,7 +287,7 @@ class Checkpointer:
         import ray.train
         from ray.train import CheckpointUploadMode
 
-        name = f"checkpoint_step{at.global_step:08d}"
+        name = f"{SHARDED_PREFIX}{at.global_step:08d}"
         # The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI.
         directory = Path(ray.train.get_context().get_storage().experiment_fs_path) / name
         started = time.perf_counter()

@@ -106,12 +106,16 @@ def _resume(model, optimizer, rank: int, world: int) -> tuple[checkpoints.Positi
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
-    if not checkpoint:
+    newest = checkpoints.newest_sharded(Path(ray.train.get_context().get_storage().experiment_fs_path))
+    if newest is not None:  # Ray Train's latest is one of these, or an older one
+        meta = checkpoints.load_sharded(model, optimizer, newest)
+    elif checkpoint:
+        with checkpoint.as_directory() as directory:
+            if not checkpoints.is_sharded(Path(directory)):
+                raise RuntimeError(f"the latest checkpoint ({checkpoint.path}) is the trained model: training ended")
+            meta = checkpoints.load_sharded(model, optimizer, Path(directory))
+    else:
         return checkpoints.Position(), False
-    with checkpoint.as_directory() as directory:
-        if not checkpoints.is_sharded(Path(directory)):
-            raise RuntimeError(f"the latest checkpoint ({checkpoint.path}) is the trained model: training ended")
-        meta = checkpoints.load_sharded(model, optimizer, Path(directory))
     if rank == 0:
         print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {meta['global_step']})", flush=True)
     epoch_step = meta["epoch_step"] * meta["world"] // world
