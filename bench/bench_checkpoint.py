@@ -32,16 +32,26 @@ RUN_TIMEOUT_S = 1800
 
 def saves(log_text: str) -> list[dict]:
     """The run's sharded saves: {"step", "waited_s", "whole_s"}, by step (lines Ray forwarded twice kept once)."""
-    waited: dict[int, float] = {}
+    waited: dict[int, dict] = {}
     whole: dict[int, float] = {}
     for kind, p in records(log_text):
         if kind != "event":
             continue
-        if p.get("event") == "checkpoint":
-            waited[p["step"]] = p["seconds"]
+        if p.get("event") == "checkpoint" and "staging_s" in p:  # a sharded save (the final one has no parts)
+            waited[p["step"]] = p
         elif p.get("event") == "checkpoint_written":
             whole[p["step"]] = p["seconds"]
-    return [{"step": s, "waited_s": waited[s], "whole_s": whole[s]} for s in sorted(whole) if s in waited]
+    return [
+        {
+            "step": s,
+            "waited_s": waited[s]["seconds"],
+            "staging_s": waited[s]["staging_s"],
+            "report_s": waited[s]["report_s"],
+            "whole_s": whole[s],
+        }
+        for s in sorted(whole)
+        if s in waited
+    ]
 
 
 def figures() -> list[Figure]:

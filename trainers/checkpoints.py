@@ -310,7 +310,8 @@ class Checkpointer:
             delete_local_checkpoint_after_upload=False,
             checkpoint_upload_fn=persisted,
         )
-        self._waited(at.global_step, blocked + time.perf_counter() - reporting)
+        reported = time.perf_counter() - reporting
+        self._waited(at.global_step, blocked + reported, {"staging_s": blocked, "report_s": reported})
 
     def final(self, at: Position, metrics: dict[str, Any]) -> None:
         """The trained model, once, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is
@@ -325,9 +326,12 @@ class Checkpointer:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
         self._waited(at.global_step, time.perf_counter() - started)
 
-    def _waited(self, step: int, seconds: float) -> None:
+    def _waited(self, step: int, seconds: float, parts: dict[str, float] | None = None) -> None:
+        """Rank 0's ``checkpoint`` event: the seconds training waited (and, for a sharded save, the copy to host
+        memory and Ray Train's report apart)."""
         if self.rank == 0:
-            protocol.emit("event", {"event": "checkpoint", "step": step, "seconds": seconds, "time": time.time()})
+            event = {"event": "checkpoint", "step": step, "seconds": seconds, "time": time.time(), **(parts or {})}
+            protocol.emit("event", event)
 
     def after_step(self, at: Position, last_of_epoch: bool) -> None:
         """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
