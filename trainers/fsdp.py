@@ -101,8 +101,9 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
 
 
 def _resume(model, optimizer, rank: int, world: int) -> tuple[checkpoints.Position, bool]:
-    """Where to start from Ray Train's latest checkpoint after a restart (the batch of the epoch it had reached, in
-    samples, so a group of another size starts at the same point of the epoch's order), else a fresh start."""
+    """Where to start after a restart: the newest complete sharded checkpoint in the run's storage
+    (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
+    samples, so a group of another size starts at the same point of the epoch's order); else a fresh start."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
