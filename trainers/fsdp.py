@@ -5,22 +5,22 @@ multi-host TPUs with Ray and TorchTPU" (docs/tutorials.md).
 entrypoint (``trainers.job_args``). The driver picks the collective backend from what the training workers have
 (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU; ``trainers.devices``), runs the TorchTrainer, and
 prints one ``TPUPIPE result`` line. Rank 0 prints one ``TPUPIPE metric`` line per epoch and one ``step`` event per
-step, and each epoch ends in a checkpoint (``trainers.checkpoints``) a restarted worker group resumes from. Over
-several slices the model is sharded within a slice and replicated across them (HSDP, ``trainers.mesh``).
+step. Each epoch's end, every ``train.checkpoint_every_steps`` steps and an announced preemption write a sharded
+checkpoint while training goes on (``trainers.checkpoints``), which a restarted worker group resumes from at the
+batch it had reached; the end of training writes the trained model once. Over several slices the model is sharded
+within a slice and replicated across them (HSDP, ``trainers.mesh``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import data, heldout, job_args, mesh
-from trainers.checkpoints import load_checkpoint, save_checkpoint
+from trainers import checkpoints, data, heldout, job_args, mesh
 from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
 
@@ -33,18 +33,32 @@ class InjectedFailure(RuntimeError):
 
 
 def data_loader(dataset, batch_size: int, seed: int, world: int, rank: int):
-    """This worker's batches, shuffled by ``train.seed``: with more than one worker a ``DistributedSampler`` of its
-    own seeded by it (Ray's ``prepare_data_loader`` would add one with torch's default seed, 0, whatever the spec
-    says), with one a generator seeded by it. drop_last: every step has the same shapes (a short last batch would
-    recompile the step on XLA)."""
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler
+    """This worker's batches, shuffled by ``train.seed`` and the epoch (``loader.sampler.set_epoch``): a
+    ``DistributedSampler`` of its own seeded by it (Ray's ``prepare_data_loader`` would add one with torch's default
+    seed, 0, whatever the spec says) that can start an epoch at a given batch (``loader.sampler.skip_batches``: a
+    resume mid-epoch). drop_last: every step has the same shapes (a short last batch would recompile the step on
+    XLA)."""
+    from torch.utils.data import DataLoader
 
-    if world > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator)
+    sampler = _resumable_sampler(dataset, batch_size, seed, world, rank)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+
+
+def _resumable_sampler(dataset, batch_size: int, seed: int, world: int, rank: int):
+    from torch.utils.data import DistributedSampler
+
+    class ResumableSampler(DistributedSampler):
+        """DistributedSampler's order for the epoch, less its first ``skip_batches`` batches."""
+
+        skip_batches = 0
+
+        def __iter__(self):
+            return iter(list(super().__iter__())[self.skip_batches * batch_size :])
+
+        def __len__(self) -> int:
+            return max(0, super().__len__() - self.skip_batches * batch_size)
+
+    return ResumableSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
 
 
 def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device):
@@ -86,24 +100,33 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
     return built
 
 
-def _resume(model, optimizer, rank: int) -> tuple[int, int, bool]:
-    """(first epoch, global step, resumed) from Ray Train's checkpoint after a restart, else a fresh start."""
+def _resume(model, optimizer, rank: int, world: int) -> tuple[checkpoints.Position, bool]:
+    """Where to start after a restart: the newest complete sharded checkpoint in the run's storage
+    (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
+    samples, so a group of another size starts at the same point of the epoch's order); else a fresh start."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
-    if not checkpoint:
-        return 0, 0, False
-    with checkpoint.as_directory() as directory:
-        meta = load_checkpoint(model, optimizer, Path(directory))
+    newest = checkpoints.newest_sharded(Path(ray.train.get_context().get_storage().experiment_fs_path))
+    if newest is not None:  # Ray Train's latest is one of these, or an older one
+        meta = checkpoints.load_sharded(model, optimizer, newest)
+    elif checkpoint:
+        with checkpoint.as_directory() as directory:
+            if not checkpoints.is_sharded(Path(directory)):
+                raise RuntimeError(f"the latest checkpoint ({checkpoint.path}) is the trained model: training ended")
+            meta = checkpoints.load_sharded(model, optimizer, Path(directory))
+    else:
+        return checkpoints.Position(), False
     if rank == 0:
         print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {meta['global_step']})", flush=True)
-    return meta["epoch"] + 1, meta["global_step"], True
+    epoch_step = meta["epoch_step"] * meta["world"] // world
+    return checkpoints.Position(meta["epoch"], epoch_step, meta["global_step"]), True
 
 
-def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int, resumed: bool) -> tuple[Any, int]:
-    """One pass over this worker's shard: (the summed loss, an fp32 tensor on the device, the global step after
-    it). The loss stays on the device: nothing waits for the host inside the epoch (on XLA a ``.item()`` or a
-    copy to the CPU each step would cut the traced graph and stall the pipeline). Rank 0 prints one short ``step``
+def _run_epoch(spec: RunSpec, model, optimizer, loader, device, at, resumed: bool, saves) -> tuple[Any, int]:
+    """The rest of this worker's shard of the epoch ``at`` is in: (the summed loss, an fp32 tensor on the device, the
+    steps run). The loss stays on the device: nothing waits for the host inside the epoch (on XLA a ``.item()`` or
+    a copy to the CPU each step would cut the traced graph and stall the pipeline). Rank 0 prints one short ``step``
     event per step with its wall-clock time (on XLA: when the step was dispatched), which shows how soon training
     resumes after a lost host."""
     import ray.train
@@ -112,28 +135,33 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, global_step: int
     fail_at = spec.train.fail_at_step
     timed = ray.train.get_context().get_world_rank() == 0
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    first_step, step_losses = global_step + 1, []
-    total = len(loader) * spec.train.epochs  # the run's steps, for the progress bar
+    first_step, step_losses, ran = at.global_step + 1, [], 0
+    steps_per_epoch = at.epoch_step + len(loader)
+    total = steps_per_epoch * spec.train.epochs  # the run's steps, for the progress bar
     tokens = spec.train.batch_size * ray.train.get_context().get_world_size() * spec.train.max_length  # a step's
 
     def step_ended(step: int) -> None:
         protocol.emit("event", {"event": "step", "step": step, "total": total, "tokens": tokens, "time": time.time()})
 
-    for index, batch in enumerate(loader):
+    for batch in loader:
         loss = mesh.train_step(model, optimizer, batch, device)
         loss_sum += loss
-        global_step += 1
+        at.global_step += 1
+        at.epoch_step += 1
+        ran += 1
+        last = at.epoch_step == steps_per_epoch
         if timed:
             step_losses.append(loss)
-            if index < len(loader) - 1:  # the epoch's last: once its loss is read (the progress bar shows it)
-                step_ended(global_step)
-        if fail_at and global_step == fail_at and not resumed:
-            raise InjectedFailure(f"injected failure at step {global_step} (train.fail_at_step)")
+            if not last:  # the epoch's last: once its loss is read (the progress bar shows it)
+                step_ended(at.global_step)
+        if fail_at and at.global_step == fail_at and not resumed:
+            raise InjectedFailure(f"injected failure at step {at.global_step} (train.fail_at_step)")
+        saves.after_step(at, last)
     if step_losses:  # rank 0's loss of each step, read from the device once per epoch
         losses = torch.stack(step_losses).cpu().tolist()
         protocol.emit("event", {"event": "step_losses", "first_step": first_step, "losses": losses})
-        step_ended(global_step)
-    return loss_sum, global_step
+        step_ended(at.global_step)
+    return loss_sum, ran
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -154,17 +182,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, rank, device_type, device)
     if rank == 0:  # what the model is trained on, for its provenance
         protocol.emit("event", {"event": "data", "data_snapshot": data.snapshot(raw), "num_examples": len(raw)})
-    start_epoch, global_step, resumed = _resume(model, optimizer, rank)
+    at, resumed = _resume(model, optimizer, rank, world)
+    saves = checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
     evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
     evaluation.before(model, resumed)
     steps_per_epoch = len(loader)
-    for epoch in range(start_epoch, t.epochs):
-        if world > 1:
-            loader.sampler.set_epoch(epoch)
+    if at.epoch_step >= steps_per_epoch:  # saved at an epoch's end: the next one
+        at = checkpoints.Position(at.epoch + 1, 0, at.global_step)
+    metrics: dict[str, Any] = {}
+    for epoch in range(at.epoch, t.epochs):
+        loader.sampler.set_epoch(epoch)
+        loader.sampler.skip_batches = at.epoch_step if epoch == at.epoch else 0
+        at.epoch, at.epoch_step = epoch, loader.sampler.skip_batches
         model.train()
         started = time.perf_counter()
-        loss_sum, global_step = _run_epoch(spec, model, optimizer, loader, device, global_step, resumed)
-        epoch_loss = loss_sum / steps_per_epoch
+        loss_sum, ran = _run_epoch(spec, model, optimizer, loader, device, at, resumed, saves)
+        epoch_loss = loss_sum / max(1, ran)
         dist.all_reduce(epoch_loss, op=dist.ReduceOp.SUM)  # the epoch's one collective on the loss; gloo has no AVG
         epoch_loss = (epoch_loss / world).item()
         epoch_s = time.perf_counter() - started
@@ -172,20 +205,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "epoch": epoch + 1,
             "loss": epoch_loss,
             "epoch_s": epoch_s,
-            "global_step": global_step,
-            "tokens_per_s": steps_per_epoch * t.batch_size * world * t.max_length / epoch_s,
-            "tokens_seen": global_step * t.batch_size * world * t.max_length,
+            "global_step": at.global_step,
+            "tokens_per_s": ran * t.batch_size * world * t.max_length / epoch_s,
+            "tokens_seen": at.global_step * t.batch_size * world * t.max_length,
         }
-        if epoch + 1 == t.epochs:  # the trained model on the held-out split, kept with its checkpoint
+        if epoch + 1 == t.epochs:  # the trained model on the held-out split, reported with its checkpoint
             metrics.update(evaluation.after(model))
-        saving = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            meta = {"epoch": epoch, "global_step": global_step, "loss": epoch_loss, "base_model": t.model_id}
-            save_checkpoint(model, optimizer if t.checkpoint_optimizer else None, tokenizer, meta, rank, Path(tmp))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
-        if rank == 0:  # the save and Ray Train's upload of it to the run's storage, for the goodput ledger
-            saved = {"seconds": time.perf_counter() - saving, "time": time.time()}
-            protocol.emit("event", {"event": "checkpoint", "step": global_step, **saved})
+        if epoch < t.epochs - 1:
+            saves.sharded(at, metrics)
+        else:
+            saves.final(at, metrics)
         if rank == 0:
             protocol.emit("metric", metrics)
 
@@ -224,20 +253,20 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
         run_config=RunConfig(
             name=run_name,
             storage_path=str(output_dir / "ray_results"),
-            checkpoint_config=CheckpointConfig(
-                num_to_keep=t.num_to_keep, checkpoint_score_attribute="loss", checkpoint_score_order="min"
-            ),
-            failure_config=FailureConfig(max_failures=t.max_failures),
+            # The latest checkpoints kept (no score: by the order reported); the last is the trained model.
+            checkpoint_config=CheckpointConfig(num_to_keep=t.num_to_keep),
+            # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
+            # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
+            failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
             worker_runtime_env=worker_env,
         ),
     )
     result = trainer.fit()
-    best = min(result.best_checkpoints, key=lambda pair: pair[1]["loss"]) if result.best_checkpoints else None
-    checkpoint = best[0] if best else result.checkpoint
+    checkpoint = result.checkpoint  # the last reported: the trained model (Checkpointer.final)
     return {
         "checkpoint": checkpoint.path if checkpoint else None,
         "final_metrics": result.metrics,
-        "heldout": heldout.of_checkpoint(best[1] if best else result.metrics),
+        "heldout": heldout.of_checkpoint(result.metrics),  # the final report's: the trained model's figure
         "device": device_type,
         "backend": backend,
         "num_workers": scaling["num_workers"],

@@ -47,6 +47,7 @@ def _check_counts(spec: RunSpec) -> None:
         "train.num_workers": t.num_workers,
         "train.max_failures": t.max_failures,
         "train.fail_at_step": t.fail_at_step,
+        "train.checkpoint_every_steps": t.checkpoint_every_steps,
         "train.min_workers": t.min_workers,
         "train.max_workers": t.max_workers,
         "cluster.worker_shm_gib": c.worker_shm_gib,

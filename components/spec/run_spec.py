@@ -92,11 +92,12 @@ class TrainSpec:
     num_workers: int = 0  # 0: one per host (cpu) or one per TPU device
     min_workers: int = 0  # elastic range (min_workers, max_workers), whole slices; 0 and 0: not elastic
     max_workers: int = 0
-    num_to_keep: int = 1  # checkpoints kept, best by loss
+    num_to_keep: int = 1  # checkpoints kept, the latest (resume points; the final one holds the trained model)
     max_failures: int = 0  # worker-group restarts Ray Train may make
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
     fail_eval: bool = False  # testing aid: raise inside the (fsdp) evaluation job before it measures anything
     checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
+    checkpoint_every_steps: int = 0  # (fsdp) a sharded checkpoint every N global steps too; 0: once an epoch only
     timeout_s: float = 3600.0  # the train job's deadline
 
 

@@ -90,17 +90,19 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
 
 @pytest.mark.e2e
 def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluation_fails_the_run(tmp_path):
-    """Train loses a worker at step 10 and resumes from the last checkpoint; then the evaluation job crashes
+    """Train loses a worker at step 10 and resumes from the last checkpoint, a sharded one of every 3 steps
+    (``train.checkpoint_every_steps``): the steps trained again are at most those 3; then the evaluation job crashes
     (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing.
     Its 2 hosts are 2 slices of one: the slice check places them on 2 slices and passes, and each worker group
     trains on a 2-D mesh (HSDP), the restarted one resuming onto it."""
-    # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2.
+    # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2, after the checkpoints
+    # of steps 3, 6, 8 (the epoch's end) and 9 (written while training goes on: the newest may not be in yet).
     run_id = unique_run_id("e2e-resume")
     proc = tpupipe_run(
         tmp_path,
         run_id,
         "num_train_examples=256 fail_at_step=10 max_failures=1 train.fail_eval=true cluster.num_hosts=1 "
-        "cluster.num_slices=2",
+        "cluster.num_slices=2 train.checkpoint_every_steps=3",
     )
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     check = (tmp_path / run_id / "logs" / "check_slice.log").read_text()
@@ -109,18 +111,21 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     meshes = re.findall(r"pid=(\d+)\)\S* mesh \(replicate=2, shard=1\) over 2 workers on 2 slices", log)
     assert len(set(meshes)) == 2, log[-3000:]  # each worker group's rank 0 (a process of its own) built one
     assert "injected failure at step 10" in log
-    assert "resumed from checkpoint of epoch 1 (step 8)" in log
+    resumed = re.search(r"resumed from checkpoint of epoch (\d+) \(step (\d+)\)", log)
+    assert resumed, log[-3000:]
+    r = int(resumed.group(2))  # the step the second worker group resumed after
+    assert r in (6, 8, 9) and 10 - r <= 3 and int(resumed.group(1)) == (r - 1) // 8 + 1, resumed.group(0)
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert [e["epoch"] for e in summary["history"]] == [1, 2, 3]
     assert summary["status"] == "failed"
-    # The goodput ledger: steps 9 and 10 ran twice (the first worker group's runs of them, and the restart up to the
-    # second group's first step, are lost to failures); one record per step kept, the second group's from step 9.
+    # The goodput ledger: steps r+1 to 10 ran twice (the first worker group's runs of them, and the restart up to the
+    # second group's first step, are lost to failures); one record per step kept, the second group's from step r+1.
     categories = assert_goodput_accounts(summary)
     assert categories["lost to failures"]["seconds"] > 0 and categories["evaluation"]["seconds"] > 0
     ran = [s["step"] for s in summary["train_timeline"]["steps"]]
-    assert ran[:8] == list(range(1, 9)) and ran[-16:] == list(range(9, 25)) and 9 in ran[8:-16]
+    assert ran[:r] == list(range(1, r + 1)) and ran[r - 24 :] == list(range(r + 1, 25)) and 10 in ran[r : r - 24]
     assert len(summary["train_timeline"]["groups"]) == 2
-    assert [(s["step"], s["group"]) for s in summary["steps"]] == [(n, int(n >= 9)) for n in range(1, 25)]
+    assert [(s["step"], s["group"]) for s in summary["steps"]] == [(n, int(n > r)) for n in range(1, 25)]
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["check_slice"]["status"] == stages["train"]["status"] == "succeeded" and summary["slice_check"]["ok"]
     assert stages["evaluate"]["status"] == "failed"

@@ -63,6 +63,7 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "cluster.ready_timeout_s=-1", "cluster.ready_timeout_s"),
         ("local-fsdp", "cluster.ready_timeout_s=nan", "cluster.ready_timeout_s"),
         ("local-fsdp", "cluster.host_replace_delay_s=-5", "cluster.host_replace_delay_s"),
+        ("local-fsdp", "checkpoint_every_steps=-1", "train.checkpoint_every_steps"),
         ("smoke", "cluster.host_replace_delay_s=60", "cluster.host_replace_delay_s"),  # emulated hosts only
     ],
 )
