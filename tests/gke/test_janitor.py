@@ -312,7 +312,10 @@ def run_bucket(project_factory, monkeypatch):
 
     project = project_factory(polls_to_done=1, vertex=True)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
-    storage.Client(project=PROJECT, credentials=credentials()).create_bucket(f"{PROJECT}-tpupipe", location="us-east5")
+    client = storage.Client(project=PROJECT, credentials=credentials())
+    bucket = client.bucket(f"{PROJECT}-tpupipe")
+    bucket.iam_configuration.uniform_bucket_level_access_enabled = True  # as a run's bucket must have it
+    client.create_bucket(bucket, location="us-east5")
     return project
 
 
