@@ -133,6 +133,8 @@ class Job:
     logs: dict[str, str] = field(default_factory=dict)  # task name -> its output (its last attempt's)
     attempts: dict[str, int] = field(default_factory=dict)  # task name -> attempts started
     backoffs: dict[str, list[float]] = field(default_factory=dict)  # task name -> the unscaled waits before retries
+    # The task names each cancel's SIGTERM reached, and the job's state then (``_cancel``).
+    cancels: list[tuple[str, list[str]]] = field(default_factory=list)
     # The time a schedule started the job for (RFC 3339, UTC), what KFP's schedule-time placeholder stands for: "the
     # time for which a pipeline job is scheduled" (kfp/dsl/__init__.py, PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER).
     # A job no schedule started has none; what Vertex AI puts there for one is not documented, and "" is this
@@ -449,6 +451,7 @@ class VertexEmulator(HttpEmulator):
                 raise HttpError(400, f"The PipelineJob {name} is already in a final state.")
             job.resource["state"] = "PIPELINE_STATE_CANCELLING"
             job.cancelled.set()
+            job.cancels.append((job.resource["state"], list(job.running.values())))
             for proc, shown in list(job.running.items()):
                 self._terminate(proc, shown)
 

@@ -394,7 +394,8 @@ def test_a_cancel_sets_the_job_cancelling_then_ends_its_tasks_as_kubernetes_ends
     name = _create(service, _submission(service), vertex.new_job_id(PRESET))
     wait_until(ignoring.exists, 60, "hold to start")
     aiplatform.PipelineJob.get(name).cancel()
-    assert service.job(name).resource["state"] == "PIPELINE_STATE_CANCELLING"
+    # CANCELLING while its running task was signalled (it may be CANCELLED by now: the task's shell ended at once)
+    assert service.job(name).cancels == [("PIPELINE_STATE_CANCELLING", ["hold"])]
     assert [t for t, _ in service.terminated] == ["hold"]
     resource = service.wait(name, timeout_s=60)
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"
