@@ -1,5 +1,5 @@
 """The train job's own figure is the evaluation job's: a model trained a few steps, measured where it is as the train
-job's last epoch measures it (``trainers.heldout.InJob.after``), then saved as the trainer saves its checkpoint and
+job's last epoch measures it (``trainers.heldout.InJob.after``), then saved as the trainer saves its final checkpoint and
 measured again as the evaluation job does (``trainers.model.load_trained`` of the checkpoint, sharded again,
 ``trainers.heldout.loss``): the same held-out loss to the tolerance of the loss, on the same evaluation key. Run in the
 torch trainer environment (seconds: one process, a one-rank gloo group, no Ray)."""
@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from components.workload import resolve
 from trainers import data, heldout, mesh
-from trainers.checkpoints import save_checkpoint
+from trainers.checkpoints import save_final
 from trainers.model import build_model, load_tokenizer, load_trained
 
 root = Path(sys.argv[1])
@@ -45,7 +45,7 @@ for step in range(4):
 in_job = heldout.InJob(spec, config, tokenizer, 0, 1, "cpu", device).after(model)
 checkpoint = root / "checkpoint"
 checkpoint.mkdir()
-save_checkpoint(model, None, tokenizer, {"epoch": 0, "global_step": 4}, 0, checkpoint)
+save_final(model, tokenizer, {"epoch": 0, "global_step": 4}, 0, checkpoint)
 split = heldout.Split(spec, config, tokenizer, 0, 1, "cpu")
 reloaded = load_trained(t.model_id, str(checkpoint), tokenizer, t.seed, torch.float32)
 reloaded = mesh.parallelize(reloaded, init_device_mesh("cpu", (1,)))
