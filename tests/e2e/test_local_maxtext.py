@@ -99,12 +99,15 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded"
     # One record per step, but for the figures the lost host took with it: MaxText writes a step's figures after the
-    # next step's (maxtext/common/metric_logger.py, buffer_and_write_metrics: "a queue of length 1"), so the last
-    # steps before the restored checkpoint may never have been written; every step the new group ran is there.
+    # next step's (maxtext/common/metric_logger.py, buffer_and_write_metrics: "a queue of length 1"), and with
+    # asynchronous checkpoints training runs on past the checkpoint it restores from, so the steps just before it whose
+    # lines had not left the lost host (rank 0's logs, forwarded by that host's Ray) may never reach the run; every
+    # step the new group ran is there, and nothing after the restored step is missing.
     kept = [row["step"] for row in summary["history"]]
     assert kept == sorted(set(kept)) and set(range(restart["restore_step"] + 1, LOST_HOST_STEPS)) <= set(kept)
     missing = set(range(LOST_HOST_STEPS)) - set(kept)
-    assert missing <= {restart["restore_step"] - 1, restart["restore_step"]}, missing
+    assert all(step <= restart["restore_step"] for step in missing), missing
+    assert len(missing) <= MAX_LOST_STEPS + 1, missing
     assert LOST_HOST_STEPS - 1 in checkpoint_steps(run_dir, run_id)
     assert summary["checkpoint"].endswith(f"/{LOST_HOST_STEPS - 1}")
     losses = summary["train_losses"]
