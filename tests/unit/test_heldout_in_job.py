@@ -1,6 +1,6 @@
 """The train job's own figure is the evaluation job's: a model trained a few steps, measured where it is as the train
-job's last epoch measures it (``trainers.heldout.InJob.after``), then saved as the trainer saves its final checkpoint and
-measured again as the evaluation job does (``trainers.model.load_trained`` of the checkpoint, sharded again,
+job's last epoch measures it (``trainers.heldout.InJob.after``), then saved as the trainer saves its final checkpoint
+and measured again as the evaluation job does (``trainers.model.load_trained`` of the checkpoint, sharded again,
 ``trainers.heldout.loss``): the same held-out loss to the tolerance of the loss, on the same evaluation key. Run in the
 torch trainer environment (seconds: one process, a one-rank gloo group, no Ray)."""
 
