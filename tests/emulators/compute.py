@@ -249,6 +249,15 @@ class ComputeEmulator(HttpEmulator):
         self, project: str, zone: str, name: str, machine_type: str, count: int, in_use: int = 0
     ) -> None:
         """A specific reservation of ``count`` VMs of ``machine_type`` in ``zone``, ``in_use`` of them taken."""
+        specific = {
+            "count": str(count),
+            "inUseCount": str(in_use),
+            "instanceProperties": {"machineType": machine_type},
+        }
+        self._reserve(project, zone, name, specificReservationRequired=True, specificReservation=specific)
+
+    def _reserve(self, project: str, zone: str, name: str, **kind: object) -> None:
+        """A READY zonal reservation ``name``, of the ``kind`` its fields say (specific or aggregate)."""
         path = f"projects/{project}/zones/{zone}/reservations/{name}"
         with self._lock:
             self.state.reservations[path] = {
@@ -259,12 +268,7 @@ class ComputeEmulator(HttpEmulator):
                 "zone": f"{LINK}projects/{project}/zones/{zone}",
                 "creationTimestamp": _now(),
                 "status": "READY",
-                "specificReservationRequired": True,
-                "specificReservation": {
-                    "count": str(count),
-                    "inUseCount": str(in_use),
-                    "instanceProperties": {"machineType": machine_type},
-                },
+                **kind,
             }
 
     def add_aggregate_reservation(
@@ -273,23 +277,13 @@ class ComputeEmulator(HttpEmulator):
         """An aggregate reservation of ``chips`` TPU chips of ``vm_family`` (``VM_FAMILY_CLOUD_TPU_...``), ``in_use`` of
         them taken: the shape of compute_v1's ``AllocationAggregateReservation`` (reserved and in-use resources as
         accelerator counts), the way Cloud TPU capacity is reserved."""
-        path = f"projects/{project}/zones/{zone}/reservations/{name}"
-        with self._lock:
-            self.state.reservations[path] = {
-                "kind": "compute#reservation",
-                "id": str(next(self._ids)),
-                "name": name,
-                "selfLink": LINK + path,
-                "zone": f"{LINK}projects/{project}/zones/{zone}",
-                "creationTimestamp": _now(),
-                "status": "READY",
-                "aggregateReservation": {
-                    "vmFamily": vm_family,
-                    "workloadType": "BATCH",
-                    "reservedResources": [{"accelerator": {"acceleratorCount": chips}}],
-                    "inUseResources": [{"accelerator": {"acceleratorCount": in_use}}] if in_use else [],
-                },
-            }
+        aggregate = {
+            "vmFamily": vm_family,
+            "workloadType": "BATCH",
+            "reservedResources": [{"accelerator": {"acceleratorCount": chips}}],
+            "inUseResources": [{"accelerator": {"acceleratorCount": in_use}}] if in_use else [],
+        }
+        self._reserve(project, zone, name, aggregateReservation=aggregate)
 
     def add_reservation_block(self, project: str, zone: str, reservation: str, block: str, count: int, in_use: int = 0):
         """A block of ``count`` VMs in ``reservation`` (which must exist), ``in_use`` of them taken: compute_v1's
