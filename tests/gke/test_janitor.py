@@ -260,9 +260,31 @@ def test_ages_and_limits():
         janitor.parse_age("six hours")
     sets = ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
     assert janitor.limit_s(resolve("local-fsdp", sets)) == 3600 + 600 + 300 + 7200
-    # The run's own deadline, when sooner: its stages stop it there, so a run still up after it has lost its driver.
-    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=0.5")) == 1800
-    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=100")) == 3600 + 600 + 300 + 7200
+    # The run's own deadline, sooner or later than its stages' sum: past it (and its teardown's time) the run's
+    # stages have stopped it themselves, so a run still up has lost its driver; before it, it may still be working.
+    grace = janitor.STOP_GRACE_S
+    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=0.5")) == 1800 + grace
+    assert janitor.limit_s(resolve("local-fsdp", sets + " run.deadline_h=100")) == 100 * 3600 + grace
+
+
+def test_each_run_is_held_to_its_own_deadline(tmp_path, project_factory, hf_token):
+    """No --older-than: a run allowed 48 h is kept 24 h in, while one allowed 2 h is collected once 2 h and the grace
+    have passed, and kept before."""
+    project = project_factory(polls_to_done=1)
+    for run_id, hours in (("long", 48), ("short", 2)):
+        spec = resolve("local-fsdp", f"{LEFT} run.deadline_h={hours}")
+        _left_behind(project, RunContext(spec, run_id, LocalStore(tmp_path / run_id), "gke"))
+
+    def found(after_h: float) -> tuple[list[str], list[str]]:
+        sweep = janitor.Janitor(str(tmp_path), log=lambda m: None, now=lambda: time.time() + after_h * 3600).find()
+        return [f.run_id for f in sweep.collected], sweep.kept
+
+    collected, kept = found(24)
+    assert collected == ["short"], (collected, kept)
+    assert any(k.startswith("long: kept: running for 24.0 h, within 48.5 h") for k in kept), kept
+    collected, kept = found(2.2)
+    assert collected == [], (collected, kept)
+    assert any(k.startswith("short: kept: running for 2.2 h, within 2.5 h") for k in kept), kept
 
 
 def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, hf_token):

@@ -22,7 +22,8 @@ own pods can write its ledger, so a ledger that names another run, or a project 
 is reported and kept, never obeyed.
 
 Any other run is collected when it is finished (its summary written, yet something of it remains) or older than its
-limit: ``older_than_s`` when given, else the run's own: the longest its stages may wait (:func:`limit_s`); so is a
+limit: ``older_than_s`` when given (a person's say, over every run's own), else the run's own (:func:`limit_s`: its
+``run.deadline_h`` and a grace, or the longest its stages may wait); so is a
 Vertex AI run whose job's state cannot be read (not found in the region, no permission). A run already torn down is
 skipped. Each collected run goes through ``GkePlatform.teardown`` (newest first, not found is success),
 so a second sweep finds nothing; a dry run lists everything and deletes nothing.
@@ -53,6 +54,9 @@ ADOPT_PRESET = "llama3-8b-v6e-16x2"
 DEFAULT_LIMIT_S = 6 * 3600.0
 # Provisioning and the image build, beyond the deadlines the spec gives the stages that wait.
 PROVISION_AND_BUILD_S = 3600.0
+# A run past its run.deadline_h stops its stage and tears down: the time that may take (a stage's stop, then the
+# deletion of its node pools or cluster) before a run still there is taken for one that lost its driver.
+STOP_GRACE_S = 1800.0
 # PipelineJob.state values of a job that ended (google.cloud.aiplatform_v1.types.PipelineState).
 JOB_ENDED = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 AGE = re.compile(r"(?P<number>\d+(?:\.\d+)?)(?P<unit>[smhd]?)")
@@ -68,17 +72,20 @@ def parse_age(text: str) -> float:
 
 
 def limit_s(spec: RunSpec) -> float:
-    """How long the run may take at most: provisioning and the build, the cluster's start, the slice check, the train
-    and evaluate jobs (each bounded by its deadline); or, when sooner, the run's own ``run.deadline_h``, past which its
-    stages stop it themselves (``components.workload.budget``), so a run still there after it has lost its driver."""
+    """How long the run may take at most. With ``run.deadline_h``, what the run was allowed: its deadline, past which
+    its stages stop it themselves (``components.workload.budget``), and its teardown's time (``STOP_GRACE_S``), longer
+    or shorter than its stages' sum alike (a run allowed 48 h is not swept at 24 h; one allowed 2 h is swept after
+    2 h and the grace). Without one, the longest its stages may wait: provisioning and the build, the cluster's start,
+    the slice check, the train and evaluate jobs (each bounded by its deadline)."""
+    if spec.run.deadline_h is not None:
+        return spec.run.deadline_h * 3600 + STOP_GRACE_S
     c = spec.cluster
-    stages = (
+    return (
         PROVISION_AND_BUILD_S
         + ready_limits(spec).deadline_s
         + (3 * c.slice_check_timeout_s if c.slice_check else 0)
         + 2 * spec.train.timeout_s
     )
-    return stages if spec.run.deadline_h is None else min(stages, spec.run.deadline_h * 3600)
 
 
 @dataclass
