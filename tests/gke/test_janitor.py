@@ -304,10 +304,13 @@ def test_the_janitor_pipeline_sweeps_under_kfp_local(tmp_path, project_factory, 
     assert ledger.load(LocalStore(tmp_path / "runs" / "swept"))["torn_down"]
 
 
-def _stopped_on_vertex(project, run_id: str, job_id: str, state: str, region: str = "", named: bool = False):
+def _stopped_on_vertex(
+    project, run_id: str, job_id: str, state: str, region: str = "", named: bool = False, vertex_project: str = ""
+):
     """A Vertex AI run left behind as a Stop leaves it: its first task noted its pipeline job in the ledger (with its
     full resource name when ``named``, as every task now gets it; the bare id alone, as older ledgers have it),
-    provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran."""
+    provision and deploy ran, then the job ended (or still runs) with ``state`` and no teardown ran. The job ran in
+    ``vertex_project`` (default: the run's gke.project) and ``region``."""
     import json
 
     from components.stages.vertex_task import VERTEX_TASK_ENV, claim
@@ -315,7 +318,7 @@ def _stopped_on_vertex(project, run_id: str, job_id: str, state: str, region: st
 
     store = GcsStore(f"{PROJECT}-tpupipe", f"state/{run_id}")
     labels = {"tpupipe-preset": "local-fsdp"}
-    parent = f"projects/{PROJECT}/locations/{region or REGION}"
+    parent = f"projects/{vertex_project or PROJECT}/locations/{region or REGION}"
     name = f"{parent}/pipelineJobs/{job_id}" if named else ""
     claim(store, run_id, "gke", job_id, first=True, environ={VERTEX_TASK_ENV: json.dumps(labels)}, resource=name)
     ctx = RunContext(spec=resolve("local-fsdp", LEFT), run_id=run_id, store=store, platform="gke")
@@ -353,6 +356,11 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
     # A run whose job ran in another region: its ledger's full resource name finds the job there.
     elsewhere = "tpupipe-local-fsdp-20261201000000-dddddd"
     _stopped_on_vertex(project, "elsewhere", elsewhere, "PIPELINE_STATE_CANCELLED", "europe-west4", named=True)
+    # A run whose job ran in another project than its cluster (Vertex AI Pipelines in one project, the TPUs in
+    # gke.project): its job is asked for where it ran (asked in gke.project, it is not found there, its state unknown,
+    # and the run, minutes old, would be kept within its age limit).
+    hosted = "tpupipe-local-fsdp-20261201000000-eeeeee"
+    _stopped_on_vertex(project, "hosted", hosted, "PIPELINE_STATE_FAILED", named=True, vertex_project="pipelines-host")
     root = f"gs://{PROJECT}-tpupipe/state"
     code, text = _janitor(capsys, "--output-root", root, "--older-than", "0s", "--dry-run")
     assert "busy: kept: its pipeline job tpupipe-local-fsdp-20261201000000-bbbbbb is running" in text, text
@@ -360,6 +368,8 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
     assert code == 0, text
     assert "stopped (its pipeline job tpupipe-local-fsdp-20261201000000-aaaaaa is cancelled):" in text, text
     assert f"elsewhere (its pipeline job {elsewhere} is cancelled):" in text, text
+    assert f"hosted (its pipeline job {hosted} is failed):" in text, text
+    assert project.clusters("hosted") == []
     assert "deleted projects/tpupipe-emulated/locations/us-east5-b/clusters/tpupipe-stopped" in text
     left = project.leftovers("stopped")  # its "clusters": every cluster in the project, busy's among them
     assert project.clusters("stopped") == [] and set(left) == {"clusters"}, left
