@@ -8,9 +8,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIPELINE_YAML := build/tpupipe_pipeline.yaml
 # compile-pipeline: the Google Cloud project and region the compiled pipeline runs in; empty, tpupipe compile's
-# defaults ($GOOGLE_CLOUD_PROJECT, else its placeholder project; its default region).
+# defaults ($GOOGLE_CLOUD_PROJECT, else its placeholder project; its default region). IMAGE_DIGEST: the components
+# image's digest (sha256:HEX, as tpupipe publish prints it) every task is pinned to; empty, the tag alone.
 PROJECT ?=
 REGION ?=
+IMAGE_DIGEST ?=
 
 # Python 3.12: python3.12 if it runs, else pyenv's 3.12.x (its shim needs PYENV_VERSION), else common paths.
 PYTHON312 ?= $(shell \
@@ -68,7 +70,8 @@ test-e2e: envs ## the tier that starts real local Ray clusters and trains: local
 	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests
 
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION and check it as Vertex AI will read it (offline)
-	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) $(if $(PROJECT),--project $(PROJECT)) $(if $(REGION),--region $(REGION))
+	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) $(if $(PROJECT),--project $(PROJECT)) $(if $(REGION),--region $(REGION)) \
+	  $(if $(IMAGE_DIGEST),--image-digest $(IMAGE_DIGEST))
 
 bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one run, each against its target); writes bench/results.json
 	$(BIN)/python bench/run.py $(BENCH)

@@ -74,19 +74,18 @@ def _target(args):
 
 
 def cmd_compile(args) -> int:
+    from components.spec.images import check_digest
+    from pipelines.janitor import janitor_pipeline
     from pipelines.pipeline import compile_pipeline
 
     target = _target(args)
+    digest = check_digest("--image-digest", args.image_digest) if args.image_digest else None
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    if args.pipeline == "janitor":
-        from pipelines.janitor import janitor_pipeline
-
-        compile_pipeline(args.output, target, janitor_pipeline)
-    else:
-        compile_pipeline(args.output, target)
+    compile_pipeline(args.output, target, janitor_pipeline if args.pipeline == "janitor" else None, digest=digest)
     check.check(args.output, target.project, target.region)
+    tag = "" if digest else ", by tag alone: not pinned (publish, submit, schedule pin it; --image-digest pins it here)"
     print(
-        f"compiled pipeline: {args.output} (tasks run in {target.image('...')[:-4]}:<source hash>; runs default to "
+        f"compiled pipeline: {args.output} (tasks run in {target.components_image(digest)}{tag}; runs default to "
         f"project {target.project}, bucket {target.run_bucket}); checked as Vertex AI will read it"
     )
     return 0
@@ -270,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile the pipeline for Vertex AI Pipelines. Every task runs in the components image of this "
         "exact source tree, REGION-docker.pkg.dev/PROJECT/REPOSITORY/pipeline:<hash of its build context> "
         "(`tpupipe publish` builds it), and the run form defaults to a gke run in PROJECT with its state under "
-        "gs://BUCKET/state. The same tree gives the same bytes.",
+        "gs://BUCKET/state. The same tree gives the same bytes. Offline, the image goes by its tag alone unless "
+        "--image-digest pins it; publish, submit and schedule pin it to the digest Artifact Registry gives.",
     )
     _with_target_args(
         p,
@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tpupipe (default): the training pipeline; janitor: the sweep of what runs left behind, to "
         "schedule beside it",
     )
+    p.add_argument("--image-digest", default="", metavar="sha256:HEX", help="pin every task's image to this digest")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser(

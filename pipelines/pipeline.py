@@ -132,6 +132,13 @@ class Target:
     def image(self, tag: str) -> str:
         return f"{self.region}-docker.pkg.dev/{self.project}/{self.repository}/{PIPELINE_IMAGE}:{tag}"
 
+    def components_image(self, digest: str | None = None) -> str:
+        """The components image of this source tree, by its content tag, pinned (``NAME:TAG@sha256:HEX``) with a
+        ``digest``: what every task of a compiled pipeline runs in."""
+        from components.platforms.gke.cloud.build import image_tag
+
+        return self.image(image_tag(PIPELINE_IMAGE)) + (f"@{digest}" if digest else "")
+
 
 def source_version(root: Path | None = None) -> str:
     """The git commit of the source tree, or '' outside a checkout."""
@@ -166,8 +173,6 @@ def compile_pipeline(
     pipeline = pipeline or tpupipe_pipeline
     import yaml
 
-    from components.platforms.gke.cloud.build import image_tag
-
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, package_path=str(raw))
@@ -188,7 +193,7 @@ def compile_pipeline(
     if target is None:
         Path(path).write_text(yaml.safe_dump(spec, sort_keys=True))
         return path
-    image = target.image(image_tag(PIPELINE_IMAGE)) + (f"@{digest}" if digest else "")
+    image = target.components_image(digest)
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = image
     defaults = {

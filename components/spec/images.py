@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from components.spec.errors import SpecError
+
 IMAGE_WITH_DIGEST = re.compile(r"^\S+@[a-z0-9]+:[0-9a-f]{8,}$")
 
 
@@ -20,3 +22,15 @@ def pinned_image(build: dict[str, Any]) -> str | None:
         return None
     found = found if ":" in found else f"sha256:{found}"  # a local environment's content hash
     return f"{image.split('@')[0]}@{found}"
+
+
+# An image digest as a registry gives it: the OCI image spec's ``algorithm:encoded``, sha256 with 64 lowercase hex
+# digits (https://github.com/opencontainers/image-spec/blob/main/descriptor.md#digests).
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def check_digest(field: str, digest: str) -> str:
+    """``digest`` when it is a sha256 image digest; else a SpecError naming ``field``."""
+    if not DIGEST.match(digest):
+        raise SpecError(field, f"{digest!r} is not an image digest", ["sha256:<64 hex digits>"])
+    return digest

@@ -251,6 +251,29 @@ def test_every_task_runs_in_the_content_addressed_components_image_in_the_regist
         assert "pip install" not in " ".join(executor["container"]["command"]), name
 
 
+def test_compile_names_the_image_by_tag_alone_offline_and_pins_it_to_a_digest_given(tmp_path, capsys):
+    """Offline, no registry to ask: the tag, said to be unpinned; with --image-digest, every task's image is pinned
+    (``NAME:TAG@sha256:HEX``), the janitor's too; a digest that is not one is refused naming the flag, nothing
+    written."""
+    from components.platforms.gke.cloud.build import image_tag
+    from pipelines.cli import main
+
+    image = f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"
+    assert main(["compile", "--output", str(tmp_path / "tag.yaml"), "--project", "my-project"]) == 0
+    assert f"tasks run in {image}, by tag alone: not pinned" in capsys.readouterr().out
+    digest = "sha256:" + "5e" * 32
+    for pipeline in ("tpupipe", "janitor"):
+        out = tmp_path / f"{pipeline}.yaml"
+        argv = ["compile", "--output", str(out), "--project", "my-project", "--pipeline", pipeline]
+        assert main([*argv, "--image-digest", digest]) == 0
+        assert f"tasks run in {image}@{digest};" in capsys.readouterr().out
+        executors = yaml.safe_load(out.read_text())["deploymentSpec"]["executors"].values()
+        assert {e["container"]["image"] for e in executors} == {f"{image}@{digest}"}
+    assert main(["compile", "--output", str(tmp_path / "bad.yaml"), "--image-digest", "latest"]) == 2
+    assert capsys.readouterr().err.startswith("tpupipe: error: --image-digest: 'latest' is not an image digest")
+    assert not (tmp_path / "bad.yaml").exists()
+
+
 def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     import shutil
 
