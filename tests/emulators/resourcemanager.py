@@ -1,8 +1,9 @@
 """An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject,
-GetIamPolicy and TestIamPermissions, served from the messages google-cloud-resource-manager ships, so
-``ProjectsClient`` talks real gRPC to it; and, on the same server, the IAM API's ``google.iam.admin.v1.IAM``
-TestIamPermissions on a service account (``projects/-/serviceAccounts/EMAIL``), which ``iam_admin_v1.IAMClient``
-sends. A project is found by ``projects/<id>`` or ``projects/<number>``, as in
+GetIamPolicy and TestIamPermissions, ``Folders``' GetFolder and GetIamPolicy, and ``Organizations``' GetIamPolicy,
+served from the messages google-cloud-resource-manager ships, so its clients talk real gRPC to it; and, on the same
+server, the IAM API's ``google.iam.admin.v1.IAM`` TestIamPermissions on a service account
+(``projects/-/serviceAccounts/EMAIL``) and GetRole, which ``iam_admin_v1.IAMClient`` sends. A project is found by
+``projects/<id>`` or ``projects/<number>``, as in
 Resource Manager; an unknown one is PERMISSION_DENIED, which is what Resource Manager answers for a project the caller
 cannot see (it does not say whether it exists).
 
@@ -13,6 +14,18 @@ of them, less those ``deny`` names; as in IAM, a permission that is not ``servic
 GetIamPolicy is PERMISSION_DENIED once ``deny`` names ``resourcemanager.projects.getIamPolicy``. On a service account
 the caller holds what it holds on the project (a grant on the project is inherited by its accounts: IAM docs, "Policy
 inheritance", https://cloud.google.com/iam/docs/policies#inheritance) and what ``grant_on_account`` gave it there.
+
+The resource hierarchy (https://cloud.google.com/resource-manager/docs/cloud-platform-resource-hierarchy): a project
+has no parent until ``place`` puts it under folders and an organization; GetProject then answers its ``parent``, and
+GetFolder each folder's (``folders/ID`` or ``organizations/ID``: the v3 ``Project`` and ``Folder`` messages). A folder's
+or organization's policy starts empty (``grant_above`` adds to it); reading it takes
+``resourcemanager.folders.getIamPolicy`` or ``resourcemanager.organizations.getIamPolicy``
+(https://cloud.google.com/resource-manager/reference/rest/v3/folders/getIamPolicy,
+https://cloud.google.com/resource-manager/reference/rest/v3/organizations/getIamPolicy), refused once ``deny`` names it.
+A custom role (``projects/P/roles/R``, ``organizations/O/roles/R``) exists once ``define_role`` gives its permissions;
+GetRole answers them as ``included_permissions``, NOT_FOUND for another name, and PERMISSION_DENIED once ``deny`` names
+``iam.roles.get`` (https://cloud.google.com/iam/docs/reference/rest/v1/roles/get). A predefined role (``roles/R``) is
+not served: the code under test reads custom roles only.
 """
 
 from __future__ import annotations
@@ -20,12 +33,15 @@ from __future__ import annotations
 import re
 
 import grpc
+from google.cloud import iam_admin_v1
 from google.cloud import resourcemanager_v3 as rm
 from google.iam.v1 import iam_policy_pb2, policy_pb2
 
 from tests.emulators import serve_grpc
 
 SERVICE = "google.cloud.resourcemanager.v3.Projects"
+FOLDERS_SERVICE = "google.cloud.resourcemanager.v3.Folders"
+ORGANIZATIONS_SERVICE = "google.cloud.resourcemanager.v3.Organizations"
 IAM_SERVICE = "google.iam.admin.v1.IAM"
 ACCOUNT = re.compile(r"projects/[^/]+/serviceAccounts/(?P<email>[^/]+)")
 PERMISSION = re.compile(r"[a-z][a-zA-Z0-9]*\.[a-zA-Z0-9]+\.[a-zA-Z0-9]+")
@@ -50,6 +66,9 @@ class ResourceManagerEmulator:
         self.calls: list[str] = []
         self.denied: set[str] = set()  # permissions the caller lacks on every project
         self.on_accounts: dict[str, set[str]] = {}  # service account email -> permissions granted on it alone
+        self.parents: dict[str, str] = {}  # projects/ID or folders/ID -> its parent (folders/ID, organizations/ID)
+        self.above: dict[str, dict[str, set[str]]] = {}  # folders/ID, organizations/ID -> role -> members
+        self.roles: dict[str, set[str]] = {}  # custom role name -> the permissions it holds
         self._server = None
 
     def deny(self, *permissions: str) -> None:
@@ -71,12 +90,28 @@ class ResourceManagerEmulator:
                         self.test_iam_permissions,
                     ),
                 },
+                FOLDERS_SERVICE: {
+                    "GetFolder": (rm.GetFolderRequest.deserialize, rm.Folder.serialize, self.get_folder),
+                    "GetIamPolicy": (
+                        iam_policy_pb2.GetIamPolicyRequest.FromString,
+                        policy_pb2.Policy.SerializeToString,
+                        self.get_policy_above,
+                    ),
+                },
+                ORGANIZATIONS_SERVICE: {
+                    "GetIamPolicy": (
+                        iam_policy_pb2.GetIamPolicyRequest.FromString,
+                        policy_pb2.Policy.SerializeToString,
+                        self.get_policy_above,
+                    ),
+                },
                 IAM_SERVICE: {
                     "TestIamPermissions": (
                         iam_policy_pb2.TestIamPermissionsRequest.FromString,
                         iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
                         self.test_account_permissions,
                     ),
+                    "GetRole": (iam_admin_v1.GetRoleRequest.deserialize, iam_admin_v1.Role.serialize, self.get_role),
                 },
             }
         )
@@ -100,6 +135,43 @@ class ResourceManagerEmulator:
             permissions=[p for p in request.permissions if p not in self.denied or p in granted]
         )
 
+    def place(self, project_id: str, *ancestry: str) -> None:
+        """Put the project under ``ancestry``, nearest first: ``place(P, "folders/1", "organizations/2")``."""
+        child = f"projects/{project_id}"
+        for parent in ancestry:
+            self.parents[child] = parent
+            self.above.setdefault(parent, {})
+            child = parent
+
+    def grant_above(self, resource: str, role: str, member: str) -> None:
+        """``member`` granted ``role`` on a folder or organization ``place`` named."""
+        self.above[resource].setdefault(role, set()).add(member)
+
+    def define_role(self, name: str, *permissions: str) -> None:
+        self.roles[name] = set(permissions)
+
+    def get_folder(self, request: rm.GetFolderRequest, context) -> rm.Folder:
+        self.calls.append("folders.GetFolder")
+        if request.name not in self.above:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"Permission denied on resource '{request.name}'.")
+        return rm.Folder(name=request.name, parent=self.parents.get(request.name, ""), state=rm.Folder.State.ACTIVE)
+
+    def get_policy_above(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
+        kind = request.resource.split("/", 1)[0]
+        self.calls.append(f"{kind}.GetIamPolicy")
+        permission = f"resourcemanager.{kind}.getIamPolicy"
+        if request.resource not in self.above or permission in self.denied:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"The caller does not have permission {permission}")
+        return _policy(self.above[request.resource])
+
+    def get_role(self, request: iam_admin_v1.GetRoleRequest, context) -> iam_admin_v1.Role:
+        self.calls.append("roles.GetRole")
+        if "iam.roles.get" in self.denied:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"Permission 'iam.roles.get' denied on {request.name}")
+        if request.name not in self.roles:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"The role named {request.name} was not found.")
+        return iam_admin_v1.Role(name=request.name, included_permissions=sorted(self.roles[request.name]))
+
     def grant(self, project_id: str, role: str, member: str) -> None:
         self.policies[project_id].setdefault(role, set()).add(member)
 
@@ -119,7 +191,11 @@ class ResourceManagerEmulator:
         self.calls.append("GetProject")
         project_id, number = self._project(request.name, context)
         return rm.Project(
-            name=f"projects/{number}", project_id=project_id, state=rm.Project.State.ACTIVE, display_name=project_id
+            name=f"projects/{number}",
+            project_id=project_id,
+            state=rm.Project.State.ACTIVE,
+            display_name=project_id,
+            parent=self.parents.get(f"projects/{project_id}", ""),
         )
 
     def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
@@ -127,12 +203,7 @@ class ResourceManagerEmulator:
         project_id, _ = self._project(request.resource, context)
         if GET_IAM_POLICY in self.denied:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "The caller does not have permission")
-        bindings = [
-            policy_pb2.Binding(role=role, members=sorted(members))
-            for role, members in sorted(self.policies[project_id].items())
-            if members
-        ]
-        return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")
+        return _policy(self.policies[project_id])
 
     def test_iam_permissions(self, request, context):
         self.calls.append("TestIamPermissions")
@@ -143,3 +214,10 @@ class ResourceManagerEmulator:
         return iam_policy_pb2.TestIamPermissionsResponse(
             permissions=[p for p in request.permissions if p not in self.denied]
         )
+
+
+def _policy(roles: dict[str, set[str]]) -> policy_pb2.Policy:
+    bindings = [
+        policy_pb2.Binding(role=role, members=sorted(members)) for role, members in sorted(roles.items()) if members
+    ]
+    return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")

@@ -161,3 +161,77 @@ def test_the_build_runs_as_the_named_account_with_its_logs_in_cloud_logging_only
     default = context(tmp_path, "nobuilder", BUILD)  # no account named: the field is left to Cloud Build
     platform().build_image(default)
     assert [b.service_account for b in project.cloudbuild.state.builds.values()][1] == ""
+
+
+def test_node_roles_inherited_from_a_folder_and_the_organization_are_held(project_factory, capsys):
+    """IAM's effective policy is the project's and its ancestors' together: the node role granted on the
+    organization and the log writer's on a folder between are enough. The ancestry is read only when the project's
+    own policy leaves a role missing; an ancestor's policy the caller may not read is a warning naming it."""
+    project = project_factory()
+    project.projects.place(PROJECT, "folders/111", "folders/222", "organizations/333")
+    project.projects.grant_above("folders/111", "roles/logging.logWriter", f"serviceAccount:{NODES}")
+    project.projects.grant_above("organizations/333", "roles/monitoring.metricWriter", f"serviceAccount:{NODES}")
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 0 and warnings(text) == [], text
+    assert (
+        f"the nodes' service account {NODES} inherits roles/logging.logWriter on folders/111, "
+        "roles/monitoring.metricWriter on organizations/333"
+    ) in text
+    assert {"folders.GetIamPolicy", "organizations.GetIamPolicy"} <= set(project.projects.calls)
+    project.projects.deny("resourcemanager.organizations.getIamPolicy")
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 2 and f"{NODES} lacks roles/monitoring.metricWriter on project {PROJECT}" in text, text
+    (warning,) = warnings(text)
+    assert warning.startswith(f"the roles organizations/333 grants (project {PROJECT} inherits them) could not be read")
+    # Granted on the project itself: no ancestor is read.
+    _nodes(project, "roles/container.defaultNodeServiceAccount")
+    calls = len(project.projects.calls)
+    assert preflight_cli(DEDICATED_NODES, capsys)[0] == 0
+    assert not {"folders.GetIamPolicy", "organizations.GetIamPolicy"} & set(project.projects.calls[calls:])
+
+
+def test_a_custom_role_holding_the_permissions_a_node_role_is_needed_for_stands_in_for_it(project_factory, capsys):
+    """A custom role, on the project or the organization, is read (IAM roles.get) and accepted for each node role
+    whose permissions it holds; one lacking them is still a problem naming the predefined role; one that cannot be
+    read is a warning too."""
+    project = project_factory()
+    project.projects.place(PROJECT, "organizations/333")
+    writes_logs = f"projects/{PROJECT}/roles/tpuNodeLogs"
+    writes_metrics = "organizations/333/roles/tpuNodeMetrics"
+    project.projects.define_role(writes_logs, "logging.logEntries.create", "logging.logEntries.route")
+    project.projects.define_role(writes_metrics, "monitoring.metricDescriptors.list")  # not what metrics need
+    project.projects.grant(PROJECT, writes_logs, f"serviceAccount:{NODES}")
+    project.projects.grant_above("organizations/333", writes_metrics, f"serviceAccount:{NODES}")
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 2 and "1 problem;" in text, text
+    assert f"{NODES} lacks roles/monitoring.metricWriter on project {PROJECT}, needed for writing" in text
+    project.projects.define_role(writes_metrics, "monitoring.timeSeries.create", "monitoring.metricDescriptors.list")
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 0 and warnings(text) == [], text
+    assert project.projects.calls.count("roles.GetRole") == 4  # each custom role once per preflight
+    project.projects.deny("iam.roles.get")
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 2 and "2 problems" in text, text
+    assert f"the custom role {writes_logs} could not be read (PermissionDenied: " in text
+
+
+def test_a_node_role_granted_only_to_a_group_is_a_warning_naming_the_group(project_factory, capsys):
+    """Whether the account is in the group only Cloud Identity can say: a binding that would grant the role through a
+    group turns the refusal into a warning naming the group and where it is granted."""
+    project = project_factory()
+    project.projects.place(PROJECT, "folders/111")
+    project.projects.grant(PROJECT, "roles/container.defaultNodeServiceAccount", "group:tpu-nodes@example.com")
+    project.projects.grant_above("folders/111", "roles/logging.logWriter", "group:ml-infra@example.com")
+    project.projects.grant(PROJECT, "roles/logging.logWriter", "user:someone@example.com")  # not a group: no
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 0, text
+    assert warnings(text) == [
+        f"the nodes' service account {NODES} holds roles/logging.logWriter (writing the nodes' and pods' logs) only "
+        f"if it is a member of ml-infra@example.com (roles/logging.logWriter on folders/111); tpu-nodes@example.com "
+        f"(roles/container.defaultNodeServiceAccount on projects/{PROJECT}): group membership is Cloud Identity's to "
+        "say and is not checked; grant the role to the account itself to be sure",
+        f"the nodes' service account {NODES} holds roles/monitoring.metricWriter (writing the nodes' metrics) only "
+        f"if it is a member of tpu-nodes@example.com (roles/container.defaultNodeServiceAccount on projects/{PROJECT})"
+        ": group membership is Cloud Identity's to say and is not checked; grant the role to the account itself to be "
+        "sure",
+    ], text

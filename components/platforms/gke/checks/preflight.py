@@ -15,7 +15,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   its TPU family, a block (``reservationBlocks.get``) a VM free for every host (``checks.reservations``);
 - the nodes' service account (``gke.node_service_account``) holds the roles nodes need on the project
   (``target.node_roles``: logs, metrics, image pulls from this project's Artifact Registry), read from the project's
-  IAM policy (Resource Manager ``projects.getIamPolicy``); from the same policy, warnings (``identities``) when the
+  IAM policy (Resource Manager ``projects.getIamPolicy``), and where that leaves one missing from the policies it
+  inherits, custom roles and groups (``node_account``); from the same policy, warnings (``identities``) when the
   nodes or Cloud Build (``gke.build_service_account``) run as a default account or as one that holds a basic role
   (Owner, Editor) on the project;
 - the run's budget (``run.max_cost_usd``, else the default derived from the plan) holds the plan's expected cost
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from components.platforms.gke.checks import offers, reservations
+from components.platforms.gke.checks import node_account, offers, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -230,33 +231,18 @@ def _act_as(project: str, field: str, account: str) -> Problem:
 
 def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
-    (problems), and the risks of the default accounts and of basic roles (warnings)."""
+    (problems; ``node_account``: inherited, custom and group grants too), and the risks of the default accounts and
+    of basic roles (warnings)."""
     from components.platforms.gke.cloud import storage
 
     account = n.node_account
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
         account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
     grants = storage.project_grants(n.project, creds)
-    _node_identity(n, account, grants.get(f"serviceAccount:{account}", set()), report)
+    node_account.check(n, account, grants, creds, report)
     if n.builds:
         granted = grants.get(f"serviceAccount:{n.build_account}", set())
         report.warnings += identities.build_risks(n.build_account, granted, n.project)
-
-
-def _node_identity(n: Needs, account: str, granted: set[str], report: Report) -> None:
-    """Nodes whose service account lacks these fail late and obscurely: image pulls refused, no logs."""
-    report.warnings += identities.node_risks(account, granted, n.project)
-    for role, purpose, granted_by in n.node_roles:
-        if not granted & set(granted_by):
-            report.problems.append(
-                Problem(
-                    "gke.node_service_account",
-                    f"the nodes' service account {account} lacks "
-                    f"{role} on project {n.project}, needed for {purpose}: grant it that role "
-                    "(or one that includes it), or name another account",
-                )
-            )
-    report.checked.append(f"the nodes' service account {account}: {len(n.node_roles)} roles needed")
 
 
 def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:

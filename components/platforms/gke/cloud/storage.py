@@ -62,7 +62,11 @@ def project_number(project: str, creds=None) -> str:
 def project_grants(project: str, creds=None) -> dict[str, set[str]]:
     """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
     ``getIamPolicy``)."""
-    policy = projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"})
+    return policy_grants(projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"}))
+
+
+def policy_grants(policy) -> dict[str, set[str]]:
+    """An IAM policy's members and the roles it grants each."""
     grants: dict[str, set[str]] = {}
     for binding in policy.bindings:
         for who in binding.members:
