@@ -104,9 +104,15 @@ EVENT_FIELDS = {
     "type",
 }
 OBJECT_FIELDS = {"metadata.name", "metadata.namespace"}
-# RayCluster fields by the KubeRay release that added them (the emulator's own table: authOptions.secretName came in
-# v1.6.0, https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
-FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
+# RayCluster fields by the KubeRay release that added them (the emulator's own table): authOptions (Ray token
+# authentication, the operator generating the token's Secret) came in v1.5.1
+# (https://github.com/ray-project/kuberay/releases/tag/v1.5.1: "This release adds support for Ray token
+# authentication"; v1.5.0's RayCluster has no authOptions, ray-operator/apis/ray/v1/raycluster_types.go at tag
+# ray-operator/v1.5.0), authOptions.secretName in v1.6.0 (https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
+FIELDS_SINCE = {("spec", "authOptions"): "1.5.1", ("spec", "authOptions", "secretName"): "1.6.0"}
+# KubeRay's utils.CheckName, which names the generated token Secret after its RayCluster: the last 50 characters, a
+# leading digit or punctuation replaced by "r" (ray-operator/controllers/ray/utils/util.go at tag ray-operator/v1.5.1).
+CHECK_NAME_MAX = 50
 # SelfSubjectAccessReview (authorization.k8s.io/v1): "can I", answered for the caller; 201 with ``status.allowed``
 # (https://kubernetes.io/docs/reference/kubernetes-api/authorization-resources/self-subject-access-review-v1/).
 ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
@@ -190,6 +196,11 @@ def _vendored_crds() -> dict[str, dict]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crds = [yaml.load((schema_dir() / f).read_text(), Loader=loader) for f in CRD_FILES.values()]
     return {crd["metadata"]["name"]: crd for crd in crds}
+
+
+def _check_name(name: str) -> str:
+    name = name[-CHECK_NAME_MAX:]
+    return "r" + name[1:] if name[0].isdigit() or not name[0].isalnum() else name
 
 
 def _older(version: str, than: str) -> bool:
@@ -582,6 +593,7 @@ class KubeEmulator:
     def _create_raycluster(self, namespace: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
         spec = obj["spec"]
+        self._generate_token_secret(namespace, obj)
         pods = [self._pod(namespace, name, f"{name}-head", spec["headGroupSpec"], "head")]
         for group in spec.get("workerGroupSpecs", []):
             for replica in range(group.get("replicas", 1)):
@@ -836,11 +848,39 @@ class KubeEmulator:
                 out[env["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
         return out
 
+    def _generate_token_secret(self, namespace: str, obj: dict) -> None:
+        """KubeRay's reconcileAuthSecret for a RayCluster in token mode that names no Secret (all KubeRay 1.5 can
+        do): unless it exists, a Secret named after the RayCluster (``_check_name``), labelled ``ray.io/cluster``,
+        owned by the RayCluster (so deleting it deletes the Secret:
+        https://kubernetes.io/docs/concepts/architecture/garbage-collection/#owners-dependents), with a random token
+        under ``auth_token`` (raycluster_controller.go createAuthSecret at tag ray-operator/v1.5.1: 32 random bytes,
+        base64)."""
+        auth = obj["spec"].get("authOptions", {})
+        if auth.get("mode") != "token" or auth.get("secretName"):
+            return
+        name = obj["metadata"]["name"]
+        key = ("secrets", namespace, _check_name(name))
+        if key in self.objects:
+            return
+        token = base64.b64encode(secrets.token_bytes(32)).decode()
+        owner = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": obj["metadata"]["uid"]}
+        self.objects[key] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": key[2],
+                "namespace": namespace,
+                "labels": {"ray.io/cluster": name},
+                "ownerReferences": [{**owner, "controller": True}],
+            },
+            "data": {"auth_token": base64.b64encode(token.encode()).decode()},
+        }
+
     def _ray_token(self, namespace: str, obj: dict) -> str:
         auth = obj["spec"].get("authOptions", {})
         if auth.get("mode") != "token":
             return ""
-        secret_name = auth.get("secretName") or obj["metadata"]["name"]
+        secret_name = auth.get("secretName") or _check_name(obj["metadata"]["name"])
         key = ("secrets", namespace, secret_name)
         if key not in self.objects:  # KubeRay generates the Secret when the spec names none
             self.objects[key] = {
@@ -1094,12 +1134,15 @@ class KubeEmulator:
             )
 
     def _delete_raycluster(self, namespace: str, name: str) -> None:
+        owned = [{"kind": "RayCluster", "name": name}]  # what garbage collection deletes with it (the token Secret)
         for key in [
             k
             for k, o in self.objects.items()
-            if k[0] in ("pods", "services")
-            and k[1] == namespace
-            and o["metadata"].get("labels", {}).get("ray.io/cluster") == name
+            if k[1] == namespace
+            and (
+                (k[0] in ("pods", "services") and o["metadata"].get("labels", {}).get("ray.io/cluster") == name)
+                or [{"kind": r["kind"], "name": r["name"]} for r in o["metadata"].get("ownerReferences", [])] == owned
+            )
         ]:
             self.objects.pop(key)
         threading.Thread(target=self._stop_ray, args=((namespace, name),), daemon=True).start()

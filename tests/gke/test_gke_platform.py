@@ -375,11 +375,11 @@ def test_token_auth_is_refused_on_a_kuberay_that_would_drop_it_before_anything_i
     ctx = context(tmp_path, "oldray")
     gke = platform()
     gke.provision(ctx)  # provision checks it too, before any TPU node pool (test_preflight.py); then it changed:
-    project.kube.kuberay_version = "1.5.1"  # the Ray Operator add-on of an older GKE: no authOptions.secretName
+    project.kube.kuberay_version = "1.5.0"  # the Ray Operator add-on of an older GKE: no authOptions at all
     with pytest.raises(
         SpecError,
-        match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.6.0: "
-        "its RayCluster has no spec.authOptions.secretName, which the API server would "
+        match="^gke.cluster_version: cluster tpupipe-oldray runs a KubeRay older than 1.5.1: "
+        "its RayCluster has no spec.authOptions, spec.authOptions.secretName, which the API server would "
         "drop, leaving the Ray cluster without token authentication",
     ):
         gke.deploy_raycluster(ctx)

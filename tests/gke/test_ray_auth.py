@@ -113,3 +113,42 @@ def test_the_job_client_is_never_made_without_the_ray_token(tmp_path, project_fa
         gke.job_client(ctx)
     gke.teardown(ctx)
     assert project.leftovers("tokenless") == {}
+
+
+def test_on_kuberay_1_5_the_run_reads_the_token_from_the_secret_kuberay_generates(
+    tmp_path, project_factory, monkeypatch
+):
+    """KubeRay 1.5.1 (the Ray Operator add-on of an older GKE) has authOptions but no secretName: deploy names no
+    Secret in the RayCluster and makes no token Secret of its own; KubeRay generates one named after the RayCluster
+    and owned by it, which the job client reads. Token authentication is still verified (401 without it), and
+    teardown leaves nothing: the generated Secret goes with its RayCluster."""
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.kuberay_version = "1.5.1"
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    ctx = _context(tmp_path, "kuberay15")
+    gke.provision(ctx)
+    gke.deploy_raycluster(ctx)
+    assert project.kube.objects[("rayclusters", "tpupipe", "kuberay15")]["spec"]["authOptions"] == {"mode": "token"}
+    assert ("secrets", "tpupipe", names.ray_token_secret("kuberay15")) not in project.kube.objects
+    generated = project.kube.objects[("secrets", "tpupipe", "kuberay15")]
+    assert generated["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
+    assert "KubeRay 1.5 generates the Ray token in Secret kuberay15 with the RayCluster: the run reads it there" in logs
+    assert _proxied(project, "kuberay15") == [("/api/jobs/", 401)]
+    client = gke.job_client(ctx)  # with the generated token: the cluster takes its requests
+    assert client.submit_job(entrypoint="true", submission_id="kuberay15-probe") == "kuberay15-probe"
+    gke.teardown(ctx)
+    assert project.leftovers("kuberay15") == {}
+    assert ("secrets", "tpupipe", "kuberay15") not in project.kube.objects
+
+
+def test_the_generated_secret_is_named_as_kuberay_shortens_names():
+    from components.platforms.gke.cloud.kube import generated_token_secret
+
+    assert generated_token_secret("run-1") == "run-1"
+    long = "a" * 3 + "b" * 50
+    assert generated_token_secret(long) == "b" * 50  # the last 50 characters
+    assert generated_token_secret("x" * 3 + "1" + "c" * 49) == "r" + "c" * 49  # not starting with a digit
+    assert generated_token_secret("x" * 3 + "-" + "c" * 49) == "r" + "c" * 49  # nor with punctuation

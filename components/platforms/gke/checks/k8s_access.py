@@ -77,9 +77,10 @@ def _named(verb: str, group: str, resource: str, subresource: str) -> str:
     return f"{verb} {resource}" + (f"/{subresource}" if subresource else "") + (f".{group}" if group else "")
 
 
-def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None:
+def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError | None, bool]:
     """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
-    its Kubernetes API with ``creds``' token; None when its KubeRay will do."""
+    its Kubernetes API with ``creds``' token, None when its KubeRay will do; and whether it is a KubeRay 1.5, which
+    generates the Ray token's Secret itself (``kube.generates_ray_token``)."""
     import tempfile
     from pathlib import Path
 
@@ -93,4 +94,5 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> SpecError | None
         # not waited on for the 600 s a stage's call may retry).
         kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
         crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
-    return gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)
+    refusal = gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)
+    return refusal, refusal is None and gke_kube.generates_ray_token(crd)

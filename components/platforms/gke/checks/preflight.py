@@ -316,7 +316,7 @@ def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
     from components.platforms.gke.checks import k8s_access
 
     try:
-        refusal = k8s_access.existing_cluster_kuberay(cluster, creds, spec.gke.namespace)
+        refusal, generates = k8s_access.existing_cluster_kuberay(cluster, creds, spec.gke.namespace)
     except Exception as exc:  # noqa: BLE001 - unreachable, or no access: said, and checked again by provision
         report.warnings.append(
             f"cluster {short}: KubeRay's version could not be read ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -325,6 +325,11 @@ def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
         return
     if refusal is not None:
         report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    elif generates:
+        report.checked.append(
+            f"cluster {short}: its KubeRay is 1.5 (authOptions without secretName): it generates the Ray token's "
+            "Secret, which the run reads"
+        )
     else:
         report.checked.append(f"cluster {short}: its KubeRay serves every RayCluster field the run sets")
 

@@ -20,15 +20,23 @@ from typing import Any
 from components.platforms.gke.cloud import transient
 from components.platforms.gke.cloud.control_plane import ControlPlane
 from components.platforms.gke.cloud.transient import Retrying
-from components.spec import InfraError, SpecError
+from components.spec import InfraError, SpecError, names
 
 FIELD_MANAGER = "tpupipe"
 RAY_TOKEN_KEY = "auth_token"  # the key KubeRay's token Secret holds
 RAYCLUSTER_CRD = "rayclusters.ray.io"
 # RayCluster fields tpupipe sets that a KubeRay release added, by the release: an older KubeRay's CRD lacks them, and
-# the API server drops a field its CRD lacks without a word. ``authOptions.secretName`` (the Ray token's Secret) came
-# in KubeRay 1.6.0 (https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
-RAYCLUSTER_FIELDS_SINCE = {("spec", "authOptions", "secretName"): "1.6.0"}
+# the API server drops a field its CRD lacks without a word. Ray token authentication, ``authOptions`` with
+# ``mode: token``, came in KubeRay 1.5.1, the operator generating the token's Secret itself
+# (https://github.com/ray-project/kuberay/releases/tag/v1.5.1; docs.ray.io, "Configure Ray clusters to use token
+# authentication": "If you are using KubeRay v1.5.1 or newer, you can use the authOptions API"); naming a Secret of
+# ours, ``authOptions.secretName``, in 1.6.0 (https://github.com/ray-project/kuberay/releases/tag/v1.6.0).
+AUTH_OPTIONS, AUTH_SECRET_NAME = ("spec", "authOptions"), ("spec", "authOptions", "secretName")
+RAYCLUSTER_FIELDS_SINCE = {AUTH_OPTIONS: "1.5.1", AUTH_SECRET_NAME: "1.6.0"}
+# KubeRay 1.5's generated Secret is named after the RayCluster as its utils.CheckName shortens names: the last 50
+# characters, a leading digit or punctuation replaced by "r" (ray-operator/controllers/ray/utils/util.go and
+# raycluster_controller.go reconcileAuthSecret, at tag ray-operator/v1.5.1); it holds the token under RAY_TOKEN_KEY.
+GENERATED_SECRET_NAME_MAX = 50
 REACH_BUDGET_S = 5.0  # how long a review is retried (a connection refused, a 503) before preflight reports it
 REQUEST_TIMEOUT_S = 10.0  # an endpoint this machine cannot route to answers nothing: not waited on for long
 CLUSTER_SCOPED = {"namespaces", "customresourcedefinitions"}
@@ -258,11 +266,33 @@ def missing_fields(crd: dict[str, Any]) -> dict[str, str]:
     return missing
 
 
+def generates_ray_token(crd: dict[str, Any]) -> bool:
+    """Whether the cluster's KubeRay (its RayCluster CRD) is 1.5's: ``authOptions`` without ``secretName``, so the
+    operator generates the token's Secret (:func:`generated_token_secret`) and the run reads the token from there."""
+    return list(missing_fields(crd)) == [".".join(AUTH_SECRET_NAME)]
+
+
+def generated_token_secret(raycluster: str) -> str:
+    """The Secret KubeRay 1.5 generates for RayCluster ``raycluster``'s token (``GENERATED_SECRET_NAME_MAX``)."""
+    name = raycluster[-GENERATED_SECRET_NAME_MAX:]
+    return "r" + name[1:] if name[:1].isdigit() or (name[:1] and not name[:1].isalnum()) else name
+
+
+def ray_token(kube, run_id: str) -> str:
+    """The run's Ray token: from its own Secret (KubeRay >= 1.6 reads it from there), else from the one KubeRay 1.5
+    generated for its RayCluster; '' when neither is there."""
+    for name in (names.ray_token_secret(run_id), generated_token_secret(names.raycluster(run_id))):
+        found = kube.secret(name)
+        if found is not None and found.get(RAY_TOKEN_KEY):
+            return found[RAY_TOKEN_KEY]
+    return ""
+
+
 def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
     """Why the cluster's KubeRay (its RayCluster CRD, ``crd``; None when none is served) cannot run the run, naming
     the field to change; None when it can. The API server drops a field its CRD lacks without a word, and without
-    ``authOptions.secretName`` (KubeRay < 1.6) the Ray cluster would run with no token: refused, never dropped
-    silently."""
+    ``authOptions`` (KubeRay < 1.5.1) the Ray cluster would run with no token: refused, never dropped silently.
+    KubeRay 1.5 (``authOptions`` without ``secretName``) will do: it generates the token (``generates_ray_token``)."""
     field = "gke.cluster_version" if owns_cluster else "gke.cluster_name"
     if crd is None:
         return SpecError(
@@ -272,8 +302,8 @@ def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
             ["a cluster with the Ray Operator add-on"],
         )
     missing = missing_fields(crd)
-    if missing:
-        since = max(missing.values(), key=lambda v: tuple(int(x) for x in v.split(".")))
+    if missing and not generates_ray_token(crd):
+        since = RAYCLUSTER_FIELDS_SINCE[AUTH_OPTIONS]
         return SpecError(
             field,
             f"cluster {cluster} runs a KubeRay older than {since}: its RayCluster has no "

@@ -1,8 +1,9 @@
 """The creation handlers of deploy_raycluster: the run's Kubernetes objects (``k8s_records``) applied in order
 through the stage's :class:`session.Session` (the namespace, ServiceAccount and DCN claim template get-or-create; the
-Hugging Face token Secret from Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret), then
-the RayCluster by server-side apply, waited on until every worker is available (``readiness``). Before any of it,
-the check that the cluster's KubeRay serves every RayCluster field the run sets (``check_kuberay``).
+Hugging Face token Secret from Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret, which a
+KubeRay 1.5 generates itself), then the RayCluster by server-side apply, waited on until every worker is available
+(``readiness``). Before any of it, the check that the cluster's KubeRay serves every RayCluster field the run sets
+(``check_kuberay``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def secret(s: Session, res: Resource) -> None:
     if kube.secret(res.name) is not None:
         return
     if res.name == names.ray_token_secret(run_id):
+        if s.kuberay_generates_token:  # KubeRay 1.5 makes the token's Secret itself (check_kuberay): none of ours
+            secret = gke_kube.generated_token_secret(names.raycluster(run_id))
+            s.log(f"KubeRay 1.5 generates the Ray token in Secret {secret} with the RayCluster: the run reads it there")
+            return
         kube.ensure(gke_kube.ray_token_secret(res.name, t.namespace, names.labels(run_id), gke_kube.new_ray_token()))
         return
     # The run's own copy: the namespace's Secret (shared by its runs, the user's) is read, never labelled with the
@@ -111,7 +116,10 @@ def raycluster(s: Session, res: Resource) -> None:
     from components.platforms.gke.run import readiness
 
     kube, spec = _kube(s), s.ctx.spec
-    kube.apply(_pinned(s, res.body))
+    body = _pinned(s, res.body)
+    if s.kuberay_generates_token:  # KubeRay 1.5: token mode without secretName (its CRD has none to name ours in)
+        body = {**body, "spec": {**body["spec"], "authOptions": {"mode": body["spec"]["authOptions"]["mode"]}}}
+    kube.apply(body)
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
     s.log(
@@ -176,7 +184,9 @@ KUBERAY_CRD_WAIT_S = 300.0
 def check_kuberay(s: Session, wait_s: float = 0.0) -> None:
     """The cluster's KubeRay serves every RayCluster field the run sets: checked by provision as soon as the cluster
     exists (before any TPU node pool; ``wait_s`` for a CRD not served yet, on a cluster just made or given the add-on)
-    and again by deploy_raycluster before it applies anything (the cluster may have changed)."""
+    and again by deploy_raycluster before it applies anything (the cluster may have changed). A KubeRay 1.5 generates
+    the Ray token itself (``kube.generates_ray_token``): deploy then makes no token Secret of its own and names none in
+    the RayCluster."""
     from components.platforms.gke.cloud import kube as gke_kube
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
@@ -196,3 +206,4 @@ def check_kuberay(s: Session, wait_s: float = 0.0) -> None:
     refusal = gke_kube.kuberay_refusal(crd, s.t.cluster, s.t.owns_cluster)
     if refusal is not None:
         raise refusal
+    s.kuberay_generates_token = gke_kube.generates_ray_token(crd)

@@ -162,7 +162,7 @@ class GkePlatform(Platform):
         kube, cluster, token = self.clients.kube(ctx)
         if kube is None:
             raise InfraError(f"no running cluster for run {ctx.run_id}")
-        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        ray_token = gke_kube.ray_token(kube, ctx.run_id)
         client = ray_jobs.job_client(
             control_plane(cluster),
             ctx.run_dir / "gke",

@@ -26,6 +26,7 @@ class Session:
         self.image_result: dict[str, Any] = {}
         self.build_source_generation: int | None = None  # of the build context uploaded by this stage
         self.deploy_result: dict[str, Any] = {}
+        self.kuberay_generates_token = False  # KubeRay 1.5: it makes the Ray token's Secret (deploy.check_kuberay)
         self._project_number: str | None = None
 
     def node_service_account(self) -> str:

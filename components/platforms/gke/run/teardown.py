@@ -121,7 +121,7 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
     raycluster = names.raycluster(ctx.run_id)
 
     def ray():
-        ray_token = (kube.secret(names.ray_token_secret(ctx.run_id)) or {}).get(gke_kube.RAY_TOKEN_KEY, "")
+        ray_token = gke_kube.ray_token(kube, ctx.run_id)
         get = ray_jobs.dashboard_get(
             control_plane(cluster), ctx.run_dir / "gke", kube.namespace, raycluster, token, ray_token
         )
