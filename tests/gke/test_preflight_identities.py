@@ -235,3 +235,10 @@ def test_a_node_role_granted_only_to_a_group_is_a_warning_naming_the_group(proje
         ": group membership is Cloud Identity's to say and is not checked; grant the role to the account itself to be "
         "sure",
     ], text
+
+
+def test_every_role_nodes_need_says_what_permissions_a_custom_role_needs_to_stand_in_for_it():
+    from components.platforms.gke.checks.node_account import ROLE_PERMISSIONS
+    from components.platforms.gke.plan.target import IMAGE_STREAMING_ROLE, NODE_SERVICE_ACCOUNT_ROLES
+
+    assert set(ROLE_PERMISSIONS) == set(NODE_SERVICE_ACCOUNT_ROLES) | set(IMAGE_STREAMING_ROLE)

@@ -48,7 +48,10 @@ def ancestors(project: str, creds=None) -> list[Level]:
     from google.cloud import resourcemanager_v3 as rm
 
     projects = google_client(rm.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
-    parent = projects.get_project(name=f"projects/{project}").parent
+    try:
+        parent = projects.get_project(name=f"projects/{project}").parent
+    except exceptions.GoogleAPICallError as exc:
+        return [Level(f"the parent of projects/{project}", {}, f"{type(exc).__name__}: {exc.message}")]
     folders = organizations = None
     found: list[Level] = []
     while parent:
