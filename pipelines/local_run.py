@@ -111,12 +111,16 @@ def run(
 def _dry_run(ctx) -> int:
     """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
     from components.platforms import get_platform
+    from components.spec.images import IMAGE_WITH_DIGEST
     from components.stages import ray_stages
+    from components.workload import cache
 
+    named = ctx.spec.gke.image  # the compile cache as the run will key it: by the digest of the image it runs
+    image = named if IMAGE_WITH_DIGEST.match(named) else "" if named else cache.UNKNOWN_IMAGE
     lines = get_platform(ctx.platform).dry_run(  # a platform without one raises SpecError: exit 2
         ctx,
         lambda mode: ray_stages.entrypoint(
-            ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else ""
+            ctx, mode, checkpoint="<the checkpoint the train job reports>" if mode == "eval" else "", image=image
         ),
     )
     print(

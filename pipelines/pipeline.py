@@ -155,6 +155,26 @@ def source_version(root: Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+# How kfp's lightweight component ends the shell script its command is: the executor started as a child of the shell
+# (kfp/dsl/component_factory.py writes `sh -ec '... python3 -m kfp.dsl.executor_main ...'`).
+EXECUTOR_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
+
+
+def exec_executor(command: list[str]) -> list[str]:
+    """A task's ``command`` with its shell replaced by the executor (``exec``), so that the SIGTERM that ends the task
+    reaches the stage. A pod's end sends SIGTERM to the container's first process alone ("the kubelet triggers the
+    container runtime to send a TERM signal to process 1 inside each container",
+    https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); as that first process, the
+    shell ignores it (process 1 gets only the signals it installed a handler for: kill(2)), and the executor, its child,
+    never hears of it (kubeflow/pipelines#7903 reports it: python components cannot handle SIGTERM). With ``exec``,
+    the stage is that first process, and a Stop's SIGTERM runs its cancellation (pipelines/stopping.py)."""
+    script = command[2] if command[:2] == ["sh", "-ec"] and len(command) > 2 else ""
+    if EXECUTOR_LAUNCH not in script:
+        raise RuntimeError(f"kfp's component command changed: no {EXECUTOR_LAUNCH!r} to exec in {command[:3]}")
+    execs = script.replace(EXECUTOR_LAUNCH, EXECUTOR_LAUNCH.replace("true ", "true exec "), 1)
+    return [*command[:2], execs, *command[3:]]
+
+
 def compile_pipeline(
     path: str, target: Target | None = None, pipeline=None, retries: bool = True, digest: str | None = None
 ) -> str:
@@ -181,6 +201,8 @@ def compile_pipeline(
         for parameter in component.get("inputDefinitions", {}).get("parameters", {}).values():
             if "description" in parameter:
                 parameter["description"] = " ".join(parameter["description"].split())
+    for executor in spec["deploymentSpec"]["executors"].values():
+        executor["container"]["command"] = exec_executor(executor["container"]["command"])
     if not retries:
         local = {dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "", **LOCAL_JOB_NAME}
         for component in [spec["root"], *spec.get("components", {}).values()]:

@@ -201,6 +201,11 @@ def image_tag(run_id: str) -> str:
     return run_id
 
 
+# The tag a trainer image also carries that names its build context (its hash): a later run of the same sources
+# finds the image under it and builds nothing (components/platforms/gke/cloud/build.py, content_image).
+CONTENT_TAG_PREFIX = "ctx-"
+
+
 def build_tag(run_id: str) -> str:
     """The Cloud Build tag that finds the run's image build again (a re-run build stage re-attaches to it)."""
     return f"tpupipe-run-{run_id}"

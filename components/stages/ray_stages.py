@@ -24,15 +24,18 @@ def entrypoint(
     init_from: str = "",
     champion: str = "",
     measure: tuple[str, ...] = (),
+    image: str | None = None,
 ) -> str:
-    """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it."""
+    """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it; its compile cache keyed
+    by ``image``, by default the pinned trainer image build_image recorded (none: no cache, a tag can move)."""
     from components.platforms.store import read_json
     from components.spec.images import pinned_image
     from components.workload import cache
     from components.workload.derive import job_command
 
     platform = get_platform(ctx.platform)
-    image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
+    if image is None:
+        image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
     compiled = cache.directory(platform.compile_cache_root(ctx), ctx.spec, image) if image else ""
     out = platform.job_output_dir(ctx)
     return job_command(

@@ -1,6 +1,6 @@
 """An in-process Artifact Registry: the real ``google.devtools.artifactregistry.v1.ArtifactRegistry`` gRPC service's
-GetRepository and CreateRepository, and ``google.longrunning.Operations.GetOperation`` for the operation
-CreateRepository answers, served from the messages google-cloud-artifact-registry ships, so
+GetRepository, CreateRepository, GetTag and CreateTag, and ``google.longrunning.Operations.GetOperation`` for the
+operation CreateRepository answers, served from the messages google-cloud-artifact-registry ships, so
 ``ArtifactRegistryClient`` talks real gRPC to it.
 
 CreateRepository checks what Artifact Registry checks (a parent ``projects/P/locations/L``, a repository id of
@@ -62,6 +62,11 @@ class ArtifactRegistryEmulator(GrpcEmulator):
                         self._wrap("GetRepository", self.get_repository),
                     ),
                     "GetTag": (ar.GetTagRequest.deserialize, ar.Tag.serialize, self._wrap("GetTag", self.get_tag)),
+                    "CreateTag": (
+                        ar.CreateTagRequest.deserialize,
+                        ar.Tag.serialize,
+                        self._wrap("CreateTag", self.create_tag),
+                    ),
                     "CreateRepository": (
                         ar.CreateRepositoryRequest.deserialize,
                         operations_pb2.Operation.SerializeToString,
@@ -127,6 +132,26 @@ class ArtifactRegistryEmulator(GrpcEmulator):
         if digest is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.name}")
         return ar.Tag(name=request.name, version=f"{request.name.rsplit('/tags/', 1)[0]}/versions/{digest}")
+
+    def create_tag(self, request: ar.CreateTagRequest, context) -> ar.Tag:
+        """``parent`` (``.../packages/IMAGE``), ``tag_id`` and ``tag.version`` (``.../versions/sha256:HEX``: a version
+        of that package that was pushed): CreateTagRequest, google/devtools/artifactregistry/v1/tag.proto. A tag that
+        exists already is ALREADY_EXISTS, as every standard Create method answers (https://google.aip.dev/133); an
+        immutable-tags repository still lets a new tag be created (DockerRepositoryConfig.immutable_tags)."""
+        parts = request.parent.split("/")
+        if len(parts) != 8 or parts[6] != "packages" or not request.tag_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid tag parent {request.parent!r}")
+        name = f"{parts[3]}-docker.pkg.dev/{parts[1]}/{parts[5]}/{parts[7]}"
+        digest = request.tag.version.rsplit("/versions/", 1)[-1]
+        with self._lock:
+            if f"{name}:{request.tag_id}" in self.state.images:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"tag {request.tag_id} already exists")
+            if not request.tag.version.startswith(f"{request.parent}/versions/") or not any(
+                i.rsplit(":", 1)[0] == name and d == digest for i, d in self.state.images.items()
+            ):
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.tag.version}")
+            self.state.images[f"{name}:{request.tag_id}"] = digest
+        return ar.Tag(name=f"{request.parent}/tags/{request.tag_id}", version=request.tag.version)
 
     def get_repository(self, request: ar.GetRepositoryRequest, context) -> ar.Repository:
         repo = self.state.repositories.get(request.name)

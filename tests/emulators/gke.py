@@ -117,6 +117,9 @@ class ClusterManagerEmulator(GrpcEmulator):
         if compute is not None:
             compute.in_use = self._user_of
         self.faults: list[Fault] = []
+        # Called with each cluster once its deletion is done: its Kubernetes objects and pods go with it ("Deleting a
+        # cluster ... deletes ... all workloads", https://cloud.google.com/kubernetes-engine/docs/how-to/deleting-a-cluster).
+        self.on_cluster_deleted: list[Callable[[c.Cluster], None]] = []
         self.kube_endpoint = kube_endpoint
         self.kube_ca_pem = kube_ca_pem
         self.polls_to_done = polls_to_done
@@ -408,8 +411,13 @@ class ClusterManagerEmulator(GrpcEmulator):
             request.name.rsplit("/clusters/", 1)[0],
             c.Operation.Type.DELETE_CLUSTER,
             request.name,
-            lambda: self.state.clusters.pop(request.name, None),
+            lambda: self._deleted(request.name),
         )
+
+    def _deleted(self, name: str) -> None:
+        cluster = self.state.clusters.pop(name, None)
+        for listener in self.on_cluster_deleted if cluster is not None else ():
+            listener(cluster)
 
     def update_cluster(self, request: c.UpdateClusterRequest, context, stockout=None) -> c.Operation:
         """One change per request, as GKE takes them; applied when the operation is done. Multi-networking needs

@@ -1133,6 +1133,17 @@ class KubeEmulator:
                 }
             )
 
+    def delete_run(self, run_id: str) -> None:
+        """What a deleted cluster takes with it, where this one API server stands for each of the project's clusters:
+        the objects labelled with the cluster's run, their Ray clusters' pods and processes."""
+        from components.spec import names
+
+        with self.lock:
+            labelled = [k for k, o in self.objects.items() if _labels(o).get(names.RUN_LABEL) == run_id]
+            for key in labelled:  # a Ray cluster's pods may have gone with it already
+                if self.objects.pop(key, None) is not None and key[0] == "rayclusters":
+                    self._delete_raycluster(key[1], key[2])
+
     def _delete_raycluster(self, namespace: str, name: str) -> None:
         owned = [{"kind": "RayCluster", "name": name}]  # what garbage collection deletes with it (the token Secret)
         for key in [
@@ -1289,3 +1300,7 @@ class KubeEmulator:
             here.mkdir(parents=True, exist_ok=True)  # a mount point is there, objects under it or not
             mounts[mount["mountPath"].rstrip("/")] = here
         return mounts
+
+
+def _labels(obj: dict) -> dict:
+    return obj.get("metadata", {}).get("labels", {})

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from components.platforms.credentials import VERTEX_ENDPOINT_ENV
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
+from components.spec import names
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
@@ -184,6 +185,7 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     gke = ClusterManagerEmulator(
         kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done, compute=compute
     )
+    gke.on_cluster_deleted.append(lambda cluster: kube.delete_run(cluster.resource_labels.get(names.RUN_LABEL, "")))
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)

@@ -42,7 +42,7 @@ and each condition's group (their ``taskInfo`` names, e.g. ``run`` and ``gate-pr
 ``parentTaskId`` of its group; a group ends succeeded, failed or cancelled with its tasks. Cancel sets the job
 CANCELLING ("Vertex AI Pipelines sets the pipeline run state to CANCELLING. ... cancels all the remaining tasks in the
 pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs), then stops each running task as
-Kubernetes ends a pod, for a Vertex task is a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later if it still
+Kubernetes ends a pod, for a Vertex task is a pod: SIGTERM to its first process, SIGKILL ``grace_s`` later if it still
 runs (the pod's termination grace period, 30 s unless set: "the kubelet triggers forcible shutdown" once it expires,
 https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); the exit handler's task is
 CANCELLED, not run; the job ends CANCELLED. A task's ``{{$.pipeline_job_resource_name}}`` is the job's full resource
@@ -733,27 +733,26 @@ class VertexEmulator(HttpEmulator):
         threading.Thread(target=watch, daemon=True).start()
 
     def _terminate(self, process: subprocess.Popen, shown: str) -> None:
-        """End a task as Kubernetes ends a pod: SIGTERM to its process group, SIGKILL ``grace_s`` later to whatever of
-        the group still runs (the emulator's reading: Kubernetes signals the container's first process, and every
-        process of the container ends with it; a task's command is a shell around the executor, so the group stands
-        for the container)."""
+        """End a task as Kubernetes ends a pod: SIGTERM to the container's first process alone ("the kubelet triggers
+        the container runtime to send a TERM signal to process 1 inside each container",
+        https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), and SIGKILL to every
+        process of the container ``grace_s`` later if it still runs ("the kubelet triggers forcible shutdown", the same
+        page), or as soon as that first process ends: the processes of a PID namespace are killed when its init ends
+        (pid_namespaces(7)). The task's process group stands for the container, its first process for process 1."""
         if process.poll() is not None:
             return
         self.terminated.append((shown, time.time()))
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+            os.kill(process.pid, signal.SIGTERM)
 
-        def force() -> None:  # the group's every process, the container's first (its shell) or not
+        def force() -> None:
             deadline = time.monotonic() + self.grace_s
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(process.pid, 0)
-                except ProcessLookupError:
-                    return
+            while time.monotonic() < deadline and process.poll() is None:
                 time.sleep(0.1)
+            if process.poll() is None:
+                self.forced.append(shown)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-                self.forced.append(shown)
 
         threading.Thread(target=force, daemon=True).start()
 

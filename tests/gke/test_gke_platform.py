@@ -22,6 +22,7 @@ from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import kube as kube_emulator
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from tests.helpers import REPO
 
 TWO_SLICES = (
     f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
@@ -897,11 +898,43 @@ def test_build_image_uploads_the_context_builds_with_cloud_build_and_reuses_the_
     repository = project.registry.state.repositories[f"projects/{PROJECT}/locations/us-east5/repositories/tpupipe"]
     assert repository.format_.name == "DOCKER"  # created for the push (the emulated build fails without it)
     assert repository.docker_config.immutable_tags  # a tag, once pushed, names that image for good
-    again = gke.build_image(ctx)  # a re-run of the stage: the build is found by its tag and reused
-    assert again["build"] == result["build"] and project.cloudbuild.state.calls.count("CreateBuild") == 1
+    again = gke.build_image(ctx)  # a re-run of the stage: the image is found by its sources' tag and reused
+    assert again["digest"] == result["digest"] and project.cloudbuild.state.calls.count("CreateBuild") == 1
     assert project.registry.state.calls.count("CreateRepository") == 1
     gke.teardown(ctx)
     assert repository.name in project.registry.state.repositories  # kept: every run's images are in it
+
+
+def test_a_later_run_of_the_same_sources_reuses_the_image_and_its_compile_cache(tmp_path, project_factory, monkeypatch):
+    from components.spec.images import pinned_image
+    from components.workload import cache
+
+    project = project_factory()
+    first = platform().build_image(context(tmp_path, "monday", BUILD))
+    tagged = f"us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:ctx-"
+    (content,) = [i for i in project.registry.state.images if i.startswith(tagged)]
+    assert project.registry.state.images[content] == first["digest"]  # the build's digest, under its context's tag
+    ctx = context(tmp_path, "tuesday", BUILD)
+    second = platform().build_image(ctx)
+    assert project.cloudbuild.state.calls.count("CreateBuild") == 1  # nothing built again
+    assert not project.storage.object(f"{PROJECT}-tpupipe", "builds/tuesday/context.tar.gz")  # nor uploaded
+    assert second == {"image": content, "built": False, "reused": True, "digest": first["digest"]}
+    assert cache.key(ctx.spec, pinned_image(second)) == cache.key(ctx.spec, pinned_image(first))
+    assert platform().build_image(context(tmp_path, "options", BUILD + " train.max_length=64"))["reused"]  # the
+    # spec is not in the image; a change to what the image holds is another context: built, under its own tag.
+    import shutil
+
+    from components.platforms.gke.cloud import build as gke_build
+
+    changed = tmp_path / "sources"
+    for top in ("images/torch", *gke_build.CONTEXT_PATHS):
+        copy = shutil.copytree if (REPO / top).is_dir() else shutil.copy
+        copy(REPO / top, changed / top, **({"dirs_exist_ok": True} if copy is shutil.copytree else {}))
+    (changed / "trainers" / "fsdp.py").write_text((REPO / "trainers" / "fsdp.py").read_text() + "# changed\n")
+    monkeypatch.setenv(gke_build.SOURCE_ROOT_ENV, str(changed))
+    rebuilt = platform().build_image(context(tmp_path, "changed", BUILD))
+    assert rebuilt["built"] and rebuilt["digest"] != first["digest"]
+    assert len([i for i in project.registry.state.images if i.startswith(tagged)]) == 2
 
 
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):

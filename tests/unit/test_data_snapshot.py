@@ -126,6 +126,22 @@ def test_only_what_the_champion_has_not_seen(drops):
     assert len(train) + len(heldout) == 30 and len(third["seen"]) == 3
 
 
+def test_a_parquet_drop_is_read_row_by_row_and_a_file_that_is_not_parquet_is_named(tmp_path):
+    pa = pytest.importorskip("pyarrow")  # in the components image and the dev environment (images/pipeline)
+    import pyarrow.parquet as pq
+
+    (tmp_path / "sft").mkdir()
+    pq.write_table(pa.Table.from_pylist(_rows(4)), tmp_path / "sft" / "part-0.parquet")
+    spec = resolve("local-fsdp", f"train.dataset={tmp_path}/sft/")
+    manifest, train, heldout = snapshot.take(spec, WHEN, log=lambda line: None)
+    assert [i["num_examples"] for i in manifest["train"]["items"]] == [30]
+    assert sorted(e["instruction"] for e in train + heldout) == sorted(r["instruction"] for r in _rows(4))
+    (tmp_path / "sft" / "part-1.parquet").write_bytes(b"PAR1 but not really")
+    with pytest.raises(SpecError) as err:
+        snapshot.take(spec, WHEN, log=lambda line: None)
+    assert err.value.field == "train.dataset" and "part-1.parquet: not Parquet" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

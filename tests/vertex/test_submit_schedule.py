@@ -140,7 +140,9 @@ def test_submit_list_cancel_during_train_show_and_the_token_reaches_only_the_kub
     assert tasks["teardown"]["state"] == "CANCELLED" and "teardown" not in project.vertex.job(job_id).logs
     assert "  train                cancelled" in cancelled.stdout and f"{name}: cancelled" in cancelled.stdout
     assert f"tpupipe teardown {run_id} (gke): deleted " in cancelled.stdout
-    assert f"clusters/tpupipe-{run_id}" in cancelled.stdout, cancelled.stdout
+    # The cluster went with train's release (a real deletion takes minutes; the teardown then waits for it and names
+    # it, which here it may find done already): nothing of the run is left either way.
+    assert not project.gke.state.clusters
     assert project.leftovers(run_id) == {}, project.leftovers(run_id)
     # provision: killed once mid-way, retried per its policy (30 s backoff), resumed: one cluster created.
     assert project.vertex.job(job_id).attempts["provision"] == 2 and project.vertex.job(job_id).backoffs == {

@@ -15,6 +15,7 @@ from kfp import compiler, dsl
 from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
 from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
 from pipelines import schedules, vertex
+from pipelines.pipeline import compile_pipeline
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
 from tests.emulators.storage import StorageEmulator
@@ -38,6 +39,14 @@ def hold(preset: str) -> str:
     if os.environ.get("IGNORE_SIGTERM"):  # a task that does not end on SIGTERM: the grace period's SIGKILL ends it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         open(os.environ["IGNORE_SIGTERM"], "a").close()  # said once it holds
+    if os.environ.get("HEAR_SIGTERM"):  # a task that stops what it started on SIGTERM, as tpupipe's stages do
+
+        def heard(signum, frame):
+            open(os.environ["HEAR_SIGTERM"] + ".heard", "a").close()
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, heard)
+        open(os.environ["HEAR_SIGTERM"], "a").close()
     while not os.path.exists(os.environ["RELEASE"]):
         time.sleep(0.1)
     return preset
@@ -95,7 +104,7 @@ def service(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     emulator.registry_server = registry
     emulator.template = str(tmp_path / "tiny.yaml")
-    compiler.Compiler().compile(tiny, emulator.template)
+    compile_pipeline(emulator.template, pipeline=tiny)  # as tpupipe compiles: each task's stage is its first process
     emulator.release = release
     vertex.init(PROJECT, REGION)
     yield emulator
@@ -378,9 +387,9 @@ def test_an_evicted_task_gets_sigterm_then_sigkill_after_its_grace_period_and_is
     ((task, _),) = service.terminated
     (hold,) = [t for t in resource["jobDetail"]["taskDetails"] if t["taskName"] == "hold"]
     (failed,) = hold["pipelineTaskStatus"]
-    assert task == "hold" and "exited with code -15" in failed["error"]["message"]
-    # SIGTERM ignored by the executor: the grace period's SIGKILL ends it (the retry may have finished before)
-    wait_until(lambda: service.forced == ["hold"], 10, "the grace period's SIGKILL")
+    assert task == "hold" and "exited with code -9" in failed["error"]["message"]
+    # SIGTERM ignored by the executor: the grace period's SIGKILL ends it
+    assert service.forced == ["hold"]
 
 
 def test_a_cancel_sets_the_job_cancelling_then_ends_its_tasks_as_kubernetes_ends_pods(service):
@@ -394,12 +403,31 @@ def test_a_cancel_sets_the_job_cancelling_then_ends_its_tasks_as_kubernetes_ends
     name = _create(service, _submission(service), vertex.new_job_id(PRESET))
     wait_until(ignoring.exists, 60, "hold to start")
     aiplatform.PipelineJob.get(name).cancel()
-    # CANCELLING while its running task was signalled (it may be CANCELLED by now: the task's shell ended at once)
+    # CANCELLING while its running task was signalled
     assert service.job(name).cancels == [("PIPELINE_STATE_CANCELLING", ["hold"])]
     assert [t for t, _ in service.terminated] == ["hold"]
     resource = service.wait(name, timeout_s=60)
     assert resource["state"] == "PIPELINE_STATE_CANCELLED"
     wait_until(lambda: service.forced == ["hold"], 10, "the grace period's SIGKILL")
+
+
+@pytest.mark.parametrize("compiled_as", ["kfp", "tpupipe"])
+def test_a_stop_reaches_the_stage_only_when_the_shell_execs_it(service, compiled_as):
+    """kfp's own command keeps its shell as the task's first process, and the SIGTERM of a Stop goes to that process
+    alone: the stage never hears it. tpupipe's compile execs the stage, which then hears it and stops what it
+    started (pipelines.pipeline.exec_executor)."""
+    from google.cloud import aiplatform
+
+    if compiled_as == "kfp":
+        compiler.Compiler().compile(tiny, service.template)
+    service.grace_s = 2.0
+    listening = service.workdir / "listening"
+    service.env["HEAR_SIGTERM"] = str(listening)
+    name = _create(service, _submission(service), vertex.new_job_id(PRESET))
+    wait_until(listening.exists, 60, "hold to listen")
+    aiplatform.PipelineJob.get(name).cancel()
+    assert service.wait(name, timeout_s=60)["state"] == "PIPELINE_STATE_CANCELLED"
+    assert Path(f"{listening}.heard").exists() == (compiled_as == "tpupipe")
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ from typing import Any
 
 from components.platforms.credentials import google_client
 from components.platforms.gke.cloud.cluster import Adapter, GkeError, progress_every
+from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
+from components.spec import names
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
 REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
@@ -163,16 +165,40 @@ def pinned_source(body: dict, generation: int | None) -> dict:
     return {**body, "source": {**body["source"], "storageSource": source}}
 
 
+def content_image(image: str, context: bytes) -> str:
+    """``image`` (``NAME:TAG``) under the tag that names its build context: ``NAME:ctx-HASH``, the first 16 hex digits
+    of the context's SHA-256. A later run whose context is the same bytes finds the image under it and builds nothing;
+    any change to what the image holds gives another tag."""
+    import hashlib
+
+    name = image.split("@")[0].rsplit(":", 1)[0]
+    return f"{name}:{names.CONTENT_TAG_PREFIX}{hashlib.sha256(context).hexdigest()[:16]}"
+
+
+def add_tag(registry: Registry, image: str, digest: str) -> None:
+    """Tag the pushed version ``digest`` as ``image`` (``NAME:TAG``), or leave it: a tag that exists already is kept
+    (another run of the same context tagged its own build). Artifact Registry's CreateTag takes the package, the tag's
+    id and the version it names (CreateTagRequest, google/devtools/artifactregistry/v1/tag.proto); an immutable-tags
+    repository "does not prevent tags from being created" (DockerRepositoryConfig.immutable_tags, repository.proto)."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import artifactregistry_v1 as ar
+
+    package, tag = paths.image_tag_path(image)
+    body = ar.Tag(name=f"{package}/tags/{tag}", version=f"{package}/versions/{digest}")
+    try:
+        registry.call(f"tag {image}", lambda: registry.client.create_tag(parent=package, tag_id=tag, tag=body))
+    except gexc.AlreadyExists:
+        pass
+
+
 def tag_digest(registry: Registry, image: str) -> str | None:
     """The digest (``sha256:HEX``) that ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` names in Artifact
     Registry now, or None when the tag is not there. A tag names a version (``Tag.version``:
     ``.../versions/sha256:HEX``, google/cloud/artifactregistry_v1/types/tag.py); a reference by digest cannot move."""
     from google.api_core import exceptions as gexc
 
-    host, project, repository, rest = image.split("@")[0].split("/", 3)
-    name, _, tag = rest.rpartition(":")
-    location = host.removesuffix("-docker.pkg.dev")
-    path = f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}/tags/{tag}"
+    package, tag = paths.image_tag_path(image)
+    path = f"{package}/tags/{tag}"
     try:
         found = registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))
     except gexc.NotFound:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from components.platforms import RunContext
 from components.platforms.gke.plan import document as plan
-from components.platforms.gke.plan import needs
+from components.platforms.gke.plan import needs, paths
 from components.platforms.gke.plan.records import Resource
 from components.platforms.gke.plan.target import target
 from components.spec import datasets, names
@@ -45,6 +45,8 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
             lines.append(kuberay)
         for res in records:
             if res.stage == stage:
+                if res.kind == "build-source":  # an image of the same sources is reused: no upload, no build
+                    lines.append(f"  check         artifactregistry.tags.get {_content_tag_path(records)}")
                 lines.append(f"  {res.action:<13} {res.api} {res.path or res.name}".rstrip())
                 if res.kind == "gke-cluster":  # as soon as the cluster exists, before any TPU node pool
                     lines.append(kuberay)
@@ -135,3 +137,12 @@ def _deletes(res: Resource, ctx: RunContext) -> str:
         "firewall-rule": "compute.firewalls.delete",
         "workload-policy": "compute.resourcePolicies.delete",
     }.get(res.kind, "")
+
+
+def _content_tag_path(records: list[Resource]) -> str:
+    """The Artifact Registry tag that finds a trainer image built from the same sources (its build context's hash),
+    for the dry run: ``.../packages/NAME/tags/ctx-HASH``."""
+    image = next(res.name for res in records if res.kind == "container-image")
+    package, _ = paths.image_tag_path(image)
+    reused = "an image built from the same sources, reused: no upload, no build"
+    return f"{package}/tags/{names.CONTENT_TAG_PREFIX}HASH ({reused})"

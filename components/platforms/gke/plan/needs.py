@@ -49,7 +49,14 @@ PERMISSIONS = {
         "artifactregistry.repositories.create",
     ),
     "storage.objects.insert": ("storage.objects.create",),
-    "cloudbuild.builds.create": ("cloudbuild.builds.create", "cloudbuild.builds.get"),
+    # The trainer image: an image of the same sources found by its tag and reused, else built and tagged so
+    # (Artifact Registry's permissions: https://cloud.google.com/artifact-registry/docs/access-control#permissions).
+    "cloudbuild.builds.create": (
+        "cloudbuild.builds.create",
+        "cloudbuild.builds.get",
+        "artifactregistry.tags.get",
+        "artifactregistry.tags.create",
+    ),
     "kubernetes": ("container.clusters.get",),
 }
 ACT_AS = "iam.serviceAccounts.actAs"

@@ -321,7 +321,8 @@ def image_records(spec: RunSpec, t: Target) -> list[Resource]:
             "build-source",
             f"gs://{t.bucket}/{names.build_source(t.run_id)}",
             "create",
-            f"the build context (images/{image}/ and the tpupipe sources), for Cloud Build",
+            f"the build context (images/{image}/ and the tpupipe sources), for Cloud Build; not uploaded when the "
+            "trainer image is reused",
             api="storage.objects.insert",
             path=f"{t.bucket}/{names.build_source(t.run_id)}",
             deleted_by_teardown=False,
@@ -329,9 +330,10 @@ def image_records(spec: RunSpec, t: Target) -> list[Resource]:
         Resource(
             "container-image",
             t.image,
-            "create",
-            f"trainer image ({image}), built by Cloud Build and pushed to "
-            f"Artifact Registry repository {spec.gke.artifact_repository}" + _torch_wheels(spec, image),
+            "get-or-create",
+            f"trainer image ({image}): reused when the repository holds one built from the same build context "
+            f"(tagged {names.CONTENT_TAG_PREFIX}HASH, the context's hash), else built by Cloud Build and pushed to "
+            f"Artifact Registry repository {spec.gke.artifact_repository} under both tags" + _torch_wheels(spec, image),
             labels=names.labels(t.run_id),
             body=r.cloud_build(spec, t),
             api="cloudbuild.builds.create",

@@ -120,23 +120,23 @@ def autopilot_nodes(s: Session, res: Resource) -> None:
 
 
 def repository(s: Session, res: Resource) -> None:
-    from components.platforms.gke.cloud import build as gke_build
-
-    registry = gke_build.Registry(gke_build.registry_client(s.client("creds")), log=s.log, poll_s=min(s.poll_s, 2.0))
-    registry.ensure(s.t.project, s.t.region, s.ctx.spec.gke.artifact_repository)
+    s.client("registry").ensure(s.t.project, s.t.region, s.ctx.spec.gke.artifact_repository)
 
 
 def build_source(s: Session, res: Resource) -> None:
     """The build context, uploaded to the run's bucket, got or created first: build_image runs beside provision, which
-    gets or creates the same bucket (the one of the two that comes second finds it)."""
+    gets or creates the same bucket (the one of the two that comes second finds it). An image built before from the
+    same context (its content tag in the repository: ``build.content_image``) is reused, and nothing is uploaded."""
     from components.platforms.gke.cloud import build as gke_build
 
+    context = gke_build.build_context(d.trainer_image(s.ctx.spec))
+    s.content_image = gke_build.content_image(s.t.image, context)
+    s.reused_digest = gke_build.tag_digest(s.client("registry"), s.content_image)
+    if s.reused_digest:
+        return
     s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
     s.build_source_generation = s.client("storage").upload(
-        s.t.bucket,
-        names.build_source(s.ctx.run_id),
-        gke_build.build_context(d.trainer_image(s.ctx.spec)),
-        content_type="application/gzip",
+        s.t.bucket, names.build_source(s.ctx.run_id), context, content_type="application/gzip"
     )
 
 
@@ -144,6 +144,10 @@ def image(s: Session, res: Resource) -> None:
     if res.action == "use":
         s.log(f"trainer image: {res.name} (gke.image)")
         s.image_result = {"image": res.name, "built": False}
+        return
+    if s.reused_digest:  # the same programs, so the same compile cache key (components/workload/cache.py)
+        s.log(f"trainer image: {s.content_image}@{s.reused_digest}, built before from the same sources: reused")
+        s.image_result = {"image": s.content_image, "built": False, "reused": True, "digest": s.reused_digest}
         return
     from components.platforms.gke.cloud import build as gke_build
 
@@ -163,6 +167,8 @@ def image(s: Session, res: Resource) -> None:
         stop=_provision_ended_badly(s, time.time()),
     )
     digest = build.results.images[0].digest if build.results.images else ""
+    if digest:  # later runs of the same sources find it by this tag
+        gke_build.add_tag(s.client("registry"), s.content_image, digest)
     s.image_result = {"image": res.name, "built": True, "build": build.id, "digest": digest}
 
 

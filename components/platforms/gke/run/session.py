@@ -25,6 +25,8 @@ class Session:
         self.tpu_pools: list[str] = []
         self.image_result: dict[str, Any] = {}
         self.build_source_generation: int | None = None  # of the build context uploaded by this stage
+        self.content_image = ""  # the trainer image under its build context's tag (cloud.build.content_image)
+        self.reused_digest: str | None = None  # what that tag names, when an earlier run built the same context
         self.deploy_result: dict[str, Any] = {}
         self.kuberay_generates_token = False  # KubeRay 1.5: it makes the Ray token's Secret (deploy.check_kuberay)
         self._project_number: str | None = None
@@ -51,7 +53,8 @@ class Session:
         return with_labels(real, vertex_run_labels())
 
     def client(self, what: str):
-        """``creds``, ``gke``, ``compute``, ``storage`` or ``kube`` (a (Kube, cluster, token) triple)."""
+        """``creds``, ``gke``, ``compute``, ``storage``, ``registry`` (Artifact Registry) or ``kube`` (a (Kube,
+        cluster, token) triple)."""
         if "creds" not in self._clients:
             from components.platforms.gke.cloud import cluster as gke_cluster
 
@@ -63,9 +66,16 @@ class Session:
                 "compute": lambda: clients.compute(creds),
                 "storage": lambda: clients.storage(t, creds),
                 "kube": lambda: clients.kube(self.ctx),
+                "registry": lambda: _registry(creds, self),
             }
             self._clients[what] = made[what]()
         return self._clients[what]
+
+
+def _registry(creds, s: Session):
+    from components.platforms.gke.cloud import build as gke_build
+
+    return gke_build.Registry(gke_build.registry_client(creds), log=s.log, poll_s=min(s.poll_s, 2.0))
 
 
 def with_labels(body: Any, labels: dict[str, str]) -> Any:
