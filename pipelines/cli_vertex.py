@@ -3,7 +3,7 @@
 
 import argparse
 
-from pipelines import schedules, vertex
+from pipelines import cli_kfp, schedules, vertex
 from pipelines.cli_common import add_place, add_set, overrides
 
 EXAMPLES = """examples:
@@ -26,11 +26,15 @@ def _labels(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _submission(args) -> vertex.Submission:
-    project = args.project
+def _overrides(args) -> str:
+    return " ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip()
+
+
+def _submission(args, project: str | None = None) -> vertex.Submission:
+    project = args.project if project is None else project
     return vertex.Submission(
         preset=args.preset,
-        overrides=" ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip(),
+        overrides=_overrides(args),
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -48,6 +52,7 @@ def _job_args(p, preset: bool = True) -> None:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
     add_set(p, "override spec fields")
     add_place(p, "the project the run's pipeline job runs in on Vertex AI", "the Vertex AI region of the job")
+    cli_kfp.add_arguments(p)
     p.add_argument(
         "--pipeline-root",
         default="",
@@ -82,6 +87,8 @@ def _job_args(p, preset: bool = True) -> None:
 
 
 def cmd_submit(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_submit(args, _submission, _overrides(args))
     sub = _submission(args)
     name = vertex.submit(sub, publish_first=args.publish)
     print(f"submitted {name}\n  {vertex.console_url(name)}", flush=True)
@@ -94,6 +101,8 @@ def cmd_submit(args) -> int:
 
 
 def cmd_schedule(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_schedule(args, _submission, _overrides(args) if args.action == "create" else "")
     if args.action == "create":
         name = schedules.schedule_create(
             _submission(args), args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
@@ -112,6 +121,8 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_runs(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_runs(args)
     vertex.check_place(args.project)
     vertex.init(args.project, args.region)
     if args.action == "list":
@@ -189,6 +200,7 @@ def add_commands(sub) -> None:
         if action != "list":
             a.add_argument("name", help="the schedule's name")
         add_place(a, "the project of the schedules on Vertex AI", "their Vertex AI region")
+        cli_kfp.add_arguments(a)
         a.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("runs", help="list, show or cancel runs on Vertex AI")
@@ -203,6 +215,7 @@ def add_commands(sub) -> None:
     a.add_argument("--preset", default="", help="only runs of this preset")
     a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
     add_place(a, "the project of the runs' pipeline jobs on Vertex AI", "their Vertex AI region")
+    cli_kfp.add_arguments(a)
     a.set_defaults(func=cmd_runs)
     for action, text in (
         ("show", "a run's stages, figures and console URL"),
@@ -224,4 +237,5 @@ def add_commands(sub) -> None:
                 "--timeout", type=float, default=1800.0, help="seconds to wait for the job to end (default 1800)"
             )
         add_place(a, "the project of the run's pipeline job on Vertex AI", "its Vertex AI region")
+        cli_kfp.add_arguments(a)
         a.set_defaults(func=cmd_runs)
