@@ -94,10 +94,10 @@ def client(place: Place):
             raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
         auth = {"existing_token": token}
     logging.getLogger("root").setLevel(logging.WARNING)  # kfp logs each experiment it looks up at INFO
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
-        made = kfp.Client(host=place.host.rstrip("/"), namespace=place.namespace, **auth)
     try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
+            made = kfp.Client(host=place.host.rstrip("/"), namespace=place.namespace, **auth)
         made.get_kfp_healthz(sleep_duration=0)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
