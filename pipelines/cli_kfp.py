@@ -93,9 +93,9 @@ def cmd_runs(args) -> int:
         return 0
     if args.action == "cancel":
         return kfp.cancel(client, args.job, args.timeout)
-    shown = kfp.show(client, args.job)
-    print(f"{shown['name']}  {shown['display_name']}  {shown['state']}  preset {shown['preset']}")
-    print(f"  {kfp.run_url(place, shown['name'])}")
-    for stage, state in shown["stages"]:
+    run = kfp.show(client, args.job)
+    print(f"{run['name']}  {run['display_name']}  {run['state']}  preset {run['preset']}")
+    print(f"  {kfp.run_url(place, run['name'])}")
+    for stage, state in run["stages"]:
         print(f"  {stage:<20} {state.lower()}")
     return 0

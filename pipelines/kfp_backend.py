@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from components.platforms.gke.cloud.kfp_runs import ENDED as TERMINAL
+from components.platforms.gke.cloud.kfp_runs import SA_TOKEN_PATH
 from components.spec import InfraError, SpecError
 from pipelines import vertex
 
@@ -33,12 +35,8 @@ PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
 JANITOR_PIPELINE = "tpupipe-janitor"
 AUTHS = ("none", "sa-token", "iap")
-# Where KFP projects the pipeline runner's token into a pod that asks for it (kfp's ServiceAccountTokenVolumeCredentials
-# default, kfp/client/token_credentials_base.py and set_volume_credentials.py).
-SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 # A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")  # V2beta1RuntimeState's ended states
 STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
 
 
@@ -74,16 +72,14 @@ def check_place(place: Place) -> None:
 
 def client(place: Place):
     """The ``kfp.Client`` of the place, its API server answering (an unreachable one is an InfraError, exit 1)."""
-    import logging
-    import warnings
-
-    import kfp
     from kfp.client import ServiceAccountTokenVolumeCredentials
 
+    from components.platforms.gke.cloud import kfp_runs
+
     check_place(place)
-    auth: dict = {}
+    credentials, token = None, None
     if place.auth == "sa-token":
-        auth = {"credentials": ServiceAccountTokenVolumeCredentials(path=place.token_path)}
+        credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path)
     elif place.auth == "iap":
         import google.auth.transport.requests
         from google.oauth2 import id_token
@@ -92,16 +88,10 @@ def client(place: Place):
             token = id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
         except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
             raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
-        auth = {"existing_token": token}
-    logging.getLogger("root").setLevel(logging.WARNING)  # kfp logs each experiment it looks up at INFO
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
-            made = kfp.Client(host=place.host.rstrip("/"), namespace=place.namespace, **auth)
-        made.get_kfp_healthz(sleep_duration=0)
+        return kfp_runs.client(place.host, place.namespace, credentials, token)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
-    return made
 
 
 def _reason(exc: Exception) -> str:
@@ -381,7 +371,7 @@ def recurring_runs(kfp_client, place: Place) -> list[dict]:
 
 def schedule_action(kfp_client, place: Place, name: str, action: str) -> None:
     """pause, resume or delete the recurring run NAME."""
-    (found,) = [r for r in recurring_runs(kfp_client, place) if r["display_name"] == name] or [None]
+    found = next((r for r in recurring_runs(kfp_client, place) if r["display_name"] == name), None)
     if found is None:
         raise SpecError("name", f"no recurring run {name!r} in the experiment {EXPERIMENT} of {place.namespace}")
     verb = {"pause": "disable_recurring_run", "resume": "enable_recurring_run", "delete": "delete_recurring_run"}
