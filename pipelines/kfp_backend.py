@@ -105,7 +105,7 @@ def _reason(exc: Exception) -> str:
     return f"{status} {message}".strip() or str(exc).splitlines()[0]
 
 
-def _call(what: str, fn, *args, **kwargs):
+def call(what: str, fn, *args, **kwargs):
     """A kfp.Client call whose refusal is an InfraError of one line naming what was asked."""
     import contextlib
     import io
@@ -122,7 +122,7 @@ def _call(what: str, fn, *args, **kwargs):
 
 
 def experiment_id(kfp_client, place: Place) -> str:
-    experiment = _call(
+    experiment = call(
         f"the experiment {EXPERIMENT} in namespace {place.namespace}",
         kfp_client.create_experiment,
         EXPERIMENT,
@@ -143,14 +143,14 @@ def version_name(template: str) -> str:
 def upload(kfp_client, template: str, pipeline: str = PIPELINE) -> tuple[str, str]:
     """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id)."""
     name = version_name(template)
-    pipeline_id = _call(f"the pipeline {pipeline}", kfp_client.get_pipeline_id, pipeline)
+    pipeline_id = call(f"the pipeline {pipeline}", kfp_client.get_pipeline_id, pipeline)
     if pipeline_id is None:
-        pipeline_id = _call(f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline).pipeline_id
+        pipeline_id = call(f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline).pipeline_id
     where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": name}]})
-    found = _call("its versions", kfp_client.list_pipeline_versions, pipeline_id, filter=where).pipeline_versions
+    found = call("its versions", kfp_client.list_pipeline_versions, pipeline_id, filter=where).pipeline_versions
     if found:
         return pipeline_id, found[0].pipeline_version_id
-    version = _call(
+    version = call(
         f"upload of {pipeline} version {name}", kfp_client.upload_pipeline_version, template, name, pipeline_id
     )
     return pipeline_id, version.pipeline_version_id
@@ -174,7 +174,7 @@ def submit(
     pipeline_id, version_id = upload(kfp_client, template)
     display = vertex.new_job_id(sub.preset)
     run_id = sub.run_id or run_id_from("", display)
-    run = _call(
+    run = call(
         "the run",
         kfp_client.run_pipeline,
         experiment_id=experiment_id(kfp_client, place),
@@ -194,7 +194,7 @@ def run_url(place: Place, run_id: str) -> str:
 
 def get(kfp_client, run_id: str) -> dict:
     """The run as a dict of its API fields (``V2beta1Run.to_dict``)."""
-    return _call(f"run {run_id}", kfp_client.get_run, run_id).to_dict()
+    return call(f"run {run_id}", kfp_client.get_run, run_id).to_dict()
 
 
 def spec_of(kfp_client, run: dict) -> dict:
@@ -204,7 +204,7 @@ def spec_of(kfp_client, run: dict) -> dict:
     ref = run.get("pipeline_version_reference") or {}
     if not ref.get("pipeline_version_id"):
         return {}
-    version = _call(
+    version = call(
         "its pipeline version", kfp_client.get_pipeline_version, ref["pipeline_id"], ref["pipeline_version_id"]
     )
     return version.pipeline_spec or {}
@@ -253,7 +253,7 @@ def runs(kfp_client, place: Place, preset: str = "", state: str = "") -> list[di
     """tpupipe's runs in the namespace's experiment, newest first, of one preset, in one state."""
     if state and state not in STATES:
         raise SpecError("--state", f"unknown state {state!r}", list(STATES))
-    listed = _call(
+    listed = call(
         "the runs",
         kfp_client.list_runs,
         page_size=100,
@@ -277,7 +277,7 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
     run = get(kfp_client, run_id)
     if run.get("state") not in TERMINAL:
         if run.get("state") != "CANCELING":
-            _call(f"terminate run {run_id}", kfp_client.terminate_run, run_id)
+            call(f"terminate run {run_id}", kfp_client.terminate_run, run_id)
         log(f"run {run_id}: terminate requested; waiting at most {timeout_s:.0f}s for its tasks to stop")
         follow(kfp_client, run_id, log, poll_s=2.0, timeout_s=timeout_s)
         run = get(kfp_client, run_id)
@@ -339,7 +339,7 @@ def schedule_create(
     template = vertex.published_template(sub)
     kfp_client = client(place)
     pipeline_id, version_id = upload(kfp_client, template)
-    created = _call(
+    created = call(
         f"the recurring run {name}",
         kfp_client.create_recurring_run,
         experiment_id=experiment_id(kfp_client, place),
@@ -359,7 +359,7 @@ def schedule_create(
 
 
 def recurring_runs(kfp_client, place: Place) -> list[dict]:
-    listed = _call(
+    listed = call(
         "the recurring runs",
         kfp_client.list_recurring_runs,
         page_size=100,
@@ -375,4 +375,4 @@ def schedule_action(kfp_client, place: Place, name: str, action: str) -> None:
     if found is None:
         raise SpecError("name", f"no recurring run {name!r} in the experiment {EXPERIMENT} of {place.namespace}")
     verb = {"pause": "disable_recurring_run", "resume": "enable_recurring_run", "delete": "delete_recurring_run"}
-    _call(f"{action} {name}", getattr(kfp_client, verb[action]), found["recurring_run_id"])
+    call(f"{action} {name}", getattr(kfp_client, verb[action]), found["recurring_run_id"])

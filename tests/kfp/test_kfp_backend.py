@@ -114,3 +114,22 @@ def test_an_unreachable_server_and_missing_auth_are_one_line_errors_exit_1(kfp, 
     kfp.server.token = "a-token-the-client-does-not-have"
     got, out, err = tpupipe("runs", "list", "--kfp-host", kfp.host)
     assert got == 1 and "check --kfp-auth" in err and len(err.strip().splitlines()) == 1, out + err
+
+
+def test_publish_uploads_the_pinned_pipeline_and_the_janitors_recurring_run_once(project_factory, tmp_path, tpupipe):
+    from tests.kfp.conftest import start_kfp
+
+    kfp = start_kfp(project_factory(vertex=True, polls_to_done=1), tmp_path)
+    args = ["publish", "--project", PROJECT, "--kfp-host", kfp.host, "--janitor-schedule"]
+    code, out, err = tpupipe(*args)
+    assert code == 0, out + err
+    assert {p["display_name"] for p in kfp.server.pipelines.values()} == {"tpupipe", "tpupipe-janitor"}
+    (janitor,) = kfp.server.recurring.values()
+    resource = janitor.resource
+    assert resource["trigger"]["cron_schedule"]["cron"] == "0 */15 * * * *" and resource["max_concurrency"] == "1"
+    assert resource["runtime_config"]["parameters"]["kfp_host"] == "http://ml-pipeline.kubeflow:8888"
+    images = {e["container"]["image"] for e in janitor.spec["deploymentSpec"]["executors"].values()}
+    assert len(images) == 1 and "@sha256:" in images.pop()  # pinned to the digest publish found
+    code, out, err = tpupipe(*args)
+    assert code == 0 and "exists already" in out + err, out + err
+    assert len(kfp.server.recurring) == 1
