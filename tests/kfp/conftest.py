@@ -23,17 +23,19 @@ class Kfp:
         return self.server.endpoint
 
 
-def start_kfp(project, tmp_path: Path, python_bin: Path | None = None):
+def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published: bool = True):
     """The KFP API server of the project: its tasks get the project's emulators in their environment and run in
-    ``python_bin`` (default: this interpreter's environment); the components image of this tree is in Artifact
-    Registry, as after `tpupipe publish`."""
+    ``python_bin`` (default: this interpreter's environment); with ``published``, the components image of this tree
+    is in Artifact Registry, as after `tpupipe publish` (which also makes the run bucket: without it, a test
+    publishes)."""
     from components.platforms.gke.cloud.build import image_tag
     from pipelines.pipeline import PIPELINE_IMAGE, Target
     from tests.emulators.kfp import KfpEmulator
 
-    project.registry.push(
-        Target(project=PROJECT, region=REGION).image(image_tag(PIPELINE_IMAGE)), "sha256:" + "cd" * 32
-    )
+    if published:
+        project.registry.push(
+            Target(project=PROJECT, region=REGION).image(image_tag(PIPELINE_IMAGE)), "sha256:" + "cd" * 32
+        )
     env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0"}
     server = KfpEmulator(project.storage, project.registry, env, python_bin or Path(sys.executable).parent, tmp_path)
     server.backoff_scale = 0.01
