@@ -4,10 +4,12 @@ or refuses exits 1, in one line."""
 
 from __future__ import annotations
 
+import sys
+
 from components.spec import SpecError
 from components.spec.names import EXAMPLE_PROJECT
 from pipelines import kfp_backend as kfp
-from pipelines import vertex
+from pipelines import kfp_identity, vertex
 
 
 def add_arguments(p) -> None:
@@ -27,6 +29,18 @@ def add_arguments(p) -> None:
         "(a Google ID token for an endpoint behind Identity-Aware Proxy, with --kfp-iap-client-id)",
     )
     p.add_argument("--kfp-iap-client-id", default="", help="the OAuth client id of the endpoint's IAP (--kfp-auth iap)")
+    p.add_argument(
+        "--kfp-service-account",
+        default="",
+        help="with --kfp-host: the Google service account the KFP runner uses by Workload Identity; checked before "
+        'the run is created: its binding to the runner and its roles (docs/kubeflow.md, "Setup, once")',
+    )
+    p.add_argument(
+        "--kfp-runner",
+        default=kfp_identity.DEFAULT_RUNNER,
+        help="with --kfp-service-account: the runner's Kubernetes service account (default "
+        f"{kfp_identity.DEFAULT_RUNNER})",
+    )
 
 
 def place_of(args) -> kfp.Place:
@@ -47,10 +61,24 @@ def project_of(args, overrides: str) -> str:
     return project
 
 
+def checked_identity(args, sub: vertex.Submission, scheduled: bool = False) -> None:
+    """The input, then the KFP runner's Google identity when named (else a warning that it is not checked)."""
+    vertex.check(sub, scheduled)
+    if not args.kfp_service_account:
+        warn("the KFP runner's Google identity is not checked: name it with --kfp-service-account")
+        return
+    kfp_identity.check(sub.project, args.kfp_service_account, args.kfp_namespace, args.kfp_runner, warn)
+
+
+def warn(message: str) -> None:
+    print(f"tpupipe: warning: {message}", file=sys.stderr)
+
+
 def cmd_submit(args, submission, overrides: str) -> int:
     """``submission(args, project)``: the run as ``tpupipe submit`` makes it for Vertex AI."""
     place = place_of(args)
     sub = submission(args, project_of(args, overrides))
+    checked_identity(args, sub)
     kfp_run, run_id = kfp.submit(sub, place, publish_first=args.publish)
     print(f"submitted run {kfp_run} (run id {run_id})\n  {kfp.run_url(place, kfp_run)}", flush=True)
     if not args.wait:
@@ -67,6 +95,7 @@ def cmd_schedule(args, submission, overrides: str) -> int:
         if args.max_runs:
             raise SpecError("--max-runs", "Kubeflow Pipelines' recurring runs take no run count: use --end")
         sub = submission(args, project_of(args, overrides))
+        checked_identity(args, sub, scheduled=True)
         made = kfp.schedule_create(sub, place, args.name, args.cron, args.max_concurrent, args.start, args.end)
         print(f"recurring run {args.name} created: {made} (0 {args.cron}, at most {args.max_concurrent} at a time)")
         return 0
