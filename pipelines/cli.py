@@ -105,7 +105,7 @@ def cmd_publish(args) -> int:
     result = publish(target, args.kfp_repository, args.version, build_account=args.build_service_account)
     if args.kfp_host:  # the same pinned pipeline on Kubeflow Pipelines, and the janitor's recurring run there
         from pipelines.cli_kfp import place_of
-        from pipelines.publish import publish_kfp
+        from pipelines.kfp_publish import publish_kfp
 
         publish_kfp(target, result, place_of(args), args.janitor_schedule)
         return 0
