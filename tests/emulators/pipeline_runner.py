@@ -470,6 +470,8 @@ class PipelineRunner:
                     start_new_session=True,
                 )
                 job.running[proc] = shown
+                if job.cancelled.is_set():  # stopped while it was being started: stopped as the others were
+                    self._terminate(proc, shown)
             if job.attempts[shown] == 1 and shown in self.kills:
                 self._kill_when(proc, self.kills[shown])
             if job.attempts[shown] == 1 and shown in self.terms:

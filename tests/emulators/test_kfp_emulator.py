@@ -123,6 +123,8 @@ def test_a_recurring_run_fires_on_its_cron_one_at_a_time_and_can_be_disabled(ser
     started = emulator.advance(emulator.clock + timedelta(days=2))  # two 03:00s: the second finds the first active
     assert len(started) == 1 and emulator.recurring[recurring.recurring_run_id].skipped == 1
     assert emulator.run(started[0]).resource["recurring_run_id"] == recurring.recurring_run_id
+    emulator.grace_s = 2.0
+    wait_until(lambda: emulator.run(started[0]).running, 60, "the fired run's task to start", 0.2)
     client.terminate_run(started[0])
     emulator.wait(started[0], timeout_s=60)
     client.disable_recurring_run(recurring.recurring_run_id)
@@ -130,6 +132,7 @@ def test_a_recurring_run_fires_on_its_cron_one_at_a_time_and_can_be_disabled(ser
     client.enable_recurring_run(recurring.recurring_run_id)
     fired = emulator.fire(recurring.recurring_run_id)
     assert emulator.run(fired).scheduled  # the schedule time its tasks' placeholder reads
+    wait_until(lambda: emulator.run(fired).running, 60, "the fired run's task to start", 0.2)
     client.terminate_run(fired)
     emulator.wait(fired, timeout_s=60)
 

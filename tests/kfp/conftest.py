@@ -12,6 +12,8 @@ import pytest
 
 from tests.emulators.project import PROJECT, REGION
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @dataclass
 class Kfp:
@@ -36,7 +38,9 @@ def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published
         project.registry.push(
             Target(project=PROJECT, region=REGION).image(image_tag(PIPELINE_IMAGE)), "sha256:" + "cd" * 32
         )
-    env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0"}
+    # The tasks import this source tree's components, as its components image holds them (an environment built
+    # elsewhere may hold another tree's).
+    env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
     server = KfpEmulator(project.storage, project.registry, env, python_bin or Path(sys.executable).parent, tmp_path)
     server.backoff_scale = 0.01
     server.grace_s = 5.0
