@@ -294,7 +294,7 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
 
 
 def show(kfp_client, run_id: str) -> dict:
-    """A run's stages and figures (its Metrics artifacts are in its tasks' outputs on KFP's UI, not in this API)."""
+    """A run's stages (its figures are its tasks' Metrics artifacts, in the KFP UI)."""
     run = get(kfp_client, run_id)
     job = as_job(run, spec_of(kfp_client, run))
     return {
@@ -303,14 +303,7 @@ def show(kfp_client, run_id: str) -> dict:
         "state": run.get("state"),
         "preset": job["runtimeConfig"]["parameterValues"].get("preset"),
         "stages": [(t["taskName"], t["state"]) for t in vertex.stages(job)],
-        "cost": vertex.cost_so_far(
-            job | {"startTime": _rfc3339(run.get("created_at")), "endTime": _rfc3339(run.get("finished_at"))}
-        ),
     }
-
-
-def _rfc3339(value) -> str | None:
-    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 # ---------------------------------------------------------------- recurring runs
