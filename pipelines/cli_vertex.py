@@ -157,7 +157,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser(
         "submit",
         help="submit a run to Vertex AI Pipelines",
-        description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
+        description="Submit a run of PRESET to Vertex AI Pipelines, or with --kfp-host URL to open-source Kubeflow "
+        "Pipelines at URL (docs/kubeflow.md) (the spec is checked first: bad "
         "input exits 2 before any call, as does a components image missing from Artifact Registry); prints the "
         "job and its console URL. --wait follows the "
         "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
@@ -178,7 +179,9 @@ def add_commands(sub) -> None:
         "schedule",
         help="recurring runs on Vertex AI (create, list, pause, resume, delete)",
         description="Schedules of recurring runs (Vertex AI PipelineJobSchedule). Every scheduled run "
-        "gets its own run id from its job name; at most --max-concurrent run at a time.",
+        "gets its own run id from its job name; at most --max-concurrent run at a time. With --kfp-host URL, each "
+        "action works on the recurring runs of open-source Kubeflow Pipelines at URL instead (experiment tpupipe; "
+        "the cron in UTC, no --max-runs: docs/kubeflow.md).",
     )
     actions = p.add_subparsers(dest="action", required=True)
     c = actions.add_parser("create", help="create a schedule NAME of PRESET on --cron")
@@ -203,7 +206,12 @@ def add_commands(sub) -> None:
         cli_kfp.add_arguments(a)
         a.set_defaults(func=cmd_schedule)
 
-    p = sub.add_parser("runs", help="list, show or cancel runs on Vertex AI")
+    p = sub.add_parser(
+        "runs",
+        help="list, show or cancel runs on Vertex AI",
+        description="Runs on Vertex AI; with --kfp-host URL, on open-source Kubeflow Pipelines at URL "
+        "(docs/kubeflow.md).",
+    )
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser(
         "list",

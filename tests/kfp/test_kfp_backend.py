@@ -134,3 +134,12 @@ def test_publish_uploads_the_pinned_pipeline_and_the_janitors_recurring_run_once
     code, out, err = tpupipe(*args)
     assert code == 0 and "exists already" in out + err, out + err
     assert len(kfp.server.recurring) == 1
+
+
+def test_submit_and_schedule_help_document_the_kfp_host(tpupipe, capsys):
+    from pipelines.cli import main
+
+    for command in (["submit", "--help"], ["schedule", "--help"], ["schedule", "create", "--help"]):
+        with pytest.raises(SystemExit):
+            main(command)
+        assert "--kfp-host" in capsys.readouterr().out, command
