@@ -6,8 +6,7 @@ digest in Artifact Registry), uploaded as a version of the pipeline ``tpupipe`` 
 the compiled file's digest, so a run names exactly what it ran. Runs and recurring runs are created in the
 experiment ``tpupipe`` of the namespace. A submitted run is given its run id (the ``run_id`` parameter: from its
 display name, as a Vertex AI job's derives from its job id), so ``runs cancel`` and the janitor find its resources;
-a recurring run's runs take theirs from KFP's run name (the pipeline's ``{{$.pipeline_job_resource_name}}``: "the
-pipeline run name in the underlying pipeline engine (e.g. an Argo Workflow object name)", kfp/dsl/__init__.py).
+each run of a recurring run is given ``r-`` and its own KFP run id (``SCHEDULED_RUN_ID``).
 
 Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
 projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), or a Google ID
@@ -38,6 +37,10 @@ AUTHS = ("none", "sa-token", "iap")
 # A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
+# The run id of each run a recurring run starts: KFP's scheduled workflow controller puts the run's own id in place of
+# [[RunUUID]] in its parameters (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in
+# kubeflow/pipelines); "r-" and a UUID (lowercase hex and '-') make a DNS-1035 label of 38 characters, a valid run id.
+SCHEDULED_RUN_ID = "r-[[RunUUID]]"
 
 
 @dataclass(frozen=True)
@@ -285,9 +288,9 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
     log(f"run {run_id}: {str(run.get('state')).lower()}; its exit handler's teardown does not run after a terminate")
     if not job["runtimeConfig"]["parameterValues"].get("run_id"):
         log(
-            f"run {run_id} has no run_id parameter (a recurring run's): its run id derives from its Argo workflow's "
-            "name, which the KFP API does not return; `tpupipe teardown RUN_ID --platform gke` (RUN_ID is in its "
-            "tasks' logs) or the janitor's age limit removes what it left"
+            f"run {run_id} has no run_id parameter (it was started elsewhere, from the UI say): its run id derives "
+            "from its Argo workflow's name, which the KFP API does not return; `tpupipe teardown RUN_ID --platform "
+            "gke` (RUN_ID is in its tasks' logs) or the janitor's age limit removes what it left"
         )
         return 1
     return stopping.teardown_after(job, run.get("state") == "CANCELED", f"run {run_id}", log)
@@ -342,7 +345,7 @@ def schedule_create(
         cron_expression=cron6,
         max_concurrency=max_concurrent,
         no_catchup=True,  # runs due while it was disabled are not caught up, as on Vertex AI
-        params=parameters(sub),
+        params=parameters(sub, SCHEDULED_RUN_ID),
         pipeline_id=pipeline_id,
         version_id=version_id,
         pipeline_root=sub.pipeline_root,

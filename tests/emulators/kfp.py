@@ -13,7 +13,9 @@ JSON of the ``kfp_server_api`` models (snake_case field names: each model's ``at
 - recurring runs: ``POST``/``GET .../recurringruns``, ``GET``/``DELETE .../recurringruns/{id}``, ``:enable`` and
   ``:disable``; a cron trigger (six fields, seconds first: "using 6 space-separated fields", the
   ``create_recurring_run`` docstring in kfp/client/client.py) fires on a test clock (``advance``), or at once
-  (``fire``); with ``max_concurrency`` runs active a due run is not started (the field's docs in
+  (``fire``), the macros of its parameters (``[[RunUUID]]``, ``[[ScheduledTime]]``, ``[[CurrentTime]]``,
+  ``[[Index]]``) substituted as KFP's scheduled workflow controller does; with ``max_concurrency`` runs active a due
+  run is not started (the field's docs in
   ``kfp_server_api``'s V2beta1RecurringRun: "Max number of concurrent runs scheduled by this recurring run").
 
 A filter is the JSON of KFP's ``api.Filter`` (``predicates`` of ``operation``, ``key`` and a value, ANDed:
@@ -341,7 +343,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             return {}
         raise KfpError(404, f"Not Found: {method} runs/{rest[0]}")
 
-    def _create_run(self, body: dict, recurring: str = "", scheduled: str = "") -> dict:
+    def _create_run(self, body: dict, recurring: str = "", scheduled: str = "", run_id: str = "") -> dict:
         spec = self._run_spec(body)
         experiment = self.experiments.get(body.get("experiment_id") or "")
         if body.get("experiment_id") and experiment is None:
@@ -351,7 +353,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         if not root.startswith("gs://"):  # this emulator keeps artifacts in the storage emulator alone
             raise KfpError(501, f"emulator: the pipeline root must be gs://, got {root!r}")
         parameters = _parameters(spec, runtime.get("parameters") or {})
-        run_id = str(uuid.uuid4())
+        run_id = run_id or str(uuid.uuid4())
         name = spec.get("pipelineInfo", {}).get("name", "pipeline")
         resource = {
             "run_id": run_id,
@@ -486,14 +488,29 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             if len(active) >= int(r["max_concurrency"]):
                 recurring.skipped += 1
                 return ""
+            run_id = str(uuid.uuid4())
+            # The macros KFP's scheduled workflow controller substitutes in a recurring run's parameters: the run's
+            # id, its scheduled and current times (YYYYMMDDhhmmss, UTC) and its index among the recurring run's runs
+            # (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in kubeflow/pipelines).
+            macros = {
+                "[[RunUUID]]": run_id,
+                "[[ScheduledTime]]": f"{self.clock:%Y%m%d%H%M%S}",
+                "[[CurrentTime]]": f"{datetime.now(UTC):%Y%m%d%H%M%S}",
+                "[[Index]]": str(len(recurring.runs) + 1),
+            }
+            runtime = copy.deepcopy(r.get("runtime_config") or {})
+            for key, value in (runtime.get("parameters") or {}).items():
+                for macro, text in macros.items() if isinstance(value, str) else ():
+                    value = value.replace(macro, text)
+                runtime["parameters"][key] = value
             body = {
                 "display_name": f"{r['display_name']}-{self.clock:%Y%m%d%H%M%S}",
                 "experiment_id": r["experiment_id"],
                 "pipeline_spec": recurring.spec,
-                "runtime_config": r.get("runtime_config"),
+                "runtime_config": runtime,
                 "service_account": r.get("service_account"),
             }
-            run = self._create_run(body, r["recurring_run_id"], self.clock.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            run = self._create_run(body, r["recurring_run_id"], self.clock.strftime("%Y-%m-%dT%H:%M:%SZ"), run_id)
             recurring.runs.append(run["run_id"])
         return run["run_id"]
 

@@ -73,16 +73,19 @@ def test_a_recurring_run_is_created_in_the_experiment_and_paused_resumed_deleted
     (recurring,) = kfp.server.recurring.values()
     resource = recurring.resource
     assert resource["display_name"] == "nightly" and resource["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"
-    assert "run_id" not in resource["runtime_config"]["parameters"]  # each run takes its own, from its run name
+    # Each run's run id is its own: "r-" and the KFP run id the controller puts in place of [[RunUUID]].
+    assert resource["runtime_config"]["parameters"]["run_id"] == "r-[[RunUUID]]"
     assert resource["no_catchup"] is True and resource["max_concurrency"] == "1"
     code, out, _ = tpupipe("schedule", "list", *host)
     assert code == 0 and "nightly" in out and "ENABLED" in out
     assert tpupipe("schedule", "pause", "nightly", *host)[0] == 0 and resource["status"] == "DISABLED"
     assert tpupipe("schedule", "resume", "nightly", *host)[0] == 0 and resource["status"] == "ENABLED"
     fired = kfp.server.fire(resource["recurring_run_id"])
+    assert kfp.server.run(fired).parameters["run_id"] == f"r-{fired}"
     wait_until(lambda: kfp.server.run(fired).running, 60, "the fired run's first task", 0.2)
     code, out, err = tpupipe("runs", "cancel", fired, *host, "--timeout", "120")
-    assert code == 1 and "no run_id parameter" in out, out + err  # its run id is its workflow's: not in the API
+    assert code == 0 and kfp.server.run(fired).resource["state"] == "CANCELED", out + err
+    assert kfp.project.clusters(f"r-{fired}") == []
     assert tpupipe("schedule", "delete", "nightly", *host)[0] == 0 and kfp.server.recurring == {}
 
 

@@ -39,8 +39,8 @@ def in_cluster_client(host: str, namespace: str):
 
 def run_states(kfp_client, namespace: str) -> dict[str, tuple[str, str]]:
     """tpupipe's runs in the namespace, by the run id each was given (its ``run_id`` parameter): (its KFP run id, its
-    state). A run with no run id parameter (a recurring run's) is not among them: its run id is its Argo workflow's,
-    which the KFP API does not return."""
+    state). A run with no run id parameter (one started from the UI, say) is not among them: its run id is its Argo
+    workflow's name, which the KFP API does not return."""
     states: dict[str, tuple[str, str]] = {}
     token = ""
     while True:
