@@ -331,7 +331,8 @@ def schedule_create(
     check_place(place)
     cron6 = kfp_cron(cron)
     if not 1 <= max_concurrent <= 10:
-        raise SpecError("--max-concurrent", f"{max_concurrent} is not between 1 and 10 (KFP's limit)")
+        # "Specifies how many runs can be executed concurrently. Range [1-10]" (V2beta1RecurringRun.max_concurrency)
+        raise SpecError("--max-concurrent", f"{max_concurrent} is not between 1 and 10 (KFP's range)")
     template = vertex.published_template(sub)
     kfp_client = client(place)
     pipeline_id, version_id = upload(kfp_client, template)

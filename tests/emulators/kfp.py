@@ -16,7 +16,7 @@ JSON of the ``kfp_server_api`` models (snake_case field names: each model's ``at
   (``fire``), the macros of its parameters (``[[RunUUID]]``, ``[[ScheduledTime]]``, ``[[CurrentTime]]``,
   ``[[Index]]``) substituted as KFP's scheduled workflow controller does; with ``max_concurrency`` runs active a due
   run is not started (the field's docs in
-  ``kfp_server_api``'s V2beta1RecurringRun: "Max number of concurrent runs scheduled by this recurring run").
+  ``kfp_server_api``'s V2beta1RecurringRun: "Specifies how many runs can be executed concurrently. Range [1-10]").
 
 A filter is the JSON of KFP's ``api.Filter`` (``predicates`` of ``operation``, ``key`` and a value, ANDed:
 backend/api/v2beta1/filter.proto); this emulator reads ``EQUALS`` on ``display_name``, ``name``, ``state`` and
@@ -457,6 +457,8 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         experiment = self.experiments.get(body.get("experiment_id") or "")
         if experiment is None:
             raise KfpError(404, f"Failed to create a recurring run: experiment {body.get('experiment_id')} not found")
+        if not 1 <= int(body.get("max_concurrency") or 0) <= 10:  # "Range [1-10]", its field docs
+            raise KfpError(400, f"Invalid input error: max_concurrency {body.get('max_concurrency')} is not in [1, 10]")
         spec = self._run_spec(body)
         _parameters(spec, (body.get("runtime_config") or {}).get("parameters") or {})
         recurring_id = str(uuid.uuid4())
