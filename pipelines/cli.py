@@ -102,6 +102,12 @@ def cmd_publish(args) -> int:
 
     target = _target(args)
     result = publish(target, args.kfp_repository, args.version, build_account=args.build_service_account)
+    if args.kfp_host:  # the same pinned pipeline on Kubeflow Pipelines, and the janitor's recurring run there
+        from pipelines.cli_kfp import place_of
+        from pipelines.kfp_publish import publish_kfp
+
+        publish_kfp(target, result, place_of(args), args.janitor_schedule)
+        return 0
     print(
         f"published: template {result.template} ({', '.join(result.tags)}) in {result.host}; tasks run in "
         f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
@@ -336,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tasks leaves the TPUs up 15 minutes at most",
     )
     p.add_argument("--service-account", default="", help="the service account the janitor's runs run as")
+    from pipelines.cli_kfp import add_arguments as add_kfp
+
+    add_kfp(p)
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")

@@ -3,7 +3,7 @@
 
 import argparse
 
-from pipelines import schedules, vertex
+from pipelines import cli_kfp, schedules, vertex
 from pipelines.cli_common import add_place, add_set, overrides
 
 EXAMPLES = """examples:
@@ -26,11 +26,15 @@ def _labels(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _submission(args) -> vertex.Submission:
-    project = args.project
+def _overrides(args) -> str:
+    return " ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip()
+
+
+def _submission(args, project: str | None = None) -> vertex.Submission:
+    project = args.project if project is None else project
     return vertex.Submission(
         preset=args.preset,
-        overrides=" ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip(),
+        overrides=_overrides(args),
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -48,6 +52,7 @@ def _job_args(p, preset: bool = True) -> None:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
     add_set(p, "override spec fields")
     add_place(p, "the project the run's pipeline job runs in on Vertex AI", "the Vertex AI region of the job")
+    cli_kfp.add_arguments(p)
     p.add_argument(
         "--pipeline-root",
         default="",
@@ -82,6 +87,8 @@ def _job_args(p, preset: bool = True) -> None:
 
 
 def cmd_submit(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_submit(args, _submission, _overrides(args))
     sub = _submission(args)
     name = vertex.submit(sub, publish_first=args.publish)
     print(f"submitted {name}\n  {vertex.console_url(name)}", flush=True)
@@ -94,6 +101,8 @@ def cmd_submit(args) -> int:
 
 
 def cmd_schedule(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_schedule(args, _submission, _overrides(args) if args.action == "create" else "")
     if args.action == "create":
         name = schedules.schedule_create(
             _submission(args), args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
@@ -112,6 +121,8 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_runs(args) -> int:
+    if args.kfp_host:
+        return cli_kfp.cmd_runs(args)
     vertex.check_place(args.project)
     vertex.init(args.project, args.region)
     if args.action == "list":
@@ -146,7 +157,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser(
         "submit",
         help="submit a run to Vertex AI Pipelines",
-        description="Submit a run of PRESET to Vertex AI Pipelines (the spec is checked first: bad "
+        description="Submit a run of PRESET to Vertex AI Pipelines, or with --kfp-host URL to open-source Kubeflow "
+        "Pipelines at URL (docs/kubeflow.md) (the spec is checked first: bad "
         "input exits 2 before any call, as does a components image missing from Artifact Registry); prints the "
         "job and its console URL. --wait follows the "
         "stages and exits 0 when the run succeeded, 1 (naming the failing stage) when not.",
@@ -167,7 +179,9 @@ def add_commands(sub) -> None:
         "schedule",
         help="recurring runs on Vertex AI (create, list, pause, resume, delete)",
         description="Schedules of recurring runs (Vertex AI PipelineJobSchedule). Every scheduled run "
-        "gets its own run id from its job name; at most --max-concurrent run at a time.",
+        "gets its own run id from its job name; at most --max-concurrent run at a time. With --kfp-host URL, each "
+        "action works on the recurring runs of open-source Kubeflow Pipelines at URL instead (experiment tpupipe; "
+        "the cron in UTC, no --max-runs: docs/kubeflow.md).",
     )
     actions = p.add_subparsers(dest="action", required=True)
     c = actions.add_parser("create", help="create a schedule NAME of PRESET on --cron")
@@ -189,9 +203,15 @@ def add_commands(sub) -> None:
         if action != "list":
             a.add_argument("name", help="the schedule's name")
         add_place(a, "the project of the schedules on Vertex AI", "their Vertex AI region")
+        cli_kfp.add_arguments(a)
         a.set_defaults(func=cmd_schedule)
 
-    p = sub.add_parser("runs", help="list, show or cancel runs on Vertex AI")
+    p = sub.add_parser(
+        "runs",
+        help="list, show or cancel runs on Vertex AI",
+        description="Runs on Vertex AI; with --kfp-host URL, on open-source Kubeflow Pipelines at URL "
+        "(docs/kubeflow.md).",
+    )
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser(
         "list",
@@ -203,6 +223,7 @@ def add_commands(sub) -> None:
     a.add_argument("--preset", default="", help="only runs of this preset")
     a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
     add_place(a, "the project of the runs' pipeline jobs on Vertex AI", "their Vertex AI region")
+    cli_kfp.add_arguments(a)
     a.set_defaults(func=cmd_runs)
     for action, text in (
         ("show", "a run's stages, figures and console URL"),
@@ -224,4 +245,5 @@ def add_commands(sub) -> None:
                 "--timeout", type=float, default=1800.0, help="seconds to wait for the job to end (default 1800)"
             )
         add_place(a, "the project of the run's pipeline job on Vertex AI", "its Vertex AI region")
+        cli_kfp.add_arguments(a)
         a.set_defaults(func=cmd_runs)

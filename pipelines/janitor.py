@@ -11,13 +11,20 @@ PIPELINE_NAME = "tpupipe-janitor"
 
 @dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 def janitor(
-    output_root: str, project: str, region: str, older_than: str, dry_run: bool, report: dsl.Output[dsl.Markdown]
+    output_root: str,
+    project: str,
+    region: str,
+    older_than: str,
+    dry_run: bool,
+    kfp_host: str,
+    kfp_namespace: str,
+    report: dsl.Output[dsl.Markdown],
 ) -> str:
     """Tear down every gke run under the output root whose pipeline job has ended, or that is finished or older than
     its limit, and clusters labelled with a run that left no ledger; the report as Markdown."""
     from components.platforms.gke.run.janitor import run_component
 
-    return run_component(output_root, project, older_than, dry_run, report.path, region)
+    return run_component(output_root, project, older_than, dry_run, report.path, region, (kfp_host, kfp_namespace))
 
 
 @dsl.pipeline(
@@ -26,7 +33,13 @@ def janitor(
     "or older than their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.",
 )
 def janitor_pipeline(
-    project: str = "", region: str = "", output_root: str = "", older_than: str = "", dry_run: bool = False
+    project: str = "",
+    region: str = "",
+    output_root: str = "",
+    older_than: str = "",
+    dry_run: bool = False,
+    kfp_host: str = "",
+    kfp_namespace: str = "kubeflow",
 ):
     """Sweep what gke runs left behind.
 
@@ -38,7 +51,16 @@ def janitor_pipeline(
         output_root: Where the runs' directories (and ledgers) are: gs://BUCKET/state.
         older_than: Collect a run older than this (6h, 90m, 2d); empty: each run's own limit, from its spec.
         dry_run: List what would be deleted and delete nothing.
+        kfp_host: On Kubeflow Pipelines: its API server (http://ml-pipeline.kubeflow:8888 in the cluster), asked for
+            the state of each run it started, so a terminated run is collected at once. Empty on Vertex AI.
+        kfp_namespace: On Kubeflow Pipelines: the namespace of the runs.
     """
     janitor(
-        output_root=output_root, project=project, region=region, older_than=older_than, dry_run=dry_run
+        output_root=output_root,
+        project=project,
+        region=region,
+        older_than=older_than,
+        dry_run=dry_run,
+        kfp_host=kfp_host,
+        kfp_namespace=kfp_namespace,
     ).set_display_name("janitor").set_caching_options(False)

@@ -53,11 +53,6 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
     the job ended and nothing of the run is left."""
     from google.cloud import aiplatform
 
-    from components.platforms import ledger as ledgers
-    from components.platforms.store import open_store
-    from components.stages.component import with_target
-    from pipelines import local_run
-
     job = aiplatform.PipelineJob.get(name).to_dict()
     if job.get("state") not in vertex.TERMINAL:
         if job.get("state") != "PIPELINE_STATE_CANCELLING":  # cancelled already (the UI's Stop): just wait
@@ -69,16 +64,27 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
             raise InfraError(f"{exc}: its tasks may still be stopping; run `tpupipe runs cancel` again") from None
     state = job["state"].removeprefix("PIPELINE_STATE_").lower()
     log(f"{name}: {state}; its exit handler's teardown does not run after a cancel: tearing the run down here")
+    return teardown_after(job, job["state"] == "PIPELINE_STATE_CANCELLED", name, log)
+
+
+def teardown_after(job: dict, cancelled: bool, name: str, log: Callable[[str], None] = print) -> int:
+    """Tear down the run a stopped pipeline job ran (a Vertex AI job, or a KFP run in its shape), from its ledger;
+    0 when the job ended ``cancelled`` and nothing of the run is left."""
+    from components.platforms import ledger as ledgers
+    from components.platforms.store import open_store
+    from components.stages.component import with_target
+    from pipelines import local_run
+
     run = run_of(job)
     if not run["output_root"].startswith("gs://"):
         log(f"{name}: its output root {run['output_root']!r} is not in Cloud Storage: its first task refused it")
-        return 0 if job["state"] == "PIPELINE_STATE_CANCELLED" else 1
+        return 0 if cancelled else 1
     recorded = ledgers.load(open_store(run["output_root"], run["run_id"])) is not None
     # With no ledger the run recorded nothing yet: its preset finds what may carry its label.
     preset = "" if recorded else run["preset"]
     overrides = "" if recorded else with_target(run["overrides"], run["project"], run["bucket"])
     code = local_run.teardown(run["run_id"], "gke", run["output_root"], preset, overrides)
-    return max(code, 0 if job["state"] == "PIPELINE_STATE_CANCELLED" else 1)
+    return max(code, 0 if cancelled else 1)
 
 
 def janitor_schedule(project: str, region: str, service_account: str = "", log: Callable[[str], None] = print) -> str:

@@ -1,7 +1,7 @@
 """An in-process Resource Manager: the ``google.cloud.resourcemanager.v3.Projects`` gRPC service's GetProject,
 GetIamPolicy and TestIamPermissions, ``Folders``' GetFolder and GetIamPolicy, and ``Organizations``' GetIamPolicy,
 served from the messages google-cloud-resource-manager ships, so its clients talk real gRPC to it; and, on the same
-server, the IAM API's ``google.iam.admin.v1.IAM`` TestIamPermissions on a service account
+server, the IAM API's ``google.iam.admin.v1.IAM`` TestIamPermissions and GetIamPolicy on a service account
 (``projects/-/serviceAccounts/EMAIL``) and GetRole, which ``iam_admin_v1.IAMClient`` sends. A project is found by
 ``projects/<id>`` or ``projects/<number>``, as in
 Resource Manager; an unknown one is PERMISSION_DENIED, which is what Resource Manager answers for a project the caller
@@ -69,6 +69,7 @@ class ResourceManagerEmulator:
         self.parents: dict[str, str] = {}  # projects/ID or folders/ID -> its parent (folders/ID, organizations/ID)
         self.above: dict[str, dict[str, set[str]]] = {}  # folders/ID, organizations/ID -> role -> members
         self.roles: dict[str, set[str]] = {}  # custom role name -> the permissions it holds
+        self.account_policies: dict[str, dict[str, set[str]]] = {}  # service account email -> role -> members
         self._server = None
 
     def deny(self, *permissions: str) -> None:
@@ -106,6 +107,11 @@ class ResourceManagerEmulator:
                     ),
                 },
                 IAM_SERVICE: {
+                    "GetIamPolicy": (
+                        iam_policy_pb2.GetIamPolicyRequest.FromString,
+                        policy_pb2.Policy.SerializeToString,
+                        self.get_account_policy,
+                    ),
                     "TestIamPermissions": (
                         iam_policy_pb2.TestIamPermissionsRequest.FromString,
                         iam_policy_pb2.TestIamPermissionsResponse.SerializeToString,
@@ -124,6 +130,23 @@ class ResourceManagerEmulator:
     def grant_on_account(self, email: str, *permissions: str) -> None:
         """The caller holds ``permissions`` on the service account ``email`` (a role granted on the account)."""
         self.on_accounts.setdefault(email, set()).update(permissions)
+
+    def bind_on_account(self, email: str, role: str, member: str) -> None:
+        """The service account ``email``'s own IAM policy grants ``member`` the ``role`` on it (a Workload Identity
+        binding is ``roles/iam.workloadIdentityUser`` for ``serviceAccount:PROJECT.svc.id.goog[NS/KSA]``)."""
+        self.account_policies.setdefault(email, {}).setdefault(role, set()).add(member)
+
+    def get_account_policy(self, request, context) -> policy_pb2.Policy:
+        """The IAM API's serviceAccounts.getIamPolicy: the account's own bindings
+        (https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/getIamPolicy)."""
+        self.calls.append("serviceAccounts.GetIamPolicy")
+        account = ACCOUNT.fullmatch(request.resource)
+        if not account:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid service account name {request.resource}.")
+        roles = self.account_policies.get(account["email"], {})
+        return policy_pb2.Policy(
+            bindings=[policy_pb2.Binding(role=role, members=sorted(members)) for role, members in sorted(roles.items())]
+        )
 
     def test_account_permissions(self, request, context):
         self.calls.append("serviceAccounts.TestIamPermissions")

@@ -67,15 +67,9 @@ output artifacts (uri, schema title, metadata) and the input artifacts, each the
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -87,6 +81,15 @@ from urllib.parse import parse_qs, urlparse
 from google.cloud import aiplatform_v1
 
 from tests.emulators.http import HttpEmulator, HttpError
+from tests.emulators.pipeline_runner import (  # noqa: F401 - condition_holds and ConditionError are this module's too
+    PARAMETER_TYPES,
+    ConditionError,
+    Job,
+    PipelineRunner,
+    _cron_matches,
+    _now,
+    condition_holds,
+)
 from tests.emulators.tokens import authorized
 
 PARENT = re.compile(r"^projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9])/locations/(?P<location>[a-z0-9-]+)$")
@@ -101,45 +104,11 @@ FILTER_TERM = re.compile(
     r"""^(?P<field>labels\.[a-z0-9_-]+|state|display_name)\s*(?P<op>!=|=|:)\s*(?P<value>\*|"[^"]*"|[A-Za-z0-9_-]+)$"""
 )
 MODEL_SERVICE = re.compile(r"/models(?:$|[/:@])")  # the ModelService's paths: models, their versions and operations
-GCS_MOUNT = Path("/gcs")
 BILLING_LABEL = "vertex-ai-pipelines-run-billing-id"
 # What Vertex AI Pipelines gives every task: the run's labels as JSON ("Resources generated from user-defined
 # components", https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation).
 RUN_LABELS_ENV = "VERTEX_AI_PIPELINES_RUN_LABELS"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
-PARAMETER_TYPES = {
-    "STRING": str,
-    "NUMBER_INTEGER": (int, float),
-    "NUMBER_DOUBLE": (int, float),
-    "BOOLEAN": bool,
-    "LIST": list,
-    "STRUCT": dict,
-}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass
-class Job:
-    resource: dict  # the PipelineJob as JSON (camelCase), what Get answers
-    spec: dict
-    parameters: dict
-    root: str  # the pipeline root, gs://...
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    running: dict[subprocess.Popen, str] = field(default_factory=dict)  # the tasks' processes that run now: names
-    tasks: list[dict] = field(default_factory=list)  # PipelineTaskDetail JSON, in start order
-    logs: dict[str, str] = field(default_factory=dict)  # task name -> its output (its last attempt's)
-    attempts: dict[str, int] = field(default_factory=dict)  # task name -> attempts started
-    backoffs: dict[str, list[float]] = field(default_factory=dict)  # task name -> the unscaled waits before retries
-    # The task names each cancel's SIGTERM reached, and the job's state then (``_cancel``).
-    cancels: list[tuple[str, list[str]]] = field(default_factory=list)
-    # The time a schedule started the job for (RFC 3339, UTC), what KFP's schedule-time placeholder stands for: "the
-    # time for which a pipeline job is scheduled" (kfp/dsl/__init__.py, PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER).
-    # A job no schedule started has none; what Vertex AI puts there for one is not documented, and "" is this
-    # emulator's choice (docs/recurring.md says so).
-    scheduled: str = ""
 
 
 @dataclass
@@ -150,131 +119,14 @@ class Schedule:
     skipped: int = 0  # runs due while maxConcurrentActiveRunCount were active
 
 
-def _cron_matches(cron: str, when: datetime) -> bool:
-    """Whether the 5-field cron (with an optional ``TZ=``/``CRON_TZ=`` zone) fires at minute ``when`` (UTC)."""
-    from zoneinfo import ZoneInfo
+class VertexEmulator(HttpEmulator, PipelineRunner):
+    STATES = {
+        "running": "PIPELINE_STATE_RUNNING",
+        "succeeded": "PIPELINE_STATE_SUCCEEDED",
+        "failed": "PIPELINE_STATE_FAILED",
+        "cancelled": "PIPELINE_STATE_CANCELLED",
+    }
 
-    zone, _, fields = cron.partition(" ") if cron.startswith(("TZ=", "CRON_TZ=")) else ("", "", cron)
-    local = when.astimezone(ZoneInfo(zone.split("=", 1)[1])) if zone else when
-    values = (local.minute, local.hour, local.day, local.month, (local.weekday() + 1) % 7)
-    for text, value, (low, high) in zip(
-        fields.split(), values, ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7)), strict=True
-    ):
-        allowed = set()
-        for part in text.split(","):
-            rng, _, step = part.partition("/")
-            first, last = (low, high) if rng == "*" else (int(rng.split("-")[0]), int(rng.split("-")[-1]))
-            allowed |= set(range(first, last + 1, int(step or 1)))
-        if value not in allowed and not (value == 0 and 7 in allowed and text != "*"):
-            return False
-    return True
-
-
-class ConditionError(ValueError):
-    """A trigger condition outside the CEL this emulator reads."""
-
-
-_CEL_TOKEN = re.compile(
-    r"""\s*(?:(?P<param>inputs\.parameter_values\[(?P<q>['"])(?P<key>[^'"]+)(?P=q)\])"""
-    r"""|(?P<string>'[^']*'|"[^"]*")|(?P<number>-?\d+(?:\.\d+)?)|(?P<word>true|false)"""
-    r"""|(?P<op>==|!=|<=|>=|<|>|&&|\|\||!|\(|\)))"""
-)
-
-
-def condition_holds(expression: str, parameters: dict) -> bool:
-    """Whether a task's ``triggerPolicy.condition`` holds for its input parameters: the CEL that KFP writes for
-    ``dsl.If``/``Elif``/``Else`` (``inputs.parameter_values['NAME']`` compared with ``==``, ``!=``, ``<``, ``<=``,
-    ``>``, ``>=`` to a string, number or boolean; ``&&``, ``||``, ``!`` and parentheses). Anything else is refused,
-    so a pipeline this emulator cannot judge fails visibly instead of running the wrong branch."""
-    tokens, at = [], 0
-    expression = expression.strip()
-    while at < len(expression):
-        match = _CEL_TOKEN.match(expression, at)
-        if not match or match.end() == at:
-            raise ConditionError(f"cannot read the condition {expression!r} at {expression[at:]!r}")
-        at = match.end()
-        if match["param"]:
-            if match["key"] not in parameters:
-                raise ConditionError(f"the condition reads {match['key']!r}, not an input of the task")
-            tokens.append(("value", parameters[match["key"]]))
-        elif match["string"]:
-            tokens.append(("value", match["string"][1:-1]))
-        elif match["number"]:
-            tokens.append(("value", float(match["number"])))
-        elif match["word"]:
-            tokens.append(("value", match["word"] == "true"))
-        else:
-            tokens.append(("op", match["op"]))
-    position = 0
-
-    def peek() -> tuple[str, object] | None:
-        return tokens[position] if position < len(tokens) else None
-
-    def take() -> tuple[str, object]:
-        nonlocal position
-        if position >= len(tokens):
-            raise ConditionError(f"the condition {expression!r} ends too soon")
-        position += 1
-        return tokens[position - 1]
-
-    def disjunction() -> bool:
-        value = conjunction()
-        while peek() == ("op", "||"):
-            take()
-            value = conjunction() or value
-        return value
-
-    def conjunction() -> bool:
-        value = negation()
-        while peek() == ("op", "&&"):
-            take()
-            value = negation() and value
-        return value
-
-    def negation():
-        if peek() == ("op", "!"):
-            take()
-            return not negation()
-        return comparison()
-
-    def comparison():
-        left = operand()
-        if peek() and peek()[0] == "op" and peek()[1] in COMPARISONS:
-            op = take()[1]
-            right = operand()
-            if isinstance(left, float) or isinstance(right, float):
-                left, right = float(left), float(right)
-            return COMPARISONS[op](left, right)
-        return left
-
-    def operand():
-        kind, value = take()
-        if (kind, value) == ("op", "("):
-            inner = disjunction()
-            if take() != ("op", ")"):
-                raise ConditionError(f"unbalanced parentheses in {expression!r}")
-            return inner
-        if kind != "value":
-            raise ConditionError(f"unexpected {value!r} in {expression!r}")
-        return value
-
-    result = disjunction()
-    if position != len(tokens):
-        raise ConditionError(f"cannot read the condition {expression!r} after token {position}")
-    return bool(result)
-
-
-COMPARISONS = {
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-}
-
-
-class VertexEmulator(HttpEmulator):
     def __init__(
         self,
         storage,
@@ -287,24 +139,27 @@ class VertexEmulator(HttpEmulator):
     ):
         """``python_bin``: the bin directory of the environment the tasks run in (the image's stand-in)."""
         super().__init__()
-        self.storage, self.registry = storage, registry  # the storage and Artifact Registry emulators
+        self._runner_init(storage, registry, env, python_bin, workdir)  # Vertex AI documents no other grace period
         self.models = models  # the ModelService emulator (tests.emulators.models) served on this endpoint
-        self.env, self.python_bin, self.workdir, self.token = env, python_bin, workdir, token
-        self.jobs: dict[str, Job] = {}
+        self.token = token
         self.schedules: dict[str, Schedule] = {}
         self.clock = datetime.now(UTC).replace(second=0, microsecond=0)  # the schedules' clock, moved by advance()
         self.calls: list[str] = []
         self.list_queries: list[dict] = []  # each ListPipelineJobs call's query parameters
-        self.backoff_scale = 1.0  # a retry's wait, as the spec gives it, times this
-        self.kills: dict[str, object] = {}  # task name -> the condition that kills its first attempt
-        self.terms: dict[str, object] = {}  # task name -> the condition that terminates its first attempt
-        # A pod's terminationGracePeriodSeconds: 30 unless set (the Pod spec's field docs,
-        # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle); Vertex AI
-        # documents no other for its tasks.
-        self.grace_s = 30.0
-        self.terminated: list[tuple[str, float]] = []  # (task name, when) each SIGTERM was sent
-        self.forced: list[str] = []  # the tasks whose processes were SIGKILLed at the end of their grace period
-        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ the executor's hooks
+    def _placeholders(self, job: Job) -> dict[str, str]:
+        return {
+            "{{$.pipeline_job_name}}": self._job_id(job),
+            "{{$.pipeline_job_resource_name}}": job.resource["name"],
+            "{{$.pipeline_job_schedule_time_utc}}": job.scheduled,
+        }
+
+    def _task_env(self, job: Job) -> dict[str, str]:
+        return {RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True)}
+
+    def _tasks_changed(self, job: Job) -> None:
+        job.resource["jobDetail"] = {"taskDetails": job.tasks}
 
     # ------------------------------------------------------------------ inspection
     def job(self, name_or_id: str) -> Job:
@@ -322,16 +177,6 @@ class VertexEmulator(HttpEmulator):
         return wait_until(
             ended, timeout_s, f"job {name_or_id} to end", detail=lambda: self.job(name_or_id).resource["state"]
         )
-
-    def kill_first_attempt(self, task: str, when=lambda: True) -> None:
-        """The fault: the first attempt of ``task`` (its name in the task details) is SIGKILLed, its process group with
-        it, as soon as ``when()`` holds while it runs; a retry, if the spec asks for one, is not touched."""
-        self.kills[task] = when
-
-    def terminate_first_attempt(self, task: str, when=lambda: True) -> None:
-        """The fault: the first attempt of ``task`` is sent SIGTERM (its process group), then SIGKILL ``grace_s``
-        later unless it ended, as soon as ``when()`` holds while it runs: an evicted pod, the job going on."""
-        self.terms[task] = when
 
     def add_job(self, parent: str, job_id: str, state: str, labels: dict | None = None) -> str:
         """A job known to the service in ``state`` (``PIPELINE_STATE_...``) with nothing to run, as one started by
@@ -456,343 +301,6 @@ class VertexEmulator(HttpEmulator):
                 self._terminate(proc, shown)
 
     # ------------------------------------------------------------------ running a job
-    def _set(self, job: Job, **fields) -> None:
-        with self._lock:
-            job.resource.update(fields, updateTime=_now())
-
-    def _run(self, name: str) -> None:
-        job = self.jobs[name]
-        self._set(job, state="PIPELINE_STATE_RUNNING", startTime=_now())
-        root = self._detail(job, name.rsplit("/", 1)[-1], "RUNNING")  # the root DAG's task, named after the job
-        try:
-            ok = self._dag(job, job.spec["root"], dict(job.parameters), root["taskId"])
-        except Exception as exc:  # noqa: BLE001 - the emulator's own failure ends the job, visibly
-            ok = False
-            self._set(job, error={"code": 13, "message": f"emulator: {exc}"})
-        self._end(job, root, ok)
-        state = (
-            "PIPELINE_STATE_CANCELLED"
-            if job.cancelled.is_set()
-            else "PIPELINE_STATE_SUCCEEDED"
-            if ok
-            else "PIPELINE_STATE_FAILED"
-        )
-        self._set(job, state=state, endTime=_now())
-
-    def _end(self, job: Job, detail: dict, ok: bool) -> None:
-        """A DAG task's end: succeeded when all its tasks did, else cancelled or failed with them (the emulator's
-        reading: Vertex documents the DAG tasks' states, not how they follow their children's)."""
-        with self._lock:
-            detail.update(state="SUCCEEDED" if ok else "CANCELLED" if job.cancelled.is_set() else "FAILED")
-            detail["endTime"] = _now()
-
-    def _dag(self, job: Job, component: dict, inputs: dict, parent: str) -> bool:
-        """Run a DAG's tasks in dependency order, each task's detail under the DAG's task ``parent``; True when
-        every task that ran succeeded."""
-        tasks = component["dag"]["tasks"]
-        outcome: dict[str, bool | None] = {}  # task -> succeeded (None: skipped)
-        outputs: dict[str, dict] = {}
-        started: dict[str, threading.Thread] = {}
-        errors: list[Exception] = []  # the emulator's own failures (a condition it cannot read): they end the job
-        ended = threading.Condition()
-
-        def run(task: str, spec: dict, args: dict) -> None:
-            done = False
-            try:
-                done = self._task(job, task, spec, args, parent, outputs)
-            except Exception as exc:  # noqa: BLE001 - raised again below, in the job's own thread
-                errors.append(exc)
-            with ended:
-                outcome[task] = done
-                ended.notify_all()
-
-        with ended:
-            while len(outcome) < len(tasks):
-                ready = [
-                    t
-                    for t, spec in tasks.items()
-                    if t not in started
-                    and t not in outcome
-                    and all(d in outcome for d in spec.get("dependentTasks", []))
-                ]
-                for task in sorted(ready):
-                    spec = tasks[task]
-                    shown = spec.get("taskInfo", {}).get("name", task)  # the task's name in its details, as in the UI
-                    upstream = [outcome[d] for d in spec.get("dependentTasks", [])]
-                    always = spec.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
-                    # Cancelling "cancels all the remaining tasks in the pipeline", the exit handler's too
-                    # (https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-runs).
-                    if job.cancelled.is_set() or (not always and not all(upstream)):
-                        outcome[task] = None
-                        # SKIPPED "specifies task was skipped due to cache hit" (PipelineTaskDetail.State's docs,
-                        # google/cloud/aiplatform_v1/types/pipeline_job.py), and caching is this emulator's to refuse:
-                        # a task not started because an upstream task failed gets no detail (no state is documented
-                        # for it).
-                        if job.cancelled.is_set():
-                            self._detail(job, shown, "CANCELLED", parent)
-                        continue
-                    args = self._resolve(job, spec.get("inputs", {}).get("parameters", {}), inputs, outputs)
-                    started[task] = threading.Thread(target=run, args=(task, spec, args), daemon=True)
-                    started[task].start()
-                if len(outcome) < len(tasks) and not ready:
-                    ended.wait()
-        if errors:
-            raise errors[0]
-        return all(v is not False for v in outcome.values()) and not any(
-            v is None and not job.cancelled.is_set() for v in outcome.values()
-        )
-
-    def _task(self, job: Job, task: str, spec: dict, args: dict, parent: str, outputs: dict) -> bool:
-        """One task of a DAG whose upstream tasks allow it to run: not triggered when its condition does not hold
-        (done, and no failure), a group's DAG (an exit handler's or a condition's, a task of its own as on Vertex),
-        or a container, attempt after attempt as its ``retryPolicy`` allows."""
-        shown = spec.get("taskInfo", {}).get("name", task)
-        condition = spec.get("triggerPolicy", {}).get("condition")
-        if condition and not condition_holds(condition, args):
-            self._detail(job, shown, "NOT_TRIGGERED", parent)
-            return True
-        child = job.spec["components"][spec["componentRef"]["name"]]
-        if "dag" in child:
-            group = self._detail(job, shown, "RUNNING", parent)
-            ok = self._dag(job, child, args, group["taskId"])
-            self._end(job, group, ok)
-            return ok
-        artifacts = self._input_artifacts(job, spec.get("inputs", {}).get("artifacts", {}), outputs)
-        retry = spec.get("retryPolicy") or {}
-        ok, outputs[task] = self._container(job, task, child, args, shown, parent, retry, artifacts)
-        return ok
-
-    @staticmethod
-    def _input_artifacts(job: Job, bindings: dict, outputs: dict) -> dict:
-        """A task's input artifacts: each an output artifact of a task upstream (``taskOutputArtifact``), as it
-        was written (uri, schema title, metadata), so an artifact is one node between its producer and its
-        consumers, Vertex's lineage. Any other binding is refused: the emulator does not guess."""
-        resolved = {}
-        for key, binding in bindings.items():
-            ref = binding.get("taskOutputArtifact")
-            if not ref:
-                raise ValueError(f"emulator: cannot resolve the input artifact {key!r}: {binding}")
-            resolved[key] = copy.deepcopy(outputs[ref["producerTask"]]["artifacts"][ref["outputArtifactKey"]])
-        return resolved
-
-    def _resolve(self, job: Job, bindings: dict, inputs: dict, outputs: dict) -> dict:
-        job_id = job.resource["name"].rsplit("/", 1)[-1]
-        values = {}
-        for key, binding in bindings.items():
-            if "componentInputParameter" in binding:
-                values[key] = inputs[binding["componentInputParameter"]]
-            elif "taskOutputParameter" in binding:
-                ref = binding["taskOutputParameter"]
-                values[key] = outputs[ref["producerTask"]]["parameters"][ref["outputParameterKey"]]
-            elif "runtimeValue" in binding:
-                constant = binding["runtimeValue"]["constant"]
-                values[key] = (
-                    constant.replace("{{$.pipeline_job_name}}", job_id)
-                    .replace("{{$.pipeline_job_resource_name}}", job.resource["name"])
-                    .replace("{{$.pipeline_job_schedule_time_utc}}", job.scheduled)
-                    if isinstance(constant, str)
-                    else constant
-                )
-        return values
-
-    def _container(
-        self,
-        job: Job,
-        task: str,
-        component: dict,
-        args: dict,
-        shown: str,
-        parent: str,
-        retry: dict,
-        artifacts: dict | None = None,
-    ) -> tuple[bool, dict]:
-        """One task, attempt after attempt as its ``retryPolicy`` allows: each in its own directory and process group,
-        its artifacts moved to the storage emulator after it."""
-        executor = job.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
-        detail = self._detail(job, shown, "RUNNING", parent)
-        artifacts = artifacts or {}
-        if artifacts:
-            with self._lock:
-                detail["inputs"] = {name: {"artifacts": _shown(name, a)} for name, a in artifacts.items()}
-        if not self.registry.has_image(executor["image"]):  # created without a look at it; the pull fails
-            with self._lock:
-                detail.update(state="FAILED", endTime=_now())
-                detail["error"] = {
-                    "code": 5,
-                    "message": f"emulator: failed to pull image {executor['image']}: not found",
-                }
-            job.logs[task] = detail["error"]["message"]
-            return False, {"parameters": {}, "artifacts": {}}
-        retries = int(retry.get("maxRetryCount") or 0)
-        while True:
-            job.attempts[shown] = job.attempts.get(shown, 0) + 1
-            ok, result, error = self._attempt(job, task, component, executor, args, shown, artifacts)
-            if ok or job.cancelled.is_set() or job.attempts[shown] > retries:
-                break
-            wait = _backoff(retry, job.attempts[shown])
-            job.backoffs.setdefault(shown, []).append(wait)
-            # A PipelineTaskStatus's error in a non-final state "indicates a system-error being retried"; in FAILED
-            # it "is final and not going to be retried" (its field docs, google/cloud/aiplatform_v1/types/
-            # pipeline_job.py): an attempt that is retried is recorded RUNNING, with its error.
-            with self._lock:
-                detail.setdefault("pipelineTaskStatus", []).append(
-                    {"updateTime": _now(), "state": "RUNNING", "error": error}
-                )
-            if job.cancelled.wait(wait * self.backoff_scale):
-                break
-        state = "SUCCEEDED" if ok else ("CANCELLED" if job.cancelled.is_set() else "FAILED")
-        with self._lock:
-            detail.update(
-                state=state,
-                endTime=_now(),
-                outputs={name: {"artifacts": _shown(name, spec)} for name, spec in result["artifacts"].items()},
-            )
-            if not ok:
-                detail["error"] = error
-        return ok, result
-
-    def _attempt(
-        self, job: Job, task: str, component: dict, executor: dict, args: dict, shown: str, inputs: dict
-    ) -> tuple[bool, dict, dict]:
-        """One attempt of a task: (succeeded, its outputs, its error)."""
-        task_dir = Path(tempfile.mkdtemp(prefix=f"{task.replace('.', '-')}-", dir=self.workdir))
-        job_id = job.resource["name"].rsplit("/", 1)[-1]
-        prefix = f"{job.root}/{job_id}/{task}"
-        artifacts = {
-            name: {
-                "artifacts": [
-                    {
-                        "name": name,
-                        "type": {"schemaTitle": a["artifactType"]["schemaTitle"]},
-                        "uri": f"{prefix}/{name}",
-                        "metadata": {},
-                    }
-                ]
-            }
-            for name, a in component.get("outputDefinitions", {}).get("artifacts", {}).items()
-        }
-        executor_input = {
-            "inputs": {"parameterValues": args, "artifacts": inputs},
-            "outputs": {
-                "parameters": {
-                    name: {"outputFile": str(task_dir / "outputs" / name)}
-                    for name in component.get("outputDefinitions", {}).get("parameters", {})
-                },
-                "artifacts": artifacts,
-                "outputFile": str(task_dir / "outputs" / "executor_output.json"),
-            },
-        }
-        words = executor.get("args", [])  # a container component may have none
-        argv = [*executor["command"], *[json.dumps(executor_input) if a == "{{$}}" else a for a in words]]
-        env = {
-            **self.env,
-            "PATH": f"{self.python_bin}{os.pathsep}/usr/bin:/bin",
-            "HOME": str(task_dir),
-            "PYTHONUNBUFFERED": "1",
-            RUN_LABELS_ENV: json.dumps(job.resource.get("labels", {}), sort_keys=True),
-        }
-        with open(task_dir / "task.log", "wb") as log:
-            with self._lock:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=task_dir,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-                job.running[proc] = shown
-            if job.attempts[shown] == 1 and shown in self.kills:
-                self._kill_when(proc, self.kills[shown])
-            if job.attempts[shown] == 1 and shown in self.terms:
-                self._kill_when(proc, self.terms[shown], lambda: self._terminate(proc, shown))
-            code = proc.wait()
-            with self._lock:
-                job.running.pop(proc, None)
-        job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
-        result = self._collect(task_dir, artifacts, prefix)
-        shutil.rmtree(task_dir, ignore_errors=True)
-        error = {"code": 9, "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:]}
-        return code == 0, result, error
-
-    @staticmethod
-    def _kill_when(process: subprocess.Popen, when, kill=None) -> None:
-        """SIGKILL the process's group (or ``kill()``) once ``when()`` holds, unless it ended first."""
-
-        def watch() -> None:
-            while process.poll() is None:
-                if when():
-                    if kill is None:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    else:
-                        kill()
-                    return
-                time.sleep(0.2)
-
-        threading.Thread(target=watch, daemon=True).start()
-
-    def _terminate(self, process: subprocess.Popen, shown: str) -> None:
-        """End a task as Kubernetes ends a pod: SIGTERM to the container's first process alone ("the kubelet triggers
-        the container runtime to send a TERM signal to process 1 inside each container",
-        https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), and SIGKILL to every
-        process of the container ``grace_s`` later if it still runs ("the kubelet triggers forcible shutdown", the same
-        page), or as soon as that first process ends: the processes of a PID namespace are killed when its init ends
-        (pid_namespaces(7)). The task's process group stands for the container, its first process for process 1."""
-        if process.poll() is not None:
-            return
-        self.terminated.append((shown, time.time()))
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
-
-        def force() -> None:
-            deadline = time.monotonic() + self.grace_s
-            while time.monotonic() < deadline and process.poll() is None:
-                time.sleep(0.1)
-            if process.poll() is None:
-                self.forced.append(shown)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-
-        threading.Thread(target=force, daemon=True).start()
-
-    def _collect(self, task_dir: Path, artifacts: dict, prefix: str) -> dict:
-        """The task's output parameters and artifacts (with their metadata from the executor output); the files it
-        wrote under /gcs/ go to the storage emulator and leave this machine."""
-        out = task_dir / "outputs" / "executor_output.json"
-        written = json.loads(out.read_text()) if out.is_file() else {}
-        parameters = dict(written.get("parameterValues", {}))
-        for path in (task_dir / "outputs").glob("*"):
-            if path.name != "executor_output.json" and path.name not in parameters:
-                parameters[path.name] = path.read_text()
-        merged = copy.deepcopy(artifacts)
-        for name, spec in written.get("artifacts", {}).items():
-            if name in merged:  # the executor's answer carries uri and metadata; the type is the declared one
-                declared = merged[name]["artifacts"][0]["type"]
-                merged[name]["artifacts"] = [{"type": declared, **a} for a in spec["artifacts"]]
-        bucket, _, key = prefix.removeprefix("gs://").partition("/")
-        local = GCS_MOUNT / bucket / key
-        if local.exists():
-            for path in sorted(p for p in local.rglob("*") if p.is_file()):
-                self.storage.put(bucket, f"{key}/{path.relative_to(local)}", path.read_bytes())
-            shutil.rmtree(local, ignore_errors=True)
-        return {"parameters": parameters, "artifacts": merged}
-
-    def _detail(self, job: Job, task: str, state: str, parent: str = "") -> dict:
-        """A PipelineTaskDetail: ``parentTaskId`` is "the id of the parent task if the task is within a component
-        scope. Empty if the task is at the root level" (its field docs, google/cloud/aiplatform_v1/types/
-        pipeline_job.py); the root level is the job's own task, named after the job (the SDK finds the root's
-        outputs that way: google/cloud/aiplatform/model_evaluation/model_evaluation_job.py)."""
-        detail = {"taskName": task, "state": state, "createTime": _now(), "startTime": _now()}
-        if parent:
-            detail["parentTaskId"] = parent
-        with self._lock:  # tasks that run side by side start at once: one id each
-            detail["taskId"] = str(len(job.tasks) + 1)
-            job.tasks.append(detail)
-            job.resource["jobDetail"] = {"taskDetails": job.tasks}
-        return detail
-
-    # ------------------------------------------------------------------ schedules
     def _schedule_call(self, command: str, path: str, raw: bytes) -> tuple:
         if command == "POST" and path.endswith("/schedules"):
             self.calls.append("CreateSchedule")
@@ -898,30 +406,6 @@ class VertexEmulator(HttpEmulator):
             if int(r.get("maxRunCount") or 0) and len(schedule.jobs) >= int(r["maxRunCount"]):
                 r["state"] = "COMPLETED"
         return resource["name"]
-
-
-def _shown(name: str, artifacts: dict) -> list[dict]:
-    """An ArtifactList as a task detail shows it: each artifact's uri, schema title and metadata."""
-    shown = []
-    for a in artifacts["artifacts"]:
-        shown.append(
-            {"uri": a["uri"], "schemaTitle": a["type"]["schemaTitle"], "metadata": a.get("metadata", {})}
-            | {"displayName": name}
-        )
-    return shown
-
-
-def _seconds(duration: str | None) -> float:
-    """A protobuf Duration in its JSON form ("60s", "1.5s") as seconds."""
-    return float(duration.removesuffix("s")) if duration else 0.0
-
-
-def _backoff(retry: dict, attempt: int) -> float:
-    """The wait before the retry that follows failed attempt ``attempt`` (1-based): ``backoffDuration`` x
-    ``backoffFactor`` ** (attempt - 1), at most ``backoffMaxDuration``. The defaults are kfp's ``set_retry``
-    docstring's: no wait ("0s"), a factor of 2, at most 3600s."""
-    wait = _seconds(retry.get("backoffDuration")) * float(retry.get("backoffFactor") or 2.0) ** (attempt - 1)
-    return min(wait, _seconds(retry.get("backoffMaxDuration") or "3600s"))
 
 
 def _matches(job: dict, term: re.Match) -> bool:

@@ -36,7 +36,7 @@ def test_one_task_that_sweeps_in_the_components_image(compiled):
 
 def test_parameters_are_defaulted_for_the_target_and_described(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {"project", "region", "output_root", "older_than", "dry_run"}
+    assert set(params) == {"project", "region", "output_root", "older_than", "dry_run", "kfp_host", "kfp_namespace"}
     assert params["project"]["defaultValue"] == "my-project" and params["region"]["defaultValue"] == "us-east5"
     assert params["output_root"]["defaultValue"] == "gs://my-project-tpupipe/state"
     assert params["older_than"]["defaultValue"] == "" and params["dry_run"]["defaultValue"] is False

@@ -474,7 +474,7 @@ def test_on_vertex_a_sigterm_stops_a_stage_only_when_its_pipeline_job_is_being_c
 
 
 def test_a_task_without_a_retry_policy_is_not_retried_and_backoff_grows_by_the_factor(service):
-    from tests.emulators.vertex import _backoff
+    from tests.emulators.pipeline_runner import _backoff
 
     service.release.touch()
     name = _create(service, _submission(service, preset=FAILING), vertex.new_job_id(FAILING))

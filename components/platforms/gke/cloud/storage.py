@@ -54,6 +54,17 @@ def may_act_as(account: str, creds=None) -> bool:
     return permission in answer.permissions
 
 
+def account_members(account: str, role: str, creds=None) -> set[str]:
+    """The members the service account ``account``'s own IAM policy grants ``role`` on it (the IAM API's
+    ``projects.serviceAccounts.getIamPolicy``, https://cloud.google.com/iam/docs/reference/rest/v1/
+    projects.serviceAccounts/getIamPolicy): who may act as it, or use it by Workload Identity."""
+    from google.cloud import iam_admin_v1
+
+    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
+    policy = client.get_iam_policy(request={"resource": f"projects/-/serviceAccounts/{account}"})
+    return {who for binding in policy.bindings if binding.role == role for who in binding.members}
+
+
 def project_number(project: str, creds=None) -> str:
     """The project's number (Workload Identity principals name it, not the id)."""
     return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")

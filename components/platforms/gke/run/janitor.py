@@ -116,6 +116,7 @@ class Janitor:
         platform=None,
         region: str = "",
         adopt: bool = False,
+        kfp: tuple[str, str] = ("", ""),
     ):
         from components.platforms.gke.run.platform import GkePlatform
 
@@ -123,6 +124,9 @@ class Janitor:
         self.adopt = adopt  # collect labelled clusters whose run left no ledger under the output root
         self.log, self.now, self.region = log, now, region  # region: Vertex AI's, where the runs' jobs are
         self.platform = platform or GkePlatform(log=log)
+        self.kfp = kfp  # a Kubeflow Pipelines API server and namespace whose runs' states are asked, when given
+        self._kfp_states: dict[str, tuple[str, str]] | None = None
+        self._kfp_problem = ""
 
     # ---------------------------------------------------------------- finding
     def find(self) -> Sweep:
@@ -147,6 +151,8 @@ class Janitor:
             if not has:
                 continue
             reason, unknown = self._job_reason(ledger.get("pipeline_job"), spec.gke.project)
+            if not reason and not unknown and self.kfp[0]:
+                reason, unknown = self._kfp_reason(run_id)
             beat = heartbeat.fresh(store, self.now()) if not reason else None
             if beat is not None:
                 reason = f"kept: its driver's heartbeat is {beat:.0f} s old (a stage of it is working)"
@@ -185,6 +191,25 @@ class Janitor:
         if state in JOB_ENDED:
             return f"its pipeline job {job['id']} is {shown}", ""
         return f"kept: its pipeline job {job['id']} is {shown}", ""
+
+    def _kfp_reason(self, run_id: str) -> tuple[str, str]:
+        """Why a run on Kubeflow Pipelines is collected (its KFP run has ended: a terminated run's exit handler never
+        runs its teardown on KFP's Argo backend, kubeflow/pipelines#6101) or kept (it runs); '' and why not known
+        when the server cannot say."""
+        from components.platforms.gke.cloud import kfp_runs
+
+        if self._kfp_states is None:
+            try:
+                self._kfp_states = kfp_runs.run_states(kfp_runs.in_cluster_client(*self.kfp), self.kfp[1])
+            except Exception as exc:  # noqa: BLE001 - the age limit decides; the report says why
+                self._kfp_states = {}
+                self._kfp_problem = f" (the runs on Kubeflow Pipelines at {self.kfp[0]} are unknown: {exc})"
+        if run_id not in self._kfp_states:
+            return "", self._kfp_problem
+        kfp_run, state = self._kfp_states[run_id]
+        if state in kfp_runs.ENDED:
+            return f"its Kubeflow Pipelines run {kfp_run} is {state.lower()}", ""
+        return f"kept: its Kubeflow Pipelines run {kfp_run} is {state.lower()}", ""
 
     def _reason(self, finished: bool, started: float | None, own_limit: float) -> str:
         limit = self.older_than_s if self.older_than_s is not None else own_limit
@@ -301,7 +326,13 @@ def render(sweep: Sweep, dry_run: bool) -> str:
 
 
 def run_component(
-    output_root: str, project: str, older_than: str, dry_run: bool, report_path: str, region: str = ""
+    output_root: str,
+    project: str,
+    older_than: str,
+    dry_run: bool,
+    report_path: str,
+    region: str = "",
+    kfp: tuple[str, str] = ("", ""),
 ) -> str:
     """What the janitor pipeline's component calls: one sweep, its report as Markdown at ``report_path``, and a JSON
     summary (the runs deleted, kept and failed) as its output. A failed teardown fails the task, after the report."""
@@ -312,6 +343,7 @@ def run_component(
         tuple(p for p in project.split(",") if p),
         parse_age(older_than) if older_than else None,
         region=region,
+        kfp=kfp,
     )
     sweep = janitor.sweep(dry_run)
     text = render(sweep, dry_run)

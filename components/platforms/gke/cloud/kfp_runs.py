@@ -1,0 +1,54 @@
+"""Kubeflow Pipelines, through the official ``kfp.Client``: the one client of a KFP API server (``client``), and the
+state of each tpupipe run there, by the run id its ``run_id`` parameter gives it (``run_states``), which the janitor
+reads to decide whether a run's cluster may be swept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Where KFP projects the pipeline runner's token into a pod that asks for it (kfp's ServiceAccountTokenVolumeCredentials
+# default path, kfp/client/set_volume_credentials.py).
+SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+# V2beta1RuntimeState's ended states (kfp_server_api's v2beta1_runtime_state.py).
+ENDED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
+
+
+def client(host: str, namespace: str, credentials=None, existing_token: str | None = None):
+    """A ``kfp.Client`` of ``host`` whose API server answered its health check (else the client's exception)."""
+    import logging
+    import warnings
+
+    import kfp
+
+    logging.getLogger("root").setLevel(logging.WARNING)  # kfp logs each experiment it looks up at INFO
+    auth = {"credentials": credentials} if credentials else {"existing_token": existing_token} if existing_token else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
+        made = kfp.Client(host=host.rstrip("/"), namespace=namespace, **auth)
+    made.get_kfp_healthz(sleep_duration=0)
+    return made
+
+
+def in_cluster_client(host: str, namespace: str):
+    """The client a task in the cluster makes: the pod's projected KFP token when it has one, else none."""
+    from kfp.client import ServiceAccountTokenVolumeCredentials
+
+    has_token = Path(SA_TOKEN_PATH).is_file()
+    return client(host, namespace, ServiceAccountTokenVolumeCredentials(SA_TOKEN_PATH) if has_token else None)
+
+
+def run_states(kfp_client, namespace: str) -> dict[str, tuple[str, str]]:
+    """tpupipe's runs in the namespace, by the run id each was given (its ``run_id`` parameter): (its KFP run id, its
+    state). A run with no run id parameter (one started from the UI, say) is not among them: its run id is its Argo
+    workflow's name, which the KFP API does not return."""
+    states: dict[str, tuple[str, str]] = {}
+    token = ""
+    while True:
+        page = kfp_client.list_runs(page_token=token, page_size=100, namespace=namespace)
+        for run in page.runs or []:
+            run_id = ((run.runtime_config and run.runtime_config.parameters) or {}).get("run_id")
+            if run_id:
+                states.setdefault(run_id, (run.run_id, run.state))
+        token = page.next_page_token
+        if not token:
+            return states

@@ -1,0 +1,375 @@
+"""Runs on Kubeflow Pipelines (open source, ``--kfp-host``), through the official ``kfp.Client`` alone: what
+``tpupipe submit``, ``tpupipe schedule``, ``tpupipe runs`` and ``tpupipe publish`` do there.
+
+The pipeline is the one Vertex AI runs: one compile (``vertex.published_template``: every task's image pinned to its
+digest in Artifact Registry), uploaded as a version of the pipeline ``tpupipe`` named after the source version and
+the compiled file's digest, so a run names exactly what it ran. Runs and recurring runs are created in the
+experiment ``tpupipe`` of the namespace. A submitted run is given its run id (the ``run_id`` parameter: from its
+display name, as a Vertex AI job's derives from its job id), so ``runs cancel`` and the janitor find its resources;
+each run of a recurring run is given ``r-`` and its own KFP run id (``SCHEDULED_RUN_ID``).
+
+Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
+projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), or a Google ID
+token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
+https://cloud.google.com/iap/docs/authentication-howto).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from components.platforms.gke.cloud.kfp_runs import ENDED as TERMINAL
+from components.platforms.gke.cloud.kfp_runs import SA_TOKEN_PATH
+from components.spec import InfraError, SpecError
+from pipelines import vertex
+
+PIPELINE = "tpupipe"
+EXPERIMENT = "tpupipe"
+JANITOR_PIPELINE = "tpupipe-janitor"
+AUTHS = ("none", "sa-token", "iap")
+# A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
+# The run id of each run a recurring run starts: KFP's scheduled workflow controller puts the run's own id in place of
+# [[RunUUID]] in its parameters (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in
+# kubeflow/pipelines); "r-" and a UUID (lowercase hex and '-') make a DNS-1035 label of 38 characters, a valid run id.
+SCHEDULED_RUN_ID = "r-[[RunUUID]]"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the runs are: the KFP API server, the namespace, and how to authenticate."""
+
+    host: str
+    namespace: str = "kubeflow"
+    auth: str = "none"
+    iap_client_id: str = ""
+    token_path: str = SA_TOKEN_PATH
+
+
+def check_place(place: Place) -> None:
+    """Bad input, before any call: a URL, a namespace, an auth method and what it needs."""
+    url = urlparse(place.host)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise SpecError("--kfp-host", f"{place.host!r} is not a URL", ["http://localhost:8888", "https://KFP_HOST"])
+    if not NAMESPACE.match(place.namespace):
+        raise SpecError("--kfp-namespace", f"{place.namespace!r} is not a Kubernetes namespace (a DNS-1123 label)")
+    if place.auth not in AUTHS:
+        raise SpecError("--kfp-auth", f"unknown method {place.auth!r}", list(AUTHS))
+    if place.auth == "iap" and not place.iap_client_id:
+        raise SpecError("--kfp-iap-client-id", "--kfp-auth iap needs the OAuth client id of the endpoint's IAP")
+    if place.auth == "sa-token" and not Path(place.token_path).is_file():
+        raise SpecError(
+            "--kfp-auth",
+            f"sa-token reads the pod's projected token at {place.token_path}, and there is none: run in a pod that "
+            "mounts it, or choose none or iap",
+        )
+
+
+def client(place: Place):
+    """The ``kfp.Client`` of the place, its API server answering (an unreachable one is an InfraError, exit 1)."""
+    from kfp.client import ServiceAccountTokenVolumeCredentials
+
+    from components.platforms.gke.cloud import kfp_runs
+
+    check_place(place)
+    credentials, token = None, None
+    if place.auth == "sa-token":
+        credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path)
+    elif place.auth == "iap":
+        import google.auth.transport.requests
+        from google.oauth2 import id_token
+
+        try:
+            token = id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
+        except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
+            raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
+    try:
+        return kfp_runs.client(place.host, place.namespace, credentials, token)
+    except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
+        raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    """An API error as one line: its status and the server's message."""
+    body = getattr(exc, "body", None)
+    try:
+        message = json.loads(body).get("message") if body else ""
+    except ValueError:
+        message = ""
+    status = getattr(exc, "status", "")
+    return f"{status} {message}".strip() or str(exc).splitlines()[0]
+
+
+def call(what: str, fn, *args, **kwargs):
+    """A kfp.Client call whose refusal is an InfraError of one line naming what was asked."""
+    import contextlib
+    import io
+
+    from kfp_server_api.exceptions import ApiException
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # kfp prints a UI link after each experiment and run made
+            return fn(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status in (401, 403):
+            raise InfraError(f"{what}: the Kubeflow Pipelines API refused: {_reason(exc)} (check --kfp-auth)") from None
+        raise InfraError(f"{what}: {_reason(exc)}") from None
+
+
+def experiment_id(kfp_client, place: Place) -> str:
+    experiment = call(
+        f"the experiment {EXPERIMENT} in namespace {place.namespace}",
+        kfp_client.create_experiment,
+        EXPERIMENT,
+        description="tpupipe runs",
+        namespace=place.namespace,
+    )
+    return experiment.experiment_id
+
+
+def version_name(template: str) -> str:
+    """The version of this compiled pipeline: the source version (git commit) and the file's digest."""
+    from pipelines.pipeline import source_version
+
+    digest = hashlib.sha256(Path(template).read_bytes()).hexdigest()[:12]
+    return f"{source_version()[:12] or 'unversioned'}-{digest}"
+
+
+def upload(kfp_client, template: str, pipeline: str = PIPELINE) -> tuple[str, str]:
+    """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id)."""
+    name = version_name(template)
+    pipeline_id = call(f"the pipeline {pipeline}", kfp_client.get_pipeline_id, pipeline)
+    if pipeline_id is None:
+        pipeline_id = call(f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline).pipeline_id
+    where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": name}]})
+    found = call("its versions", kfp_client.list_pipeline_versions, pipeline_id, filter=where).pipeline_versions
+    if found:
+        return pipeline_id, found[0].pipeline_version_id
+    version = call(
+        f"upload of {pipeline} version {name}", kfp_client.upload_pipeline_version, template, name, pipeline_id
+    )
+    return pipeline_id, version.pipeline_version_id
+
+
+def parameters(sub: vertex.Submission, run_id: str = "") -> dict:
+    values = {"preset": sub.preset, "overrides": sub.overrides}
+    return values | ({"run_id": run_id} if run_id else {}) | ({"dataset": sub.dataset} if sub.dataset else {})
+
+
+def submit(
+    sub: vertex.Submission, place: Place, publish_first: bool = False, log: Callable[[str], None] = print
+) -> tuple[str, str]:
+    """Submit one run: (its KFP run id, tpupipe's run id)."""
+    from components.spec.names import run_id_from
+
+    vertex.check(sub)
+    check_place(place)
+    template = vertex.published_template(sub, publish_first, log)
+    kfp_client = client(place)
+    pipeline_id, version_id = upload(kfp_client, template)
+    display = vertex.new_job_id(sub.preset)
+    run_id = sub.run_id or run_id_from("", display)
+    run = call(
+        "the run",
+        kfp_client.run_pipeline,
+        experiment_id=experiment_id(kfp_client, place),
+        job_name=display,
+        params=parameters(sub, run_id),
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        pipeline_root=sub.pipeline_root,
+        service_account=sub.service_account or None,
+    )
+    return run.run_id, run_id
+
+
+def run_url(place: Place, run_id: str) -> str:
+    return f"{place.host.rstrip('/')}/#/runs/details/{run_id}"
+
+
+def get(kfp_client, run_id: str) -> dict:
+    """The run as a dict of its API fields (``V2beta1Run.to_dict``)."""
+    return call(f"run {run_id}", kfp_client.get_run, run_id).to_dict()
+
+
+def spec_of(kfp_client, run: dict) -> dict:
+    """The pipeline spec the run ran: its own, else its version's."""
+    if run.get("pipeline_spec"):
+        return run["pipeline_spec"]
+    ref = run.get("pipeline_version_reference") or {}
+    if not ref.get("pipeline_version_id"):
+        return {}
+    version = call(
+        "its pipeline version", kfp_client.get_pipeline_version, ref["pipeline_id"], ref["pipeline_version_id"]
+    )
+    return version.pipeline_spec or {}
+
+
+def as_job(run: dict, spec: dict) -> dict:
+    """The run in the shape of a Vertex AI pipeline job's dict, for what reads both (``vertex.stages``,
+    ``stopping.run_of``): its name, parameters, spec and task details (their errors with them)."""
+    details = (run.get("run_details") or {}).get("task_details") or []
+    return {
+        "name": f"runs/{run['run_id']}",
+        "state": run.get("state"),
+        "pipelineSpec": spec,
+        "runtimeConfig": {"parameterValues": (run.get("runtime_config") or {}).get("parameters") or {}},
+        "jobDetail": {
+            "taskDetails": [
+                {"taskName": d["display_name"], "state": d["state"], "error": d.get("error") or {}} for d in details
+            ]
+        },
+    }
+
+
+def follow(
+    kfp_client, run_id: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None
+) -> dict:
+    """Print each stage's state as it changes until the run ends; the run as a Vertex-shaped job (``as_job``)."""
+    seen: dict[str, str] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    spec: dict = {}
+    while True:
+        run = get(kfp_client, run_id)
+        spec = spec or spec_of(kfp_client, run)
+        job = as_job(run, spec)
+        for task in vertex.stages(job):
+            if seen.get(task["taskName"]) != task["state"]:
+                seen[task["taskName"]] = task["state"]
+                log(f"  {task['taskName']:<20} {task['state'].lower()}")
+        if run.get("state") in TERMINAL:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise InfraError(f"run {run_id} is still {str(run.get('state')).lower()} after {timeout_s:.0f}s")
+        time.sleep(poll_s)
+
+
+def runs(kfp_client, place: Place, preset: str = "", state: str = "") -> list[dict]:
+    """tpupipe's runs in the namespace's experiment, newest first, of one preset, in one state."""
+    if state and state not in STATES:
+        raise SpecError("--state", f"unknown state {state!r}", list(STATES))
+    listed = call(
+        "the runs",
+        kfp_client.list_runs,
+        page_size=100,
+        sort_by="created_at desc",
+        experiment_id=experiment_id(kfp_client, place),
+        namespace=place.namespace,
+    )
+    found = [r.to_dict() for r in listed.runs or []]
+    found = [
+        r for r in found if not preset or as_job(r, {})["runtimeConfig"]["parameterValues"].get("preset") == preset
+    ]
+    return [r for r in found if not state or r.get("state") == STATES[state]]
+
+
+def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None] = print) -> int:
+    """Terminate the run (unless it has ended), wait for it to end, then tear its run down from its ledger, as
+    ``tpupipe runs cancel`` does on Vertex AI: on KFP's Argo backend a terminated run's exit handler fails past the
+    workflow's deadline without running (kubeflow/pipelines#6101), so its teardown is done here."""
+    from pipelines import stopping
+
+    run = get(kfp_client, run_id)
+    if run.get("state") not in TERMINAL:
+        if run.get("state") != "CANCELING":
+            call(f"terminate run {run_id}", kfp_client.terminate_run, run_id)
+        log(f"run {run_id}: terminate requested; waiting at most {timeout_s:.0f}s for its tasks to stop")
+        follow(kfp_client, run_id, log, poll_s=2.0, timeout_s=timeout_s)
+        run = get(kfp_client, run_id)
+    job = as_job(run, spec_of(kfp_client, run))
+    log(f"run {run_id}: {str(run.get('state')).lower()}; its exit handler's teardown does not run after a terminate")
+    if not job["runtimeConfig"]["parameterValues"].get("run_id"):
+        log(
+            f"run {run_id} has no run_id parameter (it was started elsewhere, from the UI say): its run id derives "
+            "from its Argo workflow's name, which the KFP API does not return; `tpupipe teardown RUN_ID --platform "
+            "gke` (RUN_ID is in its tasks' logs) or the janitor's age limit removes what it left"
+        )
+        return 1
+    return stopping.teardown_after(job, run.get("state") == "CANCELED", f"run {run_id}", log)
+
+
+def show(kfp_client, run_id: str) -> dict:
+    """A run's stages (its figures are its tasks' Metrics artifacts, in the KFP UI)."""
+    run = get(kfp_client, run_id)
+    job = as_job(run, spec_of(kfp_client, run))
+    return {
+        "name": run_id,
+        "display_name": run.get("display_name"),
+        "state": run.get("state"),
+        "preset": job["runtimeConfig"]["parameterValues"].get("preset"),
+        "stages": [(t["taskName"], t["state"]) for t in vertex.stages(job)],
+    }
+
+
+# ---------------------------------------------------------------- recurring runs
+
+
+def kfp_cron(cron: str) -> str:
+    """A 5-field cron as KFP's 6 fields ("using 6 space-separated fields", seconds first: the create_recurring_run
+    docstring, kfp/client/client.py). A time zone is refused: KFP's cron schedule documents none (its runs fire in
+    the controller's zone)."""
+    if cron.startswith(("TZ=", "CRON_TZ=")):
+        raise SpecError("--cron", "Kubeflow Pipelines takes no time zone in a cron: write it in UTC", ["0 3 * * 1"])
+    if len(cron.split()) != 5:
+        raise SpecError("--cron", f"{cron!r} is not 5 cron fields", ["0 3 * * 1"])
+    return "0 " + cron
+
+
+def schedule_create(
+    sub: vertex.Submission, place: Place, name: str, cron: str, max_concurrent: int, start: str = "", end: str = ""
+) -> str:
+    """A recurring run NAME of the submission in the experiment; its id."""
+    vertex.check(sub, scheduled=True)
+    check_place(place)
+    cron6 = kfp_cron(cron)
+    if not 1 <= max_concurrent <= 10:
+        # "Specifies how many runs can be executed concurrently. Range [1-10]" (V2beta1RecurringRun.max_concurrency)
+        raise SpecError("--max-concurrent", f"{max_concurrent} is not between 1 and 10 (KFP's range)")
+    template = vertex.published_template(sub)
+    kfp_client = client(place)
+    pipeline_id, version_id = upload(kfp_client, template)
+    created = call(
+        f"the recurring run {name}",
+        kfp_client.create_recurring_run,
+        experiment_id=experiment_id(kfp_client, place),
+        job_name=name,
+        start_time=start or None,
+        end_time=end or None,
+        cron_expression=cron6,
+        max_concurrency=max_concurrent,
+        no_catchup=True,  # runs due while it was disabled are not caught up, as on Vertex AI
+        params=parameters(sub, SCHEDULED_RUN_ID),
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        pipeline_root=sub.pipeline_root,
+        service_account=sub.service_account or None,
+    )
+    return created.recurring_run_id
+
+
+def recurring_runs(kfp_client, place: Place) -> list[dict]:
+    listed = call(
+        "the recurring runs",
+        kfp_client.list_recurring_runs,
+        page_size=100,
+        experiment_id=experiment_id(kfp_client, place),
+        namespace=place.namespace,
+    )
+    return [r.to_dict() for r in listed.recurring_runs or []]
+
+
+def schedule_action(kfp_client, place: Place, name: str, action: str) -> None:
+    """pause, resume or delete the recurring run NAME."""
+    found = next((r for r in recurring_runs(kfp_client, place) if r["display_name"] == name), None)
+    if found is None:
+        raise SpecError("name", f"no recurring run {name!r} in the experiment {EXPERIMENT} of {place.namespace}")
+    verb = {"pause": "disable_recurring_run", "resume": "enable_recurring_run", "delete": "delete_recurring_run"}
+    call(f"{action} {name}", getattr(kfp_client, verb[action]), found["recurring_run_id"])

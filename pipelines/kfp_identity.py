@@ -1,0 +1,53 @@
+"""What a task needs on Kubeflow Pipelines to call Google Cloud, checked before a run is created: it runs as the
+pipeline runner's Kubernetes service account, which gets a Google service account's credentials by Workload
+Identity Federation for GKE only when that Google account's IAM policy grants ``roles/iam.workloadIdentityUser`` to
+``serviceAccount:PROJECT.svc.id.goog[NAMESPACE/KSA]``
+(https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity); and that Google account holds the roles
+every run needs on the project. Each permission a stage needs is checked again at run time, as that identity, by the
+provision stage's preflight (``components.platforms.gke.checks.preflight``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from components.spec import SpecError
+from components.spec.checks import SERVICE_ACCOUNT
+
+WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
+# The roles every run needs of the identity its tasks run as: the cluster and its node pools (docs/gke.md, "IAM
+# roles") and the model registry in Vertex AI Model Registry (docs/vertex.md, "Setup, once").
+RUN_ROLES = (
+    ("roles/container.admin", "creating and deleting the run's cluster, node pools and Kubernetes objects"),
+    ("roles/aiplatform.user", "registering the run's model in Vertex AI Model Registry"),
+)
+# The KFP runner's Kubernetes service account on KFP standalone (its manifests' pipeline-runner in kubeflow).
+DEFAULT_RUNNER = "pipeline-runner"
+
+
+def check(project: str, account: str, namespace: str, runner: str, log: Callable[[str], None] = print, creds=None):
+    """SpecError naming ``--kfp-service-account`` when the Workload Identity binding or a role is missing; the risks
+    of basic roles as warnings."""
+    from components.platforms.credentials import credentials
+    from components.platforms.gke.cloud import storage
+    from components.platforms.gke.plan import identities
+
+    if not SERVICE_ACCOUNT.match(account):
+        raise SpecError("--kfp-service-account", f"{account!r} is not a service account email")
+    creds = creds or credentials()
+    member = f"serviceAccount:{project}.svc.id.goog[{namespace}/{runner}]"
+    if member not in storage.account_members(account, WORKLOAD_IDENTITY_USER, creds):
+        raise SpecError(
+            "--kfp-service-account",
+            f"{account} does not let the KFP runner {namespace}/{runner} act as it: grant {WORKLOAD_IDENTITY_USER} "
+            f"to {member} on it, and annotate the Kubernetes service account with iam.gke.io/gcp-service-account="
+            f'{account} (docs/kubeflow.md, "Setup, once")',
+        )
+    granted = storage.project_roles(project, f"serviceAccount:{account}", creds)
+    for role, purpose in RUN_ROLES:
+        if role not in granted and not identities.basic_roles(granted):
+            raise SpecError(
+                "--kfp-service-account", f"{account} lacks {role} on project {project}, needed for {purpose}"
+            )
+    advice = "give the KFP runner a dedicated account with the roles docs/kubeflow.md lists"
+    for warning in identities.account_risks("the pipeline's tasks run on KFP", account, granted, project, advice):
+        log(warning)

@@ -1,0 +1,560 @@
+"""An emulated Kubeflow Pipelines API server: the v2beta1 REST endpoints the official ``kfp.Client`` (kfp 2.x, through
+its ``kfp_server_api`` package) calls, as the KFP API reference describes them
+(https://www.kubeflow.org/docs/components/pipelines/reference/api/kubeflow-pipeline-api-spec/), every body in the
+JSON of the ``kfp_server_api`` models (snake_case field names: each model's ``attribute_map``):
+
+- pipelines: ``POST /apis/v2beta1/pipelines/upload`` (multipart ``uploadfile``, ``name``, ``description``,
+  ``namespace``; the first version is created with it, named as the pipeline), ``POST .../pipelines/upload_version``
+  (``name``, ``pipelineid``), ``GET .../pipelines`` (a ``filter``), ``GET .../pipelines/{id}``, ``GET
+  .../pipelines/{id}/versions``;
+- experiments: ``POST``/``GET .../experiments`` and ``GET .../experiments/{id}``;
+- runs: ``POST .../runs`` (a ``V2beta1Run`` naming a pipeline version, or carrying the spec), ``GET .../runs`` and
+  ``GET .../runs/{id}``, ``POST .../runs/{id}:terminate``;
+- recurring runs: ``POST``/``GET .../recurringruns``, ``GET``/``DELETE .../recurringruns/{id}``, ``:enable`` and
+  ``:disable``; a cron trigger (six fields, seconds first: "using 6 space-separated fields", the
+  ``create_recurring_run`` docstring in kfp/client/client.py) fires on a test clock (``advance``), or at once
+  (``fire``), the macros of its parameters (``[[RunUUID]]``, ``[[ScheduledTime]]``, ``[[CurrentTime]]``,
+  ``[[Index]]``) substituted as KFP's scheduled workflow controller does; with ``max_concurrency`` runs active a due
+  run is not started (the field's docs in
+  ``kfp_server_api``'s V2beta1RecurringRun: "Specifies how many runs can be executed concurrently. Range [1-10]").
+
+A filter is the JSON of KFP's ``api.Filter`` (``predicates`` of ``operation``, ``key`` and a value, ANDed:
+backend/api/v2beta1/filter.proto); this emulator reads ``EQUALS`` on ``display_name``, ``name``, ``state`` and
+``experiment_id`` and refuses the rest, so a filter it cannot judge fails visibly. A namespace the server does not
+have is refused (403: the emulator's reading of a multi-user deployment, where a namespace a person may not use is a
+permission error). Errors are the JSON of ``google.rpc.Status`` that KFP's grpc-gateway writes (``code``,
+``message``, ``details``), under the HTTP status of the code.
+
+A run executes as on the Vertex AI emulator (``tests.emulators.pipeline_runner``: each task its own process group in
+its own empty directory, the image's stand-in first on PATH, its ``/gcs/`` outputs moved into the storage emulator,
+as the KFP launcher uploads a task's outputs to the pipeline root); a task's image must be in the emulated Artifact
+Registry, else it fails at image pull. A task's placeholders are what KFP's driver substitutes
+(backend/src/v2/driver/resolve.go in kubeflow/pipelines): ``{{$.pipeline_job_name}}`` the run's display name,
+``{{$.pipeline_job_resource_name}}`` "the pipeline run name in the underlying pipeline engine (e.g. an Argo Workflow
+object name)" (kfp/dsl/__init__.py), here ``<pipeline name>-<5 random letters and digits>`` as a Kubernetes
+``generateName`` makes, and ``{{$.pipeline_job_uuid}}`` the run's id; the schedule time is the recurring run's
+firing time, "" for a run no schedule started (as on the Vertex emulator). The runtime state goes PENDING ->
+RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
+
+Terminate, on KFP's Argo backend: the API server sets the run's workflow's ``activeDeadlineSeconds`` to 0, so Argo
+stops every running step (its pod is sent SIGTERM, then SIGKILL after its grace period, as Kubernetes ends a pod:
+https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), and the exit handler's step is
+started past the deadline and fails at once, "Step exceeded its deadline", without running its command
+(https://github.com/kubeflow/pipelines/issues/6101: "on termination the exit handler fails with this error
+message"). So here: the running tasks are stopped, every task not started is CANCELED except the exit handler's,
+which is FAILED with that message, and its command never runs. As on Vertex AI, a stopped run's teardown is for
+``tpupipe runs cancel`` and the janitor to do.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.parser import BytesParser
+from email.policy import HTTP
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+from tests.emulators.http import HttpEmulator, HttpError
+from tests.emulators.pipeline_runner import PARAMETER_TYPES, Job, PipelineRunner, _cron_matches, _now
+from tests.emulators.tokens import authorized
+
+PREFIX = "/apis/v2beta1/"
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELED")
+# google.rpc.Code of an HTTP status, as grpc-gateway maps them (https://github.com/googleapis/googleapis/blob/master/
+# google/rpc/code.proto: each code's HTTP mapping).
+CODES = {400: 3, 401: 16, 403: 7, 404: 5, 409: 6, 501: 12}
+EXIT_DEADLINE = "Step exceeded its deadline"  # kubeflow/pipelines#6101, the exit handler after a terminate
+FILTER_KEYS = ("display_name", "name", "state", "experiment_id")
+EQUALS = (1, "EQUALS")  # api.Filter's Predicate.Operation EQUALS (kfp's _FILTER_OPERATIONS in kfp/client/client.py)
+
+
+class KfpError(HttpError):
+    def body(self) -> dict:
+        code = CODES.get(self.status, 2)
+        return {"error": self.message, "code": code, "message": self.message, "details": []}
+
+
+@dataclass
+class Recurring:
+    resource: dict  # the V2beta1RecurringRun
+    spec: dict
+    runs: list[str] = field(default_factory=list)
+    skipped: int = 0
+
+
+class KfpEmulator(HttpEmulator, PipelineRunner):
+    STATES = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED"}
+
+    def __init__(self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = ""):
+        super().__init__()
+        self._runner_init(storage, registry, env, python_bin, workdir)
+        self.token = token
+        self.namespaces = {"kubeflow"}  # the namespaces the server has ("" is its default, single-user)
+        self.pipelines: dict[str, dict] = {}
+        self.versions: dict[str, dict] = {}  # version id -> V2beta1PipelineVersion, with its spec
+        self.experiments: dict[str, dict] = {}
+        self.recurring: dict[str, Recurring] = {}
+        self.clock = datetime.now(UTC).replace(second=0, microsecond=0)  # the recurring runs' clock
+        self.calls: list[str] = []
+
+    # ------------------------------------------------------------------ the executor's hooks
+    def _job_id(self, job: Job) -> str:
+        return job.resource["run_id"]
+
+    def _placeholders(self, job: Job) -> dict[str, str]:
+        return {
+            "{{$.pipeline_job_name}}": job.resource["display_name"],
+            "{{$.pipeline_job_resource_name}}": job.resource["workflow"],
+            "{{$.pipeline_job_uuid}}": job.resource["run_id"],
+            "{{$.pipeline_job_schedule_time_utc}}": job.scheduled,
+        }
+
+    def _set(self, job: Job, **fields) -> None:
+        with self._lock:
+            if "state" in fields:
+                job.resource["state"] = fields["state"]
+                job.resource.setdefault("state_history", []).append({"update_time": _now(), "state": fields["state"]})
+            if "endTime" in fields:
+                job.resource["finished_at"] = fields["endTime"]
+            if "error" in fields:
+                job.resource["error"] = fields["error"]
+
+    def _not_started(self, job: Job, shown: str, parent: str, always: bool) -> None:
+        detail = self._detail(job, shown, "FAILED" if always else "CANCELLED", parent)
+        if always:  # the exit handler's step, started past the workflow's deadline: its command never runs
+            detail["error"] = {"code": 4, "message": EXIT_DEADLINE}
+
+    # ------------------------------------------------------------------ inspection and test hooks
+    def run(self, run_id: str) -> Job:
+        with self._lock:
+            return self.jobs[run_id]
+
+    def wait(self, run_id: str, timeout_s: float = 600) -> dict:
+        """The run's resource once it has ended."""
+        from tests.helpers import wait_until
+
+        def ended() -> dict | None:
+            resource = self.run(run_id).resource
+            return self._shown_run(self.run(run_id)) if resource["state"] in TERMINAL else None
+
+        return wait_until(ended, timeout_s, f"run {run_id} to end", detail=lambda: self.run(run_id).resource["state"])
+
+    def add_run(self, state: str, namespace: str = "kubeflow", parameters: dict | None = None) -> str:
+        """A run known to the server in ``state`` with nothing to run, as one started and ended elsewhere."""
+        run_id = str(uuid.uuid4())
+        resource = {
+            "run_id": run_id,
+            "display_name": f"run-{run_id[:8]}",
+            "namespace": namespace,
+            "state": state,
+            "created_at": _now(),
+            "runtime_config": {"parameters": parameters or {}},
+            "workflow": f"run-{run_id[:5]}",
+        }
+        with self._lock:
+            self.jobs[run_id] = Job(resource, {}, {}, "")
+        return run_id
+
+    def advance(self, to: datetime) -> list[str]:
+        """Move the recurring runs' clock to ``to``, firing every run due on the way, minute by minute."""
+        started = []
+        while self.clock < to:
+            self.clock += timedelta(minutes=1)
+            with self._lock:
+                due = [r for r in self.recurring.values() if r.resource["status"] == "ENABLED" and self._due(r)]
+            started += [run for run in (self._fire(r) for r in due) if run]
+        return started
+
+    def fire(self, recurring_run_id: str) -> str:
+        """Start the recurring run's next run now, as its trigger would (its concurrency limit holds); its run id."""
+        return self._fire(self.recurring[recurring_run_id])
+
+    # ------------------------------------------------------------------ serving
+    def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
+        try:
+            return self._route(http, raw)
+        except KfpError:
+            raise
+        except HttpError as exc:  # raised by the shared parts in Google's shape: KFP answers in its own
+            raise KfpError(exc.status, exc.message) from None
+
+    def _route(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
+        url = urlparse(http.path)
+        path, query = url.path.removeprefix(PREFIX), {k: v[0] for k, v in parse_qs(url.query).items()}
+        if path == "healthz":
+            return 200, {"multi_user": False}
+        if self.token and not authorized(self.token, http.headers.get("Authorization")):
+            raise KfpError(401, "Unauthenticated: the request has no valid bearer token.")
+        method, parts = http.command, path.split("/")
+        with self._lock:
+            if path == "pipelines/upload" and method == "POST":
+                return 200, self._upload(query, http, raw)
+            if path == "pipelines/upload_version" and method == "POST":
+                return 200, self._upload_version(query, http, raw)
+            if parts[0] == "pipelines" and method == "GET":
+                return 200, self._get_pipelines(parts[1:], query)
+            if parts[0] == "experiments":
+                return 200, self._experiments(method, parts[1:], query, raw)
+            if parts[0] == "runs":
+                return 200, self._runs(method, parts[1:], query, raw)
+            if parts[0] == "recurringruns":
+                return 200, self._recurring_runs(method, parts[1:], query, raw)
+        raise KfpError(404, f"Not Found: {method} {url.path}")
+
+    def _namespace(self, namespace: str | None) -> str:
+        if namespace and namespace not in self.namespaces:
+            raise KfpError(403, f"Failed to authorize with API: namespace {namespace!r} is not one of this server's")
+        return namespace or ""
+
+    # ------------------------------------------------------------------ pipelines and versions
+    def _uploaded_spec(self, http: BaseHTTPRequestHandler, raw: bytes) -> dict:
+        message = BytesParser(policy=HTTP).parsebytes(
+            f"Content-Type: {http.headers.get('Content-Type')}\r\n\r\n".encode() + raw
+        )
+        files = [part for part in message.iter_parts() if part.get_param("name", header="content-disposition")]
+        upload = next((p for p in files if p.get_param("name", header="content-disposition") == "uploadfile"), None)
+        if upload is None:
+            raise KfpError(400, "Failed to create a pipeline: no uploadfile in the request")
+        try:
+            spec = yaml.safe_load(upload.get_payload(decode=True))
+        except yaml.YAMLError as exc:
+            raise KfpError(400, f"Failed to create a pipeline: the package is not YAML: {exc}") from None
+        if not isinstance(spec, dict) or "root" not in spec or "deploymentSpec" not in spec:
+            raise KfpError(400, "Failed to create a pipeline: the package is not a compiled KFP v2 pipeline")
+        return spec
+
+    def _upload(self, query: dict, http: BaseHTTPRequestHandler, raw: bytes) -> dict:
+        self.calls.append("UploadPipeline")
+        namespace = self._namespace(query.get("namespace"))
+        spec = self._uploaded_spec(http, raw)
+        name = query.get("name") or spec.get("pipelineInfo", {}).get("name", "")
+        if any(p["display_name"] == name and p["namespace"] == namespace for p in self.pipelines.values()):
+            raise KfpError(409, f"Failed to create a pipeline: the name {name!r} already exists in the namespace")
+        pipeline_id = str(uuid.uuid4())
+        self.pipelines[pipeline_id] = {
+            "pipeline_id": pipeline_id,
+            "display_name": name,
+            "name": name,
+            "description": query.get("description", ""),
+            "namespace": namespace,
+            "created_at": _now(),
+        }
+        self._new_version(pipeline_id, name, spec)
+        return copy.deepcopy(self.pipelines[pipeline_id])
+
+    def _upload_version(self, query: dict, http: BaseHTTPRequestHandler, raw: bytes) -> dict:
+        self.calls.append("UploadPipelineVersion")
+        pipeline_id, name = query.get("pipelineid", ""), query.get("name", "")
+        if pipeline_id not in self.pipelines:
+            raise KfpError(404, f"Failed to create a pipeline version: pipeline {pipeline_id!r} not found")
+        if any(v["pipeline_id"] == pipeline_id and v["display_name"] == name for v in self.versions.values()):
+            raise KfpError(409, f"Failed to create a pipeline version: the name {name!r} already exists")
+        return self._new_version(pipeline_id, name, self._uploaded_spec(http, raw))
+
+    def _new_version(self, pipeline_id: str, name: str, spec: dict) -> dict:
+        version_id = str(uuid.uuid4())
+        self.versions[version_id] = {
+            "pipeline_id": pipeline_id,
+            "pipeline_version_id": version_id,
+            "display_name": name,
+            "name": name,
+            "created_at": _now(),
+            "pipeline_spec": spec,
+        }
+        return copy.deepcopy(self.versions[version_id])
+
+    def _get_pipelines(self, rest: list[str], query: dict) -> dict:
+        if not rest:
+            self.calls.append("ListPipelines")
+            namespace = self._namespace(query.get("namespace"))
+            found = [p for p in self.pipelines.values() if p["namespace"] == namespace]
+            return _page("pipelines", _filtered(found, query))
+        if rest[0] not in self.pipelines:
+            raise KfpError(404, f"Pipeline {rest[0]} not found")
+        if len(rest) == 1:
+            return copy.deepcopy(self.pipelines[rest[0]])
+        versions = [v for v in self.versions.values() if v["pipeline_id"] == rest[0]]
+        if len(rest) == 3:
+            if rest[2] not in self.versions:
+                raise KfpError(404, f"Pipeline version {rest[2]} not found")
+            return copy.deepcopy(self.versions[rest[2]])
+        versions.sort(key=lambda v: v["created_at"], reverse=query.get("sort_by", "").endswith("desc"))
+        return _page("pipeline_versions", _filtered(versions, query))
+
+    # ------------------------------------------------------------------ experiments
+    def _experiments(self, method: str, rest: list[str], query: dict, raw: bytes) -> dict:
+        if method == "POST" and not rest:
+            self.calls.append("CreateExperiment")
+            body = json.loads(raw or b"{}")
+            namespace = self._namespace(body.get("namespace"))
+            name = body.get("display_name", "")
+            if not name:
+                raise KfpError(400, "Invalid input error: experiment name is empty")
+            if any(e["display_name"] == name and e["namespace"] == namespace for e in self.experiments.values()):
+                raise KfpError(409, f"Failed to create a new experiment: {name!r} already exists")
+            experiment_id = str(uuid.uuid4())
+            self.experiments[experiment_id] = {
+                "experiment_id": experiment_id,
+                "display_name": name,
+                "description": body.get("description") or "",
+                "namespace": namespace,
+                "created_at": _now(),
+                "storage_state": "AVAILABLE",
+            }
+            return copy.deepcopy(self.experiments[experiment_id])
+        if method == "GET" and not rest:
+            self.calls.append("ListExperiments")
+            namespace = self._namespace(query.get("namespace"))
+            found = [e for e in self.experiments.values() if e["namespace"] == namespace]
+            return _page("experiments", _filtered(found, query))
+        if method == "GET" and rest[0] in self.experiments:
+            return copy.deepcopy(self.experiments[rest[0]])
+        raise KfpError(404, f"Experiment {'/'.join(rest)} not found")
+
+    # ------------------------------------------------------------------ runs
+    def _runs(self, method: str, rest: list[str], query: dict, raw: bytes) -> dict:
+        if method == "POST" and not rest:
+            self.calls.append("CreateRun")
+            return self._create_run(json.loads(raw or b"{}"))
+        if method == "GET" and not rest:
+            self.calls.append("ListRuns")
+            runs = [self._shown_run(j, details=False) for j in self.jobs.values() if _in(j.resource, query, self)]
+            runs.sort(key=lambda r: r["created_at"], reverse=query.get("sort_by", "created_at desc").endswith("desc"))
+            return _page("runs", _filtered(runs, query))
+        run_id, _, verb = rest[0].partition(":")
+        if run_id not in self.jobs:
+            raise KfpError(404, f"Run {run_id} not found")
+        job = self.jobs[run_id]
+        if method == "GET" and not verb:
+            self.calls.append("GetRun")
+            return self._shown_run(job)
+        if method == "POST" and verb == "terminate":
+            self.calls.append("TerminateRun")
+            self._terminate_run(job)
+            return {}
+        raise KfpError(404, f"Not Found: {method} runs/{rest[0]}")
+
+    def _create_run(self, body: dict, recurring: str = "", scheduled: str = "", run_id: str = "") -> dict:
+        spec = self._run_spec(body)
+        experiment = self.experiments.get(body.get("experiment_id") or "")
+        if body.get("experiment_id") and experiment is None:
+            raise KfpError(404, f"Failed to create a run: experiment {body['experiment_id']} not found")
+        runtime = body.get("runtime_config") or {}
+        root = runtime.get("pipeline_root") or spec.get("defaultPipelineRoot", "")
+        if not root.startswith("gs://"):  # this emulator keeps artifacts in the storage emulator alone
+            raise KfpError(501, f"emulator: the pipeline root must be gs://, got {root!r}")
+        parameters = _parameters(spec, runtime.get("parameters") or {})
+        run_id = run_id or str(uuid.uuid4())
+        name = spec.get("pipelineInfo", {}).get("name", "pipeline")
+        resource = {
+            "run_id": run_id,
+            "display_name": body.get("display_name") or name,
+            "experiment_id": experiment["experiment_id"] if experiment else "",
+            "namespace": experiment["namespace"] if experiment else "",
+            "pipeline_version_reference": body.get("pipeline_version_reference"),
+            "runtime_config": {"parameters": runtime.get("parameters") or {}, "pipeline_root": root},
+            "service_account": body.get("service_account") or "pipeline-runner",
+            "created_at": _now(),
+            "scheduled_at": scheduled or _now(),
+            "state": "PENDING",
+            "recurring_run_id": recurring,
+            # the run's Argo Workflow: a generateName's five random letters and digits after the pipeline's name
+            "workflow": f"{name}-{''.join(secrets.choice('abcdefghijklmnopqrstuvwxyz0123456789') for _ in range(5))}",
+        }
+        self.jobs[run_id] = Job(resource, spec, parameters, root.rstrip("/"), scheduled=scheduled)
+        threading.Thread(target=self._run, args=(run_id,), daemon=True).start()
+        return self._shown_run(self.jobs[run_id])
+
+    def _run_spec(self, body: dict) -> dict:
+        reference = body.get("pipeline_version_reference") or {}
+        if body.get("pipeline_spec"):
+            return copy.deepcopy(body["pipeline_spec"])
+        version = self.versions.get(reference.get("pipeline_version_id") or "")
+        if version is None or version["pipeline_id"] != reference.get("pipeline_id"):
+            raise KfpError(404, f"Failed to create a run: pipeline version {reference or 'none'} not found")
+        return copy.deepcopy(version["pipeline_spec"])
+
+    def _terminate_run(self, job: Job) -> None:
+        if job.resource["state"] in TERMINAL:
+            raise KfpError(400, f"Failed to terminate run {job.resource['run_id']}: it has ended")
+        self._set(job, state="CANCELING")
+        job.cancelled.set()
+        job.cancels.append((job.resource["state"], list(job.running.values())))
+        for proc, shown in list(job.running.items()):
+            self._terminate(proc, shown)
+
+    def _shown_run(self, job: Job, details: bool = True) -> dict:
+        """The V2beta1Run: the task details in V2beta1PipelineTaskDetail's fields and V2beta1RuntimeState's states
+        (a task not started after a stop is CANCELED; one whose condition did not hold SKIPPED)."""
+        shown = {k: copy.deepcopy(v) for k, v in job.resource.items() if k not in ("workflow", "namespace")}
+        if details:
+            states = {"CANCELLED": "CANCELED", "NOT_TRIGGERED": "SKIPPED"}
+            shown["run_details"] = {
+                "task_details": [
+                    {
+                        "run_id": job.resource["run_id"],
+                        "task_id": t["taskId"],
+                        "display_name": t["taskName"],
+                        "create_time": t["createTime"],
+                        "start_time": t["startTime"],
+                        "end_time": t.get("endTime"),
+                        "state": states.get(t["state"], t["state"]),
+                        "parent_task_id": t.get("parentTaskId"),
+                        **({"error": t["error"]} if t.get("error") else {}),
+                    }
+                    for t in job.tasks
+                ]
+            }
+        return shown
+
+    # ------------------------------------------------------------------ recurring runs
+    def _recurring_runs(self, method: str, rest: list[str], query: dict, raw: bytes) -> dict:
+        if method == "POST" and not rest:
+            self.calls.append("CreateRecurringRun")
+            return self._create_recurring(json.loads(raw or b"{}"))
+        if method == "GET" and not rest:
+            self.calls.append("ListRecurringRuns")
+            found = [copy.deepcopy(r.resource) for r in self.recurring.values() if _in(r.resource, query, self)]
+            return _page("recurringRuns", _filtered(found, query))
+        recurring_id, _, verb = rest[0].partition(":")
+        if recurring_id not in self.recurring:
+            raise KfpError(404, f"Recurring run {recurring_id} not found")
+        recurring = self.recurring[recurring_id]
+        if method == "GET":
+            return copy.deepcopy(recurring.resource)
+        if method == "DELETE":
+            self.calls.append("DeleteRecurringRun")
+            del self.recurring[recurring_id]
+            return {}
+        if method == "POST" and verb in ("enable", "disable"):
+            self.calls.append(f"{verb.title()}RecurringRun")
+            recurring.resource["status"] = "ENABLED" if verb == "enable" else "DISABLED"
+            return {}
+        raise KfpError(404, f"Not Found: {method} recurringruns/{rest[0]}")
+
+    def _create_recurring(self, body: dict) -> dict:
+        cron = (body.get("trigger") or {}).get("cron_schedule", {}).get("cron", "")
+        fields = cron.split()
+        # robfig/cron's format with seconds (the create_recurring_run docstring's link); this emulator fires on whole
+        # minutes, so it takes a seconds field of 0 and the five fields after it as a 5-field cron.
+        if len(fields) != 6:
+            raise KfpError(400, f"Invalid input error: the cron {cron!r} does not have 6 fields")
+        if fields[0] != "0" or "?" in fields:
+            raise KfpError(501, f"emulator: the cron {cron!r} fires off the minute or uses '?': not emulated")
+        try:
+            _cron_matches(" ".join(fields[1:]), self.clock)
+        except Exception:  # noqa: BLE001 - any parse failure is the server's invalid input
+            raise KfpError(400, f"Invalid input error: the cron {cron!r} cannot be parsed") from None
+        experiment = self.experiments.get(body.get("experiment_id") or "")
+        if experiment is None:
+            raise KfpError(404, f"Failed to create a recurring run: experiment {body.get('experiment_id')} not found")
+        if not 1 <= int(body.get("max_concurrency") or 0) <= 10:  # "Range [1-10]", its field docs
+            raise KfpError(400, f"Invalid input error: max_concurrency {body.get('max_concurrency')} is not in [1, 10]")
+        spec = self._run_spec(body)
+        _parameters(spec, (body.get("runtime_config") or {}).get("parameters") or {})
+        recurring_id = str(uuid.uuid4())
+        resource = copy.deepcopy(body) | {
+            "recurring_run_id": recurring_id,
+            "namespace": experiment["namespace"],
+            "status": "ENABLED" if body.get("mode", "ENABLE") == "ENABLE" else "DISABLED",
+            "created_at": _now(),
+            "updated_at": _now(),
+            "max_concurrency": str(body.get("max_concurrency") or 1),
+        }
+        self.recurring[recurring_id] = Recurring(resource, spec)
+        return copy.deepcopy(resource)
+
+    def _due(self, recurring: Recurring) -> bool:
+        schedule = recurring.resource["trigger"]["cron_schedule"]
+        starts, ends = (
+            datetime.fromisoformat(schedule[k].replace("Z", "+00:00")) if schedule.get(k) else None
+            for k in ("start_time", "end_time")
+        )
+        if (starts and self.clock < starts) or (ends and self.clock > ends):
+            return False
+        return _cron_matches(" ".join(schedule["cron"].split()[1:]), self.clock)
+
+    def _fire(self, recurring: Recurring) -> str:
+        r = recurring.resource
+        with self._lock:
+            active = [run for run in recurring.runs if self.jobs[run].resource["state"] not in TERMINAL]
+            if len(active) >= int(r["max_concurrency"]):
+                recurring.skipped += 1
+                return ""
+            run_id = str(uuid.uuid4())
+            # The macros KFP's scheduled workflow controller substitutes in a recurring run's parameters: the run's
+            # id, its scheduled and current times (YYYYMMDDhhmmss, UTC) and its index among the recurring run's runs
+            # (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in kubeflow/pipelines).
+            macros = {
+                "[[RunUUID]]": run_id,
+                "[[ScheduledTime]]": f"{self.clock:%Y%m%d%H%M%S}",
+                "[[CurrentTime]]": f"{datetime.now(UTC):%Y%m%d%H%M%S}",
+                "[[Index]]": str(len(recurring.runs) + 1),
+            }
+            runtime = copy.deepcopy(r.get("runtime_config") or {})
+            for key, value in (runtime.get("parameters") or {}).items():
+                for macro, text in macros.items() if isinstance(value, str) else ():
+                    value = value.replace(macro, text)
+                runtime["parameters"][key] = value
+            body = {
+                "display_name": f"{r['display_name']}-{self.clock:%Y%m%d%H%M%S}",
+                "experiment_id": r["experiment_id"],
+                "pipeline_spec": recurring.spec,
+                "runtime_config": runtime,
+                "service_account": r.get("service_account"),
+            }
+            run = self._create_run(body, r["recurring_run_id"], self.clock.strftime("%Y-%m-%dT%H:%M:%SZ"), run_id)
+            recurring.runs.append(run["run_id"])
+        return run["run_id"]
+
+
+def _parameters(spec: dict, given: dict) -> dict:
+    """The run's parameters against the spec's root inputs: no unknown name, each of its declared type, each missing
+    one defaulted, a missing one without a default refused."""
+    declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    values = {}
+    for key, value in given.items():
+        if key not in declared:
+            raise KfpError(400, f"Invalid input error: parameter {key!r} is not an input of the pipeline")
+        if not isinstance(value, PARAMETER_TYPES[declared[key]["parameterType"]]):
+            raise KfpError(400, f"Invalid input error: parameter {key!r} is not a {declared[key]['parameterType']}")
+        values[key] = value
+    for key, definition in declared.items():
+        if key not in values:
+            if "defaultValue" not in definition:
+                raise KfpError(400, f"Invalid input error: parameter {key!r} is required")
+            values[key] = definition["defaultValue"]
+    return values
+
+
+def _filtered(items: list[dict], query: dict) -> list[dict]:
+    """``items`` matching the query's ``filter`` (api.Filter JSON: EQUALS predicates on FILTER_KEYS, ANDed)."""
+    if not query.get("filter"):
+        return items
+    predicates = json.loads(query["filter"]).get("predicates", [])
+    for p in predicates:
+        if p.get("operation") not in EQUALS or p.get("key") not in FILTER_KEYS:
+            raise KfpError(501, f"emulator: cannot read the filter predicate {p}")
+    value = lambda p: p.get("string_value", p.get("stringValue"))  # noqa: E731 - the predicate's string, either case
+    return [i for i in items if all(i.get(p["key"]) == value(p) for p in predicates)]
+
+
+def _in(resource: dict, query: dict, server: KfpEmulator) -> bool:
+    """Whether a run or recurring run is among those a list asks for: of its experiment (``experiment_id``), else of
+    its namespace (``namespace``, when given)."""
+    if query.get("experiment_id"):
+        return resource.get("experiment_id") == query["experiment_id"]
+    return "namespace" not in query or resource.get("namespace", "") == server._namespace(query["namespace"])
+
+
+def _page(key: str, items: list[dict]) -> dict:
+    return {key: items, "total_size": len(items)} if items else {"total_size": 0}
