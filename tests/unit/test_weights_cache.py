@@ -1,0 +1,143 @@
+"""Base weights cached once per model revision (``components.workload.weights``), against the hub emulator
+(``tests/emulators/hfhub.py``) on this machine: the first run copies and verifies, a later one reads the copy with
+the hub stopped and no token, a damaged file is copied again with a warning, a new revision is a new copy, and a
+copy cut short is never used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.spec import InfraError
+from components.workload import weights
+from tests.emulators.hfhub import HubEmulator
+
+REPO = "google/tiny-gemma"
+FILES = {
+    "config.json": b'{"model_type": "gemma4"}',
+    "model.safetensors": bytes(range(256)) * 64,  # an LFS file: checked by its sha256
+    "tokenizer.json": b'{"version": "1.0"}',
+}
+
+
+@pytest.fixture
+def hub():
+    emulator = HubEmulator()
+    emulator.repo(REPO).push(FILES)
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+def run(cache, hub_url, token=None, revision="main"):
+    lines: list[str] = []
+    out = weights.ensure(cache, REPO, revision, token, lines.append, hub=hub_url)
+    return out, lines
+
+
+def copied(root: Path, commit: str) -> dict[str, bytes]:
+    files = Path(weights.files_dir(str(root), REPO, commit))
+    return {p.name: p.read_bytes() for p in files.iterdir()}
+
+
+def test_first_run_copies_and_verifies_the_second_reads_the_copy_without_the_hub(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    assert first["hit"] is False and first["files"] == 3
+    assert first["commit"] == hub.repos[REPO].refs["main"]
+    assert copied(tmp_path, first["commit"]) == FILES
+    manifest = json.loads((tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).read_text())
+    lfs = next(e for e in manifest["files"] if e["name"] == "model.safetensors")
+    assert "sha256" in lfs and "git_sha1" not in lfs
+    assert len(hub.downloads) == 3
+
+    url = hub.url
+    hub.stop()  # no hub, no token: the copy serves
+    second, lines = run(cache, url)
+    assert second == {"commit": first["commit"], "hit": True, "recopied": [], "files": 3}
+    assert any("did not answer" in line for line in lines)
+    assert len(hub.downloads) == 3
+
+
+def test_a_reachable_hub_is_asked_only_for_the_revision_and_nothing_is_downloaded_again(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    run(cache, hub.url)
+    before = len(hub.requests)
+    again, _ = run(cache, hub.url)
+    assert again["hit"] is True
+    assert [path.split("?")[0] for _, path in hub.requests[before:]] == [f"/api/models/{REPO}/revision/main"]
+
+
+def test_a_damaged_cached_file_is_copied_again_with_a_warning(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    target = Path(weights.files_dir(str(tmp_path), REPO, first["commit"])) / "model.safetensors"
+    target.write_bytes(b"\0" * len(FILES["model.safetensors"]))  # same size, other bytes: only the hash tells
+    again, lines = run(cache, hub.url)
+    assert again["hit"] is False and again["recopied"] == ["model.safetensors"]
+    assert any(line.startswith("WARNING") and "model.safetensors" in line for line in lines)
+    assert copied(tmp_path, first["commit"]) == FILES
+    assert hub.downloads[-1].endswith("/model.safetensors") and len(hub.downloads) == 4
+
+
+def test_a_new_revision_is_a_new_copy_under_its_own_key(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    newer = {**FILES, "config.json": b'{"model_type": "gemma4", "layers": 2}'}
+    commit = hub.repos[REPO].push(newer)
+    second, _ = run(cache, hub.url)
+    assert second["commit"] == commit != first["commit"] and second["hit"] is False
+    assert weights.key(REPO, commit) != weights.key(REPO, first["commit"])
+    assert copied(tmp_path, commit) == newer and copied(tmp_path, first["commit"]) == FILES
+    pinned, _ = run(cache, hub.url, revision=first["commit"])  # a commit as the revision: the old copy, as it is
+    assert pinned["commit"] == first["commit"] and pinned["hit"] is True
+
+
+def test_a_copy_cut_short_is_never_used(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    broken = hub.repos[REPO].refs["main"]
+    original = hub._resolve
+
+    def corrupt(repo_id, revision, name, method, headers):  # the weights arrive cut short; the listing is right
+        status, out, body = original(repo_id, revision, name, method, headers)
+        return status, out, body[:-3] if name == "model.safetensors" else body
+
+    hub._resolve = corrupt  # type: ignore[method-assign]
+    with pytest.raises(InfraError, match="does not match the hub's hash"):
+        run(cache, hub.url)
+    assert weights.lookup(cache, REPO, "main") is None
+    assert not (tmp_path / weights.key(REPO, broken) / weights.MANIFEST).exists()
+    hub.stop()
+    with pytest.raises(InfraError, match="neither cached nor on the hub"):
+        run(cache, "http://127.0.0.1:9")
+
+
+def test_a_gated_model_needs_the_token_only_for_the_first_copy(tmp_path, hub):
+    hub.repos[REPO].gated = True
+    cache = weights.LocalCache(tmp_path)
+    with pytest.raises(InfraError, match="neither cached nor on the hub.*401"):
+        run(cache, hub.url)
+    first, _ = run(cache, hub.url, token=hub.token)
+    assert first["hit"] is False
+    second, lines = run(cache, hub.url)  # no token: the hub refuses, the copy serves
+    assert second["hit"] is True and second["commit"] == first["commit"]
+
+
+def test_an_unknown_model_or_revision_is_named():
+    hub = HubEmulator()
+    hub.start()
+    try:
+        with pytest.raises(InfraError, match="train.model_id: google/nope at 'main' is not on the hub"):
+            weights.ensure(weights.LocalCache(Path("/nonexistent")), "google/nope", "main", None, print, hub=hub.url)
+    finally:
+        hub.stop()
+
+
+@pytest.mark.parametrize(
+    ("model_id", "hub_name"),
+    [("google/gemma-4-E2B-it", True), ("scratch:gemma4-tiny", False), ("/models/gemma", False), ("a/b/c", False)],
+)
+def test_which_model_ids_are_hub_names(model_id, hub_name):
+    assert weights.is_hub_name(model_id) is hub_name
