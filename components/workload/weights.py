@@ -204,17 +204,13 @@ class LocalCache:
 
 
 class GcsCache:
-    """The bucket's cache prefix through the Cloud Storage client (``components.platforms.store.gcs_client``)."""
+    """The bucket's cache prefix through a Cloud Storage client (the stage's: ``components.platforms.store``)."""
 
-    def __init__(self, bucket: str, prefix: str, client: Any = None):
+    def __init__(self, bucket: str, prefix: str, client: Any):
         self.bucket_name, self.prefix, self._client = bucket, prefix.strip("/"), client
         self.where = f"gs://{bucket}/{self.prefix}"
 
     def _blob(self, key: str) -> Any:
-        if self._client is None:
-            from components.platforms.store import gcs_client
-
-            self._client = gcs_client()  # type: ignore[no-untyped-call]
         return self._client.bucket(self.bucket_name).blob(f"{self.prefix}/{key}")
 
     def read(self, key: str) -> bytes | None:
@@ -240,16 +236,6 @@ class GcsCache:
         except gexc.NotFound:
             return False
         return bool(blob.size == entry.get("size") and blob.md5_hash == entry.get("md5"))
-
-
-def open_cache(store_uri: str, local_root: Path | None) -> Cache:
-    """The cache prefix beside the run's store: ``<output root>/cache`` on this machine, the bucket's ``cache/``
-    (what the gke worker pods mount at ``/cache``) when the run lives in Cloud Storage."""
-    from components.workload.cache import CACHE_PREFIX
-
-    if local_root is not None:
-        return LocalCache(local_root.parent / CACHE_PREFIX)
-    return GcsCache(store_uri.removeprefix("gs://").split("/", 1)[0], CACHE_PREFIX)
 
 
 def lookup(cache: Cache, repo_id: str, revision: str) -> dict[str, Any] | None:
@@ -307,3 +293,32 @@ def ensure(
     log(f"weights: {repo_id}@{commit} {'read from' if hit else 'copied to'} {cache.where}/{base}")
     recopied = sorted(e["name"] for e in todo) if cached else []
     return {"commit": commit, "hit": hit, "recopied": recopied, "files": len(done)}
+
+
+# ============================================================================ the plan
+
+
+def plan_entry(model_id: str, workload: str, uri_root: str, path_root: str) -> dict[str, Any] | None:
+    """Where the plan's run keeps its base weights: the cache prefix's ``uri_root`` (``gs://BUCKET/cache``) and as
+    the pods see it (``path_root``). Whether the run finds a copy there is not known to a plan, which reads nothing
+    and needs no credentials: the train stage resolves the revision to its commit and looks then. None for a run
+    that reads no hub model (a scratch config, a local directory, MaxText)."""
+    if workload == "maxtext" or not is_hub_name(model_id):
+        return None
+    where = repo_key(model_id)
+    return {
+        "model_id": model_id,
+        "revision": "main",
+        "uri": f"{uri_root.rstrip('/')}/{where}/",
+        "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
+        "cache_hit": "unknown until the train stage resolves the revision",
+    }
+
+
+def plan_lines(entry: dict[str, Any] | None) -> list[str]:
+    if not entry:
+        return []
+    return [
+        f"  weights     {entry['model_id']}@{entry['revision']} read from {entry['uri']} (copied from the hub once per "
+        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}"
+    ]
