@@ -83,6 +83,8 @@ class HubEmulator:
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
             return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, headers)
+        if parts[:2] == ["api", "models"] and len(parts) == 4:  # hf_api.py, model_info: no revision, the default branch
+            return self._model_info(f"{parts[2]}/{parts[3]}", "main", url.query, headers)
         if len(parts) >= 5 and parts[2] == "resolve":
             return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), method, headers)
         return _error(404, "EntryNotFound", f"no route {path}")
