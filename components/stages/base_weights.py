@@ -5,7 +5,9 @@ job of the run gets its directory as ``TPUPIPE_WEIGHTS_DIR`` (``trainers.model.w
 
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
 where the run's Hugging Face token already is (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names, as the trainers
-read it), and finished and checked before any chip is waiting on it.
+read it), and finished and checked before any chip is waiting on it. Where this process can neither reach the hub
+nor find a copy (a gated model whose token only the pods hold: ``gke.hf_secret``), the run goes on as without the
+cache, the workers reading the hub, with a warning.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json, write_json
+from components.spec import InfraError
 from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
 
@@ -59,7 +62,11 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
     if not wanted(ctx):
         return None
     model_id = ctx.spec.train.model_id
-    out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(), log)
+    try:
+        out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(), log)
+    except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
+        log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
+        return None
     root = get_platform(ctx.platform).compile_cache_root(ctx)
     record = {
         **out,

@@ -141,3 +141,41 @@ def test_an_unknown_model_or_revision_is_named():
 )
 def test_which_model_ids_are_hub_names(model_id, hub_name):
     assert weights.is_hub_name(model_id) is hub_name
+
+
+def test_the_train_stage_records_the_copy_and_every_job_gets_its_directory(tmp_path, hub, monkeypatch):
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+
+    def ctx(model_id: str) -> RunContext:
+        spec = resolve("local-fsdp", {"model_id": model_id})
+        return RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    lines: list[str] = []
+    record = base_weights.prepare(ctx(REPO), lines.append)
+    assert record is not None and record["hit"] is False
+    assert record["dir"] == weights.files_dir(str(tmp_path / "cache"), REPO, hub.repos[REPO].refs["main"])
+    assert Path(record["dir"], "config.json").read_bytes() == FILES["config.json"]
+    assert jobs.runtime_env(ctx(REPO))["env_vars"][weights.WEIGHTS_DIR_ENV] == record["dir"]
+    # a scratch model reads no weights: no copy, no directory in its jobs
+    assert base_weights.prepare(ctx("scratch:gemma4-tiny"), lines.append) is None
+    assert weights.WEIGHTS_DIR_ENV not in jobs.runtime_env(ctx("scratch:gemma4-tiny"))["env_vars"]
+
+
+def test_without_a_copy_or_the_hub_the_run_goes_on_reading_the_hub_with_a_warning(tmp_path, monkeypatch):
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    ctx = RunContext(
+        spec=resolve("local-fsdp", {"model_id": REPO}), run_id="r", store=LocalStore(tmp_path / "r"), platform="local"
+    )
+    lines: list[str] = []
+    assert base_weights.prepare(ctx, lines.append) is None
+    assert lines[-1].startswith("WARNING: base weights not cached") and REPO in lines[-1]
+    assert weights.WEIGHTS_DIR_ENV not in jobs.runtime_env(ctx)["env_vars"]
