@@ -179,3 +179,38 @@ def test_without_a_copy_or_the_hub_the_run_goes_on_reading_the_hub_with_a_warnin
     assert base_weights.prepare(ctx, lines.append) is None
     assert lines[-1].startswith("WARNING: base weights not cached") and REPO in lines[-1]
     assert weights.WEIGHTS_DIR_ENV not in jobs.runtime_env(ctx)["env_vars"]
+
+
+def test_in_cloud_storage_a_copy_is_checked_by_the_objects_md5_and_a_damaged_one_copied_again(hub, monkeypatch):
+    """The bucket's ``cache/`` through the real google-cloud-storage client, against the storage emulator: the second
+    run reads nothing of the weights (the objects' md5Hash against the manifest's), a replaced object is caught."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from tests.emulators.storage import StorageEmulator
+
+    project, token, bucket = "tpupipe-emulated", "t0ken", "tpupipe-runs"
+    storage = StorageEmulator({project: "123456789012"}, token=token)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    try:
+        client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
+        client.create_bucket(bucket)
+        cache = weights.GcsCache(bucket, "cache", client)
+        first, _ = run(cache, hub.url)
+        base = f"cache/{weights.key(REPO, first['commit'])}"
+        assert first["hit"] is False and client.bucket(bucket).blob(f"{base}/{weights.MANIFEST}").exists()
+        assert (
+            client.bucket(bucket).blob(f"{base}/files/model.safetensors").download_as_bytes()
+            == FILES["model.safetensors"]
+        )
+        second, _ = run(cache, hub.url)
+        assert second["hit"] is True and len(hub.downloads) == 3
+        storage.put(bucket, f"{base}/files/model.safetensors", b"\0" * len(FILES["model.safetensors"]))
+        third, lines = run(cache, hub.url)
+        assert third["recopied"] == ["model.safetensors"] and any(line.startswith("WARNING") for line in lines)
+        assert (
+            client.bucket(bucket).blob(f"{base}/files/model.safetensors").download_as_bytes()
+            == FILES["model.safetensors"]
+        )
+    finally:
+        storage.stop()
