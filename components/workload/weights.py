@@ -83,9 +83,22 @@ def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "").rstrip("/") or DEFAULT_ENDPOINT
 
 
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects followed, the token sent on only to the host it was meant for: the hub answers a download of a
+    large file with a redirect to its storage's signed URL (the Hub API docs, https://huggingface.co/docs/hub/api;
+    huggingface_hub's ``file_download.py`` follows only relative redirects with its headers)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
 def _open(url: str, token: str | None, timeout: float = 60.0) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    opener = urllib.request.build_opener(_SameHostAuth())
+    return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
 def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[str, Any]:
@@ -190,9 +203,9 @@ class LocalCache:
         os.replace(f.name, self.root / key)
 
     def put(self, key: str, path: Path) -> None:
-        tmp = tempfile.mktemp(dir=self._parent(key))
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, self.root / key)
+        with tempfile.NamedTemporaryFile(dir=self._parent(key), delete=False) as f, open(path, "rb") as src:
+            shutil.copyfileobj(src, f, CHUNK)
+        os.replace(f.name, self.root / key)
 
     def intact(self, key: str, entry: dict[str, Any]) -> bool:
         return matches(self.root / key, entry)

@@ -65,6 +65,10 @@ class HubEmulator:
         self.repos: dict[str, Repo] = {}
         self.token = "hf_test_token"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in order
+        self.authorized: list[str] = []  # the paths of the requests that carried an Authorization header
+        # An LFS file's download answered with a redirect to its storage on another host, as the hub does (the Hub
+        # API docs, https://huggingface.co/docs/hub/api; file_download.py follows only relative redirects itself).
+        self.lfs_redirect = False
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -78,9 +82,13 @@ class HubEmulator:
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         self.requests.append((method, raw_path))
+        if "authorization" in headers:
+            self.authorized.append(raw_path)
         url = urllib.parse.urlsplit(raw_path)
         path = urllib.parse.unquote(url.path)
         parts = path.strip("/").split("/")
+        if parts[0] == "storage" and len(parts) == 2:  # the other host of lfs_redirect, by the file's sha256
+            return self._stored(parts[1])
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
             return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, headers)
         if parts[:2] == ["api", "models"] and len(parts) == 4:  # hf_api.py, model_info: no revision, the default branch
@@ -151,9 +159,21 @@ class HubEmulator:
             out["X-Linked-Etag"] = f'"{hashlib.sha256(data).hexdigest()}"'
             out["X-Linked-Size"] = str(len(data))
             out["ETag"] = f'"{git_blob_sha1(lfs_pointer(data))}"'
+            if self.lfs_redirect:  # "localhost", not 127.0.0.1: another host to a client
+                port = self.url.rsplit(":", 1)[1]
+                location = f"http://localhost:{port}/storage/{hashlib.sha256(data).hexdigest()}"
+                return 302, {**out, "Location": location, "Content-Length": "0"}, b""
         else:
             out["ETag"] = f'"{git_blob_sha1(data)}"'
         return 200, out, b"" if method == "HEAD" else data
+
+    def _stored(self, sha256: str) -> tuple[int, dict[str, str], bytes]:
+        for repo in self.repos.values():
+            for files in repo.commits.values():
+                for data in files.values():
+                    if hashlib.sha256(data).hexdigest() == sha256:
+                        return 200, {"Content-Type": "application/octet-stream"}, data
+        return 404, {}, b""
 
     # ------------------------------------------------------------------ the server
 

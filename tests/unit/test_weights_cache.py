@@ -214,3 +214,13 @@ def test_in_cloud_storage_a_copy_is_checked_by_the_objects_md5_and_a_damaged_one
         )
     finally:
         storage.stop()
+
+
+def test_the_token_goes_to_the_hub_alone_not_to_the_storage_a_download_is_redirected_to(tmp_path, hub):
+    hub.repos[REPO].gated = True
+    hub.lfs_redirect = True
+    first, _ = run(weights.LocalCache(tmp_path), hub.url, token=hub.token)
+    assert copied(tmp_path, first["commit"]) == FILES
+    stored = [path for _, path in hub.requests if path.startswith("/storage/")]
+    assert len(stored) == 1 and stored[0] not in hub.authorized
+    assert all(path in hub.authorized for _, path in hub.requests if not path.startswith("/storage/"))
