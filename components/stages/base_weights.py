@@ -4,10 +4,10 @@ submitted, so that no TPU host downloads from the hub. The run records where the
 job of the run gets its directory as ``TPUPIPE_WEIGHTS_DIR`` (``trainers.model.weights_source``).
 
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
-where the run's Hugging Face token already is (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names, as the trainers
-read it), and finished and checked before any chip is waiting on it. Where this process can neither reach the hub
-nor find a copy (a gated model whose token only the pods hold: ``gke.hf_secret``), the run goes on as without the
-cache, the workers reading the hub, with a warning.
+where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
+Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Where
+this process can neither reach the hub nor find a copy (a gated model whose token only the pods hold:
+``gke.hf_secret``), the run goes on as without the cache, the workers reading the hub, with a warning.
 """
 
 from __future__ import annotations
@@ -48,11 +48,18 @@ def open_cache(ctx: RunContext) -> weights.Cache:
     return weights.GcsCache(ctx.store.uri.removeprefix("gs://").split("/", 1)[0], CACHE_PREFIX, gcs_client())
 
 
-def _token() -> str | None:
+def _token(ctx: RunContext) -> str | None:
+    """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else on gke the
+    Secret Manager secret ``gke.hf_token_secret`` (as deploy_raycluster reads it for the pods; a Vertex AI task has
+    no other). Never logged, never written."""
     token = os.environ.get("HF_TOKEN")
     path = os.environ.get("HF_TOKEN_PATH")
     if not token and path and Path(path).is_file():
         token = Path(path).read_text().strip()
+    if not token and ctx.platform == "gke" and ctx.spec.gke.hf_token_secret:
+        from components.platforms.gke.cloud import secrets
+
+        token = secrets.read(ctx.spec.gke.hf_token_secret).decode().strip()
     return token or None
 
 
@@ -63,7 +70,7 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         return None
     model_id = ctx.spec.train.model_id
     try:
-        out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(), log)
+        out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(ctx), log)
     except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
         log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
         return None

@@ -224,3 +224,52 @@ def test_the_token_goes_to_the_hub_alone_not_to_the_storage_a_download_is_redire
     stored = [path for _, path in hub.requests if path.startswith("/storage/")]
     assert len(stored) == 1 and stored[0] not in hub.authorized
     assert all(path in hub.authorized for _, path in hub.requests if not path.startswith("/storage/"))
+
+
+def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secret_manager(hub, monkeypatch):
+    """The gke train stage's side: the run in Cloud Storage, the copy under the bucket's ``cache/`` (the pods'
+    ``/cache``), a gated model's token read from ``gke.hf_token_secret`` (no ``$HF_TOKEN``), against the storage and
+    Secret Manager emulators through the real clients."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from components.platforms import RunContext
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.platforms.gke.cloud.secrets import EMULATOR_HOST_ENV as SECRETS_HOST_ENV
+    from components.platforms.store import GcsStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+    from tests.emulators.secretmanager import SecretManagerEmulator
+    from tests.emulators.storage import StorageEmulator
+
+    project, number, token, bucket = "tpupipe-emulated", "123456789012", "t0ken", "tpupipe-runs"
+    storage, secrets = StorageEmulator({project: number}, token=token), SecretManagerEmulator({project: number})
+    endpoint = storage.start()
+    for name, value in (("STORAGE_EMULATOR_HOST", endpoint), (EMULATOR_HOST_ENV, endpoint)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    monkeypatch.setenv(SECRETS_HOST_ENV, secrets.start())
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    hub.repos[REPO].gated = True
+    secrets.add(project, "hf-token", hub.token.encode())
+    try:
+        client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
+        client.create_bucket(bucket)
+        spec = resolve(
+            "gemma4-e2b-v6e-16",
+            {"model_id": REPO, "gke.project": project, "gke.hf_token_secret": f"projects/{project}/secrets/hf-token"},
+        )
+        ctx = RunContext(spec=spec, run_id="r", store=GcsStore(bucket, "state/r", client), platform="gke")
+        record = base_weights.prepare(ctx, print)
+        assert record is not None and record["hit"] is False
+        commit = hub.repos[REPO].refs["main"]
+        assert record["dir"] == f"/cache/{weights.key(REPO, commit)}/files"
+        blob = client.bucket(bucket).blob(f"cache/{weights.key(REPO, commit)}/files/model.safetensors")
+        assert blob.download_as_bytes() == FILES["model.safetensors"]
+        assert jobs.runtime_env(ctx)["env_vars"][weights.WEIGHTS_DIR_ENV] == record["dir"]
+        assert hub.token not in json.dumps(record) and hub.token not in (ctx.store.read_text("weights.json") or "")
+    finally:
+        storage.stop()
+        secrets.stop()

@@ -36,6 +36,7 @@ model_dir = build(str(ROOT / "model"))
 files = directory_files(model_dir)
 commit = hub.repo(REPO).push(files)
 hub.repo(REPO).gated = True
+hub.lfs_redirect = True  # a weights file comes from another host, as the hub sends it
 
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import GatedRepoError
