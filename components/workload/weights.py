@@ -324,7 +324,7 @@ def plan_entry(model_id: str, workload: str, uri_root: str, path_root: str) -> d
         "revision": "main",
         "uri": f"{uri_root.rstrip('/')}/{where}/",
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
-        "cache_hit": "unknown until the train stage resolves the revision",
+        "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
     }
 
 
@@ -334,4 +334,18 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
     return [
         f"  weights     {entry['model_id']}@{entry['revision']} read from {entry['uri']} (copied from the hub once per "
         f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}"
+    ]
+
+
+def lookup_lines(model_id: str, workload: str, cache: Cache) -> list[str]:
+    """What a preflight says of the run's base weights in ``cache``: the copy ``main`` last resolved to, or none yet.
+    The hub is not asked: a newer commit there is copied when the run starts."""
+    if workload == "maxtext" or not is_hub_name(model_id):
+        return []
+    found = lookup(cache, model_id, "main")
+    if found is None:
+        return [f"base weights {model_id}@main: not in {cache.where} yet; the train stage copies them once"]
+    return [
+        f"base weights {model_id}@main: cached in {cache.where} at commit {found['commit']} (what main last resolved "
+        "to; a newer commit on the hub is copied when the run starts)"
     ]

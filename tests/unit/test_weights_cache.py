@@ -273,3 +273,52 @@ def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secr
     finally:
         storage.stop()
         secrets.stop()
+
+
+def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monkeypatch):
+    """``tpupipe preflight`` (it has credentials; the plan has none) looks in the bucket's cache: none yet, then the
+    commit ``main`` last resolved to, after a copy; the hub is not asked."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.platforms.gke.checks import preflight
+    from components.platforms.gke.checks.findings import Report
+    from components.platforms.gke.plan.needs import needs
+    from components.workload import resolve
+    from tests.emulators.storage import StorageEmulator
+
+    project, number, token = "tpupipe-emulated", "123456789012", "t0ken"
+    storage = StorageEmulator({project: number}, token=token)
+    endpoint = storage.start()
+    for name, value in (
+        ("STORAGE_EMULATOR_HOST", endpoint),
+        (EMULATOR_HOST_ENV, endpoint),
+        (EMULATOR_TOKEN_ENV, token),
+    ):
+        monkeypatch.setenv(name, value)
+    try:
+        creds = user_credentials.Credentials(token=token)
+        spec = resolve("gemma4-e2b-v6e-16", {"model_id": REPO, "gke.project": project})
+        n = needs(spec, "pre")
+        client = gcs.Client(project=project, credentials=creds)
+        client.create_bucket(n.bucket)
+
+        def lines() -> list[str]:
+            report = Report()
+            preflight._bucket(n, spec, creds, report)
+            return [line for line in report.checked if line.startswith("base weights")]
+
+        before = len(hub.requests)
+        assert lines() == [
+            f"base weights {REPO}@main: not in gs://{n.bucket}/cache yet; the train stage copies them once"
+        ]
+        first, _ = run(weights.GcsCache(n.bucket, "cache", client), hub.url)
+        before = len(hub.requests)
+        assert lines() == [
+            f"base weights {REPO}@main: cached in gs://{n.bucket}/cache at commit {first['commit']} (what main last "
+            "resolved to; a newer commit on the hub is copied when the run starts)"
+        ]
+        assert len(hub.requests) == before
+    finally:
+        storage.stop()
