@@ -119,7 +119,10 @@ def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[st
         raise HubUnavailable(f"{hub} is unreachable: {exc}") from None
     files = []
     for sib in info.get("siblings") or []:
-        entry: dict[str, Any] = {"name": sib["rfilename"], "size": sib.get("size")}
+        name = str(sib["rfilename"])
+        if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
+            raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
+        entry: dict[str, Any] = {"name": name, "size": sib.get("size")}
         if sib.get("lfs"):
             entry["sha256"] = sib["lfs"]["sha256"]
             entry["size"] = sib["lfs"]["size"]
@@ -251,11 +254,25 @@ class GcsCache:
         return bool(blob.size == entry.get("size") and blob.md5_hash == entry.get("md5"))
 
 
+def _manifest(cache: Cache, name: str, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The manifest at ``name``, or None: none there, or one that cannot be read (copied again, with a warning)."""
+    raw = cache.read(name)
+    if raw is None:
+        return None
+    try:
+        manifest = json.loads(raw)
+        if isinstance(manifest, dict) and all({"name", "size"} <= set(e) for e in manifest["files"]):
+            return manifest
+    except (ValueError, KeyError, TypeError):
+        pass
+    log(f"WARNING: weights: {cache.where}/{name} is damaged; copying the files again from the hub")
+    return None
+
+
 def lookup(cache: Cache, repo_id: str, revision: str) -> dict[str, Any] | None:
     """The manifest of the copy ``revision`` last resolved to, or None (no copy yet, or never of that revision)."""
     commit = cache.read(ref_key(repo_id, revision))
-    manifest = cache.read(f"{key(repo_id, commit.decode().strip())}/{MANIFEST}") if commit else None
-    return json.loads(manifest) if manifest else None
+    return _manifest(cache, f"{key(repo_id, commit.decode().strip())}/{MANIFEST}", lambda _: None) if commit else None
 
 
 def ensure(
@@ -277,8 +294,7 @@ def ensure(
         info = {"commit": manifest["commit"], "files": manifest["files"], "offline": True}
     commit: str = info["commit"]
     base = key(repo_id, commit)
-    raw = cache.read(f"{base}/{MANIFEST}")
-    manifest = json.loads(raw) if raw else None
+    manifest = _manifest(cache, f"{base}/{MANIFEST}", log)
     cached = manifest is not None
     if manifest is not None:
         todo = [e for e in manifest["files"] if not cache.intact(f"{base}/files/{e['name']}", e)]

@@ -322,3 +322,20 @@ def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monk
         assert len(hub.requests) == before
     finally:
         storage.stop()
+
+
+def test_a_damaged_manifest_is_a_copy_made_again_with_a_warning(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    (tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).write_bytes(b'{"files": [tru')
+    again, lines = run(cache, hub.url)
+    assert again["hit"] is False and len(hub.downloads) == 6
+    assert any(line.startswith("WARNING") and weights.MANIFEST in line for line in lines)
+    assert run(cache, hub.url)[0]["hit"] is True
+
+
+def test_a_file_named_outside_the_repository_is_refused_before_anything_is_written(tmp_path, hub):
+    hub.repo("evil/model").push({"../../escape.json": b"{}"})
+    with pytest.raises(InfraError, match="outside the repository"):
+        weights.ensure(weights.LocalCache(tmp_path / "cache"), "evil/model", "main", None, print, hub=hub.url)
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path / "cache").exists()
