@@ -10,6 +10,7 @@ import torch
 from components.spec import SCRATCH_PREFIX
 from components.spec import models as model_configs
 
+WEIGHTS_DIR_ENV = "TPUPIPE_WEIGHTS_DIR"  # components.workload.weights.WEIGHTS_DIR_ENV: set on every job of the run
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = string.printable  # letters, digits, punctuation, whitespace
 
@@ -31,12 +32,20 @@ def char_tokenizer():
     )
 
 
+def weights_source(model_id: str) -> str:
+    """Where a hub model is read from: the run's cached copy of its revision when the train stage made one
+    (``components.stages.base_weights``: the directory in ``TPUPIPE_WEIGHTS_DIR``), so no worker reaches the hub;
+    else ``model_id`` itself (a local directory, or the hub when the platform keeps no cache)."""
+    cached = os.environ.get(WEIGHTS_DIR_ENV, "")
+    return cached if cached and not model_id.startswith(SCRATCH_PREFIX) else model_id
+
+
 def load_tokenizer(model_id: str):
     if model_id.startswith(SCRATCH_PREFIX):
         return char_tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_id, token=os.environ.get("HF_TOKEN"))
+    return AutoTokenizer.from_pretrained(weights_source(model_id), token=os.environ.get("HF_TOKEN"))
 
 
 def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
@@ -60,7 +69,7 @@ def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.
             **entry["config"],
         )
         return model_cls(config).to(dtype)
-    return load_pretrained(model_id, dtype)
+    return load_pretrained(weights_source(model_id), dtype)
 
 
 def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):

@@ -17,6 +17,7 @@ from components.platforms import RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.store import read_json, write_text
 from components.spec import InfraError, names, protocol
+from components.stages import base_weights
 from components.workload import budget
 from components.workload.derive import JOB_RUNTIME_ENV
 
@@ -67,12 +68,12 @@ def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -
 def runtime_env(ctx: RunContext) -> dict[str, Any]:
     """The runtime environment of the run's jobs: ``JOB_RUNTIME_ENV``, and ``RAY_ADDRESS`` naming the run's own
     cluster where the ledger records its address (the local platform), so that nothing of Ray's in the job (Ray Train's
-    PlacementGroupCleaner, say) looks for "the" cluster on a machine that holds several."""
+    PlacementGroupCleaner, say) looks for "the" cluster on a machine that holds several; and the base weights' cached
+    copy (``components.stages.base_weights``). A job's tasks and actors inherit its ``env_vars``, merged with their
+    own (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html, "Inheritance")."""
     address = ledger.gcs_address(ctx.store)
-    return {
-        **JOB_RUNTIME_ENV,
-        "env_vars": {**JOB_RUNTIME_ENV["env_vars"], **({"RAY_ADDRESS": address} if address else {})},
-    }
+    own = {**({"RAY_ADDRESS": address} if address else {}), **base_weights.job_env(ctx)}
+    return {**JOB_RUNTIME_ENV, "env_vars": {**JOB_RUNTIME_ENV["env_vars"], **own}}
 
 
 def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.spec import InfraError, RunSpec, datasets
-from components.stages import dataset, gate, goodput, progress
+from components.stages import base_weights, dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
 
 
@@ -106,6 +106,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
 
     dataset.stage_files(ctx)  # the snapshot's examples where the jobs read them
+    base = base_weights.prepare(ctx, log)  # a hub model's weights where the jobs read them
     command = entrypoint(ctx, "train", init_from=start["path"] if start else "")
     job = run_job(ctx, "train", command, t.timeout_s, _train_progress(ctx.spec))
     rows = history(job["records"])
@@ -130,6 +131,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
         "heldout": in_job_figures(job["result"], job["records"]),
+        "base_weights": base,
     }
 
 

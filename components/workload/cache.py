@@ -7,7 +7,8 @@ keys every entry again by the program itself, the compile options, the devices, 
 version (``jax/_src/cache_key.py``: ``get``), so an entry of another shape or runtime is never a hit; a damaged entry
 is read as a miss with a warning and compiled again (``jax/_src/compiler.py``, ``_cache_read``: the error is raised
 only under ``jax_raise_persistent_cache_errors``, off by default). The trainers get the directory on their command
-line (``components.workload.maxtext.train_args``: MaxText's ``jax_cache_dir``).
+line (``components.workload.maxtext.train_args``: MaxText's ``jax_cache_dir``). Beside them, under ``weights/``,
+the hub's base weights, one copy per model revision (``components.workload.weights``).
 """
 
 from __future__ import annotations

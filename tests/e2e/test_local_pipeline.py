@@ -46,13 +46,16 @@ def safetensors_names(path) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
-    """train.model_id names a local directory with the layout of google/gemma-4-E2B-it
-    (``Gemma4ForConditionalGeneration``: text, vision and audio configs, a tokenizer beside it): it trains on 2 CPU
-    workers of Ray Train without the towers, the checkpoint leaves out the frozen per-layer table (and, with
-    train.checkpoint_optimizer=false, the optimizer), and evaluate loads it back onto the base. The slice check is
-    switched off, and the summary says so."""
+def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_copy(tmp_path, monkeypatch):
+    """train.model_id names a hub model with the layout of google/gemma-4-E2B-it (``Gemma4ForConditionalGeneration``:
+    text, vision and audio configs, a tokenizer beside it), served by the hub emulator: the train stage copies it once
+    into the cache under the output root, and no job reaches the hub (every file downloaded once, by the stage). It
+    trains on 2 CPU workers of Ray Train without the towers, the checkpoint leaves out the frozen per-layer table
+    (and, with train.checkpoint_optimizer=false, the optimizer), and evaluate loads it back onto the base. The slice
+    check is switched off, and the summary says so."""
     from components.platforms.local import envs
+    from components.workload import weights
+    from tests.emulators.hfhub import HubEmulator, directory_files
     from tests.helpers import REPO
 
     model_dir = tmp_path / "gemma4-composite"
@@ -64,16 +67,34 @@ def test_a_local_composite_gemma4_checkpoint_fine_tunes_end_to_end(tmp_path):
         timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
+    hub = HubEmulator()
+    files = directory_files(model_dir)
+    commit = hub.repo("google/gemma-4-E2B-it").push(files)
+    monkeypatch.setenv("HF_ENDPOINT", hub.start())
+    monkeypatch.delenv("HF_TOKEN", raising=False)
     run_id = unique_run_id("e2e-composite")
-    sets = f"model_id={model_dir} epochs=2 cluster.slice_check=false checkpoint_optimizer=false"
-    proc = tpupipe_run(tmp_path, run_id, sets)
+    sets = "model_id=google/gemma-4-E2B-it epochs=2 cluster.slice_check=false checkpoint_optimizer=false"
+    try:
+        proc = tpupipe_run(tmp_path, run_id, sets)
+    finally:
+        hub.stop()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dir = tmp_path / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["spec"]["train"]["model_id"] == str(model_dir)
+    assert summary["spec"]["train"]["model_id"] == "google/gemma-4-E2B-it"
+    # one revision lookup and one download of each file, by the train stage; the workers read the copy
+    assert [p.split("?")[0] for m, p in hub.requests if "/resolve/" not in p] == [
+        "/api/models/google/gemma-4-E2B-it/revision/main"
+    ]
+    assert sorted(p.rsplit(f"/{commit}/", 1)[1] for p in hub.downloads) == sorted(files)
+    record = json.loads((run_dir / "weights.json").read_text())
+    assert record["commit"] == commit and record["hit"] is False
+    assert record["dir"] == weights.files_dir(str(tmp_path / "cache"), "google/gemma-4-E2B-it", commit)
     assert summary["slice_check"] == {"skipped": True, "reason": "cluster.slice_check=false"}
     assert "slice check          off (cluster.slice_check=false)" in proc.stdout
-    assert "workers: 2 x {'CPU': 1} on cpu, backend gloo" in (run_dir / "logs" / "train.log").read_text()
+    train_log = (run_dir / "logs" / "train.log").read_text()
+    assert "workers: 2 x {'CPU': 1} on cpu, backend gloo" in train_log
+    assert (tmp_path / "cache" / weights.key("google/gemma-4-E2B-it", commit) / weights.MANIFEST).is_file()
     assert [e["epoch"] for e in summary["history"]] == [1, 2]
     # evaluate loaded the fine-tuned weights onto the base (the frozen table from the base) and measured them
     assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]

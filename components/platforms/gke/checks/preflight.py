@@ -42,6 +42,8 @@ from components.platforms.gke.plan import features, identities, k8s_actions, pat
 from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
+from components.workload import weights
+from components.workload.cache import CACHE_PREFIX
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
 
@@ -113,6 +115,9 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
     else:
         report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
+    report.checked += weights.lookup_lines(
+        spec.train.model_id, spec.train.workload, weights.GcsCache(name, CACHE_PREFIX, bucket.client)
+    )
 
 
 def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:

@@ -22,7 +22,7 @@ from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target, target
 from components.spec import RunSpec, SpecError, names, ready_limits
 from components.tpu import catalogue, pricing
-from components.workload import budget, maxtext
+from components.workload import budget, maxtext, weights
 from components.workload import derive as d
 from components.workload.cache import CACHE_PREFIX
 
@@ -163,6 +163,9 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
         "timeout_s": spec.train.timeout_s,
         "output_dir": t.run_dir,
         "compile_cache": _compile_cache(spec, t),
+        "base_weights": weights.plan_entry(
+            spec.train.model_id, spec.train.workload, f"gs://{t.bucket}/{CACHE_PREFIX}", CACHE_MOUNT_PATH
+        ),
         **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
     }
 
@@ -345,6 +348,7 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
             if tr.get("compile_cache")
             else []
         ),
+        *weights.plan_lines(tr.get("base_weights")),
     ]
 
 

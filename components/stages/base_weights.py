@@ -1,0 +1,91 @@
+"""The base weights of a hub-named ``train.model_id``, made ready in the cache prefix at the start of the train stage
+(``components.workload.weights``: copied once per revision, checked on every run) before the train job is
+submitted, so that no TPU host downloads from the hub. The run records where the copy is (``weights.json``); every
+job of the run gets its directory as ``TPUPIPE_WEIGHTS_DIR`` (``trainers.model.weights_source``).
+
+Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
+where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
+Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Where
+this process can neither reach the hub nor find a copy (a gated model whose token only the pods hold:
+``gke.hf_secret``), the run goes on as without the cache, the workers reading the hub, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platforms import RunContext, get_platform
+from components.platforms.store import read_json, write_json
+from components.spec import InfraError
+from components.workload import weights
+from components.workload.cache import CACHE_PREFIX
+
+RECORD = "weights.json"
+REVISION = "main"  # the hub's default branch (huggingface_hub's constants.py: DEFAULT_REVISION)
+
+
+def wanted(ctx: RunContext) -> bool:
+    """Whether the run reads a hub model's weights through the cache: the FSDP trainer's hub-named model, on a
+    platform that keeps a cache prefix."""
+    spec = ctx.spec
+    return (
+        spec.train.workload != "maxtext"
+        and weights.is_hub_name(spec.train.model_id)
+        and bool(get_platform(ctx.platform).compile_cache_root(ctx))
+    )
+
+
+def open_cache(ctx: RunContext) -> weights.Cache:
+    """The cache prefix as this process reaches it: the directory the local platform's jobs read, or the bucket's
+    ``cache/`` (what the gke worker pods mount) through the Cloud Storage client."""
+    if ctx.store.local() is not None:
+        return weights.LocalCache(Path(get_platform(ctx.platform).compile_cache_root(ctx)))
+    from components.platforms.store import gcs_client
+
+    return weights.GcsCache(ctx.store.uri.removeprefix("gs://").split("/", 1)[0], CACHE_PREFIX, gcs_client())
+
+
+def _token(ctx: RunContext) -> str | None:
+    """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else on gke the
+    Secret Manager secret ``gke.hf_token_secret`` (as deploy_raycluster reads it for the pods; a Vertex AI task has
+    no other). Never logged, never written."""
+    token = os.environ.get("HF_TOKEN")
+    path = os.environ.get("HF_TOKEN_PATH")
+    if not token and path and Path(path).is_file():
+        token = Path(path).read_text().strip()
+    if not token and ctx.platform == "gke" and ctx.spec.gke.hf_token_secret:
+        from components.platforms.gke.cloud import secrets
+
+        token = secrets.read(ctx.spec.gke.hf_token_secret).decode().strip()
+    return token or None
+
+
+def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The copy of the run's base weights, made or checked now (``log``: its lines), recorded in the run; None when
+    the run reads none."""
+    if not wanted(ctx):
+        return None
+    model_id = ctx.spec.train.model_id
+    try:
+        out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(ctx), log)
+    except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
+        log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
+        return None
+    root = get_platform(ctx.platform).compile_cache_root(ctx)
+    record = {
+        **out,
+        "model_id": model_id,
+        "revision": REVISION,
+        "dir": weights.files_dir(root, model_id, out["commit"]),
+    }
+    write_json(ctx.store, RECORD, record)
+    return record
+
+
+def job_env(ctx: RunContext) -> dict[str, str]:
+    """``TPUPIPE_WEIGHTS_DIR`` for the run's jobs, once :func:`prepare` made the copy; nothing otherwise."""
+    record = read_json(ctx.store, RECORD) if wanted(ctx) else None
+    return {weights.WEIGHTS_DIR_ENV: record["dir"]} if record else {}

@@ -1,0 +1,367 @@
+"""Base weights kept once per model revision: the hub checkpoint of ``train.model_id`` copied into the cache prefix
+(``components.workload.cache.CACHE_PREFIX``: under the output root locally, the bucket's ``cache/`` on gke, mounted
+at ``/cache`` in the worker pods) and read from there by every worker of every later run.
+
+Where: ``weights/<repo id, '/' as '--'>/<commit>/files/`` holds the files, ``.../manifest.json`` says the copy is
+whole, and ``weights/<repo>/refs/<revision>`` holds the commit the revision last resolved to. The key is the commit
+the hub resolves the revision to (a branch or tag moves; a commit does not), so a new revision is a new copy and an
+old one is never served for it.
+
+When: at the start of the train stage, on the components' side, before the train job is submitted: one download
+per revision for the whole slice (the TPU hosts never reach the hub and need no token), and the evaluate stage
+reads the same copy. The workers read it in parallel through the mount, like any local directory.
+
+Whole or nothing: each file is downloaded to a temporary file, checked against the hash the hub reports (an LFS
+file's sha256; any other file's git blob sha1), and only then written to its key (a whole object, or a rename on
+this machine); the manifest is written last and a reader trusts nothing without it. Every run checks the copy
+against its manifest before use (locally each file's hash again; in Cloud Storage the object's MD5 against the one
+recorded when it was written, without reading it); a damaged file is copied again with a warning.
+
+No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
+makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
+revision/{revision}?blobs=true``; its ``file_download.py``, ``hf_hub_url``: ``{endpoint}/{repo}/resolve/{revision}/
+{file}``). ``HF_ENDPOINT`` names another hub, as it does for ``huggingface_hub`` (its ``constants.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.spec import SCRATCH_PREFIX, InfraError
+
+WEIGHTS_PREFIX = "weights"  # under the cache prefix
+MANIFEST = "manifest.json"
+DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's constants.py: ENDPOINT, unless HF_ENDPOINT is set
+WEIGHTS_DIR_ENV = "TPUPIPE_WEIGHTS_DIR"  # the copy's directory as the jobs see it (trainers.model.weights_source)
+CHUNK = 1 << 20
+
+
+class HubUnavailable(Exception):
+    """The hub did not answer the revision's metadata (unreachable, no or a refused token, a server error)."""
+
+
+def is_hub_name(model_id: str) -> bool:
+    """``org/name``: a model of the hub, not a scratch config nor a path on the machine."""
+    if model_id.startswith((SCRATCH_PREFIX, "/", ".", "~")) or "://" in model_id or Path(model_id).is_dir():
+        return False  # as transformers' from_pretrained, an existing directory is read as one
+    return model_id.count("/") == 1 and all(model_id.split("/"))
+
+
+def repo_key(repo_id: str) -> str:
+    return f"{WEIGHTS_PREFIX}/{repo_id.replace('/', '--')}"
+
+
+def key(repo_id: str, commit: str) -> str:
+    """The copy of ``repo_id`` at ``commit`` under the cache prefix (the files are under ``files/``)."""
+    return f"{repo_key(repo_id)}/{commit}"
+
+
+def ref_key(repo_id: str, revision: str) -> str:
+    return f"{repo_key(repo_id)}/refs/{urllib.parse.quote(revision, safe='')}"
+
+
+def files_dir(root: str, repo_id: str, commit: str) -> str:
+    """The copy's files as a job sees them, ``root`` being the cache prefix as the cluster mounts it."""
+    return f"{root.rstrip('/')}/{key(repo_id, commit)}/files"
+
+
+# ============================================================================ the hub
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or DEFAULT_ENDPOINT
+
+
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects followed, the token sent on only to the host it was meant for: the hub answers a download of a
+    large file with a redirect to its storage's signed URL (the Hub API docs, https://huggingface.co/docs/hub/api;
+    huggingface_hub's ``file_download.py`` follows only relative redirects with its headers)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+def _open(url: str, token: str | None, timeout: float = 60.0) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    opener = urllib.request.build_opener(_SameHostAuth())
+    return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
+
+
+def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[str, Any]:
+    """The commit ``revision`` resolves to and each file's size and hash. The answer's ``sha`` is the commit; each of
+    its ``siblings`` has ``rfilename``, ``size``, ``blobId`` (the git blob sha1) and, for an LFS file, ``lfs`` with
+    ``sha256`` (the file's own hash; ``blobId`` is then the pointer's): huggingface_hub's ``hf_api.py``,
+    ``ModelInfo`` and ``RepoSibling``. HubUnavailable when the hub does not answer; a 404 is a bad name."""
+    quoted = urllib.parse.quote(revision, safe="")
+    url = f"{hub}/api/models/{repo_id}/revision/{quoted}?blobs=true"
+    try:
+        with _open(url, token) as response:
+            info = json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise InfraError(f"train.model_id: {repo_id} at {revision!r} is not on the hub ({hub})") from None
+        raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise HubUnavailable(f"{hub} is unreachable: {exc}") from None
+    files = []
+    for sib in info.get("siblings") or []:
+        name = str(sib["rfilename"])
+        if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
+            raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
+        entry: dict[str, Any] = {"name": name, "size": sib.get("size")}
+        if sib.get("lfs"):
+            entry["sha256"] = sib["lfs"]["sha256"]
+            entry["size"] = sib["lfs"]["size"]
+        else:
+            entry["git_sha1"] = sib["blobId"]
+        files.append(entry)
+    return {"commit": info["sha"], "files": files}
+
+
+def git_blob_sha1(path: Path) -> str:
+    """Git's object id of the file: sha1 of ``blob <size>\\0`` then the bytes (the git book, "Git Objects",
+    https://git-scm.com/book/en/v2/Git-Internals-Git-Objects)."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    return _feed(digest, path)
+
+
+def _feed(digest: Any, path: Path) -> str:
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return str(digest.hexdigest())
+
+
+def matches(path: Path, entry: dict[str, Any]) -> bool:
+    """Whether the file at ``path`` is the manifest's ``entry`` (its size, then its hub hash)."""
+    if not path.is_file() or (entry.get("size") is not None and path.stat().st_size != entry["size"]):
+        return False
+    if "sha256" in entry:
+        return _feed(hashlib.sha256(), path) == str(entry["sha256"])
+    return git_blob_sha1(path) == str(entry["git_sha1"])
+
+
+def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: str | None, into: Path) -> Path:
+    """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash."""
+    url = f"{hub}/{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
+    path = into / str(entry["name"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
+            shutil.copyfileobj(response, f, CHUNK)
+    except (urllib.error.URLError, OSError) as exc:
+        raise HubUnavailable(f"{entry['name']} of {repo_id}@{commit}: {exc}") from None
+    if not matches(path, entry):
+        raise InfraError(f"{entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash")
+    return path
+
+
+def md5_b64(path: Path) -> str:
+    """The base64 MD5 Cloud Storage keeps of an object (``md5Hash``: https://cloud.google.com/storage/docs/hashes-etags)."""
+    return base64.b64encode(bytes.fromhex(_feed(hashlib.md5(), path))).decode()
+
+
+# ============================================================================ the cache
+
+
+class Cache(Protocol):
+    where: str
+
+    def read(self, key: str) -> bytes | None: ...
+
+    def write(self, key: str, data: bytes) -> None: ...
+
+    def put(self, key: str, path: Path) -> None:
+        """The file at ``path`` as ``key``, whole or not at all."""
+
+    def intact(self, key: str, entry: dict[str, Any]) -> bool:
+        """Whether ``key`` is still the manifest's ``entry``."""
+
+
+class LocalCache:
+    def __init__(self, root: Path):
+        self.root, self.where = root, str(root)
+
+    def read(self, key: str) -> bytes | None:
+        path = self.root / key
+        return path.read_bytes() if path.is_file() else None
+
+    def write(self, key: str, data: bytes) -> None:
+        with tempfile.NamedTemporaryFile(dir=self._parent(key), delete=False) as f:
+            f.write(data)
+        os.replace(f.name, self.root / key)
+
+    def put(self, key: str, path: Path) -> None:
+        with tempfile.NamedTemporaryFile(dir=self._parent(key), delete=False) as f, open(path, "rb") as src:
+            shutil.copyfileobj(src, f, CHUNK)
+        os.replace(f.name, self.root / key)
+
+    def intact(self, key: str, entry: dict[str, Any]) -> bool:
+        return matches(self.root / key, entry)
+
+    def _parent(self, key: str) -> Path:
+        parent = (self.root / key).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        return parent
+
+
+class GcsCache:
+    """The bucket's cache prefix through a Cloud Storage client (the stage's: ``components.platforms.store``)."""
+
+    def __init__(self, bucket: str, prefix: str, client: Any):
+        self.bucket_name, self.prefix, self._client = bucket, prefix.strip("/"), client
+        self.where = f"gs://{bucket}/{self.prefix}"
+
+    def _blob(self, key: str) -> Any:
+        return self._client.bucket(self.bucket_name).blob(f"{self.prefix}/{key}")
+
+    def read(self, key: str) -> bytes | None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            return bytes(self._blob(key).download_as_bytes())
+        except gexc.NotFound:
+            return None
+
+    def write(self, key: str, data: bytes) -> None:
+        self._blob(key).upload_from_string(data)
+
+    def put(self, key: str, path: Path) -> None:
+        self._blob(key).upload_from_filename(str(path))
+
+    def intact(self, key: str, entry: dict[str, Any]) -> bool:
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(key)
+        try:
+            blob.reload()
+        except gexc.NotFound:
+            return False
+        return bool(blob.size == entry.get("size") and blob.md5_hash == entry.get("md5"))
+
+
+def _manifest(cache: Cache, name: str, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The manifest at ``name``, or None: none there, or one that cannot be read (copied again, with a warning)."""
+    raw = cache.read(name)
+    if raw is None:
+        return None
+    try:
+        manifest = json.loads(raw)
+        if isinstance(manifest, dict) and all({"name", "size"} <= set(e) for e in manifest["files"]):
+            return manifest
+    except (ValueError, KeyError, TypeError):
+        pass
+    log(f"WARNING: weights: {cache.where}/{name} is damaged; copying the files again from the hub")
+    return None
+
+
+def lookup(cache: Cache, repo_id: str, revision: str) -> dict[str, Any] | None:
+    """The manifest of the copy ``revision`` last resolved to, or None (no copy yet, or never of that revision)."""
+    commit = cache.read(ref_key(repo_id, revision))
+    return _manifest(cache, f"{key(repo_id, commit.decode().strip())}/{MANIFEST}", lambda _: None) if commit else None
+
+
+def ensure(
+    cache: Cache, repo_id: str, revision: str, token: str | None, log: Callable[[str], None], hub: str = ""
+) -> dict[str, Any]:
+    """The copy of ``repo_id`` at ``revision`` in ``cache``, made or mended as needed: ``{"commit", "hit",
+    "recopied", "files"}``. Without the hub (unreachable, or no token for a gated model) the copy the revision
+    last resolved to serves, as huggingface_hub's offline mode serves its cache's ``refs/``."""
+    hub = hub or endpoint()
+    try:
+        info = resolve(hub, repo_id, revision, token)
+    except HubUnavailable as exc:
+        manifest = lookup(cache, repo_id, revision)
+        if manifest is None:
+            raise InfraError(
+                f"train.model_id: {repo_id} at {revision!r} is neither cached nor on the hub: {exc}"
+            ) from None
+        log(f"weights: the hub did not answer ({exc}); using the cached copy of {repo_id}@{manifest['commit']}")
+        info = {"commit": manifest["commit"], "files": manifest["files"], "offline": True}
+    commit: str = info["commit"]
+    base = key(repo_id, commit)
+    manifest = _manifest(cache, f"{base}/{MANIFEST}", log)
+    cached = manifest is not None
+    if manifest is not None:
+        todo = [e for e in manifest["files"] if not cache.intact(f"{base}/files/{e['name']}", e)]
+        if todo:
+            log(
+                f"WARNING: weights: {len(todo)} file(s) of the cached {repo_id}@{commit} are damaged "
+                f"({', '.join(e['name'] for e in todo)}); copying them again from the hub"
+            )
+    else:
+        todo = list(info["files"])
+    if todo and info.get("offline"):
+        raise InfraError(f"train.model_id: the cached copy of {repo_id}@{commit} is damaged and the hub is unreachable")
+    done = {e["name"]: e for e in (manifest or {}).get("files", [])}
+    with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
+        for entry in todo:
+            path = download(hub, repo_id, commit, entry, token, Path(tmp))
+            cache.put(f"{base}/files/{entry['name']}", path)
+            done[entry["name"]] = {**entry, "md5": md5_b64(path)}
+            path.unlink()
+    if todo or not cached:
+        manifest = {"repo": repo_id, "commit": commit, "files": [done[n] for n in sorted(done)]}
+        cache.write(f"{base}/{MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    cache.write(ref_key(repo_id, revision), commit.encode())
+    hit = not todo
+    log(f"weights: {repo_id}@{commit} {'read from' if hit else 'copied to'} {cache.where}/{base}")
+    recopied = sorted(e["name"] for e in todo) if cached else []
+    return {"commit": commit, "hit": hit, "recopied": recopied, "files": len(done)}
+
+
+# ============================================================================ the plan
+
+
+def plan_entry(model_id: str, workload: str, uri_root: str, path_root: str) -> dict[str, Any] | None:
+    """Where the plan's run keeps its base weights: the cache prefix's ``uri_root`` (``gs://BUCKET/cache``) and as
+    the pods see it (``path_root``). Whether the run finds a copy there is not known to a plan, which reads nothing
+    and needs no credentials: the train stage resolves the revision to its commit and looks then. None for a run
+    that reads no hub model (a scratch config, a local directory, MaxText)."""
+    if workload == "maxtext" or not is_hub_name(model_id):
+        return None
+    where = repo_key(model_id)
+    return {
+        "model_id": model_id,
+        "revision": "main",
+        "uri": f"{uri_root.rstrip('/')}/{where}/",
+        "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
+        "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
+    }
+
+
+def plan_lines(entry: dict[str, Any] | None) -> list[str]:
+    if not entry:
+        return []
+    return [
+        f"  weights     {entry['model_id']}@{entry['revision']} read from {entry['uri']} (copied from the hub once per "
+        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}"
+    ]
+
+
+def lookup_lines(model_id: str, workload: str, cache: Cache) -> list[str]:
+    """What a preflight says of the run's base weights in ``cache``: the copy ``main`` last resolved to, or none yet.
+    The hub is not asked: a newer commit there is copied when the run starts."""
+    if workload == "maxtext" or not is_hub_name(model_id):
+        return []
+    found = lookup(cache, model_id, "main")
+    if found is None:
+        return [f"base weights {model_id}@main: not in {cache.where} yet; the train stage copies them once"]
+    return [
+        f"base weights {model_id}@main: cached in {cache.where} at commit {found['commit']} (what main last resolved "
+        "to; a newer commit on the hub is copied when the run starts)"
+    ]

@@ -1,0 +1,341 @@
+"""Base weights cached once per model revision (``components.workload.weights``), against the hub emulator
+(``tests/emulators/hfhub.py``) on this machine: the first run copies and verifies, a later one reads the copy with
+the hub stopped and no token, a damaged file is copied again with a warning, a new revision is a new copy, and a
+copy cut short is never used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.spec import InfraError
+from components.workload import weights
+from tests.emulators.hfhub import HubEmulator
+
+REPO = "google/tiny-gemma"
+FILES = {
+    "config.json": b'{"model_type": "gemma4"}',
+    "model.safetensors": bytes(range(256)) * 64,  # an LFS file: checked by its sha256
+    "tokenizer.json": b'{"version": "1.0"}',
+}
+
+
+@pytest.fixture
+def hub():
+    emulator = HubEmulator()
+    emulator.repo(REPO).push(FILES)
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+def run(cache, hub_url, token=None, revision="main"):
+    lines: list[str] = []
+    out = weights.ensure(cache, REPO, revision, token, lines.append, hub=hub_url)
+    return out, lines
+
+
+def copied(root: Path, commit: str) -> dict[str, bytes]:
+    files = Path(weights.files_dir(str(root), REPO, commit))
+    return {p.name: p.read_bytes() for p in files.iterdir()}
+
+
+def test_first_run_copies_and_verifies_the_second_reads_the_copy_without_the_hub(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    assert first["hit"] is False and first["files"] == 3
+    assert first["commit"] == hub.repos[REPO].refs["main"]
+    assert copied(tmp_path, first["commit"]) == FILES
+    manifest = json.loads((tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).read_text())
+    lfs = next(e for e in manifest["files"] if e["name"] == "model.safetensors")
+    assert "sha256" in lfs and "git_sha1" not in lfs
+    assert len(hub.downloads) == 3
+
+    url = hub.url
+    hub.stop()  # no hub, no token: the copy serves
+    second, lines = run(cache, url)
+    assert second == {"commit": first["commit"], "hit": True, "recopied": [], "files": 3}
+    assert any("did not answer" in line for line in lines)
+    assert len(hub.downloads) == 3
+
+
+def test_a_reachable_hub_is_asked_only_for_the_revision_and_nothing_is_downloaded_again(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    run(cache, hub.url)
+    before = len(hub.requests)
+    again, _ = run(cache, hub.url)
+    assert again["hit"] is True
+    assert [path.split("?")[0] for _, path in hub.requests[before:]] == [f"/api/models/{REPO}/revision/main"]
+
+
+def test_a_damaged_cached_file_is_copied_again_with_a_warning(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    target = Path(weights.files_dir(str(tmp_path), REPO, first["commit"])) / "model.safetensors"
+    target.write_bytes(b"\0" * len(FILES["model.safetensors"]))  # same size, other bytes: only the hash tells
+    again, lines = run(cache, hub.url)
+    assert again["hit"] is False and again["recopied"] == ["model.safetensors"]
+    assert any(line.startswith("WARNING") and "model.safetensors" in line for line in lines)
+    assert copied(tmp_path, first["commit"]) == FILES
+    assert hub.downloads[-1].endswith("/model.safetensors") and len(hub.downloads) == 4
+
+
+def test_a_new_revision_is_a_new_copy_under_its_own_key(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    newer = {**FILES, "config.json": b'{"model_type": "gemma4", "layers": 2}'}
+    commit = hub.repos[REPO].push(newer)
+    second, _ = run(cache, hub.url)
+    assert second["commit"] == commit != first["commit"] and second["hit"] is False
+    assert weights.key(REPO, commit) != weights.key(REPO, first["commit"])
+    assert copied(tmp_path, commit) == newer and copied(tmp_path, first["commit"]) == FILES
+    pinned, _ = run(cache, hub.url, revision=first["commit"])  # a commit as the revision: the old copy, as it is
+    assert pinned["commit"] == first["commit"] and pinned["hit"] is True
+
+
+def test_a_copy_cut_short_is_never_used(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    broken = hub.repos[REPO].refs["main"]
+    original = hub._resolve
+
+    def corrupt(repo_id, revision, name, method, headers):  # the weights arrive cut short; the listing is right
+        status, out, body = original(repo_id, revision, name, method, headers)
+        return status, out, body[:-3] if name == "model.safetensors" else body
+
+    hub._resolve = corrupt  # type: ignore[method-assign]
+    with pytest.raises(InfraError, match="does not match the hub's hash"):
+        run(cache, hub.url)
+    assert weights.lookup(cache, REPO, "main") is None
+    assert not (tmp_path / weights.key(REPO, broken) / weights.MANIFEST).exists()
+    hub.stop()
+    with pytest.raises(InfraError, match="neither cached nor on the hub"):
+        run(cache, "http://127.0.0.1:9")
+
+
+def test_a_gated_model_needs_the_token_only_for_the_first_copy(tmp_path, hub):
+    hub.repos[REPO].gated = True
+    cache = weights.LocalCache(tmp_path)
+    with pytest.raises(InfraError, match="neither cached nor on the hub.*401"):
+        run(cache, hub.url)
+    first, _ = run(cache, hub.url, token=hub.token)
+    assert first["hit"] is False
+    second, lines = run(cache, hub.url)  # no token: the hub refuses, the copy serves
+    assert second["hit"] is True and second["commit"] == first["commit"]
+
+
+def test_an_unknown_model_or_revision_is_named():
+    hub = HubEmulator()
+    hub.start()
+    try:
+        with pytest.raises(InfraError, match="train.model_id: google/nope at 'main' is not on the hub"):
+            weights.ensure(weights.LocalCache(Path("/nonexistent")), "google/nope", "main", None, print, hub=hub.url)
+    finally:
+        hub.stop()
+
+
+@pytest.mark.parametrize(
+    ("model_id", "hub_name"),
+    [("google/gemma-4-E2B-it", True), ("scratch:gemma4-tiny", False), ("/models/gemma", False), ("a/b/c", False)],
+)
+def test_which_model_ids_are_hub_names(model_id, hub_name):
+    assert weights.is_hub_name(model_id) is hub_name
+
+
+def test_the_train_stage_records_the_copy_and_every_job_gets_its_directory(tmp_path, hub, monkeypatch):
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+
+    def ctx(model_id: str) -> RunContext:
+        spec = resolve("local-fsdp", {"model_id": model_id})
+        return RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    lines: list[str] = []
+    record = base_weights.prepare(ctx(REPO), lines.append)
+    assert record is not None and record["hit"] is False
+    assert record["dir"] == weights.files_dir(str(tmp_path / "cache"), REPO, hub.repos[REPO].refs["main"])
+    assert Path(record["dir"], "config.json").read_bytes() == FILES["config.json"]
+    assert jobs.runtime_env(ctx(REPO))["env_vars"][weights.WEIGHTS_DIR_ENV] == record["dir"]
+    # a scratch model reads no weights: no copy, no directory in its jobs
+    assert base_weights.prepare(ctx("scratch:gemma4-tiny"), lines.append) is None
+    assert weights.WEIGHTS_DIR_ENV not in jobs.runtime_env(ctx("scratch:gemma4-tiny"))["env_vars"]
+
+
+def test_without_a_copy_or_the_hub_the_run_goes_on_reading_the_hub_with_a_warning(tmp_path, monkeypatch):
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    ctx = RunContext(
+        spec=resolve("local-fsdp", {"model_id": REPO}), run_id="r", store=LocalStore(tmp_path / "r"), platform="local"
+    )
+    lines: list[str] = []
+    assert base_weights.prepare(ctx, lines.append) is None
+    assert lines[-1].startswith("WARNING: base weights not cached") and REPO in lines[-1]
+    assert weights.WEIGHTS_DIR_ENV not in jobs.runtime_env(ctx)["env_vars"]
+
+
+def test_in_cloud_storage_a_copy_is_checked_by_the_objects_md5_and_a_damaged_one_copied_again(hub, monkeypatch):
+    """The bucket's ``cache/`` through the real google-cloud-storage client, against the storage emulator: the second
+    run reads nothing of the weights (the objects' md5Hash against the manifest's), a replaced object is caught."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from tests.emulators.storage import StorageEmulator
+
+    project, token, bucket = "tpupipe-emulated", "t0ken", "tpupipe-runs"
+    storage = StorageEmulator({project: "123456789012"}, token=token)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.start())
+    try:
+        client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
+        client.create_bucket(bucket)
+        cache = weights.GcsCache(bucket, "cache", client)
+        first, _ = run(cache, hub.url)
+        base = f"cache/{weights.key(REPO, first['commit'])}"
+        assert first["hit"] is False and client.bucket(bucket).blob(f"{base}/{weights.MANIFEST}").exists()
+        assert (
+            client.bucket(bucket).blob(f"{base}/files/model.safetensors").download_as_bytes()
+            == FILES["model.safetensors"]
+        )
+        second, _ = run(cache, hub.url)
+        assert second["hit"] is True and len(hub.downloads) == 3
+        storage.put(bucket, f"{base}/files/model.safetensors", b"\0" * len(FILES["model.safetensors"]))
+        third, lines = run(cache, hub.url)
+        assert third["recopied"] == ["model.safetensors"] and any(line.startswith("WARNING") for line in lines)
+        assert (
+            client.bucket(bucket).blob(f"{base}/files/model.safetensors").download_as_bytes()
+            == FILES["model.safetensors"]
+        )
+    finally:
+        storage.stop()
+
+
+def test_the_token_goes_to_the_hub_alone_not_to_the_storage_a_download_is_redirected_to(tmp_path, hub):
+    hub.repos[REPO].gated = True
+    hub.lfs_redirect = True
+    first, _ = run(weights.LocalCache(tmp_path), hub.url, token=hub.token)
+    assert copied(tmp_path, first["commit"]) == FILES
+    stored = [path for _, path in hub.requests if path.startswith("/storage/")]
+    assert len(stored) == 1 and stored[0] not in hub.authorized
+    assert all(path in hub.authorized for _, path in hub.requests if not path.startswith("/storage/"))
+
+
+def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secret_manager(hub, monkeypatch):
+    """The gke train stage's side: the run in Cloud Storage, the copy under the bucket's ``cache/`` (the pods'
+    ``/cache``), a gated model's token read from ``gke.hf_token_secret`` (no ``$HF_TOKEN``), against the storage and
+    Secret Manager emulators through the real clients."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from components.platforms import RunContext
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.platforms.gke.cloud.secrets import EMULATOR_HOST_ENV as SECRETS_HOST_ENV
+    from components.platforms.store import GcsStore
+    from components.stages import base_weights, jobs
+    from components.workload import resolve
+    from tests.emulators.secretmanager import SecretManagerEmulator
+    from tests.emulators.storage import StorageEmulator
+
+    project, number, token, bucket = "tpupipe-emulated", "123456789012", "t0ken", "tpupipe-runs"
+    storage, secrets = StorageEmulator({project: number}, token=token), SecretManagerEmulator({project: number})
+    endpoint = storage.start()
+    for name, value in (("STORAGE_EMULATOR_HOST", endpoint), (EMULATOR_HOST_ENV, endpoint)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    monkeypatch.setenv(SECRETS_HOST_ENV, secrets.start())
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    hub.repos[REPO].gated = True
+    secrets.add(project, "hf-token", hub.token.encode())
+    try:
+        client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
+        client.create_bucket(bucket)
+        spec = resolve(
+            "gemma4-e2b-v6e-16",
+            {"model_id": REPO, "gke.project": project, "gke.hf_token_secret": f"projects/{project}/secrets/hf-token"},
+        )
+        ctx = RunContext(spec=spec, run_id="r", store=GcsStore(bucket, "state/r", client), platform="gke")
+        record = base_weights.prepare(ctx, print)
+        assert record is not None and record["hit"] is False
+        commit = hub.repos[REPO].refs["main"]
+        assert record["dir"] == f"/cache/{weights.key(REPO, commit)}/files"
+        blob = client.bucket(bucket).blob(f"cache/{weights.key(REPO, commit)}/files/model.safetensors")
+        assert blob.download_as_bytes() == FILES["model.safetensors"]
+        assert jobs.runtime_env(ctx)["env_vars"][weights.WEIGHTS_DIR_ENV] == record["dir"]
+        assert hub.token not in json.dumps(record) and hub.token not in (ctx.store.read_text("weights.json") or "")
+    finally:
+        storage.stop()
+        secrets.stop()
+
+
+def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monkeypatch):
+    """``tpupipe preflight`` (it has credentials; the plan has none) looks in the bucket's cache: none yet, then the
+    commit ``main`` last resolved to, after a copy; the hub is not asked."""
+    from google.cloud import storage as gcs
+    from google.oauth2 import credentials as user_credentials
+
+    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.platforms.gke.checks import preflight
+    from components.platforms.gke.checks.findings import Report
+    from components.platforms.gke.plan.needs import needs
+    from components.workload import resolve
+    from tests.emulators.storage import StorageEmulator
+
+    project, number, token = "tpupipe-emulated", "123456789012", "t0ken"
+    storage = StorageEmulator({project: number}, token=token)
+    endpoint = storage.start()
+    for name, value in (
+        ("STORAGE_EMULATOR_HOST", endpoint),
+        (EMULATOR_HOST_ENV, endpoint),
+        (EMULATOR_TOKEN_ENV, token),
+    ):
+        monkeypatch.setenv(name, value)
+    try:
+        creds = user_credentials.Credentials(token=token)
+        spec = resolve("gemma4-e2b-v6e-16", {"model_id": REPO, "gke.project": project})
+        n = needs(spec, "pre")
+        client = gcs.Client(project=project, credentials=creds)
+        client.create_bucket(n.bucket)
+
+        def lines() -> list[str]:
+            report = Report()
+            preflight._bucket(n, spec, creds, report)
+            return [line for line in report.checked if line.startswith("base weights")]
+
+        before = len(hub.requests)
+        assert lines() == [
+            f"base weights {REPO}@main: not in gs://{n.bucket}/cache yet; the train stage copies them once"
+        ]
+        first, _ = run(weights.GcsCache(n.bucket, "cache", client), hub.url)
+        before = len(hub.requests)
+        assert lines() == [
+            f"base weights {REPO}@main: cached in gs://{n.bucket}/cache at commit {first['commit']} (what main last "
+            "resolved to; a newer commit on the hub is copied when the run starts)"
+        ]
+        assert len(hub.requests) == before
+    finally:
+        storage.stop()
+
+
+def test_a_damaged_manifest_is_a_copy_made_again_with_a_warning(tmp_path, hub):
+    cache = weights.LocalCache(tmp_path)
+    first, _ = run(cache, hub.url)
+    (tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).write_bytes(b'{"files": [tru')
+    again, lines = run(cache, hub.url)
+    assert again["hit"] is False and len(hub.downloads) == 6
+    assert any(line.startswith("WARNING") and weights.MANIFEST in line for line in lines)
+    assert run(cache, hub.url)[0]["hit"] is True
+
+
+def test_a_file_named_outside_the_repository_is_refused_before_anything_is_written(tmp_path, hub):
+    hub.repo("evil/model").push({"../../escape.json": b"{}"})
+    with pytest.raises(InfraError, match="outside the repository"):
+        weights.ensure(weights.LocalCache(tmp_path / "cache"), "evil/model", "main", None, print, hub=hub.url)
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path / "cache").exists()
