@@ -84,10 +84,12 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.emulators import kube_schema
+from tests.emulators import kube_schema, provisioning
 from tests.emulators.tokens import authorized
 
-CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
+# PodTemplates (queued provisioning's) are not checked by the client's model: kubernetes 30.1.0's pod spec predates
+# resourceClaims[].resourceClaimTemplateName (Kubernetes 1.31), which the DCN NICs' claims use.
+CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events", "podtemplates"}
 # The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
 # and the ones every kind has.
 EVENT_FIELDS = {
@@ -324,6 +326,8 @@ class KubeEmulator:
         self.ray_auth_off = False
         self._own_jobs = False  # the Jobs API below was made here (not given by a test): stopped with the server
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
+        self.lock = threading.RLock()
+        self.provisioner = provisioning.Provisioner(self.objects, self.lock)  # ProvisioningRequests (queued)
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
         self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order
@@ -332,7 +336,6 @@ class KubeEmulator:
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
         self.statuses: list[tuple[str, str, int]] = []  # (method, path, status) of every answer
         self.bodies: list[tuple[str, str, str]] = []  # (method, path, body text) of every request
-        self.lock = threading.RLock()
         self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
         self._server = None
         self.endpoint = ""  # 127.0.0.1:PORT, the cluster's IP endpoint
@@ -522,6 +525,8 @@ class KubeEmulator:
             self.objects[key] = obj
             if plural == "rayclusters" and not existed:
                 self._create_raycluster(namespace, obj)
+            if plural == provisioning.PLURAL and not existed:
+                self.provisioner.created(namespace, obj)
             return (200 if existed else 201), obj
 
     def _dropped(self) -> list[tuple[str, ...]]:
@@ -530,7 +535,7 @@ class KubeEmulator:
 
     def served_crd(self, name: str) -> dict | None:
         """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
-        crd = _vendored_crds().get(name)
+        crd = _vendored_crds().get(name) or (provisioning.crd() if name == provisioning.CRD_NAME else None)
         if crd is None:
             return None
         crd = copy.deepcopy(crd)
@@ -554,6 +559,8 @@ class KubeEmulator:
     def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
         if plural in CRD_KINDS:
             return self.crds.errors(obj)
+        if plural == provisioning.PLURAL:
+            return provisioning.errors(obj)
         if plural not in CORE and plural != "resourceclaimtemplates" and plural not in kube_schema.MODELS:
             return [f"unknown resource {plural}"]
         if namespace and ("namespaces", "", namespace) not in self.objects:
@@ -574,7 +581,12 @@ class KubeEmulator:
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": dict(template.get("metadata", {}).get("annotations", {})),
+            },
             "spec": template["spec"],
             "status": {"phase": "Pending", "conditions": []},
         }
@@ -635,6 +647,8 @@ class KubeEmulator:
                     }
                 ]
             return
+        if self.provisioner.holds(namespace, pods, lambda: self._provisioned(namespace, name)):
+            return  # its workers wait for their ProvisioningRequest
         if self.fault in ("scale_from_zero", "never_scales_up"):
             return self._scale_from_zero(namespace, obj, pods)
         if self.fault == "never_starts":
@@ -770,6 +784,10 @@ class KubeEmulator:
                     timer.start()
                 return
             self._schedule(namespace, obj, pods)
+
+    def _provisioned(self, namespace: str, name: str) -> None:
+        """The ProvisioningRequest the RayCluster's workers consume is Provisioned: all its pods are placed."""
+        self._nodes_came(namespace, name, None)
 
     def _retry_scale_up(self, namespace: str, name: str, workers: list[dict]) -> None:
         with self.lock:

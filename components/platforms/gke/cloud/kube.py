@@ -36,6 +36,7 @@ CUSTOM = {  # kind -> (group, version, plural)
     "RayCluster": ("ray.io", "v1", "rayclusters"),
     "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),  # a built-in kind, by the same generic calls
+    "ProvisioningRequest": ("autoscaling.x-k8s.io", "v1", "provisioningrequests"),  # queued provisioning
 }
 
 
@@ -113,6 +114,8 @@ class Kube:
                 self.core.create_namespaced_service_account(ns, obj)
             elif kind == "Secret":
                 self.core.create_namespaced_secret(ns, obj)
+            elif kind == "PodTemplate":
+                self.core.create_namespaced_pod_template(ns, obj)
             elif kind in CUSTOM:
                 group, version, plural = CUSTOM[kind]
                 self.custom.create_namespaced_custom_object(group, version, ns, plural, obj)
@@ -212,7 +215,7 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         deleted = []
-        for kind in ("RayCluster", "ResourceClaimTemplate", "NetworkPolicy"):
+        for kind in ("RayCluster", "ProvisioningRequest", "ResourceClaimTemplate", "NetworkPolicy"):
             group, version, plural = CUSTOM[kind]
             try:
                 items = self.custom.list_namespaced_custom_object(
@@ -233,6 +236,7 @@ class Kube:
         for kind, lister, deleter in (
             ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
             ("ServiceAccount", self.core.list_namespaced_service_account, self.core.delete_namespaced_service_account),
+            ("PodTemplate", self.core.list_namespaced_pod_template, self.core.delete_namespaced_pod_template),
         ):
             for item in lister(self.namespace, label_selector=selector).items:
                 try:

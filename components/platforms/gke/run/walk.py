@@ -40,6 +40,8 @@ HANDLERS = {
     "k8s/ServiceAccount": deploy.k8s_object,
     "k8s/ResourceClaimTemplate": deploy.k8s_object,
     "k8s/NetworkPolicy": deploy.k8s_object,
+    "k8s/PodTemplate": deploy.k8s_object,
+    "k8s/ProvisioningRequest": deploy.k8s_object,
     "k8s/Secret": deploy.secret,
     "k8s/RayCluster": deploy.raycluster,
 }

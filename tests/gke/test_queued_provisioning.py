@@ -1,0 +1,158 @@
+"""cluster.capacity=queued (Dynamic Workload Scheduler's queued provisioning, docs/gke.md "Queued provisioning"): the
+plan's node pools and its ONE ProvisioningRequest for every slice, checked against the vendored CRD; the run over the
+emulators waits for the whole request and bills nothing while it waits; a request that fails ends the run with a
+clear message, nothing billed, nothing left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.platforms import RunContext
+from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan import queued
+from components.platforms.gke.run import readiness
+from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.store import LocalStore
+from components.spec import SpecError
+from components.stages import goodput
+from components.workload import resolve
+from tests.emulators import provisioning
+from tests.emulators.project import ONE_SLICE
+
+QUEUED = ONE_SLICE + " cluster.capacity=queued run.deadline_h=6"
+
+
+def context(tmp_path, run_id: str, overrides: str) -> RunContext:
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke"
+    )
+
+
+def _planned(spec, run_id: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for res in plan.resources(spec, run_id):
+        out.setdefault(res.kind, []).append(res.body)
+    return out
+
+
+def test_the_two_slice_plan_has_queued_pools_and_one_request_for_both_slices_that_the_crd_accepts():
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued run.deadline_h=12")
+    planned = _planned(spec, "q2")
+    pools = [p for p in planned["node-pool"] if p and "queuedProvisioning" in p]
+    assert len(pools) == 2
+    for pool in pools:
+        assert pool["queuedProvisioning"] == {"enabled": True}
+        assert pool["config"]["flexStart"] is True
+        assert pool["config"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+        assert pool["initialNodeCount"] == 0
+        assert pool["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
+        assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
+    (request,) = planned["k8s/ProvisioningRequest"]
+    (template,) = planned["k8s/PodTemplate"]
+    assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 8}]
+    assert request["spec"]["parameters"] == {"maxRunDurationSeconds": str(12 * 3600)}  # the run's deadline
+    assert provisioning.errors(request) == []
+    (raycluster,) = planned["k8s/RayCluster"]
+    assert template["template"] == raycluster["spec"]["workerGroupSpecs"][0]["template"]  # what the pods will be
+    annotations = raycluster["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"]
+    assert annotations[queued.CONSUME_ANNOTATION] == request["metadata"]["name"]
+    assert annotations[queued.CLASS_ANNOTATION] == "queued-provisioning.gke.io"
+    kinds = [res.kind for res in plan.resources(spec, "q2")]  # the request before the pods that consume it
+    assert kinds.index("k8s/PodTemplate") < kinds.index("k8s/ProvisioningRequest") < kinds.index("k8s/RayCluster")
+
+
+def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_the_field():
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    request = dict(_planned(spec, "q")["k8s/ProvisioningRequest"][0])
+    assert "parameters" not in request["spec"]  # no run.deadline_h: GKE's default maximum run
+    request["spec"] = {**request["spec"], "podSets": [{"podTemplateRef": {"name": "w"}, "count": 0}]}
+    assert any("podSets.0.count" in e for e in provisioning.errors(request))
+    with pytest.raises(SpecError) as refused:
+        resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued gke.cluster_mode=autopilot")
+    assert refused.value.field == "cluster.capacity" and refused.value.exit_code == 2
+
+
+def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_leaves_nothing(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.provision_s = 1.0  # well past the unschedulable grace below
+    monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.2")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "queued", QUEUED + " cluster.ready_timeout_s=30")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    pools = project.gke.pools_labelled("tpupipe-run", "queued")
+    assert pools, "the run's TPU node pool"
+    result = gke.deploy_raycluster(ctx)
+    assert result["available_workers"] == 1
+    assert project.kube.provisioner.decided == [("tpupipe", queued.request_name("queued"), "Provisioned")]
+    since, until = result["capacity_wait"]
+    # the pods waited (not billed: the goodput ledger's rule) until the whole request came, all its nodes at once
+    assert since < project.kube.provisioner.decided_at[("tpupipe", queued.request_name("queued"))] <= until
+    assert any("waiting for ProvisioningRequest" in line for line in logs)
+    ledger = goodput.ledger(
+        {
+            "provision": {"started": since - 5, "seconds": 5},
+            "deploy_raycluster": {"started": since, "seconds": until - since + 1, "result": result},
+        },
+        chips=4,
+        usd_per_hour=10.0,
+    )
+    by_name = {c["name"]: c for c in ledger["categories"]}
+    waited, started = by_name["waiting for capacity"], by_name["cluster start"]
+    assert waited["seconds"] == pytest.approx(until - since, abs=0.01) and waited["chip_s"] == 0 and waited["usd"] == 0
+    assert started["chip_s"] == pytest.approx(4 * 1, abs=0.01)  # billed from when the whole request came
+    gke.teardown(ctx)
+    assert project.leftovers("queued") == {}
+
+
+def test_a_request_that_fails_ends_the_run_with_a_clear_message_nothing_billed_and_nothing_left(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.outcome = "capacity_not_found"
+    project.kube.provisioner.provision_s = 0.5
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "qfail", QUEUED + " cluster.ready_timeout_s=30")
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.provision(ctx)
+    with pytest.raises(readiness.RayClusterNotReady) as failed:
+        gke.deploy_raycluster(ctx)
+    message = str(failed.value)
+    assert f"ProvisioningRequest {queued.request_name('qfail')} will give the run no TPU nodes" in message
+    assert "Failed: CapacityNotFound" in message and "Nothing of the slices was billed" in message
+    with project.kube.lock:  # no worker ever had a node: none of the request's nodes was made
+        workers = [
+            o
+            for (p, _, n), o in project.kube.objects.items()
+            if p == "pods" and o["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        ]
+        assert workers and all(readiness.unschedulable(w) is not None for w in workers)
+    gke.teardown(ctx)
+    assert project.leftovers("qfail") == {}
+
+
+def test_the_readiness_machine_waits_on_an_unprovisioned_request_past_the_grace_and_fails_on_a_failed_one():
+    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_name="r")
+    unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits"}]
+    pods = [{"metadata": {"name": "w0"}, "status": {"conditions": unsched}}]
+    raycluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0}}
+    accepted = {"status": {"conditions": [{"type": "Accepted", "status": "True"}]}}
+    assert machine.step(raycluster, pods, 0.0, [], accepted) is None
+    assert machine.step(raycluster, pods, 100.0, [], accepted) is None  # no scale-up event, yet not stuck
+    assert "waiting for ProvisioningRequest r" in machine.last
+    failed = json.loads(json.dumps(accepted))
+    failed["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "CapacityNotFound", "message": "no capacity"}
+    )
+    with pytest.raises(readiness.RayClusterNotReady, match="Failed: CapacityNotFound: no capacity"):
+        machine.step(raycluster, pods, 101.0, [], failed)
+    with pytest.raises(readiness.RayClusterNotReady, match="is gone"):
+        machine.step(raycluster, pods, 102.0, [], None)
