@@ -535,7 +535,7 @@ class KubeEmulator:
 
     def served_crd(self, name: str) -> dict | None:
         """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
-        crd = _vendored_crds().get(name) or (provisioning.crd() if name == provisioning.CRD_NAME else None)
+        crd = _vendored_crds().get(name) or (provisioning.crd() if self.provisioner.serves(name) else None)
         if crd is None:
             return None
         crd = copy.deepcopy(crd)

@@ -78,8 +78,12 @@ class Provisioner:
         self.outcome = "provisioned"  # or "capacity_not_found": the request Fails
         self.provision_s = 2.0  # how long Dynamic Workload Scheduler takes to decide
         self.waiting: dict[tuple[str, str], list[Callable[[], None]]] = {}  # request -> what runs once provisioned
+        self.crd_served = True  # False: a cluster without the ProvisioningRequest API
         self.decided: list[tuple[str, str, str]] = []  # (namespace, name, condition) in order
         self.decided_at: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it was decided (epoch s)
+
+    def serves(self, crd_name: str) -> bool:
+        return self.crd_served and crd_name == CRD_NAME
 
     def created(self, namespace: str, obj: dict) -> None:
         """A new request: Accepted when it is of the queued class, decided after ``provision_s``."""
