@@ -584,6 +584,7 @@ class KubeEmulator:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
+                "uid": secrets.token_hex(8),
                 "labels": labels,
                 "annotations": dict(template.get("metadata", {}).get("annotations", {})),
             },
@@ -1164,6 +1165,43 @@ class KubeEmulator:
             if r.ok:
                 return r.json().get("status", "")
         return ""
+
+    # ------------------------------------------------------------------ a host lost mid-run
+    def lose_pod(self, namespace: str, name: str, grace_s: float = 0.5) -> None:
+        """A host lost while the run runs (its node preempted or shut down): the pod is terminated with the
+        kubelet's words for a node shutdown (status.reason Terminated, "Pod was terminated in response to imminent
+        node shutdown.": https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/) and is being
+        deleted for ``grace_s``, then it is gone and KubeRay makes another in its place (same name, a new uid), as
+        it keeps a worker group's replicas."""
+        with self.lock:
+            pod = self.objects[("pods", namespace, name)]
+            pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pod["status"].update(
+                phase="Failed",
+                reason="Terminated",
+                message="Pod was terminated in response to imminent node shutdown.",
+            )
+            for cs in pod["status"].get("containerStatuses") or []:
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+
+        def replaced() -> None:
+            with self.lock:
+                old = self.objects.pop(("pods", namespace, name), None)
+                if old is None:
+                    return
+                fresh = copy.deepcopy(old)
+                fresh["metadata"] = {k: v for k, v in old["metadata"].items() if k != "deletionTimestamp"}
+                fresh["metadata"]["uid"] = secrets.token_hex(8)
+                fresh["status"] = {
+                    "phase": "Running",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                    "containerStatuses": [_running(c) for c in fresh["spec"]["containers"]],
+                }
+                self.objects[("pods", namespace, name)] = fresh
+
+        timer = threading.Timer(grace_s, replaced)
+        timer.daemon = True
+        timer.start()
 
     # ------------------------------------------------------------------ a pod's log
     def _pod_log(self, namespace: str, name: str, query: dict) -> tuple[int, object]:

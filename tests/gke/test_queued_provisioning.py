@@ -1,15 +1,17 @@
 """cluster.capacity=queued (Dynamic Workload Scheduler's queued provisioning, docs/gke.md "Queued provisioning"): the
 plan's node pools and its ONE ProvisioningRequest for every slice, checked against the vendored CRD; the run over the
 emulators waits for the whole request and bills nothing while it waits; a request that fails ends the run with a
-clear message, nothing billed, nothing left."""
+clear message, nothing billed, nothing left; preflight of an existing cluster without the API. And a pod lost
+mid-run (a preempted host, replaced) kept in the post-mortem as it goes."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from components.platforms import RunContext
+from components.platforms import RunContext, postmortem
 from components.platforms.gke.checks.preflight import PreflightFailed
 from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan import queued
@@ -184,3 +186,32 @@ def test_an_existing_cluster_without_the_provisioning_request_api_is_a_preflight
     assert code == 0 and "cluster team: serves the autoscaling.x-k8s.io/v1 ProvisioningRequest API" in text
     for verb in ("create", "get", "delete"):  # the caller's rights on the request, asked of the API server
         assert (verb, "autoscaling.x-k8s.io", "provisioningrequests", "") in project.kube.reviews
+
+
+def test_a_pod_lost_mid_run_is_kept_with_its_log_and_events_though_gone_by_teardown(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "lost", ONE_SLICE + " cluster.ready_timeout_s=30")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    gke.deploy_raycluster(ctx)
+    gke.job_client(ctx)  # the first job: from here a pod the run loses is kept as it goes
+    worker = "lost-tpu-v6e-4-0-0"
+    said = project.kube.work_dir / "ray" / "lost" / f"{worker}.out"
+    said.parent.mkdir(parents=True, exist_ok=True)
+    said.write_text("step 41 done\nthe last words of a preempted host\n")
+    project.kube.lose_pod("tpupipe", worker, grace_s=1.0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ctx.store.read_text(postmortem.LOST_PODS):
+        time.sleep(0.1)
+    time.sleep(1.5)  # the pod is gone now, replaced
+    gke.teardown(ctx)
+    (kept,) = json.loads(ctx.store.read_text(postmortem.LOST_PODS))
+    assert kept["name"] == worker and kept["why"].startswith("lost: Terminated: Pod was terminated in response")
+    assert "the last words of a preempted host" in ctx.store.read_text(kept["log"])
+    assert any(f"pod {worker} lost" in line for line in logs)
+    assert project.leftovers("lost") == {}
