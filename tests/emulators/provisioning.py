@@ -148,3 +148,23 @@ class Provisioner:
         for name in pending:
             self.waiting.setdefault((namespace, name), []).append(schedule)
         return True
+
+
+def node_pool_refusal(pool) -> str | None:
+    """Why GKE refuses a node pool (a container_v1 ``NodePool``) made for queued provisioning, else None: GKE's guide
+    makes it with autoscaling from 0 nodes, no reservation and no auto-repair
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest: ``--enable-queued-provisioning``
+    with ``--enable-autoscaling --num-nodes=0 --reservation-affinity=none --no-enable-autorepair``). The words are
+    this emulator's: GKE's own messages are not documented."""
+    if not pool.queued_provisioning.enabled:
+        return None
+    from google.cloud import container_v1 as c
+
+    none = c.ReservationAffinity.Type.NO_RESERVATION
+    if not pool.autoscaling.enabled or pool.initial_node_count:
+        return "a queued provisioning node pool autoscales from 0 nodes"
+    if pool.config.reservation_affinity.consume_reservation_type != none:
+        return "a queued provisioning node pool consumes no reservation"
+    if pool.management.auto_repair:
+        return "a queued provisioning node pool has auto-repair off"
+    return None

@@ -215,3 +215,15 @@ def test_a_pod_lost_mid_run_is_kept_with_its_log_and_events_though_gone_by_teard
     assert "the last words of a preempted host" in ctx.store.read_text(kept["log"])
     assert any(f"pod {worker} lost" in line for line in logs)
     assert project.leftovers("lost") == {}
+
+
+def test_gke_refuses_a_queued_provisioning_pool_without_the_settings_it_needs_and_takes_the_planned_one():
+    from google.cloud import container_v1
+
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    body = next(p for p in _planned(spec, "q")["node-pool"] if p and "queuedProvisioning" in p)
+    assert provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(body))) is None
+    repaired = {**body, "management": {"autoRepair": True, "autoUpgrade": True}}
+    assert "auto-repair" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(repaired)))
+    fixed = {**body, "initialNodeCount": 4}
+    assert "from 0 nodes" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(fixed)))
