@@ -211,11 +211,19 @@ class Kube:
         )
 
     # -- delete by the run label (not found is success)
-    def delete_labelled(self, selector: str) -> list[str]:
+    def delete_labelled(self, selector: str, queued: bool = False) -> list[str]:
+        """Delete the run's objects by its label; ``queued``: its ProvisioningRequest and PodTemplate too (asked of
+        the API server only for a run that made them: another run's caller may hold no right on them)."""
         from kubernetes.client.exceptions import ApiException
 
         deleted = []
-        for kind in ("RayCluster", "ProvisioningRequest", "ResourceClaimTemplate", "NetworkPolicy"):
+        customs = (
+            "RayCluster",
+            *(("ProvisioningRequest",) if queued else ()),
+            "ResourceClaimTemplate",
+            "NetworkPolicy",
+        )
+        for kind in customs:
             group, version, plural = CUSTOM[kind]
             try:
                 items = self.custom.list_namespaced_custom_object(
@@ -233,11 +241,15 @@ class Kube:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-        for kind, lister, deleter in (
+        cores = [
             ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
             ("ServiceAccount", self.core.list_namespaced_service_account, self.core.delete_namespaced_service_account),
-            ("PodTemplate", self.core.list_namespaced_pod_template, self.core.delete_namespaced_pod_template),
-        ):
+        ]
+        if queued:
+            cores.append(
+                ("PodTemplate", self.core.list_namespaced_pod_template, self.core.delete_namespaced_pod_template)
+            )
+        for kind, lister, deleter in cores:
             for item in lister(self.namespace, label_selector=selector).items:
                 try:
                     deleter(item.metadata.name, self.namespace)
