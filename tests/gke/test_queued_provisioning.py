@@ -23,6 +23,7 @@ from components.stages import goodput
 from components.workload import resolve
 from tests.emulators import provisioning
 from tests.emulators.project import ONE_SLICE
+from tests.gke.test_gke_platform import TWO_SLICES
 
 QUEUED = ONE_SLICE + " cluster.capacity=queued run.deadline_h=6"
 
@@ -78,41 +79,47 @@ def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_
     assert refused.value.field == "cluster.capacity" and refused.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "run_id, overrides, workers",
+    [("queued", QUEUED, 1), ("queued2", TWO_SLICES + " cluster.capacity=queued run.deadline_h=6", 8)],
+)
 def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_leaves_nothing(
-    tmp_path, project_factory, monkeypatch
+    tmp_path, project_factory, monkeypatch, run_id, overrides, workers
 ):
     project = project_factory()
     project.kube.ready_without_ray = True
     project.kube.provisioner.provision_s = 1.0  # well past the unschedulable grace below
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.2")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    ctx = context(tmp_path, "queued", QUEUED + " cluster.ready_timeout_s=30")
+    ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
+    chips = ctx.spec.cluster.num_slices * 4 * ctx.spec.cluster.num_hosts
     logs: list[str] = []
     gke = GkePlatform(log=logs.append, poll_s=0.05)
     gke.provision(ctx)
-    pools = project.gke.pools_labelled("tpupipe-run", "queued")
-    assert pools, "the run's TPU node pool"
+    pools = project.gke.pools_labelled("tpupipe-run", run_id)
+    assert len(pools) == ctx.spec.cluster.num_slices + 1  # a queued pool per slice, and the head's
     result = gke.deploy_raycluster(ctx)
-    assert result["available_workers"] == 1
-    assert project.kube.provisioner.decided == [("tpupipe", queued.request_name("queued"), "Provisioned")]
+    assert result["available_workers"] == workers
+    request = queued.request_name(run_id)
+    assert project.kube.provisioner.decided == [("tpupipe", request, "Provisioned")]  # ONE request, all slices
     since, until = result["capacity_wait"]
-    # the pods waited (not billed: the goodput ledger's rule) until the whole request came, all its nodes at once
-    assert since < project.kube.provisioner.decided_at[("tpupipe", queued.request_name("queued"))] <= until
+    # every pod of every slice waited (not billed: the goodput ledger's rule) until the whole request came
+    assert since < project.kube.provisioner.decided_at[("tpupipe", request)] <= until
     assert any("waiting for ProvisioningRequest" in line for line in logs)
     ledger = goodput.ledger(
         {
             "provision": {"started": since - 5, "seconds": 5},
             "deploy_raycluster": {"started": since, "seconds": until - since + 1, "result": result},
         },
-        chips=4,
+        chips=chips,
         usd_per_hour=10.0,
     )
     by_name = {c["name"]: c for c in ledger["categories"]}
     waited, started = by_name["waiting for capacity"], by_name["cluster start"]
     assert waited["seconds"] == pytest.approx(until - since, abs=0.01) and waited["chip_s"] == 0 and waited["usd"] == 0
-    assert started["chip_s"] == pytest.approx(4 * 1, abs=0.01)  # billed from when the whole request came
+    assert started["chip_s"] == pytest.approx(chips * 1, abs=0.05)  # billed from when the whole request came
     gke.teardown(ctx)
-    assert project.leftovers("queued") == {}
+    assert project.leftovers(run_id) == {}
 
 
 def test_a_request_that_fails_ends_the_run_with_a_clear_message_nothing_billed_and_nothing_left(
