@@ -7,6 +7,8 @@
   SelfSubjectAccessReviews (``ACCESS_REVIEW_PATH``);
 - RayCluster objects are validated against the KubeRay CRD schema (422 with the reasons), as the API
   server does with strict field validation;
+- ProvisioningRequests and the cluster autoscaler's queued provisioning, PodTemplates (``provisioning``): a request's
+  pods wait until it is Provisioned, then are scheduled together; ``lose_pod`` loses a host mid-run;
 - the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:
   the vendored v1.7.0 CRD, less the fields added after an older release (``FIELDS_SINCE``), which the API
   server then drops from RayClusters without a word, as a real one prunes fields its CRD lacks;
