@@ -2,6 +2,9 @@
 Ctrl-C, a cancel or the janitor alike):
 
 - locally, every host's Ray session logs (``logs/ray/<node>/``);
+- on GKE, while the run runs, every pod it loses (a preempted or failed host's pod, which KubeRay replaces: by
+  teardown it is gone), its log and last events kept as it goes (``LostPods``: ``logs/lost/``,
+  ``logs/lost_pods.json``);
 - on GKE, through the API server: the run's pods' statuses, the Kubernetes events about them and the RayCluster's
   status (``logs/kubernetes.json``), each Ray pod's own log (``logs/pods/<pod>.log``, and ``<pod>.previous.log`` for
   a container that restarted); the node pools' state (``logs/node_pools.json``); and through the head's dashboard
@@ -18,9 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.platforms.store import RunStore, write_text
+from components.platforms.store import RunStore, read_json, write_text
 
 CAP_BYTES = 128 * 1024
+LOST_PODS = "logs/lost_pods.json"
 MAX_FILES = 100  # per run, the newest: Ray writes a few files per worker process
 TAIL_LINES = 5000  # of a pod's log, and of a Ray log file, asked of the server (then capped at CAP_BYTES)
 # The Ray logs most telling of a failure, kept first from each node (Ray's logging docs, "Log directory":
@@ -156,3 +160,72 @@ def ray_state(store: RunStore, get, cap: int = CAP_BYTES) -> list[str]:
         store.write_bytes(key, tail(content, cap), "text/plain")
         written.append(key)
     return written
+
+
+class LostPods:
+    """The pods a run loses while it runs, kept as they go: ``observe(pods)`` takes the run's pods each time they are
+    read (a Kubernetes pod dict each). A pod going away (``metadata.deletionTimestamp`` set: its node preempted or
+    repaired, the pod deleted; or its phase Failed) has its containers' logs and its events kept at once, as
+    ``logs/lost/<pod>.<uid>.log``; a container that restarted in place, its previous container's log; a pod that was
+    gone before it could be read (between two observations), its last status seen. ``logs/lost_pods.json`` lists
+    them all, in order. ``kube``: what reads a pod's log and the pods' events (``pod_log``, ``pod_events``)."""
+
+    def __init__(self, store: RunStore, kube, cap: int = CAP_BYTES):
+        self.store, self.kube, self.cap = store, kube, cap
+        self.seen: dict[str, dict[str, Any]] = {}  # uid (else name) -> the pod as last seen
+        # what an earlier stage's process kept (each stage may run in its own: on Vertex AI, one task each)
+        self.kept: list[dict[str, Any]] = list(read_json(store, LOST_PODS) or [])
+        self._done: set[tuple[str, int]] = {(k["uid"], -1) for k in self.kept}  # (uid, restarts) already kept
+
+    def observe(self, pods: list[dict[str, Any]]) -> None:
+        now = {_uid(p): p for p in pods}
+        before = len(self.kept)
+        for uid, pod in now.items():
+            restarts = sum(c.get("restartCount") or 0 for c in (pod.get("status") or {}).get("containerStatuses") or [])
+            if _going(pod) and (uid, -1) not in self._done:
+                self._keep(pod, "lost: " + _why(pod), previous=False, mark=(uid, -1))
+            elif restarts and (uid, restarts) not in self._done and uid in self.seen:
+                self._keep(pod, f"its container restarted ({restarts})", previous=True, mark=(uid, restarts))
+        for uid, pod in self.seen.items():
+            if uid not in now and (uid, -1) not in self._done:
+                self._done.add((uid, -1))
+                self.kept.append({**_pod(pod), "uid": uid, "why": "gone before it could be read", "log": None})
+        self.seen = now
+        if len(self.kept) > before:
+            write_text(self.store, LOST_PODS, json.dumps(self.kept, indent=1, default=str), "application/json")
+
+    def _keep(self, pod: dict[str, Any], why: str, previous: bool, mark: tuple[str, int]) -> None:
+        self._done.add(mark)
+        name, uid = pod["metadata"]["name"], mark[0]
+        parts = []
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            try:  # a pod already half gone may give nothing: what it gives is kept
+                text = self.kube.pod_log(name, status["name"], tail_lines=TAIL_LINES, previous=previous)
+            except Exception as exc:  # noqa: BLE001 - a post-mortem keeps what it can
+                text = f"(not kept: {str(exc)[:300]})\n"
+            parts.append(f"--- container {status['name']}{' (previous)' if previous else ''} ---\n{text}")
+        key = f"logs/lost/{name}.{uid[:12]}.log"
+        self.store.write_bytes(key, tail("".join(parts).encode(), self.cap), "text/plain")
+        try:
+            events = [
+                {k: e.get(k) for k in ("type", "reason", "message", "count", "lastTimestamp")}
+                for e in self.kube.pod_events()
+                if (e.get("involvedObject") or {}).get("name") == name
+            ][-50:]
+        except Exception as exc:  # noqa: BLE001
+            events = [{"error": str(exc)[:300]}]
+        self.kept.append({**_pod(pod), "uid": uid, "why": why, "log": key, "events": events})
+
+
+def _uid(pod: dict[str, Any]) -> str:
+    return pod["metadata"].get("uid") or pod["metadata"]["name"]
+
+
+def _going(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") == "Failed"
+
+
+def _why(pod: dict[str, Any]) -> str:
+    status = pod.get("status") or {}
+    said = ": ".join(x for x in (status.get("reason"), status.get("message")) if x)
+    return said or ("being deleted" if pod["metadata"].get("deletionTimestamp") else status.get("phase", ""))

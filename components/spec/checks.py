@@ -208,6 +208,14 @@ def _check_gke_fields(spec: RunSpec) -> None:
         raise SpecError("gke.cluster_mode", f"unknown cluster mode {g.cluster_mode!r}", GKE_CLUSTER_MODES)
     if g.multislice_network not in MULTISLICE_NETWORKS:
         raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}", MULTISLICE_NETWORKS)
+    if spec.cluster.capacity == "queued" and g.cluster_mode == "autopilot":
+        # Queued provisioning here is node pools the run creates with it enabled (docs/gke.md, "Queued provisioning");
+        # Autopilot makes its own nodes.
+        raise SpecError(
+            "cluster.capacity",
+            "queued provisioning needs node pools the run creates: gke.cluster_mode=standard",
+            ["flex-start", "spot", "on-demand", "reservation"],
+        )
     if g.project:
         names.check_project("gke.project", g.project)
     checks = [

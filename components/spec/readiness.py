@@ -45,6 +45,12 @@ READY_LIMITS_S = {
     # https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up): FailedScaleUp
     # ends the run only when it repeats for longer than the longest backoff.
     "flex-start": (3600.0, 120.0, 1800.0),
+    # Queued provisioning: the pods wait Unschedulable until the run's ProvisioningRequest is Provisioned (all its
+    # nodes at once) and fail as soon as it is Failed (https://cloud.google.com/kubernetes-engine/docs/how-to/
+    # provisioningrequest; the ProvisioningRequest's conditions, kubernetes/autoscaler cluster-autoscaler/apis/
+    # provisioningrequest/autoscaling.x-k8s.io/v1/types.go); no FailedScaleUp retries to sit out: the request is the
+    # wait. An hour before the run gives up, as for flex-start; cluster.ready_timeout_s for longer.
+    "queued": (3600.0, 120.0, 0.0),
     # Autopilot makes the TPU nodes when the pods ask for them (GKE docs, "Deploy TPU workloads in GKE Autopilot"):
     # Unschedulable with TriggeredScaleUp while a slice's nodes are created, minutes; a stockout retried as above.
     # Combined with the capacity type's row (the longer of each).

@@ -18,7 +18,7 @@ from typing import Any
 
 from components.spec import names
 
-CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start")
+CAPACITY_TYPES = ("on-demand", "spot", "reservation", "flex-start", "queued")
 WORKLOADS = ("fsdp", "maxtext")
 # The FSDP trainer's precision on TPU: "mixed", float32 master weights and optimizer state with bfloat16 compute
 # (FSDP2's MixedPrecisionPolicy: params cast to bfloat16 for the forward and backward, gradients reduced in float32);
@@ -40,7 +40,7 @@ class ClusterSpec:
     num_slices: int = 1
     num_hosts: int = 2  # hosts per slice (emulated raylets on the local platform)
     cpus_per_host: int = 1  # Ray CPUs each emulated host offers (local platform)
-    capacity: str = "on-demand"  # on TPU: on-demand, spot, reservation or flex-start
+    capacity: str = "on-demand"  # on TPU: on-demand, spot, reservation, flex-start or queued
     reservation: str = ""  # required when capacity=reservation: NAME or projects/P/reservations/NAME
     ready_timeout_s: float = 0.0  # how long deploy_raycluster waits for every host; 0: by the capacity type
     # Pod sizes on GKE (cpus_per_host is also each TPU worker pod's CPU request):

@@ -14,8 +14,9 @@ step ended, when each checkpoint was saved and for how long), the same for FSDP 
   capacity": the time ``deploy_raycluster`` saw the RayCluster's pods Unschedulable, waiting for nodes the cluster
   autoscaler adds (a flex-start or Autopilot pool starts with none, and its nodes bill from when they come:
   https://cloud.google.com/kubernetes-engine/docs/concepts/dws#pricing). Where some of the nodes came before the
-  others, those billed during the wait: the figures are at most what was billed. The local platform's emulated
-  chips (one per host) are priced at zero; the categories are the same.
+  others, those billed during the wait: the figures are at most what was billed. With queued provisioning
+  (``cluster.capacity=queued``) no node of any slice exists until all of them do, so the wait bills nothing. The
+  local platform's emulated chips (one per host) are priced at zero; the categories are the same.
 - Inside ``train``: until the first step of the first worker group ends, "trainer start" (imports, building the
   model, restoring, XLA's compile of the first step); a step that ends later is "productive" unless a later worker
   group ran the same step again, then it is "lost to failures", as is the time from a worker group's last step to the

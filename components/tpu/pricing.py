@@ -114,8 +114,8 @@ def line(
     if entry is None:
         out.update(unit_usd=None, usd_per_hour=None)
         on_demand = table.get(key(item, name, "on-demand"))
-        if on_demand is not None and capacity in ("spot", "flex-start"):
-            # Spot and flex-start cost less than on-demand: its price bounds them from above.
+        if on_demand is not None and capacity in ("spot", "flex-start", "queued"):
+            # Spot and flex-start (queued provisioning is flex-start's) cost less than on-demand: its price bounds them.
             out["upper_bound_usd_per_hour"] = round(on_demand["usd"] * quantity, 6)
         return out
     out.update(unit_usd=entry["usd"], usd_per_hour=round(entry["usd"] * quantity, 6))

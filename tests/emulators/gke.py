@@ -44,7 +44,7 @@ import grpc
 from google.cloud import container_v1 as c
 from google.rpc import status_pb2
 
-from tests.emulators import GrpcEmulator, serve_grpc, take_fault
+from tests.emulators import GrpcEmulator, provisioning, serve_grpc, take_fault
 
 SERVICE = "google.container.v1.ClusterManager"
 # A node config's service account: "default" or an account's email (GKE refuses anything else).
@@ -484,6 +484,9 @@ class ClusterManagerEmulator(GrpcEmulator):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {request.node_pool.name}: {missing} not found.")
         pool = c.NodePool(request.node_pool)
         self._check_management(cluster, pool, context)
+        refusal = provisioning.node_pool_refusal(pool)  # queued provisioning's settings
+        if refusal:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {pool.name}: {refusal}.")
         pool.status = c.NodePool.Status.PROVISIONING
         pool.version = pool.version or cluster.current_node_version
         cluster.node_pools.append(pool)

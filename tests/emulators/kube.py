@@ -7,6 +7,8 @@
   SelfSubjectAccessReviews (``ACCESS_REVIEW_PATH``);
 - RayCluster objects are validated against the KubeRay CRD schema (422 with the reasons), as the API
   server does with strict field validation;
+- ProvisioningRequests and the cluster autoscaler's queued provisioning, PodTemplates (``provisioning``): a request's
+  pods wait until it is Provisioned, then are scheduled together; ``lose_pod`` loses a host mid-run;
 - the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:
   the vendored v1.7.0 CRD, less the fields added after an older release (``FIELDS_SINCE``), which the API
   server then drops from RayClusters without a word, as a real one prunes fields its CRD lacks;
@@ -84,10 +86,12 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.emulators import kube_schema
+from tests.emulators import kube_schema, provisioning
 from tests.emulators.tokens import authorized
 
-CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
+# PodTemplates (queued provisioning's) are not checked by the client's model: kubernetes 30.1.0's pod spec predates
+# resourceClaims[].resourceClaimTemplateName (Kubernetes 1.31), which the DCN NICs' claims use.
+CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events", "podtemplates"}
 # The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
 # and the ones every kind has.
 EVENT_FIELDS = {
@@ -335,6 +339,8 @@ class KubeEmulator:
         self.ray_auth_off = False
         self._own_jobs = False  # the Jobs API below was made here (not given by a test): stopped with the server
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
+        self.lock = threading.RLock()
+        self.provisioner = provisioning.Provisioner(self.objects, self.lock)  # ProvisioningRequests (queued)
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
         self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order
@@ -343,7 +349,6 @@ class KubeEmulator:
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers) of every request
         self.statuses: list[tuple[str, str, int]] = []  # (method, path, status) of every answer
         self.bodies: list[tuple[str, str, str]] = []  # (method, path, body text) of every request
-        self.lock = threading.RLock()
         self.ca_pem, self._cert, self._key = make_certificates(self.work_dir / "pki")
         self._server = None
         self.endpoint = ""  # 127.0.0.1:PORT, the cluster's IP endpoint
@@ -533,6 +538,8 @@ class KubeEmulator:
             self.objects[key] = obj
             if plural == "rayclusters" and not existed:
                 self._create_raycluster(namespace, obj)
+            if plural == provisioning.PLURAL and not existed:
+                self.provisioner.created(namespace, obj)
             return (200 if existed else 201), obj
 
     def _dropped(self) -> list[tuple[str, ...]]:
@@ -541,7 +548,7 @@ class KubeEmulator:
 
     def served_crd(self, name: str) -> dict | None:
         """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
-        crd = _vendored_crds().get(name)
+        crd = _vendored_crds().get(name) or (provisioning.crd() if self.provisioner.serves(name) else None)
         if crd is None:
             return None
         crd = copy.deepcopy(crd)
@@ -565,6 +572,8 @@ class KubeEmulator:
     def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
         if plural in CRD_KINDS:
             return self.crds.errors(obj)
+        if plural == provisioning.PLURAL:
+            return provisioning.errors(obj)
         if plural not in CORE and plural != "resourceclaimtemplates" and plural not in kube_schema.MODELS:
             return [f"unknown resource {plural}"]
         if namespace and ("namespaces", "", namespace) not in self.objects:
@@ -585,7 +594,13 @@ class KubeEmulator:
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": secrets.token_hex(8),
+                "labels": labels,
+                "annotations": dict(template.get("metadata", {}).get("annotations", {})),
+            },
             "spec": template["spec"],
             "status": {"phase": "Pending", "conditions": []},
         }
@@ -647,6 +662,8 @@ class KubeEmulator:
                     }
                 ]
             return
+        if self.provisioner.holds(namespace, pods, lambda: self._provisioned(namespace, name)):
+            return  # its workers wait for their ProvisioningRequest
         if self.fault in ("scale_from_zero", "never_scales_up"):
             return self._scale_from_zero(namespace, obj, pods)
         if self.fault == "never_starts":
@@ -782,6 +799,10 @@ class KubeEmulator:
                     timer.start()
                 return
             self._schedule(namespace, obj, pods)
+
+    def _provisioned(self, namespace: str, name: str) -> None:
+        """The ProvisioningRequest the RayCluster's workers consume is Provisioned: all its pods are placed."""
+        self._nodes_came(namespace, name, None)
 
     def _retry_scale_up(self, namespace: str, name: str, workers: list[dict]) -> None:
         with self.lock:
@@ -1200,6 +1221,43 @@ class KubeEmulator:
             if r.ok:
                 return r.json().get("status", "")
         return ""
+
+    # ------------------------------------------------------------------ a host lost mid-run
+    def lose_pod(self, namespace: str, name: str, grace_s: float = 0.5) -> None:
+        """A host lost while the run runs (its node preempted or shut down): the pod is terminated with the
+        kubelet's words for a node shutdown (status.reason Terminated, "Pod was terminated in response to imminent
+        node shutdown.": https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/) and is being
+        deleted for ``grace_s``, then it is gone and KubeRay makes another in its place (same name, a new uid), as
+        it keeps a worker group's replicas."""
+        with self.lock:
+            pod = self.objects[("pods", namespace, name)]
+            pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pod["status"].update(
+                phase="Failed",
+                reason="Terminated",
+                message="Pod was terminated in response to imminent node shutdown.",
+            )
+            for cs in pod["status"].get("containerStatuses") or []:
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+
+        def replaced() -> None:
+            with self.lock:
+                old = self.objects.pop(("pods", namespace, name), None)
+                if old is None:
+                    return
+                fresh = copy.deepcopy(old)
+                fresh["metadata"] = {k: v for k, v in old["metadata"].items() if k != "deletionTimestamp"}
+                fresh["metadata"]["uid"] = secrets.token_hex(8)
+                fresh["status"] = {
+                    "phase": "Running",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                    "containerStatuses": [_running(c) for c in fresh["spec"]["containers"]],
+                }
+                self.objects[("pods", namespace, name)] = fresh
+
+        timer = threading.Timer(grace_s, replaced)
+        timer.daemon = True
+        timer.start()
 
     # ------------------------------------------------------------------ a pod's log
     def _pod_log(self, namespace: str, name: str, query: dict) -> tuple[int, object]:

@@ -34,7 +34,7 @@ BAD_INPUTS = [
         "llama3-8b-v6e-16x2",
         "cluster.capacity=cheap",
         "cluster.capacity",
-        "(valid: on-demand, spot, reservation, flex-start)",
+        "(valid: on-demand, spot, reservation, flex-start, queued)",
     ),
     (
         "llama3-8b-v6e-16x2",

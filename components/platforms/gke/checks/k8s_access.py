@@ -81,9 +81,16 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError 
     """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
     its Kubernetes API with ``creds``' token, None when its KubeRay will do; and whether it is a KubeRay 1.5, which
     generates the Ray token's Secret itself (``kube.generates_ray_token``)."""
-    import tempfile
-    from pathlib import Path
+    from components.platforms.gke.cloud import kube as gke_kube
 
+    crd = existing_cluster_crd(cluster, creds, namespace, gke_kube.RAYCLUSTER_CRD)
+    refusal = gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)
+    return refusal, refusal is None and gke_kube.generates_ray_token(crd)
+
+
+def existing_cluster_crd(cluster, creds, namespace: str, name: str) -> dict | None:
+    """For preflight: the CustomResourceDefinition ``name`` an existing cluster serves, read through its Kubernetes
+    API with ``creds``' token; None when it serves none."""
     from components.platforms.credentials import AccessToken
     from components.platforms.gke.cloud import kube as gke_kube
     from components.platforms.gke.cloud.transient import Backoff
@@ -93,6 +100,4 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError 
         # Preflight's read: retried as briefly as its access review (an API server that cannot be reached is reported,
         # not waited on for the 600 s a stage's call may retry).
         kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
-        crd = kube.crd(gke_kube.RAYCLUSTER_CRD)
-    refusal = gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)
-    return refusal, refusal is None and gke_kube.generates_ray_token(crd)
+        return kube.crd(name)

@@ -24,7 +24,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 - with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
   the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
   lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
-  RayCluster CRD it serves, read through that API) has every field the run sets (``kube.kuberay_refusal``).
+  RayCluster CRD it serves, read through that API) has every field the run sets (``kube.kuberay_refusal``); with
+  ``cluster.capacity=queued``, it serves the ProvisioningRequest API (``checks.queued``).
 
 :func:`check` raises :class:`PreflightFailed` listing every problem (exit 2); nothing has been created then.
 ``provision`` calls it first; ``tpupipe preflight PRESET`` calls it alone.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from components.platforms.gke.checks import node_account, offers, reservations
+from components.platforms.gke.checks import node_account, offers, queued, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -65,6 +66,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         reservations.check,
         _cluster,
         _kubernetes,
+        queued.check,
         offers.version,
         offers.machine_types,
         offers.default_network,

@@ -44,6 +44,7 @@ CUSTOM = {  # kind -> (group, version, plural)
     "RayCluster": ("ray.io", "v1", "rayclusters"),
     "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),  # a built-in kind, by the same generic calls
+    "ProvisioningRequest": ("autoscaling.x-k8s.io", "v1", "provisioningrequests"),  # queued provisioning
 }
 
 
@@ -121,6 +122,8 @@ class Kube:
                 self.core.create_namespaced_service_account(ns, obj)
             elif kind == "Secret":
                 self.core.create_namespaced_secret(ns, obj)
+            elif kind == "PodTemplate":
+                self.core.create_namespaced_pod_template(ns, obj)
             elif kind in CUSTOM:
                 group, version, plural = CUSTOM[kind]
                 self.custom.create_namespaced_custom_object(group, version, ns, plural, obj)
@@ -216,11 +219,19 @@ class Kube:
         )
 
     # -- delete by the run label (not found is success)
-    def delete_labelled(self, selector: str) -> list[str]:
+    def delete_labelled(self, selector: str, queued: bool = False) -> list[str]:
+        """Delete the run's objects by its label; ``queued``: its ProvisioningRequest and PodTemplate too (asked of
+        the API server only for a run that made them: another run's caller may hold no right on them)."""
         from kubernetes.client.exceptions import ApiException
 
         deleted = []
-        for kind in ("RayCluster", "ResourceClaimTemplate", "NetworkPolicy"):
+        customs = (
+            "RayCluster",
+            *(("ProvisioningRequest",) if queued else ()),
+            "ResourceClaimTemplate",
+            "NetworkPolicy",
+        )
+        for kind in customs:
             group, version, plural = CUSTOM[kind]
             try:
                 items = self.custom.list_namespaced_custom_object(
@@ -238,10 +249,15 @@ class Kube:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-        for kind, lister, deleter in (
+        cores = [
             ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
             ("ServiceAccount", self.core.list_namespaced_service_account, self.core.delete_namespaced_service_account),
-        ):
+        ]
+        if queued:
+            cores.append(
+                ("PodTemplate", self.core.list_namespaced_pod_template, self.core.delete_namespaced_pod_template)
+            )
+        for kind, lister, deleter in cores:
             for item in lister(self.namespace, label_selector=selector).items:
                 try:
                     deleter(item.metadata.name, self.namespace)

@@ -43,10 +43,24 @@ CLAIMS = tuple(
     )
 )
 
+QUEUED = (
+    ("create", "", "podtemplates", "", "deploy_raycluster creates the workers' PodTemplate (queued provisioning)"),
+    ("create", "autoscaling.x-k8s.io", "provisioningrequests", "", "deploy_raycluster requests the slices"),
+    ("get", "autoscaling.x-k8s.io", "provisioningrequests", "", "deploy_raycluster waits for the request"),
+    ("list", "autoscaling.x-k8s.io", "provisioningrequests", "", "teardown finds the run's ProvisioningRequest"),
+    ("delete", "autoscaling.x-k8s.io", "provisioningrequests", "", "teardown deletes the run's ProvisioningRequest"),
+    ("list", "", "podtemplates", "", "teardown finds the run's PodTemplate"),
+    ("delete", "", "podtemplates", "", "teardown deletes the run's PodTemplate"),
+)
+
 
 def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
     """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
-    return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
+    return (
+        ALWAYS
+        + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
+        + (QUEUED if "k8s/ProvisioningRequest" in kinds else ())
+    )
 
 
 # GKE's IAM permissions for Kubernetes objects: ``container.<resource>.<verb>`` for the built-in kinds, the custom
@@ -64,6 +78,7 @@ IAM_RESOURCE = {
     "networkpolicies": "networkPolicies",
     "pods": "pods",
     "events": "events",
+    "podtemplates": "podTemplates",
 }
 IAM_VERB = {"create": "create", "get": "get", "list": "list", "delete": "delete", "patch": "update"}
 UNMAPPED_GROUPS = ("resource.k8s.io",)  # DRA's kinds: no IAM permission for them is documented there
@@ -77,7 +92,7 @@ def iam_permissions(kinds: tuple[str, ...]) -> tuple[str, ...]:
             continue
         if subresource == "proxy":
             out.append("container.services.proxy")
-        elif group == "ray.io":
+        elif group in ("ray.io", "autoscaling.x-k8s.io"):  # custom resources
             out.append(f"container.thirdPartyObjects.{IAM_VERB[verb]}")
         else:
             out.append(f"container.{IAM_RESOURCE[resource]}.{IAM_VERB[verb]}")

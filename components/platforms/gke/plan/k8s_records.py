@@ -109,6 +109,16 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         req = obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"
         return f"{count} NICs of device class {req['deviceClassName']} per worker pod"
+    if kind == "PodTemplate":
+        return "the worker pods as the ProvisioningRequest asks capacity for them (queued provisioning)"
+    if kind == "ProvisioningRequest":
+        podset = obj["spec"]["podSets"][0]
+        limit = obj["spec"].get("parameters", {}).get("maxRunDurationSeconds")
+        return (
+            f"class {obj['spec']['provisioningClassName']}: ONE request for all {podset['count']} hosts of "
+            f"{spec.cluster.num_slices} slice(s), provisioned all at once or not at all; maximum run "
+            + (f"{limit} s (run.deadline_h)" if limit else "GKE's default (no run.deadline_h)")
+        )
     if kind == "RayCluster":
         head = obj["spec"]["headGroupSpec"]
         head_res = head["template"]["spec"]["containers"][0]["resources"]["requests"]

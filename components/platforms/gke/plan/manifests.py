@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.platforms.gke.plan import queued
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
@@ -309,7 +310,9 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     }
     if d.tpu_resource_per_chip(spec) > 1:
         group["resources"] = {"TPU": str(shape.logical_devices_per_host)}
-    group["template"] = {"metadata": _pod_metadata(t), "spec": pod_spec}
+    metadata = _pod_metadata(t)
+    metadata["annotations"].update(queued.worker_annotations(spec, t))  # capacity=queued: they consume its request
+    group["template"] = {"metadata": metadata, "spec": pod_spec}
     return group
 
 
@@ -366,4 +369,6 @@ def all_objects(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     claim = dcn_claim_template(spec, t)
     if claim:
         objects.append(claim)
-    return objects + [raycluster(spec, t)]
+    ray = raycluster(spec, t)  # capacity=queued: its workers' PodTemplate and the request before it
+    objects += queued.objects(spec, t, ray["spec"]["workerGroupSpecs"][0]["template"])
+    return objects + [ray]

@@ -34,6 +34,8 @@ STAGE_OF_KIND = {
     "k8s/ServiceAccount": "deploy_raycluster",
     "k8s/ResourceClaimTemplate": "deploy_raycluster",
     "k8s/NetworkPolicy": "deploy_raycluster",
+    "k8s/PodTemplate": "deploy_raycluster",
+    "k8s/ProvisioningRequest": "deploy_raycluster",
     "k8s/Secret": "deploy_raycluster",
     "k8s/RayCluster": "deploy_raycluster",
 }

@@ -34,6 +34,7 @@ Sources of the GKE facts:
   either two additional node networks (the multislice Ray Train tutorial,
   https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/multi-slice-training-ray) or the node pool's
   ``accelerator_network_profile=auto`` (GKE creates the networks).
+- Queued provisioning node pools (flex-start with queued provisioning on): ``queued``
 - Autopilot TPU pods: node selectors for the TPU and for Spot / reservations / flex-start:
   https://cloud.google.com/kubernetes-engine/docs/how-to/tpus-autopilot
 """
@@ -43,6 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
+from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
 from components.spec import RunSpec, names
@@ -201,13 +203,13 @@ def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
 
 def _set_capacity(pool: dict[str, Any], spec: RunSpec) -> None:
     """Spot, a reservation, or flex-start (autoscaling from 0 with location policy ANY, no auto-repair; auto-upgrade
-    stays on, as the release channel requires)."""
+    stays on, as the release channel requires), with queued provisioning on for capacity=queued (``queued``)."""
     c, config = spec.cluster, pool["config"]
     if c.capacity == "spot":
         config["spot"] = True
     elif c.capacity == "reservation":
         config["reservationAffinity"] = _reservation_affinity(c.reservation)
-    elif c.capacity == "flex-start":
+    elif c.capacity == "flex-start" or queued.enabled(spec):  # queued provisioning is flex-start's, queued
         config["flexStart"] = True
         config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
         pool["initialNodeCount"] = 0
@@ -218,6 +220,8 @@ def _set_capacity(pool: dict[str, Any], spec: RunSpec) -> None:
             "locationPolicy": "ANY",
         }
         pool["management"] = {"autoRepair": False, "autoUpgrade": True}
+        if queued.enabled(spec):
+            pool["queuedProvisioning"] = {"enabled": True}
 
 
 def _set_dcn_nics(pool: dict[str, Any], spec: RunSpec, t: Target) -> None:

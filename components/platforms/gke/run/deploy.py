@@ -12,6 +12,7 @@ import os
 
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.records import Resource
 from components.platforms.gke.run.session import Session
 from components.platforms.store import read_json
@@ -138,6 +139,7 @@ def raycluster(s: Session, res: Resource) -> None:
             limits.deadline_s,
             unschedulable_grace_s=grace,
             failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+            request=queued.request_name(s.ctx.run_id) if queued.enabled(spec) else "",
             poll_s=min(s.poll_s, 2.0),
             log=s.log,
         )

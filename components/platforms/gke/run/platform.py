@@ -52,6 +52,7 @@ class GkePlatform(Platform):
         self.log = log
         self.poll_s = poll_s
         self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff)
+        self.keepers: dict[str, Any] = {}  # run id -> its lost-pods keeper (``lost_pods``), while its jobs run
 
     def check(self, ctx: RunContext) -> None:
         spec = ctx.spec
@@ -175,6 +176,11 @@ class GkePlatform(Platform):
         )
         if deadline is not None:
             client.until(deadline)
+        if ctx.run_id not in self.keepers:  # from the first job on, a pod the run loses is kept as it goes
+            from components.platforms.gke.run.lost_pods import Keeper
+
+            selector = f"ray.io/cluster={names.raycluster(ctx.run_id)}"
+            self.keepers[ctx.run_id] = Keeper(ctx, kube, selector, min(self.poll_s * 2, 10.0), self.log).start()
         return client
 
     def job_output_dir(self, ctx: RunContext) -> str:
@@ -232,6 +238,9 @@ class GkePlatform(Platform):
     # ---------------------------------------------------------------- teardown and the dry run
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
         """Delete what the run created, newest first (``teardown``); what is shared is kept."""
+        keeper = self.keepers.pop(ctx.run_id, None)
+        if keeper is not None:  # before anything is deleted: the pods teardown deletes are not lost ones
+            keeper.stop()
         try:
             self.check(ctx)
         except SpecError as exc:  # provision checks first: a run that fails the checks created nothing

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms.gke.cloud.kube import Kube
+from components.platforms.gke.plan import queued
 from components.spec import InfraError
 
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
@@ -78,6 +79,8 @@ class Readiness:
     failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
     failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
     capacity_wait: tuple[float, float | None] | None = None  # (since, until; None while still waiting)
+    # capacity=queued: the name of the run's ProvisioningRequest, whose state ``step`` is given with the rest
+    request_name: str = ""
 
     def step(
         self,
@@ -85,9 +88,11 @@ class Readiness:
         pods: list[dict[str, Any]],
         now: float,
         events: list[dict[str, Any]] = (),
+        request: dict[str, Any] | None = None,
     ) -> bool | None:
         if raycluster is None:
             raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
+        awaited = self._request(request)
         status = raycluster.get("status") or {}
         desired = status.get("desiredWorkerReplicas")
         available = status.get("availableWorkerReplicas", 0)
@@ -116,8 +121,10 @@ class Readiness:
                 self._failed_scale_up(name, event, now)
                 retried += 1
                 reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
-            (waiting if reason == SCALE_UP_TRIGGERED else stuck).append((name, message, event))
-        if waiting:
+            (waiting if reason == SCALE_UP_TRIGGERED or awaited else stuck).append((name, message, event))
+        if waiting and awaited:
+            self.last += f", {len(waiting)} waiting for ProvisioningRequest {self.request_name} (queued provisioning)"
+        elif waiting:
             self.last += f", {len(waiting)} waiting for new nodes ({SCALE_UP_TRIGGERED})"
         if retried:
             self.last += f", {retried} after a {SCALE_UP_FAILED} the autoscaler retries"
@@ -137,6 +144,23 @@ class Readiness:
             )
         self.last += f", {len(stuck)} unschedulable"
         return None
+
+    def _request(self, request: dict[str, Any] | None) -> bool:
+        """capacity=queued: True while the run's ProvisioningRequest is not yet Provisioned (its pods wait for all
+        their nodes at once, with no scale-up event of their own); raises once it will give no nodes (Failed:
+        capacity not found before its deadline; BookingExpired, CapacityRevoked). False without a request."""
+        if not self.request_name:
+            return False
+        if request is None:
+            raise RayClusterNotReady(f"the ProvisioningRequest {self.request_name} is gone (deleted while it waited)")
+        why = queued.ended(request)
+        if why:
+            raise RayClusterNotReady(
+                f"the ProvisioningRequest {self.request_name} will give the run no TPU nodes: {why}. Nothing of the "
+                "slices was billed while it was queued; try again later, or another cluster.capacity "
+                "(flex-start, spot, on-demand, reservation)"
+            )
+        return queued.condition(request, queued.PROVISIONED) is None
 
     def _capacity(self, now: float, waiting: bool) -> None:
         """Keep ``capacity_wait``: opened at the first observation of a pod waiting for a node, closed at the first
@@ -206,6 +230,7 @@ def wait_ready(
     *,
     unschedulable_grace_s: float,
     failed_scale_up_grace_s: float = 0.0,
+    request: str = "",
     poll_s: float = 2.0,
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
@@ -213,16 +238,22 @@ def wait_ready(
 ) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
     one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
-    epoch seconds; None if none ever did)."""
+    epoch seconds; None if none ever did). ``request``: the run's ProvisioningRequest (capacity=queued), read with
+    the rest at every step."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
-    machine = Readiness(unschedulable_grace_s=unschedulable_grace_s, failed_scale_up_grace_s=failed_scale_up_grace_s)
+    machine = Readiness(
+        unschedulable_grace_s=unschedulable_grace_s,
+        failed_scale_up_grace_s=failed_scale_up_grace_s,
+        request_name=request,
+    )
     selector = f"ray.io/cluster={name}"
 
     def poll():
         raycluster, pods = kube.get("RayCluster", name), kube.pods(selector)
         events = kube.pod_events() if any(unschedulable(p) is not None for p in pods) else []
-        return machine.step(raycluster, pods, clock(), events) or None
+        provisioning = kube.get("ProvisioningRequest", request) if request else None
+        return machine.step(raycluster, pods, clock(), events, provisioning) or None
 
     def progress(elapsed: float) -> None:
         if int(elapsed) % 10 < poll_s:

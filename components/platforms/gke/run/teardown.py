@@ -15,7 +15,7 @@ from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger, run_cluster
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import document as plan
-from components.platforms.gke.plan import ownership, paths
+from components.platforms.gke.plan import ownership, paths, queued
 from components.platforms.gke.plan.compute_resources import COMPUTE_KINDS
 from components.platforms.gke.plan.target import Target, target
 from components.spec import InfraError, names
@@ -109,7 +109,7 @@ def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]
         return []
     selector = f"{names.RUN_LABEL}={ctx.run_id}"
     _keep_postmortem(ctx, kube, cluster, token, selector)
-    return kube.delete_labelled(selector)
+    return kube.delete_labelled(selector, queued=queued.enabled(ctx.spec))
 
 
 def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> None:

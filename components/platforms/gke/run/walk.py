@@ -40,6 +40,8 @@ HANDLERS = {
     "k8s/ServiceAccount": deploy.k8s_object,
     "k8s/ResourceClaimTemplate": deploy.k8s_object,
     "k8s/NetworkPolicy": deploy.k8s_object,
+    "k8s/PodTemplate": deploy.k8s_object,
+    "k8s/ProvisioningRequest": deploy.k8s_object,
     "k8s/Secret": deploy.secret,
     "k8s/RayCluster": deploy.raycluster,
 }
@@ -87,5 +89,5 @@ def capacity_message(spec: RunSpec, t: Target, exc: Exception, res: Resource | N
         f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
         f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
         f"{spec.cluster.capacity}) in zone {t.zone}: {exc}. Nothing this run created is left. Try another zone "
-        f"(gke.zone), another capacity type (cluster.capacity=spot, reservation or flex-start) or later."
+        f"(gke.zone), another capacity type (cluster.capacity=spot, reservation, flex-start or queued) or later."
     )

@@ -1,0 +1,236 @@
+"""cluster.capacity=queued (Dynamic Workload Scheduler's queued provisioning, docs/gke.md "Queued provisioning"): the
+plan's node pools and its ONE ProvisioningRequest for every slice, checked against the vendored CRD; the run over the
+emulators waits for the whole request and bills nothing while it waits; a request that fails ends the run with a
+clear message, nothing billed, nothing left; preflight of an existing cluster without the API. And a pod lost
+mid-run (a preempted host, replaced) kept in the post-mortem as it goes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from components.platforms import RunContext, postmortem
+from components.platforms.gke.checks.preflight import PreflightFailed
+from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan import queued
+from components.platforms.gke.run import readiness
+from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.store import LocalStore
+from components.spec import SpecError
+from components.stages import goodput
+from components.workload import resolve
+from tests.emulators import provisioning
+from tests.emulators.project import ONE_SLICE
+from tests.gke.test_gke_platform import TWO_SLICES
+
+QUEUED = ONE_SLICE + " cluster.capacity=queued run.deadline_h=6"
+
+
+def context(tmp_path, run_id: str, overrides: str) -> RunContext:
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke"
+    )
+
+
+def _planned(spec, run_id: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for res in plan.resources(spec, run_id):
+        out.setdefault(res.kind, []).append(res.body)
+    return out
+
+
+def test_the_two_slice_plan_has_queued_pools_and_one_request_for_both_slices_that_the_crd_accepts():
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued run.deadline_h=12")
+    planned = _planned(spec, "q2")
+    pools = [p for p in planned["node-pool"] if p and "queuedProvisioning" in p]
+    assert len(pools) == 2
+    for pool in pools:
+        assert pool["queuedProvisioning"] == {"enabled": True}
+        assert pool["config"]["flexStart"] is True
+        assert pool["config"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+        assert pool["initialNodeCount"] == 0
+        assert pool["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
+        assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
+    (request,) = planned["k8s/ProvisioningRequest"]
+    (template,) = planned["k8s/PodTemplate"]
+    assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 8}]
+    assert request["spec"]["parameters"] == {"maxRunDurationSeconds": str(12 * 3600)}  # the run's deadline
+    assert provisioning.errors(request) == []
+    (raycluster,) = planned["k8s/RayCluster"]
+    assert template["template"] == raycluster["spec"]["workerGroupSpecs"][0]["template"]  # what the pods will be
+    annotations = raycluster["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"]
+    assert annotations[queued.CONSUME_ANNOTATION] == request["metadata"]["name"]
+    assert annotations[queued.CLASS_ANNOTATION] == "queued-provisioning.gke.io"
+    kinds = [res.kind for res in plan.resources(spec, "q2")]  # the request before the pods that consume it
+    assert kinds.index("k8s/PodTemplate") < kinds.index("k8s/ProvisioningRequest") < kinds.index("k8s/RayCluster")
+
+
+def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_the_field():
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    request = dict(_planned(spec, "q")["k8s/ProvisioningRequest"][0])
+    assert "parameters" not in request["spec"]  # no run.deadline_h: GKE's default maximum run
+    request["spec"] = {**request["spec"], "podSets": [{"podTemplateRef": {"name": "w"}, "count": 0}]}
+    assert any("podSets.0.count" in e for e in provisioning.errors(request))
+    with pytest.raises(SpecError) as refused:
+        resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued gke.cluster_mode=autopilot")
+    assert refused.value.field == "cluster.capacity" and refused.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "run_id, overrides, workers",
+    [("queued", QUEUED, 1), ("queued2", TWO_SLICES + " cluster.capacity=queued run.deadline_h=6", 8)],
+)
+def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_leaves_nothing(
+    tmp_path, project_factory, monkeypatch, run_id, overrides, workers
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.provision_s = 1.0  # well past the unschedulable grace below
+    monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.2")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
+    chips = ctx.spec.cluster.num_slices * 4 * ctx.spec.cluster.num_hosts
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    pools = project.gke.pools_labelled("tpupipe-run", run_id)
+    assert len(pools) == ctx.spec.cluster.num_slices + 1  # a queued pool per slice, and the head's
+    result = gke.deploy_raycluster(ctx)
+    assert result["available_workers"] == workers
+    request = queued.request_name(run_id)
+    assert project.kube.provisioner.decided == [("tpupipe", request, "Provisioned")]  # ONE request, all slices
+    since, until = result["capacity_wait"]
+    # every pod of every slice waited (not billed: the goodput ledger's rule) until the whole request came
+    assert since < project.kube.provisioner.decided_at[("tpupipe", request)] <= until
+    assert any("waiting for ProvisioningRequest" in line for line in logs)
+    ledger = goodput.ledger(
+        {
+            "provision": {"started": since - 5, "seconds": 5},
+            "deploy_raycluster": {"started": since, "seconds": until - since + 1, "result": result},
+        },
+        chips=chips,
+        usd_per_hour=10.0,
+    )
+    by_name = {c["name"]: c for c in ledger["categories"]}
+    waited, started = by_name["waiting for capacity"], by_name["cluster start"]
+    assert waited["seconds"] == pytest.approx(until - since, abs=0.01) and waited["chip_s"] == 0 and waited["usd"] == 0
+    assert started["chip_s"] == pytest.approx(chips * 1, abs=0.05)  # billed from when the whole request came
+    gke.teardown(ctx)
+    assert project.leftovers(run_id) == {}
+
+
+def test_a_request_that_fails_ends_the_run_with_a_clear_message_nothing_billed_and_nothing_left(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.outcome = "capacity_not_found"
+    project.kube.provisioner.provision_s = 0.5
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "qfail", QUEUED + " cluster.ready_timeout_s=30")
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.provision(ctx)
+    with pytest.raises(readiness.RayClusterNotReady) as failed:
+        gke.deploy_raycluster(ctx)
+    message = str(failed.value)
+    assert f"ProvisioningRequest {queued.request_name('qfail')} will give the run no TPU nodes" in message
+    assert "Failed: CapacityNotFound" in message and "Nothing of the slices was billed" in message
+    with project.kube.lock:  # no worker ever had a node: none of the request's nodes was made
+        workers = [
+            o
+            for (p, _, n), o in project.kube.objects.items()
+            if p == "pods" and o["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        ]
+        assert workers and all(readiness.unschedulable(w) is not None for w in workers)
+    gke.teardown(ctx)
+    assert project.leftovers("qfail") == {}
+
+
+def test_the_readiness_machine_waits_on_an_unprovisioned_request_past_the_grace_and_fails_on_a_failed_one():
+    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_name="r")
+    unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits"}]
+    pods = [{"metadata": {"name": "w0"}, "status": {"conditions": unsched}}]
+    raycluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0}}
+    accepted = {"status": {"conditions": [{"type": "Accepted", "status": "True"}]}}
+    assert machine.step(raycluster, pods, 0.0, [], accepted) is None
+    assert machine.step(raycluster, pods, 100.0, [], accepted) is None  # no scale-up event, yet not stuck
+    assert "waiting for ProvisioningRequest r" in machine.last
+    failed = json.loads(json.dumps(accepted))
+    failed["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "CapacityNotFound", "message": "no capacity"}
+    )
+    with pytest.raises(readiness.RayClusterNotReady, match="Failed: CapacityNotFound: no capacity"):
+        machine.step(raycluster, pods, 101.0, [], failed)
+    with pytest.raises(readiness.RayClusterNotReady, match="is gone"):
+        machine.step(raycluster, pods, 102.0, [], None)
+
+
+def test_an_existing_cluster_without_the_provisioning_request_api_is_a_preflight_problem_naming_the_field(
+    tmp_path, project_factory, capsys
+):
+    from tests.gke.test_gke_platform import platform
+    from tests.gke.test_preflight import SHARED, _team_cluster, preflight_cli
+
+    project = project_factory()
+    _team_cluster(project)
+    project.kube.provisioner.crd_served = False
+    overrides = SHARED + " cluster.capacity=queued"
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 2 and "1 problem;" in text
+    assert (
+        f"gke.cluster_name: cluster team serves no autoscaling.x-k8s.io/v1 ProvisioningRequest (CRD {queued.CRD_NAME}"
+        in text
+    )
+    assert "preflight does not check it" in text  # the version floor it holds no figure for: a warning
+    with pytest.raises(PreflightFailed):
+        platform().provision(context(tmp_path, "pre", overrides))
+    assert project.mutations() == []
+    project.kube.provisioner.crd_served = True
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 0 and "cluster team: serves the autoscaling.x-k8s.io/v1 ProvisioningRequest API" in text
+    for verb in ("create", "get", "delete"):  # the caller's rights on the request, asked of the API server
+        assert (verb, "autoscaling.x-k8s.io", "provisioningrequests", "") in project.kube.reviews
+
+
+def test_a_pod_lost_mid_run_is_kept_with_its_log_and_events_though_gone_by_teardown(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "lost", ONE_SLICE + " cluster.ready_timeout_s=30")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    gke.deploy_raycluster(ctx)
+    gke.job_client(ctx)  # the first job: from here a pod the run loses is kept as it goes
+    worker = "lost-tpu-v6e-4-0-0"
+    said = project.kube.work_dir / "ray" / "lost" / f"{worker}.out"
+    said.parent.mkdir(parents=True, exist_ok=True)
+    said.write_text("step 41 done\nthe last words of a preempted host\n")
+    project.kube.lose_pod("tpupipe", worker, grace_s=1.0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ctx.store.read_text(postmortem.LOST_PODS):
+        time.sleep(0.1)
+    time.sleep(1.5)  # the pod is gone now, replaced
+    gke.teardown(ctx)
+    (kept,) = json.loads(ctx.store.read_text(postmortem.LOST_PODS))
+    assert kept["name"] == worker and kept["why"].startswith("lost: Terminated: Pod was terminated in response")
+    assert "the last words of a preempted host" in ctx.store.read_text(kept["log"])
+    assert any(f"pod {worker} lost" in line for line in logs)
+    assert project.leftovers("lost") == {}
+
+
+def test_gke_refuses_a_queued_provisioning_pool_without_the_settings_it_needs_and_takes_the_planned_one():
+    from google.cloud import container_v1
+
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    body = next(p for p in _planned(spec, "q")["node-pool"] if p and "queuedProvisioning" in p)
+    assert provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(body))) is None
+    repaired = {**body, "management": {"autoRepair": True, "autoUpgrade": True}}
+    assert "auto-repair" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(repaired)))
+    fixed = {**body, "initialNodeCount": 4}
+    assert "from 0 nodes" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(fixed)))
