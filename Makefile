@@ -77,6 +77,9 @@ bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one 
 # transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).
 GOLDEN_PRESETS := smoke gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
 GOLDEN_DRY_RUN_SET := gke.project=my-project
+# Plans of a preset with settings, under tests/goldens/PRESET+NAME/: GOLDEN_VARIANT_NAME is the preset, then its --set.
+GOLDEN_VARIANTS := queue
+GOLDEN_VARIANT_queue := gemma4-e2b-v6e-16 gke.project=my-project gke.cluster_name=shared gke.queue=team-a
 
 goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of each seed preset) on purpose; review the diff
 	@set -e; for p in $(GOLDEN_PRESETS); do \
@@ -85,6 +88,11 @@ goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of ea
 	  $(BIN)/tpupipe run $$p --platform gke --dry-run --run-id $$p --set "$(GOLDEN_DRY_RUN_SET)" \
 	    > tests/goldens/$$p/dry-run.txt; \
 	  echo "tests/goldens/$$p"; done
+	@set -e; $(foreach v,$(GOLDEN_VARIANTS),p=$(firstword $(GOLDEN_VARIANT_$(v))); d=tests/goldens/$$p+$(v); \
+	  s="$(wordlist 2,99,$(GOLDEN_VARIANT_$(v)))"; rm -rf $$d; mkdir -p $$d; \
+	  $(BIN)/tpupipe plan $$p --set "$$s" --output json --manifests $$d/manifests > $$d/plan.json; \
+	  $(BIN)/tpupipe run $$p --platform gke --dry-run --run-id $$p --set "$$s" > $$d/dry-run.txt; \
+	  echo "$$d";)
 
 LINTED := components pipelines trainers tests bench
 

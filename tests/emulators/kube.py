@@ -84,7 +84,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.emulators import kube_schema
+from tests.emulators import kube_schema, kueue
 from tests.emulators.tokens import authorized
 
 CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events"}
@@ -322,6 +322,7 @@ class KubeEmulator:
         # A fault: the Ray cluster runs without token authentication whatever its spec says (a Ray older than 2.52 in
         # the image, or RAY_AUTH_MODE=disabled baked into it), so it answers requests that carry no token.
         self.ray_auth_off = False
+        self.kueue: kueue.Kueue | None = None  # Kueue installed (tests/emulators/kueue.py): its objects and controller
         self._own_jobs = False  # the Jobs API below was made here (not given by a test): stopped with the server
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
@@ -441,6 +442,10 @@ class KubeEmulator:
                     ),
                 )
             return self._send(h, 200, found)
+        visibility = kueue.VISIBILITY_PATH.match(url.path)
+        if visibility and method == "GET" and self.kueue is not None:
+            with self.lock:
+                return self._send(h, 200, self.kueue.pending_workloads(visibility.group(1), visibility.group(2)))
         pod_log = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", url.path)
         if pod_log and method == "GET":
             code, out = self._pod_log(pod_log.group(1), pod_log.group(2), query)
@@ -449,6 +454,7 @@ class KubeEmulator:
         if proxy:
             return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
         ns_obj = re.match(r"^/api/v1/namespaces(?:/([^/]+))?$", url.path)
+        cluster_scoped = re.match(r"^/apis/[^/]+/[^/]+/([a-z]+)(?:/([^/]+))?$", url.path)
         m = re.match(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path) or re.match(
             r"^/apis/[^/]+/[^/]+/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path
         )
@@ -456,6 +462,8 @@ class KubeEmulator:
             plural, namespace, name = "namespaces", "", ns_obj.group(1) or ""
         elif m:
             namespace, plural, name = m.group(1), m.group(2), m.group(3) or ""
+        elif cluster_scoped and cluster_scoped.group(1) in kueue.CLUSTER_SCOPED:
+            plural, namespace, name = cluster_scoped.group(1), "", cluster_scoped.group(2) or ""
         else:
             return self._send(h, 404, _status(404, "NotFound", f"the server could not find {url.path}"))
         try:
@@ -496,6 +504,8 @@ class KubeEmulator:
                 obj = self.objects.pop(key)
                 if plural == "rayclusters":
                     self._delete_raycluster(namespace, name)
+                    if self.kueue is not None:
+                        self.kueue.raycluster_deleted(namespace, name)
                 return 200, obj
             obj = json.loads(body or b"{}")
             if method == "POST":
@@ -521,7 +531,10 @@ class KubeEmulator:
                 obj["status"] = self.objects[key]["status"]
             self.objects[key] = obj
             if plural == "rayclusters" and not existed:
-                self._create_raycluster(namespace, obj)
+                if self.kueue is None or not self.kueue.raycluster_created(namespace, obj):
+                    self._create_raycluster(namespace, obj)
+            elif plural in kueue.KINDS and self.kueue is not None:
+                self.kueue.reconcile()  # a queue or its quota changed
             return (200 if existed else 201), obj
 
     def _dropped(self) -> list[tuple[str, ...]]:
@@ -531,6 +544,8 @@ class KubeEmulator:
     def served_crd(self, name: str) -> dict | None:
         """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
         crd = _vendored_crds().get(name)
+        if crd is None and self.kueue is not None:  # Kueue's, while it is installed
+            crd = self.crds.crds.get(name)
         if crd is None:
             return None
         crd = copy.deepcopy(crd)
@@ -553,6 +568,10 @@ class KubeEmulator:
 
     def _validate(self, plural: str, namespace: str, obj: dict) -> list[str]:
         if plural in CRD_KINDS:
+            return self.crds.errors(obj)
+        if plural in kueue.KINDS and self.kueue is not None:
+            if namespace and ("namespaces", "", namespace) not in self.objects:
+                return [f'namespaces "{namespace}" not found']
             return self.crds.errors(obj)
         if plural not in CORE and plural != "resourceclaimtemplates" and plural not in kube_schema.MODELS:
             return [f"unknown resource {plural}"]
