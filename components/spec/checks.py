@@ -20,6 +20,7 @@ from components.spec.run_spec import (
     PRECISIONS,
     SCRATCH_PREFIX,
     WORKLOADS,
+    GkeSpec,
     RunSpec,
 )
 
@@ -294,7 +295,7 @@ def _check_gke_fields(spec: RunSpec) -> None:
             )
 
 
-def _check_queue(g) -> None:
+def _check_queue(g: GkeSpec) -> None:
     """gke.queue names a LocalQueue of an existing cluster; gke.priority_class goes with it. Both are label values
     (Kueue reads them from the labels kueue.x-k8s.io/queue-name and kueue.x-k8s.io/priority-class:
     https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/) and object names: DNS-1123 labels here."""

@@ -155,10 +155,12 @@ CEL_RULES = {
     ),
     # ClusterQueue .spec.preemption
     "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) && self.borrowWithinCohort.policy != "
-    "'Never')": lambda s: not (
-        s.get("reclaimWithinCohort") == "Never"
-        and "borrowWithinCohort" in s
-        and s["borrowWithinCohort"].get("policy") != "Never"
+    "'Never')": lambda s: (
+        not (
+            s.get("reclaimWithinCohort") == "Never"
+            and "borrowWithinCohort" in s
+            and s["borrowWithinCohort"].get("policy") != "Never"
+        )
     ),
     # ResourceFlavor .spec: a topology needs node labels
     "!has(self.topologyName) || self.nodeLabels.size() >= 1": lambda s: (
@@ -167,10 +169,10 @@ CEL_RULES = {
     # Workload: as many podSetAssignments as podSets once quota is reserved
     "has(self.status) && has(self.status.conditions) && self.status.conditions.exists(c, c.type == 'QuotaReserved' "
     "&& c.status == 'True') && has(self.status.admission) ? size(self.spec.podSets) == "
-    "size(self.status.admission.podSetAssignments) : true": lambda s: not (
-        _quota_reserved(s) and _has(s, "status", "admission")
-    )
-    or len(s["spec"]["podSets"]) == len(s["status"]["admission"].get("podSetAssignments", [])),
+    "size(self.status.admission.podSetAssignments) : true": lambda s: (
+        not (_quota_reserved(s) and _has(s, "status", "admission"))
+        or len(s["spec"]["podSets"]) == len(s["status"]["admission"].get("podSetAssignments", []))
+    ),
     # Workload .spec: a priority class reference comes with its priority
     "!has(self.priorityClassRef) || has(self.priority)": lambda s: "priorityClassRef" not in s or "priority" in s,
     "(self.group == 'scheduling.k8s.io') ? self.kind == 'PriorityClass' : true": lambda s: (
@@ -179,11 +181,11 @@ CEL_RULES = {
     "(self.group == 'kueue.x-k8s.io') ? self.kind == 'WorkloadPriorityClass' : true": lambda s: (
         s.get("group") != "kueue.x-k8s.io" or s.get("kind") == "WorkloadPriorityClass"
     ),
-    "has(self.minCount) ? self.minCount <= self.count : true": lambda s: s.get("minCount", 0) <= s.get("count", 0)
-    or "minCount" not in s,
+    "has(self.minCount) ? self.minCount <= self.count : true": lambda s: (
+        s.get("minCount", 0) <= s.get("count", 0) or "minCount" not in s
+    ),
     "!has(self.clusterName) || (!has(self.nominatedClusterNames) || (has(self.nominatedClusterNames) && "
-    "size(self.nominatedClusterNames) == 0))": lambda s: "clusterName" not in s
-    or not s.get("nominatedClusterNames"),
+    "size(self.nominatedClusterNames) == 0))": lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
 }
 
 

@@ -41,6 +41,8 @@ import re
 import secrets
 import time
 
+from components.platforms.gke.cloud.kueue import pod_requests, pod_sets, quantity
+
 GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta2"
 QUEUE_LABEL = f"{GROUP}/queue-name"
@@ -59,24 +61,6 @@ CLUSTER_SCOPED |= {"workloadpriorityclasses"}
 VISIBILITY_PATH = re.compile(
     r"^/apis/visibility\.kueue\.x-k8s\.io/v1beta2/namespaces/([^/]+)/localqueues/([^/]+)/pendingworkloads$"
 )
-# Kubernetes quantity suffixes (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
-SUFFIXES = {
-    "m": 1e-3,
-    "": 1,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
-
-def quantity(text) -> float:
-    number, suffix = re.match(r"^([0-9.]+)([a-zA-Z]*)$", str(text)).groups()
-    return float(number) * SUFFIXES[suffix]
 
 
 def _quantity_text(value: float) -> str:
@@ -93,17 +77,6 @@ def _condition(kind: str, status: bool, reason: str, message: str) -> dict:
     }
 
 
-def _pod_requests(template: dict) -> dict[str, float]:
-    """A pod's requests: each container's requests, its limits where it sets no request (the API server defaults a
-    request to its limit: https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/)."""
-    out: dict[str, float] = {}
-    for container in template.get("spec", {}).get("containers", []):
-        resources = container.get("resources", {})
-        for name, value in {**resources.get("limits", {}), **resources.get("requests", {})}.items():
-            out[name] = out.get(name, 0.0) + quantity(value)
-    return out
-
-
 class Kueue:
     """Kueue installed in ``kube`` (a KubeEmulator): called by it under its lock."""
 
@@ -113,6 +86,19 @@ class Kueue:
         self._order = 0  # creation order of workloads (their queue order among equal priorities)
 
     # ------------------------------------------------------------------ objects
+    def apply(self, obj: dict) -> None:
+        """What a platform team applies (a ResourceFlavor, a ClusterQueue, a LocalQueue...), checked against its CRD
+        as the API server would; then queued workloads are admitted where it now allows."""
+        errors = self.kube.crds.errors(obj)
+        assert not errors, f"{obj['kind']} {obj['metadata']['name']} is invalid: {errors}"
+        plural = next(p for p, kind in KINDS.items() if kind == obj["kind"])
+        namespace = "" if plural in CLUSTER_SCOPED else obj["metadata"]["namespace"]
+        with self.kube.lock:
+            obj = copy.deepcopy(obj)
+            obj["metadata"].setdefault("uid", secrets.token_hex(8))
+            self.kube.objects[(plural, namespace, obj["metadata"]["name"])] = obj
+            self.reconcile()
+
     def _get(self, plural: str, namespace: str, name: str) -> dict | None:
         return self.kube.objects.get((plural, "" if plural in CLUSTER_SCOPED else namespace, name))
 
@@ -128,16 +114,13 @@ class Kueue:
         obj["spec"]["suspend"] = True
         obj["status"] = {"state": "suspended", "desiredWorkerReplicas": 0, "readyWorkerReplicas": 0, "conditions": []}
         name = obj["metadata"]["name"]
-        spec = obj["spec"]
-        pod_sets = [{"name": "head", "count": 1, "template": _template(spec["headGroupSpec"])}]
-        for group in spec.get("workerGroupSpecs", []):
-            count = group.get("replicas", 1) * group.get("numOfHosts", 1)
-            pod_sets.append({"name": group["groupName"], "count": count, "template": _template(group)})
-        workload_spec: dict = {"queueName": queue, "podSets": pod_sets}
+        sets = [{"name": n, "count": count, "template": _template(t)} for n, count, t in pod_sets(obj)]
+        workload_spec: dict = {"queueName": queue, "podSets": sets}
         priority_class = labels.get(PRIORITY_LABEL)
         if priority_class:
             found = self._get("workloadpriorityclasses", "", priority_class)
-            workload_spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority_class}
+            ref = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority_class}
+            workload_spec["priorityClassRef"] = ref
             workload_spec["priority"] = found["value"] if found else 0
         self._order += 1
         workload = {
@@ -206,7 +189,7 @@ class Kueue:
         used = dict(used)
         assignments = []
         for pod_set in workload["spec"]["podSets"]:
-            requests = {r: v * pod_set["count"] for r, v in _pod_requests(pod_set["template"]).items() if v}
+            requests = {r: v * pod_set["count"] for r, v in pod_requests(pod_set["template"]).items() if v}
             selector = pod_set["template"].get("spec", {}).get("nodeSelector", {})
             flavors: dict[str, str] = {}
             for resource, amount in requests.items():
@@ -221,7 +204,7 @@ class Kueue:
                     labels = self._flavor_labels(flavor["name"])
                     if any(labels.get(k) != v for k, v in selector.items() if k in keys):
                         continue
-                    quota = next((quantity(r["nominalQuota"]) for r in flavor["resources"] if r["name"] == resource))
+                    quota = next(quantity(r["nominalQuota"]) for r in flavor["resources"] if r["name"] == resource)
                     if used.get((flavor["name"], resource), 0.0) + amount <= quota:
                         fit = flavor["name"]
                         break
@@ -299,7 +282,8 @@ class Kueue:
             fit = self._assign(cq, workload, used)
             if not isinstance(fit, str):
                 for v in victims:
-                    self.evict(v, "Preempted", f"Preempted to accommodate a workload (UID: {workload['metadata']['uid']})")
+                    uid = workload["metadata"]["uid"]
+                    self.evict(v, "Preempted", f"Preempted to accommodate a workload (UID: {uid})")
                 return fit
         return None
 
@@ -380,8 +364,8 @@ class Kueue:
         }
 
 
-def _template(group: dict) -> dict:
-    template = copy.deepcopy(group["template"])
+def _template(template: dict) -> dict:
+    template = copy.deepcopy(template)
     template.get("metadata", {}).pop("annotations", None)
     return template
 

@@ -44,9 +44,27 @@ CLAIMS = tuple(
 )
 
 
+# A run queued in Kueue (gke.queue, the plan's ``kueue-queue``) reads its queue, its Workload and its place in the
+# queue (Kueue's visibility API: the ``pendingworkloads`` subresource of a LocalQueue).
+QUEUED = (
+    ("get", "kueue.x-k8s.io", "localqueues", "", "preflight reads the LocalQueue gke.queue names"),
+    ("list", "kueue.x-k8s.io", "workloads", "", "deploy_raycluster finds the RayCluster's Workload, for its admission"),
+    ("get", "kueue.x-k8s.io", "workloads", "", "deploy_raycluster reads the workloads ahead of the run's"),
+    (
+        "get",
+        "visibility.kueue.x-k8s.io",
+        "localqueues",
+        "pendingworkloads",
+        "deploy_raycluster reads the run's place in the queue",
+    ),
+)
+
+
 def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
     """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
-    return ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
+    return (
+        ALWAYS + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ()) + (QUEUED if "kueue-queue" in kinds else ())
+    )
 
 
 # GKE's IAM permissions for Kubernetes objects: ``container.<resource>.<verb>`` for the built-in kinds, the custom

@@ -155,7 +155,11 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.machineTypes.get")  # preflight's own read
     if t.owns_cluster:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
-    kinds = tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/")))
+    kinds = tuple(
+        dict.fromkeys(
+            r.kind for r in plans.resources(spec, run_id) if r.kind.startswith("k8s/") or r.kind == "kueue-queue"
+        )
+    )
     if t.owns_cluster:  # a new cluster has no RBAC binding for the caller: IAM alone decides what it may do there
         permissions += k8s_actions.iam_permissions(kinds)
     # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.

@@ -273,8 +273,8 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 "kueue-queue",
                 t.queue,
                 "use",
-                f"Kueue LocalQueue {t.namespace}/{t.queue} of cluster {t.cluster}{priority}: no node pool is created; the "
-                f"RayCluster (labelled kueue.x-k8s.io/queue-name={t.queue}) waits there, suspended, until its "
+                f"Kueue LocalQueue {t.namespace}/{t.queue} of cluster {t.cluster}{priority}: no node pool is created; "
+                f"the RayCluster (labelled kueue.x-k8s.io/queue-name={t.queue}) waits there, suspended, until its "
                 f"ClusterQueue's quota admits {c.num_slices} x {shape.num_hosts} {shape.machine_type} "
                 f"({shape.num_chips * c.num_slices} google.com/tpu), within run.deadline_h; checked before anything "
                 "is created",

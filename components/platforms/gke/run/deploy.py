@@ -18,6 +18,8 @@ from components.spec import InfraError, SpecError, names, ready_limits
 from components.spec.images import pinned_image
 
 HF_TOKEN_ENV = "HF_TOKEN"
+# How long a run queued in Kueue (gke.queue) waits for admission when run.deadline_h is unset.
+QUEUE_WAIT_DEFAULT_H = 24.0
 # The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
 UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
 
@@ -112,6 +114,7 @@ def raycluster(s: Session, res: Resource) -> None:
 
     kube, spec = _kube(s), s.ctx.spec
     kube.apply(_pinned(s, res.body))
+    queue_wait = _admission(s, kube, res.name) if s.t.queue else None
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
     s.log(
@@ -146,7 +149,32 @@ def raycluster(s: Session, res: Resource) -> None:
         "available_workers": status.get("availableWorkerReplicas"),
         "images": sorted({c["image"] for c in _containers(ready)}),  # as the API server holds the RayCluster
         "capacity_wait": capacity_wait,  # when its pods waited for nodes (the goodput ledger's "waiting for capacity")
+        "queue_wait": queue_wait,  # when it waited in Kueue's queue for admission (gke.queue), also not billed
     }
+
+
+def _queue_timeout(s: Session) -> tuple[float, str]:
+    """What is left of the run's deadline (run.deadline_h, from its first stage's start), or QUEUE_WAIT_DEFAULT_H."""
+    import time
+
+    deadline_h = s.ctx.spec.run.deadline_h
+    if deadline_h is None:
+        return QUEUE_WAIT_DEFAULT_H * 3600, f"run.deadline_h is unset: {QUEUE_WAIT_DEFAULT_H:g} h"
+    records = [read_json(s.ctx.store, f"stages/{stage}.json") or {} for stage in ("snapshot_data", "provision")]
+    started = min((r["started"] for r in records if r.get("started") is not None), default=time.time())
+    return max(0.0, started + deadline_h * 3600 - time.time()), f"run.deadline_h={deadline_h:g}"
+
+
+def _admission(s: Session, kube, name: str) -> tuple[float, float]:
+    """Wait for Kueue to admit the RayCluster (``queueing``), within the run's deadline."""
+    from components.platforms.gke.run import queueing
+
+    timeout_s, by = _queue_timeout(s)
+    s.log(f"RayCluster {name} queued in Kueue LocalQueue {s.t.queue}: waiting up to {timeout_s:.0f}s ({by})")
+    try:
+        return queueing.wait_admitted(kube, name, s.t.queue, timeout_s, poll_s=min(s.poll_s, 2.0), log=s.log)
+    except queueing.QueueDeadline as exc:
+        raise InfraError(str(exc)) from None
 
 
 def _verify_ray_auth(s: Session, raycluster: str) -> None:

@@ -1,0 +1,211 @@
+"""A run queued in Kueue on a shared cluster (gke.queue), over the emulators (the Kubernetes emulator playing Kueue:
+tests/emulators/kueue.py) with the gke platform's real stage code: two teams' runs on one cluster with a quota of one
+slice (the second waits, saying where it stands, and is admitted when the first is torn down; nothing of either is
+left), a run whose deadline passes in the queue, and preflight's checks of the queue, each problem naming its field."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from components.platforms import RunContext
+from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.store import LocalStore
+from components.spec import InfraError
+from components.workload import resolve
+from tests.emulators.kueue import Kueue
+from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.gke.test_preflight import _team_cluster, preflight_cli
+
+QUEUED = ONE_SLICE + " gke.cluster_name=team cluster.ready_timeout_s=60"
+
+
+def setup(project, quota_chips: int = 4, topology: str = "2x2", priority: bool = False) -> Kueue:
+    """Kueue installed in the team's cluster: one flavor for the v6e slice, one for CPUs, a ClusterQueue with
+    ``quota_chips`` of google.com/tpu that preempts lower priorities, LocalQueues team-a and team-b in tpupipe."""
+    kueue = project.kube.kueue = Kueue(project.kube)
+    with project.kube.lock:
+        project.kube.objects[("namespaces", "", "tpupipe")] = {"metadata": {"name": "tpupipe"}}
+    v1 = "kueue.x-k8s.io/v1beta2"
+    labels = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": topology}
+    kueue.apply(
+        {"apiVersion": v1, "kind": "ResourceFlavor", "metadata": {"name": "v6e"}, "spec": {"nodeLabels": labels}}
+    )
+    kueue.apply({"apiVersion": v1, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}, "spec": {}})
+    cpu = [{"name": "cpu", "nominalQuota": 64}, {"name": "memory", "nominalQuota": "512Gi"}]
+    kueue.apply(
+        {
+            "apiVersion": v1,
+            "kind": "ClusterQueue",
+            "metadata": {"name": "shared-tpu"},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu", "resources": cpu}]},
+                    {
+                        "coveredResources": ["google.com/tpu"],
+                        "flavors": [
+                            {"name": "v6e", "resources": [{"name": "google.com/tpu", "nominalQuota": quota_chips}]}
+                        ],
+                    },
+                ],
+            },
+        }
+    )
+    for team in ("team-a", "team-b"):
+        kueue.apply(
+            {
+                "apiVersion": v1,
+                "kind": "LocalQueue",
+                "metadata": {"name": team, "namespace": "tpupipe"},
+                "spec": {"clusterQueue": "shared-tpu"},
+            }
+        )
+    if priority:
+        kueue.apply({"apiVersion": v1, "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}, "value": 1000})
+    return kueue
+
+
+def context(tmp_path, run_id: str, overrides: str) -> RunContext:
+    return RunContext(
+        spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke"
+    )
+
+
+def _workloads(project) -> list[dict]:
+    with project.kube.lock:
+        return [o for (p, _, _), o in project.kube.objects.items() if p == "workloads"]
+
+
+def _left(project, run_id: str) -> dict:
+    """What of the run is left, the shared cluster apart (kept: the run did not create it)."""
+    left = project.leftovers(run_id)
+    assert left.pop("clusters", []) == [f"projects/{PROJECT}/locations/us-east5-b/clusters/team"]
+    return left
+
+
+def test_two_teams_share_a_quota_of_one_slice_the_second_waits_its_turn(tmp_path, project_factory, monkeypatch):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    setup(project)
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    first = context(tmp_path, "team-a-run", QUEUED + " gke.queue=team-a")
+    second = context(tmp_path, "team-b-run", QUEUED + " gke.queue=team-b")
+    for ctx in (first, second):
+        gke.provision(ctx)
+    assert project.gke.state.calls.count("CreateNodePool") == 0  # no node pool: the nodes are the cluster's
+    assert gke.deploy_raycluster(first)["available_workers"] == 1
+    done: dict = {}
+    waiter = threading.Thread(target=lambda: done.update(result=gke.deploy_raycluster(second)))
+    waiter.start()
+    for _ in range(200):
+        if any("queued in team-b: position 1, 0 chips ahead" in line for line in logs):
+            break
+        waiter.join(0.05)
+    assert waiter.is_alive()  # waiting for the quota the first run holds
+    assert any("insufficient quota for google.com/tpu in ClusterQueue shared-tpu" in line for line in logs), logs
+    assert project.rayclusters("team-b-run") == ["team-b-run"] and not project.kube.objects.get(
+        ("pods", "tpupipe", "team-b-run-head")
+    )
+    gke.teardown(first)  # its Workload goes with its RayCluster: the quota is free
+    waiter.join(30)
+    assert done["result"]["available_workers"] == 1 and done["result"]["queue_wait"]
+    gke.teardown(second)
+    for run in ("team-a-run", "team-b-run"):
+        assert _left(project, run) == {}
+    assert _workloads(project) == []
+
+
+def test_a_run_still_queued_at_its_deadline_fails_saying_where_it_stood(tmp_path, project_factory, monkeypatch):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    setup(project)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    holder = context(tmp_path, "holder", QUEUED + " gke.queue=team-a")
+    waiter = context(tmp_path, "waiter", QUEUED + " gke.queue=team-b run.deadline_h=0.0003")  # about a second
+    gke.provision(holder)
+    gke.deploy_raycluster(holder)
+    gke.provision(waiter)
+    with pytest.raises(
+        InfraError,
+        match=r"not admitted by Kueue within \d+s \(run.deadline_h\): queued in team-b: "
+        r"position 1, 0 chips ahead: insufficient quota",
+    ):
+        gke.deploy_raycluster(waiter)
+    gke.teardown(waiter)  # withdrawn from the queue: its RayCluster and Workload are gone
+    assert project.rayclusters("waiter") == [] and len(_workloads(project)) == 1
+    gke.teardown(holder)
+    assert _left(project, "waiter") == {} and _left(project, "holder") == {} and _workloads(project) == []
+
+
+# ---------------------------------------------------------------- preflight on a shared cluster
+
+
+def test_preflight_finds_the_queue_its_flavor_and_quota(project_factory, capsys):
+    project = project_factory()
+    _team_cluster(project)
+    setup(project, priority=True)
+    code, text = preflight_cli(QUEUED + " gke.queue=team-a gke.priority_class=high", capsys)
+    assert code == 0, text
+    assert "Kueue serves kueue.x-k8s.io/v1beta2 (Kueue v0.15 or later)" in text
+    assert (
+        "LocalQueue team-a -> ClusterQueue shared-tpu: flavor v6e (tpu-v6e-slice 2x2) has a quota of 4 "
+        "google.com/tpu, the run asks for 4" in text
+    )
+    assert "may do all 24 things the run does there" in text  # Kueue's reads among them
+    assert ("get", "visibility.kueue.x-k8s.io", "localqueues", "pendingworkloads") in project.kube.reviews
+
+
+@pytest.mark.parametrize(
+    "case, overrides, expected",
+    [
+        ("no kueue", "gke.queue=team-a", "gke.queue: Kueue is not installed in cluster team (no CRD localqueues"),
+        (
+            "no queue",
+            "gke.queue=team-c",
+            "gke.queue: no Kueue LocalQueue team-c in namespace tpupipe: its LocalQueues are team-a, team-b",
+        ),
+        (
+            "other slice",
+            "gke.queue=team-a",
+            "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a) has no ResourceFlavor for tpu-v6e-slice 2x2",
+        ),
+        (
+            "small quota",
+            "gke.queue=team-a",
+            "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a) has a quota of 2 "
+            "google.com/tpu in flavor v6e, less than the run's 4",
+        ),
+        (
+            "no priority",
+            "gke.queue=team-a gke.priority_class=urgent",
+            "gke.priority_class: no Kueue WorkloadPriorityClass urgent",
+        ),
+        (
+            "denied",
+            "gke.queue=team-a",
+            "gke.cluster_name: the caller may not, in namespace tpupipe of cluster team: "
+            "list workloads.kueue.x-k8s.io (deploy_raycluster finds the RayCluster's Workload",
+        ),
+    ],
+)
+def test_preflight_names_the_field_of_each_queue_problem(project_factory, capsys, case, overrides, expected):
+    project = project_factory()
+    _team_cluster(project)
+    if case != "no kueue":
+        setup(
+            project, quota_chips=2 if case == "small quota" else 4, topology="4x4" if case == "other slice" else "2x2"
+        )
+    if case == "denied":
+        project.kube.denied.add(("list", "kueue.x-k8s.io", "workloads", ""))
+    before = project.mutations()  # the cluster's own objects: the namespace, Kueue's
+    code, text = preflight_cli(f"{QUEUED} {overrides}", capsys)
+    assert code == 2 and expected in text, text
+    assert project.mutations() == before
