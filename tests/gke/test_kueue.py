@@ -209,3 +209,68 @@ def test_preflight_names_the_field_of_each_queue_problem(project_factory, capsys
     code, text = preflight_cli(f"{QUEUED} {overrides}", capsys)
     assert code == 2 and expected in text, text
     assert project.mutations() == before
+
+
+def test_the_janitor_withdraws_a_queued_run_past_its_deadline_from_the_queue(
+    tmp_path, project_factory, monkeypatch, capsys
+):
+    from components.platforms.gke.run import janitor
+    from pipelines import cli
+
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    kueue = setup(project)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    holder = context(tmp_path, "holder", QUEUED + " gke.queue=team-a")
+    lost = context(tmp_path, "lost", QUEUED + " gke.queue=team-b run.deadline_h=0.0003")
+    gke.provision(holder)
+    gke.deploy_raycluster(holder)
+    gke.provision(lost)
+    with pytest.raises(InfraError, match="not admitted by Kueue"):
+        gke.deploy_raycluster(lost)  # then its driver is gone: no teardown
+    assert [w["spec"]["queueName"] for w in kueue.pending()] == ["team-b"]
+    code = cli.main(["janitor", "--output-root", str(tmp_path)])  # each run's own limit: the lost one's deadline
+    text = capsys.readouterr().out
+    assert code == 0 and "lost (started 0.0 h ago, older than 0.0 h):" in text, text
+    assert "holder: kept" in text
+    assert kueue.pending() == [] and project.rayclusters("lost") == [] and _left(project, "lost") == {}
+    gke.teardown(holder)
+    sets = ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
+    queued = sets + " gke.cluster_name=team gke.queue=team-a"
+    assert janitor.limit_s(resolve("local-fsdp", queued)) == 3600 + 24 * 3600 + 600 + 300 + 7200
+    assert janitor.limit_s(resolve("local-fsdp", queued + " run.deadline_h=2")) == 7200
+
+
+# ---------------------------------------------------------------- the spec and the ledger
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ("gke.queue=team-a", "gke.queue: a Kueue LocalQueue is in an existing, shared cluster: gke.cluster_name"),
+        ("gke.cluster_name=team gke.queue=Team_A", "gke.queue: 'Team_A' is not a Kueue object name"),
+        ("gke.cluster_name=team gke.priority_class=high", "gke.priority_class: applies to a run queued in Kueue"),
+    ],
+)
+def test_bad_queue_settings_are_refused_naming_the_field(overrides, expected):
+    from components.spec import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        resolve("local-fsdp", f"{ONE_SLICE} {overrides}")
+    assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_the_ledger_counts_the_queue_wait_as_waiting_for_capacity_never_billed():
+    from components.stages import goodput
+
+    records = {
+        "provision": {"started": 0.0, "seconds": 10.0, "status": "succeeded"},
+        "deploy_raycluster": {"started": 10.0, "seconds": 110.0, "result": {"queue_wait": [10.0, 100.0]}},
+    }
+    ledger = goodput.ledger(records, chips=4, usd_per_hour=3600.0)
+    by_name = {c["name"]: c for c in ledger["categories"]}
+    assert by_name["waiting for capacity"]["seconds"] == 90.0 and by_name["waiting for capacity"]["chip_s"] == 0
+    assert by_name["provisioning"]["seconds"] == 10.0 and by_name["cluster start"]["seconds"] == 20.0
+    assert ledger["billed_s"] == 20.0  # the cluster's start after admission, not the 90 s in the queue

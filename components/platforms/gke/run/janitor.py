@@ -70,10 +70,16 @@ def parse_age(text: str) -> float:
 def limit_s(spec: RunSpec) -> float:
     """How long the run may take at most: provisioning and the build, the cluster's start, the slice check, the train
     and evaluate jobs (each bounded by its deadline); or, when sooner, the run's own ``run.deadline_h``, past which its
-    stages stop it themselves (``components.workload.budget``), so a run still there after it has lost its driver."""
+    stages stop it themselves (``components.workload.budget``), so a run still there after it has lost its driver. A
+    run queued in Kueue (gke.queue) may wait in its queue for up to its deadline (``deploy.QUEUE_WAIT_DEFAULT_H``
+    without one) beside: past that it is withdrawn from the queue, its RayCluster and Workload deleted by teardown."""
+    from components.platforms.gke.run.deploy import QUEUE_WAIT_DEFAULT_H
+
     c = spec.cluster
+    queued = (spec.run.deadline_h or QUEUE_WAIT_DEFAULT_H) * 3600 if spec.gke.queue else 0.0
     stages = (
         PROVISION_AND_BUILD_S
+        + queued
         + ready_limits(spec).deadline_s
         + (3 * c.slice_check_timeout_s if c.slice_check else 0)
         + 2 * spec.train.timeout_s
