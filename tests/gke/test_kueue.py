@@ -274,3 +274,37 @@ def test_the_ledger_counts_the_queue_wait_as_waiting_for_capacity_never_billed()
     assert by_name["waiting for capacity"]["seconds"] == 90.0 and by_name["waiting for capacity"]["chip_s"] == 0
     assert by_name["provisioning"]["seconds"] == 10.0 and by_name["cluster start"]["seconds"] == 20.0
     assert ledger["billed_s"] == 20.0  # the cluster's start after admission, not the 90 s in the queue
+
+
+def test_a_higher_priority_run_evicts_a_running_one_which_is_admitted_again_after_it(
+    tmp_path, project_factory, monkeypatch
+):
+    from components.platforms.gke.run import queueing
+
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    setup(project, priority=True)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    low = context(tmp_path, "low", QUEUED + " gke.queue=team-a")
+    high = context(tmp_path, "high", QUEUED + " gke.queue=team-b gke.priority_class=high")
+    for ctx in (low, high):
+        gke.provision(ctx)
+    gke.deploy_raycluster(low)
+    kube, _, _ = gke.clients.kube(low)
+    assert queueing.evicted(kube, "low") is None
+    assert gke.deploy_raycluster(high)["available_workers"] == 1  # admitted at once: the low one is preempted
+    reason = queueing.evicted(kube, "low")
+    assert reason and reason.startswith("Preempted: Preempted to accommodate a workload"), reason
+    with project.kube.lock:
+        suspended = project.kube.objects[("rayclusters", "tpupipe", "low")]["spec"]["suspend"]
+        low_pods = [n for (p, _, n) in project.kube.objects if p == "pods" and n.startswith("low-")]
+    assert suspended is True and low_pods == []  # KubeRay deleted its pods
+    gke.teardown(high)  # the quota is free again: the evicted run is admitted again, its pods made anew
+    assert queueing.evicted(kube, "low") is None
+    with project.kube.lock:
+        assert project.kube.objects[("rayclusters", "tpupipe", "low")]["spec"]["suspend"] is False
+        assert ("pods", "tpupipe", "low-head") in project.kube.objects
+    gke.teardown(low)
+    assert _left(project, "low") == {} and _left(project, "high") == {} and _workloads(project) == []
