@@ -256,6 +256,14 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
                 "the caller may do what the run does there",
             )
         )
+        if "kueue-queue" in n.k8s_kinds:  # checks.kueue
+            out.append(
+                (
+                    "kubernetes get kueue.x-k8s.io/v1beta2",
+                    f"{n.cluster} namespace {n.namespace}",
+                    "Kueue installed, the LocalQueue, its ClusterQueue's flavors and quota, the priority class",
+                )
+            )
     out += [
         ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
         for zone, machine, _ in n.machine_types
