@@ -53,6 +53,9 @@ environment, the RayCluster's status turns ready once its pods are scheduled, wi
 proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone; with ``jobs`` (a
 ``tests/emulators/rayjobs.py`` Jobs API) as well, the proxy forwards to that, the cluster's Ray token required.
 
+``kueue``: Kueue installed (``tests/emulators/kueue.py``: its objects, validated against its CRDs, and its controller's
+part for RayClusters labelled with a queue); None (the default): no Kueue, its CRDs and objects not served.
+
 ``denied``: the (verb, group, resource, subresource) a SelfSubjectAccessReview answers not allowed (the caller's
 IAM and RBAC lack it); every other is allowed.
 
