@@ -5,6 +5,7 @@ left), a run whose deadline passes in the queue, and preflight's checks of the q
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -139,7 +140,10 @@ def test_a_run_still_queued_at_its_deadline_fails_saying_where_it_stood(tmp_path
         r"position 1, 0 chips ahead: insufficient quota",
     ):
         gke.deploy_raycluster(waiter)
-    gke.teardown(waiter)  # withdrawn from the queue: its RayCluster and Workload are gone
+    gke.teardown(waiter)  # withdrawn from the queue: its RayCluster and Workload are gone, why it waited kept
+    kept = json.loads((tmp_path / "waiter" / "logs" / "kueue_workload.json").read_text())
+    assert kept["queue"] == "team-b" and kept["admission"] is None
+    assert kept["conditions"][0]["message"] == "insufficient quota for google.com/tpu in ClusterQueue shared-tpu"
     assert project.rayclusters("waiter") == [] and len(_workloads(project)) == 1
     gke.teardown(holder)
     assert _left(project, "waiter") == {} and _left(project, "holder") == {} and _workloads(project) == []

@@ -84,6 +84,29 @@ def wait_admitted(
         sleep(poll_s)
 
 
+def keep_workload(store, kube, raycluster: str) -> str | None:
+    """For the post-mortem: the RayCluster's Workload as Kueue last described it (its queue, priority, conditions:
+    why it waited, whether it was evicted and why; its admission), as ``logs/kueue_workload.json``; its key, None when
+    Kueue made none."""
+    import json
+
+    from components.platforms.store import write_text
+
+    workload = kueue.workload_of(kube, raycluster)
+    if workload is None:
+        return None
+    status = workload.get("status") or {}
+    kept = {
+        "name": workload["metadata"]["name"],
+        "queue": workload["spec"].get("queueName"),
+        "priority": workload["spec"].get("priority"),
+        "conditions": status.get("conditions", []),
+        "admission": status.get("admission"),
+        "requeueState": status.get("requeueState"),
+    }
+    return write_text(store, "logs/kueue_workload.json", json.dumps(kept, indent=1), "application/json")
+
+
 def evicted(kube, raycluster: str) -> str | None:
     """Kueue's reason when the RayCluster's Workload was evicted (preempted, say) and not admitted again yet; None
     while it is admitted (or has no Workload)."""
