@@ -446,7 +446,7 @@ class KubeEmulator:
                 )
             return self._send(h, 200, found)
         visibility = kueue.VISIBILITY_PATH.match(url.path)
-        if visibility and method == "GET" and self.kueue is not None:
+        if visibility and method == "GET" and self.kueue is not None and self.kueue.visibility:
             with self.lock:
                 return self._send(h, 200, self.kueue.pending_workloads(visibility.group(1), visibility.group(2)))
         pod_log = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", url.path)

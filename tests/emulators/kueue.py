@@ -83,6 +83,7 @@ class Kueue:
     def __init__(self, kube, version: str = "0.19.2"):
         self.kube = kube
         self.version = version
+        self.visibility = True  # the visibility API served (its VisibilityOnDemand feature gate, on by default)
         self._order = 0  # creation order of workloads (their queue order among equal priorities)
 
     # ------------------------------------------------------------------ objects

@@ -83,7 +83,7 @@ def pending(kube, queue: str) -> list[dict[str, Any]]:
 
 def condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next(
-        (c for c in (workload.get("status") or {}).get("conditions", []) if c.get("type") == kind and c["status"]),
+        (c for c in (workload.get("status") or {}).get("conditions", []) if c.get("type") == kind),
         None,
     )
 

@@ -24,8 +24,13 @@ class QueueDeadline(Exception):
 def position(kube, queue: str, workload: dict[str, Any]) -> str:
     """Where the workload stands: its place in the LocalQueue (1 is next), and the TPU chips the workloads before it in
     that queue ask for."""
+    from kubernetes.client.exceptions import ApiException
+
     name = workload["metadata"]["name"]
-    items = kueue.pending(kube, queue)
+    try:
+        items = kueue.pending(kube, queue)
+    except ApiException as exc:  # the visibility API off (its feature gate) or not granted: no position, still waiting
+        return f"queued in {queue} (no position: Kueue's visibility API answered {exc.status})"
     mine = next((i for i, w in enumerate(items) if w["metadata"]["name"] == name), None)
     if mine is None:
         return f"queued in {queue}"
