@@ -317,3 +317,37 @@ def test_a_higher_priority_run_evicts_a_running_one_which_is_admitted_again_afte
         assert ("pods", "tpupipe", "low-head") in project.kube.objects
     gke.teardown(low)
     assert _left(project, "low") == {} and _left(project, "high") == {} and _workloads(project) == []
+
+
+def test_a_run_evicted_before_its_raycluster_is_ready_waits_in_the_queue_again(tmp_path, project_factory, monkeypatch):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    setup(project, priority=True)
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    low = context(tmp_path, "low", QUEUED + " gke.queue=team-a")
+    high = context(tmp_path, "high", QUEUED + " gke.queue=team-b gke.priority_class=high")
+    for ctx in (low, high):
+        gke.provision(ctx)
+    project.kube.fault = "never_starts"  # admitted, its pods stay in ContainerCreating
+    done: dict = {}
+    starting = threading.Thread(target=lambda: done.update(result=gke.deploy_raycluster(low)))
+    starting.start()
+    for _ in range(200):
+        if ("pods", "tpupipe", "low-head") in project.kube.objects:
+            break
+        starting.join(0.05)
+    project.kube.fault = ""
+    gke.deploy_raycluster(high)  # preempts the low one on its way to ready
+    for _ in range(200):
+        if any("was evicted by Kueue: Preempted" in line for line in logs):
+            break
+        starting.join(0.05)
+    assert starting.is_alive() and any("waiting for Kueue to admit it again" in line for line in logs), logs
+    gke.teardown(high)
+    starting.join(30)
+    assert done["result"]["available_workers"] == 1 and done["result"]["queue_wait"]
+    gke.teardown(low)
+    assert _left(project, "low") == {} and _left(project, "high") == {} and _workloads(project) == []

@@ -20,6 +20,8 @@ from components.spec.images import pinned_image
 HF_TOKEN_ENV = "HF_TOKEN"
 # How long a run queued in Kueue (gke.queue) waits for admission when run.deadline_h is unset.
 QUEUE_WAIT_DEFAULT_H = 24.0
+# How many times a queued RayCluster evicted before it was ready is waited for again (then the stage fails).
+EVICTIONS_AT_START = 3
 # The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
 UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
 
@@ -126,16 +128,26 @@ def raycluster(s: Session, res: Resource) -> None:
             else "; a FailedScaleUp at once (a fixed pool)"
         )
     )
-    with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
-        ready, capacity_wait = readiness.wait_ready(
-            kube,
-            res.name,
-            limits.deadline_s,
-            unschedulable_grace_s=grace,
-            failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-            poll_s=min(s.poll_s, 2.0),
-            log=s.log,
-        )
+    for evictions in range(EVICTIONS_AT_START + 1):
+        try:
+            with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+                ready, capacity_wait = readiness.wait_ready(
+                    kube,
+                    res.name,
+                    limits.deadline_s,
+                    unschedulable_grace_s=grace,
+                    failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+                    poll_s=min(s.poll_s, 2.0),
+                    log=s.log,
+                    evicted=_eviction(kube, res.name) if s.t.queue else None,
+                )
+            break
+        except readiness.Evicted as exc:  # preempted before it was ready: it waits in the queue again
+            if evictions == EVICTIONS_AT_START:
+                raise
+            s.log(f"{exc}; waiting for Kueue to admit it again")
+            again = _admission(s, kube, res.name)
+            queue_wait = (queue_wait[0] if queue_wait else again[0], again[1])
     status = ready.get("status", {})
     s.log(
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
@@ -163,6 +175,12 @@ def _queue_timeout(s: Session) -> tuple[float, str]:
     records = [read_json(s.ctx.store, f"stages/{stage}.json") or {} for stage in ("snapshot_data", "provision")]
     started = min((r["started"] for r in records if r.get("started") is not None), default=time.time())
     return max(0.0, started + deadline_h * 3600 - time.time()), f"run.deadline_h={deadline_h:g}"
+
+
+def _eviction(kube, name: str):
+    from components.platforms.gke.run import queueing
+
+    return lambda: queueing.evicted(kube, name)
 
 
 def _admission(s: Session, kube, name: str) -> tuple[float, float]:
