@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -306,6 +307,13 @@ def test_a_higher_priority_run_evicts_a_running_one_which_is_admitted_again_afte
     assert gke.deploy_raycluster(high)["available_workers"] == 1  # admitted at once: the low one is preempted
     reason = queueing.evicted(kube, "low")
     assert reason and reason.startswith("Preempted: Preempted to accommodate a workload"), reason
+    jobs = gke.job_client(low, deadline=time.monotonic() + 120)  # its train job, say, now lost with its head
+    started = time.monotonic()
+    with pytest.raises(
+        InfraError, match="RayCluster low was evicted by Kueue \\(Preempted: .*\\): its pods and the Ray job"
+    ):
+        jobs.get_job_info("low-train")
+    assert time.monotonic() - started < 30  # at its first 503, not at the job's deadline
     with project.kube.lock:
         suspended = project.kube.objects[("rayclusters", "tpupipe", "low")]["spec"]["suspend"]
         low_pods = [n for (p, _, n) in project.kube.objects if p == "pods" and n.startswith("low-")]

@@ -175,6 +175,10 @@ class GkePlatform(Platform):
         )
         if deadline is not None:
             client.until(deadline)
+        if ctx.spec.gke.queue:  # a RayCluster Kueue evicts loses its pods, the head's among them: no use retrying
+            from components.platforms.gke.run import queueing
+
+            client.retrying.abort = queueing.lost_to_eviction(kube, names.raycluster(ctx.run_id))
         return client
 
     def job_output_dir(self, ctx: RunContext) -> str:

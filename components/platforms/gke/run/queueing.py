@@ -112,6 +112,23 @@ def keep_workload(store, kube, raycluster: str) -> str | None:
     return write_text(store, "logs/kueue_workload.json", json.dumps(kept, indent=1), "application/json")
 
 
+def lost_to_eviction(kube, raycluster: str) -> Callable[[], str | None]:
+    """For the Ray Jobs API's retries: why they are pointless once Kueue has evicted the RayCluster (its pods, the
+    head's among them, deleted with its jobs); None while it is not evicted."""
+
+    def why() -> str | None:
+        reason = evicted(kube, raycluster)
+        if reason is None:
+            return None
+        return (
+            f"RayCluster {raycluster} was evicted by Kueue ({reason}): its pods and the Ray job on them are gone. "
+            "The run stops here (an evicted run does not resume on its own yet): run it again, or set a higher "
+            "gke.priority_class"
+        )
+
+    return why
+
+
 def evicted(kube, raycluster: str) -> str | None:
     """Kueue's reason when the RayCluster's Workload was evicted (preempted, say) and not admitted again yet; None
     while it is admitted (or has no Workload)."""
