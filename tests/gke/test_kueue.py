@@ -200,6 +200,7 @@ def test_preflight_finds_the_queue_its_flavor_and_quota(project_factory, capsys)
             "list workloads.kueue.x-k8s.io (deploy_raycluster finds the RayCluster's Workload",
         ),
     ],
+    ids=["no kueue", "no queue", "other slice", "small quota", "no priority", "denied"],
 )
 def test_preflight_names_the_field_of_each_queue_problem(project_factory, capsys, case, overrides, expected):
     project = project_factory()
