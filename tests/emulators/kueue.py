@@ -84,7 +84,10 @@ class Kueue:
         self.kube = kube
         self.version = version
         self.visibility = True  # the visibility API served (its VisibilityOnDemand feature gate, on by default)
-        self._order = 0  # creation order of workloads (their queue order among equal priorities)
+        self._order = 0
+        self._orders: dict[str, int] = {}  # Workload uid -> its creation order (queue order among equal priorities)
+        self._admitted: dict[str, int] = {}  # Workload uid -> when it was last admitted, in admissions
+        self._admissions = 0
 
     # ------------------------------------------------------------------ objects
     def apply(self, obj: dict) -> None:
@@ -133,7 +136,6 @@ class Kueue:
                 "uid": secrets.token_hex(8),
                 "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "labels": {f"{GROUP}/job-uid": obj["metadata"]["uid"]},
-                "annotations": {"tpupipe.test/order": str(self._order)},
                 "ownerReferences": [
                     {
                         "apiVersion": obj["apiVersion"],
@@ -148,6 +150,7 @@ class Kueue:
             "spec": workload_spec,
             "status": {"conditions": [_condition("QuotaReserved", False, "Pending", "waiting for quota")]},
         }
+        self._orders[workload["metadata"]["uid"]] = self._order
         errors = self.kube.crds.errors(workload)
         assert not errors, f"the emulated Kueue made an invalid Workload: {errors}"
         self.kube.objects[("workloads", namespace, workload["metadata"]["name"])] = workload
@@ -233,7 +236,7 @@ class Kueue:
             for _, o in self._all("workloads")
             if not o.get("status", {}).get("admission") and (cq_name is None or self._cluster_queue(o) == cq_name)
         ]
-        return sorted(waiting, key=lambda w: (-w["spec"].get("priority", 0), _order(w)))
+        return sorted(waiting, key=lambda w: (-w["spec"].get("priority", 0), self._orders[w["metadata"]["uid"]]))
 
     def reconcile(self) -> None:
         """Admit what fits, in queue order, preempting lower priorities where the ClusterQueue allows it."""
@@ -270,7 +273,7 @@ class Kueue:
                 if o.get("status", {}).get("admission", {}).get("clusterQueue") == cq_name
                 and o["spec"].get("priority", 0) < priority
             ),
-            key=lambda w: (w["spec"].get("priority", 0), -_order(w)),
+            key=lambda w: (w["spec"].get("priority", 0), -self._admitted[w["metadata"]["uid"]]),
         )
         victims: list[dict] = []
         for victim in candidates:
@@ -289,6 +292,8 @@ class Kueue:
         return None
 
     def _admit(self, workload: dict, cq_name: str, assignments: list[dict]) -> None:
+        self._admissions += 1
+        self._admitted[workload["metadata"]["uid"]] = self._admissions
         workload["status"]["admission"] = {"clusterQueue": cq_name, "podSetAssignments": assignments}
         workload["status"]["conditions"] = [
             _condition("QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}"),
@@ -373,7 +378,3 @@ def _template(template: dict) -> dict:
 
 def _owner(workload: dict) -> str:
     return next((r["name"] for r in workload["metadata"].get("ownerReferences", [])), "")
-
-
-def _order(workload: dict) -> int:
-    return int(workload["metadata"].get("annotations", {}).get("tpupipe.test/order", "0"))
