@@ -80,8 +80,9 @@ bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one 
 # transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).
 GOLDEN_PRESETS := smoke gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2 llama3-70b-v6e-16x2 llama3-8b-v6e-elastic-spot
 GOLDEN_DRY_RUN_SET := gke.project=my-project
-# Presets with settings, committed the same way: NAME=PRESET:KEY=VALUE (the goldens' directory and run id is NAME).
-GOLDEN_VARIANTS := llama3-8b-v6e-16x2-queued=llama3-8b-v6e-16x2:cluster.capacity=queued
+# Presets with settings, committed the same way: NAME=PRESET:KEY=VALUE[,KEY=VALUE...] (the goldens' directory and run
+# id is NAME).
+GOLDEN_VARIANTS := llama3-8b-v6e-16x2-queued=llama3-8b-v6e-16x2:cluster.capacity=queued gemma4-e2b-v6e-16-queue=gemma4-e2b-v6e-16:gke.cluster_name=shared,gke.queue=team-a
 
 goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of each seed preset) on purpose; review the diff
 	@set -e; for p in $(GOLDEN_PRESETS); do \
@@ -91,7 +92,7 @@ goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of ea
 	    > tests/goldens/$$p/dry-run.txt; \
 	  echo "tests/goldens/$$p"; done
 	@set -e; for v in $(GOLDEN_VARIANTS); do \
-	  n=$${v%%=*}; r=$${v#*=}; p=$${r%%:*}; s=$${r#*:}; \
+	  n=$${v%%=*}; r=$${v#*=}; p=$${r%%:*}; s=$${r#*:}; s=$${s//,/ }; \
 	  rm -rf tests/goldens/$$n; mkdir -p tests/goldens/$$n; \
 	  $(BIN)/tpupipe plan $$p --run-id $$n --set "$$s" --output json --manifests tests/goldens/$$n/manifests \
 	    > tests/goldens/$$n/plan.json; \

@@ -20,6 +20,7 @@ from components.spec.run_spec import (
     PRECISIONS,
     SCRATCH_PREFIX,
     WORKLOADS,
+    GkeSpec,
     RunSpec,
 )
 
@@ -292,6 +293,7 @@ def _check_gke_fields(spec: RunSpec) -> None:
             ipaddress.IPv4Network(value)
         except ValueError:
             raise SpecError(key, f"{value!r} is not an IPv4 range", ["10.4.0.0/14", "empty: GKE picks one"]) from None
+    _check_queue(g)
     if g.cluster_version:  # with gke.cluster_name not applied: the existing cluster's own version is checked
         if not GKE_VERSION.match(g.cluster_version):
             raise SpecError(
@@ -299,6 +301,23 @@ def _check_gke_fields(spec: RunSpec) -> None:
                 f"{g.cluster_version!r} is not a GKE version",
                 ["latest", "1.35", "1.35.2-gke.1842000"],
             )
+
+
+def _check_queue(g: GkeSpec) -> None:
+    """gke.queue names a LocalQueue of an existing cluster; gke.priority_class goes with it. Both are label values
+    (Kueue reads them from the labels kueue.x-k8s.io/queue-name and kueue.x-k8s.io/priority-class:
+    https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/) and object names: DNS-1123 labels here."""
+    for key, value in (("gke.queue", g.queue), ("gke.priority_class", g.priority_class)):
+        if value and (len(value) > 63 or not _DNS_LABEL.match(value)):
+            raise SpecError(key, f"{value!r} is not a Kueue object name", ["a DNS label of at most 63 characters"])
+    if g.queue and not g.cluster_name:
+        raise SpecError(
+            "gke.queue",
+            "a Kueue LocalQueue is in an existing, shared cluster: gke.cluster_name must name it",
+            ["gke.cluster_name=CLUSTER", "empty: the run's own cluster and node pools"],
+        )
+    if g.priority_class and not g.queue:
+        raise SpecError("gke.priority_class", "applies to a run queued in Kueue: gke.queue is empty", [""])
 
 
 def _check_gate(spec: RunSpec) -> None:

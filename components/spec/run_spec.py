@@ -136,6 +136,10 @@ class GkeSpec:
     project: str = ""  # GCP project id; `tpupipe plan` shows PROJECT_ID while it is empty
     zone: str = ""  # TPU zone; empty: the first zone the catalogue documents for the accelerator
     cluster_name: str = ""  # an existing GKE cluster to use; empty: the run creates (and deletes) its own
+    # A Kueue LocalQueue in gke.namespace of the existing cluster (gke.cluster_name): the run creates no node pools, its
+    # RayCluster waits in that queue until the team's quota admits it. Empty: no Kueue, the run's own node pools.
+    queue: str = ""
+    priority_class: str = ""  # with gke.queue: a Kueue WorkloadPriorityClass for the run's workload; empty: none
     cluster_mode: str = "standard"  # standard or autopilot
     # GKE version of a cluster the run creates (the presets pin their tutorial's); empty: the release channel's default.
     # Provisioning checks the version GKE reports, of a created or an existing cluster, against the hardware's floors.

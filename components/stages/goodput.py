@@ -37,7 +37,11 @@ CATEGORIES = (
     ("data snapshot", "snapshot_data: the data resolved and read before anything is created (no chip billed)"),
     ("image build", "build_image"),
     ("provisioning", "provision"),
-    ("waiting for capacity", "deploy_raycluster: the RayCluster's pods waiting for nodes (not billed)"),
+    (
+        "waiting for capacity",
+        "deploy_raycluster: queued in Kueue for admission (gke.queue), or the RayCluster's pods waiting for nodes "
+        "(not billed)",
+    ),
     ("cluster start", "deploy_raycluster: the RayCluster's pods scheduled and ready"),
     ("slice check", "check_slice"),
     ("trainer start", "train until its first step: imports, model, restore; and after its last step"),
@@ -167,9 +171,10 @@ def ledger(
         return None
     wall_lo, wall_hi = min(a for a, _ in spans.values()), max(b for _, b in spans.values())
     intervals = [(a, b, STAGE_CATEGORY[name]) for name, (a, b) in spans.items() if name in STAGE_CATEGORY]
-    capacity = ((records.get("deploy_raycluster") or {}).get("result") or {}).get("capacity_wait")
-    if capacity:
-        intervals.append((*capacity, UNBILLED))
+    deployed = (records.get("deploy_raycluster") or {}).get("result") or {}
+    for wait in ("queue_wait", "capacity_wait"):  # queued for admission, then the pods waiting for nodes
+        if deployed.get(wait):
+            intervals.append((*deployed[wait], UNBILLED))
     if "train" in spans:
         if records["train"].get("status") == "succeeded":
             intervals += train_intervals(spans["train"], records["train"].get("result", {}).get("timeline") or {})

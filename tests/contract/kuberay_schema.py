@@ -17,7 +17,8 @@ extensions. It is converted to JSON Schema and checked with ``jsonschema``:
 
 The schema is vendored in ``tests/contract/crds/kuberay-v1.7.0/`` (its SOURCE.md says where it comes from);
 ``$TPUPIPE_KUBERAY_SCHEMAS`` points the tests at another directory holding the same file (another KubeRay
-version, say).
+version, say). Kueue's CRDs (``tests/contract/crds/kueue-v0.19.2/``) are checked the same way (``KUEUE_CRD_FILES``),
+their CEL rules evaluated where ``CEL_RULES`` holds a Python reading of the rule's exact text.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ from pathlib import Path
 SCHEMA_ENV = "TPUPIPE_KUBERAY_SCHEMAS"
 DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parent / "crds" / "kuberay-v1.7.0"
 CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml"}
+KUEUE_SCHEMA_DIR = Path(__file__).resolve().parent / "crds" / "kueue-v0.19.2"
+KUEUE_CRD_FILES = {
+    kind: f"kueue.x-k8s.io_{plural}.yaml"
+    for kind, plural in (
+        ("Workload", "workloads"),
+        ("LocalQueue", "localqueues"),
+        ("ClusterQueue", "clusterqueues"),
+        ("ResourceFlavor", "resourceflavors"),
+        ("AdmissionCheck", "admissionchecks"),
+        ("ProvisioningRequestConfig", "provisioningrequestconfigs"),
+        ("WorkloadPriorityClass", "workloadpriorityclasses"),
+    )
+}
 
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -109,6 +123,72 @@ def _list_type(validator, list_type, instance, schema):
 _IN_LIST = re.compile(r"^self in (\[.*\])$")
 
 
+def _has(node, *path) -> bool:
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _quota_reserved(obj) -> bool:
+    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True" for c in _conditions(obj))
+
+
+def _conditions(obj) -> list:
+    return obj.get("status", {}).get("conditions", []) if isinstance(obj.get("status"), dict) else []
+
+
+# The CEL rules of Kueue's CRDs that the objects here reach, each read into Python from its exact text (Kueue v0.19.2,
+# config/components/crd/bases/): a rule missing here still fails the check as not evaluated.
+CEL_RULES = {
+    # ClusterQueue .spec: no borrowing limit without a cohort
+    "!has(self.cohortName) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
+    "f.resources.all(r, !has(r.borrowingLimit)))) : true": lambda s: (
+        _has(s, "cohortName")
+        or not _has(s, "resourceGroups")
+        or all("borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"] for r in f["resources"])
+    ),
+    # ClusterQueue .spec.resourceGroups[]: each flavor lists every covered resource
+    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))": lambda s: all(
+        len(x.get("resources", [])) == len(s.get("coveredResources", [])) for x in s.get("flavors", [])
+    ),
+    # ClusterQueue .spec.preemption
+    "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) && self.borrowWithinCohort.policy != "
+    "'Never')": lambda s: (
+        not (
+            s.get("reclaimWithinCohort") == "Never"
+            and "borrowWithinCohort" in s
+            and s["borrowWithinCohort"].get("policy") != "Never"
+        )
+    ),
+    # ResourceFlavor .spec: a topology needs node labels
+    "!has(self.topologyName) || self.nodeLabels.size() >= 1": lambda s: (
+        "topologyName" not in s or len(s.get("nodeLabels", {})) >= 1
+    ),
+    # Workload: as many podSetAssignments as podSets once quota is reserved
+    "has(self.status) && has(self.status.conditions) && self.status.conditions.exists(c, c.type == 'QuotaReserved' "
+    "&& c.status == 'True') && has(self.status.admission) ? size(self.spec.podSets) == "
+    "size(self.status.admission.podSetAssignments) : true": lambda s: (
+        not (_quota_reserved(s) and _has(s, "status", "admission"))
+        or len(s["spec"]["podSets"]) == len(s["status"]["admission"].get("podSetAssignments", []))
+    ),
+    # Workload .spec: a priority class reference comes with its priority
+    "!has(self.priorityClassRef) || has(self.priority)": lambda s: "priorityClassRef" not in s or "priority" in s,
+    "(self.group == 'scheduling.k8s.io') ? self.kind == 'PriorityClass' : true": lambda s: (
+        s.get("group") != "scheduling.k8s.io" or s.get("kind") == "PriorityClass"
+    ),
+    "(self.group == 'kueue.x-k8s.io') ? self.kind == 'WorkloadPriorityClass' : true": lambda s: (
+        s.get("group") != "kueue.x-k8s.io" or s.get("kind") == "WorkloadPriorityClass"
+    ),
+    "has(self.minCount) ? self.minCount <= self.count : true": lambda s: (
+        s.get("minCount", 0) <= s.get("count", 0) or "minCount" not in s
+    ),
+    "!has(self.clusterName) || (!has(self.nominatedClusterNames) || (has(self.nominatedClusterNames) && "
+    "size(self.nominatedClusterNames) == 0))": lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
+}
+
+
 def _cel_rules(validator, rules, instance, schema):
     from jsonschema.exceptions import ValidationError
 
@@ -116,6 +196,11 @@ def _cel_rules(validator, rules, instance, schema):
         text = rule["rule"]
         if "oldSelf" in text:
             continue  # a transition rule: checked on update only
+        known = CEL_RULES.get(" ".join(text.split()))
+        if known is not None:
+            if not known(instance):
+                yield ValidationError(rule.get("message", f"{instance!r} fails {text}"))
+            continue
         match = _IN_LIST.match(text)
         if match:
             if instance not in ast.literal_eval(match.group(1)):
@@ -168,9 +253,10 @@ def _label_errors(node, path="") -> list[str]:
 
 
 class CrdValidator:
-    """Validates objects of the CRDs' kinds against their served, stored version."""
+    """Validates objects of the CRDs' kinds against their served, stored version: KubeRay's from ``directory`` (or the
+    ``files`` named there), and Kueue's from ``kueue_directory`` when given."""
 
-    def __init__(self, directory: Path, files: dict[str, str] = CRD_FILES):
+    def __init__(self, directory: Path, kueue_directory: Path | None = None, files: dict[str, str] = CRD_FILES):
         import yaml
         from jsonschema import Draft7Validator, validators
 
@@ -178,13 +264,18 @@ class CrdValidator:
             Draft7Validator,
             {"x-kubernetes-list-type": _list_type, "x-kubernetes-validations": _cel_rules},
         )
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the Workload CRD is 1.4 MB
         self.validators = {}
-        for kind, filename in files.items():
-            crd = yaml.safe_load((directory / filename).read_text())
-            assert crd["spec"]["names"]["kind"] == kind
-            version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
-            schema = _convert(version["schema"]["openAPIV3Schema"])
-            self.validators[(f"{crd['spec']['group']}/{version['name']}", kind)] = checker(schema)
+        self.crds: dict[str, dict] = {}  # by name (rayclusters.ray.io), as read
+        sources = [(directory, files)] + ([(kueue_directory, KUEUE_CRD_FILES)] if kueue_directory else [])
+        for where, files in sources:
+            for kind, filename in files.items():
+                crd = yaml.load((where / filename).read_text(), Loader=loader)
+                assert crd["spec"]["names"]["kind"] == kind
+                self.crds[crd["metadata"]["name"]] = crd
+                version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+                schema = _convert(version["schema"]["openAPIV3Schema"])
+                self.validators[(f"{crd['spec']['group']}/{version['name']}", kind)] = checker(schema)
 
     def errors(self, obj: dict) -> list[str]:
         key = (obj.get("apiVersion"), obj.get("kind"))

@@ -55,6 +55,9 @@ environment, the RayCluster's status turns ready once its pods are scheduled, wi
 proxy answers 503): KubeRay's part without the Ray cluster, for tests of readiness alone; with ``jobs`` (a
 ``tests/emulators/rayjobs.py`` Jobs API) as well, the proxy forwards to that, the cluster's Ray token required.
 
+``kueue``: Kueue installed (``tests/emulators/kueue.py``: its objects, validated against its CRDs, and its controller's
+part for RayClusters labelled with a queue); None (the default): no Kueue, its CRDs and objects not served.
+
 ``denied``: the (verb, group, resource, subresource) a SelfSubjectAccessReview answers not allowed (the caller's
 IAM and RBAC lack it); every other is allowed.
 
@@ -86,7 +89,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.emulators import kube_schema, provisioning
+from tests.emulators import kube_schema, kueue, provisioning
 from tests.emulators.tokens import authorized
 
 # PodTemplates (queued provisioning's) are not checked by the client's model: kubernetes 30.1.0's pod spec predates
@@ -337,6 +340,7 @@ class KubeEmulator:
         # A fault: the Ray cluster runs without token authentication whatever its spec says (a Ray older than 2.52 in
         # the image, or RAY_AUTH_MODE=disabled baked into it), so it answers requests that carry no token.
         self.ray_auth_off = False
+        self.kueue: kueue.Kueue | None = None  # Kueue installed (tests/emulators/kueue.py): its objects and controller
         self._own_jobs = False  # the Jobs API below was made here (not given by a test): stopped with the server
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.lock = threading.RLock()
@@ -457,6 +461,10 @@ class KubeEmulator:
                     ),
                 )
             return self._send(h, 200, found)
+        visibility = kueue.VISIBILITY_PATH.match(url.path)
+        if visibility and method == "GET" and self.kueue is not None and self.kueue.visibility:
+            with self.lock:
+                return self._send(h, 200, self.kueue.pending_workloads(visibility.group(1), visibility.group(2)))
         pod_log = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", url.path)
         if pod_log and method == "GET":
             code, out = self._pod_log(pod_log.group(1), pod_log.group(2), query)
@@ -465,6 +473,7 @@ class KubeEmulator:
         if proxy:
             return self._proxy(h, method, proxy.group(1), proxy.group(2), proxy.group(4) or "/", url.query, body)
         ns_obj = re.match(r"^/api/v1/namespaces(?:/([^/]+))?$", url.path)
+        cluster_scoped = re.match(r"^/apis/[^/]+/[^/]+/([a-z]+)(?:/([^/]+))?$", url.path)
         m = re.match(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path) or re.match(
             r"^/apis/[^/]+/[^/]+/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?$", url.path
         )
@@ -472,6 +481,8 @@ class KubeEmulator:
             plural, namespace, name = "namespaces", "", ns_obj.group(1) or ""
         elif m:
             namespace, plural, name = m.group(1), m.group(2), m.group(3) or ""
+        elif cluster_scoped and cluster_scoped.group(1) in kueue.CLUSTER_SCOPED:
+            plural, namespace, name = cluster_scoped.group(1), "", cluster_scoped.group(2) or ""
         else:
             return self._send(h, 404, _status(404, "NotFound", f"the server could not find {url.path}"))
         try:
@@ -512,6 +523,8 @@ class KubeEmulator:
                 obj = self.objects.pop(key)
                 if plural == "rayclusters":
                     self._delete_raycluster(namespace, name)
+                    if self.kueue is not None:
+                        self.kueue.raycluster_deleted(namespace, name)
                 return 200, obj
             obj = json.loads(body or b"{}")
             if method == "POST":
@@ -537,7 +550,10 @@ class KubeEmulator:
                 obj["status"] = self.objects[key]["status"]
             self.objects[key] = obj
             if plural == "rayclusters" and not existed:
-                self._create_raycluster(namespace, obj)
+                if self.kueue is None or not self.kueue.raycluster_created(namespace, obj):
+                    self._create_raycluster(namespace, obj)
+            elif plural in kueue.KINDS and self.kueue is not None:
+                self.kueue.reconcile()  # a queue or its quota changed
             if plural == provisioning.PLURAL and not existed:
                 self.provisioner.created(namespace, obj)
             return (200 if existed else 201), obj
@@ -549,6 +565,8 @@ class KubeEmulator:
     def served_crd(self, name: str) -> dict | None:
         """The CRD ``name`` as the served KubeRay release installs it; None when it is not one of KubeRay's."""
         crd = _vendored_crds().get(name) or (provisioning.crd() if self.provisioner.serves(name) else None)
+        if crd is None and self.kueue is not None:  # Kueue's, while it is installed
+            crd = self.crds.crds.get(name)
         if crd is None:
             return None
         crd = copy.deepcopy(crd)
@@ -574,6 +592,10 @@ class KubeEmulator:
             return self.crds.errors(obj)
         if plural == provisioning.PLURAL:
             return provisioning.errors(obj)
+        if plural in kueue.KINDS and self.kueue is not None:
+            if namespace and ("namespaces", "", namespace) not in self.objects:
+                return [f'namespaces "{namespace}" not found']
+            return self.crds.errors(obj)
         if plural not in CORE and plural != "resourceclaimtemplates" and plural not in kube_schema.MODELS:
             return [f"unknown resource {plural}"]
         if namespace and ("namespaces", "", namespace) not in self.objects:
@@ -1166,15 +1188,27 @@ class KubeEmulator:
                     self._delete_raycluster(key[1], key[2])
 
     def _delete_raycluster(self, namespace: str, name: str) -> None:
-        owned = [{"kind": "RayCluster", "name": name}]  # what garbage collection deletes with it (the token Secret)
+        """A RayCluster deleted: its pods and services, and what garbage collection deletes with it (what it owns: the
+        token Secret KubeRay 1.5 makes, Kueue's Workload)."""
+        owned = [{"kind": "RayCluster", "name": name}]
         for key in [
             k
             for k, o in self.objects.items()
             if k[1] == namespace
-            and (
-                (k[0] in ("pods", "services") and o["metadata"].get("labels", {}).get("ray.io/cluster") == name)
-                or [{"kind": r["kind"], "name": r["name"]} for r in o["metadata"].get("ownerReferences", [])] == owned
-            )
+            and [{"kind": r["kind"], "name": r["name"]} for r in o["metadata"].get("ownerReferences", [])] == owned
+        ]:
+            self.objects.pop(key)
+        self.stop_pods(namespace, name)
+
+    def stop_pods(self, namespace: str, name: str) -> None:
+        """The RayCluster's pods and services gone (deleted, or suspended: KubeRay makes no pods for a suspended
+        RayCluster), its local Ray processes stopped."""
+        for key in [
+            k
+            for k, o in self.objects.items()
+            if k[0] in ("pods", "services")
+            and k[1] == namespace
+            and o["metadata"].get("labels", {}).get("ray.io/cluster") == name
         ]:
             self.objects.pop(key)
         threading.Thread(target=self._stop_ray, args=((namespace, name),), daemon=True).start()

@@ -152,10 +152,10 @@ class Project:
 
 @functools.cache
 def crd_validator():
-    """The KubeRay CRD schemas, read once (the CRD files are large)."""
-    from tests.contract.kuberay_schema import CrdValidator, schema_dir
+    """The KubeRay and Kueue CRD schemas, read once (the CRD files are large)."""
+    from tests.contract.kuberay_schema import KUEUE_SCHEMA_DIR, CrdValidator, schema_dir
 
-    return CrdValidator(schema_dir())
+    return CrdValidator(schema_dir(), KUEUE_SCHEMA_DIR)
 
 
 def _written(path: Path, data: bytes) -> Path:

@@ -45,7 +45,7 @@ def crd() -> dict:
 def _validator():
     from tests.contract.kuberay_schema import CrdValidator
 
-    return CrdValidator(CRD_DIR, {KIND: CRD_FILE})
+    return CrdValidator(CRD_DIR, files={KIND: CRD_FILE})
 
 
 def errors(obj: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """The committed plans of the tutorial presets (tests/goldens/<preset>/: plan.json, manifests/*.yaml, and dry-run.txt,
-the transcript of `tpupipe run --platform gke --dry-run`) are what tpupipe gives today. A change to a plan is made on
-purpose: `make goldens`, then review the diff."""
+the transcript of `tpupipe run --platform gke --dry-run`) are what tpupipe gives today, and those of a preset with
+settings (the Makefile's GOLDEN_VARIANTS: tests/goldens/<preset>+<variant>/, its plan made with the same settings). A
+change to a plan is made on purpose: `make goldens`, then review the diff."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def _makefile_value(name: str) -> str:
 
 
 def _variant(text: str) -> tuple[str, tuple[str, str]]:
-    """NAME=PRESET:SETTINGS (the Makefile's GOLDEN_VARIANTS) -> (NAME, (PRESET, SETTINGS))."""
+    """NAME=PRESET:SETTINGS (the Makefile's GOLDEN_VARIANTS, settings separated by commas) -> (NAME, (PRESET,
+    SETTINGS))."""
     name, rest = text.split("=", 1)
     preset, settings = rest.split(":", 1)
-    return name, (preset, settings)
+    return name, (preset, settings.replace(",", " "))
 
 
 # The goldens' directory (and run id) -> (preset, its --set): every TPU preset as it is, and the variants.

@@ -10,6 +10,7 @@ What the stages do there is ``plan.k8s_actions``' table.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -77,6 +78,20 @@ def _named(verb: str, group: str, resource: str, subresource: str) -> str:
     return f"{verb} {resource}" + (f"/{subresource}" if subresource else "") + (f".{group}" if group else "")
 
 
+@contextlib.contextmanager
+def preflight_kube(cluster, creds, namespace: str):
+    """A client of an existing cluster's Kubernetes API (``cluster``: its ``Cluster`` message) in ``namespace``, with
+    ``creds``' token, retried as briefly as the access review (an API server that cannot be reached is reported, not
+    waited on for the 600 s a stage's call may retry)."""
+    from components.platforms.credentials import AccessToken
+    from components.platforms.gke.cloud import kube as gke_kube
+    from components.platforms.gke.cloud.transient import Backoff
+
+    with tempfile.TemporaryDirectory() as tmp:
+        api = gke_kube.api_client(planes.control_plane(cluster), AccessToken(creds), Path(tmp))
+        yield gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
+
+
 def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError | None, bool]:
     """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
     its Kubernetes API with ``creds``' token, None when its KubeRay will do; and whether it is a KubeRay 1.5, which
@@ -91,13 +106,5 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError 
 def existing_cluster_crd(cluster, creds, namespace: str, name: str) -> dict | None:
     """For preflight: the CustomResourceDefinition ``name`` an existing cluster serves, read through its Kubernetes
     API with ``creds``' token; None when it serves none."""
-    from components.platforms.credentials import AccessToken
-    from components.platforms.gke.cloud import kube as gke_kube
-    from components.platforms.gke.cloud.transient import Backoff
-
-    with tempfile.TemporaryDirectory() as tmp:
-        api = gke_kube.api_client(planes.control_plane(cluster), AccessToken(creds), Path(tmp))
-        # Preflight's read: retried as briefly as its access review (an API server that cannot be reached is reported,
-        # not waited on for the 600 s a stage's call may retry).
-        kube = gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
+    with preflight_kube(cluster, creds, namespace) as kube:
         return kube.crd(name)

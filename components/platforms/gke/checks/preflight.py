@@ -67,6 +67,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _cluster,
         _kubernetes,
         queued.check,
+        _kueue,
         offers.version,
         offers.machine_types,
         offers.default_network,
@@ -351,6 +352,27 @@ def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
     if cluster is not None and control_plane(cluster).host:  # no cluster: _cluster's problem
         k8s_access.check(cluster, n.cluster, n.namespace, n.k8s_kinds, creds, report)
+
+
+def _kueue(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """A run queued in Kueue (gke.queue): Kueue, the queue, its flavors and quota (``kueue``)."""
+    if not (n.cluster and spec.gke.queue):
+        return
+    from kubernetes.client.exceptions import ApiException
+
+    from components.platforms.gke.checks import k8s_access, kueue
+    from components.platforms.gke.cloud.cluster import Gke, cluster_manager
+
+    cluster = Gke(cluster_manager(creds), log=lambda m: None).get_cluster(n.cluster)
+    if cluster is None or not control_plane(cluster).host:  # no cluster: _cluster's problem
+        return
+    try:
+        with k8s_access.preflight_kube(cluster, creds, n.namespace) as kube:
+            kueue.check(kube, spec, report)
+    except ApiException as exc:
+        report.problems.append(Problem("gke.queue", f"Kueue's objects could not be read: {exc.status} {exc.reason}"))
+    except OSError:  # an API server that cannot be reached: k8s_access's problem
+        return
 
 
 # ---------------------------------------------------------------- clients

@@ -63,6 +63,8 @@ class Retrying:
         self.backoff = backoff or Backoff()
         self.log = log
         self.until: float | None = None
+        # Asked after each transient error: a reason to stop retrying at once (a queued RayCluster Kueue evicted).
+        self.abort: Callable[[], str | None] | None = None
 
     @contextmanager
     def within(self, seconds: float) -> Iterator[None]:
@@ -81,6 +83,9 @@ class Retrying:
         budget = b.budget_s if self.until is None else max(0.0, self.until - time.monotonic())
 
         def on_error(exc: BaseException) -> None:
+            why = self.abort() if self.abort is not None else None
+            if why:
+                raise InfraError(f"{what}: {why}") from exc
             self.log(f"  {what}: {_short(exc)}; retrying with backoff (for at most {budget:.0f}s)")
 
         retry = Retry(
@@ -97,6 +102,13 @@ class Retrying:
             raise InfraError(f"{what}: still failing after {budget:.0f}s of retries: {_short(exc.cause)}") from (
                 exc.cause
             )
+        except InfraError:
+            raise
+        except Exception as exc:  # an error not retried: said with the reason to stop, where there is one
+            why = self.abort() if self.abort is not None else None
+            if why:
+                raise InfraError(f"{what}: {why}") from exc
+            raise
 
 
 def _short(exc: BaseException | None) -> str:

@@ -43,7 +43,7 @@ CLAIMS = tuple(
     )
 )
 
-QUEUED = (
+PROVISIONING = (
     ("create", "", "podtemplates", "", "deploy_raycluster creates the workers' PodTemplate (queued provisioning)"),
     ("create", "autoscaling.x-k8s.io", "provisioningrequests", "", "deploy_raycluster requests the slices"),
     ("get", "autoscaling.x-k8s.io", "provisioningrequests", "", "deploy_raycluster waits for the request"),
@@ -54,12 +54,29 @@ QUEUED = (
 )
 
 
+# A run queued in Kueue (gke.queue, the plan's ``kueue-queue``) reads its queue, its Workload and its place in the
+# queue (Kueue's visibility API: the ``pendingworkloads`` subresource of a LocalQueue).
+KUEUE = (
+    ("get", "kueue.x-k8s.io", "localqueues", "", "preflight reads the LocalQueue gke.queue names"),
+    ("list", "kueue.x-k8s.io", "workloads", "", "deploy_raycluster finds the RayCluster's Workload, for its admission"),
+    ("get", "kueue.x-k8s.io", "workloads", "", "deploy_raycluster reads the workloads ahead of the run's"),
+    (
+        "get",
+        "visibility.kueue.x-k8s.io",
+        "localqueues",
+        "pendingworkloads",
+        "deploy_raycluster reads the run's place in the queue",
+    ),
+)
+
+
 def actions(kinds: tuple[str, ...]) -> tuple[tuple[str, str, str, str, str], ...]:
     """What the run does in the cluster, by the Kubernetes kinds of its plan (``k8s/ResourceClaimTemplate``...)."""
     return (
         ALWAYS
         + (CLAIMS if "k8s/ResourceClaimTemplate" in kinds else ())
-        + (QUEUED if "k8s/ProvisioningRequest" in kinds else ())
+        + (PROVISIONING if "k8s/ProvisioningRequest" in kinds else ())
+        + (KUEUE if "kueue-queue" in kinds else ())
     )
 
 

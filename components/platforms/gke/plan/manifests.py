@@ -36,6 +36,10 @@ CHECKPOINT_VOLUME = "checkpoints"
 CACHE_VOLUME = "compile-cache"
 SHM_VOLUME = "dshm"
 DCN_CLAIM = "dcn-nics"
+# The labels Kueue reads on a RayCluster (https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/,
+# https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # The mount options of the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Train and
 # multislice Trillium TPUs" (docs/tutorials.md): implicit directories, owned by uid/gid 1000. Its unlimited file
@@ -317,18 +321,24 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
 
 
 def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
-        "metadata": _meta(names.raycluster(t.run_id), t),
-        "spec": {
-            "rayVersion": r.RAY_VERSION,
-            "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
-            "enableInTreeAutoscaling": False,
-            "headGroupSpec": _head_group(spec, t),
-            "workerGroupSpecs": [_worker_group(spec, t)],
-        },
+    meta = _meta(names.raycluster(t.run_id), t)
+    body: dict[str, Any] = {
+        "rayVersion": r.RAY_VERSION,
+        "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": _head_group(spec, t),
+        "workerGroupSpecs": [_worker_group(spec, t)],
     }
+    if t.queue:
+        # Queued in Kueue: its LocalQueue and priority class are labels of the RayCluster, and it is created suspended,
+        # Kueue unsuspending it when the quota admits it ("Kueue controls the spec.suspend field of the RayCluster",
+        # https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/; the priority label:
+        # https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/).
+        meta["labels"][KUEUE_QUEUE_LABEL] = t.queue
+        if t.priority_class:
+            meta["labels"][KUEUE_PRIORITY_LABEL] = t.priority_class
+        body["suspend"] = True
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "spec": body}
 
 
 def network_policies(t: Target) -> list[dict[str, Any]]:

@@ -162,7 +162,11 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.machineTypes.get")  # preflight's own read
     if t.owns_cluster:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
-    kinds = tuple(dict.fromkeys(res.kind for res in plans.resources(spec, run_id) if res.kind.startswith("k8s/")))
+    kinds = tuple(
+        dict.fromkeys(
+            r.kind for r in plans.resources(spec, run_id) if r.kind.startswith("k8s/") or r.kind == "kueue-queue"
+        )
+    )
     if t.owns_cluster:  # a new cluster has no RBAC binding for the caller: IAM alone decides what it may do there
         permissions += k8s_actions.iam_permissions(kinds)
     # actAs is checked on the project, where GKE's calls need it: no API of its own to enable.
@@ -259,6 +263,14 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
                 "the caller may do what the run does there",
             )
         )
+        if "kueue-queue" in n.k8s_kinds:  # checks.kueue
+            out.append(
+                (
+                    "kubernetes get kueue.x-k8s.io/v1beta2",
+                    f"{n.cluster} namespace {n.namespace}",
+                    "Kueue installed, the LocalQueue, its ClusterQueue's flavors and quota, the priority class",
+                )
+            )
     out += [
         ("compute.machineTypes.get", f"projects/{n.project}/zones/{zone}/machineTypes/{machine}", "offered in the zone")
         for zone, machine, _ in n.machine_types

@@ -27,6 +27,7 @@ STAGE_OF_KIND = {
     "gke-cluster": "provision",
     "node-pool": "provision",
     "autopilot-tpu-nodes": "provision",
+    "kueue-queue": "provision",
     "artifact-repository": "build_image",
     "build-source": "build_image",
     "container-image": "build_image",
@@ -265,6 +266,24 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 api="container.nodePools.create",
                 path=paths.node_pool_path(cluster_path, pool["name"]),
                 price=("tpu", shape.family.name, c.capacity, shape.num_chips),
+            )
+        )
+    if t.queue:
+        priority = f", priority class {t.priority_class}" if t.priority_class else ""
+        out.append(
+            Resource(
+                "kueue-queue",
+                t.queue,
+                "use",
+                f"Kueue LocalQueue {t.namespace}/{t.queue} of cluster {t.cluster}{priority}: no node pool is created; "
+                f"the RayCluster (labelled kueue.x-k8s.io/queue-name={t.queue}) waits there, suspended, until its "
+                f"ClusterQueue's quota admits {c.num_slices} x {shape.num_hosts} {shape.machine_type} "
+                f"({shape.num_chips * c.num_slices} google.com/tpu), within run.deadline_h; checked before anything "
+                "is created",
+                api="kubernetes get kueue.x-k8s.io/v1beta2",
+                path=f"namespaces/{t.namespace}/localqueues/{t.queue}",
+                deleted_by_teardown=False,
+                price=("tpu", shape.family.name, c.capacity, shape.num_chips * c.num_slices),
             )
         )
     if t.autopilot:

@@ -162,8 +162,9 @@ SHIELDED = {"enableSecureBoot": True, "enableIntegrityMonitoring": True}
 
 
 def tpu_node_pools(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
-    """One node pool per slice (``NodePool`` REST bodies); none in autopilot mode (GKE makes the nodes)."""
-    if t.autopilot:
+    """One node pool per slice (``NodePool`` REST bodies); none in autopilot mode (GKE makes the nodes), none for a run
+    queued in Kueue (the shared cluster's nodes are its platform team's)."""
+    if t.autopilot or t.queue:
         return []
     c = spec.cluster
     shape = slice_shape(spec)
@@ -239,8 +240,8 @@ def _set_dcn_nics(pool: dict[str, Any], spec: RunSpec, t: Target) -> None:
 
 
 def cpu_node_pool(spec: RunSpec, t: Target) -> dict[str, Any] | None:
-    """The CPU node pool that carries the Ray head (standard mode)."""
-    if t.autopilot:
+    """The CPU node pool that carries the Ray head (standard mode, not queued in Kueue)."""
+    if t.autopilot or t.queue:
         return None
     return {
         "name": names.cpu_node_pool(t.run_id),
@@ -309,6 +310,8 @@ def worker_node_selector(spec: RunSpec, t: Target) -> dict[str, str]:
     type (autopilot, where the selectors make GKE create matching nodes)."""
     shape = slice_shape(spec)
     selector = {NODE_LABEL_ACCELERATOR: shape.family.gke_accelerator, NODE_LABEL_TOPOLOGY: shape.topology}
+    if t.queue:  # the slice shape only: Kueue adds its ResourceFlavor's node labels when it admits the run
+        return selector
     if not t.autopilot:
         selector[names.RUN_LABEL] = t.run_id
         return selector
@@ -324,7 +327,7 @@ def worker_node_selector(spec: RunSpec, t: Target) -> dict[str, str]:
 
 
 def head_node_selector(spec: RunSpec, t: Target) -> dict[str, str]:
-    if t.autopilot:
+    if t.autopilot or t.queue:
         return {}
     return {NODE_LABEL_NODE_POOL: names.cpu_node_pool(t.run_id)}
 

@@ -99,6 +99,8 @@ class Target:
     service_account: str
     node_service_account: str  # the nodes' identity; the default names PROJECT_NUMBER, filled in at provision
     build_service_account: str = ""  # who Cloud Build builds the trainer image as; empty: the project's default
+    queue: str = ""  # the Kueue LocalQueue the run's RayCluster waits in (gke.queue); empty: the run's own node pools
+    priority_class: str = ""  # the Kueue WorkloadPriorityClass of its workload (gke.priority_class)
 
     @property
     def parent(self) -> str:
@@ -160,6 +162,8 @@ def target(spec: RunSpec, run_id: str) -> Target:
         service_account=names.service_account(run_id),
         node_service_account=g.node_service_account or DEFAULT_NODE_SERVICE_ACCOUNT,
         build_service_account=g.build_service_account,
+        queue=g.queue,
+        priority_class=g.priority_class,
     )
 
 

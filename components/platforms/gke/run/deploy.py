@@ -20,6 +20,10 @@ from components.spec import InfraError, SpecError, names, ready_limits
 from components.spec.images import pinned_image
 
 HF_TOKEN_ENV = "HF_TOKEN"
+# How long a run queued in Kueue (gke.queue) waits for admission when run.deadline_h is unset.
+QUEUE_WAIT_DEFAULT_H = 24.0
+# How many times a queued RayCluster evicted before it was ready is waited for again (then the stage fails).
+EVICTIONS_AT_START = 3
 # The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
 UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
 
@@ -121,6 +125,7 @@ def raycluster(s: Session, res: Resource) -> None:
     if s.kuberay_generates_token:  # KubeRay 1.5: token mode without secretName (its CRD has none to name ours in)
         body = {**body, "spec": {**body["spec"], "authOptions": {"mode": body["spec"]["authOptions"]["mode"]}}}
     kube.apply(body)
+    queue_wait = _admission(s, kube, res.name) if s.t.queue else None
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
     s.log(
@@ -132,17 +137,27 @@ def raycluster(s: Session, res: Resource) -> None:
             else "; a FailedScaleUp at once (a fixed pool)"
         )
     )
-    with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
-        ready, capacity_wait = readiness.wait_ready(
-            kube,
-            res.name,
-            limits.deadline_s,
-            unschedulable_grace_s=grace,
-            failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-            request=queued.request_name(s.ctx.run_id) if queued.enabled(spec) else "",
-            poll_s=min(s.poll_s, 2.0),
-            log=s.log,
-        )
+    for evictions in range(EVICTIONS_AT_START + 1):
+        try:
+            with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+                ready, capacity_wait = readiness.wait_ready(
+                    kube,
+                    res.name,
+                    limits.deadline_s,
+                    unschedulable_grace_s=grace,
+                    failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+                    request=queued.request_name(s.ctx.run_id) if queued.enabled(spec) else "",
+                    poll_s=min(s.poll_s, 2.0),
+                    log=s.log,
+                    evicted=_eviction(kube, res.name) if s.t.queue else None,
+                )
+            break
+        except readiness.Evicted as exc:  # preempted before it was ready: it waits in the queue again
+            if evictions == EVICTIONS_AT_START:
+                raise
+            s.log(f"{exc}; waiting for Kueue to admit it again")
+            again = _admission(s, kube, res.name)
+            queue_wait = (queue_wait[0] if queue_wait else again[0], again[1])
     status = ready.get("status", {})
     s.log(
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
@@ -156,7 +171,38 @@ def raycluster(s: Session, res: Resource) -> None:
         "available_workers": status.get("availableWorkerReplicas"),
         "images": sorted({c["image"] for c in _containers(ready)}),  # as the API server holds the RayCluster
         "capacity_wait": capacity_wait,  # when its pods waited for nodes (the goodput ledger's "waiting for capacity")
+        "queue_wait": queue_wait,  # when it waited in Kueue's queue for admission (gke.queue), also not billed
     }
+
+
+def _queue_timeout(s: Session) -> tuple[float, str]:
+    """What is left of the run's deadline (run.deadline_h, from its first stage's start), or QUEUE_WAIT_DEFAULT_H."""
+    import time
+
+    deadline_h = s.ctx.spec.run.deadline_h
+    if deadline_h is None:
+        return QUEUE_WAIT_DEFAULT_H * 3600, f"run.deadline_h is unset: {QUEUE_WAIT_DEFAULT_H:g} h"
+    records = [read_json(s.ctx.store, f"stages/{stage}.json") or {} for stage in ("snapshot_data", "provision")]
+    started = min((r["started"] for r in records if r.get("started") is not None), default=time.time())
+    return max(0.0, started + deadline_h * 3600 - time.time()), f"run.deadline_h={deadline_h:g}"
+
+
+def _eviction(kube, name: str):
+    from components.platforms.gke.run import queueing
+
+    return lambda: queueing.evicted(kube, name)
+
+
+def _admission(s: Session, kube, name: str) -> tuple[float, float]:
+    """Wait for Kueue to admit the RayCluster (``queueing``), within the run's deadline."""
+    from components.platforms.gke.run import queueing
+
+    timeout_s, by = _queue_timeout(s)
+    s.log(f"RayCluster {name} queued in Kueue LocalQueue {s.t.queue}: waiting up to {timeout_s:.0f}s ({by})")
+    try:
+        return queueing.wait_admitted(kube, name, s.t.queue, timeout_s, poll_s=min(s.poll_s, 2.0), log=s.log)
+    except queueing.QueueDeadline as exc:
+        raise InfraError(str(exc)) from None
 
 
 def _verify_ray_auth(s: Session, raycluster: str) -> None:

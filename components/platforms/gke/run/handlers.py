@@ -119,6 +119,10 @@ def autopilot_nodes(s: Session, res: Resource) -> None:
     s.log(f"{res.name}: Autopilot makes the TPU nodes when the worker pods ask for them")
 
 
+def kueue_queue(s: Session, res: Resource) -> None:
+    s.log(f"{res.name}: the run's RayCluster waits in this Kueue LocalQueue (preflight checked it and its quota)")
+
+
 def repository(s: Session, res: Resource) -> None:
     s.client("registry").ensure(s.t.project, s.t.region, s.ctx.spec.gke.artifact_repository)
 

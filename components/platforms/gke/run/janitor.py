@@ -75,13 +75,19 @@ def limit_s(spec: RunSpec) -> float:
     """How long the run may take at most. With ``run.deadline_h``, what the run was allowed: its deadline, past which
     its stages stop it themselves (``components.workload.budget``), and its teardown's time (``STOP_GRACE_S``), longer
     or shorter than its stages' sum alike (a run allowed 48 h is not swept at 24 h; one allowed 2 h is swept after
-    2 h and the grace). Without one, the longest its stages may wait: provisioning and the build, the cluster's start,
-    the slice check, the train and evaluate jobs (each bounded by its deadline)."""
+    2 h and the grace); a run queued in Kueue waits in its queue within that deadline too. Without one, the longest
+    its stages may wait: provisioning and the build, a Kueue queue's wait (gke.queue: ``deploy.QUEUE_WAIT_DEFAULT_H``;
+    past it the run is withdrawn from the queue, its RayCluster and Workload deleted by teardown), the cluster's
+    start, the slice check, the train and evaluate jobs (each bounded by its deadline)."""
+    from components.platforms.gke.run.deploy import QUEUE_WAIT_DEFAULT_H
+
     if spec.run.deadline_h is not None:
         return spec.run.deadline_h * 3600 + STOP_GRACE_S
     c = spec.cluster
+    queued = QUEUE_WAIT_DEFAULT_H * 3600 if spec.gke.queue else 0.0
     return (
         PROVISION_AND_BUILD_S
+        + queued
         + ready_limits(spec).deadline_s
         + (3 * c.slice_check_timeout_s if c.slice_check else 0)
         + 2 * spec.train.timeout_s

@@ -181,6 +181,10 @@ class GkePlatform(Platform):
 
             selector = f"ray.io/cluster={names.raycluster(ctx.run_id)}"
             self.keepers[ctx.run_id] = Keeper(ctx, kube, selector, min(self.poll_s * 2, 10.0), self.log).start()
+        if ctx.spec.gke.queue:  # a RayCluster Kueue evicts loses its pods, the head's among them: no use retrying
+            from components.platforms.gke.run import queueing
+
+            client.retrying.abort = queueing.lost_to_eviction(kube, names.raycluster(ctx.run_id))
         return client
 
     def job_output_dir(self, ctx: RunContext) -> str:

@@ -32,6 +32,10 @@ class RayClusterNotReady(InfraError):
     """The RayCluster cannot become ready: pods unschedulable, an image that cannot be pulled, a bad pod config."""
 
 
+class Evicted(InfraError):
+    """Kueue evicted the RayCluster's Workload while it was on its way to ready (``evicted``: Kueue's reason)."""
+
+
 def unschedulable(pod: dict[str, Any]) -> str | None:
     """The scheduler's message when ``pod`` is Unschedulable (PodScheduled False), else None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
@@ -235,11 +239,13 @@ def wait_ready(
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    evicted: Callable[[], str | None] | None = None,
 ) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
     one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
     epoch seconds; None if none ever did). ``request``: the run's ProvisioningRequest (capacity=queued), read with
-    the rest at every step."""
+    the rest at every step. ``evicted`` (a run queued in Kueue): Kueue's reason once it evicted the RayCluster, raised
+    as :class:`Evicted`."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(
@@ -250,6 +256,9 @@ def wait_ready(
     selector = f"ray.io/cluster={name}"
 
     def poll():
+        why = evicted() if evicted is not None else None
+        if why:
+            raise Evicted(f"RayCluster {name} was evicted by Kueue: {why}")
         raycluster, pods = kube.get("RayCluster", name), kube.pods(selector)
         events = kube.pod_events() if any(unschedulable(p) is not None for p in pods) else []
         provisioning = kube.get("ProvisioningRequest", request) if request else None

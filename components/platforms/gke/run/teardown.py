@@ -133,6 +133,10 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
         "the node pools' state": lambda: postmortem.node_pools(ctx.store, _pools(ctx, cluster)),
         "Ray's state and logs": ray,
     }
+    if ctx.spec.gke.queue:  # why it waited in Kueue's queue, or was evicted
+        from components.platforms.gke.run import queueing
+
+        parts["Kueue's Workload"] = lambda: queueing.keep_workload(ctx.store, kube, raycluster)
     for what, keep in parts.items():
         try:
             keep()

@@ -33,6 +33,7 @@ HANDLERS = {
     "gke-cluster": handlers.cluster,
     "node-pool": handlers.node_pool,
     "autopilot-tpu-nodes": handlers.autopilot_nodes,
+    "kueue-queue": handlers.kueue_queue,
     "artifact-repository": handlers.repository,
     "build-source": handlers.build_source,
     "container-image": handlers.image,

@@ -1,0 +1,157 @@
+"""Preflight of a run queued in Kueue on a shared cluster (``gke.queue``), read through the cluster's Kubernetes API
+before anything is created; each problem names the field to change:
+
+- Kueue is installed: its LocalQueue CRD is served, with ``kueue.x-k8s.io/v1beta2`` (Kueue v0.15 or later,
+  ``cloud.kueue``);
+- the LocalQueue ``gke.queue`` exists in ``gke.namespace`` and points to a ClusterQueue that exists
+  (https://kueue.sigs.k8s.io/docs/concepts/local_queue/);
+- that ClusterQueue covers every resource the RayCluster asks for (a workload asking for a resource its ClusterQueue
+  does not cover is never admitted), and one of its flavors for ``google.com/tpu`` whose ResourceFlavor's
+  ``nodeLabels`` agree with the slice's node selector (accelerator and topology) has a nominal quota of at least the
+  run's chips: Kueue admits the RayCluster whole, every slice at once
+  (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#flavors-and-resources,
+  https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/);
+- ``gke.priority_class`` names a WorkloadPriorityClass that exists
+  (https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/).
+
+ClusterQueues, ResourceFlavors and WorkloadPriorityClasses are cluster-scoped: a caller who may read only its own
+namespace (Kueue's batch user role) gets a warning that they could not be checked, not a problem. What the run may do
+in its namespace, Kueue's objects included, is ``k8s_access``' SelfSubjectAccessReviews.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.platforms.gke.checks.findings import Problem, Report
+from components.platforms.gke.cloud import kueue
+from components.platforms.gke.plan import manifests
+from components.platforms.gke.plan.target import target
+from components.spec import RunSpec
+from components.workload import derive as d
+
+
+def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> None:
+    """The checks above, with ``kube`` a client of the cluster's API in the run's namespace."""
+    from kubernetes.client.exceptions import ApiException
+
+    queue, where = spec.gke.queue, f"namespace {kube.namespace}"
+    crd = kube.crd(kueue.LOCAL_QUEUE_CRD)
+    if crd is None:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"Kueue is not installed in cluster {spec.gke.cluster_name} (no CRD {kueue.LOCAL_QUEUE_CRD}): install "
+                f"Kueue {kueue.MIN_VERSION} or later (docs/gke.md, 'Shared clusters: Kueue'), or leave gke.queue empty",
+            )
+        )
+        return
+    served = [v["name"] for v in crd["spec"].get("versions", []) if v.get("served")]
+    if kueue.VERSION not in served:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"cluster {spec.gke.cluster_name} runs a Kueue older than {kueue.MIN_VERSION} (it serves "
+                f"{', '.join(served)}, not {kueue.VERSION}): upgrade Kueue, or leave gke.queue empty",
+            )
+        )
+        return
+    report.checked.append(f"Kueue serves {kueue.GROUP}/{kueue.VERSION} (Kueue {kueue.MIN_VERSION} or later)")
+    local = kueue.local_queue(kube, queue)
+    if local is None:
+        report.problems.append(Problem("gke.queue", f"no Kueue LocalQueue {queue} in {where}: {_queues(kube)}"))
+        return
+    cq_name = local["spec"].get("clusterQueue", "")
+    raycluster = manifests.raycluster(spec, target(spec, run_id))
+    try:
+        cq = kueue.cluster_object(kube, "clusterqueues", cq_name)
+        if cq is None:
+            report.problems.append(
+                Problem("gke.queue", f"LocalQueue {queue} points to ClusterQueue {cq_name}, which does not exist")
+            )
+            return
+        _quota(kube, spec, queue, cq, raycluster, report)
+        if (
+            spec.gke.priority_class
+            and kueue.cluster_object(kube, "workloadpriorityclasses", spec.gke.priority_class) is None
+        ):
+            report.problems.append(
+                Problem("gke.priority_class", f"no Kueue WorkloadPriorityClass {spec.gke.priority_class}")
+            )
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        report.warnings.append(
+            f"LocalQueue {queue} points to ClusterQueue {cq_name}, which the caller may not read ({exc.status}): its "
+            "flavors, its quota and gke.priority_class are not checked"
+        )
+
+
+def _queues(kube) -> str:
+    items = kube.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, kube.namespace, "localqueues")
+    names = sorted(q["metadata"]["name"] for q in items["items"])
+    return f"its LocalQueues are {', '.join(names)}" if names else "it has no LocalQueue"
+
+
+def _quota(kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict[str, Any], report: Report) -> None:
+    """Every resource the RayCluster asks for is covered; a TPU flavor matching the slice has quota for all of it."""
+    name = cq["metadata"]["name"]
+    groups = cq["spec"].get("resourceGroups", [])
+    asked: dict[str, float] = {}
+    for _, count, template in kueue.pod_sets(raycluster):
+        for resource, amount in kueue.pod_requests(template).items():
+            asked[resource] = asked.get(resource, 0.0) + amount * count
+    uncovered = sorted(r for r in asked if not any(r in g["coveredResources"] for g in groups))
+    if uncovered:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"ClusterQueue {name} (of LocalQueue {queue}) covers no {', '.join(uncovered)}, which the RayCluster "
+                "asks for: Kueue would never admit it; ask its platform team to cover them, or choose another queue",
+            )
+        )
+        return
+    shape = d.slice_shape(spec)
+    wanted = int(asked.get(kueue.TPU_RESOURCE, 0))
+    selector = _worker_selector(raycluster)
+    group = next(g for g in groups if kueue.TPU_RESOURCE in g["coveredResources"])
+    matching = []
+    for flavor in group["flavors"]:
+        found = kueue.cluster_object(kube, "resourceflavors", flavor["name"])
+        labels = (found or {}).get("spec", {}).get("nodeLabels", {})
+        if found is None or any(labels.get(k) != v for k, v in selector.items() if k in labels):
+            continue
+        quota = next(kueue.quantity(r["nominalQuota"]) for r in flavor["resources"] if r["name"] == kueue.TPU_RESOURCE)
+        matching.append((flavor["name"], quota))
+    slice_text = f"{shape.family.gke_accelerator} {shape.topology}"
+    if not matching:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"ClusterQueue {name} (of LocalQueue {queue}) has no ResourceFlavor for {slice_text} (node labels "
+                f"{selector}); flavors: {', '.join(f['name'] for f in group['flavors'])}: choose a queue for this "
+                "slice, or change cluster.accelerator / cluster.topology",
+            )
+        )
+        return
+    best, quota = max(matching, key=lambda m: m[1])
+    if quota < wanted:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"ClusterQueue {name} (of LocalQueue {queue}) has a quota of {quota:g} {kueue.TPU_RESOURCE} in flavor "
+                f"{best}, less than the run's {wanted} ({spec.cluster.num_slices} x {shape.num_chips}-chip "
+                f"{slice_text}): Kueue admits a RayCluster whole and would never admit it; lower cluster.num_slices, "
+                "or ask for quota",
+            )
+        )
+        return
+    report.checked.append(
+        f"LocalQueue {queue} -> ClusterQueue {name}: flavor {best} ({slice_text}) has a quota of {quota:g} "
+        f"{kueue.TPU_RESOURCE}, the run asks for {wanted}"
+    )
+
+
+def _worker_selector(raycluster: dict[str, Any]) -> dict[str, str]:
+    groups = raycluster["spec"].get("workerGroupSpecs", [])
+    return dict(groups[0]["template"]["spec"].get("nodeSelector", {})) if groups else {}

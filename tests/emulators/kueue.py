@@ -1,0 +1,380 @@
+"""Kueue in the Kubernetes emulator (``KubeEmulator.kueue``): its objects and its controller's part for RayClusters.
+
+The objects (Workload, LocalQueue, ClusterQueue, ResourceFlavor, AdmissionCheck, ProvisioningRequestConfig,
+WorkloadPriorityClass of ``kueue.x-k8s.io/v1beta2``) are served and validated against Kueue v0.19.2's CRDs
+(``tests/contract/crds/kueue-v0.19.2/``); their CRDs are served only while Kueue is installed. The behaviours, each
+after the Kueue document it follows:
+
+- a RayCluster labelled ``kueue.x-k8s.io/queue-name`` is suspended (``spec.suspend``) and gets a Workload owned by
+  it, one pod set for the head and one per worker group, ``count`` = replicas x numOfHosts ("Kueue controls the
+  spec.suspend field of the RayCluster"; "a RayCluster will hold resource quotas while it exists":
+  https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/); its priority is the value of the WorkloadPriorityClass its
+  ``kueue.x-k8s.io/priority-class`` label names (https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/);
+  KubeRay makes no pods for a suspended RayCluster, and preemption "triggers Kubernetes to delete active pods"
+  (https://docs.ray.io/en/master/cluster/kubernetes/k8s-ecosystem/kueue.html);
+- admission: a Workload of a LocalQueue is admitted when, for every pod set, a flavor of its ClusterQueue whose
+  ``nodeLabels`` agree with the pods' nodeSelector (on the keys the ClusterQueue's flavors label) has the quota left
+  (``nominalQuota`` less what admitted workloads use) for every resource the pods request; flavors are tried in the
+  order the ClusterQueue lists them (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#flavors-and-resources,
+  https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/); a request of a resource the ClusterQueue does not cover
+  is never admitted. Pending workloads go by priority, then creation; ``StrictFIFO`` stops at the first that does not
+  fit, ``BestEffortFIFO`` (the default) tries the rest
+  (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#queueing-strategy). On admission the flavor's
+  ``nodeLabels`` are added to the pod templates' nodeSelector and the RayCluster is unsuspended
+  (https://kueue.sigs.k8s.io/docs/concepts/workload/, "Admission");
+- preemption: with ``preemption.withinClusterQueue: LowerPriority`` a pending workload that does not fit evicts
+  admitted ones of lower priority in its ClusterQueue, the lowest priority first and among equals the most recently
+  admitted, until it fits; the evicted Workload gets ``Evicted`` (reason ``Preempted``), loses its quota, and its
+  RayCluster is suspended again (its pods deleted) and requeued
+  (https://kueue.sigs.k8s.io/docs/concepts/preemption/);
+- a RayCluster deleted takes its Workload with it (owner reference), freeing its quota; the next pending ones are
+  admitted (https://kueue.sigs.k8s.io/docs/concepts/workload/);
+- the visibility API's pending workloads of a LocalQueue, in order with their positions
+  (``/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/{lq}/pendingworkloads``,
+  https://kueue.sigs.k8s.io/docs/tasks/manage/monitor_pending_workloads/pending_workloads_on_demand/).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import time
+
+from components.platforms.gke.cloud.kueue import pod_requests, pod_sets, quantity
+
+GROUP = "kueue.x-k8s.io"
+API_VERSION = f"{GROUP}/v1beta2"
+QUEUE_LABEL = f"{GROUP}/queue-name"
+PRIORITY_LABEL = f"{GROUP}/priority-class"
+KINDS = {
+    "workloads": "Workload",
+    "localqueues": "LocalQueue",
+    "clusterqueues": "ClusterQueue",
+    "resourceflavors": "ResourceFlavor",
+    "admissionchecks": "AdmissionCheck",
+    "provisioningrequestconfigs": "ProvisioningRequestConfig",
+    "workloadpriorityclasses": "WorkloadPriorityClass",
+}
+CLUSTER_SCOPED = {"clusterqueues", "resourceflavors", "admissionchecks", "provisioningrequestconfigs"}
+CLUSTER_SCOPED |= {"workloadpriorityclasses"}
+VISIBILITY_PATH = re.compile(
+    r"^/apis/visibility\.kueue\.x-k8s\.io/v1beta2/namespaces/([^/]+)/localqueues/([^/]+)/pendingworkloads$"
+)
+
+
+def _quantity_text(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{round(value * 1000)}m"
+
+
+def _condition(kind: str, status: bool, reason: str, message: str) -> dict:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+class Kueue:
+    """Kueue installed in ``kube`` (a KubeEmulator): called by it under its lock."""
+
+    def __init__(self, kube, version: str = "0.19.2"):
+        self.kube = kube
+        self.version = version
+        self.visibility = True  # the visibility API served (its VisibilityOnDemand feature gate, on by default)
+        self._order = 0
+        self._orders: dict[str, int] = {}  # Workload uid -> its creation order (queue order among equal priorities)
+        self._admitted: dict[str, int] = {}  # Workload uid -> when it was last admitted, in admissions
+        self._admissions = 0
+
+    # ------------------------------------------------------------------ objects
+    def apply(self, obj: dict) -> None:
+        """What a platform team applies (a ResourceFlavor, a ClusterQueue, a LocalQueue...), checked against its CRD
+        as the API server would; then queued workloads are admitted where it now allows."""
+        errors = self.kube.crds.errors(obj)
+        assert not errors, f"{obj['kind']} {obj['metadata']['name']} is invalid: {errors}"
+        plural = next(p for p, kind in KINDS.items() if kind == obj["kind"])
+        namespace = "" if plural in CLUSTER_SCOPED else obj["metadata"]["namespace"]
+        with self.kube.lock:
+            obj = copy.deepcopy(obj)
+            obj["metadata"].setdefault("uid", secrets.token_hex(8))
+            self.kube.objects[(plural, namespace, obj["metadata"]["name"])] = obj
+            self.reconcile()
+
+    def _get(self, plural: str, namespace: str, name: str) -> dict | None:
+        return self.kube.objects.get((plural, "" if plural in CLUSTER_SCOPED else namespace, name))
+
+    def _all(self, plural: str) -> list[tuple[str, dict]]:
+        return [(ns, o) for (p, ns, _), o in self.kube.objects.items() if p == plural]
+
+    def raycluster_created(self, namespace: str, obj: dict) -> bool:
+        """A RayCluster is created: True when Kueue holds it (it has a queue label); KubeRay then makes no pods."""
+        labels = obj["metadata"].get("labels", {})
+        queue = labels.get(QUEUE_LABEL)
+        if not queue:
+            return False
+        obj["spec"]["suspend"] = True
+        obj["status"] = {"state": "suspended", "desiredWorkerReplicas": 0, "readyWorkerReplicas": 0, "conditions": []}
+        name = obj["metadata"]["name"]
+        sets = [{"name": n, "count": count, "template": _template(t)} for n, count, t in pod_sets(obj)]
+        workload_spec: dict = {"queueName": queue, "podSets": sets}
+        priority_class = labels.get(PRIORITY_LABEL)
+        if priority_class:
+            found = self._get("workloadpriorityclasses", "", priority_class)
+            ref = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority_class}
+            workload_spec["priorityClassRef"] = ref
+            workload_spec["priority"] = found["value"] if found else 0
+        self._order += 1
+        workload = {
+            "apiVersion": API_VERSION,
+            "kind": "Workload",
+            "metadata": {
+                "name": f"raycluster-{name}-{secrets.token_hex(3)[:5]}",
+                "namespace": namespace,
+                "uid": secrets.token_hex(8),
+                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "labels": {f"{GROUP}/job-uid": obj["metadata"]["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": obj["apiVersion"],
+                        "kind": "RayCluster",
+                        "name": name,
+                        "uid": obj["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": workload_spec,
+            "status": {"conditions": [_condition("QuotaReserved", False, "Pending", "waiting for quota")]},
+        }
+        self._orders[workload["metadata"]["uid"]] = self._order
+        errors = self.kube.crds.errors(workload)
+        assert not errors, f"the emulated Kueue made an invalid Workload: {errors}"
+        self.kube.objects[("workloads", namespace, workload["metadata"]["name"])] = workload
+        self.reconcile()
+        return True
+
+    def raycluster_deleted(self, namespace: str, name: str) -> None:
+        """The RayCluster's Workload goes with it (garbage collection of an owned object), its quota freed."""
+        for key, obj in list(self.kube.objects.items()):
+            if key[0] == "workloads" and key[1] == namespace and _owner(obj) == name:
+                self.kube.objects.pop(key)
+        self.reconcile()
+
+    def workload_of(self, namespace: str, raycluster: str) -> dict | None:
+        return next(
+            (o for ns, o in self._all("workloads") if ns == namespace and _owner(o) == raycluster),
+            None,
+        )
+
+    # ------------------------------------------------------------------ admission
+    def _cluster_queue(self, workload: dict) -> str:
+        local = self._get("localqueues", workload["metadata"]["namespace"], workload["spec"]["queueName"])
+        return (local or {}).get("spec", {}).get("clusterQueue", "")
+
+    def _usage(self, cq_name: str) -> dict[tuple[str, str], float]:
+        """(flavor, resource) -> what the admitted workloads of the ClusterQueue use."""
+        used: dict[tuple[str, str], float] = {}
+        for _, w in self._all("workloads"):
+            admission = w.get("status", {}).get("admission")
+            if not admission or admission["clusterQueue"] != cq_name:
+                continue
+            for assignment in admission["podSetAssignments"]:
+                for resource, flavor in assignment["flavors"].items():
+                    key = (flavor, resource)
+                    used[key] = used.get(key, 0.0) + quantity(assignment["resourceUsage"][resource])
+        return used
+
+    def _assign(self, cq: dict, workload: dict, used: dict) -> list[dict] | str:
+        """The podSetAssignments that fit the ClusterQueue's quota left, or why none does."""
+        used = dict(used)
+        assignments = []
+        for pod_set in workload["spec"]["podSets"]:
+            requests = {r: v * pod_set["count"] for r, v in pod_requests(pod_set["template"]).items() if v}
+            selector = pod_set["template"].get("spec", {}).get("nodeSelector", {})
+            flavors: dict[str, str] = {}
+            for resource, amount in requests.items():
+                group = next(
+                    (g for g in cq["spec"].get("resourceGroups", []) if resource in g["coveredResources"]), None
+                )
+                if group is None:
+                    return f"resource {resource} unavailable in ClusterQueue"
+                keys = {k for f in group["flavors"] for k in self._flavor_labels(f["name"])}
+                fit = None
+                for flavor in group["flavors"]:
+                    labels = self._flavor_labels(flavor["name"])
+                    if any(labels.get(k) != v for k, v in selector.items() if k in keys):
+                        continue
+                    quota = next(quantity(r["nominalQuota"]) for r in flavor["resources"] if r["name"] == resource)
+                    if used.get((flavor["name"], resource), 0.0) + amount <= quota:
+                        fit = flavor["name"]
+                        break
+                if fit is None:
+                    return f"insufficient quota for {resource} in ClusterQueue {cq['metadata']['name']}"
+                flavors[resource] = fit
+                used[(fit, resource)] = used.get((fit, resource), 0.0) + amount
+            assignments.append(
+                {
+                    "name": pod_set["name"],
+                    "count": pod_set["count"],
+                    "flavors": flavors,
+                    "resourceUsage": {r: _quantity_text(v) for r, v in requests.items()},
+                }
+            )
+        return assignments
+
+    def _flavor_labels(self, flavor: str) -> dict:
+        return (self._get("resourceflavors", "", flavor) or {}).get("spec", {}).get("nodeLabels", {})
+
+    def pending(self, cq_name: str | None = None) -> list[dict]:
+        """Pending workloads (of the ClusterQueue, when named) in queue order: priority, then creation."""
+        waiting = [
+            o
+            for _, o in self._all("workloads")
+            if not o.get("status", {}).get("admission") and (cq_name is None or self._cluster_queue(o) == cq_name)
+        ]
+        return sorted(waiting, key=lambda w: (-w["spec"].get("priority", 0), self._orders[w["metadata"]["uid"]]))
+
+    def reconcile(self) -> None:
+        """Admit what fits, in queue order, preempting lower priorities where the ClusterQueue allows it."""
+        for workload in self.pending():
+            cq_name = self._cluster_queue(workload)
+            cq = self._get("clusterqueues", "", cq_name) if cq_name else None
+            if cq is None:
+                why = f"LocalQueue {workload['spec']['queueName']} doesn't exist" if not cq_name else ""
+                self._pend(workload, why or f"ClusterQueue {cq_name} doesn't exist")
+                continue
+            fit = self._assign(cq, workload, self._usage(cq_name))
+            if isinstance(fit, str):
+                fit = self._preempt(cq, workload) or fit
+            if isinstance(fit, str):
+                self._pend(workload, fit)
+                if cq["spec"].get("queueingStrategy") == "StrictFIFO":
+                    break
+                continue
+            self._admit(workload, cq_name, fit)
+        self._queue_status()
+
+    def _pend(self, workload: dict, why: str) -> None:
+        workload["status"]["conditions"] = [_condition("QuotaReserved", False, "Pending", why)]
+
+    def _preempt(self, cq: dict, workload: dict) -> list[dict] | None:
+        if cq["spec"].get("preemption", {}).get("withinClusterQueue", "Never") != "LowerPriority":
+            return None
+        cq_name = cq["metadata"]["name"]
+        priority = workload["spec"].get("priority", 0)
+        candidates = sorted(
+            (
+                o
+                for _, o in self._all("workloads")
+                if o.get("status", {}).get("admission", {}).get("clusterQueue") == cq_name
+                and o["spec"].get("priority", 0) < priority
+            ),
+            key=lambda w: (w["spec"].get("priority", 0), -self._admitted[w["metadata"]["uid"]]),
+        )
+        victims: list[dict] = []
+        for victim in candidates:
+            victims.append(victim)
+            used = self._usage(cq_name)
+            for v in victims:
+                for assignment in v["status"]["admission"]["podSetAssignments"]:
+                    for resource, flavor in assignment["flavors"].items():
+                        used[(flavor, resource)] -= quantity(assignment["resourceUsage"][resource])
+            fit = self._assign(cq, workload, used)
+            if not isinstance(fit, str):
+                for v in victims:
+                    uid = workload["metadata"]["uid"]
+                    self.evict(v, "Preempted", f"Preempted to accommodate a workload (UID: {uid})")
+                return fit
+        return None
+
+    def _admit(self, workload: dict, cq_name: str, assignments: list[dict]) -> None:
+        self._admissions += 1
+        self._admitted[workload["metadata"]["uid"]] = self._admissions
+        workload["status"]["admission"] = {"clusterQueue": cq_name, "podSetAssignments": assignments}
+        workload["status"]["conditions"] = [
+            _condition("QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}"),
+            _condition("Admitted", True, "Admitted", "The workload is admitted"),
+        ]
+        namespace = workload["metadata"]["namespace"]
+        cluster = self.kube.objects.get(("rayclusters", namespace, _owner(workload)))
+        if cluster is None:
+            return
+        spec = cluster["spec"]
+        groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
+        for group, assignment in zip(groups, assignments, strict=True):
+            labels: dict = {}
+            for flavor in set(assignment["flavors"].values()):
+                labels.update(self._flavor_labels(flavor))
+            pod_spec = group["template"].setdefault("spec", {})
+            pod_spec["nodeSelector"] = {**labels, **pod_spec.get("nodeSelector", {})}
+        spec["suspend"] = False
+        self.kube._create_raycluster(namespace, cluster)
+
+    def evict(self, workload: dict, reason: str, message: str) -> None:
+        """The workload loses its quota; its RayCluster is suspended (KubeRay deletes its pods) and it is requeued."""
+        workload["status"].pop("admission", None)
+        workload["status"]["conditions"] = [
+            _condition("Evicted", True, reason, message),
+            _condition("QuotaReserved", False, "Pending", message),
+            _condition("Admitted", False, "NoReservation", "The workload has no reservation"),
+        ]
+        namespace, name = workload["metadata"]["namespace"], _owner(workload)
+        cluster = self.kube.objects.get(("rayclusters", namespace, name))
+        if cluster is not None:
+            cluster["spec"]["suspend"] = True
+            cluster["status"] = {**cluster.get("status", {}), "state": "suspended", "readyWorkerReplicas": 0}
+            self.kube.stop_pods(namespace, name)
+
+    def _queue_status(self) -> None:
+        for _, local in self._all("localqueues"):
+            mine = [
+                o
+                for ns, o in self._all("workloads")
+                if ns == local["metadata"]["namespace"] and o["spec"]["queueName"] == local["metadata"]["name"]
+            ]
+            admitted = sum(1 for o in mine if o.get("status", {}).get("admission"))
+            local["status"] = {"pendingWorkloads": len(mine) - admitted, "admittedWorkloads": admitted}
+
+    # ------------------------------------------------------------------ visibility
+    def pending_workloads(self, namespace: str, local_queue: str) -> dict:
+        local = self._get("localqueues", namespace, local_queue)
+        cq_name = (local or {}).get("spec", {}).get("clusterQueue", "")
+        in_cq = self.pending(cq_name)
+        items = []
+        for w in in_cq:
+            if w["metadata"]["namespace"] != namespace or w["spec"]["queueName"] != local_queue:
+                continue
+            items.append(
+                {
+                    "metadata": {
+                        "name": w["metadata"]["name"],
+                        "namespace": namespace,
+                        "creationTimestamp": w["metadata"]["creationTimestamp"],
+                        "ownerReferences": copy.deepcopy(w["metadata"]["ownerReferences"]),
+                    },
+                    "priority": w["spec"].get("priority", 0),
+                    "localQueueName": local_queue,
+                    "positionInClusterQueue": in_cq.index(w),
+                    "positionInLocalQueue": len(items),
+                }
+            )
+        return {
+            "kind": "PendingWorkloadsSummary",
+            "apiVersion": "visibility.kueue.x-k8s.io/v1beta2",
+            "metadata": {},
+            "items": items,
+        }
+
+
+def _template(template: dict) -> dict:
+    template = copy.deepcopy(template)
+    template.get("metadata", {}).pop("annotations", None)
+    return template
+
+
+def _owner(workload: dict) -> str:
+    return next((r["name"] for r in workload["metadata"].get("ownerReferences", [])), "")
