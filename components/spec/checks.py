@@ -92,9 +92,12 @@ def _check_training(spec: RunSpec) -> None:
         raise SpecError("train.learning_rate", f"must be 0 or more, got {t.learning_rate}")
     if t.weight_decay < 0:
         raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
-    if c.capacity not in CAPACITY_TYPES:
-        raise SpecError("cluster.capacity", f"unknown capacity type {c.capacity!r}", CAPACITY_TYPES)
-    if c.capacity == "reservation" and not c.reservation:
+    for rung in c.capacities or ("",):
+        if rung not in CAPACITY_TYPES:
+            raise SpecError("cluster.capacity", f"unknown capacity type {rung!r}", CAPACITY_TYPES)
+    if len(set(c.capacities)) < len(c.capacities):
+        raise SpecError("cluster.capacity", f"names a capacity type twice: {c.capacity!r}", CAPACITY_TYPES)
+    if "reservation" in c.capacities and not c.reservation:
         raise SpecError(
             "cluster.reservation",
             "required when cluster.capacity=reservation",
@@ -210,6 +213,7 @@ def _check_gke_fields(spec: RunSpec) -> None:
         raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}", MULTISLICE_NETWORKS)
     if g.project:
         names.check_project("gke.project", g.project)
+    _check_zones(spec)
     checks = [
         ("gke.zone", g.zone, re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$"), "a zone such as us-east5-b"),
         (
@@ -349,3 +353,33 @@ def validate(spec: RunSpec) -> None:
     _check_gke_fields(spec)
     _check_gate(spec)
     _check_limits(spec)
+
+
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
+
+
+def _check_zones(spec: RunSpec) -> None:
+    """gke.zones: zones of one region, each once, gke.zone (when set) the first; one zone alone with an existing
+    cluster (its zone) or Autopilot (GKE places the nodes in the region)."""
+    g = spec.gke
+    if not g.zones:
+        return
+    zones = g.zone_choices
+    bad = next((z for z in zones if not _ZONE.match(z)), None)
+    if bad is not None:
+        raise SpecError("gke.zones", f"{bad!r} is not a zone", ["zones such as us-east5-b,us-east5-a"])
+    if len(set(zones)) < len(zones):
+        raise SpecError("gke.zones", f"names a zone twice: {g.zones!r}")
+    regions = sorted({z.rsplit("-", 1)[0] for z in zones})
+    if len(regions) > 1:
+        raise SpecError(
+            "gke.zones",
+            f"zones of {len(regions)} regions ({', '.join(regions)}): the run's image repository, bucket and DCN "
+            "subnets are in one region",
+            [f"zones of {zones[0].rsplit('-', 1)[0]}"],
+        )
+    if g.zone and g.zone != zones[0]:
+        raise SpecError("gke.zones", f"starts with {zones[0]}, but gke.zone={g.zone}", [f"{g.zone},...", "gke.zone="])
+    if len(zones) > 1 and (g.cluster_name or g.cluster_mode == "autopilot"):
+        why = f"gke.cluster_name={g.cluster_name} is in one zone" if g.cluster_name else "Autopilot places the nodes"
+        raise SpecError("gke.zones", f"{why}: only one zone", [zones[0]])

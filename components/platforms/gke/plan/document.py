@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from components.platforms.gke.plan import k8s_records, records
+from components.platforms.gke.plan import candidates, k8s_records, records
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target, target
@@ -62,8 +62,10 @@ def _slice_doc(spec: RunSpec) -> dict[str, Any]:
 
 
 def resources(spec: RunSpec, run_id: str) -> list[records.Resource]:
-    """Every resource the run creates or uses, in the order the stages create them."""
+    """Every resource the run creates or uses, in the order the stages create them (of the first candidate, unless
+    ``spec`` is placed already: ``candidates``)."""
     check_plannable(spec)
+    spec = candidates.first(spec)
     t = target(spec, run_id)
     check_ranges(spec, t)
     return [
@@ -213,10 +215,14 @@ def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """The plan of ``spec`` under ``run_id`` (names derive from it) priced from ``prices`` (default table)."""
+    """The plan of ``spec`` under ``run_id`` (names derive from it) priced from ``prices`` (default table): of its
+    first candidate, the others listed (``candidates``)."""
+    table = prices if prices is not None else pricing.load()
+    ranked = candidates.ranked(spec, lambda placed: cost(placed, run_id, table)) if candidates.several(spec) else []
+    spec = candidates.first(spec)
     listed = resources(spec, run_id)
     t = target(spec, run_id)
-    priced = _cost(spec, listed, prices if prices is not None else pricing.load())
+    priced = _cost(spec, listed, table)
     return {
         "plan_version": PLAN_VERSION,
         "run_id": t.run_id,
@@ -241,6 +247,7 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         "before_training": _before_training(spec, priced),
         "warnings": _warnings(spec, t, priced),
         "spec": spec.to_dict(),
+        **candidates.section(ranked),
     }
 
 
@@ -289,6 +296,7 @@ def render_text(plan: dict[str, Any]) -> str:
         *_render_cost(plan["cost"], plan["before_training"]),
         "",
         *_render_limits(plan["limits"]),
+        *candidates.render(plan),
     ]
     if plan["warnings"]:
         out += ["", "warnings"] + [f"  - {w}" for w in plan["warnings"]]
