@@ -73,6 +73,7 @@ def test_a_reservation_with_no_room_falls_down_the_ladder_to_on_demand(tmp_path,
     project.compute.add_reservation(PROJECT, "us-east5-b", "team-v6e", "ct6e-standard-4t", count=2, in_use=2)
     code, text = preflight_cli(LADDER, capsys)
     assert code == 0, text
+    assert "candidate reservation in us-east5-b excluded: cluster.reservation: reservation team-v6e" in text
     result = platform().provision(context(tmp_path, "ladder", LADDER))
     assert result["capacity"] == "on-demand"
     (cluster,) = project.clusters("ladder")

@@ -136,8 +136,9 @@ class GkePlatform(Platform):
         return ctx if spec is ctx.spec else dataclasses.replace(ctx, spec=spec)
 
     def _ranked(self, ctx: RunContext) -> list[tuple[RunContext, Any]]:
-        """The candidates preflight passes, in order, each with its report; none: :class:`PreflightFailed` with the
-        first one's problems (a single candidate's, as they are), each other's added under its name."""
+        """The candidates preflight passes, in order, each with its report, the others' problems among its warnings;
+        none: :class:`PreflightFailed` with every candidate's problems under its name (a single candidate's as
+        preflight raised them)."""
         from components.platforms.gke.checks import preflight
         from components.platforms.gke.checks.findings import PreflightFailed, Problem
         from components.platforms.gke.plan import document as plan
@@ -147,19 +148,21 @@ class GkePlatform(Platform):
         for cand in listed:
             placed = dataclasses.replace(ctx, spec=candidates.place(ctx.spec, cand.zone, cand.capacity))
             if cand.excluded and len(listed) > 1:
-                refused.append(PreflightFailed(str(cand), [Problem("cluster.capacity", cand.excluded)]))
+                refused.append((cand, [Problem("cluster.capacity", cand.excluded)]))
                 continue
             try:
                 passed.append((placed, preflight.check(placed.spec, ctx.run_id, log=self.log)))
             except PreflightFailed as exc:
                 if len(listed) == 1:
                     raise
-                refused.append(PreflightFailed(str(cand), exc.problems))
-        for exc in refused:
-            self.log(f"preflight: candidate excluded: {exc}")
+                refused.append((cand, exc.problems))
+        why = [f"candidate {cand} excluded: " + "; ".join(map(str, problems)) for cand, problems in refused]
+        for line in why:
+            self.log(f"preflight: {line}")
         if not passed:
-            problems = [Problem(p.field, f"[{str(c).split(':')[0]}] {p.message}") for c in refused for p in c.problems]
+            problems = [Problem(p.field, f"[{cand}] {p.message}") for cand, found in refused for p in found]
             raise PreflightFailed(f"preflight of run {ctx.run_id}: no candidate passed", problems)
+        passed[0][1].warnings.extend(why)  # `tpupipe preflight` prints the report: the excluded say why there
         return passed
 
     def _provision_on(self, ctx: RunContext, report, recorded: dict[str, Any], first: bool = True) -> dict[str, Any]:
