@@ -8,8 +8,9 @@ creates in the run's ledger before it waits on it.
   checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it, the GKE cluster (with the
   Ray head's CPU pool) or the existing one named (what it lacks that GKE enables in place enabled first,
   ``features``), and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>`` (``handlers``); a stockout
-  or quota error ends the stage with one message naming what, where and what to try, after deleting what this run
-  created;
+  or quota error deletes what this run created and moves to the next candidate (zone x capacity type: ``candidates``,
+  each preflight passed, within ``run.deadline_h``), or, with none left, ends the stage with one message naming what,
+  where and what to try; the ledger records the candidate taken, which every later stage runs on (``_placed``);
 - build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
   Artifact Registry (the repository got or created first; ``handlers``);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
