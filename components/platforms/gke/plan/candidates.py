@@ -25,7 +25,8 @@ from components.workload import budget
 # asia-northeast1-b and us-east5-a; v5e for training in us-west4-a (us-central1-a serves only). It names no other
 # family: flex-start for v5p or TPU7x is refused until the page lists a zone for it. "TPU regions and zones"
 # (https://cloud.google.com/tpu/docs/regions-zones) sends flex-start requests to that list: "you must use a zone that
-# supports the feature". The list is Cloud TPU's; GKE's flex-start pages name no zones of their own.
+# supports the feature". The list is Cloud TPU's; tpupipe holds GKE's flex-start TPU node pools to it too (both are
+# Dynamic Workload Scheduler's flex-start), and says so where it refuses one (``flex_start_refusal``).
 FLEX_START_ZONES: dict[str, tuple[str, ...]] = {
     "v6e": ("us-east5-a", "asia-northeast1-b"),
     "v5e": ("us-west4-a",),
