@@ -150,3 +150,17 @@ def test_the_plan_lists_each_candidate_priced_and_why_any_is_excluded():
 def test_bad_zones_and_ladders_name_the_field(overrides, message):
     with pytest.raises(SpecError, match=message):
         resolve("gemma4-e2b-v6e-16", overrides)
+
+
+def test_a_recorded_candidate_outside_the_spec_is_not_trusted():
+    """The ledger is the run's state: a candidate it names that the spec does not offer places the run nowhere new."""
+    from components.platforms.gke.plan import candidates
+
+    spec = resolve("gemma4-e2b-v6e-16", "gke.zones=us-east5-b,us-east5-a cluster.capacity=on-demand,spot")
+    taken = candidates.chosen(spec, {"candidate": {"zone": "us-east5-a", "capacity": "spot"}})
+    assert (taken.gke.zone, taken.gke.zones, taken.cluster.capacity) == ("us-east5-a", "", "spot")
+    for forged in ({"zone": "europe-west4-a", "capacity": "spot"}, {"zone": "us-east5-a", "capacity": "flex-start"}):
+        first = candidates.chosen(spec, {"candidate": forged})
+        assert (first.gke.zone, first.cluster.capacity) == ("us-east5-b", "on-demand")
+    single = resolve("gemma4-e2b-v6e-16")
+    assert candidates.chosen(single, {"candidate": {"zone": "us-east5-b", "capacity": "on-demand"}}) is single
