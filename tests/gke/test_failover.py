@@ -164,3 +164,18 @@ def test_a_recorded_candidate_outside_the_spec_is_not_trusted():
         assert (first.gke.zone, first.cluster.capacity) == ("us-east5-b", "on-demand")
     single = resolve("gemma4-e2b-v6e-16")
     assert candidates.chosen(single, {"candidate": {"zone": "us-east5-b", "capacity": "on-demand"}}) is single
+
+
+def test_the_janitor_collects_a_failed_over_run_in_the_zone_it_took(tmp_path, project_factory, capsys):
+    """A run left behind after failing over: the janitor reads the ledger's placed spec and deletes the cluster in
+    the zone the run took."""
+    from pipelines import cli
+
+    project = project_factory(polls_to_done=1)
+    project.gke.zone_stocked_out("us-east5-b")
+    platform().provision(context(tmp_path, "moved", TWO_ZONES))
+    code = cli.main(["janitor", "--output-root", str(tmp_path), "--older-than", "0s"])
+    text = "".join(capsys.readouterr())
+    assert code == 0, text
+    assert f"deleted {_cluster('us-east5-a', 'moved')}" in text
+    assert project.leftovers("moved") == {} and project.gke.state.clusters == {}
