@@ -126,9 +126,9 @@ TPU_MACHINE_SIZES = {
 }
 # CPU machine series a region's zones do not offer, of the regions of the catalogue's TPU zones, from Compute Engine's
 # "Available regions and zones" table (https://cloud.google.com/compute/docs/regions-zones#available, its machine
-# series per zone): us-east5 (Columbus) and us-south1 (Dallas) list E2, N2, N2D and the newer series, no N1 (N1 is
-# offered in the older regions: us-central1, us-east1, us-west1, us-west4, europe-west4).
-CPU_SERIES_ABSENT = {"us-east5": ("n1-",), "us-south1": ("n1-",)}
+# series per zone): us-east5 (Columbus) lists E2, N2, N2D and the newer series, no N1. The other regions' series are
+# not modelled (every CPU machine type offered).
+CPU_SERIES_ABSENT = {"us-east5": ("n1-",)}
 GB_PER_VCPU = {"n2-standard-": 4.0, "e2-standard-": 4.0, "n1-standard-": 3.75}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
