@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from components.spec import SpecError
-from components.spec.checks import SERVICE_ACCOUNT
+from components.spec.gke_checks import SERVICE_ACCOUNT
 
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 # The roles every run needs of the identity its tasks run as: the cluster and its node pools (docs/gke.md, "IAM

@@ -89,7 +89,7 @@ def publish(target: Target, kfp_repository: str, version: str, log=print, build_
     from components.platforms.gke.cloud import storage as gke_storage
     from components.platforms.gke.plan import identities
     from components.spec import SpecError
-    from components.spec.checks import SERVICE_ACCOUNT
+    from components.spec.gke_checks import SERVICE_ACCOUNT
 
     if build_account and not SERVICE_ACCOUNT.match(build_account):
         raise SpecError("--build-service-account", f"{build_account!r} is not a service account email")

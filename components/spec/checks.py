@@ -4,23 +4,19 @@ names, the gate and the run's limits. The checks against the TPU catalogue and M
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import re
 from pathlib import Path
 
-from components.spec import datasets, models, names
+from components.spec import datasets, gke_checks, models, names
 from components.spec.errors import SpecError
 from components.spec.run_spec import (
     CAPACITY_TYPES,
     CHAMPION,
-    GKE_CLUSTER_MODES,
     MODEL_REF,
-    MULTISLICE_NETWORKS,
     PRECISIONS,
     SCRATCH_PREFIX,
     WORKLOADS,
-    GkeSpec,
     RunSpec,
 )
 
@@ -93,9 +89,12 @@ def _check_training(spec: RunSpec) -> None:
         raise SpecError("train.learning_rate", f"must be 0 or more, got {t.learning_rate}")
     if t.weight_decay < 0:
         raise SpecError("train.weight_decay", f"must be 0 or more, got {t.weight_decay}")
-    if c.capacity not in CAPACITY_TYPES:
-        raise SpecError("cluster.capacity", f"unknown capacity type {c.capacity!r}", CAPACITY_TYPES)
-    if c.capacity == "reservation" and not c.reservation:
+    for rung in c.capacities or ("",):
+        if rung not in CAPACITY_TYPES:
+            raise SpecError("cluster.capacity", f"unknown capacity type {rung!r}", CAPACITY_TYPES)
+    if len(set(c.capacities)) < len(c.capacities):
+        raise SpecError("cluster.capacity", f"names a capacity type twice: {c.capacity!r}", CAPACITY_TYPES)
+    if "reservation" in c.capacities and not c.reservation:
         raise SpecError(
             "cluster.reservation",
             "required when cluster.capacity=reservation",
@@ -183,143 +182,6 @@ def _check_data(spec: RunSpec) -> None:
             raise SpecError("train.data_since", "compares with the champion: needs gate.register=true", [""])
 
 
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_IMAGE_REF = re.compile(
-    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?"
-    r"(@sha256:[0-9a-f]{64})?$"
-)
-SECRET_VERSION = re.compile(
-    rf"^projects/{names.PROJECT_ID_PATTERN}/secrets/[A-Za-z0-9_-]{{1,255}}(/versions/(latest|[1-9][0-9]*))?$"
-)
-# A project's Compute Engine default service account: PROJECT_NUMBER-compute@developer.gserviceaccount.com
-# (https://cloud.google.com/compute/docs/access/service-accounts#default_service_account).
-DEFAULT_COMPUTE_ACCOUNT = re.compile(r"^[0-9]+-compute@developer\.gserviceaccount\.com$")
-SERVICE_ACCOUNT = re.compile(  # an account id of 6 to 30 characters @ the project, or a default Compute Engine account
-    rf"^[a-z][a-z0-9-]{{4,28}}[a-z0-9]@{names.PROJECT_ID_PATTERN}\.iam\.gserviceaccount\.com$"
-    rf"|{DEFAULT_COMPUTE_ACCOUNT.pattern}"
-)
-GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
-
-
-def _check_gke_fields(spec: RunSpec) -> None:
-    """The gke section's own fields: names Google Cloud and Kubernetes accept. (The version floors of the
-    hardware are checked with the TPU catalogue, in ``components.workload.checks``.)"""
-    g = spec.gke
-    if g.cluster_mode not in GKE_CLUSTER_MODES:
-        raise SpecError("gke.cluster_mode", f"unknown cluster mode {g.cluster_mode!r}", GKE_CLUSTER_MODES)
-    if g.multislice_network not in MULTISLICE_NETWORKS:
-        raise SpecError("gke.multislice_network", f"unknown network mode {g.multislice_network!r}", MULTISLICE_NETWORKS)
-    if spec.cluster.capacity == "queued" and g.cluster_mode == "autopilot":
-        # Queued provisioning here is node pools the run creates with it enabled (docs/gke.md, "Queued provisioning");
-        # Autopilot makes its own nodes.
-        raise SpecError(
-            "cluster.capacity",
-            "queued provisioning needs node pools the run creates: gke.cluster_mode=standard",
-            ["flex-start", "spot", "on-demand", "reservation"],
-        )
-    if g.project:
-        names.check_project("gke.project", g.project)
-    checks = [
-        ("gke.zone", g.zone, re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$"), "a zone such as us-east5-b"),
-        (
-            "gke.cluster_name",
-            g.cluster_name,
-            re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"),
-            "1 to 40 lowercase letters, digits and hyphens, starting with a letter",
-        ),
-        ("gke.namespace", g.namespace, _DNS_LABEL, "a DNS label of at most 63 characters"),
-        (
-            "gke.bucket",
-            g.bucket,
-            re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"),
-            "3 to 63 lowercase letters, digits, '-', '_' and '.'",
-        ),
-        ("gke.artifact_repository", g.artifact_repository, _DNS_LABEL, "lowercase letters, digits and hyphens"),
-        (
-            "gke.cpu_machine_type",
-            g.cpu_machine_type,
-            re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"),
-            "a Compute Engine machine type such as n2-standard-8",
-        ),
-        ("gke.hf_secret", g.hf_secret, _DNS_LABEL, "a Secret name, or empty for none"),
-    ]
-    for key, value, default in (
-        ("gke.node_service_account", g.node_service_account, "the project's default Compute Engine service account"),
-        ("gke.build_service_account", g.build_service_account, "the project's default Cloud Build service account"),
-    ):
-        if value and not SERVICE_ACCOUNT.match(value):
-            raise SpecError(
-                key,
-                f"{value!r} is not a service account email",
-                [
-                    "NAME@PROJECT.iam.gserviceaccount.com",
-                    "PROJECT_NUMBER-compute@developer.gserviceaccount.com",
-                    f"empty: {default}",
-                ],
-            )
-    if g.hf_token_secret and not SECRET_VERSION.match(g.hf_token_secret):
-        raise SpecError(
-            "gke.hf_token_secret",
-            f"{g.hf_token_secret!r} is not a Secret Manager secret",
-            ["projects/PROJECT/secrets/NAME", "projects/PROJECT/secrets/NAME/versions/VERSION"],
-        )
-    if g.hf_token_secret and not g.hf_secret:
-        raise SpecError(
-            "gke.hf_token_secret",
-            "the token goes into the Secret gke.hf_secret names, which is empty",
-            ["", "gke.hf_secret=hf-secret"],
-        )
-    for key, value in (("gke.image", g.image), ("gke.torch_tpu_base", g.torch_tpu_base)):
-        if value and not _IMAGE_REF.match(value):
-            raise SpecError(key, f"{value!r} is not an image reference", ["REGISTRY/PATH/NAME:TAG"])
-    for key, value, pattern, what in checks:
-        if value and (len(value) > 63 or not pattern.match(value)):
-            raise SpecError(key, f"{value!r} is not valid", [what])
-    for key, value in (
-        ("gke.namespace", g.namespace),
-        ("gke.artifact_repository", g.artifact_repository),
-        ("gke.cpu_machine_type", g.cpu_machine_type),
-    ):
-        if not value:
-            raise SpecError(key, "must not be empty")
-    for key, value in (("gke.pod_range", g.pod_range), ("gke.service_range", g.service_range)):
-        if not value:
-            continue
-        if g.cluster_name:
-            raise SpecError(
-                key, f"applies to a cluster the run creates; gke.cluster_name={g.cluster_name} is an existing one", [""]
-            )
-        try:
-            ipaddress.IPv4Network(value)
-        except ValueError:
-            raise SpecError(key, f"{value!r} is not an IPv4 range", ["10.4.0.0/14", "empty: GKE picks one"]) from None
-    _check_queue(g)
-    if g.cluster_version:  # with gke.cluster_name not applied: the existing cluster's own version is checked
-        if not GKE_VERSION.match(g.cluster_version):
-            raise SpecError(
-                "gke.cluster_version",
-                f"{g.cluster_version!r} is not a GKE version",
-                ["latest", "1.35", "1.35.2-gke.1842000"],
-            )
-
-
-def _check_queue(g: GkeSpec) -> None:
-    """gke.queue names a LocalQueue of an existing cluster; gke.priority_class goes with it. Both are label values
-    (Kueue reads them from the labels kueue.x-k8s.io/queue-name and kueue.x-k8s.io/priority-class:
-    https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/) and object names: DNS-1123 labels here."""
-    for key, value in (("gke.queue", g.queue), ("gke.priority_class", g.priority_class)):
-        if value and (len(value) > 63 or not _DNS_LABEL.match(value)):
-            raise SpecError(key, f"{value!r} is not a Kueue object name", ["a DNS label of at most 63 characters"])
-    if g.queue and not g.cluster_name:
-        raise SpecError(
-            "gke.queue",
-            "a Kueue LocalQueue is in an existing, shared cluster: gke.cluster_name must name it",
-            ["gke.cluster_name=CLUSTER", "empty: the run's own cluster and node pools"],
-        )
-    if g.priority_class and not g.queue:
-        raise SpecError("gke.priority_class", "applies to a run queued in Kueue: gke.queue is empty", [""])
-
-
 def _check_gate(spec: RunSpec) -> None:
     """The registered model's name, the gate's threshold, and where training starts from."""
     g, t = spec.gate, spec.train
@@ -373,6 +235,6 @@ def validate(spec: RunSpec) -> None:
     against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
     _check_counts(spec)
     _check_training(spec)
-    _check_gke_fields(spec)
+    gke_checks.check_gke_fields(spec)
     _check_gate(spec)
     _check_limits(spec)

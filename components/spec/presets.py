@@ -33,8 +33,10 @@ _LLAMA3_V6E_16X2 = {
     "head_memory_gib": 16,
 }
 _LLAMA3_TRAIN = {"workload": "maxtext", "num_workers": 0}  # one Ray Train worker per host
-# The MaxText tutorial's cluster version and CPU system pool; synthetic data: no Hugging Face token.
-_LLAMA3_GKE = {"cluster_version": "1.35", "cpu_machine_type": "n1-standard-16", "hf_secret": ""}
+# The MaxText tutorial's cluster version; its CPU system pool's size (16 vCPUs) in the N2 series, as the tutorial's
+# N1 is not offered in us-east5, the presets' zone (Compute Engine, "Available regions and zones":
+# https://cloud.google.com/compute/docs/regions-zones#available); synthetic data: no Hugging Face token.
+_LLAMA3_GKE = {"cluster_version": "1.35", "cpu_machine_type": "n2-standard-16", "hf_secret": ""}
 # The TorchTPU tutorial's cluster version (GKE 1.36, its newest patch).
 _GEMMA4_GKE = {"cluster_version": "1.36"}
 _LLAMA3_8B_MAXTEXT = {

@@ -85,12 +85,12 @@ def ready_limits(spec: RunSpec) -> ReadyLimits:
     """The readiness limits of ``spec``: ``READY_LIMITS_S`` by cluster.capacity (and Autopilot), a fixed pool's
     deadline derived (``fixed_deadline``), the deadline overridden by cluster.ready_timeout_s when it is set."""
     c = spec.cluster
-    rows = [c.capacity] + (["autopilot"] if spec.gke.cluster_mode == "autopilot" else [])
+    rows = [c.capacities[0]] + (["autopilot"] if spec.gke.cluster_mode == "autopilot" else [])
     derived, how = fixed_deadline(spec)
     deadline = max(READY_LIMITS_S[row][0] or derived for row in rows)
     grace = max(READY_LIMITS_S[row][1] for row in rows)
     failed_grace = max(READY_LIMITS_S[row][2] for row in rows)
-    by = f"cluster.capacity={c.capacity}" + (", gke.cluster_mode=autopilot" if "autopilot" in rows else "")
+    by = f"cluster.capacity={c.capacities[0]}" + (", gke.cluster_mode=autopilot" if "autopilot" in rows else "")
     if c.ready_timeout_s:
         return ReadyLimits(c.ready_timeout_s, grace, "cluster.ready_timeout_s", failed_grace)
     if deadline == derived:

@@ -40,7 +40,10 @@ class ClusterSpec:
     num_slices: int = 1
     num_hosts: int = 2  # hosts per slice (emulated raylets on the local platform)
     cpus_per_host: int = 1  # Ray CPUs each emulated host offers (local platform)
-    capacity: str = "on-demand"  # on TPU: on-demand, spot, reservation, flex-start or queued
+    # On TPU: on-demand, spot, reservation, flex-start or queued; or a ladder of them in order, comma-separated (e.g.
+    # "reservation,on-demand,spot"): provision takes the first that preflight finds available, and the next when one
+    # has no capacity (``capacities``; components/platforms/gke/plan/candidates.py).
+    capacity: str = "on-demand"
     reservation: str = ""  # required when capacity=reservation: NAME or projects/P/reservations/NAME
     ready_timeout_s: float = 0.0  # how long deploy_raycluster waits for every host; 0: by the capacity type
     # Pod sizes on GKE (cpus_per_host is also each TPU worker pod's CPU request):
@@ -49,7 +52,13 @@ class ClusterSpec:
     worker_memory_gib: int = 200  # each TPU worker pod (one per host)
     worker_shm_gib: int = 100  # /dev/shm (in memory) of each TPU worker pod; 0: none
     expected_hours: float = 1.0  # expected duration of the run, for the cost estimate of `tpupipe plan`
+
     # The slice check before training: every device's collectives and tensor-parallel parity (check_slice stage).
+    @property
+    def capacities(self) -> tuple[str, ...]:
+        """``capacity`` as its rungs, in order (one for a single capacity type)."""
+        return tuple(rung.strip() for rung in self.capacity.split(",") if rung.strip())
+
     slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
     slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
     slice_check_corrupt_rank: int = -1  # testing aid: this rank's device computes with corrupted weights (-1: none)
@@ -135,6 +144,9 @@ class GkeSpec:
 
     project: str = ""  # GCP project id; `tpupipe plan` shows PROJECT_ID while it is empty
     zone: str = ""  # TPU zone; empty: the first zone the catalogue documents for the accelerator
+    # The zones the run may take, in order, comma-separated, all of one region (the image repository, the bucket and the
+    # DCN subnets are the region's): a stockout in one moves the run to the next; empty: gke.zone alone.
+    zones: str = ""
     cluster_name: str = ""  # an existing GKE cluster to use; empty: the run creates (and deletes) its own
     # A Kueue LocalQueue in gke.namespace of the existing cluster (gke.cluster_name): the run creates no node pools, its
     # RayCluster waits in that queue until the team's quota admits it. Empty: no Kueue, the run's own node pools.
@@ -175,6 +187,12 @@ class GkeSpec:
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
     # projects/P/secrets/NAME[/versions/V] (latest by default); empty: $HF_TOKEN of the process that deploys.
     hf_token_secret: str = ""
+
+    @property
+    def zone_choices(self) -> tuple[str, ...]:
+        """The zones the run may take, in order: ``zones``, else ``zone`` alone; empty when neither is set."""
+        listed = tuple(zone.strip() for zone in self.zones.split(",") if zone.strip())
+        return listed or ((self.zone,) if self.zone else ())
 
 
 @dataclass(frozen=True)

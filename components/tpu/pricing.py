@@ -41,6 +41,12 @@ PRICES: dict[str, dict[str, Any]] = {
         "source": "https://cloud.google.com/compute/vm-instance-pricing (us-central1)",
         "date": "2026-11-29",
     },
+    "machine/n2-standard-16/on-demand": {
+        "usd": 0.776944,
+        "unit": "machine-hour",
+        "source": "https://cloud.google.com/compute/vm-instance-pricing (us-central1)",
+        "date": "2026-12-04",
+    },
     "machine/n1-standard-16/on-demand": {
         "usd": 0.759968,
         "unit": "machine-hour",

@@ -61,7 +61,7 @@ def check_slice(spec: RunSpec) -> None:
     # A reservation by name, or one block of it (GKE docs, "Consume reserved zonal resources":
     # https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations), in this project or a shared one.
     name = "[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
-    if c.capacity == "reservation" and not re.fullmatch(
+    if "reservation" in c.capacities and not re.fullmatch(
         rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?{name}(/reservationBlocks/{name})?", c.reservation
     ):
         raise SpecError(

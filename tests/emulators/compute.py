@@ -22,9 +22,9 @@ Preflight's reads are served too: ``regions.get`` with the region's quotas (ever
 ``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
 offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
 (https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
-which CPU series each zone offers (Compute Engine's "Regions and zones",
-https://cloud.google.com/compute/docs/regions-zones#available) is not modelled: every CPU machine type is offered in
-every zone unless ``withhold_machine_type`` says otherwise. Every project has the auto-mode ``default`` network
+a CPU machine type is offered unless its series is one a zone's region lacks (Compute Engine's "Regions and zones",
+the machine series of each zone: https://cloud.google.com/compute/docs/regions-zones#available; ``CPU_SERIES_ABSENT``)
+or ``withhold_machine_type`` says otherwise. Every project has the auto-mode ``default`` network
 Compute makes with a new project (VPC docs, "Default network": https://cloud.google.com/vpc/docs/vpc#default-network)
 unless ``skip_default_network`` says the organisation skips it (``constraints/compute.skipDefaultNetworkCreation``).
 
@@ -124,6 +124,11 @@ TPU_MACHINE_SIZES = {
     "ct6e-standard-8t": (180, 1440 * 1024),
     "tpu7x-standard-4t": (224, 960 * 1024),
 }
+# CPU machine series a region's zones do not offer, of the regions of the catalogue's TPU zones, from Compute Engine's
+# "Available regions and zones" table (https://cloud.google.com/compute/docs/regions-zones#available, its machine
+# series per zone): us-east5 (Columbus) lists E2, N2, N2D and the newer series, no N1. The other regions' series are
+# not modelled (every CPU machine type offered).
+CPU_SERIES_ABSENT = {"us-east5": ("n1-",)}
 GB_PER_VCPU = {"n2-standard-": 4.0, "e2-standard-": 4.0, "n1-standard-": 3.75}
 # Every region's quotas until a test sets them: room for any TPU slice of the catalogue (chips).
 DEFAULT_TPU_QUOTA = 4096.0
@@ -314,7 +319,12 @@ class ComputeEmulator(HttpEmulator):
         zone, name = params["zone"], params["name"]
         path = f"projects/{params['project']}/zones/{zone}/machineTypes/{name}"
         tpu_zones = next((zones for prefix, zones in TPU_MACHINE_ZONES.items() if name.startswith(prefix)), None)
-        if (zone, name) in self.state.withheld or (tpu_zones is not None and zone not in tpu_zones):
+        absent = CPU_SERIES_ABSENT.get(zone.rsplit("-", 1)[0], ())
+        if (
+            (zone, name) in self.state.withheld
+            or (tpu_zones is not None and zone not in tpu_zones)
+            or name.startswith(absent)
+        ):
             raise HttpError(404, f"The resource '{path}' was not found")
         cpus, memory_mb = TPU_MACHINE_SIZES.get(name, (0, 0))
         series = next((prefix for prefix in GB_PER_VCPU if name.startswith(prefix)), None)

@@ -70,6 +70,8 @@ PRIVATE_ENDPOINT = "127.0.0.1:9"
 BUSY_MESSAGE = (
     "Operation {operation} is currently upgrading cluster {cluster}. Please wait and try again once it is done."
 )
+# The TPU machine types' prefixes (Cloud TPU's, as the compute emulator's TPU_MACHINE_ZONES names them).
+TPU_PREFIXES = ("ct5lp-", "ct5p-", "ct6e-", "tpu7x-")
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -143,6 +145,16 @@ class ClusterManagerEmulator(GrpcEmulator):
     def stockout(self, when: Callable[[object], bool] = lambda r: True, times: int = 1) -> None:
         """The next CreateNodePool matching ``when`` starts, and its operation fails for lack of capacity."""
         self.faults.append(Fault("CreateNodePool", None, STOCKOUT_MESSAGE, times, when))
+
+    def zone_stocked_out(self, zone: str, times: int = 100) -> None:
+        """``zone`` has no TPU capacity: every TPU node pool created there (its ``locations``) fails as above, for
+        whichever capacity type; a CPU pool (no TPU machine type) is still made."""
+
+        def tpu_in_zone(request) -> bool:
+            pool = request.node_pool
+            return pool.config.machine_type.startswith(TPU_PREFIXES) and zone in (list(pool.locations) or [zone])
+
+        self.stockout(when=tpu_in_zone, times=times)
 
     def upgrading(self, cluster_name: str, refusals: int) -> None:
         """GKE starts an upgrade of ``cluster_name`` (a path) on its own: the cluster is RECONCILING and the next

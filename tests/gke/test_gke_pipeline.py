@@ -87,7 +87,11 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
     project.kube.fault, project.kube.scale_up_s = "scale_from_zero", 8.0
     env = {**_env(project), UNSCHEDULABLE_GRACE_ENV: "2"}
     proc = subprocess.run(
-        _command(root, run_id, " cluster.capacity=flex-start"), env=env, capture_output=True, text=True, timeout=1500
+        _command(root, run_id, " cluster.capacity=flex-start gke.zone=us-east5-a"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     run_dir = root / run_id
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

@@ -236,7 +236,7 @@ def test_unschedulable_pods_are_a_clear_error_within_the_deadline_and_teardown_l
     assert project.rayclusters("nocap") == [] and project.clusters("nocap") == [] and project.pools("nocap") == []
 
 
-FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
+FLEX_START = ONE_SLICE.replace("us-east5-b", "us-east5-a") + " cluster.capacity=flex-start"  # a zone offering it
 
 
 @pytest.mark.parametrize(

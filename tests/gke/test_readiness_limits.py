@@ -18,7 +18,7 @@ from components.spec.readiness import FIXED_BASE_S, HOST_S, IMAGE_GIB, PULL_MIB_
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE
 
-FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
+FLEX_START = ONE_SLICE.replace("us-east5-b", "us-east5-a") + " cluster.capacity=flex-start"  # a zone offering it
 
 
 def context(tmp_path, run_id: str, overrides: str) -> RunContext:
@@ -66,7 +66,7 @@ def test_a_flex_start_pool_whose_first_two_scale_ups_fail_is_waited_for_until_it
     assert project.leftovers("stockout") == {}
 
 
-FAILED = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources."
+FAILED = "Node scale up in zones us-east5-a associated with this pod failed: GCE out of resources."
 UNSCHED = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]
 
 

@@ -18,7 +18,7 @@ from components.platforms.gke.run.handlers import exclusion_window
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
-FLEX_START = ONE_SLICE + " cluster.capacity=flex-start"
+FLEX_START = ONE_SLICE.replace("us-east5-b", "us-east5-a") + " cluster.capacity=flex-start"  # a zone offering it
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
 

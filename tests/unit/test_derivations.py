@@ -497,7 +497,7 @@ def test_llama3_presets_are_seed_a():
         spec, t = spec_and_target(name)
         c = spec.cluster
         assert (c.accelerator, c.topology, c.num_hosts, c.num_slices) == ("v6e", "4x4", 4, 2)
-        assert spec.train.workload == "maxtext" and spec.gke.cpu_machine_type == "n1-standard-16"
+        assert spec.train.workload == "maxtext" and spec.gke.cpu_machine_type == "n2-standard-16"
         rc = m.raycluster(spec, t)["spec"]
         head = rc["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
         assert head == {"cpu": "8", "memory": "16Gi"}

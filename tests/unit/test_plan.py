@@ -114,9 +114,9 @@ def test_text_lists_every_resource_with_the_run_label_and_the_cost(capsys):
     assert "ct6e-standard-4t x 4, topology 4x4" in text
     assert "2 replicas x 4 hosts = 8 pods, each google.com/tpu 4" in text
     assert "ScalingConfig(num_workers=8, use_tpu=True, topology='4x4', accelerator_type='TPU-V6E'" in text
-    # 32 v6e chips at $2.70 + the head's n1-standard-16 + the cluster fee
-    assert "per hour                      $87.26" in text
-    assert "for 1 h expected              $87.26" in text
+    # 32 v6e chips at $2.70 + the head's n2-standard-16 + the cluster fee
+    assert "per hour                      $87.28" in text
+    assert "for 1 h expected              $87.28" in text
 
 
 def test_the_70b_plan_creates_a_firewall_rule_with_each_dcn_network_and_teardown_deletes_it_first(capsys):
@@ -192,22 +192,22 @@ def test_pinned_pod_and_service_ranges_go_into_the_cluster_when_they_clear_the_d
 def test_cost_for_the_expected_duration():
     document = plan.build(resolve("llama3-70b-v6e-16x2", "cluster.expected_hours=2.5"), "r")
     cost = document["cost"]
-    assert cost["usd_per_hour"] == pytest.approx(32 * 2.70 + 0.759968 + 0.10, abs=1e-4)
+    assert cost["usd_per_hour"] == pytest.approx(32 * 2.70 + 0.776944 + 0.10, abs=1e-4)
     assert cost["usd_for_expected_duration"] == pytest.approx(round(cost["usd_per_hour"] * 2.5, 2))
     assert cost["missing_prices"] == []
-    assert set(cost["sources"]) == {"tpu/v6e/on-demand", "machine/n1-standard-16/on-demand", "gke/cluster/any"}
+    assert set(cost["sources"]) == {"tpu/v6e/on-demand", "machine/n2-standard-16/on-demand", "gke/cluster/any"}
     assert all(src["source"].startswith("https://") and src["date"] for src in cost["sources"].values())
 
 
 def test_missing_prices_are_reported_never_guessed(tmp_path, capsys):
     spot = plan.build(resolve("llama3-8b-v6e-elastic-spot"), "r")["cost"]
     assert spot["usd_per_hour"] is None and spot["missing_prices"] == ["tpu/v6e/spot"]
-    assert spot["upper_bound_usd_per_hour"] == pytest.approx(32 * 2.70 + 0.759968 + 0.10, abs=1e-4)
+    assert spot["upper_bound_usd_per_hour"] == pytest.approx(32 * 2.70 + 0.776944 + 0.10, abs=1e-4)
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"tpu/v6e/spot": {"usd": 1.0, "source": "a quote", "date": "2026-11-01"}}))
     assert main(["plan", "llama3-8b-v6e-elastic-spot", "--output", "json", "--prices", str(prices)]) == 0
     cost = json.loads(capsys.readouterr().out)["cost"]
-    assert cost["usd_per_hour"] == pytest.approx(32 * 1.0 + 0.759968 + 0.10, abs=1e-4)
+    assert cost["usd_per_hour"] == pytest.approx(32 * 1.0 + 0.776944 + 0.10, abs=1e-4)
     assert cost["sources"]["tpu/v6e/spot"] == {"source": "a quote", "date": "2026-11-01"}
     tpu7x = plan.build(resolve("gemma4-e2b-tpu7x-16"), "r")
     assert tpu7x["cost"]["missing_prices"] == ["tpu/tpu7x/on-demand"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from components.platforms.gke.checks import versions
 from components.platforms.gke.checks.findings import Problem, Report
+from components.platforms.gke.plan.candidates import flex_start_refusal
 from components.platforms.gke.plan.needs import Needs
 from components.platforms.gke.plan.resources import RELEASE_CHANNEL
 from components.spec import RunSpec
@@ -74,6 +75,16 @@ def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         fits(spec, machine, offer.guest_cpus, offer.memory_mb, tpu=field == "gke.zone", report=report)
     if offered:
         report.checked.append(f"machine types offered in {n.zone}: {', '.join(offered)}")
+
+
+def flex_start(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+    """``cluster.capacity=flex-start`` only in a zone that offers it for the family (``candidates.FLEX_START_ZONES``);
+    no call: the zones are documented, not served by an API."""
+    refusal = flex_start_refusal(spec)
+    if refusal:
+        report.problems.append(Problem("cluster.capacity", refusal))
+    elif spec.cluster.capacity == "flex-start":
+        report.checked.append(f"flex-start offered for {spec.cluster.accelerator} in {n.zone}")
 
 
 def default_network(n: Needs, spec: RunSpec, creds, report: Report) -> None:

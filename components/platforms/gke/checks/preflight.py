@@ -70,6 +70,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         _kueue,
         offers.version,
         offers.machine_types,
+        offers.flex_start,
         offers.default_network,
         _bucket,
         _data,

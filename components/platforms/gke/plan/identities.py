@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from components.spec.checks import DEFAULT_COMPUTE_ACCOUNT
+from components.spec.gke_checks import DEFAULT_COMPUTE_ACCOUNT
 
 BASIC_ROLES = ("roles/owner", "roles/editor")
 DEFAULT_COMPUTE = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"  # as plans show it, the number not looked up

@@ -140,7 +140,7 @@ def region_of(zone: str) -> str:
 def target(spec: RunSpec, run_id: str) -> Target:
     g = spec.gke
     project = g.project or names.PLACEHOLDER_PROJECT
-    zone = g.zone or catalogue.zones(spec.cluster.accelerator)[0]
+    zone = (g.zone_choices or tuple(catalogue.zones(spec.cluster.accelerator)))[0]  # a placed spec has one
     region = region_of(zone)
     autopilot = g.cluster_mode == "autopilot"
     image = g.image or (

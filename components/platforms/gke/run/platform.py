@@ -8,8 +8,9 @@ creates in the run's ledger before it waits on it.
   checkpoint bucket (got or created, kept) and the run's Workload Identity binding on it, the GKE cluster (with the
   Ray head's CPU pool) or the existing one named (what it lacks that GKE enables in place enabled first,
   ``features``), and one TPU node pool per slice, each labelled ``tpupipe-run: <run id>`` (``handlers``); a stockout
-  or quota error ends the stage with one message naming what, where and what to try, after deleting what this run
-  created;
+  or quota error deletes what this run created and moves to the next candidate (zone x capacity type: ``candidates``,
+  each preflight passed, within ``run.deadline_h``), or, with none left, ends the stage with one message naming what,
+  where and what to try; the ledger records the candidate taken, which every later stage runs on (``_placed``);
 - build_image: the trainer image named by ``gke.image``, or built by Cloud Build from ``images/<name>/`` and pushed to
   Artifact Registry (the repository got or created first; ``handlers``);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
@@ -26,6 +27,7 @@ Heavy imports (google-cloud, kubernetes, ray) stay inside functions.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +36,7 @@ from components.platforms import Platform, RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.cloud.control_plane import control_plane
-from components.platforms.gke.plan import dry_run, ownership
+from components.platforms.gke.plan import candidates, dry_run, ownership
 from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, MOUNT_PATH, Target, target
 from components.platforms.gke.run import teardown as teardowns
@@ -83,7 +85,7 @@ class GkePlatform(Platform):
 
     def _walk(self, ctx: RunContext, stage: str) -> Session:
         self.check(ctx)
-        return walk.walk(ctx, stage, self.clients)
+        return walk.walk(self._placed(ctx), stage, self.clients)
 
     # ---------------------------------------------------------------- the stages that create
     def provision(self, ctx: RunContext) -> dict[str, Any]:
@@ -100,14 +102,85 @@ class GkePlatform(Platform):
                 [names.state_root(t.bucket)],
             )
         recorded = load_ledger(ctx)
-        # One that resumes passed preflight when it started.
-        report = self.preflight(ctx) if not recorded.get("created") or recorded.get("torn_down") else None
+        if recorded.get("created") and not recorded.get("torn_down"):  # resumes: it passed preflight when it started
+            return self._provision_on(self._placed(ctx), None, recorded)
+        tries = self._ranked(ctx)
+        for index, (placed, report) in enumerate(tries):
+            try:
+                return self._provision_on(placed, report, load_ledger(ctx), first=index == 0)
+            except gke_cluster.CapacityError as exc:
+                started = load_ledger(ctx).get("started", time.time())
+                deadline_h = ctx.spec.run.deadline_h
+                past = deadline_h is not None and time.time() - started >= deadline_h * 3600
+                if index == len(tries) - 1 or past:
+                    raise
+                here, nxt = self._key(placed), self._key(tries[index + 1][0])
+                self.log(
+                    f"provision: {here['capacity']} in {here['zone']} had no capacity and is rolled back; trying the "
+                    f"next candidate, {nxt['capacity']} in {nxt['zone']}"
+                )
+
+                def tried(ledger: dict[str, Any], why: str = str(exc), place: RunContext = placed) -> None:
+                    ledger.setdefault("tried", []).append({**self._key(place), "error": why[:500]})
+
+                ledgers.update(ctx.store, tried)
+        raise AssertionError("unreachable: _ranked returns at least one candidate or raises")
+
+    @staticmethod
+    def _key(ctx: RunContext) -> dict[str, str]:
+        """The candidate a placed context is, as the ledger records it."""
+        return {"zone": target(ctx.spec, ctx.run_id).zone, "capacity": ctx.spec.cluster.capacity}
+
+    def _placed(self, ctx: RunContext) -> RunContext:
+        """The run as provision placed it (the zone and capacity type its ledger records: ``candidates.chosen``);
+        every stage after provision, teardown and the janitor run on it."""
+        spec = candidates.chosen(ctx.spec, ledgers.load(ctx.store) or {})
+        return ctx if spec is ctx.spec else dataclasses.replace(ctx, spec=spec)
+
+    def _ranked(self, ctx: RunContext) -> list[tuple[RunContext, Any]]:
+        """The candidates preflight passes, in order, each with its report, the others' problems among its warnings;
+        none: :class:`PreflightFailed` with every candidate's problems under its name (a single candidate's as
+        preflight raised them)."""
+        from components.platforms.gke.checks import preflight
+        from components.platforms.gke.checks.findings import PreflightFailed, Problem
+        from components.platforms.gke.plan import document as plan
+
+        listed = candidates.ranked(ctx.spec, lambda placed: plan.cost(placed, ctx.run_id))
+        passed, refused = [], []
+        for cand in listed:
+            placed = dataclasses.replace(ctx, spec=candidates.place(ctx.spec, cand.zone, cand.capacity))
+            if cand.excluded and len(listed) > 1:
+                refused.append((cand, [Problem("cluster.capacity", cand.excluded)]))
+                continue
+            try:
+                passed.append((placed, preflight.check(placed.spec, ctx.run_id, log=self.log)))
+            except PreflightFailed as exc:
+                if len(listed) == 1:
+                    raise
+                refused.append((cand, exc.problems))
+        why = [f"candidate {cand} excluded: " + "; ".join(map(str, problems)) for cand, problems in refused]
+        for line in why:
+            self.log(f"preflight: {line}")
+        if not passed:
+            problems = [Problem(p.field, f"[{cand}] {p.message}") for cand, found in refused for p in found]
+            raise PreflightFailed(f"preflight of run {ctx.run_id}: no candidate passed", problems)
+        passed[0][1].warnings.extend(why)  # `tpupipe preflight` prints the report: the excluded say why there
+        return passed
+
+    def _provision_on(self, ctx: RunContext, report, recorded: dict[str, Any], first: bool = True) -> dict[str, Any]:
+        """Provision one candidate (``ctx`` placed): the ledger records it before anything is created; a stockout or
+        quota error deletes what it created and ends with one message naming what, where and what to try."""
+        from components.platforms.gke.cloud import cluster as gke_cluster
+
+        t = self._target(ctx)
 
         def begin(ledger: dict[str, Any]) -> None:
             if report is not None:
-                ledger["started"] = time.time()  # the janitor measures a run's age from here
+                if first:
+                    ledger["started"] = time.time()  # the janitor measures a run's age from here
                 ledger["cluster_version"] = report.version  # as resolved against the versions GKE offers
                 ledger["release_channel"] = report.channel  # the most stable channel that offers it
+                ledger["candidate"] = self._key(ctx)  # the zone and capacity type the stages after this run on
             ledger.setdefault("started", time.time())
             ledger.update(
                 {
@@ -115,7 +188,7 @@ class GkePlatform(Platform):
                     "cluster": t.cluster_path,
                     "owns_cluster": t.owns_cluster,
                     "namespace": t.namespace,
-                    "spec": ctx.spec.to_dict(),
+                    "spec": ctx.spec.to_dict(),  # placed: the janitor's teardown finds the candidate's zone
                 }
             )
             ledger.pop("torn_down", None)
@@ -137,15 +210,15 @@ class GkePlatform(Platform):
             "endpoint": control_plane(cluster).host if cluster else "",
             "node_pools": session.tpu_pools,
             "created": [c["name"] for c in load_ledger(ctx)["created"]],
+            **self._key(ctx),
         }
 
     def preflight(self, ctx: RunContext):
         """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
-        created; :class:`preflight.PreflightFailed` lists every problem."""
-        from components.platforms.gke.checks import preflight
-
+        created, for every candidate (``_ranked``): the first that passes' report; :class:`preflight.PreflightFailed`
+        lists every problem when none does."""
         self.check(ctx)
-        return preflight.check(ctx.spec, ctx.run_id, log=self.log)
+        return self._ranked(ctx)[0][1]
 
     def build_image(self, ctx: RunContext) -> dict[str, Any]:
         return self._walk(ctx, "build_image").image_result
@@ -160,7 +233,7 @@ class GkePlatform(Platform):
         from components.platforms.gke.cloud import kube as gke_kube
         from components.platforms.gke.cloud import ray_jobs
 
-        kube, cluster, token = self.clients.kube(ctx)
+        kube, cluster, token = self.clients.kube(self._placed(ctx))
         if kube is None:
             raise InfraError(f"no running cluster for run {ctx.run_id}")
         ray_token = gke_kube.ray_token(kube, ctx.run_id)
@@ -234,7 +307,7 @@ class GkePlatform(Platform):
         price spending is counted at (``plan.limits``)."""
         from components.platforms.gke.plan import document as plan
 
-        return plan.limits(ctx.spec, ctx.run_id)
+        return plan.limits(self._placed(ctx).spec, ctx.run_id)
 
     def hosts_lost(self, ctx: RunContext) -> int | None:
         return None  # a lost TPU host shows as a restart of Ray Train's worker group (restarts)
@@ -250,16 +323,16 @@ class GkePlatform(Platform):
         except SpecError as exc:  # provision checks first: a run that fails the checks created nothing
             self.log(f"teardown: nothing to delete: the run never got past its checks ({exc})")
             return {"deleted": [], "kept_cluster": None}
-        return teardowns.teardown(ctx, self.clients)
+        return teardowns.teardown(self._placed(ctx), self.clients)
 
     def release(self, ctx: RunContext) -> list[str]:
         """The run's cluster (or its node pools) as its ledger records them: deletes started, not waited on."""
-        return teardowns.start_deletes(ctx, self.clients)
+        return teardowns.start_deletes(self._placed(ctx), self.clients)
 
     def remaining(self, ctx: RunContext) -> list[str]:
-        return teardowns.remaining(ctx)
+        return teardowns.remaining(self._placed(ctx))
 
     def dry_run(self, ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
         """The calls a run makes, stage by stage, in order, without credentials or network (``dry_run``)."""
         self.check(ctx)
-        return dry_run.calls(ctx, entrypoint)
+        return dry_run.calls(self._placed(ctx), entrypoint)

@@ -90,5 +90,6 @@ def capacity_message(spec: RunSpec, t: Target, exc: Exception, res: Resource | N
         f"no capacity for {spec.cluster.num_slices} x {shape.num_chips} {shape.family.name} chips "
         f"({spec.cluster.num_slices * shape.num_hosts} x {shape.machine_type}, topology {shape.topology}, "
         f"{spec.cluster.capacity}) in zone {t.zone}: {exc}. Nothing this run created is left. Try another zone "
-        f"(gke.zone), another capacity type (cluster.capacity=spot, reservation, flex-start or queued) or later."
+        f"(gke.zone, or several in gke.zones), another capacity type (cluster.capacity=spot, reservation, "
+        "flex-start or queued, or a ladder of them) or later."
     )

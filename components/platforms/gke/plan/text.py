@@ -1,0 +1,136 @@
+"""`tpupipe plan`'s text: the plan document (``document.build``) rendered for a person: its resources, the train
+job, what is billed before training, the cost, and the run's limits.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from components.platforms.gke.plan import candidates
+from components.spec import names
+from components.workload import budget, weights
+
+
+def _usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
+
+
+def render_text(plan: dict[str, Any]) -> str:
+    s = plan["slice"]
+    out = [
+        f"tpupipe plan {plan['preset']} (gke): creates nothing. Run id {plan['run_id']}: every name below derives "
+        "from it (a pipeline run uses its own).",
+        f"slice      {s['family']} {s['topology']} x {s['num_slices']}: {s['chips_per_slice']} chips on "
+        f"{s['hosts_per_slice']} x {s['machine_type']} ({s['chips_per_host']} chips each) per slice; "
+        f"{s['total_chips']} chips, {s['total_hosts']} hosts in all; {s['capacity']}",
+        f"where      project {plan['project']}, zone {plan['zone']}, cluster {plan['cluster']['name']} "
+        f"({plan['cluster']['mode']})",
+        "",
+        *_render_resources(plan),
+        "",
+        *_render_training(plan["training"]),
+        "",
+        *_render_cost(plan["cost"], plan["before_training"]),
+        "",
+        *_render_limits(plan["limits"]),
+        *candidates.render(plan),
+    ]
+    if plan["warnings"]:
+        out += ["", "warnings"] + [f"  - {w}" for w in plan["warnings"]]
+    return "\n".join(out) + "\n"
+
+
+def _render_resources(plan: dict[str, Any]) -> list[str]:
+    label = f"{names.RUN_LABEL}={plan['run_id']}"
+    costs = {(ln["kind"], ln["resource"]): ln for ln in plan["cost"]["lines"]}
+    out = ["resources"]
+    for res in plan["resources"]:
+        tag = label if res["labels"] else "shared: no run label"
+        kept = "" if res["deleted_by_teardown"] else "; kept after the run"
+        price = ""
+        ln = costs.get((res["kind"], res["name"]))
+        if ln:
+            price = f"  {_usd(ln['usd_per_hour'])}/h" if ln["usd_per_hour"] is not None else "  price unknown"
+        out.append(f"  {res['action']:<13} {res['kind']:<25} {res['name']}{price}")
+        out.append(f"  {'':<13} {'':<25} {res['summary']}  [{tag}{kept}]")
+    return out
+
+
+def _render_training(tr: dict[str, Any]) -> list[str]:
+    """The train job: its submission id, its command line (the spec abbreviated), Ray Train's configs."""
+    scaling = ", ".join(f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in tr["scaling_config"].items())
+    words = shlex.split(tr["entrypoint"])
+    words[words.index("--spec") + 1] = "<the run spec, JSON>"
+    command = " ".join(w if w.startswith("<") else shlex.quote(w) for w in words)
+    return [
+        "training",
+        f"  ray job     submission id {tr['submission_id']} (Ray Jobs API), deadline {tr['timeout_s']:g} s",
+        f"  entrypoint  {command}",
+        f"  scaling     ScalingConfig({scaling})",
+        f"  failures    {tr['run_config']['failure_config']}" + ("  (elastic)" if tr["elastic"] else ""),
+        *(
+            [
+                f"  checkpoints every {tr['checkpoints']['period_steps']} steps: a preemption repeats at most as many "
+                f"(maxtext.max_lost_steps={tr['checkpoints']['max_lost_steps']})"
+            ]
+            if "checkpoints" in tr
+            else []
+        ),
+        *(
+            [
+                f"  kept        the newest {tr['checkpoints']['kept']} checkpoints: "
+                f"{_gb(tr['checkpoints']['bytes_kept'])} ({_gb(tr['checkpoints']['bytes_each'])} each: "
+                f"{tr['checkpoints']['parameters'] or 0:,} parameters and AdamW's two moments, 4 bytes each)"
+            ]
+            if "checkpoints" in tr
+            else []
+        ),
+        *(
+            [f"  compiled    {tr['compile_cache']['uri']} (kept across runs; pods: {tr['compile_cache']['path']})"]
+            if tr.get("compile_cache")
+            else []
+        ),
+        *weights.plan_lines(tr.get("base_weights")),
+    ]
+
+
+def _gb(n: int | None) -> str:
+    return "unknown size" if n is None else f"{n / 1e9:,.1f} GB"
+
+
+def _render_before_training(b: dict[str, Any]) -> list[str]:
+    check = f" + the slice check (at most {b['slice_check_s']:g} s)" if b["slice_check_s"] else ""
+    return [
+        f"  before training               at most {b['chip_minutes_at_most']:g} chip-minutes "
+        f"({_usd(b['usd_at_most'])}): {b['chips']} chips from their node pools' creation through readiness "
+        f"(at most {b['readiness_s']:g} s){check}; the image builds beside provision",
+    ]
+
+
+def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    out = [
+        f"cost ({cost['currency']}, list prices)",
+        f"  per hour                      {_usd(cost['usd_per_hour'])}",
+        f"  {'for ' + format(cost['expected_hours'], 'g') + ' h expected':<29} "
+        f"{_usd(cost['usd_for_expected_duration'])}",
+    ]
+    if "upper_bound_usd_per_hour" in cost:
+        out.append(
+            f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
+            f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h"
+        )
+    out += _render_before_training(before)
+    for key, src in cost["sources"].items():
+        out.append(f"  price {key}: {src['source']} ({src['date']})")
+    return out
+
+
+def _render_limits(lim: dict[str, Any]) -> list[str]:
+    """The budget and deadline the run is held to, and what set each (``components.workload.budget``)."""
+    cost, deadline = budget.describe(lim)
+    return [
+        "limits (past one, the running job is stopped, its stage fails and teardown runs)",
+        f"  budget     {cost}",
+        f"  deadline   {deadline}",
+    ]
