@@ -63,7 +63,7 @@ def worker(rank: int, world: int, port: int, output_dir: str) -> None:
 
     args = maxtext_args.train_args(spec, output_dir, "bench-direct")
     if rank == 0:  # the data the arguments name (hf), written before rank 1 gets past initialize below
-        prepare_data(spec, args)
+        prepare_data(spec, args, Path(output_dir))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world, process_id=rank)
     absl_logging.set_verbosity(absl_logging.INFO if rank == 0 else absl_logging.WARNING)

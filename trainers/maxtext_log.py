@@ -7,8 +7,10 @@ argument list of MaxText's eval loop, derived from the ``key=value`` train argum
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from pathlib import Path
 
 # A loss as MaxText formats it (``f"{loss:.3f}"``): digits, or nan/inf when training diverged.
 _LOSS = r"(?P<loss>-?(?:[\d.]+|nan|inf))"
@@ -19,6 +21,7 @@ STEP_LINE = re.compile(
 MESH_AXES_LINE = re.compile(r"Config param mesh_axes: \[(?P<axes>[^\]]*)\]")
 MESH_SHAPE_LINE = re.compile(r"Num_devices: (?P<devices>\d+), shape \((?P<shape>[\d, ]+)\)")
 EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=" + _LOSS)
+EVAL_START_LINE = re.compile(r"Starting eval after train step (?P<step>\d+)")
 # MaxText's metrics file (``metrics_file``, base.yml: "local file that stores scalar metrics"): one JSON object per
 # written step, every scalar at full precision (``float``), train and eval alike (maxtext/common/metric_logger.py,
 # ``write_metrics_locally`` and ``_prepare_metrics_for_json``); the log lines round the losses to 3 decimals.
@@ -49,6 +52,61 @@ def eval_args(train_args: list[str], run_name: str, eval_steps: int, params_path
     if params_path:
         args.append(f"load_parameters_path={params_path}")
     return args
+
+
+# MaxText's base.yml defaults of what an evaluation key names (maxtext 0.2.5, maxtext/configs/base.yml): the compute
+# and weight dtypes, and the eval batch per device (0: the training one, per_device_batch_size).
+_KEY_DEFAULTS = {"dtype": "bfloat16", "weight_dtype": "float32", "eval_per_device_batch_size": "0"}
+
+
+def in_job_eval_args(steps: int, eval_steps: int) -> list[str]:
+    """MaxText's own eval loop inside the train job, on the held-out split (``hf_eval_files``), once: after the last
+    step, on the trained state the last checkpoint saves. MaxText evaluates after train step ``s`` when
+    ``s >= eval_start_step`` and ``(s - eval_start_step) % eval_interval == 0`` (maxtext/trainers/pre_train/train.py,
+    the step's ``ran_eval``). Once only: a second eval in one MaxText process reads other batches of its Hugging Face
+    eval stream than the first (measured with maxtext 0.2.5: the eval after the last of 10 steps read 416 target
+    tokens, the first eval and the evaluation job's 1650), so the model as initialised is the evaluation job's to
+    measure."""
+    return ["eval_interval=1", f"eval_start_step={steps - 1}", f"eval_steps={eval_steps}"]
+
+
+def eval_which(argv: list[str], step: int) -> str | None:
+    """Which model MaxText's eval after train ``step`` measured in a train job (:func:`in_job_eval_args`): ``after``
+    (the trained model) after its last step; None for another step."""
+    steps = int(arg(argv, "steps") or 0)
+    return "after" if steps and step == steps - 1 else None
+
+
+def eval_key(argv: list[str], num_devices: int, platform: str) -> tuple[str, int] | None:
+    """(``sha256:<hex>``, held-out examples) of what a MaxText held-out figure depends on besides the model, as
+    ``trainers.heldout.eval_key`` for FSDP: the held-out file's bytes, the tokenizer's files, ``max_target_length``,
+    the rows and batches MaxText's eval loop reads (its global eval batch: the per-device eval batch x the worker
+    group's devices, so a figure of a group of another size is another key), and the dtypes on the platform. None
+    without held-out files (synthetic data: not held out)."""
+    heldout = arg(argv, "hf_eval_files")
+    if arg(argv, "dataset_type") != "hf" or not heldout or not Path(heldout).is_file():
+        return None
+    get = {k: arg(argv, k) or v for k, v in _KEY_DEFAULTS.items()}
+    per_device = float(get["eval_per_device_batch_size"]) or float(arg(argv, "per_device_batch_size") or 0)
+    tokenizer = Path(arg(argv, "tokenizer_path"))
+    files = sorted(p for p in tokenizer.rglob("*") if p.is_file()) if tokenizer.is_dir() else []
+    text = Path(heldout).read_bytes()
+    what = {
+        "examples": hashlib.sha256(text).hexdigest(),
+        "tokenizer": {str(p.relative_to(tokenizer)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
+        "max_length": int(arg(argv, "max_target_length") or 0),
+        "eval_rows": per_device * num_devices,
+        "eval_steps": int(arg(argv, "eval_steps") or 0),
+        "dtypes": [get["weight_dtype"], get["dtype"]],
+        "device": platform,
+    }
+    key = "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    return key, sum(1 for line in text.splitlines() if line.strip())
+
+
+def arg(argv: list[str], key: str) -> str:
+    """The value of MaxText's ``KEY=VALUE`` argument ``key`` (the last one given), or ``""``."""
+    return next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith(f"{key}=")), "")
 
 
 class MetricsFile:

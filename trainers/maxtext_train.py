@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, datasets, protocol
-from trainers import evaluate, jax_events, job_args, maxtext_data, maxtext_log
+from trainers import evaluate, heldout, jax_events, job_args, maxtext_data, maxtext_eval, maxtext_log
 
 
 def base_yml() -> str:
@@ -56,9 +56,12 @@ class _StepRecords(logging.Handler):
     batch: ``per_device_batch_size`` x ``max_target_length`` x the group's devices), so an elastic run's tokens seen
     add up whatever the groups' sizes."""
 
-    def __init__(self, num_devices: int, tokens_per_step: float, metrics_file: str):
+    def __init__(
+        self, num_devices: int, tokens_per_step: float, metrics_file: str, in_job: maxtext_eval.InJobEval | None = None
+    ):
         super().__init__(logging.INFO)
         self.num_devices, self.tokens_per_step = num_devices, tokens_per_step
+        self.in_job = in_job
         self.last: dict[str, Any] = {}
         self.axes: list[str] = []
         self.metrics = maxtext_log.MetricsFile(metrics_file)
@@ -70,6 +73,8 @@ class _StepRecords(logging.Handler):
         for rec in self.metrics.read():
             if maxtext_log.EVAL_LOSS in rec:
                 self.last["eval_loss"] = rec[maxtext_log.EVAL_LOSS]
+                if self.in_job:
+                    self.in_job.finished(int(rec.get("step", -1)), rec[maxtext_log.EVAL_LOSS], precise=True)
             step = self.rounded.pop(int(rec.get("step", -1)), None)
             if step and maxtext_log.TRAIN_LOSS in rec:
                 step["loss"] = rec[maxtext_log.TRAIN_LOSS]
@@ -99,9 +104,15 @@ class _StepRecords(logging.Handler):
             protocol.emit("metric", step)
             self.precise()
             return
+        match = maxtext_log.EVAL_START_LINE.search(message)
+        if match and self.in_job:
+            self.in_job.started(int(match["step"]))
+            return
         match = maxtext_log.EVAL_LINE.search(message)
         if match:
             self.last["eval_loss"] = float(match["loss"])
+            if self.in_job:
+                self.in_job.finished(int(match["step"]), float(match["loss"]), precise=False)
             return
         match = maxtext_log.CHECKPOINT_LINE.search(message)
         if match:  # its seconds: how long the save blocked training, as Orbax measured it (trainers.jax_events)
@@ -130,14 +141,64 @@ class _LineTee:
         return getattr(self.stream, name)
 
 
-def _arg(argv: list[str], key: str) -> str:
-    return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{key}=")), "")
+_arg = maxtext_log.arg
+
+
+def _evaluates(argv: list[str]) -> bool:
+    """Whether MaxText's eval loop runs in this job (``eval_interval`` > 0)."""
+    return int(_arg(argv, "eval_interval") or -1) > 0
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def rank_zero_records(argv: list[str], mode: str) -> tuple[_StepRecords, list[str]]:
+    """Rank 0's reading of MaxText (its log records and stdout lines, its metrics file: :class:`_StepRecords`),
+    installed before MaxText starts, and MaxText's arguments with rank 0's own metrics file. A train job's eval
+    loop (``maxtext_eval.in_job_eval``) is recorded as the train job's own figures."""
+    import jax
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.INFO)
+    per_device, length = (float(_arg(argv, k) or 0) for k in ("per_device_batch_size", "max_target_length"))
+    metrics_file = tempfile.mkstemp(prefix="maxtext-metrics-", suffix=".jsonl")[1]
+    argv = [*argv, f"metrics_file={metrics_file}"]  # rank 0's own: every process writes the file it is given
+    keyed = maxtext_log.eval_key(argv, jax.device_count(), jax.devices()[0].platform)
+    in_job = maxtext_eval.InJobEval(argv, *keyed) if keyed and mode == "train" and _evaluates(argv) else None
+    handler = _StepRecords(jax.device_count(), per_device * length * jax.device_count(), metrics_file, in_job)
+    if keyed:
+        handler.last.update(eval_key=keyed[0], num_eval_examples=keyed[1])
+    logging.getLogger().addHandler(handler)  # absl's records propagate here, and MaxText's config logger's
+    sys.stdout = _LineTee(sys.stdout, handler.line)
+    print(
+        f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
+        f"({jax.local_device_count()} per process, {jax.devices()[0].platform})",
+        flush=True,
+    )
+    return handler, argv
+
+
+def final_metrics(handler: _StepRecords) -> dict[str, Any]:
+    """Rank 0's figures once MaxText returned: the last step's loss and, from a train job's eval loop, the trained
+    model's held-out figure with its key; from an evaluation run, its eval loss and key."""
+    handler.precise()
+    Path(handler.metrics.path).unlink(missing_ok=True)
+    protocol.emit("event", handler.jax.summary())
+    last = dict(handler.last)
+    metrics = {
+        k: v
+        for k, v in {"loss": last.get("train", {}).get("loss"), "eval_loss": last.get("eval_loss")}.items()
+        if v is not None
+    }
+    if handler.in_job:  # the train job's: the trained model's figure, measured on the final state
+        metrics.pop("eval_loss", None)
+        metrics.update(handler.in_job.close())
+    elif "eval_key" in last:  # the evaluation job's: what its figure was measured on
+        metrics.update(eval_key=last["eval_key"], num_eval_examples=last["num_eval_examples"])
+    return metrics
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -152,7 +213,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
-    from absl import logging as absl_logging
 
     if cpu_devices:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -167,19 +227,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         jax.devices()  # every rank forms its backend now: each waits for all the others' (rank 0's, below, too)
     handler, argv = None, list(config["argv"])
     if rank == 0:
-        absl_logging.set_verbosity(absl_logging.INFO)
-        per_device, length = (float(_arg(argv, k) or 0) for k in ("per_device_batch_size", "max_target_length"))
-        metrics_file = tempfile.mkstemp(prefix="maxtext-metrics-", suffix=".jsonl")[1]
-        argv.append(f"metrics_file={metrics_file}")  # rank 0's own: every process writes the file it is given
-        handler = _StepRecords(jax.device_count(), per_device * length * jax.device_count(), metrics_file)
-        logging.getLogger().addHandler(handler)  # absl's records propagate here, and MaxText's config logger's
-        sys.stdout = _LineTee(sys.stdout, handler.line)
-        print(
-            f"jax runtime: {jax.process_count()} processes, {jax.device_count()} devices "
-            f"({jax.local_device_count()} per process, {jax.devices()[0].platform})",
-            flush=True,
-        )
+        handler, argv = rank_zero_records(argv, config.get("mode", "train"))
     else:
+        from absl import logging as absl_logging
+
         absl_logging.set_verbosity(absl_logging.WARNING)
     from absl import flags
     from maxtext.trainers.pre_train import train
@@ -208,25 +259,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             },
         )
     train.main(argv)
-    if handler:
-        handler.precise()
-        Path(handler.metrics.path).unlink(missing_ok=True)
-        protocol.emit("event", handler.jax.summary())
+    metrics = final_metrics(handler) if handler else {}
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
-    last = dict(handler.last) if handler else {}
-    metrics = {
-        k: v
-        for k, v in {"loss": last.get("train", {}).get("loss"), "eval_loss": last.get("eval_loss")}.items()
-        if v is not None
-    }
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
             Path(tmp, "metrics.json").write_text(json.dumps(metrics))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
 
-def _fit(
-    spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str, max_failures: int
+def fit(
+    spec: RunSpec,
+    scaling: dict[str, Any],
+    args: list[str],
+    output_dir: Path,
+    run_name: str,
+    max_failures: int,
+    mode: str = "train",
 ) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
@@ -235,7 +283,7 @@ def _fit(
     cpu = spec.maxtext.cpu_devices_per_host if spec.cluster.accelerator == "cpu" else 0
     trainer = JaxTrainer(
         train_loop_per_worker,
-        train_loop_config={"argv": argv, "cpu_devices_per_host": cpu},
+        train_loop_config={"argv": argv, "cpu_devices_per_host": cpu, "mode": mode},
         scaling_config=ScalingConfig(**scaling),
         run_config=RunConfig(
             name=run_name,
@@ -258,59 +306,19 @@ def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
 def run_train(
     spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str
 ) -> dict[str, Any]:
-    metrics = _fit(spec, scaling, args, output_dir, run_name, spec.train.max_failures)
+    metrics = fit(
+        spec, scaling, [*args, *maxtext_eval.in_job_eval(spec, args)], output_dir, run_name, spec.train.max_failures
+    )
     checkpoint = latest_checkpoint(output_dir, run_name)
     return {
         "checkpoint": str(checkpoint) if checkpoint else None,
         "final_metrics": metrics,
+        "heldout": heldout.of_checkpoint(metrics),  # the trained model's figure, measured on its final state
         "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu",
         "backend": "jax",
         "num_workers": spec.total_hosts,
         "argv": args,
     }
-
-
-def run_eval(
-    spec: RunSpec,
-    scaling: dict[str, Any],
-    args: list[str],
-    output_dir: Path,
-    run_name: str,
-    checkpoint: str,
-    champion: str = "",
-    measure: tuple[str, ...] = evaluate.MODELS,
-) -> dict[str, Any]:
-    """MaxText's eval loop on the untrained model, the trained checkpoint and, when given, the registered champion's
-    checkpoint (those ``measure`` names): the same batches for each."""
-
-    models = [("before", ""), ("after", str(Path(checkpoint) / "items"))]
-    if champion:
-        models.append(("champion", str(Path(champion) / "items")))
-    models = [(which, params) for which, params in models if which in measure]
-    losses = {}
-    for index, (which, params) in enumerate(models):
-        name = f"{run_name}-eval-{which}"
-        eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
-        found = _fit(spec, scaling, eval_args, output_dir, name, 0)
-        if "eval_loss" not in found:  # its eval line gave no number (a NaN loss prints none the pattern reads)
-            raise SystemExit(f"MaxText's eval of the {which} model logged no finite loss: see its log above")
-        losses[f"eval_loss_{which}"] = found["eval_loss"]
-        evaluate.eval_progress(which, index, len(models), spec.maxtext.eval_steps)
-    return evaluate.measured(losses, eval_split(spec, args))
-
-
-def eval_split(spec: RunSpec, args: list[str]) -> str:
-    """What MaxText's eval loop read, in words."""
-    batches = f"{spec.maxtext.eval_steps} batches"
-    if _arg(args, "dataset_type") == "hf" and datasets.snapshotted(spec.train.dataset):
-        return f"the run's data snapshot's held-out examples ({_arg(args, 'hf_eval_files')}): at most {batches}"
-    if _arg(args, "dataset_type") == "hf":
-        return (
-            f"the generated dataset's held-out split ({spec.train.num_eval_examples} examples, "
-            f"{_arg(args, 'hf_eval_files')}; none of its instructions is in the {spec.train.num_train_examples} "
-            f"training examples): at most {batches}"
-        )
-    return f"{spec.maxtext.dataset_type} ({batches}): the training batch, not held out"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -374,8 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.mode == "train":
             result = run_train(spec, scaling, maxtext_args, out, args.run_name)
         else:
-            result = run_eval(
-                spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion, args.measure
+            result = maxtext_eval.run_eval(
+                fit, spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion, args.measure
             )
     finally:
         ray.shutdown()

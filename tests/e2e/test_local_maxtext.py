@@ -146,6 +146,14 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert (gate["decision"], gate["promoted"]) == ("promote", True), gate["reason"]
     evaluation = json.loads((run_dir / "stages" / "evaluate.json").read_text())["result"]
     assert evaluation["eval_split"].startswith(f"the generated dataset's held-out split (128 examples, {data}/heldout")
+    # MaxText's eval loop ran in the train job (trainers.maxtext_eval): the last group measured the trained model
+    # after the last step, the figure the evaluate stage took; the evaluation job measured only the model as
+    # initialised, on the same key (the same rows: a group of the last one's size).
+    measured = [p for k, p in records(run_dir) if k == "event" and p["event"] == "eval"]
+    assert [p["which"] for p in measured] == ["after"] and summary["eval_loss_after"] == measured[0]["eval_loss"]
+    assert evaluation["measured_by"] == {"before": "this evaluation job", "after": "the train job"}
+    assert evaluation["eval_key"] == measured[0]["eval_key"]
+    assert "evaluate: measuring before in an evaluation job; known: after (the train job)" in out
     assert "held-out loss" in out and "not held out" not in out
     for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out perplexity", "slice check", "slice bandwidth"):
         assert needle in out

@@ -5,7 +5,7 @@ import json
 
 from components.workload import maxtext as maxtext_args
 from components.workload import resolve
-from trainers import maxtext_data, maxtext_log, maxtext_train
+from trainers import maxtext_data, maxtext_eval, maxtext_log, maxtext_train
 
 
 def _arg(argv, key):
@@ -41,10 +41,10 @@ def test_maxtext_reads_the_train_split_and_evaluates_on_the_disjoint_held_out_sp
 
 def test_the_eval_split_says_what_was_evaluated():
     spec = resolve("local-maxtext")
-    held_out = maxtext_train.eval_split(spec, maxtext_args.train_args(spec, "/o", "r"))
+    held_out = maxtext_eval.eval_split(spec, maxtext_args.train_args(spec, "/o", "r"))
     assert held_out.startswith("the generated dataset's held-out split (128 examples, /o/maxtext-data/heldout.jsonl")
     synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic")
-    text = maxtext_train.eval_split(synthetic, maxtext_args.train_args(synthetic, "/o", "r"))
+    text = maxtext_eval.eval_split(synthetic, maxtext_args.train_args(synthetic, "/o", "r"))
     assert text == "synthetic (4 batches): the training batch, not held out"
     assert not any(a.startswith(("hf_", "tokenizer_")) for a in maxtext_args.train_args(synthetic, "/o", "r"))
 
@@ -75,6 +75,6 @@ def test_maxtext_reads_the_runs_data_snapshot_through_its_hugging_face_pipeline(
     assert maxtext_data.write_splits(*files, maxtext_train.examples(spec, out)) == {"train": 1, "heldout": 1}
     rows = [json.loads(line) for line in open(_arg(args, "hf_train_files"))]
     assert rows == [{"id": maxtext_data.example_id(snapshot["train"][0]), "text": "Instruction: Say 1.\nResponse: 1"}]
-    assert maxtext_train.eval_split(spec, args).startswith("the run's data snapshot's held-out examples")
+    assert maxtext_eval.eval_split(spec, args).startswith("the run's data snapshot's held-out examples")
     with pytest.raises(SpecError, match="^maxtext.dataset_type: MaxText reads the run's data snapshot"):
         resolve("local-maxtext", f"train.dataset={drops}/ maxtext.dataset_type=synthetic")
