@@ -64,7 +64,7 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 from tests.emulators.http import HttpEmulator, HttpError
-from tests.emulators.pipeline_runner import PARAMETER_TYPES, Job, PipelineRunner, _cron_matches, _now
+from tests.emulators.pipeline_runner import Job, PipelineRunner, _cron_matches, _now, resolve_parameters
 from tests.emulators.tokens import authorized
 
 PREFIX = "/apis/v2beta1/"
@@ -518,22 +518,20 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
 
 
 def _parameters(spec: dict, given: dict) -> dict:
-    """The run's parameters against the spec's root inputs: no unknown name, each of its declared type, each missing
-    one defaulted, a missing one without a default refused."""
-    declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
-    values = {}
-    for key, value in given.items():
-        if key not in declared:
-            raise KfpError(400, f"Invalid input error: parameter {key!r} is not an input of the pipeline")
-        if not isinstance(value, PARAMETER_TYPES[declared[key]["parameterType"]]):
-            raise KfpError(400, f"Invalid input error: parameter {key!r} is not a {declared[key]['parameterType']}")
-        values[key] = value
-    for key, definition in declared.items():
-        if key not in values:
-            if "defaultValue" not in definition:
-                raise KfpError(400, f"Invalid input error: parameter {key!r} is required")
-            values[key] = definition["defaultValue"]
-    return values
+    """The run's parameters against the spec's root inputs (``pipeline_runner.resolve_parameters``)."""
+
+    def refuse(why: str, key: str, kind: str) -> KfpError:
+        return KfpError(
+            400,
+            f"Invalid input error: parameter {key!r} "
+            + {
+                "unknown": "is not an input of the pipeline",
+                "type": f"is not a {kind}",
+                "required": "is required",
+            }[why],
+        )
+
+    return resolve_parameters(spec, given, refuse)
 
 
 def _filtered(items: list[dict], query: dict) -> list[dict]:

@@ -34,6 +34,27 @@ PARAMETER_TYPES = {
 }
 
 
+def resolve_parameters(spec: dict, given: dict, refuse) -> dict:
+    """The run's parameters against the spec's root inputs: no unknown name, each of its declared type, each missing
+    one defaulted, a missing one without a default refused: ``refuse(why, key, kind)`` (``why``: unknown, type or
+    required) gives the exception each service answers with."""
+    declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    values = {}
+    for key, value in given.items():
+        if key not in declared:
+            raise refuse("unknown", key, "")
+        kind = declared[key]["parameterType"]
+        if not isinstance(value, PARAMETER_TYPES[kind]):
+            raise refuse("type", key, kind)
+        values[key] = value
+    for key, definition in declared.items():
+        if key not in values:
+            if "defaultValue" not in definition:
+                raise refuse("required", key, "")
+            values[key] = definition["defaultValue"]
+    return values
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

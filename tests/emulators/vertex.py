@@ -82,13 +82,13 @@ from google.cloud import aiplatform_v1
 
 from tests.emulators.http import HttpEmulator, HttpError
 from tests.emulators.pipeline_runner import (  # noqa: F401 - condition_holds and ConditionError are this module's too
-    PARAMETER_TYPES,
     ConditionError,
     Job,
     PipelineRunner,
     _cron_matches,
     _now,
     condition_holds,
+    resolve_parameters,
 )
 from tests.emulators.tokens import authorized
 
@@ -269,23 +269,18 @@ class VertexEmulator(HttpEmulator, PipelineRunner):
 
     @staticmethod
     def _parameters(spec: dict, given: dict) -> dict:
-        declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
-        values = {}
-        for key, value in given.items():
-            if key not in declared:
-                raise HttpError(
-                    400, f"The pipeline parameter {key} is not found in the pipeline job input definitions."
-                )
-            kind = declared[key]["parameterType"]
-            if not isinstance(value, PARAMETER_TYPES[kind]):
-                raise HttpError(400, f"The pipeline parameter {key} must be of type {kind}, got {value!r}.")
-            values[key] = value
-        for key, definition in declared.items():
-            if key not in values:
-                if "defaultValue" not in definition:
-                    raise HttpError(400, f"The pipeline parameter {key} is required.")
-                values[key] = definition["defaultValue"]
-        return values
+        def refuse(why: str, key: str, kind: str) -> HttpError:
+            return HttpError(
+                400,
+                f"The pipeline parameter {key} "
+                + {
+                    "unknown": "is not found in the pipeline job input definitions.",
+                    "type": f"must be of type {kind}, got {given.get(key)!r}.",
+                    "required": "is required.",
+                }[why],
+            )
+
+        return resolve_parameters(spec, given, refuse)
 
     def _cancel(self, name: str) -> None:
         with self._lock:
