@@ -127,8 +127,8 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
     if c.capacity != "reservation" and shape.family.name not in r.QUOTA_METRICS:
         warnings.append(
             f"TPU quota: Compute Engine reports no regional quota metric for {shape.family.name}, so preflight "
-            f"cannot check it; make sure {c.num_slices * shape.num_chips} {c.capacity} chips of its quota are free "
-            f"in {t.region} (the console's Quotas page)"
+            f"cannot check it; make sure {c.num_slices * shape.num_chips} chips of its {r.quota_kind(c.capacity)} "
+            f"quota are free in {t.region} (the console's Quotas page)"
         )
     if d.is_elastic(spec):
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")

@@ -338,6 +338,9 @@ def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
         if t.priority_class:
             meta["labels"][KUEUE_PRIORITY_LABEL] = t.priority_class
         body["suspend"] = True
+        annotations = queued.raycluster_annotations(spec)  # capacity=queued: passed on to Kueue's request
+        if annotations:
+            meta.setdefault("annotations", {}).update(annotations)
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "spec": body}
 
 

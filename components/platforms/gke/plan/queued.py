@@ -19,6 +19,15 @@ Sources:
   (e.g. node selector tolerations) are consistent between this template and actual pods consuming the Provisioning
   Request"; ``ProvisioningRequestPodAnnotationKey``, ``ProvisioningClassPodAnnotationKey``; the condition types).
 
+On a shared cluster queued in Kueue (``gke.queue``) the run creates neither node pools nor the request: Kueue's
+ProvisioningRequest admission check does, once the ClusterQueue reserved quota for the RayCluster's Workload, and
+admits it when the request is Provisioned (Kueue docs, "Provisioning Admission Check Controller",
+https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/: an AdmissionCheck with ``controllerName:
+kueue.x-k8s.io/provisioning-request`` whose parameters name a ProvisioningRequestConfig of the class; "every
+annotation with the provreq.kueue.x-k8s.io/ prefix will be directly passed to created ProvisioningRequest"): the
+RayCluster carries the request's maximum run duration as such an annotation, and preflight checks the ClusterQueue
+lists the check (``checks.kueue``).
+
 Pure functions of (spec, target); nothing here talks to a cloud.
 """
 
@@ -42,8 +51,31 @@ PROVISIONED = "Provisioned"
 ENDED = ("Failed", "BookingExpired", "CapacityRevoked")
 
 
+# Kueue's ProvisioningRequest admission check (gke.queue with capacity=queued)
+CHECK_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+CHECK_CONFIG_KIND = "ProvisioningRequestConfig"
+KUEUE_PARAMETER_PREFIX = "provreq.kueue.x-k8s.io/"
+
+
 def enabled(spec: RunSpec) -> bool:
     return spec.cluster.capacity == CAPACITY
+
+
+def direct(spec: RunSpec) -> bool:
+    """capacity=queued with the run's own node pools: the run makes its ProvisioningRequest itself."""
+    return enabled(spec) and not spec.gke.queue
+
+
+def through_kueue(spec: RunSpec) -> bool:
+    """capacity=queued in a Kueue queue: Kueue's ProvisioningRequest admission check makes the request."""
+    return enabled(spec) and bool(spec.gke.queue)
+
+
+def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
+    """Through Kueue: the request's maximum run duration, the run's deadline, passed on by Kueue (none else)."""
+    if not through_kueue(spec) or max_run_s(spec) is None:
+        return {}
+    return {KUEUE_PARAMETER_PREFIX + MAX_RUN_PARAMETER: str(max_run_s(spec))}
 
 
 def request_name(run_id: str) -> str:
@@ -55,8 +87,9 @@ def pod_template_name(run_id: str) -> str:
 
 
 def worker_annotations(spec: RunSpec, t: Target) -> dict[str, str]:
-    """The annotations by which the worker pods consume the run's request (none unless capacity=queued)."""
-    if not enabled(spec):
+    """The annotations by which the worker pods consume the run's request (none unless the run makes it: through
+    Kueue, Kueue adds them when it admits the RayCluster)."""
+    if not direct(spec):
         return {}
     return {CONSUME_ANNOTATION: request_name(t.run_id), CLASS_ANNOTATION: CLASS_NAME}
 
@@ -69,8 +102,9 @@ def max_run_s(spec: RunSpec) -> int | None:
 
 def objects(spec: RunSpec, t: Target, worker_template: dict[str, Any]) -> list[dict[str, Any]]:
     """The PodTemplate of the worker pods and the ONE ProvisioningRequest for every host of every slice (none
-    unless capacity=queued); ``worker_template`` is the RayCluster worker group's pod template."""
-    if not enabled(spec):
+    unless the run makes the request itself: ``direct``); ``worker_template`` is the RayCluster worker group's pod
+    template."""
+    if not direct(spec):
         return []
     labels = names.labels(t.run_id)
     template = {

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms.gke.plan import compute_resources as cr
-from components.platforms.gke.plan import features, paths
+from components.platforms.gke.plan import features, paths, queued
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.target import Target, bucket_binding
 from components.spec import RunSpec, names
@@ -278,8 +278,14 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 f"Kueue LocalQueue {t.namespace}/{t.queue} of cluster {t.cluster}{priority}: no node pool is created; "
                 f"the RayCluster (labelled kueue.x-k8s.io/queue-name={t.queue}) waits there, suspended, until its "
                 f"ClusterQueue's quota admits {c.num_slices} x {shape.num_hosts} {shape.machine_type} "
-                f"({shape.num_chips * c.num_slices} google.com/tpu), within run.deadline_h; checked before anything "
-                "is created",
+                f"({shape.num_chips * c.num_slices} google.com/tpu)"
+                + (
+                    f" and its ProvisioningRequest admission check ({queued.CHECK_CONTROLLER}, class "
+                    f"{queued.CLASS_NAME}) has every host of every slice provisioned at once (Kueue makes the request)"
+                    if queued.through_kueue(spec)
+                    else ""
+                )
+                + ", within run.deadline_h; checked before anything is created",
                 api="kubernetes get kueue.x-k8s.io/v1beta2",
                 path=f"namespaces/{t.namespace}/localqueues/{t.queue}",
                 deleted_by_teardown=False,

@@ -80,6 +80,15 @@ EXCLUSION_HOURS = 72.0
 # tpus), so preflight cannot check it and says so in a warning naming the chips the run needs, never silently.
 QUOTA_METRICS = {"v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5")}
 
+
+def quota_kind(capacity: str) -> str:
+    """The TPU quota a capacity type draws on: on-demand its own; spot, flex-start and queued the preemptible one.
+    Queued provisioning is flex-start's (its node pools take ``--flex-start --enable-queued-provisioning``: GKE docs,
+    https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest), and flex-start draws on the
+    preemptible TPU quota (Cloud TPU docs, "Request Cloud TPUs using Flex-start",
+    https://cloud.google.com/tpu/docs/request-using-flex-start: "ensure you have sufficient preemptible quota")."""
+    return "on-demand" if capacity == "on-demand" else "preemptible"
+
 AUTOPILOT_CAPACITY_SELECTORS = {
     "spot": {"cloud.google.com/gke-spot": "true"},
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},

@@ -31,7 +31,7 @@ def render_text(plan: dict[str, Any]) -> str:
         "",
         *_render_training(plan["training"]),
         "",
-        *_render_cost(plan["cost"], plan["before_training"]),
+        *_render_cost(plan["cost"], plan["before_training"], s["capacity"]),
         "",
         *_render_limits(plan["limits"]),
         *candidates.render(plan),
@@ -99,16 +99,26 @@ def _gb(n: int | None) -> str:
     return "unknown size" if n is None else f"{n / 1e9:,.1f} GB"
 
 
-def _render_before_training(b: dict[str, Any]) -> list[str]:
+# capacity=queued: no node of the slices exists, and nothing of them is billed, until the ProvisioningRequest is
+# Provisioned, all at once (GKE docs, https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest:
+# "GKE allocates all requested resources at the same time"); the chips are billed from then.
+BILLED_FROM = {
+    "queued": "their nodes' arrival, all at once when the ProvisioningRequest is Provisioned (nothing is billed while "
+    "it is queued),"
+}
+
+
+def _render_before_training(b: dict[str, Any], capacity: str) -> list[str]:
     check = f" + the slice check (at most {b['slice_check_s']:g} s)" if b["slice_check_s"] else ""
+    since = BILLED_FROM.get(capacity, "their node pools' creation")
     return [
         f"  before training               at most {b['chip_minutes_at_most']:g} chip-minutes "
-        f"({_usd(b['usd_at_most'])}): {b['chips']} chips from their node pools' creation through readiness "
+        f"({_usd(b['usd_at_most'])}): {b['chips']} chips from {since} through readiness "
         f"(at most {b['readiness_s']:g} s){check}; the image builds beside provision",
     ]
 
 
-def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
+def _render_cost(cost: dict[str, Any], before: dict[str, Any], capacity: str = "") -> list[str]:
     out = [
         f"cost ({cost['currency']}, list prices)",
         f"  per hour                      {_usd(cost['usd_per_hour'])}",
@@ -120,7 +130,7 @@ def _render_cost(cost: dict[str, Any], before: dict[str, Any]) -> list[str]:
             f"  at most (on-demand prices)    {_usd(cost['upper_bound_usd_per_hour'])}/h, "
             f"{_usd(cost['upper_bound_usd_for_expected_duration'])} for {cost['expected_hours']:g} h"
         )
-    out += _render_before_training(before)
+    out += _render_before_training(before, capacity)
     for key, src in cost["sources"].items():
         out.append(f"  price {key}: {src['source']} ({src['date']})")
     return out

@@ -146,7 +146,7 @@ def raycluster(s: Session, res: Resource) -> None:
                     limits.deadline_s,
                     unschedulable_grace_s=grace,
                     failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-                    request=queued.request_name(s.ctx.run_id) if queued.enabled(spec) else "",
+                    request=queued.request_name(s.ctx.run_id) if queued.direct(spec) else "",
                     poll_s=min(s.poll_s, 2.0),
                     log=s.log,
                     evicted=_eviction(kube, res.name) if s.t.queue else None,
