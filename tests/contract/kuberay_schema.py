@@ -74,6 +74,9 @@ def _convert(node):
             out[key] = [_convert(sub) for sub in value]
         else:
             out[key] = value
+    if isinstance(out.get("pattern"), str) and out["pattern"].startswith("^(?i)"):
+        # RE2 (the API server's regexps) takes a flag group after ^; Python's re only at the very start
+        out["pattern"] = "(?i)^" + out["pattern"][len("^(?i)") :]
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])

@@ -29,6 +29,8 @@ after the Kueue document it follows:
   (https://kueue.sigs.k8s.io/docs/concepts/preemption/);
 - a RayCluster deleted takes its Workload with it (owner reference), freeing its quota; the next pending ones are
   admitted (https://kueue.sigs.k8s.io/docs/concepts/workload/);
+- the ProvisioningRequest admission check (``admission_checks`` below: Kueue's Provisioning Admission Check
+  Controller, https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/);
 - the visibility API's pending workloads of a LocalQueue, in order with their positions
   (``/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/{lq}/pendingworkloads``,
   https://kueue.sigs.k8s.io/docs/tasks/manage/monitor_pending_workloads/pending_workloads_on_demand/).
@@ -39,6 +41,7 @@ from __future__ import annotations
 import copy
 import re
 import secrets
+import threading
 import time
 
 from components.platforms.gke.cloud.kueue import pod_requests, pod_sets, quantity
@@ -88,6 +91,7 @@ class Kueue:
         self._orders: dict[str, int] = {}  # Workload uid -> its creation order (queue order among equal priorities)
         self._admitted: dict[str, int] = {}  # Workload uid -> when it was last admitted, in admissions
         self._admissions = 0
+        self.checks = ProvisioningChecks(self)  # the ProvisioningRequest admission check's controller
 
     # ------------------------------------------------------------------ objects
     def apply(self, obj: dict) -> None:
@@ -162,6 +166,7 @@ class Kueue:
         for key, obj in list(self.kube.objects.items()):
             if key[0] == "workloads" and key[1] == namespace and _owner(obj) == name:
                 self.kube.objects.pop(key)
+                self.checks.forget(obj)
         self.reconcile()
 
     def workload_of(self, namespace: str, raycluster: str) -> dict | None:
@@ -240,7 +245,10 @@ class Kueue:
 
     def reconcile(self) -> None:
         """Admit what fits, in queue order, preempting lower priorities where the ClusterQueue allows it."""
+        self.checks.mark_active()
         for workload in self.pending():
+            if not self.checks.admissible(workload):
+                continue  # deactivated, or backing off after a failed ProvisioningRequest
             cq_name = self._cluster_queue(workload)
             cq = self._get("clusterqueues", "", cq_name) if cq_name else None
             if cq is None:
@@ -255,7 +263,8 @@ class Kueue:
                 if cq["spec"].get("queueingStrategy") == "StrictFIFO":
                     break
                 continue
-            self._admit(workload, cq_name, fit)
+            if not self.checks.reserve(workload, cq, fit):
+                self._admit(workload, cq_name, fit)
         self._queue_status()
 
     def _pend(self, workload: dict, why: str) -> None:
@@ -311,6 +320,9 @@ class Kueue:
                 labels.update(self._flavor_labels(flavor))
             pod_spec = group["template"].setdefault("spec", {})
             pod_spec["nodeSelector"] = {**labels, **pod_spec.get("nodeSelector", {})}
+            updates = self.checks.pod_set_annotations(workload, assignment["name"])
+            if updates:
+                group["template"].setdefault("metadata", {}).setdefault("annotations", {}).update(updates)
         spec["suspend"] = False
         self.kube._create_raycluster(namespace, cluster)
 
@@ -378,3 +390,252 @@ def _template(template: dict) -> dict:
 
 def _owner(workload: dict) -> str:
     return next((r["name"] for r in workload["metadata"].get("ownerReferences", [])), "")
+
+
+# ---------------------------------------------------------------------------------------------- admission checks
+# Kueue's ProvisioningRequest admission check, as its docs describe it (PROVISIONING: the "Provisioning Admission Check
+# Controller" page, https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/ and
+# https://kueue.sigs.k8s.io/docs/concepts/admission_check/provisioning_request/; CHECKS: "Admission Check",
+# https://kueue.sigs.k8s.io/docs/concepts/admission_check/):
+# - an AdmissionCheck whose controllerName is kueue.x-k8s.io/provisioning-request is Active when its parameters name a
+#   ProvisioningRequestConfig that exists (CHECKS: "if an AdmissionCheck is not found or its controller has not
+#   marked it as Active, the ClusterQueue will be marked as Inactive"); a ClusterQueue runs the checks of its
+#   admissionChecksStrategy whose onFlavors are empty or name a flavor the workload was given (CHECKS);
+# - once a Workload holds a quota reservation, the controller creates a ProvisioningRequest for it, with the
+#   Workload's PodTemplates, the config's class and parameters, the job's provreq.kueue.x-k8s.io/ annotations as
+#   parameters, owned by the Workload (PROVISIONING); only pod sets that ask for one of the config's managedResources
+#   ("the list of resources managed by the autoscaling"); the check is Pending meanwhile, its podSetUpdates the
+#   annotations by which the pods consume the request (CHECKS' example: consume-provisioning-request);
+# - Provisioned: the check is Ready, and a Workload with every check Ready is Admitted (CHECKS);
+# - Failed, and BookingExpired or CapacityRevoked before the Workload is admitted ("these conditions only affect
+#   non-admitted Workloads. Once admitted, they are ignored": PROVISIONING): the check is Retry, the quota reserved
+#   released, and the Workload requeued after a backoff (PROVISIONING, "Retry strategy"), of backoffBaseSeconds x
+#   2^(n-1) at most backoffMaxSeconds (the retryStrategy fields' descriptions in the vendored CRD; no jitter here);
+#   after backoffLimitCount retries the check is Rejected and the Workload deactivated (spec.active false; CHECKS:
+#   "If any of the Workload's AdmissionCheck is in the Rejected state: Workload is deactivated").
+# The names of the requests and PodTemplates are this emulator's.
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+PARAMETER_PREFIX = "provreq.kueue.x-k8s.io/"
+CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
+CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
+RETRY_DEFAULTS = {"backoffLimitCount": 3, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}
+
+
+class ProvisioningChecks:
+    """The ProvisioningRequest admission check's controller over ``kueue``'s objects (called under the kube lock)."""
+
+    def __init__(self, kueue: Kueue) -> None:
+        self.kueue, self.kube = kueue, kueue.kube
+        self.requests: dict[tuple[str, str], tuple[str, str]] = {}  # (namespace, request) -> (workload uid, check)
+        self.retries: dict[str, int] = {}  # workload uid -> failed requests so far
+        self.retry_at: dict[str, float] = {}  # workload uid -> when it may reserve quota again (epoch s)
+        self.kube.provisioner.listeners.append(self.decided)
+
+    # -------------------------------------------------------------- the checks
+    def mark_active(self) -> None:
+        """Each provisioning AdmissionCheck is Active when its ProvisioningRequestConfig exists."""
+        for _, check in self.kueue._all("admissionchecks"):
+            if check["spec"]["controllerName"] != PROVISIONING_CONTROLLER:
+                continue
+            found = self._config(check) is not None
+            why = "the check is ready" if found else "no ProvisioningRequestConfig named by its parameters"
+            check["status"] = {
+                "conditions": [{**_condition("Active", found, "Active" if found else "BadParametersRef", why)}]
+            }
+
+    def _config(self, check: dict) -> dict | None:
+        params = check["spec"].get("parameters") or {}
+        if params.get("kind") != "ProvisioningRequestConfig":
+            return None
+        return self.kueue._get("provisioningrequestconfigs", "", params.get("name", ""))
+
+    def _checks(self, cq: dict, assignments: list[dict]) -> list[dict]:
+        flavors = {f for a in assignments for f in a["flavors"].values()}
+        rules = (cq["spec"].get("admissionChecksStrategy") or {}).get("admissionChecks") or []
+        out = []
+        for rule in rules:
+            if rule.get("onFlavors") and not flavors & set(rule["onFlavors"]):
+                continue
+            check = self.kueue._get("admissionchecks", "", rule["name"])
+            if check and check["spec"]["controllerName"] == PROVISIONING_CONTROLLER:
+                out.append(check)
+        return out
+
+    def admissible(self, workload: dict) -> bool:
+        uid = workload["metadata"]["uid"]
+        return workload["spec"].get("active", True) and time.time() >= self.retry_at.get(uid, 0.0)
+
+    # -------------------------------------------------------------- reservation: the requests made
+    def reserve(self, workload: dict, cq: dict, assignments: list[dict]) -> bool:
+        """Quota reserved for ``workload``: True when the ClusterQueue runs provisioning checks, each Pending on the
+        ProvisioningRequest made for it (the workload is not admitted yet); False when it runs none."""
+        self.mark_active()
+        checks = self._checks(cq, assignments)
+        if not checks:
+            return False
+        workload["status"]["admission"] = {"clusterQueue": cq["metadata"]["name"], "podSetAssignments": assignments}
+        workload["status"]["conditions"] = [
+            _condition(
+                "QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq['metadata']['name']}"
+            ),
+            _condition("Admitted", False, "UnsatisfiedChecks", "The workload has not all checks ready"),
+        ]
+        states = []
+        for check in checks:
+            request = self._request(workload, check, assignments)
+            states.append(
+                {
+                    "name": check["metadata"]["name"],
+                    "state": "Pending",
+                    "message": f"Waiting for ProvisioningRequest {request['metadata']['name']}",
+                    "lastTransitionTime": _condition("", True, "", "")["lastTransitionTime"],
+                    "retryCount": self.retries.get(workload["metadata"]["uid"], 0),
+                    "podSetUpdates": [
+                        {
+                            "name": s["podTemplateRef"]["name"].rsplit("--", 1)[1],
+                            "annotations": {
+                                CONSUME: request["metadata"]["name"],
+                                CLASS: request["spec"]["provisioningClassName"],
+                            },
+                        }
+                        for s in request["spec"]["podSets"]
+                    ],
+                }
+            )
+        workload["status"]["admissionChecks"] = states
+        errors = self.kube.crds.errors(workload)
+        assert not errors, f"the emulated Kueue made an invalid Workload: {errors}"
+        return True
+
+    def _request(self, workload: dict, check: dict, assignments: list[dict]) -> dict:
+        from tests.emulators import provisioning
+
+        namespace, uid = workload["metadata"]["namespace"], workload["metadata"]["uid"]
+        config = self._config(check) or {"spec": {}}
+        managed = set(config["spec"].get("managedResources") or [])
+        attempt = self.retries.get(uid, 0) + 1
+        name = f"{workload['metadata']['name']}-{check['metadata']['name']}-{attempt}"[:200]
+        owner = [{"apiVersion": API_VERSION, "kind": "Workload", "name": workload["metadata"]["name"], "uid": uid}]
+        labels = {
+            **self.kueue.kube.objects.get(("rayclusters", namespace, _owner(workload)), {})
+            .get("metadata", {})
+            .get("labels", {})
+        }
+        pod_sets = []
+        flavors = {a["name"]: a["flavors"] for a in assignments}
+        for pod_set in workload["spec"]["podSets"]:
+            asked = {r for r, v in pod_requests(pod_set["template"]).items() if v}
+            if managed and not asked & managed:
+                continue
+            template = copy.deepcopy(pod_set["template"])
+            for flavor in set(flavors.get(pod_set["name"], {}).values()):
+                selector = template.setdefault("spec", {}).setdefault("nodeSelector", {})
+                selector.update(self.kueue._flavor_labels(flavor))
+            template_name = f"{name}--{pod_set['name']}"
+            self.kube.objects[("podtemplates", namespace, template_name)] = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": template_name, "namespace": namespace, "ownerReferences": owner, "labels": labels},
+                "template": template,
+            }
+            pod_sets.append({"podTemplateRef": {"name": template_name}, "count": pod_set["count"]})
+        parameters = dict(config["spec"].get("parameters") or {})
+        job = self.kube.objects.get(("rayclusters", namespace, _owner(workload))) or {"metadata": {}}
+        for key, value in (job["metadata"].get("annotations") or {}).items():
+            if key.startswith(PARAMETER_PREFIX):
+                parameters[key.removeprefix(PARAMETER_PREFIX)] = value  # the annotation wins over the config
+        request = {
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": secrets.token_hex(8),
+                "ownerReferences": owner,
+                "labels": labels,
+            },
+            "spec": {
+                "provisioningClassName": config["spec"].get("provisioningClassName", ""),
+                "podSets": pod_sets,
+                **({"parameters": parameters} if parameters else {}),
+            },
+        }
+        errors = provisioning.errors(request)
+        assert not errors, f"the emulated Kueue made an invalid ProvisioningRequest: {errors}"
+        self.kube.objects[(provisioning.PLURAL, namespace, name)] = request
+        self.requests[(namespace, name)] = (uid, check["metadata"]["name"])
+        self.kube.provisioner.created(namespace, request)
+        return request
+
+    def pod_set_annotations(self, workload: dict, pod_set: str) -> dict:
+        """The annotations the admission checks add to the pods of ``pod_set`` when the workload is admitted."""
+        out: dict = {}
+        for state in (workload.get("status") or {}).get("admissionChecks") or []:
+            for update in state.get("podSetUpdates") or []:
+                if update["name"] == pod_set:
+                    out.update(update.get("annotations") or {})
+        return out
+
+    # -------------------------------------------------------------- the request's conditions
+    def decided(self, namespace: str, name: str, kind: str) -> None:
+        """The ProvisioningRequest ``name`` got the condition ``kind``: the check's state follows it."""
+        with self.kube.lock:
+            uid, check_name = self.requests.get((namespace, name), ("", ""))
+            workload = next((w for _, w in self.kueue._all("workloads") if w["metadata"]["uid"] == uid), None)
+            if workload is None or workload["status"].get("admission") is None:
+                return
+            if any(c["type"] == "Admitted" and c["status"] == "True" for c in workload["status"]["conditions"]):
+                return  # admitted: the request's later conditions are ignored (PROVISIONING)
+            state = next(s for s in workload["status"]["admissionChecks"] if s["name"] == check_name)
+            if kind == "Provisioned":
+                state.update(state="Ready", message=f"ProvisioningRequest {name} is Provisioned")
+                if all(s["state"] == "Ready" for s in workload["status"]["admissionChecks"]):
+                    admission = workload["status"]["admission"]
+                    self.kueue._admit(workload, admission["clusterQueue"], admission["podSetAssignments"])
+                    self.kueue._queue_status()
+                return
+            self._retry(workload, state, name, kind)
+            self.kueue.reconcile()
+
+    def _retry(self, workload: dict, state: dict, name: str, kind: str) -> None:
+        """A request that gives no capacity: the quota is released and the workload requeued after its backoff, or,
+        past the config's backoffLimitCount, the check Rejected and the workload deactivated."""
+        uid = workload["metadata"]["uid"]
+        check = self.kueue._get("admissionchecks", "", state["name"]) or {"spec": {}}
+        retry = {**RETRY_DEFAULTS, **((self._config(check) or {"spec": {}})["spec"].get("retryStrategy") or {})}
+        count = self.retries[uid] = self.retries.get(uid, 0) + 1
+        workload["status"].pop("admission", None)
+        message = f"ProvisioningRequest {name} is {kind}"
+        if count > retry["backoffLimitCount"]:
+            state.update(state="Rejected", message=message)
+            workload["spec"]["active"] = False
+            workload["status"]["conditions"] = [
+                _condition("QuotaReserved", False, "Pending", message),
+                _condition("Admitted", False, "NoReservation", "The workload has no reservation"),
+                _condition("Evicted", True, "Deactivated", f"The workload is deactivated: {message}"),
+            ]
+            return
+        delay = min(retry["backoffBaseSeconds"] * 2 ** (count - 1), retry["backoffMaxSeconds"])
+        state.update(state="Retry", message=message, retryCount=count, requeueAfterSeconds=int(delay))
+        self.retry_at[uid] = time.time() + delay
+        workload["status"]["requeueState"] = {"count": count}
+        workload["status"]["conditions"] = [
+            _condition("QuotaReserved", False, "Pending", f"{message}: requeued in {delay:g}s"),
+            _condition("Admitted", False, "NoReservation", "The workload has no reservation"),
+        ]
+        timer = threading.Timer(delay, self._requeue)
+        timer.daemon = True
+        timer.start()
+
+    def _requeue(self) -> None:
+        with self.kube.lock:
+            self.kueue.reconcile()
+
+    def forget(self, workload: dict) -> None:
+        """The workload is gone: the requests and PodTemplates it owned go with it (garbage collection)."""
+        uid = workload["metadata"]["uid"]
+        for key, obj in list(self.kube.objects.items()):
+            if key[0] in ("provisioningrequests", "podtemplates") and any(
+                r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []
+            ):
+                self.kube.objects.pop(key)

@@ -13,7 +13,16 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
   Unschedulable until it is Provisioned, then all of them are scheduled together; while it is not, no node of the
   request's node pools exists, and no cluster autoscaler event is recorded for them (the request is the scale-up);
 - the PodTemplate a pod set names must exist in the request's namespace (types.go: "must be within the same
-  namespace"), else the request Fails at once.
+  namespace"), else the request Fails at once;
+- ``expire_booking``: the request's capacity is no longer booked for it (BookingExpired, types.go: "the
+  ProvisioningRequest had Provisioned condition before and capacity reservation time is expired"); pods that have
+  not landed yet will not be given nodes;
+- ``revoke``: the capacity is taken back (CapacityRevoked, types.go: "requested resources are not longer valid";
+  Kueue's docs: "CA revokes the capacity, if a Workload is running on it, it will be evicted",
+  https://kueue.sigs.k8s.io/docs/concepts/admission_check/provisioning_request/): the request's nodes go, and with
+  them the pods that consume it (their deletion, as a lost host's);
+- whoever made a request (Kueue's admission check: tests/emulators/kueue.py) hears of each condition it gets
+  (``listeners``: (namespace, name, condition type)), as its controller watches the request.
 """
 
 from __future__ import annotations
@@ -81,6 +90,7 @@ class Provisioner:
         self.crd_served = True  # False: a cluster without the ProvisioningRequest API
         self.decided: list[tuple[str, str, str]] = []  # (namespace, name, condition) in order
         self.decided_at: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it was decided (epoch s)
+        self.listeners: list[Callable[[str, str, str], None]] = []  # told (namespace, name, condition) of each
 
     def serves(self, crd_name: str) -> bool:
         return self.crd_served and crd_name == CRD_NAME
@@ -120,6 +130,25 @@ class Provisioner:
             then = self.waiting.pop((namespace, name), []) if kind == "Provisioned" else []
         for schedule in then:
             schedule()
+        for listener in list(self.listeners):
+            listener(namespace, name, kind)
+
+    def expire_booking(self, namespace: str, name: str) -> None:
+        """BookingExpired: the capacity booked for the request is no longer held for pods that have not landed."""
+        self._decide(namespace, name, "BookingExpired", "BookingExpired", "the capacity booking expired")
+
+    def revoke(self, namespace: str, name: str) -> None:
+        """CapacityRevoked: the request's nodes are taken back; the pods consuming it go with them."""
+        self._decide(namespace, name, "CapacityRevoked", "CapacityRevoked", "the requested capacity was revoked")
+        with self.lock:
+            for key in [
+                k
+                for k, o in self.objects.items()
+                if k[0] == "pods"
+                and k[1] == namespace
+                and (o["metadata"].get("annotations") or {}).get(CONSUME_ANNOTATION) == name
+            ]:
+                self.objects.pop(key)
 
     def provisioned(self, namespace: str, name: str) -> bool:
         conditions = ((self.objects.get((PLURAL, namespace, name)) or {}).get("status") or {}).get("conditions", [])

@@ -360,3 +360,147 @@ def test_a_run_evicted_before_its_raycluster_is_ready_waits_in_the_queue_again(t
     assert done["result"]["available_workers"] == 1 and done["result"]["queue_wait"]
     gke.teardown(low)
     assert _left(project, "low") == {} and _left(project, "high") == {} and _workloads(project) == []
+
+
+# ------------------------------------------------------------------ capacity=queued through Kueue's admission check
+QUEUED_CAPACITY = QUEUED + " gke.queue=team-a cluster.capacity=queued"
+
+
+def provisioning_check(kueue: Kueue, config: bool = True, class_name: str | None = None, **retry):
+    """The shared-tpu ClusterQueue runs Kueue's ProvisioningRequest admission check ``dws`` for its TPU flavor, of a
+    ProvisioningRequestConfig ``dws-config`` of ``class_name`` (none unless ``config``) managing google.com/tpu."""
+    v1 = "kueue.x-k8s.io/v1beta2"
+    if config:
+        spec = {
+            "provisioningClassName": class_name or "queued-provisioning.gke.io",
+            "managedResources": ["google.com/tpu"],
+        }
+        if retry:
+            spec["retryStrategy"] = retry
+        kueue.apply(
+            {"apiVersion": v1, "kind": "ProvisioningRequestConfig", "metadata": {"name": "dws-config"}, "spec": spec}
+        )
+    params = {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": "dws-config"}
+    kueue.apply(
+        {
+            "apiVersion": v1,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "dws"},
+            "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request", "parameters": params},
+        }
+    )
+    with kueue.kube.lock:
+        cq = kueue.kube.objects[("clusterqueues", "", "shared-tpu")]
+        cq["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": "dws", "onFlavors": ["v6e"]}]}
+        kueue.reconcile()
+
+
+def _requests(project) -> dict[str, dict]:
+    with project.kube.lock:
+        return {n: o for (p, _, n), o in project.kube.objects.items() if p == "provisioningrequests"}
+
+
+def test_a_queued_run_in_kueue_is_admitted_once_its_provisioning_request_is_provisioned(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.provision_s = 0.3
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    provisioning_check(setup(project))
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    ctx = context(tmp_path, "dws", QUEUED_CAPACITY + " run.deadline_h=2")
+    gke.provision(ctx)
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
+    ((name, request),) = _requests(project).items()  # Kueue's, not the run's: one, for the TPU pod set alone
+    workload = _workloads(project)[0]
+    assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert request["spec"]["parameters"] == {"maxRunDurationSeconds": "7200"}  # the run's deadline, by annotation
+    assert [s["count"] for s in request["spec"]["podSets"]] == [1]
+    assert request["metadata"]["ownerReferences"][0]["uid"] == workload["metadata"]["uid"]
+    assert [(s["name"], s["state"]) for s in workload["status"]["admissionChecks"]] == [("dws", "Ready")]
+    assert project.kube.provisioner.decided == [("tpupipe", name, "Provisioned")]
+    with project.kube.lock:
+        worker = project.kube.objects[("pods", "tpupipe", "dws-tpu-v6e-4-0-0")]
+    assert worker["metadata"]["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == name
+    assert any("admission check dws Pending: Waiting for ProvisioningRequest" in line for line in logs), logs
+    gke.teardown(ctx)
+    assert _left(project, "dws") == {} and _workloads(project) == [] and _requests(project) == {}
+
+
+def test_a_queued_run_whose_requests_fail_is_rejected_by_kueue_with_a_clear_message(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.provision_s = 0.1
+    project.kube.provisioner.outcome = "capacity_not_found"
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    provisioning_check(setup(project), backoffLimitCount=1, backoffBaseSeconds=1, backoffMaxSeconds=5)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "nodws", QUEUED_CAPACITY)
+    gke.provision(ctx)
+    with pytest.raises(
+        InfraError,
+        match="will not be admitted by Kueue: admission check dws Rejected: "
+        "ProvisioningRequest .*-dws-2 is Failed .*Nothing of the slices was billed",
+    ):
+        gke.deploy_raycluster(ctx)
+    assert [d[2] for d in project.kube.provisioner.decided] == ["Failed", "Failed"]  # retried once, after its backoff
+    assert _workloads(project)[0]["spec"]["active"] is False  # deactivated
+    gke.teardown(ctx)
+    assert _left(project, "nodws") == {} and _workloads(project) == [] and _requests(project) == {}
+
+
+def test_kueue_ignores_a_booking_that_expires_once_the_workload_is_admitted(project_factory):
+    """Provisioned admits the Workload; the request's later conditions do not evict it (Kueue's docs: they "only
+    affect non-admitted Workloads")."""
+    from components.platforms.gke.plan import manifests
+    from components.platforms.gke.plan.target import target
+
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    kueue = setup(project)
+    provisioning_check(kueue)
+    provisioner = project.kube.provisioner
+    provisioner.provision_s = 60.0  # decided by this test
+    spec = resolve("local-fsdp", QUEUED_CAPACITY)
+    body = manifests.raycluster(spec, target(spec, "exp"))
+    body["metadata"]["uid"] = "uid-exp"
+    with project.kube.lock:
+        project.kube.objects[("rayclusters", "tpupipe", "exp")] = body
+        kueue.raycluster_created("tpupipe", body)
+    (first,) = _requests(project)
+    assert [s["state"] for s in _workloads(project)[0]["status"]["admissionChecks"]] == ["Pending"]
+    assert body["spec"]["suspend"] is True  # quota reserved, not admitted: KubeRay makes no pods
+    provisioner._decide("tpupipe", first, "Provisioned", "Provisioned", "booked")
+    assert [s["state"] for s in _workloads(project)[0]["status"]["admissionChecks"]] == ["Ready"]
+    assert body["spec"]["suspend"] is False
+    provisioner.expire_booking("tpupipe", first)
+    assert _workloads(project)[0]["status"]["admission"] and body["spec"]["suspend"] is False
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("fine", "ClusterQueue shared-tpu: admission check dws (kueue.x-k8s.io/provisioning-request, Active, "),
+        ("no check", "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a) runs no "),
+        ("no config", "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a): its admission check dws is not "),
+        ("other class", "names ProvisioningRequestConfig dws-config, of another class (check-capacity."),
+    ],
+    ids=["fine", "no check", "no config", "other class"],
+)
+def test_preflight_of_queued_capacity_in_kueue_checks_the_provisioning_admission_check(
+    project_factory, capsys, case, expected
+):
+    project = project_factory()
+    _team_cluster(project)
+    kueue = setup(project)
+    if case != "no check":
+        other = "check-capacity.autoscaling.x-k8s.io"
+        provisioning_check(kueue, config=case != "no config", class_name=other if case == "other class" else None)
+    code, text = preflight_cli(QUEUED_CAPACITY, capsys)
+    assert code == (0 if case == "fine" else 2) and expected in text, text

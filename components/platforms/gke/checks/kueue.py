@@ -12,7 +12,14 @@ before anything is created; each problem names the field to change:
   (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#flavors-and-resources,
   https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/);
 - ``gke.priority_class`` names a WorkloadPriorityClass that exists
-  (https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/).
+  (https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/);
+- with ``cluster.capacity=queued``, the ClusterQueue runs Kueue's ProvisioningRequest admission check for the TPU
+  flavor (``admissionChecksStrategy``: a rule with no ``onFlavors``, or one naming the flavor), its AdmissionCheck's
+  ``controllerName`` is ``kueue.x-k8s.io/provisioning-request`` and its controller marked it ``Active`` ("if an
+  AdmissionCheck is not found or its controller has not marked it as Active, the ClusterQueue will be marked as
+  Inactive": https://kueue.sigs.k8s.io/docs/concepts/admission_check/), and its parameters name a
+  ProvisioningRequestConfig that exists, of the class ``queued-provisioning.gke.io``
+  (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/).
 
 ClusterQueues, ResourceFlavors and WorkloadPriorityClasses are cluster-scoped: a caller who may read only its own
 namespace (Kueue's batch user role) gets a warning that they could not be checked, not a problem. What the run may do
@@ -25,7 +32,7 @@ from typing import Any
 
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.cloud import kueue
-from components.platforms.gke.plan import manifests
+from components.platforms.gke.plan import manifests, queued
 from components.platforms.gke.plan.target import target
 from components.spec import RunSpec
 from components.workload import derive as d
@@ -70,7 +77,9 @@ def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> Non
                 Problem("gke.queue", f"LocalQueue {queue} points to ClusterQueue {cq_name}, which does not exist")
             )
             return
-        _quota(kube, spec, queue, cq, raycluster, report)
+        flavor = _quota(kube, spec, queue, cq, raycluster, report)
+        if flavor and queued.through_kueue(spec):
+            _provisioning_check(kube, queue, cq, flavor, report)
         if (
             spec.gke.priority_class
             and kueue.cluster_object(kube, "workloadpriorityclasses", spec.gke.priority_class) is None
@@ -93,8 +102,11 @@ def _queues(kube) -> str:
     return f"its LocalQueues are {', '.join(names)}" if names else "it has no LocalQueue"
 
 
-def _quota(kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict[str, Any], report: Report) -> None:
-    """Every resource the RayCluster asks for is covered; a TPU flavor matching the slice has quota for all of it."""
+def _quota(
+    kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict[str, Any], report: Report
+) -> str | None:
+    """Every resource the RayCluster asks for is covered; a TPU flavor matching the slice has quota for all of it:
+    that flavor's name, None after a problem."""
     name = cq["metadata"]["name"]
     groups = cq["spec"].get("resourceGroups", [])
     asked: dict[str, float] = {}
@@ -110,7 +122,7 @@ def _quota(kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict
                 "asks for: Kueue would never admit it; ask its platform team to cover them, or choose another queue",
             )
         )
-        return
+        return None
     shape = d.slice_shape(spec)
     wanted = int(asked.get(kueue.TPU_RESOURCE, 0))
     selector = _worker_selector(raycluster)
@@ -133,7 +145,7 @@ def _quota(kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict
                 "slice, or change cluster.accelerator / cluster.topology",
             )
         )
-        return
+        return None
     best, quota = max(matching, key=lambda m: m[1])
     if quota < wanted:
         report.problems.append(
@@ -145,10 +157,61 @@ def _quota(kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict
                 "or ask for quota",
             )
         )
-        return
+        return None
     report.checked.append(
         f"LocalQueue {queue} -> ClusterQueue {name}: flavor {best} ({slice_text}) has a quota of {quota:g} "
         f"{kueue.TPU_RESOURCE}, the run asks for {wanted}"
+    )
+    return best
+
+
+def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, report: Report) -> None:
+    """capacity=queued through Kueue: the ClusterQueue runs an Active ProvisioningRequest admission check of the
+    queued-provisioning class for ``flavor`` (the sources: this module's docstring)."""
+    name = cq["metadata"]["name"]
+    rules = (cq["spec"].get("admissionChecksStrategy") or {}).get("admissionChecks") or []
+    names = [r["name"] for r in rules if not r.get("onFlavors") or flavor in r["onFlavors"]]
+    found = {n: kueue.cluster_object(kube, "admissionchecks", n) for n in names}
+    checks = {n: c for n, c in found.items() if c and c["spec"].get("controllerName") == queued.CHECK_CONTROLLER}
+    fix = (
+        f"ask its platform team for a ProvisioningRequest admission check of the class {queued.CLASS_NAME} "
+        "(docs/gke.md, 'Queued provisioning'), choose another queue, or another cluster.capacity"
+    )
+    if not checks:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"ClusterQueue {name} (of LocalQueue {queue}) runs no {queued.CHECK_CONTROLLER} admission check for "
+                f"flavor {flavor} (its checks: {', '.join(names) or 'none'}), which cluster.capacity=queued needs: "
+                + fix,
+            )
+        )
+        return
+    whys = []
+    for check_name, check in checks.items():
+        params = check["spec"].get("parameters") or {}
+        active = next((c for c in (check.get("status") or {}).get("conditions", []) if c["type"] == "Active"), None)
+        config = (
+            kueue.cluster_object(kube, "provisioningrequestconfigs", params.get("name", ""))
+            if params.get("kind") == queued.CHECK_CONFIG_KIND
+            else None
+        )
+        if not active or active["status"] != "True":
+            why = "is not Active" + (f" ({active.get('reason', '')}: {active.get('message', '')})" if active else "")
+        elif config is None:
+            why = f"names no {queued.CHECK_CONFIG_KIND} that exists (its parameters: {params or 'none'})"
+        elif config["spec"].get("provisioningClassName") != queued.CLASS_NAME:
+            other = config["spec"]["provisioningClassName"]
+            why = f"names {queued.CHECK_CONFIG_KIND} {params['name']}, of another class ({other})"
+        else:
+            report.checked.append(
+                f"ClusterQueue {name}: admission check {check_name} ({queued.CHECK_CONTROLLER}, Active, "
+                f"{queued.CHECK_CONFIG_KIND} {params['name']} of the class {queued.CLASS_NAME})"
+            )
+            return
+        whys.append(f"its admission check {check_name} {why}")
+    report.problems.append(
+        Problem("gke.queue", f"ClusterQueue {name} (of LocalQueue {queue}): {'; '.join(whys)}: {fix}")
     )
 
 

@@ -148,3 +148,19 @@ def ended(request: dict[str, Any] | None) -> str | None:
         if cond is not None:
             return f"{kind}: {cond.get('reason', '')}: {cond.get('message', '')}".rstrip(": ")
     return None
+
+
+def admission_checks(workload: dict[str, Any] | None) -> str:
+    """Through Kueue: where the Workload's admission checks stand (``status.admissionChecks``: Pending, Ready,
+    Retry, Rejected: https://kueue.sigs.k8s.io/docs/concepts/admission_check/), "" when it has none."""
+    states = ((workload or {}).get("status") or {}).get("admissionChecks") or []
+    return "; ".join(f"admission check {s['name']} {s['state']}: {s.get('message', '')}".rstrip(": ") for s in states)
+
+
+def rejected(workload: dict[str, Any] | None) -> str | None:
+    """Why Kueue will not admit the Workload again: an admission check Rejected (the Workload is deactivated: Kueue
+    docs, "Admission Check"; the ProvisioningRequest check rejects once its retryStrategy.backoffLimitCount is spent,
+    https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/), else None."""
+    states = ((workload or {}).get("status") or {}).get("admissionChecks") or []
+    found = next((s for s in states if s.get("state") == "Rejected"), None)
+    return None if found is None else f"admission check {found['name']} Rejected: {found.get('message', '')}"

@@ -89,6 +89,7 @@ def quota_kind(capacity: str) -> str:
     https://cloud.google.com/tpu/docs/request-using-flex-start: "ensure you have sufficient preemptible quota")."""
     return "on-demand" if capacity == "on-demand" else "preemptible"
 
+
 AUTOPILOT_CAPACITY_SELECTORS = {
     "spot": {"cloud.google.com/gke-spot": "true"},
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.platforms.gke.cloud import kueue
+from components.platforms.gke.plan import queued
 
 
 class QueueDeadline(Exception):
@@ -77,6 +78,15 @@ def wait_admitted(
             return start + epoch, clock() + epoch
         now = clock()
         where = position(kube, queue, workload) if workload is not None else f"queued in {queue} (no Workload yet)"
+        checks = queued.admission_checks(workload)  # capacity=queued: the ProvisioningRequest admission check
+        where += f" ({checks})" if checks else ""
+        rejected = queued.rejected(workload)
+        if rejected:
+            raise QueueDeadline(
+                f"RayCluster {raycluster} will not be admitted by Kueue: {rejected} (the ProvisioningRequests Kueue "
+                "made for it gave no capacity, and it stopped retrying). Nothing of the slices was billed; run again "
+                "later, or choose another queue or cluster.capacity"
+            )
         if where != said or now - last_said >= 30:
             log(f"  RayCluster {raycluster}: {where}{_why(workload)} ({now - start:.0f}s)")
             said, last_said = where, now
