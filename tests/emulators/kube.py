@@ -345,6 +345,7 @@ class KubeEmulator:
         self.objects: dict[tuple[str, str, str], dict] = {}  # (plural, namespace, name) -> object
         self.lock = threading.RLock()
         self.provisioner = provisioning.Provisioner(self.objects, self.lock)  # ProvisioningRequests (queued)
+        self.provisioner.lose_pod = self.lose_pod  # CapacityRevoked: the request's nodes, and their pods, go
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
         self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order

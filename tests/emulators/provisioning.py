@@ -20,7 +20,7 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
 - ``revoke``: the capacity is taken back (CapacityRevoked, types.go: "requested resources are not longer valid";
   Kueue's docs: "CA revokes the capacity, if a Workload is running on it, it will be evicted",
   https://kueue.sigs.k8s.io/docs/concepts/admission_check/provisioning_request/): the request's nodes go, and with
-  them the pods that consume it (their deletion, as a lost host's);
+  them the pods that consume it (as a host lost mid-run: the kube emulator's ``lose_pod``);
 - whoever made a request (Kueue's admission check: tests/emulators/kueue.py) hears of each condition it gets
   (``listeners``: (namespace, name, condition type)), as its controller watches the request.
 """
@@ -91,6 +91,7 @@ class Provisioner:
         self.decided: list[tuple[str, str, str]] = []  # (namespace, name, condition) in order
         self.decided_at: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it was decided (epoch s)
         self.listeners: list[Callable[[str, str, str], None]] = []  # told (namespace, name, condition) of each
+        self.lose_pod: Callable[[str, str], None] | None = None  # the kube emulator's host lost mid-run
 
     def serves(self, crd_name: str) -> bool:
         return self.crd_served and crd_name == CRD_NAME
@@ -141,14 +142,19 @@ class Provisioner:
         """CapacityRevoked: the request's nodes are taken back; the pods consuming it go with them."""
         self._decide(namespace, name, "CapacityRevoked", "CapacityRevoked", "the requested capacity was revoked")
         with self.lock:
-            for key in [
+            consumers = [
                 k
                 for k, o in self.objects.items()
                 if k[0] == "pods"
                 and k[1] == namespace
                 and (o["metadata"].get("annotations") or {}).get(CONSUME_ANNOTATION) == name
-            ]:
-                self.objects.pop(key)
+            ]
+        for _, _, pod in consumers:
+            if self.lose_pod is not None:
+                self.lose_pod(namespace, pod)  # as a host lost mid-run: terminated, then gone
+            else:
+                with self.lock:
+                    self.objects.pop(("pods", namespace, pod), None)
 
     def provisioned(self, namespace: str, name: str) -> bool:
         conditions = ((self.objects.get((PLURAL, namespace, name)) or {}).get("status") or {}).get("conditions", [])

@@ -234,3 +234,52 @@ def test_gke_refuses_a_queued_provisioning_pool_without_the_settings_it_needs_an
     assert "auto-repair" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(repaired)))
     fixed = {**body, "initialNodeCount": 4}
     assert "from 0 nodes" in provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(fixed)))
+
+
+def test_a_booking_that_expires_before_the_pods_land_ends_the_wait_saying_so():
+    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_name="r")
+    unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits"}]
+    pods = [{"metadata": {"name": "w0"}, "status": {"conditions": unsched}}]
+    raycluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0}}
+    expired = {
+        "status": {
+            "conditions": [
+                {"type": "Provisioned", "status": "True", "reason": "Provisioned"},
+                {"type": "BookingExpired", "status": "True", "reason": "BookingExpired", "message": "expired"},
+            ]
+        }
+    }
+    with pytest.raises(
+        readiness.RayClusterNotReady,
+        match="ProvisioningRequest r was Provisioned, but its booking expired before the worker pods landed on the "
+        "nodes.*\\(BookingExpired: BookingExpired: expired\\); run again",
+    ):
+        machine.step(raycluster, pods, 0.0, [], expired)
+
+
+def test_capacity_revoked_mid_run_loses_the_hosts_and_the_post_mortem_says_why(
+    tmp_path, project_factory, monkeypatch, capsys
+):
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    project.kube.provisioner.provision_s = 0.2
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    ctx = context(tmp_path, "revoked", QUEUED + " cluster.ready_timeout_s=30")
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    gke.deploy_raycluster(ctx)
+    gke.job_client(ctx)  # the first job: from here a pod the run loses is kept as it goes
+    request = queued.request_name("revoked")
+    project.kube.provisioner.revoke("tpupipe", request)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ctx.store.read_text(postmortem.LOST_PODS):
+        time.sleep(0.1)
+    gke.teardown(ctx)
+    (kept,) = json.loads(ctx.store.read_text(postmortem.LOST_PODS))  # its one worker, lost as a preempted host's
+    assert kept["name"] == "revoked-tpu-v6e-4-0-0" and kept["why"].startswith("lost: Terminated")
+    said = json.loads(ctx.store.read_text("logs/provisioning_request.json"))
+    assert [c["type"] for c in said["conditions"]] == ["Accepted", "Provisioned", "CapacityRevoked"]
+    assert said["story"].startswith(f"the ProvisioningRequest {request} had its capacity revoked: its nodes were taken")
+    assert f"teardown: {said['story']}" in capsys.readouterr().out
+    assert project.leftovers("revoked") == {}

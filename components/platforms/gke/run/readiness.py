@@ -159,11 +159,7 @@ class Readiness:
             raise RayClusterNotReady(f"the ProvisioningRequest {self.request_name} is gone (deleted while it waited)")
         why = queued.ended(request)
         if why:
-            raise RayClusterNotReady(
-                f"the ProvisioningRequest {self.request_name} will give the run no TPU nodes: {why}. Nothing of the "
-                "slices was billed while it was queued; try again later, or another cluster.capacity "
-                "(flex-start, spot, on-demand, reservation)"
-            )
+            raise RayClusterNotReady(story(self.request_name, request) or why)
         return queued.condition(request, queued.PROVISIONED) is None
 
     def _capacity(self, now: float, waiting: bool) -> None:
@@ -190,6 +186,48 @@ class Readiness:
                 f"pod {name} cannot be scheduled: the cluster autoscaler's scale-up failed {len(seen)} times over "
                 f"{now - since:.0f}s (past the {self.failed_scale_up_grace_s:.0f}s it is given to retry): {why}"
             )
+
+
+# What befell a ProvisioningRequest that gives the run no nodes, by its condition (types.go's comments: Failed, "it
+# is impossible to obtain resources to fulfill this ProvisioningRequest"; BookingExpired, it "had Provisioned condition
+# before and capacity reservation time is expired"; CapacityRevoked, "requested resources are not longer valid").
+STORIES = {
+    "Failed": "will give the run no TPU nodes: the capacity could not be had. Nothing of the slices was billed while "
+    "it was queued",
+    "BookingExpired": "was Provisioned, but its booking expired before the worker pods landed on the nodes: they are "
+    "no longer held for the run (and are scaled down)",
+    "CapacityRevoked": "had its capacity revoked: its nodes were taken back, and the pods on them lost as preempted "
+    "hosts' are (their logs and events kept in logs/lost_pods.json)",
+}
+AGAIN = "; run again (a new request), or choose another cluster.capacity (flex-start, spot, on-demand, reservation)"
+
+
+def story(name: str, request: dict[str, Any] | None) -> str | None:
+    """One line on what befell the run's ProvisioningRequest when it gives no more nodes (Failed, BookingExpired,
+    CapacityRevoked, with its reason and message), None while it is queued or Provisioned."""
+    for kind, told in STORIES.items():
+        cond = queued.condition(request, kind)
+        if cond is not None:
+            said = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x)
+            return f"the ProvisioningRequest {name} {told} ({kind}: {said}){AGAIN}"
+    return None
+
+
+def keep_request(store, kube: Kube, name: str) -> str | None:
+    """For the post-mortem: the run's ProvisioningRequest as it was last (its conditions: why it waited, failed,
+    expired or was revoked) as ``logs/provisioning_request.json``, with ``story``'s line; the line, None when the
+    request is gone or gave its nodes."""
+    import json
+
+    from components.platforms.store import write_text
+
+    request = kube.get("ProvisioningRequest", name)
+    if request is None:
+        return None
+    told = story(name, request)
+    kept = {"name": name, "conditions": (request.get("status") or {}).get("conditions", []), "story": told}
+    write_text(store, "logs/provisioning_request.json", json.dumps(kept, indent=1), "application/json")
+    return told
 
 
 def _pod_reasons(pods: list[dict[str, Any]]) -> str:

@@ -137,6 +137,16 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
         from components.platforms.gke.run import queueing
 
         parts["Kueue's Workload"] = lambda: queueing.keep_workload(ctx.store, kube, raycluster)
+    if queued.direct(ctx.spec):  # what befell its ProvisioningRequest: failed, expired, revoked mid-run
+
+        def request() -> None:
+            from components.platforms.gke.run import readiness
+
+            told = readiness.keep_request(ctx.store, kube, queued.request_name(ctx.run_id))
+            if told:
+                print(f"teardown: {told}", flush=True)
+
+        parts["the ProvisioningRequest"] = request
     for what, keep in parts.items():
         try:
             keep()
