@@ -29,7 +29,7 @@ after the Kueue document it follows:
   (https://kueue.sigs.k8s.io/docs/concepts/preemption/);
 - a RayCluster deleted takes its Workload with it (owner reference), freeing its quota; the next pending ones are
   admitted (https://kueue.sigs.k8s.io/docs/concepts/workload/);
-- the ProvisioningRequest admission check (``admission_checks`` below: Kueue's Provisioning Admission Check
+- the ProvisioningRequest admission check (``ProvisioningChecks`` below: Kueue's Provisioning Admission Check
   Controller, https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/);
 - the visibility API's pending workloads of a LocalQueue, in order with their positions
   (``/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{ns}/localqueues/{lq}/pendingworkloads``,
@@ -166,7 +166,6 @@ class Kueue:
         for key, obj in list(self.kube.objects.items()):
             if key[0] == "workloads" and key[1] == namespace and _owner(obj) == name:
                 self.kube.objects.pop(key)
-                self.checks.forget(obj)
         self.reconcile()
 
     def workload_of(self, namespace: str, raycluster: str) -> dict | None:
@@ -246,6 +245,7 @@ class Kueue:
     def reconcile(self) -> None:
         """Admit what fits, in queue order, preempting lower priorities where the ClusterQueue allows it."""
         self.checks.mark_active()
+        self.checks.collect()
         for workload in self.pending():
             if not self.checks.admissible(workload):
                 continue  # deactivated, or backing off after a failed ProvisioningRequest
@@ -516,11 +516,6 @@ class ProvisioningChecks:
         attempt = self.retries.get(uid, 0) + 1
         name = f"{workload['metadata']['name']}-{check['metadata']['name']}-{attempt}"[:200]
         owner = [{"apiVersion": API_VERSION, "kind": "Workload", "name": workload["metadata"]["name"], "uid": uid}]
-        labels = {
-            **self.kueue.kube.objects.get(("rayclusters", namespace, _owner(workload)), {})
-            .get("metadata", {})
-            .get("labels", {})
-        }
         pod_sets = []
         flavors = {a["name"]: a["flavors"] for a in assignments}
         for pod_set in workload["spec"]["podSets"]:
@@ -535,7 +530,7 @@ class ProvisioningChecks:
             self.kube.objects[("podtemplates", namespace, template_name)] = {
                 "apiVersion": "v1",
                 "kind": "PodTemplate",
-                "metadata": {"name": template_name, "namespace": namespace, "ownerReferences": owner, "labels": labels},
+                "metadata": {"name": template_name, "namespace": namespace, "ownerReferences": owner},
                 "template": template,
             }
             pod_sets.append({"podTemplateRef": {"name": template_name}, "count": pod_set["count"]})
@@ -552,7 +547,6 @@ class ProvisioningChecks:
                 "namespace": namespace,
                 "uid": secrets.token_hex(8),
                 "ownerReferences": owner,
-                "labels": labels,
             },
             "spec": {
                 "provisioningClassName": config["spec"].get("provisioningClassName", ""),
@@ -631,11 +625,10 @@ class ProvisioningChecks:
         with self.kube.lock:
             self.kueue.reconcile()
 
-    def forget(self, workload: dict) -> None:
-        """The workload is gone: the requests and PodTemplates it owned go with it (garbage collection)."""
-        uid = workload["metadata"]["uid"]
+    def collect(self) -> None:
+        """Requests and PodTemplates whose Workload is gone go with it (garbage collection of owned objects)."""
+        alive = {w["metadata"]["uid"] for _, w in self.kueue._all("workloads")}
         for key, obj in list(self.kube.objects.items()):
-            if key[0] in ("provisioningrequests", "podtemplates") and any(
-                r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or []
-            ):
+            owners = [r.get("uid") for r in obj["metadata"].get("ownerReferences") or [] if r.get("kind") == "Workload"]
+            if key[0] in ("provisioningrequests", "podtemplates") and owners and not set(owners) & alive:
                 self.kube.objects.pop(key)
