@@ -64,7 +64,7 @@ test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environm
 	$(MAKE) --no-print-directory test-e2e
 
 test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster and need no trainer environment (minutes)
-	$(BIN)/python -m pytest -q -ra -m "not e2e" $(XDIST) tests
+	$(BIN)/python -m pytest -q -ra -m "not e2e" $(XDIST) --durations=15 tests
 
 test-e2e: envs ## the tier that starts real local Ray clusters and trains: local, gke and Vertex AI emulated runs
 	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests

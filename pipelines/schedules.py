@@ -40,8 +40,6 @@ def schedule_create(
     end: str = "",
     max_runs: int = 0,
 ) -> str:
-    from google.cloud import aiplatform
-
     vertex.check(sub, scheduled=True)
     check_cron(cron)
     if not SCHEDULE_NAME.match(name):
@@ -50,6 +48,9 @@ def schedule_create(
         raise SpecError("--max-concurrent", f"must be at least 1, got {max_concurrent}")
     template = vertex.published_template(sub)
     vertex.init(sub.project, sub.region)
+    # Imported after the checks and the credentials: bad input is answered without the SDK's seconds of import.
+    from google.cloud import aiplatform
+
     if find(name, required=False) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
     service_account.warn(sub.project, sub.service_account)

@@ -98,14 +98,15 @@ def check(sub: Submission, scheduled: bool = False) -> None:
 
 
 def init(project: str, region: str) -> None:
-    from google.cloud import aiplatform
-
     from components.platforms.credentials import credentials
     from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
 
+    found = credentials()  # before the SDK's seconds of import: a caller without credentials is told at once
+    from google.cloud import aiplatform
+
     endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
     extra = {"api_endpoint": endpoint, "api_transport": "rest"} if endpoint else {}
-    aiplatform.init(project=project, location=region, credentials=credentials(), **extra)
+    aiplatform.init(project=project, location=region, credentials=found, **extra)
     if os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV):
         # Before a job is created, the SDK checks that the pipeline root's bucket belongs to the project, through a
         # Resource Manager client of its own that takes no endpoint (gcs_utils._verify_bucket_ownership calls

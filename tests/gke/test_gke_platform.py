@@ -22,7 +22,7 @@ from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import kube as kube_emulator
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_until
 
 TWO_SLICES = (
     f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
@@ -776,7 +776,19 @@ def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves
     project = project_factory(polls_to_done=10_000)  # the cluster's create operation never finishes by itself
     ctx = context(tmp_path, "cancelled")
     before = signal.getsignal(signal.SIGTERM)
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    def waiting() -> bool:
+        return "CreateCluster" in project.gke.state.calls and signal.getsignal(signal.SIGTERM) is not before
+
+    def terminate_once_waiting() -> None:
+        """SIGTERM once provision waits on the cluster's operation with its handler in place (a timer could fire
+        before, on a loaded machine, and the default handler would end this process); at the latest after 120 s."""
+        try:
+            wait_until(waiting, 120, "provision to wait on the cluster's operation", interval_s=0.05)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_waiting, daemon=True).start()
     with pytest.raises(SystemExit) as caught:
         platform().provision(ctx)
     assert caught.value.code == 128 + signal.SIGTERM
