@@ -319,7 +319,7 @@ def run(
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
             failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
-            worker_runtime_env=worker_env,
+            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache),
         ),
     )
     result = trainer.fit()
@@ -332,6 +332,21 @@ def run(
         "backend": backend,
         "num_workers": scaling["num_workers"],
     }
+
+
+# TorchTPU's persistent cache of compiled executables, read at the backend's start: documented by vLLM's TorchTPU
+# backend ("set TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT to a persistent directory path", "Native torch_tpu C++
+# backend", https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md). No public
+# source says how torch_tpu treats a damaged entry, nor which versions it keys entries by: the directory is the run's
+# cache keyed by image, slice and model (components.workload.cache), so another image never reads it.
+TORCH_TPU_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+
+
+def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str) -> dict[str, Any]:
+    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu)."""
+    if device_type != "tpu" or not cache:
+        return worker_env
+    return {**worker_env, "env_vars": {**worker_env.get("env_vars", {}), TORCH_TPU_CACHE_ENV: f"{cache}/torch_tpu"}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -349,7 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--compile-cache",
         default="",
         help="the directory kept across runs for this image, slice and model (components.workload.cache): the "
-        "tokenised training split is kept there",
+        "tokenised training split is kept there, and on TPU TorchTPU's compiled executables",
     )
     return job_args.parse(p, argv)
 

@@ -50,6 +50,15 @@ def test_the_fsdp_train_job_carries_the_runs_cache_and_the_other_jobs_do_not():
     assert "--compile-cache" not in job_command(spec, "train", "/out", "run")
 
 
+def test_on_tpu_the_workers_keep_torch_tpus_compiled_programs_in_the_runs_cache():
+    from trainers import fsdp
+
+    env = fsdp._with_compile_cache({"env_vars": {"A": "1"}}, "tpu", "/cache/compile/m/v6e-4x4-1-slice/abc")
+    assert env["env_vars"] == {"A": "1", fsdp.TORCH_TPU_CACHE_ENV: "/cache/compile/m/v6e-4x4-1-slice/abc/torch_tpu"}
+    assert fsdp._with_compile_cache({}, "cpu", "/cache/x") == {}  # nothing compiles on the CPU
+    assert fsdp._with_compile_cache({}, "tpu", "") == {}  # no cache kept: nothing set
+
+
 SCRIPT = r"""
 import json, os, sys, warnings
 from pathlib import Path
