@@ -122,4 +122,6 @@ def figures() -> list[Figure]:
 
 
 if __name__ == "__main__":
-    print(table(figures()))
+    results = figures()
+    print(table(results))
+    print(json.dumps({f.name: f.detail for f in results}, indent=1))
