@@ -4,8 +4,10 @@ the first kept across runs (the compile cache under ``<output root>/cache``, ``c
 For local-maxtext and local-fsdp: trainer start (the train stage's start to its first step's end) of the second run /
 of the first (target <= 0.5), each run's goodput, and where trainer start went: until the first worker group
 started, from there to the trainer's data and model (FSDP's ``data`` event), compiling (the ledger's compilation,
-the cache's hits), the rest. From the MaxText pair also: the time training waited for its asynchronous checkpoint
-saves / the saves' whole durations, Orbax's own figures (``trainers.jax_events``; target <= 0.2).
+the cache's hits), the rest; for FSDP also the worker's start by phase (tokenizer, data, model, shard, resume, the
+held-out split) and whether the tokenised split came from the cache. From the MaxText pair also: the time training
+waited for its asynchronous checkpoint saves / the saves' whole durations, Orbax's own figures
+(``trainers.jax_events``; target <= 0.2).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ sys.path.insert(0, str(REPO))
 from bench.figures import Figure, table  # noqa: E402
 from components.spec import protocol  # noqa: E402
 
-PRESETS = ("local-maxtext", "local-fsdp")
+# TPUPIPE_BENCH_RECURRING names some of them (e.g. "local-fsdp"): the others' figures are not measured.
+PRESETS = tuple(os.environ.get("TPUPIPE_BENCH_RECURRING", "local-maxtext local-fsdp").split())
 
 
 def run(root: Path, preset: str, name: str) -> Path:
@@ -70,6 +73,12 @@ def start_of(run_dir: Path) -> dict:
     }
     if "data" in events:  # FSDP: tokenizer, data and model built
         out["data_and_model_s"] = round(events["data"]["time"] - events["worker_group_started"]["time"], 2)
+    if "setup" in events:  # FSDP: the worker's start by phase (trainers.fsdp.Phases), and the tokenised split's hit
+        setup = events["setup"]
+        out["worker_setup_s"] = round(setup["time"] - events["worker_group_started"]["time"], 2)
+        out["setup_to_first_step_s"] = round(timeline["steps"][0]["time"] - setup["time"], 2)
+        out["setup_phases"] = setup["phases"]
+        out["tokenized_cached"] = setup.get("tokenized_cached")
     return out
 
 
@@ -113,4 +122,6 @@ def figures() -> list[Figure]:
 
 
 if __name__ == "__main__":
-    print(table(figures()))
+    results = figures()
+    print(table(results))
+    print(json.dumps({f.name: f.detail for f in results}, indent=1))

@@ -44,11 +44,10 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.model_id)
     files = {"train": f"{args.data_dir}/train.jsonl"}
-    dataset = data.tokenize(
-        data.load_split("generated", "train", files, f"{args.data_dir}/.cache"), tokenizer, args.max_length
-    )
+    dataset = data.tokenize(data.load_split("generated", "train", files), tokenizer, args.max_length)
     sampler = DistributedSampler(dataset, shuffle=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    # The tokenised split gives a batch whole (``trainers.data.Tokenized``): nothing to collate.
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=lambda b: b)
 
     model = build_model(args.model_id, tokenizer, args.seed, torch.float32)
     frozen = frozen_params(model)

@@ -3,8 +3,10 @@ checkpoint at the end.
 
 Resume points are ``torch.distributed.checkpoint`` (DCP) checkpoints: each rank writes its own shards of the weights
 and the optimizer state (one ``__<rank>_0.distcp`` file a rank, and rank 0 the ``.metadata`` index), asynchronously:
-the state is copied to host memory while training waits, then written by a background thread while it goes on
-(``async_save``, https://docs.pytorch.org/docs/stable/distributed.checkpoint.html). A restore has each rank read
+the state is copied to host memory (into buffers kept for the run; on the CPU while the next step computes), then
+written by a background thread while training goes on (``AsyncSaver``; ``async_save``,
+https://docs.pytorch.org/docs/stable/distributed.checkpoint.html). Their saves and reports through Ray Train are
+``trainers.ray_checkpoints``'. A restore has each rank read
 only the byte ranges of the shards it now holds, which also reshards a checkpoint written by another number of ranks
 (DCP's load plans the reads from the saved chunks and the new sharding, the "resharding" of
 https://docs.pytorch.org/tutorials/recipes/distributed_checkpoint_recipe.html).
@@ -22,14 +24,10 @@ safetensors and JSON. Imports torch and safetensors only inside the functions.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-from components.spec import RunSpec, protocol
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 DCP_INDEX = ".metadata"  # DCP's index of a sharded checkpoint (torch/distributed/checkpoint/filesystem.py)
@@ -86,15 +84,46 @@ def sharded_state(model, optimizer) -> dict[str, Any]:
 
 class AsyncSaver:
     """Sharded checkpoints written while training goes on, one in flight at a time. DCP's background writer runs
-    collectives (the plan's exchange, the index's commit) on a gloo group of its own, away from the training's group,
-    as DCP asks of an asynchronous save (``async_save``: "A CPU backend must be enabled"; the asynchronous
-    checkpointing recipe, https://docs.pytorch.org/tutorials/recipes/distributed_async_checkpoint_recipe.html)."""
+    collectives on a gloo group of its own, away from the training's group, as ``async_save`` asks ("A CPU backend
+    must be enabled"; https://docs.pytorch.org/tutorials/recipes/distributed_async_checkpoint_recipe.html). The copy
+    of the state to host memory goes into buffers allocated at the first save and refilled by the later ones (one
+    ``DefaultStager`` for the run: its ``StateDictStager`` keeps a host copy per storage staged, ``torch/distributed/
+    checkpoint/_state_dict_stager.py``; without one ``async_save`` allocates anew each save). With
+    ``background_staging`` (the weights on the CPU) the copy runs in the stager's thread while the next step's
+    forward and backward run (they do not change the state), and the optimizer's step waits for it (:meth:`guard`),
+    the pattern of ``AsyncSaveResponse.staging_completion`` (https://docs.pytorch.org/docs/stable/distributed.
+    checkpoint.html); on an accelerator the copy is made before the save returns, as by default (the stager's
+    background copy is documented for CUDA streams only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, background_staging: bool = False) -> None:
         import torch.distributed as dist
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self.pending: Any = None  # the save in flight: DCP's future
+        # StagingOptions(use_pinned_memory, use_shared_memory, use_async_staging, use_non_blocking_copy)
+        self.stager = DefaultStager(StagingOptions(False, False, background_staging, False))
+        self.pending: Any = None  # the save in flight: DCP's future of the write
+        self.staging: Any = None  # its copy to host memory, while it runs in the stager's thread
+
+    def guard(self, optimizer, waited=None) -> None:
+        """Have each step of ``optimizer`` first wait for the copy in flight (:meth:`staged`); ``waited`` is called with
+        the seconds a step waited."""
+
+        def before_step(*_: Any) -> None:
+            seconds = self.staged()
+            if seconds is not None and waited is not None:
+                waited(seconds)
+
+        optimizer.register_step_pre_hook(before_step)
+
+    def staged(self) -> float | None:
+        """Wait for the copy to host memory in flight: the seconds waited, None when there was none."""
+        if self.staging is None:
+            return None
+        started = time.perf_counter()
+        self.staging.result()
+        self.staging = None
+        return time.perf_counter() - started
 
     def wait(self) -> float:
         """Wait for the save in flight, if any; the seconds waited."""
@@ -102,22 +131,38 @@ class AsyncSaver:
         if self.pending is not None:
             self.pending.result()
             self.pending = None
+            self.staging = None
         return time.perf_counter() - started
 
-    def save(self, model, optimizer, meta: dict[str, Any], rank: int, directory: Path) -> float:
+    def save(self, model, optimizer, meta: dict[str, Any], rank: int, directory: Path) -> dict[str, float]:
         """Start writing this rank's shards into ``directory`` (rank 0 also the index and ``meta``); the seconds
-        training waited (the previous save, if still in flight, and the copy of the state to host memory)."""
+        training waited, by part: ``previous_s`` (the previous save, if still in flight), ``state_s`` (this rank's
+        shards gathered into a state dict) and ``staging_s`` (the copy to host memory, or only its start where it
+        runs in the background)."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-        started = time.perf_counter()
-        self.wait()
+        previous = self.wait()
         directory.mkdir(parents=True, exist_ok=True)
         if rank == 0:  # a step saved again (after a restart): not complete again until DCP commits its new index
             (directory / DCP_INDEX).unlink(missing_ok=True)
             (directory / CHECKPOINT_META).write_text(json.dumps({**meta, "optimizer": optimizer is not None}))
+        gathered = time.perf_counter()
         state = sharded_state(model, optimizer)
-        self.pending = dcp.async_save(state, checkpoint_id=str(directory), process_group=self.group)
-        return time.perf_counter() - started
+        staging = time.perf_counter()
+        response = dcp.async_save(
+            state, checkpoint_id=str(directory), process_group=self.group, async_stager=self.stager
+        )
+        if isinstance(response, AsyncSaveResponse):  # the copy runs in the stager's thread
+            self.pending, self.staging = response.upload_completion, response.staging_completion
+        else:
+            self.pending = response
+        return {"previous_s": previous, "state_s": staging - gathered, "staging_s": time.perf_counter() - staging}
+
+    def close(self) -> None:
+        """Wait for the save in flight and free the host copies (the stager's buffers)."""
+        self.wait()
+        self.stager.close()
 
 
 class _IndexUnpickler(pickle.Unpickler):
@@ -241,9 +286,7 @@ def save_final(model, tokenizer, meta: dict[str, Any], rank: int, directory: Pat
     (directory / CHECKPOINT_META).write_text(json.dumps(meta))
 
 
-# ---------------------------------------------------------------- through Ray Train (the trainer's workers)
-
-PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
+# ---------------------------------------------------------------- where training is
 
 
 class Position:
@@ -251,109 +294,3 @@ class Position:
 
     def __init__(self, epoch: int = 0, epoch_step: int = 0, global_step: int = 0) -> None:
         self.epoch, self.epoch_step, self.global_step = epoch, epoch_step, global_step
-
-
-class Checkpointer:
-    """The worker's checkpoints through Ray Train. A sharded one (``checkpoints.AsyncSaver``) is written by every
-    rank straight into the run's storage, in a directory all ranks name alike, and reported by every rank with Ray
-    Train's asynchronous upload whose upload function waits for the rank's own write: Ray Train registers a checkpoint
-    once every rank reporting it has uploaded, and merges the ranks' files into one directory ("Checkpoints from
-    multiple workers will be merged into one directory in persistent storage", ``ray.train.report``; the
-    ``checkpoint_upload_fn`` and ``CheckpointUploadMode.ASYNC`` of Ray 2.60's ``ray/train/v2/api/train_fn_utils.py``
-    and https://docs.ray.io/en/latest/train/user-guides/checkpoints.html). So a restarted group never sees a
-    checkpoint whose shards are not all written, and training waits only for the copy of its state to host memory.
-    Rank 0 emits a ``checkpoint`` event per save with the seconds training waited (the goodput ledger's "checkpoint
-    saves") and a ``checkpoint_written`` event when its shards are written, with the save's whole duration."""
-
-    def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
-        self.t, self.model, self.tokenizer, self.rank, self.world = spec.train, model, tokenizer, rank, world
-        self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
-        self.saver = AsyncSaver()
-        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off: nothing
-        # drains its hosts; RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
-        self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
-        self.preempted = False
-
-    def _meta(self, at: Position) -> dict[str, Any]:
-        return {
-            "epoch": at.epoch,
-            "epoch_step": at.epoch_step,
-            "global_step": at.global_step,
-            "world": self.world,
-            "base_model": self.t.model_id,
-        }
-
-    def sharded(self, at: Position, metrics: dict[str, Any]) -> None:
-        import ray.train
-        from ray.train import CheckpointUploadMode
-
-        name = f"{SHARDED_PREFIX}{at.global_step:08d}"
-        # The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI.
-        directory = Path(ray.train.get_context().get_storage().experiment_fs_path) / name
-        started = time.perf_counter()
-        blocked = self.saver.save(self.model, self.optimizer, self._meta(at), self.rank, directory)
-        written, step = self.saver.pending, at.global_step
-
-        def persisted(checkpoint, _dir_name: str):
-            written.result()
-            if self.rank == 0:
-                whole = {"seconds": time.perf_counter() - started, "time": time.time()}
-                protocol.emit("event", {"event": "checkpoint_written", "step": step, **whole})
-            return checkpoint
-
-        reporting = time.perf_counter()
-        ray.train.report(
-            metrics,
-            checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-            delete_local_checkpoint_after_upload=False,
-            checkpoint_upload_fn=persisted,
-        )
-        reported = time.perf_counter() - reporting
-        self._waited(at.global_step, blocked + reported, {"staging_s": blocked, "report_s": reported})
-
-    def final(self, at: Position, metrics: dict[str, Any]) -> None:
-        """The trained model, once, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is
-        written: what the registry and the evaluate stage read, the run's last checkpoint."""
-        import ray.train
-
-        started = time.perf_counter()
-        self.saver.wait()
-        with tempfile.TemporaryDirectory() as tmp:
-            meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
-            save_final(self.model, self.tokenizer, meta, self.rank, Path(tmp))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
-        self._waited(at.global_step, time.perf_counter() - started)
-
-    def _waited(self, step: int, seconds: float, parts: dict[str, float] | None = None) -> None:
-        """Rank 0's ``checkpoint`` event: the seconds training waited (and, for a sharded save, the copy to host
-        memory and Ray Train's report apart)."""
-        if self.rank == 0:
-            event = {"event": "checkpoint", "step": step, "seconds": seconds, "time": time.time(), **(parts or {})}
-            protocol.emit("event", event)
-
-    def after_step(self, at: Position, last_of_epoch: bool) -> None:
-        """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
-        once when Ray Train announces a preemption of one of the workers' nodes (``ray.train.get_preemption_info``:
-        Ray's node drain with its deadline, Ray 2.60 ``ray/train/v2/api/train_fn_utils.py``), asked every
-        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together. On GKE a Spot VM's preemption
-        notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
-        ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
-        shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
-        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run loses
-        at most ``train.checkpoint_every_steps`` steps (the newest checkpoint), which is what that field bounds."""
-        import ray.train
-
-        if last_of_epoch:
-            return
-        every = self.t.checkpoint_every_steps
-        if every and at.global_step % every == 0:
-            self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
-        elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
-            info = ray.train.get_preemption_info()
-            if info is not None:
-                self.preempted = True
-                if self.rank == 0:
-                    print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
-                self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})

@@ -1,15 +1,17 @@
 """Instruction data: the generated task, the prompt format, loading and tokenising.
 
-Generation and formatting are pure Python; loading and tokenising import ``datasets``/``transformers``
-lazily, so the pipeline image can generate data without them.
+Generation and formatting are pure Python; a hub dataset's loading imports ``datasets`` and tokenising the tokenizer's
+libraries and torch, lazily, so the pipeline image can generate data without them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import string
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -111,47 +113,133 @@ def local_cache_dir(run_name: str) -> str:
 
 
 def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cache_dir: str | None = None):
-    """One split through ``datasets.load_dataset``: generated/local JSON files or a hub name."""
+    """One split: the job's own JSON-lines files (the generated dataset, a run's snapshot: ``job_files``) read as they
+    are, one example a line, without the ``datasets`` library (its import and its Arrow conversion are most of a
+    small split's load); else a local JSON file or a hub name through ``datasets.load_dataset``. Either way the
+    examples are dicts, in the file's order."""
+    if data_files is not None:
+        with open(data_files[split], encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
     import datasets
 
-    if data_files is not None:
-        return datasets.load_dataset("json", data_files=data_files, split=split, cache_dir=cache_dir)
     if dataset.endswith((".json", ".jsonl")):
         return datasets.load_dataset("json", data_files=dataset, split=split, cache_dir=cache_dir)
     return datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
 
 
-def _fingerprint(ds, tokenizer, max_length: int) -> str:
-    """What the tokenised split depends on, hashed: the split's own fingerprint, the tokenizer (its class, name and
-    vocabulary, padding side and pad token), the prompt, the length and the labels' masking (``tokenize``)."""
-    h = hashlib.sha256()
-    for part in (
-        ds._fingerprint,
-        type(tokenizer).__name__,
-        tokenizer.name_or_path,
-        tokenizer.padding_side,
-        tokenizer.pad_token_id,
-        PROMPT,
-        max_length,
-        "labels: input ids, -100 where padded",
-    ):
-        h.update(repr(part).encode() + b"\0")
-    h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    return h.hexdigest()[:32]
+# ---------------------------------------------------------------- tokenised, in memory, kept across runs
+
+TOKENIZED_DIR = "tokenized"  # under the run's cache kept across runs (components.workload.cache)
+_COLUMNS = ("input_ids", "attention_mask", "labels")
 
 
-def tokenize(ds, tokenizer, max_length: int):
-    """Prompt-format, tokenise, pad to max_length; labels mask the padding (causal-LM collation)."""
+def tokenizer_identity(tokenizer) -> dict[str, Any]:
+    """What tokenising depends on in ``tokenizer``: its class, name, padding side, pad token and vocabulary (as a
+    digest)."""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+    return {
+        "class": type(tokenizer).__name__,
+        "name": tokenizer.name_or_path,
+        "padding_side": tokenizer.padding_side,
+        "pad_token_id": tokenizer.pad_token_id,
+        "vocab": hashlib.sha256(vocab).hexdigest(),
+    }
 
-    def encode(example):
-        enc = tokenizer(format_example(example), max_length=max_length, padding="max_length", truncation=True)
-        enc["labels"] = [
-            tok if mask else -100 for tok, mask in zip(enc["input_ids"], enc["attention_mask"], strict=True)
-        ]
-        return enc
 
-    # The fingerprint (the name of the map's cache) given, not derived by hashing ``encode``: that hash disassembles the
-    # closure (dill.detect.nestedglobals), which in a Ray Train worker prints its bytecode into the job's log.
-    ds = ds.map(encode, remove_columns=ds.column_names, new_fingerprint=_fingerprint(ds, tokenizer, max_length))
-    ds.set_format("torch", columns=["input_ids", "attention_mask", "labels"])
-    return ds
+def tokenized_key(examples: str, tokenizer: dict[str, Any], max_length: int) -> str:
+    """The name of a tokenised split in the cache: a digest of the examples (``snapshot``), the tokenizer
+    (``tokenizer_identity``), the prompt, the length and the labels' rule. The directory it lives in is keyed by the
+    trainer image and the model (``components.workload.cache.key``), so another tokenizers library misses too."""
+    what = {
+        "examples": examples,
+        "tokenizer": tokenizer,
+        "prompt": PROMPT,
+        "max_length": max_length,
+        "labels": "input ids, -100 where padded",
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class Tokenized:
+    """A tokenised split as three int64 tensors of [examples, max_length]: ``input_ids``, ``attention_mask`` and
+    ``labels``. An index (an int, a slice, a list of ints) gives a dict of those rows, so a batch is one gather per
+    column (the DataLoader's ``__getitems__``), with no per-example collation. ``cached``: read from the cache kept
+    across runs rather than tokenised."""
+
+    def __init__(self, columns: dict[str, Any], cached: bool = False) -> None:
+        self.columns = {name: columns[name] for name in _COLUMNS}
+        self.cached = cached
+
+    def __len__(self) -> int:
+        return int(self.columns["input_ids"].shape[0])
+
+    def __getitem__(self, index) -> dict[str, Any]:
+        return {name: column[index] for name, column in self.columns.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        return self[indices]
+
+
+def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
+    """Prompt-format, tokenise and pad to ``max_length`` in one call of the tokenizer over the split; labels are the
+    input ids with the padding masked (-100: causal-LM collation)."""
+    enc = tokenizer(
+        [format_example(e) for e in examples],
+        max_length=max_length,
+        padding="max_length",
+        truncation=True,
+        return_tensors="pt",
+    )
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def _read_cached(path: Path, key: str, rows: int, max_length: int) -> dict[str, Any] | None:
+    """The cached split at ``path``, or None when there is none; a damaged or foreign entry is a miss with a warning,
+    never a failed run."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if (f.metadata() or {}).get("key") != key:
+                raise ValueError("it was written for another key")
+            columns = {name: f.get_tensor(name) for name in _COLUMNS}
+        for name, column in columns.items():
+            if tuple(column.shape) != (rows, max_length):
+                raise ValueError(f"{name} is {tuple(column.shape)}, not ({rows}, {max_length})")
+        return columns
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with an entry, tokenising again is the remedy
+        warnings.warn(f"ignoring the cached tokenised split {path} ({e}): tokenising again", stacklevel=3)
+        return None
+
+
+def _write_cached(path: Path, key: str, columns: dict[str, Any]) -> None:
+    """Write the entry whole under a name of its own, then rename it into place: a reader sees all of it or none."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    save_file({k: v.contiguous() for k, v in columns.items()}, str(partial), metadata={"key": key})
+    os.replace(partial, path)
+
+
+def tokenize(examples, tokenizer, max_length: int, cache: str = "", write: bool = True) -> Tokenized:
+    """The examples tokenised (:class:`Tokenized`). ``cache``: the directory kept
+    across runs (empty: none), where the split is looked up by :func:`tokenized_key` and, on a miss, written when
+    ``write`` (one rank writes)."""
+    if not cache:
+        return Tokenized(_encode(examples, tokenizer, max_length))
+    key = tokenized_key(snapshot(examples), tokenizer_identity(tokenizer), max_length)
+    path = Path(cache) / TOKENIZED_DIR / f"{key}.safetensors"
+    columns = _read_cached(path, key, len(examples), max_length)
+    if columns is not None:
+        return Tokenized(columns, cached=True)
+    columns = _encode(examples, tokenizer, max_length)
+    if write:
+        try:
+            _write_cached(path, key, columns)
+        except OSError as e:  # a cache that cannot be written costs the next run the tokenising, nothing more
+            warnings.warn(f"could not keep the tokenised split in {path} ({e})", stacklevel=2)
+    return Tokenized(columns)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import checkpoints, data, heldout, job_args, mesh
+from trainers import checkpoints, data, heldout, job_args, mesh, ray_checkpoints
 from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
 
@@ -37,11 +37,34 @@ def data_loader(dataset, batch_size: int, seed: int, world: int, rank: int):
     ``DistributedSampler`` of its own seeded by it (Ray's ``prepare_data_loader`` would add one with torch's default
     seed, 0, whatever the spec says) that can start an epoch at a given batch (``loader.sampler.skip_batches``: a
     resume mid-epoch). drop_last: every step has the same shapes (a short last batch would recompile the step on
-    XLA)."""
+    XLA). A tokenised split (``trainers.data.Tokenized``) gives a batch whole, one gather per column: nothing to
+    collate."""
     from torch.utils.data import DataLoader
 
     sampler = _resumable_sampler(dataset, batch_size, seed, world, rank)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+    whole = hasattr(dataset, "__getitems__")
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=True, collate_fn=_as_is if whole else None
+    )
+
+
+def _as_is(batch):
+    return batch
+
+
+def prefetched(loader, device):
+    """The loader's batches on ``device``, each one's copy started before the step on the one before it runs: the
+    next batch is read and on its way while the step is dispatched (asynchronous copies where the device has them;
+    on the CPU a copy is nothing)."""
+
+    def moved(batch):
+        return None if batch is None else {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+    batches = iter(loader)
+    ahead = moved(next(batches, None))
+    while ahead is not None:
+        batch, ahead = ahead, moved(next(batches, None))
+        yield batch
 
 
 def _resumable_sampler(dataset, batch_size: int, seed: int, world: int, rank: int):
@@ -61,11 +84,12 @@ def _resumable_sampler(dataset, batch_size: int, seed: int, world: int, rank: in
     return ResumableSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
 
 
-def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device):
-    """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split. The model
-    is ``train.model_id`` as it is, or with a registered version's weights over it (``config["init_from"]``: the
-    checkpoint ``train.init_from`` resolved to when the stage started)."""
-    import ray.train.torch
+def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device, phases):
+    """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split, each
+    timed in ``phases``. The model is ``train.model_id`` as it is, or with a registered version's weights over it
+    (``config["init_from"]``: the checkpoint ``train.init_from`` resolved to when the stage started). The tokenised
+    split comes from the cache kept across runs (``config["cache"]``) when an earlier run of the same image, model
+    and data left it there (``trainers.data.tokenize``); rank 0 keeps it there otherwise."""
     import torch
 
     from trainers.model import build_model, load_tokenizer, load_trained
@@ -73,19 +97,46 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     t = spec.train
     weights, compute = mesh.dtypes(device_type, t.precision)
     dtype = getattr(torch, weights)
-    tokenizer = load_tokenizer(t.model_id)
-    raw = data.load_split(t.dataset, data.splits(spec)[0], config.get("data_files"), config.get("cache_dir"))
-    loader = data_loader(data.tokenize(raw, tokenizer, t.max_length), t.batch_size, t.seed, world, rank)
-    loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=False)
-    if config.get("init_from"):
-        model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
-    else:
-        model = build_model(t.model_id, tokenizer, t.seed, dtype)
-    model = mesh.shard_from_host(model, _mesh(spec, world, rank, device_type), compute, device)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
-    )
+    with phases.timed("tokenizer"):
+        tokenizer = load_tokenizer(t.model_id)
+    with phases.timed("data"):
+        raw = data.load_split(t.dataset, data.splits(spec)[0], config.get("data_files"), config.get("cache_dir"))
+        tokenized = data.tokenize(raw, tokenizer, t.max_length, config.get("cache", ""), write=rank == 0)
+        loader = data_loader(tokenized, t.batch_size, t.seed, world, rank)
+    phases.facts["tokenized_cached"] = tokenized.cached
+    with phases.timed("model"):
+        if config.get("init_from"):
+            model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
+        else:
+            model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    with phases.timed("shard"):
+        model = mesh.shard_from_host(model, _mesh(spec, world, rank, device_type), compute, device)
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
+        )
     return tokenizer, loader, model, optimizer, raw
+
+
+class Phases:
+    """Where a worker's start goes, in seconds by phase (rank 0 prints them as one ``setup`` event, which the
+    recurring bench compares across runs), and facts about it (the cache's hits)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+
+    def timed(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timing():
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - started, 3)
+
+        return timing()
 
 
 def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
@@ -143,7 +194,7 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, at, resumed: boo
     def step_ended(step: int) -> None:
         protocol.emit("event", {"event": "step", "step": step, "total": total, "tokens": tokens, "time": time.time()})
 
-    for batch in loader:
+    for batch in prefetched(loader, device):
         loss = mesh.train_step(model, optimizer, batch, device)
         loss_sum += loss
         at.global_step += 1
@@ -165,10 +216,12 @@ def _run_epoch(spec: RunSpec, model, optimizer, loader, device, at, resumed: boo
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    import ray.train
-    import ray.train.torch
-    import torch
-    import torch.distributed as dist
+    phases = Phases()
+    with phases.timed("imports"):
+        import ray.train
+        import ray.train.torch
+        import torch
+        import torch.distributed as dist
 
     spec = RunSpec.from_json(config["spec"])
     t = spec.train
@@ -179,13 +232,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     if rank == 0:
         protocol.emit("event", {"event": "worker_group_started", "world_size": world, "time": time.time()})
-    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, rank, device_type, device)
+    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, rank, device_type, device, phases)
     if rank == 0:  # what the model is trained on, for its provenance
-        protocol.emit("event", {"event": "data", "data_snapshot": data.snapshot(raw), "num_examples": len(raw)})
-    at, resumed = _resume(model, optimizer, rank, world)
-    saves = checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
-    evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
+        snapshot = {"data_snapshot": data.snapshot(raw), "num_examples": len(raw), "time": time.time()}
+        protocol.emit("event", {"event": "data", **snapshot})
+    with phases.timed("resume"):
+        at, resumed = _resume(model, optimizer, rank, world)
+        saves = ray_checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
+    with phases.timed("evaluation_split"):
+        evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
     evaluation.before(model, resumed)
+    if rank == 0:
+        protocol.emit("event", {"event": "setup", "phases": phases.seconds, **phases.facts, "time": time.time()})
     steps_per_epoch = len(loader)
     if at.epoch_step >= steps_per_epoch:  # saved at an epoch's end: the next one
         at = checkpoints.Position(at.epoch + 1, 0, at.global_step)
@@ -222,7 +280,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "") -> dict[str, Any]:
+def run(
+    spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "", cache: str = ""
+) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -233,6 +293,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
         "spec": spec.to_json(),
         "cache_dir": data.local_cache_dir(run_name),
         "init_from": init_from,
+        "cache": cache,
     }
     files = data.job_files(spec, output_dir)
     if files is not None:
@@ -258,7 +319,7 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
             failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
-            worker_runtime_env=worker_env,
+            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache),
         ),
     )
     result = trainer.fit()
@@ -273,6 +334,21 @@ def run(spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str,
     }
 
 
+# TorchTPU's persistent cache of compiled executables, read at the backend's start: documented by vLLM's TorchTPU
+# backend ("set TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT to a persistent directory path", "Native torch_tpu C++
+# backend", https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md). No public
+# source says how torch_tpu treats a damaged entry, nor which versions it keys entries by: the directory is the run's
+# cache keyed by image, slice and model (components.workload.cache), so another image never reads it.
+TORCH_TPU_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+
+
+def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str) -> dict[str, Any]:
+    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu)."""
+    if device_type != "tpu" or not cache:
+        return worker_env
+    return {**worker_env, "env_vars": {**worker_env.get("env_vars", {}), TORCH_TPU_CACHE_ENV: f"{cache}/torch_tpu"}}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The job's options (``components.workload.derive.job_command`` writes them)."""
     p = job_args.parser(
@@ -284,12 +360,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a checkpoint of this trainer to start from (its weights over "
         "train.model_id): the registered version train.init_from names",
     )
+    p.add_argument(
+        "--compile-cache",
+        default="",
+        help="the directory kept across runs for this image, slice and model (components.workload.cache): the "
+        "tokenised training split is kept there, and on TPU TorchTPU's compiled executables",
+    )
     return job_args.parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = run(args.spec, args.scaling_config, Path(args.output_dir), args.run_name, args.init_from)
+    result = run(
+        args.spec, args.scaling_config, Path(args.output_dir), args.run_name, args.init_from, args.compile_cache
+    )
     if result["final_metrics"] and not math.isfinite(result["final_metrics"].get("loss", 0.0)):
         raise SystemExit(f"training diverged: final loss {result['final_metrics']['loss']}")
     protocol.emit("result", result)

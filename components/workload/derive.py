@@ -171,8 +171,9 @@ def job_command(
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
     same evaluation; ``compile_cache``, the directory of the compiled programs kept across runs
-    (``components.workload.cache.directory``); ``measure``, which of before, after and champion the evaluation
-    measures (empty: all). One source for the stages' job submissions and the plan."""
+    (``components.workload.cache.directory``; the FSDP trainer keeps its tokenised training split there);
+    ``measure``, which of before, after and champion the evaluation measures (empty: all). One source for the
+    stages' job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -189,6 +190,8 @@ def job_command(
         args["init_from"] = init_from
     if mode == "eval" and champion:
         args["champion"] = champion
+    if mode == "train" and compile_cache and spec.train.workload == "fsdp":
+        args["compile_cache"] = compile_cache
     if mode == "eval" and measure:
         args["measure"] = ",".join(measure)
     for key, value in args.items():

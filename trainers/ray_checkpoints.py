@@ -1,0 +1,141 @@
+"""The FSDP2 trainer's checkpoints through Ray Train (``trainers.fsdp``'s workers): its sharded resume points written
+while training goes on (``trainers.checkpoints.AsyncSaver``) and reported to Ray Train off the training's path, a save
+at once when a preemption is announced, and the trained model at the end (``trainers.checkpoints.save_final``).
+Imports torch and Ray only inside the functions."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components.spec import RunSpec, protocol
+from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final
+
+PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
+
+
+class Checkpointer:
+    """The worker's checkpoints through Ray Train. A sharded one (:class:`AsyncSaver`) is written by every rank
+    straight into the run's storage, in a directory all ranks name alike, and reported by every rank, once its own
+    shards are written, from a thread of the checkpointer's: Ray Train's report passes a barrier of every rank (its
+    synchronization actor agrees on the directory: ``_sync_checkpoint_dir_name_across_ranks``, Ray 2.60's
+    ``ray/train/v2/_internal/execution/context.py``) that training would otherwise wait for at each save. The files
+    are in the run's storage already (``CheckpointUploadMode.NO_UPLOAD``; https://docs.ray.io/en/latest/train/
+    user-guides/checkpoints.html) and Ray Train registers the checkpoint once every rank reported it, so a restarted
+    group never sees one whose shards are not all written. The reports keep their order (one thread), and the
+    training's own barriers (the final report, the preemption poll) wait for them, so every rank passes Ray Train's
+    barriers in one order. Rank 0 emits a ``checkpoint`` event per save with the seconds training waited (the goodput
+    ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, and a
+    ``checkpoint_written`` event with the save's whole duration."""
+
+    def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.t, self.model, self.tokenizer, self.rank, self.world = spec.train, model, tokenizer, rank, world
+        self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        self.saver = AsyncSaver(background_staging=on_cpu)
+        self.saving_step = 0  # the step of the save whose copy to host memory may still be running
+        self.saver.guard(optimizer, lambda seconds: self._waited(self.saving_step, seconds, {"copy_wait_s": seconds}))
+        self.reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpupipe-checkpoint-report")
+        self.reported: Any = None  # the newest save's report: its future
+        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off: nothing
+        # drains its hosts; RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
+        self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
+        self.preempted = False
+
+    def _reports_done(self) -> None:
+        """Wait for the reports in flight (a failed one raises here, in the training's thread)."""
+        if self.reported is not None:
+            self.reported.result()
+            self.reported = None
+
+    def _meta(self, at: Position) -> dict[str, Any]:
+        return {
+            "epoch": at.epoch,
+            "epoch_step": at.epoch_step,
+            "global_step": at.global_step,
+            "world": self.world,
+            "base_model": self.t.model_id,
+        }
+
+    def sharded(self, at: Position, metrics: dict[str, Any]) -> None:
+        import ray.train
+        from ray.train import CheckpointUploadMode
+
+        name = f"{SHARDED_PREFIX}{at.global_step:08d}"
+        # The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI.
+        directory = Path(ray.train.get_context().get_storage().experiment_fs_path) / name
+        started = time.perf_counter()
+        self._reports_done()  # the previous save's report (a failed one raises here)
+        self.saving_step = at.global_step
+        parts = self.saver.save(self.model, self.optimizer, self._meta(at), self.rank, directory)
+        blocked = time.perf_counter() - started
+        written, step = self.saver.pending, at.global_step
+
+        def report() -> None:
+            written.result()
+            if self.rank == 0:
+                whole = {"seconds": time.perf_counter() - started, "time": time.time()}
+                protocol.emit("event", {"event": "checkpoint_written", "step": step, **whole})
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
+                checkpoint_dir_name=name,
+                checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            )
+
+        self.reported = self.reporter.submit(report)
+        self._waited(at.global_step, blocked, parts)
+
+    def final(self, at: Position, metrics: dict[str, Any]) -> None:
+        """The trained model, once, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is
+        written and reported: what the registry and the evaluate stage read, the run's last checkpoint."""
+        import ray.train
+
+        started = time.perf_counter()
+        self.saver.close()
+        self._reports_done()
+        self.reporter.shutdown()
+        with tempfile.TemporaryDirectory() as tmp:
+            meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
+            save_final(self.model, self.tokenizer, meta, self.rank, Path(tmp))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
+        self._waited(at.global_step, time.perf_counter() - started)
+
+    def _waited(self, step: int, seconds: float, parts: dict[str, float] | None = None) -> None:
+        """Rank 0's ``checkpoint`` event: the seconds training waited (and, for a sharded save, their parts:
+        ``trainers.checkpoints.AsyncSaver.save``'s, or ``copy_wait_s`` when an optimizer step waited for the copy to
+        host memory)."""
+        if self.rank == 0:
+            event = {"event": "checkpoint", "step": step, "seconds": seconds, "time": time.time(), **(parts or {})}
+            protocol.emit("event", event)
+
+    def after_step(self, at: Position, last_of_epoch: bool) -> None:
+        """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
+        once when Ray Train announces a preemption of one of the workers' nodes (``ray.train.get_preemption_info``:
+        Ray's node drain with its deadline, Ray 2.60 ``ray/train/v2/api/train_fn_utils.py``), asked every
+        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together. On GKE a Spot VM's preemption
+        notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
+        ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
+        shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
+        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run loses
+        at most ``train.checkpoint_every_steps`` steps (the newest checkpoint), which is what that field bounds."""
+        import ray.train
+
+        if last_of_epoch:
+            return
+        every = self.t.checkpoint_every_steps
+        if every and at.global_step % every == 0:
+            self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
+        elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
+            self._reports_done()  # Ray Train's barriers in the same order on every rank
+            info = ray.train.get_preemption_info()
+            if info is not None:
+                self.preempted = True
+                if self.rank == 0:
+                    print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
+                self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
