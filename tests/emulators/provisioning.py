@@ -92,6 +92,9 @@ class Provisioner:
         self.decided_at: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it was decided (epoch s)
         self.listeners: list[Callable[[str, str, str], None]] = []  # told (namespace, name, condition) of each
         self.lose_pod: Callable[[str, str], None] | None = None  # the kube emulator's host lost mid-run
+        # A test's hand on the clock: when set, a decision also waits for this event (e.g. until the run has been
+        # seen waiting), so an assertion about the wait cannot race a loaded machine's scheduling.
+        self.hold: threading.Event | None = None
 
     def serves(self, crd_name: str) -> bool:
         return self.crd_served and crd_name == CRD_NAME
@@ -114,6 +117,8 @@ class Provisioner:
         timer.start()
 
     def _decide_outcome(self, namespace: str, name: str) -> None:
+        if self.hold is not None:
+            self.hold.wait(120)
         if self.outcome == "capacity_not_found":
             return self._decide(
                 namespace, name, "Failed", "CapacityNotFound", "the requested TPU capacity could not be found"

@@ -7,6 +7,7 @@ mid-run (a preempted host, replaced) kept in the post-mortem as it goes."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -94,7 +95,14 @@ def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_le
     ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
     chips = ctx.spec.cluster.num_slices * 4 * ctx.spec.cluster.num_hosts
     logs: list[str] = []
-    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    seen_waiting = project.kube.provisioner.hold = threading.Event()  # decided only once the run says it waits
+
+    def log(line: str) -> None:
+        logs.append(line)
+        if "waiting for ProvisioningRequest" in line:
+            seen_waiting.set()
+
+    gke = GkePlatform(log=log, poll_s=0.05)
     gke.provision(ctx)
     pools = project.gke.pools_labelled("tpupipe-run", run_id)
     assert len(pools) == ctx.spec.cluster.num_slices + 1  # a queued pool per slice, and the head's
