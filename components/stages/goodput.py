@@ -78,7 +78,6 @@ PRIORITY = (
     "trainer start",
     "slice check",
     "evaluation",
-    "waiting for capacity",
     "cluster start",
     "provisioning",
     "image build",

@@ -198,7 +198,8 @@ def readmitted(s: Session, name: str) -> dict[str, Any]:
         f"RayCluster {name} ready again: {status.get('availableWorkerReplicas')} of "
         f"{status.get('desiredWorkerReplicas')} workers available"
     )
-    return {"queue_wait": queue_wait, "capacity_wait": capacity_wait, "ready_at": time.time()}
+    waits = {"queue_wait": queue_wait, "capacity_wait": capacity_wait}
+    return {**{k: list(v) if v else None for k, v in waits.items()}, "ready_at": time.time()}
 
 
 def _queue_timeout(s: Session) -> tuple[float, str]:
