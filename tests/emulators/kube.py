@@ -1267,6 +1267,19 @@ class KubeEmulator:
                 return r.json().get("status", "")
         return ""
 
+    # ------------------------------------------------------------------ another workload of the cluster
+    def create(self, plural: str, namespace: str, body: dict) -> dict:
+        """What a POST of ``body`` does (another team's workload, say): validated, created, handed to the operators
+        (KubeRay, Kueue); the object, or an AssertionError with the API server's refusal."""
+        code, obj = self._object("POST", plural, namespace, "", {}, json.dumps(body).encode(), "application/json")
+        assert code == 201, obj
+        return obj
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        """What a DELETE does: the object gone, and what its deletion takes with it."""
+        code, obj = self._object("DELETE", plural, namespace, name, {}, b"", "application/json")
+        assert code == 200, obj
+
     # ------------------------------------------------------------------ a host lost mid-run
     def lose_pod(self, namespace: str, name: str, grace_s: float = 0.5) -> None:
         """A host lost while the run runs (its node preempted or shut down): the pod is terminated with the

@@ -6,20 +6,24 @@ trainer resuming from its checkpoint, is below them (e2e)."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from components.platforms.gke.run.platform import GkePlatform
 from components.spec import InfraError
 from components.stages import goodput, jobs
-from components.stages.runner import record
+from components.stages.runner import record, run_stage
+from tests.emulators.project import ONE_SLICE
 from tests.emulators.rayjobs import RayJobsEmulator
 from tests.gke.test_kueue import QUEUED, _left, _team_cluster, _workloads, context, setup
 from tests.gke.test_tokens_and_retries import _played
-from tests.helpers import wait_until
+from tests.helpers import unique_run_id, wait_until
 
 ENTRYPOINT = "python -m trainers.fsdp"
 
@@ -47,9 +51,9 @@ def _submitted(project, submission_id: str) -> None:
     wait_until(lambda: submission_id in project.kube.jobs.jobs, 60, f"job {submission_id} to be submitted")
 
 
-def _evictions(ctx) -> int:
-    """The evictions the train stage has recorded so far."""
-    kept = ctx.store.local() / "jobs" / "train.json"
+def _evictions(run_dir: Path) -> int:
+    """The evictions the run's train stage has recorded so far."""
+    kept = run_dir / "jobs" / "train.json"
     return len(json.loads(kept.read_text())["evictions"]) if kept.is_file() else 0
 
 
@@ -69,7 +73,7 @@ def test_an_eviction_past_the_budget_fails_the_stage_with_kueues_reason(tmp_path
             _submitted(project, jobs.attempt_id(ctx.run_id, "train", attempt))
             _evict(project, kueue, ctx.run_id)
             if attempt <= jobs.EVICTIONS:
-                wait_until(lambda n=attempt: _evictions(ctx) == n, 60, f"eviction {attempt} to be recorded")
+                wait_until(lambda n=attempt: _evictions(ctx.store.local()) == n, 60, f"eviction {attempt} recorded")
                 with project.kube.lock:
                     kueue.reconcile()  # the quota is free: admitted again
 
@@ -127,7 +131,7 @@ def test_a_job_evicted_once_is_submitted_again_and_its_wait_is_not_billed(tmp_pa
     def kueue_plays() -> None:
         _submitted(project, f"{ctx.run_id}-train")
         _evict(project, kueue, ctx.run_id)
-        wait_until(lambda: _evictions(ctx) == 1, 60, "the eviction to be recorded")
+        wait_until(lambda: _evictions(ctx.store.local()) == 1, 60, "the eviction to be recorded")
         time.sleep(1.0)  # the quota stays taken a moment
         project.kube.jobs.duration_s = 0.0  # the next attempt ends at once
         with project.kube.lock:
@@ -166,3 +170,106 @@ def test_a_job_evicted_once_is_submitted_again_and_its_wait_is_not_billed(tmp_pa
         ("True", "Preempted")
     ], workload
     assert _left(project, ctx.run_id) == {} and _workloads(project) == []
+
+
+# ---------------------------------------------------------------- end to end: a real trainer evicted mid-train
+
+# The smallest slice (v6e 1x1: one host, one chip, one Ray Train worker) on the team's shared cluster, whose
+# ClusterQueue holds that one chip; 64 steps (512 examples, 16 a step, 2 epochs), a sharded checkpoint every 4.
+CHECKPOINT_EVERY = 4
+EVICTED = (
+    ONE_SLICE.replace("cluster.topology=2x2", "cluster.topology=1x1")
+    + " gke.cluster_name=team gke.queue=team-a cluster.slice_check=false train.epochs=2"
+    + f" train.checkpoint_every_steps={CHECKPOINT_EVERY}"
+)
+
+
+def _preemptor(project, run_id: str) -> dict:
+    """Another team's RayCluster of the run's shape at a higher priority (``gke.priority_class``'s label), in
+    team-b's queue: no tpupipe run's. Its pods never start (it is its Workload that matters here)."""
+    with project.kube.lock:
+        body = copy.deepcopy(project.kube.objects[("rayclusters", "tpupipe", run_id)])
+    body["metadata"] = {
+        "name": "preemptor",
+        "labels": {"kueue.x-k8s.io/queue-name": "team-b", "kueue.x-k8s.io/priority-class": "high"},
+    }
+    body["spec"].pop("suspend", None)
+    body.pop("status", None)
+    return body
+
+
+@pytest.mark.e2e
+def test_a_run_evicted_mid_train_is_admitted_again_and_resumes_from_its_checkpoint(
+    tmp_path, project_factory, monkeypatch
+):
+    """Once the train job has written a checkpoint, a higher-priority workload takes the ClusterQueue's one slice:
+    Kueue evicts the run's RayCluster (its pods and the job gone). When the preemptor finishes, the run is admitted
+    again, its job submitted again resumes from the checkpoint, the run succeeds and nothing of it is left; the
+    ledger counts the wait unbilled."""
+    project = project_factory(ray=True)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _team_cluster(project)
+    kueue = setup(project, quota_chips=1, topology="1x1", priority=True)
+    root, run_id = tmp_path / "runs", unique_run_id("evicted")
+    run_dir = root / run_id
+    played: dict = {}
+
+    def stage(name: str) -> None:
+        run_stage(name, "local-fsdp", "gke", EVICTED, run_id, "", str(root))
+
+    def kueue_plays() -> None:
+        train_log = run_dir / "logs" / "train.log"
+        written = '"event": "checkpoint_written"'
+        wait_until(lambda: train_log.is_file() and written in train_log.read_text(), 600, "a checkpoint", 0.5)
+        preemptor = _preemptor(project, run_id)
+        project.kube.fault = "never_starts"
+        project.kube.create("rayclusters", "tpupipe", preemptor)
+        project.kube.fault = ""
+        played["evicted"] = _workload_reason(kueue, run_id)
+        wait_until(lambda: _evictions(run_dir) == 1, 120, "the eviction recorded")
+        time.sleep(2.0)  # the preemptor runs a while
+        project.kube.delete("rayclusters", "tpupipe", "preemptor")  # and finishes: its quota is free
+
+    for name in ("snapshot_data", "provision", "build_image", "deploy_raycluster"):
+        stage(name)
+    player = threading.Thread(target=kueue_plays, daemon=True)
+    player.start()
+    try:
+        stage("train")
+    finally:
+        player.join(60)
+        stage("teardown")
+    assert played["evicted"] == "Preempted", played
+    train = json.loads((run_dir / "stages" / "train.json").read_text())["result"]
+    (eviction,) = train["evictions"]
+    assert eviction["submission_id"] == f"{run_id}-train" and eviction["reason"].startswith("Preempted: ")
+    assert train["job"] == f"{run_id}-train-2"
+    log = (run_dir / "logs" / "train.log").read_text()
+    resumed = re.search(r"resumed from checkpoint of epoch (\d+) \(step (\d+)\)", log)
+    assert resumed, log[-4000:]
+    step = int(resumed.group(2))
+    before = max(s["step"] for s in train["timeline"]["steps"] if s["time"] < eviction["evicted_at"])
+    assert 0 < step <= before and before - step <= CHECKPOINT_EVERY, (step, before)
+    assert [s["step"] for s in train["steps"]] == list(range(1, 65))  # every step kept once, the last run of it
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"  # the stages this test leaves out (evaluate, register) did not run
+    assert {s["name"]: s["status"] for s in summary["stages"]}["train"] == "succeeded"
+    waited = {c["name"]: c for c in summary["goodput"]["categories"]}["waiting for capacity"]
+    since, until = eviction["queue_wait"]
+    assert waited["seconds"] >= until - since >= 2.0 and waited["chip_s"] == 0, waited
+    wait_until(
+        lambda: _left(project, run_id) == {},
+        60,
+        f"run {run_id} to leave nothing",
+        interval_s=1,
+        detail=lambda: _left(project, run_id),
+    )
+    assert _workloads(project) == []
+
+
+def _workload_reason(kueue, run_id: str) -> str:
+    """The Evicted condition's reason of the run's Workload, once Kueue has evicted it."""
+    with kueue.kube.lock:
+        workload = kueue.workload_of("tpupipe", run_id)
+        found = [c for c in workload["status"]["conditions"] if c["type"] == "Evicted" and c["status"] == "True"]
+    return found[0]["reason"] if found else ""
