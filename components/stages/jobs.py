@@ -230,7 +230,7 @@ def _attempts(ctx: RunContext, kind: str) -> tuple[list[dict[str, Any]], str, li
     """The evictions the run's ``kind`` job has had (a retried task's, from the store), the log of the attempts they
     ended and those attempts' records."""
     evictions = (read_json(ctx.store, f"jobs/{kind}.json") or {}).get("evictions", [])
-    text, records = "", []
+    text, records = "", list[tuple[str, dict]]()
     for number, eviction in enumerate(evictions, 1):
         own = ctx.store.read_text(f"logs/{kind}.{number}.log") or ""
         text += own + _evicted_line(kind, eviction)

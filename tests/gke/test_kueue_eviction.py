@@ -181,6 +181,9 @@ EVICTED = (
     ONE_SLICE.replace("cluster.topology=2x2", "cluster.topology=1x1")
     + " gke.cluster_name=team gke.queue=team-a cluster.slice_check=false train.epochs=2"
     + f" train.checkpoint_every_steps={CHECKPOINT_EVERY}"
+    # The emulated pods' Ray starts twice on this machine, the second time as the first one's processes end: on a
+    # loaded machine that has taken minutes.
+    + " cluster.ready_timeout_s=900"
 )
 
 
