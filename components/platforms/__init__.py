@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.platforms.store import RunStore
-from components.spec import RunSpec, SpecError
+from components.spec import InfraError, RunSpec, SpecError
 
 if TYPE_CHECKING:
     from components.workload.budget import Limits
@@ -126,6 +126,19 @@ class Platform(ABC):
     def hosts_lost(self, ctx: RunContext) -> int | None:
         """Hosts the run lost and had replaced while it ran (preempted or failed), or None when the platform does
         not count them."""
+
+    def evicted(self, ctx: RunContext) -> str | None:
+        """Why the run's cluster was taken from it while its jobs ran, to be given back when capacity frees again (on
+        gke, with ``gke.queue``: Kueue evicted its RayCluster; Kueue's reason), the jobs on it gone; None where that
+        does not happen, or did not. Here: never."""
+        return None
+
+    def wait_to_run_again(self, ctx: RunContext) -> dict[str, Any]:
+        """After ``evicted``: wait until the run's cluster is given back and ready, within the run's deadline
+        (``run.deadline_h``; an InfraError naming it when the deadline passes first). Returns its waits, not billed:
+        ``queue_wait`` and ``capacity_wait`` ((since, until) epoch seconds, or None), and ``ready_at``. Only a platform
+        whose ``evicted`` answers has it."""
+        raise InfraError(f"the {self.name} platform never takes a run's cluster back: nothing to wait for")
 
     def limits(self, ctx: RunContext) -> Limits:
         """The budget and deadline the run is held to while it waits on its jobs (``components.workload.budget``): the

@@ -21,9 +21,12 @@ step ended, when each checkpoint was saved and for how long), the same for FSDP 
   model, restoring, XLA's compile of the first step); a step that ends later is "productive" unless a later worker
   group ran the same step again, then it is "lost to failures", as is the time from a worker group's last step to the
   next group's first (the failure, the restart, the restore and compile); checkpoint saves are their own category;
-  after the last step, "trainer start" again (the last report, the driver's result, the job's end). "Compilation" is
-  cut out of the rest: each XLA compile of the trainer's programs, or load of one from the compile cache kept
-  across runs, that the trainer reported (``trainers.jax_events``: its end and seconds); the ledger's
+  after the last step, "trainer start" again (the last report, the driver's result, the job's end). A train job lost
+  to an eviction (Kueue took the cluster back: the train stage's ``evictions``) is one more worker group: the wait
+  until the cluster was admitted again and its pods had nodes is "waiting for capacity" (not billed, as the first
+  admission's), the restart around it and the steps trained again since the checkpoint "lost to failures".
+  "Compilation" is cut out of the rest: each XLA compile of the trainer's programs, or load of one from the compile
+  cache kept across runs, that the trainer reported (``trainers.jax_events``: its end and seconds); the ledger's
   ``compile_cache`` counts them and the cache's hits.
 """
 
@@ -39,8 +42,8 @@ CATEGORIES = (
     ("provisioning", "provision"),
     (
         "waiting for capacity",
-        "deploy_raycluster: queued in Kueue for admission (gke.queue), or the RayCluster's pods waiting for nodes "
-        "(not billed)",
+        "deploy_raycluster: queued in Kueue for admission (gke.queue), or the RayCluster's pods waiting for nodes; "
+        "train: the cluster evicted by Kueue, waiting to be admitted again (not billed)",
     ),
     ("cluster start", "deploy_raycluster: the RayCluster's pods scheduled and ready"),
     ("slice check", "check_slice"),
@@ -67,6 +70,7 @@ STAGE_CATEGORY = {
 }
 # An instant two stages share counts for the one listed first.
 PRIORITY = (
+    "waiting for capacity",  # the train job's cluster evicted: the wait to run again, not the restart it is part of
     "compilation",  # a step that waited for a compile (its first, an eval's) was compiling, not training
     "productive steps",
     "checkpoint saves",
@@ -74,7 +78,6 @@ PRIORITY = (
     "trainer start",
     "slice check",
     "evaluation",
-    "waiting for capacity",
     "cluster start",
     "provisioning",
     "image build",
@@ -175,6 +178,10 @@ def ledger(
     for wait in ("queue_wait", "capacity_wait"):  # queued for admission, then the pods waiting for nodes
         if deployed.get(wait):
             intervals.append((*deployed[wait], UNBILLED))
+    for eviction in ((records.get("train") or {}).get("result") or {}).get("evictions") or []:
+        for wait in ("queue_wait", "capacity_wait"):  # the train job lost to an eviction, waiting to run again
+            if eviction.get(wait):
+                intervals.append((*eviction[wait], UNBILLED))
     if "train" in spans:
         if records["train"].get("status") == "succeeded":
             intervals += train_intervals(spans["train"], records["train"].get("result", {}).get("timeline") or {})

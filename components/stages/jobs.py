@@ -15,7 +15,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, signal_name
-from components.platforms.store import read_json, write_text
+from components.platforms.store import read_json, write_json, write_text
 from components.spec import InfraError, names, protocol
 from components.stages import base_weights
 from components.workload import budget
@@ -49,6 +49,7 @@ class _Follow:
     """What following a job has seen so far: the log length, the whole text, the records, when the log was saved."""
 
     nonce: str = ""  # the job's record nonce (``protocol``): only its records count
+    before: str = ""  # the log of the attempts before this one (``run_job``: evicted), saved ahead of its own
     seen: int = 0
     text: str = ""
     records: list[tuple[str, dict]] = field(default_factory=list)
@@ -61,7 +62,7 @@ def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -
     ``LOG_SAVE_S`` in Cloud Storage (one object write each), and always at the end."""
     due = force or ctx.store.local() is not None or time.monotonic() - state.saved_at >= LOG_SAVE_S
     if due and state.saved != len(state.text):
-        write_text(ctx.store, f"logs/{kind}.log", state.text)
+        write_text(ctx.store, f"logs/{kind}.log", state.before + state.text)
         state.saved_at, state.saved = time.monotonic(), len(state.text)
 
 
@@ -76,11 +77,13 @@ def runtime_env(ctx: RunContext) -> dict[str, Any]:
     return {**JOB_RUNTIME_ENV, "env_vars": {**JOB_RUNTIME_ENV["env_vars"], **own}}
 
 
-def submit_or_attach(client, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None) -> str:
-    """Submit the run's ``kind`` job under its derived submission id with a record nonce of its own, or re-attach to
-    it when it exists (a retried task), its nonce read back from the job's metadata; the nonce goes to ``state``.
-    Returns the submission id."""
-    submission_id = names.job_submission_id(ctx.run_id, kind)
+def submit_or_attach(
+    client, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None, submission_id: str = ""
+) -> str:
+    """Submit the run's ``kind`` job under its derived submission id (``submission_id``: an attempt's,
+    ``attempt_id``) with a record nonce of its own, or re-attach to it when it exists (a retried task), its nonce read
+    back from the job's metadata; the nonce goes to ``state``. Returns the submission id."""
+    submission_id = submission_id or names.job_submission_id(ctx.run_id, kind)
     state = state if state is not None else _Follow()
     try:
         info = client.get_job_info(submission_id)
@@ -216,6 +219,29 @@ def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S)
     return stop
 
 
+def attempt_id(run_id: str, kind: str, attempt: int) -> str:
+    """The submission id of the run's ``kind`` job's ``attempt`` (1, then 2 after an eviction...): derived from the run
+    and the attempt, so a retried task re-attaches to the attempt that runs."""
+    first = names.job_submission_id(run_id, kind)
+    return first if attempt == 1 else f"{first}-{attempt}"
+
+
+def _attempts(ctx: RunContext, kind: str) -> tuple[list[dict[str, Any]], str, list[tuple[str, dict]]]:
+    """The evictions the run's ``kind`` job has had (a retried task's, from the store), the log of the attempts they
+    ended and those attempts' records."""
+    evictions = (read_json(ctx.store, f"jobs/{kind}.json") or {}).get("evictions", [])
+    text, records = "", list[tuple[str, dict]]()
+    for number, eviction in enumerate(evictions, 1):
+        own = ctx.store.read_text(f"logs/{kind}.{number}.log") or ""
+        text += own + _evicted_line(kind, eviction)
+        records += protocol.parse(own.splitlines(), eviction["nonce"])
+    return evictions, text, records
+
+
+def _evicted_line(kind: str, eviction: dict[str, Any]) -> str:
+    return f"--- {kind}: job {eviction['submission_id']} lost: {eviction['reason']} ---\n"
+
+
 def run_job(
     ctx: RunContext,
     kind: str,
@@ -227,19 +253,72 @@ def run_job(
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
     ``TPUPIPE result`` record. An interrupt (SIGINT, SIGTERM) stops the job; so does its deadline, which also bounds
     the platform's retries of transient errors, and so does the run's crossing its budget or its deadline (``watch``:
-    :class:`LimitCrossed`). ``sleep``: the wait between two reads of the log (injected in tests)."""
-    from ray.job_submission import JobStatus
+    :class:`LimitCrossed`). ``sleep``: the wait between two reads of the log (injected in tests).
 
+    A job lost because the platform took the run's cluster back (``Platform.evicted``: Kueue evicted it) is submitted
+    again once the cluster is given back and ready (``Platform.wait_to_run_again``, within the run's deadline; the wait
+    does not count against the job's own), as a new attempt (``attempt_id``); the trainers resume from the newest
+    checkpoint of the run. At most ``EVICTIONS`` times, apart from the trainer's own failures (``train.max_failures``);
+    each is in the result's ``evictions``, with its waits, and the records are every attempt's, in order."""
     deadline = time.monotonic() + timeout_s
-    client = get_platform(ctx.platform).job_client(ctx, deadline)
-    submission_id = names.job_submission_id(ctx.run_id, kind)
-    state = _Follow()
+    platform = get_platform(ctx.platform)
     watched = watch(ctx)
     for line in watched.lines(time.time()):
         log(f"{kind}: {line}")
+    evictions, before, records = _attempts(ctx, kind)
+    while True:
+        if evictions and "ready_at" not in evictions[-1]:  # a retried task, lost while it waited: it waits again
+            deadline += _wait_again(ctx, platform, kind, evictions)
+        submission_id = attempt_id(ctx.run_id, kind, len(evictions) + 1)
+        state = _Follow(before=before, records=list(records))
+        client = platform.job_client(ctx, deadline)
+        try:
+            _follow(client, ctx, kind, submission_id, entrypoint, state, on_record, deadline, timeout_s, sleep, watched)
+            break
+        except LimitCrossed:
+            raise
+        except InfraError as exc:  # JobFailed among them: lost with its cluster, or failed of itself
+            reason = platform.evicted(ctx)
+            if reason is None:
+                raise
+            evictions.append({"submission_id": submission_id, "nonce": state.nonce, "reason": reason})
+            evictions[-1]["evicted_at"] = time.time()
+            write_text(ctx.store, f"logs/{kind}.{len(evictions)}.log", state.text)
+            write_json(ctx.store, f"jobs/{kind}.json", {"evictions": evictions})  # a retried task goes on from here
+            if len(evictions) > EVICTIONS:
+                raise JobFailed(
+                    f"{kind}: job {submission_id} lost to an eviction again ({reason}): {len(evictions)} evictions, "
+                    f"past the {EVICTIONS} after which a job is submitted again; the run stops here. Run it again when "
+                    "the capacity is less contended, or with a higher gke.priority_class"
+                ) from exc
+            log(f"{kind}: job {submission_id} lost: {reason}")
+            before, records = before + state.text + _evicted_line(kind, evictions[-1]), state.records
+            deadline += _wait_again(ctx, platform, kind, evictions)
+    result = next((p for k, p in reversed(state.records) if k == "result"), None)
+    if result is None:
+        raise JobFailed(f"{kind}: job {submission_id} succeeded but printed no result record")
+    return {"submission_id": submission_id, "records": state.records, "result": result, "evictions": evictions}
+
+
+def _follow(
+    client,
+    ctx: RunContext,
+    kind: str,
+    submission_id: str,
+    entrypoint: str,
+    state: _Follow,
+    on_record: Callable[[str, dict], None] | None,
+    deadline: float,
+    timeout_s: float,
+    sleep: Callable[[float], None],
+    watched: budget.Watch,
+) -> None:
+    """One attempt of the job: submitted or re-attached to, followed to its end; JobFailed unless it SUCCEEDED."""
+    from ray.job_submission import JobStatus
+
     try:
         with on_interrupt(_stopper(client, submission_id, kind), log=log):
-            submit_or_attach(client, ctx, kind, entrypoint, state)
+            submit_or_attach(client, ctx, kind, entrypoint, state, submission_id)
             try:
                 try:
                     # The stream is followed until the job ends, its deadline, or the instant the run crosses a limit.
@@ -271,7 +350,19 @@ def run_job(
             f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
             f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}"
         )
-    result = next((p for k, p in reversed(state.records) if k == "result"), None)
-    if result is None:
-        raise JobFailed(f"{kind}: job {submission_id} succeeded but printed no result record")
-    return {"submission_id": submission_id, "records": state.records, "result": result}
+
+
+# How many times a job lost to an eviction is submitted again; the next eviction fails the stage.
+EVICTIONS = 3
+
+
+def _wait_again(ctx: RunContext, platform, kind: str, evictions: list[dict[str, Any]]) -> float:
+    """Wait until the run's cluster is back (``Platform.wait_to_run_again``), the waits recorded with the eviction;
+    its seconds."""
+    started = time.monotonic()
+    log(f"{kind}: waiting for the cluster to be given back; then the job is submitted again")
+    evictions[-1].update(platform.wait_to_run_again(ctx))
+    write_json(ctx.store, f"jobs/{kind}.json", {"evictions": evictions})
+    again = attempt_id(ctx.run_id, kind, len(evictions) + 1)
+    log(f"{kind}: submitting the job again as {again}: the trainer resumes from the run's newest checkpoint")
+    return time.monotonic() - started

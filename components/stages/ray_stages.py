@@ -99,7 +99,9 @@ def bandwidth_line(check: dict[str, Any]) -> str:
 
 
 def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
-    """The trainer as a Ray job; ``train.init_from`` is resolved to a registered version's checkpoint now."""
+    """The trainer as a Ray job; ``train.init_from`` is resolved to a registered version's checkpoint now. A job lost
+    to an eviction is submitted again when the cluster is back (``jobs.run_job``) and resumes from the run's newest
+    checkpoint, as after a lost host."""
     t = ctx.spec.train
     start = gate.starting_point(ctx)
     if start:
@@ -119,6 +121,9 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "data_snapshot": data.get("data_snapshot"),
         "num_train_examples": data.get("num_examples"),
         "restarts": restarts(events),
+        # Each time the platform took the cluster back (a Kueue eviction) and the job was submitted again: Kueue's
+        # reason, the waits until the cluster was back (not billed: the goodput ledger's "waiting for capacity").
+        "evictions": job["evictions"],
         "first_step_at": first_step_at(job["records"]),
         "checkpoint": job["result"]["checkpoint"],
         "checkpoint_uri": get_platform(ctx.platform).checkpoint_uri(ctx, job["result"]["checkpoint"] or ""),

@@ -347,6 +347,7 @@ class KubeEmulator:
         self.provisioner = provisioning.Provisioner(self.objects, self.lock)  # ProvisioningRequests (queued)
         self.provisioner.lose_pod = self.lose_pod  # CapacityRevoked: the request's nodes, and their pods, go
         self.clusters: dict[tuple[str, str], dict] = {}  # (namespace, raycluster) -> local Ray cluster record
+        self._stopping: dict[tuple[str, str], threading.Thread] = {}  # a RayCluster's Ray being stopped (stop_pods)
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, subresource) the caller may not
         self.reviews: list[tuple[str, str, str, str]] = []  # the SelfSubjectAccessReviews asked, in order
         self.jobs = None  # with ready_without_ray: the Jobs API (rayjobs.RayJobsEmulator) behind the head's proxy
@@ -942,6 +943,9 @@ class KubeEmulator:
 
         name = obj["metadata"]["name"]
         run_id = obj["metadata"].get("labels", {}).get("tpupipe-run", name)
+        stopping = self._stopping.get((namespace, name))
+        if stopping is not None:  # suspended (evicted), then admitted again: its old processes end first
+            stopping.join()
         with self.lock:
             token = "" if self.ray_auth_off else self._ray_token(namespace, obj)
             head_group = obj["spec"]["headGroupSpec"]
@@ -1212,17 +1216,24 @@ class KubeEmulator:
             and o["metadata"].get("labels", {}).get("ray.io/cluster") == name
         ]:
             self.objects.pop(key)
-        threading.Thread(target=self._stop_ray, args=((namespace, name),), daemon=True).start()
+        with self.lock:  # at once: a RayCluster admitted again (Kueue) starts a Ray of its own, not stopped by this
+            record = self.clusters.pop((namespace, name), None)
+        stopping = threading.Thread(target=self._stop_record, args=(record,), daemon=True)
+        self._stopping[(namespace, name)] = stopping
+        stopping.start()
 
     def _stop_ray(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            record = self.clusters.pop(key, None)
+        self._stop_record(record)
+
+    def _stop_record(self, record: dict | None) -> None:
         import shutil
         import signal
 
         from components.platforms import procs
         from components.platforms.local import processes
 
-        with self.lock:
-            record = self.clusters.pop(key, None)
         if not record:
             return
         for pid in reversed(record["processes"]):
@@ -1256,6 +1267,19 @@ class KubeEmulator:
             if r.ok:
                 return r.json().get("status", "")
         return ""
+
+    # ------------------------------------------------------------------ another workload of the cluster
+    def create(self, plural: str, namespace: str, body: dict) -> dict:
+        """What a POST of ``body`` does (another team's workload, say): validated, created, handed to the operators
+        (KubeRay, Kueue); the object, or an AssertionError with the API server's refusal."""
+        code, obj = self._object("POST", plural, namespace, "", {}, json.dumps(body).encode(), "application/json")
+        assert code == 201, obj
+        return obj
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        """What a DELETE does: the object gone, and what its deletion takes with it."""
+        code, obj = self._object("DELETE", plural, namespace, name, {}, b"", "application/json")
+        assert code == 200, obj
 
     # ------------------------------------------------------------------ a host lost mid-run
     def lose_pod(self, namespace: str, name: str, grace_s: float = 0.5) -> None:

@@ -26,7 +26,7 @@ after the Kueue document it follows:
   admitted ones of lower priority in its ClusterQueue, the lowest priority first and among equals the most recently
   admitted, until it fits; the evicted Workload gets ``Evicted`` (reason ``Preempted``), loses its quota, and its
   RayCluster is suspended again (its pods deleted) and requeued
-  (https://kueue.sigs.k8s.io/docs/concepts/preemption/);
+  (https://kueue.sigs.k8s.io/docs/concepts/preemption/); admitted again, its ``Evicted`` condition turns False;
 - a RayCluster deleted takes its Workload with it (owner reference), freeing its quota; the next pending ones are
   admitted (https://kueue.sigs.k8s.io/docs/concepts/workload/);
 - the ProvisioningRequest admission check (``ProvisioningChecks`` below: Kueue's Provisioning Admission Check
@@ -304,9 +304,13 @@ class Kueue:
         self._admissions += 1
         self._admitted[workload["metadata"]["uid"]] = self._admissions
         workload["status"]["admission"] = {"clusterQueue": cq_name, "podSetAssignments": assignments}
+        evicted = [c for c in workload["status"]["conditions"] if c["type"] == "Evicted" and c["status"] == "True"]
         workload["status"]["conditions"] = [
             _condition("QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq_name}"),
             _condition("Admitted", True, "Admitted", "The workload is admitted"),
+            # An eviction's condition stays, False, its message "Previously: ..." (``SetQuotaReservation`` and
+            # ``resetActiveCondition``, https://github.com/kubernetes-sigs/kueue/blob/main/pkg/workload/workload.go).
+            *(_condition("Evicted", False, "QuotaReserved", f"Previously: {c['message']}") for c in evicted),
         ]
         namespace = workload["metadata"]["namespace"]
         cluster = self.kube.objects.get(("rayclusters", namespace, _owner(workload)))

@@ -9,6 +9,7 @@ KubeRay 1.5 generates itself), then the RayCluster by server-side apply, waited 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import manifests as m
@@ -118,46 +119,13 @@ def _containers(raycluster: dict) -> list[dict]:
 
 
 def raycluster(s: Session, res: Resource) -> None:
-    from components.platforms.gke.run import readiness
-
-    kube, spec = _kube(s), s.ctx.spec
+    kube = _kube(s)
     body = _pinned(s, res.body)
     if s.kuberay_generates_token:  # KubeRay 1.5: token mode without secretName (its CRD has none to name ours in)
         body = {**body, "spec": {**body["spec"], "authOptions": {"mode": body["spec"]["authOptions"]["mode"]}}}
     kube.apply(body)
     queue_wait = _admission(s, kube, res.name) if s.t.queue else None
-    limits = ready_limits(spec)
-    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
-    s.log(
-        f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {res.name}; pods "
-        f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
-        + (
-            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
-            if limits.failed_scale_up_grace_s
-            else "; a FailedScaleUp at once (a fixed pool)"
-        )
-    )
-    for evictions in range(EVICTIONS_AT_START + 1):
-        try:
-            with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
-                ready, capacity_wait = readiness.wait_ready(
-                    kube,
-                    res.name,
-                    limits.deadline_s,
-                    unschedulable_grace_s=grace,
-                    failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-                    request=queued.request_name(s.ctx.run_id) if queued.direct(spec) else "",
-                    poll_s=min(s.poll_s, 2.0),
-                    log=s.log,
-                    evicted=_eviction(kube, res.name) if s.t.queue else None,
-                )
-            break
-        except readiness.Evicted as exc:  # preempted before it was ready: it waits in the queue again
-            if evictions == EVICTIONS_AT_START:
-                raise
-            s.log(f"{exc}; waiting for Kueue to admit it again")
-            again = _admission(s, kube, res.name)
-            queue_wait = (queue_wait[0] if queue_wait else again[0], again[1])
+    ready, capacity_wait, queue_wait = _until_ready(s, kube, res.name, queue_wait)
     status = ready.get("status", {})
     s.log(
         f"RayCluster {res.name} ready: {status.get('availableWorkerReplicas')} of "
@@ -173,6 +141,65 @@ def raycluster(s: Session, res: Resource) -> None:
         "capacity_wait": capacity_wait,  # when its pods waited for nodes (the goodput ledger's "waiting for capacity")
         "queue_wait": queue_wait,  # when it waited in Kueue's queue for admission (gke.queue), also not billed
     }
+
+
+def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | None):
+    """Wait until every worker of the RayCluster is available (``readiness``); one of a queued run evicted on its way
+    is waited for in the queue again, up to EVICTIONS_AT_START times. Returns the RayCluster as ready, when its pods
+    waited for nodes, and when it waited in the queue (the first admission's start to the last one's end)."""
+    from components.platforms.gke.run import readiness
+
+    spec = s.ctx.spec
+    limits = ready_limits(spec)
+    grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
+    s.log(
+        f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {name}; pods "
+        f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
+        + (
+            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
+            if limits.failed_scale_up_grace_s
+            else "; a FailedScaleUp at once (a fixed pool)"
+        )
+    )
+    for evictions in range(EVICTIONS_AT_START + 1):
+        try:
+            with kube.retrying.within(limits.deadline_s):  # a transient API error is retried, never past the deadline
+                ready, capacity_wait = readiness.wait_ready(
+                    kube,
+                    name,
+                    limits.deadline_s,
+                    unschedulable_grace_s=grace,
+                    failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+                    request=queued.request_name(s.ctx.run_id) if queued.direct(spec) else "",
+                    poll_s=min(s.poll_s, 2.0),
+                    log=s.log,
+                    evicted=_eviction(kube, name) if s.t.queue else None,
+                )
+            return ready, capacity_wait, queue_wait
+        except readiness.Evicted as exc:  # preempted before it was ready: it waits in the queue again
+            if evictions == EVICTIONS_AT_START:
+                raise
+            s.log(f"{exc}; waiting for Kueue to admit it again")
+            again = _admission(s, kube, name)
+            queue_wait = (queue_wait[0] if queue_wait else again[0], again[1])
+    raise AssertionError("unreachable: the last eviction is raised")
+
+
+def readmitted(s: Session, name: str) -> dict[str, Any]:
+    """A queued RayCluster Kueue evicted while the run's jobs ran, back: admitted again (within what is left of the
+    run's deadline, ``_admission``) and ready (``_until_ready``), as deploy_raycluster waited for it first. Its waits
+    (``queue_wait``, ``capacity_wait``: (since, until) epoch seconds, or None) and when it was ready again."""
+    import time
+
+    kube = _kube(s)
+    ready, capacity_wait, queue_wait = _until_ready(s, kube, name, _admission(s, kube, name))
+    status = ready.get("status", {})
+    s.log(
+        f"RayCluster {name} ready again: {status.get('availableWorkerReplicas')} of "
+        f"{status.get('desiredWorkerReplicas')} workers available"
+    )
+    waits = {"queue_wait": queue_wait, "capacity_wait": capacity_wait}
+    return {**{k: list(v) if v else None for k, v in waits.items()}, "ready_at": time.time()}
 
 
 def _queue_timeout(s: Session) -> tuple[float, str]:

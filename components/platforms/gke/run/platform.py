@@ -260,6 +260,27 @@ class GkePlatform(Platform):
             client.retrying.abort = queueing.lost_to_eviction(kube, names.raycluster(ctx.run_id))
         return client
 
+    def evicted(self, ctx: RunContext) -> str | None:
+        """Kueue's reason when it evicted the run's RayCluster (``gke.queue``) and has not admitted it again; the
+        Workload as it stands then is kept for the post-mortem (``queueing.keep_workload``)."""
+        if not ctx.spec.gke.queue:
+            return None
+        from components.platforms.gke.run import queueing
+
+        kube, _, _ = self.clients.kube(self._placed(ctx))
+        if kube is None:
+            return None
+        reason = queueing.evicted(kube, names.raycluster(ctx.run_id))
+        if reason is not None:
+            queueing.keep_workload(ctx.store, kube, names.raycluster(ctx.run_id))
+        return reason
+
+    def wait_to_run_again(self, ctx: RunContext) -> dict[str, Any]:
+        """The evicted RayCluster admitted again by Kueue and ready (``deploy.readmitted``)."""
+        from components.platforms.gke.run import deploy
+
+        return deploy.readmitted(Session(self._placed(ctx), self.clients), names.raycluster(ctx.run_id))
+
     def job_output_dir(self, ctx: RunContext) -> str:
         return self._target(ctx).run_dir
 

@@ -5,7 +5,9 @@ Kueue makes a Workload for the RayCluster and unsuspends the RayCluster when the
 ``Admitted`` condition turns True (https://kueue.sigs.k8s.io/docs/concepts/workload/, "Admission"; "Kueue controls
 the spec.suspend field of the RayCluster": https://kueue.sigs.k8s.io/docs/tasks/run/rayclusters/). An admitted
 workload may be evicted later (preempted by a higher-priority one, https://kueue.sigs.k8s.io/docs/concepts/preemption/):
-its RayCluster is suspended and its pods deleted, which the stages see as lost hosts (``evicted``).
+its RayCluster is suspended and its pods deleted, the Ray job on them with them (``evicted``, ``lost_to_eviction``).
+Kueue requeues it and admits it again when its quota allows; the stage whose job was lost waits for that
+(``deploy.readmitted``) and submits its job again (``components.stages.jobs``).
 """
 
 from __future__ import annotations
@@ -99,27 +101,36 @@ def wait_admitted(
         sleep(poll_s)
 
 
+WORKLOAD_LOG = "logs/kueue_workload.json"
+
+
 def keep_workload(store, kube, raycluster: str) -> str | None:
     """For the post-mortem: the RayCluster's Workload as Kueue last described it (its queue, priority, conditions:
     why it waited, whether it was evicted and why; its admission), as ``logs/kueue_workload.json``; its key, None when
-    Kueue made none."""
+    Kueue made none. Kept when the Workload is evicted and again at teardown: the conditions Kueue has replaced since
+    the last keep (an eviction's, once the Workload is admitted again) stay, oldest first, under ``earlier``."""
     import json
 
-    from components.platforms.store import write_text
+    from components.platforms.store import read_json, write_text
 
     workload = kueue.workload_of(kube, raycluster)
     if workload is None:
         return None
     status = workload.get("status") or {}
+    conditions = status.get("conditions", [])
+    before = read_json(store, WORKLOAD_LOG) or {}
+    earlier = before.get("earlier", [])
+    earlier += [c for c in before.get("conditions", []) if c not in conditions and c not in earlier]
     kept = {
         "name": workload["metadata"]["name"],
         "queue": workload["spec"].get("queueName"),
         "priority": workload["spec"].get("priority"),
-        "conditions": status.get("conditions", []),
+        "conditions": conditions,
+        "earlier": earlier,
         "admission": status.get("admission"),
         "requeueState": status.get("requeueState"),
     }
-    return write_text(store, "logs/kueue_workload.json", json.dumps(kept, indent=1), "application/json")
+    return write_text(store, WORKLOAD_LOG, json.dumps(kept, indent=1), "application/json")
 
 
 def lost_to_eviction(kube, raycluster: str) -> Callable[[], str | None]:
@@ -130,11 +141,7 @@ def lost_to_eviction(kube, raycluster: str) -> Callable[[], str | None]:
         reason = evicted(kube, raycluster)
         if reason is None:
             return None
-        return (
-            f"RayCluster {raycluster} was evicted by Kueue ({reason}): its pods and the Ray job on them are gone. "
-            "The run stops here (an evicted run does not resume on its own yet): run it again, or set a higher "
-            "gke.priority_class"
-        )
+        return f"RayCluster {raycluster} was evicted by Kueue ({reason}): its pods and the Ray job on them are gone"
 
     return why
 
