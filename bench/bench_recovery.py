@@ -100,8 +100,9 @@ def records(log_text: str):
 
 
 def timeline(log_text: str) -> list[dict]:
-    """The run's worker-group starts and training steps, in log order: {"kind": "start"|"step", "time", "step"}, a
-    start also with "launched" (when its train function began, where the trainer says so, else its time).
+    """The run's worker-group starts, restores and training steps, in log order: {"kind": "start"|"restored"|"step",
+    "time", "step"}, a start also with "launched" (when its train function began, where the trainer says so, else its
+    time), a restore with its "seconds" (where the trainer says so: FSDP2).
     Lines Ray forwarded twice are kept once (the records carry their time, so two real ones differ)."""
     out, seen = [], set()
     for kind, p in records(log_text):
@@ -118,6 +119,8 @@ def timeline(log_text: str) -> list[dict]:
                     "launched": p.get("launched", p["time"]),
                 }
             )
+        elif kind == "event" and p.get("event") == "restored":
+            out.append({"kind": "restored", "time": p["time"], "step": p["step"], "seconds": p["seconds"]})
         elif (kind == "event" and p.get("event") == "step") or (kind == "metric" and "step" in p):
             out.append({"kind": "step", "time": p["time"], "step": p["step"]})
     return out
@@ -147,7 +150,22 @@ def recovery(events: list[dict], killed_at: float) -> dict:
         "train_function_launched_s": events[restart]["launched"] - killed_at,
         "trainer_started_s": events[restart]["time"] - killed_at,
         "setup_and_first_step_s": first["time"] - events[restart]["time"],
+        **_restore_parts(events[restart:], first),
         "worker_group_starts": sum(1 for e in events if e["kind"] == "start"),
+    }
+
+
+def _restore_parts(events: list[dict], first: dict) -> dict:
+    """The new group's setup split at its restore, where the trainer times it: up to the restore (the model built and
+    sharded, the data loaded), the restore, and from it to the first step."""
+    restored = next((e for e in events if e["kind"] == "restored" and e["time"] <= first["time"]), None)
+    if restored is None:
+        return {}
+    began = restored["time"] - restored["seconds"]
+    return {
+        "setup_before_restore_s": began - events[0]["time"],
+        "restore_s": restored["seconds"],
+        "restore_to_first_step_s": first["time"] - restored["time"],
     }
 
 
