@@ -19,6 +19,7 @@ detail). ``python bench/bench_recovery.py [FSDP2|MaxText] [REPEATS]`` runs one c
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -169,6 +170,31 @@ def _restore_parts(events: list[dict], first: dict) -> dict:
     }
 
 
+# Ray's own log lines (raylet.out, gcs_server.out: "[<local time>,<ms> <level> <pid> <tid>] (<component>) ..."), kept
+# with the run's logs at teardown (logs/ray/<node>/): when the lost host's node was marked dead, and when the
+# replacement's raylet registered.
+RAY_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+RAY_MOMENTS = {
+    "lost_node_marked_dead_s": ("head", "gcs_server", "Node is dead because the health check failed"),
+    "replacement_registered_s": (LOST_HOST.replace("-", ""), "raylet", "started. Raylet consists of"),
+}
+
+
+def ray_moments(ray_logs: Path, killed_at: float) -> dict:
+    """Seconds from the kill to each of :data:`RAY_MOMENTS` (its first line after the kill), where the logs have it."""
+    found = {}
+    for name, (node, component, text) in RAY_MOMENTS.items():
+        for path in sorted(ray_logs.glob(f"{node}/{component}*.out")):
+            for line in path.read_text(errors="replace").splitlines():
+                m = RAY_LOG_TIME.match(line)
+                if not m or text not in line:
+                    continue
+                at = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+                if at > killed_at:
+                    found[name] = min(found.get(name, math.inf), at - killed_at)
+    return found
+
+
 def lose_host(host: dict) -> float:
     """Kill an emulated host as a lost machine dies: its process group, as the lost-host test does, and also every
     process under it that left that group (Ray starts each worker in a session of its own; killed with the group
@@ -263,6 +289,7 @@ def measure(case: Case, root: Path) -> dict:
             f"directory {run_dir}:\n{out_path.read_text()[-3000:]}"
         )
     found = recovery(timeline((run_dir / "logs" / "train.log").read_text()), killed_at)
+    found.update(ray_moments(run_dir / "logs" / "ray", killed_at))
     summary = json.loads((run_dir / "summary.json").read_text())
     keeper = (run_dir / "logs" / "keeper.out").read_text()
     if summary["status"] != "succeeded" or f"{LOST_HOST} (pid" not in keeper:
