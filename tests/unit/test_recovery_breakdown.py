@@ -100,19 +100,23 @@ def test_the_local_hosts_notice_a_lost_host_within_seconds():
     assert float(env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]) < 2.0  # Ray Train's default poll: 2 s
 
 
-def test_the_moments_ray_logged_are_read_from_the_runs_kept_ray_logs(tmp_path):
+def test_the_moments_ray_logged_are_read_from_the_nodes_session_logs(tmp_path):
     def at(epoch: float) -> str:  # Ray's log time: this machine's local time, to the millisecond
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) + f",{int(epoch * 1000) % 1000:03d}"
 
     killed = 1_800_000_000.0
-    (tmp_path / "head").mkdir()
-    (tmp_path / "host2").mkdir()
-    (tmp_path / "head" / "gcs_server.out").write_text(
+    head, host = tmp_path / "head" / "session_1" / "logs", tmp_path / "host2" / "session_1" / "logs"
+    head.mkdir(parents=True)
+    host.mkdir(parents=True)
+    (head / "gcs_server.out").write_text(
         f"[{at(killed - 60)} W 1 1] (gcs_server) x.cc:88: Node is dead because the health check failed. node_id=old\n"
         f"[{at(killed + 2.25)} W 1 1] (gcs_server) x.cc:88: Node is dead because the health check failed. node_id=a\n"
     )
-    (tmp_path / "host2" / "raylet.1.out").write_text(
+    (host / "raylet.1.out").write_text(
         f"[{at(killed + 4.5)} I 2 2] (raylet) node_manager.cc:355: Raylet of id, b started. Raylet consists of ...\n"
     )
     found = bench_recovery.ray_moments(tmp_path, killed)
     assert found == {"lost_node_marked_dead_s": pytest.approx(2.25), "replacement_registered_s": pytest.approx(4.5)}
+    assert (
+        bench_recovery.ray_moments(tmp_path, killed, {"lost_node_marked_dead_s": 1.0})["lost_node_marked_dead_s"] == 1
+    )
