@@ -11,14 +11,18 @@ epochs), far more than any machine trains between the step's log line and the ki
 From the trainers' timed records in the run's `logs/train.log` (MaxText: a metric per step; FSDP2: a `step` event per
 step; both: `worker_group_started`): the seconds from the kill to the first training step of the restarted worker
 group, where they went, and the steps trained again (trained by the lost group, at or after the step the new one
-resumes at). The run must then succeed. Targets: recovery <= 40 s (MaxText) and <= 15 s (FSDP2), steps repeated <=
-the checkpoint period in steps. The runs' directories are kept when a figure misses its target (`run_dir` in
-detail). ``python bench/bench_recovery.py [FSDP2|MaxText] [REPEATS]`` runs one case alone.
+resumes at); FSDP2's restore timed apart; from Ray's own logs while the run is live, when the lost host's node was
+marked dead and when its replacement's raylet registered (the new worker group waits for it). The run must then
+succeed.
+Targets: recovery <= 40 s (MaxText) and <= 15 s (FSDP2), steps repeated <= the checkpoint period in steps. The runs'
+directories are kept when a figure misses its target (`run_dir` in detail).
+``python bench/bench_recovery.py [FSDP2|MaxText] [REPEATS]`` runs one case alone.
 """
 
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -100,8 +104,9 @@ def records(log_text: str):
 
 
 def timeline(log_text: str) -> list[dict]:
-    """The run's worker-group starts and training steps, in log order: {"kind": "start"|"step", "time", "step"}, a
-    start also with "launched" (when its train function began, where the trainer says so, else its time).
+    """The run's worker-group starts, restores and training steps, in log order: {"kind": "start"|"restored"|"step",
+    "time", "step"}, a start also with "launched" (when its train function began, where the trainer says so, else its
+    time), a restore with its "seconds" (where the trainer says so: FSDP2).
     Lines Ray forwarded twice are kept once (the records carry their time, so two real ones differ)."""
     out, seen = [], set()
     for kind, p in records(log_text):
@@ -118,6 +123,8 @@ def timeline(log_text: str) -> list[dict]:
                     "launched": p.get("launched", p["time"]),
                 }
             )
+        elif kind == "event" and p.get("event") == "restored":
+            out.append({"kind": "restored", "time": p["time"], "step": p["step"], "seconds": p["seconds"]})
         elif (kind == "event" and p.get("event") == "step") or (kind == "metric" and "step" in p):
             out.append({"kind": "step", "time": p["time"], "step": p["step"]})
     return out
@@ -147,8 +154,52 @@ def recovery(events: list[dict], killed_at: float) -> dict:
         "train_function_launched_s": events[restart]["launched"] - killed_at,
         "trainer_started_s": events[restart]["time"] - killed_at,
         "setup_and_first_step_s": first["time"] - events[restart]["time"],
+        **_restore_parts(events[restart:], first),
         "worker_group_starts": sum(1 for e in events if e["kind"] == "start"),
     }
+
+
+def _restore_parts(events: list[dict], first: dict) -> dict:
+    """The new group's setup split at its restore, where the trainer times it: up to the restore (the model built and
+    sharded, the data loaded), the restore, and from it to the first step."""
+    restored = next((e for e in events if e["kind"] == "restored" and e["time"] <= first["time"]), None)
+    if restored is None:
+        return {}
+    began = restored["time"] - restored["seconds"]
+    return {
+        "setup_before_restore_s": began - events[0]["time"],
+        "restore_s": restored["seconds"],
+        "restore_to_first_step_s": first["time"] - restored["time"],
+    }
+
+
+# Ray's own log lines (raylet.out, gcs_server.out: "[<local time>,<ms> <level> <pid> <tid>] (<component>) ...") in
+# each node's session logs under the run's temp dir (<temp>/<node>/session_*/logs/), read while the run is live (the
+# copies kept with the run at teardown are only the logs' tails): when the lost host's node was marked dead, and when
+# the replacement's raylet registered.
+RAY_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+RAY_MOMENTS = {
+    "lost_node_marked_dead_s": ("head", "gcs_server", "Node is dead because the health check failed"),
+    "replacement_registered_s": (LOST_HOST.replace("-", ""), "raylet", "started. Raylet consists of"),
+}
+
+
+def ray_moments(temp_dir: Path, killed_at: float, found: dict | None = None) -> dict:
+    """Seconds from the kill to each of :data:`RAY_MOMENTS` not in ``found`` yet (its first line after the kill),
+    where the logs have it; with those in ``found``."""
+    found = dict(found or {})
+    for name, (node, component, text) in RAY_MOMENTS.items():
+        if name in found:
+            continue
+        for path in sorted(temp_dir.glob(f"{node}/session_*/logs/{component}*.out")):
+            for line in path.read_text(errors="replace").splitlines():
+                m = RAY_LOG_TIME.match(line)
+                if not m or text not in line:
+                    continue
+                at = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+                if at > killed_at:
+                    found[name] = min(found.get(name, math.inf), at - killed_at)
+    return found
 
 
 def lose_host(host: dict) -> float:
@@ -209,6 +260,20 @@ def _kill_when_due(proc: subprocess.Popen, run_dir: Path, step: int) -> tuple[fl
     return lose_host(next(p for p in ledger["processes"] if p["role"] == LOST_HOST)), latest
 
 
+def _watch_ray_logs(proc: subprocess.Popen, run_dir: Path, killed_at: float) -> dict:
+    """Wait for the run to end, reading Ray's logs every second until :func:`ray_moments` has them all."""
+    temp_dir = Path(json.loads((run_dir / "ledger.json").read_text())["temp_dir"])
+    found: dict = {}
+    started = time.monotonic()
+    while proc.poll() is None:
+        if len(found) < len(RAY_MOMENTS):
+            found = ray_moments(temp_dir, killed_at, found)
+        if time.monotonic() - started > RUN_TIMEOUT_S:
+            raise SystemExit(f"the run did not end within {RUN_TIMEOUT_S} s of the lost host")
+        time.sleep(1.0)
+    return found
+
+
 def measure(case: Case, root: Path) -> dict:
     """One run with a lost host: the recovery figures, the run's exit and what the keeper and summary say."""
     run_id = f"recovery-{case.preset.removeprefix('local-')}-{os.getpid()}-{time.time_ns() % 10**6}"
@@ -234,7 +299,7 @@ def measure(case: Case, root: Path) -> dict:
     try:
         killed_at, seen = _kill_when_due(proc, run_dir, kill_step(case))
         load = os.getloadavg()[0]  # this machine's 1-minute load: other work on it slows a recovery down
-        proc.wait(timeout=RUN_TIMEOUT_S)
+        moments = _watch_ray_logs(proc, run_dir, killed_at)
     finally:
         if proc.poll() is None:  # an error here: let the run tear its cluster down
             proc.send_signal(signal.SIGTERM)
@@ -245,6 +310,7 @@ def measure(case: Case, root: Path) -> dict:
             f"directory {run_dir}:\n{out_path.read_text()[-3000:]}"
         )
     found = recovery(timeline((run_dir / "logs" / "train.log").read_text()), killed_at)
+    found.update(moments)
     summary = json.loads((run_dir / "summary.json").read_text())
     keeper = (run_dir / "logs" / "keeper.out").read_text()
     if summary["status"] != "succeeded" or f"{LOST_HOST} (pid" not in keeper:

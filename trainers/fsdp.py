@@ -154,9 +154,11 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
 def _resume(model, optimizer, rank: int, world: int) -> tuple[checkpoints.Position, bool]:
     """Where to start after a restart: the newest complete sharded checkpoint in the run's storage
     (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
-    samples, so a group of another size starts at the same point of the epoch's order); else a fresh start."""
+    samples, so a group of another size starts at the same point of the epoch's order); else a fresh start. Rank 0
+    emits a ``restored`` event with the restore's seconds."""
     import ray.train
 
+    started = time.perf_counter()
     checkpoint = ray.train.get_checkpoint()
     newest = checkpoints.newest_sharded(Path(ray.train.get_context().get_storage().experiment_fs_path))
     if newest is not None:  # Ray Train's latest is one of these, or an older one
@@ -168,8 +170,10 @@ def _resume(model, optimizer, rank: int, world: int) -> tuple[checkpoints.Positi
             meta = checkpoints.load_sharded(model, optimizer, Path(directory))
     else:
         return checkpoints.Position(), False
-    if rank == 0:
+    if rank == 0:  # the restore's seconds: a part of the time from a lost host to the first new step
         print(f"resumed from checkpoint of epoch {meta['epoch'] + 1} (step {meta['global_step']})", flush=True)
+        restored = {"step": meta["global_step"], "seconds": time.perf_counter() - started, "time": time.time()}
+        protocol.emit("event", {"event": "restored", **restored})
     epoch_step = meta["epoch_step"] * meta["world"] // world
     return checkpoints.Position(meta["epoch"], epoch_step, meta["global_step"]), True
 

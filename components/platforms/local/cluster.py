@@ -39,6 +39,27 @@ OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # ray_config_def.h), which the hosts turn off (host_environment).
 MIN_FREE_BYTES = 1 << 30
 
+# How soon a lost host is noticed, in what every process of a local run inherits (host_environment). Local only: the
+# hosts are processes on loopback, where a lost host's raylet refuses the next connection at once and no network
+# delays a live one; on GKE a check crosses the network and a TPU host under load may answer late, so the gke platform
+# keeps Ray's defaults.
+RECOVERY_ENVIRONMENT = {
+    # The GCS asks each raylet for its health every health_check_period_ms (3000 by default) and marks its node dead
+    # after health_check_failure_threshold (5) failures in a row: 15 s in which a new placement group may still be
+    # placed on the lost host's free resources. Here 3 refused connections 500 ms apart (1.5 s); a live raylet that
+    # is merely slow still has health_check_timeout_ms (10 s, left as it is) to answer each check
+    # (https://github.com/ray-project/ray/blob/master/src/ray/common/ray_config_def.h; every RayConfig entry is read
+    # from its RAY_<name> environment variable: src/ray/common/ray_config.h).
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+    # Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default): a worker
+    # group whose host is lost is seen failed, and a new one started, up to that much later. Each poll is one small
+    # actor call per worker; with a few emulated hosts 4 polls a second cost nothing (ray 2.60,
+    # ray/train/v2/_internal/constants.py, HEALTH_CHECK_INTERVAL_S_ENV_VAR, propagated by Ray Train from the job's
+    # driver to its controller and workers: ENV_VARS_TO_PROPAGATE there).
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
+}
+
 
 def orphaned_runs(output_root: Path) -> list[str]:
     """The janitor's list: local runs under ``output_root`` whose driver is gone while processes of theirs still run
@@ -122,6 +143,7 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
         # https://github.com/ray-project/ray/blob/master/src/ray/common/file_system_monitor.cc). Provision asks
         # for the free space a run needs instead.
         "RAY_local_fs_capacity_threshold": "1",
+        **RECOVERY_ENVIRONMENT,
         # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
         # this user would share.
         **auth.environment(token_path),

@@ -19,7 +19,12 @@ def command(ledger_path: Path) -> list[str]:
     return [sys.executable, "-m", "components.platforms.local.keeper", "keep", str(ledger_path)]
 
 
-def keep(ledger_path: Path, interval_s: float = 1.0, log=print) -> str:
+# How often the keeper looks for a lost host: a replacement's raylet must register before Ray Train's new worker group
+# can be placed, so every second here is a second of recovery; a look is a read of the ledger and a signal 0 per host.
+INTERVAL_S = 0.2
+
+
+def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
     pod), start a replacement with the same command, as KubeRay recreates a worker pod; with the spec's
     ``cluster.host_replace_delay_s``, that long after it saw the host gone (a preempted Spot VM's replacement comes
