@@ -165,6 +165,23 @@ def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str
     return None
 
 
+def known_initial_figure(ctx: RunContext, key: str | None) -> tuple[float, str] | None:
+    """(held-out loss, the version that records it) of the model as initialised whose figure depends on ``key``
+    (``ray_stages.initial_model_key``: MaxText's), as a version of the run's model records it (its
+    ``eval_loss_before``, measured with that key); None when none does (the evaluation measures it)."""
+    if not key:
+        return None
+    try:
+        versions = registry(ctx).versions(ctx.spec.model_name)
+    except SpecError:
+        return None
+    for version in versions:
+        p = version.provenance
+        if p.get("initial_key") == key and isinstance(p.get("eval_loss_before"), float):
+            return p["eval_loss_before"], version.ref
+    return None
+
+
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
     """A new version of ``name``, or the one this run registered already (same run id and checkpoint): a retried
     register task does not register the run's model twice."""
@@ -301,6 +318,7 @@ def provenance(
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
         "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
+        "initial_key": ev.get("initial_key"),  # what eval_loss_before is of, when it is the model as initialised
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
     }
