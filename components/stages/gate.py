@@ -21,7 +21,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
-from components.spec import RunSpec, SpecError, datasets, names
+from components.spec import SCRATCH_PREFIX, RunSpec, SpecError, datasets, names
 from components.spec.images import pinned_image
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
@@ -279,6 +279,15 @@ def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:
     return None
 
 
+def _revision(spec: RunSpec, copy: dict[str, Any]) -> dict[str, Any]:
+    """The hub revision of a hub model's weights (``train.model_revision``) and the commit it resolved to when the
+    train stage copied them (``components.stages.base_weights``; None when it made no copy)."""
+    t = spec.train
+    hub = t.workload == "fsdp" and not t.model_id.startswith(SCRATCH_PREFIX) and t.model_id.count("/") == 1
+    revision = copy.get("revision") or (t.model_revision if hub else None)
+    return {"model_revision": revision, "model_commit": copy.get("commit")}
+
+
 def provenance(
     spec: RunSpec,
     run_id: str,
@@ -314,6 +323,7 @@ def provenance(
         "pipeline_job": job_name or None,
         "run_id": run_id,
         "model_id": base_model(spec),
+        **_revision(spec, train.get("base_weights") or {}),
         "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
