@@ -199,7 +199,9 @@ FIGURES = {"before": "eval_loss_before", "after": "eval_loss_after", "champion":
 def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, champion: dict) -> dict[str, Any]:
     """The figures the evaluation has before it starts anything, each with where it comes from: the train job's own
     (``in_job_figures``), and a registered version's (the "before" model started from, the champion) that the
-    registry records with the same evaluation key (``gate.known_figure``). A figure of another key is none."""
+    registry records with the same evaluation key (``gate.known_figure``), and MaxText's model as initialised as a
+    version records it with the same initial-model key (``initial_model_key``, ``gate.known_initial_figure``). A
+    figure of another key is none."""
     figures = train_result.get("heldout") or {}
     key = figures.get("eval_key")
     known = {which: (figures[name], "the train job") for which, name in FIGURES.items() if name in figures}
