@@ -114,7 +114,38 @@ def _check_training(spec: RunSpec) -> None:
                 f"unknown scratch config {config!r}",
                 [SCRATCH_PREFIX + n for n in models.SCRATCH_CONFIGS],
             )
+    _check_revision(spec)
     _check_data(spec)
+
+
+DEFAULT_REVISION = "main"  # the hub's default branch (huggingface_hub's constants.py: DEFAULT_REVISION)
+# A revision as the hub's API takes it in a path segment (/api/models/REPO/revision/REVISION): a branch or tag name
+# by git's rules (https://git-scm.com/docs/git-check-ref-format: no "..", no space or control character, no
+# component starting with "." or ending with ".lock", no trailing "/"), "refs/pr/N" of a pull request, or a commit's
+# 40 hex digits.
+_REVISION = re.compile(r"^(?!.*\.\.)(?!.*//)(?!.*\.lock(/|$))[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}(?<![/.])$")
+
+
+def _check_revision(spec: RunSpec) -> None:
+    """``train.model_revision``: a revision of a hub-named model, which only the FSDP trainer reads from the hub."""
+    t = spec.train
+    examples = [DEFAULT_REVISION, "a branch or tag (v1.0)", "a commit (40 hex digits)", "refs/pr/3"]
+    if not _REVISION.match(t.model_revision) or "/." in t.model_revision:
+        raise SpecError("train.model_revision", f"{t.model_revision!r} is not a hub revision", examples)
+    if t.model_revision == DEFAULT_REVISION:
+        return
+    if t.workload != "fsdp":
+        raise SpecError(
+            "train.model_revision",
+            f"the {t.workload} workload reads no hub weights (maxtext.model_name builds its model)",
+            [DEFAULT_REVISION],
+        )
+    if t.model_id.startswith((SCRATCH_PREFIX, "/", ".", "~")) or "://" in t.model_id or t.model_id.count("/") != 1:
+        raise SpecError(
+            "train.model_revision",
+            f"train.model_id={t.model_id} is no hub model (org/name): it has no revisions",
+            [DEFAULT_REVISION],
+        )
 
 
 _GCS = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$")

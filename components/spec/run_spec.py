@@ -77,6 +77,8 @@ class TrainSpec:
 
     workload: str = "fsdp"
     model_id: str = "scratch:gemma4-tiny"  # hub name, local directory, or scratch:<config> (random init)
+    # The hub revision of a hub-named model_id: a branch, a tag or a commit (what it resolves to is recorded).
+    model_revision: str = "main"
     # Start from a registered version's weights (over model_id's architecture): "" (model_id's own), "champion"
     # (the champion of gate.model, resolved when train starts) or NAME@VERSION (a version id or an alias).
     init_from: str = ""

@@ -20,11 +20,11 @@ from typing import Any
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json, write_json
 from components.spec import InfraError
+from components.spec.checks import DEFAULT_REVISION
 from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
 
 RECORD = "weights.json"
-REVISION = "main"  # the hub's default branch (huggingface_hub's constants.py: DEFAULT_REVISION)
 
 
 def wanted(ctx: RunContext) -> bool:
@@ -66,23 +66,36 @@ def _token(ctx: RunContext) -> str | None:
 def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | None:
     """The copy of the run's base weights, made or checked now (``log``: its lines), recorded in the run; None when
     the run reads none."""
+    t = ctx.spec.train
+    model_id, revision = t.model_id, t.model_revision
     if not wanted(ctx):
+        _no_copy_of(revision, f"{ctx.platform} keeps no cache prefix")
         return None
-    model_id = ctx.spec.train.model_id
     try:
-        out = weights.ensure(open_cache(ctx), model_id, REVISION, _token(ctx), log)
+        out = weights.ensure(open_cache(ctx), model_id, revision, _token(ctx), log)
     except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
+        _no_copy_of(revision, str(exc))
         log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
         return None
     root = get_platform(ctx.platform).compile_cache_root(ctx)
     record = {
         **out,
         "model_id": model_id,
-        "revision": REVISION,
+        "revision": revision,
         "dir": weights.files_dir(root, model_id, out["commit"]),
     }
     write_json(ctx.store, RECORD, record)
     return record
+
+
+def _no_copy_of(revision: str, why: str) -> None:
+    """Without a copy the workers read the hub's default branch (``trainers.model.weights_source``); a run that
+    names another revision stops here rather than train on other weights than it asked for."""
+    if revision != DEFAULT_REVISION:
+        raise InfraError(
+            f"train.model_revision={revision}: the weights of that revision cannot be copied for the workers ({why}); "
+            f"without a copy they read {DEFAULT_REVISION}"
+        )
 
 
 def job_env(ctx: RunContext) -> dict[str, str]:

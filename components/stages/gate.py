@@ -21,7 +21,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
-from components.spec import RunSpec, SpecError, datasets, names
+from components.spec import SCRATCH_PREFIX, RunSpec, SpecError, datasets, names
 from components.spec.images import pinned_image
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads
@@ -165,6 +165,23 @@ def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str
     return None
 
 
+def known_initial_figure(ctx: RunContext, key: str | None) -> tuple[float, str] | None:
+    """(held-out loss, the version that records it) of the model as initialised whose figure depends on ``key``
+    (``ray_stages.initial_model_key``: MaxText's), as a version of the run's model records it (its
+    ``eval_loss_before``, measured with that key); None when none does (the evaluation measures it)."""
+    if not key:
+        return None
+    try:
+        versions = registry(ctx).versions(ctx.spec.model_name)
+    except SpecError:
+        return None
+    for version in versions:
+        p = version.provenance
+        if p.get("initial_key") == key and isinstance(p.get("eval_loss_before"), float):
+            return p["eval_loss_before"], version.ref
+    return None
+
+
 def register_once(reg: Registry, name: str, artifact_uri: str, provenance: dict[str, Any]) -> Version:
     """A new version of ``name``, or the one this run registered already (same run id and checkpoint): a retried
     register task does not register the run's model twice."""
@@ -262,6 +279,15 @@ def tokens_seen(spec: RunSpec, history: list[dict[str, Any]]) -> int | None:
     return None
 
 
+def _revision(spec: RunSpec, copy: dict[str, Any]) -> dict[str, Any]:
+    """The hub revision of a hub model's weights (``train.model_revision``) and the commit it resolved to when the
+    train stage copied them (``components.stages.base_weights``; None when it made no copy)."""
+    t = spec.train
+    hub = t.workload == "fsdp" and not t.model_id.startswith(SCRATCH_PREFIX) and t.model_id.count("/") == 1
+    revision = copy.get("revision") or (t.model_revision if hub else None)
+    return {"model_revision": revision, "model_commit": copy.get("commit")}
+
+
 def provenance(
     spec: RunSpec,
     run_id: str,
@@ -297,10 +323,12 @@ def provenance(
         "pipeline_job": job_name or None,
         "run_id": run_id,
         "model_id": base_model(spec),
+        **_revision(spec, train.get("base_weights") or {}),
         "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
         "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
+        "initial_key": ev.get("initial_key"),  # what eval_loss_before is of, when it is the model as initialised
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
     }

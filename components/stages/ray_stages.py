@@ -6,6 +6,7 @@ its log is ``logs/<stage>.log`` of the run's store.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -203,7 +204,9 @@ FIGURES = {"before": "eval_loss_before", "after": "eval_loss_after", "champion":
 def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, champion: dict) -> dict[str, Any]:
     """The figures the evaluation has before it starts anything, each with where it comes from: the train job's own
     (``in_job_figures``), and a registered version's (the "before" model started from, the champion) that the
-    registry records with the same evaluation key (``gate.known_figure``). A figure of another key is none."""
+    registry records with the same evaluation key (``gate.known_figure``), and MaxText's model as initialised as a
+    version records it with the same initial-model key (``initial_model_key``, ``gate.known_initial_figure``). A
+    figure of another key is none."""
     figures = train_result.get("heldout") or {}
     key = figures.get("eval_key")
     known = {which: (figures[name], "the train job") for which, name in FIGURES.items() if name in figures}
@@ -212,7 +215,52 @@ def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, ch
             found = gate.known_figure(ctx, version["ref"], key)
             if found:
                 known[which] = (found[0], f"{found[1]}'s record")
+    initial = gate.known_initial_figure(ctx, initial_model_key(ctx, key)) if not start.get("ref") else None
+    if "before" not in known and initial:
+        known["before"] = (initial[0], f"{initial[1]}'s record")
     return known
+
+
+# MaxText arguments that do not change the model as initialised or what its evaluation reads: the evaluation job's
+# run of MaxText replaces the training figures (``trainers.maxtext_log.eval_args``: steps, learning rate, checkpoint
+# period, run name), checkpoints and the output directory are the run's own, and the held-out file's and tokenizer's
+# paths are per run while their bytes are in the evaluation key (``trainers.maxtext_log.eval_key``).
+_NOT_OF_THE_INITIAL_MODEL = frozenset(
+    (
+        "steps",
+        "learning_rate",
+        "checkpoint_period",
+        "max_num_checkpoints_to_keep",
+        "jax_cache_dir",
+        "base_output_directory",
+        "run_name",
+        "hf_train_files",
+        "hf_eval_files",
+        "tokenizer_path",
+    )
+)
+
+
+def initial_model_key(ctx: RunContext, eval_key: str | None) -> str | None:
+    """What the held-out figure of MaxText's model as initialised (its "before" model, which only an evaluation job
+    measures: ``trainers.maxtext_log.in_job_eval_args``) depends on: the evaluation key (the examples, tokenizer,
+    lengths, eval batch, dtypes and device), every MaxText argument that builds or initialises the model (all but
+    ``_NOT_OF_THE_INITIAL_MODEL``), and the pinned trainer image (MaxText's and JAX's code). The registry finds a
+    recorded figure by it (``gate.known_initial_figure``), so a recurring run measures it once. None for the FSDP
+    trainer (its train job measures the model as built in itself), without a key, or without a pinned image (an image
+    by tag alone can change under the same name)."""
+    from components.platforms.store import read_json
+    from components.spec.images import pinned_image
+    from components.workload import maxtext
+
+    if ctx.spec.train.workload != "maxtext" or not eval_key:
+        return None
+    image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {})
+    if not image:
+        return None
+    args = [a for a in maxtext.train_args(ctx.spec, "", "") if a.split("=", 1)[0] not in _NOT_OF_THE_INITIAL_MODEL]
+    what = {"eval_key": eval_key, "image": image, "args": args}
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
@@ -249,6 +297,9 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     elif not not_held_out:
         log("evaluate: no evaluation job: every figure is known" + _sources(known))
     figures = {FIGURES[which]: loss for which, (loss, _) in known.items()}
+    initial = initial_model_key(ctx, result.get("eval_key")) if "before" in known and not start else None
+    if initial:  # what the "before" figure is of, for a later run's known_figures
+        result["initial_key"] = initial
     champion_known = "champion_loss" in figures
     result.update(figures, measured_by={which: where for which, (_, where) in known.items()})
     for which in ("before", "after", "champion"):

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components.spec import SCRATCH_PREFIX, InfraError
+from components.spec.checks import DEFAULT_REVISION
 
 WEIGHTS_PREFIX = "weights"  # under the cache prefix
 MANIFEST = "manifest.json"
@@ -327,17 +328,20 @@ def ensure(
 # ============================================================================ the plan
 
 
-def plan_entry(model_id: str, workload: str, uri_root: str, path_root: str) -> dict[str, Any] | None:
-    """Where the plan's run keeps its base weights: the cache prefix's ``uri_root`` (``gs://BUCKET/cache``) and as
-    the pods see it (``path_root``). Whether the run finds a copy there is not known to a plan, which reads nothing
-    and needs no credentials: the train stage resolves the revision to its commit and looks then. None for a run
-    that reads no hub model (a scratch config, a local directory, MaxText)."""
+def plan_entry(
+    model_id: str, workload: str, uri_root: str, path_root: str, revision: str = DEFAULT_REVISION
+) -> dict[str, Any] | None:
+    """Where the plan's run keeps its base weights of ``revision`` (``train.model_revision``): the cache prefix's
+    ``uri_root`` (``gs://BUCKET/cache``) and as the pods see it (``path_root``). Whether the run finds a copy there
+    is not known to a plan, which reads nothing and needs no credentials: the train stage resolves the revision to
+    its commit and looks then. None for a run that reads no hub model (a scratch config, a local directory,
+    MaxText)."""
     if workload == "maxtext" or not is_hub_name(model_id):
         return None
     where = repo_key(model_id)
     return {
         "model_id": model_id,
-        "revision": "main",
+        "revision": revision,
         "uri": f"{uri_root.rstrip('/')}/{where}/",
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
@@ -353,15 +357,15 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def lookup_lines(model_id: str, workload: str, cache: Cache) -> list[str]:
-    """What a preflight says of the run's base weights in ``cache``: the copy ``main`` last resolved to, or none yet.
-    The hub is not asked: a newer commit there is copied when the run starts."""
+def lookup_lines(model_id: str, workload: str, cache: Cache, revision: str = DEFAULT_REVISION) -> list[str]:
+    """What a preflight says of the run's base weights in ``cache``: the copy ``revision`` last resolved to, or none
+    yet. The hub is not asked: a newer commit there is copied when the run starts."""
     if workload == "maxtext" or not is_hub_name(model_id):
         return []
-    found = lookup(cache, model_id, "main")
+    found = lookup(cache, model_id, revision)
     if found is None:
-        return [f"base weights {model_id}@main: not in {cache.where} yet; the train stage copies them once"]
+        return [f"base weights {model_id}@{revision}: not in {cache.where} yet; the train stage copies them once"]
     return [
-        f"base weights {model_id}@main: cached in {cache.where} at commit {found['commit']} (what main last resolved "
-        "to; a newer commit on the hub is copied when the run starts)"
+        f"base weights {model_id}@{revision}: cached in {cache.where} at commit {found['commit']} (what {revision} "
+        "last resolved to; a newer commit on the hub is copied when the run starts)"
     ]

@@ -212,3 +212,63 @@ def test_the_evaluation_jobs_command_names_what_it_measures_for_both_workloads()
     assert maxtext.index("--measure") < maxtext.index("--")
     args, _ = maxtext_train.parse_args(maxtext[3:])
     assert (args.mode, args.measure) == ("eval", ("before", "after"))
+
+
+def _maxtext_run(root, run_id: str, overrides: str = "", build: dict | None = None) -> RunContext:
+    ctx = RunContext(
+        spec=resolve("local-maxtext", overrides), run_id=run_id, store=LocalStore(root / run_id), platform="local"
+    )
+    runner.record(ctx.store, "build_image", status="succeeded", result=build or _records()["build_image"])
+    return ctx
+
+
+def test_maxtexts_model_as_initialised_is_measured_once_per_key_and_reused_by_a_recurring_run(tmp_path):
+    """MaxText's train job measures only the model it trained; the model as initialised is the evaluation job's. Its
+    figure, recorded with its key (``initial_key``) when the first run registers, is the recurring run's "before":
+    no evaluation job, and the same numbers for the gate."""
+    first = _maxtext_run(tmp_path, "mx-1")
+    train = _train_result(tmp_path, "mx-1", eval_loss_after=7.25, eval_key=KEY, num_eval_examples=128)
+    with pytest.raises(Exception):  # noqa: B017  nothing recorded yet: it would start a job, and there is no cluster
+        ray_stages.evaluate(first, json.dumps(train))
+    initial = ray_stages.initial_model_key(first, KEY)
+    assert initial and initial.startswith("sha256:")
+    # What the first run's evaluate stage returns once its evaluation job measured "before" (ray_stages.evaluate).
+    measured = {"eval_loss_before": 10.375, "eval_loss_after": 7.25, "eval_key": KEY, "initial_key": initial}
+    assert _registered(first, train, {**measured, "eval_split": "heldout"})["decision"] == gate.PROMOTE
+    assert gate.registry(first).get("local-maxtext", "1").provenance["initial_key"] == initial
+
+    second = _maxtext_run(tmp_path, "mx-2", "maxtext.steps=12 maxtext.learning_rate=0.002")  # same model as built
+    train = _train_result(tmp_path, "mx-2", eval_loss_after=7.0, eval_key=KEY, num_eval_examples=128)
+    evaluation = ray_stages.evaluate(second, json.dumps(train))
+    assert "job" not in evaluation
+    assert (evaluation["eval_loss_before"], evaluation["eval_loss_after"], evaluation["champion_loss"]) == (
+        10.375,
+        7.0,
+        7.25,
+    )
+    assert evaluation["measured_by"] == {
+        "after": "the train job",
+        "before": "local-maxtext@1's record",
+        "champion": "local-maxtext@1's record",
+    }
+    assert evaluation["initial_key"] == initial
+    result = _registered(second, train, evaluation)
+    assert result["decision"] == gate.PROMOTE and result["champion_loss"] == 7.25
+
+
+def test_the_initial_models_key_changes_with_what_its_figure_depends_on(tmp_path):
+    ctx = _maxtext_run(tmp_path, "mx-1")
+    base = ray_stages.initial_model_key(ctx, KEY)
+    same = ("maxtext.steps=3", "maxtext.learning_rate=0.5", "maxtext.checkpoint_period=2")
+    for overrides in same:
+        assert ray_stages.initial_model_key(_maxtext_run(tmp_path, f"s-{len(overrides)}", overrides), KEY) == base
+    assert ray_stages.initial_model_key(ctx, OTHER_KEY) != base  # other examples, tokenizer, batch, dtypes, device
+    other = ("maxtext.max_target_length=64", "maxtext.per_device_batch_size=3", "maxtext.model_name=llama3-8b")
+    for index, overrides in enumerate(other):
+        assert ray_stages.initial_model_key(_maxtext_run(tmp_path, f"o-{index}", overrides), KEY) != base, overrides
+    image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
+    assert ray_stages.initial_model_key(_maxtext_run(tmp_path, "img", build=image), KEY) != base  # MaxText's code
+    unpinned = {"image": "local/maxtext:latest"}  # a tag alone pins nothing: measured every time
+    assert ray_stages.initial_model_key(_maxtext_run(tmp_path, "tag", build=unpinned), KEY) is None
+    assert ray_stages.initial_model_key(_run(tmp_path, "fsdp"), KEY) is None  # its train job measures it itself
+    assert ray_stages.initial_model_key(ctx, None) is None

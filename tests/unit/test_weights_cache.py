@@ -339,3 +339,93 @@ def test_a_file_named_outside_the_repository_is_refused_before_anything_is_writt
     with pytest.raises(InfraError, match="outside the repository"):
         weights.ensure(weights.LocalCache(tmp_path / "cache"), "evil/model", "main", None, print, hub=hub.url)
     assert not (tmp_path / "escape.json").exists() and not (tmp_path / "cache").exists()
+
+
+def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_the_model(tmp_path, hub, monkeypatch):
+    """A tag, a branch or a commit of the hub: the train stage copies what it resolves to, the run records the
+    revision and the commit (the version's provenance), and the plan says which revision it reads."""
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights, gate
+    from components.workload import resolve
+
+    main = hub.repos[REPO].refs["main"]
+    tagged = hub.repos[REPO].push({**FILES, "config.json": b'{"model_type": "gemma4", "v": 2}'}, ref="v2")
+    hub.repos[REPO].refs["main"] = main  # the tag is not the default branch
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+
+    def prepared(revision: str, run_id: str) -> dict:
+        spec = resolve("local-fsdp", {"model_id": REPO, "model_revision": revision})
+        ctx = RunContext(spec=spec, run_id=run_id, store=LocalStore(tmp_path / run_id), platform="local")
+        record = base_weights.prepare(ctx, [].append)
+        assert record is not None
+        return record
+
+    for revision, commit in (("v2", tagged), (tagged, tagged), ("main", main)):
+        record = prepared(revision, f"r-{revision[:8]}")
+        assert (record["revision"], record["commit"]) == (revision, commit)
+        assert record["dir"] == weights.files_dir(str(tmp_path / "cache"), REPO, commit)
+    assert Path(prepared("v2", "again")["dir"], "config.json").read_bytes().endswith(b'"v": 2}')
+    assert prepared("v2", "hit")["hit"] is True
+
+    spec = resolve("local-fsdp", {"model_id": REPO, "model_revision": "v2"})
+    train = {"base_weights": prepared("v2", "prov"), "history": []}
+    found = gate.provenance(spec, "prov", {"train": train})
+    assert (found["model_revision"], found["model_commit"]) == ("v2", tagged)
+    scratch = gate.provenance(resolve("local-fsdp"), "s", {"train": {"history": []}})
+    assert (scratch["model_revision"], scratch["model_commit"]) == (None, None)
+    entry = weights.plan_entry(REPO, "fsdp", "gs://b/cache", "/cache", "v2")
+    assert entry is not None and entry["revision"] == "v2"
+    assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
+
+
+def test_a_revision_not_on_the_hub_is_named_and_another_revision_without_a_copy_stops(tmp_path, hub, monkeypatch):
+    from components.platforms import RunContext
+    from components.platforms.store import LocalStore
+    from components.stages import base_weights
+    from components.workload import resolve
+
+    def ctx(revision: str) -> RunContext:
+        spec = resolve("local-fsdp", {"model_id": REPO, "model_revision": revision})
+        return RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    with pytest.raises(InfraError, match=r"google/tiny-gemma at 'v9' is not on the hub"):
+        base_weights.prepare(ctx("v9"), [].append)
+    # Without the hub and without a copy the workers would read the default branch: a run naming another revision
+    # stops rather than train on other weights.
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    with pytest.raises(InfraError, match=r"train.model_revision=v2: the weights of that revision cannot be copied"):
+        base_weights.prepare(ctx("v2"), [].append)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model_revision": ""}, "'' is not a hub revision"),
+        ({"model_revision": "v1 .0"}, "is not a hub revision"),
+        ({"model_revision": "../main"}, "is not a hub revision"),
+        ({"model_revision": "feature/"}, "is not a hub revision"),
+        ({"model_revision": "x.lock"}, "is not a hub revision"),
+        ({"model_revision": "v2"}, "train.model_id=scratch:gemma4-tiny is no hub model"),
+        ({"model_revision": "v2", "model_id": "/models/gemma"}, "is no hub model"),
+    ],
+)
+def test_a_bad_model_revision_is_refused_naming_the_field(overrides, message):
+    from components.spec import SpecError
+    from components.workload import resolve
+
+    with pytest.raises(SpecError, match=message) as err:
+        resolve("local-fsdp", overrides)
+    assert err.value.field == "train.model_revision"
+
+
+def test_good_model_revisions_pass_and_maxtext_reads_none():
+    from components.spec import SpecError
+    from components.workload import resolve
+
+    for revision in ("main", "v1.0", "refs/pr/3", "a" * 40, "release_2026-12"):
+        assert resolve("local-fsdp", {"model_id": REPO, "model_revision": revision}).train.model_revision == revision
+    with pytest.raises(SpecError, match="the maxtext workload reads no hub weights") as err:
+        resolve("local-maxtext", {"model_revision": "v2"})
+    assert err.value.field == "train.model_revision"

@@ -120,7 +120,10 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     else:
         report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
     report.checked += weights.lookup_lines(
-        spec.train.model_id, spec.train.workload, weights.GcsCache(name, CACHE_PREFIX, bucket.client)
+        spec.train.model_id,
+        spec.train.workload,
+        weights.GcsCache(name, CACHE_PREFIX, bucket.client),
+        spec.train.model_revision,
     )
 
 

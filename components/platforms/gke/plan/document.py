@@ -165,7 +165,11 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
         "output_dir": t.run_dir,
         "compile_cache": _compile_cache(spec, t),
         "base_weights": weights.plan_entry(
-            spec.train.model_id, spec.train.workload, f"gs://{t.bucket}/{CACHE_PREFIX}", CACHE_MOUNT_PATH
+            spec.train.model_id,
+            spec.train.workload,
+            f"gs://{t.bucket}/{CACHE_PREFIX}",
+            CACHE_MOUNT_PATH,
+            spec.train.model_revision,
         ),
         **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
     }
