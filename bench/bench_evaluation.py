@@ -18,9 +18,10 @@ one output root: the first, whose evaluate stage is today's (an evaluation job m
 "after" need none), registers the champion with that figure; the recurring run (the same preset again, judged on the
 same held-out split) finds every figure known. The figure is the recurring run's evaluation chip-seconds / the first
 run's; target <= 0.5 (issue 41), with both runs' figures for the gate beside it (the recurring run's "before" is the
-one the first run measured). The recurring run of the code before the initial-model key is no baseline here: on this
-machine its evaluation job, the first to load its programs from the compile cache the first run filled, failed in
-MaxText's gloo set-up (``GetKeyValue() timed out``) twice of twice.
+one the first run measured). The recurring run of the code before the initial-model key is no baseline here: in the
+two tries made, on a machine at a load average above 20, its evaluation job (the first to load its programs from the
+compile cache the first run filled) failed in MaxText's gloo set-up (``GetKeyValue() timed out``); whether it fails on
+a quiet machine is not known.
 """
 
 from __future__ import annotations
