@@ -5,9 +5,8 @@ For local-maxtext and local-fsdp: trainer start (the train stage's start to its 
 of the first (target <= 0.5), each run's goodput, and where trainer start went: until the first worker group
 started, from there to the trainer's data and model (FSDP's ``data`` event), compiling (the ledger's compilation,
 the cache's hits), the rest; for FSDP also the worker's start by phase (tokenizer, data, model, shard, resume, the
-held-out split) and whether the tokenised split came from the cache. From the MaxText pair also: the time training
-waited for its asynchronous checkpoint saves / the saves' whole durations, Orbax's own figures
-(``trainers.jax_events``; target <= 0.2).
+held-out split) and whether the tokenised split came from the cache. MaxText's asynchronous saves are measured by
+``bench/bench_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -82,14 +81,6 @@ def start_of(run_dir: Path) -> dict:
     return out
 
 
-def saves_of(run_dir: Path) -> dict:
-    """MaxText's saves: the seconds each blocked training and each one's whole duration (Orbax's figures)."""
-    records = [p for kind, p in train_records(run_dir) if kind == "event"]
-    blocked = [p["seconds"] for p in records if p.get("event") == "checkpoint" and "seconds" in p]
-    whole = [p["seconds"] for p in records if p.get("event") == "checkpoint_written"]
-    return {"blocked_s": blocked, "whole_s": whole}
-
-
 def figures() -> list[Figure]:
     found = []
     with tempfile.TemporaryDirectory(prefix="tpupipe-bench-recurring-") as tmp:
@@ -106,18 +97,6 @@ def figures() -> list[Figure]:
                     {"first": first, "second": second, "load_average_1m": os.getloadavg()[0]},
                 )
             )
-            if preset == "local-maxtext":
-                saves = saves_of(root / "recurring-2")
-                whole = sum(saves["whole_s"])
-                found.append(
-                    Figure(
-                        "MaxText checkpoint: training blocked by its saves / the saves' whole duration",
-                        sum(saves["blocked_s"]) / whole if whole else float("inf"),
-                        "x",
-                        "<= 0.2",
-                        saves,
-                    )
-                )
     return found
 
 

@@ -82,6 +82,9 @@ def main() -> None:
                 + json.dumps({"epoch": epoch + 1, "loss": loss, "epoch_s": seconds, "tokens_per_s": tokens / seconds}),
                 flush=True,
             )
+    # Every rank done with the group before any tears it down: a rank whose peer tore down first sometimes aborted
+    # at exit in gloo's teardown ("terminate called without an active exception", SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
 
 

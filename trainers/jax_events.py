@@ -31,6 +31,13 @@ COMPILE_SPAN = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT = "/jax/compilation_cache/cache_hits"
 SAVE_BLOCKED = ("/jax/orbax/write/async/blocking_duration_secs", "/jax/orbax/write/blocking_duration_secs")
 SAVE_TOTAL = "/jax/orbax/write/async/total_duration_secs"
+# Two parts of a save's blocking time, recorded before it (``orbax/checkpoint/_src/checkpointers/
+# async_checkpointer.py``, ``AsyncCheckpointer.save``): the hosts' barrier at the save's start, and the wait for the
+# previous save's background write.
+SAVE_PARTS = {
+    "/jax/orbax/write/checkpoint_start_sync_duration_secs": "start_sync_s",
+    "/jax/orbax/write/blocking_wait_prev_duration_secs": "wait_previous_s",
+}
 MIN_COMPILE_S = 0.05  # shorter compiles (MaxText's many small initialisation programs) are counted, not listed
 
 
@@ -44,6 +51,7 @@ class JaxEvents:
         self.seconds = 0.0
         self.hit_pending = threading.local()
         self.blocked: float | None = None
+        self.parts: dict[str, float] = {}
 
     def register(self) -> JaxEvents:
         import jax.monitoring
@@ -72,13 +80,16 @@ class JaxEvents:
     def on_duration(self, event: str, seconds: float, **_: Any) -> None:
         if event in SAVE_BLOCKED:
             self.blocked = seconds
+        elif event in SAVE_PARTS:
+            self.parts[SAVE_PARTS[event]] = round(seconds, 4)
         elif event == SAVE_TOTAL:
             self.emit("event", {"event": "checkpoint_written", "seconds": round(seconds, 4), "time": time.time()})
 
-    def take_blocked(self) -> float | None:
-        """The seconds the last save blocked training, once (None: none reported since)."""
-        blocked, self.blocked = self.blocked, None
-        return None if blocked is None else round(blocked, 4)
+    def take_blocked(self) -> dict[str, float] | None:
+        """The seconds the last save blocked training (``seconds``) and its parts Orbax timed, once (None: none
+        reported since)."""
+        blocked, parts, self.blocked, self.parts = self.blocked, self.parts, None, {}
+        return None if blocked is None else {"seconds": round(blocked, 4), **parts}
 
     def summary(self) -> dict[str, Any]:
         with self.lock:

@@ -118,7 +118,7 @@ class _StepRecords(logging.Handler):
         if match:  # its seconds: how long the save blocked training, as Orbax measured it (trainers.jax_events)
             blocked = self.jax.take_blocked()
             save = {"event": "checkpoint", "step": int(match["step"]), "time": time.time()}
-            protocol.emit("event", save if blocked is None else {**save, "seconds": blocked})
+            protocol.emit("event", save if blocked is None else {**save, **blocked})
 
 
 class _LineTee:

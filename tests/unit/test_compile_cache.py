@@ -133,10 +133,13 @@ def test_jax_events_lists_long_compiles_and_counts_every_one_and_the_saves_block
     ev.on_span(jax_events.COMPILE_SPAN, 10.0, 12.5)  # a compile of 2.5 s
     ev.on_event(jax_events.CACHE_HIT)
     ev.on_span(jax_events.COMPILE_SPAN, 13.0, 13.01)  # a load from the cache, too short to list
+    ev.on_duration("/jax/orbax/write/checkpoint_start_sync_duration_secs", 0.05)
+    ev.on_duration("/jax/orbax/write/blocking_wait_prev_duration_secs", 0.1)
     ev.on_duration(jax_events.SAVE_BLOCKED[0], 0.3)
     ev.on_duration(jax_events.SAVE_TOTAL, 4.0)
     assert sent[0] == {"event": "compiled", "seconds": 2.5, "hit": False, "time": 12.5}
     assert sent[1]["event"] == "checkpoint_written" and sent[1]["seconds"] == 4.0
-    assert ev.take_blocked() == 0.3 and ev.take_blocked() is None
+    assert ev.take_blocked() == {"seconds": 0.3, "start_sync_s": 0.05, "wait_previous_s": 0.1}
+    assert ev.take_blocked() is None
     summary = ev.summary()
     assert (summary["compiles"], summary["hits"], summary["seconds"]) == (2, 1, 2.51)

@@ -60,6 +60,14 @@ RECOVERY_ENVIRONMENT = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
 
+# Ray starts its workers at nice 15 ("so that the OS prioritizes CPU for other processes over worker": worker_niceness
+# in https://github.com/ray-project/ray/blob/master/src/ray/common/ray_config_def.h). On a real host the GCS, raylet
+# and agents have cores of their own; here every emulated host shares the machine's few cores with them, and each of
+# their wake-ups pre-empted a training worker at once, while its peer waited in the next collective: the FSDP2
+# trainer ran at about 0.7 of the same loop under torchrun (`make bench BENCH=trainer`). At 0 the workers take
+# their turn with the rest.
+WORKER_NICENESS = {"RAY_worker_niceness": "0"}
+
 
 def orphaned_runs(output_root: Path) -> list[str]:
     """The janitor's list: local runs under ``output_root`` whose driver is gone while processes of theirs still run
@@ -144,6 +152,7 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
         # for the free space a run needs instead.
         "RAY_local_fs_capacity_threshold": "1",
         **RECOVERY_ENVIRONMENT,
+        **WORKER_NICENESS,
         # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
         # this user would share.
         **auth.environment(token_path),
