@@ -11,6 +11,11 @@ at their steady state: the median over the epochs after each run's first. A and 
 (A B, B A, ...: ``bench.figures.alternated``, TPUPIPE_BENCH_PAIRS of them), so a change in what else the machine runs
 meanwhile favours neither side; the figure is the median of the pairs' ratios, with their spread. The per-epoch
 losses of the two must agree, or the sides did not do the same work and the bench fails. Target: A / B >= 0.97.
+
+C, reported beside them: B again while an idle local cluster of A's shape runs (the head and its hosts, their
+raylets, agents, log monitors and keeper, started by the local platform's own provision and stopped by its
+teardown), alternated with B: what the cluster's presence on this machine's cores costs the same loop, apart from
+what Ray Train and the trainer add.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, alternated, table  # noqa: E402
+from components.platforms import RunContext  # noqa: E402
+from components.platforms.local.platform import LocalPlatform  # noqa: E402
+from components.platforms.store import LocalStore  # noqa: E402
 from components.workload import resolve  # noqa: E402
 from trainers import data  # noqa: E402
 
@@ -43,6 +51,11 @@ LOSS_RTOL = 1e-3  # the same work gives the same losses, up to the order of floa
 def steady(*runs: list[dict]) -> float:
     """The median tokens/s over each run's epochs after its first (the first pays for warm-up)."""
     return statistics.median(row["tokens_per_s"] for rows in runs for row in rows[1:])
+
+
+def steady_of(run: tuple) -> float:
+    """A run's steady tokens/s (its per-epoch rows come first)."""
+    return steady(run[0])
 
 
 def through_pipeline(root: Path, pair: int = 0) -> tuple[list[dict], float]:
@@ -121,6 +134,32 @@ def by_hand(root: Path, spec) -> tuple[list[dict], float, int, int]:
     return rows, seconds, processes, threads
 
 
+def beside_idle_cluster(root: Path, spec) -> tuple[float, dict]:
+    """C / B: the hand-written loop beside an idle local cluster of ``spec``'s shape, alternated with it alone."""
+    ctx = RunContext(spec=spec, run_id="bench-trainer-idle", store=LocalStore(root / "idle"), platform="local")
+    platform = LocalPlatform(log=lambda _m: None)
+    up: list[bool] = []
+
+    def beside(_i: int) -> tuple[list[dict], float, int, int]:
+        if not up:
+            platform.provision(ctx)
+            platform.deploy_raycluster(ctx)
+            up.append(True)
+        return by_hand(root, spec)
+
+    def alone(_i: int) -> tuple[list[dict], float, int, int]:
+        if up:
+            platform.teardown(ctx)
+            up.clear()
+        return by_hand(root, spec)
+
+    try:
+        ratio, detail, _, _ = alternated(beside, alone, steady_of)
+        return ratio, detail
+    finally:
+        platform.teardown(ctx)
+
+
 def same_work(a: list[dict], b: list[dict]) -> None:
     """The two sides trained the same model on the same batches: their per-epoch losses agree."""
     la, lb = [row["loss"] for row in a], [row["loss"] for row in b]
@@ -135,8 +174,9 @@ def figures() -> list[Figure]:
         ratio, pairs, a_runs, b_runs = alternated(
             lambda i: through_pipeline(root, i),
             lambda i: by_hand(root, spec),
-            lambda run: steady(run[0]),
+            steady_of,
         )
+        beside_ratio, beside = beside_idle_cluster(root, spec)
     for a_run, b_run in zip(a_runs, b_runs, strict=True):
         same_work(a_run[0], b_run[0])
     a = statistics.median(steady(run[0]) for run in a_runs)
@@ -165,6 +205,14 @@ def figures() -> list[Figure]:
             "x",
             TARGET,
             detail,
+        ),
+        Figure(
+            f"trainer: torchrun FSDP2 by hand beside an idle local cluster / alone (C / B, median of "
+            f"{beside['pairs']} pairs)",
+            beside_ratio,
+            "x",
+            None,
+            beside,
         ),
         Figure(
             "trainer: pipeline train stage (A)", a, "tokens/s", None, {"epochs": detail["pipeline_epochs_tokens_per_s"]}
