@@ -36,9 +36,13 @@ def machine() -> dict:
 
 
 def commit() -> str:
+    """HEAD, marked when tracked files other than results.json (the figures, not what they measure) differ from it."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RESULTS.relative_to(REPO)}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     return head + ("+uncommitted changes" if dirty else "")
 
