@@ -39,7 +39,7 @@ def commit() -> str:
     """HEAD, marked when tracked files other than results.json (the figures, not what they measure) differ from it."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RESULTS.relative_to(REPO)}"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results.json"],
         cwd=REPO,
         capture_output=True,
         text=True,
