@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_recovery import records  # noqa: E402
 from bench.figures import Figure, table  # noqa: E402
+from trainers import jax_events  # noqa: E402
 
 PRESET = "local-fsdp"
 OVERRIDES = "cluster.slice_check=false train.checkpoint_every_steps=4 train.num_eval_examples=16"
@@ -47,17 +49,22 @@ RUN_TIMEOUT_S = 1800
 PARTS = ("previous_s", "state_s", "staging_s", "copy_wait_s")  # a sharded save's (trainers.checkpoints.AsyncSaver)
 
 
+def events(log_text: str) -> Iterator[dict]:
+    """The run's events, each once (Ray may forward a worker's line twice)."""
+    seen = set()
+    for kind, p in records(log_text):
+        if kind == "event" and (p.get("event"), p.get("time")) not in seen:
+            seen.add((p.get("event"), p.get("time")))
+            yield p
+
+
 def saves(log_text: str) -> list[dict]:
     """The run's sharded saves: {"step", "waited_s", "whole_s"} and the parts of the wait, by step (lines Ray
     forwarded twice kept once). A save's wait is every ``checkpoint`` event of its step with parts: the save's own
     and, when an optimizer step waited for the save's copy to host memory, that one's."""
     waited: dict[int, dict] = {}
     whole: dict[int, float] = {}
-    seen = set()
-    for kind, p in records(log_text):
-        if kind != "event" or (p.get("event"), p.get("time")) in seen:
-            continue
-        seen.add((p.get("event"), p.get("time")))
+    for p in events(log_text):
         if p.get("event") == "checkpoint" and any(k in p for k in PARTS):  # the final save has no parts
             save = waited.setdefault(p["step"], {"waited_s": 0.0})
             save["waited_s"] += p["seconds"]
@@ -71,13 +78,10 @@ def saves(log_text: str) -> list[dict]:
 def maxtext_saves(log_text: str) -> list[dict]:
     """MaxText's saves in order: {"step", "waited_s", "whole_s"} and Orbax's parts of the wait, less the save at the
     run's last step (lines Ray forwarded twice kept once)."""
-    blocked, whole, seen = [], [], set()
-    for kind, p in records(log_text):
-        if kind != "event" or (p.get("event"), p.get("time")) in seen:
-            continue
-        seen.add((p.get("event"), p.get("time")))
+    blocked, whole = [], []
+    for p in events(log_text):
         if p.get("event") == "checkpoint" and "seconds" in p:
-            parts = {k: p[k] for k in ("start_sync_s", "wait_previous_s") if k in p}
+            parts = {k: p[k] for k in jax_events.SAVE_PARTS.values() if k in p}
             blocked.append({"step": p["step"], "waited_s": p["seconds"], **parts})
         elif p.get("event") == "checkpoint_written":
             whole.append(p["seconds"])

@@ -179,8 +179,8 @@ def figures() -> list[Figure]:
         beside_ratio, beside = beside_idle_cluster(root, spec)
     for a_run, b_run in zip(a_runs, b_runs, strict=True):
         same_work(a_run[0], b_run[0])
-    a = statistics.median(steady(run[0]) for run in a_runs)
-    b = statistics.median(steady(run[0]) for run in b_runs)
+    a = statistics.median(map(steady_of, a_runs))
+    b = statistics.median(map(steady_of, b_runs))
     t = spec.train
     detail = {
         **pairs,

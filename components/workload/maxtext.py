@@ -60,7 +60,7 @@ SCRATCH_MODELS: dict[str, dict[str, str]] = {
         "head_dim": "16",
         "vocab_size": "256",
     },
-    # Its checkpoint (about 100 MB: parameters and AdamW's two moments) is one whose save has bytes to move, where
+    # Its checkpoint (86 MB: parameters and AdamW's two moments) is one whose save has bytes to move, where
     # tiny-llama's 1.3 MB is all fixed cost: what the checkpoint bench measures MaxText's asynchronous saves on.
     "small-llama": {
         "model_name": "default",
