@@ -46,3 +46,27 @@ def test_a_subset_run_replaces_its_own_figures_and_keeps_the_others(tmp_path, mo
         ("scale", "scale figure"),
     ]
     assert written["bench_seconds"]["scale"] == 60.0 and "commit" in written["figures"][0]
+
+
+def test_the_maxtext_checkpoint_bench_pairs_each_save_with_its_write_once_and_leaves_out_the_last_steps():
+    """Orbax's save events in order, a line Ray forwarded twice counted once, the save at the run's last step (which
+    training waits for by design) left out."""
+    from bench import bench_checkpoint
+
+    def line(payload: dict) -> str:
+        return "TPUPIPE[ab12] event " + json.dumps(payload)
+
+    last = bench_checkpoint.MAXTEXT_STEPS - 1
+    lines = [
+        line({"event": "checkpoint", "seconds": 0.3, "start_sync_s": 0.02, "step": 0, "time": 1.0}),
+        line({"event": "checkpoint_written", "seconds": 1.5, "time": 2.0}),
+        line({"event": "checkpoint", "seconds": 0.06, "wait_previous_s": 0.0, "step": 3, "time": 3.0}),
+        line({"event": "checkpoint", "seconds": 0.06, "wait_previous_s": 0.0, "step": 3, "time": 3.0}),
+        line({"event": "checkpoint_written", "seconds": 0.8, "time": 4.0}),
+        line({"event": "checkpoint", "seconds": 0.05, "step": last, "time": 5.0}),
+        line({"event": "checkpoint_written", "seconds": 0.5, "time": 6.0}),
+    ]
+    assert bench_checkpoint.maxtext_saves("\n".join(lines)) == [
+        {"step": 0, "waited_s": 0.3, "start_sync_s": 0.02, "whole_s": 1.5},
+        {"step": 3, "waited_s": 0.06, "wait_previous_s": 0.0, "whole_s": 0.8},
+    ]
