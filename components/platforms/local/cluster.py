@@ -64,8 +64,7 @@ RECOVERY_ENVIRONMENT = {
 # in https://github.com/ray-project/ray/blob/master/src/ray/common/ray_config_def.h). On a real host the GCS, raylet
 # and agents have cores of their own; here every emulated host shares the machine's few cores with them, and each of
 # their wake-ups pre-empted a training worker at once, while its peer waited in the next collective. At 0 the
-# workers take their turn with the rest: in alternated 8-epoch local-fsdp runs, 26,000-27,000 tokens/s against
-# 21,000-24,500 at 15 (noisy; the trainer bench, `make bench BENCH=trainer`, measures the loop against torchrun).
+# workers take their turn with the rest (`make bench BENCH=trainer` measures the loop against torchrun).
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
