@@ -1,6 +1,7 @@
 """What a training worker computes on: the TPU chips a host exposes, the device type and process-group backend they
 make (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), the runtime env that hides a chipless TPU
-slice's chips from Ray Train's workers, and the driver's probe of what a worker-shaped task sees.
+slice's chips from Ray Train's workers, and the driver's probe of what a worker-shaped task sees (a TPU slice's
+only: emulated hosts are CPU).
 
 The FSDP2 trainer (``trainers.fsdp``) and its evaluation (``trainers.evaluate``) pick their backend here, the slice
 check's probe (``trainers.slice_probe``) counts chips here, and ``bench/gpu_fsdp.py`` checks its device here. Imports
@@ -55,8 +56,13 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
     return {}
 
 
-def probe_backend(resources: dict[str, float]) -> tuple[str, str]:
-    """Ask a worker-shaped task what it sees: the head may have no accelerator."""
+def probe_backend(accelerator: str, resources: dict[str, float]) -> tuple[str, str]:
+    """What the job's workers compute on. Emulated hosts (``cluster.accelerator=cpu``, the local platform's only
+    kind) are CPU by the spec's word: no task to ask, which would start one more worker process before training. A
+    TPU slice's workers are asked by a worker-shaped task: the head may have no chips, and a slice without chips (an
+    emulated one) computes on CPU."""
+    if accelerator == "cpu":
+        return "cpu", "gloo"
     import ray
 
     custom = {k: v for k, v in resources.items() if k != "CPU"}

@@ -92,6 +92,22 @@ def test_a_host_without_chips_or_a_gpu_device_file_is_cpu_gloo_found_without_imp
     assert proc.stdout.split("\n")[0] == "('cpu', 'gloo') False"
 
 
+def test_emulated_hosts_are_cpu_gloo_by_the_spec_without_a_probe_task():
+    """cluster.accelerator=cpu (the local platform's hosts) answers without asking Ray for a task: no worker process
+    is started for it, and ray is not even imported."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = (
+        "import sys; from trainers.devices import probe_backend as p; print(p('cpu', {'CPU': 1}), 'ray' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "('cpu', 'gloo') False"
+
+
 def test_tpu_keeps_float32_master_weights_and_computes_in_bfloat16_unless_train_precision_says_bf16():
     from components.spec import SpecError
     from components.workload import resolve

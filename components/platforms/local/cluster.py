@@ -67,6 +67,14 @@ RECOVERY_ENVIRONMENT = {
 # workers take their turn with the rest (`make bench BENCH=trainer` measures the loop against torchrun).
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
+# Each host's log monitor tails its session's log files and looks for new ones. With fewer files than
+# RAY_LOG_MONITOR_MANY_FILES_THRESHOLD (1000) it globs the log directory on every pass of its 0.1 s loop; at or above
+# it, once every LOG_NAME_UPDATE_INTERVAL_S (0.5 s) (should_update_filenames in
+# https://github.com/ray-project/ray/blob/master/python/ray/_private/log_monitor.py). A threshold of 0 takes the
+# 0.5 s scan: a new worker's first lines reach the driver up to 0.4 s later, and the three idle monitors of a
+# two-host run use half the CPU they did, on cores the training workers share.
+LOG_MONITOR_SCAN = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
+
 
 def orphaned_runs(output_root: Path) -> list[str]:
     """The janitor's list: local runs under ``output_root`` whose driver is gone while processes of theirs still run
@@ -152,6 +160,7 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
         "RAY_local_fs_capacity_threshold": "1",
         **RECOVERY_ENVIRONMENT,
         **WORKER_NICENESS,
+        **LOG_MONITOR_SCAN,
         # The run's own token (auth): not ~/.ray/auth_token, which any local ray.init() writes and every run of
         # this user would share.
         **auth.environment(token_path),
