@@ -18,7 +18,9 @@ STEP_LINE = re.compile(
     r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.]+), TFLOP/s/device: (?P<tflops>[\d.]+), "
     r"Tokens/s/device: (?P<tokens>[\d.]+), total_weights: (?P<weights>\d+), loss: " + _LOSS
 )
-MESH_AXES_LINE = re.compile(r"Config param mesh_axes: \[(?P<axes>[^\]]*)\]")
+# The mesh's axis names, in order: base.yml's ``mesh_axes`` (the runs do not set it; MaxText's resolved config is not
+# logged: components.workload.maxtext.QUIET_ARGS).
+MESH_AXES_LINE = re.compile(r"^mesh_axes:\s*\[(?P<axes>[^\]]*)\]", re.MULTILINE)
 MESH_SHAPE_LINE = re.compile(r"Num_devices: (?P<devices>\d+), shape \((?P<shape>[\d, ]+)\)")
 EVAL_LINE = re.compile(r"Completed eval after train step (?P<step>\d+), loss=" + _LOSS)
 EVAL_START_LINE = re.compile(r"Starting eval after train step (?P<step>\d+)")
@@ -31,6 +33,13 @@ TRAIN_LOSS, EVAL_LOSS = "learning/loss", "eval/avg_loss"
 CHECKPOINT_LINE = re.compile(
     r"(?:Saved a checkpoint at step|Started an asynchronous checkpoint save for step) (?P<step>\d+)"
 )
+
+
+def mesh_axes(base_yml: str) -> list[str]:
+    """The mesh's axis names from the text of MaxText's ``base.yml``; empty where it has none."""
+    found = MESH_AXES_LINE.search(base_yml)
+    return [a.strip(" '\"") for a in found["axes"].split(",")] if found else []
+
 
 # Train arguments the eval loop replaces: it runs one frozen step under its own run name.
 _REPLACED_FOR_EVAL = ("steps=", "learning_rate=", "checkpoint_period=", "run_name=")

@@ -63,7 +63,7 @@ class _StepRecords(logging.Handler):
         self.num_devices, self.tokens_per_step = num_devices, tokens_per_step
         self.in_job = in_job
         self.last: dict[str, Any] = {}
-        self.axes: list[str] = []
+        self.axes = maxtext_log.mesh_axes(Path(base_yml()).read_text())
         self.metrics = maxtext_log.MetricsFile(metrics_file)
         self.rounded: dict[int, dict[str, Any]] = {}  # steps sent with a rounded loss, by step
         self.jax = jax_events.JaxEvents(protocol.emit).register()
@@ -84,10 +84,6 @@ class _StepRecords(logging.Handler):
         self.line(record.getMessage())
 
     def line(self, message: str) -> None:
-        mesh = maxtext_log.MESH_AXES_LINE.search(message)
-        if mesh:
-            self.axes = [a.strip(" '") for a in mesh["axes"].split(",")]
-            return
         shape = maxtext_log.MESH_SHAPE_LINE.search(message)
         if shape and self.axes:
             sizes = [int(x) for x in shape["shape"].split(",") if x.strip()]

@@ -224,7 +224,8 @@ def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, ch
 # MaxText arguments that do not change the model as initialised or what its evaluation reads: the evaluation job's
 # run of MaxText replaces the training figures (``trainers.maxtext_log.eval_args``: steps, learning rate, checkpoint
 # period, run name), checkpoints and the output directory are the run's own, and the held-out file's and tokenizer's
-# paths are per run while their bytes are in the evaluation key (``trainers.maxtext_log.eval_key``).
+# paths are per run while their bytes are in the evaluation key (``trainers.maxtext_log.eval_key``), and logging is
+# not the model.
 _NOT_OF_THE_INITIAL_MODEL = frozenset(
     (
         "steps",
@@ -237,6 +238,7 @@ _NOT_OF_THE_INITIAL_MODEL = frozenset(
         "hf_train_files",
         "hf_eval_files",
         "tokenizer_path",
+        "log_config",
     )
 )
 

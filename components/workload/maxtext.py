@@ -116,6 +116,12 @@ def data_args(spec: RunSpec, output_dir: str) -> list[str]:
     return args
 
 
+# MaxText logs every parameter of its resolved config on every host as it starts (``log_config``, true by default:
+# maxtext/configs/pyconfig.py and configs/types.py in maxtext 0.2.5), about 860 lines per host, in every train and
+# evaluation job. The run's config is its spec, printed once, and the arguments above are the job's "MaxText argv"
+# line; the rest is the pinned package's base.yml.
+QUIET_ARGS = ("log_config=false",)
+
 # Extra arguments when the hosts are emulated on CPU: the driver initialises jax.distributed itself.
 CPU_ARGS = (
     "hardware=cpu",
@@ -324,7 +330,7 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: str
     args += [f"checkpoint_period={checkpoint_period(spec)}", f"max_num_checkpoints_to_keep={CHECKPOINTS_KEPT}"]
     if compile_cache:
         args.append(f"jax_cache_dir={compile_cache}")
-    args += [f"base_output_directory={output_dir}", f"run_name={run_name}"]
+    args += [f"base_output_directory={output_dir}", f"run_name={run_name}", *QUIET_ARGS]
     if spec.cluster.accelerator == "cpu":
         args += CPU_ARGS
     return args

@@ -30,6 +30,7 @@ def test_llama3_8b_is_the_seed_command():
         "max_num_checkpoints_to_keep=2",  # beyond the seed: MaxText keeps every checkpoint otherwise
         "base_output_directory=/data/",
         "run_name=RUN",
+        "log_config=false",  # beyond the seed: no log line per config parameter per host
     ]
 
 
@@ -51,6 +52,7 @@ def test_llama3_70b_is_the_seed_command():
         "max_num_checkpoints_to_keep=2",
         "base_output_directory=/data/",
         "run_name=RUN",
+        "log_config=false",
     ]
 
 
@@ -129,6 +131,13 @@ def test_bad_maxtext_specs_name_the_field(preset, overrides, field):
     with pytest.raises(SpecError) as err:
         resolve(preset, overrides)
     assert err.value.field == field, str(err.value)
+
+
+def test_the_mesh_axes_come_from_maxtexts_base_yml_as_its_config_is_not_logged():
+    base = "steps: 150000\nmesh_axes: ['data', 'stage', 'fsdp', 'tensor'] # the axes\nlogical_axis_rules: [['x', []]]\n"
+    assert maxtext_log.mesh_axes(base) == ["data", "stage", "fsdp", "tensor"]
+    assert maxtext_log.mesh_axes("steps: 1\n") == []
+    assert "log_config=false" in args("local-maxtext")
 
 
 def test_parse_step_reads_maxtexts_step_line():
