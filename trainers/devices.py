@@ -56,15 +56,17 @@ def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:
     return {}
 
 
-def probe_backend(accelerator: str, resources: dict[str, float]) -> tuple[str, str]:
-    """What the job's workers compute on. Emulated hosts (``cluster.accelerator=cpu``, the local platform's only
-    kind) are CPU by the spec's word: no task to ask, which would start one more worker process before training. A
-    TPU slice's workers are asked by a worker-shaped task: the head may have no chips, and a slice without chips (an
+def probe_backend(scaling: dict[str, Any]) -> tuple[str, str]:
+    """What the job's workers compute on, from its Ray ScalingConfig arguments
+    (``components.workload.derive.scaling_config_args``). Workers that ask for no TPU (emulated CPU hosts, the local
+    platform's only kind) are CPU: no task to ask, which would start one more worker process before training. A TPU
+    slice's workers are asked by a worker-shaped task: the head may have no chips, and a slice without chips (an
     emulated one) computes on CPU."""
-    if accelerator == "cpu":
+    if not scaling.get("use_tpu"):
         return "cpu", "gloo"
     import ray
 
+    resources = scaling["resources_per_worker"]
     custom = {k: v for k, v in resources.items() if k != "CPU"}
     task = ray.remote(detect_backend).options(num_cpus=resources.get("CPU", 0), resources=custom or None)
     return ray.get(task.remote())

@@ -126,7 +126,7 @@ def run(
     if files is not None:
         config["data_files"] = files
     ray.init(log_to_driver=True)
-    device_type, backend = probe_backend(spec.cluster.accelerator, scaling["resources_per_worker"])
+    device_type, backend = probe_backend(scaling)
     print(
         f"evaluating on {scaling['num_workers']} workers x {scaling['resources_per_worker']} ({device_type}, "
         f"{backend})",

@@ -303,7 +303,7 @@ def run(
     if files is not None:
         loop_config["data_files"] = files
     ray.init(log_to_driver=True)
-    device_type, backend = probe_backend(spec.cluster.accelerator, scaling["resources_per_worker"])
+    device_type, backend = probe_backend(scaling)
     worker_env = worker_runtime_env(scaling.get("use_tpu", False), device_type)
     print(
         f"workers: {scaling['num_workers']} x {scaling['resources_per_worker']} on {device_type}, "

@@ -16,6 +16,7 @@ from components.platforms import RunContext, get_platform
 from components.spec import InfraError, RunSpec, datasets
 from components.stages import base_weights, dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
+from components.workload import maxtext
 
 
 def entrypoint(
@@ -238,7 +239,7 @@ _NOT_OF_THE_INITIAL_MODEL = frozenset(
         "hf_train_files",
         "hf_eval_files",
         "tokenizer_path",
-        "log_config",
+        *(arg.split("=", 1)[0] for arg in maxtext.QUIET_ARGS),
     )
 )
 
@@ -253,7 +254,6 @@ def initial_model_key(ctx: RunContext, eval_key: str | None) -> str | None:
     by tag alone can change under the same name)."""
     from components.platforms.store import read_json
     from components.spec.images import pinned_image
-    from components.workload import maxtext
 
     if ctx.spec.train.workload != "maxtext" or not eval_key:
         return None

@@ -93,15 +93,16 @@ def test_a_host_without_chips_or_a_gpu_device_file_is_cpu_gloo_found_without_imp
 
 
 def test_emulated_hosts_are_cpu_gloo_by_the_spec_without_a_probe_task():
-    """cluster.accelerator=cpu (the local platform's hosts) answers without asking Ray for a task: no worker process
-    is started for it, and ray is not even imported."""
+    """Workers that ask for no TPU (cluster.accelerator=cpu, the local platform's hosts) answer without asking Ray for
+    a task: no worker process is started for it, and ray is not even imported."""
     import subprocess
     import sys
 
     from tests.helpers import REPO
 
     code = (
-        "import sys; from trainers.devices import probe_backend as p; print(p('cpu', {'CPU': 1}), 'ray' in sys.modules)"
+        "import sys; from components.workload import derive, resolve; from trainers.devices import probe_backend as p; "
+        "print(p(derive.scaling_config_args(resolve('local-fsdp'))), 'ray' in sys.modules)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
