@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable
 
-from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
+from components.cloud.credentials import storage_client
 from components.spec import InfraError, SpecError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -51,9 +51,7 @@ class SnapshotChanged(InfraError):
 def _client():
     """The Cloud Storage client, with the project's Google credentials (google-cloud-storage itself honours
     ``STORAGE_EMULATOR_HOST``). No project: reading and copying objects bills the buckets' own."""
-    from google.cloud import storage
-
-    return google_client(storage.Client, STORAGE_EMULATOR_HOST_ENV, project=None)
+    return storage_client(None)
 
 
 def parse(uri: str, field: str) -> tuple[str, str, str]:

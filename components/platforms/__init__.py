@@ -127,6 +127,12 @@ class Platform(ABC):
         """Hosts the run lost and had replaced while it ran (preempted or failed), or None when the platform does
         not count them."""
 
+    def hub_token(self, ctx: RunContext) -> str | None:
+        """The Hugging Face token the platform keeps for the run's pods, as this process may read it (a gke run's
+        Secret Manager secret, ``gke.hf_token_secret``); None where the platform keeps none (the local platform's
+        jobs read this process's environment)."""
+        return None
+
     def evicted(self, ctx: RunContext) -> str | None:
         """Why the run's cluster was taken from it while its jobs ran, to be given back when capacity frees again (on
         gke, with ``gke.queue``: Kueue evicted its RayCluster; Kueue's reason), the jobs on it gone; None where that
@@ -173,7 +179,7 @@ class Platform(ABC):
 # name -> "module:class"; imported on first use so `components` stays cheap to import.
 REGISTRY = {
     "local": "components.platforms.local.platform:LocalPlatform",
-    "gke": "components.platforms.gke.run.platform:GkePlatform",
+    "gke": "components.platforms.gke:GkePlatform",
 }
 PLATFORMS = tuple(REGISTRY)
 

@@ -187,11 +187,9 @@ def _count(lock) -> int:
 
 
 def gcs_client():
-    from google.cloud import storage
+    from components.cloud.credentials import storage_client
 
-    from components.platforms.credentials import credentials
-
-    return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None, credentials=credentials())
+    return storage_client(os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
 
 
 def runs_with(output_root: str, key: str) -> list[str]:

@@ -49,18 +49,13 @@ def open_cache(ctx: RunContext) -> weights.Cache:
 
 
 def _token(ctx: RunContext) -> str | None:
-    """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else on gke the
-    Secret Manager secret ``gke.hf_token_secret`` (as deploy_raycluster reads it for the pods; a Vertex AI task has
-    no other). Never logged, never written."""
+    """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else the one the
+    platform keeps for the run (``Platform.hub_token``). Never logged, never written."""
     token = os.environ.get("HF_TOKEN")
     path = os.environ.get("HF_TOKEN_PATH")
     if not token and path and Path(path).is_file():
         token = Path(path).read_text().strip()
-    if not token and ctx.platform == "gke" and ctx.spec.gke.hf_token_secret:
-        from components.platforms.gke.cloud import secrets
-
-        token = secrets.read(ctx.spec.gke.hf_token_secret).decode().strip()
-    return token or None
+    return token or get_platform(ctx.platform).hub_token(ctx)
 
 
 def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | None:

@@ -15,9 +15,10 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
     from google.api_core import exceptions
     from google.cloud import container_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud import iam
+    from components.cloud.credentials import credentials
     from components.platforms.gke.checks import preflight
-    from components.platforms.gke.cloud import compute, storage
+    from components.platforms.gke.cloud import compute
     from components.platforms.gke.cloud.cluster import cluster_manager
 
     project = project_factory()
@@ -37,7 +38,7 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
         )
     with pytest.raises(exceptions.FailedPrecondition, match="requires Dataplane V2"):
         gke.update_cluster(name=name, update=container_v1.ClusterUpdate(desired_enable_multi_networking=True))
-    projects = storage.projects_client()
+    projects = iam.projects_client()
     with pytest.raises(exceptions.InvalidArgument, match="not valid"):
         projects.test_iam_permissions(request={"resource": f"projects/{PROJECT}", "permissions": ["container"]})
     with pytest.raises(exceptions.PermissionDenied):

@@ -12,7 +12,7 @@ import pytest
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
-from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.gke import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import SpecError, names
 from components.stages.vertex_task import VERTEX_TASK_ENV, claim

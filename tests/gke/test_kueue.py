@@ -12,7 +12,7 @@ import time
 import pytest
 
 from components.platforms import RunContext
-from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.gke import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import InfraError
 from components.workload import resolve

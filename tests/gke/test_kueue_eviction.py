@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.gke import GkePlatform
 from components.spec import InfraError
 from components.stages import goodput, jobs
 from components.stages.runner import record, run_stage

@@ -13,8 +13,8 @@ import time
 import pytest
 import time_machine
 
+from components.platforms.gke import GkePlatform
 from components.platforms.gke.checks.preflight import PreflightFailed
-from components.platforms.gke.run.platform import GkePlatform
 from components.spec import names
 from components.stages import jobs
 from components.stages.runner import record

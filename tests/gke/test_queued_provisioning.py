@@ -13,11 +13,11 @@ import time
 import pytest
 
 from components.platforms import RunContext, postmortem
+from components.platforms.gke import GkePlatform
 from components.platforms.gke.checks.preflight import PreflightFailed
 from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan import queued
 from components.platforms.gke.run import readiness
-from components.platforms.gke.run.platform import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import SpecError
 from components.stages import goodput

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from components.platforms import RunContext
-from components.platforms.gke.run.platform import GkePlatform
+from components.platforms.gke import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import InfraError, names
 from components.workload import resolve

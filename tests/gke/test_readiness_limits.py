@@ -9,8 +9,8 @@ import math
 import pytest
 
 from components.platforms import RunContext
+from components.platforms.gke import GkePlatform
 from components.platforms.gke.run import readiness
-from components.platforms.gke.run.platform import GkePlatform
 from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import names, ready_limits

@@ -14,11 +14,11 @@ import time_machine
 from kubernetes.client.exceptions import ApiException
 from ray.exceptions import AuthenticationError
 
+from components.platforms.gke import GkePlatform
 from components.platforms.gke.cloud import kube as gke_kube
 from components.platforms.gke.cloud import ray_jobs
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.cloud.transient import Backoff
-from components.platforms.gke.run.platform import GkePlatform
 from components.spec import names, protocol
 from components.stages import jobs
 from tests.emulators.rayjobs import RayJobsEmulator

@@ -4,8 +4,13 @@
 - ``components.spec`` and ``components.tpu`` import nothing else of the project;
 - ``trainers`` import from ``components`` only ``spec`` and ``tpu``;
 - ``components.workload`` imports only ``spec`` and ``tpu``;
-- no platform imports another (``components.platforms.local`` and ``components.platforms.gke``);
-- ``components.registry`` and ``components.data`` import only ``spec`` and ``platforms.credentials``;
+- ``components.cloud`` (the shared Google Cloud layer) imports only ``spec`` and the process helpers
+  ``platforms.waiting`` and ``platforms.interrupts``;
+- no platform imports another (``components.platforms.local`` and ``components.platforms.gke``), and the stages import
+  the platform interface, never a platform;
+- ``components.registry`` and ``components.data`` import only ``spec`` and ``cloud.credentials``;
+- ``components`` never imports ``pipelines``; in ``pipelines``, the command line (``cli``) is imported by nothing else,
+  a backend imports no other backend but those its rule names, and the pipeline's definition imports no backend;
 - inside ``components.platforms.gke``, imports point down its layers only: ``run`` -> ``checks`` -> ``cloud`` ->
   ``plan`` (a module of ``plan`` makes no call and imports no other layer; ``cloud`` imports ``plan`` alone).
 """
@@ -96,6 +101,7 @@ def within(module: str, package: str) -> bool:
 PLATFORMS = ("components.platforms.local", "components.platforms.gke")
 SHARED_BY_PLATFORMS = (
     "components.platforms",
+    "components.cloud",
     "components.spec",
     "components.tpu",
     "components.workload",
@@ -105,6 +111,14 @@ GKE = "components.platforms.gke"
 # The gke platform's layers, each importing only those after it (and anything outside the gke platform that the
 # platforms' rule allows).
 GKE_LAYERS = ("run", "checks", "cloud", "plan")
+# The pipeline's definition and what every backend shares of it: the compiled pipelines, their check, the run ids.
+PIPELINE_DEFINITION = (
+    "pipelines.pipeline",
+    "pipelines.janitor",
+    "pipelines.check",
+    "pipelines.run_ids",
+    "pipelines.exits",
+)
 RULES = [  # (who, may import from the project only these, why)
     ("components.spec", ("components.spec",), "spec imports nothing else of the project"),
     ("components.tpu", ("components.tpu",), "tpu imports nothing else of the project"),
@@ -120,16 +134,53 @@ RULES = [  # (who, may import from the project only these, why)
     ),
     *[(platform, (platform, *SHARED_BY_PLATFORMS), "no platform imports another") for platform in PLATFORMS],
     (
+        "components.cloud",
+        ("components.cloud", "components.spec", "components.platforms.waiting", "components.platforms.interrupts"),
+        "the Google Cloud layer builds on spec and the process helpers only",
+    ),
+    (
         "components.registry",
-        ("components.registry", "components.spec", "components.platforms.credentials"),
+        ("components.registry", "components.spec", "components.cloud.credentials"),
         "the registry builds on spec and the Google credentials only",
     ),
     (
         "components.data",
-        ("components.data", "components.spec", "components.platforms.credentials"),
+        ("components.data", "components.spec", "components.cloud.credentials"),
         "the data builds on spec and the Google credentials only",
     ),
+    ("components", ("components",), "components never import pipelines"),
+    *[(pkg, ("components", pkg), "the pipeline's definition imports no backend") for pkg in PIPELINE_DEFINITION],
+    (
+        "pipelines.backends.local",
+        ("components", "pipelines.backends.local", *PIPELINE_DEFINITION),
+        "the local backend imports no other backend",
+    ),
+    (
+        "pipelines.backends.vertex",
+        (
+            "components",
+            "pipelines.backends.vertex",
+            "pipelines.backends.local",
+            "pipelines.publish.vertex",
+            *PIPELINE_DEFINITION,
+        ),
+        "the Vertex AI backend imports of the others only the local backend's teardown of a run from its ledger and "
+        "the Vertex publish",
+    ),
+    (
+        "pipelines.backends.kfp",
+        ("components", "pipelines.backends.kfp", "pipelines.backends.vertex", *PIPELINE_DEFINITION),
+        "the KFP backend imports of the others only the Vertex AI backend (the same published pipeline, its runs in "
+        "the same shape)",
+    ),
+    (
+        "pipelines.publish",
+        ("components", "pipelines.publish", "pipelines.backends", *PIPELINE_DEFINITION),
+        "publish imports no command line",
+    ),
 ]
+# Who may not import what its rule above allows by prefix: the stages run on every platform through its interface.
+FORBIDDEN = [("components.stages", PLATFORMS, "the stages import the platform interface, never a platform")]
 
 
 def gke_layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -150,13 +201,21 @@ def gke_layer_violations(graph: dict[str, set[str]]) -> list[str]:
 def violations(graph: dict[str, set[str]]) -> list[str]:
     out = gke_layer_violations(graph)
     for who, allowed, why in RULES:
-        others = [p for p in PLATFORMS if p != who]  # inside components.platforms, but another platform
+        # inside components.platforms, but another platform
+        others = [p for p in PLATFORMS if p != who] if who in PLATFORMS else []
         for module, deps in sorted(graph.items()):
             if not within(module, who):
                 continue
             for dep in sorted(deps):
                 if not any(within(dep, a) for a in allowed) or any(within(dep, o) for o in others):
                     out.append(f"{module} imports {dep}: {why}")
+    for who, forbidden, why in FORBIDDEN:
+        for module, deps in sorted(graph.items()):
+            out += [
+                f"{module} imports {dep}: {why}"
+                for dep in sorted(deps)
+                if within(module, who) and any(within(dep, f) for f in forbidden)
+            ]
     return out
 
 
@@ -222,6 +281,24 @@ def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
             "components.registry.r imports components.platforms.ledger: the registry builds on spec and the Google "
             "credentials only",
         ),
+        (
+            {"components/cloud/s.py": "from components.platforms.gke.checks import p\n"},
+            "components.cloud.s imports components.platforms.gke.checks.p: the Google Cloud layer builds on spec and "
+            "the process helpers only",
+        ),
+        (
+            {"components/stages/t.py": "def f():\n    from components.platforms.local import cluster\n"},
+            "components.stages.t imports components.platforms.local.cluster: the stages import the platform "
+            "interface, never a platform",
+        ),
+        (
+            {"components/stages/t.py": "from pipelines.backends.local import run\n"},
+            "components.stages.t imports pipelines.backends.local.run: components never import pipelines",
+        ),
+        (
+            {"pipelines/backends/local/x.py": "from pipelines.cli import main\n"},
+            "pipelines.backends.local.x imports pipelines.cli.main: the local backend imports no other backend",
+        ),
     ],
 )
 def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
@@ -240,6 +317,12 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
             "components/platforms/gke/checks",
             "components/platforms/gke/run",
             "components/registry",
+            "components/cloud",
+            "components/stages",
+            "pipelines",
+            "pipelines/cli",
+            "pipelines/backends",
+            "pipelines/backends/local",
             "trainers",
         )
     }
@@ -250,6 +333,8 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
         "components/platforms/ledger.py": "",
         "components/platforms/gke/checks/p.py": "",
         "components/platforms/gke/cloud/c.py": "",
+        "pipelines/cli/main.py": "",
+        "pipelines/backends/local/run.py": "",
     }
     root = _tree(tmp_path, base | files)
     assert violations(import_graph(root)) == [expected]
@@ -273,3 +358,29 @@ def test_the_gke_platform_shows_its_layers_at_its_top_level():
     top = REPO / "components" / "platforms" / "gke"
     assert sorted(p.name for p in top.glob("*.py")) == ["__init__.py"]
     assert sorted(p.name for p in top.iterdir() if (p / "__init__.py").is_file()) == sorted(GKE_LAYERS)
+
+
+def test_the_pipelines_package_is_grouped_by_backend():
+    """``pipelines/``: the command line, one folder per backend, publish; the pipeline's definition beside them."""
+    top = REPO / "pipelines"
+    assert sorted(p.name for p in top.iterdir() if (p / "__init__.py").is_file()) == ["backends", "cli", "publish"]
+    backends = top / "backends"
+    assert sorted(p.name for p in backends.iterdir() if (p / "__init__.py").is_file()) == ["kfp", "local", "vertex"]
+
+
+# What only GKE needs; every adapter another platform or backend uses is in components/cloud/ (docs/architecture.md).
+GKE_ONLY_ADAPTERS = ["clients", "cluster", "compute", "control_plane", "kube", "kueue", "ray_jobs", "transient"]
+
+
+def test_the_gke_platform_keeps_only_its_own_cloud_adapters():
+    gke_cloud = REPO / "components" / "platforms" / "gke" / "cloud"
+    assert sorted(p.stem for p in gke_cloud.glob("*.py") if p.name != "__init__.py") == GKE_ONLY_ADAPTERS
+    graph = import_graph(REPO)
+    outside = {
+        f"{module} imports {dep}"
+        for module, deps in graph.items()
+        if not within(module, GKE)
+        for dep in deps
+        if within(dep, f"{GKE}.cloud")
+    }
+    assert outside == set()

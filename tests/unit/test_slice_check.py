@@ -149,7 +149,7 @@ def test_the_testing_aids_name_none_or_one_of_the_ranks(aid, value):
 
 def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_path):
     from components.platforms import RunContext
-    from components.platforms.gke.run.platform import GkePlatform
+    from components.platforms.gke import GkePlatform
     from components.platforms.store import LocalStore
     from components.stages import ray_stages, report
 

@@ -53,7 +53,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     """Run every check; raise :class:`PreflightFailed` with all the problems, else the report of what was found."""
     n = needs(spec, run_id)
     if creds is None:
-        from components.platforms.credentials import credentials
+        from components.cloud.credentials import credentials
 
         creds = credentials()
     report = Report()
@@ -81,7 +81,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
             from google.api_core import exceptions as gexc
 
-            from components.platforms.credentials import access_error
+            from components.cloud.credentials import access_error
 
             if not isinstance(exc, gexc.GoogleAPICallError):
                 raise
@@ -103,7 +103,7 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     that does not exist yet is created with it at provision."""
     from google.api_core import exceptions as gexc
 
-    from components.platforms.gke.cloud import storage
+    from components.cloud import storage
 
     name = n.bucket
     try:
@@ -189,10 +189,10 @@ def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 
 
 def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    from components.platforms.gke.cloud import storage
+    from components.cloud import iam as cloud_iam
 
     held = set(
-        storage.projects_client(creds)
+        cloud_iam.projects_client(creds)
         .test_iam_permissions(request={"resource": f"projects/{n.project}", "permissions": list(n.permissions)})
         .permissions
     )
@@ -201,8 +201,8 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         lacking.remove(ACT_AS)
         for field, account in n.act_as:
             if "PROJECT_NUMBER" in account:  # the default Compute Engine account, its number looked up
-                account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
-            if storage.may_act_as(account, creds):
+                account = account.replace("PROJECT_NUMBER", cloud_iam.project_number(n.project, creds))
+            if cloud_iam.may_act_as(account, creds):
                 report.checked.append(f"{ACT_AS} on {account} ({field}), granted on the account")
             else:
                 report.problems.append(_act_as(n.project, field, account))
@@ -245,12 +245,12 @@ def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
     (problems; ``node_account``: inherited, custom and group grants too), and the risks of the default accounts and
     of basic roles (warnings)."""
-    from components.platforms.gke.cloud import storage
+    from components.cloud import iam as cloud_iam
 
     account = n.node_account
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
-        account = account.replace("PROJECT_NUMBER", storage.project_number(n.project, creds))
-    grants = storage.project_grants(n.project, creds)
+        account = account.replace("PROJECT_NUMBER", cloud_iam.project_number(n.project, creds))
+    grants = cloud_iam.project_grants(n.project, creds)
     node_account.check(n, account, grants, creds, report)
     if n.builds:
         granted = grants.get(f"serviceAccount:{n.build_account}", set())
@@ -386,7 +386,7 @@ def service_usage_client(creds):
     """Service Usage's client: to the emulator named by $TPUPIPE_SERVICE_USAGE_EMULATOR_HOST, else to Google."""
     from google.cloud import service_usage_v1
 
-    from components.platforms.credentials import google_client
+    from components.cloud.credentials import google_client
 
     return google_client(service_usage_v1.ServiceUsageClient, SERVICE_USAGE_EMULATOR_HOST_ENV, creds=creds)
 

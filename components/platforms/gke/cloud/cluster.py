@@ -14,18 +14,18 @@ unless it is a rate limit; a change refused while another operation holds the cl
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
-from components.platforms.credentials import EMULATOR_HOST_ENV, credentials, google_client
-from components.platforms.gke.cloud.google_errors import (
+from components.cloud.credentials import EMULATOR_HOST_ENV, credentials, google_client
+from components.cloud.errors import (
     BUSY_MARKERS,
     RATE_LIMITED,
     RESOURCE_EXHAUSTED,
     STOCKOUT_MARKERS,
+    Adapter,
     CapacityError,
     GkeError,
     RetryPolicy,
@@ -45,65 +45,6 @@ def cluster_manager(creds=None):
     from google.cloud import container_v1
 
     return google_client(container_v1.ClusterManagerClient, EMULATOR_HOST_ENV, creds=creds)
-
-
-# ---------------------------------------------------------------- shared by the Google Cloud adapters
-
-
-class Adapter:
-    """What every Google Cloud adapter of the gke platform shares: a client, progress lines, transient codes
-    retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
-    tests)."""
-
-    def __init__(
-        self,
-        client,
-        *,
-        log: Callable[[str], None] = print,
-        retry: RetryPolicy | None = None,
-        operation_timeout_s: float = 1800.0,
-        poll_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ):
-        self.client = client
-        self.log = log
-        self.retry = retry or RetryPolicy()
-        self.operation_timeout_s = operation_timeout_s
-        self.poll_s = poll_s
-        self.clock = clock
-        self.sleep = sleep
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
-
-    def change(self, what: str, fn: Callable[[], Any]) -> Any:
-        """``call`` for a change to a cluster (a node pool created or deleted, the cluster updated or deleted): while
-        another operation holds the cluster (``is_busy``) it is asked again every ``poll_s`` until the operation
-        deadline, with a line when the wait starts and about every minute."""
-        from google.api_core import exceptions as gexc
-
-        waited: list[float] = []
-
-        def attempt():
-            try:
-                return (self.call(what, fn),)
-            except gexc.FailedPrecondition as exc:
-                if not is_busy(exc.message or ""):
-                    raise
-                if not waited or self.clock() - waited[-1] >= 60:
-                    self.log(f"  {what}: the cluster is busy ({exc.message}); asking again every {self.poll_s:.0f}s")
-                    waited.append(self.clock())
-                return None
-
-        return wait_for(
-            attempt,
-            timeout_s=self.operation_timeout_s,
-            interval_s=self.poll_s,
-            what=f"{what}: the cluster busy with another operation",
-            clock=self.clock,
-            sleep=self.sleep,
-        )[0]
 
 
 class Gke(Adapter):

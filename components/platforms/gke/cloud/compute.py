@@ -21,15 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from components.platforms.credentials import google_client
-from components.platforms.gke.cloud.cluster import (
-    Adapter,
-    CapacityError,
-    GkeError,
-    credentials,
-    is_capacity_error,
-    progress_every,
-)
+from components.cloud.credentials import credentials, google_client
+from components.cloud.errors import Adapter, CapacityError, GkeError, is_capacity_error, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 

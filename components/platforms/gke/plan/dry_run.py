@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from components.cloud.build import image_tag_path
 from components.platforms import RunContext
 from components.platforms.gke.plan import document as plan
-from components.platforms.gke.plan import needs, paths
+from components.platforms.gke.plan import needs
 from components.platforms.gke.plan.records import Resource
 from components.platforms.gke.plan.target import target
 from components.spec import datasets, names
@@ -143,6 +144,6 @@ def _content_tag_path(records: list[Resource]) -> str:
     """The Artifact Registry tag that finds a trainer image built from the same sources (its build context's hash),
     for the dry run: ``.../packages/NAME/tags/ctx-HASH``."""
     image = next(res.name for res in records if res.kind == "container-image")
-    package, _ = paths.image_tag_path(image)
+    package, _ = image_tag_path(image)
     reused = "an image built from the same sources, reused: no upload, no build"
     return f"{package}/tags/{names.CONTENT_TAG_PREFIX}HASH ({reused})"

@@ -1,7 +1,6 @@
 """The resource names Google Cloud's APIs take for what a gke run creates or uses, built and read in one place:
 GKE's locations, clusters and node pools (``projects/P/locations/L/clusters/N[/nodePools/NP]``), and Compute
-Engine's global and regional resources (``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``),
-and Artifact Registry's Docker image tags.
+Engine's global and regional resources (``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``).
 """
 
 from __future__ import annotations
@@ -57,13 +56,3 @@ def compute_path(kind: str, project: str, region: str, name: str) -> str:
     scope, collection = COMPUTE_COLLECTIONS[kind]
     where = "global" if scope == "global" else f"regions/{region}"
     return f"projects/{project}/{where}/{collection}/{name}"
-
-
-def image_tag_path(image: str) -> tuple[str, str]:
-    """``(package, tag)`` of the Docker image ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` in Artifact
-    Registry: ``projects/P/locations/L/repositories/R/packages/NAME`` and the tag's id (the tag's resource name is
-    ``PACKAGE/tags/TAG``)."""
-    host, project, repository, rest = image.split("@")[0].split("/", 3)
-    name, _, tag = rest.rpartition(":")
-    location = host.removesuffix("-docker.pkg.dev")
-    return f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}", tag

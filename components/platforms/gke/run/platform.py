@@ -76,7 +76,7 @@ class GkePlatform(Platform):
         check_ranges(spec, self._target(ctx))
 
     def check_access(self, ctx: RunContext) -> None:
-        from components.platforms.credentials import credentials
+        from components.cloud.credentials import credentials
 
         credentials()  # none: an AccessError naming `gcloud auth application-default login`
 
@@ -283,6 +283,15 @@ class GkePlatform(Platform):
 
     def job_output_dir(self, ctx: RunContext) -> str:
         return self._target(ctx).run_dir
+
+    def hub_token(self, ctx: RunContext) -> str | None:
+        """The Secret Manager secret ``gke.hf_token_secret`` (as deploy_raycluster reads it for the pods; a Vertex AI
+        task has no other). Never logged, never written."""
+        if not ctx.spec.gke.hf_token_secret:
+            return None
+        from components.cloud import secrets
+
+        return secrets.read(ctx.spec.gke.hf_token_secret).decode().strip() or None
 
     def compile_cache_root(self, ctx: RunContext) -> str:
         return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted in the worker pods (plan.manifests)

@@ -31,11 +31,11 @@ def risks(project: str, account: str, creds=None) -> list[str]:
         ]
     from google.api_core import exceptions as gexc
 
-    from components.platforms.gke.cloud import storage
+    from components.cloud import iam
 
     out = [identities.default_compute_risk(WHO, account, ADVICE)] if identities.is_default_compute(account) else []
     try:
-        granted = storage.project_roles(project, f"serviceAccount:{account}", creds)
+        granted = iam.project_roles(project, f"serviceAccount:{account}", creds)
     except gexc.PermissionDenied as exc:
         out.append(
             f"the IAM policy of project {project} could not be read ({exc.message}; reading it takes "

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.platforms.credentials import google_client
-from components.platforms.gke.cloud.cluster import Adapter, GkeError, progress_every
-from components.platforms.gke.plan import paths
+from components.cloud.credentials import google_client
+from components.cloud.errors import Adapter, GkeError, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 from components.spec import names
@@ -108,7 +107,7 @@ class Registry(Adapter):
 
         parent = f"projects/{project}/locations/{location}"
         name = f"{parent}/repositories/{repository}"
-        docker = artifactregistry_v1.Repository.Format[fmt]
+        docker = getattr(artifactregistry_v1.Repository.Format, fmt)
         try:
             found = self.call(f"get repository {name}", lambda: self.client.get_repository(name=name))
             if found.format_ != docker:
@@ -165,6 +164,16 @@ def pinned_source(body: dict, generation: int | None) -> dict:
     return {**body, "source": {**body["source"], "storageSource": source}}
 
 
+def image_tag_path(image: str) -> tuple[str, str]:
+    """``(package, tag)`` of the Docker image ``REGION-docker.pkg.dev/PROJECT/REPOSITORY/NAME:TAG`` in Artifact
+    Registry: ``projects/P/locations/L/repositories/R/packages/NAME`` and the tag's id (the tag's resource name is
+    ``PACKAGE/tags/TAG``)."""
+    host, project, repository, rest = image.split("@")[0].split("/", 3)
+    name, _, tag = rest.rpartition(":")
+    location = host.removesuffix("-docker.pkg.dev")
+    return f"projects/{project}/locations/{location}/repositories/{repository}/packages/{name}", tag
+
+
 def content_image(image: str, context: bytes) -> str:
     """``image`` (``NAME:TAG``) under the tag that names its build context: ``NAME:ctx-HASH``, the first 16 hex digits
     of the context's SHA-256. A later run whose context is the same bytes finds the image under it and builds nothing;
@@ -183,7 +192,7 @@ def add_tag(registry: Registry, image: str, digest: str) -> None:
     from google.api_core import exceptions as gexc
     from google.cloud import artifactregistry_v1 as ar
 
-    package, tag = paths.image_tag_path(image)
+    package, tag = image_tag_path(image)
     body = ar.Tag(name=f"{package}/tags/{tag}", version=f"{package}/versions/{digest}")
     try:
         registry.call(f"tag {image}", lambda: registry.client.create_tag(parent=package, tag_id=tag, tag=body))
@@ -197,7 +206,7 @@ def tag_digest(registry: Registry, image: str) -> str | None:
     ``.../versions/sha256:HEX``, google/cloud/artifactregistry_v1/types/tag.py); a reference by digest cannot move."""
     from google.api_core import exceptions as gexc
 
-    package, tag = paths.image_tag_path(image)
+    package, tag = image_tag_path(image)
     path = f"{package}/tags/{tag}"
     try:
         found = registry.call(f"get tag {path}", lambda: registry.client.get_tag(name=path))

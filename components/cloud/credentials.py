@@ -98,6 +98,15 @@ def google_client[C](
     return cls(**options)
 
 
+def storage_client(project: str | None = None, creds=None):
+    """A Cloud Storage ``Client``: to the emulator named by $STORAGE_EMULATOR_HOST (google-cloud-storage's own), else
+    to Google. The one Cloud Storage client of the project (the run store, the data snapshot, the bucket adapter).
+    ``project``: the project the client bills and creates buckets in (None: reads bill the buckets' own)."""
+    from google.cloud.storage import Client
+
+    return google_client(Client, STORAGE_EMULATOR_HOST_ENV, creds=creds, project=project)
+
+
 def _grpc_transport(cls: type) -> Any:
     """The gRPC transport class of a GAPIC client class; None for a client without one (compute_v1's, Cloud
     Storage's, BigQuery's)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipelines.cli_common import add_place, add_set, fail, overrides
+from pipelines.cli.common import add_place, add_set, overrides
+from pipelines.exits import fail
 
 
 def cmd_plan(args) -> int:
@@ -36,8 +37,8 @@ def cmd_preflight(args) -> int:
     """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
     report, exit 2 when there is one; creates nothing."""
     from components.platforms import RunContext
+    from components.platforms.gke import GkePlatform
     from components.platforms.gke.checks import preflight
-    from components.platforms.gke.run.platform import GkePlatform
     from components.platforms.store import LocalStore
 
     spec, run_id = _gke_run(args)

@@ -27,22 +27,22 @@ DEFAULT_RUNNER = "pipeline-runner"
 def check(project: str, account: str, namespace: str, runner: str, log: Callable[[str], None] = print, creds=None):
     """SpecError naming ``--kfp-service-account`` when the Workload Identity binding or a role is missing; the risks
     of basic roles as warnings."""
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud import storage
+    from components.cloud import iam
+    from components.cloud.credentials import credentials
     from components.platforms.gke.plan import identities
 
     if not SERVICE_ACCOUNT.match(account):
         raise SpecError("--kfp-service-account", f"{account!r} is not a service account email")
     creds = creds or credentials()
     member = f"serviceAccount:{project}.svc.id.goog[{namespace}/{runner}]"
-    if member not in storage.account_members(account, WORKLOAD_IDENTITY_USER, creds):
+    if member not in iam.account_members(account, WORKLOAD_IDENTITY_USER, creds):
         raise SpecError(
             "--kfp-service-account",
             f"{account} does not let the KFP runner {namespace}/{runner} act as it: grant {WORKLOAD_IDENTITY_USER} "
             f"to {member} on it, and annotate the Kubernetes service account with iam.gke.io/gcp-service-account="
             f'{account} (docs/kubeflow.md, "Setup, once")',
         )
-    granted = storage.project_roles(project, f"serviceAccount:{account}", creds)
+    granted = iam.project_roles(project, f"serviceAccount:{account}", creds)
     for role, purpose in RUN_ROLES:
         if role not in granted and not identities.basic_roles(granted):
             raise SpecError(

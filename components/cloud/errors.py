@@ -1,4 +1,4 @@
-"""What a Google Cloud API's error means to the gke platform's adapters (``cluster.Adapter`` and those built on it):
+"""What a Google Cloud API's error means to the adapters (:class:`Adapter`, the base of every Google Cloud adapter):
 ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` transient, retried with backoff (``call_with_retry``); ``RESOURCE_EXHAUSTED``
 a quota or a stockout (:class:`CapacityError`, the user's to resolve) unless it is a rate limit; a change refused while
 another operation holds the cluster (``is_busy``), asked again later.
@@ -6,10 +6,12 @@ another operation holds the cluster (``is_busy``), asked again later.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from components.platforms.waiting import wait_for
 from components.spec import InfraError
 
 STOCKOUT_MARKERS = (
@@ -100,3 +102,59 @@ def is_busy(message: str) -> bool:
 
 
 # ---------------------------------------------------------------- the adapter
+
+
+class Adapter:
+    """What every Google Cloud adapter shares: a client, progress lines, transient codes
+    retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
+    tests)."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        log: Callable[[str], None] = print,
+        retry: RetryPolicy | None = None,
+        operation_timeout_s: float = 1800.0,
+        poll_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.client = client
+        self.log = log
+        self.retry = retry or RetryPolicy()
+        self.operation_timeout_s = operation_timeout_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self.sleep = sleep
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+
+    def change(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``call`` for a change to a cluster (a node pool created or deleted, the cluster updated or deleted): while
+        another operation holds the cluster (``is_busy``) it is asked again every ``poll_s`` until the operation
+        deadline, with a line when the wait starts and about every minute."""
+        from google.api_core import exceptions as gexc
+
+        waited: list[float] = []
+
+        def attempt():
+            try:
+                return (self.call(what, fn),)
+            except gexc.FailedPrecondition as exc:
+                if not is_busy(exc.message or ""):
+                    raise
+                if not waited or self.clock() - waited[-1] >= 60:
+                    self.log(f"  {what}: the cluster is busy ({exc.message}); asking again every {self.poll_s:.0f}s")
+                    waited.append(self.clock())
+                return None
+
+        return wait_for(
+            attempt,
+            timeout_s=self.operation_timeout_s,
+            interval_s=self.poll_s,
+            what=f"{what}: the cluster busy with another operation",
+            clock=self.clock,
+            sleep=self.sleep,
+        )[0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 
 from components.spec import SpecError
 from components.spec.names import DEFAULT_REGION, EXAMPLE_PROJECT
@@ -67,7 +66,7 @@ def add_place(
 def refuse_placeholder(args) -> None:
     """Bad input before anything is called: the placeholder project given to a command that calls Google Cloud."""
     if not getattr(args, CALLS_GOOGLE_CLOUD, False) or getattr(args, "kfp_host", None):
-        return  # on Kubeflow Pipelines the project may come from the spec (pipelines.cli_kfp.project_of)
+        return  # on Kubeflow Pipelines the project may come from the spec (pipelines.cli.kfp.project_of)
     given = args.project if isinstance(args.project, list) else [args.project]
     if EXAMPLE_PROJECT in given:
         raise SpecError(
@@ -75,8 +74,3 @@ def refuse_placeholder(args) -> None:
             f"{EXAMPLE_PROJECT!r} is the examples' placeholder, not a project of yours: name yours with --project "
             f"PROJECT or ${PROJECT_ENV}",
         )
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"tpupipe: error: {message}", file=sys.stderr)
-    return code

@@ -1,5 +1,6 @@
-"""What IAM grants beyond a project's own policy, read-only: the policies a project inherits from its folders and
-organization, and what a custom role holds (docs/architecture.md, "Cloud calls through the client libraries").
+"""Resource Manager and IAM, read-only: a project's number and allow policy, who may act as a service account, the
+policies a project inherits from its folders and organization, and what a custom role holds (docs/architecture.md,
+"Cloud calls through the client libraries").
 
 - A project's allow policy is not all that grants roles on it: "the effective policy for a resource is the union of
   the policy set at that resource and the policy inherited from its parent"
@@ -13,20 +14,81 @@ organization, and what a custom role holds (docs/architecture.md, "Cloud calls t
   IAM's ``roles.get`` answers them as ``includedPermissions``
   (https://cloud.google.com/iam/docs/reference/rest/v1/roles/get).
 
-The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST and $TPUPIPE_IAM_EMULATOR_HOST, as the
-project's (``storage``) do. Cloud SDKs are imported inside functions.
+The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST and $TPUPIPE_IAM_EMULATOR_HOST
+(host:port, plaintext gRPC). Cloud SDKs are imported inside functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.platforms.credentials import google_client
-from components.platforms.gke.cloud.storage import (
-    IAM_EMULATOR_HOST_ENV,
-    RESOURCE_MANAGER_EMULATOR_HOST_ENV,
-    policy_grants,
-)
+from components.cloud.credentials import google_client
+
+RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
+IAM_POLICY_VERSION = 3
+
+
+def projects_client(creds=None):
+    """Resource Manager's ``ProjectsClient``: to the emulator named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST, else to
+    Google."""
+    from google.cloud import resourcemanager_v3
+
+    return google_client(resourcemanager_v3.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
+
+
+IAM_EMULATOR_HOST_ENV = "TPUPIPE_IAM_EMULATOR_HOST"
+
+
+def may_act_as(account: str, creds=None) -> bool:
+    """Whether the caller holds ``iam.serviceAccounts.actAs`` on the service account ``account`` itself (the IAM
+    API's ``projects.serviceAccounts.testIamPermissions``, which needs no permission of its own:
+    https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions): a grant of
+    roles/iam.serviceAccountUser on the account, which the project's testIamPermissions does not see."""
+    from google.cloud import iam_admin_v1
+
+    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
+    permission = "iam.serviceAccounts.actAs"
+    answer = client.test_iam_permissions(
+        request={"resource": f"projects/-/serviceAccounts/{account}", "permissions": [permission]}
+    )
+    return permission in answer.permissions
+
+
+def account_members(account: str, role: str, creds=None) -> set[str]:
+    """The members the service account ``account``'s own IAM policy grants ``role`` on it (the IAM API's
+    ``projects.serviceAccounts.getIamPolicy``, https://cloud.google.com/iam/docs/reference/rest/v1/
+    projects.serviceAccounts/getIamPolicy): who may act as it, or use it by Workload Identity."""
+    from google.cloud import iam_admin_v1
+
+    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
+    policy = client.get_iam_policy(request={"resource": f"projects/-/serviceAccounts/{account}"})
+    return {who for binding in policy.bindings if binding.role == role for who in binding.members}
+
+
+def project_number(project: str, creds=None) -> str:
+    """The project's number (Workload Identity principals name it, not the id)."""
+    return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
+
+
+def project_grants(project: str, creds=None) -> dict[str, set[str]]:
+    """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
+    ``getIamPolicy``)."""
+    return policy_grants(projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"}))
+
+
+def policy_grants(policy) -> dict[str, set[str]]:
+    """An IAM policy's members and the roles it grants each."""
+    grants: dict[str, set[str]] = {}
+    for binding in policy.bindings:
+        for who in binding.members:
+            grants.setdefault(who, set()).add(binding.role)
+    return grants
+
+
+def project_roles(project: str, member: str, creds=None) -> set[str]:
+    """The roles the project's IAM policy grants ``member`` (``serviceAccount:EMAIL``) on the project itself."""
+    return project_grants(project, creds).get(member, set())
+
 
 CUSTOM_ROLE_PREFIXES = ("projects/", "organizations/")  # a custom role's name; a predefined one is roles/NAME
 

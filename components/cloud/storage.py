@@ -6,96 +6,23 @@
 - the run's Kubernetes ServiceAccount gets ``roles/storage.objectUser`` on it through Workload Identity Federation
   (a ``principal://`` member naming the project *number*, looked up through Resource Manager); teardown removes
   that binding;
-- the project's IAM policy is read (Resource Manager) to check what the nodes', Cloud Build's and the pipeline's
-  service accounts are granted;
 - IAM policy changes are read-modify-write with the policy's etag, retried when another writer got in between
   (HTTP 412).
 
-Emulators are found the way the client libraries find them: ``STORAGE_EMULATOR_HOST`` (google-cloud-storage's own)
-and ``TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST`` (host:port, plaintext gRPC). Cloud SDKs are imported inside functions.
+The client is ``credentials.storage_client`` (the emulator is found as google-cloud-storage finds it,
+``STORAGE_EMULATOR_HOST``); Resource Manager's and IAM's reads are ``iam``. Cloud SDKs are imported inside functions.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
-from components.platforms.gke.cloud.cluster import Adapter
+from components.cloud.credentials import storage_client
+from components.cloud.errors import Adapter
+from components.cloud.iam import IAM_POLICY_VERSION
 from components.spec import SpecError
-
-RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
-IAM_POLICY_VERSION = 3
-
-
-def projects_client(creds=None):
-    """Resource Manager's ``ProjectsClient``: to the emulator named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST, else to
-    Google."""
-    from google.cloud import resourcemanager_v3
-
-    return google_client(resourcemanager_v3.ProjectsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
-
-
-IAM_EMULATOR_HOST_ENV = "TPUPIPE_IAM_EMULATOR_HOST"
-
-
-def may_act_as(account: str, creds=None) -> bool:
-    """Whether the caller holds ``iam.serviceAccounts.actAs`` on the service account ``account`` itself (the IAM
-    API's ``projects.serviceAccounts.testIamPermissions``, which needs no permission of its own:
-    https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions): a grant of
-    roles/iam.serviceAccountUser on the account, which the project's testIamPermissions does not see."""
-    from google.cloud import iam_admin_v1
-
-    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
-    permission = "iam.serviceAccounts.actAs"
-    answer = client.test_iam_permissions(
-        request={"resource": f"projects/-/serviceAccounts/{account}", "permissions": [permission]}
-    )
-    return permission in answer.permissions
-
-
-def account_members(account: str, role: str, creds=None) -> set[str]:
-    """The members the service account ``account``'s own IAM policy grants ``role`` on it (the IAM API's
-    ``projects.serviceAccounts.getIamPolicy``, https://cloud.google.com/iam/docs/reference/rest/v1/
-    projects.serviceAccounts/getIamPolicy): who may act as it, or use it by Workload Identity."""
-    from google.cloud import iam_admin_v1
-
-    client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
-    policy = client.get_iam_policy(request={"resource": f"projects/-/serviceAccounts/{account}"})
-    return {who for binding in policy.bindings if binding.role == role for who in binding.members}
-
-
-def project_number(project: str, creds=None) -> str:
-    """The project's number (Workload Identity principals name it, not the id)."""
-    return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
-
-
-def project_grants(project: str, creds=None) -> dict[str, set[str]]:
-    """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
-    ``getIamPolicy``)."""
-    return policy_grants(projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"}))
-
-
-def policy_grants(policy) -> dict[str, set[str]]:
-    """An IAM policy's members and the roles it grants each."""
-    grants: dict[str, set[str]] = {}
-    for binding in policy.bindings:
-        for who in binding.members:
-            grants.setdefault(who, set()).add(binding.role)
-    return grants
-
-
-def project_roles(project: str, member: str, creds=None) -> set[str]:
-    """The roles the project's IAM policy grants ``member`` (``serviceAccount:EMAIL``) on the project itself."""
-    return project_grants(project, creds).get(member, set())
-
-
-def storage_client(project: str, creds=None):
-    """A Cloud Storage ``Client``: to the emulator named by $STORAGE_EMULATOR_HOST (google-cloud-storage's own), else
-    to Google."""
-    from google.cloud import storage
-
-    return google_client(storage.Client, STORAGE_EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
 def member(binding: dict[str, Any], number: str) -> str:
@@ -187,7 +114,7 @@ class Storage(Adapter):
             token = None
             while True:
                 token, _, _ = self.call(
-                    f"copy gs://{name}/{blob.name}", lambda t=token, b=blob, n=target: bucket.blob(n).rewrite(b, t)
+                    f"copy gs://{name}/{blob.name}", functools.partial(bucket.blob(target).rewrite, blob, token)
                 )
                 if token is None:
                     break
@@ -207,7 +134,7 @@ class Storage(Adapter):
             if not change(policy):
                 return False
             try:
-                self.call(f"set IAM policy of {name}", lambda p=policy: bucket.set_iam_policy(p))
+                self.call(f"set IAM policy of {name}", functools.partial(bucket.set_iam_policy, policy))
                 return True
             except gexc.PreconditionFailed:
                 if attempt == self.retry.attempts:
@@ -254,12 +181,4 @@ class Storage(Adapter):
             return False
 
 
-__all__ = [
-    "Storage",
-    "member",
-    "project_grants",
-    "project_number",
-    "project_roles",
-    "projects_client",
-    "storage_client",
-]
+__all__ = ["Storage", "member", "storage_client"]
