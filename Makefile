@@ -20,7 +20,7 @@ PYTHON312 ?= $(shell \
   for p in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
     if [ -x "$$p" ] && "$$p" -c 'import sys' >/dev/null 2>&1; then echo "$$p"; exit; fi; done)
 
-.PHONY: help run test test-fast test-e2e compile-pipeline bench lint format lock envs clean-runs goldens
+.PHONY: help run test test-fast test-e2e compile-pipeline bench lint format lock envs clean-runs goldens config-docs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -29,7 +29,7 @@ help: ## list the targets
 # --no-compile, then compileall on every core (pip compiles one file after another), here and in the image
 # environments (components/platforms/local/envs.py): where PYTHONDONTWRITEBYTECODE is set, Python writes no cache and
 # every process would compile the modules it imports again. -qq: a package's test data that is not Python 3 is no news.
-$(VENV)/.installed: requirements-dev.lock
+$(VENV)/.installed: requirements-dev.lock pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
 	rm -rf $(VENV)
@@ -108,6 +108,9 @@ lint: $(VENV)/.installed ## ruff check (pyproject.toml's rules), ruff format --c
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
+
+config-docs: $(VENV)/.installed ## regenerate docs/config.md (every setting's meaning, default and allowed values) from the run spec
+	$(BIN)/python -m components.spec.reference > docs/config.md
 
 format: $(VENV)/.installed ## format the tree (ruff format) and apply ruff's safe fixes
 	$(BIN)/ruff check --fix $(LINTED)

@@ -44,7 +44,7 @@ class BuildFailed(GkeError):
 
 
 def source_root() -> Path:
-    return Path(os.environ.get(SOURCE_ROOT_ENV) or Path(__file__).resolve().parents[4])
+    return Path(os.environ.get(SOURCE_ROOT_ENV) or Path(__file__).resolve().parents[2])
 
 
 def build_context(image: str, root: Path | None = None) -> bytes:

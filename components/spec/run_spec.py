@@ -37,7 +37,7 @@ class ClusterSpec:
 
     accelerator: str = "cpu"  # "cpu" (emulated hosts) or a TPU family: v5e, v5p, v6e, tpu7x
     topology: str = ""  # TPU slice topology, e.g. "4x4"; empty for cpu
-    num_slices: int = 1
+    num_slices: int = 1  # slices of the topology (more than one: multislice over the data-center network)
     num_hosts: int = 2  # hosts per slice (emulated raylets on the local platform)
     cpus_per_host: int = 1  # Ray CPUs each emulated host offers (local platform)
     # On TPU: on-demand, spot, reservation, flex-start or queued; or a ladder of them in order, comma-separated (e.g.
@@ -48,7 +48,7 @@ class ClusterSpec:
     ready_timeout_s: float = 0.0  # how long deploy_raycluster waits for every host; 0: by the capacity type
     # Pod sizes on GKE (cpus_per_host is also each TPU worker pod's CPU request):
     head_cpus: int = 4
-    head_memory_gib: int = 16
+    head_memory_gib: int = 16  # the Ray head pod's memory (GiB); head_cpus: its CPUs
     worker_memory_gib: int = 200  # each TPU worker pod (one per host)
     worker_shm_gib: int = 100  # /dev/shm (in memory) of each TPU worker pod; 0: none
     expected_hours: float = 1.0  # expected duration of the run, for the cost estimate of `tpupipe plan`
@@ -75,7 +75,7 @@ class ClusterSpec:
 class TrainSpec:
     """What the run trains, and how."""
 
-    workload: str = "fsdp"
+    workload: str = "fsdp"  # the trainer: fsdp (PyTorch FSDP2 through TorchTrainer) or maxtext (MaxText, JaxTrainer)
     model_id: str = "scratch:gemma4-tiny"  # hub name, local directory, or scratch:<config> (random init)
     # The hub revision of a hub-named model_id: a branch, a tag or a commit (what it resolves to is recorded).
     model_revision: str = "main"
@@ -89,20 +89,20 @@ class TrainSpec:
     dataset_filter: str = ""  # bq:// only: a SQL predicate the rows must satisfy
     dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
     data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
-    train_split: str = "train"
-    eval_split: str = "heldout"
+    train_split: str = "train"  # the dataset's split to train on
+    eval_split: str = "heldout"  # the split held out for the evaluation (and the gate's figure)
     num_train_examples: int = 1024  # size of the generated dataset's train split
     num_eval_examples: int = 128  # size of the generated dataset's held-out split
     max_length: int = 64  # tokens per example, padded
     batch_size: int = 8  # per worker
-    epochs: int = 3
-    learning_rate: float = 2e-5
-    weight_decay: float = 0.01
-    seed: int = 0
+    epochs: int = 3  # passes over the train split (the fsdp workload; maxtext counts maxtext.steps)
+    learning_rate: float = 2e-5  # AdamW's learning rate (the fsdp workload; maxtext: maxtext.learning_rate)
+    weight_decay: float = 0.01  # AdamW's weight decay (the fsdp workload)
+    seed: int = 0  # the generated data's, the scratch model's initial weights' and the fsdp shuffling's seed
     precision: str = "mixed"  # the FSDP trainer on TPU: "mixed" (float32 master weights, bfloat16 compute) or "bf16"
     num_workers: int = 0  # 0: one per host (cpu) or one per TPU device
     min_workers: int = 0  # elastic range (min_workers, max_workers), whole slices; 0 and 0: not elastic
-    max_workers: int = 0
+    max_workers: int = 0  # the elastic range's top (see min_workers); 0: not elastic
     num_to_keep: int = 1  # checkpoints kept, the latest (resume points; the final one holds the trained model)
     max_failures: int = 0  # worker-group restarts Ray Train may make
     fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
@@ -170,7 +170,7 @@ class GkeSpec:
     # The Pod and Service IPv4 ranges (CIDR) of a cluster the run creates; empty: GKE picks them. Either must not
     # overlap the DCN networks' subnets (checked at plan time, and against the ranges GKE reports at provision).
     pod_range: str = ""
-    service_range: str = ""
+    service_range: str = ""  # the Service IPv4 range (CIDR); see pod_range
     bucket: str = ""  # checkpoint bucket (kept after the run); empty: <project>-tpupipe
     namespace: str = "tpupipe"  # Kubernetes namespace of the run's objects
     artifact_repository: str = "tpupipe"  # Artifact Registry Docker repository in the zone's region
@@ -204,15 +204,15 @@ class MaxTextSpec:
     -1 fills in what is left (MaxText's defaults are ici_fsdp -1 and dcn_data -1)."""
 
     model_name: str = "llama3-8b"  # a MaxText model config, or a tpupipe scratch model (tiny-llama)
-    dataset_type: str = "synthetic"
-    per_device_batch_size: float = 4.0
-    max_target_length: int = 4096
-    steps: int = 100
-    ici_data_parallelism: int = 1
-    ici_fsdp_parallelism: int = -1
-    ici_tensor_parallelism: int = 1
-    dcn_data_parallelism: int = -1
-    dcn_fsdp_parallelism: int = 1
+    dataset_type: str = "synthetic"  # synthetic (generated tokens) or hf (train.dataset's examples)
+    per_device_batch_size: float = 4.0  # examples per device per step (MaxText's; a fraction is allowed)
+    max_target_length: int = 4096  # tokens per example (MaxText's sequence length)
+    steps: int = 100  # training steps
+    ici_data_parallelism: int = 1  # data parallelism inside a slice
+    ici_fsdp_parallelism: int = -1  # FSDP inside a slice; -1: the devices left
+    ici_tensor_parallelism: int = 1  # tensor parallelism inside a slice
+    dcn_data_parallelism: int = -1  # data parallelism across slices; -1: the slices left
+    dcn_fsdp_parallelism: int = 1  # FSDP across slices
     remat_policy: str = ""  # empty: MaxText's default
     learning_rate: float = 0.0  # 0: MaxText's default
     # A preemption (a lost host, a Spot reclaim) repeats at most max_lost_steps steps: MaxText checkpoints every that

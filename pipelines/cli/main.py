@@ -53,10 +53,18 @@ def cmd_presets(_args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from components.spec import reference
     from components.workload import resolve
 
     spec = resolve(args.preset, overrides(args.set))
-    print(json.dumps(spec.to_dict(), indent=2))
+    if not args.explain:
+        print(json.dumps(spec.to_dict(), indent=2))
+        return 0
+    text = reference.explain(args.explain)
+    key = text.splitlines()[0]
+    section, _, leaf = key.rpartition(".")
+    value = getattr(getattr(spec, section), leaf) if section else getattr(spec, leaf)
+    print(f"{text}\n  {args.preset}{' with --set' if args.set else ''}: {json.dumps(value)}")
     return 0
 
 
@@ -350,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="resolve a preset and overrides; print the spec or the error")
     _with_spec_args(p, preset_positional=True)
+    p.add_argument(
+        "--explain",
+        metavar="KEY",
+        default="",
+        help="print KEY's meaning, default and allowed values (docs/config.md) and its value in the preset",
+    )
     p.set_defaults(func=cmd_validate)
 
     from pipelines.cli import data as cli_data
