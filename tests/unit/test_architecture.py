@@ -340,19 +340,6 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
     assert violations(import_graph(root)) == [expected]
 
 
-MAX_LINES = 400  # a module longer than this does more than one thing: split it by responsibility
-
-
-def test_no_module_is_longer_than_the_rule():
-    long = {
-        str(p.relative_to(REPO)): n
-        for pkg in PACKAGES
-        for p in sorted((REPO / pkg).rglob("*.py"))
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
-
-
 def test_the_gke_platform_shows_its_layers_at_its_top_level():
     """A reader opening components/platforms/gke/ sees its layers, not its modules."""
     top = REPO / "components" / "platforms" / "gke"
