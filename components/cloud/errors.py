@@ -32,7 +32,10 @@ BUSY_MARKERS = ("try again once it is done", "incompatible operation")
 
 
 class CapacityError(InfraError):
-    """No capacity (a stockout) or no quota for what the run asks: the user's to resolve, not retried."""
+    """No capacity (a stockout) or no quota for what the run asks: the user's to resolve, not retried. ``resource``:
+    the plan's record that had none, once the walk that created it knows (``gke.run.walk``)."""
+
+    resource: Any = None
 
 
 class GkeError(InfraError):

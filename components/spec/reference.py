@@ -78,7 +78,7 @@ def _meanings() -> dict[str, str]:
             if line in comments and line not in alone:
                 text = comments[line]
             else:
-                block = []
+                block: list[str] = []
                 above = line - 1
                 while above in alone:
                     block.insert(0, comments[above])

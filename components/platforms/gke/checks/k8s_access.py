@@ -100,7 +100,7 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError 
 
     crd = existing_cluster_crd(cluster, creds, namespace, gke_kube.RAYCLUSTER_CRD)
     refusal = gke_kube.kuberay_refusal(crd, cluster.name, owns_cluster=False)
-    return refusal, refusal is None and gke_kube.generates_ray_token(crd)
+    return refusal, refusal is None and crd is not None and gke_kube.generates_ray_token(crd)
 
 
 def existing_cluster_crd(cluster, creds, namespace: str, name: str) -> dict | None:

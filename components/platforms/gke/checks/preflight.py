@@ -114,9 +114,9 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         refusal = storage.unreadable(name, exc.message)
         report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
         return
-    refusal = storage.without_uniform_access(bucket)
-    if refusal:
-        report.problems.append(Problem(refusal.field, str(refusal).removeprefix(f"{refusal.field}: ")))
+    uniform = storage.without_uniform_access(bucket)
+    if uniform:
+        report.problems.append(Problem(uniform.field, str(uniform).removeprefix(f"{uniform.field}: ")))
     else:
         report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
     report.checked += weights.lookup_lines(

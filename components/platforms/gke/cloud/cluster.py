@@ -13,6 +13,7 @@ unless it is a rate limit; a change refused while another operation holds the cl
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -196,7 +197,8 @@ class Gke(Adapter):
             update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
             short = name.rsplit("/", 1)[-1]
             op = self.change(
-                f"enable {feature.name} in {short}", lambda u=update: self.client.update_cluster(name=name, update=u)
+                f"enable {feature.name} in {short}",
+                functools.partial(self.client.update_cluster, name=name, update=update),
             )
             self.log(f"cluster {short}: enabling the {feature.name} (kept after the run)")
             self.wait(location_path, op, f"enable {feature.name} in {short}")

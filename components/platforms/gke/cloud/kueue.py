@@ -90,7 +90,7 @@ def condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def is_true(workload: dict[str, Any], kind: str) -> bool:
     found = condition(workload, kind)
-    return bool(found) and found["status"] == "True"
+    return found is not None and found["status"] == "True"
 
 
 def chips(workload: dict[str, Any]) -> int:

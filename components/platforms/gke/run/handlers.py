@@ -9,6 +9,7 @@ build_image's: the Artifact Registry repository, the build context and the Cloud
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from components.platforms.gke.plan import features, paths
 from components.platforms.gke.plan import resources as r
@@ -49,7 +50,7 @@ def exclusion_window(body: dict, deadline_h: float | None) -> None:
 
 def cluster(s: Session, res: Resource) -> None:
     gke = s.client("gke")
-    enable = []
+    enable: list[Any] = []
     if res.action == "create":
         body = s.node_body(res.body)
         if s.ledger.get("cluster_version"):  # gke.cluster_version as preflight resolved it (a minor: its newest patch)

@@ -7,7 +7,7 @@ that cannot start, a failed scale-up, pods unschedulable with no scale-up under 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,7 @@ class Readiness:
         raycluster: dict[str, Any] | None,
         pods: list[dict[str, Any]],
         now: float,
-        events: list[dict[str, Any]] = (),
+        events: Sequence[dict[str, Any]] = (),
         request: dict[str, Any] | None = None,
     ) -> bool | None:
         if raycluster is None:
@@ -111,7 +111,8 @@ class Readiness:
         for pod in pods:
             _check_containers(pod)
         scale_ups = scale_up_events(list(events))
-        waiting, stuck = [], []  # (pod, scheduler's message, the autoscaler's latest event or None)
+        waiting: list[Any] = []
+        stuck: list[Any] = []  # (pod, scheduler's message, the autoscaler's latest event or None)
         retried = 0
         for pod in pods:
             name, message = pod["metadata"]["name"], unschedulable(pod)
@@ -121,7 +122,7 @@ class Readiness:
                 continue
             event = scale_ups.get(name)
             reason = (event or {}).get("reason")
-            if reason == SCALE_UP_FAILED:
+            if reason == SCALE_UP_FAILED and event is not None:
                 self._failed_scale_up(name, event, now)
                 retried += 1
                 reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
@@ -320,4 +321,7 @@ def wait_ready(
         raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
     epoch = time.time() - clock()  # the clock's instants as epoch seconds, as the stage records keep time
     wait = machine.capacity_wait
-    return kube.get("RayCluster", name), (wait[0] + epoch, wait[1] + epoch) if wait and wait[1] is not None else None
+    ready = kube.get("RayCluster", name)
+    if ready is None:
+        raise InfraError(f"RayCluster {name} was deleted as it became ready")
+    return ready, (wait[0] + epoch, wait[1] + epoch) if wait and wait[1] is not None else None

@@ -21,7 +21,7 @@ class Session:
         self.ledger = load_ledger(ctx)
         self.record = ledgers.recorder(ctx.store, self.ledger)
         self._clients: dict[str, Any] = {}
-        self.cluster = None
+        self.cluster: Any = None  # the cluster as GKE reports it, once provision got or created it
         self.tpu_pools: list[str] = []
         self.image_result: dict[str, Any] = {}
         self.build_source_generation: int | None = None  # of the build context uploaded by this stage
