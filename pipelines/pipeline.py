@@ -107,7 +107,15 @@ def tpupipe_pipeline(
         bucket=bucket,
         dataset=dataset,
     )
-    wire(common, {"source_version": source_version, "schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER})
+    wire(
+        common,
+        {
+            "source_version": source_version,
+            # {date}'s time: the schedule's, else the job's creation (components.stages.dataset.run_time)
+            "schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER,
+            "create_time": dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,11 @@ def compile_pipeline(
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["command"] = exec_executor(executor["container"]["command"])
     if not retries:
-        local = {dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "", **LOCAL_JOB_NAME}
+        local = {
+            dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "",
+            dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER: "",  # kfp.local fills neither time
+            **LOCAL_JOB_NAME,
+        }
         for component in [spec["root"], *spec.get("components", {}).values()]:
             for task in component.get("dag", {}).get("tasks", {}).values():
                 task.pop("retryPolicy", None)
