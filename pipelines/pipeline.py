@@ -192,12 +192,13 @@ def compile_pipeline(
     target's project and bucket; with its ``digest`` (``sha256:HEX``, what ``publish`` built or found), the image is
     pinned to it (``NAME:TAG@sha256:HEX``). Without ``retries``, no task asks to be retried: what a local run
     (kfp.local, which honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver
-    stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's time, which
-    kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names and ids and the
-    pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is never scheduled,
-    and its snapshot takes the run's start; nor the job's resource name (the same file's placeholders): a local task
-    is given the job's name instead. Every parameter's description is one line, as the Vertex AI run form shows it
-    (kfp keeps the docstring's line breaks). Deterministic: the same tree gives the same bytes."""
+    stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's or the create
+    time, which kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names
+    and ids and the pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is
+    never scheduled, and its snapshot takes the run's start; nor the job's resource name (the same file's
+    placeholders): a local task is given the job's name instead. Every parameter's description is one line, as the
+    Vertex AI run form shows it (kfp keeps the docstring's line breaks). Deterministic: the same tree gives the same
+    bytes."""
     pipeline = pipeline or tpupipe_pipeline
     import yaml
 
