@@ -153,7 +153,7 @@ def test_a_recurring_runs_run_gets_its_parameters_unformatted_and_the_schedule_t
     2.15, empty on 2.16, the schedule's time on 2.17; healthz says the release."""
     from datetime import UTC, datetime
 
-    from pipelines import kfp_backend
+    from pipelines.backends.kfp import jobs as kfp_backend
 
     emulator, client, version, experiment = server
     emulator.version = release

@@ -24,7 +24,7 @@ def test_a_scheduled_run_starts_with_a_valid_run_id_and_its_date_as_documented(
 ):
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     kfp = start_kfp(project_factory(polls_to_done=1), tmp_path, version=version)
     _fail_at_preflight(kfp.project)
@@ -88,7 +88,7 @@ def test_a_run_no_schedule_started_takes_its_date_from_the_create_time_where_fil
     create time too); before, neither is filled and the task's start is the date, never an empty or verbatim time."""
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     kfp = start_kfp(project_factory(polls_to_done=1), tmp_path, version=version)
     _fail_at_preflight(kfp.project)

@@ -100,7 +100,7 @@ def test_a_bad_dataset_is_refused_naming_its_field(overrides, message):
 def test_validate_refuses_data_since_without_init_from_naming_both_exit_2(capsys):
     """`tpupipe validate` (and every command that resolves a spec): data_since=champion alone would train the base on
     one day's data yet record all the champion saw as seen."""
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     argv = ["validate", "local-fsdp", "--set", "train.dataset=gs://my-bucket/sft/ train.data_since=champion"]
     assert main(argv) == 2
@@ -259,7 +259,7 @@ def test_an_unreadable_schedule_time_is_refused():
 
 
 def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     root = tmp_path / "runs"
     assert main(["data", "local-fsdp", "--output-root", str(root), "--set", f"train.dataset={drops}/"]) == 0
@@ -271,7 +271,7 @@ def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, c
 
 
 def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     (tmp_path / "bad.jsonl").write_text('{"instruction": "only"}\n')
     root = tmp_path / "runs"
@@ -322,7 +322,7 @@ def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_pat
     ],
 )
 def test_tpupipe_data_exits_2_naming_the_field_for_bad_data(tmp_path, capsys, sets, message):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     _write(tmp_path / "sft" / "a.jsonl", _rows(1))
     (tmp_path / "bad.jsonl").write_text("{oops\n")
