@@ -31,6 +31,7 @@ def snapshot_data(
     bucket: str,
     dataset: str,
     schedule_time: str,
+    create_time: str,
 ) -> str:
     """Resolve the run's data to an immutable snapshot before anything is created; its output, train or skip (nothing
     new since the champion), gates every stage after it."""

@@ -107,7 +107,15 @@ def tpupipe_pipeline(
         bucket=bucket,
         dataset=dataset,
     )
-    wire(common, {"source_version": source_version, "schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER})
+    wire(
+        common,
+        {
+            "source_version": source_version,
+            # {date}'s time: the schedule's, else the job's creation (components.stages.dataset.run_time)
+            "schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER,
+            "create_time": dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -185,12 +193,13 @@ def compile_pipeline(
     target's project and bucket; with its ``digest`` (``sha256:HEX``, what ``publish`` built or found), the image is
     pinned to it (``NAME:TAG@sha256:HEX``). Without ``retries``, no task asks to be retried: what a local run
     (kfp.local, which honours ``retryPolicy`` too: kfp/local/orchestrator/task_executor.py) runs, where the driver
-    stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's time, which
-    kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names and ids and the
-    pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is never scheduled,
-    and its snapshot takes the run's start; nor the job's resource name (the same file's placeholders): a local task
-    is given the job's name instead. Every parameter's description is one line, as the Vertex AI run form shows it
-    (kfp keeps the docstring's line breaks). Deterministic: the same tree gives the same bytes."""
+    stops a stage on Ctrl-C and a retry would start it again; nor does any task read the schedule's or the create
+    time, which kfp.local cannot fill in (``kfp/local/placeholder_utils.py`` substitutes the job's and task's names
+    and ids and the pipeline root, and takes any other ``{{$...}}`` for an artifact's path and fails): a local run is
+    never scheduled, and its snapshot takes the run's start; nor the job's resource name (the same file's
+    placeholders): a local task is given the job's name instead. Every parameter's description is one line, as the
+    Vertex AI run form shows it (kfp keeps the docstring's line breaks). Deterministic: the same tree gives the same
+    bytes."""
     pipeline = pipeline or tpupipe_pipeline
     import yaml
 
@@ -205,7 +214,11 @@ def compile_pipeline(
     for executor in spec["deploymentSpec"]["executors"].values():
         executor["container"]["command"] = exec_executor(executor["container"]["command"])
     if not retries:
-        local = {dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "", **LOCAL_JOB_NAME}
+        local = {
+            dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER: "",
+            dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER: "",  # kfp.local fills neither time
+            **LOCAL_JOB_NAME,
+        }
         for component in [spec["root"], *spec.get("components", {}).values()]:
             for task in component.get("dag", {}).get("tasks", {}).values():
                 task.pop("retryPolicy", None)

@@ -38,15 +38,25 @@ def in_cluster_client(host: str, namespace: str):
 
 
 def run_states(kfp_client, namespace: str) -> dict[str, tuple[str, str]]:
-    """tpupipe's runs in the namespace, by the run id each was given (its ``run_id`` parameter): (its KFP run id, its
-    state). A run with no run id parameter (one started from the UI, say) is not among them: its run id is its Argo
-    workflow's name, which the KFP API does not return."""
+    """tpupipe's runs in the namespace, by the run id each was given (its ``run_id`` parameter) or, for a recurring
+    run's run, which has none, the one its tasks derived from its Argo workflow's name, which is that run's display
+    name (DisplayName is the workflow's name: ReportWorkflowResource in
+    backend/src/apiserver/resource/resource_manager.go in kubeflow/pipelines): (its KFP run id, its state). A run
+    started from the UI with no run id is not among them: its workflow's name is not its display name."""
+    from components.spec import SpecError
+    from components.spec.names import run_id_from
+
     states: dict[str, tuple[str, str]] = {}
     token = ""
     while True:
         page = kfp_client.list_runs(page_token=token, page_size=100, namespace=namespace)
         for run in page.runs or []:
             run_id = ((run.runtime_config and run.runtime_config.parameters) or {}).get("run_id")
+            if not run_id and run.recurring_run_id and run.display_name:
+                try:
+                    run_id = run_id_from("", run.display_name)
+                except SpecError:  # not a name a task derived a run id from
+                    run_id = ""
             if run_id:
                 states.setdefault(run_id, (run.run_id, run.state))
         token = page.next_page_token

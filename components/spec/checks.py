@@ -211,6 +211,16 @@ def _check_data(spec: RunSpec) -> None:
             )
         if not spec.gate.register:
             raise SpecError("train.data_since", "compares with the champion: needs gate.register=true", [""])
+        if spec.init_from_ref != (spec.model_name, CHAMPION):
+            # From any other start, the run would learn only the new data yet record all the champion saw as seen:
+            # once promoted, that history is never read again.
+            raise SpecError(
+                "train.data_since",
+                "trains only on what the champion has not seen, so it continues from the champion: it needs "
+                f"train.init_from=champion (got train.init_from={t.init_from!r}); a model's first run, with no "
+                "champion yet, starts from the preset's base and takes everything",
+                ["train.init_from=champion", 'train.data_since="" (train on everything)'],
+            )
 
 
 def _check_gate(spec: RunSpec) -> None:

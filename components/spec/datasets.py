@@ -31,7 +31,7 @@ KINDS = ("generated", "hub", "local", "gcs", "bigquery")
 SNAPSHOTTED = ("local", "gcs", "bigquery")
 SCHEMES = {"gs://": "gcs", "bq://": "bigquery"}
 # The placeholders a dataset may hold, each with what it becomes. ``{date}``: the pipeline job's scheduled time (UTC),
-# the run's start for a run no schedule started.
+# its create time for a run no schedule started (components.stages.dataset.run_time).
 PLACEHOLDERS = {"date": "the schedule's date, YYYY-MM-DD (UTC)"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 SINCE = ("", "champion")

@@ -34,6 +34,9 @@ DEFAULT_REGION = "us-east5"
 # compile gives a pipeline Vertex AI would parse; every command that calls Google Cloud refuses it before any call.
 EXAMPLE_PROJECT = "my-project"
 RUN_ID_MAX = 40
+# A KFP scheduler macro ([[RunUUID]], [[ScheduledTime]], ...) or a pipeline placeholder ({{$.pipeline_job_uuid}}) as
+# text: what a task gets where its runner substituted nothing.
+UNRESOLVED = re.compile(r"\[\[[A-Za-z]+\]\]|\{\{\$\.[a-z_]+\}\}")
 # A Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens, starting with a letter and not ending
 # with a hyphen (https://cloud.google.com/resource-manager/docs/creating-managing-projects). PROJECT_ID_PATTERN is
 # the same rule inside longer names (projects/PROJECT/..., NAME@PROJECT.iam.gserviceaccount.com).
@@ -58,9 +61,32 @@ def _digest(text: str) -> str:
 
 
 def run_id_from(explicit: str, job_name: str) -> str:
-    """The run id: the explicit one if given, else derived from the pipeline job name. A DNS-1035 label
-    (lowercase letters, digits, '-'; starts with a letter; at most 40 characters) so every resource name
-    derived from it is valid everywhere."""
+    """The run id: the explicit one if given, else derived from the pipeline job's name as the task's runner resolved
+    it. A DNS-1035 label (lowercase letters, digits, '-'; starts with a letter; at most 40 characters) so every
+    resource name derived from it is valid everywhere; the same job name always gives the same run id, so every task
+    of a run, its exit handler's teardown included, finds the same resources.
+
+    What a runner resolves ``dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER`` to: on Vertex AI the job's resource name,
+    whose id the caller takes (``vertex_task.job_id``); on Kubeflow Pipelines the run's Argo Workflow's name (the v2
+    driver gives ``{{$.pipeline_job_resource_name}}`` its ``--run_name``, which the compiler sets to
+    ``{{workflow.name}}``: backend/src/v2/driver/resolve.go and backend/src/v2/compiler/argocompiler/argo.go,
+    ``runResourceName``, in kubeflow/pipelines at 2.15.0 to 2.17.0), for a recurring run's run
+    ``<ScheduledWorkflow name>-<index>-<FNV-32 hash>`` (``NextResourceName`` in
+    backend/src/crd/controller/scheduledworkflow/util/scheduled_workflow.go); under kfp.local the job's name.
+    A placeholder or a scheduler macro that reached the task unresolved is refused by name, never made into an id."""
+    for given, field in ((explicit, "run_id"), (job_name, "job_name")):
+        if UNRESOLVED.search(given or ""):
+            raise SpecError(
+                field,
+                f"{given!r} reached the task unresolved: "
+                + (
+                    "Kubeflow Pipelines does not substitute [[...]] macros into a v2 pipeline's parameters "
+                    "(kubeflow/pipelines#12494)"
+                    if "[[" in given
+                    else "the runner did not fill this placeholder"
+                ),
+                ["leave run_id empty: each run derives its own from its pipeline job"],
+            )
     raw = explicit or job_name
     rid = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
     if not rid:

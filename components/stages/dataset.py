@@ -3,7 +3,8 @@
 (``data/manifest.json``, ``data/train.jsonl``, ``data/heldout.jsonl``), which every later stage reads instead of the
 source; the train stage copies the two files where the jobs read them (``stage_files``: the jobs' directory, in the
 run's bucket on gke, which provision creates). ``{date}`` in a dataset is the pipeline
-job's scheduled time; a run no schedule started takes its own start.
+job's scheduled time; a run no schedule started takes the job's create time, and only where the runner fills
+neither (KFP before 2.17, kfp.local) the task's start (:func:`run_time`).
 
 Its output gates the rest of the pipeline: ``train`` runs it, ``skip`` (``train.data_since=champion`` and nothing new
 since the champion's snapshot) ends the run here, with nothing created: the teardown that still runs finds nothing.
@@ -25,21 +26,45 @@ from components.stages import gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
-PROCEED, SKIP = "train", "skip"  # the stage's output, which the pipeline's dsl.If reads
+PROCEED, SKIP = "train", "skip"
+# What a runner without schedules may put in a schedule-time placeholder; no run reads data from before it.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the stage's output, which the pipeline's dsl.If reads
+
+
+def _rfc3339(key: str, text: str) -> datetime | None:
+    """An RFC 3339 time as a runner's placeholder gives it, in UTC; None for what is no time: empty, the placeholder
+    left as text by a runner that does not fill it, or the Unix epoch."""
+    text = (text or "").strip()
+    if not text or text.startswith("{{"):
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise SpecError(key, f"not an RFC 3339 time: {text!r}") from None
+    when = when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    return None if when <= EPOCH else when
+
+
+def run_time(schedule_time: str, create_time: str = "", started: datetime | None = None) -> tuple[datetime, str]:
+    """The time ``{date}`` is taken from, and where it came from: the pipeline job's scheduled time, else (a run no
+    schedule started) the job's create time, else the task's start. KFP's v2 driver passes the schedule-time
+    placeholder as text on 2.15 and empty on 2.16, and fills it from 2.17 with the recurring run's schedule time, or
+    the create time for a run no schedule started; the create-time placeholder is text on 2.15, empty on 2.16, the
+    Argo Workflow's creation time on 2.17 (backend/src/v2/driver/resolve.go and backend/src/v2/cmd/driver/main.go,
+    ``resolvePipelineJobTimes``, in kubeflow/pipelines at those tags; kubeflow/pipelines#13474). kfp.local fills
+    neither (kfp/local/placeholder_utils.py)."""
+    when = _rfc3339("schedule_time", schedule_time)
+    if when is not None:
+        return when, "the schedule time"
+    when = _rfc3339("create_time", create_time)
+    if when is not None:
+        return when, "the pipeline job's create time (no schedule started it)"
+    return started or datetime.now(UTC), "this task's start (the runner gave neither a schedule nor a create time)"
 
 
 def scheduled(schedule_time: str, started: datetime | None = None) -> datetime:
-    """The pipeline job's scheduled time (UTC), as KFP's schedule-time placeholder gives it (RFC 3339); the run's
-    start when there is none: an empty value, or the placeholder itself, which a runner without schedules (kfp.local)
-    leaves as it is."""
-    text = (schedule_time or "").strip()
-    if text and not text.startswith("{{"):
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise SpecError("schedule_time", f"not an RFC 3339 time: {schedule_time!r}") from None
-        return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
-    return started or datetime.now(UTC)
+    """The pipeline job's scheduled time (UTC), else the run's start (:func:`run_time` without a create time)."""
+    return run_time(schedule_time, "", started)[0]
 
 
 def read_manifest(uri: str) -> dict[str, Any] | None:
@@ -56,6 +81,8 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
 
     champion = gate.current_champion(ctx)
     since, ref = champion_manifest(champion) if ctx.spec.train.data_since == "champion" else (None, "")
+    if ctx.spec.train.data_since == "champion" and champion is None:
+        log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
     manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
     check_eval_set(ctx.spec, champion, manifest)
     return manifest, train, heldout
@@ -115,9 +142,13 @@ def stage_files(ctx: RunContext) -> None:
             target.write_bytes(f"{split}.jsonl", text.encode(), "application/jsonl")
 
 
-def snapshot_data(ctx: RunContext, _upstream: str = "", schedule_time: str = "") -> dict[str, Any]:
+def snapshot_data(
+    ctx: RunContext, _upstream: str = "", schedule_time: str = "", create_time: str = ""
+) -> dict[str, Any]:
     t = ctx.spec.train
-    when = scheduled(schedule_time)
+    when, source = run_time(schedule_time, create_time)
+    if "date" in datasets.placeholders(t.dataset):
+        log(f"snapshot_data: {{date}} is {when:%Y-%m-%d}, from {source}")
     if not datasets.snapshotted(t.dataset):
         log(f"snapshot_data: {t.dataset}: nothing to snapshot ({datasets.kind(t.dataset)} data)")
         return {"proceed": PROCEED, "dataset": t.dataset, "snapshot": None}
@@ -136,9 +167,12 @@ def snapshot_data(ctx: RunContext, _upstream: str = "", schedule_time: str = "")
 
 def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
     """The stage's result from the manifest: what it read, and whether the run goes on."""
+    since = (manifest.get("since") or {}).get("champion")
     found = {
         "dataset": manifest["dataset"],
         "snapshot": manifest["digest"],
+        # what train.data_since=champion compared with: the champion, or nothing on a model's first run
+        "data_since": (since or "none yet: took everything") if ctx.spec.train.data_since == "champion" else None,
         "manifest": f"{ctx.store.uri}/{MANIFEST}",
         "eval_snapshot": (manifest.get("eval") or {}).get("digest"),
     }

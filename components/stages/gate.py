@@ -38,11 +38,15 @@ def registry(ctx: RunContext) -> Registry:
 def starting_point(ctx: RunContext) -> dict[str, Any] | None:
     """The registered version ``train.init_from`` names, resolved now (at train time, not when the run was set up:
     a schedule's next run starts from the champion of its day): its reference, checkpoint URI, the path the cluster
-    reads it at, and its held-out loss. None when training starts from ``train.model_id``."""
+    reads it at, and its held-out loss. None when training starts from ``train.model_id``: no ``train.init_from``,
+    or ``train.init_from=champion`` of a model that has no champion yet (its first run: :func:`bootstrap`)."""
     ref = ctx.spec.init_from_ref
     if ref is None:
         return None
     name, version_ref = ref
+    if ref == (ctx.spec.model_name, CHAMPION) and ctx.spec.gate.register and current_champion(ctx) is None:
+        # A model's first run: a schedule's settings are fixed, and its first run has no champion by definition.
+        return None
     reg = registry(ctx)
     try:
         version = reg.champion(name) if version_ref == CHAMPION else reg.get(name, version_ref)
@@ -61,6 +65,13 @@ def starting_point(ctx: RunContext) -> dict[str, Any] | None:
         "path": get_platform(ctx.platform).checkpoint_path(ctx, version.artifact_uri),
         "eval_loss": version.provenance.get("eval_loss_after"),
     }
+
+
+def bootstrap(spec: RunSpec) -> str:
+    """What a run with ``train.init_from=champion`` that found no champion (``starting_point`` None) starts from, as
+    its output's line and its provenance say it."""
+    base = base_model(spec)
+    return f"{spec.model_name} has no {CHAMPION} yet (its first run): training from the preset's base {base}"
 
 
 def _check_fits(spec: RunSpec, version: Version) -> None:
@@ -303,6 +314,7 @@ def provenance(
     data = records.get("snapshot_data") or {}
     c, t = spec.cluster, spec.train
     started = (train.get("init_from") or {}).get("ref")
+    first = train.get("bootstrap")  # train.init_from=champion, and no champion yet
     base = started or (spec.maxtext.model_name if t.workload == "maxtext" else t.model_id)
     champion = ev.get("champion") or {}
     found = {
@@ -329,6 +341,9 @@ def provenance(
         "eval_split": ev.get("eval_split"),
         "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
         "initial_key": ev.get("initial_key"),  # what eval_loss_before is of, when it is the model as initialised
+        # train.init_from=champion and train.data_since=champion on a model's first run: both said here
+        "init_from_champion": first or None,
+        "data_since_champion": data.get("data_since"),
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
     }

@@ -106,8 +106,11 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     checkpoint, as after a lost host."""
     t = ctx.spec.train
     start = gate.starting_point(ctx)
+    first = ctx.spec.init_from_ref is not None and start is None  # init_from=champion, no champion yet
     if start:
         log(f"train: starting from {start['ref']} ({start['artifact_uri']}; held-out loss {start['eval_loss']})")
+    elif first:
+        log(f"train: train.init_from=champion: {gate.bootstrap(ctx.spec)}")
 
     dataset.stage_files(ctx)  # the snapshot's examples where the jobs read them
     base = base_weights.prepare(ctx, log)  # a hub model's weights where the jobs read them
@@ -120,6 +123,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     return {
         "job": job["submission_id"],
         "init_from": start,
+        **({"bootstrap": gate.bootstrap(ctx.spec)} if first else {}),
         "data_snapshot": data.get("data_snapshot"),
         "num_train_examples": data.get("num_examples"),
         "restarts": restarts(events),

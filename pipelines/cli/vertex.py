@@ -2,6 +2,7 @@
 (``pipelines.backends.vertex.jobs`` does the work). Bad input exits 2 before any API call."""
 
 import argparse
+import shlex
 
 from pipelines.backends.vertex import jobs as vertex
 from pipelines.backends.vertex import schedules
@@ -29,7 +30,14 @@ def _labels(items: list[str] | None) -> dict[str, str]:
 
 
 def _overrides(args) -> str:
-    return " ".join([overrides(args.set), *(["train.data_since=champion"] if args.data_since else [])]).strip()
+    """The run's overrides: ``--set``'s, then what ``--data-since champion`` means, ``train.data_since=champion`` and,
+    unless ``--set`` names a start of its own (which validation then refuses), ``train.init_from=champion``: a run
+    that trains only on what the champion has not seen continues from the champion."""
+    given = overrides(args.set)
+    since = ["train.data_since=champion"] if args.data_since else []
+    if since and not any(word.startswith("train.init_from=") for word in shlex.split(given)):
+        since.append("train.init_from=champion")
+    return " ".join([given, *since]).strip()
 
 
 def _submission(args, project: str | None = None) -> vertex.Submission:
@@ -83,8 +91,9 @@ def _job_args(p, preset: bool = True) -> None:
         "--data-since",
         choices=("champion",),
         default=None,
-        help="train only on what the champion has not seen (train.data_since=champion): a day with nothing new "
-        "ends after the data snapshot, nothing created or billed",
+        help="train only on what the champion has not seen, continuing from it (train.data_since=champion "
+        "train.init_from=champion; a model's first run starts from the preset's base and takes everything): a day "
+        "with nothing new ends after the data snapshot, nothing created or billed",
     )
 
 

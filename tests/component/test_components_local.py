@@ -56,7 +56,7 @@ def test_on_vertex_the_first_task_refuses_a_local_platform_before_anything(tmp_p
     on the first task's own machine."""
     monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", '{"vertex-ai-pipelines-run-billing-id": "1"}')
     with pytest.raises(RuntimeError):
-        c.snapshot_data(**args(tmp_path, "on-vertex"), schedule_time="")
+        c.snapshot_data(**args(tmp_path, "on-vertex"), schedule_time="", create_time="")
     record = json.loads((tmp_path / "runs" / "on-vertex" / "stages" / "snapshot_data.json").read_text())
     assert record["status"] == "failed"  # what the run's summary shows (when its state is in Cloud Storage)
     assert record["error"].startswith("platform: 'local' is not a run for Vertex AI: on Vertex AI every task runs")

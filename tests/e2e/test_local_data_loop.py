@@ -1,8 +1,10 @@
-"""A recurring fine-tune on data that moves, whole on the local platform: three `tpupipe run`s of local-fsdp over one
-directory of dated JSON Lines drops, with ``train.data_since=champion``, ``train.init_from=champion`` and a fixed
-evaluation set, one output root (one local registry):
+"""A recurring fine-tune on data that moves, whole on the local platform, as a schedule runs it: three `tpupipe run`s
+of local-fsdp with the same settings each time (the README's recurring loop: ``train.dataset=DIR/
+train.data_since=champion train.init_from=champion`` and a fixed evaluation set), over one directory of dated JSON
+Lines drops, one output root (one local registry):
 
-1. two drops: the run snapshots both, trains on them, evaluates on the fixed set and becomes the champion;
+1. two drops, and no champion yet: the run starts from the preset's base and takes everything, says so for each,
+   trains on both, evaluates on the fixed set and becomes the champion; its provenance records both;
 2. no new drop: the run is ``skipped`` after its snapshot, exits 0, and starts nothing (no Ray process, no ledger);
 3. a third drop: the run trains on that file alone, from the champion's weights, and the gate decides on the fixed
    evaluation set; the registered version's provenance names the new snapshot and the evaluation set's digest.
@@ -40,15 +42,18 @@ def loop(tmp_path_factory):
     _drop(drops / "2026-12-01.jsonl", 1)
     _drop(drops / "2026-12-02.jsonl", 2)
     _drop(eval_dir / "eval.jsonl", 9, count=24)
-    data = f"train.dataset={drops}/ train.eval_dataset={eval_dir}/eval.jsonl train.data_since=champion"
+    # One setting for every run, as a schedule's: its first run has no champion by definition.
+    data = (
+        f"train.dataset={drops}/ train.eval_dataset={eval_dir}/eval.jsonl "
+        "train.data_since=champion train.init_from=champion"
+    )
     out = {"root": root}
     for name in ("first", "second", "third"):
         if name == "third":
             _drop(drops / "2026-12-03.jsonl", 3)
         run_id = unique_run_id(f"data-{name}")
-        init = "train.init_from=champion" if name != "first" else ""
         started = time.monotonic()
-        proc = tpupipe_run(root, run_id, SMALL, data, *([init] if init else []))
+        proc = tpupipe_run(root, run_id, SMALL, data)
         summary_file = root / run_id / "summary.json"
         out[name] = {
             "run_id": run_id,
@@ -66,9 +71,16 @@ def _ok(run: dict) -> dict:
     return run["summary"]
 
 
-def test_the_first_run_trains_on_both_drops_and_becomes_the_champion(loop):
+def test_the_first_run_starts_from_the_base_on_both_drops_and_becomes_the_champion(loop):
     summary = _ok(loop["first"])
     assert summary["status"] == "succeeded" and summary["gate"]["promoted"] is True
+    said = loop["first"]["proc"].stdout + loop["first"]["proc"].stderr
+    assert f"train.data_since=champion: {MODEL} has no champion yet: taking everything" in said, said[-5000:]
+    assert f"train.init_from=champion: {MODEL} has no champion yet (its first run): training from" in said
+    assert not summary.get("init_from")  # from the preset's base
+    version = open_registry(loop["root"]).get(MODEL, summary["gate"]["ref"].split("@")[1])
+    assert version.provenance["init_from_champion"].startswith(f"{MODEL} has no champion yet (its first run)")
+    assert version.provenance["data_since_champion"] == "none yet: took everything"
     manifest = loop["first"]["manifest"]
     assert [item["uri"].rsplit("/", 1)[1] for item in manifest["train"]["items"]] == [
         "2026-12-01.jsonl",
@@ -107,3 +119,5 @@ def test_a_new_drop_trains_on_it_alone_from_the_champion_judged_on_the_fixed_set
     assert version.provenance["data_snapshot"] == manifest["digest"] != loop["first"]["manifest"]["digest"]
     assert version.provenance["eval_snapshot"] == manifest["eval"]["digest"]
     assert version.provenance["data_manifest"].endswith(f"{loop['third']['run_id']}/data/manifest.json")
+    assert version.provenance["data_since_champion"] == f"{MODEL}@1"
+    assert version.provenance["init_from_champion"] is None

@@ -13,10 +13,13 @@ JSON of the ``kfp_server_api`` models (snake_case field names: each model's ``at
 - recurring runs: ``POST``/``GET .../recurringruns``, ``GET``/``DELETE .../recurringruns/{id}``, ``:enable`` and
   ``:disable``; a cron trigger (six fields, seconds first: "using 6 space-separated fields", the
   ``create_recurring_run`` docstring in kfp/client/client.py) fires on a test clock (``advance``), or at once
-  (``fire``), the macros of its parameters (``[[RunUUID]]``, ``[[ScheduledTime]]``, ``[[CurrentTime]]``,
-  ``[[Index]]``) substituted as KFP's scheduled workflow controller does; with ``max_concurrency`` runs active a due
-  run is not started (the field's docs in
+  (``fire``); its parameters reach the run as given, ``[[RunUUID]]``-style macros unsubstituted, as for a v2 pipeline
+  pinned to a version (``_fire``: kubeflow/pipelines#12494); each run is named, and displayed, as its Argo Workflow;
+  with ``max_concurrency`` runs active a due run is not started (the field's docs in
   ``kfp_server_api``'s V2beta1RecurringRun: "Specifies how many runs can be executed concurrently. Range [1-10]").
+
+The server's release (``version``, "2.15.0", "2.16.0" or "2.17.0") decides what the v2 driver puts in the job-time
+placeholders (``_placeholders``) and what ``healthz`` says (``tag_name``).
 
 A filter is the JSON of KFP's ``api.Filter`` (``predicates`` of ``operation``, ``key`` and a value, ANDed:
 backend/api/v2beta1/filter.proto); this emulator reads ``EQUALS`` on ``display_name``, ``name``, ``state`` and
@@ -32,8 +35,8 @@ Registry, else it fails at image pull. A task's placeholders are what KFP's driv
 (backend/src/v2/driver/resolve.go in kubeflow/pipelines): ``{{$.pipeline_job_name}}`` the run's display name,
 ``{{$.pipeline_job_resource_name}}`` "the pipeline run name in the underlying pipeline engine (e.g. an Argo Workflow
 object name)" (kfp/dsl/__init__.py), here ``<pipeline name>-<5 random letters and digits>`` as a Kubernetes
-``generateName`` makes, and ``{{$.pipeline_job_uuid}}`` the run's id; the schedule time is the recurring run's
-firing time, "" for a run no schedule started (as on the Vertex emulator). The runtime state goes PENDING ->
+``generateName`` makes (a recurring run's run: ``_workflow_name``), and ``{{$.pipeline_job_uuid}}`` the run's id;
+the create and schedule times per release (``_placeholders``). The runtime state goes PENDING ->
 RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
 
 Terminate, on KFP's Argo backend: the API server sets the run's workflow's ``activeDeadlineSeconds`` to 0, so Argo
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import secrets
 import threading
 import uuid
@@ -75,6 +79,8 @@ CODES = {400: 3, 401: 16, 403: 7, 404: 5, 409: 6, 501: 12}
 EXIT_DEADLINE = "Step exceeded its deadline"  # kubeflow/pipelines#6101, the exit handler after a terminate
 FILTER_KEYS = ("display_name", "name", "state", "experiment_id")
 EQUALS = (1, "EQUALS")  # api.Filter's Predicate.Operation EQUALS (kfp's _FILTER_OPERATIONS in kfp/client/client.py)
+VERSIONS = ("2.15.0", "2.16.0", "2.17.0")  # the releases whose v2 driver this emulator follows (_placeholders)
+CREATE_TIME, SCHEDULE_TIME = "{{$.pipeline_job_create_time_utc}}", "{{$.pipeline_job_schedule_time_utc}}"
 
 
 class KfpError(HttpError):
@@ -87,16 +93,53 @@ class KfpError(HttpError):
 class Recurring:
     resource: dict  # the V2beta1RecurringRun
     spec: dict
+    name: str = ""  # its ScheduledWorkflow's name (_swf_name)
+    index: int = 0  # the runs it started
     runs: list[str] = field(default_factory=list)
     skipped: int = 0
+
+
+def _generated() -> str:
+    """The five random lowercase letters and digits a Kubernetes ``generateName`` appends."""
+    return "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(5))
+
+
+def _swf_name(display_name: str) -> str:
+    """A recurring run's ScheduledWorkflow name: its display name lowercased, all but [a-z0-9-] dropped, "job-" if
+    nothing is left, cut to 25 characters (toSWFCRDResourceGeneratedName in backend/src/apiserver/template/
+    template.go), as its ``generateName`` (NewGenericScheduledWorkflow, .../template/v2_template.go)."""
+    kept = re.sub(r"[^a-z0-9-]+", "", display_name.lower()) or "job-"
+    return kept[:25] + _generated()
+
+
+def _workflow_name(swf: str, index: int) -> str:
+    """The Argo Workflow of a recurring run's ``index``-th run: ``<name>-<index>-<FNV-32a of that>`` (NextResourceName
+    in backend/src/crd/controller/scheduledworkflow/util/scheduled_workflow.go)."""
+    resource_id = f"{swf}-{index}"
+    h = 0x811C9DC5
+    for byte in resource_id.encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{resource_id}-{h}"
 
 
 class KfpEmulator(HttpEmulator, PipelineRunner):
     STATES = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED"}
 
-    def __init__(self, storage, registry, env: dict[str, str], python_bin: Path, workdir: Path, token: str = ""):
+    def __init__(
+        self,
+        storage,
+        registry,
+        env: dict[str, str],
+        python_bin: Path,
+        workdir: Path,
+        token: str = "",
+        version: str = "2.17.0",
+    ):
         super().__init__()
         self._runner_init(storage, registry, env, python_bin, workdir)
+        if version not in VERSIONS:
+            raise ValueError(f"emulator: KFP {version} is not one of {VERSIONS}")
+        self.version = version
         self.token = token
         self.namespaces = {"kubeflow"}  # the namespaces the server has ("" is its default, single-user)
         self.pipelines: dict[str, dict] = {}
@@ -111,12 +154,32 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         return job.resource["run_id"]
 
     def _placeholders(self, job: Job) -> dict[str, str]:
-        return {
+        """What the v2 driver of this release gives a task input that is exactly a placeholder (the ``switch`` on a
+        runtime value's constant in ``resolveInputParameter``, backend/src/v2/driver/resolve.go in
+        kubeflow/pipelines at 2.15.0, 2.16.0 and 2.17.0): the run's display name, its Argo Workflow's name and its id
+        on each (``--run_display_name``, ``--run_name`` = ``{{workflow.name}}``, ``--run_id`` = ``{{workflow.uid}}``,
+        which a recurring run's controller replaces with the run's id: backend/src/v2/compiler/argocompiler/argo.go
+        and ``NewWorkflow`` in backend/src/crd/controller/scheduledworkflow/util/scheduled_workflow.go). The job
+        times (kubeflow/pipelines#13474):
+
+        - 2.15: no case for either time: the placeholder stays as text (resolve.go's ``default: v = val``);
+        - 2.16: cases read ``opts.PipelineJobCreateTimeUTC`` and ``opts.PipelineJobScheduleTimeUTC``, which the
+          driver's main.go never sets: both empty;
+        - 2.17: the create time is the Workflow's ``creationTimestamp`` (``runCreationTimeUTC``, argo.go), the
+          schedule time the recurring run's ``workflowEpoch`` label, or the create time for a run no schedule
+          started (``resolvePipelineJobTimes`` in backend/src/v2/cmd/driver/main.go), RFC 3339 to the second."""
+        shown = {
             "{{$.pipeline_job_name}}": job.resource["display_name"],
             "{{$.pipeline_job_resource_name}}": job.resource["workflow"],
             "{{$.pipeline_job_uuid}}": job.resource["run_id"],
-            "{{$.pipeline_job_schedule_time_utc}}": job.scheduled,
         }
+        if self.version.startswith("2.16."):
+            shown |= {CREATE_TIME: "", SCHEDULE_TIME: ""}
+        elif self.version.startswith("2.17."):
+            created = datetime.fromisoformat(job.resource["created_at"].replace("Z", "+00:00"))
+            create_time = f"{created:%Y-%m-%dT%H:%M:%SZ}"
+            shown |= {CREATE_TIME: create_time, SCHEDULE_TIME: job.scheduled or create_time}
+        return shown
 
     def _set(self, job: Job, **fields) -> None:
         with self._lock:
@@ -148,17 +211,22 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
 
         return wait_until(ended, timeout_s, f"run {run_id} to end", detail=lambda: self.run(run_id).resource["state"])
 
-    def add_run(self, state: str, namespace: str = "kubeflow", parameters: dict | None = None) -> str:
-        """A run known to the server in ``state`` with nothing to run, as one started and ended elsewhere."""
+    def add_run(
+        self, state: str, namespace: str = "kubeflow", parameters: dict | None = None, recurring: str = ""
+    ) -> str:
+        """A run known to the server in ``state`` with nothing to run, as one started and ended elsewhere; of the
+        recurring run ``recurring``, it is displayed as its workflow, as the server reports such a run."""
         run_id = str(uuid.uuid4())
+        workflow = _workflow_name(_swf_name(recurring), 1) if recurring else f"run-{run_id[:5]}"
         resource = {
             "run_id": run_id,
-            "display_name": f"run-{run_id[:8]}",
+            "recurring_run_id": recurring,
+            "display_name": workflow if recurring else f"run-{run_id[:8]}",
             "namespace": namespace,
             "state": state,
             "created_at": _now(),
             "runtime_config": {"parameters": parameters or {}},
-            "workflow": f"run-{run_id[:5]}",
+            "workflow": workflow,
         }
         with self._lock:
             self.jobs[run_id] = Job(resource, {}, {}, "")
@@ -191,7 +259,9 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         url = urlparse(http.path)
         path, query = url.path.removeprefix(PREFIX), {k: v[0] for k, v in parse_qs(url.query).items()}
         if path == "healthz":
-            return 200, {"multi_user": False}
+            # The healthz handler's JSON (newHealthzResponse in backend/src/apiserver/main.go): the release is the
+            # deployment's TAG_NAME.
+            return 200, {"commit_sha": "unknown", "tag_name": self.version, "multi_user": False}
         if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise KfpError(401, "Unauthenticated: the request has no valid bearer token.")
         method, parts = http.command, path.split("/")
@@ -343,7 +413,9 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             return {}
         raise KfpError(404, f"Not Found: {method} runs/{rest[0]}")
 
-    def _create_run(self, body: dict, recurring: str = "", scheduled: str = "", run_id: str = "") -> dict:
+    def _create_run(
+        self, body: dict, recurring: str = "", scheduled: str = "", run_id: str = "", workflow: str = ""
+    ) -> dict:
         spec = self._run_spec(body)
         experiment = self.experiments.get(body.get("experiment_id") or "")
         if body.get("experiment_id") and experiment is None:
@@ -368,7 +440,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             "state": "PENDING",
             "recurring_run_id": recurring,
             # the run's Argo Workflow: a generateName's five random letters and digits after the pipeline's name
-            "workflow": f"{name}-{''.join(secrets.choice('abcdefghijklmnopqrstuvwxyz0123456789') for _ in range(5))}",
+            "workflow": workflow or f"{name}-{_generated()}",
         }
         self.jobs[run_id] = Job(resource, spec, parameters, root.rstrip("/"), scheduled=scheduled)
         threading.Thread(target=self._run, args=(run_id,), daemon=True).start()
@@ -470,7 +542,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             "updated_at": _now(),
             "max_concurrency": str(body.get("max_concurrency") or 1),
         }
-        self.recurring[recurring_id] = Recurring(resource, spec)
+        self.recurring[recurring_id] = Recurring(resource, spec, _swf_name(body.get("display_name") or ""))
         return copy.deepcopy(resource)
 
     def _due(self, recurring: Recurring) -> bool:
@@ -491,28 +563,27 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
                 recurring.skipped += 1
                 return ""
             run_id = str(uuid.uuid4())
-            # The macros KFP's scheduled workflow controller substitutes in a recurring run's parameters: the run's
-            # id, its scheduled and current times (YYYYMMDDhhmmss, UTC) and its index among the recurring run's runs
-            # (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in kubeflow/pipelines).
-            macros = {
-                "[[RunUUID]]": run_id,
-                "[[ScheduledTime]]": f"{self.clock:%Y%m%d%H%M%S}",
-                "[[CurrentTime]]": f"{datetime.now(UTC):%Y%m%d%H%M%S}",
-                "[[Index]]": str(len(recurring.runs) + 1),
-            }
+            # A v2 pipeline pinned to a version: the recurring run embeds the compiled workflow (CreateJob in
+            # backend/src/apiserver/resource/resource_manager.go), and the controller formats the macros
+            # ([[RunUUID]], [[ScheduledTime]], ...) only in the workflow's spec.arguments.parameters
+            # (FormatWorkflowParameters in NewWorkflow, backend/src/crd/controller/scheduledworkflow/util/
+            # scheduled_workflow.go), while the pipeline's parameters travel in the root driver's runtime-config
+            # input (paramRuntimeConfig, backend/src/v2/compiler/argocompiler/argo.go): they reach the tasks as
+            # given, macros unsubstituted (kubeflow/pipelines#12494, open at 2.17.0).
             runtime = copy.deepcopy(r.get("runtime_config") or {})
-            for key, value in (runtime.get("parameters") or {}).items():
-                for macro, text in macros.items() if isinstance(value, str) else ():
-                    value = value.replace(macro, text)
-                runtime["parameters"][key] = value
+            recurring.index += 1
+            workflow = _workflow_name(recurring.name, recurring.index)
             body = {
-                "display_name": f"{r['display_name']}-{self.clock:%Y%m%d%H%M%S}",
+                # A recurring run's run is named and displayed as its workflow (DisplayName and K8SName are the
+                # workflow's name: ReportWorkflowResource in backend/src/apiserver/resource/resource_manager.go).
+                "display_name": workflow,
                 "experiment_id": r["experiment_id"],
                 "pipeline_spec": recurring.spec,
                 "runtime_config": runtime,
                 "service_account": r.get("service_account"),
             }
-            run = self._create_run(body, r["recurring_run_id"], self.clock.strftime("%Y-%m-%dT%H:%M:%SZ"), run_id)
+            scheduled = self.clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+            run = self._create_run(body, r["recurring_run_id"], scheduled, run_id, workflow)
             recurring.runs.append(run["run_id"])
         return run["run_id"]
 

@@ -21,11 +21,11 @@ ROOT = "gs://tpupipe-emulated-pipeline-root/kfp"
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def work(seconds: int, workflow: str, run: str) -> str:
+def work(seconds: int, workflow: str, run: str, note: str, scheduled: str) -> str:
     import time
 
     time.sleep(seconds)
-    return f"{workflow} {run}"
+    return f"{workflow} {run} {note} {scheduled}"
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -34,11 +34,15 @@ def cleanup() -> str:
 
 
 @dsl.pipeline(name="tiny")
-def tiny(seconds: int = 0):
+def tiny(seconds: int = 0, note: str = ""):
     end = cleanup()
     with dsl.ExitHandler(end, name="run"):
         work(
-            seconds=seconds, workflow=dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER, run=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+            seconds=seconds,
+            workflow=dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER,
+            run=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            note=note,
+            scheduled=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER,
         ).set_caching_options(False)
 
 
@@ -135,6 +139,43 @@ def test_a_recurring_run_fires_on_its_cron_one_at_a_time_and_can_be_disabled(ser
     wait_until(lambda: emulator.run(fired).running, 60, "the fired run's task to start", 0.2)
     client.terminate_run(fired)
     emulator.wait(fired, timeout_s=60)
+
+
+@pytest.mark.parametrize(
+    ("release", "scheduled"),
+    [("2.15.0", "{{$.pipeline_job_schedule_time_utc}}"), ("2.16.0", ""), ("2.17.0", "2026-12-01T03:00:00Z")],
+)
+def test_a_recurring_runs_run_gets_its_parameters_unformatted_and_the_schedule_time_of_its_release(
+    server, release, scheduled
+):
+    """A v2 pipeline pinned to a version: [[RunUUID]] reaches the task as text (kubeflow/pipelines#12494); the run is
+    displayed as its workflow, ``<ScheduledWorkflow>-<index>-<FNV-32a>``; the schedule-time placeholder is verbatim on
+    2.15, empty on 2.16, the schedule's time on 2.17; healthz says the release."""
+    from datetime import UTC, datetime
+
+    from pipelines.backends.kfp import jobs as kfp_backend
+
+    emulator, client, version, experiment = server
+    emulator.version = release
+    assert kfp_backend.server_version(client) == tuple(int(p) for p in release.split("."))
+    recurring = client.create_recurring_run(
+        experiment,
+        "Nightly Run",
+        cron_expression="0 0 3 * * *",
+        params={"note": "r-[[RunUUID]]"},
+        pipeline_id=version[0],
+        version_id=version[1],
+        pipeline_root=ROOT,
+    )
+    emulator.clock = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
+    fired = emulator.fire(recurring.recurring_run_id)
+    emulator.wait(fired, timeout_s=60)
+    workflow = emulator.run(fired).resource["workflow"]
+    swf, index, fnv = workflow.rsplit("-", 2)
+    assert swf.startswith("nightlyrun") and len(swf) == len("nightlyrun") + 5 and index == "1" and fnv.isdigit()
+    assert client.get_run(fired).display_name == workflow
+    log = emulator.run(fired).logs["work"]
+    assert '"note": "r-[[RunUUID]]"' in log and f'"scheduled": "{scheduled}"' in log, log
 
 
 @pytest.mark.parametrize(

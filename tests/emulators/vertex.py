@@ -153,6 +153,10 @@ class VertexEmulator(HttpEmulator, PipelineRunner):
             "{{$.pipeline_job_name}}": self._job_id(job),
             "{{$.pipeline_job_resource_name}}": job.resource["name"],
             "{{$.pipeline_job_schedule_time_utc}}": job.scheduled,
+            # "the time that a pipeline job was created" (PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER's docs,
+            # kfp/dsl/__init__.py): the PipelineJob's create_time ("Output only. Pipeline creation time.",
+            # google/cloud/aiplatform/v1/pipeline_job.proto)
+            "{{$.pipeline_job_create_time_utc}}": job.resource["createTime"],
         }
 
     def _task_env(self, job: Job) -> dict[str, str]:

@@ -25,7 +25,7 @@ class Kfp:
         return self.server.endpoint
 
 
-def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published: bool = True):
+def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published: bool = True, version: str = "2.17.0"):
     """The KFP API server of the project: its tasks get the project's emulators in their environment and run in
     ``python_bin`` (default: this interpreter's environment); with ``published``, the components image of this tree
     is in Artifact Registry, as after `tpupipe publish` (which also makes the run bucket: without it, a test
@@ -41,7 +41,8 @@ def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published
     # The tasks import this source tree's components, as its components image holds them (an environment built
     # elsewhere may hold another tree's).
     env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
-    server = KfpEmulator(project.storage, project.registry, env, python_bin or Path(sys.executable).parent, tmp_path)
+    python = python_bin or Path(sys.executable).parent
+    server = KfpEmulator(project.storage, project.registry, env, python, tmp_path, version=version)
     server.backoff_scale = 0.01
     server.grace_s = 5.0
     server.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from components.spec.names import run_id_from
 from pipelines.backends.kfp import jobs as kfp_backend
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.helpers import wait_until
@@ -73,19 +74,21 @@ def test_a_recurring_run_is_created_in_the_experiment_and_paused_resumed_deleted
     (recurring,) = kfp.server.recurring.values()
     resource = recurring.resource
     assert resource["display_name"] == "nightly" and resource["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"
-    # Each run's run id is its own: "r-" and the KFP run id the controller puts in place of [[RunUUID]].
-    assert resource["runtime_config"]["parameters"]["run_id"] == "r-[[RunUUID]]"
+    # No run id: KFP would pass a [[RunUUID]] macro to a v2 pipeline's tasks verbatim; each run derives its own.
+    assert "run_id" not in resource["runtime_config"]["parameters"]
     assert resource["no_catchup"] is True and resource["max_concurrency"] == "1"
     code, out, _ = tpupipe("schedule", "list", *host)
     assert code == 0 and "nightly" in out and "ENABLED" in out
     assert tpupipe("schedule", "pause", "nightly", *host)[0] == 0 and resource["status"] == "DISABLED"
     assert tpupipe("schedule", "resume", "nightly", *host)[0] == 0 and resource["status"] == "ENABLED"
     fired = kfp.server.fire(resource["recurring_run_id"])
-    assert kfp.server.run(fired).parameters["run_id"] == f"r-{fired}"
+    workflow = kfp.server.run(fired).resource["workflow"]
+    assert kfp.server.run(fired).parameters["run_id"] == ""
+    assert kfp.server.run(fired).resource["display_name"] == workflow
     wait_until(lambda: kfp.server.run(fired).running, 60, "the fired run's first task", 0.2)
     code, out, err = tpupipe("runs", "cancel", fired, *host, "--timeout", "120")
     assert code == 0 and kfp.server.run(fired).resource["state"] == "CANCELED", out + err
-    assert kfp.project.clusters(f"r-{fired}") == []
+    assert kfp.project.clusters(run_id_from("", workflow)) == []
     assert tpupipe("schedule", "delete", "nightly", *host)[0] == 0 and kfp.server.recurring == {}
 
 

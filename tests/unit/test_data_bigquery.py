@@ -286,6 +286,7 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_only_what_is_ne
     spec = resolve(
         "local-fsdp",
         f"train.dataset=bq://{TABLE} train.dataset_time_column=ingested train.data_since=champion "
+        "train.init_from=champion "
         f"train.eval_dataset={tmp_path}/eval.jsonl",
     )
     first, train, heldout = snapshot.take(spec, NOW, log=lambda line: None)

@@ -79,12 +79,34 @@ def test_a_cloud_storage_prefix_with_the_schedules_date_validates_without_a_call
             "train.dataset=bq://my-project.sft.examples train.data_since=champion",
             "train.data_since: a bq:// dataset needs train.dataset_time_column",
         ),
+        (
+            "train.dataset=gs://my-bucket/sft/ train.data_since=champion",
+            "train.data_since: trains only on what the champion has not seen, so it continues from the champion: it "
+            "needs train.init_from=champion",
+        ),
+        (
+            "train.dataset=gs://my-bucket/sft/ train.data_since=champion train.init_from=local-fsdp@3",
+            "train.data_since: trains only on what the champion has not seen, so it continues from the champion: it "
+            "needs train.init_from=champion (got train.init_from='local-fsdp@3')",
+        ),
     ],
 )
 def test_a_bad_dataset_is_refused_naming_its_field(overrides, message):
     with pytest.raises(SpecError) as err:
         resolve("local-fsdp", overrides)
     assert str(err.value).startswith(message)
+
+
+def test_validate_refuses_data_since_without_init_from_naming_both_exit_2(capsys):
+    """`tpupipe validate` (and every command that resolves a spec): data_since=champion alone would train the base on
+    one day's data yet record all the champion saw as seen."""
+    from pipelines.cli.main import main
+
+    argv = ["validate", "local-fsdp", "--set", "train.dataset=gs://my-bucket/sft/ train.data_since=champion"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("tpupipe: error: train.data_since: ") and "train.init_from=champion" in line, line
+    assert main([*argv[:-1], argv[-1] + " train.init_from=champion"]) == 0
 
 
 # ---------------------------------------------------------------- what a snapshot pins
@@ -114,7 +136,7 @@ def test_a_glob_and_the_schedules_date_pick_one_drop(drops):
 
 
 def test_only_what_the_champion_has_not_seen(drops):
-    spec = resolve("local-fsdp", f"train.dataset={drops}/ train.data_since=champion")
+    spec = resolve("local-fsdp", f"train.dataset={drops}/ train.data_since=champion train.init_from=champion")
     first, _, _ = snapshot.take(spec, WHEN, None, "", log=lambda line: None)
     assert len(first["seen"]) == 2 and first["since"] is None  # no champion yet: everything is new
     nothing, train, heldout = snapshot.take(spec, WHEN, first, "local-fsdp@1", log=lambda line: None)
@@ -210,6 +232,27 @@ def test_the_schedules_time_or_the_runs_start(given, expected):
     assert dataset.scheduled(given, started) == (expected or started)
 
 
+CREATED = datetime(2026, 12, 3, 9, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("schedule_time", "create_time", "expected", "source"),
+    [
+        ("2026-12-02T03:00:00Z", "2026-12-03T09:30:00Z", WHEN, "the schedule time"),  # KFP 2.17, Vertex AI
+        ("", "2026-12-03T09:30:00Z", CREATED, "create time"),  # no schedule started it
+        ("1970-01-01T00:00:00Z", "2026-12-03T09:30:00Z", CREATED, "create time"),  # an epoch is no schedule
+        ("", "", None, "this task's start"),  # KFP 2.16: both empty
+        ("{{$.pipeline_job_schedule_time_utc}}", "{{$.pipeline_job_create_time_utc}}", None, "this task's start"),
+    ],
+)
+def test_the_date_comes_from_the_schedule_then_the_create_time_then_the_start(
+    schedule_time, create_time, expected, source
+):
+    started = datetime(2026, 12, 4, tzinfo=UTC)
+    when, said = dataset.run_time(schedule_time, create_time, started)
+    assert when == (expected or started) and source in said
+
+
 def test_an_unreadable_schedule_time_is_refused():
     with pytest.raises(SpecError, match="^schedule_time: not an RFC 3339 time"):
         dataset.scheduled("yesterday")
@@ -264,7 +307,7 @@ def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_pat
     root = tmp_path / "runs"
     _champion(root)  # registered before data snapshots: no data_manifest
     with pytest.raises(SpecError, match=r"^train.data_since: champion local-fsdp@1 records no data manifest"):
-        dataset.snapshot_data(_ctx(root, f"train.dataset={drops}/ train.data_since=champion"))
+        dataset.snapshot_data(_ctx(root, f"train.dataset={drops}/ train.data_since=champion train.init_from=champion"))
 
 
 @pytest.mark.parametrize(

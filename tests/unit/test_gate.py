@@ -338,13 +338,17 @@ def test_the_gate_off_registers_nothing_and_measures_no_champion(tmp_path):
 
 def test_init_from_champion_resolves_to_the_champions_checkpoint_at_train_time(tmp_path):
     ctx = _context(tmp_path, "run-2", "init_from=champion")
-    with pytest.raises(SpecError, match="train.init_from: champion: name: no model 'local-fsdp'"):
-        gate.starting_point(ctx)
+    # No model yet, then a model with no champion: a schedule's first run, whose settings are its every run's, starts
+    # from the preset's base.
+    assert gate.starting_point(ctx) is None
+    assert gate.bootstrap(ctx.spec).startswith("local-fsdp has no champion yet (its first run): training from")
     first = _context(tmp_path, "run-1")
     checkpoint = _trained(first, tmp_path)
     _registered(first, 1.5)
-    with pytest.raises(SpecError, match="model 'local-fsdp' has no champion yet in .*\\(tpupipe models promote"):
-        gate.starting_point(ctx)
+    assert gate.starting_point(ctx) is None
+    other = _context(tmp_path, "run-5", "init_from=other-model@champion")  # another model's champion is no start
+    with pytest.raises(SpecError, match="train.init_from: other-model@champion: name: no model 'other-model'"):
+        gate.starting_point(other)
     open_registry(tmp_path).promote("local-fsdp", "1")
     assert gate.starting_point(ctx) == {
         "ref": "local-fsdp@1",
@@ -591,10 +595,11 @@ def test_tpupipe_run_from_a_champion_that_does_not_exist_exits_2_before_anything
         "--output-root",
         str(root),
         "--set",
-        "train.init_from=champion",
+        "train.init_from=other-model@champion",
         "--pipeline-file",
         str(tmp_path / "absent.yaml"),
     ]
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("tpupipe: error: train.init_from: champion: name: no model 'local-fsdp'")
+    err = capsys.readouterr().err
+    assert err.startswith("tpupipe: error: train.init_from: other-model@champion: name: no model 'other-model'"), err
     assert not (root / "from-nothing").exists()

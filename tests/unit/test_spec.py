@@ -102,6 +102,21 @@ def test_run_id_is_a_dns_label():
         run_id_from("Bad_Run", "")
 
 
+def test_a_run_id_derives_from_what_kfp_resolves_and_refuses_what_it_does_not():
+    # A recurring run's Argo Workflow name (NextResourceName: <ScheduledWorkflow>-<index>-<FNV-32a>): the same name,
+    # the same id, for every task of the run.
+    workflow = "nightlyx7k2p-1-3849203948"
+    assert run_id_from("", workflow) == workflow == run_id_from("", workflow)
+    long = "a-very-long-recurring-runx7k2p-12-3849203948"
+    assert run_id_from("", long) == run_id_from("", long) and len(run_id_from("", long)) <= 40
+    assert run_id_from("", "2am-daily5x2k1-3-11")[0] == "r"
+    for unresolved, field in (("r-[[RunUUID]]", "run_id"), ("[[ScheduledTime]]", "run_id")):
+        with pytest.raises(SpecError, match=rf"^{field}: .*kubeflow/pipelines#12494"):
+            run_id_from(unresolved, "")
+    with pytest.raises(SpecError, match="^job_name: .*did not fill this placeholder"):
+        run_id_from("", "{{$.pipeline_job_resource_name}}")
+
+
 def test_tpu_hosts_need_a_cpu_per_ray_train_worker():
     with pytest.raises(SpecError) as err:
         resolve("gemma4-e2b-v6e-16", "cluster.cpus_per_host=2")

@@ -5,8 +5,10 @@ The pipeline is the one Vertex AI runs: one compile (``vertex.published_template
 digest in Artifact Registry), uploaded as a version of the pipeline ``tpupipe`` named after the source version and
 the compiled file's digest, so a run names exactly what it ran. Runs and recurring runs are created in the
 experiment ``tpupipe`` of the namespace. A submitted run is given its run id (the ``run_id`` parameter: from its
-display name, as a Vertex AI job's derives from its job id), so ``runs cancel`` and the janitor find its resources;
-each run of a recurring run is given ``r-`` and its own KFP run id (``SCHEDULED_RUN_ID``).
+display name, as a Vertex AI job's derives from its job id), so ``runs cancel`` and the janitor find its resources.
+A recurring run passes no run id: KFP substitutes no ``[[RunUUID]]``-style macro into a v2 pipeline's parameters
+(``schedule_create``), so each of its runs' tasks derives the run id from what KFP's v2 driver does resolve, the run's
+Argo Workflow name (``components.spec.names.run_id_from``), which is also that run's display name (``cancel``).
 
 Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
 projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), or a Google ID
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +40,9 @@ AUTHS = ("none", "sa-token", "iap")
 # A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
-# The run id of each run a recurring run starts: KFP's scheduled workflow controller puts the run's own id in place of
-# [[RunUUID]] in its parameters (backend/src/crd/controller/scheduledworkflow/util/parameter_formatter.go in
-# kubeflow/pipelines); "r-" and a UUID (lowercase hex and '-') make a DNS-1035 label of 38 characters, a valid run id.
-SCHEDULED_RUN_ID = "r-[[RunUUID]]"
+# The first KFP release whose v2 driver fills {{$.pipeline_job_schedule_time_utc}} (kubeflow/pipelines#13474: 2.15
+# passes it verbatim, 2.16 empty; backend/src/v2/driver/resolve.go and backend/src/v2/cmd/driver/main.go at each tag).
+SCHEDULE_TIME_FROM = (2, 17)
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,11 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
         run = get(kfp_client, run_id)
     job = as_job(run, spec_of(kfp_client, run))
     log(f"run {run_id}: {str(run.get('state')).lower()}; its exit handler's teardown does not run after a terminate")
+    if not job["runtimeConfig"]["parameterValues"].get("run_id") and run.get("recurring_run_id"):
+        # A recurring run's run is named, and displayed, as its Argo Workflow (DisplayName and K8SName are the
+        # workflow's name: ReportWorkflowResource in backend/src/apiserver/resource/resource_manager.go), which is the
+        # job name its tasks derived the run id from (names.run_id_from).
+        job["runtimeConfig"]["parameterValues"]["run_id"] = scheduled_run_id(run)
     if not job["runtimeConfig"]["parameterValues"].get("run_id"):
         log(
             f"run {run_id} has no run_id parameter (it was started elsewhere, from the UI say): its run id derives "
@@ -294,6 +301,43 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
         )
         return 1
     return stopping.teardown_after(job, run.get("state") == "CANCELED", f"run {run_id}", log)
+
+
+def scheduled_run_id(run: dict) -> str:
+    """The run id the tasks of a recurring run's run derive: from its workflow's name, which is its display name."""
+    from components.spec.names import run_id_from
+
+    return run_id_from("", run.get("display_name") or "")
+
+
+def server_version(kfp_client) -> tuple[int, ...] | None:
+    """The API server's release, from its healthz answer's ``tag_name`` (``TAG_NAME`` of its deployment, "unknown"
+    when unset: newHealthzResponse in backend/src/apiserver/main.go); None when it does not say. The v2beta1 model
+    of kfp_server_api keeps ``multi_user`` alone, so the answer is read as the server wrote it."""
+    try:
+        raw = kfp_client._healthz_api.healthz_service_get_healthz(_preload_content=False)
+        tag = str(json.loads(raw.data or b"{}").get("tag_name") or "")
+    except Exception:  # noqa: BLE001 - a server that does not say is one of unknown release
+        return None
+    found = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", tag)
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def schedule_time_note(version: tuple[int, ...] | None) -> str:
+    """What ``{date}`` means on a server of ``version``: '' where its v2 driver fills the schedule time, else the
+    warning ``tpupipe schedule create`` prints."""
+    if version is not None and version[:2] >= SCHEDULE_TIME_FROM:
+        return ""
+    release = ".".join(map(str, version)) if version else "of unknown release"
+    how = {(2, 16): "gives it empty"}.get(version[:2] if version else (), "passes it as text, unresolved")
+    if version is None:
+        how = "may not fill it"
+    return (
+        f"warning: this Kubeflow Pipelines server ({release}) {how} for the pipeline's schedule time "
+        "({{$.pipeline_job_schedule_time_utc}}, filled from KFP 2.17: kubeflow/pipelines#13474): a run's {date} "
+        "will be the day its snapshot_data task starts (UTC), not the day it was scheduled for, so a queued or late "
+        "run reads that day's drop"
+    )
 
 
 def show(kfp_client, run_id: str) -> dict:
@@ -335,6 +379,9 @@ def schedule_create(
         raise SpecError("--max-concurrent", f"{max_concurrent} is not between 1 and 10 (KFP's range)")
     template = vertex.published_template(sub)
     kfp_client = client(place)
+    note = schedule_time_note(server_version(kfp_client)) if _dated(sub) else ""
+    if note:
+        print(f"tpupipe: {note}", file=sys.stderr, flush=True)
     pipeline_id, version_id = upload(kfp_client, template)
     created = call(
         f"the recurring run {name}",
@@ -346,13 +393,28 @@ def schedule_create(
         cron_expression=cron6,
         max_concurrency=max_concurrent,
         no_catchup=True,  # runs due while it was disabled are not caught up, as on Vertex AI
-        params=parameters(sub, SCHEDULED_RUN_ID),
+        # No run id: KFP formats a recurring run's [[RunUUID]]-style macros only in the Argo Workflow's
+        # spec.arguments.parameters (FormatWorkflowParameters in NewWorkflow,
+        # backend/src/crd/controller/scheduledworkflow/util/scheduled_workflow.go), while a v2 pipeline's parameters
+        # travel in the root driver's runtime-config input (paramRuntimeConfig, backend/src/v2/compiler/argocompiler/
+        # argo.go), embedded when the recurring run pins a version (CreateJob in
+        # backend/src/apiserver/resource/resource_manager.go): a macro reaches the tasks verbatim
+        # (kubeflow/pipelines#12494). Each run's tasks derive its id from its workflow's name instead.
+        params=parameters(sub),
         pipeline_id=pipeline_id,
         version_id=version_id,
         pipeline_root=sub.pipeline_root,
         service_account=sub.service_account or None,
     )
     return created.recurring_run_id
+
+
+def _dated(sub: vertex.Submission) -> bool:
+    """Whether the submission's dataset names the schedule's date (``{date}``)."""
+    from components.spec import datasets
+    from components.workload import resolve
+
+    return "date" in datasets.placeholders(resolve(sub.preset, sub.resolved_overrides).train.dataset)
 
 
 def recurring_runs(kfp_client, place: Place) -> list[dict]:
