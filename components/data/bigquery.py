@@ -21,6 +21,15 @@ permission to read it or to run a query, a filter BigQuery refuses, no rows (unl
 new is an answer, ``num_rows`` 0), a column the trainer's formatter needs (``instruction``, ``response``) missing from
 the table or NULL or empty in some row, a time column that is missing or of another type.
 
+Where the jobs run: every query is a job created in, and billed to, one project (jobs.insert's ``projectId``, "Project
+ID of project that will be billed for the job": https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert;
+https://cloud.google.com/bigquery/docs/jobs-overview, "Pricing"), where the caller needs ``bigquery.jobs.create``
+(roles/bigquery.jobUser), while reading the table needs ``bigquery.tables.getData`` on it or its dataset
+(roles/bigquery.dataViewer: https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). The run's
+jobs go to ``project`` (``train.bigquery_project``, else the run's ``gke.project``), so a table in another project
+(a data project where the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and
+billed where the run is; without one, to the table's own project.
+
 The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.platforms.credentials``, at
 Google's endpoint, or at ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) when the tests set it. Queries go
 through ``Client.query_and_wait`` (jobs.query, then jobs.get and jobs.getQueryResults page by page when the rows do
