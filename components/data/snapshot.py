@@ -302,7 +302,7 @@ def take(
         "train": {k: v for k, v in part.items() if k != "identity"},
     }
     if not examples:
-        if since is None:
+        if since is None and not absent:
             raise SpecError("train.dataset", f"{source}: no examples")
         manifest["skip"] = (
             f"nothing to read: {absent}"
