@@ -225,7 +225,9 @@ def _check_drops(spec: RunSpec) -> None:
     kinds = {datasets.kind(v) for v in (t.dataset, t.eval_dataset) if v and datasets.snapshotted(v)}
     if t.dataset_ready:
         if not datasets.snapshotted(t.dataset) or datasets.kind(t.dataset) not in ("gcs", "local"):
-            raise SpecError("train.dataset_ready", f"applies to a gs:// or local train.dataset, got {t.dataset!r}", [""])
+            raise SpecError(
+                "train.dataset_ready", f"applies to a gs:// or local train.dataset, got {t.dataset!r}", [""]
+            )
         if not _READY.fullmatch(t.dataset_ready) or t.dataset_ready in (".", ".."):
             raise SpecError(
                 "train.dataset_ready",

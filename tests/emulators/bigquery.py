@@ -11,8 +11,8 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert);
 - jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
   jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
-- tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions`` (``Client.test_iam_permissions``):
-  of the permissions asked, those the caller holds on the table, itself needing none
+- tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions``
+  (``Client.test_iam_permissions``): of the permissions asked, those the caller holds on the table, itself needing none
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions);
 - jobs.getQueryResults, ``GET /projects/P/queries/J`` (``QueryJob.result`` and the ``RowIterator`` it returns: one
   call per page, ``pageToken`` from the previous page, ``maxResults``, ``startIndex``, ``fields``:

@@ -395,3 +395,5 @@ def test_the_dry_run_starts_with_the_data_snapshot_before_anything_is_created(ca
     assert (granted in lines) == dataset.startswith("gs://")
     copies = [i for i, line in enumerate(lines) if line.startswith("  copy          the snapshot's train.jsonl")]
     assert len(copies) == 1 and copies[0] == lines.index("train") + 1
+    if dataset.startswith("bq://"):  # the queries are jobs of the run's project, whichever project holds the table
+        assert lines[3].endswith("(the rows, counted then read; jobs of my-project, billed there)")

@@ -107,10 +107,13 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
                 "  read          storage.objects.get each object at its pinned generation (every example checked)",
             ]
         elif kind == "bigquery":
+            from components.data import snapshot
+
+            jobs = snapshot.job_project(ctx.spec) or "the table's project"
             lines += [
                 f"  read          bigquery.tables.get {value} ({key}: its schema)",
                 f"  read          bigquery.jobs.query {value} FOR SYSTEM_TIME AS OF the run's time (the rows, counted "
-                "then read)",
+                f"then read; jobs of {jobs}, billed there)",
             ]
         else:
             lines.append(f"  read          the local files of {value} ({key}), each pinned by its bytes' digest")
