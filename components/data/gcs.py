@@ -1,5 +1,6 @@
-"""Training data in Cloud Storage: ``train.dataset=gs://BUCKET/PREFIX/`` (every .jsonl, .json and .parquet object
-under the prefix), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or ``gs://BUCKET/a.jsonl`` (one object), pinned.
+"""Training data in Cloud Storage: ``train.dataset=gs://BUCKET/PREFIX/`` (every .jsonl, .json, .parquet and .jsonl.gz
+object under the prefix, but hidden ones: ``components.data.drops``), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or
+``gs://BUCKET/a.jsonl`` (one object), pinned; with ``train.dataset_ready``, only once the drop's marker is there.
 
 A run reads the data as it was when the run began: ``list_objects`` resolves the URI to a list of objects, each with
 its generation (a new one each time the object's data is replaced: https://cloud.google.com/storage/docs/metadata,
