@@ -101,9 +101,18 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
             continue
         kind = datasets.kind(value)
         if kind == "gcs":
+            if key == "train.dataset" and t.dataset_ready:
+                from components.data import drops, gcs
+
+                bucket, prefix, _ = gcs.parse(value, key)
+                lines.append(
+                    f"  read          storage.objects.get gs://{bucket}/{drops.marker_dir(prefix)}{t.dataset_ready} "
+                    "(train.dataset_ready: the drop is read only once it is there)"
+                )
             lines += [
                 f"  read          storage.objects.list {value} ({key}; {{date}}: the schedule's date; every .jsonl, "
-                ".json and .parquet object, each pinned by its generation)",
+                ".json, .parquet and .jsonl.gz object but hidden ones (_ or . in its path), each pinned by its "
+                "generation)",
                 "  read          storage.objects.get each object at its pinned generation (every example checked)",
             ]
         elif kind == "bigquery":
