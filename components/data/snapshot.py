@@ -88,7 +88,8 @@ def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None
         hidden = [f for f in files if drops.hidden(f[len(top) :])]
         if hidden and log:
             log(f"snapshot: {path}: {len(hidden)} hidden file(s) not read (a path segment starting with _ or .)")
-        files = [f for f in files if f not in set(hidden)]
+        shown = set(files) - set(hidden)
+        files = [f for f in files if f in shown]
     files = [f for f in files if f.endswith(datasets.DATA_SUFFIXES)]
     if not files:
         *most, last = datasets.DATA_SUFFIXES
@@ -314,6 +315,8 @@ def take(
     if t.eval_dataset:
         eval_source = datasets.render(t.eval_dataset, when)
         eval_part, heldout = _side(spec, "train.eval_dataset", eval_source, when, None, log)
+        if not heldout:
+            raise SpecError("train.eval_dataset", f"{eval_source}: no examples")
         # Its identity is its content: the same examples on another day (a table read at another snapshot time, an
         # object uploaded again byte for byte) are the same set; "pinned" is what this run read them as.
         eval_part["pinned"] = digest(eval_part.pop("identity"))

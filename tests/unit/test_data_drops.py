@@ -101,6 +101,9 @@ def test_gzip_json_lines_are_read_and_an_empty_shard_is_skipped_with_a_warning(s
     assert counts == {"part-00000.jsonl.gz": 20, "part-00001.jsonl": 0, "part-00002.jsonl": 20}
     assert len(train) + len(heldout) == 40
     assert f"snapshot: warning: gs://{DATA}/drops/2026-12-01/part-00001.jsonl: no examples, skipped" in lines
+    storage.put(DATA, "eval/empty.jsonl", b"")  # an evaluation set of nothing measures nothing: refused
+    with pytest.raises(SpecError, match=r"^train.eval_dataset: gs://.*/eval/empty.jsonl: no examples"):
+        take(f"train.dataset=gs://{DATA}/drops/{{date}}/ train.eval_dataset=gs://{DATA}/eval/empty.jsonl")
     storage.put(DATA, "bad/x.jsonl.gz", b"\x1f\x8bnot gzip at all")
     with pytest.raises(SpecError, match=r"^train.dataset: gs://.*/bad/x.jsonl.gz: not gzip"):
         take(f"train.dataset=gs://{DATA}/bad/")
