@@ -272,7 +272,7 @@ def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_pat
     [
         ("train.dataset={dir}/bad.jsonl", "train.dataset: {dir}/bad.jsonl, line 1: not JSON Lines"),
         ("train.dataset={dir}/nofields.jsonl", "train.dataset: {dir}/nofields.jsonl, line 1: the example lacks"),
-        ("train.dataset={dir}/empty/", "train.dataset: no .jsonl, .json, .parquet or .jsonl.gz file under {dir}/empty/"),
+        ("train.dataset={dir}/empty/", "train.dataset: no .jsonl, .json, .parquet or .jsonl.gz file under {dir}/empty"),
         ("train.dataset={dir}/sft/{{week}}/", "train.dataset: unknown placeholder {{week}}"),
         ("train.dataset={dir}/nothing.jsonl", "train.dataset: file not found: {dir}/nothing.jsonl"),
         ("train.dataset={dir}/sft/ train.eval_dataset={dir}/bad.jsonl", "train.eval_dataset: {dir}/bad.jsonl, line"),
