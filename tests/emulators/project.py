@@ -15,7 +15,7 @@ import functools
 from pathlib import Path
 
 from components.data.bigquery import EMULATOR_HOST_ENV as BIGQUERY_EMULATOR_HOST_ENV
-from components.platforms.credentials import VERTEX_ENDPOINT_ENV
+from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
 from components.spec import names
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator

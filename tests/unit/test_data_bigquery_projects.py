@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from components.data import bigquery, snapshot
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.platforms.store import LocalStore, write_json
 from components.spec import SpecError
 from components.stages import dataset

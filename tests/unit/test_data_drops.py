@@ -149,7 +149,7 @@ def test_local_drops_follow_the_same_rules(tmp_path):
 def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_nothing(tmp_path, capsys):
     """A schedule's run on a day its drop never came: ``skipped``, exit 0, no cluster (no ledger), no examples
     written; the champion (and what it has seen) is as it was."""
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     root = tmp_path / "runs"
     (tmp_path / "sft" / "2026-12-01").mkdir(parents=True)
