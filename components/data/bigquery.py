@@ -21,6 +21,15 @@ permission to read it or to run a query, a filter BigQuery refuses, no rows (unl
 new is an answer, ``num_rows`` 0), a column the trainer's formatter needs (``instruction``, ``response``) missing from
 the table or NULL or empty in some row, a time column that is missing or of another type.
 
+Where the jobs run: every query is a job created in, and billed to, one project (jobs.insert's ``projectId``, "Project
+ID of project that will be billed for the job": https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert;
+https://cloud.google.com/bigquery/docs/jobs-overview, "Pricing"), where the caller needs ``bigquery.jobs.create``
+(roles/bigquery.jobUser), while reading the table needs ``bigquery.tables.getData`` on it or its dataset
+(roles/bigquery.dataViewer: https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). The run's
+jobs go to ``project`` (``train.bigquery_project``, else the run's ``gke.project``), so a table in another project
+(a data project where the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and
+billed where the run is; without one, to the table's own project.
+
 The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.cloud.credentials``, at
 Google's endpoint, or at ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) when the tests set it. Queries go
 through ``Client.query_and_wait`` (jobs.query, then jobs.get and jobs.getQueryResults page by page when the rows do
@@ -203,6 +212,24 @@ def rows(snap: dict, *, field: str, page_size: int | None = None) -> Iterator[di
         raise _refusal(exc, field, snap["table"], snap["project"], creds, f"{field}_filter", snap["filter"]) from None
 
 
+READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
+JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
+
+
+def missing_read(table: str, project: str, *, field: str = "train.dataset") -> list[str]:
+    """Of ``READ_PERMISSIONS``, those the caller lacks on ``table`` (``PROJECT.DATASET.TABLE``), asked of BigQuery's
+    tables.testIamPermissions (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions,
+    which needs no permission itself) through a client of ``project`` (the jobs' project: the call is no job).
+    SpecError(field) when the table or its dataset does not exist."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        held = set(client(project).test_iam_permissions(table, list(READ_PERMISSIONS)).get("permissions", []))
+    except gexc.NotFound as exc:
+        raise SpecError(field, f"{table} does not exist or is not visible to the caller: {exc.message}") from None
+    return [p for p in READ_PERMISSIONS if p not in held]
+
+
 def _failures() -> tuple[type[Exception], ...]:
     """What a call to BigQuery raises: an API error, or google-auth's about the credentials."""
     from google.api_core.exceptions import GoogleAPICallError
@@ -318,6 +345,15 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     reason = first.get("reason", "")
     if isinstance(exc, gexc.NotFound):
         return SpecError(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE])
+    if isinstance(exc, gexc.Forbidden) and reason == "accessDenied" and "bigquery.jobs.create" in said:
+        who = _identity(creds)
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may not run BigQuery jobs in project {project}, where the run's queries run and "
+            f"are billed: {said}",
+            [f"roles/bigquery.jobUser on the project {project}, granted to {who or 'the pipeline service account'}",
+             "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
+        )  # fmt: skip
     if isinstance(exc, gexc.Forbidden) and reason == "accessDenied":
         who = _identity(creds)
         dataset = table.rsplit(".", 1)[0]

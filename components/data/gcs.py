@@ -1,5 +1,6 @@
-"""Training data in Cloud Storage: ``train.dataset=gs://BUCKET/PREFIX/`` (every .jsonl, .json and .parquet object
-under the prefix), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or ``gs://BUCKET/a.jsonl`` (one object), pinned.
+"""Training data in Cloud Storage: ``train.dataset=gs://BUCKET/PREFIX/`` (every .jsonl, .json, .parquet and .jsonl.gz
+object under the prefix, but hidden ones: ``components.data.drops``), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or
+``gs://BUCKET/a.jsonl`` (one object), pinned; with ``train.dataset_ready``, only once the drop's marker is there.
 
 A run reads the data as it was when the run began: ``list_objects`` resolves the URI to a list of objects, each with
 its generation (a new one each time the object's data is replaced: https://cloud.google.com/storage/docs/metadata,
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from components.cloud.credentials import storage_client
 from components.spec import InfraError, SpecError
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 READ_PERMISSIONS = ("storage.objects.list", "storage.objects.get")
 # the role that holds both, "to list objects" (https://cloud.google.com/storage/docs/listing-objects, "Before you
 # begin") and to read them (https://cloud.google.com/storage/docs/access-control/iam-roles)
@@ -97,23 +98,34 @@ def _check_bucket(bucket: str, uri: str, field: str) -> None:
         )
 
 
-def list_objects(uri: str, *, field: str) -> list[dict]:
+def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[dict]:
     """The objects ``uri`` means, pinned: ``{"uri": "gs://b/name", "generation": "G", "size": N, "crc32c": "…",
-    "updated": "RFC 3339"}`` each, by name; of a prefix or a glob only the .jsonl, .json and .parquet ones. Every
-    page of the listing is read (the client's iterator follows ``nextPageToken``). SpecError(field) when the bucket
-    or the one object does not exist, nothing matches, or the caller may not read the bucket."""
+    "updated": "RFC 3339"}`` each, by name; of a prefix or a glob only the data objects (``DATA_SUFFIXES``) that are
+    not hidden (``drops.hidden``: a path segment below the prefix that starts with ``_`` or ``.``, as Spark's
+    ``_temporary/`` attempts). Every page of the listing is read (the client's iterator follows ``nextPageToken``).
+    ``ready`` (``train.dataset_ready``): the marker object that must be there, beside the data, before anything is
+    listed. SpecError(field) when the bucket does not exist or the caller may not read it; ``drops.NoDrop`` when no
+    data object is there (the one object named, or any under the prefix or matching the glob); ``drops.NotReady``
+    when the marker is not."""
     from google.api_core import exceptions as gexc
+
+    from components.data import drops
 
     bucket, prefix, glob = parse(uri, field)
     client = _client()
     found: list[dict] = []  # each blob made an entry as its page comes: no page is held longer
     others: list[str] = []  # the first few objects that are not data, for the error that none is
-    skipped = 0
+    skipped = hidden = 0
     try:
+        if ready:
+            _marker(client, bucket, drops.marker_dir(prefix) + ready, uri, field)
         if not glob and prefix and not prefix.endswith("/"):
             return [_one(client, bucket, prefix, uri, field)]
+        top = drops.marker_dir(prefix)  # what the hidden segments are counted below
         for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
-            if blob.name.endswith(DATA_SUFFIXES):
+            if drops.hidden(blob.name[len(top) :]):
+                hidden += 1
+            elif blob.name.endswith(DATA_SUFFIXES):
                 found.append(_entry(bucket, blob))
             else:
                 skipped += 1
@@ -122,23 +134,44 @@ def list_objects(uri: str, *, field: str) -> list[dict]:
         raise SpecError(field, f"{uri}: the bucket {bucket} does not exist") from None
     except gexc.Forbidden as exc:
         raise _refused(client, bucket, uri, field, exc) from None
+    if hidden and log:
+        log(f"snapshot: {uri}: {hidden} hidden object(s) not read (a path segment starting with _ or .)")
     if not found:
-        raise SpecError(
+        raise drops.NoDrop(
             field,
             f"{uri}: no {'/'.join(DATA_SUFFIXES)} object "
             + (f"matches the glob {glob}" if glob else f"under gs://{bucket}/{prefix}")
-            + (f" ({skipped} other object(s): {', '.join(others)}{', ...' if skipped > 3 else ''})" if skipped else ""),
+            + (f" ({skipped} other object(s): {', '.join(others)}{', ...' if skipped > 3 else ''})" if skipped else "")
+            + (f" ({hidden} hidden)" if hidden else ""),
         )
     return sorted(found, key=lambda entry: entry["uri"])
 
 
+def _marker(client, bucket: str, name: str, uri: str, field: str) -> None:
+    """``drops.NotReady`` unless the object ``name`` (a drop's marker) is there; ``drops.NoDrop`` when nothing is
+    under its directory at all (no drop yet); NotFound when the bucket does not exist."""
+    from components.data import drops
+
+    if client.bucket(bucket).get_blob(name) is not None:  # None for a 404: no such object, or no such bucket
+        return
+    under = list(client.list_blobs(bucket, prefix=drops.marker_dir(name) or None, max_results=1))  # NotFound: bucket
+    if not under:
+        raise drops.NoDrop(field, f"{uri}: no drop: nothing under gs://{bucket}/{drops.marker_dir(name)}")
+    raise drops.NotReady(
+        field,
+        f"{uri}: not ready: gs://{bucket}/{name} (train.dataset_ready) is not there yet, so the drop is not read",
+    )
+
+
 def _one(client, bucket: str, name: str, uri: str, field: str) -> dict:
-    """The one object ``name``, pinned; SpecError when it is not there or not a data file."""
+    """The one object ``name``, pinned; ``drops.NoDrop`` when it is not there, SpecError when it is no data file."""
+    from components.data import drops
+
     blob = client.bucket(bucket).get_blob(name)  # None for a 404: no such object, or no such bucket
     if blob is None:
         under = list(client.list_blobs(bucket, prefix=f"{name}/", max_results=1))  # NotFound: no such bucket
         hint = f"; objects are under the prefix gs://{bucket}/{name}/ (with the trailing /)" if under else ""
-        raise SpecError(field, f"{uri}: no such object in the bucket {bucket}{hint}")
+        raise drops.NoDrop(field, f"{uri}: no such object in the bucket {bucket}{hint}")
     if not name.endswith(DATA_SUFFIXES):
         raise SpecError(field, f"{uri}: not a {'/'.join(DATA_SUFFIXES)} object", [FORMS])
     return _entry(bucket, blob)

@@ -12,7 +12,13 @@ The manifest (:func:`take`'s first value) lists the items the run trains on and 
 the items are only those the champion's manifest did not have (rows after its newest, for BigQuery); none is a run
 with nothing to learn (``skip``). Every example is checked for the fields the prompt needs, naming the item and line
 of the first that lacks one. The examples held out for evaluation: a fixed ``train.eval_dataset``, else those whose
-instruction's digest falls in ``HELDOUT_PERCENT`` percent (the same example is held out in every run).
+instruction's digest falls in ``HELDOUT_PERCENT`` percent (the same example is held out in every run). A fixed
+evaluation set's ``digest`` is its content's (:func:`content_digest`), not its generations' or snapshot time's.
+
+Drops (``components.data.drops``): hidden paths (``_temporary/``, ``_SUCCESS``, ``.``-prefixed) are never read;
+with ``train.dataset_ready`` a drop is read only once its marker is there; ``.jsonl.gz`` is read; a file with no
+example is skipped with a warning; with ``train.data_since=champion`` a drop that is not there (or not ready) is a
+run with nothing new (``skip``), as a day without new data is.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from components.data import drops
 from components.spec import RunSpec, SpecError, datasets
 
 HELDOUT_PERCENT = 10
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: a fixed evaluation set's digest is its content's (content_digest)
 CHARS_PER_TOKEN = 4  # a rough estimate of English text with subword tokenizers, for `tpupipe data` alone
 Rows = list[dict[str, Any]]
 
@@ -42,31 +49,65 @@ def digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def content_digest(examples: Iterable[dict[str, Any]]) -> str:
+    """The digest of a set of examples as evaluation reads them: each example's prompt fields
+    (``datasets.FIELDS``) digested, the digests sorted, so neither the order the rows came in, nor where they were
+    read from, nor when (an object's generation, a table's snapshot time), nor other columns change it; the same
+    example twice counts twice."""
+    each = sorted(_sha(json.dumps([e[f] for f in datasets.FIELDS], ensure_ascii=False).encode()) for e in examples)
+    return digest(each)
+
+
 # ---------------------------------------------------------------- listing: the items a source means
 
 
-def _local_items(path: str, key: str) -> list[dict[str, Any]]:
+def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[dict]:
     """The local files ``path`` means (a file, ``DIR/`` for every data file under it, or a glob), each with the
-    digest of its bytes."""
+    digest of its bytes; under ``DIR/`` or a glob, none that is hidden (``drops.hidden``). ``ready``: the marker file
+    that must be in the drop's directory first. ``drops.NoDrop`` when there is no data file, ``drops.NotReady``
+    when the marker is not there."""
     expanded = os.path.expanduser(path)
-    if any(c in expanded for c in "*?["):
+    top = _top(expanded)
+    if ready:
+        marker = Path(top or ".") / ready
+        if not marker.is_file():
+            parent = marker.parent
+            if not parent.is_dir() or not any(parent.iterdir()):
+                raise drops.NoDrop(key, f"{path}: no drop: nothing in {parent}")
+            raise drops.NotReady(key, f"{path}: not ready: {marker} (train.dataset_ready) is not there yet")
+    globbed = any(c in expanded for c in "*?[")
+    if globbed:
         files = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
     elif os.path.isdir(expanded):
-        files = sorted(
-            str(p) for p in Path(expanded).rglob("*") if p.is_file() and p.name.endswith(datasets.DATA_SUFFIXES)
-        )
+        files = sorted(str(p) for p in Path(expanded).rglob("*") if p.is_file())
     elif os.path.isfile(expanded):
         files = [expanded]
     else:
-        raise SpecError(key, f"file not found: {path}")
+        raise drops.NoDrop(key, f"file not found: {path}")
+    if globbed or os.path.isdir(expanded):
+        hidden = [f for f in files if drops.hidden(f[len(top) :])]
+        if hidden and log:
+            log(f"snapshot: {path}: {len(hidden)} hidden file(s) not read (a path segment starting with _ or .)")
+        shown = set(files) - set(hidden)
+        files = [f for f in files if f in shown]
     files = [f for f in files if f.endswith(datasets.DATA_SUFFIXES)]
     if not files:
-        raise SpecError(key, f"no .jsonl, .json or .parquet file under {path}")
+        *most, last = datasets.DATA_SUFFIXES
+        raise drops.NoDrop(key, f"no {', '.join(most)} or {last} file under {path}")
     items = []
     for name in files:
         data = Path(name).read_bytes()
         items.append({"uri": str(Path(name).resolve()), "generation": _sha(data), "size": len(data)})
     return items
+
+
+def _top(expanded: str) -> str:
+    """The directory a local dataset's names are below (with its ``/``): ``DIR/`` itself, a glob's literal start's,
+    a file's."""
+    if os.path.isdir(expanded):
+        return expanded.rstrip("/") + "/"
+    wild = [expanded.find(c) for c in "*?[" if c in expanded]
+    return drops.marker_dir(expanded[: min(wild)] if wild else expanded)
 
 
 def _read_local(item: dict[str, Any]) -> bytes:
@@ -76,15 +117,18 @@ def _read_local(item: dict[str, Any]) -> bytes:
     return data
 
 
-def list_items(source: str, key: str) -> tuple[str, list[dict[str, Any]]]:
-    """(kind, items) of a rendered dataset: local files or Cloud Storage objects, each {uri, generation, size}."""
+def list_items(
+    source: str, key: str, ready: str = "", log: Callable[[str], None] | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """(kind, items) of a rendered dataset: local files or Cloud Storage objects, each {uri, generation, size}, read
+    only once the marker ``ready`` is there when it is named."""
     kind = datasets.kind(source)
     if kind == "local":
-        return kind, _local_items(source, key)
+        return kind, _local_items(source, key, ready, log)
     if kind == "gcs":
         from components.data import gcs
 
-        return kind, gcs.list_objects(source, field=key)
+        return kind, gcs.list_objects(source, field=key, ready=ready, log=log)
     raise ValueError(f"{kind} has no items")
 
 
@@ -93,7 +137,9 @@ def list_items(source: str, key: str) -> tuple[str, list[dict[str, Any]]]:
 
 def parse(name: str, data: bytes, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line or row number, example) of one file's bytes by its suffix: JSON Lines (``.jsonl``; ``.json`` may also be
-    one JSON array) or Parquet; a malformed one a SpecError naming the item and line."""
+    one JSON array), gzip-compressed JSON Lines (``.jsonl.gz``) or Parquet; a malformed one a SpecError naming the
+    item and line."""
+    name, data = drops.decompress(name, data, key)
     if name.endswith(".parquet"):
         yield from _parquet(name, data, key)
         return
@@ -167,8 +213,8 @@ def _examples(items: list[dict[str, Any]], contents: Iterable[bytes], key: str, 
         for number, example in parse(item["uri"], data, key):
             count += 1
             yield check_example(f"{item['uri']}, line {number}", example, key)
-        if not count:
-            raise SpecError(key, f"{item['uri']}: no examples")
+        if not count:  # a writer's empty shard (a task with no rows still writes its part file)
+            log(f"snapshot: warning: {item['uri']}: no examples, skipped")
         item["num_examples"] = count
         if index % 500 == 0:
             log(f"snapshot: read {index}/{len(items)} files")
@@ -182,6 +228,12 @@ def _heldout(example: dict[str, Any]) -> bool:
     return number % 100 < HELDOUT_PERCENT
 
 
+def job_project(spec: RunSpec) -> str:
+    """Where the run's BigQuery jobs run and bill: ``train.bigquery_project``, else the run's ``gke.project``; ""
+    (the table's own project) when neither is set, as on a local run without a project."""
+    return spec.train.bigquery_project or spec.gke.project
+
+
 def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str | None) -> tuple[dict, Iterable]:
     from components.data import bigquery
 
@@ -191,7 +243,9 @@ def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str |
     # As of the schedule's time, or a minute ago: BigQuery refuses a time travel into its own future, which a clock
     # a little ahead of its would ask for.
     at = min(when, datetime.now(UTC) - timedelta(minutes=1))
-    snap = bigquery.snapshot(table, field=key, at=at, filter=bq_filter, time_column=column, after=after)
+    snap = bigquery.snapshot(
+        table, field=key, at=at, filter=bq_filter, time_column=column, after=after, project=job_project(spec)
+    )
     rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
     return snap, rows
 
@@ -207,7 +261,8 @@ def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | No
         part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": len(examples)}
         part["identity"] = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
         return part, examples
-    kind, items = list_items(source, key)
+    ready = spec.train.dataset_ready if key == "train.dataset" else ""
+    kind, items = list_items(source, key, ready, log)
     seen = set((since or {}).get("seen", []))
     new = [item for item in items if f"{item['uri']}#{item['generation']}" not in seen]
     log(f"snapshot: {source}: {len(items)} files" + (f", {len(new)} new since the champion" if since else ""))
@@ -230,7 +285,16 @@ def take(
     t = spec.train
     source = datasets.render(t.dataset, when)
     since = champion if t.data_since == "champion" else None
-    part, examples = _side(spec, "train.dataset", source, when, since, log)
+    try:
+        part, examples = _side(spec, "train.dataset", source, when, since, log)
+    except (drops.NoDrop, drops.NotReady) as exc:
+        if t.data_since != "champion":
+            raise
+        # A schedule's day without its drop (or with one not yet complete) is a day with nothing new.
+        part = {"kind": datasets.kind(source), "source": source, "items": [], "num_examples": 0, "identity": []}
+        examples, absent = [], str(exc).removeprefix(f"{exc.field}: ")
+    else:
+        absent = ""
     manifest: dict[str, Any] = {
         "version": MANIFEST_VERSION,
         "dataset": source,
@@ -239,15 +303,24 @@ def take(
         "train": {k: v for k, v in part.items() if k != "identity"},
     }
     if not examples:
-        if since is None:
+        if since is None and not absent:
             raise SpecError("train.dataset", f"{source}: no examples")
-        manifest["skip"] = f"no examples since champion {champion_ref}, snapshot {(champion or {}).get('digest')}"
+        manifest["skip"] = (
+            f"nothing to read: {absent}"
+            if absent
+            else f"no examples since champion {champion_ref}, snapshot {(champion or {}).get('digest')}"
+        )
         manifest["digest"] = digest(part["identity"])
         return manifest, [], []
     if t.eval_dataset:
         eval_source = datasets.render(t.eval_dataset, when)
         eval_part, heldout = _side(spec, "train.eval_dataset", eval_source, when, None, log)
-        eval_part["digest"] = digest(eval_part.pop("identity"))
+        if not heldout:
+            raise SpecError("train.eval_dataset", f"{eval_source}: no examples")
+        # Its identity is its content: the same examples on another day (a table read at another snapshot time, an
+        # object uploaded again byte for byte) are the same set; "pinned" is what this run read them as.
+        eval_part["pinned"] = digest(eval_part.pop("identity"))
+        eval_part["digest"] = content_digest(heldout)
         manifest["eval"] = eval_part
         train = examples
     else:

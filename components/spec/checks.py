@@ -198,6 +198,7 @@ def _check_data(spec: RunSpec) -> None:
             raise SpecError(key, f"applies to a bq:// train.dataset only, got {t.dataset!r}", [""])
     if t.dataset_time_column and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,299}", t.dataset_time_column):
         raise SpecError("train.dataset_time_column", f"not a column name: {t.dataset_time_column!r}")
+    _check_drops(spec)
     if t.data_since not in datasets.SINCE:
         raise SpecError("train.data_since", f"unknown value {t.data_since!r}", ['""', "champion"])
     if t.data_since:
@@ -220,6 +221,35 @@ def _check_data(spec: RunSpec) -> None:
                 f"train.init_from=champion (got train.init_from={t.init_from!r}); a model's first run, with no "
                 "champion yet, starts from the preset's base and takes everything",
                 ["train.init_from=champion", 'train.data_since="" (train on everything)'],
+            )
+
+
+# A drop's marker: one object or file name beside the data, not a path (https://cloud.google.com/storage/docs/objects#naming)
+_READY = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+
+
+def _check_drops(spec: RunSpec) -> None:
+    """``train.dataset_ready`` (a marker's name, for gs:// and local drops) and ``train.bigquery_project`` (a
+    project id, for bq:// datasets)."""
+    t = spec.train
+    kinds = {datasets.kind(v) for v in (t.dataset, t.eval_dataset) if v and datasets.snapshotted(v)}
+    if t.dataset_ready:
+        if not datasets.snapshotted(t.dataset) or datasets.kind(t.dataset) not in ("gcs", "local"):
+            raise SpecError(
+                "train.dataset_ready", f"applies to a gs:// or local train.dataset, got {t.dataset!r}", [""]
+            )
+        if not _READY.fullmatch(t.dataset_ready) or t.dataset_ready in (".", ".."):
+            raise SpecError(
+                "train.dataset_ready",
+                f"{t.dataset_ready!r} is not a file name beside the data",
+                ["_SUCCESS", "a name of letters, digits, '_', '-' and '.'"],
+            )
+    if t.bigquery_project:
+        if "bigquery" not in kinds:
+            raise SpecError("train.bigquery_project", "applies to a bq:// train.dataset or train.eval_dataset", [""])
+        if not re.fullmatch(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{names.PROJECT_ID_PATTERN}", t.bigquery_project):
+            raise SpecError(
+                "train.bigquery_project", f"{t.bigquery_project!r} is not a Google Cloud project id", ["my-project"]
             )
 
 

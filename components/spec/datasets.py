@@ -25,7 +25,7 @@ import re
 from datetime import datetime
 
 GENERATED = "generated"
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")  # .jsonl.gz: JSON Lines, gzip-compressed
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 KINDS = ("generated", "hub", "local", "gcs", "bigquery")
 SNAPSHOTTED = ("local", "gcs", "bigquery")

@@ -88,6 +88,12 @@ class TrainSpec:
     eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
     dataset_filter: str = ""  # bq:// only: a SQL predicate the rows must satisfy
     dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
+    # gs:// or local train.dataset: the marker a drop's writer puts beside the data when it is complete ("_SUCCESS",
+    # as Spark and Hadoop write it); the drop is read only once it is there. Empty: read what is there.
+    dataset_ready: str = ""
+    # bq:// only: the project BigQuery's jobs run in and bill (bigquery.jobs.create there); empty: gke.project, else
+    # the table's own (components/data/bigquery.py)
+    bigquery_project: str = ""
     data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
     train_split: str = "train"  # the dataset's split to train on
     eval_split: str = "heldout"  # the split held out for the evaluation (and the gate's figure)

@@ -108,18 +108,39 @@ def champion_manifest(champion: Version | None) -> tuple[dict[str, Any] | None, 
 
 def check_eval_set(spec: RunSpec, champion: Version | None, manifest: dict[str, Any]) -> None:
     """A fixed evaluation set is one yardstick: a run measured on another one than its champion's is refused (the
-    gate refuses to compare two bases the same way, ``gate.check_lineage``)."""
+    gate refuses to compare two bases the same way, ``gate.check_lineage``), naming what changed. The set is its
+    content (``snapshot.content_digest``): the same examples read on another day, or from an object uploaded again,
+    are the same set. A champion registered before content digests recorded the digest of what it pinned (object
+    generations, the table's snapshot time), which this run's ``pinned`` is compared with."""
     if champion is None:
         return
     theirs = champion.provenance.get("eval_snapshot")
-    ours = (manifest.get("eval") or {}).get("digest")
-    if theirs and ours and theirs != ours:
-        raise SpecError(
-            "train.eval_dataset",
-            f"{manifest['eval']['source']} (snapshot {ours}) is not the fixed evaluation set champion {champion.ref} "
-            f"was judged on (snapshot {theirs}): the gate compares runs on one set",
-            ["the champion's evaluation set", f"gate.model={gate.new_lineage(spec)} (a lineage of its own)"],
-        )
+    ours = manifest.get("eval") or {}
+    if not theirs or not ours.get("digest") or theirs in (ours["digest"], ours.get("pinned")):
+        return
+    raise SpecError(
+        "train.eval_dataset",
+        f"{ours['source']} (snapshot {ours['digest']}) is not the fixed evaluation set champion {champion.ref} "
+        f"was judged on (snapshot {theirs}): {_eval_change(champion, ours)}; the gate compares runs on one set",
+        ["the champion's evaluation set", f"gate.model={gate.new_lineage(spec)} (a lineage of its own)"],
+    )
+
+
+def _eval_change(champion: Version, ours: dict[str, Any]) -> str:
+    """What differs between the champion's evaluation set (from its manifest, when it can still be read) and ours."""
+    uri = champion.provenance.get("data_manifest")
+    try:
+        theirs = ((read_manifest(uri) if uri else None) or {}).get("eval") or {}
+    except Exception:  # noqa: BLE001 - the manifest only explains the refusal; unreadable, the refusal stands alone
+        theirs = {}
+    if not theirs:
+        return "its manifest is gone, so what changed cannot be said"
+    changes = []
+    if theirs.get("source") != ours["source"]:
+        changes.append(f"the source was {theirs.get('source')}")
+    if theirs.get("num_examples") != ours["num_examples"]:
+        changes.append(f"{theirs.get('num_examples')} examples then, {ours['num_examples']} now")
+    return "; ".join(changes) or f"the same source and number of examples ({ours['num_examples']}), other content"
 
 
 def data_dir(ctx: RunContext) -> str:

@@ -11,6 +11,9 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert);
 - jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
   jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
+- tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions``
+  (``Client.test_iam_permissions``): of the permissions asked, those the caller holds on the table, itself needing none
+  (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions);
 - jobs.getQueryResults, ``GET /projects/P/queries/J`` (``QueryJob.result`` and the ``RowIterator`` it returns: one
   call per page, ``pageToken`` from the previous page, ``maxResults``, ``startIndex``, ``fields``:
   https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/getQueryResults).
@@ -54,8 +57,11 @@ owner. ``token_for(member)`` mints one that acts as ``member``, allowed what ``g
 on the project, the dataset or the table (a grant on a project or a dataset holds for what is in it:
 https://cloud.google.com/bigquery/docs/control-access-to-resources-iam), with the permissions of BigQuery's predefined
 roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control): tables.get needs ``bigquery.tables.get`` on
-the table, a query ``bigquery.jobs.create`` on the project it runs in and ``bigquery.tables.getData`` on the table it
-reads, and a job is read back by whoever created it (or with ``bigquery.jobs.get``). A refusal is 403 ``accessDenied``
+the table, a query ``bigquery.jobs.create`` on the project it runs in (the project in the request's path, which is
+billed: not the project of the table it reads) and ``bigquery.tables.getData`` on the table it reads (a grant on the
+table, its dataset or its project), and a job is read back by whoever created it (or with ``bigquery.jobs.get``). A
+grant to ``allAuthenticatedUsers`` holds for every member, as a public dataset's (``bigquery-public-data``) is
+shared: https://cloud.google.com/iam/docs/principals-overview#all-authenticated-users. A refusal is 403 ``accessDenied``
 with BigQuery's message; an unknown dataset, table or job is 404 ``notFound``; a bad query 400 ``invalidQuery``
 (https://cloud.google.com/bigquery/docs/error-messages), in the error shape of Google's JSON APIs with
 ``errors[].reason``, which the client reads to decide what it retries (google/cloud/bigquery/retry.py).
@@ -92,6 +98,13 @@ from tests.emulators.tokens import authorized
 PREFIX = "/bigquery/v2"  # the client's API_URL_TEMPLATE, google/cloud/bigquery/_http.py
 ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
     (
+        "POST",
+        re.compile(
+            r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/:]+):testIamPermissions"
+        ),
+        "tables.testIamPermissions",
+    ),
+    (
         "GET",
         re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
         "tables.get",
@@ -105,6 +118,7 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
 # errors[].reason of each status (https://cloud.google.com/bigquery/docs/error-messages): a refusal is accessDenied
 BIGQUERY_REASONS = {**REASONS, 403: "accessDenied"}
 PAGE_BYTES = 10 * 1024 * 1024
+ALL_AUTHENTICATED = "allAuthenticatedUsers"
 DEFAULT_TRAVEL_HOURS = 168
 # a job id: letters, digits, underscores and dashes, at most 1,024 characters
 # (https://cloud.google.com/bigquery/docs/running-jobs#generate-jobid)
@@ -838,7 +852,10 @@ class BigQueryEmulator(HttpEmulator):
         if member is None:
             return True
         scopes = {project, f"{project}.{dataset}", f"{project}.{dataset}.{table}"}
-        return any(permission in ROLES[role] and scope in scopes for role, scope in self.grants.get(member, ()))
+        # allAuthenticatedUsers: "all service accounts and all users on the internet who have signed in with a Google
+        # Account" (https://cloud.google.com/iam/docs/principals-overview#all-authenticated-users): every member here
+        grants = self.grants.get(member, set()) | self.grants.get(ALL_AUTHENTICATED, set())
+        return any(permission in ROLES[role] and scope in scopes for role, scope in grants)
 
     def _tables_get(self, member, args, query, body) -> dict:
         project, dataset, table = args["project"], args["dataset"], args["table"]
@@ -868,6 +885,20 @@ class BigQueryEmulator(HttpEmulator):
             "type": "TABLE",
             "location": d.location,
         }
+
+    def _tables_testIamPermissions(self, member, args, query, body) -> dict:
+        """Of ``body["permissions"]``, those ``member`` holds on the table (no permission needed to ask: IAM's
+        testIamPermissions, https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions); 404
+        for a table or dataset that does not exist."""
+        project, dataset, table = args["project"], args["dataset"], args["table"]
+        d = self.datasets.get((project, dataset))
+        if d is None:
+            raise _not_found(f"Not found: Dataset {project}:{dataset}")
+        if table not in d.tables:
+            raise _not_found(f"Not found: Table {project}:{dataset}.{table}")
+        asked = body.get("permissions") or []
+        held = [p for p in asked if self._allowed(member, p, project, dataset, table)]
+        return {"permissions": held} if held else {}
 
     def _jobs_query(self, member, args, query, body) -> dict:
         unknown = set(body) - QUERY_REQUEST
@@ -931,6 +962,12 @@ class BigQueryEmulator(HttpEmulator):
     def _run(self, member, project: str, location: str | None, job_id: str | None, config: dict) -> Job:
         """Create the query job in ``project`` and run it at once: the job, DONE, with its rows or its error. A
         refusal to create it at all (no bigquery.jobs.create) is raised."""
+        # A job is created in the project its request names, which is billed for it: "Project ID of project that will
+        # be billed for the job", and it "Requires the bigquery.jobs.create permission on the project resource"
+        # (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert); every job, jobs.query's too, "is
+        # associated with a specific project that you specify", whose billing account is billed
+        # (https://cloud.google.com/bigquery/docs/jobs-overview, "Required permissions" and "Pricing"). Where the
+        # tables it reads are plays no part here: that is _execute's bigquery.tables.getData.
         if not self._allowed(member, "bigquery.jobs.create", project):
             raise _denied(
                 f"Access Denied: Project {project}: User does not have bigquery.jobs.create permission in "
@@ -997,6 +1034,9 @@ class BigQueryEmulator(HttpEmulator):
         path, offset = q.table, q.table_offset
         project, dataset, name = path if len(path) == 3 else (job.project, *path)
         table_name = f"{project}:{dataset}.{name}"
+        # Reading a table takes roles/bigquery.dataViewer "on all tables and views that your query references"
+        # (https://cloud.google.com/bigquery/docs/running-queries, "Required roles"), granted on the table, its dataset
+        # or its project, whichever project the job runs in.
         if not self._allowed(job.member, "bigquery.tables.getData", project, dataset, name):
             raise _denied(
                 f"Access Denied: Table {table_name}: User does not have permission to query table {table_name}, "

@@ -15,9 +15,11 @@ import functools
 from pathlib import Path
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV
+from components.data.bigquery import EMULATOR_HOST_ENV as BIGQUERY_EMULATOR_HOST_ENV
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
 from components.spec import names
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
+from tests.emulators.bigquery import BigQueryEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
@@ -210,6 +212,9 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     project.tokens = token
     project.token = token.mint()  # one of its tokens, for a test's own client (it lives the issuer's lifetime)
     project.models = ModelServiceEmulator(token=token)  # the runs' model registry (gke runs register there)
+    project.bigquery = BigQueryEmulator(token=token)  # the datasets' tables (train.dataset=bq://...)
+    env[BIGQUERY_EMULATOR_HOST_ENV] = project.bigquery.start()
+    project.extras.append(project.bigquery)
     if vertex:
         _add_vertex(project, tmp_path)
     else:

@@ -832,7 +832,10 @@ class StorageEmulator(HttpEmulator):
     # ------------------------------------------------------------------ objects
     def _list_objects(self, bucket: str, query: dict) -> dict:
         """objects.list: the objects whose names start with ``prefix`` and match ``matchGlob`` (``*`` and ``?`` within
-        one path segment, ``**`` across them), by name; with a ``delimiter``, the names it cuts short become
+        one path segment, ``**`` across them), by name ("ordered in the list lexicographically by name", in a flat
+        namespace where a name's ``/`` is no directory: https://cloud.google.com/storage/docs/json_api/v1/objects/list;
+        Python orders ``str`` by code point, as UTF-8 bytes order); a prefix nothing is under is an empty listing,
+        not an error (only a missing bucket is 404); with a ``delimiter``, the names it cuts short become
         ``prefixes``. One page of at most ``maxResults`` (at most 1,000) entries, items and prefixes together, from
         where ``pageToken`` says the previous page stopped; ``nextPageToken`` when more follow."""
         self._bucket(bucket)

@@ -297,6 +297,30 @@ def test_objects_are_listed_by_prefix_delimiter_and_match_glob(gcs):
         list(c.list_blobs("no-such-bucket"))
 
 
+def test_a_listing_is_flat_and_by_name_hidden_names_included(gcs):
+    """objects.list answers every object under the prefix, "ordered in the list lexicographically by name", in a
+    flat namespace: a writer's ``_temporary/`` attempts and ``_SUCCESS`` are objects like any other, so what is
+    data is the reader's to decide (components/data/drops.py)."""
+    c = client()
+    bucket = create(c, "tpupipe-drops")
+    for name in (
+        "d/part-1.jsonl",
+        "d/_temporary/0/part-9.jsonl",
+        "d/_SUCCESS",
+        "d/.part-1.jsonl.crc",
+        "d/part-0.jsonl",
+    ):
+        bucket.blob(name).upload_from_string(b"{}")
+    assert [b.name for b in c.list_blobs("tpupipe-drops", prefix="d/")] == [
+        "d/.part-1.jsonl.crc",
+        "d/_SUCCESS",
+        "d/_temporary/0/part-9.jsonl",
+        "d/part-0.jsonl",
+        "d/part-1.jsonl",
+    ]
+    assert [b.name for b in c.list_blobs("tpupipe-drops", prefix="e/")] == []  # no drop: an empty listing, no error
+
+
 def test_objects_are_listed_in_pages(gcs):
     c = client()
     create(c, "tpupipe-runs")

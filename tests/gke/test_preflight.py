@@ -403,6 +403,26 @@ def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_r
     assert "train.dataset: the caller may list and read gs://acme-sft" in text, text
 
 
+def test_a_bigquery_dataset_needs_jobs_where_the_run_bills_and_read_on_the_table(project_factory, capsys):
+    """A table in another project: the data snapshot's queries are jobs of the run's project (gke.project), so
+    preflight asks that project for bigquery.jobs.create (projects.testIamPermissions) and the table for read
+    (BigQuery's tables.testIamPermissions), wherever the table is."""
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    data = "train.dataset=bq://acme-data-1.sft.examples"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert f"train.dataset: the caller may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert "train.dataset: the caller may read acme-data-1.sft.examples" in text
+    project.projects.deny("bigquery.jobs.create")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 2
+    assert (
+        f"gke.project: the caller lacks bigquery.jobs.create in project {PROJECT}, where the data snapshot's BigQuery "
+        "jobs reading acme-data-1.sft.examples run and bill: grant roles/bigquery.jobUser"
+    ) in text
+    assert project.mutations() == []
+
+
 def test_a_pod_larger_than_its_node_is_refused_before_anything_is_created(tmp_path, project_factory, capsys):
     """The default TPU worker pod (200 GiB, 100 GiB /dev/shm) on v5e's ct5lp-hightpu-4t (192 GB, of which GKE gives
     pods about 181 GiB): it would stay Unschedulable while its pool bills. Refused naming the field and the most that

@@ -216,12 +216,12 @@ def test_many_objects_copy_with_progress(storage):
     [
         ("gs://no-such-bucket/data/", "the bucket no-such-bucket does not exist"),
         ("gs://no-such-bucket/data/a.jsonl", "the bucket no-such-bucket does not exist"),
-        (f"gs://{DATA}/empty/", f"no .jsonl/.json/.parquet object under gs://{DATA}/empty/"),
+        (f"gs://{DATA}/empty/", f"no .jsonl/.json/.parquet/.jsonl.gz object under gs://{DATA}/empty/"),
         (f"gs://{DATA}/notes/", "(1 other object(s): notes/readme.md)"),
-        (f"gs://{DATA}/data/*.csv", "no .jsonl/.json/.parquet object matches the glob data/*.csv"),
+        (f"gs://{DATA}/data/*.csv", "no .jsonl/.json/.parquet/.jsonl.gz object matches the glob data/*.csv"),
         (f"gs://{DATA}/data/missing.jsonl", f"no such object in the bucket {DATA}"),
         (f"gs://{DATA}/data", f"objects are under the prefix gs://{DATA}/data/ (with the trailing /)"),
-        (f"gs://{DATA}/data/readme.txt", "not a .jsonl/.json/.parquet object"),
+        (f"gs://{DATA}/data/readme.txt", "not a .jsonl/.json/.parquet/.jsonl.gz object"),
     ],
 )
 def test_what_names_no_data_is_a_spec_error_naming_the_field(storage, uri, says):

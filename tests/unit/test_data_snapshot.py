@@ -267,7 +267,7 @@ def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, c
     assert "2 files:" in out and "fields               instruction, response" in out
     assert "snapshot             sha256:" in out and not root.exists()
     assert main(["data", "local-fsdp", "--set", f"train.dataset={drops}/nothing-*.jsonl"]) == 2
-    assert "train.dataset: no .jsonl, .json or .parquet file under" in capsys.readouterr().err
+    assert "train.dataset: no .jsonl, .json, .parquet or .jsonl.gz file under" in capsys.readouterr().err
 
 
 def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, capsys):
@@ -315,7 +315,7 @@ def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_pat
     [
         ("train.dataset={dir}/bad.jsonl", "train.dataset: {dir}/bad.jsonl, line 1: not JSON Lines"),
         ("train.dataset={dir}/nofields.jsonl", "train.dataset: {dir}/nofields.jsonl, line 1: the example lacks"),
-        ("train.dataset={dir}/empty/", "train.dataset: no .jsonl, .json or .parquet file under {dir}/empty/"),
+        ("train.dataset={dir}/empty/", "train.dataset: no .jsonl, .json, .parquet or .jsonl.gz file under {dir}/empty"),
         ("train.dataset={dir}/sft/{{week}}/", "train.dataset: unknown placeholder {{week}}"),
         ("train.dataset={dir}/nothing.jsonl", "train.dataset: file not found: {dir}/nothing.jsonl"),
         ("train.dataset={dir}/sft/ train.eval_dataset={dir}/bad.jsonl", "train.eval_dataset: {dir}/bad.jsonl, line"),

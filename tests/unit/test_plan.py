@@ -395,3 +395,27 @@ def test_the_dry_run_starts_with_the_data_snapshot_before_anything_is_created(ca
     assert (granted in lines) == dataset.startswith("gs://")
     copies = [i for i, line in enumerate(lines) if line.startswith("  copy          the snapshot's train.jsonl")]
     assert len(copies) == 1 and copies[0] == lines.index("train") + 1
+    if dataset.startswith("gs://"):  # with a marker, its read first
+        assert (
+            main(
+                [
+                    "run",
+                    "smoke",
+                    "--platform",
+                    "gke",
+                    "--dry-run",
+                    "--run-id",
+                    "data",
+                    "--set",
+                    sets + " train.dataset_ready=_SUCCESS",
+                ]
+            )
+            == 0
+        )
+        ready = capsys.readouterr().out.splitlines()
+        assert ready[2] == (
+            "  read          storage.objects.get gs://acme-sft/drops/{date}/_SUCCESS (train.dataset_ready: the drop is "
+            "read only once it is there)"
+        )
+    if dataset.startswith("bq://"):  # the queries are jobs of the run's project, whichever project holds the table
+        assert lines[3].endswith("(the rows, counted then read; jobs of my-project, billed there)")

@@ -130,12 +130,15 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     """The run's Cloud Storage datasets can be read by the caller, who takes the data snapshot (the pipeline's first
     task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
-    naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix."""
+    naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix.
+    A BigQuery dataset: ``bigquery.jobs.create`` where its jobs run, and read on the table (``_bigquery_data``)."""
     from components.data import gcs
     from components.spec import datasets
 
     t = spec.train
     for key, value in (("train.dataset", t.dataset), ("train.eval_dataset", t.eval_dataset)):
+        if value and datasets.kind(value) == "bigquery":
+            _bigquery_data(spec, key, value, creds, report)
         if not value or datasets.kind(value) != "gcs":
             continue
         bucket = gcs.parse(value, key)[0]
@@ -151,6 +154,41 @@ def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         else:
             report.checked.append(f"{key}: the caller may list and read gs://{bucket}")
+
+
+def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -> None:
+    """A BigQuery dataset: the caller may create jobs in the project they run and bill in (``snapshot.job_project``:
+    ``train.bigquery_project``, else ``gke.project``; Resource Manager's projects.testIamPermissions, as for the
+    run's own permissions), and may read the table (BigQuery's tables.testIamPermissions), wherever its project is."""
+    from components.cloud import storage
+    from components.data import bigquery, snapshot
+
+    table = bigquery.parse_table(value, key)
+    project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
+    field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
+    request = {"resource": f"projects/{project}", "permissions": [bigquery.JOB_PERMISSION]}
+    if bigquery.JOB_PERMISSION in storage.projects_client(creds).test_iam_permissions(request=request).permissions:
+        report.checked.append(f"{key}: the caller may run BigQuery jobs in project {project} (billed there)")
+    else:
+        report.problems.append(
+            Problem(
+                field,
+                f"the caller lacks {bigquery.JOB_PERMISSION} in project {project}, where the data snapshot's "
+                f"BigQuery jobs reading {table} run and bill: grant roles/bigquery.jobUser on {project}, or name "
+                "another project in train.bigquery_project",
+            )
+        )
+    missing = bigquery.missing_read(table, project, field=key)
+    if missing:
+        report.problems.append(
+            Problem(
+                key,
+                f"the caller may not read {table} (it lacks {', '.join(missing)}): grant roles/bigquery.dataViewer "
+                f"on the dataset {table.rsplit('.', 1)[0]} (or the table)",
+            )
+        )
+    else:
+        report.checked.append(f"{key}: the caller may read {table}")
 
 
 def _limits(spec: RunSpec, run_id: str, report: Report) -> None:

@@ -102,16 +102,28 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
             continue
         kind = datasets.kind(value)
         if kind == "gcs":
+            if key == "train.dataset" and t.dataset_ready:
+                from components.data import drops, gcs
+
+                bucket, prefix, _ = gcs.parse(value, key)
+                lines.append(
+                    f"  read          storage.objects.get gs://{bucket}/{drops.marker_dir(prefix)}{t.dataset_ready} "
+                    "(train.dataset_ready: the drop is read only once it is there)"
+                )
             lines += [
                 f"  read          storage.objects.list {value} ({key}; {{date}}: the schedule's date; every .jsonl, "
-                ".json and .parquet object, each pinned by its generation)",
+                ".json, .parquet and .jsonl.gz object but hidden ones (_ or . in its path), each pinned by its "
+                "generation)",
                 "  read          storage.objects.get each object at its pinned generation (every example checked)",
             ]
         elif kind == "bigquery":
+            from components.data import snapshot
+
+            jobs = snapshot.job_project(ctx.spec) or "the table's project"
             lines += [
                 f"  read          bigquery.tables.get {value} ({key}: its schema)",
                 f"  read          bigquery.jobs.query {value} FOR SYSTEM_TIME AS OF the run's time (the rows, counted "
-                "then read)",
+                f"then read; jobs of {jobs}, billed there)",
             ]
         else:
             lines.append(f"  read          the local files of {value} ({key}), each pinned by its bytes' digest")

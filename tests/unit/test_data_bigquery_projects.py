@@ -1,0 +1,112 @@
+"""BigQuery read where the data is, billed where the run is (components/data/bigquery.py, snapshot.py) against the
+emulated BigQuery's rules (tests/emulators/bigquery.py: a job needs ``bigquery.jobs.create`` in the project it is
+created in, which is billed; reading a table needs ``bigquery.tables.getData`` on it, its dataset or its project;
+``allAuthenticatedUsers`` as a public dataset is shared): a table in another project and a public-dataset-shaped one
+are read with jobs in the run's project; jobs billed in the data project, where the run's identity may not create
+them, are refused as BigQuery refuses them. And a fixed evaluation set read from BigQuery on two days is one set."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.data import bigquery, snapshot
+from components.platforms.store import LocalStore, write_json
+from components.spec import SpecError
+from components.stages import dataset
+from components.workload import resolve
+from tests.emulators.bigquery import BigQueryEmulator
+from tests.unit.test_data_snapshot import _champion, _ctx
+
+RUN, DATA, PUBLIC = "tpupipe-run-1", "acme-data-1", "bigquery-public-data"
+TABLE, SHARED = f"{DATA}.sft.examples", f"{PUBLIC}.samples.instructions"
+PIPELINE = "serviceAccount:pipeline@tpupipe-run-1.iam.gserviceaccount.com"
+SCHEMA = [("instruction", "STRING"), ("response", "STRING"), ("ingested", "TIMESTAMP")]
+NOW = datetime.now(UTC)
+HOUR = timedelta(hours=1)
+
+
+def example(n: int) -> dict:
+    return {"instruction": f"Say {n}.", "response": str(n), "ingested": NOW - 40 * HOUR}
+
+
+@pytest.fixture
+def bq(monkeypatch):
+    """Two projects' tables and a public one; the run's identity (the pipeline's service account) may create jobs in
+    the run's project only, and read the data project's dataset; the public dataset is everyone's to read."""
+    emulator = BigQueryEmulator(token="t0ken")
+    monkeypatch.setenv(bigquery.EMULATOR_HOST_ENV, emulator.start())
+    monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, emulator.token_for(PIPELINE))
+    for table in (TABLE, SHARED, f"{DATA}.sft.eval"):
+        emulator.create_table(table, SCHEMA, at=NOW - 48 * HOUR)
+        emulator.insert(table, [example(n) for n in range(20)], at=NOW - 40 * HOUR)
+    emulator.grant(PIPELINE, "roles/bigquery.jobUser", RUN)
+    emulator.grant(PIPELINE, "roles/bigquery.dataViewer", f"{DATA}.sft")
+    emulator.grant("allAuthenticatedUsers", "roles/bigquery.dataViewer", f"{PUBLIC}.samples")
+    yield emulator
+    emulator.stop()
+
+
+def test_a_table_in_another_project_is_read_with_jobs_billed_in_the_runs_project(bq):
+    spec = resolve("local-fsdp", f"gke.project={RUN} train.dataset=bq://{TABLE}")
+    assert snapshot.job_project(spec) == RUN
+    manifest, train, heldout = snapshot.take(spec, NOW - HOUR, log=lambda line: None)
+    assert manifest["train"]["table"]["project"] == RUN and len(train) + len(heldout) == 20
+    assert {job.project for job in bq.jobs.values()} == {RUN}  # every query a job of the run's project
+
+
+def test_a_public_dataset_is_read_with_jobs_billed_in_the_runs_project(bq):
+    spec = resolve("local-fsdp", f"train.dataset=bq://{SHARED} train.bigquery_project={RUN}")
+    manifest, train, heldout = snapshot.take(spec, NOW - HOUR, log=lambda line: None)
+    assert len(train) + len(heldout) == 20 and {job.project for job in bq.jobs.values()} == {RUN}
+
+
+@pytest.mark.parametrize("table", [TABLE, SHARED])
+def test_jobs_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(bq, table):
+    """The old layout, jobs in the table's project: the run's identity holds no bigquery.jobs.create there."""
+    with pytest.raises(SpecError) as raised:
+        bigquery.snapshot(table, field="train.dataset", at=NOW - HOUR)  # no project: the table's own
+    project = table.split(".")[0]
+    assert raised.value.field == "train.dataset"
+    assert f"may not run BigQuery jobs in project {project}, where the run's queries run and are billed" in str(
+        raised.value
+    )
+    assert f"bigquery.jobs.create permission in project {project}" in str(raised.value)  # BigQuery's own words
+    assert any("train.bigquery_project=PROJECT" in hint for hint in raised.value.valid)
+    assert bq.jobs == {}
+
+
+def test_reading_needs_read_on_the_tables_dataset_wherever_the_jobs_run(bq):
+    other = f"{DATA}.private.secrets"
+    bq.create_table(other, SCHEMA, at=NOW - 48 * HOUR)
+    bq.insert(other, [example(1)], at=NOW - 40 * HOUR)
+    with pytest.raises(SpecError, match="may not read"):
+        bigquery.snapshot(other, field="train.dataset", at=NOW - HOUR, project=RUN)
+    assert bigquery.missing_read(other, RUN) == list(bigquery.READ_PERMISSIONS)
+    assert bigquery.missing_read(TABLE, RUN) == [] and bigquery.missing_read(SHARED, RUN) == []
+    with pytest.raises(SpecError, match="does not exist"):
+        bigquery.missing_read(f"{DATA}.sft.nope", RUN)
+
+
+def test_the_same_bigquery_rows_on_two_days_are_the_same_evaluation_set(bq, tmp_path):
+    """A schedule's second day: the evaluation table read at another snapshot time, its rows unchanged, is the
+    champion's set, so the run goes on to be judged (promoted or rejected) instead of refused; a row more is another
+    set, refused naming what changed."""
+    (tmp_path / "a.jsonl").write_text('{"instruction": "Say a.", "response": "a"}\n')
+    root = tmp_path / "runs"
+    sets = f"gke.project={RUN} train.dataset={tmp_path}/a.jsonl train.eval_dataset=bq://{DATA}.sft.eval"
+    first = dataset.snapshot_data(_ctx(root, sets, "day1"), schedule_time=(NOW - 26 * HOUR).isoformat())
+    manifest = LocalStore(root / "day1").read_text("data/manifest.json")
+    assert manifest and first["eval_snapshot"].startswith("sha256:")
+    write_json(LocalStore(root / "r0"), "data/manifest.json", json.loads(manifest))
+    _champion(root, data_manifest=str(root / "r0" / "data" / "manifest.json"), eval_snapshot=first["eval_snapshot"])
+    second = dataset.snapshot_data(_ctx(root, sets, "day2"), schedule_time=(NOW - 2 * HOUR).isoformat())
+    assert second["proceed"] == "train" and second["eval_snapshot"] == first["eval_snapshot"]
+    bq.insert(f"{DATA}.sft.eval", [example(99)], at=NOW - HOUR)
+    with pytest.raises(SpecError) as raised:
+        dataset.snapshot_data(_ctx(root, sets, "day3"))
+    assert raised.value.field == "train.eval_dataset" and "20 examples then, 21 now" in str(raised.value)

@@ -1,0 +1,242 @@
+"""Drops as teams write them (components/data/drops.py, snapshot.py, gcs.py) against the Cloud Storage emulator, and
+on local disk: a missing drop under ``train.data_since=champion`` is a skipped run, a drop is read only once its
+``train.dataset_ready`` marker is there, hidden ``_temporary/`` and ``.``/``_`` paths are never read, ``.jsonl.gz`` is
+read, an empty shard is skipped with a warning. And a fixed evaluation set is its content: the same examples on
+another day, or an object uploaded again byte for byte, are the same set; another set is refused naming what
+changed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from components.data import drops, snapshot
+from components.platforms.store import LocalStore, read_json, write_json
+from components.spec import SpecError
+from components.stages import dataset
+from components.workload import resolve
+from tests.unit.test_data_gcs import DATA, storage  # noqa: F401 - the Cloud Storage emulator's fixture
+from tests.unit.test_data_snapshot import _champion, _ctx
+
+DAY1 = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+DAY2 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+
+
+def rows(seed: int, count: int = 20) -> bytes:
+    lines = [{"instruction": f"Echo s{seed}n{i}.", "response": f"s{seed}n{i}"} for i in range(count)]
+    return "".join(json.dumps(r) + "\n" for r in lines).encode()
+
+
+def take(overrides: str, when=DAY1, since=None, ref=""):
+    lines: list[str] = []
+    manifest, train, heldout = snapshot.take(resolve("local-fsdp", overrides), when, since, ref, log=lines.append)
+    return manifest, train, heldout, lines
+
+
+def names(manifest) -> list[str]:
+    return [item["uri"].split("/drops/", 1)[1] for item in manifest["train"]["items"]]
+
+
+# ---------------------------------------------------------------- Cloud Storage drops
+
+
+def test_hidden_temporary_and_dot_paths_are_never_read(storage):  # noqa: F811
+    """A Spark job's drop while and after it commits: its attempts under ``_temporary/``, its ``_SUCCESS`` and
+    ``.crc`` files are the writer's own; only the committed part files are listed and read."""
+    storage.put(DATA, "drops/2026-12-01/_temporary/0/_temporary/attempt_1/part-00009.jsonl", rows(9))
+    storage.put(DATA, "drops/2026-12-01/.part-00000.jsonl.crc", b"crc")
+    storage.put(DATA, "drops/2026-12-01/.staging.jsonl", rows(8))
+    storage.put(DATA, "drops/2026-12-01/part-00000.jsonl", rows(1))
+    storage.put(DATA, "drops/2026-12-01/_SUCCESS", b"")
+    manifest, train, heldout, lines = take(f"train.dataset=gs://{DATA}/drops/{{date}}/")
+    assert names(manifest) == ["2026-12-01/part-00000.jsonl"]
+    assert len(train) + len(heldout) == 20
+    assert any("4 hidden object(s) not read" in line for line in lines)
+
+
+def test_a_drop_is_read_only_once_its_marker_is_there(storage):  # noqa: F811
+    storage.put(DATA, "drops/2026-12-01/part-00000.jsonl", rows(1))
+    sets = f"train.dataset=gs://{DATA}/drops/{{date}}/ train.dataset_ready=_SUCCESS"
+    with pytest.raises(drops.NotReady) as raised:
+        take(sets)
+    assert raised.value.field == "train.dataset"
+    assert f"gs://{DATA}/drops/2026-12-01/_SUCCESS (train.dataset_ready) is not there yet" in str(raised.value)
+    # with data_since, a drop not yet complete is a day with nothing new: nothing read, the run skipped
+    manifest, train, _, _ = take(f"{sets} train.data_since=champion")
+    assert manifest["skip"].startswith("nothing to read: ") and "not ready" in manifest["skip"] and train == []
+    assert manifest["train"]["items"] == []
+    storage.put(DATA, "drops/2026-12-01/part-00001.jsonl", rows(2))
+    storage.put(DATA, "drops/2026-12-01/_SUCCESS", b"")  # the writer's last object
+    manifest, train, heldout, _ = take(sets)
+    assert names(manifest) == ["2026-12-01/part-00000.jsonl", "2026-12-01/part-00001.jsonl"]
+    assert len(train) + len(heldout) == 40
+
+
+def test_a_missing_drop_under_data_since_is_a_skipped_day_and_without_it_an_error(storage):  # noqa: F811
+    storage.put(DATA, "drops/2026-12-01/part-00000.jsonl", rows(1))
+    sets = f"train.dataset=gs://{DATA}/drops/{{date}}/"
+    manifest, train, heldout, _ = take(f"{sets} train.data_since=champion", when=DAY2)
+    assert manifest["skip"] == f"nothing to read: gs://{DATA}/drops/2026-12-02/: no .jsonl/.json/.parquet/.jsonl.gz " \
+        f"object under gs://{DATA}/drops/2026-12-02/"  # fmt: skip
+    assert (train, heldout) == ([], [])
+    for extra in ("", " train.dataset_ready=_SUCCESS"):  # with a marker: nothing at all there is still no drop
+        manifest, _, _, _ = take(f"{sets} train.data_since=champion{extra}", when=DAY2)
+        assert "2026-12-02" in manifest["skip"]
+    with pytest.raises(drops.NoDrop) as raised:  # a run that is not incremental has nothing to train on: exit 2
+        take(sets, when=DAY2)
+    assert raised.value.field == "train.dataset"
+    with pytest.raises(SpecError, match="the bucket no-such-bucket does not exist"):  # a wrong bucket stays an error
+        take("train.dataset=gs://no-such-bucket/drops/{date}/ train.data_since=champion")
+
+
+def test_gzip_json_lines_are_read_and_an_empty_shard_is_skipped_with_a_warning(storage):  # noqa: F811
+    storage.put(DATA, "drops/2026-12-01/part-00000.jsonl.gz", gzip.compress(rows(1)))
+    storage.put(DATA, "drops/2026-12-01/part-00001.jsonl", b"")  # a task that had no rows
+    storage.put(DATA, "drops/2026-12-01/part-00002.jsonl", rows(2))
+    manifest, train, heldout, lines = take(f"train.dataset=gs://{DATA}/drops/{{date}}/")
+    counts = {item["uri"].rsplit("/", 1)[1]: item["num_examples"] for item in manifest["train"]["items"]}
+    assert counts == {"part-00000.jsonl.gz": 20, "part-00001.jsonl": 0, "part-00002.jsonl": 20}
+    assert len(train) + len(heldout) == 40
+    assert f"snapshot: warning: gs://{DATA}/drops/2026-12-01/part-00001.jsonl: no examples, skipped" in lines
+    storage.put(DATA, "eval/empty.jsonl", b"")  # an evaluation set of nothing measures nothing: refused
+    with pytest.raises(SpecError, match=r"^train.eval_dataset: gs://.*/eval/empty.jsonl: no examples"):
+        take(f"train.dataset=gs://{DATA}/drops/{{date}}/ train.eval_dataset=gs://{DATA}/eval/empty.jsonl")
+    storage.put(DATA, "bad/x.jsonl.gz", b"\x1f\x8bnot gzip at all")
+    with pytest.raises(SpecError, match=r"^train.dataset: gs://.*/bad/x.jsonl.gz: not gzip"):
+        take(f"train.dataset=gs://{DATA}/bad/")
+
+
+def test_a_cloud_storage_evaluation_object_uploaded_again_byte_for_byte_is_the_same_set(storage, tmp_path):  # noqa: F811
+    storage.put(DATA, "eval/v1.jsonl", rows(7, count=12))
+    (tmp_path / "a.jsonl").write_bytes(rows(1))
+    sets = f"train.dataset={tmp_path}/a.jsonl train.eval_dataset=gs://{DATA}/eval/v1.jsonl"
+    first, _, _, _ = take(sets)
+    generation = storage.object(DATA, "eval/v1.jsonl")["generation"]
+    storage.put(DATA, "eval/v1.jsonl", rows(7, count=12))  # the same bytes, a new generation
+    assert storage.object(DATA, "eval/v1.jsonl")["generation"] != generation
+    again, _, _, _ = take(sets, when=DAY2)
+    assert again["eval"]["digest"] == first["eval"]["digest"]
+    assert again["eval"]["pinned"] != first["eval"]["pinned"]  # what it read it as did change
+
+
+# ---------------------------------------------------------------- local drops, and a whole run
+
+
+def test_local_drops_follow_the_same_rules(tmp_path):
+    day = tmp_path / "sft" / "2026-12-01"
+    (day / "_temporary" / "0").mkdir(parents=True)
+    (day / "_temporary" / "0" / "part-00009.jsonl").write_bytes(rows(9))
+    (day / ".hidden.jsonl").write_bytes(rows(8))
+    (day / "part-00000.jsonl.gz").write_bytes(gzip.compress(rows(1)))
+    (day / "part-00001.jsonl").write_bytes(b"")
+    sets = f"train.dataset={tmp_path}/sft/{{date}}/ train.dataset_ready=_SUCCESS"
+    with pytest.raises(drops.NotReady, match="_SUCCESS \\(train.dataset_ready\\) is not there yet"):
+        take(sets)
+    (day / "_SUCCESS").write_bytes(b"")
+    manifest, train, heldout, lines = take(sets)
+    assert [item["uri"].rsplit("/", 1)[1] for item in manifest["train"]["items"]] == [
+        "part-00000.jsonl.gz",
+        "part-00001.jsonl",
+    ]
+    assert len(train) + len(heldout) == 20 and any("no examples, skipped" in line for line in lines)
+    manifest, _, _, _ = take(f"{sets} train.data_since=champion", when=DAY2)
+    assert manifest["skip"].startswith("nothing to read: ") and "2026-12-02" in manifest["skip"]
+
+
+def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_nothing(tmp_path, capsys):
+    """A schedule's run on a day its drop never came: ``skipped``, exit 0, no cluster (no ledger), no examples
+    written; the champion (and what it has seen) is as it was."""
+    from pipelines.cli.main import main
+
+    root = tmp_path / "runs"
+    (tmp_path / "sft" / "2026-12-01").mkdir(parents=True)
+    (tmp_path / "sft" / "2026-12-01" / "a.jsonl").write_bytes(rows(1))
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
+    data = f"train.dataset={tmp_path}/sft/{{date}}/ train.eval_dataset={tmp_path}/eval.jsonl train.data_since=champion"
+    earlier, _, _, _ = take(data)  # the champion's own snapshot, of the first day
+    store = LocalStore(root / "r0")
+    write_json(store, "data/manifest.json", earlier)
+    _champion(root, data_manifest=str(root / "r0" / "data" / "manifest.json"), eval_snapshot=earlier["eval"]["digest"])
+    (root / "r0" / "train" / "ck").mkdir(parents=True)  # the champion's checkpoint, which init_from starts from
+    code = main(["run", "--output-root", str(root), "--run-id", "nodrop", "--set", f"{data} train.init_from=champion"])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, captured.err[-2000:]
+    assert "status: skipped (nothing to read: " in out and "file not found: " in out
+    summary = json.loads((root / "nodrop" / "summary.json").read_text())
+    assert summary["status"] == "skipped" and "sft/" in summary["skipped"]
+    assert not (root / "nodrop" / "ledger.json").exists()  # no cluster recorded, so none was started
+    assert not (root / "nodrop" / "data" / "train.jsonl").exists()
+
+
+# ---------------------------------------------------------------- the evaluation set's identity
+
+
+def test_a_changed_evaluation_set_is_refused_naming_what_changed(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(rows(1))
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
+    root = tmp_path / "runs"
+    sets = f"train.dataset={tmp_path}/a.jsonl train.eval_dataset={tmp_path}/eval.jsonl"
+    first, _, _, _ = take(sets)
+    write_json(LocalStore(root / "r0"), "data/manifest.json", first)
+    _champion(root, data_manifest=str(root / "r0" / "data" / "manifest.json"), eval_snapshot=first["eval"]["digest"])
+    assert dataset.snapshot_data(_ctx(root, sets, "same"))["eval_snapshot"] == first["eval"]["digest"]
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=13))  # one example more
+    with pytest.raises(SpecError) as raised:
+        dataset.snapshot_data(_ctx(root, sets, "more"))
+    assert raised.value.field == "train.eval_dataset" and "12 examples then, 13 now" in str(raised.value)
+    (tmp_path / "eval.jsonl").write_bytes(rows(6, count=12))  # as many, other examples
+    with pytest.raises(SpecError, match=r"the same source and number of examples \(12\), other content"):
+        dataset.snapshot_data(_ctx(root, sets, "other"))
+    assert read_json(LocalStore(root / "other"), dataset.MANIFEST) is None
+
+
+def test_a_champion_that_recorded_what_it_pinned_still_matches_the_same_set(tmp_path):
+    """A champion registered before content digests recorded the digest of the items it pinned: the same items
+    are still its set."""
+    (tmp_path / "a.jsonl").write_bytes(rows(1))
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
+    sets = f"train.dataset={tmp_path}/a.jsonl train.eval_dataset={tmp_path}/eval.jsonl"
+    first, _, _, _ = take(sets)
+    root = tmp_path / "runs"
+    _champion(root, eval_snapshot=first["eval"]["pinned"])
+    assert dataset.snapshot_data(_ctx(root, sets, "next"))["proceed"] == "train"
+
+
+def test_the_content_digest_is_the_prompt_fields_of_every_example_in_any_order():
+    a = [{"instruction": "x", "response": "1", "ingested": "2026-12-01"}, {"instruction": "y", "response": "2"}]
+    b = [{"response": "2", "instruction": "y", "other": 3}, {"instruction": "x", "response": "1"}]
+    assert snapshot.content_digest(a) == snapshot.content_digest(b)
+    assert snapshot.content_digest(a) != snapshot.content_digest(a + a[:1])  # the same example twice counts twice
+    assert snapshot.content_digest(a) != snapshot.content_digest([{**a[0], "response": "3"}, a[1]])
+
+
+# ---------------------------------------------------------------- the keys
+
+
+@pytest.mark.parametrize(
+    ("sets", "key", "says"),
+    [
+        ("train.dataset=bq://p-123456.d.t train.dataset_ready=_SUCCESS", "train.dataset_ready", "gs:// or local"),
+        ("train.dataset=gs://bucket-1/d/ train.dataset_ready=a/_SUCCESS", "train.dataset_ready", "not a file name"),
+        ("train.dataset=gs://bucket-1/d/ train.dataset_ready=..", "train.dataset_ready", "not a file name"),
+        ("train.dataset=gs://bucket-1/d/ train.bigquery_project=my-project", "train.bigquery_project", "bq://"),
+        ("train.dataset=bq://p-123456.d.t train.bigquery_project=My_Project", "train.bigquery_project", "project id"),
+    ],
+)
+def test_the_new_keys_are_validated_naming_the_key(sets, key, says):
+    from components.spec import validate
+
+    with pytest.raises(SpecError) as raised:
+        validate(resolve("local-fsdp", sets))
+    assert raised.value.field == key and says in str(raised.value)
+
+
+def test_the_new_keys_validate_where_they_apply():
+    from components.spec import validate
+
+    validate(resolve("local-fsdp", "train.dataset=gs://bucket-1/d/{date}/ train.dataset_ready=_SUCCESS"))
+    validate(resolve("local-fsdp", "train.dataset=bq://p-123456.d.t train.bigquery_project=example.com:billing-1"))
