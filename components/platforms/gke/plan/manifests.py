@@ -268,17 +268,8 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     }
 
 
-def _worker_groups(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
-    """ONE worker group of every slice; under capacity=queued with the run's own requests, one per slice (its node
-    pool's request is its own: ``queued``)."""
-    if not queued.direct(spec):
-        return [_worker_group(spec, t)]
-    return [_worker_group(spec, t, i) for i in range(spec.cluster.num_slices)]
-
-
 def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> dict[str, Any]:
-    """The worker group of every slice, or (``slice_index``) of that slice alone: on its node pool, consuming its
-    ProvisioningRequest."""
+    """The worker group of every slice, or (``slice_index``: capacity=queued) of that slice alone, on its pool."""
     c = spec.cluster
     shape = d.slice_shape(spec)
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
@@ -329,8 +320,7 @@ def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> d
     }
     metadata = _pod_metadata(t)
     if slice_index is not None:  # one slice's group: its pool, its request (capacity=queued)
-        if c.num_slices > 1:
-            group["groupName"] += f"-{slice_index}"
+        group["groupName"] += f"-{slice_index}" if c.num_slices > 1 else ""
         group.update(replicas=1, minReplicas=1 if slice_index < min_slices else 0, maxReplicas=1)
         pod_spec["nodeSelector"][r.NODE_LABEL_NODE_POOL] = names.tpu_node_pool(t.run_id, slice_index)
         metadata["annotations"].update(queued.worker_annotations(spec, t, slice_index))
@@ -347,7 +337,10 @@ def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
         "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
         "enableInTreeAutoscaling": False,
         "headGroupSpec": _head_group(spec, t),
-        "workerGroupSpecs": _worker_groups(spec, t),
+        # capacity=queued with the run's own requests: a group per slice, consuming its pool's request (``queued``)
+        "workerGroupSpecs": [_worker_group(spec, t, i) for i in range(spec.cluster.num_slices)]
+        if queued.direct(spec)
+        else [_worker_group(spec, t)],
     }
     if t.queue:
         # Queued in Kueue: its LocalQueue and priority class are labels of the RayCluster, and it is created suspended,
