@@ -59,6 +59,10 @@ class Family:
     # Documented link bandwidths (sources at FAMILIES), the slice check's floors derive from them (link_floor):
     ici_gbytes_per_s: float | None = None  # bidirectional inter-chip interconnect per chip, GB/s
     dcn_gbits_per_s: float | None = None  # data center network per chip, Gbit/s
+    # The public Google source that shows GKE's queued provisioning (flex-start node pools with
+    # --enable-queued-provisioning, fulfilled by a ProvisioningRequest) for the family's slices; "": none, and
+    # cluster.capacity=queued is refused for it (sources below, at FAMILIES).
+    queued_provisioning: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,21 @@ class SliceShape:
 #   chip (https://docs.cloud.google.com/tpu/docs/tpu7x). A family without a figure would have its slice check
 #   measure and report the bandwidth but hold it to no floor (the check warns).
 
+# Queued provisioning: GKE's guide, "Run a large-scale workload with flex-start with queued provisioning"
+#   (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest), is written for GPUs, and GKE has
+#   refused TPU node pools that ask for it: xpk turned it off for TPUs after "ResponseError: code=400, message=Flex
+#   start node pools don't support TPUs with queued provisioning" (https://github.com/AI-Hypercomputer/xpk/pull/900,
+#   "fix: FSQ only for GPUs", src/xpk/utils/kueue.py: is_queued_cluster is true for GPUs only, 2025-12-03). Google's
+#   cluster-toolkit then published TPU queued provisioning for v6e and TPU7x only
+#   (https://github.com/GoogleCloudPlatform/cluster-toolkit/pull/5218, "Adding GKE TPU DWS Queued Provisioning support
+#   for v6e and 7x", 2026-02-12: examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-v6e and
+#   gke-tpu-7x, each pool one slice, max nodes = the slice's hosts). No public source shows it for v5e or v5p.
+QUEUED_V6E = (
+    "https://github.com/GoogleCloudPlatform/cluster-toolkit/tree/1047080375afbb44da4b596be314634e7486af4a/"
+    "examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-v6e"
+)
+QUEUED_TPU7X = QUEUED_V6E.removesuffix("gke-tpu-v6e") + "gke-tpu-7x"
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -149,6 +168,7 @@ FAMILIES: dict[str, Family] = {
             accelerator_network_profile=True,
             ici_gbytes_per_s=800,
             dcn_gbits_per_s=100,
+            queued_provisioning=QUEUED_V6E,
         ),
         Family(
             name="tpu7x",
@@ -159,6 +179,7 @@ FAMILIES: dict[str, Family] = {
             topology_dims=3,
             ici_gbytes_per_s=1200,
             dcn_gbits_per_s=100,
+            queued_provisioning=QUEUED_TPU7X,
         ),
     )
 }

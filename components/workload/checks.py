@@ -25,6 +25,7 @@ def resolve(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] 
 
 def check(spec: RunSpec) -> None:
     check_slice(spec)
+    check_queued(spec)
     check_workers(spec)
     check_gke_network(spec)
     check_gke_versions(spec)
@@ -82,6 +83,55 @@ def check_slice(spec: RunSpec) -> None:
             f"multi-host slices only ({', '.join(multi)})",
             ["1"],
         )
+
+
+# What a family without queued provisioning uses instead: flex-start node pools behind Kueue, as GKE's tutorial
+# "Optimize AI training on TPUs with DWS and Kueue" does (https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/
+# ray-kueue-dws: a DWS flex-start TPU pool that Kueue falls back to).
+QUEUED_ALTERNATIVE = (
+    "cluster.capacity=flex-start, on a shared cluster behind Kueue (gke.queue) as GKE's tutorial \"Optimize AI "
+    'training on TPUs with DWS and Kueue" does (https://docs.cloud.google.com/kubernetes-engine/docs/tutorials/'
+    "ray-kueue-dws)"
+)
+QUEUED_REFUSED = (
+    "GKE answered TPU node pools with queued provisioning \"400 Flex start node pools don't support TPUs with queued "
+    'provisioning" (https://github.com/AI-Hypercomputer/xpk/pull/900, src/xpk/utils/kueue.py)'
+)
+
+
+def check_queued(spec: RunSpec) -> None:
+    """cluster.capacity=queued (a rung of the ladder) only for a family a public source shows GKE's queued
+    provisioning for (``Family.queued_provisioning``, sources in the catalogue); elsewhere refused, naming the
+    source of the refusal and the alternative."""
+    c = spec.cluster
+    if "queued" not in c.capacities or c.accelerator == "cpu":
+        return
+    family = catalogue.family(c.accelerator)
+    if not family.queued_provisioning:
+        _refuse_queued(family)
+    if spec.gke.queue and c.num_slices > 1:
+        # Kueue's admission check makes ONE ProvisioningRequest for the RayCluster's TPU pods
+        # (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/), and GKE fulfils a request within
+        # one node pool, which holds one slice (components.platforms.gke.plan.queued: the autoscaler's all-or-nothing
+        # scale-up); xpk turns queued provisioning off for multislice (https://github.com/AI-Hypercomputer/xpk/pull/631).
+        raise SpecError(
+            "cluster.num_slices",
+            f"{c.num_slices} slices queued through Kueue (gke.queue): Kueue would ask for every slice's hosts in one "
+            "ProvisioningRequest, and GKE fulfils a request within one node pool of one slice; one slice, or the "
+            "run's own node pools and requests (no gke.queue), or cluster.capacity=flex-start behind Kueue",
+            ["1"],
+        )
+
+
+def _refuse_queued(family: catalogue.Family) -> None:
+    """capacity=queued on a family without a source: refused, naming GKE's refusal and the alternative."""
+    supported = [f"{f.name} ({f.queued_provisioning})" for f in catalogue.FAMILIES.values() if f.queued_provisioning]
+    raise SpecError(
+        "cluster.capacity",
+        f"queued provisioning of {family.name} TPU slices has no public GKE source; {QUEUED_REFUSED}, and Google "
+        f"shows it for {', '.join(supported)} only. Use {QUEUED_ALTERNATIVE}",
+        ["flex-start", "spot", "on-demand", "reservation"],
+    )
 
 
 def check_workers(spec: RunSpec) -> None:

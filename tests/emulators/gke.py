@@ -243,6 +243,21 @@ class ClusterManagerEmulator(GrpcEmulator):
                 if p.config.resource_labels.get(key) == value or p.config.labels.get(key) == value
             ]
 
+    def queued_pools(self) -> list[dict]:
+        """The node pools with queued provisioning on, of every cluster, as the cluster autoscaler sees them: name,
+        node labels (its ``config.labels`` and GKE's ``cloud.google.com/gke-nodepool``) and maximum size."""
+        with self._lock:
+            return [
+                {
+                    "name": p.name,
+                    "labels": {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name},
+                    "max_nodes": p.autoscaling.max_node_count,
+                }
+                for cl in self.state.clusters.values()
+                for p in cl.node_pools
+                if p.queued_provisioning.enabled
+            ]
+
     # ------------------------------------------------------------------ serving
     def start(self) -> str:
         handlers = {

@@ -9,6 +9,9 @@
   server does with strict field validation;
 - ProvisioningRequests and the cluster autoscaler's queued provisioning, PodTemplates (``provisioning``): a request's
   pods wait until it is Provisioned, then are scheduled together; ``lose_pod`` loses a host mid-run;
+- node taints and pod tolerations (``taints``, Kubernetes' matching rules): the nodes a ProvisioningRequest brings
+  carry GKE's queued provisioning taint (``provisioning.QUEUED_TAINT``), and a pod that does not tolerate it stays
+  Pending, Unschedulable with the scheduler's ``untolerated taint`` message, while the nodes are up;
 - the RayCluster CRD is served (``apiextensions.k8s.io/v1``) as the KubeRay release ``kuberay_version`` installs it:
   the vendored v1.7.0 CRD, less the fields added after an older release (``FIELDS_SINCE``), which the API
   server then drops from RayClusters without a word, as a real one prunes fields its CRD lacks;
@@ -89,7 +92,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.emulators import kube_schema, kueue, provisioning
+from tests.emulators import kube_schema, kueue, provisioning, taints
 from tests.emulators.tokens import authorized
 
 # PodTemplates (queued provisioning's) are not checked by the client's model: kubernetes 30.1.0's pod spec predates
@@ -708,7 +711,11 @@ class KubeEmulator:
         self._schedule(namespace, obj, pods)
 
     def _schedule(self, namespace: str, obj: dict, pods: list[dict]) -> None:
-        """The pods are placed: they start (or cannot, for a Secret they lack), and Ray starts in them."""
+        """The pods are placed: they start (or cannot, for a Secret they lack), and Ray starts in them; unless a pod
+        does not tolerate its nodes' taints (``_refused_by_taints``), when the pods stay as they are and Ray does not
+        start."""
+        if self._refused_by_taints(namespace, pods):
+            return
         missing = self._missing_secrets(namespace, pods)
         if missing:
             for pod in pods:
@@ -749,6 +756,31 @@ class KubeEmulator:
                 "run_id": f"no-ray-{secrets.token_hex(6)}",  # no process of any run is this cluster's
             }
             self._mark_ready(namespace, name, len(pods))
+
+    def _refused_by_taints(self, namespace: str, pods: list[dict]) -> bool:
+        """The scheduler's taint filter (``taints``): a pod that does not tolerate a NoSchedule or NoExecute taint of
+        the nodes it would land on (``provisioning.node_taints``: a queued provisioning pool's) is not scheduled; it
+        stays Pending, Unschedulable with the scheduler's message, and a FailedScheduling event is recorded for it,
+        while the nodes stay up (and bill). True when some pod is refused (the RayCluster then never gets ready)."""
+        refused = {}
+        for pod in pods:
+            taint = taints.untolerated(pod["spec"], provisioning.node_taints(pod))
+            if taint is not None:
+                refused[pod["metadata"]["name"]] = taint
+        if not refused:
+            return False
+        nodes = sum(1 for pod in pods if provisioning.node_taints(pod))  # one node per TPU host pod
+        for pod in pods:
+            taint = refused.get(pod["metadata"]["name"])
+            if taint is None:
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+                continue
+            message = taints.refusal(taint, nodes)
+            pod["status"]["conditions"] = [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ]
+            self._event(namespace, pod["metadata"]["name"], "FailedScheduling", message, "default-scheduler")
+        return True
 
     # ------------------------------------------------------------------ the cluster autoscaler
     def _event(self, namespace: str, pod: str, reason: str, message: str, component: str) -> None:
@@ -825,7 +857,16 @@ class KubeEmulator:
             self._schedule(namespace, obj, pods)
 
     def _provisioned(self, namespace: str, name: str) -> None:
-        """The ProvisioningRequest the RayCluster's workers consume is Provisioned: all its pods are placed."""
+        """A ProvisioningRequest the RayCluster's workers consume is Provisioned: once every one they consume is, all
+        its pods are placed (meanwhile those of the provisioned ones are PodScheduled)."""
+        with self.lock:
+            pods = [
+                p
+                for (plural, ns, _), p in self.objects.items()
+                if plural == "pods" and ns == namespace and p["metadata"]["labels"].get("ray.io/cluster") == name
+            ]
+            if self.provisioner.holds(namespace, pods):
+                return
         self._nodes_came(namespace, name, None)
 
     def _retry_scale_up(self, namespace: str, name: str, workers: list[dict]) -> None:

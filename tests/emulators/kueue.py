@@ -20,8 +20,11 @@ after the Kueue document it follows:
   is never admitted. Pending workloads go by priority, then creation; ``StrictFIFO`` stops at the first that does not
   fit, ``BestEffortFIFO`` (the default) tries the rest
   (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#queueing-strategy). On admission the flavor's
-  ``nodeLabels`` are added to the pod templates' nodeSelector and the RayCluster is unsuspended
-  (https://kueue.sigs.k8s.io/docs/concepts/workload/, "Admission");
+  ``nodeLabels`` are added to the pod templates' nodeSelector, its ``tolerations`` to their tolerations ("extra
+  tolerations that will be added to the pods admitted in the quota associated with this resource flavor": the
+  ResourceFlavor CRD, ``tests/contract/crds/kueue-v0.19.2/kueue.x-k8s.io_resourceflavors.yaml``), and the RayCluster
+  is unsuspended (https://kueue.sigs.k8s.io/docs/concepts/workload/, "Admission"); a ProvisioningRequest's
+  PodTemplate gets the same;
 - preemption: with ``preemption.withinClusterQueue: LowerPriority`` a pending workload that does not fit evicts
   admitted ones of lower priority in its ClusterQueue, the lowest priority first and among equals the most recently
   admitted, until it fits; the evicted Workload gets ``Evicted`` (reason ``Preempted``), loses its quota, and its
@@ -233,6 +236,19 @@ class Kueue:
     def _flavor_labels(self, flavor: str) -> dict:
         return (self._get("resourceflavors", "", flavor) or {}).get("spec", {}).get("nodeLabels", {})
 
+    def _with_flavors(self, pod_spec: dict, flavors) -> None:
+        """``pod_spec`` (a pod template's) as Kueue admits it with ``flavors``: their nodeLabels in its nodeSelector
+        (its own selector wins), their tolerations added to its own."""
+        labels: dict = {}
+        tolerations = list(pod_spec.get("tolerations") or [])
+        for flavor in sorted(set(flavors)):
+            labels.update(self._flavor_labels(flavor))
+            spec = (self._get("resourceflavors", "", flavor) or {}).get("spec", {})
+            tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+        pod_spec["nodeSelector"] = {**labels, **pod_spec.get("nodeSelector", {})}
+        if tolerations:
+            pod_spec["tolerations"] = tolerations
+
     def pending(self, cq_name: str | None = None) -> list[dict]:
         """Pending workloads (of the ClusterQueue, when named) in queue order: priority, then creation."""
         waiting = [
@@ -319,11 +335,7 @@ class Kueue:
         spec = cluster["spec"]
         groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
         for group, assignment in zip(groups, assignments, strict=True):
-            labels: dict = {}
-            for flavor in set(assignment["flavors"].values()):
-                labels.update(self._flavor_labels(flavor))
-            pod_spec = group["template"].setdefault("spec", {})
-            pod_spec["nodeSelector"] = {**labels, **pod_spec.get("nodeSelector", {})}
+            self._with_flavors(group["template"].setdefault("spec", {}), assignment["flavors"].values())
             updates = self.checks.pod_set_annotations(workload, assignment["name"])
             if updates:
                 group["template"].setdefault("metadata", {}).setdefault("annotations", {}).update(updates)
@@ -527,9 +539,7 @@ class ProvisioningChecks:
             if managed and not asked & managed:
                 continue
             template = copy.deepcopy(pod_set["template"])
-            for flavor in set(flavors.get(pod_set["name"], {}).values()):
-                selector = template.setdefault("spec", {}).setdefault("nodeSelector", {})
-                selector.update(self.kueue._flavor_labels(flavor))
+            self.kueue._with_flavors(template.setdefault("spec", {}), flavors.get(pod_set["name"], {}).values())
             template_name = f"{name}--{pod_set['name']}"
             self.kube.objects[("podtemplates", namespace, template_name)] = {
                 "apiVersion": "v1",

@@ -188,6 +188,7 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
         kube_endpoint=kube.endpoint, kube_ca_pem=kube.ca_pem, polls_to_done=polls_to_done, compute=compute
     )
     gke.on_cluster_deleted.append(lambda cluster: kube.delete_run(cluster.resource_labels.get(names.RUN_LABEL, "")))
+    kube.provisioner.pools = gke.queued_pools  # a ProvisioningRequest is fulfilled within one of them
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)

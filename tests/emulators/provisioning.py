@@ -14,6 +14,18 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
   request's node pools exists, and no cluster autoscaler event is recorded for them (the request is the scale-up);
 - the PodTemplate a pod set names must exist in the request's namespace (types.go: "must be within the same
   namespace"), else the request Fails at once;
+- a request is fulfilled within ONE queued provisioning node pool (``pools``: the GKE emulator's): every pod of it
+  must fit one pool whose node labels its PodTemplate's nodeSelector agrees with (on the keys the pool labels), up
+  to the pool's maximum size; else no pool is an option and the request is never Provisioned (its Provisioned
+  condition False, the autoscaler trying again later), so its pods wait until the run's deadline. The cluster
+  autoscaler's all-or-nothing scale-up, which the atomic provisioning class runs: each expansion option is one node
+  group, and one that cannot take all the pods is dropped ("Some pods can't fit to %s, giving up due to
+  all-or-nothing scale-up strategy"; kubernetes/autoscaler, cluster-autoscaler/core/scaleup/orchestrator/
+  orchestrator.go, ``ScaleUp``, at 021bbf41081464628ab138ebe9f604a5d488c173, called with ``allOrNothing`` from
+  cluster-autoscaler/provisioningrequest/besteffortatomic/provisioning_class.go, which then sets Provisioned False,
+  "Capacity is not found, CA will try to find it later."). GKE's own class is not open source; this is the public
+  behaviour nearest to it. A run's pods that consume several requests are scheduled once every one is Provisioned
+  (those of a Provisioned one are PodScheduled meanwhile);
 - ``expire_booking``: the request's capacity is no longer booked for it (BookingExpired, types.go: "the
   ProvisioningRequest had Provisioned condition before and capacity reservation time is expired"); pods that have
   not landed yet will not be given nodes;
@@ -22,7 +34,10 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
   https://kueue.sigs.k8s.io/docs/concepts/admission_check/provisioning_request/): the request's nodes go, and with
   them the pods that consume it (as a host lost mid-run: the kube emulator's ``lose_pod``);
 - whoever made a request (Kueue's admission check: tests/emulators/kueue.py) hears of each condition it gets
-  (``listeners``: (namespace, name, condition type)), as its controller watches the request.
+  (``listeners``: (namespace, name, condition type)), as its controller watches the request;
+- the nodes a request brings are those of a queued provisioning node pool, which GKE taints
+  ``cloud.google.com/gke-queued=true:NoSchedule`` (``QUEUED_TAINT``, ``node_taints``): a pod that consumes the request
+  but does not tolerate the taint is never scheduled on them (the kube emulator's scheduler, ``taints``).
 """
 
 from __future__ import annotations
@@ -40,6 +55,15 @@ PLURAL = "provisioningrequests"
 KIND = "ProvisioningRequest"
 QUEUED_CLASS = "queued-provisioning.gke.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+# GKE taints the nodes of a queued provisioning node pool so that only the pods meant for them land there:
+# Google's cluster-toolkit, modules/compute/gke-node-pool (at 1047080375afbb44da4b596be314634e7486af4a): variables.tf,
+# enable_queued_provisioning "adds the cloud.google.com/gke-queued taint to the node pool", and main.tf, "GKE
+# automatically applies the taint" (the module adds only the matching label); its TPU queued provisioning examples
+# (examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-7x/README.md and gke-tpu-v6e/,
+# "Tolerations (Mandatory)") give every pod the toleration key cloud.google.com/gke-queued, value "true", effect
+# NoSchedule. The pools themselves: GKE docs, "Run a large-scale workload with flex-start with queued provisioning"
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest).
+QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
 WAITING_MESSAGE = "pod waits for its ProvisioningRequest {name} to be provisioned (queued provisioning)"
 
 
@@ -86,6 +110,7 @@ class Provisioner:
         self.lock = lock
         self.outcome = "provisioned"  # or "capacity_not_found": the request Fails
         self.provision_s = 2.0  # how long Dynamic Workload Scheduler takes to decide
+        self.provision_s_of: dict[str, float] = {}  # a request's own time to decide, by name (a test's hand)
         self.waiting: dict[tuple[str, str], list[Callable[[], None]]] = {}  # request -> what runs once provisioned
         self.crd_served = True  # False: a cluster without the ProvisioningRequest API
         self.decided: list[tuple[str, str, str]] = []  # (namespace, name, condition) in order
@@ -95,6 +120,9 @@ class Provisioner:
         # A test's hand on the clock: when set, a decision also waits for this event (e.g. until the run has been
         # seen waiting), so an assertion about the wait cannot race a loaded machine's scheduling.
         self.hold: threading.Event | None = None
+        # The queued provisioning node pools (the GKE emulator's ``queued_pools``): name, node labels, max nodes;
+        # None: no GKE behind this API server, and a request is not checked against them.
+        self.pools: Callable[[], list[dict]] | None = None
 
     def serves(self, crd_name: str) -> bool:
         return self.crd_served and crd_name == CRD_NAME
@@ -112,9 +140,37 @@ class Provisioner:
         ]
         if missing:
             return self._decide(namespace, name, "Failed", "PodTemplateNotFound", f"no PodTemplate {missing[0]}")
-        timer = threading.Timer(self.provision_s, self._decide_outcome, args=(namespace, name))
+        unfit = self._no_pool_fits(namespace, obj)
+        if unfit:  # no option: never decided, as the autoscaler keeps trying
+            obj["status"]["conditions"].append(
+                {**_condition("Provisioned", "NotProvisioned", unfit), "status": "False"}
+            )
+            return
+        delay = self.provision_s_of.get(name, self.provision_s)
+        timer = threading.Timer(delay, self._decide_outcome, args=(namespace, name))
         timer.daemon = True
         timer.start()
+
+    def _no_pool_fits(self, namespace: str, obj: dict) -> str:
+        """Why no single queued provisioning pool can take every pod of the request (the module docstring's rule),
+        "" when one can (or no pools are known)."""
+        if self.pools is None:
+            return ""
+        pools = self.pools()
+        for pod_set in obj["spec"]["podSets"]:
+            template = self.objects[("podtemplates", namespace, pod_set["podTemplateRef"]["name"])]
+            selector = (template.get("template", {}).get("spec") or {}).get("nodeSelector") or {}
+            fits = [
+                p
+                for p in pools
+                if all(p["labels"].get(k, v) == v for k, v in selector.items()) and pod_set["count"] <= p["max_nodes"]
+            ]
+            if not fits:
+                return (
+                    f"Capacity is not found, CA will try to find it later: no node group can take all "
+                    f"{pod_set['count']} pods (all-or-nothing scale-up)"
+                )
+        return ""
 
     def _decide_outcome(self, namespace: str, name: str) -> None:
         if self.hold is not None:
@@ -165,9 +221,10 @@ class Provisioner:
         conditions = ((self.objects.get((PLURAL, namespace, name)) or {}).get("status") or {}).get("conditions", [])
         return any(c["type"] == "Provisioned" and c["status"] == "True" for c in conditions)
 
-    def holds(self, namespace: str, pods: list[dict], schedule: Callable[[], None]) -> bool:
+    def holds(self, namespace: str, pods: list[dict], schedule: Callable[[], None] | None = None) -> bool:
         """True when some of ``pods`` consume a request not yet provisioned: those stay Unschedulable and
-        ``schedule`` runs once it is (the rest, a head on its CPU pool, are scheduled at once)."""
+        ``schedule`` (when given) runs once each such request is (the rest, a head on its CPU pool and the pods of
+        the requests provisioned, are scheduled at once)."""
         consumed = {(p["metadata"].get("annotations") or {}).get(CONSUME_ANNOTATION) for p in pods} - {None}
         pending = [name for name in consumed if not self.provisioned(namespace, name)]
         if not pending:
@@ -185,9 +242,17 @@ class Provisioner:
                 ]
             else:
                 pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
-        for name in pending:
+        for name in pending if schedule is not None else []:
             self.waiting.setdefault((namespace, name), []).append(schedule)
         return True
+
+
+def node_taints(pod: dict) -> list[dict]:
+    """The taints of the nodes ``pod`` would land on: a queued provisioning pool's (``QUEUED_TAINT``) for a pod that
+    consumes a ProvisioningRequest (only a request brings those pools nodes: ``NodePool.queued_provisioning``), none
+    for any other (the emulated CPU and TPU pools carry no taint of their own)."""
+    consumes = (pod["metadata"].get("annotations") or {}).get(CONSUME_ANNOTATION)
+    return [dict(QUEUED_TAINT)] if consumes else []
 
 
 def node_pool_refusal(pool) -> str | None:

@@ -13,6 +13,7 @@ import pytest
 
 from components.platforms import RunContext
 from components.platforms.gke import GkePlatform
+from components.platforms.gke.plan import queued
 from components.platforms.store import LocalStore
 from components.spec import InfraError
 from components.workload import resolve
@@ -364,6 +365,15 @@ def test_a_run_evicted_before_its_raycluster_is_ready_waits_in_the_queue_again(t
 
 # ------------------------------------------------------------------ capacity=queued through Kueue's admission check
 QUEUED_CAPACITY = QUEUED + " gke.queue=team-a cluster.capacity=queued"
+# The platform team's queued provisioning pool of v6e 2x2 slices in the shared cluster (GKE fulfils a
+# ProvisioningRequest within one such pool: tests/emulators/provisioning.py).
+QUEUED_POOL = {
+    "name": "dws-v6e",
+    "config": {"machineType": "ct6e-standard-4t"},
+    "initialNodeCount": 0,
+    "autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 1, "locationPolicy": "ANY"},
+    "queuedProvisioning": {"enabled": True},
+}
 
 
 def provisioning_check(kueue: Kueue, config: bool = True, class_name: str | None = None, **retry):
@@ -407,8 +417,9 @@ def test_a_queued_run_in_kueue_is_admitted_once_its_provisioning_request_is_prov
     project.kube.ready_without_ray = True
     project.kube.provisioner.provision_s = 0.3
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    _team_cluster(project)
-    provisioning_check(setup(project))
+    _team_cluster(project, nodePools=[QUEUED_POOL])
+    kueue = setup(project)
+    provisioning_check(kueue)
     logs: list[str] = []
     gke = GkePlatform(log=logs.append, poll_s=0.05)
     ctx = context(tmp_path, "dws", QUEUED_CAPACITY + " run.deadline_h=2")
@@ -425,6 +436,12 @@ def test_a_queued_run_in_kueue_is_admitted_once_its_provisioning_request_is_prov
     with project.kube.lock:
         worker = project.kube.objects[("pods", "tpupipe", "dws-tpu-v6e-4-0-0")]
     assert worker["metadata"]["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == name
+    # the pods, and so the request's PodTemplate Kueue makes of them, tolerate the queued nodes' taint
+    template = project.kube.objects[
+        ("podtemplates", "tpupipe", request["spec"]["podSets"][0]["podTemplateRef"]["name"])
+    ]
+    for pod_spec in (worker["spec"], template["template"]["spec"]):
+        assert pod_spec["tolerations"] == [queued.TOLERATION]
     assert any("admission check dws Pending: Waiting for ProvisioningRequest" in line for line in logs), logs
     gke.teardown(ctx)
     assert _left(project, "dws") == {} and _workloads(project) == [] and _requests(project) == {}
@@ -438,7 +455,7 @@ def test_a_queued_run_whose_requests_fail_is_rejected_by_kueue_with_a_clear_mess
     project.kube.provisioner.provision_s = 0.1
     project.kube.provisioner.outcome = "capacity_not_found"
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    _team_cluster(project)
+    _team_cluster(project, nodePools=[QUEUED_POOL])
     provisioning_check(setup(project), backoffLimitCount=1, backoffBaseSeconds=1, backoffMaxSeconds=5)
     gke = GkePlatform(log=lambda m: None, poll_s=0.05)
     ctx = context(tmp_path, "nodws", QUEUED_CAPACITY)
@@ -463,6 +480,7 @@ def test_kueue_ignores_a_booking_that_expires_once_the_workload_is_admitted(proj
 
     project = project_factory()
     project.kube.ready_without_ray = True
+    _team_cluster(project, nodePools=[QUEUED_POOL])
     kueue = setup(project)
     provisioning_check(kueue)
     provisioner = project.kube.provisioner
@@ -497,7 +515,7 @@ def test_preflight_of_queued_capacity_in_kueue_checks_the_provisioning_admission
     project_factory, capsys, case, expected
 ):
     project = project_factory()
-    _team_cluster(project)
+    _team_cluster(project, nodePools=[QUEUED_POOL])
     kueue = setup(project)
     if case != "no check":
         other = "check-capacity.autoscaling.x-k8s.io"

@@ -1,11 +1,13 @@
 """cluster.capacity=queued (Dynamic Workload Scheduler's queued provisioning, docs/gke.md "Queued provisioning"): the
-plan's node pools and its ONE ProvisioningRequest for every slice, checked against the vendored CRD; the run over the
-emulators waits for the whole request and bills nothing while it waits; a request that fails ends the run with a
+plan's node pools and one ProvisioningRequest per slice's pool, checked against the vendored CRD; the run over the
+emulators waits for every request and bills nothing while it waits (a request for more than one pool's nodes is never
+provisioned); a request that fails ends the run with a
 clear message, nothing billed, nothing left; preflight of an existing cluster without the API. And a pod lost
 mid-run (a preempted host, replaced) kept in the post-mortem as it goes."""
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -42,7 +44,7 @@ def _planned(spec, run_id: str) -> dict[str, list]:
     return out
 
 
-def test_the_two_slice_plan_has_queued_pools_and_one_request_for_both_slices_that_the_crd_accepts():
+def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_crd_accepts():
     spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued run.deadline_h=12")
     planned = _planned(spec, "q2")
     pools = [p for p in planned["node-pool"] if p and "queuedProvisioning" in p]
@@ -54,18 +56,25 @@ def test_the_two_slice_plan_has_queued_pools_and_one_request_for_both_slices_tha
         assert pool["initialNodeCount"] == 0
         assert pool["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
         assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
-    (request,) = planned["k8s/ProvisioningRequest"]
-    (template,) = planned["k8s/PodTemplate"]
-    assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
-    assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 8}]
-    assert request["spec"]["parameters"] == {"maxRunDurationSeconds": str(12 * 3600)}  # the run's deadline
-    assert provisioning.errors(request) == []
+    requests, templates = planned["k8s/ProvisioningRequest"], planned["k8s/PodTemplate"]
     (raycluster,) = planned["k8s/RayCluster"]
-    assert template["template"] == raycluster["spec"]["workerGroupSpecs"][0]["template"]  # what the pods will be
-    annotations = raycluster["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"]
-    assert annotations[queued.CONSUME_ANNOTATION] == request["metadata"]["name"]
-    assert annotations[queued.CLASS_ANNOTATION] == "queued-provisioning.gke.io"
-    kinds = [res.kind for res in plan.resources(spec, "q2")]  # the request before the pods that consume it
+    groups = raycluster["spec"]["workerGroupSpecs"]
+    assert len(requests) == len(templates) == len(groups) == 2  # one per slice's pool
+    for pool, request, template, group in zip(pools, requests, templates, groups, strict=True):
+        assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+        assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 4}]
+        assert request["spec"]["parameters"] == {"maxRunDurationSeconds": str(12 * 3600)}  # the run's deadline
+        assert provisioning.errors(request) == []
+        assert template["template"] == group["template"]  # what the pods will be
+        assert (group["replicas"], group["numOfHosts"]) == (1, 4)
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"]["cloud.google.com/gke-nodepool"] == pool["name"]  # this pool's request only
+        assert pod["tolerations"] == [queued.TOLERATION]  # GKE's taint on the queued pool's nodes
+        annotations = group["template"]["metadata"]["annotations"]
+        assert annotations[queued.CONSUME_ANNOTATION] == request["metadata"]["name"]
+        assert annotations[queued.CLASS_ANNOTATION] == "queued-provisioning.gke.io"
+    assert [r["metadata"]["name"] for r in requests] == queued.request_names(spec, "q2")
+    kinds = [res.kind for res in plan.resources(spec, "q2")]  # the requests before the pods that consume them
     assert kinds.index("k8s/PodTemplate") < kinds.index("k8s/ProvisioningRequest") < kinds.index("k8s/RayCluster")
 
 
@@ -84,7 +93,7 @@ def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_
     "run_id, overrides, workers",
     [("queued", QUEUED, 1), ("queued2", TWO_SLICES + " cluster.capacity=queued run.deadline_h=6", 8)],
 )
-def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_leaves_nothing(
+def test_a_queued_run_waits_for_every_pools_request_bills_nothing_meanwhile_and_leaves_nothing(
     tmp_path, project_factory, monkeypatch, run_id, overrides, workers
 ):
     project = project_factory()
@@ -93,7 +102,8 @@ def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_le
     monkeypatch.setenv("TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S", "0.2")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     ctx = context(tmp_path, run_id, overrides + " cluster.ready_timeout_s=30")
-    chips = ctx.spec.cluster.num_slices * 4 * ctx.spec.cluster.num_hosts
+    slices = ctx.spec.cluster.num_slices
+    chips = slices * 4 * ctx.spec.cluster.num_hosts
     logs: list[str] = []
     seen_waiting = project.kube.provisioner.hold = threading.Event()  # decided only once the run says it waits
 
@@ -105,14 +115,16 @@ def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_le
     gke = GkePlatform(log=log, poll_s=0.05)
     gke.provision(ctx)
     pools = project.gke.pools_labelled("tpupipe-run", run_id)
-    assert len(pools) == ctx.spec.cluster.num_slices + 1  # a queued pool per slice, and the head's
+    assert len(pools) == slices + 1  # a queued pool per slice, and the head's
     result = gke.deploy_raycluster(ctx)
     assert result["available_workers"] == workers
-    request = queued.request_name(run_id)
-    assert project.kube.provisioner.decided == [("tpupipe", request, "Provisioned")]  # ONE request, all slices
+    requests = queued.request_names(ctx.spec, run_id)
+    assert len(requests) == slices  # one request per slice's pool, each Provisioned
+    assert sorted(project.kube.provisioner.decided) == [("tpupipe", r, "Provisioned") for r in requests]
     since, until = result["capacity_wait"]
-    # every pod of every slice waited (not billed: the goodput ledger's rule) until the whole request came
-    assert since < project.kube.provisioner.decided_at[("tpupipe", request)] <= until
+    # every pod of every slice waited (not billed: the goodput ledger's rule) until the last request came
+    last = max(project.kube.provisioner.decided_at[("tpupipe", r)] for r in requests)
+    assert since < last <= until
     assert any("waiting for ProvisioningRequest" in line for line in logs)
     ledger = goodput.ledger(
         {
@@ -126,6 +138,74 @@ def test_a_queued_run_waits_for_the_whole_request_bills_nothing_meanwhile_and_le
     waited, started = by_name["waiting for capacity"], by_name["cluster start"]
     assert waited["seconds"] == pytest.approx(until - since, abs=0.01) and waited["chip_s"] == 0 and waited["usd"] == 0
     assert started["chip_s"] == pytest.approx(chips * 1, abs=0.05)  # billed from when the whole request came
+    gke.teardown(ctx)
+    assert project.leftovers(run_id) == {}
+
+
+def test_a_two_slice_run_starts_only_when_both_pools_are_provisioned_and_one_request_for_both_never_is(
+    tmp_path, project_factory, monkeypatch
+):
+    project = project_factory()
+    kube = project.kube
+    kube.ready_without_ray = True
+    kube.provisioner.provision_s = 0.2
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    run_id = "slow1"
+    ctx = context(tmp_path, run_id, TWO_SLICES + " cluster.capacity=queued run.deadline_h=6 cluster.ready_timeout_s=30")
+    first, second = queued.request_names(ctx.spec, run_id)
+    kube.provisioner.provision_s_of[second] = 3.0  # the second slice's capacity comes later
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.provision(ctx)
+    # The request a run made before, ONE for both slices' 8 hosts, against the same two pools of 4 nodes at most:
+    # GKE fulfils a request within one node pool, so no pool is an option and it is never Provisioned.
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    template = copy.deepcopy(_planned(spec, run_id)["k8s/PodTemplate"][0])
+    template["metadata"]["name"] = "both-slices"
+    del template["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-nodepool"]
+    kube.create("namespaces", "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tpupipe"}})
+    kube.create("podtemplates", "tpupipe", template)
+    both = {
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": {"name": "both-slices"},
+        "spec": {
+            "provisioningClassName": queued.CLASS_NAME,
+            "podSets": [{"podTemplateRef": {"name": "both-slices"}, "count": 8}],
+        },
+    }
+    kube.create("provisioningrequests", "tpupipe", both)
+    seen: dict[str, float] = {}
+    watching = threading.Event()
+
+    def watch() -> None:  # when the first slice's pods were placed, and the RayCluster became ready
+        while not watching.is_set():
+            with kube.lock:
+                pods = [o for (p, _, _), o in kube.objects.items() if p == "pods" and "-0-0" in o["metadata"]["name"]]
+                scheduled = [o for o in pods if {"type": "PodScheduled", "status": "True"} in o["status"]["conditions"]]
+                rc = next((o for (p, _, _), o in kube.objects.items() if p == "rayclusters"), None)
+            if scheduled and "placed" not in seen:
+                seen["placed"] = time.time()
+            if rc and rc["status"].get("state") == "ready" and "ready" not in seen:
+                seen["ready"] = time.time()
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    result = gke.deploy_raycluster(ctx)
+    watching.set()
+    watcher.join(5)
+    decided = kube.provisioner.decided_at
+    assert result["available_workers"] == 8
+    assert decided[("tpupipe", first)] + 2.0 < decided[("tpupipe", second)]  # the second came seconds later
+    assert seen["ready"] >= decided[("tpupipe", second)]  # the run started only then
+    assert seen["placed"] < decided[("tpupipe", second)]  # the first slice's pods were on their nodes before
+    assert result["capacity_wait"][1] >= decided[("tpupipe", second)]
+    conditions = kube.objects[("provisioningrequests", "tpupipe", "both-slices")]["status"]["conditions"]
+    assert [(c["type"], c["status"]) for c in conditions] == [("Accepted", "True"), ("Provisioned", "False")]
+    assert "all-or-nothing" in conditions[1]["message"]
+    assert ("tpupipe", "both-slices") not in decided
+    kube.delete("provisioningrequests", "tpupipe", "both-slices")
+    kube.delete("podtemplates", "tpupipe", "both-slices")
     gke.teardown(ctx)
     assert project.leftovers(run_id) == {}
 
@@ -158,22 +238,22 @@ def test_a_request_that_fails_ends_the_run_with_a_clear_message_nothing_billed_a
 
 
 def test_the_readiness_machine_waits_on_an_unprovisioned_request_past_the_grace_and_fails_on_a_failed_one():
-    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_name="r")
+    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_names=("r",))
     unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits"}]
     pods = [{"metadata": {"name": "w0"}, "status": {"conditions": unsched}}]
     raycluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0}}
     accepted = {"status": {"conditions": [{"type": "Accepted", "status": "True"}]}}
-    assert machine.step(raycluster, pods, 0.0, [], accepted) is None
-    assert machine.step(raycluster, pods, 100.0, [], accepted) is None  # no scale-up event, yet not stuck
+    assert machine.step(raycluster, pods, 0.0, [], {"r": accepted}) is None
+    assert machine.step(raycluster, pods, 100.0, [], {"r": accepted}) is None  # no scale-up event, yet not stuck
     assert "waiting for ProvisioningRequest r" in machine.last
     failed = json.loads(json.dumps(accepted))
     failed["status"]["conditions"].append(
         {"type": "Failed", "status": "True", "reason": "CapacityNotFound", "message": "no capacity"}
     )
     with pytest.raises(readiness.RayClusterNotReady, match="Failed: CapacityNotFound: no capacity"):
-        machine.step(raycluster, pods, 101.0, [], failed)
+        machine.step(raycluster, pods, 101.0, [], {"r": failed})
     with pytest.raises(readiness.RayClusterNotReady, match="is gone"):
-        machine.step(raycluster, pods, 102.0, [], None)
+        machine.step(raycluster, pods, 102.0, [], {"r": None})
 
 
 def test_an_existing_cluster_without_the_provisioning_request_api_is_a_preflight_problem_naming_the_field(
@@ -245,7 +325,7 @@ def test_gke_refuses_a_queued_provisioning_pool_without_the_settings_it_needs_an
 
 
 def test_a_booking_that_expires_before_the_pods_land_ends_the_wait_saying_so():
-    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_name="r")
+    machine = readiness.Readiness(unschedulable_grace_s=1.0, request_names=("r",))
     unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits"}]
     pods = [{"metadata": {"name": "w0"}, "status": {"conditions": unsched}}]
     raycluster = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0}}
@@ -262,7 +342,7 @@ def test_a_booking_that_expires_before_the_pods_land_ends_the_wait_saying_so():
         match="ProvisioningRequest r was Provisioned, but its booking expired before the worker pods landed on the "
         "nodes.*\\(BookingExpired: BookingExpired: expired\\); run again",
     ):
-        machine.step(raycluster, pods, 0.0, [], expired)
+        machine.step(raycluster, pods, 0.0, [], {"r": expired})
 
 
 def test_capacity_revoked_mid_run_loses_the_hosts_and_the_post_mortem_says_why(

@@ -110,29 +110,42 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         count = req["count"] if req["allocationMode"] == "ExactCount" else "all the"
         return f"{count} NICs of device class {req['deviceClassName']} per worker pod"
     if kind == "PodTemplate":
-        return "the worker pods as the ProvisioningRequest asks capacity for them (queued provisioning)"
+        pool = obj["template"]["spec"]["nodeSelector"].get(r.NODE_LABEL_NODE_POOL, "")
+        return (
+            f"the worker pods of node pool {pool} as its ProvisioningRequest asks capacity for them (queued "
+            "provisioning), tolerating the pool's cloud.google.com/gke-queued taint"
+        )
     if kind == "ProvisioningRequest":
         podset = obj["spec"]["podSets"][0]
         limit = obj["spec"].get("parameters", {}).get("maxRunDurationSeconds")
         return (
-            f"class {obj['spec']['provisioningClassName']}: ONE request for all {podset['count']} hosts of "
-            f"{spec.cluster.num_slices} slice(s), provisioned all at once or not at all; maximum run "
+            f"class {obj['spec']['provisioningClassName']}: the {podset['count']} hosts of one slice's node pool "
+            f"(one request per pool, {spec.cluster.num_slices} in all), provisioned all at once or not at all; the "
+            "run starts once every one is; maximum run "
             + (f"{limit} s (run.deadline_h)" if limit else "GKE's default (no run.deadline_h)")
         )
     if kind == "RayCluster":
         head = obj["spec"]["headGroupSpec"]
         head_res = head["template"]["spec"]["containers"][0]["resources"]["requests"]
-        group = obj["spec"]["workerGroupSpecs"][0]
+        groups = obj["spec"]["workerGroupSpecs"]
+        group = groups[0]
         res = group["template"]["spec"]["containers"][0]["resources"]["requests"]
-        pods = group["replicas"] * group["numOfHosts"]
+        replicas = sum(g["replicas"] for g in groups)
+        pods = replicas * group["numOfHosts"]
+        named = (
+            f"1 worker group {group['groupName']}"
+            if len(groups) == 1
+            else f"{len(groups)} worker groups {', '.join(g['groupName'] for g in groups)} (one per slice's pool)"
+        )
         text = (
             f"head {head_res['cpu']} CPU {head_res['memory']}"
             + (f" num-cpus {head['rayStartParams']['num-cpus']}" if "num-cpus" in head["rayStartParams"] else "")
-            + f"; 1 worker group {group['groupName']}: {group['replicas']} replicas x {group['numOfHosts']} hosts"
+            + f"; {named}: {replicas} replicas x {group['numOfHosts']} hosts"
             f" = {pods} pods, each {r.TPU_RESOURCE} {res[r.TPU_RESOURCE]}, {res['cpu']} CPU, {res['memory']}"
         )
-        if group["minReplicas"] != group["maxReplicas"]:
-            text += f"; replicas {group['minReplicas']}..{group['maxReplicas']}"
+        low, high = sum(g["minReplicas"] for g in groups), sum(g["maxReplicas"] for g in groups)
+        if low != high:
+            text += f"; replicas {low}..{high}"
         if "resources" in group:
             text += f"; Ray resources {group['resources']}"
         return text

@@ -8,7 +8,9 @@
 - the KubeRay ``RayCluster``: a head on the CPU pool (ports 6379 GCS and 8265 dashboard and Jobs API; no Ray Client
   port 10001: nothing uses it; ``num-cpus: "0"`` for TorchTPU workloads, so no work lands on it) and ONE worker
   group whose ``replicas`` are the slices and ``numOfHosts`` the hosts of each slice (the KubeRay TPU webhook
-  checks numOfHosts against the topology and gives each pod TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, TPU_NAME).
+  checks numOfHosts against the topology and gives each pod TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, TPU_NAME); under
+  capacity=queued with the run's own requests, one worker group per slice instead, each on its slice's node pool and
+  consuming that pool's ProvisioningRequest (``queued``: GKE fulfils a request within one node pool).
 
 The train and evaluate jobs are not Kubernetes objects: the stages submit them to the RayCluster's head through
 the Ray Jobs API (docs/architecture.md, "Why no RayJob").
@@ -266,7 +268,8 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     }
 
 
-def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
+def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> dict[str, Any]:
+    """The worker group of every slice, or (``slice_index``: capacity=queued) of that slice alone, on its pool."""
     c = spec.cluster
     shape = d.slice_shape(spec)
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
@@ -298,6 +301,9 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
+    tolerations = queued.worker_tolerations(spec)  # capacity=queued: GKE's taint on the queued nodes
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     if d.has_dcn_nics(spec):
         resources["claims"] = [{"name": DCN_CLAIM}]
         pod_spec["resourceClaims"] = [
@@ -312,10 +318,14 @@ def _worker_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "numOfHosts": shape.num_hosts,
         "rayStartParams": {},
     }
+    metadata = _pod_metadata(t)
+    if slice_index is not None:  # one slice's group: its pool, its request (capacity=queued)
+        group["groupName"] += f"-{slice_index}" if c.num_slices > 1 else ""
+        group.update(replicas=1, minReplicas=1 if slice_index < min_slices else 0, maxReplicas=1)
+        pod_spec["nodeSelector"][r.NODE_LABEL_NODE_POOL] = names.tpu_node_pool(t.run_id, slice_index)
+        metadata["annotations"].update(queued.worker_annotations(spec, t, slice_index))
     if d.tpu_resource_per_chip(spec) > 1:
         group["resources"] = {"TPU": str(shape.logical_devices_per_host)}
-    metadata = _pod_metadata(t)
-    metadata["annotations"].update(queued.worker_annotations(spec, t))  # capacity=queued: they consume its request
     group["template"] = {"metadata": metadata, "spec": pod_spec}
     return group
 
@@ -327,7 +337,10 @@ def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
         "authOptions": {"mode": "token", "secretName": names.ray_token_secret(t.run_id)},
         "enableInTreeAutoscaling": False,
         "headGroupSpec": _head_group(spec, t),
-        "workerGroupSpecs": [_worker_group(spec, t)],
+        # capacity=queued with the run's own requests: a group per slice, consuming its pool's request (``queued``)
+        "workerGroupSpecs": [_worker_group(spec, t, i) for i in range(spec.cluster.num_slices)]
+        if queued.direct(spec)
+        else [_worker_group(spec, t)],
     }
     if t.queue:
         # Queued in Kueue: its LocalQueue and priority class are labels of the RayCluster, and it is created suspended,
@@ -382,6 +395,6 @@ def all_objects(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     claim = dcn_claim_template(spec, t)
     if claim:
         objects.append(claim)
-    ray = raycluster(spec, t)  # capacity=queued: its workers' PodTemplate and the request before it
-    objects += queued.objects(spec, t, ray["spec"]["workerGroupSpecs"][0]["template"])
+    ray = raycluster(spec, t)  # capacity=queued: each slice's PodTemplate and request before it
+    objects += queued.objects(spec, t, [g["template"] for g in ray["spec"]["workerGroupSpecs"]])
     return objects + [ray]

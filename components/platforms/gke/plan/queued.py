@@ -1,7 +1,21 @@
 """Queued provisioning (``cluster.capacity=queued``): the run's TPU node pools are made with queued provisioning on,
-and the run asks for all their nodes at once with ONE ProvisioningRequest (autoscaling.x-k8s.io/v1) of the class
-``queued-provisioning.gke.io`` that Dynamic Workload Scheduler fulfils; the worker pods consume it by annotation.
-Why this way and not through Kueue: docs/gke.md, "Queued provisioning".
+and the run asks for each slice's nodes at once with one ProvisioningRequest (autoscaling.x-k8s.io/v1) per slice
+node pool, of the class ``queued-provisioning.gke.io`` that Dynamic Workload Scheduler fulfils; each slice's worker
+pods (a worker group of their own) consume their slice's request by annotation, and the run starts when every slice's
+request is Provisioned. Why this way and not through Kueue: docs/gke.md, "Queued provisioning".
+
+One request per pool, because the cluster autoscaler fulfils a request all or nothing within ONE node group: with
+``allOrNothing`` a node group whose scale-up would leave some of the request's pods out is no option ("Some pods
+can't fit to %s, giving up due to all-or-nothing scale-up strategy": kubernetes/autoscaler,
+cluster-autoscaler/core/scaleup/orchestrator/orchestrator.go, ``ScaleUp``, at
+021bbf41081464628ab138ebe9f604a5d488c173; the atomic provisioning class calls it with ``allOrNothing`` true,
+cluster-autoscaler/provisioningrequest/besteffortatomic/provisioning_class.go), and a TPU slice pool holds one slice
+(max nodes = its hosts): a request for several slices' hosts fits none. Google's TPU queued provisioning examples make
+one pool per slice (cluster-toolkit, examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-7x,
+``num_slices`` pools, ``autoscaling_max_node_count`` "Must match your topology"), and xpk never sends one request for
+several slices (https://github.com/AI-Hypercomputer/xpk/pull/631, "Don't set --enable-queued-provisioning for flex
+multislice"). Which TPU families GKE takes queued provisioning for at all: the catalogue's
+``Family.queued_provisioning`` (checked at validate, ``components.workload.checks.check_queued``).
 
 Sources:
 - GKE docs, "Run a large-scale workload with flex-start with queued provisioning"
@@ -18,6 +32,14 @@ Sources:
   PodTemplate object that is representing pods that will consume this reservation ... fields relevant to scheduler
   (e.g. node selector tolerations) are consistent between this template and actual pods consuming the Provisioning
   Request"; ``ProvisioningRequestPodAnnotationKey``, ``ProvisioningClassPodAnnotationKey``; the condition types).
+
+GKE taints the nodes of a queued provisioning node pool ``cloud.google.com/gke-queued=true:NoSchedule``, so every
+pod meant for them carries the matching toleration (``TOLERATION``: the worker pods, and so the request's PodTemplate,
+which is their template), the run's own request or Kueue's: Google's cluster-toolkit, modules/compute/gke-node-pool
+(variables.tf, ``enable_queued_provisioning``: it "adds the cloud.google.com/gke-queued taint to the node pool"), and
+its TPU examples, examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-7x/README.md,
+"Tolerations (Mandatory)" (https://github.com/GoogleCloudPlatform/cluster-toolkit at
+1047080375afbb44da4b596be314634e7486af4a). Without it the request's nodes come up, bill, and the pods stay Pending.
 
 On a shared cluster queued in Kueue (``gke.queue``) the run creates neither node pools nor the request: Kueue's
 ProvisioningRequest admission check does, once the ClusterQueue reserved quota for the RayCluster's Workload, and
@@ -37,6 +59,7 @@ from typing import Any
 
 from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names
+from components.workload import derive
 
 CAPACITY = "queued"
 API_VERSION = "autoscaling.x-k8s.io/v1"
@@ -45,6 +68,8 @@ CRD_NAME = "provisioningrequests.autoscaling.x-k8s.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 MAX_RUN_PARAMETER = "maxRunDurationSeconds"
+# The toleration of GKE's taint on queued provisioning nodes (module docstring), as cluster-toolkit's examples write it.
+TOLERATION = {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 # The request's condition types (types.go): Provisioned, all its nodes are there; Failed, capacity cannot be had;
 # BookingExpired and CapacityRevoked, the nodes it gave are no longer the run's to consume.
 PROVISIONED = "Provisioned"
@@ -71,6 +96,19 @@ def through_kueue(spec: RunSpec) -> bool:
     return enabled(spec) and bool(spec.gke.queue)
 
 
+def worker_tolerations(spec: RunSpec) -> list[dict[str, str]]:
+    """The worker pods' tolerations: GKE's queued provisioning taint under capacity=queued (the run's request or
+    Kueue's), none otherwise."""
+    return [dict(TOLERATION)] if enabled(spec) else []
+
+
+def family_text(spec: RunSpec) -> str:
+    """Why the run's TPU family may be queued: the public source that shows GKE's queued provisioning for it (the
+    catalogue's ``Family.queued_provisioning``; a family without one is refused at validate)."""
+    family = derive.slice_shape(spec).family
+    return f"GKE queued provisioning of {family.name} slices as Google shows it: {family.queued_provisioning}"
+
+
 def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
     """Through Kueue: the request's maximum run duration, the run's deadline, passed on by Kueue (none else)."""
     if not through_kueue(spec) or max_run_s(spec) is None:
@@ -78,20 +116,28 @@ def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
     return {KUEUE_PARAMETER_PREFIX + MAX_RUN_PARAMETER: str(max_run_s(spec))}
 
 
-def request_name(run_id: str) -> str:
-    return names.fit(f"{run_id}-slices", names.COMPUTE_NAME_MAX)
+def request_name(run_id: str, slice_index: int = 0) -> str:
+    """The request for the nodes of slice ``slice_index`` (its node pool, ``names.tpu_node_pool``)."""
+    suffix = f"-slice-{slice_index}"
+    return names.fit(run_id, names.COMPUTE_NAME_MAX - len(suffix)) + suffix
 
 
-def pod_template_name(run_id: str) -> str:
-    return names.fit(f"{run_id}-workers", names.COMPUTE_NAME_MAX)
+def request_names(spec: RunSpec, run_id: str) -> list[str]:
+    """The run's own requests, one per slice (none unless the run makes them: ``direct``)."""
+    return [request_name(run_id, i) for i in range(spec.cluster.num_slices)] if direct(spec) else []
 
 
-def worker_annotations(spec: RunSpec, t: Target) -> dict[str, str]:
-    """The annotations by which the worker pods consume the run's request (none unless the run makes it: through
-    Kueue, Kueue adds them when it admits the RayCluster)."""
+def pod_template_name(run_id: str, slice_index: int = 0) -> str:
+    suffix = f"-workers-{slice_index}"
+    return names.fit(run_id, names.COMPUTE_NAME_MAX - len(suffix)) + suffix
+
+
+def worker_annotations(spec: RunSpec, t: Target, slice_index: int = 0) -> dict[str, str]:
+    """The annotations by which slice ``slice_index``'s worker pods consume its request (none unless the run makes
+    it: through Kueue, Kueue adds them when it admits the RayCluster)."""
     if not direct(spec):
         return {}
-    return {CONSUME_ANNOTATION: request_name(t.run_id), CLASS_ANNOTATION: CLASS_NAME}
+    return {CONSUME_ANNOTATION: request_name(t.run_id, slice_index), CLASS_ANNOTATION: CLASS_NAME}
 
 
 def max_run_s(spec: RunSpec) -> int | None:
@@ -100,36 +146,36 @@ def max_run_s(spec: RunSpec) -> int | None:
     return None if hours is None else int(hours * 3600)
 
 
-def objects(spec: RunSpec, t: Target, worker_template: dict[str, Any]) -> list[dict[str, Any]]:
-    """The PodTemplate of the worker pods and the ONE ProvisioningRequest for every host of every slice (none
-    unless the run makes the request itself: ``direct``); ``worker_template`` is the RayCluster worker group's pod
-    template."""
+def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per slice, the PodTemplate of its worker pods and the request for its hosts, all of them on its node pool
+    (none unless the run makes the requests itself: ``direct``); ``worker_templates``: the pod template of each
+    slice's worker group of the RayCluster, in slice order."""
     if not direct(spec):
         return []
     labels = names.labels(t.run_id)
-    template = {
-        "apiVersion": "v1",
-        "kind": "PodTemplate",
-        "metadata": {"name": pod_template_name(t.run_id), "namespace": t.namespace, "labels": dict(labels)},
-        "template": worker_template,
-    }
     parameters = {} if max_run_s(spec) is None else {MAX_RUN_PARAMETER: str(max_run_s(spec))}
-    request = {
-        "apiVersion": API_VERSION,
-        "kind": "ProvisioningRequest",
-        "metadata": {"name": request_name(t.run_id), "namespace": t.namespace, "labels": dict(labels)},
-        "spec": {
-            "provisioningClassName": CLASS_NAME,
-            "podSets": [
-                {
-                    "podTemplateRef": {"name": pod_template_name(t.run_id)},
-                    "count": spec.cluster.num_hosts * spec.cluster.num_slices,
-                }
-            ],
-            **({"parameters": parameters} if parameters else {}),
-        },
-    }
-    return [template, request]
+    out: list[dict[str, Any]] = []
+    for i, worker_template in enumerate(worker_templates):
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": pod_template_name(t.run_id, i), "namespace": t.namespace, "labels": dict(labels)},
+            "template": worker_template,
+        }
+        request = {
+            "apiVersion": API_VERSION,
+            "kind": "ProvisioningRequest",
+            "metadata": {"name": request_name(t.run_id, i), "namespace": t.namespace, "labels": dict(labels)},
+            "spec": {
+                "provisioningClassName": CLASS_NAME,
+                "podSets": [
+                    {"podTemplateRef": {"name": pod_template_name(t.run_id, i)}, "count": spec.cluster.num_hosts}
+                ],
+                **({"parameters": dict(parameters)} if parameters else {}),
+            },
+        }
+        out += [template, request]
+    return out
 
 
 def condition(request: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:

@@ -86,6 +86,11 @@ class Resource:
 
 def capacity_text(spec: RunSpec) -> str:
     c = spec.cluster
+    if queued.direct(spec):
+        return (
+            "queued (one ProvisioningRequest for this pool's nodes, which GKE taints cloud.google.com/gke-queued; "
+            f"{queued.family_text(spec)})"
+        )
     return f"reservation {c.reservation}" if c.capacity == "reservation" else c.capacity
 
 
@@ -281,7 +286,8 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 f"({shape.num_chips * c.num_slices} google.com/tpu)"
                 + (
                     f" and its ProvisioningRequest admission check ({queued.CHECK_CONTROLLER}, class "
-                    f"{queued.CLASS_NAME}) has every host of every slice provisioned at once (Kueue makes the request)"
+                    f"{queued.CLASS_NAME}) has the slice's hosts provisioned at once (Kueue makes the request; the "
+                    f"pods tolerate the nodes' cloud.google.com/gke-queued taint; {queued.family_text(spec)})"
                     if queued.through_kueue(spec)
                     else ""
                 )

@@ -99,12 +99,12 @@ def _gb(n: int | None) -> str:
     return "unknown size" if n is None else f"{n / 1e9:,.1f} GB"
 
 
-# capacity=queued: no node of the slices exists, and nothing of them is billed, until the ProvisioningRequest is
+# capacity=queued: no node of a slice exists, and nothing of it is billed, until its pool's ProvisioningRequest is
 # Provisioned, all at once (GKE docs, https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest:
 # "GKE allocates all requested resources at the same time"); the chips are billed from then.
 BILLED_FROM = {
-    "queued": "their nodes' arrival, all at once when the ProvisioningRequest is Provisioned (nothing is billed while "
-    "it is queued),"
+    "queued": "their nodes' arrival, each slice's all at once when its pool's ProvisioningRequest is Provisioned "
+    "(nothing is billed while it is queued),"
 }
 
 

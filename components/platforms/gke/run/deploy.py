@@ -170,7 +170,7 @@ def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | 
                     limits.deadline_s,
                     unschedulable_grace_s=grace,
                     failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
-                    request=queued.request_name(s.ctx.run_id) if queued.direct(spec) else "",
+                    requests=tuple(queued.request_names(spec, s.ctx.run_id)),
                     poll_s=min(s.poll_s, 2.0),
                     log=s.log,
                     evicted=_eviction(kube, name) if s.t.queue else None,

@@ -83,8 +83,9 @@ class Readiness:
     failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
     failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
     capacity_wait: tuple[float, float | None] | None = None  # (since, until; None while still waiting)
-    # capacity=queued: the name of the run's ProvisioningRequest, whose state ``step`` is given with the rest
-    request_name: str = ""
+    # capacity=queued: the names of the run's ProvisioningRequests (one per slice's pool), whose states ``step`` is
+    # given with the rest
+    request_names: tuple[str, ...] = ()
 
     def step(
         self,
@@ -92,11 +93,11 @@ class Readiness:
         pods: list[dict[str, Any]],
         now: float,
         events: Sequence[dict[str, Any]] = (),
-        request: dict[str, Any] | None = None,
+        requests: dict[str, dict[str, Any] | None] | None = None,
     ) -> bool | None:
         if raycluster is None:
             raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
-        awaited = self._request(request)
+        awaited = self._requests(requests or {})
         status = raycluster.get("status") or {}
         desired = status.get("desiredWorkerReplicas")
         available = status.get("availableWorkerReplicas", 0)
@@ -128,7 +129,7 @@ class Readiness:
                 reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
             (waiting if reason == SCALE_UP_TRIGGERED or awaited else stuck).append((name, message, event))
         if waiting and awaited:
-            self.last += f", {len(waiting)} waiting for ProvisioningRequest {self.request_name} (queued provisioning)"
+            self.last += f", {len(waiting)} waiting for ProvisioningRequest {', '.join(awaited)} (queued provisioning)"
         elif waiting:
             self.last += f", {len(waiting)} waiting for new nodes ({SCALE_UP_TRIGGERED})"
         if retried:
@@ -150,18 +151,22 @@ class Readiness:
         self.last += f", {len(stuck)} unschedulable"
         return None
 
-    def _request(self, request: dict[str, Any] | None) -> bool:
-        """capacity=queued: True while the run's ProvisioningRequest is not yet Provisioned (its pods wait for all
-        their nodes at once, with no scale-up event of their own); raises once it will give no nodes (Failed:
-        capacity not found before its deadline; BookingExpired, CapacityRevoked). False without a request."""
-        if not self.request_name:
-            return False
-        if request is None:
-            raise RayClusterNotReady(f"the ProvisioningRequest {self.request_name} is gone (deleted while it waited)")
-        why = queued.ended(request)
-        if why:
-            raise RayClusterNotReady(story(self.request_name, request) or why)
-        return queued.condition(request, queued.PROVISIONED) is None
+    def _requests(self, requests: dict[str, dict[str, Any] | None]) -> list[str]:
+        """capacity=queued: the run's ProvisioningRequests not yet Provisioned (their pods wait for all their nodes
+        at once, with no scale-up event of their own; the run starts when none is left); raises once one will give
+        no nodes (Failed: capacity not found before its deadline; BookingExpired, CapacityRevoked) or is gone. []
+        without requests."""
+        waiting = []
+        for name in self.request_names:
+            request = requests.get(name)
+            if request is None:
+                raise RayClusterNotReady(f"the ProvisioningRequest {name} is gone (deleted while it waited)")
+            why = queued.ended(request)
+            if why:
+                raise RayClusterNotReady(story(name, request) or why)
+            if queued.condition(request, queued.PROVISIONED) is None:
+                waiting.append(name)
+        return waiting
 
     def _capacity(self, now: float, waiting: bool) -> None:
         """Keep ``capacity_wait``: opened at the first observation of a pod waiting for a node, closed at the first
@@ -214,17 +219,18 @@ def story(name: str, request: dict[str, Any] | None) -> str | None:
     return None
 
 
-def keep_request(store, kube: Kube, name: str) -> str | None:
-    """For the post-mortem: the run's ProvisioningRequest as it was last (its conditions: why it waited, failed,
-    expired or was revoked) as ``logs/provisioning_request.json``, with ``story``'s line; the line, None when the
-    request is gone or gave its nodes."""
+def keep_request(store, kube: Kube, names: list[str]) -> str | None:
+    """For the post-mortem: the run's ProvisioningRequest that gave no nodes (else its first) as it was last (its
+    conditions: why it waited, failed, expired or was revoked) as ``logs/provisioning_request.json``, with ``story``'s
+    line; the line, None when the requests are gone or gave their nodes."""
     import json
 
     from components.platforms.store import write_text
 
-    request = kube.get("ProvisioningRequest", name)
-    if request is None:
+    found = [(name, request) for name in names if (request := kube.get("ProvisioningRequest", name)) is not None]
+    if not found:
         return None
+    name, request = next(((n, r) for n, r in found if story(n, r)), found[0])
     told = story(name, request)
     kept = {"name": name, "conditions": (request.get("status") or {}).get("conditions", []), "story": told}
     write_text(store, "logs/provisioning_request.json", json.dumps(kept, indent=1), "application/json")
@@ -273,7 +279,7 @@ def wait_ready(
     *,
     unschedulable_grace_s: float,
     failed_scale_up_grace_s: float = 0.0,
-    request: str = "",
+    requests: tuple[str, ...] = (),
     poll_s: float = 2.0,
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
@@ -282,15 +288,15 @@ def wait_ready(
 ) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
     one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
-    epoch seconds; None if none ever did). ``request``: the run's ProvisioningRequest (capacity=queued), read with
-    the rest at every step. ``evicted`` (a run queued in Kueue): Kueue's reason once it evicted the RayCluster, raised
-    as :class:`Evicted`."""
+    epoch seconds; None if none ever did). ``requests``: the run's ProvisioningRequests (capacity=queued, one per
+    slice's pool), read with the rest at every step. ``evicted`` (a run queued in Kueue): Kueue's reason once it
+    evicted the RayCluster, raised as :class:`Evicted`."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(
         unschedulable_grace_s=unschedulable_grace_s,
         failed_scale_up_grace_s=failed_scale_up_grace_s,
-        request_name=request,
+        request_names=tuple(requests),
     )
     selector = f"ray.io/cluster={name}"
 
@@ -300,7 +306,7 @@ def wait_ready(
             raise Evicted(f"RayCluster {name} was evicted by Kueue: {why}")
         raycluster, pods = kube.get("RayCluster", name), kube.pods(selector)
         events = kube.pod_events() if any(unschedulable(p) is not None for p in pods) else []
-        provisioning = kube.get("ProvisioningRequest", request) if request else None
+        provisioning = {r: kube.get("ProvisioningRequest", r) for r in requests}
         return machine.step(raycluster, pods, clock(), events, provisioning) or None
 
     def progress(elapsed: float) -> None:

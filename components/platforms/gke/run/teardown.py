@@ -142,11 +142,11 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
         def request() -> None:
             from components.platforms.gke.run import readiness
 
-            told = readiness.keep_request(ctx.store, kube, queued.request_name(ctx.run_id))
+            told = readiness.keep_request(ctx.store, kube, queued.request_names(ctx.spec, ctx.run_id))
             if told:
                 print(f"teardown: {told}", flush=True)
 
-        parts["the ProvisioningRequest"] = request
+        parts["the ProvisioningRequests"] = request
     for what, keep in parts.items():
         try:
             keep()
