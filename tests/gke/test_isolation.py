@@ -109,8 +109,8 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
 
 def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_anything(tmp_path):
     """Two Vertex AI jobs given one ``--run-id``: the first holds it (its ledger names its job); the second's first task
-    is refused, and so is its exit handler's teardown, which would otherwise delete the first's cluster. Once the
-    first is torn down, the run id is free again."""
+    is refused, and so is its exit handler's teardown, which would otherwise delete the first's cluster; once the
+    first is torn down too (a run id is used once: its prefix may hold a registered model's checkpoint)."""
     on_vertex = {VERTEX_TASK_ENV: json.dumps({"tpupipe-run": "shared"})}
     store = LocalStore(tmp_path / "shared")
     claim(store, "shared", "gke", "job-a", first=True, environ=on_vertex)
@@ -123,8 +123,9 @@ def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_
     assert store.read_versioned(ledgers.KEY) == held  # nothing written
     claim(store, "shared", "gke", "job-a", first=False, environ=on_vertex)  # the holder's own later tasks go on
     ledgers.update(store, lambda ledger: ledger.update(torn_down=1.0))
-    claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
-    assert ledgers.load(store)["pipeline_job"]["id"] == "job-b"
+    with pytest.raises(SpecError, match="held by pipeline job job-a"):  # torn down: still used once, ever
+        claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
+    assert ledgers.load(store)["pipeline_job"]["id"] == "job-a"
 
 
 def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_the_control_state(
