@@ -25,7 +25,8 @@ PLANTED = b"\x7fELF a program nobody compiled for this run" * 4
 
 def run_ctx(root: Path, run_id: str) -> RunContext:
     """A local run of the local-maxtext preset whose build recorded the pinned image: its compile cache is keyed."""
-    ctx = RunContext(spec=resolve("local-maxtext", ""), run_id=run_id, store=LocalStore(root / run_id), platform="local")
+    spec, store = resolve("local-maxtext", ""), LocalStore(root / run_id)
+    ctx = RunContext(spec=spec, run_id=run_id, store=store, platform="local")
     write_json(ctx.store, "stages/build_image.json", {"result": {"image": IMAGE}})
     return ctx
 
@@ -92,9 +93,7 @@ def test_the_promoted_entries_are_staged_for_the_next_run_and_nothing_runs_from_
 
 
 @pytest.mark.parametrize("how", ["bytes", "manifest", "both"])
-def test_a_planted_entry_is_not_staged_the_stage_says_so_in_one_line_and_the_run_repairs_it(
-    tmp_path, monkeypatch, how
-):
+def test_a_planted_entry_is_not_staged_the_stage_says_so_in_one_line_and_the_run_repairs_it(tmp_path, monkeypatch, how):
     shared, manifest = first_run(tmp_path, monkeypatch, {"jit_f-cache": b"program f", "jit_g-cache": b"program g"})
     plant(how, shared, manifest, "jit_f-cache")
     nxt = run_ctx(tmp_path, "next")
