@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 from bench.figures import Figure, table  # noqa: E402
 from components.platforms.gke.plan import document as plan  # noqa: E402
 from components.workload import resolve  # noqa: E402
-from pipelines.cli import main  # noqa: E402
+from pipelines.cli.main import main  # noqa: E402
 
 PRESET = "llama3-8b-v6e-16x2"
 HOSTS = {"4x4": 4, "8x8": 16, "16x16": 64}

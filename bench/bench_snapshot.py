@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.figures import Figure, alternated, table  # noqa: E402
 from components.data import gcs  # noqa: E402
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV  # noqa: E402
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV  # noqa: E402
 from tests.emulators.storage import StorageEmulator  # noqa: E402
 
 PROJECT, TOKEN = "tpupipe-bench", "bench-token"

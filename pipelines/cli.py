@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pipelines import check
-from pipelines.cli_common import add_place, add_set, fail, overrides, refuse_placeholder
+from pipelines.cli.common import add_place, add_set, fail, overrides, refuse_placeholder
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
 
@@ -98,13 +98,13 @@ def cmd_check_pipeline(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from pipelines.publish import publish
+    from pipelines.publish.vertex import publish
 
     target = _target(args)
     result = publish(target, args.kfp_repository, args.version, build_account=args.build_service_account)
     if args.kfp_host:  # the same pinned pipeline on Kubeflow Pipelines, and the janitor's recurring run there
-        from pipelines.cli_kfp import place_of
-        from pipelines.kfp_publish import publish_kfp
+        from pipelines.cli.kfp import place_of
+        from pipelines.publish.kfp import publish_kfp
 
         publish_kfp(target, result, place_of(args), args.janitor_schedule)
         return 0
@@ -113,7 +113,7 @@ def cmd_publish(args) -> int:
         f"{result.image} ({'built now' if result.built else 'already built'}). In the Vertex AI console: "
         f"Pipelines > Create run > Select from existing pipelines, repository {args.kfp_repository}."
     )
-    from pipelines import stopping
+    from pipelines.backends.vertex import stopping
 
     if args.janitor_schedule:
         stopping.janitor_schedule(target.project, target.region, args.service_account)
@@ -149,7 +149,7 @@ def cmd_env(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from pipelines import local_run
+    from pipelines.backends.local import run as local_run
 
     preset = args.preset_name or args.preset
     return local_run.run(
@@ -167,7 +167,7 @@ def cmd_run(args) -> int:
 def cmd_teardown(args) -> int:
     """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left. --orphans: every
     local run under the output root whose driver is gone."""
-    from pipelines import local_run
+    from pipelines.backends.local import run as local_run
 
     if args.orphans:
         return local_run.teardown_orphans(args.output_root, args.preset, overrides(args.set))
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tasks leaves the TPUs up 15 minutes at most",
     )
     p.add_argument("--service-account", default="", help="the service account the janitor's runs run as")
-    from pipelines.cli_kfp import add_arguments as add_kfp
+    from pipelines.cli.kfp import add_arguments as add_kfp
 
     add_kfp(p)
     p.set_defaults(func=cmd_publish)
@@ -351,7 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     _with_spec_args(p, preset_positional=True)
     p.set_defaults(func=cmd_validate)
 
-    from pipelines import cli_data, cli_gke, cli_models, cli_runs, cli_vertex
+    from pipelines.cli import data as cli_data
+    from pipelines.cli import gke as cli_gke
+    from pipelines.cli import models as cli_models
+    from pipelines.cli import runs as cli_runs
+    from pipelines.cli import vertex as cli_vertex
 
     cli_data.add_commands(sub)
     cli_gke.add_commands(sub)
@@ -383,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)
         return fail("interrupted", 130)
     except Exception as exc:  # credentials, project, API or permission: one line naming the fix, exit 2
-        from components.platforms.credentials import access_error
+        from components.cloud.credentials import access_error
 
         error = access_error(exc)
         if error is None:

@@ -10,7 +10,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines.cli_common import add_set, overrides
+from pipelines.cli.common import add_set, overrides
 
 EXAMPLES = """examples:
   tpupipe data local-fsdp --set train.dataset=examples/sft/          every data file under a directory

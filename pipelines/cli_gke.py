@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipelines.cli_common import add_place, add_set, fail, overrides
+from pipelines.cli.common import add_place, add_set, fail, overrides
 
 
 def cmd_plan(args) -> int:

@@ -1,5 +1,5 @@
 """The command line's Kubeflow Pipelines side: ``tpupipe submit``, ``schedule`` and ``runs`` given ``--kfp-host``
-(``pipelines.kfp_backend`` does the work). Bad input exits 2 before any call; an API server that cannot be reached
+(``pipelines.backends.kfp.jobs`` does the work). Bad input exits 2 before any call; an API server that cannot be reached
 or refuses exits 1, in one line."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import sys
 
 from components.spec import SpecError
 from components.spec.names import EXAMPLE_PROJECT
-from pipelines import kfp_backend as kfp
-from pipelines import kfp_identity, vertex
+from pipelines.backends.kfp import jobs as kfp
+from pipelines.backends.kfp import identity as kfp_identity
+from pipelines.backends.vertex import jobs as vertex
 
 
 def add_arguments(p) -> None:

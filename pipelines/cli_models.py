@@ -9,7 +9,7 @@ import argparse
 
 from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, open_registry
 from components.spec import SpecError
-from pipelines.cli_common import add_place
+from pipelines.cli.common import add_place
 
 EXAMPLES = """examples:
   tpupipe models list                          every model of the local registry (./runs/registry)

@@ -1,10 +1,12 @@
 """The command line's Vertex AI commands: ``tpupipe submit``, ``tpupipe schedule …`` and ``tpupipe runs …``
-(``pipelines.vertex`` does the work). Bad input exits 2 before any API call."""
+(``pipelines.backends.vertex.jobs`` does the work). Bad input exits 2 before any API call."""
 
 import argparse
 
-from pipelines import cli_kfp, schedules, vertex
-from pipelines.cli_common import add_place, add_set, overrides
+from pipelines.cli import kfp as cli_kfp
+from pipelines.backends.vertex import schedules
+from pipelines.backends.vertex import jobs as vertex
+from pipelines.cli.common import add_place, add_set, overrides
 
 EXAMPLES = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait
@@ -134,7 +136,7 @@ def cmd_runs(args) -> int:
         return 0
     name = vertex.job_name(args.job, args.project, args.region)
     if args.action == "cancel":
-        from pipelines import stopping
+        from pipelines.backends.vertex import stopping
 
         return stopping.cancel(name, args.timeout)
     shown = vertex.show(name)

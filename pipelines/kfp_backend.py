@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from components.platforms.gke.cloud.kfp_runs import ENDED as TERMINAL
-from components.platforms.gke.cloud.kfp_runs import SA_TOKEN_PATH
+from components.cloud.kfp import ENDED as TERMINAL
+from components.cloud.kfp import SA_TOKEN_PATH
 from components.spec import InfraError, SpecError
-from pipelines import run_ids, vertex
+from pipelines import run_ids
+from pipelines.backends.vertex import jobs as vertex
 
 PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
@@ -77,7 +78,7 @@ def client(place: Place):
     """The ``kfp.Client`` of the place, its API server answering (an unreachable one is an InfraError, exit 1)."""
     from kfp.client import ServiceAccountTokenVolumeCredentials
 
-    from components.platforms.gke.cloud import kfp_runs
+    from components.cloud import kfp as kfp_runs
 
     check_place(place)
     credentials, token = None, None
@@ -277,7 +278,7 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
     """Terminate the run (unless it has ended), wait for it to end, then tear its run down from its ledger, as
     ``tpupipe runs cancel`` does on Vertex AI: on KFP's Argo backend a terminated run's exit handler fails past the
     workflow's deadline without running (kubeflow/pipelines#6101), so its teardown is done here."""
-    from pipelines import stopping
+    from pipelines.backends.vertex import stopping
 
     run = get(kfp_client, run_id)
     if run.get("state") not in TERMINAL:

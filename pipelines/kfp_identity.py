@@ -27,8 +27,8 @@ DEFAULT_RUNNER = "pipeline-runner"
 def check(project: str, account: str, namespace: str, runner: str, log: Callable[[str], None] = print, creds=None):
     """SpecError naming ``--kfp-service-account`` when the Workload Identity binding or a role is missing; the risks
     of basic roles as warnings."""
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud import storage
+    from components.cloud.credentials import credentials
+    from components.cloud import storage
     from components.platforms.gke.plan import identities
 
     if not SERVICE_ACCOUNT.match(account):

@@ -5,7 +5,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.pipeline import Target, compile_pipeline
-from pipelines.publish import Published
+from pipelines.publish.vertex import Published
 
 # Kubeflow Pipelines' API server as a pod in the cluster reaches it: the ml-pipeline Service of a standard install, in
 # the kubeflow namespace, on its HTTP port (the KFP "Connect the Pipelines SDK to Kubeflow Pipelines" guide,
@@ -18,7 +18,7 @@ def publish_kfp(target: Target, published: Published, place, janitor: bool, log=
     """The pipeline, as ``publish`` pinned it, uploaded to Kubeflow Pipelines as a version named after the source
     version; with ``janitor``, the janitor pipeline too, and its recurring run every 15 minutes in the experiment
     (replaced when it runs another version). The version's name."""
-    from pipelines import kfp_backend as kfp
+    from pipelines.backends.kfp import jobs as kfp
     from pipelines.janitor import janitor_pipeline
 
     digest = published.image.rsplit("@", 1)[1]

@@ -1,6 +1,6 @@
 """The run driver behind ``tpupipe run`` and ``tpupipe teardown``: the compiled pipeline run with kfp.local on this
 machine (each task a subprocess; the platform says where the run's resources are), the dry run of a gke run, and
-the teardown of a run by its id. ``pipelines.cli`` parses the arguments and calls these."""
+the teardown of a run by its id. ``pipelines.cli.main`` parses the arguments and calls these."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from pipelines.cli_common import fail
+from pipelines.cli.common import fail
 
 
 def default_run_id(preset: str) -> str:
@@ -76,8 +76,8 @@ def run(
     )
     import contextlib
 
-    from pipelines import driver
-    from pipelines.quiet import Quiet
+    from pipelines.backends.local import driver
+    from pipelines.backends.local.quiet import Quiet
 
     log = ctx.run_dir / "logs" / "pipeline.log"
     print(

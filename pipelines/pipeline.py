@@ -135,7 +135,7 @@ class Target:
     def components_image(self, digest: str | None = None) -> str:
         """The components image of this source tree, by its content tag, pinned (``NAME:TAG@sha256:HEX``) with a
         ``digest``: what every task of a compiled pipeline runs in."""
-        from components.platforms.gke.cloud.build import image_tag
+        from components.cloud.build import image_tag
 
         return self.image(image_tag(PIPELINE_IMAGE)) + (f"@{digest}" if digest else "")
 
@@ -167,7 +167,7 @@ def exec_executor(command: list[str]) -> list[str]:
     https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); as that first process, the
     shell ignores it (process 1 gets only the signals it installed a handler for: kill(2)), and the executor, its child,
     never hears of it (kubeflow/pipelines#7903 reports it: python components cannot handle SIGTERM). With ``exec``,
-    the stage is that first process, and a Stop's SIGTERM runs its cancellation (pipelines/stopping.py)."""
+    the stage is that first process, and a Stop's SIGTERM runs its cancellation (pipelines/backends/vertex/stopping.py)."""
     script = command[2] if command[:2] == ["sh", "-ec"] and len(command) > 2 else ""
     if EXECUTOR_LAUNCH not in script:
         raise RuntimeError(f"kfp's component command changed: no {EXECUTOR_LAUNCH!r} to exec in {command[:3]}")

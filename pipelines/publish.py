@@ -61,8 +61,8 @@ def pin_images(template: str) -> tuple[str, list[str]]:
     fail at image pull). A registry URL's template is not read: ``publish`` pinned its images before uploading it."""
     import yaml
 
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud.credentials import credentials
+    from components.cloud import build as gke_build
     from components.spec.images import IMAGE_WITH_DIGEST
 
     if template.startswith("https://"):
@@ -84,9 +84,9 @@ def pin_images(template: str) -> tuple[str, list[str]]:
 
 
 def publish(target: Target, kfp_repository: str, version: str, log=print, build_account: str = "") -> Published:
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud import build as gke_build
-    from components.platforms.gke.cloud import storage as gke_storage
+    from components.cloud.credentials import credentials
+    from components.cloud import build as gke_build
+    from components.cloud import storage as gke_storage
     from components.platforms.gke.plan import identities
     from components.spec import SpecError
     from components.spec.gke_checks import SERVICE_ACCOUNT

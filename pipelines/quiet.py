@@ -165,7 +165,7 @@ class Quiet:
 
     def _follow(self) -> None:
         # The driver's signals are never this thread's: after the first, the driver blocks them in its threads and
-        # takes them with sigwait (pipelines/driver.py); a thread that left them unblocked would get them instead.
+        # takes them with sigwait (pipelines/backends/local/driver.py); a thread that left them unblocked would get them instead.
         signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
         shown, out, pending = Shown(), self._saved[0], ""
         render = Render(os.isatty(out))

@@ -1,11 +1,12 @@
 """Schedules on Vertex AI Pipelines (``tpupipe schedule``): a PipelineJobSchedule of the same job ``tpupipe submit``
-makes (``pipelines.vertex``), its cron checked before any call, one run at a time by default.
+makes (``pipelines.backends.vertex.jobs``), its cron checked before any call, one run at a time by default.
 """
 
 import re
 
 from components.spec import SpecError
-from pipelines import service_account, vertex
+from pipelines.backends.vertex import service_account
+from pipelines.backends.vertex import jobs as vertex
 
 CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+){4})$")
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")

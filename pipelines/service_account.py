@@ -31,7 +31,7 @@ def risks(project: str, account: str, creds=None) -> list[str]:
         ]
     from google.api_core import exceptions as gexc
 
-    from components.platforms.gke.cloud import storage
+    from components.cloud import storage
 
     out = [identities.default_compute_risk(WHO, account, ADVICE)] if identities.is_default_compute(account) else []
     try:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.spec import InfraError, SpecError
-from pipelines import schedules, vertex
+from pipelines.backends.vertex import schedules
+from pipelines.backends.vertex import jobs as vertex
 
 JANITOR_SCHEDULE = "tpupipe-janitor"
 JANITOR_CRON = "*/15 * * * *"  # every 15 minutes: the longest a stopped run's slices stay up
@@ -73,7 +74,7 @@ def teardown_after(job: dict, cancelled: bool, name: str, log: Callable[[str], N
     from components.platforms import ledger as ledgers
     from components.platforms.store import open_store
     from components.stages.component import with_target
-    from pipelines import local_run
+    from pipelines.backends.local import run as local_run
 
     run = run_of(job)
     if not run["output_root"].startswith("gs://"):
@@ -97,7 +98,7 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
 
     from pipelines.janitor import janitor_pipeline
     from pipelines.pipeline import Target, compile_pipeline
-    from pipelines.publish import pin_images
+    from pipelines.publish.vertex import pin_images
 
     target = Target(project=project, region=region)
     vertex.init(project, region)

@@ -1,5 +1,5 @@
 """Runs on Vertex AI Pipelines, through the real ``google-cloud-aiplatform`` SDK: what ``tpupipe submit`` and
-``tpupipe runs`` do; ``tpupipe schedule`` is ``pipelines.schedules``, over the same jobs.
+``tpupipe runs`` do; ``tpupipe schedule`` is ``pipelines.backends.vertex.schedules``, over the same jobs.
 
 Every job is a PipelineJob of the compiled template (compiled now for the target, or a file or registry URL given)
 with an explicit pipeline root (without one the SDK makes a bucket with a random name on every call). The spec is
@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.platforms.credentials import VERTEX_ENDPOINT_ENV
+from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import SpecError, names
-from pipelines import run_ids, service_account
+from pipelines import run_ids
+from pipelines.backends.vertex import service_account
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {
@@ -98,8 +99,8 @@ def check(sub: Submission, scheduled: bool = False) -> None:
 
 
 def init(project: str, region: str) -> None:
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
+    from components.cloud.credentials import credentials
+    from components.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
 
     found = credentials()  # before the SDK's seconds of import: a caller without credentials is told at once
     from google.cloud import aiplatform
@@ -142,7 +143,7 @@ def published_template(sub: Submission, publish_first: bool = False, log: Callab
     ``tpupipe publish`` of this tree first; else a missing image is refused (exit 2) with the command that publishes
     it."""
     from pipelines.pipeline import Target
-    from pipelines.publish import pin_images, publish
+    from pipelines.publish.vertex import pin_images, publish
 
     if publish_first and sub.template:
         raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])

@@ -58,7 +58,7 @@ def vertex(monkeypatch):
     points tpupipe's clients at it."""
     import secrets
 
-    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+    from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
     from tests.emulators.models import ModelServiceEmulator
 
     token = secrets.token_hex(12)

@@ -21,7 +21,7 @@ permission to read it or to run a query, a filter BigQuery refuses, no rows (unl
 new is an answer, ``num_rows`` 0), a column the trainer's formatter needs (``instruction``, ``response``) missing from
 the table or NULL or empty in some row, a time column that is missing or of another type.
 
-The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.platforms.credentials``, at
+The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.cloud.credentials``, at
 Google's endpoint, or at ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) when the tests set it. Queries go
 through ``Client.query_and_wait`` (jobs.query, then jobs.get and jobs.getQueryResults page by page when the rows do
 not fit one answer). The client library is imported inside the functions.
@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from datetime import UTC, date, datetime, time
 from typing import Any
 
-from components.platforms.credentials import access_error, credentials, google_client
+from components.cloud.credentials import access_error, credentials, google_client
 from components.spec import InfraError, SpecError
 from components.spec.names import PROJECT_ID_PATTERN
 
@@ -83,7 +83,7 @@ def parse_table(uri: str, field: str) -> str:
 
 def client(project: str, creds=None):
     """A ``bigquery.Client`` whose jobs run (and are billed) in ``project``: at $TPUPIPE_BIGQUERY_EMULATOR_HOST when
-    set, else at Google's endpoint, with the Google credentials (``components.platforms.credentials``)."""
+    set, else at Google's endpoint, with the Google credentials (``components.cloud.credentials``)."""
     from google.cloud import bigquery
 
     return google_client(bigquery.Client, EMULATOR_HOST_ENV, creds=creds, project=project)

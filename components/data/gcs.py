@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable
 
-from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
+from components.cloud.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
 from components.spec import InfraError, SpecError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")

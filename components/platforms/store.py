@@ -189,7 +189,7 @@ def _count(lock) -> int:
 def gcs_client():
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None, credentials=credentials())
 

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.credentials import VERTEX_ENDPOINT_ENV, google_client
+from components.cloud.credentials import VERTEX_ENDPOINT_ENV, google_client
 from components.registry import CHAMPION, REGISTRY_LABEL, TOKEN_LABEL, VERTEX_DEFAULT_ALIAS, Move, Version
 from components.spec import InfraError, SpecError, names
 

@@ -26,7 +26,7 @@ COMPUTE_NAME_MAX = 63
 LABEL_VALUE_MAX = 63
 RAYCLUSTER_NAME_MAX = 53
 PLACEHOLDER_PROJECT = "PROJECT_ID"  # what a plan's names show while gke.project is empty: no valid id, on purpose
-# Where the command line points when told nothing (its --project and --region: pipelines/cli_common.py, add_place).
+# Where the command line points when told nothing (its --project and --region: pipelines/cli/common.py, add_place).
 # The region of Vertex AI, its Model Registry and the components image's registry; it has v6e and v5p zones (the
 # catalogue's, components.tpu).
 DEFAULT_REGION = "us-east5"
@@ -202,7 +202,7 @@ def image_tag(run_id: str) -> str:
 
 
 # The tag a trainer image also carries that names its build context (its hash): a later run of the same sources
-# finds the image under it and builds nothing (components/platforms/gke/cloud/build.py, content_image).
+# finds the image under it and builds nothing (components/cloud/build.py, content_image).
 CONTENT_TAG_PREFIX = "ctx-"
 
 

@@ -57,7 +57,7 @@ def _token(ctx: RunContext) -> str | None:
     if not token and path and Path(path).is_file():
         token = Path(path).read_text().strip()
     if not token and ctx.platform == "gke" and ctx.spec.gke.hf_token_secret:
-        from components.platforms.gke.cloud import secrets
+        from components.cloud import secrets
 
         token = secrets.read(ctx.spec.gke.hf_token_secret).decode().strip()
     return token or None

@@ -2,7 +2,7 @@
 and evaluation batches (the evaluation job's ``eval_model`` events).
 
 A stage prints one plain line per update, ``progress <what> [#####.....] done/total <unit>  <figures>  ETA ..``;
-what a person sees of it is the terminal's business (``pipelines/quiet.py``): on a terminal the bar is drawn again in
+what a person sees of it is the terminal's business (``pipelines/backends/local/quiet.py``): on a terminal the bar is drawn again in
 place, piped it shows a bar's first and last lines and at most one a minute between, and the run's log keeps every
 one.
 """

@@ -215,7 +215,7 @@ def _release(ctx: RunContext) -> list[str]:
 
 
 def _error_text(exc: BaseException) -> str:
-    from components.platforms.credentials import access_error
+    from components.cloud.credentials import access_error
 
     exc = access_error(exc) or exc  # no credentials, no project, an API off, a permission denied: the fix, one line
     if isinstance(exc, TpupipeError):

@@ -65,7 +65,7 @@ def sigterm_stops(log=print) -> bool:
     if not _job.resource:
         return True
     if _job.state is None:
-        from components.platforms.credentials import pipeline_job_state
+        from components.cloud.credentials import pipeline_job_state
 
         _job.state, _job.problem = pipeline_job_state(_job.resource, timeout_s=STATE_TIMEOUT_S)
     shown = (_job.state or "unknown").removeprefix("PIPELINE_STATE_")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from components.platforms.credentials import VERTEX_ENDPOINT_ENV
+from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
 from components.spec import names
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator

@@ -15,9 +15,10 @@ def test_the_emulated_apis_refuse_what_the_real_ones_refuse(project_factory):
     from google.api_core import exceptions
     from google.cloud import container_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
     from components.platforms.gke.checks import preflight
-    from components.platforms.gke.cloud import compute, storage
+    from components.platforms.gke.cloud import compute
+    from components.cloud import storage
     from components.platforms.gke.cloud.cluster import cluster_manager
 
     project = project_factory()

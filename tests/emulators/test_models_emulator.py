@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.platforms.credentials import credentials
+from components.cloud.credentials import credentials
 from components.registry import open_registry
 from tests.unit.test_registry import MODEL, PARENT, PROJECT, REGION, _registered
 

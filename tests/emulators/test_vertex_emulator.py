@@ -13,7 +13,7 @@ import pytest
 from kfp import compiler, dsl
 
 from components.artifact_types import VertexModel
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.models import ModelServiceEmulator
 from tests.emulators.vertex import ConditionError, VertexEmulator, condition_holds
@@ -109,7 +109,7 @@ def _create(vertex, tmp_path, pipeline, job_id: str, parameters: dict | None = N
     import yaml
     from google.cloud import aiplatform_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     template = tmp_path / f"{job_id}.yaml"
     compiler.Compiler().compile(pipeline, str(template))
@@ -162,7 +162,7 @@ def test_the_model_registry_is_served_on_the_pipelines_endpoint(vertex):
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
     from components.registry import open_registry
 
     registry = open_registry(project=PROJECT, region=REGION, retry_delays_s=(0.01,))

@@ -2,7 +2,7 @@
 an ``authorized_user`` Application Default Credentials file (what ``gcloud auth application-default login``
 writes). The emulated project writes such a file and points ``GOOGLE_APPLICATION_CREDENTIALS`` at it, so tpupipe finds
 its credentials as on a workstation; google-auth sends such credentials' refresh to Google's endpoint whatever the
-file says, so ``TPUPIPE_GKE_EMULATOR_TOKEN_URI`` names this one (``components/platforms/credentials.py``).
+file says, so ``TPUPIPE_GKE_EMULATOR_TOKEN_URI`` names this one (``components/cloud/credentials.py``).
 
 - ``POST /token`` with ``grant_type=refresh_token`` answers ``{"access_token", "expires_in", "token_type":
   "Bearer", "scope"}`` (https://developers.google.com/identity/protocols/oauth2/web-server#offline); an unknown

@@ -16,8 +16,8 @@ import pytest
 import requests
 from google.api_core import exceptions as gexc
 
-from components.platforms.credentials import LOGIN, access_error
-from pipelines import cli
+from components.cloud.credentials import LOGIN, access_error
+from pipelines.cli import main as cli
 from tests.emulators.project import PROJECT
 from tests.gke.test_preflight import V5E_ONE_SLICE, preflight_cli
 
@@ -46,7 +46,7 @@ def test_every_cloud_command_without_credentials_is_one_line_and_exit_2(command,
         "NO_GCE_CHECK": "true",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *COMMANDS[command]],
+        [sys.executable, "-m", "pipelines.cli.main", *COMMANDS[command]],
         cwd=tmp_path,
         env=env,
         capture_output=True,

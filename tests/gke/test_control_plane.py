@@ -12,7 +12,7 @@ import time
 import pytest
 from google.cloud import container_v1 as c
 
-from components.platforms.credentials import AccessToken
+from components.cloud.credentials import AccessToken
 from components.platforms.gke.cloud import cluster as gke_cluster
 from components.platforms.gke.cloud import kube as gke_kube
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV, control_plane, restricted

@@ -845,7 +845,7 @@ def test_an_existing_bucket_without_uniform_access_is_refused_by_preflight_and_p
 ):
     """The run's grant on the bucket is conditioned on its prefix, which Cloud Storage refuses on a bucket without
     uniform bucket-level access: refused before anything is created, naming gke.bucket."""
-    from components.platforms.gke.cloud.storage import storage_client
+    from components.cloud.storage import storage_client
     from tests.gke.test_preflight import preflight_cli
 
     project = project_factory()
@@ -936,7 +936,7 @@ def test_a_later_run_of_the_same_sources_reuses_the_image_and_its_compile_cache(
     # spec is not in the image; a change to what the image holds is another context: built, under its own tag.
     import shutil
 
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     changed = tmp_path / "sources"
     for top in ("images/torch", *gke_build.CONTEXT_PATHS):
@@ -952,7 +952,7 @@ def test_a_later_run_of_the_same_sources_reuses_the_image_and_its_compile_cache(
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):
     from google.cloud import artifactregistry_v1
 
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     project = project_factory()
     registry = gke_build.registry_client()
@@ -975,7 +975,7 @@ def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project
 def test_an_existing_docker_repository_whose_tags_can_move_is_used_and_said(project_factory):
     from google.cloud import artifactregistry_v1
 
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     project_factory()
     client = gke_build.registry_client()
@@ -996,7 +996,7 @@ def test_an_existing_docker_repository_whose_tags_can_move_is_used_and_said(proj
 
 
 def test_a_failed_build_is_one_clear_error_with_cloud_builds_detail(tmp_path, project_factory):
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     project = project_factory()
     project.cloudbuild.build_fails()
@@ -1032,7 +1032,7 @@ def test_the_image_build_is_cancelled_once_provision_beside_it_failed(tmp_path, 
     taken for this run's."""
     import threading
 
-    from components.platforms.gke.cloud.build import BuildFailed
+    from components.cloud.build import BuildFailed
     from components.platforms.store import write_json
 
     project = project_factory()
@@ -1053,7 +1053,7 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
 ):
     """A run whose driver died after deploy: `tpupipe teardown RUN_ID` finds everything from the ledger and the labels
     (the spec it ran with comes from the ledger), and a second one finds nothing and exits 0."""
-    from pipelines import cli
+    from pipelines.cli import main as cli
 
     project = project_factory(polls_to_done=1)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
@@ -1073,7 +1073,7 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
 
 
 def test_tpupipe_teardown_of_a_gke_run_without_a_ledger_needs_its_spec(tmp_path, capsys):
-    from pipelines import cli
+    from pipelines.cli import main as cli
 
     assert cli.main(["teardown", "never-ran", "--platform", "gke", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: run_id: run never-ran left no ledger")

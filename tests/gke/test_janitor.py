@@ -18,7 +18,7 @@ from components.platforms.store import GcsStore, LocalStore, write_json
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
-from pipelines import cli
+from pipelines.cli import main as cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import platform
 
@@ -152,7 +152,7 @@ def test_runs_whose_ledgers_are_in_cloud_storage_are_found_there(
 ):
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     project = project_factory(polls_to_done=1)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
@@ -333,7 +333,7 @@ def _stopped_on_vertex(
 def run_bucket(project_factory, monkeypatch):
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     project = project_factory(polls_to_done=1, vertex=True)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
@@ -385,8 +385,8 @@ def test_a_run_whose_pipeline_job_was_stopped_is_collected_at_once_and_a_running
 def test_the_scheduled_janitor_collects_a_stopped_run_on_its_next_sweep(run_bucket, hf_token):
     """``tpupipe publish --janitor-schedule``'s schedule: every 15 minutes the janitor pipeline runs on Vertex AI (its
     one task in its own process) and tears down a run whose job was cancelled by the service alone, no CLI."""
-    from components.platforms.gke.cloud.build import image_tag
-    from pipelines import stopping
+    from components.cloud.build import image_tag
+    from pipelines.backends.vertex import stopping
     from pipelines.pipeline import Target
     from tests.emulators.project import REGION
 

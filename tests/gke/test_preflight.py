@@ -11,7 +11,7 @@ from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan.needs import needs
 from components.spec import SpecError
 from components.workload import resolve
-from pipelines import cli
+from pipelines.cli import main as cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 from tests.unit.test_plan_goldens import TPU_PRESETS
@@ -381,7 +381,7 @@ def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_r
     preflight asks the bucket what the caller may do there (testIamPermissions) and names the role it lacks."""
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     project = project_factory()
     storage.Client(project=PROJECT, credentials=credentials()).create_bucket("acme-sft")

@@ -30,7 +30,7 @@ def start_kfp(project, tmp_path: Path, python_bin: Path | None = None, published
     ``python_bin`` (default: this interpreter's environment); with ``published``, the components image of this tree
     is in Artifact Registry, as after `tpupipe publish` (which also makes the run bucket: without it, a test
     publishes)."""
-    from components.platforms.gke.cloud.build import image_tag
+    from components.cloud.build import image_tag
     from pipelines.pipeline import PIPELINE_IMAGE, Target
     from tests.emulators.kfp import KfpEmulator
 
@@ -57,7 +57,7 @@ def kfp(project_factory, tmp_path):
 @pytest.fixture
 def tpupipe(capsys):
     """``tpupipe(*args)``: (exit code, stdout, stderr) of the command line run in this process."""
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     def call(*args: str) -> tuple[int, str, str]:
         code = main(list(args))

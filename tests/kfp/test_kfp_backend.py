@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipelines import kfp_backend
+from pipelines.backends.kfp import jobs as kfp_backend
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.helpers import wait_until
 
@@ -26,7 +26,7 @@ def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show
     source version, the very file a Vertex AI job of the same submission runs (one compile); the run in the experiment
     with its run id; `runs list`, `runs show`; `runs cancel` terminates it, the exit handler fails unrun past the
     deadline as on KFP's Argo backend, and the cancel tears the run down itself."""
-    from pipelines import vertex
+    from pipelines.backends.vertex import jobs as vertex
 
     _fail_at_preflight(kfp.project)
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, "--kfp-host", kfp.host)
@@ -70,7 +70,7 @@ def test_a_run_id_that_has_had_a_ledger_is_refused_before_anything_is_uploaded(k
     from google.cloud import storage as gcs
 
     from components.platforms import ledger as ledgers
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
     from components.platforms.store import GcsStore
 
     bucket = f"{PROJECT}-tpupipe"
@@ -163,7 +163,7 @@ def test_publish_uploads_the_pinned_pipeline_and_the_janitors_recurring_run_once
 
 
 def test_submit_and_schedule_help_document_the_kfp_host(tpupipe, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     for command in (["submit", "--help"], ["schedule", "--help"], ["schedule", "create", "--help"]):
         with pytest.raises(SystemExit):

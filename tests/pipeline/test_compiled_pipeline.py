@@ -242,7 +242,7 @@ def test_every_parameter_description_is_one_line(compiled):
 
 
 def test_every_task_runs_in_the_content_addressed_components_image_in_the_registry(compiled):
-    from components.platforms.gke.cloud.build import image_tag
+    from components.cloud.build import image_tag
 
     images = {executor["container"]["image"] for executor in compiled["deploymentSpec"]["executors"].values()}
     assert images == {f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"}
@@ -255,8 +255,8 @@ def test_compile_names_the_image_by_tag_alone_offline_and_pins_it_to_a_digest_gi
     """Offline, no registry to ask: the tag, said to be unpinned; with --image-digest, every task's image is pinned
     (``NAME:TAG@sha256:HEX``), the janitor's too; a digest that is not one is refused naming the flag, nothing
     written."""
-    from components.platforms.gke.cloud.build import image_tag
-    from pipelines.cli import main
+    from components.cloud.build import image_tag
+    from pipelines.cli.main import main
 
     image = f"us-east5-docker.pkg.dev/my-project/tpupipe/pipeline:{image_tag('pipeline')}"
     assert main(["compile", "--output", str(tmp_path / "tag.yaml"), "--project", "my-project"]) == 0
@@ -277,7 +277,7 @@ def test_compile_names_the_image_by_tag_alone_offline_and_pins_it_to_a_digest_gi
 def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     import shutil
 
-    from components.platforms.gke.cloud.build import image_tag, source_root
+    from components.cloud.build import image_tag, source_root
 
     root = tmp_path / "tree"
     for top in ("images", "components", "pipelines", "trainers", "pyproject.toml"):
@@ -361,7 +361,7 @@ def test_check_pipeline_exits_2_naming_what_vertex_would_refuse(tmp_path, compil
     refuse: a spec Vertex AI would reject, or whose run form would lack something."""
     import copy
 
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     spec = copy.deepcopy(compiled)
     break_it(spec)
@@ -378,7 +378,7 @@ def test_make_compile_pipeline_compiles_then_checks(tmp_path, capsys):
     from kfp import dsl
 
     from pipelines.check import problems
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     recipe = makefile.split("\ncompile-pipeline:", 1)[1].split("\n\n", 1)[0]

@@ -18,7 +18,7 @@ def compiled(tmp_path_factory):
 
 
 def test_one_task_that_sweeps_in_the_components_image(compiled):
-    from components.platforms.gke.cloud.build import image_tag
+    from components.cloud.build import image_tag
 
     assert compiled["pipelineInfo"]["name"] == "tpupipe-janitor"
     assert set(compiled["root"]["dag"]["tasks"]) == {"janitor"}
@@ -45,7 +45,7 @@ def test_parameters_are_defaulted_for_the_target_and_described(compiled):
 
 
 def test_tpupipe_compile_gives_the_janitor_pipeline(tmp_path):
-    from pipelines import cli
+    from pipelines.cli import main as cli
 
     out = tmp_path / "janitor.yaml"
     assert cli.main(["compile", "--pipeline", "janitor", "--output", str(out), "--project", "my-project"]) == 0
@@ -57,7 +57,7 @@ def test_publish_help_says_why_a_stop_needs_no_trigger(capsys):
     ``--stop-trigger`` to give."""
     import pytest
 
-    from pipelines.cli import build_parser
+    from pipelines.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["publish", "--help"])

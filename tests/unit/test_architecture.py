@@ -121,12 +121,12 @@ RULES = [  # (who, may import from the project only these, why)
     *[(platform, (platform, *SHARED_BY_PLATFORMS), "no platform imports another") for platform in PLATFORMS],
     (
         "components.registry",
-        ("components.registry", "components.spec", "components.platforms.credentials"),
+        ("components.registry", "components.spec", "components.cloud.credentials"),
         "the registry builds on spec and the Google credentials only",
     ),
     (
         "components.data",
-        ("components.data", "components.spec", "components.platforms.credentials"),
+        ("components.data", "components.spec", "components.cloud.credentials"),
         "the data builds on spec and the Google credentials only",
     ),
 ]

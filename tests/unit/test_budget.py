@@ -13,7 +13,7 @@ from components.platforms.gke.plan import document as plan
 from components.platforms.store import LocalStore
 from components.spec import RunSpec, SpecError
 from components.workload import budget, resolve
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 SMOKE_PER_HOUR = 3.1885  # one v6e chip, the head's n2-standard-8, GKE's cluster fee (components/tpu/pricing.py)
 

@@ -1,7 +1,7 @@
 """``tpupipe presets``: one row per preset, each column starting at the same place on every row."""
 
 from components.spec import presets
-from pipelines.cli import main
+from pipelines.cli.main import main
 
 
 def test_presets_lines_up_every_column(capsys):

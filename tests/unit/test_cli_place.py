@@ -1,4 +1,4 @@
-"""``--project`` and ``--region``: one helper adds them to every command (``pipelines.cli_common.add_place``), the
+"""``--project`` and ``--region``: one helper adds them to every command (``pipelines.cli.common.add_place``), the
 default region is one constant written once (``components.spec.names.DEFAULT_REGION``), and every command that calls
 Google Cloud refuses the placeholder project (``EXAMPLE_PROJECT``) before any call: exit 2 naming --project and
 $GOOGLE_CLOUD_PROJECT. The offline commands (``compile``, ``check-pipeline``) take it."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from components.spec.names import DEFAULT_REGION, EXAMPLE_PROJECT
-from pipelines.cli import build_parser, main
-from pipelines.cli_common import CALLS_GOOGLE_CLOUD, PROJECT_ENV
+from pipelines.cli.main import build_parser, main
+from pipelines.cli.common import CALLS_GOOGLE_CLOUD, PROJECT_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "tpupipe-smoke-20261130120000-3f9a2c"

@@ -1,10 +1,10 @@
-"""`tpupipe show` and `tpupipe logs` read a run's records from its store (pipelines/cli_runs.py)."""
+"""`tpupipe show` and `tpupipe logs` read a run's records from its store (pipelines/cli/runs.py)."""
 
 import json
 
 from components.platforms.store import LocalStore, write_json, write_text
-from pipelines import cli_runs
-from pipelines.cli import main
+from pipelines.cli import runs as cli_runs
+from pipelines.cli.main import main
 
 
 def _failed_run(root):

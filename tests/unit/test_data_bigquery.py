@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from components.data import bigquery as data
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.spec import InfraError, SpecError
 from tests.emulators.bigquery import BigQueryEmulator
 

@@ -11,7 +11,7 @@ from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
 
 from components.data import gcs
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.spec import SpecError
 from tests.emulators.storage import StorageEmulator
 
@@ -302,7 +302,7 @@ def test_a_runs_snapshot_of_a_prefix_pins_each_objects_generation_and_reads_it(s
     ],
 )
 def test_tpupipe_data_exits_2_naming_the_field_for_bad_cloud_storage_data(storage, capsys, dataset, message):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     assert main(["data", "local-fsdp", "--set", f"train.dataset={dataset}"]) == 2
     err = capsys.readouterr().err

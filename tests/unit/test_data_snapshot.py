@@ -216,7 +216,7 @@ def test_an_unreadable_schedule_time_is_refused():
 
 
 def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     root = tmp_path / "runs"
     assert main(["data", "local-fsdp", "--output-root", str(root), "--set", f"train.dataset={drops}/"]) == 0
@@ -228,7 +228,7 @@ def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, c
 
 
 def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     (tmp_path / "bad.jsonl").write_text('{"instruction": "only"}\n')
     root = tmp_path / "runs"
@@ -279,7 +279,7 @@ def test_only_what_is_new_needs_a_champion_that_recorded_its_data(drops, tmp_pat
     ],
 )
 def test_tpupipe_data_exits_2_naming_the_field_for_bad_data(tmp_path, capsys, sets, message):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     _write(tmp_path / "sft" / "a.jsonl", _rows(1))
     (tmp_path / "bad.jsonl").write_text("{oops\n")

@@ -401,7 +401,7 @@ def test_a_run_over_another_base_is_refused_before_anything_starts_naming_gate_m
 
 
 def test_tpupipe_run_over_another_base_exits_2_before_provisioning(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     _champion_over_scratch(tmp_path)
     base = tmp_path / "gemma4-tiny-composite"
@@ -580,7 +580,7 @@ def test_the_evaluation_and_gate_artifacts_show_the_champion_and_the_decision(tm
 
 
 def test_tpupipe_run_from_a_champion_that_does_not_exist_exits_2_before_anything_starts(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     root = tmp_path / "runs"
     # A pipeline file that is not there: were the check ever gone, the run would still start nothing.

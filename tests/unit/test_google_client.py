@@ -1,4 +1,4 @@
-"""``components.platforms.credentials.google_client``, the one factory of the Google API clients, over real client
+"""``components.cloud.credentials.google_client``, the one factory of the Google API clients, over real client
 objects of each shape the project makes (or will): a GAPIC client over gRPC, a GAPIC client over REST alone
 (compute_v1), a GAPIC client over gRPC at Google whose emulator speaks REST (Vertex AI's pipelines), one over REST at
 both (Vertex AI's models), and the REST clients that are not GAPIC (Cloud Storage, BigQuery). With the emulator's
@@ -11,7 +11,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1, bigquery, compute_v1, container_v1, resourcemanager_v3, storage
 
-from components.platforms.credentials import AccessError, google_client
+from components.cloud.credentials import AccessError, google_client
 
 ENV = "TPUPIPE_TEST_EMULATOR_HOST"
 EMULATOR = "http://127.0.0.1:8089"

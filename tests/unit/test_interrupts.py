@@ -119,7 +119,7 @@ def test_the_keeper_stops_when_the_driver_is_gone(tmp_path):
 
 
 def test_tpupipe_teardown_of_a_local_run_with_nothing_left_exits_0(tmp_path, capsys):
-    from pipelines import cli
+    from pipelines.cli import main as cli
 
     assert cli.main(["teardown", "never-started", "--output-root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == "tpupipe teardown never-started (local): nothing was left to delete"
@@ -130,7 +130,7 @@ def test_tpupipe_teardown_of_a_local_run_with_nothing_left_exits_0(tmp_path, cap
 
 
 def test_the_command_that_finishes_an_abandoned_teardown():
-    from pipelines.driver import teardown_command
+    from pipelines.backends.local.driver import teardown_command
 
     ctx = RunContext(spec=resolve("local-fsdp"), run_id="r1", store=LocalStore(Path("unused")), platform="gke")
     assert teardown_command(ctx, "my runs") == "tpupipe teardown r1 --platform gke --output-root 'my runs'"
@@ -157,7 +157,7 @@ def _a_run_of_sleepers(root, run_id: str, driver: dict) -> subprocess.Popen:
 
 
 def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other(tmp_path, capsys):
-    from pipelines import cli
+    from pipelines.cli import main as cli
 
     gone = subprocess.Popen(["true"])
     record_of_gone = {"pid": gone.pid, "started": procs.start_time(gone.pid) or 1}
@@ -190,7 +190,7 @@ import sys
 from components.platforms import RunContext
 from components.platforms.store import LocalStore
 from components.workload import resolve
-from pipelines.driver import Interrupts
+from pipelines.backends.local.driver import Interrupts
 root = sys.argv[1]
 from pathlib import Path
 ctx = RunContext(spec=resolve("local-fsdp"), run_id="hup", store=LocalStore(Path(root) / "hup"), platform="local")

@@ -13,7 +13,7 @@ from components.platforms.gke.plan import document as plan
 from components.spec import SpecError
 from components.tpu import pricing
 from components.workload import resolve
-from pipelines.cli import main
+from pipelines.cli.main import main
 from tests.helpers import tpupipe_cmd
 
 # preset, overrides, the field named, text that lists what is valid
@@ -298,7 +298,7 @@ def test_run_id_option_renames_everything(capsys):
 
 def test_plan_needs_no_cloud_client_and_no_yaml_for_json():
     code = (
-        "import sys; from pipelines.cli import main; main(['plan', 'llama3-70b-v6e-16x2', '--output', 'json']); "
+        "import sys; from pipelines.cli.main import main; main(['plan', 'llama3-70b-v6e-16x2', '--output', 'json']); "
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'ray', 'yaml', 'jsonschema', 'kfp', "
         "'grpc') or m.startswith(('google.cloud.', 'google.api_core', 'google.auth'))]; "
         "sys.stderr.write(repr(heavy))"
@@ -381,7 +381,7 @@ def test_plan_smoke_is_the_smallest_single_host_slice_in_a_zone_that_offers_it_a
     ],
 )
 def test_the_dry_run_starts_with_the_data_snapshot_before_anything_is_created(capsys, dataset, first):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     sets = f"gke.project=my-project train.dataset={dataset}" + (
         " train.dataset_time_column=ingested" if dataset.startswith("bq://") else ""

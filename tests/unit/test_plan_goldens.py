@@ -59,7 +59,7 @@ def test_manifests_match_the_goldens(name):
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_RUNS))
 def test_dry_run_matches_the_golden(name, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     preset, settings = GOLDEN_RUNS[name]
     argv = ["run", preset, "--platform", "gke", "--dry-run", "--run-id", name]

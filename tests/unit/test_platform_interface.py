@@ -51,7 +51,7 @@ def test_a_platform_without_a_dry_run_says_so_naming_itself(tmp_path):
 
 
 def test_tpupipe_run_dry_run_on_the_local_platform_exits_2_with_that_message(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     assert main(["run", "local-fsdp", "--dry-run", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"tpupipe: error: {NO_DRY_RUN}\n"

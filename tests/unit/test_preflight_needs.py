@@ -87,7 +87,7 @@ def test_every_feature_is_enabled_in_place_or_refused_with_a_reason():
 
 
 def test_the_dry_run_prints_preflight_s_reads_first(capsys):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     assert (
         main(

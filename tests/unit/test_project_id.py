@@ -8,8 +8,8 @@ import pytest
 from components.registry.vertex import VertexBackend
 from components.spec import SpecError, layered, names
 from components.workload import resolve
-from pipelines import vertex
-from pipelines.cli import main
+from pipelines.backends.vertex import jobs as vertex
+from pipelines.cli.main import main
 
 GOOD = ["my-project", "abcdef", "a" * 30, "p-123456", "a1b2c3-d4"]
 BAD = ["abcde", "a" * 31, "1project", "my-project-", "My-Project", "my_project", "my.project", "-myproject"]

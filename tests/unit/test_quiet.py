@@ -1,4 +1,4 @@
-"""What `tpupipe run` shows without --verbose (pipelines/quiet.py): the stages' progress from kfp.local's stream, and
+"""What `tpupipe run` shows without --verbose (pipelines/backends/local/quiet.py): the stages' progress from kfp.local's stream, and
 everything in the run's log, whoever wrote it (the driver, a task it started)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from components.stages import progress
-from pipelines.quiet import Render, Shown
+from pipelines.backends.local.quiet import Render, Shown
 
 # kfp.local's stream of one task, as it prints it (colours included), the stage's own lines among kfp's.
 TASK = [
@@ -113,7 +113,7 @@ PROGRAM = textwrap.dedent(
     """
     import subprocess, sys
     from pathlib import Path
-    from pipelines.quiet import Quiet
+    from pipelines.backends.local.quiet import Quiet
 
     print("before", flush=True)
     with Quiet(Path(sys.argv[1])):

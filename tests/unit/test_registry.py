@@ -2,7 +2,7 @@
 google-cloud-aiplatform client against the emulated ModelService of tests/emulators/models.py); then what only the
 wire shows (a call answered UNAVAILABLE is retried, PERMISSION_DENIED is reported naming the permission, a
 registration or an alias move that fails leaves ``champion`` where it was); then two writers of the local
-registry; then ``tpupipe models`` through ``pipelines.cli.main``."""
+registry; then ``tpupipe models`` through ``pipelines.cli.main.main``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from components.registry import HISTORY_DEPTH, open_registry
 from components.spec import InfraError, SpecError
-from pipelines.cli import main
+from pipelines.cli.main import main
 from tests.helpers import REPO
 
 PROJECT, REGION = "tpupipe-emulated", "us-east5"

@@ -13,7 +13,7 @@ from components.platforms.store import LocalStore
 
 @pytest.mark.parametrize("torn_down", [False, True])
 def test_a_local_run_under_a_run_id_that_had_a_ledger_exits_2(tmp_path, capsys, torn_down):
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     store = LocalStore(tmp_path / "used")
     ledgers.replace(store, {"run_id": "used", "platform": "local", "created": [], "torn_down": torn_down})

@@ -23,7 +23,7 @@ def new_store(request, tmp_path, project_factory):
         return lambda: LocalStore(tmp_path / "run")
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     project_factory()
     storage.Client(project=PROJECT, credentials=credentials()).create_bucket(BUCKET)  # as provision leaves it

@@ -234,8 +234,8 @@ def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secr
     from google.oauth2 import credentials as user_credentials
 
     from components.platforms import RunContext
-    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
-    from components.platforms.gke.cloud.secrets import EMULATOR_HOST_ENV as SECRETS_HOST_ENV
+    from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.cloud.secrets import EMULATOR_HOST_ENV as SECRETS_HOST_ENV
     from components.platforms.store import GcsStore
     from components.stages import base_weights, jobs
     from components.workload import resolve
@@ -281,7 +281,7 @@ def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monk
     from google.cloud import storage as gcs
     from google.oauth2 import credentials as user_credentials
 
-    from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
     from components.platforms.gke.checks import preflight
     from components.platforms.gke.checks.findings import Report
     from components.platforms.gke.plan.needs import needs

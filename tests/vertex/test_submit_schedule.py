@@ -14,7 +14,7 @@ import pytest
 from components.spec import names
 from components.spec.images import IMAGE_WITH_DIGEST
 from pipelines.pipeline import Target
-from pipelines.publish import publish
+from pipelines.publish.vertex import publish
 from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
@@ -294,7 +294,7 @@ def test_a_scheduled_run_reads_the_drop_of_its_schedules_date(project_factory):
 
     from google.cloud import storage
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     project = project_factory(vertex=True)
     _fail_at_preflight(project)

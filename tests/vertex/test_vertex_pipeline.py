@@ -13,8 +13,8 @@ import pytest
 from components.registry import PROVENANCE_FIELDS, open_registry
 from components.spec.images import IMAGE_WITH_DIGEST
 from pipelines.pipeline import Target
-from pipelines.publish import publish
-from pipelines.vertex import PRESET_LABEL
+from pipelines.publish.vertex import publish
+from pipelines.backends.vertex.jobs import PRESET_LABEL
 from tests.emulators.project import PROJECT, REGION
 from tests.helpers import unique_run_id
 

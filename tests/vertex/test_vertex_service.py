@@ -1,4 +1,4 @@
-"""``pipelines.vertex`` (what ``tpupipe submit | schedule | runs`` do) against the emulated Vertex AI, with a tiny
+"""``pipelines.backends.vertex.jobs`` (what ``tpupipe submit | schedule | runs`` do) against the emulated Vertex AI, with a tiny
 pipeline of the same parameters as tpupipe's: no Ray cluster, no training, seconds. Its one task waits for a file the
 test writes, so a run stays active as long as the test needs. (No ``from __future__ import annotations`` here: KFP
 reads the components' real annotations.)"""
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from kfp import compiler, dsl
 
-from components.platforms.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
-from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
-from pipelines import schedules, vertex
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, VERTEX_ENDPOINT_ENV
+from components.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+from pipelines.backends.vertex import schedules
+from pipelines.backends.vertex import jobs as vertex
 from pipelines.pipeline import compile_pipeline
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.resourcemanager import ResourceManagerEmulator
@@ -161,11 +162,11 @@ def test_without_an_active_run_limit_scheduled_runs_overlap(service):
 
 
 def _create(service, sub: vertex.Submission, job_id: str) -> str:
-    """Create the job ``submit`` would (``pipelines.vertex.pipeline_job``) with the PipelineService client: ``submit``'s
+    """Create the job ``submit`` would (``pipelines.backends.vertex.jobs.pipeline_job``) with the PipelineService client: ``submit``'s
     SDK call would first get or create the pipeline root's bucket in Cloud Storage."""
     from google.cloud import aiplatform_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     client = aiplatform_v1.PipelineServiceClient(
         credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
@@ -206,7 +207,7 @@ def test_runs_lists_only_tpupipe_jobs_newest_first_in_the_simple_view(service):
 def test_job_ids_are_unique_per_submit_start_with_a_letter_and_match_the_documented_example():
     from google.cloud.aiplatform.constants.pipeline import _VALID_NAME_PATTERN
 
-    from pipelines.cli_vertex import EXAMPLES
+    from pipelines.cli.vertex import EXAMPLES
     from tests.emulators.vertex import JOB_ID
 
     ids = [vertex.new_job_id("llama3-8b-v6e-16x2") for _ in range(20)]  # all within a second or two
@@ -224,7 +225,7 @@ def test_the_emulator_refuses_a_job_id_vertex_refuses(service):
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
-    from components.platforms.credentials import credentials
+    from components.cloud.credentials import credentials
 
     client = aiplatform_v1.PipelineServiceClient(
         credentials=credentials(), transport="rest", client_options={"api_endpoint": service.endpoint}
@@ -284,7 +285,7 @@ def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_pu
 ):
     """The image the compiled tree (or the template given) names is not in Artifact Registry: exit 2 naming the
     command that publishes it, before any Vertex AI call."""
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     args = ["submit", PRESET, "--project", PROJECT, "--region", REGION]
     if template:
@@ -302,7 +303,7 @@ def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_pu
 
 
 def test_submit_of_a_template_whose_image_is_published_creates_the_job(service, monkeypatch):
-    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+    from components.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
     from tests.emulators.resourcemanager import ResourceManagerEmulator
     from tests.emulators.storage import StorageEmulator
 
@@ -489,7 +490,7 @@ def test_runs_cancel_finds_the_run_a_job_ran_as_its_tasks_do():
     """The run id is the job's ``run_id`` parameter, else derived from its job id (what every task derives it from);
     the output root and the rest are the job's values, else the compiled defaults."""
     from components.spec.names import run_id_from
-    from pipelines.stopping import run_of
+    from pipelines.backends.vertex.stopping import run_of
 
     spec = {
         "root": {
@@ -519,10 +520,10 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
 
     from components.platforms import heartbeat
     from components.platforms import ledger as ledgers
-    from components.platforms.credentials import credentials
-    from components.platforms.gke.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
+    from components.cloud.credentials import credentials
+    from components.cloud.storage import RESOURCE_MANAGER_EMULATOR_HOST_ENV
     from components.platforms.store import GcsStore
-    from pipelines.cli import main
+    from pipelines.cli.main import main
     from tests.emulators.resourcemanager import ResourceManagerEmulator
     from tests.emulators.storage import StorageEmulator
 
@@ -663,7 +664,7 @@ def test_publish_builds_the_components_image_as_the_account_named_and_refuses_on
 
     from components.spec import SpecError
     from pipelines.pipeline import Target
-    from pipelines.publish import build_body, publish
+    from pipelines.publish.vertex import build_body, publish
 
     target = Target(project=PROJECT, region=REGION)
     body = build_body(target, IMAGE, "t", f"builder@{PROJECT}.iam.gserviceaccount.com")

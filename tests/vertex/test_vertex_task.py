@@ -64,7 +64,7 @@ def test_the_run_id_derives_from_the_jobs_id_when_a_task_is_given_its_full_resou
 def test_every_stage_checks_its_credentials_before_it_acts(tmp_path, monkeypatch):
     """A gke stage's task with no Google Cloud credentials where it runs (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud
     login, no metadata server) is refused before it acts: one line naming the fix, exit 2, its record failed."""
-    from components.platforms.credentials import LOGIN, AccessError
+    from components.cloud.credentials import LOGIN, AccessError
     from components.stages.runner import run_stage
 
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "TPUPIPE_GKE_EMULATOR_TOKEN", "TPUPIPE_GKE_EMULATOR_HOST"):

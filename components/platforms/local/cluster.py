@@ -8,7 +8,7 @@ host keeper that replaces a lost host (``keeper``). Every process this run start
 exactly what the run started.
 
 The platform (``platform``) starts the cluster with :func:`start` when it provisions and stops it with :func:`stop`
-when it tears down; the janitor (``pipelines.local_run``) finds the runs left running with :func:`orphaned_runs`.
+when it tears down; the janitor (``pipelines.backends.local.run``) finds the runs left running with :func:`orphaned_runs`.
 """
 
 from __future__ import annotations

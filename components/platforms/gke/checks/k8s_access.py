@@ -27,7 +27,7 @@ def check(cluster, path: str, namespace: str, kinds: tuple[str, ...], creds, rep
     Vertex AI tasks run outside them."""
     from kubernetes.client.exceptions import ApiException
 
-    from components.platforms.credentials import AccessToken
+    from components.cloud.credentials import AccessToken
     from components.platforms.gke.cloud import kube as gke_kube
     from components.platforms.gke.cloud.transient import Backoff
 
@@ -83,7 +83,7 @@ def preflight_kube(cluster, creds, namespace: str):
     """A client of an existing cluster's Kubernetes API (``cluster``: its ``Cluster`` message) in ``namespace``, with
     ``creds``' token, retried as briefly as the access review (an API server that cannot be reached is reported, not
     waited on for the 600 s a stage's call may retry)."""
-    from components.platforms.credentials import AccessToken
+    from components.cloud.credentials import AccessToken
     from components.platforms.gke.cloud import kube as gke_kube
     from components.platforms.gke.cloud.transient import Backoff
 

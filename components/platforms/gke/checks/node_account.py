@@ -17,7 +17,7 @@ A role held none of these ways is a problem: nodes without it fail late and obsc
 from __future__ import annotations
 
 from components.platforms.gke.checks.findings import Problem, Report
-from components.platforms.gke.cloud import iam
+from components.cloud import iam
 from components.platforms.gke.plan import identities
 from components.platforms.gke.plan.needs import Needs
 

@@ -53,7 +53,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     """Run every check; raise :class:`PreflightFailed` with all the problems, else the report of what was found."""
     n = needs(spec, run_id)
     if creds is None:
-        from components.platforms.credentials import credentials
+        from components.cloud.credentials import credentials
 
         creds = credentials()
     report = Report()
@@ -81,7 +81,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
         except Exception as exc:  # a check that cannot be made is itself a problem, reported with all
             from google.api_core import exceptions as gexc
 
-            from components.platforms.credentials import access_error
+            from components.cloud.credentials import access_error
 
             if not isinstance(exc, gexc.GoogleAPICallError):
                 raise
@@ -103,7 +103,7 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     that does not exist yet is created with it at provision."""
     from google.api_core import exceptions as gexc
 
-    from components.platforms.gke.cloud import storage
+    from components.cloud import storage
 
     name = n.bucket
     try:
@@ -189,7 +189,7 @@ def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 
 
 def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    from components.platforms.gke.cloud import storage
+    from components.cloud import storage
 
     held = set(
         storage.projects_client(creds)
@@ -245,7 +245,7 @@ def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
     (problems; ``node_account``: inherited, custom and group grants too), and the risks of the default accounts and
     of basic roles (warnings)."""
-    from components.platforms.gke.cloud import storage
+    from components.cloud import storage
 
     account = n.node_account
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
@@ -386,7 +386,7 @@ def service_usage_client(creds):
     """Service Usage's client: to the emulator named by $TPUPIPE_SERVICE_USAGE_EMULATOR_HOST, else to Google."""
     from google.cloud import service_usage_v1
 
-    from components.platforms.credentials import google_client
+    from components.cloud.credentials import google_client
 
     return google_client(service_usage_v1.ServiceUsageClient, SERVICE_USAGE_EMULATOR_HOST_ENV, creds=creds)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.platforms.credentials import google_client
+from components.cloud.credentials import google_client
 from components.platforms.gke.cloud.cluster import Adapter, GkeError, progress_every
 from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name

@@ -46,7 +46,7 @@ class Clients:
         return gke_compute.Compute(gke_compute.clients(creds), log=self.log, poll_s=min(self.poll_s, 2.0))
 
     def storage(self, t: Target, creds=None):
-        from components.platforms.gke.cloud import storage as gke_storage
+        from components.cloud import storage as gke_storage
 
         return gke_storage.Storage(gke_storage.storage_client(t.project, creds), log=self.log)
 
@@ -56,7 +56,7 @@ class Clients:
         endpoint is ``control_plane``'s choice; one that keeps out callers outside the cluster's networks is tried
         once at once, so that a stage which cannot reach it says why and what to run instead of retrying for
         minutes."""
-        from components.platforms.credentials import AccessToken
+        from components.cloud.credentials import AccessToken
         from components.platforms.gke.cloud import cluster as gke_cluster
         from components.platforms.gke.cloud import kube as gke_kube
         from components.platforms.gke.cloud.control_plane import control_plane, restricted
@@ -76,7 +76,7 @@ class Clients:
 
     def bucket_member(self, t: Target, creds=None) -> tuple[str, str]:
         """(role, member) of the run's binding on the bucket, the project number looked up."""
-        from components.platforms.gke.cloud import storage as gke_storage
+        from components.cloud import storage as gke_storage
 
         binding = bucket_binding(t)
         return binding["role"], gke_storage.member(binding, gke_storage.project_number(t.project, creds))

@@ -20,8 +20,8 @@ from typing import Any
 
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
-from components.platforms.credentials import EMULATOR_HOST_ENV, credentials, google_client
-from components.platforms.gke.cloud.google_errors import (
+from components.cloud.credentials import EMULATOR_HOST_ENV, credentials, google_client
+from components.cloud.errors import (
     BUSY_MARKERS,
     RATE_LIMITED,
     RESOURCE_EXHAUSTED,

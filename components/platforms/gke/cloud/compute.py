@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from components.platforms.credentials import google_client
+from components.cloud.credentials import google_client
 from components.platforms.gke.cloud.cluster import (
     Adapter,
     CapacityError,

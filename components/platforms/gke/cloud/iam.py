@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.platforms.credentials import google_client
-from components.platforms.gke.cloud.storage import (
+from components.cloud.credentials import google_client
+from components.cloud.storage import (
     IAM_EMULATOR_HOST_ENV,
     RESOURCE_MANAGER_EMULATOR_HOST_ENV,
     policy_grants,

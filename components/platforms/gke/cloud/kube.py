@@ -51,7 +51,7 @@ CUSTOM = {  # kind -> (group, version, plural)
 def api_client(plane: ControlPlane, token: Callable[[], str], ca_dir: Path):
     """A ``kubernetes.client.ApiClient`` for the cluster's endpoint ``plane`` (``control_plane.control_plane``),
     trusting its CA (written in ``ca_dir``) or, for the DNS-based endpoint, the public roots, with the bearer token
-    ``token()`` (a Google OAuth access token, :class:`~components.platforms.credentials.AccessToken`: GKE accepts it
+    ``token()`` (a Google OAuth access token, :class:`~components.cloud.credentials.AccessToken`: GKE accepts it
     for the identity it belongs to). The client's ``refresh_api_key_hook``, which it calls before every request that
     authenticates, sets the token again, refreshed when it is about to expire (as the client's own kubeconfig loader
     does for tokens with an expiry: ``kubernetes/config/kube_config.py``)."""

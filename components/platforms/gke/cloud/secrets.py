@@ -4,7 +4,7 @@ logged, never a pipeline parameter, never written to the run's state."""
 
 from __future__ import annotations
 
-from components.platforms.credentials import google_client
+from components.cloud.credentials import google_client
 
 EMULATOR_HOST_ENV = "TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"
 

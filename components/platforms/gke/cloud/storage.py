@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
+from components.cloud.credentials import STORAGE_EMULATOR_HOST_ENV, google_client
 from components.platforms.gke.cloud.cluster import Adapter
 from components.spec import SpecError
 

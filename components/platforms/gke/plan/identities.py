@@ -1,6 +1,6 @@
 """Who a run's parts act as, and the risks of an identity with more than it needs, as warnings: preflight's for the
 nodes' and Cloud Build's accounts, ``tpupipe submit``'s and ``tpupipe schedule create``'s for the pipeline's
-(``pipelines.service_account``). Pure text and sets: the callers read the project's IAM policy.
+(``pipelines.backends.vertex.service_account``). Pure text and sets: the callers read the project's IAM policy.
 
 Sources:
 - the Compute Engine default service account, ``PROJECT_NUMBER-compute@developer.gserviceaccount.com``, is

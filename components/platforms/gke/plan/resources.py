@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.platforms.credentials import CLOUD_PLATFORM_SCOPE
+from components.cloud.credentials import CLOUD_PLATFORM_SCOPE
 from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import Target

@@ -68,7 +68,7 @@ def secret(s: Session, res: Resource) -> None:
     if found is not None and found.get(m.HF_TOKEN_KEY):
         value = found[m.HF_TOKEN_KEY].encode()
     elif source:
-        from components.platforms.gke.cloud import secrets
+        from components.cloud import secrets
 
         value = secrets.read(source, s.client("creds"))
     else:

@@ -131,7 +131,7 @@ def build_source(s: Session, res: Resource) -> None:
     """The build context, uploaded to the run's bucket, got or created first: build_image runs beside provision, which
     gets or creates the same bucket (the one of the two that comes second finds it). An image built before from the
     same context (its content tag in the repository: ``build.content_image``) is reused, and nothing is uploaded."""
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     context = gke_build.build_context(d.trainer_image(s.ctx.spec))
     s.content_image = gke_build.content_image(s.t.image, context)
@@ -153,7 +153,7 @@ def image(s: Session, res: Resource) -> None:
         s.log(f"trainer image: {s.content_image}@{s.reused_digest}, built before from the same sources: reused")
         s.image_result = {"image": s.content_image, "built": False, "reused": True, "digest": s.reused_digest}
         return
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     builder = gke_build.CloudBuild(
         gke_build.client(s.client("creds")),

@@ -42,7 +42,7 @@ from typing import Any
 
 from components.platforms import RunContext, heartbeat
 from components.platforms import ledger as ledgers
-from components.platforms.credentials import pipeline_job_state
+from components.cloud.credentials import pipeline_job_state
 from components.platforms.gke.plan import paths
 from components.platforms.store import open_store, runs_with
 from components.spec import RunSpec, SpecError, names, ready_limits
@@ -202,7 +202,7 @@ class Janitor:
         """Why a run on Kubeflow Pipelines is collected (its KFP run has ended: a terminated run's exit handler never
         runs its teardown on KFP's Argo backend, kubeflow/pipelines#6101) or kept (it runs); '' and why not known
         when the server cannot say."""
-        from components.platforms.gke.cloud import kfp_runs
+        from components.cloud import kfp as kfp_runs
 
         if self._kfp_states is None:
             try:

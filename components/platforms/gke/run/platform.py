@@ -77,7 +77,7 @@ class GkePlatform(Platform):
         check_ranges(spec, self._target(ctx))
 
     def check_access(self, ctx: RunContext) -> None:
-        from components.platforms.credentials import credentials
+        from components.cloud.credentials import credentials
 
         credentials()  # none: an AccessError naming `gcloud auth application-default login`
 

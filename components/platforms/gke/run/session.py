@@ -37,7 +37,7 @@ class Session:
         if account != DEFAULT_NODE_SERVICE_ACCOUNT:
             return account
         if self._project_number is None:
-            from components.platforms.gke.cloud import storage as gke_storage
+            from components.cloud import storage as gke_storage
 
             self._project_number = gke_storage.project_number(self.t.project, self.client("creds"))
         return account.replace("PROJECT_NUMBER", self._project_number)
@@ -73,7 +73,7 @@ class Session:
 
 
 def _registry(creds, s: Session):
-    from components.platforms.gke.cloud import build as gke_build
+    from components.cloud import build as gke_build
 
     return gke_build.Registry(gke_build.registry_client(creds), log=s.log, poll_s=min(s.poll_s, 2.0))
 
