@@ -1,8 +1,11 @@
-"""A run id given to ``tpupipe submit --run-id`` must not be in use: every resource name derives from it, so a second
-job under the same id would resume the first one's ledger, and its teardown would delete the first job's live
-cluster. In use means any of: a pipeline job that carries the id in its ``tpupipe-run`` label and has not ended; the
-run's ledger under the output root the job would write to, not yet torn down; a fresh heartbeat of the run's driver
-there (``components.platforms.heartbeat``). Refused with exit 2 before the job is created."""
+"""A run id is used once, ever: every resource name, the run's bucket prefix (``runs/<id>/``, which may hold a
+registered version's checkpoint) and its checkpoints (``ray_results/<id>``) derive from it, so a second run under the
+same id would resume the first one's ledger or checkpoints, get write access to its outputs, and its teardown would
+delete the first one's live cluster. Refused with exit 2 before anything is created, on every backend (``tpupipe run
+--run-id``, ``tpupipe submit --run-id`` to Vertex AI or with ``--kfp-host``): a run id that has had a ledger under the
+output root the run would write to (torn down or not), a fresh heartbeat of a driver there
+(``components.platforms.heartbeat``), or, on Vertex AI, a pipeline job that carries it in its ``tpupipe-run`` label
+and has not ended."""
 
 from __future__ import annotations
 
@@ -39,10 +42,6 @@ def check_free(run_id: str, project: str, template: str) -> None:
 
     from google.cloud import aiplatform
 
-    from components.platforms import heartbeat
-    from components.platforms import ledger as ledgers
-    from components.platforms.store import open_store
-
     if not run_id:
         return
     where = f'labels.{names.RUN_LABEL}="{run_id}"'
@@ -52,20 +51,36 @@ def check_free(run_id: str, project: str, template: str) -> None:
         if found.get("state") not in TERMINAL:
             state = found.get("state", "").removeprefix("PIPELINE_STATE_").lower()
             raise SpecError("--run-id", f"{run_id!r} is in use: pipeline job {found['name']} runs under it ({state})")
-    root = output_root(template, project)
-    if not root.startswith("gs://"):
-        return  # a local output root: no job on Vertex AI writes there
+    check_unused(run_id, output_root(template, project))
+
+
+def check_unused(run_id: str, root: str) -> None:
+    """SpecError naming ``--run-id`` when ``run_id`` has had a ledger under the output root ``root`` (torn down or
+    not), or its driver's heartbeat there is fresh: a run id is used once. A local root of a remote backend holds no
+    run of it: nothing to check."""
+    from components.platforms import heartbeat
+    from components.platforms import ledger as ledgers
+    from components.platforms.store import open_store
+
+    if not run_id or not root.startswith("gs://"):
+        return
     store = open_store(root, run_id)
-    recorded = ledgers.load(store)
-    beat = heartbeat.fresh(store)
-    if beat is not None or (recorded is not None and not recorded.get("torn_down")):
-        why = (
-            f"its driver's heartbeat in {store.uri} is {beat:.0f} s old"
-            if beat is not None
-            else f"its ledger {store.uri}/{ledgers.KEY} records resources not torn down"
-        )
-        raise SpecError(
-            "--run-id",
-            f"{run_id!r} is in use: {why}; choose another run id, or tear that run down first "
-            f"(tpupipe teardown {run_id} --platform gke --output-root {root})",
-        )
+    refuse_reused(run_id, store, heartbeat.fresh(store), ledgers.load(store) is not None)
+
+
+def refuse_reused(run_id: str, store, beat: float | None, had_ledger: bool) -> None:
+    """The refusal of a run id the store shows used: a fresh heartbeat, or a ledger (the run provisioned)."""
+    from components.platforms import ledger as ledgers
+
+    if beat is None and not had_ledger:
+        return
+    why = (
+        f"is in use: its driver's heartbeat in {store.uri} is {beat:.0f} s old"
+        if beat is not None
+        else f"was used already: a run under it has a ledger ({store.uri}/{ledgers.KEY}), torn down or not"
+    )
+    raise SpecError(
+        "--run-id",
+        f"{run_id!r} {why}; a run id is used once (its prefix may hold a registered model's checkpoint, its "
+        "checkpoints would be resumed): choose another run id",
+    )

@@ -108,6 +108,18 @@ class Platform(ABC):
         """Where the cluster's jobs keep what outlives a run, compiled programs first (a path the cluster sees,
         ``components.workload.cache``); empty: nothing is kept across runs."""
 
+    def run_cache_root(self, ctx: RunContext) -> str:
+        """Where the run's own jobs keep what they produce for the caches, and read the entries staged for them (a
+        path the cluster sees, under the run's own directory: ``components.workload.cache_trust``); empty when the
+        platform keeps no cache."""
+        return ""
+
+    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any] | None:
+        """The compile cache as the pipeline's side reaches it (``components.workload.cache_trust.Place``): the
+        cache kept across runs, the run's own copy (``run_cache_root``), and the trusted manifests; None when the
+        platform keeps no cache."""
+        return None
+
     @abstractmethod
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """Where a path the jobs wrote lives for everyone else (a local path, or gs://BUCKET/...)."""

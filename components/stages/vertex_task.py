@@ -111,9 +111,9 @@ def claim(
     - the first task notes the job in the ledger (its id, its full resource name ``resource``, what KFP's
       ``{{$.pipeline_job_resource_name}}`` gives, and its labels, so the janitor can ask Vertex AI whether the job
       still runs, wherever it is: ``components.platforms.gke.run.janitor``),
-      under a generation precondition (``ledger.update``), unless another job holds the run id: its ledger names
-      another job and was not torn down. Two jobs started with one ``--run-id`` at once: one wins the write, the other
-      reads the winner's claim and is refused;
+      under a generation precondition (``ledger.update``), unless another job holds or held the run id: its ledger
+      names another job, torn down or not (a run id is used once: ``pipelines.run_ids``). Two jobs started with one
+      ``--run-id`` at once: one wins the write, the other reads the winner's claim and is refused;
     - every later task (teardown, the exit handler's, included) goes on only while the ledger names its own job, so a
       job refused its run id never writes another's records nor deletes what the other created.
 
@@ -140,7 +140,7 @@ def claim(
 
     def note(recorded: dict) -> bool:
         holder = (recorded.get("pipeline_job") or {}).get("id")
-        if holder and holder != job_name and not recorded.get("torn_down"):
+        if holder and holder != job_name:  # torn down or not: a run id is used once (pipelines.run_ids)
             raise refuse(holder)
         if recorded.get("pipeline_job") == job:
             return False

@@ -120,7 +120,11 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert categories["lost to failures"]["seconds"] > 0 and categories["checkpoint saves"]["seconds"] > 0
     # The programs compiled, timed apart from trainer start and kept under the output root for the next run
     assert categories["compilation"]["seconds"] > 0 and summary["goodput"]["compile_cache"]["compiles"] > 0
-    assert list((tmp_path / "cache" / "compile" / "tiny-llama").glob("cpu-1hosts-2-slice/*/*-cache"))
+    # (compiled in the run's own directory, promoted by the train stage with their hashes in the trusted manifest)
+    promoted = list((tmp_path / "cache" / "compile" / "tiny-llama").glob("cpu-1hosts-2-slice/*/*-cache"))
+    assert promoted
+    (manifest,) = (tmp_path / "_cache" / "compile" / "tiny-llama" / "cpu-1hosts-2-slice").glob("*.json")
+    assert {p.name for p in promoted} <= set(json.loads(manifest.read_text())["entries"])
     assert any(round(loss, 3) != loss for loss in losses)  # MaxText's metrics file: not its 3-decimal log lines
     assert [s["step"] for s in summary["steps"]] == kept
     assert all(s["group"] >= 1 for s in summary["steps"] if s["step"] > restart["restore_step"])

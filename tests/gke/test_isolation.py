@@ -109,8 +109,8 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
 
 def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_anything(tmp_path):
     """Two Vertex AI jobs given one ``--run-id``: the first holds it (its ledger names its job); the second's first task
-    is refused, and so is its exit handler's teardown, which would otherwise delete the first's cluster. Once the
-    first is torn down, the run id is free again."""
+    is refused, and so is its exit handler's teardown, which would otherwise delete the first's cluster; once the
+    first is torn down too (a run id is used once: its prefix may hold a registered model's checkpoint)."""
     on_vertex = {VERTEX_TASK_ENV: json.dumps({"tpupipe-run": "shared"})}
     store = LocalStore(tmp_path / "shared")
     claim(store, "shared", "gke", "job-a", first=True, environ=on_vertex)
@@ -123,8 +123,9 @@ def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_
     assert store.read_versioned(ledgers.KEY) == held  # nothing written
     claim(store, "shared", "gke", "job-a", first=False, environ=on_vertex)  # the holder's own later tasks go on
     ledgers.update(store, lambda ledger: ledger.update(torn_down=1.0))
-    claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
-    assert ledgers.load(store)["pipeline_job"]["id"] == "job-b"
+    with pytest.raises(SpecError, match="held by pipeline job job-a"):  # torn down: still used once, ever
+        claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
+    assert ledgers.load(store)["pipeline_job"]["id"] == "job-a"
 
 
 def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_the_control_state(
@@ -154,10 +155,16 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
     bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights, again")  # overwrite: its own
     project.storage.put(BUCKET, "runs/theirs/checkpoint/model.safetensors", b"theirs")
     assert [b.name for b in pod.list_blobs(BUCKET, prefix="runs/mine/")] == ["runs/mine/checkpoint/model.safetensors"]
-    # the compile cache every run of the bucket shares (components.workload.cache): read and written by each
-    bucket.blob("cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache").upload_from_string(b"program")
+    # the cache every run of the bucket shares (components.workload.cache_trust): read by each, written by none
+    project.storage.put(BUCKET, "cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache", b"program")
     assert bucket.blob("cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache").download_as_bytes() == b"program"
     for name in (
+        "cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache",  # a compiled program, over the promoted one
+        "cache/compile/m/v6e-4x4-1-slice/digest/jit_new-cache",  # a new one
+        "cache/weights/google--gemma-4-E2B-it/abc/files/model.safetensors",  # base weights
+        "cache/weights/google--gemma-4-E2B-it/abc/manifest.json",
+        "cache/weights/google--gemma-4-E2B-it/refs/main",
+        "state/_cache/compile/m/v6e-4x4-1-slice/digest.json",  # the trusted manifest of the compiled programs
         "runs/theirs/ledger.json",
         "runs/theirs/checkpoint/model.safetensors",
         "state/theirs/ledger.json",
@@ -170,6 +177,9 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
     with pytest.raises(Forbidden, match="storage.objects.get"):
         bucket.blob("runs/theirs/checkpoint/model.safetensors").download_as_bytes()
     assert project.storage.data(BUCKET, "runs/theirs/checkpoint/model.safetensors") == b"theirs"
+    assert project.storage.data(BUCKET, "cache/compile/m/v6e-4x4-1-slice/digest/jit_step-cache") == b"program"
+    with pytest.raises(Forbidden, match="storage.objects.get"):
+        bucket.blob("state/_cache/compile/m/v6e-4x4-1-slice/digest.json").download_as_bytes()
     for ctx in (mine, theirs):
         gke.teardown(ctx)
     with pytest.raises(Forbidden):
@@ -201,3 +211,47 @@ def test_another_runs_checkpoint_is_copied_into_the_runs_prefix_before_its_pods_
     with pytest.raises(SpecError, match="holds no object"):
         gke.checkpoint_path(reader, f"gs://{BUCKET}/runs/nothing/checkpoint")
     gke.teardown(reader)
+
+
+def test_the_pipeline_promotes_what_a_runs_pods_compiled_and_the_next_run_stages_only_what_matches(
+    tmp_path, project_factory
+):
+    """On gke the train stage's promotion and staging go through the pipeline's identity (the emulated Cloud
+    Storage's owner): the pods of ``mine`` write their compiled program under their own ``runs/mine/cache/``, the
+    stage copies it into ``cache/`` with its hash in ``state/_cache/``; a program planted in ``cache/`` afterwards is
+    not staged into ``theirs``'s prefix, with one warning line (``components.workload.cache_trust``)."""
+    from google.cloud import storage
+    from google.oauth2.credentials import Credentials
+
+    from components.workload import cache_trust
+
+    project = project_factory()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
+    for ctx in (mine, theirs):
+        gke.provision(ctx)
+    (member,) = [
+        m
+        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
+        if m.endswith(f"/sa/{names.service_account('mine')}")
+    ]
+    pod = storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member)))
+    key = "compile/m/v6e-4x4-1-slice/digest"
+    assert gke.run_cache_root(mine) == "/data/runs/mine/cache"  # where the pods see their own copy
+    pod.bucket(BUCKET).blob(f"runs/mine/cache/{key}/jit_f-cache").upload_from_string(b"program f")
+    shared, run, manifests = gke.cache_places(mine)
+    lines: list[str] = []
+    assert cache_trust.promote(run, shared, manifests, key, "mine", [], lines.append)["promoted"] == 1
+    assert project.storage.data(BUCKET, f"cache/{key}/jit_f-cache") == b"program f"
+    doc = json.loads(project.storage.data(BUCKET, f"state/_cache/{key}.json"))
+    assert doc["entries"]["jit_f-cache"]["sha256"] == cache_trust.sha256(b"program f")
+
+    project.storage.put(BUCKET, f"cache/{key}/jit_f-cache", b"planted")  # by someone other than the pipeline
+    shared, run, manifests = gke.cache_places(theirs)
+    lines.clear()
+    result = cache_trust.stage_in(shared, run, manifests, key, lines.append)
+    (warning,) = lines
+    assert result["refused"] == ["jit_f-cache"] and warning.startswith(f"WARNING: compile cache gs://{BUCKET}/cache/")
+    assert project.storage.data(BUCKET, f"runs/theirs/cache/{key}/jit_f-cache") is None
+    for ctx in (mine, theirs):
+        gke.teardown(ctx)

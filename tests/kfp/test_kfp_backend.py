@@ -64,6 +64,29 @@ def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show
     assert kfp.project.clusters(run_id) == [] and kfp.project.gke.state.clusters == {}
 
 
+def test_a_run_id_that_has_had_a_ledger_is_refused_before_anything_is_uploaded(kfp, tpupipe):
+    """``--run-id`` of a run that provisioned once (its ledger under the output root the run would write to, torn
+    down or not) is refused with exit 2, naming the flag, before the pipeline is uploaded or a run created: a second
+    run under it would resume its ledger and checkpoints and write under its prefix."""
+    from google.cloud import storage as gcs
+
+    from components.cloud.credentials import credentials
+    from components.platforms import ledger as ledgers
+    from components.platforms.store import GcsStore
+
+    bucket = f"{PROJECT}-tpupipe"
+    client = gcs.Client(project=PROJECT, credentials=credentials())
+    if client.lookup_bucket(bucket) is None:
+        client.create_bucket(bucket)
+    ended = {"run_id": "old", "platform": "gke", "created": [], "torn_down": True}
+    ledgers.replace(GcsStore(bucket, "state/old"), ended)
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, "--kfp-host", kfp.host, "--run-id", "old")
+    assert code == 2, out + err
+    (error,) = [line for line in err.splitlines() if line.startswith("tpupipe: error:")]
+    assert f"--run-id: 'old' was used already: a run under it has a ledger (gs://{bucket}/state/old/" in error
+    assert kfp.server.jobs == {} and kfp.server.pipelines == {}
+
+
 def test_a_recurring_run_is_created_in_the_experiment_and_paused_resumed_deleted(kfp, tpupipe):
     _fail_at_preflight(kfp.project)
     host = ["--kfp-host", kfp.host]

@@ -58,7 +58,12 @@ def test_the_plan_shows_where_the_cache_is_and_the_checkpoints_retention_and_siz
 
     plan = document.build(layered("llama3-70b-v6e-16x2"), "r1")
     tr = plan["training"]
-    assert tr["compile_cache"]["uri"] == "gs://PROJECT_ID-tpupipe/cache/compile/llama3-70b/v6e-4x4-2-slice/IMAGE-DIGEST"
+    key = "compile/llama3-70b/v6e-4x4-2-slice/IMAGE-DIGEST"
+    assert tr["compile_cache"] == {
+        "uri": f"gs://PROJECT_ID-tpupipe/cache/{key}",  # read-only to the pods: the train stage promotes into it
+        "path": f"/data/runs/r1/cache/{key}",  # the run's own copy: the verified entries, and what it compiles
+        "manifest": f"gs://PROJECT_ID-tpupipe/state/_cache/{key}.json",  # the hashes, where no pod reaches
+    }
     assert tr["checkpoints"]["kept"] == 2
     # Llama 3 70B: 70.55e9 parameters (MaxText's llama3-70b.yml dimensions), 12 bytes each in a checkpoint
     assert tr["checkpoints"]["parameters"] == 70_553_706_496

@@ -417,19 +417,23 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
         assert not any(v["name"] == "gke-gcsfuse-cache" for v in pod["spec"]["volumes"])
         mount = {"name": volume["name"], "mountPath": f"/data/runs/{t.run_id}"}
         assert mount in pod["spec"]["containers"][0]["volumeMounts"] and t.run_dir == mount["mountPath"]
-    # the workers alone also mount the bucket's cache/ prefix: the compiled programs kept across runs
+    # the workers alone also mount the bucket's cache/ prefix, read-only: what the pipeline's side keeps across runs
     worker, head = rc["workerGroupSpecs"][0]["template"]["spec"], rc["headGroupSpec"]["template"]["spec"]
     (cached,) = [v for v in worker["volumes"] if v["name"] == "compile-cache"]
     assert cached["csi"]["volumeAttributes"]["mountOptions"] == "implicit-dirs,uid=1000,gid=1000,only-dir=cache"
-    assert {"name": "compile-cache", "mountPath": "/cache"} in worker["containers"][0]["volumeMounts"]
+    assert cached["csi"]["readOnly"] is True
+    assert {"name": "compile-cache", "mountPath": "/cache", "readOnly": True} in worker["containers"][0]["volumeMounts"]
     assert not [v for v in head["volumes"] if v["name"] == "compile-cache"]
-    binding = tg.bucket_binding(t)
-    assert binding["role"] == "roles/storage.objectUser"
+    binding, reading = tg.bucket_binding(t), tg.cache_binding(t)
+    assert binding["role"] == "roles/storage.objectUser" and reading["role"] == "roles/storage.objectViewer"
     assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
+    assert reading["member"] == binding["member"]
     assert binding["condition"]["expression"] == (
         f'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/runs/{t.run_id}/") '
-        '|| resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/cache/") '
         '|| resource.type == "storage.googleapis.com/Bucket"'
+    )
+    assert reading["condition"]["expression"] == (
+        'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/cache/")'
     )
 
 

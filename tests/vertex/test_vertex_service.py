@@ -514,10 +514,10 @@ def test_runs_cancel_finds_the_run_a_job_ran_as_its_tasks_do():
 
 
 def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, monkeypatch, capsys):
-    """A run id another job runs under (its label), or whose ledger under the output root records resources not torn
-    down, or whose driver's heartbeat there is fresh, is refused before the job is created: a second job under it
-    would resume the first one's ledger and tear its live cluster down. A torn-down run's id may be used again, and
-    the job carries it in its label."""
+    """A run id another job runs under (its label), or that has had a ledger under the output root (torn down or
+    not), or whose driver's heartbeat there is fresh, is refused before the job is created: a second job under it
+    would resume the first one's ledger and checkpoints, write under its prefix, and tear its live cluster down. A
+    fresh run id goes through, and the job carries it in its label."""
     from google.cloud import storage as gcs
 
     from components.cloud.credentials import credentials
@@ -550,20 +550,22 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
         )
         args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--template", service.template]
         for run_id, why in (
-            ("busy", re.escape(f"pipeline job {parent}/pipelineJobs/{busy} runs under it (running)")),
-            ("held", re.escape(f"its ledger gs://{PROJECT}-tpupipe/state/held/ledger.json records resources not")),
-            ("beating", f"its driver's heartbeat in gs://{PROJECT}-tpupipe/state/beating is \\d+ s old"),
+            ("busy", re.escape(f"is in use: pipeline job {parent}/pipelineJobs/{busy} runs under it (running)")),
+            ("held", re.escape(f"was used already: a run under it has a ledger (gs://{PROJECT}-tpupipe/state/held/")),
+            ("beating", f"is in use: its driver's heartbeat in gs://{PROJECT}-tpupipe/state/beating is \\d+ s old"),
+            # torn down: still used once, ever (its prefix may hold a registered model's checkpoint)
+            ("old", re.escape(f"was used already: a run under it has a ledger (gs://{PROJECT}-tpupipe/state/old/")),
         ):
             assert main([*args, "--run-id", run_id]) == 2
             err = capsys.readouterr().err
-            assert re.search(f"error: --run-id: '{run_id}' is in use: {why}", err), err
+            assert re.search(f"error: --run-id: '{run_id}' {why}", err), err
         assert "CreatePipelineJob" not in service.calls
-        assert main([*args, "--run-id", "old"]) == 0, capsys.readouterr().err
+        assert main([*args, "--run-id", "fresh"]) == 0, capsys.readouterr().err
     finally:
         storage.stop()
         projects.stop()
-    (created,) = [j for j in service.jobs.values() if j.resource["labels"].get("tpupipe-run") == "old" and j.spec]
-    assert created.resource["runtimeConfig"]["parameterValues"]["run_id"] == "old"
+    (created,) = [j for j in service.jobs.values() if j.resource["labels"].get("tpupipe-run") == "fresh" and j.spec]
+    assert created.resource["runtimeConfig"]["parameterValues"]["run_id"] == "fresh"
 
 
 # ---------------------------------------------------------------- the pipeline's service account

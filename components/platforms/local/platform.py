@@ -126,6 +126,22 @@ class LocalPlatform(Platform):
     def compile_cache_root(self, ctx: RunContext) -> str:
         return str(ctx.run_dir.parent / CACHE_PREFIX)  # beside the runs, under the output root
 
+    def run_cache_root(self, ctx: RunContext) -> str:
+        from components.workload.cache_trust import RUN_CACHE_DIR
+
+        return str(ctx.run_dir / RUN_CACHE_DIR)
+
+    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any]:
+        """This machine's directories: the pipeline's side (the stage) writes the cache and the manifests beside the
+        runs, the Ray workers (this run's pods) only their run's directory (``components.workload.cache_trust``)."""
+        from components.workload.cache_trust import MANIFESTS_PREFIX, LocalPlace
+
+        return (
+            LocalPlace(Path(self.compile_cache_root(ctx))),
+            LocalPlace(Path(self.run_cache_root(ctx))),
+            LocalPlace(ctx.run_dir.parent / MANIFESTS_PREFIX),
+        )
+
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         return path  # the jobs write on this machine
 

@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 from components.cloud.kfp import ENDED as TERMINAL
 from components.cloud.kfp import SA_TOKEN_PATH
 from components.spec import InfraError, SpecError
+from pipelines import run_ids
 from pipelines.backends.vertex import jobs as vertex
 
 PIPELINE = "tpupipe"
@@ -175,6 +176,8 @@ def submit(
     vertex.check(sub)
     check_place(place)
     template = vertex.published_template(sub, publish_first, log)
+    if sub.run_id:  # a run id is used once: refused (exit 2) before anything is uploaded or run
+        run_ids.check_unused(sub.run_id, run_ids.output_root(template, sub.project))
     kfp_client = client(place)
     pipeline_id, version_id = upload(kfp_client, template)
     display = vertex.new_job_id(sub.preset)

@@ -34,6 +34,7 @@ def run(
 
     # Every input checked before anything is started: a SpecError here exits 2 (main).
     ctx = stages.context(preset, platform_name, overrides, run_id or default_run_id(preset), "", output_root)
+    _check_unused(ctx)  # a run id is used once: before anything is checked against the cloud or created
     platform = get_platform(ctx.platform)
     platform.check(ctx)
     if dry_run:
@@ -106,6 +107,16 @@ def run(
     summary = json.loads(summary_text)
     print(report.format_table(summary))
     return 0 if summary["status"] in ("succeeded", "skipped") and not interrupted.signum else failed
+
+
+def _check_unused(ctx) -> None:
+    """SpecError (exit 2) when the run's id has had a ledger under the output root, or a driver beats there
+    (``pipelines.run_ids``): a second run would resume its checkpoints and write its outputs."""
+    from components.platforms import heartbeat
+    from components.platforms import ledger as ledgers
+    from pipelines import run_ids
+
+    run_ids.refuse_reused(ctx.run_id, ctx.store, heartbeat.fresh(ctx.store), ledgers.load(ctx.store) is not None)
 
 
 def _dry_run(ctx) -> int:

@@ -160,14 +160,14 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -
     """A BigQuery dataset: the caller may create jobs in the project they run and bill in (``snapshot.job_project``:
     ``train.bigquery_project``, else ``gke.project``; Resource Manager's projects.testIamPermissions, as for the
     run's own permissions), and may read the table (BigQuery's tables.testIamPermissions), wherever its project is."""
-    from components.cloud import storage
+    from components.cloud import iam as cloud_iam
     from components.data import bigquery, snapshot
 
     table = bigquery.parse_table(value, key)
     project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
     field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
     request = {"resource": f"projects/{project}", "permissions": [bigquery.JOB_PERMISSION]}
-    if bigquery.JOB_PERMISSION in storage.projects_client(creds).test_iam_permissions(request=request).permissions:
+    if bigquery.JOB_PERMISSION in cloud_iam.projects_client(creds).test_iam_permissions(request=request).permissions:
         report.checked.append(f"{key}: the caller may run BigQuery jobs in project {project} (billed there)")
     else:
         report.problems.append(

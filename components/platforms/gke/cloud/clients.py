@@ -13,7 +13,7 @@ from typing import Any
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke.plan import paths
-from components.platforms.gke.plan.target import Target, bucket_binding, target
+from components.platforms.gke.plan.target import Target, bucket_binding, cache_binding, target
 
 
 def load_ledger(ctx: RunContext) -> dict[str, Any]:
@@ -83,8 +83,11 @@ class Clients:
         return binding["role"], gke_storage.member(binding, cloud_iam.project_number(t.project, creds))
 
     def revoke_bucket(self, t: Target, who: str = "") -> list[str]:
-        """Remove the run's binding on the bucket: ``who`` as recorded, else looked up again."""
-        role, who = (bucket_binding(t)["role"], who) if who else self.bucket_member(t)
-        if self.storage(t).remove_binding(t.bucket, role, who):
-            return [f"{role} on gs://{t.bucket} for {who}"]
-        return []
+        """Remove the run's bindings on the bucket (its own prefix, the cache read-only): ``who`` as recorded, else
+        looked up again."""
+        who = who or self.bucket_member(t)[1]
+        return [
+            f"{role} on gs://{t.bucket} for {who}"
+            for role in (bucket_binding(t)["role"], cache_binding(t)["role"])
+            if self.storage(t).remove_binding(t.bucket, role, who)
+        ]

@@ -176,12 +176,20 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
 
 
 def _compile_cache(spec: RunSpec, t: Target) -> dict[str, Any] | None:
-    """Where the train job keeps its compiled programs across runs: the bucket's object prefix and the pods' path;
-    None for a trainer that keeps none (``_warnings``)."""
+    """Where the train job keeps its compiled programs across runs: the pods' path (the run's own copy), the bucket's
+    prefix the train stage promotes them to and the trusted manifest of their hashes
+    (``components.workload.cache_trust``); None for a trainer that keeps none (``_warnings``)."""
+    from components.workload.cache_trust import MANIFESTS_PREFIX, RUN_CACHE_DIR, manifest_name
+
     if spec.train.workload != "maxtext":
         return None
     path = r.compile_cache(spec, t)
-    return {"path": path, "uri": f"gs://{t.bucket}/{CACHE_PREFIX}/{path.removeprefix(CACHE_MOUNT_PATH + '/')}"}
+    key = path.removeprefix(f"{t.run_dir}/{RUN_CACHE_DIR}/")
+    return {
+        "path": path,
+        "uri": f"gs://{t.bucket}/{CACHE_PREFIX}/{key}",
+        "manifest": f"gs://{t.bucket}/{names.STATE_PREFIX}/{MANIFESTS_PREFIX}/{manifest_name(key)}",
+    }
 
 
 def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:

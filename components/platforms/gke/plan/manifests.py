@@ -218,12 +218,20 @@ def _checkpoint_volume(t: Target) -> dict[str, Any]:
 
 
 def _cache_volume(t: Target) -> dict[str, Any]:
-    """The bucket's cache prefix alone (``only-dir``, as ``_checkpoint_volume``), for the workers' compiled programs
-    kept across runs (``components.workload.cache``), at ``CACHE_MOUNT_PATH``."""
+    """The bucket's cache prefix alone (``only-dir``, as ``_checkpoint_volume``), what outlives a run (the base
+    weights; ``components.workload.cache``), at ``CACHE_MOUNT_PATH``, read-only: the pipeline's side alone writes it
+    (``components.workload.cache_trust``), and the pods' identity may only read it (``target.cache_binding``). A CSI
+    ephemeral volume's ``readOnly`` (Kubernetes' CSIVolumeSource, https://kubernetes.io/docs/reference/kubernetes-api/
+    config-and-storage-resources/volume/#CSIVolumeSource; the GKE page's examples set it:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-ephemeral) and the mount's."""
     options = f"{GCSFUSE_MOUNT_OPTIONS},only-dir={CACHE_PREFIX}"
     return {
         "name": CACHE_VOLUME,
-        "csi": {"driver": GCSFUSE_DRIVER, "volumeAttributes": {"bucketName": t.bucket, "mountOptions": options}},
+        "csi": {
+            "driver": GCSFUSE_DRIVER,
+            "readOnly": True,
+            "volumeAttributes": {"bucketName": t.bucket, "mountOptions": options},
+        },
     }
 
 
@@ -275,7 +283,7 @@ def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> d
     resources = _resources(c.cpus_per_host, c.worker_memory_gib, **{r.TPU_RESOURCE: str(shape.chips_per_host)})
     mounts = [
         {"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir},
-        {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT_PATH},
+        {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT_PATH, "readOnly": True},
     ]
     volumes = [_checkpoint_volume(t), _cache_volume(t)]
     if c.worker_shm_gib:

@@ -12,9 +12,10 @@ from typing import Any
 from components.platforms.gke.plan import compute_resources as cr
 from components.platforms.gke.plan import features, paths, queued
 from components.platforms.gke.plan import resources as r
-from components.platforms.gke.plan.target import Target, bucket_binding
+from components.platforms.gke.plan.target import Target, bucket_binding, cache_binding
 from components.spec import RunSpec, names
 from components.workload import derive as d
+from components.workload.cache import CACHE_PREFIX
 
 # The stage that creates each kind of resource; a stage walks the plan's records of its own kinds, in plan order.
 STAGE_OF_KIND = {
@@ -151,8 +152,9 @@ def _compute_record(kind: str, body: dict[str, Any], summary: str, t: Target) ->
 
 
 def storage_records(t: Target) -> list[Resource]:
-    """The checkpoint bucket (shared by runs, kept) and the run's Workload Identity binding on it."""
-    binding = bucket_binding(t)
+    """The checkpoint bucket (shared by runs, kept) and the run's Workload Identity bindings on it: its own prefix
+    read and written, the cache prefix only read."""
+    binding, cached = bucket_binding(t), cache_binding(t)
     prefix = f"gs://{t.bucket}/{names.run_prefix(t.run_id)}/"
     return [
         Resource(
@@ -173,6 +175,17 @@ def storage_records(t: Target) -> list[Resource]:
             f"on the objects under {prefix} only (an IAM condition)",
             labels=names.labels(t.run_id),
             body=binding,
+            api="storage.buckets.setIamPolicy",
+            path=t.bucket,
+        ),
+        Resource(
+            "iam-binding",
+            f"{cached['role']} on gs://{t.bucket}",
+            "create",
+            f"for the same ServiceAccount, reading the objects under gs://{t.bucket}/{CACHE_PREFIX}/ only (an IAM "
+            "condition): the cache kept across runs, which no run's pods may write",
+            labels=names.labels(t.run_id),
+            body=cached,
             api="storage.buckets.setIamPolicy",
             path=t.bucket,
         ),

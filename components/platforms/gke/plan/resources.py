@@ -46,7 +46,7 @@ from typing import Any
 from components.cloud.credentials import CLOUD_PLATFORM_SCOPE
 from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
-from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
+from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names
 from components.spec.images import IMAGE_WITH_DIGEST
 from components.workload import cache
@@ -153,8 +153,12 @@ def entrypoint(spec: RunSpec, t: Target) -> str:
 
 
 def compile_cache(spec: RunSpec, t: Target) -> str:
-    """The train job's compile cache as its pods see it (``components.workload.cache``)."""
-    return cache.directory(CACHE_MOUNT_PATH, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
+    """The train job's compile cache as its pods see it: the run's own copy under its prefix, which the train stage
+    fills with the verified entries of the bucket's ``cache/`` (``components.workload.cache_trust``)."""
+    from components.workload.cache_trust import RUN_CACHE_DIR
+
+    root = f"{t.run_dir}/{RUN_CACHE_DIR}"
+    return cache.directory(root, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
 
 
 def _reservation_affinity(reservation: str) -> dict[str, Any]:

@@ -167,36 +167,52 @@ def target(spec: RunSpec, run_id: str) -> Target:
     )
 
 
+def _member(t: Target) -> str:
+    """The run's Kubernetes ServiceAccount as a Workload Identity Federation principal (the project number is looked
+    up when the run provisions)."""
+    return (
+        "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+        f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
+    )
+
+
 def bucket_binding(t: Target) -> dict[str, Any]:
-    """The IAM binding that lets the run's Kubernetes ServiceAccount (a Workload Identity Federation principal; the
-    project number is looked up when the run provisions) read and write the objects under the run's own prefix
-    (``runs/<run id>/``) and nothing else: an IAM condition on the object's name
+    """The IAM binding that lets the run's Kubernetes ServiceAccount read and write the objects under the run's own
+    prefix (``runs/<run id>/``) and nothing else: an IAM condition on the object's name
     (https://cloud.google.com/storage/docs/access-control/iam#conditions; Cloud Storage names an object
     ``projects/_/buckets/BUCKET/objects/NAME``: https://cloud.google.com/iam/docs/conditions-resource-attributes).
     Listing is a permission on the bucket itself, which GCS FUSE needs, so the condition also holds for the bucket
     resource: the pods can list the bucket's object names, not read or write another run's objects or the control
-    state (``state/``, ``builds/``, the pipeline root). They also read and write the cache prefix (``cache/``), the
-    compiled programs every run of the project shares: JAX runs what its compilation cache holds, so whoever may
-    write there may run code in every later run that reads it ("The compilation cache is considered trusted",
-    https://docs.jax.dev/en/latest/persistent_compilation_cache.html): the runs of one project's bucket, with the
-    same pipeline's accounts, and no one else."""
+    state (``state/``, ``builds/``, the pipeline root). The cache prefix they may only read (``cache_binding``)."""
     prefix = f"projects/_/buckets/{t.bucket}/objects/{names.run_prefix(t.run_id)}/"
-    cached = f"projects/_/buckets/{t.bucket}/objects/{CACHE_PREFIX}/"
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectUser",
-        "member": (
-            "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
-            f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
-        ),
+        "member": _member(t),
         "condition": {
             "title": f"tpupipe run {t.run_id}",
-            "description": (
-                f"the objects under {names.run_prefix(t.run_id)}/ and {CACHE_PREFIX}/ only, and listing the bucket"
-            ),
-            "expression": (
-                f'resource.name.startsWith("{prefix}") || resource.name.startsWith("{cached}") '
-                f'|| resource.type == "{BUCKET_RESOURCE_TYPE}"'
-            ),
+            "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
+            "expression": (f'resource.name.startsWith("{prefix}") || resource.type == "{BUCKET_RESOURCE_TYPE}"'),
+        },
+    }
+
+
+def cache_binding(t: Target) -> dict[str, Any]:
+    """The IAM binding that lets the run's pods read the cache prefix (``cache/``: the base weights, the compiled
+    programs) and not write it: ``roles/storage.objectViewer`` holds ``storage.objects.get`` and ``list``, no
+    ``create`` or ``delete`` (https://cloud.google.com/storage/docs/access-control/iam-roles), on the objects under
+    ``cache/`` only (an IAM condition, as ``bucket_binding``). JAX runs what its compilation cache holds ("The
+    compilation cache is considered trusted", https://docs.jax.dev/en/latest/persistent_compilation_cache.html), so
+    no run's pod may write what another run loads: the pipeline's identity alone promotes entries into it, with their
+    hashes in ``state/`` (``components.workload.cache_trust``)."""
+    cached = f"projects/_/buckets/{t.bucket}/objects/{CACHE_PREFIX}/"
+    return {
+        "bucket": t.bucket,
+        "role": "roles/storage.objectViewer",
+        "member": _member(t),
+        "condition": {
+            "title": f"tpupipe run {t.run_id}: cache",
+            "description": f"reading the objects under {CACHE_PREFIX}/ only",
+            "expression": f'resource.name.startsWith("{cached}")',
         },
     }

@@ -87,7 +87,10 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
             else []
         ),
         *(
-            [f"  compiled    {tr['compile_cache']['uri']} (kept across runs; pods: {tr['compile_cache']['path']})"]
+            [
+                f"  compiled    {tr['compile_cache']['uri']} (kept across runs, read-only to pods; entries matching "
+                f"{tr['compile_cache']['manifest']} staged to {tr['compile_cache']['path']}, new ones promoted after)"
+            ]
             if tr.get("compile_cache")
             else []
         ),

@@ -15,7 +15,6 @@ from components.platforms.gke.plan import features, paths
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import COMPUTE_KINDS, dcn_range_overlap
 from components.platforms.gke.plan.records import WITH_THE_CLUSTER, Resource
-from components.platforms.gke.plan.target import bucket_binding
 from components.platforms.gke.run import deploy
 from components.platforms.gke.run.session import Session
 from components.spec import SpecError, names
@@ -31,9 +30,10 @@ def bucket(s: Session, res: Resource) -> None:
 
 
 def binding(s: Session, res: Resource) -> None:
-    role, who = s.clients.bucket_member(s.t, s.client("creds"))
+    """The run's binding the record's body names (its own prefix, or the cache prefix read-only: ``plan.target``)."""
+    _, who = s.clients.bucket_member(s.t, s.client("creds"))
     s.record("iam_binding", who)
-    s.client("storage").add_binding(s.t.bucket, role, who, bucket_binding(s.t)["condition"])
+    s.client("storage").add_binding(s.t.bucket, res.body["role"], who, res.body["condition"])
 
 
 def exclusion_window(body: dict, deadline_h: float | None) -> None:

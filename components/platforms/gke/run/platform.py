@@ -45,6 +45,7 @@ from components.platforms.gke.run.session import Session
 from components.spec import InfraError, SpecError, names
 from components.workload import budget
 from components.workload import derive as d
+from components.workload.cache import CACHE_PREFIX
 
 
 class GkePlatform(Platform):
@@ -294,7 +295,26 @@ class GkePlatform(Platform):
         return secrets.read(ctx.spec.gke.hf_token_secret).decode().strip() or None
 
     def compile_cache_root(self, ctx: RunContext) -> str:
-        return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted in the worker pods (plan.manifests)
+        return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted read-only in the worker pods (plan.manifests)
+
+    def run_cache_root(self, ctx: RunContext) -> str:
+        from components.workload.cache_trust import RUN_CACHE_DIR
+
+        return f"{self._target(ctx).run_dir}/{RUN_CACHE_DIR}"  # the run's own prefix, which its pods write
+
+    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any]:
+        """The bucket's ``cache/`` (read-only to every pod), the run's ``runs/<id>/cache/`` and the manifests in
+        ``state/_cache/`` (no pod's identity reaches it), through this process's Cloud Storage client: the
+        pipeline's identity (``components.workload.cache_trust``)."""
+        from components.platforms.store import gcs_client
+        from components.workload.cache_trust import MANIFESTS_PREFIX, RUN_CACHE_DIR, GcsPlace
+
+        t, client = self._target(ctx), gcs_client()
+        return (
+            GcsPlace(t.bucket, CACHE_PREFIX, client),
+            GcsPlace(t.bucket, f"{names.run_prefix(ctx.run_id)}/{RUN_CACHE_DIR}", client),
+            GcsPlace(t.bucket, f"{names.STATE_PREFIX}/{MANIFESTS_PREFIX}", client),
+        )
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
         """The bucket's object path of a path under the pods' GCS FUSE mount (``/data/runs/<id>/...``)."""
