@@ -332,7 +332,7 @@ def schedule_time_note(version: tuple[int, ...] | None) -> str:
     if version is not None and version[:2] >= SCHEDULE_TIME_FROM:
         return ""
     release = ".".join(map(str, version)) if version else "of unknown release"
-    how = {(2, 16): "gives it empty"}.get(version[:2] if version else (), "passes it as text, unresolved")
+    how = "gives it empty" if version and version[:2] == (2, 16) else "passes it as text, unresolved"
     if version is None:
         how = "may not fill it"
     return (
