@@ -169,6 +169,22 @@ CEL_RULES = {
     "!has(self.topologyName) || self.nodeLabels.size() >= 1": lambda s: (
         "topologyName" not in s or len(s.get("nodeLabels", {})) >= 1
     ),
+    # ResourceFlavor .spec.tolerations: each toleration as Kubernetes' own validation takes it
+    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)": lambda s: all(
+        "key" in x or x.get("operator") == "Exists" for x in s
+    ),
+    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)": lambda s: all(
+        "tolerationSeconds" not in x or x.get("effect") == "NoExecute" for x in s
+    ),
+    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])": lambda s: all(
+        x.get("operator", "Equal") in ("Equal", "Exists") for x in s
+    ),
+    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)": lambda s: all(
+        x.get("operator") != "Exists" or "value" not in x for x in s
+    ),
+    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])": lambda s: all(
+        x.get("effect", "NoSchedule") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for x in s
+    ),
     # Workload: as many podSetAssignments as podSets once quota is reserved
     "has(self.status) && has(self.status.conditions) && self.status.conditions.exists(c, c.type == 'QuotaReserved' "
     "&& c.status == 'True') && has(self.status.admission) ? size(self.spec.podSets) == "

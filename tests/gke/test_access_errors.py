@@ -17,7 +17,7 @@ import requests
 from google.api_core import exceptions as gexc
 
 from components.cloud.credentials import LOGIN, access_error
-from pipelines.cli.main import main as cli
+from pipelines.cli import main as cli
 from tests.emulators.project import PROJECT
 from tests.gke.test_preflight import V5E_ONE_SLICE, preflight_cli
 

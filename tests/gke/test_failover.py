@@ -169,7 +169,7 @@ def test_a_recorded_candidate_outside_the_spec_is_not_trusted():
 def test_the_janitor_collects_a_failed_over_run_in_the_zone_it_took(tmp_path, project_factory, capsys):
     """A run left behind after failing over: the janitor reads the ledger's placed spec and deletes the cluster in
     the zone the run took."""
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     project = project_factory(polls_to_done=1)
     project.gke.zone_stocked_out("us-east5-b")

@@ -1053,7 +1053,7 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
 ):
     """A run whose driver died after deploy: `tpupipe teardown RUN_ID` finds everything from the ledger and the labels
     (the spec it ran with comes from the ledger), and a second one finds nothing and exits 0."""
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     project = project_factory(polls_to_done=1)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
@@ -1073,7 +1073,7 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
 
 
 def test_tpupipe_teardown_of_a_gke_run_without_a_ledger_needs_its_spec(tmp_path, capsys):
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     assert cli.main(["teardown", "never-ran", "--platform", "gke", "--output-root", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("tpupipe: error: run_id: run never-ran left no ledger")

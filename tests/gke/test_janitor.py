@@ -18,7 +18,7 @@ from components.platforms.store import GcsStore, LocalStore, write_json
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
-from pipelines.cli.main import main as cli
+from pipelines.cli import main as cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import platform
 

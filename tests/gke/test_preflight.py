@@ -11,7 +11,7 @@ from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan.needs import needs
 from components.spec import SpecError
 from components.workload import resolve
-from pipelines.cli.main import main as cli
+from pipelines.cli import main as cli
 from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 from tests.unit.test_plan_goldens import TPU_PRESETS

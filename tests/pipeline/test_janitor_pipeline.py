@@ -45,7 +45,7 @@ def test_parameters_are_defaulted_for_the_target_and_described(compiled):
 
 
 def test_tpupipe_compile_gives_the_janitor_pipeline(tmp_path):
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     out = tmp_path / "janitor.yaml"
     assert cli.main(["compile", "--pipeline", "janitor", "--output", str(out), "--project", "my-project"]) == 0

@@ -65,7 +65,7 @@ def test_a_drop_is_read_only_once_its_marker_is_there(storage):  # noqa: F811
     assert raised.value.field == "train.dataset"
     assert f"gs://{DATA}/drops/2026-12-01/_SUCCESS (train.dataset_ready) is not there yet" in str(raised.value)
     # with data_since, a drop not yet complete is a day with nothing new: nothing read, the run skipped
-    manifest, train, _, _ = take(f"{sets} train.data_since=champion")
+    manifest, train, _, _ = take(f"{sets} train.data_since=champion train.init_from=champion")
     assert manifest["skip"].startswith("nothing to read: ") and "not ready" in manifest["skip"] and train == []
     assert manifest["train"]["items"] == []
     storage.put(DATA, "drops/2026-12-01/part-00001.jsonl", rows(2))
@@ -78,18 +78,18 @@ def test_a_drop_is_read_only_once_its_marker_is_there(storage):  # noqa: F811
 def test_a_missing_drop_under_data_since_is_a_skipped_day_and_without_it_an_error(storage):  # noqa: F811
     storage.put(DATA, "drops/2026-12-01/part-00000.jsonl", rows(1))
     sets = f"train.dataset=gs://{DATA}/drops/{{date}}/"
-    manifest, train, heldout, _ = take(f"{sets} train.data_since=champion", when=DAY2)
+    manifest, train, heldout, _ = take(f"{sets} train.data_since=champion train.init_from=champion", when=DAY2)
     assert manifest["skip"] == f"nothing to read: gs://{DATA}/drops/2026-12-02/: no .jsonl/.json/.parquet/.jsonl.gz " \
         f"object under gs://{DATA}/drops/2026-12-02/"  # fmt: skip
     assert (train, heldout) == ([], [])
     for extra in ("", " train.dataset_ready=_SUCCESS"):  # with a marker: nothing at all there is still no drop
-        manifest, _, _, _ = take(f"{sets} train.data_since=champion{extra}", when=DAY2)
+        manifest, _, _, _ = take(f"{sets} train.data_since=champion train.init_from=champion{extra}", when=DAY2)
         assert "2026-12-02" in manifest["skip"]
     with pytest.raises(drops.NoDrop) as raised:  # a run that is not incremental has nothing to train on: exit 2
         take(sets, when=DAY2)
     assert raised.value.field == "train.dataset"
     with pytest.raises(SpecError, match="the bucket no-such-bucket does not exist"):  # a wrong bucket stays an error
-        take("train.dataset=gs://no-such-bucket/drops/{date}/ train.data_since=champion")
+        take("train.dataset=gs://no-such-bucket/drops/{date}/ train.data_since=champion train.init_from=champion")
 
 
 def test_gzip_json_lines_are_read_and_an_empty_shard_is_skipped_with_a_warning(storage):  # noqa: F811
@@ -142,7 +142,7 @@ def test_local_drops_follow_the_same_rules(tmp_path):
         "part-00001.jsonl",
     ]
     assert len(train) + len(heldout) == 20 and any("no examples, skipped" in line for line in lines)
-    manifest, _, _, _ = take(f"{sets} train.data_since=champion", when=DAY2)
+    manifest, _, _, _ = take(f"{sets} train.data_since=champion train.init_from=champion", when=DAY2)
     assert manifest["skip"].startswith("nothing to read: ") and "2026-12-02" in manifest["skip"]
 
 
@@ -155,7 +155,10 @@ def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_not
     (tmp_path / "sft" / "2026-12-01").mkdir(parents=True)
     (tmp_path / "sft" / "2026-12-01" / "a.jsonl").write_bytes(rows(1))
     (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
-    data = f"train.dataset={tmp_path}/sft/{{date}}/ train.eval_dataset={tmp_path}/eval.jsonl train.data_since=champion"
+    data = (
+        f"train.dataset={tmp_path}/sft/{{date}}/ train.eval_dataset={tmp_path}/eval.jsonl "
+        "train.data_since=champion train.init_from=champion"
+    )
     earlier, _, _, _ = take(data)  # the champion's own snapshot, of the first day
     store = LocalStore(root / "r0")
     write_json(store, "data/manifest.json", earlier)

@@ -451,7 +451,8 @@ def test_the_train_job_command_carries_the_spec_and_the_stage_submission_id():
 def test_the_maxtext_job_command_ends_with_the_exact_maxtext_arguments():
     spec, t = spec_and_target("llama3-8b-v6e-16x2")
     argv = shlex.split(r.entrypoint(spec, t))
-    compiled = f"/cache/compile/llama3-8b/v6e-4x4-2-slice/{cache.UNKNOWN_IMAGE}"  # the build gives the digest
+    # the run's own verified copy of the compile cache (the build gives the digest)
+    compiled = f"/data/runs/{t.run_id}/cache/compile/llama3-8b/v6e-4x4-2-slice/{cache.UNKNOWN_IMAGE}"
     assert argv[argv.index("--") + 1 :] == maxtext.train_args(spec, t.run_dir, t.run_id, compiled)
     assert "model_name=llama3-8b" in argv and "ici_tensor_parallelism=4" in argv
 

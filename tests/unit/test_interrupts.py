@@ -119,7 +119,7 @@ def test_the_keeper_stops_when_the_driver_is_gone(tmp_path):
 
 
 def test_tpupipe_teardown_of_a_local_run_with_nothing_left_exits_0(tmp_path, capsys):
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     assert cli.main(["teardown", "never-started", "--output-root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == "tpupipe teardown never-started (local): nothing was left to delete"
@@ -157,7 +157,7 @@ def _a_run_of_sleepers(root, run_id: str, driver: dict) -> subprocess.Popen:
 
 
 def test_the_janitor_tears_down_the_local_runs_whose_driver_is_gone_and_no_other(tmp_path, capsys):
-    from pipelines.cli.main import main as cli
+    from pipelines.cli import main as cli
 
     gone = subprocess.Popen(["true"])
     record_of_gone = {"pid": gone.pid, "started": procs.start_time(gone.pid) or 1}
