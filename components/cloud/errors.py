@@ -39,7 +39,7 @@ class CapacityError(InfraError):
 
 
 class GkeError(InfraError):
-    """A GKE operation that ended in an error other than capacity."""
+    """A Google Cloud operation (GKE, Compute Engine, Cloud Build) that ended in an error other than capacity."""
 
 
 @dataclass(frozen=True)

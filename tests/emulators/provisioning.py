@@ -14,7 +14,8 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
   request's node pools exists, and no cluster autoscaler event is recorded for them (the request is the scale-up);
 - the PodTemplate a pod set names must exist in the request's namespace (types.go: "must be within the same
   namespace"), else the request Fails at once;
-- a request is fulfilled within ONE queued provisioning node pool (``pools``: the GKE emulator's): every pod of it
+- a request is fulfilled within ONE queued provisioning node pool (``pools``: the GKE emulator's; inferred: GKE's own
+  provisioning class is not open source, the rule is the open-source autoscaler's, below): every pod of it
   must fit one pool whose node labels its PodTemplate's nodeSelector agrees with (on the keys the pool labels), up
   to the pool's maximum size; else no pool is an option and the request is never Provisioned (its Provisioned
   condition False, the autoscaler trying again later), so its pods wait until the run's deadline. The cluster

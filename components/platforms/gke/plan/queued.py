@@ -4,7 +4,8 @@ node pool, of the class ``queued-provisioning.gke.io`` that Dynamic Workload Sch
 pods (a worker group of their own) consume their slice's request by annotation, and the run starts when every slice's
 request is Provisioned. Why this way and not through Kueue: docs/gke.md, "Queued provisioning".
 
-One request per pool, because the cluster autoscaler fulfils a request all or nothing within ONE node group: with
+One request per pool, because the open-source cluster autoscaler fulfils a request all or nothing within ONE node
+group (inferred for GKE, whose own provisioning class is not open source): with
 ``allOrNothing`` a node group whose scale-up would leave some of the request's pods out is no option ("Some pods
 can't fit to %s, giving up due to all-or-nothing scale-up strategy": kubernetes/autoscaler,
 cluster-autoscaler/core/scaleup/orchestrator/orchestrator.go, ``ScaleUp``, at
