@@ -136,20 +136,9 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
     objects and ledger, the runs' state (``state/``), the build contexts and the pipeline root are refused; after
     teardown, even its own prefix."""
     from google.api_core.exceptions import Forbidden
-    from google.cloud import storage
-    from google.oauth2.credentials import Credentials
 
     project = project_factory()
-    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
-    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
-    for ctx in (mine, theirs):
-        gke.provision(ctx)
-    (member,) = [
-        m
-        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
-        if m.endswith(f"/sa/{names.service_account('mine')}")
-    ]
-    pod = storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member)))
+    gke, mine, theirs, pod = _two_runs_and_mine_pods_client(tmp_path, project)
     bucket = pod.bucket(BUCKET)
     bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights")
     bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"weights, again")  # overwrite: its own
@@ -220,22 +209,11 @@ def test_the_pipeline_promotes_what_a_runs_pods_compiled_and_the_next_run_stages
     Storage's owner): the pods of ``mine`` write their compiled program under their own ``runs/mine/cache/``, the
     stage copies it into ``cache/`` with its hash in ``state/_cache/``; a program planted in ``cache/`` afterwards is
     not staged into ``theirs``'s prefix, with one warning line (``components.workload.cache_trust``)."""
-    from google.cloud import storage
-    from google.oauth2.credentials import Credentials
 
     from components.workload import cache_trust
 
     project = project_factory()
-    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
-    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
-    for ctx in (mine, theirs):
-        gke.provision(ctx)
-    (member,) = [
-        m
-        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
-        if m.endswith(f"/sa/{names.service_account('mine')}")
-    ]
-    pod = storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member)))
+    gke, mine, theirs, pod = _two_runs_and_mine_pods_client(tmp_path, project)
     key = "compile/m/v6e-4x4-1-slice/digest"
     assert gke.run_cache_root(mine) == "/data/runs/mine/cache"  # where the pods see their own copy
     pod.bucket(BUCKET).blob(f"runs/mine/cache/{key}/jit_f-cache").upload_from_string(b"program f")
@@ -255,3 +233,26 @@ def test_the_pipeline_promotes_what_a_runs_pods_compiled_and_the_next_run_stages
     assert project.storage.data(BUCKET, f"runs/theirs/cache/{key}/jit_f-cache") is None
     for ctx in (mine, theirs):
         gke.teardown(ctx)
+
+
+def _two_runs_and_mine_pods_client(tmp_path, project):
+    """Two runs provisioned on the emulated project, and a Cloud Storage client as the first run's pods (its
+    Kubernetes service account's Workload Identity principal)."""
+    from google.cloud import storage
+    from google.oauth2.credentials import Credentials
+
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
+    for ctx in (mine, theirs):
+        gke.provision(ctx)
+    (member,) = [
+        m
+        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
+        if m.endswith(f"/sa/{names.service_account('mine')}")
+    ]
+    return (
+        gke,
+        mine,
+        theirs,
+        storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member))),
+    )
