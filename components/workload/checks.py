@@ -26,6 +26,7 @@ def resolve(preset: str, overrides: str | typing.Iterable[str] | dict[str, Any] 
 def check(spec: RunSpec) -> None:
     check_slice(spec)
     check_queued(spec)
+    check_flex_start_duration(spec)
     check_workers(spec)
     check_gke_network(spec)
     check_gke_versions(spec)
@@ -120,6 +121,25 @@ def check_queued(spec: RunSpec) -> None:
             "ProvisioningRequest, and GKE fulfils a request within one node pool of one slice; one slice, or the "
             "run's own node pools and requests (no gke.queue), or cluster.capacity=flex-start behind Kueue",
             ["1"],
+        )
+
+
+# Flex-start (and queued provisioning, which is flex-start's) gives nodes "for up to seven days": GKE, "About flex-start
+# provisioning mode" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws), where a ProvisioningRequest's
+# ``maxRunDurationSeconds`` also defaults to seven days; the run's deadline becomes that parameter (``plan.queued``).
+FLEX_START_MAX_H = 7 * 24
+
+
+def check_flex_start_duration(spec: RunSpec) -> None:
+    """A run with a flex-start or queued rung may not ask for more than flex-start's seven days (run.deadline_h)."""
+    hours, capacities = spec.run.deadline_h, spec.cluster.capacities
+    flex = [c for c in capacities if c in ("flex-start", "queued")]
+    if hours is not None and hours > FLEX_START_MAX_H and flex and spec.cluster.accelerator != "cpu":
+        raise SpecError(
+            "run.deadline_h",
+            f"{hours:g} hours with cluster.capacity {', '.join(flex)}: flex-start nodes run for at most seven days "
+            f"({FLEX_START_MAX_H} hours, the longest maxRunDurationSeconds: GKE, \"About flex-start provisioning "
+            "mode\"); a shorter deadline, or another capacity (spot, on-demand, reservation)",
         )
 
 

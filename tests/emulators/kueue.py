@@ -14,7 +14,8 @@ after the Kueue document it follows:
   (https://docs.ray.io/en/master/cluster/kubernetes/k8s-ecosystem/kueue.html);
 - admission: a Workload of a LocalQueue is admitted when, for every pod set, a flavor of its ClusterQueue whose
   ``nodeLabels`` agree with the pods' nodeSelector (on the keys the ClusterQueue's flavors label) has the quota left
-  (``nominalQuota`` less what admitted workloads use) for every resource the pods request; flavors are tried in the
+  (``nominalQuota`` less what admitted workloads use; in a cohort, what it may borrow too: ``Kueue._room``) for every
+  resource the pods request; flavors are tried in the
   order the ClusterQueue lists them (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#flavors-and-resources,
   https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/); a request of a resource the ClusterQueue does not cover
   is never admitted. Pending workloads go by priority, then creation; ``StrictFIFO`` stops at the first that does not
@@ -47,7 +48,7 @@ import secrets
 import threading
 import time
 
-from components.platforms.gke.cloud.kueue import pod_requests, pod_sets, quantity
+from components.platforms.gke.cloud.kueue import flavor_quota, pod_requests, pod_sets, quantity
 
 GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta2"
@@ -215,8 +216,7 @@ class Kueue:
                     labels = self._flavor_labels(flavor["name"])
                     if any(labels.get(k) != v for k, v in selector.items() if k in keys):
                         continue
-                    quota = next(quantity(r["nominalQuota"]) for r in flavor["resources"] if r["name"] == resource)
-                    if used.get((flavor["name"], resource), 0.0) + amount <= quota:
+                    if amount <= self._room(cq, flavor["name"], resource, used):
                         fit = flavor["name"]
                         break
                 if fit is None:
@@ -232,6 +232,40 @@ class Kueue:
                 }
             )
         return assignments
+
+    def _room(self, cq: dict, flavor: str, resource: str, used: dict) -> float:
+        """What the ClusterQueue can still take of (flavor, resource), ``used`` its own use. Alone: its nominalQuota
+        left. In a cohort (``cohortName``), each member keeps nominalQuota - lendingLimit for itself and lends the
+        rest (all of it without a lendingLimit) to a pool the members share; a member may use its own part plus the
+        pool's unused part, at most nominalQuota + borrowingLimit in all (the ClusterQueue CRD's descriptions of
+        cohortName, borrowingLimit and lendingLimit: Kueue v0.19.2,
+        config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml; https://kueue.sigs.k8s.io/docs/concepts/
+        cluster_queue/#cohort). Hierarchical cohorts (Cohort objects) are not modelled."""
+
+        def quota(queue: dict) -> tuple[float, float, float | None]:  # (nominal, lendable, borrowing limit)
+            entry = flavor_quota(queue, flavor, resource) or {"nominalQuota": 0}
+            nominal = quantity(entry["nominalQuota"])
+            limit = entry.get("borrowingLimit")
+            return nominal, quantity(entry.get("lendingLimit", nominal)), None if limit is None else quantity(limit)
+
+        nominal, lendable, limit = quota(cq)
+        mine = used.get((flavor, resource), 0.0)
+        cohort = cq["spec"].get("cohortName")
+        if not cohort:
+            return nominal - mine
+        pool = pool_used = 0.0
+        for _, member in self._all("clusterqueues"):
+            if member["spec"].get("cohortName") != cohort:
+                continue
+            member_nominal, member_lendable, _ = quota(member)
+            member_name = member["metadata"]["name"]
+            member_used = mine if member_name == cq["metadata"]["name"] else self._usage(member_name).get(
+                (flavor, resource), 0.0
+            )
+            pool += member_lendable
+            pool_used += max(0.0, member_used - (member_nominal - member_lendable))
+        room = max(0.0, nominal - lendable - mine) + pool - pool_used
+        return room if limit is None else min(room, nominal + limit - mine)
 
     def _flavor_labels(self, flavor: str) -> dict:
         return (self._get("resourceflavors", "", flavor) or {}).get("spec", {}).get("nodeLabels", {})

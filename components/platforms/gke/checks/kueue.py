@@ -11,6 +11,11 @@ before anything is created; each problem names the field to change:
   run's chips: Kueue admits the RayCluster whole, every slice at once
   (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#flavors-and-resources,
   https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/);
+- a ClusterQueue in a cohort (``cohortName``) whose own quota is too small but which may borrow the rest from the
+  other ClusterQueues of its cohort (their ``lendingLimit``, else their ``nominalQuota``; at most its own
+  ``borrowingLimit``) is a warning, not a problem: Kueue admits the run only while the cohort leaves that much unused,
+  and may preempt it when a lender reclaims its quota (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#cohort;
+  the ClusterQueue CRD of Kueue v0.19.2, config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml);
 - ``gke.priority_class`` names a WorkloadPriorityClass that exists
   (https://kueue.sigs.k8s.io/docs/concepts/workload_priority_class/);
 - with ``cluster.capacity=queued``, the ClusterQueue runs Kueue's ProvisioningRequest admission check for the TPU
@@ -147,14 +152,35 @@ def _quota(
         )
         return None
     best, quota = max(matching, key=lambda m: m[1])
+    short = (
+        f"ClusterQueue {name} (of LocalQueue {queue}) has a quota of {quota:g} {kueue.TPU_RESOURCE} in flavor "
+        f"{best}, less than the run's {wanted} ({spec.cluster.num_slices} x {shape.num_chips}-chip {slice_text})"
+    )
     if quota < wanted:
+        cohort = cq["spec"].get("cohortName", "")
+        lent = _borrowable(kube, cq, [f for f, _ in matching], report) if cohort else {}
+        fits = [(f, q) for f, q in matching if f in lent and _enough(q, lent[f], wanted)]
+        borrowing = max(fits, key=lambda m: m[1]) if fits else None
+        if borrowing is not None:
+            best, quota = borrowing
+            report.warnings.append(
+                f"ClusterQueue {name} (of LocalQueue {queue}) has a quota of {quota:g} {kueue.TPU_RESOURCE} in flavor "
+                f"{best}, less than the run's {wanted}: the run fits only by borrowing {wanted - quota:g} from the "
+                f"other ClusterQueues of its cohort {cohort} ({_lends(lent[best])}); Kueue admits it only "
+                "while they leave that much unused, and may preempt it when one of them reclaims its quota "
+                "(its preemption.reclaimWithinCohort)"
+            )
+            report.checked.append(
+                f"LocalQueue {queue} -> ClusterQueue {name}: flavor {best} ({slice_text}) has a quota of {quota:g} "
+                f"{kueue.TPU_RESOURCE} and borrows in cohort {cohort} ({_lends(lent[best])}), the run asks for {wanted}"
+            )
+            return best
+        lend = f", and its cohort {cohort} lends it at most {max(v or 0.0 for v in lent.values()):g}" if cohort else ""
         report.problems.append(
             Problem(
                 "gke.queue",
-                f"ClusterQueue {name} (of LocalQueue {queue}) has a quota of {quota:g} {kueue.TPU_RESOURCE} in flavor "
-                f"{best}, less than the run's {wanted} ({spec.cluster.num_slices} x {shape.num_chips}-chip "
-                f"{slice_text}): Kueue admits a RayCluster whole and would never admit it; lower cluster.num_slices, "
-                "or ask for quota",
+                f"{short}{lend}: Kueue admits a RayCluster whole and would never admit it; lower "
+                "cluster.num_slices, or ask for quota",
             )
         )
         return None
@@ -163,6 +189,48 @@ def _quota(
         f"{kueue.TPU_RESOURCE}, the run asks for {wanted}"
     )
     return best
+
+
+def _enough(quota: float, lent: float | None, wanted: int) -> bool:
+    """Quota and what the cohort lends are enough for the run (what it lends unknown: it may be)."""
+    return lent is None or quota + lent >= wanted
+
+
+def _lends(lent: float | None) -> str:
+    return "what they lend could not be read" if lent is None else f"they lend it up to {lent:g}"
+
+
+def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) -> dict[str, float | None]:
+    """Flavor -> the most ``cq`` may borrow of its TPU chips in its cohort: what the cohort's other ClusterQueues lend
+    (each its ``lendingLimit``, else all its ``nominalQuota``), at most its own ``borrowingLimit`` (none: no limit).
+    The ClusterQueue CRD's ``cohortName``, ``borrowingLimit`` and ``lendingLimit`` (Kueue v0.19.2,
+    config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml; https://kueue.sigs.k8s.io/docs/concepts/
+    cluster_queue/#cohort, #borrowinglimit, #lendinglimit). A Cohort object's own quota (hierarchical cohorts) is not
+    counted. None when the caller may not list ClusterQueues (a warning says so)."""
+    from kubernetes.client.exceptions import ApiException
+
+    name, cohort = cq["metadata"]["name"], cq["spec"]["cohortName"]
+    try:
+        others = [
+            o
+            for o in kueue.cluster_queues(kube)
+            if o["spec"].get("cohortName") == cohort and o["metadata"]["name"] != name
+        ]
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        report.warnings.append(
+            f"the ClusterQueues of cohort {cohort} could not be listed ({exc.status}): what ClusterQueue {name} may "
+            "borrow there is not checked"
+        )
+        return dict.fromkeys(flavors)
+    out: dict[str, float | None] = {}
+    for flavor in flavors:
+        entries = [kueue.flavor_quota(other, flavor, kueue.TPU_RESOURCE) for other in others]
+        lent = sum(kueue.quantity(e.get("lendingLimit", e["nominalQuota"])) for e in entries if e is not None)
+        limit = (kueue.flavor_quota(cq, flavor, kueue.TPU_RESOURCE) or {}).get("borrowingLimit")
+        out[flavor] = lent if limit is None else min(lent, kueue.quantity(limit))
+    return out
 
 
 def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, report: Report) -> None:

@@ -48,6 +48,27 @@ def cluster_object(kube, plural: str, name: str) -> dict[str, Any] | None:
         raise
 
 
+def cluster_queues(kube) -> list[dict[str, Any]]:
+    """Every ClusterQueue of the cluster (cluster-scoped)."""
+    return list(kube.custom.list_cluster_custom_object(GROUP, VERSION, "clusterqueues")["items"])
+
+
+def flavor_quota(cq: dict[str, Any], flavor: str, resource: str) -> dict[str, Any] | None:
+    """The ClusterQueue's quota of ``resource`` in ``flavor`` (``nominalQuota``, ``borrowingLimit``,
+    ``lendingLimit``); None when it lists none."""
+    return next(
+        (
+            r
+            for g in cq["spec"].get("resourceGroups", [])
+            for f in g["flavors"]
+            if f["name"] == flavor
+            for r in f["resources"]
+            if r["name"] == resource
+        ),
+        None,
+    )
+
+
 def workload_of(kube, raycluster: str) -> dict[str, Any] | None:
     """The Workload Kueue made for the RayCluster (its owner); None before Kueue made it."""
     items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, kube.namespace, "workloads")["items"]
