@@ -12,6 +12,7 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
 - pods that consume a request (the ``autoscaling.x-k8s.io/consume-provisioning-request`` annotation, types.go) stay
   Unschedulable until it is Provisioned, then all of them are scheduled together; while it is not, no node of the
   request's node pools exists, and no cluster autoscaler event is recorded for them (the request is the scale-up);
+- a request asking for more than flex-start's seven days (``maxRunDurationSeconds``: ``MAX_RUN_S``) Fails at once;
 - the PodTemplate a pod set names must exist in the request's namespace (types.go: "must be within the same
   namespace"), else the request Fails at once;
 - a request is fulfilled within ONE queued provisioning node pool (``pools``: the GKE emulator's; inferred: GKE's own
@@ -56,6 +57,12 @@ PLURAL = "provisioningrequests"
 KIND = "ProvisioningRequest"
 QUEUED_CLASS = "queued-provisioning.gke.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+# Flex-start (queued provisioning is flex-start's) gives nodes "for up to seven days", and a request's
+# ``maxRunDurationSeconds`` defaults to seven days (GKE, "About flex-start provisioning mode",
+# https://cloud.google.com/kubernetes-engine/docs/concepts/dws): a longer one is Failed at once here (how GKE answers
+# one is not documented; the reason is this emulator's word).
+MAX_RUN_PARAMETER = "maxRunDurationSeconds"
+MAX_RUN_S = 7 * 24 * 3600
 # GKE taints the nodes of a queued provisioning node pool so that only the pods meant for them land there:
 # Google's cluster-toolkit, modules/compute/gke-node-pool (at 1047080375afbb44da4b596be314634e7486af4a): variables.tf,
 # enable_queued_provisioning "adds the cloud.google.com/gke-queued taint to the node pool", and main.tf, "GKE
@@ -141,6 +148,11 @@ class Provisioner:
         ]
         if missing:
             return self._decide(namespace, name, "Failed", "PodTemplateNotFound", f"no PodTemplate {missing[0]}")
+        longest = int((obj["spec"].get("parameters") or {}).get(MAX_RUN_PARAMETER, MAX_RUN_S))
+        if longest > MAX_RUN_S:
+            return self._decide(
+                namespace, name, "Failed", "InvalidMaxRunDuration", f"{MAX_RUN_PARAMETER} {longest} > {MAX_RUN_S}"
+            )
         unfit = self._no_pool_fits(namespace, obj)
         if unfit:  # no option: never decided, as the autoscaler keeps trying
             obj["status"]["conditions"].append(
