@@ -97,7 +97,7 @@ from tests.emulators.tokens import authorized
 
 # PodTemplates (queued provisioning's) are not checked by the client's model: kubernetes 30.1.0's pod spec predates
 # resourceClaims[].resourceClaimTemplateName (Kubernetes 1.31), which the DCN NICs' claims use.
-CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events", "podtemplates"}
+CORE = {"namespaces", "secrets", "serviceaccounts", "pods", "services", "events", "podtemplates", "configmaps"}
 # The fields the API server selects Events on (kubernetes pkg/registry/core/event/strategy.go, ToSelectableFields),
 # and the ones every kind has.
 EVENT_FIELDS = {
@@ -555,7 +555,13 @@ class KubeEmulator:
                 obj["status"] = self.objects[key]["status"]
             self.objects[key] = obj
             if plural == "rayclusters" and not existed:
-                if self.kueue is None or not self.kueue.raycluster_created(namespace, obj):
+                held = self.kueue is not None and self.kueue.raycluster_created(namespace, obj)
+                if not held and obj["spec"].get("suspend"):
+                    # KubeRay makes no pods for a suspended RayCluster ("A suspended RayCluster will have head pods
+                    # and worker pods deleted": ray-project/kuberay v1.7.0, ray-operator/apis/ray/v1/
+                    # raycluster_types.go, ``Suspend``): it waits for whoever unsuspends it.
+                    obj["status"] = {"state": "suspended", "desiredWorkerReplicas": 0, "readyWorkerReplicas": 0}
+                elif not held:
                     self._create_raycluster(namespace, obj)
             elif plural in kueue.KINDS and self.kueue is not None:
                 self.kueue.reconcile()  # a queue or its quota changed

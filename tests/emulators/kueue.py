@@ -5,6 +5,9 @@ WorkloadPriorityClass of ``kueue.x-k8s.io/v1beta2``) are served and validated ag
 (``tests/contract/crds/kueue-v0.19.2/``); their CRDs are served only while Kueue is installed. The behaviours, each
 after the Kueue document it follows:
 
+- Kueue's configuration is its ConfigMap (``configure``): a RayCluster is managed only while ``ray.io/raycluster``
+  is among its ``integrations.frameworks`` (else Kueue makes no Workload for it, and KubeRay keeps a RayCluster created
+  suspended without pods);
 - a RayCluster labelled ``kueue.x-k8s.io/queue-name`` is suspended (``spec.suspend``) and gets a Workload owned by
   it, one pod set for the head and one per worker group, ``count`` = replicas x numOfHosts ("Kueue controls the
   spec.suspend field of the RayCluster"; "a RayCluster will hold resource quotas while it exists":
@@ -65,6 +68,13 @@ KINDS = {
 }
 CLUSTER_SCOPED = {"clusterqueues", "resourceflavors", "admissionchecks", "provisioningrequestconfigs"}
 CLUSTER_SCOPED |= {"workloadpriorityclasses"}
+# Kueue's configuration: the ConfigMap its install makes (kubernetes-sigs/kueue v0.19.2, config/default/
+# kustomization.yaml: namespace kueue-system, namePrefix kueue-; config/components/manager/kustomization.yaml), and the
+# integrations its default configuration enables, those of them that matter here
+# (config/components/manager/controller_manager_config.yaml); a RayCluster is managed only with ray.io/raycluster.
+CONFIG_NAMESPACE = "kueue-system"
+CONFIG_MAP = "kueue-manager-config"
+FRAMEWORKS = ["batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "jobset.x-k8s.io/jobset"]
 VISIBILITY_PATH = re.compile(
     r"^/apis/visibility\.kueue\.x-k8s\.io/v1beta2/namespaces/([^/]+)/localqueues/([^/]+)/pendingworkloads$"
 )
@@ -96,6 +106,30 @@ class Kueue:
         self._admitted: dict[str, int] = {}  # Workload uid -> when it was last admitted, in admissions
         self._admissions = 0
         self.checks = ProvisioningChecks(self)  # the ProvisioningRequest admission check's controller
+        self.configure(FRAMEWORKS)
+
+    def configure(self, frameworks: list[str]) -> None:
+        """Kueue's configuration as its install writes it: the ConfigMap kueue-system/kueue-manager-config, whose
+        ``integrations.frameworks`` are the job kinds it manages (``FRAMEWORKS``)."""
+        import yaml
+
+        text = yaml.safe_dump({"apiVersion": "config.kueue.x-k8s.io/v1beta1", "kind": "Configuration",
+                               "integrations": {"frameworks": list(frameworks)}})
+        with self.kube.lock:
+            self.kube.objects[("namespaces", "", CONFIG_NAMESPACE)] = {"metadata": {"name": CONFIG_NAMESPACE}}
+            self.kube.objects[("configmaps", CONFIG_NAMESPACE, CONFIG_MAP)] = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": CONFIG_MAP, "namespace": CONFIG_NAMESPACE},
+                "data": {"controller_manager_config.yaml": text},
+            }
+
+    def _frameworks(self) -> list[str]:
+        import yaml
+
+        config = self.kube.objects.get(("configmaps", CONFIG_NAMESPACE, CONFIG_MAP), {})
+        text = config.get("data", {}).get("controller_manager_config.yaml", "")
+        return list(((yaml.safe_load(text) or {}).get("integrations") or {}).get("frameworks") or [])
 
     # ------------------------------------------------------------------ objects
     def apply(self, obj: dict) -> None:
@@ -121,8 +155,8 @@ class Kueue:
         """A RayCluster is created: True when Kueue holds it (it has a queue label); KubeRay then makes no pods."""
         labels = obj["metadata"].get("labels", {})
         queue = labels.get(QUEUE_LABEL)
-        if not queue:
-            return False
+        if not queue or "ray.io/raycluster" not in self._frameworks():
+            return False  # not queued, or Kueue does not manage RayClusters: no Workload
         obj["spec"]["suspend"] = True
         obj["status"] = {"state": "suspended", "desiredWorkerReplicas": 0, "readyWorkerReplicas": 0, "conditions": []}
         name = obj["metadata"]["name"]

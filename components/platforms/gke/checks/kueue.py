@@ -3,6 +3,8 @@ before anything is created; each problem names the field to change:
 
 - Kueue is installed: its LocalQueue CRD is served, with ``kueue.x-k8s.io/v1beta2`` (Kueue v0.15 or later,
   ``cloud.kueue``);
+- Kueue manages RayClusters: ``ray.io/raycluster`` in its configuration's ``integrations.frameworks`` (the
+  ConfigMap ``cloud.kueue`` names and cites; unreadable: a warning);
 - the LocalQueue ``gke.queue`` exists in ``gke.namespace`` and points to a ClusterQueue that exists
   (https://kueue.sigs.k8s.io/docs/concepts/local_queue/);
 - that ClusterQueue covers every resource the RayCluster asks for (a workload asking for a resource its ClusterQueue
@@ -69,6 +71,7 @@ def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> Non
         )
         return
     report.checked.append(f"Kueue serves {kueue.GROUP}/{kueue.VERSION} (Kueue {kueue.MIN_VERSION} or later)")
+    _ray_integration(kube, spec, report)
     local = kueue.local_queue(kube, queue)
     if local is None:
         report.problems.append(Problem("gke.queue", f"no Kueue LocalQueue {queue} in {where}: {_queues(kube)}"))
@@ -99,6 +102,38 @@ def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> Non
             f"LocalQueue {queue} points to ClusterQueue {cq_name}, which the caller may not read ({exc.status}): its "
             "flavors, its quota and gke.priority_class are not checked"
         )
+
+
+def _ray_integration(kube, spec: RunSpec, report: Report) -> None:
+    """Kueue manages RayClusters: ``ray.io/raycluster`` in its configuration's ``integrations.frameworks``
+    (``kueue.frameworks``); a configuration the caller may not read is a warning (deploy_raycluster then fails fast
+    when Kueue makes no Workload: ``run.queueing``)."""
+    from kubernetes.client.exceptions import ApiException
+
+    where = f"ConfigMap {kueue.CONFIG_NAMESPACE}/{kueue.CONFIG_MAP}"
+    try:
+        enabled = kueue.frameworks(kube)
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        report.warnings.append(
+            f"Kueue's configuration ({where}) could not be read ({exc.status}): that it manages RayClusters "
+            f"({kueue.RAY_INTEGRATION} in integrations.frameworks) is not checked; deploy_raycluster fails if Kueue "
+            "makes no Workload for the run's RayCluster"
+        )
+        return
+    if kueue.RAY_INTEGRATION not in enabled:
+        report.problems.append(
+            Problem(
+                "gke.queue",
+                f"Kueue in cluster {spec.gke.cluster_name} does not manage RayClusters: its configuration ({where}) "
+                f"lists integrations.frameworks {', '.join(enabled) or 'none'}, without {kueue.RAY_INTEGRATION}, so "
+                "the run's RayCluster would stay suspended with no Workload; ask its platform team to add it "
+                "(docs/gke.md, 'Shared clusters: Kueue'), or leave gke.queue empty",
+            )
+        )
+        return
+    report.checked.append(f"Kueue manages RayClusters ({kueue.RAY_INTEGRATION} in its {where})")
 
 
 def _queues(kube) -> str:

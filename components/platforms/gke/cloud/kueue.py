@@ -21,6 +21,27 @@ MIN_VERSION = "v0.15"  # the first Kueue release that serves kueue.x-k8s.io/v1be
 TPU_RESOURCE = "google.com/tpu"
 
 
+# Kueue's own configuration (its ``Configuration``) is the ConfigMap kueue-system/kueue-manager-config, key
+# controller_manager_config.yaml (kubernetes-sigs/kueue config/default/kustomization.yaml: namespace kueue-system,
+# namePrefix kueue-; config/components/manager/kustomization.yaml: the manager-config ConfigMap of that file). Its
+# ``integrations.frameworks`` lists the job kinds Kueue manages; ``ray.io/raycluster`` is in the release's default list
+# (config/components/manager/controller_manager_config.yaml). Without it Kueue makes no Workload for a RayCluster, and
+# a RayCluster created suspended stays suspended.
+CONFIG_NAMESPACE = "kueue-system"
+CONFIG_MAP = "kueue-manager-config"
+CONFIG_KEY = "controller_manager_config.yaml"
+RAY_INTEGRATION = "ray.io/raycluster"
+
+
+def frameworks(kube) -> list[str]:
+    """The integrations Kueue's configuration enables (ApiException when its ConfigMap cannot be read)."""
+    import yaml
+
+    found = kube.core.read_namespaced_config_map(CONFIG_MAP, CONFIG_NAMESPACE)
+    config = yaml.safe_load((found.data or {}).get(CONFIG_KEY, "")) or {}
+    return list((config.get("integrations") or {}).get("frameworks") or [])
+
+
 def _missing(exc) -> bool:
     return getattr(exc, "status", None) == 404
 

@@ -20,6 +20,12 @@ from components.platforms.gke.cloud import kueue
 from components.platforms.gke.plan import queued
 
 
+# Kueue makes a RayCluster's Workload as soon as its controller sees the RayCluster; none after this long means Kueue
+# does not manage it (``ray.io/raycluster`` not among its integrations: ``cloud.kueue.frameworks``), and the suspended
+# RayCluster would wait for nothing until the run's deadline.
+NO_WORKLOAD_S = 120.0
+
+
 class QueueDeadline(Exception):
     """The run's deadline passed while its RayCluster was still queued."""
 
@@ -92,6 +98,13 @@ def wait_admitted(
         if where != said or now - last_said >= 30:
             log(f"  RayCluster {raycluster}: {where}{_why(workload)} ({now - start:.0f}s)")
             said, last_said = where, now
+        if workload is None and now - start >= min(NO_WORKLOAD_S, timeout_s):
+            raise QueueDeadline(
+                f"Kueue made no Workload for RayCluster {raycluster} in {now - start:.0f}s: Kueue does not manage "
+                f"RayClusters in this cluster ({kueue.RAY_INTEGRATION} is not in the integrations.frameworks of its "
+                f"configuration, ConfigMap {kueue.CONFIG_NAMESPACE}/{kueue.CONFIG_MAP}), so the RayCluster would stay "
+                "suspended; ask the platform team to enable it, or leave gke.queue empty"
+            )
         if now - start >= timeout_s:
             raise QueueDeadline(
                 f"RayCluster {raycluster} was not admitted by Kueue within {timeout_s:.0f}s (run.deadline_h): "
