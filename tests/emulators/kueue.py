@@ -554,7 +554,7 @@ class ProvisioningChecks:
         """Quota reserved for ``workload``: True when the ClusterQueue runs provisioning checks, each Pending on the
         ProvisioningRequest made for it (the workload is not admitted yet); False when it runs none."""
         self.mark_active()
-        checks = self._checks(cq, assignments)
+        checks = [c for c in self._checks(cq, assignments) if self._manages(c, workload)]
         if not checks:
             return False
         workload["status"]["admission"] = {"clusterQueue": cq["metadata"]["name"], "podSetAssignments": assignments}
@@ -590,6 +590,16 @@ class ProvisioningChecks:
         errors = self.kube.crds.errors(workload)
         assert not errors, f"the emulated Kueue made an invalid Workload: {errors}"
         return True
+
+    def _manages(self, check: dict, workload: dict) -> bool:
+        """Some pod set of the workload asks for one of the check's config's managedResources (all are managed when
+        it lists none); else the check is Ready at once, no request made ("If none of the workloads podsets is
+        requesting at least a managed resource, the workload is considered ready": the managedResources field's
+        description in the vendored ProvisioningRequestConfig CRD)."""
+        managed = set(((self._config(check) or {"spec": {}})["spec"]).get("managedResources") or [])
+        return not managed or any(
+            {r for r, v in pod_requests(p["template"]).items() if v} & managed for p in workload["spec"]["podSets"]
+        )
 
     def _request(self, workload: dict, check: dict, assignments: list[dict]) -> dict:
         from tests.emulators import provisioning

@@ -26,7 +26,11 @@ before anything is created; each problem names the field to change:
   AdmissionCheck is not found or its controller has not marked it as Active, the ClusterQueue will be marked as
   Inactive": https://kueue.sigs.k8s.io/docs/concepts/admission_check/), and its parameters name a
   ProvisioningRequestConfig that exists, of the class ``queued-provisioning.gke.io``
-  (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/).
+  (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/), whose ``managedResources`` (when it
+  lists any) include ``google.com/tpu`` ("If not empty, the ProvisioningRequest will contain only the podsets that are
+  requesting at least one of them. If none of the workloads podsets is requesting at least a managed resource, the
+  workload is considered ready": the field's description in Kueue v0.19.2's ProvisioningRequestConfig CRD); a config
+  without xpk's ``podSetUpdates`` node selector (``PROVISIONED_NODE_LABEL``) is a warning.
 
 ClusterQueues, ResourceFlavors and WorkloadPriorityClasses are cluster-scoped: a caller who may read only its own
 namespace (Kueue's batch user role) gets a warning that they could not be checked, not a problem. What the run may do
@@ -43,6 +47,16 @@ from components.platforms.gke.plan import manifests, queued
 from components.platforms.gke.plan.target import target
 from components.spec import RunSpec
 from components.workload import derive as d
+
+
+# The podSetUpdates of xpk's ProvisioningRequestConfig for queued provisioning on GKE: a nodeSelector on the label GKE
+# puts on the nodes of a request, valued from the request's ``ResizeRequestName`` class detail
+# (AI-Hypercomputer/xpk, src/xpk/core/kueue.py, ``cluster_set_crd_yaml``); Kueue copies each such detail of the
+# request's status.provisioningClassDetails into the pods' nodeSelector on admission ("podSetUpdates ... are used to
+# target the provisioned nodes": the ProvisioningRequestConfig CRD of Kueue v0.19.2;
+# https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/, "PodSet updates").
+PROVISIONED_NODE_LABEL = "autoscaling.gke.io/provisioning-request"
+PROVISIONED_NODE_DETAIL = "ResizeRequestName"
 
 
 def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> None:
@@ -306,7 +320,15 @@ def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, repor
         elif config["spec"].get("provisioningClassName") != queued.CLASS_NAME:
             other = config["spec"]["provisioningClassName"]
             why = f"names {queued.CHECK_CONFIG_KIND} {params['name']}, of another class ({other})"
+        elif kueue.TPU_RESOURCE not in (config["spec"].get("managedResources") or [kueue.TPU_RESOURCE]):
+            managed = ", ".join(config["spec"]["managedResources"])
+            why = (
+                f"names {queued.CHECK_CONFIG_KIND} {params['name']}, whose managedResources ({managed}) leave out "
+                f"{kueue.TPU_RESOURCE}: its request would hold none of the slice's pods and the check pass without "
+                "capacity, the pods then waiting for nodes no request brings"
+            )
         else:
+            _pod_set_updates(params["name"], config, report)
             report.checked.append(
                 f"ClusterQueue {name}: admission check {check_name} ({queued.CHECK_CONTROLLER}, Active, "
                 f"{queued.CHECK_CONFIG_KIND} {params['name']} of the class {queued.CLASS_NAME})"
@@ -315,6 +337,20 @@ def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, repor
         whys.append(f"its admission check {check_name} {why}")
     report.problems.append(
         Problem("gke.queue", f"ClusterQueue {name} (of LocalQueue {queue}): {'; '.join(whys)}: {fix}")
+    )
+
+
+def _pod_set_updates(name: str, config: dict[str, Any], report: Report) -> None:
+    """A warning when the ProvisioningRequestConfig does not pin the admitted pods to the nodes GKE provisioned for
+    their request (``podSetUpdates.nodeSelector``: the node label ``PROVISIONED_NODE_LABEL`` from the request's
+    ``ResizeRequestName`` class detail, ``PROVISIONED_NODE_DETAIL``), as xpk's does."""
+    selectors = (config["spec"].get("podSetUpdates") or {}).get("nodeSelector") or []
+    if any(s.get("key") == PROVISIONED_NODE_LABEL for s in selectors):
+        return
+    report.warnings.append(
+        f"{queued.CHECK_CONFIG_KIND} {name} sets no podSetUpdates.nodeSelector {PROVISIONED_NODE_LABEL} (from the "
+        f"request's {PROVISIONED_NODE_DETAIL}): the admitted pods are not pinned to the nodes provisioned for their "
+        "own request, and may land on another request's queued nodes"
     )
 
 
