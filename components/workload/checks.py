@@ -60,11 +60,13 @@ def check_slice(spec: RunSpec) -> None:
             f"({shape.chips_per_host} chips each), got {c.num_hosts}",
             [str(shape.num_hosts)],
         )
-    # A reservation by name, or one block of it (GKE docs, "Consume reserved zonal resources":
-    # https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations), in this project or a shared one.
+    # A reservation by name, one block of it, or one sub-block of a block (GKE docs, "Consume reserved zonal
+    # resources": https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations), in this project or a
+    # shared one.
     name = "[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+    part = rf"(/reservationBlocks/{name}(/reservationSubBlocks/{name})?)?"
     if "reservation" in c.capacities and not re.fullmatch(
-        rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?{name}(/reservationBlocks/{name})?", c.reservation
+        rf"(projects/{names.PROJECT_ID_PATTERN}/reservations/)?{name}{part}", c.reservation
     ):
         raise SpecError(
             "cluster.reservation",
@@ -72,6 +74,7 @@ def check_slice(spec: RunSpec) -> None:
             [
                 "a reservation name",
                 "NAME/reservationBlocks/BLOCK",
+                "NAME/reservationBlocks/BLOCK/reservationSubBlocks/SUB_BLOCK",
                 "projects/PROJECT/reservations/NAME",
                 "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK",
             ],

@@ -19,7 +19,7 @@ URLs Compute writes.
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
 ``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` (specific) and
 ``add_aggregate_reservation`` made, ``reservationBlocks.get`` of the blocks ``add_reservation_block`` made,
-``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
+``reservationSubBlocks.get`` of the sub-blocks ``add_reservation_sub_block`` made, ``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
 offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
 (https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
 a CPU machine type is offered unless its series is one a zone's region lacks (Compute Engine's "Regions and zones",
@@ -98,6 +98,10 @@ RESERVATION_PATH = re.compile(
 BLOCK_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
     r"(?P<name>[^/]+)/reservationBlocks/(?P<block>[^/]+)"
+)
+SUB_BLOCK_PATH = re.compile(
+    r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/reservations/"
+    r"(?P<name>[^/]+)/reservationBlocks/(?P<block>[^/]+)/reservationSubBlocks/(?P<sub_block>[^/]+)"
 )
 MACHINE_TYPE_PATH = re.compile(
     r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/machineTypes/(?P<name>[^/]+)"
@@ -305,6 +309,25 @@ class ComputeEmulator(HttpEmulator):
                 "inUseCount": in_use,
             }
 
+    def add_reservation_sub_block(
+        self, project: str, zone: str, reservation: str, block: str, sub_block: str, count: int, in_use: int = 0
+    ):
+        """A sub-block of ``count`` VMs in ``block`` (which must exist), ``in_use`` taken: compute_v1's
+        ``ReservationSubBlock`` (``count``, ``inUseCount``) in a ``ReservationSubBlocksGetResponse``, read at
+        ``.../reservations/R/reservationBlocks/B/reservationSubBlocks/S``
+        (https://cloud.google.com/compute/docs/reference/rest/v1/reservationSubBlocks/get)."""
+        parent = f"projects/{project}/zones/{zone}/reservations/{reservation}/reservationBlocks/{block}"
+        with self._lock:
+            assert parent in self.state.blocks, f"no block {parent}"
+            self.state.blocks[f"{parent}/reservationSubBlocks/{sub_block}"] = {
+                "kind": "compute#reservationSubBlock",
+                "id": str(next(self._ids)),
+                "name": sub_block,
+                "selfLink": f"{LINK}{parent}/reservationSubBlocks/{sub_block}",
+                "count": count,
+                "inUseCount": in_use,
+            }
+
     def withhold_machine_type(self, zone: str, machine_type: str) -> None:
         """``zone`` does not offer ``machine_type`` (as a zone may lack a CPU series)."""
         with self._lock:
@@ -385,6 +408,8 @@ class ComputeEmulator(HttpEmulator):
             f"projects/{params['project']}/zones/{params['zone']}/reservations/{params['name']}"
             f"/reservationBlocks/{params['block']}"
         )
+        if params.get("sub_block"):  # a sub-block, kept beside the blocks by its full path
+            path += f"/reservationSubBlocks/{params['sub_block']}"
         if path not in self.state.blocks:
             raise HttpError(404, f"The resource '{path}' was not found")
         return {"resource": self.state.blocks[path]}
@@ -416,6 +441,7 @@ class ComputeEmulator(HttpEmulator):
             "regions.get": self._region,
             "reservations.get": self._reservation,
             "reservationBlocks.get": self._block,
+            "reservationSubBlocks.get": self._block,
         }
         reads["machineTypes.get"] = self._machine_type
         default = method == "networks.get" and params.get("name") == "default" and not params.get("region")
@@ -434,6 +460,7 @@ class ComputeEmulator(HttpEmulator):
             ("regions.get", REGION_PATH),
             ("reservations.get", RESERVATION_PATH),
             ("reservationBlocks.get", BLOCK_PATH),
+            ("reservationSubBlocks.get", SUB_BLOCK_PATH),
             ("machineTypes.get", MACHINE_TYPE_PATH),
         ):
             read = pattern.fullmatch(path)

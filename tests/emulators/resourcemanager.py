@@ -65,6 +65,10 @@ class ResourceManagerEmulator:
         }  # project id -> role -> members
         self.calls: list[str] = []
         self.denied: set[str] = set()  # permissions the caller lacks on every project
+        # Permissions the caller lacks on one project alone: testIamPermissions answers for the resource it names
+        # ("Returns permissions that a caller has on the specified project":
+        # https://cloud.google.com/resource-manager/reference/rest/v3/projects/testIamPermissions).
+        self.denied_on: dict[str, set[str]] = {}  # project id -> permissions
         self.on_accounts: dict[str, set[str]] = {}  # service account email -> permissions granted on it alone
         self.parents: dict[str, str] = {}  # projects/ID or folders/ID -> its parent (folders/ID, organizations/ID)
         self.above: dict[str, dict[str, set[str]]] = {}  # folders/ID, organizations/ID -> role -> members
@@ -234,8 +238,9 @@ class ResourceManagerEmulator:
         bad = [p for p in request.permissions if not PERMISSION.fullmatch(p)]
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Permission {bad[0]} is not valid.")
+        there = self.denied_on.get(request.resource.removeprefix("projects/"), set())
         return iam_policy_pb2.TestIamPermissionsResponse(
-            permissions=[p for p in request.permissions if p not in self.denied]
+            permissions=[p for p in request.permissions if p not in self.denied and p not in there]
         )
 
 

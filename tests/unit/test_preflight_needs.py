@@ -57,7 +57,9 @@ def test_the_capacity_type_picks_the_quota_or_the_reservation():
     )
     assert shared.quota is None
     assert shared.reservation == Reservation("owner-proj", "us-east5-b", "big", "", "ct6e-standard-4t", 4, 16)
-    assert "compute.reservations.get" in shared.permissions
+    # Read in its owner project, so held there: tested on owner-proj, not the run's project.
+    assert "compute.reservations.get" not in shared.permissions
+    assert shared.owner_permissions == ("compute.reservations.get",)
     block = needs("gemma4-e2b-v6e-16", "cluster.capacity=reservation cluster.reservation=big/reservationBlocks/b1")
     assert (block.reservation.name, block.reservation.block) == ("big", "b1")
     assert block.reservation.path.endswith("/reservations/big/reservationBlocks/b1")

@@ -254,6 +254,22 @@ def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
     report.checked.append(f"{len(held)} of {len(n.permissions)} permissions held")
+    if n.reservation and n.owner_permissions:  # a shared reservation: read in its owner project
+        owner = n.reservation.project
+        request = {"resource": f"projects/{owner}", "permissions": list(n.owner_permissions)}
+        held_there = set(cloud_iam.projects_client(creds).test_iam_permissions(request=request).permissions)
+        missing = [p for p in n.owner_permissions if p not in held_there]
+        if missing:
+            report.problems.append(
+                Problem(
+                    "cluster.reservation",
+                    f"the caller lacks on project {owner}, which owns the shared reservation {n.reservation.name}: "
+                    f"{', '.join(missing)} (a shared reservation is read in its owner project; ask its owners for "
+                    "roles/compute.viewer there)",
+                )
+            )
+        else:
+            report.checked.append(f"{', '.join(n.owner_permissions)} held on project {owner}, the reservation's owner")
     if n.location and "k8s/ResourceClaimTemplate" in n.k8s_kinds:
         report.warnings.append(
             "the run's ResourceClaimTemplate (the DCN NICs) in the cluster it creates: no IAM permission for "

@@ -1,5 +1,6 @@
 """Preflight's check of the reservation a run's slices consume (``cluster.capacity=reservation``), with
-Compute Engine's ``reservations.get`` (and ``reservationBlocks.get`` for a block): it exists in the zone and has room
+Compute Engine's ``reservations.get`` (and ``reservationBlocks.get`` for a block, ``reservationSubBlocks.get`` for a
+sub-block): it exists in the zone and has room
 for the slices. ``preflight`` runs it with its other checks.
 """
 
@@ -96,29 +97,30 @@ def _aggregate(r: Reservation, aggregate, report: Report) -> None:
 
 
 def _block(r: Reservation, creds, report: Report) -> None:
-    """A block of the reservation (``ReservationBlock``: ``count`` VMs, ``in_use_count`` of them taken)."""
+    """The block of the reservation (``ReservationBlock``), or its sub-block (``ReservationSubBlock``, read under
+    its parent ``reservations/NAME/reservationBlocks/BLOCK``): ``count`` VMs, ``in_use_count`` of them taken."""
     from google.api_core import exceptions as gexc
 
+    if r.sub_block:
+        what, of = f"sub-block {r.sub_block}", f"block {r.block} of reservation {r.name}"
+        read = gke_compute.client("ReservationSubBlocksClient", creds).get
+        args = {"parent_name": f"reservations/{r.name}/reservationBlocks/{r.block}", "reservation_sub_block": r.sub_block}
+    else:
+        what, of = f"block {r.block}", f"reservation {r.name}"
+        read = gke_compute.client("ReservationBlocksClient", creds).get
+        args = {"reservation": r.name, "reservation_block": r.block}
     try:
-        block = (
-            gke_compute.client("ReservationBlocksClient", creds)
-            .get(project=r.project, zone=r.zone, reservation=r.name, reservation_block=r.block)
-            .resource
-        )
+        part = read(project=r.project, zone=r.zone, **args).resource
     except gexc.NotFound:
-        report.problems.append(
-            Problem("cluster.reservation", f"no block {r.block} in reservation {r.name} in zone {r.zone}")
-        )
+        report.problems.append(Problem("cluster.reservation", f"no {what} in {of} in zone {r.zone}"))
         return
-    free = block.count - block.in_use_count
+    free = part.count - part.in_use_count
     if free < r.hosts:
         report.problems.append(
             Problem(
                 "cluster.reservation",
-                f"block {r.block} of reservation {r.name} has room for {free} of the {r.hosts} VMs the run needs "
-                f"({block.in_use_count} of {block.count} in use)",
+                f"{what} of {of} has room for {free} of the {r.hosts} VMs the run needs "
+                f"({part.in_use_count} of {part.count} in use)",
             )
         )
-    report.checked.append(
-        f"block {r.block} of reservation {r.name}: {free} of {block.count} VMs free, {r.hosts} needed"
-    )
+    report.checked.append(f"{what} of {of}: {free} of {part.count} VMs free, {r.hosts} needed")

@@ -82,9 +82,12 @@ SERVICES = {
 @dataclass(frozen=True)
 class Reservation:
     """The reservation (or one block of it) a run's slices consume: ``cluster.reservation`` is ``NAME``,
-    ``NAME/reservationBlocks/BLOCK`` or either under ``projects/P/reservations/`` (a shared one of another project);
-    GKE takes a block by that path (GKE docs, "Consume reserved zonal resources", reservation blocks:
-    https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations)."""
+    ``NAME/reservationBlocks/BLOCK``, ``NAME/reservationBlocks/BLOCK/reservationSubBlocks/SUB_BLOCK`` or any of them
+    under ``projects/P/reservations/`` (a shared one of another project); GKE takes a block or a sub-block by that
+    path (GKE docs, "Consume reserved zonal resources":
+    https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations), and Compute Engine reads a
+    sub-block with ``reservationSubBlocks.get`` under its parent ``reservations/NAME/reservationBlocks/BLOCK``
+    (https://cloud.google.com/compute/docs/reference/rest/v1/reservationSubBlocks/get)."""
 
     project: str
     zone: str
@@ -93,11 +96,24 @@ class Reservation:
     machine_type: str
     hosts: int  # VMs of machine_type the slices take
     chips: int  # their TPU chips (an aggregate reservation counts chips, not VMs)
+    sub_block: str = ""  # a sub-block of ``block`` (``.../reservationBlocks/B/reservationSubBlocks/S``), "" for none
 
     @property
     def path(self) -> str:
         where = f"projects/{self.project}/zones/{self.zone}/reservations/{self.name}"
-        return where + (f"/reservationBlocks/{self.block}" if self.block else "")
+        where += f"/reservationBlocks/{self.block}" if self.block else ""
+        return where + (f"/reservationSubBlocks/{self.sub_block}" if self.sub_block else "")
+
+    @property
+    def reads(self) -> list[str]:
+        """The permissions of preflight's reads of it (``checks.reservations``): the reservation, its block, its
+        sub-block."""
+        out = ["compute.reservations.get"]
+        if self.block:
+            out.append("compute.reservationBlocks.get")
+        if self.sub_block:
+            out.append("compute.reservationSubBlocks.get")
+        return out
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,11 @@ class Needs:
     builds: bool = False  # the run builds its trainer image with Cloud Build
     build_account: str = ""  # the account Cloud Build runs that build as; empty: the project's default
     bucket: str = ""  # the run's bucket (gke.bucket): an existing one must have uniform bucket-level access
+    # The permissions of preflight's reads of a shared reservation, held on its owner project (not the run's): a
+    # shared reservation is listed and read in the project that owns it (Compute Engine, "Create a shared
+    # reservation", https://cloud.google.com/compute/docs/instances/reservations-shared: "shared reservations are only
+    # listed under the owner project").
+    owner_permissions: tuple[str, ...] = ()
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -133,9 +154,11 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
     permissions += [p for key, extra in EXTRA_PERMISSIONS.items() for p in extra if _asks(spec, key)]
     shape, c = d.slice_shape(spec), spec.cluster
     quota = reservation = None
+    owner_permissions: tuple[str, ...] = ()
     if c.capacity == "reservation":
         owner, _, name = c.reservation.rpartition("/reservations/")
         name, _, block = name.partition("/reservationBlocks/")
+        block, _, sub_block = block.partition("/reservationSubBlocks/")
         reservation = Reservation(
             owner.removeprefix("projects/") or t.project,
             t.zone,
@@ -144,10 +167,12 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
             shape.machine_type,
             c.num_slices * shape.num_hosts,
             c.num_slices * shape.num_chips,
+            sub_block,
         )
-        permissions.append("compute.reservations.get")  # preflight's own read, and the node pools consume it
-        if block:
-            permissions.append("compute.reservationBlocks.get")  # preflight's read of the block
+        if reservation.project == t.project:
+            permissions += reservation.reads  # preflight's own reads, and the node pools consume it
+        else:
+            owner_permissions = tuple(reservation.reads)  # held on the owner project (``Needs.owner_permissions``)
     else:
         metric = QUOTA_METRICS.get(shape.family.name, ("", ""))[0 if c.capacity == "on-demand" else 1]
         quota = (metric, c.num_slices * shape.num_chips)  # "": no metric to read, a warning
@@ -193,6 +218,7 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         "cloudbuild.builds.create" in calls,
         t.build_service_account,
         t.bucket,
+        owner_permissions,
     )
 
 
@@ -253,7 +279,9 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         free = f"{r.hosts} {r.machine_type} VMs (or, aggregate, {r.chips} chips) free"
         out.append(("compute.reservations.get", whole, free))
         if r.block:
-            out.append(("compute.reservationBlocks.get", r.path, f"{r.hosts} VMs free in the block"))
+            part = "sub-block" if r.sub_block else "block"
+            read = "compute.reservationSubBlocks.get" if r.sub_block else "compute.reservationBlocks.get"
+            out.append((read, r.path, f"{r.hosts} VMs free in the {part}"))
     if n.cluster:
         out.append(("container.clusters.get", n.cluster, "its features"))
         out.append(
