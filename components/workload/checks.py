@@ -141,8 +141,8 @@ def check_flex_start_duration(spec: RunSpec) -> None:
         raise SpecError(
             "run.deadline_h",
             f"{hours:g} hours with cluster.capacity {', '.join(flex)}: flex-start nodes run for at most seven days "
-            f"({FLEX_START_MAX_H} hours, the longest maxRunDurationSeconds: GKE, \"About flex-start provisioning "
-            "mode\"); a shorter deadline, or another capacity (spot, on-demand, reservation)",
+            f'({FLEX_START_MAX_H} hours, the longest maxRunDurationSeconds: GKE, "About flex-start provisioning '
+            'mode"); a shorter deadline, or another capacity (spot, on-demand, reservation)',
         )
 
 

@@ -19,8 +19,9 @@ URLs Compute writes.
 Preflight's reads are served too: ``regions.get`` with the region's quotas (every TPU metric roomy until
 ``set_quota`` says otherwise), ``reservations.get`` of the zonal reservations ``add_reservation`` (specific) and
 ``add_aggregate_reservation`` made, ``reservationBlocks.get`` of the blocks ``add_reservation_block`` made,
-``reservationSubBlocks.get`` of the sub-blocks ``add_reservation_sub_block`` made, ``machineTypes.get`` per zone, and ``networks.get`` of the project's ``default`` network. A TPU machine type is
-offered only in the zones Cloud TPU's "TPU regions and zones" lists for its version
+``reservationSubBlocks.get`` of the sub-blocks ``add_reservation_sub_block`` made, ``machineTypes.get`` per zone,
+and ``networks.get`` of the project's ``default`` network. A TPU machine type is offered only in the zones Cloud
+TPU's "TPU regions and zones" lists for its version
 (https://cloud.google.com/tpu/docs/regions-zones; ``TPU_MACHINE_ZONES``), else 404 as for any unknown machine type;
 a CPU machine type is offered unless its series is one a zone's region lacks (Compute Engine's "Regions and zones",
 the machine series of each zone: https://cloud.google.com/compute/docs/regions-zones#available; ``CPU_SERIES_ABSENT``)

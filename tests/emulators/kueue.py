@@ -113,8 +113,13 @@ class Kueue:
         ``integrations.frameworks`` are the job kinds it manages (``FRAMEWORKS``)."""
         import yaml
 
-        text = yaml.safe_dump({"apiVersion": "config.kueue.x-k8s.io/v1beta1", "kind": "Configuration",
-                               "integrations": {"frameworks": list(frameworks)}})
+        text = yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+                "kind": "Configuration",
+                "integrations": {"frameworks": list(frameworks)},
+            }
+        )
         with self.kube.lock:
             self.kube.objects[("namespaces", "", CONFIG_NAMESPACE)] = {"metadata": {"name": CONFIG_NAMESPACE}}
             self.kube.objects[("configmaps", CONFIG_NAMESPACE, CONFIG_MAP)] = {
@@ -293,8 +298,8 @@ class Kueue:
                 continue
             member_nominal, member_lendable, _ = quota(member)
             member_name = member["metadata"]["name"]
-            member_used = mine if member_name == cq["metadata"]["name"] else self._usage(member_name).get(
-                (flavor, resource), 0.0
+            member_used = (
+                mine if member_name == cq["metadata"]["name"] else self._usage(member_name).get((flavor, resource), 0.0)
             )
             pool += member_lendable
             pool_used += max(0.0, member_used - (member_nominal - member_lendable))

@@ -65,10 +65,15 @@ def test_a_run_that_fits_nowhere_in_its_cohort_is_refused_and_never_admitted(pro
     cohort(project, own=2, lends=1)  # 2 + 1 < 4
     before = project.mutations()
     code, text = preflight_cli(QUEUED + " gke.queue=team-a", capsys)
-    assert code == 2 and (
-        "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a) has a quota of 2 google.com/tpu in flavor v6e, less "
-        "than the run's 4 (1 x 4-chip tpu-v6e-slice 2x2), and its cohort research lends it at most 1: Kueue admits"
-    ) in text, text
+    assert (
+        code == 2
+        and (
+            "gke.queue: ClusterQueue shared-tpu (of LocalQueue team-a) has a quota of 2 google.com/tpu in flavor v6e, "
+            "less than the run's 4 (1 x 4-chip tpu-v6e-slice 2x2), and its cohort research lends it at most 1: Kueue "
+            "admits"
+        )
+        in text
+    ), text
     assert project.mutations() == before
 
 

@@ -33,11 +33,15 @@ def test_preflight_refuses_a_kueue_without_the_raycluster_integration_naming_gke
     setup(project).configure(WITHOUT_RAY)
     before = project.mutations()
     code, text = preflight_cli(QUEUED + " gke.queue=team-a", capsys)
-    assert code == 2 and (
-        "gke.queue: Kueue in cluster team does not manage RayClusters: its configuration (ConfigMap "
-        "kueue-system/kueue-manager-config) lists integrations.frameworks batch/job, kubeflow.org/mpijob, "
-        "ray.io/rayjob, jobset.x-k8s.io/jobset, without ray.io/raycluster"
-    ) in text, text
+    assert (
+        code == 2
+        and (
+            "gke.queue: Kueue in cluster team does not manage RayClusters: its configuration (ConfigMap "
+            "kueue-system/kueue-manager-config) lists integrations.frameworks batch/job, kubeflow.org/mpijob, "
+            "ray.io/rayjob, jobset.x-k8s.io/jobset, without ray.io/raycluster"
+        )
+        in text
+    ), text
     assert project.mutations() == before
 
 
@@ -48,9 +52,11 @@ def test_an_unreadable_kueue_configuration_is_a_warning(project_factory, capsys)
     with project.kube.lock:
         del project.kube.objects[("configmaps", CONFIG_NAMESPACE, CONFIG_MAP)]
     code, text = preflight_cli(QUEUED + " gke.queue=team-a", capsys)
-    assert code == 0 and (
-        "warning: Kueue's configuration (ConfigMap kueue-system/kueue-manager-config) could not be read (404)"
-    ) in text, text
+    assert (
+        code == 0
+        and ("warning: Kueue's configuration (ConfigMap kueue-system/kueue-manager-config) could not be read (404)")
+        in text
+    ), text
 
 
 def test_a_run_kueue_makes_no_workload_for_fails_fast_saying_why(tmp_path, project_factory, monkeypatch):

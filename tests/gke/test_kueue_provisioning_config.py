@@ -46,7 +46,9 @@ def _config(kueue, **spec) -> None:
     ],
     ids=["gpu only", "no pod set updates", "as xpk"],
 )
-def test_preflight_checks_the_provisioning_request_config_where_it_matters(project_factory, capsys, case, code, expected):
+def test_preflight_checks_the_provisioning_request_config_where_it_matters(
+    project_factory, capsys, case, code, expected
+):
     project = project_factory()
     _team_cluster(project, nodePools=[QUEUED_POOL])
     kueue = setup(project)

@@ -63,7 +63,11 @@ def test_a_shared_reservations_read_is_checked_on_its_owner_project(project_fact
     assert f"compute.reservations.get held on project {OWNER}, the reservation's owner" in text
     project.projects.denied_on = {OWNER: {"compute.reservations.get"}}
     code, text = preflight_cli(SHARED, capsys)
-    assert code == 2 and (
-        f"cluster.reservation: the caller lacks on project {OWNER}, which owns the shared reservation team-v6e: "
-        "compute.reservations.get"
-    ) in text, text
+    assert (
+        code == 2
+        and (
+            f"cluster.reservation: the caller lacks on project {OWNER}, which owns the shared reservation team-v6e: "
+            "compute.reservations.get"
+        )
+        in text
+    ), text

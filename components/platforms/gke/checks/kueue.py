@@ -48,7 +48,6 @@ from components.platforms.gke.plan.target import target
 from components.spec import RunSpec
 from components.workload import derive as d
 
-
 # The podSetUpdates of xpk's ProvisioningRequestConfig for queued provisioning on GKE: a nodeSelector on the label GKE
 # puts on the nodes of a request, valued from the request's ``ResizeRequestName`` class detail
 # (AI-Hypercomputer/xpk, src/xpk/core/kueue.py, ``cluster_set_crd_yaml``); Kueue copies each such detail of the

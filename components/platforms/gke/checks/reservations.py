@@ -104,7 +104,10 @@ def _block(r: Reservation, creds, report: Report) -> None:
     if r.sub_block:
         what, of = f"sub-block {r.sub_block}", f"block {r.block} of reservation {r.name}"
         read = gke_compute.client("ReservationSubBlocksClient", creds).get
-        args = {"parent_name": f"reservations/{r.name}/reservationBlocks/{r.block}", "reservation_sub_block": r.sub_block}
+        args = {
+            "parent_name": f"reservations/{r.name}/reservationBlocks/{r.block}",
+            "reservation_sub_block": r.sub_block,
+        }
     else:
         what, of = f"block {r.block}", f"reservation {r.name}"
         read = gke_compute.client("ReservationBlocksClient", creds).get

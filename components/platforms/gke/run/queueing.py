@@ -19,7 +19,6 @@ from typing import Any
 from components.platforms.gke.cloud import kueue
 from components.platforms.gke.plan import queued
 
-
 # Kueue makes a RayCluster's Workload as soon as its controller sees the RayCluster; none after this long means Kueue
 # does not manage it (``ray.io/raycluster`` not among its integrations: ``cloud.kueue.frameworks``), and the suspended
 # RayCluster would wait for nothing until the run's deadline.
