@@ -296,8 +296,8 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
                 (
                     "kubernetes get kueue.x-k8s.io/v1beta2",
                     f"{n.cluster} namespace {n.namespace}",
-                    "Kueue installed, the LocalQueue, its ClusterQueue's flavors and quota (quota met only by "
-                    "borrowing within its cohort: a warning, not a refusal), the priority class",
+                    "Kueue installed and managing RayClusters, the LocalQueue, its ClusterQueue's flavors and quota "
+                    "(quota met only by borrowing within its cohort: a warning, not a refusal), the priority class",
                 )
             )
     out += [
