@@ -39,8 +39,8 @@ from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import candidates, dry_run, ownership
 from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, MOUNT_PATH, Target, target
+from components.platforms.gke.run import failover, walk
 from components.platforms.gke.run import teardown as teardowns
-from components.platforms.gke.run import walk
 from components.platforms.gke.run.session import Session
 from components.spec import InfraError, SpecError, names
 from components.workload import budget
@@ -121,10 +121,7 @@ class GkePlatform(Platform):
                     f"next candidate, {nxt['capacity']} in {nxt['zone']}"
                 )
 
-                def tried(ledger: dict[str, Any], why: str = str(exc), place: RunContext = placed) -> None:
-                    ledger.setdefault("tried", []).append({**self._key(place), "error": why[:500]})
-
-                ledgers.update(ctx.store, tried)
+                failover.tried(ctx, here, str(exc), "provision", 0.0)  # its pools never got nodes: none billed
         raise AssertionError("unreachable: _ranked returns at least one candidate or raises")
 
     @staticmethod
@@ -225,7 +222,9 @@ class GkePlatform(Platform):
         return self._walk(ctx, "build_image").image_result
 
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
-        return self._walk(ctx, "deploy_raycluster").deploy_result
+        """The RayCluster deployed and ready; a stockout seen while it waits for its TPU nodes (nodes that come from
+        zero) moves the run to the next rung of its capacity ladder first (``failover``)."""
+        return failover.deploy(self, ctx)
 
     # ---------------------------------------------------------------- the jobs and their output
     def job_client(self, ctx: RunContext, deadline: float | None = None):
