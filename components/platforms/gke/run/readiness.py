@@ -405,7 +405,8 @@ def wait_ready(
         )
     except DeadlineExceeded as exc:
         if from_zero and machine.capacity_wait and machine.capacity_wait[1] is None:  # no node came within the bound
-            raise Stockout(f"{exc}: its TPU nodes never came; last seen: {machine.last}", machine.host_s(clock()))
+            never = f"{exc}: its TPU nodes never came; last seen: {machine.last}"
+            raise Stockout(never, machine.host_s(clock())) from None
         raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
     epoch = time.time() - clock()  # the clock's instants as epoch seconds, as the stage records keep time
     wait = machine.capacity_wait
