@@ -145,3 +145,78 @@ def test_a_multi_slice_queued_run_whose_second_slice_is_not_provisioned_in_time_
     assert _pool_calls(project).count("DeleteNodePool") == 2  # both slices' queued pools, before the spot ones
     gke.teardown(ctx)
     assert project.leftovers(run_id) == {}
+
+
+# ---------------------------------------------------------------- which readiness failures are a rung's stockout
+
+WAITING = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, "state": ""}}
+UNSCHED = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits for its request"}
+
+
+def _worker(name: str, scheduled: bool) -> dict:
+    condition = {"type": "PodScheduled", "status": "True"} if scheduled else UNSCHED
+    labels = {"ray.io/node-type": "worker"}
+    return {"metadata": {"name": name, "labels": labels}, "status": {"conditions": [condition]}}
+
+
+def _request(*conditions: str, hosts: int = 1) -> dict:
+    return {
+        "spec": {"podSets": [{"count": hosts}]},
+        "status": {"conditions": [{"type": kind, "status": "True", "reason": kind} for kind in conditions]},
+    }
+
+
+@pytest.mark.parametrize(
+    "conditions, stockout",
+    [(("Failed",), True), (("Provisioned", "BookingExpired"), True), (("Provisioned", "CapacityRevoked"), False)],
+)
+def test_a_request_failed_or_expired_before_the_pods_landed_is_a_stockout_a_revoked_one_is_not(conditions, stockout):
+    machine = readiness.Readiness(unschedulable_grace_s=30, request_names=("r",), from_zero=True)
+    with pytest.raises(readiness.RayClusterNotReady) as raised:
+        machine.step(WAITING, [_worker("w", False)], now=0, requests={"r": _request(*conditions)})
+    assert isinstance(raised.value, readiness.Stockout) is stockout
+
+
+def test_a_booking_that_expired_counts_its_hosts_from_provisioned_to_expiry():
+    machine = readiness.Readiness(unschedulable_grace_s=300, request_names=("r",), from_zero=True)
+    assert machine.step(WAITING, [_worker("w", False)], now=0, requests={"r": _request(hosts=2)}) is None
+    assert machine.step(WAITING, [_worker("w", False)], now=5, requests={"r": _request("Provisioned", hosts=2)}) is None
+    with pytest.raises(readiness.Stockout) as raised:
+        machine.step(
+            WAITING, [_worker("w", False)], now=65, requests={"r": _request("Provisioned", "BookingExpired", hosts=2)}
+        )
+    assert raised.value.host_s == 2 * 60  # two hosts booked for a minute, no pod landed on them
+
+
+def test_the_deadline_with_pods_waiting_for_nodes_is_a_stockout_only_where_nodes_come_from_zero():
+    from components.platforms.waiting import DeadlineExceeded
+
+    class Waiting:
+        def get(self, kind, name):
+            return WAITING
+
+        def pods(self, selector):
+            return [_worker("w", False)]
+
+        def pod_events(self):
+            return [
+                {"involvedObject": {"name": "w"}, "reason": "TriggeredScaleUp", "lastTimestamp": "2026-12-05T10:00:00Z"}
+            ]
+
+    for from_zero, raised in ((True, readiness.Stockout), (False, DeadlineExceeded)):
+        now = [0.0]
+
+        def sleep(seconds, now=now):
+            now[0] += seconds
+
+        with pytest.raises(raised, match="timed out after 30s"):
+            readiness.wait_ready(
+                Waiting(),
+                "rc",
+                30,
+                unschedulable_grace_s=10,
+                from_zero=from_zero,
+                clock=lambda now=now: now[0],
+                sleep=sleep,
+                log=lambda m: None,
+            )

@@ -15,7 +15,9 @@ creates in the run's ledger before it waits on it.
   Artifact Registry (the repository got or created first; ``handlers``);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
   (from $HF_TOKEN when the namespace has none), the Ray token Secret, then the RayCluster by server-side apply, with
-  Ray token authentication on; waits for every worker, failing fast with the pod's reason (``deploy``);
+  Ray token authentication on; waits for every worker, failing fast with the pod's reason (``deploy``); a stockout
+  seen there, on nodes that come from zero, deletes the rung's TPU pools and moves the run to the next rung of its
+  ladder, provisioned and deployed in turn (``failover``);
 - jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
 - teardown: newest first, the run's Kubernetes objects (by label), its node pools or cluster (by label and ledger),
   its binding on the bucket, its Compute Engine resources (by ledger and derived name); not found is success
