@@ -70,6 +70,12 @@ PRIVATE_ENDPOINT = "127.0.0.1:9"
 BUSY_MESSAGE = (
     "Operation {operation} is currently upgrading cluster {cluster}. Please wait and try again once it is done."
 )
+# The label GKE puts on queued provisioning nodes, which the pods meant for them select: xpk selects
+# ``cloud.google.com/gke-queued: "true"`` for its queued capacity (AI-Hypercomputer/xpk, src/xpk/core/capacity.py,
+# ``get_capacity_node_selectors_from_capacity_type``), as do cluster-toolkit's TPU queued provisioning test jobs
+# (examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-v6e/tpu-v6e-test-job.yaml at
+# bf7c3e1dc086900f4d6d9c44e8acc5c3ded2afba); both select what the nodes carry.
+QUEUED_NODE_LABELS = {"cloud.google.com/gke-queued": "true"}
 # The TPU machine types' prefixes (Cloud TPU's, as the compute emulator's TPU_MACHINE_ZONES names them).
 TPU_PREFIXES = ("ct5lp-", "ct5p-", "ct6e-", "tpu7x-")
 STOCKOUT_MESSAGE = (
@@ -119,6 +125,7 @@ class ClusterManagerEmulator(GrpcEmulator):
         if compute is not None:
             compute.in_use = self._user_of
         self.faults: list[Fault] = []
+        self.flex_start_out: set[str] = set()  # zones with no flex-start TPU capacity (``flex_start_stocked_out``)
         # Called with each cluster once its deletion is done: its Kubernetes objects and pods go with it ("Deleting a
         # cluster ... deletes ... all workloads", https://cloud.google.com/kubernetes-engine/docs/how-to/deleting-a-cluster).
         self.on_cluster_deleted: list[Callable[[c.Cluster], None]] = []
@@ -155,6 +162,33 @@ class ClusterManagerEmulator(GrpcEmulator):
             return pool.config.machine_type.startswith(TPU_PREFIXES) and zone in (list(pool.locations) or [zone])
 
         self.stockout(when=tpu_in_zone, times=times)
+
+    def flex_start_stocked_out(self, zone: str) -> None:
+        """Dynamic Workload Scheduler has no flex-start TPUs in ``zone``. A flex-start pool is still created there:
+        it autoscales from zero nodes and is given its nodes only when pods ask for them (GKE docs, "About GPU and
+        TPU provisioning with flex-start", https://cloud.google.com/kubernetes-engine/docs/concepts/dws), so the
+        stockout is the cluster autoscaler's: each scale-up of the pool fails with a FailedScaleUp on the pods, in
+        the words GKE gives a zone out of resources (GKE docs, "Troubleshoot the cluster autoscaler not scaling up",
+        https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up), retried after
+        the autoscaler's backoff for as long as the pods ask (``scale_up_stockout``, asked by the Kubernetes
+        emulator). Fixed pools (on-demand, spot, reservation) are not flex-start capacity and are made as before."""
+        with self._lock:
+            self.flex_start_out.add(zone)
+
+    def scale_up_stockout(self, selector: dict) -> str | None:
+        """The zone of a flex-start TPU pool a pod with nodeSelector ``selector`` would land on (its node labels,
+        ``config.labels`` and GKE's ``cloud.google.com/gke-nodepool``, agree with the selector on every key they
+        label) where ``flex_start_stocked_out`` holds, else None."""
+        with self._lock:
+            for cl in self.state.clusters.values():
+                for p in cl.node_pools:
+                    if not (p.config.flex_start and p.config.machine_type.startswith(TPU_PREFIXES)):
+                        continue
+                    labels = {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name}
+                    zone = (list(p.locations) or [cl.location])[0]
+                    if zone in self.flex_start_out and all(labels.get(k, v) == v for k, v in selector.items()):
+                        return zone
+        return None
 
     def upgrading(self, cluster_name: str, refusals: int) -> None:
         """GKE starts an upgrade of ``cluster_name`` (a path) on its own: the cluster is RECONCILING and the next
@@ -245,12 +279,13 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def queued_pools(self) -> list[dict]:
         """The node pools with queued provisioning on, of every cluster, as the cluster autoscaler sees them: name,
-        node labels (its ``config.labels`` and GKE's ``cloud.google.com/gke-nodepool``) and maximum size."""
+        node labels (its ``config.labels``, GKE's ``cloud.google.com/gke-nodepool``, and ``QUEUED_NODE_LABELS``) and
+        maximum size."""
         with self._lock:
             return [
                 {
                     "name": p.name,
-                    "labels": {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name},
+                    "labels": {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name, **QUEUED_NODE_LABELS},
                     "max_nodes": p.autoscaling.max_node_count,
                 }
                 for cl in self.state.clusters.values()

@@ -337,6 +337,10 @@ class KubeEmulator:
         self.scale_up_s = scale_up_s  # scale_from_zero / never_scales_up: how long the nodes take to come (or fail)
         self.scale_up_failure = OUT_OF_RESOURCES  # never_scales_up: the autoscaler's event, or NOT_TRIGGERED
         self.stockouts = 0  # scale_from_zero: how many scale-ups fail (FailedScaleUp) before the nodes come
+        # The GKE behind this API server (its ``scale_up_stockout``): given a worker pod's nodeSelector, the zone whose
+        # TPU pools for it the autoscaler cannot grow (no flex-start capacity there), else None. Such pods scale from
+        # zero and every scale-up fails (FailedScaleUp), retried after the backoff, for as long as the pods ask.
+        self.scale_up_stockout: Callable[[dict], str | None] | None = None
         self.autoscaler_place = {"project": "tpupipe-emulated", "zone": "us-east5-b"}  # in the autoscaler's messages
         self.ready_without_ray = False  # no Ray environment: the status turns ready once the pods are scheduled
         self.kuberay_version = "1.7.0"  # the KubeRay release whose CRD is served (an older one lacks newer fields)
@@ -697,7 +701,7 @@ class KubeEmulator:
             return
         if self.provisioner.holds(namespace, pods, lambda: self._provisioned(namespace, name)):
             return  # its workers wait for their ProvisioningRequest
-        if self.fault in ("scale_from_zero", "never_scales_up"):
+        if self.fault in ("scale_from_zero", "never_scales_up") or self._stocked_out(pods):
             return self._scale_from_zero(namespace, obj, pods)
         if self.fault == "never_starts":
             for pod in pods:
@@ -828,14 +832,23 @@ class KubeEmulator:
                 self._event(namespace, pod["metadata"]["name"], TRIGGERED_SCALE_UP[0], triggered, "cluster-autoscaler")
         if failure and failure[0] == NOT_TRIGGERED[0]:
             return
-        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=(namespace, obj["metadata"]["name"], failure))
+        args = (namespace, obj["metadata"]["name"], failure, obj["metadata"].get("uid", ""))
+        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=args)
         timer.daemon = True
         timer.start()
 
-    def _nodes_came(self, namespace: str, name: str, failure) -> None:
+    def _stocked_out(self, pods: list[dict]) -> str | None:
+        """The zone where the GKE behind this server cannot grow the TPU pools the worker pods select
+        (``scale_up_stockout``), else None."""
+        workers = [p for p in pods if p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
+        if self.scale_up_stockout is None or not workers:
+            return None
+        return self.scale_up_stockout(workers[0]["spec"].get("nodeSelector") or {})
+
+    def _nodes_came(self, namespace: str, name: str, failure, uid: str = "") -> None:
         with self.lock:
             obj = self.objects.get(("rayclusters", namespace, name))
-            if obj is None:  # deleted while the nodes came
+            if obj is None or (uid and obj["metadata"].get("uid") != uid):  # deleted (or made anew) meanwhile
                 return
             pods = [
                 p
@@ -843,20 +856,19 @@ class KubeEmulator:
                 if plural == "pods" and ns == namespace and p["metadata"]["labels"].get("ray.io/cluster") == name
             ]
             workers = [p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
-            stockout = not failure and self.stockouts > 0
+            zone = None if failure else self._stocked_out(pods)
+            stockout = not failure and (zone is not None or self.stockouts > 0)
             if failure or stockout:
                 reason, message = failure or OUT_OF_RESOURCES
+                place = {**self.autoscaler_place, **({"zone": zone} if zone else {})}
                 for pod in workers:
                     self._event(
-                        namespace,
-                        pod["metadata"]["name"],
-                        reason,
-                        message.format(**self.autoscaler_place),
-                        "cluster-autoscaler",
+                        namespace, pod["metadata"]["name"], reason, message.format(**place), "cluster-autoscaler"
                     )
                 if stockout:  # after its backoff the autoscaler tries again
-                    self.stockouts -= 1
-                    timer = threading.Timer(self.scale_up_s, self._retry_scale_up, args=(namespace, name, workers))
+                    self.stockouts -= 0 if zone else 1
+                    args = (namespace, name, workers, obj["metadata"].get("uid", ""))
+                    timer = threading.Timer(self.scale_up_s, self._retry_scale_up, args=args)
                     timer.daemon = True
                     timer.start()
                 return
@@ -875,16 +887,17 @@ class KubeEmulator:
                 return
         self._nodes_came(namespace, name, None)
 
-    def _retry_scale_up(self, namespace: str, name: str, workers: list[dict]) -> None:
+    def _retry_scale_up(self, namespace: str, name: str, workers: list[dict], uid: str = "") -> None:
         with self.lock:
-            group = (self.objects.get(("rayclusters", namespace, name)) or {}).get("spec", {})
-            if not group:
+            obj = self.objects.get(("rayclusters", namespace, name)) or {}
+            group = obj.get("spec", {})
+            if not group or (uid and obj["metadata"].get("uid") != uid):
                 return
             pool = group["workerGroupSpecs"][0]["groupName"]
             triggered = TRIGGERED_SCALE_UP[1].format(pool=pool, n=len(workers), **self.autoscaler_place)
             for pod in workers:
                 self._event(namespace, pod["metadata"]["name"], TRIGGERED_SCALE_UP[0], triggered, "cluster-autoscaler")
-        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=(namespace, name, None))
+        timer = threading.Timer(self.scale_up_s, self._nodes_came, args=(namespace, name, None, uid))
         timer.daemon = True
         timer.start()
 

@@ -189,6 +189,7 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     )
     gke.on_cluster_deleted.append(lambda cluster: kube.delete_run(cluster.resource_labels.get(names.RUN_LABEL, "")))
     kube.provisioner.pools = gke.queued_pools  # a ProvisioningRequest is fulfilled within one of them
+    kube.scale_up_stockout = gke.scale_up_stockout  # the autoscaler cannot grow a flex-start pool GKE has no TPUs for
     projects = ResourceManagerEmulator({PROJECT: PROJECT_NUMBER})
     registry = ArtifactRegistryEmulator(polls_to_done=polls_to_done)
     cloudbuild = CloudBuildEmulator(storage=storage, polls_to_done=polls_to_done, registry=registry)

@@ -428,7 +428,8 @@ def test_a_queued_run_in_kueue_is_admitted_once_its_provisioning_request_is_prov
     ((name, request),) = _requests(project).items()  # Kueue's, not the run's: one, for the TPU pod set alone
     workload = _workloads(project)[0]
     assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
-    assert request["spec"]["parameters"] == {"maxRunDurationSeconds": "7200"}  # the run's deadline, by annotation
+    # the slice's topology and the run's deadline, by annotation
+    assert request["spec"]["parameters"] == {"tpu-topology": "2x2", "maxRunDurationSeconds": "7200"}
     assert [s["count"] for s in request["spec"]["podSets"]] == [1]
     assert request["metadata"]["ownerReferences"][0]["uid"] == workload["metadata"]["uid"]
     assert [(s["name"], s["state"]) for s in workload["status"]["admissionChecks"]] == [("dws", "Ready")]

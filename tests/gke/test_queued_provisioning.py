@@ -63,7 +63,9 @@ def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_c
     for pool, request, template, group in zip(pools, requests, templates, groups, strict=True):
         assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
         assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 4}]
-        assert request["spec"]["parameters"] == {"maxRunDurationSeconds": str(12 * 3600)}  # the run's deadline
+        # the slice's topology, as cluster-toolkit's TPU example passes it, and the run's deadline
+        assert request["spec"]["parameters"] == {"tpu-topology": "4x4", "maxRunDurationSeconds": str(12 * 3600)}
+        assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-queued"] == "true"  # as xpk selects
         assert provisioning.errors(request) == []
         assert template["template"] == group["template"]  # what the pods will be
         assert (group["replicas"], group["numOfHosts"]) == (1, 4)
@@ -81,7 +83,7 @@ def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_c
 def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_the_field():
     spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
     request = dict(_planned(spec, "q")["k8s/ProvisioningRequest"][0])
-    assert "parameters" not in request["spec"]  # no run.deadline_h: GKE's default maximum run
+    assert request["spec"]["parameters"] == {"tpu-topology": "4x4"}  # no run.deadline_h: GKE's default maximum run
     request["spec"] = {**request["spec"], "podSets": [{"podTemplateRef": {"name": "w"}, "count": 0}]}
     assert any("podSets.0.count" in e for e in provisioning.errors(request))
     with pytest.raises(SpecError) as refused:

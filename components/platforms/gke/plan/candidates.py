@@ -82,6 +82,11 @@ def flex_start_refusal(spec: RunSpec) -> str:
     )
 
 
+def order(spec: RunSpec) -> list[dict[str, str]]:
+    """Every candidate's ``Candidate.key``, in the order provision tries them (``ranked``'s, unpriced)."""
+    return [{"zone": zone, "capacity": capacity} for capacity in spec.cluster.capacities for zone in zones(spec)]
+
+
 def several(spec: RunSpec) -> bool:
     """More than one candidate: the plan lists them."""
     return len(spec.cluster.capacities) * len(zones(spec)) > 1

@@ -71,6 +71,17 @@ CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 MAX_RUN_PARAMETER = "maxRunDurationSeconds"
 # The toleration of GKE's taint on queued provisioning nodes (module docstring), as cluster-toolkit's examples write it.
 TOLERATION = {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+# The node label the queued pods select, so that they land only on queued provisioning nodes: xpk's node selector for
+# its flex-start (queued) capacity (AI-Hypercomputer/xpk, src/xpk/core/capacity.py,
+# ``get_capacity_node_selectors_from_capacity_type``: ``cloud.google.com/gke-queued: "true"``), and cluster-toolkit's
+# TPU queued provisioning test jobs' nodeSelector (examples/gke-consumption-options/dws-flex-start-queued-provisioning/
+# gke-tpu-v6e/tpu-v6e-test-job.yaml at bf7c3e1dc086900f4d6d9c44e8acc5c3ded2afba).
+NODE_SELECTOR = {"cloud.google.com/gke-queued": "true"}
+# The request's slice topology, as cluster-toolkit's TPU queued provisioning example passes it: its
+# ProvisioningRequestConfig's ``parameters: {tpu-topology: "${tpu_topology}"}``
+# (examples/gke-consumption-options/dws-flex-start-queued-provisioning/tpu-dws-queues.yaml.tftpl at
+# 9dca946c60fd969f22e540e03cf61845b3555d12), which Kueue copies into the ProvisioningRequest's parameters.
+TOPOLOGY_PARAMETER = "tpu-topology"
 # The request's condition types (types.go): Provisioned, all its nodes are there; Failed, capacity cannot be had;
 # BookingExpired and CapacityRevoked, the nodes it gave are no longer the run's to consume.
 PROVISIONED = "Provisioned"
@@ -110,11 +121,26 @@ def family_text(spec: RunSpec) -> str:
     return f"GKE queued provisioning of {family.name} slices as Google shows it: {family.queued_provisioning}"
 
 
+def worker_node_selector(spec: RunSpec) -> dict[str, str]:
+    """The worker pods' node selector for queued nodes (``NODE_SELECTOR``) under capacity=queued, none otherwise."""
+    return dict(NODE_SELECTOR) if enabled(spec) else {}
+
+
+def parameters(spec: RunSpec) -> dict[str, str]:
+    """The request's parameters: the slice topology (``TOPOLOGY_PARAMETER``) and the maximum run duration, the run's
+    deadline (``MAX_RUN_PARAMETER``; GKE's default without one)."""
+    out = {TOPOLOGY_PARAMETER: derive.slice_shape(spec).topology}
+    if max_run_s(spec) is not None:
+        out[MAX_RUN_PARAMETER] = str(max_run_s(spec))
+    return out
+
+
 def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
-    """Through Kueue: the request's maximum run duration, the run's deadline, passed on by Kueue (none else)."""
-    if not through_kueue(spec) or max_run_s(spec) is None:
+    """Through Kueue: the request's parameters (``parameters``), passed on by Kueue to the request it makes (none
+    else)."""
+    if not through_kueue(spec):
         return {}
-    return {KUEUE_PARAMETER_PREFIX + MAX_RUN_PARAMETER: str(max_run_s(spec))}
+    return {KUEUE_PARAMETER_PREFIX + key: value for key, value in parameters(spec).items()}
 
 
 def request_name(run_id: str, slice_index: int = 0) -> str:
@@ -154,7 +180,6 @@ def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) ->
     if not direct(spec):
         return []
     labels = names.labels(t.run_id)
-    parameters = {} if max_run_s(spec) is None else {MAX_RUN_PARAMETER: str(max_run_s(spec))}
     out: list[dict[str, Any]] = []
     for i, worker_template in enumerate(worker_templates):
         template = {
@@ -172,7 +197,7 @@ def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) ->
                 "podSets": [
                     {"podTemplateRef": {"name": pod_template_name(t.run_id, i)}, "count": spec.cluster.num_hosts}
                 ],
-                **({"parameters": dict(parameters)} if parameters else {}),
+                "parameters": parameters(spec),
             },
         }
         out += [template, request]

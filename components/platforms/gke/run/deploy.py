@@ -27,6 +27,12 @@ QUEUE_WAIT_DEFAULT_H = 24.0
 EVICTIONS_AT_START = 3
 # The unschedulable grace of readiness, in seconds, over the capacity type's (components.spec.READY_LIMITS_S).
 UNSCHEDULABLE_GRACE_ENV = "TPUPIPE_GKE_UNSCHEDULABLE_GRACE_S"
+# The failed scale-up grace of readiness (how long the autoscaler's FailedScaleUp may repeat on nodes that come from
+# zero), in seconds, over the capacity type's.
+FAILED_SCALE_UP_GRACE_ENV = "TPUPIPE_GKE_FAILED_SCALE_UP_GRACE_S"
+# The capacity types whose TPU nodes come from zero once the pods ask (Autopilot's too): their stockouts surface while
+# the run waits for its RayCluster (``readiness.Stockout``), and the capacity ladder moves on from them.
+FROM_ZERO = ("flex-start", "queued")
 
 
 def _kube(s: Session):
@@ -152,12 +158,13 @@ def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | 
     spec = s.ctx.spec
     limits = ready_limits(spec)
     grace = float(os.environ.get(UNSCHEDULABLE_GRACE_ENV, limits.unschedulable_grace_s))
+    failed_grace = float(os.environ.get(FAILED_SCALE_UP_GRACE_ENV, limits.failed_scale_up_grace_s))
     s.log(
         f"waiting up to {limits.deadline_s:.0f}s ({limits.by}) for RayCluster {name}; pods "
         f"unschedulable with no scale-up under way fail it after {grace:.0f}s"
         + (
-            f"; a FailedScaleUp, after {limits.failed_scale_up_grace_s:.0f}s of retries"
-            if limits.failed_scale_up_grace_s
+            f"; a FailedScaleUp, after {failed_grace:.0f}s of retries"
+            if failed_grace
             else "; a FailedScaleUp at once (a fixed pool)"
         )
     )
@@ -169,8 +176,9 @@ def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | 
                     name,
                     limits.deadline_s,
                     unschedulable_grace_s=grace,
-                    failed_scale_up_grace_s=limits.failed_scale_up_grace_s,
+                    failed_scale_up_grace_s=failed_grace,
                     requests=tuple(queued.request_names(spec, s.ctx.run_id)),
+                    from_zero=spec.cluster.capacity in FROM_ZERO or s.t.autopilot,
                     poll_s=min(s.poll_s, 2.0),
                     log=s.log,
                     evicted=_eviction(kube, name) if s.t.queue else None,

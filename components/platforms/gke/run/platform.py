@@ -15,7 +15,9 @@ creates in the run's ledger before it waits on it.
   Artifact Registry (the repository got or created first; ``handlers``);
 - deploy_raycluster: the namespace, ServiceAccount, ResourceClaimTemplate (multislice), the Hugging Face token Secret
   (from $HF_TOKEN when the namespace has none), the Ray token Secret, then the RayCluster by server-side apply, with
-  Ray token authentication on; waits for every worker, failing fast with the pod's reason (``deploy``);
+  Ray token authentication on; waits for every worker, failing fast with the pod's reason (``deploy``); a stockout
+  seen there, on nodes that come from zero, deletes the rung's TPU pools and moves the run to the next rung of its
+  ladder, provisioned and deployed in turn (``failover``);
 - jobs: the Ray Jobs API through the API server's service proxy to the head's dashboard port;
 - teardown: newest first, the run's Kubernetes objects (by label), its node pools or cluster (by label and ledger),
   its binding on the bucket, its Compute Engine resources (by ledger and derived name); not found is success
@@ -39,8 +41,8 @@ from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import candidates, dry_run, ownership
 from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, MOUNT_PATH, Target, target
+from components.platforms.gke.run import failover, walk
 from components.platforms.gke.run import teardown as teardowns
-from components.platforms.gke.run import walk
 from components.platforms.gke.run.session import Session
 from components.spec import InfraError, SpecError, names
 from components.workload import budget
@@ -121,10 +123,7 @@ class GkePlatform(Platform):
                     f"next candidate, {nxt['capacity']} in {nxt['zone']}"
                 )
 
-                def tried(ledger: dict[str, Any], why: str = str(exc), place: RunContext = placed) -> None:
-                    ledger.setdefault("tried", []).append({**self._key(place), "error": why[:500]})
-
-                ledgers.update(ctx.store, tried)
+                failover.tried(ctx, here, str(exc), "provision", 0.0)  # its pools never got nodes: none billed
         raise AssertionError("unreachable: _ranked returns at least one candidate or raises")
 
     @staticmethod
@@ -225,7 +224,9 @@ class GkePlatform(Platform):
         return self._walk(ctx, "build_image").image_result
 
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
-        return self._walk(ctx, "deploy_raycluster").deploy_result
+        """The RayCluster deployed and ready; a stockout seen while it waits for its TPU nodes (nodes that come from
+        zero) moves the run to the next rung of its capacity ladder first (``failover``)."""
+        return failover.deploy(self, ctx)
 
     # ---------------------------------------------------------------- the jobs and their output
     def job_client(self, ctx: RunContext, deadline: float | None = None):

@@ -26,10 +26,34 @@ SCALE_UP_TRIGGERED = "TriggeredScaleUp"
 SCALE_UP_NOT_TRIGGERED = "NotTriggerScaleUp"
 SCALE_UP_FAILED = "FailedScaleUp"
 AUTOSCALER_REASONS = (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED, SCALE_UP_FAILED)
+# A multi-slice queued run makes one ProvisioningRequest per slice's pool, each decided on its own: once the first is
+# Provisioned its nodes bill while the others may still wait. The others get this long after the first: the time the
+# open-source cluster autoscaler holds a Provisioned request's capacity for its pods before it marks it BookingExpired
+# (kubernetes/autoscaler, cluster-autoscaler/provisioningrequest/checkcapacity/processor.go, defaultReservationTime =
+# 10 minutes; GKE's queued-provisioning.gke.io class is decided by GKE, which documents no other figure). Past it, the
+# first slice's booking would lapse anyway; the run leaves the rung (``Stockout``) rather than bill slices that
+# cannot start together.
+SLICES_TOGETHER_S = 600.0
+# The requests' conditions that end a rung before its pods landed: Failed, BookingExpired (types.go); a
+# CapacityRevoked takes nodes back from a run under way and is not a stockout of the rung.
+STOCKOUT_CONDITIONS = ("Failed", "BookingExpired")
 
 
 class RayClusterNotReady(InfraError):
     """The RayCluster cannot become ready: pods unschedulable, an image that cannot be pulled, a bad pod config."""
+
+
+class Stockout(RayClusterNotReady):
+    """The run's TPU nodes did not come where they scale from zero (flex-start, queued provisioning, Autopilot): a
+    scale-up the cluster autoscaler kept failing, a ProvisioningRequest Failed or BookingExpired before its pods
+    landed, a slice whose request was not Provisioned within ``SLICES_TOGETHER_S`` of the first, or no node by the
+    readiness deadline. The capacity ladder moves on from such a rung (``failover``). ``host_s``: the seconds TPU
+    hosts of the rung were seen billing before it was left (worker pods that had landed, nodes a request had
+    provisioned), for the ledger's cost of the rung."""
+
+    def __init__(self, message: str, host_s: float = 0.0):
+        super().__init__(message)
+        self.host_s = host_s
 
 
 class Evicted(InfraError):
@@ -42,6 +66,12 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
             return cond.get("message", "")
     return None
+
+
+def _scheduled(pod: dict[str, Any]) -> bool:
+    """The scheduler placed ``pod`` (PodScheduled True)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any((c.get("type"), c.get("status")) == ("PodScheduled", "True") for c in conditions)
 
 
 def scale_up_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -86,6 +116,14 @@ class Readiness:
     # capacity=queued: the names of the run's ProvisioningRequests (one per slice's pool), whose states ``step`` is
     # given with the rest
     request_names: tuple[str, ...] = ()
+    # the nodes come from zero (flex-start, queued, Autopilot): a stockout seen here is a ``Stockout``, which the
+    # capacity ladder moves on from; a fixed pool's nodes are there from provision, and its failures are not
+    from_zero: bool = False
+    landed: dict[str, float] = field(default_factory=dict)  # worker pod -> when it was first seen scheduled
+    provisioned: dict[str, tuple[float, int]] = field(
+        default_factory=dict
+    )  # request -> (first seen Provisioned, hosts)
+    expired: dict[str, float] = field(default_factory=dict)  # request -> when its booking was first seen expired
 
     def step(
         self,
@@ -97,7 +135,8 @@ class Readiness:
     ) -> bool | None:
         if raycluster is None:
             raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
-        awaited = self._requests(requests or {})
+        self._land(pods, now)
+        awaited = self._requests(requests or {}, now)
         status = raycluster.get("status") or {}
         desired = status.get("desiredWorkerReplicas")
         available = status.get("availableWorkerReplicas", 0)
@@ -151,22 +190,58 @@ class Readiness:
         self.last += f", {len(stuck)} unschedulable"
         return None
 
-    def _requests(self, requests: dict[str, dict[str, Any] | None]) -> list[str]:
+    def _requests(self, requests: dict[str, dict[str, Any] | None], now: float) -> list[str]:
         """capacity=queued: the run's ProvisioningRequests not yet Provisioned (their pods wait for all their nodes
         at once, with no scale-up event of their own; the run starts when none is left); raises once one will give
-        no nodes (Failed: capacity not found before its deadline; BookingExpired, CapacityRevoked) or is gone. []
-        without requests."""
+        no nodes (Failed: capacity not found before its deadline; BookingExpired, CapacityRevoked) or is gone, and
+        once some are Provisioned while another still waits ``SLICES_TOGETHER_S`` after the first. [] without
+        requests."""
         waiting = []
         for name in self.request_names:
             request = requests.get(name)
             if request is None:
                 raise RayClusterNotReady(f"the ProvisioningRequest {name} is gone (deleted while it waited)")
+            if queued.condition(request, queued.PROVISIONED) is not None:
+                hosts = sum(int(s.get("count", 0)) for s in (request.get("spec") or {}).get("podSets") or [])
+                self.provisioned.setdefault(name, (now, hosts))
             why = queued.ended(request)
             if why:
-                raise RayClusterNotReady(story(name, request) or why)
+                if queued.condition(request, "BookingExpired") is not None:
+                    self.expired.setdefault(name, now)
+                told = story(name, request) or why
+                if any(queued.condition(request, kind) for kind in STOCKOUT_CONDITIONS):
+                    raise Stockout(told, self.host_s(now))
+                raise RayClusterNotReady(told)
             if queued.condition(request, queued.PROVISIONED) is None:
                 waiting.append(name)
+        if waiting and self.provisioned:
+            first = min(since for since, _ in self.provisioned.values())
+            if now - first >= SLICES_TOGETHER_S:
+                raise Stockout(
+                    f"ProvisioningRequest {', '.join(waiting)} not Provisioned {now - first:.0f}s after "
+                    f"{min(self.provisioned, key=lambda n: self.provisioned[n][0])} was (a slice's nodes may wait "
+                    f"{SLICES_TOGETHER_S:.0f}s for the others, the time a Provisioned request's capacity is "
+                    "booked for its pods): the slices cannot start together",
+                    self.host_s(now),
+                )
         return waiting
+
+    def _land(self, pods: list[dict[str, Any]], now: float) -> None:
+        """Note when each worker pod was first seen scheduled: from then its host bills (``host_s``)."""
+        for pod in pods:
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get("ray.io/node-type") == "worker" and unschedulable(pod) is None and _scheduled(pod):
+                self.landed.setdefault(pod["metadata"]["name"], now)
+
+    def host_s(self, now: float) -> float:
+        """The host-seconds the rung was seen billing by ``now``: each worker pod from when it landed, and the hosts
+        of each Provisioned request from when it was (to its booking's expiry) for pods that have not landed."""
+        pods = sum(now - since for since in self.landed.values())
+        booked = sum(
+            max(0, hosts - len(self.landed)) * (self.expired.get(name, now) - since)
+            for name, (since, hosts) in self.provisioned.items()
+        )
+        return pods + booked
 
     def _capacity(self, now: float, waiting: bool) -> None:
         """Keep ``capacity_wait``: opened at the first observation of a pod waiting for a node, closed at the first
@@ -181,17 +256,18 @@ class Readiness:
         repeated (two or more) for ``failed_scale_up_grace_s``."""
         why = f"{SCALE_UP_FAILED}: {event.get('message', '')}"
         if self.failed_scale_up_grace_s <= 0:
-            raise RayClusterNotReady(
+            raise (Stockout if self.from_zero else RayClusterNotReady)(
                 f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up failed: {why}"
             )
         since = self.failed_since.setdefault(name, now)
         seen = self.failures.setdefault(name, set())
         seen.add(((event.get("metadata") or {}).get("name", ""), event.get("count", 1)))  # a repeat: a new count
         if len(seen) >= 2 and now - since >= self.failed_scale_up_grace_s:
-            raise RayClusterNotReady(
+            message = (
                 f"pod {name} cannot be scheduled: the cluster autoscaler's scale-up failed {len(seen)} times over "
                 f"{now - since:.0f}s (past the {self.failed_scale_up_grace_s:.0f}s it is given to retry): {why}"
             )
+            raise Stockout(message, self.host_s(now)) if self.from_zero else RayClusterNotReady(message)
 
 
 # What befell a ProvisioningRequest that gives the run no nodes, by its condition (types.go's comments: Failed, "it
@@ -280,6 +356,7 @@ def wait_ready(
     unschedulable_grace_s: float,
     failed_scale_up_grace_s: float = 0.0,
     requests: tuple[str, ...] = (),
+    from_zero: bool = False,
     poll_s: float = 2.0,
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
@@ -290,13 +367,16 @@ def wait_ready(
     one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
     epoch seconds; None if none ever did). ``requests``: the run's ProvisioningRequests (capacity=queued, one per
     slice's pool), read with the rest at every step. ``evicted`` (a run queued in Kueue): Kueue's reason once it
-    evicted the RayCluster, raised as :class:`Evicted`."""
+    evicted the RayCluster, raised as :class:`Evicted`. ``from_zero``: the TPU nodes come from zero (flex-start,
+    queued, Autopilot), and a stockout seen here, pods still waiting for nodes at the deadline among them, is raised
+    as :class:`Stockout`."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(
         unschedulable_grace_s=unschedulable_grace_s,
         failed_scale_up_grace_s=failed_scale_up_grace_s,
         request_names=tuple(requests),
+        from_zero=from_zero,
     )
     selector = f"ray.io/cluster={name}"
 
@@ -324,6 +404,9 @@ def wait_ready(
             sleep=sleep,
         )
     except DeadlineExceeded as exc:
+        if from_zero and machine.capacity_wait and machine.capacity_wait[1] is None:  # no node came within the bound
+            never = f"{exc}: its TPU nodes never came; last seen: {machine.last}"
+            raise Stockout(never, machine.host_s(clock())) from None
         raise DeadlineExceeded(f"{exc}; last seen: {machine.last}") from None
     epoch = time.time() - clock()  # the clock's instants as epoch seconds, as the stage records keep time
     wait = machine.capacity_wait
