@@ -97,7 +97,7 @@ def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_c
     assert "slice check          off (cluster.slice_check=false)" in proc.stdout
     train_log = (run_dir / "logs" / "train.log").read_text()
     assert "workers: 2 x {'CPU': 1} on cpu, backend gloo" in train_log
-    assert (tmp_path / "cache" / weights.key("google/gemma-4-E2B-it", commit) / weights.MANIFEST).is_file()
+    assert (tmp_path / "_cache" / weights.manifest_key("google/gemma-4-E2B-it", commit)).is_file()  # the trusted one
     assert [e["epoch"] for e in summary["history"]] == [1, 2]
     # evaluate loaded the fine-tuned weights onto the base (the frozen table from the base) and measured them
     assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]
