@@ -72,11 +72,14 @@ def _local_copy(src: str, manifest: str) -> str:
     """One verified copy per process (the tokenizer and the model read the same one), removed at exit."""
     dest = tempfile.mkdtemp(prefix="tpupipe-weights-")
     atexit.register(shutil.rmtree, dest, True)
+    entries = json.loads(manifest)
     try:
-        return str(verified_copy(src, json.loads(manifest), Path(dest)))
+        verified_copy(src, entries, Path(dest))
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+    print(f"base weights: {len(entries)} files of {src} checked against the trusted manifest", flush=True)
+    return dest
 
 
 def checked_dir() -> str:
