@@ -368,13 +368,19 @@ def _record(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_entry(
-    model_id: str, workload: str, uri_root: str, path_root: str, revision: str = DEFAULT_REVISION
+    model_id: str,
+    workload: str,
+    uri_root: str,
+    path_root: str,
+    revision: str = DEFAULT_REVISION,
+    manifest_root: str = "",
 ) -> dict[str, Any] | None:
     """Where the plan's run keeps its base weights of ``revision`` (``train.model_revision``): the cache prefix's
     ``uri_root`` (``gs://BUCKET/cache``) and as the pods see it (``path_root``). Whether the run finds a copy there
     is not known to a plan, which reads nothing and needs no credentials: the train stage resolves the revision to
-    its commit and looks then. None for a run that reads no hub model (a scratch config, a local directory,
-    MaxText)."""
+    its commit and looks then. ``manifest_root``: the trusted manifests' place (``gs://BUCKET/state/_cache``), where
+    the copy's manifest of the hub's hashes is kept. None for a run that reads no hub model (a scratch config, a
+    local directory, MaxText)."""
     if workload == "maxtext" or not is_hub_name(model_id):
         return None
     where = repo_key(model_id)
@@ -383,6 +389,7 @@ def plan_entry(
         "revision": revision,
         "uri": f"{uri_root.rstrip('/')}/{where}/",
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
+        "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
     }
 
@@ -392,7 +399,9 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
         return []
     return [
         f"  weights     {entry['model_id']}@{entry['revision']} read from {entry['uri']} (copied from the hub once per "
-        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}"
+        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}",
+        f"              checked against the hub's hashes: by the train stage, and by each worker as it loads "
+        f"(trusted manifest {entry['manifest']})",
     ]
 
 

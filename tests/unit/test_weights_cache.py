@@ -396,9 +396,11 @@ def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_
     assert (found["model_revision"], found["model_commit"]) == ("v2", tagged)
     scratch = gate.provenance(resolve("local-fsdp"), "s", {"train": {"history": []}})
     assert (scratch["model_revision"], scratch["model_commit"]) == (None, None)
-    entry = weights.plan_entry(REPO, "fsdp", "gs://b/cache", "/cache", "v2")
+    entry = weights.plan_entry(REPO, "fsdp", "gs://b/cache", "/cache", "v2", "gs://b/state/_cache")
     assert entry is not None and entry["revision"] == "v2"
+    assert entry["manifest"] == "gs://b/state/_cache/weights/google--tiny-gemma/COMMIT.json"
     assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
+    assert weights.plan_lines(entry)[1].endswith(f"(trusted manifest {entry['manifest']})")
 
 
 def test_a_revision_not_on_the_hub_is_named_and_another_revision_without_a_copy_stops(tmp_path, hub, monkeypatch):
