@@ -111,7 +111,7 @@ def job_env(ctx: RunContext) -> dict[str, str]:
     record = read_json(ctx.store, RECORD) if wanted(ctx) else None
     if not record:
         return {}
-    return {
-        weights.WEIGHTS_DIR_ENV: record["dir"],
-        weights.WEIGHTS_MANIFEST_ENV: weights.manifest_env(record["entries"]),
-    }
+    env = {weights.WEIGHTS_DIR_ENV: record["dir"]}
+    if "entries" in record:  # a record without them (written before manifests were kept): the workers refuse it
+        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(record["entries"])
+    return env
