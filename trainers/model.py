@@ -10,7 +10,6 @@ import torch
 from components.spec import SCRATCH_PREFIX
 from components.spec import models as model_configs
 
-WEIGHTS_DIR_ENV = "TPUPIPE_WEIGHTS_DIR"  # components.workload.weights.WEIGHTS_DIR_ENV: set on every job of the run
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = string.printable  # letters, digits, punctuation, whitespace
 
@@ -34,10 +33,14 @@ def char_tokenizer():
 
 def weights_source(model_id: str) -> str:
     """Where a hub model is read from: the run's cached copy of its revision when the train stage made one
-    (``components.stages.base_weights``: the directory in ``TPUPIPE_WEIGHTS_DIR``), so no worker reaches the hub;
-    else ``model_id`` itself (a local directory, or the hub when the platform keeps no cache)."""
-    cached = os.environ.get(WEIGHTS_DIR_ENV, "")
-    return cached if cached and not model_id.startswith(SCRATCH_PREFIX) else model_id
+    (``components.stages.base_weights``: the directory in ``TPUPIPE_WEIGHTS_DIR``), so no worker reaches the hub,
+    read once and checked against the trusted manifest on the way (``trainers.weights_check``); else ``model_id``
+    itself (a local directory, or the hub when the platform keeps no cache)."""
+    if model_id.startswith(SCRATCH_PREFIX):
+        return model_id
+    from trainers.weights_check import checked_dir
+
+    return checked_dir() or model_id
 
 
 def load_tokenizer(model_id: str):

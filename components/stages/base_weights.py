@@ -1,7 +1,8 @@
 """The base weights of a hub-named ``train.model_id``, made ready in the cache prefix at the start of the train stage
 (``components.workload.weights``: copied once per revision, checked on every run) before the train job is
-submitted, so that no TPU host downloads from the hub. The run records where the copy is (``weights.json``); every
-job of the run gets its directory as ``TPUPIPE_WEIGHTS_DIR`` (``trainers.model.weights_source``).
+submitted, so that no TPU host downloads from the hub. The run records where the copy is and its trusted manifest
+(``weights.json``); every job of the run gets its directory as ``TPUPIPE_WEIGHTS_DIR`` and the manifest's files as
+``TPUPIPE_WEIGHTS_MANIFEST``, and reads only bytes that hash to it (``trainers.weights_check``).
 
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
 where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
@@ -48,6 +49,15 @@ def open_cache(ctx: RunContext) -> weights.Cache:
     return weights.GcsCache(ctx.store.uri.removeprefix("gs://").split("/", 1)[0], CACHE_PREFIX, gcs_client())
 
 
+def trusted_place(ctx: RunContext) -> Any:
+    """Where the trusted manifests live (``cache_trust``'s ``manifests``: the bucket's ``state/``, which no pod's
+    identity reaches; beside the runs locally): each copy's files with the hub's hashes, and each revision's
+    commit."""
+    places = get_platform(ctx.platform).cache_places(ctx)
+    assert places is not None  # wanted(ctx): the platform keeps a cache
+    return places[2]
+
+
 def _token(ctx: RunContext) -> str | None:
     """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else the one the
     platform keeps for the run (``Platform.hub_token``). Never logged, never written."""
@@ -67,7 +77,7 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         _no_copy_of(revision, f"{ctx.platform} keeps no cache prefix")
         return None
     try:
-        out = weights.ensure(open_cache(ctx), model_id, revision, _token(ctx), log)
+        out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
     except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
         _no_copy_of(revision, str(exc))
         log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
@@ -79,8 +89,8 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         "revision": revision,
         "dir": weights.files_dir(root, model_id, out["commit"]),
     }
-    write_json(ctx.store, RECORD, record)
-    return record
+    write_json(ctx.store, RECORD, record)  # the run's state: no pod writes it
+    return {k: v for k, v in record.items() if k != "entries"}
 
 
 def _no_copy_of(revision: str, why: str) -> None:
@@ -94,6 +104,14 @@ def _no_copy_of(revision: str, why: str) -> None:
 
 
 def job_env(ctx: RunContext) -> dict[str, str]:
-    """``TPUPIPE_WEIGHTS_DIR`` for the run's jobs, once :func:`prepare` made the copy; nothing otherwise."""
+    """``TPUPIPE_WEIGHTS_DIR`` and the trusted manifest's files (``TPUPIPE_WEIGHTS_MANIFEST``, which every worker
+    checks the bytes it loads against: ``trainers.weights_check``) for the run's jobs, once :func:`prepare` made the
+    copy; nothing otherwise. The manifest travels in the job's own definition, which this side writes, not in a
+    file a pod could reach."""
     record = read_json(ctx.store, RECORD) if wanted(ctx) else None
-    return {weights.WEIGHTS_DIR_ENV: record["dir"]} if record else {}
+    if not record:
+        return {}
+    env = {weights.WEIGHTS_DIR_ENV: record["dir"]}
+    if "entries" in record:  # a record without them (written before manifests were kept): the workers refuse it
+        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(record["entries"])
+    return env

@@ -2,20 +2,33 @@
 (``components.workload.cache.CACHE_PREFIX``: under the output root locally, the bucket's ``cache/`` on gke, mounted
 at ``/cache`` in the worker pods) and read from there by every worker of every later run.
 
-Where: ``weights/<repo id, '/' as '--'>/<commit>/files/`` holds the files, ``.../manifest.json`` says the copy is
-whole, and ``weights/<repo>/refs/<revision>`` holds the commit the revision last resolved to. The key is the commit
-the hub resolves the revision to (a branch or tag moves; a commit does not), so a new revision is a new copy and an
-old one is never served for it.
+Where: ``weights/<repo id, '/' as '--'>/<commit>/files/`` under the cache prefix holds the files. The key is the
+commit the hub resolves the revision to (a branch or tag moves; a commit does not), so a new revision is a new copy
+and an old one is never served for it.
+
+Who writes what: only the train stage, with the pipeline's identity, writes the copy (the pods mount the cache
+read-only, and on gke their identity may only read it: ``components.workload.cache_trust``). What vouches for a
+copy is its trusted manifest, ``weights/<repo>/<commit>.json`` in the trusted manifests' place (``cache_trust``'s
+``manifests``: the bucket's ``state/_cache/``, which no pod's identity reaches), with each file's size and the hash
+the hub itself reports for it, and ``weights/<repo>/refs/<revision>`` there, the commit the revision last resolved
+to. Nothing in the cache prefix itself is trusted, neither a ``manifest.json`` nor a ``refs/`` a pod could have
+planted there.
 
 When: at the start of the train stage, on the components' side, before the train job is submitted: one download
 per revision for the whole slice (the TPU hosts never reach the hub and need no token), and the evaluate stage
-reads the same copy. The workers read it in parallel through the mount, like any local directory.
+reads the same copy. The workers read it in parallel through the mount, each checking the bytes it loads against
+the trusted manifest as it reads them (``trainers.weights_check``): the stage's check cannot vouch for a read that
+comes later through the mount.
 
 Whole or nothing: each file is downloaded to a temporary file, checked against the hash the hub reports (an LFS
-file's sha256; any other file's git blob sha1), and only then written to its key (a whole object, or a rename on
-this machine); the manifest is written last and a reader trusts nothing without it. Every run checks the copy
-against its manifest before use (locally each file's hash again; in Cloud Storage the object's MD5 against the one
-recorded when it was written, without reading it); a damaged file is copied again with a warning.
+file's ``lfs.sha256``; any other file's git blob sha1, its ``blobId``: ``HfApi.model_info(files_metadata=True)``'s
+``RepoSibling``, https://huggingface.co/docs/huggingface_hub/package_reference/hf_api), and only then written to its
+key (a whole object, or a rename on this machine); the trusted manifest is written last and nothing it does not
+list is used. Every run checks the copy before use: the manifest's line of each file must be the hub's hash for the
+commit (asked again whenever the hub answers), and the copy must still match it (locally each file's hash again; in
+Cloud Storage the object's MD5, which the service computes, against the one recorded when it was written, without
+reading it). A file whose bytes or manifest line changed, or both, is named in one warning line and downloaded
+again: never a failed run, never the file used.
 
 No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
 makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
@@ -40,11 +53,12 @@ from typing import Any, Protocol
 
 from components.spec import SCRATCH_PREFIX, InfraError
 from components.spec.checks import DEFAULT_REVISION
+from components.workload.cache_trust import Place
 
 WEIGHTS_PREFIX = "weights"  # under the cache prefix
-MANIFEST = "manifest.json"
 DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's constants.py: ENDPOINT, unless HF_ENDPOINT is set
 WEIGHTS_DIR_ENV = "TPUPIPE_WEIGHTS_DIR"  # the copy's directory as the jobs see it (trainers.model.weights_source)
+WEIGHTS_MANIFEST_ENV = "TPUPIPE_WEIGHTS_MANIFEST"  # the trusted manifest's files, which the jobs check at load
 CHUNK = 1 << 20
 
 
@@ -68,7 +82,13 @@ def key(repo_id: str, commit: str) -> str:
     return f"{repo_key(repo_id)}/{commit}"
 
 
-def ref_key(repo_id: str, revision: str) -> str:
+def manifest_key(repo_id: str, commit: str) -> str:
+    """The trusted manifest of the copy, under the trusted manifests' place (``cache_trust``'s ``manifests``)."""
+    return f"{key(repo_id, commit)}.json"
+
+
+def trusted_ref_key(repo_id: str, revision: str) -> str:
+    """The commit ``revision`` last resolved to, kept beside the trusted manifests (never where a pod writes)."""
     return f"{repo_key(repo_id)}/refs/{urllib.parse.quote(revision, safe='')}"
 
 
@@ -171,6 +191,11 @@ def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: 
     return path
 
 
+def manifest_env(entries: list[dict[str, Any]]) -> str:
+    """The trusted manifest as a job's environment carries it: each file's name, size and hub hash, no more."""
+    return json.dumps([_record(e) for e in entries], separators=(",", ":"), sort_keys=True)
+
+
 def md5_b64(path: Path) -> str:
     """The base64 MD5 Cloud Storage keeps of an object (``md5Hash``: https://cloud.google.com/storage/docs/hashes-etags)."""
     return base64.b64encode(bytes.fromhex(_feed(hashlib.md5(), path))).decode()
@@ -182,10 +207,6 @@ def md5_b64(path: Path) -> str:
 class Cache(Protocol):
     where: str
 
-    def read(self, key: str) -> bytes | None: ...
-
-    def write(self, key: str, data: bytes) -> None: ...
-
     def put(self, key: str, path: Path) -> None:
         """The file at ``path`` as ``key``, whole or not at all."""
 
@@ -196,15 +217,6 @@ class Cache(Protocol):
 class LocalCache:
     def __init__(self, root: Path):
         self.root, self.where = root, str(root)
-
-    def read(self, key: str) -> bytes | None:
-        path = self.root / key
-        return path.read_bytes() if path.is_file() else None
-
-    def write(self, key: str, data: bytes) -> None:
-        with tempfile.NamedTemporaryFile(dir=self._parent(key), delete=False) as f:
-            f.write(data)
-        os.replace(f.name, self.root / key)
 
     def put(self, key: str, path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=self._parent(key), delete=False) as f, open(path, "rb") as src:
@@ -230,17 +242,6 @@ class GcsCache:
     def _blob(self, key: str) -> Any:
         return self._client.bucket(self.bucket_name).blob(f"{self.prefix}/{key}")
 
-    def read(self, key: str) -> bytes | None:
-        from google.api_core import exceptions as gexc
-
-        try:
-            return bytes(self._blob(key).download_as_bytes())
-        except gexc.NotFound:
-            return None
-
-    def write(self, key: str, data: bytes) -> None:
-        self._blob(key).upload_from_string(data)
-
     def put(self, key: str, path: Path) -> None:
         self._blob(key).upload_from_filename(str(path))
 
@@ -255,87 +256,131 @@ class GcsCache:
         return bool(blob.size == entry.get("size") and blob.md5_hash == entry.get("md5"))
 
 
-def _manifest(cache: Cache, name: str, log: Callable[[str], None]) -> dict[str, Any] | None:
-    """The manifest at ``name``, or None: none there, or one that cannot be read (copied again, with a warning)."""
-    raw = cache.read(name)
+def _trusted_manifest(trusted: Place, repo_id: str, commit: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """The trusted manifest of ``repo_id`` at ``commit`` (file name -> its record), empty when there is none or it
+    cannot be read (then every file is copied again, with a warning)."""
+    name = manifest_key(repo_id, commit)
+    raw = trusted.read(name)
     if raw is None:
-        return None
+        return {}
     try:
-        manifest = json.loads(raw)
-        if isinstance(manifest, dict) and all({"name", "size"} <= set(e) for e in manifest["files"]):
-            return manifest
+        files = json.loads(raw)["files"]
+        if all({"name", "size"} <= set(e) and ({"sha256", "git_sha1"} & set(e)) for e in files):
+            return {str(e["name"]): e for e in files}
     except (ValueError, KeyError, TypeError):
         pass
-    log(f"WARNING: weights: {cache.where}/{name} is damaged; copying the files again from the hub")
-    return None
+    log(f"WARNING: weights: the trusted manifest {trusted.where}/{name} is damaged; copying the files again")
+    return {}
 
 
-def lookup(cache: Cache, repo_id: str, revision: str) -> dict[str, Any] | None:
-    """The manifest of the copy ``revision`` last resolved to, or None (no copy yet, or never of that revision)."""
-    commit = cache.read(ref_key(repo_id, revision))
-    return _manifest(cache, f"{key(repo_id, commit.decode().strip())}/{MANIFEST}", lambda _: None) if commit else None
+def lookup(trusted: Place, repo_id: str, revision: str) -> dict[str, Any] | None:
+    """The commit ``revision`` last resolved to and its trusted manifest's files, or None (no copy yet)."""
+    commit = trusted.read(trusted_ref_key(repo_id, revision))
+    if not commit:
+        return None
+    files = _trusted_manifest(trusted, repo_id, commit.decode().strip(), lambda _: None)
+    return {"commit": commit.decode().strip(), "files": list(files.values())} if files else None
+
+
+def _hub_hash(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What the hub says of a file: its size and its hash (the LFS sha256, else the git blob sha1)."""
+    return entry.get("size"), entry.get("sha256"), entry.get("git_sha1")
 
 
 def ensure(
-    cache: Cache, repo_id: str, revision: str, token: str | None, log: Callable[[str], None], hub: str = ""
+    cache: Cache,
+    trusted: Place,
+    repo_id: str,
+    revision: str,
+    token: str | None,
+    log: Callable[[str], None],
+    hub: str = "",
 ) -> dict[str, Any]:
-    """The copy of ``repo_id`` at ``revision`` in ``cache``, made or mended as needed: ``{"commit", "hit",
-    "recopied", "files"}``. Without the hub (unreachable, or no token for a gated model) the copy the revision
-    last resolved to serves, as huggingface_hub's offline mode serves its cache's ``refs/``."""
+    """The copy of ``repo_id`` at ``revision`` in ``cache``, made or mended as needed, and its trusted manifest in
+    ``trusted``: ``{"commit", "hit", "recopied", "files", "entries"}`` (``entries``: the manifest's records, what a
+    worker checks the bytes it loads against). A cached file is used only when the trusted manifest lists it with
+    the hub's own hash for the commit and the copy still matches that record; anything else (its bytes changed, its
+    manifest line changed, both) is named in one warning line and downloaded again. Without the hub (unreachable,
+    or no token for a gated model) the trusted manifest of the commit the revision last resolved to serves, as
+    huggingface_hub's offline mode serves its cache's ``refs/``."""
     hub = hub or endpoint()
     try:
         info = resolve(hub, repo_id, revision, token)
     except HubUnavailable as exc:
-        manifest = lookup(cache, repo_id, revision)
-        if manifest is None:
+        found = lookup(trusted, repo_id, revision)
+        if found is None:
             raise InfraError(
                 f"train.model_id: {repo_id} at {revision!r} is neither cached nor on the hub: {exc}"
             ) from None
-        log(f"weights: the hub did not answer ({exc}); using the cached copy of {repo_id}@{manifest['commit']}")
-        info = {"commit": manifest["commit"], "files": manifest["files"], "offline": True}
+        log(f"weights: the hub did not answer ({exc}); using the cached copy of {repo_id}@{found['commit']}")
+        info = {**found, "offline": True}
     commit: str = info["commit"]
     base = key(repo_id, commit)
-    manifest = _manifest(cache, f"{base}/{MANIFEST}", log)
-    cached = manifest is not None
-    if manifest is not None:
-        todo = [e for e in manifest["files"] if not cache.intact(f"{base}/files/{e['name']}", e)]
-        if todo:
-            log(
-                f"WARNING: weights: {len(todo)} file(s) of the cached {repo_id}@{commit} are damaged "
-                f"({', '.join(e['name'] for e in todo)}); copying them again from the hub"
-            )
-    else:
-        todo = list(info["files"])
+    recorded = _trusted_manifest(trusted, repo_id, commit, log)
+    forged = [
+        e["name"] for e in info["files"] if e["name"] in recorded and _hub_hash(recorded[e["name"]]) != _hub_hash(e)
+    ]
+    todo = [
+        e
+        for e in info["files"]
+        if e["name"] not in recorded
+        or e["name"] in forged
+        or not cache.intact(f"{base}/files/{e['name']}", recorded[e["name"]])
+    ]
+    changed = sorted({e["name"] for e in todo if e["name"] in recorded} - set(forged))
+    if changed or forged:
+        what = (
+            [f"{len(changed)} whose bytes do not match the trusted manifest ({', '.join(changed)})"] if changed else []
+        )
+        if forged:
+            what.append(f"{len(forged)} whose manifest line is not the hub's hash ({', '.join(forged)})")
+        log(
+            f"WARNING: weights: cached {repo_id}@{commit} not used: {'; '.join(what)} (trusted manifest "
+            f"{trusted.where}/{manifest_key(repo_id, commit)}); copying them again from the hub"
+        )
     if todo and info.get("offline"):
         raise InfraError(f"train.model_id: the cached copy of {repo_id}@{commit} is damaged and the hub is unreachable")
-    done = {e["name"]: e for e in (manifest or {}).get("files", [])}
+    fetch = {e["name"] for e in todo}
+    done = {n: e for n, e in recorded.items() if n not in fetch and n in {f["name"] for f in info["files"]}}
     with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
         for entry in todo:
             path = download(hub, repo_id, commit, entry, token, Path(tmp))
             cache.put(f"{base}/files/{entry['name']}", path)
-            done[entry["name"]] = {**entry, "md5": md5_b64(path)}
+            done[entry["name"]] = {**_record(entry), "md5": md5_b64(path)}
             path.unlink()
-    if todo or not cached:
-        manifest = {"repo": repo_id, "commit": commit, "files": [done[n] for n in sorted(done)]}
-        cache.write(f"{base}/{MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode())
-    cache.write(ref_key(repo_id, revision), commit.encode())
+    entries = [done[n] for n in sorted(done)]
+    if todo or set(recorded) != set(done):  # the bytes first, then the manifest that vouches for them
+        doc = {"repo": repo_id, "commit": commit, "files": entries}
+        trusted.write(manifest_key(repo_id, commit), json.dumps(doc, indent=1, sort_keys=True).encode())
+    trusted.write(trusted_ref_key(repo_id, revision), commit.encode())
     hit = not todo
     log(f"weights: {repo_id}@{commit} {'read from' if hit else 'copied to'} {cache.where}/{base}")
-    recopied = sorted(e["name"] for e in todo) if cached else []
-    return {"commit": commit, "hit": hit, "recopied": recopied, "files": len(done)}
+    recopied = sorted(e["name"] for e in todo if e["name"] in recorded)
+    return {"commit": commit, "hit": hit, "recopied": recopied, "files": len(done), "entries": entries}
+
+
+def _record(entry: dict[str, Any]) -> dict[str, Any]:
+    """A file's line of the trusted manifest: its name, size and hub hash, as the hub listed them."""
+    return {k: entry[k] for k in ("name", "size", "sha256", "git_sha1") if k in entry}
 
 
 # ============================================================================ the plan
 
 
 def plan_entry(
-    model_id: str, workload: str, uri_root: str, path_root: str, revision: str = DEFAULT_REVISION
+    model_id: str,
+    workload: str,
+    uri_root: str,
+    path_root: str,
+    revision: str = DEFAULT_REVISION,
+    manifest_root: str = "",
 ) -> dict[str, Any] | None:
     """Where the plan's run keeps its base weights of ``revision`` (``train.model_revision``): the cache prefix's
     ``uri_root`` (``gs://BUCKET/cache``) and as the pods see it (``path_root``). Whether the run finds a copy there
     is not known to a plan, which reads nothing and needs no credentials: the train stage resolves the revision to
-    its commit and looks then. None for a run that reads no hub model (a scratch config, a local directory,
-    MaxText)."""
+    its commit and looks then. ``manifest_root``: the trusted manifests' place (``gs://BUCKET/state/_cache``), where
+    the copy's manifest of the hub's hashes is kept. None for a run that reads no hub model (a scratch config, a
+    local directory, MaxText)."""
     if workload == "maxtext" or not is_hub_name(model_id):
         return None
     where = repo_key(model_id)
@@ -344,6 +389,7 @@ def plan_entry(
         "revision": revision,
         "uri": f"{uri_root.rstrip('/')}/{where}/",
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
+        "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
     }
 
@@ -353,19 +399,24 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
         return []
     return [
         f"  weights     {entry['model_id']}@{entry['revision']} read from {entry['uri']} (copied from the hub once per "
-        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}"
+        f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}",
+        f"              checked against the hub's hashes: by the train stage, and by each worker as it loads "
+        f"(trusted manifest {entry['manifest']})",
     ]
 
 
-def lookup_lines(model_id: str, workload: str, cache: Cache, revision: str = DEFAULT_REVISION) -> list[str]:
-    """What a preflight says of the run's base weights in ``cache``: the copy ``revision`` last resolved to, or none
-    yet. The hub is not asked: a newer commit there is copied when the run starts."""
+def lookup_lines(
+    model_id: str, workload: str, where: str, trusted: Place, revision: str = DEFAULT_REVISION
+) -> list[str]:
+    """What a preflight says of the run's base weights in the cache at ``where``: the copy ``revision`` last resolved
+    to by the trusted manifests in ``trusted``, or none yet. The hub is not asked: a newer commit there is copied
+    when the run starts."""
     if workload == "maxtext" or not is_hub_name(model_id):
         return []
-    found = lookup(cache, model_id, revision)
+    found = lookup(trusted, model_id, revision)
     if found is None:
-        return [f"base weights {model_id}@{revision}: not in {cache.where} yet; the train stage copies them once"]
+        return [f"base weights {model_id}@{revision}: not in {where} yet; the train stage copies them once"]
     return [
-        f"base weights {model_id}@{revision}: cached in {cache.where} at commit {found['commit']} (what {revision} "
+        f"base weights {model_id}@{revision}: cached in {where} at commit {found['commit']} (what {revision} "
         "last resolved to; a newer commit on the hub is copied when the run starts)"
     ]

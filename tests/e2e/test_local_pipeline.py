@@ -49,7 +49,8 @@ def safetensors_names(path) -> list[str]:
 def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_copy(tmp_path, monkeypatch):
     """train.model_id names a hub model with the layout of google/gemma-4-E2B-it (``Gemma4ForConditionalGeneration``:
     text, vision and audio configs, a tokenizer beside it), served by the hub emulator: the train stage copies it once
-    into the cache under the output root, and no job reaches the hub (every file downloaded once, by the stage). It
+    into the cache under the output root, and no job reaches the hub (every file downloaded once, by the stage); the
+    workers load it after checking every file against the trusted manifest as they read it. It
     trains on 2 CPU workers of Ray Train without the towers, the checkpoint leaves out the frozen per-layer table
     (and, with train.checkpoint_optimizer=false, the optimizer), and evaluate loads it back onto the base. The slice
     check is switched off, and the summary says so."""
@@ -97,7 +98,8 @@ def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_c
     assert "slice check          off (cluster.slice_check=false)" in proc.stdout
     train_log = (run_dir / "logs" / "train.log").read_text()
     assert "workers: 2 x {'CPU': 1} on cpu, backend gloo" in train_log
-    assert (tmp_path / "cache" / weights.key("google/gemma-4-E2B-it", commit) / weights.MANIFEST).is_file()
+    assert f"base weights: {len(files)} files of {record['dir']} checked against the trusted manifest" in train_log
+    assert (tmp_path / "_cache" / weights.manifest_key("google/gemma-4-E2B-it", commit)).is_file()  # the trusted one
     assert [e["epoch"] for e in summary["history"]] == [1, 2]
     # evaluate loaded the fine-tuned weights onto the base (the frozen table from the base) and measured them
     assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]

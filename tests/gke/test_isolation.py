@@ -154,6 +154,8 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
         "cache/weights/google--gemma-4-E2B-it/abc/manifest.json",
         "cache/weights/google--gemma-4-E2B-it/refs/main",
         "state/_cache/compile/m/v6e-4x4-1-slice/digest.json",  # the trusted manifest of the compiled programs
+        "state/_cache/weights/google--gemma-4-E2B-it/abc.json",  # the base weights' trusted manifest (the hub's hashes)
+        "state/_cache/weights/google--gemma-4-E2B-it/refs/main",  # the commit the revision resolved to
         "runs/theirs/ledger.json",
         "runs/theirs/checkpoint/model.safetensors",
         "state/theirs/ledger.json",

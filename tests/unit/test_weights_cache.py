@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from components.spec import InfraError
-from components.workload import weights
+from components.workload import cache_trust, weights
 from tests.emulators.hfhub import HubEmulator
 
 REPO = "google/tiny-gemma"
@@ -31,10 +31,19 @@ def hub():
     emulator.stop()
 
 
-def run(cache, hub_url, token=None, revision="main"):
+def local(root: Path) -> tuple[weights.LocalCache, cache_trust.LocalPlace]:
+    """The cache and the trusted manifests' place on this machine, as the local platform keeps them."""
+    return weights.LocalCache(root / "cache"), cache_trust.LocalPlace(root / cache_trust.MANIFESTS_PREFIX)
+
+
+def run(places, hub_url, token=None, revision="main"):
     lines: list[str] = []
-    out = weights.ensure(cache, REPO, revision, token, lines.append, hub=hub_url)
+    out = weights.ensure(*places, REPO, revision, token, lines.append, hub=hub_url)
     return out, lines
+
+
+def trusted_manifest(root: Path, commit: str) -> dict:
+    return json.loads((root / cache_trust.MANIFESTS_PREFIX / weights.manifest_key(REPO, commit)).read_text())
 
 
 def copied(root: Path, commit: str) -> dict[str, bytes]:
@@ -43,12 +52,12 @@ def copied(root: Path, commit: str) -> dict[str, bytes]:
 
 
 def test_first_run_copies_and_verifies_the_second_reads_the_copy_without_the_hub(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     first, _ = run(cache, hub.url)
     assert first["hit"] is False and first["files"] == 3
     assert first["commit"] == hub.repos[REPO].refs["main"]
-    assert copied(tmp_path, first["commit"]) == FILES
-    manifest = json.loads((tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).read_text())
+    assert copied(tmp_path / "cache", first["commit"]) == FILES
+    manifest = trusted_manifest(tmp_path, first["commit"])
     lfs = next(e for e in manifest["files"] if e["name"] == "model.safetensors")
     assert "sha256" in lfs and "git_sha1" not in lfs
     assert len(hub.downloads) == 3
@@ -56,13 +65,13 @@ def test_first_run_copies_and_verifies_the_second_reads_the_copy_without_the_hub
     url = hub.url
     hub.stop()  # no hub, no token: the copy serves
     second, lines = run(cache, url)
-    assert second == {"commit": first["commit"], "hit": True, "recopied": [], "files": 3}
+    assert second == {"commit": first["commit"], "hit": True, "recopied": [], "files": 3, "entries": first["entries"]}
     assert any("did not answer" in line for line in lines)
     assert len(hub.downloads) == 3
 
 
 def test_a_reachable_hub_is_asked_only_for_the_revision_and_nothing_is_downloaded_again(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     run(cache, hub.url)
     before = len(hub.requests)
     again, _ = run(cache, hub.url)
@@ -71,32 +80,32 @@ def test_a_reachable_hub_is_asked_only_for_the_revision_and_nothing_is_downloade
 
 
 def test_a_damaged_cached_file_is_copied_again_with_a_warning(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     first, _ = run(cache, hub.url)
-    target = Path(weights.files_dir(str(tmp_path), REPO, first["commit"])) / "model.safetensors"
+    target = Path(weights.files_dir(str(tmp_path / "cache"), REPO, first["commit"])) / "model.safetensors"
     target.write_bytes(b"\0" * len(FILES["model.safetensors"]))  # same size, other bytes: only the hash tells
     again, lines = run(cache, hub.url)
     assert again["hit"] is False and again["recopied"] == ["model.safetensors"]
     assert any(line.startswith("WARNING") and "model.safetensors" in line for line in lines)
-    assert copied(tmp_path, first["commit"]) == FILES
+    assert copied(tmp_path / "cache", first["commit"]) == FILES
     assert hub.downloads[-1].endswith("/model.safetensors") and len(hub.downloads) == 4
 
 
 def test_a_new_revision_is_a_new_copy_under_its_own_key(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     first, _ = run(cache, hub.url)
     newer = {**FILES, "config.json": b'{"model_type": "gemma4", "layers": 2}'}
     commit = hub.repos[REPO].push(newer)
     second, _ = run(cache, hub.url)
     assert second["commit"] == commit != first["commit"] and second["hit"] is False
     assert weights.key(REPO, commit) != weights.key(REPO, first["commit"])
-    assert copied(tmp_path, commit) == newer and copied(tmp_path, first["commit"]) == FILES
+    assert copied(tmp_path / "cache", commit) == newer and copied(tmp_path / "cache", first["commit"]) == FILES
     pinned, _ = run(cache, hub.url, revision=first["commit"])  # a commit as the revision: the old copy, as it is
     assert pinned["commit"] == first["commit"] and pinned["hit"] is True
 
 
 def test_a_copy_cut_short_is_never_used(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     broken = hub.repos[REPO].refs["main"]
     original = hub._resolve
 
@@ -107,8 +116,8 @@ def test_a_copy_cut_short_is_never_used(tmp_path, hub):
     hub._resolve = corrupt  # type: ignore[method-assign]
     with pytest.raises(InfraError, match="does not match the hub's hash"):
         run(cache, hub.url)
-    assert weights.lookup(cache, REPO, "main") is None
-    assert not (tmp_path / weights.key(REPO, broken) / weights.MANIFEST).exists()
+    assert weights.lookup(cache[1], REPO, "main") is None
+    assert not (tmp_path / cache_trust.MANIFESTS_PREFIX / weights.manifest_key(REPO, broken)).exists()
     hub.stop()
     with pytest.raises(InfraError, match="neither cached nor on the hub"):
         run(cache, "http://127.0.0.1:9")
@@ -116,7 +125,7 @@ def test_a_copy_cut_short_is_never_used(tmp_path, hub):
 
 def test_a_gated_model_needs_the_token_only_for_the_first_copy(tmp_path, hub):
     hub.repos[REPO].gated = True
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     with pytest.raises(InfraError, match="neither cached nor on the hub.*401"):
         run(cache, hub.url)
     first, _ = run(cache, hub.url, token=hub.token)
@@ -130,7 +139,7 @@ def test_an_unknown_model_or_revision_is_named():
     hub.start()
     try:
         with pytest.raises(InfraError, match="train.model_id: google/nope at 'main' is not on the hub"):
-            weights.ensure(weights.LocalCache(Path("/nonexistent")), "google/nope", "main", None, print, hub=hub.url)
+            weights.ensure(*local(Path("/nonexistent")), "google/nope", "main", None, print, hub=hub.url)
     finally:
         hub.stop()
 
@@ -195,10 +204,11 @@ def test_in_cloud_storage_a_copy_is_checked_by_the_objects_md5_and_a_damaged_one
     try:
         client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
         client.create_bucket(bucket)
-        cache = weights.GcsCache(bucket, "cache", client)
+        cache = weights.GcsCache(bucket, "cache", client), cache_trust.GcsPlace(bucket, "state/_cache", client)
         first, _ = run(cache, hub.url)
         base = f"cache/{weights.key(REPO, first['commit'])}"
-        assert first["hit"] is False and client.bucket(bucket).blob(f"{base}/{weights.MANIFEST}").exists()
+        manifest = f"state/_cache/{weights.manifest_key(REPO, first['commit'])}"
+        assert first["hit"] is False and client.bucket(bucket).blob(manifest).exists()
         assert (
             client.bucket(bucket).blob(f"{base}/files/model.safetensors").download_as_bytes()
             == FILES["model.safetensors"]
@@ -219,8 +229,8 @@ def test_in_cloud_storage_a_copy_is_checked_by_the_objects_md5_and_a_damaged_one
 def test_the_token_goes_to_the_hub_alone_not_to_the_storage_a_download_is_redirected_to(tmp_path, hub):
     hub.repos[REPO].gated = True
     hub.lfs_redirect = True
-    first, _ = run(weights.LocalCache(tmp_path), hub.url, token=hub.token)
-    assert copied(tmp_path, first["commit"]) == FILES
+    first, _ = run(local(tmp_path), hub.url, token=hub.token)
+    assert copied(tmp_path / "cache", first["commit"]) == FILES
     stored = [path for _, path in hub.requests if path.startswith("/storage/")]
     assert len(stored) == 1 and stored[0] not in hub.authorized
     assert all(path in hub.authorized for _, path in hub.requests if not path.startswith("/storage/"))
@@ -259,7 +269,12 @@ def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secr
         client.create_bucket(bucket)
         spec = resolve(
             "gemma4-e2b-v6e-16",
-            {"model_id": REPO, "gke.project": project, "gke.hf_token_secret": f"projects/{project}/secrets/hf-token"},
+            {
+                "model_id": REPO,
+                "gke.project": project,
+                "gke.bucket": bucket,
+                "gke.hf_token_secret": f"projects/{project}/secrets/hf-token",
+            },
         )
         ctx = RunContext(spec=spec, run_id="r", store=GcsStore(bucket, "state/r", client), platform="gke")
         record = base_weights.prepare(ctx, print)
@@ -269,6 +284,10 @@ def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secr
         blob = client.bucket(bucket).blob(f"cache/{weights.key(REPO, commit)}/files/model.safetensors")
         assert blob.download_as_bytes() == FILES["model.safetensors"]
         assert jobs.runtime_env(ctx)["env_vars"][weights.WEIGHTS_DIR_ENV] == record["dir"]
+        # the trusted manifest in state/, where no pod's identity reaches; the jobs get its files with their hashes
+        manifest = client.bucket(bucket).blob(f"state/_cache/{weights.manifest_key(REPO, commit)}").download_as_bytes()
+        env = jobs.runtime_env(ctx)["env_vars"][weights.WEIGHTS_MANIFEST_ENV]
+        assert [e["name"] for e in json.loads(env)] == [e["name"] for e in json.loads(manifest)["files"]]
         assert hub.token not in json.dumps(record) and hub.token not in (ctx.store.read_text("weights.json") or "")
     finally:
         storage.stop()
@@ -313,7 +332,8 @@ def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monk
         assert lines() == [
             f"base weights {REPO}@main: not in gs://{n.bucket}/cache yet; the train stage copies them once"
         ]
-        first, _ = run(weights.GcsCache(n.bucket, "cache", client), hub.url)
+        places = weights.GcsCache(n.bucket, "cache", client), cache_trust.GcsPlace(n.bucket, "state/_cache", client)
+        first, _ = run(places, hub.url)
         before = len(hub.requests)
         assert lines() == [
             f"base weights {REPO}@main: cached in gs://{n.bucket}/cache at commit {first['commit']} (what main last "
@@ -325,19 +345,21 @@ def test_preflight_says_whether_the_bucket_holds_the_runs_base_weights(hub, monk
 
 
 def test_a_damaged_manifest_is_a_copy_made_again_with_a_warning(tmp_path, hub):
-    cache = weights.LocalCache(tmp_path)
+    cache = local(tmp_path)
     first, _ = run(cache, hub.url)
-    (tmp_path / weights.key(REPO, first["commit"]) / weights.MANIFEST).write_bytes(b'{"files": [tru')
+    (tmp_path / cache_trust.MANIFESTS_PREFIX / weights.manifest_key(REPO, first["commit"])).write_bytes(
+        b'{"files": [tru'
+    )
     again, lines = run(cache, hub.url)
     assert again["hit"] is False and len(hub.downloads) == 6
-    assert any(line.startswith("WARNING") and weights.MANIFEST in line for line in lines)
+    assert any(line.startswith("WARNING") and weights.manifest_key(REPO, first["commit"]) in line for line in lines)
     assert run(cache, hub.url)[0]["hit"] is True
 
 
 def test_a_file_named_outside_the_repository_is_refused_before_anything_is_written(tmp_path, hub):
     hub.repo("evil/model").push({"../../escape.json": b"{}"})
     with pytest.raises(InfraError, match="outside the repository"):
-        weights.ensure(weights.LocalCache(tmp_path / "cache"), "evil/model", "main", None, print, hub=hub.url)
+        weights.ensure(*local(tmp_path), "evil/model", "main", None, print, hub=hub.url)
     assert not (tmp_path / "escape.json").exists() and not (tmp_path / "cache").exists()
 
 
@@ -374,9 +396,11 @@ def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_
     assert (found["model_revision"], found["model_commit"]) == ("v2", tagged)
     scratch = gate.provenance(resolve("local-fsdp"), "s", {"train": {"history": []}})
     assert (scratch["model_revision"], scratch["model_commit"]) == (None, None)
-    entry = weights.plan_entry(REPO, "fsdp", "gs://b/cache", "/cache", "v2")
+    entry = weights.plan_entry(REPO, "fsdp", "gs://b/cache", "/cache", "v2", "gs://b/state/_cache")
     assert entry is not None and entry["revision"] == "v2"
+    assert entry["manifest"] == "gs://b/state/_cache/weights/google--tiny-gemma/COMMIT.json"
     assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
+    assert weights.plan_lines(entry)[1].endswith(f"(trusted manifest {entry['manifest']})")
 
 
 def test_a_revision_not_on_the_hub_is_named_and_another_revision_without_a_copy_stops(tmp_path, hub, monkeypatch):

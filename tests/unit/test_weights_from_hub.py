@@ -6,8 +6,9 @@ environment (seconds; no Ray):
   X-Linked-Etag or ETag, the size) and ``hf_hub_download``'s checked download;
 - the tiny composite checkpoint (``tests/tiny_gemma4.py``) copied once into a cache by
   ``components.workload.weights.ensure``, then, with the hub stopped and no token, the trainer's
-  ``build_model``/``load_tokenizer`` of the hub name read the copy (``TPUPIPE_WEIGHTS_DIR``) and give the same model
-  as the checkpoint's own directory.
+  ``build_model``/``load_tokenizer`` of the hub name read the copy (``TPUPIPE_WEIGHTS_DIR``, checked against the
+  trusted manifest in ``TPUPIPE_WEIGHTS_MANIFEST`` as it is read) and give the same model as the checkpoint's own
+  directory; a weights file changed afterwards is refused at load.
 """
 
 from __future__ import annotations
@@ -61,26 +62,38 @@ assert meta.etag == git_blob_sha1(files["config.json"]), meta
 path = hf_hub_download(REPO, "model.safetensors", cache_dir=str(ROOT / "hf"), token=hub.token)
 assert Path(path).read_bytes() == files["model.safetensors"]
 
-from components.workload import weights
+from components.workload import cache_trust, weights
 
-cache = weights.LocalCache(ROOT / "cache")
-out = weights.ensure(cache, REPO, "main", hub.token, print, hub=url)
+cache = weights.LocalCache(ROOT / "cache"), cache_trust.LocalPlace(ROOT / "trusted")
+out = weights.ensure(*cache, REPO, "main", hub.token, print, hub=url)
 assert out["hit"] is False and out["commit"] == commit
 hub.stop()
 
 import torch
 from trainers.model import build_model, load_pretrained, load_tokenizer
 
-out = weights.ensure(cache, REPO, "main", None, print, hub=url)  # the hub gone, no token: the copy serves
+out = weights.ensure(*cache, REPO, "main", None, print, hub=url)  # the hub gone, no token: the copy serves
 assert out["hit"] is True
 os.environ["HF_HUB_OFFLINE"] = "1"  # and anything reaching for the hub would fail
 os.environ[weights.WEIGHTS_DIR_ENV] = weights.files_dir(str(ROOT / "cache"), REPO, commit)
+os.environ[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(out["entries"])
 tokenizer = load_tokenizer(REPO)
 cached = build_model(REPO, tokenizer, seed=0)
 direct = load_pretrained(model_dir)
 a, b = cached.state_dict(), direct.state_dict()
 assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 assert cached.config.get_text_config().num_hidden_layers == 2
+# a weights file changed after the trusted manifest: the next process refuses to load it, naming the file
+from trainers import weights_check
+
+stored = Path(os.environ[weights.WEIGHTS_DIR_ENV]) / "model.safetensors"
+stored.write_bytes(stored.read_bytes()[:-8] + bytes(8))
+weights_check._local_copy.cache_clear()
+try:
+    build_model(REPO, tokenizer, seed=0)
+    raise SystemExit("a changed weights file was loaded")
+except weights_check.WeightsRefused as exc:
+    assert "model.safetensors" in str(exc), exc
 print("OK", commit)
 """
 

@@ -43,8 +43,10 @@ from components.platforms.gke.plan import features, identities, k8s_actions, pat
 from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
+from components.spec.names import STATE_PREFIX
 from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
+from components.workload.cache_trust import MANIFESTS_PREFIX, GcsPlace
 
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
 
@@ -119,11 +121,10 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.problems.append(Problem(uniform.field, str(uniform).removeprefix(f"{uniform.field}: ")))
     else:
         report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
+    trusted = GcsPlace(name, f"{STATE_PREFIX}/{MANIFESTS_PREFIX}", bucket.client)  # the train stage's records
+    where = f"gs://{name}/{CACHE_PREFIX}"
     report.checked += weights.lookup_lines(
-        spec.train.model_id,
-        spec.train.workload,
-        weights.GcsCache(name, CACHE_PREFIX, bucket.client),
-        spec.train.model_revision,
+        spec.train.model_id, spec.train.workload, where, trusted, spec.train.model_revision
     )
 
 
