@@ -172,8 +172,9 @@ def job_command(
     devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
-    same evaluation; ``compile_cache``, the directory of the compiled programs kept across runs
-    (``components.workload.cache.directory``; the FSDP trainer keeps its tokenised training split there);
+    same evaluation; ``compile_cache``, the job's own directory of compiled programs, filled with the verified
+    entries of the cache kept across runs (``components.workload.cache.directory``,
+    ``components.stages.compile_cache``; the FSDP trainer's is per run, its tokenised training split there too);
     ``measure``, which of before, after and champion the evaluation measures (empty: all). One source for the
     stages' job submissions and the plan."""
     from components.workload import maxtext
