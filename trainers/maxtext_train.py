@@ -320,9 +320,15 @@ def run_train(
 def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
     """The compile job: MaxText's train step on synthetic inputs of the run's shapes
     (``components.workload.maxtext.compile_args``), in fresh worker processes, writing JAX's persistent cache to
-    ``jax_cache_dir``; what JAX compiled and loaded is its ``compile_cache`` event (``trainers.jax_events``). No
-    retry: a failed compile job leaves the run to compile in its training job."""
-    fit(spec, scaling, args, output_dir, run_name, 0, mode="compile")
+    ``jax_cache_dir``; what JAX compiled and loaded is its ``compile_cache`` event (``trainers.jax_events``). A train
+    job that runs MaxText's eval loop (``maxtext_eval.in_job_eval``: ``dataset_type=hf``) compiles its eval step
+    too, so the compile job runs the loop after its step, on synthetic eval batches (MaxText makes them when
+    ``eval_interval`` > 0: maxtext/input_pipeline/input_pipeline_interface.py, ``create_data_iterator``). No retry: a
+    failed compile job leaves the run to compile in its training job."""
+    steps = int(_arg(args, "steps") or 1)
+    evaluates = spec.maxtext.dataset_type == "hf"
+    eval_args = maxtext_log.in_job_eval_args(steps, 1) if evaluates else []  # one batch: the same eval step
+    fit(spec, scaling, [*args, *eval_args], output_dir, run_name, 0, mode="compile")
     return {"device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax", "argv": args}
 
 

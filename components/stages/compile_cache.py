@@ -42,10 +42,14 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
     staged = cache_trust.stage_in(places.shared, places.run, places.manifests, key, log)
     result: dict[str, Any] = {"staged": staged, "compile_job": None, "recorded": None}
     if config in staged["compiled"] and not staged["refused"]:
-        log(f"compile cache: {staged['staged']} verified entries staged; this configuration is compiled: no compile job")
+        log(
+            f"compile cache: {staged['staged']} verified entries staged; this configuration is compiled: no compile job"
+        )
     elif read_json(ctx.store, SUBMITTED):
-        log("compile cache: no compile job: this run's training job already ran on its cluster, whose processes may "
-            "have loaded what the run's data or code chose; the training job compiles what is missing for itself")
+        log(
+            "compile cache: no compile job: this run's training job already ran on its cluster, whose processes may "
+            "have loaded what the run's data or code chose; the training job compiles what is missing for itself"
+        )
     else:
         result.update(_compile(ctx, places, key, config, image, staged))
     write_json(ctx.store, SUBMITTED, {"key": key})

@@ -244,9 +244,7 @@ def test_the_pipeline_records_what_the_compile_job_wrote_and_the_next_run_stages
         gke.teardown(ctx)
 
 
-def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifests_generation(
-    tmp_path, project_factory
-):
+def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifests_generation(tmp_path, project_factory):
     """The manifest is rewritten with ``ifGenerationMatch`` on the generation read: a record whose read another
     run's record overtook gets 412 from the emulated Cloud Storage, reads again and keeps both runs' entries."""
     from components.workload import cache_trust

@@ -219,7 +219,7 @@ def test_runs_recording_at_once_on_this_machine_keep_every_entry(tmp_path):
     places = [get_platform("local").cache_places(ctx) for ctx in ctxs]
     threads = [
         threading.Thread(target=cache_trust.record, args=(p, key_of(c), c.run_id, f"c{i}", [], lambda m: None))
-        for i, (p, c) in enumerate(zip(places, ctxs))
+        for i, (p, c) in enumerate(zip(places, ctxs, strict=True))
     ]
     for t in threads:
         t.start()
@@ -248,7 +248,9 @@ def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tm
     python = envs.ensure_env("maxtext").python
 
     def jax_process(where: Path) -> dict:
-        proc = subprocess.run([python, "-c", COMPILE, str(where)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [python, "-c", COMPILE, str(where)], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
 
