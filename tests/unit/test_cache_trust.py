@@ -283,3 +283,47 @@ def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tm
     assert compiled and compiled["compiles"] == first["hits"]
     assert third["value"] == first["value"] and third["hits"] == first["hits"] and third["compiles"] == third["hits"]
     assert not any("Error reading persistent compilation cache entry" in w for w in third["warnings"])  # never seen
+
+
+# ---------------------------------------------------------------- the train stage's choice: a compile job or none
+
+
+def prepared(ctx: RunContext, monkeypatch) -> tuple[dict | None, list[str]]:
+    from components.stages import compile_cache
+
+    lines: list[str] = []
+    monkeypatch.setattr(compile_cache, "log", lines.append)
+    return compile_cache.prepare(ctx, IMAGE), lines
+
+
+def test_a_recorded_configuration_needs_no_compile_job_and_the_training_job_is_marked_submitted(tmp_path, monkeypatch):
+    from components.stages import compile_cache
+    from components.workload import maxtext
+
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    compile_job(ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec))
+    second = run_ctx(tmp_path, "second")
+    result, lines = prepared(second, monkeypatch)
+    assert result is not None and result["compile_job"] is None and result["staged"]["staged"] == 1
+    assert lines == ["compile cache: 1 verified entries staged; this configuration is compiled: no compile job"]
+    assert (job_dir(second) / "jit_f-cache").read_bytes() == b"program f"
+    assert second.store.read_text(compile_cache.SUBMITTED)  # no compile job for this run from now on
+
+
+def test_no_compile_job_once_the_runs_training_job_was_submitted(tmp_path, monkeypatch):
+    """A retried train stage: the first attempt's training job may have run hostile code on the cluster, so the
+    run compiles what is missing in its training job and records nothing."""
+    from components.stages import compile_cache
+
+    ctx = run_ctx(tmp_path, "retried")
+    write_json(ctx.store, compile_cache.SUBMITTED, {"key": key_of(ctx)})
+    result, lines = prepared(ctx, monkeypatch)
+    assert result is not None and result["compile_job"] is None and result["recorded"] is None
+    assert "no compile job: this run's training job already ran on its cluster" in lines[-1]
+    assert not (tmp_path / cache.CACHE_PREFIX).exists()
+
+
+def test_the_fsdp_trainer_keeps_its_cache_per_run(tmp_path, monkeypatch):
+    ctx = RunContext(spec=resolve("local-fsdp", ""), run_id="f", store=LocalStore(tmp_path / "f"), platform="local")
+    assert prepared(ctx, monkeypatch)[0] is None
