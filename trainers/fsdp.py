@@ -88,8 +88,9 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split, each
     timed in ``phases``. The model is ``train.model_id`` as it is, or with a registered version's weights over it
     (``config["init_from"]``: the checkpoint ``train.init_from`` resolved to when the stage started). The tokenised
-    split comes from the cache kept across runs (``config["cache"]``) when an earlier run of the same image, model
-    and data left it there (``trainers.data.tokenize``); rank 0 keeps it there otherwise."""
+    split comes from the run's cache directory (``config["cache"]``: per run, ``components.stages.compile_cache``)
+    when an earlier worker group of the run left it there (``trainers.data.tokenize``); rank 0 keeps it there
+    otherwise."""
     import torch
 
     from trainers.model import build_model, load_tokenizer, load_trained
@@ -367,7 +368,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--compile-cache",
         default="",
-        help="the directory kept across runs for this image, slice and model (components.workload.cache): the "
+        help="the run's own cache directory for this image, slice and model (components.workload.cache): the "
         "tokenised training split is kept there, and on TPU TorchTPU's compiled executables",
     )
     return job_args.parse(p, argv)

@@ -317,6 +317,21 @@ def run_train(
     }
 
 
+def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
+    """The compile job: MaxText's train step on synthetic inputs of the run's shapes
+    (``components.workload.maxtext.compile_args``), in fresh worker processes, writing JAX's persistent cache to
+    ``jax_cache_dir``; what JAX compiled and loaded is its ``compile_cache`` event (``trainers.jax_events``). A train
+    job that runs MaxText's eval loop (``maxtext_eval.in_job_eval``: ``dataset_type=hf``) compiles its eval step
+    too, so the compile job runs the loop after its step, on synthetic eval batches (MaxText makes them when
+    ``eval_interval`` > 0: maxtext/input_pipeline/input_pipeline_interface.py, ``create_data_iterator``). No retry: a
+    failed compile job leaves the run to compile in its training job."""
+    steps = int(_arg(args, "steps") or 1)
+    evaluates = spec.maxtext.dataset_type == "hf"
+    eval_args = maxtext_log.in_job_eval_args(steps, 1) if evaluates else []  # one batch: the same eval step
+    fit(spec, scaling, [*args, *eval_args], output_dir, run_name, 0, mode="compile")
+    return {"device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax", "argv": args}
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The driver's own options, and MaxText's ``KEY=VALUE`` arguments after ``--``."""
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -326,7 +341,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "MaxText's base_output_directory",
         "MaxText's run_name (checkpoints go under it)",
     )
-    p.add_argument("mode", choices=("train", "eval"))
+    p.add_argument("mode", choices=("train", "eval", "compile"))
     p.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
     p.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
     evaluate.add_measure(p)
@@ -377,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.mode == "train":
             result = run_train(spec, scaling, maxtext_args, out, args.run_name)
+        elif args.mode == "compile":
+            result = run_compile(spec, scaling, maxtext_args, out, args.run_name)
         else:
             result = maxtext_eval.run_eval(
                 fit, spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion, args.measure

@@ -114,10 +114,15 @@ class Platform(ABC):
         platform keeps no cache."""
         return ""
 
-    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any] | None:
-        """The compile cache as the pipeline's side reaches it (``components.workload.cache_trust.Place``): the
-        cache kept across runs, the run's own copy (``run_cache_root``), and the trusted manifests; None when the
-        platform keeps no cache."""
+    def compile_job_root(self, ctx: RunContext) -> str:
+        """Where the run's compile job writes the programs the cache records (a path the cluster sees, under the
+        run's own directory: ``components.workload.cache_trust``); empty when the platform keeps no cache."""
+        return ""
+
+    def cache_places(self, ctx: RunContext) -> Any:
+        """The compile cache as the pipeline's side reaches it (``components.workload.cache_trust.Places``): the
+        cache kept across runs, the training job's directory (``run_cache_root``), the trusted manifests and the
+        compile job's directory (``compile_job_root``); None when the platform keeps no cache."""
         return None
 
     @abstractmethod

@@ -55,7 +55,7 @@ def trusted_place(ctx: RunContext) -> Any:
     commit."""
     places = get_platform(ctx.platform).cache_places(ctx)
     assert places is not None  # wanted(ctx): the platform keeps a cache
-    return places[2]
+    return places.manifests
 
 
 def _token(ctx: RunContext) -> str | None:

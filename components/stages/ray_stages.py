@@ -14,7 +14,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.spec import InfraError, RunSpec, datasets
-from components.stages import base_weights, dataset, gate, goodput, progress
+from components.stages import base_weights, compile_cache, dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
 from components.workload import maxtext
 
@@ -30,7 +30,7 @@ def entrypoint(
 ) -> str:
     """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it; its compile cache keyed
     by ``image``, by default the pinned trainer image build_image recorded (none: no cache, a tag can move): the run's
-    own copy, which ``stage_cache`` fills with the verified entries of the cache kept across runs."""
+    own copy, which ``compile_cache.prepare`` fills with the verified entries of the cache kept across runs."""
     from components.workload import cache
     from components.workload.derive import job_command
 
@@ -50,30 +50,6 @@ def trainer_image(ctx: RunContext) -> str:
     from components.spec.images import pinned_image
 
     return pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
-
-
-def stage_cache(ctx: RunContext) -> dict[str, Any] | None:
-    """Before the train job: the verified entries of the compile cache kept across runs copied into the run's own
-    (``components.workload.cache_trust.stage_in``); None when the run keeps no cache."""
-    from components.workload import cache, cache_trust
-
-    places, image = get_platform(ctx.platform).cache_places(ctx), trainer_image(ctx)
-    if places is None or not image:
-        return None
-    shared, run, manifests = places
-    return cache_trust.stage_in(shared, run, manifests, cache.key(ctx.spec, image), log)
-
-
-def promote_cache(ctx: RunContext, staged: dict[str, Any] | None) -> dict[str, Any] | None:
-    """After the train job succeeded: what it compiled promoted into the cache kept across runs, by this process
-    (the pipeline's identity), never by the job's pods (``components.workload.cache_trust.promote``)."""
-    from components.workload import cache_trust
-
-    places = get_platform(ctx.platform).cache_places(ctx) if staged else None
-    if places is None or staged is None:
-        return None
-    shared, run, manifests = places
-    return cache_trust.promote(run, shared, manifests, staged["key"], ctx.run_id, staged["refused"], log)
 
 
 def history(records: list[tuple[str, dict]]) -> list[dict]:
@@ -146,9 +122,10 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     dataset.stage_files(ctx)  # the snapshot's examples where the jobs read them
     base = base_weights.prepare(ctx, log)  # a hub model's weights where the jobs read them
     command = entrypoint(ctx, "train", init_from=start["path"] if start else "")
-    staged = stage_cache(ctx)  # before the job is pointed at the directory: only verified entries in it
+    # before the job is pointed at its directory: only verified entries in it, compiled by a compile job; what the
+    # training job compiles there stays in this run (components.stages.compile_cache)
+    compiled = compile_cache.prepare(ctx, trainer_image(ctx))
     job = run_job(ctx, "train", command, t.timeout_s, _train_progress(ctx.spec))
-    promoted = promote_cache(ctx, staged)
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
     data = next((p for p in reversed(events) if p.get("event") == "data"), {})
@@ -176,7 +153,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "num_workers": job["result"]["num_workers"],
         "heldout": in_job_figures(job["result"], job["records"]),
         "base_weights": base,
-        "compile_cache": {"staged": staged, "promoted": promoted} if staged else None,
+        "compile_cache": compiled,
     }
 
 

@@ -1,35 +1,40 @@
-"""One trusted writer for the compile cache: the run's pods never write the cache every later run reads, and a run
-loads an entry only when its bytes hash to what the trusted manifest says.
+"""One trusted writer for the compile cache, and one trusted producer: the programs every later run loads are compiled
+by a dedicated compile job (the trainer's own code from the pinned image, on synthetic inputs of the run's shapes,
+before any of the run's data or code reaches its cluster), hashed and recorded by the pipeline's side before the
+training job starts; what the training job compiles stays in its own run and is never promoted.
 
 Why: a compiled program is code. JAX's persistent compilation cache "is considered trusted" and whoever can write to
 it can make a JAX process that reads it run arbitrary code (https://docs.jax.dev/en/latest/persistent_compilation_
-cache.html, the warning under the first section); TorchTPU's cache of compiled executables is the same kind of thing.
-Neither library checks an entry against anything its writer could not forge: JAX reads a directory
-(``jax_compilation_cache_dir``, MaxText's ``jax_cache_dir``; TorchTPU's ``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``)
-and runs what it finds there. So the verification happens before either library is pointed at a directory, and the
-directory it is pointed at holds only entries that passed it.
+cache.html, the warning under the first section). JAX checks an entry against nothing its writer could not forge: it
+reads a directory (``jax_compilation_cache_dir``, MaxText's ``jax_cache_dir``) and runs what it finds there, and its
+entry names are deterministic (a hash of the program, the options and the runtime: ``jax/_src/cache_key.py``), so
+whoever first writes an entry for a name chooses what every later run of that name loads. Hashing a training job's
+output after it ran pins its bytes, not who made them: so no training job's output is ever promoted.
 
-Who writes what (the places ``Platform.cache_places`` gives):
+Who writes what (the places ``Platform.cache_places`` gives, :class:`Places`):
 
 - ``shared``: the cache kept across runs (``cache/compile/<key>/`` under the output root locally, in the bucket on
   gke). Written only here, by the pipeline's side (the train stage, with the pipeline's identity, never a pod's);
   the pods mount it read-only (and on gke their identity can only read it: ``plan.target.cache_binding``).
 - ``manifests``: one JSON document per cache key, ``<key>.json`` (under ``_cache/`` of the runs' state root: the
   bucket's ``state/``, where no pod's identity may read or write), mapping every entry's name to the sha256 of its
-  bytes. Written only here, after the entry's bytes.
-- ``run``: the run's own copy (``<run dir>/cache/<key>/``, the bucket's ``runs/<id>/cache/<key>/`` on gke), the
-  directory the trainers are given. Before the train job, :func:`stage_in` copies into it every shared entry whose
-  bytes hash to the manifest's value; an entry that does not (its bytes changed, its manifest line changed, both), or
-  that the manifest does not list, is left out, named in one warning line, and the trainer compiles it again: never a
-  failed run, never the entry used. After the train job succeeds, :func:`promote` copies what the run added back into
-  ``shared`` and records its hash; an entry the manifest already lists with bytes that still match is never replaced
-  by a run's (the first writer's stands), so a pod that rewrites a staged entry in its own directory changes nothing
-  any other run loads.
+  bytes and the compile job that made it, and naming the compile configurations already compiled (``compiled``).
+  Written only here, after the entries' bytes, through :meth:`Place.update` (a generation precondition on Cloud
+  Storage, retried), so two runs recording at once both keep their entries.
+- ``compiled``: the compile job's directory (``<run dir>/compiled/<key>/``, the bucket's ``runs/<id>/compiled/<key>/``).
+  The compile job writes it; :func:`record` hashes what is there before the training job is submitted.
+- ``run``: the training job's directory (``<run dir>/cache/<key>/``, the bucket's ``runs/<id>/cache/<key>/``). Before
+  the training job, :func:`stage_in` copies into it every shared entry whose bytes hash to the manifest's value; an
+  entry that does not (its bytes changed, its manifest line changed, both), or that the manifest does not list, or
+  whose name is not a plain relative path, is left out, named in one warning line, and compiled again: never a failed
+  run, never the entry used. What the training job writes there stays there.
 
-What stays trusted: the entries a run's job produces are promoted as they are (nothing can tell a compiled program
-from a planted one without compiling it again), so a job that ran hostile code can still leave an entry for its
-key; the manifest pins those bytes from then on, and promotion happens only after the train job succeeded. Anyone
-who can write the manifests (the pipeline's identity) can make the cache serve anything: that is the trust root.
+What stays trusted: the compile job runs on the run's cluster with the run's pods' identity, so it is trusted because
+of when it runs: its processes are fresh (Ray Train starts new worker processes for each job), they run the pinned
+image's code on inputs made from the spec alone (no dataset, tokenizer, base weights, checkpoint or user code), and
+no job of this run has loaded anything a user chose on that cluster yet (``components.stages.compile_cache`` runs no
+compile job once the run's training job was ever submitted). Anyone who can write the manifests (the pipeline's
+identity) can make the cache serve anything: that is the trust root.
 """
 
 from __future__ import annotations
@@ -38,12 +43,22 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple, Protocol
 
 MANIFESTS_PREFIX = "_cache"  # under the runs' state root: not a run id (run ids are DNS labels: no underscore)
-RUN_CACHE_DIR = "cache"  # under the run's own directory: what its jobs produce for the caches
+RUN_CACHE_DIR = "cache"  # under the run's own directory: the training job's compile cache, never promoted
+COMPILE_DIR = "compiled"  # under the run's own directory: the compile job's output, recorded before training
+MANIFEST_FORMAT = 2  # entries made by compile jobs; a manifest without it (a training job's promotion) is not read
+# What one cache key may hold, in the shared cache: a record past either is cut (a warning naming what was left
+# out, never a failed run). MaxText's programs for a model and slice number in the tens (26 for local-maxtext's
+# train job) and weigh up to a few hundred MiB each on TPU; the caps leave room for many compile configurations
+# (batch sizes, lengths, meshes) of one image while bounding what a bucket can be made to hold.
+MAX_ENTRIES = 2048
+MAX_BYTES = 32 * 2**30
+UPDATE_TRIES = 8  # a manifest update's reads and conditional writes before it gives up (each a competing writer)
 
 
 class Place(Protocol):
@@ -58,6 +73,9 @@ class Place(Protocol):
 
     def write(self, name: str, data: bytes) -> None:
         """``data`` as ``name``, whole or not at all."""
+
+    def update(self, name: str, change: Callable[[bytes | None], bytes]) -> None:
+        """``name`` replaced by ``change(its bytes now)``, with no other writer's update lost in between."""
 
 
 class LocalPlace:
@@ -79,12 +97,22 @@ class LocalPlace:
             f.write(data)
         os.replace(f.name, path)
 
+    def update(self, name: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Under an exclusive lock of ``.<name>.lock`` beside it: every process on this machine takes the same."""
+        import fcntl
+
+        lock = self.root / PurePosixPath(name).parent / f".{PurePosixPath(name).name}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            self.write(name, change(self.read(name)))
+
 
 class GcsPlace:
     """A prefix of a bucket through a Cloud Storage client (the pipeline's: ``components.platforms.store``)."""
 
-    def __init__(self, bucket: str, prefix: str, client: Any):
-        self.bucket, self.prefix, self._client = bucket, prefix.strip("/"), client
+    def __init__(self, bucket: str, prefix: str, client: Any, sleep: Callable[[float], None] = time.sleep):
+        self.bucket, self.prefix, self._client, self._sleep = bucket, prefix.strip("/"), client, sleep
         self.where = f"gs://{bucket}/{self.prefix}"
 
     def names(self, under: str) -> list[str]:
@@ -102,91 +130,170 @@ class GcsPlace:
     def write(self, name: str, data: bytes) -> None:
         self._client.bucket(self.bucket).blob(f"{self.prefix}/{name}").upload_from_string(data)
 
+    def update(self, name: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Read with the object's generation, write with ``ifGenerationMatch`` on it (0: only if there is still no
+        object), and again from the read when another writer came between (412 Precondition Failed): Cloud Storage's
+        read-modify-write ("Request preconditions", https://cloud.google.com/storage/docs/request-preconditions)."""
+        from google.api_core import exceptions as gexc
+
+        bucket = self._client.bucket(self.bucket)
+        for attempt in range(UPDATE_TRIES):
+            found = bucket.get_blob(f"{self.prefix}/{name}")
+            try:
+                data = bytes(found.download_as_bytes(if_generation_match=found.generation)) if found else None
+                generation = found.generation if found else 0
+                bucket.blob(f"{self.prefix}/{name}").upload_from_string(change(data), if_generation_match=generation)
+                return
+            except (gexc.PreconditionFailed, gexc.NotFound):  # another writer's generation came between
+                self._sleep(min(0.1 * 2**attempt, 2.0))
+        raise RuntimeError(f"{self.where}/{name}: still changed by another writer after {UPDATE_TRIES} tries")
+
+
+class Places(NamedTuple):
+    """The compile cache as the pipeline's side reaches it (see the module's docstring)."""
+
+    shared: Place
+    run: Place
+    manifests: Place
+    compiled: Place
+
 
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def kept(name: str) -> bool:
-    """Whether a file of a run's cache directory is an entry: not a hidden one (a writer's temporary file, a lock)."""
-    return not any(part.startswith(".") for part in Path(name).parts)
+    """Whether a file of a cache directory is an entry: not a hidden one (a writer's temporary file, a lock)."""
+    return not any(part.startswith(".") for part in PurePosixPath(name).parts)
+
+
+def bad_name(name: str) -> str:
+    """Why ``name`` cannot be an entry's (it would lead out of the key's directory), or empty: a relative path of
+    plain parts, no ``..``, no absolute path, no backslash, no empty part."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+        return f"{name!r} is not a plain relative path"
+    return ""
 
 
 def manifest_name(key: str) -> str:
     return f"{key}.json"
 
 
-def read_manifest(manifests: Place, key: str) -> tuple[dict[str, dict[str, Any]], str]:
-    """The manifest of ``key`` (entry name -> its record: ``sha256``, ``size``, ``run``) and, when it cannot be read,
-    why (then it is empty: every entry is compiled again)."""
-    raw = manifests.read(manifest_name(key))
+def parse_manifest(raw: bytes | None, where: str) -> tuple[dict[str, Any], str]:
+    """A manifest's document (``entries``: entry name -> ``sha256``, ``size``, ``run``; ``compiled``: compile
+    configuration -> the run whose compile job compiled it) and, when it cannot be used, why (then it is empty:
+    every entry is compiled again)."""
+    empty: dict[str, Any] = {"format": MANIFEST_FORMAT, "entries": {}, "compiled": {}}
     if raw is None:
-        return {}, ""
+        return empty, ""
     try:
-        entries = json.loads(raw)["entries"]
-        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        doc = json.loads(raw)
+        if doc.get("format") != MANIFEST_FORMAT:
+            raise ValueError("written before compile jobs made the cache's entries: its entries are a training job's")
+        if not isinstance(doc["entries"], dict) or not all(isinstance(e, dict) for e in doc["entries"].values()):
             raise ValueError("its entries are not a mapping of records")
-        return entries, ""
-    except (ValueError, KeyError, TypeError) as e:
-        return {}, f"the manifest {manifests.where}/{manifest_name(key)} cannot be read ({e})"
+        return {**empty, **doc}, ""
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return empty, f"the manifest {where} cannot be read ({e})"
+
+
+def read_manifest(manifests: Place, key: str) -> tuple[dict[str, Any], str]:
+    return parse_manifest(manifests.read(manifest_name(key)), f"{manifests.where}/{manifest_name(key)}")
 
 
 def stage_in(shared: Place, run: Place, manifests: Place, key: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Copy into ``run`` every entry of ``shared`` under ``key`` whose bytes hash to the manifest's value; say in one
-    warning line what was left out. Returns the counts and the names refused (for :func:`promote`)."""
-    entries, unreadable = read_manifest(manifests, key)
-    copied, refused, size = 0, [], 0
+    warning line what was left out. Returns the counts, the names refused and those staged (for :func:`record`), and
+    the compile configurations the manifest says were compiled."""
+    doc, unreadable = read_manifest(manifests, key)
+    entries = doc["entries"]
+    staged, refused, size = [], [], 0
     for name, entry in sorted(entries.items()):
-        data = shared.read(f"{key}/{name}")
-        if data is None:
+        data = None if bad_name(name) else shared.read(f"{key}/{name}")
+        if data is None and not bad_name(name):
             continue  # gone: a miss like any other
-        if not kept(name) or sha256(data) != entry.get("sha256"):
+        if data is None or not kept(name) or sha256(data) != entry.get("sha256"):
             refused.append(name)
             continue
         run.write(f"{key}/{name}", data)
-        copied, size = copied + 1, size + len(data)
+        staged.append(name)
+        size += len(data)
     unlisted = [n for n in shared.names(key) if kept(n) and n not in entries]
     if refused or unlisted or unreadable:
         what = [unreadable] if unreadable else []
         if refused:
-            what.append(f"{len(refused)} whose bytes do not hash to the manifest's ({_few(refused)})")
+            what.append(f"{len(refused)} whose bytes or names do not match the manifest's ({_few(refused)})")
         if unlisted:
             what.append(f"{len(unlisted)} the manifest does not list ({_few(unlisted)})")
         log(
             f"WARNING: compile cache {shared.where}/{key}: not used: {'; '.join(what)} "
             f"(trusted manifest {manifests.where}/{manifest_name(key)}); compiled again"
         )
-    return {"key": key, "staged": copied, "bytes": size, "refused": refused, "unlisted": len(unlisted)}
+    return {
+        "key": key,
+        "staged": len(staged),
+        "bytes": size,
+        "refused": refused,
+        "unlisted": len(unlisted),
+        "names": staged,
+        "compiled": sorted(doc["compiled"]),
+    }
 
 
-def promote(
-    run: Place,
-    shared: Place,
-    manifests: Place,
+def record(
+    places: Places,
     key: str,
     run_id: str,
-    refused: list[str],
+    config: str,
+    staged: list[str],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Copy what the run's jobs added under ``key`` into ``shared``, bytes first, then their hashes into the
-    manifest (a reader trusts nothing the manifest does not list). An entry the manifest lists is left as it is
-    unless this run found it refused (its bytes or its line changed): then the run's own replaces it."""
-    entries, _ = read_manifest(manifests, key)  # read again: another run may have promoted since the stage-in
-    promoted = []
-    for name in run.names(key):
-        if not kept(name) or (name in entries and name not in refused):
+    """After the compile job of compile configuration ``config``, before the training job: what it wrote under
+    ``key`` in ``places.compiled`` hashed, copied into the shared cache and into the training job's directory, bytes
+    first, then recorded in the manifest (a reader trusts nothing it does not list). An entry the manifest lists is
+    left as it is unless the stage-in did not stage it (``staged``: its bytes or its line changed, or it was gone):
+    then the compile job's replaces it. At most ``MAX_ENTRIES`` entries and ``MAX_BYTES`` bytes per key: what would
+    pass them is left out with a warning (the training job compiles it for itself)."""
+    doc, _ = read_manifest(places.manifests, key)
+    held = {n: e for n, e in doc["entries"].items() if n in staged}  # what stays, before this job's entries
+    count, size = len(held), sum(int(e.get("size", 0)) for e in held.values())
+    new: dict[str, dict[str, Any]] = {}
+    skipped, over = [], []
+    for name in places.compiled.names(key):
+        if not kept(name) or name in staged:
             continue
-        data = run.read(f"{key}/{name}")
+        if bad_name(name):
+            skipped.append(name)
+            continue
+        data = places.compiled.read(f"{key}/{name}")
         if data is None:
             continue
-        shared.write(f"{key}/{name}", data)
-        entries[name] = {"sha256": sha256(data), "size": len(data), "run": run_id}
-        promoted.append(name)
-    if promoted:
-        doc = {"key": key, "entries": dict(sorted(entries.items()))}
-        manifests.write(manifest_name(key), json.dumps(doc, indent=1).encode())
-        log(f"compile cache: {len(promoted)} entries of run {run_id} promoted to {shared.where}/{key}")
-    return {"key": key, "promoted": len(promoted), "entries": len(entries)}
+        if count + 1 > MAX_ENTRIES or size + len(data) > MAX_BYTES:
+            over.append(name)
+            continue
+        places.shared.write(f"{key}/{name}", data)
+        places.run.write(f"{key}/{name}", data)
+        new[name] = {"sha256": sha256(data), "size": len(data), "run": run_id, "by": "compile job"}
+        count, size = count + 1, size + len(data)
+
+    def change(raw: bytes | None) -> bytes:
+        now, _ = parse_manifest(raw, "")
+        now["entries"].update(new)
+        now["compiled"][config] = {"run": run_id, "entries": len(new)}
+        return json.dumps({**now, "key": key, "entries": dict(sorted(now["entries"].items()))}, indent=1).encode()
+
+    places.manifests.update(manifest_name(key), change)  # after the bytes: no listed entry is missing its bytes
+    if skipped:
+        log(f"WARNING: compile cache: the compile job's {_few(skipped)} not recorded: not a plain relative path")
+    if over:
+        log(
+            f"WARNING: compile cache {places.shared.where}/{key}: {len(over)} of the compile job's entries not "
+            f"recorded ({_few(over)}): the key holds at most {MAX_ENTRIES} entries and {MAX_BYTES / 2**30:g} GiB; the "
+            "training job compiles them for itself"
+        )
+    log(f"compile cache: {len(new)} entries of run {run_id}'s compile job recorded in {places.shared.where}/{key}")
+    return {"key": key, "recorded": len(new), "bytes": sum(e["size"] for e in new.values()), "over_cap": len(over)}
 
 
 def _few(names: list[str], most: int = 3) -> str:

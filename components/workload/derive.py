@@ -40,6 +40,7 @@ WORKLOAD_ENTRYPOINTS: dict[str, dict[str, tuple[str, ...]]] = {  # workload -> m
         "check": ("trainers.slice_check", "jax"),
         "train": ("trainers.maxtext_train", "train"),
         "eval": ("trainers.maxtext_train", "eval"),
+        "compile": ("trainers.maxtext_train", "compile"),  # the compile cache's trusted producer
     },
 }
 DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
@@ -165,13 +166,15 @@ def job_command(
     compile_cache: str = "",
     measure: tuple[str, ...] = (),
 ) -> str:
-    """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, or eval of ``checkpoint``.
+    """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, eval of ``checkpoint``, or
+    compile (MaxText's compile job: ``maxtext.compile_args``, on synthetic inputs).
     The spec travels whole, as JSON, with what is derived from it: Ray Train's ScalingConfig, the slice check's
     devices per host and, for MaxText, the exact ``key=value`` arguments MaxText receives. What the registry
     resolved when the stage ran comes as paths the cluster sees: ``init_from``, the checkpoint training starts from
     (train) and the evaluation's "before" model (eval); ``champion``, the champion's checkpoint, measured in the
-    same evaluation; ``compile_cache``, the directory of the compiled programs kept across runs
-    (``components.workload.cache.directory``; the FSDP trainer keeps its tokenised training split there);
+    same evaluation; ``compile_cache``, the job's own directory of compiled programs, filled with the verified
+    entries of the cache kept across runs (``components.workload.cache.directory``,
+    ``components.stages.compile_cache``; the FSDP trainer's is per run, its tokenised training split there too);
     ``measure``, which of before, after and champion the evaluation measures (empty: all). One source for the
     stages' job submissions and the plan."""
     from components.workload import maxtext
@@ -179,7 +182,7 @@ def job_command(
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
     words = ["python", "-m", *module]
     args = {"spec": spec.to_json(), "output_dir": output_dir}
-    if mode in ("train", "eval", "check"):  # the jobs that run on the training workers
+    if mode in ("train", "eval", "check", "compile"):  # the jobs that run on the training workers
         args["run_name"] = run_name
         args["scaling_config"] = json.dumps(scaling_config_args(spec), sort_keys=True)
     if mode == "check":
@@ -197,7 +200,8 @@ def job_command(
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":
-        words += ["--", *(shlex.quote(a) for a in maxtext.train_args(spec, output_dir, run_name, compile_cache))]
+        made = maxtext.compile_args if mode == "compile" else maxtext.train_args
+        words += ["--", *(shlex.quote(a) for a in made(spec, output_dir, run_name, compile_cache))]
     return " ".join(words)
 
 

@@ -334,3 +334,34 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: str
     if spec.cluster.accelerator == "cpu":
         args += CPU_ARGS
     return args
+
+
+# The compile job's steps: MaxText compiles its train step (and what it runs around it) on the first step.
+COMPILE_STEPS = 1
+
+
+def compile_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: str) -> list[str]:
+    """MaxText's arguments for the run's compile job (``components.stages.compile_cache``): the train job's, with
+    MaxText's synthetic data in place of the run's files (``dataset_type=synthetic``: batches of the configured
+    shapes made in the process, no dataset or tokenizer read), a model built from the config (no
+    ``load_parameters_path``: nothing the run loads), no checkpoints, and ``COMPILE_STEPS`` steps over the train
+    job's learning-rate schedule (``learning_rate_schedule_steps``: base.yml in maxtext 0.2.5, "you may choose a
+    longer schedule ..., in which case the training will end before"), so the programs it compiles are the train
+    job's and JAX's cache keys them alike."""
+    data = set(data_args(spec, output_dir))
+    kept = [
+        a
+        for a in train_args(spec, output_dir, run_name, compile_cache)
+        if a not in data and not a.startswith(("steps=", "checkpoint_period=", "max_num_checkpoints_to_keep="))
+    ]
+    schedule = [f"steps={COMPILE_STEPS}", f"learning_rate_schedule_steps={spec.maxtext.steps}"]
+    return ["dataset_type=synthetic", *kept, *schedule, "enable_checkpointing=false"]
+
+
+def compile_config(spec: RunSpec) -> str:
+    """What the compile job compiles, as one digest: its MaxText arguments without the per-run paths. The trusted
+    manifest names the configurations already compiled, so a recurring run submits no compile job."""
+    import hashlib
+
+    args = [a for a in compile_args(spec, "", "", "") if not a.startswith(("base_output_directory=", "run_name="))]
+    return "sha256:" + hashlib.sha256("\n".join(args).encode()).hexdigest()

@@ -204,35 +204,77 @@ def test_another_runs_checkpoint_is_copied_into_the_runs_prefix_before_its_pods_
     gke.teardown(reader)
 
 
-def test_the_pipeline_promotes_what_a_runs_pods_compiled_and_the_next_run_stages_only_what_matches(
+def test_the_pipeline_records_what_the_compile_job_wrote_and_the_next_run_stages_only_what_matches(
     tmp_path, project_factory
 ):
-    """On gke the train stage's promotion and staging go through the pipeline's identity (the emulated Cloud
-    Storage's owner): the pods of ``mine`` write their compiled program under their own ``runs/mine/cache/``, the
-    stage copies it into ``cache/`` with its hash in ``state/_cache/``; a program planted in ``cache/`` afterwards is
-    not staged into ``theirs``'s prefix, with one warning line (``components.workload.cache_trust``)."""
+    """On gke the train stage's recording and staging go through the pipeline's identity (the emulated Cloud
+    Storage's owner): the pods of ``mine`` (its compile job) write their compiled program under their own
+    ``runs/mine/compiled/``, the stage copies it into ``cache/`` and into the training job's ``runs/mine/cache/`` with
+    its hash in ``state/_cache/``; what the training job then writes in ``runs/mine/cache/`` is never copied anywhere;
+    a program planted in ``cache/`` afterwards is not staged into ``theirs``'s prefix, with one warning line
+    (``components.workload.cache_trust``)."""
 
     from components.workload import cache_trust
 
     project = project_factory()
     gke, mine, theirs, pod = _two_runs_and_mine_pods_client(tmp_path, project)
     key = "compile/m/v6e-4x4-1-slice/digest"
-    assert gke.run_cache_root(mine) == "/data/runs/mine/cache"  # where the pods see their own copy
-    pod.bucket(BUCKET).blob(f"runs/mine/cache/{key}/jit_f-cache").upload_from_string(b"program f")
-    shared, run, manifests = gke.cache_places(mine)
+    assert gke.run_cache_root(mine) == "/data/runs/mine/cache"  # where the training job's pods see their copy
+    assert gke.compile_job_root(mine) == "/data/runs/mine/compiled"  # and the compile job's pods their output
+    pod.bucket(BUCKET).blob(f"runs/mine/compiled/{key}/jit_f-cache").upload_from_string(b"program f")
     lines: list[str] = []
-    assert cache_trust.promote(run, shared, manifests, key, "mine", [], lines.append)["promoted"] == 1
+    places = gke.cache_places(mine)
+    staged = cache_trust.stage_in(places.shared, places.run, places.manifests, key, lines.append)
+    assert cache_trust.record(places, key, "mine", "config", staged["names"], lines.append)["recorded"] == 1
     assert project.storage.data(BUCKET, f"cache/{key}/jit_f-cache") == b"program f"
+    assert project.storage.data(BUCKET, f"runs/mine/cache/{key}/jit_f-cache") == b"program f"
+    assert [n for n in project.storage.objects_of(BUCKET, "cache/")] == [f"cache/{key}/jit_f-cache"]
     doc = json.loads(project.storage.data(BUCKET, f"state/_cache/{key}.json"))
     assert doc["entries"]["jit_f-cache"]["sha256"] == cache_trust.sha256(b"program f")
+    assert doc["compiled"] == {"config": {"run": "mine", "entries": 1}}
+    pod.bucket(BUCKET).blob(f"runs/mine/cache/{key}/jit_g-cache").upload_from_string(b"the training job's")
 
     project.storage.put(BUCKET, f"cache/{key}/jit_f-cache", b"planted")  # by someone other than the pipeline
-    shared, run, manifests = gke.cache_places(theirs)
+    places = gke.cache_places(theirs)
     lines.clear()
-    result = cache_trust.stage_in(shared, run, manifests, key, lines.append)
+    result = cache_trust.stage_in(places.shared, places.run, places.manifests, key, lines.append)
     (warning,) = lines
     assert result["refused"] == ["jit_f-cache"] and warning.startswith(f"WARNING: compile cache gs://{BUCKET}/cache/")
-    assert project.storage.data(BUCKET, f"runs/theirs/cache/{key}/jit_f-cache") is None
+    assert project.storage.objects_of(BUCKET, f"runs/theirs/cache/{key}/") == {}
+    assert project.storage.data(BUCKET, f"cache/{key}/jit_g-cache") is None  # the training job's: never promoted
+    for ctx in (mine, theirs):
+        gke.teardown(ctx)
+
+
+def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifests_generation(tmp_path, project_factory):
+    """The manifest is rewritten with ``ifGenerationMatch`` on the generation read: a record whose read another
+    run's record overtook gets 412 from the emulated Cloud Storage, reads again and keeps both runs' entries."""
+    from components.workload import cache_trust
+
+    project = project_factory()
+    gke, mine, theirs, _ = _two_runs_and_mine_pods_client(tmp_path, project)
+    key = "compile/m/v6e-4x4-1-slice/digest"
+    project.storage.put(BUCKET, f"runs/mine/compiled/{key}/jit_f-cache", b"program f")
+    project.storage.put(BUCKET, f"runs/theirs/compiled/{key}/jit_g-cache", b"program g")
+    places, other = gke.cache_places(mine), gke.cache_places(theirs)
+    writes: list[str] = []
+    update = places.manifests.update
+
+    def overtaken(name, change):  # the other run's record lands between this one's read and its write
+        def late(raw):
+            writes.append("read")
+            if len(writes) == 1:
+                cache_trust.record(other, key, "theirs", "config-b", [], lambda m: None)
+            return change(raw)
+
+        return update(name, late)
+
+    places.manifests.update = overtaken  # type: ignore[method-assign]
+    cache_trust.record(places, key, "mine", "config-a", [], lambda m: None)
+    doc = json.loads(project.storage.data(BUCKET, f"state/_cache/{key}.json"))
+    assert sorted(doc["entries"]) == ["jit_f-cache", "jit_g-cache"]
+    assert sorted(doc["compiled"]) == ["config-a", "config-b"]
+    assert writes == ["read", "read"]  # the first write was refused (412) and the record read the manifest again
     for ctx in (mine, theirs):
         gke.teardown(ctx)
 

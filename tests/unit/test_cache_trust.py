@@ -1,15 +1,17 @@
-"""The compile cache has one trusted writer (``components.workload.cache_trust``), on the local platform as on gke:
-the train stage (the pipeline's side) stages into the run's own directory only the entries whose bytes hash to the
-trusted manifest, and promotes what the run's job compiled after it succeeded. A planted entry (its bytes changed,
-its manifest line changed, or its bytes changed with a forged manifest beside them in the cache) is not staged: the
-stage says so in one warning line, and the next run compiles it again and succeeds; a pod that rewrites a staged entry
-in its own directory changes nothing another run loads. With a real JAX compile in the maxtext environment: JAX reads
-only the staged directory, so what it loads is what passed the check."""
+"""The compile cache has one trusted producer and one trusted writer (``components.workload.cache_trust``), on the
+local platform as on gke: a compile job writes its programs in its own directory, the train stage (the pipeline's
+side) hashes and records them in the cache kept across runs before the training job starts, and stages into the
+training job's own directory only the entries whose bytes hash to the trusted manifest. What the training job writes
+is never promoted. A planted entry (its bytes changed, its manifest line changed, or its bytes changed with a forged
+manifest beside them in the cache) is not staged: the stage says so in one warning line, the next compile job
+compiles it again and the run succeeds. With a real JAX compile in the maxtext environment: JAX reads only the
+training job's directory, so what it loads is what passed the check."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from components.workload import cache, cache_trust, resolve
 
 IMAGE = f"local/maxtext@sha256:{'cd' * 32}"
 PLANTED = b"\x7fELF a program nobody compiled for this run" * 4
+CONFIG = "sha256:config"
 
 
 def run_ctx(root: Path, run_id: str) -> RunContext:
@@ -32,42 +35,51 @@ def run_ctx(root: Path, run_id: str) -> RunContext:
 
 
 def job_dir(ctx: RunContext) -> Path:
-    """The directory the train job is given (its ``jax_cache_dir``): the run's own copy."""
+    """The directory the training job is given (its ``jax_cache_dir``): the run's own copy."""
     path = cache.directory(get_platform("local").run_cache_root(ctx), ctx.spec, IMAGE)
     assert f"jax_cache_dir={path}" in ray_stages.entrypoint(ctx, "train")
     return Path(path)
+
+
+def compile_dir(ctx: RunContext) -> Path:
+    """The directory the compile job writes (``components.stages.compile_cache``)."""
+    return Path(cache.directory(get_platform("local").compile_job_root(ctx), ctx.spec, IMAGE))
 
 
 def warnings_of(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("WARNING")]
 
 
-def staged(ctx: RunContext, monkeypatch) -> tuple[dict, list[str]]:
+def key_of(ctx: RunContext) -> str:
+    return cache.key(ctx.spec, IMAGE)
+
+
+def stage(ctx: RunContext) -> tuple[dict, list[str]]:
     lines: list[str] = []
-    monkeypatch.setattr(ray_stages, "log", lines.append)
-    return ray_stages.stage_cache(ctx), lines
+    places = get_platform("local").cache_places(ctx)
+    return cache_trust.stage_in(places.shared, places.run, places.manifests, key_of(ctx), lines.append), lines
 
 
-def promoted(ctx: RunContext, result: dict, monkeypatch) -> dict:
-    monkeypatch.setattr(ray_stages, "log", lambda line: None)
-    return ray_stages.promote_cache(ctx, result)
-
-
-def first_run(root: Path, monkeypatch, entries: dict[str, bytes]) -> tuple[Path, Path]:
-    """A run that compiled ``entries`` and had them promoted: (the shared entry directory, its manifest)."""
-    ctx = run_ctx(root, "first")
-    result, lines = staged(ctx, monkeypatch)
-    assert result["staged"] == 0 and not warnings_of(lines)
+def compile_job(ctx: RunContext, staged: dict, entries: dict[str, bytes], config: str = CONFIG) -> dict:
+    """What a compile job leaves in its directory, recorded by the stage."""
     for name, data in entries.items():
-        (job_dir(ctx) / name).parent.mkdir(parents=True, exist_ok=True)
-        (job_dir(ctx) / name).write_bytes(data)
-    assert promoted(ctx, result, monkeypatch)["promoted"] == len(entries)
-    key = cache.key(ctx.spec, IMAGE)
-    return root / cache.CACHE_PREFIX / key, root / cache_trust.MANIFESTS_PREFIX / f"{key}.json"
+        (compile_dir(ctx) / name).parent.mkdir(parents=True, exist_ok=True)
+        (compile_dir(ctx) / name).write_bytes(data)
+    places = get_platform("local").cache_places(ctx)
+    return cache_trust.record(places, key_of(ctx), ctx.run_id, config, staged["names"], lambda line: None)
+
+
+def first_run(root: Path, entries: dict[str, bytes]) -> tuple[Path, Path]:
+    """A run whose compile job compiled ``entries``, recorded: (the shared entry directory, its manifest)."""
+    ctx = run_ctx(root, "first")
+    result, lines = stage(ctx)
+    assert result["staged"] == 0 and result["compiled"] == [] and not warnings_of(lines)
+    assert compile_job(ctx, result, entries)["recorded"] == len(entries)
+    return root / cache.CACHE_PREFIX / key_of(ctx), root / cache_trust.MANIFESTS_PREFIX / f"{key_of(ctx)}.json"
 
 
 def plant(how: str, shared: Path, manifest: Path, name: str) -> None:
-    """Change a promoted entry as an attacker outside the pipeline's identity would."""
+    """Change a recorded entry as an attacker outside the pipeline's identity would."""
     doc = json.loads(manifest.read_text())
     if how in ("bytes", "both"):
         (shared / name).write_bytes(PLANTED)
@@ -79,39 +91,67 @@ def plant(how: str, shared: Path, manifest: Path, name: str) -> None:
         (shared / "manifest.json").write_text(json.dumps(forged))
 
 
-def test_the_promoted_entries_are_staged_for_the_next_run_and_nothing_runs_from_the_shared_cache(tmp_path, monkeypatch):
-    shared, manifest = first_run(tmp_path, monkeypatch, {"jit_f-cache": b"program f", "tokenized/k.safetensors": b"t"})
+def test_the_compile_jobs_entries_are_recorded_before_training_and_staged_for_every_later_run(tmp_path):
+    shared, manifest = first_run(tmp_path, {"jit_f-cache": b"program f", "sub/jit_g-cache": b"g"})
     doc = json.loads(manifest.read_text())
-    assert doc["entries"]["jit_f-cache"] == {"sha256": cache_trust.sha256(b"program f"), "size": 9, "run": "first"}
+    assert doc["entries"]["jit_f-cache"] == {
+        "sha256": cache_trust.sha256(b"program f"),
+        "size": 9,
+        "run": "first",
+        "by": "compile job",
+    }
+    assert doc["compiled"] == {CONFIG: {"run": "first", "entries": 2}} and doc["format"] == cache_trust.MANIFEST_FORMAT
     assert (shared / "jit_f-cache").read_bytes() == b"program f"
+    # the run's own training job finds them too: the record copies them into its directory before it starts
+    assert (job_dir(run_ctx(tmp_path, "first")) / "sub" / "jit_g-cache").read_bytes() == b"g"
     second = run_ctx(tmp_path, "second")
-    result, lines = staged(second, monkeypatch)
+    result, lines = stage(second)
     assert result["staged"] == 2 and result["refused"] == [] and not warnings_of(lines)
+    assert result["compiled"] == [CONFIG]  # this configuration needs no compile job
     assert (job_dir(second) / "jit_f-cache").read_bytes() == b"program f"
-    assert (job_dir(second) / "tokenized" / "k.safetensors").read_bytes() == b"t"
     assert str(shared) not in ray_stages.entrypoint(second, "train")  # the job never reads the shared directory
 
 
+def test_what_the_training_job_writes_in_its_own_directory_reaches_no_other_run(tmp_path):
+    """The HIGH this closes: a training job that ran hostile data or code plants a program under the name a later
+    run will look up, and rewrites a staged one; nothing of it is ever copied out of its run."""
+    shared, manifest = first_run(tmp_path, {"jit_f-cache": b"program f"})
+    hostile = run_ctx(tmp_path, "hostile")
+    result, _ = stage(hostile)
+    (job_dir(hostile) / "jit_f-cache").write_bytes(PLANTED)  # its own copy: its pods may write there
+    (job_dir(hostile) / "jit_new-cache").write_bytes(PLANTED)  # a program for a name no run has compiled yet
+    # the next run's compile job (a new configuration) records only what it wrote itself
+    nxt = run_ctx(tmp_path, "next")
+    staged, lines = stage(nxt)
+    assert compile_job(nxt, staged, {"jit_h-cache": b"program h"}, "sha256:other")["recorded"] == 1
+    assert sorted(p.name for p in shared.iterdir()) == ["jit_f-cache", "jit_h-cache"]
+    assert (shared / "jit_f-cache").read_bytes() == b"program f"
+    assert set(json.loads(manifest.read_text())["entries"]) == {"jit_f-cache", "jit_h-cache"}
+    assert not (job_dir(nxt) / "jit_new-cache").exists() and (job_dir(nxt) / "jit_f-cache").read_bytes() == b"program f"
+
+
 @pytest.mark.parametrize("how", ["bytes", "manifest", "both"])
-def test_a_planted_entry_is_not_staged_the_stage_says_so_in_one_line_and_the_run_repairs_it(tmp_path, monkeypatch, how):
-    shared, manifest = first_run(tmp_path, monkeypatch, {"jit_f-cache": b"program f", "jit_g-cache": b"program g"})
+def test_a_planted_entry_is_not_staged_the_stage_says_so_in_one_line_and_the_compile_job_repairs_it(tmp_path, how):
+    shared, manifest = first_run(tmp_path, {"jit_f-cache": b"program f", "jit_g-cache": b"program g"})
     plant(how, shared, manifest, "jit_f-cache")
     nxt = run_ctx(tmp_path, "next")
-    result, lines = staged(nxt, monkeypatch)
+    result, lines = stage(nxt)
     (warning,) = warnings_of(lines)
     assert result["refused"] == ["jit_f-cache"] and result["staged"] == 1
-    assert f"compile cache {shared}: not used: 1 whose bytes do not hash to the manifest's (jit_f-cache)" in warning
+    assert f"compile cache {shared}: not used: 1 whose bytes or names do not match the manifest's (jit_f-cache)" in (
+        warning
+    )
     assert warning.endswith("compiled again") and str(manifest) in warning
     if how == "both":
         assert "1 the manifest does not list (manifest.json)" in warning
     assert not (job_dir(nxt) / "jit_f-cache").exists() and not (job_dir(nxt) / "manifest.json").exists()
     assert (job_dir(nxt) / "jit_g-cache").read_bytes() == b"program g"  # the intact entry still serves
-    # The job compiles the refused program again; the stage promotes it over the planted one, and the next run
-    # stages it without a warning.
-    (job_dir(nxt) / "jit_f-cache").write_bytes(b"program f")
-    assert promoted(nxt, result, monkeypatch)["promoted"] == 1
+    # A refused entry makes the stage run the compile job again: it compiles the program again, the record replaces
+    # the planted one and stages it for this run's training job, and the next run stages it without a warning.
+    assert compile_job(nxt, result, {"jit_f-cache": b"program f", "jit_g-cache": b"program g"})["recorded"] == 1
     assert (shared / "jit_f-cache").read_bytes() == b"program f"
-    again, lines = staged(run_ctx(tmp_path, "again"), monkeypatch)
+    assert (job_dir(nxt) / "jit_f-cache").read_bytes() == b"program f"
+    again, lines = stage(run_ctx(tmp_path, "again"))
     assert again["refused"] == [] and again["staged"] == 2
     # what the trusted side never wrote stays where it was planted, unlisted, and is said so at every stage-in
     assert [("does not list (manifest.json)" in w, "whose bytes" in w) for w in warnings_of(lines)] == (
@@ -119,25 +159,74 @@ def test_a_planted_entry_is_not_staged_the_stage_says_so_in_one_line_and_the_run
     )
 
 
-def test_a_pod_that_rewrites_a_staged_entry_in_its_own_directory_changes_nothing_another_run_loads(
-    tmp_path, monkeypatch
-):
-    shared, manifest = first_run(tmp_path, monkeypatch, {"jit_f-cache": b"program f"})
-    before = manifest.read_bytes()
-    ctx = run_ctx(tmp_path, "hostile")
-    result, _ = staged(ctx, monkeypatch)
-    (job_dir(ctx) / "jit_f-cache").write_bytes(PLANTED)  # its own copy: its pods may write there
-    (job_dir(ctx) / ".jit_h-cache.tmp").write_bytes(b"a writer's temporary file")  # hidden: never an entry
-    assert promoted(ctx, result, monkeypatch)["promoted"] == 0
-    assert (shared / "jit_f-cache").read_bytes() == b"program f" and manifest.read_bytes() == before
-
-
-def test_an_unreadable_manifest_stages_nothing_with_one_warning(tmp_path, monkeypatch):
-    shared, manifest = first_run(tmp_path, monkeypatch, {"jit_f-cache": b"program f"})
-    manifest.write_text("{not json")
-    result, lines = staged(run_ctx(tmp_path, "next"), monkeypatch)
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (b"{not json", "cannot be read"),
+        (json.dumps({"entries": {"jit_f-cache": {"sha256": "x"}}}).encode(), "written before compile jobs"),
+    ],
+)
+def test_an_unreadable_or_pre_compile_job_manifest_stages_nothing_with_one_warning(tmp_path, raw, why):
+    shared, manifest = first_run(tmp_path, {"jit_f-cache": b"program f"})
+    manifest.write_bytes(raw)
+    result, lines = stage(run_ctx(tmp_path, "next"))
     (warning,) = warnings_of(lines)
-    assert result["staged"] == 0 and "cannot be read" in warning and "1 the manifest does not list" in warning
+    assert result["staged"] == 0 and why in warning and "1 the manifest does not list" in warning
+    assert result["compiled"] == []  # so the stage runs a compile job, whose record starts a new manifest
+
+
+def test_a_manifest_entry_whose_name_leads_out_of_the_key_is_refused_and_nothing_outside_is_read(tmp_path):
+    shared, manifest = first_run(tmp_path, {"jit_f-cache": b"program f"})
+    outside = shared.parent / "elsewhere"
+    outside.write_bytes(b"program outside")
+    doc = json.loads(manifest.read_text())
+    for name in ("../elsewhere", "/etc/passwd", "a//b"):
+        doc["entries"][name] = {"sha256": cache_trust.sha256(b"program outside")}
+    manifest.write_text(json.dumps(doc))
+    result, lines = stage(run_ctx(tmp_path, "next"))
+    assert sorted(result["refused"]) == ["../elsewhere", "/etc/passwd", "a//b"] and result["staged"] == 1
+    assert len(warnings_of(lines)) == 1
+    assert [cache_trust.bad_name(n) != "" for n in ("a/b", "a/../b", "..", "/a", "a\\b", "")] == [False] + [True] * 5
+
+
+def test_a_record_past_the_caps_keeps_what_fits_and_warns_never_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_trust, "MAX_ENTRIES", 2)
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    lines: list[str] = []
+    for i in range(4):
+        (compile_dir(ctx) / f"jit_{i}-cache").parent.mkdir(parents=True, exist_ok=True)
+        (compile_dir(ctx) / f"jit_{i}-cache").write_bytes(b"p" * 10)
+    places = get_platform("local").cache_places(ctx)
+    result = cache_trust.record(places, key_of(ctx), "first", CONFIG, staged["names"], lines.append)
+    assert result["recorded"] == 2 and result["over_cap"] == 2
+    (warning,) = warnings_of(lines)
+    assert "2 of the compile job's entries not recorded (jit_2-cache, jit_3-cache)" in warning
+    assert "at most 2 entries" in warning
+    monkeypatch.setattr(cache_trust, "MAX_ENTRIES", 100)
+    monkeypatch.setattr(cache_trust, "MAX_BYTES", 25)  # 20 held: one more of 10 passes it
+    nxt = run_ctx(tmp_path, "next")
+    staged, _ = stage(nxt)
+    assert compile_job(nxt, staged, {"jit_9-cache": b"q" * 10}, "sha256:b")["over_cap"] == 1
+
+
+def test_runs_recording_at_once_on_this_machine_keep_every_entry(tmp_path):
+    """Eight records of one key at once (the local platform's lock around the manifest's read and write)."""
+    ctxs = [run_ctx(tmp_path, f"run-{i}") for i in range(8)]
+    for i, ctx in enumerate(ctxs):
+        (compile_dir(ctx)).mkdir(parents=True)
+        (compile_dir(ctx) / f"jit_{i}-cache").write_bytes(b"program %d" % i)
+    places = [get_platform("local").cache_places(ctx) for ctx in ctxs]
+    threads = [
+        threading.Thread(target=cache_trust.record, args=(p, key_of(c), c.run_id, f"c{i}", [], lambda m: None))
+        for i, (p, c) in enumerate(zip(places, ctxs, strict=True))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    doc, why = cache_trust.read_manifest(places[0].manifests, key_of(ctxs[0]))
+    assert not why and len(doc["entries"]) == 8 and len(doc["compiled"]) == 8
 
 
 # ---------------------------------------------------------------- with JAX's own persistent compilation cache
@@ -145,38 +234,96 @@ def test_an_unreadable_manifest_stages_nothing_with_one_warning(tmp_path, monkey
 
 @pytest.mark.e2e  # runs in the maxtext environment, which `make test` builds while the fast tiers run
 @pytest.mark.parametrize("how", ["bytes", "manifest", "both"])
-def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tmp_path, monkeypatch, how):
-    """Three runs through the train stage's staging and promotion, each a real JAX process pointed at the run's own
-    directory (the job's ``jax_cache_dir``): the first compiles and is promoted; the second loads every program
-    from the cache; the programs planted after it are not staged, so the third compiles them again, gets the same
-    value and succeeds, after one warning line."""
+def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tmp_path, how):
+    """Runs through the train stage's staging and recording, each a real JAX process for the compile job (pointed at
+    its own directory) and one for the training job (pointed at the run's own, its ``jax_cache_dir``): the first
+    run's compile job compiles and is recorded, and its training job already loads every program; the second run
+    needs no compile job and loads every program; a program its training job planted in its own directory reaches
+    no one; the programs planted in the cache after it are not staged, so the third run's compile job compiles them
+    again, and its training job loads them, gets the same value and succeeds, after one warning line."""
     from components.platforms.local import envs
     from tests.helpers import REPO
     from tests.unit.test_compile_cache import COMPILE
 
     python = envs.ensure_env("maxtext").python
 
-    def run(run_id: str) -> tuple[dict, list[str]]:
-        ctx = run_ctx(tmp_path, run_id)
-        result, lines = staged(ctx, monkeypatch)
+    def jax_process(where: Path) -> dict:
         proc = subprocess.run(
-            [python, "-c", COMPILE, str(job_dir(ctx))], cwd=REPO, capture_output=True, text=True, timeout=120
+            [python, "-c", COMPILE, str(where)], cwd=REPO, capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        promoted(ctx, result, monkeypatch)
-        return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:]), lines
+        return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
 
-    first, lines = run("first")
-    assert first["compiles"] >= 1 and first["hits"] == 0 and not warnings_of(lines)
-    second, lines = run("second")
-    assert second["hits"] == first["compiles"] and not warnings_of(lines)  # promoted, staged, loaded
-    key = cache.key(resolve("local-maxtext", ""), IMAGE)
-    shared, manifest = tmp_path / cache.CACHE_PREFIX / key, tmp_path / cache_trust.MANIFESTS_PREFIX / f"{key}.json"
+    def run(run_id: str) -> tuple[dict | None, dict, list[str]]:
+        ctx = run_ctx(tmp_path, run_id)
+        result, lines = stage(ctx)
+        compiled = None
+        if CONFIG not in result["compiled"] or result["refused"]:  # components.stages.compile_cache's rule
+            compiled = jax_process(compile_dir(ctx))
+            places = get_platform("local").cache_places(ctx)
+            cache_trust.record(places, key_of(ctx), run_id, CONFIG, result["names"], lines.append)
+        return compiled, jax_process(job_dir(ctx)), lines
+
+    compiled, first, lines = run("first")
+    assert compiled and compiled["compiles"] >= 1 and compiled["hits"] == 0 and not warnings_of(lines)
+    assert first["hits"] == compiled["compiles"]  # recorded and staged before the training job
+    compiled, second, lines = run("second")
+    assert compiled is None and second["hits"] == first["hits"] and not warnings_of(lines)
+    ctx = run_ctx(tmp_path, "second")
+    for entry in (p for p in job_dir(ctx).iterdir() if p.is_file()):  # the training job plants over what it loaded
+        entry.write_bytes(PLANTED)
+    shared, manifest = tmp_path / cache.CACHE_PREFIX / key_of(ctx), tmp_path / cache_trust.MANIFESTS_PREFIX
+    manifest = manifest / f"{key_of(ctx)}.json"
     programs = [n for n in json.loads(manifest.read_text())["entries"] if n.endswith("-cache")]
-    assert programs
+    assert programs and all((shared / n).read_bytes() != PLANTED for n in programs)
     for name in programs:
         plant(how, shared, manifest, name)
-    third, lines = run("third")
+    compiled, third, lines = run("third")
     assert len(warnings_of(lines)) == 1 and "compiled again" in warnings_of(lines)[0]
-    assert third["value"] == first["value"] and third["hits"] == 0 and third["compiles"] == first["compiles"]
+    assert compiled and compiled["compiles"] == first["hits"]
+    assert third["value"] == first["value"] and third["hits"] == first["hits"] and third["compiles"] == third["hits"]
     assert not any("Error reading persistent compilation cache entry" in w for w in third["warnings"])  # never seen
+
+
+# ---------------------------------------------------------------- the train stage's choice: a compile job or none
+
+
+def prepared(ctx: RunContext, monkeypatch) -> tuple[dict | None, list[str]]:
+    from components.stages import compile_cache
+
+    lines: list[str] = []
+    monkeypatch.setattr(compile_cache, "log", lines.append)
+    return compile_cache.prepare(ctx, IMAGE), lines
+
+
+def test_a_recorded_configuration_needs_no_compile_job_and_the_training_job_is_marked_submitted(tmp_path, monkeypatch):
+    from components.stages import compile_cache
+    from components.workload import maxtext
+
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    compile_job(ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec))
+    second = run_ctx(tmp_path, "second")
+    result, lines = prepared(second, monkeypatch)
+    assert result is not None and result["compile_job"] is None and result["staged"]["staged"] == 1
+    assert lines == ["compile cache: 1 verified entries staged; this configuration is compiled: no compile job"]
+    assert (job_dir(second) / "jit_f-cache").read_bytes() == b"program f"
+    assert second.store.read_text(compile_cache.SUBMITTED)  # no compile job for this run from now on
+
+
+def test_no_compile_job_once_the_runs_training_job_was_submitted(tmp_path, monkeypatch):
+    """A retried train stage: the first attempt's training job may have run hostile code on the cluster, so the
+    run compiles what is missing in its training job and records nothing."""
+    from components.stages import compile_cache
+
+    ctx = run_ctx(tmp_path, "retried")
+    write_json(ctx.store, compile_cache.SUBMITTED, {"key": key_of(ctx)})
+    result, lines = prepared(ctx, monkeypatch)
+    assert result is not None and result["compile_job"] is None and result["recorded"] is None
+    assert "no compile job: this run's training job already ran on its cluster" in lines[-1]
+    assert not (tmp_path / cache.CACHE_PREFIX).exists()
+
+
+def test_the_fsdp_trainer_keeps_its_cache_per_run(tmp_path, monkeypatch):
+    ctx = RunContext(spec=resolve("local-fsdp", ""), run_id="f", store=LocalStore(tmp_path / "f"), platform="local")
+    assert prepared(ctx, monkeypatch)[0] is None

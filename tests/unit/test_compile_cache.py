@@ -59,11 +59,20 @@ def test_the_plan_shows_where_the_cache_is_and_the_checkpoints_retention_and_siz
     plan = document.build(layered("llama3-70b-v6e-16x2"), "r1")
     tr = plan["training"]
     key = "compile/llama3-70b/v6e-4x4-2-slice/IMAGE-DIGEST"
-    assert tr["compile_cache"] == {
-        "uri": f"gs://PROJECT_ID-tpupipe/cache/{key}",  # read-only to the pods: the train stage promotes into it
-        "path": f"/data/runs/r1/cache/{key}",  # the run's own copy: the verified entries, and what it compiles
+    job = tr["compile_cache"]["compile_job"]
+    assert {k: v for k, v in tr["compile_cache"].items() if k != "compile_job"} == {
+        "uri": f"gs://PROJECT_ID-tpupipe/cache/{key}",  # read-only to the pods: the train stage records into it
+        "path": f"/data/runs/r1/cache/{key}",  # the training job's own copy: the verified entries, and what it compiles
         "manifest": f"gs://PROJECT_ID-tpupipe/state/_cache/{key}.json",  # the hashes, where no pod reaches
     }
+    # the compile job that alone fills it: who runs it, where it writes, on what inputs, and why that is trusted
+    assert job["path"] == f"/data/runs/r1/compiled/{key}" and job["submission_id"].startswith("r1")
+    words = job["entrypoint"].split()
+    assert words[:4] == ["python", "-m", "trainers.maxtext_train", "compile"]
+    assert "dataset_type=synthetic" in words and f"jax_cache_dir={job['path']}" in words
+    assert not any(w.startswith(("hf_", "tokenizer_path=", "load_parameters_path=")) for w in words)
+    assert "steps=1" in words and "learning_rate_schedule_steps=100" in job["entrypoint"].split(" -- ")[1].split()
+    assert "service account tpupipe-r1" in job["identity"] and "before the run's training job" in job["trusted_because"]
     assert tr["checkpoints"]["kept"] == 2
     # Llama 3 70B: 70.55e9 parameters (MaxText's llama3-70b.yml dimensions), 12 bytes each in a checkpoint
     assert tr["checkpoints"]["parameters"] == 70_553_706_496
@@ -71,6 +80,7 @@ def test_the_plan_shows_where_the_cache_is_and_the_checkpoints_retention_and_siz
     text = document.render_text(plan)
     assert "kept        the newest 2 checkpoints: 1,693.3 GB (846.6 GB each" in text
     assert "compiled    gs://PROJECT_ID-tpupipe/cache/compile/llama3-70b/" in text
+    assert "compile job r1" in text and "trusted because it runs only when" in text
     fsdp = document.build(layered("gemma4-e2b-v6e-16"), "r2")
     assert fsdp["training"]["compile_cache"] is None
     assert any("keeps no compiled programs across runs" in w for w in fsdp["warnings"])

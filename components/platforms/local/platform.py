@@ -131,15 +131,21 @@ class LocalPlatform(Platform):
 
         return str(ctx.run_dir / RUN_CACHE_DIR)
 
-    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any]:
-        """This machine's directories: the pipeline's side (the stage) writes the cache and the manifests beside the
-        runs, the Ray workers (this run's pods) only their run's directory (``components.workload.cache_trust``)."""
-        from components.workload.cache_trust import MANIFESTS_PREFIX, LocalPlace
+    def compile_job_root(self, ctx: RunContext) -> str:
+        from components.workload.cache_trust import COMPILE_DIR
 
-        return (
+        return str(ctx.run_dir / COMPILE_DIR)
+
+    def cache_places(self, ctx: RunContext) -> Any:
+        """This machine's directories: the pipeline's side (the stage) writes the cache and the manifests beside the
+        runs, the Ray workers (this run's pods) only their run's directories (``components.workload.cache_trust``)."""
+        from components.workload.cache_trust import MANIFESTS_PREFIX, LocalPlace, Places
+
+        return Places(
             LocalPlace(Path(self.compile_cache_root(ctx))),
             LocalPlace(Path(self.run_cache_root(ctx))),
             LocalPlace(ctx.run_dir.parent / MANIFESTS_PREFIX),
+            LocalPlace(Path(self.compile_job_root(ctx))),
         )
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:

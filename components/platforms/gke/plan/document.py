@@ -96,11 +96,13 @@ def limits(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] |
 
 # TorchTPU keeps its compiled programs across processes under TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT (vLLM's TorchTPU
 # backend documents it: https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md);
-# torch_tpu's own documentation does not name it, so the FSDP trainer does not set it yet.
+# no public source gives its entries' keys or format, so no compile job can be shown to fill it for a training run and
+# no entry can be checked: the FSDP trainer's cache is per run (components.stages.compile_cache).
 TORCH_COMPILE_CACHE_WARNING = (
-    "train.workload=fsdp: the FSDP trainer keeps no compiled programs across runs; torch_tpu's own documentation names "
-    "no persistent compilation cache (vLLM's TorchTPU backend sets TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT), so each "
-    "run compiles its programs again"
+    "train.workload=fsdp: the FSDP trainer keeps no compiled programs across runs: its compile cache (TorchTPU's "
+    "executables, the tokenised split) is per run, under runs/RUN_ID/cache/, never shared; torch_tpu documents no "
+    "persistent compilation cache whose entries a trusted compile job could be shown to produce or a run could check "
+    "(vLLM's TorchTPU backend sets TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT), so each run compiles its programs again"
 )
 
 
@@ -177,9 +179,10 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
 
 
 def _compile_cache(spec: RunSpec, t: Target) -> dict[str, Any] | None:
-    """Where the train job keeps its compiled programs across runs: the pods' path (the run's own copy), the bucket's
-    prefix the train stage promotes them to and the trusted manifest of their hashes
-    (``components.workload.cache_trust``); None for a trainer that keeps none (``_warnings``)."""
+    """Where the train job's compiled programs come from: the pods' path (the training job's own copy), the bucket's
+    prefix kept across runs, the trusted manifest of their hashes, and the compile job that alone fills it
+    (``components.workload.cache_trust``, ``components.stages.compile_cache``); None for a trainer that keeps none
+    (``_warnings``)."""
     from components.workload.cache_trust import MANIFESTS_PREFIX, RUN_CACHE_DIR, manifest_name
 
     if spec.train.workload != "maxtext":
@@ -190,7 +193,21 @@ def _compile_cache(spec: RunSpec, t: Target) -> dict[str, Any] | None:
         "path": path,
         "uri": f"gs://{t.bucket}/{CACHE_PREFIX}/{key}",
         "manifest": f"gs://{t.bucket}/{names.STATE_PREFIX}/{MANIFESTS_PREFIX}/{manifest_name(key)}",
+        "compile_job": {
+            **r.compile_job(spec, t),
+            "identity": f"the run's pods: Kubernetes service account {names.service_account(t.run_id)}",
+            "trusted_because": COMPILE_JOB_TRUST,
+        },
     }
+
+
+COMPILE_JOB_TRUST = (
+    "it runs only when the manifest lacks this compile configuration, before the run's training job was ever "
+    "submitted, in fresh Ray Train worker processes, the pinned image's MaxText on synthetic inputs of the run's "
+    "shapes (no dataset, tokenizer, weights, checkpoint or user code); the train stage (the pipeline's identity) "
+    "hashes what it wrote and records it before the training job starts, and only those entries are ever shared: "
+    "what the training job compiles stays under its run"
+)
 
 
 def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from components.platforms import RunContext
 from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan import needs
 from components.platforms.gke.plan.records import Resource
+from components.platforms.gke.plan.resources import compile_job
 from components.platforms.gke.plan.target import target
 from components.spec import datasets, names
 
@@ -70,6 +71,12 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
             )
         if stage in reads:
             lines.append(f"  read          aiplatform.models.get {reads[stage]}")
+        if stage == "train" and spec.train.workload == "maxtext":  # the compile cache's only producer
+            job = compile_job(spec, t)
+            lines.append(
+                f"  submit        ray.jobs.submit {job['submission_id']}: {job['entrypoint']} (only when the trusted "
+                "manifest lacks this compile configuration; its output recorded before the train job)"
+            )
         lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
     if spec.gate.register:
         lines += [

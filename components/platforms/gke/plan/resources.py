@@ -161,6 +161,20 @@ def compile_cache(spec: RunSpec, t: Target) -> str:
     return cache.directory(root, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
 
 
+def compile_job(spec: RunSpec, t: Target) -> dict[str, str]:
+    """The run's compile job (``components.stages.compile_cache``): its submission id, its entrypoint and where its
+    pods write (the run's own ``compiled/`` prefix, which the train stage records from)."""
+    from components.workload.cache_trust import COMPILE_DIR
+
+    image = t.image if IMAGE_WITH_DIGEST.match(t.image) else ""
+    where = cache.directory(f"{t.run_dir}/{COMPILE_DIR}", spec, image)
+    return {
+        "submission_id": names.job_submission_id(t.run_id, "compile"),
+        "entrypoint": job_command(spec, "compile", f"{t.run_dir}/compile", f"{t.run_id}-compile", compile_cache=where),
+        "path": where,
+    }
+
+
 def _reservation_affinity(reservation: str) -> dict[str, Any]:
     return {
         "consumeReservationType": "SPECIFIC_RESERVATION",

@@ -89,7 +89,11 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
         *(
             [
                 f"  compiled    {tr['compile_cache']['uri']} (kept across runs, read-only to pods; entries matching "
-                f"{tr['compile_cache']['manifest']} staged to {tr['compile_cache']['path']}, new ones promoted after)"
+                f"{tr['compile_cache']['manifest']} staged to {tr['compile_cache']['path']}; what the train job "
+                "compiles stays there)",
+                f"  compile job {tr['compile_cache']['compile_job']['submission_id']} fills it, as "
+                f"{tr['compile_cache']['compile_job']['identity']}, into {tr['compile_cache']['compile_job']['path']}: "
+                f"trusted because {tr['compile_cache']['compile_job']['trusted_because']}",
             ]
             if tr.get("compile_cache")
             else []

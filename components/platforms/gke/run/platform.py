@@ -303,18 +303,25 @@ class GkePlatform(Platform):
 
         return f"{self._target(ctx).run_dir}/{RUN_CACHE_DIR}"  # the run's own prefix, which its pods write
 
-    def cache_places(self, ctx: RunContext) -> tuple[Any, Any, Any]:
-        """The bucket's ``cache/`` (read-only to every pod), the run's ``runs/<id>/cache/`` and the manifests in
-        ``state/_cache/`` (no pod's identity reaches it), through this process's Cloud Storage client: the
-        pipeline's identity (``components.workload.cache_trust``)."""
+    def compile_job_root(self, ctx: RunContext) -> str:
+        from components.workload.cache_trust import COMPILE_DIR
+
+        return f"{self._target(ctx).run_dir}/{COMPILE_DIR}"  # the run's own prefix: its compile job's output
+
+    def cache_places(self, ctx: RunContext) -> Any:
+        """The bucket's ``cache/`` (read-only to every pod), the run's ``runs/<id>/cache/`` (the training job's) and
+        ``runs/<id>/compiled/`` (the compile job's), and the manifests in ``state/_cache/`` (no pod's identity reaches
+        it), through this process's Cloud Storage client: the pipeline's identity
+        (``components.workload.cache_trust``)."""
         from components.platforms.store import gcs_client
-        from components.workload.cache_trust import MANIFESTS_PREFIX, RUN_CACHE_DIR, GcsPlace
+        from components.workload.cache_trust import COMPILE_DIR, MANIFESTS_PREFIX, RUN_CACHE_DIR, GcsPlace, Places
 
         t, client = self._target(ctx), gcs_client()
-        return (
+        return Places(
             GcsPlace(t.bucket, CACHE_PREFIX, client),
             GcsPlace(t.bucket, f"{names.run_prefix(ctx.run_id)}/{RUN_CACHE_DIR}", client),
             GcsPlace(t.bucket, f"{names.STATE_PREFIX}/{MANIFESTS_PREFIX}", client),
+            GcsPlace(t.bucket, f"{names.run_prefix(ctx.run_id)}/{COMPILE_DIR}", client),
         )
 
     def checkpoint_uri(self, ctx: RunContext, path: str) -> str:
