@@ -187,10 +187,10 @@ class GkeSpec:
     # The Ray containers' root filesystem read-only: what Ray and the trainers write goes to HOME and /tmp (volumes of
     # the pod's own) and the bucket's mount; false: writable, for an image that writes elsewhere.
     read_only_root: bool = True
-    # The Ray containers as uid 1000, non-root, every capability dropped (the Pod Security Standards' "restricted"
-    # profile). Off by default: both tutorials run their TPU containers as the image's user (root), and that a non-root
-    # user may open the TPU chips' device nodes is not documented for GKE; on, for a cluster that enforces it.
-    run_as_non_root: bool = False
+    # The Ray containers as uid/gid 1000, non-root, every capability dropped (the Pod Security Standards' "restricted"
+    # profile), the TPU device files handed to that uid by the container runtime; false: as the image's user (root),
+    # as both tutorials run them, for nodes whose runtime leaves the device files to root.
+    run_as_non_root: bool = True
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
     # projects/P/secrets/NAME[/versions/V] (latest by default); empty: $HF_TOKEN of the process that deploys.
