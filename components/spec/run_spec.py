@@ -86,7 +86,8 @@ class TrainSpec:
     # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date (components/spec/datasets.py)
     dataset: str = GENERATED_DATASET
     eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
-    dataset_filter: str = ""  # bq:// only: a SQL predicate the rows must satisfy
+    # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (query parameters, not SQL)
+    dataset_filter: str = ""
     dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
     # gs:// or local train.dataset: the marker a drop's writer puts beside the data when it is complete ("_SUCCESS",
     # as Spark and Hadoop write it); the drop is read only once it is there. Empty: read what is there.
