@@ -51,8 +51,8 @@ from datetime import UTC, date, datetime, time
 from typing import Any
 
 from components.cloud.credentials import access_error, credentials, google_client
-from components.spec.datasets import row_filter
 from components.spec import InfraError, SpecError
+from components.spec.datasets import row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
@@ -326,6 +326,7 @@ def _typed(kind: str, text: str, field: str, column: str = "") -> Any:
         raise SpecError(field, f"{column} is {kind}: a filter compares {kinds} columns")
     purpose = f"for the column {column}" if column else "to read the rows after"
     raise SpecError(field, f"{text!r} is not a {kind} value {purpose}")
+
 
 def _quoted(column: str) -> str:
     """A column name as a GoogleSQL quoted identifier (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical)."""

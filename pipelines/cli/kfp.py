@@ -51,9 +51,7 @@ def add_arguments(p) -> None:
 
 
 def place_of(args) -> kfp.Place:
-    place = kfp.Place(
-        args.kfp_host, args.kfp_namespace, args.kfp_auth, args.kfp_iap_client_id, insecure=args.insecure
-    )
+    place = kfp.Place(args.kfp_host, args.kfp_namespace, args.kfp_auth, args.kfp_iap_client_id, insecure=args.insecure)
     kfp.check_place(place)
     return place
 

@@ -241,7 +241,11 @@ def test_rows_without_what_the_formatter_needs_are_named(bq):
     ("kwargs", "key", "error"),
     [
         ({"filter": "nope=x"}, "train.dataset_filter", "has no column nope; it has instruction, response"),
-        ({"filter": "ingested=soon"}, "train.dataset_filter", "'soon' is not a TIMESTAMP value for the column ingested"),
+        (
+            {"filter": "ingested=soon"},
+            "train.dataset_filter",
+            "'soon' is not a TIMESTAMP value for the column ingested",
+        ),
         ({"filter": "category IS NOT NULL"}, "train.dataset_filter", "is not COLUMN=VALUE"),
         ({"filter": "EXISTS(SELECT 1 FROM `p.d.secrets`)"}, "train.dataset_filter", "is not COLUMN=VALUE"),
         ({"filter": "category IN (SELECT c FROM `p.d.t`)"}, "train.dataset_filter", "is not COLUMN=VALUE"),
