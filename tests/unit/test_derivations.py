@@ -353,6 +353,18 @@ def test_existing_cluster_is_used_not_created():
     assert r.cpu_node_pool(spec, t)["name"] == names.cpu_node_pool(t.run_id)
 
 
+def test_on_a_cluster_the_run_does_not_create_the_plan_warns_that_the_namespace_fences_its_bucket_access():
+    """The bucket binding's principal is the ServiceAccount's namespace and name: on an existing (shared) cluster,
+    whoever may create pods there may run as it, which the plan says, naming gke.namespace."""
+    from components.platforms.gke.plan import document as plan
+
+    shared = plan.build(resolve("llama3-8b-v6e-16x2", "gke.cluster_name=team-cluster gke.namespace=ml"), "r1")
+    (warning,) = [w for w in shared["warnings"] if w.startswith("gke.namespace=")]
+    assert "gke.namespace=ml: whoever may create pods (or the ServiceAccount tpupipe-r1)" in warning
+    own = plan.build(resolve("llama3-8b-v6e-16x2"), "r1")
+    assert not [w for w in own["warnings"] if w.startswith("gke.namespace=")]
+
+
 def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
     spec, t = spec_and_target("gemma4-e2b-v6e-16")
     rc = m.raycluster(spec, t)["spec"]
