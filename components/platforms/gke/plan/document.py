@@ -112,7 +112,7 @@ TORCH_COMPILE_CACHE_WARNING = (
 SHARED_NAMESPACE_WARNING = (
     "gke.namespace={namespace}: whoever may create pods (or the ServiceAccount {account}) in that namespace of this "
     "cluster gets the run's bucket access; on a cluster others use, name a namespace only the run's submitters may "
-    "write (docs/gke.md, \"What confines a run's pods\")"
+    'write (docs/gke.md, "What confines a run\'s pods")'
 )
 
 
