@@ -129,3 +129,24 @@ def trainer_steps(log: str) -> list[int]:
             seen.add((payload["step"], payload.get("time")))
             steps.append(payload["step"])
     return steps
+
+
+def assert_no_secret(secrets: list[str], **where: str) -> None:
+    """None of ``secrets``, nor its base64 form (as a Kubernetes Secret's data carries it), in any of ``where``'s
+    texts (each named by its keyword: the command's output, the run's files, ...)."""
+    import base64
+
+    forms = [s for secret in secrets if secret for s in (secret, base64.b64encode(secret.encode()).decode())]
+    for name, text in where.items():
+        for form in forms:
+            assert form not in text, f"a secret in {name}"
+
+
+def ray_tokens(kube, run_id: str) -> list[str]:
+    """The Ray token of run ``run_id``, as the Kubernetes emulator ``kube`` saw it created in the run's Secret (none
+    when the run made none)."""
+    import base64
+
+    secret = f'"{names.ray_token_secret(run_id)}"'
+    bodies = [body for method, _, body in kube.bodies if method == "POST" and secret in body]
+    return [base64.b64decode(v).decode() for body in bodies for v in json.loads(body)["data"].values()]

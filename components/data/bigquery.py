@@ -9,8 +9,11 @@ travel window only (7 days by default), so the rows must be read within it.
 Two optional fields narrow the rows, named after the dataset's field (``field`` ``train.dataset``:
 ``train.dataset_filter``, ``train.dataset_time_column``):
 
-- ``<field>_filter``: a GoogleSQL boolean expression over the table's columns, ANDed to the query's WHERE clause;
-  one expression (no ``;``, no comment, balanced quotes and parentheses);
+- ``<field>_filter``: ``COLUMN=VALUE[,COLUMN=VALUE...]``, the values the rows' columns must have; each becomes
+  ``COLUMN = @fN`` in the query's WHERE clause, the column a quoted name the table's schema has, the value a query
+  parameter of the column's type (https://cloud.google.com/bigquery/docs/parameterized-queries: a parameter stands
+  for a value and is never read as query text), so no filter can read another table (``EXISTS(SELECT ...)``), call a
+  function or change the query's shape;
 - ``<field>_time_column``: a TIMESTAMP, DATETIME, DATE or INT64 column that grows with each new row (its ingestion
   time): the snapshot records its largest value, ``max_time``, and a later snapshot with ``after=max_time`` counts and
   reads only the rows past it (strictly greater: a row that arrives later with a time not past ``max_time`` is never
@@ -49,6 +52,7 @@ from typing import Any
 
 from components.cloud.credentials import access_error, credentials, google_client
 from components.spec import InfraError, SpecError
+from components.spec.datasets import row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
@@ -66,6 +70,22 @@ TABLE_RULE = "bq://PROJECT.DATASET.TABLE"
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema)
 TIME_TYPES = {"TIMESTAMP": "TIMESTAMP", "DATETIME": "DATETIME", "DATE": "DATE", "INTEGER": "INT64", "INT64": "INT64"}
 TIME_WINDOW = "https://cloud.google.com/bigquery/docs/time-travel"
+# The scalar types a filter's value may have, each schema type (tables.get answers the legacy names) with the query
+# parameter type it is sent as (GoogleSQL data types: https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types).
+PARAMETER_TYPES = {
+    "STRING": "STRING",
+    "INTEGER": "INT64",
+    "INT64": "INT64",
+    "FLOAT": "FLOAT64",
+    "FLOAT64": "FLOAT64",
+    "NUMERIC": "NUMERIC",
+    "BIGNUMERIC": "BIGNUMERIC",
+    "BOOLEAN": "BOOL",
+    "BOOL": "BOOL",
+    "DATE": "DATE",
+    "DATETIME": "DATETIME",
+    "TIMESTAMP": "TIMESTAMP",
+}
 
 
 def parse_table(uri: str, field: str) -> str:
@@ -119,7 +139,7 @@ def snapshot(
     if at.tzinfo is None:
         raise ValueError(f"snapshot time {at!r} has no time zone")
     filter_field, time_field = f"{field}_filter", f"{field}_time_column"
-    _check_filter(filter, filter_field)
+    pairs = row_filter(filter, filter_field)
     if after is not None and not time_column:
         raise SpecError(time_field, f"reading only the rows after {after!r} needs the column they are ordered by")
     billing = project or table.rsplit(".", 2)[0]
@@ -139,6 +159,11 @@ def snapshot(
     wrong = [f"{name} is {schema[name]}" for name in required if schema[name] != "STRING"]
     if wrong:
         raise SpecError(field, f"{table}: {', '.join(wrong)}; the formatter's columns must be STRING")
+    unknown = [column for column, _ in pairs if column not in schema]
+    if unknown:
+        raise SpecError(filter_field, f"{table} has no column {', '.join(unknown)}; it has {', '.join(schema)}")
+    for column, value in pairs:
+        _typed(schema[column], value, filter_field, column)  # a value its column cannot hold: named here
     time_type = ""
     if time_column:
         if time_column not in schema:
@@ -156,6 +181,7 @@ def snapshot(
         "num_rows": 0,
         "fields": list(schema),
         "filter": filter,
+        "filter_types": {column: schema[column] for column, _ in pairs},
         "time_column": time_column,
         "time_type": time_type,
         "after": after,
@@ -256,7 +282,13 @@ def _where(snap: dict, time_field: str) -> tuple[str, list]:
 
     at = datetime.fromisoformat(snap["snapshot_time"])
     params = [bigquery.ScalarQueryParameter("at", "TIMESTAMP", at)]
-    conditions = [f"(\n{snap['filter']}\n)"] if snap["filter"] else []
+    conditions = []
+    types = snap.get("filter_types") or {}
+    filter_field = time_field.removesuffix("_time_column") + "_filter"
+    for i, (column, value) in enumerate(row_filter(snap["filter"], filter_field)):
+        kind = PARAMETER_TYPES.get(types[column], types[column])
+        params.append(bigquery.ScalarQueryParameter(f"f{i}", kind, _typed(kind, value, filter_field, column)))
+        conditions.append(f"{_quoted(column)} = @f{i}")
     if snap["after"] is not None:
         kind = snap["time_type"]
         params.append(bigquery.ScalarQueryParameter("after", kind, _typed(kind, snap["after"], time_field)))
@@ -264,50 +296,41 @@ def _where(snap: dict, time_field: str) -> tuple[str, list]:
     return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
 
 
-def _typed(kind: str, text: str, time_field: str) -> Any:
-    """``after`` (the text :func:`_text` wrote) as the Python value of its query parameter type."""
+def _typed(kind: str, text: str, field: str, column: str = "") -> Any:
+    """``text`` as the Python value of a query parameter of type ``kind`` (a schema type, legacy names too): ``after``
+    (the text :func:`_text` wrote) or a filter's value for ``column``; a SpecError naming ``field`` otherwise."""
+    kind = PARAMETER_TYPES.get(kind, kind)
     try:
+        if kind == "STRING":
+            return text
         if kind == "INT64":
             return int(text)
+        if kind == "FLOAT64":
+            return float(text)
+        if kind in ("NUMERIC", "BIGNUMERIC"):
+            return decimal.Decimal(text)
+        if kind == "BOOL" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
         if kind == "DATE":
             return date.fromisoformat(text)
-        value = datetime.fromisoformat(text)
-        if kind == "TIMESTAMP":
-            return value if value.tzinfo else value.replace(tzinfo=UTC)
-        if value.tzinfo is None:
-            return value
-    except ValueError:
+        if kind in ("TIMESTAMP", "DATETIME"):
+            value = datetime.fromisoformat(text)
+            if kind == "TIMESTAMP":
+                return value if value.tzinfo else value.replace(tzinfo=UTC)
+            if value.tzinfo is None:
+                return value
+    except (ValueError, decimal.InvalidOperation):
         pass
-    raise SpecError(time_field, f"{text!r} is not a {kind} value to read the rows after")
+    if column and kind not in PARAMETER_TYPES.values():
+        kinds = ", ".join(sorted(set(PARAMETER_TYPES.values())))
+        raise SpecError(field, f"{column} is {kind}: a filter compares {kinds} columns")
+    purpose = f"for the column {column}" if column else "to read the rows after"
+    raise SpecError(field, f"{text!r} is not a {kind} value {purpose}")
 
 
 def _quoted(column: str) -> str:
     """A column name as a GoogleSQL quoted identifier (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical)."""
     return "`" + column.replace("\\", "\\\\").replace("`", "\\`") + "`"
-
-
-def _check_filter(text: str, key: str) -> None:
-    """A SpecError naming ``key`` unless ``text`` reads as one expression to put in parentheses: quotes closed,
-    parentheses balanced, no ``;`` (a second statement) and no comment (which could hide the rest of the query)."""
-    depth, quote, i = 0, "", 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == ";" or ch == "#" or text.startswith(("--", "/*"), i):
-            raise SpecError(key, f"{text!r}: one boolean expression, without ';' or comments")
-        elif ch in "()":
-            depth += 1 if ch == "(" else -1
-            if depth < 0:
-                break
-        i += 1
-    if quote or depth:
-        raise SpecError(key, f"{text!r}: unclosed quote or unbalanced parentheses")
 
 
 def _text(value: Any) -> str | None:
@@ -372,7 +395,7 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if isinstance(exc, gexc.BadRequest) and filter:
         return SpecError(
             filter_field,
-            f"BigQuery refused the query with the filter {filter!r} (line 2 of the query is its first): {said}",
+            f"BigQuery refused the query with the filter {filter!r}: {said}",
         )
     if isinstance(exc, gexc.Forbidden) and not exc.reason:  # a quota or a rate limit (errors[].reason), not access
         return exc

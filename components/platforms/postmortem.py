@@ -12,7 +12,9 @@ Ctrl-C, a cancel or the janitor alike):
   (``logs/ray_state.json``) and each node's Ray logs (``logs/ray/<node>/``, as locally).
 
 Bounded: each file keeps at most ``CAP_BYTES``, its tail (where a failure is), and at most ``MAX_FILES`` Ray log
-files are kept. ``tpupipe logs`` lists what the stages recorded; these files sit beside the job logs under
+files are kept. Redacted: every file goes through ``components.platforms.redaction`` first (the run's Hugging Face
+and Ray tokens, any bearer token), as a pod's log or an event may print a secret and the store outlives the run's
+Secrets. ``tpupipe logs`` lists what the stages recorded; these files sit beside the job logs under
 ``logs/``."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from components.platforms.redaction import redact, redact_bytes
 from components.platforms.store import RunStore, read_json, write_text
 
 CAP_BYTES = 128 * 1024
@@ -33,7 +36,8 @@ RAY_LOGS_FIRST = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err"
 
 
 def tail(data: bytes, cap: int = CAP_BYTES) -> bytes:
-    """``data``, or its last ``cap`` bytes after a line saying how much was left out."""
+    """``data`` redacted, or its last ``cap`` bytes after a line saying how much was left out."""
+    data = redact_bytes(data)
     if len(data) <= cap:
         return data
     cut = data[-cap:]
@@ -82,7 +86,7 @@ def kubernetes(store: RunStore, kube, selector: str, raycluster: str) -> str:
     ]
     cluster = kube.get("RayCluster", raycluster) or {}
     doc = {"pods": [_pod(p) for p in pods], "events": events[-500:], "raycluster": cluster.get("status")}
-    return write_text(store, "logs/kubernetes.json", json.dumps(doc, indent=1, default=str), "application/json")
+    return _write_json(store, "logs/kubernetes.json", doc)
 
 
 def pod_logs(store: RunStore, kube, pods: list[dict[str, Any]], cap: int = CAP_BYTES) -> list[str]:
@@ -110,7 +114,7 @@ def pod_logs(store: RunStore, kube, pods: list[dict[str, Any]], cap: int = CAP_B
 def node_pools(store: RunStore, pools: list[dict[str, Any]]) -> str:
     """The run's node pools as GKE describes them (status and its message, conditions, autoscaling, the nodes'
     machine, spot or flex-start), as ``logs/node_pools.json``; its key."""
-    return write_text(store, "logs/node_pools.json", json.dumps(pools, indent=1, default=str), "application/json")
+    return _write_json(store, "logs/node_pools.json", pools)
 
 
 def _listed(get, path: str, state: str = "") -> list[dict[str, Any]]:
@@ -140,7 +144,7 @@ def ray_state(store: RunStore, get, cap: int = CAP_BYTES) -> list[str]:
         "dead_actors": _listed(get, "/api/v0/actors", "DEAD"),
         "failed_tasks": _listed(get, "/api/v0/tasks", "FAILED"),
     }
-    written = [write_text(store, "logs/ray_state.json", json.dumps(doc, indent=1, default=str), "application/json")]
+    written = [_write_json(store, "logs/ray_state.json", doc)]
     wanted = []
     for node in nodes:
         if node.get("state") != "ALIVE":
@@ -192,7 +196,7 @@ class LostPods:
                 self.kept.append({**_pod(pod), "uid": uid, "why": "gone before it could be read", "log": None})
         self.seen = now
         if len(self.kept) > before:
-            write_text(self.store, LOST_PODS, json.dumps(self.kept, indent=1, default=str), "application/json")
+            _write_json(self.store, LOST_PODS, self.kept)
 
     def _keep(self, pod: dict[str, Any], why: str, previous: bool, mark: tuple[str, int]) -> None:
         self._done.add(mark)
@@ -215,6 +219,11 @@ class LostPods:
         except Exception as exc:  # noqa: BLE001
             events = [{"error": str(exc)[:300]}]
         self.kept.append({**_pod(pod), "uid": uid, "why": why, "log": key, "events": events})
+
+
+def _write_json(store: RunStore, key: str, doc: Any) -> str:
+    """``doc`` as JSON under ``key``, redacted (an event's message, a task's error may quote a secret)."""
+    return write_text(store, key, redact(json.dumps(doc, indent=1, default=str)), "application/json")
 
 
 def _uid(pod: dict[str, Any]) -> str:

@@ -196,8 +196,9 @@ def _check_data(spec: RunSpec) -> None:
     ):
         if value and not is_bq:
             raise SpecError(key, f"applies to a bq:// train.dataset only, got {t.dataset!r}", [""])
-    if t.dataset_time_column and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,299}", t.dataset_time_column):
+    if t.dataset_time_column and not datasets.COLUMN.fullmatch(t.dataset_time_column):
         raise SpecError("train.dataset_time_column", f"not a column name: {t.dataset_time_column!r}")
+    datasets.row_filter(t.dataset_filter)
     _check_drops(spec)
     if t.data_since not in datasets.SINCE:
         raise SpecError("train.data_since", f"unknown value {t.data_since!r}", ['""', "champion"])

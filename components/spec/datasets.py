@@ -10,8 +10,8 @@ Kinds:
   (``DIR/`` is every data file under it, ``DIR/*.jsonl`` a glob, ``a.jsonl`` one file);
 - Cloud Storage: ``gs://BUCKET/PREFIX/`` (every data object under it), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or one
   object;
-- BigQuery: ``bq://PROJECT.DATASET.TABLE``, with ``train.dataset_filter`` (a SQL predicate) and
-  ``train.dataset_time_column`` (an ingestion-time column, for ``train.data_since``).
+- BigQuery: ``bq://PROJECT.DATASET.TABLE``, with ``train.dataset_filter`` (``COLUMN=VALUE`` pairs the rows must
+  match, never SQL) and ``train.dataset_time_column`` (an ingestion-time column, for ``train.data_since``).
 
 Local files, Cloud Storage and BigQuery are *snapshotted*: the run's first stage resolves them once to an immutable
 list (``components.data``), writes the examples the run trains and evaluates on under the jobs' directory, and the
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+
+from components.spec.errors import SpecError
 
 GENERATED = "generated"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")  # .jsonl.gz: JSON Lines, gzip-compressed
@@ -38,6 +40,9 @@ SINCE = ("", "champion")
 # The trainers' splits of a snapshot: the files the first stage writes under the jobs' directory.
 SNAPSHOT_SPLITS = ("train", "heldout")
 FIELDS = ("instruction", "response")  # what the prompt format needs of every example (trainers.data.PROMPT)
+# A BigQuery column name (https://cloud.google.com/bigquery/docs/schemas#column_names: letters, digits, underscores,
+# not starting with a digit, at most 300 characters).
+COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
 
 
 def kind(dataset: str) -> str:
@@ -71,3 +76,24 @@ def render(dataset: str, when: datetime) -> str:
 def splits(dataset: str, train_split: str, eval_split: str) -> tuple[str, str]:
     """The (train, evaluation) splits the trainers read: a snapshot's two files, else the spec's own."""
     return SNAPSHOT_SPLITS if snapshotted(dataset) else (train_split, eval_split)
+
+
+def row_filter(text: str, field: str = "train.dataset_filter") -> list[tuple[str, str]]:
+    """``COLUMN=VALUE[,COLUMN=VALUE...]`` as its (column, value) pairs: the rows kept are those whose every column
+    equals its value. No SQL: the column is a name checked here (and against the table's schema at the snapshot), the
+    value reaches BigQuery as a query parameter, never as query text, so a filter cannot read another table (a
+    subquery), call a function or end the statement. A SpecError naming ``field`` otherwise."""
+    pairs: list[tuple[str, str]] = []
+    for part in text.split(",") if text else []:
+        column, eq, value = part.partition("=")
+        column = column.strip()
+        if not eq or not COLUMN.fullmatch(column):
+            raise SpecError(
+                field,
+                f"{part!r} is not COLUMN=VALUE: a filter is the columns' values the rows must have, not SQL",
+                ["category=math", "lang=en,source=docs"],
+            )
+        if column in dict(pairs):
+            raise SpecError(field, f"column {column!r} named twice")
+        pairs.append((column, value.strip()))
+    return pairs

@@ -34,3 +34,12 @@ def check_digest(field: str, digest: str) -> str:
     if not DIGEST.match(digest):
         raise SpecError(field, f"{digest!r} is not an image digest", ["sha256:<64 hex digits>"])
     return digest
+
+
+# The Cloud Build step that runs ``docker build``: Google's docker builder image (its source:
+# https://github.com/GoogleCloudPlatform/cloud-builders/tree/master/docker, published as gcr.io/cloud-builders/docker),
+# pulled by digest, not by the tag ``latest`` that Google moves with each release: a build step runs with the build
+# service account's credentials and the run's sources, so what it is must not change between two builds of one run.
+# The digest is the docker builder (Docker 20.10.24) as Cloud Build logs showed it in 2026; to move to a newer one,
+# read the digest ``latest`` names now (``gcloud container images describe gcr.io/cloud-builders/docker:latest``).
+DOCKER_BUILDER = "gcr.io/cloud-builders/docker@sha256:efdbd755476e7e5eb1077ed6e4bf691f87b38fbded575e9b825f9480374f8f4b"

@@ -86,7 +86,8 @@ class TrainSpec:
     # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date (components/spec/datasets.py)
     dataset: str = GENERATED_DATASET
     eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
-    dataset_filter: str = ""  # bq:// only: a SQL predicate the rows must satisfy
+    # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (query parameters, not SQL)
+    dataset_filter: str = ""
     dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
     # gs:// or local train.dataset: the marker a drop's writer puts beside the data when it is complete ("_SUCCESS",
     # as Spark and Hadoop write it); the drop is read only once it is there. Empty: read what is there.
@@ -187,10 +188,10 @@ class GkeSpec:
     # The Ray containers' root filesystem read-only: what Ray and the trainers write goes to HOME and /tmp (volumes of
     # the pod's own) and the bucket's mount; false: writable, for an image that writes elsewhere.
     read_only_root: bool = True
-    # The Ray containers as uid 1000, non-root, every capability dropped (the Pod Security Standards' "restricted"
-    # profile). Off by default: both tutorials run their TPU containers as the image's user (root), and that a non-root
-    # user may open the TPU chips' device nodes is not documented for GKE; on, for a cluster that enforces it.
-    run_as_non_root: bool = False
+    # The Ray containers as uid/gid 1000, non-root, every capability dropped (the Pod Security Standards' "restricted"
+    # profile), the TPU device files handed to that uid by the container runtime; false: as the image's user (root),
+    # as both tutorials run them, for nodes whose runtime leaves the device files to root.
+    run_as_non_root: bool = True
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,
     # projects/P/secrets/NAME[/versions/V] (latest by default); empty: $HF_TOKEN of the process that deploys.

@@ -15,6 +15,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, signal_name
+from components.platforms.redaction import redact
 from components.platforms.store import read_json, write_json, write_text
 from components.spec import InfraError, names, protocol
 from components.stages import base_weights
@@ -62,7 +63,7 @@ def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -
     ``LOG_SAVE_S`` in Cloud Storage (one object write each), and always at the end."""
     due = force or ctx.store.local() is not None or time.monotonic() - state.saved_at >= LOG_SAVE_S
     if due and state.saved != len(state.text):
-        write_text(ctx.store, f"logs/{kind}.log", state.before + state.text)
+        write_text(ctx.store, f"logs/{kind}.log", redact(state.before + state.text))  # a job may print a secret
         state.saved_at, state.saved = time.monotonic(), len(state.text)
 
 
@@ -120,7 +121,7 @@ def _take(
     state.seen = end
     _save_log(ctx, kind, state)
     for line in lines:
-        print(f"  [{kind}] {line}", flush=True)
+        print(f"  [{kind}] {redact(line)}", flush=True)
     for rec in protocol.parse(lines, state.nonce):
         state.records.append(rec)
         if on_record:
@@ -283,7 +284,7 @@ def run_job(
                 raise
             evictions.append({"submission_id": submission_id, "nonce": state.nonce, "reason": reason})
             evictions[-1]["evicted_at"] = time.time()
-            write_text(ctx.store, f"logs/{kind}.{len(evictions)}.log", state.text)
+            write_text(ctx.store, f"logs/{kind}.{len(evictions)}.log", redact(state.text))
             write_json(ctx.store, f"jobs/{kind}.json", {"evictions": evictions})  # a retried task goes on from here
             if len(evictions) > EVICTIONS:
                 raise JobFailed(
@@ -345,7 +346,7 @@ def _follow(
     if crossed:  # stopped as the run crossed a limit, by an attempt before this one (a retried task re-attached)
         raise LimitCrossed(crossed)
     if info.status != JobStatus.SUCCEEDED:
-        tail = "\n".join(state.text.splitlines()[-TAIL_LINES:])
+        tail = redact("\n".join(state.text.splitlines()[-TAIL_LINES:]))  # the error goes to the stage's record
         raise JobFailed(
             f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
             f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}"

@@ -31,6 +31,12 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--kfp-iap-client-id", default="", help="the OAuth client id of the endpoint's IAP (--kfp-auth iap)")
     p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="with --kfp-host http://… and --kfp-auth sa-token or iap: send the token over plain HTTP to a host that "
+        "is not this machine (refused without it; localhost needs no flag)",
+    )
+    p.add_argument(
         "--kfp-service-account",
         default="",
         help="with --kfp-host: the Google service account the KFP runner uses by Workload Identity; checked before "
@@ -45,7 +51,7 @@ def add_arguments(p) -> None:
 
 
 def place_of(args) -> kfp.Place:
-    place = kfp.Place(args.kfp_host, args.kfp_namespace, args.kfp_auth, args.kfp_iap_client_id)
+    place = kfp.Place(args.kfp_host, args.kfp_namespace, args.kfp_auth, args.kfp_iap_client_id, insecure=args.insecure)
     kfp.check_place(place)
     return place
 

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.spec.images import DOCKER_BUILDER
 from pipelines.pipeline import PIPELINE_IMAGE, Target, compile_pipeline, source_version
 
 # With the emulators: the KFP registry's base URL (http://host:port); unset, https://REGION-kfp.pkg.dev.
@@ -43,7 +44,7 @@ def build_body(target: Target, image: str, tag: str, build_account: str = "") ->
         "source": {"storageSource": {"bucket": target.run_bucket, "object": f"build/{PIPELINE_IMAGE}-{tag}.tar.gz"}},
         "steps": [
             {
-                "name": "gcr.io/cloud-builders/docker",
+                "name": DOCKER_BUILDER,  # by digest (components/spec/images.py)
                 "args": ["build", "--file", f"images/{PIPELINE_IMAGE}/Dockerfile", "--tag", image, "."],
             }
         ],

@@ -141,6 +141,11 @@ def _digest(*parts: str) -> str:
     return "sha256:" + hashlib.sha256("/".join(parts).encode()).hexdigest()
 
 
+def _step_digest(image: str) -> str:
+    """What a step's image resolves to: the digest it names (``NAME@sha256:HEX``), else whatever its tag names now."""
+    return image.rsplit("@", 1)[1] if "@sha256:" in image else _digest(image)
+
+
 class CloudBuildEmulator(GrpcEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 (plaintext) and returns ``127.0.0.1:PORT``."""
 
@@ -519,7 +524,9 @@ class CloudBuildEmulator(GrpcEmulator):
                     )
                     for image in progress.images
                 ],
-                build_step_images=[_digest(step.name) for step in build.steps],
+                # The digest each step's image resolved to (Results.build_step_images, google/devtools/cloudbuild/v1/
+                # cloudbuild.proto): a step named by digest ran exactly that image.
+                build_step_images=[_step_digest(step.name) for step in build.steps],
                 build_step_outputs=[b"" for _ in build.steps],
             )
         else:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.emulators.project import ONE_SLICE, Project, start_project
-from tests.gke.test_gke_pipeline import _env
+from tests.gke.test_gke_pipeline import _env, assert_secrets_kept
 from tests.gke.test_gke_platform import DCN_SLICES
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
@@ -195,5 +195,6 @@ def test_a_fault_in_a_stage_fails_the_run_naming_it_and_teardown_leaves_nothing(
             _assert_postmortem(root / fault.run_id, [p["name"] for p in kept["pods"]])
         _nothing_left(project, fault.run_id)
         fault.after(project, out)
+        assert_secrets_kept(project, fault.run_id, root / fault.run_id, out + logs.stdout + logs.stderr)
     finally:
         project.stop()

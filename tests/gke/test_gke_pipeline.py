@@ -18,7 +18,14 @@ import pytest
 from components.platforms.gke.run.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
 from tests.emulators.project import PROJECT, start_project
-from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until
+from tests.helpers import (
+    assert_goodput_accounts,
+    assert_no_secret,
+    ray_tokens,
+    tpupipe_cmd,
+    unique_run_id,
+    wait_until,
+)
 from tests.terminal import Terminal, driver_processes
 
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
@@ -69,6 +76,13 @@ def _command(root: Path, run_id: str, extra: str = "") -> list[str]:
 
 def _env(project) -> dict[str, str]:
     return {**os.environ, **project.env, "HF_TOKEN": SENTINEL}
+
+
+def assert_secrets_kept(project, run_id: str, run_dir: Path, output: str) -> None:
+    """The secret sentinel, on every path a run ends by: the Hugging Face token and the run's Ray token (plain and
+    base64) reached their Secrets and nothing else: not the command's output, nor the run's files (its stages' records,
+    jobs' logs, post-mortem). The Ray token was made (the run deployed its cluster) wherever the caller expects it."""
+    assert_no_secret([SENTINEL, *ray_tokens(project.kube, run_id)], output=output, files=_files_text(run_dir))
 
 
 def _files_text(*roots: Path) -> str:
@@ -160,9 +174,9 @@ def test_the_whole_pipeline_on_emulated_gke_then_nothing_is_left(tmp_path, proje
         timeout=120,
     )
     assert plan.returncode == 0, plan.stderr
-    everything = proc.stdout + proc.stderr + plan.stdout + plan.stderr + _files_text(run_dir)
     assert (run_dir / "pipeline.yaml").is_file()
-    assert SENTINEL not in everything
+    assert ray_tokens(project.kube, run_id)
+    assert_secrets_kept(project, run_id, run_dir, proc.stdout + proc.stderr + plan.stdout + plan.stderr)
     assert SENTINEL not in _files_text(project.kube.work_dir / "ray")
 
 
@@ -204,6 +218,8 @@ def test_ctrl_c_during_train_stops_the_job_and_leaves_nothing_in_any_emulator(tm
     assert "status: interrupted during train (SIGINT)" in out
     assert project.leftovers(run_id) == {}
     assert driver_processes(term.pid) == []
+    assert ray_tokens(project.kube, run_id)
+    assert_secrets_kept(project, run_id, root / run_id, out)
 
 
 def test_a_run_that_crosses_its_budget_during_train_is_stopped_and_torn_down(tmp_path, project):
@@ -230,4 +246,6 @@ def test_a_run_that_crosses_its_budget_during_train_is_stopped_and_torn_down(tmp
     assert stages["teardown"]["status"] == "succeeded", stages["teardown"]
     assert project.clusters(run_id) == [] and project.pools(run_id) == [] and project.rayclusters(run_id) == []
     assert project.leftovers(run_id) == {}
+    assert ray_tokens(project.kube, run_id)
+    assert_secrets_kept(project, run_id, root / run_id, proc.stdout + proc.stderr)
     _wait_gone(run_id)

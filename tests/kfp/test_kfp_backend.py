@@ -9,10 +9,11 @@ import yaml
 from components.spec.names import run_id_from
 from pipelines.backends.kfp import jobs as kfp_backend
 from tests.emulators.project import ONE_SLICE, PROJECT
-from tests.helpers import wait_until
+from tests.helpers import assert_no_secret, wait_until
 
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
 OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
+SENTINEL = "hf_KFPCANCEL0123456789abcdefSENTINEL"
 
 
 def _fail_at_preflight(project) -> None:
@@ -22,15 +23,18 @@ def _fail_at_preflight(project) -> None:
     project.gke.fail("GetServerConfig", grpc.StatusCode.PERMISSION_DENIED, "container.clusters.list denied", 1_000)
 
 
-def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show_and_cancel(kfp, tpupipe):
+def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show_and_cancel(kfp, tpupipe, monkeypatch):
     """The run's project from gke.project (no --project); the pipeline uploaded once as a version named after the
     source version, the very file a Vertex AI job of the same submission runs (one compile); the run in the experiment
     with its run id; `runs list`, `runs show`; `runs cancel` terminates it, the exit handler fails unrun past the
-    deadline as on KFP's Argo backend, and the cancel tears the run down itself."""
+    deadline as on KFP's Argo backend, and the cancel tears the run down itself. The secret sentinel on the KFP
+    cancel path: the Hugging Face token of the submitting process is in no output, task log or stored object."""
     from pipelines.backends.vertex import jobs as vertex
 
+    monkeypatch.setenv("HF_TOKEN", SENTINEL)
     _fail_at_preflight(kfp.project)
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, "--kfp-host", kfp.host)
+    said = out + err
     assert code == 0, out + err
     kfp_run = out.split("submitted run ", 1)[1].split()[0]
     run_id = out.split("(run id ", 1)[1].split(")")[0]
@@ -53,6 +57,7 @@ def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show
     assert code == 0 and kfp_run in out, out + err
     code, out, err = tpupipe("runs", "show", kfp_run, "--kfp-host", kfp.host)
     assert code == 0 and "preset local-fsdp" in out and "snapshot-data" in out, out + err
+    said += out + err
 
     code, out, err = tpupipe("runs", "cancel", kfp_run, "--kfp-host", kfp.host, "--timeout", "120")
     assert code == 0, out + err
@@ -62,6 +67,10 @@ def test_submit_uploads_the_version_and_runs_it_in_the_experiment_then_list_show
     assert teardown and teardown[0]["state"] == "FAILED" and "teardown" not in ended.logs  # never ran on KFP
     assert "tearing" in out or "teardown" in out
     assert kfp.project.clusters(run_id) == [] and kfp.project.gke.state.clusters == {}
+    storage = kfp.project.storage
+    stored = b"\n".join(data for bucket in storage.state.buckets for data in storage.objects_of(bucket).values())
+    logs = "\n".join(ended.logs.values())
+    assert_no_secret([SENTINEL], output=said + out + err, task_logs=logs, bucket=stored.decode(errors="replace"))
 
 
 def test_a_run_id_that_has_had_a_ledger_is_refused_before_anything_is_uploaded(kfp, tpupipe):
@@ -122,6 +131,11 @@ def test_a_recurring_run_is_created_in_the_experiment_and_paused_resumed_deleted
         (["--kfp-namespace", "Team_A"], 2, "--kfp-namespace: 'Team_A' is not a Kubernetes namespace"),
         (["--kfp-auth", "iap"], 2, "--kfp-iap-client-id"),
         (["--kfp-auth", "sa-token"], 2, "sa-token reads the pod's projected token"),
+        (
+            ["--kfp-host", "http://kfp.example.com:8888", "--kfp-auth", "iap", "--kfp-iap-client-id", "c"],
+            2,
+            "--kfp-host: --kfp-auth iap would send its bearer token in clear text to http://kfp.example.com:8888",
+        ),
         (["--kfp-namespace", "elsewhere"], 1, "namespace 'elsewhere'"),
         (["--cron", "TZ=Europe/Paris 0 3 * * 1"], 2, "--cron: Kubeflow Pipelines takes no time zone"),
     ],

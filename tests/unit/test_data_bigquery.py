@@ -98,6 +98,7 @@ def test_a_snapshot_counts_the_rows_and_reads_them_back_as_json(bq):
         "num_rows": 10,
         "fields": ["instruction", "response", "category", "ingested"],
         "filter": "",
+        "filter_types": {},
         "time_column": "ingested",
         "time_type": "TIMESTAMP",
         "after": None,
@@ -112,8 +113,14 @@ def test_a_snapshot_counts_the_rows_and_reads_them_back_as_json(bq):
         "ingested": (NOW - 24 * HOUR).isoformat().replace("+00:00", "Z"),
     }
     assert [r["response"] for r in rows] == [str(n) for n in range(10)]
-    filtered = snap(filter="category = 'math' AND response != '9'")
-    assert filtered["num_rows"] == 4 and [r["response"] for r in read(filtered)] == ["1", "3", "5", "7"]
+    filtered = snap(filter="category=math")
+    assert filtered["num_rows"] == 5 and [r["response"] for r in read(filtered)] == ["1", "3", "5", "7", "9"]
+    both = snap(filter="category=math, response=3")  # every pair must hold
+    assert both["num_rows"] == 1 and [r["response"] for r in read(both)] == ["3"]
+    # The values are query parameters, not SQL: a value that reads as SQL is only a value no row has.
+    for value in ("math' OR 'a'='a", "x'; DELETE FROM t; --"):
+        with pytest.raises(SpecError, match="has no rows matching"):
+            snap(filter=f"category={value}")
 
 
 def test_a_snapshot_read_later_yields_the_rows_it_counted(bq):
@@ -136,7 +143,7 @@ def test_after_counts_and_reads_only_the_newer_rows(bq):
     assert second["num_rows"] == 3 and second["after"] == first["max_time"]
     assert second["max_time"] == later.isoformat().replace("+00:00", "Z")
     assert [r["response"] for r in read(second)] == ["10", "11", "12"]
-    only_math = snap(time_column="ingested", after=first["max_time"], filter="category = 'math'")
+    only_math = snap(time_column="ingested", after=first["max_time"], filter="category=math")
     assert [r["response"] for r in read(only_math)] == ["11"]
 
 
@@ -193,8 +200,8 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
 
 
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
-    with pytest.raises(SpecError, match="has no rows matching train.dataset_filter \"category = 'none'\"") as raised:
-        snap(filter="category = 'none'")
+    with pytest.raises(SpecError, match="has no rows matching train.dataset_filter 'category=none'") as raised:
+        snap(filter="category=none")
     assert raised.value.field == FIELD
     empty = f"{PROJECT}.examples.empty"
     bq.create_table(empty, SCHEMA, at=NOW - HOUR)
@@ -228,18 +235,21 @@ def test_rows_without_what_the_formatter_needs_are_named(bq):
     assert "of its 13 rows, some lack a column the trainer's formatter needs (NULL or empty)" in str(raised.value)
     assert "(NULL or empty): instruction in 1, response in 2; the first found" in str(raised.value)
     assert 'the first found: {"instruction": "Say 10.", "response": null' in str(raised.value)
-    assert snap(filter="response IS NOT NULL AND response != '' AND instruction IS NOT NULL")["num_rows"] == 10
 
 
 @pytest.mark.parametrize(
     ("kwargs", "key", "error"),
     [
-        ({"filter": "nope = 'x'"}, "train.dataset_filter", r"BigQuery refused .*Unrecognized name: nope at \[2:1\]"),
-        ({"filter": "category = 3"}, "train.dataset_filter", "No matching signature for operator ="),
-        ({"filter": "category = 'x'; DELETE FROM t"}, "train.dataset_filter", "without ';' or comments"),
-        ({"filter": "category = 'x' -- and more"}, "train.dataset_filter", "without ';' or comments"),
-        ({"filter": "(category = 'x'"}, "train.dataset_filter", "unbalanced parentheses"),
-        ({"filter": "category = 'x"}, "train.dataset_filter", "unclosed quote"),
+        ({"filter": "nope=x"}, "train.dataset_filter", "has no column nope; it has instruction, response"),
+        (
+            {"filter": "ingested=soon"},
+            "train.dataset_filter",
+            "'soon' is not a TIMESTAMP value for the column ingested",
+        ),
+        ({"filter": "category IS NOT NULL"}, "train.dataset_filter", "is not COLUMN=VALUE"),
+        ({"filter": "EXISTS(SELECT 1 FROM `p.d.secrets`)"}, "train.dataset_filter", "is not COLUMN=VALUE"),
+        ({"filter": "category IN (SELECT c FROM `p.d.t`)"}, "train.dataset_filter", "is not COLUMN=VALUE"),
+        ({"filter": "category=a,category=b"}, "train.dataset_filter", "column 'category' named twice"),
         ({"time_column": "nope"}, "train.dataset_time_column", "has no column 'nope'"),
         ({"time_column": "category"}, "train.dataset_time_column", "category is STRING: an ingestion time is"),
         ({"after": "2026-01-01T00:00:00Z"}, "train.dataset_time_column", "needs the column they are ordered by"),

@@ -73,6 +73,15 @@ def test_a_cloud_storage_prefix_with_the_schedules_date_validates_without_a_call
         ("train.dataset=/no/such/dir/", "train.dataset: file not found: /no/such/dir/"),
         ("train.eval_dataset=databricks/databricks-dolly-15k", "train.eval_dataset: a fixed evaluation set is"),
         ("train.dataset_filter=x>1", "train.dataset_filter: applies to a bq:// train.dataset only"),
+        # A filter is COLUMN=VALUE pairs, never SQL: a subquery (another table) is refused before anything runs.
+        (
+            "train.dataset=bq://my-project.sft.examples train.dataset_filter=EXISTS(SELECT(secret)FROM(p.d.t))",
+            "train.dataset_filter: 'EXISTS(SELECT(secret)FROM(p.d.t))' is not COLUMN=VALUE",
+        ),
+        (
+            "train.dataset=bq://my-project.sft.examples train.dataset_filter=lang=en,(SELECT(1))=1",
+            "train.dataset_filter: '(SELECT(1))=1' is not COLUMN=VALUE",
+        ),
         ("train.data_since=champion", "train.data_since: needs a snapshotted train.dataset"),
         ("train.data_since=yesterday", "train.data_since: unknown value 'yesterday'"),
         (

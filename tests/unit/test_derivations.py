@@ -353,6 +353,18 @@ def test_existing_cluster_is_used_not_created():
     assert r.cpu_node_pool(spec, t)["name"] == names.cpu_node_pool(t.run_id)
 
 
+def test_on_a_cluster_the_run_does_not_create_the_plan_warns_that_the_namespace_fences_its_bucket_access():
+    """The bucket binding's principal is the ServiceAccount's namespace and name: on an existing (shared) cluster,
+    whoever may create pods there may run as it, which the plan says, naming gke.namespace."""
+    from components.platforms.gke.plan import document as plan
+
+    shared = plan.build(resolve("llama3-8b-v6e-16x2", "gke.cluster_name=team-cluster gke.namespace=ml"), "r1")
+    (warning,) = [w for w in shared["warnings"] if w.startswith("gke.namespace=")]
+    assert "gke.namespace=ml: whoever may create pods (or the ServiceAccount tpupipe-r1)" in warning
+    own = plan.build(resolve("llama3-8b-v6e-16x2"), "r1")
+    assert not [w for w in own["warnings"] if w.startswith("gke.namespace=")]
+
+
 def test_head_of_torchtpu_takes_no_work_and_worker_pod_sizes():
     spec, t = spec_and_target("gemma4-e2b-v6e-16")
     rc = m.raycluster(spec, t)["spec"]
@@ -529,9 +541,10 @@ def test_documented_zones():
 @pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2"])
 @pytest.mark.parametrize("non_root", [False, True])
 def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset, non_root):
-    """Unprivileged, no escalation, the runtime's seccomp profile; as uid 1000 with every capability dropped only with
-    gke.run_as_non_root (the tutorials' containers run as the image's root)."""
-    spec, t = spec_and_target(preset, f"gke.run_as_non_root={str(non_root).lower()}")
+    """Unprivileged, no escalation, the runtime's seccomp profile; by default as uid/gid 1000 (the TPU device files
+    handed to them by the runtime) with every capability dropped; as the image's root only with
+    gke.run_as_non_root=false."""
+    spec, t = spec_and_target(preset, "" if non_root else "gke.run_as_non_root=false")
     objects = m.all_objects(spec, t)
     rc = objects[-1]["spec"]
     user = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000} if non_root else {}

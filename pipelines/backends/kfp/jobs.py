@@ -55,13 +55,35 @@ class Place:
     auth: str = "none"
     iap_client_id: str = ""
     token_path: str = SA_TOKEN_PATH
+    insecure: bool = False  # --insecure: a token may go to a plain-HTTP host that is not this machine
+
+
+# The loopback names: a plain-HTTP request to one of them never leaves this machine (a `kubectl port-forward` carries
+# it on to the cluster inside the API server's TLS connection).
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def check_place(place: Place) -> None:
-    """Bad input, before any call: a URL, a namespace, an auth method and what it needs."""
+    """Bad input, before any call: a URL, a namespace, an auth method and what it needs; a bearer token over plain
+    HTTP to another machine."""
+    import ipaddress
+
     url = urlparse(place.host)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise SpecError("--kfp-host", f"{place.host!r} is not a URL", ["http://localhost:8888", "https://KFP_HOST"])
+    try:
+        loopback = url.hostname in LOOPBACK or ipaddress.ip_address(url.hostname).is_loopback
+    except ValueError:  # a name, not an address
+        loopback = False
+    # sa-token and iap send a bearer token with every request, which whoever reads the request may replay: "Clients
+    # MUST always use TLS (https) or equivalent transport security when making requests with bearer tokens"
+    # (RFC 6750, section 5.3: https://www.rfc-editor.org/rfc/rfc6750#section-5.3).
+    if url.scheme == "http" and place.auth != "none" and not loopback and not place.insecure:
+        raise SpecError(
+            "--kfp-host",
+            f"--kfp-auth {place.auth} would send its bearer token in clear text to {place.host}",
+            [f"https://{url.netloc}", "http://localhost:PORT through kubectl port-forward", "--insecure"],
+        )
     if not NAMESPACE.match(place.namespace):
         raise SpecError("--kfp-namespace", f"{place.namespace!r} is not a Kubernetes namespace (a DNS-1123 label)")
     if place.auth not in AUTHS:

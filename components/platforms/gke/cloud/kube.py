@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from components.platforms import redaction
 from components.platforms.gke.cloud import transient
 from components.platforms.gke.cloud.control_plane import ControlPlane
 from components.platforms.gke.cloud.transient import Retrying
@@ -145,7 +146,10 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
-        return {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+        data = {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+        for value in data.values():  # a Secret's values never reach a log or the post-mortem (redaction)
+            redaction.register(value)
+        return data
 
     # -- server-side apply
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -331,7 +335,9 @@ def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
 
 
 def new_ray_token() -> str:
-    return secrets.token_hex(24)
+    token = secrets.token_hex(24)
+    redaction.register(token)
+    return token
 
 
 def ray_token_secret(name: str, namespace: str, labels: dict[str, str], token: str) -> dict[str, Any]:

@@ -106,6 +106,18 @@ TORCH_COMPILE_CACHE_WARNING = (
 )
 
 
+# The run's bucket access is granted to its Kubernetes ServiceAccount by namespace and name, in any cluster of the
+# project's workload identity pool (principal://.../subject/ns/NAMESPACE/sa/NAME: GKE, "Workload Identity Federation
+# for GKE", principal identifiers); and whoever may create pods in a namespace may run them as any ServiceAccount
+# there (https://kubernetes.io/docs/concepts/security/rbac-good-practices/#workload-creation). On a cluster others
+# use, the namespace is what fences the run's bucket access (docs/gke.md, "What confines a run's pods").
+SHARED_NAMESPACE_WARNING = (
+    "gke.namespace={namespace}: whoever may create pods (or the ServiceAccount {account}) in that namespace of this "
+    "cluster gets the run's bucket access; on a cluster others use, name a namespace only the run's submitters may "
+    'write (docs/gke.md, "What confines a run\'s pods")'
+)
+
+
 def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
     shape, c = d.slice_shape(spec), spec.cluster
     warnings = []
@@ -119,6 +131,7 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
             "it has " + ", ".join(records.cluster_features(spec, False)) + " before it creates anything, and "
             "that the GKE version it runs reaches the slice's floors (gke.cluster_version is not applied)"
         )
+        warnings.append(SHARED_NAMESPACE_WARNING.format(namespace=t.namespace, account=t.service_account))
     if t.autopilot:
         warnings.append("autopilot: the Ray head pod is billed by Autopilot's pod prices, not in the table")
     documented = catalogue.zones(shape.family.name)

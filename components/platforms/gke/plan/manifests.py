@@ -68,12 +68,18 @@ HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
 HF_TOKEN_FILE = "token"
 # Every pod runs unprivileged, with no privilege escalation and the runtime's default seccomp profile: TPU chips need
 # no privileged container on GKE 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run
-# containers without privileged mode"). With gke.run_as_non_root also as a non-root user with every capability
+# containers without privileged mode"), and by default (gke.run_as_non_root) as a non-root user with every capability
 # dropped (the Pod Security Standards' "restricted" profile:
-# https://kubernetes.io/docs/concepts/security/pod-security-standards/); off by default, as that GKE's TPU device
-# nodes open for a non-root user is not documented (the tutorials run their containers as the image's root). The uid
-# is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that uid, so HOME
-# is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/). The TPU chips reach a pod as device files the
+# TPU device plugin names (/dev/vfio/N, /dev/accel*); a container runtime with containerd's
+# device_ownership_from_security_context hands them to the pod's runAsUser/runAsGroup
+# (https://github.com/containerd/containerd/pull/5122, "Devices ownership from SecurityContext";
+# https://kubernetes.io/blog/2021/11/09/non-root-containers-and-devices/), which is why both the uid and the gid are
+# set here (the gid, not a supplemental group: the device files' host gid differs between node images). Neither the
+# TorchTPU nor the MaxText image names a user (images/*/Dockerfile: no USER, so root), and GKE does not document that
+# runtime setting for its TPU nodes: on nodes without it, gke.run_as_non_root=false runs the containers as the image's
+# root. The uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
+# uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
 RUN_AS = 1000
 HOME_VOLUME = "home"
 HOME_DIR = "/home/tpupipe"

@@ -48,7 +48,7 @@ from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names
-from components.spec.images import IMAGE_WITH_DIGEST
+from components.spec.images import DOCKER_BUILDER, IMAGE_WITH_DIGEST
 from components.workload import cache
 from components.workload.derive import WORKLOAD_IMAGES, has_dcn_nics, job_command, slice_shape
 
@@ -107,7 +107,7 @@ LIBTPU_COLLECTIVE_FLAGS = (
 )
 RAY_VERSION = "2.60.0"
 
-BUILD_STEP_IMAGE = "gcr.io/cloud-builders/docker"
+BUILD_STEP_IMAGE = DOCKER_BUILDER  # by digest (components/spec/images.py)
 # The torch image's torch: its CPU build's wheel (images/torch/torch-cpu.lock), 196,253,677 bytes as torch's index
 # lists torch-2.14.1+cpu-cp312-cp312-manylinux_2_28_x86_64.whl (https://download.pytorch.org/whl/cpu/torch/).
 TORCH_CPU_WHEEL_MB = 196

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from components.platforms import redaction
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import manifests as m
 from components.platforms.gke.plan import queued
@@ -77,6 +78,7 @@ def secret(s: Session, res: Resource) -> None:
         from components.cloud import secrets
 
         value = secrets.read(source, s.client("creds"))
+        redaction.register(value)
     else:
         value = os.environ.get(HF_TOKEN_ENV, "").encode()
     if not value:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms import Platform, RunContext
+from components.platforms import Platform, RunContext, redaction
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -293,7 +293,9 @@ class GkePlatform(Platform):
             return None
         from components.cloud import secrets
 
-        return secrets.read(ctx.spec.gke.hf_token_secret).decode().strip() or None
+        token = secrets.read(ctx.spec.gke.hf_token_secret).decode().strip()
+        redaction.register(token)
+        return token or None
 
     def compile_cache_root(self, ctx: RunContext) -> str:
         return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted read-only in the worker pods (plan.manifests)
