@@ -62,7 +62,7 @@ class LocalPlatform(Platform):
     # -- provision: start the head and the worker raylets
     def provision(self, ctx: RunContext) -> dict[str, Any]:
         self.check(ctx)
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if (
             ledger
             and ledger["processes"]
@@ -88,7 +88,7 @@ class LocalPlatform(Platform):
 
     # -- deploy_raycluster: wait until the head and every host are alive
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
         want = ledger["num_hosts"] + 1
@@ -115,7 +115,7 @@ class LocalPlatform(Platform):
     def job_client(self, ctx: RunContext, deadline: float | None = None):
         from ray.job_submission import JobSubmissionClient
 
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
         return JobSubmissionClient(ledger["dashboard_url"], headers=auth.headers(ledger["auth_token_path"]))
@@ -166,7 +166,7 @@ class LocalPlatform(Platform):
 
     # -- teardown: stop exactly what this run started, free its ports, keep its outputs
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             leftover = run_processes(ctx.run_id)
             for pid in leftover:
@@ -181,10 +181,17 @@ class LocalPlatform(Platform):
 
     def remaining(self, ctx: RunContext) -> list[str]:
         """What of the run is still running, found from its ledger and its marker (read here, no call made)."""
-        ledger = ledgers.load(ctx.store) or {"processes": []}
+        ledger = _cluster_ledger(ctx) or {"processes": []}
         live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
         recorded = {p["pid"] for p in live}
         others = [pid for pid in run_processes(ctx.run_id) if pid not in recorded]
         return [f"{p['role']} (pid {p['pid']})" for p in live] + (
             [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else []
         )
+
+
+def _cluster_ledger(ctx: RunContext) -> dict[str, Any] | None:
+    """The run's ledger once provision recorded a cluster in it; None before (none, or only the run's claim on its id:
+    ``components.stages.claims``)."""
+    ledger = ledgers.load(ctx.store)
+    return ledger if ledger and "processes" in ledger else None
