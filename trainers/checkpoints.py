@@ -269,13 +269,43 @@ def newest_sharded(storage: Path) -> Path | None:
     return max(done, key=lambda d: d.name, default=None)
 
 
-def load_sharded(model, optimizer, directory: Path) -> dict[str, Any]:
+class ForeignCheckpoint(RuntimeError):
+    """A resume point written under another training spec than the run's own: never resumed."""
+
+
+def training_digest(spec) -> str:
+    """The digest of what a resume point is a point of: the run spec's ``train`` section (the model, data, steps,
+    optimizer), canonical JSON's sha256. Recorded in every sharded checkpoint's meta (``spec_digest``)."""
+    import dataclasses
+    import hashlib
+
+    text = json.dumps(dataclasses.asdict(spec.train), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resumable_meta(directory: Path, digest: str = "") -> dict[str, Any]:
+    """The meta of the sharded checkpoint in ``directory``; :class:`ForeignCheckpoint` when ``digest`` is given and
+    the checkpoint recorded another one, or none."""
+    meta = json.loads((directory / CHECKPOINT_META).read_text())
+    if digest and meta.get("spec_digest") != digest:
+        raise ForeignCheckpoint(
+            f"not resumed: checkpoint {directory} was written under another training spec (spec digest "
+            f"{meta.get('spec_digest') or 'none recorded'}, this run's {digest}); a run resumes only its own "
+            "checkpoints: start it under a new run id"
+        )
+    return meta
+
+
+def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[str, Any]:
     """Restore a checkpoint of :class:`AsyncSaver` into the sharded model and, when it holds one, the optimizer
-    (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta."""
+    (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta.
+    With ``digest`` (:func:`training_digest` of the run's spec), a checkpoint recorded under another one, or under
+    none, is refused before anything is read: :class:`ForeignCheckpoint` (the train job fails saying so; a run
+    resumes only its own points, and a run id, which names the checkpoints' directory, is used once)."""
+    meta = resumable_meta(directory, digest)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    meta = json.loads((directory / CHECKPOINT_META).read_text())
     with_optimizer = optimizer is not None and meta.get("optimizer", False)
     state = sharded_state(model, optimizer if with_optimizer else None)
     _read_index(directory / DCP_INDEX)  # refused here, with its own error, rather than inside DCP's load
