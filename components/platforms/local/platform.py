@@ -25,6 +25,8 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.cache import CACHE_PREFIX
 from components.workload.derive import trainer_image
 
+MODELS_DIR = "_models"  # under the output root, beside the runs: not a run id (run ids are DNS labels: no underscore)
+
 
 class LocalPlatform(Platform):
     name = "local"
@@ -155,6 +157,27 @@ class LocalPlatform(Platform):
         if not Path(uri).is_dir():
             raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
         return uri
+
+    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+        """A copy under ``<output root>/_models/<model>/<run id>/``, beside the runs and in none of their directories,
+        its files read-only; made whole, then renamed into place. This machine has one identity: what keeps a later
+        run's jobs from it is that none is given a path there (they write their own run's directory)."""
+        import os
+        import shutil
+        import stat
+
+        kept = ctx.run_dir.parent / MODELS_DIR / model / ctx.run_id
+        if kept.is_dir():  # a retried register: the copy its first attempt made
+            return str(kept)
+        partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(uri, partial)
+        for path in partial.rglob("*"):
+            if path.is_file():
+                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        partial.rename(kept)
+        self.log(f"register: the checkpoint kept at {kept}, out of every run's directory")
+        return str(kept)
 
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         return {"output_root": str(ctx.run_dir.parent)}  # <output root>/registry, beside the runs
