@@ -125,7 +125,8 @@ class Storage(Adapter):
         """A temporary hold on every object under ``prefix/`` that has none: while it holds, "the object cannot be
         deleted or replaced" (https://cloud.google.com/storage/docs/object-holds; objects.patch with
         ``temporaryHold``, which needs ``storage.objects.update``). The objects newly held."""
-        blobs = self.call(f"list gs://{name}/{prefix}/", lambda: list(self.client.list_blobs(name, prefix=f"{prefix}/")))
+        under = f"{prefix}/"
+        blobs = self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
         held = 0
         for blob in blobs:
             if blob.temporary_hold:

@@ -1216,8 +1216,8 @@ def _not_held(bucket: str, name: str, stored: dict | None) -> None:
     deleted or replaced" (https://cloud.google.com/storage/docs/object-holds); the message is Cloud Storage's
     ``retentionPolicyNotMet`` refusal of such a request."""
     resource = (stored or {}).get("metadata") or {}
-    for field, kind in (("temporaryHold", "Temporary"), ("eventBasedHold", "Event-Based")):
-        if resource.get(field):
+    for key, kind in (("temporaryHold", "Temporary"), ("eventBasedHold", "Event-Based")):
+        if resource.get(key):
             raise HttpError(
                 403,
                 f"Object '{bucket}/{name}' is under active {kind} hold and cannot be deleted, overwritten or "

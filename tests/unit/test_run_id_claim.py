@@ -24,31 +24,38 @@ def test_of_runs_racing_to_claim_one_run_id_one_wins_and_the_others_are_refused(
     holds it, the ledger names that one, and every other gets a SpecError naming ``run_id`` (exit 2), the id and the
     holder."""
     for round_ in range(3):
-        start = threading.Barrier(RACERS)
-        won: list[str] = []
-        refused: dict[str, SpecError] = {}
-        store_key = f"race-{round_}"
-
-        def racer(job: str, key: str = store_key, barrier: threading.Barrier = start) -> None:
-            store = new_store()
-            barrier.wait()
-            try:
-                claim(_under(store, key), key, "gke", job, first=True, environ={})
-                won.append(job)
-            except SpecError as exc:
-                refused[job] = exc
-
-        threads = [threading.Thread(target=racer, args=(f"workflow-{round_}-{i}",)) for i in range(RACERS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
+        run_id = f"race-{round_}"
+        won, refused = _race(new_store, run_id, [f"workflow-{round_}-{i}" for i in range(RACERS)])
         (winner,) = won
         assert len(refused) == RACERS - 1
         for exc in refused.values():
             assert exc.field == "run_id" and exc.exit_code == 2
-            assert f"run id {store_key!r} is held by {winner}" in str(exc)
-        assert ledgers.load(_under(new_store(), store_key))["claim"]["job"] == winner
+            assert f"run id {run_id!r} is held by {winner}" in str(exc)
+        assert ledgers.load(_under(new_store(), run_id))["claim"]["job"] == winner
+
+
+def _race(handle, run_id: str, jobs: list[str]) -> tuple[list[str], dict[str, SpecError]]:
+    """Each of ``jobs`` claims ``run_id`` as a first task, all at once (a store ``handle()`` each): who won, who was
+    refused and how."""
+    start = threading.Barrier(len(jobs))
+    won: list[str] = []
+    refused: dict[str, SpecError] = {}
+
+    def racer(job: str) -> None:
+        store = _under(handle(), run_id)
+        start.wait()
+        try:
+            claim(store, run_id, "gke", job, first=True, environ={})
+            won.append(job)
+        except SpecError as exc:
+            refused[job] = exc
+
+    threads = [threading.Thread(target=racer, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return won, refused
 
 
 def test_a_ledger_that_names_no_claimant_is_refused_not_claimed(new_store):  # noqa: F811
