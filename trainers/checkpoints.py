@@ -288,12 +288,34 @@ def resumable_meta(directory: Path, digest: str = "") -> dict[str, Any]:
     the checkpoint recorded another one, or none."""
     meta = json.loads((directory / CHECKPOINT_META).read_text())
     if digest and meta.get("spec_digest") != digest:
-        raise ForeignCheckpoint(
-            f"not resumed: checkpoint {directory} was written under another training spec (spec digest "
-            f"{meta.get('spec_digest') or 'none recorded'}, this run's {digest}); a run resumes only its own "
-            "checkpoints: start it under a new run id"
-        )
+        raise _foreign(directory, meta.get("spec_digest"), digest)
     return meta
+
+
+def _foreign(directory: Path, recorded: str | None, digest: str) -> ForeignCheckpoint:
+    return ForeignCheckpoint(
+        f"not resumed: checkpoint {directory} was written under another training spec (spec digest "
+        f"{recorded or 'none recorded'}, this run's {digest}); a run resumes only its own checkpoints: start it "
+        "under a new run id"
+    )
+
+
+SPEC_MARK = "tpupipe_spec.json"  # beside the checkpoints of a trainer that resumes by itself (MaxText)
+
+
+def mark_checkpoints(directory: Path, digest: str) -> None:
+    """For a trainer that resumes by itself from ``directory/checkpoints`` (MaxText: its ``<output>/<run name>/``):
+    the training spec's digest recorded beside them before the first is written; :class:`ForeignCheckpoint` when
+    checkpoints are there under another digest, or under none."""
+    mark = directory / SPEC_MARK
+    recorded = json.loads(mark.read_text()).get("spec_digest") if mark.is_file() else None
+    saved = directory / "checkpoints"
+    if recorded is None and not (saved.is_dir() and any(saved.iterdir())):
+        directory.mkdir(parents=True, exist_ok=True)
+        mark.write_text(json.dumps({"spec_digest": digest}))
+        return
+    if recorded != digest:
+        raise _foreign(saved, recorded, digest)
 
 
 def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[str, Any]:

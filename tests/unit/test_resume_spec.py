@@ -27,3 +27,21 @@ def test_a_checkpoint_of_another_training_spec_is_refused_and_the_runs_own_is_re
     (tmp_path / CHECKPOINT_META).write_text(json.dumps({k: v for k, v in meta.items() if k != "spec_digest"}))
     with pytest.raises(ForeignCheckpoint, match="none recorded"):
         resumable_meta(tmp_path, training_digest(own))
+
+
+def test_maxtext_checkpoints_are_marked_with_their_spec_and_another_specs_are_refused(tmp_path):
+    """MaxText resumes by itself from ``<output>/<run name>/checkpoints``: the driver records the training spec's
+    digest there before the first checkpoint, and refuses checkpoints marked with another, or with none."""
+    from trainers.checkpoints import SPEC_MARK, mark_checkpoints
+
+    own, other = training_digest(resolve("local-maxtext", "")), training_digest(resolve("local-maxtext", "train.seed=7"))
+    run = tmp_path / "run"
+    mark_checkpoints(run, own)  # a first start: marked
+    assert json.loads((run / SPEC_MARK).read_text()) == {"spec_digest": own}
+    (run / "checkpoints" / "10" / "items").mkdir(parents=True)
+    mark_checkpoints(run, own)  # a restart of the same spec resumes
+    with pytest.raises(ForeignCheckpoint, match=f"spec digest {own}, this run's {other}"):
+        mark_checkpoints(run, other)
+    (run / SPEC_MARK).unlink()
+    with pytest.raises(ForeignCheckpoint, match="none recorded"):  # checkpoints of nobody's spec
+        mark_checkpoints(run, own)
