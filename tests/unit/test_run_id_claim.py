@@ -104,3 +104,22 @@ def _under(store, key: str):
     if isinstance(store, LocalStore):
         return LocalStore(store.root.parent / key)
     return GcsStore(store.bucket_name, f"{store.prefix.rsplit('/', 1)[0]}/{key}", store._client)
+
+
+def test_a_tpupipe_run_driver_and_its_tasks_claim_as_one_and_another_drivers_tasks_are_refused(tmp_path, monkeypatch):
+    """``tpupipe run`` claims the id before it starts the pipeline; its tasks (kfp.local's, whatever job name it gives
+    them) inherit its pid and claim as it; the tasks of another driver are refused."""
+    import os
+
+    from components.platforms.store import LocalStore
+    from components.stages.claims import local_claimant
+
+    monkeypatch.delenv(interrupts.DRIVER_ENV, raising=False)
+    store = LocalStore(tmp_path / "run")
+    claim(store, "run", "local", local_claimant(), first=True, environ={})  # the driver
+    monkeypatch.setenv(interrupts.DRIVER_ENV, str(os.getpid()))  # what the driver gives its tasks
+    claim(store, "run", "local", "tpupipe-pipeline-20261205", first=True)
+    claim(store, "run", "local", "tpupipe-pipeline-20261205", first=False)
+    monkeypatch.setenv(interrupts.DRIVER_ENV, str(os.getppid()))  # another live process: another driver's tasks
+    with pytest.raises(SpecError, match=f"is held by tpupipe run on .* \\(pid {os.getpid()}, started"):
+        claim(store, "run", "local", "tpupipe-pipeline-20261205", first=True)
