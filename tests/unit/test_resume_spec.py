@@ -34,7 +34,8 @@ def test_maxtext_checkpoints_are_marked_with_their_spec_and_another_specs_are_re
     digest there before the first checkpoint, and refuses checkpoints marked with another, or with none."""
     from trainers.checkpoints import SPEC_MARK, mark_checkpoints
 
-    own, other = training_digest(resolve("local-maxtext", "")), training_digest(resolve("local-maxtext", "train.seed=7"))
+    own = training_digest(resolve("local-maxtext", ""))
+    other = training_digest(resolve("local-maxtext", "train.seed=7"))
     run = tmp_path / "run"
     mark_checkpoints(run, own)  # a first start: marked
     assert json.loads((run / SPEC_MARK).read_text()) == {"spec_digest": own}
