@@ -5,7 +5,8 @@ delete the first one's live cluster. Refused with exit 2 before anything is crea
 --run-id``, ``tpupipe submit --run-id`` to Vertex AI or with ``--kfp-host``): a run id that has had a ledger under the
 output root the run would write to (torn down or not), a fresh heartbeat of a driver there
 (``components.platforms.heartbeat``), or, on Vertex AI, a pipeline job that carries it in its ``tpupipe-run`` label
-and has not ended."""
+and has not ended. Two submits racing for one id both pass this check, and a run started from the Kubeflow Pipelines
+UI skips it: the run's first task claims the id atomically, wherever the run started (``components.stages.claims``)."""
 
 from __future__ import annotations
 

@@ -269,13 +269,65 @@ def newest_sharded(storage: Path) -> Path | None:
     return max(done, key=lambda d: d.name, default=None)
 
 
-def load_sharded(model, optimizer, directory: Path) -> dict[str, Any]:
+class ForeignCheckpoint(RuntimeError):
+    """A resume point written under another training spec than the run's own: never resumed."""
+
+
+def training_digest(spec) -> str:
+    """The digest of what a resume point is a point of: the run spec's ``train`` section (the model, data, steps,
+    optimizer), canonical JSON's sha256. Recorded in every sharded checkpoint's meta (``spec_digest``)."""
+    import dataclasses
+    import hashlib
+
+    text = json.dumps(dataclasses.asdict(spec.train), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resumable_meta(directory: Path, digest: str = "") -> dict[str, Any]:
+    """The meta of the sharded checkpoint in ``directory``; :class:`ForeignCheckpoint` when ``digest`` is given and
+    the checkpoint recorded another one, or none."""
+    meta = json.loads((directory / CHECKPOINT_META).read_text())
+    if digest and meta.get("spec_digest") != digest:
+        raise _foreign(directory, meta.get("spec_digest"), digest)
+    return meta
+
+
+def _foreign(directory: Path, recorded: str | None, digest: str) -> ForeignCheckpoint:
+    return ForeignCheckpoint(
+        f"not resumed: checkpoint {directory} was written under another training spec (spec digest "
+        f"{recorded or 'none recorded'}, this run's {digest}); a run resumes only its own checkpoints: start it "
+        "under a new run id"
+    )
+
+
+SPEC_MARK = "tpupipe_spec.json"  # beside the checkpoints of a trainer that resumes by itself (MaxText)
+
+
+def mark_checkpoints(directory: Path, digest: str) -> None:
+    """For a trainer that resumes by itself from ``directory/checkpoints`` (MaxText: its ``<output>/<run name>/``):
+    the training spec's digest recorded beside them before the first is written; :class:`ForeignCheckpoint` when
+    checkpoints are there under another digest, or under none."""
+    mark = directory / SPEC_MARK
+    recorded = json.loads(mark.read_text()).get("spec_digest") if mark.is_file() else None
+    saved = directory / "checkpoints"
+    if recorded is None and not (saved.is_dir() and any(saved.iterdir())):
+        directory.mkdir(parents=True, exist_ok=True)
+        mark.write_text(json.dumps({"spec_digest": digest}))
+        return
+    if recorded != digest:
+        raise _foreign(saved, recorded, digest)
+
+
+def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[str, Any]:
     """Restore a checkpoint of :class:`AsyncSaver` into the sharded model and, when it holds one, the optimizer
-    (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta."""
+    (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta.
+    With ``digest`` (:func:`training_digest` of the run's spec), a checkpoint recorded under another one, or under
+    none, is refused before anything is read: :class:`ForeignCheckpoint` (the train job fails saying so; a run
+    resumes only its own points, and a run id, which names the checkpoints' directory, is used once)."""
+    meta = resumable_meta(directory, digest)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    meta = json.loads((directory / CHECKPOINT_META).read_text())
     with_optimizer = optimizer is not None and meta.get("optimizer", False)
     state = sharded_state(model, optimizer if with_optimizer else None)
     _read_index(directory / DCP_INDEX)  # refused here, with its own error, rather than inside DCP's load

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, datasets, protocol
-from trainers import evaluate, heldout, jax_events, job_args, maxtext_data, maxtext_eval, maxtext_log
+from trainers import checkpoints, evaluate, heldout, jax_events, job_args, maxtext_data, maxtext_eval, maxtext_log
 
 
 def base_yml() -> str:
@@ -302,6 +302,8 @@ def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
 def run_train(
     spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str
 ) -> dict[str, Any]:
+    # MaxText resumes by itself from its newest checkpoint under <output>/<run name>/: one of another spec is refused
+    checkpoints.mark_checkpoints(output_dir / run_name, checkpoints.training_digest(spec))
     metrics = fit(
         spec, scaling, [*args, *maxtext_eval.in_job_eval(spec, args)], output_dir, run_name, spec.train.max_failures
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final
+from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
 
 PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
 
@@ -35,6 +35,7 @@ class Checkpointer:
         from concurrent.futures import ThreadPoolExecutor
 
         self.t, self.model, self.tokenizer, self.rank, self.world = spec.train, model, tokenizer, rank, world
+        self.digest = training_digest(spec)
         self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         self.saver = AsyncSaver(background_staging=on_cpu)
@@ -60,6 +61,7 @@ class Checkpointer:
             "global_step": at.global_step,
             "world": self.world,
             "base_model": self.t.model_id,
+            "spec_digest": self.digest,  # what a restart checks before it resumes (checkpoints.load_sharded)
         }
 
     def sharded(self, at: Position, metrics: dict[str, Any]) -> None:

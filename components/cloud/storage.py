@@ -121,6 +121,21 @@ class Storage(Adapter):
             copied, size = copied + 1, size + (blob.size or 0)
         return copied, len(found), size
 
+    def hold_prefix(self, name: str, prefix: str) -> int:
+        """A temporary hold on every object under ``prefix/`` that has none: while it holds, "the object cannot be
+        deleted or replaced" (https://cloud.google.com/storage/docs/object-holds; objects.patch with
+        ``temporaryHold``, which needs ``storage.objects.update``). The objects newly held."""
+        under = f"{prefix}/"
+        blobs = self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
+        held = 0
+        for blob in blobs:
+            if blob.temporary_hold:
+                continue
+            blob.temporary_hold = True
+            self.call(f"hold gs://{name}/{blob.name}", blob.patch)
+            held += 1
+        return held
+
     def _update_policy(self, name: str, change: Callable[[Any], bool]) -> bool:
         """Read the bucket's IAM policy, ``change`` it in place, write it back with its etag; again when another
         writer got in between. False when ``change`` had nothing to do."""

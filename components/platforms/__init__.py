@@ -135,6 +135,12 @@ class Platform(ABC):
         the run starts from or measures); SpecError when the cluster cannot read it."""
 
     @abstractmethod
+    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+        """A copy of the trained checkpoint ``uri`` (under the run's own prefix, which its pods write) where no run's
+        pods can write, made by the pipeline's side before the version is registered: the copy's uri, what the
+        registry's ``artifact_uri`` names. The same copy again for a retried register."""
+
+    @abstractmethod
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         """Where the run's models are registered: ``components.registry.open_registry``'s arguments (a local
         directory's root, or a Google Cloud project and region)."""

@@ -52,12 +52,18 @@ def gcs_address(store: RunStore) -> str | None:
     return (load(store) or {}).get("gcs_address")
 
 
+# Who holds the run's id (``components.stages.claims``): kept when the ledger is written afresh.
+CLAIM_KEYS = ("claim", "pipeline_job")
+
+
 def replace(store: RunStore, ledger: dict[str, Any]) -> dict[str, Any]:
-    """Write ``ledger`` whole in place of what is stored (a run starting afresh), as :func:`update` writes."""
+    """Write ``ledger`` whole in place of what is stored (a run starting afresh), as :func:`update` writes; the run's
+    claim on its id is kept."""
 
     def whole(stored: dict[str, Any]) -> None:
+        kept = {key: stored[key] for key in CLAIM_KEYS if key in stored}
         stored.clear()
-        stored.update(ledger)
+        stored.update(ledger | kept)
 
     return update(store, whole)
 

@@ -212,6 +212,16 @@ def run_prefix(run_id: str) -> str:
     return f"{RUNS_PREFIX}/{run_id}"
 
 
+# Where registration keeps the registered checkpoints, in the bucket: beside the pods' prefixes, never under one, so no
+# run's pods can write them (their bucket binding names runs/<run id>/ alone), and a run id, used once, names each copy.
+MODELS_PREFIX = "models"
+
+
+def model_prefix(model: str, run_id: str) -> str:
+    """Where the checkpoint run ``run_id`` registered as a version of ``model`` is kept, out of every run's reach."""
+    return f"{MODELS_PREFIX}/{model}/{run_id}"
+
+
 # Where a gke run's state goes on Vertex AI (its ledger, stage records, logs, summary), inside the bucket: beside the
 # pods' prefixes, never under one, so no run's pods can write it.
 STATE_PREFIX = "state"

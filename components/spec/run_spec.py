@@ -128,6 +128,9 @@ class GateSpec:
     register: bool = True  # off: no registration, no champion measured, no promotion
     model: str = ""  # the registered model's name; empty: derived from the preset's name
     min_improvement: float = 0.0  # relative: (champion - new) / champion must reach it; 0: any improvement
+    # gke: a temporary hold on every object of a registered checkpoint's copy (models/<model>/<run id>/): it cannot
+    # be deleted or replaced until the hold is released (https://cloud.google.com/storage/docs/object-holds)
+    hold_registered: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     if not artifact_uri:
         raise JobFailed("register: the train stage reported no checkpoint")
     platform = get_platform(ctx.platform)
+    # The version names a copy out of every run's reach, not the run's own prefix, which its pods (and, were its id
+    # ever reused, another run's) could write.
+    artifact_uri = platform.keep_registered(ctx, artifact_uri, ctx.spec.model_name)
     provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job, platform.hosts_lost(ctx))
     reg = gate.registry(ctx)
     version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)

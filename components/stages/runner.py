@@ -23,7 +23,7 @@ from components.platforms import RunContext, get_platform, heartbeat, interrupts
 from components.platforms.store import RunStore, open_store, read_json, write_json
 from components.spec import RunSpec, SpecError, TpupipeError
 from components.spec.names import run_id_from
-from components.stages import gate, table, vertex_task
+from components.stages import claims, gate, table, vertex_task
 from components.stages.jobs import log
 from components.workload import resolve
 
@@ -106,8 +106,11 @@ def _run_recorded(
         record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
         log(f"== {stage}: refused: {exc}")
         raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
-    # Before anything is written: the job's full resource name (on Vertex AI) goes in the ledger for the janitor.
-    vertex_task.claim(store, rid, platform, job_name, first=first, resource=vertex_task.watched())
+    try:  # before anything of the run is written: the run id is this run's (components.stages.claims)
+        claims.claim(store, rid, platform, job_name, first=first, resource=vertex_task.watched())
+    except SpecError as exc:  # another run's: nothing is written in its store, not even this stage's record
+        log(f"== {stage}: refused: {exc}")
+        raise SystemExit(exc.exit_code) from exc
     mark = interrupts.marked(store)
     if mark and (not this.exit or mark.get("abandoned")):
         reason = (

@@ -1,14 +1,12 @@
 """What a stage's task knows of Vertex AI Pipelines when it runs there: the variable Vertex AI gives every task, the
-refusal of a run that cannot work there, the pipeline job noted in the run's ledger for the janitor, and what a
-SIGTERM means there (:func:`sigterm_stops`: a Stop of the run, or a pod ended under a job that goes on)."""
+refusal of a run that cannot work there, and what a SIGTERM means there (:func:`sigterm_stops`: a Stop of the run,
+or a pod ended under a job that goes on). The run id's claim, on every backend: ``components.stages.claims``."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from components.platforms import VERTEX_TASK_ENV
-from components.platforms.store import RunStore
 from components.spec import SpecError
 
 # The states of a pipeline job being stopped: "Vertex AI Pipelines sets the pipeline run state to CANCELLING" on a
@@ -100,51 +98,3 @@ def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
             f"{output_root!r} is not a gs:// path: {where}, so a run's state lives in Cloud Storage",
             ["gs://BUCKET/state"],
         )
-
-
-def claim(
-    store: RunStore, run_id: str, platform: str, job_name: str, first: bool, environ=None, resource: str = ""
-) -> None:
-    """On Vertex AI, the run id is its pipeline job's, held in the run's ledger as a lease, before a task writes
-    anything of the run (its stage record included):
-
-    - the first task notes the job in the ledger (its id, its full resource name ``resource``, what KFP's
-      ``{{$.pipeline_job_resource_name}}`` gives, and its labels, so the janitor can ask Vertex AI whether the job
-      still runs, wherever it is: ``components.platforms.gke.run.janitor``),
-      under a generation precondition (``ledger.update``), unless another job holds or held the run id: its ledger
-      names another job, torn down or not (a run id is used once: ``pipelines.run_ids``). Two jobs started with one
-      ``--run-id`` at once: one wins the write, the other reads the winner's claim and is refused;
-    - every later task (teardown, the exit handler's, included) goes on only while the ledger names its own job, so a
-      job refused its run id never writes another's records nor deletes what the other created.
-
-    Refused: a SpecError naming ``run_id``."""
-    from components.platforms import ledger as ledgers
-
-    labels = (os.environ if environ is None else environ).get(VERTEX_TASK_ENV)
-    if labels is None or not job_name:
-        return
-    job = {"id": job_name, **({"name": resource} if resource else {}), "labels": json.loads(labels or "{}")}
-
-    def refuse(holder: str) -> SpecError:
-        return SpecError(
-            "run_id",
-            f"run id {run_id!r} is held by pipeline job {holder} (its ledger {store.uri}/{ledgers.KEY}), not this "
-            f"job {job_name}: nothing of that run is touched; submit with another run id",
-        )
-
-    if not first:
-        holder = ((ledgers.load(store) or {}).get("pipeline_job") or {}).get("id")
-        if holder and holder != job_name:
-            raise refuse(holder)
-        return
-
-    def note(recorded: dict) -> bool:
-        holder = (recorded.get("pipeline_job") or {}).get("id")
-        if holder and holder != job_name:  # torn down or not: a run id is used once (pipelines.run_ids)
-            raise refuse(holder)
-        if recorded.get("pipeline_job") == job:
-            return False
-        recorded["pipeline_job"] = job
-        return True
-
-    ledgers.update(store, note, {"run_id": run_id, "platform": platform, "created": []})

@@ -174,10 +174,12 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
     assert task.outputs["Output"] == "promote"
     # The version registered (a google.VertexModel in the compiled spec: tests/pipeline/test_compiled_pipeline.py;
     # kfp.local hands a pipeline's artifact outputs back untyped): a local registry is no Vertex AI resource, so its
-    # uri is the checkpoint and it has no resourceName (tests/vertex/test_vertex_pipeline.py has the Model Registry's).
+    # uri is the checkpoint registration kept, out of every run's directory, and it has no resourceName
+    # (tests/vertex/test_vertex_pipeline.py has the Model Registry's).
+    kept = str(tmp_path / "runs" / "_models" / "local-fsdp" / "gate-1")
     registered = task.outputs["registered"]
     assert registered.metadata["ref"] == "local-fsdp@1"
-    assert registered.uri == checkpoint and "resourceName" not in registered.metadata
+    assert registered.uri == kept and "resourceName" not in registered.metadata
     assert task.outputs["metrics"].metadata["promote"] == 1.0 and task.outputs["metrics"].metadata["eval_loss"] == 1.5
     table = open(task.outputs["gate"].path).read()
     assert "**Gate: promote** — promoted local-fsdp@1 to champion: there was no champion yet" in table
@@ -186,7 +188,7 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
     assert registry.champion("local-fsdp") is None  # registered; not yet promoted
     c.promote(**args(tmp_path, "gate-1"), decision="promote")
     champion = registry.champion("local-fsdp")
-    assert champion.version == "1" and champion.artifact_uri == checkpoint
+    assert champion.version == "1" and champion.artifact_uri == kept
 
     second = _trained_run(tmp_path, "gate-2")
     worse = {

@@ -236,7 +236,9 @@ def _add_vertex(project: Project, tmp_path) -> None:
 
     project.kfp = KfpRegistryEmulator(project.registry, REGION, token=project.tokens)
     project.env["TPUPIPE_KFP_REGISTRY_HOST"] = project.kfp.start()
-    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0"}
+    # The tasks import this source tree's components, as its published components image holds them (an environment
+    # built elsewhere may hold another tree's), as the KFP emulator's tasks do (tests/kfp/conftest.py).
+    task_env = {**project.env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     project.vertex = VertexEmulator(
         project.storage,
         project.registry,

@@ -134,6 +134,7 @@ ROUTES = {
     ("GET", "testPermissions"): "buckets.testIamPermissions",
     ("GET", "object"): "objects.get",
     ("DELETE", "object"): "objects.delete",
+    ("PATCH", "object"): "objects.patch",
     ("GET", "objects"): "objects.list",
     ("POST", "upload"): "objects.insert",
     ("PUT", "upload"): "objects.insert",
@@ -239,6 +240,9 @@ PERMISSIONS = {
     "objects.insert": (("storage.objects.create", "object"),),
     "objects.get": (("storage.objects.get", "object"),),
     "objects.delete": (("storage.objects.delete", "object"),),
+    # a change of an object's metadata, its holds included (https://cloud.google.com/storage/docs/holding-objects,
+    # "Required roles": storage.objects.update)
+    "objects.patch": (("storage.objects.update", "object"),),
     "objects.list": (("storage.objects.list", "bucket"),),
     "objects.copy": COPY_PERMISSIONS,
     "objects.rewrite": COPY_PERMISSIONS,
@@ -614,7 +618,8 @@ class StorageEmulator(HttpEmulator):
         elif destination:
             request = {"bucket": bucket, "object": name, "destination": destination, "query": query, "body": _json(raw)}
         else:
-            request = {"bucket": bucket, "object": name, "query": query, "body": {}}
+            body = _json(raw) if method == "objects.patch" else {}
+            request = {"bucket": bucket, "object": name, "query": query, "body": body}
         if member is None and request.get("bucket") in self._foreign:
             member = self._foreign[request["bucket"]]
         if member is not None:
@@ -630,6 +635,8 @@ class StorageEmulator(HttpEmulator):
                 return self._get_object(http, bucket, name, query, media)
             if method == "objects.delete":
                 return self._delete_object(bucket, name, query)
+            if method == "objects.patch":
+                return 200, self._patch_object(bucket, name, query, request["body"]), {}
             if method == "objects.list":
                 return 200, self._list_objects(bucket, query), {}
             if destination:
@@ -952,6 +959,7 @@ class StorageEmulator(HttpEmulator):
         """Stores an uploaded object (a new generation of it) and answers its resource. ``claimed``: the hashes the
         upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's)."""
         name = self._checked(bucket, metadata, query)
+        _not_held(bucket, name, self._objects.get(bucket, name))
         md5, crc32c = _hashes(data)
         claimed = {"crc32c": metadata.get("crc32c"), "md5": metadata.get("md5Hash"), **(claimed or {})}
         for kind, label, actual in (("crc32c", "CRC32C", crc32c), ("md5", "MD5 hash", md5)):
@@ -1097,9 +1105,26 @@ class StorageEmulator(HttpEmulator):
         return 206, data[first : last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
 
     def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
-        self._object(bucket, name, query)
+        _not_held(bucket, name, self._object(bucket, name, query))
         self._objects.delete(bucket, name)
         return 204, None, {}
+
+    def _patch_object(self, bucket: str, name: str, query: dict, body: dict) -> dict:
+        """objects.patch of the metadata a writer may change (its holds, custom metadata, content headers): the same
+        generation, its metageneration one more (https://cloud.google.com/storage/docs/json_api/v1/objects/patch;
+        "you can edit the metadata" of a held object: https://cloud.google.com/storage/docs/object-holds)."""
+        unknown = sorted(set(body) - OBJECT_FIELDS)
+        if unknown:
+            raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+        stored = self._object(bucket, name, query)
+        resource = stored["metadata"]
+        for key in PATCHED_FIELDS:
+            if key in body:
+                resource[key] = body[key]
+        resource["metageneration"] = str(int(resource["metageneration"]) + 1)
+        resource["updated"] = _now()
+        self._objects.write(bucket, name, resource, self._objects.read(bucket, name, stored))
+        return copy.deepcopy(resource)
 
     def _copy_object(self, method: str, bucket: str, name: str, destination: dict, query: dict, body: dict) -> dict:
         """objects.copy and objects.rewrite: the source (its generation and preconditions the ``source*`` parameters)
@@ -1169,6 +1194,36 @@ def _attributes(bucket: str, name: str) -> dict:
     if not name:
         return {"resource.name": f"projects/_/buckets/{bucket}", "resource.type": iam.BUCKET_TYPE}
     return {"resource.name": f"projects/_/buckets/{bucket}/objects/{name}", "resource.type": iam.OBJECT_TYPE}
+
+
+# What objects.patch changes (the object resource's writable metadata: https://cloud.google.com/storage/docs/json_api/
+# v1/objects#resource, the fields not marked output-only or set at creation only).
+PATCHED_FIELDS = (
+    "temporaryHold",
+    "eventBasedHold",
+    "metadata",
+    "contentType",
+    "contentDisposition",
+    "contentEncoding",
+    "contentLanguage",
+    "cacheControl",
+    "customTime",
+)
+
+
+def _not_held(bucket: str, name: str, stored: dict | None) -> None:
+    """403 when the live object is under a hold: "While an object has a hold placed on it, the object cannot be
+    deleted or replaced" (https://cloud.google.com/storage/docs/object-holds); the message is Cloud Storage's
+    ``retentionPolicyNotMet`` refusal of such a request."""
+    resource = (stored or {}).get("metadata") or {}
+    for key, kind in (("temporaryHold", "Temporary"), ("eventBasedHold", "Event-Based")):
+        if resource.get(key):
+            raise HttpError(
+                403,
+                f"Object '{bucket}/{name}' is under active {kind} hold and cannot be deleted, overwritten or "
+                "archived until hold is removed.",
+                "retentionPolicyNotMet",
+            )
 
 
 def _preconditions(query: dict, stored: dict | None) -> None:

@@ -714,3 +714,36 @@ def test_a_copy_needs_get_on_the_source_and_create_on_the_destination(gcs):
     with pytest.raises(exceptions.Forbidden, match=refusal("storage.objects.delete", "object")):
         pod.blob("runs/a/existing").rewrite(source)  # an overwrite needs delete, which objectCreator lacks
     assert gcs.data(BUCKET, "runs/a/existing") == b"old" and gcs.data(BUCKET, "runs/b/model.bin") is None
+
+
+def test_a_held_object_cannot_be_deleted_or_replaced_until_its_hold_is_released(gcs):
+    """Object holds (https://cloud.google.com/storage/docs/object-holds): objects.patch sets and releases a temporary
+    or event-based hold (a new metageneration, the same generation); while either holds, a delete, an upload over it
+    and a copy over it are refused (403) and the object is as it was; its metadata may still change."""
+    bucket = create(client())
+    bucket.blob("models/m/r/weights").upload_from_string(b"kept")
+    source = bucket.blob("runs/r/weights")
+    source.upload_from_string(b"other")
+    for hold in ("temporary_hold", "event_based_hold"):
+        held = bucket.get_blob("models/m/r/weights")
+        generation, metageneration = held.generation, held.metageneration
+        setattr(held, hold, True)
+        held.patch()
+        assert getattr(held, hold) is True and held.generation == generation
+        assert held.metageneration == metageneration + 1
+        kind = "Temporary" if hold == "temporary_hold" else "Event-Based"
+        for call in (
+            held.delete,
+            lambda: bucket.blob("models/m/r/weights").upload_from_string(b"replaced"),
+            lambda: bucket.copy_blob(source, bucket, "models/m/r/weights"),
+        ):
+            with pytest.raises(exceptions.Forbidden, match=f"under active {kind} hold"):
+                call()
+        held.metadata = {"note": "still editable"}
+        held.patch()
+        assert gcs.data(BUCKET, "models/m/r/weights") == b"kept"
+        setattr(held, hold, False)
+        held.patch()
+    bucket.blob("models/m/r/weights").upload_from_string(b"replaced")  # released: an ordinary object again
+    bucket.blob("models/m/r/weights").delete()
+    assert gcs.data(BUCKET, "models/m/r/weights") is None

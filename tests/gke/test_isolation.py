@@ -15,7 +15,8 @@ from components.platforms import ledger as ledgers
 from components.platforms.gke import GkePlatform
 from components.platforms.store import LocalStore
 from components.spec import SpecError, names
-from components.stages.vertex_task import VERTEX_TASK_ENV, claim
+from components.stages.claims import claim
+from components.stages.vertex_task import VERTEX_TASK_ENV
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT
 
@@ -119,11 +120,11 @@ def test_a_second_pipeline_job_with_a_run_id_in_use_is_refused_before_it_writes_
     for first in (True, False):  # its provision, then its teardown
         with pytest.raises(SpecError) as refused:
             claim(store, "shared", "gke", "job-b", first=first, environ=on_vertex)
-        assert refused.value.field == "run_id" and "held by pipeline job job-a" in str(refused.value)
+        assert refused.value.field == "run_id" and "is held by job-a" in str(refused.value)
     assert store.read_versioned(ledgers.KEY) == held  # nothing written
     claim(store, "shared", "gke", "job-a", first=False, environ=on_vertex)  # the holder's own later tasks go on
     ledgers.update(store, lambda ledger: ledger.update(torn_down=1.0))
-    with pytest.raises(SpecError, match="held by pipeline job job-a"):  # torn down: still used once, ever
+    with pytest.raises(SpecError, match="is held by job-a"):  # torn down: still used once, ever
         claim(store, "shared", "gke", "job-b", first=True, environ=on_vertex)
     assert ledgers.load(store)["pipeline_job"]["id"] == "job-a"
 

@@ -313,7 +313,8 @@ def _stopped_on_vertex(
     ``vertex_project`` (default: the run's gke.project) and ``region``."""
     import json
 
-    from components.stages.vertex_task import VERTEX_TASK_ENV, claim
+    from components.stages.claims import claim
+    from components.stages.vertex_task import VERTEX_TASK_ENV
     from tests.emulators.project import REGION
 
     store = GcsStore(f"{PROJECT}-tpupipe", f"state/{run_id}")

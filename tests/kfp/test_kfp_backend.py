@@ -186,3 +186,44 @@ def test_submit_and_schedule_help_document_the_kfp_host(tpupipe, capsys):
         with pytest.raises(SystemExit):
             main(command)
         assert "--kfp-host" in capsys.readouterr().out, command
+
+
+def test_a_run_started_from_the_ui_with_a_run_id_in_use_fails_at_its_first_task_before_creating_anything(kfp):
+    """A run created straight through the KFP API (the UI's run form: no submit-time check) with the ``run_id`` of
+    another run: its first task finds the ledger claimed by that run's workflow and exits 2 before it writes anything;
+    its exit handler's teardown is refused too, so nothing of the holder's is touched or deleted."""
+    from google.cloud import storage as gcs
+
+    from components.cloud.credentials import credentials
+    from components.platforms import ledger as ledgers
+    from components.platforms.store import GcsStore
+    from components.stages.claims import claim
+    from pipelines.backends.vertex import jobs as vertex
+
+    bucket = f"{PROJECT}-tpupipe"
+    client = gcs.Client(project=PROJECT, credentials=credentials())
+    if client.lookup_bucket(bucket) is None:
+        client.create_bucket(bucket)
+    held = GcsStore(bucket, "state/taken")
+    claim(held, "taken", "gke", "tpupipe-holder-abcde", first=True, environ={})
+    before = held.read_versioned(ledgers.KEY)
+    sub = vertex.Submission("local-fsdp", OVERRIDES, PROJECT, "us-east5", f"gs://{bucket}/pipeline-root")
+    place = kfp_backend.Place(kfp.host)
+    kfp_client = kfp_backend.client(place)
+    pipeline_id, version_id = kfp_backend.upload(kfp_client, vertex.published_template(sub))
+    run = kfp_client.run_pipeline(
+        experiment_id=kfp_backend.experiment_id(kfp_client, place),
+        job_name="from-the-ui",
+        params=kfp_backend.parameters(sub, "taken"),
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+    )
+    wait_until(lambda: kfp.server.run(run.run_id).resource["state"] == "FAILED", 180, "the run to fail", 0.2)
+    ended = kfp.server.run(run.run_id)
+    states = {t["taskName"]: t["state"] for t in ended.tasks}
+    assert states["snapshot-data"] == "FAILED" and "provision" not in states, states
+    refusal = "refused: run_id: run id 'taken' is held by tpupipe-holder-abcde"
+    assert refusal in ended.logs["snapshot-data"] and refusal in ended.logs["teardown"], ended.logs
+    assert held.read_versioned(ledgers.KEY) == before
+    assert [b.name for b in client.list_blobs(bucket, prefix="state/taken/")] == [f"state/taken/{ledgers.KEY}"]
+    assert kfp.project.clusters("taken") == []

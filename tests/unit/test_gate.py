@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -281,14 +282,17 @@ def test_first_run_promoted_a_worse_one_registered_but_kept_out_a_better_one_pro
     second = _context(tmp_path, "run-2", "train.learning_rate=0")
     checkpoint = _trained(second, tmp_path)
     measured = gate.champion_to_measure(second)
-    assert measured == {"ref": "local-fsdp@1", "version": "1", "path": str(tmp_path / "run-1/train/checkpoint_000001")}
+    assert measured == {"ref": "local-fsdp@1", "version": "1", "path": _kept(tmp_path, "run-1")}
     result = _registered(second, 4.6, {"ref": "local-fsdp@1", "version": "1"}, 1.5)
     assert (result["ref"], result["decision"]) == ("local-fsdp@2", "keep")
     assert result["reason"] == (
         "kept champion local-fsdp@1: local-fsdp@2 held-out 4.6000 vs champion local-fsdp@1 1.5000, 206.67% worse"
     )
     version = registry.get("local-fsdp", "2")
-    assert version.artifact_uri == checkpoint and version.aliases == ()
+    assert version.artifact_uri == _kept(tmp_path, "run-2") and version.aliases == ()
+    assert sorted(p.name for p in Path(_kept(tmp_path, "run-2")).iterdir()) == sorted(
+        p.name for p in Path(checkpoint).iterdir()
+    )
     assert version.provenance["eval_loss_after"] == 4.6 and version.provenance["champion_loss"] == 1.5
     assert version.provenance["git_sha"] == "3f2a9c1e" and version.provenance["pipeline_job"] == "tpupipe-job"
     with pytest.raises(jobs.JobFailed, match="the gate decided 'keep'"):
@@ -343,8 +347,9 @@ def test_init_from_champion_resolves_to_the_champions_checkpoint_at_train_time(t
     assert gate.starting_point(ctx) is None
     assert gate.bootstrap(ctx.spec).startswith("local-fsdp has no champion yet (its first run): training from")
     first = _context(tmp_path, "run-1")
-    checkpoint = _trained(first, tmp_path)
+    _trained(first, tmp_path)
     _registered(first, 1.5)
+    checkpoint = _kept(tmp_path, "run-1")
     assert gate.starting_point(ctx) is None
     other = _context(tmp_path, "run-5", "init_from=other-model@champion")  # another model's champion is no start
     with pytest.raises(SpecError, match="train.init_from: other-model@champion: name: no model 'other-model'"):
@@ -366,8 +371,9 @@ def test_init_from_refuses_weights_of_another_architecture_and_a_checkpoint_that
     import shutil
 
     first = _context(tmp_path, "run-1")
-    checkpoint = _trained(first, tmp_path)
+    _trained(first, tmp_path)
     _registered(first, 1.5)
+    checkpoint = _kept(tmp_path, "run-1")
     open_registry(tmp_path).promote("local-fsdp", "1")
     other = _context(tmp_path, "run-2", "init_from=champion model_id=google/gemma-4-E2B-it")
     with pytest.raises(SpecError, match="trained over train.model_id=scratch:gemma4-tiny; this run's"):
@@ -375,6 +381,11 @@ def test_init_from_refuses_weights_of_another_architecture_and_a_checkpoint_that
     shutil.rmtree(checkpoint)
     with pytest.raises(SpecError, match=f"checkpoint {checkpoint} of the registered version is gone"):
         gate.starting_point(_context(tmp_path, "run-3", "init_from=champion"))
+
+
+def _kept(tmp_path, run_id: str) -> str:
+    """Where registration keeps the checkpoint run ``run_id`` registered: out of every run's directory."""
+    return str(tmp_path / "_models" / "local-fsdp" / run_id)
 
 
 def _champion_over_scratch(tmp_path) -> None:

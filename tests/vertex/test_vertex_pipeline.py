@@ -182,7 +182,15 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     assert tasks["register"]["state"] == tasks["promote"]["state"] == "SUCCEEDED"
     assert tasks["register"]["outputs"]["metrics"]["artifacts"][0]["metadata"]["promote"] == 1.0
     champion = registry.champion(MODEL)
-    assert champion.version == "1" and champion.artifact_uri == summary["checkpoint_uri"]
+    # The version names register's copy of the run's checkpoint, out of every run's reach (models/<model>/<run id>/).
+    kept = f"gs://{BUCKET}/models/{MODEL}/{ok}"
+    assert champion.version == "1" and champion.artifact_uri == kept
+    trained = summary["checkpoint_uri"].removeprefix(f"gs://{BUCKET}/").rstrip("/")
+    copied = project.storage.objects_of(BUCKET, f"models/{MODEL}/{ok}/")
+    assert copied and copied == {
+        name.replace(trained, f"models/{MODEL}/{ok}", 1): data
+        for name, data in project.storage.objects_of(BUCKET, trained + "/").items()
+    }
     first = champion.provenance
     assert set(PROVENANCE_FIELDS) <= set(first)
     assert (first["run_id"], first["pipeline_job"], first["accelerator"], first["topology"]) == (
@@ -201,7 +209,7 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     resource = f"projects/{PROJECT}/locations/{REGION}/models/{MODEL}@1"
     assert linked["schemaTitle"] == "google.VertexModel" and linked["metadata"]["resourceName"] == resource
     assert linked["uri"] == f"https://{REGION}-aiplatform.googleapis.com/v1/{resource}"
-    assert registry.get(MODEL, "1").artifact_uri == model["uri"]
+    assert registry.get(MODEL, "1").artifact_uri == kept  # the copy of the checkpoint evaluate's Model names
 
     # A second job continues from the champion (``train.init_from=champion``, resolved by its train task from the
     # Model Registry) but learns nothing (learning rate 0), so its "before" held-out loss is the champion's "after" and

@@ -25,6 +25,8 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.cache import CACHE_PREFIX
 from components.workload.derive import trainer_image
 
+MODELS_DIR = "_models"  # under the output root, beside the runs: not a run id (run ids are DNS labels: no underscore)
+
 
 class LocalPlatform(Platform):
     name = "local"
@@ -62,7 +64,7 @@ class LocalPlatform(Platform):
     # -- provision: start the head and the worker raylets
     def provision(self, ctx: RunContext) -> dict[str, Any]:
         self.check(ctx)
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if (
             ledger
             and ledger["processes"]
@@ -88,7 +90,7 @@ class LocalPlatform(Platform):
 
     # -- deploy_raycluster: wait until the head and every host are alive
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]:
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
         want = ledger["num_hosts"] + 1
@@ -115,7 +117,7 @@ class LocalPlatform(Platform):
     def job_client(self, ctx: RunContext, deadline: float | None = None):
         from ray.job_submission import JobSubmissionClient
 
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             raise InfraError(f"no cluster recorded for run {ctx.run_id}: provision did not run")
         return JobSubmissionClient(ledger["dashboard_url"], headers=auth.headers(ledger["auth_token_path"]))
@@ -162,6 +164,27 @@ class LocalPlatform(Platform):
             raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
         return uri
 
+    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+        """A copy under ``<output root>/_models/<model>/<run id>/``, beside the runs and in none of their directories,
+        its files read-only; made whole, then renamed into place. This machine has one identity: what keeps a later
+        run's jobs from it is that none is given a path there (they write their own run's directory)."""
+        import os
+        import shutil
+        import stat
+
+        kept = ctx.run_dir.parent / MODELS_DIR / model / ctx.run_id
+        if kept.is_dir():  # a retried register: the copy its first attempt made
+            return str(kept)
+        partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(uri, partial)
+        for path in partial.rglob("*"):
+            if path.is_file():
+                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        partial.rename(kept)
+        self.log(f"register: the checkpoint kept at {kept}, out of every run's directory")
+        return str(kept)
+
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         return {"output_root": str(ctx.run_dir.parent)}  # <output root>/registry, beside the runs
 
@@ -172,7 +195,7 @@ class LocalPlatform(Platform):
 
     # -- teardown: stop exactly what this run started, free its ports, keep its outputs
     def teardown(self, ctx: RunContext) -> dict[str, Any]:
-        ledger = ledgers.load(ctx.store)
+        ledger = _cluster_ledger(ctx)
         if not ledger:
             leftover = run_processes(ctx.run_id)
             for pid in leftover:
@@ -187,10 +210,17 @@ class LocalPlatform(Platform):
 
     def remaining(self, ctx: RunContext) -> list[str]:
         """What of the run is still running, found from its ledger and its marker (read here, no call made)."""
-        ledger = ledgers.load(ctx.store) or {"processes": []}
+        ledger = _cluster_ledger(ctx) or {"processes": []}
         live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]
         recorded = {p["pid"] for p in live}
         others = [pid for pid in run_processes(ctx.run_id) if pid not in recorded]
         return [f"{p['role']} (pid {p['pid']})" for p in live] + (
             [f"{len(others)} more processes carrying {RUN_MARKER}={ctx.run_id}"] if others else []
         )
+
+
+def _cluster_ledger(ctx: RunContext) -> dict[str, Any] | None:
+    """The run's ledger once provision recorded a cluster in it; None before (none, or only the run's claim on its id:
+    ``components.stages.claims``)."""
+    ledger = ledgers.load(ctx.store)
+    return ledger if ledger and "processes" in ledger else None

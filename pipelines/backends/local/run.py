@@ -57,6 +57,11 @@ def run(
     # The data snapshot now: bad data (no such file or object, no permission, no examples, an example without the
     # prompt's fields) exits 2 before anything starts; the pipeline's snapshot_data stage reads this one.
     dataset.snapshot_data(ctx)
+    # The run id claimed, atomically, once every input is known good: a second `tpupipe run` of it exits 2 here
+    # (components.stages.claims); the driver's tasks claim as the driver.
+    from components.stages import claims
+
+    claims.claim(ctx.store, ctx.run_id, ctx.platform, claims.local_claimant(), first=True, environ={})
 
     import warnings
 

@@ -81,7 +81,14 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
     if spec.gate.register:
         lines += [
             "register",
-            f"  upload        aiplatform.models.upload {registered} (a new version, its provenance)",
+            f"  copy          storage.objects.rewrite gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/<the checkpoint> "
+            f"to gs://{t.bucket}/{names.model_prefix(spec.model_name, ctx.run_id)}/ (out of every run's reach)",
+            *(
+                ["  hold          storage.objects.patch temporaryHold on each object of the copy (hold_registered)"]
+                if spec.gate.hold_registered
+                else []
+            ),
+            f"  upload        aiplatform.models.upload {registered} (a new version, its provenance: the copy)",
             "promote",
             f"  alias         aiplatform.models.mergeVersionAliases {registered}@<the new version> champion "
             "(only when the gate promotes)",

@@ -62,7 +62,17 @@ PERMISSIONS = {
 ACT_AS = "iam.serviceAccounts.actAs"
 # Calls the plan does not list as records, by what the spec asks for.
 EXTRA_PERMISSIONS = {
-    "gate.register": ("aiplatform.models.upload", "aiplatform.models.get", "aiplatform.models.update"),
+    # register also copies the trained checkpoint to models/ (objects.rewrite: get the source, create the copy;
+    # https://cloud.google.com/storage/docs/access-control/iam-json) and, asked to, holds it (objects.patch)
+    "gate.register": (
+        "aiplatform.models.upload",
+        "aiplatform.models.get",
+        "aiplatform.models.update",
+        "storage.objects.get",
+        "storage.objects.list",
+        "storage.objects.create",
+    ),
+    "gate.hold_registered": ("storage.objects.update",),
     "gke.hf_token_secret": ("secretmanager.versions.access",),
     "features": ("container.clusters.update",),  # a feature of an existing cluster enabled in place
 }

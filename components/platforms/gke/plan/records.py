@@ -172,7 +172,8 @@ def storage_records(t: Target) -> list[Resource]:
             f"{binding['role']} on gs://{t.bucket}",
             "create",
             f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal), "
-            f"on the objects under {prefix} only (an IAM condition)",
+            f"on the objects under {prefix} only (an IAM condition): never the registered checkpoints under "
+            f"gs://{t.bucket}/{names.MODELS_PREFIX}/, which register copies there with the pipeline's identity",
             labels=names.labels(t.run_id),
             body=binding,
             api="storage.buckets.setIamPolicy",

@@ -357,6 +357,27 @@ class GkePlatform(Platform):
         )
         return f"{MOUNT_PATH}/{inputs}"
 
+    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+        """A server-side copy of the run's checkpoint at ``models/<model>/<run id>/`` in the bucket, made with the
+        pipeline's identity: no run's pods may write there (their binding names ``runs/<run id>/`` alone:
+        ``target.bucket_binding``), so a later run cannot change a registered version; with
+        ``gate.hold_registered`` every object of it is also under a temporary hold (``Storage.hold_prefix``)."""
+        t = self._target(ctx)
+        own = f"gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/"
+        if not uri.startswith(own):
+            raise InfraError(f"register: checkpoint {uri} is not the run's own (under {own})")
+        kept = names.model_prefix(model, ctx.run_id)
+        storage = self.clients.storage(t)
+        copied, total, size = storage.copy_prefix(t.bucket, uri.removeprefix(f"gs://{t.bucket}/").rstrip("/"), kept)
+        if not total:
+            raise InfraError(f"register: checkpoint {uri} holds no object: nothing to register")
+        held = storage.hold_prefix(t.bucket, kept) if ctx.spec.gate.hold_registered else 0
+        self.log(
+            f"register: copied {copied} of {total} objects ({size / 2**30:.2f} GiB) of {uri} to gs://{t.bucket}/{kept}/"
+            + (f", {held} newly under a temporary hold" if ctx.spec.gate.hold_registered else "")
+        )
+        return f"gs://{t.bucket}/{kept}"
+
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
         """Vertex AI Model Registry of the run's project, in the region of its zone."""
         t = self._target(ctx)

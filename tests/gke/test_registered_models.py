@@ -1,0 +1,65 @@
+"""A registered checkpoint is out of every run's reach (``GkePlatform.keep_registered``): register copies it,
+server-side and with the pipeline's identity, from the run's own prefix to ``models/<model>/<run id>/``, which no
+run's pods may write (their bucket binding names ``runs/<run id>/`` alone: the emulated Cloud Storage enforces the
+bucket's IAM policy on their token); with ``gate.hold_registered`` every object of the copy is under a temporary
+hold, which even the pipeline's identity cannot delete or replace through. A later run under the same id is refused
+at its claim, and the copy is unchanged after all of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.spec import InfraError, SpecError
+from components.stages.claims import claim
+from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.gke.test_isolation import BUCKET, _two_runs_and_mine_pods_client, context
+
+CHECKPOINT = {"model.safetensors": b"weights", "config.json": b"{}"}
+
+
+def test_a_registered_checkpoint_is_unchanged_by_a_reused_run_id_and_by_another_runs_pods(tmp_path, project_factory):
+    from google.api_core.exceptions import Forbidden
+    from google.cloud import storage
+
+    from components.cloud.credentials import credentials
+
+    project = project_factory()
+    gke, mine, theirs, pod = _two_runs_and_mine_pods_client(tmp_path, project)
+    logs: list[str] = []
+    gke.log = logs.append
+    for name, data in CHECKPOINT.items():
+        project.storage.put(BUCKET, f"runs/theirs/train/checkpoint_000002/{name}", data)
+    registering = context(tmp_path, "theirs", ONE_SLICE + " gate.hold_registered=true")
+    trained = f"gs://{BUCKET}/runs/theirs/train/checkpoint_000002"
+    uri = gke.keep_registered(registering, trained, "local-fsdp")
+    assert uri == f"gs://{BUCKET}/models/local-fsdp/theirs"
+    kept = {f"models/local-fsdp/theirs/{name}": data for name, data in CHECKPOINT.items()}
+    assert project.storage.objects_of(BUCKET, "models/") == kept
+    assert logs[-1].endswith("2 newly under a temporary hold")
+    assert gke.keep_registered(registering, trained + "/", "local-fsdp") == uri  # a retried register: no new copy
+    assert "copied 0 of 2 objects" in logs[-1] and logs[-1].endswith("0 newly under a temporary hold")
+    with pytest.raises(InfraError, match="not the run's own"):  # another run's prefix is no checkpoint of this run
+        gke.keep_registered(registering, f"gs://{BUCKET}/runs/mine/train/checkpoint_000002", "local-fsdp")
+
+    # Another run's pods: no write, no replace, no delete anywhere under models/.
+    bucket = pod.bucket(BUCKET)
+    for name in (*kept, "models/local-fsdp/theirs/planted.py", "models/local-fsdp/mine/model.safetensors"):
+        with pytest.raises(Forbidden, match="storage.objects.create"):
+            bucket.blob(name).upload_from_string(b"forged")
+    with pytest.raises(Forbidden, match="storage.objects.delete"):
+        bucket.blob("models/local-fsdp/theirs/model.safetensors").delete()
+    # Held: the pipeline's own identity (the project's owner here) cannot delete or replace it either.
+    owner = storage.Client(project=PROJECT, credentials=credentials()).bucket(BUCKET)
+    held = owner.get_blob("models/local-fsdp/theirs/model.safetensors")
+    assert held.temporary_hold is True
+    with pytest.raises(Forbidden, match="under active Temporary hold"):
+        held.delete()
+    with pytest.raises(Forbidden, match="under active Temporary hold"):
+        owner.blob("models/local-fsdp/theirs/model.safetensors").upload_from_string(b"replaced")
+    # A later run under the id: refused at its first task's claim (the ledger there is the first run's).
+    with pytest.raises(SpecError, match="run id 'theirs'") as refused:
+        claim(theirs.store, "theirs", "gke", "a-later-job", first=True, environ={})
+    assert refused.value.exit_code == 2
+    # The run's own prefix is its pods' to change; the registered copy is not.
+    project.storage.put(BUCKET, "runs/theirs/train/checkpoint_000002/model.safetensors", b"changed later")
+    assert project.storage.objects_of(BUCKET, "models/") == kept
