@@ -347,8 +347,8 @@ def _follow(
         raise LimitCrossed(crossed)
     if info.status != JobStatus.SUCCEEDED:
         tail = redact("\n".join(state.text.splitlines()[-TAIL_LINES:]))  # the error goes to the stage's record
-        raise JobFailed(
-            f"{kind}: Ray job {submission_id} {info.status}: {info.message}\n"
+        raise JobFailed(  # Ray's message of a failed entrypoint carries the job's log too (job_manager.py)
+            f"{kind}: Ray job {submission_id} {info.status}: {redact(info.message or '')}\n"
             f"--- last lines of {ctx.store.uri}/logs/{kind}.log ---\n{tail}"
         )
 

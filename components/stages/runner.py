@@ -218,12 +218,14 @@ def _release(ctx: RunContext) -> list[str]:
 
 
 def _error_text(exc: BaseException) -> str:
+    """The failure as the stage's record keeps it, known secrets redacted (an error may quote a job's output)."""
     from components.cloud.credentials import access_error
+    from components.platforms.redaction import redact
 
     exc = access_error(exc) or exc  # no credentials, no project, an API off, a permission denied: the fix, one line
     if isinstance(exc, TpupipeError):
-        return str(exc)
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return redact(str(exc))
+    return redact("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def _write_report(ctx: RunContext) -> None:

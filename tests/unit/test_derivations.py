@@ -541,10 +541,10 @@ def test_documented_zones():
 @pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2"])
 @pytest.mark.parametrize("non_root", [False, True])
 def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset, non_root):
-    """Unprivileged, no escalation, the runtime's seccomp profile; by default as uid/gid 1000 (the TPU device files
-    handed to them by the runtime) with every capability dropped; as the image's root only with
-    gke.run_as_non_root=false."""
-    spec, t = spec_and_target(preset, "" if non_root else "gke.run_as_non_root=false")
+    """Unprivileged, no escalation, the runtime's seccomp profile; with gke.run_as_non_root as uid/gid 1000 (the TPU
+    device files handed to them by the runtime) with every capability dropped; by default as the image's root (no
+    GKE source says its TPU nodes hand the device files to another uid)."""
+    spec, t = spec_and_target(preset, "gke.run_as_non_root=true" if non_root else "")
     objects = m.all_objects(spec, t)
     rc = objects[-1]["spec"]
     user = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000} if non_root else {}

@@ -151,3 +151,18 @@ def test_redaction_keeps_what_is_not_a_secret():
     text = "hf_hub_download failed: authorization failed for model x; token count 1234; Bearer"
     assert redaction.redact(text) == text
     assert redaction.redact("Authorization: token abcdef123") == "Authorization: token [redacted]"
+
+
+def test_a_failed_stages_record_keeps_no_secret_its_error_quotes(tmp_path):
+    """A stage's error may quote what a job printed (Ray's message of a failed entrypoint carries the job's last
+    log lines: ray dashboard/modules/job/job_manager.py): the record of the failure names the error with every known
+    secret redacted, whatever its shape (not only ``hf_…``)."""
+    from components.stages import runner
+
+    secret = "plain-Secret-value-7f3a9c"
+    redaction.register(secret)
+    with pytest.raises(SpecError):
+        runner.run_stage("snapshot_data", "local-fsdp", "local", f"train.dataset=/nonexistent/{secret}.jsonl", "r1", "", str(tmp_path))
+    record = runner.read_json(LocalStore(tmp_path / "r1"), "stages/snapshot_data.json")
+    assert record["status"] == "failed" and "[redacted]" in record["error"], record
+    assert secret not in json.dumps(record)

@@ -68,7 +68,7 @@ HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
 HF_TOKEN_FILE = "token"
 # Every pod runs unprivileged, with no privilege escalation and the runtime's default seccomp profile: TPU chips need
 # no privileged container on GKE 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run
-# containers without privileged mode"), and by default (gke.run_as_non_root) as a non-root user with every capability
+# containers without privileged mode"), and with gke.run_as_non_root as a non-root user with every capability
 # dropped (the Pod Security Standards' "restricted" profile:
 # https://kubernetes.io/docs/concepts/security/pod-security-standards/). The TPU chips reach a pod as device files the
 # TPU device plugin names (/dev/vfio/N, /dev/accel*); a container runtime with containerd's
@@ -77,8 +77,8 @@ HF_TOKEN_FILE = "token"
 # https://kubernetes.io/blog/2021/11/09/non-root-containers-and-devices/), which is why both the uid and the gid are
 # set here (the gid, not a supplemental group: the device files' host gid differs between node images). Neither the
 # TorchTPU nor the MaxText image names a user (images/*/Dockerfile: no USER, so root), and GKE does not document that
-# runtime setting for its TPU nodes: on nodes without it, gke.run_as_non_root=false runs the containers as the image's
-# root. The uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
+# runtime setting for its TPU nodes (containerd's default is off): on nodes without it a non-root container cannot
+# open the chips, so gke.run_as_non_root is off by default and the containers run as the image's root. The uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
 # uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
 RUN_AS = 1000
 HOME_VOLUME = "home"
