@@ -79,6 +79,16 @@ def check_slice(spec: RunSpec) -> None:
                 "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK",
             ],
         )
+    if "reservation" in c.capacities and spec.gke.cluster_mode == "autopilot" and "/reservationBlocks/" in c.reservation:
+        # On Autopilot the reservation is a pod's node selector, cloud.google.com/reservation-name, whose value is the
+        # reservation's name alone: a label value has no "/" (https://kubernetes.io/docs/concepts/overview/
+        # working-with-objects/labels/#syntax-and-character-set), so the API server would refuse the pods.
+        raise SpecError(
+            "cluster.reservation",
+            f"{c.reservation!r}: a block or sub-block of a reservation is consumed by a Standard cluster's node pools; "
+            "Autopilot selects a reservation by name alone",
+            ["a reservation name", "projects/PROJECT/reservations/NAME", "gke.cluster_mode=standard"],
+        )
     if c.num_slices > 1 and not shape.multi_host:
         multi = [t for t in valid if catalogue.slice_shape(family.name, t).multi_host]
         raise SpecError(

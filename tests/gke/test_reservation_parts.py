@@ -71,3 +71,12 @@ def test_a_shared_reservations_read_is_checked_on_its_owner_project(project_fact
         )
         in text
     ), text
+
+
+@pytest.mark.parametrize("part", ["/reservationBlocks/block-1", "/reservationBlocks/block-1/reservationSubBlocks/sub-1"])
+def test_a_block_or_sub_block_on_autopilot_is_refused_naming_the_field(part):
+    """Autopilot's reservation selector is a label, whose value cannot hold the block's path."""
+    with pytest.raises(SpecError) as refused:
+        resolve("local-fsdp", f"{RESERVED}{part} gke.cluster_mode=autopilot")
+    assert refused.value.field == "cluster.reservation" and "Autopilot" in str(refused.value)
+    resolve("local-fsdp", f"{RESERVED}{part}")  # a Standard cluster's node pools take it
