@@ -65,9 +65,10 @@ KINDS = {
     "admissionchecks": "AdmissionCheck",
     "provisioningrequestconfigs": "ProvisioningRequestConfig",
     "workloadpriorityclasses": "WorkloadPriorityClass",
+    "cohorts": "Cohort",  # hierarchical cohorts (Kueue v0.19.2, apis/kueue/v1beta2/cohort_types.go): served, not modelled
 }
 CLUSTER_SCOPED = {"clusterqueues", "resourceflavors", "admissionchecks", "provisioningrequestconfigs"}
-CLUSTER_SCOPED |= {"workloadpriorityclasses"}
+CLUSTER_SCOPED |= {"workloadpriorityclasses", "cohorts"}
 # Kueue's configuration: the ConfigMap its install makes (kubernetes-sigs/kueue v0.19.2, config/default/
 # kustomization.yaml: namespace kueue-system, namePrefix kueue-; config/components/manager/kustomization.yaml), and the
 # integrations its default configuration enables, those of them that matter here

@@ -94,3 +94,21 @@ def test_the_emulated_kueue_lends_only_what_the_lender_leaves_unused(project_fac
         assert kueue._room(shared, "v6e", "google.com/tpu", {("v6e", "google.com/tpu"): 3.0}) == 0
         shared["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]["borrowingLimit"] = 0
         assert kueue._room(shared, "v6e", "google.com/tpu", {}) == 2
+
+
+def test_a_hierarchical_cohort_is_warned_not_refused(project_factory, capsys):
+    """A Cohort object with quota of its own (or a parent) lends what this check cannot count: the run is warned and
+    let through for Kueue to decide, where a flat cohort that lends too little refuses it (above)."""
+    project = project_factory()
+    _team_cluster(project)
+    cohort(project, own=2, lends=1)
+    research = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Cohort",
+        "metadata": {"name": "research", "uid": "c1"},
+        "spec": {"parentName": "org"},
+    }
+    with project.kube.lock:
+        project.kube.objects[("cohorts", "", "research")] = research
+    code, text = preflight_cli(QUEUED + " gke.queue=team-a", capsys)
+    assert code == 0 and "cohort research is a Cohort object with its own quota or a parent" in text, text

@@ -50,7 +50,7 @@ from components.workload import derive as d
 
 # The podSetUpdates of xpk's ProvisioningRequestConfig for queued provisioning on GKE: a nodeSelector on the label GKE
 # puts on the nodes of a request, valued from the request's ``ResizeRequestName`` class detail
-# (AI-Hypercomputer/xpk, src/xpk/core/kueue.py, ``cluster_set_crd_yaml``); Kueue copies each such detail of the
+# (AI-Hypercomputer/xpk, src/xpk/templates/kueue_config.yaml.j2); Kueue copies each such detail of the
 # request's status.provisioningClassDetails into the pods' nodeSelector on admission ("podSetUpdates ... are used to
 # target the provisioned nodes": the ProvisioningRequestConfig CRD of Kueue v0.19.2;
 # https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/, "PodSet updates").
@@ -253,8 +253,8 @@ def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) ->
     (each its ``lendingLimit``, else all its ``nominalQuota``), at most its own ``borrowingLimit`` (none: no limit).
     The ClusterQueue CRD's ``cohortName``, ``borrowingLimit`` and ``lendingLimit`` (Kueue v0.19.2,
     config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml; https://kueue.sigs.k8s.io/docs/concepts/
-    cluster_queue/#cohort, #borrowinglimit, #lendinglimit). A Cohort object's own quota (hierarchical cohorts) is not
-    counted. None when the caller may not list ClusterQueues (a warning says so)."""
+    cluster_queue/#cohort, #borrowinglimit, #lendinglimit). A Cohort object's own quota or parent (hierarchical
+    cohorts) is not counted: then what it lends is unknown, and the run is warned, not refused. None when the caller may not list ClusterQueues (a warning says so)."""
     from kubernetes.client.exceptions import ApiException
 
     name, cohort = cq["metadata"]["name"], cq["spec"]["cohortName"]
@@ -272,6 +272,14 @@ def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) ->
             "borrow there is not checked"
         )
         return dict.fromkeys(flavors)
+    if _hierarchical(kube, cohort):
+        report.warnings.append(
+            f"cohort {cohort} is a Cohort object with its own quota or a parent (a hierarchical cohort: "
+            "https://kueue.sigs.k8s.io/docs/concepts/hierarchical_cohort/): what ClusterQueue "
+            f"{name} may borrow through it is not counted here, so a run that does not fit its own quota is let "
+            "through for Kueue to decide"
+        )
+        return dict.fromkeys(flavors)
     out: dict[str, float | None] = {}
     for flavor in flavors:
         entries = [kueue.flavor_quota(other, flavor, kueue.TPU_RESOURCE) for other in others]
@@ -279,6 +287,22 @@ def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) ->
         limit = (kueue.flavor_quota(cq, flavor, kueue.TPU_RESOURCE) or {}).get("borrowingLimit")
         out[flavor] = lent if limit is None else min(lent, kueue.quantity(limit))
     return out
+
+
+def _hierarchical(kube, cohort: str) -> bool:
+    """Whether ``cohort`` is a Cohort object that holds quota of its own or has a parent (Kueue v0.19.2,
+    apis/kueue/v1beta2/cohort_types.go: ``resourceGroups``, ``parentName``); a cohort named only by its ClusterQueues
+    has no object. One the caller may not read counts as hierarchical: its lending is unknown."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        found = kueue.cluster_object(kube, "cohorts", cohort)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return True
+    spec = (found or {}).get("spec") or {}
+    return bool(spec.get("resourceGroups") or spec.get("parentName"))
 
 
 def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, report: Report) -> None:
