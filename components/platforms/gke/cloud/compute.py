@@ -1,7 +1,8 @@
 """The Compute Engine side of the gke platform, through google-cloud-compute
 (docs/architecture.md, "Cloud calls through the client libraries"): the extra VPC networks, subnets and firewall
 rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``) and the workload policy that
-places TPU7x multi-host slices (their bodies: ``compute_resources``).
+places TPU7x multi-host slices (their bodies: ``compute_resources``), and the subnetwork of the private nodes of a
+cluster the run creates with, when the run needs the internet, its Cloud Router and NAT gateway (``network``).
 
 Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
@@ -43,6 +44,7 @@ KINDS = {
     "subnetwork": Kind("subnetworks", "Subnetwork", "subnetwork"),
     "resource_policy": Kind("resource_policies", "ResourcePolicy", "resource_policy"),
     "firewall": Kind("firewalls", "Firewall", "firewall"),
+    "router": Kind("routers", "Router", "router"),  # a Cloud Router and its Cloud NAT gateway (plan.network)
 }
 
 
@@ -54,6 +56,7 @@ class Clients:
     firewalls: Any
     global_operations: Any
     region_operations: Any
+    routers: Any = None
 
 
 def client(name: str, creds):
@@ -80,7 +83,8 @@ def clients(creds=None) -> Clients:
                 "GlobalOperationsClient",
                 "RegionOperationsClient",
             )
-        )
+        ),
+        routers=client("RoutersClient", creds),
     )
 
 
