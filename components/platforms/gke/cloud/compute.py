@@ -56,7 +56,7 @@ class Clients:
     firewalls: Any
     global_operations: Any
     region_operations: Any
-    routers: Any = None
+    routers: Any  # the Cloud Router and NAT gateway of ``network``
 
 
 def client(name: str, creds):
@@ -72,20 +72,16 @@ def clients(creds=None) -> Clients:
     are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert
     returns, whose own operations client always goes to Google's endpoint."""
     creds = creds or credentials()
-    return Clients(
-        *(
-            client(name, creds)
-            for name in (
-                "NetworksClient",
-                "SubnetworksClient",
-                "ResourcePoliciesClient",
-                "FirewallsClient",
-                "GlobalOperationsClient",
-                "RegionOperationsClient",
-            )
-        ),
-        routers=client("RoutersClient", creds),
-    )
+    names = {
+        "networks": "NetworksClient",
+        "subnetworks": "SubnetworksClient",
+        "resource_policies": "ResourcePoliciesClient",
+        "firewalls": "FirewallsClient",
+        "global_operations": "GlobalOperationsClient",
+        "region_operations": "RegionOperationsClient",
+        "routers": "RoutersClient",
+    }
+    return Clients(**{field: client(name, creds) for field, name in names.items()})
 
 
 def _request(kind: str, resource_path: str) -> dict[str, str]:
