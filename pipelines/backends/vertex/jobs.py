@@ -141,15 +141,26 @@ def new_job_id(preset: str) -> str:
 
 def published_template(sub: Submission, publish_first: bool = False, log: Callable[[str], None] = print) -> str:
     """The job's template, its images in Artifact Registry and pinned to their digests: with ``publish_first``,
-    ``tpupipe publish`` of this tree first; else a missing image is refused (exit 2) with the command that publishes
-    it."""
+    ``tpupipe publish`` of this tree first (as ``gke.build_service_account``); else a missing image is refused (exit
+    2) with the command that publishes it."""
     from pipelines.pipeline import Target
     from pipelines.publish.vertex import pin_images, publish
 
     if publish_first and sub.template:
         raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])
-    if publish_first:
-        publish(Target(project=sub.project, region=sub.region), "tpupipe-pipelines", "", log=log)
+    if publish_first:  # built as the run's Cloud Build account, refused as the default one unless allowed
+        from components.workload import resolve
+
+        g = resolve(sub.preset, sub.resolved_overrides).gke
+        target = Target(project=sub.project, region=sub.region)
+        publish(
+            target,
+            "tpupipe-pipelines",
+            "",
+            log=log,
+            build_account=g.build_service_account,
+            allow_default=g.allow_default_identities,
+        )
     template = _template(sub)
     template, missing = pin_images(template)
     if missing:
