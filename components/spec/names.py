@@ -157,6 +157,18 @@ def dcn_firewall(run_id: str, index: int) -> str:
     return dcn_network(run_id, index) + "-allow-internal"
 
 
+def node_subnet(run_id: str) -> str:
+    """The subnetwork of the default network that the nodes of a cluster the run creates get their addresses from
+    (Private Google Access on; the run's Cloud NAT, when it has one, serves it alone)."""
+    return fit(run_id, COMPUTE_NAME_MAX - 6) + "-nodes"
+
+
+def nat_router(run_id: str) -> str:
+    """The Cloud Router, and its Cloud NAT gateway, that give the run's private nodes a way out to the internet (the
+    Hugging Face hub, a registry outside Google), when the run needs one."""
+    return fit(run_id, COMPUTE_NAME_MAX - 4) + "-nat"
+
+
 def raycluster(run_id: str) -> str:
     return fit(run_id, RAYCLUSTER_NAME_MAX)
 

@@ -174,8 +174,13 @@ class GkeSpec:
     # it creates anything, that the project's IAM policy grants it what nodes need (image pulls, logs, metrics).
     node_service_account: str = ""
     # Who Cloud Build runs the trainer image's build as: a service account email (the caller needs
-    # iam.serviceAccounts.actAs on it); empty: the project's default Cloud Build account, which preflight warns of.
+    # iam.serviceAccounts.actAs on it); empty: the project's default Cloud Build account.
     build_service_account: str = ""
+    # Let the run act as the project's default identities: the nodes as the Compute Engine default service account,
+    # Cloud Build as the default build account (and, on Vertex AI, the pipeline as the Compute Engine default one).
+    # false: each of them is refused (exit 2) before anything is created, naming its field and the dedicated account
+    # to name instead; what `--allow-default-identities` sets.
+    allow_default_identities: bool = False
     multislice_network: str = "dcn_networks"  # NICs between slices: dcn_networks, accelerator_network_profile, none
     # The Pod and Service IPv4 ranges (CIDR) of a cluster the run creates; empty: GKE picks them. Either must not
     # overlap the DCN networks' subnets (checked at plan time, and against the ranges GKE reports at provision).

@@ -14,9 +14,29 @@ PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
 CALLS_GOOGLE_CLOUD = "calls_google_cloud"  # set on the parsed arguments of a command add_place marks as calling it
 
 
+ALLOW_DEFAULT_IDENTITIES = "gke.allow_default_identities=true"
+
+
 def add_set(parser, text: str) -> None:
-    """The ``--set KEY=VALUE ...`` flag of ``parser``, ``text`` its help (``overrides`` reads it)."""
+    """The ``--set KEY=VALUE ...`` flag of ``parser``, ``text`` its help (``overrides`` reads it), and
+    ``--allow-default-identities``, which adds ``gke.allow_default_identities=true`` to them (``allow_defaults``)."""
     parser.add_argument("--set", action="append", metavar="KEY=VALUE ...", help=text)
+    add_allow_defaults(parser)
+
+
+def add_allow_defaults(parser) -> None:
+    parser.add_argument(
+        "--allow-default-identities",
+        action="store_true",
+        help="let the nodes, Cloud Build and the Vertex AI pipeline act as the project's default service accounts "
+        '(refused without it, exit 2: name dedicated ones, docs/gke.md "IAM roles")',
+    )
+
+
+def allow_defaults(args) -> None:
+    """``--allow-default-identities`` as the spec override it stands for, appended to ``--set``'s."""
+    if getattr(args, "allow_default_identities", False) and hasattr(args, "set"):
+        args.set = [*(args.set or []), ALLOW_DEFAULT_IDENTITIES]
 
 
 def overrides(sets: list[str] | None) -> str:

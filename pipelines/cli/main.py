@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pipelines import check
-from pipelines.cli.common import add_place, add_set, overrides, refuse_placeholder
+from pipelines.cli.common import add_allow_defaults, add_place, add_set, allow_defaults, overrides, refuse_placeholder
 from pipelines.exits import fail
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
@@ -110,7 +110,13 @@ def cmd_publish(args) -> int:
     from pipelines.publish.vertex import publish
 
     target = _target(args)
-    result = publish(target, args.kfp_repository, args.version, build_account=args.build_service_account)
+    result = publish(
+        target,
+        args.kfp_repository,
+        args.version,
+        build_account=args.build_service_account,
+        allow_default=args.allow_default_identities,
+    )
     if args.kfp_host:  # the same pinned pipeline on Kubeflow Pipelines, and the janitor's recurring run there
         from pipelines.cli.kfp import place_of
         from pipelines.publish.kfp import publish_kfp
@@ -341,8 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--build-service-account",
         default="",
         help="the service account Cloud Build builds the components image as (the caller needs "
-        "iam.serviceAccounts.actAs on it); default: the project's default build account, which is warned of",
+        "iam.serviceAccounts.actAs on it); without it the project's default build account, refused unless "
+        "--allow-default-identities",
     )
+    add_allow_defaults(p)
     p.add_argument(
         "--janitor-schedule",
         action="store_true",
@@ -394,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     from components.spec import TpupipeError
 
     args = build_parser().parse_args(argv)
+    allow_defaults(args)
     try:
         refuse_placeholder(args)
         return args.func(args)

@@ -84,7 +84,12 @@ def pin_images(template: str) -> tuple[str, list[str]]:
     return str(pinned), []
 
 
-def publish(target: Target, kfp_repository: str, version: str, log=print, build_account: str = "") -> Published:
+def publish(
+    target: Target, kfp_repository: str, version: str, log=print, build_account: str = "", allow_default: bool = False
+) -> Published:
+    """Build the components image if missing and upload the pinned template. Cloud Build's account is refused, before
+    any call, when it is the project's default build account (none named) or the Compute Engine default one, unless
+    ``allow_default`` (``--allow-default-identities``)."""
     from components.cloud import build as gke_build
     from components.cloud import storage as gke_storage
     from components.cloud.credentials import credentials
@@ -94,6 +99,13 @@ def publish(target: Target, kfp_repository: str, version: str, log=print, build_
 
     if build_account and not SERVICE_ACCOUNT.match(build_account):
         raise SpecError("--build-service-account", f"{build_account!r} is not a service account email")
+    if not allow_default and (not build_account or identities.is_default_compute(build_account)):
+        refusal = identities.build_refusal(build_account).replace(
+            "gke.build_service_account", "--build-service-account"
+        )
+        raise SpecError(
+            "--build-service-account", refusal, ["NAME@PROJECT.iam.gserviceaccount.com", "--allow-default-identities"]
+        )
 
     creds = credentials()
     tag = gke_build.image_tag(PIPELINE_IMAGE)
@@ -104,7 +116,7 @@ def publish(target: Target, kfp_repository: str, version: str, log=print, build_
     built = digest is None
     if built:
         log(f"publish: {image} is not in Artifact Registry: building it")
-        if not build_account:
+        if not build_account:  # --allow-default-identities
             log(
                 "publish: warning: --build-service-account not given: Cloud Build builds it as the project's default "
                 f"build account, often with broad roles on the project ({identities.BUILD_ACCOUNT_DOC})"

@@ -1,10 +1,13 @@
 """An in-process Compute Engine: the part of the v1 REST API that network provisioning uses (global networks and
-firewall rules, regional subnetworks and resource policies, global and regional operations), served over plain HTTP by
+firewall rules, regional subnetworks, resource policies and Cloud Routers with their NAT gateways, global and regional
+operations), served over plain HTTP by
 ``http.server``, so that the real ``google.cloud.compute_v1`` clients (REST is their only transport) talk to it.
 
 Request bodies are parsed into compute_v1's own message types with unknown fields refused, then checked as Compute
 checks them (resource names, MTU range, custom mode, the network a subnetwork or firewall rule names, subnetwork CIDRs
-and their overlap, the region, workload policy types, a firewall rule's direction, sources, protocols and ports).
+and their overlap, the region, workload policy types, a firewall rule's direction, sources, protocols and ports, a
+NAT gateway's options and the subnetworks it serves, one gateway per subnetwork). The project's ``default`` network
+is there for a subnetwork or router to name, as Compute made it with the project.
 Errors come back in Google's JSON error shape, so the clients raise the ``google.api_core.exceptions`` they raise
 against Compute (NotFound, Conflict, BadRequest, ...).
 
@@ -66,6 +69,7 @@ KINDS = {
     "subnetworks": compute_v1.Subnetwork,
     "resourcePolicies": compute_v1.ResourcePolicy,
     "firewalls": compute_v1.Firewall,
+    "routers": compute_v1.Router,
 }
 GLOBAL_KINDS = ("networks", "firewalls")
 SINGULAR = {
@@ -73,13 +77,21 @@ SINGULAR = {
     "subnetworks": "subnetwork",
     "resourcePolicies": "resourcePolicy",
     "firewalls": "firewall",
+    "routers": "router",
 }
 QUOTA_METRIC = {
     "networks": "NETWORKS",
     "subnetworks": "SUBNETWORKS",
     "resourcePolicies": "RESOURCE_POLICIES",
     "firewalls": "FIREWALLS",
+    "routers": "ROUTERS",
 }
+# A Cloud NAT gateway's choices, as Compute's RouterNat enumerates them (google-cloud-compute's
+# compute_v1/types/compute.py: RouterNat.NatIpAllocateOption, .SourceSubnetworkIpRangesToNat; and
+# RouterNatSubnetworkToNat.SourceIpRangesToNat).
+NAT_IP_OPTIONS = ("AUTO_ONLY", "MANUAL_ONLY")
+NAT_SOURCES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES", "LIST_OF_SUBNETWORKS")
+NAT_SUBNET_RANGES = ("ALL_IP_RANGES", "LIST_OF_SECONDARY_IP_RANGES", "PRIMARY_IP_RANGE")
 # A firewall rule's protocols by name (or an IP protocol number), and those that take ports.
 FIREWALL_PROTOCOLS = ("tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all")
 PORT_PROTOCOLS = ("tcp", "udp", "sctp")
@@ -164,6 +176,7 @@ class State:
     subnetworks: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/subnetworks/N" -> ...
     resource_policies: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/resourcePolicies/N"
     firewalls: dict[str, dict] = field(default_factory=dict)  # "projects/P/global/firewalls/N"
+    routers: dict[str, dict] = field(default_factory=dict)  # "projects/P/regions/R/routers/N"
     creating: dict[str, dict] = field(default_factory=dict)  # path -> resource whose insert is running
     deleting: set[str] = field(default_factory=set)  # paths whose delete is running
     operations: dict[str, _Op] = field(default_factory=dict)  # "projects/P/{global,regions/R}/operations/O"
@@ -421,6 +434,7 @@ class ComputeEmulator(HttpEmulator):
             "subnetworks": self.state.subnetworks,
             "resourcePolicies": self.state.resource_policies,
             "firewalls": self.state.firewalls,
+            "routers": self.state.routers,
         }[kind]
 
     # ------------------------------------------------------------------ serving
@@ -525,6 +539,10 @@ class ComputeEmulator(HttpEmulator):
                         f"'{other['name']}' in region '{path.split('/')[3]}'.",
                     )
             request = {**request, "network": LINK + network}
+        elif kind == "routers":
+            network = self._network(message.network, params)
+            self._validate_nats(request, network, params)
+            request = {**request, "network": LINK + network}
         elif kind == "firewalls":
             network = self._network(message.network or "global/networks/default", params)
             self._validate_firewall(request)
@@ -543,9 +561,55 @@ class ComputeEmulator(HttpEmulator):
         if not ref or (ref["project"] or params["project"]) != params["project"]:
             raise HttpError(400, f"Invalid value for field 'resource.network': '{ref_text}'.")
         network = f"projects/{params['project']}/global/networks/{ref['name']}"
+        if ref["name"] == "default" and network not in self.state.networks:  # the project's own, made with it
+            self._default_network(params)  # 404 where the organisation skips it
+            return network
         if network not in self.state.networks:
             raise HttpError(404, f"The resource '{network}' was not found")
         return network
+
+    def _validate_nats(self, router: dict, network: str, params: dict) -> None:
+        """A router's Cloud NAT gateways as Compute checks them: known options; MANUAL_ONLY with addresses;
+        LIST_OF_SUBNETWORKS with subnetworks, each an existing one of the router's network and region; and no
+        subnetwork served by two gateways (a subnetwork's ranges are served by one Cloud NAT gateway at most: Cloud NAT
+        overview, https://cloud.google.com/nat/docs/overview)."""
+
+        def invalid(index: int, name: str, value) -> HttpError:
+            return HttpError(400, f"Invalid value for field 'resource.nats[{index}].{name}': '{value}'.")
+
+        served = {
+            s["name"].removeprefix(LINK): other["name"]
+            for other in self.state.routers.values()
+            if other["network"] == LINK + network
+            for nat in other.get("nats", [])
+            for s in nat.get("subnetworks", [])
+        }
+        for index, nat in enumerate(router.get("nats", [])):
+            option = nat.get("natIpAllocateOption", "")
+            if option not in NAT_IP_OPTIONS:
+                raise invalid(index, "natIpAllocateOption", option)
+            if option == "MANUAL_ONLY" and not nat.get("natIps"):
+                raise invalid(index, "natIps", [])
+            source = nat.get("sourceSubnetworkIpRangesToNat", "")
+            if source not in NAT_SOURCES:
+                raise invalid(index, "sourceSubnetworkIpRangesToNat", source)
+            subnets = nat.get("subnetworks", [])
+            if (source == "LIST_OF_SUBNETWORKS") != bool(subnets):
+                raise invalid(index, "subnetworks", subnets)
+            for entry in subnets:
+                path = entry.get("name", "").removeprefix(LINK)
+                subnet = self.state.subnetworks.get(path)
+                if subnet is None or subnet["network"] != LINK + network or path.split("/")[3] != params["region"]:
+                    raise HttpError(404, f"The resource '{path}' was not found")
+                for ranges in entry.get("sourceIpRangesToNat", []):
+                    if ranges not in NAT_SUBNET_RANGES:
+                        raise invalid(index, "subnetworks.sourceIpRangesToNat", ranges)
+                if path in served:
+                    raise HttpError(
+                        400,
+                        f"Subnetwork '{path}' is already being used by NAT in router '{served[path]}'.",
+                        "resourceInUseByAnotherResource",
+                    )
 
     @staticmethod
     def _validate_firewall(rule: dict) -> None:
@@ -642,7 +706,9 @@ class ComputeEmulator(HttpEmulator):
                 stackType=resource.get("stackType", "IPV4_ONLY"),
             )
             resource.setdefault("privateIpGoogleAccess", False)
-            self.state.networks[resource["network"].removeprefix(LINK)]["subnetworks"].append(LINK + path)
+            network = self.state.networks.get(resource["network"].removeprefix(LINK))  # the default one: not stored
+            if network is not None:
+                network["subnetworks"].append(LINK + path)
         if kind == "resourcePolicies":
             resource["status"] = "READY"
         self._table(kind)[path] = resource
@@ -662,6 +728,13 @@ class ComputeEmulator(HttpEmulator):
             p
             for p, s in [*self.state.subnetworks.items(), *self.state.firewalls.items(), *self.state.creating.items()]
             if kind == "networks" and s.get("network") == LINK + path
+        ]
+        users += [  # a subnetwork a Cloud NAT gateway serves
+            p
+            for p, r in self.state.routers.items()
+            if kind == "subnetworks"
+            for nat in r.get("nats", [])
+            if any(s.get("name", "").removeprefix(LINK) == path for s in nat.get("subnetworks", []))
         ]
         user = users[0] if users else self.in_use(SINGULAR[kind], path)
         if user:

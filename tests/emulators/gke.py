@@ -27,7 +27,9 @@ channel, a node pool whose ``management`` turns auto-upgrade off is refused with
 message's comment in google-cloud-container: "Node auto-upgrade defaults to true and cannot be disabled"), and one
 without ``management`` gets auto-upgrade and auto-repair on (GKE docs, "Node auto-upgrades": on by default). It
 reports Pod and Service ranges: those its ``ipAllocationPolicy`` pins, else ``default_pod_range`` and
-``default_service_range`` (what GKE picked).
+``default_service_range`` (what GKE picked). A cluster's private nodes are refused as GKE refuses them
+(``_private_nodes_refusal``: both spellings at once, or a cluster that is not VPC-native), and, with a Compute Engine
+emulator, the subnetwork it names must exist there and cannot be deleted while the cluster uses it.
 """
 
 from __future__ import annotations
@@ -420,6 +422,9 @@ class ClusterManagerEmulator(GrpcEmulator):
             cluster.release_channel = c.ReleaseChannel(channel=c.ReleaseChannel.Channel.REGULAR)
         for pool in cluster.node_pools:
             self._check_management(cluster, pool, context)
+        refusal = _private_nodes_refusal(request.cluster) or self._missing_subnetwork(name, request.cluster)
+        if refusal:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
         for config in [p.config for p in request.cluster.node_pools] + [
             request.cluster.autoscaling.autoprovisioning_node_pool_defaults
         ]:
@@ -611,10 +616,30 @@ class ClusterManagerEmulator(GrpcEmulator):
         missing = [ref for ref in self._references(cluster_name, pool) if not self.compute.exists(ref)]
         return ", ".join(missing)
 
+    def _cluster_subnetwork(self, cluster_name: str, cluster: c.Cluster) -> str:
+        """The path of the subnetwork a cluster's body names ("" for the network's default one)."""
+        if not cluster.subnetwork:
+            return ""
+        project, location = cluster_name.split("/")[1], cluster_name.split("/")[3]
+        region = location.rsplit("-", 1)[0] if location.count("-") == 2 else location
+        return f"projects/{project}/regions/{region}/subnetworks/{cluster.subnetwork.rsplit('/', 1)[-1]}"
+
+    def _missing_subnetwork(self, cluster_name: str, cluster: c.Cluster) -> str:
+        """GKE places the nodes in the subnetwork ``Cluster.subnetwork`` names, which must exist in the cluster's
+        region (google-cloud-container's ``Cluster.subnetwork``: "The name of the Google Compute Engine subnetwork to
+        which the cluster is connected")."""
+        path = self._cluster_subnetwork(cluster_name, cluster)
+        if self.compute is None or not path or self.compute.exists(path):
+            return ""
+        return f"Subnetwork {path} not found."
+
     def _user_of(self, kind: str, path: str) -> str | None:
-        """The node pool that uses the Compute Engine resource at ``path``, if any (it cannot be deleted then)."""
+        """The cluster or node pool that uses the Compute Engine resource at ``path``, if any (it cannot be deleted
+        then)."""
         with self._lock:
             for name, cluster in self.state.clusters.items():
+                if path == self._cluster_subnetwork(name, cluster):
+                    return name
                 for pool in cluster.node_pools:
                     if path in self._references(name, pool):
                         return f"{name}/nodePools/{pool.name}"
@@ -656,6 +681,26 @@ class ClusterManagerEmulator(GrpcEmulator):
         if entry.op.status != c.Operation.Status.DONE:
             entry.op.status = c.Operation.Status.ABORTING
         return None
+
+
+def _private_nodes_refusal(cluster: c.Cluster) -> str:
+    """What GKE refuses of a cluster's private nodes: both spellings at once (google-cloud-container's
+    ``NetworkConfig.default_enable_private_nodes``: "It is invalid to specify both [PrivateClusterConfig.
+    enablePrivateNodes][] and this field at the same time"), and private nodes in a cluster that is not VPC-native
+    ("Private clusters must be VPC-native clusters", GKE docs, "Creating a private cluster", Restrictions and
+    limitations: https://cloud.google.com/kubernetes-engine/docs/how-to/legacy/network-isolation; Autopilot clusters
+    always are: https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-overview)."""
+    legacy = "enable_private_nodes" in cluster.private_cluster_config
+    current = "default_enable_private_nodes" in cluster.network_config
+    if legacy and current:
+        return (
+            "Cannot specify both private_cluster_config.enable_private_nodes and "
+            "network_config.default_enable_private_nodes."
+        )
+    private = cluster.private_cluster_config.enable_private_nodes or cluster.network_config.default_enable_private_nodes
+    if private and not (cluster.ip_allocation_policy.use_ip_aliases or cluster.autopilot.enabled):
+        return "Private nodes require a VPC-native cluster: set ip_allocation_policy.use_ip_aliases."
+    return ""
 
 
 def _version_key(version: str) -> tuple[int, ...]:

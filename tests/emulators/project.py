@@ -33,11 +33,14 @@ from tests.emulators.tokens import TokenIssuer
 PROJECT = "tpupipe-emulated"
 REGION = "us-east5"
 PROJECT_NUMBER = "123456789012"
+# The emulated project's nodes run as its Compute Engine default account, which holds what nodes need, and Cloud Build
+# as its default build account: the tests accept them (those of their refusal leave this out).
+ALLOW = " gke.allow_default_identities=true"
 # local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
 # per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
 ONE_SLICE = (
     f"cluster.accelerator=v6e cluster.topology=2x2 cluster.num_hosts=1 cluster.cpus_per_host=4 "
-    f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch gke.namespace=tpupipe"
+    f"gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch gke.namespace=tpupipe" + ALLOW
 )
 
 

@@ -23,14 +23,26 @@ from tests.gke.test_preflight import V5E_ONE_SLICE, preflight_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # A project id like any other: the placeholder my-project is refused before any call (tests/unit/test_cli_place.py).
+# The default identities are allowed: their refusal, bad input before any call too, has tests of its own.
 COMMANDS = {
-    "preflight": ["preflight", "llama3-8b-v6e-16x2", "--set", f"gke.project={PROJECT}"],
-    "publish": ["publish", "--project", PROJECT],
-    "submit": ["submit", "llama3-8b-v6e-16x2", "--project", PROJECT],
-    "schedule": ["schedule", "create", "weekly", "llama3-8b-v6e-16x2", "--cron", "0 3 * * 1", "--project", PROJECT],
+    "preflight": ["preflight", "llama3-8b-v6e-16x2", "--set", f"gke.project={PROJECT}", "--allow-default-identities"],
+    "publish": ["publish", "--project", PROJECT, "--allow-default-identities"],
+    "submit": ["submit", "llama3-8b-v6e-16x2", "--project", PROJECT, "--allow-default-identities"],
+    "schedule": [
+        *("schedule", "create", "weekly", "llama3-8b-v6e-16x2", "--cron", "0 3 * * 1", "--project", PROJECT),
+        "--allow-default-identities",
+    ],
     "runs": ["runs", "list", "--project", PROJECT],
     "janitor": ["janitor", "--project", PROJECT],
-    "run": ["run", "llama3-8b-v6e-16x2", "--platform", "gke", "--set", f"gke.project={PROJECT}"],
+    "run": [
+        "run",
+        "llama3-8b-v6e-16x2",
+        "--platform",
+        "gke",
+        "--set",
+        f"gke.project={PROJECT}",
+        "--allow-default-identities",
+    ],
 }
 
 

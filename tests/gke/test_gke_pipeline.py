@@ -17,7 +17,7 @@ import pytest
 
 from components.platforms.gke.run.deploy import UNSCHEDULABLE_GRACE_ENV
 from components.platforms.local.processes import run_processes
-from tests.emulators.project import PROJECT, start_project
+from tests.emulators.project import ALLOW, PROJECT, start_project
 from tests.helpers import (
     assert_goodput_accounts,
     assert_no_secret,
@@ -31,7 +31,7 @@ from tests.terminal import Terminal, driver_processes
 # The trainer image is built by (emulated) Cloud Build from images/torch, FROM the TorchTPU base named here.
 BUILT = (
     f"gke.project={PROJECT} gke.zone=us-east5-b gke.namespace=tpupipe cluster.cpus_per_host=4 "
-    "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
+    "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2" + ALLOW
 )
 
 pytestmark = [

@@ -15,19 +15,21 @@ from components.platforms.gke import GkePlatform
 from components.platforms.gke.checks.preflight import PreflightFailed
 from components.platforms.gke.cloud import cluster as gke_cluster
 from components.platforms.gke.cloud import kube as gke_kube
+from components.platforms.gke.plan import network
 from components.platforms.gke.run import readiness
 from components.platforms.store import LocalStore
 from components.platforms.waiting import DeadlineExceeded
 from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import kube as kube_emulator
-from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from tests.emulators.project import ALLOW, ONE_SLICE, PROJECT, PROJECT_NUMBER
 from tests.helpers import REPO, wait_until
 
 TWO_SLICES = (
     f"cluster.accelerator=v6e cluster.topology=4x4 cluster.num_hosts=4 cluster.num_slices=2 "
     "cluster.cpus_per_host=4 "
     f"gke.multislice_network=none gke.project={PROJECT} gke.zone=us-east5-b gke.image=local/torch "
+    "gke.allow_default_identities=true "
     "train.num_workers=0"
 )
 
@@ -607,6 +609,7 @@ DCN_SLICES = TWO_SLICES.replace("gke.multislice_network=none", "gke.multislice_n
 TPU7X_SLICE = (
     f"cluster.accelerator=tpu7x cluster.topology=2x2x2 cluster.num_hosts=2 cluster.cpus_per_host=8 "
     f"gke.project={PROJECT} gke.zone=us-central1-c gke.image=local/torch train.num_workers=0"
+    " gke.allow_default_identities=true"
 )  # us-central1-c: where Cloud TPU offers TPU7x (the Compute emulator's machine types per zone)
 
 
@@ -629,6 +632,8 @@ def test_dcn_networks_come_before_the_pools_that_use_them_and_go_after_them(tmp_
     assert subnets == {
         f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn0-subnet": "10.50.0.0/16",
         f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-dcn1-subnet": "10.60.0.0/16",
+        # the private nodes' own subnetwork, in the default network (plan.network)
+        f"projects/{PROJECT}/regions/us-east5/subnetworks/dcn-nodes": network.node_range("dcn"),
     }
     cluster = project.gke.state.clusters[project.clusters("dcn")[0]]
     tpu_pools = [p for p in cluster.node_pools if p.name.startswith("dcn-s")]
@@ -652,7 +657,7 @@ def test_the_70b_preset_provisions_its_firewall_rules_and_teardown_deletes_them(
     """Seed A's 70B run as its preset plans it (two v6e 4x4 slices over DCN networks, GKE pinned): each network's
     allow-internal rule is created, and teardown leaves nothing of the run."""
     project = project_factory()
-    spec = resolve("llama3-70b-v6e-16x2", f"gke.project={PROJECT} gke.image=local/maxtext")
+    spec = resolve("llama3-70b-v6e-16x2", f"gke.project={PROJECT} gke.image=local/maxtext{ALLOW}")
     ctx = RunContext(spec=spec, run_id="seventy", store=LocalStore(tmp_path / "seventy"), platform="gke")
     platform().provision(ctx)
     assert project.compute.names("firewalls") == ["seventy-dcn0-allow-internal", "seventy-dcn1-allow-internal"]
@@ -774,6 +779,7 @@ def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves
     import threading
 
     project = project_factory(polls_to_done=10_000)  # the cluster's create operation never finishes by itself
+    project.compute.polls_to_done = 1  # the run's subnetwork and NAT gateway are made at once: the wait is GKE's
     ctx = context(tmp_path, "cancelled")
     before = signal.getsignal(signal.SIGTERM)
 
@@ -1064,7 +1070,14 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
     gke.provision(ctx)
     with pytest.raises(DeadlineExceeded):  # no Ray in this emulated cluster: the RayCluster never gets ready
         gke.deploy_raycluster(ctx)
-    assert set(project.leftovers("left-behind")) == {"clusters", "node pools", "kubernetes", "bucket bindings"}
+    # compute: the private nodes' subnetwork and the NAT gateway (gke.image=local/torch is outside Google)
+    assert set(project.leftovers("left-behind")) == {
+        "clusters",
+        "node pools",
+        "compute",
+        "kubernetes",
+        "bucket bindings",
+    }
     assert gke.remaining(ctx)[0].startswith("node pool left-behind-s0")
 
     assert cli.main(["teardown", "left-behind", "--platform", "gke", "--output-root", str(tmp_path)]) == 0

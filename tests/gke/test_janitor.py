@@ -31,7 +31,8 @@ def _left_behind(project, ctx: RunContext) -> None:
     gke.provision(ctx)
     with pytest.raises(DeadlineExceeded):
         gke.deploy_raycluster(ctx)
-    assert set(project.leftovers(ctx.run_id)) == {"clusters", "node pools", "kubernetes", "bucket bindings"}
+    # compute: the private nodes' subnetwork and NAT gateway (plan.network)
+    assert set(project.leftovers(ctx.run_id)) == {"clusters", "node pools", "compute", "kubernetes", "bucket bindings"}
 
 
 def _local(tmp_path, run_id: str) -> RunContext:

@@ -12,7 +12,7 @@ from components.platforms.gke.plan.needs import needs
 from components.spec import SpecError
 from components.workload import resolve
 from pipelines.cli import main as cli
-from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.emulators.project import ALLOW, ONE_SLICE, PROJECT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 from tests.unit.test_plan_goldens import TPU_PRESETS
 
@@ -279,7 +279,7 @@ def test_a_cluster_name_that_does_not_exist_is_a_problem(project_factory, capsys
 
 
 def test_the_plan_states_which_features_are_enabled_in_place_and_which_refused():
-    spec = resolve("llama3-8b-v6e-16x2", f"gke.project={PROJECT} gke.cluster_name=team")
+    spec = resolve("llama3-8b-v6e-16x2", f"gke.project={PROJECT} gke.cluster_name=team{ALLOW}")
     (cluster,) = [res for res in plan.resources(spec, "r1") if res.kind == "gke-cluster"]
     assert cluster.action == "use"
     for needle in (
@@ -447,7 +447,9 @@ def test_a_pod_larger_than_its_node_is_refused_before_anything_is_created(tmp_pa
 def test_every_tpu_preset_preflights_clean_in_its_own_default_zone(preset, project_factory, capsys):
     """As shipped, with only the project named: what each preset's pools and pods ask for is offered and fits."""
     project_factory()
-    code = cli.main(["preflight", preset, "--set", f"gke.project={PROJECT}", "--run-id", "pre"])
+    code = cli.main(
+        ["preflight", preset, "--set", f"gke.project={PROJECT}", "--run-id", "pre", "--allow-default-identities"]
+    )
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
 

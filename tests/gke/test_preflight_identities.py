@@ -1,6 +1,8 @@
-"""Who a gke run's parts act as, against the emulated project: preflight warns, from the one read of the project's IAM
-policy, when the nodes or Cloud Build run as a default account or as one that holds a basic role (the run goes on);
-the build runs as gke.build_service_account when it names one, and the caller must be able to act as it."""
+"""Who a gke run's parts act as, against the emulated project: the nodes or Cloud Build as a default account are
+refused (exit 2, the field and the fix named, nothing created) unless gke.allow_default_identities
+(``--allow-default-identities``), which ONE_SLICE sets; with it, preflight warns, from the one read of the project's
+IAM policy, when they run as a default account or as one that holds a basic role (the run goes on); the build runs as
+gke.build_service_account when it names one, and the caller must be able to act as it."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from google.cloud.devtools import cloudbuild_v1
 
 from components.platforms.gke.plan.needs import needs
 from components.workload import resolve
-from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from pipelines.cli.main import main as cli_main
+from tests.emulators.project import ALLOW, ONE_SLICE, PROJECT, PROJECT_NUMBER
 from tests.gke.test_gke_platform import BUILD, context, platform
-from tests.gke.test_preflight import preflight_cli
+from tests.gke.test_preflight import preflight_cli, refused
 
 DEFAULT = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
 NODES = f"tpu-nodes@{PROJECT}.iam.gserviceaccount.com"
@@ -34,6 +37,40 @@ def warnings(text: str) -> list[str]:
     """The report's warnings but v6e's quota's (each is logged as found, and in the report that ends it)."""
     found = [line.split("warning: ", 1)[1] for line in text.splitlines() if "warning: " in line]
     return [w for w in dict.fromkeys(found) if not w.startswith("TPU quota not checked")]
+
+
+def test_default_identities_are_refused_naming_each_field_and_the_fix_unless_allowed(project_factory, capsys, tmp_path):
+    """Nodes as the Compute Engine default account (none named, or it named) and a build as the project's default
+    build account: exit 2, one problem each, before anything is created; --allow-default-identities accepts them."""
+    project = project_factory()
+    strict = BUILD.replace(ALLOW, "")
+    assert "allow_default_identities" not in strict
+    code, text = preflight_cli(strict, capsys)
+    assert code == 2, text
+    node_problem = (
+        f"gke.node_service_account: the nodes (and every pod without Workload Identity) would act as {DEFAULT}, a "
+        "default account of the project"
+    )
+    needles = (
+        node_problem,
+        "name a dedicated account in gke.node_service_account, granted only the roles `tpupipe plan` lists for it",
+        "gke.build_service_account: Cloud Build would build the trainer image as the project's default build account",
+        "name a dedicated account in gke.build_service_account",
+        "or pass --allow-default-identities (gke.allow_default_identities=true) to accept it",
+    )
+    refused(project, tmp_path, strict, text, needles, problems=2)
+    code, text = preflight_cli(f"{strict} gke.node_service_account={DEFAULT}", capsys)  # named: the same account
+    assert code == 2 and node_problem in text, text
+    code = cli_main(["preflight", "local-fsdp", "--set", strict, "--run-id", "pre", "--allow-default-identities"])
+    assert code == 0, capsys.readouterr()
+
+
+def test_dedicated_node_and_build_accounts_need_no_flag(project_factory, capsys):
+    project = project_factory()
+    _nodes(project)
+    strict = f"{BUILD} gke.node_service_account={NODES} gke.build_service_account={BUILDER}".replace(ALLOW, "")
+    code, text = preflight_cli(strict, capsys)
+    assert code == 0 and warnings(text) == [], text
 
 
 def test_nodes_on_the_default_compute_account_are_a_warning_naming_the_risk_and_the_fix(project_factory, capsys):

@@ -36,6 +36,7 @@ def _plan(overrides: str):
     t = target(spec, "rc")
     bodies = json.dumps([resources.cluster(spec, t), resources.tpu_node_pools(spec, t)[0]])
     cluster, pool = json.loads(bodies.replace("PROJECT_NUMBER", PROJECT_NUMBER))
+    cluster.pop("subnetwork")  # the run's own, which provision makes first (tests/gke/test_private_nodes.py)
     exclusion_window(cluster, spec.run.deadline_h)  # its maintenance exclusion's window, as provision fills it in
     return cluster, pool
 

@@ -164,7 +164,7 @@ def test_publish_uploads_the_pinned_pipeline_and_the_janitors_recurring_run_once
     from tests.kfp.conftest import start_kfp
 
     kfp = start_kfp(project_factory(vertex=True, polls_to_done=1), tmp_path)
-    args = ["publish", "--project", PROJECT, "--kfp-host", kfp.host, "--janitor-schedule"]
+    args = ["publish", "--project", PROJECT, "--kfp-host", kfp.host, "--janitor-schedule", "--allow-default-identities"]
     code, out, err = tpupipe(*args)
     assert code == 0, out + err
     assert {p["display_name"] for p in kfp.server.pipelines.values()} == {"tpupipe", "tpupipe-janitor"}

@@ -23,9 +23,9 @@ def test_submit_smoke_on_kubeflow_pipelines_runs_to_success_and_leaves_nothing(p
 
     project = project_factory(ray=True, vertex=True, polls_to_done=1)  # vertex: the template registry publish uses
     kfp = start_kfp(project, tmp_path, python_bin=envs.ensure_env("pipeline").bin, published=False)
-    code, out, err = tpupipe("publish", "--project", PROJECT, "--kfp-host", kfp.host)
+    code, out, err = tpupipe("publish", "--project", PROJECT, "--kfp-host", kfp.host, "--allow-default-identities")
     assert code == 0 and "on Kubeflow Pipelines at" in out, out + err
-    sets = f"gke.project={PROJECT} train.epochs=1"
+    sets = f"gke.project={PROJECT} train.epochs=1 gke.allow_default_identities=true"
     code, out, err = tpupipe("submit", "smoke", "--kfp-host", kfp.host, "--set", sets, "--wait")
     kfp_run = out.split("submitted run ", 1)[1].split()[0] if "submitted run " in out else ""
     logs = kfp.server.run(kfp_run).logs if kfp_run else {}

@@ -10,6 +10,7 @@ import pytest
 
 from components.platforms.gke.plan import compute_resources as cr
 from components.platforms.gke.plan import manifests as m
+from components.platforms.gke.plan import network
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan import target as tg
 from components.spec import names
@@ -248,6 +249,7 @@ def test_dcn_networking_the_tutorials_way():
     assert r.cluster(spec, t)["networkConfig"] == {
         "datapathProvider": "ADVANCED_DATAPATH",
         "enableMultiNetworking": True,
+        "defaultEnablePrivateNodes": True,
     }
     claim = m.dcn_claim_template(spec, t)
     assert claim["apiVersion"] == "resource.k8s.io/v1"
@@ -306,7 +308,7 @@ def test_standard_cluster():
     body = r.cluster(spec, t)
     assert body["addonsConfig"] == {"rayOperatorConfig": {"enabled": True}, "gcsFuseCsiDriverConfig": {"enabled": True}}
     assert body["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
-    assert body["networkConfig"] == {"datapathProvider": "ADVANCED_DATAPATH"}
+    assert body["networkConfig"] == {"datapathProvider": "ADVANCED_DATAPATH", "defaultEnablePrivateNodes": True}
     assert body["initialClusterVersion"] == "1.35.2-gke.1842000"
     assert body["resourceLabels"] == {names.RUN_LABEL: "gemma4-e2b-v6e-16"}
     (cpu,) = body["nodePools"]
@@ -580,6 +582,11 @@ def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(p
             "podSelector": {"matchLabels": {**run, "ray.io/node-type": "head"}},
             "policyTypes": ["Ingress"],
             "ingress": [{"ports": [{"protocol": "TCP", "port": 8265}]}],
+        },
+        {  # what the pods may send (tests/gke/test_private_nodes.py pins its rules)
+            "podSelector": {"matchLabels": run},
+            "policyTypes": ["Egress"],
+            "egress": network.egress_rules(t),
         },
     ]
     assert all(p["metadata"]["labels"] == run for p in policies)  # teardown deletes them by the label

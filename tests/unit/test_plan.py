@@ -238,6 +238,7 @@ def test_json_shape(capsys):
         "cluster",
         "slice",
         "resources",
+        "identities",
         "readiness",
         "training",
         "cost",
@@ -271,15 +272,16 @@ def test_json_shape(capsys):
 def test_manifests_directory(tmp_path, capsys):
     out = tmp_path / "manifests"
     assert main(["plan", "llama3-8b-v6e-16x2", "--manifests", str(out)]) == 0
-    assert "manifests: 6 Kubernetes objects" in capsys.readouterr().out
+    assert "manifests: 7 Kubernetes objects" in capsys.readouterr().out
     files = sorted(p.name for p in out.iterdir())
     assert files == [
         "00-namespace-tpupipe.yaml",
         "01-serviceaccount-tpupipe-llama3-8b-v6e-16x2.yaml",
         "02-networkpolicy-llama3-8b-v6e-16x2-isolate.yaml",
         "03-networkpolicy-llama3-8b-v6e-16x2-job-api.yaml",
-        "04-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
-        "05-raycluster-llama3-8b-v6e-16x2.yaml",
+        "04-networkpolicy-llama3-8b-v6e-16x2-egress.yaml",
+        "05-resourceclaimtemplate-llama3-8b-v6e-16x2-dcn-nics.yaml",
+        "06-raycluster-llama3-8b-v6e-16x2.yaml",
     ]
     document = plan.build(resolve("llama3-8b-v6e-16x2"), "llama3-8b-v6e-16x2")
     loaded = [yaml.safe_load((out / name).read_text()) for name in files]

@@ -29,7 +29,7 @@ ACCOUNT = ["--service-account", f"pipelines@{PROJECT}.iam.gserviceaccount.com"]
 
 
 def _published(project) -> None:
-    publish(Target(project=PROJECT, region=REGION), "tpupipe-pipelines", "v1", log=lambda m: None)
+    publish(Target(project=PROJECT, region=REGION), "tpupipe-pipelines", "v1", log=lambda m: None, allow_default=True)
 
 
 def _env(project) -> dict[str, str]:

@@ -49,7 +49,7 @@ def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str
     from google.oauth2.credentials import Credentials
 
     target = Target(project=PROJECT, region=REGION)
-    publish(target, "tpupipe-pipelines", "v1", log=lambda m: None)
+    publish(target, "tpupipe-pipelines", "v1", log=lambda m: None, allow_default=True)
     (package,) = project.kfp.packages.values()
     template = tmp_path / f"{job_id}.yaml"
     template.write_bytes(package["versions"][package["tags"]["v1"]])

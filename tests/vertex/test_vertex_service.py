@@ -118,7 +118,7 @@ def service(tmp_path, monkeypatch):
 def _submission(service, **fields) -> vertex.Submission:
     given = {
         "preset": PRESET,
-        "overrides": "",
+        "overrides": "gke.allow_default_identities=true",  # the refusal's own tests leave it out
         "project": PROJECT,
         "region": REGION,
         "pipeline_root": f"gs://{PROJECT}-tpupipe/pipeline-root",
@@ -289,7 +289,7 @@ def test_submit_refuses_a_tree_whose_image_was_never_published_naming_tpupipe_pu
     command that publishes it, before any Vertex AI call."""
     from pipelines.cli.main import main
 
-    args = ["submit", PRESET, "--project", PROJECT, "--region", REGION]
+    args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--allow-default-identities"]
     if template:
         path = tmp_path / "missing.yaml"
         path.write_text(Path(service.template).read_text().replace(":tiny", ":never-built"))
@@ -549,6 +549,7 @@ def test_a_submit_whose_run_id_is_in_use_exits_2_and_creates_nothing(service, mo
             {"run_id": "old", "platform": "gke", "created": [], "torn_down": True},
         )
         args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--template", service.template]
+        args.append("--allow-default-identities")
         for run_id, why in (
             ("busy", re.escape(f"is in use: pipeline job {parent}/pipelineJobs/{busy} runs under it (running)")),
             ("held", re.escape(f"was used already: a run under it has a ledger (gs://{PROJECT}-tpupipe/state/held/")),
@@ -614,6 +615,24 @@ def test_a_submit_without_a_service_account_warns_that_vertex_runs_it_as_the_def
     assert "GetIamPolicy" not in projects.calls  # nothing to read: the default account is the risk
 
 
+@pytest.mark.parametrize("account", ["", DEFAULT])
+def test_the_default_pipeline_account_is_refused_before_any_call_unless_allowed(service, projects, capsys, account):
+    """No --service-account, or the Compute Engine default one named: exit 2 naming --service-account and the fix,
+    before any Vertex AI or IAM call; --allow-default-identities lets it through."""
+    from pipelines.cli.main import main
+
+    args = ["submit", PRESET, "--project", PROJECT, "--region", REGION, "--template", service.template]
+    args += ["--service-account", account] if account else []
+    before = len(service.calls)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: --service-account: " in err and "--allow-default-identities" in err
+    assert "a default account of the project" in err and "pass --service-account with a dedicated account" in err
+    assert len(service.calls) == before and projects.calls == []  # nothing asked, nothing created
+    assert main([*args, "--allow-default-identities"]) == 0
+    assert "tpupipe: warning: --service-account" in capsys.readouterr().err  # accepted, and still said
+
+
 def test_a_dedicated_account_with_no_basic_role_is_no_warning_after_one_policy_read(
     service,
     projects,
@@ -676,3 +695,7 @@ def test_publish_builds_the_components_image_as_the_account_named_and_refuses_on
     assert "serviceAccount" not in build_body(target, IMAGE, "t")
     with pytest.raises(SpecError, match="--build-service-account"):
         publish(target, "tpupipe-pipelines", "", log=lambda m: None, build_account="builder")  # before any call
+    # the project's default build account (none named) or the Compute Engine one: refused, before any call
+    for account in ("", f"{NUMBER}-compute@developer.gserviceaccount.com"):
+        with pytest.raises(SpecError, match="--build-service-account: .*--allow-default-identities"):
+            publish(target, "tpupipe-pipelines", "", log=lambda m: None, build_account=account)

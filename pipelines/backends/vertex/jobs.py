@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV
-from components.spec import SpecError, names
+from components.spec import RunSpec, SpecError, names
 from pipelines import run_ids
 from pipelines.backends.vertex import service_account
 
@@ -72,9 +72,9 @@ def check_place(project: str) -> None:
     names.check_project("--project", project)
 
 
-def check(sub: Submission, scheduled: bool = False) -> None:
+def check(sub: Submission, scheduled: bool = False) -> RunSpec:
     """Every input, before any API call: the spec resolves, the root is gs://, labels are labels; a schedule takes
-    no fixed run id."""
+    no fixed run id. The spec."""
     from components.workload import resolve
 
     check_place(sub.project)
@@ -96,6 +96,7 @@ def check(sub: Submission, scheduled: bool = False) -> None:
             "preset",
             f"{sub.preset} emulates cpu hosts on the local platform; Vertex AI runs the gke platform's TPU presets",
         )
+    return spec
 
 
 def init(project: str, region: str) -> None:
@@ -140,15 +141,26 @@ def new_job_id(preset: str) -> str:
 
 def published_template(sub: Submission, publish_first: bool = False, log: Callable[[str], None] = print) -> str:
     """The job's template, its images in Artifact Registry and pinned to their digests: with ``publish_first``,
-    ``tpupipe publish`` of this tree first; else a missing image is refused (exit 2) with the command that publishes
-    it."""
+    ``tpupipe publish`` of this tree first (as ``gke.build_service_account``); else a missing image is refused (exit
+    2) with the command that publishes it."""
     from pipelines.pipeline import Target
     from pipelines.publish.vertex import pin_images, publish
 
     if publish_first and sub.template:
         raise SpecError("--publish", "publishes this source tree's image: not with --template", ["no --template"])
-    if publish_first:
-        publish(Target(project=sub.project, region=sub.region), "tpupipe-pipelines", "", log=log)
+    if publish_first:  # built as the run's Cloud Build account, refused as the default one unless allowed
+        from components.workload import resolve
+
+        g = resolve(sub.preset, sub.resolved_overrides).gke
+        target = Target(project=sub.project, region=sub.region)
+        publish(
+            target,
+            "tpupipe-pipelines",
+            "",
+            log=log,
+            build_account=g.build_service_account,
+            allow_default=g.allow_default_identities,
+        )
     template = _template(sub)
     template, missing = pin_images(template)
     if missing:
@@ -184,8 +196,10 @@ def console_url(name: str) -> str:
 
 
 def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: Callable[[str], None] = print) -> str:
-    """Submit one job (its image published, or refused); its resource name."""
-    check(sub)
+    """Submit one job (its image published, or refused); its resource name. The pipeline's service account is
+    refused before any call when it is the project's default one (``service_account.refuse_default``)."""
+    spec = check(sub)
+    service_account.refuse_default(sub.service_account, spec.gke.allow_default_identities)
     template = published_template(sub, publish_first, log)
     init(sub.project, sub.region)
     run_ids.check_free(sub.run_id, sub.project, template)  # exit 2 for a run id another job or run holds

@@ -41,7 +41,8 @@ def schedule_create(
     end: str = "",
     max_runs: int = 0,
 ) -> str:
-    vertex.check(sub, scheduled=True)
+    spec = vertex.check(sub, scheduled=True)
+    service_account.refuse_default(sub.service_account, spec.gke.allow_default_identities)
     check_cron(cron)
     if not SCHEDULE_NAME.match(name):
         raise SpecError("NAME", f"{name!r} is not a schedule name (letters, digits, ' ', '_', '.', '-')")

@@ -1,5 +1,7 @@
 """The service account a pipeline runs as on Vertex AI (``--service-account`` of ``tpupipe submit`` and ``tpupipe
-schedule create``): warnings on stderr, never a refusal, when it is one with more than the pipeline needs.
+schedule create``): refused (exit 2, before any call) when it is the project's default identity, unless
+``--allow-default-identities`` (``gke.allow_default_identities``); warnings on stderr when it holds more than the
+pipeline needs.
 
 - none given: Vertex AI runs the pipeline as the project's Compute Engine default service account
   (https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account), which in many projects
@@ -21,6 +23,21 @@ ADVICE = (
     f"({VERTEX_ACCOUNT_DOC})"
 )
 WHO = "Vertex AI runs the pipeline's tasks (which provision, build and tear down)"
+
+
+def refuse_default(account: str, allowed: bool) -> None:
+    """A SpecError naming --service-account when the pipeline would run as the Compute Engine default service account
+    (none given, or that account named) and ``allowed`` is not set."""
+    from components.spec import SpecError
+
+    if allowed or (account and not identities.is_default_compute(account)):
+        return
+    raise SpecError(
+        "--service-account",
+        ("not given: " if not account else "")
+        + identities.default_refusal(WHO, account or identities.DEFAULT_COMPUTE, ADVICE),
+        ["NAME@PROJECT.iam.gserviceaccount.com", identities.ALLOW_FLAG],
+    )
 
 
 def risks(project: str, account: str, creds=None) -> list[str]:

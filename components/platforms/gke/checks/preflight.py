@@ -21,7 +21,8 @@ What is checked derives from the run's plan (``plan.resources``), the one source
   (Owner, Editor) on the project;
 - the run's budget (``run.max_cost_usd``, else the default derived from the plan) holds the plan's expected cost
   (``components.workload.budget``); a price the table lacks leaves it unchecked, which is a warning naming the price;
-- with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``);
+- with ``gke.cluster_name``: the cluster exists and lacks no feature that GKE cannot enable in place (``features``),
+  and a warning when its nodes are not private (``network.public_nodes_risk``);
   the ones it can enable, provision enables before it creates any node pool; its Kubernetes API can be reached and
   lets the caller do what the run does in its namespace (``k8s_access``: SelfSubjectAccessReviews); its KubeRay (the
   RayCluster CRD it serves, read through that API) has every field the run sets (``kube.kuberay_refusal``); with
@@ -39,7 +40,7 @@ from components.platforms.gke.checks import node_account, offers, queued, reserv
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.cloud.control_plane import control_plane
-from components.platforms.gke.plan import features, identities, k8s_actions, paths
+from components.platforms.gke.plan import features, identities, k8s_actions, network, paths
 from components.platforms.gke.plan.needs import ACT_AS, Needs, needs
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT
 from components.spec import RunSpec
@@ -299,12 +300,19 @@ def _act_as(project: str, field: str, account: str) -> Problem:
 def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
     (problems; ``node_account``: inherited, custom and group grants too), and the risks of the default accounts and
-    of basic roles (warnings)."""
+    of basic roles (warnings). The default accounts themselves are problems unless ``gke.allow_default_identities``:
+    the nodes as the Compute Engine default one (when the run makes nodes), Cloud Build as the project's default
+    build account or the Compute Engine one (when the run builds)."""
     from components.cloud import iam as cloud_iam
 
     account = n.node_account
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
         account = account.replace("PROJECT_NUMBER", cloud_iam.project_number(n.project, creds))
+    if not spec.gke.allow_default_identities:
+        if not spec.gke.queue and identities.is_default_compute(account):
+            report.problems.append(Problem("gke.node_service_account", identities.node_refusal(account)))
+        if n.builds and (not n.build_account or identities.is_default_compute(n.build_account)):
+            report.problems.append(Problem("gke.build_service_account", identities.build_refusal(n.build_account)))
     grants = cloud_iam.project_grants(n.project, creds)
     node_account.check(n, account, grants, creds, report)
     if n.builds:
@@ -360,6 +368,8 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             )
         )
         return
+    if not network.has_private_nodes(cluster):
+        report.warnings.append(network.public_nodes_risk(short))
     report.enable += [f.name for f in features.to_enable(spec, cluster, n.project)]
     report.problems += [
         Problem("gke.cluster_name", f"cluster {short} lacks {reason}")

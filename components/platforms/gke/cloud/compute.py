@@ -1,7 +1,8 @@
 """The Compute Engine side of the gke platform, through google-cloud-compute
 (docs/architecture.md, "Cloud calls through the client libraries"): the extra VPC networks, subnets and firewall
 rules that carry DCN traffic between slices (``gke.multislice_network=dcn_networks``) and the workload policy that
-places TPU7x multi-host slices (their bodies: ``compute_resources``).
+places TPU7x multi-host slices (their bodies: ``compute_resources``), and the subnetwork of the private nodes of a
+cluster the run creates with, when the run needs the internet, its Cloud Router and NAT gateway (``network``).
 
 Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
@@ -43,6 +44,7 @@ KINDS = {
     "subnetwork": Kind("subnetworks", "Subnetwork", "subnetwork"),
     "resource_policy": Kind("resource_policies", "ResourcePolicy", "resource_policy"),
     "firewall": Kind("firewalls", "Firewall", "firewall"),
+    "router": Kind("routers", "Router", "router"),  # a Cloud Router and its Cloud NAT gateway (plan.network)
 }
 
 
@@ -54,6 +56,7 @@ class Clients:
     firewalls: Any
     global_operations: Any
     region_operations: Any
+    routers: Any  # the Cloud Router and NAT gateway of ``network``
 
 
 def client(name: str, creds):
@@ -69,19 +72,16 @@ def clients(creds=None) -> Clients:
     are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert
     returns, whose own operations client always goes to Google's endpoint."""
     creds = creds or credentials()
-    return Clients(
-        *(
-            client(name, creds)
-            for name in (
-                "NetworksClient",
-                "SubnetworksClient",
-                "ResourcePoliciesClient",
-                "FirewallsClient",
-                "GlobalOperationsClient",
-                "RegionOperationsClient",
-            )
-        )
-    )
+    names = {
+        "networks": "NetworksClient",
+        "subnetworks": "SubnetworksClient",
+        "resource_policies": "ResourcePoliciesClient",
+        "firewalls": "FirewallsClient",
+        "global_operations": "GlobalOperationsClient",
+        "region_operations": "RegionOperationsClient",
+        "routers": "RoutersClient",
+    }
+    return Clients(**{field: client(name, creds) for field, name in names.items()})
 
 
 def _request(kind: str, resource_path: str) -> dict[str, str]:

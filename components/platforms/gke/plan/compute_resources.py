@@ -33,6 +33,7 @@ COMPUTE_KINDS = {
     "subnetwork": "subnetwork",
     "firewall-rule": "firewall",
     "workload-policy": "resource_policy",
+    "cloud-nat": "router",
 }
 
 

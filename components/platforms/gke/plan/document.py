@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from components.platforms.gke.plan import candidates, k8s_records, records
+from components.platforms.gke.plan import accounts, candidates, k8s_records, records
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target, target
@@ -285,6 +285,7 @@ def build(spec: RunSpec, run_id: str, prices: Mapping[str, Mapping[str, Any]] | 
         },
         "slice": _slice_doc(spec),
         "resources": [res.to_dict() for res in listed],
+        "identities": accounts.plan_identities(spec, t),
         "readiness": asdict(ready_limits(spec)),
         "training": _training(spec, t),
         "cost": priced,

@@ -64,6 +64,37 @@ def account_risks(who: str, account: str, granted: Iterable[str], project: str, 
     return out + basic_role_risks(who, account, granted, project, advice)
 
 
+ALLOW_FLAG = "--allow-default-identities"
+
+
+def default_refusal(who: str, account: str, fix: str) -> str:
+    """The refusal of ``who`` acting as a project's default identity ``account``: the risk, the fix, the way round."""
+    return (
+        f"{who} as {account}, a default account of the project, often granted broad roles on all of it "
+        f"({DEFAULT_ACCOUNT_DOC}): {fix}; or pass {ALLOW_FLAG} (gke.allow_default_identities=true) to accept it"
+    )
+
+
+def node_refusal(account: str) -> str:
+    """Why the nodes may not run as the Compute Engine default account (``gke.node_service_account`` empty or it)."""
+    return default_refusal(
+        "the nodes (and every pod without Workload Identity) would act",
+        account,
+        "name a dedicated account in gke.node_service_account, granted only the roles `tpupipe plan` lists for it "
+        f"({NODE_ACCOUNT_DOC})",
+    )
+
+
+def build_refusal(account: str) -> str:
+    """Why Cloud Build may not build as the project's default build account (``gke.build_service_account``)."""
+    return default_refusal(
+        "Cloud Build would build the trainer image",
+        account or "the project's default build account (the legacy Cloud Build account or the Compute Engine one)",
+        "name a dedicated account in gke.build_service_account, granted only the roles `tpupipe plan` lists for it "
+        f"({BUILD_ACCOUNT_DOC})",
+    )
+
+
 def node_risks(account: str, granted: Iterable[str], project: str) -> list[str]:
     """What preflight warns of the nodes' account (``gke.node_service_account``)."""
     who = "the nodes (and every pod without Workload Identity) act"
@@ -91,7 +122,11 @@ def build_risks(account: str, granted: Iterable[str], project: str) -> list[str]
 
 
 __all__ = [
+    "ALLOW_FLAG",
     "BASIC_ROLES",
+    "build_refusal",
+    "default_refusal",
+    "node_refusal",
     "DEFAULT_COMPUTE",
     "account_risks",
     "basic_role_risks",

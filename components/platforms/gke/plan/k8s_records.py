@@ -100,6 +100,11 @@ def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
         return "shared by runs; created if missing, kept"
     if kind == "ServiceAccount":
         return "the pods' identity (Workload Identity)"
+    if kind == "NetworkPolicy" and "egress" in obj["spec"]:
+        return (
+            "egress: the run's pods send only to one another, DNS, the metadata server and HTTPS outside the private "
+            "ranges"
+        )
     if kind == "NetworkPolicy":
         rule = obj["spec"]["ingress"][0]
         if "ports" in rule:

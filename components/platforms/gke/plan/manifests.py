@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.platforms.gke.plan import queued
+from components.platforms.gke.plan import network, queued
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target
@@ -373,8 +373,9 @@ def raycluster(spec: RunSpec, t: Target) -> dict[str, Any]:
 
 def network_policies(t: Target) -> list[dict[str, Any]]:
     """Default deny for the run's pods (they take traffic only from the run's own pods: Ray's GCS, raylets, object
-    transfers and collectives), and the head's Jobs API port open to the cluster (the API server's service proxy,
-    through which tpupipe submits and follows the jobs). Policies add up: a pod any policy selects takes only what one
+    transfers and collectives), the head's Jobs API port open to the cluster (the API server's service proxy,
+    through which tpupipe submits and follows the jobs), and what the pods may send (``network.egress_policy``: one
+    another, DNS, the metadata server, HTTPS out). Policies add up: a pod any policy selects takes only what one
     of them admits, and traffic from its own node (the kubelet's probes) is always allowed
     (https://kubernetes.io/docs/concepts/services-networking/network-policies/). GKE enforces them with Dataplane V2,
     which provision enables and preflight checks (https://cloud.google.com/kubernetes-engine/docs/how-to/dataplane-v2)."""
@@ -400,7 +401,8 @@ def network_policies(t: Target) -> list[dict[str, Any]]:
             "ingress": [{"ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}],
         },
     }
-    return [isolate, job_api]
+    egress = network.egress_policy(t, _meta(names.network_policy(t.run_id, "egress"), t))
+    return [isolate, job_api, egress]
 
 
 def all_objects(spec: RunSpec, t: Target) -> list[dict[str, Any]]:

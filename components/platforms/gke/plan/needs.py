@@ -23,6 +23,9 @@ PERMISSIONS = {
     "compute.subnetworks.insert": ("compute.subnetworks.create", "compute.subnetworks.delete"),
     "compute.resourcePolicies.insert": ("compute.resourcePolicies.create", "compute.resourcePolicies.delete"),
     "compute.firewalls.insert": ("compute.firewalls.create", "compute.firewalls.delete"),
+    # A Cloud Router with a NAT gateway: routers.insert, and the subnetwork it serves used
+    # (https://cloud.google.com/nat/docs/set-up-manage-network-address-translation#required-permissions).
+    "compute.routers.insert": ("compute.routers.create", "compute.routers.delete", "compute.subnetworks.use"),
     "storage.buckets.get": ("storage.buckets.get", "storage.buckets.create"),
     "storage.buckets.setIamPolicy": (
         "storage.buckets.getIamPolicy",

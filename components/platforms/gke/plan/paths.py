@@ -11,6 +11,7 @@ COMPUTE_COLLECTIONS = {
     "subnetwork": ("regional", "subnetworks"),
     "resource_policy": ("regional", "resourcePolicies"),
     "firewall": ("global", "firewalls"),
+    "router": ("regional", "routers"),
 }
 
 

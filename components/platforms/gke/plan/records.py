@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms.gke.plan import compute_resources as cr
-from components.platforms.gke.plan import features, paths, queued
+from components.platforms.gke.plan import features, network, paths, queued
 from components.platforms.gke.plan import resources as r
 from components.platforms.gke.plan.target import Target, bucket_binding, cache_binding
 from components.spec import RunSpec, names
@@ -23,6 +23,7 @@ STAGE_OF_KIND = {
     "subnetwork": "provision",
     "firewall-rule": "provision",
     "workload-policy": "provision",
+    "cloud-nat": "provision",
     "gcs-bucket": "provision",
     "iam-binding": "provision",
     "gke-cluster": "provision",
@@ -97,9 +98,10 @@ def capacity_text(spec: RunSpec) -> str:
 
 def compute_records(spec: RunSpec, t: Target) -> list[Resource]:
     """The DCN networks, each with its subnet and the firewall rule that lets the slices' traffic in (multislice
-    ``dcn_networks``), then the TPU7x workload policy: Compute Engine resources the node pools reference, so they
-    come first (and teardown, walking them newest first, deletes each rule before its network). They take no
-    labels: their names derive from the run id."""
+    ``dcn_networks``), the subnetwork of a cluster the run creates and its Cloud NAT gateway when the run needs the
+    internet (``network``), then the TPU7x workload policy: Compute Engine resources the cluster and node pools
+    reference, so they come first (and teardown, walking them newest first, deletes each rule before its network,
+    the NAT gateway before its subnetwork). They take no labels: their names derive from the run id."""
     out = []
     for net in cr.dcn_networks(spec, t):
         n, s, f = net["network"], net["subnetwork"], net["firewall"]
@@ -120,6 +122,27 @@ def compute_records(spec: RunSpec, t: Target) -> list[Resource]:
                 t,
             ),
         ]
+    subnet, nat = network.node_subnet(spec, t), network.cloud_nat(spec, t)
+    if subnet:
+        out.append(
+            _compute_record(
+                "subnetwork",
+                subnet,
+                f"{subnet['ipCidrRange']} in the default network of {subnet['region']}: the cluster's private nodes, "
+                "Private Google Access on",
+                t,
+            )
+        )
+    if nat:
+        out.append(
+            _compute_record(
+                "cloud-nat",
+                nat,
+                f"Cloud Router and NAT gateway for {subnet['name'] if subnet else ''} alone: "
+                + "; ".join(network.internet_needs(spec, t)),
+                t,
+            )
+        )
     policy = cr.workload_policy(spec, t)
     if policy:
         out.append(
@@ -217,7 +240,7 @@ def cluster_records(spec: RunSpec, t: Target) -> list[Resource]:
                 + ", ".join(has)
                 + f"; GKE {spec.gke.cluster_version or 'of the release channel'} on the {r.RELEASE_CHANNEL} release "
                 "channel (node auto-upgrade on); nodes run as "
-                f"{t.node_service_account}",
+                f"{t.node_service_account}; {network.summary(spec, t)}",
                 labels=labels,
                 body=body,
                 api="container.clusters.create",

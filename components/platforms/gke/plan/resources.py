@@ -44,7 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.cloud.credentials import CLOUD_PLATFORM_SCOPE
-from components.platforms.gke.plan import queued
+from components.platforms.gke.plan import network, queued
 from components.platforms.gke.plan.compute_resources import DCN_SUBNET_RANGES
 from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names
@@ -315,6 +315,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
                 "oauthScopes": [CLOUD_PLATFORM_SCOPE],
             }
         }
+        network.private_nodes(body, t)
         return body
     # Shielded GKE Nodes on the cluster (Cluster.shielded_nodes, google/cloud/container_v1/types/cluster_service.py;
     # https://cloud.google.com/kubernetes-engine/docs/how-to/shielded-gke-nodes): nodes prove their identity to the
@@ -323,6 +324,7 @@ def cluster(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     body["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
     if has_dcn_nics(spec):  # both ways of giving the pods DCN NICs need it (xpk enables it with the profile too)
         body["networkConfig"]["enableMultiNetworking"] = True
+    network.private_nodes(body, t)  # private nodes on the run's own subnetwork (``network``)
     body["ipAllocationPolicy"] = {"useIpAliases": True}
     if spec.gke.pod_range:
         body["ipAllocationPolicy"]["clusterIpv4CidrBlock"] = spec.gke.pod_range

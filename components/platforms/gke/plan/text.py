@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from components.platforms.gke.plan import candidates
+from components.platforms.gke.plan import accounts, candidates
 from components.spec import names
 from components.workload import budget, weights
 
@@ -28,6 +28,8 @@ def render_text(plan: dict[str, Any]) -> str:
         f"({plan['cluster']['mode']})",
         "",
         *_render_resources(plan),
+        "",
+        *accounts.render(plan),
         "",
         *_render_training(plan["training"]),
         "",

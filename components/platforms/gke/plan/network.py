@@ -1,0 +1,193 @@
+"""Where a gke run's nodes and pods may reach: private nodes, the way out they get, and the egress of the run's pods.
+
+- A cluster the run creates has private nodes: internal addresses only, nothing on the internet reaches them and they
+  reach it only through a Cloud NAT gateway (GKE docs, "About network isolation in GKE", private nodes:
+  https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation). The container v1 API names it
+  ``Cluster.network_config.default_enable_private_nodes`` (google-cloud-container's
+  ``container_v1/types/cluster_service.py``, ``NetworkConfig``: "Controls whether by default nodes have private IP
+  addresses only"; ``PrivateClusterConfig.enable_private_nodes`` is the deprecated spelling, and setting both is
+  invalid). Private clusters are VPC-native (GKE docs, "Creating a private cluster", Restrictions:
+  https://cloud.google.com/kubernetes-engine/docs/how-to/legacy/network-isolation), as the run's always are.
+- Their nodes take their addresses from a subnetwork of the project's ``default`` network that the run creates
+  (``node_subnet``) with Private Google Access on (``Subnetwork.privateIpGoogleAccess``: "VMs in this subnet can access
+  Google services without assigned external IP addresses", https://cloud.google.com/vpc/docs/private-google-access):
+  Cloud Storage, Artifact Registry, the metadata server's tokens, with no route to anything else.
+- Only when the pods or the nodes need more than Google's APIs (``internet_needs``: the Hugging Face hub, a registry
+  outside Google) does the run create a Cloud Router with a Cloud NAT gateway (``cloud_nat``) that serves the run's
+  subnetwork alone (``LIST_OF_SUBNETWORKS``: https://cloud.google.com/nat/docs/set-up-manage-network-address-translation;
+  Compute's ``RouterNat`` in google-cloud-compute's ``compute_v1/types/compute.py``), so one run's gateway never
+  serves another run's nodes. Teardown deletes both after the cluster (they are Compute resources of the run's plan).
+- The run's pods may send only what the run needs (``egress_policy``): DNS, the metadata server, HTTPS to addresses
+  outside the private ranges (Google's APIs; the hub, reachable only through the NAT), and anything to the run's own
+  pods (Ray). Kubernetes NetworkPolicy is by address and port, not by host name
+  (https://kubernetes.io/docs/concepts/services-networking/network-policies/), so HTTPS to public addresses is one
+  rule: which of them answer is what the private nodes and the NAT decide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from typing import Any
+
+from components.platforms.gke.plan import paths
+from components.platforms.gke.plan.target import Target
+from components.spec import RunSpec, names
+
+# The nodes' subnetwork: a /22 (1,020 nodes) of NODE_RANGES picked by the run id, outside the default network's
+# auto-mode subnets (10.128.0.0/9: https://cloud.google.com/vpc/docs/subnets#ip-ranges) and the 10.0.0.0/8 ranges
+# GKE picks Pod and Service ranges from. Two runs that draw the same block meet Compute's overlap refusal at insert.
+NODE_RANGES = ipaddress.ip_network("172.20.0.0/14")
+NODE_PREFIX = 22
+DEFAULT_NETWORK = "default"
+# The registries whose images private nodes pull with Private Google Access alone (Artifact Registry and Container
+# Registry are Google APIs: https://cloud.google.com/vpc/docs/private-google-access#pga-supported).
+GOOGLE_REGISTRIES = ("-docker.pkg.dev/", "gcr.io/")
+# Private and link-local ranges (RFC 1918, RFC 6598's shared space, link-local): HTTPS to these is not "out" but
+# another workload of the VPC or the node, which a run's pods have no business with.
+INTERNAL_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16")
+# The GKE metadata server as pods see it with Workload Identity Federation for GKE: 169.254.169.254 port 80, and on
+# GKE 1.21.0-gke.1000 and later 169.254.169.252 port 988 (GKE docs, "Control communication between Pods and Services
+# using network policies", Requirements and limitations:
+# https://cloud.google.com/kubernetes-engine/docs/how-to/network-policy). DNS: kube-dns in kube-system (GKE labels its
+# pods k8s-app=kube-dns), or, with Cloud DNS for GKE, the metadata server's address on port 53
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-dns).
+METADATA = (("169.254.169.254/32", (("TCP", 80), ("UDP", 53), ("TCP", 53))), ("169.254.169.252/32", (("TCP", 988),)))
+DNS_PORTS = (("UDP", 53), ("TCP", 53))
+HTTPS = 443
+PRIVATE_NODES_DOC = "https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation"
+
+
+def node_range(run_id: str) -> str:
+    """The nodes' subnetwork range of the run: a block of ``NODE_RANGES`` drawn from the run id's hash."""
+    blocks = 2 ** (NODE_PREFIX - NODE_RANGES.prefixlen)
+    index = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % blocks
+    return str(list(NODE_RANGES.subnets(new_prefix=NODE_PREFIX))[index])
+
+
+def internet_needs(spec: RunSpec, t: Target) -> list[str]:
+    """Why the run's nodes or pods need the internet (a Cloud NAT gateway); empty: Google's APIs are all they reach.
+    MaxText reads a hub model's files in its pods (the base-weights cache is the FSDP trainer's: ``components.stages.
+    base_weights``), and pods that alone hold the Hugging Face token (``gke.hf_secret`` without
+    ``gke.hf_token_secret``) read a gated model from the hub themselves."""
+    from components.workload.weights import is_hub_name
+
+    out = []
+    pods_hold_token = spec.gke.hf_secret and not spec.gke.hf_token_secret  # else the components' side fetches
+    if is_hub_name(spec.train.model_id) and (spec.train.workload == "maxtext" or pods_hold_token):
+        out.append(f"the pods read {spec.train.model_id} from the Hugging Face hub")
+    if not any(registry in t.image for registry in GOOGLE_REGISTRIES):
+        out.append(f"the nodes pull {t.image} from a registry outside Google")
+    return out
+
+
+def node_subnet(spec: RunSpec, t: Target) -> dict[str, Any] | None:
+    """The ``Subnetwork`` body of the nodes' subnetwork of a cluster the run creates (None for an existing one)."""
+    if not t.owns_cluster:
+        return None
+    return {
+        "name": names.node_subnet(t.run_id),
+        "network": paths.compute_path("network", t.project, t.region, DEFAULT_NETWORK),
+        "region": t.region,
+        "ipCidrRange": node_range(t.run_id),
+        "privateIpGoogleAccess": True,
+        "description": f"{names.RUN_LABEL}={t.run_id}",
+    }
+
+
+def cloud_nat(spec: RunSpec, t: Target) -> dict[str, Any] | None:
+    """The ``Router`` body, with its one Cloud NAT gateway, of a cluster the run creates whose run needs the internet
+    (``internet_needs``): automatically allocated addresses, serving the nodes' subnetwork (every range of it: node
+    and Pod addresses) and nothing else. None when the run needs none."""
+    if not t.owns_cluster or not internet_needs(spec, t):
+        return None
+    subnet = paths.compute_path("subnetwork", t.project, t.region, names.node_subnet(t.run_id))
+    return {
+        "name": names.nat_router(t.run_id),
+        "network": paths.compute_path("network", t.project, t.region, DEFAULT_NETWORK),
+        "region": t.region,
+        "description": f"{names.RUN_LABEL}={t.run_id}",
+        "nats": [
+            {
+                "name": names.nat_router(t.run_id),
+                "natIpAllocateOption": "AUTO_ONLY",
+                "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
+                "subnetworks": [{"name": subnet, "sourceIpRangesToNat": ["ALL_IP_RANGES"]}],
+            }
+        ],
+    }
+
+
+def private_nodes(body: dict[str, Any], t: Target) -> None:
+    """Private nodes, on the run's subnetwork, in the ``Cluster`` body of a cluster the run creates."""
+    body["subnetwork"] = names.node_subnet(t.run_id)
+    body.setdefault("networkConfig", {})["defaultEnablePrivateNodes"] = True
+
+
+def has_private_nodes(cluster) -> bool:
+    """Whether an existing cluster (a ``container_v1.Cluster``) gives its nodes internal addresses only, by either
+    spelling of the API."""
+    return bool(
+        cluster.network_config.default_enable_private_nodes or cluster.private_cluster_config.enable_private_nodes
+    )
+
+
+def public_nodes_risk(short: str) -> str:
+    """Preflight's warning for an existing cluster ``short`` whose nodes have external addresses."""
+    return (
+        f"cluster {short} does not have private nodes: its nodes have external IP addresses, so each is reachable "
+        "from the internet where a firewall rule lets traffic in, and a pod that escapes the run's NetworkPolicies "
+        f"reaches any host on the internet ({PRIVATE_NODES_DOC}); "
+        "use a cluster with private nodes (gcloud container clusters create --enable-private-nodes), or leave "
+        "gke.cluster_name empty and the run creates one"
+    )
+
+
+def _port(protocol: str, port: int) -> dict[str, Any]:
+    return {"protocol": protocol, "port": port}
+
+
+def egress_rules(t: Target) -> list[dict[str, Any]]:
+    """What the run's pods may send: to one another (every port: Ray's GCS, raylets, object transfers, collectives),
+    DNS, the metadata server, and HTTPS to addresses outside ``INTERNAL_RANGES``."""
+    run = names.labels(t.run_id)
+    kube_dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+    rules: list[dict[str, Any]] = [
+        {"to": [{"podSelector": {"matchLabels": dict(run)}}]},
+        {"to": [kube_dns], "ports": [_port(p, n) for p, n in DNS_PORTS]},
+    ]
+    rules += [
+        {"to": [{"ipBlock": {"cidr": cidr}}], "ports": [_port(p, n) for p, n in ports]} for cidr, ports in METADATA
+    ]
+    rules.append(
+        {
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(INTERNAL_RANGES)}}],
+            "ports": [_port("TCP", HTTPS)],
+        }
+    )
+    return rules
+
+
+def egress_policy(t: Target, meta: dict[str, Any]) -> dict[str, Any]:
+    """The NetworkPolicy that limits what the run's pods send (``egress_rules``); ``meta`` its metadata."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": {"matchLabels": names.labels(t.run_id)},
+            "policyTypes": ["Egress"],
+            "egress": egress_rules(t),
+        },
+    }
+
+
+def summary(spec: RunSpec, t: Target) -> str:
+    """The plan's words for the way out of a cluster the run creates."""
+    needs = internet_needs(spec, t)
+    if not needs:
+        return "private nodes (no external addresses), Private Google Access only: no route to the internet"
+    return f"private nodes (no external addresses), Private Google Access, and Cloud NAT because {'; '.join(needs)}"

@@ -1,0 +1,194 @@
+"""Where a gke run's nodes and pods may reach (``components.platforms.gke.plan.network``): a cluster the run creates has
+private nodes on a subnetwork of its own with Private Google Access, a Cloud NAT gateway only when the run needs the
+internet, and NetworkPolicies that limit what its pods send; the emulated GKE and Compute Engine refuse what the real
+APIs refuse of them; an existing cluster with public nodes is a preflight warning naming the risk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import container_v1
+
+from components.platforms.gke.cloud import compute as gke_compute
+from components.platforms.gke.cloud.cluster import cluster_manager
+from components.platforms.gke.plan import document as plan
+from components.platforms.gke.plan import manifests, network, resources
+from components.platforms.gke.plan.target import target
+from components.workload import resolve
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
+from tests.gke.test_gke_platform import context, platform
+from tests.gke.test_preflight import PARENT, SHARED, _team_cluster, preflight_cli
+
+IN_REGISTRY = ONE_SLICE.replace("gke.image=local/torch", f"gke.image=us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:1")
+
+
+def _records(preset: str, overrides: str) -> dict[str, list]:
+    spec = resolve(preset, f"gke.project={PROJECT} {overrides}")
+    found: dict[str, list] = {}
+    for res in plan.resources(spec, "r1"):
+        found.setdefault(res.kind, []).append(res)
+    return found
+
+
+def test_the_plan_of_a_new_cluster_has_private_nodes_on_its_own_subnetwork_before_the_cluster():
+    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")
+    t = target(spec, "r1")
+    body = resources.cluster(spec, t)
+    assert body["networkConfig"]["defaultEnablePrivateNodes"] is True
+    assert "privateClusterConfig" not in body  # the deprecated spelling: GKE refuses both at once
+    assert body["ipAllocationPolicy"]["useIpAliases"] is True  # VPC-native, as private nodes need
+    assert body["subnetwork"] == "r1-nodes"
+    listed = plan.resources(spec, "r1")
+    kinds = [(res.kind, res.name) for res in listed]
+    assert kinds.index(("subnetwork", "r1-nodes")) < kinds.index(("gke-cluster", "tpupipe-r1"))
+    (subnet,) = [res for res in listed if res.name == "r1-nodes"]
+    assert subnet.body["privateIpGoogleAccess"] is True
+    assert subnet.body["network"] == f"projects/{PROJECT}/global/networks/default"
+    assert subnet.path == f"projects/{PROJECT}/regions/us-east5/subnetworks/r1-nodes" and subnet.deleted_by_teardown
+    (cluster,) = [res for res in listed if res.kind == "gke-cluster"]
+    assert "private nodes (no external addresses)" in cluster.summary
+    autopilot = resources.cluster(*_spec_and_target("gemma4-e2b-v6e-16", "gke.cluster_mode=autopilot"))
+    assert autopilot["networkConfig"] == {"defaultEnablePrivateNodes": True} and autopilot["subnetwork"] == "r1-nodes"
+
+
+def _spec_and_target(preset: str, overrides: str):
+    spec = resolve(preset, f"gke.project={PROJECT} {overrides}")
+    return spec, target(spec, "r1")
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "why"),
+    [
+        # MaxText reads the hub model in its pods
+        ("llama3-8b-v6e-16x2", "", "the pods read meta-llama/Meta-Llama-3-8B from the Hugging Face hub"),
+        # the token only in the pods (gke.hf_secret): they read the gated model themselves
+        ("gemma4-e2b-v6e-16", "", "the pods read google/gemma-4-E2B-it from the Hugging Face hub"),
+        ("gemma4-e2b-v6e-16", "gke.image=docker.io/me/torch:1", "the nodes pull docker.io/me/torch:1 from a registry"),
+    ],
+)
+def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and_serves_its_subnetwork_alone(
+    preset, overrides, why
+):
+    found = _records(preset, overrides)
+    (nat,) = found["cloud-nat"]
+    assert why in nat.summary and nat.api == "compute.routers.insert" and nat.deleted_by_teardown
+    assert nat.path == f"projects/{PROJECT}/regions/us-east5/routers/r1-nat"
+    (gateway,) = nat.body["nats"]
+    assert gateway["sourceSubnetworkIpRangesToNat"] == "LIST_OF_SUBNETWORKS"
+    assert gateway["subnetworks"] == [
+        {"name": f"projects/{PROJECT}/regions/us-east5/subnetworks/r1-nodes", "sourceIpRangesToNat": ["ALL_IP_RANGES"]}
+    ]
+
+
+def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster():
+    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry
+    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf"
+    found = _records("gemma4-e2b-v6e-16", token)
+    assert "cloud-nat" not in found and [r.name for r in found["subnetwork"]] == ["r1-nodes"]
+    (cluster,) = found["gke-cluster"]
+    assert "Private Google Access only: no route to the internet" in cluster.summary
+    shared = _records("gemma4-e2b-v6e-16", "gke.cluster_name=team")
+    assert "cloud-nat" not in shared and "subnetwork" not in shared
+
+
+def test_the_run_pods_egress_is_dns_the_metadata_server_https_out_and_one_another():
+    spec, t = _spec_and_target("gemma4-e2b-v6e-16", "")
+    (egress,) = [p for p in manifests.network_policies(t) if "Egress" in p["spec"]["policyTypes"]]
+    assert egress["metadata"]["name"] == "r1-egress" and egress["metadata"]["labels"] == {"tpupipe-run": "r1"}
+    assert egress["spec"]["podSelector"] == {"matchLabels": {"tpupipe-run": "r1"}}
+    rules = egress["spec"]["egress"]
+    assert rules[0] == {"to": [{"podSelector": {"matchLabels": {"tpupipe-run": "r1"}}}]}  # Ray, every port
+    allowed = {
+        (json.dumps(rule["to"], sort_keys=True), p["protocol"], p["port"]) for rule in rules[1:] for p in rule["ports"]
+    }
+    kube_dns = json.dumps(
+        [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        sort_keys=True,
+    )
+    metadata = json.dumps([{"ipBlock": {"cidr": "169.254.169.254/32"}}], sort_keys=True)
+    wi = json.dumps([{"ipBlock": {"cidr": "169.254.169.252/32"}}], sort_keys=True)
+    assert {(kube_dns, "UDP", 53), (kube_dns, "TCP", 53), (metadata, "TCP", 80), (wi, "TCP", 988)} <= allowed
+    (https,) = [rule for rule in rules if rule.get("ports") == [{"protocol": "TCP", "port": 443}]]
+    block = https["to"][0]["ipBlock"]
+    assert block["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "172.16.0.0/12", "169.254.0.0/16"} <= set(block["except"])
+    assert {p for _, _, p in allowed} == {53, 80, 988, 443}  # nothing else leaves the run
+    objects = manifests.all_objects(spec, t)
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("NetworkPolicy") == 3 and kinds.index("NetworkPolicy") < kinds.index("RayCluster")
+
+
+# ---------------------------------------------------------------- against the emulated project
+
+LOCATION = f"projects/{PROJECT}/locations/us-east5-b"
+
+
+def _create(client, body: dict):
+    return client.create_cluster(parent=LOCATION, cluster=container_v1.Cluster.from_json(json.dumps(body)))
+
+
+def test_the_emulated_gke_refuses_what_gke_refuses_of_private_nodes(project_factory):
+    project_factory()
+    client = cluster_manager()
+    spec = resolve("local-fsdp", IN_REGISTRY)
+    t = target(spec, "r1")
+    body = json.loads(json.dumps(resources.cluster(spec, t)).replace("PROJECT_NUMBER", PROJECT_NUMBER))
+    with pytest.raises(gexc.InvalidArgument, match="subnetworks/r1-nodes not found"):
+        _create(client, body)  # the run's subnetwork must exist first: provision makes it before the cluster
+    body.pop("subnetwork")
+    both = {**body, "privateClusterConfig": {"enablePrivateNodes": True}}
+    with pytest.raises(gexc.InvalidArgument, match="Cannot specify both"):
+        _create(client, both)
+    not_native = {**body, "ipAllocationPolicy": {"useIpAliases": False}}
+    with pytest.raises(gexc.InvalidArgument, match="VPC-native"):
+        _create(client, not_native)
+    _create(client, body)  # the plan's body, on the default subnetwork: accepted
+
+
+def test_provision_makes_the_subnetwork_and_nat_before_the_cluster_and_teardown_deletes_them(tmp_path, project_factory):
+    project = project_factory()
+    ctx = context(tmp_path, "pn")  # gke.image=local/torch: a registry outside Google, so the run needs the NAT
+    platform().provision(ctx)
+    subnet = f"projects/{PROJECT}/regions/us-east5/subnetworks/pn-nodes"
+    router = f"projects/{PROJECT}/regions/us-east5/routers/pn-nat"
+    assert project.compute.state.subnetworks[subnet]["privateIpGoogleAccess"] is True
+    assert project.compute.state.subnetworks[subnet]["ipCidrRange"] == network.node_range("pn")
+    (gateway,) = project.compute.state.routers[router]["nats"]
+    assert gateway["subnetworks"][0]["name"] == subnet
+    calls = project.compute.state.calls
+    assert calls.index("subnetworks.insert") < calls.index("routers.insert")
+    cluster = project.gke.state.clusters[project.clusters("pn")[0]]
+    assert cluster.network_config.default_enable_private_nodes and cluster.subnetwork == "pn-nodes"
+    # Compute refuses a second gateway for the same subnetwork, and deleting a subnetwork a cluster or gateway uses
+    compute = gke_compute.Compute(gke_compute.clients(), log=lambda m: None, poll_s=0.01)
+    other = {**project.compute.state.routers[router], "name": "other"}
+    other = {k: v for k, v in other.items() if k in ("name", "network", "region", "nats")}
+    with pytest.raises(gexc.BadRequest, match="already being used by NAT"):
+        compute.ensure("router", f"projects/{PROJECT}/regions/us-east5/routers/other", other, lambda k, n: None)
+    with pytest.raises(gexc.BadRequest, match="already being used"):
+        compute.delete("subnetwork", subnet)
+    result = platform().teardown(ctx)
+    assert router in result["deleted"] and subnet in result["deleted"]
+    assert result["deleted"].index(router) < result["deleted"].index(subnet)  # the gateway holds its subnetwork
+    assert project.compute.state.routers == {} and subnet not in project.compute.state.subnetworks
+    assert project.leftovers("pn") == {}
+
+
+def test_an_existing_cluster_without_private_nodes_is_a_warning_naming_the_risk(project_factory, capsys):
+    project = project_factory()
+    _team_cluster(project)
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 0, text
+    assert "warning: cluster team does not have private nodes: its nodes have external IP addresses" in text
+    assert "--enable-private-nodes" in text and "leave gke.cluster_name empty" in text
+    project.gke.state.clusters.clear()
+    _team_cluster(project, networkConfig={"datapathProvider": "ADVANCED_DATAPATH", "defaultEnablePrivateNodes": True})
+    code, text = preflight_cli(SHARED, capsys)
+    assert code == 0 and "does not have private nodes" not in text, text
+    assert PARENT == LOCATION
