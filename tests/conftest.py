@@ -69,3 +69,14 @@ def vertex(monkeypatch):
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
     yield emulator
     emulator.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_left_behind(monkeypatch):
+    """A test that runs ``tpupipe run`` in this process leaves the driver's pid in os.environ (the driver sets it for
+    its stages, components/platforms/interrupts.DRIVER_ENV): unset it before each test and again after it, so a later
+    test's stage never claims a run id as that long-gone driver."""
+    from components.platforms.interrupts import DRIVER_ENV
+
+    monkeypatch.setenv(DRIVER_ENV, "")
+    monkeypatch.delenv(DRIVER_ENV)

@@ -61,7 +61,8 @@ def _a_subnet_delete_unavailable_once(project: Project) -> None:
 
 
 def _the_delete_was_retried(project: Project, out: str) -> None:
-    assert project.compute.state.calls.count("subnetworks.delete") == 3  # two subnets, one of them twice
+    # three subnets (the two DCN networks' and the nodes' own), one of them twice
+    assert project.compute.state.calls.count("subnetworks.delete") == 4
     assert "delete subnetwork projects/" in out and "ServiceUnavailable" in out and "retrying in" in out
 
 

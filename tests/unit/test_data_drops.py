@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from components.data import drops, snapshot
+from components.platforms.ledger import CLAIM_KEYS
 from components.platforms.store import LocalStore, read_json, write_json
 from components.spec import SpecError
 from components.stages import dataset
@@ -171,7 +172,9 @@ def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_not
     assert "status: skipped (nothing to read: " in out and "file not found: " in out
     summary = json.loads((root / "nodrop" / "summary.json").read_text())
     assert summary["status"] == "skipped" and "sft/" in summary["skipped"]
-    assert not (root / "nodrop" / "ledger.json").exists()  # no cluster recorded, so none was started
+    ledger = json.loads((root / "nodrop" / "ledger.json").read_text())
+    # the run id claimed (components/stages/claims.py), no cluster recorded: none was started
+    assert set(ledger) - set(CLAIM_KEYS) <= {"created", "platform", "run_id"} and not ledger["created"], ledger
     assert not (root / "nodrop" / "data" / "train.jsonl").exists()
 
 

@@ -97,7 +97,8 @@ def test_the_gke_dry_run_lists_the_registry_calls_of_the_stages_that_make_them(t
     assert lines[evaluate + 1] == (
         f"  read          aiplatform.models.get {model}@champion (measured beside the new model)"
     )
-    assert lines[register + 1].startswith(f"  upload        aiplatform.models.upload {model} ")
+    assert lines[register + 1].startswith("  copy          storage.objects.rewrite gs://my-project-tpupipe/runs/r/")
+    assert lines[register + 2].startswith(f"  upload        aiplatform.models.upload {model} ")
     assert lines[promote + 1].startswith(f"  alias         aiplatform.models.mergeVersionAliases {model}@")
     off = walk("gate.register=false")
     assert "register" not in off and "promote" not in off and "aiplatform" not in "\n".join(off)
