@@ -221,8 +221,8 @@ class PipelineRunner:
         # A pod's terminationGracePeriodSeconds: 30 unless set (the Pod spec's field docs,
         # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle).
         self.grace_s = 30.0
-        # How long a container task waits, PENDING, between its creation and its process's start (``_container``): 0
-        # unless a test sets it. A service whose tasks are jobs of their own sets what that is (tests/emulators/vertex.py).
+        # How long a container task waits, PENDING, between its creation and its process's start (``_container``):
+        # 0 unless a test sets it (tests/emulators/vertex.py says what it stands for on Vertex AI).
         self.start_delay_s = 0.0
         self.terminated: list[tuple[str, float]] = []  # (task name, when) each SIGTERM was sent
         self.forced: list[str] = []  # the tasks whose processes were SIGKILLed at the end of their grace period

@@ -57,9 +57,7 @@ def test_two_pools_deleted_while_gke_refuses_concurrent_operations_both_end_dele
     assert sorted(started) == sorted(pools)
     refused = [line for line in lines if "the cluster is busy" in line and "currently deleting a node pool" in line]
     assert refused, lines
-    deletes = [
-        e for e in project.gke.state.operations.values() if e.op.operation_type.name == "DELETE_NODE_POOL"
-    ]
+    deletes = [e for e in project.gke.state.operations.values() if e.op.operation_type.name == "DELETE_NODE_POOL"]
     assert sorted(e.target for e in deletes) == sorted(pools)  # one delete operation of each pool's own
     result = gke.teardown(guest)
     assert project.pools("guest") == [], result
@@ -73,7 +71,9 @@ def test_a_refusal_naming_another_pools_operation_is_not_taken_for_this_pools_de
     pools = project.pools("guest")
     blocking = gke.clients.gke().client.create_node_pool(
         parent=cluster,
-        node_pool=container_v1.NodePool(name="other-team", initial_node_count=1, config={"machine_type": "e2-standard-4"}),
+        node_pool=container_v1.NodePool(
+            name="other-team", initial_node_count=1, config={"machine_type": "e2-standard-4"}
+        ),
     )
     lines.clear()
     started = gke.release(guest)

@@ -41,7 +41,6 @@ from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
-
 # How long a delete that is not waited on (a stopped task's, in its grace period) asks again while GKE refuses it for
 # another operation on the cluster; past it the janitor deletes what is left.
 START_TIMEOUT_S = 20.0
