@@ -210,7 +210,14 @@ class ClusterManagerEmulator(GrpcEmulator):
         if not deleting:
             return
         cluster = name.split("/clusters/")[1].split("/")[0]
-        operation = next((e.op.name for e in self.state.operations.values() if e.target == name), "operation-unknown")
+        operation = next(
+            (
+                e.op.name
+                for e in self.state.operations.values()
+                if e.target == name and e.op.status != c.Operation.Status.DONE
+            ),
+            "operation-unknown",
+        )
         message = (
             f"Operation {operation} is currently deleting {what} {cluster}. Please wait and try again once it is done."
         )

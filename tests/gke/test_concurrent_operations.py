@@ -83,3 +83,30 @@ def test_a_refusal_naming_another_pools_operation_is_not_taken_for_this_pools_de
     assert create.op.status == container_v1.Operation.Status.DONE  # polled to its end, not skipped
     gke.teardown(guest)
     assert project.pools("guest") == []
+
+
+def test_deletes_gke_will_not_start_in_the_grace_period_are_not_counted_and_left_to_the_janitor(
+    tmp_path, project_factory, monkeypatch
+):
+    """Another pool's operation outlasts the stopped task's grace (here half a second): none of the run's deletes is
+    started, none is reported started; the teardown that follows (the janitor's) deletes every pool once it ends."""
+    from components.platforms.gke.run import teardown
+
+    project, gke, guest, lines = _shared_run(tmp_path, project_factory)
+    cluster = project.clusters("owner")[0]
+    blocking = gke.clients.gke().client.create_node_pool(
+        parent=cluster,
+        node_pool=container_v1.NodePool(
+            name="slow-team", initial_node_count=1, config={"machine_type": "e2-standard-4"}
+        ),
+    )
+    create = project.gke.state.operations[f"{cluster.rsplit('/clusters/', 1)[0]}/operations/{blocking.name}"]
+    create.polls_left = 10**6  # it runs on past the grace
+    monkeypatch.setattr(teardown, "START_TIMEOUT_S", 0.5)
+    lines.clear()
+    assert gke.release(guest) == []
+    assert any("not started, the cluster busy" in line for line in lines), lines
+    assert len(project.pools("guest")) >= 2
+    create.polls_left = 1
+    gke.teardown(guest)
+    assert project.pools("guest") == []

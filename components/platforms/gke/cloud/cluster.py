@@ -230,15 +230,16 @@ class Gke(Adapter):
         return [f.name for f in features]
 
     # -- delete (not found is success)
-    def delete_node_pool(self, name: str, wait: bool = True) -> bool:
-        return self._delete("node pool", name, self.client.delete_node_pool, wait)
+    def delete_node_pool(self, name: str, wait: bool = True, start_by: float | None = None) -> bool:
+        return self._delete("node pool", name, self.client.delete_node_pool, wait, start_by)
 
-    def delete_cluster(self, name: str, wait: bool = True) -> bool:
-        return self._delete("cluster", name, self.client.delete_cluster, wait)
+    def delete_cluster(self, name: str, wait: bool = True, start_by: float | None = None) -> bool:
+        return self._delete("cluster", name, self.client.delete_cluster, wait, start_by)
 
-    def _delete(self, kind: str, name: str, rpc, wait: bool = True) -> bool:
+    def _delete(self, kind: str, name: str, rpc, wait: bool = True, start_by: float | None = None) -> bool:
         """Delete and wait (unless not ``wait``: the operation started is enough); False when it was already gone,
-        or, not waiting, when GKE would not start it within ``START_TIMEOUT_S``.
+        or, not waiting, when GKE would not start it by ``start_by`` (on ``clock``; default ``START_TIMEOUT_S`` from
+        now: several deletes share one such instant, so they all fit in one grace period).
 
         GKE refuses a change while another operation runs on the cluster, naming that operation (``is_busy``: an
         upgrade, another pool's create or delete, a delete of this very resource). The refusal is this resource's
@@ -249,7 +250,7 @@ class Gke(Adapter):
         from google.api_core import exceptions as gexc
 
         location = paths.cluster_parent(name)
-        deadline = self.clock() + (self.operation_timeout_s if wait else START_TIMEOUT_S)
+        deadline = self.clock() + self.operation_timeout_s if wait else start_by or self.clock() + START_TIMEOUT_S
         what = f"delete {kind} {name.rsplit('/', 1)[-1]}"
         told = False
         while True:
