@@ -139,9 +139,9 @@ class ClusterManagerEmulator(GrpcEmulator):
             compute.in_use = self._user_of
         self.faults: list[Fault] = []
         # GKE's limit of node-pool operations on one cluster (POOL_BUSY_MESSAGE): while one runs, a create or delete
-        # of another pool of the cluster is refused. On when set: GKE says "generally" of it, and the tests of code
-        # that changes several pools at once turn it on.
-        self.serial_node_pool_operations = False
+        # of another pool of the cluster is refused. On unless a test turns it off (GKE says its limit holds
+        # "generally": a test may show the code with operations side by side too).
+        self.serial_node_pool_operations = True
         # Called with each cluster once its deletion is done: its Kubernetes objects and pods go with it ("Deleting a
         # cluster ... deletes ... all workloads", https://cloud.google.com/kubernetes-engine/docs/how-to/deleting-a-cluster).
         self.on_cluster_deleted: list[Callable[[c.Cluster], None]] = []

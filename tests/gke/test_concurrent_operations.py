@@ -1,7 +1,8 @@
-"""GKE's limit of node-pool operations on one cluster, against the emulated GKE (``serial_node_pool_operations``:
-a create or delete refused with GKE's failedPrecondition while another pool's operation runs, the operation named):
-a stopped run's deletes (``Platform.release``, not waited on) and its teardown both end with every pool of the run
-deleted, a refusal counted as this pool's delete only when the operation it names targets this pool."""
+"""GKE's limit of node-pool operations on one cluster, against the emulated GKE (``serial_node_pool_operations``,
+its default: a create or delete refused with GKE's failedPrecondition while another pool's operation runs, the
+operation named): a stopped run's deletes (``Platform.release``, not waited on) and its teardown both end with every
+pool of the run deleted, a refusal counted as this pool's delete only when the operation it names targets this
+pool."""
 
 from __future__ import annotations
 
