@@ -549,7 +549,6 @@ class ClusterManagerEmulator(GrpcEmulator):
         self._refuse_while_upgrading(request.parent, context)
         if cluster.status != c.Cluster.Status.RUNNING:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Cluster {cluster.name} is not running.")
-        self._refuse_while_pool_operation(request.parent, context)
         if any(p.name == request.node_pool.name for p in cluster.node_pools):
             context.abort(
                 grpc.StatusCode.ALREADY_EXISTS, f"Already exists: {request.parent}/nodePools/{request.node_pool.name}."
@@ -563,6 +562,8 @@ class ClusterManagerEmulator(GrpcEmulator):
         refusal = provisioning.node_pool_refusal(pool)  # queued provisioning's settings
         if refusal:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Node pool {pool.name}: {refusal}.")
+        # A request is checked before it waits its turn: an invalid one is refused as such, busy cluster or not.
+        self._refuse_while_pool_operation(request.parent, context)
         pool.status = c.NodePool.Status.PROVISIONING
         pool.version = pool.version or cluster.current_node_version
         cluster.node_pools.append(pool)
