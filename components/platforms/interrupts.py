@@ -55,6 +55,9 @@ class _State:
     deferring: int = 0
     pending: int | None = None
     sigterm_stops: Callable[[], bool] = staticmethod(lambda: True)  # whether a SIGTERM stops what the stage started
+    # What a stop does before the innermost block's own stop (``released_first``), and whether it released.
+    release: Callable[[int], bool] | None = None
+    released: bool = False
 
 
 _state = _State()
@@ -69,6 +72,24 @@ def sigterm_judged_by(decide: Callable[[], bool]):
         yield
     finally:
         _state.sigterm_stops = previous
+
+
+@contextlib.contextmanager
+def released_first(release: Callable[[int], bool]):
+    """While inside, a signal that stops the stage first calls ``release(signum)`` (start deleting what bills), then
+    the innermost block's ``stop``: the deletes go out before anything that may wait. When ``release`` says it
+    released (True), the stops that follow need not wait for what they stop to end (:func:`released`): its machines
+    are going away."""
+    previous, _state.release, _state.released = _state.release, release, False
+    try:
+        yield
+    finally:
+        _state.release = previous
+
+
+def released() -> bool:
+    """Whether the stop under way has already started deleting what the run runs on (``released_first``)."""
+    return _state.released
 
 
 @contextlib.contextmanager
@@ -88,6 +109,10 @@ def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callab
         _state.received = signum
         if signum == signal.SIGTERM and not _sigterm_stops(log):
             raise Interrupted(signum)  # what runs is left running: the stage ends without stopping it
+        try:
+            _state.released = bool(_state.release(signum)) if _state.release is not None else False
+        except Exception as exc:  # noqa: BLE001 - the stop below still runs; teardown deletes what is left
+            log(f"{signal_name(signum)}: could not start the deletes: {exc}")
         try:
             stop(signum)
         except Exception as exc:  # noqa: BLE001 - the stage still ends; teardown deletes what stop could not

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platforms import RunContext, get_platform, ledger
-from components.platforms.interrupts import on_interrupt, signal_name
+from components.platforms.interrupts import on_interrupt, released, signal_name
 from components.platforms.redaction import redact
 from components.platforms.store import read_json, write_json, write_text
 from components.spec import InfraError, names, protocol
@@ -204,6 +204,8 @@ def _stop(client, submission_id: str, kind: str, why: str, wait_s: float = STOP_
         client.stop_job(submission_id)
     except Exception:  # noqa: BLE001 - not submitted yet, or already gone: nothing runs
         return
+    if wait_s <= 0:  # asked to stop; whether it did is not waited for
+        return
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not client.get_job_status(submission_id).is_terminal():
         time.sleep(0.5)
@@ -212,10 +214,12 @@ def _stop(client, submission_id: str, kind: str, why: str, wait_s: float = STOP_
 
 
 def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
-    """What an interrupt does to the run's ``kind`` job: stop it and wait (briefly) until Ray says it ended."""
+    """What an interrupt does to the run's ``kind`` job: stop it and wait (briefly) until Ray says it ended; not
+    wait at all when the stop already started deleting the cluster it runs on (``interrupts.released``: a cancelled
+    Vertex AI task, whose grace period is better spent on its deletes)."""
 
     def stop(signum: int) -> None:
-        _stop(client, submission_id, kind, signal_name(signum), wait_s)
+        _stop(client, submission_id, kind, signal_name(signum), 0.0 if released() else wait_s)
 
     return stop
 

@@ -12,6 +12,7 @@ model registry (``components.stages.registration``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -71,16 +72,19 @@ def run_stage(
     driver marked the run interrupted does not run. The exit task (teardown) ignores Ctrl-C: the driver counts the
     presses. On Vertex AI, ``job_name`` is the pipeline job's full resource name, and a SIGTERM stops what the stage
     started only when that job is being cancelled (``vertex_task.sigterm_stops``); then the stage also starts the
-    deletion of what bills (``Platform.release``) before it ends, as the cancel never runs the exit task."""
+    deletion of what bills (``Platform.release``) first, before it stops the Ray job (without waiting for it: its
+    cluster is going), as the cancel never runs an exit task that has not started; one that runs does the same."""
     vertex_task.watch(job_name)
     job = vertex_task.job_id(job_name)
     with interrupts.sigterm_judged_by(lambda: vertex_task.sigterm_stops(log)):
-        if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
-            with interrupts.sigint_ignored():
-                return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
         stopping = interrupts.on_interrupt(
             lambda sig: log(f"{stage}: {interrupts.signal_name(sig)}: stopping"), log=log
         )
+        if table.named(stage).exit:  # an unknown stage is a ValueError naming the stages
+            # On Vertex AI a cancel reaches a running exit task too: its SIGTERM starts every delete not yet under
+            # way (``_Releasing``) before the task ends; elsewhere the driver owns the exit task's signals.
+            with stopping if vertex_task.watched() else contextlib.nullcontext(), interrupts.sigint_ignored():
+                return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
         with stopping:
             return _run_recorded(stage, preset, platform, overrides, run_id, job, output_root, upstream, facts)
 
@@ -99,6 +103,7 @@ def _run_recorded(
     this, first = table.named(stage), stage == table.STAGES[0]
     rid, store = store_for(run_id, job_name, output_root)
     started = time.time()
+    releasing = _Releasing()
     try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
         if not this.exit:  # the exit task writes the run's summary, the refusal in it; it deletes only what was made
             vertex_task.check_on_vertex(platform, output_root)
@@ -125,10 +130,10 @@ def _run_recorded(
     log(f"== {stage} ({platform}, run {rid})")
     ctx = None
     try:
-        ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
+        ctx = releasing.ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         if not this.exit:  # the credentials where it runs, as a run from the command line checks them first
             get_platform(ctx.platform).check_access(ctx)
-        with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
+        with heartbeat.beating(store, stage), interrupts.released_first(releasing):  # the janitor sees it live
             if first:
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
             result = this.run(ctx, upstream, **facts)
@@ -143,7 +148,8 @@ def _run_recorded(
             error=f"interrupted by {exc.signal_name}" + ("" if stopped else ": left running for the task's retry"),
         )
         if ctx is not None and exc.signum == signal.SIGTERM and vertex_task.cancelling():
-            record(store, stage, released=_release(ctx))
+            # Started by the signal's handler before anything was stopped; here when the signal came between.
+            record(store, stage, released=releasing.started if releasing.done else _release(ctx))
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -202,6 +208,24 @@ def _attempt(store: RunStore, stage: str, **fields: Any) -> None:
 
 
 _ENDED = ("error", "signal", "seconds", "released")
+
+
+class _Releasing:
+    """What a stop of a cancelled Vertex AI run does first (``interrupts.released_first``), before it stops the
+    stage's Ray job or operation: start deleting what bills (``_release``), so the deletes are out before the
+    grace period's SIGKILL whatever the stop that follows takes. Any other signal releases nothing here: the
+    pipeline's own teardown runs after it."""
+
+    def __init__(self) -> None:
+        self.ctx: RunContext | None = None
+        self.started: list[str] = []
+        self.done = False
+
+    def __call__(self, signum: int) -> bool:
+        if self.ctx is None or signum != signal.SIGTERM or not vertex_task.cancelling():
+            return False
+        self.started, self.done = _release(self.ctx), True
+        return bool(self.started)
 
 
 def _release(ctx: RunContext) -> list[str]:

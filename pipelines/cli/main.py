@@ -134,10 +134,9 @@ def cmd_publish(args) -> int:
         stopping.janitor_schedule(target.project, target.region, args.service_account)
     else:
         print(
-            "next: a Stop in the Vertex AI UI cancels the exit handler's teardown too; the stage it reaches starts "
-            "the teardown, and a Stop between two tasks leaves the run's TPUs up until the janitor collects them; "
-            "schedule it every 15 minutes: tpupipe publish --project "
-            f"{target.project} --region {target.region} --janitor-schedule"
+            "publish: warning: --no-janitor: no janitor schedule. A Stop in the Vertex AI UI cancels the exit "
+            "handler's teardown too, and a Stop between two tasks (each task starts a while after it is created) "
+            "reaches no task: the run's TPUs stay up until `tpupipe janitor` or `tpupipe runs cancel` collects them"
         )
     return 0
 
@@ -329,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Artifact Registry KFP repository, tagged with --version, the git commit and latest. Needs Application "
         'Default Credentials with the roles docs/vertex.md lists ("Setup"). A Stop of a run needs no trigger, so there '
         "is no --stop-trigger: the stage the Stop's SIGTERM reaches sees its pipeline job cancelling and starts the "
-        "deletion of the run's cluster within seconds; the janitor schedule catches a Stop between two tasks "
+        "deletion of the run's cluster within seconds; the janitor schedule, made by default, catches a Stop between "
+        "two tasks "
         '(docs/vertex.md, "Stopping a run").',
     )
     _with_target_args(
@@ -352,12 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_allow_defaults(p)
     p.add_argument(
-        "--janitor-schedule",
-        action="store_true",
-        help="also schedule the janitor pipeline every 15 minutes (created if missing, replaced when it runs another "
-        "image than the one published): it tears down each run whose pipeline job has ended, so a Stop between two "
-        "tasks leaves the TPUs up 15 minutes at most",
+        "--no-janitor",
+        dest="janitor_schedule",
+        action="store_false",
+        help="do not schedule the janitor pipeline. By default publish schedules it every 15 minutes (created if "
+        "missing, replaced when it runs another image than the one published): it tears down each run whose "
+        "pipeline job has ended, so a Stop between two tasks leaves the TPUs up 15 minutes at most",
     )
+    # The flag of the releases where the schedule was opt-in: still taken, now the default.
+    p.add_argument("--janitor-schedule", dest="janitor_schedule", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(janitor_schedule=True)
     p.add_argument("--service-account", default="", help="the service account the janitor's runs run as")
     from pipelines.cli.kfp import add_arguments as add_kfp
 

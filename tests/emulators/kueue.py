@@ -65,7 +65,8 @@ KINDS = {
     "admissionchecks": "AdmissionCheck",
     "provisioningrequestconfigs": "ProvisioningRequestConfig",
     "workloadpriorityclasses": "WorkloadPriorityClass",
-    "cohorts": "Cohort",  # hierarchical cohorts (Kueue v0.19.2, apis/kueue/v1beta2/cohort_types.go): served, not modelled
+    # hierarchical cohorts (Kueue v0.19.2, apis/kueue/v1beta2/cohort_types.go): served, not modelled
+    "cohorts": "Cohort",
 }
 CLUSTER_SCOPED = {"clusterqueues", "resourceflavors", "admissionchecks", "provisioningrequestconfigs"}
 CLUSTER_SCOPED |= {"workloadpriorityclasses", "cohorts"}

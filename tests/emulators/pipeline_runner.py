@@ -221,6 +221,9 @@ class PipelineRunner:
         # A pod's terminationGracePeriodSeconds: 30 unless set (the Pod spec's field docs,
         # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#lifecycle).
         self.grace_s = 30.0
+        # How long a container task waits, PENDING, between its creation and its process's start (``_container``):
+        # 0 unless a test sets it (tests/emulators/vertex.py says what it stands for on Vertex AI).
+        self.start_delay_s = 0.0
         self.terminated: list[tuple[str, float]] = []  # (task name, when) each SIGTERM was sent
         self.forced: list[str] = []  # the tasks whose processes were SIGKILLed at the end of their grace period
         self._lock = threading.RLock()
@@ -412,6 +415,15 @@ class PipelineRunner:
                 }
             job.logs[task] = detail["error"]["message"]
             return False, {"parameters": {}, "artifacts": {}}
+        if self.start_delay_s:  # the task is created, its process not started yet: a cancel now ends it unstarted
+            with self._lock:
+                detail["state"] = "PENDING"
+            if job.cancelled.wait(self.start_delay_s):
+                with self._lock:
+                    detail.update(state="CANCELLED", endTime=_now())
+                return False, {"parameters": {}, "artifacts": {}}
+            with self._lock:
+                detail.update(state="RUNNING", startTime=_now())
         retries = int(retry.get("maxRetryCount") or 0)
         while True:
             job.attempts[shown] = job.attempts.get(shown, 0) + 1

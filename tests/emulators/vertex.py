@@ -45,7 +45,14 @@ pipeline", https://cloud.google.com/vertex-ai/docs/pipelines/cancel-pipeline-run
 Kubernetes ends a pod, for a Vertex task is a pod: SIGTERM to its first process, SIGKILL ``grace_s`` later if it still
 runs (the pod's termination grace period, 30 s unless set: "the kubelet triggers forcible shutdown" once it expires,
 https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); the exit handler's task is
-CANCELLED, not run; the job ends CANCELLED. A task's ``{{$.pipeline_job_resource_name}}`` is the job's full resource
+CANCELLED, not run; the job ends CANCELLED. What grace a cancelled task gets is not documented by Vertex AI (the
+cancel page above says only that the remaining tasks are cancelled): the emulator assumes a pod's, and ``grace_s``
+sets it, so a test can give the task less time than it needs. Each container task is a job of its own, a CustomJob
+(``PipelineTaskExecutorDetail.CustomJobDetail``: "the name of the CustomJob", google/cloud/aiplatform_v1/types/
+pipeline_job.py), which starts a while after it is created (its machine provisioned, its image pulled; how long
+is not documented): with ``start_delay_s`` a task waits that long PENDING ("Specifies pending state for the task",
+``PipelineTaskDetail.State``, the same file) before its process starts, and a cancel in that gap reaches no running
+process: the task ends CANCELLED unstarted. A task's ``{{$.pipeline_job_resource_name}}`` is the job's full resource
 name (``projects/P/locations/L/pipelineJobs/ID``: ``PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER``, kfp/dsl/__init__.py),
 its ``{{$.pipeline_job_name}}`` the job's id. A task whose spec has a ``retryPolicy`` (what KFP's ``set_retry``
 compiles to: "the number of attempts to rerun the task on failure and the delay between subsequent retries",

@@ -73,7 +73,9 @@ def test_a_shared_reservations_read_is_checked_on_its_owner_project(project_fact
     ), text
 
 
-@pytest.mark.parametrize("part", ["/reservationBlocks/block-1", "/reservationBlocks/block-1/reservationSubBlocks/sub-1"])
+@pytest.mark.parametrize(
+    "part", ["/reservationBlocks/block-1", "/reservationBlocks/block-1/reservationSubBlocks/sub-1"]
+)
 def test_a_block_or_sub_block_on_autopilot_is_refused_naming_the_field(part):
     """Autopilot's reservation selector is a label, whose value cannot hold the block's path."""
     with pytest.raises(SpecError) as refused:

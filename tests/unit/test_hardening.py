@@ -162,7 +162,15 @@ def test_a_failed_stages_record_keeps_no_secret_its_error_quotes(tmp_path):
     secret = "plain-Secret-value-7f3a9c"
     redaction.register(secret)
     with pytest.raises(SpecError):
-        runner.run_stage("snapshot_data", "local-fsdp", "local", f"train.dataset=/nonexistent/{secret}.jsonl", "r1", "", str(tmp_path))
+        runner.run_stage(
+            "snapshot_data",
+            "local-fsdp",
+            "local",
+            f"train.dataset=/nonexistent/{secret}.jsonl",
+            "r1",
+            "",
+            str(tmp_path),
+        )
     record = runner.read_json(LocalStore(tmp_path / "r1"), "stages/snapshot_data.json")
     assert record["status"] == "failed" and "[redacted]" in record["error"], record
     assert secret not in json.dumps(record)

@@ -254,7 +254,8 @@ def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) ->
     The ClusterQueue CRD's ``cohortName``, ``borrowingLimit`` and ``lendingLimit`` (Kueue v0.19.2,
     config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml; https://kueue.sigs.k8s.io/docs/concepts/
     cluster_queue/#cohort, #borrowinglimit, #lendinglimit). A Cohort object's own quota or parent (hierarchical
-    cohorts) is not counted: then what it lends is unknown, and the run is warned, not refused. None when the caller may not list ClusterQueues (a warning says so)."""
+    cohorts) is not counted: then what it lends is unknown, and the run is warned, not refused. None when the caller
+    may not list ClusterQueues (a warning says so)."""
     from kubernetes.client.exceptions import ApiException
 
     name, cohort = cq["metadata"]["name"], cq["spec"]["cohortName"]

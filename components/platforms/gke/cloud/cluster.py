@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,26 @@ from components.cloud.errors import (
 from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
+
+# How long a delete that is not waited on (a stopped task's, in its grace period) asks again while GKE refuses it for
+# another operation on the cluster; past it the janitor deletes what is left.
+START_TIMEOUT_S = 20.0
+# The operation a refusal names: "Operation operation-1533161820212-e0451fc6 is currently creating a node pool for
+# cluster prombench. Please wait and try again once it is done." (https://github.com/prometheus/test-infra/pull/84).
+OPERATION_NAME = re.compile(r"\boperation-[0-9a-z-]+")
+# GKE's Operation.Type values that delete (google-cloud-container's container_v1/types/cluster_service.py).
+DELETES = ("DELETE_CLUSTER", "DELETE_NODE_POOL")
+
+
+def targets(op, name: str) -> bool:
+    """Whether the operation ``op`` works on the resource ``name`` (``projects/P/locations/L/clusters/C``, with
+    ``/nodePools/N`` for a pool). Its ``targetLink`` is "a URI to the resource being modified" (the Operation
+    message's field docs, google-cloud-container's container_v1/types/cluster_service.py), not the path: it may name
+    the project by number and a zone under ``zones/`` (the API's zonal form), so the location and the
+    ``clusters/C[/nodePools/N]`` that follow it are compared, exactly: a pool's operation is not its cluster's."""
+    link = re.search(r"/(?:locations|zones)/([^/]+)/(clusters/.+?)/?$", op.target_link or "")
+    mine = re.search(r"/locations/([^/]+)/(clusters/.+)$", name)
+    return link is not None and mine is not None and link.groups() == mine.groups()
 
 
 def cluster_manager(creds=None):
@@ -77,6 +98,9 @@ class Gke(Adapter):
         started = self.clock()
 
         def cancel(signum: int) -> None:
+            if op.operation_type.name in DELETES:  # a delete is what a stop wants: it goes on
+                self.log(f"  {what}: {signal_name(signum)}: operation {op.name} goes on")
+                return
             self.log(f"  {what}: {signal_name(signum)}: cancelling operation {op.name}")
             self.client.cancel_operation(name=name)
 
@@ -206,33 +230,73 @@ class Gke(Adapter):
         return [f.name for f in features]
 
     # -- delete (not found is success)
-    def delete_node_pool(self, name: str, wait: bool = True) -> bool:
-        return self._delete("node pool", name, self.client.delete_node_pool, wait)
+    def delete_node_pool(self, name: str, wait: bool = True, start_by: float | None = None) -> bool:
+        return self._delete("node pool", name, self.client.delete_node_pool, wait, start_by)
 
-    def delete_cluster(self, name: str, wait: bool = True) -> bool:
-        return self._delete("cluster", name, self.client.delete_cluster, wait)
+    def delete_cluster(self, name: str, wait: bool = True, start_by: float | None = None) -> bool:
+        return self._delete("cluster", name, self.client.delete_cluster, wait, start_by)
 
-    def _delete(self, kind: str, name: str, rpc, wait: bool = True) -> bool:
-        """Delete and wait (unless not ``wait``: the operation started is enough); False when it was already
-        gone."""
+    def _delete(self, kind: str, name: str, rpc, wait: bool = True, start_by: float | None = None) -> bool:
+        """Delete and wait (unless not ``wait``: the operation started is enough); False when it was already gone,
+        or, not waiting, when GKE would not start it by ``start_by`` (on ``clock``; default ``START_TIMEOUT_S`` from
+        now: several deletes share one such instant, so they all fit in one grace period).
+
+        GKE refuses a change while another operation runs on the cluster, naming that operation (``is_busy``: an
+        upgrade, another pool's create or delete, a delete of this very resource). The refusal is this resource's
+        delete only when the operation it names targets this resource (its ``targetLink``, ``targets``) and deletes:
+        then that operation is the one waited on (or, not waiting, the delete is under way). Any other operation is
+        polled until it ends and the delete asked again, so a second pool's delete is never taken for started
+        because the first pool's is."""
         from google.api_core import exceptions as gexc
 
-        try:
-            if wait:
-                op = self.change(f"delete {kind} {name}", lambda: rpc(name=name))
-            else:  # no time to wait on another operation: a delete under way is enough
+        location = paths.cluster_parent(name)
+        deadline = self.clock() + self.operation_timeout_s if wait else start_by or self.clock() + START_TIMEOUT_S
+        what = f"delete {kind} {name.rsplit('/', 1)[-1]}"
+        told = False
+        while True:
+            try:
                 op = self.call(f"delete {kind} {name}", lambda: rpc(name=name))
-        except gexc.NotFound:
-            return False
-        except gexc.FailedPrecondition as exc:
-            if wait or not is_busy(exc.message or ""):
-                raise
-            self.log(f"  delete {kind} {name}: {exc.message}")
-            return "currently deleting" in (exc.message or "")
-        self.log(f"deleting {kind} {name}")
+                self.log(f"deleting {kind} {name}")
+                break
+            except gexc.NotFound:
+                return False
+            except gexc.FailedPrecondition as exc:
+                message = exc.message or ""
+                if not is_busy(message):
+                    raise
+                holder = self._operation_named(location, message)
+                if holder is not None and targets(holder, name) and holder.operation_type.name in DELETES:
+                    self.log(f"  {what}: under way already (operation {holder.name})")
+                    op = holder
+                    break
+                if self.clock() >= deadline:
+                    if wait:
+                        raise GkeError(f"{what}: the cluster stayed busy with another operation: {message}") from exc
+                    self.log(f"  {what}: not started, the cluster busy ({message}): the janitor deletes it")
+                    return False
+                if not told:
+                    self.log(f"  {what}: the cluster is busy ({message}); asking again every {self.poll_s:.0f}s")
+                    told = True
+                self.sleep(self.poll_s)
         if wait:
-            self.wait(paths.cluster_parent(name), op, f"delete {kind} {name.rsplit('/', 1)[-1]}")
+            self.wait(location, op, what)
         return True
+
+    def _operation_named(self, location_path: str, message: str):
+        """The operation a busy refusal names (``operation-...``), as GKE reports it now (each read of it is also
+        what moves a wait on it along), or None when the message names none or it cannot be read."""
+        from google.api_core import exceptions as gexc
+
+        found = OPERATION_NAME.search(message)
+        if found is None:
+            return None
+        try:
+            return self.call(
+                f"get operation {found[0]}",
+                lambda: self.client.get_operation(name=f"{location_path}/operations/{found[0]}"),
+            )
+        except gexc.NotFound:
+            return None
 
     def clusters_with_label(self, parent: str, key: str, value: str) -> list[str]:
         response = self.call("list clusters", lambda: self.client.list_clusters(parent=parent))

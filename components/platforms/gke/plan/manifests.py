@@ -78,7 +78,8 @@ HF_TOKEN_FILE = "token"
 # set here (the gid, not a supplemental group: the device files' host gid differs between node images). Neither the
 # TorchTPU nor the MaxText image names a user (images/*/Dockerfile: no USER, so root), and GKE does not document that
 # runtime setting for its TPU nodes (containerd's default is off): on nodes without it a non-root container cannot
-# open the chips, so gke.run_as_non_root is off by default and the containers run as the image's root. The uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
+# open the chips, so gke.run_as_non_root is off by default and the containers run as the image's root. The uid is
+# the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
 # uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
 RUN_AS = 1000
 HOME_VOLUME = "home"

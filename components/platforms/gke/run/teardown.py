@@ -13,6 +13,7 @@ from typing import Any
 from components.platforms import RunContext, postmortem
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger, run_cluster
+from components.platforms.gke.cloud.cluster import START_TIMEOUT_S
 from components.platforms.gke.cloud.control_plane import control_plane
 from components.platforms.gke.plan import document as plan
 from components.platforms.gke.plan import ownership, paths, queued
@@ -62,7 +63,10 @@ def start_deletes(ctx: RunContext, clients: Clients) -> list[str]:
     gke = clients.gke()
     deleting = clusters or pools  # a cluster's node pools go with it
     delete = gke.delete_cluster if clusters else gke.delete_node_pool
-    return [name for name in reversed(deleting) if delete(name, wait=False)]
+    # GKE runs one node-pool operation at a time on a cluster: a pool's delete may wait for the one before it, and
+    # all of them share one instant past which what is not started is left to the janitor.
+    start_by = gke.clock() + START_TIMEOUT_S
+    return [name for name in reversed(deleting) if delete(name, wait=False, start_by=start_by)]
 
 
 def remaining(ctx: RunContext) -> list[str]:
