@@ -6,9 +6,11 @@ submitted, so that no TPU host downloads from the hub. The run records where the
 
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
 where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
-Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Where
-this process can neither reach the hub nor find a copy (a gated model whose token only the pods hold:
-``gke.hf_secret``), the run goes on as without the cache, the workers reading the hub, with a warning.
+Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Only
+where this process can neither reach the hub nor holds a trusted manifest of the revision (a gated model whose
+token only the pods hold: ``gke.hf_secret``) does the run go on without the cache, the workers downloading from the
+hub themselves, unchecked, with one warning line. Anything else stops the run naming the file: a fresh download
+that does not hash to the hub's listing, a cached copy that is damaged while the hub is out of reach.
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         return None
     try:
         out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
-    except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
+    except weights.NoTrustedCopy as exc:  # no hub here and no manifest (a gated model, the token only in the pods)
         _no_copy_of(revision, str(exc))
-        log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
+        log(f"WARNING: base weights not cached ({exc}); the workers download {model_id} from the hub, unchecked")
         return None
     root = get_platform(ctx.platform).compile_cache_root(ctx)
     record = {

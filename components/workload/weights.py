@@ -66,6 +66,11 @@ class HubUnavailable(Exception):
     """The hub did not answer the revision's metadata (unreachable, no or a refused token, a server error)."""
 
 
+class NoTrustedCopy(InfraError):
+    """The hub did not answer and the trusted side holds no manifest of the revision: nothing can be checked here.
+    The one case where the run goes on with the workers reading the hub themselves (``base_weights.prepare``)."""
+
+
 def is_hub_name(model_id: str) -> bool:
     """``org/name``: a model of the hub, not a scratch config nor a path on the machine."""
     if model_id.startswith((SCRATCH_PREFIX, "/", ".", "~")) or "://" in model_id or Path(model_id).is_dir():
@@ -184,10 +189,13 @@ def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: 
     try:
         with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
             shutil.copyfileobj(response, f, CHUNK)
-    except (urllib.error.URLError, OSError) as exc:
-        raise HubUnavailable(f"{entry['name']} of {repo_id}@{commit}: {exc}") from None
+    except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
+        raise InfraError(f"train.model_id: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     if not matches(path, entry):
-        raise InfraError(f"{entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash")
+        raise InfraError(
+            f"train.model_id: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
+            "refusing to use it"
+        )
     return path
 
 
@@ -309,7 +317,7 @@ def ensure(
     except HubUnavailable as exc:
         found = lookup(trusted, repo_id, revision)
         if found is None:
-            raise InfraError(
+            raise NoTrustedCopy(
                 f"train.model_id: {repo_id} at {revision!r} is neither cached nor on the hub: {exc}"
             ) from None
         log(f"weights: the hub did not answer ({exc}); using the cached copy of {repo_id}@{found['commit']}")
@@ -327,6 +335,7 @@ def ensure(
         or e["name"] in forged
         or not cache.intact(f"{base}/files/{e['name']}", recorded[e["name"]])
     ]
+    fetch = {e["name"] for e in todo}
     changed = sorted({e["name"] for e in todo if e["name"] in recorded} - set(forged))
     if changed or forged:
         what = (
@@ -339,8 +348,10 @@ def ensure(
             f"{trusted.where}/{manifest_key(repo_id, commit)}); copying them again from the hub"
         )
     if todo and info.get("offline"):
-        raise InfraError(f"train.model_id: the cached copy of {repo_id}@{commit} is damaged and the hub is unreachable")
-    fetch = {e["name"] for e in todo}
+        raise InfraError(
+            f"train.model_id: the cached copy of {repo_id}@{commit} is damaged ({', '.join(sorted(fetch))} not as "
+            f"the trusted manifest says) and the hub is unreachable to copy them again; refusing to train on them"
+        )
     done = {n: e for n, e in recorded.items() if n not in fetch and n in {f["name"] for f in info["files"]}}
     with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
         for entry in todo:
