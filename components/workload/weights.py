@@ -28,7 +28,10 @@ list is used. Every run checks the copy before use: the manifest's line of each 
 commit (asked again whenever the hub answers), and the copy must still match it (locally each file's hash again; in
 Cloud Storage the object's MD5, which the service computes, against the one recorded when it was written, without
 reading it). A file whose bytes or manifest line changed, or both, is named in one warning line and downloaded
-again: never a failed run, never the file used.
+again (with the hub out of reach, the run stops naming it): never the file used. A download that does not hash to
+the hub's listing stops the run naming the file. Only when the hub does not answer and no trusted manifest of the
+revision exists (``NoTrustedCopy``) does the stage let the workers download the model themselves, unchecked, with
+one warning line (``components.stages.base_weights``).
 
 No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
 makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
@@ -402,6 +405,9 @@ def plan_entry(
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
         "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
+        "unchecked_if": "the train stage can neither reach the hub nor find a trusted manifest of the revision: then "
+        "the workers download the model themselves, unchecked (one WARNING line); any file that does not match stops "
+        "the run",
     }
 
 
@@ -413,6 +419,7 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
         f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}",
         f"              checked against the hub's hashes: by the train stage, and by each worker as it loads "
         f"(trusted manifest {entry['manifest']})",
+        f"              unchecked only if {entry['unchecked_if']}",
     ]
 
 

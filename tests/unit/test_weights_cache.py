@@ -401,6 +401,9 @@ def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_
     assert entry["manifest"] == "gs://b/state/_cache/weights/google--tiny-gemma/COMMIT.json"
     assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
     assert weights.plan_lines(entry)[1].endswith(f"(trusted manifest {entry['manifest']})")
+    # the one case the workers read the hub unchecked is said in the plan
+    assert "neither reach the hub nor find a trusted manifest" in weights.plan_lines(entry)[2]
+    assert "download the model themselves, unchecked" in weights.plan_lines(entry)[2]
 
 
 def test_a_revision_not_on_the_hub_is_named_and_another_revision_without_a_copy_stops(tmp_path, hub, monkeypatch):
