@@ -151,14 +151,33 @@ def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[st
         name = str(sib["rfilename"])
         if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
             raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
-        entry: dict[str, Any] = {"name": name, "size": sib.get("size")}
-        if sib.get("lfs"):
-            entry["sha256"] = sib["lfs"]["sha256"]
-            entry["size"] = sib["lfs"]["size"]
-        else:
-            entry["git_sha1"] = sib["blobId"]
+        if not loaded_file(name):
+            continue
+        lfs = sib.get("lfs") or {}
+        entry: dict[str, Any] = {"name": name, "size": lfs.get("size", sib.get("size"))}
+        entry.update({"sha256": lfs.get("sha256")} if lfs else {"git_sha1": sib.get("blobId")})
+        if not isinstance(entry["size"], int) or not all(entry.get(k) for k in ("sha256", "git_sha1") if k in entry):
+            raise InfraError(
+                f"train.model_id: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
+                "hash: nothing to check it against; refusing to copy it"
+            )
         files.append(entry)
     return {"commit": info["sha"], "files": files}
+
+
+# What ``from_pretrained`` of a directory reads for a causal LM and its tokenizer (transformers: the config and
+# generation config, the safetensors weights and their index, the tokenizer's files and chat template), at the
+# repository's top level only: the rest of a repository (other formats' weights such as ``*.bin``, ``*.gguf`` or
+# ``original/*.pth``, code, which is never run without ``trust_remote_code``) is neither downloaded nor copied. As
+# huggingface_hub's ``snapshot_download(allow_patterns=...)``, names matched with ``fnmatch``.
+LOADED_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.jinja", "vocab.txt", "merges.txt")
+
+
+def loaded_file(name: str) -> bool:
+    """Whether a repository file is one a load of the model or its tokenizer reads (``LOADED_FILES``)."""
+    import fnmatch
+
+    return "/" not in name and any(fnmatch.fnmatchcase(name, pattern) for pattern in LOADED_FILES)
 
 
 def git_blob_sha1(path: Path) -> str:
