@@ -15,7 +15,9 @@ that does not hash to the hub's listing, a cached copy that is damaged while the
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
 
 RECORD = "weights.json"
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub's API names it (``sha``)
 
 
 def wanted(ctx: RunContext) -> bool:
@@ -109,11 +112,19 @@ def job_env(ctx: RunContext) -> dict[str, str]:
     """``TPUPIPE_WEIGHTS_DIR`` and the trusted manifest's files (``TPUPIPE_WEIGHTS_MANIFEST``, which every worker
     checks the bytes it loads against: ``trainers.weights_check``) for the run's jobs, once :func:`prepare` made the
     copy; nothing otherwise. The manifest travels in the job's own definition, which this side writes, not in a
-    file a pod could reach."""
+    file a pod could reach. Of the run's record only the commit is taken, and only as a commit id: the model is the
+    spec's, the directory is derived, and the manifest is read again from the trusted place (a record is in the
+    run's directory; what vouches for the bytes is only ever the trusted manifest)."""
     record = read_json(ctx.store, RECORD) if wanted(ctx) else None
     if not record:
         return {}
-    env = {weights.WEIGHTS_DIR_ENV: record["dir"]}
-    if "entries" in record:  # a record without them (written before manifests were kept): the workers refuse it
-        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(record["entries"])
+    model_id, commit = ctx.spec.train.model_id, str(record.get("commit", ""))
+    if not COMMIT.fullmatch(commit):
+        raise InfraError(f"base weights: the run's {RECORD} names no commit ({commit!r}); refusing to pass it on")
+    env = {
+        weights.WEIGHTS_DIR_ENV: weights.files_dir(get_platform(ctx.platform).compile_cache_root(ctx), model_id, commit)
+    }
+    found = trusted_place(ctx).read(weights.manifest_key(model_id, commit))
+    if found is not None:  # without its trusted manifest the workers refuse the directory (trainers.weights_check)
+        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(json.loads(found)["files"])
     return env

@@ -172,3 +172,23 @@ def test_a_fresh_download_that_does_not_match_the_hubs_hash_stops_the_run_naming
     with pytest.raises(InfraError, match=r"model.safetensors of google/tiny-gemma@\w+ from .* does not match"):
         base_weights.prepare(ctx, [].append)  # never a fallback to the workers reading the hub unchecked
     assert base_weights.job_env(ctx) == {}
+
+
+def test_the_jobs_get_the_trusted_manifest_not_what_the_runs_record_says(tmp_path, hub, monkeypatch):
+    ctx, record, _ = prepared(tmp_path, "r")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name, data in FILES.items():
+        (elsewhere / name).write_bytes(PLANTED if name == "model.safetensors" else data)
+    doc = json.loads((tmp_path / "r" / base_weights.RECORD).read_text())
+    for entry in doc["entries"]:  # the run's record rewritten to vouch for other bytes in another directory
+        if entry["name"] == "model.safetensors":
+            entry["sha256"] = hashlib.sha256(PLANTED).hexdigest()
+    (tmp_path / "r" / base_weights.RECORD).write_text(json.dumps({**doc, "dir": str(elsewhere)}))
+    env = base_weights.job_env(ctx)
+    assert env[weights.WEIGHTS_DIR_ENV] == record["dir"]
+    assert hashlib.sha256(PLANTED).hexdigest() not in env[weights.WEIGHTS_MANIFEST_ENV]
+    assert loaded(ctx, monkeypatch) == FILES
+    (tmp_path / "r" / base_weights.RECORD).write_text(json.dumps({**doc, "commit": "../../elsewhere"}))
+    with pytest.raises(InfraError, match="names no commit"):
+        base_weights.job_env(ctx)
