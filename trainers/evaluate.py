@@ -55,10 +55,10 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from trainers import weights_check
     from trainers.devices import detect_backend
     from trainers.fsdp import InjectedFailure
     from trainers.mesh import dtypes, parallelize
-    from trainers import weights_check
     from trainers.model import build_model, load_tokenizer, load_trained
 
     spec = RunSpec.from_json(config["spec"])

@@ -21,8 +21,8 @@ import pytest
 
 from components.platforms import RunContext
 from components.platforms.store import LocalStore
-from components.stages import base_weights
 from components.spec import InfraError
+from components.stages import base_weights
 from components.workload import cache_trust, resolve, weights
 from tests.emulators.hfhub import HubEmulator, git_blob_sha1
 from trainers import weights_check
@@ -167,8 +167,9 @@ def test_a_fresh_download_that_does_not_match_the_hubs_hash_stops_the_run_naming
         return status, out, PLANTED if name == "model.safetensors" and method == "GET" else body
 
     hub._resolve = swapped  # type: ignore[method-assign]
-    ctx = RunContext(spec=resolve("local-fsdp", {"model_id": REPO}), run_id="r", store=LocalStore(tmp_path / "r"),
-                     platform="local")
+    ctx = RunContext(
+        spec=resolve("local-fsdp", {"model_id": REPO}), run_id="r", store=LocalStore(tmp_path / "r"), platform="local"
+    )
     with pytest.raises(InfraError, match=r"model.safetensors of google/tiny-gemma@\w+ from .* does not match"):
         base_weights.prepare(ctx, [].append)  # never a fallback to the workers reading the hub unchecked
     assert base_weights.job_env(ctx) == {}
