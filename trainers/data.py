@@ -127,9 +127,9 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
     return datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
 
 
-# ---------------------------------------------------------------- tokenised, in memory, kept across runs
+# ---------------------------------------------------------------- tokenised, in memory, kept for the run
 
-TOKENIZED_DIR = "tokenized"  # under the run's cache kept across runs (components.workload.cache)
+TOKENIZED_DIR = "tokenized"  # under the run's own cache directory (components.workload.cache_trust.RUN_CACHE_DIR)
 _COLUMNS = ("input_ids", "attention_mask", "labels")
 
 
@@ -163,8 +163,8 @@ def tokenized_key(examples: str, tokenizer: dict[str, Any], max_length: int) -> 
 class Tokenized:
     """A tokenised split as three int64 tensors of [examples, max_length]: ``input_ids``, ``attention_mask`` and
     ``labels``. An index (an int, a slice, a list of ints) gives a dict of those rows, so a batch is one gather per
-    column (the DataLoader's ``__getitems__``), with no per-example collation. ``cached``: read from the cache kept
-    across runs rather than tokenised."""
+    column (the DataLoader's ``__getitems__``), with no per-example collation. ``cached``: read from the run's cache
+    (left by an earlier worker group of the same run) rather than tokenised."""
 
     def __init__(self, columns: dict[str, Any], cached: bool = False) -> None:
         self.columns = {name: columns[name] for name in _COLUMNS}
@@ -226,8 +226,8 @@ def _write_cached(path: Path, key: str, columns: dict[str, Any]) -> None:
 
 
 def tokenize(examples, tokenizer, max_length: int, cache: str = "", write: bool = True) -> Tokenized:
-    """The examples tokenised (:class:`Tokenized`). ``cache``: the directory kept
-    across runs (empty: none), where the split is looked up by :func:`tokenized_key` and, on a miss, written when
+    """The examples tokenised (:class:`Tokenized`). ``cache``: the run's own cache directory, which no other run
+    reads (empty: none), where the split is looked up by :func:`tokenized_key` and, on a miss, written when
     ``write`` (one rank writes)."""
     if not cache:
         return Tokenized(_encode(examples, tokenizer, max_length))

@@ -55,6 +55,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from trainers import weights_check
     from trainers.devices import detect_backend
     from trainers.fsdp import InjectedFailure
     from trainers.mesh import dtypes, parallelize
@@ -70,25 +71,26 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)
     dtype = getattr(torch, weights)
-    tokenizer = load_tokenizer(t.model_id)
-    split = heldout.Split(spec, config, tokenizer, rank, world, device_type)
-    batches = split.batches
-    mesh = init_device_mesh(device_type, (world,))
-    losses, measured = {}, {}
-    models = models_to_measure(config)
-    for index, (which, source) in enumerate(models):
-        if source in measured:
-            losses[which] = measured[source]
+    with weights_check.loading():  # the host's checked copy of the base weights, let go after the last model
+        tokenizer = load_tokenizer(t.model_id)
+        split = heldout.Split(spec, config, tokenizer, rank, world, device_type)
+        batches = split.batches
+        mesh = init_device_mesh(device_type, (world,))
+        losses, measured = {}, {}
+        models = models_to_measure(config)
+        for index, (which, source) in enumerate(models):
+            if source in measured:
+                losses[which] = measured[source]
+                _measured(rank, which, index, len(models), len(batches))
+                continue
+            if source:
+                model = load_trained(t.model_id, source, tokenizer, t.seed, dtype)
+            else:
+                model = build_model(t.model_id, tokenizer, t.seed, dtype)
+            model = parallelize(model.to(device), mesh, compute)
+            losses[which] = measured[source] = heldout.loss(model, batches, device)
+            del model
             _measured(rank, which, index, len(models), len(batches))
-            continue
-        if source:
-            model = load_trained(t.model_id, source, tokenizer, t.seed, dtype)
-        else:
-            model = build_model(t.model_id, tokenizer, t.seed, dtype)
-        model = parallelize(model.to(device), mesh, compute)
-        losses[which] = measured[source] = heldout.loss(model, batches, device)
-        del model
-        _measured(rank, which, index, len(models), len(batches))
     metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
     metrics.update(num_eval_examples=len(split.raw), num_workers=world, device=device_type, eval_key=split.key)
     # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.

@@ -93,23 +93,25 @@ def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_
     otherwise."""
     import torch
 
+    from trainers import weights_check
     from trainers.model import build_model, load_tokenizer, load_trained
 
     t = spec.train
     weights, compute = mesh.dtypes(device_type, t.precision)
     dtype = getattr(torch, weights)
-    with phases.timed("tokenizer"):
-        tokenizer = load_tokenizer(t.model_id)
-    with phases.timed("data"):
-        raw = data.load_split(t.dataset, data.splits(spec)[0], config.get("data_files"), config.get("cache_dir"))
-        tokenized = data.tokenize(raw, tokenizer, t.max_length, config.get("cache", ""), write=rank == 0)
-        loader = data_loader(tokenized, t.batch_size, t.seed, world, rank)
-    phases.facts["tokenized_cached"] = tokenized.cached
-    with phases.timed("model"):
-        if config.get("init_from"):
-            model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
-        else:
-            model = build_model(t.model_id, tokenizer, t.seed, dtype)
+    with weights_check.loading():  # the host's checked copy of the base weights, let go once the model is loaded
+        with phases.timed("tokenizer"):
+            tokenizer = load_tokenizer(t.model_id)
+        with phases.timed("data"):
+            raw = data.load_split(t.dataset, data.splits(spec)[0], config.get("data_files"), config.get("cache_dir"))
+            tokenized = data.tokenize(raw, tokenizer, t.max_length, config.get("cache", ""), write=rank == 0)
+            loader = data_loader(tokenized, t.batch_size, t.seed, world, rank)
+        phases.facts["tokenized_cached"] = tokenized.cached
+        with phases.timed("model"):
+            if config.get("init_from"):
+                model = load_trained(t.model_id, config["init_from"], tokenizer, t.seed, dtype)
+            else:
+                model = build_model(t.model_id, tokenizer, t.seed, dtype)
     with phases.timed("shard"):
         model = mesh.shard_from_host(model, _mesh(spec, world, rank, device_type), compute, device)
         optimizer = torch.optim.AdamW(

@@ -6,14 +6,18 @@ submitted, so that no TPU host downloads from the hub. The run records where the
 
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
 where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
-Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Where
-this process can neither reach the hub nor find a copy (a gated model whose token only the pods hold:
-``gke.hf_secret``), the run goes on as without the cache, the workers reading the hub, with a warning.
+Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Only
+where this process can neither reach the hub nor holds a trusted manifest of the revision (a gated model whose
+token only the pods hold: ``gke.hf_secret``) does the run go on without the cache, the workers downloading from the
+hub themselves, unchecked, with one warning line. Anything else stops the run naming the file: a fresh download
+that does not hash to the hub's listing, a cached copy that is damaged while the hub is out of reach.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
 
 RECORD = "weights.json"
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub's API names it (``sha``)
 
 
 def wanted(ctx: RunContext) -> bool:
@@ -78,9 +83,9 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         return None
     try:
         out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
-    except InfraError as exc:  # no copy and no hub here (a gated model, the token only in the pods): as before
+    except weights.NoTrustedCopy as exc:  # no hub here and no manifest (a gated model, the token only in the pods)
         _no_copy_of(revision, str(exc))
-        log(f"WARNING: base weights not cached ({exc}); the workers read {model_id} from the hub")
+        log(f"WARNING: base weights not cached ({exc}); the workers download {model_id} from the hub, unchecked")
         return None
     root = get_platform(ctx.platform).compile_cache_root(ctx)
     record = {
@@ -107,11 +112,19 @@ def job_env(ctx: RunContext) -> dict[str, str]:
     """``TPUPIPE_WEIGHTS_DIR`` and the trusted manifest's files (``TPUPIPE_WEIGHTS_MANIFEST``, which every worker
     checks the bytes it loads against: ``trainers.weights_check``) for the run's jobs, once :func:`prepare` made the
     copy; nothing otherwise. The manifest travels in the job's own definition, which this side writes, not in a
-    file a pod could reach."""
+    file a pod could reach. Of the run's record only the commit is taken, and only as a commit id: the model is the
+    spec's, the directory is derived, and the manifest is read again from the trusted place (a record is in the
+    run's directory; what vouches for the bytes is only ever the trusted manifest)."""
     record = read_json(ctx.store, RECORD) if wanted(ctx) else None
     if not record:
         return {}
-    env = {weights.WEIGHTS_DIR_ENV: record["dir"]}
-    if "entries" in record:  # a record without them (written before manifests were kept): the workers refuse it
-        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(record["entries"])
+    model_id, commit = ctx.spec.train.model_id, str(record.get("commit", ""))
+    if not COMMIT.fullmatch(commit):
+        raise InfraError(f"base weights: the run's {RECORD} names no commit ({commit!r}); refusing to pass it on")
+    env = {
+        weights.WEIGHTS_DIR_ENV: weights.files_dir(get_platform(ctx.platform).compile_cache_root(ctx), model_id, commit)
+    }
+    found = trusted_place(ctx).read(weights.manifest_key(model_id, commit))
+    if found is not None:  # without its trusted manifest the workers refuse the directory (trainers.weights_check)
+        env[weights.WEIGHTS_MANIFEST_ENV] = weights.manifest_env(json.loads(found)["files"])
     return env

@@ -28,7 +28,10 @@ list is used. Every run checks the copy before use: the manifest's line of each 
 commit (asked again whenever the hub answers), and the copy must still match it (locally each file's hash again; in
 Cloud Storage the object's MD5, which the service computes, against the one recorded when it was written, without
 reading it). A file whose bytes or manifest line changed, or both, is named in one warning line and downloaded
-again: never a failed run, never the file used.
+again (with the hub out of reach, the run stops naming it): never the file used. A download that does not hash to
+the hub's listing stops the run naming the file. Only when the hub does not answer and no trusted manifest of the
+revision exists (``NoTrustedCopy``) does the stage let the workers download the model themselves, unchecked, with
+one warning line (``components.stages.base_weights``).
 
 No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
 makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
@@ -64,6 +67,11 @@ CHUNK = 1 << 20
 
 class HubUnavailable(Exception):
     """The hub did not answer the revision's metadata (unreachable, no or a refused token, a server error)."""
+
+
+class NoTrustedCopy(InfraError):
+    """The hub did not answer and the trusted side holds no manifest of the revision: nothing can be checked here.
+    The one case where the run goes on with the workers reading the hub themselves (``base_weights.prepare``)."""
 
 
 def is_hub_name(model_id: str) -> bool:
@@ -143,14 +151,33 @@ def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[st
         name = str(sib["rfilename"])
         if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
             raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
-        entry: dict[str, Any] = {"name": name, "size": sib.get("size")}
-        if sib.get("lfs"):
-            entry["sha256"] = sib["lfs"]["sha256"]
-            entry["size"] = sib["lfs"]["size"]
-        else:
-            entry["git_sha1"] = sib["blobId"]
+        if not loaded_file(name):
+            continue
+        lfs = sib.get("lfs") or {}
+        entry: dict[str, Any] = {"name": name, "size": lfs.get("size", sib.get("size"))}
+        entry.update({"sha256": lfs.get("sha256")} if lfs else {"git_sha1": sib.get("blobId")})
+        if not isinstance(entry["size"], int) or not all(entry.get(k) for k in ("sha256", "git_sha1") if k in entry):
+            raise InfraError(
+                f"train.model_id: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
+                "hash: nothing to check it against; refusing to copy it"
+            )
         files.append(entry)
     return {"commit": info["sha"], "files": files}
+
+
+# What ``from_pretrained`` of a directory reads for a causal LM and its tokenizer (transformers: the config and
+# generation config, the safetensors weights and their index, the tokenizer's files and chat template), at the
+# repository's top level only: the rest of a repository (other formats' weights such as ``*.bin``, ``*.gguf`` or
+# ``original/*.pth``, code, which is never run without ``trust_remote_code``) is neither downloaded nor copied. As
+# huggingface_hub's ``snapshot_download(allow_patterns=...)``, names matched with ``fnmatch``.
+LOADED_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.jinja", "vocab.txt", "merges.txt")
+
+
+def loaded_file(name: str) -> bool:
+    """Whether a repository file is one a load of the model or its tokenizer reads (``LOADED_FILES``)."""
+    import fnmatch
+
+    return "/" not in name and any(fnmatch.fnmatchcase(name, pattern) for pattern in LOADED_FILES)
 
 
 def git_blob_sha1(path: Path) -> str:
@@ -184,10 +211,13 @@ def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: 
     try:
         with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
             shutil.copyfileobj(response, f, CHUNK)
-    except (urllib.error.URLError, OSError) as exc:
-        raise HubUnavailable(f"{entry['name']} of {repo_id}@{commit}: {exc}") from None
+    except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
+        raise InfraError(f"train.model_id: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     if not matches(path, entry):
-        raise InfraError(f"{entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash")
+        raise InfraError(
+            f"train.model_id: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
+            "refusing to use it"
+        )
     return path
 
 
@@ -309,7 +339,7 @@ def ensure(
     except HubUnavailable as exc:
         found = lookup(trusted, repo_id, revision)
         if found is None:
-            raise InfraError(
+            raise NoTrustedCopy(
                 f"train.model_id: {repo_id} at {revision!r} is neither cached nor on the hub: {exc}"
             ) from None
         log(f"weights: the hub did not answer ({exc}); using the cached copy of {repo_id}@{found['commit']}")
@@ -327,6 +357,7 @@ def ensure(
         or e["name"] in forged
         or not cache.intact(f"{base}/files/{e['name']}", recorded[e["name"]])
     ]
+    fetch = {e["name"] for e in todo}
     changed = sorted({e["name"] for e in todo if e["name"] in recorded} - set(forged))
     if changed or forged:
         what = (
@@ -339,8 +370,10 @@ def ensure(
             f"{trusted.where}/{manifest_key(repo_id, commit)}); copying them again from the hub"
         )
     if todo and info.get("offline"):
-        raise InfraError(f"train.model_id: the cached copy of {repo_id}@{commit} is damaged and the hub is unreachable")
-    fetch = {e["name"] for e in todo}
+        raise InfraError(
+            f"train.model_id: the cached copy of {repo_id}@{commit} is damaged ({', '.join(sorted(fetch))} not as "
+            f"the trusted manifest says) and the hub is unreachable to copy them again; refusing to train on them"
+        )
     done = {n: e for n, e in recorded.items() if n not in fetch and n in {f["name"] for f in info["files"]}}
     with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
         for entry in todo:
@@ -391,6 +424,9 @@ def plan_entry(
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
         "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
+        "unchecked_if": "the train stage can neither reach the hub nor find a trusted manifest of the revision: then "
+        "the workers download the model themselves, unchecked (one WARNING line); any file that does not match stops "
+        "the run",
     }
 
 
@@ -402,6 +438,7 @@ def plan_lines(entry: dict[str, Any] | None) -> list[str]:
         f"commit by the train stage; pods: {entry['path']}); cache hit: {entry['cache_hit']}",
         f"              checked against the hub's hashes: by the train stage, and by each worker as it loads "
         f"(trusted manifest {entry['manifest']})",
+        f"              unchecked only if {entry['unchecked_if']}",
     ]
 
 

@@ -401,6 +401,9 @@ def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_
     assert entry["manifest"] == "gs://b/state/_cache/weights/google--tiny-gemma/COMMIT.json"
     assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
     assert weights.plan_lines(entry)[1].endswith(f"(trusted manifest {entry['manifest']})")
+    # the one case the workers read the hub unchecked is said in the plan
+    assert "neither reach the hub nor find a trusted manifest" in weights.plan_lines(entry)[2]
+    assert "download the model themselves, unchecked" in weights.plan_lines(entry)[2]
 
 
 def test_a_revision_not_on_the_hub_is_named_and_another_revision_without_a_copy_stops(tmp_path, hub, monkeypatch):
@@ -453,3 +456,41 @@ def test_good_model_revisions_pass_and_maxtext_reads_none():
     with pytest.raises(SpecError, match="the maxtext workload reads no hub weights") as err:
         resolve("local-maxtext", {"model_revision": "v2"})
     assert err.value.field == "train.model_revision"
+
+
+def test_only_the_files_a_load_reads_are_downloaded_and_listed(tmp_path, hub):
+    extra = {
+        "pytorch_model.bin": b"\0" * 512,  # another format of the same weights
+        "original/consolidated.pth": b"\1" * 512,  # a subfolder from_pretrained of the directory does not read
+        "modeling_gemma.py": b"import os",  # code: never run without trust_remote_code
+        "tokenizer.model": b"spm",
+        "chat_template.jinja": b"{{ messages }}",
+    }
+    commit = hub.repos[REPO].push({**FILES, **extra})
+    out, _ = run(local(tmp_path), hub.url)
+    kept = {**FILES, "tokenizer.model": b"spm", "chat_template.jinja": b"{{ messages }}"}
+    assert out["commit"] == commit and copied(tmp_path / "cache", commit) == kept
+    assert {e["name"] for e in trusted_manifest(tmp_path, commit)["files"]} == set(kept)
+    downloaded = {path.rsplit("/", 1)[-1] for path in hub.downloads}
+    assert downloaded == set(kept)
+
+
+@pytest.mark.parametrize("drop", ["size", "blobId", "lfs"])
+def test_a_hub_listing_without_a_files_size_or_hash_is_refused_naming_it(tmp_path, hub, drop):
+    original = hub._model_info
+
+    def listing(*args):
+        status, headers, body = original(*args)
+        info = json.loads(body)
+        for sib in info["siblings"]:
+            if sib["rfilename"] == ("model.safetensors" if drop == "lfs" else "tokenizer.json"):
+                sib.pop(drop, None)
+                if drop == "lfs":
+                    sib["lfs"] = {"size": len(FILES["model.safetensors"])}  # its sha256 left out
+        return status, headers, json.dumps(info).encode()
+
+    hub._model_info = listing  # type: ignore[method-assign]
+    name = "model.safetensors" if drop == "lfs" else "tokenizer.json"
+    with pytest.raises(InfraError, match=rf"gives {name} without its size or hash"):
+        run(local(tmp_path), hub.url)
+    assert not hub.downloads and not (tmp_path / "cache").exists()

@@ -88,7 +88,7 @@ from trainers import weights_check
 
 stored = Path(os.environ[weights.WEIGHTS_DIR_ENV]) / "model.safetensors"
 stored.write_bytes(stored.read_bytes()[:-8] + bytes(8))
-weights_check._local_copy.cache_clear()
+weights_check.release()  # a fresh process
 try:
     build_model(REPO, tokenizer, seed=0)
     raise SystemExit("a changed weights file was loaded")

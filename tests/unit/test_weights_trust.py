@@ -21,6 +21,7 @@ import pytest
 
 from components.platforms import RunContext
 from components.platforms.store import LocalStore
+from components.spec import InfraError
 from components.stages import base_weights
 from components.workload import cache_trust, resolve, weights
 from tests.emulators.hfhub import HubEmulator, git_blob_sha1
@@ -59,7 +60,7 @@ def loaded(ctx: RunContext, monkeypatch) -> dict[str, bytes]:
     """What a worker of the run loads: the files of the directory ``trainers.model.weights_source`` gives it."""
     for name, value in base_weights.job_env(ctx).items():
         monkeypatch.setenv(name, value)
-    weights_check._local_copy.cache_clear()  # a fresh worker process
+    weights_check.release()  # a fresh worker process
     top = Path(weights_check.checked_dir())
     return {p.relative_to(top).as_posix(): p.read_bytes() for p in top.rglob("*") if p.is_file()}
 
@@ -118,7 +119,7 @@ def test_a_weights_file_changed_after_the_trusted_manifest_is_refused_at_load(tm
     with pytest.raises(weights_check.WeightsRefused, match="config.json is missing"):
         loaded(ctx, monkeypatch)
     monkeypatch.delenv(weights.WEIGHTS_MANIFEST_ENV)
-    weights_check._local_copy.cache_clear()
+    weights_check.release()
     with pytest.raises(weights_check.WeightsRefused, match=f"without {weights.WEIGHTS_MANIFEST_ENV}"):
         weights_check.checked_dir()
 
@@ -150,10 +151,45 @@ def test_the_hubs_own_hashes_are_what_is_checked_and_recorded_where_no_pod_write
     hub.stop()
     _, out, lines = prepared(tmp_path, "offline")
     assert (out["commit"], out["hit"]) == (record["commit"], True) and any("did not answer" in x for x in lines)
-    # ... and a planted file cannot be mended without the hub: the copy is not used at all
+    # ... and a planted file cannot be mended without the hub: the run stops naming it, never reading the hub unchecked
     plant("bytes", tmp_path, record["commit"])
-    lines = []
     offline = RunContext(spec=ctx.spec, run_id="planted", store=LocalStore(tmp_path / "planted"), platform="local")
-    assert base_weights.prepare(offline, lines.append) is None
-    assert weights.WEIGHTS_DIR_ENV not in base_weights.job_env(offline)
-    assert lines[-1].startswith("WARNING: base weights not cached") and "damaged" in lines[-1]
+    with pytest.raises(InfraError, match=r"damaged \(model.safetensors not as the trusted manifest says\)"):
+        base_weights.prepare(offline, [].append)
+    assert base_weights.job_env(offline) == {}
+
+
+def test_a_fresh_download_that_does_not_match_the_hubs_hash_stops_the_run_naming_the_file(tmp_path, hub):
+    original = hub._resolve
+
+    def swapped(repo_id, revision, name, method, headers):  # the listing is right; the bytes served are not
+        status, out, body = original(repo_id, revision, name, method, headers)
+        return status, out, PLANTED if name == "model.safetensors" and method == "GET" else body
+
+    hub._resolve = swapped  # type: ignore[method-assign]
+    ctx = RunContext(
+        spec=resolve("local-fsdp", {"model_id": REPO}), run_id="r", store=LocalStore(tmp_path / "r"), platform="local"
+    )
+    with pytest.raises(InfraError, match=r"model.safetensors of google/tiny-gemma@\w+ from .* does not match"):
+        base_weights.prepare(ctx, [].append)  # never a fallback to the workers reading the hub unchecked
+    assert base_weights.job_env(ctx) == {}
+
+
+def test_the_jobs_get_the_trusted_manifest_not_what_the_runs_record_says(tmp_path, hub, monkeypatch):
+    ctx, record, _ = prepared(tmp_path, "r")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name, data in FILES.items():
+        (elsewhere / name).write_bytes(PLANTED if name == "model.safetensors" else data)
+    doc = json.loads((tmp_path / "r" / base_weights.RECORD).read_text())
+    for entry in doc["entries"]:  # the run's record rewritten to vouch for other bytes in another directory
+        if entry["name"] == "model.safetensors":
+            entry["sha256"] = hashlib.sha256(PLANTED).hexdigest()
+    (tmp_path / "r" / base_weights.RECORD).write_text(json.dumps({**doc, "dir": str(elsewhere)}))
+    env = base_weights.job_env(ctx)
+    assert env[weights.WEIGHTS_DIR_ENV] == record["dir"]
+    assert hashlib.sha256(PLANTED).hexdigest() not in env[weights.WEIGHTS_MANIFEST_ENV]
+    assert loaded(ctx, monkeypatch) == FILES
+    (tmp_path / "r" / base_weights.RECORD).write_text(json.dumps({**doc, "commit": "../../elsewhere"}))
+    with pytest.raises(InfraError, match="names no commit"):
+        base_weights.job_env(ctx)
