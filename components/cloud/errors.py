@@ -28,7 +28,13 @@ RESOURCE_EXHAUSTED = 8
 # (https://github.com/hashicorp/terraform-provider-google/issues/3650). It passes when that operation ends, so a
 # change is asked again until the operation deadline, as terraform-provider-google does for node pools
 # (``retryWhileIncompatibleOperation`` in its container service, resource_container_node_pool.go).
-BUSY_MARKERS = ("try again once it is done", "incompatible operation")
+# GKE's answers to a change while another operation holds the cluster or the pool ("Troubleshoot concurrent
+# operations": https://cloud.google.com/kubernetes-engine/docs/troubleshooting/concurrent-operations).
+BUSY_MARKERS = (
+    "try again once it is done",
+    "incompatible operation",
+    "is currently being created, deleted, updated or repaired",
+)
 
 
 class CapacityError(InfraError):

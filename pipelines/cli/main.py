@@ -110,6 +110,10 @@ def cmd_publish(args) -> int:
     from pipelines.publish.vertex import publish
 
     target = _target(args)
+    if args.janitor_schedule and not args.kfp_host:  # the janitor's runs, every 15 minutes, as the account named
+        from pipelines.backends.vertex import service_account
+
+        service_account.refuse_default(args.service_account, args.allow_default_identities)
     result = publish(
         target,
         args.kfp_repository,

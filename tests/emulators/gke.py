@@ -147,10 +147,12 @@ class ClusterManagerEmulator(GrpcEmulator):
             compute.in_use = self._user_of
         self.faults: list[Fault] = []
         self.flex_start_out: set[str] = set()  # zones with no flex-start TPU capacity (``flex_start_stocked_out``)
-        # GKE's limit of node-pool operations on one cluster (POOL_BUSY_MESSAGE): while one runs, a create or delete
-        # of another pool of the cluster is refused. On unless a test turns it off (GKE says its limit holds
-        # "generally": a test may show the code with operations side by side too).
-        self.serial_node_pool_operations = True
+        # GKE's refusal of a node-pool change while another node-pool operation runs on the cluster (POOL_BUSY_MESSAGE),
+        # as older GKE gave it and as a cluster-level operation (an upgrade, a repair) still gives it. Off by default:
+        # GKE now lets "you ... create, update, or delete a node pool while another node pool is already being
+        # created, updated, or deleted" (https://cloud.google.com/kubernetes-engine/docs/how-to/node-pools); a test
+        # turns it on to show the delete path through the refusal.
+        self.serial_node_pool_operations = False
         # Called with each cluster once its deletion is done: its Kubernetes objects and pods go with it ("Deleting a
         # cluster ... deletes ... all workloads", https://cloud.google.com/kubernetes-engine/docs/how-to/deleting-a-cluster).
         self.on_cluster_deleted: list[Callable[[c.Cluster], None]] = []

@@ -1,11 +1,12 @@
 """GKE's limit of node-pool operations on one cluster, against the emulated GKE (``serial_node_pool_operations``,
-its default: a create or delete refused with GKE's failedPrecondition while another pool's operation runs, the
+turned on here: a create or delete refused with GKE's failedPrecondition while another pool's operation runs, the
 operation named): a stopped run's deletes (``Platform.release``, not waited on) and its teardown both end with every
 pool of the run deleted, a refusal counted as this pool's delete only when the operation it names targets this
 pool."""
 
 from __future__ import annotations
 
+import grpc
 from google.cloud import container_v1
 
 from components.platforms.gke import GkePlatform
@@ -111,3 +112,22 @@ def test_deletes_gke_will_not_start_in_the_grace_period_are_not_counted_and_left
     create.polls_left = 1
     gke.teardown(guest)
     assert project.pools("guest") == []
+
+
+def test_a_delete_gke_refuses_outright_does_not_keep_the_other_pools_from_being_deleted(tmp_path, project_factory):
+    """A pool whose delete GKE refuses for good (a permission, a precondition that is no busy cluster) is left to the
+    janitor with one line; the other pool's delete is still asked for and starts."""
+    project, gke, guest, lines = _shared_run(tmp_path, project_factory)
+    pools = project.pools("guest")
+    first = sorted(pools)[-1]
+    project.gke.fail(
+        "DeleteNodePool",
+        grpc.StatusCode.PERMISSION_DENIED,
+        "Required 'container.nodePools.delete' permission",
+        when=lambda request: request.name.endswith(first.rsplit("/", 1)[-1]),
+    )
+    project.gke.serial_node_pool_operations = False
+    lines.clear()
+    started = gke.release(guest)
+    assert started and first not in started and len(started) == len(pools) - 1, (started, lines)
+    assert any("not started" in line and "left to the janitor" in line for line in lines), lines

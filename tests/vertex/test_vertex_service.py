@@ -699,3 +699,16 @@ def test_publish_builds_the_components_image_as_the_account_named_and_refuses_on
     for account in ("", f"{NUMBER}-compute@developer.gserviceaccount.com"):
         with pytest.raises(SpecError, match="--build-service-account: .*--allow-default-identities"):
             publish(target, "tpupipe-pipelines", "", log=lambda m: None, build_account=account)
+
+
+def test_publish_refuses_to_schedule_the_janitor_as_the_default_account_before_any_call(service, projects, capsys):
+    """The janitor schedule publish makes by default runs as --service-account: none, or the Compute Engine default,
+    is refused (exit 2) before the components image is built or anything published; --no-janitor needs no account."""
+    from pipelines.cli.main import main
+
+    args = ["publish", "--project", PROJECT, "--region", REGION, "--build-service-account", DEDICATED]
+    before = len(service.calls)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: --service-account: " in err and "--allow-default-identities" in err
+    assert len(service.calls) == before and projects.calls == []
