@@ -79,7 +79,11 @@ def check_slice(spec: RunSpec) -> None:
                 "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK",
             ],
         )
-    if "reservation" in c.capacities and spec.gke.cluster_mode == "autopilot" and "/reservationBlocks/" in c.reservation:
+    if (
+        "reservation" in c.capacities
+        and spec.gke.cluster_mode == "autopilot"
+        and "/reservationBlocks/" in c.reservation
+    ):
         # On Autopilot the reservation is a pod's node selector, cloud.google.com/reservation-name, whose value is the
         # reservation's name alone: a label value has no "/" (https://kubernetes.io/docs/concepts/overview/
         # working-with-objects/labels/#syntax-and-character-set), so the API server would refuse the pods.

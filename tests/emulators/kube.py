@@ -151,8 +151,9 @@ NOT_TRIGGERED = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node g
 # After a failed scale-up the autoscaler keeps the node group in backoff until it may try again, and each loop meanwhile
 # tells the pod so: a NotTriggerScaleUp naming the skipped reason "in backoff after failed scale-up"
 # (kubernetes/autoscaler, cluster-autoscaler/core/scaleup/orchestrator/skippedreasons.go, ``BackoffReason``, at
-# d610672804edab46a4931a26a9d11435cd698787; the event as GKE users see it: "pod didn't trigger scale-up: 1 in backoff after failed
-# scale-up"). Recorded halfway through the backoff (``scale_up_s``), between the FailedScaleUp and the retry.
+# d610672804edab46a4931a26a9d11435cd698787; the event as GKE users see it: "pod didn't trigger scale-up: 1 in backoff
+# after failed scale-up"). Recorded halfway through the backoff (``scale_up_s``), between the FailedScaleUp and the
+# retry.
 IN_BACKOFF = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 in backoff after failed scale-up")
 
 
@@ -874,7 +875,10 @@ class KubeEmulator:
                 if stockout:  # in backoff (said halfway through it), then the autoscaler tries again
                     self.stockouts -= 0 if zone else 1
                     args = (namespace, name, workers, obj["metadata"].get("uid", ""))
-                    for delay, then in ((self.scale_up_s / 2, self._in_backoff), (self.scale_up_s, self._retry_scale_up)):
+                    for delay, then in (
+                        (self.scale_up_s / 2, self._in_backoff),
+                        (self.scale_up_s, self._retry_scale_up),
+                    ):
                         timer = threading.Timer(delay, then, args=args)
                         timer.daemon = True
                         timer.start()

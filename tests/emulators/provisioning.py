@@ -178,11 +178,7 @@ class Provisioner:
         for pod_set in obj["spec"]["podSets"]:
             template = self.objects[("podtemplates", namespace, pod_set["podTemplateRef"]["name"])]
             selector = (template.get("template", {}).get("spec") or {}).get("nodeSelector") or {}
-            fits = [
-                p
-                for p in pools
-                if selects(selector, p["labels"]) and pod_set["count"] <= p["max_nodes"]
-            ]
+            fits = [p for p in pools if selects(selector, p["labels"]) and pod_set["count"] <= p["max_nodes"]]
             if not fits:
                 return (
                     f"Capacity is not found, CA will try to find it later: no node group can take all "

@@ -162,7 +162,9 @@ def test_a_queued_run_waits_for_every_pools_request_bills_nothing_meanwhile_and_
         ("gke-queued", 4, {"cloud.google.com/gke-queued": "true"}),
     ],
 )
-def test_a_request_no_single_queued_pool_can_take_is_never_provisioned(tmp_path, project_factory, what, hosts, selector):
+def test_a_request_no_single_queued_pool_can_take_is_never_provisioned(
+    tmp_path, project_factory, what, hosts, selector
+):
     project = project_factory()
     kube = project.kube
     run_id = "nofit"
@@ -177,7 +179,10 @@ def test_a_request_no_single_queued_pool_can_take_is_never_provisioned(tmp_path,
         "apiVersion": "autoscaling.x-k8s.io/v1",
         "kind": "ProvisioningRequest",
         "metadata": {"name": what},
-        "spec": {"provisioningClassName": queued.CLASS_NAME, "podSets": [{"podTemplateRef": {"name": what}, "count": hosts}]},
+        "spec": {
+            "provisioningClassName": queued.CLASS_NAME,
+            "podSets": [{"podTemplateRef": {"name": what}, "count": hosts}],
+        },
     }
     kube.create("provisioningrequests", "tpupipe", request)
     conditions = kube.objects[("provisioningrequests", "tpupipe", what)]["status"]["conditions"]

@@ -15,7 +15,7 @@ from components.platforms.gke.plan import queued
 from components.platforms.gke.run import readiness
 from components.platforms.gke.run.deploy import FAILED_SCALE_UP_GRACE_ENV, UNSCHEDULABLE_GRACE_ENV
 from tests.emulators.project import ONE_SLICE
-from tests.gke.test_gke_platform import TWO_SLICES, context
+from tests.gke.test_gke_platform import context
 
 FLEX_THEN_SPOT = ONE_SLICE.replace("us-east5-b", "us-east5-a") + " cluster.capacity=flex-start,spot"
 QUEUED_THEN_SPOT = ONE_SLICE + " cluster.capacity=queued,spot cluster.ready_timeout_s=60"
@@ -146,9 +146,7 @@ def test_the_autoscalers_backoff_after_a_failed_scale_up_is_the_stockout_not_a_s
     assert project.leftovers("backoff") == {}
 
 
-def test_leaving_a_rung_starts_its_pool_deletes_before_deleting_its_kubernetes_objects(
-    tmp_path, project_factory, fast
-):
+def test_leaving_a_rung_starts_its_pool_deletes_before_deleting_its_kubernetes_objects(tmp_path, project_factory, fast):
     project = project_factory()
     project.kube.provisioner.outcome = "capacity_not_found"
     project.kube.provisioner.provision_s = 0.3
@@ -223,7 +221,9 @@ def test_a_booking_that_expires_after_the_pods_landed_ends_nothing():
     ready = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 1, "state": "ready"}}
     assert machine.step(ready, landed, now=701, requests={"r": _request("Provisioned", "BookingExpired")}) is True
     with pytest.raises(readiness.RayClusterNotReady):  # revoked: the nodes are taken back even so
-        machine.step(WAITING, landed, now=702, requests={"r": _request("Provisioned", "BookingExpired", "CapacityRevoked")})
+        machine.step(
+            WAITING, landed, now=702, requests={"r": _request("Provisioned", "BookingExpired", "CapacityRevoked")}
+        )
 
 
 def _scale_up(reason: str, message: str, at: str, name: str) -> dict:
@@ -242,7 +242,9 @@ def test_the_backoff_after_a_failed_scale_up_counts_as_that_failure(from_zero, g
     a Stockout once it repeated past the grace (not a pod stuck with no scale-up), the FailedScaleUp's cause named;
     on a fixed pool, final at once."""
     failed = _scale_up("FailedScaleUp", "GCE out of resources", "00", "e1")
-    backoff = _scale_up("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 in backoff after failed scale-up", "01", "e2")
+    backoff = _scale_up(
+        "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 in backoff after failed scale-up", "01", "e2"
+    )
     machine = readiness.Readiness(unschedulable_grace_s=1, failed_scale_up_grace_s=grace, from_zero=from_zero)
     pods = [_worker("w", False)]
     if raised is None:

@@ -48,9 +48,9 @@ class RayClusterNotReady(InfraError):
 class Stockout(RayClusterNotReady):
     """The run's TPU nodes did not come where they scale from zero (flex-start, queued provisioning, Autopilot): a
     scale-up the cluster autoscaler kept failing, a ProvisioningRequest Failed or BookingExpired before its pods
-    landed, or no node by the readiness deadline. The capacity ladder moves on from such a rung (``failover``). ``host_s``: the seconds TPU
-    hosts of the rung were seen billing before it was left (worker pods that had landed, nodes a request had
-    provisioned), for the ledger's cost of the rung."""
+    landed, or no node by the readiness deadline. The capacity ladder moves on from such a rung (``failover``).
+    ``host_s``: the seconds TPU hosts of the rung were seen billing before it was left (worker pods that had
+    landed, nodes a request had provisioned), for the ledger's cost of the rung."""
 
     def __init__(self, message: str, host_s: float = 0.0):
         super().__init__(message)
