@@ -84,7 +84,8 @@ def test_the_plan_has_a_queued_pool_and_a_request_for_it_that_the_crd_accepts():
 def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_the_field():
     spec = resolve("llama3-8b-v6e-16x2", ONE_V6E_16)
     request = dict(_planned(spec, "q")["k8s/ProvisioningRequest"][0])
-    assert request["spec"]["parameters"] == {"tpu-topology": "4x4"}  # no run.deadline_h: GKE's default maximum run
+    # no run.deadline_h: flex-start's seven days, sent
+    assert request["spec"]["parameters"] == {"tpu-topology": "4x4", "maxRunDurationSeconds": str(7 * 24 * 3600)}
     request["spec"] = {**request["spec"], "podSets": [{"podTemplateRef": {"name": "w"}, "count": 0}]}
     assert any("podSets.0.count" in e for e in provisioning.errors(request))
     with pytest.raises(SpecError) as refused:

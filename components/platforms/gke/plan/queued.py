@@ -121,12 +121,9 @@ def family_text(spec: RunSpec) -> str:
 
 
 def parameters(spec: RunSpec) -> dict[str, str]:
-    """The request's parameters: the slice topology (``TOPOLOGY_PARAMETER``) and the maximum run duration, the run's
-    deadline (``MAX_RUN_PARAMETER``; GKE's default without one)."""
-    out = {TOPOLOGY_PARAMETER: derive.slice_shape(spec).topology}
-    if max_run_s(spec) is not None:
-        out[MAX_RUN_PARAMETER] = str(max_run_s(spec))
-    return out
+    """The request's parameters: the slice topology (``TOPOLOGY_PARAMETER``) and the maximum run duration
+    (``MAX_RUN_PARAMETER``, always sent: ``max_run_s``)."""
+    return {TOPOLOGY_PARAMETER: derive.slice_shape(spec).topology, MAX_RUN_PARAMETER: str(max_run_s(spec))}
 
 
 def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
@@ -161,10 +158,14 @@ def worker_annotations(spec: RunSpec, t: Target, slice_index: int = 0) -> dict[s
     return {CONSUME_ANNOTATION: request_name(t.run_id, slice_index), CLASS_ANNOTATION: CLASS_NAME}
 
 
-def max_run_s(spec: RunSpec) -> int | None:
-    """The request's maximum run duration: the run's deadline (run.deadline_h), else GKE's default (None)."""
+def max_run_s(spec: RunSpec) -> int:
+    """The request's maximum run duration: the run's deadline (run.deadline_h), capped at flex-start's seven days
+    (``checks.FLEX_START_MAX_H``, GKE's default too), which it is without a deadline: sent either way, so the nodes'
+    longest run is the run's own and not left to a default."""
+    from components.workload.checks import FLEX_START_MAX_H
+
     hours = spec.run.deadline_h
-    return None if hours is None else int(hours * 3600)
+    return int(min(hours if hours is not None else FLEX_START_MAX_H, FLEX_START_MAX_H) * 3600)
 
 
 def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) -> list[dict[str, Any]]:
