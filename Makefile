@@ -82,7 +82,7 @@ GOLDEN_PRESETS := smoke gemma4-e2b-v6e-16 gemma4-e2b-tpu7x-16 llama3-8b-v6e-16x2
 GOLDEN_DRY_RUN_SET := gke.project=my-project
 # Presets with settings, committed the same way: NAME=PRESET:KEY=VALUE[,KEY=VALUE...] (the goldens' directory and run
 # id is NAME).
-GOLDEN_VARIANTS := llama3-8b-v6e-16x2-queued=llama3-8b-v6e-16x2:cluster.capacity=queued gemma4-e2b-v6e-16-queue=gemma4-e2b-v6e-16:gke.cluster_name=shared,gke.queue=team-a gemma4-e2b-v6e-16-queue-queued=gemma4-e2b-v6e-16:gke.cluster_name=shared,gke.queue=team-a,cluster.capacity=queued
+GOLDEN_VARIANTS := gemma4-e2b-v6e-16-queued=gemma4-e2b-v6e-16:cluster.capacity=queued gemma4-e2b-v6e-16-queue=gemma4-e2b-v6e-16:gke.cluster_name=shared,gke.queue=team-a gemma4-e2b-v6e-16-queue-queued=gemma4-e2b-v6e-16:gke.cluster_name=shared,gke.queue=team-a,cluster.capacity=queued
 
 goldens: $(VENV)/.installed ## regenerate tests/goldens/ (plan and dry run of each seed preset) on purpose; review the diff
 	@set -e; for p in $(GOLDEN_PRESETS); do \

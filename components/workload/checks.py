@@ -124,16 +124,18 @@ def check_queued(spec: RunSpec) -> None:
     family = catalogue.family(c.accelerator)
     if not family.queued_provisioning:
         _refuse_queued(family)
-    if spec.gke.queue and c.num_slices > 1:
-        # Kueue's admission check makes ONE ProvisioningRequest for the RayCluster's TPU pods
-        # (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/), and GKE fulfils a request within
-        # one node pool, which holds one slice (components.platforms.gke.plan.queued: the autoscaler's all-or-nothing
-        # scale-up); xpk turns queued provisioning off for multislice (https://github.com/AI-Hypercomputer/xpk/pull/631).
+    if c.num_slices > 1:
+        # Queued provisioning is for one slice at a time: xpk turns it off for multislice
+        # (https://github.com/AI-Hypercomputer/xpk/pull/631, "Don't set --enable-queued-provisioning for flex
+        # multislice"). Through Kueue, its admission check would ask for every slice's hosts in ONE ProvisioningRequest
+        # (https://kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/), which GKE fulfils within one node
+        # pool of one slice (components.platforms.gke.plan.queued); without it, one request per slice is decided on
+        # its own, and nothing public bounds how long a Provisioned slice's nodes bill while the others wait.
         raise SpecError(
             "cluster.num_slices",
-            f"{c.num_slices} slices queued through Kueue (gke.queue): Kueue would ask for every slice's hosts in one "
-            "ProvisioningRequest, and GKE fulfils a request within one node pool of one slice; one slice, or the "
-            "run's own node pools and requests (no gke.queue), or cluster.capacity=flex-start behind Kueue",
+            f"{c.num_slices} slices with cluster.capacity=queued: GKE's queued provisioning gives one slice's nodes at "
+            "a time and cannot start several together; one slice, or cluster.capacity=flex-start behind Kueue "
+            "(gke.queue), which admits the slices together",
             ["1"],
         )
 

@@ -72,12 +72,6 @@ PRIVATE_ENDPOINT = "127.0.0.1:9"
 BUSY_MESSAGE = (
     "Operation {operation} is currently upgrading cluster {cluster}. Please wait and try again once it is done."
 )
-# The label GKE puts on queued provisioning nodes, which the pods meant for them select: xpk selects
-# ``cloud.google.com/gke-queued: "true"`` for its queued capacity (AI-Hypercomputer/xpk, src/xpk/core/capacity.py,
-# ``get_capacity_node_selectors_from_capacity_type``), as do cluster-toolkit's TPU queued provisioning test jobs
-# (examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-tpu-v6e/tpu-v6e-test-job.yaml at
-# bf7c3e1dc086900f4d6d9c44e8acc5c3ded2afba); both select what the nodes carry.
-QUEUED_NODE_LABELS = {"cloud.google.com/gke-queued": "true"}
 # GKE's answer (400 failedPrecondition) to a node-pool change while another node-pool operation runs on the cluster:
 # "Operation operation-... is currently deleting a node pool for cluster default-cluster. Please wait and try again
 # once it is done." (https://github.com/hashicorp/terraform-provider-google/issues/10366, a delete refused while
@@ -203,17 +197,16 @@ class ClusterManagerEmulator(GrpcEmulator):
             self.flex_start_out.add(zone)
 
     def scale_up_stockout(self, selector: dict) -> str | None:
-        """The zone of a flex-start TPU pool a pod with nodeSelector ``selector`` would land on (its node labels,
-        ``config.labels`` and GKE's ``cloud.google.com/gke-nodepool``, agree with the selector on every key they
-        label) where ``flex_start_stocked_out`` holds, else None."""
+        """The zone of a flex-start TPU pool a pod with nodeSelector ``selector`` would land on (its nodes' labels,
+        ``provisioning.node_labels``, carry every label the selector names: ``provisioning.selects``) where
+        ``flex_start_stocked_out`` holds, else None."""
         with self._lock:
             for cl in self.state.clusters.values():
                 for p in cl.node_pools:
                     if not (p.config.flex_start and p.config.machine_type.startswith(TPU_PREFIXES)):
                         continue
-                    labels = {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name}
                     zone = (list(p.locations) or [cl.location])[0]
-                    if zone in self.flex_start_out and all(labels.get(k, v) == v for k, v in selector.items()):
+                    if zone in self.flex_start_out and provisioning.selects(selector, provisioning.node_labels(p)):
                         return zone
         return None
 
@@ -330,13 +323,12 @@ class ClusterManagerEmulator(GrpcEmulator):
 
     def queued_pools(self) -> list[dict]:
         """The node pools with queued provisioning on, of every cluster, as the cluster autoscaler sees them: name,
-        node labels (its ``config.labels``, GKE's ``cloud.google.com/gke-nodepool``, and ``QUEUED_NODE_LABELS``) and
-        maximum size."""
+        node labels (``provisioning.node_labels``) and maximum size."""
         with self._lock:
             return [
                 {
                     "name": p.name,
-                    "labels": {**dict(p.config.labels), "cloud.google.com/gke-nodepool": p.name, **QUEUED_NODE_LABELS},
+                    "labels": provisioning.node_labels(p),
                     "max_nodes": p.autoscaling.max_node_count,
                 }
                 for cl in self.state.clusters.values()

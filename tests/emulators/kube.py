@@ -148,6 +148,13 @@ OUT_OF_RESOURCES = (
     "resources. Pod is at risk of not being scheduled.",
 )
 NOT_TRIGGERED = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached")
+# After a failed scale-up the autoscaler keeps the node group in backoff until it may try again, and each loop meanwhile
+# tells the pod so: a NotTriggerScaleUp naming the skipped reason "in backoff after failed scale-up"
+# (kubernetes/autoscaler, cluster-autoscaler/core/scaleup/orchestrator/skippedreasons.go, ``BackoffReason``, at
+# d610672804edab46a4931a26a9d11435cd698787; the event as GKE users see it: "pod didn't trigger scale-up: 1 in backoff
+# after failed scale-up"). Recorded halfway through the backoff (``scale_up_s``), between the FailedScaleUp and the
+# retry.
+IN_BACKOFF = ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 in backoff after failed scale-up")
 
 
 def make_certificates(directory: Path) -> tuple[bytes, Path, Path]:
@@ -865,12 +872,16 @@ class KubeEmulator:
                     self._event(
                         namespace, pod["metadata"]["name"], reason, message.format(**place), "cluster-autoscaler"
                     )
-                if stockout:  # after its backoff the autoscaler tries again
+                if stockout:  # in backoff (said halfway through it), then the autoscaler tries again
                     self.stockouts -= 0 if zone else 1
                     args = (namespace, name, workers, obj["metadata"].get("uid", ""))
-                    timer = threading.Timer(self.scale_up_s, self._retry_scale_up, args=args)
-                    timer.daemon = True
-                    timer.start()
+                    for delay, then in (
+                        (self.scale_up_s / 2, self._in_backoff),
+                        (self.scale_up_s, self._retry_scale_up),
+                    ):
+                        timer = threading.Timer(delay, then, args=args)
+                        timer.daemon = True
+                        timer.start()
                 return
             self._schedule(namespace, obj, pods)
 
@@ -887,11 +898,22 @@ class KubeEmulator:
                 return
         self._nodes_came(namespace, name, None)
 
+    def _live(self, namespace: str, name: str, uid: str) -> dict:
+        """The RayCluster ``name`` when it is still the one the autoscaler acted for (``uid``), else {}."""
+        obj = self.objects.get(("rayclusters", namespace, name)) or {}
+        return obj if obj and not (uid and obj["metadata"].get("uid") != uid) else {}
+
+    def _in_backoff(self, namespace: str, name: str, workers: list[dict], uid: str = "") -> None:
+        with self.lock:
+            if self._live(namespace, name, uid):
+                for pod in workers:
+                    self._event(namespace, pod["metadata"]["name"], *IN_BACKOFF, "cluster-autoscaler")
+
     def _retry_scale_up(self, namespace: str, name: str, workers: list[dict], uid: str = "") -> None:
         with self.lock:
-            obj = self.objects.get(("rayclusters", namespace, name)) or {}
+            obj = self._live(namespace, name, uid)
             group = obj.get("spec", {})
-            if not group or (uid and obj["metadata"].get("uid") != uid):
+            if not group:
                 return
             pool = group["workerGroupSpecs"][0]["groupName"]
             triggered = TRIGGERED_SCALE_UP[1].format(pool=pool, n=len(workers), **self.autoscaler_place)

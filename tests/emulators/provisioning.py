@@ -17,7 +17,7 @@ autoscaler that fulfils the ``queued-provisioning.gke.io`` class (Dynamic Worklo
   namespace"), else the request Fails at once;
 - a request is fulfilled within ONE queued provisioning node pool (``pools``: the GKE emulator's; inferred: GKE's own
   provisioning class is not open source, the rule is the open-source autoscaler's, below): every pod of it
-  must fit one pool whose node labels its PodTemplate's nodeSelector agrees with (on the keys the pool labels), up
+  must fit one pool whose node labels its PodTemplate's nodeSelector selects (``selects``: every key, exactly), up
   to the pool's maximum size; else no pool is an option and the request is never Provisioned (its Provisioned
   condition False, the autoscaler trying again later), so its pods wait until the run's deadline. The cluster
   autoscaler's all-or-nothing scale-up, which the atomic provisioning class runs: each expansion option is one node
@@ -72,6 +72,11 @@ MAX_RUN_S = 7 * 24 * 3600
 # NoSchedule. The pools themselves: GKE docs, "Run a large-scale workload with flex-start with queued provisioning"
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest).
 QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
+# The labels GKE itself gives every TPU node, from its pool's machine type and topology (GKE docs, "Deploy TPU
+# workloads in GKE Standard", https://cloud.google.com/kubernetes-engine/docs/how-to/tpus: the pods select
+# cloud.google.com/gke-tpu-accelerator and cloud.google.com/gke-tpu-topology). The emulator does not derive them from
+# the pool: a selector's values for these are taken as the pool's.
+TPU_NODE_LABELS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
 WAITING_MESSAGE = "pod waits for its ProvisioningRequest {name} to be provisioned (queued provisioning)"
 
 
@@ -173,11 +178,7 @@ class Provisioner:
         for pod_set in obj["spec"]["podSets"]:
             template = self.objects[("podtemplates", namespace, pod_set["podTemplateRef"]["name"])]
             selector = (template.get("template", {}).get("spec") or {}).get("nodeSelector") or {}
-            fits = [
-                p
-                for p in pools
-                if all(p["labels"].get(k, v) == v for k, v in selector.items()) and pod_set["count"] <= p["max_nodes"]
-            ]
+            fits = [p for p in pools if selects(selector, p["labels"]) and pod_set["count"] <= p["max_nodes"]]
             if not fits:
                 return (
                     f"Capacity is not found, CA will try to find it later: no node group can take all "
@@ -258,6 +259,23 @@ class Provisioner:
         for name in pending if schedule is not None else []:
             self.waiting.setdefault((namespace, name), []).append(schedule)
         return True
+
+
+def node_labels(pool) -> dict[str, str]:
+    """The labels of a node of ``pool`` (a container_v1 ``NodePool``): its ``config.labels`` ("the map of Kubernetes
+    labels ... to be applied to each node", container_v1 types/cluster_service.py, ``NodeConfig.labels``) and GKE's
+    ``cloud.google.com/gke-nodepool``, nothing more. Queued provisioning adds no label: cluster-toolkit puts
+    ``cloud.google.com/gke-queued`` on its queued pools' nodes itself, in the pool's labels, while "GKE automatically
+    applies the taint" (modules/compute/gke-node-pool/main.tf at 1047080375afbb44da4b596be314634e7486af4a)."""
+    return {**dict(pool.config.labels), "cloud.google.com/gke-nodepool": pool.name}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A pod with nodeSelector ``selector`` may land on a node labelled ``labels``: the node has each of the
+    selector's labels with its value ("Kubernetes only schedules the Pod onto nodes that have each of the labels you
+    specify", https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#nodeselector), GKE's TPU
+    labels (``TPU_NODE_LABELS``) taken as the pool's."""
+    return all(key in TPU_NODE_LABELS or labels.get(key) == value for key, value in selector.items())
 
 
 def node_taints(pod: dict) -> list[dict]:

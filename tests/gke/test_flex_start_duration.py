@@ -13,7 +13,7 @@ from components.spec import SpecError
 from components.workload import resolve
 from tests.emulators import provisioning
 
-SHAPE = "gke.project=my-project"
+SHAPE = "gke.project=my-project cluster.num_slices=1"  # queued provisioning is for one slice
 
 
 @pytest.mark.parametrize("capacity", ["flex-start", "queued", "spot,flex-start"])

@@ -1,7 +1,7 @@
 """cluster.capacity=queued (Dynamic Workload Scheduler's queued provisioning, docs/gke.md "Queued provisioning"): the
-plan's node pools and one ProvisioningRequest per slice's pool, checked against the vendored CRD; the run over the
-emulators waits for every request and bills nothing while it waits (a request for more than one pool's nodes is never
-provisioned); a request that fails ends the run with a
+plan's node pool and its ProvisioningRequest, checked against the vendored CRD (several slices refused at validate);
+the run over the emulators waits for the request and bills nothing while it waits (a request no one pool can take is
+never provisioned); a request that fails ends the run with a
 clear message, nothing billed, nothing left; preflight of an existing cluster without the API. And a pod lost
 mid-run (a preempted host, replaced) kept in the post-mortem as it goes."""
 
@@ -26,9 +26,9 @@ from components.stages import goodput
 from components.workload import resolve
 from tests.emulators import provisioning
 from tests.emulators.project import ONE_SLICE
-from tests.gke.test_gke_platform import TWO_SLICES
 
 QUEUED = ONE_SLICE + " cluster.capacity=queued run.deadline_h=6"
+ONE_V6E_16 = "gke.project=my-project cluster.num_slices=1 cluster.capacity=queued"  # the llama3-8b-v6e-16x2 preset's
 
 
 def context(tmp_path, run_id: str, overrides: str) -> RunContext:
@@ -44,11 +44,11 @@ def _planned(spec, run_id: str) -> dict[str, list]:
     return out
 
 
-def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_crd_accepts():
-    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued run.deadline_h=12")
+def test_the_plan_has_a_queued_pool_and_a_request_for_it_that_the_crd_accepts():
+    spec = resolve("llama3-8b-v6e-16x2", f"{ONE_V6E_16} run.deadline_h=12")
     planned = _planned(spec, "q2")
     pools = [p for p in planned["node-pool"] if p and "queuedProvisioning" in p]
-    assert len(pools) == 2
+    assert len(pools) == 1
     for pool in pools:
         assert pool["queuedProvisioning"] == {"enabled": True}
         assert pool["config"]["flexStart"] is True
@@ -59,13 +59,14 @@ def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_c
     requests, templates = planned["k8s/ProvisioningRequest"], planned["k8s/PodTemplate"]
     (raycluster,) = planned["k8s/RayCluster"]
     groups = raycluster["spec"]["workerGroupSpecs"]
-    assert len(requests) == len(templates) == len(groups) == 2  # one per slice's pool
+    assert len(requests) == len(templates) == len(groups) == 1  # one for the slice's pool
     for pool, request, template, group in zip(pools, requests, templates, groups, strict=True):
         assert request["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
         assert request["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 4}]
         # the slice's topology, as cluster-toolkit's TPU example passes it, and the run's deadline
         assert request["spec"]["parameters"] == {"tpu-topology": "4x4", "maxRunDurationSeconds": str(12 * 3600)}
-        assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-queued"] == "true"  # as xpk selects
+        # no label of queued nodes selected: GKE gives them none (cluster-toolkit adds one to its pools' own labels)
+        assert "cloud.google.com/gke-queued" not in group["template"]["spec"]["nodeSelector"]
         assert provisioning.errors(request) == []
         assert template["template"] == group["template"]  # what the pods will be
         assert (group["replicas"], group["numOfHosts"]) == (1, 4)
@@ -81,19 +82,28 @@ def test_the_two_slice_plan_has_queued_pools_and_one_request_per_pool_that_the_c
 
 
 def test_the_crd_refuses_a_request_with_no_pods_and_autopilot_is_refused_naming_the_field():
-    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    spec = resolve("llama3-8b-v6e-16x2", ONE_V6E_16)
     request = dict(_planned(spec, "q")["k8s/ProvisioningRequest"][0])
-    assert request["spec"]["parameters"] == {"tpu-topology": "4x4"}  # no run.deadline_h: GKE's default maximum run
+    # no run.deadline_h: flex-start's seven days, sent
+    assert request["spec"]["parameters"] == {"tpu-topology": "4x4", "maxRunDurationSeconds": str(7 * 24 * 3600)}
     request["spec"] = {**request["spec"], "podSets": [{"podTemplateRef": {"name": "w"}, "count": 0}]}
     assert any("podSets.0.count" in e for e in provisioning.errors(request))
     with pytest.raises(SpecError) as refused:
-        resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued gke.cluster_mode=autopilot")
+        resolve("llama3-8b-v6e-16x2", ONE_V6E_16 + " gke.cluster_mode=autopilot")
     assert refused.value.field == "cluster.capacity" and refused.value.exit_code == 2
+
+
+@pytest.mark.parametrize("queue", ["", " gke.cluster_name=shared gke.queue=team-a"])
+def test_several_slices_with_queued_are_refused_at_validate_pointing_to_flex_start_behind_kueue(queue):
+    with pytest.raises(SpecError) as refused:
+        resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued,spot" + queue)
+    assert refused.value.field == "cluster.num_slices" and refused.value.exit_code == 2
+    assert "cluster.capacity=flex-start behind Kueue (gke.queue)" in str(refused.value)
 
 
 @pytest.mark.parametrize(
     "run_id, overrides, workers",
-    [("queued", QUEUED, 1), ("queued2", TWO_SLICES + " cluster.capacity=queued run.deadline_h=6", 8)],
+    [("queued", QUEUED, 1)],
 )
 def test_a_queued_run_waits_for_every_pools_request_bills_nothing_meanwhile_and_leaves_nothing(
     tmp_path, project_factory, monkeypatch, run_id, overrides, workers
@@ -144,71 +154,46 @@ def test_a_queued_run_waits_for_every_pools_request_bills_nothing_meanwhile_and_
     assert project.leftovers(run_id) == {}
 
 
-def test_a_two_slice_run_starts_only_when_both_pools_are_provisioned_and_one_request_for_both_never_is(
-    tmp_path, project_factory, monkeypatch
+@pytest.mark.parametrize(
+    "what, hosts, selector",
+    [
+        # more hosts than the run's one pool of 4 holds: GKE fulfils a request within one node pool
+        ("too-many", 8, {}),
+        # the label xpk's queued pods select, which GKE puts on no node (only cluster-toolkit's pools carry it)
+        ("gke-queued", 4, {"cloud.google.com/gke-queued": "true"}),
+    ],
+)
+def test_a_request_no_single_queued_pool_can_take_is_never_provisioned(
+    tmp_path, project_factory, what, hosts, selector
 ):
     project = project_factory()
     kube = project.kube
-    kube.ready_without_ray = True
-    kube.provisioner.provision_s = 0.2
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    run_id = "slow1"
-    ctx = context(tmp_path, run_id, TWO_SLICES + " cluster.capacity=queued run.deadline_h=6 cluster.ready_timeout_s=30")
-    first, second = queued.request_names(ctx.spec, run_id)
-    kube.provisioner.provision_s_of[second] = 3.0  # the second slice's capacity comes later
-    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
-    gke.provision(ctx)
-    # The request a run made before, ONE for both slices' 8 hosts, against the same two pools of 4 nodes at most:
-    # GKE fulfils a request within one node pool, so no pool is an option and it is never Provisioned.
-    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
-    template = copy.deepcopy(_planned(spec, run_id)["k8s/PodTemplate"][0])
-    template["metadata"]["name"] = "both-slices"
-    del template["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-nodepool"]
+    run_id = "nofit"
+    ctx = context(tmp_path, run_id, QUEUED)
+    GkePlatform(log=lambda m: None, poll_s=0.05).provision(ctx)
+    template = copy.deepcopy(_planned(ctx.spec, run_id)["k8s/PodTemplate"][0])
+    template["metadata"]["name"] = what
+    template["template"]["spec"]["nodeSelector"].update(selector)
     kube.create("namespaces", "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tpupipe"}})
     kube.create("podtemplates", "tpupipe", template)
-    both = {
+    request = {
         "apiVersion": "autoscaling.x-k8s.io/v1",
         "kind": "ProvisioningRequest",
-        "metadata": {"name": "both-slices"},
+        "metadata": {"name": what},
         "spec": {
             "provisioningClassName": queued.CLASS_NAME,
-            "podSets": [{"podTemplateRef": {"name": "both-slices"}, "count": 8}],
+            "podSets": [{"podTemplateRef": {"name": what}, "count": hosts}],
         },
     }
-    kube.create("provisioningrequests", "tpupipe", both)
-    seen: dict[str, float] = {}
-    watching = threading.Event()
-
-    def watch() -> None:  # when the first slice's pods were placed, and the RayCluster became ready
-        while not watching.is_set():
-            with kube.lock:
-                pods = [o for (p, _, _), o in kube.objects.items() if p == "pods" and "-0-0" in o["metadata"]["name"]]
-                scheduled = [o for o in pods if {"type": "PodScheduled", "status": "True"} in o["status"]["conditions"]]
-                rc = next((o for (p, _, _), o in kube.objects.items() if p == "rayclusters"), None)
-            if scheduled and "placed" not in seen:
-                seen["placed"] = time.time()
-            if rc and rc["status"].get("state") == "ready" and "ready" not in seen:
-                seen["ready"] = time.time()
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    result = gke.deploy_raycluster(ctx)
-    watching.set()
-    watcher.join(5)
-    decided = kube.provisioner.decided_at
-    assert result["available_workers"] == 8
-    assert decided[("tpupipe", first)] + 2.0 < decided[("tpupipe", second)]  # the second came seconds later
-    assert seen["ready"] >= decided[("tpupipe", second)]  # the run started only then
-    assert seen["placed"] < decided[("tpupipe", second)]  # the first slice's pods were on their nodes before
-    assert result["capacity_wait"][1] >= decided[("tpupipe", second)]
-    conditions = kube.objects[("provisioningrequests", "tpupipe", "both-slices")]["status"]["conditions"]
+    kube.create("provisioningrequests", "tpupipe", request)
+    conditions = kube.objects[("provisioningrequests", "tpupipe", what)]["status"]["conditions"]
     assert [(c["type"], c["status"]) for c in conditions] == [("Accepted", "True"), ("Provisioned", "False")]
     assert "all-or-nothing" in conditions[1]["message"]
-    assert ("tpupipe", "both-slices") not in decided
-    kube.delete("provisioningrequests", "tpupipe", "both-slices")
-    kube.delete("podtemplates", "tpupipe", "both-slices")
-    gke.teardown(ctx)
+    time.sleep(kube.provisioner.provision_s + 0.5)
+    assert ("tpupipe", what) not in kube.provisioner.decided_at
+    kube.delete("provisioningrequests", "tpupipe", what)
+    kube.delete("podtemplates", "tpupipe", what)
+    GkePlatform(log=lambda m: None, poll_s=0.05).teardown(ctx)
     assert project.leftovers(run_id) == {}
 
 
@@ -317,7 +302,7 @@ def test_a_pod_lost_mid_run_is_kept_with_its_log_and_events_though_gone_by_teard
 def test_gke_refuses_a_queued_provisioning_pool_without_the_settings_it_needs_and_takes_the_planned_one():
     from google.cloud import container_v1
 
-    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    spec = resolve("llama3-8b-v6e-16x2", ONE_V6E_16)
     body = next(p for p in _planned(spec, "q")["node-pool"] if p and "queuedProvisioning" in p)
     assert provisioning.node_pool_refusal(container_v1.NodePool.from_json(json.dumps(body))) is None
     repaired = {**body, "management": {"autoRepair": True, "autoUpgrade": True}}

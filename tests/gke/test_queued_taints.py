@@ -191,7 +191,7 @@ def test_queued_capacity_is_offered_for_v6e_and_tpu7x_with_the_source_the_plan_n
 
     sourced = {f.name for f in catalogue.FAMILIES.values() if f.queued_provisioning}
     assert sourced == {"v6e", "tpu7x"}
-    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.capacity=queued")
+    spec = resolve("llama3-8b-v6e-16x2", "gke.project=my-project cluster.num_slices=1 cluster.capacity=queued")
     pools = [
         res
         for res in plan.resources(spec, "fam")
@@ -206,5 +206,5 @@ def test_several_slices_queued_through_kueue_are_refused_one_is_taken():
     shared = "gke.project=my-project gke.cluster_name=shared gke.queue=team-a cluster.capacity=queued"
     with pytest.raises(SpecError) as refused:
         resolve("llama3-8b-v6e-16x2", shared)
-    assert refused.value.field == "cluster.num_slices" and "one node pool of one slice" in str(refused.value)
+    assert refused.value.field == "cluster.num_slices" and "flex-start behind Kueue" in str(refused.value)
     resolve("gemma4-e2b-v6e-16", shared)

@@ -1,19 +1,21 @@
 """Failover after provisioning, against the emulated project: a rung of the capacity ladder whose TPU nodes come from
 zero shows its stockout only while deploy_raycluster waits for the RayCluster (the cluster autoscaler's FailedScaleUp
-on a flex-start pool GKE has no TPUs for, a ProvisioningRequest Failed before admission, slices whose requests are
-not Provisioned together); the run deletes that rung's TPU node pools first, records it in the ledger with its cost,
-provisions the next rung and deploys there. The whole pipeline through such a failover: test_gke_pipeline.py."""
+on a flex-start pool GKE has no TPUs for, and its backoff after one; a ProvisioningRequest Failed before admission);
+the run starts the deletes of that rung's TPU node pools first, records it in the ledger with its cost, provisions
+the next rung and deploys there. The whole pipeline through such a failover: test_gke_pipeline.py."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from components.platforms import ledger as ledgers
 from components.platforms.gke import GkePlatform
+from components.platforms.gke.plan import queued
 from components.platforms.gke.run import readiness
 from components.platforms.gke.run.deploy import FAILED_SCALE_UP_GRACE_ENV, UNSCHEDULABLE_GRACE_ENV
 from tests.emulators.project import ONE_SLICE
-from tests.gke.test_gke_platform import TWO_SLICES, context
+from tests.gke.test_gke_platform import context
 
 FLEX_THEN_SPOT = ONE_SLICE.replace("us-east5-b", "us-east5-a") + " cluster.capacity=flex-start,spot"
 QUEUED_THEN_SPOT = ONE_SLICE + " cluster.capacity=queued,spot cluster.ready_timeout_s=60"
@@ -118,33 +120,54 @@ def test_a_stockout_on_the_last_rung_ends_the_stage_and_nothing_more_is_created(
     assert project.leftovers("flexonly") == {}
 
 
-def test_a_multi_slice_queued_run_whose_second_slice_is_not_provisioned_in_time_leaves_the_rung(
+def test_the_autoscalers_backoff_after_a_failed_scale_up_is_the_stockout_not_a_stuck_pod(
     tmp_path, project_factory, fast, monkeypatch
 ):
-    """One request per slice's pool: slice 0's is Provisioned, slice 1's never is. The run gives slice 1 a bounded
-    wait after slice 0 (``readiness.SLICES_TOGETHER_S``, cut to seconds here), then deletes both pools, counting the
-    host-seconds slice 0 billed, and takes the next rung."""
-    monkeypatch.setattr(readiness, "SLICES_TOGETHER_S", 1.5)
+    """Between FailedScaleUp and its retry the pods' latest event is the autoscaler's NotTriggerScaleUp "in backoff
+    after failed scale-up", here for longer than the unschedulable grace: still the flex-start stockout, which the
+    run leaves for the next rung."""
+    monkeypatch.setenv(UNSCHEDULABLE_GRACE_ENV, "0.2")
     project = project_factory()
-    project.kube.ready_without_ray = True
-    provisioner = project.kube.provisioner
-    provisioner.provision_s = 0.2
-    run_id = "together"
-    provisioner.provision_s_of[f"{run_id}-slice-1"] = 3600.0
-    ctx = context(tmp_path, run_id, TWO_SLICES + " cluster.capacity=queued,spot cluster.ready_timeout_s=120")
+    project.gke.flex_start_stocked_out("us-east5-a")
+    project.kube.scale_up_s, project.kube.ready_without_ray = 2.4, True  # the backoff said 1.2 s into it
+    ctx = context(tmp_path, "backoff", FLEX_THEN_SPOT)
     gke = GkePlatform(log=lambda m: None, poll_s=0.05)
     gke.provision(ctx)
 
-    assert gke.deploy_raycluster(ctx)["available_workers"] == 8
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
 
+    with project.kube.lock:
+        said = [e["message"] for (p, _, _), e in project.kube.objects.items() if p == "events"]
+    assert any(readiness.SCALE_UP_BACKOFF in m for m in said)
     (left,) = ledgers.load(ctx.store)["tried"]
-    assert left["capacity"] == "queued" and "not Provisioned" in left["error"] and "start together" in left["error"]
-    # Slice 0's four hosts were booked from when its request was Provisioned until the run left: billed, counted.
-    assert left["chip_s"] >= 4 * 4 * 1.5
+    assert left["capacity"] == "flex-start" and "GCE out of resources" in left["error"]
     assert ledgers.load(ctx.store)["candidate"]["capacity"] == "spot"
-    assert _pool_calls(project).count("DeleteNodePool") == 2  # both slices' queued pools, before the spot ones
     gke.teardown(ctx)
-    assert project.leftovers(run_id) == {}
+    assert project.leftovers("backoff") == {}
+
+
+def test_leaving_a_rung_starts_its_pool_deletes_before_deleting_its_kubernetes_objects(tmp_path, project_factory, fast):
+    project = project_factory()
+    project.kube.provisioner.outcome = "capacity_not_found"
+    project.kube.provisioner.provision_s = 0.3
+    project.kube.ready_without_ray = True
+    ctx = context(tmp_path, "order", QUEUED_THEN_SPOT)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.provision(ctx)
+    at_delete: list[bool] = []
+
+    def seen(request) -> bool:  # as the delete comes: is the rung's RayCluster still there?
+        at_delete.append(any(k[0] == "rayclusters" for k in list(project.kube.objects)))
+        return False  # only watching: no fault is taken
+
+    project.gke.fail("DeleteNodePool", grpc.StatusCode.INTERNAL, when=seen)
+
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
+
+    assert at_delete and at_delete[0]  # the pool's delete came while the rung's RayCluster was still there
+    assert _pool_calls(project)[-3:] == ["CreateNodePool", "DeleteNodePool", "CreateNodePool"]  # gone before
+    gke.teardown(ctx)
+    assert project.leftovers("order") == {}
 
 
 # ---------------------------------------------------------------- which readiness failures are a rung's stockout
@@ -153,10 +176,12 @@ WAITING = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 0, 
 UNSCHED = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waits for its request"}
 
 
-def _worker(name: str, scheduled: bool) -> dict:
+def _worker(name: str, scheduled: bool, request: str = "") -> dict:
     condition = {"type": "PodScheduled", "status": "True"} if scheduled else UNSCHED
     labels = {"ray.io/node-type": "worker"}
-    return {"metadata": {"name": name, "labels": labels}, "status": {"conditions": [condition]}}
+    annotations = {queued.CONSUME_ANNOTATION: request} if request else {}
+    meta = {"name": name, "labels": labels, "annotations": annotations}
+    return {"metadata": meta, "status": {"conditions": [condition]}}
 
 
 def _request(*conditions: str, hosts: int = 1) -> dict:
@@ -186,6 +211,51 @@ def test_a_booking_that_expired_counts_its_hosts_from_provisioned_to_expiry():
             WAITING, [_worker("w", False)], now=65, requests={"r": _request("Provisioned", "BookingExpired", hosts=2)}
         )
     assert raised.value.host_s == 2 * 60  # two hosts booked for a minute, no pod landed on them
+
+
+def test_a_booking_that_expires_after_the_pods_landed_ends_nothing():
+    machine = readiness.Readiness(unschedulable_grace_s=30, request_names=("r",), from_zero=True)
+    landed = [_worker("w", True, request="r")]
+    assert machine.step(WAITING, landed, now=0, requests={"r": _request("Provisioned")}) is None
+    assert machine.step(WAITING, landed, now=700, requests={"r": _request("Provisioned", "BookingExpired")}) is None
+    ready = {"status": {"desiredWorkerReplicas": 1, "availableWorkerReplicas": 1, "state": "ready"}}
+    assert machine.step(ready, landed, now=701, requests={"r": _request("Provisioned", "BookingExpired")}) is True
+    with pytest.raises(readiness.RayClusterNotReady):  # revoked: the nodes are taken back even so
+        machine.step(
+            WAITING, landed, now=702, requests={"r": _request("Provisioned", "BookingExpired", "CapacityRevoked")}
+        )
+
+
+def _scale_up(reason: str, message: str, at: str, name: str) -> dict:
+    return {
+        "metadata": {"name": name},
+        "involvedObject": {"name": "w"},
+        "reason": reason,
+        "message": message,
+        "lastTimestamp": f"2026-12-05T10:00:{at}Z",
+    }
+
+
+@pytest.mark.parametrize("from_zero, grace, raised", [(True, 5, readiness.Stockout), (False, 0, None)])
+def test_the_backoff_after_a_failed_scale_up_counts_as_that_failure(from_zero, grace, raised):
+    """The NotTriggerScaleUp of the backoff after a FailedScaleUp is the failed scale-up: where nodes come from zero
+    a Stockout once it repeated past the grace (not a pod stuck with no scale-up), the FailedScaleUp's cause named;
+    on a fixed pool, final at once."""
+    failed = _scale_up("FailedScaleUp", "GCE out of resources", "00", "e1")
+    backoff = _scale_up(
+        "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 in backoff after failed scale-up", "01", "e2"
+    )
+    machine = readiness.Readiness(unschedulable_grace_s=1, failed_scale_up_grace_s=grace, from_zero=from_zero)
+    pods = [_worker("w", False)]
+    if raised is None:
+        with pytest.raises(readiness.RayClusterNotReady, match="GCE out of resources") as fixed:
+            machine.step(WAITING, pods, now=0, events=[failed, backoff])
+        assert not isinstance(fixed.value, readiness.Stockout)
+        return
+    assert machine.step(WAITING, pods, now=0, events=[failed]) is None
+    assert machine.step(WAITING, pods, now=3, events=[failed, backoff]) is None  # past the unschedulable grace
+    with pytest.raises(raised, match="GCE out of resources"):
+        machine.step(WAITING, pods, now=6, events=[failed, backoff])
 
 
 def test_the_deadline_with_pods_waiting_for_nodes_is_a_stockout_only_where_nodes_come_from_zero():

@@ -71,12 +71,11 @@ CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 MAX_RUN_PARAMETER = "maxRunDurationSeconds"
 # The toleration of GKE's taint on queued provisioning nodes (module docstring), as cluster-toolkit's examples write it.
 TOLERATION = {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-# The node label the queued pods select, so that they land only on queued provisioning nodes: xpk's node selector for
-# its flex-start (queued) capacity (AI-Hypercomputer/xpk, src/xpk/core/capacity.py,
-# ``get_capacity_node_selectors_from_capacity_type``: ``cloud.google.com/gke-queued: "true"``), and cluster-toolkit's
-# TPU queued provisioning test jobs' nodeSelector (examples/gke-consumption-options/dws-flex-start-queued-provisioning/
-# gke-tpu-v6e/tpu-v6e-test-job.yaml at bf7c3e1dc086900f4d6d9c44e8acc5c3ded2afba).
-NODE_SELECTOR = {"cloud.google.com/gke-queued": "true"}
+# No node selector of its own: GKE labels a queued provisioning pool's nodes with nothing that says so (the label
+# cloud.google.com/gke-queued that xpk and cluster-toolkit's test jobs select is one cluster-toolkit puts in the pool's
+# own labels, modules/compute/gke-node-pool/main.tf at 1047080375afbb44da4b596be314634e7486af4a, while GKE adds only
+# the taint). The run's worker pods select its own pools by the run's label, and consume their slice's request; through
+# Kueue, the ResourceFlavor's node labels are added when Kueue admits the run.
 # The request's slice topology, as cluster-toolkit's TPU queued provisioning example passes it: its
 # ProvisioningRequestConfig's ``parameters: {tpu-topology: "${tpu_topology}"}``
 # (examples/gke-consumption-options/dws-flex-start-queued-provisioning/tpu-dws-queues.yaml.tftpl at
@@ -121,18 +120,10 @@ def family_text(spec: RunSpec) -> str:
     return f"GKE queued provisioning of {family.name} slices as Google shows it: {family.queued_provisioning}"
 
 
-def worker_node_selector(spec: RunSpec) -> dict[str, str]:
-    """The worker pods' node selector for queued nodes (``NODE_SELECTOR``) under capacity=queued, none otherwise."""
-    return dict(NODE_SELECTOR) if enabled(spec) else {}
-
-
 def parameters(spec: RunSpec) -> dict[str, str]:
-    """The request's parameters: the slice topology (``TOPOLOGY_PARAMETER``) and the maximum run duration, the run's
-    deadline (``MAX_RUN_PARAMETER``; GKE's default without one)."""
-    out = {TOPOLOGY_PARAMETER: derive.slice_shape(spec).topology}
-    if max_run_s(spec) is not None:
-        out[MAX_RUN_PARAMETER] = str(max_run_s(spec))
-    return out
+    """The request's parameters: the slice topology (``TOPOLOGY_PARAMETER``) and the maximum run duration
+    (``MAX_RUN_PARAMETER``, always sent: ``max_run_s``)."""
+    return {TOPOLOGY_PARAMETER: derive.slice_shape(spec).topology, MAX_RUN_PARAMETER: str(max_run_s(spec))}
 
 
 def raycluster_annotations(spec: RunSpec) -> dict[str, str]:
@@ -167,10 +158,14 @@ def worker_annotations(spec: RunSpec, t: Target, slice_index: int = 0) -> dict[s
     return {CONSUME_ANNOTATION: request_name(t.run_id, slice_index), CLASS_ANNOTATION: CLASS_NAME}
 
 
-def max_run_s(spec: RunSpec) -> int | None:
-    """The request's maximum run duration: the run's deadline (run.deadline_h), else GKE's default (None)."""
+def max_run_s(spec: RunSpec) -> int:
+    """The request's maximum run duration: the run's deadline (run.deadline_h), capped at flex-start's seven days
+    (``checks.FLEX_START_MAX_H``, GKE's default too), which it is without a deadline: sent either way, so the nodes'
+    longest run is the run's own and not left to a default."""
+    from components.workload.checks import FLEX_START_MAX_H
+
     hours = spec.run.deadline_h
-    return None if hours is None else int(hours * 3600)
+    return int(min(hours if hours is not None else FLEX_START_MAX_H, FLEX_START_MAX_H) * 3600)
 
 
 def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -340,7 +340,6 @@ def worker_node_selector(spec: RunSpec, t: Target) -> dict[str, str]:
     type (autopilot, where the selectors make GKE create matching nodes)."""
     shape = slice_shape(spec)
     selector = {NODE_LABEL_ACCELERATOR: shape.family.gke_accelerator, NODE_LABEL_TOPOLOGY: shape.topology}
-    selector.update(queued.worker_node_selector(spec))  # capacity=queued: queued provisioning nodes only
     if t.queue:  # the slice shape only: Kueue adds its ResourceFlavor's node labels when it admits the run
         return selector
     if not t.autopilot:

@@ -5,10 +5,10 @@ BookingExpired before its pods landed, slices that could not start together, no 
 Then the run leaves the rung as provision leaves one that had no capacity, and takes the next rung of its ladder
 (``candidates``):
 
-1. the rung's TPU node pools are deleted first, each delete waited on until the pool is gone (the next rung's pools
-   take the same names), after the run's Kubernetes objects made for it (RayCluster, ProvisioningRequests: the next
-   rung's pods differ); where the next candidate is in another zone, everything the run created is deleted instead
-   (a zonal cluster is in one zone);
+1. the deletes of the rung's TPU node pools are started first (their nodes bill), then the run's Kubernetes objects
+   made for it are deleted (RayCluster, ProvisioningRequests: the next rung's pods differ), and whatever happens
+   meanwhile the pools are waited on until gone (the next rung's pools take the same names); where the next candidate
+   is in another zone, everything the run created is deleted instead (a zonal cluster is in one zone);
 2. the ledger's ``tried`` records the rung: its zone and capacity type, why it was left and at which stage, and its
    cost, the TPU chip-seconds it was seen billing (``chip_s``: hosts whose pods had landed, or a Provisioned
    request's nodes, times the chips of a host);
@@ -33,8 +33,11 @@ from components.platforms.gke.run import teardown as teardowns
 from components.spec import names
 from components.workload import derive as d
 
-# How long the rung's RayCluster may take to go once deleted (KubeRay deletes its pods first), before its pools go.
+# How long the rung's RayCluster may take to go once deleted (KubeRay deletes its pods first).
 RAYCLUSTER_GONE_S = 300.0
+# How long the rung's TPU node pools may take to go once their deletes started (a multi-host pool's nodes are deleted
+# together; GKE's own bound on a node pool operation is not documented).
+POOLS_GONE_S = 1800.0
 
 
 def deploy(platform, ctx: RunContext) -> dict[str, Any]:
@@ -100,9 +103,9 @@ def move_on(platform, ctx: RunContext, exc) -> bool:
 
 
 def leave(platform, placed: RunContext, next_zone: str) -> list[str]:
-    """Delete what bills of the rung ``placed``: its TPU node pools, each waited on until gone, after the run's
-    Kubernetes objects made for them; with the next rung in another zone, everything the run created (its cluster
-    with them). What was deleted."""
+    """Delete what bills of the rung ``placed``: its TPU node pools' deletes started first, then the run's Kubernetes
+    objects made for them, then the pools waited on until gone; with the next rung in another zone, everything the
+    run created (its cluster with them). What was deleted."""
     from components.platforms.gke.cloud import cluster as gke_cluster
 
     clients, t = platform.clients, target(placed.spec, placed.run_id)
@@ -110,12 +113,33 @@ def leave(platform, placed: RunContext, next_zone: str) -> list[str]:
     ledger = ownership.owned(placed, load_ledger(placed), platform.log)
     if next_zone != t.zone:
         return teardowns.delete_created(clients, gke, None, ledger, t)
-    _delete_run_objects(platform, placed)
     cluster = run_cluster(ledger, t)
     pools = [
         paths.node_pool_path(cluster, names.tpu_node_pool(t.run_id, i)) for i in range(placed.spec.cluster.num_slices)
     ]
-    return [pool for pool in pools if gke.delete_node_pool(pool)]  # waited on: gone once it returns
+    started = [pool for pool in pools if gke.delete_node_pool(pool, wait=False)]  # their nodes stop billing first
+    try:
+        _delete_run_objects(platform, placed)
+    finally:
+        _wait_pools_gone(platform, gke, pools)
+    return started
+
+
+def _wait_pools_gone(platform, gke, pools: list[str]) -> None:
+    """Wait until every pool of ``pools`` is gone (the next rung's take their names), deleting again one whose delete
+    GKE refused meanwhile (one operation on the cluster at a time: the refusal is logged by ``delete_node_pool``)."""
+    from google.cloud import container_v1
+
+    from components.platforms.waiting import wait_for
+
+    def gone() -> bool | None:
+        left = [(pool, gke.get_node_pool(pool)) for pool in pools]
+        for pool, found in left:
+            if found is not None and found.status != container_v1.NodePool.Status.STOPPING:
+                gke.delete_node_pool(pool, wait=False)
+        return all(found is None for _, found in left) or None
+
+    wait_for(gone, timeout_s=POOLS_GONE_S, interval_s=min(platform.poll_s, 5.0), what="the rung's TPU node pools to go")
 
 
 def _delete_run_objects(platform, placed: RunContext) -> None:

@@ -26,16 +26,18 @@ SCALE_UP_TRIGGERED = "TriggeredScaleUp"
 SCALE_UP_NOT_TRIGGERED = "NotTriggerScaleUp"
 SCALE_UP_FAILED = "FailedScaleUp"
 AUTOSCALER_REASONS = (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED, SCALE_UP_FAILED)
-# A multi-slice queued run makes one ProvisioningRequest per slice's pool, each decided on its own: once the first is
-# Provisioned its nodes bill while the others may still wait. The others get this long after the first: the time the
-# open-source cluster autoscaler holds a Provisioned request's capacity for its pods before it marks it BookingExpired
-# (kubernetes/autoscaler, cluster-autoscaler/provisioningrequest/checkcapacity/processor.go, defaultReservationTime =
-# 10 minutes; GKE's queued-provisioning.gke.io class is decided by GKE, which documents no other figure). Past it, the
-# first slice's booking would lapse anyway; the run leaves the rung (``Stockout``) rather than bill slices that
-# cannot start together.
-SLICES_TOGETHER_S = 600.0
+# Between the retries of a failed scale-up the autoscaler holds the node group in backoff, and says so on the pod: a
+# NotTriggerScaleUp whose message names the skipped reason "in backoff after failed scale-up" (kubernetes/autoscaler,
+# cluster-autoscaler/core/scaleup/orchestrator/skippedreasons.go, ``BackoffReason``, at
+# d610672804edab46a4931a26a9d11435cd698787; the event reads "pod didn't trigger scale-up: 1 in backoff after failed
+# scale-up"). It is the failed scale-up still under way, not a pod no node group would fit.
+SCALE_UP_BACKOFF = "in backoff after failed scale-up"
 # The requests' conditions that end a rung before its pods landed: Failed, BookingExpired (types.go); a
-# CapacityRevoked takes nodes back from a run under way and is not a stockout of the rung.
+# CapacityRevoked takes nodes back from a run under way and is not a stockout of the rung. A BookingExpired once the
+# request's pods landed ends nothing: the booking only held the nodes until they did (types.go: "capacity reservation
+# time is expired"), and Kueue acts on it only for a Workload not yet admitted (kubernetes-sigs/kueue,
+# keps/1136-provisioning-request-support/README.md at cc13fff80cdc62877729419a7f5733f3a90e2f7d: "BookingExpired=true
+# if a Workload is not Admitted, the controller should act the same as for Failed=true").
 STOCKOUT_CONDITIONS = ("Failed", "BookingExpired")
 
 
@@ -46,10 +48,9 @@ class RayClusterNotReady(InfraError):
 class Stockout(RayClusterNotReady):
     """The run's TPU nodes did not come where they scale from zero (flex-start, queued provisioning, Autopilot): a
     scale-up the cluster autoscaler kept failing, a ProvisioningRequest Failed or BookingExpired before its pods
-    landed, a slice whose request was not Provisioned within ``SLICES_TOGETHER_S`` of the first, or no node by the
-    readiness deadline. The capacity ladder moves on from such a rung (``failover``). ``host_s``: the seconds TPU
-    hosts of the rung were seen billing before it was left (worker pods that had landed, nodes a request had
-    provisioned), for the ledger's cost of the rung."""
+    landed, or no node by the readiness deadline. The capacity ladder moves on from such a rung (``failover``).
+    ``host_s``: the seconds TPU hosts of the rung were seen billing before it was left (worker pods that had
+    landed, nodes a request had provisioned), for the ledger's cost of the rung."""
 
     def __init__(self, message: str, host_s: float = 0.0):
         super().__init__(message)
@@ -74,6 +75,12 @@ def _scheduled(pod: dict[str, Any]) -> bool:
     return any((c.get("type"), c.get("status")) == ("PodScheduled", "True") for c in conditions)
 
 
+def backoff(event: dict[str, Any]) -> bool:
+    """``event`` is the autoscaler's NotTriggerScaleUp for a node group in backoff after a failed scale-up
+    (``SCALE_UP_BACKOFF``): the failed scale-up, to be retried."""
+    return event.get("reason") == SCALE_UP_NOT_TRIGGERED and SCALE_UP_BACKOFF in (event.get("message") or "")
+
+
 def scale_up_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Pod name -> the cluster autoscaler's latest event about it (``AUTOSCALER_REASONS``), latest by its last time
     (seconds); in one second the failure wins (``AUTOSCALER_REASONS``' order)."""
@@ -95,8 +102,9 @@ class Readiness:
     """The RayCluster's way to ready, one observation at a time: ``step(raycluster, pods, now, events)`` returns True
     when every worker is available, None while it is on its way, and raises :class:`RayClusterNotReady` with the pod's
     own reason when it will not get there: an image that cannot be pulled, a pod that cannot start, a scale-up the
-    cluster autoscaler reports failed (FailedScaleUp: at once for a fixed pool; for flex-start and Autopilot, whose
-    stockouts the autoscaler retries, only once it repeated for ``failed_scale_up_grace_s``), pods unschedulable for
+    cluster autoscaler reports failed (FailedScaleUp, or the NotTriggerScaleUp of the backoff after one: at once for a
+    fixed pool; for flex-start and Autopilot, whose stockouts the autoscaler retries, only once it repeated for
+    ``failed_scale_up_grace_s``), pods unschedulable for
     ``unschedulable_grace_s`` with no scale-up under way (a fixed-size pool does not grow; NotTriggerScaleUp names
     why). A pod unschedulable with a TriggeredScaleUp event is waiting for its nodes (flex-start, Autopilot: they
     start with none): only the deadline of :func:`wait_ready` bounds that wait. While it waits, ``last`` names each
@@ -124,6 +132,7 @@ class Readiness:
         default_factory=dict
     )  # request -> (first seen Provisioned, hosts)
     expired: dict[str, float] = field(default_factory=dict)  # request -> when its booking was first seen expired
+    landed_on: set[str] = field(default_factory=set)  # the requests a landed worker pod consumes
 
     def step(
         self,
@@ -151,6 +160,7 @@ class Readiness:
         for pod in pods:
             _check_containers(pod)
         scale_ups = scale_up_events(list(events))
+        failed = scale_up_events([e for e in events if e.get("reason") == SCALE_UP_FAILED])  # the latest failure's
         waiting: list[Any] = []
         stuck: list[Any] = []  # (pod, scheduler's message, the autoscaler's latest event or None)
         retried = 0
@@ -162,8 +172,8 @@ class Readiness:
                 continue
             event = scale_ups.get(name)
             reason = (event or {}).get("reason")
-            if reason == SCALE_UP_FAILED and event is not None:
-                self._failed_scale_up(name, event, now)
+            if event is not None and (reason == SCALE_UP_FAILED or backoff(event)):
+                self._failed_scale_up(name, event, failed.get(name, event), now)
                 retried += 1
                 reason = SCALE_UP_TRIGGERED  # the autoscaler retries it after its backoff
             (waiting if reason == SCALE_UP_TRIGGERED or awaited else stuck).append((name, message, event))
@@ -193,9 +203,8 @@ class Readiness:
     def _requests(self, requests: dict[str, dict[str, Any] | None], now: float) -> list[str]:
         """capacity=queued: the run's ProvisioningRequests not yet Provisioned (their pods wait for all their nodes
         at once, with no scale-up event of their own; the run starts when none is left); raises once one will give
-        no nodes (Failed: capacity not found before its deadline; BookingExpired, CapacityRevoked) or is gone, and
-        once some are Provisioned while another still waits ``SLICES_TOGETHER_S`` after the first. [] without
-        requests."""
+        no nodes (Failed: capacity not found before its deadline; BookingExpired before its pods landed;
+        CapacityRevoked) or is gone. [] without requests."""
         waiting = []
         for name in self.request_names:
             request = requests.get(name)
@@ -205,6 +214,8 @@ class Readiness:
                 hosts = sum(int(s.get("count", 0)) for s in (request.get("spec") or {}).get("podSets") or [])
                 self.provisioned.setdefault(name, (now, hosts))
             why = queued.ended(request)
+            if why and self._booking_used(name, request):
+                why = None  # its pods landed before the booking lapsed: the nodes are theirs
             if why:
                 if queued.condition(request, "BookingExpired") is not None:
                     self.expired.setdefault(name, now)
@@ -214,17 +225,13 @@ class Readiness:
                 raise RayClusterNotReady(told)
             if queued.condition(request, queued.PROVISIONED) is None:
                 waiting.append(name)
-        if waiting and self.provisioned:
-            first = min(since for since, _ in self.provisioned.values())
-            if now - first >= SLICES_TOGETHER_S:
-                raise Stockout(
-                    f"ProvisioningRequest {', '.join(waiting)} not Provisioned {now - first:.0f}s after "
-                    f"{min(self.provisioned, key=lambda n: self.provisioned[n][0])} was (a slice's nodes may wait "
-                    f"{SLICES_TOGETHER_S:.0f}s for the others, the time a Provisioned request's capacity is "
-                    "booked for its pods): the slices cannot start together",
-                    self.host_s(now),
-                )
         return waiting
+
+    def _booking_used(self, name: str, request: dict[str, Any]) -> bool:
+        """The request's only ending is BookingExpired, and a pod consuming it had landed (``STOCKOUT_CONDITIONS``)."""
+        others = [kind for kind in queued.ENDED if kind != "BookingExpired" and queued.condition(request, kind)]
+        expired = queued.condition(request, "BookingExpired") is not None
+        return expired and not others and name in self.landed_on
 
     def _land(self, pods: list[dict[str, Any]], now: float) -> None:
         """Note when each worker pod was first seen scheduled: from then its host bills (``host_s``)."""
@@ -232,6 +239,9 @@ class Readiness:
             labels = pod["metadata"].get("labels") or {}
             if labels.get("ray.io/node-type") == "worker" and unschedulable(pod) is None and _scheduled(pod):
                 self.landed.setdefault(pod["metadata"]["name"], now)
+                consumed = (pod["metadata"].get("annotations") or {}).get(queued.CONSUME_ANNOTATION)
+                if consumed:
+                    self.landed_on.add(consumed)
 
     def host_s(self, now: float) -> float:
         """The host-seconds the rung was seen billing by ``now``: each worker pod from when it landed, and the hosts
@@ -251,10 +261,11 @@ class Readiness:
         elif self.capacity_wait and self.capacity_wait[1] is None:
             self.capacity_wait = (self.capacity_wait[0], now)
 
-    def _failed_scale_up(self, name: str, event: dict[str, Any], now: float) -> None:
-        """A FailedScaleUp about pod ``name``: final for a fixed pool (no grace), else final only once such events
-        repeated (two or more) for ``failed_scale_up_grace_s``."""
-        why = f"{SCALE_UP_FAILED}: {event.get('message', '')}"
+    def _failed_scale_up(self, name: str, event: dict[str, Any], told: dict[str, Any], now: float) -> None:
+        """A FailedScaleUp about pod ``name``, or the backoff after one (``backoff``): final for a fixed pool (no
+        grace), else final only once such events repeated (two or more) for ``failed_scale_up_grace_s``. ``told``:
+        the latest FailedScaleUp (its message names the cause: "GCE out of resources"), else ``event``."""
+        why = f"{told['reason']}: {told.get('message', '')}"
         if self.failed_scale_up_grace_s <= 0:
             raise (Stockout if self.from_zero else RayClusterNotReady)(
                 f"pod {name} cannot be scheduled and the cluster autoscaler's scale-up failed: {why}"
