@@ -128,6 +128,11 @@ def _run_recorded(
         ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         if not this.exit:  # the credentials where it runs, as a run from the command line checks them first
             get_platform(ctx.platform).check_access(ctx)
+        try:  # the id claimed beside the resources named from it too (a gke run's bucket), before any is created
+            claims.claim_resources(ctx, job_name, create=not this.exit)
+        except SpecError as exc:
+            log(f"== {stage}: refused: {exc}")
+            raise SystemExit(exc.exit_code) from exc
         with heartbeat.beating(store, stage):  # the janitor and a submit of this run id see it live
             if first:
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created
