@@ -59,6 +59,13 @@ def holder(ledger: dict) -> str | None:
     return (ledger.get("claim") or {}).get("job") or (ledger.get("pipeline_job") or {}).get("id")
 
 
+def unclaimed_or_mine(store: RunStore, job_name: str, environ=None) -> bool:
+    """Whether this task may write in ``store``: its ledger names this task's claimant, or there is none yet."""
+    me = claimant(job_name, os.environ if environ is None else environ)
+    ledger = ledgers.load(store) if me else None  # a stage called outside any pipeline claims nothing
+    return ledger is None or holder(ledger) == me
+
+
 def refusal(run_id: str, store: RunStore, ledger: dict, me: str) -> SpecError:
     held = holder(ledger)
     by = f"is held by {held}" if held else "has a ledger that names no claimant (a run from before claims)"

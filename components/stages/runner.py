@@ -101,9 +101,10 @@ def _run_recorded(
     started = time.time()
     try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
         if not this.exit:  # the exit task writes the run's summary, the refusal in it; it deletes only what was made
-            vertex_task.check_on_vertex(platform, output_root)
-    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
-        record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
+            vertex_task.check_on_vertex(platform, output_root, job_name=job_name)
+    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage and this run's
+        if claims.unclaimed_or_mine(store, job_name):  # another run's store gets nothing, not even this record
+            record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
         log(f"== {stage}: refused: {exc}")
         raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
     try:  # before anything of the run is written: the run id is this run's (components.stages.claims)
