@@ -94,9 +94,7 @@ class Storage(Adapter):
         self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
         return int(blob.generation)
 
-    def copy_prefix(
-        self, name: str, source: str, destination: str, create_only: bool = False
-    ) -> tuple[int, int, int]:
+    def copy_prefix(self, name: str, source: str, destination: str, create_only: bool = False) -> tuple[int, int, int]:
         """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
         (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
         an object already there with the same size and MD5 is kept (a retried copy resumes). ``create_only``: each
