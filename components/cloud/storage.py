@@ -94,11 +94,16 @@ class Storage(Adapter):
         self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
         return int(blob.generation)
 
-    def copy_prefix(self, name: str, source: str, destination: str) -> tuple[int, int, int]:
+    def copy_prefix(self, name: str, source: str, destination: str, create_only: bool = False) -> tuple[int, int, int]:
         """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
         (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
-        an object already there with the same size and MD5 is kept (a retried copy resumes). (objects copied,
-        objects in all, bytes copied); (0, 0, 0) when ``source/`` holds nothing."""
+        an object already there with the same size and MD5 is kept (a retried copy resumes). ``create_only``: each
+        object written with ``ifGenerationMatch=0``, which "succeeds only if there are no live objects" of its name
+        (https://cloud.google.com/storage/docs/request-preconditions), so an object there with other bytes is never
+        replaced: a SpecError naming ``run_id``. (objects copied, objects in all, bytes copied); (0, 0, 0) when
+        ``source/`` holds nothing."""
+        from google.api_core.exceptions import PreconditionFailed
+
         bucket = self.client.bucket(name)
 
         def listed(prefix: str) -> list:
@@ -111,13 +116,22 @@ class Storage(Adapter):
             target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
             if have.get(target) == (blob.size, blob.md5_hash):
                 continue
+            kept = {"if_generation_match": 0} if create_only else {}
             token = None
-            while True:
-                token, _, _ = self.call(
-                    f"copy gs://{name}/{blob.name}", functools.partial(bucket.blob(target).rewrite, blob, token)
-                )
-                if token is None:
-                    break
+            try:
+                while True:
+                    token, _, _ = self.call(
+                        f"copy gs://{name}/{blob.name}",
+                        functools.partial(bucket.blob(target).rewrite, blob, token, **kept),
+                    )
+                    if token is None:
+                        break
+            except PreconditionFailed:
+                raise SpecError(
+                    "run_id",
+                    f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "
+                    "copy under this run id): it is never replaced; start this run with another run id",
+                ) from None
             copied, size = copied + 1, size + (blob.size or 0)
         return copied, len(found), size
 

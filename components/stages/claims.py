@@ -59,6 +59,13 @@ def holder(ledger: dict) -> str | None:
     return (ledger.get("claim") or {}).get("job") or (ledger.get("pipeline_job") or {}).get("id")
 
 
+def unclaimed_or_mine(store: RunStore, job_name: str, environ=None) -> bool:
+    """Whether this task may write in ``store``: its ledger names this task's claimant, or there is none yet."""
+    me = claimant(job_name, os.environ if environ is None else environ)
+    ledger = ledgers.load(store) if me else None  # a stage called outside any pipeline claims nothing
+    return ledger is None or holder(ledger) == me
+
+
 def refusal(run_id: str, store: RunStore, ledger: dict, me: str) -> SpecError:
     held = holder(ledger)
     by = f"is held by {held}" if held else "has a ledger that names no claimant (a run from before claims)"
@@ -106,3 +113,50 @@ def claim(
             return True
 
         ledgers.update(store, note)
+
+
+# Where a gke run's id is claimed beside its resources: a run's cluster, service accounts and objects
+# (``runs/<id>/``, ``models/<model>/<id>/``) are named from the run id within the project and bucket, not from
+# ``output_root``, so a claim in the ledger alone lets a run of the same id under another ``output_root`` share
+# them. No run's pods may write ``state/`` (their binding names ``runs/<run id>/`` alone).
+RESOURCE_CLAIMS = "state/_claims"
+
+
+def claim_resources(ctx, job_name: str, create: bool, environ=None) -> None:
+    """On the gke platform, the run id claimed also at ``gs://<gke.bucket>/state/_claims/<run id>.json``, created
+    with ``ifGenerationMatch=0`` (as the ledger, :func:`claim`) naming the same claimant: this claimant's tasks (a
+    retried one included) go on, another claimant is refused (a SpecError naming ``run_id``, the id and the holder)
+    before it creates anything. Every task that may create (``create``) makes the claim when there is none: the
+    first task finds no bucket when the run is the project's first (provision makes it), and then the next task
+    claims; the exit task only checks. Elsewhere nothing to do: a local run's resources are under its run
+    directory, which its ledger claims."""
+    if ctx.platform != "gke":
+        return
+    me = claimant(job_name, os.environ if environ is None else environ)
+    if not me:
+        return
+    from google.api_core.exceptions import NotFound
+
+    from components.platforms.gke.plan.target import target
+    from components.platforms.store import GcsStore
+
+    bucket = target(ctx.spec, ctx.run_id).bucket
+    store, key = GcsStore(bucket, RESOURCE_CLAIMS), f"{ctx.run_id}.json"
+    if create:
+        record = {"run_id": ctx.run_id, "output_root": ctx.store.uri, "claim": {"job": me, "at": time.time()}}
+        try:
+            write_json(store, key, record, if_generation=0)
+            return
+        except StoreConflict:
+            pass  # a claim exists: this run's own (a retried or later task), or another run's
+        except NotFound:
+            return  # no bucket yet: nothing is named from the id in it; a later task claims once provision made it
+    text = store.read_text(key)
+    held = holder(json.loads(text)) if text else me
+    if held != me:
+        raise SpecError(
+            "run_id",
+            f"run id {ctx.run_id!r} is held by {held} (its claim {store.uri}/{key}, beside the resources named from "
+            f"it in gs://{bucket}), not this run ({me}): a run id is used once per bucket, whatever its output_root; "
+            "nothing of that run is touched; start this run with another run id",
+        )

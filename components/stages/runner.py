@@ -106,9 +106,10 @@ def _run_recorded(
     releasing = _Releasing()
     try:  # every stage checks where it runs before it acts: a task may be the first to run (a retry, build_image)
         if not this.exit:  # the exit task writes the run's summary, the refusal in it; it deletes only what was made
-            vertex_task.check_on_vertex(platform, output_root)
-    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage
-        record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
+            vertex_task.check_on_vertex(platform, output_root, job_name=job_name)
+    except SpecError as exc:  # what the run's summary shows, when its state is in Cloud Storage and this run's
+        if claims.unclaimed_or_mine(store, job_name):  # another run's store gets nothing, not even this record
+            record(store, stage, status="failed", seconds=0.0, run_id=rid, error=_error_text(exc))
         log(f"== {stage}: refused: {exc}")
         raise SystemExit(exc.exit_code) from exc  # bad input: the task exits 2, as the command line does
     try:  # before anything of the run is written: the run id is this run's (components.stages.claims)
@@ -133,6 +134,11 @@ def _run_recorded(
         ctx = releasing.ctx = stage_context(stage, preset, platform, overrides, run_id, job_name, output_root)
         if not this.exit:  # the credentials where it runs, as a run from the command line checks them first
             get_platform(ctx.platform).check_access(ctx)
+        try:  # the id claimed beside the resources named from it too (a gke run's bucket), before any is created
+            claims.claim_resources(ctx, job_name, create=not this.exit)
+        except SpecError as exc:
+            log(f"== {stage}: refused: {exc}")
+            raise SystemExit(exc.exit_code) from exc
         with heartbeat.beating(store, stage), interrupts.released_first(releasing):  # the janitor sees it live
             if first:
                 gate.check_lineage(ctx)  # a scheduled run's champion is read when it starts, before any TPU is created

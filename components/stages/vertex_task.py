@@ -81,14 +81,31 @@ def cancelling() -> bool:
     return bool(_job.resource) and _job.state in STOPPING
 
 
-def check_on_vertex(platform: str, output_root: str, environ=None) -> None:
+# Set in the user container of every task pod Kubeflow Pipelines' Argo compiler makes (its ``commonEnvs``:
+# https://github.com/kubeflow/pipelines/blob/2.4.0/backend/src/v2/compiler/argocompiler/container.go), not by
+# kfp.local, which runs a task as a process on this machine.
+KFP_POD_ENV = "KFP_POD_NAME"
+
+
+def check_on_vertex(platform: str, output_root: str, environ=None, job_name: str = "") -> None:
     """On Vertex AI every task runs on a machine of its own: a run there is a gke run whose state is in Cloud
     Storage, else each task would keep the run's state (and a local cluster) on its own disk, lost when it ends.
-    Refused (a SpecError naming the parameter) by the first task, before anything is created."""
-    if VERTEX_TASK_ENV not in (os.environ if environ is None else environ):
+    On Kubeflow Pipelines (``KFP_POD_NAME`` set, no ``tpupipe run`` driver) every task is a pod of its own: its
+    state is in Cloud Storage too, else it is lost and the run id's claim (made in the state,
+    ``components.stages.claims``) holds nothing. Refused (a SpecError naming the parameter) by every task, before
+    anything is created."""
+    from components.platforms import interrupts
+
+    env = os.environ if environ is None else environ
+    on_vertex = VERTEX_TASK_ENV in env
+    if not on_vertex and not (KFP_POD_ENV in env and interrupts.DRIVER_ENV not in env):
         return
-    where = "on Vertex AI every task runs on a machine of its own"
-    if platform != "gke":
+    where = (
+        "on Vertex AI every task runs on a machine of its own"
+        if on_vertex
+        else f"on Kubeflow Pipelines every task of {job_name} runs in a pod of its own"
+    )
+    if on_vertex and platform != "gke":
         raise SpecError(
             "platform", f"{platform!r} is not a run for Vertex AI: {where}; a run there is a gke run", ["gke"]
         )

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from components.platforms import interrupts
+from components.platforms import VERTEX_TASK_ENV, interrupts
 from components.platforms import ledger as ledgers
 from components.spec import SpecError
 from components.stages.claims import claim
@@ -82,19 +82,34 @@ def test_the_holders_retried_first_task_and_later_tasks_go_on_and_a_local_run_ke
 
 
 def test_a_first_task_whose_run_id_another_run_holds_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    """The runner's first stage, under a job that does not hold the run id, exits 2 with the refusal on its log and
-    writes nothing in the holder's directory: not even its own stage record."""
+    """The runner's first stage, a task of another run that does not hold the run id, exits 2 with the refusal on
+    its log and writes nothing in the holder's directory: not even its own stage record. So too a task refused for
+    where it runs (a local run's task on Vertex AI), and a Kubeflow Pipelines task (a job name, no ``tpupipe run``
+    driver, ``KFP_POD_NAME`` set) whose output_root is not in Cloud Storage, where each task's disk is its own pod's."""
+    import os
+
     from components.platforms.store import LocalStore
     from components.stages.runner import run_stage
 
     monkeypatch.delenv(interrupts.DRIVER_ENV, raising=False)
     claim(LocalStore(tmp_path / "held"), "held", "local", "workflow-a", first=True, environ={})
     before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
-    with pytest.raises(SystemExit) as ended:
-        run_stage("snapshot_data", "local-fsdp", "local", "", "held", "workflow-b", str(tmp_path))
-    assert ended.value.code == 2
-    assert "snapshot_data: refused: run_id: run id 'held' is held by workflow-a" in capsys.readouterr().out
-    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+    def refused(field: str, holder: str = "") -> None:
+        with pytest.raises(SystemExit) as ended:
+            run_stage("snapshot_data", "local-fsdp", "local", "", "held", "workflow-b", str(tmp_path))
+        assert ended.value.code == 2
+        out = capsys.readouterr().out
+        assert f"snapshot_data: refused: {field}: " in out and holder in out
+        assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+    monkeypatch.setenv("KFP_POD_NAME", "workflow-b-system-container-impl-1")  # a task pod of Kubeflow Pipelines
+    refused("output_root", "on Kubeflow Pipelines every task of workflow-b runs in a pod of its own")
+    monkeypatch.delenv("KFP_POD_NAME")
+    monkeypatch.setenv(interrupts.DRIVER_ENV, str(os.getppid()))  # another `tpupipe run` driver's task
+    refused("run_id", "run id 'held' is held by workflow-a")
+    monkeypatch.setenv(VERTEX_TASK_ENV, "{}")
+    refused("platform", "is not a run for Vertex AI")
 
 
 def _under(store, key: str):

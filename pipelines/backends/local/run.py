@@ -52,16 +52,17 @@ def run(
     gate.check_lineage(ctx)  # the champion's base is this run's, or the gate could not compare: exit 2 now
     if ctx.store.exists("summary.json"):
         return fail(f"run_id: {ctx.run_id!r} already ran ({ctx.store.uri}); choose another run id")
-    from components.stages import dataset
+    # The run id claimed, atomically, once every input is known good and before anything of the run is written (the
+    # data snapshot below is): a second `tpupipe run` of it exits 2 here (components.stages.claims); the driver's
+    # tasks claim as the driver.
+    from components.stages import claims, dataset
 
+    me = claims.local_claimant()
+    claims.claim(ctx.store, ctx.run_id, ctx.platform, me, first=True, environ={})
+    claims.claim_resources(ctx, me, create=True, environ={})
     # The data snapshot now: bad data (no such file or object, no permission, no examples, an example without the
     # prompt's fields) exits 2 before anything starts; the pipeline's snapshot_data stage reads this one.
     dataset.snapshot_data(ctx)
-    # The run id claimed, atomically, once every input is known good: a second `tpupipe run` of it exits 2 here
-    # (components.stages.claims); the driver's tasks claim as the driver.
-    from components.stages import claims
-
-    claims.claim(ctx.store, ctx.run_id, ctx.platform, claims.local_claimant(), first=True, environ={})
 
     import warnings
 

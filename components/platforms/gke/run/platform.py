@@ -361,14 +361,17 @@ class GkePlatform(Platform):
         """A server-side copy of the run's checkpoint at ``models/<model>/<run id>/`` in the bucket, made with the
         pipeline's identity: no run's pods may write there (their binding names ``runs/<run id>/`` alone:
         ``target.bucket_binding``), so a later run cannot change a registered version; with
-        ``gate.hold_registered`` every object of it is also under a temporary hold (``Storage.hold_prefix``)."""
+        ``gate.hold_registered`` every object of it is also under a temporary hold (``Storage.hold_prefix``). Each
+        object is created, never replaced: a copy there with other bytes (another run's under this id) is refused, a
+        retried register of the same bytes keeps what is there."""
         t = self._target(ctx)
         own = f"gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/"
         if not uri.startswith(own):
             raise InfraError(f"register: checkpoint {uri} is not the run's own (under {own})")
         kept = names.model_prefix(model, ctx.run_id)
         storage = self.clients.storage(t)
-        copied, total, size = storage.copy_prefix(t.bucket, uri.removeprefix(f"gs://{t.bucket}/").rstrip("/"), kept)
+        source = uri.removeprefix(f"gs://{t.bucket}/").rstrip("/")
+        copied, total, size = storage.copy_prefix(t.bucket, source, kept, create_only=True)  # never another's copy
         if not total:
             raise InfraError(f"register: checkpoint {uri} holds no object: nothing to register")
         held = storage.hold_prefix(t.bucket, kept) if ctx.spec.gate.hold_registered else 0

@@ -1,0 +1,77 @@
+"""A gke run's id is claimed beside the resources named from it (``components.stages.claims.claim_resources``): at
+``gs://<gke.bucket>/state/_claims/<run id>.json``, created with ``ifGenerationMatch=0`` on the emulated Cloud Storage,
+so a second run under the same id is refused (exit 2) at its first task even when its ``output_root`` (where its
+ledger is claimed) is another, before it creates anything; the holder's tasks, retried, go on. A registered copy
+under ``models/<model>/<run id>/`` is created object by object with ``ifGenerationMatch=0``: another run's copy there
+is refused, never replaced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.platforms import interrupts
+from components.spec import SpecError
+from components.stages.runner import run_stage
+from tests.emulators.project import ONE_SLICE
+from tests.gke.test_isolation import BUCKET, context
+
+CLAIM = "state/_claims/shared.json"
+
+
+def test_a_second_run_of_an_id_under_another_output_root_is_refused_at_its_first_task(
+    tmp_path, project_factory, monkeypatch, capsys
+):
+    project = project_factory()
+    monkeypatch.delenv(interrupts.DRIVER_ENV, raising=False)
+    _bucket()  # the project's bucket, as after its first run (and as a gs:// output_root in it needs)
+    first, second = f"gs://{BUCKET}/state/team-a", f"gs://{BUCKET}/state/team-b"
+
+    def stage(name: str, job: str, root: str) -> None:
+        run_stage(name, "local-fsdp", "gke", ONE_SLICE, "shared", job, root)
+
+    stage("snapshot_data", "workflow-a", first)
+    assert json.loads(project.storage.data(BUCKET, CLAIM))["claim"]["job"] == "workflow-a"
+    stage("snapshot_data", "workflow-a", first)  # the holder's task, retried: goes on
+    before = project.storage.objects_of(BUCKET, "state/team-a/")
+    for name in ("snapshot_data", "provision"):  # its first task, and any later one
+        with pytest.raises(SystemExit) as ended:
+            stage(name, "workflow-b", second)
+        assert ended.value.code == 2
+        out = capsys.readouterr().out
+        assert f"{name}: refused: run_id: run id 'shared' is held by workflow-a" in out
+        assert f"gs://{BUCKET}/{CLAIM}" in out
+    assert json.loads(project.storage.data(BUCKET, CLAIM))["claim"]["job"] == "workflow-a"
+    assert project.storage.objects_of(BUCKET, "state/team-a/") == before  # the holder's state untouched
+    assert project.clusters("shared") == [] and project.pools("shared") == []  # nothing created
+    assert not project.storage.objects_of(BUCKET, "runs/shared/")
+
+
+def test_a_registered_copy_is_created_never_replaced(tmp_path, project_factory):
+    from components.platforms.gke import GkePlatform
+
+    project = project_factory()
+    _bucket()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "reused", ONE_SLICE)
+    trained = f"gs://{BUCKET}/runs/reused/train/checkpoint_000001"
+    project.storage.put(BUCKET, "runs/reused/train/checkpoint_000001/model.safetensors", b"this run's weights")
+    # Another run's copy under this id (one from before the id was claimed beside its resources).
+    project.storage.put(BUCKET, "models/local-fsdp/reused/model.safetensors", b"the registered weights")
+    with pytest.raises(SpecError, match="already holds other bytes") as refused:
+        gke.keep_registered(ctx, trained, "local-fsdp")
+    assert refused.value.field == "run_id" and refused.value.exit_code == 2
+    assert project.storage.data(BUCKET, "models/local-fsdp/reused/model.safetensors") == b"the registered weights"
+    # The same bytes there (a retried register): kept, no new copy.
+    project.storage.put(BUCKET, "models/local-fsdp/reused/model.safetensors", b"this run's weights")
+    assert gke.keep_registered(ctx, trained, "local-fsdp") == f"gs://{BUCKET}/models/local-fsdp/reused"
+
+
+def _bucket() -> None:
+    from google.cloud import storage
+
+    from components.cloud.credentials import credentials
+    from tests.emulators.project import PROJECT
+
+    storage.Client(project=PROJECT, credentials=credentials()).create_bucket(BUCKET)
