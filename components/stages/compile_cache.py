@@ -42,7 +42,7 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
         result = _prepare(ctx, places, image)
     except LimitCrossed:  # the run's budget or deadline: the run stops
         raise
-    except Exception as e:  # a cache problem is never a failed run (the storage's, the manifest's)
+    except Exception as e:  # noqa: BLE001 - a cache problem is never a failed run (the storage's, the manifest's)
         log(f"WARNING: compile cache: {type(e).__name__}: {e}; the training job runs without the cache it lacks")
         result = {"error": f"{type(e).__name__}: {e}"}
     write_json(ctx.store, SUBMITTED, {"key": cache.key(spec, image)})

@@ -210,8 +210,8 @@ def test_the_pipeline_records_what_the_compile_job_wrote_and_the_next_run_stages
 ):
     """On gke the train stage's recording and staging go through the pipeline's identity (the emulated Cloud
     Storage's owner): the pods of ``mine`` (its compile job) write their compiled program under their own
-    ``runs/mine/compiled/<nonce>/``; an object any pod of
-    the run plants there that the job did not report is not recorded; the stage copies the reported one into ``cache/`` and into the training job's ``runs/mine/cache/`` with
+    ``runs/mine/compiled/<nonce>/``; an object any pod of the run plants there that the job did not report is not
+    recorded; the stage copies the reported one into ``cache/`` and into the training job's ``runs/mine/cache/`` with
     its hash in ``state/_cache/``; what the training job then writes in ``runs/mine/cache/`` is never copied anywhere;
     a program planted in ``cache/`` afterwards is not staged into ``theirs``'s prefix, with one warning line
     (``components.workload.cache_trust``)."""

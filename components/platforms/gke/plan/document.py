@@ -246,7 +246,7 @@ def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
     chips = shape.num_chips * c.num_slices
     ready_s = ready_limits(spec).deadline_s
     check_s = 3 * c.slice_check_timeout_s if c.slice_check else 0.0  # the check job's deadline (stages.ray_stages)
-    compile_s = cache_trust.compile_timeout_s(spec)  # the compile job's deadline, when the cache lacks the configuration
+    compile_s = cache_trust.compile_timeout_s(spec)  # the compile job's, when the cache lacks the configuration
     minutes = (ready_s + check_s + compile_s) / 60
     tpu = [ln for ln in cost["lines"] if ln["price_key"].startswith("tpu/")]
     per_chip_hour = tpu[0]["unit_usd"] if tpu and all(ln["unit_usd"] is not None for ln in tpu) else None

@@ -161,7 +161,7 @@ def compile_cache(spec: RunSpec, t: Target) -> str:
     return cache.directory(root, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
 
 
-def compile_job(spec: RunSpec, t: Target) -> dict[str, str]:
+def compile_job(spec: RunSpec, t: Target) -> dict[str, Any]:
     """The run's compile job (``components.stages.compile_cache``): its submission id, its entrypoint and where its
     pods write (the run's own ``compiled/`` prefix, which the train stage records from)."""
     from components.workload.cache_trust import COMPILE_DIR, compile_timeout_s
