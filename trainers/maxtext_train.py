@@ -326,12 +326,17 @@ def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_
     job that runs MaxText's eval loop (``maxtext_eval.in_job_eval``: ``dataset_type=hf``) compiles its eval step
     too, so the compile job runs the loop after its step, on synthetic eval batches (MaxText makes them when
     ``eval_interval`` > 0: maxtext/input_pipeline/input_pipeline_interface.py, ``create_data_iterator``). No retry: a
-    failed compile job leaves the run to compile in its training job."""
+    failed compile job leaves the run to compile in its training job. Its result reports every entry it wrote to
+    ``jax_cache_dir`` (name and sha256): the pipeline's side records only those (``cache_trust.record``)."""
+    from components.workload.cache_trust import job_entries
+
     steps = int(_arg(args, "steps") or 1)
     evaluates = spec.maxtext.dataset_type == "hf"
     eval_args = maxtext_log.in_job_eval_args(steps, 1) if evaluates else []  # one batch: the same eval step
     fit(spec, scaling, [*args, *eval_args], output_dir, run_name, 0, mode="compile")
-    return {"device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu", "backend": "jax", "argv": args}
+    entries = job_entries(Path(_arg(args, "jax_cache_dir"))) if _arg(args, "jax_cache_dir") else {}
+    device = "cpu" if spec.cluster.accelerator == "cpu" else "tpu"
+    return {"device": device, "backend": "jax", "argv": args, "entries": entries}
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

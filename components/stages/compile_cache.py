@@ -23,7 +23,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json, write_json
-from components.stages.jobs import JobFailed, log, run_job
+from components.stages.jobs import JobFailed, LimitCrossed, log, run_job
 
 SUBMITTED = "jobs/train-submitted.json"  # in the run's store: the training job was submitted once (no compile job)
 
@@ -32,12 +32,27 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
     """Before the training job: the verified entries staged, the compile job run and recorded when the cache lacks
     the run's compile configuration, and the training job marked as submitted. None when the run keeps no shared
     compile cache (no pinned ``image``, a platform without one, the FSDP trainer)."""
-    from components.workload import cache, cache_trust, maxtext
+    from components.workload import cache
 
     platform, spec = get_platform(ctx.platform), ctx.spec
     places = platform.cache_places(ctx) if image and spec.train.workload == "maxtext" else None
     if places is None:
         return None
+    try:
+        result = _prepare(ctx, places, image)
+    except LimitCrossed:  # the run's budget or deadline: the run stops
+        raise
+    except Exception as e:  # noqa: BLE001 - a cache problem is never a failed run (the storage's, the manifest's)
+        log(f"WARNING: compile cache: {type(e).__name__}: {e}; the training job runs without the cache it lacks")
+        result = {"error": f"{type(e).__name__}: {e}"}
+    write_json(ctx.store, SUBMITTED, {"key": cache.key(spec, image)})
+    return result
+
+
+def _prepare(ctx: RunContext, places: Any, image: str) -> dict[str, Any]:
+    from components.workload import cache, cache_trust, maxtext
+
+    spec = ctx.spec
     key, config = cache.key(spec, image), maxtext.compile_config(spec)
     staged = cache_trust.stage_in(places.shared, places.run, places.manifests, key, log)
     result: dict[str, Any] = {"staged": staged, "compile_job": None, "recorded": None}
@@ -52,7 +67,6 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
         )
     else:
         result.update(_compile(ctx, places, key, config, image, staged))
-    write_json(ctx.store, SUBMITTED, {"key": key})
     return result
 
 
@@ -62,7 +76,8 @@ def _compile(ctx: RunContext, places: Any, key: str, config: str, image: str, st
     from components.workload.derive import job_command
 
     platform = get_platform(ctx.platform)
-    where = cache.directory(platform.compile_job_root(ctx), ctx.spec, image)
+    nonce = cache_trust.new_nonce()  # this attempt's own directory: nothing written before the job is in it
+    where = cache.directory(f"{platform.compile_job_root(ctx).rstrip('/')}/{nonce}", ctx.spec, image)
     out = f"{platform.job_output_dir(ctx).rstrip('/')}/compile"
     command = job_command(ctx.spec, "compile", out, f"{ctx.run_id}-compile", compile_cache=where)
     counted: dict[str, Any] = {}
@@ -73,10 +88,16 @@ def _compile(ctx: RunContext, places: Any, key: str, config: str, image: str, st
 
     log(f"compile cache: compile job (synthetic inputs, the pinned image's trainer) into {where}")
     try:
-        job = run_job(ctx, "compile", command, ctx.spec.train.timeout_s, on_record)
+        job = run_job(ctx, "compile", command, cache_trust.compile_timeout_s(ctx.spec), on_record)
+    except LimitCrossed:
+        raise
     except JobFailed as e:
         log(f"WARNING: compile cache: the compile job failed ({e}); nothing recorded, the training job compiles")
         return {"compile_job": {"failed": str(e)}}
-    recorded = cache_trust.record(places, key, ctx.run_id, config, staged["names"], log)
+    reported = job["result"].get("entries")
+    if not isinstance(reported, dict) or not all(isinstance(v, str) for v in reported.values()):
+        log("WARNING: compile cache: the compile job reported no entries; nothing recorded, the training job compiles")
+        reported = {}
+    recorded = cache_trust.record(places, key, ctx.run_id, config, staged["names"], reported, f"{nonce}/{key}", log)
     counts = {k: counted[k] for k in ("compiles", "hits", "seconds") if k in counted}
     return {"compile_job": {"job": job["submission_id"], **counts}, "recorded": recorded}

@@ -21,8 +21,11 @@ Who writes what (the places ``Platform.cache_places`` gives, :class:`Places`):
   bytes and the compile job that made it, and naming the compile configurations already compiled (``compiled``).
   Written only here, after the entries' bytes, through :meth:`Place.update` (a generation precondition on Cloud
   Storage, retried), so two runs recording at once both keep their entries.
-- ``compiled``: the compile job's directory (``<run dir>/compiled/<key>/``, the bucket's ``runs/<id>/compiled/<key>/``).
-  The compile job writes it; :func:`record` hashes what is there before the training job is submitted.
+- ``compiled``: the compile jobs' directories (``<run dir>/compiled/<nonce>/<key>/``, the bucket's
+  ``runs/<id>/compiled/<nonce>/<key>/``): one per attempt, named by a random nonce this side makes at submit
+  (:func:`new_nonce`). The compile job writes it and reports each entry's name and sha256 in its result record (read
+  from its log); :func:`record` takes only those entries, only with those bytes, before the training job is
+  submitted: anything else a pod put there is ignored with a warning.
 - ``run``: the training job's directory (``<run dir>/cache/<key>/``, the bucket's ``runs/<id>/cache/<key>/``). Before
   the training job, :func:`stage_in` copies into it every shared entry whose bytes hash to the manifest's value; an
   entry that does not (its bytes changed, its manifest line changed, both), or that the manifest does not list, or
@@ -58,6 +61,11 @@ MANIFEST_FORMAT = 2  # entries made by compile jobs; a manifest without it (a tr
 # (batch sizes, lengths, meshes) of one image while bounding what a bucket can be made to hold.
 MAX_ENTRIES = 2048
 MAX_BYTES = 32 * 2**30
+# The compile job's own bound (``components.stages.compile_cache``; the janitor's run limit and the plan count it): it
+# compiles a step or two on synthetic inputs, so a hung one must not hold the training job back for a whole
+# train.timeout_s. Half an hour covers XLA's compiles of the largest presets' steps on a slice (minutes each); a job
+# past it is stopped and the training job compiles for itself.
+COMPILE_TIMEOUT_S = 1800.0
 UPDATE_TRIES = 8  # a manifest update's reads and conditional writes before it gives up (each a competing writer)
 
 
@@ -117,7 +125,10 @@ class GcsPlace:
 
     def names(self, under: str) -> list[str]:
         top = f"{self.prefix}/{under.strip('/')}/"
-        return sorted(b.name[len(top) :] for b in self._client.list_blobs(self.bucket, prefix=top))
+        found = (b.name[len(top) :] for b in self._client.list_blobs(self.bucket, prefix=top))
+        # not the 0-byte "<dir>/" objects a FUSE mount makes for a directory (gcsfuse docs/semantics.md, "Files and
+        # Directories": https://github.com/GoogleCloudPlatform/gcsfuse/blob/master/docs/semantics.md)
+        return sorted(n for n in found if n and not n.endswith("/"))
 
     def read(self, name: str) -> bytes | None:
         from google.api_core import exceptions as gexc
@@ -156,6 +167,12 @@ class Places(NamedTuple):
     run: Place
     manifests: Place
     compiled: Place
+
+
+def compile_timeout_s(spec: Any) -> float:
+    """The compile job's deadline: ``COMPILE_TIMEOUT_S``, or the training job's own when that is shorter; 0 when the
+    run has no compile job (the FSDP trainer keeps no shared cache)."""
+    return min(COMPILE_TIMEOUT_S, spec.train.timeout_s) if spec.train.workload == "maxtext" else 0.0
 
 
 def sha256(data: bytes) -> str:
@@ -211,8 +228,7 @@ def stage_in(shared: Place, run: Place, manifests: Place, key: str, log: Callabl
     staged, refused, size = [], [], 0
     for name, entry in sorted(entries.items()):
         data = None if bad_name(name) else shared.read(f"{key}/{name}")
-        if data is None and not bad_name(name):
-            continue  # gone: a miss like any other
+        # gone bytes are refused too: the compile job makes them again (else the configuration stays "compiled")
         if data is None or not kept(name) or sha256(data) != entry.get("sha256"):
             refused.append(name)
             continue
@@ -241,59 +257,105 @@ def stage_in(shared: Place, run: Place, manifests: Place, key: str, log: Callabl
     }
 
 
+def new_nonce() -> str:
+    """A compile job attempt's directory name under ``compiled/``: random (``secrets``), made here at submit, never
+    reused and not derivable from the run id, so nothing the run's pods wrote before the job can sit in it."""
+    import secrets
+
+    return secrets.token_hex(16)
+
+
+def job_entries(directory: Path) -> dict[str, str]:
+    """The compile job's report of what it wrote: every entry's name under its cache ``directory`` and the sha256 of
+    its bytes (:func:`record` takes only these, and only with these bytes)."""
+    if not directory.is_dir():
+        return {}
+    files = (p for p in directory.rglob("*") if p.is_file())
+    return {str(p.relative_to(directory)): sha256(p.read_bytes()) for p in sorted(files)}
+
+
 def record(
     places: Places,
     key: str,
     run_id: str,
     config: str,
     staged: list[str],
+    reported: dict[str, str],
+    under: str,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """After the compile job of compile configuration ``config``, before the training job: what it wrote under
-    ``key`` in ``places.compiled`` hashed, copied into the shared cache and into the training job's directory, bytes
-    first, then recorded in the manifest (a reader trusts nothing it does not list). An entry the manifest lists is
-    left as it is unless the stage-in did not stage it (``staged``: its bytes or its line changed, or it was gone):
-    then the compile job's replaces it. At most ``MAX_ENTRIES`` entries and ``MAX_BYTES`` bytes per key: what would
-    pass them is left out with a warning (the training job compiles it for itself)."""
+    """After the compile job of compile configuration ``config``, before the training job: the entries the job
+    reported (``reported``: name -> sha256, from its own record in its log) read from its attempt's directory
+    ``under`` (``<nonce>/<key>`` in ``places.compiled``), each only when its bytes hash to what the job reported,
+    copied into the shared cache and into the training job's directory, bytes first, then recorded in the manifest
+    (a reader trusts nothing it does not list). Anything else in the directory is ignored with a warning. An entry
+    the manifest lists is left as it is unless the stage-in did not stage it (``staged``: its bytes or its line
+    changed, or they were gone): then the compile job's replaces it. At most ``MAX_ENTRIES`` entries and
+    ``MAX_BYTES`` bytes per key: what would pass them is left out with a warning (the training job compiles it for
+    itself). The configuration is marked compiled only when this job's entries were all recorded (or held already)
+    and at least one was: else the next run compiles it again."""
     doc, _ = read_manifest(places.manifests, key)
     held = {n: e for n, e in doc["entries"].items() if n in staged}  # what stays, before this job's entries
     count, size = len(held), sum(int(e.get("size", 0)) for e in held.values())
     new: dict[str, dict[str, Any]] = {}
-    skipped, over = [], []
-    for name in places.compiled.names(key):
-        if not kept(name) or name in staged:
+    skipped, over, unreported, mismatched = [], [], [], []
+    present = places.compiled.names(under)
+    for name in sorted(set(present) | set(reported)):
+        if name not in reported:
+            unreported.append(name)
             continue
-        if bad_name(name):
+        if bad_name(name) or not kept(name):
             skipped.append(name)
             continue
-        data = places.compiled.read(f"{key}/{name}")
-        if data is None:
+        if name in staged:
+            continue
+        data = places.compiled.read(f"{under}/{name}")
+        if data is None or sha256(data) != reported[name]:
+            mismatched.append(name)
             continue
         if count + 1 > MAX_ENTRIES or size + len(data) > MAX_BYTES:
             over.append(name)
             continue
         places.shared.write(f"{key}/{name}", data)
         places.run.write(f"{key}/{name}", data)
-        new[name] = {"sha256": sha256(data), "size": len(data), "run": run_id, "by": "compile job"}
+        new[name] = {"sha256": reported[name], "size": len(data), "run": run_id, "by": "compile job"}
         count, size = count + 1, size + len(data)
+    complete = bool(reported) and not (skipped or over or mismatched)
 
     def change(raw: bytes | None) -> bytes:
         now, _ = parse_manifest(raw, "")
         now["entries"].update(new)
-        now["compiled"][config] = {"run": run_id, "entries": len(new)}
+        if complete:
+            now["compiled"][config] = {"run": run_id, "entries": len(new)}
         return json.dumps({**now, "key": key, "entries": dict(sorted(now["entries"].items()))}, indent=1).encode()
 
-    places.manifests.update(manifest_name(key), change)  # after the bytes: no listed entry is missing its bytes
-    if skipped:
-        log(f"WARNING: compile cache: the compile job's {_few(skipped)} not recorded: not a plain relative path")
+    if new or complete:
+        places.manifests.update(manifest_name(key), change)  # after the bytes: no listed entry is missing its bytes
+    where = f"{places.compiled.where}/{under}"
+    for names, why in (
+        (unreported, "the compile job did not report them"),
+        (mismatched, "their bytes are gone or do not hash to what the compile job reported"),
+        (skipped, "not a plain relative path"),
+    ):
+        if names:
+            log(f"WARNING: compile cache {where}: {len(names)} not recorded ({_few(names)}): {why}")
     if over:
         log(
             f"WARNING: compile cache {places.shared.where}/{key}: {len(over)} of the compile job's entries not "
             f"recorded ({_few(over)}): the key holds at most {MAX_ENTRIES} entries and {MAX_BYTES / 2**30:g} GiB; the "
             "training job compiles them for itself"
         )
+    if not complete:
+        log(f"WARNING: compile cache: configuration {config} not marked compiled: the next run's compile job retries")
     log(f"compile cache: {len(new)} entries of run {run_id}'s compile job recorded in {places.shared.where}/{key}")
-    return {"key": key, "recorded": len(new), "bytes": sum(e["size"] for e in new.values()), "over_cap": len(over)}
+    return {
+        "key": key,
+        "recorded": len(new),
+        "bytes": sum(e["size"] for e in new.values()),
+        "over_cap": len(over),
+        "ignored": len(unreported) + len(mismatched) + len(skipped),
+        "compiled": complete,
+    }
 
 
 def _few(names: list[str], most: int = 3) -> str:

@@ -95,6 +95,18 @@ def num_workers(spec: RunSpec) -> int | tuple[int, int]:
     return t.num_workers or cluster_workers(spec)
 
 
+def compile_workers(spec: RunSpec) -> int:
+    """The compile job's workers: the training job's full size (an elastic range's maximum), never a range, so it
+    compiles the programs a full-size training job loads (``components.stages.compile_cache``)."""
+    n = num_workers(spec)
+    return n[1] if isinstance(n, tuple) else n
+
+
+def compile_devices(spec: RunSpec) -> int:
+    """The devices the compile job compiles for: its workers, each a host's JAX runtime with its devices."""
+    return compile_workers(spec) * check_devices_per_host(spec)
+
+
 def scaling_config_args(spec: RunSpec) -> dict[str, Any]:
     """Ray ``ScalingConfig`` arguments: one worker per emulated host on cpu; on TPU one per device (TorchTPU)
     or one per host (JAX, spread one per host); Ray derives the slices from the topology and gang-reserves each."""
@@ -184,7 +196,10 @@ def job_command(
     args = {"spec": spec.to_json(), "output_dir": output_dir}
     if mode in ("train", "eval", "check", "compile"):  # the jobs that run on the training workers
         args["run_name"] = run_name
-        args["scaling_config"] = json.dumps(scaling_config_args(spec), sort_keys=True)
+        scaling = scaling_config_args(spec)
+        if mode == "compile":  # fixed at the training size: a smaller group's programs are not a full job's
+            scaling["num_workers"] = compile_workers(spec)
+        args["scaling_config"] = json.dumps(scaling, sort_keys=True)
     if mode == "check":
         args["devices_per_host"] = str(check_devices_per_host(spec))
     if mode == "eval":

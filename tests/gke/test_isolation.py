@@ -210,7 +210,8 @@ def test_the_pipeline_records_what_the_compile_job_wrote_and_the_next_run_stages
 ):
     """On gke the train stage's recording and staging go through the pipeline's identity (the emulated Cloud
     Storage's owner): the pods of ``mine`` (its compile job) write their compiled program under their own
-    ``runs/mine/compiled/``, the stage copies it into ``cache/`` and into the training job's ``runs/mine/cache/`` with
+    ``runs/mine/compiled/<nonce>/``; an object any pod of the run plants there that the job did not report is not
+    recorded; the stage copies the reported one into ``cache/`` and into the training job's ``runs/mine/cache/`` with
     its hash in ``state/_cache/``; what the training job then writes in ``runs/mine/cache/`` is never copied anywhere;
     a program planted in ``cache/`` afterwards is not staged into ``theirs``'s prefix, with one warning line
     (``components.workload.cache_trust``)."""
@@ -222,11 +223,18 @@ def test_the_pipeline_records_what_the_compile_job_wrote_and_the_next_run_stages
     key = "compile/m/v6e-4x4-1-slice/digest"
     assert gke.run_cache_root(mine) == "/data/runs/mine/cache"  # where the training job's pods see their copy
     assert gke.compile_job_root(mine) == "/data/runs/mine/compiled"  # and the compile job's pods their output
-    pod.bucket(BUCKET).blob(f"runs/mine/compiled/{key}/jit_f-cache").upload_from_string(b"program f")
+    under = f"{cache_trust.new_nonce()}/{key}"
+    pod.bucket(BUCKET).blob(f"runs/mine/compiled/{under}/jit_f-cache").upload_from_string(b"program f")
+    pod.bucket(BUCKET).blob(f"runs/mine/compiled/{under}/jit_p-cache").upload_from_string(b"planted")  # unreported
+    reported = {"jit_f-cache": cache_trust.sha256(b"program f")}  # the compile job's result record
     lines: list[str] = []
     places = gke.cache_places(mine)
     staged = cache_trust.stage_in(places.shared, places.run, places.manifests, key, lines.append)
-    assert cache_trust.record(places, key, "mine", "config", staged["names"], lines.append)["recorded"] == 1
+    recorded = cache_trust.record(places, key, "mine", "config", staged["names"], reported, under, lines.append)
+    assert recorded["recorded"] == 1 and recorded["ignored"] == 1 and recorded["compiled"]
+    (warning,) = [ln for ln in lines if ln.startswith("WARNING")]  # the planted object's
+    assert "1 not recorded (jit_p-cache): the compile job did not report them" in warning
+    lines.clear()
     assert project.storage.data(BUCKET, f"cache/{key}/jit_f-cache") == b"program f"
     assert project.storage.data(BUCKET, f"runs/mine/cache/{key}/jit_f-cache") == b"program f"
     assert [n for n in project.storage.objects_of(BUCKET, "cache/")] == [f"cache/{key}/jit_f-cache"]
@@ -255,8 +263,9 @@ def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifest
     project = project_factory()
     gke, mine, theirs, _ = _two_runs_and_mine_pods_client(tmp_path, project)
     key = "compile/m/v6e-4x4-1-slice/digest"
-    project.storage.put(BUCKET, f"runs/mine/compiled/{key}/jit_f-cache", b"program f")
-    project.storage.put(BUCKET, f"runs/theirs/compiled/{key}/jit_g-cache", b"program g")
+    project.storage.put(BUCKET, f"runs/mine/compiled/n/{key}/jit_f-cache", b"program f")
+    project.storage.put(BUCKET, f"runs/theirs/compiled/n/{key}/jit_g-cache", b"program g")
+    f, g = ({"jit_f-cache": cache_trust.sha256(b"program f")}, {"jit_g-cache": cache_trust.sha256(b"program g")})
     places, other = gke.cache_places(mine), gke.cache_places(theirs)
     writes: list[str] = []
     update = places.manifests.update
@@ -265,13 +274,13 @@ def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifest
         def late(raw):
             writes.append("read")
             if len(writes) == 1:
-                cache_trust.record(other, key, "theirs", "config-b", [], lambda m: None)
+                cache_trust.record(other, key, "theirs", "config-b", [], g, f"n/{key}", lambda m: None)
             return change(raw)
 
         return update(name, late)
 
     places.manifests.update = overtaken  # type: ignore[method-assign]
-    cache_trust.record(places, key, "mine", "config-a", [], lambda m: None)
+    cache_trust.record(places, key, "mine", "config-a", [], f, f"n/{key}", lambda m: None)
     doc = json.loads(project.storage.data(BUCKET, f"state/_cache/{key}.json"))
     assert sorted(doc["entries"]) == ["jit_f-cache", "jit_g-cache"]
     assert sorted(doc["compiled"]) == ["config-a", "config-b"]

@@ -261,6 +261,8 @@ def test_ages_and_limits():
         janitor.parse_age("six hours")
     sets = ONE_SLICE + " train.timeout_s=3600 cluster.ready_timeout_s=600 cluster.slice_check_timeout_s=100"
     assert janitor.limit_s(resolve("local-fsdp", sets)) == 3600 + 600 + 300 + 7200
+    # MaxText's compile job before the training job, within its own bound (cache_trust.compile_timeout_s)
+    assert janitor.limit_s(resolve("local-maxtext", sets)) == 3600 + 600 + 300 + 7200 + 1800
     # The run's own deadline, sooner or later than its stages' sum: past it (and its teardown's time) the run's
     # stages have stopped it themselves, so a run still up has lost its driver; before it, it may still be working.
     grace = janitor.STOP_GRACE_S

@@ -24,6 +24,7 @@ from components.workload import cache, cache_trust, resolve
 IMAGE = f"local/maxtext@sha256:{'cd' * 32}"
 PLANTED = b"\x7fELF a program nobody compiled for this run" * 4
 CONFIG = "sha256:config"
+NONCE = "0f" * 16  # the compile job attempt's directory (the stage makes a random one: cache_trust.new_nonce)
 
 
 def run_ctx(root: Path, run_id: str) -> RunContext:
@@ -42,8 +43,16 @@ def job_dir(ctx: RunContext) -> Path:
 
 
 def compile_dir(ctx: RunContext) -> Path:
-    """The directory the compile job writes (``components.stages.compile_cache``)."""
-    return Path(cache.directory(get_platform("local").compile_job_root(ctx), ctx.spec, IMAGE))
+    """The directory the compile job attempt writes (``components.stages.compile_cache``)."""
+    return Path(cache.directory(f"{get_platform('local').compile_job_root(ctx)}/{NONCE}", ctx.spec, IMAGE))
+
+
+def record(ctx: RunContext, config: str, staged: list[str], log, reported: dict[str, str] | None = None) -> dict:
+    """The stage's record of the compile job's attempt: what the job reported (by default its report of everything
+    it wrote: ``cache_trust.job_entries``, as the trainer makes it) read from the attempt's directory."""
+    places = get_platform("local").cache_places(ctx)
+    reported = cache_trust.job_entries(compile_dir(ctx)) if reported is None else reported
+    return cache_trust.record(places, key_of(ctx), ctx.run_id, config, staged, reported, f"{NONCE}/{key_of(ctx)}", log)
 
 
 def warnings_of(lines: list[str]) -> list[str]:
@@ -65,8 +74,7 @@ def compile_job(ctx: RunContext, staged: dict, entries: dict[str, bytes], config
     for name, data in entries.items():
         (compile_dir(ctx) / name).parent.mkdir(parents=True, exist_ok=True)
         (compile_dir(ctx) / name).write_bytes(data)
-    places = get_platform("local").cache_places(ctx)
-    return cache_trust.record(places, key_of(ctx), ctx.run_id, config, staged["names"], lambda line: None)
+    return record(ctx, config, staged["names"], lambda line: None)
 
 
 def first_run(root: Path, entries: dict[str, bytes]) -> tuple[Path, Path]:
@@ -197,10 +205,10 @@ def test_a_record_past_the_caps_keeps_what_fits_and_warns_never_fails(tmp_path, 
     for i in range(4):
         (compile_dir(ctx) / f"jit_{i}-cache").parent.mkdir(parents=True, exist_ok=True)
         (compile_dir(ctx) / f"jit_{i}-cache").write_bytes(b"p" * 10)
-    places = get_platform("local").cache_places(ctx)
-    result = cache_trust.record(places, key_of(ctx), "first", CONFIG, staged["names"], lines.append)
-    assert result["recorded"] == 2 and result["over_cap"] == 2
-    (warning,) = warnings_of(lines)
+    result = record(ctx, CONFIG, staged["names"], lines.append)
+    assert result["recorded"] == 2 and result["over_cap"] == 2 and not result["compiled"]  # the next run retries
+    warning, marked = warnings_of(lines)
+    assert "not marked compiled" in marked
     assert "2 of the compile job's entries not recorded (jit_2-cache, jit_3-cache)" in warning
     assert "at most 2 entries" in warning
     monkeypatch.setattr(cache_trust, "MAX_ENTRIES", 100)
@@ -210,6 +218,55 @@ def test_a_record_past_the_caps_keeps_what_fits_and_warns_never_fails(tmp_path, 
     assert compile_job(nxt, staged, {"jit_9-cache": b"q" * 10}, "sha256:b")["over_cap"] == 1
 
 
+def test_only_what_the_compile_job_reported_with_the_bytes_it_reported_is_recorded(tmp_path):
+    """The compile job's directory is writable by the run's pods for the whole run: an object planted there that the
+    job did not report, and a reported entry whose bytes were swapped after the job hashed them, are ignored with a
+    warning; the configuration is not marked compiled, so the next run's compile job tries again."""
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    compile_dir(ctx).mkdir(parents=True)
+    (compile_dir(ctx) / "jit_f-cache").write_bytes(b"program f")
+    (compile_dir(ctx) / "jit_g-cache").write_bytes(b"program g")
+    reported = cache_trust.job_entries(compile_dir(ctx))  # the job's own report, made when it finished
+    (compile_dir(ctx) / "jit_g-cache").write_bytes(PLANTED)  # swapped after the job hashed it
+    (compile_dir(ctx) / "jit_planted-cache").write_bytes(PLANTED)  # never reported
+    lines: list[str] = []
+    result = record(ctx, CONFIG, staged["names"], lines.append, reported)
+    assert result["recorded"] == 1 and result["ignored"] == 2 and not result["compiled"]
+    shared = tmp_path / cache.CACHE_PREFIX / key_of(ctx)
+    assert sorted(p.name for p in shared.iterdir()) == ["jit_f-cache"]
+    assert not (job_dir(ctx) / "jit_planted-cache").exists() and not (job_dir(ctx) / "jit_g-cache").exists()
+    doc, _ = cache_trust.read_manifest(get_platform("local").cache_places(ctx).manifests, key_of(ctx))
+    assert set(doc["entries"]) == {"jit_f-cache"} and doc["compiled"] == {}
+    text = "\n".join(warnings_of(lines))
+    assert "jit_planted-cache): the compile job did not report them" in text
+    assert "jit_g-cache): their bytes are gone or do not hash to what the compile job reported" in text
+    assert stage(run_ctx(tmp_path, "next"))[0]["compiled"] == []  # a new compile job for the next run
+
+
+def test_a_compile_job_that_reported_nothing_marks_nothing_compiled(tmp_path):
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    lines: list[str] = []
+    assert record(ctx, CONFIG, staged["names"], lines.append, {}) == {
+        "key": key_of(ctx),
+        "recorded": 0,
+        "bytes": 0,
+        "over_cap": 0,
+        "ignored": 0,
+        "compiled": False,
+    }
+    assert not (tmp_path / cache_trust.MANIFESTS_PREFIX / f"{key_of(ctx)}.json").exists()
+    assert any("not marked compiled" in w for w in warnings_of(lines))
+
+
+def test_a_listed_entry_whose_bytes_are_gone_is_refused_so_a_compile_job_makes_it_again(tmp_path):
+    shared, _ = first_run(tmp_path, {"jit_f-cache": b"program f", "jit_g-cache": b"program g"})
+    (shared / "jit_g-cache").unlink()
+    result, lines = stage(run_ctx(tmp_path, "next"))
+    assert result["refused"] == ["jit_g-cache"] and result["staged"] == 1 and len(warnings_of(lines)) == 1
+
+
 def test_runs_recording_at_once_on_this_machine_keep_every_entry(tmp_path):
     """Eight records of one key at once (the local platform's lock around the manifest's read and write)."""
     ctxs = [run_ctx(tmp_path, f"run-{i}") for i in range(8)]
@@ -217,10 +274,7 @@ def test_runs_recording_at_once_on_this_machine_keep_every_entry(tmp_path):
         (compile_dir(ctx)).mkdir(parents=True)
         (compile_dir(ctx) / f"jit_{i}-cache").write_bytes(b"program %d" % i)
     places = [get_platform("local").cache_places(ctx) for ctx in ctxs]
-    threads = [
-        threading.Thread(target=cache_trust.record, args=(p, key_of(c), c.run_id, f"c{i}", [], lambda m: None))
-        for i, (p, c) in enumerate(zip(places, ctxs, strict=True))
-    ]
+    threads = [threading.Thread(target=record, args=(c, f"c{i}", [], lambda m: None)) for i, c in enumerate(ctxs)]
     for t in threads:
         t.start()
     for t in threads:
@@ -260,8 +314,7 @@ def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tm
         compiled = None
         if CONFIG not in result["compiled"] or result["refused"]:  # components.stages.compile_cache's rule
             compiled = jax_process(compile_dir(ctx))
-            places = get_platform("local").cache_places(ctx)
-            cache_trust.record(places, key_of(ctx), run_id, CONFIG, result["names"], lines.append)
+            record(ctx, CONFIG, result["names"], lines.append)
         return compiled, jax_process(job_dir(ctx)), lines
 
     compiled, first, lines = run("first")
@@ -322,6 +375,24 @@ def test_no_compile_job_once_the_runs_training_job_was_submitted(tmp_path, monke
     assert result is not None and result["compile_job"] is None and result["recorded"] is None
     assert "no compile job: this run's training job already ran on its cluster" in lines[-1]
     assert not (tmp_path / cache.CACHE_PREFIX).exists()
+
+
+def test_a_cache_error_is_a_warning_and_the_training_job_runs_without_it(tmp_path, monkeypatch):
+    """The training job's directory cannot be written (here: a file where the run's cache directory goes), so the
+    stage-in fails: one warning, the training job marked submitted, no failed run."""
+    from components.stages import compile_cache
+    from components.workload import maxtext
+
+    ctx = run_ctx(tmp_path, "first")
+    staged, _ = stage(ctx)
+    compile_job(ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec))
+    second = run_ctx(tmp_path, "second")
+    Path(get_platform("local").run_cache_root(second)).parent.mkdir(parents=True, exist_ok=True)
+    Path(get_platform("local").run_cache_root(second)).write_text("not a directory")
+    result, lines = prepared(second, monkeypatch)
+    assert result is not None and "error" in result
+    assert lines[-1].startswith("WARNING: compile cache: ") and "runs without the cache" in lines[-1]
+    assert second.store.read_text(compile_cache.SUBMITTED)
 
 
 def test_the_fsdp_trainer_keeps_its_cache_per_run(tmp_path, monkeypatch):

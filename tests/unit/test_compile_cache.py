@@ -66,7 +66,7 @@ def test_the_plan_shows_where_the_cache_is_and_the_checkpoints_retention_and_siz
         "manifest": f"gs://PROJECT_ID-tpupipe/state/_cache/{key}.json",  # the hashes, where no pod reaches
     }
     # the compile job that alone fills it: who runs it, where it writes, on what inputs, and why that is trusted
-    assert job["path"] == f"/data/runs/r1/compiled/{key}" and job["submission_id"].startswith("r1")
+    assert job["path"] == f"/data/runs/r1/compiled/NONCE/{key}" and job["submission_id"].startswith("r1")
     words = job["entrypoint"].split()
     assert words[:4] == ["python", "-m", "trainers.maxtext_train", "compile"]
     assert "dataset_type=synthetic" in words and f"jax_cache_dir={job['path']}" in words
@@ -84,6 +84,35 @@ def test_the_plan_shows_where_the_cache_is_and_the_checkpoints_retention_and_siz
     fsdp = document.build(layered("gemma4-e2b-v6e-16"), "r2")
     assert fsdp["training"]["compile_cache"] is None
     assert any("keeps no compiled programs across runs" in w for w in fsdp["warnings"])
+
+
+def test_the_compile_job_runs_at_the_training_size_and_its_configuration_names_the_device_count():
+    """An elastic run's training job may run with fewer workers, but the compile job runs with the range's maximum
+    (Ray Train's ``num_workers`` a count, never a range), and the configuration it records names its device count,
+    so a smaller group's programs are never taken for a full-size job's."""
+    from components.workload import maxtext
+    from components.workload.derive import compile_devices
+
+    spec = layered("llama3-8b-v6e-elastic-spot")
+    import shlex
+
+    words = {mode: shlex.split(job_command(spec, mode, "/o", "r")) for mode in ("train", "compile")}
+    scaling = {mode: json.loads(w[w.index("--scaling-config") + 1]) for mode, w in words.items()}
+    assert scaling["train"]["num_workers"] == [spec.train.min_workers, spec.train.max_workers]
+    assert scaling["compile"]["num_workers"] == spec.train.max_workers
+    assert compile_devices(spec) == spec.train.max_workers * 4  # v6e: 4 chips per host
+    smaller = layered("llama3-8b-v6e-elastic-spot", {"train.max_workers": str(spec.train.min_workers)})
+    assert maxtext.compile_config(smaller) != maxtext.compile_config(spec)
+
+
+def test_the_compile_job_has_its_own_short_deadline_in_the_plan():
+    from components.platforms.gke.plan import document
+    from components.workload import cache_trust
+
+    plan = document.build(layered("llama3-70b-v6e-16x2"), "r1")
+    assert plan["training"]["compile_cache"]["compile_job"]["timeout_s"] == cache_trust.COMPILE_TIMEOUT_S == 1800
+    assert plan["training"]["timeout_s"] > 1800
+    assert cache_trust.compile_timeout_s(layered("llama3-70b-v6e-16x2", {"train.timeout_s": "600"})) == 600
 
 
 def test_llama3_8b_has_its_published_size():

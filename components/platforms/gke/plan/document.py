@@ -246,13 +246,15 @@ def _before_training(spec: RunSpec, cost: dict[str, Any]) -> dict[str, Any]:
     chips = shape.num_chips * c.num_slices
     ready_s = ready_limits(spec).deadline_s
     check_s = 3 * c.slice_check_timeout_s if c.slice_check else 0.0  # the check job's deadline (stages.ray_stages)
-    minutes = (ready_s + check_s) / 60
+    compile_s = cache_trust.compile_timeout_s(spec)  # the compile job's, when the cache lacks the configuration
+    minutes = (ready_s + check_s + compile_s) / 60
     tpu = [ln for ln in cost["lines"] if ln["price_key"].startswith("tpu/")]
     per_chip_hour = tpu[0]["unit_usd"] if tpu and all(ln["unit_usd"] is not None for ln in tpu) else None
     return {
         "chips": chips,
         "readiness_s": ready_s,
         "slice_check_s": check_s,
+        "compile_job_s": compile_s,
         "chip_minutes_at_most": round(chips * minutes, 1),
         "usd_at_most": None if per_chip_hour is None else round(chips * minutes / 60 * per_chip_hour, 2),
         "image_build": "beside provision",

@@ -161,17 +161,19 @@ def compile_cache(spec: RunSpec, t: Target) -> str:
     return cache.directory(root, spec, t.image if IMAGE_WITH_DIGEST.match(t.image) else "")
 
 
-def compile_job(spec: RunSpec, t: Target) -> dict[str, str]:
+def compile_job(spec: RunSpec, t: Target) -> dict[str, Any]:
     """The run's compile job (``components.stages.compile_cache``): its submission id, its entrypoint and where its
     pods write (the run's own ``compiled/`` prefix, which the train stage records from)."""
-    from components.workload.cache_trust import COMPILE_DIR
+    from components.workload.cache_trust import COMPILE_DIR, compile_timeout_s
 
     image = t.image if IMAGE_WITH_DIGEST.match(t.image) else ""
-    where = cache.directory(f"{t.run_dir}/{COMPILE_DIR}", spec, image)
+    # NONCE: the attempt's random directory, made by the train stage at submit (cache_trust.new_nonce)
+    where = cache.directory(f"{t.run_dir}/{COMPILE_DIR}/NONCE", spec, image)
     return {
         "submission_id": names.job_submission_id(t.run_id, "compile"),
         "entrypoint": job_command(spec, "compile", f"{t.run_dir}/compile", f"{t.run_id}-compile", compile_cache=where),
         "path": where,
+        "timeout_s": compile_timeout_s(spec),
     }
 
 

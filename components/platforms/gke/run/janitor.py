@@ -78,8 +78,9 @@ def limit_s(spec: RunSpec) -> float:
     2 h and the grace); a run queued in Kueue waits in its queue within that deadline too. Without one, the longest
     its stages may wait: provisioning and the build, a Kueue queue's wait (gke.queue: ``deploy.QUEUE_WAIT_DEFAULT_H``;
     past it the run is withdrawn from the queue, its RayCluster and Workload deleted by teardown), the cluster's
-    start, the slice check, the train and evaluate jobs (each bounded by its deadline)."""
+    start, the slice check, the compile job, the train and evaluate jobs (each bounded by its deadline)."""
     from components.platforms.gke.run.deploy import QUEUE_WAIT_DEFAULT_H
+    from components.workload.cache_trust import compile_timeout_s
 
     if spec.run.deadline_h is not None:
         return spec.run.deadline_h * 3600 + STOP_GRACE_S
@@ -91,6 +92,7 @@ def limit_s(spec: RunSpec) -> float:
         + ready_limits(spec).deadline_s
         + (3 * c.slice_check_timeout_s if c.slice_check else 0)
         + 2 * spec.train.timeout_s
+        + compile_timeout_s(spec)  # the compile job before the training job (components.stages.compile_cache)
     )
 
 
