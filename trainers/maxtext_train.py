@@ -328,7 +328,7 @@ def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_
     ``eval_interval`` > 0: maxtext/input_pipeline/input_pipeline_interface.py, ``create_data_iterator``). No retry: a
     failed compile job leaves the run to compile in its training job. Its result reports every entry it wrote to
     ``jax_cache_dir`` (name and sha256): the pipeline's side records only those (``cache_trust.record``)."""
-    from components.workload.cache_trust import job_entries
+    from components.spec.protocol import job_entries
 
     steps = int(_arg(args, "steps") or 1)
     evaluates = spec.maxtext.dataset_type == "hf"

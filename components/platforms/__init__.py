@@ -119,6 +119,12 @@ class Platform(ABC):
         run's own directory: ``components.workload.cache_trust``); empty when the platform keeps no cache."""
         return ""
 
+    def claims_store(self, ctx: RunContext) -> Any:
+        """Where the run id is claimed beside the resources named from it (``components.stages.claims
+        .claim_resources``), when those are named within a place other than the run's output root; None when the
+        run's ledger is the only claim it needs."""
+        return None
+
     def cache_places(self, ctx: RunContext) -> Any:
         """The compile cache as the pipeline's side reaches it (``components.workload.cache_trust.Places``): the
         cache kept across runs, the training job's directory (``run_cache_root``), the trusted manifests and the

@@ -54,6 +54,8 @@ def gcs_address(store: RunStore) -> str | None:
 
 # Who holds the run's id (``components.stages.claims``): kept when the ledger is written afresh.
 CLAIM_KEYS = ("claim", "pipeline_job")
+# Where a run id is also claimed beside resources named from it within a bucket (``Platform.claims_store``).
+RESOURCE_CLAIMS = "state/_claims"
 
 
 def replace(store: RunStore, ledger: dict[str, Any]) -> dict[str, Any]:

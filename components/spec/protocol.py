@@ -70,3 +70,17 @@ def last_result(lines: Iterable[str], nonce: str = "") -> dict[str, Any] | None:
         if kind == "result":
             result = payload
     return result
+
+
+def job_entries(directory) -> dict[str, str]:
+    """A compile job's report of what it wrote: every entry's name under its cache ``directory`` (a ``Path``) and the
+    sha256 of its bytes, which the job puts in its result record; the pipeline's side records only these, and only
+    with these bytes (``components.workload.cache_trust.record``)."""
+    import hashlib
+
+    if not directory.is_dir():
+        return {}
+    files = (p for p in directory.rglob("*") if p.is_file())
+    return {
+        str(p.relative_to(directory)): "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)
+    }

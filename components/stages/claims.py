@@ -115,13 +115,10 @@ def claim(
         ledgers.update(store, note)
 
 
-# Where a gke run's id is claimed beside its resources: a run's cluster, service accounts and objects
-# (``runs/<id>/``, ``models/<model>/<id>/``) are named from the run id within the project and bucket, not from
-# ``output_root``, so a claim in the ledger alone lets a run of the same id under another ``output_root`` share
+# Where a gke run's id is claimed beside its resources (``Platform.claims_store``): a run's cluster, service accounts
+# and objects (``runs/<id>/``, ``models/<model>/<id>/``) are named from the run id within the project and bucket, not
+# from ``output_root``, so a claim in the ledger alone lets a run of the same id under another ``output_root`` share
 # them. No run's pods may write ``state/`` (their binding names ``runs/<run id>/`` alone).
-RESOURCE_CLAIMS = "state/_claims"
-
-
 def claim_resources(ctx, job_name: str, create: bool, environ=None) -> None:
     """On the gke platform, the run id claimed also at ``gs://<gke.bucket>/state/_claims/<run id>.json``, created
     with ``ifGenerationMatch=0`` (as the ledger, :func:`claim`) naming the same claimant: this claimant's tasks (a
@@ -130,18 +127,17 @@ def claim_resources(ctx, job_name: str, create: bool, environ=None) -> None:
     first task finds no bucket when the run is the project's first (provision makes it), and then the next task
     claims; the exit task only checks. Elsewhere nothing to do: a local run's resources are under its run
     directory, which its ledger claims."""
-    if ctx.platform != "gke":
+    from components.platforms import get_platform
+
+    store = get_platform(ctx.platform).claims_store(ctx)
+    if store is None:
         return
     me = claimant(job_name, os.environ if environ is None else environ)
     if not me:
         return
     from google.api_core.exceptions import NotFound
 
-    from components.platforms.gke.plan.target import target
-    from components.platforms.store import GcsStore
-
-    bucket = target(ctx.spec, ctx.run_id).bucket
-    store, key = GcsStore(bucket, RESOURCE_CLAIMS), f"{ctx.run_id}.json"
+    bucket, key = store.bucket_name, f"{ctx.run_id}.json"
     if create:
         record = {"run_id": ctx.run_id, "output_root": ctx.store.uri, "claim": {"job": me, "at": time.time()}}
         try:

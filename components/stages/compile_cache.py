@@ -50,10 +50,10 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
 
 
 def _prepare(ctx: RunContext, places: Any, image: str) -> dict[str, Any]:
-    from components.workload import cache, cache_trust, maxtext
+    from components.workload import cache, cache_trust, derive, maxtext
 
     spec = ctx.spec
-    key, config = cache.key(spec, image), maxtext.compile_config(spec)
+    key, config = cache.key(spec, image), maxtext.compile_config(spec, derive.compile_devices(spec))
     staged = cache_trust.stage_in(places.shared, places.run, places.manifests, key, log)
     result: dict[str, Any] = {"staged": staged, "compile_job": None, "recorded": None}
     if config in staged["compiled"] and not staged["refused"]:

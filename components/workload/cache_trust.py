@@ -265,15 +265,6 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def job_entries(directory: Path) -> dict[str, str]:
-    """The compile job's report of what it wrote: every entry's name under its cache ``directory`` and the sha256 of
-    its bytes (:func:`record` takes only these, and only with these bytes)."""
-    if not directory.is_dir():
-        return {}
-    files = (p for p in directory.rglob("*") if p.is_file())
-    return {str(p.relative_to(directory)): sha256(p.read_bytes()) for p in sorted(files)}
-
-
 def record(
     places: Places,
     key: str,

@@ -358,14 +358,13 @@ def compile_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: s
     return ["dataset_type=synthetic", *kept, *schedule, "enable_checkpointing=false"]
 
 
-def compile_config(spec: RunSpec) -> str:
+def compile_config(spec: RunSpec, devices: int) -> str:
     """What the compile job compiles, as one digest: its MaxText arguments without the per-run paths, and the number
-    of devices it compiles for (``derive.compile_devices``: an elastic run's group size changes its programs). The
-    trusted manifest names the configurations already compiled, so a recurring run submits no compile job."""
+    of devices it compiles for (``devices``, ``derive.compile_devices``: an elastic run's group size changes its
+    programs). The trusted manifest names the configurations already compiled, so a recurring run submits no
+    compile job."""
     import hashlib
 
-    from components.workload.derive import compile_devices
-
     args = [a for a in compile_args(spec, "", "", "") if not a.startswith(("base_output_directory=", "run_name="))]
-    args.append(f"devices={compile_devices(spec)}")
+    args.append(f"devices={devices}")
     return "sha256:" + hashlib.sha256("\n".join(args).encode()).hexdigest()

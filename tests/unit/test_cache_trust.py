@@ -18,8 +18,9 @@ import pytest
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import LocalStore, write_json
+from components.spec import protocol
 from components.stages import ray_stages
-from components.workload import cache, cache_trust, resolve
+from components.workload import cache, cache_trust, derive, resolve
 
 IMAGE = f"local/maxtext@sha256:{'cd' * 32}"
 PLANTED = b"\x7fELF a program nobody compiled for this run" * 4
@@ -49,9 +50,9 @@ def compile_dir(ctx: RunContext) -> Path:
 
 def record(ctx: RunContext, config: str, staged: list[str], log, reported: dict[str, str] | None = None) -> dict:
     """The stage's record of the compile job's attempt: what the job reported (by default its report of everything
-    it wrote: ``cache_trust.job_entries``, as the trainer makes it) read from the attempt's directory."""
+    it wrote: ``protocol.job_entries``, as the trainer makes it) read from the attempt's directory."""
     places = get_platform("local").cache_places(ctx)
-    reported = cache_trust.job_entries(compile_dir(ctx)) if reported is None else reported
+    reported = protocol.job_entries(compile_dir(ctx)) if reported is None else reported
     return cache_trust.record(places, key_of(ctx), ctx.run_id, config, staged, reported, f"{NONCE}/{key_of(ctx)}", log)
 
 
@@ -227,7 +228,7 @@ def test_only_what_the_compile_job_reported_with_the_bytes_it_reported_is_record
     compile_dir(ctx).mkdir(parents=True)
     (compile_dir(ctx) / "jit_f-cache").write_bytes(b"program f")
     (compile_dir(ctx) / "jit_g-cache").write_bytes(b"program g")
-    reported = cache_trust.job_entries(compile_dir(ctx))  # the job's own report, made when it finished
+    reported = protocol.job_entries(compile_dir(ctx))  # the job's own report, made when it finished
     (compile_dir(ctx) / "jit_g-cache").write_bytes(PLANTED)  # swapped after the job hashed it
     (compile_dir(ctx) / "jit_planted-cache").write_bytes(PLANTED)  # never reported
     lines: list[str] = []
@@ -355,7 +356,9 @@ def test_a_recorded_configuration_needs_no_compile_job_and_the_training_job_is_m
 
     ctx = run_ctx(tmp_path, "first")
     staged, _ = stage(ctx)
-    compile_job(ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec))
+    compile_job(
+        ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec, derive.compile_devices(ctx.spec))
+    )
     second = run_ctx(tmp_path, "second")
     result, lines = prepared(second, monkeypatch)
     assert result is not None and result["compile_job"] is None and result["staged"]["staged"] == 1
@@ -385,7 +388,9 @@ def test_a_cache_error_is_a_warning_and_the_training_job_runs_without_it(tmp_pat
 
     ctx = run_ctx(tmp_path, "first")
     staged, _ = stage(ctx)
-    compile_job(ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec))
+    compile_job(
+        ctx, staged, {"jit_f-cache": b"program f"}, maxtext.compile_config(ctx.spec, derive.compile_devices(ctx.spec))
+    )
     second = run_ctx(tmp_path, "second")
     Path(get_platform("local").run_cache_root(second)).parent.mkdir(parents=True, exist_ok=True)
     Path(get_platform("local").run_cache_root(second)).write_text("not a directory")

@@ -102,7 +102,9 @@ def test_the_compile_job_runs_at_the_training_size_and_its_configuration_names_t
     assert scaling["compile"]["num_workers"] == spec.train.max_workers
     assert compile_devices(spec) == spec.train.max_workers * 4  # v6e: 4 chips per host
     smaller = layered("llama3-8b-v6e-elastic-spot", {"train.max_workers": str(spec.train.min_workers)})
-    assert maxtext.compile_config(smaller) != maxtext.compile_config(spec)
+    assert maxtext.compile_config(smaller, compile_devices(smaller)) != maxtext.compile_config(
+        spec, compile_devices(spec)
+    )
 
 
 def test_the_compile_job_has_its_own_short_deadline_in_the_plan():

@@ -310,6 +310,14 @@ class GkePlatform(Platform):
 
         return f"{self._target(ctx).run_dir}/{COMPILE_DIR}"  # the run's own prefix: its compile job's output
 
+    def claims_store(self, ctx: RunContext) -> Any:
+        """``gs://<gke.bucket>/state/_claims/``: the run's cluster, service accounts and objects are named from its id
+        within the project and the bucket, whatever its output root."""
+        from components.platforms.ledger import RESOURCE_CLAIMS
+        from components.platforms.store import GcsStore
+
+        return GcsStore(target(ctx.spec, ctx.run_id).bucket, RESOURCE_CLAIMS)
+
     def cache_places(self, ctx: RunContext) -> Any:
         """The bucket's ``cache/`` (read-only to every pod), the run's ``runs/<id>/cache/`` (the training job's) and
         ``runs/<id>/compiled/`` (the compile job's), and the manifests in ``state/_cache/`` (no pod's identity reaches
