@@ -72,7 +72,7 @@ def last_result(lines: Iterable[str], nonce: str = "") -> dict[str, Any] | None:
     return result
 
 
-def job_entries(directory) -> dict[str, str]:
+def job_entries(directory: Any) -> dict[str, str]:
     """A compile job's report of what it wrote: every entry's name under its cache ``directory`` (a ``Path``) and the
     sha256 of its bytes, which the job puts in its result record; the pipeline's side records only these, and only
     with these bytes (``components.workload.cache_trust.record``)."""
