@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from components.platforms.ledger import CLAIM_KEYS
 from components.platforms.local.processes import run_processes
 from components.registry import open_registry
 from tests.helpers import tpupipe_run, unique_run_id
@@ -99,7 +100,8 @@ def test_a_day_with_nothing_new_is_skipped_and_starts_nothing(loop):
     statuses = {s["name"]: s["status"] for s in summary["stages"]}
     assert statuses["snapshot_data"] == "succeeded" and statuses["teardown"] == "succeeded"
     assert {statuses[s] for s in statuses if s not in ("snapshot_data", "teardown")} == {"skipped"}
-    assert not (run["run_dir"] / "ledger.json").exists()  # no cluster was recorded, so none was started
+    ledger = json.loads((run["run_dir"] / "ledger.json").read_text())  # the run id claimed, no cluster recorded
+    assert set(ledger) - set(CLAIM_KEYS) <= {"created", "platform", "run_id"} and not ledger["created"], ledger
     assert run_processes(run["run_id"]) == []
     assert run["manifest"]["skip"] and not run["manifest"]["train"]["items"]
 

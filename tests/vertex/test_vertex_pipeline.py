@@ -15,7 +15,7 @@ from components.spec.images import IMAGE_WITH_DIGEST
 from pipelines.backends.vertex.jobs import PRESET_LABEL
 from pipelines.pipeline import Target
 from pipelines.publish.vertex import publish
-from tests.emulators.project import PROJECT, REGION
+from tests.emulators.project import ALLOW, PROJECT, REGION
 from tests.helpers import unique_run_id
 
 pytestmark = [pytest.mark.e2e]
@@ -44,7 +44,8 @@ STAGES = [
 def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str:
     """Publish, and submit a job of the template publish uploaded (what the UI's "Create run" from a template
     starts) with the real SDK; its resource name. Without ``overrides``, the job sets the preset alone and no
-    pipeline root, as the UI's run form does when only the preset is chosen."""
+    pipeline root, as the UI's run form does when only the preset is chosen (and the emulated project's default
+    accounts allowed: ``ALLOW``)."""
     from google.cloud import aiplatform
     from google.oauth2.credentials import Credentials
 
@@ -66,7 +67,8 @@ def _submit(project, tmp_path, job_id: str, overrides: str | None = None) -> str
         job_id=job_id,
         # The UI's form takes the template's defaultPipelineRoot; the SDK does too when the job names none.
         pipeline_root=None if overrides is None else f"gs://{PROJECT}-pipeline-root/{job_id}",
-        parameter_values={"preset": PRESET} | ({"overrides": overrides} if overrides is not None else {}),
+        # The emulated project's nodes and builds run as its default accounts, which a run takes only when allowed.
+        parameter_values={"preset": PRESET, "overrides": ((overrides or "") + ALLOW).strip()},
         labels={PRESET_LABEL: PRESET},  # as `tpupipe submit` labels its jobs, so `tpupipe runs` finds them
     )
     job.submit(service_account=SERVICE_ACCOUNT)
