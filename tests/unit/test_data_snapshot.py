@@ -287,7 +287,8 @@ def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, caps
     code = main(["run", "--output-root", str(root), "--run-id", "bad", "--set", f"train.dataset={tmp_path}/bad.jsonl"])
     assert code == 2
     assert "train.dataset: " in capsys.readouterr().err
-    assert not (root / "bad" / "ledger.json").exists() and not (root / "bad" / "data").exists()
+    ledger = json.loads((root / "bad" / "ledger.json").read_text())  # the run id claimed before the snapshot, no more
+    assert not ledger.get("created") and not (root / "bad" / "data").exists()
 
 
 def _champion(root, **provenance) -> None:
