@@ -110,7 +110,8 @@ def _nothing_left(project, run_id: str) -> None:
 def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_the_next_model(
     tmp_path, project_factory
 ):
-    """The pipeline on Vertex AI, then the gate: the first job, shaped as the UI starts one (only the preset set),
+    """The pipeline on Vertex AI, then the gate: the first job, shaped as the UI starts one (the preset set, and the
+    override that allows the emulated project's default accounts),
     succeeds and its model becomes the champion in Vertex AI Model Registry (the emulated ModelService), the run
     linked to the version by register's google.VertexModel artifact; a second job that continues from the champion
     and learns nothing is registered and not promoted."""
@@ -130,7 +131,8 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     declared = project.vertex.job(name).spec["root"]["inputDefinitions"]["parameters"]
     given = resource["runtimeConfig"].get("parameterValues", {})
     assert given.get("preset") == PRESET
-    assert all(given[k] == declared[k]["defaultValue"] for k in given if k != "preset"), given  # defaults, if any
+    assert given.get("overrides") == ALLOW.strip()  # the emulated project's default accounts allowed, no more
+    assert all(given[k] == declared[k]["defaultValue"] for k in given if k not in ("preset", "overrides")), given
     # build_image does not wait for provision: the two tasks ran side by side (their times overlap).
     provision, build = tasks["provision"], tasks["build-image"]
     assert provision["startTime"] < build["endTime"] and build["startTime"] < provision["endTime"]
