@@ -21,8 +21,12 @@ LONGEST_FIRST = (
     "tests/e2e/test_local_gate.py",  # 4.5: `make run`'s run, then a run from its champion
     "tests/gke/test_gke_pipeline.py",  # 4.2
     "tests/e2e/test_local_maxtext.py",  # 4.0
+    "tests/e2e/test_local_compile_cache.py",  # 4.0: two MaxText runs, the first with its compile job
     "tests/kfp/test_kfp_pipeline.py",  # 3.4 to 4.3 on a loaded 2-core machine: one Kubeflow Pipelines run
     "tests/e2e/test_local_interrupts.py",  # 3.7
+    "tests/e2e/test_local_data_loop.py",  # 1.5 to 2: three runs, one skipped
+    "tests/vertex/test_stop_between_tasks.py",  # 1.5 to 2
+    "tests/gke/test_failover_pipeline.py",  # 1.5 to 2
 )
 
 
