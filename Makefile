@@ -74,7 +74,7 @@ compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML)
 	  $(if $(IMAGE_DIGEST),--image-digest $(IMAGE_DIGEST))
 
 bench: envs ## every benchmark in bench/bench_*.py (figures side by side in one run, each against its target); writes bench/results.json
-	$(BIN)/python bench/run.py $(BENCH)
+	$(BIN)/python -m bench.run $(BENCH)
 
 # The seed presets whose `tpupipe plan` (JSON and Kubernetes manifests) and `tpupipe run --platform gke --dry-run`
 # transcript are committed under tests/goldens/ (tests/unit/test_plan_goldens.py holds the same settings).

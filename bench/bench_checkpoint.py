@@ -28,12 +28,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.bench_recovery import records
+from bench.figures import Figure, table
+from trainers import jax_events
 
-from bench.bench_recovery import records  # noqa: E402
-from bench.figures import Figure, table  # noqa: E402
-from trainers import jax_events  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PRESET = "local-fsdp"
 OVERRIDES = "cluster.slice_check=false train.checkpoint_every_steps=4 train.num_eval_examples=16"

@@ -33,10 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
 
-from bench.figures import Figure, table  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TARGET = "<= 0.5"
 RUNS = {  # the pair, in order: run -> its overrides

@@ -16,12 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, alternated, table
+from components.workload import maxtext as maxtext_args
+from components.workload import resolve
 
-from bench.figures import Figure, alternated, table  # noqa: E402
-from components.workload import maxtext as maxtext_args  # noqa: E402
-from components.workload import resolve  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SKIP_STEPS = 3
 

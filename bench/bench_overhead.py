@@ -24,16 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
+from components.platforms.local import envs
+from components.platforms.local.cluster import OBJECT_STORE_BYTES
+from components.platforms.local.ports import LOOPBACK, allocate_ports, port_is_free
+from components.spec import protocol
+from components.workload import resolve
+from components.workload.derive import JOB_RUNTIME_ENV, job_command, trainer_image
 
-from bench.figures import Figure, table  # noqa: E402
-from components.platforms.local import envs  # noqa: E402
-from components.platforms.local.cluster import OBJECT_STORE_BYTES  # noqa: E402
-from components.platforms.local.ports import LOOPBACK, allocate_ports, port_is_free  # noqa: E402
-from components.spec import protocol  # noqa: E402
-from components.workload import resolve  # noqa: E402
-from components.workload.derive import JOB_RUNTIME_ENV, job_command, trainer_image  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PRESET = "local-fsdp"
 TARGET = "<= 1.15"

@@ -9,17 +9,15 @@ Targets: the 64-slice plan in under a second; its size does not follow the chips
 
 import contextlib
 import io
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
+from components.platforms.gke.plan import document as plan
+from components.workload import resolve
+from pipelines.cli.main import main
 
-from bench.figures import Figure, table  # noqa: E402
-from components.platforms.gke.plan import document as plan  # noqa: E402
-from components.workload import resolve  # noqa: E402
-from pipelines.cli.main import main  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PRESET = "llama3-8b-v6e-16x2"
 HOSTS = {"4x4": 4, "8x8": 16, "16x16": 64}

@@ -16,7 +16,7 @@ marked dead and when its replacement's raylet registered (the new worker group w
 succeed.
 Targets: recovery <= 40 s (MaxText) and <= 15 s (FSDP2), steps repeated <= the checkpoint period in steps. The runs'
 directories are kept when a figure misses its target (`run_dir` in detail).
-``python bench/bench_recovery.py [FSDP2|MaxText] [REPEATS]`` runs one case alone.
+``python -m bench.bench_recovery [FSDP2|MaxText] [REPEATS]`` runs one case alone.
 """
 
 import json
@@ -33,13 +33,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
+from components.platforms import procs
+from components.spec import protocol
+from components.workload import maxtext, resolve
 
-from bench.figures import Figure, table  # noqa: E402
-from components.platforms import procs  # noqa: E402
-from components.spec import protocol  # noqa: E402
-from components.workload import maxtext, resolve  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 RUN_TIMEOUT_S = 1800
 LOST_HOST = "host-2"

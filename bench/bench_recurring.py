@@ -18,11 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
+from components.spec import protocol
 
-from bench.figures import Figure, table  # noqa: E402
-from components.spec import protocol  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # TPUPIPE_BENCH_RECURRING names some of them (e.g. "local-fsdp"): the others' figures are not measured.
 PRESETS = tuple(os.environ.get("TPUPIPE_BENCH_RECURRING", "local-maxtext local-fsdp").split())

@@ -3,17 +3,15 @@ keeper) and deploy_raycluster (every node alive) as the pipeline's stages run th
 a target: on a 2-core machine the raylets start one after another's CPU, so the figure shows how start-up grows
 with hosts here, not what a slice would see."""
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
+from components.platforms.local.platform import LocalPlatform
+from components.stages import runner as stages
 
-from bench.figures import Figure, table  # noqa: E402
-from components.platforms.local.platform import LocalPlatform  # noqa: E402
-from components.stages import runner as stages  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 HOSTS = (2, 4, 8)
 

@@ -11,17 +11,15 @@ time before provision, when no chip bills, so it adds nothing to the chip-second
 """
 
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, alternated, table
+from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.data import gcs
+from tests.emulators.storage import StorageEmulator
 
-from bench.figures import Figure, alternated, table  # noqa: E402
-from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV  # noqa: E402
-from components.data import gcs  # noqa: E402
-from tests.emulators.storage import StorageEmulator  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PROJECT, TOKEN = "tpupipe-bench", "bench-token"
 SIZES = {"tpupipe-bench-large": 10_000, "tpupipe-bench-small": 1_000}

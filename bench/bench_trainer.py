@@ -29,15 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, alternated, table
+from components.platforms import RunContext
+from components.platforms.local.platform import LocalPlatform
+from components.platforms.store import LocalStore
+from components.workload import resolve
+from trainers import data
 
-from bench.figures import Figure, alternated, table  # noqa: E402
-from components.platforms import RunContext  # noqa: E402
-from components.platforms.local.platform import LocalPlatform  # noqa: E402
-from components.platforms.store import LocalStore  # noqa: E402
-from components.workload import resolve  # noqa: E402
-from trainers import data  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PRESET = "local-fsdp"
 # More epochs than the preset's 3, so the steady state is a median of several; fewer held-out examples, since the

@@ -15,15 +15,13 @@ side's hub downloads (a hit makes none).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, alternated
 
-from bench.figures import Figure, alternated  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TARGET = "<= 0.5"
 MODEL = "bench/tiny-weights"

@@ -2,7 +2,7 @@
 sampled from /proc over a window of steady training, for a reader of `make bench BENCH=trainer`'s figure (run by hand;
 it reports, it holds no target).
 
-    .venv/bin/python bench/cpu_share.py [--after S] [--window S]
+    .venv/bin/python -m bench.cpu_share [--after S] [--window S]
 
 It starts `tpupipe run --preset local-fsdp` with the trainer bench's settings (``bench.bench_trainer``), waits until
 both Ray Train workers exist and then ``--after`` seconds more, sums each process's user and system time
@@ -20,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.bench_trainer import OVERRIDES, PRESET
 
-from bench.bench_trainer import OVERRIDES, PRESET  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

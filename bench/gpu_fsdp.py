@@ -1,6 +1,6 @@
 """The FSDP2 trainer's code path on one GPU: tokens/s and MFU of a ~1B-parameter Gemma-style model in bf16.
 
-Run by hand on a machine with a GPU, in the torch environment (``.envs/torch-*/bin/python bench/gpu_fsdp.py --out
+Run by hand on a machine with a GPU, in the torch environment (``.envs/torch-*/bin/python -m bench.gpu_fsdp --out
 gpu_fsdp.json``). One process, no Ray: the model is built by ``trainers.model.build_model`` and sharded by
 ``trainers.mesh.parallelize`` (bf16 parameters, fp32 gradient reduction, ``fully_shard`` on each MLP and the root)
 over a one-device mesh, and each step is the train loop's (forward, backward, AdamW step, gradients cleared, the loss
@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
 
-from bench.figures import Figure, table  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # torch would load every installed device backend on import, torch_tpu too (the torch image has it): without chips,
 # and outside a torchrun- or Ray-started process, its first use waits minutes on the TPU metadata server. This

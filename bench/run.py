@@ -1,6 +1,6 @@
 """`make bench`: every ``bench/bench_*.py``, one after another (never side by side: each measures its two sides in
 one run on a quiet machine); prints one table of every figure with its target and whether it holds, and writes
-them to ``bench/results.json`` with the commit and the machine. ``python bench/run.py overhead recovery`` (or
+them to ``bench/results.json`` with the commit and the machine. ``python -m bench.run overhead recovery`` (or
 ``make bench BENCH="overhead recovery"``) runs those alone and replaces only their figures in results.json, each
 figure keeping the commit and time it was measured at. Exits 1 when a figure misses its target."""
 
@@ -16,10 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
 
-from bench.figures import Figure, table  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "bench" / "results.json"
 
