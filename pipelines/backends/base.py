@@ -2,8 +2,8 @@
 ask of the place a compiled pipeline runs, in one shape whatever the backend, so the command line formats one result
 and never asks which backend it holds.
 
-The model is kfp.local's task handler interface (``kfp/local/task_handler_interface.py`` at kfp 2.17.3,
-https://github.com/kubeflow/pipelines/blob/sdk-2.17.3/sdk/python/kfp/local/task_handler_interface.py): one class per
+The model is kfp.local's task handler interface (``kfp/local/task_handler_interface.py`` of kfp 2.17.3, the version
+pinned, https://pypi.org/project/kfp/2.17.3/; ``sdk/python/kfp/local/`` in kubeflow/pipelines): one class per
 runner behind one abstract base, chosen once by the caller (kfp.local's ``task_dispatcher`` maps the runner to its
 handler; here ``pipelines.backends.get_backend`` maps a name to its backend), each answering in the interface's own
 terms (a ``Status`` there; ``Outcome``, ``RunRow``, ``ScheduleRow``, ``Shown`` here).

@@ -153,8 +153,8 @@ def cmd_runs(args) -> int:
     if args.action == "cancel":
         return backend.cancel(args.job, args.timeout)
     shown = backend.show(args.job)
-    named = [shown.name] + ([] if shown.display_name is None else [shown.display_name])
-    print(f"{'  '.join(named)}  {shown.state}  preset {shown.preset}\n  {shown.url}")
+    names = [shown.name] + ([] if shown.display_name is None else [shown.display_name])
+    print(f"{'  '.join(names)}  {shown.state}  preset {shown.preset}\n  {shown.url}")
     for stage, state in shown.stages:
         print(f"  {stage:<20} {state.lower()}")
     for key, value in sorted(shown.metrics.items()):

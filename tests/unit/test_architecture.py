@@ -186,7 +186,7 @@ RULES = [  # (who, may import from the project only these, why)
     ),
 ]
 # The command line reaches a backend through the interface alone: of ``pipelines.backends`` it imports the package
-# (``Backend``, ``get_backend`` and what the flags name) and ``base``, nothing inside a backend's folder, but these, each
+# (``Backend``, ``get_backend``, what the flags name) and ``base``, nothing inside a backend's folder, but these, each
 # from ``pipelines.cli.main`` only, for commands that are no operation of the interface.
 CLI = "pipelines.cli"
 CLI_REACHES = ("pipelines.backends", BACKEND_INTERFACE)
