@@ -41,11 +41,13 @@ def _overrides(args) -> str:
     return " ".join([given, *since]).strip()
 
 
-def _submission(args, project: str | None = None) -> Submission:
-    project = args.project if project is None else project
+def _submission(args, backend: Backend) -> Submission:
+    """The run the flags describe, in the project the backend bills it to (``Backend.run_project``)."""
+    overrides = _overrides(args)
+    project = backend.run_project(args.project, args.preset, overrides)
     return Submission(
         preset=args.preset,
-        overrides=_overrides(args),
+        overrides=overrides,
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -107,14 +109,9 @@ def backend_of(args) -> Backend:
     return get_backend("vertex", project=args.project, region=args.region)
 
 
-def _submitted(args, backend: Backend) -> Submission:
-    overrides = _overrides(args)
-    return _submission(args, backend.run_project(args.project, args.preset, overrides))
-
-
 def cmd_submit(args) -> int:
     backend = backend_of(args)
-    run = backend.submit(_submitted(args, backend), publish_first=args.publish)
+    run = backend.submit(_submission(args, backend), publish_first=args.publish)
     print(f"submitted {' '.join(filter(None, (run.named, run.detail)))}\n  {run.url}", flush=True)
     if not args.wait:
         return 0
@@ -127,7 +124,7 @@ def cmd_schedule(args) -> int:
     backend = backend_of(args)
     noun = backend.schedule_noun
     if args.action == "create":
-        sub = _submitted(args, backend)
+        sub = _submission(args, backend)
         made, cron = backend.schedule_create(
             sub, args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
         )
