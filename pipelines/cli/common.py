@@ -86,7 +86,7 @@ def add_place(
 def refuse_placeholder(args) -> None:
     """Bad input before anything is called: the placeholder project given to a command that calls Google Cloud."""
     if not getattr(args, CALLS_GOOGLE_CLOUD, False) or getattr(args, "kfp_host", None):
-        return  # on Kubeflow Pipelines the project may come from the spec (pipelines.cli.kfp.project_of)
+        return  # on Kubeflow Pipelines the project may come from the spec (KfpBackend.run_project)
     given = args.project if isinstance(args.project, list) else [args.project]
     if EXAMPLE_PROJECT in given:
         raise SpecError(

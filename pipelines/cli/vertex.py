@@ -1,11 +1,12 @@
-"""The command line's Vertex AI commands: ``tpupipe submit``, ``tpupipe schedule …`` and ``tpupipe runs …``
-(``pipelines.backends.vertex.jobs`` does the work). Bad input exits 2 before any API call."""
+"""The command line's pipeline commands: ``tpupipe submit``, ``tpupipe schedule …`` and ``tpupipe runs …``, on Vertex
+AI, or on Kubeflow Pipelines given ``--kfp-host``. The backend is picked once (``backend_of``) and reached through the
+one interface (``pipelines.backends.Backend``), whose normalised answers are formatted here alike for both. Bad input
+exits 2 before any API call."""
 
 import argparse
 import shlex
 
-from pipelines.backends.vertex import jobs as vertex
-from pipelines.backends.vertex import schedules
+from pipelines.backends import VERTEX_STATES, Backend, Submission, get_backend
 from pipelines.cli import kfp as cli_kfp
 from pipelines.cli.common import add_place, add_set, overrides
 
@@ -40,11 +41,13 @@ def _overrides(args) -> str:
     return " ".join([given, *since]).strip()
 
 
-def _submission(args, project: str | None = None) -> vertex.Submission:
-    project = args.project if project is None else project
-    return vertex.Submission(
+def _submission(args, backend: Backend) -> Submission:
+    """The run the flags describe, in the project the backend bills it to (``Backend.run_project``)."""
+    overrides = _overrides(args)
+    project = backend.run_project(args.project, args.preset, overrides)
+    return Submission(
         preset=args.preset,
-        overrides=_overrides(args),
+        overrides=overrides,
         project=project,
         region=args.region,
         pipeline_root=args.pipeline_root or (f"gs://{project}-tpupipe/pipeline-root" if project else ""),
@@ -97,64 +100,64 @@ def _job_args(p, preset: bool = True) -> None:
     )
 
 
-def cmd_submit(args) -> int:
+def backend_of(args) -> Backend:
+    """The backend the command's flags pick, once: Kubeflow Pipelines with --kfp-host, else Vertex AI."""
     if args.kfp_host:
-        return cli_kfp.cmd_submit(args, _submission, _overrides(args))
-    sub = _submission(args)
-    name = vertex.submit(sub, publish_first=args.publish)
-    print(f"submitted {name}\n  {vertex.console_url(name)}", flush=True)
+        return get_backend(
+            "kfp", place=cli_kfp.place_of(args), service_account=args.kfp_service_account, runner=args.kfp_runner
+        )
+    return get_backend("vertex", project=args.project, region=args.region)
+
+
+def cmd_submit(args) -> int:
+    backend = backend_of(args)
+    run = backend.submit(_submission(args, backend), publish_first=args.publish)
+    print(f"submitted {' '.join(filter(None, (run.named, run.detail)))}\n  {run.url}", flush=True)
     if not args.wait:
         return 0
-    job = vertex.follow(name)
-    failed = vertex.failing_stage(job)
-    print(f"{name}: {job['state'].removeprefix('PIPELINE_STATE_').lower()}" + (f" — {failed}" if failed else ""))
-    return 0 if job["state"] == "PIPELINE_STATE_SUCCEEDED" else 1
+    outcome = backend.follow(run)
+    print(f"{run.named}: {outcome.state}" + (f" — {outcome.failing}" if outcome.failing else ""))
+    return 0 if outcome.succeeded else 1
 
 
 def cmd_schedule(args) -> int:
-    if args.kfp_host:
-        return cli_kfp.cmd_schedule(args, _submission, _overrides(args) if args.action == "create" else "")
+    backend = backend_of(args)
+    noun = backend.schedule_noun
     if args.action == "create":
-        name = schedules.schedule_create(
-            _submission(args), args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
+        sub = _submission(args, backend)
+        made, cron = backend.schedule_create(
+            sub, args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
         )
-        print(f"schedule {args.name} created: {name} ({args.cron}, at most {args.max_concurrent} at a time)")
+        print(f"{noun} {args.name} created: {made} ({cron}, at most {args.max_concurrent} at a time)")
         return 0
-    vertex.check_place(args.project)
-    vertex.init(args.project, args.region)
     if args.action == "list":
-        for s in schedules.schedules():
-            print(f"{s['displayName']:<28} {s['state']:<10} {s.get('cron', ''):<32} runs {s.get('startedRunCount', 0)}")
+        for s in backend.schedules():
+            runs = "" if s.runs is None else f"{s.cron:<32} runs {s.runs}"
+            print(f"{s.name:<28} {s.state:<10} {runs or s.cron}")
         return 0
-    schedules.schedule_action(args.name, args.action)
-    print(f"schedule {args.name}: {args.action}d")
+    backend.schedule_action(args.name, args.action)
+    print(f"{noun} {args.name}: {args.action}d")
     return 0
 
 
 def cmd_runs(args) -> int:
-    if args.kfp_host:
-        return cli_kfp.cmd_runs(args)
-    vertex.check_place(args.project)
-    vertex.init(args.project, args.region)
+    backend = backend_of(args)
     if args.action == "list":
-        for job in vertex.runs(args.preset, args.state):
-            print(
-                f"{job['name'].rsplit('/', 1)[-1]:<52} {job.get('state', '').removeprefix('PIPELINE_STATE_'):<10} "
-                f"{job.get('createTime', '')[:19]:<20} {job.get('labels', {}).get(vertex.PRESET_LABEL, '')}"
-            )
+        for row in backend.runs(args.preset, args.state):
+            named = f"{row.id:<52}" if row.display_name is None else f"{row.id:<38} {row.display_name:<44}"
+            print(f"{named} {row.state:<10} {row.created:<20} {row.preset}")
         return 0
-    name = vertex.job_name(args.job, args.project, args.region)
     if args.action == "cancel":
-        from pipelines.backends.vertex import stopping
-
-        return stopping.cancel(name, args.timeout)
-    shown = vertex.show(name)
-    print(f"{shown['name']}  {shown['state']}  preset {shown['preset']}\n  {shown['console']}")
-    for stage, state in shown["stages"]:
+        return backend.cancel(args.job, args.timeout)
+    shown = backend.show(args.job)
+    names = [shown.name] + ([] if shown.display_name is None else [shown.display_name])
+    print(f"{'  '.join(names)}  {shown.state}  preset {shown.preset}\n  {shown.url}")
+    for stage, state in shown.stages:
         print(f"  {stage:<20} {state.lower()}")
-    for key, value in sorted(shown["metrics"].items()):
+    for key, value in sorted(shown.metrics.items()):
         print(f"  {key:<20} {value}")
-    print(f"  cost so far          {_usd(shown['cost'])}")
+    if shown.cost is not None:
+        print(f"  cost so far          {_usd(shown.cost)}")
     return 0
 
 
@@ -232,7 +235,7 @@ def add_commands(sub) -> None:
         "a scheduled run's is the schedule's.",
     )
     a.add_argument("--preset", default="", help="only runs of this preset")
-    a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(vertex.STATES)})")
+    a.add_argument("--state", default="", help=f"only runs in this state ({', '.join(VERTEX_STATES)})")
     add_place(a, "the project of the runs' pipeline jobs on Vertex AI", "their Vertex AI region")
     cli_kfp.add_arguments(a)
     a.set_defaults(func=cmd_runs)

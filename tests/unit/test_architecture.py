@@ -10,7 +10,10 @@
   the platform interface, never a platform;
 - ``components.registry`` and ``components.data`` import only ``spec`` and ``cloud.credentials``;
 - ``components`` never imports ``pipelines``; in ``pipelines``, the command line (``cli``) is imported by nothing else,
-  a backend imports no other backend but those its rule names, and the pipeline's definition imports no backend;
+  a backend imports no other backend but those its rule names (and the interface, ``backends.base``, which imports
+  none), the pipeline's definition imports no backend, and the command line reaches a backend only through the
+  interface (``pipelines.backends``: ``Backend`` and the registry), but for the two commands that are no submission
+  (``tpupipe run`` and ``teardown``: kfp.local in this process) and ``tpupipe publish``'s janitor schedule;
 - inside ``components.platforms.gke``, imports point down its layers only: ``run`` -> ``checks`` -> ``cloud`` ->
   ``plan`` (a module of ``plan`` makes no call and imports no other layer; ``cloud`` imports ``plan`` alone).
 """
@@ -119,6 +122,7 @@ PIPELINE_DEFINITION = (
     "pipelines.run_ids",
     "pipelines.exits",
 )
+BACKEND_INTERFACE = "pipelines.backends.base"  # Backend, its answers' shapes and the Submission every backend takes
 RULES = [  # (who, may import from the project only these, why)
     ("components.spec", ("components.spec",), "spec imports nothing else of the project"),
     ("components.tpu", ("components.tpu",), "tpu imports nothing else of the project"),
@@ -152,7 +156,7 @@ RULES = [  # (who, may import from the project only these, why)
     *[(pkg, ("components", pkg), "the pipeline's definition imports no backend") for pkg in PIPELINE_DEFINITION],
     (
         "pipelines.backends.local",
-        ("components", "pipelines.backends.local", *PIPELINE_DEFINITION),
+        ("components", "pipelines.backends.local", BACKEND_INTERFACE, *PIPELINE_DEFINITION),
         "the local backend imports no other backend",
     ),
     (
@@ -160,6 +164,7 @@ RULES = [  # (who, may import from the project only these, why)
         (
             "components",
             "pipelines.backends.vertex",
+            BACKEND_INTERFACE,
             "pipelines.backends.local",
             "pipelines.publish.vertex",
             *PIPELINE_DEFINITION,
@@ -169,16 +174,27 @@ RULES = [  # (who, may import from the project only these, why)
     ),
     (
         "pipelines.backends.kfp",
-        ("components", "pipelines.backends.kfp", "pipelines.backends.vertex", *PIPELINE_DEFINITION),
+        ("components", "pipelines.backends.kfp", "pipelines.backends.vertex", BACKEND_INTERFACE, *PIPELINE_DEFINITION),
         "the KFP backend imports of the others only the Vertex AI backend (the same published pipeline, its runs in "
         "the same shape)",
     ),
+    (BACKEND_INTERFACE, ("components", BACKEND_INTERFACE), "the backend interface imports no backend"),
     (
         "pipelines.publish",
         ("components", "pipelines.publish", "pipelines.backends", *PIPELINE_DEFINITION),
         "publish imports no command line",
     ),
 ]
+# The command line reaches a backend through the interface alone: of ``pipelines.backends`` it imports the package
+# (``Backend``, ``get_backend``, what the flags name) and ``base``, nothing inside a backend's folder, but these, each
+# from ``pipelines.cli.main`` only, for commands that are no operation of the interface.
+CLI = "pipelines.cli"
+CLI_REACHES = ("pipelines.backends", BACKEND_INTERFACE)
+CLI_MAIN_ALSO = {
+    "pipelines.backends.local.run": "tpupipe run and teardown run kfp.local in this process: no submission",
+    "pipelines.backends.vertex.stopping": "tpupipe publish schedules the janitor on Vertex AI",
+    "pipelines.backends.vertex.service_account": "tpupipe publish refuses the default account for the janitor",
+}
 # Who may not import what its rule above allows by prefix: the stages run on every platform through its interface.
 FORBIDDEN = [("components.stages", PLATFORMS, "the stages import the platform interface, never a platform")]
 
@@ -209,6 +225,13 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             for dep in sorted(deps):
                 if not any(within(dep, a) for a in allowed) or any(within(dep, o) for o in others):
                     out.append(f"{module} imports {dep}: {why}")
+    for module, deps in sorted(graph.items()):
+        if not within(module, CLI):
+            continue
+        for dep in sorted(deps):
+            also = CLI_MAIN_ALSO if module == f"{CLI}.main" else {}
+            if within(dep, "pipelines.backends") and dep not in CLI_REACHES and dep not in also:
+                out.append(f"{module} imports {dep}: the command line reaches a backend only through the interface")
     for who, forbidden, why in FORBIDDEN:
         for module, deps in sorted(graph.items()):
             out += [
@@ -299,6 +322,15 @@ def test_a_deliberate_cycle_is_found_even_inside_a_function(tmp_path):
             {"pipelines/backends/local/x.py": "from pipelines.cli import main\n"},
             "pipelines.backends.local.x imports pipelines.cli.main: the local backend imports no other backend",
         ),
+        (
+            {"pipelines/cli/x.py": "def f():\n    from pipelines.backends.local import run\n"},
+            "pipelines.cli.x imports pipelines.backends.local.run: the command line reaches a backend only through "
+            "the interface",
+        ),
+        (
+            {"pipelines/backends/base.py": "from pipelines.backends.local import run\n"},
+            "pipelines.backends.base imports pipelines.backends.local.run: the backend interface imports no backend",
+        ),
     ],
 )
 def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
@@ -335,6 +367,8 @@ def test_a_forbidden_direction_is_reported(tmp_path, files, expected):
         "components/platforms/gke/cloud/c.py": "",
         "pipelines/cli/main.py": "",
         "pipelines/backends/local/run.py": "",
+        "pipelines/cli/y.py": "from pipelines.backends import base\n",  # through the interface: allowed
+        "pipelines/backends/base.py": "",
     }
     root = _tree(tmp_path, base | files)
     assert violations(import_graph(root)) == [expected]

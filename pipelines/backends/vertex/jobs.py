@@ -14,12 +14,12 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import RunSpec, SpecError, names
 from pipelines import run_ids
+from pipelines.backends.base import Submission as Submission  # the interface's, named here as before
 from pipelines.backends.vertex import service_account
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
@@ -39,31 +39,6 @@ VERTEX_JOB_ID = re.compile(r"^[a-z][a-z0-9-]{0,126}$")
 # Ours: the SDK's default ("<pipeline name>-<timestamp>", to the second) with the preset and a random suffix, so two
 # submits in the same second do not collide.
 JOB_ID = re.compile(r"^tpupipe-(?P<preset>[a-z0-9-]+)-(?P<time>\d{14})-(?P<suffix>[0-9a-f]{6})$")
-
-
-@dataclass(frozen=True)
-class Submission:
-    """What a job is made of, checked before any call."""
-
-    preset: str
-    overrides: str
-    project: str
-    region: str
-    pipeline_root: str
-    template: str = ""  # a compiled file or an Artifact Registry template URL; empty: compile now
-    service_account: str = ""
-    network: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    run_id: str = ""
-    dataset: str = ""  # the run form's dataset parameter: the examples instead of the preset's; "" for the preset's
-
-    @property
-    def resolved_overrides(self) -> str:
-        """The overrides every task resolves the spec with: the run form's dataset last, as the components apply it
-        (``components.stages.component.with_target``)."""
-        from components.stages.component import with_target
-
-        return with_target(self.overrides, "", "", self.dataset)
 
 
 def check_place(project: str) -> None:
