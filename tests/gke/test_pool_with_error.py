@@ -24,7 +24,11 @@ def _flex_start(pool) -> bool:
     return pool.config.flex_start
 
 
-def test_a_flex_start_pool_running_with_error_out_of_capacity_moves_the_run_to_spot(tmp_path, project_factory, fast):
+def test_a_flex_start_pool_running_with_error_out_of_capacity_moves_the_run_to_spot(
+    tmp_path,
+    project_factory,
+    fast,  # noqa: F811 - the fixture
+):
     project = project_factory(fault="scale_from_zero")
     project.kube.scale_up_s, project.kube.ready_without_ray = 3.0, True  # the nodes would come after 3 s
     ctx = context(tmp_path, "poolerr", FLEX_THEN_SPOT)
@@ -46,7 +50,9 @@ def test_a_flex_start_pool_running_with_error_out_of_capacity_moves_the_run_to_s
 
 
 def test_a_fixed_pool_running_with_error_is_reported_and_named_at_the_deadline_not_a_stockout(
-    tmp_path, project_factory, fast
+    tmp_path,
+    project_factory,
+    fast,  # noqa: F811 - the fixture
 ):
     project = project_factory(fault="scale_from_zero")
     project.kube.scale_up_s = 100.0  # the nodes do not come within the deadline
