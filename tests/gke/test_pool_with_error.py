@@ -91,3 +91,24 @@ def test_a_pool_created_running_with_error_out_of_capacity_is_the_rungs_capacity
     with pytest.raises(gke_cluster.CapacityError, match="ZONE_RESOURCE_POOL_EXHAUSTED"):
         GkePlatform(log=lambda m: None, poll_s=0.05).provision(ctx)
     assert project.leftovers("poolprov") == {}
+
+
+def test_a_pool_read_refused_during_readiness_is_said_and_the_wait_goes_on(tmp_path, project_factory, monkeypatch):
+    import grpc
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    ctx = context(tmp_path, "poolread", ONE_SLICE)
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+    gke.provision(ctx)
+    project.gke.fail("GetNodePool", grpc.StatusCode.PERMISSION_DENIED, times=1000)
+
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
+
+    assert "GetNodePool" in project.gke.state.calls[-20:]
+    assert any("could not read the TPU node pools this time" in line for line in logs)
+    project.gke.faults.clear()
+    gke.teardown(ctx)
+    assert project.leftovers("poolread") == {}

@@ -239,7 +239,13 @@ def _pool_states(s: Session):
     pools = [names.tpu_node_pool(s.t.run_id, i) for i in range(s.ctx.spec.cluster.num_slices)]
 
     def states() -> dict[str, tuple[str, str]]:
-        found = {pool: s.client("gke").get_node_pool(paths.node_pool_path(cluster, pool)) for pool in pools}
+        from google.api_core import exceptions as gexc
+
+        try:
+            found = {pool: s.client("gke").get_node_pool(paths.node_pool_path(cluster, pool)) for pool in pools}
+        except gexc.GoogleAPICallError as exc:  # a look, not the wait itself: the pods still say how it goes
+            s.log(f"  could not read the TPU node pools this time ({str(exc)[:200]}); the wait goes on")
+            return {}
         return {pool: (p.status.name, p.status_message) for pool, p in found.items() if p is not None}
 
     return states
