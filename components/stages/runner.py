@@ -73,7 +73,8 @@ def run_stage(
     presses. On Vertex AI, ``job_name`` is the pipeline job's full resource name, and a SIGTERM stops what the stage
     started only when that job is being cancelled (``vertex_task.sigterm_stops``); then the stage also starts the
     deletion of what bills (``Platform.release``) first, before it stops the Ray job (without waiting for it: its
-    cluster is going), as the cancel never runs an exit task that has not started; one that runs does the same."""
+    cluster is going), as the cancel never runs an exit task that has not started; one that runs does the same, and
+    writes the run's summary (its teardown interrupted) before it exits, as it does however else it ends."""
     vertex_task.watch(job_name)
     job = vertex_task.job_id(job_name)
     with interrupts.sigterm_judged_by(lambda: vertex_task.sigterm_stops(log)):
@@ -156,6 +157,8 @@ def _run_recorded(
         if ctx is not None and exc.signum == signal.SIGTERM and vertex_task.cancelling():
             # Started by the signal's handler before anything was stopped; here when the signal came between.
             record(store, stage, released=releasing.started if releasing.done else _release(ctx))
+        if this.exit and ctx is not None:  # the run's summary, as any end of the exit task writes it: after the deletes
+            _write_report(ctx)
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))

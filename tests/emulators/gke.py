@@ -92,6 +92,14 @@ POOL_ACTIONS = {c.Operation.Type.CREATE_NODE_POOL: "creating", c.Operation.Type.
 API_URL = "https://container.googleapis.com/v1/"
 # The TPU machine types' prefixes (Cloud TPU's, as the compute emulator's TPU_MACHINE_ZONES names them).
 TPU_PREFIXES = ("ct5lp-", "ct5p-", "ct6e-", "tpu7x-")
+# A node pool's statusMessage when its instance group could not create its instances for lack of resources in the zone,
+# as GKE reported it (https://github.com/hashicorp/terraform-provider-google/issues/3304), for
+# ``pools_running_with_error``.
+IGM_STOCKOUT_MESSAGE = (
+    "{zone}: Deploy error: Not all instances running in IGM after 45.677691201s. Expect 1. Current errors: "
+    "[ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]: Instance creation failed: The zone '{zone}' does not have enough "
+    "resources available to fulfill the request.  '(resource type:compute)'."
+)
 STOCKOUT_MESSAGE = (
     "Google Compute Engine: The zone '{zone}' does not have enough resources available to fulfill "
     "the request. Try a different zone, or try again later. (ZONE_RESOURCE_POOL_EXHAUSTED)"
@@ -141,6 +149,7 @@ class ClusterManagerEmulator(GrpcEmulator):
             compute.in_use = self._user_of
         self.faults: list[Fault] = []
         self.flex_start_out: set[str] = set()  # zones with no flex-start TPU capacity (``flex_start_stocked_out``)
+        self.pool_errors: list[tuple[Callable[[c.NodePool], bool], str]] = []  # ``pools_running_with_error``
         # GKE's refusal of a node-pool change while another node-pool operation runs on the cluster (POOL_BUSY_MESSAGE),
         # as older GKE gave it and as a cluster-level operation (an upgrade, a repair) still gives it. Off by default:
         # GKE now lets "you ... create, update, or delete a node pool while another node pool is already being
@@ -195,6 +204,28 @@ class ClusterManagerEmulator(GrpcEmulator):
         emulator). Fixed pools (on-demand, spot, reservation) are not flex-start capacity and are made as before."""
         with self._lock:
             self.flex_start_out.add(zone)
+
+    def pools_running_with_error(self, message: str, when: Callable[[c.NodePool], bool] = lambda p: True) -> None:
+        """Every node pool matching ``when``, those there now and those created from now, is RUNNING_WITH_ERROR with
+        ``message`` as its statusMessage ("{zone}" filled with its zone): the status container v1's NodePool.Status
+        defines as "created and is partially usable. Some error state has occurred and some functionality may be
+        impaired" (google/container/v1/cluster_service.proto), as GKE reported a pool whose instances a zone had no
+        resources for, "Deploy error: Not all instances running in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]"
+        (https://github.com/hashicorp/terraform-provider-google/issues/3304)."""
+        with self._lock:
+            self.pool_errors.append((when, message))
+            for cl in self.state.clusters.values():
+                for p in cl.node_pools:
+                    if p.status == c.NodePool.Status.RUNNING:
+                        self._pool_error(cl, p)
+
+    def _pool_error(self, cluster: c.Cluster, pool: c.NodePool) -> None:
+        """``pools_running_with_error``'s rule for a RUNNING ``pool``, if one matches it."""
+        for when, message in self.pool_errors:
+            if when(pool):
+                zone = (list(pool.locations) or [cluster.location])[0]
+                pool.status, pool.status_message = c.NodePool.Status.RUNNING_WITH_ERROR, message.format(zone=zone)
+                return
 
     def scale_up_stockout(self, selector: dict) -> str | None:
         """The zone of a flex-start TPU pool a pod with nodeSelector ``selector`` would land on (its nodes' labels,
@@ -612,6 +643,8 @@ class ClusterManagerEmulator(GrpcEmulator):
                 if p.name == pool.name:
                     p.status = c.NodePool.Status.ERROR if error else c.NodePool.Status.RUNNING
                     p.status_message = error[1] if error else ""
+                    if not error:
+                        self._pool_error(cluster, p)
 
         return self._op(request.parent.rsplit("/clusters/", 1)[0], c.Operation.Type.CREATE_NODE_POOL, name, done, error)
 

@@ -196,6 +196,14 @@ class Gke(Adapter):
                 if is_capacity_error(message):
                     raise CapacityError(message)
                 raise GkeError(f"{what} {name} is in ERROR: {message}")
+            # A node pool "created and ... partially usable" (container v1 NodePool.Status RUNNING_WITH_ERROR), never
+            # RUNNING until it is changed again: a stockout when its message names one (GKE reports a zone out of
+            # resources for the pool's instances so: run/readiness.py, POOL_WITH_ERROR), else usable as it is, said.
+            if current.status == getattr(statuses, "RUNNING_WITH_ERROR", None):
+                if is_capacity_error(current.status_message):
+                    raise CapacityError(current.status_message)
+                self.log(f"warning: {what} {name} is RUNNING_WITH_ERROR: {current.status_message}")
+                return current
             if current.status in (statuses.STOPPING,):
                 raise GkeError(f"{what} {name} is being deleted")
             return None

@@ -75,9 +75,10 @@ EXCLUSION_HOURS = 72.0
 # Compute Engine's regional TPU quota metrics, in chips, of each family: (on-demand, preemptible: spot and
 # flex-start), by the names regions.get reports them, which google-cloud-compute's ``Quota.Metric`` enum lists
 # (compute_v1/types/compute.py: TPU_LITE_PODSLICE_V5, PREEMPTIBLE_TPU_LITE_PODSLICE_V5). The enum names no metric for
-# v5p, v6e or TPU7x: their quota is not among the region's Compute Engine quotas (it is a Cloud Quotas quota, per
-# TPU version: GKE docs, "Troubleshoot TPUs in GKE", https://cloud.google.com/kubernetes-engine/docs/troubleshooting/
-# tpus), so preflight cannot check it and says so in a warning naming the chips the run needs, never silently.
+# v5p, v6e or TPU7x, in its newest release (1.57.0) too: their quota is Compute Engine API quota (Cloud TPU,
+# "Consumption options", https://cloud.google.com/tpu/docs/consumption-options), but no public source read names the
+# metric regions.get reports for it (docs/gke.md lists what was read), so preflight does not guess one: it says so in a
+# warning naming the chips the run needs, never silently.
 QUOTA_METRICS = {"v5e": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5")}
 
 

@@ -34,6 +34,9 @@ FAILED_SCALE_UP_GRACE_ENV = "TPUPIPE_GKE_FAILED_SCALE_UP_GRACE_S"
 # The capacity types whose TPU nodes come from zero once the pods ask (Autopilot's too): their stockouts surface while
 # the run waits for its RayCluster (``readiness.Stockout``), and the capacity ladder moves on from them.
 FROM_ZERO = ("flex-start", "queued")
+# How often readiness reads the run's TPU node pools from GKE (at most; one call per pool): their status changes on
+# the autoscaler's minutes, not the pods' seconds.
+POOLS_EVERY_S = 30.0
 
 
 def _kube(s: Session):
@@ -184,6 +187,8 @@ def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | 
                     poll_s=min(s.poll_s, 2.0),
                     log=s.log,
                     evicted=_eviction(kube, name) if s.t.queue else None,
+                    pools=None if s.t.autopilot else _pool_states(s),
+                    pools_every_s=min(POOLS_EVERY_S, s.poll_s * 10),
                 )
             return ready, capacity_wait, queue_wait
         except readiness.Evicted as exc:  # preempted before it was ready: it waits in the queue again
@@ -222,6 +227,28 @@ def _queue_timeout(s: Session) -> tuple[float, str]:
     records = [read_json(s.ctx.store, f"stages/{stage}.json") or {} for stage in ("snapshot_data", "provision")]
     started = min((r["started"] for r in records if r.get("started") is not None), default=time.time())
     return max(0.0, started + deadline_h * 3600 - time.time()), f"run.deadline_h={deadline_h:g}"
+
+
+def _pool_states(s: Session):
+    """What GKE reports of the run's TPU node pools (short name -> (status, statusMessage)), for readiness to watch:
+    a pool RUNNING_WITH_ERROR is reported with its message (``readiness.POOL_WITH_ERROR``); a pool gone is left out."""
+    from components.platforms.gke.cloud.clients import load_ledger, run_cluster
+    from components.platforms.gke.plan import paths
+
+    cluster = run_cluster(load_ledger(s.ctx), s.t)
+    pools = [names.tpu_node_pool(s.t.run_id, i) for i in range(s.ctx.spec.cluster.num_slices)]
+
+    def states() -> dict[str, tuple[str, str]]:
+        from google.api_core import exceptions as gexc
+
+        try:
+            found = {pool: s.client("gke").get_node_pool(paths.node_pool_path(cluster, pool)) for pool in pools}
+        except gexc.GoogleAPICallError as exc:  # a look, not the wait itself: the pods still say how it goes
+            s.log(f"  could not read the TPU node pools this time ({str(exc)[:200]}); the wait goes on")
+            return {}
+        return {pool: (p.status.name, p.status_message) for pool, p in found.items() if p is not None}
+
+    return states
 
 
 def _eviction(kube, name: str):

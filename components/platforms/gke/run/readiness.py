@@ -39,6 +39,16 @@ SCALE_UP_BACKOFF = "in backoff after failed scale-up"
 # keps/1136-provisioning-request-support/README.md at cc13fff80cdc62877729419a7f5733f3a90e2f7d: "BookingExpired=true
 # if a Workload is not Admitted, the controller should act the same as for Failed=true").
 STOCKOUT_CONDITIONS = ("Failed", "BookingExpired")
+# A node pool GKE reports as RUNNING_WITH_ERROR: "created and is partially usable. Some error state has occurred and
+# some functionality may be impaired" (container v1 NodePool.Status, google/container/v1/cluster_service.proto;
+# google-cloud-container's container_v1/types/cluster_service.py), its ``statusMessage`` saying what. GKE reports a
+# zone out of capacity for a pool's instances that way, the message naming Compute Engine's stockout code ("Deploy
+# error: Not all instances running in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS] ... does not have enough
+# resources available": https://github.com/hashicorp/terraform-provider-google/issues/3304), so a pool whose nodes
+# come from zero counts as stocked out when its message names a stockout (``errors.is_capacity_error``) and stays so
+# past the failed scale-up grace, as the autoscaler's FailedScaleUp does. Any other message is only reported: in the
+# progress line and in the error at the deadline.
+POOL_WITH_ERROR = "RUNNING_WITH_ERROR"
 
 
 class RayClusterNotReady(InfraError):
@@ -133,6 +143,7 @@ class Readiness:
     )  # request -> (first seen Provisioned, hosts)
     expired: dict[str, float] = field(default_factory=dict)  # request -> when its booking was first seen expired
     landed_on: set[str] = field(default_factory=set)  # the requests a landed worker pod consumes
+    pool_errors: dict[str, tuple[float, str]] = field(default_factory=dict)  # pool -> (first seen, statusMessage)
 
     def step(
         self,
@@ -141,18 +152,23 @@ class Readiness:
         now: float,
         events: Sequence[dict[str, Any]] = (),
         requests: dict[str, dict[str, Any] | None] | None = None,
+        pools: dict[str, tuple[str, str]] | None = None,
     ) -> bool | None:
+        """``pools``: the run's TPU node pools as GKE last reported them (name -> (status, statusMessage)), None when
+        not read at this step (they are read less often than the pods)."""
         if raycluster is None:
             raise RayClusterNotReady("the RayCluster is gone (deleted while the run waited for it)")
         self._land(pods, now)
         awaited = self._requests(requests or {}, now)
+        if pools is not None:
+            self._pools(pools, now)
         status = raycluster.get("status") or {}
         desired = status.get("desiredWorkerReplicas")
         available = status.get("availableWorkerReplicas", 0)
         self.last = (
             f"state {status.get('state') or '(none)'}, {available}/{desired if desired is not None else '?'} "
             f"workers available, {len(pods)} pods"
-        )
+        ) + self.pool_story()
         self._capacity(now, any(unschedulable(p) is not None for p in pods))
         if status.get("state") == "ready" and desired is not None and available >= desired:
             self._capacity(now, False)
@@ -226,6 +242,33 @@ class Readiness:
             if queued.condition(request, queued.PROVISIONED) is None:
                 waiting.append(name)
         return waiting
+
+    def _pools(self, pools: dict[str, tuple[str, str]], now: float) -> None:
+        """Keep ``pool_errors`` (``POOL_WITH_ERROR``: when each pool was first seen so, and its message; a pool back to
+        RUNNING is dropped); raise :class:`Stockout` for a pool whose nodes come from zero and whose message names a
+        stockout, once it held for ``failed_scale_up_grace_s``."""
+        from components.cloud.errors import is_capacity_error
+
+        for name, (status, message) in pools.items():
+            if status != POOL_WITH_ERROR:
+                self.pool_errors.pop(name, None)
+                continue
+            since = self.pool_errors.get(name, (now, ""))[0]
+            self.pool_errors[name] = (since, message)
+            if self.from_zero and is_capacity_error(message) and now - since >= self.failed_scale_up_grace_s:
+                raise Stockout(
+                    f"node pool {name} is {POOL_WITH_ERROR} for {now - since:.0f}s, its nodes out of capacity: "
+                    f"{message}",
+                    self.host_s(now),
+                )
+
+    def pool_story(self) -> str:
+        """The node pools GKE reports RUNNING_WITH_ERROR, with their statusMessage, for the progress line and the
+        error at the deadline; "" when none is."""
+        return "".join(
+            f", node pool {name} {POOL_WITH_ERROR}: {message or '(no statusMessage)'}"
+            for name, (_, message) in sorted(self.pool_errors.items())
+        )
 
     def _booking_used(self, name: str, request: dict[str, Any]) -> bool:
         """The request's only ending is BookingExpired, and a pod consuming it had landed (``STOCKOUT_CONDITIONS``)."""
@@ -373,6 +416,8 @@ def wait_ready(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     evicted: Callable[[], str | None] | None = None,
+    pools: Callable[[], dict[str, tuple[str, str]]] | None = None,
+    pools_every_s: float = 30.0,
 ) -> tuple[dict[str, Any], tuple[float, float] | None]:
     """Step :class:`Readiness` every ``poll_s`` until ready or ``timeout_s``; the pods' events are read only while
     one of them is unschedulable. The ready RayCluster, and when its pods waited for nodes (``capacity_wait``, as
@@ -380,7 +425,9 @@ def wait_ready(
     slice's pool), read with the rest at every step. ``evicted`` (a run queued in Kueue): Kueue's reason once it
     evicted the RayCluster, raised as :class:`Evicted`. ``from_zero``: the TPU nodes come from zero (flex-start,
     queued, Autopilot), and a stockout seen here, pods still waiting for nodes at the deadline among them, is raised
-    as :class:`Stockout`."""
+    as :class:`Stockout`. ``pools``: the run's TPU node pools as GKE reports them (name -> (status, statusMessage)),
+    read every ``pools_every_s`` (one GKE call per pool; a RUNNING_WITH_ERROR pool is reported, and may be a
+    stockout: ``POOL_WITH_ERROR``)."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(
@@ -390,6 +437,7 @@ def wait_ready(
         from_zero=from_zero,
     )
     selector = f"ray.io/cluster={name}"
+    pools_read: list[float] = []  # when the pools were last read
 
     def poll():
         why = evicted() if evicted is not None else None
@@ -398,7 +446,11 @@ def wait_ready(
         raycluster, pods = kube.get("RayCluster", name), kube.pods(selector)
         events = kube.pod_events() if any(unschedulable(p) is not None for p in pods) else []
         provisioning = {r: kube.get("ProvisioningRequest", r) for r in requests}
-        return machine.step(raycluster, pods, clock(), events, provisioning) or None
+        now = clock()
+        seen = None
+        if pools is not None and (not pools_read or now - pools_read[-1] >= pools_every_s):
+            seen, pools_read[:] = pools(), [now]
+        return machine.step(raycluster, pods, now, events, provisioning, seen) or None
 
     def progress(elapsed: float) -> None:
         if int(elapsed) % 10 < poll_s:
