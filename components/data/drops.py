@@ -13,7 +13,9 @@ what a drop that is not there means.
 - A drop that is not there (nothing to read under its prefix, no object or file it names) is :class:`NoDrop`; one
   without its marker :class:`NotReady`. Both are SpecErrors naming the field; with ``train.data_since=champion`` the
   run's snapshot makes either a run with nothing new (``skip``), as a schedule's day without data is.
-- ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`).
+- ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`), inflated as a stream and refused past
+  ``MAX_INFLATED`` bytes: whoever may write the drop's bucket could otherwise send a few kilobytes that inflate to
+  more than the task's memory (a gzip bomb).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ import gzip
 from components.spec import SpecError
 
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1: ID1 ID2
+# The most one .gz shard may inflate to. The snapshot holds a shard's inflated bytes while it parses it, beside the
+# examples read so far; a Spark or Beam part file is a fraction of this (Spark's default partition is 128 MiB:
+# spark.sql.files.maxPartitionBytes), and a larger shard is better split by its writer than read in one piece.
+MAX_INFLATED = 2 * 2**30
+CHUNK = 2**20  # inflated a MiB at a time, so the cap is checked before more is held
 
 
 class NoDrop(SpecError):
@@ -48,12 +55,26 @@ def marker_dir(path: str) -> str:
 def decompress(name: str, data: bytes, key: str) -> tuple[str, bytes]:
     """(the name without ``.gz``, the data) of a ``.gz`` file, decompressed; others as they are. Data that is not
     gzip (an object stored with ``Content-Encoding: gzip`` that Cloud Storage served decompressed:
-    https://cloud.google.com/storage/docs/transcoding) is taken as it is."""
+    https://cloud.google.com/storage/docs/transcoding) is taken as it is. Inflated as a stream, a ``CHUNK`` at a
+    time (every member of a multi-member file, RFC 1952 section 2.2), and refused, naming the object, once it passes
+    ``MAX_INFLATED`` bytes."""
+    import io
+
     if not name.endswith(".gz"):
         return name, data
     if data[:2] != GZIP_MAGIC:
         return name[:-3], data
+    out = bytearray()
     try:
-        return name[:-3], gzip.decompress(data)
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(CHUNK):
+                out += chunk
+                if len(out) > MAX_INFLATED:
+                    raise SpecError(
+                        key,
+                        f"{name}: inflates to more than {MAX_INFLATED} bytes ({len(data)} compressed), the most one "
+                        "gzip shard may (components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
+                    )
     except (OSError, EOFError) as exc:
         raise SpecError(key, f"{name}: not gzip: {exc}") from None
+    return name[:-3], bytes(out)

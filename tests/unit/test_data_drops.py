@@ -246,3 +246,20 @@ def test_the_new_keys_validate_where_they_apply():
 
     validate(resolve("local-fsdp", "train.dataset=gs://bucket-1/d/{date}/ train.dataset_ready=_SUCCESS"))
     validate(resolve("local-fsdp", "train.dataset=bq://p-123456.d.t train.bigquery_project=example.com:billing-1"))
+
+
+def test_a_gzip_shard_that_inflates_past_the_cap_is_refused_naming_it(storage, monkeypatch):  # noqa: F811
+    """A few kilobytes that inflate to far more (a gzip bomb from whoever may write the drop's bucket) are inflated as
+    a stream and refused once past ``drops.MAX_INFLATED``, naming the object; a shard under it, in two gzip members,
+    is read whole."""
+    monkeypatch.setattr(drops, "MAX_INFLATED", 4 * drops.CHUNK)
+    storage.put(DATA, "ok/part-00000.jsonl.gz", gzip.compress(rows(1, 10)) + gzip.compress(rows(2, 10)))
+    manifest, train, heldout, _ = take(f"train.dataset=gs://{DATA}/ok/")
+    assert len(train) + len(heldout) == 20
+    bomb = gzip.compress(rows(3) + b" " * (64 * drops.CHUNK))
+    assert len(bomb) < 100_000
+    storage.put(DATA, "bomb/part-00000.jsonl.gz", bomb)
+    with pytest.raises(SpecError) as raised:
+        take(f"train.dataset=gs://{DATA}/bomb/")
+    assert raised.value.field == "train.dataset"
+    assert f"gs://{DATA}/bomb/part-00000.jsonl.gz: inflates to more than {4 * drops.CHUNK} bytes" in str(raised.value)
