@@ -13,6 +13,7 @@ Generated and hub datasets have nothing to snapshot: it says so and the run goes
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -84,7 +85,7 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
     if ctx.spec.train.data_since == "champion" and champion is None:
         log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
     manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
-    check_eval_set(ctx.spec, champion, manifest)
+    check_eval_set(ctx.spec, champion, manifest, log)
     return manifest, train, heldout
 
 
@@ -106,23 +107,54 @@ def champion_manifest(champion: Version | None) -> tuple[dict[str, Any] | None, 
     return manifest, champion.ref
 
 
-def check_eval_set(spec: RunSpec, champion: Version | None, manifest: dict[str, Any]) -> None:
+def check_eval_set(
+    spec: RunSpec, champion: Version | None, manifest: dict[str, Any], log: Callable[[str], None] = log
+) -> None:
     """A fixed evaluation set is one yardstick: a run measured on another one than its champion's is refused (the
     gate refuses to compare two bases the same way, ``gate.check_lineage``), naming what changed. The set is its
     content (``snapshot.content_digest``): the same examples read on another day, or from an object uploaded again,
-    are the same set. A champion registered before content digests recorded the digest of what it pinned (object
-    generations, the table's snapshot time), which this run's ``pinned`` is compared with."""
+    are the same set. A champion registered before content digests (manifest version 1) recorded the digest of what
+    it pinned (object generations, a table's snapshot time): this run's ``pinned`` is compared with it, and where
+    that differs (a table read at another time), the content digest of the champion's own copy of the examples it
+    was judged on (``data/heldout.jsonl`` beside its manifest) is (:func:`_champion_content`)."""
     if champion is None:
         return
     theirs = champion.provenance.get("eval_snapshot")
     ours = manifest.get("eval") or {}
     if not theirs or not ours.get("digest") or theirs in (ours["digest"], ours.get("pinned")):
         return
+    if _champion_content(champion) == ours["digest"]:
+        log(
+            f"snapshot_data: champion {champion.ref} recorded its evaluation set as it pinned it ({theirs}, before "
+            f"content digests); its own copy of those examples has this set's content ({ours['digest']}): the same set"
+        )
+        return
     raise SpecError(
         "train.eval_dataset",
         f"{ours['source']} (snapshot {ours['digest']}) is not the fixed evaluation set champion {champion.ref} "
         f"was judged on (snapshot {theirs}): {_eval_change(champion, ours)}; the gate compares runs on one set",
         ["the champion's evaluation set", f"gate.model={gate.new_lineage(spec)} (a lineage of its own)"],
+    )
+
+
+def _champion_content(champion: Version) -> str:
+    """The content digest of the evaluation examples a champion registered before content digests was judged on,
+    from its run's copy of them (``data/heldout.jsonl`` beside its manifest, which the snapshot wrote); "" for a
+    champion of manifest version 2 on (its ``eval_snapshot`` is already the content's), without a fixed set, or
+    whose copy is gone."""
+    from components.data import snapshot
+
+    uri = champion.provenance.get("data_manifest")
+    try:
+        manifest = (read_manifest(uri) if uri else None) or {}
+        if manifest.get("version", 1) >= 2 or not manifest.get("eval"):
+            return ""
+        parent, _ = posixpath.split(uri.rstrip("/"))
+        text = open_store(*posixpath.split(parent)).read_text("heldout.jsonl")
+    except Exception:  # noqa: BLE001 - unreadable, the champion's recorded digest stands alone
+        return ""
+    return (
+        snapshot.content_digest(json.loads(line) for line in (text or "").splitlines() if line.strip()) if text else ""
     )
 
 
