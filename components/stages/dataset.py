@@ -27,6 +27,9 @@ from components.stages import gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
+# Each model's runs skipped in a row (``skip_streak``), beside the runs' stores under the output root.
+SKIPS = "_skips"  # no run id starts with "_" (a DNS-1035 label)
+STREAK = 3  # skipped runs in a row after which another one warns: a drop that stopped coming looks like this
 PROCEED, SKIP = "train", "skip"
 # What a runner without schedules may put in a schedule-time placeholder; no run reads data from before it.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the stage's output, which the pipeline's dsl.If reads
@@ -210,12 +213,38 @@ def snapshot_data(
         from components.data import snapshot
 
         manifest, train, heldout = take(ctx, when)
+        warning = skip_streak(ctx, bool(manifest.get("skip")))
+        if warning:
+            manifest["warning"] = warning
         if not manifest.get("skip"):
             for split, rows in (("train", train), ("heldout", heldout)):
                 ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
         write_json(ctx.store, MANIFEST, manifest)
         earlier = manifest
     return outcome(ctx, earlier)
+
+
+def skip_streak(ctx: RunContext, skipped: bool) -> str:
+    """The warning of a skipped run that follows ``STREAK`` skipped runs of its model in a row, else "". The model's
+    skipped runs in a row are kept in ``_skips/MODEL.skips.json`` beside the runs' stores: a skipped run adds
+    itself, a run that reads data empties it. A schedule runs one at a time, so its runs do not race on it."""
+    parent = posixpath.dirname(ctx.store.uri.rstrip("/"))
+    store, key = open_store(parent, SKIPS), f"{ctx.spec.model_name}.skips.json"
+    runs = list((read_json(store, key) or {}).get("runs") or [])
+    if not skipped:
+        if runs:
+            write_json(store, key, {"runs": []})
+        return ""
+    if ctx.run_id not in runs:
+        runs.append(ctx.run_id)
+        write_json(store, key, {"runs": runs})
+    before = runs[: runs.index(ctx.run_id)]
+    if len(before) < STREAK:
+        return ""
+    return (
+        f"warning: {ctx.spec.model_name}'s last {len(before)} runs were skipped too ({', '.join(before[-STREAK:])}"
+        f"{', ...' if len(before) > STREAK else ''}): is {ctx.spec.train.dataset} still written?"
+    )
 
 
 def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +260,9 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
     }
     if manifest.get("skip"):
         log(f"snapshot_data: {manifest['skip']}: the run ends here, nothing created")
-        return {"proceed": SKIP, "reason": manifest["skip"], **found}
+        if manifest.get("warning"):
+            log(f"snapshot_data: {manifest['warning']}")
+        return {"proceed": SKIP, "reason": manifest["skip"], "warning": manifest.get("warning"), **found}
     train = manifest["train"]
     log(
         f"snapshot_data: {manifest['dataset']}: {len(train['items']) or 1} "

@@ -232,6 +232,18 @@ def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_not
     # the run id claimed (components/stages/claims.py), no cluster recorded: none was started
     assert set(ledger) - set(CLAIM_KEYS) <= {"created", "platform", "run_id"} and not ledger["created"], ledger
     assert not (root / "nodrop" / "data" / "train.jsonl").exists()
+    assert "warning:" not in out
+    for day in ("nodrop2", "nodrop3", "nodrop4"):  # the fourth skipped run in a row says so
+        code = main(["run", "--output-root", str(root), "--run-id", day, "--set", data])
+        assert code == 0
+    out = capsys.readouterr().out
+    warning = "warning: local-fsdp's last 3 runs were skipped too (nodrop, nodrop2, nodrop3): is "
+    assert f"\nsnapshot_data: {warning}" in out and out.count(warning) >= 2  # the task's log, and the summary's
+    assert f"\n{warning}{tmp_path}/sft/{{date}}/ still written?\n\nstatus: skipped" in out
+    assert json.loads((root / "nodrop4" / "summary.json").read_text())["warning"].startswith(warning)
+    # a run that reads data ends the streak
+    assert dataset.skip_streak(_ctx(root, data, "read"), skipped=False) == ""
+    assert read_json(LocalStore(root / dataset.SKIPS), "local-fsdp.skips.json") == {"runs": []}
 
 
 # ---------------------------------------------------------------- the evaluation set's identity
