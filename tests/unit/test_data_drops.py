@@ -299,6 +299,16 @@ def test_the_content_digest_is_the_prompt_fields_of_every_example_in_any_order()
         ("train.dataset=gs://bucket-1/d/ train.dataset_ready=..", "train.dataset_ready", "not a file name"),
         ("train.dataset=gs://bucket-1/d/ train.bigquery_project=my-project", "train.bigquery_project", "bq://"),
         ("train.dataset=bq://p-123456.d.t train.bigquery_project=My_Project", "train.bigquery_project", "project id"),
+        (
+            "train.dataset=gs://bucket-1/d/ train.bigquery_service_account=a@p.iam.gserviceaccount.com",
+            "train.bigquery_service_account",
+            "bq://",
+        ),
+        (
+            "train.dataset=bq://p-123456.d.t train.bigquery_service_account=me@example.com",
+            "train.bigquery_service_account",
+            "service account",
+        ),
     ],
 )
 def test_the_new_keys_are_validated_naming_the_key(sets, key, says):
