@@ -147,10 +147,10 @@ def _champion_content(champion: Version) -> str:
     whose copy is gone."""
     from components.data import snapshot
 
-    uri = champion.provenance.get("data_manifest")
+    uri = str(champion.provenance.get("data_manifest") or "")
     try:
         manifest = (read_manifest(uri) if uri else None) or {}
-        if manifest.get("version", 1) >= 2 or not manifest.get("eval"):
+        if not uri or manifest.get("version", 1) >= 2 or not manifest.get("eval"):
             return ""
         parent, _ = posixpath.split(uri.rstrip("/"))
         text = open_store(*posixpath.split(parent)).read_text("heldout.jsonl")
