@@ -240,6 +240,7 @@ def rows(snap: dict, *, field: str, page_size: int | None = None) -> Iterator[di
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
+ALL_AUTHENTICATED = "allAuthenticatedUsers"  # a specialGroup of a dataset's access list: anyone signed in
 
 
 def missing_read(table: str, project: str, *, field: str = "train.dataset") -> list[str]:
@@ -254,6 +255,50 @@ def missing_read(table: str, project: str, *, field: str = "train.dataset") -> l
     except gexc.NotFound as exc:
         raise SpecError(field, f"{table} does not exist or is not visible to the caller: {exc.message}") from None
     return [p for p in READ_PERMISSIONS if p not in held]
+
+
+# The roles that hold bigquery.jobs.create on a project: the predefined ones the jobs overview names
+# (https://cloud.google.com/bigquery/docs/jobs-overview, "Required permissions") and the basic ones, each of which
+# "can start a job in the project" (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
+JOB_ROLES = (
+    "roles/bigquery.jobUser", "roles/bigquery.user", "roles/bigquery.admin", "roles/viewer", "roles/editor",
+    "roles/owner",
+)  # fmt: skip
+# The roles that hold bigquery.tables.getData on a dataset's tables, granted on the dataset or on its project: the
+# predefined ones (https://cloud.google.com/bigquery/docs/access-control: dataViewer, dataEditor, dataOwner, admin)
+# and a dataset's basic roles as its access list names them, READER, WRITER and OWNER
+# (https://cloud.google.com/bigquery/docs/access-control-basic-roles, "Basic roles for datasets").
+READ_ROLES = (
+    "roles/bigquery.dataViewer", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
+    "READER", "WRITER", "OWNER",
+)  # fmt: skip
+
+
+def account_roles(table: str, project: str, account: str, creds=None) -> tuple[set[str], set[str], list[str]]:
+    """(the roles the service account ``account`` (an email) holds on ``project``, those that may read ``table``'s
+    rows: on its dataset and its project, what could not be read): from the project IAM policies (Resource
+    Manager's projects.getIamPolicy) and the dataset's access list (datasets.get's ``access``:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access, where an account is
+    ``userByEmail`` or an ``iamMember``, and ``allAuthenticatedUsers`` a ``specialGroup`` that includes it). Read as
+    the caller, who may lack the permission to read a policy: each such read is named, not guessed."""
+    from components.cloud import iam as cloud_iam
+
+    member, unread = f"serviceAccount:{account}", []
+    projects: dict[str, set[str]] = {}
+    for where in dict.fromkeys((project, table.rsplit(".", 2)[0])):
+        try:
+            projects[where] = cloud_iam.project_grants(where, creds).get(member, set())
+        except _failures() as exc:
+            unread.append(f"project {where}'s IAM policy ({type(exc).__name__})")
+    try:
+        access = client(project, creds).get_dataset(table.rsplit(".", 1)[0]).access_entries
+        on_dataset = {
+            entry.role for entry in access if entry.role and (entry.entity_id in (account, member, ALL_AUTHENTICATED))
+        }
+    except _failures() as exc:
+        unread.append(f"dataset {table.rsplit('.', 1)[0]}'s access list ({type(exc).__name__})")
+        on_dataset = set()
+    return projects.get(project, set()), on_dataset | projects.get(table.rsplit(".", 2)[0], set()), unread
 
 
 def _failures() -> tuple[type[Exception], ...]:

@@ -8,21 +8,37 @@ what a drop that is not there means.
   (``FileOutputCommitter``, ``PENDING_DIR_NAME``), and the commit writes ``_SUCCESS`` last
   (``SUCCEEDED_FILE_NAME``, ``mapreduce.fileoutputcommitter.marksuccessfuljobs``:
   https://github.com/apache/hadoop/blob/rel/release-3.4.0/hadoop-mapreduce-project/hadoop-mapreduce-client/hadoop-mapreduce-client-core/src/main/java/org/apache/hadoop/mapreduce/lib/output/FileOutputCommitter.java).
-- ``train.dataset_ready`` (say ``_SUCCESS``) names the drop's marker: the drop is read only once its marker exists,
-  checked before the drop is listed, so what is listed was complete when the marker was written.
-- A drop that is not there (nothing to read under its prefix, no object or file it names) is :class:`NoDrop`; one
-  without its marker :class:`NotReady`. Both are SpecErrors naming the field; with ``train.data_since=champion`` the
-  run's snapshot makes either a run with nothing new (``skip``), as a schedule's day without data is.
-- ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`).
+- ``train.dataset_ready`` (say ``_SUCCESS``) names the drop's marker. Hadoop's committer writes it in the job's
+  output directory when the job commits, so a prefix that holds several jobs' outputs (a stable prefix of dated
+  directories, say) holds one per directory: every directory with data files under the prefix needs the marker in it
+  or in a directory above it within the prefix (a partitioned output's ``day=…/lang=…/`` parts are covered by the
+  job's one marker) (:func:`check_ready`). A data object updated after its marker was written is a later writer's,
+  not the committed job's: it is not read, and a warning names it.
+- A drop that is not there (nothing to read under its prefix, no object or file it names) is :class:`NoDrop`: with
+  ``train.data_since=champion`` and ``{date}`` in the dataset, a day without its drop, which the run's snapshot
+  makes a run with nothing new (``skip``), as long as the directory the dated part is in exists
+  (:func:`dated_parent`; a missing one is a mistyped URI, an error). One without its marker is :class:`NotReady`,
+  always an error naming the marker: the writer is late or failed, which a person should see, and the next
+  scheduled run reads the next day's drop, not this one.
+- ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`), inflated as a stream and refused past
+  ``MAX_INFLATED`` bytes: whoever may write the drop's bucket could otherwise send a few kilobytes that inflate to
+  more than the task's memory (a gzip bomb).
 """
 
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
+from typing import Any
 
 from components.spec import SpecError
 
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1: ID1 ID2
+# The most one .gz shard may inflate to. The snapshot holds a shard's inflated bytes while it parses it, beside the
+# examples read so far; a Spark or Beam part file is a fraction of this (Spark's default partition is 128 MiB:
+# spark.sql.files.maxPartitionBytes), and a larger shard is better split by its writer than read in one piece.
+MAX_INFLATED = 2 * 2**30
+CHUNK = 2**20  # inflated a MiB at a time, so the cap is checked before more is held
 
 
 class NoDrop(SpecError):
@@ -45,15 +61,78 @@ def marker_dir(path: str) -> str:
     return path[: path.rfind("/") + 1]
 
 
+def dated_parent(template: str) -> str:
+    """The part of a dataset (as written, before ``{date}`` is rendered) up to the directory its first ``{date}`` is
+    in, with its ``/`` (``gs://b/drops/{date}/`` -> ``gs://b/drops/``); "" when it has no ``{date}``."""
+    at = template.find("{date}")
+    return template[: template.rfind("/", 0, at) + 1] if at >= 0 else ""
+
+
+def check_ready(
+    names: dict[str, Any],
+    marker: Callable[[str], Any],
+    top: str,
+    ready: str,
+    *,
+    key: str,
+    uri: str,
+    shown: Callable[[str], str],
+    log: Callable[[str], None] | None,
+) -> set[str]:
+    """The data files of ``names`` (name -> its update time) to leave out: those updated after their marker. Each
+    file's marker is ``ready`` in its directory or the nearest one above it, up to ``top`` (the listed prefix's
+    directory); ``marker(directory)`` is that marker's update time, None where there is none. :class:`NotReady`
+    naming the markers (``shown``: a name as the user writes it) of the directories that have none."""
+    missing, late = set(), set()
+    for name, updated in names.items():
+        here = where = marker_dir(name)
+        written = marker(where)
+        while written is None and where != top and where.startswith(top) and where:
+            where = marker_dir(where[:-1])
+            written = marker(where)
+        if written is None:
+            missing.add(here)
+        elif updated is not None and updated > written:
+            late.add(name)
+    if missing:
+        listed = sorted(missing)
+        raise NotReady(
+            key,
+            f"{uri}: not ready: {', '.join(shown(d + ready) for d in listed[:3])}{', ...' if len(listed) > 3 else ''} "
+            f"(train.dataset_ready) {'is' if len(listed) == 1 else 'are'} not there, so the drop is not read",
+        )
+    if late and log:
+        listed = sorted(late)
+        log(
+            f"snapshot: warning: {uri}: {len(listed)} object(s) updated after their {ready} (train.dataset_ready) "
+            f"not read: {', '.join(shown(n) for n in listed[:3])}{', ...' if len(listed) > 3 else ''}"
+        )
+    return late
+
+
 def decompress(name: str, data: bytes, key: str) -> tuple[str, bytes]:
     """(the name without ``.gz``, the data) of a ``.gz`` file, decompressed; others as they are. Data that is not
     gzip (an object stored with ``Content-Encoding: gzip`` that Cloud Storage served decompressed:
-    https://cloud.google.com/storage/docs/transcoding) is taken as it is."""
+    https://cloud.google.com/storage/docs/transcoding) is taken as it is. Inflated as a stream, a ``CHUNK`` at a
+    time (every member of a multi-member file, RFC 1952 section 2.2), and refused, naming the object, once it passes
+    ``MAX_INFLATED`` bytes."""
+    import io
+
     if not name.endswith(".gz"):
         return name, data
     if data[:2] != GZIP_MAGIC:
         return name[:-3], data
+    out = bytearray()
     try:
-        return name[:-3], gzip.decompress(data)
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(CHUNK):
+                out += chunk
+                if len(out) > MAX_INFLATED:
+                    raise SpecError(
+                        key,
+                        f"{name}: inflates to more than {MAX_INFLATED} bytes ({len(data)} compressed), the most one "
+                        "gzip shard may (components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
+                    )
     except (OSError, EOFError) as exc:
         raise SpecError(key, f"{name}: not gzip: {exc}") from None
+    return name[:-3], bytes(out)

@@ -114,22 +114,52 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
     bucket, prefix, glob = parse(uri, field)
     client = _client()
     found: list[dict] = []  # each blob made an entry as its page comes: no page is held longer
+    times: dict[str, object] = {}  # each data object's update time, for its marker
+    markers: dict[str, object] = {}  # the directories' markers the listing met, by directory: their update times
     others: list[str] = []  # the first few objects that are not data, for the error that none is
     skipped = hidden = 0
+    top = drops.marker_dir(prefix)  # what the hidden segments are counted below, and the markers looked for up to
     try:
-        if ready:
-            _marker(client, bucket, drops.marker_dir(prefix) + ready, uri, field)
         if not glob and prefix and not prefix.endswith("/"):
-            return [_one(client, bucket, prefix, uri, field)]
-        top = drops.marker_dir(prefix)  # what the hidden segments are counted below
-        for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
-            if drops.hidden(blob.name[len(top) :]):
-                hidden += 1
-            elif blob.name.endswith(DATA_SUFFIXES):
-                found.append(_entry(bucket, blob))
-            else:
-                skipped += 1
-                others += [blob.name][: 3 - len(others)]
+            found = [_one(client, bucket, prefix, uri, field)]
+            times[prefix] = found[0].pop("_updated")
+        else:
+            for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
+                if drops.hidden(blob.name[len(top) :]):
+                    hidden += 1
+                    if ready and blob.name.rsplit("/", 1)[-1] == ready:
+                        markers[drops.marker_dir(blob.name)] = blob.updated
+                elif blob.name.endswith(DATA_SUFFIXES):
+                    found.append(_entry(bucket, blob))
+                    times[blob.name] = found[-1].pop("_updated")
+                else:
+                    skipped += 1
+                    others += [blob.name][: 3 - len(others)]
+        if not found:
+            raise drops.NoDrop(
+                field,
+                f"{uri}: no {'/'.join(DATA_SUFFIXES)} object "
+                + (f"matches the glob {glob}" if glob else f"under gs://{bucket}/{prefix}")
+                + (
+                    f" ({skipped} other object(s): {', '.join(others)}{', ...' if skipped > 3 else ''})"
+                    if skipped
+                    else ""
+                )
+                + (f" ({hidden} hidden)" if hidden else ""),
+            )
+        if ready:  # a prefix's listing met every marker under it; a glob's or one object's are asked for
+            listed = not glob and prefix.endswith("/") or not prefix
+
+            def marker(directory: str):
+                if directory not in markers and not listed:
+                    blob = client.bucket(bucket).get_blob(directory + ready)
+                    markers[directory] = blob.updated if blob is not None else None
+                return markers.get(directory)
+
+            late = drops.check_ready(
+                times, marker, top, ready, key=field, uri=uri, shown=lambda name: f"gs://{bucket}/{name}", log=log
+            )
+            found = [entry for entry in found if entry["uri"].removeprefix(f"gs://{bucket}/") not in late]
     except gexc.NotFound:
         raise SpecError(field, f"{uri}: the bucket {bucket} does not exist") from None
     except gexc.Forbidden as exc:
@@ -137,30 +167,20 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
     if hidden and log:
         log(f"snapshot: {uri}: {hidden} hidden object(s) not read (a path segment starting with _ or .)")
     if not found:
-        raise drops.NoDrop(
-            field,
-            f"{uri}: no {'/'.join(DATA_SUFFIXES)} object "
-            + (f"matches the glob {glob}" if glob else f"under gs://{bucket}/{prefix}")
-            + (f" ({skipped} other object(s): {', '.join(others)}{', ...' if skipped > 3 else ''})" if skipped else "")
-            + (f" ({hidden} hidden)" if hidden else ""),
-        )
+        raise drops.NotReady(field, f"{uri}: not ready: every data object was updated after its {ready}")
     return sorted(found, key=lambda entry: entry["uri"])
 
 
-def _marker(client, bucket: str, name: str, uri: str, field: str) -> None:
-    """``drops.NotReady`` unless the object ``name`` (a drop's marker) is there; ``drops.NoDrop`` when nothing is
-    under its directory at all (no drop yet); NotFound when the bucket does not exist."""
-    from components.data import drops
+def has_objects(uri: str, field: str) -> bool:
+    """Whether anything is under the ``gs://`` prefix ``uri`` (the bucket's top: whether the bucket exists, as Cloud
+    Storage has no directories); SpecError(field) when the bucket does not exist."""
+    from google.api_core import exceptions as gexc
 
-    if client.bucket(bucket).get_blob(name) is not None:  # None for a 404: no such object, or no such bucket
-        return
-    under = list(client.list_blobs(bucket, prefix=drops.marker_dir(name) or None, max_results=1))  # NotFound: bucket
-    if not under:
-        raise drops.NoDrop(field, f"{uri}: no drop: nothing under gs://{bucket}/{drops.marker_dir(name)}")
-    raise drops.NotReady(
-        field,
-        f"{uri}: not ready: gs://{bucket}/{name} (train.dataset_ready) is not there yet, so the drop is not read",
-    )
+    bucket, prefix, _ = parse(uri, field)
+    try:
+        return bool(list(_client().list_blobs(bucket, prefix=prefix or None, max_results=1))) or not prefix
+    except gexc.NotFound:
+        raise SpecError(field, f"{uri}: the bucket {bucket} does not exist") from None
 
 
 def _one(client, bucket: str, name: str, uri: str, field: str) -> dict:
@@ -186,6 +206,7 @@ def _entry(bucket: str, blob) -> dict:
         "size": int(blob.size or 0),
         "crc32c": blob.crc32c or "",
         "updated": updated,
+        "_updated": blob.updated,  # the time itself, for its marker (list_objects takes it out)
     }
 
 

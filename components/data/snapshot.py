@@ -17,8 +17,9 @@ evaluation set's ``digest`` is its content's (:func:`content_digest`), not its g
 
 Drops (``components.data.drops``): hidden paths (``_temporary/``, ``_SUCCESS``, ``.``-prefixed) are never read;
 with ``train.dataset_ready`` a drop is read only once its marker is there; ``.jsonl.gz`` is read; a file with no
-example is skipped with a warning; with ``train.data_since=champion`` a drop that is not there (or not ready) is a
-run with nothing new (``skip``), as a day without new data is.
+example is skipped with a warning; with ``train.data_since=champion`` a dated drop (``{date}``) that is not there,
+in a directory that is, is a run with nothing new (``skip``), as a day without new data is; a drop without its
+marker is an error.
 """
 
 from __future__ import annotations
@@ -64,17 +65,11 @@ def content_digest(examples: Iterable[dict[str, Any]]) -> str:
 def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[dict]:
     """The local files ``path`` means (a file, ``DIR/`` for every data file under it, or a glob), each with the
     digest of its bytes; under ``DIR/`` or a glob, none that is hidden (``drops.hidden``). ``ready``: the marker file
-    that must be in the drop's directory first. ``drops.NoDrop`` when there is no data file, ``drops.NotReady``
-    when the marker is not there."""
+    each data file's directory (or one above it, within the dataset's) must hold, written after it
+    (``drops.check_ready``). ``drops.NoDrop`` when there is no data file, ``drops.NotReady`` when a marker is not
+    there."""
     expanded = os.path.expanduser(path)
     top = _top(expanded)
-    if ready:
-        marker = Path(top or ".") / ready
-        if not marker.is_file():
-            parent = marker.parent
-            if not parent.is_dir() or not any(parent.iterdir()):
-                raise drops.NoDrop(key, f"{path}: no drop: nothing in {parent}")
-            raise drops.NotReady(key, f"{path}: not ready: {marker} (train.dataset_ready) is not there yet")
     globbed = any(c in expanded for c in "*?[")
     if globbed:
         files = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
@@ -94,6 +89,17 @@ def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None
     if not files:
         *most, last = datasets.DATA_SUFFIXES
         raise drops.NoDrop(key, f"no {', '.join(most)} or {last} file under {path}")
+    if ready:
+
+        def marker(directory: str) -> float | None:
+            found = Path(directory or ".") / ready
+            return found.stat().st_mtime if found.is_file() else None
+
+        times = {f: os.stat(f).st_mtime for f in files}
+        late = drops.check_ready(times, marker, top, ready, key=key, uri=path, shown=str, log=log)
+        files = [f for f in files if f not in late]
+        if not files:
+            raise drops.NotReady(key, f"{path}: not ready: every data file was written after its {ready}")
     items = []
     for name in files:
         data = Path(name).read_bytes()
@@ -272,6 +278,27 @@ def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | No
     return part, examples
 
 
+def _check_dated(template: str, when: datetime, exc: drops.NoDrop) -> None:
+    """A missing drop is a day without one only when the dataset is dated (``{date}``) and the directory its dated
+    part is in exists: else ``exc`` (no drop can ever be there: a URI without ``{date}``), or a SpecError naming the
+    missing directory (a mistyped URI)."""
+    parent = datasets.render(drops.dated_parent(template), when)
+    if not parent:
+        raise exc
+    if datasets.kind(parent) == "gcs":
+        from components.data import gcs
+
+        there = gcs.has_objects(parent, "train.dataset")
+    else:
+        there = os.path.isdir(os.path.expanduser(parent or "."))
+    if not there:
+        raise SpecError(
+            "train.dataset",
+            f"{datasets.render(template, when)}: no drop, and nothing is under {parent}, where the dated drops are: "
+            "is the URI right?",
+        )
+
+
 def take(
     spec: RunSpec,
     when: datetime,
@@ -287,10 +314,11 @@ def take(
     since = champion if t.data_since == "champion" else None
     try:
         part, examples = _side(spec, "train.dataset", source, when, since, log)
-    except (drops.NoDrop, drops.NotReady) as exc:
+    except drops.NoDrop as exc:
         if t.data_since != "champion":
             raise
-        # A schedule's day without its drop (or with one not yet complete) is a day with nothing new.
+        _check_dated(t.dataset, when, exc)
+        # A schedule's day without its drop is a day with nothing new.
         part = {"kind": datasets.kind(source), "source": source, "items": [], "num_examples": 0, "identity": []}
         examples, absent = [], str(exc).removeprefix(f"{exc.field}: ")
     else:

@@ -227,6 +227,9 @@ def _check_data(spec: RunSpec) -> None:
 
 # A drop's marker: one object or file name beside the data, not a path (https://cloud.google.com/storage/docs/objects#naming)
 _READY = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+# A service account's email: NAME@PROJECT.iam.gserviceaccount.com, or a Google-managed account's
+# (PROJECT_NUMBER-compute@developer.gserviceaccount.com, ...: https://cloud.google.com/iam/docs/service-account-types)
+_SERVICE_ACCOUNT = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com")
 
 
 def _check_drops(spec: RunSpec) -> None:
@@ -251,6 +254,17 @@ def _check_drops(spec: RunSpec) -> None:
         if not re.fullmatch(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{names.PROJECT_ID_PATTERN}", t.bigquery_project):
             raise SpecError(
                 "train.bigquery_project", f"{t.bigquery_project!r} is not a Google Cloud project id", ["my-project"]
+            )
+    if t.bigquery_service_account:
+        if "bigquery" not in kinds:
+            raise SpecError(
+                "train.bigquery_service_account", "applies to a bq:// train.dataset or train.eval_dataset", [""]
+            )
+        if not _SERVICE_ACCOUNT.fullmatch(t.bigquery_service_account):
+            raise SpecError(
+                "train.bigquery_service_account",
+                f"{t.bigquery_service_account!r} is not a service account's email",
+                ["NAME@PROJECT.iam.gserviceaccount.com"],
             )
 
 

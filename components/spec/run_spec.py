@@ -95,6 +95,10 @@ class TrainSpec:
     # bq:// only: the project BigQuery's jobs run in and bill (bigquery.jobs.create there); empty: gke.project, else
     # the table's own (components/data/bigquery.py)
     bigquery_project: str = ""
+    # bq:// only: the service account the run's data snapshot reads BigQuery as (Vertex AI's pipeline service account,
+    # the KFP runner's Google service account), an email; preflight checks as its caller, and with this also reads the
+    # IAM policies for the account's roles, warning when none lets it run the jobs or read the table. Empty: not read.
+    bigquery_service_account: str = ""
     data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
     train_split: str = "train"  # the dataset's split to train on
     eval_split: str = "heldout"  # the split held out for the evaluation (and the gate's figure)

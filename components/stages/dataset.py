@@ -13,6 +13,7 @@ Generated and hub datasets have nothing to snapshot: it says so and the run goes
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,6 +27,9 @@ from components.stages import gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
+# Each model's runs skipped in a row (``skip_streak``), beside the runs' stores under the output root.
+SKIPS = "_skips"  # no run id starts with "_" (a DNS-1035 label)
+STREAK = 3  # skipped runs in a row after which another one warns: a drop that stopped coming looks like this
 PROCEED, SKIP = "train", "skip"
 # What a runner without schedules may put in a schedule-time placeholder; no run reads data from before it.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the stage's output, which the pipeline's dsl.If reads
@@ -84,7 +88,7 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
     if ctx.spec.train.data_since == "champion" and champion is None:
         log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
     manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
-    check_eval_set(ctx.spec, champion, manifest)
+    check_eval_set(ctx.spec, champion, manifest, log)
     return manifest, train, heldout
 
 
@@ -106,23 +110,54 @@ def champion_manifest(champion: Version | None) -> tuple[dict[str, Any] | None, 
     return manifest, champion.ref
 
 
-def check_eval_set(spec: RunSpec, champion: Version | None, manifest: dict[str, Any]) -> None:
+def check_eval_set(
+    spec: RunSpec, champion: Version | None, manifest: dict[str, Any], log: Callable[[str], None] = log
+) -> None:
     """A fixed evaluation set is one yardstick: a run measured on another one than its champion's is refused (the
     gate refuses to compare two bases the same way, ``gate.check_lineage``), naming what changed. The set is its
     content (``snapshot.content_digest``): the same examples read on another day, or from an object uploaded again,
-    are the same set. A champion registered before content digests recorded the digest of what it pinned (object
-    generations, the table's snapshot time), which this run's ``pinned`` is compared with."""
+    are the same set. A champion registered before content digests (manifest version 1) recorded the digest of what
+    it pinned (object generations, a table's snapshot time): this run's ``pinned`` is compared with it, and where
+    that differs (a table read at another time), the content digest of the champion's own copy of the examples it
+    was judged on (``data/heldout.jsonl`` beside its manifest) is (:func:`_champion_content`)."""
     if champion is None:
         return
     theirs = champion.provenance.get("eval_snapshot")
     ours = manifest.get("eval") or {}
     if not theirs or not ours.get("digest") or theirs in (ours["digest"], ours.get("pinned")):
         return
+    if _champion_content(champion) == ours["digest"]:
+        log(
+            f"snapshot_data: champion {champion.ref} recorded its evaluation set as it pinned it ({theirs}, before "
+            f"content digests); its own copy of those examples has this set's content ({ours['digest']}): the same set"
+        )
+        return
     raise SpecError(
         "train.eval_dataset",
         f"{ours['source']} (snapshot {ours['digest']}) is not the fixed evaluation set champion {champion.ref} "
         f"was judged on (snapshot {theirs}): {_eval_change(champion, ours)}; the gate compares runs on one set",
         ["the champion's evaluation set", f"gate.model={gate.new_lineage(spec)} (a lineage of its own)"],
+    )
+
+
+def _champion_content(champion: Version) -> str:
+    """The content digest of the evaluation examples a champion registered before content digests was judged on,
+    from its run's copy of them (``data/heldout.jsonl`` beside its manifest, which the snapshot wrote); "" for a
+    champion of manifest version 2 on (its ``eval_snapshot`` is already the content's), without a fixed set, or
+    whose copy is gone."""
+    from components.data import snapshot
+
+    uri = str(champion.provenance.get("data_manifest") or "")
+    try:
+        manifest = (read_manifest(uri) if uri else None) or {}
+        if not uri or manifest.get("version", 1) >= 2 or not manifest.get("eval"):
+            return ""
+        parent, _ = posixpath.split(uri.rstrip("/"))
+        text = open_store(*posixpath.split(parent)).read_text("heldout.jsonl")
+    except Exception:  # noqa: BLE001 - unreadable, the champion's recorded digest stands alone
+        return ""
+    return (
+        snapshot.content_digest(json.loads(line) for line in (text or "").splitlines() if line.strip()) if text else ""
     )
 
 
@@ -178,12 +213,38 @@ def snapshot_data(
         from components.data import snapshot
 
         manifest, train, heldout = take(ctx, when)
+        warning = skip_streak(ctx, bool(manifest.get("skip")))
+        if warning:
+            manifest["warning"] = warning
         if not manifest.get("skip"):
             for split, rows in (("train", train), ("heldout", heldout)):
                 ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
         write_json(ctx.store, MANIFEST, manifest)
         earlier = manifest
     return outcome(ctx, earlier)
+
+
+def skip_streak(ctx: RunContext, skipped: bool) -> str:
+    """The warning of a skipped run that follows ``STREAK`` skipped runs of its model in a row, else "". The model's
+    skipped runs in a row are kept in ``_skips/MODEL.skips.json`` beside the runs' stores: a skipped run adds
+    itself, a run that reads data empties it. A schedule runs one at a time, so its runs do not race on it."""
+    parent = posixpath.dirname(ctx.store.uri.rstrip("/"))
+    store, key = open_store(parent, SKIPS), f"{ctx.spec.model_name}.skips.json"
+    runs = list((read_json(store, key) or {}).get("runs") or [])
+    if not skipped:
+        if runs:
+            write_json(store, key, {"runs": []})
+        return ""
+    if ctx.run_id not in runs:
+        runs.append(ctx.run_id)
+        write_json(store, key, {"runs": runs})
+    before = runs[: runs.index(ctx.run_id)]
+    if len(before) < STREAK:
+        return ""
+    return (
+        f"warning: {ctx.spec.model_name}'s last {len(before)} runs were skipped too ({', '.join(before[-STREAK:])}"
+        f"{', ...' if len(before) > STREAK else ''}): is {ctx.spec.train.dataset} still written?"
+    )
 
 
 def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +260,9 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
     }
     if manifest.get("skip"):
         log(f"snapshot_data: {manifest['skip']}: the run ends here, nothing created")
-        return {"proceed": SKIP, "reason": manifest["skip"], **found}
+        if manifest.get("warning"):
+            log(f"snapshot_data: {manifest['warning']}")
+        return {"proceed": SKIP, "reason": manifest["skip"], "warning": manifest.get("warning"), **found}
     train = manifest["train"]
     log(
         f"snapshot_data: {manifest['dataset']}: {len(train['items']) or 1} "

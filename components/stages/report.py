@@ -52,6 +52,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "platform": ctx.platform,
         "status": "interrupted" if interrupted else ("skipped" if skipped else "succeeded") if ok else "failed",
         "skipped": data["reason"] if skipped else None,
+        "warning": data.get("warning"),  # a skipped run after too many (dataset.skip_streak)
         "data": {k: data.get(k) for k in ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples")},
         "interrupted": interrupted,
         "run_dir": ctx.store.uri,
@@ -287,5 +288,7 @@ def format_table(summary: dict[str, Any]) -> str:
         status += " during {stage} ({signal})".format(**summary["interrupted"])
     if summary.get("skipped"):
         status += f" ({summary['skipped']})"
+    if summary.get("warning"):
+        lines.append(summary["warning"])
     lines += ["", f"status: {status}", summary["run_dir"]]
     return "\n".join(lines)

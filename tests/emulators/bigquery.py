@@ -11,6 +11,8 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert);
 - jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
   jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
+- datasets.get, ``GET /projects/P/datasets/D`` (``Client.get_dataset``): the dataset and its ``access`` list, the
+  roles granted on it (``_datasets_get``);
 - tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions``
   (``Client.test_iam_permissions``): of the permissions asked, those the caller holds on the table, itself needing none
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions);
@@ -109,6 +111,7 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
         re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
         "tables.get",
     ),
+    ("GET", re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)"), "datasets.get"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/queries"), "jobs.query"),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/queries/(?P<job>[^/]+)"), "jobs.getQueryResults"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/jobs"), "jobs.insert"),
@@ -884,6 +887,36 @@ class BigQueryEmulator(HttpEmulator):
             "lastModifiedTime": str(t.modified // 1000),
             "type": "TABLE",
             "location": d.location,
+        }
+
+    def _datasets_get(self, member, args, query, body) -> dict:
+        """The dataset, with its ``access`` list: the roles granted on the dataset, one entry per member and role
+        (Dataset.access, https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access: a
+        user's or service account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``).
+        Reading it needs ``bigquery.datasets.get`` on the dataset (datasets.get,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get; in roles/bigquery.dataViewer and
+        metadataViewer: https://cloud.google.com/bigquery/docs/access-control)."""
+        project, dataset = args["project"], args["dataset"]
+        if not self._allowed(member, "bigquery.datasets.get", project, dataset):
+            raise _denied(f"Access Denied: Dataset {project}:{dataset}: Permission bigquery.datasets.get denied")
+        d = self.datasets.get((project, dataset))
+        if d is None:
+            raise _not_found(f"Not found: Dataset {project}:{dataset}")
+        scope = f"{project}.{dataset}"
+        access = [
+            {"role": role, "specialGroup": who}
+            if who == ALL_AUTHENTICATED
+            else {"role": role, "userByEmail": who.split(":", 1)[1]}
+            for who, grants in sorted(self.grants.items())
+            for role, granted in sorted(grants)
+            if granted == scope
+        ]
+        return {
+            "kind": "bigquery#dataset",
+            "id": f"{project}:{dataset}",
+            "datasetReference": {"projectId": project, "datasetId": dataset},
+            "location": d.location,
+            "access": access,
         }
 
     def _tables_testIamPermissions(self, member, args, query, body) -> dict:

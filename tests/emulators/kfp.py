@@ -140,6 +140,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         if version not in VERSIONS:
             raise ValueError(f"emulator: KFP {version} is not one of {VERSIONS}")
         self.version = version
+        self.tag_name: str | None = None  # what healthz says the release is; None: ``version``
         self.token = token
         self.namespaces = {"kubeflow"}  # the namespaces the server has ("" is its default, single-user)
         self.pipelines: dict[str, dict] = {}
@@ -260,8 +261,12 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         path, query = url.path.removeprefix(PREFIX), {k: v[0] for k, v in parse_qs(url.query).items()}
         if path == "healthz":
             # The healthz handler's JSON (newHealthzResponse in backend/src/apiserver/main.go): the release is the
-            # deployment's TAG_NAME.
-            return 200, {"commit_sha": "unknown", "tag_name": self.version, "multi_user": False}
+            # deployment's TAG_NAME. The API's GetHealthzResponse declares multi_user alone
+            # (https://github.com/kubeflow/pipelines/blob/2.15.0/backend/api/v2beta1/healthz.proto), so a server may
+            # not say it: ``tag_name`` "" leaves it out, "unknown" is what a build without a TAG_NAME says.
+            said = {"commit_sha": "unknown", "multi_user": False}
+            tag = self.version if self.tag_name is None else self.tag_name
+            return 200, {**said, "tag_name": tag} if tag else said
         if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise KfpError(401, "Unauthenticated: the request has no valid bearer token.")
         method, parts = http.command, path.split("/")

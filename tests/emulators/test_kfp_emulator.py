@@ -157,7 +157,7 @@ def test_a_recurring_runs_run_gets_its_parameters_unformatted_and_the_schedule_t
 
     emulator, client, version, experiment = server
     emulator.version = release
-    assert kfp_backend.server_version(client) == tuple(int(p) for p in release.split("."))
+    assert kfp_backend.server_version(kfp_backend.Place(emulator.endpoint)) == tuple(map(int, release.split(".")))
     recurring = client.create_recurring_run(
         experiment,
         "Nightly Run",
@@ -209,3 +209,26 @@ def test_bad_input_is_refused_as_the_server_refuses_it(server):
     with pytest.raises(ApiException) as twice:
         client.upload_pipeline_version(str(Path(emulator.workdir) / "tiny.yaml"), "v2", pipeline_id=version[0])
     assert twice.value.status == 409
+
+
+@pytest.mark.parametrize(("tag", "said"), [("", "names no release (tag_name)"), ("unknown", "says tag_name 'unknown'")])
+def test_a_server_that_names_no_release_is_of_unknown_release_said_once_without_a_warning(tmp_path, tag, said):
+    """healthz read over plain HTTP at /apis/v2beta1/healthz: its release when ``tag_name`` says one; a missing or
+    unparseable tag (not part of the API's GetHealthzResponse) is an unknown release, one info line, no warning."""
+    from pipelines.backends.kfp import jobs as kfp_backend
+
+    emulator = KfpEmulator(
+        None, ArtifactRegistryEmulator(), {}, python_bin=Path(sys.executable).parent, workdir=tmp_path
+    )
+    place = kfp_backend.Place(emulator.start())
+    try:
+        emulator.version = "2.16.0"
+        assert kfp_backend.server_version(place) == (2, 16, 0)
+        assert kfp_backend.schedule_time_note((2, 16, 0)).startswith("warning: this Kubeflow Pipelines server (2.16.0)")
+        emulator.tag_name = tag
+        lines: list[str] = []
+        assert kfp_backend.server_version(place, lines.append) is None
+        assert lines == [f"tpupipe: the Kubeflow Pipelines server's release is unknown: its healthz {said}"]
+        assert kfp_backend.schedule_time_note(None) == ""
+    finally:
+        emulator.stop()

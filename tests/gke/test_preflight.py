@@ -411,8 +411,8 @@ def test_a_bigquery_dataset_needs_jobs_where_the_run_bills_and_read_on_the_table
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
     data = "train.dataset=bq://acme-data-1.sft.examples"
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
-    assert f"train.dataset: the caller may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
-    assert "train.dataset: the caller may read acme-data-1.sft.examples" in text
+    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert "train.dataset: as the caller, may read acme-data-1.sft.examples" in text
     project.projects.deny("bigquery.jobs.create")
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert code == 2
@@ -472,3 +472,35 @@ def test_a_caller_who_may_create_the_cluster_but_not_use_its_kubernetes_api_is_r
     # On an existing cluster the API server answers for itself (SelfSubjectAccessReview): not asked of IAM here.
     existing = needs(resolve("local-fsdp", ONE_SLICE + " gke.cluster_name=shared"), "pre")
     assert "container.clusters.connect" not in existing.permissions
+
+
+def test_a_bigquery_dataset_checks_the_pipelines_service_account_from_the_iam_policies(project_factory, capsys):
+    """The caller's permissions are labelled as the caller's; the pipeline's service account, which the data
+    snapshot runs as on Vertex AI and KFP, is checked from the IAM policies (the jobs project's, the dataset's access
+    list): a warning for each of running jobs and reading the table that no role of it grants, none once granted."""
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    data = f"train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account}"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 0, text
+    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert "train.dataset: as the caller, may read acme-data-1.sft.examples" in text
+    assert (
+        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that "
+        f"may run BigQuery jobs in project {PROJECT} (of roles/bigquery.jobUser, "
+    ) in text
+    assert (
+        f"{account}, whom the data snapshot runs as, holds no role that may read acme-data-1.sft.examples on the "
+        "dataset acme-data-1.sft or its project (of roles/bigquery.dataViewer, "
+    ) in text
+    project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
+    project.bigquery.grant(f"serviceAccount:{account}", "roles/bigquery.dataViewer", "acme-data-1.sft")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert f"train.dataset: {account} may run BigQuery jobs (roles/bigquery.user in project {PROJECT})" in text, text
+    assert (
+        f"{account} may read acme-data-1.sft.examples (roles/bigquery.dataViewer on the dataset acme-data-1.sft or its "
+        "project)"
+    ) in text
+    assert "train.bigquery_service_account" not in text
+    assert project.mutations() == []

@@ -110,3 +110,29 @@ def test_the_same_bigquery_rows_on_two_days_are_the_same_evaluation_set(bq, tmp_
     with pytest.raises(SpecError) as raised:
         dataset.snapshot_data(_ctx(root, sets, "day3"))
     assert raised.value.field == "train.eval_dataset" and "20 examples then, 21 now" in str(raised.value)
+
+
+def test_a_champion_of_manifest_version_1_judged_on_a_bigquery_set_matches_by_its_own_copys_content(
+    bq, tmp_path, capsys
+):
+    """A champion registered before content digests recorded its BigQuery evaluation set's digest with the snapshot
+    time in it, which no later run reads again: the content digest of its run's own copy of those examples
+    (``data/heldout.jsonl``) is compared instead, said in one line; a set whose rows changed since is still refused."""
+    (tmp_path / "a.jsonl").write_text('{"instruction": "Say a.", "response": "a"}\n')
+    root = tmp_path / "runs"
+    sets = f"gke.project={RUN} train.dataset={tmp_path}/a.jsonl train.eval_dataset=bq://{DATA}.sft.eval"
+    dataset.snapshot_data(_ctx(root, sets, "r0"), schedule_time=(NOW - 26 * HOUR).isoformat())
+    store = LocalStore(root / "r0")
+    manifest = json.loads(store.read_text("data/manifest.json") or "{}")
+    # as version 1 wrote it: the set's digest was that of what it pinned (the table, its snapshot time, ...)
+    manifest["version"], manifest["eval"]["digest"] = 1, manifest["eval"].pop("pinned")
+    write_json(store, "data/manifest.json", manifest)
+    _champion(root, data_manifest=str(root / "r0" / "data" / "manifest.json"), eval_snapshot=manifest["eval"]["digest"])
+    capsys.readouterr()
+    second = dataset.snapshot_data(_ctx(root, sets, "day2"), schedule_time=(NOW - 2 * HOUR).isoformat())
+    assert second["proceed"] == "train" and second["eval_snapshot"] != manifest["eval"]["digest"]
+    out = capsys.readouterr().out
+    assert f"recorded its evaluation set as it pinned it ({manifest['eval']['digest']}, before content digests)" in out
+    bq.insert(f"{DATA}.sft.eval", [example(99)], at=NOW - HOUR)
+    with pytest.raises(SpecError, match="20 examples then, 21 now"):
+        dataset.snapshot_data(_ctx(root, sets, "day3"))

@@ -41,6 +41,10 @@ def names(manifest) -> list[str]:
     return [item["uri"].split("/drops/", 1)[1] for item in manifest["train"]["items"]]
 
 
+def names_of(manifest) -> list[str]:
+    return [item["uri"].removeprefix(f"gs://{DATA}/") for item in manifest["train"]["items"]]
+
+
 # ---------------------------------------------------------------- Cloud Storage drops
 
 
@@ -64,11 +68,10 @@ def test_a_drop_is_read_only_once_its_marker_is_there(storage):  # noqa: F811
     with pytest.raises(drops.NotReady) as raised:
         take(sets)
     assert raised.value.field == "train.dataset"
-    assert f"gs://{DATA}/drops/2026-12-01/_SUCCESS (train.dataset_ready) is not there yet" in str(raised.value)
-    # with data_since, a drop not yet complete is a day with nothing new: nothing read, the run skipped
-    manifest, train, _, _ = take(f"{sets} train.data_since=champion train.init_from=champion")
-    assert manifest["skip"].startswith("nothing to read: ") and "not ready" in manifest["skip"] and train == []
-    assert manifest["train"]["items"] == []
+    assert f"gs://{DATA}/drops/2026-12-01/_SUCCESS (train.dataset_ready) is not there" in str(raised.value)
+    # with data_since too: a drop its writer has not finished is a late or failed writer, not a day without data
+    with pytest.raises(drops.NotReady, match="_SUCCESS \\(train.dataset_ready\\) is not there"):
+        take(f"{sets} train.data_since=champion train.init_from=champion")
     storage.put(DATA, "drops/2026-12-01/part-00001.jsonl", rows(2))
     storage.put(DATA, "drops/2026-12-01/_SUCCESS", b"")  # the writer's last object
     manifest, train, heldout, _ = take(sets)
@@ -91,6 +94,59 @@ def test_a_missing_drop_under_data_since_is_a_skipped_day_and_without_it_an_erro
     assert raised.value.field == "train.dataset"
     with pytest.raises(SpecError, match="the bucket no-such-bucket does not exist"):  # a wrong bucket stays an error
         take("train.dataset=gs://no-such-bucket/drops/{date}/ train.data_since=champion train.init_from=champion")
+
+
+def test_only_a_dated_drop_whose_directory_exists_is_a_skipped_day(storage, tmp_path):  # noqa: F811
+    """A missing drop is skipped only when the dataset has ``{date}`` and the directory its dated part is in holds
+    something: a mistyped directory, or a URI without ``{date}``, is an error naming train.dataset, even with
+    data_since."""
+    storage.put(DATA, "drops/2026-12-01/part-00000.jsonl", rows(1))
+    since = "train.data_since=champion train.init_from=champion"
+    with pytest.raises(SpecError) as raised:
+        take(f"train.dataset=gs://{DATA}/dorps/{{date}}/ {since}", when=DAY2)
+    assert raised.value.field == "train.dataset"
+    assert f"nothing is under gs://{DATA}/dorps/, where the dated drops are" in str(raised.value)
+    with pytest.raises(drops.NoDrop):  # no {date}: the same URI every day, so nothing there is never a day's absence
+        take(f"train.dataset=gs://{DATA}/drops/2026-12-02/ {since}")
+    manifest, _, _, _ = take(f"train.dataset=gs://{DATA}/drops/day={{date}}/ {since}", when=DAY2)
+    assert manifest["skip"].startswith("nothing to read: ")  # drops/ is there: day=2026-12-02/ is a day without one
+    (tmp_path / "sft").mkdir()
+    manifest, _, _, _ = take(f"train.dataset={tmp_path}/sft/{{date}}.jsonl {since}", when=DAY2)
+    assert "file not found" in manifest["skip"]
+    with pytest.raises(SpecError, match=f"nothing is under {tmp_path}/sfd/"):
+        take(f"train.dataset={tmp_path}/sfd/{{date}}.jsonl {since}", when=DAY2)
+
+
+def test_every_directory_with_data_needs_its_marker_and_objects_written_after_it_are_not_read(storage):  # noqa: F811
+    """Hadoop's committer writes ``_SUCCESS`` in each job's output directory: under a stable prefix of several jobs'
+    outputs, each directory with data needs its own (or one above it, as a partitioned output's job marker); an object
+    updated after its directory's marker is not the committed job's, left out with a warning."""
+    import time
+
+    storage.put(DATA, "stable/2026-12-01/part-00000.jsonl", rows(1))
+    storage.put(DATA, "stable/2026-12-01/_SUCCESS", b"")
+    storage.put(DATA, "stable/2026-12-02/lang=en/part-00000.jsonl", rows(2))  # partitioned: the job's one marker
+    storage.put(DATA, "stable/2026-12-02/lang=fr/part-00000.jsonl", rows(3))
+    storage.put(DATA, "stable/2026-12-02/_SUCCESS", b"")
+    storage.put(DATA, "stable/2026-12-03/part-00000.jsonl", rows(4))  # a job still writing
+    for uri in (f"gs://{DATA}/stable/", f"gs://{DATA}/stable/*/part-*.jsonl"):
+        with pytest.raises(drops.NotReady) as raised:
+            take(f"train.dataset={uri} train.dataset_ready=_SUCCESS")
+        assert f"gs://{DATA}/stable/2026-12-03/_SUCCESS (train.dataset_ready) is not there" in str(raised.value)
+        assert "2026-12-01/_SUCCESS" not in str(raised.value) and "lang=en/_SUCCESS" not in str(raised.value)
+    storage.put(DATA, "stable/2026-12-03/_SUCCESS", b"")
+    time.sleep(0.01)
+    storage.put(DATA, "stable/2026-12-01/part-00001.jsonl", rows(5))  # another writer, after the commit
+    for uri in (f"gs://{DATA}/stable/", f"gs://{DATA}/stable/**.jsonl"):
+        manifest, train, heldout, lines = take(f"train.dataset={uri} train.dataset_ready=_SUCCESS")
+        assert len(names_of(manifest)) == 4 and "stable/2026-12-01/part-00001.jsonl" not in names_of(manifest)
+        assert len(train) + len(heldout) == 80
+        late = f"gs://{DATA}/stable/2026-12-01/part-00001.jsonl"
+        assert f"snapshot: warning: {uri}: 1 object(s) updated after their _SUCCESS (train.dataset_ready) not " \
+            f"read: {late}" in lines  # fmt: skip
+    one = f"gs://{DATA}/stable/2026-12-01/part-00001.jsonl"
+    with pytest.raises(drops.NotReady, match="every data object was updated after its _SUCCESS"):
+        take(f"train.dataset={one} train.dataset_ready=_SUCCESS")
 
 
 def test_gzip_json_lines_are_read_and_an_empty_shard_is_skipped_with_a_warning(storage):  # noqa: F811
@@ -134,7 +190,7 @@ def test_local_drops_follow_the_same_rules(tmp_path):
     (day / "part-00000.jsonl.gz").write_bytes(gzip.compress(rows(1)))
     (day / "part-00001.jsonl").write_bytes(b"")
     sets = f"train.dataset={tmp_path}/sft/{{date}}/ train.dataset_ready=_SUCCESS"
-    with pytest.raises(drops.NotReady, match="_SUCCESS \\(train.dataset_ready\\) is not there yet"):
+    with pytest.raises(drops.NotReady, match="_SUCCESS \\(train.dataset_ready\\) is not there, so the drop"):
         take(sets)
     (day / "_SUCCESS").write_bytes(b"")
     manifest, train, heldout, lines = take(sets)
@@ -176,6 +232,18 @@ def test_tpupipe_run_of_a_day_without_its_drop_is_skipped_exit_0_and_creates_not
     # the run id claimed (components/stages/claims.py), no cluster recorded: none was started
     assert set(ledger) - set(CLAIM_KEYS) <= {"created", "platform", "run_id"} and not ledger["created"], ledger
     assert not (root / "nodrop" / "data" / "train.jsonl").exists()
+    assert "warning:" not in out
+    for day in ("nodrop2", "nodrop3", "nodrop4"):  # the fourth skipped run in a row says so
+        code = main(["run", "--output-root", str(root), "--run-id", day, "--set", data])
+        assert code == 0
+    out = capsys.readouterr().out
+    warning = "warning: local-fsdp's last 3 runs were skipped too (nodrop, nodrop2, nodrop3): is "
+    assert f"\nsnapshot_data: {warning}" in out and out.count(warning) >= 2  # the task's log, and the summary's
+    assert f"\n{warning}{tmp_path}/sft/{{date}}/ still written?\n\nstatus: skipped" in out
+    assert json.loads((root / "nodrop4" / "summary.json").read_text())["warning"].startswith(warning)
+    # a run that reads data ends the streak
+    assert dataset.skip_streak(_ctx(root, data, "read"), skipped=False) == ""
+    assert read_json(LocalStore(root / dataset.SKIPS), "local-fsdp.skips.json") == {"runs": []}
 
 
 # ---------------------------------------------------------------- the evaluation set's identity
@@ -231,6 +299,16 @@ def test_the_content_digest_is_the_prompt_fields_of_every_example_in_any_order()
         ("train.dataset=gs://bucket-1/d/ train.dataset_ready=..", "train.dataset_ready", "not a file name"),
         ("train.dataset=gs://bucket-1/d/ train.bigquery_project=my-project", "train.bigquery_project", "bq://"),
         ("train.dataset=bq://p-123456.d.t train.bigquery_project=My_Project", "train.bigquery_project", "project id"),
+        (
+            "train.dataset=gs://bucket-1/d/ train.bigquery_service_account=a@p.iam.gserviceaccount.com",
+            "train.bigquery_service_account",
+            "bq://",
+        ),
+        (
+            "train.dataset=bq://p-123456.d.t train.bigquery_service_account=me@example.com",
+            "train.bigquery_service_account",
+            "service account",
+        ),
     ],
 )
 def test_the_new_keys_are_validated_naming_the_key(sets, key, says):
@@ -246,3 +324,20 @@ def test_the_new_keys_validate_where_they_apply():
 
     validate(resolve("local-fsdp", "train.dataset=gs://bucket-1/d/{date}/ train.dataset_ready=_SUCCESS"))
     validate(resolve("local-fsdp", "train.dataset=bq://p-123456.d.t train.bigquery_project=example.com:billing-1"))
+
+
+def test_a_gzip_shard_that_inflates_past_the_cap_is_refused_naming_it(storage, monkeypatch):  # noqa: F811
+    """A few kilobytes that inflate to far more (a gzip bomb from whoever may write the drop's bucket) are inflated as
+    a stream and refused once past ``drops.MAX_INFLATED``, naming the object; a shard under it, in two gzip members,
+    is read whole."""
+    monkeypatch.setattr(drops, "MAX_INFLATED", 4 * drops.CHUNK)
+    storage.put(DATA, "ok/part-00000.jsonl.gz", gzip.compress(rows(1, 10)) + gzip.compress(rows(2, 10)))
+    manifest, train, heldout, _ = take(f"train.dataset=gs://{DATA}/ok/")
+    assert len(train) + len(heldout) == 20
+    bomb = gzip.compress(rows(3) + b" " * (64 * drops.CHUNK))
+    assert len(bomb) < 100_000
+    storage.put(DATA, "bomb/part-00000.jsonl.gz", bomb)
+    with pytest.raises(SpecError) as raised:
+        take(f"train.dataset=gs://{DATA}/bomb/")
+    assert raised.value.field == "train.dataset"
+    assert f"gs://{DATA}/bomb/part-00000.jsonl.gz: inflates to more than {4 * drops.CHUNK} bytes" in str(raised.value)

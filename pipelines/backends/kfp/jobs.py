@@ -105,21 +105,33 @@ def client(place: Place):
     from components.cloud import kfp as kfp_runs
 
     check_place(place)
-    credentials, token = None, None
-    if place.auth == "sa-token":
-        credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path)
-    elif place.auth == "iap":
-        import google.auth.transport.requests
-        from google.oauth2 import id_token
-
-        try:
-            token = id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
-        except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
-            raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
+    credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path) if place.auth == "sa-token" else None
+    token = _iap_token(place) if place.auth == "iap" else None
     try:
         return kfp_runs.client(place.host, place.namespace, credentials, token)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
+
+
+def _iap_token(place: Place) -> str:
+    """A Google ID token for the endpoint's IAP (its OAuth client id as the audience)."""
+    import google.auth.transport.requests
+    from google.oauth2 import id_token
+
+    try:
+        return id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
+    except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
+        raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
+
+
+def bearer(place: Place) -> dict[str, str]:
+    """The ``Authorization`` header ``kfp.Client`` sends for the place's auth method: none; the projected token,
+    read from its file as ``ServiceAccountTokenVolumeCredentials`` reads it; the IAP ID token."""
+    if place.auth == "sa-token":
+        return {"Authorization": "Bearer " + Path(place.token_path).read_text().strip()}
+    if place.auth == "iap":
+        return {"Authorization": "Bearer " + _iap_token(place)}
+    return {}
 
 
 def _reason(exc: Exception) -> str:
@@ -335,28 +347,47 @@ def scheduled_run_id(run: dict) -> str:
     return run_id_from("", run.get("display_name") or "")
 
 
-def server_version(kfp_client) -> tuple[int, ...] | None:
-    """The API server's release, from its healthz answer's ``tag_name`` (``TAG_NAME`` of its deployment, "unknown"
-    when unset: newHealthzResponse in backend/src/apiserver/main.go); None when it does not say. The v2beta1 model
-    of kfp_server_api keeps ``multi_user`` alone, so the answer is read as the server wrote it."""
+# Where the API server says its health: HealthzService.GetHealthz, ``get: "/apis/v2beta1/healthz"``
+# (https://github.com/kubeflow/pipelines/blob/2.15.0/backend/api/v2beta1/healthz.proto), and the v1beta1 one before it
+# (backend/api/v1beta1/healthz.proto at the same tag). Its GetHealthzResponse declares ``multi_user`` alone: the
+# ``tag_name`` the server's handler adds (newHealthzResponse in backend/src/apiserver/main.go, its deployment's
+# TAG_NAME) is not part of the API, so a server may leave it out, or say "unknown".
+HEALTHZ_PATHS = ("/apis/v2beta1/healthz", "/apis/v1beta1/healthz")
+
+
+def server_version(place: Place, log: Callable[[str], None] | None = None) -> tuple[int, ...] | None:
+    """The API server's release, from its healthz answer's ``tag_name`` (``HEALTHZ_PATHS``), read with ``requests``
+    and the place's own authentication (``bearer``); None, with one line to ``log``, when it does not say one (no
+    tag, "unknown", a development build) or cannot be asked."""
+    import requests
+
+    tag, said = "", ""
     try:
-        raw = kfp_client._healthz_api.healthz_service_get_healthz(_preload_content=False)
-        tag = str(json.loads(raw.data or b"{}").get("tag_name") or "")
-    except Exception:  # noqa: BLE001 - a server that does not say is one of unknown release
-        return None
+        for path in HEALTHZ_PATHS:
+            answer = requests.get(place.host.rstrip("/") + path, headers=bearer(place), timeout=30)
+            if answer.status_code != 404:
+                answer.raise_for_status()
+                tag = str(answer.json().get("tag_name") or "")
+                break
+    except (requests.RequestException, ValueError, OSError, InfraError) as exc:
+        said = f"its healthz could not be read ({type(exc).__name__})"
     found = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", tag)
-    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+    if found:
+        return tuple(int(part) for part in found.groups() if part is not None)
+    if log:
+        said = said or (f"its healthz says tag_name {tag!r}" if tag else "its healthz names no release (tag_name)")
+        log(f"tpupipe: the Kubeflow Pipelines server's release is unknown: {said}")
+    return None
 
 
 def schedule_time_note(version: tuple[int, ...] | None) -> str:
-    """What ``{date}`` means on a server of ``version``: '' where its v2 driver fills the schedule time, else the
-    warning ``tpupipe schedule create`` prints."""
-    if version is not None and version[:2] >= SCHEDULE_TIME_FROM:
+    """What ``{date}`` means on a server of ``version``: '' where its v2 driver fills the schedule time (2.17 on), or
+    where the release is unknown (``server_version`` said so in its one line), else the warning ``tpupipe schedule
+    create`` prints."""
+    if version is None or version[:2] >= SCHEDULE_TIME_FROM:
         return ""
-    release = ".".join(map(str, version)) if version else "of unknown release"
-    how = "gives it empty" if version and version[:2] == (2, 16) else "passes it as text, unresolved"
-    if version is None:
-        how = "may not fill it"
+    release = ".".join(map(str, version))
+    how = "gives it empty" if version[:2] == (2, 16) else "passes it as text, unresolved"
     return (
         f"warning: this Kubeflow Pipelines server ({release}) {how} for the pipeline's schedule time "
         "({{$.pipeline_job_schedule_time_utc}}, filled from KFP 2.17: kubeflow/pipelines#13474): a run's {date} "
@@ -404,7 +435,11 @@ def schedule_create(
         raise SpecError("--max-concurrent", f"{max_concurrent} is not between 1 and 10 (KFP's range)")
     template = vertex.published_template(sub)
     kfp_client = client(place)
-    note = schedule_time_note(server_version(kfp_client)) if _dated(sub) else ""
+    note = (
+        schedule_time_note(server_version(place, lambda line: print(line, file=sys.stderr, flush=True)))
+        if _dated(sub)
+        else ""
+    )
     if note:
         print(f"tpupipe: {note}", file=sys.stderr, flush=True)
     pipeline_id, version_id = upload(kfp_client, template)

@@ -159,23 +159,27 @@ def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 
 
 def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -> None:
-    """A BigQuery dataset: the caller may create jobs in the project they run and bill in (``snapshot.job_project``:
-    ``train.bigquery_project``, else ``gke.project``; Resource Manager's projects.testIamPermissions, as for the
-    run's own permissions), and may read the table (BigQuery's tables.testIamPermissions), wherever its project is."""
+    """A BigQuery dataset, as the caller: it may create jobs in the project they run and bill in
+    (``snapshot.job_project``: ``train.bigquery_project``, else ``gke.project``; Resource Manager's
+    projects.testIamPermissions, as for the run's own permissions), and may read the table (BigQuery's
+    tables.testIamPermissions), wherever its project is. Those test the caller's permissions, while on Vertex AI and
+    KFP the snapshot runs as the pipeline's service account: with ``train.bigquery_service_account`` that account's
+    roles are read too (``_bigquery_account``)."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery, snapshot
 
     table = bigquery.parse_table(value, key)
     project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
     field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
+    who = _caller_named(creds)
     request = {"resource": f"projects/{project}", "permissions": [bigquery.JOB_PERMISSION]}
     if bigquery.JOB_PERMISSION in cloud_iam.projects_client(creds).test_iam_permissions(request=request).permissions:
-        report.checked.append(f"{key}: the caller may run BigQuery jobs in project {project} (billed there)")
+        report.checked.append(f"{key}: as the caller{who}, may run BigQuery jobs in project {project} (billed there)")
     else:
         report.problems.append(
             Problem(
                 field,
-                f"the caller lacks {bigquery.JOB_PERMISSION} in project {project}, where the data snapshot's "
+                f"the caller{who} lacks {bigquery.JOB_PERMISSION} in project {project}, where the data snapshot's "
                 f"BigQuery jobs reading {table} run and bill: grant roles/bigquery.jobUser on {project}, or name "
                 "another project in train.bigquery_project",
             )
@@ -185,12 +189,53 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -
         report.problems.append(
             Problem(
                 key,
-                f"the caller may not read {table} (it lacks {', '.join(missing)}): grant roles/bigquery.dataViewer "
-                f"on the dataset {table.rsplit('.', 1)[0]} (or the table)",
+                f"the caller{who} may not read {table} (it lacks {', '.join(missing)}): grant "
+                f"roles/bigquery.dataViewer on the dataset {table.rsplit('.', 1)[0]} (or the table)",
             )
         )
     else:
-        report.checked.append(f"{key}: the caller may read {table}")
+        report.checked.append(f"{key}: as the caller{who}, may read {table}")
+    if spec.train.bigquery_service_account:
+        _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report)
+
+
+def _caller_named(creds) -> str:
+    """`` (MEMBER)`` of the credentials where they say who they are, else ""."""
+    from components.data import gcs
+
+    who = gcs.caller(creds)
+    return f" ({who})" if who else ""
+
+
+def _bigquery_account(account: str, key: str, table: str, project: str, creds, report: Report) -> None:
+    """Whether the pipeline's service account holds a role that runs jobs in ``project`` and one that reads
+    ``table`` (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for
+    each it lacks, since a role through a group, a custom role or an organization's policy is not seen here."""
+    from components.data import bigquery
+
+    on_project, reading, unread = bigquery.account_roles(table, project, account, creds)
+    field, dataset = "train.bigquery_service_account", table.rsplit(".", 1)[0]
+    for what, roles, wanted, where, grant in (
+        ("run BigQuery jobs", on_project, bigquery.JOB_ROLES, f"in project {project}", "roles/bigquery.jobUser"),
+        (
+            f"read {table}",
+            reading,
+            bigquery.READ_ROLES,
+            f"on the dataset {dataset} or its project",
+            "roles/bigquery.dataViewer",
+        ),
+    ):
+        held = sorted(set(roles) & set(wanted))
+        unseen = [u for u in unread if (u.startswith(f"project {project}'s")) == (what == "run BigQuery jobs")]
+        if held:
+            report.checked.append(f"{key}: {account} may {what} ({', '.join(held)} {where})")
+        else:
+            report.warnings.append(
+                f"{field}: {account}, whom the data snapshot runs as, holds no role that may {what} {where} "
+                f"(of {', '.join(wanted)}; its roles there: {', '.join(sorted(roles)) or 'none'}"
+                + (f"; not readable as the caller: {', '.join(unseen)}" if unseen else "")
+                + f"): grant {grant}, unless a group, a custom role or the organization gives it"
+            )
 
 
 def _limits(spec: RunSpec, run_id: str, report: Report) -> None:
