@@ -65,6 +65,30 @@ def test_default_identities_are_refused_naming_each_field_and_the_fix_unless_all
     assert code == 0, capsys.readouterr()
 
 
+@pytest.mark.parametrize(
+    "account",
+    # the legacy Cloud Build service account, and App Engine's default one
+    [f"{PROJECT_NUMBER}@cloudbuild.gserviceaccount.com", f"{PROJECT}@appspot.gserviceaccount.com"],
+)
+def test_the_other_default_accounts_are_refused_as_the_nodes_the_build_and_the_pipeline(
+    project_factory, capsys, account
+):
+    from components.spec import SpecError
+    from pipelines.backends.vertex import service_account
+
+    project = project_factory()
+    _nodes(project)
+    strict = f"{BUILD} gke.node_service_account={account} gke.build_service_account={account}".replace(ALLOW, "")
+    code, text = preflight_cli(strict, capsys)
+    assert code == 2, text
+    nodes = "gke.node_service_account: the nodes (and every pod without Workload Identity) would act as"
+    assert f"{nodes} {account}" in text
+    assert f"gke.build_service_account: Cloud Build would build the trainer image as {account}" in text
+    with pytest.raises(SpecError, match=f"--service-account.*{account}"):
+        service_account.refuse_default(account, allowed=False)
+    service_account.refuse_default(account, allowed=True)  # --allow-default-identities
+
+
 def test_dedicated_node_and_build_accounts_need_no_flag(project_factory, capsys):
     project = project_factory()
     _nodes(project)

@@ -30,7 +30,7 @@ def refuse_default(account: str, allowed: bool) -> None:
     (none given, or that account named) and ``allowed`` is not set."""
     from components.spec import SpecError
 
-    if allowed or (account and not identities.is_default_compute(account)):
+    if allowed or (account and not identities.is_default(account)):
         return
     raise SpecError(
         "--service-account",

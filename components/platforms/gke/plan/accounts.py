@@ -33,7 +33,7 @@ def plan_identities(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
                 "who": "the nodes",
                 "field": "gke.node_service_account",
                 "account": t.node_service_account,
-                "default": identities.is_default_compute(t.node_service_account),
+                "default": identities.is_default(t.node_service_account),
                 "roles": [_role(role, f"project {t.project}", why) for role, (why, _) in node_roles(t).items()],
             }
         )
@@ -45,7 +45,7 @@ def plan_identities(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
                 "who": "Cloud Build",
                 "field": "gke.build_service_account",
                 "account": account or "the project's default build account",
-                "default": not account or identities.is_default_compute(account),
+                "default": not account or identities.is_default(account),
                 "roles": [
                     _role("roles/logging.logWriter", f"project {t.project}", "the build's logs"),
                     _role("roles/storage.objectViewer", f"bucket gs://{t.bucket}", "the build context"),

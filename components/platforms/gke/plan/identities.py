@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from components.spec.gke_checks import DEFAULT_COMPUTE_ACCOUNT
+from components.spec.gke_checks import DEFAULT_ACCOUNT, DEFAULT_COMPUTE_ACCOUNT
 
 BASIC_ROLES = ("roles/owner", "roles/editor")
 DEFAULT_COMPUTE = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"  # as plans show it, the number not looked up
@@ -34,6 +34,12 @@ BUILD_ACCOUNT_DOC = "https://cloud.google.com/build/docs/cloud-build-service-acc
 def is_default_compute(account: str) -> bool:
     """``account`` is a project's Compute Engine default service account (its number filled in, or not)."""
     return account == DEFAULT_COMPUTE or bool(DEFAULT_COMPUTE_ACCOUNT.match(account))
+
+
+def is_default(account: str) -> bool:
+    """``account`` is one of a project's default accounts (``DEFAULT_ACCOUNT``): the Compute Engine one, the legacy
+    Cloud Build one or App Engine's."""
+    return is_default_compute(account) or bool(DEFAULT_ACCOUNT.match(account))
 
 
 def basic_roles(granted: Iterable[str]) -> list[str]:
@@ -133,6 +139,7 @@ __all__ = [
     "basic_roles",
     "build_risks",
     "default_compute_risk",
+    "is_default",
     "is_default_compute",
     "node_risks",
 ]
