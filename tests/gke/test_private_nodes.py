@@ -66,6 +66,12 @@ def _spec_and_target(preset: str, overrides: str):
         # the token only in the pods (gke.hf_secret): they read the gated model themselves
         ("gemma4-e2b-v6e-16", "", "the pods read google/gemma-4-E2B-it from the Hugging Face hub"),
         ("gemma4-e2b-v6e-16", "gke.image=docker.io/me/torch:1", "the nodes pull docker.io/me/torch:1 from a registry"),
+        # a hub dataset is not snapshotted: the trainers' hosts load it (the preset's, with the token on this side)
+        (
+            "gemma4-e2b-v6e-16",
+            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf",
+            "the pods read the dataset databricks/databricks-dolly-15k (train.dataset) from the Hugging Face hub",
+        ),
     ],
 )
 def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and_serves_its_subnetwork_alone(
@@ -84,8 +90,9 @@ def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and
 
 
 def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster():
-    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry
-    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf"
+    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry,
+    # the data generated (or snapshotted into the bucket)
+    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"
     found = _records("gemma4-e2b-v6e-16", token)
     assert "cloud-nat" not in found and [r.name for r in found["subnetwork"]] == ["r1-nodes"]
     (cluster,) = found["gke-cluster"]

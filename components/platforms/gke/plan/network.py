@@ -82,13 +82,18 @@ def internet_needs(spec: RunSpec, t: Target) -> list[str]:
     """Why the run's nodes or pods need the internet (a Cloud NAT gateway); empty: Google's APIs are all they reach.
     MaxText reads a hub model's files in its pods (the base-weights cache is the FSDP trainer's: ``components.stages.
     base_weights``), and pods that alone hold the Hugging Face token (``gke.hf_secret`` without
-    ``gke.hf_token_secret``) read a gated model from the hub themselves."""
+    ``gke.hf_token_secret``) read a gated model from the hub themselves. A hub ``train.dataset`` is not snapshotted
+    (``components.spec.datasets``; ``train.eval_dataset`` always is): the trainers' hosts load it from the hub
+    (``trainers.data``)."""
+    from components.spec import datasets
     from components.workload.weights import is_hub_name
 
     out = []
     pods_hold_token = spec.gke.hf_secret and not spec.gke.hf_token_secret  # else the components' side fetches
     if is_hub_name(spec.train.model_id) and (spec.train.workload == "maxtext" or pods_hold_token):
         out.append(f"the pods read {spec.train.model_id} from the Hugging Face hub")
+    if datasets.kind(spec.train.dataset) == "hub":
+        out.append(f"the pods read the dataset {spec.train.dataset} (train.dataset) from the Hugging Face hub")
     if not any(registry in t.image for registry in GOOGLE_REGISTRIES):
         out.append(f"the nodes pull {t.image} from a registry outside Google")
     return out
@@ -129,6 +134,17 @@ def cloud_nat(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             }
         ],
     }
+
+
+def no_internet(spec: RunSpec, t: Target) -> str | None:
+    """Why the run's pods cannot reach the internet (a cluster the run creates, given no Cloud NAT: ``cloud_nat``);
+    None where they may (an existing cluster is the user's to route)."""
+    if not t.owns_cluster or cloud_nat(spec, t) is not None:
+        return None
+    return (
+        f"the run's cluster has private nodes and no Cloud NAT (it needs none by its spec: {summary(spec, t)}), so its "
+        f"pods have no route to the internet ({PRIVATE_NODES_DOC})"
+    )
 
 
 def private_nodes(body: dict[str, Any], t: Target) -> None:
