@@ -10,8 +10,11 @@ Sources:
   ``roles/artifactregistry.reader`` for image pulls from the project's registry), not the default one:
   https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
 - a build that names no service account runs as the project's default build account: the legacy Cloud Build
-  service account or, in newer projects, the Compute Engine default one:
-  https://cloud.google.com/build/docs/cloud-build-service-account-updates
+  service account (``PROJECT_NUMBER@cloudbuild.gserviceaccount.com``) or, in newer projects, the Compute Engine
+  default one: https://cloud.google.com/build/docs/cloud-build-service-account-updates
+- App Engine's default service account, ``PROJECT_ID@appspot.gserviceaccount.com``, is another default account
+  granted the Editor role where it is made: https://cloud.google.com/iam/docs/service-account-types#default
+  (``is_default`` refuses all three)
 - the basic roles Owner and Editor, which let their holder change nearly every resource of the project:
   https://cloud.google.com/iam/docs/roles-overview#basic
 """
@@ -29,6 +32,7 @@ NODE_ACCOUNT_DOC = (
     "https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa"
 )
 BUILD_ACCOUNT_DOC = "https://cloud.google.com/build/docs/cloud-build-service-account-updates"
+DEFAULT_ACCOUNTS_DOC = "https://cloud.google.com/iam/docs/service-account-types#default"
 
 
 def is_default_compute(account: str) -> bool:
@@ -73,11 +77,21 @@ def account_risks(who: str, account: str, granted: Iterable[str], project: str, 
 ALLOW_FLAG = "--allow-default-identities"
 
 
+def default_doc(account: str) -> str:
+    """The page that says what the default ``account`` is granted: the Compute Engine one's, the legacy Cloud Build
+    one's, or IAM's list of default service accounts (App Engine's)."""
+    if account.endswith("@cloudbuild.gserviceaccount.com"):
+        return BUILD_ACCOUNT_DOC
+    if account.endswith("@appspot.gserviceaccount.com"):
+        return DEFAULT_ACCOUNTS_DOC
+    return DEFAULT_ACCOUNT_DOC
+
+
 def default_refusal(who: str, account: str, fix: str) -> str:
     """The refusal of ``who`` acting as a project's default identity ``account``: the risk, the fix, the way round."""
     return (
         f"{who} as {account}, a default account of the project, often granted broad roles on all of it "
-        f"({DEFAULT_ACCOUNT_DOC}): {fix}; or pass {ALLOW_FLAG} (gke.allow_default_identities=true) to accept it"
+        f"({default_doc(account)}): {fix}; or pass {ALLOW_FLAG} (gke.allow_default_identities=true) to accept it"
     )
 
 

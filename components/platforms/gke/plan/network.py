@@ -53,12 +53,12 @@ INTERNAL_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/
 # pods k8s-app=kube-dns), or, with Cloud DNS for GKE, the metadata server's address on port 53
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-dns).
 # NodeLocal DNSCache (on by default on Autopilot, and on Standard from 1.34.1-gke.3720000:
-# https://cloud.google.com/kubernetes-engine/docs/how-to/nodelocal-dns-cache) answers pods' DNS from a hostNetwork
-# pod labelled k8s-app=node-local-dns in kube-system that listens on the link-local 169.254.20.10 (Kubernetes'
-# cluster/addons/dns/nodelocaldns/README.md, v1.34.0:
-# https://github.com/kubernetes/kubernetes/blob/v1.34.0/cluster/addons/dns/nodelocaldns/README.md), so DNS is
-# allowed to that address and to those pods as well as to kube-dns: named resolvers on port 53, not any destination,
-# so port 53 is no channel to an arbitrary host.
+# https://cloud.google.com/kubernetes-engine/docs/how-to/nodelocal-dns-cache) answers pods' DNS from a DaemonSet's
+# pods labelled k8s-app=node-local-dns in kube-system (Kubernetes' cluster/addons/dns/nodelocaldns/nodelocaldns.yaml)
+# that run with hostNetwork and listen on the link-local 169.254.20.10; a pod selector alone may not match a
+# hostNetwork pod, so the address is allowed by an ipBlock too (cluster/addons/dns/nodelocaldns/README.md, "Network
+# policy and DNS connectivity": https://github.com/kubernetes/kubernetes/tree/v1.34.0/cluster/addons/dns/nodelocaldns).
+# Named resolvers on port 53, not any destination: port 53 is no channel to an arbitrary host.
 NODE_LOCAL_DNS = "169.254.20.10/32"
 DNS_PODS = ("kube-dns", "node-local-dns")
 DNS_PORTS = (("UDP", 53), ("TCP", 53))
