@@ -208,3 +208,15 @@ def test_an_existing_cluster_without_private_nodes_is_a_warning_naming_the_risk(
     code, text = preflight_cli(SHARED, capsys)
     assert code == 0 and "does not have private nodes" not in text, text
     assert PARENT == LOCATION
+
+
+def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_before_its_subnetwork(tmp_path):
+    from components.platforms import RunContext
+    from components.platforms.gke import GkePlatform
+    from components.platforms.store import LocalStore
+
+    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # a hub dataset: the run gets a NAT
+    ctx = RunContext(spec=spec, run_id="r1", store=LocalStore(tmp_path), platform="gke")
+    deletes = [line.split()[1] for line in GkePlatform().dry_run(ctx, lambda mode: mode) if "delete " in line]
+    cluster, router = deletes.index("container.clusters.delete"), deletes.index("compute.routers.delete")
+    assert cluster < router < deletes.index("compute.subnetworks.delete")
