@@ -95,7 +95,8 @@ CUSTOM_ROLE_PREFIXES = ("projects/", "organizations/")  # a custom role's name; 
 
 @dataclass(frozen=True)
 class Level:
-    """One policy that grants roles on a project: the project's own or an ancestor's, and whether it could be read."""
+    """One policy that grants roles on a project: the project's own, an ancestor's, or one of its resources' (an
+    Artifact Registry repository's), and whether it could be read."""
 
     resource: str  # projects/P, folders/ID, organizations/ID
     grants: dict[str, set[str]]  # member -> the roles this policy grants it
@@ -119,7 +120,7 @@ def ancestors(project: str, creds=None) -> list[Level]:
     while parent:
         if parent.startswith("folders/"):
             folders = folders or google_client(rm.FoldersClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds)
-            found.append(_level(parent, folders.get_iam_policy))
+            found.append(policy_level(parent, folders.get_iam_policy))
             try:
                 parent = folders.get_folder(name=parent).parent
             except exceptions.GoogleAPICallError as exc:
@@ -129,14 +130,14 @@ def ancestors(project: str, creds=None) -> list[Level]:
             organizations = organizations or google_client(
                 rm.OrganizationsClient, RESOURCE_MANAGER_EMULATOR_HOST_ENV, creds=creds
             )
-            found.append(_level(parent, organizations.get_iam_policy))
+            found.append(policy_level(parent, organizations.get_iam_policy))
             break
         else:
             break
     return found
 
 
-def _level(resource: str, get_iam_policy) -> Level:
+def policy_level(resource: str, get_iam_policy) -> Level:
     from google.api_core import exceptions
 
     try:

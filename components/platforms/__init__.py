@@ -162,6 +162,11 @@ class Platform(ABC):
         jobs read this process's environment)."""
         return None
 
+    def no_internet(self, ctx: RunContext) -> str | None:
+        """Why the run's jobs cannot reach the internet (a gke cluster the run creates with private nodes and no Cloud
+        NAT), None where they may. Here: they may."""
+        return None
+
     def evicted(self, ctx: RunContext) -> str | None:
         """Why the run's cluster was taken from it while its jobs ran, to be given back when capacity frees again (on
         gke, with ``gke.queue``: Kueue evicted its RayCluster; Kueue's reason), the jobs on it gone; None where that

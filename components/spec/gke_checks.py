@@ -27,9 +27,16 @@ SECRET_VERSION = re.compile(
 # A project's Compute Engine default service account: PROJECT_NUMBER-compute@developer.gserviceaccount.com
 # (https://cloud.google.com/compute/docs/access/service-accounts#default_service_account).
 DEFAULT_COMPUTE_ACCOUNT = re.compile(r"^[0-9]+-compute@developer\.gserviceaccount\.com$")
-SERVICE_ACCOUNT = re.compile(  # an account id of 6 to 30 characters @ the project, or a default Compute Engine account
+# The other default accounts of a project: the legacy Cloud Build service account, PROJECT_NUMBER@cloudbuild
+# (https://cloud.google.com/build/docs/cloud-build-service-account-updates), and App Engine's default one,
+# PROJECT_ID@appspot (IAM, "Default service accounts": https://cloud.google.com/iam/docs/service-account-types#default):
+# both are granted the Editor role on the project where they were made with it.
+DEFAULT_ACCOUNT = re.compile(
+    rf"^[0-9]+@cloudbuild\.gserviceaccount\.com$|^{names.PROJECT_ID_PATTERN}@appspot\.gserviceaccount\.com$"
+)
+SERVICE_ACCOUNT = re.compile(  # an account id of 6 to 30 characters @ the project, or a default account of a project
     rf"^[a-z][a-z0-9-]{{4,28}}[a-z0-9]@{names.PROJECT_ID_PATTERN}\.iam\.gserviceaccount\.com$"
-    rf"|{DEFAULT_COMPUTE_ACCOUNT.pattern}"
+    rf"|{DEFAULT_COMPUTE_ACCOUNT.pattern}|{DEFAULT_ACCOUNT.pattern}"
 )
 GKE_VERSION = re.compile(r"^(latest|\d+\.\d+(\.\d+(-gke\.\d+)?)?)$")
 

@@ -9,7 +9,9 @@ where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOK
 Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Only
 where this process can neither reach the hub nor holds a trusted manifest of the revision (a gated model whose
 token only the pods hold: ``gke.hf_secret``) does the run go on without the cache, the workers downloading from the
-hub themselves, unchecked, with one warning line. Anything else stops the run naming the file: a fresh download
+hub themselves, unchecked, with one warning line; where the workers have no route to the internet either
+(``Platform.no_internet``: a gke cluster the run creates without a Cloud NAT) that is an error naming the fix.
+Anything else stops the run naming the file: a fresh download
 that does not hash to the hub's listing, a cached copy that is damaged while the hub is out of reach.
 """
 
@@ -85,6 +87,14 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
     except weights.NoTrustedCopy as exc:  # no hub here and no manifest (a gated model, the token only in the pods)
         _no_copy_of(revision, str(exc))
+        blocked = get_platform(ctx.platform).no_internet(ctx)
+        if blocked:  # the workers could not reach the hub either: stop now, not at their first download
+            raise InfraError(
+                f"base weights of {model_id} not cached ({exc}), and the workers cannot download them: {blocked}; "
+                "let this side reach the hub with the token (gke.hf_token_secret, or $HF_TOKEN where the pipeline "
+                "runs), or keep the token in the pods alone (gke.hf_secret without gke.hf_token_secret), which "
+                "gives the run a Cloud NAT"
+            ) from exc
         log(f"WARNING: base weights not cached ({exc}); the workers download {model_id} from the hub, unchecked")
         return None
     root = get_platform(ctx.platform).compile_cache_root(ctx)

@@ -99,7 +99,7 @@ def publish(
 
     if build_account and not SERVICE_ACCOUNT.match(build_account):
         raise SpecError("--build-service-account", f"{build_account!r} is not a service account email")
-    if not allow_default and (not build_account or identities.is_default_compute(build_account)):
+    if not allow_default and (not build_account or identities.is_default(build_account)):
         refusal = identities.build_refusal(build_account).replace(
             "gke.build_service_account", "--build-service-account"
         )

@@ -1,6 +1,6 @@
 """An in-process Artifact Registry: the real ``google.devtools.artifactregistry.v1.ArtifactRegistry`` gRPC service's
-GetRepository, CreateRepository, GetTag and CreateTag, and ``google.longrunning.Operations.GetOperation`` for the
-operation CreateRepository answers, served from the messages google-cloud-artifact-registry ships, so
+GetRepository, CreateRepository, GetTag, CreateTag and GetIamPolicy, and ``google.longrunning.Operations.GetOperation``
+for the operation CreateRepository answers, served from the messages google-cloud-artifact-registry ships, so
 ``ArtifactRegistryClient`` talks real gRPC to it.
 
 CreateRepository checks what Artifact Registry checks (a parent ``projects/P/locations/L``, a repository id of
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.cloud import artifactregistry_v1 as ar
+from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.longrunning import operations_pb2
 
 from tests.emulators import GrpcEmulator, serve_grpc
@@ -41,6 +42,7 @@ class State:
     repositories: dict[str, ar.Repository] = field(default_factory=dict)  # full name -> repository
     operations: dict[str, list] = field(default_factory=dict)  # name -> [polls left, repository]
     images: dict[str, str] = field(default_factory=dict)  # pushed image reference (with its tag) -> digest
+    policies: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # repository -> role -> members
     calls: list[str] = field(default_factory=list)
 
 
@@ -66,6 +68,11 @@ class ArtifactRegistryEmulator(GrpcEmulator):
                         ar.CreateTagRequest.deserialize,
                         ar.Tag.serialize,
                         self._wrap("CreateTag", self.create_tag),
+                    ),
+                    "GetIamPolicy": (
+                        iam_policy_pb2.GetIamPolicyRequest.FromString,
+                        policy_pb2.Policy.SerializeToString,
+                        self._wrap("GetIamPolicy", self.get_iam_policy),
                     ),
                     "CreateRepository": (
                         ar.CreateRepositoryRequest.deserialize,
@@ -158,6 +165,27 @@ class ArtifactRegistryEmulator(GrpcEmulator):
         if repo is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.name}.")
         return repo
+
+    def grant(self, repository: str, role: str, member: str) -> None:
+        """``role`` to ``member`` on ``repository`` (``projects/P/locations/L/repositories/R``), as
+        ``gcloud artifacts repositories add-iam-policy-binding`` does: the test's setup, not a served call."""
+        with self._lock:
+            self.state.policies.setdefault(repository, {}).setdefault(role, set()).add(member)
+
+    def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
+        """A repository's own IAM policy: ``rpc GetIamPolicy(google.iam.v1.GetIamPolicyRequest) returns
+        (google.iam.v1.Policy)`` on ``projects/*/locations/*/repositories/*`` (ArtifactRegistry service,
+        google/devtools/artifactregistry/v1/service.proto, https://github.com/googleapis/googleapis); the bindings made
+        on the repository alone, not the project's it inherits (IAM, "Policy inheritance":
+        https://cloud.google.com/iam/docs/resource-hierarchy-access-control); an unknown repository NOT_FOUND."""
+        with self._lock:
+            if request.resource not in self.state.repositories:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Requested entity was not found: {request.resource}.")
+            bindings = self.state.policies.get(request.resource, {})
+            return policy_pb2.Policy(
+                version=1,
+                bindings=[policy_pb2.Binding(role=r, members=sorted(m)) for r, m in sorted(bindings.items())],
+            )
 
     def create_repository(self, request: ar.CreateRepositoryRequest, context) -> operations_pb2.Operation:
         if not PARENT.fullmatch(request.parent):

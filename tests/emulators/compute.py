@@ -72,6 +72,7 @@ KINDS = {
     "routers": compute_v1.Router,
 }
 GLOBAL_KINDS = ("networks", "firewalls")
+OUTPUT_ONLY_REGION = ("routers",)  # kinds whose ``region`` the API sets and never reads (``_validate``)
 SINGULAR = {
     "networks": "network",
     "subnetworks": "subnetwork",
@@ -506,7 +507,11 @@ class ComputeEmulator(HttpEmulator):
                 f"Invalid value for field 'resource.name': '{message.name}'. Must be a match of "
                 "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
             )
-        if kind not in GLOBAL_KINDS and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
+        # A Router's ``region`` is "[Output Only] URI of the region where the router resides" (Compute Engine API,
+        # routers resource: https://cloud.google.com/compute/docs/reference/rest/v1/routers): a value sent is not
+        # read, the region is the request path's (``_created``); a subnetwork's is input, checked against the path.
+        checked = kind not in GLOBAL_KINDS and kind not in OUTPUT_ONLY_REGION
+        if checked and "region" in message and message.region.rsplit("/", 1)[-1] != params["region"]:
             raise HttpError(
                 400, f"Invalid value for field 'resource.region': '{message.region}'. Must be '{params['region']}'."
             )

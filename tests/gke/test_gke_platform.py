@@ -94,7 +94,8 @@ def test_image_pulls_need_the_artifact_registry_reader_only_for_this_projects_re
     project.projects.revoke(PROJECT, "roles/artifactregistry.reader", f"serviceAccount:{NODE_ACCOUNT}")
     built = context(tmp_path, "pulls", BUILD)  # the trainer image goes to this project's Artifact Registry
     with pytest.raises(
-        PreflightFailed, match="lacks roles/artifactregistry.reader on project .*pulling the trainer image"
+        PreflightFailed,
+        match=r"lacks roles/artifactregistry.reader on repository .*/repositories/tpupipe \(or project .*pulling the",
     ):
         platform().provision(built)
     assert project.mutations() == []

@@ -65,6 +65,30 @@ def test_default_identities_are_refused_naming_each_field_and_the_fix_unless_all
     assert code == 0, capsys.readouterr()
 
 
+@pytest.mark.parametrize(
+    "account",
+    # the legacy Cloud Build service account, and App Engine's default one
+    [f"{PROJECT_NUMBER}@cloudbuild.gserviceaccount.com", f"{PROJECT}@appspot.gserviceaccount.com"],
+)
+def test_the_other_default_accounts_are_refused_as_the_nodes_the_build_and_the_pipeline(
+    project_factory, capsys, account
+):
+    from components.spec import SpecError
+    from pipelines.backends.vertex import service_account
+
+    project = project_factory()
+    _nodes(project)
+    strict = f"{BUILD} gke.node_service_account={account} gke.build_service_account={account}".replace(ALLOW, "")
+    code, text = preflight_cli(strict, capsys)
+    assert code == 2, text
+    nodes = "gke.node_service_account: the nodes (and every pod without Workload Identity) would act as"
+    assert f"{nodes} {account}" in text
+    assert f"gke.build_service_account: Cloud Build would build the trainer image as {account}" in text
+    with pytest.raises(SpecError, match=f"--service-account.*{account}"):
+        service_account.refuse_default(account, allowed=False)
+    service_account.refuse_default(account, allowed=True)  # --allow-default-identities
+
+
 def test_dedicated_node_and_build_accounts_need_no_flag(project_factory, capsys):
     project = project_factory()
     _nodes(project)
@@ -178,6 +202,38 @@ def test_image_streaming_needs_its_api_and_a_named_node_account_its_role_in_the_
     existing = needs(resolve("local-fsdp", overrides + " gke.cluster_name=shared"), "pre")
     assert "containerfilesystem.googleapis.com" not in existing.services
     assert "roles/serviceusage.serviceUsageConsumer" not in [role for role, _, _ in existing.node_roles]
+
+
+def test_the_node_account_granted_as_docs_gke_md_sets_it_up_passes_preflight(project_factory, capsys):
+    """docs/gke.md's setup block: the repository made, image pulls granted on it alone, the other roles the plan
+    lists on the project; preflight reads the repository's own policy and counts the grant there."""
+    import re
+
+    from google.cloud import artifactregistry_v1 as ar
+
+    block = re.search(r"```\n(gcloud iam service-accounts create tpu-nodes.*?)```", _docs(), re.S)[1]
+    project = project_factory()
+    overrides = f"{BUILD} gke.node_service_account={NODES} gke.build_service_account={BUILDER}"
+    repository = needs(resolve("local-fsdp", overrides), "pre").image_repository
+    assert repository == f"projects/{PROJECT}/locations/us-east5/repositories/tpupipe"
+    for role in re.search(r"for role in (.*?); do", block)[1].split():  # the project's grants
+        project.projects.grant(PROJECT, role, f"serviceAccount:{NODES}")
+    code, text = preflight_cli(overrides, capsys)  # no repository yet: its policy cannot be read, the role missing
+    assert code == 2 and f"lacks roles/artifactregistry.reader on repository {repository}" in text, text
+    assert "gcloud artifacts repositories create tpupipe --repository-format docker" in block
+    docker = ar.Repository.Format.DOCKER
+    project.registry.state.repositories[repository] = ar.Repository(name=repository, format_=docker)
+    role = re.search(r"repositories add-iam-policy-binding tpupipe .*?--role (\S+)", block)[1]
+    project.registry.grant(repository, role, f"serviceAccount:{NODES}")
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 0 and warnings(text) == [], text
+    assert project.registry.state.calls.count("GetIamPolicy") == 2  # read only where the project grants no pulls
+
+
+def _docs() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parents[2] / "docs" / "gke.md").read_text()
 
 
 def test_a_build_account_that_is_not_an_email_is_refused_naming_the_field():

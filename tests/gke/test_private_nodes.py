@@ -66,6 +66,12 @@ def _spec_and_target(preset: str, overrides: str):
         # the token only in the pods (gke.hf_secret): they read the gated model themselves
         ("gemma4-e2b-v6e-16", "", "the pods read google/gemma-4-E2B-it from the Hugging Face hub"),
         ("gemma4-e2b-v6e-16", "gke.image=docker.io/me/torch:1", "the nodes pull docker.io/me/torch:1 from a registry"),
+        # a hub dataset is not snapshotted: the trainers' hosts load it (the preset's, with the token on this side)
+        (
+            "gemma4-e2b-v6e-16",
+            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf",
+            "the pods read the dataset databricks/databricks-dolly-15k (train.dataset) from the Hugging Face hub",
+        ),
     ],
 )
 def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and_serves_its_subnetwork_alone(
@@ -75,6 +81,7 @@ def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and
     (nat,) = found["cloud-nat"]
     assert why in nat.summary and nat.api == "compute.routers.insert" and nat.deleted_by_teardown
     assert nat.path == f"projects/{PROJECT}/regions/us-east5/routers/r1-nat"
+    assert "region" not in nat.body  # output only in a Router: the request path's region
     (gateway,) = nat.body["nats"]
     assert gateway["sourceSubnetworkIpRangesToNat"] == "LIST_OF_SUBNETWORKS"
     assert gateway["subnetworks"] == [
@@ -83,8 +90,9 @@ def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and
 
 
 def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster():
-    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry
-    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf"
+    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry,
+    # the data generated (or snapshotted into the bucket)
+    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"
     found = _records("gemma4-e2b-v6e-16", token)
     assert "cloud-nat" not in found and [r.name for r in found["subnetwork"]] == ["r1-nodes"]
     (cluster,) = found["gke-cluster"]
@@ -103,18 +111,17 @@ def test_the_run_pods_egress_is_dns_the_metadata_server_https_out_and_one_anothe
     allowed = {
         (json.dumps(rule["to"], sort_keys=True), p["protocol"], p["port"]) for rule in rules[1:] for p in rule["ports"]
     }
-    kube_dns = json.dumps(
-        [
-            {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-            }
-        ],
+    system = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    dns_pods = json.dumps(
+        [{**system, "podSelector": {"matchLabels": {"k8s-app": app}}} for app in ("kube-dns", "node-local-dns")],
         sort_keys=True,
     )
     metadata = json.dumps([{"ipBlock": {"cidr": "169.254.169.254/32"}}], sort_keys=True)
     wi = json.dumps([{"ipBlock": {"cidr": "169.254.169.252/32"}}], sort_keys=True)
-    assert {(kube_dns, "UDP", 53), (kube_dns, "TCP", 53), (metadata, "TCP", 80), (wi, "TCP", 988)} <= allowed
+    # NodeLocal DNSCache (default on Autopilot, and on Standard from 1.34.1-gke.3720000) answers at 169.254.20.10
+    node_local = json.dumps([{"ipBlock": {"cidr": "169.254.20.10/32"}}], sort_keys=True)
+    dns = {(to, proto, 53) for to in (dns_pods, metadata, node_local) for proto in ("UDP", "TCP")}
+    assert dns | {(metadata, "TCP", 80), (wi, "TCP", 988)} <= allowed
     (https,) = [rule for rule in rules if rule.get("ports") == [{"protocol": "TCP", "port": 443}]]
     block = https["to"][0]["ipBlock"]
     assert block["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "172.16.0.0/12", "169.254.0.0/16"} <= set(block["except"])
@@ -180,6 +187,15 @@ def test_provision_makes_the_subnetwork_and_nat_before_the_cluster_and_teardown_
     assert project.leftovers("pn") == {}
 
 
+def test_the_emulated_compute_reads_no_region_from_a_router_body_as_it_is_output_only(project_factory):
+    project = project_factory()
+    compute = gke_compute.Compute(gke_compute.clients(), log=lambda m: None, poll_s=0.01)
+    path = f"projects/{PROJECT}/regions/us-east5/routers/elsewhere"
+    body = {"name": "elsewhere", "network": f"projects/{PROJECT}/global/networks/default", "region": "europe-west4"}
+    compute.ensure("router", path, body, lambda k, n: None)  # accepted: the value sent is not read
+    assert project.compute.state.routers[path]["region"].endswith(f"projects/{PROJECT}/regions/us-east5")
+
+
 def test_an_existing_cluster_without_private_nodes_is_a_warning_naming_the_risk(project_factory, capsys):
     project = project_factory()
     _team_cluster(project)
@@ -192,3 +208,15 @@ def test_an_existing_cluster_without_private_nodes_is_a_warning_naming_the_risk(
     code, text = preflight_cli(SHARED, capsys)
     assert code == 0 and "does not have private nodes" not in text, text
     assert PARENT == LOCATION
+
+
+def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_before_its_subnetwork(tmp_path):
+    from components.platforms import RunContext
+    from components.platforms.gke import GkePlatform
+    from components.platforms.store import LocalStore
+
+    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # a hub dataset: the run gets a NAT
+    ctx = RunContext(spec=spec, run_id="r1", store=LocalStore(tmp_path), platform="gke")
+    deletes = [line.split()[1] for line in GkePlatform().dry_run(ctx, lambda mode: mode) if "delete " in line]
+    cluster, router = deletes.index("container.clusters.delete"), deletes.index("compute.routers.delete")
+    assert cluster < router < deletes.index("compute.subnetworks.delete")

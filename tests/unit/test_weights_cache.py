@@ -5,6 +5,7 @@ copy cut short is never used."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -236,28 +237,79 @@ def test_the_token_goes_to_the_hub_alone_not_to_the_storage_a_download_is_redire
     assert all(path in hub.authorized for _, path in hub.requests if not path.startswith("/storage/"))
 
 
-def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secret_manager(hub, monkeypatch):
-    """The gke train stage's side: the run in Cloud Storage, the copy under the bucket's ``cache/`` (the pods'
-    ``/cache``), a gated model's token read from ``gke.hf_token_secret`` (no ``$HF_TOKEN``), against the storage and
-    Secret Manager emulators through the real clients."""
+GCS_PROJECT, GCS_NUMBER, GCS_TOKEN, GCS_BUCKET = "tpupipe-emulated", "123456789012", "t0ken", "tpupipe-runs"
+
+
+def _emulated_bucket(monkeypatch):
+    """The storage emulator, started, with the run's bucket made; its client. The caller stops the emulator."""
     from google.cloud import storage as gcs
     from google.oauth2 import credentials as user_credentials
 
     from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+    from tests.emulators.storage import StorageEmulator
+
+    storage = StorageEmulator({GCS_PROJECT: GCS_NUMBER}, token=GCS_TOKEN)
+    endpoint = storage.start()
+    for name, value in (("STORAGE_EMULATOR_HOST", endpoint), (EMULATOR_HOST_ENV, endpoint)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, GCS_TOKEN)
+    client = gcs.Client(project=GCS_PROJECT, credentials=user_credentials.Credentials(token=GCS_TOKEN))
+    client.create_bucket(GCS_BUCKET)
+    return storage, client
+
+
+def test_on_gke_without_a_copy_or_the_hub_and_no_cloud_nat_the_stage_stops_naming_the_fix(monkeypatch):
+    """A run whose cluster gets no Cloud NAT (the token on this side, the image in Artifact Registry, generated data):
+    its workers could not reach the hub either, so going on without the cache would fail later on every host."""
+    from components.platforms import RunContext
+    from components.platforms.store import GcsStore
+    from components.stages import base_weights
+    from components.workload import resolve
+
+    storage, client = _emulated_bucket(monkeypatch)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    monkeypatch.setenv("HF_TOKEN", "t")
+    try:
+        overrides = {
+            "model_id": REPO,
+            "gke.project": GCS_PROJECT,
+            "gke.bucket": GCS_BUCKET,
+            "gke.hf_token_secret": f"projects/{GCS_PROJECT}/secrets/hf-token",
+            "gke.image": f"us-east5-docker.pkg.dev/{GCS_PROJECT}/tpupipe/torch:1",
+            "train.dataset": "generated",
+        }
+        ctx = RunContext(
+            spec=resolve("gemma4-e2b-v6e-16", overrides),
+            run_id="r",
+            store=GcsStore(GCS_BUCKET, "state/r", client),
+            platform="gke",
+        )
+        with pytest.raises(InfraError, match="no Cloud NAT") as err:
+            base_weights.prepare(ctx, [].append)
+        assert "gke.hf_secret without gke.hf_token_secret" in str(err.value)
+        # with the token in the pods alone the run has a NAT: the workers read the hub, with the warning
+        ctx = dataclasses.replace(ctx, spec=resolve("gemma4-e2b-v6e-16", {**overrides, "gke.hf_token_secret": ""}))
+        lines: list[str] = []
+        assert base_weights.prepare(ctx, lines.append) is None
+        assert lines[-1].startswith("WARNING: base weights not cached")
+    finally:
+        storage.stop()
+
+
+def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secret_manager(hub, monkeypatch):
+    """The gke train stage's side: the run in Cloud Storage, the copy under the bucket's ``cache/`` (the pods'
+    ``/cache``), a gated model's token read from ``gke.hf_token_secret`` (no ``$HF_TOKEN``), against the storage and
+    Secret Manager emulators through the real clients."""
     from components.cloud.secrets import EMULATOR_HOST_ENV as SECRETS_HOST_ENV
     from components.platforms import RunContext
     from components.platforms.store import GcsStore
     from components.stages import base_weights, jobs
     from components.workload import resolve
     from tests.emulators.secretmanager import SecretManagerEmulator
-    from tests.emulators.storage import StorageEmulator
 
-    project, number, token, bucket = "tpupipe-emulated", "123456789012", "t0ken", "tpupipe-runs"
-    storage, secrets = StorageEmulator({project: number}, token=token), SecretManagerEmulator({project: number})
-    endpoint = storage.start()
-    for name, value in (("STORAGE_EMULATOR_HOST", endpoint), (EMULATOR_HOST_ENV, endpoint)):
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    project, bucket = GCS_PROJECT, GCS_BUCKET
+    storage, client = _emulated_bucket(monkeypatch)
+    secrets = SecretManagerEmulator({project: GCS_NUMBER})
     monkeypatch.setenv(SECRETS_HOST_ENV, secrets.start())
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -265,8 +317,6 @@ def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secr
     hub.repos[REPO].gated = True
     secrets.add(project, "hf-token", hub.token.encode())
     try:
-        client = gcs.Client(project=project, credentials=user_credentials.Credentials(token=token))
-        client.create_bucket(bucket)
         spec = resolve(
             "gemma4-e2b-v6e-16",
             {

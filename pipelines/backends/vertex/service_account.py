@@ -6,7 +6,8 @@ pipeline needs.
 - none given: Vertex AI runs the pipeline as the project's Compute Engine default service account
   (https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account), which in many projects
   holds the basic Editor role (``components.platforms.gke.plan.identities``); no call is made;
-- one given: it is that default account (by its form, ``NUMBER-compute@developer.gserviceaccount.com``), or the
+- one given: it is a default account (by its form: ``NUMBER-compute@developer.gserviceaccount.com``, the legacy
+  Cloud Build one or App Engine's, ``identities.is_default``), or the
   project's IAM policy (one ``getIamPolicy``, Resource Manager) grants it a basic role (Owner, Editor); a policy the
   caller may not read is said in a warning, and the submit goes on.
 """
@@ -26,11 +27,11 @@ WHO = "Vertex AI runs the pipeline's tasks (which provision, build and tear down
 
 
 def refuse_default(account: str, allowed: bool) -> None:
-    """A SpecError naming --service-account when the pipeline would run as the Compute Engine default service account
-    (none given, or that account named) and ``allowed`` is not set."""
+    """A SpecError naming --service-account when the pipeline would run as a project's default service account (none
+    given: the Compute Engine one; or a default one named) and ``allowed`` is not set."""
     from components.spec import SpecError
 
-    if allowed or (account and not identities.is_default_compute(account)):
+    if allowed or (account and not identities.is_default(account)):
         return
     raise SpecError(
         "--service-account",

@@ -4,6 +4,8 @@
 - on the project itself: the project's policy, the one read preflight shares with the build account's warnings;
 - inherited from the project's folders and organization (``cloud.iam.ancestors``), read only when the project's own
   grants leave a role missing; an ancestor's policy the caller may not read is a warning naming it;
+- image pulls (roles/artifactregistry.reader) on the trainer image's repository itself (its IAM policy, read only
+  when the levels above leave that role missing), where docs/gke.md grants it;
 - through a custom role that holds the permissions the role is needed for (``ROLE_PERMISSIONS``; its definition read
   with IAM ``roles.get``), granted at any of those levels; one that cannot be read is a warning;
 - through a Google group (``group:G`` in a binding that would grant it): whether the account is a member only Cloud
@@ -20,6 +22,7 @@ from components.cloud import iam
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.plan import identities
 from components.platforms.gke.plan.needs import Needs
+from components.platforms.gke.plan.target import IMAGE_PULL_ROLE
 
 # What each role is needed for, as permissions a custom role must hold to stand in for it: the ones the nodes use of
 # each (the full lists: https://cloud.google.com/iam/docs/roles-permissions/artifactregistry#artifactregistry.reader,
@@ -50,6 +53,14 @@ def check(n: Needs, account: str, project_grants: dict[str, set[str]], creds, re
         held_above = sorted({f"{role} on {level.resource}" for level in levels[1:] for role in _held(member, [level])})
         if held_above:
             report.checked.append(f"the nodes' service account {account} inherits {', '.join(held_above)}")
+    if n.image_repository and any(need[0] == IMAGE_PULL_ROLE for need in missing):
+        repository = _repository_level(n.image_repository, creds)
+        if repository.unread:
+            report.warnings.append(
+                f"the IAM policy of the repository {repository.resource} could not be read ({repository.unread}): "
+                f"{IMAGE_PULL_ROLE} granted to the nodes' account {account} there is not seen"
+            )
+        missing = [m for m in missing if m[0] != IMAGE_PULL_ROLE or not roles.cover(m, _held(member, [repository]))]
     for level in levels[1:]:
         if level.unread:
             report.warnings.append(
@@ -76,12 +87,28 @@ def check(n: Needs, account: str, project_grants: dict[str, set[str]], creds, re
         report.problems.append(
             Problem(
                 "gke.node_service_account",
-                f"the nodes' service account {account} lacks {role} on project {n.project}, needed for {purpose}: "
+                f"the nodes' service account {account} lacks {role} on {_where(role, n)}, needed for {purpose}: "
                 "grant it that role (or one that includes it), or name another account",
             )
         )
     report.warnings += roles.unread
     report.checked.append(f"the nodes' service account {account}: {len(n.node_roles)} roles needed")
+
+
+def _where(role: str, n: Needs) -> str:
+    """Where ``role`` is granted: image pulls on the image's repository (or the project), the others on the project."""
+    if role == IMAGE_PULL_ROLE and n.image_repository:
+        return f"repository {n.image_repository} (or project {n.project})"
+    return f"project {n.project}"
+
+
+def _repository_level(repository: str, creds) -> iam.Level:
+    """The trainer image's repository's own IAM policy (Artifact Registry ``GetIamPolicy``): image pulls may be
+    granted there alone, the least the nodes need (https://cloud.google.com/artifact-registry/docs/access-control#gke);
+    read only when the project and its ancestors do not grant them."""
+    from components.cloud.build import registry_client
+
+    return iam.policy_level(repository, registry_client(creds).get_iam_policy)
 
 
 def _held(member: str, levels: list[iam.Level]) -> set[str]:

@@ -354,9 +354,9 @@ def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     if account == DEFAULT_NODE_SERVICE_ACCOUNT:
         account = account.replace("PROJECT_NUMBER", cloud_iam.project_number(n.project, creds))
     if not spec.gke.allow_default_identities:
-        if not spec.gke.queue and identities.is_default_compute(account):
+        if not spec.gke.queue and identities.is_default(account):
             report.problems.append(Problem("gke.node_service_account", identities.node_refusal(account)))
-        if n.builds and (not n.build_account or identities.is_default_compute(n.build_account)):
+        if n.builds and (not n.build_account or identities.is_default(n.build_account)):
             report.problems.append(Problem("gke.build_service_account", identities.build_refusal(n.build_account)))
     grants = cloud_iam.project_grants(n.project, creds)
     node_account.check(n, account, grants, creds, report)

@@ -4,7 +4,8 @@ preflight checks of them. A default account (the Compute Engine default one for 
 build account for Cloud Build) is marked ``default``: refused unless ``gke.allow_default_identities``.
 
 Sources: the nodes' roles are ``target.node_roles`` (GKE docs, "Use least privilege IAM service accounts":
-https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa); Cloud Build's
+https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa), image pulls on
+the image's repository alone (https://cloud.google.com/artifact-registry/docs/access-control#gke); Cloud Build's
 are what a build with a user-specified account needs: its logs (roles/logging.logWriter,
 https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts), the build context in
 the bucket (roles/storage.objectViewer) and the push (roles/artifactregistry.writer on the repository,
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.platforms.gke.plan import identities
-from components.platforms.gke.plan.target import Target, node_roles
+from components.platforms.gke.plan.target import IMAGE_PULL_ROLE, Target, node_roles
 from components.spec import RunSpec
 
 
@@ -27,25 +28,28 @@ def _role(role: str, on: str, purpose: str) -> dict[str, str]:
 def plan_identities(spec: RunSpec, t: Target) -> list[dict[str, Any]]:
     """The nodes' account (when the run makes nodes) and Cloud Build's (when it builds its image), with their roles."""
     out = []
+    repository = t.image.rsplit("/", 1)[0]
     if not t.queue:
         out.append(
             {
                 "who": "the nodes",
                 "field": "gke.node_service_account",
                 "account": t.node_service_account,
-                "default": identities.is_default_compute(t.node_service_account),
-                "roles": [_role(role, f"project {t.project}", why) for role, (why, _) in node_roles(t).items()],
+                "default": identities.is_default(t.node_service_account),
+                "roles": [
+                    _role(role, f"repository {repository}" if role == IMAGE_PULL_ROLE else f"project {t.project}", why)
+                    for role, (why, _) in node_roles(t).items()
+                ],
             }
         )
     if not spec.gke.image:
         account = t.build_service_account
-        repository = t.image.rsplit("/", 1)[0]
         out.append(
             {
                 "who": "Cloud Build",
                 "field": "gke.build_service_account",
                 "account": account or "the project's default build account",
-                "default": not account or identities.is_default_compute(account),
+                "default": not account or identities.is_default(account),
                 "roles": [
                     _role("roles/logging.logWriter", f"project {t.project}", "the build's logs"),
                     _role("roles/storage.objectViewer", f"bucket gs://{t.bucket}", "the build context"),

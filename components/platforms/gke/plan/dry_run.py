@@ -161,6 +161,7 @@ def _deletes(res: Resource, ctx: RunContext) -> str:
         "iam-binding": "storage.buckets.setIamPolicy (binding removed)",
         "vpc-network": "compute.networks.delete",
         "subnetwork": "compute.subnetworks.delete",
+        "cloud-nat": "compute.routers.delete",
         "firewall-rule": "compute.firewalls.delete",
         "workload-policy": "compute.resourcePolicies.delete",
     }.get(res.kind, "")

@@ -10,8 +10,11 @@ Sources:
   ``roles/artifactregistry.reader`` for image pulls from the project's registry), not the default one:
   https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
 - a build that names no service account runs as the project's default build account: the legacy Cloud Build
-  service account or, in newer projects, the Compute Engine default one:
-  https://cloud.google.com/build/docs/cloud-build-service-account-updates
+  service account (``PROJECT_NUMBER@cloudbuild.gserviceaccount.com``) or, in newer projects, the Compute Engine
+  default one: https://cloud.google.com/build/docs/cloud-build-service-account-updates
+- App Engine's default service account, ``PROJECT_ID@appspot.gserviceaccount.com``, is another default account
+  granted the Editor role where it is made: https://cloud.google.com/iam/docs/service-account-types#default
+  (``is_default`` refuses all three)
 - the basic roles Owner and Editor, which let their holder change nearly every resource of the project:
   https://cloud.google.com/iam/docs/roles-overview#basic
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from components.spec.gke_checks import DEFAULT_COMPUTE_ACCOUNT
+from components.spec.gke_checks import DEFAULT_ACCOUNT, DEFAULT_COMPUTE_ACCOUNT
 
 BASIC_ROLES = ("roles/owner", "roles/editor")
 DEFAULT_COMPUTE = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"  # as plans show it, the number not looked up
@@ -29,11 +32,18 @@ NODE_ACCOUNT_DOC = (
     "https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa"
 )
 BUILD_ACCOUNT_DOC = "https://cloud.google.com/build/docs/cloud-build-service-account-updates"
+DEFAULT_ACCOUNTS_DOC = "https://cloud.google.com/iam/docs/service-account-types#default"
 
 
 def is_default_compute(account: str) -> bool:
     """``account`` is a project's Compute Engine default service account (its number filled in, or not)."""
     return account == DEFAULT_COMPUTE or bool(DEFAULT_COMPUTE_ACCOUNT.match(account))
+
+
+def is_default(account: str) -> bool:
+    """``account`` is one of a project's default accounts (``DEFAULT_ACCOUNT``): the Compute Engine one, the legacy
+    Cloud Build one or App Engine's."""
+    return is_default_compute(account) or bool(DEFAULT_ACCOUNT.match(account))
 
 
 def basic_roles(granted: Iterable[str]) -> list[str]:
@@ -67,11 +77,21 @@ def account_risks(who: str, account: str, granted: Iterable[str], project: str, 
 ALLOW_FLAG = "--allow-default-identities"
 
 
+def default_doc(account: str) -> str:
+    """The page that says what the default ``account`` is granted: the Compute Engine one's, the legacy Cloud Build
+    one's, or IAM's list of default service accounts (App Engine's)."""
+    if account.endswith("@cloudbuild.gserviceaccount.com"):
+        return BUILD_ACCOUNT_DOC
+    if account.endswith("@appspot.gserviceaccount.com"):
+        return DEFAULT_ACCOUNTS_DOC
+    return DEFAULT_ACCOUNT_DOC
+
+
 def default_refusal(who: str, account: str, fix: str) -> str:
     """The refusal of ``who`` acting as a project's default identity ``account``: the risk, the fix, the way round."""
     return (
         f"{who} as {account}, a default account of the project, often granted broad roles on all of it "
-        f"({DEFAULT_ACCOUNT_DOC}): {fix}; or pass {ALLOW_FLAG} (gke.allow_default_identities=true) to accept it"
+        f"({default_doc(account)}): {fix}; or pass {ALLOW_FLAG} (gke.allow_default_identities=true) to accept it"
     )
 
 
@@ -133,6 +153,7 @@ __all__ = [
     "basic_roles",
     "build_risks",
     "default_compute_risk",
+    "is_default",
     "is_default_compute",
     "node_risks",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from components.platforms.gke.plan import document as plans
 from components.platforms.gke.plan import features, k8s_actions
 from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
-from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, target
+from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, pulls_here, target
 from components.spec import RunSpec, names
 from components.workload import derive as d
 
@@ -158,6 +158,9 @@ class Needs:
     # reservation", https://cloud.google.com/compute/docs/instances/reservations-shared: "shared reservations are only
     # listed under the owner project").
     owner_permissions: tuple[str, ...] = ()
+    # The Artifact Registry repository of the trainer image (``projects/P/locations/L/repositories/R``) when it is in
+    # this project's registry: image pulls may be granted there (``node_account``); "" otherwise.
+    image_repository: str = ""
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -232,7 +235,18 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         t.build_service_account,
         t.bucket,
         owner_permissions,
+        image_repository=image_repository(t),
     )
+
+
+def image_repository(t: Target) -> str:
+    """The Artifact Registry repository (``projects/P/locations/L/repositories/R``) of the trainer image when it is in
+    this project's registry, else ""."""
+    if not pulls_here(t):
+        return ""
+    from components.cloud.build import image_tag_path
+
+    return image_tag_path(t.image)[0].split("/packages/")[0]
 
 
 def _act_as(calls: list[str], t: Target) -> tuple[tuple[str, str], ...]:

@@ -52,8 +52,21 @@ INTERNAL_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/
 # https://cloud.google.com/kubernetes-engine/docs/how-to/network-policy). DNS: kube-dns in kube-system (GKE labels its
 # pods k8s-app=kube-dns), or, with Cloud DNS for GKE, the metadata server's address on port 53
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-dns).
-METADATA = (("169.254.169.254/32", (("TCP", 80), ("UDP", 53), ("TCP", 53))), ("169.254.169.252/32", (("TCP", 988),)))
+# NodeLocal DNSCache (on by default on Autopilot, and on Standard from 1.34.1-gke.3720000:
+# https://cloud.google.com/kubernetes-engine/docs/how-to/nodelocal-dns-cache) answers pods' DNS from a DaemonSet's
+# pods labelled k8s-app=node-local-dns in kube-system (Kubernetes' cluster/addons/dns/nodelocaldns/nodelocaldns.yaml)
+# that run with hostNetwork and listen on the link-local 169.254.20.10; a pod selector alone may not match a
+# hostNetwork pod, so the address is allowed by an ipBlock too (cluster/addons/dns/nodelocaldns/README.md, "Network
+# policy and DNS connectivity": https://github.com/kubernetes/kubernetes/tree/v1.34.0/cluster/addons/dns/nodelocaldns).
+# Named resolvers on port 53, not any destination: port 53 is no channel to an arbitrary host.
+NODE_LOCAL_DNS = "169.254.20.10/32"
+DNS_PODS = ("kube-dns", "node-local-dns")
 DNS_PORTS = (("UDP", 53), ("TCP", 53))
+METADATA = (
+    ("169.254.169.254/32", (("TCP", 80), *DNS_PORTS)),
+    ("169.254.169.252/32", (("TCP", 988),)),
+    (NODE_LOCAL_DNS, DNS_PORTS),
+)
 HTTPS = 443
 PRIVATE_NODES_DOC = "https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation"
 
@@ -69,13 +82,18 @@ def internet_needs(spec: RunSpec, t: Target) -> list[str]:
     """Why the run's nodes or pods need the internet (a Cloud NAT gateway); empty: Google's APIs are all they reach.
     MaxText reads a hub model's files in its pods (the base-weights cache is the FSDP trainer's: ``components.stages.
     base_weights``), and pods that alone hold the Hugging Face token (``gke.hf_secret`` without
-    ``gke.hf_token_secret``) read a gated model from the hub themselves."""
+    ``gke.hf_token_secret``) read a gated model from the hub themselves. A hub ``train.dataset`` is not snapshotted
+    (``components.spec.datasets``; ``train.eval_dataset`` always is): the trainers' hosts load it from the hub
+    (``trainers.data``)."""
+    from components.spec import datasets
     from components.workload.weights import is_hub_name
 
     out = []
     pods_hold_token = spec.gke.hf_secret and not spec.gke.hf_token_secret  # else the components' side fetches
     if is_hub_name(spec.train.model_id) and (spec.train.workload == "maxtext" or pods_hold_token):
         out.append(f"the pods read {spec.train.model_id} from the Hugging Face hub")
+    if datasets.kind(spec.train.dataset) == "hub":
+        out.append(f"the pods read the dataset {spec.train.dataset} (train.dataset) from the Hugging Face hub")
     if not any(registry in t.image for registry in GOOGLE_REGISTRIES):
         out.append(f"the nodes pull {t.image} from a registry outside Google")
     return out
@@ -98,14 +116,14 @@ def node_subnet(spec: RunSpec, t: Target) -> dict[str, Any] | None:
 def cloud_nat(spec: RunSpec, t: Target) -> dict[str, Any] | None:
     """The ``Router`` body, with its one Cloud NAT gateway, of a cluster the run creates whose run needs the internet
     (``internet_needs``): automatically allocated addresses, serving the nodes' subnetwork (every range of it: node
-    and Pod addresses) and nothing else. None when the run needs none."""
+    and Pod addresses) and nothing else. No ``region``: a Router's is output only, the request path's
+    (https://cloud.google.com/compute/docs/reference/rest/v1/routers). None when the run needs none."""
     if not t.owns_cluster or not internet_needs(spec, t):
         return None
     subnet = paths.compute_path("subnetwork", t.project, t.region, names.node_subnet(t.run_id))
     return {
         "name": names.nat_router(t.run_id),
         "network": paths.compute_path("network", t.project, t.region, DEFAULT_NETWORK),
-        "region": t.region,
         "description": f"{names.RUN_LABEL}={t.run_id}",
         "nats": [
             {
@@ -116,6 +134,17 @@ def cloud_nat(spec: RunSpec, t: Target) -> dict[str, Any] | None:
             }
         ],
     }
+
+
+def no_internet(spec: RunSpec, t: Target) -> str | None:
+    """Why the run's pods cannot reach the internet (a cluster the run creates, given no Cloud NAT: ``cloud_nat``);
+    None where they may (an existing cluster is the user's to route)."""
+    if not t.owns_cluster or cloud_nat(spec, t) is not None:
+        return None
+    return (
+        f"the run's cluster has private nodes and no Cloud NAT (it needs none by its spec: {summary(spec, t)}), so its "
+        f"pods have no route to the internet ({PRIVATE_NODES_DOC})"
+    )
 
 
 def private_nodes(body: dict[str, Any], t: Target) -> None:
@@ -149,15 +178,19 @@ def _port(protocol: str, port: int) -> dict[str, Any]:
 
 def egress_rules(t: Target) -> list[dict[str, Any]]:
     """What the run's pods may send: to one another (every port: Ray's GCS, raylets, object transfers, collectives),
-    DNS, the metadata server, and HTTPS to addresses outside ``INTERNAL_RANGES``."""
+    DNS (kube-dns, NodeLocal DNSCache, Cloud DNS at the metadata server), the metadata server, and HTTPS to addresses
+    outside ``INTERNAL_RANGES``."""
     run = names.labels(t.run_id)
-    kube_dns = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-    }
+    dns_pods = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": app}},
+        }
+        for app in DNS_PODS
+    ]
     rules: list[dict[str, Any]] = [
         {"to": [{"podSelector": {"matchLabels": dict(run)}}]},
-        {"to": [kube_dns], "ports": [_port(p, n) for p, n in DNS_PORTS]},
+        {"to": dns_pods, "ports": [_port(p, n) for p, n in DNS_PORTS]},
     ]
     rules += [
         {"to": [{"ipBlock": {"cidr": cidr}}], "ports": [_port(p, n) for p, n in ports]} for cidr, ports in METADATA

@@ -62,6 +62,7 @@ NODE_SERVICE_ACCOUNT_ROLES = {
 # streaming to pull container images", Requirements:
 # https://cloud.google.com/kubernetes-engine/docs/how-to/image-streaming#requirements). Editor and Owner hold
 # serviceusage.services.use too (https://cloud.google.com/service-usage/docs/access-control).
+IMAGE_PULL_ROLE = "roles/artifactregistry.reader"  # on the image's repository (``accounts``), or the project
 IMAGE_STREAMING_ROLE = {
     "roles/serviceusage.serviceUsageConsumer": (
         "image streaming, on in the cluster the run creates (pods do not start without it)",
@@ -118,17 +119,18 @@ class Target:
         return f"{MOUNT_PATH}/{names.run_prefix(self.run_id)}"
 
 
+def pulls_here(t: Target) -> bool:
+    """Whether the nodes pull the trainer image from this project's Artifact Registry."""
+    return f"-docker.pkg.dev/{t.project}/" in t.image
+
+
 def node_roles(t: Target) -> dict[str, tuple[str, tuple[str, ...]]]:
     """The roles the nodes' account needs (``NODE_SERVICE_ACCOUNT_ROLES``): image pulls only when the trainer image is
     in this project's Artifact Registry (an image elsewhere is that registry's to grant); image streaming's role too
     for a named account in a cluster the run creates (``IMAGE_STREAMING_ROLE``)."""
-    pulls_here = f"-docker.pkg.dev/{t.project}/" in t.image
-    roles = {
-        role: needs
-        for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items()
-        if pulls_here or role != "roles/artifactregistry.reader"
-    }
-    if pulls_here and t.owns_cluster and t.node_service_account != DEFAULT_NODE_SERVICE_ACCOUNT:
+    here = pulls_here(t)
+    roles = {role: needs for role, needs in NODE_SERVICE_ACCOUNT_ROLES.items() if here or role != IMAGE_PULL_ROLE}
+    if here and t.owns_cluster and t.node_service_account != DEFAULT_NODE_SERVICE_ACCOUNT:
         roles.update(IMAGE_STREAMING_ROLE)
     return roles
 

@@ -297,6 +297,12 @@ class GkePlatform(Platform):
         redaction.register(token)
         return token or None
 
+    def no_internet(self, ctx: RunContext) -> str | None:
+        from components.platforms.gke.plan import network
+        from components.platforms.gke.plan.target import target
+
+        return network.no_internet(ctx.spec, target(ctx.spec, ctx.run_id))
+
     def compile_cache_root(self, ctx: RunContext) -> str:
         return CACHE_MOUNT_PATH  # the bucket's cache/ prefix, mounted read-only in the worker pods (plan.manifests)
 
