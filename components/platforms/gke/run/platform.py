@@ -376,7 +376,7 @@ class GkePlatform(Platform):
         t = self._target(ctx)
         own = f"gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/"
         if not uri.startswith(own):
-            raise InfraError(f"register: checkpoint {uri} is not the run's own (under {own})")
+            raise InfraError(f"checkpoint {uri} is not the run's own (under {own})")
         return uri.removeprefix(f"gs://{t.bucket}/").rstrip("/")
 
     def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
