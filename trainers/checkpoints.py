@@ -273,13 +273,36 @@ class ForeignCheckpoint(RuntimeError):
     """A resume point written under another training spec than the run's own: never resumed."""
 
 
+# The ``maxtext.*`` settings a MaxText resume point is a point of, besides ``train.*``: what decides the shape or the
+# meaning of its model and optimizer state. The model config (the parameters' shapes); the data and the global batch
+# and sequence length (what a step is, what its data iterator's position means); the step count (MaxText's learning
+# rate schedule spans ``learning_rate_schedule_steps``, which defaults to ``steps``: configs/base.yml at maxtext
+# 0.2.5) and the peak learning rate (the optimizer's schedule). Left out: the parallelism axes and the emulated
+# device count (how the state is sharded, not what it holds: Orbax restores a checkpoint into the shardings the
+# restoring mesh asks for, https://orbax.readthedocs.io/en/latest/guides/checkpoint/checkpointing_pytrees.html, as a
+# FSDP resume across worker counts), the rematerialisation policy (recomputes the same values to save memory), the
+# checkpoint cadence (max_lost_steps, checkpoint_period) and the evaluate stage's eval_steps.
+MAXTEXT_STATE_FIELDS = (
+    "model_name",
+    "dataset_type",
+    "per_device_batch_size",
+    "max_target_length",
+    "steps",
+    "learning_rate",
+)
+
+
 def training_digest(spec) -> str:
     """The digest of what a resume point is a point of: the run spec's ``train`` section (the model, data, steps,
-    optimizer), canonical JSON's sha256. Recorded in every sharded checkpoint's meta (``spec_digest``)."""
+    optimizer) and, for the MaxText workload, its ``maxtext`` settings of :data:`MAXTEXT_STATE_FIELDS`, canonical
+    JSON's sha256. Recorded in every sharded checkpoint's meta (``spec_digest``) and beside MaxText's checkpoints."""
     import dataclasses
     import hashlib
 
-    text = json.dumps(dataclasses.asdict(spec.train), sort_keys=True)
+    what: dict[str, Any] = dataclasses.asdict(spec.train)
+    if spec.train.workload == "maxtext":  # an FSDP run reads no maxtext setting: changing one never refuses it
+        what = {"train": what, "maxtext": {f: getattr(spec.maxtext, f) for f in MAXTEXT_STATE_FIELDS}}
+    text = json.dumps(what, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -54,6 +54,25 @@ def without_uniform_access(bucket) -> SpecError | None:
     )
 
 
+class SourceChanged(RuntimeError):
+    """Objects a pinned copy (``Storage.copy_prefix``'s ``generations``) names that are at another generation now, or
+    gone: ``changed``, their names under the source prefix."""
+
+    def __init__(self, changed: list[str]):
+        super().__init__(f"rewritten or gone since pinned: {', '.join(changed)}")
+        self.changed = changed
+
+
+def _pinned(found: list, source: str, generations: dict[str, int]) -> list:
+    """The listed objects ``generations`` names, each at its generation; :class:`SourceChanged` for those that are
+    not (another generation, or none)."""
+    by_name = {b.name.removeprefix(f"{source}/"): b for b in found}
+    changed = sorted(n for n, g in generations.items() if n not in by_name or int(by_name[n].generation) != int(g))
+    if changed:
+        raise SourceChanged(changed)
+    return [by_name[n] for n in sorted(generations)]
+
+
 class Storage(Adapter):
     def ensure_bucket(self, name: str, location: str):
         """The bucket: reused if the project can read it (with uniform bucket-level access), else created in
@@ -94,29 +113,49 @@ class Storage(Adapter):
         self.log(f"uploaded gs://{name}/{path} ({len(data) / 1024:.0f} KiB)")
         return int(blob.generation)
 
-    def copy_prefix(self, name: str, source: str, destination: str, create_only: bool = False) -> tuple[int, int, int]:
+    def generations(self, name: str, prefix: str) -> dict[str, int]:
+        """The generation of every object under ``prefix/``, by its name under it: what pins an object's bytes (a
+        rewrite of it is a new generation: https://cloud.google.com/storage/docs/metadata#generation-number)."""
+        return {b.name.removeprefix(f"{prefix}/"): int(b.generation) for b in self._listed(name, prefix)}
+
+    def _listed(self, name: str, prefix: str) -> list:
+        under = f"{prefix}/"
+        return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
+
+    def copy_prefix(
+        self,
+        name: str,
+        source: str,
+        destination: str,
+        create_only: bool = False,
+        generations: dict[str, int] | None = None,
+    ) -> tuple[int, int, int]:
         """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
         (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
         an object already there with the same size and MD5 is kept (a retried copy resumes). ``create_only``: each
         object written with ``ifGenerationMatch=0``, which "succeeds only if there are no live objects" of its name
         (https://cloud.google.com/storage/docs/request-preconditions), so an object there with other bytes is never
-        replaced: a SpecError naming ``run_id``. (objects copied, objects in all, bytes copied); (0, 0, 0) when
-        ``source/`` holds nothing."""
-        from google.api_core.exceptions import PreconditionFailed
+        replaced: a SpecError naming ``run_id``. ``generations`` (names under ``source/`` -> generation): exactly
+        those objects, each read at that generation only (the rewrite's ``ifSourceGenerationMatch``, which fails the
+        request with 412 when the source's live generation is another: the rewrite page's query parameters and
+        https://cloud.google.com/storage/docs/request-preconditions), so a source rewritten or gone since is copied
+        in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
+        (0, 0, 0) when ``source/`` holds nothing."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
 
         bucket = self.client.bucket(name)
-
-        def listed(prefix: str) -> list:
-            under = f"{prefix}/"
-            return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
-
-        found, have = listed(source), {b.name: (b.size, b.md5_hash) for b in listed(destination)}
+        found = self._listed(name, source)
+        have = {b.name: (b.size, b.md5_hash) for b in self._listed(name, destination)}
+        if generations is not None:
+            found = _pinned(found, source, generations)
         copied = size = 0
         for blob in found:
             target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
             if have.get(target) == (blob.size, blob.md5_hash):
                 continue
-            kept = {"if_generation_match": 0} if create_only else {}
+            kept: dict[str, int] = {"if_generation_match": 0} if create_only else {}
+            if generations is not None:
+                kept["if_source_generation_match"] = int(blob.generation)
             token = None
             try:
                 while True:
@@ -126,7 +165,12 @@ class Storage(Adapter):
                     )
                     if token is None:
                         break
-            except PreconditionFailed:
+            except (PreconditionFailed, NotFound) as exc:
+                now = self.call(f"get gs://{name}/{blob.name}", functools.partial(bucket.get_blob, blob.name))
+                if generations is not None and (now is None or now.generation != blob.generation):
+                    raise SourceChanged([blob.name.removeprefix(f"{source}/")]) from None
+                if isinstance(exc, NotFound):
+                    raise
                 raise SpecError(
                     "run_id",
                     f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "
@@ -139,10 +183,8 @@ class Storage(Adapter):
         """A temporary hold on every object under ``prefix/`` that has none: while it holds, "the object cannot be
         deleted or replaced" (https://cloud.google.com/storage/docs/object-holds; objects.patch with
         ``temporaryHold``, which needs ``storage.objects.update``). The objects newly held."""
-        under = f"{prefix}/"
-        blobs = self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
         held = 0
-        for blob in blobs:
+        for blob in self._listed(name, prefix):
             if blob.temporary_hold:
                 continue
             blob.temporary_hold = True

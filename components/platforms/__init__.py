@@ -141,10 +141,18 @@ class Platform(ABC):
         the run starts from or measures); SpecError when the cluster cannot read it."""
 
     @abstractmethod
-    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+    def checkpoint_versions(self, ctx: RunContext, uri: str) -> dict[str, str]:
+        """Every file of the checkpoint ``uri`` (its name under it) and what pins the bytes it holds now: its
+        object generation on Cloud Storage, its sha256 on this machine. What the evaluate stage records of the
+        checkpoint it measured, and what ``keep_registered`` copies exactly."""
+
+    @abstractmethod
+    def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
         """A copy of the trained checkpoint ``uri`` (under the run's own prefix, which its pods write) where no run's
         pods can write, made by the pipeline's side before the version is registered: the copy's uri, what the
-        registry's ``artifact_uri`` names. The same copy again for a retried register."""
+        registry's ``artifact_uri`` names. The copy holds exactly the files of ``versions`` with exactly those
+        versions (``checkpoint_versions`` as the evaluate stage read them): a file changed or gone since is an
+        :class:`InfraError` naming it, and nothing is registered. The same copy again for a retried register."""
 
     @abstractmethod
     def registry_place(self, ctx: RunContext) -> dict[str, str]:
@@ -211,6 +219,16 @@ class Platform(ABC):
 
 
 # name -> "module:class"; imported on first use so `components` stays cheap to import.
+def changed_since_evaluated(uri: str, changed: list[str]) -> InfraError:
+    """The refusal to register checkpoint ``uri`` whose files ``changed`` (rewritten, gone) since the evaluate stage
+    measured it (``Platform.keep_registered``): its figures are not of the bytes there now."""
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return InfraError(
+        f"register: checkpoint {uri} changed after the evaluate stage measured it ({shown}: rewritten or gone since); "
+        "nothing registered, its figures are not of the bytes there now: run the pipeline again under a new run id"
+    )
+
+
 REGISTRY = {
     "local": "components.platforms.local.platform:LocalPlatform",
     "gke": "components.platforms.gke:GkePlatform",

@@ -290,6 +290,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     train_result = json.loads(upstream) if upstream else {}
     if not train_result.get("checkpoint"):
         raise JobFailed("evaluate: the train stage reported no checkpoint")
+    measured = pin_checkpoint(ctx, train_result)
     start = train_result.get("init_from") or {}
     champion = gate.champion_to_measure(ctx) or {}
     if champion.get("not_compared"):
@@ -311,6 +312,11 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
             job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing)
         result.update({k: v for k, v in job["result"].items() if k not in FIGURES.values()}, job=job["submission_id"])
         known.update({which: (job["result"][FIGURES[which]], "this evaluation job") for which in missing})
+        if pin_checkpoint(ctx, train_result) != measured:  # the job read a checkpoint its pods could rewrite
+            raise JobFailed(
+                f"evaluate: checkpoint {measured['uri']} changed while the evaluation job measured it: its figures "
+                "are of no one set of bytes; run the pipeline again under a new run id"
+            )
     elif not not_held_out:
         log("evaluate: no evaluation job: every figure is known" + _sources(known))
     figures = {FIGURES[which]: loss for which, (loss, _) in known.items()}
@@ -335,7 +341,27 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         result["champion"] = {k: v for k, v in champion.items() if k != "path"}
     if start:
         result["init_from"] = start["ref"]
+    result[MEASURED] = measured  # what register copies, exactly (registration.register)
     return result
+
+
+MEASURED = "measured_checkpoint"  # in evaluate's result: the checkpoint's uri and its files' versions
+
+
+def pin_checkpoint(ctx: RunContext, train_result: dict[str, Any]) -> dict[str, Any]:
+    """The trained checkpoint's uri and the version of each of its files now (``Platform.checkpoint_versions``: the
+    object generations on Cloud Storage): what the evaluate stage measures, recorded in its result, so that register
+    copies those bytes and no others."""
+    platform = get_platform(ctx.platform)
+    uri = trained_uri(ctx, train_result)
+    return {"uri": uri, "versions": platform.checkpoint_versions(ctx, uri)}
+
+
+def trained_uri(ctx: RunContext, train_result: dict[str, Any]) -> str:
+    """Where the train stage's checkpoint lives for the pipeline's side (a local path, or gs://BUCKET/...)."""
+    return train_result.get("checkpoint_uri") or get_platform(ctx.platform).checkpoint_uri(
+        ctx, train_result["checkpoint"]
+    )
 
 
 def _sources(known: dict[str, tuple[float, str]]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json
-from components.stages import gate
+from components.stages import gate, ray_stages
 from components.stages.jobs import JobFailed, log
 
 
@@ -27,13 +27,19 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     }
     records["evaluate"] = ev
     train_result = records["train"]
-    artifact_uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint")
-    if not artifact_uri:
+    if not train_result.get("checkpoint"):
         raise JobFailed("register: the train stage reported no checkpoint")
+    artifact_uri = ray_stages.trained_uri(ctx, train_result)
+    measured = ev.get(ray_stages.MEASURED) or {}
+    if measured.get("uri") != artifact_uri or not measured.get("versions"):
+        raise JobFailed(
+            f"register: the evaluate stage recorded no version of the files of checkpoint {artifact_uri} (it "
+            f"measured {measured.get('uri') or 'none'}): nothing registered that was not evaluated"
+        )
     platform = get_platform(ctx.platform)
     # The version names a copy out of every run's reach, not the run's own prefix, which its pods (and, were its id
-    # ever reused, another run's) could write.
-    artifact_uri = platform.keep_registered(ctx, artifact_uri, ctx.spec.model_name)
+    # ever reused, another run's) could write; of exactly the bytes the evaluate stage measured.
+    artifact_uri = platform.keep_registered(ctx, artifact_uri, ctx.spec.model_name, measured["versions"])
     provenance = gate.provenance(ctx.spec, ctx.run_id, records, source_version, pipeline_job, platform.hosts_lost(ctx))
     reg = gate.registry(ctx)
     version = gate.register_once(reg, ctx.spec.model_name, artifact_uri, provenance)

@@ -270,7 +270,10 @@ COPIED_FIELDS = (
     "metadata",
     "customTime",
 )
-# a copy's or rewrite's preconditions on its source, as the preconditions of a request for the source itself
+# a copy's or rewrite's preconditions on its source, as the preconditions of a request for the source itself: the
+# request fails with 412 Precondition Failed unless the source's live generation matches ifSourceGenerationMatch
+# (the query parameters of https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite and /copy;
+# https://cloud.google.com/storage/docs/request-preconditions, "Precondition criteria": 412 on a mismatch)
 SOURCE_QUERY = {
     "sourceGeneration": "generation",
     "ifSourceGenerationMatch": "ifGenerationMatch",

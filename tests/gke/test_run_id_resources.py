@@ -60,12 +60,15 @@ def test_a_registered_copy_is_created_never_replaced(tmp_path, project_factory):
     # Another run's copy under this id (one from before the id was claimed beside its resources).
     project.storage.put(BUCKET, "models/local-fsdp/reused/model.safetensors", b"the registered weights")
     with pytest.raises(SpecError, match="already holds other bytes") as refused:
-        gke.keep_registered(ctx, trained, "local-fsdp")
+        gke.keep_registered(ctx, trained, "local-fsdp", gke.checkpoint_versions(ctx, trained))
     assert refused.value.field == "run_id" and refused.value.exit_code == 2
     assert project.storage.data(BUCKET, "models/local-fsdp/reused/model.safetensors") == b"the registered weights"
     # The same bytes there (a retried register): kept, no new copy.
     project.storage.put(BUCKET, "models/local-fsdp/reused/model.safetensors", b"this run's weights")
-    assert gke.keep_registered(ctx, trained, "local-fsdp") == f"gs://{BUCKET}/models/local-fsdp/reused"
+    assert (
+        gke.keep_registered(ctx, trained, "local-fsdp", gke.checkpoint_versions(ctx, trained))
+        == f"gs://{BUCKET}/models/local-fsdp/reused"
+    )
 
 
 def _bucket() -> None:

@@ -32,6 +32,7 @@ def _train_result(root, run_id: str, **heldout_figures) -> dict:
     """A train stage's result as the run records it, its checkpoint on disk, with the train job's own figures."""
     checkpoint = root / run_id / "train" / "checkpoint_000003"
     checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
     return {
         **_records()["train"],
         "checkpoint": str(checkpoint),
@@ -234,6 +235,7 @@ def test_maxtexts_model_as_initialised_is_measured_once_per_key_and_reused_by_a_
     assert initial and initial.startswith("sha256:")
     # What the first run's evaluate stage returns once its evaluation job measured "before" (ray_stages.evaluate).
     measured = {"eval_loss_before": 10.375, "eval_loss_after": 7.25, "eval_key": KEY, "initial_key": initial}
+    measured[ray_stages.MEASURED] = ray_stages.pin_checkpoint(first, train)
     assert _registered(first, train, {**measured, "eval_split": "heldout"})["decision"] == gate.PROMOTE
     assert gate.registry(first).get("local-maxtext", "1").provenance["initial_key"] == initial
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from components.platforms import RunContext
-from components.platforms.store import LocalStore
+from components.platforms.store import LocalStore, read_json
 from components.registry import PROVENANCE_FIELDS, check_provenance, digest, open_registry
-from components.spec import SpecError
+from components.spec import InfraError, SpecError
 from components.spec.images import pinned_image
-from components.stages import gate, jobs, registration, report, runner
+from components.stages import gate, jobs, ray_stages, registration, report, runner
 from components.workload import resolve
 
 # ---------------------------------------------------------------- the spec
@@ -254,6 +254,7 @@ def _trained(ctx: RunContext, root) -> str:
     """A run that trained: its checkpoint directory, and the train and build_image records the run keeps."""
     checkpoint = root / ctx.run_id / "train" / "checkpoint_000001"
     checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
     records = _records(checkpoint=str(checkpoint), checkpoint_uri=str(checkpoint))
     for stage in ("build_image", "train"):
         runner.record(ctx.store, stage, status="succeeded", result=records[stage])
@@ -262,6 +263,7 @@ def _trained(ctx: RunContext, root) -> str:
 
 def _registered(ctx: RunContext, eval_loss: float, champion: dict | None = None, champion_loss: float | None = None):
     ev = {"eval_loss_before": 4.6, "eval_loss_after": eval_loss, "eval_split": "heldout"}
+    ev[ray_stages.MEASURED] = ray_stages.pin_checkpoint(ctx, read_json(ctx.store, "stages/train.json")["result"])
     if champion:
         ev.update(champion=champion, champion_loss=champion_loss)
     result = registration.register(ctx, json.dumps(ev), pipeline_job="tpupipe-job", source_version="3f2a9c1e")
@@ -315,6 +317,26 @@ def test_a_retried_register_task_does_not_register_the_runs_model_twice(tmp_path
     first, again = _registered(ctx, 1.5), _registered(ctx, 1.5)
     assert first["ref"] == again["ref"] == "local-fsdp@1"
     assert [v.version for v in open_registry(tmp_path).versions("local-fsdp")] == ["1"]
+
+
+def test_only_the_bytes_the_evaluate_stage_measured_are_registered(tmp_path):
+    """Register copies the checkpoint's files the evaluate stage pinned (``ray_stages.pin_checkpoint``: their sha256
+    on this machine) and hashes what it copied: a file rewritten since, or an evaluation that pinned nothing, fails
+    the registration naming why, with nothing registered; a file added since is not copied."""
+    ctx = _context(tmp_path, "run-1")
+    checkpoint = Path(_trained(ctx, tmp_path))
+    ev = {"eval_loss_before": 4.6, "eval_loss_after": 1.5, "eval_split": "heldout"}
+    with pytest.raises(jobs.JobFailed, match="the evaluate stage recorded no version of the files of checkpoint"):
+        registration.register(ctx, json.dumps(ev))
+    ev[ray_stages.MEASURED] = ray_stages.pin_checkpoint(ctx, read_json(ctx.store, "stages/train.json")["result"])
+    (checkpoint / "model.safetensors").write_bytes(b"unevaluated")
+    with pytest.raises(InfraError, match=r"changed after the evaluate stage measured it \(model.safetensors: rewr"):
+        registration.register(ctx, json.dumps(ev))
+    assert open_registry(tmp_path).models() == []
+    (checkpoint / "model.safetensors").write_bytes(b"weights")  # the evaluated bytes again
+    (checkpoint / "planted.py").write_bytes(b"import os")
+    kept = Path(registration.register(ctx, json.dumps(ev))["artifact_uri"])
+    assert sorted(p.name for p in kept.iterdir()) == ["model.safetensors"]
 
 
 def test_a_champion_that_moved_since_the_evaluation_is_not_replaced(tmp_path):

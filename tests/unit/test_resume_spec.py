@@ -46,3 +46,52 @@ def test_maxtext_checkpoints_are_marked_with_their_spec_and_another_specs_are_re
     (run / SPEC_MARK).unlink()
     with pytest.raises(ForeignCheckpoint, match="none recorded"):  # checkpoints of nobody's spec
         mark_checkpoints(run, own)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "maxtext.model_name=llama3-8b",  # the parameters' shapes
+        "maxtext.per_device_batch_size=3",  # what a step is
+        "maxtext.max_target_length=64",
+        "maxtext.steps=13",  # the learning rate schedule's length
+        "maxtext.learning_rate=0.001",
+        "maxtext.dataset_type=synthetic",
+    ],
+)
+def test_a_maxtext_resume_under_a_changed_state_setting_is_refused(tmp_path, override):
+    """A MaxText checkpoint is a point of its ``maxtext`` settings that decide the model's and optimizer's state too:
+    one changed, the restart is refused as a changed ``train`` setting is."""
+    from trainers.checkpoints import mark_checkpoints
+
+    own, changed = resolve("local-maxtext", ""), resolve("local-maxtext", override)
+    assert changed.maxtext != own.maxtext and changed.train == own.train  # only the maxtext setting differs
+    run = tmp_path / "run"
+    mark_checkpoints(run, training_digest(own))
+    (run / "checkpoints" / "10" / "items").mkdir(parents=True)
+    with pytest.raises(ForeignCheckpoint, match=f"spec digest {training_digest(own)}, this run's"):
+        mark_checkpoints(run, training_digest(changed))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "maxtext.ici_fsdp_parallelism=1 maxtext.ici_data_parallelism=-1",  # how the state is sharded
+        "maxtext.remat_policy=full",  # recomputation, the same values
+        "maxtext.max_lost_steps=5",  # the checkpoint cadence
+        "maxtext.eval_steps=2",  # the evaluate stage's
+    ],
+)
+def test_a_maxtext_resume_under_a_changed_sharding_or_cadence_setting_goes_on(tmp_path, override):
+    """The settings that change how the state is laid out or how often it is saved, not what it holds, leave the
+    digest as it was: the restart resumes. An FSDP run's digest ignores the maxtext section altogether."""
+    from trainers.checkpoints import mark_checkpoints
+
+    own, changed = resolve("local-maxtext", ""), resolve("local-maxtext", override)
+    assert changed.maxtext != own.maxtext
+    run = tmp_path / "run"
+    mark_checkpoints(run, training_digest(own))
+    (run / "checkpoints" / "10" / "items").mkdir(parents=True)
+    mark_checkpoints(run, training_digest(changed))  # resumed
+    fsdp = resolve("local-fsdp", "")
+    assert training_digest(fsdp) == training_digest(resolve("local-fsdp", "maxtext.model_name=other"))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.platforms import Platform, RunContext, procs
+from components.platforms import Platform, RunContext, changed_since_evaluated, procs
 from components.platforms import ledger as ledgers
 from components.platforms.local import auth, cluster, envs
 from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
@@ -164,23 +164,41 @@ class LocalPlatform(Platform):
             raise SpecError("train.init_from", f"checkpoint {uri} of the registered version is gone from this machine")
         return uri
 
-    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+    def checkpoint_versions(self, ctx: RunContext, uri: str) -> dict[str, str]:
+        """The sha256 of every file under the checkpoint directory: a file here has no generation to pin."""
+        root = Path(uri)
+        if not root.is_dir():
+            raise InfraError(f"checkpoint {uri} is not a directory on this machine")
+        return {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+    def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
         """A copy under ``<output root>/_models/<model>/<run id>/``, beside the runs and in none of their directories,
-        its files read-only; made whole, then renamed into place. This machine has one identity: what keeps a later
-        run's jobs from it is that none is given a path there (they write their own run's directory)."""
+        its files read-only; made whole, each copied file's bytes hashed against ``versions``, then renamed into
+        place. This machine has one identity: what keeps a later run's jobs from it is that none is given a path
+        there (they write their own run's directory)."""
         import os
         import shutil
         import stat
 
         kept = ctx.run_dir.parent / MODELS_DIR / model / ctx.run_id
-        if kept.is_dir():  # a retried register: the copy its first attempt made
+        if kept.is_dir():  # a retried register: the copy its first attempt made (and checked)
             return str(kept)
         partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(uri, partial)
-        for path in partial.rglob("*"):
-            if path.is_file():
-                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        changed = []
+        for name, version in versions.items():
+            source, copy = Path(uri) / name, partial / name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if not source.is_file():
+                changed.append(name)
+                continue
+            shutil.copyfile(source, copy)
+            copy.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            if _sha256(copy) != version:  # the bytes copied, not the source again: nothing can change in between
+                changed.append(name)
+        if changed:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise changed_since_evaluated(uri, changed)
         partial.rename(kept)
         self.log(f"register: the checkpoint kept at {kept}, out of every run's directory")
         return str(kept)
@@ -224,3 +242,10 @@ def _cluster_ledger(ctx: RunContext) -> dict[str, Any] | None:
     ``components.stages.claims``)."""
     ledger = ledgers.load(ctx.store)
     return ledger if ledger and "processes" in ledger else None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()

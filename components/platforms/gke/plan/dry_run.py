@@ -77,12 +77,18 @@ def calls(ctx: RunContext, entrypoint: Callable[[str], str]) -> list[str]:
                 f"  submit        ray.jobs.submit {job['submission_id']}: {job['entrypoint']} (only when the trusted "
                 "manifest lacks this compile configuration; its output recorded before the train job)"
             )
+        if stage == "evaluate":  # what register copies, exactly (ray_stages.pin_checkpoint)
+            lines.append(
+                f"  list          storage.objects.list gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/<the checkpoint> "
+                "(the generations measured, before and after the job)"
+            )
         lines.append(f"  submit        ray.jobs.submit {submission}: {entrypoint(mode)}")
     if spec.gate.register:
         lines += [
             "register",
             f"  copy          storage.objects.rewrite gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/<the checkpoint> "
-            f"to gs://{t.bucket}/{names.model_prefix(spec.model_name, ctx.run_id)}/ (out of every run's reach)",
+            f"to gs://{t.bucket}/{names.model_prefix(spec.model_name, ctx.run_id)}/ (out of every run's reach; "
+            "the generations evaluate measured, ifSourceGenerationMatch)",
             *(
                 ["  hold          storage.objects.patch temporaryHold on each object of the copy (hold_registered)"]
                 if spec.gate.hold_registered

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.platforms import Platform, RunContext, redaction
+from components.platforms import Platform, RunContext, changed_since_evaluated, redaction
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -371,21 +371,39 @@ class GkePlatform(Platform):
         )
         return f"{MOUNT_PATH}/{inputs}"
 
-    def keep_registered(self, ctx: RunContext, uri: str, model: str) -> str:
+    def checkpoint_versions(self, ctx: RunContext, uri: str) -> dict[str, str]:
+        """The generation of every object under the checkpoint's prefix (``Storage.generations``)."""
+        t = self._target(ctx)
+        prefix = self._own_object_path(ctx, uri)
+        return {n: str(g) for n, g in self.clients.storage(t).generations(t.bucket, prefix).items()}
+
+    def _own_object_path(self, ctx: RunContext, uri: str) -> str:
+        """``uri``'s object path in the bucket, refused unless it is under the run's own prefix."""
+        t = self._target(ctx)
+        own = f"gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/"
+        if not uri.startswith(own):
+            raise InfraError(f"checkpoint {uri} is not the run's own (under {own})")
+        return uri.removeprefix(f"gs://{t.bucket}/").rstrip("/")
+
+    def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
         """A server-side copy of the run's checkpoint at ``models/<model>/<run id>/`` in the bucket, made with the
         pipeline's identity: no run's pods may write there (their binding names ``runs/<run id>/`` alone:
         ``target.bucket_binding``), so a later run cannot change a registered version; with
         ``gate.hold_registered`` every object of it is also under a temporary hold (``Storage.hold_prefix``). Each
         object is created, never replaced: a copy there with other bytes (another run's under this id) is refused, a
-        retried register of the same bytes keeps what is there."""
+        retried register of the same bytes keeps what is there. Each is copied from the generation ``versions``
+        names (what the evaluate stage measured), with ``ifSourceGenerationMatch``: one rewritten since (the run's
+        pods can write its prefix) fails the registration, whatever of the copy was made stays unregistered."""
+        from components.cloud.storage import SourceChanged
+
         t = self._target(ctx)
-        own = f"gs://{t.bucket}/{names.run_prefix(ctx.run_id)}/"
-        if not uri.startswith(own):
-            raise InfraError(f"register: checkpoint {uri} is not the run's own (under {own})")
-        kept = names.model_prefix(model, ctx.run_id)
+        source, kept = self._own_object_path(ctx, uri), names.model_prefix(model, ctx.run_id)
         storage = self.clients.storage(t)
-        source = uri.removeprefix(f"gs://{t.bucket}/").rstrip("/")
-        copied, total, size = storage.copy_prefix(t.bucket, source, kept, create_only=True)  # never another's copy
+        pinned = {n: int(v) for n, v in versions.items()}
+        try:  # never another's copy, never other bytes than those evaluated
+            copied, total, size = storage.copy_prefix(t.bucket, source, kept, create_only=True, generations=pinned)
+        except SourceChanged as exc:
+            raise changed_since_evaluated(uri, exc.changed) from None
         if not total:
             raise InfraError(f"register: checkpoint {uri} holds no object: nothing to register")
         held = storage.hold_prefix(t.bucket, kept) if ctx.spec.gate.hold_registered else 0
