@@ -28,7 +28,8 @@ class Checkpointer:
     group never sees one whose shards are not all written. The reports keep their order (one thread), and the
     training's own barriers (the final report, the preemption poll) wait for them, so every rank passes Ray Train's
     barriers in one order. Rank 0 emits a ``checkpoint`` event per save with the seconds training waited (the goodput
-    ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, and a
+    ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, one more when
+    the preemption poll waited for the previous save's write and report (``poll_wait_s``), and a
     ``checkpoint_written`` event with the save's whole duration."""
 
     def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
@@ -48,11 +49,15 @@ class Checkpointer:
         self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
         self.preempted = False
 
-    def _reports_done(self) -> None:
-        """Wait for the reports in flight (a failed one raises here, in the training's thread)."""
-        if self.reported is not None:
-            self.reported.result()
-            self.reported = None
+    def _reports_done(self) -> float | None:
+        """Wait for the reports in flight (a failed one raises here, in the training's thread): the seconds waited,
+        None when none was in flight."""
+        if self.reported is None:
+            return None
+        started = time.perf_counter()
+        self.reported.result()
+        self.reported = None
+        return time.perf_counter() - started
 
     def _meta(self, at: Position) -> dict[str, Any]:
         return {
@@ -134,7 +139,11 @@ class Checkpointer:
         if every and at.global_step % every == 0:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
         elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
-            self._reports_done()  # Ray Train's barriers in the same order on every rank
+            # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
+            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's.
+            waited = self._reports_done()
+            if waited is not None:
+                self._waited(at.global_step, waited, {"poll_wait_s": waited})
             info = ray.train.get_preemption_info()
             if info is not None:
                 self.preempted = True
