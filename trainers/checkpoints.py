@@ -318,12 +318,16 @@ def mark_checkpoints(directory: Path, digest: str) -> None:
         raise _foreign(saved, recorded, digest)
 
 
-def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[str, Any]:
+def load_sharded(model, optimizer, directory: Path, digest: str = "", group=None) -> dict[str, Any]:
     """Restore a checkpoint of :class:`AsyncSaver` into the sharded model and, when it holds one, the optimizer
     (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta.
     With ``digest`` (:func:`training_digest` of the run's spec), a checkpoint recorded under another one, or under
     none, is refused before anything is read: :class:`ForeignCheckpoint` (the train job fails saying so; a run
-    resumes only its own points, and a run id, which names the checkpoints' directory, is used once)."""
+    resumes only its own points, and a run id, which names the checkpoints' directory, is used once). ``group``: the
+    process group DCP's load runs its own collectives on (its plans and metadata, gathered and scattered as Python
+    objects: ``process_group`` of ``torch.distributed.checkpoint.load``, torch 2.14.1's
+    torch/distributed/checkpoint/state_dict_loader.py), the gloo group :class:`AsyncSaver` writes with, not the
+    accelerator's (TorchTPU's process group carries tensors); None: the default group."""
     meta = resumable_meta(directory, digest)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -332,7 +336,7 @@ def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[st
     state = sharded_state(model, optimizer if with_optimizer else None)
     _read_index(directory / DCP_INDEX)  # refused here, with its own error, rather than inside DCP's load
     try:
-        dcp.load(state, storage_reader=_safe_reader(directory), planner=_safe_planner())
+        dcp.load(state, storage_reader=_safe_reader(directory), planner=_safe_planner(), process_group=group)
     except dcp.api.CheckpointException as e:  # DCP wraps each rank's failure: a refusal is raised as itself
         for failure, _trace in e.failures.values():
             if isinstance(failure, UnsafeCheckpoint):

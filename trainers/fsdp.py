@@ -154,24 +154,25 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
     return built
 
 
-def _resume(model, optimizer, rank: int, world: int, digest: str) -> tuple[checkpoints.Position, bool]:
+def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tuple[checkpoints.Position, bool]:
     """Where to start after a restart: the newest complete sharded checkpoint in the run's storage
     (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
     samples, so a group of another size starts at the same point of the epoch's order); else a fresh start. Rank 0
     emits a ``restored`` event with the restore's seconds. A checkpoint written under another training spec than
-    ``digest`` is refused (``checkpoints.load_sharded``)."""
+    ``digest`` is refused (``checkpoints.load_sharded``). DCP's own collectives run on ``group`` (the checkpointer's
+    gloo group)."""
     import ray.train
 
     started = time.perf_counter()
     checkpoint = ray.train.get_checkpoint()
     newest = checkpoints.newest_sharded(Path(ray.train.get_context().get_storage().experiment_fs_path))
     if newest is not None:  # Ray Train's latest is one of these, or an older one
-        meta = checkpoints.load_sharded(model, optimizer, newest, digest)
+        meta = checkpoints.load_sharded(model, optimizer, newest, digest, group)
     elif checkpoint:
         with checkpoint.as_directory() as directory:
             if not checkpoints.is_sharded(Path(directory)):
                 raise RuntimeError(f"the latest checkpoint ({checkpoint.path}) is the trained model: training ended")
-            meta = checkpoints.load_sharded(model, optimizer, Path(directory), digest)
+            meta = checkpoints.load_sharded(model, optimizer, Path(directory), digest, group)
     else:
         return checkpoints.Position(), False
     if rank == 0:  # the restore's seconds: a part of the time from a lost host to the first new step
@@ -245,8 +246,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         snapshot = {"data_snapshot": data.snapshot(raw), "num_examples": len(raw), "time": time.time()}
         protocol.emit("event", {"event": "data", **snapshot})
     with phases.timed("resume"):
-        at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec))
         saves = ray_checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
+        at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec), saves.saver.group)
     with phases.timed("evaluation_split"):
         evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
     evaluation.before(model, resumed)

@@ -118,7 +118,7 @@ facts["waits"] = len(waits)
 moved = weights(model)
 facts["stepped"] = any(not torch.equal(saved[k], moved[k]) for k in saved)
 restored = mesh.parallelize(build_model("scratch:gemma4-tiny", tokenizer, 1), init_device_mesh("cpu", (1,)))
-checkpoints.load_sharded(restored, None, root / "saved")
+checkpoints.load_sharded(restored, None, root / "saved", group=saver.group)  # DCP's collectives on its gloo group
 back = weights(restored)
 facts["restored_as_saved"] = all(torch.equal(saved[k], back[k]) for k in saved)
 dist.destroy_process_group()
