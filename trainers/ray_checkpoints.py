@@ -6,7 +6,6 @@ Imports torch and Ray only inside the functions."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from components.spec import RunSpec, protocol
 from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
 
 PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
+FINAL_PREFIX = "final_"  # the trained model's directory in the run's storage: this and its global step, 8 digits
 
 
 class Checkpointer:
@@ -74,8 +74,7 @@ class Checkpointer:
         from ray.train import CheckpointUploadMode
 
         name = f"{SHARDED_PREFIX}{at.global_step:08d}"
-        # The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI.
-        directory = Path(ray.train.get_context().get_storage().experiment_fs_path) / name
+        directory = self._storage() / name
         started = time.perf_counter()
         self._reports_done()  # the previous save's report (a failed one raises here)
         self.saving_step = at.global_step
@@ -99,19 +98,41 @@ class Checkpointer:
         self._waited(at.global_step, blocked, parts)
 
     def final(self, at: Position, metrics: dict[str, Any]) -> None:
-        """The trained model, once, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is
-        written and reported: what the registry and the evaluate stage read, the run's last checkpoint."""
+        """The trained model, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is written
+        and reported: what the registry and the evaluate stage read, the run's last checkpoint. Written once, by rank
+        0 straight into the run's storage (``final_<step>``), and reported where it is
+        (``CheckpointUploadMode.NO_UPLOAD``: Ray Train registers a checkpoint inside the run's directory without
+        copying it: ``report`` in https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/train/v2/_internal/
+        execution/context.py, the version the images pin); not first into the
+        pod's temporary directory and then copied by Ray's upload (twice the bytes: ~11 GB for Gemma 4 E2B in
+        float32)."""
         import ray.train
+        from ray.train import CheckpointUploadMode
 
         started = time.perf_counter()
         self.saver.close()
         self._reports_done()
         self.reporter.shutdown()
-        with tempfile.TemporaryDirectory() as tmp:
-            meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
-            save_final(self.model, self.tokenizer, meta, self.rank, Path(tmp))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
+        name = f"{FINAL_PREFIX}{at.global_step:08d}"
+        directory = self._storage() / name
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+        meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
+        save_final(self.model, self.tokenizer, meta, self.rank, directory)
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(str(directory)) if self.rank == 0 else None,
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+        )
         self._waited(at.global_step, time.perf_counter() - started)
+
+    @staticmethod
+    def _storage() -> Path:
+        """The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI."""
+        import ray.train
+
+        return Path(ray.train.get_context().get_storage().experiment_fs_path)
 
     def _waited(self, step: int, seconds: float, parts: dict[str, float] | None = None) -> None:
         """Rank 0's ``checkpoint`` event: the seconds training waited (and, for a sharded save, their parts:

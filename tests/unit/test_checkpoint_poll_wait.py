@@ -7,12 +7,18 @@ as on GKE): a checkpoint every 3 steps, the poll at step 10, and a storage slowe
 sleeps before each write: torch's ``FileSystemWriter.write_data``, the layer a slow bucket would be slow in). The
 save at step 9 is still being written when the poll comes: the poll's ``checkpoint`` event carries the wait, and
 the ledger's "checkpoint saves" between step 10 and step 11 hold it.
+
+The same run's end writes the trained model once, straight into the run's storage, and Ray Train reports it there
+(``Checkpointer.final``, ``CheckpointUploadMode.NO_UPLOAD``): the result's checkpoint is that directory, and the run's
+directory holds one copy of the weights.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -34,10 +40,13 @@ def loop(config):
     import torch
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
+    from torch.distributed.device_mesh import init_device_mesh
+
     from components.spec import protocol
     from components.workload import resolve
-    from trainers import ray_checkpoints
+    from trainers import mesh, ray_checkpoints
     from trainers.checkpoints import Position
+    from trainers.model import build_model, load_tokenizer
 
     write = FileSystemWriter.write_data
 
@@ -48,42 +57,47 @@ def loop(config):
     FileSystemWriter.write_data = slow_write
     sys.stdout = open(root / "records.log", "a", buffering=1)  # rank 0's records, whole, for the ledger below
     spec = resolve("local-fsdp", "train.checkpoint_every_steps=3")
-    model = torch.nn.Linear(64, 64)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    saves = ray_checkpoints.Checkpointer(spec, model, optimizer, None, 0, 1)
+    tokenizer = load_tokenizer(spec.train.model_id)
+    model = mesh.parallelize(build_model(spec.train.model_id, tokenizer, 0), init_device_mesh("cpu", (1,)))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    saves = ray_checkpoints.Checkpointer(spec, model, optimizer, tokenizer, 0, 1)
     assert saves.watched
     protocol.emit("event", {"event": "worker_group_started", "world_size": 1, "time": time.time()})
+    tokens = torch.randint(0, len(tokenizer), (2, 16))
     for step in range(1, 12):
-        model(torch.randn(8, 64)).square().mean().backward()
+        model(input_ids=tokens, labels=tokens).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         protocol.emit("event", {"event": "step", "step": step, "time": time.time()})
         saves.after_step(Position(0, step, step), False)
+    saves.final(Position(0, 11, 11), {"loss": 1.0})
 
 
 ray.init(num_cpus=2, include_dashboard=False)
-TorchTrainer(
+result = TorchTrainer(
     loop,
     torch_config=TorchConfig(backend="gloo"),
     scaling_config=ScalingConfig(num_workers=1, use_gpu=False),
     run_config=RunConfig(name="poll", storage_path=str(root / "ray_results")),
 ).fit()
 ray.shutdown()
+(root / "checkpoint.txt").write_text(result.checkpoint.path)
 """
 
 
-@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
-def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_ledger(tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The run's directory, once the script above ran in the torch trainer environment."""
     from components.platforms.local import envs
     from components.spec import protocol
-    from components.stages import goodput
     from tests.helpers import REPO
 
+    root = tmp_path_factory.mktemp("checkpointer")
     python = envs.ensure_env("torch").python
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(root), "PYTHONPATH": str(REPO)}
     env.pop(protocol.NONCE_ENV, None)
     proc = subprocess.run(
-        [python, "-c", SCRIPT, str(tmp_path), str(SLOW_WRITE_S)],
+        [python, "-c", SCRIPT, str(root), str(SLOW_WRITE_S)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -91,7 +105,15 @@ def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_led
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = list(protocol.parse((tmp_path / "records.log").read_text().splitlines()))
+    return root
+
+
+@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_ledger(run):
+    from components.spec import protocol
+    from components.stages import goodput
+
+    records = list(protocol.parse((run / "records.log").read_text().splitlines()))
     events = [p for kind, p in records if kind == "event"]
     polls = [p for p in events if p["event"] == "checkpoint" and "poll_wait_s" in p]
     # One poll (step 10), after the save at step 9 whose write sleeps: it waited for that write and its report.
@@ -107,3 +129,18 @@ def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_led
             around[category] = around.get(category, 0.0) + b - a
     assert around.get("checkpoint saves", 0.0) >= 0.8 * SLOW_WRITE_S, (around, intervals)
     assert around.get("productive steps", 0.0) < around["checkpoint saves"], around
+
+
+@pytest.mark.e2e
+def test_the_trained_model_is_written_once_into_the_runs_storage_and_reported_there(run):
+    from trainers import ray_checkpoints
+    from trainers.checkpoints import CHECKPOINT_META
+
+    storage = run / "ray_results" / "poll"
+    reported = Path((run / "checkpoint.txt").read_text())
+    assert reported == storage / f"{ray_checkpoints.FINAL_PREFIX}{11:08d}", reported
+    assert json.loads((reported / CHECKPOINT_META).read_text())["final"] is True
+    # One copy of the trained weights in the run's directory: none made by an upload from a temporary directory.
+    assert [p.relative_to(storage) for p in storage.rglob("model.safetensors")] == [
+        reported.relative_to(storage) / "model.safetensors"
+    ]
