@@ -93,15 +93,19 @@ class AsyncSaver:
     forward and backward run (they do not change the state), and the optimizer's step waits for it (:meth:`guard`),
     the pattern of ``AsyncSaveResponse.staging_completion`` (https://docs.pytorch.org/docs/stable/distributed.
     checkpoint.html); on an accelerator the copy is made before the save returns, as by default (the stager's
-    background copy is documented for CUDA streams only)."""
+    background copy is documented for CUDA streams only). With ``asynchronous=False`` (``train.checkpoint_staging``:
+    the fallback, and what ``auto`` picks on an accelerator, where DCP's asynchronous staging has never run) each save
+    is written by ``dcp.save`` before it returns, on the same gloo group: training waits for the whole write."""
 
-    def __init__(self, background_staging: bool = False) -> None:
+    def __init__(self, background_staging: bool = False, asynchronous: bool = True) -> None:
         import torch.distributed as dist
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.asynchronous = asynchronous
         # StagingOptions(use_pinned_memory, use_shared_memory, use_async_staging, use_non_blocking_copy)
-        self.stager = DefaultStager(StagingOptions(False, False, background_staging, False))
+        staging = StagingOptions(False, False, background_staging and asynchronous, False)
+        self.stager = DefaultStager(staging) if asynchronous else None
         self.pending: Any = None  # the save in flight: DCP's future of the write
         self.staging: Any = None  # its copy to host memory, while it runs in the stager's thread
 
@@ -138,7 +142,7 @@ class AsyncSaver:
         """Start writing this rank's shards into ``directory`` (rank 0 also the index and ``meta``); the seconds
         training waited, by part: ``previous_s`` (the previous save, if still in flight), ``state_s`` (this rank's
         shards gathered into a state dict) and ``staging_s`` (the copy to host memory, or only its start where it
-        runs in the background)."""
+        runs in the background), or, written synchronously, ``write_s`` (the whole write)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -150,6 +154,13 @@ class AsyncSaver:
         gathered = time.perf_counter()
         state = sharded_state(model, optimizer)
         staging = time.perf_counter()
+        if not self.asynchronous:  # written before training goes on; nothing left in flight
+            from concurrent.futures import Future
+
+            dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
+            self.pending = Future()
+            self.pending.set_result(None)
+            return {"previous_s": previous, "state_s": staging - gathered, "write_s": time.perf_counter() - staging}
         response = dcp.async_save(
             state, checkpoint_id=str(directory), process_group=self.group, async_stager=self.stager
         )
@@ -162,7 +173,8 @@ class AsyncSaver:
     def close(self) -> None:
         """Wait for the save in flight and free the host copies (the stager's buffers)."""
         self.wait()
-        self.stager.close()
+        if self.stager is not None:
+            self.stager.close()
 
 
 class _IndexUnpickler(pickle.Unpickler):

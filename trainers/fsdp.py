@@ -328,7 +328,7 @@ def run(
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
             failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
-            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache),
+            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache, t.torch_tpu_compile_cache),
         ),
     )
     result = trainer.fit()
@@ -346,14 +346,17 @@ def run(
 # TorchTPU's persistent cache of compiled executables, read at the backend's start: documented by vLLM's TorchTPU
 # backend ("set TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT to a persistent directory path", "Native torch_tpu C++
 # backend", https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md). No public
-# source says how torch_tpu treats a damaged entry, nor which versions it keys entries by: the directory is the run's
-# cache keyed by image, slice and model (components.workload.cache), so another image never reads it.
+# source says how torch_tpu treats a damaged entry or a directory it cannot create, nor which versions it keys
+# entries by, and no training run on a TPU has shown it hit: it is set only with train.torch_tpu_compile_cache=true.
+# The directory is the run's cache keyed by image, slice and model (components.workload.cache), so another image never
+# reads it.
 TORCH_TPU_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 
 
-def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str) -> dict[str, Any]:
-    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu)."""
-    if device_type != "tpu" or not cache:
+def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str, enabled: bool) -> dict[str, Any]:
+    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu) when
+    ``enabled`` (``train.torch_tpu_compile_cache``)."""
+    if device_type != "tpu" or not cache or not enabled:
         return worker_env
     return {**worker_env, "env_vars": {**worker_env.get("env_vars", {}), TORCH_TPU_CACHE_ENV: f"{cache}/torch_tpu"}}
 

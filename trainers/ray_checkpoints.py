@@ -17,6 +17,14 @@ PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announc
 FINAL_PREFIX = "final_"  # the trained model's directory in the run's storage: this and its global step, 8 digits
 
 
+def asynchronous(spec: RunSpec, on_cpu: bool) -> bool:
+    """Whether sharded checkpoints are written in the background (``train.checkpoint_staging``): ``async``, or
+    ``auto`` with the weights on the CPU (the path that has run); ``sync``, or ``auto`` on an accelerator, writes
+    each before training goes on."""
+    staging = spec.train.checkpoint_staging
+    return staging == "async" or (staging == "auto" and on_cpu)
+
+
 class Checkpointer:
     """The worker's checkpoints through Ray Train. A sharded one (:class:`AsyncSaver`) is written by every rank
     straight into the run's storage, in a directory all ranks name alike, and reported by every rank, once its own
@@ -39,7 +47,7 @@ class Checkpointer:
         self.digest = training_digest(spec)
         self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-        self.saver = AsyncSaver(background_staging=on_cpu)
+        self.saver = AsyncSaver(background_staging=on_cpu, asynchronous=asynchronous(spec, on_cpu))
         self.saving_step = 0  # the step of the save whose copy to host memory may still be running
         self.saver.guard(optimizer, lambda seconds: self._waited(self.saving_step, seconds, {"copy_wait_s": seconds}))
         self.reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpupipe-checkpoint-report")

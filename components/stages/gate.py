@@ -152,9 +152,9 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
 
 def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str] | None:
     """(held-out loss, the version that records it) of the registered version ``ref`` (``NAME@VERSION``) measured
-    by a like run: one whose figure key (``ray_stages.figure_key``: the same examples, tokenizer, lengths and dtypes, image
-    and accelerator) is ``key``, as the versions of its model record it: its own figure (``eval_loss_after``), or a
-    later version's figure of it (as the champion measured beside it, or as the model it started from). Each
+    by a like run: one whose figure key (``ray_stages.figure_key``: the same examples, tokenizer, lengths and dtypes,
+    image and accelerator) is ``key``, as the versions of its model record it: its own figure (``eval_loss_after``),
+    or a later version's figure of it (as the champion measured beside it, or as the model it started from). Each
     version's provenance is written once, at registration, so the figure is the one measurement, found by any later
     like run wherever it runs; None when no version records one with that key (the evaluation measures it again:
     a version registered under another image or accelerator, or before figure keys were recorded)."""
