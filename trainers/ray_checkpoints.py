@@ -169,10 +169,11 @@ class Checkpointer:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
         elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
             # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
-            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's.
+            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
+            # part of that save's wait, as an optimizer step's wait for its copy is.
             waited = self._reports_done()
             if waited is not None:
-                self._waited(at.global_step, waited, {"poll_wait_s": waited})
+                self._waited(self.saving_step, waited, {"poll_wait_s": waited})
             info = ray.train.get_preemption_info()
             if info is not None:
                 self.preempted = True
