@@ -45,7 +45,10 @@ TARGET = "<= 0.2"
 RUN_TIMEOUT_S = 1800
 
 
-PARTS = ("previous_s", "state_s", "staging_s", "copy_wait_s")  # a sharded save's (trainers.checkpoints.AsyncSaver)
+# A sharded save's parts of the wait (trainers.checkpoints.AsyncSaver, trainers.ray_checkpoints.Checkpointer): the
+# previous save, the state gathered, the copy started (or, synchronous, the whole write), an optimizer step's wait for
+# the copy, and the preemption poll's wait for the write and report.
+PARTS = ("previous_s", "state_s", "staging_s", "write_s", "copy_wait_s", "poll_wait_s")
 
 
 def events(log_text: str) -> Iterator[dict]:

@@ -93,15 +93,19 @@ class AsyncSaver:
     forward and backward run (they do not change the state), and the optimizer's step waits for it (:meth:`guard`),
     the pattern of ``AsyncSaveResponse.staging_completion`` (https://docs.pytorch.org/docs/stable/distributed.
     checkpoint.html); on an accelerator the copy is made before the save returns, as by default (the stager's
-    background copy is documented for CUDA streams only)."""
+    background copy is documented for CUDA streams only). With ``asynchronous=False`` (``train.checkpoint_staging``:
+    the fallback, and what ``auto`` picks on an accelerator, where DCP's asynchronous staging has never run) each save
+    is written by ``dcp.save`` before it returns, on the same gloo group: training waits for the whole write."""
 
-    def __init__(self, background_staging: bool = False) -> None:
+    def __init__(self, background_staging: bool = False, asynchronous: bool = True) -> None:
         import torch.distributed as dist
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.asynchronous = asynchronous
         # StagingOptions(use_pinned_memory, use_shared_memory, use_async_staging, use_non_blocking_copy)
-        self.stager = DefaultStager(StagingOptions(False, False, background_staging, False))
+        staging = StagingOptions(False, False, background_staging and asynchronous, False)
+        self.stager = DefaultStager(staging) if asynchronous else None
         self.pending: Any = None  # the save in flight: DCP's future of the write
         self.staging: Any = None  # its copy to host memory, while it runs in the stager's thread
 
@@ -138,7 +142,7 @@ class AsyncSaver:
         """Start writing this rank's shards into ``directory`` (rank 0 also the index and ``meta``); the seconds
         training waited, by part: ``previous_s`` (the previous save, if still in flight), ``state_s`` (this rank's
         shards gathered into a state dict) and ``staging_s`` (the copy to host memory, or only its start where it
-        runs in the background)."""
+        runs in the background), or, written synchronously, ``write_s`` (the whole write)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -150,6 +154,13 @@ class AsyncSaver:
         gathered = time.perf_counter()
         state = sharded_state(model, optimizer)
         staging = time.perf_counter()
+        if not self.asynchronous:  # written before training goes on; nothing left in flight
+            from concurrent.futures import Future
+
+            dcp.save(state, checkpoint_id=str(directory), process_group=self.group)
+            self.pending = Future()
+            self.pending.set_result(None)
+            return {"previous_s": previous, "state_s": staging - gathered, "write_s": time.perf_counter() - staging}
         response = dcp.async_save(
             state, checkpoint_id=str(directory), process_group=self.group, async_stager=self.stager
         )
@@ -162,7 +173,8 @@ class AsyncSaver:
     def close(self) -> None:
         """Wait for the save in flight and free the host copies (the stager's buffers)."""
         self.wait()
-        self.stager.close()
+        if self.stager is not None:
+            self.stager.close()
 
 
 class _IndexUnpickler(pickle.Unpickler):
@@ -341,12 +353,16 @@ def mark_checkpoints(directory: Path, digest: str) -> None:
         raise _foreign(saved, recorded, digest)
 
 
-def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[str, Any]:
+def load_sharded(model, optimizer, directory: Path, digest: str = "", group=None) -> dict[str, Any]:
     """Restore a checkpoint of :class:`AsyncSaver` into the sharded model and, when it holds one, the optimizer
     (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta.
     With ``digest`` (:func:`training_digest` of the run's spec), a checkpoint recorded under another one, or under
     none, is refused before anything is read: :class:`ForeignCheckpoint` (the train job fails saying so; a run
-    resumes only its own points, and a run id, which names the checkpoints' directory, is used once)."""
+    resumes only its own points, and a run id, which names the checkpoints' directory, is used once). ``group``: the
+    process group DCP's load runs its own collectives on (its plans and metadata, gathered and scattered as Python
+    objects: ``process_group`` of ``torch.distributed.checkpoint.load``, torch 2.14.1's
+    torch/distributed/checkpoint/state_dict_loader.py), the gloo group :class:`AsyncSaver` writes with, not the
+    accelerator's (TorchTPU's process group carries tensors); None: the default group."""
     meta = resumable_meta(directory, digest)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -355,7 +371,7 @@ def load_sharded(model, optimizer, directory: Path, digest: str = "") -> dict[st
     state = sharded_state(model, optimizer if with_optimizer else None)
     _read_index(directory / DCP_INDEX)  # refused here, with its own error, rather than inside DCP's load
     try:
-        dcp.load(state, storage_reader=_safe_reader(directory), planner=_safe_planner())
+        dcp.load(state, storage_reader=_safe_reader(directory), planner=_safe_planner(), process_group=group)
     except dcp.api.CheckpointException as e:  # DCP wraps each rank's failure: a refusal is raised as itself
         for failure, _trace in e.failures.values():
             if isinstance(failure, UnsafeCheckpoint):

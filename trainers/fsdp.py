@@ -154,24 +154,25 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
     return built
 
 
-def _resume(model, optimizer, rank: int, world: int, digest: str) -> tuple[checkpoints.Position, bool]:
+def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tuple[checkpoints.Position, bool]:
     """Where to start after a restart: the newest complete sharded checkpoint in the run's storage
     (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
     samples, so a group of another size starts at the same point of the epoch's order); else a fresh start. Rank 0
     emits a ``restored`` event with the restore's seconds. A checkpoint written under another training spec than
-    ``digest`` is refused (``checkpoints.load_sharded``)."""
+    ``digest`` is refused (``checkpoints.load_sharded``). DCP's own collectives run on ``group`` (the checkpointer's
+    gloo group)."""
     import ray.train
 
     started = time.perf_counter()
     checkpoint = ray.train.get_checkpoint()
     newest = checkpoints.newest_sharded(Path(ray.train.get_context().get_storage().experiment_fs_path))
     if newest is not None:  # Ray Train's latest is one of these, or an older one
-        meta = checkpoints.load_sharded(model, optimizer, newest, digest)
+        meta = checkpoints.load_sharded(model, optimizer, newest, digest, group)
     elif checkpoint:
         with checkpoint.as_directory() as directory:
             if not checkpoints.is_sharded(Path(directory)):
                 raise RuntimeError(f"the latest checkpoint ({checkpoint.path}) is the trained model: training ended")
-            meta = checkpoints.load_sharded(model, optimizer, Path(directory), digest)
+            meta = checkpoints.load_sharded(model, optimizer, Path(directory), digest, group)
     else:
         return checkpoints.Position(), False
     if rank == 0:  # the restore's seconds: a part of the time from a lost host to the first new step
@@ -245,8 +246,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         snapshot = {"data_snapshot": data.snapshot(raw), "num_examples": len(raw), "time": time.time()}
         protocol.emit("event", {"event": "data", **snapshot})
     with phases.timed("resume"):
-        at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec))
         saves = ray_checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
+        at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec), saves.saver.group)
     with phases.timed("evaluation_split"):
         evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
     evaluation.before(model, resumed)
@@ -327,7 +328,7 @@ def run(
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
             failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
-            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache),
+            worker_runtime_env=_with_compile_cache(worker_env, device_type, cache, t.torch_tpu_compile_cache),
         ),
     )
     result = trainer.fit()
@@ -345,14 +346,17 @@ def run(
 # TorchTPU's persistent cache of compiled executables, read at the backend's start: documented by vLLM's TorchTPU
 # backend ("set TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT to a persistent directory path", "Native torch_tpu C++
 # backend", https://github.com/vllm-project/vllm-torchtpu/blob/main/docs/user_guide/compilation_cache.md). No public
-# source says how torch_tpu treats a damaged entry, nor which versions it keys entries by: the directory is the run's
-# cache keyed by image, slice and model (components.workload.cache), so another image never reads it.
+# source says how torch_tpu treats a damaged entry or a directory it cannot create, nor which versions it keys
+# entries by, and no training run on a TPU has shown it hit: it is set only with train.torch_tpu_compile_cache=true.
+# The directory is the run's cache keyed by image, slice and model (components.workload.cache), so another image never
+# reads it.
 TORCH_TPU_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 
 
-def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str) -> dict[str, Any]:
-    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu)."""
-    if device_type != "tpu" or not cache:
+def _with_compile_cache(worker_env: dict[str, Any], device_type: str, cache: str, enabled: bool) -> dict[str, Any]:
+    """The workers' runtime env, on TPU with TorchTPU's compile cache in the run's cache (``cache``/torch_tpu) when
+    ``enabled`` (``train.torch_tpu_compile_cache``)."""
+    if device_type != "tpu" or not cache or not enabled:
         return worker_env
     return {**worker_env, "env_vars": {**worker_env.get("env_vars", {}), TORCH_TPU_CACHE_ENV: f"{cache}/torch_tpu"}}
 

@@ -86,11 +86,33 @@ def eval_which(argv: list[str], step: int) -> str | None:
     return "after" if steps and step == steps - 1 else None
 
 
-def eval_key(argv: list[str], num_devices: int, platform: str) -> tuple[str, int] | None:
+# The libraries whose versions a MaxText figure depends on: the model code and its numerics (maxtext), the tracer and
+# compiler (jax, jaxlib) and the TPU runtime (libtpu; absent on a CPU-only environment).
+FIGURE_LIBRARIES = ("jax", "jaxlib", "libtpu", "maxtext")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`FIGURE_LIBRARIES` (None for one not installed), from their distributions'
+    metadata."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in FIGURE_LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def eval_key(
+    argv: list[str], num_devices: int, platform: str, versions: dict[str, str | None] | None = None
+) -> tuple[str, int] | None:
     """(``sha256:<hex>``, held-out examples) of what a MaxText held-out figure depends on besides the model, as
     ``trainers.heldout.eval_key`` for FSDP: the held-out file's bytes, the tokenizer's files, ``max_target_length``,
     the rows and batches MaxText's eval loop reads (its global eval batch: the per-device eval batch x the worker
-    group's devices, so a figure of a group of another size is another key), and the dtypes on the platform. None
+    group's devices, so a figure of a group of another size is another key), the dtypes on the platform, and the
+    versions of jax, jaxlib, libtpu and maxtext that compute it (``versions``, else :func:`library_versions`). None
     without held-out files (synthetic data: not held out)."""
     heldout = arg(argv, "hf_eval_files")
     if arg(argv, "dataset_type") != "hf" or not heldout or not Path(heldout).is_file():
@@ -108,6 +130,7 @@ def eval_key(argv: list[str], num_devices: int, platform: str) -> tuple[str, int
         "eval_steps": int(arg(argv, "eval_steps") or 0),
         "dtypes": [get["weight_dtype"], get["dtype"]],
         "device": platform,
+        "versions": library_versions() if versions is None else versions,
     }
     key = "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
     return key, sum(1 for line in text.splitlines() if line.strip())

@@ -6,7 +6,6 @@ Imports torch and Ray only inside the functions."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,15 @@ from components.spec import RunSpec, protocol
 from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
 
 PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
+FINAL_PREFIX = "final_"  # the trained model's directory in the run's storage: this and its global step, 8 digits
+
+
+def asynchronous(spec: RunSpec, on_cpu: bool) -> bool:
+    """Whether sharded checkpoints are written in the background (``train.checkpoint_staging``): ``async``, or
+    ``auto`` with the weights on the CPU (the path that has run); ``sync``, or ``auto`` on an accelerator, writes
+    each before training goes on."""
+    staging = spec.train.checkpoint_staging
+    return staging == "async" or (staging == "auto" and on_cpu)
 
 
 class Checkpointer:
@@ -28,7 +36,8 @@ class Checkpointer:
     group never sees one whose shards are not all written. The reports keep their order (one thread), and the
     training's own barriers (the final report, the preemption poll) wait for them, so every rank passes Ray Train's
     barriers in one order. Rank 0 emits a ``checkpoint`` event per save with the seconds training waited (the goodput
-    ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, and a
+    ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, one more when
+    the preemption poll waited for the previous save's write and report (``poll_wait_s``), and a
     ``checkpoint_written`` event with the save's whole duration."""
 
     def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
@@ -38,7 +47,7 @@ class Checkpointer:
         self.digest = training_digest(spec)
         self.optimizer = optimizer if spec.train.checkpoint_optimizer else None
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-        self.saver = AsyncSaver(background_staging=on_cpu)
+        self.saver = AsyncSaver(background_staging=on_cpu, asynchronous=asynchronous(spec, on_cpu))
         self.saving_step = 0  # the step of the save whose copy to host memory may still be running
         self.saver.guard(optimizer, lambda seconds: self._waited(self.saving_step, seconds, {"copy_wait_s": seconds}))
         self.reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpupipe-checkpoint-report")
@@ -48,11 +57,15 @@ class Checkpointer:
         self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
         self.preempted = False
 
-    def _reports_done(self) -> None:
-        """Wait for the reports in flight (a failed one raises here, in the training's thread)."""
-        if self.reported is not None:
-            self.reported.result()
-            self.reported = None
+    def _reports_done(self) -> float | None:
+        """Wait for the reports in flight (a failed one raises here, in the training's thread): the seconds waited,
+        None when none was in flight."""
+        if self.reported is None:
+            return None
+        started = time.perf_counter()
+        self.reported.result()
+        self.reported = None
+        return time.perf_counter() - started
 
     def _meta(self, at: Position) -> dict[str, Any]:
         return {
@@ -69,8 +82,7 @@ class Checkpointer:
         from ray.train import CheckpointUploadMode
 
         name = f"{SHARDED_PREFIX}{at.global_step:08d}"
-        # The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI.
-        directory = Path(ray.train.get_context().get_storage().experiment_fs_path) / name
+        directory = self._storage() / name
         started = time.perf_counter()
         self._reports_done()  # the previous save's report (a failed one raises here)
         self.saving_step = at.global_step
@@ -94,19 +106,41 @@ class Checkpointer:
         self._waited(at.global_step, blocked, parts)
 
     def final(self, at: Position, metrics: dict[str, Any]) -> None:
-        """The trained model, once, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is
-        written and reported: what the registry and the evaluate stage read, the run's last checkpoint."""
+        """The trained model, gathered to rank 0 (``checkpoints.save_final``), after the last sharded save is written
+        and reported: what the registry and the evaluate stage read, the run's last checkpoint. Written once, by rank
+        0 straight into the run's storage (``final_<step>``), and reported where it is
+        (``CheckpointUploadMode.NO_UPLOAD``: Ray Train registers a checkpoint inside the run's directory without
+        copying it: ``report`` in https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/train/v2/_internal/
+        execution/context.py, the version the images pin); not first into the
+        pod's temporary directory and then copied by Ray's upload (twice the bytes: ~11 GB for Gemma 4 E2B in
+        float32)."""
         import ray.train
+        from ray.train import CheckpointUploadMode
 
         started = time.perf_counter()
         self.saver.close()
         self._reports_done()
         self.reporter.shutdown()
-        with tempfile.TemporaryDirectory() as tmp:
-            meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
-            save_final(self.model, self.tokenizer, meta, self.rank, Path(tmp))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
+        name = f"{FINAL_PREFIX}{at.global_step:08d}"
+        directory = self._storage() / name
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+        meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
+        save_final(self.model, self.tokenizer, meta, self.rank, directory)
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(str(directory)) if self.rank == 0 else None,
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+        )
         self._waited(at.global_step, time.perf_counter() - started)
+
+    @staticmethod
+    def _storage() -> Path:
+        """The run's storage: a local path (locally the output root; on GKE the bucket's FUSE mount), DeveloperAPI."""
+        import ray.train
+
+        return Path(ray.train.get_context().get_storage().experiment_fs_path)
 
     def _waited(self, step: int, seconds: float, parts: dict[str, float] | None = None) -> None:
         """Rank 0's ``checkpoint`` event: the seconds training waited (and, for a sharded save, their parts:
@@ -134,7 +168,12 @@ class Checkpointer:
         if every and at.global_step % every == 0:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
         elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
-            self._reports_done()  # Ray Train's barriers in the same order on every rank
+            # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
+            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
+            # part of that save's wait, as an optimizer step's wait for its copy is.
+            waited = self._reports_done()
+            if waited is not None:
+                self._waited(self.saving_step, waited, {"poll_wait_s": waited})
             info = ray.train.get_preemption_info()
             if info is not None:
                 self.preempted = True

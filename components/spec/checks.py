@@ -13,6 +13,7 @@ from components.spec.errors import SpecError
 from components.spec.run_spec import (
     CAPACITY_TYPES,
     CHAMPION,
+    CHECKPOINT_STAGINGS,
     MODEL_REF,
     PRECISIONS,
     SCRATCH_PREFIX,
@@ -104,6 +105,8 @@ def _check_training(spec: RunSpec) -> None:
         raise SpecError("train.workload", f"unknown workload {t.workload!r}", WORKLOADS)
     if t.precision not in PRECISIONS:
         raise SpecError("train.precision", f"unknown precision {t.precision!r}", PRECISIONS)
+    if t.checkpoint_staging not in CHECKPOINT_STAGINGS:
+        raise SpecError("train.checkpoint_staging", f"unknown staging {t.checkpoint_staging!r}", CHECKPOINT_STAGINGS)
     if not t.model_id:
         raise SpecError("train.model_id", "must not be empty")
     if t.model_id.startswith(SCRATCH_PREFIX):

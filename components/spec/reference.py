@@ -25,6 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cluster.capacity": run_spec.CAPACITY_TYPES,
     "train.workload": run_spec.WORKLOADS,
     "train.precision": run_spec.PRECISIONS,
+    "train.checkpoint_staging": run_spec.CHECKPOINT_STAGINGS,
     "gke.cluster_mode": run_spec.GKE_CLUSTER_MODES,
     "gke.multislice_network": run_spec.MULTISLICE_NETWORKS,
 }

@@ -24,6 +24,11 @@ WORKLOADS = ("fsdp", "maxtext")
 # (FSDP2's MixedPrecisionPolicy: params cast to bfloat16 for the forward and backward, gradients reduced in float32);
 # "bf16", the weights themselves in bfloat16, as the TorchTPU tutorial runs. On CPU both compute in float32.
 PRECISIONS = ("mixed", "bf16")
+# How the FSDP trainer writes a sharded checkpoint: "async", the state copied to host memory and written by DCP in the
+# background while training goes on (dcp.async_save); "sync", written before training goes on (dcp.save), the
+# fallback; "auto", async where that path has run (the weights on the CPU) and sync on an accelerator (DCP's
+# asynchronous staging of TPU tensors has never run on a TPU).
+CHECKPOINT_STAGINGS = ("auto", "async", "sync")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
 CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
@@ -120,6 +125,12 @@ class TrainSpec:
     fail_eval: bool = False  # testing aid: raise inside the (fsdp) evaluation job before it measures anything
     checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
     checkpoint_every_steps: int = 0  # (fsdp) a sharded checkpoint every N global steps too; 0: once an epoch only
+    # (fsdp) how a sharded checkpoint is written: auto (async on the CPU, sync on an accelerator), async (in the
+    # background while training goes on), or sync (before training goes on)
+    checkpoint_staging: str = "auto"
+    # (fsdp, TPU) TorchTPU's persistent (tier-3) cache of compiled executables, kept in the run's cache directory: off
+    # until a TPU run shows it hits (none has; a failed cache directory may kill the worker); true turns it on
+    torch_tpu_compile_cache: bool = False
     timeout_s: float = 3600.0  # the train job's deadline
 
 

@@ -152,11 +152,12 @@ def champion_to_measure(ctx: RunContext) -> dict[str, Any] | None:
 
 def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str] | None:
     """(held-out loss, the version that records it) of the registered version ``ref`` (``NAME@VERSION``) measured
-    with evaluation key ``key`` (``trainers.heldout.eval_key``: the same examples, tokenizer, length and dtypes), as
-    the versions of its model record it: its own figure (``eval_loss_after``), or a later version's figure of it (as
-    the champion measured beside it, or as the model it started from). Each version's provenance is written once, at
-    registration, so the figure is the one measurement, found by any later run wherever it runs; None when no
-    version records one with that key (the evaluation measures it)."""
+    by a like run: one whose figure key (``ray_stages.figure_key``: the same examples, tokenizer, lengths and dtypes,
+    image and accelerator) is ``key``, as the versions of its model record it: its own figure (``eval_loss_after``),
+    or a later version's figure of it (as the champion measured beside it, or as the model it started from). Each
+    version's provenance is written once, at registration, so the figure is the one measurement, found by any later
+    like run wherever it runs; None when no version records one with that key (the evaluation measures it again:
+    a version registered under another image or accelerator, or before figure keys were recorded)."""
     if not key:
         return None
     name = ref.split("@", 1)[0]
@@ -166,7 +167,7 @@ def known_figure(ctx: RunContext, ref: str, key: str | None) -> tuple[float, str
         return None
     for version in versions:
         p = version.provenance
-        if p.get("eval_key") != key:
+        if p.get("figure_key") != key:
             continue
         for field, holder in (("eval_loss_after", version.ref), ("champion_loss", p.get("champion_measured"))):
             if holder == ref and isinstance(p.get(field), float):
@@ -340,6 +341,7 @@ def provenance(
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
         "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)
+        "figure_key": ev.get("figure_key"),  # which runs' figures are like its own (known_figure finds them by it)
         "initial_key": ev.get("initial_key"),  # what eval_loss_before is of, when it is the model as initialised
         # train.init_from=champion and train.data_since=champion on a model's first run: both said here
         "init_from_champion": first or None,

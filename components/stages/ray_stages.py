@@ -52,6 +52,28 @@ def trainer_image(ctx: RunContext) -> str:
     return pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {}) or ""
 
 
+def figure_key(ctx: RunContext, eval_key: str | None) -> str | None:
+    """``sha256:<hex>`` of what makes two held-out figures one measurement, so that only a like run reuses one
+    recorded by another: the evaluation key (``trainers.heldout.eval_key``, ``trainers.maxtext_log.eval_key``: the
+    examples, tokenizer, lengths, dtypes and device kind, and for MaxText the jax, jaxlib, libtpu and maxtext versions
+    that ran it), the trainer image with its digest (a local environment's content hash; the build_image stage's
+    record, :func:`trainer_image`: the code and libraries that computed it) and the accelerator with its generation
+    (``cluster.accelerator``; a TPU family's GKE accelerator label and family: numerics differ between chips). None
+    without an evaluation key or a pinned image (an image by tag alone can change under the same name): nothing is
+    then reused, every figure is measured."""
+    image = trainer_image(ctx)
+    if not eval_key or not image:
+        return None
+    accelerator = ctx.spec.cluster.accelerator
+    if accelerator != "cpu":
+        from components.tpu import catalogue
+
+        family = catalogue.family(accelerator)
+        accelerator = {"gke_accelerator": family.gke_accelerator, "generation": family.name}
+    what = {"eval_key": eval_key, "image": image, "accelerator": accelerator}
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
 def history(records: list[tuple[str, dict]]) -> list[dict]:
     """Per-epoch (FSDP) or per-step (MaxText) metric records in order; after a restart, the figures of a
     re-run epoch or step replace the earlier ones."""
@@ -220,15 +242,16 @@ FIGURES = {"before": "eval_loss_before", "after": "eval_loss_after", "champion":
 def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, champion: dict) -> dict[str, Any]:
     """The figures the evaluation has before it starts anything, each with where it comes from: the train job's own
     (``in_job_figures``), and a registered version's (the "before" model started from, the champion) that the
-    registry records with the same evaluation key (``gate.known_figure``), and MaxText's model as initialised as a
-    version records it with the same initial-model key (``initial_model_key``, ``gate.known_initial_figure``). A
-    figure of another key is none."""
+    registry records as measured by a like run (the same :func:`figure_key`: evaluation key, image and accelerator;
+    ``gate.known_figure``), and MaxText's model as initialised as a version records it with the same initial-model
+    key (``initial_model_key``, ``gate.known_initial_figure``). A figure of another key is none: measured again."""
     figures = train_result.get("heldout") or {}
     key = figures.get("eval_key")
+    like = figure_key(ctx, key)
     known = {which: (figures[name], "the train job") for which, name in FIGURES.items() if name in figures}
     for which, version in (("before", start), ("champion", champion)):
         if which not in known and version.get("ref") and version.get("path"):
-            found = gate.known_figure(ctx, version["ref"], key)
+            found = gate.known_figure(ctx, version["ref"], like)
             if found:
                 known[which] = (found[0], f"{found[1]}'s record")
     initial = gate.known_initial_figure(ctx, initial_model_key(ctx, key)) if not start.get("ref") else None
@@ -263,20 +286,15 @@ def initial_model_key(ctx: RunContext, eval_key: str | None) -> str | None:
     """What the held-out figure of MaxText's model as initialised (its "before" model, which only an evaluation job
     measures: ``trainers.maxtext_log.in_job_eval_args``) depends on: the evaluation key (the examples, tokenizer,
     lengths, eval batch, dtypes and device), every MaxText argument that builds or initialises the model (all but
-    ``_NOT_OF_THE_INITIAL_MODEL``), and the pinned trainer image (MaxText's and JAX's code). The registry finds a
-    recorded figure by it (``gate.known_initial_figure``), so a recurring run measures it once. None for the FSDP
-    trainer (its train job measures the model as built in itself), without a key, or without a pinned image (an image
-    by tag alone can change under the same name)."""
-    from components.platforms.store import read_json
-    from components.spec.images import pinned_image
-
-    if ctx.spec.train.workload != "maxtext" or not eval_key:
-        return None
-    image = pinned_image((read_json(ctx.store, "stages/build_image.json") or {}).get("result") or {})
-    if not image:
+    ``_NOT_OF_THE_INITIAL_MODEL``), and the pinned trainer image and accelerator (:func:`figure_key`: MaxText's and
+    JAX's code, the chip). The registry finds a recorded figure by it (``gate.known_initial_figure``), so a recurring
+    run measures it once. None for the FSDP trainer (its train job measures the model as built in itself), without a
+    key, or without a pinned image (an image by tag alone can change under the same name)."""
+    like = figure_key(ctx, eval_key)
+    if ctx.spec.train.workload != "maxtext" or not like:
         return None
     args = [a for a in maxtext.train_args(ctx.spec, "", "") if a.split("=", 1)[0] not in _NOT_OF_THE_INITIAL_MODEL]
-    what = {"eval_key": eval_key, "image": image, "args": args}
+    what = {"figure_key": like, "args": args}
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -323,6 +341,9 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     initial = initial_model_key(ctx, result.get("eval_key")) if "before" in known and not start else None
     if initial:  # what the "before" figure is of, for a later run's known_figures
         result["initial_key"] = initial
+    like = figure_key(ctx, result.get("eval_key"))
+    if like:  # which later runs are like this one, for their known_figures
+        result["figure_key"] = like
     champion_known = "champion_loss" in figures
     result.update(figures, measured_by={which: where for which, (_, where) in known.items()})
     for which in ("before", "after", "champion"):

@@ -6,6 +6,7 @@ did try a job here would fail: the run has no cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -22,10 +23,13 @@ KEY = "sha256:" + "e1" * 32
 OTHER_KEY = "sha256:" + "e2" * 32
 
 
-def _run(root, run_id: str, overrides: str = "") -> RunContext:
-    return RunContext(
+def _run(root, run_id: str, overrides: str = "", build: dict | None = None) -> RunContext:
+    """A run of local-fsdp whose build_image stage recorded ``build`` (the trainer image), as evaluate finds it."""
+    ctx = RunContext(
         spec=resolve("local-fsdp", overrides), run_id=run_id, store=LocalStore(root / run_id), platform="local"
     )
+    runner.record(ctx.store, "build_image", status="succeeded", result=build or _records()["build_image"])
+    return ctx
 
 
 def _train_result(root, run_id: str, **heldout_figures) -> dict:
@@ -91,8 +95,9 @@ def test_a_recurring_run_reuses_the_champions_recorded_figure_and_starts_no_eval
 
     # A champion a later version recorded as measured beside it is found in that version's record, not only in its
     # own: local-fsdp@1's figure as local-fsdp@2 records it; the model started from as the version that started.
-    assert gate.known_figure(second, "local-fsdp@2", KEY) == (1.2, "local-fsdp@2")
-    assert gate.known_figure(second, "local-fsdp@1", KEY) == (1.5, "local-fsdp@1")
+    like = ray_stages.figure_key(second, KEY)
+    assert gate.known_figure(second, "local-fsdp@2", like) == (1.2, "local-fsdp@2")
+    assert gate.known_figure(second, "local-fsdp@1", like) == (1.5, "local-fsdp@1")
 
 
 def test_a_figure_of_another_key_or_none_is_measured_by_an_evaluation_job(tmp_path):
@@ -108,13 +113,48 @@ def test_a_figure_of_another_key_or_none_is_measured_by_an_evaluation_job(tmp_pa
     other = _train_result(tmp_path, "run-2", eval_loss_after=1.2, eval_key=OTHER_KEY)
     known = ray_stages.known_figures(second, other, start, champion)
     assert known == {"after": (1.2, "the train job")}
-    assert gate.known_figure(second, "local-fsdp@1", OTHER_KEY) is None
+    assert gate.known_figure(second, "local-fsdp@1", ray_stages.figure_key(second, OTHER_KEY)) is None
     # A train job that measured nothing in itself (train.fail_eval, or an earlier epoch's checkpoint returned, or
     # MaxText): no key, so every figure is the evaluation job's, as before.
     assert ray_stages.known_figures(second, {**other, "heldout": {}}, start, champion) == {}
     assert gate.known_figure(second, "local-fsdp@1", None) is None
     with pytest.raises(Exception):  # noqa: B017  the job it would start has no cluster here
         ray_stages.evaluate(second, json.dumps({**other, "init_from": start}))
+
+
+def test_a_champion_figure_of_another_image_or_accelerator_is_measured_again_not_reused(tmp_path):
+    """The same held-out examples the same way (one evaluation key) measured under another trainer image digest (a
+    local environment's content hash here) or on another accelerator is not a like run's figure: the champion's
+    recorded figure is not reused, and its evaluation is measured again."""
+    first = _run(tmp_path, "run-1")
+    train = _train_result(
+        tmp_path, "run-1", eval_loss_before=4.6, eval_loss_after=1.5, eval_key=KEY, num_eval_examples=128
+    )
+    evaluation = ray_stages.evaluate(first, json.dumps(train))
+    _registered(first, train, evaluation)
+    recorded = gate.registry(first).get("local-fsdp", "1").provenance["figure_key"]
+    assert recorded == evaluation["figure_key"] == ray_stages.figure_key(first, KEY)
+
+    def champion_known(ctx: RunContext) -> bool:
+        start, champion = gate.starting_point(ctx), gate.champion_to_measure(ctx)
+        later = _train_result(tmp_path, ctx.run_id, eval_loss_after=1.2, eval_key=KEY)
+        known = ray_stages.known_figures(ctx, later, start, champion)
+        return "champion" in known and "before" in known
+
+    assert champion_known(_run(tmp_path, "like", "train.init_from=champion"))  # a like run reuses it
+    other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
+    by_image = _run(tmp_path, "image", "train.init_from=champion", build=other_image)
+    assert ray_stages.figure_key(by_image, KEY) != recorded and not champion_known(by_image)
+    with pytest.raises(Exception):  # noqa: B017  it measures the champion again: a job, and there is no cluster here
+        ray_stages.evaluate(by_image, json.dumps({**train, "init_from": gate.starting_point(by_image)}))
+    for accelerator in ("v6e", "tpu7x", "v5e"):
+        on_chip = _run(tmp_path, f"on-{accelerator}", "train.init_from=champion")
+        cluster = dataclasses.replace(on_chip.spec.cluster, accelerator=accelerator)
+        on_chip = dataclasses.replace(on_chip, spec=dataclasses.replace(on_chip.spec, cluster=cluster))
+        assert ray_stages.figure_key(on_chip, KEY) != recorded and not champion_known(on_chip), accelerator
+    assert len({ray_stages.figure_key(_run(tmp_path, f"v-{a}"), KEY) for a in "ab"}) == 1  # one key, like runs
+    unpinned = _run(tmp_path, "tag", "train.init_from=champion", build={"image": "local/torch:latest"})
+    assert ray_stages.figure_key(unpinned, KEY) is None and not champion_known(unpinned)  # a tag pins nothing
 
 
 def test_an_evaluation_the_gate_cannot_use_starts_no_job(tmp_path):
@@ -234,8 +274,10 @@ def test_maxtexts_model_as_initialised_is_measured_once_per_key_and_reused_by_a_
     initial = ray_stages.initial_model_key(first, KEY)
     assert initial and initial.startswith("sha256:")
     # What the first run's evaluate stage returns once its evaluation job measured "before" (ray_stages.evaluate).
+    like = ray_stages.figure_key(first, KEY)
     measured = {"eval_loss_before": 10.375, "eval_loss_after": 7.25, "eval_key": KEY, "initial_key": initial}
     measured[ray_stages.MEASURED] = ray_stages.pin_checkpoint(first, train)
+    measured["figure_key"] = like
     assert _registered(first, train, {**measured, "eval_split": "heldout"})["decision"] == gate.PROMOTE
     assert gate.registry(first).get("local-maxtext", "1").provenance["initial_key"] == initial
 

@@ -50,13 +50,16 @@ def test_the_fsdp_train_job_carries_the_runs_cache_and_the_other_jobs_do_not():
     assert "--compile-cache" not in job_command(spec, "train", "/out", "run")
 
 
-def test_on_tpu_the_workers_keep_torch_tpus_compiled_programs_in_the_runs_cache():
+def test_torch_tpus_compile_cache_is_opt_in_and_then_kept_in_the_runs_cache():
     from trainers import fsdp
 
-    env = fsdp._with_compile_cache({"env_vars": {"A": "1"}}, "tpu", "/cache/compile/m/v6e-4x4-1-slice/abc")
-    assert env["env_vars"] == {"A": "1", fsdp.TORCH_TPU_CACHE_ENV: "/cache/compile/m/v6e-4x4-1-slice/abc/torch_tpu"}
-    assert fsdp._with_compile_cache({}, "cpu", "/cache/x") == {}  # nothing compiles on the CPU
-    assert fsdp._with_compile_cache({}, "tpu", "") == {}  # no cache kept: nothing set
+    assert resolve("gemma4-e2b-v6e-16").train.torch_tpu_compile_cache is False  # off unless turned on
+    cache = "/cache/compile/m/v6e-4x4-1-slice/abc"
+    assert fsdp._with_compile_cache({"env_vars": {"A": "1"}}, "tpu", cache, False) == {"env_vars": {"A": "1"}}
+    env = fsdp._with_compile_cache({"env_vars": {"A": "1"}}, "tpu", cache, True)  # train.torch_tpu_compile_cache=true
+    assert env["env_vars"] == {"A": "1", fsdp.TORCH_TPU_CACHE_ENV: f"{cache}/torch_tpu"}
+    assert fsdp._with_compile_cache({}, "cpu", "/cache/x", True) == {}  # nothing compiles on the CPU
+    assert fsdp._with_compile_cache({}, "tpu", "", True) == {}  # no cache kept: nothing set
 
 
 SCRIPT = r"""
@@ -118,9 +121,16 @@ facts["waits"] = len(waits)
 moved = weights(model)
 facts["stepped"] = any(not torch.equal(saved[k], moved[k]) for k in saved)
 restored = mesh.parallelize(build_model("scratch:gemma4-tiny", tokenizer, 1), init_device_mesh("cpu", (1,)))
-checkpoints.load_sharded(restored, None, root / "saved")
+checkpoints.load_sharded(restored, None, root / "saved", group=saver.group)  # DCP's collectives on its gloo group
 back = weights(restored)
 facts["restored_as_saved"] = all(torch.equal(saved[k], back[k]) for k in saved)
+sync = checkpoints.AsyncSaver(asynchronous=False)  # train.checkpoint_staging=sync: written before save returns
+parts = sync.save(model, optimizer, {"epoch": 0, "epoch_step": 2, "global_step": 2, "world": 1}, 0, root / "sync")
+facts["sync"] = [sorted(parts), checkpoints.is_sharded(root / "sync"), sync.pending.done()]
+sync.close()
+again = mesh.parallelize(build_model("scratch:gemma4-tiny", tokenizer, 2), init_device_mesh("cpu", (1,)))
+checkpoints.load_sharded(again, None, root / "sync", group=sync.group)
+facts["sync_restored"] = all(torch.equal(moved[k], v) for k, v in weights(again).items())
 dist.destroy_process_group()
 print("FACTS " + json.dumps(facts))
 """
@@ -149,3 +159,23 @@ def test_a_tokenised_split_is_kept_across_runs_and_a_save_holds_the_state_it_beg
     assert any("ignoring the cached tokenised split" in w for w in facts["warnings"]), facts["warnings"]
     assert facts["rewritten"] is True
     assert facts["waits"] == 1 and facts["stepped"] and facts["restored_as_saved"], facts
+    # The synchronous fallback: complete (DCP's index committed) when save returns, nothing in flight, restorable.
+    assert facts["sync"] == [["previous_s", "state_s", "write_s"], True, True] and facts["sync_restored"], facts
+
+
+@pytest.mark.parametrize(
+    ("staging", "on_cpu", "expected"),
+    [("auto", True, True), ("auto", False, False), ("async", False, True), ("sync", True, False)],
+)
+def test_sharded_saves_are_asynchronous_only_where_that_path_has_run_unless_the_spec_says(staging, on_cpu, expected):
+    from trainers import ray_checkpoints
+
+    spec = resolve("local-fsdp", f"train.checkpoint_staging={staging}")
+    assert ray_checkpoints.asynchronous(spec, on_cpu) is expected
+
+
+def test_an_unknown_checkpoint_staging_is_refused_naming_the_field():
+    from components.spec import SpecError
+
+    with pytest.raises(SpecError, match="train.checkpoint_staging"):
+        resolve("local-fsdp", "train.checkpoint_staging=later")

@@ -57,6 +57,13 @@ def test_the_evaluation_key_names_what_the_figure_was_measured_on(tmp_path):
         "longer sequences": maxtext_log.eval_key([*argv, "max_target_length=256"], 4, "cpu"),
         "another dtype": maxtext_log.eval_key([*argv, "dtype=bfloat16"], 4, "cpu"),
         "another eval batch": maxtext_log.eval_key([*argv, "eval_per_device_batch_size=1"], 4, "cpu"),
+        # the libraries that computed it: another jax, libtpu or maxtext is another key
+        **{
+            f"another {name}": maxtext_log.eval_key(
+                argv, 4, "cpu", {**maxtext_log.library_versions(), name: "0.0.0+other"}
+            )
+            for name in maxtext_log.FIGURE_LIBRARIES
+        },
     }
     for what, other in others.items():
         assert other is not None and other[0] != key, what

@@ -21,7 +21,7 @@ from components.platforms.gke.plan.compute_resources import check_ranges
 from components.platforms.gke.plan.target import CACHE_MOUNT_PATH, Target, target
 from components.spec import RunSpec, SpecError, names, ready_limits
 from components.tpu import catalogue, pricing
-from components.workload import budget, cache_trust, maxtext, weights
+from components.workload import budget, cache_trust, fsdp_plan, maxtext, weights
 from components.workload import derive as d
 from components.workload.cache import CACHE_PREFIX
 
@@ -187,7 +187,7 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
             spec.train.model_revision,
             f"gs://{t.bucket}/{names.STATE_PREFIX}/{cache_trust.MANIFESTS_PREFIX}",
         ),
-        **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else {}),
+        **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else fsdp_plan.plan_entry(spec)),
     }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from components.platforms.gke.plan import accounts, candidates
 from components.spec import names
-from components.workload import budget, weights
+from components.workload import budget, fsdp_plan, weights
 
 
 def _usd(value: float | None) -> str:
@@ -100,6 +100,7 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
             if tr.get("compile_cache")
             else []
         ),
+        *fsdp_plan.plan_lines(tr),
         *weights.plan_lines(tr.get("base_weights")),
     ]
 
