@@ -66,7 +66,9 @@ def figures(kills: int = KILLS) -> list[Figure]:
     return [
         Figure(f"{name}: restores of an uncommitted checkpoint", len(uncommitted), "", "<= 0", detail),
         Figure(f"{name}: restores of other than the newest committed", len(other), "", "<= 0"),
-        Figure(f"{name}: steps repeated, most of a trial (period {period})", max(repeated), "steps", f"<= {2 * period}"),
+        Figure(
+            f"{name}: steps repeated, most of a trial (period {period})", max(repeated), "steps", f"<= {2 * period}"
+        ),
         Figure(f"{name}: resumes not at the unkilled run's loss", len(diverged), "", "<= 0"),
     ]
 
