@@ -58,3 +58,42 @@ def test_a_kill_during_a_save_is_never_restored_and_the_resume_repeats_at_most_a
         points.add((kill["rank"], kill["fraction"] > 0.5))
     assert len({t["resume_world"] for t in facts["trials"]}) > 1  # resumed onto other worker counts too
     assert len(points) > 1  # kills at different points of the write
+
+
+MAXTEXT_TRIALS = 3
+
+
+def test_maxtext_killed_during_an_orbax_save_restores_only_a_renamed_step(tmp_path):
+    """MaxText SIGKILLed at seeded points of an Orbax save (``tests/e2e/maxtext_kill_during_save.py``): the restart
+    restores the newest step that had its final name before it (never the cut-short ``<step>.orbax-checkpoint-tmp``),
+    which the trainer's rank-0 pick names and reports and prunes; the resumed run finishes."""
+    from components.platforms.local import envs
+    from tests.helpers import REPO
+
+    python = envs.ensure_env("maxtext").python
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    script = REPO / "tests" / "e2e" / "maxtext_kill_during_save.py"
+    proc = subprocess.run(
+        [python, str(script), str(tmp_path), str(MAXTEXT_TRIALS), str(SEED)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    for trial in facts["trials"]:
+        kill, before = trial["kill"], trial["committed_before_resume"]
+        assert trial["killed"], trial
+        assert before.get(str(kill["step"])) is not True, trial  # the kill cut that save short: never renamed
+        committed = [int(name) for name, done in before.items() if done]
+        assert trial["picked"] == str(max(committed)), trial  # the newest renamed step (step 0 is saved first)
+        assert trial["restored_step"] == max(committed), trial  # MaxText's own restore agrees
+        assert trial["first_step_after_resume"] == max(committed) + 1, trial
+        # Run again: the killed save's period and the steps trained while it was written (Orbax saves asynchronously)
+        assert trial["last_step_before_kill"] - max(committed) <= 2 * facts["period"], trial
+        cut_short = [name for name, done in before.items() if not done]
+        assert len(trial["reported"]) == len(cut_short) and all(r.endswith(", pruned") for r in trial["reported"])
+        assert trial["resumed_rc"] == 0, trial.get("resumed_tail")
+        assert all(trial["left_after_resume"].values()), trial  # no temporary directory left
