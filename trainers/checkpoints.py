@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainers import committed
+
 CHECKPOINT_META = "tpupipe_checkpoint.json"
-DCP_INDEX = ".metadata"  # DCP's index of a sharded checkpoint (torch/distributed/checkpoint/filesystem.py)
+DCP_INDEX = committed.DCP_INDEX  # DCP's index of a sharded checkpoint, its commit marker
 SHARDED_PREFIX = "checkpoint_step"  # a sharded checkpoint's directory: this and its global step, 8 digits
 
 # What DCP's index holds (torch/distributed/checkpoint/metadata.py and filesystem.py's _StorageInfo), by module.
@@ -267,18 +269,25 @@ def _safe_planner():
 
 
 def is_sharded(directory: Path) -> bool:
-    """A complete sharded checkpoint: DCP commits its index (renamed into place) once every rank's shards are
-    written (``FileSystemWriter.finish``, torch/distributed/checkpoint/filesystem.py)."""
-    return (directory / DCP_INDEX).is_file() and (directory / CHECKPOINT_META).is_file()
+    """A committed sharded checkpoint: DCP's coordinator renames its index into place once every rank's shards are
+    written (``trainers.committed``), and rank 0 wrote the trainer's meta before the save began."""
+    return committed.dcp_committed(directory) and (directory / CHECKPOINT_META).is_file()
 
 
-def newest_sharded(storage: Path) -> Path | None:
-    """The newest complete sharded checkpoint in the run's storage (the directories ``Checkpointer`` names by
+def newest_sharded(storage: Path, prune: bool = False) -> Path | None:
+    """The newest committed sharded checkpoint in the run's storage (the directories ``Checkpointer`` names by
     step), whether or not Ray Train had registered it when the worker group was lost: Ray Train's controller
     collects the workers' reports only every few seconds (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default,
-    ray/train/v2/_internal/constants.py), and a host lost in between would otherwise cost a whole period more."""
-    done = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if is_sharded(d)]
-    return max(done, key=lambda d: d.name, default=None)
+    ray/train/v2/_internal/constants.py), and a host lost in between would otherwise cost a whole period more. Any
+    other checkpoint directory there is a save cut short (never reported: a rank reports only once its write is
+    done): ignored and, with ``prune`` (rank 0 at a worker group's start), reported and removed."""
+    found = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if d.is_dir()]
+    kept = committed.sort_out(found, is_sharded, prune, print if prune else _quiet)
+    return max(kept, key=lambda d: d.name, default=None)
+
+
+def _quiet(_line: str) -> None:
+    """Ranks other than 0 skip the same checkpoints without saying so: one line a checkpoint."""
 
 
 class ForeignCheckpoint(RuntimeError):
@@ -363,6 +372,10 @@ def load_sharded(model, optimizer, directory: Path, digest: str = "", group=None
     objects: ``process_group`` of ``torch.distributed.checkpoint.load``, torch 2.14.1's
     torch/distributed/checkpoint/state_dict_loader.py), the gloo group :class:`AsyncSaver` writes with, not the
     accelerator's (TorchTPU's process group carries tensors); None: the default group."""
+    if not is_sharded(directory):
+        raise UncommittedCheckpoint(
+            f"not resumed: {directory} holds no committed DCP index ({DCP_INDEX}): a save cut short"
+        )
     meta = resumable_meta(directory, digest)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -408,7 +421,24 @@ def save_final(model, tokenizer, meta: dict[str, Any], rank: int, directory: Pat
     )
     model.config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    (directory / CHECKPOINT_META).write_text(json.dumps(meta))
+    # The meta last, renamed into place: its presence is the commit (final_committed), as DCP's index is a sharded one's
+    (directory / f"{CHECKPOINT_META}.tmp").write_text(json.dumps(meta))
+    (directory / f"{CHECKPOINT_META}.tmp").replace(directory / CHECKPOINT_META)
+
+
+class UncommittedCheckpoint(RuntimeError):
+    """A checkpoint without its commit marker: a save cut short, never loaded."""
+
+
+def final_committed(directory: Path) -> None:
+    """:class:`UncommittedCheckpoint` unless ``directory`` is a trained model :func:`save_final` finished: its meta,
+    written last, is there. (Through Ray Train the final is registered only once its upload is done, so a registered
+    one always has it; this refuses a directory copied or uploaded only in part.)"""
+    if not (directory / CHECKPOINT_META).is_file():
+        raise UncommittedCheckpoint(
+            f"not loaded: {directory} holds no {CHECKPOINT_META}, which the trained model's save writes last: the save "
+            "or its copy was cut short"
+        )
 
 
 # ---------------------------------------------------------------- where training is

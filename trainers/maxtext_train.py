@@ -39,7 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, datasets, protocol
-from trainers import checkpoints, evaluate, heldout, jax_events, job_args, maxtext_data, maxtext_eval, maxtext_log
+from trainers import (
+    checkpoints,
+    committed,
+    evaluate,
+    heldout,
+    jax_events,
+    job_args,
+    maxtext_data,
+    maxtext_eval,
+    maxtext_log,
+)
 
 
 def base_yml() -> str:
@@ -236,13 +246,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
 
+    if rank == 0:  # MaxText restores the newest committed checkpoint by itself: which one; saves cut short pruned
+        output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
+        restored = latest_checkpoint(Path(output_dir), run_name, prune=True) if output_dir and run_name else None
     # Importing MaxText takes the ranks of busy CPU hosts tens of seconds, and they finish it far apart, while gloo
     # gives a late peer 30 s at MaxText's first collective (then the group fails and restarts): start together.
     if cpu_devices:
         barrier()
-    if rank == 0:  # MaxText restores the newest checkpoint of the run by itself; say which one it will be
-        output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
-        restored = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+    if rank == 0:
         protocol.emit(
             "event",
             {
@@ -292,11 +303,11 @@ def fit(
     return trainer.fit().metrics or {}
 
 
-def latest_checkpoint(output_dir: Path, run_name: str) -> Path | None:
-    """MaxText's newest complete (Orbax) checkpoint of the run: <output>/<run>/checkpoints/<step>."""
-    root = output_dir / run_name / "checkpoints"
-    steps = [int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "items").is_dir()]
-    return root / str(max(steps)) if steps else None
+def latest_checkpoint(output_dir: Path, run_name: str, prune: bool = False) -> Path | None:
+    """MaxText's newest committed (Orbax) checkpoint of the run, <output>/<run>/checkpoints/<step>: the one it
+    restores (``trainers.committed.newest_orbax``); with ``prune`` (rank 0 at a worker group's start, before MaxText
+    starts), each save cut short is reported and removed."""
+    return committed.newest_orbax(output_dir / run_name / "checkpoints", prune)
 
 
 def run_train(

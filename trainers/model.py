@@ -95,8 +95,13 @@ def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
 def load_trained(model_id: str, checkpoint: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
     """A fine-tuned model: the base model (``model_id``, which holds the frozen per-layer table the checkpoint
     leaves out) with the checkpoint's trained weights loaded over it."""
+    from pathlib import Path
+
     from safetensors.torch import load_file
 
+    from trainers.checkpoints import final_committed
+
+    final_committed(Path(checkpoint))  # refused before the base model is built: a save cut short is never loaded
     model = build_model(model_id, tokenizer, seed, dtype)
     state = load_file(os.path.join(checkpoint, "model.safetensors"))
     missing, unexpected = model.load_state_dict(state, strict=False)
