@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.figures import Figure, table
 
-from bench.figures import Figure, table  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 KILLS = int(os.environ.get("TPUPIPE_BENCH_KILLS", "30"))
 SEED = 30
