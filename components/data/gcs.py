@@ -125,10 +125,13 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
             times[prefix] = found[0].pop("_updated")
         else:
             for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
+                marker = bool(ready) and blob.name.rsplit("/", 1)[-1] == ready  # any name: _SUCCESS, DONE, ...
+                if marker:
+                    markers[drops.marker_dir(blob.name)] = blob.time_created
                 if drops.hidden(blob.name[len(top) :]):
                     hidden += 1
-                    if ready and blob.name.rsplit("/", 1)[-1] == ready:
-                        markers[drops.marker_dir(blob.name)] = blob.updated
+                elif marker:
+                    continue
                 elif blob.name.endswith(DATA_SUFFIXES):
                     found.append(_entry(bucket, blob))
                     times[blob.name] = found[-1].pop("_updated")
@@ -153,7 +156,7 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
             def marker(directory: str):
                 if directory not in markers and not listed:
                     blob = client.bucket(bucket).get_blob(directory + ready)
-                    markers[directory] = blob.updated if blob is not None else None
+                    markers[directory] = blob.time_created if blob is not None else None
                 return markers.get(directory)
 
             late = drops.check_ready(
@@ -206,7 +209,10 @@ def _entry(bucket: str, blob) -> dict:
         "size": int(blob.size or 0),
         "crc32c": blob.crc32c or "",
         "updated": updated,
-        "_updated": blob.updated,  # the time itself, for its marker (list_objects takes it out)
+        # When this generation was written, for its marker (list_objects takes it out): ``timeCreated``, new with each
+        # generation, not ``updated``, which a metadata change alone moves
+        # (https://cloud.google.com/storage/docs/json_api/v1/objects#resource).
+        "_updated": blob.time_created,
     }
 
 

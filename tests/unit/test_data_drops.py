@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from datetime import UTC, datetime
 
 import pytest
 
-from components.data import drops, snapshot
+from components.data import drops, gcs, snapshot
 from components.platforms.ledger import CLAIM_KEYS
 from components.platforms.store import LocalStore, read_json, write_json
 from components.spec import SpecError
@@ -147,6 +148,21 @@ def test_every_directory_with_data_needs_its_marker_and_objects_written_after_it
     one = f"gs://{DATA}/stable/2026-12-01/part-00001.jsonl"
     with pytest.raises(drops.NotReady, match="every data object was updated after its _SUCCESS"):
         take(f"train.dataset={one} train.dataset_ready=_SUCCESS")
+
+
+def test_a_marker_of_any_name_is_found_on_cloud_storage_and_a_metadata_change_keeps_an_object(storage):  # noqa: F811
+    """A marker need not be hidden (``DONE``); an object whose metadata changed after the marker (its ``updated``
+    moves, its ``timeCreated`` does not) is still the committed job's."""
+    storage.put(DATA, "done/2026-12-01/part-00000.jsonl", rows(1))
+    storage.put(DATA, "done/2026-12-01/DONE", b"")
+    time.sleep(0.01)
+    blob = gcs._client().bucket(DATA).get_blob("done/2026-12-01/part-00000.jsonl")
+    blob.metadata = {"reviewed": "yes"}
+    blob.patch()  # its metadata changed after the marker: its bytes did not
+    assert blob.updated > blob.time_created
+    manifest, train, heldout, lines = take(f"train.dataset=gs://{DATA}/done/ train.dataset_ready=DONE")
+    assert names_of(manifest) == ["done/2026-12-01/part-00000.jsonl"]
+    assert len(train) + len(heldout) == 20 and not [line for line in lines if "warning" in line]
 
 
 def test_gzip_json_lines_are_read_and_an_empty_shard_is_skipped_with_a_warning(storage):  # noqa: F811
