@@ -119,6 +119,7 @@ def _trained_run(tmp_path, run_id: str) -> str:
     store = LocalStore(tmp_path / "runs" / run_id)
     checkpoint = tmp_path / "runs" / run_id / "train" / "checkpoint_000002"
     checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights of " + run_id.encode())
     record(
         store, "build_image", status="succeeded", result={"image": "local/torch@0123456789ab", "digest": "0123456789ab"}
     )
@@ -135,6 +136,14 @@ def _trained_run(tmp_path, run_id: str) -> str:
         },
     )
     return str(checkpoint)
+
+
+def _measured(checkpoint: str) -> dict:
+    """What the evaluate stage records of the checkpoint it measured (``ray_stages.pin_checkpoint``)."""
+    from components.platforms.local.platform import LocalPlatform
+    from components.stages import ray_stages
+
+    return {ray_stages.MEASURED: {"uri": checkpoint, "versions": LocalPlatform().checkpoint_versions(None, checkpoint)}}
 
 
 @dsl.component(install_kfp_package=False)
@@ -168,7 +177,7 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
     from components.registry import open_registry
 
     checkpoint = _trained_run(tmp_path, "gate-1")
-    first = {"eval_loss_before": 4.6, "eval_loss_after": 1.5, "eval_split": "heldout"}
+    first = {"eval_loss_before": 4.6, "eval_loss_after": 1.5, "eval_split": "heldout", **_measured(checkpoint)}
     given = dict(args(tmp_path, "gate-1"), source_version="3f2a9c1e", eval_result=json.dumps(first))
     task = _register(given, checkpoint)
     assert task.outputs["Output"] == "promote"
@@ -197,6 +206,7 @@ def test_register_outputs_the_gate_decision_and_promote_moves_the_champion(tmp_p
         "eval_split": "heldout",
         "champion_loss": 1.5,
         "champion": {"ref": "local-fsdp@1", "version": "1"},
+        **_measured(second),
     }
     given = args(tmp_path, "gate-2", overrides="train.learning_rate=0")
     task = _register(dict(given, source_version="", eval_result=json.dumps(worse)), second)
