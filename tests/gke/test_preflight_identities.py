@@ -6,6 +6,7 @@ gke.build_service_account when it names one, and the caller must be able to act 
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from google.cloud.devtools import cloudbuild_v1
 
@@ -228,6 +229,16 @@ def test_the_node_account_granted_as_docs_gke_md_sets_it_up_passes_preflight(pro
     code, text = preflight_cli(overrides, capsys)
     assert code == 0 and warnings(text) == [], text
     assert project.registry.state.calls.count("GetIamPolicy") == 2  # read only where the project grants no pulls
+    # A caller who may not read the repository's policy (artifactregistry.repositories.getIamPolicy) is told the grant
+    # there is not seen, and the run goes on: the grant on the repository is the documented setup.
+    from tests.emulators.cloudbuild import Fault
+
+    project.registry.faults.append(
+        Fault("GetIamPolicy", grpc.StatusCode.PERMISSION_DENIED, "permission denied", 1, lambda request: True)
+    )
+    code, text = preflight_cli(overrides, capsys)
+    assert code == 0 and "lacks roles/artifactregistry.reader" not in text, text
+    assert any(f"the IAM policy of the repository {repository} could not be read" in w for w in warnings(text)), text
 
 
 def _docs() -> str:
