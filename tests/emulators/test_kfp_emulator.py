@@ -229,6 +229,7 @@ def test_a_server_that_names_no_release_is_of_unknown_release_said_once_without_
         lines: list[str] = []
         assert kfp_backend.server_version(place, lines.append) is None
         assert lines == [f"tpupipe: the Kubeflow Pipelines server's release is unknown: its healthz {said}"]
-        assert kfp_backend.schedule_time_note(None) == ""
+        assert kfp_backend.schedule_time_note(None).startswith("note: unless this Kubeflow Pipelines server is 2.17")
+        assert kfp_backend.schedule_time_note((2, 17, 0)) == ""
     finally:
         emulator.stop()

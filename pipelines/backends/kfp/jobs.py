@@ -381,18 +381,23 @@ def server_version(place: Place, log: Callable[[str], None] | None = None) -> tu
 
 
 def schedule_time_note(version: tuple[int, ...] | None) -> str:
-    """What ``{date}`` means on a server of ``version``: '' where its v2 driver fills the schedule time (2.17 on), or
-    where the release is unknown (``server_version`` said so in its one line), else the warning ``tpupipe schedule
-    create`` prints."""
-    if version is None or version[:2] >= SCHEDULE_TIME_FROM:
+    """What ``{date}`` means on a server of ``version``: '' where its v2 driver fills the schedule time (2.17 on); where
+    the release is unknown (a server built from source reports ``unknown``: ``ARG TAG_NAME=unknown`` in
+    kubeflow/pipelines' backend Dockerfile at 2.15.0), what it means on either side of 2.17; else the warning
+    ``tpupipe schedule create`` prints."""
+    late = (
+        "a run's {date} will be the day its snapshot_data task starts (UTC), not the day it was scheduled for, so a "
+        "queued or late run reads that day's drop"
+    )
+    if version is None:
+        return f"note: unless this Kubeflow Pipelines server is 2.17 or later (kubeflow/pipelines#13474), {late}"
+    if version[:2] >= SCHEDULE_TIME_FROM:
         return ""
     release = ".".join(map(str, version))
     how = "gives it empty" if version[:2] == (2, 16) else "passes it as text, unresolved"
     return (
         f"warning: this Kubeflow Pipelines server ({release}) {how} for the pipeline's schedule time "
-        "({{$.pipeline_job_schedule_time_utc}}, filled from KFP 2.17: kubeflow/pipelines#13474): a run's {date} "
-        "will be the day its snapshot_data task starts (UTC), not the day it was scheduled for, so a queued or late "
-        "run reads that day's drop"
+        f"({{{{$.pipeline_job_schedule_time_utc}}}}, filled from KFP 2.17: kubeflow/pipelines#13474): {late}"
     )
 
 
