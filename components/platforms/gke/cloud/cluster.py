@@ -148,7 +148,11 @@ class Gke(Adapter):
         self._wait_running(name, lambda: self.get_cluster(name), container_v1.Cluster.Status, what="cluster")
         return self.get_cluster(name)
 
-    def ensure_node_pool(self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None]) -> Any:
+    def ensure_node_pool(
+        self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None], slice_pool: bool = False
+    ) -> Any:
+        """Get or create the node pool ``body`` in ``cluster_name`` and wait for it to run. ``slice_pool``: it holds a
+        TPU slice, which trains only with every host (RUNNING_WITH_ERROR is then a failure, not a partial pool)."""
         from google.cloud import container_v1
 
         name = paths.node_pool_path(cluster_name, body["name"])
@@ -167,7 +171,7 @@ class Gke(Adapter):
         else:
             self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
         return self._wait_running(
-            name, lambda: self.get_node_pool(name), container_v1.NodePool.Status, what="node pool"
+            name, lambda: self.get_node_pool(name), container_v1.NodePool.Status, what="node pool", whole=slice_pool
         )
 
     def _create(self, kind: str, name: str, location_path: str, rpc: Callable[[], Any]) -> None:
@@ -184,7 +188,10 @@ class Gke(Adapter):
         except gexc.ResourceExhausted as exc:
             raise CapacityError(exc.message) from exc
 
-    def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str) -> Any:
+    def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str, whole: bool = False) -> Any:
+        """Poll ``get`` until the resource is RUNNING. ``whole``: a pool usable only with all of its nodes (a TPU
+        slice), refused when GKE reports it only partially usable."""
+
         def poll():
             current = get()
             if current is None:
@@ -196,12 +203,20 @@ class Gke(Adapter):
                 if is_capacity_error(message):
                     raise CapacityError(message)
                 raise GkeError(f"{what} {name} is in ERROR: {message}")
-            # A node pool "created and ... partially usable" (container v1 NodePool.Status RUNNING_WITH_ERROR), never
-            # RUNNING until it is changed again: a stockout when its message names one (GKE reports a zone out of
-            # resources for the pool's instances so: run/readiness.py, POOL_WITH_ERROR), else usable as it is, said.
+            # A node pool "created and ... partially usable" (container v1 NodePool.Status RUNNING_WITH_ERROR): a
+            # stockout when its message names one (GKE so reports a pool created with nodes whose instances a zone had
+            # no resources for: run/readiness.py, POOL_WITH_ERROR). Otherwise a TPU slice's pool is refused: "Hosts in
+            # a multi-host TPU slice node pool are treated as a single atomic unit" and a slice trains only on all of
+            # its hosts (https://cloud.google.com/tpu/docs/tpus-in-gke, "Multi-host TPU slice node pools"), so a
+            # partial one would bill and never train; any other pool is usable as it is, said.
             if current.status == getattr(statuses, "RUNNING_WITH_ERROR", None):
                 if is_capacity_error(current.status_message):
                     raise CapacityError(current.status_message)
+                if whole:
+                    raise GkeError(
+                        f"{what} {name} is RUNNING_WITH_ERROR, only partly usable, and a TPU slice trains only on "
+                        f"all of its hosts: {current.status_message or '(no statusMessage)'}"
+                    )
                 self.log(f"warning: {what} {name} is RUNNING_WITH_ERROR: {current.status_message}")
                 return current
             if current.status in (statuses.STOPPING,):

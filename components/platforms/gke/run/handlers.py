@@ -111,8 +111,9 @@ def _check_cluster_as_reported(s: Session) -> None:
 def node_pool(s: Session, res: Resource) -> None:
     if res.api == WITH_THE_CLUSTER:
         return  # the cluster's body carries it
-    s.client("gke").ensure_node_pool(paths.node_pool_cluster(res.path), s.node_body(res.body), s.record)
-    if names.SLICE_LABEL in res.body["config"].get("labels", {}):
+    slice_pool = names.SLICE_LABEL in res.body["config"].get("labels", {})
+    s.client("gke").ensure_node_pool(paths.node_pool_cluster(res.path), s.node_body(res.body), s.record, slice_pool)
+    if slice_pool:
         s.tpu_pools.append(res.name)
 
 

@@ -41,13 +41,15 @@ SCALE_UP_BACKOFF = "in backoff after failed scale-up"
 STOCKOUT_CONDITIONS = ("Failed", "BookingExpired")
 # A node pool GKE reports as RUNNING_WITH_ERROR: "created and is partially usable. Some error state has occurred and
 # some functionality may be impaired" (container v1 NodePool.Status, google/container/v1/cluster_service.proto;
-# google-cloud-container's container_v1/types/cluster_service.py), its ``statusMessage`` saying what. GKE reports a
-# zone out of capacity for a pool's instances that way, the message naming Compute Engine's stockout code ("Deploy
-# error: Not all instances running in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS] ... does not have enough
-# resources available": https://github.com/hashicorp/terraform-provider-google/issues/3304), so a pool whose nodes
-# come from zero counts as stocked out when its message names a stockout (``errors.is_capacity_error``) and stays so
-# past the failed scale-up grace, as the autoscaler's FailedScaleUp does. Any other message is only reported: in the
-# progress line and in the error at the deadline.
+# google-cloud-container's container_v1/types/cluster_service.py), its ``statusMessage`` saying what. The one public
+# account of GKE reporting a stockout that way is a pool created with nodes ("Deploy error: Not all instances running
+# in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]",
+# https://github.com/hashicorp/terraform-provider-google/issues/3304), which provision takes as the rung's capacity
+# error (cloud/cluster.py). Where nodes come from zero, GKE documents a stockout as the cluster autoscaler's
+# FailedScaleUp ("Troubleshoot the cluster autoscaler not scaling up",
+# https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up), read from the pods'
+# events here; a pool's RUNNING_WITH_ERROR is then only reported, in the progress line and in the error at the
+# deadline, whatever its message.
 POOL_WITH_ERROR = "RUNNING_WITH_ERROR"
 
 
@@ -245,22 +247,13 @@ class Readiness:
 
     def _pools(self, pools: dict[str, tuple[str, str]], now: float) -> None:
         """Keep ``pool_errors`` (``POOL_WITH_ERROR``: when each pool was first seen so, and its message; a pool back to
-        RUNNING is dropped); raise :class:`Stockout` for a pool whose nodes come from zero and whose message names a
-        stockout, once it held for ``failed_scale_up_grace_s``."""
-        from components.cloud.errors import is_capacity_error
-
+        RUNNING is dropped), to be reported: not a stockout by itself (``POOL_WITH_ERROR``)."""
         for name, (status, message) in pools.items():
             if status != POOL_WITH_ERROR:
                 self.pool_errors.pop(name, None)
                 continue
             since = self.pool_errors.get(name, (now, ""))[0]
             self.pool_errors[name] = (since, message)
-            if self.from_zero and is_capacity_error(message) and now - since >= self.failed_scale_up_grace_s:
-                raise Stockout(
-                    f"node pool {name} is {POOL_WITH_ERROR} for {now - since:.0f}s, its nodes out of capacity: "
-                    f"{message}",
-                    self.host_s(now),
-                )
 
     def pool_story(self) -> str:
         """The node pools GKE reports RUNNING_WITH_ERROR, with their statusMessage, for the progress line and the
@@ -426,8 +419,8 @@ def wait_ready(
     evicted the RayCluster, raised as :class:`Evicted`. ``from_zero``: the TPU nodes come from zero (flex-start,
     queued, Autopilot), and a stockout seen here, pods still waiting for nodes at the deadline among them, is raised
     as :class:`Stockout`. ``pools``: the run's TPU node pools as GKE reports them (name -> (status, statusMessage)),
-    read every ``pools_every_s`` (one GKE call per pool; a RUNNING_WITH_ERROR pool is reported, and may be a
-    stockout: ``POOL_WITH_ERROR``)."""
+    read every ``pools_every_s`` (one GKE call per pool; a RUNNING_WITH_ERROR pool is reported:
+    ``POOL_WITH_ERROR``)."""
     from components.platforms.waiting import DeadlineExceeded, wait_for
 
     machine = Readiness(
