@@ -16,6 +16,7 @@ import contextlib
 import json
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -158,7 +159,7 @@ def _run_recorded(
             # Started by the signal's handler before anything was stopped; here when the signal came between.
             record(store, stage, released=releasing.started if releasing.done else _release(ctx))
         if this.exit and ctx is not None:  # the run's summary, as any end of the exit task writes it: after the deletes
-            _write_report(ctx)
+            _write_report(ctx, within_s=SIGNALLED_REPORT_S)  # inside the grace the signal's sender gives, undocumented
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -261,10 +262,29 @@ def _error_text(exc: BaseException) -> str:
     return redact("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
-def _write_report(ctx: RunContext) -> None:
+# The longest a signalled exit task spends on the run's summary before it exits: Vertex AI documents no grace period
+# for a cancelled task, and Kubernetes gives a pod 30 s by default between SIGTERM and SIGKILL
+# (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), so the exit, with its record of
+# what was released, comes well within that, summary or not.
+SIGNALLED_REPORT_S = 10.0
+
+
+def _write_report(ctx: RunContext, within_s: float | None = None) -> None:
+    """Write the run's summary; a failure is said, never raised. ``within_s``: give up waiting after that long (the
+    summary is then left unwritten, said), for an exit on a signal."""
     from components.stages import report
 
-    try:
-        report.write(ctx)
-    except Exception as exc:  # noqa: BLE001 - the report must never hide the teardown's own outcome
-        print(f"teardown: could not write the run summary: {exc}", file=sys.stderr)
+    def write() -> None:
+        try:
+            report.write(ctx)
+        except Exception as exc:  # noqa: BLE001 - the report must never hide the teardown's own outcome
+            print(f"teardown: could not write the run summary: {exc}", file=sys.stderr)
+
+    if within_s is None:
+        write()
+        return
+    writer = threading.Thread(target=write, name="run-summary", daemon=True)
+    writer.start()
+    writer.join(within_s)
+    if writer.is_alive():
+        print(f"teardown: the run summary was not written within {within_s:.0f}s of the signal: left", file=sys.stderr)
