@@ -34,11 +34,13 @@ MARK_KEY = "interrupted.json"
 
 
 class Interrupted(SystemExit):
-    """The stage was ended by a signal; the process exits 128 + signum."""
+    """The stage was ended by a signal; the process exits 128 + signum. ``at``: when the signal came
+    (``time.monotonic()``), for what must still be done within the grace its sender gives."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, at: float | None = None):
         super().__init__(128 + signum)
         self.signum = signum
+        self.at = time.monotonic() if at is None else at
 
     @property
     def signal_name(self) -> str:
@@ -106,9 +108,9 @@ def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callab
             return
         if _state.received is not None:
             return
-        _state.received = signum
+        _state.received, at = signum, time.monotonic()
         if signum == signal.SIGTERM and not _sigterm_stops(log):
-            raise Interrupted(signum)  # what runs is left running: the stage ends without stopping it
+            raise Interrupted(signum, at)  # what runs is left running: the stage ends without stopping it
         try:
             _state.released = bool(_state.release(signum)) if _state.release is not None else False
         except Exception as exc:  # noqa: BLE001 - the stop below still runs; teardown deletes what is left
@@ -117,7 +119,7 @@ def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callab
             stop(signum)
         except Exception as exc:  # noqa: BLE001 - the stage still ends; teardown deletes what stop could not
             log(f"{signal_name(signum)}: could not stop cleanly: {exc}")
-        raise Interrupted(signum)
+        raise Interrupted(signum, at)
 
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
     _state.depth += 1

@@ -159,7 +159,7 @@ def _run_recorded(
             # Started by the signal's handler before anything was stopped; here when the signal came between.
             record(store, stage, released=releasing.started if releasing.done else _release(ctx))
         if this.exit and ctx is not None:  # the run's summary, as any end of the exit task writes it: after the deletes
-            _write_report(ctx, within_s=SIGNALLED_REPORT_S)  # inside the grace the signal's sender gives, undocumented
+            _write_report(ctx, within_s=SIGNALLED_EXIT_S - (time.monotonic() - exc.at))  # counted from the signal
         raise
     except BaseException as exc:
         record(store, stage, status="failed", seconds=time.time() - started, error=_error_text(exc))
@@ -262,11 +262,11 @@ def _error_text(exc: BaseException) -> str:
     return redact("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
-# The longest a signalled exit task spends on the run's summary before it exits: Vertex AI documents no grace period
-# for a cancelled task, and Kubernetes gives a pod 30 s by default between SIGTERM and SIGKILL
-# (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), so the exit, with its record of
-# what was released, comes well within that, summary or not.
-SIGNALLED_REPORT_S = 10.0
+# When a signalled exit task stops waiting for the run's summary, counted from the signal: the deletes were started
+# and recorded first, and the summary gets what is left. Vertex AI documents no grace period for a cancelled task,
+# and Kubernetes gives a pod 30 s by default between SIGTERM and SIGKILL
+# (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination), so the exit comes within that.
+SIGNALLED_EXIT_S = 20.0
 
 
 def _write_report(ctx: RunContext, within_s: float | None = None) -> None:
@@ -283,8 +283,12 @@ def _write_report(ctx: RunContext, within_s: float | None = None) -> None:
     if within_s is None:
         write()
         return
-    writer = threading.Thread(target=write, name="run-summary", daemon=True)
-    writer.start()
-    writer.join(within_s)
-    if writer.is_alive():
-        print(f"teardown: the run summary was not written within {within_s:.0f}s of the signal: left", file=sys.stderr)
+    if within_s > 0:
+        writer = threading.Thread(target=write, name="run-summary", daemon=True)
+        writer.start()
+        writer.join(within_s)
+        if not writer.is_alive():
+            return
+    late = f"teardown: the run summary was not written within {SIGNALLED_EXIT_S:.0f}s of the signal: left"
+    print(late, file=sys.stderr)
+    sys.stderr.flush()

@@ -17,7 +17,9 @@ from tests.emulators.project import ONE_SLICE
 from tests.gke.test_gke_platform import context
 from tests.gke.test_readiness_failover import FLEX_THEN_SPOT, _pool_calls, _tpu_pool, fast  # noqa: F401
 
-NOT_CAPACITY = "us-east5-b: Deploy error: 1 node of 1 failed to register with the control plane"
+# A message made for these tests (no public record of GKE's non-capacity RUNNING_WITH_ERROR texts was found): any
+# statusMessage that names no stockout.
+NOT_CAPACITY = "us-east5-a: Deploy error: 1 node of 1 failed to register with the control plane"
 
 
 def _flex_start(pool) -> bool:
@@ -124,3 +126,22 @@ def test_a_slice_pool_created_running_with_error_not_out_of_capacity_fails_namin
     assert NOT_CAPACITY.split(": ", 1)[1] in str(raised.value)
     gke.teardown(ctx)
     assert project.leftovers("poolpart") == {}
+
+
+def test_a_flex_start_pool_created_running_with_error_is_said_at_provision_and_left_to_readiness(
+    tmp_path,
+    project_factory,
+    fast,  # noqa: F811 - the fixture
+):
+    project = project_factory(fault="scale_from_zero")
+    project.gke.pools_running_with_error(IGM_STOCKOUT_MESSAGE, when=_flex_start)
+    ctx = context(tmp_path, "poolzero", FLEX_THEN_SPOT)
+    logs: list[str] = []
+    gke = GkePlatform(log=logs.append, poll_s=0.05)
+
+    assert gke.provision(ctx)["capacity"] == "flex-start"  # no capacity error: its nodes are not asked for yet
+
+    assert any("RUNNING_WITH_ERROR before its nodes come" in line for line in logs)
+    assert "tried" not in ledgers.load(ctx.store)
+    gke.teardown(ctx)
+    assert project.leftovers("poolzero") == {}

@@ -152,7 +152,9 @@ class Gke(Adapter):
         self, cluster_name: str, body: dict[str, Any], record: Callable[[str, str], None], slice_pool: bool = False
     ) -> Any:
         """Get or create the node pool ``body`` in ``cluster_name`` and wait for it to run. ``slice_pool``: it holds a
-        TPU slice, which trains only with every host (RUNNING_WITH_ERROR is then a failure, not a partial pool)."""
+        TPU slice, which trains only with every host (RUNNING_WITH_ERROR is then a failure, not a partial pool). A
+        pool made without nodes (flex-start, queued: ``initialNodeCount`` 0) gets them later, and what GKE says of
+        them is readiness's to read (run/readiness.py, POOL_WITH_ERROR), not this wait's."""
         from google.cloud import container_v1
 
         name = paths.node_pool_path(cluster_name, body["name"])
@@ -171,7 +173,12 @@ class Gke(Adapter):
         else:
             self.log(f"node pool {name} exists ({pool.status.name}): reusing it")
         return self._wait_running(
-            name, lambda: self.get_node_pool(name), container_v1.NodePool.Status, what="node pool", whole=slice_pool
+            name,
+            lambda: self.get_node_pool(name),
+            container_v1.NodePool.Status,
+            what="node pool",
+            whole=slice_pool,
+            with_nodes=bool(body.get("initialNodeCount")),
         )
 
     def _create(self, kind: str, name: str, location_path: str, rpc: Callable[[], Any]) -> None:
@@ -188,9 +195,12 @@ class Gke(Adapter):
         except gexc.ResourceExhausted as exc:
             raise CapacityError(exc.message) from exc
 
-    def _wait_running(self, name: str, get: Callable[[], Any], statuses, what: str, whole: bool = False) -> Any:
+    def _wait_running(
+        self, name: str, get: Callable[[], Any], statuses, what: str, whole: bool = False, with_nodes: bool = True
+    ) -> Any:
         """Poll ``get`` until the resource is RUNNING. ``whole``: a pool usable only with all of its nodes (a TPU
-        slice), refused when GKE reports it only partially usable."""
+        slice), refused when GKE reports it only partially usable. ``with_nodes``: a pool made with its nodes (else
+        RUNNING_WITH_ERROR is only said: its nodes come later, ``ensure_node_pool``)."""
 
         def poll():
             current = get()
@@ -203,12 +213,18 @@ class Gke(Adapter):
                 if is_capacity_error(message):
                     raise CapacityError(message)
                 raise GkeError(f"{what} {name} is in ERROR: {message}")
-            # A node pool "created and ... partially usable" (container v1 NodePool.Status RUNNING_WITH_ERROR): a
-            # stockout when its message names one (GKE so reports a pool created with nodes whose instances a zone had
-            # no resources for: run/readiness.py, POOL_WITH_ERROR). Otherwise a TPU slice's pool is refused: "Hosts in
-            # a multi-host TPU slice node pool are treated as a single atomic unit" and a slice trains only on all of
-            # its hosts (https://cloud.google.com/tpu/docs/tpus-in-gke, "Multi-host TPU slice node pools"), so a
-            # partial one would bill and never train; any other pool is usable as it is, said.
+            # A node pool "created and ... partially usable" (container v1 NodePool.Status RUNNING_WITH_ERROR), made
+            # with its nodes: a stockout when its message names one (GKE so reports a pool created with nodes whose
+            # instances a zone had no resources for: run/readiness.py, POOL_WITH_ERROR). Otherwise a TPU slice's pool
+            # is refused: GKE deploys a multi-host slice's hosts as one atomic unit, none of them when one cannot be
+            # (https://cloud.google.com/tpu/docs/tpus-in-gke, "Multi-host TPU slice node pools";
+            # https://cloud.google.com/kubernetes-engine/docs/concepts/tpus), so a slice pool created in error will
+            # not train as it is and may start billing once GKE's retries succeed (the Terraform provider likewise
+            # marks a pool created RUNNING_WITH_ERROR for replacement, whatever its message:
+            # https://github.com/GoogleCloudPlatform/magic-modules/pull/3114); any other pool is usable as it is, said.
+            if current.status == getattr(statuses, "RUNNING_WITH_ERROR", None) and not with_nodes:
+                self.log(f"{what} {name} is RUNNING_WITH_ERROR before its nodes come: {current.status_message}")
+                return current
             if current.status == getattr(statuses, "RUNNING_WITH_ERROR", None):
                 if is_capacity_error(current.status_message):
                     raise CapacityError(current.status_message)

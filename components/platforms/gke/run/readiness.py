@@ -41,12 +41,13 @@ SCALE_UP_BACKOFF = "in backoff after failed scale-up"
 STOCKOUT_CONDITIONS = ("Failed", "BookingExpired")
 # A node pool GKE reports as RUNNING_WITH_ERROR: "created and is partially usable. Some error state has occurred and
 # some functionality may be impaired" (container v1 NodePool.Status, google/container/v1/cluster_service.proto;
-# google-cloud-container's container_v1/types/cluster_service.py), its ``statusMessage`` saying what. The one public
-# account of GKE reporting a stockout that way is a pool created with nodes ("Deploy error: Not all instances running
-# in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]",
-# https://github.com/hashicorp/terraform-provider-google/issues/3304), which provision takes as the rung's capacity
-# error (cloud/cluster.py). Where nodes come from zero, GKE documents a stockout as the cluster autoscaler's
-# FailedScaleUp ("Troubleshoot the cluster autoscaler not scaling up",
+# google-cloud-container's container_v1/types/cluster_service.py), its ``statusMessage`` saying what. The public
+# accounts of GKE reporting a stockout that way are all of pools created with nodes ("Deploy error: Not all instances
+# running in IGM ... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]",
+# https://github.com/hashicorp/terraform-provider-google/issues/3304; more often the CreateNodePool operation itself
+# fails so, "[GCE_STOCKOUT]": https://github.com/hashicorp/terraform-provider-google/issues/6287), which provision takes
+# as the rung's capacity error (cloud/cluster.py). Where nodes come from zero, GKE documents a stockout as the
+# cluster autoscaler's FailedScaleUp ("Troubleshoot the cluster autoscaler not scaling up",
 # https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up), read from the pods'
 # events here; a pool's RUNNING_WITH_ERROR is then only reported, in the progress line and in the error at the
 # deadline, whatever its message.
