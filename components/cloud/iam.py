@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from components.cloud.credentials import google_client
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
+# Every policy read asks for version 3: a policy with conditional bindings read at a lower version is refused, or has
+# those bindings' conditions left out ("Policy versions", https://cloud.google.com/iam/docs/policies#versions;
+# GetPolicyOptions.requested_policy_version, google/iam/v1/options.proto).
 IAM_POLICY_VERSION = 3
+
+
+def policy_request(resource: str) -> dict:
+    """A getIamPolicy request for ``resource`` at ``IAM_POLICY_VERSION``."""
+    return {"resource": resource, "options": {"requested_policy_version": IAM_POLICY_VERSION}}
 
 
 def projects_client(creds=None):
@@ -61,7 +69,7 @@ def account_members(account: str, role: str, creds=None) -> set[str]:
     from google.cloud import iam_admin_v1
 
     client = google_client(iam_admin_v1.IAMClient, IAM_EMULATOR_HOST_ENV, creds=creds)
-    policy = client.get_iam_policy(request={"resource": f"projects/-/serviceAccounts/{account}"})
+    policy = client.get_iam_policy(request=policy_request(f"projects/-/serviceAccounts/{account}"))
     return {who for binding in policy.bindings if binding.role == role for who in binding.members}
 
 
@@ -73,7 +81,7 @@ def project_number(project: str, creds=None) -> str:
 def project_grants(project: str, creds=None) -> dict[str, set[str]]:
     """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
     ``getIamPolicy``)."""
-    return policy_grants(projects_client(creds).get_iam_policy(request={"resource": f"projects/{project}"}))
+    return policy_grants(projects_client(creds).get_iam_policy(request=policy_request(f"projects/{project}")))
 
 
 def policy_grants(policy) -> dict[str, set[str]]:
@@ -141,7 +149,7 @@ def policy_level(resource: str, get_iam_policy) -> Level:
     from google.api_core import exceptions
 
     try:
-        return Level(resource, policy_grants(get_iam_policy(request={"resource": resource})))
+        return Level(resource, policy_grants(get_iam_policy(request=policy_request(resource))))
     except exceptions.GoogleAPICallError as exc:
         return Level(resource, {}, f"{type(exc).__name__}: {exc.message}")
 

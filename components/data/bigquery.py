@@ -241,6 +241,13 @@ def rows(snap: dict, *, field: str, page_size: int | None = None) -> Iterator[di
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
 ALL_AUTHENTICATED = "allAuthenticatedUsers"  # a specialGroup of a dataset's access list: anyone signed in
+# The special groups of a dataset's access list that stand for the members of a basic role on the dataset's project
+# (Dataset.access.specialGroup: "projectOwners: Owners of the enclosing project", "projectReaders: Readers of the
+# enclosing project", "projectWriters: Writers of the enclosing project",
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access; BigQuery adds all three to
+# a dataset created without an access list), by the basic role that makes a member one of them
+# (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
+PROJECT_GROUPS = {"projectReaders": "roles/viewer", "projectWriters": "roles/editor", "projectOwners": "roles/owner"}
 
 
 def missing_read(table: str, project: str, *, field: str = "train.dataset") -> list[str]:
@@ -279,7 +286,9 @@ def account_roles(table: str, project: str, account: str, creds=None) -> tuple[s
     rows: on its dataset and its project, what could not be read): from the project IAM policies (Resource
     Manager's projects.getIamPolicy) and the dataset's access list (datasets.get's ``access``:
     https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access, where an account is
-    ``userByEmail`` or an ``iamMember``, and ``allAuthenticatedUsers`` a ``specialGroup`` that includes it). Read as
+    ``userByEmail`` or an ``iamMember``, ``allAuthenticatedUsers`` a ``specialGroup`` that includes it, and
+    ``projectReaders``/``projectWriters``/``projectOwners`` those that include it by its basic role on the dataset's
+    project: ``PROJECT_GROUPS``). Read as
     the caller, who may lack the permission to read a policy: each such read is named, not guessed."""
     from components.cloud import iam as cloud_iam
 
@@ -290,10 +299,14 @@ def account_roles(table: str, project: str, account: str, creds=None) -> tuple[s
             projects[where] = cloud_iam.project_grants(where, creds).get(member, set())
         except _failures() as exc:
             unread.append(f"project {where}'s IAM policy ({type(exc).__name__})")
+    basic = projects.get(table.rsplit(".", 2)[0], set())  # its roles on the dataset's project
     try:
         access = client(project, creds).get_dataset(table.rsplit(".", 1)[0]).access_entries
+        mine = (account, member, ALL_AUTHENTICATED)
         on_dataset = {
-            entry.role for entry in access if entry.role and (entry.entity_id in (account, member, ALL_AUTHENTICATED))
+            entry.role
+            for entry in access
+            if entry.role and (entry.entity_id in mine or PROJECT_GROUPS.get(entry.entity_id) in basic)
         }
     except _failures() as exc:
         unread.append(f"dataset {table.rsplit('.', 1)[0]}'s access list ({type(exc).__name__})")

@@ -138,6 +138,21 @@ QUERY_CONFIG = {"query", "useLegacySql", "parameterMode", "queryParameters", "us
 
 _VIEWER = frozenset({"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.getData", "bigquery.tables.list"})
 _EDITOR = _VIEWER | {"bigquery.tables.create", "bigquery.tables.update", "bigquery.tables.updateData"}
+# Dataset.access's ``role`` "will accept any of the above formats, but will return only the legacy format": OWNER for
+# roles/bigquery.dataOwner, WRITER for roles/bigquery.dataEditor, READER for roles/bigquery.dataViewer
+# (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access).
+LEGACY_ROLES = {
+    "roles/bigquery.dataOwner": "OWNER", "roles/bigquery.dataEditor": "WRITER", "roles/bigquery.dataViewer": "READER",
+}  # fmt: skip
+# "If unspecified at dataset creation time, BigQuery adds default dataset access for the following entities":
+# projectReaders READER, projectWriters WRITER, projectOwners OWNER, and the creator as OWNER (same page); the special
+# groups stand for the project's viewers, editors and owners. The creator (this emulator's dataset has none) is left
+# out.
+DEFAULT_ACCESS = (
+    {"role": "READER", "specialGroup": "projectReaders"},
+    {"role": "WRITER", "specialGroup": "projectWriters"},
+    {"role": "OWNER", "specialGroup": "projectOwners"},
+)
 # role -> the permissions of it that the emulator checks (https://cloud.google.com/bigquery/docs/access-control)
 ROLES: dict[str, frozenset[str]] = {
     "roles/bigquery.dataViewer": _VIEWER,
@@ -890,9 +905,11 @@ class BigQueryEmulator(HttpEmulator):
         }
 
     def _datasets_get(self, member, args, query, body) -> dict:
-        """The dataset, with its ``access`` list: the roles granted on the dataset, one entry per member and role
-        (Dataset.access, https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access: a
-        user's or service account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``).
+        """The dataset, with its ``access`` list: the entries BigQuery adds to a dataset created without one
+        (``DEFAULT_ACCESS``), then the roles granted on the dataset, one entry per member and role, the three basic
+        dataset roles in their legacy names (``LEGACY_ROLES``) (Dataset.access,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access: a user's or service
+        account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``).
         Reading it needs ``bigquery.datasets.get`` on the dataset (datasets.get,
         https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get; in roles/bigquery.dataViewer and
         metadataViewer: https://cloud.google.com/bigquery/docs/access-control)."""
@@ -903,10 +920,10 @@ class BigQueryEmulator(HttpEmulator):
         if d is None:
             raise _not_found(f"Not found: Dataset {project}:{dataset}")
         scope = f"{project}.{dataset}"
-        access = [
-            {"role": role, "specialGroup": who}
+        access = [dict(entry) for entry in DEFAULT_ACCESS] + [
+            {"role": LEGACY_ROLES.get(role, role), "specialGroup": who}
             if who == ALL_AUTHENTICATED
-            else {"role": role, "userByEmail": who.split(":", 1)[1]}
+            else {"role": LEGACY_ROLES.get(role, role), "userByEmail": who.split(":", 1)[1]}
             for who, grants in sorted(self.grants.items())
             for role, granted in sorted(grants)
             if granted == scope

@@ -74,7 +74,16 @@ class ResourceManagerEmulator:
         self.above: dict[str, dict[str, set[str]]] = {}  # folders/ID, organizations/ID -> role -> members
         self.roles: dict[str, set[str]] = {}  # custom role name -> the permissions it holds
         self.account_policies: dict[str, dict[str, set[str]]] = {}  # service account email -> role -> members
+        # The policy version each getIamPolicy asked for (GetPolicyOptions.requested_policy_version, 0 when unset):
+        # a policy with conditional bindings read below version 3 loses them ("Policy versions",
+        # https://cloud.google.com/iam/docs/policies#versions), so a reader that can meet one asks for 3.
+        self.policy_versions: list[int] = []
         self._server = None
+
+    def add_project(self, project_id: str, number: str) -> None:
+        """Another project the caller can see (a data project beside the run's), with an empty policy."""
+        self.projects[project_id] = number
+        self.policies.setdefault(project_id, {})
 
     def deny(self, *permissions: str) -> None:
         self.denied.update(permissions)
@@ -186,6 +195,7 @@ class ResourceManagerEmulator:
     def get_policy_above(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
         kind = request.resource.split("/", 1)[0]
         self.calls.append(f"{kind}.GetIamPolicy")
+        self.policy_versions.append(request.options.requested_policy_version)
         permission = f"resourcemanager.{kind}.getIamPolicy"
         if request.resource not in self.above or permission in self.denied:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"The caller does not have permission {permission}")
@@ -227,6 +237,7 @@ class ResourceManagerEmulator:
 
     def get_iam_policy(self, request: iam_policy_pb2.GetIamPolicyRequest, context) -> policy_pb2.Policy:
         self.calls.append("GetIamPolicy")
+        self.policy_versions.append(request.options.requested_policy_version)
         project_id, _ = self._project(request.resource, context)
         if GET_IAM_POLICY in self.denied:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "The caller does not have permission")

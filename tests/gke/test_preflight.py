@@ -498,9 +498,28 @@ def test_a_bigquery_dataset_checks_the_pipelines_service_account_from_the_iam_po
     project.bigquery.grant(f"serviceAccount:{account}", "roles/bigquery.dataViewer", "acme-data-1.sft")
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert f"train.dataset: {account} may run BigQuery jobs (roles/bigquery.user in project {PROJECT})" in text, text
-    assert (
-        f"{account} may read acme-data-1.sft.examples (roles/bigquery.dataViewer on the dataset acme-data-1.sft or its "
-        "project)"
+    assert (  # the dataset's access list names the role in its legacy form, as BigQuery returns it
+        f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)"
     ) in text
     assert "train.bigquery_service_account" not in text
     assert project.mutations() == []
+    assert set(project.projects.policy_versions) == {3}  # every policy read at the version conditions need
+
+
+def test_a_pipeline_account_reading_through_its_projects_viewer_role_is_seen_by_the_datasets_special_group(
+    project_factory, capsys
+):
+    """A dataset created without an access list grants READER to ``projectReaders`` (its project's viewers): an
+    account that is a viewer of the data's project may read the table, and is not warned."""
+    project = project_factory()
+    project.projects.add_project("acme-data-1", "555000111")
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    data = f"train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account}"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert "holds no role that may read acme-data-1.sft.examples" in text, text  # not a viewer there yet
+    project.projects.grant("acme-data-1", "roles/viewer", f"serviceAccount:{account}")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 0, text
+    assert f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)" in text
+    assert "holds no role that may read" not in text
