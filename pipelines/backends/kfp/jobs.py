@@ -113,15 +113,29 @@ def client(place: Place):
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
 
 
+# A Google ID token is valid for one hour (https://cloud.google.com/docs/authentication/token-types#id); one fetched
+# is reused by the same process (the client and the release read) for a little less than that.
+IAP_TOKEN_REUSE_S = 50 * 60
+_iap_tokens: dict[str, tuple[float, str]] = {}  # audience -> (when fetched, token)
+
+
 def _iap_token(place: Place) -> str:
-    """A Google ID token for the endpoint's IAP (its OAuth client id as the audience)."""
+    """A Google ID token for the endpoint's IAP (its OAuth client id as the audience), fetched once a process while
+    it is fresh (``IAP_TOKEN_REUSE_S``)."""
+    import time
+
     import google.auth.transport.requests
     from google.oauth2 import id_token
 
+    fetched, token = _iap_tokens.get(place.iap_client_id, (0.0, ""))
+    if token and time.monotonic() - fetched < IAP_TOKEN_REUSE_S:
+        return token
     try:
-        return id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
+        token = id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
     except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
         raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
+    _iap_tokens[place.iap_client_id] = (time.monotonic(), token)
+    return token
 
 
 def bearer(place: Place) -> dict[str, str]:
