@@ -47,7 +47,7 @@ RUN_TIMEOUT_S = 1800
 
 # A sharded save's parts of the wait (trainers.checkpoints.AsyncSaver, trainers.ray_checkpoints.Checkpointer): the
 # previous save, the state gathered, the copy started (or, synchronous, the whole write), an optimizer step's wait for
-# the copy, and the preemption poll's wait for the write and report.
+# the copy, and the preemption poll's wait for the write and report and, at its barrier, for slower ranks.
 PARTS = ("previous_s", "state_s", "staging_s", "write_s", "copy_wait_s", "poll_wait_s")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ from trainers import committed
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 DCP_INDEX = committed.DCP_INDEX  # DCP's index of a sharded checkpoint, its commit marker
 SHARDED_PREFIX = "checkpoint_step"  # a sharded checkpoint's directory: this and its global step, 8 digits
+FINAL_PREFIX = "final_"  # the trained model's directory in the run's storage: this and its global step, 8 digits
+# Ray Train's record of the checkpoints it registered, in the run's storage (Ray 2.60:
+# CHECKPOINT_MANAGER_SNAPSHOT_FILENAME, ray/train/v2/_internal/constants.py; written by its CheckpointManager at every
+# registration, before it deletes the ones past ``num_to_keep``: ray/train/v2/_internal/execution/checkpoint/
+# checkpoint_manager.py, ``_write_state_to_storage``; https://github.com/ray-project/ray/tree/ray-2.60.0/python/ray/
+# train/v2/_internal).
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 # What DCP's index holds (torch/distributed/checkpoint/metadata.py and filesystem.py's _StorageInfo), by module.
 _INDEX_CLASSES = {
@@ -274,7 +282,7 @@ def is_sharded(directory: Path) -> bool:
     return committed.dcp_committed(directory) and (directory / CHECKPOINT_META).is_file()
 
 
-def newest_sharded(storage: Path, prune: bool = False) -> Path | None:
+def newest_sharded(storage: Path, prune: bool = False, say=None) -> Path | None:
     """The newest committed sharded checkpoint in the run's storage (the directories ``Checkpointer`` names by
     step), whether or not Ray Train had registered it when the worker group was lost: Ray Train's controller
     collects the workers' reports only every few seconds (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default,
@@ -282,8 +290,53 @@ def newest_sharded(storage: Path, prune: bool = False) -> Path | None:
     other checkpoint directory there is a save cut short (never reported: a rank reports only once its write is
     done): ignored and, with ``prune`` (rank 0 at a worker group's start), reported and removed."""
     found = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if d.is_dir()]
-    kept = committed.sort_out(found, is_sharded, prune, print if prune else _quiet)
+    kept = committed.sort_out(found, is_sharded, prune, say or (print if prune else _quiet))
     return max(kept, key=lambda d: d.name, default=None)
+
+
+def registered(storage: Path) -> set[str] | None:
+    """The checkpoint directories (their names) Ray Train has registered in the run's storage: those it keeps
+    (``checkpoint_results``), its latest, and those reported and not yet processed (``pending_training_results``), as
+    its snapshot (:data:`RAY_SNAPSHOT`) lists them; none when it has written no snapshot (it registered none). None
+    when the snapshot cannot be read (being written, or of another form): then which ones it holds is unknown."""
+    path = storage / RAY_SNAPSHOT
+    if not path.is_file():
+        return set()
+    try:
+        state = json.loads(path.read_text())
+        results = [*state["checkpoint_results"], *state["pending_training_results"]]
+        results.append(state.get("latest_checkpoint_result") or {})
+        return {r["checkpoint_dir_name"] for r in results if r.get("checkpoint_dir_name")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def restore_point(storage: Path, prune: bool = False, say=print) -> Path | None:
+    """Where a worker group resumes: the newest committed sharded checkpoint (:func:`newest_sharded`). With ``prune``
+    (rank 0 at a worker group's start, the group before it gone, before any other rank looks: the choice is then
+    handed to the others, ``trainers.ray_checkpoints.restore_point``), the run's storage keeps only what a restore may
+    need: the checkpoint chosen and every one Ray Train registered (its latest, which a restart without a sharded
+    checkpoint restores, and the others it keeps and deletes itself past ``train.num_to_keep``: a registered
+    directory gone would break its records, which it checks at a restart of the run). Gone, each reported in one line:
+    every save cut short (:func:`newest_sharded`), every other committed sharded checkpoint Ray Train never
+    registered (written, then the group was lost before its report reached Ray Train: older than the chosen one, never
+    restored again), and every trained model's directory (``final_<step>``) it never registered (a group lost while
+    writing or reporting it: the group that finishes writes its own). Where Ray Train's record cannot be read
+    (:func:`registered`), none of the committed ones is removed."""
+    chosen = newest_sharded(storage, prune, say if prune else _quiet)
+    if not prune:
+        return chosen
+    known = registered(storage)
+    if known is None:
+        say(f"Ray Train's record of its checkpoints ({storage / RAY_SNAPSHOT}) cannot be read: no committed one pruned")
+        return chosen
+    stale = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if d.is_dir() and d != chosen and d.name not in known]
+    stale += [d for d in storage.glob(f"{FINAL_PREFIX}*") if d.is_dir() and d.name not in known]
+    for directory in sorted(stale):
+        what = "trained model" if directory.name.startswith(FINAL_PREFIX) else "checkpoint"
+        say(f"pruned {what} {directory}: never registered by Ray Train, and not the one restored")
+        shutil.rmtree(directory, ignore_errors=True)
+    return chosen
 
 
 def _quiet(_line: str) -> None:

@@ -14,9 +14,22 @@ ignored, reported (one line naming it) and pruned, so it never costs storage aga
   ``commit_success.txt`` last (``CommitFileTemporaryPath``; the choice is ``get_default_temporary_path_class``)
   (orbax-checkpoint 0.12.8, ``orbax/checkpoint/_src/path/atomicity.py`` and ``atomicity_defaults.py``,
   https://github.com/google/orbax/tree/main/checkpoint/orbax/checkpoint/_src/path). MaxText restores by itself
-  through Orbax's ``CheckpointManager.latest_step``, which lists only finalized steps by the same rule; here the
-  same rule names the step it will restore and prunes the temporary directories (MaxText's manager does not set
-  ``cleanup_tmp_directories``: maxtext 0.2.5, ``maxtext/training_engine/checkpointing.py``).
+  through its manager's newest step (maxtext 0.2.5, ``maxtext/common/checkpointing.py``: ``latest_step``, over the
+  Orbax v1 ``training.Checkpointer`` that ``create_orbax_checkpoint_manager`` builds), which lists only finalized
+  steps by the same rule; here the same rule names the step it will restore and prunes the temporary directories
+  (MaxText does not set the Checkpointer's ``cleanup_tmp_directories``, False by default: orbax-checkpoint 0.12.8,
+  ``orbax/checkpoint/experimental/v1/_src/training/checkpointer.py``).
+
+  Why the rename and not the marker on GKE: the run writes MaxText's checkpoints to the bucket's FUSE mount
+  (``base_output_directory`` is the run's directory there: ``components.workload.maxtext.train_args``, given
+  ``Target.run_dir``), the path the trainers open as files (this module, the spec mark, MaxText's restore and the
+  evaluate job), so Orbax commits by the rename. A rename is atomic there only in a bucket with
+  hierarchical namespace (https://cloud.google.com/storage/docs/rename-hns-folders; Cloud Storage FUSE, which by
+  default refuses a directory's rename in a flat bucket: ``--rename-dir-limit``, 0,
+  https://cloud.google.com/storage/docs/cloud-storage-fuse/cli-options), so a MaxText run on GKE requires one:
+  preflight refuses a flat ``gke.bucket`` and a bucket the run creates has it
+  (``components.cloud.storage.without_hierarchical_namespace``). With that, a step under its final name is whole, and
+  its name is the commit here as locally.
 """
 
 from __future__ import annotations

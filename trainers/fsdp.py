@@ -155,9 +155,10 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
 
 
 def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tuple[checkpoints.Position, bool]:
-    """Where to start after a restart: the newest committed sharded checkpoint in the run's storage
-    (``checkpoints.newest_sharded``), else Ray Train's latest, restored with the batch of the epoch it had reached (in
-    samples, so a group of another size starts at the same point of the epoch's order); else a fresh start. Rank 0
+    """Where to start after a restart: the newest committed sharded checkpoint in the run's storage, as rank 0 chose
+    it for every rank (``ray_checkpoints.restore_point``, which prunes what no restore needs), else Ray Train's
+    latest, restored with the batch of the epoch it had reached (in samples, so a group of another size starts at
+    the same point of the epoch's order); else a fresh start. Rank 0
     emits a ``restored`` event with the restore's seconds. A checkpoint written under another training spec than
     ``digest`` is refused (``checkpoints.load_sharded``). DCP's own collectives run on ``group`` (the checkpointer's
     gloo group)."""
@@ -166,7 +167,7 @@ def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tupl
     started = time.perf_counter()
     checkpoint = ray.train.get_checkpoint()
     storage = Path(ray.train.get_context().get_storage().experiment_fs_path)
-    newest = checkpoints.newest_sharded(storage, prune=rank == 0)  # rank 0 reports and prunes saves cut short
+    newest = ray_checkpoints.restore_point(storage, rank)
     if newest is not None:  # Ray Train's latest is one of these, or an older one
         meta = checkpoints.load_sharded(model, optimizer, newest, digest, group)
     elif checkpoint:

@@ -21,10 +21,12 @@ from components.spec import RunSpec, protocol
 from trainers import data
 
 
-def eval_key(spec: RunSpec, examples: str, device_type: str) -> str:
+def eval_key(spec: RunSpec, examples: str, device_type: str, world: int) -> str:
     """``sha256:<hex>`` of what a held-out figure depends on besides the model: the examples (their digest,
-    ``trainers.data.snapshot``), the tokenizer (``train.model_id``'s), ``train.max_length`` and the dtypes the
-    weights are kept and computed in on ``device_type`` (``trainers.mesh.dtypes``)."""
+    ``trainers.data.snapshot``), the tokenizer (``train.model_id``'s), ``train.max_length``, the dtypes the
+    weights are kept and computed in on ``device_type`` (``trainers.mesh.dtypes``), and the worker group's size
+    ``world``, which decides which examples share a batch and the order the sums are added in (:func:`shard_batches`,
+    :func:`loss`), as MaxText's key holds its global eval batch (``trainers.maxtext_log.eval_key``)."""
     from trainers.mesh import dtypes
 
     t = spec.train
@@ -34,6 +36,7 @@ def eval_key(spec: RunSpec, examples: str, device_type: str) -> str:
         "max_length": t.max_length,
         "dtypes": list(dtypes(device_type, t.precision)),
         "device": device_type,
+        "world": world,
     }
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -94,7 +97,7 @@ class Split:
         t = spec.train
         self.raw = data.load_split(t.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
         self.batches = shard_batches(data.tokenize(self.raw, tokenizer, t.max_length), rank, world, t.batch_size)
-        self.key = eval_key(spec, data.snapshot(self.raw), device_type)
+        self.key = eval_key(spec, data.snapshot(self.raw), device_type, world)
 
 
 class InJob:

@@ -11,10 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers.checkpoints import SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
+from trainers import checkpoints
+from trainers.checkpoints import FINAL_PREFIX, SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
 
 PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
-FINAL_PREFIX = "final_"  # the trained model's directory in the run's storage: this and its global step, 8 digits
+
+
+def restore_point(storage: Path, rank: int) -> Path | None:
+    """The sharded checkpoint every rank of a new worker group restores: rank 0 alone looks at the run's storage,
+    chooses and prunes (``trainers.checkpoints.restore_point``), and hands the others its choice (Ray Train's
+    ``ray.train.collective.broadcast_from_rank_zero``, a barrier of the group: https://docs.ray.io/en/latest/train/
+    api/doc/ray.train.collective.broadcast_from_rank_zero.html). Ranks that looked by themselves could each see
+    another newest checkpoint (one committed, or pruned, between their looks) and restore different steps."""
+    from ray.train.collective import broadcast_from_rank_zero
+
+    chosen = checkpoints.restore_point(storage, prune=True) if rank == 0 else None
+    name = broadcast_from_rank_zero(chosen.name if chosen is not None else "")
+    return storage / name if name else None
 
 
 def asynchronous(spec: RunSpec, on_cpu: bool) -> bool:
@@ -37,7 +50,8 @@ class Checkpointer:
     training's own barriers (the final report, the preemption poll) wait for them, so every rank passes Ray Train's
     barriers in one order. Rank 0 emits a ``checkpoint`` event per save with the seconds training waited (the goodput
     ledger's "checkpoint saves"), one more when an optimizer step waited for the copy to host memory, one more when
-    the preemption poll waited for the previous save's write and report (``poll_wait_s``), and a
+    the preemption poll waited for the previous save's write and report and for the slower ranks at its barrier
+    (``poll_wait_s``), and a
     ``checkpoint_written`` event with the save's whole duration."""
 
     def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
@@ -158,8 +172,11 @@ class Checkpointer:
         notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
         ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
         shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
-        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run loses
-        at most ``train.checkpoint_every_steps`` steps (the newest checkpoint), which is what that field bounds."""
+        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run resumes
+        from its newest committed checkpoint, and repeats the steps since: up to ``train.checkpoint_every_steps``
+        when the newest save was committed, up to twice that when the host was lost while that save was still being
+        written (its previous one is then the newest committed), and, with ``train.checkpoint_every_steps`` 0, every
+        step since the epoch began (only an epoch's end is saved then)."""
         import ray.train
 
         if last_of_epoch:
@@ -170,11 +187,19 @@ class Checkpointer:
         elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
             # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
             # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
-            # part of that save's wait, as an optimizer step's wait for its copy is.
+            # part of that save's wait, as an optimizer step's wait for its copy is. That is rank 0's own wait for
+            # its report (``report_wait_s``) and then, at the poll's barrier, its wait for every slower rank's
+            # (``barrier_wait_s``): Ray Train hands each rank's report to its controller on its own (a worker's
+            # result queue holds one report, and a put waits until the controller has taken the one before:
+            # ``_wait_then_report`` in ray/train/v2/_internal/execution/context.py, Ray 2.60), so one rank's
+            # report may return well after rank 0's.
+            started = time.perf_counter()
             waited = self._reports_done()
-            if waited is not None:
-                self._waited(self.saving_step, waited, {"poll_wait_s": waited})
             info = ray.train.get_preemption_info()
+            if waited is not None:
+                whole = time.perf_counter() - started
+                parts = {"poll_wait_s": whole, "report_wait_s": waited, "barrier_wait_s": whole - waited}
+                self._waited(self.saving_step, whole, parts)
             if info is not None:
                 self.preempted = True
                 if self.rank == 0:

@@ -54,6 +54,30 @@ def without_uniform_access(bucket) -> SpecError | None:
     )
 
 
+def without_hierarchical_namespace(bucket) -> SpecError | None:
+    """The refusal of an existing bucket without hierarchical namespace for a run whose checkpoints are committed by a
+    directory rename (``components.workload.derive.commits_by_directory_rename``: MaxText's Orbax checkpoints on the
+    bucket's Cloud Storage FUSE mount). Only there is a folder's rename one atomic operation ("The rename operation is
+    atomic": https://cloud.google.com/storage/docs/rename-hns-folders; Cloud Storage FUSE renames a folder of such a
+    bucket in one step: https://github.com/GoogleCloudPlatform/gcsfuse/blob/master/docs/semantics.md); in a flat
+    bucket Cloud Storage FUSE copies and deletes each object, and by default refuses a directory's rename at all
+    (``--rename-dir-limit``, 0 by default: https://cloud.google.com/storage/docs/cloud-storage-fuse/cli-options). The
+    bucket resource says which it is (``hierarchicalNamespace.enabled``:
+    https://cloud.google.com/storage/docs/json_api/v1/buckets), and it is chosen only when a bucket is created ("You
+    cannot enable hierarchical namespace in an existing bucket": https://cloud.google.com/storage/docs/create-hns-bucket)."""
+    if bucket.hierarchical_namespace_enabled:
+        return None
+    return SpecError(
+        "gke.bucket",
+        f"the bucket {bucket.name} has no hierarchical namespace (its hierarchicalNamespace.enabled is not true): "
+        "MaxText's checkpoints are committed by renaming a step's directory on the bucket's Cloud Storage FUSE mount, "
+        "which only a bucket with hierarchical namespace renames atomically (elsewhere a save cut short can leave a "
+        "step half renamed, and Cloud Storage FUSE refuses the rename by default); a bucket gets it only when created: "
+        "name a bucket created with it in gke.bucket, or a new name (the run creates it with hierarchical namespace)",
+        ["a bucket with hierarchical namespace", "a new name (created with it)"],
+    )
+
+
 class SourceChanged(RuntimeError):
     """Objects a pinned copy (``Storage.copy_prefix``'s ``generations``) names that are at another generation now, or
     gone: ``changed``, their names under the source prefix."""
@@ -74,14 +98,15 @@ def _pinned(found: list, source: str, generations: dict[str, int]) -> list:
 
 
 class Storage(Adapter):
-    def ensure_bucket(self, name: str, location: str):
-        """The bucket: reused if the project can read it (with uniform bucket-level access), else created in
-        ``location``."""
+    def ensure_bucket(self, name: str, location: str, hierarchical: bool = False):
+        """The bucket: reused if the project can read it (with uniform bucket-level access, and with ``hierarchical``
+        hierarchical namespace: :func:`without_hierarchical_namespace`), else created in ``location`` (with
+        hierarchical namespace when ``hierarchical``)."""
         from google.api_core import exceptions as gexc
 
         try:
             bucket = self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
-            refusal = without_uniform_access(bucket)
+            refusal = without_uniform_access(bucket) or (hierarchical and without_hierarchical_namespace(bucket))
             if refusal:
                 raise refusal
             self.log(f"bucket gs://{name} exists ({bucket.location}): using it")
@@ -92,17 +117,23 @@ class Storage(Adapter):
             raise unreadable(name, exc.message) from None
         bucket = self.client.bucket(name)
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+        if hierarchical:  # with uniform access, as it must be (https://cloud.google.com/storage/docs/create-hns-bucket)
+            bucket.hierarchical_namespace_enabled = True
         try:
             bucket = self.call(f"create bucket {name}", lambda: self.client.create_bucket(bucket, location=location))
         except gexc.Conflict as exc:  # created since the get, or another project's name
             try:
-                return self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
+                bucket = self.call(f"get bucket {name}", lambda: self.client.get_bucket(name))
             except (gexc.NotFound, gexc.Forbidden):
                 raise SpecError(
                     "gke.bucket",
                     f"the bucket name {name} is taken by another project: {exc.message}",
                     ["a bucket of this project", "a globally unique new name"],
                 ) from None
+            refusal = hierarchical and without_hierarchical_namespace(bucket)
+            if refusal:
+                raise refusal from None
+            return bucket
         self.log(f"created bucket gs://{name} in {location} (kept after the run)")
         return bucket
 

@@ -44,6 +44,12 @@ WORKLOAD_ENTRYPOINTS: dict[str, dict[str, tuple[str, ...]]] = {  # workload -> m
     },
 }
 DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
+# Workloads that commit a checkpoint by renaming its directory in the run's storage: MaxText, whose Orbax checkpoints
+# on a local or mounted path are written under a temporary name and renamed to their step (``trainers.committed``).
+# On GKE that storage is the bucket's Cloud Storage FUSE mount, where a directory's rename is atomic only in a bucket
+# with hierarchical namespace (``components.cloud.storage.without_hierarchical_namespace``). The FSDP trainer's commits
+# rename one file (DCP's index, the final checkpoint's meta): one object copied, there whole or not at all.
+COMMITS_BY_DIRECTORY_RENAME = ("maxtext",)
 # The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered.
 JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
 
@@ -63,6 +69,11 @@ def slice_shape(spec: RunSpec) -> catalogue.SliceShape:
 
 def is_tpu(spec: RunSpec) -> bool:
     return spec.cluster.accelerator != "cpu"
+
+
+def commits_by_directory_rename(spec: RunSpec) -> bool:
+    """Whether the run's trainer commits a checkpoint by renaming a directory (:data:`COMMITS_BY_DIRECTORY_RENAME`)."""
+    return spec.train.workload in COMMITS_BY_DIRECTORY_RENAME
 
 
 def workers_per_host(spec: RunSpec) -> int:

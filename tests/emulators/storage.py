@@ -20,6 +20,12 @@ implicit directories have none). A deliberate limit: a name that cannot be such 
 there, where Cloud Storage would take it; a change that keeps a file's inode, size and modification time (two writes
 of one length within the file system's timestamp tick) is not seen as a new generation.
 
+A bucket carries the ``hierarchicalNamespace`` it was created with (``{"enabled": true}``, the bucket resource's
+field: https://cloud.google.com/storage/docs/json_api/v1/buckets), set only by buckets.insert ("You cannot enable
+hierarchical namespace in an existing bucket": https://cloud.google.com/storage/docs/create-hns-bucket), and only
+with uniform bucket-level access (the same page: "for Access control, choose Uniform"); an insert asking for it
+without uniform access is 400.
+
 Requests are checked as Cloud Storage checks them: bucket names (3-63 characters of lowercase letters, digits,
 ``-``, ``_`` and ``.``, starting and ending with a letter or digit, no ``goog`` prefix), unknown body fields, the
 project a bucket is created in, IAM roles and members (a workload identity ``principal://`` member must name its
@@ -712,6 +718,13 @@ class StorageEmulator(HttpEmulator):
         location = str(body.get("location", "US")).upper()
         iam = body.get("iamConfiguration", {})
         ubla = bool(iam.get("uniformBucketLevelAccess", iam.get("bucketPolicyOnly", {})).get("enabled"))
+        hns = body.get("hierarchicalNamespace", {})
+        if hns.get("enabled") and not ubla:
+            # A bucket with hierarchical namespace takes uniform bucket-level access only ("Access control, choose
+            # Uniform": https://cloud.google.com/storage/docs/create-hns-bucket)
+            raise HttpError(
+                400, "Hierarchical namespace requires uniform bucket-level access to be enabled.", "invalid"
+            )
         access = {"enabled": ubla}
         if ubla:
             locked = datetime.now(UTC) + timedelta(days=90)

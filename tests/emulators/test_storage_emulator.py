@@ -82,6 +82,19 @@ def test_bucket_create_get_and_conflicts(gcs):
     assert sorted(gcs.state.buckets) == ["plain-bucket", "tpupipe-ckpt"]
 
 
+def test_a_bucket_has_hierarchical_namespace_only_from_its_creation_and_only_with_uniform_access(gcs):
+    gcs_client = client()
+    create(gcs_client, "tpupipe-hns", hierarchical_namespace_enabled=True)
+    create(gcs_client, "tpupipe-flat")
+    assert gcs_client.get_bucket("tpupipe-hns").hierarchical_namespace_enabled is True
+    assert not gcs_client.get_bucket("tpupipe-flat").hierarchical_namespace_enabled
+    fine_grained = gcs_client.bucket("tpupipe-acl")
+    fine_grained.hierarchical_namespace_enabled = True
+    with pytest.raises(exceptions.BadRequest, match="requires uniform bucket-level access"):
+        gcs_client.create_bucket(fine_grained, location="us-east5")
+    assert "tpupipe-acl" not in gcs.state.buckets
+
+
 def test_iam_policy_bindings(gcs):
     bucket = create(client())
     policy = bucket.get_iam_policy(requested_policy_version=3)

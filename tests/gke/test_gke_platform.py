@@ -865,6 +865,50 @@ def test_an_existing_bucket_without_uniform_access_is_refused_by_preflight_and_p
     assert project.clusters("ubla") == [] and project.mutations() == ["buckets.insert"]
 
 
+def _maxtext(tmp_path, run_id: str) -> RunContext:
+    spec = resolve("local-maxtext", ONE_SLICE.replace("gke.image=local/torch", "gke.image=local/maxtext"))
+    return RunContext(spec=spec, run_id=run_id, store=LocalStore(tmp_path / run_id), platform="gke")
+
+
+def test_a_maxtext_run_creates_its_bucket_with_hierarchical_namespace(tmp_path, project_factory):
+    """MaxText commits a checkpoint by renaming its step's directory on the bucket's FUSE mount, atomic only in a bucket
+    with hierarchical namespace: a bucket the run creates has it; an FSDP run's does not need it."""
+    project = project_factory()
+    platform().provision(_maxtext(tmp_path, "hnsrun"))
+    resource = project.storage.state.buckets[f"{PROJECT}-tpupipe"]
+    assert resource["hierarchicalNamespace"] == {"enabled": True}
+    assert resource["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
+    platform().provision(context(tmp_path, "fsdprun"))  # an FSDP run uses it as it is
+    assert project.storage.state.calls.count("buckets.insert") == 1
+
+
+def test_an_existing_flat_bucket_is_refused_for_maxtext_by_preflight_and_provision_naming_the_field(
+    tmp_path, project_factory, capsys
+):
+    """A bucket without hierarchical namespace (which a bucket gets only when created) is refused for a MaxText run
+    before anything is created, naming gke.bucket, the bucket's field and the fix; an FSDP run may use it."""
+    from components.cloud.storage import storage_client
+    from tests.gke.test_preflight import preflight_cli
+
+    project = project_factory()
+    flat = storage_client(PROJECT).bucket(f"{PROJECT}-tpupipe")
+    flat.iam_configuration.uniform_bucket_level_access_enabled = True
+    storage_client(PROJECT).create_bucket(flat, location="us-east5")
+    overrides = ONE_SLICE.replace("gke.image=local/torch", "gke.image=local/maxtext")
+    from pipelines.cli import main as cli
+
+    code = cli.main(["preflight", "local-maxtext", "--set", overrides, "--run-id", "flat"])
+    text = capsys.readouterr()
+    text = text.out + text.err
+    assert code == 2 and f"gke.bucket: the bucket {PROJECT}-tpupipe has no hierarchical namespace" in text
+    assert "hierarchicalNamespace.enabled" in text and "a new name (the run creates it" in text
+    with pytest.raises(PreflightFailed, match="hierarchical namespace"):
+        platform().provision(_maxtext(tmp_path, "flat"))
+    assert project.clusters("flat") == [] and project.mutations() == ["buckets.insert"]
+    code, text = preflight_cli(ONE_SLICE, capsys)  # the FSDP trainer renames files only: the flat bucket serves it
+    assert "hierarchical namespace" not in text and "uniform bucket-level access" in text
+
+
 def test_a_bucket_this_identity_cannot_read_is_refused_before_the_cluster(tmp_path, project_factory):
     project = project_factory()
     project.storage.fail("buckets.get", 403, message="tpupipe@x.iam does not have storage.buckets.get access")

@@ -175,13 +175,14 @@ def test_an_evaluation_the_gate_cannot_use_starts_no_job(tmp_path):
 
 def test_the_evaluation_key_changes_with_what_a_held_out_figure_depends_on():
     spec = resolve("local-fsdp")
-    base = heldout.eval_key(spec, "sha256:aa", "cpu")
-    assert base == heldout.eval_key(resolve("local-fsdp", "epochs=1 train.learning_rate=0"), "sha256:aa", "cpu")
-    assert base != heldout.eval_key(spec, "sha256:ab", "cpu")  # other examples
-    assert base != heldout.eval_key(resolve("local-fsdp", "max_length=32"), "sha256:aa", "cpu")
-    assert base != heldout.eval_key(spec, "sha256:aa", "tpu")  # bf16 compute on TPU
-    tpu = heldout.eval_key(spec, "sha256:aa", "tpu")
-    assert tpu != heldout.eval_key(resolve("local-fsdp", "train.precision=bf16"), "sha256:aa", "tpu")
+    base = heldout.eval_key(spec, "sha256:aa", "cpu", 2)
+    assert base == heldout.eval_key(resolve("local-fsdp", "epochs=1 train.learning_rate=0"), "sha256:aa", "cpu", 2)
+    assert base != heldout.eval_key(spec, "sha256:ab", "cpu", 2)  # other examples
+    assert base != heldout.eval_key(resolve("local-fsdp", "max_length=32"), "sha256:aa", "cpu", 2)
+    assert base != heldout.eval_key(spec, "sha256:aa", "tpu", 2)  # bf16 compute on TPU
+    assert base != heldout.eval_key(spec, "sha256:aa", "cpu", 4)  # other batches, summed in another order
+    tpu = heldout.eval_key(spec, "sha256:aa", "tpu", 2)
+    assert tpu != heldout.eval_key(resolve("local-fsdp", "train.precision=bf16"), "sha256:aa", "tpu", 2)
 
 
 def test_the_evaluation_job_measures_only_what_it_is_asked():

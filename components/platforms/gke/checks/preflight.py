@@ -102,8 +102,9 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
 
 
 def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
-    """An existing bucket (``gke.bucket``) has uniform bucket-level access (``storage.without_uniform_access``); one
-    that does not exist yet is created with it at provision."""
+    """An existing bucket (``gke.bucket``) has uniform bucket-level access (``storage.without_uniform_access``) and,
+    for a trainer that commits its checkpoints by renaming a directory (MaxText), hierarchical namespace
+    (``storage.without_hierarchical_namespace``); one that does not exist yet is created with them at provision."""
     from google.api_core import exceptions as gexc
 
     from components.cloud import storage
@@ -122,6 +123,12 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.problems.append(Problem(uniform.field, str(uniform).removeprefix(f"{uniform.field}: ")))
     else:
         report.checked.append(f"bucket gs://{name}: uniform bucket-level access")
+    if n.bucket_hierarchical:
+        flat = storage.without_hierarchical_namespace(bucket)
+        if flat:
+            report.problems.append(Problem(flat.field, str(flat).removeprefix(f"{flat.field}: ")))
+        else:
+            report.checked.append(f"bucket gs://{name}: hierarchical namespace (atomic renames of checkpoint steps)")
     trusted = GcsPlace(name, f"{STATE_PREFIX}/{MANIFESTS_PREFIX}", bucket.client)  # the train stage's records
     where = f"gs://{name}/{CACHE_PREFIX}"
     report.checked += weights.lookup_lines(

@@ -161,6 +161,9 @@ class Needs:
     # The Artifact Registry repository of the trainer image (``projects/P/locations/L/repositories/R``) when it is in
     # this project's registry: image pulls may be granted there (``node_account``); "" otherwise.
     image_repository: str = ""
+    # An existing bucket must have hierarchical namespace too: the trainer commits its checkpoints by renaming a
+    # directory on the bucket's FUSE mount (``derive.commits_by_directory_rename``).
+    bucket_hierarchical: bool = False
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -236,6 +239,7 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         t.bucket,
         owner_permissions,
         image_repository=image_repository(t),
+        bucket_hierarchical=d.commits_by_directory_rename(spec),
     )
 
 
@@ -332,7 +336,8 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         for zone, machine, _ in n.machine_types
     ]
     if n.bucket:
-        out.append(("storage.buckets.get", f"b/{n.bucket}", "if it exists: uniform bucket-level access"))
+        wanted = "uniform bucket-level access" + (", hierarchical namespace" if n.bucket_hierarchical else "")
+        out.append(("storage.buckets.get", f"b/{n.bucket}", f"if it exists: {wanted}"))
     if n.location:
         out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
         out.append(

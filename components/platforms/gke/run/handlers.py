@@ -26,7 +26,7 @@ def compute_resource(s: Session, res: Resource) -> None:
 
 
 def bucket(s: Session, res: Resource) -> None:
-    s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
+    s.client("storage").ensure_bucket(s.t.bucket, s.t.region, d.commits_by_directory_rename(s.ctx.spec))
 
 
 def binding(s: Session, res: Resource) -> None:
@@ -140,7 +140,7 @@ def build_source(s: Session, res: Resource) -> None:
     s.reused_digest = gke_build.tag_digest(s.client("registry"), s.content_image)
     if s.reused_digest:
         return
-    s.client("storage").ensure_bucket(s.t.bucket, s.t.region)
+    s.client("storage").ensure_bucket(s.t.bucket, s.t.region, d.commits_by_directory_rename(s.ctx.spec))
     s.build_source_generation = s.client("storage").upload(
         s.t.bucket, names.build_source(s.ctx.run_id), context, content_type="application/gzip"
     )
