@@ -444,11 +444,24 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
     assert reading["member"] == binding["member"]
     assert binding["condition"]["expression"] == (
         f'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/runs/{t.run_id}/") '
+        f'|| resource.name.startsWith("projects/_/buckets/my-project-tpupipe/folders/runs/{t.run_id}/") '
         '|| resource.type == "storage.googleapis.com/Bucket"'
     )
     assert reading["condition"]["expression"] == (
-        'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/cache/")'
+        'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/cache/") '
+        '|| resource.name.startsWith("projects/_/buckets/my-project-tpupipe/folders/cache/")'
     )
+    # evaluated as IAM evaluates it (the emulator's CEL subset): the run's own folders (an HNS bucket's directories,
+    # which Cloud Storage FUSE creates and renames), never another run's or the cache's for writing
+    from tests.emulators.iam import condition
+
+    writes = condition(binding["condition"]["expression"])
+    folder = "storage.googleapis.com/Folder"
+    base = "projects/_/buckets/my-project-tpupipe/folders"
+    assert writes({"resource.name": f"{base}/runs/{t.run_id}/checkpoints/3/", "resource.type": folder})
+    assert not writes({"resource.name": f"{base}/runs/another-run/checkpoints/3/", "resource.type": folder})
+    assert not writes({"resource.name": f"{base}/cache/compile/", "resource.type": folder})
+    assert condition(reading["condition"]["expression"])({"resource.name": f"{base}/cache/x/", "resource.type": folder})
 
 
 def test_the_train_job_command_carries_the_spec_and_the_stage_submission_id():

@@ -82,6 +82,19 @@ CACHE_MOUNT_PATH = "/cache"
 BUCKET_RESOURCE_TYPE = "storage.googleapis.com/Bucket"  # resource.type of a bucket in an IAM condition
 
 
+def prefix_condition(bucket: str, prefix: str) -> str:
+    """An IAM condition's expression admitting the objects under ``prefix`` and, in a bucket with hierarchical
+    namespace, its folders: a folder is a resource of its own, ``projects/{project}/buckets/{bucket}/folders/{folder}``
+    (google/storage/control/v2/storage_control.proto, ``Folder``), which Cloud Storage FUSE gets, creates, renames and
+    deletes by that name with ``_`` for the project (GoogleCloudPlatform/gcsfuse, internal/storage/bucket_handle.go) —
+    a directory made or renamed on the mount (an Orbax step's commit) is such a call, which a condition on the objects'
+    names alone refuses. The folder permissions are the role's: ``roles/storage.objectUser`` holds
+    ``storage.folders.create`` and ``rename`` (https://cloud.google.com/storage/docs/rename-hns-folders)."""
+    return " || ".join(
+        f'resource.name.startsWith("projects/_/buckets/{bucket}/{kind}/{prefix}/")' for kind in ("objects", "folders")
+    )
+
+
 @dataclass(frozen=True)
 class Target:
     """The resolved places and names of a run on GKE."""
@@ -185,8 +198,8 @@ def bucket_binding(t: Target) -> dict[str, Any]:
     ``projects/_/buckets/BUCKET/objects/NAME``: https://cloud.google.com/iam/docs/conditions-resource-attributes).
     Listing is a permission on the bucket itself, which GCS FUSE needs, so the condition also holds for the bucket
     resource: the pods can list the bucket's object names, not read or write another run's objects or the control
-    state (``state/``, ``builds/``, the pipeline root). The cache prefix they may only read (``cache_binding``)."""
-    prefix = f"projects/_/buckets/{t.bucket}/objects/{names.run_prefix(t.run_id)}/"
+    state (``state/``, ``builds/``, the pipeline root). In a bucket with hierarchical namespace the run's folders are
+    admitted too (``prefix_condition``). The cache prefix they may only read (``cache_binding``)."""
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectUser",
@@ -194,7 +207,9 @@ def bucket_binding(t: Target) -> dict[str, Any]:
         "condition": {
             "title": f"tpupipe run {t.run_id}",
             "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
-            "expression": (f'resource.name.startsWith("{prefix}") || resource.type == "{BUCKET_RESOURCE_TYPE}"'),
+            "expression": (
+                f'{prefix_condition(t.bucket, names.run_prefix(t.run_id))} || resource.type == "{BUCKET_RESOURCE_TYPE}"'
+            ),
         },
     }
 
@@ -207,7 +222,6 @@ def cache_binding(t: Target) -> dict[str, Any]:
     compilation cache is considered trusted", https://docs.jax.dev/en/latest/persistent_compilation_cache.html), so
     no run's pod may write what another run loads: the pipeline's identity alone promotes entries into it, with their
     hashes in ``state/`` (``components.workload.cache_trust``)."""
-    cached = f"projects/_/buckets/{t.bucket}/objects/{CACHE_PREFIX}/"
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectViewer",
@@ -215,6 +229,6 @@ def cache_binding(t: Target) -> dict[str, Any]:
         "condition": {
             "title": f"tpupipe run {t.run_id}: cache",
             "description": f"reading the objects under {CACHE_PREFIX}/ only",
-            "expression": f'resource.name.startsWith("{cached}")',
+            "expression": prefix_condition(t.bucket, CACHE_PREFIX),
         },
     }
