@@ -321,8 +321,9 @@ def restore_point(storage: Path, prune: bool = False, say=print) -> Path | None:
     every save cut short (:func:`newest_sharded`), every other committed sharded checkpoint Ray Train never
     registered (written, then the group was lost before its report reached Ray Train: older than the chosen one, never
     restored again), and every trained model's directory (``final_<step>``) it never registered (a group lost while
-    writing or reporting it: the group that finishes writes its own). Where Ray Train's record cannot be read
-    (:func:`registered`), none of the committed ones is removed."""
+    writing or reporting it: the group that finishes writes its own), each older than the newest checkpoint Ray
+    Train's record lists (a newer one may be registered in a record fresher than the one read). Where Ray Train's
+    record cannot be read (:func:`registered`), or lists none, none of the committed ones is removed."""
     chosen = newest_sharded(storage, prune, say if prune else _quiet)
     if not prune:
         return chosen
@@ -330,13 +331,26 @@ def restore_point(storage: Path, prune: bool = False, say=print) -> Path | None:
     if known is None:
         say(f"Ray Train's record of its checkpoints ({storage / RAY_SNAPSHOT}) cannot be read: no committed one pruned")
         return chosen
-    stale = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if d.is_dir() and d != chosen and d.name not in known]
-    stale += [d for d in storage.glob(f"{FINAL_PREFIX}*") if d.is_dir() and d.name not in known]
+    # Only what is older than the newest checkpoint the record lists: the record is read through this pod's mount,
+    # whose metadata cache may serve a copy older than the controller's last write (Cloud Storage FUSE caches an
+    # object's metadata, 60 s by default: https://cloud.google.com/storage/docs/cloud-storage-fuse/caching), and
+    # Ray Train registers reports in their order, so a directory older than a listed one that the record does not
+    # list was never registered (or was let go past train.num_to_keep), while a newer one may be in a fresher record.
+    newest = max((_step(name) for name in known), default=-1)
+    candidates = [d for d in storage.glob(f"{SHARDED_PREFIX}*") if d.is_dir() and d != chosen]
+    candidates += [d for d in storage.glob(f"{FINAL_PREFIX}*") if d.is_dir()]
+    stale = [d for d in candidates if d.name not in known and -1 < _step(d.name) < newest]
     for directory in sorted(stale):
         what = "trained model" if directory.name.startswith(FINAL_PREFIX) else "checkpoint"
         say(f"pruned {what} {directory}: never registered by Ray Train, and not the one restored")
         shutil.rmtree(directory, ignore_errors=True)
     return chosen
+
+
+def _step(name: str) -> int:
+    """The global step a checkpoint directory's name ends with (its last 8 characters); -1 when it does not."""
+    tail = name[-8:]
+    return int(tail) if tail.isdigit() else -1
 
 
 def _quiet(_line: str) -> None:
