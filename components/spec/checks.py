@@ -18,10 +18,10 @@ from components.spec.run_spec import (
     HELDOUT_LOSS,
     MODEL_REF,
     PRECISIONS,
-    SCRATCH_PREFIX,
-    WORKLOADS,
     SCORER,
+    SCRATCH_PREFIX,
     TASK_METRICS,
+    WORKLOADS,
     RunSpec,
 )
 

@@ -143,9 +143,9 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """Generation on the evaluation set (the fsdp workload; maxtext generates nothing): after training, the trained model and the model it is
-    compared with answer the first evaluation prompts by greedy decoding, and the answers are scored against the
-    references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
+    """Generation on the evaluation set (the fsdp workload; maxtext generates nothing): after training, the trained
+    model and the model it is compared with answer the first evaluation prompts by greedy decoding, and the answers
+    are scored against the references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
 
     generate_examples: int = 64  # evaluation prompts answered by each model (the split's first ones); 0: no generation
     max_new_tokens: int = 32  # the most tokens of an answer (greedy decoding stops at the end-of-sequence token)
