@@ -1,5 +1,5 @@
-"""Task metrics of generated answers (``eval.metrics``, ``eval.scorer``): each example's score, each metric's mean,
-and the paired bootstrap interval of the difference between two models answering the same prompts.
+"""Task metrics of generated answers (``eval.metrics``, ``eval.scorer``): each example's score and each metric's mean
+(the paired comparison of two models' scores is the evaluate stage's: ``components.stages.answers``).
 
 Pure Python and numpy; ROUGE-L is Google's reference implementation, ``rouge-score`` (PyPI 0.1.2, imported where it
 is used: the trainer image has it). Its default tokenizer lowercases and keeps only ``[a-z0-9]`` runs, so an answer
@@ -22,10 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.spec.run_spec import SCORER
-
-BOOTSTRAP_SAMPLES = 1000
-BOOTSTRAP_SEED = 0  # fixed: the same scores give the same interval in every run
-CONFIDENCE = 0.95
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -130,39 +126,3 @@ def scores(names: Sequence[str], examples: Sequence[Example], scorer_ref: str = 
 
 def means(per_example: dict[str, list[float]]) -> dict[str, float]:
     return {name: sum(values) / len(values) if values else math.nan for name, values in per_example.items()}
-
-
-def paired_bootstrap(
-    candidate: Sequence[float], champion: Sequence[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float, float]:
-    """(mean of candidate - champion, and the ``CONFIDENCE`` interval of that mean): ``samples`` resamples of the
-    example indices with replacement, the same indices for both models (they answered the same prompts), their
-    differences' means, and its quantiles. Fixed seed: the same scores give the same interval."""
-    import numpy as np
-
-    a, b = np.asarray(candidate, dtype=float), np.asarray(champion, dtype=float)
-    if a.shape != b.shape or a.ndim != 1 or not len(a):
-        raise ValueError(f"paired scores must be two equal, non-empty lists: {a.shape} and {b.shape}")
-    diff = a - b
-    picks = np.random.default_rng(seed).integers(0, len(diff), (samples, len(diff)))
-    resampled = diff[picks].mean(axis=1)
-    tail = (1 - CONFIDENCE) / 2
-    low, high = np.quantile(resampled, [tail, 1 - tail])
-    return float(diff.mean()), float(low), float(high)
-
-
-def compare(candidate: dict[str, list[float]], champion: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Each metric both have: the candidate's and the champion's means, their difference and its interval."""
-    table = {}
-    for name in candidate:
-        if name not in champion:
-            continue
-        difference, low, high = paired_bootstrap(candidate[name], champion[name])
-        table[name] = {
-            "candidate": sum(candidate[name]) / len(candidate[name]),
-            "champion": sum(champion[name]) / len(champion[name]),
-            "difference": difference,
-            "low": low,
-            "high": high,
-        }
-    return table

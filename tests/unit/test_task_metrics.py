@@ -1,5 +1,6 @@
 """The task metrics of generated answers (trainers.metrics): each metric's score, a team's scorer and how it fails,
-and the paired bootstrap interval of a difference."""
+run in the pipeline environment (no ROUGE there: the
+generation test scores ROUGE-L in the trainer's)."""
 
 from __future__ import annotations
 
@@ -79,26 +80,3 @@ def test_a_scorer_returning_no_number_fails(scorer_module):
     scorer_module.text = lambda prompt, reference, answer: "1"
     with pytest.raises(ScorerError, match="returned '1' on example 0"):
         metrics.scores(["scorer"], _examples(("a", "a")), "team_scoring:text")
-
-
-def test_the_paired_bootstrap_interval_holds_the_difference_and_is_fixed_by_its_seed():
-    candidate = [1.0] * 30 + [0.0] * 10
-    champion = [0.0] * 20 + [1.0] * 10 + [0.0] * 10
-    difference, low, high = metrics.paired_bootstrap(candidate, champion)
-    assert difference == pytest.approx(0.5)
-    assert 0 < low < difference < high <= 1
-    assert metrics.paired_bootstrap(candidate, champion) == (difference, low, high)
-
-
-def test_the_same_scores_have_a_zero_width_interval_and_unequal_lists_are_refused():
-    assert metrics.paired_bootstrap([1.0, 0.0, 1.0], [1.0, 0.0, 1.0]) == (0.0, 0.0, 0.0)
-    with pytest.raises(ValueError, match="paired"):
-        metrics.paired_bootstrap([1.0], [1.0, 0.0])
-
-
-def test_compare_tables_the_metrics_both_models_have():
-    table = metrics.compare({"exact_match": [1.0, 1.0, 0.0, 1.0], "x": [1.0]}, {"exact_match": [0.0, 1.0, 0.0, 0.0]})
-    assert set(table) == {"exact_match"}
-    row = table["exact_match"]
-    assert (row["candidate"], row["champion"], row["difference"]) == (0.75, 0.25, 0.5)
-    assert row["low"] <= row["difference"] <= row["high"]
