@@ -253,7 +253,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
         answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
     evaluation.before(model, resumed)
-    if not resumed:  # the model training starts from answers the evaluation prompts (a resumed group's did already)
+    # The model as built answers the evaluation prompts (a resumed group's did already); a registered version training
+    # starts from has its answers recorded, or answers in the evaluation job (components.stages.answers).
+    if not resumed and not config.get("init_from"):
         answering(model, "before")
     if rank == 0:
         protocol.emit("event", {"event": "setup", "phases": phases.seconds, **phases.facts, "time": time.time()})

@@ -211,6 +211,40 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     assert run_processes(runs["gate-2"]["run_id"]) == []
 
 
+def test_the_trained_model_answers_the_task_better_than_the_model_as_built(runs):
+    """The default run's train job answers the first 64 held-out prompts before and after training; the generated
+    task's exact match rises, the summary prints both figures and the gate's reason, and the run directory holds the
+    answers and the side-by-side page with at least 16 examples."""
+    summary, run_dir = _ok(runs["gate-1"]), runs["gate-1"]["run_dir"]
+    task = summary["task"]
+    assert task["num_examples"] == 64 and task["against"] == "before training"
+    assert task["metrics_after"]["exact_match"] > task["metrics_before"]["exact_match"]
+    assert task["comparison"]["exact_match"]["low"] > 0  # the rise is outside the bootstrap interval's reach of 0
+    out = runs["gate-1"]["proc"].stdout
+    before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
+    assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
+    assert "  gate: promoted" in out
+    page = (run_dir / "eval" / "side_by_side.md").read_text()
+    assert page.count("| Instruction: ") >= 16 and "| exact_match |" in page and "Gate: promoted" in page
+    rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and {"prompt", "reference", "answer", "before training"} <= set(rows[0])
+    first = open_registry(runs["root"]).get(MODEL, "1").provenance
+    assert first["task_metrics"] == task["metrics_after"] and first["generation_key"] == task["generation_key"]
+
+
+def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
+    """The second run's champion answered the same prompts under the same generation key in the first run: its
+    recorded answers are read back, no evaluation job starts, and the trained model is compared with them."""
+    _ok(runs["gate-2"])
+    evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
+    task = evaluation["task"]
+    assert "job" not in evaluation
+    assert task["against"] == "champion" and task["champion_answers"] == f"recorded by {MODEL}@1"
+    first = open_registry(runs["root"]).get(MODEL, "1").provenance
+    assert task["generation_key"] == first["generation_key"] and task["metrics_other"] == first["task_metrics"]
+    assert set(task["comparison"]) == set(first["task_metrics"])
+
+
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
     root = str(runs["root"])
     shown = tpupipe("models", "show", f"{MODEL}@2", "--output-root", root, timeout=120)
