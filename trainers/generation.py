@@ -143,7 +143,6 @@ class Answering:
         started = time.perf_counter()
         prompts = [prompt_of(e) for e in self.examples]
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
-        seconds = time.perf_counter() - started
         if self.rank != 0:
             return {}
         references = [str(e["response"]) for e in self.examples]
@@ -156,7 +155,7 @@ class Answering:
             "means": metrics.means(scored),
             "generation_key": self.key,
             "num_examples": len(examples),
-            "seconds": seconds,
+            "seconds": time.perf_counter() - started,  # answering and scoring: the ledger's evaluation
         }
         protocol.emit("event", {"event": "answers", **found, "time": time.time()})
         return found
