@@ -331,6 +331,8 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     recorded, answer = answers.plan_champion(ctx, train_result, champion)  # the champion's answers: kept, or again
     generate = ("champion",) if answer and not not_held_out else ()
     missing += tuple(w for w in generate if w not in missing)
+    if generate:
+        log(f"evaluate: {champion['ref']} answers the evaluation prompts again: no answers of its under this key")
     job: dict[str, Any] = {"records": []}
     result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in ("seconds", *FIGURES.values())}
     result.update(device=train_result.get("device"), num_workers=train_result.get("num_workers"))
