@@ -284,11 +284,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         }
         if epoch + 1 == t.epochs:  # the trained model on the held-out split, reported with its checkpoint
             metrics.update(evaluation.after(model))
-            answering(model, "after")
         if epoch < t.epochs - 1:
             saves.sharded(at, metrics)
         else:
             saves.final(at, metrics)
+            answering(model, "after")  # once the trained model is saved: an answering that fails loses nothing
         if rank == 0:
             protocol.emit("metric", metrics)
 

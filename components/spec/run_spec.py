@@ -147,7 +147,10 @@ class EvalSpec:
     model and the model it is compared with answer the first evaluation prompts by greedy decoding, and the answers
     are scored against the references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
 
-    generate_examples: int = 64  # evaluation prompts answered by each model (the split's first ones); 0: no generation
+    # Evaluation prompts answered by each model (the split's first ones); 0: no generation. Off unless a preset or
+    # the run turns it on (local-fsdp does): on a slice the answers' comparison by the pipeline's stages and the
+    # decode's compilation on TPU are not yet shown.
+    generate_examples: int = 0
     max_new_tokens: int = 32  # the most tokens of an answer (greedy decoding stops at the end-of-sequence token)
     # The task metrics, comma-separated: exact_match, normalized_exact_match (lowercase, no punctuation, articles or
     # extra spaces), rouge_l (F-measure, rouge-score), json_valid (the answer parses as JSON), answer_length (words)

@@ -9,7 +9,8 @@ from components.spec import SpecError
 from components.workload import resolve
 
 
-def test_the_default_generates_64_examples_and_decides_on_the_held_out_loss():
+def test_the_local_preset_generates_64_examples_others_none_and_each_decides_on_the_held_out_loss():
+    assert resolve("gemma4-e2b-v6e-16").eval.generate_examples == 0  # off on a slice until shown there
     spec = resolve("local-fsdp")
     assert spec.eval.generate_examples >= 16
     assert "exact_match" in spec.eval.metric_names
