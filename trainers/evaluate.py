@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import data, heldout, job_args
+from trainers import data, generation, heldout, job_args
 
 MODELS = ("before", "after", "champion")
 
@@ -77,6 +77,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         batches = split.batches
         mesh = init_device_mesh(device_type, (world,))
         losses, measured = {}, {}
+        answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
+        wanted_answers = set(config.get("generate") or ())
         models = models_to_measure(config)
         for index, (which, source) in enumerate(models):
             if source in measured:
@@ -89,6 +91,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
                 model = build_model(t.model_id, tokenizer, t.seed, dtype)
             model = parallelize(model.to(device), mesh, compute)
             losses[which] = measured[source] = heldout.loss(model, batches, device)
+            if which in wanted_answers:  # its answers to the evaluation prompts (trainers.generation)
+                answering(model, which)
             del model
             _measured(rank, which, index, len(models), len(batches))
     metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
@@ -109,6 +113,7 @@ def run(
     init_from: str = "",
     champion: str = "",
     measure: tuple[str, ...] = MODELS,
+    generate: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -122,6 +127,8 @@ def run(
         "init_from": init_from,
         "champion": champion,
         "measure": list(measure),
+        "generate": list(generate),
+        "output_dir": str(output_dir),  # the answers go under it (trainers.generation)
         "cache_dir": data.local_cache_dir(run_name),
     }
     files = data.job_files(spec, output_dir)
@@ -174,6 +181,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
     add_measure(p)
+    p.add_argument(
+        "--generate",
+        type=lambda text: measure_list(text) if text.strip() else (),
+        default=(),
+        help="which of the measured models also answer the evaluation prompts (comma-separated; default none)",
+    )
     return job_args.parse(p, argv)
 
 
@@ -202,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         args.init_from,
         args.champion,
         args.measure,
+        args.generate,
     )
     protocol.emit("result", result)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import checkpoints, data, heldout, job_args, mesh, ray_checkpoints
+from trainers import checkpoints, data, generation, heldout, job_args, mesh, ray_checkpoints
 from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
 
@@ -252,7 +252,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec), saves.saver.group)
     with phases.timed("evaluation_split"):
         evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
+        answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
     evaluation.before(model, resumed)
+    # The model as built answers the evaluation prompts (a resumed group's did already); a registered version training
+    # starts from has its answers recorded, or answers in the evaluation job (components.stages.answers).
+    if not resumed and not config.get("init_from"):
+        answering(model, "before")
     if rank == 0:
         protocol.emit("event", {"event": "setup", "phases": phases.seconds, **phases.facts, "time": time.time()})
     steps_per_epoch = len(loader)
@@ -284,6 +289,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             saves.sharded(at, metrics)
         else:
             saves.final(at, metrics)
+            answering(model, "after")  # once the trained model is saved: an answering that fails loses nothing
         if rank == 0:
             protocol.emit("metric", metrics)
 
@@ -305,6 +311,7 @@ def run(
         "cache_dir": data.local_cache_dir(run_name),
         "init_from": init_from,
         "cache": cache,
+        "output_dir": str(output_dir),  # the answers to the evaluation prompts go under it (trainers.generation)
     }
     files = data.job_files(spec, output_dir)
     if files is not None:

@@ -14,12 +14,20 @@ from components.spec.run_spec import (
     CAPACITY_TYPES,
     CHAMPION,
     CHECKPOINT_STAGINGS,
+    GUARD,
+    HELDOUT_LOSS,
     MODEL_REF,
     PRECISIONS,
+    SCORER,
     SCRATCH_PREFIX,
+    TASK_METRICS,
     WORKLOADS,
     RunSpec,
 )
+
+SCORER_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+# The fewest generated examples a side-by-side review and a bootstrap interval are worth reading.
+MIN_GENERATE_EXAMPLES = 16
 
 
 def _check_counts(spec: RunSpec) -> None:
@@ -304,6 +312,69 @@ def _check_gate(spec: RunSpec) -> None:
         )
 
 
+def _check_eval(spec: RunSpec) -> None:
+    """Generation on the evaluation set and its task metrics: counts, known metric names, a scorer reference."""
+    e = spec.eval
+    if e.generate_examples != 0 and e.generate_examples < MIN_GENERATE_EXAMPLES:
+        raise SpecError(
+            "eval.generate_examples",
+            f"0 (no generation) or at least {MIN_GENERATE_EXAMPLES} examples, got {e.generate_examples}",
+            ["0", "64"],
+        )
+    if e.max_new_tokens < 1:
+        raise SpecError("eval.max_new_tokens", f"must be at least 1, got {e.max_new_tokens}", ["an integer >= 1"])
+    listed = [m.strip() for m in e.metrics.split(",") if m.strip()]
+    for metric in listed:
+        if metric not in TASK_METRICS:
+            raise SpecError("eval.metrics", f"unknown task metric {metric!r}", list(TASK_METRICS))
+    if len(set(listed)) != len(listed):
+        raise SpecError("eval.metrics", f"a metric named twice in {e.metrics!r}", list(TASK_METRICS))
+    if e.scorer and not SCORER_REF.match(e.scorer):
+        raise SpecError(
+            "eval.scorer", f"{e.scorer!r} is not MODULE:FUNCTION", ["", "my_team.scoring:score (importable)"]
+        )
+
+
+def _check_gate_figures(spec: RunSpec) -> None:
+    """The figure the gate decides on and its guards: the held-out loss, or task metrics the evaluation computes."""
+    g, e = spec.gate, spec.eval
+    # Generation runs in the fsdp trainer: a maxtext run computes no task metric to decide or guard on.
+    computed = e.metric_names if e.generate_examples and spec.train.workload == "fsdp" else ()
+    if g.metric != HELDOUT_LOSS:
+        if g.metric not in (*TASK_METRICS, SCORER) or g.metric == "answer_length":
+            raise SpecError(
+                "gate.metric",
+                f"{g.metric!r} is no figure the gate can decide on",
+                [HELDOUT_LOSS, *(m for m in (*TASK_METRICS, SCORER) if m != "answer_length")],
+            )
+        if g.metric not in computed:
+            raise SpecError(
+                "gate.metric",
+                f"{g.metric} is not computed: it must be in eval.metrics (scorer: eval.scorer set) with "
+                "eval.generate_examples > 0 and train.workload=fsdp",
+                [HELDOUT_LOSS, *computed],
+            )
+    for text in (t for t in g.guards.split(",") if t.strip()):
+        found = GUARD.match(text)
+        if not found:
+            raise SpecError(
+                "gate.guards", f"{text.strip()!r} is not METRIC>=BOUND or METRIC<=BOUND", ["exact_match>=-0.02"]
+            )
+        if found.group(1) not in computed:
+            raise SpecError(
+                "gate.guards",
+                f"{found.group(1)} is not computed: a guard's metric must be in eval.metrics (scorer: eval.scorer set) "
+                "with eval.generate_examples > 0 and train.workload=fsdp",
+                list(computed),
+            )
+    if g.require_significance and g.metric == HELDOUT_LOSS:
+        raise SpecError(
+            "gate.require_significance",
+            "has an interval only on a task metric: set gate.metric to one (the held-out loss is one figure)",
+            ["false", *computed],
+        )
+
+
 def _check_limits(spec: RunSpec) -> None:
     """The run's budget and deadline: unset, or a positive, finite figure."""
     r = spec.run
@@ -326,4 +397,6 @@ def validate(spec: RunSpec) -> None:
     _check_training(spec)
     gke_checks.check_gke_fields(spec)
     _check_gate(spec)
+    _check_eval(spec)
+    _check_gate_figures(spec)
     _check_limits(spec)

@@ -32,6 +32,13 @@ CHECKPOINT_STAGINGS = ("auto", "async", "sync")
 GENERATED_DATASET = "generated"
 SCRATCH_PREFIX = "scratch:"
 CHAMPION = "champion"  # the registry's alias of the version in use; train.init_from=champion starts from it
+# The task metrics the evaluation computes on the answers it generates (eval.metrics; trainers/metrics.py): each an
+# example's score in [0, 1] but answer_length (the answer's words), averaged over the examples.
+TASK_METRICS = ("exact_match", "normalized_exact_match", "rouge_l", "json_valid", "answer_length")
+SCORER = "scorer"  # the name eval.scorer's figure goes by (gate.metric, gate.guards)
+HELDOUT_LOSS = "eval_loss"  # gate.metric's default: the held-out loss, lower is better
+# A guard of gate.guards: METRIC>=BOUND or METRIC<=BOUND on (candidate - champion) of the metric.
+GUARD = re.compile(r"^\s*([a-z_]+)\s*(>=|<=)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
 # What follows NAME@ in train.init_from: a version id or an alias (the registry's rule, components.registry.REF).
 MODEL_REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 
@@ -135,6 +142,31 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class EvalSpec:
+    """Generation on the evaluation set (the fsdp workload; maxtext generates nothing): after training, the trained
+    model and the model it is compared with answer the first evaluation prompts by greedy decoding, and the answers
+    are scored against the references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
+
+    # Evaluation prompts answered by each model (the split's first ones); 0: no generation. Off unless a preset or
+    # the run turns it on (local-fsdp does): on a slice the answers' comparison by the pipeline's stages and the
+    # decode's compilation on TPU are not yet shown.
+    generate_examples: int = 0
+    max_new_tokens: int = 32  # the most tokens of an answer (greedy decoding stops at the end-of-sequence token)
+    # The task metrics, comma-separated: exact_match, normalized_exact_match (lowercase, no punctuation, articles or
+    # extra spaces), rouge_l (F-measure, rouge-score), json_valid (the answer parses as JSON), answer_length (words)
+    metrics: str = "exact_match,normalized_exact_match,rouge_l,answer_length"
+    # A team's own scorer, MODULE:FUNCTION importable in the trainer image: (prompt, reference, answer) -> a float in
+    # [0, 1], its figure named "scorer"; empty: none
+    scorer: str = ""
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """``metrics`` as its names, then ``scorer`` when a scorer is set: every figure the evaluation computes."""
+        listed = tuple(m.strip() for m in self.metrics.split(",") if m.strip())
+        return listed + ((SCORER,) if self.scorer else ())
+
+
+@dataclass(frozen=True)
 class GateSpec:
     """The model registry and the gate in front of its champion: every trained model is registered as a version of
     ``model`` with its provenance, and becomes the champion only when its held-out loss beats the champion's, both
@@ -142,7 +174,24 @@ class GateSpec:
 
     register: bool = True  # off: no registration, no champion measured, no promotion
     model: str = ""  # the registered model's name; empty: derived from the preset's name
-    min_improvement: float = 0.0  # relative: (champion - new) / champion must reach it; 0: any improvement
+    # The figure the gate decides on: eval_loss (the held-out loss, lower is better), or a task metric of
+    # eval.metrics (or scorer), higher is better, measured on the same generated examples
+    metric: str = HELDOUT_LOSS
+    # eval_loss: relative, (champion - new) / champion must reach it; a task metric: new - champion must reach it
+    # (absolute); 0: any improvement
+    min_improvement: float = 0.0
+    # Task metrics that must not regress beyond a bound, comma-separated METRIC>=BOUND or METRIC<=BOUND on (new -
+    # champion), e.g. exact_match>=-0.02: a guard that fails keeps the champion; empty: none
+    guards: str = ""
+    # On: a task-metric improvement whose bootstrap confidence interval (95%) reaches 0 keeps the champion
+    require_significance: bool = False
+
+    @property
+    def guard_list(self) -> tuple[tuple[str, str, float], ...]:
+        """``guards`` as (metric, ">=" or "<=", bound) each, in order (the spec's checks refuse a malformed one)."""
+        found = (GUARD.match(g) for g in self.guards.split(",") if g.strip())
+        return tuple((m.group(1), m.group(2), float(m.group(3))) for m in found if m)
+
     # gke: a temporary hold on every object of a registered checkpoint's copy (models/<model>/<run id>/): it cannot
     # be deleted or replaced until the hold is released (https://cloud.google.com/storage/docs/object-holds)
     hold_registered: bool = False
@@ -262,6 +311,7 @@ class RunSpec:
     train: TrainSpec = field(default_factory=TrainSpec)
     gke: GkeSpec = field(default_factory=GkeSpec)
     maxtext: MaxTextSpec = field(default_factory=MaxTextSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
     gate: GateSpec = field(default_factory=GateSpec)
     run: RunLimitsSpec = field(default_factory=RunLimitsSpec)
 
@@ -310,6 +360,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainSpec,
     "gke": GkeSpec,
     "maxtext": MaxTextSpec,
+    "eval": EvalSpec,
     "gate": GateSpec,
     "run": RunLimitsSpec,
 }

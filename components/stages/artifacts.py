@@ -71,6 +71,12 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
     ):
         if ev.get(key) is not None:
             metrics.log_metric(key, ev[key])
+    task = ev.get("task") or {}
+    champion_task = task.get("metrics_other") if task.get("against") == "champion" else None
+    figures = {"before": task.get("metrics_before"), "after": task.get("metrics_after"), "champion": champion_task}
+    for which, means in figures.items():  # the answers' task metrics (components.stages.answers)
+        for name, value in (means or {}).items():
+            metrics.log_metric(f"{name}_{which}", value)
     train_result = _record(store, "train").get("result") or {}
     image = _record(store, "build_image").get("result") or {}
     cluster, t = spec["cluster"], spec["train"]
@@ -111,6 +117,11 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
             f"{_num(ev.get('champion_loss'))}, perplexity {_num(ev.get('perplexity_champion'))}.",
         ]
     lines += ["", f"Model: `{model.uri}`", "", "```json", json.dumps(model.metadata, indent=2, sort_keys=True), "```"]
+    from components.stages.answers import SIDE_BY_SIDE
+
+    page = store.read_text(SIDE_BY_SIDE) if task.get("side_by_side") else None
+    if page:  # the answers side by side, as the run directory keeps them
+        lines += ["", page]
     with open(summary_md.path, "w") as out:
         out.write("\n".join(lines) + "\n")
 

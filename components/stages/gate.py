@@ -348,6 +348,11 @@ def provenance(
         "data_since_champion": data.get("data_since"),
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
+        # its answers to the evaluation prompts: each task metric's mean, the file and the key a later run reuses
+        # them by (components.stages.answers.recorded_answers)
+        "task_metrics": (ev.get("task") or {}).get("metrics_after"),
+        "answers_path": (ev.get("task") or {}).get("answers_path"),
+        "generation_key": (ev.get("task") or {}).get("generation_key"),
     }
     assert set(PROVENANCE_FIELDS) <= set(found)
     return found

@@ -274,7 +274,7 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
             if seconds is None:
                 seconds = max(0.0, p["time"] - last_time) if last_time is not None else 0.0
             saves.append({"time": p["time"], "seconds": seconds, "step": p.get("step")})
-        elif event == "eval":  # the train job's own evaluation (trainers.heldout): evaluation, not trainer start
+        elif event in ("eval", "answers"):  # the train job's own evaluation (trainers.heldout, trainers.generation)
             evaluations[p["time"]] = {"time": p["time"], "seconds": p["seconds"]}
         last_time = p["time"]
     return {

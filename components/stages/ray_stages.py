@@ -14,7 +14,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.spec import InfraError, RunSpec, datasets
-from components.stages import base_weights, compile_cache, dataset, gate, goodput, progress
+from components.stages import answers, base_weights, compile_cache, dataset, gate, goodput, progress
 from components.stages.jobs import JobFailed, log, run_job
 from components.workload import maxtext
 
@@ -27,6 +27,7 @@ def entrypoint(
     champion: str = "",
     measure: tuple[str, ...] = (),
     image: str | None = None,
+    generate: tuple[str, ...] = (),
 ) -> str:
     """The command of the run's ``mode`` (check, train or eval) job, as the stage submits it; its compile cache keyed
     by ``image``, by default the pinned trainer image build_image recorded (none: no cache, a tag can move): the run's
@@ -40,7 +41,16 @@ def entrypoint(
     compiled = cache.directory(platform.run_cache_root(ctx), ctx.spec, image) if image else ""
     out = platform.job_output_dir(ctx)
     return job_command(
-        ctx.spec, mode, out, ctx.run_id, checkpoint, init_from, champion, compile_cache=compiled, measure=measure
+        ctx.spec,
+        mode,
+        out,
+        ctx.run_id,
+        checkpoint,
+        init_from,
+        champion,
+        compile_cache=compiled,
+        measure=measure,
+        generate=generate,
     )
 
 
@@ -174,6 +184,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         "backend": job["result"]["backend"],
         "num_workers": job["result"]["num_workers"],
         "heldout": in_job_figures(job["result"], job["records"]),
+        "answers": answers.from_records(job["records"]),  # to the evaluation prompts (trainers.generation)
         "base_weights": base,
         "compile_cache": compiled,
     }
@@ -317,17 +328,23 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     known = known_figures(ctx, train_result, start, champion)
     wanted = ["before", "after"] + (["champion"] if champion.get("path") else [])
     missing = () if not_held_out else tuple(w for w in wanted if w not in known)
+    recorded, answer = answers.plan_champion(ctx, train_result, champion)  # the champion's answers: kept, or again
+    generate = ("champion",) if answer and not not_held_out else ()
+    missing += tuple(w for w in generate if w not in missing)
+    if generate:
+        log(f"evaluate: {champion['ref']} answers the evaluation prompts again: no answers of its under this key")
+    job: dict[str, Any] = {"records": []}
     result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in ("seconds", *FIGURES.values())}
     result.update(device=train_result.get("device"), num_workers=train_result.get("num_workers"))
     if not_held_out:  # register keeps the champion whatever such a figure says (registration.register)
         log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it, so nothing more is measured")
     if missing:
         log(f"evaluate: measuring {', '.join(missing)} in an evaluation job" + _sources(known))
-        job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing)
+        job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing, generate)
         if known and job["result"].get("eval_key") != result.get("eval_key"):  # not the same yardstick: all again
             log("evaluate: the evaluation job read other held-out examples than the figures known: measuring all")
             known, missing = {}, tuple(wanted)
-            job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing)
+            job = _evaluation_job(ctx, train_result["checkpoint"], start, champion, missing, generate)
         result.update({k: v for k, v in job["result"].items() if k not in FIGURES.values()}, job=job["submission_id"])
         known.update({which: (job["result"][FIGURES[which]], "this evaluation job") for which in missing})
         if pin_checkpoint(ctx, train_result) != measured:  # the job read a checkpoint its pods could rewrite
@@ -362,6 +379,10 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         result["champion"] = {k: v for k, v in champion.items() if k != "path"}
     if start:
         result["init_from"] = start["ref"]
+    task = answers.evaluate_answers(ctx, train_result, champion, recorded, job["records"])
+    if task:
+        result["task"] = task
+        log(answers.line(task))
     result[MEASURED] = measured  # what register copies, exactly (registration.register)
     return result
 
@@ -393,10 +414,13 @@ def _sources(known: dict[str, tuple[float, str]]) -> str:
 
 
 def _evaluation_job(
-    ctx: RunContext, checkpoint: str, start: dict, champion: dict, measure: tuple[str, ...]
+    ctx: RunContext, checkpoint: str, start: dict, champion: dict, measure: tuple[str, ...], generate: tuple = ()
 ) -> dict[str, Any]:
-    """The evaluation job measuring ``measure`` of before, after and champion, followed with a progress bar."""
-    command = entrypoint(ctx, "eval", checkpoint, start.get("path", ""), champion.get("path", ""), measure)
+    """The evaluation job measuring ``measure`` of before, after and champion (``generate`` of them answering the
+    evaluation prompts too), followed with a progress bar."""
+    command = entrypoint(
+        ctx, "eval", checkpoint, start.get("path", ""), champion.get("path", ""), measure, generate=generate
+    )
     bar = progress.Bar("evaluate", 0, "batches", log)
 
     def on_record(kind: str, p: dict) -> None:  # the evaluation's progress: its batches, model after model

@@ -9,7 +9,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json
-from components.stages import gate, ray_stages
+from components.stages import answers, gate, ray_stages, task_gate
 from components.stages.jobs import JobFailed, log
 
 
@@ -62,6 +62,11 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
             version.ref,
             champion.get("ref", ""),
         )
+    task = ev.get("task") or {}
+    decided: dict[str, Any] = {"decided_by": None, "guards": [], "guard_failed": None}
+    if not not_held_out and not champion.get("not_compared"):  # the figure and guards the team chose
+        decision, decided = task_gate.decide(ctx.spec, decision, task, version.ref, champion.get("ref", ""))
+    answers.rewrite_with_reason(ctx.spec, ctx.store, task, decision.reason)  # the reviewer's page says the decision
     log(f"register: {version.ref} in {reg.where}")
     log(f"gate: {decision.reason}")
     return {
@@ -80,6 +85,7 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
         "improvement": decision.improvement,
         "min_improvement": ctx.spec.gate.min_improvement,
         "held_out": not not_held_out,
+        **decided,  # which figure decided, each guard and the first that failed (task_gate.decide)
         "provenance": version.provenance,
     }
 

@@ -73,6 +73,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "perplexity_after": ev.get("perplexity_after"),
         "eval_not_held_out": gate_rules.not_held_out(ctx.spec),  # why the eval figures are no held-out ones
         "init_from": ev.get("init_from"),
+        "task": ev.get("task"),  # the answers' task metrics (components.stages.answers)
         "gate": gate,
         "slice_check": slice_check(results["check_slice"], ctx),
         "before_training": before_training(ctx, read_json(ctx.store, "stages/provision.json") or {}, train),
@@ -223,6 +224,32 @@ def gate_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def task_lines(summary: dict[str, Any]) -> list[str]:
+    """The task metrics of the answers to the evaluation prompts: before training (or the champion) and after, and
+    where the side-by-side page is."""
+    task = summary.get("task") or {}
+    after = task.get("metrics_after") or {}
+    if not after:
+        return []
+    before = task.get("metrics_before") or {}
+    champion = (task.get("metrics_other") or {}) if task.get("against") == "champion" else {}
+    start = "at start" if summary.get("init_from") else "untrained"
+    lines = ["", f"  task metrics         {task.get('num_examples')} answers to the evaluation prompts"]
+    for name, value in after.items():
+        row = (task.get("comparison") or {}).get(name)
+        interval = f"   [{row['low']:+.3f}, {row['high']:+.3f}] vs {task['against']}" if row else ""
+        lines.append(
+            f"  {name:<20} "
+            + (f"{start} {before[name]:.3f}   " if name in before else "")
+            + f"trained {value:.3f}"
+            + (f"   champion {champion[name]:.3f}" if name in champion else "")
+            + interval
+        )
+    if task.get("side_by_side"):
+        lines.append(f"  side by side         {task['side_by_side']}")
+    return lines
+
+
 def format_table(summary: dict[str, Any]) -> str:
     lines = ["", f"tpupipe run {summary['run_id']}  preset {summary['preset']}  platform {summary['platform']}"]
     lines.append(f"  {'stage':<20} {'status':<10} {'seconds':>8}")
@@ -276,6 +303,7 @@ def format_table(summary: dict[str, Any]) -> str:
         ]
         if summary.get("eval_not_held_out"):
             lines.append(f"  not held out: {summary['eval_not_held_out']}")
+    lines += task_lines(summary)
     if summary.get("tokens_per_s") and not any("tokens_per_s" in row for row in summary["history"]):
         lines.append(f"  tokens/s (last epoch) {summary['tokens_per_s']:.0f}")
     lines += gate_lines(summary) or [""]

@@ -188,6 +188,7 @@ def job_command(
     champion: str = "",
     compile_cache: str = "",
     measure: tuple[str, ...] = (),
+    generate: tuple[str, ...] = (),
 ) -> str:
     """The Ray job entrypoint of the workload: ``mode`` check (the slice check), train, eval of ``checkpoint``, or
     compile (MaxText's compile job: ``maxtext.compile_args``, on synthetic inputs).
@@ -198,8 +199,9 @@ def job_command(
     same evaluation; ``compile_cache``, the job's own directory of compiled programs, filled with the verified
     entries of the cache kept across runs (``components.workload.cache.directory``,
     ``components.stages.compile_cache``; the FSDP trainer's is per run, its tokenised training split there too);
-    ``measure``, which of before, after and champion the evaluation measures (empty: all). One source for the
-    stages' job submissions and the plan."""
+    ``measure``, which of before, after and champion the evaluation measures (empty: all); ``generate``, which of
+    them also answer the evaluation prompts (the FSDP trainer: ``trainers.generation``). One source for the stages'
+    job submissions and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -223,6 +225,8 @@ def job_command(
         args["compile_cache"] = compile_cache
     if mode == "eval" and measure:
         args["measure"] = ",".join(measure)
+    if mode == "eval" and generate:
+        args["generate"] = ",".join(generate)
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":

@@ -99,7 +99,7 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert summary["tokens_per_s"] > 0
     # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
     shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
-    assert len(shown) <= 62, proc.stdout
+    assert len(shown) <= 70, proc.stdout  # with the task metrics of the answers (7 lines)
     assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
     assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
     assert "train: succeeded (" in proc.stdout and "progress train [" in proc.stdout, proc.stdout
@@ -113,7 +113,7 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert categories["evaluation"]["seconds"] > 0
     # On a terminal a bar is drawn in place: each of its updates a line of the run's log, one line of the terminal.
     terminal, log = runs["gate-2"]["proc"].stdout, (runs["gate-2"]["run_dir"] / "logs" / "pipeline.log").read_text()
-    assert terminal.count("\n") <= 62 and "\r\x1b[2K    progress train [" in terminal, terminal
+    assert terminal.count("\n") <= 70 and "\r\x1b[2K    progress train [" in terminal, terminal
     bars = [line for line in terminal.split("\n") if "progress train [" in line]
     assert len(bars) == 1 and log.count("progress train [") == bars[0].count("progress train [") > 1, terminal
 
@@ -209,6 +209,39 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     out = runs["gate-2"]["proc"].stdout
     assert f"  started from         {MODEL}@1" in out and f"gate: promoted {MODEL}@2 to champion" in out
     assert run_processes(runs["gate-2"]["run_id"]) == []
+
+
+def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_side(runs):
+    """The default run's train job answers the first 64 held-out prompts before and after training; the summary
+    prints each task metric before and after and the gate's reason, and the run directory holds the answers and the
+    side-by-side page with at least 16 examples."""
+    summary, run_dir = _ok(runs["gate-1"]), runs["gate-1"]["run_dir"]
+    task = summary["task"]
+    assert task["num_examples"] == 64 and task["against"] == "before training"
+    assert set(task["comparison"]) == set(task["metrics_after"]) == set(task["metrics_before"])
+    out = runs["gate-1"]["proc"].stdout
+    before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
+    assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
+    assert "  gate: promoted" in out
+    page = (run_dir / "eval" / "side_by_side.md").read_text()
+    assert page.count("| Instruction: ") >= 16 and "| exact_match |" in page and "Gate: promoted" in page
+    rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and {"prompt", "reference", "answer", "before training"} <= set(rows[0])
+    first = open_registry(runs["root"]).get(MODEL, "1").provenance
+    assert first["task_metrics"] == task["metrics_after"] and first["generation_key"] == task["generation_key"]
+
+
+def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
+    """The second run's champion answered the same prompts under the same generation key in the first run: its
+    recorded answers are read back, no evaluation job starts, and the trained model is compared with them."""
+    _ok(runs["gate-2"])
+    evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
+    task = evaluation["task"]
+    assert "job" not in evaluation
+    assert task["against"] == "champion" and task["champion_answers"] == f"recorded by {MODEL}@1"
+    first = open_registry(runs["root"]).get(MODEL, "1").provenance
+    assert task["generation_key"] == first["generation_key"] and task["metrics_other"] == first["task_metrics"]
+    assert set(task["comparison"]) == set(first["task_metrics"])
 
 
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):

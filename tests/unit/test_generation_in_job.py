@@ -1,0 +1,127 @@
+"""Answers to the evaluation prompts from a model sharded with FSDP2 over two ranks (``trainers.generation``), as the
+train and evaluation jobs give them: in one padded shape, each rank decoding its share in step with the other
+(``synced_gpus``), gathered in the prompts' order. Each answer is the one the same weights give unsharded to the prompt
+alone (no padding, no batch); the file holds every prompt, its reference and each metric's score (ROUGE-L by
+rouge-score, in the trainer environment); a team's scorer that raises is named with the example's index. Run in the
+torch trainer environment (two processes, a gloo group, no Ray)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+
+SCRIPT = r"""
+import json, os, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+
+SETS = "num_train_examples=32 num_eval_examples=40 eval.generate_examples=17 eval.max_new_tokens=6 batch_size=4"
+
+
+def work(rank, root, port, scorer):
+    from components.workload import resolve
+    from trainers import data, generation, mesh
+    from trainers.model import build_model, load_tokenizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    spec = resolve("local-fsdp", SETS + (f" eval.scorer={scorer}" if scorer else ""))
+    t = spec.train
+    tokenizer = load_tokenizer(t.model_id)
+    config = {"data_files": data.job_files(spec, root), "cache_dir": str(root / "cache"), "output_dir": str(root)}
+    model = mesh.parallelize(build_model(t.model_id, tokenizer, t.seed), init_device_mesh("cpu", (2,)))
+    try:
+        found = generation.Answering(spec, config, tokenizer, rank, 2, "cpu", torch.device("cpu"))(model, "after")
+    except Exception as exc:
+        print(f"RANK{rank} {type(exc).__name__}: {exc}", flush=True)
+        raise
+    if rank == 0:
+        alone = []  # the same weights, unsharded, one prompt at a time
+        whole = build_model(t.model_id, tokenizer, t.seed).eval()
+        for row in generation.Answering(spec, config, tokenizer, 0, 1, "cpu", None).examples:
+            prompt = tokenizer(generation.prompt_of(row), add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([[tokenizer.bos_token_id] + prompt])
+            out = whole.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                 do_sample=False, use_cache=True, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+            alone.append(generation.decode(tokenizer, out[0, ids.shape[1]:].tolist()))
+        print("FACTS " + json.dumps({"found": found, "alone": alone}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(Path(sys.argv[1]), sys.argv[2], sys.argv[3]), nprocs=2)
+"""
+
+SCORER = """
+def picky(prompt, reference, answer):
+    if {instruction!r} in prompt:
+        raise ZeroDivisionError("the team's bug")
+    return 0.5
+"""
+
+
+def _run(tmp_path, scorer: str = "") -> subprocess.CompletedProcess:
+    from components.platforms.local import envs
+    from tests.helpers import REPO
+
+    python = envs.ensure_env("torch").python
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": f"{REPO}:{tmp_path}",
+    }
+    with socket.socket() as s:  # the gloo group's rendezvous port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "answering.py"  # a file: the spawned ranks import their function from it
+    script.write_text(SCRIPT)
+    return subprocess.run(
+        [python, str(script), str(tmp_path), str(port), scorer],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_sharded_answers_are_the_unsharded_models_each_prompt_alone_in_order(tmp_path):
+    proc = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "answers-after.jsonl").read_text().splitlines()]
+    heldout = [json.loads(line) for line in (tmp_path / "data" / "heldout.jsonl").read_text().splitlines()][:17]
+    assert [r["reference"] for r in rows] == [e["response"] for e in heldout]  # 17: the last batch padded, dropped
+    assert [r["answer"] for r in rows] == facts["alone"]
+    assert all(r["prompt"].startswith("Instruction: ") and r["prompt"].endswith("Response: ") for r in rows)
+    assert set(rows[0]["scores"]) == {"exact_match", "normalized_exact_match", "rouge_l", "answer_length"}
+    assert all(0 <= r["scores"]["rouge_l"] <= 1 for r in rows)
+    found = facts["found"]
+    assert found["num_examples"] == 17 and found["generation_key"].startswith("sha256:")
+    assert found["means"]["answer_length"] == pytest.approx(sum(r["scores"]["answer_length"] for r in rows) / 17)
+
+
+def test_a_scorer_that_raises_names_itself_and_the_example(tmp_path):
+    """The scorer raises on the fifth evaluation example: the job fails naming eval.scorer and index 4."""
+    from components.workload import resolve
+    from trainers import data
+
+    spec = resolve("local-fsdp", "num_train_examples=32 num_eval_examples=40")
+    instruction = data.generate(32, 40, spec.train.seed)["heldout"][4]["instruction"]  # unique: no prompt repeats
+    (tmp_path / "team_scorer.py").write_text(SCORER.format(instruction=instruction))
+    proc = _run(tmp_path, "team_scorer:picky")
+    assert proc.returncode != 0
+    assert "RANK0 ScorerError: eval.scorer team_scorer:picky: raised on example 4: ZeroDivisionError" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )

@@ -1,0 +1,174 @@
+"""Answers to the evaluation prompts by greedy decoding, from a model as a worker group holds it (sharded with FSDP2,
+on the training devices), scored by the task metrics (``trainers.metrics``) and written with the run: what a reviewer
+reads beside the champion's (``eval.generate_examples``, ``eval.max_new_tokens``, ``eval.metrics``).
+
+The prompts are the evaluation split's first ``eval.generate_examples`` examples in the training prompt's format
+(``trainers.data.PROMPT`` up to the response). Every batch has one shape: the prompts are cut to and left-padded to one
+length (the longest of them, at most ``train.max_length``) and the batches to ``train.batch_size`` (the last filled
+with copies of the first prompt, whose answers are dropped), so on a TPU the prefill compiles once; the decode steps
+run with a static KV cache (``cache_implementation="static"``), which transformers compiles on an accelerator
+(transformers 5.24, generation/utils.py, ``_valid_auto_compile_criteria``; its "LLM inference optimization" guide,
+https://huggingface.co/docs/transformers/llm_optims#static-kv-cache-and-torchcompile).
+
+Each worker answers its share (prompts ``rank, rank + world, ...``); under FSDP every forward is a collective, so the
+workers decode in step with ``synced_gpus=True``: a worker whose answers ended keeps running forward passes until every
+worker's have. transformers turns that on by itself only for a model its own FSDP helper sharded
+(``is_fsdp_managed_module`` reads an attribute ``fully_shard`` does not set: transformers/distributed/fsdp.py), so it
+is passed. The answers' tokens meet on every worker in one all_gather of one shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from components.spec import RunSpec, protocol
+from trainers import data, heldout, metrics
+
+ANSWERS_DIR = "eval"  # under the job's output directory: answers-<which>.jsonl
+
+
+def prompt_of(example: dict[str, Any]) -> str:
+    """The training prompt's format up to where the response starts."""
+    return data.PROMPT.split("{response}")[0].format(instruction=example["instruction"])
+
+
+def generation_key(eval_key: str, spec: RunSpec) -> str:
+    """``sha256:<hex>`` of what a model's answers depend on besides the model: the evaluation key (examples,
+    tokenizer, lengths, dtypes, device: ``trainers.heldout.eval_key``), the number of prompts, the answers' length, the
+    prompt's format, the batch (one padded shape) and the decoding (greedy). A champion's answers recorded with the same
+    key are its answers to this run's prompts."""
+    e = spec.eval
+    what = {
+        "eval_key": eval_key,
+        "examples": e.generate_examples,
+        "max_new_tokens": e.max_new_tokens,
+        "prompt": data.PROMPT,
+        "batch_size": spec.train.batch_size,
+        "decoding": "greedy",
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
+    """(input ids, attention mask) of the prompts, each with the tokenizer's beginning token and without its end one,
+    cut to its last ``max_length`` tokens and left-padded to the longest."""
+    import torch
+
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    rows = [(bos + tokenizer(p, add_special_tokens=False)["input_ids"])[-max_length:] for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def decode(tokenizer, tokens: list[int]) -> str:
+    """An answer's text: its tokens up to the first end-of-sequence (or padding), without special tokens."""
+    stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    cut = next((i for i, t in enumerate(tokens) if t in stop), len(tokens))
+    return tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
+
+
+def answer(model, tokenizer, prompts: list[str], spec: RunSpec, device, rank: int, world: int) -> list[str]:
+    """Every prompt's answer, in order, on every worker (a collective: every worker calls it with the same prompts)."""
+    import torch
+    import torch.distributed as dist
+
+    t, e = spec.train, spec.eval
+    ids, mask = encode(tokenizer, prompts, t.max_length)
+    mine = list(range(rank, len(prompts), world))
+    num_batches = math.ceil(math.ceil(len(prompts) / world) / t.batch_size)
+    rows = (mine + [0] * (num_batches * t.batch_size))[: num_batches * t.batch_size]
+    out = torch.full((len(rows), e.max_new_tokens), tokenizer.pad_token_id, dtype=torch.int32, device=device)
+    model.eval()
+    width = ids.shape[1]
+    with torch.no_grad():
+        for b in range(num_batches):
+            pick = rows[b * t.batch_size : (b + 1) * t.batch_size]
+            made = model.generate(
+                input_ids=ids[pick].to(device),
+                attention_mask=mask[pick].to(device),
+                max_new_tokens=e.max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+                use_cache=True,
+                cache_implementation="static",
+                synced_gpus=world > 1,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )[:, width:]
+            out[b * t.batch_size : (b + 1) * t.batch_size, : made.shape[1]] = made.to(torch.int32)
+    gathered = [torch.empty_like(out) for _ in range(world)]
+    dist.all_gather(gathered, out)
+    answers = [""] * len(prompts)
+    for r, tokens in enumerate(gathered):
+        for row, index in zip(tokens.cpu().tolist(), range(r, len(prompts), world), strict=False):
+            answers[index] = decode(tokenizer, row)
+    return answers
+
+
+class Answering:
+    """A job's answers to the evaluation prompts, model after model: each model's answers scored and, on rank 0,
+    written to ``<output dir>/eval/answers-<which>.jsonl`` (index, prompt, reference, answer, each metric's score) with
+    an ``answers`` event (the file, each metric's mean, the generation key, the seconds). Off when
+    ``eval.generate_examples`` is 0."""
+
+    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer, rank: int, world: int, device_type, device):
+        self.spec, self.tokenizer, self.rank, self.world = spec, tokenizer, rank, world
+        self.device_type, self.device = device_type, device
+        self.on = bool(spec.eval.generate_examples) and bool(config.get("output_dir"))
+        self.directory = Path(config.get("output_dir") or ".") / ANSWERS_DIR
+        self.examples: list[dict[str, Any]] = []
+        self.key = ""
+        if self.on:
+            split = data.splits(spec)[1]
+            raw = list(data.load_split(spec.train.dataset, split, config.get("data_files"), config.get("cache_dir")))
+            self.examples = [dict(e) for e in raw[: spec.eval.generate_examples]]
+            self.key = generation_key(heldout.eval_key(spec, data.snapshot(raw), device_type), spec)
+            if spec.eval.scorer:  # on every worker, before any answer: a scorer that cannot load fails the job at once
+                metrics.load_scorer(spec.eval.scorer)
+
+    def __call__(self, model, which: str) -> dict[str, Any]:
+        """``which``'s answers, scored; rank 0 writes them and emits the event. Nothing when off."""
+        if not self.on:
+            return {}
+        started = time.perf_counter()
+        prompts = [prompt_of(e) for e in self.examples]
+        answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
+        if self.rank != 0:
+            return {}
+        references = [str(e["response"]) for e in self.examples]
+        examples = [metrics.Example(*row) for row in zip(prompts, references, answers, strict=True)]
+        scored = metrics.scores(self.spec.eval.metric_names, examples, self.spec.eval.scorer)
+        path = write(self.directory / f"answers-{which}.jsonl", examples, scored)
+        found = {
+            "which": which,
+            "path": str(path),
+            "means": metrics.means(scored),
+            "generation_key": self.key,
+            "num_examples": len(examples),
+            "seconds": time.perf_counter() - started,  # answering and scoring: the ledger's evaluation
+        }
+        protocol.emit("event", {"event": "answers", **found, "time": time.time()})
+        return found
+
+
+def write(path: Path, examples: list[metrics.Example], scored: dict[str, list[float]]) -> Path:
+    """The answers as JSON lines, written whole under another name and renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, e in enumerate(examples):
+        row = {"index": i, "prompt": e.prompt, "reference": e.reference, "answer": e.answer}
+        rows.append({**row, "scores": {name: values[i] for name, values in scored.items()}})
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    partial.replace(path)
+    return path
