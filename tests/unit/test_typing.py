@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # The length of the list when this test was last tightened: lower it when a module comes off, never raise it.
-MOST_UNCHECKED = 8
+MOST_UNCHECKED = 5
 
 
 def unchecked() -> list[str]:
