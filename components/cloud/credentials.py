@@ -89,6 +89,7 @@ def google_client[C](
     if host and (emulator_transport or transport or ("grpc" if grpc_transport else "rest")) == "grpc":
         import grpc
 
+        # ``cls`` is any client class to mypy; one with a gRPC transport (a GAPIC client's) takes ``transport``.
         return cls(transport=grpc_transport(channel=grpc.insecure_channel(host)), **kwargs)  # type: ignore[call-arg]
     if host:
         endpoint = host

@@ -156,7 +156,10 @@ def quantity(text: Any) -> float:
     """A Kubernetes quantity (``4``, ``500m``, ``16Gi``) as a number."""
     import re
 
-    number, suffix = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text)).groups()  # type: ignore[union-attr]
+    found = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text))
+    if found is None:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    number, suffix = found.groups()
     return float(number) * SUFFIXES[suffix]
 
 
