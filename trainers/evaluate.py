@@ -76,7 +76,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
         split = heldout.Split(spec, config, tokenizer, rank, world, device_type)
         batches = split.batches
         mesh = init_device_mesh(device_type, (world,))
-        losses, measured = {}, {}
+        losses: dict[str, float] = {}
+        measured: dict[str, float] = {}  # a model's source -> its loss
         answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
         wanted_answers = set(config.get("generate") or ())
         models = models_to_measure(config)
@@ -95,7 +96,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
                 answering(model, which)
             del model
             _measured(rank, which, index, len(models), len(batches))
-    metrics = {f"eval_loss_{which}": loss for which, loss in losses.items()}
+    metrics: dict[str, Any] = {f"eval_loss_{which}": loss for which, loss in losses.items()}
     metrics.update(num_eval_examples=len(split.raw), num_workers=world, device=device_type, eval_key=split.key)
     # The figures reach the driver as Ray Train's result, which keeps the metrics of a report with a checkpoint.
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,9 +116,12 @@ def run(
     measure: tuple[str, ...] = MODELS,
     generate: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
+    # ray.train's own names are V1's to a type checker, which does not run its choice of version
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from trainers.devices import probe_backend, worker_runtime_env
 
@@ -153,8 +157,10 @@ def run(
             worker_runtime_env=worker_runtime_env(scaling.get("use_tpu", False), device_type),
         ),
     )
-    metrics = dict(trainer.fit().metrics)
-    return measured(metrics, data.splits(spec)[1])
+    metrics = trainer.fit().metrics
+    if metrics is None:  # rank 0 reports every figure, with a checkpoint (eval_loop_per_worker)
+        raise RuntimeError("the evaluation job's workers reported no figures")
+    return measured(dict(metrics), data.splits(spec)[1])
 
 
 def measured(metrics: dict[str, Any], eval_split: str) -> dict[str, Any]:

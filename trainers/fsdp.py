@@ -300,9 +300,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 def run(
     spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "", cache: str = ""
 ) -> dict[str, Any]:
+    # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
+    # ray.train's own names are V1's to a type checker, which does not run its choice of version
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     t = spec.train
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -132,7 +132,7 @@ class Answering:
             split = data.splits(spec)[1]
             raw = list(data.load_split(spec.train.dataset, split, config.get("data_files"), config.get("cache_dir")))
             self.examples = [dict(e) for e in raw[: spec.eval.generate_examples]]
-            self.key = generation_key(heldout.eval_key(spec, data.snapshot(raw), device_type), spec)
+            self.key = generation_key(heldout.eval_key(spec, data.snapshot(raw), device_type, world), spec)
             if spec.eval.scorer:  # on every worker, before any answer: a scorer that cannot load fails the job at once
                 metrics.load_scorer(spec.eval.scorer)
 

@@ -283,7 +283,9 @@ def fit(
     max_failures: int,
     mode: str = "train",
 ) -> dict[str, Any]:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
+    # ray.train's own names are V1's to a type checker, which does not run its choice of version
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
 
     argv = ["train", base_yml(), *args]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 HOST_LABEL = "tpupipe/host"  # the host label of emulated hosts (local platform, emulated KubeRay pods)
 LOCAL_HOST = re.compile(r"host-(\d+)")  # the local platform's host names, numbered from 1
@@ -38,13 +38,21 @@ def slice_name(tpu_name: str, host_label: str, hosts_per_slice: int) -> str:
     return f"slice-{(int(local.group(1)) - 1) // max(1, hosts_per_slice)}" if local else ""
 
 
-def slice_here(hosts_per_slice: int) -> str:
-    """:func:`slice_name` of the host this process runs on (a Ray worker or actor)."""
+def host_label() -> str:
+    """The ``HOST_LABEL`` of the Ray node this process runs on (a Ray worker or actor); '' where it has none. Ray
+    2.60 annotates ``RuntimeContext.get_node_labels`` as ``Dict[str, List[str]]``, but what it returns is the node's
+    labels as the GCS holds them, one string each (``ray/_private/node.py``, ``node_info["labels"]``; the proto's
+    ``map<string, string> labels``, ``src/ray/protobuf/gcs.proto``)."""
     import ray
 
     rc = ray.get_runtime_context()
-    labels = rc.get_node_labels() if hasattr(rc, "get_node_labels") else {}
-    return slice_name(os.environ.get("TPU_NAME", ""), labels.get(HOST_LABEL, ""), hosts_per_slice)
+    labels = cast(dict[str, str], rc.get_node_labels()) if hasattr(rc, "get_node_labels") else {}
+    return labels.get(HOST_LABEL, "")
+
+
+def slice_here(hosts_per_slice: int) -> str:
+    """:func:`slice_name` of the host this process runs on (a Ray worker or actor)."""
+    return slice_name(os.environ.get("TPU_NAME", ""), host_label(), hosts_per_slice)
 
 
 def layout(slices: list[str]) -> list[list[int]]:

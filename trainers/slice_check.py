@@ -256,8 +256,9 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
             )
     local, bad = _gather(local_calls, infos, ranks, c.slice_check_timeout_s)
     for i in sorted(range(count), key=ranks.__getitem__):
-        if (local[i] or {}).get("environ"):  # torch: what the rank knew of itself before its first tensor
-            seen = " ".join(f"{k}={v}" for k, v in local[i]["environ"].items())
+        environ = (local[i] or {}).get("environ")
+        if environ:  # torch: what the rank knew of itself before its first tensor
+            seen = " ".join(f"{k}={v}" for k, v in environ.items())
             print(f"rank {ranks[i]} (host {infos[i]['host']}) before its first tensor: {seen}", flush=True)
     for i, r in enumerate(local):
         for d in (r or {}).get("devices", []):
@@ -292,7 +293,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
             problems.append(f"all-reduce gave {r['all_reduce']:g}, expected {expected}")
         if problems:
             bad.append(_bad(i, infos[i], ranks[i], "; ".join(problems)))
-        elif local[i] and all(d["ok"] for d in local[i]["devices"]):
+        elif (mine := local[i]) and all(d["ok"] for d in mine["devices"]):
             verified += 1
     if floor is not None:
         bad += slow_links(results, infos, ranks, floor, source)

@@ -14,7 +14,9 @@ import statistics
 import time
 from typing import Any
 
-from trainers.mesh import HOST_LABEL, slice_here
+import ray
+
+from trainers.mesh import host_label, slice_here
 
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
@@ -89,21 +91,17 @@ def rank_env(rank: int, world: int, local_rank: int, local_world: int, master: s
 
 
 class Probe:
-    """One actor of the check: a device (torch) or a host (jax)."""
+    """One actor of the check: a device (torch) or a host (jax). Its methods are marked ``ray.method`` (which leaves
+    them as they are) so that the ``.remote`` calls of a handle are typed:
+    https://docs.ray.io/en/latest/ray-core/type-hint.html."""
 
+    @ray.method
     def describe(self, hosts_per_slice: int) -> dict[str, Any]:
         """Where this actor runs; its slice by the trainer's rule (``trainers.mesh.slice_name``)."""
-        import ray
-
         rc = ray.get_runtime_context()
-        labels = rc.get_node_labels() if hasattr(rc, "get_node_labels") else {}
         hostnames = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
         worker_id = os.environ.get("TPU_WORKER_ID")
-        host = (
-            labels.get(HOST_LABEL)
-            or (hostnames[int(worker_id)] if hostnames and worker_id else "")
-            or socket.gethostname()
-        )
+        host = host_label() or (hostnames[int(worker_id)] if hostnames and worker_id else "") or socket.gethostname()
         return {
             "node_id": rc.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
@@ -114,6 +112,7 @@ class Probe:
             "accelerator_ids": [str(a) for a in rc.get_accelerator_ids().get("TPU", [])],
         }
 
+    @ray.method
     def free_port(self) -> int:
         with socket.socket() as s:
             s.bind(("", 0))
@@ -121,6 +120,7 @@ class Probe:
 
     # ------------------------------------------------------------ torch: one actor per device
 
+    @ray.method
     def local_torch(self, env: dict[str, str], corrupt: bool) -> dict[str, Any]:
         """The block computed on this device alone (no collective, no process group yet) against the reference.
         ``env``: this rank's :func:`rank_env` and, over several slices, its multislice environment, set before
@@ -146,7 +146,8 @@ class Probe:
             "environ": seen,  # as the process had it before its first tensor
         }
 
-    def collectives_torch(self, slow: bool, floor) -> dict[str, Any]:
+    @ray.method
+    def collectives_torch(self, slow: bool, floor: float | None) -> dict[str, Any]:
         """The collectives over every rank, from the environment :meth:`local_torch` set."""
         import torch
         import torch.distributed as dist
@@ -180,8 +181,10 @@ class Probe:
             worst = torch.tensor([seconds], dtype=torch.float64, device=device_type)  # every rank decides alike
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             links = []
-            if floor and world > 1 and bus_gbytes_per_s(nbytes, world, float(worst.cpu()[0])) < floor:
-                links = _links(dist, buf, rank, world, slow, floor)
+            if floor and world > 1:
+                bus = bus_gbytes_per_s(nbytes, world, float(worst.cpu()[0]))
+                if bus is not None and bus < floor:
+                    links = _links(dist, buf, rank, world, slow, floor)
         finally:
             dist.destroy_process_group()
         ref = torch.from_numpy(reference(*_block()))  # the host's reference, of the weights every rank was given
@@ -198,6 +201,7 @@ class Probe:
 
     # ------------------------------------------------------------ jax: one actor per host
 
+    @ray.method
     def local_jax(
         self, rank: int, world: int, coordinator: str, cpu_devices: int, corrupt: bool, megascale: dict[str, str]
     ) -> dict[str, Any]:
@@ -228,7 +232,8 @@ class Probe:
             devices.append(_compared(f"{d.platform}:{d.id}", np.abs(out - ref).max(), close))
         return {"device": jax.local_devices()[0].platform, "backend": "jax", "devices": devices}
 
-    def collectives_jax(self, slow: bool, floor) -> dict[str, Any]:
+    @ray.method
+    def collectives_jax(self, slow: bool, floor: float | None) -> dict[str, Any]:
         """The block with w1's columns and w2's rows sharded over every device, every addressable shard of its
         (replicated) output compared; a psum of device index + 1; a timed psum (:func:`transfer`)."""
         import jax

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from components.spec import TpupipeError
+
+if TYPE_CHECKING:  # google-auth is imported where called
+    from google.auth.credentials import Credentials
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"  # set when the tests point the clients at the emulators
@@ -38,7 +41,7 @@ class AccessError(TpupipeError):
         self.whole = whole
 
 
-def credentials():
+def credentials() -> Credentials:
     token = os.environ.get(EMULATOR_TOKEN_ENV)
     if token and os.environ.get(EMULATOR_HOST_ENV):
         from google.oauth2.credentials import Credentials
@@ -86,6 +89,7 @@ def google_client[C](
     if host and (emulator_transport or transport or ("grpc" if grpc_transport else "rest")) == "grpc":
         import grpc
 
+        # ``cls`` is any client class to mypy; one with a gRPC transport (a GAPIC client's) takes ``transport``.
         return cls(transport=grpc_transport(channel=grpc.insecure_channel(host)), **kwargs)  # type: ignore[call-arg]
     if host:
         endpoint = host
@@ -125,7 +129,7 @@ class AccessToken:
     hands out one it has cached (https://cloud.google.com/docs/authentication/token-types#access-tokens); a run waits
     longer than that."""
 
-    def __init__(self, creds):
+    def __init__(self, creds: Credentials) -> None:
         self.creds = creds
         self._lock = threading.Lock()
 

@@ -85,6 +85,12 @@ class Platform(ABC):
         """The credentials the stages will call the cloud with, found before anything is started (no call made);
         an ``AccessError`` (exit 2) names what is missing. Nothing to find on a platform that calls no cloud."""
 
+    def preflight(self, ctx: RunContext) -> Any:
+        """Everything of the cloud the run's creations depend on (quota, permissions, APIs...), checked before anything
+        is created: what was found, or an error naming every problem. Here: a platform that calls no cloud checks
+        nothing more than ``check`` did (None)."""
+        return None
+
     @abstractmethod
     def provision(self, ctx: RunContext) -> dict[str, Any]: ...
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from components.spec import CHAMPION, SpecError
 from components.spec.images import IMAGE_WITH_DIGEST
@@ -109,7 +109,7 @@ class Backend(Protocol):
     def fetch(self, name: str, ref: str) -> Version | None:
         """The version with id or alias ``ref``; None when the model or the reference is unknown."""
 
-    def list(self, name: str) -> list[Version] | None:
+    def versions(self, name: str) -> list[Version] | None:
         """Every version, oldest first; None when there is no such model."""
 
     def models(self) -> list[str]:
@@ -357,13 +357,13 @@ class Registry:
         return self.get(name, alias)
 
     def _versions(self, name: str) -> list[Version]:
-        versions = self.backend.list(name)
+        versions = self.backend.versions(name)
         if versions is None:
             known = self.backend.models()
             raise SpecError("name", f"no model {name!r} in {self.where}", known or ["(the registry is empty)"])
         return versions
 
-    def _unknown_version(self, name: str, versions: list[Version], ref: str, ids_only: bool = False):
+    def _unknown_version(self, name: str, versions: list[Version], ref: str, ids_only: bool = False) -> NoReturn:
         ids = [v.version for v in versions]
         aliases = [] if ids_only else sorted({a for v in versions for a in _shown(v).aliases})
         what = "version" if ids_only else "version or alias"

@@ -109,7 +109,10 @@ class LocalBackend:
                     "created": created,
                 },
             )
-        return self._version(model, version_id, {})
+        found = self._version(model, version_id, {})
+        if found is None:
+            raise InfraError(f"{self.where}: version {version_id} of {name!r} was written but is not found")
+        return found
 
     def resource(self, name: str, version: str) -> str:
         return ""  # a directory, not a Vertex AI resource
@@ -120,7 +123,7 @@ class LocalBackend:
         version_id = ref if ref.isdigit() else aliases.get(ref)
         return self._version(model, version_id, aliases) if version_id else None
 
-    def list(self, name: str) -> list[Version] | None:
+    def versions(self, name: str) -> list[Version] | None:
         model = self._model(name)
         ids = self._ids(model)
         if not ids:

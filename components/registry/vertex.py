@@ -23,6 +23,7 @@ and the role that grants it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -152,7 +153,7 @@ class VertexBackend:
             labels={**labels, REGISTRY_LABEL: REGISTRY_LABEL_VALUE, TOKEN_LABEL: token},
             version_description=json.dumps(provenance, sort_keys=True),
         )
-        exists = self._versions(name) is not None
+        exists = self._with_tokens(name) is not None
         what = f"registering a version of model {name!r}"
 
         def upload() -> Version:
@@ -165,7 +166,7 @@ class VertexBackend:
             return self._fetch_id(name, response.model_version_id)
 
         def registered() -> Version | None:  # an earlier attempt that happened although its answer was lost
-            return next((v for v in self._versions(name) or [] if v.labels.get(TOKEN_LABEL) == token), None)
+            return next((v for v in self._with_tokens(name) or [] if v.labels.get(TOKEN_LABEL) == token), None)
 
         try:
             found = self._call("UploadModel", what, upload, between=registered)
@@ -191,11 +192,11 @@ class VertexBackend:
             return None
         return _hide_token(_version(name, message))
 
-    def list(self, name: str) -> list[Version] | None:
-        versions = self._versions(name)
+    def versions(self, name: str) -> list[Version] | None:
+        versions = self._with_tokens(name)
         return None if versions is None else [_hide_token(v) for v in versions]
 
-    def _versions(self, name: str) -> list[Version] | None:
+    def _with_tokens(self, name: str) -> list[Version] | None:
         """The versions with their registration tokens."""
         from google.api_core import exceptions
 
@@ -219,14 +220,18 @@ class VertexBackend:
     def change(self, name: str, plan: Callable[[dict[str, str]], list[Move]]) -> list[Move]:
         """One MergeVersionAliases per move, in order; Vertex moves an alias added to one version off any other.
         ``default`` goes wherever ``champion`` goes."""
-        aliases = {a: v.version for v in self.list(name) or [] for a in v.aliases}
+        aliases = {a: v.version for v in self.versions(name) or [] for a in v.aliases}
         moves = plan(aliases)
+
+        def merge(request: dict[str, Any]) -> Any:
+            return self.client().merge_version_aliases(request=request)
+
         for done, move in enumerate(moves):
             follows = [VERTEX_DEFAULT_ALIAS] if CHAMPION in move.add else []
             merged = [*move.add, *follows, *(f"-{a}" for a in move.remove)]
             what = f"moving aliases of {name}@{move.version} ({', '.join(merged)}; step {done + 1} of {len(moves)})"
             request = {"name": f"{self._model(name)}@{move.version}", "version_aliases": merged}
-            self._call("MergeVersionAliases", what, lambda r=request: self.client().merge_version_aliases(request=r))
+            self._call("MergeVersionAliases", what, functools.partial(merge, request))
         return moves
 
 
@@ -256,9 +261,7 @@ def _version(name: str, message) -> Version:
     )
 
 
-def _hide_token(version: Version | None) -> Version | None:
-    if version is None:
-        return None
+def _hide_token(version: Version) -> Version:
     from dataclasses import replace
 
     return replace(version, labels={k: v for k, v in version.labels.items() if k != TOKEN_LABEL})

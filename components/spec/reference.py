@@ -101,7 +101,8 @@ def _allowed(key: str, kind: object) -> str:
         return FORMS[key]
     optional = type(None) in typing.get_args(kind)
     base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(base, str(base))  # type: ignore[call-overload]
+    named: dict[object, str] = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    words = named.get(base, str(base))
     return f"{words}, or empty (none)" if optional else words
 
 

@@ -126,7 +126,7 @@ def check_lineage(ctx: RunContext) -> None:
     then finding that the gate cannot compare the two."""
     champion = current_champion(ctx)
     why = other_base(ctx.spec, champion) if champion else None
-    if why:
+    if champion and why:
         raise SpecError(
             "gate.model",
             f"{ctx.spec.model_name}: {why}; their held-out losses do not compare, so the gate could not decide: "

@@ -114,7 +114,7 @@ def train_intervals(span: tuple[float, float], timeline: dict[str, Any]) -> list
     saves += [(e["time"], e["seconds"], "evaluation") for e in timeline.get("evaluations") or []]  # in-job
     saves.sort()
 
-    last_run = {}  # step number -> the group that ran it last
+    last_run: dict[int, int] = {}  # step number -> the group that ran it last
     for s in steps:
         last_run[s["step"]] = max(last_run.get(s["step"], 0), group_of(groups, s["time"]))
     out: list[tuple[float, float, str]] = []
@@ -168,8 +168,8 @@ def ledger(
     """The run's goodput ledger from its stage ``records`` (name -> record; train's result carries its ``timeline``)
     for ``chips`` chips billed at ``usd_per_hour`` for all the run's resources (None: a price is unknown); None when
     no stage has its times."""
-    spans = {name: stage_span(rec) for name, rec in records.items()}
-    spans = {name: span for name, span in spans.items() if span}
+    found = {name: stage_span(rec) for name, rec in records.items()}
+    spans = {name: span for name, span in found.items() if span}
     if not spans:
         return None
     wall_lo, wall_hi = min(a for a, _ in spans.values()), max(b for _, b in spans.values())

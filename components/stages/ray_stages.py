@@ -74,23 +74,23 @@ def figure_key(ctx: RunContext, eval_key: str | None) -> str | None:
     image = trainer_image(ctx)
     if not eval_key or not image:
         return None
-    accelerator = ctx.spec.cluster.accelerator
+    accelerator: str | dict[str, str] = ctx.spec.cluster.accelerator
     if accelerator != "cpu":
         from components.tpu import catalogue
 
-        family = catalogue.family(accelerator)
+        family = catalogue.family(ctx.spec.cluster.accelerator)
         accelerator = {"gke_accelerator": family.gke_accelerator, "generation": family.name}
     what = {"eval_key": eval_key, "image": image, "accelerator": accelerator}
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def history(records: list[tuple[str, dict]]) -> list[dict]:
+def history(records: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per-epoch (FSDP) or per-step (MaxText) metric records in order; after a restart, the figures of a
     re-run epoch or step replace the earlier ones."""
-    latest: dict[int, dict] = {}
+    latest: dict[int, dict[str, Any]] = {}
     for kind, payload in records:
         if kind == "metric":
-            latest[payload.get("epoch", payload.get("step"))] = payload
+            latest[payload["epoch"] if "epoch" in payload else payload["step"]] = payload  # FSDP's, MaxText's
     return [latest[k] for k in sorted(latest)]
 
 
@@ -160,7 +160,7 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     job = run_job(ctx, "train", command, t.timeout_s, _train_progress(ctx.spec))
     rows = history(job["records"])
     events = [p for kind, p in job["records"] if kind == "event"]
-    data = next((p for p in reversed(events) if p.get("event") == "data"), {})
+    data: dict[str, Any] = next((p for p in reversed(events) if p.get("event") == "data"), {})
     timeline = goodput.timeline(job["records"])
     return {
         "job": job["submission_id"],

@@ -28,9 +28,10 @@ def cmd_show(args) -> int:
     from components.stages import report
 
     store = run_store(args.run, args.output_root)
-    if not store.exists("summary.json"):
+    text = store.read_text("summary.json")
+    if text is None:
         raise SpecError("run", f"no summary.json in {store.uri}: the run is still going, or did not start")
-    summary = json.loads(store.read_text("summary.json"))
+    summary = json.loads(text)
     print(json.dumps(summary, indent=2) if args.json else report.format_table(summary).lstrip("\n"))
     return 0
 

@@ -118,6 +118,14 @@ def test_the_keeper_stops_when_the_driver_is_gone(tmp_path):
     assert said == [f"keeper: {reason}: exiting"]
 
 
+def test_the_keeper_stops_when_the_run_ledger_is_gone(tmp_path):
+    path = _ledger(tmp_path, driver=interrupts.driver())
+    path.unlink()  # the run's directory deleted under it
+    said = []
+    assert keep(path, log=said.append) == f"the run's ledger {path} is gone"
+    assert said == [f"keeper: the run's ledger {path} is gone: exiting"]
+
+
 def test_tpupipe_teardown_of_a_local_run_with_nothing_left_exits_0(tmp_path, capsys):
     from pipelines.cli import main as cli
 

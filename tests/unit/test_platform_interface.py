@@ -23,7 +23,8 @@ def test_every_platform_implements_the_interface_itself(name):
     one itself, but the dry run, which only gke has, the limits, which only gke prices (the interface's: the
     spec's own, nothing billed), the release of what bills by the hour, which only gke has (nothing), and a Kueue
     eviction and the wait until the run may run again, which only gke's queued runs have (never evicted), and the hub
-    token the platform keeps for its pods, which only gke keeps (a Secret Manager secret; none)."""
+    token the platform keeps for its pods, which only gke keeps (a Secret Manager secret; none), and the preflight of
+    the cloud before anything is created, which only gke makes (nothing to check)."""
     cls = type(get_platform(name))
     assert Platform in cls.__mro__ and cls.name == name
     members = {m for m, _ in inspect.getmembers(Platform, inspect.isfunction) if not m.startswith("_")}
@@ -32,7 +33,17 @@ def test_every_platform_implements_the_interface_itself(name):
         members
         if name == "gke"
         else members
-        - {"dry_run", "limits", "release", "evicted", "wait_to_run_again", "hub_token", "claims_store", "no_internet"}
+        - {
+            "dry_run",
+            "limits",
+            "release",
+            "evicted",
+            "wait_to_run_again",
+            "hub_token",
+            "claims_store",
+            "no_internet",
+            "preflight",
+        }
     )
 
 

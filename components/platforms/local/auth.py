@@ -42,9 +42,9 @@ def headers(token_path: str) -> dict[str, str]:
 def alive_nodes(dashboard_url: str, token_path: str) -> int:
     """How many of the cluster's nodes are alive, from its state API (ray.util.state.list_nodes, with the token)."""
     from ray.util.state.api import StateApiClient
-    from ray.util.state.common import ListApiOptions, StateResource
+    from ray.util.state.common import ListApiOptions, NodeState, StateResource
 
     nodes = StateApiClient(address=dashboard_url, headers=headers(token_path)).list(
         StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False
     )
-    return sum(1 for n in nodes if n.state == "ALIVE")
+    return sum(1 for n in nodes if isinstance(n, NodeState) and n.state == "ALIVE")  # NODES lists NodeStates

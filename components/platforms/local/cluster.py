@@ -14,6 +14,7 @@ when it tears down; the janitor (``pipelines.backends.local.run``) finds the run
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -279,6 +280,11 @@ def note(ctx: RunContext, **fields: Any) -> dict[str, Any]:
     return ledgers.update(ctx.store, set_unset)
 
 
+def _exited(pid: int) -> bool | None:
+    """True once process ``pid`` is gone (a poll of ``wait_for``)."""
+    return True if not procs.alive(pid) else None
+
+
 def stop(ctx: RunContext, ledger: dict, log=print) -> dict[str, Any]:
     """Stop exactly what the run started (the keeper first, then its process groups and every process carrying its
     marker), keep the Ray session logs, delete the temporary directory, check the ports are free; what was done."""
@@ -288,12 +294,7 @@ def stop(ctx: RunContext, ledger: dict, log=print) -> dict[str, Any]:
     keepers = [p for p in ledger["processes"] if p["role"] == "keeper" and carries_marker(p["pid"], ctx.run_id)]
     for proc in keepers:
         procs.signal_group(proc["pgid"], signal.SIGKILL)
-        wait_for(
-            lambda p=proc: True if not procs.alive(p["pid"]) else None,
-            timeout_s=10,
-            interval_s=0.1,
-            what="the host keeper to exit",
-        )
+        wait_for(functools.partial(_exited, proc["pid"]), timeout_s=10, interval_s=0.1, what="the host keeper to exit")
     ledger = note(ctx, teardown_started=time.time())
     # Only groups whose leader is still ours: a pid (and its group id) may since belong to another process.
     live = [p for p in ledger["processes"] if carries_marker(p["pid"], ctx.run_id)]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
         store = LocalStore(ledger_path.parent)
         ledger = ledgers.load(store)
         reason = _done(ledger, ledger_path)
-        if reason:
+        if ledger is None or reason:
             log(f"keeper: {reason}: exiting")
             return reason
         delay = float(((ledger.get("spec") or {}).get("cluster") or {}).get("host_replace_delay_s") or 0.0)
@@ -49,7 +50,7 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
                     break
                 log(f"{proc['role']} (pid {proc['pid']}) is gone: starting a replacement")
                 pid = spawn(proc["cmd"], None, Path(proc["log"]))
-                ledgers.update(store, lambda stored, role=proc["role"], pid=pid: _replaced(stored, role, pid))
+                ledgers.update(store, functools.partial(_replaced, role=proc["role"], pid=pid))
         time.sleep(interval_s)
 
 
@@ -61,8 +62,11 @@ def _replaced(ledger: dict[str, Any], role: str, pid: int) -> None:
             proc["replacements"] = proc.get("replacements", 0) + 1
 
 
-def _done(ledger: dict[str, Any], ledger_path: Path) -> str:
-    """Why the keeper stops ('' while it keeps the hosts): teardown began, or the run's driver is gone."""
+def _done(ledger: dict[str, Any] | None, ledger_path: Path) -> str:
+    """Why the keeper stops ('' while it keeps the hosts): teardown began, or the run's driver is gone (or its
+    ledger, with the run's directory)."""
+    if ledger is None:
+        return f"the run's ledger {ledger_path} is gone"
     if ledger.get("teardown_started"):
         return "teardown began"
     driver = ledger.get("driver")

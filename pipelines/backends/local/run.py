@@ -40,11 +40,10 @@ def run(
     if dry_run:
         return _dry_run(ctx)
     platform.check_access(ctx)  # no credentials: one line (exit 2), not a failed provision task
-    if ctx.platform == "gke":
-        # kfp.local runs the tasks one at a time, and build_image, which needs nothing of provision, may come first:
-        # preflight now, so its problems (exit 2, nothing created) come before an image is built; provision checks
-        # again when it starts.
-        platform.preflight(ctx)
+    # kfp.local runs the tasks one at a time, and build_image, which needs nothing of provision, may come first:
+    # preflight now, so its problems (exit 2, nothing created) come before an image is built; provision checks again
+    # when it starts (nothing to check on a platform that calls no cloud).
+    platform.preflight(ctx)
     from components.stages import gate
 
     if ctx.spec.init_from_ref:  # the version to start from exists now (train resolves it again when it starts)

@@ -8,12 +8,23 @@ The client libraries are imported inside functions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke.plan import paths
 from components.platforms.gke.plan.target import Target, bucket_binding, cache_binding, target
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud.container_v1 import Cluster
+
+    from components.cloud.credentials import AccessToken
+    from components.cloud.storage import Storage
+    from components.platforms.gke.cloud.cluster import Gke
+    from components.platforms.gke.cloud.compute import Compute
+    from components.platforms.gke.cloud.kube import Kube
+    from components.platforms.gke.cloud.transient import Backoff
 
 
 def load_ledger(ctx: RunContext) -> dict[str, Any]:
@@ -30,27 +41,27 @@ def run_cluster(ledger: dict[str, Any], t: Target) -> str:
 
 
 class Clients:
-    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff=None):
+    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff: Backoff | None = None) -> None:
         self.log = log
         self.poll_s = poll_s
         self.backoff = backoff  # of the Kubernetes and Ray job clients' retries (transient.Backoff; None: its defaults)
 
-    def gke(self, creds=None):
+    def gke(self, creds: Credentials | None = None) -> Gke:
         from components.platforms.gke.cloud import cluster as gke_cluster
 
         return gke_cluster.Gke(gke_cluster.cluster_manager(creds), log=self.log, poll_s=self.poll_s)
 
-    def compute(self, creds=None):
+    def compute(self, creds: Credentials | None = None) -> Compute:
         from components.platforms.gke.cloud import compute as gke_compute
 
         return gke_compute.Compute(gke_compute.clients(creds), log=self.log, poll_s=min(self.poll_s, 2.0))
 
-    def storage(self, t: Target, creds=None):
+    def storage(self, t: Target, creds: Credentials | None = None) -> Storage:
         from components.cloud import storage as gke_storage
 
         return gke_storage.Storage(gke_storage.storage_client(t.project, creds), log=self.log)
 
-    def kube(self, ctx: RunContext):
+    def kube(self, ctx: RunContext) -> tuple[Kube, Cluster, AccessToken] | tuple[None, None, None]:
         """(Kube, cluster, token) for the run's cluster, or (None, None, None) while it has no endpoint; ``token()``
         the Google access token both the Kubernetes and the Ray job client send, refreshed before it expires. The
         endpoint is ``control_plane``'s choice; one that keeps out callers outside the cluster's networks is tried
@@ -74,7 +85,7 @@ class Clients:
         namespace = ledger.get("namespace") or ctx.spec.gke.namespace
         return gke_kube.Kube(api, namespace, log=self.log, backoff=self.backoff), cluster, token
 
-    def bucket_member(self, t: Target, creds=None) -> tuple[str, str]:
+    def bucket_member(self, t: Target, creds: Credentials | None = None) -> tuple[str, str]:
         """(role, member) of the run's binding on the bucket, the project number looked up."""
         from components.cloud import iam as cloud_iam
         from components.cloud import storage as gke_storage

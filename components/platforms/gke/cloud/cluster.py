@@ -17,7 +17,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
@@ -41,6 +41,12 @@ from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import DeadlineExceeded, wait_for
 
+if TYPE_CHECKING:  # for the type checker only: the client libraries are imported inside functions
+    from google.auth.credentials import Credentials
+    from google.cloud.container_v1 import Cluster, ClusterManagerClient, NodePool, Operation
+
+    from components.platforms.gke.plan.features import Feature
+
 # How long a delete that is not waited on (a stopped task's, in its grace period) asks again while GKE refuses it for
 # another operation on the cluster; past it the janitor deletes what is left.
 START_TIMEOUT_S = 20.0
@@ -51,7 +57,7 @@ OPERATION_NAME = re.compile(r"\boperation-[0-9a-z-]+")
 DELETES = ("DELETE_CLUSTER", "DELETE_NODE_POOL")
 
 
-def targets(op, name: str) -> bool:
+def targets(op: Operation, name: str) -> bool:
     """Whether the operation ``op`` works on the resource ``name`` (``projects/P/locations/L/clusters/C``, with
     ``/nodePools/N`` for a pool). Its ``targetLink`` is "a URI to the resource being modified" (the Operation
     message's field docs, google-cloud-container's container_v1/types/cluster_service.py), not the path: it may name
@@ -62,7 +68,7 @@ def targets(op, name: str) -> bool:
     return link is not None and mine is not None and link.groups() == mine.groups()
 
 
-def cluster_manager(creds=None):
+def cluster_manager(creds: Credentials | None = None) -> ClusterManagerClient:
     """A ``ClusterManagerClient``: to the emulator named by $TPUPIPE_GKE_EMULATOR_HOST, else to Google."""
     from google.cloud import container_v1
 
@@ -73,24 +79,24 @@ class Gke(Adapter):
     """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
     this run starts creating, before anything waits on it (the ledger)."""
 
-    def get_cluster(self, name: str):
+    def get_cluster(self, name: str) -> Cluster | None:
         from google.api_core import exceptions as gexc
 
         try:
-            return self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name))
+            return cast("Cluster", self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name)))
         except gexc.NotFound:
             return None
 
-    def get_node_pool(self, name: str):
+    def get_node_pool(self, name: str) -> NodePool | None:
         from google.api_core import exceptions as gexc
 
         try:
-            return self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name))
+            return cast("NodePool", self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name)))
         except gexc.NotFound:
             return None
 
     # -- operations
-    def wait(self, location_path: str, op, what: str) -> None:
+    def wait(self, location_path: str, op: Operation, what: str) -> None:
         """Poll the operation until DONE, with progress, a deadline, and an interrupt cancelling it."""
         from google.cloud import container_v1
 
@@ -104,8 +110,8 @@ class Gke(Adapter):
             self.log(f"  {what}: {signal_name(signum)}: cancelling operation {op.name}")
             self.client.cancel_operation(name=name)
 
-        def poll():
-            current = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
+        def poll() -> Operation | None:
+            current: Operation = self.call(f"get operation {op.name}", lambda: self.client.get_operation(name=name))
             return current if current.status == container_v1.Operation.Status.DONE else None
 
         with on_interrupt(cancel, log=self.log):
@@ -196,13 +202,13 @@ class Gke(Adapter):
             raise CapacityError(exc.message) from exc
 
     def _wait_running(
-        self, name: str, get: Callable[[], Any], statuses, what: str, whole: bool = False, with_nodes: bool = True
+        self, name: str, get: Callable[[], Any], statuses: Any, what: str, whole: bool = False, with_nodes: bool = True
     ) -> Any:
         """Poll ``get`` until the resource is RUNNING. ``whole``: a pool usable only with all of its nodes (a TPU
         slice), refused when GKE reports it only partially usable. ``with_nodes``: a pool made with its nodes (else
         RUNNING_WITH_ERROR is only said: its nodes come later, ``ensure_node_pool``)."""
 
-        def poll():
+        def poll() -> Any:
             current = get()
             if current is None:
                 raise GkeError(f"{what} {name} disappeared while the run waited for it")
@@ -249,7 +255,7 @@ class Gke(Adapter):
         )
 
     # -- an existing cluster's features
-    def enable(self, name: str, features, project: str) -> list[str]:
+    def enable(self, name: str, features: list[Feature], project: str) -> list[str]:
         """Turn on each of ``features`` (``features.Feature`` rows GKE enables in place) in the cluster ``name``: one
         UpdateCluster each (GKE takes one change per update, one operation at a time), waited on. The names of what
         was enabled."""
@@ -257,6 +263,8 @@ class Gke(Adapter):
 
         location_path = paths.cluster_parent(name)
         for feature in features:
+            if feature.update is None:  # features.to_enable gives only those GKE enables in place
+                raise ValueError(f"the {feature.name} is not enabled in place: {feature.refused_because}")
             update = container_v1.ClusterUpdate.from_json(json.dumps(feature.update(project)))
             short = name.rsplit("/", 1)[-1]
             op = self.change(
@@ -275,7 +283,9 @@ class Gke(Adapter):
     def delete_cluster(self, name: str, wait: bool = True, start_by: float | None = None) -> bool:
         return self._delete("cluster", name, self.client.delete_cluster, wait, start_by)
 
-    def _delete(self, kind: str, name: str, rpc, wait: bool = True, start_by: float | None = None) -> bool:
+    def _delete(
+        self, kind: str, name: str, rpc: Callable[..., Any], wait: bool = True, start_by: float | None = None
+    ) -> bool:
         """Delete and wait (unless not ``wait``: the operation started is enough); False when it was already gone,
         or, not waiting, when GKE would not start it by ``start_by`` (on ``clock``; default ``START_TIMEOUT_S`` from
         now: several deletes share one such instant, so they all fit in one grace period).
@@ -321,7 +331,7 @@ class Gke(Adapter):
             self.wait(location, op, what)
         return True
 
-    def _operation_named(self, location_path: str, message: str):
+    def _operation_named(self, location_path: str, message: str) -> Operation | None:
         """The operation a busy refusal names (``operation-...``), as GKE reports it now (each read of it is also
         what moves a wait on it along), or None when the message names none or it cannot be read."""
         from google.api_core import exceptions as gexc
@@ -330,9 +340,12 @@ class Gke(Adapter):
         if found is None:
             return None
         try:
-            return self.call(
-                f"get operation {found[0]}",
-                lambda: self.client.get_operation(name=f"{location_path}/operations/{found[0]}"),
+            return cast(
+                "Operation",
+                self.call(
+                    f"get operation {found[0]}",
+                    lambda: self.client.get_operation(name=f"{location_path}/operations/{found[0]}"),
+                ),
             )
         except gexc.NotFound:
             return None

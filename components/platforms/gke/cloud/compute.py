@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import credentials, google_client
 from components.cloud.errors import Adapter, CapacityError, GkeError, is_capacity_error, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 # The Compute Engine REST endpoint of an emulator (http://host:port); unset, the clients talk to
 # compute.googleapis.com.
@@ -59,7 +62,7 @@ class Clients:
     routers: Any  # the Cloud Router and NAT gateway of ``network``
 
 
-def client(name: str, creds):
+def client(name: str, creds: Credentials) -> Any:
     """One compute_v1 client (``RegionsClient``, ``ReservationsClient``, ``MachineTypesClient``, ...) at the endpoint
     the adapter uses: preflight's reads."""
     from google.cloud import compute_v1
@@ -67,7 +70,7 @@ def client(name: str, creds):
     return google_client(getattr(compute_v1, name), EMULATOR_HOST_ENV, creds=creds)
 
 
-def clients(creds=None) -> Clients:
+def clients(creds: Credentials | None = None) -> Clients:
     """The compute_v1 clients: to the emulator named by $TPUPIPE_COMPUTE_EMULATOR_HOST, else to Google. Operations
     are polled with the operations clients made here (same endpoint), not through the ExtendedOperation an insert
     returns, whose own operations client always goes to Google's endpoint."""
@@ -97,13 +100,13 @@ class Compute(Adapter):
     """Get-or-create, wait, delete for the run's Compute Engine resources. ``record(kind, path)`` is called with
     every resource this run starts creating, before anything waits on it (the ledger)."""
 
-    def __init__(self, clients: Clients, **options):
+    def __init__(self, clients: Clients, **options: Any) -> None:
         super().__init__(clients, **{"operation_timeout_s": 600.0, "poll_s": 2.0, **options})
 
-    def _client(self, kind: str):
+    def _client(self, kind: str) -> Any:
         return getattr(self.client, KINDS[kind].client)
 
-    def get(self, kind: str, resource_path: str):
+    def get(self, kind: str, resource_path: str) -> Any:
         from google.api_core import exceptions as gexc
 
         try:
@@ -170,7 +173,7 @@ class Compute(Adapter):
                 "cannot be cancelled; teardown deletes what the run recorded)"
             )
 
-        def poll():
+        def poll() -> Any:
             current = self.call(f"get operation {operation}", lambda: client.get(operation=operation, **request))
             return current if current.status == compute_v1.Operation.Status.DONE else None
 

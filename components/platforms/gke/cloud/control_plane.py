@@ -27,9 +27,12 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from components.platforms.gke.plan import paths
+
+if TYPE_CHECKING:  # the message GKE describes a cluster with, for the type checker only (no client imported here)
+    from google.cloud.container_v1 import Cluster
 
 DNS_CA_ENV = "TPUPIPE_GKE_EMULATOR_DNS_CA"
 CA_FILE = "cluster-ca.crt"
@@ -53,7 +56,7 @@ class ControlPlane(NamedTuple):
         return str(path)
 
 
-def control_plane(cluster) -> ControlPlane:
+def control_plane(cluster: Cluster) -> ControlPlane:
     """The endpoint of ``cluster`` (a ``container_v1.Cluster``) the clients use: the DNS-based one when it takes user
     traffic, else the IP one with the cluster's CA."""
     dns = cluster.control_plane_endpoints_config.dns_endpoint_config
@@ -63,7 +66,7 @@ def control_plane(cluster) -> ControlPlane:
     return ControlPlane(cluster.endpoint, base64.b64decode(cluster.master_auth.cluster_ca_certificate), False)
 
 
-def restricted(cluster) -> str:
+def restricted(cluster: Cluster) -> str:
     """What keeps callers outside the cluster's networks from the endpoint the clients use ("" when nothing does:
     the DNS-based endpoint, or a public IP open to all)."""
     if control_plane(cluster).dns:
@@ -90,7 +93,7 @@ def enable_dns_access(path: str) -> str:
     )
 
 
-def unreachable(cluster, path: str, exc: BaseException) -> str:
+def unreachable(cluster: Cluster, path: str, exc: BaseException) -> str:
     """Why the clients cannot reach the cluster's Kubernetes API, and the fix."""
     plane = control_plane(cluster)
     why = restricted(cluster)

@@ -15,13 +15,16 @@ import base64
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from components.platforms import redaction
 from components.platforms.gke.cloud import transient
 from components.platforms.gke.cloud.control_plane import ControlPlane
 from components.platforms.gke.cloud.transient import Retrying
 from components.spec import InfraError, SpecError, names
+
+if TYPE_CHECKING:  # the message GKE describes a cluster with, for the type checker only (no client imported here)
+    from google.cloud.container_v1 import Cluster
 
 FIELD_MANAGER = "tpupipe"
 RAY_TOKEN_KEY = "auth_token"  # the key KubeRay's token Secret holds
@@ -49,7 +52,7 @@ CUSTOM = {  # kind -> (group, version, plural)
 }
 
 
-def api_client(plane: ControlPlane, token: Callable[[], str], ca_dir: Path):
+def api_client(plane: ControlPlane, token: Callable[[], str], ca_dir: Path) -> Any:
     """A ``kubernetes.client.ApiClient`` for the cluster's endpoint ``plane`` (``control_plane.control_plane``),
     trusting its CA (written in ``ca_dir``) or, for the DNS-based endpoint, the public roots, with the bearer token
     ``token()`` (a Google OAuth access token, :class:`~components.cloud.credentials.AccessToken`: GKE accepts it
@@ -63,7 +66,7 @@ def api_client(plane: ControlPlane, token: Callable[[], str], ca_dir: Path):
     config.ssl_ca_cert = plane.ca_file(ca_dir)  # None: the client's own roots (certifi's)
     config.verify_ssl = True
 
-    def bearer(configuration) -> None:
+    def bearer(configuration: Any) -> None:
         configuration.api_key["authorization"] = f"Bearer {token()}"
 
     config.api_key = {}
@@ -76,10 +79,10 @@ class _Retried:
     """An API object of the kubernetes client (``CoreV1Api``, ``CustomObjectsApi``) whose calls are retried on
     transient errors (``transient``)."""
 
-    def __init__(self, api, retrying: Retrying):
+    def __init__(self, api: Any, retrying: Retrying) -> None:
         self._api, self._retrying = api, retrying
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         method = getattr(self._api, name)
         if not callable(method):
             return method
@@ -91,8 +94,8 @@ class Kube:
     whose ``until`` a wait with a deadline sets)."""
 
     def __init__(
-        self, api, namespace: str, log: Callable[[str], None] = print, backoff: transient.Backoff | None = None
-    ):
+        self, api: Any, namespace: str, log: Callable[[str], None] = print, backoff: transient.Backoff | None = None
+    ) -> None:
         from kubernetes import client
 
         self.api = api
@@ -155,7 +158,7 @@ class Kube:
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         group, version, plural = CUSTOM[obj["kind"]]
         name = obj["metadata"]["name"]
-        result = self.retrying.call(
+        result: dict[str, Any] = self.retrying.call(
             "apply",
             self.api.call_api,
             f"/apis/{group}/{version}/namespaces/{{namespace}}/{plural}/{{name}}",
@@ -176,7 +179,7 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.retrying.call(
+            found: dict[str, Any] = self.retrying.call(
                 "get CRD",
                 self.api.call_api,
                 "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
@@ -192,13 +195,16 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+        return found
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
         group, version, plural = CUSTOM[kind]
         try:
-            return self.custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+            return cast(
+                dict[str, Any], self.custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -218,9 +224,10 @@ class Kube:
         the API server's "read log" of a pod (``GET .../pods/{name}/log``, its ``container``, ``tailLines`` and
         ``previous`` parameters: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
         #read-log-of-the-specified-pod)."""
-        return self.core.read_namespaced_pod_log(
+        log: str = self.core.read_namespaced_pod_log(
             name, self.namespace, container=container, tail_lines=tail_lines, previous=previous
         )
+        return log
 
     # -- delete by the run label (not found is success)
     def delete_labelled(self, selector: str, queued: bool = False) -> list[str]:
@@ -298,7 +305,7 @@ def generated_token_secret(raycluster: str) -> str:
     return "r" + name[1:] if name[:1].isdigit() or (name[:1] and not name[:1].isalnum()) else name
 
 
-def ray_token(kube, run_id: str) -> str:
+def ray_token(kube: Kube, run_id: str) -> str:
     """The run's Ray token: from its own Secret (KubeRay >= 1.6 reads it from there), else from the one KubeRay 1.5
     generated for its RayCluster; '' when neither is there."""
     for name in (names.ray_token_secret(run_id), generated_token_secret(names.raycluster(run_id))):
@@ -308,7 +315,7 @@ def ray_token(kube, run_id: str) -> str:
     return ""
 
 
-def kuberay_refusal(crd, cluster: str, owns_cluster: bool) -> SpecError | None:
+def kuberay_refusal(crd: dict[str, Any] | None, cluster: str, owns_cluster: bool) -> SpecError | None:
     """Why the cluster's KubeRay (its RayCluster CRD, ``crd``; None when none is served) cannot run the run, naming
     the field to change; None when it can. The API server drops a field its CRD lacks without a word, and without
     ``authOptions`` (KubeRay < 1.5.1) the Ray cluster would run with no token: refused, never dropped silently.
@@ -350,7 +357,7 @@ def ray_token_secret(name: str, namespace: str, labels: dict[str, str], token: s
     }
 
 
-def review(kube, namespace: str, verb: str, group: str, resource: str, subresource: str) -> tuple[bool, str]:
+def review(kube: Kube, namespace: str, verb: str, group: str, resource: str, subresource: str) -> tuple[bool, str]:
     """(allowed, the authorizer's reason) of one SelfSubjectAccessReview."""
     attributes = {"verb": verb, "group": group, "resource": resource}
     if subresource:
@@ -376,10 +383,11 @@ def review(kube, namespace: str, verb: str, group: str, resource: str, subresour
         _return_http_data_only=True,
         _request_timeout=REQUEST_TIMEOUT_S,
     ).get("status", {})
-    return bool(status.get("allowed")), status.get("reason", "")
+    reason: str = status.get("reason", "")
+    return bool(status.get("allowed")), reason
 
 
-def reach(api, cluster, path: str) -> None:
+def reach(api: Any, cluster: Cluster, path: str) -> None:
     """Raise :class:`InfraError` naming the fix when the API server behind ``api`` (a client of ``cluster``, at
     ``path``) does not answer within preflight's short budget: a stage's own calls would retry it for minutes."""
     from components.platforms.gke.cloud import control_plane as planes

@@ -11,7 +11,10 @@ https://kueue.sigs.k8s.io/docs/tasks/manage/monitor_pending_workloads/pending_wo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from components.platforms.gke.cloud.kube import Kube
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -33,7 +36,7 @@ CONFIG_KEY = "controller_manager_config.yaml"
 RAY_INTEGRATION = "ray.io/raycluster"
 
 
-def frameworks(kube) -> list[str]:
+def frameworks(kube: Kube) -> list[str]:
     """The integrations Kueue's configuration enables (ApiException when its ConfigMap cannot be read)."""
     import yaml
 
@@ -42,34 +45,37 @@ def frameworks(kube) -> list[str]:
     return list((config.get("integrations") or {}).get("frameworks") or [])
 
 
-def _missing(exc) -> bool:
+def _missing(exc: BaseException) -> bool:
     return getattr(exc, "status", None) == 404
 
 
-def local_queue(kube, name: str) -> dict[str, Any] | None:
+def local_queue(kube: Kube, name: str) -> dict[str, Any] | None:
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return kube.custom.get_namespaced_custom_object(GROUP, VERSION, kube.namespace, "localqueues", name)
+        return cast(
+            dict[str, Any],
+            kube.custom.get_namespaced_custom_object(GROUP, VERSION, kube.namespace, "localqueues", name),
+        )
     except ApiException as exc:
         if _missing(exc):
             return None
         raise
 
 
-def cluster_object(kube, plural: str, name: str) -> dict[str, Any] | None:
+def cluster_object(kube: Kube, plural: str, name: str) -> dict[str, Any] | None:
     """A ClusterQueue or ResourceFlavor (cluster-scoped); None when there is none."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return kube.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        return cast(dict[str, Any], kube.custom.get_cluster_custom_object(GROUP, VERSION, plural, name))
     except ApiException as exc:
         if _missing(exc):
             return None
         raise
 
 
-def cluster_queues(kube) -> list[dict[str, Any]]:
+def cluster_queues(kube: Kube) -> list[dict[str, Any]]:
     """Every ClusterQueue of the cluster (cluster-scoped)."""
     return list(kube.custom.list_cluster_custom_object(GROUP, VERSION, "clusterqueues")["items"])
 
@@ -90,7 +96,7 @@ def flavor_quota(cq: dict[str, Any], flavor: str, resource: str) -> dict[str, An
     )
 
 
-def workload_of(kube, raycluster: str) -> dict[str, Any] | None:
+def workload_of(kube: Kube, raycluster: str) -> dict[str, Any] | None:
     """The Workload Kueue made for the RayCluster (its owner); None before Kueue made it."""
     items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, kube.namespace, "workloads")["items"]
     return next(
@@ -106,7 +112,7 @@ def workload_of(kube, raycluster: str) -> dict[str, Any] | None:
     )
 
 
-def pending(kube, queue: str) -> list[dict[str, Any]]:
+def pending(kube: Kube, queue: str) -> list[dict[str, Any]]:
     """The LocalQueue's pending workloads in queue order (``positionInLocalQueue``, ``positionInClusterQueue``)."""
     answer = kube.retrying.call(
         "pending workloads",
@@ -150,7 +156,10 @@ def quantity(text: Any) -> float:
     """A Kubernetes quantity (``4``, ``500m``, ``16Gi``) as a number."""
     import re
 
-    number, suffix = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text)).groups()  # type: ignore[union-attr]
+    found = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text))
+    if found is None:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    number, suffix = found.groups()
     return float(number) * SUFFIXES[suffix]
 
 

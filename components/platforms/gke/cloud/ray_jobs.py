@@ -8,13 +8,16 @@ errors (``transient``), and teardown's reads of the head's State API.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from components.platforms.gke.cloud import transient
 from components.platforms.gke.cloud.control_plane import ControlPlane
 from components.platforms.gke.cloud.transient import Retrying
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobStatus, JobSubmissionClient
 
 
 def proxy_address(endpoint: str, namespace: str, service: str, port: str = "dashboard") -> str:
@@ -48,7 +51,7 @@ def job_client(
     address = proxy_address(plane.host, namespace, f"{raycluster}-head-svc")
     verify = plane.ca_file(ca_dir) or True  # True: requests' own roots (certifi's)
 
-    def make(token: str):
+    def make(token: str) -> JobSubmissionClient:
         headers = {"Authorization": f"Bearer {token}", "X-Ray-Authorization": f"Bearer {ray_token}"}
         return JobSubmissionClient(address, headers=headers, verify=verify)
 
@@ -95,7 +98,7 @@ def dashboard_get(
     address = proxy_address(plane.host, namespace, f"{raycluster}-head-svc")
     verify = plane.ca_file(ca_dir) or True
 
-    def get(path: str, params: list[tuple[str, str]]):
+    def get(path: str, params: list[tuple[str, str]]) -> Any:
         headers = {"Authorization": f"Bearer {k8s_token()}", "X-Ray-Authorization": f"Bearer {ray_token}"}
         response = requests.get(address + path, params=params, headers=headers, verify=verify, timeout=60)
         response.raise_for_status()
@@ -110,26 +113,29 @@ class JobClient:
     after a 401 with a token refreshed at once (one that was revoked, or that a skewed clock let expire). Each call
     is retried on transient errors (``transient``) until ``retrying.until``, the job's deadline (``until``)."""
 
-    def __init__(self, make: Callable[[str], Any], token: Callable[..., str], retrying: Retrying):
+    def __init__(
+        self, make: Callable[[str], JobSubmissionClient], token: Callable[..., str], retrying: Retrying
+    ) -> None:
         self._make, self._token, self.retrying = make, token, retrying
-        self._client, self._made_with = None, ""
+        self._client: JobSubmissionClient | None = None
+        self._made_with = ""
 
     def until(self, deadline: float) -> None:
         self.retrying.until = deadline
 
-    def _current(self, fresh: bool = False):
+    def _current(self, fresh: bool = False) -> JobSubmissionClient:
         token = self._token(fresh=True) if fresh else self._token()
         if self._client is None or token != self._made_with:
-            self._client = self.retrying.call("connect to the Ray dashboard", self._make, token)
-            self._made_with = token
+            client: JobSubmissionClient = self.retrying.call("connect to the Ray dashboard", self._make, token)
+            self._client, self._made_with = client, token
         return self._client
 
-    def _call(self, name: str, *args, **kwargs):
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import AuthenticationError
 
         tries = []
 
-        def once():
+        def once() -> Any:
             tries.append(name)
             try:
                 return getattr(self._current(), name)(*args, **kwargs)
@@ -145,22 +151,22 @@ class JobClient:
             self._current(fresh=True)
             return self.retrying.call(name, once)
 
-    def submit_job(self, **kwargs) -> str:
-        return self._call("submit_job", **kwargs)
+    def submit_job(self, **kwargs: Any) -> str:
+        return cast(str, self._call("submit_job", **kwargs))
 
-    def get_job_info(self, job_id: str):
-        return self._call("get_job_info", job_id)
+    def get_job_info(self, job_id: str) -> JobDetails:
+        return cast("JobDetails", self._call("get_job_info", job_id))
 
-    def get_job_status(self, job_id: str):
-        return self._call("get_job_status", job_id)
+    def get_job_status(self, job_id: str) -> JobStatus:
+        return cast("JobStatus", self._call("get_job_status", job_id))
 
     def get_job_logs(self, job_id: str) -> str:
-        return self._call("get_job_logs", job_id)
+        return cast(str, self._call("get_job_logs", job_id))
 
     def stop_job(self, job_id: str) -> bool:
-        return self._call("stop_job", job_id)
+        return cast(bool, self._call("stop_job", job_id))
 
-    def tail_job_logs(self, job_id: str):
+    def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
         """The job's log as Ray streams it (a WebSocket, opened with the current token): not retried, the stages
         read the whole log instead when the stream breaks."""
         return self._current().tail_job_logs(job_id)

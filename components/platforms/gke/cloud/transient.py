@@ -75,7 +75,7 @@ class Retrying:
         finally:
             self.until = previous
 
-    def call(self, what: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
+    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from google.api_core import exceptions as gexc
         from google.api_core.retry import Retry
 

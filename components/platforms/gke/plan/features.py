@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.spec import RunSpec
 from components.workload import derive as d
+
+if TYPE_CHECKING:  # the message preflight reads a cluster as; this layer imports no client
+    from google.cloud.container_v1 import Cluster
 
 ADVANCED_DATAPATH = 2  # google.container.v1.DatapathProvider.ADVANCED_DATAPATH
 
@@ -25,12 +28,12 @@ ADVANCED_DATAPATH = 2  # google.container.v1.DatapathProvider.ADVANCED_DATAPATH
 @dataclass(frozen=True)
 class Feature:
     name: str
-    has: Callable[[Any, str], bool]  # (the Cluster message, the project) -> present
+    has: Callable[[Cluster, str], bool]  # (the Cluster message, the project) -> present
     update: Callable[[str], dict[str, Any]] | None  # project -> the ClusterUpdate (REST JSON) that enables it
     refused_because: str = ""  # why it cannot be enabled in place (when ``update`` is None)
     needed: Callable[[RunSpec], bool] = lambda spec: True
     # (the Cluster, the project) -> why the cluster's own setting of it is kept and the cluster refused ("": none)
-    conflict: Callable[[Any, str], str] = lambda cluster, project: ""
+    conflict: Callable[[Cluster, str], str] = lambda cluster, project: ""
     conflict_summary: str = ""  # when ``conflict`` refuses, in the plan's words
 
     @property
@@ -101,12 +104,12 @@ def needed(spec: RunSpec) -> list[Feature]:
     return [f for f in FEATURES if f.needed(spec)]
 
 
-def missing(spec: RunSpec, cluster, project: str) -> list[Feature]:
+def missing(spec: RunSpec, cluster: Cluster, project: str) -> list[Feature]:
     """The needed features ``cluster`` (a ``google.cloud.container_v1.Cluster``) lacks."""
     return [f for f in needed(spec) if not f.has(cluster, project)]
 
 
-def refusals(spec: RunSpec, cluster, project: str) -> list[str]:
+def refusals(spec: RunSpec, cluster: Cluster, project: str) -> list[str]:
     """Why ``cluster`` cannot serve the run, one reason per feature it lacks that is not enabled in place (empty: it
     can, after ``missing``'s in-place features are enabled)."""
     out = []
@@ -117,6 +120,6 @@ def refusals(spec: RunSpec, cluster, project: str) -> list[str]:
     return out
 
 
-def to_enable(spec: RunSpec, cluster, project: str) -> list[Feature]:
+def to_enable(spec: RunSpec, cluster: Cluster, project: str) -> list[Feature]:
     """The features provision enables in place: those ``cluster`` lacks that GKE enables, with no conflict."""
     return [f for f in missing(spec, cluster, project) if f.in_place and not f.conflict(cluster, project)]

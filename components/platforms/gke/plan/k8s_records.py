@@ -95,7 +95,7 @@ def _k8s_path(obj: dict[str, Any]) -> str:
 
 
 def _k8s_summary(spec: RunSpec, obj: dict[str, Any]) -> str:
-    kind = obj["kind"]
+    kind: str = obj["kind"]
     if kind == "Namespace":
         return "shared by runs; created if missing, kept"
     if kind == "ServiceAccount":

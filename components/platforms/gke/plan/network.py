@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.plan import paths
 from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names
+
+if TYPE_CHECKING:  # the message preflight reads a cluster as; this layer imports no client
+    from google.cloud.container_v1 import Cluster
 
 # The nodes' subnetwork: a /22 (1,020 nodes) of NODE_RANGES picked by the run id, outside the default network's
 # auto-mode subnets (10.128.0.0/9: https://cloud.google.com/vpc/docs/subnets#ip-ranges) and the 10.0.0.0/8 ranges
@@ -153,7 +156,7 @@ def private_nodes(body: dict[str, Any], t: Target) -> None:
     body.setdefault("networkConfig", {})["defaultEnablePrivateNodes"] = True
 
 
-def has_private_nodes(cluster) -> bool:
+def has_private_nodes(cluster: Cluster) -> bool:
     """Whether an existing cluster (a ``container_v1.Cluster``) gives its nodes internal addresses only, by either
     spelling of the API."""
     return bool(

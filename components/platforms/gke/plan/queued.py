@@ -201,10 +201,8 @@ def objects(spec: RunSpec, t: Target, worker_templates: list[dict[str, Any]]) ->
 
 def condition(request: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     """The request's condition ``kind`` when it is True, else None."""
-    for cond in ((request or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return cond
-    return None
+    conditions: list[dict[str, Any]] = ((request or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
 
 
 def ended(request: dict[str, Any] | None) -> str | None:

@@ -236,7 +236,7 @@ class GkePlatform(Platform):
         from components.platforms.gke.cloud import ray_jobs
 
         kube, cluster, token = self.clients.kube(self._placed(ctx))
-        if kube is None:
+        if kube is None or cluster is None or token is None:  # all three None, or none of them
             raise InfraError(f"no running cluster for run {ctx.run_id}")
         ray_token = gke_kube.ray_token(kube, ctx.run_id)
         client = ray_jobs.job_client(
