@@ -28,8 +28,9 @@ what a drop that is not there means.
 from __future__ import annotations
 
 import gzip
+import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from components.spec import SpecError
 
@@ -110,29 +111,38 @@ def check_ready(
     return late
 
 
-def decompress(name: str, data: bytes, key: str) -> tuple[str, bytes]:
-    """(the name without ``.gz``, the data) of a ``.gz`` file, decompressed; others as they are. Data that is not
-    gzip (an object stored with ``Content-Encoding: gzip`` that Cloud Storage served decompressed:
-    https://cloud.google.com/storage/docs/transcoding) is taken as it is. Inflated as a stream, a ``CHUNK`` at a
-    time (every member of a multi-member file, RFC 1952 section 2.2), and refused, naming the object, once it passes
-    ``MAX_INFLATED`` bytes."""
-    import io
-
+def decompress(name: str, stream: BinaryIO, key: str) -> tuple[str, BinaryIO]:
+    """(the name without ``.gz``, a stream of the data) of a ``.gz`` file (``stream``: buffered, with ``peek``),
+    inflated as it is read; others as they are. Data that is not gzip (an object stored with ``Content-Encoding:
+    gzip`` that Cloud Storage served decompressed: https://cloud.google.com/storage/docs/transcoding) is taken as it
+    is. Inflated a ``CHUNK`` at a time (every member of a multi-member file, RFC 1952 section 2.2), and refused,
+    naming the object, once it passes ``MAX_INFLATED`` bytes."""
     if not name.endswith(".gz"):
-        return name, data
-    if data[:2] != GZIP_MAGIC:
-        return name[:-3], data
-    out = bytearray()
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            while chunk := stream.read(CHUNK):
-                out += chunk
-                if len(out) > MAX_INFLATED:
-                    raise SpecError(
-                        key,
-                        f"{name}: inflates to more than {MAX_INFLATED} bytes ({len(data)} compressed), the most one "
-                        "gzip shard may (components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
-                    )
-    except (OSError, EOFError) as exc:
-        raise SpecError(key, f"{name}: not gzip: {exc}") from None
-    return name[:-3], bytes(out)
+        return name, stream
+    if stream.peek(2)[:2] != GZIP_MAGIC:  # type: ignore[attr-defined]
+        return name[:-3], stream
+    return name[:-3], io.BufferedReader(_Inflated(gzip.GzipFile(fileobj=stream), name, key), CHUNK)
+
+
+class _Inflated(io.RawIOBase):
+    """A gzip stream's inflated bytes, counted: SpecError past ``MAX_INFLATED``, or for data that is not gzip."""
+
+    def __init__(self, gz: gzip.GzipFile, name: str, key: str) -> None:
+        self.gz, self.name, self.key, self.inflated = gz, name, key, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, into) -> int:  # type: ignore[override]
+        try:
+            n = self.gz.readinto(into)
+        except (OSError, EOFError) as exc:
+            raise SpecError(self.key, f"{self.name}: not gzip: {exc}") from None
+        self.inflated += n
+        if self.inflated > MAX_INFLATED:
+            raise SpecError(
+                self.key,
+                f"{self.name}: inflates to more than {MAX_INFLATED} bytes, the most one gzip shard may "
+                "(components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
+            )
+        return n

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,7 +78,7 @@ def read_manifest(uri: str) -> dict[str, Any] | None:
     return read_json(open_store(grand, directory), name)
 
 
-def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, list[dict], list[dict]]:
+def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, Iterable, Iterable]:
     """(manifest, train examples, held-out examples) of the run's data as of ``when``: its champion read once from
     the registry, for what it has seen (``train.data_since=champion``) and the evaluation set it was judged on."""
     from components.data import snapshot
@@ -218,7 +218,10 @@ def snapshot_data(
             manifest["warning"] = warning
         if not manifest.get("skip"):
             for split, rows in (("train", train), ("heldout", heldout)):
-                ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
+                if isinstance(rows, snapshot.Spool):  # streamed from its file, never held whole
+                    ctx.store.write_file(f"data/{split}.jsonl", rows.path, "application/jsonl")
+                else:
+                    ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
         write_json(ctx.store, MANIFEST, manifest)
         earlier = manifest
     return outcome(ctx, earlier)

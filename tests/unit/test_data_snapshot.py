@@ -166,7 +166,7 @@ def test_a_parquet_drop_is_read_row_by_row_and_a_file_that_is_not_parquet_is_nam
     spec = resolve("local-fsdp", f"train.dataset={tmp_path}/sft/")
     manifest, train, heldout = snapshot.take(spec, WHEN, log=lambda line: None)
     assert [i["num_examples"] for i in manifest["train"]["items"]] == [30]
-    assert sorted(e["instruction"] for e in train + heldout) == sorted(r["instruction"] for r in _rows(4))
+    assert sorted(e["instruction"] for e in [*train, *heldout]) == sorted(r["instruction"] for r in _rows(4))
     (tmp_path / "sft" / "part-1.parquet").write_bytes(b"PAR1 but not really")
     with pytest.raises(SpecError) as err:
         snapshot.take(spec, WHEN, log=lambda line: None)
