@@ -272,4 +272,15 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         f"{'table' if train['kind'] == 'bigquery' else 'files'}, {manifest['num_train_examples']} examples to train "
         f"on, {manifest['num_heldout_examples']} to evaluate on, snapshot {manifest['digest'][:19]}"
     )
-    return {"proceed": PROCEED, **found, "num_examples": manifest["num_train_examples"]}
+    if manifest.get("duplicates") or manifest.get("eval_overlap"):
+        log(
+            f"snapshot_data: dropped {manifest.get('duplicates') or 0} duplicate example(s) and "
+            f"{manifest.get('eval_overlap') or 0} also in the evaluation set"
+        )
+    return {
+        "proceed": PROCEED,
+        **found,
+        "num_examples": manifest["num_train_examples"],
+        "duplicates": manifest.get("duplicates", 0),
+        "eval_overlap": manifest.get("eval_overlap", 0),
+    }

@@ -198,6 +198,65 @@ def test_a_fixed_evaluation_set_is_snapshotted_apart_and_never_filtered(drops, t
     assert manifest["eval"]["digest"].startswith("sha256:") and manifest["eval"]["num_examples"] == 12
 
 
+def test_duplicates_are_dropped_and_counted_whitespace_aside(tmp_path):
+    """An example whose prompt fields repeat an earlier one's, runs of whitespace aside, is dropped and counted;
+    another column does not make it another example."""
+    rows = _rows(1)
+    again = [
+        {"instruction": f"  {rows[0]['instruction']}\n", "response": rows[0]["response"].replace(" ", "\t ")},
+        {**rows[1], "source": "another column"},
+        rows[2],
+    ]
+    _write(tmp_path / "sft" / "a.jsonl", rows)
+    _write(tmp_path / "sft" / "b.jsonl", again)
+    lines: list[str] = []
+    manifest, train, heldout = snapshot.take(
+        resolve("local-fsdp", f"train.dataset={tmp_path}/sft/"), WHEN, log=lines.append
+    )
+    assert manifest["duplicates"] == 3 and manifest["eval_overlap"] == 0
+    assert len(train) + len(heldout) == 30 and manifest["train"]["num_examples"] == 33
+    assert (
+        f"snapshot: {tmp_path}/sft/: 3 duplicate example(s) dropped (the same prompt fields as an earlier one)" in lines
+    )
+
+
+def test_training_examples_also_in_the_evaluation_set_are_dropped_with_a_warning(tmp_path):
+    """A training example that is also in the fixed evaluation set (whitespace aside) is left out of training, and
+    the count recorded and said in one warning line; the evaluation set itself is kept whole."""
+    evaluation = _rows(9, 12)
+    _write(tmp_path / "eval.jsonl", evaluation)
+    leaked = [evaluation[0], {**evaluation[1], "instruction": evaluation[1]["instruction"] + "  "}]
+    _write(tmp_path / "sft" / "a.jsonl", _rows(1) + leaked)
+    lines: list[str] = []
+    spec = resolve("local-fsdp", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    manifest, train, heldout = snapshot.take(spec, WHEN, log=lines.append)
+    assert manifest["eval_overlap"] == 2 and manifest["num_train_examples"] == len(train) == 30
+    assert len(heldout) == 12 and not {e["instruction"].strip() for e in train} & {e["instruction"] for e in evaluation}
+    assert [line for line in lines if "warning" in line] == [
+        f"snapshot: warning: {tmp_path}/sft/: 2 training example(s) also in the evaluation set "
+        f"({tmp_path}/eval.jsonl) dropped from training"
+    ]
+    _write(tmp_path / "sft" / "a.jsonl", evaluation)  # nothing left to train on
+    with pytest.raises(SpecError, match="^train.dataset: .*every one of its examples is also in the evaluation set"):
+        snapshot.take(spec, WHEN, log=lambda line: None)
+
+
+def test_the_stage_records_what_it_dropped_and_the_summary_shows_it(tmp_path):
+    from components.stages import report
+
+    rows = _rows(1)
+    _write(tmp_path / "sft" / "a.jsonl", rows + rows[:4])
+    _write(tmp_path / "eval.jsonl", _rows(9, 12) + rows[5:7])
+    ctx = _ctx(tmp_path / "runs", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    result = dataset.snapshot_data(ctx)
+    assert (result["duplicates"], result["eval_overlap"], result["num_examples"]) == (4, 2, 28)
+    manifest = read_json(ctx.store, dataset.MANIFEST)
+    assert (manifest["duplicates"], manifest["eval_overlap"]) == (4, 2)
+    summary = {"run_id": "r1", "preset": "p", "platform": "local", "stages": [], "status": "succeeded"}
+    summary |= {"history": [], "interrupted": None, "run_dir": ctx.store.uri, "warning": None, "data": result}
+    assert "  dropped              4 duplicate(s), 2 also in the evaluation set" in report.format_table(summary)
+
+
 # ---------------------------------------------------------------- the first stage
 
 
