@@ -16,8 +16,8 @@ from components.stages.ray_stages import bandwidth_line
 from components.stages.table import STAGES
 
 # what the summary keeps of snapshot_data's result (dataset.outcome)
-DATA_FIGURES = ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples", "duplicates", "eval_overlap")
-DATA_FIGURES += ("card",)
+DATA_FIGURES: tuple[str, ...] = ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples", "duplicates")
+DATA_FIGURES += ("eval_overlap", "card")
 
 
 def summarize(ctx: RunContext) -> dict[str, Any]:

@@ -281,6 +281,43 @@ def test_the_first_stage_keeps_the_manifest_and_the_examples_and_a_retry_reads_t
     assert (jobs / "train.jsonl").read_text() == (ctx.store.local() / "data" / "train.jsonl").read_text()
 
 
+def test_the_data_card_says_what_the_run_learns_from_and_the_summary_links_it(tmp_path):
+    """The card: the source, each file's pinned generation, when, the counts, duplicates and overlap dropped, what
+    was not read, the fields, a token estimate, the run's own copy with its digest, and a few sample rows; the
+    stage's result (and so the run's summary) names it."""
+    from components.stages import report
+
+    rows = _rows(1)
+    _write(tmp_path / "sft" / "a.jsonl", rows + rows[:3])
+    _write(tmp_path / "sft" / "b.jsonl", [])  # an empty shard: not read, said so
+    _write(tmp_path / "eval.jsonl", _rows(9, 12) + rows[4:5])
+    ctx = _ctx(tmp_path / "runs", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    result = dataset.snapshot_data(ctx)
+    assert result["card"] == f"{ctx.store.uri}/data/card.md"
+    card = (ctx.store.local() / "data" / "card.md").read_text()
+    manifest = read_json(ctx.store, dataset.MANIFEST)
+    generation = manifest["train"]["items"][0]["generation"]
+    for expected in (
+        f"# Data card: `{tmp_path}/sft/`",
+        f"Snapshot `{manifest['digest']}`, taken as of {manifest['taken']}.",
+        f"| `{tmp_path}/sft/a.jsonl` | `{generation}` | ",
+        f"- evaluation set `{tmp_path}/eval.jsonl`: 13 examples, content `{manifest['eval']['digest']}`",
+        "| read | 33 |",
+        "| trained on | 29 |",
+        "| duplicates dropped | 3 |",
+        "| also in the evaluation set, dropped from training | 1 |",
+        f"- warning: {tmp_path}/sft/b.jsonl: no examples, skipped",
+        "| fields | `instruction`, `response` |",
+        f"- train: `{ctx.store.uri}/data/train.jsonl` (`{manifest['copies']['train']['digest']}`)",
+        json.dumps(rows[0]),
+    ):
+        assert expected in card, expected
+    summary = {"run_id": "r1", "preset": "p", "platform": "local", "stages": [], "status": "succeeded"}
+    summary |= {"history": [], "interrupted": None, "run_dir": ctx.store.uri, "warning": None, "data": result}
+    assert f"  data card            {ctx.store.uri}/data/card.md" in report.format_table(summary)
+    assert "card" in report.DATA_FIGURES
+
+
 def test_a_generated_dataset_has_nothing_to_snapshot(tmp_path):
     result = dataset.snapshot_data(_ctx(tmp_path, ""))
     assert result == {"proceed": "train", "dataset": "generated", "snapshot": None}
