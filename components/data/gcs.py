@@ -13,7 +13,10 @@ with ``sourceGeneration``) into it before any TPU is provisioned. ``missing_read
 dataset's bucket (buckets.testIamPermissions), for preflight.
 
 Every call goes through google-cloud-storage, imported inside the functions; its own ``STORAGE_EMULATOR_HOST``
-points it at an emulator. Errors in the URI or in what it names are :class:`SpecError` naming the field.
+points it at an emulator. The one exception is the snapshot's many reads (:class:`Downloads`): the same JSON API
+media downloads the client makes, over kept-alive ``http.client`` connections, a thread's own, with the same
+credentials and the same ``STORAGE_EMULATOR_HOST``, each checked against the CRC32C its listing pinned. Errors
+in the URI or in what it names are :class:`SpecError` naming the field.
 """
 
 from __future__ import annotations
@@ -275,11 +278,12 @@ class Downloads:
     pinned (the ``x-goog-hash`` Cloud Storage sends, which is the stored bytes': not checked when Cloud Storage
     decompresses a gzip-encoded object as it serves it, https://cloud.google.com/storage/docs/transcoding)."""
 
-    def __init__(self) -> None:
+    def __init__(self, field: str = "train.dataset") -> None:
         import os
         import threading
         import urllib.parse
 
+        self.field = field  # the setting a refused read names
         from components.cloud.credentials import STORAGE_EMULATOR_HOST_ENV, AccessToken, credentials
 
         endpoint = os.environ.get(STORAGE_EMULATOR_HOST_ENV) or GOOGLE_STORAGE
@@ -301,7 +305,8 @@ class Downloads:
     def open(self, obj: dict):
         """The response to ``obj``'s download (an entry of ``list_objects``), its body not yet read: read it to its
         end (:class:`Checked` checks it) before this thread's next ``open``. SnapshotChanged when the pinned
-        generation is gone; InfraError for another refusal."""
+        generation is gone; SpecError naming the field when the caller may not read it; InfraError for another
+        refusal."""
         import http.client
         import urllib.parse
 
@@ -324,6 +329,10 @@ class Downloads:
             said = response.read().decode(errors="replace")[:300]
             if response.status == 404:
                 raise _changed(obj)
+            if response.status == 403:
+                who = caller(self._token.creds)
+                refused = f"{who or 'this identity'} may not read it ({said.strip()})"
+                raise SpecError(self.field, f"{obj['uri']}: {refused}; {read_hint(bucket, who)}")
             if response.status == 401 and attempt == 0:
                 refresh = True
                 continue

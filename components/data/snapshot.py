@@ -220,7 +220,7 @@ def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[
     if kind == "gcs":
         from components.data import gcs
 
-        downloads = gcs.Downloads()
+        downloads = gcs.Downloads(key)
         contents = _ahead(items, downloads.read, downloads.open, READERS)
     else:
         contents = _ahead(items, _read_local, None, 1)

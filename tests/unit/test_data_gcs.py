@@ -347,3 +347,12 @@ def test_an_object_larger_than_the_read_ahead_is_parsed_as_it_downloads(storage,
     pinned = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
     with pytest.raises(InfraError, match="the bytes read do not match the CRC32C"):  # checked when the stream ends
         list(snapshot.read_items("gcs", [{**pinned[0], "crc32c": "AAAAAA=="}], FIELD, lambda line: None))
+
+
+def test_a_snapshot_read_the_caller_may_not_make_names_the_field_and_the_role(storage, monkeypatch):
+    pinned = gcs.list_objects(f"gs://{DATA}/data/a.jsonl", field=FIELD)  # listed by someone who may
+    act_as(storage, monkeypatch, STRANGER)
+    with pytest.raises(SpecError) as raised:
+        gcs.Downloads("train.eval_dataset").read(pinned[0])
+    assert raised.value.field == "train.eval_dataset" and STRANGER in str(raised.value)
+    assert f"grant roles/storage.objectViewer on gs://{DATA}" in str(raised.value)
