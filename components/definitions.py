@@ -32,9 +32,12 @@ def snapshot_data(
     dataset: str,
     schedule_time: str,
     create_time: str,
+    data: dsl.Output[dsl.Dataset],
+    card: dsl.Output[dsl.Markdown],
 ) -> str:
     """Resolve the run's data to an immutable snapshot before anything is created; its output, train or skip (nothing
-    new since the champion), gates every stage after it."""
+    new since the champion), gates every stage after it. The run's copy of its data as a Dataset, its data card as
+    Markdown."""
     from components.stages.component import run_component
 
     return run_component("snapshot_data", locals())

@@ -12,14 +12,16 @@ what a drop that is not there means.
   output directory when the job commits, so a prefix that holds several jobs' outputs (a stable prefix of dated
   directories, say) holds one per directory: every directory with data files under the prefix needs the marker in it
   or in a directory above it within the prefix (a partitioned output's ``day=…/lang=…/`` parts are covered by the
-  job's one marker) (:func:`check_ready`). A data object updated after its marker was written is a later writer's,
-  not the committed job's: it is not read, and a warning names it.
+  job's one marker) (:func:`check_ready`). A directory below the prefix without its marker, beside others with
+  theirs, is a job still writing: its files are not read, a warning names its marker, and the run reads the
+  directories that are complete (the next run reads it once it is: its objects are new then). A data object updated
+  after its marker was written is a later writer's, not the committed job's: it is not read, and a warning names it.
 - A drop that is not there (nothing to read under its prefix, no object or file it names) is :class:`NoDrop`: with
   ``train.data_since=champion`` and ``{date}`` in the dataset, a day without its drop, which the run's snapshot
   makes a run with nothing new (``skip``), as long as the directory the dated part is in exists
-  (:func:`dated_parent`; a missing one is a mistyped URI, an error). One without its marker is :class:`NotReady`,
-  always an error naming the marker: the writer is late or failed, which a person should see, and the next
-  scheduled run reads the next day's drop, not this one.
+  (:func:`dated_parent`; a missing one is a mistyped URI, an error). One without its marker (not one of its
+  directories complete) is :class:`NotReady`, an error naming the marker: the writer is late or failed, which a
+  person should see, and the next scheduled run reads the next day's drop, not this one.
 - ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`), inflated as a stream and refused past
   ``MAX_INFLATED`` bytes: whoever may write the drop's bucket could otherwise send a few kilobytes that inflate to
   more than the task's memory (a gzip bomb).
@@ -28,8 +30,9 @@ what a drop that is not there means.
 from __future__ import annotations
 
 import gzip
+import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from components.spec import SpecError
 
@@ -79,11 +82,16 @@ def check_ready(
     shown: Callable[[str], str],
     log: Callable[[str], None] | None,
 ) -> set[str]:
-    """The data files of ``names`` (name -> its update time) to leave out: those updated after their marker. Each
-    file's marker is ``ready`` in its directory or the nearest one above it, up to ``top`` (the listed prefix's
-    directory); ``marker(directory)`` is that marker's update time, None where there is none. :class:`NotReady`
-    naming the markers (``shown``: a name as the user writes it) of the directories that have none."""
-    missing, late = set(), set()
+    """The data files of ``names`` (name -> its update time) to leave out: those updated after their marker, and
+    those of a directory below ``top`` without one while other directories have theirs. Each file's marker is
+    ``ready`` in its directory or the nearest one above it, up to ``top`` (the listed prefix's directory);
+    ``marker(directory)`` is that marker's update time, None where there is none. Under a stable prefix of several
+    jobs' directories, one without its marker is a job still writing: left out with a warning naming the marker, as
+    a directory written after the listing would be, and the run reads the others. :class:`NotReady` naming the
+    markers (``shown``: a name as the user writes it) when no data file has one, or a file directly in ``top`` lacks
+    it (the drop itself is not ready)."""
+    missing: dict[str, list[str]] = {}
+    late = set()
     for name, updated in names.items():
         here = where = marker_dir(name)
         written = marker(where)
@@ -91,15 +99,23 @@ def check_ready(
             where = marker_dir(where[:-1])
             written = marker(where)
         if written is None:
-            missing.add(here)
+            missing.setdefault(here, []).append(name)
         elif updated is not None and updated > written:
             late.add(name)
-    if missing:
+    if missing and (top in missing or sum(map(len, missing.values())) == len(names)):
         listed = sorted(missing)
         raise NotReady(
             key,
             f"{uri}: not ready: {', '.join(shown(d + ready) for d in listed[:3])}{', ...' if len(listed) > 3 else ''} "
             f"(train.dataset_ready) {'is' if len(listed) == 1 else 'are'} not there, so the drop is not read",
+        )
+    if missing and log:
+        listed = sorted(missing)
+        files = sum(map(len, missing.values()))
+        log(
+            f"snapshot: warning: {uri}: {', '.join(shown(d + ready) for d in listed[:3])}"
+            f"{', ...' if len(listed) > 3 else ''} (train.dataset_ready) {'is' if len(listed) == 1 else 'are'} not "
+            f"there yet: {files} data file(s) there not read (still being written); the other directories are"
         )
     if late and log:
         listed = sorted(late)
@@ -107,32 +123,41 @@ def check_ready(
             f"snapshot: warning: {uri}: {len(listed)} object(s) updated after their {ready} (train.dataset_ready) "
             f"not read: {', '.join(shown(n) for n in listed[:3])}{', ...' if len(listed) > 3 else ''}"
         )
-    return late
+    return late | {name for names_ in missing.values() for name in names_}
 
 
-def decompress(name: str, data: bytes, key: str) -> tuple[str, bytes]:
-    """(the name without ``.gz``, the data) of a ``.gz`` file, decompressed; others as they are. Data that is not
-    gzip (an object stored with ``Content-Encoding: gzip`` that Cloud Storage served decompressed:
-    https://cloud.google.com/storage/docs/transcoding) is taken as it is. Inflated as a stream, a ``CHUNK`` at a
-    time (every member of a multi-member file, RFC 1952 section 2.2), and refused, naming the object, once it passes
-    ``MAX_INFLATED`` bytes."""
-    import io
-
+def decompress(name: str, stream: BinaryIO, key: str) -> tuple[str, BinaryIO]:
+    """(the name without ``.gz``, a stream of the data) of a ``.gz`` file (``stream``: buffered, with ``peek``),
+    inflated as it is read; others as they are. Data that is not gzip (an object stored with ``Content-Encoding:
+    gzip`` that Cloud Storage served decompressed: https://cloud.google.com/storage/docs/transcoding) is taken as it
+    is. Inflated a ``CHUNK`` at a time (every member of a multi-member file, RFC 1952 section 2.2), and refused,
+    naming the object, once it passes ``MAX_INFLATED`` bytes."""
     if not name.endswith(".gz"):
-        return name, data
-    if data[:2] != GZIP_MAGIC:
-        return name[:-3], data
-    out = bytearray()
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            while chunk := stream.read(CHUNK):
-                out += chunk
-                if len(out) > MAX_INFLATED:
-                    raise SpecError(
-                        key,
-                        f"{name}: inflates to more than {MAX_INFLATED} bytes ({len(data)} compressed), the most one "
-                        "gzip shard may (components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
-                    )
-    except (OSError, EOFError) as exc:
-        raise SpecError(key, f"{name}: not gzip: {exc}") from None
-    return name[:-3], bytes(out)
+        return name, stream
+    if stream.peek(2)[:2] != GZIP_MAGIC:  # type: ignore[attr-defined]
+        return name[:-3], stream
+    return name[:-3], io.BufferedReader(_Inflated(gzip.GzipFile(fileobj=stream), name, key), CHUNK)
+
+
+class _Inflated(io.RawIOBase):
+    """A gzip stream's inflated bytes, counted: SpecError past ``MAX_INFLATED``, or for data that is not gzip."""
+
+    def __init__(self, gz: gzip.GzipFile, name: str, key: str) -> None:
+        self.gz, self.name, self.key, self.inflated = gz, name, key, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, into) -> int:  # type: ignore[override]
+        try:
+            n = self.gz.readinto(into)
+        except (OSError, EOFError) as exc:
+            raise SpecError(self.key, f"{self.name}: not gzip: {exc}") from None
+        self.inflated += n
+        if self.inflated > MAX_INFLATED:
+            raise SpecError(
+                self.key,
+                f"{self.name}: inflates to more than {MAX_INFLATED} bytes, the most one gzip shard may "
+                "(components.data.drops.MAX_INFLATED): not read; split it into smaller shards",
+            )
+        return n

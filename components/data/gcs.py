@@ -13,11 +13,15 @@ with ``sourceGeneration``) into it before any TPU is provisioned. ``missing_read
 dataset's bucket (buckets.testIamPermissions), for preflight.
 
 Every call goes through google-cloud-storage, imported inside the functions; its own ``STORAGE_EMULATOR_HOST``
-points it at an emulator. Errors in the URI or in what it names are :class:`SpecError` naming the field.
+points it at an emulator. The one exception is the snapshot's many reads (:class:`Downloads`): the same JSON API
+media downloads the client makes, over kept-alive ``http.client`` connections, a thread's own, with the same
+credentials and the same ``STORAGE_EMULATOR_HOST``, each checked against the CRC32C its listing pinned. Errors
+in the URI or in what it names are :class:`SpecError` naming the field.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from collections.abc import Callable
@@ -257,9 +261,142 @@ def _changed(obj: dict) -> SnapshotChanged:
     )
 
 
+# The JSON API's media download of one generation (https://cloud.google.com/storage/docs/json_api/v1/objects/get:
+# ``alt=media``, ``generation``), as google-cloud-storage's own downloads call it; the status codes Cloud Storage's
+# retry strategy retries (https://cloud.google.com/storage/docs/retry-strategy: 408, 429 and 5xx), RETRIES times.
+DOWNLOAD = "/download/storage/v1/b/{bucket}/o/{name}?alt=media&generation={generation}"
+GOOGLE_STORAGE = "https://storage.googleapis.com"
+RETRIED, RETRIES = frozenset({408, 429, 500, 502, 503, 504}), 5
+
+
+class Downloads:
+    """Reads of pinned generations, many at once: a media download each over a kept-alive HTTP connection of the
+    reading thread's own (``http.client``), with the credentials' access token (refreshed when they are no longer
+    valid, and once after a 401). A read through google-cloud-storage (:func:`read`) spends most of a small object's
+    read in the client's own layers (a session, retries, a resumable-media download): a dataset of many small files
+    is read several times faster this way. Every read's bytes are checked as they come against the CRC32C its listing
+    pinned (the ``x-goog-hash`` Cloud Storage sends, which is the stored bytes': not checked when Cloud Storage
+    decompresses a gzip-encoded object as it serves it, https://cloud.google.com/storage/docs/transcoding)."""
+
+    def __init__(self, field: str = "train.dataset") -> None:
+        import os
+        import threading
+        import urllib.parse
+
+        self.field = field  # the setting a refused read names
+        from components.cloud.credentials import STORAGE_EMULATOR_HOST_ENV, AccessToken, credentials
+
+        endpoint = os.environ.get(STORAGE_EMULATOR_HOST_ENV) or GOOGLE_STORAGE
+        url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+        self._https, self._host = url.scheme == "https", url.netloc
+        self._token = AccessToken(credentials())
+        self._local = threading.local()
+
+    def _connection(self, fresh: bool = False):
+        import http.client
+
+        if fresh or getattr(self._local, "connection", None) is None:
+            if getattr(self._local, "connection", None) is not None:
+                self._local.connection.close()
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._local.connection = kind(self._host, timeout=300)
+        return self._local.connection
+
+    def open(self, obj: dict):
+        """The response to ``obj``'s download (an entry of ``list_objects``), its body not yet read: read it to its
+        end (:class:`Checked` checks it) before this thread's next ``open``. SnapshotChanged when the pinned
+        generation is gone; SpecError naming the field when the caller may not read it; InfraError for another
+        refusal."""
+        import http.client
+        import urllib.parse
+
+        bucket, name = _split(obj["uri"])
+        path = DOWNLOAD.format(bucket=bucket, name=urllib.parse.quote(name, safe=""), generation=int(obj["generation"]))
+        fresh = refresh = False
+        for attempt in range(RETRIES + 1):
+            connection = self._connection(fresh)
+            try:
+                connection.request("GET", path, headers={"Authorization": f"Bearer {self._token(refresh)}"})
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException):  # a kept connection the server closed; a reset
+                if attempt == RETRIES:
+                    raise
+                fresh = True
+                continue
+            fresh = refresh = False
+            if response.status == 200:
+                return Checked(response, obj)
+            said = response.read().decode(errors="replace")[:300]
+            if response.status == 404:
+                raise _changed(obj)
+            if response.status == 403:
+                who = caller(self._token.creds)
+                refused = f"{who or 'this identity'} may not read it ({said.strip()})"
+                raise SpecError(self.field, f"{obj['uri']}: {refused}; {read_hint(bucket, who)}")
+            if response.status == 401 and attempt == 0:
+                refresh = True
+                continue
+            if response.status not in RETRIED or attempt == RETRIES:
+                raise InfraError(f"reading {obj['uri']} (generation {obj['generation']}): {response.status} {said}")
+            time.sleep(min(2**attempt * 0.5, 8))
+        raise AssertionError("unreachable")
+
+    def read(self, obj: dict) -> bytes:
+        """The data of ``obj`` at its pinned generation, checked."""
+        with self.open(obj) as body:
+            return body.read()
+
+
+class Checked:
+    """A download's body as a binary stream (``io.BufferedReader`` over it: ``read``, ``readline``, iteration), its
+    CRC32C computed as it is read and compared with the listing's when the body ends: InfraError when they differ."""
+
+    def __init__(self, response, obj: dict) -> None:
+        import io
+
+        import google_crc32c
+
+        encoding = response.getheader("x-goog-stored-content-encoding", "identity")
+        self.expected = obj.get("crc32c") if encoding in ("", "identity") else ""
+        self.crc, self.obj, self.response = google_crc32c.Checksum(), obj, response
+        self.stream = io.BufferedReader(_Raw(self), buffer_size=2**20)
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+
+    def chunk(self, into) -> int:
+        n = self.response.readinto(into)
+        if n:
+            self.crc.update(bytes(into[:n]))
+        elif self.expected:
+            import base64
+
+            if base64.b64encode(self.crc.digest()).decode() != self.expected:
+                raise InfraError(
+                    f"{self.obj['uri']} (generation {self.obj['generation']}): the bytes read do not match the CRC32C "
+                    "its listing gave (damaged on the way): run again"
+                )
+            self.expected = ""  # checked once
+        return n
+
+
+class _Raw(io.RawIOBase):
+    def __init__(self, checked: Checked) -> None:
+        self.checked = checked
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, into) -> int:  # type: ignore[override]
+        return self.checked.chunk(memoryview(into).cast("B"))
+
+
 def read(obj: dict) -> bytes:
-    """The data of ``obj`` (an entry of ``list_objects``) at its pinned generation exactly; SnapshotChanged when that
-    generation is gone."""
+    """The data of ``obj`` (an entry of ``list_objects``) at its pinned generation exactly, through
+    google-cloud-storage; SnapshotChanged when that generation is gone. (Many reads: :class:`Downloads`.)"""
     from google.api_core import exceptions as gexc
 
     bucket, name = _split(obj["uri"])

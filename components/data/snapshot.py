@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from components.data import drops
 from components.spec import RunSpec, SpecError, datasets
@@ -141,43 +142,53 @@ def list_items(
 # ---------------------------------------------------------------- reading: examples of an item
 
 
-def parse(name: str, data: bytes, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line or row number, example) of one file's bytes by its suffix: JSON Lines (``.jsonl``; ``.json`` may also be
-    one JSON array), gzip-compressed JSON Lines (``.jsonl.gz``) or Parquet; a malformed one a SpecError naming the
-    item and line."""
-    name, data = drops.decompress(name, data, key)
+def parse(name: str, data: bytes | BinaryIO, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line or row number, example) of one file's bytes (or a buffered stream of them) by its suffix: JSON Lines
+    (``.jsonl``; ``.json`` may also be one JSON array), gzip-compressed JSON Lines (``.jsonl.gz``) or Parquet; a
+    malformed one a SpecError naming the item and line. JSON Lines is parsed a line at a time as the stream comes, so
+    a large object is never held whole; a JSON array or Parquet file is."""
+    stream = io.BufferedReader(io.BytesIO(data)) if isinstance(data, bytes | bytearray) else data
+    name, stream = drops.decompress(name, stream, key)
     if name.endswith(".parquet"):
-        yield from _parquet(name, data, key)
+        yield from _parquet(name, stream.read(), key)
         return
-    text = data.decode("utf-8", errors="replace")
-    if name.endswith(".json") and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(key, f"{name}: not JSON: {exc}") from None
-        yield from enumerate(rows, start=1)
-        return
-    for number, line in enumerate(text.splitlines(), start=1):
+    if name.endswith(".json"):
+        text = stream.read().decode("utf-8", errors="replace")
+        if text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SpecError(key, f"{name}: not JSON: {exc}") from None
+            yield from enumerate(rows, start=1)
+            return
+        lines: Iterable[bytes | str] = text.split("\n")
+    else:
+        lines = stream
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise SpecError(key, f"{name}, line {number}: not JSON Lines: {exc.msg}") from None
+        except UnicodeDecodeError as exc:
+            raise SpecError(key, f"{name}, line {number}: not UTF-8: {exc.reason}") from None
 
 
 def _parquet(name: str, data: bytes, key: str) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        import io
-
         import pyarrow.parquet as pq
     except ImportError:
         raise SpecError(key, f"{name}: reading Parquet needs pyarrow, which this image lacks") from None
     try:
-        table = pq.read_table(io.BytesIO(data))
+        batches = pq.ParquetFile(io.BytesIO(data)).iter_batches()
+        number = 0
+        for batch in batches:  # a batch of rows at a time, not the whole table as Python objects
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not Parquet
         raise SpecError(key, f"{name}: not Parquet: {exc}") from None
-    yield from enumerate(table.to_pylist(), start=1)
 
 
 def check_example(where: str, example: Any, key: str) -> dict[str, Any]:
@@ -195,25 +206,61 @@ def check_example(where: str, example: Any, key: str) -> dict[str, Any]:
 
 
 READERS = 16  # Cloud Storage objects read at once: each read is a round trip, mostly waiting
+# Objects read ahead of the one being parsed hold at most this many bytes between them; an object larger than
+# STREAMED is not read ahead but parsed as it downloads (JSON Lines a line at a time), so the snapshot's memory is
+# bounded by one object (and its parse), not by the dataset.
+PREFETCH_BYTES = 64 * 2**20
+STREAMED = 16 * 2**20
 
 
 def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[str], None]) -> Iterator[dict]:
     """Every example of the items, in order, each checked; each item's count kept in it (``num_examples``). Cloud
-    Storage objects are read ``READERS`` at a time, in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    Storage objects are read ``READERS`` at a time, ahead of the parse by at most ``PREFETCH_BYTES``; one larger than
+    ``STREAMED`` is parsed as it downloads."""
     if kind == "gcs":
         from components.data import gcs
 
-        read: Callable[[dict[str, Any]], bytes] = gcs.read
+        downloads = gcs.Downloads(key)
+        contents = _ahead(items, downloads.read, downloads.open, READERS)
     else:
-        read = _read_local
-    with ThreadPoolExecutor(READERS if kind == "gcs" else 1) as pool:
-        contents = pool.map(read, items)
-        yield from _examples(items, contents, key, log)
+        contents = _ahead(items, _read_local, None, 1)
+    yield from _examples(items, contents, key, log)
 
 
-def _examples(items: list[dict[str, Any]], contents: Iterable[bytes], key: str, log) -> Iterator[dict]:
+def _ahead(items: list[dict[str, Any]], fetch: Callable, opener: Callable | None, readers: int) -> Iterator:
+    """Each item's bytes (``fetch``), or a stream of them (``opener``, a context manager) for one larger than
+    ``STREAMED``, in order; up to ``readers`` fetched at once, ahead of the consumer by at most ``PREFETCH_BYTES``
+    (and at least one item)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    window: deque = deque()  # (item, its future, or None for one streamed when its turn comes)
+    held, index = 0, 0
+    with ThreadPoolExecutor(readers) as pool:
+        while index < len(items) or window:
+            while index < len(items) and len(window) < 4 * readers:
+                item, size = items[index], int(items[index].get("size") or 0)
+                if opener is not None and size > STREAMED:
+                    window.append((item, None))
+                elif not held or held + size <= PREFETCH_BYTES:
+                    window.append((item, pool.submit(fetch, item)))
+                    held += size
+                else:
+                    break
+                index += 1
+            item, future = window.popleft()
+            if future is None:
+                with opener(item) as stream:  # type: ignore[misc]
+                    yield stream
+                    while stream.read(2**20):  # the rest, checked, and the connection free for the next
+                        pass
+            else:
+                data = future.result()
+                held -= int(item.get("size") or 0)
+                yield data
+
+
+def _examples(items: list[dict[str, Any]], contents: Iterable, key: str, log) -> Iterator[dict]:
     for index, (item, data) in enumerate(zip(items, contents, strict=True), start=1):
         count = 0
         for number, example in parse(item["uri"], data, key):
@@ -256,26 +303,69 @@ def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str |
     return snap, rows
 
 
-def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log) -> tuple[dict, Rows]:
-    """One dataset's part of the manifest and its examples: everything, or what ``since`` (the champion's manifest)
-    did not have."""
+def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log) -> tuple[dict, Iterator]:
+    """One dataset's part of the manifest (its ``num_examples`` set once the examples are read) and its examples, as
+    they are read: everything, or what ``since`` (the champion's manifest) did not have."""
     kind = datasets.kind(source)
     if kind == "bigquery":
         after = (since or {}).get("max_time") if since else None
         snap, rows = _bigquery(spec, source, key, when, after)
-        examples = list(rows)
-        part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": len(examples)}
+        part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": 0}
         part["identity"] = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
-        return part, examples
+        return part, iter(rows)
     ready = spec.train.dataset_ready if key == "train.dataset" else ""
     kind, items = list_items(source, key, ready, log)
     seen = set((since or {}).get("seen", []))
     new = [item for item in items if f"{item['uri']}#{item['generation']}" not in seen]
     log(f"snapshot: {source}: {len(items)} files" + (f", {len(new)} new since the champion" if since else ""))
-    examples = list(read_items(kind, new, key, log))
-    part = {"kind": kind, "source": source, "items": new, "num_examples": len(examples)}
+    part = {"kind": kind, "source": source, "items": new, "num_examples": 0}
     part["identity"] = [{k: item[k] for k in ("uri", "generation", "size")} for item in new]
-    return part, examples
+    return part, read_items(kind, new, key, log)
+
+
+def example_key(example: dict[str, Any]) -> bytes:
+    """What makes two examples the same one: their prompt fields (``datasets.FIELDS``), each with its whitespace
+    normalised (runs of spaces, tabs and line breaks one space, none at either end); a 16-byte digest."""
+    fields = [" ".join(str(example[f]).split()) for f in datasets.FIELDS]
+    return hashlib.sha256(json.dumps(fields, ensure_ascii=False).encode()).digest()[:16]
+
+
+class Spool:
+    """Examples kept in a temporary local file as they come, one JSON line each (``jsonl``'s form, as the run's
+    store keeps them), so a snapshot of any size holds none of them in memory: iterated again from the file, counted
+    (``len``), its ``path`` uploaded as it is; equal to a list of the same examples. The file goes with the spool."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._file = tempfile.NamedTemporaryFile("w+b", prefix="tpupipe-snapshot-", suffix=".jsonl")
+        self._count = 0
+
+    @property
+    def path(self) -> str:
+        """The file, with everything appended so far in it."""
+        self._file.flush()
+        return self._file.name
+
+    def append(self, example: dict[str, Any]) -> None:
+        self._file.write(json.dumps(example, sort_keys=True, default=str).encode() + b"\n")
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        with open(self.path, "rb") as lines:
+            for line in lines:
+                yield json.loads(line)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Spool | list) and len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _check_dated(template: str, when: datetime, exc: drops.NoDrop) -> None:
@@ -305,24 +395,40 @@ def take(
     champion: dict[str, Any] | None = None,
     champion_ref: str = "",
     log: Callable[[str], None] = print,
-) -> tuple[dict[str, Any], Rows, Rows]:
+) -> tuple[dict[str, Any], Spool, Spool | Rows]:
     """(manifest, train examples, held-out examples) of the run's snapshotted data as of ``when`` (the schedule's
     time), against ``champion`` (the champion's manifest) when ``train.data_since=champion``. A manifest with
-    ``skip`` set is a run with nothing new: its examples are empty."""
+    ``skip`` set is a run with nothing new: its examples are empty.
+
+    The examples are read as they come into local spools (:class:`Spool`), never all in memory. An example whose
+    prompt fields (whitespace normalised: :func:`example_key`) repeat an earlier one's is a duplicate, dropped
+    (``duplicates`` in the manifest); a training example that is also in the evaluation set (a fixed
+    ``train.eval_dataset``, or the held-out share) is evaluation data the model would otherwise learn: dropped from
+    training with a warning line giving the count (``eval_overlap``)."""
     t = spec.train
     source = datasets.render(t.dataset, when)
     since = champion if t.data_since == "champion" else None
+    read, keys, duplicates, fields = Spool(), set(), 0, set()
     try:
         part, examples = _side(spec, "train.dataset", source, when, since, log)
+        for example in examples:
+            key = example_key(example)
+            if key in keys:
+                duplicates += 1
+                continue
+            keys.add(key)
+            fields.update(example)
+            read.append(example)
     except drops.NoDrop as exc:
         if t.data_since != "champion":
             raise
         _check_dated(t.dataset, when, exc)
         # A schedule's day without its drop is a day with nothing new.
         part = {"kind": datasets.kind(source), "source": source, "items": [], "num_examples": 0, "identity": []}
-        examples, absent = [], str(exc).removeprefix(f"{exc.field}: ")
+        absent = str(exc).removeprefix(f"{exc.field}: ")
     else:
         absent = ""
+    part["num_examples"] = len(read) + duplicates
     manifest: dict[str, Any] = {
         "version": MANIFEST_VERSION,
         "dataset": source,
@@ -330,7 +436,7 @@ def take(
         "since": {"champion": champion_ref, "digest": (champion or {}).get("digest")} if since else None,
         "train": {k: v for k, v in part.items() if k != "identity"},
     }
-    if not examples:
+    if not read:
         if since is None and not absent:
             raise SpecError("train.dataset", f"{source}: no examples")
         manifest["skip"] = (
@@ -339,10 +445,16 @@ def take(
             else f"no examples since champion {champion_ref}, snapshot {(champion or {}).get('digest')}"
         )
         manifest["digest"] = digest(part["identity"])
-        return manifest, [], []
+        return manifest, read, []
+    if duplicates:
+        log(f"snapshot: {source}: {duplicates} duplicate example(s) dropped (the same prompt fields as an earlier one)")
+    train = Spool()
+    heldout: Spool | Rows
     if t.eval_dataset:
         eval_source = datasets.render(t.eval_dataset, when)
-        eval_part, heldout = _side(spec, "train.eval_dataset", eval_source, when, None, log)
+        eval_part, eval_rows = _side(spec, "train.eval_dataset", eval_source, when, None, log)
+        heldout = list(eval_rows)  # an evaluation set is read whole: the evaluate stage scores all of it at once
+        eval_part["num_examples"] = len(heldout)
         if not heldout:
             raise SpecError("train.eval_dataset", f"{eval_source}: no examples")
         # Its identity is its content: the same examples on another day (a table read at another snapshot time, an
@@ -350,28 +462,52 @@ def take(
         eval_part["pinned"] = digest(eval_part.pop("identity"))
         eval_part["digest"] = content_digest(heldout)
         manifest["eval"] = eval_part
-        train = examples
+        held = {example_key(e) for e in heldout}
+        candidates: Iterable[dict[str, Any]] = read
     else:
-        heldout = [e for e in examples if _heldout(e)]
-        train = [e for e in examples if not _heldout(e)]
-        if not heldout or not train:
-            raise SpecError(
-                "train.eval_dataset",
-                f"{len(examples)} examples of {source} hold out {len(heldout)} ({HELDOUT_PERCENT}% by their "
-                f"instruction's digest) and leave {len(train)} to train on: name a fixed evaluation set",
-                ["train.eval_dataset=gs://BUCKET/eval/", "train.eval_dataset=DIR/"],
-            )
+        heldout = Spool()
+        for example in read:
+            if _heldout(example):
+                heldout.append(example)
+        held = {example_key(e) for e in heldout}
+        candidates = (e for e in read if not _heldout(e))
         manifest["eval"] = None
-    keys = [f"{item['uri']}#{item['generation']}" for item in part["items"]]
-    manifest["seen"] = sorted(set((since or {}).get("seen", [])) | set(keys))
+    overlap, tokens = 0, 0
+    for example in candidates:
+        if example_key(example) in held:
+            overlap += 1
+            continue
+        train.append(example)
+        tokens += len(example["instruction"]) + len(example["response"])
+    read.close()
+    if overlap:
+        log(
+            f"snapshot: warning: {source}: {overlap} training example(s) also in the evaluation set "
+            f"({t.eval_dataset or f'the {HELDOUT_PERCENT}% held out'}) dropped from training"
+        )
+    if not t.eval_dataset and (not heldout or not train):
+        raise SpecError(
+            "train.eval_dataset",
+            f"{len(heldout) + len(train)} examples of {source} hold out {len(heldout)} ({HELDOUT_PERCENT}% by their "
+            f"instruction's digest) and leave {len(train)} to train on: name a fixed evaluation set",
+            ["train.eval_dataset=gs://BUCKET/eval/", "train.eval_dataset=DIR/"],
+        )
+    if not train:
+        raise SpecError(
+            "train.dataset",
+            f"{source}: every one of its examples is also in the evaluation set {t.eval_dataset}: nothing to train on",
+        )
+    keys_seen = [f"{item['uri']}#{item['generation']}" for item in part["items"]]
+    manifest["seen"] = sorted(set((since or {}).get("seen", [])) | set(keys_seen))
     if part["kind"] == "bigquery":
         manifest["max_time"] = part["table"].get("max_time") or (since or {}).get("max_time")
     manifest["num_train_examples"], manifest["num_heldout_examples"] = len(train), len(heldout)
-    manifest["fields"] = sorted({name for e in examples for name in e})
-    manifest["tokens_estimate"] = sum(len(e["instruction"]) + len(e["response"]) for e in train) // CHARS_PER_TOKEN
+    manifest["duplicates"], manifest["eval_overlap"] = duplicates, overlap
+    manifest["fields"] = sorted(fields)
+    manifest["tokens_estimate"] = tokens // CHARS_PER_TOKEN
     manifest["digest"] = digest(part["identity"])
     return manifest, train, heldout
 
 
-def jsonl(rows: Rows) -> bytes:
+def jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode()

@@ -46,6 +46,9 @@ class RunStore(Protocol):
         self, key: str, data: bytes, content_type: str = "application/octet-stream", if_generation: int | None = None
     ) -> str: ...
 
+    def write_file(self, key: str, path: str, content_type: str = "application/octet-stream") -> str:
+        """The local file ``path`` as ``key``, streamed (never held whole in memory)."""
+
     def exists(self, key: str) -> bool: ...
 
     def local(self) -> Path | None:
@@ -105,6 +108,16 @@ class LocalStore:
             lock.flush()
         return str(path)
 
+    def write_file(self, key: str, path: str, content_type: str = "application/octet-stream") -> str:
+        import shutil
+
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        shutil.copyfile(path, tmp)
+        tmp.replace(target)
+        return str(target)
+
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator:
         """The key's lock file (beside it), held by one conditional writer or versioned reader at a time; it holds the
@@ -163,6 +176,10 @@ class GcsStore:
             self._blob(key).upload_from_string(data, content_type=content_type, if_generation_match=if_generation)
         except gexc.PreconditionFailed as exc:
             raise StoreConflict(f"{self.uri}/{key} changed since it was read") from exc
+        return f"{self.uri}/{key}"
+
+    def write_file(self, key: str, path: str, content_type: str = "application/octet-stream") -> str:
+        self._blob(key).upload_from_filename(path, content_type=content_type)  # in chunks, resumable when large
         return f"{self.uri}/{key}"
 
     def exists(self, key: str) -> bool:

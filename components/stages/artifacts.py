@@ -1,6 +1,9 @@
 """The typed KFP artifacts the Vertex AI UI shows for a run, written from the stages' records: the same figures as
 ``summary.json``, from the same records.
 
+- snapshot_data: the run's data as a ``Dataset`` (its uri the run's own copy of the training examples, its metadata
+  that copy's content digest, the snapshot's digest, its manifest and counts: the lineage dataset -> model) and its
+  data card as ``Markdown`` (``components.stages.dataset.card``);
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
 - evaluate: ``Metrics`` (held-out loss and perplexity before/after, and the champion's when there is one), a
   ``Markdown`` summary, and the ``Model`` (its uri the checkpoint in Cloud Storage, its metadata the run's
@@ -32,6 +35,34 @@ from components.stages.loss_curve import loss_html, loss_png
 
 def _record(store: RunStore, stage: str) -> dict[str, Any]:
     return read_json(store, f"stages/{stage}.json") or {}
+
+
+def snapshot_data(store: RunStore, data, card_md) -> None:
+    from components.stages.dataset import CARD, MANIFEST
+
+    result = _record(store, "snapshot_data").get("result") or {}
+    manifest = read_json(store, MANIFEST)
+    text = store.read_text(CARD) if manifest else None
+    if manifest is None or text is None:
+        text = f"# Data card: `{result.get('dataset')}`\n\nNothing snapshotted: neither files nor a table.\n"
+    copy = ((manifest or {}).get("copies") or {}).get("train") or {}
+    if copy:
+        data.uri = copy["uri"]
+    data.metadata.update(
+        {
+            "source": result.get("dataset") or "",
+            "digest": copy.get("digest", ""),  # the content of the run's own copy
+            "snapshot": (manifest or {}).get("digest", ""),
+            "manifest": result.get("manifest") or "",
+            "num_train_examples": (manifest or {}).get("num_train_examples", 0),
+            "num_heldout_examples": (manifest or {}).get("num_heldout_examples", 0),
+            "duplicates": (manifest or {}).get("duplicates", 0),
+            "eval_overlap": (manifest or {}).get("eval_overlap", 0),
+            "skip": (manifest or {}).get("skip") or "",
+        }
+    )
+    with open(card_md.path, "w") as out:
+        out.write(text)
 
 
 def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
@@ -210,6 +241,10 @@ def teardown(store: RunStore, deleted_md) -> None:
 
 
 # ---------------------------------------------------------------- what each stage's component writes
+
+
+def for_snapshot_data(ctx: RunContext, args: dict[str, Any]) -> None:
+    snapshot_data(ctx.store, args["data"], args["card"])
 
 
 def for_train(ctx: RunContext, args: dict[str, Any]) -> None:

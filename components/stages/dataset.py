@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.platforms.store import open_store, read_json, write_json
+from components.platforms.store import open_store, read_json, write_json, write_text
 from components.registry import Version
 from components.spec import RunSpec, SpecError, datasets
 from components.stages import gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
+CARD = "data/card.md"  # the data card (Markdown): what a person reads of what the run learned from
+SAMPLES, SAMPLE_CHARS, CARD_ITEMS = 3, 200, 20  # the card's sample rows, each field's characters, files listed
 # Each model's runs skipped in a row (``skip_streak``), beside the runs' stores under the output root.
 SKIPS = "_skips"  # no run id starts with "_" (a DNS-1035 label)
 STREAK = 3  # skipped runs in a row after which another one warns: a drop that stopped coming looks like this
@@ -78,7 +80,7 @@ def read_manifest(uri: str) -> dict[str, Any] | None:
     return read_json(open_store(grand, directory), name)
 
 
-def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, list[dict], list[dict]]:
+def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, Iterable, Iterable]:
     """(manifest, train examples, held-out examples) of the run's data as of ``when``: its champion read once from
     the registry, for what it has seen (``train.data_since=champion``) and the evaluation set it was judged on."""
     from components.data import snapshot
@@ -87,7 +89,16 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
     since, ref = champion_manifest(champion) if ctx.spec.train.data_since == "champion" else (None, "")
     if ctx.spec.train.data_since == "champion" and champion is None:
         log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
-    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=log)
+    left_out: list[str] = []
+
+    def said(line: str) -> None:  # what the snapshot left unread, kept for the card
+        log(line)
+        if "warning" in line or "not read" in line:
+            left_out.append(line)
+
+    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=said)
+    if left_out:
+        manifest["left_out"] = left_out
     check_eval_set(ctx.spec, champion, manifest, log)
     return manifest, train, heldout
 
@@ -217,11 +228,111 @@ def snapshot_data(
         if warning:
             manifest["warning"] = warning
         if not manifest.get("skip"):
+            manifest["copies"] = {}
             for split, rows in (("train", train), ("heldout", heldout)):
-                ctx.store.write_bytes(f"data/{split}.jsonl", snapshot.jsonl(rows), "application/jsonl")
-        write_json(ctx.store, MANIFEST, manifest)
+                if not isinstance(rows, snapshot.Spool):
+                    spool = snapshot.Spool()
+                    for row in rows:
+                        spool.append(row)
+                    rows = spool
+                # streamed from its file, never held whole; its content's digest names the run's own copy
+                ctx.store.write_file(f"data/{split}.jsonl", rows.path, "application/jsonl")
+                manifest["copies"][split] = {
+                    "uri": f"{ctx.store.uri}/data/{split}.jsonl",
+                    "digest": _file_digest(rows.path),
+                }
+        write_text(ctx.store, CARD, card(manifest, _samples(train)), "text/markdown")  # before the manifest: a retry
+        write_json(ctx.store, MANIFEST, manifest)  # that finds the manifest finds the card
         earlier = manifest
     return outcome(ctx, earlier)
+
+
+def _file_digest(path: str) -> str:
+    import hashlib
+
+    sha = hashlib.sha256()
+    with open(path, "rb") as data:
+        while chunk := data.read(2**20):
+            sha.update(chunk)
+    return "sha256:" + sha.hexdigest()
+
+
+def _samples(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first ``SAMPLES`` training examples, for the card."""
+    found: list[dict[str, Any]] = []
+    for row in rows:
+        if len(found) == SAMPLES:
+            break
+        found.append(row)
+    return found
+
+
+def card(manifest: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+    """The run's data card (Markdown), from its manifest: what the run learns from, where it was read and as of
+    when (each file's pinned generation, a table's snapshot time), how many examples trained and evaluated, the
+    duplicates and evaluation overlap dropped, what was left unread, the fields, a token estimate and a few sample
+    rows; a skipped run's, why it read nothing."""
+    train = manifest.get("train") or {}
+    lines = [
+        f"# Data card: `{manifest['dataset']}`",
+        "",
+        f"Snapshot `{manifest['digest']}`, taken as of {manifest['taken']}.",
+    ]
+    if manifest.get("since"):
+        since = manifest["since"]
+        lines.append(f"Only what is new since champion `{since.get('champion') or 'none yet'}`.")
+    if manifest.get("skip"):
+        return "\n".join([*lines, "", f"**Nothing read**: {manifest['skip']}.", ""])
+    lines += ["", "## Sources", ""]
+    if train.get("kind") == "bigquery":
+        table = train.get("table") or {}
+        lines.append(f"- BigQuery table `{table.get('table')}` as of {table.get('snapshot_time')} (time travel)")
+        if table.get("filter"):
+            lines.append(f"  - filter: `{table['filter']}`")
+    else:
+        items = train.get("items") or []
+        lines += ["| object | generation | bytes | examples |", "|---|---|---|---|"]
+        lines += [
+            f"| `{i['uri']}` | `{i['generation']}` | {i['size']} | {i.get('num_examples', '-')} |"
+            for i in items[:CARD_ITEMS]
+        ]
+        if len(items) > CARD_ITEMS:
+            lines.append(f"| ... and {len(items) - CARD_ITEMS} more (the manifest lists them all) | | | |")
+    ev = manifest.get("eval")
+    if ev:
+        lines.append(f"- evaluation set `{ev['source']}`: {ev['num_examples']} examples, content `{ev['digest']}`")
+    dups, overlap = manifest.get("duplicates", 0), manifest.get("eval_overlap", 0)
+    lines += [
+        "",
+        "## Examples",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| read | {train.get('num_examples')} |",
+        f"| trained on | {manifest['num_train_examples']} |",
+        f"| evaluated on | {manifest['num_heldout_examples']}"
+        + (" (the fixed evaluation set)" if ev else " (held out by their instruction's digest)")
+        + " |",
+        f"| duplicates dropped | {dups} |",
+        f"| also in the evaluation set, dropped from training | {overlap} |",
+        f"| fields | {', '.join(f'`{f}`' for f in manifest.get('fields') or [])} |",
+        f"| tokens (estimate) | {manifest.get('tokens_estimate')} |",
+    ]
+    if manifest.get("left_out"):
+        lines += ["", "## Not read", ""]
+        lines += [f"- {line.removeprefix('snapshot: ')}" for line in manifest["left_out"]]
+    if manifest.get("copies"):
+        lines += ["", "## The run's own copy", ""]
+        lines += [f"- {split}: `{c['uri']}` (`{c['digest']}`)" for split, c in manifest["copies"].items()]
+    if samples:
+        lines += ["", "## Samples", "", "```json"]
+        lines += [json.dumps({k: _short(v) for k, v in row.items()}, ensure_ascii=False) for row in samples]
+        lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def _short(value: Any) -> Any:
+    return value[:SAMPLE_CHARS] + "…" if isinstance(value, str) and len(value) > SAMPLE_CHARS else value
 
 
 def skip_streak(ctx: RunContext, skipped: bool) -> str:
@@ -257,6 +368,7 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         "data_since": (since or "none yet: took everything") if ctx.spec.train.data_since == "champion" else None,
         "manifest": f"{ctx.store.uri}/{MANIFEST}",
         "eval_snapshot": (manifest.get("eval") or {}).get("digest"),
+        "card": f"{ctx.store.uri}/{CARD}",
     }
     if manifest.get("skip"):
         log(f"snapshot_data: {manifest['skip']}: the run ends here, nothing created")
@@ -269,4 +381,15 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         f"{'table' if train['kind'] == 'bigquery' else 'files'}, {manifest['num_train_examples']} examples to train "
         f"on, {manifest['num_heldout_examples']} to evaluate on, snapshot {manifest['digest'][:19]}"
     )
-    return {"proceed": PROCEED, **found, "num_examples": manifest["num_train_examples"]}
+    if manifest.get("duplicates") or manifest.get("eval_overlap"):
+        log(
+            f"snapshot_data: dropped {manifest.get('duplicates') or 0} duplicate example(s) and "
+            f"{manifest.get('eval_overlap') or 0} also in the evaluation set"
+        )
+    return {
+        "proceed": PROCEED,
+        **found,
+        "num_examples": manifest["num_train_examples"],
+        "duplicates": manifest.get("duplicates", 0),
+        "eval_overlap": manifest.get("eval_overlap", 0),
+    }

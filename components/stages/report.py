@@ -15,6 +15,10 @@ from components.stages.loss_curve import loss_html, loss_png, metric_columns, nu
 from components.stages.ray_stages import bandwidth_line
 from components.stages.table import STAGES
 
+# what the summary keeps of snapshot_data's result (dataset.outcome)
+DATA_FIGURES: tuple[str, ...] = ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples", "duplicates")
+DATA_FIGURES += ("eval_overlap", "card")
+
 
 def summarize(ctx: RunContext) -> dict[str, Any]:
     stages, results, records = [], {}, {}
@@ -53,7 +57,7 @@ def summarize(ctx: RunContext) -> dict[str, Any]:
         "status": "interrupted" if interrupted else ("skipped" if skipped else "succeeded") if ok else "failed",
         "skipped": data["reason"] if skipped else None,
         "warning": data.get("warning"),  # a skipped run after too many (dataset.skip_streak)
-        "data": {k: data.get(k) for k in ("dataset", "snapshot", "manifest", "eval_snapshot", "num_examples")},
+        "data": {k: data.get(k) for k in DATA_FIGURES},
         "interrupted": interrupted,
         "run_dir": ctx.store.uri,
         "stages": stages,
@@ -262,8 +266,15 @@ def format_table(summary: dict[str, Any]) -> str:
             f"\n  data                 {data['dataset']}: snapshot {data['snapshot']}"
             + (f", {data['num_examples']} examples" if data.get("num_examples") is not None else "")
         )
+        if data.get("duplicates") or data.get("eval_overlap"):
+            lines.append(
+                f"  dropped              {data.get('duplicates') or 0} duplicate(s), {data.get('eval_overlap') or 0} "
+                "also in the evaluation set"
+            )
         if data.get("eval_snapshot"):
             lines.append(f"  evaluation set       snapshot {data['eval_snapshot']}")
+        if data.get("card"):
+            lines.append(f"  data card            {data['card']}")
     check = summary.get("slice_check") or {}
     if check.get("skipped"):
         lines.append(f"\n  slice check          off ({check['reason']})")

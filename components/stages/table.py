@@ -98,6 +98,7 @@ TABLE: tuple[Stage, ...] = (
         facts={"schedule_time": "schedule_time", "create_time": "create_time"},
         output="proceed",
         gates=Gate(dataset.PROCEED, "new-data"),
+        writes=artifacts.for_snapshot_data,
     ),
     Stage(
         "provision",

@@ -105,6 +105,26 @@ def test_teardown_without_a_cluster_succeeds_and_writes_a_summary(tmp_path):
     assert "<svg" in open(task.outputs["timeline"].path).read()
 
 
+def test_snapshot_data_outputs_the_runs_copy_as_a_dataset_and_its_data_card(tmp_path):
+    """The Dataset is the run's own copy of its training examples with that copy's content digest; the Markdown is
+    the data card the stage wrote beside its manifest."""
+    rows = [{"instruction": f"Repeat w{i}.", "response": f"w{i} w{i}"} for i in range(40)]
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:2]))
+    task = c.snapshot_data(
+        **args(tmp_path, "snap", overrides=f"train.dataset={tmp_path}/sft/"), schedule_time="", create_time=""
+    )
+    assert task.outputs["Output"] == "train"
+    manifest = json.loads((tmp_path / "runs" / "snap" / "data" / "manifest.json").read_text())
+    data = task.outputs["data"]
+    assert data.uri == manifest["copies"]["train"]["uri"] == f"{tmp_path}/runs/snap/data/train.jsonl"
+    assert data.metadata["digest"] == manifest["copies"]["train"]["digest"]
+    assert (data.metadata["snapshot"], data.metadata["duplicates"]) == (manifest["digest"], 2)
+    card = open(task.outputs["card"].path).read()
+    assert card == (tmp_path / "runs" / "snap" / "data" / "card.md").read_text()
+    assert f"# Data card: `{tmp_path}/sft/`" in card and "| duplicates dropped | 2 |" in card
+
+
 def test_run_id_defaults_to_the_pipeline_job_name(tmp_path):
     task = c.teardown(**args(tmp_path, "", job_name="Tpupipe-2026-11-29-10-04-42"))
     assert task.outputs["Output"]

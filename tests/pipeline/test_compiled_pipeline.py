@@ -288,11 +288,12 @@ def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     assert image_tag("pipeline", root) != image_tag("pipeline")
 
 
-def test_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
+def test_snapshot_train_evaluate_register_and_teardown_output_typed_artifacts(compiled):
     def artifacts(component):
         outputs = compiled["components"][component]["outputDefinitions"].get("artifacts", {})
         return {name: a["artifactType"]["schemaTitle"] for name, a in outputs.items()}
 
+    assert artifacts("comp-snapshot-data") == {"data": "system.Dataset", "card": "system.Markdown"}
     assert artifacts("comp-train") == {"metrics": "system.Metrics", "loss_curve": "system.HTML"}
     assert artifacts("comp-evaluate") == {
         "metrics": "system.Metrics",

@@ -120,21 +120,33 @@ def test_only_a_dated_drop_whose_directory_exists_is_a_skipped_day(storage, tmp_
 
 def test_every_directory_with_data_needs_its_marker_and_objects_written_after_it_are_not_read(storage):  # noqa: F811
     """Hadoop's committer writes ``_SUCCESS`` in each job's output directory: under a stable prefix of several jobs'
-    outputs, each directory with data needs its own (or one above it, as a partitioned output's job marker); an object
-    updated after its directory's marker is not the committed job's, left out with a warning."""
+    outputs, each directory with data needs its own (or one above it, as a partitioned output's job marker): one
+    without it is a job still writing, left out with a warning naming its marker while the complete ones are read;
+    with none complete, the drop is not ready. An object updated after its directory's marker is not the committed
+    job's, left out with a warning."""
     import time
 
+    storage.put(DATA, "stable/2026-12-03/part-00000.jsonl", rows(4))  # a job still writing
+    with pytest.raises(drops.NotReady) as raised:  # nothing complete yet
+        take(f"train.dataset=gs://{DATA}/stable/ train.dataset_ready=_SUCCESS")
+    assert f"gs://{DATA}/stable/2026-12-03/_SUCCESS (train.dataset_ready) is not there" in str(raised.value)
     storage.put(DATA, "stable/2026-12-01/part-00000.jsonl", rows(1))
     storage.put(DATA, "stable/2026-12-01/_SUCCESS", b"")
     storage.put(DATA, "stable/2026-12-02/lang=en/part-00000.jsonl", rows(2))  # partitioned: the job's one marker
     storage.put(DATA, "stable/2026-12-02/lang=fr/part-00000.jsonl", rows(3))
     storage.put(DATA, "stable/2026-12-02/_SUCCESS", b"")
-    storage.put(DATA, "stable/2026-12-03/part-00000.jsonl", rows(4))  # a job still writing
-    for uri in (f"gs://{DATA}/stable/", f"gs://{DATA}/stable/*/part-*.jsonl"):
-        with pytest.raises(drops.NotReady) as raised:
-            take(f"train.dataset={uri} train.dataset_ready=_SUCCESS")
-        assert f"gs://{DATA}/stable/2026-12-03/_SUCCESS (train.dataset_ready) is not there" in str(raised.value)
-        assert "2026-12-01/_SUCCESS" not in str(raised.value) and "lang=en/_SUCCESS" not in str(raised.value)
+    for uri in (f"gs://{DATA}/stable/", f"gs://{DATA}/stable/**/part-*.jsonl"):
+        manifest, train, heldout, lines = take(f"train.dataset={uri} train.dataset_ready=_SUCCESS")
+        assert sorted(names_of(manifest)) == [
+            "stable/2026-12-01/part-00000.jsonl",
+            "stable/2026-12-02/lang=en/part-00000.jsonl",
+            "stable/2026-12-02/lang=fr/part-00000.jsonl",
+        ]
+        assert len(train) + len(heldout) == 60
+        warned = [line for line in lines if "warning" in line]
+        missing = f"gs://{DATA}/stable/2026-12-03/_SUCCESS (train.dataset_ready) is not there yet: 1 data file(s)"
+        assert len(warned) == 1 and f"{missing} there not read (still being written)" in warned[0]
+        assert "2026-12-01/_SUCCESS" not in warned[0] and "lang=en/_SUCCESS" not in warned[0]
     storage.put(DATA, "stable/2026-12-03/_SUCCESS", b"")
     time.sleep(0.01)
     storage.put(DATA, "stable/2026-12-01/part-00001.jsonl", rows(5))  # another writer, after the commit

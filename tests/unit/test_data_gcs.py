@@ -12,7 +12,7 @@ from google.oauth2 import service_account
 
 from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.data import gcs
-from components.spec import SpecError
+from components.spec import InfraError, SpecError
 from tests.emulators.storage import StorageEmulator
 
 PROJECT, NUMBER, TOKEN = "tpupipe-emulated", "123456789012", "t0ken"
@@ -307,3 +307,52 @@ def test_tpupipe_data_exits_2_naming_the_field_for_bad_cloud_storage_data(storag
     assert main(["data", "local-fsdp", "--set", f"train.dataset={dataset}"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_snapshots_reads_are_of_the_pinned_generation_and_checked_against_its_crc32c(storage):
+    """``Downloads`` (the snapshot's many reads: a media download each over a kept connection) reads the pinned
+    generation: a replaced one is SnapshotChanged; bytes that do not match the CRC32C the listing gave are refused;
+    each thread keeps one connection for all its reads."""
+    pinned = gcs.list_objects(f"gs://{DATA}/data/", field=FIELD)
+    downloads = gcs.Downloads()
+    assert [downloads.read(entry) for entry in pinned] == [FILES[name] for name in names(pinned)]
+    assert downloads.read(pinned[0]) == FILES["data/a.jsonl"]  # again, on the same connection
+    storage.put(DATA, "data/a.jsonl", b'{"text": "replaced"}\n')
+    with pytest.raises(gcs.SnapshotChanged, match=rf"gs://{DATA}/data/a.jsonl changed since the run's snapshot"):
+        downloads.read(pinned[0])
+    damaged = {**pinned[1], "crc32c": "AAAAAA=="}  # what the listing said differs from what comes
+    with pytest.raises(InfraError, match=r"data/b.json \(generation \d+\): the bytes read do not match the CRC32C"):
+        downloads.read(damaged)
+
+
+def test_an_object_larger_than_the_read_ahead_is_parsed_as_it_downloads(storage, monkeypatch):
+    """A JSON Lines object above ``snapshot.STREAMED`` is parsed a line at a time from its download (and its CRC32C
+    checked at the end): the same examples as a whole read, in the same order, gzip too."""
+    import gzip
+    from datetime import UTC, datetime
+
+    from components.data import snapshot
+    from components.workload import resolve
+
+    rows = "".join(f'{{"instruction": "Repeat s{i} twice.", "response": "s{i} s{i}"}}\n' for i in range(300)).encode()
+    storage.put(DATA, "big/a.jsonl", rows)
+    storage.put(DATA, "big/b.jsonl.gz", gzip.compress(rows.replace(b"Repeat", b"Echo")))
+    spec = resolve("local-fsdp", f"train.dataset=gs://{DATA}/big/")
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    whole, train, heldout = snapshot.take(spec, when, log=lambda line: None)
+    monkeypatch.setattr(snapshot, "STREAMED", 100)  # both objects now stream
+    streamed, train2, heldout2 = snapshot.take(spec, when, log=lambda line: None)
+    assert [i["num_examples"] for i in streamed["train"]["items"]] == [300, 300]
+    assert list(train2) == list(train) and list(heldout2) == list(heldout) and len(train) + len(heldout) == 600
+    pinned = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
+    with pytest.raises(InfraError, match="the bytes read do not match the CRC32C"):  # checked when the stream ends
+        list(snapshot.read_items("gcs", [{**pinned[0], "crc32c": "AAAAAA=="}], FIELD, lambda line: None))
+
+
+def test_a_snapshot_read_the_caller_may_not_make_names_the_field_and_the_role(storage, monkeypatch):
+    pinned = gcs.list_objects(f"gs://{DATA}/data/a.jsonl", field=FIELD)  # listed by someone who may
+    act_as(storage, monkeypatch, STRANGER)
+    with pytest.raises(SpecError) as raised:
+        gcs.Downloads("train.eval_dataset").read(pinned[0])
+    assert raised.value.field == "train.eval_dataset" and STRANGER in str(raised.value)
+    assert f"grant roles/storage.objectViewer on gs://{DATA}" in str(raised.value)

@@ -166,7 +166,7 @@ def test_a_parquet_drop_is_read_row_by_row_and_a_file_that_is_not_parquet_is_nam
     spec = resolve("local-fsdp", f"train.dataset={tmp_path}/sft/")
     manifest, train, heldout = snapshot.take(spec, WHEN, log=lambda line: None)
     assert [i["num_examples"] for i in manifest["train"]["items"]] == [30]
-    assert sorted(e["instruction"] for e in train + heldout) == sorted(r["instruction"] for r in _rows(4))
+    assert sorted(e["instruction"] for e in [*train, *heldout]) == sorted(r["instruction"] for r in _rows(4))
     (tmp_path / "sft" / "part-1.parquet").write_bytes(b"PAR1 but not really")
     with pytest.raises(SpecError) as err:
         snapshot.take(spec, WHEN, log=lambda line: None)
@@ -198,6 +198,65 @@ def test_a_fixed_evaluation_set_is_snapshotted_apart_and_never_filtered(drops, t
     assert manifest["eval"]["digest"].startswith("sha256:") and manifest["eval"]["num_examples"] == 12
 
 
+def test_duplicates_are_dropped_and_counted_whitespace_aside(tmp_path):
+    """An example whose prompt fields repeat an earlier one's, runs of whitespace aside, is dropped and counted;
+    another column does not make it another example."""
+    rows = _rows(1)
+    again = [
+        {"instruction": f"  {rows[0]['instruction']}\n", "response": rows[0]["response"].replace(" ", "\t ")},
+        {**rows[1], "source": "another column"},
+        rows[2],
+    ]
+    _write(tmp_path / "sft" / "a.jsonl", rows)
+    _write(tmp_path / "sft" / "b.jsonl", again)
+    lines: list[str] = []
+    manifest, train, heldout = snapshot.take(
+        resolve("local-fsdp", f"train.dataset={tmp_path}/sft/"), WHEN, log=lines.append
+    )
+    assert manifest["duplicates"] == 3 and manifest["eval_overlap"] == 0
+    assert len(train) + len(heldout) == 30 and manifest["train"]["num_examples"] == 33
+    assert (
+        f"snapshot: {tmp_path}/sft/: 3 duplicate example(s) dropped (the same prompt fields as an earlier one)" in lines
+    )
+
+
+def test_training_examples_also_in_the_evaluation_set_are_dropped_with_a_warning(tmp_path):
+    """A training example that is also in the fixed evaluation set (whitespace aside) is left out of training, and
+    the count recorded and said in one warning line; the evaluation set itself is kept whole."""
+    evaluation = _rows(9, 12)
+    _write(tmp_path / "eval.jsonl", evaluation)
+    leaked = [evaluation[0], {**evaluation[1], "instruction": evaluation[1]["instruction"] + "  "}]
+    _write(tmp_path / "sft" / "a.jsonl", _rows(1) + leaked)
+    lines: list[str] = []
+    spec = resolve("local-fsdp", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    manifest, train, heldout = snapshot.take(spec, WHEN, log=lines.append)
+    assert manifest["eval_overlap"] == 2 and manifest["num_train_examples"] == len(train) == 30
+    assert len(heldout) == 12 and not {e["instruction"].strip() for e in train} & {e["instruction"] for e in evaluation}
+    assert [line for line in lines if "warning" in line] == [
+        f"snapshot: warning: {tmp_path}/sft/: 2 training example(s) also in the evaluation set "
+        f"({tmp_path}/eval.jsonl) dropped from training"
+    ]
+    _write(tmp_path / "sft" / "a.jsonl", evaluation)  # nothing left to train on
+    with pytest.raises(SpecError, match="^train.dataset: .*every one of its examples is also in the evaluation set"):
+        snapshot.take(spec, WHEN, log=lambda line: None)
+
+
+def test_the_stage_records_what_it_dropped_and_the_summary_shows_it(tmp_path):
+    from components.stages import report
+
+    rows = _rows(1)
+    _write(tmp_path / "sft" / "a.jsonl", rows + rows[:4])
+    _write(tmp_path / "eval.jsonl", _rows(9, 12) + rows[5:7])
+    ctx = _ctx(tmp_path / "runs", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    result = dataset.snapshot_data(ctx)
+    assert (result["duplicates"], result["eval_overlap"], result["num_examples"]) == (4, 2, 28)
+    manifest = read_json(ctx.store, dataset.MANIFEST)
+    assert (manifest["duplicates"], manifest["eval_overlap"]) == (4, 2)
+    summary = {"run_id": "r1", "preset": "p", "platform": "local", "stages": [], "status": "succeeded"}
+    summary |= {"history": [], "interrupted": None, "run_dir": ctx.store.uri, "warning": None, "data": result}
+    assert "  dropped              4 duplicate(s), 2 also in the evaluation set" in report.format_table(summary)
+
+
 # ---------------------------------------------------------------- the first stage
 
 
@@ -220,6 +279,43 @@ def test_the_first_stage_keeps_the_manifest_and_the_examples_and_a_retry_reads_t
     dataset.stage_files(ctx)  # the train stage's copy to where the jobs read
     jobs = ctx.run_dir / "train" / "data"
     assert (jobs / "train.jsonl").read_text() == (ctx.store.local() / "data" / "train.jsonl").read_text()
+
+
+def test_the_data_card_says_what_the_run_learns_from_and_the_summary_links_it(tmp_path):
+    """The card: the source, each file's pinned generation, when, the counts, duplicates and overlap dropped, what
+    was not read, the fields, a token estimate, the run's own copy with its digest, and a few sample rows; the
+    stage's result (and so the run's summary) names it."""
+    from components.stages import report
+
+    rows = _rows(1)
+    _write(tmp_path / "sft" / "a.jsonl", rows + rows[:3])
+    _write(tmp_path / "sft" / "b.jsonl", [])  # an empty shard: not read, said so
+    _write(tmp_path / "eval.jsonl", _rows(9, 12) + rows[4:5])
+    ctx = _ctx(tmp_path / "runs", f"train.dataset={tmp_path}/sft/ train.eval_dataset={tmp_path}/eval.jsonl")
+    result = dataset.snapshot_data(ctx)
+    assert result["card"] == f"{ctx.store.uri}/data/card.md"
+    card = (ctx.store.local() / "data" / "card.md").read_text()
+    manifest = read_json(ctx.store, dataset.MANIFEST)
+    generation = manifest["train"]["items"][0]["generation"]
+    for expected in (
+        f"# Data card: `{tmp_path}/sft/`",
+        f"Snapshot `{manifest['digest']}`, taken as of {manifest['taken']}.",
+        f"| `{tmp_path}/sft/a.jsonl` | `{generation}` | ",
+        f"- evaluation set `{tmp_path}/eval.jsonl`: 13 examples, content `{manifest['eval']['digest']}`",
+        "| read | 33 |",
+        "| trained on | 29 |",
+        "| duplicates dropped | 3 |",
+        "| also in the evaluation set, dropped from training | 1 |",
+        f"- warning: {tmp_path}/sft/b.jsonl: no examples, skipped",
+        "| fields | `instruction`, `response` |",
+        f"- train: `{ctx.store.uri}/data/train.jsonl` (`{manifest['copies']['train']['digest']}`)",
+        json.dumps(rows[0]),
+    ):
+        assert expected in card, expected
+    summary = {"run_id": "r1", "preset": "p", "platform": "local", "stages": [], "status": "succeeded"}
+    summary |= {"history": [], "interrupted": None, "run_dir": ctx.store.uri, "warning": None, "data": result}
+    assert f"  data card            {ctx.store.uri}/data/card.md" in report.format_table(summary)
+    assert "card" in report.DATA_FIGURES
 
 
 def test_a_generated_dataset_has_nothing_to_snapshot(tmp_path):

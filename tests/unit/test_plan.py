@@ -391,7 +391,7 @@ def test_the_dry_run_starts_with_the_data_snapshot_before_anything_is_created(ca
     assert main(["run", "smoke", "--platform", "gke", "--dry-run", "--run-id", "data", "--set", sets]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "snapshot_data" and lines[2].startswith(first)
-    written = "  write         the run's state data/manifest.json, train.jsonl, heldout.jsonl"
+    written = "  write         the run's state data/manifest.json, card.md (the data card), train.jsonl, heldout.jsonl"
     assert lines.index(written) < lines.index("provision")
     granted = "  check         storage.buckets.testIamPermissions gs://acme-sft (the caller may list and read it)"
     assert (granted in lines) == dataset.startswith("gs://")

@@ -150,7 +150,9 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
     if len(lines) == 1:
         lines.append(f"  (none: {datasets.kind(t.dataset)} data is not snapshotted)")
     else:
-        lines.append("  write         the run's state data/manifest.json, train.jsonl, heldout.jsonl")
+        lines.append(
+            "  write         the run's state data/manifest.json, card.md (the data card), train.jsonl, heldout.jsonl"
+        )
     return lines
 
 
