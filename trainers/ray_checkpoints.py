@@ -66,8 +66,9 @@ class Checkpointer:
         self.saver.guard(optimizer, lambda seconds: self._waited(self.saving_step, seconds, {"copy_wait_s": seconds}))
         self.reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpupipe-checkpoint-report")
         self.reported: Any = None  # the newest save's report: its future
-        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off: nothing
-        # drains its hosts; RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
+        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off unless the
+        # spec schedules a drain: components.platforms.local.cluster.preemption_environment;
+        # RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
         self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
         self.preempted = False
 
@@ -205,3 +206,28 @@ class Checkpointer:
                 if self.rank == 0:
                     print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
                 self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
+                self._hold(at, info)
+
+    def _hold(self, at: Position, info: Any) -> None:
+        """After the just-in-time save: wait for its report (Ray Train has registered the checkpoint once every rank
+        it waits for reported it), say so, and train no further. Ray Train's controller keeps a preempted worker
+        group running until every rank has exited or the drain's deadline (plus ``FailureConfig.preemption_grace_s``)
+        has passed, then restarts it (``_handle_preempting_state`` in https://github.com/ray-project/ray/blob/
+        ray-2.60.0/python/ray/train/v2/_internal/execution/controller/controller.py): every step trained after the
+        save until then would be trained again by the group that restores it. Returning instead would end the
+        training as a success at this step; raising would count as a failure of the run's own. So the workers wait,
+        and the restarted group resumes at the step after the save: none repeated."""
+        started = time.perf_counter()
+        self._reports_done()
+        if self.rank == 0:
+            event = {
+                "event": "preemption_checkpoint",
+                "step": at.global_step,
+                "report_s": time.perf_counter() - started,
+                "preempted_ranks": list(info.preempted_ranks),
+                "deadline_ms": info.deadline_ms,
+                "time": time.time(),
+            }
+            protocol.emit("event", event)
+        while True:  # until Ray Train stops this worker group
+            time.sleep(1.0)

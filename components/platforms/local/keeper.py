@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from components.platforms import interrupts, procs
 from components.platforms import ledger as ledgers
 from components.platforms.local.processes import spawn
 from components.platforms.store import LocalStore
+from components.spec import protocol
 
 
 def command(ledger_path: Path) -> list[str]:
@@ -31,6 +34,7 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
     later). Runs until teardown begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the
     rest); returns why it stopped."""
     lost: dict[int, float] = {}  # pid of a host seen gone -> when
+    drain = Drain()
     while True:
         store = LocalStore(ledger_path.parent)
         ledger = ledgers.load(store)
@@ -39,6 +43,7 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
             log(f"keeper: {reason}: exiting")
             return reason
         delay = float(((ledger.get("spec") or {}).get("cluster") or {}).get("host_replace_delay_s") or 0.0)
+        drain.tick(ledger, log)
         for proc in ledger["processes"]:
             if proc["role"].startswith("host-") and not procs.alive(proc["pid"]):
                 if proc["pid"] not in lost and delay:
@@ -51,6 +56,102 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
                 pid = spawn(proc["cmd"], None, Path(proc["log"]))
                 ledgers.update(store, lambda stored, role=proc["role"], pid=pid: _replaced(stored, role, pid))
         time.sleep(interval_s)
+
+
+def lose_host(host: dict[str, Any]) -> float:
+    """Kill an emulated host as a lost machine dies: its process group, and every process under it that left that
+    group (Ray starts each worker in a session of its own; killed with the group alone they outlive their raylet by
+    seconds, and keep training). Returns the wall-clock time of the kill."""
+    groups = {host["pgid"]}
+    for pid in procs.descendants(host["pid"]):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    killed_at = time.time()
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return killed_at
+
+
+def preempt(host: dict[str, Any]) -> float:
+    """A preemption notice to an emulated host, as GKE gives a Spot VM's pods: SIGTERM to the pod's main process, here
+    the host's ``ray start --block`` (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination
+    and graceful shutdown of Spot VMs"). Ray 2.60's ``ray start`` answers it by draining its node with reason
+    PREEMPTION and a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away, then stops the node's processes
+    (``Node._drain_node_before_shutdown`` in https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/_private/
+    node.py), which Ray Train's preemption watcher announces to the training (``ray.train.get_preemption_info``).
+    Whoever noticed must still kill the host at the deadline (:func:`lose_host`), as GKE does at the grace's end.
+    Returns the wall-clock time of the notice."""
+    noticed_at = time.time()
+    try:
+        os.kill(host["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    return noticed_at
+
+
+def latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:
+    """The newest step the training workers have logged (the trainers' ``step`` events and MaxText's per-step
+    metrics, in Ray's worker-*.out of every node's session under the run's temporary directory: seconds ahead of the
+    stage's log, which comes through the Jobs API); -1 before any. ``offsets`` keeps where each file was read to."""
+    latest = -1
+    for path in sorted({p.resolve() for p in temp_dir.glob("*/session_*/logs/worker-*.out")}):
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(offsets.get(path, 0))
+                text = f.read()
+        except OSError:  # Ray removes the logs of workers it no longer keeps
+            continue
+        cut = text.rfind("\n") + 1
+        offsets[path] = offsets.get(path, 0) + len(text[:cut].encode())
+        for line in text[:cut].splitlines():
+            m = protocol.RECORD.match(line)
+            if m is None:
+                continue
+            for kind, payload in protocol.parse([line], m["nonce"]):
+                if (kind == "event" and payload.get("event") == "step") or (kind == "metric" and "step" in payload):
+                    latest = max(latest, int(payload["step"]))
+    return latest
+
+
+class Drain:
+    """The spec's ``cluster.drain_host_at_step``: once the training's workers have logged that step, a preemption
+    notice to the last emulated host (:func:`preempt`), and the host killed ``cluster.preemption_notice_s`` later if
+    Ray has not stopped it by then (:func:`lose_host`); then the keeper replaces it as any lost host. Once a run."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[Path, int] = {}
+        self.host: dict[str, Any] | None = None  # the host noticed
+        self.deadline = 0.0  # when it is killed (time.monotonic)
+        self.done = False
+
+    def tick(self, ledger: dict[str, Any], log) -> None:
+        cluster = (ledger.get("spec") or {}).get("cluster") or {}
+        step = int(cluster.get("drain_host_at_step") or 0)
+        if not step or self.done:
+            return
+        if self.host is None:
+            if latest_step(Path(ledger["temp_dir"]), self.offsets) < step:
+                return
+            hosts = [p for p in ledger["processes"] if p["role"].startswith("host-")]
+            self.host = max(hosts, key=lambda p: int(p["role"].removeprefix("host-")))
+            notice = float(cluster.get("preemption_notice_s") or 0.0)
+            self.deadline = time.monotonic() + notice
+            noticed_at = preempt(self.host)
+            log(
+                f"{self.host['role']} (pid {self.host['pid']}) preempted at step {step} "
+                f"(cluster.drain_host_at_step): a {notice:g}s notice at {noticed_at:.3f}"
+            )
+            return
+        if time.monotonic() >= self.deadline:
+            self.done = True
+            if procs.alive(self.host["pid"]):
+                killed_at = lose_host(self.host)
+                log(f"{self.host['role']} (pid {self.host['pid']}) killed at the notice's end, {killed_at:.3f}")
 
 
 def _replaced(ledger: dict[str, Any], role: str, pid: int) -> None:
