@@ -169,15 +169,18 @@ class Checkpointer:
         """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
         once when Ray Train announces a preemption of one of the workers' nodes (``ray.train.get_preemption_info``:
         Ray's node drain with its deadline, Ray 2.60 ``ray/train/v2/api/train_fn_utils.py``), asked every
-        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together. On GKE a Spot VM's preemption
-        notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
-        ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
-        shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
-        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run resumes
-        from its newest committed checkpoint, and repeats the steps since: up to ``train.checkpoint_every_steps``
-        when the newest save was committed, up to twice that when the host was lost while that save was still being
-        written (its previous one is then the newest committed), and, with ``train.checkpoint_every_steps`` 0, every
-        step since the epoch began (only an epoch's end is saved then)."""
+        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together (rank 0's answer, broadcast). After
+        that save the workers train no further (:meth:`_hold`): the restarted group resumes at the next step. On GKE a
+        Spot VM's preemption notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's
+        main process, here ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms,
+        "Termination and graceful shutdown of Spot VMs"), and Ray 2.60's ``ray start`` turns that SIGTERM into a drain
+        of its node with reason PREEMPTION and a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away
+        (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/
+        _private/node.py): the drain this poll sees (locally, ``cluster.drain_host_at_step`` gives that notice). A
+        host lost without notice resumes from the newest committed checkpoint instead, and repeats the steps since:
+        up to ``train.checkpoint_every_steps`` when the newest save was committed, up to twice that when the host was
+        lost while that save was still being written (its previous one is then the newest committed), and, with
+        ``train.checkpoint_every_steps`` 0, every step since the epoch began (only an epoch's end is saved then)."""
         import ray.train
 
         if last_of_epoch:
