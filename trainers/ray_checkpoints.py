@@ -181,35 +181,42 @@ class Checkpointer:
         up to ``train.checkpoint_every_steps`` when the newest save was committed, up to twice that when the host was
         lost while that save was still being written (its previous one is then the newest committed), and, with
         ``train.checkpoint_every_steps`` 0, every step since the epoch began (only an epoch's end is saved then)."""
-        import ray.train
-
         if last_of_epoch:
             return
         every = self.t.checkpoint_every_steps
+        # The poll first where a periodic save is due at the same step (with a period that divides
+        # PREEMPTION_POLL_STEPS, every poll step is one): it waits for the previous save's report, which the save
+        # would wait for anyway, and a preemption's save is then that step's save.
+        if self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
+            self._poll(at)
         if every and at.global_step % every == 0:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
-        elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
-            # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
-            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
-            # part of that save's wait, as an optimizer step's wait for its copy is. That is rank 0's own wait for
-            # its report (``report_wait_s``) and then, at the poll's barrier, its wait for every slower rank's
-            # (``barrier_wait_s``): Ray Train hands each rank's report to its controller on its own (a worker's
-            # result queue holds one report, and a put waits until the controller has taken the one before:
-            # ``_wait_then_report`` in ray/train/v2/_internal/execution/context.py, Ray 2.60), so one rank's
-            # report may return well after rank 0's.
-            started = time.perf_counter()
-            waited = self._reports_done()
-            info = ray.train.get_preemption_info()
-            if waited is not None:
-                whole = time.perf_counter() - started
-                parts = {"poll_wait_s": whole, "report_wait_s": waited, "barrier_wait_s": whole - waited}
-                self._waited(self.saving_step, whole, parts)
-            if info is not None:
-                self.preempted = True
-                if self.rank == 0:
-                    print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
-                self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
-                self._hold(at, info)
+
+    def _poll(self, at: Position) -> None:
+        """Ask Ray Train whether a preemption is announced (every rank together); on one, save and hold."""
+        import ray.train
+
+        # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
+        # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
+        # part of that save's wait, as an optimizer step's wait for its copy is. That is rank 0's own wait for
+        # its report (``report_wait_s``) and then, at the poll's barrier, its wait for every slower rank's
+        # (``barrier_wait_s``): Ray Train hands each rank's report to its controller on its own (a worker's
+        # result queue holds one report, and a put waits until the controller has taken the one before:
+        # ``_wait_then_report`` in ray/train/v2/_internal/execution/context.py, Ray 2.60), so one rank's
+        # report may return well after rank 0's.
+        started = time.perf_counter()
+        waited = self._reports_done()
+        info = ray.train.get_preemption_info()
+        if waited is not None:
+            whole = time.perf_counter() - started
+            parts = {"poll_wait_s": whole, "report_wait_s": waited, "barrier_wait_s": whole - waited}
+            self._waited(self.saving_step, whole, parts)
+        if info is not None:
+            self.preempted = True
+            if self.rank == 0:
+                print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
+            self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
+            self._hold(at, info)
 
     def _hold(self, at: Position, info: Any) -> None:
         """After the just-in-time save: wait for its report (Ray Train has registered the checkpoint once every rank

@@ -74,10 +74,10 @@ class ClusterSpec:
     # Testing aid of the emulated (cpu) hosts: the keeper starts a lost host's replacement this many seconds after it
     # saw the host gone, as a preempted Spot VM's replacement comes minutes later or never (0: at once).
     host_replace_delay_s: float = 0.0
-    # The notice a preempted host's Ray node gets: Ray 2.60's `ray start` turns the SIGTERM a preemption sends it into
-    # a drain of its node (reason PREEMPTION) whose deadline is this many seconds away (RAY_GRACEFUL_SHUTDOWN_DRAIN_
-    # TIMEOUT_S), which Ray Train's preemption watcher announces to the training; the host is killed at the deadline.
-    # 15: GKE's default grace of a Spot VM's pods (up to 120 on GKE >= 1.35.0-gke.1171000).
+    # The notice a preempted host gets, SIGTERM to kill (on GKE the worker pods' terminationGracePeriodSeconds): Ray
+    # 2.60's `ray start` turns the SIGTERM into a drain of its node (reason PREEMPTION), which Ray Train's preemption
+    # watcher announces to the training; Ray's own stop of the node comes 2 s after the kill. 15: GKE's default
+    # grace of a Spot VM's pods (up to 120 on GKE >= 1.35.0-gke.1171000).
     preemption_notice_s: float = 15.0
     # Testing aid of the emulated (cpu) hosts: once the training's workers have logged this global step, the keeper
     # gives the last host a preemption notice (SIGTERM to its `ray start`, cluster.preemption_notice_s before it kills

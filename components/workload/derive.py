@@ -54,6 +54,22 @@ COMMITS_BY_DIRECTORY_RENAME = ("maxtext",)
 JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
 
 
+# Seconds Ray's own stop of a preempted node comes after the kill its notice ends in. Ray 2.60's `ray start`, on the
+# SIGTERM of a preemption, drains its node (reason PREEMPTION) and, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S later,
+# stops the node's processes itself (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/
+# ray-2.60.0/python/ray/_private/node.py); a raylet stopped that way (its own SIGTERM) is recorded as an expected
+# termination, not the drain's preemption, and Ray Train then counts the lost workers as a failure of the run's
+# (train.max_failures) instead of a preemption. The node must die by the kill (the kubelet's at the pod's grace, the
+# local keeper's): Ray's own stop comes this much later.
+DRAIN_STOP_MARGIN_S = 2.0
+
+
+def ray_drain_timeout_s(spec: RunSpec) -> float:
+    """RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the hosts: ``cluster.preemption_notice_s`` plus
+    :data:`DRAIN_STOP_MARGIN_S`, so the kill at the notice's end comes first."""
+    return spec.cluster.preemption_notice_s + DRAIN_STOP_MARGIN_S
+
+
 def trainer_image(spec: RunSpec) -> str:
     """The image (``images/<name>``) the workload's jobs run in."""
     return WORKLOAD_IMAGES[spec.train.workload]

@@ -86,11 +86,11 @@ def test_no_drain_without_the_aid(tmp_path):
 
 
 def test_the_watcher_is_on_where_a_drain_is_scheduled_and_the_notice_is_ray_s_drain_deadline():
-    scheduled = cluster.preemption_environment(resolve("local-fsdp", "cluster.drain_host_at_step=20").cluster)
+    scheduled = cluster.preemption_environment(resolve("local-fsdp", "cluster.drain_host_at_step=20"))
     assert scheduled == {
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "15",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "17",  # Ray's own stop 2 s after the keeper's kill
         "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
     }
-    plain = cluster.preemption_environment(resolve("local-fsdp", "cluster.preemption_notice_s=30").cluster)
-    assert plain == {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "30", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    plain = cluster.preemption_environment(resolve("local-fsdp", "cluster.preemption_notice_s=30"))
+    assert plain == {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "32", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}

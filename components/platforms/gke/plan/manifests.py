@@ -205,10 +205,10 @@ def _token_mounts(spec: RunSpec, t: Target) -> tuple[list[dict[str, Any]], list[
 def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
     env = _common_env(spec)
     # The deadline of the drain Ray 2.60's `ray start` (the worker container's main process) makes of the SIGTERM a
-    # preemption sends the pod: Ray Train's preemption watcher announces it, and the trainer saves before it
-    # (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/_private/
-    # node.py). The pod's terminationGracePeriodSeconds is the same (``_worker_group``).
-    env.append(_env("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", f"{spec.cluster.preemption_notice_s:g}"))
+    # preemption sends the pod: Ray Train's preemption watcher announces it, and the trainer saves before it. The
+    # pod's terminationGracePeriodSeconds (``_worker_group``) ends first: the kubelet's kill, not Ray's own stop
+    # of the node, must end it for Ray to record a preemption (``derive.ray_drain_timeout_s``).
+    env.append(_env("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", f"{d.ray_drain_timeout_s(spec):g}"))
     if d.is_multislice(spec):
         env += [
             _env("JAX_PLATFORMS", "tpu,cpu"),
