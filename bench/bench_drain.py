@@ -1,9 +1,9 @@
 """Preemptions with notice during local FSDP2 training, TPUPIPE_BENCH_DRAINS times (20 by default), in one
 `tpupipe run` of local-fsdp on 2 emulated hosts (``tests/e2e/test_local_drain.py`` checks one).
 
-Each drain is a Spot-like notice to the last emulated host (``components.platforms.local.keeper.preempt``: SIGTERM to
-its ``ray start``, which drains its node with reason PREEMPTION and a deadline ``cluster.preemption_notice_s`` away),
-and the host killed at the deadline (``keeper.lose_host``); the keeper replaces it. The first is the spec's
+Each drain is a Spot-like notice to the last emulated host (``components.platforms.local.keeper.preempt``: Ray's
+DrainNode with reason PREEMPTION and a deadline ``cluster.preemption_notice_s`` away), and the host killed just after
+the deadline (``keeper.lose_host``); the keeper replaces it. The first is the spec's
 ``cluster.drain_host_at_step`` (the keeper's own, which also turns Ray Train's preemption watcher on); the bench gives
 each next one once the restarted worker group has trained ``GAP`` steps. From the trainer's records in the run's
 ``logs/train.log``, per drain: whether a just-in-time checkpoint was committed (the ``preemption_checkpoint`` event,
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.figures import Figure, table
 from components.platforms import procs
-from components.platforms.local import keeper
+from components.platforms.local import auth, keeper
 from components.spec import protocol
 
 DRAINS = int(os.environ.get("TPUPIPE_BENCH_DRAINS", "20"))
@@ -93,7 +93,9 @@ def _first_notice(proc, run_dir: Path, deadline: float) -> float:
 def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
     """Give the notices (the keeper the first, the bench the rest); the wall-clock time of each."""
     noticed = [_first_notice(proc, run_dir, deadline)]  # the cluster is up by then: its ledger has its temp dir
-    temp_dir, offsets = Path(json.loads((run_dir / "ledger.json").read_text())["temp_dir"]), {}
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    temp_dir, offsets = Path(ledger["temp_dir"]), {}
+    os.environ.update(auth.environment(ledger["auth_token_path"]))  # the run's Ray token, for the notices' DrainNode
     while len(noticed) < drains:
         time.sleep(NOTICE_S + 1)  # the previous host's deadline; then a new group must be training
         train_log = run_dir / "logs" / "train.log"
@@ -104,9 +106,10 @@ def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
             time.sleep(0.5)
             restored = [e for e in events(train_log.read_text()) if e.get("event") == "restored"]
         _wait_for_step(proc, temp_dir, offsets, restored[-1]["step"] + GAP, deadline)
+        ledger = json.loads((run_dir / "ledger.json").read_text())
         host = last_host(run_dir)
-        noticed.append(keeper.preempt(host))
-        time.sleep(NOTICE_S)
+        noticed.append(keeper.preempt(ledger, host, NOTICE_S))
+        time.sleep(NOTICE_S + keeper.KILL_AFTER_DEADLINE_S)
         if procs.alive(host["pid"]):
             keeper.lose_host(host)
     return noticed

@@ -54,13 +54,15 @@ COMMITS_BY_DIRECTORY_RENAME = ("maxtext",)
 JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
 
 
-# Seconds Ray's own stop of a preempted node comes after the kill its notice ends in. Ray 2.60's `ray start`, on the
-# SIGTERM of a preemption, drains its node (reason PREEMPTION) and, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S later,
-# stops the node's processes itself (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/
-# ray-2.60.0/python/ray/_private/node.py); a raylet stopped that way (its own SIGTERM) is recorded as an expected
-# termination, not the drain's preemption, and Ray Train then counts the lost workers as a failure of the run's
-# (train.max_failures) instead of a preemption. The node must die by the kill (the kubelet's at the pod's grace, the
-# local keeper's): Ray's own stop comes this much later.
+# Seconds Ray's own stop of a preempted node comes after the kill its notice ends in (gke). Ray 2.60's `ray start`, on
+# the SIGTERM of a preemption, drains its node (reason PREEMPTION) with a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+# away and then stops the node's processes itself (``Node._drain_node_before_shutdown``, https://github.com/
+# ray-project/ray/blob/ray-2.60.0/python/ray/_private/node.py). A raylet stopped that way is recorded as an expected
+# termination, and Ray Train counts the lost workers as a failure of the run's (train.max_failures), not a
+# preemption: the kubelet's kill at the pod's grace must come first. A killed node is recorded as preempted when the
+# GCS finds it dead after the drain's deadline (``GcsNodeManager::InferDeathInfo``, https://github.com/ray-project/
+# ray/blob/ray-2.60.0/src/ray/gcs/gcs_node_manager.cc), which Ray's default health checks on GKE (a check every 3 s,
+# dead after 5 failed) do well after these 2 s.
 DRAIN_STOP_MARGIN_S = 2.0
 
 

@@ -1,7 +1,8 @@
 """The local platform's preemption notice (``cluster.drain_host_at_step``): the keeper, once the workers' own logs show
-the step, sends the last emulated host a SIGTERM (what Ray's ``ray start`` turns into a PREEMPTION drain), and kills
-it at the notice's end if it is still there; and the hosts' environment carries the notice's length and turns Ray
-Train's preemption watcher on only where a drain is scheduled. Real processes stand in for the hosts."""
+the step, gives the last emulated host its notice (``keeper.preempt``: Ray's DrainNode with reason PREEMPTION, which
+tests/e2e/test_local_drain.py sends to a real cluster; here a notice that sends the host a SIGTERM stands in), and
+kills it just after the notice's deadline; and the hosts' environment turns Ray Train's preemption watcher on only
+where a drain is scheduled. Real processes stand in for the hosts."""
 
 import signal
 import subprocess
@@ -48,7 +49,14 @@ def test_the_keeper_gives_the_last_host_its_notice_at_the_step_and_kills_it_at_t
         "spec": {"cluster": {"drain_host_at_step": 5, "preemption_notice_s": 1.0}},
     }
     said: list[str] = []
-    drain = keeper.Drain()
+    notices: list[tuple[str, float]] = []
+
+    def notify(ledger, host, notice_s):
+        notices.append((host["role"], notice_s))
+        procs.signal_process(host["pid"], signal.SIGTERM)
+        return time.time()
+
+    drain = keeper.Drain(notify)
     try:
         _worker_log(temp_dir, 3, 4)
         drain.tick(ledger, said.append)
@@ -58,12 +66,12 @@ def test_the_keeper_gives_the_last_host_its_notice_at_the_step_and_kills_it_at_t
         deadline = time.monotonic() + 10
         while not m2.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert m2.read_text() == "SIGTERM" and not m1.exists()  # the last host alone
+        assert m2.read_text() == "SIGTERM" and not m1.exists() and notices == [("host-2", 1.0)]  # the last host
         assert procs.alive(h2.pid)  # a notice, not a kill
         assert said and said[0].startswith(f"host-2 (pid {h2.pid}) preempted at step 5") and "1s notice" in said[0]
         drain.tick(ledger, said.append)
         assert procs.alive(h2.pid)  # the notice is not over
-        time.sleep(1.1)
+        time.sleep(1.0 + keeper.KILL_AFTER_DEADLINE_S + 0.1)  # after the deadline: Ray records a preemption
         drain.tick(ledger, said.append)
         assert h2.wait(timeout=10) == -signal.SIGKILL
         assert procs.alive(h1.pid) and drain.done
@@ -85,12 +93,7 @@ def test_no_drain_without_the_aid(tmp_path):
     assert drain.host is None and drain.offsets == {}  # the logs not even read
 
 
-def test_the_watcher_is_on_where_a_drain_is_scheduled_and_the_notice_is_ray_s_drain_deadline():
+def test_the_watcher_is_on_where_a_drain_is_scheduled():
     scheduled = cluster.preemption_environment(resolve("local-fsdp", "cluster.drain_host_at_step=20"))
-    assert scheduled == {
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "17",  # Ray's own stop 2 s after the keeper's kill
-        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
-        "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
-    }
-    plain = cluster.preemption_environment(resolve("local-fsdp", "cluster.preemption_notice_s=30"))
-    assert plain == {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "32", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    assert scheduled == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    assert cluster.preemption_environment(resolve("local-fsdp")) == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}

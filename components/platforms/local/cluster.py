@@ -32,7 +32,6 @@ from components.platforms.local.processes import RUN_MARKER, carries_marker, run
 from components.platforms.store import LocalStore
 from components.platforms.waiting import wait_for
 from components.spec import InfraError, ready_limits
-from components.workload.derive import ray_drain_timeout_s
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # What a local run needs free where its temporary directory is (Ray's logs and spilled objects, the datasets cache),
@@ -166,19 +165,14 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
 
 
 def preemption_environment(spec) -> dict[str, str]:
-    """How the hosts take a preemption notice: Ray 2.60's ``ray start`` drains its node on SIGTERM (reason
-    PREEMPTION) with a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away (``Node._drain_node_before_shutdown``,
-    https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/_private/node.py): ``cluster.preemption_notice_s``,
-    when the keeper kills the host, plus the margin that makes that kill come before Ray's own stop of the node
-    (``derive.ray_drain_timeout_s``). Ray Train's preemption watcher (an actor per worker group, which polls the
-    GCS's draining nodes and announces a drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and
-    RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S, ray/train/v2/_internal/constants.py, propagated to the controller and
-    workers) runs where the spec schedules a drain (``cluster.drain_host_at_step``), polling every second, not every
+    """Ray Train's preemption watcher (an actor per worker group, which polls the GCS's draining nodes and announces a
+    drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S,
+    ray/train/v2/_internal/constants.py, propagated to the controller and workers) runs where the spec schedules a
+    drain (``cluster.drain_host_at_step``: the keeper's notice, ``keeper.preempt``), polling every second, not every
     5 s, since a local notice is short and its steps fast; elsewhere it stays off, and no worker group pays for
     starting its actor."""
     watched = bool(spec.cluster.drain_host_at_step)
     return {
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": f"{ray_drain_timeout_s(spec):g}",
         "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1" if watched else "0",
         **({"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"} if watched else {}),
     }

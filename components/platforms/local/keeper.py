@@ -77,20 +77,43 @@ def lose_host(host: dict[str, Any]) -> float:
     return killed_at
 
 
-def preempt(host: dict[str, Any]) -> float:
-    """A preemption notice to an emulated host, as GKE gives a Spot VM's pods: SIGTERM to the pod's main process, here
-    the host's ``ray start --block`` (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination
-    and graceful shutdown of Spot VMs"). Ray 2.60's ``ray start`` answers it by draining its node with reason
-    PREEMPTION and a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away, then stops the node's processes
-    (``Node._drain_node_before_shutdown`` in https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/_private/
-    node.py), which Ray Train's preemption watcher announces to the training (``ray.train.get_preemption_info``).
-    Whoever noticed must still kill the host at the deadline (:func:`lose_host`), as GKE does at the grace's end.
-    Returns the wall-clock time of the notice."""
+# After the notice's deadline, how long before the host is killed: Ray's GCS records a drained node that dies as
+# preempted only when its death comes after the drain's deadline (``GcsNodeManager::InferDeathInfo``: "was forcibly
+# preempted" when the current time is past the deadline of a PREEMPTION drain, an unexpected termination before it;
+# https://github.com/ray-project/ray/blob/ray-2.60.0/src/ray/gcs/gcs_node_manager.cc), and Ray Train counts only
+# that death as a preemption (``RayActorError.preempted``), any other as a failure of the run's.
+KILL_AFTER_DEADLINE_S = 0.3
+
+
+def preempt(ledger: dict[str, Any], host: dict[str, Any], notice_s: float) -> float:
+    """A preemption notice to an emulated host, as a Spot VM gets one: its Ray node drained with reason PREEMPTION
+    and a deadline ``notice_s`` away, through the GCS's DrainNode (what ``ray drain-node --reason
+    DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds`` sends, and what Ray 2.60's ``ray start`` sends on the
+    SIGTERM of a pod's preemption: ``Node._drain_node_before_shutdown`` in https://github.com/ray-project/ray/blob/
+    ray-2.60.0/python/ray/_private/node.py). Ray Train's preemption watcher announces it to the training
+    (``ray.train.get_preemption_info``). Whoever noticed must still kill the host once the deadline has passed
+    (:func:`lose_host`, :data:`KILL_AFTER_DEADLINE_S`), as GKE does at the grace's end. Needs the run's Ray token in
+    this process's environment (the keeper's has it). Returns the wall-clock time of the notice."""
+    from ray._raylet import GcsClient
+    from ray.core.generated import autoscaler_pb2, gcs_pb2
+
+    gcs = GcsClient(address=ledger["gcs_address"])
+    nodes = [
+        node_id
+        for node_id, info in gcs.get_all_node_info().items()
+        if info.state == gcs_pb2.GcsNodeInfo.ALIVE and dict(info.labels).get("tpupipe/host") == host["role"]
+    ]
+    if len(nodes) != 1:
+        raise RuntimeError(f"{host['role']}: {len(nodes)} alive Ray nodes carry its label, not 1")
     noticed_at = time.time()
-    try:
-        os.kill(host["pid"], signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    accepted, why = gcs.drain_node(
+        nodes[0].hex(),
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        f"{host['role']} preempted (a {notice_s:g} s notice)",
+        int((noticed_at + notice_s) * 1000),
+    )
+    if not accepted:
+        raise RuntimeError(f"{host['role']}: the drain was refused: {why}")
     return noticed_at
 
 
@@ -120,13 +143,14 @@ def latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:
 
 class Drain:
     """The spec's ``cluster.drain_host_at_step``: once the training's workers have logged that step, a preemption
-    notice to the last emulated host (:func:`preempt`), and the host killed ``cluster.preemption_notice_s`` later if
-    Ray has not stopped it by then (:func:`lose_host`); then the keeper replaces it as any lost host. Once a run."""
+    notice to the last emulated host (:func:`preempt`), and the host killed just after the notice's deadline
+    (``cluster.preemption_notice_s``; :func:`lose_host`); then the keeper replaces it as any lost host. Once a run."""
 
-    def __init__(self) -> None:
+    def __init__(self, notify=preempt) -> None:
+        self.notify = notify  # gives the notice: (ledger, host, notice_s) -> its wall-clock time
         self.offsets: dict[Path, int] = {}
         self.host: dict[str, Any] | None = None  # the host noticed
-        self.deadline = 0.0  # when it is killed (time.monotonic)
+        self.kill_at = 0.0  # when it is killed (time.monotonic)
         self.done = False
 
     def tick(self, ledger: dict[str, Any], log) -> None:
@@ -140,14 +164,14 @@ class Drain:
             hosts = [p for p in ledger["processes"] if p["role"].startswith("host-")]
             self.host = max(hosts, key=lambda p: int(p["role"].removeprefix("host-")))
             notice = float(cluster.get("preemption_notice_s") or 0.0)
-            self.deadline = time.monotonic() + notice
-            noticed_at = preempt(self.host)
+            noticed_at = self.notify(ledger, self.host, notice)
+            self.kill_at = time.monotonic() - (time.time() - noticed_at) + notice + KILL_AFTER_DEADLINE_S
             log(
                 f"{self.host['role']} (pid {self.host['pid']}) preempted at step {step} "
                 f"(cluster.drain_host_at_step): a {notice:g}s notice at {noticed_at:.3f}"
             )
             return
-        if time.monotonic() >= self.deadline:
+        if time.monotonic() >= self.kill_at:
             self.done = True
             if procs.alive(self.host["pid"]):
                 killed_at = lose_host(self.host)
