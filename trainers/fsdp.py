@@ -290,11 +290,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- the driver
 
-# Seconds the surviving workers of a preempted group may go on past the drain's deadline to report the just-in-time
-# checkpoint (FailureConfig.preemption_grace_s); a restart waits that much longer. The save itself must be written
-# within the notice, while the preempted ranks live.
-PREEMPTION_GRACE_S = 5.0
-
 
 def run(
     spec: RunSpec, scaling: dict[str, Any], output_dir: Path, run_name: str, init_from: str = "", cache: str = ""
@@ -334,18 +329,20 @@ def run(
             checkpoint_config=CheckpointConfig(num_to_keep=t.num_to_keep),
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
-            # The just-in-time save on a preemption's notice (ray_checkpoints.Checkpointer.after_step) is committed
-            # by Ray Train's report barrier: relaxed to the surviving ranks, a rank whose host is gone before it
-            # reports strands no one (relax_collectives_on_preemption; ignored when rank 0 is preempted, as a whole
-            # TPU slice is); the survivors' report may end up to PREEMPTION_GRACE_S past the drain's deadline
-            # (preemption_grace_s). Ray's FailureConfig, https://github.com/ray-project/ray/blob/ray-2.60.0/python/
-            # ray/train/v2/api/config.py. The shards themselves are written by every rank together (DCP's save is a
-            # collective), so a relaxed report never commits a checkpoint whose shards are not all written.
+            # Ray Train's collectives are not relaxed on a preemption (relax_collectives_on_preemption, and no
+            # preemption_grace_s past the deadline): the just-in-time save is DCP's, a collective of every rank
+            # (its shards written by each, its index gathered by rank 0), so it commits only while the preempted
+            # ranks live, and they take part in Ray Train's barriers then too: Ray's docs call the relaxation
+            # unnecessary "when a training step plus a checkpoint fits comfortably inside that window, since the
+            # preempted workers are then still alive" (FailureConfig, https://github.com/ray-project/ray/blob/
+            # ray-2.60.0/python/ray/train/v2/api/config.py). Relaxed, it broke that save: rank 0 passed the poll's
+            # broadcast alone and began the save while the preempted rank still waited at the broadcast, and DCP's
+            # gather on rank 0 failed when that rank's host was killed (a failure of the run's, not a preemption).
             failure_config=FailureConfig(
                 max_failures=t.max_failures,
                 max_preemption_failures=-1,
-                relax_collectives_on_preemption=True,
-                preemption_grace_s=PREEMPTION_GRACE_S,
+                relax_collectives_on_preemption=False,
+                preemption_grace_s=0.0,
             ),
             worker_runtime_env=_with_compile_cache(worker_env, device_type, cache, t.torch_tpu_compile_cache),
         ),
