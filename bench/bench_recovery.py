@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.figures import Figure, table
-from components.platforms import procs
+from components.platforms.local.keeper import lose_host
 from components.spec import protocol
 from components.workload import maxtext, resolve
 
@@ -199,25 +199,6 @@ def ray_moments(temp_dir: Path, killed_at: float, found: dict | None = None) -> 
                 if at > killed_at:
                     found[name] = min(found.get(name, math.inf), at - killed_at)
     return found
-
-
-def lose_host(host: dict) -> float:
-    """Kill an emulated host as a lost machine dies: its process group, as the lost-host test does, and also every
-    process under it that left that group (Ray starts each worker in a session of its own; killed with the group
-    alone they outlive their raylet by seconds, and keep training). Returns the wall-clock time of the kill."""
-    groups = {host["pgid"]}
-    for pid in procs.descendants(host["pid"]):
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    killed_at = time.time()
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return killed_at
 
 
 def _latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:

@@ -339,7 +339,21 @@ def run(
             checkpoint_config=CheckpointConfig(num_to_keep=t.num_to_keep),
             # Preemptions (Ray's node drains) retried apart from max_failures, as often as they come (Ray 2.60's
             # FailureConfig.max_preemption_failures, -1: no limit): a preempted Spot slice is not the job's fault.
-            failure_config=FailureConfig(max_failures=t.max_failures, max_preemption_failures=-1),
+            # Ray Train's collectives are not relaxed on a preemption (relax_collectives_on_preemption, and no
+            # preemption_grace_s past the deadline): the just-in-time save is DCP's, a collective of every rank
+            # (its shards written by each, its index gathered by rank 0), so it commits only while the preempted
+            # ranks live, and they take part in Ray Train's barriers then too: Ray's docs call the relaxation
+            # unnecessary "when a training step plus a checkpoint fits comfortably inside that window, since the
+            # preempted workers are then still alive" (FailureConfig, https://github.com/ray-project/ray/blob/
+            # ray-2.60.0/python/ray/train/v2/api/config.py). Relaxed, it broke that save: rank 0 passed the poll's
+            # broadcast alone and began the save while the preempted rank still waited at the broadcast, and DCP's
+            # gather on rank 0 failed when that rank's host was killed (a failure of the run's, not a preemption).
+            failure_config=FailureConfig(
+                max_failures=t.max_failures,
+                max_preemption_failures=-1,
+                relax_collectives_on_preemption=False,
+                preemption_grace_s=0.0,
+            ),
             worker_runtime_env=_with_compile_cache(worker_env, device_type, cache, t.torch_tpu_compile_cache),
         ),
     )

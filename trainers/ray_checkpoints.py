@@ -66,8 +66,9 @@ class Checkpointer:
         self.saver.guard(optimizer, lambda seconds: self._waited(self.saving_step, seconds, {"copy_wait_s": seconds}))
         self.reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpupipe-checkpoint-report")
         self.reported: Any = None  # the newest save's report: its future
-        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off: nothing
-        # drains its hosts; RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
+        # Nothing announces a preemption where Ray Train's watcher is off (the local platform turns it off unless the
+        # spec schedules a drain: components.platforms.local.cluster.preemption_environment;
+        # RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py): no poll there.
         self.watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
         self.preempted = False
 
@@ -168,40 +169,75 @@ class Checkpointer:
         """A sharded save every ``train.checkpoint_every_steps`` steps (the epoch's last is saved at its end), and at
         once when Ray Train announces a preemption of one of the workers' nodes (``ray.train.get_preemption_info``:
         Ray's node drain with its deadline, Ray 2.60 ``ray/train/v2/api/train_fn_utils.py``), asked every
-        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together. On GKE a Spot VM's preemption
-        notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's main process, here
-        ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
-        shutdown of Spot VMs"); the training workers are not those processes, and no public source says Ray turns
-        that SIGTERM into the node drain the preemption notice comes from. Where it does not, a preempted run resumes
-        from its newest committed checkpoint, and repeats the steps since: up to ``train.checkpoint_every_steps``
-        when the newest save was committed, up to twice that when the host was lost while that save was still being
-        written (its previous one is then the newest committed), and, with ``train.checkpoint_every_steps`` 0, every
-        step since the epoch began (only an epoch's end is saved then)."""
-        import ray.train
-
+        :data:`PREEMPTION_POLL_STEPS` steps because every rank must ask together (rank 0's answer, broadcast). After
+        that save the workers train no further (:meth:`_hold`): the restarted group resumes at the next step. On GKE a
+        Spot VM's preemption notice gives the pods 15 s of a 30 s graceful termination (SIGTERM to each container's
+        main process, here ``ray start``; https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms,
+        "Termination and graceful shutdown of Spot VMs"), and Ray 2.60's ``ray start`` turns that SIGTERM into a drain
+        of its node with reason PREEMPTION and a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away
+        (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/
+        _private/node.py): the drain this poll sees (locally, ``cluster.drain_host_at_step`` gives that notice). A
+        host lost without notice resumes from the newest committed checkpoint instead, and repeats the steps since:
+        up to ``train.checkpoint_every_steps`` when the newest save was committed, up to twice that when the host was
+        lost while that save was still being written (its previous one is then the newest committed), and, with
+        ``train.checkpoint_every_steps`` 0, every step since the epoch began (only an epoch's end is saved then)."""
         if last_of_epoch:
             return
         every = self.t.checkpoint_every_steps
+        # The poll first where a periodic save is due at the same step (with a period that divides
+        # PREEMPTION_POLL_STEPS, every poll step is one): it waits for the previous save's report, which the save
+        # would wait for anyway, and a preemption's save is then that step's save.
+        if self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
+            self._poll(at)
         if every and at.global_step % every == 0:
             self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1})
-        elif self.watched and not self.preempted and at.global_step % PREEMPTION_POLL_STEPS == 0:
-            # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
-            # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
-            # part of that save's wait, as an optimizer step's wait for its copy is. That is rank 0's own wait for
-            # its report (``report_wait_s``) and then, at the poll's barrier, its wait for every slower rank's
-            # (``barrier_wait_s``): Ray Train hands each rank's report to its controller on its own (a worker's
-            # result queue holds one report, and a put waits until the controller has taken the one before:
-            # ``_wait_then_report`` in ray/train/v2/_internal/execution/context.py, Ray 2.60), so one rank's
-            # report may return well after rank 0's.
-            started = time.perf_counter()
-            waited = self._reports_done()
-            info = ray.train.get_preemption_info()
-            if waited is not None:
-                whole = time.perf_counter() - started
-                parts = {"poll_wait_s": whole, "report_wait_s": waited, "barrier_wait_s": whole - waited}
-                self._waited(self.saving_step, whole, parts)
-            if info is not None:
-                self.preempted = True
-                if self.rank == 0:
-                    print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
-                self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
+
+    def _poll(self, at: Position) -> None:
+        """Ask Ray Train whether a preemption is announced (every rank together); on one, save and hold."""
+        import ray.train
+
+        # Ray Train's barriers in the same order on every rank: the previous save's write and report first. What
+        # training waited for it is checkpoint time (the goodput ledger's "checkpoint saves"), not a step's: a
+        # part of that save's wait, as an optimizer step's wait for its copy is. That is rank 0's own wait for
+        # its report (``report_wait_s``) and then, at the poll's barrier, its wait for every slower rank's
+        # (``barrier_wait_s``): Ray Train hands each rank's report to its controller on its own (a worker's
+        # result queue holds one report, and a put waits until the controller has taken the one before:
+        # ``_wait_then_report`` in ray/train/v2/_internal/execution/context.py, Ray 2.60), so one rank's
+        # report may return well after rank 0's.
+        started = time.perf_counter()
+        waited = self._reports_done()
+        info = ray.train.get_preemption_info()
+        if waited is not None:
+            whole = time.perf_counter() - started
+            parts = {"poll_wait_s": whole, "report_wait_s": waited, "barrier_wait_s": whole - waited}
+            self._waited(self.saving_step, whole, parts)
+        if info is not None:
+            self.preempted = True
+            if self.rank == 0:
+                print(f"preemption announced (ranks {info.preempted_ranks}): saving at step {at.global_step}")
+            self.sharded(at, {"global_step": at.global_step, "epoch": at.epoch + 1, "preempted": True})
+            self._hold(at, info)
+
+    def _hold(self, at: Position, info: Any) -> None:
+        """After the just-in-time save: wait for its report (Ray Train has registered the checkpoint once every rank
+        it waits for reported it), say so, and train no further. Ray Train's controller keeps a preempted worker
+        group running until every rank has exited or the drain's deadline (plus ``FailureConfig.preemption_grace_s``)
+        has passed, then restarts it (``_handle_preempting_state`` in https://github.com/ray-project/ray/blob/
+        ray-2.60.0/python/ray/train/v2/_internal/execution/controller/controller.py): every step trained after the
+        save until then would be trained again by the group that restores it. Returning instead would end the
+        training as a success at this step; raising would count as a failure of the run's own. So the workers wait,
+        and the restarted group resumes at the step after the save: none repeated."""
+        started = time.perf_counter()
+        self._reports_done()
+        if self.rank == 0:
+            event = {
+                "event": "preemption_checkpoint",
+                "step": at.global_step,
+                "report_s": time.perf_counter() - started,
+                "preempted_ranks": list(info.preempted_ranks),
+                "deadline_ms": info.deadline_ms,
+                "time": time.time(),
+            }
+            protocol.emit("event", event)
+        while True:  # until Ray Train stops this worker group
+            time.sleep(1.0)

@@ -74,6 +74,20 @@ def _check_counts(spec: RunSpec) -> None:
             raise SpecError(key, f"must be 0 or more seconds, got {delay}")
         if delay and c.accelerator != "cpu":
             raise SpecError(key, "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"])
+    if c.drain_host_at_step < 0:
+        raise SpecError(
+            "cluster.drain_host_at_step", f"must be 0 (never) or a step, got {c.drain_host_at_step}", ["0", "a step"]
+        )
+    if c.drain_host_at_step and c.accelerator != "cpu":
+        raise SpecError(
+            "cluster.drain_host_at_step", "drains emulated hosts only: needs cluster.accelerator=cpu", ["0"]
+        )
+    if not 0 < c.preemption_notice_s <= 120:
+        raise SpecError(
+            "cluster.preemption_notice_s",
+            f"must be more than 0 and at most 120 seconds (GKE's longest Spot grace), got {c.preemption_notice_s}",
+            ["15", "a number of seconds in (0, 120]"],
+        )
     if not c.ready_timeout_s >= 0:
         raise SpecError(
             "cluster.ready_timeout_s",

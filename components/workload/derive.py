@@ -54,6 +54,24 @@ COMMITS_BY_DIRECTORY_RENAME = ("maxtext",)
 JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
 
 
+# Seconds Ray's own stop of a preempted node comes after the kill its notice ends in (gke). Ray 2.60's `ray start`, on
+# the SIGTERM of a preemption, drains its node (reason PREEMPTION) with a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+# away and then stops the node's processes itself (``Node._drain_node_before_shutdown``, https://github.com/
+# ray-project/ray/blob/ray-2.60.0/python/ray/_private/node.py). A raylet stopped that way is recorded as an expected
+# termination, and Ray Train counts the lost workers as a failure of the run's (train.max_failures), not a
+# preemption: the kubelet's kill at the pod's grace must come first. A killed node is recorded as preempted when the
+# GCS finds it dead after the drain's deadline (``GcsNodeManager::InferDeathInfo``, https://github.com/ray-project/
+# ray/blob/ray-2.60.0/src/ray/gcs/gcs_node_manager.cc), which Ray's default health checks on GKE (a check every 3 s,
+# dead after 5 failed) do well after these 2 s.
+DRAIN_STOP_MARGIN_S = 2.0
+
+
+def ray_drain_timeout_s(spec: RunSpec) -> float:
+    """RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the hosts: ``cluster.preemption_notice_s`` plus
+    :data:`DRAIN_STOP_MARGIN_S`, so the kill at the notice's end comes first."""
+    return spec.cluster.preemption_notice_s + DRAIN_STOP_MARGIN_S
+
+
 def trainer_image(spec: RunSpec) -> str:
     """The image (``images/<name>``) the workload's jobs run in."""
     return WORKLOAD_IMAGES[spec.train.workload]

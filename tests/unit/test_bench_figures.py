@@ -70,3 +70,28 @@ def test_the_maxtext_checkpoint_bench_pairs_each_save_with_its_write_once_and_le
         {"step": 0, "waited_s": 0.3, "start_sync_s": 0.02, "whole_s": 1.5},
         {"step": 3, "waited_s": 0.06, "wait_previous_s": 0.0, "whole_s": 0.8},
     ]
+
+
+def test_the_drain_bench_pairs_each_notice_with_its_save_and_the_restore_after_it_and_counts_repeats():
+    from bench.bench_drain import per_drain
+
+    def ev(event, t, **kw):
+        return {"event": event, "time": t, **kw}
+
+    found = [
+        ev("worker_group_started", 0.0),
+        *[ev("step", 1.0 + s / 10, step=s) for s in range(1, 31)],  # the first group trains to 30
+        ev("preemption_checkpoint", 12.0, step=30),
+        ev("worker_group_started", 30.0),
+        ev("restored", 31.0, step=30),
+        *[ev("step", 32.0 + s / 10, step=s) for s in range(31, 46)],
+        ev("step", 36.0, step=46),  # the second notice (at 35) comes while step 46 trains: no save before restart
+        ev("worker_group_started", 60.0),
+        ev("restored", 61.0, step=40),
+        ev("step", 62.0, step=41),
+    ]
+    first, second = per_drain(found, [10.0, 35.0])
+    assert first["committed"] and first["saved_step"] == 30 and first["steps_repeated"] == 0
+    assert first["notice_to_saved_s"] == 2.0 and first["notice_to_restart_s"] == 20.0
+    assert not second["committed"] and second["saved_step"] is None and second["restored_step"] == 40
+    assert second["last_step_before_restart"] == 46 and second["steps_repeated"] == 6

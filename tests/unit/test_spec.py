@@ -65,6 +65,10 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "cluster.host_replace_delay_s=-5", "cluster.host_replace_delay_s"),
         ("local-fsdp", "checkpoint_every_steps=-1", "train.checkpoint_every_steps"),
         ("smoke", "cluster.host_replace_delay_s=60", "cluster.host_replace_delay_s"),  # emulated hosts only
+        ("local-fsdp", "cluster.drain_host_at_step=-1", "cluster.drain_host_at_step"),
+        ("smoke", "cluster.drain_host_at_step=5", "cluster.drain_host_at_step"),  # emulated hosts only
+        ("local-fsdp", "cluster.preemption_notice_s=0", "cluster.preemption_notice_s"),
+        ("local-fsdp", "cluster.preemption_notice_s=121", "cluster.preemption_notice_s"),
     ],
 )
 def test_bad_input_names_the_field(preset, overrides, field):

@@ -151,10 +151,6 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
         # torch._dynamo and libtpu) would only add 15-20 s to every process that imports torch, a restarted worker
         # group's too. Where chips exist, trainers.devices.detect_backend imports torch_tpu itself.
         "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-        # Ray Train's preemption watcher (an actor per training run) polls Ray's drain state, which only a
-        # platform that drains nodes sets (GKE spot, through KubeRay); nothing drains these hosts.
-        # (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py.)
-        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
         # Ray's disk rule is a fraction of the disk (MIN_FREE_BYTES); a threshold of 1 reads as "never over
         # capacity" (FileSystemMonitor::CheckIfAnyPathOverCapacity,
         # https://github.com/ray-project/ray/blob/master/src/ray/common/file_system_monitor.cc). Provision asks
@@ -169,10 +165,25 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
     }
 
 
+def preemption_environment(spec) -> dict[str, str]:
+    """Ray Train's preemption watcher (an actor per worker group, which polls the GCS's draining nodes and announces a
+    drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S,
+    ray/train/v2/_internal/constants.py, propagated to the controller and workers) runs where the spec schedules a
+    drain (``cluster.drain_host_at_step``: the keeper's notice, ``keeper.preempt``), polling every second, not every
+    5 s, since a local notice is short and its steps fast; elsewhere it stays off, and no worker group pays for
+    starting its actor."""
+    watched = bool(spec.cluster.drain_host_at_step)
+    return {
+        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1" if watched else "0",
+        **({"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"} if watched else {}),
+    }
+
+
 def start(ctx: RunContext, ledger: dict[str, Any], env, log=print) -> None:
     """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
     cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
     process_env = host_environment(ctx.run_id, ledger["gcs_address"], env, ledger["auth_token_path"])
+    process_env.update(preemption_environment(ctx.spec))
     # What the run's processes write to a temporary directory (the trainers' datasets cache) goes to the run's
     # private one, deleted by teardown with the rest, as a pod's /tmp goes with the pod.
     process_env["TMPDIR"] = str(temp_dir / "tmp")

@@ -22,6 +22,7 @@ KubeRay's own checks: ray-operator/controllers/ray/utils/validation.go (v1.7.0).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from components.platforms.gke.plan import network, queued
@@ -203,6 +204,11 @@ def _token_mounts(spec: RunSpec, t: Target) -> tuple[list[dict[str, Any]], list[
 # ``_JAX_MULTISLICE_OVERRIDE_KEYS`` there). The port is Ray's default then (8081, the webhook's too).
 def _worker_env(spec: RunSpec) -> list[dict[str, Any]]:
     env = _common_env(spec)
+    # The deadline of the drain Ray 2.60's `ray start` (the worker container's main process) makes of the SIGTERM a
+    # preemption sends the pod: Ray Train's preemption watcher announces it, and the trainer saves before it. The
+    # pod's terminationGracePeriodSeconds (``_worker_group``) ends first: the kubelet's kill, not Ray's own stop
+    # of the node, must end it for Ray to record a preemption (``derive.ray_drain_timeout_s``).
+    env.append(_env("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", f"{d.ray_drain_timeout_s(spec):g}"))
     if d.is_multislice(spec):
         env += [
             _env("JAX_PLATFORMS", "tpu,cpu"),
@@ -312,6 +318,11 @@ def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> d
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
         "securityContext": _pod_security(spec),
+        # The notice a preempted worker gets, SIGTERM to SIGKILL: a Spot VM's pods get 15 s of its 30 s notice by
+        # default (up to 120 s on GKE >= 1.35.0-gke.1171000; https://cloud.google.com/kubernetes-engine/docs/
+        # concepts/spot-vms, "Termination and graceful shutdown of Spot VMs"), the kubelet never more than the pod's
+        # own terminationGracePeriodSeconds (30 s by default, Kubernetes'); the drain Ray announces ends then too.
+        "terminationGracePeriodSeconds": math.ceil(c.preemption_notice_s),
         "nodeSelector": r.worker_node_selector(spec, t),
         "containers": [container],
         "volumes": volumes,

@@ -1,0 +1,196 @@
+"""Preemptions with notice during local FSDP2 training, TPUPIPE_BENCH_DRAINS times (20 by default), in one
+`tpupipe run` of local-fsdp on 2 emulated hosts (``tests/e2e/test_local_drain.py`` checks one).
+
+Each drain is a Spot-like notice to the last emulated host (``components.platforms.local.keeper.preempt``: Ray's
+DrainNode with reason PREEMPTION and a deadline ``cluster.preemption_notice_s`` away), and the host killed just after
+the deadline (``keeper.lose_host``); the keeper replaces it. The first is the spec's
+``cluster.drain_host_at_step`` (the keeper's own, which also turns Ray Train's preemption watcher on); the bench gives
+each next one once the restarted worker group has trained ``GAP`` steps. From the trainer's records in the run's
+``logs/train.log``, per drain: whether a just-in-time checkpoint was committed (the ``preemption_checkpoint`` event,
+emitted once Ray Train's report of the save returned, and the next worker group restoring that step), and the steps
+repeated (the newest step the preempted group trained, less the step the next group restored).
+Targets: every drain commits its just-in-time checkpoint; 0 steps repeated in each.
+``python -m bench.bench_drain [DRAINS]`` runs it alone.
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.figures import Figure, table
+from components.platforms import procs
+from components.platforms.local import auth, keeper
+from components.spec import protocol
+
+DRAINS = int(os.environ.get("TPUPIPE_BENCH_DRAINS", "20"))
+NOTICE_S = 10  # cluster.preemption_notice_s
+FIRST = 20  # the first drain's step (cluster.drain_host_at_step)
+GAP = 8  # steps a restarted group trains before the next notice
+STEPS_PER_DRAIN = 40  # the run's length per drain: GAP, up to 10 to the poll that sees the notice, and a margin
+STEPS_PER_EPOCH = 16  # local-fsdp's: 512 examples over 2 workers, 16 a batch
+RUN_TIMEOUT_S = 600 + 240 * DRAINS
+
+
+def sets(drains: int) -> str:
+    epochs = math.ceil((FIRST + STEPS_PER_DRAIN * (drains + 1)) / STEPS_PER_EPOCH)
+    return (
+        f"cluster.slice_check=false cluster.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
+        f"epochs={epochs} gate.register=false"
+    )
+
+
+def events(log_text: str) -> list[dict]:
+    """The trainer's events in a log, each once (Ray may forward a line twice; each event carries its time)."""
+    out, seen = [], set()
+    for line in log_text.splitlines():
+        m = protocol.RECORD.match(line)
+        if m is None:
+            continue
+        for kind, payload in protocol.parse([line], m["nonce"]):
+            key = json.dumps(payload, sort_keys=True)
+            if kind == "event" and key not in seen and "time" in payload:
+                seen.add(key)
+                out.append(payload)
+    return sorted(out, key=lambda e: e["time"])
+
+
+def last_host(run_dir: Path) -> dict:
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    hosts = [p for p in ledger["processes"] if p["role"].startswith("host-")]
+    return max(hosts, key=lambda p: int(p["role"].removeprefix("host-")))
+
+
+def _wait_for_step(proc, temp_dir: Path, offsets: dict, step: int, deadline: float) -> int:
+    latest = -1
+    while latest < step:
+        if proc.poll() is not None:
+            raise SystemExit(f"the run ended (exit {proc.returncode}) before step {step}: lengthen it")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"step {step} not reached in time")
+        time.sleep(0.1)
+        latest = max(latest, keeper.latest_step(temp_dir, offsets))
+    return latest
+
+
+def _first_notice(proc, run_dir: Path, deadline: float) -> float:
+    """When the keeper gave the first notice (its log line's time)."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = run_dir / "logs" / "keeper.out"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            if "(cluster.drain_host_at_step)" in line:
+                return float(line.rsplit(" at ", 1)[1])
+        time.sleep(0.2)
+    raise SystemExit("the keeper gave no notice")
+
+
+def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
+    """Give the notices (the keeper the first, the bench the rest); the wall-clock time of each."""
+    noticed = [_first_notice(proc, run_dir, deadline)]  # the cluster is up by then: its ledger has its temp dir
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    temp_dir, offsets = Path(ledger["temp_dir"]), {}
+    os.environ.update(auth.environment(ledger["auth_token_path"]))  # the run's Ray token, for the notices' DrainNode
+    while len(noticed) < drains:
+        time.sleep(NOTICE_S + 1)  # the previous host's deadline; then a new group must be training
+        train_log = run_dir / "logs" / "train.log"
+        restored = [e for e in events(train_log.read_text()) if e.get("event") == "restored"]
+        while len(restored) < len(noticed):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"no restore after notice {len(noticed)}")
+            time.sleep(0.5)
+            restored = [e for e in events(train_log.read_text()) if e.get("event") == "restored"]
+        _wait_for_step(proc, temp_dir, offsets, restored[-1]["step"] + GAP, deadline)
+        ledger = json.loads((run_dir / "ledger.json").read_text())
+        host = last_host(run_dir)
+        noticed.append(keeper.preempt(ledger, host, NOTICE_S))
+        time.sleep(NOTICE_S + keeper.KILL_AFTER_DEADLINE_S)
+        if procs.alive(host["pid"]):
+            keeper.lose_host(host)
+    return noticed
+
+
+def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
+    """Each drain's just-in-time save, the restore after it and the steps repeated."""
+    out = []
+    for i, at in enumerate(noticed):
+        until = noticed[i + 1] if i + 1 < len(noticed) else math.inf
+        window = [e for e in found if at <= e["time"] < until]
+        saves = [e for e in window if e["event"] == "preemption_checkpoint"]
+        start = next((e for e in window if e["event"] == "worker_group_started"), None)
+        restore = next((e for e in window if e["event"] == "restored"), None)
+        before = [e["step"] for e in found if e["event"] == "step" and e["time"] < (start or {}).get("time", until)]
+        saved = saves[0]["step"] if saves else None
+        restored = restore["step"] if restore else None
+        out.append(
+            {
+                "noticed_at": at,
+                "saved_step": saved,
+                "restored_step": restored,
+                "committed": saved is not None and restored == saved,
+                "last_step_before_restart": max(before) if before else None,
+                "steps_repeated": (max(before) - restored) if before and restored is not None else None,
+                "notice_to_saved_s": (saves[0]["time"] - at) if saves else None,
+                "notice_to_restart_s": (start["time"] - at) if start else None,
+            }
+        )
+    return out
+
+
+def measure(drains: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="tpupipe-bench-drain-"))
+    run_id = f"drain-{os.getpid()}-{time.time_ns() % 10**6}"
+    run_dir = root / run_id
+    cmd = [str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", "local-fsdp", "--run-id", run_id]
+    cmd += ["--output-root", str(root), "--set", sets(drains)]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    with open(root / f"{run_id}.out", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        noticed = drive(proc, run_dir, drains, deadline)
+        proc.wait(timeout=max(60.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:  # an error here: let the run tear its cluster down
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+    if proc.returncode != 0:
+        raise SystemExit(f"tpupipe run exited {proc.returncode}; its run directory is {run_dir}")
+    trials = per_drain(events((run_dir / "logs" / "train.log").read_text()), noticed)
+    detail = {"drains": trials, "sets": sets(drains), "run_dir": str(run_dir)}
+    if all(t["committed"] and t["steps_repeated"] == 0 for t in trials):
+        shutil.rmtree(root, ignore_errors=True)
+    return detail
+
+
+def figures(drains: int = DRAINS) -> list[Figure]:
+    found = measure(drains)
+    trials = found["drains"]
+    repeated = [t["steps_repeated"] for t in trials]
+    committed = sum(1 for t in trials if t["committed"])
+    detail = {
+        "drains": len(trials),
+        "notice_s": NOTICE_S,
+        "steps_repeated": repeated,
+        "saved_steps": [t["saved_step"] for t in trials],
+        "notice_to_saved_s": [round(t["notice_to_saved_s"], 2) if t["notice_to_saved_s"] else None for t in trials],
+        "notice_to_restart_s": [
+            round(t["notice_to_restart_s"], 2) if t["notice_to_restart_s"] else None for t in trials
+        ],
+        "run": found,
+    }
+    name = f"drain with notice (FSDP2, {len(trials)} drains, {NOTICE_S} s notice)"
+    worst = max((r for r in repeated if r is not None), default=-1)
+    missing = sum(1 for r in repeated if r is None)
+    return [
+        Figure(f"{name}: drains that committed a just-in-time checkpoint", committed, "", f">= {len(trials)}", detail),
+        Figure(f"{name}: steps repeated, most of a drain", worst if not missing else math.inf, "steps", "<= 0"),
+    ]
+
+
+if __name__ == "__main__":
+    print(table(figures(int(sys.argv[1]) if len(sys.argv) > 1 else DRAINS)))
