@@ -95,21 +95,23 @@ def preempt(ledger: dict[str, Any], host: dict[str, Any], notice_s: float) -> fl
     (``ray.train.get_preemption_info``). Whoever noticed must still kill the host once the deadline has passed
     (:func:`lose_host`, :data:`KILL_AFTER_DEADLINE_S`), as GKE does at the grace's end. Needs the run's Ray token in
     this process's environment (the keeper's has it). Returns the wall-clock time of the notice."""
-    from ray._raylet import GcsClient
+    # Ray's compiled module and generated messages carry no type information for these names
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
     from ray.core.generated import autoscaler_pb2, gcs_pb2
 
     gcs = GcsClient(address=ledger["gcs_address"])
     nodes = [
         node_id
         for node_id, info in gcs.get_all_node_info().items()
-        if info.state == gcs_pb2.GcsNodeInfo.ALIVE and dict(info.labels).get("tpupipe/host") == host["role"]
+        if info.state == gcs_pb2.GcsNodeInfo.ALIVE  # type: ignore[attr-defined]
+        and dict(info.labels).get("tpupipe/host") == host["role"]
     ]
     if len(nodes) != 1:
         raise RuntimeError(f"{host['role']}: {len(nodes)} alive Ray nodes carry its label, not 1")
     noticed_at = time.time()
     accepted, why = gcs.drain_node(
         nodes[0].hex(),
-        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),  # type: ignore[attr-defined]
         f"{host['role']} preempted (a {notice_s:g} s notice)",
         int((noticed_at + notice_s) * 1000),
     )
