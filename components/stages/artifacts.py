@@ -1,8 +1,8 @@
 """The typed KFP artifacts the Vertex AI UI shows for a run, written from the stages' records: the same figures as
 ``summary.json``, from the same records.
 
-- snapshot_data: the run's data as a ``Dataset`` (its uri the run's own copy of the training examples, its metadata
-  that copy's content digest, the snapshot's digest, its manifest and counts: the lineage dataset -> model) and its
+- snapshot_data: the run's data as a ``Dataset`` (its metadata the run's own copy of the training examples, that
+  copy's content digest, the snapshot's digest, its manifest and counts: the lineage dataset -> model) and its
   data card as ``Markdown`` (``components.stages.dataset.card``);
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
 - evaluate: ``Metrics`` (held-out loss and perplexity before/after, and the champion's when there is one), a
@@ -46,10 +46,13 @@ def snapshot_data(store: RunStore, data, card_md) -> None:
     if manifest is None or text is None:
         text = f"# Data card: `{result.get('dataset')}`\n\nNothing snapshotted: neither files nor a table.\n"
     copy = ((manifest or {}).get("copies") or {}).get("train") or {}
-    if copy:
-        data.uri = copy["uri"]
+    # The artifact keeps the uri the launcher gave it: Kubeflow Pipelines' launcher refuses an output artifact whose
+    # uri is outside the pipeline root ("does not have expected bucket prefix": kubeflow/pipelines
+    # backend/src/v2/component/launcher_v2.go, uploadOutputArtifacts, and backend/src/v2/objectstore/config.go,
+    # KeyFromURI, at 2.15.0 and 2.17.0). Where the run's copy is lives in its metadata, with the copy's digest.
     data.metadata.update(
         {
+            "copy": copy.get("uri", ""),
             "source": result.get("dataset") or "",
             "digest": copy.get("digest", ""),  # the content of the run's own copy
             "snapshot": (manifest or {}).get("digest", ""),
