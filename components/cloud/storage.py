@@ -25,9 +25,10 @@ from components.cloud.iam import IAM_POLICY_VERSION
 from components.spec import SpecError
 
 
-def member(binding: dict[str, Any], number: str) -> str:
-    """The binding's member with the project number filled in (the plan shows PROJECT_NUMBER)."""
-    return binding["member"].replace("PROJECT_NUMBER", number)
+def member(binding: dict[str, Any], number: str, uid: str) -> str:
+    """The binding's member with the project number and the Kubernetes ServiceAccount's UID filled in (the plan shows
+    PROJECT_NUMBER and SERVICEACCOUNT_UID)."""
+    return binding["member"].replace("PROJECT_NUMBER", number).replace("SERVICEACCOUNT_UID", uid)
 
 
 def unreadable(name: str, why: str) -> SpecError:
@@ -233,23 +234,29 @@ class Storage(Adapter):
         self.log(f"{role} on gs://{name} for {who}: " + ("granted" if added else "already granted"))
         return added
 
-    def remove_binding(self, name: str, role: str, who: str) -> bool:
-        """Remove ``who`` from ``role`` on the bucket; False when it was not there (or the bucket is gone)."""
+    def remove_conditioned(self, name: str, titles: tuple[str, ...]) -> list[tuple[str, str]]:
+        """Remove the bindings whose IAM condition has one of ``titles`` (a run's own: ``plan.target.binding_titles``),
+        whoever they name; ``(role, member)`` of each member removed (none when the bucket is gone)."""
         from google.api_core import exceptions as gexc
 
+        removed: list[tuple[str, str]] = []
+
         def remove(policy) -> bool:
-            changed = False
+            removed.clear()  # read again after a conflict: only what this write removes
+            kept = []
             for binding in policy.bindings:
-                if binding["role"] == role and who in binding["members"]:
-                    binding["members"] = set(binding["members"]) - {who}
-                    changed = True
-            policy.bindings[:] = [b for b in policy.bindings if b["members"]]
-            return changed
+                if (binding.get("condition") or {}).get("title") in titles:
+                    removed.extend((binding["role"], who) for who in sorted(binding["members"]))
+                else:
+                    kept.append(binding)
+            policy.bindings[:] = kept
+            return bool(removed)
 
         try:
-            return self._update_policy(name, remove)
+            self._update_policy(name, remove)
         except gexc.NotFound:
-            return False
+            return []
+        return removed
 
 
 __all__ = ["Storage", "member", "storage_client"]

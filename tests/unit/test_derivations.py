@@ -362,7 +362,8 @@ def test_on_a_cluster_the_run_does_not_create_the_plan_warns_that_the_namespace_
 
     shared = plan.build(resolve("llama3-8b-v6e-16x2", "gke.cluster_name=team-cluster gke.namespace=ml"), "r1")
     (warning,) = [w for w in shared["warnings"] if w.startswith("gke.namespace=")]
-    assert "gke.namespace=ml: whoever may create pods (or the ServiceAccount tpupipe-r1)" in warning
+    said = "gke.namespace=ml: whoever may create pods in that namespace of this cluster may run them as the run's "
+    assert said + "ServiceAccount tpupipe-r1" in warning
     own = plan.build(resolve("llama3-8b-v6e-16x2"), "r1")
     assert not [w for w in own["warnings"] if w.startswith("gke.namespace=")]
 
@@ -440,7 +441,7 @@ def test_checkpoint_bucket_is_mounted_with_gcs_fuse_and_the_pods_use_the_run_ser
     assert not [v for v in head["volumes"] if v["name"] == "compile-cache"]
     binding, reading = tg.bucket_binding(t), tg.cache_binding(t)
     assert binding["role"] == "roles/storage.objectUser" and reading["role"] == "roles/storage.objectViewer"
-    assert binding["member"].endswith(f"my-project.svc.id.goog/subject/ns/tpupipe/sa/{t.service_account}")
+    assert binding["member"].endswith("my-project.svc.id.goog/kubernetes.serviceaccount.uid/SERVICEACCOUNT_UID")
     assert reading["member"] == binding["member"]
     assert binding["condition"]["expression"] == (
         f'resource.name.startsWith("projects/_/buckets/my-project-tpupipe/objects/runs/{t.run_id}/") '

@@ -101,7 +101,7 @@ def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Ta
         elif kind in COMPUTE_KINDS.values():
             gone = (compute or clients.compute()).delete(kind, name)
         elif kind == "iam_binding":
-            deleted += clients.revoke_bucket(t, name)
+            deleted += [d for d in clients.revoke_bucket(t) if d not in deleted]
             continue
         else:
             continue
