@@ -72,7 +72,8 @@ def test_a_checkpoint_rewritten_after_it_was_evaluated_is_not_registered(tmp_pat
     rewrite with ``ifSourceGenerationMatch``: the run's pods rewriting an object of the checkpoint between evaluate
     and register (their binding lets them write their own prefix) fail the registration with an error naming it,
     whether the rewrite lands before register lists the checkpoint or between its list and its copy (the emulated
-    Cloud Storage answers that copy 412); an object added after evaluate is not copied."""
+    Cloud Storage answers that copy 412), and no part of the failed copy is left under ``models/``; an object added
+    after evaluate is not copied."""
     from components.spec import InfraError
 
     project = project_factory()
@@ -101,6 +102,7 @@ def test_a_checkpoint_rewritten_after_it_was_evaluated_is_not_registered(tmp_pat
     with pytest.raises(InfraError, match=changed):
         gke.keep_registered(mine, trained, "local-fsdp", evaluated)
     assert raced and project.storage.data(BUCKET, "models/local-fsdp/mine/model.safetensors") is None
+    assert project.storage.objects_of(BUCKET, "models/") == {}  # config.json, copied before the race: deleted again
 
     evaluated = gke.checkpoint_versions(mine, trained)  # evaluated again: the bytes there now
     bucket.blob(f"{under}/planted.py").upload_from_string(b"import os")  # added after evaluate
