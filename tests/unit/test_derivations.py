@@ -544,15 +544,17 @@ def test_documented_zones():
 @pytest.mark.parametrize("preset", ["gemma4-e2b-v6e-16", "llama3-8b-v6e-16x2"])
 @pytest.mark.parametrize("non_root", [False, True])
 def test_every_pod_runs_unprivileged_and_the_run_is_fenced_by_network_policies(preset, non_root):
-    """Unprivileged, no escalation, the runtime's seccomp profile; with gke.run_as_non_root as uid/gid 1000 (the TPU
-    device files handed to them by the runtime) with every capability dropped; by default as the image's root (no
-    GKE source says its TPU nodes hand the device files to another uid)."""
+    """Unprivileged, no escalation, the runtime's seccomp profile; the head (no TPU chips) always as uid/gid 1000 with
+    every capability dropped, the TPU workers so with gke.run_as_non_root (the TPU device files handed to them by the
+    runtime), by default as the image's root (no GKE source says its TPU nodes hand the device files to another
+    uid, and containerd's default configuration does not)."""
     spec, t = spec_and_target(preset, "gke.run_as_non_root=true" if non_root else "")
     objects = m.all_objects(spec, t)
     rc = objects[-1]["spec"]
-    user = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000} if non_root else {}
-    dropped = {"capabilities": {"drop": ["ALL"]}} if non_root else {}
     for group in (rc["headGroupSpec"], *rc["workerGroupSpecs"]):
+        tpu = group is not rc["headGroupSpec"]
+        user = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000} if non_root or not tpu else {}
+        dropped = {"capabilities": {"drop": ["ALL"]}} if non_root or not tpu else {}
         pod = group["template"]["spec"]
         assert pod["securityContext"] == {**user, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
         for container in pod["containers"]:
