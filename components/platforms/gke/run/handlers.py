@@ -1,10 +1,10 @@
 """The creation handlers of provision and build_image: one per kind of the plan's records (``records``), each
 applying its record get-or-create through the stage's :class:`session.Session`, recording what it creates in the
 run's ledger before it waits on it. Provision's: the Compute Engine resources (DCN networks, subnets, firewall rules,
-the TPU7x workload policy), the checkpoint bucket, the GKE cluster (created, or the
-existing one named, what it lacks that GKE enables in place enabled first: ``features``) and its node pools;
-build_image's: the Artifact Registry repository, the build context and the Cloud Build of the trainer image;
-deploy_raycluster's bindings of its Kubernetes ServiceAccount on the bucket.
+the TPU7x workload policy), the checkpoint bucket, the GKE cluster (created, or the existing one named, what it lacks
+that GKE enables in place enabled first: ``features``) and its node pools; build_image's: the Artifact Registry
+repository, the build context and the Cloud Build of the trainer image; deploy_raycluster's: the bindings of the run's
+Kubernetes ServiceAccount on the bucket.
 """
 
 from __future__ import annotations
