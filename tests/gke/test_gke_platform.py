@@ -1094,7 +1094,9 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
         "kubernetes",
         "bucket bindings",
     }
-    assert gke.remaining(ctx)[0].startswith("node pool left-behind-s0")
+    left = gke.remaining(ctx)  # newest first: deploy's bindings of the run's ServiceAccount, then provision's
+    assert left[0].startswith("iam binding tpupipe-left-behind (UID ")
+    assert any(entry.startswith("node pool left-behind-s0") for entry in left)
 
     assert cli.main(["teardown", "left-behind", "--platform", "gke", "--output-root", str(tmp_path)]) == 0
     assert "tpupipe teardown left-behind (gke): deleted " in capsys.readouterr().out
