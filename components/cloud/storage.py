@@ -25,9 +25,10 @@ from components.cloud.iam import IAM_POLICY_VERSION
 from components.spec import SpecError
 
 
-def member(binding: dict[str, Any], number: str) -> str:
-    """The binding's member with the project number filled in (the plan shows PROJECT_NUMBER)."""
-    return binding["member"].replace("PROJECT_NUMBER", number)
+def member(binding: dict[str, Any], number: str, uid: str) -> str:
+    """The binding's member with the project number and the Kubernetes ServiceAccount's UID filled in (the plan shows
+    PROJECT_NUMBER and SERVICEACCOUNT_UID)."""
+    return binding["member"].replace("PROJECT_NUMBER", number).replace("SERVICEACCOUNT_UID", uid)
 
 
 def unreadable(name: str, why: str) -> SpecError:
@@ -149,6 +150,14 @@ class Storage(Adapter):
         rewrite of it is a new generation: https://cloud.google.com/storage/docs/metadata#generation-number)."""
         return {b.name.removeprefix(f"{prefix}/"): int(b.generation) for b in self._listed(name, prefix)}
 
+    def listing(self, name: str, prefix: str) -> dict[str, tuple[str, str]]:
+        """Every object under ``prefix/``, by its name under it: its generation (as text) and its data's MD5
+        (``md5Hash``, base64; empty for a composite object, which has none:
+        https://cloud.google.com/storage/docs/json_api/v1/objects#resource), from one listing."""
+        return {
+            b.name.removeprefix(f"{prefix}/"): (str(b.generation), b.md5_hash or "") for b in self._listed(name, prefix)
+        }
+
     def _listed(self, name: str, prefix: str) -> list:
         under = f"{prefix}/"
         return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
@@ -171,44 +180,70 @@ class Storage(Adapter):
         request with 412 when the source's live generation is another: the rewrite page's query parameters and
         https://cloud.google.com/storage/docs/request-preconditions), so a source rewritten or gone since is copied
         in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
-        (0, 0, 0) when ``source/`` holds nothing."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
+        (0, 0, 0) when ``source/`` holds nothing. A ``create_only`` copy that fails deletes what it wrote: its
+        destination holds none of it (what an earlier copy made is kept)."""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: (b.size, b.md5_hash) for b in self._listed(name, destination)}
         if generations is not None:
             found = _pinned(found, source, generations)
-        copied = size = 0
-        for blob in found:
-            target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
-            if have.get(target) == (blob.size, blob.md5_hash):
-                continue
-            kept: dict[str, int] = {"if_generation_match": 0} if create_only else {}
-            if generations is not None:
-                kept["if_source_generation_match"] = int(blob.generation)
-            token = None
+        made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
+        try:
+            for blob in found:
+                target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
+                if have.get(target) != (blob.size, blob.md5_hash):
+                    made.append((target, self._copy(bucket, blob, target, source, create_only, generations)))
+        except BaseException:
+            if create_only:  # made whole or not at all: no part of a failed copy is left where it was going
+                self._undo(name, made)
+            raise
+        written = {target for target, _ in made}
+        size = sum(b.size or 0 for b in found if f"{destination}/{b.name.removeprefix(f'{source}/')}" in written)
+        return len(made), len(found), size
+
+    def _copy(self, bucket, blob, target: str, source: str, create_only: bool, generations) -> int:
+        """One object of ``copy_prefix``: the generation of its copy ``target``."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        name = bucket.name
+        kept: dict[str, int] = {"if_generation_match": 0} if create_only else {}
+        if generations is not None:
+            kept["if_source_generation_match"] = int(blob.generation)
+        token = None
+        copy = bucket.blob(target)
+        try:
+            while True:
+                token, _, _ = self.call(
+                    f"copy gs://{name}/{blob.name}", functools.partial(copy.rewrite, blob, token, **kept)
+                )
+                if token is None:
+                    return int(copy.generation)
+        except (PreconditionFailed, NotFound) as exc:
+            now = self.call(f"get gs://{name}/{blob.name}", functools.partial(bucket.get_blob, blob.name))
+            if generations is not None and (now is None or now.generation != blob.generation):
+                raise SourceChanged([blob.name.removeprefix(f"{source}/")]) from None
+            if isinstance(exc, NotFound):
+                raise
+            raise SpecError(
+                "run_id",
+                f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "
+                "copy under this run id): it is never replaced; start this run with another run id",
+            ) from None
+
+    def _undo(self, name: str, made: list[tuple[str, int]]) -> None:
+        """Delete the objects a failed copy wrote, each at the generation it wrote (``ifGenerationMatch``: never a
+        later writer's), whatever the first failure was; one that cannot be deleted is logged."""
+        bucket = self.client.bucket(name)
+        for target, generation in made:
             try:
-                while True:
-                    token, _, _ = self.call(
-                        f"copy gs://{name}/{blob.name}",
-                        functools.partial(bucket.blob(target).rewrite, blob, token, **kept),
-                    )
-                    if token is None:
-                        break
-            except (PreconditionFailed, NotFound) as exc:
-                now = self.call(f"get gs://{name}/{blob.name}", functools.partial(bucket.get_blob, blob.name))
-                if generations is not None and (now is None or now.generation != blob.generation):
-                    raise SourceChanged([blob.name.removeprefix(f"{source}/")]) from None
-                if isinstance(exc, NotFound):
-                    raise
-                raise SpecError(
-                    "run_id",
-                    f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "
-                    "copy under this run id): it is never replaced; start this run with another run id",
-                ) from None
-            copied, size = copied + 1, size + (blob.size or 0)
-        return copied, len(found), size
+                self.call(
+                    f"delete gs://{name}/{target}",
+                    functools.partial(bucket.blob(target).delete, if_generation_match=generation),
+                )
+            except Exception as exc:  # noqa: BLE001 - the copy's own failure is what is raised
+                self.log(f"  could not delete gs://{name}/{target} of the failed copy: {exc}")
+        if made:
+            self.log(f"  deleted the {len(made)} objects the failed copy had written under gs://{name}/")
 
     def hold_prefix(self, name: str, prefix: str) -> int:
         """A temporary hold on every object under ``prefix/`` that has none: while it holds, "the object cannot be
@@ -264,23 +299,29 @@ class Storage(Adapter):
         self.log(f"{role} on gs://{name} for {who}: " + ("granted" if added else "already granted"))
         return added
 
-    def remove_binding(self, name: str, role: str, who: str) -> bool:
-        """Remove ``who`` from ``role`` on the bucket; False when it was not there (or the bucket is gone)."""
+    def remove_conditioned(self, name: str, titles: tuple[str, ...]) -> list[tuple[str, str]]:
+        """Remove the bindings whose IAM condition has one of ``titles`` (a run's own: ``plan.target.binding_titles``),
+        whoever they name; ``(role, member)`` of each member removed (none when the bucket is gone)."""
         from google.api_core import exceptions as gexc
 
+        removed: list[tuple[str, str]] = []
+
         def remove(policy) -> bool:
-            changed = False
+            removed.clear()  # read again after a conflict: only what this write removes
+            kept = []
             for binding in policy.bindings:
-                if binding["role"] == role and who in binding["members"]:
-                    binding["members"] = set(binding["members"]) - {who}
-                    changed = True
-            policy.bindings[:] = [b for b in policy.bindings if b["members"]]
-            return changed
+                if (binding.get("condition") or {}).get("title") in titles:
+                    removed.extend((binding["role"], who) for who in sorted(binding["members"]))
+                else:
+                    kept.append(binding)
+            policy.bindings[:] = kept
+            return bool(removed)
 
         try:
-            return self._update_policy(name, remove)
+            self._update_policy(name, remove)
         except gexc.NotFound:
-            return False
+            return []
+        return removed
 
 
 __all__ = ["Storage", "member", "storage_client"]

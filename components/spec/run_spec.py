@@ -269,10 +269,11 @@ class GkeSpec:
     # The Ray containers' root filesystem read-only: what Ray and the trainers write goes to HOME and /tmp (volumes of
     # the pod's own) and the bucket's mount; false: writable, for an image that writes elsewhere.
     read_only_root: bool = True
-    # The Ray containers as uid/gid 1000, non-root, every capability dropped (the Pod Security Standards' "restricted"
-    # profile), the TPU device files handed to that uid by the container runtime (containerd's
+    # The TPU workers' Ray containers as uid/gid 1000, non-root, every capability dropped (the Pod Security Standards'
+    # "restricted" profile), the TPU device files handed to that uid by the container runtime (containerd's
     # device_ownership_from_security_context, off by default and not documented for GKE's TPU nodes); false, the
     # default until a TPU node is shown to hand them over: as the image's user (root), as both tutorials run them.
+    # The Ray head, which opens no TPU chip, runs so either way.
     run_as_non_root: bool = False
     hf_secret: str = "hf-secret"  # Secret (key hf_api_token) that holds the Hugging Face token; empty: none
     # Where deploy_raycluster reads the token when the namespace has no such Secret: a Secret Manager secret,

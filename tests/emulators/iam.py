@@ -9,8 +9,10 @@ https://cloud.google.com/iam/docs/conditions-overview).
   (``resource.name``, ``resource.type``). Only a subset of CEL is read: those two attributes, string literals,
   ``.startsWith(...)``, ``==``, ``!``, ``&&``, ``||`` and parentheses. Any other expression raises
   :class:`UnsupportedCondition`: the emulator refuses what it cannot evaluate rather than guess what it grants;
-- ``allows(bindings, member, permission, attributes)``: the decision. Members are matched by their exact name:
-  groups, domains, ``principalSet://`` sets, ``allUsers`` and ``allAuthenticatedUsers`` match no one here, and
+- ``allows(bindings, member, permission, attributes)``: the decision. Members are matched by their exact name, or
+  for a GKE pod's federated identity (:class:`Workload`, ``workload``) by any of the identifiers IAM knows it by:
+  its Kubernetes ServiceAccount by namespace and name or by UID, its namespace's and its cluster's principal sets;
+  groups, domains, other ``principalSet://`` sets, ``allUsers`` and ``allAuthenticatedUsers`` match no one here, and
   nothing is inherited from the project or organization (a deliberate limit: such a grant is refused).
 """
 
@@ -65,6 +67,36 @@ ROLES: dict[str, frozenset[str]] = {
         }
     ),
 }
+
+
+class Workload(str):
+    """A GKE pod's identity in its project's workload identity pool: the string is its Kubernetes ServiceAccount's
+    principal by namespace and name; ``identifiers`` every principal identifier that names it."""
+
+    identifiers: frozenset[str]
+
+
+def workload(number: str, project: str, cluster: str, namespace: str, name: str, uid: str) -> Workload:
+    """The identity of the pods of cluster ``cluster`` (``projects/P/locations/L/clusters/C``) that run as the
+    Kubernetes ServiceAccount ``namespace/name`` whose UID is ``uid``, in the pool ``PROJECT.svc.id.goog`` of project
+    number ``number``: the identifiers IAM's table of principal identifiers gives GKE pods
+    (https://cloud.google.com/iam/docs/principal-identifiers, "All GKE Pods that use a specific Kubernetes service
+    account" by name, by service account ID and in the legacy format, "All GKE Pods in a Kubernetes namespace,
+    regardless of service account or cluster", "All GKE Pods in a specific cluster"; the same as
+    https://cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#principal-id-examples). The name forms
+    hold in every cluster of the pool ("Identity sameness", same page); the UID is the object's own."""
+    pool = f"iam.googleapis.com/projects/{number}/locations/global/workloadIdentityPools/{project}.svc.id.goog"
+    identity = Workload(f"principal://{pool}/subject/ns/{namespace}/sa/{name}")
+    identity.identifiers = frozenset(
+        {
+            str(identity),
+            f"principal://{pool}/kubernetes.serviceaccount.uid/{uid}",
+            f"serviceAccount:{project}.svc.id.goog[{namespace}/{name}]",
+            f"principalSet://{pool}/namespace/{namespace}",
+            f"principalSet://{pool}/kubernetes.cluster/https://container.googleapis.com/v1/{cluster}",
+        }
+    )
+    return identity
 
 
 class UnsupportedCondition(ValueError):
@@ -196,8 +228,9 @@ def _literal(token: str) -> str:
 def allows(bindings: list[dict], member: str, permission: str, attributes: Mapping[str, str]) -> bool:
     """Whether a policy's ``bindings`` allow ``member`` ``permission`` on the resource ``attributes`` describe. A
     condition that cannot be evaluated grants nothing."""
+    known = getattr(member, "identifiers", frozenset({member}))
     for binding in bindings:
-        if member not in binding.get("members", ()) or permission not in ROLES.get(binding.get("role"), ()):
+        if known.isdisjoint(binding.get("members", ())) or permission not in ROLES.get(binding.get("role"), ()):
             continue
         when = binding.get("condition")
         if not when:

@@ -88,6 +88,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -560,8 +561,14 @@ class KubeEmulator:
             meta = obj.setdefault("metadata", {})
             if namespace:
                 meta["namespace"] = namespace
-            meta.setdefault("uid", secrets.token_hex(8))
-            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            # the API server sets both, never the client ("Populated by the system. Read-only", uid and
+            # creationTimestamp: https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/object-meta/);
+            # an apply to an existing object keeps them
+            kept = self.objects[key]["metadata"] if existed else {}
+            meta["uid"] = kept.get("uid") or str(uuid.uuid4())
+            meta["creationTimestamp"] = kept.get("creationTimestamp") or time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
+            )
             if existed and "status" in self.objects[key]:
                 obj["status"] = self.objects[key]["status"]
             self.objects[key] = obj

@@ -116,13 +116,14 @@ class Project:
                 for (p, _, n), o in self.kube.objects.items()
                 if o.get("metadata", {}).get("labels", {}).get(names.RUN_LABEL) == run_id
             ]
+        titles = (f"tpupipe run {run_id}", f"tpupipe run {run_id}: cache")  # the run's (plan.target.binding_titles)
         with self.storage._lock:
             members = [
                 m
                 for policy in self.storage.state.policies.values()
                 for b in policy.get("bindings", [])
                 for m in b["members"]
-                if run_id in m
+                if (b.get("condition") or {}).get("title") in titles
             ]
         with self.cloudbuild._lock:
             builds = [

@@ -77,8 +77,10 @@ Identities: a request authenticated by the emulator's ``token`` (the static toke
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
 for it (it holds every permission testIamPermissions asks about). ``token_for(member)`` mints a bearer token that acts
 as ``member`` instead (a ``user:``, ``serviceAccount:`` or ``principal://`` workload identity), as Workload Identity
-Federation's token exchange hands one to a pod; it is accepted whatever ``token`` is, and lives as long as the
-emulator. Every request of such a member is authorized as Cloud Storage
+Federation's token exchange hands one to a pod; ``token_for_pod(cluster, namespace, name, uid)`` one as GKE's pods of
+that Kubernetes ServiceAccount are, which a binding naming any of their principal identifiers grants (``iam.workload``:
+the ServiceAccount by name or by UID, its namespace, its cluster). Either is accepted whatever ``token`` is, and lives
+as long as the emulator. Every request of such a member is authorized as Cloud Storage
 authorizes it (https://cloud.google.com/storage/docs/access-control/iam-json): the method's permission
 (``PERMISSIONS``), on the bucket or the object it checks it on (a copy's: ``storage.objects.get`` on the source and
 ``storage.objects.create`` on the destination), must be allowed by that bucket's IAM policy (``iam.py`` beside this
@@ -527,6 +529,19 @@ class StorageEmulator(HttpEmulator):
         token = f"ya29.emulated-member-{secrets.token_hex(12)}"
         with self._lock:
             self._identities[token] = member
+        return token
+
+    def token_for_pod(self, cluster: str, namespace: str, name: str, uid: str) -> str:
+        """A bearer token as Workload Identity Federation for GKE hands the pods of cluster ``cluster``
+        (``projects/P/locations/L/clusters/C``, P a project of the emulator) that run as the Kubernetes ServiceAccount
+        ``namespace/name`` whose UID is ``uid``: a binding grants it when it names any identifier IAM knows those pods
+        by (``iam.workload``), the ServiceAccount by name (in any cluster of the project's pool) or by UID, its
+        namespace or its cluster."""
+        project = cluster.split("/")[1]
+        identity = iam.workload(self.projects[project], project, cluster, namespace, name, uid)
+        token = f"ya29.emulated-pod-{secrets.token_hex(12)}"
+        with self._lock:
+            self._identities[token] = identity
         return token
 
     def members(self, bucket: str, role: str) -> list[str]:

@@ -404,6 +404,42 @@ def as_member(gcs: StorageEmulator, member: str = MEMBER) -> storage.Client:
     return client(token=gcs.token_for(member))
 
 
+def test_a_gke_pod_is_granted_by_any_identifier_iam_knows_it_by_and_a_uid_names_one_service_account(gcs):
+    """A pod's federated identity (``token_for_pod``) is granted by a binding to its ServiceAccount by name (in any
+    cluster of the pool: "Identity sameness"), by its UID, to its namespace or to its cluster; a binding by UID grants
+    no namesake (another cluster's ServiceAccount of the same namespace and name, or one made again)."""
+    owner = create(client())
+    cluster = f"projects/{PROJECT}/locations/us-east5-b/clusters/"
+    pool = (
+        f"principal://iam.googleapis.com/projects/{NUMBER}/locations/global/workloadIdentityPools/{PROJECT}.svc.id.goog"
+    )
+    pods = {
+        "the run's": (cluster + "run", "uid-run"),
+        "another cluster's namesake": (cluster + "other", "uid-other"),
+        "the run's cluster's namesake, made again": (cluster + "run", "uid-again"),  # as ``again`` below
+    }
+    clients = {who: client(token=gcs.token_for_pod(c, "tpupipe", "ray", uid)) for who, (c, uid) in pods.items()}
+    owner.blob("runs/a/x").upload_from_string(b"x")
+    sets = f"principalSet://{pool[len('principal://') :]}"
+    again = "the run's cluster's namesake, made again"
+    for member, allowed in (
+        (f"{pool}/subject/ns/tpupipe/sa/ray", set(pods)),  # the name form: every namesake in the pool
+        (f"{pool}/kubernetes.serviceaccount.uid/uid-run", {"the run's"}),
+        (f"{sets}/namespace/tpupipe", set(pods)),
+        (f"{sets}/kubernetes.cluster/https://container.googleapis.com/v1/{cluster}run", {"the run's", again}),
+    ):
+        policy = owner.get_iam_policy(requested_policy_version=3)
+        policy.bindings[:] = [b for b in policy.bindings if b["role"] != "roles/storage.objectViewer"]
+        owner.set_iam_policy(policy)
+        grant(owner, "roles/storage.objectViewer", member)
+        for who, gcs_client in clients.items():
+            if who in allowed:
+                assert gcs_client.bucket(BUCKET).blob("runs/a/x").download_as_bytes() == b"x", (member, who)
+            else:
+                with pytest.raises(exceptions.Forbidden, match="storage.objects.get"):
+                    gcs_client.bucket(BUCKET).blob("runs/a/x").download_as_bytes()
+
+
 def test_a_prefix_grant_confines_a_workload_identity_to_its_prefix(gcs):
     owner = create(client())
     owner.blob("state/a/ledger.json").upload_from_string(b"{}")

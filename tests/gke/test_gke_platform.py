@@ -813,36 +813,49 @@ def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves
 # ---------------------------------------------------------------- the checkpoint bucket and the run's access to it
 
 
-def _principal(run_id: str) -> str:
+def _principal(project, run_id: str) -> str:
+    """The run's Kubernetes ServiceAccount by the UID the emulated cluster gave it (``plan.target.member``)."""
+    with project.kube.lock:
+        uid = project.kube.objects[("serviceaccounts", "tpupipe", f"tpupipe-{run_id}")]["metadata"]["uid"]
     return (
         f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
-        f"{PROJECT}.svc.id.goog/subject/ns/tpupipe/sa/tpupipe-{run_id}"
+        f"{PROJECT}.svc.id.goog/kubernetes.serviceaccount.uid/{uid}"
     )
 
 
-def test_provision_creates_the_bucket_and_grants_the_run_then_teardown_revokes_and_keeps_the_bucket(
+NO_HF = ONE_SLICE + " gke.hf_secret= cluster.ready_timeout_s=30"  # a model that needs no Hugging Face token
+
+
+def _deploy(project, ctx) -> None:
+    project.kube.ready_without_ray = True
+    assert platform().deploy_raycluster(ctx)["available_workers"] == 1
+
+
+def test_provision_creates_the_bucket_deploy_grants_the_runs_service_account_teardown_revokes_and_keeps_the_bucket(
     tmp_path, project_factory
 ):
     project = project_factory()
-    ctx = context(tmp_path, "bucketrun")
+    ctx = context(tmp_path, "bucketrun", NO_HF)
     bucket = f"{PROJECT}-tpupipe"
     platform().provision(ctx)
     resource = project.storage.state.buckets[bucket]
     assert resource["location"] == "US-EAST5" and resource["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
-    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("bucketrun")]
-    platform().provision(ctx)  # again: the bucket reused, the grant already there
+    assert project.storage.members(bucket, "roles/storage.objectUser") == []  # no ServiceAccount yet to name
+    _deploy(project, ctx)
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal(project, "bucketrun")]
+    platform().provision(ctx)  # again: the bucket reused
+    _deploy(project, ctx)  # again: the grant already there
     assert project.storage.state.calls.count("buckets.insert") == 1
-    # the run's two bindings (its own prefix, the cache read-only), each once: the second provision added nothing
+    # the run's two bindings (its own prefix, the cache read-only), each once: the second deploy added nothing
     assert project.storage.state.calls.count("buckets.setIamPolicy") == 2
-    other = context(tmp_path, "otherrun")
+    other = context(tmp_path, "otherrun", NO_HF)
     platform().provision(other)
-    assert project.storage.members(bucket, "roles/storage.objectUser") == [
-        _principal("bucketrun"),
-        _principal("otherrun"),
-    ]
+    _deploy(project, other)
+    mine, theirs = _principal(project, "bucketrun"), _principal(project, "otherrun")
+    assert project.storage.members(bucket, "roles/storage.objectUser") == sorted([mine, theirs])
     result = platform().teardown(ctx)
-    assert f"roles/storage.objectUser on gs://{bucket} for {_principal('bucketrun')}" in result["deleted"]
-    assert project.storage.members(bucket, "roles/storage.objectUser") == [_principal("otherrun")]
+    assert f"roles/storage.objectUser on gs://{bucket} for {mine}" in result["deleted"]
+    assert project.storage.members(bucket, "roles/storage.objectUser") == [theirs]
     platform().teardown(other)
     assert project.storage.members(bucket, "roles/storage.objectUser") == []
     assert bucket in project.storage.state.buckets  # kept: it holds every run's checkpoints
@@ -920,10 +933,12 @@ def test_a_bucket_this_identity_cannot_read_is_refused_before_the_cluster(tmp_pa
 def test_a_concurrent_policy_change_is_read_again_not_overwritten(tmp_path, project_factory):
     project = project_factory()
     project.storage.fail("buckets.setIamPolicy", 412, times=1)
-    platform().provision(context(tmp_path, "racing"))
+    ctx = context(tmp_path, "racing", NO_HF)
+    platform().provision(ctx)
+    _deploy(project, ctx)
     # the refused write asked again after reading the policy again, then the second binding (the cache, read-only)
     assert project.storage.state.calls.count("buckets.setIamPolicy") == 3
-    assert project.storage.members(f"{PROJECT}-tpupipe", "roles/storage.objectUser") == [_principal("racing")]
+    assert project.storage.members(f"{PROJECT}-tpupipe", "roles/storage.objectUser") == [_principal(project, "racing")]
 
 
 # ---------------------------------------------------------------- the trainer image, built by Cloud Build
@@ -1123,7 +1138,9 @@ def test_tpupipe_teardown_deletes_a_run_left_behind_by_its_id_and_is_safe_twice(
         "kubernetes",
         "bucket bindings",
     }
-    assert gke.remaining(ctx)[0].startswith("node pool left-behind-s0")
+    left = gke.remaining(ctx)  # newest first: deploy's bindings of the run's ServiceAccount, then provision's
+    assert left[0].startswith("iam binding tpupipe-left-behind (UID ")
+    assert any(entry.startswith("node pool left-behind-s0") for entry in left)
 
     assert cli.main(["teardown", "left-behind", "--platform", "gke", "--output-root", str(tmp_path)]) == 0
     assert "tpupipe teardown left-behind (gke): deleted " in capsys.readouterr().out

@@ -13,15 +13,17 @@ import pytest
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke import GkePlatform
+from components.platforms.gke.plan.target import target
 from components.platforms.store import LocalStore
 from components.spec import SpecError, names
 from components.stages.claims import claim
 from components.stages.vertex_task import VERTEX_TASK_ENV
 from components.workload import resolve
-from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER
 
 BUCKET = f"{PROJECT}-tpupipe"  # the default bucket of the emulated project
 SHARED = ONE_SLICE + " gke.cluster_name=tpupipe-owner cluster.ready_timeout_s=30"
+NO_HF = ONE_SLICE + " gke.hf_secret= cluster.ready_timeout_s=30"  # a model that needs no Hugging Face token
 
 
 def context(tmp_path, run_id: str, overrides: str) -> RunContext:
@@ -86,9 +88,9 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
     project = project_factory()
     logs: list[str] = []
     gke = GkePlatform(log=logs.append, poll_s=0.05)
-    victim, tamperer = context(tmp_path, "victim", ONE_SLICE), context(tmp_path, "tamperer", ONE_SLICE)
+    victim, tamperer = context(tmp_path, "victim", NO_HF), context(tmp_path, "tamperer", NO_HF)
     for ctx in (victim, tamperer):
-        gke.provision(ctx)
+        _deployed(gke, project, ctx)
     theirs, mine = ledgers.load(victim.store), ledgers.load(tamperer.store)
     assert {e["kind"] for e in theirs["created"]} >= {"cluster", "node_pool", "iam_binding"}
     forged = {**mine, "cluster": theirs["cluster"], "created": mine["created"] + theirs["created"]}
@@ -101,9 +103,11 @@ def test_a_ledger_edited_to_name_another_runs_resources_does_not_make_teardown_d
     assert project.leftovers("tamperer") == project.leftovers("no-such-run")  # its own: all gone
     assert {"clusters": project.clusters("victim"), "pools": project.pools("victim")} == before
     (left,) = project.storage.members(BUCKET, "roles/storage.objectUser")
-    assert left.endswith(f"/sa/{names.service_account('victim')}")
+    assert left.endswith(f"/kubernetes.serviceaccount.uid/{_service_account(project, 'victim')['metadata']['uid']}")
     refused = [line for line in logs if line.startswith("teardown: left alone:")]
-    assert len(refused) == len(theirs["created"]) and all("not one run tamperer creates" in line for line in refused)
+    # a binding entry names no member teardown removes: it removes the bindings of the run's own conditions
+    named = [e for e in theirs["created"] if e["kind"] != "iam_binding"]
+    assert len(refused) == len(named) and all("not one run tamperer creates" in line for line in refused)
     gke.teardown(victim)
     assert project.leftovers("victim") == project.leftovers("no-such-run")
 
@@ -133,7 +137,7 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
     tmp_path, project_factory
 ):
     """The run's Kubernetes ServiceAccount, as the emulated Cloud Storage authorizes its token through the bucket's IAM
-    policy (the conditional binding provision made), writes and reads under ``runs/<run id>/`` only: another run's
+    policy (the conditional binding deploy made), writes and reads under ``runs/<run id>/`` only: another run's
     objects and ledger, the runs' state (``state/``), the build contexts and the pipeline root are refused; after
     teardown, even its own prefix."""
     from google.api_core.exceptions import Forbidden
@@ -176,6 +180,70 @@ def test_a_runs_pods_reach_only_their_own_prefix_never_another_runs_objects_or_t
         gke.teardown(ctx)
     with pytest.raises(Forbidden):
         bucket.blob("runs/mine/checkpoint/model.safetensors").upload_from_string(b"after teardown")
+
+
+def test_the_runs_bucket_access_goes_to_its_service_account_by_uid_never_to_a_namesake(tmp_path, project_factory):
+    """The run's bindings name its Kubernetes ServiceAccount by the UID its cluster's API server gave it
+    (``principal://.../kubernetes.serviceaccount.uid/UID``): the run's pods read and write its prefix (a retried
+    deploy finds the ServiceAccount it made and binds the same); pods of another cluster of the project's workload
+    identity pool that run as a ServiceAccount of the same namespace and name, and pods that run as one made again
+    under that name in the run's cluster, are refused by the emulated bucket's IAM, which the name form
+    (``subject/ns/NS/sa/NAME``) would have let in."""
+    import uuid
+
+    from google.api_core.exceptions import Forbidden
+
+    project = project_factory()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "mine", NO_HF)
+    _deployed(gke, project, ctx)
+    cluster, account = target(ctx.spec, "mine").cluster_path, _service_account(project, "mine")
+    uid = account["metadata"]["uid"]
+    own = _pods_client(project, cluster, "mine", uid).bucket(BUCKET)
+    own.blob("runs/mine/out.txt").upload_from_string(b"mine")
+    assert own.blob("runs/mine/out.txt").download_as_bytes() == b"mine"
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1  # retried: its own ServiceAccount, the same binding
+    assert project.storage.members(BUCKET, "roles/storage.objectUser") == [
+        f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+        f"{PROJECT}.svc.id.goog/kubernetes.serviceaccount.uid/{uid}"
+    ]
+    kube, _, _ = gke.clients.kube(ctx)
+    kube.core.delete_namespaced_service_account(names.service_account("mine"), "tpupipe")
+    kube.ensure({k: account[k] for k in ("apiVersion", "kind")} | {"metadata": {"name": account["metadata"]["name"]}})
+    again = _service_account(project, "mine")["metadata"]["uid"]
+    assert again != uid
+    elsewhere = cluster.rsplit("/", 1)[0] + "/another-cluster"
+    for impostor in (
+        _pods_client(project, elsewhere, "mine", str(uuid.uuid4())),
+        _pods_client(project, cluster, "mine", again),
+    ):
+        with pytest.raises(Forbidden, match="storage.objects.create"):
+            impostor.bucket(BUCKET).blob("runs/mine/out.txt").upload_from_string(b"forged")
+        with pytest.raises(Forbidden, match="storage.objects.get"):
+            impostor.bucket(BUCKET).blob("runs/mine/out.txt").download_as_bytes()
+    assert project.storage.data(BUCKET, "runs/mine/out.txt") == b"mine"
+    gke.teardown(ctx)
+    assert project.storage.members(BUCKET, "roles/storage.objectUser") == []
+
+
+def test_a_service_account_of_the_runs_name_made_by_someone_else_is_refused_before_any_binding(
+    tmp_path, project_factory
+):
+    """Whoever made the ServiceAccount ``tpupipe-RUN_ID`` in the namespace before the run's deploy would get the run's
+    bucket access through it: deploy refuses it (naming run_id), before any binding or pod."""
+    project = project_factory()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "early", NO_HF)
+    gke.provision(ctx)
+    kube, _, _ = gke.clients.kube(ctx)
+    kube.ensure_namespace()
+    kube.ensure({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": names.service_account("early")}})
+    with pytest.raises(SpecError) as refused:
+        gke.deploy_raycluster(ctx)
+    assert refused.value.field == "run_id" and "this run did not create it" in str(refused.value)
+    assert project.storage.members(BUCKET, "roles/storage.objectUser") == []
+    assert project.rayclusters("early") == []
+    gke.teardown(ctx)
 
 
 def test_another_runs_checkpoint_is_copied_into_the_runs_prefix_before_its_pods_read_it(tmp_path, project_factory):
@@ -289,24 +357,34 @@ def test_two_runs_recording_at_once_both_keep_their_entries_through_the_manifest
         gke.teardown(ctx)
 
 
-def _two_runs_and_mine_pods_client(tmp_path, project):
-    """Two runs provisioned on the emulated project, and a Cloud Storage client as the first run's pods (its
-    Kubernetes service account's Workload Identity principal)."""
+def _deployed(gke, project, ctx) -> None:
+    """Provision and deploy ``ctx``'s run: its bucket bindings come with its Kubernetes ServiceAccount."""
+    project.kube.ready_without_ray = True
+    gke.provision(ctx)
+    assert gke.deploy_raycluster(ctx)["available_workers"] == 1
+
+
+def _service_account(project, run_id: str) -> dict:
+    with project.kube.lock:
+        return project.kube.objects[("serviceaccounts", "tpupipe", names.service_account(run_id))]
+
+
+def _pods_client(project, cluster: str, run_id: str, uid: str):
+    """A Cloud Storage client as the pods of ``cluster`` that run as a Kubernetes ServiceAccount named as run
+    ``run_id``'s, of UID ``uid``, as Workload Identity Federation for GKE authenticates them."""
     from google.cloud import storage
     from google.oauth2.credentials import Credentials
 
+    token = project.storage.token_for_pod(cluster, "tpupipe", names.service_account(run_id), uid)
+    return storage.Client(project=PROJECT, credentials=Credentials(token=token))
+
+
+def _two_runs_and_mine_pods_client(tmp_path, project):
+    """Two runs provisioned and deployed on the emulated project, and a Cloud Storage client as the first run's pods
+    (its Kubernetes service account in its cluster, as Workload Identity Federation for GKE knows them)."""
     gke = GkePlatform(log=lambda m: None, poll_s=0.05)
-    mine, theirs = context(tmp_path, "mine", ONE_SLICE), context(tmp_path, "theirs", ONE_SLICE)
+    mine, theirs = context(tmp_path, "mine", NO_HF), context(tmp_path, "theirs", NO_HF)
     for ctx in (mine, theirs):
-        gke.provision(ctx)
-    (member,) = [
-        m
-        for m in project.storage.members(BUCKET, "roles/storage.objectUser")
-        if m.endswith(f"/sa/{names.service_account('mine')}")
-    ]
-    return (
-        gke,
-        mine,
-        theirs,
-        storage.Client(project=PROJECT, credentials=Credentials(token=project.storage.token_for(member))),
-    )
+        _deployed(gke, project, ctx)
+    uid = _service_account(project, "mine")["metadata"]["uid"]
+    return gke, mine, theirs, _pods_client(project, target(mine.spec, "mine").cluster_path, "mine", uid)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.gke.plan import paths
-from components.platforms.gke.plan.target import Target, bucket_binding, cache_binding, target
+from components.platforms.gke.plan.target import Target, binding_titles, bucket_binding, target
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -85,20 +85,20 @@ class Clients:
         namespace = ledger.get("namespace") or ctx.spec.gke.namespace
         return gke_kube.Kube(api, namespace, log=self.log, backoff=self.backoff), cluster, token
 
-    def bucket_member(self, t: Target, creds: Credentials | None = None) -> tuple[str, str]:
-        """(role, member) of the run's binding on the bucket, the project number looked up."""
+    def bucket_member(self, t: Target, uid: str, creds: Credentials | None = None) -> tuple[str, str]:
+        """(role, member) of the run's binding on the bucket: its Kubernetes ServiceAccount's UID ``uid``, the project
+        number looked up."""
         from components.cloud import iam as cloud_iam
         from components.cloud import storage as gke_storage
 
         binding = bucket_binding(t)
-        return binding["role"], gke_storage.member(binding, cloud_iam.project_number(t.project, creds))
+        return binding["role"], gke_storage.member(binding, cloud_iam.project_number(t.project, creds), uid)
 
-    def revoke_bucket(self, t: Target, who: str = "") -> list[str]:
-        """Remove the run's bindings on the bucket (its own prefix, the cache read-only): ``who`` as recorded, else
-        looked up again."""
-        who = who or self.bucket_member(t)[1]
+    def revoke_bucket(self, t: Target) -> list[str]:
+        """Remove the run's bindings on the bucket (its own prefix, the cache read-only), found by their conditions'
+        titles (``binding_titles``) in the bucket's policy, which the run's pods cannot write, whatever a ledger
+        says."""
         return [
             f"{role} on gs://{t.bucket} for {who}"
-            for role in (bucket_binding(t)["role"], cache_binding(t)["role"])
-            if self.storage(t).remove_binding(t.bucket, role, who)
+            for role, who in self.storage(t).remove_conditioned(t.bucket, binding_titles(t))
         ]

@@ -106,15 +106,15 @@ TORCH_COMPILE_CACHE_WARNING = (
 )
 
 
-# The run's bucket access is granted to its Kubernetes ServiceAccount by namespace and name, in any cluster of the
-# project's workload identity pool (principal://.../subject/ns/NAMESPACE/sa/NAME: GKE, "Workload Identity Federation
-# for GKE", principal identifiers); and whoever may create pods in a namespace may run them as any ServiceAccount
-# there (https://kubernetes.io/docs/concepts/security/rbac-good-practices/#workload-creation). On a cluster others
-# use, the namespace is what fences the run's bucket access (docs/gke.md, "What confines a run's pods").
+# The run's bucket access is granted to its Kubernetes ServiceAccount by its UID (``target.member``): no
+# ServiceAccount of another cluster, or made again under its name, holds it. But whoever may create pods in a
+# namespace may run them as any ServiceAccount there
+# (https://kubernetes.io/docs/concepts/security/rbac-good-practices/#workload-creation). On a cluster others use, the
+# namespace is what fences the run's bucket access (docs/gke.md, "What confines a run's pods").
 SHARED_NAMESPACE_WARNING = (
-    "gke.namespace={namespace}: whoever may create pods (or the ServiceAccount {account}) in that namespace of this "
-    "cluster gets the run's bucket access; on a cluster others use, name a namespace only the run's submitters may "
-    'write (docs/gke.md, "What confines a run\'s pods")'
+    "gke.namespace={namespace}: whoever may create pods in that namespace of this cluster may run them as the run's "
+    "ServiceAccount {account} and gets the run's bucket access; on a cluster others use, name a namespace only the "
+    "run's submitters may write (docs/gke.md, \"What confines a run's pods\")"
 )
 
 

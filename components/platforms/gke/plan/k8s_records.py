@@ -1,6 +1,7 @@
 """The plan's records of the Kubernetes objects a gke run applies (``manifests`` builds them), in apply order: the
-namespace, the ServiceAccount, the DCN claim template, the Secrets (the Hugging Face token, the Ray token), then the
-RayCluster, each with a one-line summary of what it is for. Pure functions of (spec, target).
+namespace, the ServiceAccount and the run's bindings on the bucket that name it, the DCN claim template, the Secrets
+(the Hugging Face token, the Ray token), then the RayCluster, each with a one-line summary of what it is for. Pure
+functions of (spec, target).
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from typing import Any
 
 from components.platforms.gke.plan import manifests as m
 from components.platforms.gke.plan import resources as r
-from components.platforms.gke.plan.records import Resource
+from components.platforms.gke.plan.records import Resource, binding_records
 from components.platforms.gke.plan.target import Target
 from components.spec import RunSpec, names, ready_limits
 
 
 def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
-    """The Kubernetes objects, in apply order: namespace, ServiceAccount, the DCN claim template, the Secrets (the
+    """The Kubernetes objects, in apply order: namespace, ServiceAccount (then the run's bindings on the bucket, which
+    name it), the DCN claim template, the Secrets (the
     Hugging Face token when the namespace lacks it, the Ray token), then the RayCluster."""
     out = []
     objects = m.all_objects(spec, t)
@@ -35,6 +37,8 @@ def kubernetes_records(spec: RunSpec, t: Target) -> list[Resource]:
                 deleted_by_teardown=not shared,
             )
         )
+        if obj["kind"] == "ServiceAccount":
+            out += binding_records(t)  # they name it by the UID its creation gives it
     if spec.gke.hf_secret:
         source = spec.gke.hf_token_secret or "$HF_TOKEN"
         hf = names.hf_token_secret(t.run_id)

@@ -69,19 +69,21 @@ HF_TOKEN_DIR = "/var/run/secrets/tpupipe/hf"
 HF_TOKEN_FILE = "token"
 # Every pod runs unprivileged, with no privilege escalation and the runtime's default seccomp profile: TPU chips need
 # no privileged container on GKE 1.28 and later (https://cloud.google.com/kubernetes-engine/docs/how-to/tpus, "Run
-# containers without privileged mode"), and with gke.run_as_non_root as a non-root user with every capability
-# dropped (the Pod Security Standards' "restricted" profile:
-# https://kubernetes.io/docs/concepts/security/pod-security-standards/). The TPU chips reach a pod as device files the
-# TPU device plugin names (/dev/vfio/N, /dev/accel*); a container runtime with containerd's
+# containers without privileged mode"). The Ray head (no TPU chips) always runs as a non-root user with every
+# capability dropped, and the TPU workers too with gke.run_as_non_root (the Pod Security Standards' "restricted"
+# profile: https://kubernetes.io/docs/concepts/security/pod-security-standards/). The TPU chips reach a pod as device
+# files the TPU device plugin names (/dev/vfio/N, /dev/accel*); a container runtime with containerd's
 # device_ownership_from_security_context hands them to the pod's runAsUser/runAsGroup
 # (https://github.com/containerd/containerd/pull/5122, "Devices ownership from SecurityContext";
 # https://kubernetes.io/blog/2021/11/09/non-root-containers-and-devices/), which is why both the uid and the gid are
 # set here (the gid, not a supplemental group: the device files' host gid differs between node images). Neither the
 # TorchTPU nor the MaxText image names a user (images/*/Dockerfile: no USER, so root), and GKE does not document that
-# runtime setting for its TPU nodes (containerd's default is off): on nodes without it a non-root container cannot
-# open the chips, so gke.run_as_non_root is off by default and the containers run as the image's root. The uid is
-# the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that
-# uid, so HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
+# runtime setting for its TPU nodes (containerd's default configuration has device_ownership_from_security_context =
+# false: https://github.com/containerd/containerd/blob/main/docs/cri/config.md): on nodes without it the device files
+# stay root's and a non-root container cannot open the chips (the blog above), so gke.run_as_non_root is off by
+# default and the TPU workers' containers run as the image's root; the head, which opens no chip, never does. The
+# uid is the one GCS FUSE gives the bucket's files (GCSFUSE_MOUNT_OPTIONS). The images have no user of that uid, so
+# HOME is a directory of the pod's own (an emptyDir) where the user may write (caches, ~/.ray).
 RUN_AS = 1000
 HOME_VOLUME = "home"
 HOME_DIR = "/home/tpupipe"
@@ -148,13 +150,18 @@ def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
-def _pod_security(spec: RunSpec) -> dict[str, Any]:
-    user = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS} if spec.gke.run_as_non_root else {}
+def non_root(spec: RunSpec, tpu: bool) -> bool:
+    """Whether a pod runs as uid/gid 1000: one without TPU chips always, a TPU worker with gke.run_as_non_root."""
+    return not tpu or spec.gke.run_as_non_root
+
+
+def _pod_security(spec: RunSpec, tpu: bool) -> dict[str, Any]:
+    user = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS} if non_root(spec, tpu) else {}
     return {**user, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _container_security(spec: RunSpec) -> dict[str, Any]:
-    dropped = {"capabilities": {"drop": ["ALL"]}} if spec.gke.run_as_non_root else {}
+def _container_security(spec: RunSpec, tpu: bool) -> dict[str, Any]:
+    dropped = {"capabilities": {"drop": ["ALL"]}} if non_root(spec, tpu) else {}
     return {
         "allowPrivilegeEscalation": False,
         "privileged": False,
@@ -264,7 +271,7 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
         "image": t.image,
         "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
         "resources": _resources(c.head_cpus, c.head_memory_gib),
-        "securityContext": _container_security(spec),
+        "securityContext": _container_security(spec, tpu=False),
     }
     env = _common_env(spec)
     if env:
@@ -274,7 +281,7 @@ def _head_group(spec: RunSpec, t: Target) -> dict[str, Any]:
     container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": t.run_dir}, *scratch_mounts, *token_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
-        "securityContext": _pod_security(spec),
+        "securityContext": _pod_security(spec, tpu=False),
         "containers": [container],
         "volumes": [_checkpoint_volume(t), *scratch_volumes, *token_volumes],
     }
@@ -306,7 +313,7 @@ def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> d
         "name": "ray-worker",
         "image": t.image,
         "resources": resources,
-        "securityContext": _container_security(spec),
+        "securityContext": _container_security(spec, tpu=True),
     }
     env = _worker_env(spec)
     if env:
@@ -317,7 +324,7 @@ def _worker_group(spec: RunSpec, t: Target, slice_index: int | None = None) -> d
     volumes += [*scratch_volumes, *token_volumes]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": t.service_account,
-        "securityContext": _pod_security(spec),
+        "securityContext": _pod_security(spec, tpu=True),
         # The notice a preempted worker gets, SIGTERM to SIGKILL: a Spot VM's pods get 15 s of its 30 s notice by
         # default (up to 120 s on GKE >= 1.35.0-gke.1171000; https://cloud.google.com/kubernetes-engine/docs/
         # concepts/spot-vms, "Termination and graceful shutdown of Spot VMs"), the kubelet never more than the pod's

@@ -3,8 +3,10 @@
 The ledger sits under the run's output root, which the run's own pods can write; teardown runs as the pipeline's
 service account (container and compute admin). So a ledger entry is where to look (a location provision fell back to,
 a resource not yet labelled), never an authority: an entry is deleted only when its project is the run's and its
-name is one the run id derives (``components.spec.names``, through ``plan.resources``), and the bucket binding only
-when its member is the run's own Kubernetes ServiceAccount. Anything else the ledger names is left alone and said.
+name is one the run id derives (``components.spec.names``, through ``plan.resources``). A bucket binding entry (a
+Kubernetes ServiceAccount's UID principal: ``plan.target.member``) only says that the run made its bindings: teardown
+removes the bindings whose conditions carry the run's titles in the bucket's policy, which no pod can write, never a
+member the ledger names (``Clients.revoke_bucket``). Anything else the ledger names is left alone and said.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ def derived_names(ctx: RunContext) -> dict[str, set[str]]:
 def is_owned(t: Target, derived: dict[str, set[str]], kind: str, name: str) -> bool:
     """Whether the ledger's entry (``kind``, ``name``) is the run's own to delete: ``t`` its target, ``derived`` the
     names it creates (``derived_names``)."""
-    if kind == "iam_binding":  # principal://iam.googleapis.com/projects/NUMBER/locations/global/...
-        return name.startswith("principal://iam.googleapis.com/projects/") and name.endswith(
-            f"/workloadIdentityPools/{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
+    if kind == "iam_binding":  # principal://iam.googleapis.com/projects/NUMBER/locations/global/... (target.member)
+        pool = f"/workloadIdentityPools/{t.project}.svc.id.goog/"
+        return (
+            name.startswith("principal://iam.googleapis.com/projects/")
+            and pool in name
+            and name.rsplit(pool, 1)[1].startswith("kubernetes.serviceaccount.uid/")
         )
     if name.rsplit("/", 1)[-1] not in derived.get(kind, set()):
         return False

@@ -25,7 +25,7 @@ STAGE_OF_KIND = {
     "workload-policy": "provision",
     "cloud-nat": "provision",
     "gcs-bucket": "provision",
-    "iam-binding": "provision",
+    "iam-binding": "deploy_raycluster",  # after the ServiceAccount it names by UID (``target.member``)
     "gke-cluster": "provision",
     "node-pool": "provision",
     "autopilot-tpu-nodes": "provision",
@@ -175,9 +175,7 @@ def _compute_record(kind: str, body: dict[str, Any], summary: str, t: Target) ->
 
 
 def storage_records(t: Target) -> list[Resource]:
-    """The checkpoint bucket (shared by runs, kept) and the run's Workload Identity bindings on it: its own prefix
-    read and written, the cache prefix only read."""
-    binding, cached = bucket_binding(t), cache_binding(t)
+    """The checkpoint bucket (shared by runs, kept)."""
     prefix = f"gs://{t.bucket}/{names.run_prefix(t.run_id)}/"
     return [
         Resource(
@@ -190,11 +188,22 @@ def storage_records(t: Target) -> list[Resource]:
             path=t.bucket,
             deleted_by_teardown=False,
         ),
+    ]
+
+
+def binding_records(t: Target) -> list[Resource]:
+    """The run's Workload Identity bindings on the bucket, made once deploy_raycluster has created the run's
+    Kubernetes ServiceAccount, whose UID they name (``target.member``): its own prefix read and written, the cache
+    prefix only read."""
+    binding, cached = bucket_binding(t), cache_binding(t)
+    prefix = f"gs://{t.bucket}/{names.run_prefix(t.run_id)}/"
+    return [
         Resource(
             "iam-binding",
             f"{binding['role']} on gs://{t.bucket}",
             "create",
-            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} (Workload Identity principal), "
+            f"for Kubernetes ServiceAccount {t.namespace}/{t.service_account} of cluster {t.cluster}, by its UID "
+            "(Workload Identity principal: no ServiceAccount of that name in another cluster, or made again, is it), "
             f"on the objects under {prefix} only (an IAM condition): never the registered checkpoints under "
             f"gs://{t.bucket}/{names.MODELS_PREFIX}/, which register copies there with the pipeline's identity",
             labels=names.labels(t.run_id),

@@ -182,13 +182,35 @@ def target(spec: RunSpec, run_id: str) -> Target:
     )
 
 
-def _member(t: Target) -> str:
-    """The run's Kubernetes ServiceAccount as a Workload Identity Federation principal (the project number is looked
-    up when the run provisions)."""
+# What the plan shows in place of the run's Kubernetes ServiceAccount's UID, which its cluster's API server assigns when
+# deploy_raycluster creates it ("Populated by the system. Read-only":
+# https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/object-meta/#ObjectMeta, ``uid``).
+SERVICE_ACCOUNT_UID = "SERVICEACCOUNT_UID"
+
+
+def member(t: Target, uid: str = SERVICE_ACCOUNT_UID) -> str:
+    """The run's Kubernetes ServiceAccount as a Workload Identity Federation principal, by its UID: "All GKE Pods that
+    use a specific Kubernetes service account", by service account ID
+    (``principal://.../workloadIdentityPools/PROJECT_ID.svc.id.goog/kubernetes.serviceaccount.uid/SERVICEACCOUNT_ID``:
+    https://cloud.google.com/iam/docs/principal-identifiers, and GKE's "Authenticate to Google Cloud APIs from GKE
+    workloads": https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity, whose principal identifiers
+    are those of https://cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#principal-id-examples).
+    A UID is the object's alone: "Every object created over the whole lifetime of a Kubernetes cluster has a distinct
+    UID" (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#uids), so neither a ServiceAccount
+    of the same namespace and name in another cluster of the project's workload identity pool, nor one made again
+    under that name in the run's cluster, is this principal, where ``subject/ns/NAMESPACE/sa/NAME`` is all of them
+    ("Identity sameness", same page). The project number and the UID are filled in when deploy_raycluster has created
+    the ServiceAccount (``components.cloud.storage.member``)."""
     return (
         "principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
-        f"{t.project}.svc.id.goog/subject/ns/{t.namespace}/sa/{t.service_account}"
+        f"{t.project}.svc.id.goog/kubernetes.serviceaccount.uid/{uid}"
     )
+
+
+def binding_titles(t: Target) -> tuple[str, str]:
+    """The titles of the conditions of the run's two bindings on the bucket (``bucket_binding``, ``cache_binding``):
+    what teardown finds them by in the bucket's policy, which only the pipeline's identity writes."""
+    return f"tpupipe run {t.run_id}", f"tpupipe run {t.run_id}: cache"
 
 
 def bucket_binding(t: Target) -> dict[str, Any]:
@@ -203,9 +225,9 @@ def bucket_binding(t: Target) -> dict[str, Any]:
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectUser",
-        "member": _member(t),
+        "member": member(t),
         "condition": {
-            "title": f"tpupipe run {t.run_id}",
+            "title": binding_titles(t)[0],
             "description": f"the objects under {names.run_prefix(t.run_id)}/ only, and listing the bucket",
             "expression": (
                 f'{prefix_condition(t.bucket, names.run_prefix(t.run_id))} || resource.type == "{BUCKET_RESOURCE_TYPE}"'
@@ -225,9 +247,9 @@ def cache_binding(t: Target) -> dict[str, Any]:
     return {
         "bucket": t.bucket,
         "role": "roles/storage.objectViewer",
-        "member": _member(t),
+        "member": member(t),
         "condition": {
-            "title": f"tpupipe run {t.run_id}: cache",
+            "title": binding_titles(t)[1],
             "description": f"reading the objects under {CACHE_PREFIX}/ only",
             "expression": prefix_condition(t.bucket, CACHE_PREFIX),
         },

@@ -1,9 +1,9 @@
 """The creation handlers of deploy_raycluster: the run's Kubernetes objects (``k8s_records``) applied in order
-through the stage's :class:`session.Session` (the namespace, ServiceAccount and DCN claim template get-or-create; the
-Hugging Face token Secret from Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret, which a
-KubeRay 1.5 generates itself), then the RayCluster by server-side apply, waited on until every worker is available
-(``readiness``). Before any of it, the check that the cluster's KubeRay serves every RayCluster field the run sets
-(``check_kuberay``).
+through the stage's :class:`session.Session` (the namespace and DCN claim template get-or-create; the ServiceAccount
+created by the run, then the run's bindings on the bucket that name it by its UID; the Hugging Face token Secret from
+Secret Manager or $HF_TOKEN when the namespace has none; the Ray token Secret, which a KubeRay 1.5 generates itself),
+then the RayCluster by server-side apply, waited on until every worker is available (``readiness``). Before any of it,
+the check that the cluster's KubeRay serves every RayCluster field the run sets (``check_kuberay``).
 """
 
 from __future__ import annotations
@@ -53,6 +53,30 @@ def k8s_object(s: Session, res: Resource) -> None:
         kube.ensure_namespace()
     else:
         kube.ensure(res.body)
+
+
+# Where the ledger keeps the UID of the Kubernetes ServiceAccount the run created (``service_account``).
+SERVICE_ACCOUNT_UID_KEY = "service_account_uid"
+
+
+def service_account(s: Session, res: Resource) -> None:
+    """The run's Kubernetes ServiceAccount, created by this run: its UID, which the run's bucket bindings name
+    (``plan.target.member``), recorded in the ledger at once. One of that name that was there already is used only
+    when its UID is the one recorded (this run made it, a retried stage finds it); any other was made by someone
+    else, who would get the run's bucket access through it, and is refused before any binding names it."""
+    kube, name = _kube(s), res.body["metadata"]["name"]
+    created = kube.ensure(res.body)
+    uid = kube.service_account_uid(name)
+    if created:
+        s.record_value(SERVICE_ACCOUNT_UID_KEY, uid)
+    elif s.ledger.get(SERVICE_ACCOUNT_UID_KEY) != uid:
+        raise SpecError(
+            "run_id",
+            f"the Kubernetes ServiceAccount {s.t.namespace}/{name} already exists and this run did not create it: "
+            "the run's bucket access goes to its ServiceAccount, so whoever made that one would get it",
+            ["a new run id", f"delete ServiceAccount {name} in namespace {s.t.namespace} if it is no one's"],
+        )
+    s.service_account_uid = uid
 
 
 def secret(s: Session, res: Resource) -> None:

@@ -1,9 +1,10 @@
 """The creation handlers of provision and build_image: one per kind of the plan's records (``records``), each
 applying its record get-or-create through the stage's :class:`session.Session`, recording what it creates in the
 run's ledger before it waits on it. Provision's: the Compute Engine resources (DCN networks, subnets, firewall rules,
-the TPU7x workload policy), the checkpoint bucket and the run's binding on it, the GKE cluster (created, or the
-existing one named, what it lacks that GKE enables in place enabled first: ``features``) and its node pools;
-build_image's: the Artifact Registry repository, the build context and the Cloud Build of the trainer image.
+the TPU7x workload policy), the checkpoint bucket, the GKE cluster (created, or the existing one named, what it lacks
+that GKE enables in place enabled first: ``features``) and its node pools; build_image's: the Artifact Registry
+repository, the build context and the Cloud Build of the trainer image; deploy_raycluster's: the bindings of the run's
+Kubernetes ServiceAccount on the bucket.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ def bucket(s: Session, res: Resource) -> None:
 
 
 def binding(s: Session, res: Resource) -> None:
-    """The run's binding the record's body names (its own prefix, or the cache prefix read-only: ``plan.target``)."""
-    _, who = s.clients.bucket_member(s.t, s.client("creds"))
+    """The run's binding the record's body names (its own prefix, or the cache prefix read-only: ``plan.target``), for
+    the Kubernetes ServiceAccount the walk created just before, by its UID (``deploy.service_account``)."""
+    if not s.service_account_uid:
+        raise AssertionError("the run's bindings name its ServiceAccount, which the plan creates before them")
+    _, who = s.clients.bucket_member(s.t, s.service_account_uid, s.client("creds"))
     s.record("iam_binding", who)
     s.client("storage").add_binding(s.t.bucket, res.body["role"], who, res.body["condition"])
 

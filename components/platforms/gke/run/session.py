@@ -30,6 +30,12 @@ class Session:
         self.deploy_result: dict[str, Any] = {}
         self.kuberay_generates_token = False  # KubeRay 1.5: it makes the Ray token's Secret (deploy.check_kuberay)
         self._project_number: str | None = None
+        self.service_account_uid = ""  # of the run's Kubernetes ServiceAccount, once deploy created it
+
+    def record_value(self, key: str, value: Any) -> None:
+        """Write ``key: value`` into the stored ledger at once (and this session's copy)."""
+        ledgers.update(self.ctx.store, lambda stored: stored.update({key: value}))
+        self.ledger[key] = value
 
     def node_service_account(self) -> str:
         """The nodes' service account, the default's project number filled in (looked up once)."""

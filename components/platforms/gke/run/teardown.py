@@ -82,9 +82,16 @@ def remaining(ctx: RunContext) -> list[str]:
     ledger = ledgers.load(ctx.store)
     if not ledger or ledger.get("torn_down") or not ledger.get("created"):
         return []
-    return [f"{e['kind'].replace('_', ' ')} {e['name'].rsplit('/', 1)[-1]}" for e in reversed(ledger["created"])] + [
-        f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"
-    ]
+    return [
+        f"{e['kind'].replace('_', ' ')} {_shown(ctx, e['kind'], e['name'])}" for e in reversed(ledger["created"])
+    ] + [f"the Kubernetes objects labelled {names.RUN_LABEL}={ctx.run_id}"]
+
+
+def _shown(ctx: RunContext, kind: str, name: str) -> str:
+    """How ``remaining`` names a ledger entry: by its last path segment; a bucket binding by the run's Kubernetes
+    ServiceAccount, whose UID its principal ends with (``plan.target.member``)."""
+    last = name.rsplit("/", 1)[-1]
+    return f"{names.service_account(ctx.run_id)} (UID {last})" if kind == "iam_binding" else last
 
 
 def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Target) -> list[str]:
@@ -101,7 +108,7 @@ def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Ta
         elif kind in COMPUTE_KINDS.values():
             gone = (compute or clients.compute()).delete(kind, name)
         elif kind == "iam_binding":
-            deleted += clients.revoke_bucket(t, name)
+            deleted += [d for d in clients.revoke_bucket(t) if d not in deleted]
             continue
         else:
             continue

@@ -39,7 +39,7 @@ HANDLERS = {
     "build-source": handlers.build_source,
     "container-image": handlers.image,
     "k8s/Namespace": deploy.k8s_object,
-    "k8s/ServiceAccount": deploy.k8s_object,
+    "k8s/ServiceAccount": deploy.service_account,
     "k8s/ResourceClaimTemplate": deploy.k8s_object,
     "k8s/NetworkPolicy": deploy.k8s_object,
     "k8s/PodTemplate": deploy.k8s_object,
