@@ -1,9 +1,10 @@
 """The typed KFP artifacts the Vertex AI UI shows for a run, written from the stages' records: the same figures as
 ``summary.json``, from the same records.
 
-- snapshot_data: the run's data as a ``Dataset`` (its metadata the run's own copy of the training examples, that
-  copy's content digest, the snapshot's digest, its manifest and counts: the lineage dataset -> model) and its
-  data card as ``Markdown`` (``components.stages.dataset.card``);
+- snapshot_data: the run's data as a ``Dataset`` (its uri the run's own copy of the training examples where the
+  backend takes it, ``point``; its metadata that copy's location and content digest, the snapshot's digest, its
+  manifest and counts: the lineage dataset -> model) and its data card as ``Markdown``
+  (``components.stages.dataset.card``);
 - train: ``Metrics`` (final loss, tokens/s, seconds, restarts) and an ``HTML`` loss curve;
 - evaluate: ``Metrics`` (held-out loss and perplexity before/after, and the champion's when there is one), a
   ``Markdown`` summary, and the ``Model`` (its uri the checkpoint in Cloud Storage, its metadata the run's
@@ -37,6 +38,24 @@ def _record(store: RunStore, stage: str) -> dict[str, Any]:
     return read_json(store, f"stages/{stage}.json") or {}
 
 
+def point(artifact: Any, uri: str) -> None:
+    """Name where ``artifact``'s content is (``uri``: the run's copy of its data, a checkpoint) in its metadata
+    (``location``), and point its uri there where the backend takes that: Vertex AI (a task there has
+    ``VERTEX_TASK_ENV``) and kfp.local (its uris are local paths). Kubeflow Pipelines' launcher refuses an output
+    artifact whose uri is outside the pipeline root ("does not have expected bucket prefix": kubeflow/pipelines
+    backend/src/v2/component/launcher_v2.go, uploadOutputArtifacts, and backend/src/v2/objectstore/config.go,
+    KeyFromURI, at 2.15.0 and 2.17.0), so there the uri it gave stays."""
+    import os
+
+    from components.platforms import VERTEX_TASK_ENV
+
+    if not uri:
+        return
+    artifact.metadata["location"] = uri
+    if VERTEX_TASK_ENV in os.environ or "://" not in (artifact.uri or ""):
+        artifact.uri = uri
+
+
 def snapshot_data(store: RunStore, data, card_md) -> None:
     from components.stages.dataset import CARD, MANIFEST
 
@@ -46,13 +65,9 @@ def snapshot_data(store: RunStore, data, card_md) -> None:
     if manifest is None or text is None:
         text = f"# Data card: `{result.get('dataset')}`\n\nNothing snapshotted: neither files nor a table.\n"
     copy = ((manifest or {}).get("copies") or {}).get("train") or {}
-    # The artifact keeps the uri the launcher gave it: Kubeflow Pipelines' launcher refuses an output artifact whose
-    # uri is outside the pipeline root ("does not have expected bucket prefix": kubeflow/pipelines
-    # backend/src/v2/component/launcher_v2.go, uploadOutputArtifacts, and backend/src/v2/objectstore/config.go,
-    # KeyFromURI, at 2.15.0 and 2.17.0). Where the run's copy is lives in its metadata, with the copy's digest.
+    point(data, copy.get("uri", ""))
     data.metadata.update(
         {
-            "copy": copy.get("uri", ""),
             "source": result.get("dataset") or "",
             "digest": copy.get("digest", ""),  # the content of the run's own copy
             "snapshot": (manifest or {}).get("digest", ""),
@@ -114,7 +129,7 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
     train_result = _record(store, "train").get("result") or {}
     image = _record(store, "build_image").get("result") or {}
     cluster, t = spec["cluster"], spec["train"]
-    model.uri = train_result.get("checkpoint_uri") or train_result.get("checkpoint") or model.uri
+    point(model, train_result.get("checkpoint_uri") or train_result.get("checkpoint") or "")
     model.metadata.update(
         {
             "preset": spec["name"],
@@ -214,7 +229,7 @@ def vertex_model(artifact, result: dict[str, Any]) -> None:
         artifact.uri = f"https://{location}-aiplatform.googleapis.com/v1/{resource}"
         artifact.metadata["resourceName"] = resource
     else:
-        artifact.uri = result.get("artifact_uri") or artifact.uri
+        point(artifact, result.get("artifact_uri") or "")
 
 
 def run_ledger(store: RunStore, metrics, timeline_html) -> None:

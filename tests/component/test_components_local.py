@@ -106,7 +106,7 @@ def test_teardown_without_a_cluster_succeeds_and_writes_a_summary(tmp_path):
 
 
 def test_snapshot_data_outputs_the_runs_copy_as_a_dataset_and_its_data_card(tmp_path):
-    """The Dataset names the run's own copy of its training examples with that copy's content digest; the Markdown is
+    """The Dataset is the run's own copy of its training examples with that copy's content digest; the Markdown is
     the data card the stage wrote beside its manifest."""
     rows = [{"instruction": f"Repeat w{i}.", "response": f"w{i} w{i}"} for i in range(40)]
     (tmp_path / "sft").mkdir()
@@ -117,8 +117,8 @@ def test_snapshot_data_outputs_the_runs_copy_as_a_dataset_and_its_data_card(tmp_
     assert task.outputs["Output"] == "train"
     manifest = json.loads((tmp_path / "runs" / "snap" / "data" / "manifest.json").read_text())
     data = task.outputs["data"]
-    assert data.metadata["copy"] == manifest["copies"]["train"]["uri"] == f"{tmp_path}/runs/snap/data/train.jsonl"
-    assert data.uri != data.metadata["copy"]  # the launcher's own: KFP refuses one outside the pipeline root
+    assert data.uri == data.metadata["location"] == manifest["copies"]["train"]["uri"]
+    assert data.uri == f"{tmp_path}/runs/snap/data/train.jsonl"
     assert data.metadata["digest"] == manifest["copies"]["train"]["digest"]
     assert (data.metadata["snapshot"], data.metadata["duplicates"]) == (manifest["digest"], 2)
     card = open(task.outputs["card"].path).read()
