@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.figures import Figure, table
-from components.platforms.local.keeper import lose_host
+from components.platforms.local.keeper import latest_step, lose_host
 from components.spec import protocol
 from components.workload import maxtext, resolve
 
@@ -201,25 +201,6 @@ def ray_moments(temp_dir: Path, killed_at: float, found: dict | None = None) -> 
     return found
 
 
-def _latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:
-    """The newest step the workers have written to their own log files (Ray's worker-*.out under the run's temp
-    dir): seconds ahead of logs/train.log, which comes through the Jobs API. Each node's session directory is
-    ``<node>/session_<time>``; only the head's has a ``session_latest`` link, and the training workers run on the
-    hosts, so every session directory is read (each file once)."""
-    latest = -1
-    for path in sorted({p.resolve() for p in temp_dir.glob("*/session_*/logs/worker-*.out")}):
-        try:
-            with open(path, errors="replace") as f:
-                f.seek(offsets.get(path, 0))
-                text = f.read()
-        except OSError:  # Ray removes the logs of workers it no longer keeps
-            continue
-        cut = text.rfind("\n") + 1
-        offsets[path] = offsets.get(path, 0) + len(text[:cut].encode())
-        latest = max([latest] + [e["step"] for e in timeline(text[:cut]) if e["kind"] == "step"])
-    return latest
-
-
 def _kill_when_due(proc: subprocess.Popen, run_dir: Path, step: int) -> tuple[float, int]:
     """Wait until the run has trained ``step`` (:func:`kill_step`), then lose the host. Returns (wall-clock time of
     the kill, the last step seen before it)."""
@@ -235,7 +216,7 @@ def _kill_when_due(proc: subprocess.Popen, run_dir: Path, step: int) -> tuple[fl
         time.sleep(0.05)
         ledger_path = run_dir / "ledger.json"
         if ledger_path.is_file():
-            latest = max(latest, _latest_step(Path(json.loads(ledger_path.read_text())["temp_dir"]), offsets))
+            latest = max(latest, latest_step(Path(json.loads(ledger_path.read_text())["temp_dir"]), offsets))
     ledger = json.loads((run_dir / "ledger.json").read_text())
     return lose_host(next(p for p in ledger["processes"] if p["role"] == LOST_HOST)), latest
 
