@@ -84,7 +84,8 @@ class ClusterSpec:
     # The notice a preempted host gets, from the drain of its Ray node (reason PREEMPTION, which Ray Train's preemption
     # watcher announces to the training) to its kill. On GKE the worker pods' terminationGracePeriodSeconds (Ray
     # 2.60's `ray start` drains its node on the pod's SIGTERM); locally the keeper's (cluster.drain_host_at_step).
-    # 15: GKE's default grace of a Spot VM's pods (up to 120 on GKE >= 1.35.0-gke.1171000).
+    # 15: GKE's default grace of a Spot VM's pods, and the most a slice takes (a longer one needs a node pool setting
+    # the run does not make); emulated hosts take up to 120.
     preemption_notice_s: float = 15.0
     # Testing aid of the emulated (cpu) hosts: once the training's workers have logged this global step, the keeper
     # drains the last host's Ray node (reason PREEMPTION, cluster.preemption_notice_s to its deadline) and kills the

@@ -69,6 +69,7 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("smoke", "cluster.drain_host_at_step=5", "cluster.drain_host_at_step"),  # emulated hosts only
         ("local-fsdp", "cluster.preemption_notice_s=0", "cluster.preemption_notice_s"),
         ("local-fsdp", "cluster.preemption_notice_s=121", "cluster.preemption_notice_s"),
+        ("gemma4-e2b-v6e-16", "cluster.preemption_notice_s=30", "cluster.preemption_notice_s"),
     ],
 )
 def test_bad_input_names_the_field(preset, overrides, field):
