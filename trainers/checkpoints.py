@@ -493,29 +493,6 @@ def save_final(model, tokenizer, meta: dict[str, Any], rank: int, directory: Pat
     (directory / f"{CHECKPOINT_META}.tmp").replace(directory / CHECKPOINT_META)
 
 
-def file_digests(directory: Path) -> dict[str, dict[str, str]]:
-    """Every file under ``directory`` (its name under it) and the digests of the bytes it holds now, read back from
-    the run's storage as the evaluate stage will find them: ``sha256`` (``sha256:<hex>``, what the local platform pins
-    a file by) and ``md5`` (base64, as Cloud Storage gives an object's ``md5Hash``:
-    https://cloud.google.com/storage/docs/json_api/v1/objects#resource). What the train job reports of the model whose
-    figure it measured, so that the evaluate stage can refuse other bytes (``Platform.measured_files_changed``)."""
-    import base64
-    import hashlib
-
-    found = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        sha256, md5 = hashlib.sha256(), hashlib.md5()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                sha256.update(chunk)
-                md5.update(chunk)
-        found[path.relative_to(directory).as_posix()] = {
-            "sha256": "sha256:" + sha256.hexdigest(),
-            "md5": base64.b64encode(md5.digest()).decode(),
-        }
-    return found
-
-
 class UncommittedCheckpoint(RuntimeError):
     """A checkpoint without its commit marker: a save cut short, never loaded."""
 

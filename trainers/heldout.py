@@ -137,23 +137,15 @@ class InJob:
         return self.measure(model, "after") if self.on else {}
 
 
-# The digests of the trained model's files the job measured (``trainers.checkpoints.file_digests``), beside its figure.
-MODEL_FILES = "model_files"
-
-
-def of_checkpoint(metrics: dict[str, Any] | None, files: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+def of_checkpoint(metrics: dict[str, Any] | None) -> dict[str, Any]:
     """The trained model's figure as the driver returns it: from the metrics Ray Train kept with the checkpoint the
     job returns, so only a figure measured on that checkpoint (the last epoch's; an earlier epoch's best checkpoint
-    has none), with the digests of that checkpoint's files (``MODEL_FILES``: the FSDP trainer's rank 0 reports them
-    with the metrics, MaxText's driver gives ``files``), which the evaluate stage holds the checkpoint to. Empty when
-    there is none: the evaluation job measures it."""
+    has none). Empty when there is none: the evaluation job measures it."""
     found = metrics or {}
     if "eval_loss" not in found:
         return {}
-    files = files if files is not None else found.get(MODEL_FILES)
     return {
         "eval_loss_after": found["eval_loss"],
         "eval_key": found["eval_key"],
         "num_eval_examples": found["num_eval_examples"],
-        **({MODEL_FILES: files} if files else {}),
     }

@@ -321,11 +321,10 @@ def run_train(
         spec, scaling, [*args, *maxtext_eval.in_job_eval(spec, args)], output_dir, run_name, spec.train.max_failures
     )
     checkpoint = latest_checkpoint(output_dir, run_name)
-    files = checkpoints.file_digests(checkpoint) if checkpoint else None  # the bytes the evaluate stage holds it to
     return {
         "checkpoint": str(checkpoint) if checkpoint else None,
         "final_metrics": metrics,
-        "heldout": heldout.of_checkpoint(metrics, files),  # the trained model's figure, measured on its final state
+        "heldout": heldout.of_checkpoint(metrics),  # the trained model's figure, measured on its final state
         "device": "cpu" if spec.cluster.accelerator == "cpu" else "tpu",
         "backend": "jax",
         "num_workers": spec.total_hosts,

@@ -11,16 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec, protocol
-from trainers import checkpoints, heldout
-from trainers.checkpoints import (
-    FINAL_PREFIX,
-    SHARDED_PREFIX,
-    AsyncSaver,
-    Position,
-    file_digests,
-    save_final,
-    training_digest,
-)
+from trainers import checkpoints
+from trainers.checkpoints import FINAL_PREFIX, SHARDED_PREFIX, AsyncSaver, Position, save_final, training_digest
 
 PREEMPTION_POLL_STEPS = 10  # steps between asks whether a preemption is announced (a barrier over the workers)
 
@@ -150,10 +142,6 @@ class Checkpointer:
             directory.mkdir(parents=True, exist_ok=True)
         meta = {**self._meta(at), "final": True, "loss": metrics.get("loss")}
         save_final(self.model, self.tokenizer, meta, self.rank, directory)
-        if (
-            self.rank == 0
-        ):  # the bytes of the model whose figure ``metrics`` holds, as the evaluate stage will read them
-            metrics = {**metrics, heldout.MODEL_FILES: file_digests(directory)}
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(str(directory)) if self.rank == 0 else None,

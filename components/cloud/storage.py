@@ -150,14 +150,6 @@ class Storage(Adapter):
         rewrite of it is a new generation: https://cloud.google.com/storage/docs/metadata#generation-number)."""
         return {b.name.removeprefix(f"{prefix}/"): int(b.generation) for b in self._listed(name, prefix)}
 
-    def listing(self, name: str, prefix: str) -> dict[str, tuple[str, str]]:
-        """Every object under ``prefix/``, by its name under it: its generation (as text) and its data's MD5
-        (``md5Hash``, base64; empty for a composite object, which has none:
-        https://cloud.google.com/storage/docs/json_api/v1/objects#resource), from one listing."""
-        return {
-            b.name.removeprefix(f"{prefix}/"): (str(b.generation), b.md5_hash or "") for b in self._listed(name, prefix)
-        }
-
     def _listed(self, name: str, prefix: str) -> list:
         under = f"{prefix}/"
         return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))

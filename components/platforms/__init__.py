@@ -153,15 +153,6 @@ class Platform(ABC):
         checkpoint it measured, and what ``keep_registered`` copies exactly."""
 
     @abstractmethod
-    def measured_files_changed(
-        self, ctx: RunContext, uri: str, versions: dict[str, str], files: dict[str, dict[str, str]]
-    ) -> list[str]:
-        """The files of the checkpoint ``uri`` whose bytes are not those the train job measured (``files``: each
-        file's ``sha256`` and ``md5`` as the job read them back, ``trainers.checkpoints.file_digests``), each file
-        also still at its pinned version (``versions``, ``checkpoint_versions`` as the evaluate stage read them): one
-        added, gone or other. Empty when the pinned checkpoint is the one measured."""
-
-    @abstractmethod
     def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
         """A copy of the trained checkpoint ``uri`` (under the run's own prefix, which its pods write) where no run's
         pods can write, made by the pipeline's side before the version is registered: the copy's uri, what the

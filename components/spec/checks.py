@@ -32,7 +32,6 @@ MIN_GENERATE_EXAMPLES = 16
 SPOT_NOTICE_S = 15.0  # a GKE Spot VM pod's share of its preemption notice, by default
 
 
-
 def _check_counts(spec: RunSpec) -> None:
     """Counts and durations: positive where zero means nothing, non-negative where zero means "off"."""
     c, t = spec.cluster, spec.train

@@ -326,7 +326,6 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         log(f"evaluate: not measuring {champion['ref']}: {champion['not_compared']}")
     not_held_out = gate.not_held_out(ctx.spec)
     known = known_figures(ctx, train_result, start, champion)
-    _hold_to_what_the_train_job_measured(ctx, train_result, measured, known)
     wanted = ["before", "after"] + (["champion"] if champion.get("path") else [])
     missing = () if not_held_out else tuple(w for w in wanted if w not in known)
     recorded, answer = answers.plan_champion(ctx, train_result, champion)  # the champion's answers: kept, or again
@@ -335,8 +334,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     if generate:
         log(f"evaluate: {champion['ref']} answers the evaluation prompts again: no answers of its under this key")
     job: dict[str, Any] = {"records": []}
-    unkept = ("seconds", MODEL_FILES, *FIGURES.values())
-    result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in unkept}
+    result = {k: v for k, v in (train_result.get("heldout") or {}).items() if k not in ("seconds", *FIGURES.values())}
     result.update(device=train_result.get("device"), num_workers=train_result.get("num_workers"))
     if not_held_out:  # register keeps the champion whatever such a figure says (registration.register)
         log(f"evaluate: not held out: {not_held_out}; the gate does not promote on it, so nothing more is measured")
@@ -390,30 +388,6 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
 
 
 MEASURED = "measured_checkpoint"  # in evaluate's result: the checkpoint's uri and its files' versions
-MODEL_FILES = "model_files"  # in the train job's held-out figures: its checkpoint's files' digests (trainers.heldout)
-
-
-def _hold_to_what_the_train_job_measured(
-    ctx: RunContext, train_result: dict[str, Any], measured: dict[str, Any], known: dict[str, tuple[float, str]]
-) -> None:
-    """The trained model's figure is the train job's only for the bytes it measured: the checkpoint pinned now
-    (``measured``) must hold the files the job reported with the figure (``MODEL_FILES``: their digests as it read
-    them back), else the run's pods changed it in between and nothing is registered (``JobFailed``). A figure
-    reported without them is not used: the evaluation job measures the pinned checkpoint again."""
-    if known.get("after", (None, ""))[1] != "the train job":
-        return
-    files = (train_result.get("heldout") or {}).get(MODEL_FILES)
-    if not files:
-        log("evaluate: the train job reported no digests of the model it measured: its figure is measured again")
-        del known["after"]
-        return
-    changed = get_platform(ctx.platform).measured_files_changed(ctx, measured["uri"], measured["versions"], files)
-    if changed:
-        raise JobFailed(
-            f"evaluate: checkpoint {measured['uri']} is not the model the train job measured ({', '.join(changed)}: "
-            "added, gone or other bytes since): its figure is of other bytes, so nothing is registered; run the "
-            "pipeline again under a new run id"
-        )
 
 
 def pin_checkpoint(ctx: RunContext, train_result: dict[str, Any]) -> dict[str, Any]:

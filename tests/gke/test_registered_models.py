@@ -67,38 +67,6 @@ def test_a_registered_checkpoint_is_unchanged_by_a_reused_run_id_and_by_another_
     assert project.storage.objects_of(BUCKET, "models/") == kept
 
 
-def test_a_checkpoint_other_than_the_one_the_train_job_measured_is_found_by_its_md5_at_its_pinned_generation(
-    tmp_path, project_factory
-):
-    """The train job's digests of the files it measured (their MD5 as Cloud Storage keeps an object's ``md5Hash``)
-    held against the checkpoint as the evaluate stage pins it: one listing, each object at its pinned generation with
-    that MD5, none added or gone; a pod's rewrite with other bytes, or an added object, is found."""
-    import base64
-    import hashlib
-
-    project = project_factory()
-    gke, mine, _, pod = _two_runs_and_mine_pods_client(tmp_path, project)
-    trained, under = f"gs://{BUCKET}/runs/mine/train/final_00000002", "runs/mine/train/final_00000002"
-    bucket = pod.bucket(BUCKET)
-    for name, data in CHECKPOINT.items():
-        bucket.blob(f"{under}/{name}").upload_from_string(data)
-    files = {  # as trainers.checkpoints.file_digests reads them back
-        name: {"sha256": "", "md5": base64.b64encode(hashlib.md5(data).digest()).decode()}
-        for name, data in CHECKPOINT.items()
-    }
-    pinned = gke.checkpoint_versions(mine, trained)
-    assert gke.measured_files_changed(mine, trained, pinned, files) == []
-    swapped = {**files, "model.safetensors": {"sha256": "", "md5": files["config.json"]["md5"]}}
-    assert gke.measured_files_changed(mine, trained, pinned, swapped) == ["model.safetensors"]  # not what it read
-    bucket.blob(f"{under}/planted.py").upload_from_string(b"import os")
-    assert gke.measured_files_changed(mine, trained, pinned, files) == ["planted.py"]
-    bucket.blob(f"{under}/planted.py").delete()
-    bucket.blob(f"{under}/model.safetensors").upload_from_string(b"weights")  # the same bytes, a new generation
-    assert gke.measured_files_changed(mine, trained, pinned, files) == ["model.safetensors"]
-    for ctx in (mine,):
-        gke.teardown(ctx)
-
-
 def test_a_checkpoint_rewritten_after_it_was_evaluated_is_not_registered(tmp_path, project_factory):
     """Register copies exactly the object generations the evaluate stage recorded (``checkpoint_versions``), each
     rewrite with ``ifSourceGenerationMatch``: the run's pods rewriting an object of the checkpoint between evaluate

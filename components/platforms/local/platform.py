@@ -171,17 +171,6 @@ class LocalPlatform(Platform):
             raise InfraError(f"checkpoint {uri} is not a directory on this machine")
         return {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
-    def measured_files_changed(
-        self, ctx: RunContext, uri: str, versions: dict[str, str], files: dict[str, dict[str, str]]
-    ) -> list[str]:
-        """The pinned sha256 of each file (``checkpoint_versions``) against the job's."""
-        now = self.checkpoint_versions(ctx, uri)
-        return sorted(
-            n
-            for n in set(files) | set(versions) | set(now)
-            if not (files.get(n, {}).get("sha256") == versions.get(n) == now.get(n))
-        )
-
     def keep_registered(self, ctx: RunContext, uri: str, model: str, versions: dict[str, str]) -> str:
         """A copy under ``<output root>/_models/<model>/<run id>/``, beside the runs and in none of their directories,
         its files read-only; made whole, each copied file's bytes hashed against ``versions``, then renamed into

@@ -377,20 +377,6 @@ class GkePlatform(Platform):
         prefix = self._own_object_path(ctx, uri)
         return {n: str(g) for n, g in self.clients.storage(t).generations(t.bucket, prefix).items()}
 
-    def measured_files_changed(
-        self, ctx: RunContext, uri: str, versions: dict[str, str], files: dict[str, dict[str, str]]
-    ) -> list[str]:
-        """One listing of the checkpoint's objects: each at its pinned generation, with the MD5 the job read back
-        (Cloud Storage's ``md5Hash`` of that generation's data:
-        https://cloud.google.com/storage/docs/json_api/v1/objects#resource); none added, none gone."""
-        t = self._target(ctx)
-        now = self.clients.storage(t).listing(t.bucket, self._own_object_path(ctx, uri))
-        return sorted(
-            n
-            for n in set(files) | set(versions) | set(now)
-            if n not in now or now[n] != (versions.get(n), files.get(n, {}).get("md5"))
-        )
-
     def _own_object_path(self, ctx: RunContext, uri: str) -> str:
         """``uri``'s object path in the bucket, refused unless it is under the run's own prefix."""
         t = self._target(ctx)
