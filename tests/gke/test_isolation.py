@@ -246,6 +246,32 @@ def test_a_service_account_of_the_runs_name_made_by_someone_else_is_refused_befo
     gke.teardown(ctx)
 
 
+def test_a_retried_deploy_whose_first_try_made_the_service_account_but_never_read_its_uid_goes_on(
+    tmp_path, project_factory
+):
+    """A first try that created the run's ServiceAccount and then failed before it recorded the UID (its read failed,
+    its task was preempted): the retry knows the account by the random mark the first try recorded before creating
+    it, records the UID and binds it; one made by anyone else carries no such mark (the test above)."""
+    from components.platforms import ledger as ledgers
+    from components.platforms.gke.run import deploy
+
+    project = project_factory()
+    project.kube.ready_without_ray = True
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "retried", NO_HF)
+    gke.provision(ctx)
+    kube, _, _ = gke.clients.kube(ctx)
+    kube.ensure_namespace()
+    mark = "0f" * 16  # what the first try recorded, then put on the account it created
+    ledgers.update(ctx.store, lambda stored: stored.update({deploy.SERVICE_ACCOUNT_MARK_KEY: mark}))
+    first = {"name": names.service_account("retried"), "annotations": {deploy.SERVICE_ACCOUNT_MARK: mark}}
+    kube.ensure({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": first})
+    gke.deploy_raycluster(ctx)
+    uid, _ = kube.service_account_uid(names.service_account("retried"))
+    assert ledgers.load(ctx.store)[deploy.SERVICE_ACCOUNT_UID_KEY] == uid
+    gke.teardown(ctx)
+
+
 def test_another_runs_checkpoint_is_copied_into_the_runs_prefix_before_its_pods_read_it(tmp_path, project_factory):
     """A registered checkpoint (the champion, train.init_from) lives under the run that made it, out of this run's
     reach: the stage copies it, server-side, into ``runs/<run id>/inputs/`` and the job reads it there, through the

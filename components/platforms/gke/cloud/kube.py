@@ -140,9 +140,11 @@ class Kube:
         self.log(f"created {kind} {ns}/{obj['metadata']['name']}")
         return True
 
-    def service_account_uid(self, name: str) -> str:
-        """The UID the API server gave the ServiceAccount ``name`` of the namespace when it created it."""
-        return str(self.core.read_namespaced_service_account(name, self.namespace).metadata.uid)
+    def service_account_uid(self, name: str) -> tuple[str, dict[str, str]]:
+        """The UID the API server gave the ServiceAccount ``name`` of the namespace when it created it, and the
+        annotations it carries."""
+        meta = self.core.read_namespaced_service_account(name, self.namespace).metadata
+        return str(meta.uid), dict(meta.annotations or {})
 
     def secret(self, name: str) -> dict[str, str] | None:
         from kubernetes.client.exceptions import ApiException

@@ -55,8 +55,13 @@ def k8s_object(s: Session, res: Resource) -> None:
         kube.ensure(res.body)
 
 
-# Where the ledger keeps the UID of the Kubernetes ServiceAccount the run created (``service_account``).
+# Where the ledger keeps the UID of the Kubernetes ServiceAccount the run created (``service_account``), and the
+# random mark it put on it before creating it (the annotation ``SERVICE_ACCOUNT_MARK``): a retried stage that never
+# read the UID (its read failed, its task was preempted, its create's retry met the account its first try made)
+# knows the account by the mark, which no one else could have put there.
 SERVICE_ACCOUNT_UID_KEY = "service_account_uid"
+SERVICE_ACCOUNT_MARK_KEY = "service_account_mark"
+SERVICE_ACCOUNT_MARK = "tpupipe.dev/created-by-run"
 
 
 def service_account(s: Session, res: Resource) -> None:
@@ -64,12 +69,21 @@ def service_account(s: Session, res: Resource) -> None:
     (``plan.target.member``), recorded in the ledger at once. One of that name that was there already is used only
     when its UID is the one recorded (this run made it, a retried stage finds it); any other was made by someone
     else, who would get the run's bucket access through it, and is refused before any binding names it."""
+    import copy
+    import secrets
+
     kube, name = _kube(s), res.body["metadata"]["name"]
-    created = kube.ensure(res.body)
-    uid = kube.service_account_uid(name)
-    if created:
+    mark = s.ledger.get(SERVICE_ACCOUNT_MARK_KEY) or secrets.token_hex(16)
+    if SERVICE_ACCOUNT_MARK_KEY not in s.ledger:
+        s.record_value(SERVICE_ACCOUNT_MARK_KEY, mark)  # before the create: a retry knows what its first try made
+    body = copy.deepcopy(res.body)
+    body["metadata"].setdefault("annotations", {})[SERVICE_ACCOUNT_MARK] = mark
+    created = kube.ensure(body)
+    uid, annotations = kube.service_account_uid(name)
+    ours = created or annotations.get(SERVICE_ACCOUNT_MARK) == mark or s.ledger.get(SERVICE_ACCOUNT_UID_KEY) == uid
+    if ours and s.ledger.get(SERVICE_ACCOUNT_UID_KEY) != uid:
         s.record_value(SERVICE_ACCOUNT_UID_KEY, uid)
-    elif s.ledger.get(SERVICE_ACCOUNT_UID_KEY) != uid:
+    if not ours:
         raise SpecError(
             "run_id",
             f"the Kubernetes ServiceAccount {s.t.namespace}/{name} already exists and this run did not create it: "
