@@ -404,7 +404,10 @@ class KubeEmulator:
         self._server.daemon_threads = True
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self._cert, self._key)
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        # Each connection's TLS handshake in its own handler thread, on its first read, as a real API server serves
+        # connections concurrently: a handshake in the accept loop would let one client that stops mid-handshake (a
+        # signal's handler sending another request first) hold every other connection back.
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.endpoint = f"127.0.0.1:{self._server.server_address[1]}"
         self.dns_endpoint = f"localhost:{self._server.server_address[1]}"
