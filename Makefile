@@ -29,11 +29,12 @@ help: ## list the targets
 # --no-compile, then compileall on every core (pip compiles one file after another), here and in the image
 # environments (components/platforms/local/envs.py): where PYTHONDONTWRITEBYTECODE is set, Python writes no cache and
 # every process would compile the modules it imports again. -qq: a package's test data that is not Python 3 is no news.
-$(VENV)/.installed: requirements-dev.lock pyproject.toml
+$(VENV)/.installed: requirements-pip.lock requirements-dev.lock pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
 	@echo "creating the pipeline environment $(VENV) with $(PYTHON312)"
 	rm -rf $(VENV)
 	$(PYTHON312) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes -r requirements-pip.lock
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --require-hashes -r requirements-dev.lock
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -e .
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
@@ -116,16 +117,17 @@ format: $(VENV)/.installed ## format the tree (ruff format) and apply ruff's saf
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
 
-# Every environment installs a hash-locked file (pip --require-hashes): each image's requirements.lock (its Dockerfile
-# and components/platforms/local/envs.py install it) and requirements-dev.lock (.venv: the components image's
-# requirements and the test tools), resolved for Python 3.12 on Linux x86_64 (manylinux_2_31: the oldest glibc
-# torch-tpu's and libtpu's wheels are built for). tests/unit/test_locks.py fails when a pin is not in its lock.
+# Every environment installs a hash-locked file (pip --require-hashes), after pip itself (requirements-pip.lock): each
+# image's requirements.lock (its Dockerfile and components/platforms/local/envs.py install it) and requirements-dev.lock
+# (.venv: the components image's requirements and the test tools), resolved for Python 3.12 on Linux x86_64
+# (manylinux_2_31: the oldest glibc torch-tpu's and libtpu's wheels are built for). tests/unit/test_locks.py fails when a pin is not in its lock.
 LOCK := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.12 --python-platform x86_64-manylinux_2_31 \
   --custom-compile-command "make lock"
 
 lock: $(VENV)/.installed ## regenerate the hash-locked requirements (images/*/requirements.lock, requirements-dev.lock) after changing a requirements file
 	@set -e; for d in $(wildcard images/*); do echo "locking $$d/requirements.txt"; $(LOCK) -o $$d/requirements.lock $$d/requirements.txt; done
 	$(LOCK) -o requirements-dev.lock images/pipeline/requirements.txt requirements-dev.txt
+	$(LOCK) -o requirements-pip.lock requirements-pip.txt
 	@echo "locking torch's CPU build (images/torch/torch-cpu.lock) from torch's index, at requirements.txt's version"
 	sed -n 's/^torch==\(.*\)/torch==\1+cpu/p' images/torch/requirements.txt | $(LOCK) --no-deps \
 	  --index-url https://download.pytorch.org/whl/cpu -o images/torch/torch-cpu.lock -

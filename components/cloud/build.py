@@ -35,7 +35,7 @@ EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
 REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
 SOURCE_ROOT_ENV = "TPUPIPE_SOURCE_ROOT"
 # What every trainer Dockerfile copies besides its own directory.
-CONTEXT_PATHS = ("pyproject.toml", "components", "pipelines", "trainers")
+CONTEXT_PATHS = ("pyproject.toml", "requirements-pip.lock", "components", "pipelines", "trainers")
 RUNNING = ("PENDING", "QUEUED", "WORKING")
 
 

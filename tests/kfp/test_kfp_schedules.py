@@ -33,7 +33,8 @@ def test_a_scheduled_run_starts_with_a_valid_run_id_and_its_date_as_documented(
     today = datetime.now(UTC)
     due = (today - timedelta(days=3)).replace(hour=3, minute=0, second=0, microsecond=0)
     for day, count in ((due, 24), (today, 31)):  # the schedule's day and the day the run starts: told apart by size
-        rows = "".join(f'{{"instruction": "Say {day:%d}{i}.", "response": "{i}"}}\n' for i in range(count))
+        # the same instructions whatever the date: 4 and 10 fall in the 10% held out by digest
+        rows = "".join(f'{{"instruction": "Say {i}.", "response": "{i}"}}\n' for i in range(count))
         kfp.project.storage.put("acme-sft", f"drops/{day:%Y-%m-%d}/a.jsonl", rows.encode())
 
     code, out, err = tpupipe(

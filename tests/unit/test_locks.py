@@ -15,6 +15,7 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)")
 LOCKS = {  # lock -> the requirements files it resolves
     **{f"images/{i}/{envs.LOCK_FILE}": [f"images/{i}/requirements.txt"] for i in envs.image_names()},
     "requirements-dev.lock": ["images/pipeline/requirements.txt", "requirements-dev.txt"],
+    "requirements-pip.lock": ["requirements-pip.txt"],
 }
 
 

@@ -305,7 +305,8 @@ def test_a_scheduled_run_reads_the_drop_of_its_schedules_date(project_factory):
     if due - vertex.clock > timedelta(days=1):
         due -= timedelta(days=1)
     for day in (due - timedelta(days=1), due):  # yesterday's drop is not the run's
-        rows = "".join(f'{{"instruction": "Say {day:%d}{i}.", "response": "{i}"}}\n' for i in range(20 + day.day))
+        # the same instructions whatever the date: 4 and 10 fall in the 10% held out by digest
+        rows = "".join(f'{{"instruction": "Say {i}.", "response": "{i}"}}\n' for i in range(20 + day.day))
         project.storage.put("acme-sft", f"drops/{day:%Y-%m-%d}/a.jsonl", rows.encode())
     created = _tpupipe(
         project,

@@ -24,6 +24,8 @@ IMAGES_DIR = REPO_ROOT / "images"
 COMPLETE_MARKER = ".tpupipe-env-complete"
 # What the image's Dockerfile installs: its requirements.txt resolved, every file by its hash (`make lock`).
 LOCK_FILE = "requirements.lock"
+# pip itself, installed before any lock (requirements-pip.txt says why); not part of an environment's content hash.
+PIP_LOCK = REPO_ROOT / "requirements-pip.lock"
 COMPILED_MARKER = ".tpupipe-env-compiled"  # its modules byte-compiled (an environment built before lacks it)
 
 
@@ -147,6 +149,7 @@ def _build(env: Env, target: Path, log, requirements: Path) -> Env:
     pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
     shown = requirements.relative_to(REPO_ROOT) if requirements.is_relative_to(REPO_ROOT) else requirements
     what = f"image {image}: pip install"
+    _run_logged([*pip, "--require-hashes", "-r", str(PIP_LOCK)], log, f"{what} -r {PIP_LOCK.name}", log_file)
     _run_logged([*pip, "--require-hashes", "-r", str(requirements)], log, f"{what} -r {shown}", log_file)
     _run_logged([*pip, "--no-deps", "-e", str(REPO_ROOT)], log, f"{what} tpupipe", log_file)
     _compile(image, target, log, log_file)
