@@ -65,7 +65,7 @@ def trusted_place(ctx: RunContext) -> Any:
     return places.manifests
 
 
-def _token(ctx: RunContext) -> str | None:
+def hub_token(ctx: RunContext) -> str | None:
     """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else the one the
     platform keeps for the run (``Platform.hub_token``). Never logged, never written."""
     token = os.environ.get("HF_TOKEN")
@@ -84,7 +84,7 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         _no_copy_of(revision, f"{ctx.platform} keeps no cache prefix")
         return None
     try:
-        out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
+        out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, hub_token(ctx), log)
     except weights.NoTrustedCopy as exc:  # no hub here and no manifest (a gated model, the token only in the pods)
         _no_copy_of(revision, str(exc))
         blocked = get_platform(ctx.platform).no_internet(ctx)

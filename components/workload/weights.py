@@ -130,19 +130,35 @@ def _open(url: str, token: str | None, timeout: float = 60.0) -> Any:
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
-def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[str, Any]:
-    """The commit ``revision`` resolves to and each file's size and hash. The answer's ``sha`` is the commit; each of
-    its ``siblings`` has ``rfilename``, ``size``, ``blobId`` (the git blob sha1) and, for an LFS file, ``lfs`` with
-    ``sha256`` (the file's own hash; ``blobId`` is then the pointer's): huggingface_hub's ``hf_api.py``,
-    ``ModelInfo`` and ``RepoSibling``. HubUnavailable when the hub does not answer; a 404 is a bad name."""
+# A repository's kind as the hub's API and download URLs spell it (huggingface_hub's ``hf_api.py``: ``model_info`` is
+# ``/api/models/{repo}``, ``dataset_info`` ``/api/datasets/{repo}``; ``file_download.py``, ``hf_hub_url``: a dataset's
+# files are under ``{endpoint}/datasets/{repo}/resolve/...``), with the spec's field that names it.
+REPO_TYPES = {"model": ("api/models", "", "train.model_id"), "dataset": ("api/datasets", "datasets/", "train.dataset")}
+
+
+def resolve(
+    hub: str,
+    repo_id: str,
+    revision: str,
+    token: str | None,
+    repo_type: str = "model",
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """The commit ``revision`` resolves to and each file's size and hash, of the files ``keep`` takes (a model's:
+    ``loaded_file``). The answer's ``sha`` is the commit; each of its ``siblings`` has ``rfilename``, ``size``,
+    ``blobId`` (the git blob sha1) and, for an LFS file, ``lfs`` with ``sha256`` (the file's own hash; ``blobId`` is
+    then the pointer's): huggingface_hub's ``hf_api.py``, ``ModelInfo``/``DatasetInfo`` and ``RepoSibling``.
+    HubUnavailable when the hub does not answer; a 404 is a bad name."""
+    api, _, field = REPO_TYPES[repo_type]
+    keep = keep or loaded_file
     quoted = urllib.parse.quote(revision, safe="")
-    url = f"{hub}/api/models/{repo_id}/revision/{quoted}?blobs=true"
+    url = f"{hub}/{api}/{repo_id}/revision/{quoted}?blobs=true"
     try:
         with _open(url, token) as response:
             info = json.load(response)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise InfraError(f"train.model_id: {repo_id} at {revision!r} is not on the hub ({hub})") from None
+            raise InfraError(f"{field}: {repo_id} at {revision!r} is not on the hub ({hub})") from None
         raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise HubUnavailable(f"{hub} is unreachable: {exc}") from None
@@ -150,15 +166,15 @@ def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[st
     for sib in info.get("siblings") or []:
         name = str(sib["rfilename"])
         if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
-            raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
-        if not loaded_file(name):
+            raise InfraError(f"{field}: {repo_id} lists a file outside the repository: {name!r}")
+        if not keep(name):
             continue
         lfs = sib.get("lfs") or {}
         entry: dict[str, Any] = {"name": name, "size": lfs.get("size", sib.get("size"))}
         entry.update({"sha256": lfs.get("sha256")} if lfs else {"git_sha1": sib.get("blobId")})
         if not isinstance(entry["size"], int) or not all(entry.get(k) for k in ("sha256", "git_sha1") if k in entry):
             raise InfraError(
-                f"train.model_id: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
+                f"{field}: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
                 "hash: nothing to check it against; refusing to copy it"
             )
         files.append(entry)
@@ -203,19 +219,28 @@ def matches(path: Path, entry: dict[str, Any]) -> bool:
     return git_blob_sha1(path) == str(entry["git_sha1"])
 
 
-def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: str | None, into: Path) -> Path:
+def download(
+    hub: str,
+    repo_id: str,
+    commit: str,
+    entry: dict[str, Any],
+    token: str | None,
+    into: Path,
+    repo_type: str = "model",
+) -> Path:
     """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash."""
-    url = f"{hub}/{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
+    _, prefix, field = REPO_TYPES[repo_type]
+    url = f"{hub}/{prefix}{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
     path = into / str(entry["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
             shutil.copyfileobj(response, f, CHUNK)
     except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
-        raise InfraError(f"train.model_id: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
+        raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     if not matches(path, entry):
         raise InfraError(
-            f"train.model_id: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
+            f"{field}: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
             "refusing to use it"
         )
     return path

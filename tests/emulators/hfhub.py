@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Which files the hub keeps in LFS: a repository's .gitattributes names them; the hub's default one stores weights
 # (*.safetensors, *.bin, ...) in LFS (https://huggingface.co/docs/hub/repositories-getting-started: "Git LFS").
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".model")
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".model", ".parquet")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -63,6 +63,7 @@ def directory_files(path: str | Path) -> dict[str, bytes]:
 class HubEmulator:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
+        self.datasets: dict[str, Repo] = {}
         self.token = "hf_test_token"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.authorized: list[str] = []  # the paths of the requests that carried an Authorization header
@@ -78,6 +79,10 @@ class HubEmulator:
     def repo(self, repo_id: str) -> Repo:
         return self.repos.setdefault(repo_id, Repo())
 
+    def dataset(self, repo_id: str) -> Repo:
+        """A dataset repository: its own namespace, as on the hub (``datasets/`` in its URLs)."""
+        return self.datasets.setdefault(repo_id, Repo())
+
     # ------------------------------------------------------------------ the endpoints
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -91,6 +96,13 @@ class HubEmulator:
             return self._stored(parts[1])
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
             return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, headers)
+        # hf_api.py, dataset_info: /api/datasets/{repo}/revision/{revision}, the revision quoted whole (so
+        # refs/convert/parquet, the dataset viewer's Parquet branch, arrives as one segment and reads back with its /)
+        if parts[:2] == ["api", "datasets"] and len(parts) >= 6 and parts[4] == "revision":
+            return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, headers, self.datasets)
+        if parts[0] == "datasets" and len(parts) >= 6 and parts[3] == "resolve":  # file_download.py, hf_hub_url
+            name = "/".join(parts[5:])
+            return self._resolve(f"{parts[1]}/{parts[2]}", parts[4], name, method, headers, self.datasets)
         if parts[:2] == ["api", "models"] and len(parts) == 4:  # hf_api.py, model_info: no revision, the default branch
             return self._model_info(f"{parts[2]}/{parts[3]}", "main", url.query, headers)
         if len(parts) >= 5 and parts[2] == "resolve":
@@ -98,9 +110,9 @@ class HubEmulator:
         return _error(404, "EntryNotFound", f"no route {path}")
 
     def _access(
-        self, repo_id: str, revision: str, headers: dict[str, str]
+        self, repo_id: str, revision: str, headers: dict[str, str], repos: dict[str, Repo] | None = None
     ) -> tuple[Repo, str] | tuple[int, dict, bytes]:
-        repo = self.repos.get(repo_id)
+        repo = (self.repos if repos is None else repos).get(repo_id)
         if repo is None:
             # utils/_http.py, hf_raise_for_status: X-Error-Code RepoNotFound (401 or 404) -> RepositoryNotFoundError
             return _error(404, "RepoNotFound", f"Repository {repo_id} not found")
@@ -111,8 +123,8 @@ class HubEmulator:
             return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")  # -> RevisionNotFoundError
         return repo, commit
 
-    def _model_info(self, repo_id: str, revision: str, query: str, headers: dict[str, str]):
-        found = self._access(repo_id, revision, headers)
+    def _model_info(self, repo_id: str, revision: str, query: str, headers: dict[str, str], repos=None):
+        found = self._access(repo_id, revision, headers, repos)
         if not isinstance(found[0], Repo):
             return found
         repo, commit = found
@@ -144,8 +156,8 @@ class HubEmulator:
         }
         return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
-    def _resolve(self, repo_id: str, revision: str, name: str, method: str, headers: dict[str, str]):
-        found = self._access(repo_id, revision, headers)
+    def _resolve(self, repo_id: str, revision: str, name: str, method: str, headers: dict[str, str], repos=None):
+        found = self._access(repo_id, revision, headers, repos)
         if not isinstance(found[0], Repo):
             return found
         repo, commit = found
@@ -168,7 +180,7 @@ class HubEmulator:
         return 200, out, b"" if method == "HEAD" else data
 
     def _stored(self, sha256: str) -> tuple[int, dict[str, str], bytes]:
-        for repo in self.repos.values():
+        for repo in [*self.repos.values(), *self.datasets.values()]:
             for files in repo.commits.values():
                 for data in files.values():
                     if hashlib.sha256(data).hexdigest() == sha256:

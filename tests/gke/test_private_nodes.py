@@ -61,16 +61,12 @@ def _spec_and_target(preset: str, overrides: str):
 @pytest.mark.parametrize(
     ("preset", "overrides", "why"),
     [
-        # MaxText reads the hub model in its pods
-        ("llama3-8b-v6e-16x2", "", "the pods read meta-llama/Meta-Llama-3-8B from the Hugging Face hub"),
-        # the token only in the pods (gke.hf_secret): they read the gated model themselves
-        ("gemma4-e2b-v6e-16", "", "the pods read google/gemma-4-E2B-it from the Hugging Face hub"),
-        ("gemma4-e2b-v6e-16", "gke.image=docker.io/me/torch:1", "the nodes pull docker.io/me/torch:1 from a registry"),
-        # a hub dataset is not snapshotted: the trainers' hosts load it (the preset's, with the token on this side)
+        # the token only in the pods (gke.hf_secret, the default): they read a gated model the train stage cannot
+        ("gemma4-e2b-v6e-16", "", "the pods may read google/gemma-4-E2B-it from the Hugging Face hub with the token"),
         (
             "gemma4-e2b-v6e-16",
-            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf",
-            "the pods read the dataset databricks/databricks-dolly-15k (train.dataset) from the Hugging Face hub",
+            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf gke.image=docker.io/me/torch:1",
+            "the nodes pull docker.io/me/torch:1 from a registry",
         ),
     ],
 )
@@ -89,16 +85,26 @@ def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and
     ]
 
 
-def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster():
-    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry,
-    # the data generated (or snapshotted into the bucket)
-    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"
-    found = _records("gemma4-e2b-v6e-16", token)
-    assert "cloud-nat" not in found and [r.name for r in found["subnetwork"]] == ["r1-nodes"]
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        # FSDP: the weights fetched on the components' side (the token from Secret Manager), the hub dataset
+        # snapshotted by the first stage (components.data.hub), the image in Artifact Registry
+        ("gemma4-e2b-v6e-16", f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf"),
+        ("gemma4-e2b-v6e-16", f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"),
+        # MaxText builds its model from maxtext.model_name: train.model_id names no file its pods read
+        ("llama3-8b-v6e-16x2", ""),
+        # a model built from a config reads nothing, whoever holds the token
+        ("gemma4-e2b-v6e-16", "train.model_id=scratch:gemma4-tiny"),
+    ],
+)
+def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster(preset, overrides):
+    found = _records(preset, overrides)
+    assert "cloud-nat" not in found and "r1-nodes" in [r.name for r in found["subnetwork"]]
     (cluster,) = found["gke-cluster"]
     assert "Private Google Access only: no route to the internet" in cluster.summary
-    shared = _records("gemma4-e2b-v6e-16", "gke.cluster_name=team")
-    assert "cloud-nat" not in shared and "subnetwork" not in shared
+    shared = _records(preset, f"{overrides} gke.cluster_name=team")
+    assert "cloud-nat" not in shared and "r1-nodes" not in [r.name for r in shared.get("subnetwork", [])]
 
 
 def test_the_run_pods_egress_is_dns_the_metadata_server_https_out_and_one_another():
@@ -215,7 +221,7 @@ def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_befo
     from components.platforms.gke import GkePlatform
     from components.platforms.store import LocalStore
 
-    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # a hub dataset: the run gets a NAT
+    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # the token in the pods alone: the run gets a NAT
     ctx = RunContext(spec=spec, run_id="r1", store=LocalStore(tmp_path), platform="gke")
     deletes = [line.split()[1] for line in GkePlatform().dry_run(ctx, lambda mode: mode) if "delete " in line]
     cluster, router = deletes.index("container.clusters.delete"), deletes.index("compute.routers.delete")
