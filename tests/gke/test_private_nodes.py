@@ -226,3 +226,70 @@ def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_befo
     deletes = [line.split()[1] for line in GkePlatform().dry_run(ctx, lambda mode: mode) if "delete " in line]
     cluster, router = deletes.index("container.clusters.delete"), deletes.index("compute.routers.delete")
     assert cluster < router < deletes.index("compute.subnetworks.delete")
+
+
+# ---------------------------------------------------------------- the network's routers: one NAT per subnetwork, 5 routers
+
+REGION = f"projects/{PROJECT}/regions/us-east5"
+NETWORK = f"projects/{PROJECT}/global/networks/default"
+
+
+def _router(name: str, nats: list[dict] | None = None) -> None:
+    compute = gke_compute.Compute(gke_compute.clients(), log=lambda m: None, poll_s=0.01)
+    compute.ensure("router", f"{REGION}/routers/{name}", {"name": name, "network": NETWORK, "nats": nats or []}, print)
+
+
+WIDE = [
+    {
+        "name": "all",
+        "natIpAllocateOption": "AUTO_ONLY",
+        "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+    }
+]
+
+
+def test_a_nat_that_serves_every_subnetwork_is_used_not_duplicated_and_left_by_teardown(
+    tmp_path, project_factory, capsys
+):
+    project = project_factory()
+    _router("team", WIDE)
+    with pytest.raises(gexc.BadRequest, match="no other NAT may be configured"):  # Compute's rule, the emulator's too
+        _router("other", [{**WIDE[0], "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES"}])
+    code, text = preflight_cli(ONE_SLICE, capsys)  # a registry outside Google: the run needs a NAT
+    assert code == 0 and "Cloud NAT team/all serves every subnetwork of the default network: the run uses it" in text
+    ctx = context(tmp_path, "pn")
+    platform().provision(ctx)
+    assert sorted(project.compute.state.routers) == [f"{REGION}/routers/team"]  # no pn-nat beside it
+    assert platform().teardown(ctx)["deleted"] and f"{REGION}/routers/team" in project.compute.state.routers
+    assert project.leftovers("pn") == {}
+
+
+def test_a_run_that_needs_no_nat_is_warned_that_a_network_wide_nat_lets_its_pods_out(project_factory, capsys):
+    project_factory()
+    _router("team", WIDE)
+    no_nat = ONE_SLICE.replace("gke.image=local/torch", f"gke.image=us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:1")
+    code, text = preflight_cli(no_nat, capsys)
+    assert code == 0, text
+    assert (
+        "warning: Cloud NAT team/all serves every subnetwork of the default network in us-east5, the run's too" in text
+    )
+    assert "LIST_OF_SUBNETWORKS" in text
+
+
+def test_a_run_that_needs_a_sixth_router_on_the_network_is_refused_before_anything(tmp_path, project_factory, capsys):
+    from components.platforms.gke.checks.preflight import PreflightFailed
+
+    project = project_factory()
+    for i in range(network.ROUTERS_PER_NETWORK):
+        _router(f"vpn{i}")  # routers without NAT (Cloud VPN, Interconnect) count as well
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2, text
+    assert "VPC network default: the default network has 5 Cloud Routers in us-east5" in text
+    assert "router/quotas" in text and "gke.image" in text and "gke.hf_token_secret" in text
+    before = project.mutations()
+    with pytest.raises(PreflightFailed, match="5 Cloud Routers"):
+        platform().provision(context(tmp_path, "pre"))
+    assert project.mutations() == before and project.leftovers("pre") == {}  # provision's first step: nothing made
+    project.compute.state.routers.pop(f"{REGION}/routers/vpn0")
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 0 and "routers of the default network in us-east5: 4, room for pre-nat" in text
