@@ -315,8 +315,8 @@ def _side(
 
         field = "train.train_split" if key == "train.dataset" else "train.eval_split"
         split = spec.train.train_split if key == "train.dataset" else spec.train.eval_split
-        part, rows = hub.side(source, split, field, hub_token, log)
-        return part, (check_example(f"{source} {split} row {i}", row, key) for i, row in enumerate(rows, 1))
+        part, hub_rows = hub.side(source, split, field, hub_token, log)
+        return part, (check_example(f"{source} {split} row {i}", row, key) for i, row in enumerate(hub_rows, 1))
     if kind == "bigquery":
         after = (since or {}).get("max_time") if since else None
         snap, rows = _bigquery(spec, source, key, when, after)

@@ -228,7 +228,7 @@ def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_befo
     assert cluster < router < deletes.index("compute.subnetworks.delete")
 
 
-# ---------------------------------------------------------------- the network's routers: one NAT per subnetwork, 5 routers
+# ---------------------------------------------------------------- the network's routers: one NAT per subnet, 5 routers
 
 REGION = f"projects/{PROJECT}/regions/us-east5"
 NETWORK = f"projects/{PROJECT}/global/networks/default"
