@@ -109,7 +109,11 @@ def side(
     for entry in wanted:
         if limit is not None and total >= limit:
             break  # the slice ends before this file: it is neither downloaded nor pinned
-        path = weights.download(hub, repo_id, commit, entry, token, Path(tmp.name), repo_type="dataset")
+        try:
+            path = weights.download(hub, repo_id, commit, entry, token, Path(tmp.name), repo_type="dataset")
+        except weights.HubRefused as exc:  # a gated dataset: listed to anyone, its files only to an account with access
+            tmp.cleanup()
+            raise SpecError("train.dataset", str(exc)) from None
         total += pq.ParquetFile(path).metadata.num_rows
         paths.append(path)
         generation = entry.get("sha256") or entry["git_sha1"]

@@ -29,9 +29,10 @@ commit (asked again whenever the hub answers), and the copy must still match it 
 Cloud Storage the object's MD5, which the service computes, against the one recorded when it was written, without
 reading it). A file whose bytes or manifest line changed, or both, is named in one warning line and downloaded
 again (with the hub out of reach, the run stops naming it): never the file used. A download that does not hash to
-the hub's listing stops the run naming the file. Only when the hub does not answer and no trusted manifest of the
-revision exists (``NoTrustedCopy``) does the stage let the workers download the model themselves, unchecked, with
-one warning line (``components.stages.base_weights``).
+the hub's listing stops the run naming the file. Only when no trusted manifest of the revision exists and the hub
+either does not answer or refuses the files (a gated model: the hub lists its files to anyone but gives them only to a
+token whose account was granted access) (``NoTrustedCopy``) does the stage let the workers download the model
+themselves, unchecked, with one warning line (``components.stages.base_weights``).
 
 No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
 makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
@@ -66,12 +67,38 @@ CHUNK = 1 << 20
 
 
 class HubUnavailable(Exception):
-    """The hub did not answer the revision's metadata (unreachable, no or a refused token, a server error)."""
+    """The hub did not answer the revision's metadata (unreachable, a refused token, a server error)."""
+
+
+class HubRefused(InfraError):
+    """The hub listed the revision's files but refused one of them to this side: 401 (no token) or 403 (a token whose
+    account was not granted access), X-Error-Code ``GatedRepo``. The hub gives a gated repository's listing to anyone
+    and only its files to an account granted access (https://huggingface.co/docs/hub/models-gated#download-files;
+    huggingface_hub's ``utils/_http.py``, ``hf_raise_for_status``: ``GatedRepoError``)."""
 
 
 class NoTrustedCopy(InfraError):
-    """The hub did not answer and the trusted side holds no manifest of the revision: nothing can be checked here.
-    The one case where the run goes on with the workers reading the hub themselves (``base_weights.prepare``)."""
+    """Nothing can be checked here: the hub did not answer, or refused the files (``HubRefused``), and the trusted side
+    holds no manifest of the revision. The one case where the run goes on with the workers reading the hub themselves
+    (``base_weights.prepare``)."""
+
+
+# Where the pipeline's side takes its Hugging Face token from (``components.stages.base_weights.hub_token``).
+TOKEN_FIX = (
+    "accept the repository's terms on the hub and give the pipeline's side a token of that account "
+    "(gke.hf_token_secret on gke; $HF_TOKEN or $HF_TOKEN_PATH where the pipeline runs)"
+)
+
+
+def refusal(status: int, repo_url: str, token: str | None) -> str:
+    """Why the hub refused a repository with ``status`` (401 or 403), and the fix."""
+    if token is None:
+        why = "no Hugging Face token on the pipeline's side"
+    elif status == 401:
+        why = "the pipeline side's Hugging Face token is not valid"
+    else:
+        why = "the pipeline side's Hugging Face token is of an account not granted access"
+    return f"the hub answered {status} ({why}; a gated or private repository: {repo_url}); {TOKEN_FIX}"
 
 
 def is_hub_name(model_id: str) -> bool:
@@ -159,7 +186,8 @@ def resolve(
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise InfraError(f"{field}: {repo_id} at {revision!r} is not on the hub ({hub})") from None
-        raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}") from None
+        why = f": {refusal(exc.code, repo_url(hub, repo_id, repo_type), token)}" if exc.code in (401, 403) else ""
+        raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}{why}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise HubUnavailable(f"{hub} is unreachable: {exc}") from None
     files = []
@@ -228,7 +256,8 @@ def download(
     into: Path,
     repo_type: str = "model",
 ) -> Path:
-    """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash."""
+    """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash. ``HubRefused``
+    (its message names no field: the caller's) when the hub refuses it to this side."""
     _, prefix, field = REPO_TYPES[repo_type]
     url = f"{hub}/{prefix}{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
     path = into / str(entry["name"])
@@ -236,6 +265,11 @@ def download(
     try:
         with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
             shutil.copyfileobj(response, f, CHUNK)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):  # a gated repository: listed to anyone, its files only to an account with access
+            why = refusal(exc.code, repo_url(hub, repo_id, repo_type), token)
+            raise HubRefused(f"{entry['name']} of {repo_id}@{commit}: {why}") from None
+        raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
         raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     if not matches(path, entry):
@@ -244,6 +278,11 @@ def download(
             "refusing to use it"
         )
     return path
+
+
+def repo_url(hub: str, repo_id: str, repo_type: str = "model") -> str:
+    """The repository's page on the hub, where its terms are accepted (``hf_hub_url``'s prefix, without a file)."""
+    return f"{hub}/{REPO_TYPES[repo_type][1]}{repo_id}"
 
 
 def manifest_env(entries: list[dict[str, Any]]) -> str:
@@ -355,9 +394,10 @@ def ensure(
     ``trusted``: ``{"commit", "hit", "recopied", "files", "entries"}`` (``entries``: the manifest's records, what a
     worker checks the bytes it loads against). A cached file is used only when the trusted manifest lists it with
     the hub's own hash for the commit and the copy still matches that record; anything else (its bytes changed, its
-    manifest line changed, both) is named in one warning line and downloaded again. Without the hub (unreachable,
-    or no token for a gated model) the trusted manifest of the commit the revision last resolved to serves, as
-    huggingface_hub's offline mode serves its cache's ``refs/``."""
+    manifest line changed, both) is named in one warning line and downloaded again. Without the hub (unreachable, or
+    refusing the listing) the trusted manifest of the commit the revision last resolved to serves, as
+    huggingface_hub's offline mode serves its cache's ``refs/``. A gated model's files refused to this side (no
+    token, or one without access: ``HubRefused``) where nothing of the commit is cached is ``NoTrustedCopy``."""
     hub = hub or endpoint()
     try:
         info = resolve(hub, repo_id, revision, token)
@@ -402,7 +442,17 @@ def ensure(
     done = {n: e for n, e in recorded.items() if n not in fetch and n in {f["name"] for f in info["files"]}}
     with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
         for entry in todo:
-            path = download(hub, repo_id, commit, entry, token, Path(tmp))
+            try:
+                path = download(hub, repo_id, commit, entry, token, Path(tmp))
+            except HubRefused as exc:  # a gated model and no token with access here
+                if recorded:  # a copy of this commit was made, and is damaged: as with the hub out of reach
+                    raise InfraError(
+                        f"train.model_id: the cached copy of {repo_id}@{commit} is damaged ({', '.join(sorted(fetch))} "
+                        f"not as the trusted manifest says) and the hub refuses to copy them again: {exc}"
+                    ) from None
+                raise NoTrustedCopy(
+                    f"train.model_id: no trusted copy of {repo_id}@{commit} is cached, and {exc}"
+                ) from None
             cache.put(f"{base}/files/{entry['name']}", path)
             done[entry["name"]] = {**_record(entry), "md5": md5_b64(path)}
             path.unlink()
@@ -449,9 +499,9 @@ def plan_entry(
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
         "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
-        "unchecked_if": "the train stage can neither reach the hub nor find a trusted manifest of the revision: then "
-        "the workers download the model themselves, unchecked (one WARNING line); any file that does not match stops "
-        "the run",
+        "unchecked_if": "the train stage finds no trusted manifest of the revision and cannot download it (the hub out "
+        "of reach, or a gated model's files refused to its token): then the workers download the model themselves, "
+        "unchecked (one WARNING line); any file that does not match stops the run",
     }
 
 

@@ -102,9 +102,13 @@ def test_a_split_converted_only_in_part_is_refused_rather_than_trained_on_in_par
 def test_a_dataset_not_on_the_hub_or_a_gated_one_without_the_token_stops_the_snapshot(emulated):
     with pytest.raises(InfraError, match=r"train\.dataset: org/none at 'refs/convert/parquet' is not on the hub"):
         snapshot.take(resolve("local-fsdp", "train.dataset=org/none train.eval_split=test"), WHEN, log=print)
+    # a gated dataset: the hub lists its Parquet files to anyone and refuses the files without a token
     emulated.datasets[REPO].gated = True
-    with pytest.raises(SpecError, match=r"train\.dataset: org/sft: the hub did not answer its Parquet files: .*401"):
+    refused = r"^train\.dataset: default/\w+/0000\.parquet of org/sft@\w+: the hub answered 401"
+    with pytest.raises(SpecError, match=refused) as err:
         _take("train.eval_split=test")
+    assert "gke.hf_token_secret" in str(err.value) and "$HF_TOKEN" in str(err.value)
+    assert f"{emulated.url}/datasets/{REPO}" in str(err.value)
     manifest, train, _ = snapshot.take(
         resolve("local-fsdp", f"train.dataset={REPO} train.eval_split=test"), WHEN, log=print, hub_token=emulated.token
     )
