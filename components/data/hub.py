@@ -10,9 +10,17 @@ library from the repository's own files, in their order, so its rows are what ``
 split=...)`` reads; a split converted in part is refused rather than trained on in part. The config is ``default``
 (what ``load_dataset`` takes without a config name), else the only one.
 
-Pinned as the other sources are: the revision resolves to its commit, and each file is downloaded by that commit and
-checked against the sha256 the hub lists for it (its LFS object's; the same listing and download the base weights use:
-``components.workload.weights``), and the manifest names each file with that hash.
+Pinned by content: each file is downloaded by the commit the revision resolves to and checked against the sha256 the hub
+lists for it (its LFS object's; the same listing and download the base weights use: ``components.workload.weights``),
+and the manifest names each file with that hash (its ``generation``). The hashes are the pin, not the commit: after
+every conversion the dataset viewer squashes the history of ``refs/convert/parquet`` into its new commit
+(``super_squash_history`` in its ``services/worker/src/worker/job_runners/config/parquet_and_info.py``,
+https://github.com/huggingface/dataset-viewer/blob/f62009e0555b1274e7f6ddc7058dc796993f28b6/services/worker/src/worker/job_runners/config/parquet_and_info.py#L1203-L1212),
+so the manifest's ``hf://datasets/ID@COMMIT/...`` names stop resolving at the next conversion, and a conversion between
+the listing and a download answers 404: the split is then listed and downloaded once again. Which ``main`` commit the
+rows came from is not recorded: the conversion's commit names none (its message is the viewer's fixed "Update parquet
+files", its source the ``main`` of the time: ``PARQUET_AND_INFO_COMMIT_MESSAGE`` and
+``PARQUET_AND_INFO_SOURCE_REVISION`` in its ``services/worker/src/worker/config.py``).
 
 A split is one of ``train.train_split`` and ``train.eval_split`` as ``datasets`` reads them: a name, with a slice of
 row numbers or percents (``train[:1024]``, ``train[1024:1152]``, ``train[:10%]``; the ``datasets`` docs, "Slice
@@ -92,38 +100,21 @@ def side(
     """One split of a hub dataset as the snapshot keeps a side (``components.data.snapshot``): its part of the
     manifest (the commit, the split, each file with its sha256) and its rows, read now from files checked against
     the hub's hashes."""
-    import pyarrow.parquet as pq
-
     from components.workload import weights
 
     hub = hub or weights.endpoint()
     name, start, stop = parse_split(split_text, field)
-    try:
-        listing = weights.resolve(hub, repo_id, CONVERTED, token, repo_type="dataset", keep=lambda n: True)
-    except weights.HubUnavailable as exc:
-        raise SpecError("train.dataset", f"{repo_id}: the hub did not answer its Parquet files: {exc}") from None
-    commit, wanted = listing["commit"], files(repo_id, name, field, listing)
     limit = _rows_known(start, stop)
     tmp = tempfile.TemporaryDirectory(prefix="tpupipe-hub-")
-    paths, items, total = [], [], 0
-    for entry in wanted:
-        if limit is not None and total >= limit:
-            break  # the slice ends before this file: it is neither downloaded nor pinned
+    try:
         try:
-            path = weights.download(hub, repo_id, commit, entry, token, Path(tmp.name), repo_type="dataset")
-        except weights.HubRefused as exc:  # a gated dataset: listed to anyone, its files only to an account with access
-            tmp.cleanup()
-            raise SpecError("train.dataset", str(exc)) from None
-        total += pq.ParquetFile(path).metadata.num_rows
-        paths.append(path)
-        generation = entry.get("sha256") or entry["git_sha1"]
-        items.append(
-            {
-                "uri": f"hf://datasets/{repo_id}@{commit}/{entry['name']}",
-                "generation": generation,
-                "size": entry["size"],
-            }
-        )
+            commit, paths, items, total = _fetch(hub, repo_id, name, field, token, limit, Path(tmp.name))
+        except weights.NotOnHub as exc:  # converted again since it was listed: its history squashed, the commit gone
+            log(f"snapshot: {exc}: the hub converted {repo_id} again since listing it; listing it again")
+            commit, paths, items, total = _fetch(hub, repo_id, name, field, token, limit, Path(tmp.name))
+    except BaseException:
+        tmp.cleanup()
+        raise
     first, last = _bound(start, total, 0), _bound(stop, total, total)
     log(f"snapshot: {repo_id} split {split_text}: rows {first} to {last} of {len(items)} Parquet file(s) at {commit}")
     part = {
@@ -136,6 +127,40 @@ def side(
         "identity": {"split": split_text, "files": [dict(i) for i in items]},
     }
     return part, _rows(paths, first, last, tmp)
+
+
+def _fetch(
+    hub: str, repo_id: str, split: str, field: str, token: str | None, limit: int | None, into: Path
+) -> tuple[str, list[Path], list[dict[str, Any]], int]:
+    """The conversion's commit as the hub lists it now, the split's files downloaded under ``into`` and checked (up to
+    the file where ``limit`` rows are reached), their manifest items and their rows' count."""
+    import pyarrow.parquet as pq
+
+    from components.workload import weights
+
+    try:
+        listing = weights.resolve(hub, repo_id, CONVERTED, token, repo_type="dataset", keep=lambda n: True)
+    except weights.HubUnavailable as exc:
+        raise SpecError("train.dataset", f"{repo_id}: the hub did not answer its Parquet files: {exc}") from None
+    commit, wanted = listing["commit"], files(repo_id, split, field, listing)
+    paths, items, total = [], [], 0
+    for entry in wanted:
+        if limit is not None and total >= limit:
+            break  # the slice ends before this file: it is neither downloaded nor pinned
+        try:
+            path = weights.download(hub, repo_id, commit, entry, token, into, repo_type="dataset")
+        except weights.HubRefused as exc:  # a gated dataset: listed to anyone, its files only to an account with access
+            raise SpecError("train.dataset", str(exc)) from None
+        total += pq.ParquetFile(path).metadata.num_rows
+        paths.append(path)
+        items.append(
+            {
+                "uri": f"hf://datasets/{repo_id}@{commit}/{entry['name']}",
+                "generation": entry.get("sha256") or entry["git_sha1"],
+                "size": entry["size"],
+            }
+        )
+    return commit, paths, items, total
 
 
 def _rows(paths: list[Path], first: int, last: int, tmp: tempfile.TemporaryDirectory) -> Iterator[dict[str, Any]]:

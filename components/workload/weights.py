@@ -77,6 +77,11 @@ class HubRefused(InfraError):
     huggingface_hub's ``utils/_http.py``, ``hf_raise_for_status``: ``GatedRepoError``)."""
 
 
+class NotOnHub(InfraError):
+    """The hub answered 404 for a file of the commit it listed: the commit is gone (a branch whose history was
+    squashed since it was listed) or the file is."""
+
+
 class NoTrustedCopy(InfraError):
     """Nothing can be checked here: the hub did not answer, or refused the files (``HubRefused``), and the trusted side
     holds no manifest of the revision. The one case where the run goes on with the workers reading the hub themselves
@@ -269,6 +274,8 @@ def download(
         if exc.code in (401, 403):  # a gated repository: listed to anyone, its files only to an account with access
             why = refusal(exc.code, repo_url(hub, repo_id, repo_type), token)
             raise HubRefused(f"{entry['name']} of {repo_id}@{commit}: {why}") from None
+        if exc.code == 404:
+            raise NotOnHub(f"{field}: {entry['name']} of {repo_id}@{commit} is no longer on the hub ({hub})") from None
         raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
         raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None

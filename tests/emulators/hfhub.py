@@ -39,16 +39,24 @@ class Repo:
     # A gated repository (https://huggingface.co/docs/hub/models-gated): its listing is open to anyone, its files only
     # to a token whose account was granted access (see ``HubEmulator._files``).
     gated: bool = False
+    pushes: int = 0
 
-    def push(self, files: dict[str, bytes], ref: str = "main") -> str:
-        """A commit of ``files`` on ``ref``; its sha is derived from the files (a stand-in for git's)."""
+    def push(self, files: dict[str, bytes], ref: str = "main", squash: bool = False) -> str:
+        """A commit of ``files`` on ``ref``; its sha is derived from the files (a stand-in for git's). ``squash``: the
+        ref's history squashed into the new commit, so the commit it pointed to is gone, as the dataset viewer does to
+        ``refs/convert/parquet`` after each conversion (``committer_hf_api.super_squash_history`` in
+        https://github.com/huggingface/dataset-viewer/blob/f62009e0555b1274e7f6ddc7058dc796993f28b6/services/worker/src/worker/job_runners/config/parquet_and_info.py#L1203-L1212)."""
+        before = self.refs.get(ref)
         digest = hashlib.sha1()
         for name in sorted(files):
             digest.update(name.encode() + b"\0" + git_blob_sha1(files[name]).encode())
-        digest.update(ref.encode() + str(len(self.commits)).encode())
+        self.pushes += 1
+        digest.update(ref.encode() + str(self.pushes).encode())  # never the same twice, as a git commit's parent
         sha = digest.hexdigest()
         self.commits[sha] = dict(files)
         self.refs[ref] = sha
+        if squash and before is not None and before not in self.refs.values():
+            del self.commits[before]
         return sha
 
     def resolve(self, revision: str) -> str | None:

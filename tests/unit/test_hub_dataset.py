@@ -71,6 +71,41 @@ def test_a_hub_dataset_is_snapshotted_from_its_parquet_files_pinned_by_commit_an
     assert other["digest"] != manifest["digest"]  # the slice is part of what the run read
 
 
+def test_a_conversion_between_the_listing_and_a_download_is_listed_again_the_hashes_being_the_pin(emulated):
+    """The dataset viewer squashes ``refs/convert/parquet`` after each conversion: a commit listed a moment ago is gone
+    (404), so the split is listed once more; the manifest's hashes are the same, the bytes being the same."""
+    repo = emulated.datasets[REPO]
+    files = {name: repo.commits[repo.refs[hub.CONVERTED]][name] for name in repo.commits[repo.refs[hub.CONVERTED]]}
+    first, *_ = _take("train.train_split=train[:50] train.eval_split=test")
+    listed = repo.refs[hub.CONVERTED]
+    original = emulated._resolve
+    converted = []
+
+    def converting(repo_id, revision, name, method, headers, repos=None):  # a conversion lands after the listing
+        if not converted:
+            converted.append(repo.push(files, ref=hub.CONVERTED, squash=True))
+        return original(repo_id, revision, name, method, headers, repos)
+
+    emulated._resolve = converting  # type: ignore[method-assign]
+    lines: list[str] = []
+    spec = resolve("local-fsdp", f"train.dataset={REPO} train.train_split=train[:50] train.eval_split=test")
+    manifest, train, _ = snapshot.take(spec, WHEN, log=lines.append)
+    assert listed not in repo.commits and manifest["train"]["commit"] == converted[0] != listed
+    assert any("listing it again" in line for line in lines) and len(train) == 50
+    generations = [[i["generation"] for i in m["train"]["items"]] for m in (first, manifest)]
+    assert generations[0] == generations[1]
+    # a conversion at every download: the second 404 stops the snapshot naming the file
+    converted.clear()
+
+    def always(repo_id, revision, name, method, headers, repos=None):
+        repo.push(files, ref=hub.CONVERTED, squash=True)
+        return original(repo_id, revision, name, method, headers, repos)
+
+    emulated._resolve = always  # type: ignore[method-assign]
+    with pytest.raises(InfraError, match=r"^train\.dataset: default/train/0000\.parquet of org/sft@\w+ is no longer"):
+        _take("train.train_split=train[:50] train.eval_split=test")
+
+
 def test_slices_by_row_and_percent_read_what_datasets_reads(emulated):
     _, train, heldout = _take("train.train_split=train[-10:] train.eval_split=train[:10%]")
     assert [e["instruction"] for e in train] == [f"Repeat w{i} twice." for i in range(110, 120)]

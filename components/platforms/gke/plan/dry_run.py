@@ -151,9 +151,9 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
             splits = ", ".join(dict.fromkeys(s for s in (t.train_split, "" if t.eval_dataset else t.eval_split) if s))
             lines += [
                 f"  read          GET /api/datasets/{value}/revision/{hub.CONVERTED} (the hub's Parquet files of "
-                f"{key}, pinned to the commit it resolves to)",
+                f"{key}, and the commit it resolves to)",
                 f"  read          GET /datasets/{value}/resolve/COMMIT/default/SPLIT/*.parquet for {splits} (each "
-                "checked against its listed sha256)",
+                "checked against its listed sha256, which pins it; listed again once if a conversion removed COMMIT)",
             ]
         else:
             lines.append(f"  read          the local files of {value} ({key}), each pinned by its bytes' digest")
