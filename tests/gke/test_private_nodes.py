@@ -102,7 +102,7 @@ def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_exis
     found = _records(preset, overrides)
     assert "cloud-nat" not in found and "r1-nodes" in [r.name for r in found["subnetwork"]]
     (cluster,) = found["gke-cluster"]
-    assert "Private Google Access only: no route to the internet" in cluster.summary
+    assert "Private Google Access only: no route out but to Google's APIs and services (App Engine" in cluster.summary
     shared = _records(preset, f"{overrides} gke.cluster_name=team")
     assert "cloud-nat" not in shared and "r1-nodes" not in [r.name for r in shared.get("subnetwork", [])]
 

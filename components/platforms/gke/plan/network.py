@@ -11,7 +11,8 @@
 - Their nodes take their addresses from a subnetwork of the project's ``default`` network that the run creates
   (``node_subnet``) with Private Google Access on (``Subnetwork.privateIpGoogleAccess``: "VMs in this subnet can access
   Google services without assigned external IP addresses", https://cloud.google.com/vpc/docs/private-google-access):
-  Cloud Storage, Artifact Registry, the metadata server's tokens, with no route to anything else.
+  Cloud Storage, Artifact Registry, the metadata server's tokens, and, as the same page's Specifications say, the
+  external addresses App Engine serves, third parties' App Engine apps included; no route to anything else.
 - No pod of a run needs the internet for what the pipeline's own stages can fetch: a hub ``train.dataset`` is
   snapshotted by the first stage into the run's prefix (``components.data.hub``), and a hub model's base weights are
   copied and checked by the train stage into the cache (``components.stages.base_weights``); MaxText builds its model
@@ -30,14 +31,19 @@
   outside the private ranges, and anything to the run's own pods (Ray). Kubernetes NetworkPolicy is by address and
   port, not by host name (https://kubernetes.io/docs/concepts/services-networking/network-policies/), and Google's
   APIs answer on many public addresses, so HTTPS out is one rule: with no NAT, a packet from a node without an
-  external address leaves the VPC only to Google's APIs (Private Google Access lets such VMs reach the external
-  addresses of Google's APIs and services, and nothing else: https://cloud.google.com/vpc/docs/private-google-access),
-  so that rule reaches Google's APIs and nothing else.
-  Narrowing it to ``private.googleapis.com`` (199.36.153.8/30) would need a Cloud DNS private zone for
-  ``googleapis.com`` on the network, which changes where every VM of the shared ``default`` network resolves Google's
-  APIs (https://cloud.google.com/vpc/docs/configure-private-google-access, DNS configuration): the run does not make it.
-  That Google's APIs themselves can carry data out (a bucket of another project) is what VPC Service Controls closes
-  (https://cloud.google.com/vpc-service-controls/docs/overview), an organisation's perimeter, not a run's.
+  external address leaves the VPC only to Google's APIs and services (Private Google Access,
+  https://cloud.google.com/vpc/docs/private-google-access), so that rule reaches those and no other host. They are not
+  only the run's own: "Private Google Access also allows access to the external IP addresses used by App Engine,
+  including third-party App Engine-based services" (https://cloud.google.com/vpc/docs/configure-private-google-access,
+  Specifications), so a pod can send to anyone's App Engine app, as it can write to another project's bucket.
+  What closes both is the restricted VIP, ``restricted.googleapis.com`` (199.36.153.4/30), which serves only the APIs
+  VPC Service Controls supports, with a Cloud DNS private zone mapping ``*.googleapis.com`` to it and egress to other
+  addresses refused (this rule narrowed to that range, or the network's default route replaced by one to it), inside
+  a VPC Service Controls perimeter (https://cloud.google.com/vpc-service-controls/docs/private-connectivity,
+  https://cloud.google.com/vpc-service-controls/docs/overview). The zone is bound to the whole network and changes
+  where every VM of the shared ``default`` network resolves Google's APIs
+  (https://cloud.google.com/vpc/docs/configure-private-google-access, DNS configuration), and the perimeter is an
+  organisation's: the run makes neither.
 """
 
 from __future__ import annotations
@@ -163,7 +169,7 @@ def no_internet(spec: RunSpec, t: Target) -> str | None:
         return None
     return (
         f"the run's cluster has private nodes and no Cloud NAT (it needs none by its spec: {summary(spec, t)}), so its "
-        f"pods have no route to the internet ({PRIVATE_NODES_DOC})"
+        f"pods have no route to any host outside Google's, the hub's among them ({PRIVATE_NODES_DOC})"
     )
 
 
@@ -263,5 +269,8 @@ def summary(spec: RunSpec, t: Target) -> str:
     """The plan's words for the way out of a cluster the run creates."""
     needs = internet_needs(spec, t)
     if not needs:
-        return "private nodes (no external addresses), Private Google Access only: no route to the internet"
+        return (
+            "private nodes (no external addresses), Private Google Access only: no route out but to Google's APIs and "
+            "services (App Engine apps included)"
+        )
     return f"private nodes (no external addresses), Private Google Access, and Cloud NAT because {'; '.join(needs)}"
