@@ -75,18 +75,31 @@ def files(repo_id: str, split: str, field: str, listing: dict[str, Any]) -> list
     config = DEFAULT_CONFIG if DEFAULT_CONFIG in configs else configs[0]
     if len(configs) > 1 and config != DEFAULT_CONFIG:
         raise SpecError("train.dataset", f"{repo_id} has several configs ({', '.join(configs)}) and no default")
-    prefix, partial = f"{config}/{split}/", f"{config}/partial-{split}/"
-    if any(e["name"].startswith(partial) for e in listing["files"]):
+    ours = [e for e in listing["files"] if e["name"].startswith(f"{config}/") and e["name"].count("/") == 2]
+    directories = {d: _split_of(d) for d in {e["name"].split("/")[1] for e in ours}}
+    if any(d.startswith("partial-") and name == split for d, name in directories.items()):
         raise SpecError(
             field,
             f"{repo_id}: the hub converted only part of its split {split!r} (larger than 5 GB): snapshot it into "
             "gs:// or BigQuery and name that as train.dataset",
         )
-    found = sorted((e for e in listing["files"] if e["name"].startswith(prefix)), key=lambda e: e["name"])
+    # part0 .. part9 sort as the shards' order, and 0000 .. 9999 within each
+    found = sorted((e for e in ours if directories[e["name"].split("/")[1]] == split), key=lambda e: e["name"])
     if not found:
-        splits = sorted({e["name"].split("/")[1] for e in listing["files"] if e["name"].startswith(f"{config}/")})
+        splits = sorted({directories[e["name"].split("/")[1]] for e in ours})
         raise SpecError(field, f"{repo_id} has no split {split!r} (its splits: {', '.join(splits)})", splits)
     return found
+
+
+_PART = re.compile(r"-part\d+$")
+
+
+def _split_of(directory: str) -> str:
+    """The split a directory of the conversion holds: ``SPLIT``, ``partial-SPLIT`` (read as SPLIT, and refused), or,
+    for a split of more than 10,000 files, ``SPLIT-partN`` with N the shard index // 10,000
+    (``ParquetFile.path_in_repo`` and ``parse_repo_filename`` in the dataset viewer's
+    ``services/worker/src/worker/job_runners/config/parquet_and_info.py``; "-" is not allowed in a split's name)."""
+    return _PART.sub("", directory.removeprefix("partial-"))
 
 
 def side(

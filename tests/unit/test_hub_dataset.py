@@ -153,3 +153,13 @@ def test_a_dataset_not_on_the_hub_or_a_gated_one_without_the_token_stops_the_sna
 def test_a_hub_dataset_whose_eval_split_is_its_train_split_is_refused_before_anything():
     with pytest.raises(SpecError, match=r"^train\.eval_split: is train\.train_split \('train'\)"):
         resolve("local-fsdp", f"train.dataset={REPO} train.train_split=train train.eval_split=train")
+
+
+def test_a_split_of_more_than_ten_thousand_files_is_read_across_its_part_directories_in_order():
+    """The dataset viewer writes such a split to ``{split}-part0/`` .. ``{split}-part9/``, 10,000 files each
+    (``ParquetFile.path_in_repo`` in its parquet_and_info.py)."""
+    names = ["default/train-part1/0000.parquet", "default/train-part0/9999.parquet", "default/train-part0/0000.parquet"]
+    listing = {"files": [{"name": n} for n in [*names, "default/test/0000.parquet", ".gitattributes"]]}
+    assert [e["name"] for e in hub.files(REPO, "train", "train.train_split", listing)] == sorted(names)
+    with pytest.raises(SpecError, match=r"has no split 'valid' \(its splits: test, train\)"):
+        hub.files(REPO, "valid", "train.eval_split", listing)
