@@ -36,8 +36,9 @@ Registry, else it fails at image pull. A task's placeholders are what KFP's driv
 ``{{$.pipeline_job_resource_name}}`` "the pipeline run name in the underlying pipeline engine (e.g. an Argo Workflow
 object name)" (kfp/dsl/__init__.py), here ``<pipeline name>-<5 random letters and digits>`` as a Kubernetes
 ``generateName`` makes (a recurring run's run: ``_workflow_name``), and ``{{$.pipeline_job_uuid}}`` the run's id;
-the create and schedule times per release (``_placeholders``). The runtime state goes PENDING ->
-RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
+the create and schedule times per release (``_placeholders``). A task whose output artifact points outside the
+pipeline root fails after its command, as the KFP launcher fails it (``_upload_refused``). The runtime state goes
+PENDING -> RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
 
 Terminate, on KFP's Argo backend: the API server sets the run's workflow's ``activeDeadlineSeconds`` to 0, so Argo
 stops every running step (its pod is sent SIGTERM, then SIGKILL after its grace period, as Kubernetes ends a pod:
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 import secrets
 import threading
@@ -181,6 +183,34 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             create_time = f"{created:%Y-%m-%dT%H:%M:%SZ}"
             shown |= {CREATE_TIME: create_time, SCHEDULE_TIME: job.scheduled or create_time}
         return shown
+
+    def _upload_refused(self, job: Job, result: dict) -> str:
+        """The launcher's rule for a task's output artifacts, after its command succeeded (``uploadOutputArtifacts``:
+        https://github.com/kubeflow/pipelines/blob/2.15.0/backend/src/v2/component/launcher_v2.go#L616-L640, and
+        at 2.16.0 L673-L711, at 2.17.0 L778-L823): each artifact's uri, as the executor output left it
+        (``mergeRuntimeArtifacts``), that names a bucket (``LocalPathForURI``: gs://, s3://, minio://; oci:// is not
+        uploaded, any other scheme is skipped with a warning) is uploaded under the pipeline root, whose key
+        ``KeyFromURI`` takes: a uri not under ``PrefixedBucket()`` (the scheme, then ``path.Join`` of the root's
+        bucket and path: no trailing slash, so a plain string prefix) fails the task, as does one that is the root
+        itself (https://github.com/kubeflow/pipelines/blob/2.15.0/backend/src/v2/objectstore/config.go#L80-L95;
+        the same at 2.17.0, L97-L112). The bucket config is the pipeline root's (``ParseBucketConfig`` of
+        ``GetPipelineRoot()``: launcher_v2.go L216-L217 at 2.15.0, L256-L257 at 2.17.0)."""
+        scheme, _, where = job.root.partition("://")
+        bucket, _, path = where.partition("/")
+        prefixed = f"{scheme}://{posixpath.normpath(posixpath.join(bucket, path))}"
+        for name, listed in result["artifacts"].items():
+            for artifact in listed["artifacts"]:
+                uri = artifact.get("uri", "")
+                if not uri.startswith(("gs://", "s3://", "minio://")):
+                    continue
+                if not uri.startswith(prefixed):
+                    why = f"URI {json.dumps(uri)} does not have expected bucket prefix {json.dumps(prefixed)}"
+                elif not uri[len(prefixed) :].lstrip("/"):
+                    why = f"URI {json.dumps(uri)} has empty key given prefixed bucket {json.dumps(prefixed)}"
+                else:
+                    continue
+                return f"failed to upload output artifact {json.dumps(name)}: {why}"
+        return ""
 
     def _set(self, job: Job, **fields) -> None:
         with self._lock:
