@@ -11,9 +11,15 @@ A recurring run passes no run id: KFP substitutes no ``[[RunUUID]]``-style macro
 Argo Workflow name (``components.spec.names.run_id_from``), which is also that run's display name (``cancel``).
 
 Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
-projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), or a Google ID
-token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
-https://cloud.google.com/iap/docs/authentication-howto).
+projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), a Kubernetes
+token from a file (``--kfp-auth token --kfp-token-file``: a multi-user server from outside the cluster), or a Google
+ID token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
+https://cloud.google.com/iap/docs/authentication-howto). A multi-user server (its healthz says ``multi_user``)
+authenticates every request on a namespace: a ``kubeflow-userid`` header, which its Istio policy accepts only from
+Kubeflow's own services, or a bearer token that the Kubernetes TokenReview API authenticates for the audience
+``pipelines.kubeflow.org`` (``GetAuthenticators``, backend/src/apiserver/auth/auth.go in kubeflow/pipelines at 2.15.0
+and 2.17.0), then authorizes it in the namespace (``IsAuthorized``, backend/src/apiserver/resource/
+resource_manager.go): with ``--kfp-auth none`` there, nothing is created (exit 2, naming ``--kfp-auth``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from pipelines.backends.vertex import jobs as vertex
 PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
 JANITOR_PIPELINE = "tpupipe-janitor"
-AUTHS = ("none", "sa-token", "iap")
+AUTHS = ("none", "sa-token", "token", "iap")
+# The audience a multi-user server's TokenReview asks a bearer token to be for (DefaultTokenReviewAudience,
+# backend/src/apiserver/common/const.go in kubeflow/pipelines at 2.15.0 and 2.17.0).
+TOKEN_AUDIENCE = "pipelines.kubeflow.org"
 # A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
@@ -56,6 +65,7 @@ class Place:
     iap_client_id: str = ""
     token_path: str = SA_TOKEN_PATH
     insecure: bool = False  # --insecure: a token may go to a plain-HTTP host that is not this machine
+    token_file: str = ""  # --kfp-token-file: the bearer token of --kfp-auth token
 
 
 # The loopback names: a plain-HTTP request to one of them never leaves this machine (a `kubectl port-forward` carries
@@ -90,6 +100,13 @@ def check_place(place: Place) -> None:
         raise SpecError("--kfp-auth", f"unknown method {place.auth!r}", list(AUTHS))
     if place.auth == "iap" and not place.iap_client_id:
         raise SpecError("--kfp-iap-client-id", "--kfp-auth iap needs the OAuth client id of the endpoint's IAP")
+    if place.auth == "token" and not (place.token_file and Path(place.token_file).is_file()):
+        raise SpecError(
+            "--kfp-token-file",
+            "--kfp-auth token reads its bearer token from this file: "
+            + (f"{place.token_file} is not a file" if place.token_file else "none is given"),
+            [f"kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE"],
+        )
     if place.auth == "sa-token" and not Path(place.token_path).is_file():
         raise SpecError(
             "--kfp-auth",
@@ -106,11 +123,31 @@ def client(place: Place):
 
     check_place(place)
     credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path) if place.auth == "sa-token" else None
-    token = _iap_token(place) if place.auth == "iap" else None
+    token = _iap_token(place) if place.auth == "iap" else _file_token(place) if place.auth == "token" else None
     try:
-        return kfp_runs.client(place.host, place.namespace, credentials, token)
+        made = kfp_runs.client(place.host, place.namespace, credentials, token)
+        multi_user = bool(made.get_kfp_healthz(sleep_duration=0).multi_user)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
+    if multi_user and place.auth == "none":
+        raise SpecError(
+            "--kfp-auth",
+            f"the Kubeflow Pipelines server at {place.host} is multi-user: it takes a request on a namespace only "
+            f"with a user's identity, and --kfp-auth none sends none; nothing was created",
+            [
+                f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: `kubectl create "
+                f"token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE`)",
+                "--kfp-auth sa-token, in a pod that mounts KFP's projected token",
+            ],
+        )
+    return made
+
+
+def _file_token(place: Place) -> str:
+    token = Path(place.token_file).read_text().strip()
+    if not token:
+        raise SpecError("--kfp-token-file", f"{place.token_file} is empty")
+    return token
 
 
 # A Google ID token is valid for one hour (https://cloud.google.com/docs/authentication/token-types#id); one fetched
@@ -145,6 +182,8 @@ def bearer(place: Place) -> dict[str, str]:
         return {"Authorization": "Bearer " + Path(place.token_path).read_text().strip()}
     if place.auth == "iap":
         return {"Authorization": "Bearer " + _iap_token(place)}
+    if place.auth == "token":
+        return {"Authorization": "Bearer " + _file_token(place)}
     return {}
 
 
@@ -170,8 +209,13 @@ def call(what: str, fn, *args, **kwargs):
         with contextlib.redirect_stdout(io.StringIO()):  # kfp prints a UI link after each experiment and run made
             return fn(*args, **kwargs)
     except ApiException as exc:
-        if exc.status in (401, 403):
+        if exc.status == 401:
             raise InfraError(f"{what}: the Kubeflow Pipelines API refused: {_reason(exc)} (check --kfp-auth)") from None
+        if exc.status == 403:  # authenticated, not allowed there (a multi-user server's SubjectAccessReview)
+            raise InfraError(
+                f"{what}: the Kubeflow Pipelines API refused: {_reason(exc)} (check --kfp-namespace, and that "
+                "--kfp-auth's identity may use it)"
+            ) from None
         raise InfraError(f"{what}: {_reason(exc)}") from None
 
 

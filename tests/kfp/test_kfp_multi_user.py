@@ -1,0 +1,77 @@
+"""`tpupipe submit`, `schedule create` and `runs list` against a multi-user Kubeflow Pipelines server
+(tests/emulators/kfp.py with ``multi_user``: each request on a namespace authenticated by a TokenReview-checked
+bearer token or the user id header, then authorized in the namespace): with ``--kfp-auth token`` and a namespace its
+user may use, the run and the recurring run are created there; without a token, exit 2 naming ``--kfp-auth`` before
+anything is created; a token for another audience, or a namespace its user may not use, one line naming the flag to
+check, and no run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.kfp.conftest import start_kfp
+from tests.kfp.test_kfp_backend import OVERRIDES, _fail_at_preflight
+
+USER, NAMESPACE = "alice@example.com", "team-a"
+
+
+@pytest.fixture
+def multi_user(project_factory, tmp_path):
+    kfp = start_kfp(project_factory(polls_to_done=1), tmp_path)
+    kfp.server.multi_user = True
+    kfp.server.grant(USER, NAMESPACE)
+    _fail_at_preflight(kfp.project)
+    return kfp
+
+
+def token_file(kfp, tmp_path, **audiences) -> str:
+    path = tmp_path / "kfp-token"
+    path.write_text(kfp.server.token_for(USER, **audiences) + "\n")
+    return str(path)
+
+
+def test_submit_and_schedule_with_a_token_are_created_in_the_users_namespace(multi_user, tmp_path, tpupipe):
+    kfp = multi_user
+    place = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
+    place += ["--kfp-auth", "token", "--kfp-token-file", token_file(kfp, tmp_path)]
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
+    assert code == 0, out + err
+    kfp_run = out.split("submitted run ", 1)[1].split()[0]
+    (experiment,) = kfp.server.experiments.values()
+    assert experiment["namespace"] == NAMESPACE and kfp.server.run(kfp_run).resource["namespace"] == NAMESPACE
+    code, out, err = tpupipe(
+        "schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, "--cron", "0 3 * * *", *place
+    )
+    assert code == 0, out + err
+    (recurring,) = kfp.server.recurring.values()
+    assert recurring.resource["namespace"] == NAMESPACE
+    code, out, err = tpupipe("runs", "list", *place)
+    assert code == 0 and kfp_run in out, out + err
+    kfp.server.wait(kfp_run, timeout_s=300)
+
+
+def test_without_a_user_identity_or_in_a_namespace_not_its_users_no_run_is_created(multi_user, tmp_path, tpupipe):
+    kfp = multi_user
+    host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
+    for command in (["submit", "local-fsdp"], ["schedule", "create", "nightly", "local-fsdp", "--cron", "0 3 * * *"]):
+        code, out, err = tpupipe(*command, "--set", OVERRIDES, *host)
+        assert code == 2, out + err
+        (error,) = [line for line in err.splitlines() if line.startswith("tpupipe: error:")]
+        assert (
+            error.startswith("tpupipe: error: --kfp-auth: the Kubeflow Pipelines server at") and "multi-user" in error
+        )
+        assert kfp.server.pipelines == {} and kfp.server.experiments == {}  # nothing was uploaded or made
+
+    other = token_file(kfp, tmp_path, audiences=("https://kubernetes.default.svc",))  # a token for another audience
+    code, out, err = tpupipe(
+        "submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token", "--kfp-token-file", other
+    )
+    assert code == 1 and "User identity is empty" in err and "(check --kfp-auth)" in err, out + err
+
+    mine = token_file(kfp, tmp_path)
+    elsewhere = ["--kfp-host", kfp.host, "--kfp-namespace", "kubeflow", "--kfp-auth", "token", "--kfp-token-file", mine]
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *elsewhere)
+    assert code == 1 and f"User '{USER}' is not authorized" in err and "check --kfp-namespace" in err, out + err
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token")
+    assert code == 2 and "--kfp-token-file: --kfp-auth token reads its bearer token from this file" in err, out + err
+    assert kfp.server.jobs == {} and kfp.server.recurring == {} and kfp.server.experiments == {}
