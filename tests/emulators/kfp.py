@@ -33,7 +33,9 @@ authenticated (the ``kubeflow-userid`` header, or a bearer token of ``token_for(
 API accepts for the audience ``pipelines.kubeflow.org``; neither: 401) and authorized (the user must be one
 ``grant(user, namespace)`` named, as a SubjectAccessReview allows a profile's contributors: else 403); a run, a
 recurring run or an experiment without a namespace is 400, and shared pipelines (no namespace) are read and uploaded
-by anyone (``_identity``, ``_authorize``).
+by anyone, and on 2.15 and 2.16 their versions deleted by anyone too (``_identity``, ``_authorize``,
+``_delete_version``). Without it, a pipeline's namespace is ignored: every pipeline is shared (``_pipeline_namespace``).
+A version's spec is kept as the server keeps it, through the PipelineSpec proto (``_stored_spec``).
 
 A run executes as on the Vertex AI emulator (``tests.emulators.pipeline_runner``: each task its own process group in
 its own empty directory, the image's stand-in first on PATH, its ``/gcs/`` outputs moved into the storage emulator,
@@ -335,6 +337,8 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
                 return 200, self._upload_version(query, http, raw)
             if parts[0] == "pipelines" and method == "GET":
                 return 200, self._get_pipelines(parts[1:], query)
+            if parts[0] == "pipelines" and method == "DELETE" and len(parts) == 4 and parts[2] == "versions":
+                return 200, self._delete_version(parts[1], parts[3])
             if parts[0] == "experiments":
                 return 200, self._experiments(method, parts[1:], query, raw)
             if parts[0] == "runs":
@@ -402,6 +406,13 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
                 f"Verb:{verb},Group:pipelines.kubeflow.org,Version:v1beta1,Resource:{resource}}})",
             )
 
+    def _pipeline_namespace(self, namespace: str | None) -> str:
+        """A pipeline's namespace: the one given on a multi-user server, else none, whatever was given
+        (``ReplaceNamespace``, backend/src/apiserver/resource/resource_manager.go L2017-L2023 at 2.15.0, L2456 at
+        2.17.0, which ListPipelines and the upload server apply first: pipeline_server.go ``listPipelines``,
+        pipeline_upload_server.go L122 at 2.15.0, L123 at 2.17.0)."""
+        return self._namespace(namespace) if self.multi_user else ""
+
     def _namespace(self, namespace: str | None) -> str:
         if namespace and namespace not in self.namespaces:
             raise KfpError(403, f"Failed to authorize with API: namespace {namespace!r} is not one of this server's")
@@ -422,11 +433,11 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             raise KfpError(400, f"Failed to create a pipeline: the package is not YAML: {exc}") from None
         if not isinstance(spec, dict) or "root" not in spec or "deploymentSpec" not in spec:
             raise KfpError(400, "Failed to create a pipeline: the package is not a compiled KFP v2 pipeline")
-        return spec
+        return _stored_spec(spec)
 
     def _upload(self, query: dict, http: BaseHTTPRequestHandler, raw: bytes) -> dict:
         self.calls.append("UploadPipeline")
-        namespace = self._namespace(query.get("namespace"))
+        namespace = self._pipeline_namespace(query.get("namespace"))
         try:
             self._authorize(namespace, "create", "pipelines")
         except KfpError:  # the upload server answers any refusal so (pipeline_upload_server.go, UploadPipeline)
@@ -460,6 +471,23 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             raise KfpError(409, f"Failed to create a pipeline version: the name {name!r} already exists")
         return self._new_version(pipeline_id, name, self._uploaded_spec(http, raw))
 
+    def _delete_version(self, pipeline_id: str, version_id: str) -> dict:
+        """``DELETE .../pipelines/{id}/versions/{version id}`` (DeletePipelineVersion, backend/api/v2beta1/
+        pipeline.proto), authorized as ``deletePipelineVersion`` then ``canAccessPipeline`` authorize it
+        (backend/src/apiserver/server/pipeline_server.go): in a namespace, a user the review allows there; of a
+        shared pipeline, anyone on 2.15 and 2.16 ("Skip authentication if the namespace is empty to enable shared
+        pipelines in multi-user mode", L1095-L1098 at 2.15.0), and from 2.17 only a user allowed in the server's own
+        namespace (``GetPodNamespace``, ``kubeflow`` here: L1290-L1300 at 2.17.0, kubeflow/pipelines#13288)."""
+        self.calls.append("DeletePipelineVersion")
+        version = self.versions.get(version_id)
+        if version is None or version["pipeline_id"] != pipeline_id:
+            raise KfpError(404, f"Pipeline version {version_id} not found")
+        namespace = self.pipelines[pipeline_id]["namespace"]
+        if namespace or not self.version.startswith(("2.15.", "2.16.")):
+            self._authorize(namespace or "kubeflow", "delete", "pipelines")
+        del self.versions[version_id]
+        return {}
+
     def _new_version(self, pipeline_id: str, name: str, spec: dict) -> dict:
         version_id = str(uuid.uuid4())
         self.versions[version_id] = {
@@ -475,7 +503,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
     def _get_pipelines(self, rest: list[str], query: dict) -> dict:
         if not rest:
             self.calls.append("ListPipelines")
-            namespace = self._namespace(query.get("namespace"))
+            namespace = self._pipeline_namespace(query.get("namespace"))
             self._authorize(namespace, "list", "pipelines")
             found = [p for p in self.pipelines.values() if p["namespace"] == namespace]
             return _page("pipelines", _filtered(found, query))
@@ -729,6 +757,30 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             run = self._create_run(body, r["recurring_run_id"], scheduled, run_id, workflow)
             recurring.runs.append(run["run_id"])
         return run["run_id"]
+
+
+def _stored_spec(spec: dict) -> dict:
+    """A pipeline spec as the server keeps and returns it: parsed into the PipelineSpec proto and written back with
+    protojson (``NewV2SpecTemplate`` and ``V2Spec.Bytes``, backend/src/apiserver/template/v2_template.go at 2.15.0
+    and 2.17.0), then read into a ``google.protobuf.Struct`` (``YamlStringToPipelineSpecStruct``,
+    backend/src/apiserver/server/api_util.go): fields at their default value are left out, and a whole number in a
+    Struct is written without a fraction, as Go's protojson writes a double."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    try:
+        message = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
+    except json_format.ParseError as exc:
+        raise KfpError(400, f"Failed to create a pipeline: invalid pipeline spec: {exc}") from None
+
+    def whole(value):
+        if isinstance(value, dict):
+            return {k: whole(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [whole(v) for v in value]
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    return whole(json_format.MessageToDict(message))
 
 
 def _parameters(spec: dict, given: dict) -> dict:

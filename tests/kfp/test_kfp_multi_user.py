@@ -75,3 +75,63 @@ def test_without_a_user_identity_or_in_a_namespace_not_its_users_no_run_is_creat
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token")
     assert code == 2 and "--kfp-token-file: --kfp-auth token reads its bearer token from this file" in err, out + err
     assert kfp.server.jobs == {} and kfp.server.recurring == {} and kfp.server.experiments == {}
+
+
+def _client_of(kfp, tmp_path, user: str, namespace: str):
+    """A kfp.Client of ``user``, who may act in ``namespace``, as another tenant of the server makes one."""
+    from pipelines.backends.kfp import jobs as kfp_backend
+
+    kfp.server.grant(user, namespace)
+    path = tmp_path / f"{user}-token"
+    path.write_text(kfp.server.token_for(user))
+    path.chmod(0o600)
+    place = kfp_backend.Place(kfp.host, namespace=namespace, auth="token", token_file=str(path))
+    return kfp_backend.client(place)
+
+
+def _tampered(spec: dict, tmp_path) -> str:
+    """``spec`` with every task's command replaced: what another user would have a victim's runner run."""
+    import copy
+
+    import yaml
+
+    evil = copy.deepcopy(spec)
+    for executor in evil["deploymentSpec"]["executors"].values():
+        executor["container"]["command"] = ["sh", "-c", "echo exfiltrate"]
+    path = tmp_path / "tampered.yaml"
+    path.write_text(yaml.safe_dump(evil))
+    return str(path)
+
+
+def test_a_version_another_user_uploaded_under_the_same_name_is_never_run(multi_user, tmp_path, tpupipe):
+    """The pipeline is uploaded to and looked up in --kfp-namespace: a shared pipeline ``tpupipe`` whose version bears
+    this compile's name, uploaded by a user of another namespace (which a multi-user server lets anyone do), is not the
+    one run; and a version of that name in the namespace holding another spec (one of its contributors replaced it) is
+    refused before any run is created."""
+    kfp = multi_user
+    place = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
+    place += ["--kfp-auth", "token", "--kfp-token-file", token_file(kfp, tmp_path)]
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
+    assert code == 0, out + err
+    (ours,) = kfp.server.pipelines.values()
+    assert ours["namespace"] == NAMESPACE
+    (mine,) = [v for v in kfp.server.versions.values() if v["display_name"] != "tpupipe"]
+    evil = _tampered(mine["pipeline_spec"], tmp_path)
+
+    bob = _client_of(kfp, tmp_path, "bob@example.com", "team-b")
+    shared = bob.upload_pipeline(evil, "tpupipe").pipeline_id  # no namespace: a shared pipeline
+    bobs = bob.upload_pipeline_version(evil, mine["display_name"], shared).pipeline_version_id
+    assert kfp.server.pipelines[shared]["namespace"] == ""
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
+    assert code == 0, out + err
+    run = kfp.server.run(out.split("submitted run ", 1)[1].split()[0])
+    assert run.resource["pipeline_version_reference"]["pipeline_version_id"] == mine["pipeline_version_id"] != bobs
+    assert run.spec == mine["pipeline_spec"]
+
+    carol = _client_of(kfp, tmp_path, "carol@example.com", NAMESPACE)  # a contributor of the namespace
+    carol.delete_pipeline_version(ours["pipeline_id"], mine["pipeline_version_id"])
+    carol.upload_pipeline_version(evil, mine["display_name"], ours["pipeline_id"])
+    runs = set(kfp.server.jobs)
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
+    assert code == 1 and f"version {mine['display_name']} in namespace {NAMESPACE} holds another pipeline spec" in err
+    assert set(kfp.server.jobs) == runs  # nothing run

@@ -238,20 +238,68 @@ def version_name(template: str) -> str:
     return f"{source_version()[:12] or 'unversioned'}-{digest}"
 
 
-def upload(kfp_client, template: str, pipeline: str = PIPELINE) -> tuple[str, str]:
-    """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id)."""
+def upload(kfp_client, template: str, namespace: str, pipeline: str = PIPELINE) -> tuple[str, str]:
+    """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id).
+
+    The pipeline is the namespace's own, not a shared one: on a multi-user server anyone may upload a version of a
+    shared pipeline (``canUploadVersionedPipeline`` in backend/src/apiserver/server/pipeline_upload_server.go L366-L368
+    at 2.15.0, L401-L403 at 2.17.0), and before 2.17 delete one too ("Skip authentication if the namespace is empty
+    to enable shared pipelines", ``canAccessPipeline`` in pipeline_server.go L1095-L1098 at 2.15.0), so another
+    namespace's user could put their spec under this version's name; in the namespace only its contributors can. A
+    single-user server ignores the namespace (``ReplaceNamespace`` in backend/src/apiserver/resource/
+    resource_manager.go). A version found by name is used only if it holds this file's spec (``_same_spec``)."""
     name = version_name(template)
-    pipeline_id = call(f"the pipeline {pipeline}", kfp_client.get_pipeline_id, pipeline)
-    if pipeline_id is None:
-        pipeline_id = call(f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline).pipeline_id
+    where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": pipeline}]})
+    listed = call(
+        f"the pipeline {pipeline} in namespace {namespace}",
+        kfp_client.list_pipelines,
+        filter=where,
+        namespace=namespace,
+    ).pipelines
+    if listed:
+        pipeline_id = listed[0].pipeline_id
+    else:
+        pipeline_id = call(
+            f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline, namespace=namespace
+        ).pipeline_id
     where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": name}]})
     found = call("its versions", kfp_client.list_pipeline_versions, pipeline_id, filter=where).pipeline_versions
     if found:
+        if not _same_spec(found[0].pipeline_spec or {}, template):
+            raise InfraError(
+                f"the pipeline {pipeline} version {name} in namespace {namespace} holds another pipeline spec than "
+                f"this compile ({template}), so it is not run: someone who may write there uploaded it. Delete that "
+                "version (the KFP UI, or kfp.Client().delete_pipeline_version) and check who can write pipelines in "
+                "the namespace"
+            )
         return pipeline_id, found[0].pipeline_version_id
     version = call(
         f"upload of {pipeline} version {name}", kfp_client.upload_pipeline_version, template, name, pipeline_id
     )
     return pipeline_id, version.pipeline_version_id
+
+
+def _same_spec(stored: dict, template: str) -> bool:
+    """Whether a version's ``pipeline_spec``, as the server returns it, is the compiled file's. The server keeps the
+    spec as the PipelineSpec proto writes it (``V2Spec.Bytes``, backend/src/apiserver/template/v2_template.go: fields
+    at their defaults left out, int64s as strings) and returns it as a Struct, nested under ``pipeline_spec`` and
+    ``platform_spec`` when the file has a platform spec (``YamlStringToPipelineSpecStruct``,
+    backend/src/apiserver/server/api_util.go at 2.15.0 and 2.17.0); so both sides are compared as protos. A field this
+    client's proto does not know makes them differ."""
+    import yaml
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2 as pb
+
+    docs = [doc for doc in yaml.safe_load_all(Path(template).read_text()) if doc]
+    local = [d for d in docs if "platforms" not in d] + [d for d in docs if "platforms" in d]
+    theirs = [stored] if len(local) == 1 else [stored.get("pipeline_spec"), stored.get("platform_spec")]
+    try:
+        return len(local) == len(theirs) and all(
+            json_format.ParseDict(mine, kind()) == json_format.ParseDict(other, kind())
+            for mine, other, kind in zip(local, theirs, (pb.PipelineSpec, pb.PlatformSpec), strict=False)
+        )
+    except (json_format.ParseError, TypeError, AttributeError):
+        return False
 
 
 def parameters(sub: vertex.Submission, run_id: str = "") -> dict:
@@ -271,7 +319,7 @@ def submit(
     if sub.run_id:  # a run id is used once: refused (exit 2) before anything is uploaded or run
         run_ids.check_unused(sub.run_id, run_ids.output_root(template, sub.project))
     kfp_client = client(place)
-    pipeline_id, version_id = upload(kfp_client, template)
+    pipeline_id, version_id = upload(kfp_client, template, place.namespace)
     display = vertex.new_job_id(sub.preset)
     run_id = sub.run_id or run_id_from("", display)
     run = call(
@@ -505,7 +553,7 @@ def schedule_create(
     )
     if note:
         print(f"tpupipe: {note}", file=sys.stderr, flush=True)
-    pipeline_id, version_id = upload(kfp_client, template)
+    pipeline_id, version_id = upload(kfp_client, template, place.namespace)
     created = call(
         f"the recurring run {name}",
         kfp_client.create_recurring_run,
