@@ -257,6 +257,11 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         self._reviewed[token] = (user, audiences)
         return token
 
+    def expire(self, token: str) -> None:
+        """``token`` is past its expiry: the TokenReview API no longer authenticates it (a bound token's ``exp``:
+        https://kubernetes.io/docs/reference/access-authn-authz/service-accounts-admin/#bound-service-account-token-volume)."""
+        self._reviewed.pop(token, None)
+
     def run(self, run_id: str) -> Job:
         with self._lock:
             return self.jobs[run_id]

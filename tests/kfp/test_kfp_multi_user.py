@@ -135,3 +135,23 @@ def test_a_version_another_user_uploaded_under_the_same_name_is_never_run(multi_
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
     assert code == 1 and f"version {mine['display_name']} in namespace {NAMESPACE} holds another pipeline spec" in err
     assert set(kfp.server.jobs) == runs  # nothing run
+
+
+def test_a_token_renewed_in_its_file_is_what_a_client_made_before_sends(multi_user, tmp_path):
+    """``--kfp-auth token`` reads the file for each request: a client kept for a whole run (``submit --follow``) goes
+    on after the token it started with expires, once the file holds a new one."""
+    from pathlib import Path
+
+    from components.spec import InfraError
+    from pipelines.backends.kfp import jobs as kfp_backend
+
+    kfp = multi_user
+    path = token_file(kfp, tmp_path)
+    place = kfp_backend.Place(kfp.host, namespace=NAMESPACE, auth="token", token_file=path)
+    made = kfp_backend.client(place)
+    assert kfp_backend.runs(made, place) == []
+    kfp.server.expire(Path(path).read_text().strip())
+    with pytest.raises(InfraError, match=r"Review.Status.Authenticated is false.*check --kfp-auth"):
+        kfp_backend.runs(made, place)
+    Path(path).write_text(kfp.server.token_for(USER) + "\n")  # renewed, as `kubectl create token` again
+    assert kfp_backend.runs(made, place) == []

@@ -122,8 +122,14 @@ def client(place: Place):
     from components.cloud import kfp as kfp_runs
 
     check_place(place)
-    credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path) if place.auth == "sa-token" else None
-    token = _iap_token(place) if place.auth == "iap" else _file_token(place) if place.auth == "token" else None
+    # A token from a file is read again for each request (the credentials' refresh_api_key_hook, which
+    # kfp_server_api's Configuration calls before every call): a projected token the kubelet rotates, or a
+    # ``kubectl create token`` one (an hour by default) that the user renews while ``submit --follow`` goes on.
+    path = {"sa-token": place.token_path, "token": place.token_file}.get(place.auth)
+    if place.auth == "token":
+        _file_token(place)  # an empty file is bad input, before any call
+    credentials = ServiceAccountTokenVolumeCredentials(path=path) if path else None
+    token = _iap_token(place) if place.auth == "iap" else None
     try:
         made = kfp_runs.client(place.host, place.namespace, credentials, token)
         multi_user = bool(made.get_kfp_healthz(sleep_duration=0).multi_user)
