@@ -23,9 +23,11 @@ and checked whole against the CRC32C its listing pinned. Errors in the URI or in
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from components.cloud.credentials import storage_client
 from components.spec import InfraError, SpecError
@@ -267,22 +269,61 @@ def _changed(obj: dict) -> SnapshotChanged:
 # (``_DOWNLOAD_URL_TEMPLATE``, ``{hostname}/download/storage/{api_version}{path}?alt=media``, the hostname being the
 # client's ``_connection.API_BASE_URL``:
 # https://github.com/googleapis/python-storage/blob/v3.4.0/google/cloud/storage/blob.py); the status codes Cloud
-# Storage's retry strategy retries (https://cloud.google.com/storage/docs/retry-strategy: 408, 429 and 5xx), RETRIES
-# times, with exponential backoff and jitter, or after the ``Retry-After`` the answer gives.
+# Storage's retry strategy retries (https://cloud.google.com/storage/docs/retry-strategy: 408, 429 and 5xx), within
+# the retry budget (``Retry``).
 DOWNLOAD = "/download/storage/v1/"
 MEDIA = "b/{bucket}/o/{name}?alt=media&generation={generation}"
-RETRIED, RETRIES = frozenset({408, 429, 500, 502, 503, 504}), 5
+RETRIED = frozenset({408, 429, 500, 502, 503, 504})
 CONNECT_S, READ_S = 60.0, 300.0  # a connection's and a read's timeout
-BACKOFF_S = 1.0  # the first retry's most wait; each next one's doubles, to at most 32 times this
 
 
-def _backoff(attempt: int, after: str | None = None) -> None:
-    """Wait before retry ``attempt`` (0 the first): the answer's ``Retry-After`` seconds where it gives them, else a
-    random part of an exponential backoff (full jitter, so that many readers do not retry in step)."""
-    import random
+@dataclass(frozen=True)
+class Retry:
+    """The retry budget of a read, google-cloud-storage's ``DEFAULT_RETRY``'s (google/cloud/storage/retry.py at
+    v3.4.0: an api_core ``Retry`` with its defaults, google/api_core/retry/retry_base.py: ``_DEFAULT_INITIAL_DELAY``
+    1 s, ``_DEFAULT_DELAY_MULTIPLIER`` 2, ``_DEFAULT_MAXIMUM_DELAY`` 60 s, ``_DEFAULT_DEADLINE`` 120 s), which Cloud
+    Storage's retry strategy describes (https://cloud.google.com/storage/docs/retry-strategy#exponential-backoff): each
+    wait a random part of a bound that starts at ``initial_s`` and grows by ``multiplier`` to ``maximum_s`` (full
+    jitter, ``exponential_sleep_generator``), or the ``Retry-After`` an answer gives; no more tries once the next wait
+    would end past ``deadline_s`` from the first failure (api_core's ``_retry_error_helper``)."""
 
-    wait = float(after) if after and after.isdigit() else random.uniform(0, BACKOFF_S * 2 ** min(attempt, 5))
-    time.sleep(min(wait, 60.0))
+    initial_s: float = 1.0
+    multiplier: float = 2.0
+    maximum_s: float = 60.0
+    deadline_s: float = 120.0
+
+    def start(self, clock: Callable[[], float] = time.monotonic) -> Backoff:
+        return Backoff(self, clock() + self.deadline_s, self.initial_s, clock)
+
+
+RETRY = Retry()  # the budget a Downloads takes unless given one
+
+
+@dataclass
+class Backoff:
+    """One read's retries under a ``Retry``: ``wait`` sleeps before the next try, or says there is none."""
+
+    retry: Retry
+    deadline: float
+    bound: float
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def next_wait(self, after: str | None = None) -> float | None:
+        """The wait before the next try (``after``: the answer's ``Retry-After`` seconds), None past the deadline."""
+        import random
+
+        wait = float(after) if after and after.isdigit() else random.uniform(0.0, self.bound)
+        self.bound = min(self.bound * self.retry.multiplier, self.retry.maximum_s)
+        return None if self.clock() + wait > self.deadline else wait
+
+    def wait(self, after: str | None = None) -> bool:
+        """Sleep before the next try and say True; False where it would end past the deadline."""
+        wait = self.next_wait(after)
+        if wait is None:
+            return False
+        self.sleep(wait)
+        return True
 
 
 class Downloads:
@@ -309,13 +350,16 @@ class Downloads:
     https://github.com/googleapis/python-storage/blob/v3.4.0/google/cloud/storage/_media/requests/download.py).
     The CRC32C is of the whole object, checked when the last byte is in (:class:`Checked`)."""
 
-    def __init__(self, field: str = "train.dataset", client=None, connections: int = 16) -> None:
+    def __init__(
+        self, field: str = "train.dataset", client=None, connections: int = 16, retry: Retry | None = None
+    ) -> None:
         import threading
 
         import requests
         from google.auth.transport.requests import Request
 
         self.field = field  # the setting a refused read names
+        self.retry = retry or RETRY
         client = client if client is not None else _client()
         session = client._http
         self._base = client.api_endpoint.rstrip("/")  # the client's _connection.API_BASE_URL
@@ -355,8 +399,8 @@ class Downloads:
             bucket=bucket, name=urllib.parse.quote(name, safe=""), generation=int(obj["generation"])
         )
         where = f"reading {obj['uri']} (generation {obj['generation']})"
-        refresh = False
-        for attempt in range(RETRIES + 1):
+        refresh, backoff = False, self.retry.start()
+        for attempt in itertools.count():
             try:
                 response = self._pool.urlopen(
                     "GET",
@@ -370,9 +414,8 @@ class Downloads:
                     timeout=urllib3.Timeout(connect=CONNECT_S, read=READ_S),
                 )
             except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset before the answer, timed out
-                if attempt == RETRIES:
-                    raise InfraError(f"{where}: {exc}") from None
-                _backoff(attempt)
+                if not backoff.wait():
+                    raise InfraError(f"{where}: {exc} (retried for {self.retry.deadline_s:.0f}s)") from None
                 continue
             refresh = False
             if response.status == (206 if offset else 200):
@@ -391,9 +434,10 @@ class Downloads:
             if response.status == 401 and attempt == 0:
                 refresh = True
                 continue
-            if response.status not in RETRIED or attempt == RETRIES:
+            if response.status not in RETRIED:
                 raise InfraError(f"{where}: {response.status} {said}")
-            _backoff(attempt, response.headers.get("Retry-After"))
+            if not backoff.wait(response.headers.get("Retry-After")):
+                raise InfraError(f"{where}: {response.status} {said} (retried for {self.retry.deadline_s:.0f}s)")
         raise AssertionError("unreachable")
 
     def open(self, obj: dict) -> Checked:
@@ -412,7 +456,8 @@ class Checked:
     bytes' CRC32C is computed as they come and compared with the listing's, and their count with its size, when the
     last byte is in: InfraError when either differs. A body that breaks off is resumed from the byte it reached
     (``Downloads.request`` with the offset): at once while each try brings bytes, after a backoff when one brings
-    none, and an InfraError naming the object and the byte after ``RETRIES`` tries in a row without progress."""
+    none, and an InfraError naming the object and the byte once tries without progress have used the retry budget
+    (``Retry``)."""
 
     def __init__(self, downloads: Downloads, obj: dict) -> None:
         import google_crc32c
@@ -430,7 +475,8 @@ class Checked:
         self.expected = "" if self.transcoded else obj.get("crc32c", "")
         stored = obj.get("size", headers.get("x-goog-stored-content-length"))
         self.size = None if self.transcoded or stored is None else int(stored)
-        self.crc, self.got, self.since, self.stalls = google_crc32c.Checksum(), 0, 0, 0
+        self.crc, self.got, self.since = google_crc32c.Checksum(), 0, 0
+        self.stalled: Backoff | None = None  # the retries since the last try that brought bytes
         raw = io.BufferedReader(_Raw(self), buffer_size=2**20)
         gzipped = headers.get("Content-Encoding") == "gzip"  # served as stored: inflated as it would be served
         self.stream = drops.inflated(raw, obj["uri"], downloads.field) if gzipped else raw
@@ -472,14 +518,13 @@ class Checked:
                 f"{where}: the download broke off at byte {self.got} ({why}), and Cloud Storage served it "
                 "decompressed, which cannot be resumed: run again"
             )
-        self.stalls = 0 if self.got > self.since else self.stalls + 1
-        if self.stalls >= RETRIES:
+        if self.got > self.since or self.stalled is None:  # progress since the last try: resumed at once
+            self.stalled = self.downloads.retry.start()
+        elif not self.stalled.wait():
             raise InfraError(
-                f"{where}: the download broke off at byte {self.got} of {self.size} and {RETRIES} tries in a row to "
-                f"resume it brought nothing ({why})"
+                f"{where}: the download broke off at byte {self.got} of {self.size} and tries to resume it for "
+                f"{self.downloads.retry.deadline_s:.0f}s brought nothing ({why})"
             )
-        if self.stalls:
-            _backoff(self.stalls)
         self.since = self.got
         self.response = self.downloads.request(self.obj, self.got)
 

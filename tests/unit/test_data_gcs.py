@@ -382,17 +382,52 @@ def test_a_download_that_breaks_off_is_resumed_from_the_byte_it_reached_and_its_
 
 
 def test_a_download_that_keeps_breaking_without_progress_names_the_object_and_the_byte(storage, monkeypatch):
-    monkeypatch.setattr(gcs, "BACKOFF_S", 0.001)
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, maximum_s=0.01, deadline_s=1.0))
     storage.put(DATA, "big/a.jsonl", ROWS)
     (pinned,) = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
     storage.cut(50_000)
-    storage.cut(0, times=gcs.RETRIES)  # each resume brings nothing
+    storage.cut(0, times=10_000)  # each resume brings nothing
     with pytest.raises(
         InfraError,
         match=r"big/a.jsonl \(generation \d+\): the download broke off at byte 50000 of "
-        rf"{len(ROWS)} and 5 tries in a row to resume it brought nothing",
+        rf"{len(ROWS)} and tries to resume it for 1s brought nothing",
     ):
         gcs.Downloads().read(pinned)
+    assert len(resumed_from(storage, "big/a.jsonl")) > 10  # retried for the whole budget, not a count of tries
+
+
+def test_the_retry_budget_is_google_cloud_storages_default_retry(monkeypatch):
+    """1 s, doubling to at most 60 s, each wait a random part of its bound, no wait that would end past 120 s from
+    the first failure (google-cloud-storage's DEFAULT_RETRY, api_core's Retry defaults); a Retry-After is waited."""
+    import random
+
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    assert (gcs.RETRY.initial_s, gcs.RETRY.multiplier, gcs.RETRY.maximum_s, gcs.RETRY.deadline_s) == (
+        DEFAULT_RETRY._initial,
+        DEFAULT_RETRY._multiplier,
+        DEFAULT_RETRY._maximum,
+        DEFAULT_RETRY._timeout,
+    )
+    now, waits = [0.0], []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        now[0] += s
+
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # each wait its bound
+    backoff = gcs.RETRY.start(clock=lambda: now[0])
+    backoff.sleep = sleep
+    while backoff.wait():
+        pass
+    assert waits == [1, 2, 4, 8, 16, 32]  # then 60 would end at 123 s
+    backoff = gcs.RETRY.start(clock=lambda: now[0])
+    backoff.sleep = sleep
+    assert backoff.wait("7") and waits[-1] == 7.0
+    assert backoff.wait() and waits[-1] == 2  # the bound went on growing
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+    assert backoff.wait() and waits[-1] == 0  # full jitter: anywhere from 0
+    assert not backoff.wait("200")  # past the deadline: no more tries
 
 
 def test_a_gzip_drop_cut_off_on_the_way_is_read_whole_and_one_written_truncated_is_named_so(storage, monkeypatch):
@@ -435,7 +470,7 @@ def test_the_snapshots_downloads_go_where_the_storage_client_goes_its_endpoint_a
     client."""
     (pinned,) = gcs.list_objects(f"gs://{DATA}/data/a.jsonl", field=FIELD)
     creds = user_credentials.Credentials(token=TOKEN)
-    monkeypatch.setattr(gcs, "BACKOFF_S", 0.001)
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, deadline_s=0.5))
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(InfraError, match="reading gs://"):
         gcs.Downloads().read(pinned)
