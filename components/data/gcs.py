@@ -275,6 +275,7 @@ DOWNLOAD = "/download/storage/v1/"
 MEDIA = "b/{bucket}/o/{name}?alt=media&generation={generation}"
 RETRIED = frozenset({408, 429, 500, 502, 503, 504})
 CONNECT_S, READ_S = 60.0, 300.0  # a connection's and a read's timeout
+ERROR_BYTES = 4096  # the most of an error answer's body read, to show a part of it
 
 
 @dataclass(frozen=True)
@@ -424,7 +425,28 @@ class Downloads:
                     response.close()
                     raise InfraError(f"{where}: asked for the bytes from {offset}, got {ranged or 'no Content-Range'}")
                 return response
-            said = response.read().decode(errors="replace")[:300]
+            if response.status == 200:  # a resume answered with the whole object: the bytes before it dropped
+                # Cloud Storage ignores the Range of an object it serves decompressed ("GCS serves back the whole
+                # file regardless of the range request": ``Download.consume`` in python-storage's
+                # google/cloud/storage/_media/requests/download.py), and a proxy may drop it; google-cloud-cpp reads
+                # up to the offset and discards it (``ReadDiscard`` in google/cloud/storage/internal/
+                # retry_object_read_source.cc). Decompressed bytes are not the stored ones the offset counts: refused.
+                if _transcoded(response.headers):
+                    response.close()
+                    raise InfraError(
+                        f"{where}: asked for the bytes from {offset}, Cloud Storage served the whole object "
+                        "decompressed, which cannot be resumed: run again"
+                    )
+                if _skip(response, offset):
+                    return response
+                if not backoff.wait():
+                    raise InfraError(
+                        f"{where}: whole-object answers to a resume broke off before byte {offset} for "
+                        f"{self.retry.deadline_s:.0f}s"
+                    )
+                continue
+            said = response.read(ERROR_BYTES).decode(errors="replace")[:300]
+            response.close()
             if response.status == 404:
                 raise _changed(obj)
             if response.status == 403:
@@ -451,6 +473,31 @@ class Downloads:
             return body.read()
 
 
+def _transcoded(headers) -> bool:
+    """Whether an answer is an object stored gzip-encoded served decompressed (python-storage's
+    ``_is_decompressive_transcoding``: a stored encoding of gzip, the answer's not gzip)."""
+    return headers.get("x-goog-stored-content-encoding") == "gzip" and headers.get("Content-Encoding") != "gzip"
+
+
+def _skip(response, offset: int) -> bool:
+    """Read and drop the first ``offset`` bytes of ``response``'s body, a MiB at a time; False (the response closed)
+    where it breaks off first."""
+    import urllib3
+
+    left = offset
+    try:
+        while left:
+            n = len(response.read(min(left, 2**20)))
+            if not n:
+                break
+            left -= n
+    except (OSError, urllib3.exceptions.HTTPError):
+        pass
+    if left:
+        response.close()
+    return not left
+
+
 class Checked:
     """A download's content as a binary stream (``io.BufferedReader``: ``read``, ``readline``, iteration). The stored
     bytes' CRC32C is computed as they come and compared with the listing's, and their count with its size, when the
@@ -469,9 +516,7 @@ class Checked:
         headers = self.response.headers
         # served decompressed even so (its Cache-Control or a proxy's doing): neither its checksum nor a range of it
         # is the stored object's
-        self.transcoded = (
-            headers.get("x-goog-stored-content-encoding") == "gzip" and headers.get("Content-Encoding") != "gzip"
-        )
+        self.transcoded = _transcoded(headers)
         self.expected = "" if self.transcoded else obj.get("crc32c", "")
         stored = obj.get("size", headers.get("x-goog-stored-content-length"))
         self.size = None if self.transcoded or stored is None else int(stored)

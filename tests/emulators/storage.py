@@ -48,7 +48,8 @@ stored with ``contentEncoding: gzip`` is served decompressed, its Range ignored,
 ``Accept-Encoding: gzip`` or the object ``Cache-Control: no-transform`` (decompressive transcoding:
 https://cloud.google.com/storage/docs/transcoding). ``state.downloads`` records each download's Range and
 Accept-Encoding headers; ``cut(after)`` makes the next download break off after that many bytes of its body, the
-connection closed, which the client must resume itself (https://cloud.google.com/storage/docs/downloads).
+connection closed, which the client must resume itself (https://cloud.google.com/storage/docs/downloads), and
+``whole()`` answers the next ranged download with the whole object, as HTTP lets a server or proxy do.
 A request may name the object's generation (``generation``: "selects a specific revision of this object",
 https://cloud.google.com/storage/docs/json_api/v1/objects/get); only the live one is kept (the emulator has no Object
 Versioning, without which an object's live version is gone once it is replaced or deleted:
@@ -533,6 +534,14 @@ class StorageEmulator(HttpEmulator):
         a download itself, asking for the rest with a ``Range`` header ("Using this basic download behavior, you can
         resume interrupted downloads": https://cloud.google.com/storage/docs/downloads)."""
         self.cuts.append(Cutting("objects.get", after, times, when))
+
+    def whole(self, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
+        """The next ``times`` media downloads with a ``Range`` that match ``when`` are answered 200 with the whole
+        object, the Range ignored, as any server or proxy on the way may answer ("A server MAY ignore the Range
+        header field": RFC 9110, section 14.2, https://www.rfc-editor.org/rfc/rfc9110#section-14.2), and as Cloud
+        Storage itself answers for an object it serves decompressed (https://cloud.google.com/storage/docs/
+        transcoding#range)."""
+        self.cuts.append(Cutting("objects.get whole", 0, times, when))
 
     def foreign(self, bucket: str, caller: str) -> None:
         """Make ``bucket`` (created already) another project's: the project's own credentials, which own its buckets,
@@ -1174,6 +1183,8 @@ class StorageEmulator(HttpEmulator):
         m = RANGE.fullmatch(http.headers.get("Range", "").strip())
         if not m or not (m["first"] or m["last"]):
             return answer(200, data, headers)
+        if take_fault(self.cuts, self._lock, "objects.get whole", {"bucket": bucket, "object": name, "query": query}):
+            return answer(200, data, headers)  # the Range ignored (``whole``)
         if m["first"]:
             first, last = int(m["first"]), min(int(m["last"] or len(data) - 1), len(data) - 1)
         else:  # the last N bytes

@@ -430,6 +430,27 @@ def test_the_retry_budget_is_google_cloud_storages_default_retry(monkeypatch):
     assert not backoff.wait("200")  # past the deadline: no more tries
 
 
+def test_a_resume_answered_with_the_whole_object_skips_to_its_offset_without_holding_it(storage, monkeypatch):
+    """A 200 to a Range request (a proxy that drops the Range, as HTTP allows) is read on from the offset, the bytes
+    before it dropped as they come, and the whole object's CRC32C still checked; one that breaks off before the
+    offset is retried."""
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, deadline_s=5.0))
+    storage.put(DATA, "big/a.jsonl", ROWS)
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
+    storage.cut(100_000)
+    storage.whole()
+    assert gcs.Downloads().read(pinned) == ROWS
+    assert resumed_from(storage, "big/a.jsonl") == [0, 100_000]
+    storage.cut(100_000)
+    storage.whole(times=2)
+    storage.cut(50_000)  # the whole answer breaks off before the offset: retried
+    assert gcs.Downloads().read(pinned) == ROWS
+    with pytest.raises(InfraError, match="the bytes read do not match the CRC32C"):
+        storage.cut(100_000)
+        storage.whole()
+        gcs.Downloads().read({**pinned, "crc32c": "AAAAAA=="})
+
+
 def test_a_gzip_drop_cut_off_on_the_way_is_read_whole_and_one_written_truncated_is_named_so(storage, monkeypatch):
     """A .jsonl.gz object whose download breaks off (read whole, and parsed as it downloads) gives every example; one
     stored cut short is refused as truncated, not as "not gzip"; an object stored gzip-encoded (Content-Encoding:
