@@ -7,6 +7,8 @@ check, and no run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.kfp.conftest import start_kfp
@@ -27,6 +29,7 @@ def multi_user(project_factory, tmp_path):
 def token_file(kfp, tmp_path, **audiences) -> str:
     path = tmp_path / "kfp-token"
     path.write_text(kfp.server.token_for(USER, **audiences) + "\n")
+    path.chmod(0o600)
     return str(path)
 
 
@@ -75,6 +78,7 @@ def test_without_a_user_identity_or_in_a_namespace_not_its_users_no_run_is_creat
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token")
     assert code == 2 and "--kfp-token-file: --kfp-auth token reads its bearer token from this file" in err, out + err
     assert kfp.server.jobs == {} and kfp.server.recurring == {} and kfp.server.experiments == {}
+    assert kfp.server.pipelines == {}  # nothing uploaded with a token refused or a namespace not the user's
 
 
 def _client_of(kfp, tmp_path, user: str, namespace: str):
@@ -140,8 +144,6 @@ def test_a_version_another_user_uploaded_under_the_same_name_is_never_run(multi_
 def test_a_token_renewed_in_its_file_is_what_a_client_made_before_sends(multi_user, tmp_path):
     """``--kfp-auth token`` reads the file for each request: a client kept for a whole run (``submit --follow``) goes
     on after the token it started with expires, once the file holds a new one."""
-    from pathlib import Path
-
     from components.spec import InfraError
     from pipelines.backends.kfp import jobs as kfp_backend
 
