@@ -29,8 +29,8 @@ def add_arguments(p) -> None:
         "--kfp-token-file",
         default="",
         help="with --kfp-auth token: the file holding the bearer token (`kubectl create token default-editor -n "
-        "NAMESPACE --audience pipelines.kubeflow.org`); the runs go to --kfp-namespace, which that identity must be "
-        "allowed in",
+        "NAMESPACE --audience pipelines.kubeflow.org`), readable by you alone (mode 600); the runs go to "
+        "--kfp-namespace, which that identity must be allowed in",
     )
     p.add_argument("--kfp-iap-client-id", default="", help="the OAuth client id of the endpoint's IAP (--kfp-auth iap)")
     p.add_argument(

@@ -77,6 +77,12 @@ def test_without_a_user_identity_or_in_a_namespace_not_its_users_no_run_is_creat
     assert code == 1 and f"User '{USER}' is not authorized" in err and "check --kfp-namespace" in err, out + err
     code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token")
     assert code == 2 and "--kfp-token-file: --kfp-auth token reads its bearer token from this file" in err, out + err
+    Path(mine).chmod(0o644)  # as `kubectl create token > FILE` leaves it under umask 022
+    code, out, err = tpupipe(
+        "submit", "local-fsdp", "--set", OVERRIDES, *host, "--kfp-auth", "token", "--kfp-token-file", mine
+    )
+    assert code == 2 and f"--kfp-token-file: {mine} is open to other users of this machine (mode 644)" in err, out + err
+    assert f"chmod 600 {mine}" in err
     assert kfp.server.jobs == {} and kfp.server.recurring == {} and kfp.server.experiments == {}
     assert kfp.server.pipelines == {}  # nothing uploaded with a token refused or a namespace not the user's
 

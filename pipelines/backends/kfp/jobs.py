@@ -105,7 +105,17 @@ def check_place(place: Place) -> None:
             "--kfp-token-file",
             "--kfp-auth token reads its bearer token from this file: "
             + (f"{place.token_file} is not a file" if place.token_file else "none is given"),
-            [f"kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE"],
+            [f"(umask 077; kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > F)"],
+        )
+    if place.auth == "token" and Path(place.token_file).stat().st_mode & 0o077:
+        # A bearer token is its holder's identity (RFC 6750, section 5.2: "Bearer tokens MUST NOT be stored in
+        # cleartext" where others may read them): a file other users may read or write is refused, as ssh refuses a
+        # private key others may read.
+        mode = Path(place.token_file).stat().st_mode & 0o777
+        raise SpecError(
+            "--kfp-token-file",
+            f"{place.token_file} is open to other users of this machine (mode {mode:o}), and its token acts as you",
+            [f"chmod 600 {place.token_file}"],
         )
     if place.auth == "sa-token" and not Path(place.token_path).is_file():
         raise SpecError(
@@ -141,8 +151,8 @@ def client(place: Place):
             f"the Kubeflow Pipelines server at {place.host} is multi-user: it takes a request on a namespace only "
             f"with a user's identity, and --kfp-auth none sends none; nothing was created",
             [
-                f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: `kubectl create "
-                f"token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE`)",
+                f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: `(umask 077; "
+                f"kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE)`)",
                 "--kfp-auth sa-token, in a pod that mounts KFP's projected token",
             ],
         )
