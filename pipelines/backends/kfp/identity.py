@@ -42,11 +42,16 @@ def check(project: str, account: str, namespace: str, runner: str, log: Callable
             f"to {member} on it, and annotate the Kubernetes service account with iam.gke.io/gcp-service-account="
             f'{account} (docs/kubeflow.md, "Setup, once")',
         )
-    granted = iam.project_roles(project, f"serviceAccount:{account}", creds)
+    policy = iam.project_level(project, creds)
+    granted = policy.grants.get(f"serviceAccount:{account}", set())
     for role, purpose in RUN_ROLES:
         if role not in granted and not identities.basic_roles(granted):
+            # A grant under an IAM condition holds only for the requests it admits: not counted (cloud.iam).
+            under = iam.under_conditions(policy.conditional.get(f"serviceAccount:{account}", {}), [role])
             raise SpecError(
-                "--kfp-service-account", f"{account} lacks {role} on project {project}, needed for {purpose}"
+                "--kfp-service-account",
+                f"{account} lacks {role} on project {project}, needed for {purpose}"
+                + (f"; it holds {under[0]} only, which is not counted: grant it without a condition" if under else ""),
             )
     advice = "give the KFP runner a dedicated account with the roles docs/kubeflow.md lists"
     for warning in identities.account_risks("the pipeline's tasks run on KFP", account, granted, project, advice):
