@@ -958,9 +958,7 @@ class BigQueryEmulator(HttpEmulator):
                 if granted != scope:
                     continue
                 if version == "3":
-                    access.append(
-                        {"role": LEGACY_ROLES.get(role, role), **_entity(who), "condition": dict(condition)}
-                    )
+                    access.append({"role": LEGACY_ROLES.get(role, role), **_entity(who), "condition": dict(condition)})
                 else:
                     mark = hashlib.sha256(f"{condition['title']}\n{condition['expression']}".encode()).hexdigest()[:10]
                     access.append({"role": f"{role}_with_conditionalbinding_{mark}", **_entity(who)})

@@ -275,13 +275,13 @@ class ResourceManagerEmulator:
             permissions=[p for p in request.permissions if p not in self.denied and p not in there]
         )
 
-
     def _policy(self, request, roles: dict[str, set[str]], context, resource: str = "") -> policy_pb2.Policy:
         """The policy of ``roles`` and the resource's conditional grants, as the requested version shows them."""
         version = request.options.requested_policy_version
         if version not in (0, 1, 3):
             context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"Invalid requested policy version {version}: valid values are 0, 1 and 3."
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Invalid requested policy version {version}: valid values are 0, 1 and 3.",
             )
         bindings = [
             policy_pb2.Binding(role=role, members=sorted(members)) for role, members in sorted(roles.items()) if members
