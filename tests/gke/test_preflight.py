@@ -544,7 +544,7 @@ def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_count
         f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, may run BigQuery jobs "
         f"in project {PROJECT} only under an IAM condition: roles/bigquery.jobUser (under the condition "
         "'office-hours'): IAM grants it only to the requests the condition holds for, which preflight does not "
-        "evaluate; grant roles/bigquery.jobUser without a condition to be sure"
+        "evaluate; make sure it admits the run's requests (its dataset, its dates)"
     ) in text, text
     assert (  # the entry's role as the access list names it, in its legacy form
         f"{account}, whom the data snapshot runs as, may read acme-data-1.sft.examples on the dataset acme-data-1.sft "

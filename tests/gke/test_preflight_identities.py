@@ -361,7 +361,7 @@ def test_a_node_role_granted_only_under_an_iam_condition_is_not_counted_and_the_
     assert warnings(text) == [
         f"the nodes' service account {NODES} holds {role} ({purpose}) only under an IAM condition: {role} on "
         f"projects/{PROJECT} under the condition 'until-2030': IAM grants it only to the requests the condition holds "
-        "for, which preflight does not evaluate; grant the role without a condition to be sure"
+        "for, which preflight does not evaluate; make sure it admits the run's requests (its cluster, its dates)"
         for role, purpose in (
             ("roles/logging.logWriter", "writing the nodes' and pods' logs"),
             ("roles/monitoring.metricWriter", "writing the nodes' metrics"),

@@ -93,7 +93,7 @@ def check(n: Needs, account: str, project: iam.Level, creds, report: Report) -> 
             report.warnings.append(
                 f"the nodes' service account {account} holds {role} ({purpose}) only under an IAM condition: "
                 f"{'; '.join(conditional)}: IAM grants it only to the requests the condition holds for, which "
-                "preflight does not evaluate; grant the role without a condition to be sure"
+                "preflight does not evaluate; make sure it admits the run's requests (its cluster, its dates)"
             )
             continue
         groups = sorted(

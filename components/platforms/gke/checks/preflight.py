@@ -251,7 +251,7 @@ def _bigquery_account(account: str, key: str, table: str, project: str, creds, r
             report.warnings.append(
                 f"{field}: {account}, whom the data snapshot runs as, may {what} {where} only under an IAM condition: "
                 f"{'; '.join(under)}: IAM grants it only to the requests the condition holds for, which preflight "
-                f"does not evaluate; grant {grant} without a condition to be sure"
+                "does not evaluate; make sure it admits the run's requests (its dataset, its dates)"
             )
         else:
             report.warnings.append(
