@@ -9,19 +9,24 @@ numpy's ``Generator.integers``, https://numpy.org/doc/stable/reference/random/ge
 .html). The run keeps ``eval/answers.jsonl`` (each prompt, its reference, the candidate's and the other model's answers
 and scores) and ``eval/side_by_side.md`` (the metrics table, then the examples, regressions first).
 
-A champion's answers are read from where its run recorded them when its generation key (``trainers.generation.
-generation_key``: the examples, tokenizer, lengths, dtypes, device, prompts and decoding) is this run's; otherwise it
-answers again in the evaluation job.
+The jobs write their answers where the cluster writes (``Platform.job_output_dir``: on gke the bucket's
+``runs/<id>/``, mounted in the pods); the stages read them through the run's store layer at the object the platform
+names (``Platform.checkpoint_uri``, ``components.platforms.store.at``), never as a path on the task's disk: on Vertex AI
+every task is its own container. The evaluate stage keeps each set of answers it compares in the run's store
+(``eval/answers-<which>.jsonl``: the pipeline's identity writes it, no pod can), and the registered version records
+where (provenance ``answers_uri``; ``champion_answers_uri`` for the champion's answers given in this run's evaluation
+job), so a later run reads the champion's answers back from any task, when they were given under its answers key
+(:func:`answers_key`), and has the champion answer again otherwise.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from components.platforms.store import RunStore, write_text
-from components.spec import RunSpec
+from components.platforms import RunContext, get_platform
+from components.platforms.store import RunStore, at, write_text
+from components.spec import CHAMPION, RunSpec, SpecError
 from components.spec.run_spec import HELDOUT_LOSS
 
 BOOTSTRAP_SAMPLES = 1000
@@ -29,6 +34,7 @@ BOOTSTRAP_SEED = 0  # fixed: the same scores give the same interval in every run
 CONFIDENCE = 0.95
 ANSWERS = "eval/answers.jsonl"  # in the run's store
 SIDE_BY_SIDE = "eval/side_by_side.md"
+KEPT = "eval/answers-{which}.jsonl"  # in the run's store: each model's answers the evaluate stage compared
 MIN_SHOWN = 16  # the fewest examples the side-by-side shows (all of them when fewer were answered)
 SHOWN = 64  # the most
 
@@ -42,12 +48,24 @@ def from_records(records: list[tuple[str, dict]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def read(path: str | None) -> list[dict[str, Any]] | None:
-    """The answers at ``path`` (JSON lines), or None when there is no such file here."""
-    if not path or not Path(path).is_file():
+def read(uri: str | None) -> list[dict[str, Any]] | None:
+    """The answers (JSON lines) at ``uri``, a ``gs://`` object or a path on this machine, read through the store
+    layer; None when there is no such file."""
+    if not uri:
         return None
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    store, key = at(uri)
+    text = store.read_text(key)
+    return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def means_of(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each metric's mean over the answers' scores."""
+    names = list(rows[0]["scores"]) if rows else []
+    return {name: sum(r["scores"][name] for r in rows) / len(rows) for name in names}
+
+
+def _lines(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def paired_bootstrap(
@@ -163,29 +181,60 @@ def merged(candidate: list[dict[str, Any]], other: list[dict[str, Any]], other_l
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def answers_key(ctx: RunContext, generation_key: str | None) -> str | None:
+    """What a model's recorded answers and their scores are reused by: the trainer's generation key
+    (``trainers.generation.generation_key``: the examples, tokenizer, lengths, dtypes, device, worker group, prompts,
+    decoding, the task metrics and the team scorer with its module's source) with the trainer image's digest and the
+    accelerator's generation added (``ray_stages.figure_key``, as for a held-out figure): greedy decoding's argmax
+    follows the library versions' kernels and the chip's numerics, so another image or chip answers again. None
+    without a generation key or a pinned image: nothing is reused.
+
+    The metrics and the scorer are in the key, rather than the answers kept alone and scored again under the current
+    metrics: scoring runs in the trainer image (``rouge-score`` and the team's scorer ship there, not in the
+    components image the stages run in), so scoring again would be a job of its own; and the scores kept are then
+    the ones computed beside the answers, by the same code."""
+    from components.stages.ray_stages import figure_key
+
+    return figure_key(ctx, generation_key)
+
+
+def _job_file(ctx: RunContext, event: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's ``answers`` event with ``uri``: its file where the pipeline's side reads it."""
+    if not event or not event.get("path"):
+        return event
+    return {**event, "uri": get_platform(ctx.platform).checkpoint_uri(ctx, event["path"])}
+
+
+def _keep(store: RunStore, which: str, rows: list[dict[str, Any]]) -> str:
+    """``rows`` in the run's store as ``eval/answers-<which>.jsonl``: its uri, which a later run reads back."""
+    return write_text(store, KEPT.format(which=which), _lines(rows), "application/jsonl")
+
+
 def task_figures(
-    spec: RunSpec,
-    store: RunStore,
-    candidate: dict[str, Any],
-    other: dict[str, Any] | None,
-    other_label: str,
+    ctx: RunContext, candidate: dict[str, Any], other: dict[str, Any] | None, other_label: str
 ) -> dict[str, Any]:
-    """What the evaluate stage records of the answers: each model's means, the comparison table and the run's two
-    files (written to ``store``). ``candidate``/``other``: ``answers`` events (``from_records``) or a champion's
-    record. Without readable answers files, the means alone."""
+    """What the evaluate stage records of the answers: each model's means, the comparison table, where each set of
+    answers is kept (``answers_uri``, ``other_uri``) and the run's two files (written to its store). ``candidate``,
+    ``other``: ``answers`` events with their ``uri`` (``_job_file``), or a champion's record
+    (:func:`recorded_answers`). Without readable answers, the means alone, and why."""
+    spec, store = ctx.spec, ctx.store
+    rows = read(candidate.get("uri"))
     found: dict[str, Any] = {
         "generation_key": candidate.get("generation_key"),
+        "answers_key": answers_key(ctx, candidate.get("generation_key")),
         "metrics_after": candidate.get("means"),
-        "answers_path": candidate.get("path"),
         "num_examples": candidate.get("num_examples"),
     }
+    if rows is not None:
+        found["answers_uri"] = _keep(store, "after", rows)
     if other is None:
         return found
-    found.update(against=other_label, metrics_other=other.get("means"), other_path=other.get("path"))
-    rows, other_rows = read(candidate.get("path")), read(other.get("path"))
+    other_rows = other.get("rows") or read(other.get("uri"))
+    found.update(against=other_label, metrics_other=means_of(other_rows) if other_rows else other.get("means"))
     if rows is None or other_rows is None:
-        found["comparison_missing"] = "the answers files are not readable here"
+        found["comparison_missing"] = f"{candidate.get('uri') if rows is None else other.get('uri')} is not readable"
         return found
+    found["other_uri"] = other["uri"] if other.get("recorded_by") else _keep(store, other["which"], other_rows)
     found["comparison"] = compare(rows, other_rows)
     found["answers"] = write_text(store, ANSWERS, merged(rows, other_rows, other_label), "application/jsonl")
     found["side_by_side"] = write_text(
@@ -195,10 +244,12 @@ def task_figures(
 
 
 def rewrite_with_reason(spec: RunSpec, store: RunStore, task: dict[str, Any], reason: str) -> None:
-    """The side-by-side again with the gate's reason on top (the register stage decides after evaluate wrote it)."""
-    rows = read(task.get("answers_path"))
-    other = read(task.get("other_path"))
-    if rows is None or other is None or not task.get("comparison"):
+    """The side-by-side again with the gate's reason on top (the register stage decides after evaluate wrote it),
+    from the answers evaluate kept."""
+    if not task.get("comparison"):
+        return
+    rows, other = read(task.get("answers_uri")), read(task.get("other_uri"))
+    if rows is None or other is None:
         return
     text = side_by_side(spec, task["comparison"], rows, other, task["against"], reason)
     write_text(store, SIDE_BY_SIDE, text, "text/markdown")
@@ -207,60 +258,71 @@ def rewrite_with_reason(spec: RunSpec, store: RunStore, task: dict[str, Any], re
 # ---------------------------------------------------------------- in the evaluate stage
 
 
-def recorded_answers(ctx, ref: str, key: str | None) -> dict[str, Any] | None:
-    """The answers the registered version ``ref`` gave under the generation key ``key``, as its provenance records them
-    (``answers_path``, ``generation_key``, ``task_metrics``) and while its run's file is still there; None otherwise
-    (it answers again)."""
+def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, Any] | None:
+    """The answers the registered version ``ref`` gave under the answers key ``key`` (:func:`answers_key`), as the
+    versions of its model record them: its own (provenance ``answers_uri``, ``answers_key``), or a later version's of
+    it as the champion it was compared with (``champion_answers_uri``, ``champion_answers_key``, with
+    ``champion_measured`` naming it), while the file kept is there; None otherwise (it answers again)."""
     from components.stages import gate
 
     if not key:
         return None
-    name, _, version_ref = ref.partition("@")
     try:
-        version = gate.registry(ctx).get(name, version_ref)
-    except Exception:  # noqa: BLE001 - a version the registry cannot give answers again; nothing is lost
+        versions = gate.registry(ctx).versions(ref.split("@", 1)[0])
+    except SpecError:
         return None
-    p = version.provenance if version else {}
-    if p.get("generation_key") != key or read(p.get("answers_path")) is None:
-        return None
-    return {"path": p["answers_path"], "means": p.get("task_metrics"), "generation_key": key, "recorded_by": ref}
+    for version in versions:
+        p = version.provenance
+        for prefix, holder in (("", version.ref), ("champion_", p.get("champion_measured"))):
+            uri = p.get(f"{prefix}answers_uri")
+            if holder != ref or p.get(f"{prefix}answers_key") != key or not uri:
+                continue
+            rows = read(uri)
+            if rows:
+                means = means_of(rows)
+                return {"which": CHAMPION, "uri": uri, "rows": rows, "means": means, "recorded_by": version.ref}
+    return None
 
 
-def plan_champion(ctx, train_result: dict[str, Any], champion: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
-    """(the champion's recorded answers, when they are to this run's prompts under its generation key; whether the
-    evaluation job must have the champion answer instead). Nothing of either without the trained model's answers or
-    a champion the evaluation measures."""
+def plan_champion(ctx: RunContext, train_result: dict[str, Any], champion: dict[str, Any]) -> tuple[dict | None, bool]:
+    """(the champion's recorded answers, when given under this run's answers key; whether the evaluation job must
+    have the champion answer instead). Nothing of either without the trained model's answers or a champion the
+    evaluation measures."""
     candidate = (train_result.get("answers") or {}).get("after")
     if not candidate or not champion.get("path"):
         return None, False
-    recorded = recorded_answers(ctx, champion["ref"], candidate.get("generation_key"))
+    recorded = recorded_answers(ctx, champion["ref"], answers_key(ctx, candidate.get("generation_key")))
     return recorded, recorded is None
 
 
 def evaluate_answers(
-    ctx,
+    ctx: RunContext,
     train_result: dict[str, Any],
     champion: dict[str, Any],
     recorded: dict[str, Any] | None,
     job_records: list[tuple[str, dict]],
 ) -> dict[str, Any]:
     """The task figures of the evaluate stage's result (``task_figures``): the trained model's answers beside the
-    champion's (recorded, or answered in this evaluation job), else beside the model's training started from."""
+    champion's (recorded, or given in this evaluation job: then kept, with their key, for the version's provenance),
+    else beside the model's training started from."""
     answered = train_result.get("answers") or {}
-    candidate = answered.get("after")
+    candidate = _job_file(ctx, answered.get("after"))
     if not candidate:
         return {}
-    other, label = None, ""
+    other, label, given_here = None, "", None
     if champion.get("path"):
-        other = recorded or from_records(job_records).get("champion")
-        label = "champion"
+        given_here = None if recorded else _job_file(ctx, from_records(job_records).get("champion"))
+        other, label = recorded or given_here, CHAMPION
     if other is None and answered.get("before"):
-        other, label = answered["before"], "before training"
-    found = task_figures(ctx.spec, ctx.store, candidate, other, label)
+        other, label = _job_file(ctx, answered["before"]), "before training"
+    found = task_figures(ctx, candidate, other, label)
     if answered.get("before"):
         found["metrics_before"] = answered["before"].get("means")
-    if other is not None and label == "champion":
+    if other is not None and label == CHAMPION:
         found["champion_answers"] = "recorded by " + recorded["recorded_by"] if recorded else "answered in this job"
+    if given_here and found.get("other_uri"):  # what the champion said, for the next run (recorded_answers)
+        found["champion_answers_uri"] = found["other_uri"]
+        found["champion_answers_key"] = answers_key(ctx, given_here.get("generation_key"))
     return found
 
 

@@ -1,24 +1,29 @@
 """The evaluate and register stages over the answers to the evaluation prompts (components.stages.answers,
-task_gate), without a Ray cluster: the train job's answers compared with the model's as built on a first run; a
-recurring run reads its champion's recorded answers back when their generation key is its own (no evaluation job) and
-has the champion answer again when the key changed (the job it would start has no cluster here); a failing guard keeps
-the champion and the decision names it."""
+task_gate), without a Ray cluster: the train job's answers compared with the model's as built on a first run and kept
+in the run's store; a recurring run reads its champion's kept answers back when their answers key is its own (no
+evaluation job) and has the champion answer again when any part of the key changed (the job it would start has no
+cluster here); the champion's answers given in an evaluation job are recorded with the version that run registers,
+for the run after it; a failing guard keeps the champion and the decision names it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
+from components.spec import InfraError
 from components.stages import answers, gate, ray_stages
-from tests.unit.test_evaluation_reuse import KEY, _registered, _run, _train_result
+from tests.unit.test_evaluation_reuse import KEY, NO_CLUSTER, OTHER_KEY, _registered, _run, _train_result
+from tests.unit.test_gate import _records
+from trainers import generation
 
 GENERATION = "sha256:" + "a1" * 32
 OTHER_GENERATION = "sha256:" + "a2" * 32
 
 
 def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -> dict:
-    """A job's ``answers`` event for 20 prompts, ``right`` of them answered exactly, its file on disk."""
+    """A job's ``answers`` event for 20 prompts, ``right`` of them answered exactly, its file where the job writes."""
     path = root / run_id / "train" / "eval" / f"answers-{which}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [
@@ -36,18 +41,29 @@ def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -
     return {"which": which, "path": str(path), "means": means, "generation_key": key, "num_examples": 20}
 
 
-def _first_run(tmp_path, overrides: str = "") -> dict:
+def _first_run(tmp_path, overrides: str = "", key: str = GENERATION) -> dict:
     first = _run(tmp_path, "run-1", overrides)
     train = _train_result(tmp_path, "run-1", eval_loss_before=4.6, eval_loss_after=1.5, eval_key=KEY)
     train["answers"] = {
-        "before": _answers(tmp_path, "run-1", "before", 0),
-        "after": _answers(tmp_path, "run-1", "after", 12),
+        "before": _answers(tmp_path, "run-1", "before", 0, key),
+        "after": _answers(tmp_path, "run-1", "after", 12, key),
     }
     evaluation = ray_stages.evaluate(first, json.dumps(train))
     return {"ctx": first, "evaluation": evaluation, "registered": _registered(first, train, evaluation)}
 
 
-def test_a_first_run_compares_its_answers_with_the_model_as_built_and_records_them(tmp_path):
+def _later(tmp_path, run_id: str, right: int, key: str = GENERATION, overrides: str = "", build=None):
+    """A run from the champion whose train job answered ``right`` of 20 under ``key``: (context, train result)."""
+    ctx = _run(tmp_path, run_id, "train.init_from=champion " + overrides, build)
+    train = {
+        **_train_result(tmp_path, run_id, eval_loss_after=1.2, eval_key=KEY),
+        "init_from": gate.starting_point(ctx),
+    }
+    train["answers"] = {"after": _answers(tmp_path, run_id, "after", right, key)}
+    return ctx, train
+
+
+def test_a_first_run_compares_its_answers_with_the_model_as_built_and_keeps_them_in_its_store(tmp_path):
     run = _first_run(tmp_path)
     task = run["evaluation"]["task"]
     assert task["against"] == "before training"
@@ -57,30 +73,116 @@ def test_a_first_run_compares_its_answers_with_the_model_as_built_and_records_th
     assert "Gate: promoted local-fsdp@1 to champion" in page and page.count("| Instruction: ") == 20
     provenance = gate.registry(run["ctx"]).get("local-fsdp", "1").provenance
     assert provenance["generation_key"] == GENERATION and provenance["task_metrics"]["exact_match"] == 0.6
-    assert provenance["answers_path"] == str(tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl")
+    # Kept by the stage in the run's store, not where the job wrote (the run's pods may write there).
+    kept = tmp_path / "run-1" / "eval" / "answers-after.jsonl"
+    assert provenance["answers_uri"] == task["answers_uri"] == str(kept)
+    assert kept.read_text() == (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").read_text()
+    assert provenance["answers_key"] == answers.answers_key(run["ctx"], GENERATION) != GENERATION
+    assert provenance["champion_answers_uri"] is None  # there was no champion to answer
 
 
 def test_the_champions_answers_are_reused_under_the_same_key_and_asked_again_under_another(tmp_path):
     _first_run(tmp_path)
-    second = _run(tmp_path, "run-2", "train.init_from=champion gate.guards=exact_match>=0")
-    start = gate.starting_point(second)
-    train = {**_train_result(tmp_path, "run-2", eval_loss_after=1.2, eval_key=KEY), "init_from": start}
-    train["answers"] = {"after": _answers(tmp_path, "run-2", "after", 10)}
+    second, train = _later(tmp_path, "run-2", 10, overrides="gate.guards=exact_match>=0")
     assert answers.plan_champion(second, train, gate.champion_to_measure(second))[1] is False
+    (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").write_text("")  # the job's file: not what is read
     evaluation = ray_stages.evaluate(second, json.dumps(train))
     assert "job" not in evaluation  # the champion's loss and answers are both its record's
     task = evaluation["task"]
     assert task["against"] == "champion" and task["champion_answers"] == "recorded by local-fsdp@1"
+    assert task["other_uri"] == str(tmp_path / "run-1" / "eval" / "answers-after.jsonl")
     assert task["comparison"]["exact_match"]["difference"] == pytest.approx(-0.1)
+    assert task["metrics_other"]["exact_match"] == pytest.approx(0.6)
     # A lower loss would promote it; the guard on exact match keeps the champion, and the decision says which.
     result = _registered(second, train, evaluation)
     assert result["decision"] == gate.KEEP and result["guard_failed"] == "exact_match>=0"
     assert "guard exact_match>=0 failed (local-fsdp@2 - champion = -0.1000)" in result["reason"]
+    assert "Gate: kept champion local-fsdp@1" in (tmp_path / "run-2" / answers.SIDE_BY_SIDE).read_text()
 
-    third = _run(tmp_path, "run-3", "train.init_from=champion")
-    start = gate.starting_point(third)
-    train = {**_train_result(tmp_path, "run-3", eval_loss_after=1.1, eval_key=KEY), "init_from": start}
-    train["answers"] = {"after": _answers(tmp_path, "run-3", "after", 14, OTHER_GENERATION)}
+    third, train = _later(tmp_path, "run-3", 14, OTHER_GENERATION)
     assert answers.plan_champion(third, train, gate.champion_to_measure(third)) == (None, True)
-    with pytest.raises(Exception):  # noqa: B017  the evaluation job it would start for the champion has no cluster
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("run-3")):  # the job where the champion answers again
         ray_stages.evaluate(third, json.dumps(train))
+
+
+def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_their_scores(tmp_path, monkeypatch):
+    """The champion's answers are reused only under the answers key they were given under: the trainer's generation
+    key (trainers.generation.generation_key, computed here from each run's spec as the train job computes it) with
+    the image and the accelerator (answers.answers_key). Each part changed on its own asks the champion again; the
+    same key, in another run, reuses them; another model (version) has none of them."""
+    team = tmp_path / "scorers"
+    team.mkdir()
+    (team / "team_scoring.py").write_text("def contains(prompt, reference, answer):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(team))
+    _first_run(tmp_path, key=generation.generation_key(KEY, _run(tmp_path, "probe").spec))
+
+    def asks_again(run_id: str, overrides: str = "", eval_key: str = KEY, build=None, accelerator="") -> bool:
+        ctx, train = _later(tmp_path, run_id, 10, overrides=overrides, build=build)
+        if accelerator:
+            cluster = dataclasses.replace(ctx.spec.cluster, accelerator=accelerator)
+            ctx = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, cluster=cluster))
+        train["answers"]["after"]["generation_key"] = generation.generation_key(eval_key, ctx.spec)
+        recorded, again = answers.plan_champion(ctx, train, gate.champion_to_measure(ctx))
+        assert again is (recorded is None)
+        return again
+
+    assert not asks_again("same")  # an unchanged key: reused
+    assert asks_again("prompts", eval_key=OTHER_KEY)  # other examples, tokenizer, lengths, dtypes or device
+    assert asks_again("how-many", "eval.generate_examples=32")
+    assert asks_again("decode", "eval.max_new_tokens=24")
+    assert asks_again("metrics", "eval.metrics=exact_match,answer_length")
+    assert asks_again("scorer", "eval.scorer=team_scoring:contains")
+    other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
+    assert asks_again("image", build=other_image)
+    assert asks_again("chip", accelerator="v6e")
+    # The scorer's code, not only its name: the same MODULE:FUNCTION with another source is another key.
+    spec = _run(tmp_path, "scored", "eval.scorer=team_scoring:contains").spec
+    before = generation.generation_key(KEY, spec)
+    (team / "team_scoring.py").write_text("def contains(prompt, reference, answer):\n    return 0.0\n")
+    assert generation.generation_key(KEY, spec) != before
+    # Another model: the answers recorded are local-fsdp@1's, no other version's.
+    same = answers.answers_key(_run(tmp_path, "again"), generation.generation_key(KEY, _run(tmp_path, "p2").spec))
+    assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@1", same)["recorded_by"] == "local-fsdp@1"
+    assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@2", same) is None
+
+
+def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reused_by_the_next_run(tmp_path):
+    """The champion (local-fsdp@1) answered under another key than this run's: the evaluation job has it answer again,
+    the stage keeps those answers in the run's store and the version it registers records them beside the champion
+    it measured; the next run with that key reads them from there and starts no job for them."""
+    _first_run(tmp_path)
+    second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
+    champion = gate.champion_to_measure(second)
+    recorded, again = answers.plan_champion(second, train, champion)
+    assert (recorded, again) == (None, True)
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("run-2")):
+        ray_stages.evaluate(second, json.dumps(train))
+    # What the evaluation job would report: the champion's answers event, its file in the job's directory.
+    given = _answers(tmp_path, "run-2", "champion", 11, OTHER_GENERATION)
+    task = answers.evaluate_answers(second, train, champion, recorded, [("event", {"event": "answers", **given})])
+    assert task["champion_answers"] == "answered in this job"
+    kept = tmp_path / "run-2" / "eval" / "answers-champion.jsonl"
+    assert task["champion_answers_uri"] == task["other_uri"] == str(kept) and kept.is_file()
+    assert task["champion_answers_key"] == answers.answers_key(second, OTHER_GENERATION)
+    evaluation = {  # the evaluate stage's result with the figures known (ray_stages.evaluate)
+        "eval_loss_after": 1.2,
+        "champion_loss": 1.5,
+        "eval_key": KEY,
+        "eval_split": "heldout",
+        "champion": {k: v for k, v in champion.items() if k != "path"},
+        "task": task,
+        ray_stages.MEASURED: ray_stages.pin_checkpoint(second, train),
+    }
+    result = _registered(second, train, evaluation)
+    assert result["decision"] == gate.PROMOTE  # a lower loss, and no task metric chosen
+    provenance = gate.registry(second).get("local-fsdp", "2").provenance
+    assert provenance["champion_measured"] == "local-fsdp@1"
+    assert provenance["champion_answers_uri"] == str(kept)
+
+    # run-3 compares with the new champion (local-fsdp@2): not what was recorded. Its previous champion, measured
+    # again by a run whose champion it is once more (a rollback), is found in local-fsdp@2's record.
+    gate.registry(second).rollback("local-fsdp")
+    third, train = _later(tmp_path, "run-3", 13, OTHER_GENERATION)
+    recorded, again = answers.plan_champion(third, train, gate.champion_to_measure(third))
+    assert not again and recorded["recorded_by"] == "local-fsdp@2" and recorded["uri"] == str(kept)
+    assert recorded["means"]["exact_match"] == pytest.approx(11 / 20)
