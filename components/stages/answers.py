@@ -16,12 +16,13 @@ every task is its own container. The evaluate stage keeps each set of answers it
 (``eval/answers-<which>.jsonl``: the pipeline's identity writes it, no pod can), and the registered version records
 where (provenance ``answers_uri``; ``champion_answers_uri`` for the champion's answers given in this run's evaluation
 job), so a later run reads the champion's answers back from any task, when they were given under its answers key
-(:func:`answers_key`), and has the champion answer again otherwise.
+(``ray_stages.answers_key``), and has the champion answer again otherwise.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from components.platforms import RunContext, get_platform
@@ -35,6 +36,7 @@ CONFIDENCE = 0.95
 ANSWERS = "eval/answers.jsonl"  # in the run's store
 SIDE_BY_SIDE = "eval/side_by_side.md"
 KEPT = "eval/answers-{which}.jsonl"  # in the run's store: each model's answers the evaluate stage compared
+KeyOf = Callable[[str | None], str | None]  # a generation key's answers key (ray_stages.answers_key)
 MIN_SHOWN = 16  # the fewest examples the side-by-side shows (all of them when fewer were answered)
 SHOWN = 64  # the most
 
@@ -181,23 +183,6 @@ def merged(candidate: list[dict[str, Any]], other: list[dict[str, Any]], other_l
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def answers_key(ctx: RunContext, generation_key: str | None) -> str | None:
-    """What a model's recorded answers and their scores are reused by: the trainer's generation key
-    (``trainers.generation.generation_key``: the examples, tokenizer, lengths, dtypes, device, worker group, prompts,
-    decoding, the task metrics and the team scorer with its module's source) with the trainer image's digest and the
-    accelerator's generation added (``ray_stages.figure_key``, as for a held-out figure): greedy decoding's argmax
-    follows the library versions' kernels and the chip's numerics, so another image or chip answers again. None
-    without a generation key or a pinned image: nothing is reused.
-
-    The metrics and the scorer are in the key, rather than the answers kept alone and scored again under the current
-    metrics: scoring runs in the trainer image (``rouge-score`` and the team's scorer ship there, not in the
-    components image the stages run in), so scoring again would be a job of its own; and the scores kept are then
-    the ones computed beside the answers, by the same code."""
-    from components.stages.ray_stages import figure_key
-
-    return figure_key(ctx, generation_key)
-
-
 def _job_file(ctx: RunContext, event: dict[str, Any] | None) -> dict[str, Any] | None:
     """A job's ``answers`` event with ``uri``: its file where the pipeline's side reads it."""
     if not event or not event.get("path"):
@@ -211,17 +196,18 @@ def _keep(store: RunStore, which: str, rows: list[dict[str, Any]]) -> str:
 
 
 def task_figures(
-    ctx: RunContext, candidate: dict[str, Any], other: dict[str, Any] | None, other_label: str
+    ctx: RunContext, candidate: dict[str, Any], other: dict[str, Any] | None, other_label: str, key_of: KeyOf
 ) -> dict[str, Any]:
     """What the evaluate stage records of the answers: each model's means, the comparison table, where each set of
     answers is kept (``answers_uri``, ``other_uri``) and the run's two files (written to its store). ``candidate``,
     ``other``: ``answers`` events with their ``uri`` (``_job_file``), or a champion's record
-    (:func:`recorded_answers`). Without readable answers, the means alone, and why."""
+    (:func:`recorded_answers`); ``key_of``: the answers key of a generation key (``ray_stages.answers_key``). Without
+    readable answers, the means alone, and why."""
     spec, store = ctx.spec, ctx.store
     rows = read(candidate.get("uri"))
     found: dict[str, Any] = {
         "generation_key": candidate.get("generation_key"),
-        "answers_key": answers_key(ctx, candidate.get("generation_key")),
+        "answers_key": key_of(candidate.get("generation_key")),
         "metrics_after": candidate.get("means"),
         "num_examples": candidate.get("num_examples"),
     }
@@ -259,9 +245,9 @@ def rewrite_with_reason(spec: RunSpec, store: RunStore, task: dict[str, Any], re
 
 
 def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, Any] | None:
-    """The answers the registered version ``ref`` gave under the answers key ``key`` (:func:`answers_key`), as the
-    versions of its model record them: its own (provenance ``answers_uri``, ``answers_key``), or a later version's of
-    it as the champion it was compared with (``champion_answers_uri``, ``champion_answers_key``, with
+    """The answers the registered version ``ref`` gave under the answers key ``key`` (``ray_stages.answers_key``), as
+    the versions of its model record them: its own (provenance ``answers_uri``, ``answers_key``), or a later version's
+    of it as the champion it was compared with (``champion_answers_uri``, ``champion_answers_key``, with
     ``champion_measured`` naming it), while the file kept is there; None otherwise (it answers again)."""
     from components.stages import gate
 
@@ -284,14 +270,16 @@ def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, An
     return None
 
 
-def plan_champion(ctx: RunContext, train_result: dict[str, Any], champion: dict[str, Any]) -> tuple[dict | None, bool]:
+def plan_champion(
+    ctx: RunContext, train_result: dict[str, Any], champion: dict[str, Any], key_of: KeyOf
+) -> tuple[dict | None, bool]:
     """(the champion's recorded answers, when given under this run's answers key; whether the evaluation job must
     have the champion answer instead). Nothing of either without the trained model's answers or a champion the
     evaluation measures."""
     candidate = (train_result.get("answers") or {}).get("after")
     if not candidate or not champion.get("path"):
         return None, False
-    recorded = recorded_answers(ctx, champion["ref"], answers_key(ctx, candidate.get("generation_key")))
+    recorded = recorded_answers(ctx, champion["ref"], key_of(candidate.get("generation_key")))
     return recorded, recorded is None
 
 
@@ -301,6 +289,7 @@ def evaluate_answers(
     champion: dict[str, Any],
     recorded: dict[str, Any] | None,
     job_records: list[tuple[str, dict]],
+    key_of: KeyOf,
 ) -> dict[str, Any]:
     """The task figures of the evaluate stage's result (``task_figures``): the trained model's answers beside the
     champion's (recorded, or given in this evaluation job: then kept, with their key, for the version's provenance),
@@ -315,14 +304,14 @@ def evaluate_answers(
         other, label = recorded or given_here, CHAMPION
     if other is None and answered.get("before"):
         other, label = _job_file(ctx, answered["before"]), "before training"
-    found = task_figures(ctx, candidate, other, label)
+    found = task_figures(ctx, candidate, other, label, key_of)
     if answered.get("before"):
         found["metrics_before"] = answered["before"].get("means")
     if other is not None and label == CHAMPION:
         found["champion_answers"] = "recorded by " + recorded["recorded_by"] if recorded else "answered in this job"
     if given_here and found.get("other_uri"):  # what the champion said, for the next run (recorded_answers)
         found["champion_answers_uri"] = found["other_uri"]
-        found["champion_answers_key"] = answers_key(ctx, given_here.get("generation_key"))
+        found["champion_answers_key"] = key_of(given_here.get("generation_key"))
     return found
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 
 import pytest
 
+from components.platforms import RunContext
 from components.spec import InfraError
 from components.stages import answers, gate, ray_stages
 from tests.unit.test_evaluation_reuse import KEY, NO_CLUSTER, OTHER_KEY, _registered, _run, _train_result
@@ -39,6 +41,11 @@ def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     means = {"exact_match": right / 20, "answer_length": 1.0}
     return {"which": which, "path": str(path), "means": means, "generation_key": key, "num_examples": 20}
+
+
+def _plan(ctx: RunContext, train: dict, champion: dict | None) -> tuple[dict | None, bool]:
+    """What the evaluate stage plans for the champion's answers: (recorded, whether it answers again)."""
+    return answers.plan_champion(ctx, train, champion or {}, partial(ray_stages.answers_key, ctx))
 
 
 def _first_run(tmp_path, overrides: str = "", key: str = GENERATION) -> dict:
@@ -77,14 +84,14 @@ def test_a_first_run_compares_its_answers_with_the_model_as_built_and_keeps_them
     kept = tmp_path / "run-1" / "eval" / "answers-after.jsonl"
     assert provenance["answers_uri"] == task["answers_uri"] == str(kept)
     assert kept.read_text() == (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").read_text()
-    assert provenance["answers_key"] == answers.answers_key(run["ctx"], GENERATION) != GENERATION
+    assert provenance["answers_key"] == ray_stages.answers_key(run["ctx"], GENERATION) != GENERATION
     assert provenance["champion_answers_uri"] is None  # there was no champion to answer
 
 
 def test_the_champions_answers_are_reused_under_the_same_key_and_asked_again_under_another(tmp_path):
     _first_run(tmp_path)
     second, train = _later(tmp_path, "run-2", 10, overrides="gate.guards=exact_match>=0")
-    assert answers.plan_champion(second, train, gate.champion_to_measure(second))[1] is False
+    assert _plan(second, train, gate.champion_to_measure(second))[1] is False
     (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").write_text("")  # the job's file: not what is read
     evaluation = ray_stages.evaluate(second, json.dumps(train))
     assert "job" not in evaluation  # the champion's loss and answers are both its record's
@@ -100,7 +107,7 @@ def test_the_champions_answers_are_reused_under_the_same_key_and_asked_again_und
     assert "Gate: kept champion local-fsdp@1" in (tmp_path / "run-2" / answers.SIDE_BY_SIDE).read_text()
 
     third, train = _later(tmp_path, "run-3", 14, OTHER_GENERATION)
-    assert answers.plan_champion(third, train, gate.champion_to_measure(third)) == (None, True)
+    assert _plan(third, train, gate.champion_to_measure(third)) == (None, True)
     with pytest.raises(InfraError, match=NO_CLUSTER.format("run-3")):  # the job where the champion answers again
         ray_stages.evaluate(third, json.dumps(train))
 
@@ -122,7 +129,7 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
             cluster = dataclasses.replace(ctx.spec.cluster, accelerator=accelerator)
             ctx = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, cluster=cluster))
         train["answers"]["after"]["generation_key"] = generation.generation_key(eval_key, ctx.spec)
-        recorded, again = answers.plan_champion(ctx, train, gate.champion_to_measure(ctx))
+        recorded, again = _plan(ctx, train, gate.champion_to_measure(ctx))
         assert again is (recorded is None)
         return again
 
@@ -141,7 +148,7 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
     (team / "team_scoring.py").write_text("def contains(prompt, reference, answer):\n    return 0.0\n")
     assert generation.generation_key(KEY, spec) != before
     # Another model: the answers recorded are local-fsdp@1's, no other version's.
-    same = answers.answers_key(_run(tmp_path, "again"), generation.generation_key(KEY, _run(tmp_path, "p2").spec))
+    same = ray_stages.answers_key(_run(tmp_path, "again"), generation.generation_key(KEY, _run(tmp_path, "p2").spec))
     assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@1", same)["recorded_by"] == "local-fsdp@1"
     assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@2", same) is None
 
@@ -153,17 +160,18 @@ def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reuse
     _first_run(tmp_path)
     second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
     champion = gate.champion_to_measure(second)
-    recorded, again = answers.plan_champion(second, train, champion)
+    recorded, again = _plan(second, train, champion)
     assert (recorded, again) == (None, True)
     with pytest.raises(InfraError, match=NO_CLUSTER.format("run-2")):
         ray_stages.evaluate(second, json.dumps(train))
     # What the evaluation job would report: the champion's answers event, its file in the job's directory.
     given = _answers(tmp_path, "run-2", "champion", 11, OTHER_GENERATION)
-    task = answers.evaluate_answers(second, train, champion, recorded, [("event", {"event": "answers", **given})])
+    events = [("event", {"event": "answers", **given})]
+    task = answers.evaluate_answers(second, train, champion, recorded, events, partial(ray_stages.answers_key, second))
     assert task["champion_answers"] == "answered in this job"
     kept = tmp_path / "run-2" / "eval" / "answers-champion.jsonl"
     assert task["champion_answers_uri"] == task["other_uri"] == str(kept) and kept.is_file()
-    assert task["champion_answers_key"] == answers.answers_key(second, OTHER_GENERATION)
+    assert task["champion_answers_key"] == ray_stages.answers_key(second, OTHER_GENERATION)
     evaluation = {  # the evaluate stage's result with the figures known (ray_stages.evaluate)
         "eval_loss_after": 1.2,
         "champion_loss": 1.5,
@@ -183,6 +191,6 @@ def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reuse
     # again by a run whose champion it is once more (a rollback), is found in local-fsdp@2's record.
     gate.registry(second).rollback("local-fsdp")
     third, train = _later(tmp_path, "run-3", 13, OTHER_GENERATION)
-    recorded, again = answers.plan_champion(third, train, gate.champion_to_measure(third))
+    recorded, again = _plan(third, train, gate.champion_to_measure(third))
     assert not again and recorded["recorded_by"] == "local-fsdp@2" and recorded["uri"] == str(kept)
     assert recorded["means"]["exact_match"] == pytest.approx(11 / 20)

@@ -92,6 +92,7 @@ def test_the_side_by_side_shows_the_table_then_regressions_first(tmp_path):
         {"uri": _write(tmp_path / "a.jsonl", _rows(candidate, "new")), "means": {}, "num_examples": 20},
         {"uri": _write(tmp_path / "b.jsonl", _rows(champion, "old")), "which": "champion"},
         "champion",
+        lambda generation_key: None,
     )
     page = (tmp_path / "eval" / "side_by_side.md").read_text()
     assert "| exact_match | 0.5000 | 0.3500 | +0.1500 |" in page
