@@ -22,6 +22,16 @@ one the first run measured). The recurring run of the code before the initial-mo
 two tries made, on a machine at a load average above 20, its evaluation job (the first to load its programs from the
 compile cache the first run filled) failed in MaxText's gloo set-up (``GetKeyValue() timed out``); whether it fails on
 a quiet machine is not known.
+
+The answers (issue 58): three runs of local-fsdp under one output root, one epoch each, 16 evaluation prompts. The
+first registers the champion with its answers; the recurring run ("reuse", from the champion, the same answers key)
+reads the champion's answers from its record; the third ("again") asks the same of the champion under another answers
+key (``eval.metrics`` adds json_valid), so its evaluation job has the champion answer again. Two figures: the evaluate
+stage's seconds with the answers reused / without (target <= 0.5), and generation's share of the first run's
+evaluation seconds (its goodput ledger's "evaluation": the train job's held-out figures and answers, before and after
+training; no target), with the share of the "again" run's evaluate stage that its champion's answering took beside
+it. These are the default (``make bench BENCH=evaluation``: minutes); ``TPUPIPE_BENCH_EVALUATION=all`` adds the two
+pairs above (tens of minutes on two cores).
 """
 
 from __future__ import annotations
@@ -114,8 +124,75 @@ def maxtext_figure() -> Figure:
     )
 
 
+ANSWERS = ("epochs=1", "eval.generate_examples=16", "cluster.slice_check=false")
+ANSWERS_RUNS = {  # one output root, in order: run -> its overrides
+    "first": ANSWERS,
+    "reuse": (*ANSWERS, "train.init_from=champion"),
+    "again": (*ANSWERS, "train.init_from=champion", "eval.metrics=exact_match,rouge_l,answer_length,json_valid"),
+}
+
+
+def answering_seconds(log: Path) -> float:
+    """The seconds a job's ``answers`` records say its answering took (``trainers.generation``), from its log."""
+    from components.spec import protocol
+
+    found = {}
+    for text in log.read_text().splitlines() if log.is_file() else []:
+        m = protocol.RECORD.match(text)
+        body = json.loads(m["body"]) if m and m["kind"] == "event" else {}
+        if body.get("event") == "answers":
+            found[(body["which"], body["time"])] = body["seconds"]  # a line Ray forwarded twice counts once
+    return sum(found.values())
+
+
+def answers_figures() -> list[Figure]:
+    """The answers' three runs (the module's docstring)."""
+    with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
+        root = Path(tmp)
+        runs = {name: run(REPO, root, f"bench-answers-{name}", overrides) for name, overrides in ANSWERS_RUNS.items()}
+        tasks = {
+            name: json.loads((root / f"bench-answers-{name}" / "stages" / "evaluate.json").read_text())["result"]
+            for name in runs
+        }
+        first_answering = answering_seconds(root / "bench-answers-first" / "logs" / "train.log")
+        again_answering = answering_seconds(root / "bench-answers-again" / "logs" / "evaluate.log")
+    for name, task in tasks.items():
+        runs[name]["champion_answers"] = (task.get("task") or {}).get("champion_answers")
+    if runs["reuse"]["champion_answers"] != "recorded by local-fsdp@1" or runs["again"]["evaluation_job"] is False:
+        raise SystemExit(f"bench_evaluation: the runs did not reuse, then ask again, the champion's answers: {runs}")
+    ratio = runs["reuse"]["evaluate_stage_s"] / runs["again"]["evaluate_stage_s"]
+    share = first_answering / runs["first"]["evaluation_s"]
+    again_share = again_answering / runs["again"]["evaluate_stage_s"]
+    print(
+        f"evaluate stage: {runs['reuse']['evaluate_stage_s']:.2f}s with the champion's answers reused, "
+        f"{runs['again']['evaluate_stage_s']:.2f}s with the champion answering again ({ratio:.3f}); answering "
+        f"{first_answering:.1f}s of the first run's {runs['first']['evaluation_s']:.1f}s of evaluation ({share:.2f}), "
+        f"{again_answering:.1f}s of the again run's evaluate stage ({again_share:.2f})"
+    )
+    detail = {"runs": runs, "overrides": {k: list(v) for k, v in ANSWERS_RUNS.items()}}
+    return [
+        Figure(
+            "evaluation: the evaluate stage's seconds with the champion's answers reused / asked again",
+            ratio,
+            "x",
+            TARGET,
+            detail,
+        ),
+        Figure(
+            "evaluation: generation's share of a first local-fsdp run's evaluation seconds",
+            share,
+            "x",
+            None,
+            {"answering_s": round(first_answering, 2), "again_evaluate_stage_share": round(again_share, 3)},
+        ),
+    ]
+
+
 def figures() -> list[Figure]:
-    return [fsdp_figure(), maxtext_figure()]
+    found = answers_figures()
+    if os.environ.get("TPUPIPE_BENCH_EVALUATION") == "all":
+        found += [fsdp_figure(), maxtext_figure()]
+    return found
 
 
 def fsdp_figure() -> Figure:
