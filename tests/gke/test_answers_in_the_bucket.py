@@ -18,10 +18,10 @@ from components.platforms.store import GcsStore
 from components.stages import gate, ray_stages, registration, runner
 from components.workload import resolve
 from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.unit.test_answers_reuse import GENERATION, answered
 
 BUCKET = f"{PROJECT}-tpupipe"
 SPEC = ONE_SLICE + " gke.hf_secret= gate.metric=exact_match"
-GENERATION = "sha256:" + "a1" * 32  # the train job's generation key (trainers.generation)
 EVAL_KEY = "sha256:" + "e1" * 32
 BUILD = {"image": "us-east5-docker.pkg.dev/p/tpupipe/torch:run", "built": True, "digest": "sha256:" + "ab" * 32}
 
@@ -42,27 +42,18 @@ def bucket(project_factory, monkeypatch):
     return project
 
 
-def task(run_id: str, overrides: str = "") -> RunContext:
+def task(run_id: str) -> RunContext:
     """One task's context: the run's state in the bucket, nothing of an earlier task on this disk."""
-    spec = resolve("local-fsdp", f"{SPEC} {overrides}")
-    return RunContext(spec=spec, run_id=run_id, store=GcsStore(BUCKET, f"state/{run_id}"), platform="gke")
+    return RunContext(
+        spec=resolve("local-fsdp", SPEC), run_id=run_id, store=GcsStore(BUCKET, f"state/{run_id}"), platform="gke"
+    )
 
 
 def pods_wrote(project, run_id: str, which: str, right: int) -> dict:
     """What a train job's pods wrote under the run's prefix (20 prompts, ``right`` answered exactly) and the
     ``answers`` event it printed: the file as the pods see it (``/data/runs/<id>/...``)."""
-    rows = [
-        {
-            "index": i,
-            "prompt": f"Instruction: Reverse the word w{i}.\nResponse: ",
-            "reference": f"{i}w",
-            "answer": f"{i}w" if i < right else "x",
-            "scores": {"exact_match": float(i < right), "answer_length": 1.0},
-        }
-        for i in range(20)
-    ]
     name = f"runs/{run_id}/eval/answers-{which}.jsonl"
-    project.storage.put(BUCKET, name, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    project.storage.put(BUCKET, name, answered(right).encode())
     means = {"exact_match": right / 20, "answer_length": 1.0}
     return {"which": which, "path": f"/data/{name}", "means": means, "generation_key": GENERATION, "num_examples": 20}
 

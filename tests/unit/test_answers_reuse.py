@@ -24,10 +24,8 @@ GENERATION = "sha256:" + "a1" * 32
 OTHER_GENERATION = "sha256:" + "a2" * 32
 
 
-def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -> dict:
-    """A job's ``answers`` event for 20 prompts, ``right`` of them answered exactly, its file where the job writes."""
-    path = root / run_id / "train" / "eval" / f"answers-{which}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+def answered(right: int) -> str:
+    """The answers file of a job that answered 20 prompts, ``right`` of them exactly (JSON lines)."""
     rows = [
         {
             "index": i,
@@ -38,7 +36,14 @@ def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -
         }
         for i in range(20)
     ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def _answers(root, run_id: str, which: str, right: int, key: str = GENERATION) -> dict:
+    """A job's ``answers`` event for 20 prompts, ``right`` of them answered exactly, its file where the job writes."""
+    path = root / run_id / "train" / "eval" / f"answers-{which}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(answered(right))
     means = {"exact_match": right / 20, "answer_length": 1.0}
     return {"which": which, "path": str(path), "means": means, "generation_key": key, "num_examples": 20}
 
