@@ -21,7 +21,10 @@ from tests.emulators.project import ONE_SLICE, PROJECT
 from tests.unit.test_answers_reuse import GENERATION, answered
 
 BUCKET = f"{PROJECT}-tpupipe"
-SPEC = ONE_SLICE + " gke.hf_secret= gate.metric=exact_match"
+SPEC = (
+    ONE_SLICE
+    + " gke.hf_secret= gate.metric=exact_match eval.generate_examples=20 eval.metrics=exact_match,answer_length"
+)
 EVAL_KEY = "sha256:" + "e1" * 32
 BUILD = {"image": "us-east5-docker.pkg.dev/p/tpupipe/torch:run", "built": True, "digest": "sha256:" + "ab" * 32}
 

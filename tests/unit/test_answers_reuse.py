@@ -16,12 +16,20 @@ import pytest
 from components.platforms import RunContext
 from components.spec import InfraError
 from components.stages import answers, gate, ray_stages
-from tests.unit.test_evaluation_reuse import KEY, NO_CLUSTER, OTHER_KEY, _registered, _run, _train_result
+from tests.unit.test_evaluation_reuse import KEY, NO_CLUSTER, OTHER_KEY, _registered, _train_result
+from tests.unit.test_evaluation_reuse import _run as _a_run
 from tests.unit.test_gate import _records
 from trainers import generation
 
 GENERATION = "sha256:" + "a1" * 32
 OTHER_GENERATION = "sha256:" + "a2" * 32
+ASKED = 20  # eval.generate_examples of these runs: the prompts each answers file answers
+SCORED = "eval.metrics=exact_match,answer_length"  # what each answer is scored by in these files
+
+
+def _run(root, run_id: str, overrides: str = "", build: dict | None = None) -> RunContext:
+    """A run of local-fsdp asking for ``ASKED`` answers (test_evaluation_reuse's ``_run``)."""
+    return _a_run(root, run_id, f"eval.generate_examples={ASKED} {SCORED} {overrides}", build)
 
 
 def answered(right: int) -> str:
@@ -34,7 +42,7 @@ def answered(right: int) -> str:
             "answer": f"{i}w" if i < right else "x",
             "scores": {"exact_match": float(i < right), "answer_length": 1.0},
         }
-        for i in range(20)
+        for i in range(ASKED)
     ]
     return "".join(json.dumps(r) + "\n" for r in rows)
 
@@ -142,7 +150,7 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
     assert asks_again("prompts", eval_key=OTHER_KEY)  # other examples, tokenizer, lengths, dtypes or device
     assert asks_again("how-many", "eval.generate_examples=32")
     assert asks_again("decode", "eval.max_new_tokens=24")
-    assert asks_again("metrics", "eval.metrics=exact_match,answer_length")
+    assert asks_again("metrics", "eval.metrics=exact_match,answer_length,json_valid")
     assert asks_again("scorer", "eval.scorer=team_scoring:contains")
     other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
     assert asks_again("image", build=other_image)
@@ -158,10 +166,10 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
     assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@2", same) is None
 
 
-def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reused_by_the_next_run(tmp_path):
-    """The champion (local-fsdp@1) answered under another key than this run's: the evaluation job has it answer again,
-    the stage keeps those answers in the run's store and the version it registers records them beside the champion
-    it measured; the next run with that key reads them from there and starts no job for them."""
+def _champion_answered_in_the_job(tmp_path, loss_after: float) -> tuple[dict, str]:
+    """run-2, whose champion (local-fsdp@1) answered under another key than this run's in its evaluation job, its
+    answers kept in run-2's store, registered with a held-out loss of ``loss_after`` against the champion's 1.5:
+    (the register stage's result, where the champion's answers are kept)."""
     _first_run(tmp_path)
     second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
     champion = gate.champion_to_measure(second)
@@ -178,7 +186,7 @@ def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reuse
     assert task["champion_answers_uri"] == task["other_uri"] == str(kept) and kept.is_file()
     assert task["champion_answers_key"] == ray_stages.answers_key(second, OTHER_GENERATION)
     evaluation = {  # the evaluate stage's result with the figures known (ray_stages.evaluate)
-        "eval_loss_after": 1.2,
+        "eval_loss_after": loss_after,
         "champion_loss": 1.5,
         "eval_key": KEY,
         "eval_split": "heldout",
@@ -187,15 +195,107 @@ def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reuse
         ray_stages.MEASURED: ray_stages.pin_checkpoint(second, train),
     }
     result = _registered(second, train, evaluation)
-    assert result["decision"] == gate.PROMOTE  # a lower loss, and no task metric chosen
     provenance = gate.registry(second).get("local-fsdp", "2").provenance
     assert provenance["champion_measured"] == "local-fsdp@1"
     assert provenance["champion_answers_uri"] == str(kept)
+    return result, str(kept)
 
-    # run-3 compares with the new champion (local-fsdp@2): not what was recorded. Its previous champion, measured
-    # again by a run whose champion it is once more (a rollback), is found in local-fsdp@2's record.
-    gate.registry(second).rollback("local-fsdp")
+
+def test_the_champions_answers_given_in_an_evaluation_job_are_recorded_and_reused_by_the_next_run(tmp_path):
+    """The champion (local-fsdp@1) answered under another key than this run's: the evaluation job has it answer again,
+    the stage keeps those answers in the run's store and the version it registers records them beside the champion
+    it measured; a later run with that key whose champion local-fsdp@1 is again reads them from there, while the
+    version that recorded them is in the champion alias's history."""
+    result, kept = _champion_answered_in_the_job(tmp_path, loss_after=1.2)
+    assert result["decision"] == gate.PROMOTE  # a lower loss, and no task metric chosen
+    reg = gate.registry(_run(tmp_path, "run-2"))
+
+    # Rolled back, local-fsdp@2 leaves the alias's history (its marker goes): its record of local-fsdp@1 is not taken.
+    reg.rollback("local-fsdp")
     third, train = _later(tmp_path, "run-3", 13, OTHER_GENERATION)
+    assert _plan(third, train, gate.champion_to_measure(third)) == (None, True)
+    # Promoted again, then local-fsdp@1 set back by hand: local-fsdp@2 held the alias, and its record is taken.
+    reg.promote("local-fsdp", "2")
+    reg.promote("local-fsdp", "1")
     recorded, again = _plan(third, train, gate.champion_to_measure(third))
-    assert not again and recorded["recorded_by"] == "local-fsdp@2" and recorded["uri"] == str(kept)
+    assert not again and recorded["recorded_by"] == "local-fsdp@2" and recorded["uri"] == kept
     assert recorded["means"]["exact_match"] == pytest.approx(11 / 20)
+
+
+def test_a_kept_versions_record_of_the_champions_answers_is_not_taken(tmp_path):
+    """A version the gate kept beside its champion records what its run's pods said the champion answered; the next
+    run does not compare against that: the champion answers again (docs/registry.md)."""
+    result, _ = _champion_answered_in_the_job(tmp_path, loss_after=1.9)
+    assert result["decision"] == gate.KEEP
+    third, train = _later(tmp_path, "run-3", 13, OTHER_GENERATION)
+    assert _plan(third, train, gate.champion_to_measure(third)) == (None, True)
+
+
+def _first_answers(tmp_path, after: dict, before: dict | None = None) -> dict:
+    """The evaluate stage's task figures of a first run (no champion) whose train job reported ``after``."""
+    ctx = _run(tmp_path, "run-1")
+    train = {"answers": {"after": after, "before": before or _answers(tmp_path, "run-1", "before", 0)}}
+    return answers.evaluate_answers(ctx, train, {}, None, [], partial(ray_stages.answers_key, ctx))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "run-0/train/eval/answers-after.jsonl",  # another run's answers
+        "run-1/train/eval/../../run-0/train/eval/answers-after.jsonl",  # out of the directory by ..
+        "run-1/train/elsewhere/answers-after.jsonl",  # the job's directory, not its answers'
+        "gs://another-bucket/runs/run-1/eval/answers-after.jsonl",  # an object the pipeline's identity could read
+    ],
+)
+def test_answers_the_job_names_outside_its_own_eval_directory_are_not_read(tmp_path, where):
+    theirs = _answers(tmp_path, "run-0", "after", 20)  # a file that exists, all answered right
+    path = where if where.startswith("gs://") else str(tmp_path / where)
+    task = _first_answers(tmp_path, {**theirs, "path": path})
+    assert (
+        f"is not a file of the job's answers directory {tmp_path / 'run-1' / 'train' / 'eval'}/"
+        in (task["comparison_missing"])
+    )
+    assert "comparison" not in task and "answers_uri" not in task and task["metrics_after"] is None
+    assert not (tmp_path / "run-1" / answers.SIDE_BY_SIDE).exists()
+
+
+def _rewritten(tmp_path, change) -> dict:
+    """run-1's answers event (12 of 20 right), its file rewritten by ``change(rows)``."""
+    event = _answers(tmp_path, "run-1", "after", 12)
+    rows = [json.loads(line) for line in answered(12).splitlines()]
+    change(rows)
+    (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").write_text(answers._lines(rows))
+    return event
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (lambda rows: rows.pop(), "19 answers, eval.generate_examples asks for 20"),
+        (lambda rows: rows.append({**rows[0], "index": 20}), "21 answers, eval.generate_examples asks for 20"),
+        (lambda rows: rows.reverse(), "row 0 is not the answer to prompt 0 (index 19)"),
+        (lambda rows: rows[3]["scores"].update(exact_match=1.5), "row 3's exact_match score 1.5 is not a number in"),
+        (lambda rows: rows[4]["scores"].update(exact_match=float("nan")), "row 4's exact_match score nan is not a"),
+        (lambda rows: rows[5]["scores"].update(answer_length=-1), "row 5's answer_length score -1 is not a number"),
+        (lambda rows: rows[6]["scores"].pop("answer_length"), "row 6 is scored by ['exact_match'], this run's"),
+        (lambda rows: rows[7].pop("answer"), "row 7 has no answer text"),
+    ],
+)
+def test_answers_that_are_not_this_runs_prompts_answered_and_scored_are_not_compared(tmp_path, change, why):
+    task = _first_answers(tmp_path, _rewritten(tmp_path, change))
+    assert why in task["comparison_missing"] and "comparison" not in task and task["metrics_after"] is None
+
+
+def test_the_means_are_the_rows_not_the_jobs_event_and_sets_of_other_lengths_are_refused(tmp_path):
+    # A length is a count, not a fraction: answer_length may pass 1.
+    event = _rewritten(tmp_path, lambda rows: rows[0]["scores"].update(answer_length=7.0))
+    task = _first_answers(tmp_path, {**event, "means": {"exact_match": 1.0, "answer_length": 1.0}})
+    assert task["metrics_after"] == {"exact_match": 0.6, "answer_length": pytest.approx(1.3)}
+    assert task["comparison"]["exact_match"]["candidate"] == 0.6
+    before = _answers(tmp_path, "run-1", "before", 0)
+    before["means"] = {"exact_match": 0.9, "answer_length": 1.0}
+    assert _first_answers(tmp_path, event, before)["metrics_before"]["exact_match"] == 0.0
+
+    rows = [json.loads(line) for line in answered(12).splitlines()]
+    with pytest.raises(answers.Refused, match="20 answers beside 19: not one set of prompts"):
+        answers.compare(rows, rows[:19])

@@ -83,7 +83,7 @@ def test_the_first_version_is_promoted_whatever_the_guards():
 
 
 def test_the_side_by_side_shows_the_table_then_regressions_first(tmp_path):
-    spec = resolve("local-fsdp")
+    spec = resolve("local-fsdp", "eval.generate_examples=20 eval.metrics=exact_match")
     candidate = [{"exact_match": float(i % 2 == 0)} for i in range(20)]
     champion = [{"exact_match": float(i % 3 == 0)} for i in range(20)]
     ctx = RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path), platform="local")
