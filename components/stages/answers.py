@@ -386,6 +386,13 @@ def evaluate_answers(
     other, label, given_here = None, "", None
     if champion.get("path"):
         given_here = None if recorded else _job_file(ctx, from_records(job_records).get("champion"))
+        if given_here and given_here.get("generation_key") != candidate.get("generation_key"):
+            # other prompts, decoding or worker group than the candidate's: no like-for-like comparison, no record
+            given_here = {
+                **given_here,
+                "refused": f"the champion answered under generation key {given_here.get('generation_key')}, the "
+                f"trained model under {candidate.get('generation_key')}",
+            }
         other, label = recorded or given_here, CHAMPION
     if other is None and answered.get("before"):
         other, label = _job_file(ctx, answered["before"]), "before training"

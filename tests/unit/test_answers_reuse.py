@@ -299,3 +299,16 @@ def test_the_means_are_the_rows_not_the_jobs_event_and_sets_of_other_lengths_are
     rows = [json.loads(line) for line in answered(12).splitlines()]
     with pytest.raises(answers.Refused, match="20 answers beside 19: not one set of prompts"):
         answers.compare(rows, rows[:19])
+
+
+def test_the_champions_answers_given_under_another_generation_key_than_the_candidates_are_not_compared(tmp_path):
+    _first_run(tmp_path)
+    second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
+    champion = gate.champion_to_measure(second)
+    given = _answers(tmp_path, "run-2", "champion", 11, GENERATION)  # the job's key, not the train job's
+    events = [("event", {"event": "answers", **given})]
+    task = answers.evaluate_answers(second, train, champion, None, events, partial(ray_stages.answers_key, second))
+    assert task["comparison_missing"] == (
+        f"the champion answered under generation key {GENERATION}, the trained model under {OTHER_GENERATION}"
+    )
+    assert "comparison" not in task and "champion_answers_uri" not in task and "other_uri" not in task
