@@ -34,6 +34,7 @@ from components.platforms import RunContext, get_platform
 from components.platforms.store import RunStore, at, write_text
 from components.spec import CHAMPION, RunSpec, SpecError
 from components.spec.run_spec import HELDOUT_LOSS
+from components.stages.jobs import log
 
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 0  # fixed: the same scores give the same interval in every run
@@ -327,7 +328,11 @@ def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, An
     ``answers_key``); else a record of it as the champion a later version was compared with
     (``champion_answers_uri``, ``champion_answers_key``, with ``champion_measured`` naming it) only by a version that
     held the champion alias (``Registry.history``): a version kept beside its champion recorded what its own run's
-    pods said the champion answered, and a run the gate did not promote decides nothing for later runs."""
+    pods said the champion answered, and a run the gate did not promote decides nothing for later runs. A record that
+    cannot be read (gone, denied, not answers to these prompts) is passed over with a warning naming the version: the
+    champion answers again rather than every later run failing on it."""
+    from google.api_core.exceptions import GoogleAPICallError
+
     from components.stages import gate
 
     if not key:
@@ -349,7 +354,8 @@ def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, An
             continue
         try:
             rows = checked(read(uri), ctx.spec)
-        except ValueError:
+        except (ValueError, OSError, GoogleAPICallError) as exc:  # a malformed, foreign or unreadable record
+            log(f"evaluate: warning: {version.ref}'s record of {ref}'s answers ({uri}) is not read: {exc}")
             continue
         return {"which": CHAMPION, "uri": uri, "rows": rows, "means": means_of(rows), "recorded_by": version.ref}
     return None

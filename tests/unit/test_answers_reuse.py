@@ -312,3 +312,25 @@ def test_the_champions_answers_given_under_another_generation_key_than_the_candi
         f"the champion answered under generation key {GENERATION}, the trained model under {OTHER_GENERATION}"
     )
     assert "comparison" not in task and "champion_answers_uri" not in task and "other_uri" not in task
+
+
+@pytest.mark.parametrize(
+    "spoil, why",
+    [
+        (lambda kept: kept.write_text("{not json\n"), "Expecting property name"),
+        (lambda kept: kept.write_text(answered(12).replace('"index": 3', '"index": 4')), "row 3 is not the answer"),
+        (lambda kept: kept.unlink(), "no such file"),
+    ],
+)
+def test_a_recorded_answers_file_that_cannot_be_read_is_passed_over_naming_its_version(tmp_path, capsys, spoil, why):
+    """The champion's kept answers spoiled: a later run warns, naming the version that records them, and has the
+    champion answer again instead of failing its evaluate stage (and every later run's)."""
+    _first_run(tmp_path)
+    kept = tmp_path / "run-1" / "eval" / "answers-after.jsonl"
+    spoil(kept)
+    second, train = _later(tmp_path, "run-2", 10)
+    capsys.readouterr()
+    assert _plan(second, train, gate.champion_to_measure(second)) == (None, True)
+    warned = capsys.readouterr().out
+    assert f"evaluate: warning: local-fsdp@1's record of local-fsdp@1's answers ({kept}) is not read: " in warned
+    assert why in warned
