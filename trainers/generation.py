@@ -53,7 +53,7 @@ def generation_key(eval_key: str, spec: RunSpec) -> str:
         "prompt": data.PROMPT,
         "batch_size": spec.train.batch_size,
         "decoding": "greedy",
-        "metrics": list(e.metric_names),
+        "metrics": sorted(e.metric_names),  # a set: the same metrics listed in another order score alike
         "scorer": e.scorer,
         "scorer_source": _source_digest(e.scorer),
     }

@@ -151,6 +151,7 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
     assert asks_again("how-many", "eval.generate_examples=32")
     assert asks_again("decode", "eval.max_new_tokens=24")
     assert asks_again("metrics", "eval.metrics=exact_match,answer_length,json_valid")
+    assert not asks_again("reordered", "eval.metrics=answer_length,exact_match")  # the same metrics: reused
     assert asks_again("scorer", "eval.scorer=team_scoring:contains")
     other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
     assert asks_again("image", build=other_image)
