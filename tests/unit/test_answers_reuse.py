@@ -173,7 +173,7 @@ def _champion_answered_in_the_job(tmp_path, loss_after: float) -> tuple[dict, st
     (the register stage's result, where the champion's answers are kept)."""
     _first_run(tmp_path)
     second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
-    champion = gate.champion_to_measure(second)
+    champion = gate.champion_to_measure(second) or {}
     recorded, again = _plan(second, train, champion)
     assert (recorded, again) == (None, True)
     with pytest.raises(InfraError, match=NO_CLUSTER.format("run-2")):
@@ -305,7 +305,7 @@ def test_the_means_are_the_rows_not_the_jobs_event_and_sets_of_other_lengths_are
 def test_the_champions_answers_given_under_another_generation_key_than_the_candidates_are_not_compared(tmp_path):
     _first_run(tmp_path)
     second, train = _later(tmp_path, "run-2", 10, OTHER_GENERATION)
-    champion = gate.champion_to_measure(second)
+    champion = gate.champion_to_measure(second) or {}
     given = _answers(tmp_path, "run-2", "champion", 11, GENERATION)  # the job's key, not the train job's
     events = [("event", {"event": "answers", **given})]
     task = answers.evaluate_answers(second, train, champion, None, events, partial(ray_stages.answers_key, second))
