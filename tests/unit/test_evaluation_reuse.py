@@ -22,6 +22,7 @@ from tests.unit.test_gate import _records
 from trainers import evaluate, heldout
 
 KEY = "sha256:" + "e1" * 32
+NO_CLUSTER = "no cluster recorded for run {}: provision did not run"  # the local platform's, for a job it cannot start
 OTHER_KEY = "sha256:" + "e2" * 32
 
 
@@ -120,8 +121,7 @@ def test_a_figure_of_another_key_or_none_is_measured_by_an_evaluation_job(tmp_pa
     # MaxText): no key, so every figure is the evaluation job's, as before.
     assert ray_stages.known_figures(second, {**other, "heldout": {}}, start, champion) == {}
     assert gate.known_figure(second, "local-fsdp@1", None) is None
-    # it would start an evaluation job, which needs the cluster a provision records: none here
-    with pytest.raises(InfraError, match="no cluster recorded for run run-2: provision did not run"):
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("run-2")):  # the job it would start has no cluster here
         ray_stages.evaluate(second, json.dumps({**other, "init_from": start}))
 
 
@@ -148,8 +148,7 @@ def test_a_champion_figure_of_another_image_or_accelerator_is_measured_again_not
     other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
     by_image = _run(tmp_path, "image", "train.init_from=champion", build=other_image)
     assert ray_stages.figure_key(by_image, KEY) != recorded and not champion_known(by_image)
-    # it measures the champion again: a job, which needs the cluster a provision records: none here
-    with pytest.raises(InfraError, match="no cluster recorded for run image: provision did not run"):
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("image")):  # it measures the champion again: a job
         ray_stages.evaluate(by_image, json.dumps({**train, "init_from": gate.starting_point(by_image)}))
     for accelerator in ("v6e", "tpu7x", "v5e"):
         on_chip = _run(tmp_path, f"on-{accelerator}", "train.init_from=champion")
@@ -274,8 +273,7 @@ def test_maxtexts_model_as_initialised_is_measured_once_per_key_and_reused_by_a_
     no evaluation job, and the same numbers for the gate."""
     first = _maxtext_run(tmp_path, "mx-1")
     train = _train_result(tmp_path, "mx-1", eval_loss_after=7.25, eval_key=KEY, num_eval_examples=128)
-    # nothing recorded yet: it would start a job, which needs the cluster a provision records: none here
-    with pytest.raises(InfraError, match="no cluster recorded for run mx-1: provision did not run"):
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("mx-1")):  # nothing recorded yet: it would start a job
         ray_stages.evaluate(first, json.dumps(train))
     initial = ray_stages.initial_model_key(first, KEY)
     assert initial and initial.startswith("sha256:")
