@@ -15,6 +15,11 @@ ENDED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
 
 def client(host: str, namespace: str, credentials=None, existing_token: str | None = None):
     """A ``kfp.Client`` of ``host`` whose API server answered its health check (else the client's exception)."""
+    return connect(host, namespace, credentials, existing_token)[0]
+
+
+def connect(host: str, namespace: str, credentials=None, existing_token: str | None = None):
+    """(a ``kfp.Client`` of ``host``, its API server's health check answer: ``multi_user`` among it)."""
     import logging
     import warnings
 
@@ -25,8 +30,7 @@ def client(host: str, namespace: str, credentials=None, existing_token: str | No
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
         made = kfp.Client(host=host.rstrip("/"), namespace=namespace, **auth)
-    made.get_kfp_healthz(sleep_duration=0)
-    return made
+    return made, made.get_kfp_healthz(sleep_duration=0)
 
 
 def in_cluster_client(host: str, namespace: str):

@@ -141,8 +141,8 @@ def client(place: Place):
     credentials = ServiceAccountTokenVolumeCredentials(path=path) if path else None
     token = _iap_token(place) if place.auth == "iap" else None
     try:
-        made = kfp_runs.client(place.host, place.namespace, credentials, token)
-        multi_user = bool(made.get_kfp_healthz(sleep_duration=0).multi_user)
+        made, health = kfp_runs.connect(place.host, place.namespace, credentials, token)
+        multi_user = bool(health.multi_user)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
     if multi_user and place.auth == "none":
