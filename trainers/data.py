@@ -101,6 +101,12 @@ def format_example(example: dict[str, Any]) -> str:
     return PROMPT.format(instruction=example["instruction"], response=example["response"])
 
 
+def prompt_of(example: dict[str, Any]) -> str:
+    """The training prompt's format up to where the response starts: what a model is asked, and what its loss
+    leaves out (:data:`LABELS`)."""
+    return PROMPT.split("{response}")[0].format(instruction=example["instruction"])
+
+
 def local_cache_dir(run_name: str) -> str:
     """Where a host's workers keep the datasets cache: its own temporary directory (a pod's /tmp on GKE, an emptyDir;
     the run's private temp directory on the local platform), never the bucket's shared mount. The datasets library
@@ -129,6 +135,15 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
 
 # ---------------------------------------------------------------- tokenised, in memory, kept for the run
 
+# What a model is trained on and measured by: the next-token loss over the response's tokens and its end token,
+# none over the prompt or the padding, as supervised fine-tuning computes it (TRL's SFTTrainer, "Train on completion
+# only": completion_only_loss, https://huggingface.co/docs/trl/sft_trainer#train-on-completion-only; labels of -100
+# are ignored by the loss, https://huggingface.co/docs/transformers/tasks/language_modeling#preprocess). Loss over
+# the prompt too (this project's rule before) spends most of a small model's updates on predicting the instructions'
+# random words, which no answer needs. Part of the tokenised split's key and of every held-out figure's key
+# (trainers.heldout.eval_key): a figure measured under another rule never compares with one measured under this.
+LABELS = "response tokens and the end token; -100 over the prompt and the padding"
+
 TOKENIZED_DIR = "tokenized"  # under the run's own cache directory (components.workload.cache_trust.RUN_CACHE_DIR)
 _COLUMNS = ("input_ids", "attention_mask", "labels")
 
@@ -155,7 +170,7 @@ def tokenized_key(examples: str, tokenizer: dict[str, Any], max_length: int) -> 
         "tokenizer": tokenizer,
         "prompt": PROMPT,
         "max_length": max_length,
-        "labels": "input ids, -100 where padded",
+        "labels": LABELS,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -181,17 +196,27 @@ class Tokenized:
 
 
 def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
-    """Prompt-format, tokenise and pad to ``max_length`` in one call of the tokenizer over the split; labels are the
-    input ids with the padding masked (-100: causal-LM collation)."""
+    """Prompt-format, tokenise and pad to ``max_length`` in one call of the tokenizer over the split; labels
+    (:data:`LABELS`) are the input ids of the tokens that end past the prompt's characters (a token across the
+    boundary holds some of the response) and of the end token, -100 elsewhere. The character offsets come from the
+    fast tokenizer (``return_offsets_mapping``), so the boundary is the one in the text the model reads, whatever
+    the tokenizer merges there."""
+    import torch
+
     enc = tokenizer(
         [format_example(e) for e in examples],
         max_length=max_length,
         padding="max_length",
         truncation=True,
         return_tensors="pt",
+        return_offsets_mapping=True,
     )
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    starts = torch.tensor([len(prompt_of(e)) for e in examples], dtype=torch.long)
+    response = enc["offset_mapping"][..., 1] > starts[:, None]
+    if tokenizer.eos_token_id is not None:
+        response |= ids == tokenizer.eos_token_id
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill((mask == 0) | ~response, -100)}
 
 
 def _read_cached(path: Path, key: str, rows: int, max_length: int) -> dict[str, Any] | None:

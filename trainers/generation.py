@@ -3,7 +3,7 @@ on the training devices), scored by the task metrics (``trainers.metrics``) and 
 reads beside the champion's (``eval.generate_examples``, ``eval.max_new_tokens``, ``eval.metrics``).
 
 The prompts are the evaluation split's first ``eval.generate_examples`` examples in the training prompt's format
-(``trainers.data.PROMPT`` up to the response). Every batch has one shape: the prompts are cut to and left-padded to one
+(``trainers.data.prompt_of``). Every batch has one shape: the prompts are cut to and left-padded to one
 length (the longest of them, at most ``train.max_length``) and the batches to ``train.batch_size`` (the last filled
 with copies of the first prompt, whose answers are dropped), so on a TPU the prefill compiles once; the decode steps
 run with a static KV cache (``cache_implementation="static"``), which transformers compiles on an accelerator
@@ -30,11 +30,6 @@ from components.spec import RunSpec, protocol
 from trainers import data, heldout, metrics
 
 ANSWERS_DIR = "eval"  # under the job's output directory: answers-<which>.jsonl
-
-
-def prompt_of(example: dict[str, Any]) -> str:
-    """The training prompt's format up to where the response starts."""
-    return data.PROMPT.split("{response}")[0].format(instruction=example["instruction"])
 
 
 def generation_key(eval_key: str, spec: RunSpec) -> str:
@@ -141,7 +136,7 @@ class Answering:
         if not self.on:
             return {}
         started = time.perf_counter()
-        prompts = [prompt_of(e) for e in self.examples]
+        prompts = [data.prompt_of(e) for e in self.examples]
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
         if self.rank != 0:
             return {}

@@ -48,7 +48,7 @@ def work(rank, root, port, scorer):
         alone = []  # the same weights, unsharded, one prompt at a time
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         for row in generation.Answering(spec, config, tokenizer, 0, 1, "cpu", None).examples:
-            prompt = tokenizer(generation.prompt_of(row), add_special_tokens=False)["input_ids"]
+            prompt = tokenizer(data.prompt_of(row), add_special_tokens=False)["input_ids"]
             ids = torch.tensor([[tokenizer.bos_token_id] + prompt])
             out = whole.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                                  do_sample=False, use_cache=True, pad_token_id=tokenizer.pad_token_id,
