@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 SETS = "num_train_examples=32 num_eval_examples=40 eval.generate_examples=17 eval.max_new_tokens=6 batch_size=4"
 
 
-def work(rank, root, port, scorer):
+def work(rank, root, port, scorer, early):
     from components.workload import resolve
     from trainers import data, generation, mesh
     from trainers.model import build_model, load_tokenizer
@@ -39,12 +39,21 @@ def work(rank, root, port, scorer):
     tokenizer = load_tokenizer(t.model_id)
     config = {"data_files": data.job_files(spec, root), "cache_dir": str(root / "cache"), "output_dir": str(root)}
     model = mesh.parallelize(build_model(t.model_id, tokenizer, t.seed), init_device_mesh("cpu", (2,)))
+    if early and rank == 0:  # rank 0 asks the first prompt 17 times, and the token its answer begins with ends it
+        first = json.loads(Path(config["data_files"]["heldout"]).read_text().splitlines()[0])
+        config["data_files"] = {**config["data_files"], "heldout": str(root / "first-only.jsonl")}
+        Path(config["data_files"]["heldout"]).write_text((json.dumps(first) + "\n") * 17)
+        ids, mask = generation.encode(tokenizer, [data.prompt_of(first)], t.max_length)
+        whole = build_model(t.model_id, tokenizer, t.seed).eval()
+        tokenizer.eos_token_id = whole(input_ids=ids, attention_mask=mask).logits[0, -1].argmax().item()
     try:
         found = generation.Answering(spec, config, tokenizer, rank, 2, "cpu", torch.device("cpu"))(model, "after")
     except Exception as exc:
         print(f"RANK{rank} {type(exc).__name__}: {exc}", flush=True)
         raise
-    if rank == 0:
+    if rank == 0 and early:
+        print("FACTS " + json.dumps({"found": found}), flush=True)
+    elif rank == 0:
         alone = []  # the same weights, unsharded, one prompt at a time
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         for row in generation.Answering(spec, config, tokenizer, 0, 1, "cpu", None).examples:
@@ -59,7 +68,7 @@ def work(rank, root, port, scorer):
 
 
 if __name__ == "__main__":
-    mp.spawn(work, args=(Path(sys.argv[1]), sys.argv[2], sys.argv[3]), nprocs=2)
+    mp.spawn(work, args=(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "early"), nprocs=2)
 """
 
 SCORER = """
@@ -70,7 +79,7 @@ def picky(prompt, reference, answer):
 """
 
 
-def _run(tmp_path, scorer: str = "") -> subprocess.CompletedProcess:
+def _run(tmp_path, scorer: str = "", early: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     from components.platforms.local import envs
     from tests.helpers import REPO
 
@@ -87,11 +96,11 @@ def _run(tmp_path, scorer: str = "") -> subprocess.CompletedProcess:
     script = tmp_path / "answering.py"  # a file: the spawned ranks import their function from it
     script.write_text(SCRIPT)
     return subprocess.run(
-        [python, str(script), str(tmp_path), str(port), scorer],
+        [python, str(script), str(tmp_path), str(port), scorer, "early" if early else ""],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         env=env,
     )
 
@@ -110,6 +119,18 @@ def test_sharded_answers_are_the_unsharded_models_each_prompt_alone_in_order(tmp
     found = facts["found"]
     assert found["num_examples"] == 17 and found["generation_key"].startswith("sha256:")
     assert found["means"]["answer_length"] == pytest.approx(sum(r["scores"]["answer_length"] for r in rows) / 17)
+
+
+def test_a_rank_whose_answers_end_first_keeps_stepping_with_the_others(tmp_path):
+    """Rank 0's answers all end at their first token, rank 1's run their 6: under FSDP every forward is a collective,
+    so without ``synced_gpus=True`` rank 0 would leave ``generate`` for the answers' all_gather while rank 1 waits in
+    its next forward's all-gather of the weights: the collectives no longer match (seen with the flag off: gloo aborts
+    the job, ``gloo::EnforceNotMet``; on other backends such a mismatch can hang, hence the timeout)."""
+    proc = _run(tmp_path, early=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "answers-after.jsonl").read_text().splitlines()]
+    assert all(r["answer"] == "" for r in rows[0::2])  # rank 0's, each ended at once
+    assert any(r["answer"] for r in rows[1::2])  # rank 1's went on (rank 0 decodes them: cut at its end token)
 
 
 def test_a_scorer_that_raises_names_itself_and_the_example(tmp_path):
