@@ -24,10 +24,22 @@ def run_store(run: str, output_root: str) -> RunStore:
 
 
 def cmd_show(args) -> int:
-    """A finished run's summary (its table, goodput and where the chip-seconds went) from its ``summary.json``."""
-    from components.stages import report
+    """A finished run's summary (its table, goodput and where the chip-seconds went) from its ``summary.json``; with
+    ``--answers``, its side-by-side page instead, as the run wrote it (``components.stages.answers.SIDE_BY_SIDE``: the
+    metrics table, then the examples, regressions first), the one artifact the Vertex UI shows too."""
+    from components.stages import answers, report
 
     store = run_store(args.run, args.output_root)
+    if args.answers:
+        page = store.read_text(answers.SIDE_BY_SIDE)
+        if page is None:
+            raise SpecError(
+                "--answers",
+                f"no {answers.SIDE_BY_SIDE} in {store.uri}: the run answered no evaluation prompts "
+                "(eval.generate_examples=0), or its evaluate stage has not ended",
+            )
+        print(page.rstrip("\n"))
+        return 0
     text = store.read_text("summary.json")
     if text is None:
         raise SpecError("run", f"no summary.json in {store.uri}: the run is still going, or did not start")
@@ -90,6 +102,12 @@ def add_commands(sub) -> None:
     p.add_argument("run", help="a run directory (./runs/ID, gs://BUCKET/state/ID) or a run id")
     p.add_argument("--output-root", default="runs", help="where run directories are (default ./runs)")
     p.add_argument("--json", action="store_true", help="print summary.json itself")
+    p.add_argument(
+        "--answers",
+        action="store_true",
+        help="print the evaluation's side-by-side page: each task metric (candidate, champion, difference, interval), "
+        "then the prompts with the reference and both models' answers, regressions first",
+    )
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser(
