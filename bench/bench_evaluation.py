@@ -22,6 +22,21 @@ one the first run measured). The recurring run of the code before the initial-mo
 two tries made, on a machine at a load average above 20, its evaluation job (the first to load its programs from the
 compile cache the first run filled) failed in MaxText's gloo set-up (``GetKeyValue() timed out``); whether it fails on
 a quiet machine is not known.
+
+The answers (issue 58): three runs of local-fsdp under one output root, one epoch each, 16 evaluation prompts. The
+first registers the champion (local-fsdp@1) with its answers. The other two are one configuration run twice (from the
+champion, the same metrics and answers key, ``gate.min_improvement=0.99`` so that neither is promoted and both face
+local-fsdp@1): "reuse" reads the champion's answers from its record; before "again", the first run's kept answers are
+removed, so its evaluate stage passes the record over (with a warning) and its evaluation job has the champion answer
+again, as after a change of image or accelerator. That job also measures the champion's held-out loss again, although
+its record knows it (the job that answers is the one that measures: ``ray_stages.evaluate``), so the figure is what a
+run pays today when the champion has no answers under its key, not answering alone. Two figures: the evaluate stage's
+seconds with the answers reused / asked again (target <= 0.5; one pair, not alternated: each run takes minutes), and
+generation's share of the first run's in-job evaluation seconds on CPU (its goodput ledger's "evaluation": the train
+job's held-out figures and answers, before and after training, both measured the same way; no target, and no
+figure of a chip's), with the share of the "again" run's evaluate stage that its champion's answering took beside it.
+These are the default (``make bench BENCH=evaluation``: minutes); ``TPUPIPE_BENCH_EVALUATION=all`` adds the two pairs
+above (tens of minutes on two cores).
 """
 
 from __future__ import annotations
@@ -114,8 +129,85 @@ def maxtext_figure() -> Figure:
     )
 
 
+ANSWERS = ("epochs=1", "eval.generate_examples=16", "cluster.slice_check=false")
+RECURRING = (*ANSWERS, "train.init_from=champion", "gate.min_improvement=0.99")  # kept: the champion stays @1
+ANSWERS_RUNS = {  # one output root, in order: run -> its overrides
+    "first": ANSWERS,
+    "reuse": RECURRING,
+    "again": RECURRING,  # after the champion's kept answers are removed (answers_figures)
+}
+
+
+def answering_seconds(log: Path) -> float:
+    """The seconds a job's ``answers`` records say its answering took (``trainers.generation``), from its log."""
+    from components.spec import protocol
+
+    found = {}
+    for text in log.read_text().splitlines() if log.is_file() else []:
+        m = protocol.RECORD.match(text)
+        body = json.loads(m["body"]) if m and m["kind"] == "event" else {}
+        if body.get("event") == "answers":
+            found[(body["which"], body["time"])] = body["seconds"]  # a line Ray forwarded twice counts once
+    return sum(found.values())
+
+
+def answers_figures() -> list[Figure]:
+    """The answers' three runs (the module's docstring)."""
+    with tempfile.TemporaryDirectory(prefix="tpupipe-bench-") as tmp:
+        root = Path(tmp)
+        runs = {}
+        for name, overrides in ANSWERS_RUNS.items():
+            if name == "again":  # the champion's record has nothing to read: it answers again, all else alike
+                (root / "bench-answers-first" / "eval" / "answers-after.jsonl").unlink()
+            runs[name] = run(REPO, root, f"bench-answers-{name}", overrides)
+        tasks = {
+            name: json.loads((root / f"bench-answers-{name}" / "stages" / "evaluate.json").read_text())["result"]
+            for name in runs
+        }
+        first_answering = answering_seconds(root / "bench-answers-first" / "logs" / "train.log")
+        again_answering = answering_seconds(root / "bench-answers-again" / "logs" / "evaluate.log")
+    for name, task in tasks.items():
+        runs[name]["champion_answers"] = (task.get("task") or {}).get("champion_answers")
+        runs[name]["champion"] = (task.get("champion") or {}).get("ref")
+    if (
+        runs["reuse"]["champion_answers"] != "recorded by local-fsdp@1"
+        or runs["again"]["champion_answers"] != "answered in this job"
+        or runs["reuse"]["champion"] != runs["again"]["champion"]
+    ):
+        raise SystemExit(f"bench_evaluation: the runs did not reuse, then ask again, the champion's answers: {runs}")
+    ratio = runs["reuse"]["evaluate_stage_s"] / runs["again"]["evaluate_stage_s"]
+    share = first_answering / runs["first"]["evaluation_s"]
+    again_share = again_answering / runs["again"]["evaluate_stage_s"]
+    print(
+        f"evaluate stage: {runs['reuse']['evaluate_stage_s']:.2f}s with the champion's answers reused, "
+        f"{runs['again']['evaluate_stage_s']:.2f}s with the champion answering again ({ratio:.3f}); answering "
+        f"{first_answering:.1f}s of the first run's {runs['first']['evaluation_s']:.1f}s of evaluation ({share:.2f}), "
+        f"{again_answering:.1f}s of the again run's evaluate stage ({again_share:.2f})"
+    )
+    detail = {"runs": runs, "overrides": {k: list(v) for k, v in ANSWERS_RUNS.items()}}
+    return [
+        Figure(
+            "evaluation: the evaluate stage's seconds with the champion's answers reused / asked again (one champion)",
+            ratio,
+            "x",
+            TARGET,
+            detail,
+        ),
+        Figure(
+            "evaluation: generation's share of a first local-fsdp run's in-job evaluation seconds (CPU)",
+            share,
+            "x",
+            None,
+            {"answering_s": round(first_answering, 2), "again_evaluate_stage_share": round(again_share, 3)},
+        ),
+    ]
+
+
 def figures() -> list[Figure]:
-    return [fsdp_figure(), maxtext_figure()]
+    found = answers_figures()
+    if os.environ.get("TPUPIPE_BENCH_EVALUATION") == "all":
+        found += [fsdp_figure(), maxtext_figure()]
+    return found
 
 
 def fsdp_figure() -> Figure:

@@ -20,6 +20,7 @@ is passed. The answers' tokens meet on every worker in one all_gather of one sha
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import time
@@ -33,10 +34,12 @@ ANSWERS_DIR = "eval"  # under the job's output directory: answers-<which>.jsonl
 
 
 def generation_key(eval_key: str, spec: RunSpec) -> str:
-    """``sha256:<hex>`` of what a model's answers depend on besides the model: the evaluation key (examples,
-    tokenizer, lengths, dtypes, device: ``trainers.heldout.eval_key``), the number of prompts, the answers' length, the
-    prompt's format, the batch (one padded shape) and the decoding (greedy). A champion's answers recorded with the same
-    key are its answers to this run's prompts."""
+    """``sha256:<hex>`` of what a model's scored answers depend on besides the model: the evaluation key (examples,
+    tokenizer, lengths, dtypes, device, worker group: ``trainers.heldout.eval_key``), the number of prompts, the
+    answers' length, the prompt's format, the batch (one padded shape), the decoding (greedy), and what scores them:
+    the task metrics and the team's scorer with its module's source (its name alone would not change with its code).
+    A champion's answers recorded with the same key, under the same image and accelerator
+    (``components.stages.answers.answers_key``), are its scored answers to this run's prompts."""
     e = spec.eval
     what = {
         "eval_key": eval_key,
@@ -45,8 +48,23 @@ def generation_key(eval_key: str, spec: RunSpec) -> str:
         "prompt": data.PROMPT,
         "batch_size": spec.train.batch_size,
         "decoding": "greedy",
+        "metrics": sorted(e.metric_names),  # a set: the same metrics listed in another order score alike
+        "scorer": e.scorer,
+        "scorer_source": _source_digest(e.scorer),
     }
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _source_digest(scorer: str) -> str:
+    """sha256 of the source file of the module ``eval.scorer`` names; empty without a scorer (or a module without a
+    file)."""
+    if not scorer:
+        return ""
+    import inspect
+
+    metrics.load_scorer(scorer)  # imported, or the job fails naming it
+    source = inspect.getsourcefile(importlib.import_module(scorer.partition(":")[0]))
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else ""
 
 
 def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:

@@ -13,6 +13,12 @@ policies a project inherits from its folders and organization, and what a custom
 - A custom role (``projects/P/roles/R`` or ``organizations/O/roles/R``) holds the permissions its definition lists:
   IAM's ``roles.get`` answers them as ``includedPermissions``
   (https://cloud.google.com/iam/docs/reference/rest/v1/roles/get).
+- A binding with a ``condition`` grants its role only to a request for which the condition's expression holds
+  ("Overview of IAM Conditions", https://cloud.google.com/iam/docs/conditions-overview): over the request's resource
+  (its name, type, service, tags), its time, its destination. The preflight asks whether an account holds a role on a
+  resource for every request the run will make, which no one request answers, so a conditional binding is kept apart
+  (``Level.conditional``, by the condition's title) and never counted as a grant: the checks name it in a warning.
+  None is evaluated, not even an expiry (``request.time < timestamp(...)``): the grant may end while the run is on.
 
 The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST and $TPUPIPE_IAM_EMULATOR_HOST
 (host:port, plaintext gRPC). Cloud SDKs are imported inside functions.
@@ -20,7 +26,7 @@ The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components.cloud.credentials import google_client
 
@@ -79,18 +85,58 @@ def project_number(project: str, creds=None) -> str:
 
 
 def project_grants(project: str, creds=None) -> dict[str, set[str]]:
-    """Every member of the project's IAM policy and the roles it grants that member on the project itself (one
-    ``getIamPolicy``)."""
-    return policy_grants(projects_client(creds).get_iam_policy(request=policy_request(f"projects/{project}")))
+    """Every member of the project's IAM policy and the roles it grants that member on the project itself
+    unconditionally (one ``getIamPolicy``)."""
+    return project_level(project, creds).grants
+
+
+def project_level(project: str, creds=None) -> Level:
+    """The project's own IAM policy (one ``getIamPolicy``): what it grants, unconditionally and under conditions."""
+    resource = f"projects/{project}"
+    return policy_level_of(resource, projects_client(creds).get_iam_policy(request=policy_request(resource)))
+
+
+# A role read at policy version 1 from a policy with conditions: "ROLE_withcond_HASH", its condition not shown
+# (https://cloud.google.com/iam/docs/troubleshooting-withcond). Asked at version 3, IAM answers the conditions; a
+# service that answers version 1 anyway still marks the binding conditional this way.
+WITHCOND = "_withcond_"
+UNSHOWN = "a condition not shown at policy version 1"
 
 
 def policy_grants(policy) -> dict[str, set[str]]:
-    """An IAM policy's members and the roles it grants each."""
+    """An IAM policy's members and the roles it grants each unconditionally (a conditional binding grants only where
+    its condition holds: ``policy_conditional``)."""
     grants: dict[str, set[str]] = {}
     for binding in policy.bindings:
-        for who in binding.members:
-            grants.setdefault(who, set()).add(binding.role)
+        if not binding.HasField("condition") and WITHCOND not in binding.role:
+            for who in binding.members:
+                grants.setdefault(who, set()).add(binding.role)
     return grants
+
+
+def policy_conditional(policy) -> dict[str, dict[str, set[str]]]:
+    """An IAM policy's members and the roles it grants each only under a condition, with the titles of those
+    conditions (the expression where a condition has no title)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for binding in policy.bindings:
+        if binding.HasField("condition"):
+            role, title = binding.role, binding.condition.title or binding.condition.expression
+        elif WITHCOND in binding.role:
+            role, title = binding.role.split(WITHCOND, 1)[0], UNSHOWN
+        else:
+            continue
+        for who in binding.members:
+            found.setdefault(who, {}).setdefault(role, set()).add(title)
+    return found
+
+
+def under_conditions(conditional: dict[str, set[str]], roles) -> list[str]:
+    """Each of ``roles`` that ``conditional`` (a member's: role -> condition titles) grants, as ``ROLE (under the
+    condition 'TITLE')``."""
+    return [
+        f"{role} (under the condition {', '.join(repr(t) for t in sorted(conditional[role]))})"
+        for role in sorted(set(roles) & set(conditional))
+    ]
 
 
 def project_roles(project: str, member: str, creds=None) -> set[str]:
@@ -107,8 +153,10 @@ class Level:
     Artifact Registry repository's), and whether it could be read."""
 
     resource: str  # projects/P, folders/ID, organizations/ID
-    grants: dict[str, set[str]]  # member -> the roles this policy grants it
+    grants: dict[str, set[str]]  # member -> the roles this policy grants it unconditionally
     unread: str = ""  # why the policy could not be read ('' when it was)
+    # member -> role -> the titles of the conditions it is granted under (not grants: see the module's docstring)
+    conditional: dict[str, dict[str, set[str]]] = field(default_factory=dict)
 
 
 def ancestors(project: str, creds=None) -> list[Level]:
@@ -149,9 +197,13 @@ def policy_level(resource: str, get_iam_policy) -> Level:
     from google.api_core import exceptions
 
     try:
-        return Level(resource, policy_grants(get_iam_policy(request=policy_request(resource))))
+        return policy_level_of(resource, get_iam_policy(request=policy_request(resource)))
     except exceptions.GoogleAPICallError as exc:
         return Level(resource, {}, f"{type(exc).__name__}: {exc.message}")
+
+
+def policy_level_of(resource: str, policy) -> Level:
+    return Level(resource, policy_grants(policy), conditional=policy_conditional(policy))
 
 
 def role_permissions(role: str, creds=None) -> tuple[frozenset[str], str]:

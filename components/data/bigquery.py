@@ -48,7 +48,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time
-from typing import Any
+from typing import Any, NamedTuple
 
 from components.cloud.credentials import access_error, credentials, google_client
 from components.spec import InfraError, SpecError
@@ -281,37 +281,94 @@ READ_ROLES = (
 )  # fmt: skip
 
 
-def account_roles(table: str, project: str, account: str, creds=None) -> tuple[set[str], set[str], list[str]]:
-    """(the roles the service account ``account`` (an email) holds on ``project``, those that may read ``table``'s
-    rows: on its dataset and its project, what could not be read): from the project IAM policies (Resource
-    Manager's projects.getIamPolicy) and the dataset's access list (datasets.get's ``access``:
-    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access, where an account is
-    ``userByEmail`` or an ``iamMember``, ``allAuthenticatedUsers`` a ``specialGroup`` that includes it, and
-    ``projectReaders``/``projectWriters``/``projectOwners`` those that include it by its basic role on the dataset's
-    project: ``PROJECT_GROUPS``). Read as
-    the caller, who may lack the permission to read a policy: each such read is named, not guessed."""
+class AccountRoles(NamedTuple):
+    """What :func:`account_roles` found of a service account's roles for reading a table with jobs in a project."""
+
+    on_project: set[str]  # on the jobs' project, unconditionally
+    reading: set[str]  # on the table's dataset or its project, unconditionally
+    unread: list[str]  # the policies and access lists the caller could not read
+    # role -> the titles of the IAM conditions it is granted under (``cloud.iam``: not counted as held)
+    on_project_conditional: dict[str, set[str]]
+    reading_conditional: dict[str, set[str]]
+
+
+def account_roles(table: str, project: str, account: str, creds=None) -> AccountRoles:
+    """The roles the service account ``account`` (an email) holds on ``project`` and those that may read ``table``'s
+    rows (on its dataset and its project): from the project IAM policies (Resource Manager's projects.getIamPolicy)
+    and the dataset's access list (:func:`dataset_access`, where an account is ``userByEmail`` or an ``iamMember``,
+    ``allAuthenticatedUsers`` a ``specialGroup`` that includes it, and ``projectReaders``/``projectWriters``/
+    ``projectOwners`` those that include it by its basic role on the dataset's project: ``PROJECT_GROUPS``). A
+    binding or access entry with a condition grants only where the condition holds (``cloud.iam``): kept apart, by
+    the condition's title. Read as the caller, who may lack the permission to read a policy: each such read is
+    named, not guessed."""
     from components.cloud import iam as cloud_iam
 
     member, unread = f"serviceAccount:{account}", []
-    projects: dict[str, set[str]] = {}
-    for where in dict.fromkeys((project, table.rsplit(".", 2)[0])):
+    data_project, dataset = table.rsplit(".", 2)[0], table.rsplit(".", 1)[0]
+    levels: dict[str, cloud_iam.Level] = {}
+    for where in dict.fromkeys((project, data_project)):
         try:
-            projects[where] = cloud_iam.project_grants(where, creds).get(member, set())
+            levels[where] = cloud_iam.project_level(where, creds)
         except _failures() as exc:
             unread.append(f"project {where}'s IAM policy ({type(exc).__name__})")
-    basic = projects.get(table.rsplit(".", 2)[0], set())  # its roles on the dataset's project
+    none = cloud_iam.Level("", {})
+
+    def held(where: str) -> tuple[set[str], dict[str, set[str]]]:
+        level = levels.get(where, none)
+        return level.grants.get(member, set()), level.conditional.get(member, {})
+
+    basic, basic_conditional = held(data_project)  # its roles on the dataset's project
+    on_dataset: set[str] = set()
+    on_dataset_conditional: dict[str, set[str]] = {}
     try:
-        access = client(project, creds).get_dataset(table.rsplit(".", 1)[0]).access_entries
         mine = (account, member, ALL_AUTHENTICATED)
-        on_dataset = {
-            entry.role
-            for entry in access
-            if entry.role and (entry.entity_id in mine or PROJECT_GROUPS.get(entry.entity_id) in basic)
-        }
+        for entry in dataset_access(client(project, creds), dataset):
+            group = PROJECT_GROUPS.get(entry.entity_id, "")
+            if not entry.role:
+                continue
+            if entry.entity_id in mine or group in basic:
+                titles: set[str] = set()
+            elif group in basic_conditional:  # one of the group only under a condition on the project
+                titles = set(basic_conditional[group])
+            else:
+                continue
+            if entry.condition is not None:
+                titles.add(entry.condition.title or entry.condition.expression)
+            if titles:
+                on_dataset_conditional.setdefault(entry.role, set()).update(titles)
+            else:
+                on_dataset.add(entry.role)
     except _failures() as exc:
-        unread.append(f"dataset {table.rsplit('.', 1)[0]}'s access list ({type(exc).__name__})")
-        on_dataset = set()
-    return projects.get(project, set()), on_dataset | projects.get(table.rsplit(".", 2)[0], set()), unread
+        unread.append(f"dataset {dataset}'s access list ({type(exc).__name__})")
+    reading_conditional = {role: set(titles) for role, titles in held(data_project)[1].items()}
+    for role, titles in on_dataset_conditional.items():
+        reading_conditional.setdefault(role, set()).update(titles)
+    return AccountRoles(held(project)[0], on_dataset | basic, unread, held(project)[1], reading_conditional)
+
+
+def dataset_access(bq, dataset: str) -> list:
+    """The dataset's access list (``PROJECT.DATASET``) as ``AccessEntry`` objects, read with datasets.get at
+    ``accessPolicyVersion=3``: "Requests for conditional access policy binding in datasets must specify version 3";
+    below it an entry with a condition comes back without it, its role suffixed with ``withcond`` and a hash
+    (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get; each entry's ``condition``:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access). google-cloud-bigquery's
+    ``Client.get_dataset`` sends ``datasetView`` alone (google/cloud/bigquery/client.py at 3.47.0), so the request is
+    made as it makes it, through the client's own ``_call_api`` (its endpoint, credentials and retry), with the
+    parameter added."""
+    from google.cloud.bigquery import DEFAULT_RETRY, Dataset, DatasetReference
+
+    from components.cloud.iam import IAM_POLICY_VERSION
+
+    path = DatasetReference.from_string(dataset, default_project=bq.project).path
+    resource = bq._call_api(
+        DEFAULT_RETRY,
+        span_name="BigQuery.getDataset",
+        span_attributes={"path": path},
+        method="GET",
+        path=path,
+        query_params={"accessPolicyVersion": IAM_POLICY_VERSION},
+    )
+    return list(Dataset.from_api_repr(resource).access_entries)
 
 
 def _failures() -> tuple[type[Exception], ...]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -128,15 +129,21 @@ def check_ready(
 
 def decompress(name: str, stream: BinaryIO, key: str) -> tuple[str, BinaryIO]:
     """(the name without ``.gz``, a stream of the data) of a ``.gz`` file (``stream``: buffered, with ``peek``),
-    inflated as it is read; others as they are. Data that is not gzip (an object stored with ``Content-Encoding:
-    gzip`` that Cloud Storage served decompressed: https://cloud.google.com/storage/docs/transcoding) is taken as it
-    is. Inflated a ``CHUNK`` at a time (every member of a multi-member file, RFC 1952 section 2.2), and refused,
-    naming the object, once it passes ``MAX_INFLATED`` bytes."""
+    inflated as it is read (:func:`inflated`); others as they are. Data that is not gzip (an object stored with
+    ``Content-Encoding: gzip`` that Cloud Storage served decompressed:
+    https://cloud.google.com/storage/docs/transcoding) is taken as it is."""
     if not name.endswith(".gz"):
         return name, stream
     if stream.peek(2)[:2] != GZIP_MAGIC:  # type: ignore[attr-defined]
         return name[:-3], stream
-    return name[:-3], io.BufferedReader(_Inflated(gzip.GzipFile(fileobj=stream), name, key), CHUNK)
+    return name[:-3], inflated(stream, name, key)
+
+
+def inflated(stream: BinaryIO, name: str, key: str) -> BinaryIO:
+    """The inflated bytes of the gzip ``stream`` (of the file ``name``), as they are read: a ``CHUNK`` at a time,
+    every member of a multi-member file (RFC 1952 section 2.2), and refused, naming the file and ``key``, once past
+    ``MAX_INFLATED`` bytes, when the data is not gzip, or when the stream ends before its last member does."""
+    return io.BufferedReader(_Inflated(gzip.GzipFile(fileobj=stream), name, key), CHUNK)
 
 
 class _Inflated(io.RawIOBase):
@@ -151,8 +158,15 @@ class _Inflated(io.RawIOBase):
     def readinto(self, into) -> int:  # type: ignore[override]
         try:
             n = self.gz.readinto(into)
-        except (OSError, EOFError) as exc:
-            raise SpecError(self.key, f"{self.name}: not gzip: {exc}") from None
+        except EOFError:  # the stream ended inside a member: the object was cut short when written
+            raise SpecError(
+                self.key,
+                f"{self.name}: truncated: the gzip stream ends after {self.inflated} inflated bytes, before its "
+                "end-of-stream marker (RFC 1952 section 2.2: a member ends with its CRC32 and size); the object is "
+                "incomplete: write it again whole",
+            ) from None
+        except (OSError, zlib.error) as exc:  # gzip.BadGzipFile (an OSError) or damaged deflate data
+            raise SpecError(self.key, f"{self.name}: not gzip, or damaged: {exc}") from None
         self.inflated += n
         if self.inflated > MAX_INFLATED:
             raise SpecError(

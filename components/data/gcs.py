@@ -14,17 +14,20 @@ dataset's bucket (buckets.testIamPermissions), for preflight.
 
 Every call goes through google-cloud-storage, imported inside the functions; its own ``STORAGE_EMULATOR_HOST``
 points it at an emulator. The one exception is the snapshot's many reads (:class:`Downloads`): the same JSON API
-media downloads the client makes, over kept-alive ``http.client`` connections, a thread's own, with the same
-credentials and the same ``STORAGE_EMULATOR_HOST``, each checked against the CRC32C its listing pinned. Errors
-in the URI or in what it names are :class:`SpecError` naming the field.
+media downloads the client makes, made on its own HTTP session's connection pool (its endpoint, proxies, CA bundle,
+client certificate and credentials), each of the object as stored, resumed with a ``Range`` where it breaks off,
+and checked whole against the CRC32C its listing pinned. Errors in the URI or in what it names are
+:class:`SpecError` naming the field.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from components.cloud.credentials import storage_client
 from components.spec import InfraError, SpecError
@@ -262,125 +265,325 @@ def _changed(obj: dict) -> SnapshotChanged:
 
 
 # The JSON API's media download of one generation (https://cloud.google.com/storage/docs/json_api/v1/objects/get:
-# ``alt=media``, ``generation``), as google-cloud-storage's own downloads call it; the status codes Cloud Storage's
-# retry strategy retries (https://cloud.google.com/storage/docs/retry-strategy: 408, 429 and 5xx), RETRIES times.
-DOWNLOAD = "/download/storage/v1/b/{bucket}/o/{name}?alt=media&generation={generation}"
-GOOGLE_STORAGE = "https://storage.googleapis.com"
-RETRIED, RETRIES = frozenset({408, 429, 500, 502, 503, 504}), 5
+# ``alt=media``, ``generation``), at the path google-cloud-storage's own downloads take under the client's endpoint
+# (``_DOWNLOAD_URL_TEMPLATE``, ``{hostname}/download/storage/{api_version}{path}?alt=media``, the hostname being the
+# client's ``_connection.API_BASE_URL``:
+# https://github.com/googleapis/python-storage/blob/v3.4.0/google/cloud/storage/blob.py); the status codes Cloud
+# Storage's retry strategy retries (https://cloud.google.com/storage/docs/retry-strategy: 408, 429 and 5xx), within
+# the retry budget (``Retry``).
+DOWNLOAD = "/download/storage/v1/"
+MEDIA = "b/{bucket}/o/{name}?alt=media&generation={generation}"
+RETRIED = frozenset({408, 429, 500, 502, 503, 504})
+CONNECT_S, READ_S = 60.0, 300.0  # a connection's and a read's timeout
+ERROR_BYTES = 4096  # the most of an error answer's body read, to show a part of it
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The retry budget of a read, google-cloud-storage's ``DEFAULT_RETRY``'s (google/cloud/storage/retry.py at
+    v3.4.0: an api_core ``Retry`` with its defaults, google/api_core/retry/retry_base.py: ``_DEFAULT_INITIAL_DELAY``
+    1 s, ``_DEFAULT_DELAY_MULTIPLIER`` 2, ``_DEFAULT_MAXIMUM_DELAY`` 60 s, ``_DEFAULT_DEADLINE`` 120 s), which Cloud
+    Storage's retry strategy describes (https://cloud.google.com/storage/docs/retry-strategy#exponential-backoff): each
+    wait a random part of a bound that starts at ``initial_s`` and grows by ``multiplier`` to ``maximum_s`` (full
+    jitter, ``exponential_sleep_generator``), or the ``Retry-After`` an answer gives; no more tries once the next wait
+    would end past ``deadline_s`` from the first failure (api_core's ``_retry_error_helper``)."""
+
+    initial_s: float = 1.0
+    multiplier: float = 2.0
+    maximum_s: float = 60.0
+    deadline_s: float = 120.0
+
+    def start(self, clock: Callable[[], float] = time.monotonic) -> Backoff:
+        return Backoff(self, clock() + self.deadline_s, self.initial_s, clock)
+
+
+RETRY = Retry()  # the budget a Downloads takes unless given one
+
+
+@dataclass
+class Backoff:
+    """One read's retries under a ``Retry``: ``wait`` sleeps before the next try, or says there is none."""
+
+    retry: Retry
+    deadline: float
+    bound: float
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def next_wait(self, after: str | None = None) -> float | None:
+        """The wait before the next try (``after``: the answer's ``Retry-After`` seconds), None past the deadline."""
+        import random
+
+        wait = float(after) if after and after.isdigit() else random.uniform(0.0, self.bound)
+        self.bound = min(self.bound * self.retry.multiplier, self.retry.maximum_s)
+        return None if self.clock() + wait > self.deadline else wait
+
+    def wait(self, after: str | None = None) -> bool:
+        """Sleep before the next try and say True; False where it would end past the deadline."""
+        wait = self.next_wait(after)
+        if wait is None:
+            return False
+        self.sleep(wait)
+        return True
 
 
 class Downloads:
-    """Reads of pinned generations, many at once: a media download each over a kept-alive HTTP connection of the
-    reading thread's own (``http.client``), with the credentials' access token (refreshed when they are no longer
-    valid, and once after a 401). A read through google-cloud-storage (:func:`read`) spends most of a small object's
-    read in the client's own layers (a session, retries, a resumable-media download): a dataset of many small files
-    is read several times faster this way. Every read's bytes are checked as they come against the CRC32C its listing
-    pinned (the ``x-goog-hash`` Cloud Storage sends, which is the stored bytes': not checked when Cloud Storage
-    decompresses a gzip-encoded object as it serves it, https://cloud.google.com/storage/docs/transcoding)."""
+    """Reads of pinned generations, many at once: a media download each, through the connection pool of the Cloud
+    Storage client's own HTTP session (``client._http``, google-auth's ``AuthorizedSession``), so the reads go where
+    the client goes and as it goes: its endpoint (``api_endpoint``: a ``client_options`` endpoint, the universe
+    domain, ``STORAGE_EMULATOR_HOST``), its session's proxies, CA bundle and client certificate (the mutual TLS
+    channel ``configure_mtls_channel`` mounts), the environment's settings as requests merges them
+    (``Session.merge_environment_settings``), and its credentials (``Credentials.before_request``: refreshed when no
+    longer valid, and once after a 401). The pool is taken from the session's adapter as requests' own ``send``
+    takes it (``HTTPAdapter.get_connection_with_tls_context``, ``cert_verify``, ``request_url``:
+    https://github.com/psf/requests/blob/v2.33.0/src/requests/adapters.py) and the download is made on it directly:
+    a whole ``Session.request`` costs about three times as much per object, which a dataset of many small files
+    pays thousands of times.
 
-    def __init__(self, field: str = "train.dataset") -> None:
-        import os
+    Each read asks for the object as stored (``Accept-Encoding: gzip``: "the object is served as-is", never
+    decompressed on the way, https://cloud.google.com/storage/docs/transcoding), so its bytes are the ones the
+    CRC32C its listing pinned is of, and a ``Range`` of them is honoured; a gzip-encoded object is inflated here
+    (:func:`drops.inflated`), as Cloud Storage would have served it. A download that breaks off (a reset, a body
+    that ends early) is resumed from the byte it reached: a ``Range`` request for the rest of the same pinned
+    generation, as Cloud Storage's downloads are resumed ("Using this basic download behavior, you can resume
+    interrupted downloads": https://cloud.google.com/storage/docs/downloads) and as google-cloud-storage's own
+    download resumes (``Download.consume``: a range from the bytes downloaded, with the object's generation:
+    https://github.com/googleapis/python-storage/blob/v3.4.0/google/cloud/storage/_media/requests/download.py).
+    The CRC32C is of the whole object, checked when the last byte is in (:class:`Checked`)."""
+
+    def __init__(
+        self, field: str = "train.dataset", client=None, connections: int = 16, retry: Retry | None = None
+    ) -> None:
         import threading
-        import urllib.parse
+
+        import requests
+        from google.auth.transport.requests import Request
 
         self.field = field  # the setting a refused read names
-        from components.cloud.credentials import STORAGE_EMULATOR_HOST_ENV, AccessToken, credentials
+        self.retry = retry or RETRY
+        client = client if client is not None else _client()
+        session = client._http
+        self._base = client.api_endpoint.rstrip("/")  # the client's _connection.API_BASE_URL
+        probe = requests.Request("GET", self._base + DOWNLOAD).prepare()
+        settings = session.merge_environment_settings(probe.url, {}, None, None, None)
+        verify, proxies, cert = settings["verify"], settings["proxies"], settings["cert"]
+        adapter = session.get_adapter(probe.url)
+        if hasattr(adapter, "poolmanager"):  # as many kept connections as readers (requests' default is 10)
+            adapter.poolmanager.connection_pool_kw["maxsize"] = connections
+        self._pool = adapter.get_connection_with_tls_context(probe, verify, proxies, cert)
+        adapter.cert_verify(self._pool, probe.url, verify, cert)
+        self._prefix = adapter.request_url(probe, proxies)  # the path, or the whole URL through an HTTP proxy
+        self.creds = session.credentials
+        self._auth, self._lock = Request(), threading.Lock()
 
-        endpoint = os.environ.get(STORAGE_EMULATOR_HOST_ENV) or GOOGLE_STORAGE
-        url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-        self._https, self._host = url.scheme == "https", url.netloc
-        self._token = AccessToken(credentials())
-        self._local = threading.local()
+    def _headers(self, offset: int, refresh: bool) -> dict[str, str]:
+        headers = {"Accept-Encoding": "gzip"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        with self._lock:
+            if refresh:
+                self.creds.refresh(self._auth)
+            self.creds.before_request(self._auth, "GET", self._base + DOWNLOAD, headers)
+        return headers
 
-    def _connection(self, fresh: bool = False):
-        import http.client
-
-        if fresh or getattr(self._local, "connection", None) is None:
-            if getattr(self._local, "connection", None) is not None:
-                self._local.connection.close()
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._local.connection = kind(self._host, timeout=300)
-        return self._local.connection
-
-    def open(self, obj: dict):
-        """The response to ``obj``'s download (an entry of ``list_objects``), its body not yet read: read it to its
-        end (:class:`Checked` checks it) before this thread's next ``open``. SnapshotChanged when the pinned
-        generation is gone; SpecError naming the field when the caller may not read it; InfraError for another
-        refusal."""
-        import http.client
+    def request(self, obj: dict, offset: int = 0):
+        """The response (urllib3's, its body not yet read) to ``obj``'s download (an entry of ``list_objects``) from
+        byte ``offset``: 200 for the whole object, 206 from ``offset``. SnapshotChanged when the pinned generation
+        is gone; SpecError naming the field when the caller may not read it; InfraError for another refusal or a
+        service that stays unreachable."""
         import urllib.parse
 
+        import urllib3
+
         bucket, name = _split(obj["uri"])
-        path = DOWNLOAD.format(bucket=bucket, name=urllib.parse.quote(name, safe=""), generation=int(obj["generation"]))
-        fresh = refresh = False
-        for attempt in range(RETRIES + 1):
-            connection = self._connection(fresh)
+        path = self._prefix + MEDIA.format(
+            bucket=bucket, name=urllib.parse.quote(name, safe=""), generation=int(obj["generation"])
+        )
+        where = f"reading {obj['uri']} (generation {obj['generation']})"
+        refresh, backoff = False, self.retry.start()
+        for attempt in itertools.count():
             try:
-                connection.request("GET", path, headers={"Authorization": f"Bearer {self._token(refresh)}"})
-                response = connection.getresponse()
-            except (OSError, http.client.HTTPException):  # a kept connection the server closed; a reset
-                if attempt == RETRIES:
-                    raise
-                fresh = True
+                response = self._pool.urlopen(
+                    "GET",
+                    path,
+                    headers=self._headers(offset, refresh),
+                    retries=False,
+                    redirect=False,
+                    assert_same_host=False,  # the whole URL, through an HTTP proxy (as requests' send passes it)
+                    preload_content=False,
+                    decode_content=False,
+                    timeout=urllib3.Timeout(connect=CONNECT_S, read=READ_S),
+                )
+            except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset before the answer, timed out
+                if not backoff.wait():
+                    raise InfraError(f"{where}: {exc} (retried for {self.retry.deadline_s:.0f}s)") from None
                 continue
-            fresh = refresh = False
-            if response.status == 200:
-                return Checked(response, obj)
-            said = response.read().decode(errors="replace")[:300]
+            refresh = False
+            if response.status == (206 if offset else 200):
+                ranged = response.headers.get("Content-Range", "")
+                if offset and not ranged.startswith(f"bytes {offset}-"):
+                    response.close()
+                    raise InfraError(f"{where}: asked for the bytes from {offset}, got {ranged or 'no Content-Range'}")
+                return response
+            if response.status == 200:  # a resume answered with the whole object: the bytes before it dropped
+                # Cloud Storage ignores the Range of an object it serves decompressed ("GCS serves back the whole
+                # file regardless of the range request": ``Download.consume`` in python-storage's
+                # google/cloud/storage/_media/requests/download.py), and a proxy may drop it; google-cloud-cpp reads
+                # up to the offset and discards it (``ReadDiscard`` in google/cloud/storage/internal/
+                # retry_object_read_source.cc). Decompressed bytes are not the stored ones the offset counts: refused.
+                if _transcoded(response.headers):
+                    response.close()
+                    raise InfraError(
+                        f"{where}: asked for the bytes from {offset}, Cloud Storage served the whole object "
+                        "decompressed, which cannot be resumed: run again"
+                    )
+                if _skip(response, offset):
+                    return response
+                if not backoff.wait():
+                    raise InfraError(
+                        f"{where}: whole-object answers to a resume broke off before byte {offset} for "
+                        f"{self.retry.deadline_s:.0f}s"
+                    )
+                continue
+            said = response.read(ERROR_BYTES).decode(errors="replace")[:300]
+            response.close()
             if response.status == 404:
                 raise _changed(obj)
             if response.status == 403:
-                who = caller(self._token.creds)
+                who = caller(self.creds)
                 refused = f"{who or 'this identity'} may not read it ({said.strip()})"
                 raise SpecError(self.field, f"{obj['uri']}: {refused}; {read_hint(bucket, who)}")
             if response.status == 401 and attempt == 0:
                 refresh = True
                 continue
-            if response.status not in RETRIED or attempt == RETRIES:
-                raise InfraError(f"reading {obj['uri']} (generation {obj['generation']}): {response.status} {said}")
-            time.sleep(min(2**attempt * 0.5, 8))
+            if response.status not in RETRIED:
+                raise InfraError(f"{where}: {response.status} {said}")
+            if not backoff.wait(response.headers.get("Retry-After")):
+                raise InfraError(f"{where}: {response.status} {said} (retried for {self.retry.deadline_s:.0f}s)")
         raise AssertionError("unreachable")
 
+    def open(self, obj: dict) -> Checked:
+        """``obj``'s download, to read as a stream (``with downloads.open(obj) as body``): its content, checked and
+        resumed as it is read (:class:`Checked`). Errors as :meth:`request`."""
+        return Checked(self, obj)
+
     def read(self, obj: dict) -> bytes:
-        """The data of ``obj`` at its pinned generation, checked."""
+        """The content of ``obj`` at its pinned generation, checked."""
         with self.open(obj) as body:
             return body.read()
 
 
+def _transcoded(headers) -> bool:
+    """Whether an answer is an object stored gzip-encoded served decompressed (python-storage's
+    ``_is_decompressive_transcoding``: a stored encoding of gzip, the answer's not gzip)."""
+    return headers.get("x-goog-stored-content-encoding") == "gzip" and headers.get("Content-Encoding") != "gzip"
+
+
+def _skip(response, offset: int) -> bool:
+    """Read and drop the first ``offset`` bytes of ``response``'s body, a MiB at a time; False (the response closed)
+    where it breaks off first."""
+    import urllib3
+
+    left = offset
+    try:
+        while left:
+            n = len(response.read(min(left, 2**20)))
+            if not n:
+                break
+            left -= n
+    except (OSError, urllib3.exceptions.HTTPError):
+        pass
+    if left:
+        response.close()
+    return not left
+
+
 class Checked:
-    """A download's body as a binary stream (``io.BufferedReader`` over it: ``read``, ``readline``, iteration), its
-    CRC32C computed as it is read and compared with the listing's when the body ends: InfraError when they differ."""
+    """A download's content as a binary stream (``io.BufferedReader``: ``read``, ``readline``, iteration). The stored
+    bytes' CRC32C is computed as they come and compared with the listing's, and their count with its size, when the
+    last byte is in: InfraError when either differs. A body that breaks off is resumed from the byte it reached
+    (``Downloads.request`` with the offset): at once while each try brings bytes, after a backoff when one brings
+    none, and an InfraError naming the object and the byte once tries without progress have used the retry budget
+    (``Retry``)."""
 
-    def __init__(self, response, obj: dict) -> None:
-        import io
-
+    def __init__(self, downloads: Downloads, obj: dict) -> None:
         import google_crc32c
 
-        encoding = response.getheader("x-goog-stored-content-encoding", "identity")
-        self.expected = obj.get("crc32c") if encoding in ("", "identity") else ""
-        self.crc, self.obj, self.response = google_crc32c.Checksum(), obj, response
-        self.stream = io.BufferedReader(_Raw(self), buffer_size=2**20)
+        from components.data import drops
+
+        self.downloads, self.obj = downloads, obj
+        self.response = downloads.request(obj)
+        headers = self.response.headers
+        # served decompressed even so (its Cache-Control or a proxy's doing): neither its checksum nor a range of it
+        # is the stored object's
+        self.transcoded = _transcoded(headers)
+        self.expected = "" if self.transcoded else obj.get("crc32c", "")
+        stored = obj.get("size", headers.get("x-goog-stored-content-length"))
+        self.size = None if self.transcoded or stored is None else int(stored)
+        self.crc, self.got, self.since = google_crc32c.Checksum(), 0, 0
+        self.stalled: Backoff | None = None  # the retries since the last try that brought bytes
+        raw = io.BufferedReader(_Raw(self), buffer_size=2**20)
+        gzipped = headers.get("Content-Encoding") == "gzip"  # served as stored: inflated as it would be served
+        self.stream = drops.inflated(raw, obj["uri"], downloads.field) if gzipped else raw
 
     def __enter__(self):
         return self.stream
 
     def __exit__(self, *exc) -> None:
         self.stream.close()
+        if self.expected or self.size is not None and self.got < self.size:  # left unread: its connection is not reused
+            self.response.close()
+        self.response.release_conn()
 
     def chunk(self, into) -> int:
-        n = self.response.readinto(into)
-        if n:
-            self.crc.update(bytes(into[:n]))
-        elif self.expected:
-            import base64
+        import urllib3
 
-            if base64.b64encode(self.crc.digest()).decode() != self.expected:
-                raise InfraError(
-                    f"{self.obj['uri']} (generation {self.obj['generation']}): the bytes read do not match the CRC32C "
-                    "its listing gave (damaged on the way): run again"
-                )
-            self.expected = ""  # checked once
-        return n
+        while True:
+            broken: BaseException | None = None
+            try:
+                n = self.response.readinto(into)
+            except (OSError, urllib3.exceptions.HTTPError) as exc:  # a reset, a body shorter than it said
+                n, broken = 0, exc
+            if n:
+                self.crc.update(bytes(into[:n]))
+                self.got += n
+                return n
+            if broken is None and (self.size is None or self.got >= self.size):
+                self._check()
+                return 0
+            self._resume(broken)
+
+    def _resume(self, broken: BaseException | None) -> None:
+        where = f"{self.obj['uri']} (generation {self.obj['generation']})"
+        why = f"{type(broken).__name__}: {broken}" if broken else "the body ended early"
+        self.response.close()
+        self.response.release_conn()
+        if self.transcoded:
+            raise InfraError(
+                f"{where}: the download broke off at byte {self.got} ({why}), and Cloud Storage served it "
+                "decompressed, which cannot be resumed: run again"
+            )
+        if self.got > self.since or self.stalled is None:  # progress since the last try: resumed at once
+            self.stalled = self.downloads.retry.start()
+        elif not self.stalled.wait():
+            raise InfraError(
+                f"{where}: the download broke off at byte {self.got} of {self.size} and tries to resume it for "
+                f"{self.downloads.retry.deadline_s:.0f}s brought nothing ({why})"
+            )
+        self.since = self.got
+        self.response = self.downloads.request(self.obj, self.got)
+
+    def _check(self) -> None:
+        import base64
+
+        where = f"{self.obj['uri']} (generation {self.obj['generation']})"
+        if self.size is not None and self.got != self.size:
+            raise InfraError(f"{where}: read {self.got} bytes, its listing gave {self.size}: run again")
+        if self.expected and base64.b64encode(self.crc.digest()).decode() != self.expected:
+            raise InfraError(
+                f"{where}: the bytes read do not match the CRC32C its listing gave (damaged on the way): run again"
+            )
+        self.expected = ""  # checked once
 
 
 class _Raw(io.RawIOBase):

@@ -303,10 +303,20 @@ def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str |
     return snap, rows
 
 
-def _side(spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log) -> tuple[dict, Iterator]:
+def _side(
+    spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log, hub_token: str | None = None
+) -> tuple[dict, Iterator]:
     """One dataset's part of the manifest (its ``num_examples`` set once the examples are read) and its examples, as
-    they are read: everything, or what ``since`` (the champion's manifest) did not have."""
+    they are read: everything, or what ``since`` (the champion's manifest) did not have. A hub dataset's side is its
+    split ``train.train_split`` (``key`` ``train.dataset``) or ``train.eval_split``."""
     kind = datasets.kind(source)
+    if kind == "hub":
+        from components.data import hub
+
+        field = "train.train_split" if key == "train.dataset" else "train.eval_split"
+        split = spec.train.train_split if key == "train.dataset" else spec.train.eval_split
+        part, hub_rows = hub.side(source, split, field, hub_token, log)
+        return part, (check_example(f"{source} {split} row {i}", row, key) for i, row in enumerate(hub_rows, 1))
     if kind == "bigquery":
         after = (since or {}).get("max_time") if since else None
         snap, rows = _bigquery(spec, source, key, when, after)
@@ -395,6 +405,7 @@ def take(
     champion: dict[str, Any] | None = None,
     champion_ref: str = "",
     log: Callable[[str], None] = print,
+    hub_token: str | None = None,
 ) -> tuple[dict[str, Any], Spool, Spool | Rows]:
     """(manifest, train examples, held-out examples) of the run's snapshotted data as of ``when`` (the schedule's
     time), against ``champion`` (the champion's manifest) when ``train.data_since=champion``. A manifest with
@@ -403,14 +414,15 @@ def take(
     The examples are read as they come into local spools (:class:`Spool`), never all in memory. An example whose
     prompt fields (whitespace normalised: :func:`example_key`) repeat an earlier one's is a duplicate, dropped
     (``duplicates`` in the manifest); a training example that is also in the evaluation set (a fixed
-    ``train.eval_dataset``, or the held-out share) is evaluation data the model would otherwise learn: dropped from
-    training with a warning line giving the count (``eval_overlap``)."""
+    ``train.eval_dataset``, a hub dataset's ``train.eval_split``, or the held-out share) is evaluation data the model
+    would otherwise learn: dropped from training with a warning line giving the count (``eval_overlap``).
+    ``hub_token``: the pipeline side's Hugging Face token, for a gated hub dataset."""
     t = spec.train
     source = datasets.render(t.dataset, when)
     since = champion if t.data_since == "champion" else None
     read, keys, duplicates, fields = Spool(), set(), 0, set()
     try:
-        part, examples = _side(spec, "train.dataset", source, when, since, log)
+        part, examples = _side(spec, "train.dataset", source, when, since, log, hub_token)
         for example in examples:
             key = example_key(example)
             if key in keys:
@@ -450,13 +462,15 @@ def take(
         log(f"snapshot: {source}: {duplicates} duplicate example(s) dropped (the same prompt fields as an earlier one)")
     train = Spool()
     heldout: Spool | Rows
-    if t.eval_dataset:
-        eval_source = datasets.render(t.eval_dataset, when)
-        eval_part, eval_rows = _side(spec, "train.eval_dataset", eval_source, when, None, log)
+    fixed = t.eval_dataset or (f"{source} {t.eval_split}" if part["kind"] == "hub" else "")
+    if fixed:
+        eval_key = "train.eval_dataset" if t.eval_dataset else "train.eval_split"
+        eval_source = datasets.render(t.eval_dataset, when) if t.eval_dataset else source
+        eval_part, eval_rows = _side(spec, eval_key, eval_source, when, None, log, hub_token)
         heldout = list(eval_rows)  # an evaluation set is read whole: the evaluate stage scores all of it at once
         eval_part["num_examples"] = len(heldout)
         if not heldout:
-            raise SpecError("train.eval_dataset", f"{eval_source}: no examples")
+            raise SpecError(eval_key, f"{fixed}: no examples")
         # Its identity is its content: the same examples on another day (a table read at another snapshot time, an
         # object uploaded again byte for byte) are the same set; "pinned" is what this run read them as.
         eval_part["pinned"] = digest(eval_part.pop("identity"))
@@ -483,9 +497,9 @@ def take(
     if overlap:
         log(
             f"snapshot: warning: {source}: {overlap} training example(s) also in the evaluation set "
-            f"({t.eval_dataset or f'the {HELDOUT_PERCENT}% held out'}) dropped from training"
+            f"({fixed or f'the {HELDOUT_PERCENT}% held out'}) dropped from training"
         )
-    if not t.eval_dataset and (not heldout or not train):
+    if not fixed and (not heldout or not train):
         raise SpecError(
             "train.eval_dataset",
             f"{len(heldout) + len(train)} examples of {source} hold out {len(heldout)} ({HELDOUT_PERCENT}% by their "
@@ -495,7 +509,7 @@ def take(
     if not train:
         raise SpecError(
             "train.dataset",
-            f"{source}: every one of its examples is also in the evaluation set {t.eval_dataset}: nothing to train on",
+            f"{source}: every one of its examples is also in the evaluation set {fixed}: nothing to train on",
         )
     keys_seen = [f"{item['uri']}#{item['generation']}" for item in part["items"]]
     manifest["seen"] = sorted(set((since or {}).get("seen", [])) | set(keys_seen))

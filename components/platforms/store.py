@@ -223,6 +223,22 @@ def runs_with(output_root: str, key: str) -> list[str]:
     return sorted(p.parent.name for p in path.glob(f"*/{key}")) if path.is_dir() else []
 
 
+def at(uri: str) -> tuple[RunStore, str]:
+    """The store holding the file ``uri`` names (``gs://BUCKET/PREFIX/NAME``, or a path on this machine) and its key
+    there: how a stage reads what the run's jobs wrote (``Platform.checkpoint_uri`` of their path) or what another
+    run's stage kept, through the same layer as its own state, in whichever task and machine it runs."""
+    if uri.startswith("gs://"):
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        prefix, _, key = name.rpartition("/")
+        if not bucket or not prefix or not key:
+            raise ValueError(f"{uri!r} names no object under a prefix of a bucket (gs://BUCKET/PREFIX/NAME)")
+        return GcsStore(bucket, prefix), key
+    if "://" in uri or not uri:
+        raise ValueError(f"{uri!r}: only gs:// objects and paths on this machine are read")
+    path = Path(uri)
+    return LocalStore(path.parent), path.name
+
+
 def open_store(output_root: str, run_id: str) -> RunStore:
     """The store of run ``run_id`` under ``output_root``: ``gs://BUCKET[/PREFIX]`` or a local directory (default
     ``./runs``)."""

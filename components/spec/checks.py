@@ -211,7 +211,7 @@ def _check_data(spec: RunSpec) -> None:
         if source == "local" and not datasets.placeholders(value) and not any(c in value for c in "*?["):
             if not Path(value).expanduser().exists():
                 raise SpecError(key, f"file not found: {value}")
-    if t.eval_dataset and not datasets.snapshotted(t.eval_dataset):
+    if t.eval_dataset and not datasets.is_drop(t.eval_dataset):
         raise SpecError(
             "train.eval_dataset",
             f"a fixed evaluation set is snapshotted data, got {t.eval_dataset!r}",
@@ -220,7 +220,8 @@ def _check_data(spec: RunSpec) -> None:
     snapshotted = datasets.snapshotted(t.dataset)
     if t.eval_dataset and not snapshotted:
         raise SpecError(
-            "train.eval_dataset", f"needs a snapshotted train.dataset (local files, gs://, bq://), got {t.dataset!r}"
+            "train.eval_dataset",
+            f"needs a snapshotted train.dataset (local files, gs://, bq://, the hub), got {t.dataset!r}",
         )
     is_bq = snapshotted and datasets.kind(t.dataset) == "bigquery"
     for key, value in (
@@ -235,9 +236,17 @@ def _check_data(spec: RunSpec) -> None:
     _check_drops(spec)
     if t.data_since not in datasets.SINCE:
         raise SpecError("train.data_since", f"unknown value {t.data_since!r}", ['""', "champion"])
+    if snapshotted and datasets.kind(t.dataset) == "hub" and not t.eval_dataset and t.eval_split == t.train_split:
+        raise SpecError(
+            "train.eval_split",
+            f"is train.train_split ({t.train_split!r}): the evaluation would read the training examples",
+            ["train[1024:1152]", "test", "train.eval_dataset=gs://BUCKET/eval/"],
+        )
     if t.data_since:
-        if not snapshotted:
-            raise SpecError("train.data_since", f"needs a snapshotted train.dataset, got {t.dataset!r}", [""])
+        if not datasets.is_drop(t.dataset):
+            raise SpecError(
+                "train.data_since", f"needs a snapshotted drop (local files, gs://, bq://), got {t.dataset!r}", [""]
+            )
         if is_bq and not t.dataset_time_column:
             raise SpecError(
                 "train.data_since",

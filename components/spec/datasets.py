@@ -4,8 +4,8 @@ the kind of source, the ``{date}`` placeholder, the fields that go with a kind, 
 Kinds:
 
 - ``generated``: the generated instruction task, written by the trainer itself;
-- a hub name (``databricks/databricks-dolly-15k``): loaded by ``datasets`` on the hosts, its splits
-  ``train.train_split`` and ``train.eval_split``;
+- a hub name (``databricks/databricks-dolly-15k``): its splits ``train.train_split`` (trained on) and
+  ``train.eval_split`` (held out), read from the hub's Parquet conversion of it (``components.data.hub``);
 - local files: a path that starts with ``/``, ``./``, ``../`` or ``~``, ends with a data suffix, or holds a glob
   (``DIR/`` is every data file under it, ``DIR/*.jsonl`` a glob, ``a.jsonl`` one file);
 - Cloud Storage: ``gs://BUCKET/PREFIX/`` (every data object under it), ``gs://BUCKET/PATH/*.jsonl`` (a glob) or one
@@ -13,10 +13,12 @@ Kinds:
 - BigQuery: ``bq://PROJECT.DATASET.TABLE``, with ``train.dataset_filter`` (``COLUMN=VALUE`` pairs the rows must
   match, never SQL) and ``train.dataset_time_column`` (an ingestion-time column, for ``train.data_since``).
 
-Local files, Cloud Storage and BigQuery are *snapshotted*: the run's first stage resolves them once to an immutable
-list (``components.data``), writes the examples the run trains and evaluates on under the jobs' directory, and the
-trainers read those files, the split ``train`` and the split ``heldout`` (a fixed ``train.eval_dataset``, else the
-examples held out of the new data).
+Every kind but ``generated`` is *snapshotted*: the run's first stage, on the pipeline's side, resolves it once to an
+immutable list (``components.data``), writes the examples the run trains and evaluates on under the jobs' directory,
+and the trainers read those files, the split ``train`` and the split ``heldout`` (a fixed ``train.eval_dataset``, a
+hub dataset's ``train.eval_split``, else the examples held out of the new data). No trainer reads a source itself, so
+a run's pods never need the internet for data. Local files, Cloud Storage and BigQuery are *drops* too: what is new
+in them since the champion can be told (``train.data_since``), and one can be a fixed ``train.eval_dataset``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ GENERATED = "generated"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")  # .jsonl.gz: JSON Lines, gzip-compressed
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 KINDS = ("generated", "hub", "local", "gcs", "bigquery")
-SNAPSHOTTED = ("local", "gcs", "bigquery")
+SNAPSHOTTED = ("local", "gcs", "bigquery", "hub")
+DROPS = ("local", "gcs", "bigquery")
 SCHEMES = {"gs://": "gcs", "bq://": "bigquery"}
 # The placeholders a dataset may hold, each with what it becomes. ``{date}``: the pipeline job's scheduled time (UTC),
 # its create time for a run no schedule started (components.stages.dataset.run_time).
@@ -60,8 +63,14 @@ def kind(dataset: str) -> str:
 
 
 def snapshotted(dataset: str) -> bool:
-    """Whether the run's first stage snapshots ``dataset`` (local files, Cloud Storage, BigQuery)."""
+    """Whether the run's first stage snapshots ``dataset`` (local files, Cloud Storage, BigQuery, the hub)."""
     return bool(dataset) and kind(dataset) in SNAPSHOTTED
+
+
+def is_drop(dataset: str) -> bool:
+    """Whether ``dataset`` is a drop (local files, Cloud Storage, BigQuery): new data since the champion can be told
+    in it, and it can be a fixed evaluation set."""
+    return bool(dataset) and kind(dataset) in DROPS
 
 
 def placeholders(dataset: str) -> list[str]:

@@ -103,7 +103,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # us-east5-b (Cloud TPU, "TPU regions and zones", https://cloud.google.com/tpu/docs/regions-zones). The FSDP
     # trainer on the tiny Gemma 4 of local-fsdp and the generated dataset: no weights, no token, minutes of
     # training, then teardown. `tpupipe plan smoke` prices it from components/tpu/pricing.py (Cloud TPU pricing,
-    # https://cloud.google.com/tpu/pricing: v6e on demand per chip-hour).
+    # https://cloud.google.com/tpu/pricing: v6e on demand per chip-hour). No answers to the evaluation prompts on a
+    # slice yet, here or in the presets below (eval.generate_examples=0, the default): their decode's single compile
+    # on a TPU is unshown (components/spec/run_spec.py, EvalSpec).
     "smoke": {
         "cluster": {
             "accelerator": "v6e",

@@ -158,8 +158,9 @@ class EvalSpec:
     are scored against the references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
 
     # Evaluation prompts answered by each model (the split's first ones); 0: no generation. Off unless a preset or
-    # the run turns it on (local-fsdp does): on a slice the answers' comparison by the pipeline's stages and the
-    # decode's compilation on TPU are not yet shown.
+    # the run turns it on (local-fsdp does). The stages read and keep the answers through the run's store on gke as
+    # on this machine, but no TPU preset turns it on: that the decode compiles once on a TPU (one padded prompt
+    # shape, a static cache) is not yet shown, and a decode compiled again at each step would hold the slice.
     generate_examples: int = 0
     max_new_tokens: int = 32  # the most tokens of an answer (greedy decoding stops at the end-of-sequence token)
     # The task metrics, comma-separated: exact_match, normalized_exact_match (lowercase, no punctuation, articles or

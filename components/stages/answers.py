@@ -9,28 +9,51 @@ numpy's ``Generator.integers``, https://numpy.org/doc/stable/reference/random/ge
 .html). The run keeps ``eval/answers.jsonl`` (each prompt, its reference, the candidate's and the other model's answers
 and scores) and ``eval/side_by_side.md`` (the metrics table, then the examples, regressions first).
 
-A champion's answers are read from where its run recorded them when its generation key (``trainers.generation.
-generation_key``: the examples, tokenizer, lengths, dtypes, device, prompts and decoding) is this run's; otherwise it
-answers again in the evaluation job.
+The jobs write their answers where the cluster writes (``Platform.job_output_dir``: on gke the bucket's
+``runs/<id>/``, mounted in the pods); the stages read them through the run's store layer at the object the platform
+names (``Platform.checkpoint_uri``, ``components.platforms.store.at``), never as a path on the task's disk: on Vertex AI
+every task is its own container; and only at a file of the job's own ``eval/`` directory (``_job_file``), checked to
+be this run's prompts answered and scored (:func:`checked`). The evaluate stage keeps each set of answers it compares
+in the run's store (``eval/answers-<which>.jsonl``: the pipeline's identity writes the copy, no pod can; what it
+says is what the pods wrote), and the registered version records where (provenance ``answers_uri``;
+``champion_answers_uri`` for the champion's answers given in this run's evaluation job), so a later run reads the
+champion's answers back from any task, when they were given under its answers key (``ray_stages.answers_key``) and
+recorded by the champion itself or by a version that held the champion alias (:func:`recorded_answers`), and has the
+champion answer again otherwise (docs/registry.md, "What the stage checks of the answers").
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
+import posixpath
+from collections.abc import Callable
 from typing import Any
 
-from components.platforms.store import RunStore, write_text
-from components.spec import RunSpec
+from components.platforms import RunContext, get_platform
+from components.platforms.store import RunStore, at, write_text
+from components.spec import CHAMPION, RunSpec, SpecError
 from components.spec.run_spec import HELDOUT_LOSS
+from components.stages.jobs import log
 
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 0  # fixed: the same scores give the same interval in every run
 CONFIDENCE = 0.95
 ANSWERS = "eval/answers.jsonl"  # in the run's store
 SIDE_BY_SIDE = "eval/side_by_side.md"
+ANSWERS_DIR = "eval"  # under the job's output directory, where the jobs write their answers (trainers.generation)
+KEPT = "eval/answers-{which}.jsonl"  # in the run's store: each model's answers the evaluate stage compared
+KeyOf = Callable[[str | None], str | None]  # a generation key's answers key (ray_stages.answers_key)
 MIN_SHOWN = 16  # the fewest examples the side-by-side shows (all of them when fewer were answered)
 SHOWN = 64  # the most
+
+
+UNBOUNDED = ("answer_length",)  # the metrics whose scores are no fraction in [0, 1] (trainers.metrics): >= 0 only
+
+
+class Refused(ValueError):
+    """Answers the evaluate stage does not compare: a file its job did not write where the job writes answers, or
+    rows that are not this run's evaluation prompts answered and scored (:func:`checked`)."""
 
 
 def from_records(records: list[tuple[str, dict]]) -> dict[str, dict[str, Any]]:
@@ -42,12 +65,54 @@ def from_records(records: list[tuple[str, dict]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def read(path: str | None) -> list[dict[str, Any]] | None:
-    """The answers at ``path`` (JSON lines), or None when there is no such file here."""
-    if not path or not Path(path).is_file():
+def read(uri: str | None) -> list[dict[str, Any]] | None:
+    """The answers (JSON lines) at ``uri``, a ``gs://`` object or a path on this machine, read through the store
+    layer; None when there is no such file."""
+    if not uri:
         return None
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    store, key = at(uri)
+    text = store.read_text(key)
+    return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def checked(rows: list[dict[str, Any]] | None, spec: RunSpec) -> list[dict[str, Any]]:
+    """``rows`` when they are the answers to this run's evaluation prompts as the job writes them
+    (``trainers.generation.write``): ``eval.generate_examples`` rows, indexed 0 to n-1 in order, each with its prompt,
+    reference and answer, scored by every metric of ``eval.metrics`` (and the scorer) and nothing else, each score a
+    finite number in [0, 1] (``answer_length`` a count, >= 0); Refused naming the first row that is not. The pods
+    wrote the rows; what is checked here is their shape, so no mean, count or comparison rests on a row the stage
+    did not read."""
+    if rows is None:
+        raise Refused("no such file")
+    n, names = spec.eval.generate_examples, set(spec.eval.metric_names)
+    if len(rows) != n:
+        raise Refused(f"{len(rows)} answers, eval.generate_examples asks for {n}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or row.get("index") != i:
+            index = row.get("index") if isinstance(row, dict) else row
+            raise Refused(f"row {i} is not the answer to prompt {i} (index {index!r})")
+        for field in ("prompt", "reference", "answer"):
+            if not isinstance(row.get(field), str):
+                raise Refused(f"row {i} has no {field} text")
+        scores = row.get("scores")
+        if not isinstance(scores, dict) or set(scores) != names:
+            found = sorted(scores) if isinstance(scores, dict) else scores
+            raise Refused(f"row {i} is scored by {found}, this run's metrics are {sorted(names)}")
+        for name, value in scores.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or value < 0 or (value > 1 and name not in UNBOUNDED):
+                raise Refused(f"row {i}'s {name} score {value!r} is not a number in [0, 1]")
+    return rows
+
+
+def means_of(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each metric's mean over the answers' scores."""
+    names = list(rows[0]["scores"]) if rows else []
+    return {name: sum(r["scores"][name] for r in rows) / len(rows) for name in names}
+
+
+def _lines(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def paired_bootstrap(
@@ -67,11 +132,14 @@ def paired_bootstrap(
 
 
 def compare(candidate: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each metric both sets of answers were scored by, over the examples both answered (the same prompts, in order):
-    both means, the difference and its interval."""
-    n = min(len(candidate), len(other))
+    """Each metric both sets of answers were scored by (the same prompts, in order, as many of each): both means, the
+    difference and its interval. Refused for sets of other lengths or prompts: a pair cut to the shorter set would
+    compare the examples one side chose to answer."""
+    n = len(candidate)
+    if len(other) != n:
+        raise Refused(f"{n} answers beside {len(other)}: not one set of prompts")
     if any(candidate[i]["prompt"] != other[i]["prompt"] for i in range(n)):
-        raise ValueError("the two sets of answers are not to the same prompts")
+        raise Refused("the two sets of answers are not to the same prompts")
     table = {}
     for name in candidate[0]["scores"] if n else ():
         if name not in other[0]["scores"]:
@@ -122,7 +190,7 @@ def side_by_side(
             f"[{row['low']:+.4f}, {row['high']:+.4f}] |"
         )
     primary = primary_metric(spec, list(table))
-    n = min(len(candidate), len(other))
+    n = len(candidate)
 
     def change(i: int) -> float:
         return candidate[i]["scores"][primary] - other[i]["scores"][primary] if primary else 0.0
@@ -149,7 +217,7 @@ def side_by_side(
 def merged(candidate: list[dict[str, Any]], other: list[dict[str, Any]], other_label: str) -> str:
     """``eval/answers.jsonl``: each prompt, its reference, the candidate's answer and scores and the other model's."""
     rows = []
-    for c, o in zip(candidate, other, strict=False):
+    for c, o in zip(candidate, other, strict=True):
         rows.append(
             {
                 "index": c["index"],
@@ -163,30 +231,74 @@ def merged(candidate: list[dict[str, Any]], other: list[dict[str, Any]], other_l
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def _job_file(ctx: RunContext, event: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's ``answers`` event with ``uri``: its file where the pipeline's side reads it, when the event names a
+    file in the ``eval/`` directory of the job's own output directory (``Platform.job_output_dir``), where
+    ``trainers.generation`` writes; any other path (another run's prefix, an object elsewhere in the bucket, a file
+    of this machine) is the pods' choice and is not read: the event is ``refused`` instead, saying why."""
+    if not event or not event.get("path"):
+        return event
+    platform, path = get_platform(ctx.platform), str(event["path"])
+    directory = posixpath.join(platform.job_output_dir(ctx), ANSWERS_DIR)
+    if posixpath.normpath(path) != path or posixpath.dirname(path) != directory:
+        return {**event, "refused": f"{path} is not a file of the job's answers directory {directory}/"}
+    return {**event, "uri": platform.checkpoint_uri(ctx, path)}
+
+
+def _keep(store: RunStore, which: str, rows: list[dict[str, Any]]) -> str:
+    """``rows`` in the run's store as ``eval/answers-<which>.jsonl``: its uri, which a later run reads back."""
+    return write_text(store, KEPT.format(which=which), _lines(rows), "application/jsonl")
+
+
+def _rows(spec: RunSpec, answers: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+    """(the rows of an ``answers`` event or record, checked; or None and why they are not compared)."""
+    if answers.get("refused"):
+        return None, answers["refused"]
+    if answers.get("rows"):  # a champion's record, checked when it was read (recorded_answers)
+        return answers["rows"], ""
+    uri = answers.get("uri")
+    try:
+        return checked(read(uri), spec), ""
+    except Refused as exc:
+        return None, f"{uri}: {exc}"
+    except ValueError as exc:  # not JSON lines
+        return None, f"{uri} is not readable: {exc}"
+
+
 def task_figures(
-    spec: RunSpec,
-    store: RunStore,
-    candidate: dict[str, Any],
-    other: dict[str, Any] | None,
-    other_label: str,
+    ctx: RunContext, candidate: dict[str, Any], other: dict[str, Any] | None, other_label: str, key_of: KeyOf
 ) -> dict[str, Any]:
-    """What the evaluate stage records of the answers: each model's means, the comparison table and the run's two
-    files (written to ``store``). ``candidate``/``other``: ``answers`` events (``from_records``) or a champion's
-    record. Without readable answers files, the means alone."""
+    """What the evaluate stage records of the answers: each model's means (computed here from the rows, never the
+    job's event's), the comparison table, where each set of answers is kept (``answers_uri``, ``other_uri``) and the
+    run's two files (written to its store). ``candidate``, ``other``: ``answers`` events with their ``uri``
+    (``_job_file``), or a champion's record (:func:`recorded_answers`); ``key_of``: the answers key of a generation
+    key (``ray_stages.answers_key``). Answers refused (:func:`checked`, ``_job_file``) are neither kept nor
+    compared: ``comparison_missing`` says why, and a gate on a task metric keeps the champion."""
+    spec, store = ctx.spec, ctx.store
+    rows, why = _rows(spec, candidate)
     found: dict[str, Any] = {
         "generation_key": candidate.get("generation_key"),
-        "metrics_after": candidate.get("means"),
-        "answers_path": candidate.get("path"),
-        "num_examples": candidate.get("num_examples"),
+        "answers_key": key_of(candidate.get("generation_key")),
+        "metrics_after": means_of(rows) if rows is not None else None,
+        "num_examples": len(rows) if rows is not None else None,
     }
+    if rows is not None:
+        found["answers_uri"] = _keep(store, "after", rows)
     if other is None:
+        if why:
+            found["comparison_missing"] = why
         return found
-    found.update(against=other_label, metrics_other=other.get("means"), other_path=other.get("path"))
-    rows, other_rows = read(candidate.get("path")), read(other.get("path"))
+    other_rows, other_why = _rows(spec, other)
+    found.update(against=other_label, metrics_other=means_of(other_rows) if other_rows is not None else None)
     if rows is None or other_rows is None:
-        found["comparison_missing"] = "the answers files are not readable here"
+        found["comparison_missing"] = why or other_why
         return found
-    found["comparison"] = compare(rows, other_rows)
+    try:
+        found["comparison"] = compare(rows, other_rows)
+    except Refused as exc:
+        found["comparison_missing"] = str(exc)
+        return found
+    found["other_uri"] = other["uri"] if other.get("recorded_by") else _keep(store, other["which"], other_rows)
     found["answers"] = write_text(store, ANSWERS, merged(rows, other_rows, other_label), "application/jsonl")
     found["side_by_side"] = write_text(
         store, SIDE_BY_SIDE, side_by_side(spec, found["comparison"], rows, other_rows, other_label), "text/markdown"
@@ -195,10 +307,12 @@ def task_figures(
 
 
 def rewrite_with_reason(spec: RunSpec, store: RunStore, task: dict[str, Any], reason: str) -> None:
-    """The side-by-side again with the gate's reason on top (the register stage decides after evaluate wrote it)."""
-    rows = read(task.get("answers_path"))
-    other = read(task.get("other_path"))
-    if rows is None or other is None or not task.get("comparison"):
+    """The side-by-side again with the gate's reason on top (the register stage decides after evaluate wrote it),
+    from the answers evaluate kept."""
+    if not task.get("comparison"):
+        return
+    rows, other = read(task.get("answers_uri")), read(task.get("other_uri"))
+    if rows is None or other is None:
         return
     text = side_by_side(spec, task["comparison"], rows, other, task["against"], reason)
     write_text(store, SIDE_BY_SIDE, text, "text/markdown")
@@ -207,67 +321,107 @@ def rewrite_with_reason(spec: RunSpec, store: RunStore, task: dict[str, Any], re
 # ---------------------------------------------------------------- in the evaluate stage
 
 
-def recorded_answers(ctx, ref: str, key: str | None) -> dict[str, Any] | None:
-    """The answers the registered version ``ref`` gave under the generation key ``key``, as its provenance records them
-    (``answers_path``, ``generation_key``, ``task_metrics``) and while its run's file is still there; None otherwise
-    (it answers again)."""
+def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, Any] | None:
+    """The answers the registered version ``ref`` gave under the answers key ``key`` (``ray_stages.answers_key``), as
+    the versions of its model record them, while the file kept is there and holds this run's prompts answered
+    (:func:`checked`); None otherwise (it answers again). Its own record first (provenance ``answers_uri``,
+    ``answers_key``); else a record of it as the champion a later version was compared with
+    (``champion_answers_uri``, ``champion_answers_key``, with ``champion_measured`` naming it) only by a version that
+    held the champion alias (``Registry.history``): a version kept beside its champion recorded what its own run's
+    pods said the champion answered, and a run the gate did not promote decides nothing for later runs. A record that
+    cannot be read (gone, denied, not answers to these prompts) is passed over with a warning naming the version: the
+    champion answers again rather than every later run failing on it."""
+    from google.api_core.exceptions import GoogleAPICallError
+
     from components.stages import gate
 
     if not key:
         return None
-    name, _, version_ref = ref.partition("@")
+    name = ref.split("@", 1)[0]
     try:
-        version = gate.registry(ctx).get(name, version_ref)
-    except Exception:  # noqa: BLE001 - a version the registry cannot give answers again; nothing is lost
+        reg = gate.registry(ctx)
+        versions, held = reg.versions(name), set(reg.history(name))
+    except SpecError:
         return None
-    p = version.provenance if version else {}
-    if p.get("generation_key") != key or read(p.get("answers_path")) is None:
-        return None
-    return {"path": p["answers_path"], "means": p.get("task_metrics"), "generation_key": key, "recorded_by": ref}
+    own = [(v, "") for v in versions if v.ref == ref]
+    promoted = [
+        (v, "champion_") for v in versions if v.version in held and v.provenance.get("champion_measured") == ref
+    ]
+    for version, prefix in own + promoted:
+        p = version.provenance
+        uri = p.get(f"{prefix}answers_uri")
+        if p.get(f"{prefix}answers_key") != key or not uri:
+            continue
+        try:
+            rows = checked(read(uri), ctx.spec)
+        except (ValueError, OSError, GoogleAPICallError) as exc:  # a malformed, foreign or unreadable record
+            log(f"evaluate: warning: {version.ref}'s record of {ref}'s answers ({uri}) is not read: {exc}")
+            continue
+        return {"which": CHAMPION, "uri": uri, "rows": rows, "means": means_of(rows), "recorded_by": version.ref}
+    return None
 
 
-def plan_champion(ctx, train_result: dict[str, Any], champion: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
-    """(the champion's recorded answers, when they are to this run's prompts under its generation key; whether the
-    evaluation job must have the champion answer instead). Nothing of either without the trained model's answers or
-    a champion the evaluation measures."""
+def plan_champion(
+    ctx: RunContext, train_result: dict[str, Any], champion: dict[str, Any], key_of: KeyOf
+) -> tuple[dict | None, bool]:
+    """(the champion's recorded answers, when given under this run's answers key; whether the evaluation job must
+    have the champion answer instead). Nothing of either without the trained model's answers or a champion the
+    evaluation measures."""
     candidate = (train_result.get("answers") or {}).get("after")
     if not candidate or not champion.get("path"):
         return None, False
-    recorded = recorded_answers(ctx, champion["ref"], candidate.get("generation_key"))
+    recorded = recorded_answers(ctx, champion["ref"], key_of(candidate.get("generation_key")))
     return recorded, recorded is None
 
 
 def evaluate_answers(
-    ctx,
+    ctx: RunContext,
     train_result: dict[str, Any],
     champion: dict[str, Any],
     recorded: dict[str, Any] | None,
     job_records: list[tuple[str, dict]],
+    key_of: KeyOf,
 ) -> dict[str, Any]:
     """The task figures of the evaluate stage's result (``task_figures``): the trained model's answers beside the
-    champion's (recorded, or answered in this evaluation job), else beside the model's training started from."""
+    champion's (recorded, or given in this evaluation job: then kept, with their key, for the version's provenance),
+    else beside the model's training started from."""
     answered = train_result.get("answers") or {}
-    candidate = answered.get("after")
+    candidate = _job_file(ctx, answered.get("after"))
     if not candidate:
         return {}
-    other, label = None, ""
+    other, label, given_here = None, "", None
     if champion.get("path"):
-        other = recorded or from_records(job_records).get("champion")
-        label = "champion"
+        given_here = None if recorded else _job_file(ctx, from_records(job_records).get("champion"))
+        if given_here and given_here.get("generation_key") != candidate.get("generation_key"):
+            # other prompts, decoding or worker group than the candidate's: no like-for-like comparison, no record
+            given_here = {
+                **given_here,
+                "refused": f"the champion answered under generation key {given_here.get('generation_key')}, the "
+                f"trained model under {candidate.get('generation_key')}",
+            }
+        other, label = recorded or given_here, CHAMPION
     if other is None and answered.get("before"):
-        other, label = answered["before"], "before training"
-    found = task_figures(ctx.spec, ctx.store, candidate, other, label)
-    if answered.get("before"):
-        found["metrics_before"] = answered["before"].get("means")
-    if other is not None and label == "champion":
+        other, label = _job_file(ctx, answered["before"]), "before training"
+    found = task_figures(ctx, candidate, other, label, key_of)
+    if label == "before training":
+        found["metrics_before"] = found.get("metrics_other")
+    elif answered.get("before"):  # shown beside the champion's: its means from its rows too
+        before, _ = _rows(ctx.spec, _job_file(ctx, answered["before"]) or {})
+        found["metrics_before"] = means_of(before) if before is not None else None
+    if other is not None and label == CHAMPION:
         found["champion_answers"] = "recorded by " + recorded["recorded_by"] if recorded else "answered in this job"
+    if given_here and found.get("other_uri"):  # what the champion said, for the next run (recorded_answers)
+        found["champion_answers_uri"] = found["other_uri"]
+        found["champion_answers_key"] = key_of(given_here.get("generation_key"))
     return found
 
 
 def line(task: dict[str, Any]) -> str:
     """The task figures in one line: each metric of the other model (champion, or before training) and the trained
     one's, with the difference's interval."""
-    after = task.get("metrics_after") or {}
+    if task.get("metrics_after") is None:
+        return f"evaluate: the trained model's answers not compared: {task.get('comparison_missing')}"
+    after = task["metrics_after"]
     comparison = task.get("comparison") or {}
     label = task.get("against") or "before training"
     parts = []

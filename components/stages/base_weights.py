@@ -7,12 +7,13 @@ submitted, so that no TPU host downloads from the hub. The run records where the
 Here, on the components' side, and not in the first worker: one download per revision for the whole slice, made
 where the run's Hugging Face token already is (``$HF_TOKEN``, the file ``$HF_TOKEN_PATH`` names, or on gke the
 Secret Manager secret ``gke.hf_token_secret``), and finished and checked before any chip is waiting on it. Only
-where this process can neither reach the hub nor holds a trusted manifest of the revision (a gated model whose
-token only the pods hold: ``gke.hf_secret``) does the run go on without the cache, the workers downloading from the
-hub themselves, unchecked, with one warning line; where the workers have no route to the internet either
-(``Platform.no_internet``: a gke cluster the run creates without a Cloud NAT) that is an error naming the fix.
-Anything else stops the run naming the file: a fresh download
-that does not hash to the hub's listing, a cached copy that is damaged while the hub is out of reach.
+where this process holds no trusted manifest of the revision and cannot download it (the hub out of reach, or a gated
+model, whose files the hub refuses with 401 or 403 to a process without a token of an account granted access, while
+it lists them to anyone: the token only the pods hold, ``gke.hf_secret``) does the run go on without the cache, the
+workers downloading from the hub themselves, unchecked, with one warning line; where the workers have no route to
+the internet either (``Platform.no_internet``: a gke cluster the run creates without a Cloud NAT) that is an error
+naming the fix. Anything else stops the run naming the file: a fresh download that does not hash to the hub's
+listing, a cached copy that is damaged while the hub is out of reach or refuses it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def trusted_place(ctx: RunContext) -> Any:
     return places.manifests
 
 
-def _token(ctx: RunContext) -> str | None:
+def hub_token(ctx: RunContext) -> str | None:
     """The Hugging Face token of this process (``$HF_TOKEN``, or the file ``$HF_TOKEN_PATH`` names), else the one the
     platform keeps for the run (``Platform.hub_token``). Never logged, never written."""
     token = os.environ.get("HF_TOKEN")
@@ -84,8 +85,8 @@ def prepare(ctx: RunContext, log: Callable[[str], None]) -> dict[str, Any] | Non
         _no_copy_of(revision, f"{ctx.platform} keeps no cache prefix")
         return None
     try:
-        out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, _token(ctx), log)
-    except weights.NoTrustedCopy as exc:  # no hub here and no manifest (a gated model, the token only in the pods)
+        out = weights.ensure(open_cache(ctx), trusted_place(ctx), model_id, revision, hub_token(ctx), log)
+    except weights.NoTrustedCopy as exc:  # no manifest, and the hub out of reach or refusing this side the files
         _no_copy_of(revision, str(exc))
         blocked = get_platform(ctx.platform).no_internet(ctx)
         if blocked:  # the workers could not reach the hub either: stop now, not at their first download

@@ -8,7 +8,8 @@ neither (KFP before 2.17, kfp.local) the task's start (:func:`run_time`).
 
 Its output gates the rest of the pipeline: ``train`` runs it, ``skip`` (``train.data_since=champion`` and nothing new
 since the champion's snapshot) ends the run here, with nothing created: the teardown that still runs finds nothing.
-Generated and hub datasets have nothing to snapshot: it says so and the run goes on.
+A generated dataset has nothing to snapshot: it says so and the run goes on. A hub dataset is snapshotted here too
+(``components.data.hub``), with the token the base weights use, so that no pod of the run reads the hub for data.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from components.platforms import RunContext, get_platform
 from components.platforms.store import open_store, read_json, write_json, write_text
 from components.registry import Version
 from components.spec import RunSpec, SpecError, datasets
-from components.stages import gate
+from components.stages import base_weights, gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
@@ -96,7 +97,8 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
         if "warning" in line or "not read" in line:
             left_out.append(line)
 
-    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=said)
+    token = base_weights.hub_token(ctx) if datasets.kind(ctx.spec.train.dataset) == "hub" else None
+    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=said, hub_token=token)
     if left_out:
         manifest["left_out"] = left_out
     check_eval_set(ctx.spec, champion, manifest, log)

@@ -317,7 +317,7 @@ def provenance(
     started = (train.get("init_from") or {}).get("ref")
     first = train.get("bootstrap")  # train.init_from=champion, and no champion yet
     base = started or (spec.maxtext.model_name if t.workload == "maxtext" else t.model_id)
-    champion = ev.get("champion") or {}
+    champion, task = ev.get("champion") or {}, ev.get("task") or {}
     found = {
         "preset": spec.name,
         "spec_hash": digest(spec.to_dict()),
@@ -348,11 +348,15 @@ def provenance(
         "data_since_champion": data.get("data_since"),
         "champion_measured": champion.get("ref"),
         "champion_loss": ev.get("champion_loss"),
-        # its answers to the evaluation prompts: each task metric's mean, the file and the key a later run reuses
-        # them by (components.stages.answers.recorded_answers)
-        "task_metrics": (ev.get("task") or {}).get("metrics_after"),
-        "answers_path": (ev.get("task") or {}).get("answers_path"),
-        "generation_key": (ev.get("task") or {}).get("generation_key"),
+        # its answers to the evaluation prompts: each task metric's mean, the file kept in the run's store and the
+        # key a later run reuses them by; the champion's, when it answered in this run's evaluation job
+        # (components.stages.answers.recorded_answers)
+        "task_metrics": task.get("metrics_after"),
+        "generation_key": task.get("generation_key"),
+        "answers_key": task.get("answers_key"),
+        "answers_uri": task.get("answers_uri"),
+        "champion_answers_key": task.get("champion_answers_key"),
+        "champion_answers_uri": task.get("champion_answers_uri"),
     }
     assert set(PROVENANCE_FIELDS) <= set(found)
     return found

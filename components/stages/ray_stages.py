@@ -6,6 +6,7 @@ its log is ``logs/<stage>.log`` of the run's store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -82,6 +83,21 @@ def figure_key(ctx: RunContext, eval_key: str | None) -> str | None:
         accelerator = {"gke_accelerator": family.gke_accelerator, "generation": family.name}
     what = {"eval_key": eval_key, "image": image, "accelerator": accelerator}
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def answers_key(ctx: RunContext, generation_key: str | None) -> str | None:
+    """What a model's recorded answers and their scores are reused by: the trainer's generation key
+    (``trainers.generation.generation_key``: the examples, tokenizer, lengths, dtypes, device, worker group, prompts,
+    decoding, the task metrics and the team scorer with its module's source) with the trainer image's digest and the
+    accelerator's generation added (:func:`figure_key`, as for a held-out figure): greedy decoding's argmax
+    follows the library versions' kernels and the chip's numerics, so another image or chip answers again. None
+    without a generation key or a pinned image: nothing is reused.
+
+    The metrics and the scorer are in the key, rather than the answers kept alone and scored again under the current
+    metrics: scoring runs in the trainer image (``rouge-score`` and the team's scorer ship there, not in the
+    components image the stages run in), so scoring again would be a job of its own; and the scores kept are then
+    the ones computed beside the answers, by the same code."""
+    return figure_key(ctx, generation_key)
 
 
 def history(records: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -328,7 +344,10 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     known = known_figures(ctx, train_result, start, champion)
     wanted = ["before", "after"] + (["champion"] if champion.get("path") else [])
     missing = () if not_held_out else tuple(w for w in wanted if w not in known)
-    recorded, answer = answers.plan_champion(ctx, train_result, champion)  # the champion's answers: kept, or again
+    key_of = functools.partial(answers_key, ctx)
+    recorded, answer = answers.plan_champion(
+        ctx, train_result, champion, key_of
+    )  # the champion's answers: kept, or again
     generate = ("champion",) if answer and not not_held_out else ()
     missing += tuple(w for w in generate if w not in missing)
     if generate:
@@ -379,7 +398,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
         result["champion"] = {k: v for k, v in champion.items() if k != "path"}
     if start:
         result["init_from"] = start["ref"]
-    task = answers.evaluate_answers(ctx, train_result, champion, recorded, job["records"])
+    task = answers.evaluate_answers(ctx, train_result, champion, recorded, job["records"], key_of)
     if task:
         result["task"] = task
         log(answers.line(task))

@@ -29,9 +29,10 @@ commit (asked again whenever the hub answers), and the copy must still match it 
 Cloud Storage the object's MD5, which the service computes, against the one recorded when it was written, without
 reading it). A file whose bytes or manifest line changed, or both, is named in one warning line and downloaded
 again (with the hub out of reach, the run stops naming it): never the file used. A download that does not hash to
-the hub's listing stops the run naming the file. Only when the hub does not answer and no trusted manifest of the
-revision exists (``NoTrustedCopy``) does the stage let the workers download the model themselves, unchecked, with
-one warning line (``components.stages.base_weights``).
+the hub's listing stops the run naming the file. Only when no trusted manifest of the revision exists and the hub
+either does not answer or refuses the files (a gated model: the hub lists its files to anyone but gives them only to a
+token whose account was granted access) (``NoTrustedCopy``) does the stage let the workers download the model
+themselves, unchecked, with one warning line (``components.stages.base_weights``).
 
 No hub client is needed on the components' side: two plain HTTP calls of the hub's API, as ``huggingface_hub``
 makes them (its ``hf_api.py``, ``HfApi.model_info(files_metadata=True)``: ``GET {endpoint}/api/models/{repo}/
@@ -66,12 +67,43 @@ CHUNK = 1 << 20
 
 
 class HubUnavailable(Exception):
-    """The hub did not answer the revision's metadata (unreachable, no or a refused token, a server error)."""
+    """The hub did not answer the revision's metadata (unreachable, a refused token, a server error)."""
+
+
+class HubRefused(InfraError):
+    """The hub listed the revision's files but refused one of them to this side: 401 (no token) or 403 (a token whose
+    account was not granted access), X-Error-Code ``GatedRepo``. The hub gives a gated repository's listing to anyone
+    and only its files to an account granted access (https://huggingface.co/docs/hub/models-gated#download-files;
+    huggingface_hub's ``utils/_http.py``, ``hf_raise_for_status``: ``GatedRepoError``)."""
+
+
+class NotOnHub(InfraError):
+    """The hub answered 404 for a file of the commit it listed: the commit is gone (a branch whose history was
+    squashed since it was listed) or the file is."""
 
 
 class NoTrustedCopy(InfraError):
-    """The hub did not answer and the trusted side holds no manifest of the revision: nothing can be checked here.
-    The one case where the run goes on with the workers reading the hub themselves (``base_weights.prepare``)."""
+    """Nothing can be checked here: the hub did not answer, or refused the files (``HubRefused``), and the trusted side
+    holds no manifest of the revision. The one case where the run goes on with the workers reading the hub themselves
+    (``base_weights.prepare``)."""
+
+
+# Where the pipeline's side takes its Hugging Face token from (``components.stages.base_weights.hub_token``).
+TOKEN_FIX = (
+    "accept the repository's terms on the hub and give the pipeline's side a token of that account "
+    "(gke.hf_token_secret on gke; $HF_TOKEN or $HF_TOKEN_PATH where the pipeline runs)"
+)
+
+
+def refusal(status: int, repo_url: str, token: str | None) -> str:
+    """Why the hub refused a repository with ``status`` (401 or 403), and the fix."""
+    if token is None:
+        why = "no Hugging Face token on the pipeline's side"
+    elif status == 401:
+        why = "the pipeline side's Hugging Face token is not valid"
+    else:
+        why = "the pipeline side's Hugging Face token is of an account not granted access"
+    return f"the hub answered {status} ({why}; a gated or private repository: {repo_url}); {TOKEN_FIX}"
 
 
 def is_hub_name(model_id: str) -> bool:
@@ -130,35 +162,52 @@ def _open(url: str, token: str | None, timeout: float = 60.0) -> Any:
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
-def resolve(hub: str, repo_id: str, revision: str, token: str | None) -> dict[str, Any]:
-    """The commit ``revision`` resolves to and each file's size and hash. The answer's ``sha`` is the commit; each of
-    its ``siblings`` has ``rfilename``, ``size``, ``blobId`` (the git blob sha1) and, for an LFS file, ``lfs`` with
-    ``sha256`` (the file's own hash; ``blobId`` is then the pointer's): huggingface_hub's ``hf_api.py``,
-    ``ModelInfo`` and ``RepoSibling``. HubUnavailable when the hub does not answer; a 404 is a bad name."""
+# A repository's kind as the hub's API and download URLs spell it (huggingface_hub's ``hf_api.py``: ``model_info`` is
+# ``/api/models/{repo}``, ``dataset_info`` ``/api/datasets/{repo}``; ``file_download.py``, ``hf_hub_url``: a dataset's
+# files are under ``{endpoint}/datasets/{repo}/resolve/...``), with the spec's field that names it.
+REPO_TYPES = {"model": ("api/models", "", "train.model_id"), "dataset": ("api/datasets", "datasets/", "train.dataset")}
+
+
+def resolve(
+    hub: str,
+    repo_id: str,
+    revision: str,
+    token: str | None,
+    repo_type: str = "model",
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """The commit ``revision`` resolves to and each file's size and hash, of the files ``keep`` takes (a model's:
+    ``loaded_file``). The answer's ``sha`` is the commit; each of its ``siblings`` has ``rfilename``, ``size``,
+    ``blobId`` (the git blob sha1) and, for an LFS file, ``lfs`` with ``sha256`` (the file's own hash; ``blobId`` is
+    then the pointer's): huggingface_hub's ``hf_api.py``, ``ModelInfo``/``DatasetInfo`` and ``RepoSibling``.
+    HubUnavailable when the hub does not answer; a 404 is a bad name."""
+    api, _, field = REPO_TYPES[repo_type]
+    keep = keep or loaded_file
     quoted = urllib.parse.quote(revision, safe="")
-    url = f"{hub}/api/models/{repo_id}/revision/{quoted}?blobs=true"
+    url = f"{hub}/{api}/{repo_id}/revision/{quoted}?blobs=true"
     try:
         with _open(url, token) as response:
             info = json.load(response)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise InfraError(f"train.model_id: {repo_id} at {revision!r} is not on the hub ({hub})") from None
-        raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}") from None
+            raise InfraError(f"{field}: {repo_id} at {revision!r} is not on the hub ({hub})") from None
+        why = f": {refusal(exc.code, repo_url(hub, repo_id, repo_type), token)}" if exc.code in (401, 403) else ""
+        raise HubUnavailable(f"{hub} answered {exc.code} for {repo_id} at {revision!r}{why}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise HubUnavailable(f"{hub} is unreachable: {exc}") from None
     files = []
     for sib in info.get("siblings") or []:
         name = str(sib["rfilename"])
         if name.startswith("/") or ".." in name.split("/"):  # a path in the repository, never outside the copy
-            raise InfraError(f"train.model_id: {repo_id} lists a file outside the repository: {name!r}")
-        if not loaded_file(name):
+            raise InfraError(f"{field}: {repo_id} lists a file outside the repository: {name!r}")
+        if not keep(name):
             continue
         lfs = sib.get("lfs") or {}
         entry: dict[str, Any] = {"name": name, "size": lfs.get("size", sib.get("size"))}
         entry.update({"sha256": lfs.get("sha256")} if lfs else {"git_sha1": sib.get("blobId")})
         if not isinstance(entry["size"], int) or not all(entry.get(k) for k in ("sha256", "git_sha1") if k in entry):
             raise InfraError(
-                f"train.model_id: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
+                f"{field}: the hub's listing of {repo_id} at {revision!r} gives {name} without its size or "
                 "hash: nothing to check it against; refusing to copy it"
             )
         files.append(entry)
@@ -203,22 +252,44 @@ def matches(path: Path, entry: dict[str, Any]) -> bool:
     return git_blob_sha1(path) == str(entry["git_sha1"])
 
 
-def download(hub: str, repo_id: str, commit: str, entry: dict[str, Any], token: str | None, into: Path) -> Path:
-    """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash."""
-    url = f"{hub}/{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
+def download(
+    hub: str,
+    repo_id: str,
+    commit: str,
+    entry: dict[str, Any],
+    token: str | None,
+    into: Path,
+    repo_type: str = "model",
+) -> Path:
+    """One file of the commit, streamed to a file under ``into`` and checked against the hub's hash. ``HubRefused``
+    (its message names no field: the caller's) when the hub refuses it to this side."""
+    _, prefix, field = REPO_TYPES[repo_type]
+    url = f"{hub}/{prefix}{repo_id}/resolve/{commit}/{urllib.parse.quote(entry['name'])}"
     path = into / str(entry["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with _open(url, token, timeout=600.0) as response, open(path, "wb") as f:
             shutil.copyfileobj(response, f, CHUNK)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):  # a gated repository: listed to anyone, its files only to an account with access
+            why = refusal(exc.code, repo_url(hub, repo_id, repo_type), token)
+            raise HubRefused(f"{entry['name']} of {repo_id}@{commit}: {why}") from None
+        if exc.code == 404:
+            raise NotOnHub(f"{field}: {entry['name']} of {repo_id}@{commit} is no longer on the hub ({hub})") from None
+        raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:  # the listing answered: a failed download stops the run
-        raise InfraError(f"train.model_id: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
+        raise InfraError(f"{field}: downloading {entry['name']} of {repo_id}@{commit} failed: {exc}") from None
     if not matches(path, entry):
         raise InfraError(
-            f"train.model_id: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
+            f"{field}: {entry['name']} of {repo_id}@{commit} from {hub} does not match the hub's hash; "
             "refusing to use it"
         )
     return path
+
+
+def repo_url(hub: str, repo_id: str, repo_type: str = "model") -> str:
+    """The repository's page on the hub, where its terms are accepted (``hf_hub_url``'s prefix, without a file)."""
+    return f"{hub}/{REPO_TYPES[repo_type][1]}{repo_id}"
 
 
 def manifest_env(entries: list[dict[str, Any]]) -> str:
@@ -330,9 +401,10 @@ def ensure(
     ``trusted``: ``{"commit", "hit", "recopied", "files", "entries"}`` (``entries``: the manifest's records, what a
     worker checks the bytes it loads against). A cached file is used only when the trusted manifest lists it with
     the hub's own hash for the commit and the copy still matches that record; anything else (its bytes changed, its
-    manifest line changed, both) is named in one warning line and downloaded again. Without the hub (unreachable,
-    or no token for a gated model) the trusted manifest of the commit the revision last resolved to serves, as
-    huggingface_hub's offline mode serves its cache's ``refs/``."""
+    manifest line changed, both) is named in one warning line and downloaded again. Without the hub (unreachable, or
+    refusing the listing) the trusted manifest of the commit the revision last resolved to serves, as
+    huggingface_hub's offline mode serves its cache's ``refs/``. A gated model's files refused to this side (no
+    token, or one without access: ``HubRefused``) where nothing of the commit is cached is ``NoTrustedCopy``."""
     hub = hub or endpoint()
     try:
         info = resolve(hub, repo_id, revision, token)
@@ -377,7 +449,17 @@ def ensure(
     done = {n: e for n, e in recorded.items() if n not in fetch and n in {f["name"] for f in info["files"]}}
     with tempfile.TemporaryDirectory(prefix="tpupipe-weights-") as tmp:
         for entry in todo:
-            path = download(hub, repo_id, commit, entry, token, Path(tmp))
+            try:
+                path = download(hub, repo_id, commit, entry, token, Path(tmp))
+            except HubRefused as exc:  # a gated model and no token with access here
+                if recorded:  # a copy of this commit was made, and is damaged: as with the hub out of reach
+                    raise InfraError(
+                        f"train.model_id: the cached copy of {repo_id}@{commit} is damaged ({', '.join(sorted(fetch))} "
+                        f"not as the trusted manifest says) and the hub refuses to copy them again: {exc}"
+                    ) from None
+                raise NoTrustedCopy(
+                    f"train.model_id: no trusted copy of {repo_id}@{commit} is cached, and {exc}"
+                ) from None
             cache.put(f"{base}/files/{entry['name']}", path)
             done[entry["name"]] = {**_record(entry), "md5": md5_b64(path)}
             path.unlink()
@@ -424,9 +506,9 @@ def plan_entry(
         "path": f"{path_root.rstrip('/')}/{where}/COMMIT/files",
         "manifest": f"{manifest_root.rstrip('/')}/{where}/COMMIT.json",
         "cache_hit": "unknown until the train stage resolves the revision (tpupipe preflight looks in the bucket)",
-        "unchecked_if": "the train stage can neither reach the hub nor find a trusted manifest of the revision: then "
-        "the workers download the model themselves, unchecked (one WARNING line); any file that does not match stops "
-        "the run",
+        "unchecked_if": "the train stage finds no trusted manifest of the revision and cannot download it (the hub out "
+        "of reach, or a gated model's files refused to its token): then the workers download the model themselves, "
+        "unchecked (one WARNING line); any file that does not match stops the run",
     }
 
 

@@ -20,8 +20,17 @@ def add_arguments(p) -> None:
         "--kfp-auth",
         choices=KFP_AUTHS,
         default="none",
-        help="with --kfp-host: none (a port-forward), sa-token (the pod's projected KFP token, in-cluster) or iap "
-        "(a Google ID token for an endpoint behind Identity-Aware Proxy, with --kfp-iap-client-id)",
+        help="with --kfp-host: none (a port-forward to a single-user server), sa-token (the pod's projected KFP token, "
+        "in-cluster), token (a Kubernetes token for the audience pipelines.kubeflow.org, from --kfp-token-file: a "
+        "multi-user server from outside the cluster) or iap (a Google ID token for an endpoint behind "
+        "Identity-Aware Proxy, with --kfp-iap-client-id)",
+    )
+    p.add_argument(
+        "--kfp-token-file",
+        default="",
+        help="with --kfp-auth token: the file holding the bearer token (`kubectl create token default-editor -n "
+        "NAMESPACE --audience pipelines.kubeflow.org`), readable by you alone (mode 600); the runs go to "
+        "--kfp-namespace, which that identity must be allowed in",
     )
     p.add_argument("--kfp-iap-client-id", default="", help="the OAuth client id of the endpoint's IAP (--kfp-auth iap)")
     p.add_argument(
@@ -45,4 +54,11 @@ def add_arguments(p) -> None:
 
 def place_of(args) -> KfpPlace:
     """The KFP place the flags name; the backend checks it before any call (``KfpBackend``, ``jobs.client``)."""
-    return KfpPlace(args.kfp_host, args.kfp_namespace, args.kfp_auth, args.kfp_iap_client_id, insecure=args.insecure)
+    return KfpPlace(
+        args.kfp_host,
+        args.kfp_namespace,
+        args.kfp_auth,
+        args.kfp_iap_client_id,
+        insecure=args.insecure,
+        token_file=args.kfp_token_file,
+    )

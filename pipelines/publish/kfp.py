@@ -25,13 +25,13 @@ def publish_kfp(target: Target, published: Published, place, janitor: bool, log=
     client = kfp.client(place)
     with tempfile.TemporaryDirectory() as tmp:
         path = compile_pipeline(str(Path(tmp) / "tpupipe.yaml"), target, digest=digest)
-        kfp.upload(client, path)
+        kfp.upload(client, path, place.namespace)
         version = kfp.version_name(path)
         log(f"publish: pipeline {kfp.PIPELINE} version {version} on Kubeflow Pipelines at {place.host}")
         if not janitor:
             return version
         sweep = compile_pipeline(str(Path(tmp) / "janitor.yaml"), target, janitor_pipeline, digest=digest)
-        pipeline_id, version_id = kfp.upload(client, sweep, kfp.JANITOR_PIPELINE)
+        pipeline_id, version_id = kfp.upload(client, sweep, place.namespace, kfp.JANITOR_PIPELINE)
     for existing in kfp.recurring_runs(client, place):
         if existing["display_name"] == kfp.JANITOR_PIPELINE:
             if (existing.get("pipeline_version_reference") or {}).get("pipeline_version_id") == version_id:

@@ -12,7 +12,7 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
 - jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
   jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
 - datasets.get, ``GET /projects/P/datasets/D`` (``Client.get_dataset``): the dataset and its ``access`` list, the
-  roles granted on it (``_datasets_get``);
+  roles granted on it, those under an IAM condition as its ``accessPolicyVersion`` asks (``_datasets_get``);
 - tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions``
   (``Client.test_iam_permissions``): of the permissions asked, those the caller holds on the table, itself needing none
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions);
@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import json
 import re
 import secrets
@@ -183,6 +184,12 @@ class BigQueryError(HttpError):
         error = super().body()["error"]
         error["status"] = STATUS.get(self.status, "UNKNOWN")
         return {"error": error}
+
+
+def _entity(who: str) -> dict[str, str]:
+    """A member as a Dataset.access entry names it: ``allAuthenticatedUsers`` a ``specialGroup``, an account by its
+    email (``userByEmail``)."""
+    return {"specialGroup": who} if who == ALL_AUTHENTICATED else {"userByEmail": who.split(":", 1)[1]}
 
 
 def _denied(message: str) -> BigQueryError:
@@ -695,6 +702,8 @@ class BigQueryEmulator(HttpEmulator):
         self.jobs: dict[tuple[str, str], Job] = {}
         self.requests: dict[str, tuple[str, str]] = {}  # jobs.query requestId -> (project, job id)
         self.grants: dict[str, set[tuple[str, str]]] = {}  # member -> {(role, "P" | "P.D" | "P.D.T")}
+        # member -> (role, "P.D", {"title", "expression"}) of each grant on a dataset under an IAM condition
+        self.conditional_grants: dict[str, list[tuple[str, str, dict[str, str]]]] = {}
         self.calls: list[str] = []  # REST methods, in order
         self.bodies: list[tuple[str, dict, dict]] = []  # (method, query string, body) of each call
         self.faults: list[Fault] = []
@@ -770,12 +779,22 @@ class BigQueryEmulator(HttpEmulator):
             t.modified = max(t.modified, now)
             return len(gone)
 
-    def grant(self, member: str, role: str, resource: str) -> None:
-        """``member`` gets ``role`` on ``resource``: a project ``P``, a dataset ``P.D`` or a table ``P.D.T``."""
+    def grant(self, member: str, role: str, resource: str, condition: dict[str, str] | None = None) -> None:
+        """``member`` gets ``role`` on ``resource``: a project ``P``, a dataset ``P.D`` or a table ``P.D.T``. With
+        ``condition`` (``{"title", "expression"}``, a dataset only) it is an access entry with that IAM condition
+        (Dataset.access's ``condition``: "If CEL expression in this field is true, this access binding will be
+        considered", https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), which
+        datasets.get lists and which allows nothing here: the emulator evaluates no BigQuery condition, and refuses
+        rather than guess what one grants."""
         if role not in ROLES:
             raise ValueError(f"{role}: the emulator knows {sorted(ROLES)}")
+        if condition and resource.count(".") != 1:
+            raise ValueError(f"{resource}: a conditional grant here is on a dataset, P.D")
         with self._lock:
-            self.grants.setdefault(member, set()).add((role, resource))
+            if condition:
+                self.conditional_grants.setdefault(member, []).append((role, resource, condition))
+            else:
+                self.grants.setdefault(member, set()).add((role, resource))
 
     def token_for(self, member: str) -> str:
         """A bearer token that acts as ``member`` (``user:...`` or ``serviceAccount:...``)."""
@@ -909,11 +928,19 @@ class BigQueryEmulator(HttpEmulator):
         (``DEFAULT_ACCESS``), then the roles granted on the dataset, one entry per member and role, the three basic
         dataset roles in their legacy names (``LEGACY_ROLES``) (Dataset.access,
         https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access: a user's or service
-        account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``).
-        Reading it needs ``bigquery.datasets.get`` on the dataset (datasets.get,
-        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get; in roles/bigquery.dataViewer and
+        account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``), then the entries with an
+        IAM condition as ``accessPolicyVersion`` asks (datasets.get,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get: "Valid values are 0, 1, and 3.
+        Requests specifying an invalid value will be rejected. Requests for conditional access policy binding in
+        datasets must specify version 3"): at 3, each with its ``condition``; unset, 0 or 1, without it, the role
+        "appended by 'withcond' string followed by a hash value", in the page's own example's form
+        ``roles/bigquery.dataViewer_with_conditionalbinding_HASH``.
+        Reading it needs ``bigquery.datasets.get`` on the dataset (datasets.get; in roles/bigquery.dataViewer and
         metadataViewer: https://cloud.google.com/bigquery/docs/access-control)."""
         project, dataset = args["project"], args["dataset"]
+        version = query.get("accessPolicyVersion", "0")
+        if version not in ("0", "1", "3"):
+            raise BigQueryError(400, f"Invalid access policy version {version}: valid values are 0, 1 and 3", "invalid")
         if not self._allowed(member, "bigquery.datasets.get", project, dataset):
             raise _denied(f"Access Denied: Dataset {project}:{dataset}: Permission bigquery.datasets.get denied")
         d = self.datasets.get((project, dataset))
@@ -921,13 +948,20 @@ class BigQueryEmulator(HttpEmulator):
             raise _not_found(f"Not found: Dataset {project}:{dataset}")
         scope = f"{project}.{dataset}"
         access = [dict(entry) for entry in DEFAULT_ACCESS] + [
-            {"role": LEGACY_ROLES.get(role, role), "specialGroup": who}
-            if who == ALL_AUTHENTICATED
-            else {"role": LEGACY_ROLES.get(role, role), "userByEmail": who.split(":", 1)[1]}
+            {"role": LEGACY_ROLES.get(role, role), **_entity(who)}
             for who, grants in sorted(self.grants.items())
             for role, granted in sorted(grants)
             if granted == scope
         ]
+        for who, grants in sorted(self.conditional_grants.items()):
+            for role, granted, condition in grants:
+                if granted != scope:
+                    continue
+                if version == "3":
+                    access.append({"role": LEGACY_ROLES.get(role, role), **_entity(who), "condition": dict(condition)})
+                else:
+                    mark = hashlib.sha256(f"{condition['title']}\n{condition['expression']}".encode()).hexdigest()[:10]
+                    access.append({"role": f"{role}_with_conditionalbinding_{mark}", **_entity(who)})
         return {
             "kind": "bigquery#dataset",
             "id": f"{project}:{dataset}",

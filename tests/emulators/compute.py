@@ -491,6 +491,8 @@ class ComputeEmulator(HttpEmulator):
             action = {("POST", False): "insert", ("GET", True): "get", ("DELETE", True): "delete"}.get(
                 (verb, bool(m["name"]))
             )
+            if (verb, bool(m["name"]), kind) == ("GET", False, "routers"):
+                action = "list"  # routers.list: a region's routers (https://cloud.google.com/compute/docs/reference/rest/v1/routers/list)
         if not action:
             raise HttpError(404, f"The emulator does not serve {verb} {path}.")
         return f"{kind}.{action}", m.groupdict()
@@ -582,13 +584,44 @@ class ComputeEmulator(HttpEmulator):
         def invalid(index: int, name: str, value) -> HttpError:
             return HttpError(400, f"Invalid value for field 'resource.nats[{index}].{name}': '{value}'.")
 
+        region = params["region"]
+        others = [
+            other
+            for path, other in self.state.routers.items()
+            if other["network"] == LINK + network and path.split("/")[3] == region and other["name"] != router["name"]
+        ]
         served = {
             s["name"].removeprefix(LINK): other["name"]
-            for other in self.state.routers.values()
-            if other["network"] == LINK + network
+            for other in others
             for nat in other.get("nats", [])
             for s in nat.get("subnetworks", [])
         }
+        # A gateway for every subnetwork of the network excludes any other NAT gateway of any router of that network
+        # in that region (RouterNat.source_subnetwork_ip_ranges_to_nat: "if this field contains
+        # ALL_SUBNETWORKS_ALL_IP_RANGES or ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES, then there should not be any other
+        # Router.Nat section in any Router for this network in this region": google-cloud-compute's
+        # compute_v1/types/compute.py). The refusal is the reference's; its words here are not documented.
+        wide = [
+            o["name"]
+            for o in others
+            for n in o.get("nats", [])
+            if n.get("sourceSubnetworkIpRangesToNat") in NAT_SOURCES[:2]
+        ]
+        mine = router.get("nats", [])
+        if mine and (
+            wide
+            or (
+                others
+                and any(n.get("sourceSubnetworkIpRangesToNat") in NAT_SOURCES[:2] for n in mine)
+                and any(o.get("nats") for o in others)
+            )
+        ):
+            holder = wide[0] if wide else next(o["name"] for o in others if o.get("nats"))
+            raise HttpError(
+                400,
+                f"Router '{holder}' has a NAT for every subnetwork of network '{network}' in region '{region}': no "
+                "other NAT may be configured there.",
+            )
         for index, nat in enumerate(router.get("nats", [])):
             option = nat.get("natIpAllocateOption", "")
             if option not in NAT_IP_OPTIONS:
@@ -717,6 +750,12 @@ class ComputeEmulator(HttpEmulator):
         if kind == "resourcePolicies":
             resource["status"] = "READY"
         self._table(kind)[path] = resource
+
+    def _list(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
+        """A region's resources of ``kind``, as a list's ``items`` (RouterList: ``items``, no page token while they
+        fit one page of the default 500)."""
+        scope = f"{_scope(params)}/{kind}/"
+        return {"items": [r for path, r in sorted(self._table(kind).items()) if path.startswith(scope)]}
 
     def _get(self, kind: str, params: dict, request: dict, fault: Fault | None) -> dict:
         path = f"{_scope(params)}/{kind}/{params['name']}"

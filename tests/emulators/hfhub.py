@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Which files the hub keeps in LFS: a repository's .gitattributes names them; the hub's default one stores weights
 # (*.safetensors, *.bin, ...) in LFS (https://huggingface.co/docs/hub/repositories-getting-started: "Git LFS").
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".model")
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".model", ".parquet")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -36,17 +36,27 @@ def lfs_pointer(data: bytes) -> bytes:
 class Repo:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit sha -> files
     refs: dict[str, str] = field(default_factory=dict)  # branch or tag -> commit sha
-    gated: bool = False  # needs a token (the hub answers 401 with X-Error-Code GatedRepo: utils/_http.py)
+    # A gated repository (https://huggingface.co/docs/hub/models-gated): its listing is open to anyone, its files only
+    # to a token whose account was granted access (see ``HubEmulator._files``).
+    gated: bool = False
+    pushes: int = 0
 
-    def push(self, files: dict[str, bytes], ref: str = "main") -> str:
-        """A commit of ``files`` on ``ref``; its sha is derived from the files (a stand-in for git's)."""
+    def push(self, files: dict[str, bytes], ref: str = "main", squash: bool = False) -> str:
+        """A commit of ``files`` on ``ref``; its sha is derived from the files (a stand-in for git's). ``squash``: the
+        ref's history squashed into the new commit, so the commit it pointed to is gone, as the dataset viewer does to
+        ``refs/convert/parquet`` after each conversion (``committer_hf_api.super_squash_history`` in
+        https://github.com/huggingface/dataset-viewer/blob/f62009e0555b1274e7f6ddc7058dc796993f28b6/services/worker/src/worker/job_runners/config/parquet_and_info.py#L1203-L1212)."""
+        before = self.refs.get(ref)
         digest = hashlib.sha1()
         for name in sorted(files):
             digest.update(name.encode() + b"\0" + git_blob_sha1(files[name]).encode())
-        digest.update(ref.encode() + str(len(self.commits)).encode())
+        self.pushes += 1
+        digest.update(ref.encode() + str(self.pushes).encode())  # never the same twice, as a git commit's parent
         sha = digest.hexdigest()
         self.commits[sha] = dict(files)
         self.refs[ref] = sha
+        if squash and before is not None and before not in self.refs.values():
+            del self.commits[before]
         return sha
 
     def resolve(self, revision: str) -> str | None:
@@ -63,6 +73,7 @@ def directory_files(path: str | Path) -> dict[str, bytes]:
 class HubEmulator:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
+        self.datasets: dict[str, Repo] = {}
         self.token = "hf_test_token"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.authorized: list[str] = []  # the paths of the requests that carried an Authorization header
@@ -78,6 +89,10 @@ class HubEmulator:
     def repo(self, repo_id: str) -> Repo:
         return self.repos.setdefault(repo_id, Repo())
 
+    def dataset(self, repo_id: str) -> Repo:
+        """A dataset repository: its own namespace, as on the hub (``datasets/`` in its URLs)."""
+        return self.datasets.setdefault(repo_id, Repo())
+
     # ------------------------------------------------------------------ the endpoints
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -90,29 +105,40 @@ class HubEmulator:
         if parts[0] == "storage" and len(parts) == 2:  # the other host of lfs_redirect, by the file's sha256
             return self._stored(parts[1])
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
-            return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, headers)
+            return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query)
+        # hf_api.py, dataset_info: /api/datasets/{repo}/revision/{revision}, the revision quoted whole (so
+        # refs/convert/parquet, the dataset viewer's Parquet branch, arrives as one segment and reads back with its /)
+        if parts[:2] == ["api", "datasets"] and len(parts) >= 6 and parts[4] == "revision":
+            return self._model_info(f"{parts[2]}/{parts[3]}", "/".join(parts[5:]), url.query, self.datasets)
+        if parts[0] == "datasets" and len(parts) >= 6 and parts[3] == "resolve":  # file_download.py, hf_hub_url
+            name = "/".join(parts[5:])
+            return self._resolve(f"{parts[1]}/{parts[2]}", parts[4], name, method, headers, self.datasets)
         if parts[:2] == ["api", "models"] and len(parts) == 4:  # hf_api.py, model_info: no revision, the default branch
-            return self._model_info(f"{parts[2]}/{parts[3]}", "main", url.query, headers)
+            return self._model_info(f"{parts[2]}/{parts[3]}", "main", url.query)
         if len(parts) >= 5 and parts[2] == "resolve":
             return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), method, headers)
         return _error(404, "EntryNotFound", f"no route {path}")
 
     def _access(
-        self, repo_id: str, revision: str, headers: dict[str, str]
+        self, repo_id: str, revision: str, repos: dict[str, Repo] | None = None
     ) -> tuple[Repo, str] | tuple[int, dict, bytes]:
-        repo = self.repos.get(repo_id)
+        repo = (self.repos if repos is None else repos).get(repo_id)
         if repo is None:
             # utils/_http.py, hf_raise_for_status: X-Error-Code RepoNotFound (401 or 404) -> RepositoryNotFoundError
             return _error(404, "RepoNotFound", f"Repository {repo_id} not found")
-        if repo.gated and headers.get("authorization") != f"Bearer {self.token}":
-            return _error(401, "GatedRepo", f"Access to model {repo_id} is restricted")  # -> GatedRepoError
         commit = repo.resolve(revision)
         if commit is None:
             return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")  # -> RevisionNotFoundError
         return repo, commit
 
-    def _model_info(self, repo_id: str, revision: str, query: str, headers: dict[str, str]):
-        found = self._access(repo_id, revision, headers)
+    def _model_info(self, repo_id: str, revision: str, query: str, repos=None):
+        # A gated repository's listing (its commit and its files with their sizes and hashes) is given without a token:
+        # only its files are refused (``_files``). The hub's own file page of a gated model says "You can list files
+        # but not access them" (e.g. https://huggingface.co/tthelin/gatedmodeltest/tree/main), a tokenless
+        # ``model_info`` of meta-llama/Llama-3.2-1B answers while its ``/resolve/`` answers 401
+        # (https://github.com/unslothai/unsloth-zoo/pull/1050), and the same is reported in
+        # https://github.com/dkackman/diffusers-workflow/issues/186.
+        found = self._access(repo_id, revision, repos)
         if not isinstance(found[0], Repo):
             return found
         repo, commit = found
@@ -139,16 +165,19 @@ class HubEmulator:
             "modelId": repo_id,
             "sha": commit,
             "private": False,
-            "gated": repo.gated,
+            "gated": "auto" if repo.gated else False,  # hf_api.py, ModelInfo.gated: "auto", "manual" or False
             "siblings": siblings,
         }
         return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
-    def _resolve(self, repo_id: str, revision: str, name: str, method: str, headers: dict[str, str]):
-        found = self._access(repo_id, revision, headers)
+    def _resolve(self, repo_id: str, revision: str, name: str, method: str, headers: dict[str, str], repos=None):
+        found = self._access(repo_id, revision, repos)
         if not isinstance(found[0], Repo):
             return found
         repo, commit = found
+        refused = self._files(repo_id, repo, headers)
+        if refused is not None:
+            return refused
         data = repo.commits[commit].get(name)
         if data is None:
             return _error(404, "EntryNotFound", f"{name} not in {repo_id}@{revision}")
@@ -167,8 +196,27 @@ class HubEmulator:
             out["ETag"] = f'"{git_blob_sha1(data)}"'
         return 200, out, b"" if method == "HEAD" else data
 
+    def _files(self, repo_id: str, repo: Repo, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes] | None:
+        """A gated repository's files refused (None: given): 401 to a caller without a token, 403 to a token whose
+        account was not granted access, both with X-Error-Code GatedRepo, which huggingface_hub raises as
+        ``GatedRepoError`` whatever the status (utils/_http.py, hf_raise_for_status). The Hub docs, "Gated models":
+        "To download files from a gated model you'll need to be authenticated"
+        (https://huggingface.co/docs/hub/models-gated#download-files); a token whose account has no access is answered
+        403 "Cannot access gated repo" (https://github.com/huggingface/transformers/issues/31367). Only ``self.token``
+        has access here."""
+        if not repo.gated:
+            return None
+        given = headers.get("authorization")
+        if given is None:
+            return _error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must be authenticated.")
+        if given != f"Bearer {self.token}":
+            return _error(
+                403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the authorized list."
+            )
+        return None
+
     def _stored(self, sha256: str) -> tuple[int, dict[str, str], bytes]:
-        for repo in self.repos.values():
+        for repo in [*self.repos.values(), *self.datasets.values()]:
             for files in repo.commits.values():
                 for data in files.values():
                     if hashlib.sha256(data).hexdigest() == sha256:

@@ -66,10 +66,21 @@ class Fault:
     info: dict | None = field(default=None, kw_only=True)  # the answer's ErrorInfo (HttpError.info)
 
 
+@dataclass
+class Cut:
+    """A media answer that breaks off: ``Content-Length`` says all of ``data``, the first ``sent`` bytes of it are
+    sent, and the connection is closed (the client reads those bytes, then a body shorter than it was told: a
+    dropped connection, where a reset would also discard what the client had not read yet, a race a test cannot
+    pin)."""
+
+    data: bytes
+    sent: int
+
+
 class HttpServer:
     """Serves ``handle(http, body) -> (status, payload[, headers])`` for every method: the body as bytes; the payload
-    JSON (a dict), media (bytes) or nothing (None). ``start()`` returns the endpoint; ``stop()`` also ends the
-    connections clients keep open."""
+    JSON (a dict), media (bytes; a :class:`Cut` of them: sent in part, then the connection closed) or nothing
+    (None). ``start()`` returns the endpoint; ``stop()`` also ends the connections clients keep open."""
 
     def __init__(self, handle: Callable[[BaseHTTPRequestHandler, bytes], tuple]):
         self.handle = handle
@@ -101,17 +112,22 @@ class HttpServer:
                     headers = rest[0] if rest else {}
                 except HttpError as e:
                     status, payload, headers = e.status, e.body(), {}
+                cut = payload if isinstance(payload, Cut) else None
                 if isinstance(payload, dict):
                     data = json.dumps(payload).encode()
                     headers = {"Content-Type": "application/json; charset=UTF-8", **headers}
                 else:
-                    data = payload or b""
+                    data = cut.data if cut else payload or b""
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data[: cut.sent] if cut else data)
+                if cut:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
             do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 

@@ -28,6 +28,15 @@ have is refused (403: the emulator's reading of a multi-user deployment, where a
 permission error). Errors are the JSON of ``google.rpc.Status`` that KFP's grpc-gateway writes (``code``,
 ``message``, ``details``), under the HTTP status of the code.
 
+With ``multi_user`` (the API server's MULTIUSER mode; healthz says it), every request on a namespace's resource is
+authenticated (the ``kubeflow-userid`` header, or a bearer token of ``token_for(user)`` that the Kubernetes TokenReview
+API accepts for the audience ``pipelines.kubeflow.org``; neither: 401) and authorized (the user must be one
+``grant(user, namespace)`` named, as a SubjectAccessReview allows a profile's contributors: else 403); a run, a
+recurring run or an experiment without a namespace is 400, and shared pipelines (no namespace) are read and uploaded
+by anyone, and on 2.15 and 2.16 their versions deleted by anyone too (``_identity``, ``_authorize``,
+``_delete_version``). Without it, a pipeline's namespace is ignored: every pipeline is shared (``_pipeline_namespace``).
+A version's spec is kept as the server keeps it, through the PipelineSpec proto (``_stored_spec``).
+
 A run executes as on the Vertex AI emulator (``tests.emulators.pipeline_runner``: each task its own process group in
 its own empty directory, the image's stand-in first on PATH, its ``/gcs/`` outputs moved into the storage emulator,
 as the KFP launcher uploads a task's outputs to the pipeline root); a task's image must be in the emulated Artifact
@@ -36,8 +45,9 @@ Registry, else it fails at image pull. A task's placeholders are what KFP's driv
 ``{{$.pipeline_job_resource_name}}`` "the pipeline run name in the underlying pipeline engine (e.g. an Argo Workflow
 object name)" (kfp/dsl/__init__.py), here ``<pipeline name>-<5 random letters and digits>`` as a Kubernetes
 ``generateName`` makes (a recurring run's run: ``_workflow_name``), and ``{{$.pipeline_job_uuid}}`` the run's id;
-the create and schedule times per release (``_placeholders``). The runtime state goes PENDING ->
-RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
+the create and schedule times per release (``_placeholders``). A task whose output artifact points outside the
+pipeline root fails after its command, as the KFP launcher fails it (``_upload_refused``). The runtime state goes
+PENDING -> RUNNING -> SUCCEEDED | FAILED, or CANCELING -> CANCELED after a terminate (the V2beta1RuntimeState enum).
 
 Terminate, on KFP's Argo backend: the API server sets the run's workflow's ``activeDeadlineSeconds`` to 0, so Argo
 stops every running step (its pod is sent SIGTERM, then SIGKILL after its grace period, as Kubernetes ends a pod:
@@ -53,6 +63,7 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 import secrets
 import threading
@@ -81,6 +92,7 @@ FILTER_KEYS = ("display_name", "name", "state", "experiment_id")
 EQUALS = (1, "EQUALS")  # api.Filter's Predicate.Operation EQUALS (kfp's _FILTER_OPERATIONS in kfp/client/client.py)
 VERSIONS = ("2.15.0", "2.16.0", "2.17.0")  # the releases whose v2 driver this emulator follows (_placeholders)
 CREATE_TIME, SCHEDULE_TIME = "{{$.pipeline_job_create_time_utc}}", "{{$.pipeline_job_schedule_time_utc}}"
+USERID_HEADER, AUDIENCE = "kubeflow-userid", "pipelines.kubeflow.org"  # multi-user mode's identities (_identity)
 
 
 class KfpError(HttpError):
@@ -134,6 +146,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         workdir: Path,
         token: str = "",
         version: str = "2.17.0",
+        multi_user: bool = False,
     ):
         super().__init__()
         self._runner_init(storage, registry, env, python_bin, workdir)
@@ -143,6 +156,11 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         self.tag_name: str | None = None  # what healthz says the release is; None: ``version``
         self.token = token
         self.namespaces = {"kubeflow"}  # the namespaces the server has ("" is its default, single-user)
+        # Multi-user mode (MULTIUSER=true): every namespaced request is authenticated and authorized (``_authorize``).
+        self.multi_user = multi_user
+        self.contributors: dict[str, set[str]] = {}  # namespace -> the users a SubjectAccessReview allows there
+        self._reviewed: dict[str, tuple[str, tuple[str, ...]]] = {}  # token -> (user, audiences): its TokenReview
+        self._request: BaseHTTPRequestHandler | None = None  # the request being answered (under the lock)
         self.pipelines: dict[str, dict] = {}
         self.versions: dict[str, dict] = {}  # version id -> V2beta1PipelineVersion, with its spec
         self.experiments: dict[str, dict] = {}
@@ -182,6 +200,34 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             shown |= {CREATE_TIME: create_time, SCHEDULE_TIME: job.scheduled or create_time}
         return shown
 
+    def _upload_refused(self, job: Job, result: dict) -> str:
+        """The launcher's rule for a task's output artifacts, after its command succeeded (``uploadOutputArtifacts``:
+        https://github.com/kubeflow/pipelines/blob/2.15.0/backend/src/v2/component/launcher_v2.go#L616-L640, and
+        at 2.16.0 L673-L711, at 2.17.0 L778-L823): each artifact's uri, as the executor output left it
+        (``mergeRuntimeArtifacts``), that names a bucket (``LocalPathForURI``: gs://, s3://, minio://; oci:// is not
+        uploaded, any other scheme is skipped with a warning) is uploaded under the pipeline root, whose key
+        ``KeyFromURI`` takes: a uri not under ``PrefixedBucket()`` (the scheme, then ``path.Join`` of the root's
+        bucket and path: no trailing slash, so a plain string prefix) fails the task, as does one that is the root
+        itself (https://github.com/kubeflow/pipelines/blob/2.15.0/backend/src/v2/objectstore/config.go#L80-L95;
+        the same at 2.17.0, L97-L112). The bucket config is the pipeline root's (``ParseBucketConfig`` of
+        ``GetPipelineRoot()``: launcher_v2.go L216-L217 at 2.15.0, L256-L257 at 2.17.0)."""
+        scheme, _, where = job.root.partition("://")
+        bucket, _, path = where.partition("/")
+        prefixed = f"{scheme}://{posixpath.normpath(posixpath.join(bucket, path))}"
+        for name, listed in result["artifacts"].items():
+            for artifact in listed["artifacts"]:
+                uri = artifact.get("uri", "")
+                if not uri.startswith(("gs://", "s3://", "minio://")):
+                    continue
+                if not uri.startswith(prefixed):
+                    why = f"URI {json.dumps(uri)} does not have expected bucket prefix {json.dumps(prefixed)}"
+                elif not uri[len(prefixed) :].lstrip("/"):
+                    why = f"URI {json.dumps(uri)} has empty key given prefixed bucket {json.dumps(prefixed)}"
+                else:
+                    continue
+                return f"failed to upload output artifact {json.dumps(name)}: {why}"
+        return ""
+
     def _set(self, job: Job, **fields) -> None:
         with self._lock:
             if "state" in fields:
@@ -198,6 +244,24 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             detail["error"] = {"code": 4, "message": EXIT_DEADLINE}
 
     # ------------------------------------------------------------------ inspection and test hooks
+    def grant(self, user: str, namespace: str) -> None:
+        """``user`` may act in ``namespace`` (made if new): a Kubeflow profile's owner or contributor, whom the
+        SubjectAccessReview the server asks for allows every verb on pipelines.kubeflow.org's resources there."""
+        self.namespaces.add(namespace)
+        self.contributors.setdefault(namespace, set()).add(user)
+
+    def token_for(self, user: str, audiences: tuple[str, ...] = (AUDIENCE,)) -> str:
+        """A bearer token that the Kubernetes TokenReview API authenticates as ``user`` for ``audiences`` (a
+        projected or ``kubectl create token --audience`` token)."""
+        token = secrets.token_urlsafe(24)
+        self._reviewed[token] = (user, audiences)
+        return token
+
+    def expire(self, token: str) -> None:
+        """``token`` is past its expiry: the TokenReview API no longer authenticates it (a bound token's ``exp``:
+        https://kubernetes.io/docs/reference/access-authn-authz/service-accounts-admin/#bound-service-account-token-volume)."""
+        self._reviewed.pop(token, None)
+
     def run(self, run_id: str) -> Job:
         with self._lock:
             return self.jobs[run_id]
@@ -264,19 +328,22 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             # deployment's TAG_NAME. The API's GetHealthzResponse declares multi_user alone
             # (https://github.com/kubeflow/pipelines/blob/2.15.0/backend/api/v2beta1/healthz.proto), so a server may
             # not say it: ``tag_name`` "" leaves it out, "unknown" is what a build without a TAG_NAME says.
-            said = {"commit_sha": "unknown", "multi_user": False}
+            said = {"commit_sha": "unknown", "multi_user": self.multi_user}
             tag = self.version if self.tag_name is None else self.tag_name
             return 200, {**said, "tag_name": tag} if tag else said
         if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise KfpError(401, "Unauthenticated: the request has no valid bearer token.")
         method, parts = http.command, path.split("/")
         with self._lock:
+            self._request = http
             if path == "pipelines/upload" and method == "POST":
                 return 200, self._upload(query, http, raw)
             if path == "pipelines/upload_version" and method == "POST":
                 return 200, self._upload_version(query, http, raw)
             if parts[0] == "pipelines" and method == "GET":
                 return 200, self._get_pipelines(parts[1:], query)
+            if parts[0] == "pipelines" and method == "DELETE" and len(parts) == 4 and parts[2] == "versions":
+                return 200, self._delete_version(parts[1], parts[3])
             if parts[0] == "experiments":
                 return 200, self._experiments(method, parts[1:], query, raw)
             if parts[0] == "runs":
@@ -284,6 +351,72 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             if parts[0] == "recurringruns":
                 return 200, self._recurring_runs(method, parts[1:], query, raw)
         raise KfpError(404, f"Not Found: {method} {url.path}")
+
+    def _identity(self) -> str:
+        """Who the request is from, as the server's authenticators say it, first that answers (``IsAuthorized``'s
+        loop over ``GetAuthenticators``: https://github.com/kubeflow/pipelines/blob/2.17.0/backend/src/apiserver/
+        resource/resource_manager.go#L2308-L2341, backend/src/apiserver/auth/auth.go#L35-L45, the same at 2.15.0):
+        the user id header (``KUBEFLOW_USERID_HEADER``, ``kubeflow-userid`` in the multi-user install's
+        pipeline-install-config, no prefix), which Istio lets through only from Kubeflow's own services
+        (manifests/kustomize/base/installs/multi-user/istio-authorization-config.yaml), then a bearer token the
+        Kubernetes TokenReview API authenticates for the audience ``pipelines.kubeflow.org``
+        (authenticator_token_review.go: ``ensureAudience``; ``DefaultTokenReviewAudience`` in common/const.go).
+        Neither: 401 (``NewUnauthenticatedError``), with each authenticator's reason."""
+        http, failed = self._request, []
+        assert http is not None
+        for header, prefix in ((USERID_HEADER, ""), ("Authorization", "Bearer ")):
+            values = http.headers.get_all(header) or []
+            if len(values) != 1:
+                failed.append(
+                    f"Request header error: unexpected number of '{header}' headers. Expect 1 got {len(values)}"
+                    if values
+                    else "Request header error: there is no user identity header."
+                )
+            elif not values[0].startswith(prefix):
+                failed.append(f"Header '{header}' is incorrectly formatted. Expected prefix '{prefix}'")
+            elif header == USERID_HEADER:
+                return values[0]
+            else:
+                user, audiences = self._reviewed.get(values[0][len(prefix) :], ("", ()))
+                if not user:
+                    failed.append("Authentication failure: Review.Status.Authenticated is false")
+                elif AUDIENCE not in audiences:
+                    failed.append(f"Failed to find all of '[{AUDIENCE}]' in audience: [{' '.join(audiences)}]")
+                else:
+                    return user
+        raise KfpError(
+            401,
+            f"Failed to check authorization. User identity is empty in the request header: [{', '.join(failed)}]",
+        )
+
+    def _authorize(self, namespace: str, verb: str, resource: str, what: str = "") -> None:
+        """In multi-user mode, a request on a namespace's resource is authorized as the server authorizes it (each
+        server's ``canAccess…``, then ``IsAuthorized``: a SubjectAccessReview of the user's ``verb`` on the
+        resource in the namespace): a run, a recurring run or an experiment needs a namespace (400, "… cannot have
+        an empty namespace in multi-user mode": run_server.go ``createRun``, job_server.go ``createJob``,
+        experiment_server.go ``canAccessExperiment`` at 2.17.0 and 2.15.0); a shared pipeline (no namespace) needs
+        nothing (pipeline_server.go ``canAccessPipeline``, pipeline_upload_server.go ``canUploadVersionedPipeline``);
+        a user the review does not allow is 403 (``NewPermissionDeniedError``)."""
+        if not self.multi_user:
+            return
+        if not namespace:
+            if not what:
+                return
+            raise KfpError(400, f"{what} cannot have an empty namespace in multi-user mode")
+        user = self._identity()
+        if user not in self.contributors.get(namespace, set()):
+            raise KfpError(
+                403,
+                f"User '{user}' is not authorized with reason:  (request: &ResourceAttributes{{Namespace:{namespace},"
+                f"Verb:{verb},Group:pipelines.kubeflow.org,Version:v1beta1,Resource:{resource}}})",
+            )
+
+    def _pipeline_namespace(self, namespace: str | None) -> str:
+        """A pipeline's namespace: the one given on a multi-user server, else none, whatever was given
+        (``ReplaceNamespace``, backend/src/apiserver/resource/resource_manager.go L2017-L2023 at 2.15.0, L2456 at
+        2.17.0, which ListPipelines and the upload server apply first: pipeline_server.go ``listPipelines``,
+        pipeline_upload_server.go L122 at 2.15.0, L123 at 2.17.0)."""
+        return self._namespace(namespace) if self.multi_user else ""
 
     def _namespace(self, namespace: str | None) -> str:
         if namespace and namespace not in self.namespaces:
@@ -305,11 +438,15 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             raise KfpError(400, f"Failed to create a pipeline: the package is not YAML: {exc}") from None
         if not isinstance(spec, dict) or "root" not in spec or "deploymentSpec" not in spec:
             raise KfpError(400, "Failed to create a pipeline: the package is not a compiled KFP v2 pipeline")
-        return spec
+        return _stored_spec(spec)
 
     def _upload(self, query: dict, http: BaseHTTPRequestHandler, raw: bytes) -> dict:
         self.calls.append("UploadPipeline")
-        namespace = self._namespace(query.get("namespace"))
+        namespace = self._pipeline_namespace(query.get("namespace"))
+        try:
+            self._authorize(namespace, "create", "pipelines")
+        except KfpError:  # the upload server answers any refusal so (pipeline_upload_server.go, UploadPipeline)
+            raise KfpError(400, "Failed to create a pipeline") from None
         spec = self._uploaded_spec(http, raw)
         name = query.get("name") or spec.get("pipelineInfo", {}).get("name", "")
         if any(p["display_name"] == name and p["namespace"] == namespace for p in self.pipelines.values()):
@@ -331,9 +468,30 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         pipeline_id, name = query.get("pipelineid", ""), query.get("name", "")
         if pipeline_id not in self.pipelines:
             raise KfpError(404, f"Failed to create a pipeline version: pipeline {pipeline_id!r} not found")
+        try:
+            self._authorize(self.pipelines[pipeline_id]["namespace"], "create", "pipelines")
+        except KfpError:
+            raise KfpError(400, "Failed to create a pipeline version") from None
         if any(v["pipeline_id"] == pipeline_id and v["display_name"] == name for v in self.versions.values()):
             raise KfpError(409, f"Failed to create a pipeline version: the name {name!r} already exists")
         return self._new_version(pipeline_id, name, self._uploaded_spec(http, raw))
+
+    def _delete_version(self, pipeline_id: str, version_id: str) -> dict:
+        """``DELETE .../pipelines/{id}/versions/{version id}`` (DeletePipelineVersion, backend/api/v2beta1/
+        pipeline.proto), authorized as ``deletePipelineVersion`` then ``canAccessPipeline`` authorize it
+        (backend/src/apiserver/server/pipeline_server.go): in a namespace, a user the review allows there; of a
+        shared pipeline, anyone on 2.15 and 2.16 ("Skip authentication if the namespace is empty to enable shared
+        pipelines in multi-user mode", L1095-L1098 at 2.15.0), and from 2.17 only a user allowed in the server's own
+        namespace (``GetPodNamespace``, ``kubeflow`` here: L1290-L1300 at 2.17.0, kubeflow/pipelines#13288)."""
+        self.calls.append("DeletePipelineVersion")
+        version = self.versions.get(version_id)
+        if version is None or version["pipeline_id"] != pipeline_id:
+            raise KfpError(404, f"Pipeline version {version_id} not found")
+        namespace = self.pipelines[pipeline_id]["namespace"]
+        if namespace or not self.version.startswith(("2.15.", "2.16.")):
+            self._authorize(namespace or "kubeflow", "delete", "pipelines")
+        del self.versions[version_id]
+        return {}
 
     def _new_version(self, pipeline_id: str, name: str, spec: dict) -> dict:
         version_id = str(uuid.uuid4())
@@ -350,11 +508,13 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
     def _get_pipelines(self, rest: list[str], query: dict) -> dict:
         if not rest:
             self.calls.append("ListPipelines")
-            namespace = self._namespace(query.get("namespace"))
+            namespace = self._pipeline_namespace(query.get("namespace"))
+            self._authorize(namespace, "list", "pipelines")
             found = [p for p in self.pipelines.values() if p["namespace"] == namespace]
             return _page("pipelines", _filtered(found, query))
         if rest[0] not in self.pipelines:
             raise KfpError(404, f"Pipeline {rest[0]} not found")
+        self._authorize(self.pipelines[rest[0]]["namespace"], "get", "pipelines")
         if len(rest) == 1:
             return copy.deepcopy(self.pipelines[rest[0]])
         versions = [v for v in self.versions.values() if v["pipeline_id"] == rest[0]]
@@ -371,6 +531,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             self.calls.append("CreateExperiment")
             body = json.loads(raw or b"{}")
             namespace = self._namespace(body.get("namespace"))
+            self._authorize(namespace, "create", "experiments", "An experiment")
             name = body.get("display_name", "")
             if not name:
                 raise KfpError(400, "Invalid input error: experiment name is empty")
@@ -389,9 +550,11 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         if method == "GET" and not rest:
             self.calls.append("ListExperiments")
             namespace = self._namespace(query.get("namespace"))
+            self._authorize(namespace, "list", "experiments", "An experiment")
             found = [e for e in self.experiments.values() if e["namespace"] == namespace]
             return _page("experiments", _filtered(found, query))
         if method == "GET" and rest[0] in self.experiments:
+            self._authorize(self.experiments[rest[0]]["namespace"], "get", "experiments", "An experiment")
             return copy.deepcopy(self.experiments[rest[0]])
         raise KfpError(404, f"Experiment {'/'.join(rest)} not found")
 
@@ -402,6 +565,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             return self._create_run(json.loads(raw or b"{}"))
         if method == "GET" and not rest:
             self.calls.append("ListRuns")
+            self._authorize(_listed(query, self), "list", "runs", "A run")
             runs = [self._shown_run(j, details=False) for j in self.jobs.values() if _in(j.resource, query, self)]
             runs.sort(key=lambda r: r["created_at"], reverse=query.get("sort_by", "created_at desc").endswith("desc"))
             return _page("runs", _filtered(runs, query))
@@ -409,6 +573,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         if run_id not in self.jobs:
             raise KfpError(404, f"Run {run_id} not found")
         job = self.jobs[run_id]
+        self._authorize(job.resource["namespace"], "get" if method == "GET" else verb, "runs", "A run")
         if method == "GET" and not verb:
             self.calls.append("GetRun")
             return self._shown_run(job)
@@ -425,6 +590,8 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         experiment = self.experiments.get(body.get("experiment_id") or "")
         if body.get("experiment_id") and experiment is None:
             raise KfpError(404, f"Failed to create a run: experiment {body['experiment_id']} not found")
+        if not recurring:  # a recurring run's runs are the controller's, authorized when the recurring run was made
+            self._authorize(experiment["namespace"] if experiment else "", "create", "runs", "A run")
         runtime = body.get("runtime_config") or {}
         root = runtime.get("pipeline_root") or spec.get("defaultPipelineRoot", "")
         if not root.startswith("gs://"):  # this emulator keeps artifacts in the storage emulator alone
@@ -500,12 +667,15 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
             return self._create_recurring(json.loads(raw or b"{}"))
         if method == "GET" and not rest:
             self.calls.append("ListRecurringRuns")
+            self._authorize(_listed(query, self), "list", "jobs", "Recurring run")
             found = [copy.deepcopy(r.resource) for r in self.recurring.values() if _in(r.resource, query, self)]
             return _page("recurringRuns", _filtered(found, query))
         recurring_id, _, verb = rest[0].partition(":")
         if recurring_id not in self.recurring:
             raise KfpError(404, f"Recurring run {recurring_id} not found")
         recurring = self.recurring[recurring_id]
+        verb = {"GET": "get", "DELETE": "delete"}.get(method, verb)
+        self._authorize(recurring.resource["namespace"], verb, "jobs", "Recurring run")
         if method == "GET":
             return copy.deepcopy(recurring.resource)
         if method == "DELETE":
@@ -534,6 +704,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         experiment = self.experiments.get(body.get("experiment_id") or "")
         if experiment is None:
             raise KfpError(404, f"Failed to create a recurring run: experiment {body.get('experiment_id')} not found")
+        self._authorize(experiment["namespace"], "create", "jobs", "Recurring run")
         if not 1 <= int(body.get("max_concurrency") or 0) <= 10:  # "Range [1-10]", its field docs
             raise KfpError(400, f"Invalid input error: max_concurrency {body.get('max_concurrency')} is not in [1, 10]")
         spec = self._run_spec(body)
@@ -593,6 +764,30 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         return run["run_id"]
 
 
+def _stored_spec(spec: dict) -> dict:
+    """A pipeline spec as the server keeps and returns it: parsed into the PipelineSpec proto and written back with
+    protojson (``NewV2SpecTemplate`` and ``V2Spec.Bytes``, backend/src/apiserver/template/v2_template.go at 2.15.0
+    and 2.17.0), then read into a ``google.protobuf.Struct`` (``YamlStringToPipelineSpecStruct``,
+    backend/src/apiserver/server/api_util.go): fields at their default value are left out, and a whole number in a
+    Struct is written without a fraction, as Go's protojson writes a double."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    try:
+        message = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
+    except json_format.ParseError as exc:
+        raise KfpError(400, f"Failed to create a pipeline: invalid pipeline spec: {exc}") from None
+
+    def whole(value):
+        if isinstance(value, dict):
+            return {k: whole(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [whole(v) for v in value]
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    return whole(json_format.MessageToDict(message))
+
+
 def _parameters(spec: dict, given: dict) -> dict:
     """The run's parameters against the spec's root inputs (``pipeline_runner.resolve_parameters``)."""
 
@@ -620,6 +815,12 @@ def _filtered(items: list[dict], query: dict) -> list[dict]:
             raise KfpError(501, f"emulator: cannot read the filter predicate {p}")
     value = lambda p: p.get("string_value", p.get("stringValue"))  # noqa: E731 - the predicate's string, either case
     return [i for i in items if all(i.get(p["key"]) == value(p) for p in predicates)]
+
+
+def _listed(query: dict, server: KfpEmulator) -> str:
+    """The namespace a list of runs or recurring runs is of: its experiment's, else the one it names."""
+    experiment = server.experiments.get(query.get("experiment_id") or "")
+    return experiment["namespace"] if experiment else server._namespace(query.get("namespace"))
 
 
 def _in(resource: dict, query: dict, server: KfpEmulator) -> bool:

@@ -244,6 +244,10 @@ class PipelineRunner:
     def _tasks_changed(self, job: Job) -> None:
         """A task detail was added (``job.tasks``)."""
 
+    def _upload_refused(self, job: Job, result: dict) -> str:
+        """Why the service refuses a task's output artifacts once its command has succeeded ("": it takes them)."""
+        return ""
+
     def _not_started(self, job: Job, shown: str, parent: str, always: bool) -> None:
         """A task a stop left unstarted (``always``: it runs whatever happens upstream, the exit handler)."""
         self._detail(job, shown, "CANCELLED", parent)
@@ -515,6 +519,10 @@ class PipelineRunner:
         job.logs[task] = (task_dir / "task.log").read_text(errors="replace")
         result = self._collect(task_dir, artifacts, prefix)
         shutil.rmtree(task_dir, ignore_errors=True)
+        refused = self._upload_refused(job, result) if code == 0 else ""
+        if refused:
+            job.logs[task] += refused
+            return False, result, {"code": 9, "message": f"The task {task} failed: {refused}"}
         error = {"code": 9, "message": f"The task {task} exited with code {code}: " + job.logs[task][-2000:]}
         return code == 0, result, error
 

@@ -26,16 +26,28 @@ A custom role (``projects/P/roles/R``, ``organizations/O/roles/R``) exists once 
 GetRole answers them as ``included_permissions``, NOT_FOUND for another name, and PERMISSION_DENIED once ``deny`` names
 ``iam.roles.get`` (https://cloud.google.com/iam/docs/reference/rest/v1/roles/get). A predefined role (``roles/R``) is
 not served: the code under test reads custom roles only.
+
+A grant may carry an IAM condition (``grant``/``grant_above`` with ``condition={"title", "expression"}``): a binding
+of its own, its ``condition`` an ``Expr`` (google/iam/v1/policy.proto, ``Binding.condition``). GetIamPolicy answers it
+as the requested policy version says ("Policy versions", https://cloud.google.com/iam/docs/policies#versions;
+``GetPolicyOptions.requested_policy_version``, google/iam/v1/options.proto): at 3, with its condition and the policy's
+``version`` 3; at 0 or 1 (or unset), without it, the role named ``ROLE_withcond_HASH`` and the policy's version 1
+(https://cloud.google.com/iam/docs/troubleshooting-withcond); another version is INVALID_ARGUMENT ("Valid values are 0,
+1, and 3. Requests specifying an invalid value will be rejected"). A policy with no condition is version 1 whatever was
+asked ("if you specify version 3, but the policy has no conditional role bindings, the response uses version 1").
+TestIamPermissions is not affected: it answers for the caller, from ``deny``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import grpc
 from google.cloud import iam_admin_v1
 from google.cloud import resourcemanager_v3 as rm
 from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.type import expr_pb2
 
 from tests.emulators import serve_grpc
 
@@ -78,6 +90,8 @@ class ResourceManagerEmulator:
         # a policy with conditional bindings read below version 3 loses them ("Policy versions",
         # https://cloud.google.com/iam/docs/policies#versions), so a reader that can meet one asks for 3.
         self.policy_versions: list[int] = []
+        # projects/ID, folders/ID, organizations/ID -> (role, member, condition) of each conditional grant
+        self.conditional: dict[str, list[tuple[str, str, dict[str, str]]]] = {}
         self._server = None
 
     def add_project(self, project_id: str, number: str) -> None:
@@ -179,9 +193,12 @@ class ResourceManagerEmulator:
             self.above.setdefault(parent, {})
             child = parent
 
-    def grant_above(self, resource: str, role: str, member: str) -> None:
-        """``member`` granted ``role`` on a folder or organization ``place`` named."""
-        self.above[resource].setdefault(role, set()).add(member)
+    def grant_above(self, resource: str, role: str, member: str, condition: dict[str, str] | None = None) -> None:
+        """``member`` granted ``role`` on a folder or organization ``place`` named (under ``condition`` if given)."""
+        if condition:
+            self.conditional.setdefault(resource, []).append((role, member, condition))
+        else:
+            self.above[resource].setdefault(role, set()).add(member)
 
     def define_role(self, name: str, *permissions: str) -> None:
         self.roles[name] = set(permissions)
@@ -199,7 +216,7 @@ class ResourceManagerEmulator:
         permission = f"resourcemanager.{kind}.getIamPolicy"
         if request.resource not in self.above or permission in self.denied:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"The caller does not have permission {permission}")
-        return _policy(self.above[request.resource])
+        return self._policy(request, self.above[request.resource], context)
 
     def get_role(self, request: iam_admin_v1.GetRoleRequest, context) -> iam_admin_v1.Role:
         self.calls.append("roles.GetRole")
@@ -209,8 +226,12 @@ class ResourceManagerEmulator:
             context.abort(grpc.StatusCode.NOT_FOUND, f"The role named {request.name} was not found.")
         return iam_admin_v1.Role(name=request.name, included_permissions=sorted(self.roles[request.name]))
 
-    def grant(self, project_id: str, role: str, member: str) -> None:
-        self.policies[project_id].setdefault(role, set()).add(member)
+    def grant(self, project_id: str, role: str, member: str, condition: dict[str, str] | None = None) -> None:
+        """``member`` granted ``role`` on the project (under ``condition``, ``{"title", "expression"}``, if given)."""
+        if condition:
+            self.conditional.setdefault(f"projects/{project_id}", []).append((role, member, condition))
+        else:
+            self.policies[project_id].setdefault(role, set()).add(member)
 
     def revoke(self, project_id: str, role: str, member: str) -> None:
         self.policies[project_id].get(role, set()).discard(member)
@@ -241,7 +262,7 @@ class ResourceManagerEmulator:
         project_id, _ = self._project(request.resource, context)
         if GET_IAM_POLICY in self.denied:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "The caller does not have permission")
-        return _policy(self.policies[project_id])
+        return self._policy(request, self.policies[project_id], context, f"projects/{project_id}")
 
     def test_iam_permissions(self, request, context):
         self.calls.append("TestIamPermissions")
@@ -254,9 +275,28 @@ class ResourceManagerEmulator:
             permissions=[p for p in request.permissions if p not in self.denied and p not in there]
         )
 
-
-def _policy(roles: dict[str, set[str]]) -> policy_pb2.Policy:
-    bindings = [
-        policy_pb2.Binding(role=role, members=sorted(members)) for role, members in sorted(roles.items()) if members
-    ]
-    return policy_pb2.Policy(version=1, bindings=bindings, etag=b"BwYq")
+    def _policy(self, request, roles: dict[str, set[str]], context, resource: str = "") -> policy_pb2.Policy:
+        """The policy of ``roles`` and the resource's conditional grants, as the requested version shows them."""
+        version = request.options.requested_policy_version
+        if version not in (0, 1, 3):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Invalid requested policy version {version}: valid values are 0, 1 and 3.",
+            )
+        bindings = [
+            policy_pb2.Binding(role=role, members=sorted(members)) for role, members in sorted(roles.items()) if members
+        ]
+        conditional: dict[tuple[str, str, str], set[str]] = {}
+        for role, member, condition in self.conditional.get(resource or request.resource, []):
+            conditional.setdefault((role, condition["title"], condition["expression"]), set()).add(member)
+        for (role, title, expression), members in sorted(conditional.items()):
+            if version == 3:
+                bindings.append(
+                    policy_pb2.Binding(
+                        role=role, members=sorted(members), condition=expr_pb2.Expr(title=title, expression=expression)
+                    )
+                )
+            else:
+                mark = hashlib.sha256(f"{title}\n{expression}".encode()).hexdigest()[:20]
+                bindings.append(policy_pb2.Binding(role=f"{role}_withcond_{mark}", members=sorted(members)))
+        return policy_pb2.Policy(version=3 if conditional and version == 3 else 1, bindings=bindings, etag=b"BwYq")

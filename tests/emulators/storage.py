@@ -43,7 +43,13 @@ An object is stored with the metadata Cloud Storage gives it (generation, size, 
 ...); an upload whose metadata carries a crc32c or md5Hash that the data does not have is refused (400), as are
 ``ifGenerationMatch``/``ifGenerationNotMatch`` preconditions that do not hold (412), and an upload into a bucket that
 does not exist (404). A download carries the ``x-goog-hash``, ``x-goog-generation`` and
-``x-goog-stored-content-length`` headers the client checks the data against, and honours a ``Range`` header.
+``x-goog-stored-content-length`` headers the client checks the data against, and honours a ``Range`` header. An object
+stored with ``contentEncoding: gzip`` is served decompressed, its Range ignored, unless the request has
+``Accept-Encoding: gzip`` or the object ``Cache-Control: no-transform`` (decompressive transcoding:
+https://cloud.google.com/storage/docs/transcoding). ``state.downloads`` records each download's Range and
+Accept-Encoding headers; ``cut(after)`` makes the next download break off after that many bytes of its body, the
+connection closed, which the client must resume itself (https://cloud.google.com/storage/docs/downloads), and
+``whole()`` answers the next ranged download with the whole object, as HTTP lets a server or proxy do.
 A request may name the object's generation (``generation``: "selects a specific revision of this object",
 https://cloud.google.com/storage/docs/json_api/v1/objects/get); only the live one is kept (the emulator has no Object
 Versioning, without which an object's live version is gone once it is replaced or deleted:
@@ -101,6 +107,7 @@ from __future__ import annotations
 import base64
 import bisect
 import copy
+import gzip
 import hashlib
 import json
 import os
@@ -119,7 +126,7 @@ from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlsplit
 import google_crc32c
 
 from tests.emulators import iam, take_fault
-from tests.emulators.http import REASONS, Fault, HttpEmulator, HttpError
+from tests.emulators.http import REASONS, Cut, Fault, HttpEmulator, HttpError
 from tests.emulators.tokens import authorized
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
@@ -303,6 +310,17 @@ POOL_MEMBER = re.compile(
 
 
 @dataclass
+class Cutting:
+    """A download fault (``StorageEmulator.cut``): the next ``times`` media downloads matching ``when`` send ``after``
+    bytes of their body, then close the connection."""
+
+    method: str
+    after: int
+    times: int
+    when: Callable[[dict], bool]
+
+
+@dataclass
 class State:
     buckets: dict[str, dict] = field(default_factory=dict)  # bucket name -> bucket resource JSON
     policies: dict[str, dict] = field(default_factory=dict)  # bucket name -> {"version": V, "bindings": [...]}
@@ -314,6 +332,8 @@ class State:
     # known), "data" (received so far), and once finished "object" (the resource it created)}
     uploads: dict[str, dict] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)  # method names ("buckets.get", ...), in order
+    # each media download: (bucket, object name, its Range header or "", its Accept-Encoding header or ""), in order
+    downloads: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 def _now() -> str:
@@ -470,6 +490,7 @@ class StorageEmulator(HttpEmulator):
         self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
         self.state = State()
         self.faults: list[Fault] = []
+        self.cuts: list[Cutting] = []  # downloads that break off (``cut``)
         self._lock = threading.RLock()
         self._generation = 0
         self.root = Path(root) if root else None
@@ -506,6 +527,21 @@ class StorageEmulator(HttpEmulator):
                 when,
             )
         )
+
+    def cut(self, after: int, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
+        """The next ``times`` media downloads matching ``when`` (``{"bucket", "object", "query"}``) break off: their
+        headers and ``after`` bytes of their body are sent, then the connection is closed. A client must resume such
+        a download itself, asking for the rest with a ``Range`` header ("Using this basic download behavior, you can
+        resume interrupted downloads": https://cloud.google.com/storage/docs/downloads)."""
+        self.cuts.append(Cutting("objects.get", after, times, when))
+
+    def whole(self, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
+        """The next ``times`` media downloads with a ``Range`` that match ``when`` are answered 200 with the whole
+        object, the Range ignored, as any server or proxy on the way may answer ("A server MAY ignore the Range
+        header field": RFC 9110, section 14.2, https://www.rfc-editor.org/rfc/rfc9110#section-14.2), and as Cloud
+        Storage itself answers for an object it serves decompressed (https://cloud.google.com/storage/docs/
+        transcoding#range)."""
+        self.cuts.append(Cutting("objects.get whole", 0, times, when))
 
     def foreign(self, bucket: str, caller: str) -> None:
         """Make ``bucket`` (created already) another project's: the project's own credentials, which own its buckets,
@@ -556,12 +592,15 @@ class StorageEmulator(HttpEmulator):
             stored = self._objects.get(bucket, name)
             return copy.deepcopy(stored["metadata"]) if stored else None
 
-    def put(self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream") -> None:
-        """Store an object as a writer outside the JSON API would (Vertex's Cloud Storage FUSE mount)."""
+    def put(
+        self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream", **metadata: str
+    ) -> None:
+        """Store an object as a writer outside the JSON API would (Vertex's Cloud Storage FUSE mount); ``metadata``:
+        more of its resource's fields (``contentEncoding="gzip"``, say)."""
         with self._lock:
             if bucket not in self.state.buckets:
                 raise KeyError(f"no bucket {bucket}")
-            self._store(bucket, {"name": name}, data, content_type, {})
+            self._store(bucket, {"name": name, **metadata}, data, content_type, {})
 
     def data(self, bucket: str, name: str) -> bytes | None:
         """The object's data (with ``root``: its file's bytes), or None when there is no such object."""
@@ -613,7 +652,7 @@ class StorageEmulator(HttpEmulator):
                 return method, unquote(groups["bucket"] or ""), unquote(groups.get("object") or ""), {}
         raise HttpError(404, f"The emulator does not serve {command} {path}.")
 
-    def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple[int, dict | bytes | None, dict]:
+    def _serve(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple[int, dict | bytes | Cut | None, dict]:
         url = urlsplit(http.path)
         method, bucket, name, destination = self._route(http.command, url.path)
         auth = http.headers.get("Authorization")
@@ -1108,12 +1147,14 @@ class StorageEmulator(HttpEmulator):
 
     def _get_object(
         self, http: BaseHTTPRequestHandler, bucket: str, name: str, query: dict, media: bool
-    ) -> tuple[int, dict | bytes, dict]:
+    ) -> tuple[int, dict | bytes | Cut, dict]:
         stored = self._object(bucket, name, query)
         resource = stored["metadata"]
         if not media:
             return 200, _fields(copy.deepcopy(resource), query.get("fields")), {}
         data = self._objects.read(bucket, name, stored)
+        accepted = http.headers.get("Accept-Encoding", "")
+        self.state.downloads.append((bucket, name, http.headers.get("Range", ""), accepted))
         headers = {
             "Content-Type": resource["contentType"],
             "ETag": resource["etag"],
@@ -1124,16 +1165,33 @@ class StorageEmulator(HttpEmulator):
             "x-goog-stored-content-length": resource["size"],
             "x-goog-stored-content-encoding": resource.get("contentEncoding") or "identity",
         }
+        cut = take_fault(self.cuts, self._lock, "objects.get", {"bucket": bucket, "object": name, "query": query})
+
+        def answer(status: int, body: bytes, headers: dict) -> tuple[int, bytes | Cut, dict]:
+            return status, Cut(body, cut.after) if cut else body, headers
+
+        # Decompressive transcoding (https://cloud.google.com/storage/docs/transcoding): an object stored with
+        # Content-Encoding: gzip is served decompressed, without its Content-Encoding and with any Range ignored
+        # (the page's "Range header" section), unless the request accepts gzip ("the object is served as-is in that
+        # specific request, along with a Content-Encoding: gzip response header") or its Cache-Control has
+        # no-transform.
+        if resource.get("contentEncoding") == "gzip":
+            if "gzip" in accepted or "no-transform" in resource.get("cacheControl", ""):
+                headers["Content-Encoding"] = "gzip"
+            else:
+                return answer(200, gzip.decompress(data), headers)
         m = RANGE.fullmatch(http.headers.get("Range", "").strip())
         if not m or not (m["first"] or m["last"]):
-            return 200, data, headers
+            return answer(200, data, headers)
+        if take_fault(self.cuts, self._lock, "objects.get whole", {"bucket": bucket, "object": name, "query": query}):
+            return answer(200, data, headers)  # the Range ignored (``whole``)
         if m["first"]:
             first, last = int(m["first"]), min(int(m["last"] or len(data) - 1), len(data) - 1)
         else:  # the last N bytes
             first, last = max(len(data) - int(m["last"]), 0), len(data) - 1
         if first >= len(data) or first > last:
             raise HttpError(416, "The requested range cannot be satisfied.", "requestedRangeNotSatisfiable")
-        return 206, data[first : last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+        return answer(206, data[first : last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"})
 
     def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
         _not_held(bucket, name, self._object(bucket, name, query))

@@ -5,6 +5,7 @@ and its errors as BigQuery words them, identities and their roles, injected faul
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
@@ -262,3 +263,26 @@ def test_rows_are_checked_against_the_schema_when_the_tests_write_them(bq):
         bq.insert(TABLE, [{"instruction": "x"}], at=NOW - 5 * DAY)
     with pytest.raises(ValueError, match="NULLABLE or REQUIRED"):
         bq.create_table(f"{PROJECT}.examples.nested", [("r", "RECORD")])
+
+
+def test_datasets_get_answers_conditional_access_entries_as_access_policy_version_says(bq):
+    """datasets.get at accessPolicyVersion=3 lists an entry with its condition; unset, 0 or 1 without it, the role
+    suffixed with a hash; another version is refused. A conditional grant allows nothing here."""
+    from components.data.bigquery import dataset_access
+
+    viewer = f"serviceAccount:reader@{PROJECT}.iam.gserviceaccount.com"
+    office = {"title": "office-hours", "expression": "request.time.getHours('Europe/Berlin') < 18"}
+    bq.grant(viewer, "roles/bigquery.dataViewer", f"{PROJECT}.examples", condition=office)
+    (entry,) = [e for e in dataset_access(client(bq), f"{PROJECT}.examples") if e.entity_id == viewer.split(":")[1]]
+    assert entry.role == "READER" and (entry.condition.title, entry.condition.expression) == tuple(office.values())
+    (plain,) = [
+        e for e in client(bq).get_dataset(f"{PROJECT}.examples").access_entries if e.entity_id.startswith("reader@")
+    ]
+    assert plain.condition is None and plain.role.startswith("roles/bigquery.dataViewer_with_conditionalbinding_")
+    url = f"{bq.endpoint}/bigquery/v2/projects/{PROJECT}/datasets/examples?accessPolicyVersion=2"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 400 and "access policy version 2" in json.load(refused.value)["error"]["message"]
+    with pytest.raises(exceptions.Forbidden):
+        client(bq, bq.token_for(viewer)).get_table(TABLE)

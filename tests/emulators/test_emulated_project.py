@@ -113,3 +113,38 @@ def test_the_pods_fuse_mounts_are_the_bucket_or_the_directory_they_mount(project
     bucket.copy_blob(bucket.blob("models/m1/weights"), bucket, "runs/r1/model/weights")
     assert (mounts["/data/runs/r1"] / "model" / "weights").read_bytes() == b"registered"
     assert sorted(project.storage.objects_of(name, "runs/")) == ["runs/r1/ckpt/step-1", "runs/r1/model/weights"]
+
+
+def test_a_conditional_grant_is_answered_as_the_requested_policy_version_says(project_factory):
+    """Resource Manager's getIamPolicy: at version 3 a conditional binding with its condition and the policy at
+    version 3; at 0 or 1 the role as ROLE_withcond_HASH without it, the policy at version 1; another version refused;
+    a policy without conditions is version 1 whatever was asked."""
+    from google.api_core import exceptions
+
+    from components.cloud import iam
+
+    project = project_factory()
+    projects = iam.projects_client()
+
+    def read(version: int):
+        request = {"resource": f"projects/{PROJECT}", "options": {"requested_policy_version": version}}
+        return projects.get_iam_policy(request=request)
+
+    assert read(3).version == 1 and not any(b.HasField("condition") for b in read(3).bindings)
+    member = f"serviceAccount:nodes@{PROJECT}.iam.gserviceaccount.com"
+    until = {"title": "until-2030", "expression": 'request.time < timestamp("2030-01-01T00:00:00Z")'}
+    project.projects.grant(PROJECT, "roles/logging.logWriter", member, condition=until)
+    policy = read(3)
+    (binding,) = [b for b in policy.bindings if member in b.members]
+    assert policy.version == 3 and binding.role == "roles/logging.logWriter"
+    assert (binding.condition.title, binding.condition.expression) == (until["title"], until["expression"])
+    for version in (0, 1):
+        policy = read(version)
+        (binding,) = [b for b in policy.bindings if member in b.members]
+        assert policy.version == 1 and not binding.HasField("condition")
+        assert binding.role.startswith("roles/logging.logWriter_withcond_")
+        # what tpupipe reads of such a policy: the role held only under a condition, never as a grant
+        level = iam.policy_level_of(f"projects/{PROJECT}", policy)
+        assert member not in level.grants and level.conditional[member] == {"roles/logging.logWriter": {iam.UNSHOWN}}
+    with pytest.raises(exceptions.InvalidArgument, match="policy version 2"):
+        read(2)

@@ -46,6 +46,17 @@ def tiny(seconds: int = 0, note: str = ""):
         ).set_caching_options(False)
 
 
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def point(uri: str, data: dsl.Output[dsl.Dataset]):
+    if uri:  # the executor output carries the artifact's uri as the component left it
+        data.uri = uri
+
+
+@dsl.pipeline(name="pointing")
+def pointing(uri: str = ""):
+    point(uri=uri).set_caching_options(False)
+
+
 @pytest.fixture
 def server(tmp_path):
     """The emulator (its tasks in this interpreter's environment), a kfp.Client of it, the pipeline, its experiment."""
@@ -176,6 +187,38 @@ def test_a_recurring_runs_run_gets_its_parameters_unformatted_and_the_schedule_t
     assert client.get_run(fired).display_name == workflow
     log = emulator.run(fired).logs["work"]
     assert '"note": "r-[[RunUUID]]"' in log and f'"scheduled": "{scheduled}"' in log, log
+
+
+@pytest.mark.parametrize(
+    ("uri", "error"),
+    [
+        ("", ""),
+        (f"{ROOT}/elsewhere/data", ""),
+        (
+            "gs://acme-data/runs/r1/data",
+            f'URI "gs://acme-data/runs/r1/data" does not have expected bucket prefix "{ROOT}"',
+        ),
+        (ROOT + "/", f'URI "{ROOT}/" has empty key given prefixed bucket "{ROOT}"'),
+        ("https://example.com/data", ""),  # no bucket's: not uploaded, a warning only
+    ],
+)
+def test_an_output_artifact_whose_uri_is_outside_the_pipeline_root_fails_its_task_as_the_launcher_fails_it(
+    server, tmp_path, uri, error
+):
+    """KFP's launcher uploads each output artifact under the pipeline root (``uploadOutputArtifacts``,
+    ``KeyFromURI``): a uri a component moved out of it fails the task once its command has succeeded."""
+    emulator, client, _, experiment = server
+    package = tmp_path / "pointing.yaml"
+    compiler.Compiler().compile(pointing, str(package))
+    run = client.create_run_from_pipeline_package(
+        str(package), arguments={"uri": uri}, experiment_id=experiment, pipeline_root=ROOT
+    )
+    ended = emulator.wait(run.run_id, timeout_s=120)
+    assert ended["state"] == ("FAILED" if error else "SUCCEEDED")
+    (task,) = [d for d in client.get_run(run.run_id).run_details.task_details if d.display_name == "point"]
+    if error:
+        assert task.state == "FAILED"
+        assert task.error.message == f'The task point failed: failed to upload output artifact "data": {error}'
 
 
 @pytest.mark.parametrize(

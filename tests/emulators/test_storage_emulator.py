@@ -796,3 +796,40 @@ def test_a_held_object_cannot_be_deleted_or_replaced_until_its_hold_is_released(
     bucket.blob("models/m/r/weights").upload_from_string(b"replaced")  # released: an ordinary object again
     bucket.blob("models/m/r/weights").delete()
     assert gcs.data(BUCKET, "models/m/r/weights") is None
+
+
+def test_a_gzip_encoded_object_is_served_decompressed_unless_gzip_is_accepted_and_a_cut_download_stops_short(gcs):
+    """Decompressive transcoding (https://cloud.google.com/storage/docs/transcoding): without ``Accept-Encoding:
+    gzip`` the data inflated, no Content-Encoding, a Range ignored; with it the stored bytes, a Range honoured. The
+    real client reads the data either way. A ``cut`` download sends part of its body and closes the connection."""
+    import urllib3
+
+    gcs_client = client()
+    create(gcs_client)
+    data = b"".join(b"line %d\n" % i for i in range(5000))
+    packed = gzip.compress(data)
+    blob = gcs_client.bucket("tpupipe-ckpt").blob("a.txt")
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(packed)
+    assert blob.download_as_bytes() == data
+    url = f"{gcs.endpoint}/download/storage/v1/b/tpupipe-ckpt/o/a.txt?alt=media"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    plain = urllib3.request("GET", url, headers={**auth, "Range": "bytes=10-"}, decode_content=False)
+    assert plain.status == 200 and plain.data == data and "Content-Encoding" not in plain.headers
+    stored = urllib3.request("GET", url, headers={**auth, "Accept-Encoding": "gzip"}, decode_content=False)
+    assert stored.data == packed and stored.headers["Content-Encoding"] == "gzip"
+    ranged = urllib3.request(
+        "GET", url, headers={**auth, "Accept-Encoding": "gzip", "Range": "bytes=10-"}, decode_content=False
+    )
+    assert ranged.status == 206 and ranged.data == packed[10:]
+    assert [(asked, accepted) for _, _, asked, accepted in gcs.state.downloads[-3:]] == [
+        ("bytes=10-", "identity"),  # urllib3's own
+        ("", "gzip"),
+        ("bytes=10-", "gzip"),
+    ]
+
+    gcs.cut(100, when=lambda request: request["object"] == "a.txt")
+    cut = urllib3.request("GET", url, headers=auth, preload_content=False)
+    with pytest.raises(urllib3.exceptions.ProtocolError, match="IncompleteRead"):
+        cut.read()
+    assert urllib3.request("GET", url, headers=auth).data == data  # the cut was one download's

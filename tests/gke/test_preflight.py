@@ -523,3 +523,38 @@ def test_a_pipeline_account_reading_through_its_projects_viewer_role_is_seen_by_
     assert code == 0, text
     assert f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)" in text
     assert "holds no role that may read" not in text
+
+
+def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_counted_and_named(project_factory, capsys):
+    """Running jobs granted on the project, and reading granted on the dataset, each only under an IAM condition:
+    neither is counted, and each warning names the role and the condition's title. The dataset's access list is read
+    at accessPolicyVersion=3, the only version at which BigQuery answers an entry's condition; the same roles granted
+    without a condition pass."""
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    member = f"serviceAccount:{account}"
+    office = {"title": "office-hours", "expression": "request.time.getHours('Europe/Berlin') < 18"}
+    project.projects.grant(PROJECT, "roles/bigquery.jobUser", member, condition=office)
+    project.bigquery.grant(member, "roles/bigquery.dataViewer", "acme-data-1.sft", condition=office)
+    data = f"train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account}"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 0, text
+    assert (
+        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, may run BigQuery jobs "
+        f"in project {PROJECT} only under an IAM condition: roles/bigquery.jobUser (under the condition "
+        "'office-hours'): IAM grants it only to the requests the condition holds for, which preflight does not "
+        "evaluate; make sure it admits the run's requests (its dataset, its dates)"
+    ) in text, text
+    assert (  # the entry's role as the access list names it, in its legacy form
+        f"{account}, whom the data snapshot runs as, may read acme-data-1.sft.examples on the dataset acme-data-1.sft "
+        "or its project only under an IAM condition: READER (under the condition 'office-hours')"
+    ) in text, text
+    (asked,) = [query for method, query, _ in project.bigquery.bodies if method == "datasets.get"]
+    assert asked.get("accessPolicyVersion") == "3"
+    assert set(project.projects.policy_versions) == {3}
+    project.projects.grant(PROJECT, "roles/bigquery.jobUser", member)
+    project.bigquery.grant(member, "roles/bigquery.dataViewer", "acme-data-1.sft")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert code == 0 and "train.bigquery_service_account" not in text, text
+    assert f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)" in text

@@ -344,6 +344,35 @@ def test_a_node_role_granted_only_to_a_group_is_a_warning_naming_the_group(proje
     ], text
 
 
+def test_a_node_role_granted_only_under_an_iam_condition_is_not_counted_and_the_warning_names_the_condition(
+    project_factory, capsys
+):
+    """A binding with a condition grants only to the requests it holds for, which preflight does not evaluate: the
+    role is not counted as held, and a warning names it, where it is granted and the condition's title; the same
+    role granted without a condition passes with no warning. The policy is read at version 3, where IAM shows the
+    condition."""
+    project = project_factory()
+    until = {"title": "until-2030", "expression": 'request.time < timestamp("2030-01-01T00:00:00Z")'}
+    _nodes(project, "roles/artifactregistry.reader", "roles/serviceusage.serviceUsageConsumer")
+    for role in ("roles/logging.logWriter", "roles/monitoring.metricWriter"):
+        project.projects.grant(PROJECT, role, f"serviceAccount:{NODES}", condition=until)
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 0, text
+    assert warnings(text) == [
+        f"the nodes' service account {NODES} holds {role} ({purpose}) only under an IAM condition: {role} on "
+        f"projects/{PROJECT} under the condition 'until-2030': IAM grants it only to the requests the condition holds "
+        "for, which preflight does not evaluate; make sure it admits the run's requests (its cluster, its dates)"
+        for role, purpose in (
+            ("roles/logging.logWriter", "writing the nodes' and pods' logs"),
+            ("roles/monitoring.metricWriter", "writing the nodes' metrics"),
+        )
+    ], text
+    assert set(project.projects.policy_versions) == {3}
+    _nodes(project, "roles/logging.logWriter", "roles/monitoring.metricWriter")  # and now without a condition
+    code, text = preflight_cli(DEDICATED_NODES, capsys)
+    assert code == 0 and warnings(text) == [], text
+
+
 def test_every_role_nodes_need_says_what_permissions_a_custom_role_needs_to_stand_in_for_it():
     from components.platforms.gke.checks.node_account import ROLE_PERMISSIONS
     from components.platforms.gke.plan.target import IMAGE_STREAMING_ROLE, NODE_SERVICE_ACCOUNT_ROLES

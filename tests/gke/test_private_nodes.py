@@ -61,16 +61,12 @@ def _spec_and_target(preset: str, overrides: str):
 @pytest.mark.parametrize(
     ("preset", "overrides", "why"),
     [
-        # MaxText reads the hub model in its pods
-        ("llama3-8b-v6e-16x2", "", "the pods read meta-llama/Meta-Llama-3-8B from the Hugging Face hub"),
-        # the token only in the pods (gke.hf_secret): they read the gated model themselves
-        ("gemma4-e2b-v6e-16", "", "the pods read google/gemma-4-E2B-it from the Hugging Face hub"),
-        ("gemma4-e2b-v6e-16", "gke.image=docker.io/me/torch:1", "the nodes pull docker.io/me/torch:1 from a registry"),
-        # a hub dataset is not snapshotted: the trainers' hosts load it (the preset's, with the token on this side)
+        # the token only in the pods (gke.hf_secret, the default): they read a gated model the train stage cannot
+        ("gemma4-e2b-v6e-16", "", "the pods may read google/gemma-4-E2B-it from the Hugging Face hub with the token"),
         (
             "gemma4-e2b-v6e-16",
-            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf",
-            "the pods read the dataset databricks/databricks-dolly-15k (train.dataset) from the Hugging Face hub",
+            f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf gke.image=docker.io/me/torch:1",
+            "the nodes pull docker.io/me/torch:1 from a registry",
         ),
     ],
 )
@@ -89,16 +85,26 @@ def test_a_cloud_nat_gateway_is_planned_only_when_the_run_needs_the_internet_and
     ]
 
 
-def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster():
-    # FSDP fetches the weights on the components' side (the token from Secret Manager), the image in Artifact Registry,
-    # the data generated (or snapshotted into the bucket)
-    token = f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"
-    found = _records("gemma4-e2b-v6e-16", token)
-    assert "cloud-nat" not in found and [r.name for r in found["subnetwork"]] == ["r1-nodes"]
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        # FSDP: the weights fetched on the components' side (the token from Secret Manager), the hub dataset
+        # snapshotted by the first stage (components.data.hub), the image in Artifact Registry
+        ("gemma4-e2b-v6e-16", f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf"),
+        ("gemma4-e2b-v6e-16", f"gke.hf_token_secret=projects/{PROJECT}/secrets/hf train.dataset=generated"),
+        # MaxText builds its model from maxtext.model_name: train.model_id names no file its pods read
+        ("llama3-8b-v6e-16x2", ""),
+        # a model built from a config reads nothing, whoever holds the token
+        ("gemma4-e2b-v6e-16", "train.model_id=scratch:gemma4-tiny"),
+    ],
+)
+def test_no_nat_when_google_apis_are_all_the_run_reaches_and_nothing_for_an_existing_cluster(preset, overrides):
+    found = _records(preset, overrides)
+    assert "cloud-nat" not in found and "r1-nodes" in [r.name for r in found["subnetwork"]]
     (cluster,) = found["gke-cluster"]
-    assert "Private Google Access only: no route to the internet" in cluster.summary
-    shared = _records("gemma4-e2b-v6e-16", "gke.cluster_name=team")
-    assert "cloud-nat" not in shared and "subnetwork" not in shared
+    assert "Private Google Access only: no route out but to Google's APIs and services (App Engine" in cluster.summary
+    shared = _records(preset, f"{overrides} gke.cluster_name=team")
+    assert "cloud-nat" not in shared and "r1-nodes" not in [r.name for r in shared.get("subnetwork", [])]
 
 
 def test_the_run_pods_egress_is_dns_the_metadata_server_https_out_and_one_another():
@@ -215,8 +221,75 @@ def test_the_dry_runs_teardown_deletes_the_nat_router_after_the_cluster_and_befo
     from components.platforms.gke import GkePlatform
     from components.platforms.store import LocalStore
 
-    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # a hub dataset: the run gets a NAT
+    spec = resolve("gemma4-e2b-v6e-16", f"gke.project={PROJECT}")  # the token in the pods alone: the run gets a NAT
     ctx = RunContext(spec=spec, run_id="r1", store=LocalStore(tmp_path), platform="gke")
     deletes = [line.split()[1] for line in GkePlatform().dry_run(ctx, lambda mode: mode) if "delete " in line]
     cluster, router = deletes.index("container.clusters.delete"), deletes.index("compute.routers.delete")
     assert cluster < router < deletes.index("compute.subnetworks.delete")
+
+
+# ---------------------------------------------------------------- the network's routers: one NAT per subnet, 5 routers
+
+REGION = f"projects/{PROJECT}/regions/us-east5"
+NETWORK = f"projects/{PROJECT}/global/networks/default"
+
+
+def _router(name: str, nats: list[dict] | None = None) -> None:
+    compute = gke_compute.Compute(gke_compute.clients(), log=lambda m: None, poll_s=0.01)
+    compute.ensure("router", f"{REGION}/routers/{name}", {"name": name, "network": NETWORK, "nats": nats or []}, print)
+
+
+WIDE = [
+    {
+        "name": "all",
+        "natIpAllocateOption": "AUTO_ONLY",
+        "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+    }
+]
+
+
+def test_a_nat_that_serves_every_subnetwork_is_used_not_duplicated_and_left_by_teardown(
+    tmp_path, project_factory, capsys
+):
+    project = project_factory()
+    _router("team", WIDE)
+    with pytest.raises(gexc.BadRequest, match="no other NAT may be configured"):  # Compute's rule, the emulator's too
+        _router("other", [{**WIDE[0], "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES"}])
+    code, text = preflight_cli(ONE_SLICE, capsys)  # a registry outside Google: the run needs a NAT
+    assert code == 0 and "Cloud NAT team/all serves every subnetwork of the default network: the run uses it" in text
+    ctx = context(tmp_path, "pn")
+    platform().provision(ctx)
+    assert sorted(project.compute.state.routers) == [f"{REGION}/routers/team"]  # no pn-nat beside it
+    assert platform().teardown(ctx)["deleted"] and f"{REGION}/routers/team" in project.compute.state.routers
+    assert project.leftovers("pn") == {}
+
+
+def test_a_run_that_needs_no_nat_is_warned_that_a_network_wide_nat_lets_its_pods_out(project_factory, capsys):
+    project_factory()
+    _router("team", WIDE)
+    no_nat = ONE_SLICE.replace("gke.image=local/torch", f"gke.image=us-east5-docker.pkg.dev/{PROJECT}/tpupipe/torch:1")
+    code, text = preflight_cli(no_nat, capsys)
+    assert code == 0, text
+    assert (
+        "warning: Cloud NAT team/all serves every subnetwork of the default network in us-east5, the run's too" in text
+    )
+    assert "LIST_OF_SUBNETWORKS" in text
+
+
+def test_a_run_that_needs_a_sixth_router_on_the_network_is_refused_before_anything(tmp_path, project_factory, capsys):
+    from components.platforms.gke.checks.preflight import PreflightFailed
+
+    project = project_factory()
+    for i in range(network.ROUTERS_PER_NETWORK):
+        _router(f"vpn{i}")  # routers without NAT (Cloud VPN, Interconnect) count as well
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 2, text
+    assert "VPC network default: the default network has 5 Cloud Routers in us-east5" in text
+    assert "router/quotas" in text and "gke.image" in text and "gke.hf_token_secret" in text
+    before = project.mutations()
+    with pytest.raises(PreflightFailed, match="5 Cloud Routers"):
+        platform().provision(context(tmp_path, "pre"))
+    assert project.mutations() == before and project.leftovers("pre") == {}  # provision's first step: nothing made
+    project.compute.state.routers.pop(f"{REGION}/routers/vpn0")
+    code, text = preflight_cli(ONE_SLICE, capsys)
+    assert code == 0 and "routers of the default network in us-east5: 4, room for pre-nat" in text

@@ -210,7 +210,7 @@ def test_a_run_started_from_the_ui_with_a_run_id_in_use_fails_at_its_first_task_
     sub = vertex.Submission("local-fsdp", OVERRIDES, PROJECT, "us-east5", f"gs://{bucket}/pipeline-root")
     place = kfp_backend.Place(kfp.host)
     kfp_client = kfp_backend.client(place)
-    pipeline_id, version_id = kfp_backend.upload(kfp_client, vertex.published_template(sub))
+    pipeline_id, version_id = kfp_backend.upload(kfp_client, vertex.published_template(sub), place.namespace)
     run = kfp_client.run_pipeline(
         experiment_id=kfp_backend.experiment_id(kfp_client, place),
         job_name="from-the-ui",

@@ -39,3 +39,25 @@ def test_the_runner_binding_and_the_roles_are_checked_before_anything_is_created
     iam.grant(PROJECT, "roles/editor", f"serviceAccount:{ACCOUNT}")
     code, out, err = _create(kfp, tpupipe, "--kfp-runner", "default-editor")
     assert code == 0 and "holds roles/editor" in err, out + err
+
+
+def test_a_role_the_runners_account_holds_only_under_an_iam_condition_is_said_naming_it_and_the_run_goes_on(
+    kfp, tpupipe
+):
+    """A binding with a condition grants only to the requests it admits, which this check does not evaluate: said,
+    naming the condition, and left to the provision stage's preflight (IAM's testIamPermissions evaluates it); a role
+    held by no binding at all is refused before anything is created."""
+    iam = kfp.project.projects
+    iam.bind_on_account(ACCOUNT, "roles/iam.workloadIdentityUser", MEMBER)
+    until = {"title": "until-2030", "expression": 'request.time < timestamp("2030-01-01T00:00:00Z")'}
+    iam.grant(PROJECT, "roles/container.admin", f"serviceAccount:{ACCOUNT}", condition=until)
+    code, out, err = _create(kfp, tpupipe)
+    assert code == 2 and kfp.server.calls == [], out + err
+    assert f"lacks roles/aiplatform.user on project {PROJECT}" in err, err
+    iam.grant(PROJECT, "roles/aiplatform.user", f"serviceAccount:{ACCOUNT}")
+    code, out, err = _create(kfp, tpupipe)
+    assert code == 0, out + err
+    assert (
+        f"{ACCOUNT} holds roles/container.admin on project {PROJECT} (creating and deleting the run's cluster, node "
+        "pools and Kubernetes objects) only as roles/container.admin (under the condition 'until-2030')"
+    ) in err, err

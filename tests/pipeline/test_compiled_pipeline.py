@@ -277,10 +277,10 @@ def test_compile_names_the_image_by_tag_alone_offline_and_pins_it_to_a_digest_gi
 def test_the_image_tag_changes_with_what_the_image_holds(tmp_path):
     import shutil
 
-    from components.cloud.build import image_tag, source_root
+    from components.cloud.build import CONTEXT_PATHS, image_tag, source_root
 
     root = tmp_path / "tree"
-    for top in ("images", "components", "pipelines", "trainers", "pyproject.toml"):
+    for top in ("images", *CONTEXT_PATHS):
         src = source_root() / top
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / top)
     assert image_tag("pipeline", root) == image_tag("pipeline")

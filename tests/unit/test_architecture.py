@@ -8,8 +8,8 @@
   ``platforms.waiting`` and ``platforms.interrupts``;
 - no platform imports another (``components.platforms.local`` and ``components.platforms.gke``), and the stages import
   the platform interface, never a platform;
-- ``components.registry`` imports only ``spec`` and ``cloud.credentials``; ``components.data`` those and
-  ``cloud.iam`` (a BigQuery account's grants);
+- ``components.registry`` imports only ``spec`` and ``cloud.credentials``; ``components.data`` those,
+  ``cloud.iam`` (a BigQuery account's grants) and ``workload.weights`` (the hub's listing and checked downloads);
 - ``components`` never imports ``pipelines``; in ``pipelines``, the command line (``cli``) is imported by nothing else,
   a backend imports no other backend but those its rule names (and the interface, ``backends.base``, which imports
   none), the pipeline's definition imports no backend, and the command line reaches a backend only through the
@@ -150,8 +150,14 @@ RULES = [  # (who, may import from the project only these, why)
     ),
     (
         "components.data",
-        ("components.data", "components.spec", "components.cloud.credentials", "components.cloud.iam"),
-        "the data builds on spec, the Google credentials and the shared IAM reads only",
+        (
+            "components.data",
+            "components.spec",
+            "components.cloud.credentials",
+            "components.cloud.iam",
+            "components.workload.weights",
+        ),
+        "the data builds on spec, the Google credentials, the shared IAM reads and the hub's checked downloads only",
     ),
     ("components", ("components",), "components never import pipelines"),
     *[(pkg, ("components", pkg), "the pipeline's definition imports no backend") for pkg in PIPELINE_DEFINITION],

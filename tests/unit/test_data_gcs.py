@@ -356,3 +356,154 @@ def test_a_snapshot_read_the_caller_may_not_make_names_the_field_and_the_role(st
         gcs.Downloads("train.eval_dataset").read(pinned[0])
     assert raised.value.field == "train.eval_dataset" and STRANGER in str(raised.value)
     assert f"grant roles/storage.objectViewer on gs://{DATA}" in str(raised.value)
+
+
+ROWS = "".join(f'{{"instruction": "Repeat s{i} twice.", "response": "s{i} s{i}"}}\n' for i in range(6000)).encode()
+
+
+def resumed_from(storage: StorageEmulator, name: str) -> list[int]:
+    """The first byte each download of ``name`` the emulator served asked for (its Range's; 0 for none), in order."""
+    return [int(asked[6:-1] or 0) for _, object_, asked, _ in storage.state.downloads if object_ == name]
+
+
+def test_a_download_that_breaks_off_is_resumed_from_the_byte_it_reached_and_its_whole_crc32c_checked(storage):
+    """The bucket resets the connection twice mid-body: the read goes on with a Range request for the rest of the same
+    generation each time, and the bytes are the object's; a CRC32C that the whole does not match is still refused."""
+    storage.put(DATA, "big/a.jsonl", ROWS)
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
+    storage.cut(100_000, times=2)
+    assert gcs.Downloads().read(pinned) == ROWS
+    assert resumed_from(storage, "big/a.jsonl") == [0, 100_000, 200_000]
+    assert {accepted for *_, accepted in storage.state.downloads} == {"gzip"}  # the object as stored, never transcoded
+    storage.cut(100_000)
+    with pytest.raises(InfraError, match=r"big/a.jsonl \(generation \d+\): the bytes read do not match the CRC32C"):
+        gcs.Downloads().read({**pinned, "crc32c": "AAAAAA=="})
+    assert resumed_from(storage, "big/a.jsonl")[3:] == [0, 100_000]
+
+
+def test_a_download_that_keeps_breaking_without_progress_names_the_object_and_the_byte(storage, monkeypatch):
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, maximum_s=0.01, deadline_s=1.0))
+    storage.put(DATA, "big/a.jsonl", ROWS)
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
+    storage.cut(50_000)
+    storage.cut(0, times=10_000)  # each resume brings nothing
+    with pytest.raises(
+        InfraError,
+        match=r"big/a.jsonl \(generation \d+\): the download broke off at byte 50000 of "
+        rf"{len(ROWS)} and tries to resume it for 1s brought nothing",
+    ):
+        gcs.Downloads().read(pinned)
+    assert len(resumed_from(storage, "big/a.jsonl")) > 10  # retried for the whole budget, not a count of tries
+
+
+def test_the_retry_budget_is_google_cloud_storages_default_retry(monkeypatch):
+    """1 s, doubling to at most 60 s, each wait a random part of its bound, no wait that would end past 120 s from
+    the first failure (google-cloud-storage's DEFAULT_RETRY, api_core's Retry defaults); a Retry-After is waited."""
+    import random
+
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    assert (gcs.RETRY.initial_s, gcs.RETRY.multiplier, gcs.RETRY.maximum_s, gcs.RETRY.deadline_s) == (
+        DEFAULT_RETRY._initial,
+        DEFAULT_RETRY._multiplier,
+        DEFAULT_RETRY._maximum,
+        DEFAULT_RETRY._timeout,
+    )
+    now, waits = [0.0], []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        now[0] += s
+
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # each wait its bound
+    backoff = gcs.RETRY.start(clock=lambda: now[0])
+    backoff.sleep = sleep
+    while backoff.wait():
+        pass
+    assert waits == [1, 2, 4, 8, 16, 32]  # then 60 would end at 123 s
+    backoff = gcs.RETRY.start(clock=lambda: now[0])
+    backoff.sleep = sleep
+    assert backoff.wait("7") and waits[-1] == 7.0
+    assert backoff.wait() and waits[-1] == 2  # the bound went on growing
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+    assert backoff.wait() and waits[-1] == 0  # full jitter: anywhere from 0
+    assert not backoff.wait("200")  # past the deadline: no more tries
+
+
+def test_a_resume_answered_with_the_whole_object_skips_to_its_offset_without_holding_it(storage, monkeypatch):
+    """A 200 to a Range request (a proxy that drops the Range, as HTTP allows) is read on from the offset, the bytes
+    before it dropped as they come, and the whole object's CRC32C still checked; one that breaks off before the
+    offset is retried."""
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, deadline_s=5.0))
+    storage.put(DATA, "big/a.jsonl", ROWS)
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/big/a.jsonl", field=FIELD)
+    storage.cut(100_000)
+    storage.whole()
+    assert gcs.Downloads().read(pinned) == ROWS
+    assert resumed_from(storage, "big/a.jsonl") == [0, 100_000]
+    storage.cut(100_000)
+    storage.whole(times=2)
+    storage.cut(50_000)  # the whole answer breaks off before the offset: retried
+    assert gcs.Downloads().read(pinned) == ROWS
+    with pytest.raises(InfraError, match="the bytes read do not match the CRC32C"):
+        storage.cut(100_000)
+        storage.whole()
+        gcs.Downloads().read({**pinned, "crc32c": "AAAAAA=="})
+
+
+def test_a_gzip_drop_cut_off_on_the_way_is_read_whole_and_one_written_truncated_is_named_so(storage, monkeypatch):
+    """A .jsonl.gz object whose download breaks off (read whole, and parsed as it downloads) gives every example; one
+    stored cut short is refused as truncated, not as "not gzip"; an object stored gzip-encoded (Content-Encoding:
+    gzip) is read as stored, its CRC32C checked, and inflated here."""
+    import gzip
+    from datetime import UTC, datetime
+
+    from components.data import snapshot
+    from components.workload import resolve
+
+    packed = gzip.compress(ROWS)
+    storage.put(DATA, "drop/a.jsonl.gz", packed)
+    spec = resolve("local-fsdp", f"train.dataset=gs://{DATA}/drop/")
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    for streamed in (snapshot.STREAMED, 1000):  # read whole ahead of the parse, then parsed as it downloads
+        monkeypatch.setattr(snapshot, "STREAMED", streamed)
+        storage.cut(len(packed) // 3)
+        manifest, train, heldout = snapshot.take(spec, when, log=lambda line: None)
+        assert manifest["train"]["items"][0]["num_examples"] == 6000 and len(train) + len(heldout) == 6000
+        assert resumed_from(storage, "drop/a.jsonl.gz")[-2:] == [0, len(packed) // 3]
+
+    storage.put(DATA, "cut/a.jsonl.gz", packed[: len(packed) // 2])
+    with pytest.raises(SpecError, match=r"^train.dataset: gs://.*/cut/a.jsonl.gz: truncated: the gzip stream ends"):
+        snapshot.take(resolve("local-fsdp", f"train.dataset=gs://{DATA}/cut/"), when, log=lambda line: None)
+
+    storage.put(DATA, "encoded/a.jsonl", packed, contentEncoding="gzip")
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/encoded/", field=FIELD)
+    storage.cut(len(packed) // 2)
+    assert gcs.Downloads().read(pinned) == ROWS
+    assert resumed_from(storage, "encoded/a.jsonl") == [0, len(packed) // 2]
+    with pytest.raises(InfraError, match="the bytes read do not match the CRC32C"):
+        gcs.Downloads().read({**pinned, "crc32c": "AAAAAA=="})
+
+
+def test_the_snapshots_downloads_go_where_the_storage_client_goes_its_endpoint_and_its_proxy(storage, monkeypatch):
+    """Downloads take the endpoint (a ``client_options`` api_endpoint over STORAGE_EMULATOR_HOST) and the HTTP
+    settings (here the environment's proxy, as requests merges it into the session's) from the Cloud Storage
+    client."""
+    (pinned,) = gcs.list_objects(f"gs://{DATA}/data/a.jsonl", field=FIELD)
+    creds = user_credentials.Credentials(token=TOKEN)
+    monkeypatch.setattr(gcs, "RETRY", gcs.Retry(initial_s=0.001, deadline_s=0.5))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(InfraError, match="reading gs://"):
+        gcs.Downloads().read(pinned)
+    custom = gcs_client.Client(project=PROJECT, credentials=creds, client_options={"api_endpoint": storage.endpoint})
+    assert gcs.Downloads(client=custom).read(pinned) == FILES["data/a.jsonl"]
+
+    for name in ("NO_PROXY", "no_proxy", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", storage.endpoint)  # the emulator answers the proxied request itself
+    proxied = gcs_client.Client(
+        project=PROJECT, credentials=creds, client_options={"api_endpoint": "http://storage.tpupipe.invalid"}
+    )
+    served = len(storage.state.downloads)
+    assert gcs.Downloads(client=proxied).read(pinned) == FILES["data/a.jsonl"]
+    assert len(storage.state.downloads) == served + 1

@@ -55,7 +55,8 @@ def drops(tmp_path):
 )
 def test_a_dataset_is_read_by_its_shape(dataset, kind):
     assert datasets.kind(dataset) == kind
-    assert datasets.snapshotted(dataset) == (kind in ("local", "gcs", "bigquery"))
+    assert datasets.snapshotted(dataset) == (kind in ("local", "gcs", "bigquery", "hub"))  # a hub one: data.hub
+    assert datasets.is_drop(dataset) == (kind in ("local", "gcs", "bigquery"))
 
 
 def test_a_cloud_storage_prefix_with_the_schedules_date_validates_without_a_call():
@@ -82,7 +83,7 @@ def test_a_cloud_storage_prefix_with_the_schedules_date_validates_without_a_call
             "train.dataset=bq://my-project.sft.examples train.dataset_filter=lang=en,(SELECT(1))=1",
             "train.dataset_filter: '(SELECT(1))=1' is not COLUMN=VALUE",
         ),
-        ("train.data_since=champion", "train.data_since: needs a snapshotted train.dataset"),
+        ("train.data_since=champion", "train.data_since: needs a snapshotted drop (local files, gs://, bq://)"),
         ("train.data_since=yesterday", "train.data_since: unknown value 'yesterday'"),
         (
             "train.dataset=bq://my-project.sft.examples train.data_since=champion",

@@ -6,6 +6,7 @@ did try a job here would fail: the run has no cluster."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -14,12 +15,14 @@ import pytest
 
 from components.platforms import RunContext
 from components.platforms.store import LocalStore
+from components.spec import InfraError
 from components.stages import gate, ray_stages, registration, runner
 from components.workload import resolve
 from tests.unit.test_gate import _records
 from trainers import evaluate, heldout
 
 KEY = "sha256:" + "e1" * 32
+NO_CLUSTER = "no cluster recorded for run {}: provision did not run"  # the local platform's, for a job it cannot start
 OTHER_KEY = "sha256:" + "e2" * 32
 
 
@@ -118,7 +121,7 @@ def test_a_figure_of_another_key_or_none_is_measured_by_an_evaluation_job(tmp_pa
     # MaxText): no key, so every figure is the evaluation job's, as before.
     assert ray_stages.known_figures(second, {**other, "heldout": {}}, start, champion) == {}
     assert gate.known_figure(second, "local-fsdp@1", None) is None
-    with pytest.raises(Exception):  # noqa: B017  the job it would start has no cluster here
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("run-2")):  # the job it would start has no cluster here
         ray_stages.evaluate(second, json.dumps({**other, "init_from": start}))
 
 
@@ -145,7 +148,7 @@ def test_a_champion_figure_of_another_image_or_accelerator_is_measured_again_not
     other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
     by_image = _run(tmp_path, "image", "train.init_from=champion", build=other_image)
     assert ray_stages.figure_key(by_image, KEY) != recorded and not champion_known(by_image)
-    with pytest.raises(Exception):  # noqa: B017  it measures the champion again: a job, and there is no cluster here
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("image")):  # it measures the champion again: a job
         ray_stages.evaluate(by_image, json.dumps({**train, "init_from": gate.starting_point(by_image)}))
     for accelerator in ("v6e", "tpu7x", "v5e"):
         on_chip = _run(tmp_path, f"on-{accelerator}", "train.init_from=champion")
@@ -190,7 +193,7 @@ def test_the_evaluation_job_measures_only_what_it_is_asked():
     assert evaluate.models_to_measure(config) == [("before", "/start"), ("after", "/ck"), ("champion", "/start")]
     assert evaluate.models_to_measure({**config, "measure": ["champion"]}) == [("champion", "/start")]
     assert evaluate.measure_list("before,champion") == ("before", "champion")
-    with pytest.raises(Exception, match="a comma-separated list of before, after, champion"):
+    with pytest.raises(argparse.ArgumentTypeError, match="a comma-separated list of before, after, champion"):
         evaluate.measure_list("after,tomorrow")
     found = evaluate.measured({"eval_loss_champion": 1.5, "eval_key": KEY, "device": "cpu"}, "heldout")
     assert found == {"champion_loss": 1.5, "eval_key": KEY, "device": "cpu", "eval_split": "heldout"}
@@ -270,7 +273,7 @@ def test_maxtexts_model_as_initialised_is_measured_once_per_key_and_reused_by_a_
     no evaluation job, and the same numbers for the gate."""
     first = _maxtext_run(tmp_path, "mx-1")
     train = _train_result(tmp_path, "mx-1", eval_loss_after=7.25, eval_key=KEY, num_eval_examples=128)
-    with pytest.raises(Exception):  # noqa: B017  nothing recorded yet: it would start a job, and there is no cluster
+    with pytest.raises(InfraError, match=NO_CLUSTER.format("mx-1")):  # nothing recorded yet: it would start a job
         ray_stages.evaluate(first, json.dumps(train))
     initial = ray_stages.initial_model_key(first, KEY)
     assert initial and initial.startswith("sha256:")

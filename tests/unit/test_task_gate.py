@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from components.platforms import RunContext
 from components.platforms.store import LocalStore
 from components.stages import answers, task_gate
 from components.stages.gate import KEEP, PROMOTE, decide
@@ -82,16 +83,16 @@ def test_the_first_version_is_promoted_whatever_the_guards():
 
 
 def test_the_side_by_side_shows_the_table_then_regressions_first(tmp_path):
-    spec = resolve("local-fsdp")
+    spec = resolve("local-fsdp", "eval.generate_examples=20 eval.metrics=exact_match")
     candidate = [{"exact_match": float(i % 2 == 0)} for i in range(20)]
     champion = [{"exact_match": float(i % 3 == 0)} for i in range(20)]
-    store = LocalStore(tmp_path)
+    ctx = RunContext(spec=spec, run_id="r", store=LocalStore(tmp_path), platform="local")
     found = answers.task_figures(
-        spec,
-        store,
-        {"path": _write(tmp_path / "a.jsonl", _rows(candidate, "new")), "means": {}, "num_examples": 20},
-        {"path": _write(tmp_path / "b.jsonl", _rows(champion, "old")), "means": {}},
+        ctx,
+        {"uri": _write(tmp_path / "a.jsonl", _rows(candidate, "new")), "means": {}, "num_examples": 20},
+        {"uri": _write(tmp_path / "b.jsonl", _rows(champion, "old")), "which": "champion"},
         "champion",
+        lambda generation_key: None,
     )
     page = (tmp_path / "eval" / "side_by_side.md").read_text()
     assert "| exact_match | 0.5000 | 0.3500 | +0.1500 |" in page

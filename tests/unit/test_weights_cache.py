@@ -125,14 +125,26 @@ def test_a_copy_cut_short_is_never_used(tmp_path, hub):
 
 
 def test_a_gated_model_needs_the_token_only_for_the_first_copy(tmp_path, hub):
+    """The hub lists a gated model to anyone and refuses its files (401 without a token, 403 to an account without
+    access): nothing of it is cached then, the one case the workers may read the hub themselves (NoTrustedCopy)."""
     hub.repos[REPO].gated = True
     cache = local(tmp_path)
-    with pytest.raises(InfraError, match="neither cached nor on the hub.*401"):
+    with pytest.raises(weights.NoTrustedCopy, match=r"no trusted copy of .* is cached, .*answered 401 \(no Hugging"):
         run(cache, hub.url)
+    assert any("/api/models/" in path for _, path in hub.requests) and not hub.authorized  # listed without a token
+    with pytest.raises(weights.NoTrustedCopy, match=r"answered 403 \(.* of an account not granted access") as err:
+        run(cache, hub.url, token="hf_someone_else")
+    assert "gke.hf_token_secret" in str(err.value) and "$HF_TOKEN" in str(err.value)
     first, _ = run(cache, hub.url, token=hub.token)
     assert first["hit"] is False
-    second, lines = run(cache, hub.url)  # no token: the hub refuses, the copy serves
+    second, lines = run(cache, hub.url)  # no token: the listing answers, the files are the copy's
     assert second["hit"] is True and second["commit"] == first["commit"]
+    # a damaged copy the hub will not give again to this side stops the run: never the file used
+    path = Path(weights.files_dir(str(tmp_path / "cache"), REPO, first["commit"]), "model.safetensors")
+    path.write_bytes(b"not the weights")
+    with pytest.raises(InfraError, match=r"cached copy of .* is damaged \(model\.safetensors .*refuses") as err:
+        run(cache, hub.url)
+    assert not isinstance(err.value, weights.NoTrustedCopy)
 
 
 def test_an_unknown_model_or_revision_is_named():
@@ -296,6 +308,45 @@ def test_on_gke_without_a_copy_or_the_hub_and_no_cloud_nat_the_stage_stops_namin
         storage.stop()
 
 
+def test_on_gke_a_gated_model_without_the_token_on_this_side_is_read_by_the_pods_through_their_nat(hub, monkeypatch):
+    """The hub answers a gated model's listing without a token and refuses its files: with the token in the pods alone
+    (``gke.hf_secret``, the default) the plan gave the run a Cloud NAT for it, and the stage goes on with the warning;
+    with no token anywhere the run has no NAT and the stage stops naming where the token goes."""
+    from components.platforms import RunContext
+    from components.platforms.gke.plan import network
+    from components.platforms.gke.plan.target import target
+    from components.platforms.store import GcsStore
+    from components.stages import base_weights
+    from components.workload import resolve
+
+    storage, client = _emulated_bucket(monkeypatch)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    hub.repos[REPO].gated = True
+    try:
+        overrides = {
+            "model_id": REPO,
+            "gke.project": GCS_PROJECT,
+            "gke.bucket": GCS_BUCKET,
+            "gke.image": f"us-east5-docker.pkg.dev/{GCS_PROJECT}/tpupipe/torch:1",
+        }
+        spec = resolve("gemma4-e2b-v6e-16", overrides)
+        assert spec.gke.hf_secret and not spec.gke.hf_token_secret
+        assert network.cloud_nat(spec, target(spec, "r")) is not None
+        ctx = RunContext(spec=spec, run_id="r", store=GcsStore(GCS_BUCKET, "state/r", client), platform="gke")
+        lines: list[str] = []
+        assert base_weights.prepare(ctx, lines.append) is None
+        assert lines[-1].startswith("WARNING: base weights not cached") and "answered 401" in lines[-1]
+        spec = resolve("gemma4-e2b-v6e-16", {**overrides, "gke.hf_secret": ""})
+        assert network.cloud_nat(spec, target(spec, "r")) is None
+        ctx = dataclasses.replace(ctx, spec=spec)
+        with pytest.raises(InfraError, match=r"answered 401 .*gke\.hf_token_secret.*\$HF_TOKEN.*no Cloud NAT"):
+            base_weights.prepare(ctx, lines.append)
+    finally:
+        storage.stop()
+
+
 def test_on_gke_the_stage_copies_into_the_buckets_cache_with_the_token_from_secret_manager(hub, monkeypatch):
     """The gke train stage's side: the run in Cloud Storage, the copy under the bucket's ``cache/`` (the pods'
     ``/cache``), a gated model's token read from ``gke.hf_token_secret`` (no ``$HF_TOKEN``), against the storage and
@@ -452,7 +503,7 @@ def test_train_model_revision_names_the_copy_the_run_reads_and_is_recorded_with_
     assert weights.plan_lines(entry)[0].startswith(f"  weights     {REPO}@v2 read from gs://b/cache/")
     assert weights.plan_lines(entry)[1].endswith(f"(trusted manifest {entry['manifest']})")
     # the one case the workers read the hub unchecked is said in the plan
-    assert "neither reach the hub nor find a trusted manifest" in weights.plan_lines(entry)[2]
+    assert "finds no trusted manifest of the revision and cannot download it" in weights.plan_lines(entry)[2]
     assert "download the model themselves, unchecked" in weights.plan_lines(entry)[2]
 
 

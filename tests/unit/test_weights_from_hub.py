@@ -42,11 +42,14 @@ hub.lfs_redirect = True  # a weights file comes from another host, as the hub se
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import GatedRepoError
 
-try:
-    HfApi(endpoint=url).model_info(REPO)
-    raise SystemExit("a gated model answered without a token")
-except GatedRepoError:
-    pass
+# a gated model: listed to anyone, its files refused without a token (401) and to an account without access (403)
+assert HfApi(endpoint=url).model_info(REPO, files_metadata=True).gated == "auto"
+for token, status in ((False, 401), ("hf_someone_else", 403)):
+    try:
+        hf_hub_download(REPO, "config.json", cache_dir=str(ROOT / "refused"), token=token)
+        raise SystemExit(f"a gated model's file was given to token={token!r}")
+    except GatedRepoError as exc:
+        assert exc.response.status_code == status, (token, exc.response.status_code)
 info = HfApi(endpoint=url, token=hub.token).model_info(REPO, files_metadata=True)
 assert info.sha == commit, (info.sha, commit)
 by_name = {s.rfilename: s for s in info.siblings}

@@ -42,9 +42,22 @@ def check(project: str, account: str, namespace: str, runner: str, log: Callable
             f"to {member} on it, and annotate the Kubernetes service account with iam.gke.io/gcp-service-account="
             f'{account} (docs/kubeflow.md, "Setup, once")',
         )
-    granted = iam.project_roles(project, f"serviceAccount:{account}", creds)
+    policy = iam.project_level(project, creds)
+    granted = policy.grants.get(f"serviceAccount:{account}", set())
     for role, purpose in RUN_ROLES:
         if role not in granted and not identities.basic_roles(granted):
+            # A grant under an IAM condition holds only for the requests it admits: not counted (cloud.iam).
+            # Conditions narrow real grants (a cluster's name, an expiry, Privileged Access Manager's grants are
+            # conditional bindings), so a conditional one is said, not refused: the provision stage's preflight asks
+            # IAM itself (projects.testIamPermissions), which evaluates the condition, before anything is created.
+            under = iam.under_conditions(policy.conditional.get(f"serviceAccount:{account}", {}), [role])
+            if under:
+                log(
+                    f"warning: --kfp-service-account: {account} holds {role} on project {project} ({purpose}) only "
+                    f"as {under[0]}: IAM grants it only to the requests the condition admits, which this check does "
+                    f"not evaluate; make sure it admits the run's (its cluster, its dates)"
+                )
+                continue
             raise SpecError(
                 "--kfp-service-account", f"{account} lacks {role} on project {project}, needed for {purpose}"
             )

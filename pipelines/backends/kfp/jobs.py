@@ -11,9 +11,15 @@ A recurring run passes no run id: KFP substitutes no ``[[RunUUID]]``-style macro
 Argo Workflow name (``components.spec.names.run_id_from``), which is also that run's display name (``cancel``).
 
 Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
-projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), or a Google ID
-token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
-https://cloud.google.com/iap/docs/authentication-howto).
+projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), a Kubernetes
+token from a file (``--kfp-auth token --kfp-token-file``: a multi-user server from outside the cluster), or a Google
+ID token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
+https://cloud.google.com/iap/docs/authentication-howto). A multi-user server (its healthz says ``multi_user``)
+authenticates every request on a namespace: a ``kubeflow-userid`` header, which its Istio policy accepts only from
+Kubeflow's own services, or a bearer token that the Kubernetes TokenReview API authenticates for the audience
+``pipelines.kubeflow.org`` (``GetAuthenticators``, backend/src/apiserver/auth/auth.go in kubeflow/pipelines at 2.15.0
+and 2.17.0), then authorizes it in the namespace (``IsAuthorized``, backend/src/apiserver/resource/
+resource_manager.go): with ``--kfp-auth none`` there, nothing is created (exit 2, naming ``--kfp-auth``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from pipelines.backends.vertex import jobs as vertex
 PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
 JANITOR_PIPELINE = "tpupipe-janitor"
-AUTHS = ("none", "sa-token", "iap")
+AUTHS = ("none", "sa-token", "token", "iap")
+# The audience a multi-user server's TokenReview asks a bearer token to be for (DefaultTokenReviewAudience,
+# backend/src/apiserver/common/const.go in kubeflow/pipelines at 2.15.0 and 2.17.0).
+TOKEN_AUDIENCE = "pipelines.kubeflow.org"
 # A Kubernetes namespace is a DNS-1123 label (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 STATES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELED", "running": "RUNNING"}
@@ -56,6 +65,7 @@ class Place:
     iap_client_id: str = ""
     token_path: str = SA_TOKEN_PATH
     insecure: bool = False  # --insecure: a token may go to a plain-HTTP host that is not this machine
+    token_file: str = ""  # --kfp-token-file: the bearer token of --kfp-auth token
 
 
 # The loopback names: a plain-HTTP request to one of them never leaves this machine (a `kubectl port-forward` carries
@@ -90,6 +100,23 @@ def check_place(place: Place) -> None:
         raise SpecError("--kfp-auth", f"unknown method {place.auth!r}", list(AUTHS))
     if place.auth == "iap" and not place.iap_client_id:
         raise SpecError("--kfp-iap-client-id", "--kfp-auth iap needs the OAuth client id of the endpoint's IAP")
+    if place.auth == "token" and not (place.token_file and Path(place.token_file).is_file()):
+        raise SpecError(
+            "--kfp-token-file",
+            "--kfp-auth token reads its bearer token from this file: "
+            + (f"{place.token_file} is not a file" if place.token_file else "none is given"),
+            [f"(umask 077; kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > F)"],
+        )
+    if place.auth == "token" and Path(place.token_file).stat().st_mode & 0o077:
+        # A bearer token is its holder's identity (RFC 6750, section 5.2: "Bearer tokens MUST NOT be stored in
+        # cleartext" where others may read them): a file other users may read or write is refused, as ssh refuses a
+        # private key others may read.
+        mode = Path(place.token_file).stat().st_mode & 0o777
+        raise SpecError(
+            "--kfp-token-file",
+            f"{place.token_file} is open to other users of this machine (mode {mode:o}), and its token acts as you",
+            [f"chmod 600 {place.token_file}"],
+        )
     if place.auth == "sa-token" and not Path(place.token_path).is_file():
         raise SpecError(
             "--kfp-auth",
@@ -105,12 +132,38 @@ def client(place: Place):
     from components.cloud import kfp as kfp_runs
 
     check_place(place)
-    credentials = ServiceAccountTokenVolumeCredentials(path=place.token_path) if place.auth == "sa-token" else None
+    # A token from a file is read again for each request (the credentials' refresh_api_key_hook, which
+    # kfp_server_api's Configuration calls before every call): a projected token the kubelet rotates, or a
+    # ``kubectl create token`` one (an hour by default) that the user renews while ``submit --follow`` goes on.
+    path = {"sa-token": place.token_path, "token": place.token_file}.get(place.auth)
+    if place.auth == "token":
+        _file_token(place)  # an empty file is bad input, before any call
+    credentials = ServiceAccountTokenVolumeCredentials(path=path) if path else None
     token = _iap_token(place) if place.auth == "iap" else None
     try:
-        return kfp_runs.client(place.host, place.namespace, credentials, token)
+        made = kfp_runs.client(place.host, place.namespace, credentials, token)
+        multi_user = bool(made.get_kfp_healthz(sleep_duration=0).multi_user)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
+    if multi_user and place.auth == "none":
+        raise SpecError(
+            "--kfp-auth",
+            f"the Kubeflow Pipelines server at {place.host} is multi-user: it takes a request on a namespace only "
+            f"with a user's identity, and --kfp-auth none sends none; nothing was created",
+            [
+                f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: `(umask 077; "
+                f"kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE)`)",
+                "--kfp-auth sa-token, in a pod that mounts KFP's projected token",
+            ],
+        )
+    return made
+
+
+def _file_token(place: Place) -> str:
+    token = Path(place.token_file).read_text().strip()
+    if not token:
+        raise SpecError("--kfp-token-file", f"{place.token_file} is empty")
+    return token
 
 
 # A Google ID token is valid for one hour (https://cloud.google.com/docs/authentication/token-types#id); one fetched
@@ -145,6 +198,8 @@ def bearer(place: Place) -> dict[str, str]:
         return {"Authorization": "Bearer " + Path(place.token_path).read_text().strip()}
     if place.auth == "iap":
         return {"Authorization": "Bearer " + _iap_token(place)}
+    if place.auth == "token":
+        return {"Authorization": "Bearer " + _file_token(place)}
     return {}
 
 
@@ -170,8 +225,13 @@ def call(what: str, fn, *args, **kwargs):
         with contextlib.redirect_stdout(io.StringIO()):  # kfp prints a UI link after each experiment and run made
             return fn(*args, **kwargs)
     except ApiException as exc:
-        if exc.status in (401, 403):
+        if exc.status == 401:
             raise InfraError(f"{what}: the Kubeflow Pipelines API refused: {_reason(exc)} (check --kfp-auth)") from None
+        if exc.status == 403:  # authenticated, not allowed there (a multi-user server's SubjectAccessReview)
+            raise InfraError(
+                f"{what}: the Kubeflow Pipelines API refused: {_reason(exc)} (check --kfp-namespace, and that "
+                "--kfp-auth's identity may use it)"
+            ) from None
         raise InfraError(f"{what}: {_reason(exc)}") from None
 
 
@@ -194,20 +254,68 @@ def version_name(template: str) -> str:
     return f"{source_version()[:12] or 'unversioned'}-{digest}"
 
 
-def upload(kfp_client, template: str, pipeline: str = PIPELINE) -> tuple[str, str]:
-    """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id)."""
+def upload(kfp_client, template: str, namespace: str, pipeline: str = PIPELINE) -> tuple[str, str]:
+    """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id).
+
+    The pipeline is the namespace's own, not a shared one: on a multi-user server anyone may upload a version of a
+    shared pipeline (``canUploadVersionedPipeline`` in backend/src/apiserver/server/pipeline_upload_server.go L366-L368
+    at 2.15.0, L401-L403 at 2.17.0), and before 2.17 delete one too ("Skip authentication if the namespace is empty
+    to enable shared pipelines", ``canAccessPipeline`` in pipeline_server.go L1095-L1098 at 2.15.0), so another
+    namespace's user could put their spec under this version's name; in the namespace only its contributors can. A
+    single-user server ignores the namespace (``ReplaceNamespace`` in backend/src/apiserver/resource/
+    resource_manager.go). A version found by name is used only if it holds this file's spec (``_same_spec``)."""
     name = version_name(template)
-    pipeline_id = call(f"the pipeline {pipeline}", kfp_client.get_pipeline_id, pipeline)
-    if pipeline_id is None:
-        pipeline_id = call(f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline).pipeline_id
+    where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": pipeline}]})
+    listed = call(
+        f"the pipeline {pipeline} in namespace {namespace}",
+        kfp_client.list_pipelines,
+        filter=where,
+        namespace=namespace,
+    ).pipelines
+    if listed:
+        pipeline_id = listed[0].pipeline_id
+    else:
+        pipeline_id = call(
+            f"upload of {pipeline}", kfp_client.upload_pipeline, template, pipeline, namespace=namespace
+        ).pipeline_id
     where = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": name}]})
     found = call("its versions", kfp_client.list_pipeline_versions, pipeline_id, filter=where).pipeline_versions
     if found:
+        if not _same_spec(found[0].pipeline_spec or {}, template):
+            raise InfraError(
+                f"the pipeline {pipeline} version {name} in namespace {namespace} holds another pipeline spec than "
+                f"this compile ({template}), so it is not run: someone who may write there uploaded it. Delete that "
+                "version (the KFP UI, or kfp.Client().delete_pipeline_version) and check who can write pipelines in "
+                "the namespace"
+            )
         return pipeline_id, found[0].pipeline_version_id
     version = call(
         f"upload of {pipeline} version {name}", kfp_client.upload_pipeline_version, template, name, pipeline_id
     )
     return pipeline_id, version.pipeline_version_id
+
+
+def _same_spec(stored: dict, template: str) -> bool:
+    """Whether a version's ``pipeline_spec``, as the server returns it, is the compiled file's. The server keeps the
+    spec as the PipelineSpec proto writes it (``V2Spec.Bytes``, backend/src/apiserver/template/v2_template.go: fields
+    at their defaults left out, int64s as strings) and returns it as a Struct, nested under ``pipeline_spec`` and
+    ``platform_spec`` when the file has a platform spec (``YamlStringToPipelineSpecStruct``,
+    backend/src/apiserver/server/api_util.go at 2.15.0 and 2.17.0); so both sides are compared as protos. A field this
+    client's proto does not know makes them differ."""
+    import yaml
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2 as pb
+
+    docs = [doc for doc in yaml.safe_load_all(Path(template).read_text()) if doc]
+    local = [d for d in docs if "platforms" not in d] + [d for d in docs if "platforms" in d]
+    theirs = [stored] if len(local) == 1 else [stored.get("pipeline_spec"), stored.get("platform_spec")]
+    try:
+        return len(local) == len(theirs) and all(
+            json_format.ParseDict(mine, kind()) == json_format.ParseDict(other, kind())
+            for mine, other, kind in zip(local, theirs, (pb.PipelineSpec, pb.PlatformSpec), strict=False)
+        )
+    except (json_format.ParseError, TypeError, AttributeError):
+        return False
 
 
 def parameters(sub: vertex.Submission, run_id: str = "") -> dict:
@@ -227,7 +335,7 @@ def submit(
     if sub.run_id:  # a run id is used once: refused (exit 2) before anything is uploaded or run
         run_ids.check_unused(sub.run_id, run_ids.output_root(template, sub.project))
     kfp_client = client(place)
-    pipeline_id, version_id = upload(kfp_client, template)
+    pipeline_id, version_id = upload(kfp_client, template, place.namespace)
     display = vertex.new_job_id(sub.preset)
     run_id = sub.run_id or run_id_from("", display)
     run = call(
@@ -461,7 +569,7 @@ def schedule_create(
     )
     if note:
         print(f"tpupipe: {note}", file=sys.stderr, flush=True)
-    pipeline_id, version_id = upload(kfp_client, template)
+    pipeline_id, version_id = upload(kfp_client, template, place.namespace)
     created = call(
         f"the recurring run {name}",
         kfp_client.create_recurring_run,

@@ -11,7 +11,10 @@
 - through a Google group (``group:G`` in a binding that would grant it): whether the account is a member only Cloud
   Identity can say (https://cloud.google.com/identity/docs/reference/rest/v1/groups.memberships/checkTransitiveMembership,
   an API and a permission of its own that the run does not otherwise need), so such a role is a warning naming the
-  group and the role, not a problem.
+  group and the role, not a problem;
+- under an IAM condition (a binding with a ``condition``, ``cloud.iam``): IAM grants it only to the requests the
+  condition holds for, which preflight does not evaluate, so such a role is not counted; a warning names it and the
+  condition's title, not a problem, as for a group.
 
 A role held none of these ways is a problem: nodes without it fail late and obscurely (image pulls refused, no logs).
 """
@@ -41,11 +44,12 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check(n: Needs, account: str, project_grants: dict[str, set[str]], creds, report: Report) -> None:
+def check(n: Needs, account: str, project: iam.Level, creds, report: Report) -> None:
+    """``project``: the project's own policy, read once by preflight."""
     member = f"serviceAccount:{account}"
-    report.warnings += identities.node_risks(account, project_grants.get(member, set()), n.project)
+    report.warnings += identities.node_risks(account, project.grants.get(member, set()), n.project)
     roles = _Roles(creds)
-    levels = [iam.Level(f"projects/{n.project}", project_grants)]
+    levels = [project]
     missing = [need for need in n.node_roles if not roles.cover(need, _held(member, levels))]
     if missing:
         levels += iam.ancestors(n.project, creds)
@@ -53,8 +57,10 @@ def check(n: Needs, account: str, project_grants: dict[str, set[str]], creds, re
         held_above = sorted({f"{role} on {level.resource}" for level in levels[1:] for role in _held(member, [level])})
         if held_above:
             report.checked.append(f"the nodes' service account {account} inherits {', '.join(held_above)}")
+    read = list(levels)  # every policy read, for the grants under a condition or to a group
     if n.image_repository and any(need[0] == IMAGE_PULL_ROLE for need in missing):
         repository = _repository_level(n.image_repository, creds)
+        read.append(repository)
         # Denied the read, the caller cannot see a grant there (a warning); a repository not found holds none.
         denied = repository.unread.startswith("PermissionDenied")
         if denied:
@@ -76,6 +82,20 @@ def check(n: Needs, account: str, project_grants: dict[str, set[str]], creds, re
             )
     for need in missing:
         role, purpose, _ = need
+        conditional = sorted(
+            f"{granted} on {level.resource} under the condition {title!r}"
+            for level in read
+            for granted, titles in level.conditional.get(member, {}).items()
+            if roles.cover(need, {granted})
+            for title in titles
+        )
+        if conditional:
+            report.warnings.append(
+                f"the nodes' service account {account} holds {role} ({purpose}) only under an IAM condition: "
+                f"{'; '.join(conditional)}: IAM grants it only to the requests the condition holds for, which "
+                "preflight does not evaluate; make sure it admits the run's requests (its cluster, its dates)"
+            )
+            continue
         groups = sorted(
             f"{who.removeprefix('group:')} ({granted} on {level.resource})"
             for level in levels

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from components.platforms.gke.checks import versions
 from components.platforms.gke.checks.findings import Problem, Report
+from components.platforms.gke.plan import network
 from components.platforms.gke.plan.candidates import flex_start_refusal
 from components.platforms.gke.plan.needs import Needs
 from components.platforms.gke.plan.resources import RELEASE_CHANNEL
@@ -109,6 +110,27 @@ def default_network(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         )
         return
     report.checked.append(f"VPC network default in project {n.project}")
+    _way_out(n, compute_client("RoutersClient", creds), report)
+
+
+def _way_out(n: Needs, routers_client, report: Report) -> None:
+    """The default network's Cloud Routers in the region: a NAT gateway there that serves every subnetwork serves the
+    run's nodes too (a way to the internet for a run that needs none: a warning; the one a run that needs it uses,
+    creating none); else a run that needs its own router needs room for it (``network.ROUTERS_PER_NETWORK``)."""
+    from components.platforms.gke.cloud.compute import network_routers, network_wide_nat
+
+    routers = network_routers(routers_client, n.project, n.region, network.DEFAULT_NETWORK)
+    wide = network_wide_nat(routers, other_than=n.nat_router)
+    if wide and not n.nat_router:
+        report.warnings.append(network.network_wide_nat_risk(wide, n.region))
+    elif wide:
+        report.checked.append(f"Cloud NAT {wide} serves every subnetwork of the default network: the run uses it")
+    elif n.nat_router:
+        others = [r.name for r in routers if r.name != n.nat_router]
+        if len(others) >= network.ROUTERS_PER_NETWORK:
+            report.problems.append(Problem("VPC network default", network.routers_full(others, n.region)))
+            return
+        report.checked.append(f"routers of the default network in {n.region}: {len(others)}, room for {n.nat_router}")
 
 
 # What GKE keeps of a node for itself, so pods get the rest ("allocatable"): GKE docs, "Plan GKE Standard node sizes",

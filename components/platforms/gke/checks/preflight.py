@@ -217,25 +217,42 @@ def _caller_named(creds) -> str:
 def _bigquery_account(account: str, key: str, table: str, project: str, creds, report: Report) -> None:
     """Whether the pipeline's service account holds a role that runs jobs in ``project`` and one that reads
     ``table`` (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for
-    each it lacks, since a role through a group, a custom role or an organization's policy is not seen here."""
+    each it lacks, since a role through a group, a custom role or an organization's policy is not seen here; a role
+    held only under an IAM condition is not counted, and the warning names it and the condition."""
+    from components.cloud import iam as cloud_iam
     from components.data import bigquery
 
-    on_project, reading, unread = bigquery.account_roles(table, project, account, creds)
+    found = bigquery.account_roles(table, project, account, creds)
     field, dataset = "train.bigquery_service_account", table.rsplit(".", 1)[0]
-    for what, roles, wanted, where, grant in (
-        ("run BigQuery jobs", on_project, bigquery.JOB_ROLES, f"in project {project}", "roles/bigquery.jobUser"),
+    for what, roles, conditional, wanted, where, grant in (
+        (
+            "run BigQuery jobs",
+            found.on_project,
+            found.on_project_conditional,
+            bigquery.JOB_ROLES,
+            f"in project {project}",
+            "roles/bigquery.jobUser",
+        ),
         (
             f"read {table}",
-            reading,
+            found.reading,
+            found.reading_conditional,
             bigquery.READ_ROLES,
             f"on the dataset {dataset} or its project",
             "roles/bigquery.dataViewer",
         ),
     ):
         held = sorted(set(roles) & set(wanted))
-        unseen = [u for u in unread if (u.startswith(f"project {project}'s")) == (what == "run BigQuery jobs")]
+        unseen = [u for u in found.unread if (u.startswith(f"project {project}'s")) == (what == "run BigQuery jobs")]
+        under = cloud_iam.under_conditions(conditional, wanted)
         if held:
             report.checked.append(f"{key}: {account} may {what} ({', '.join(held)} {where})")
+        elif under:
+            report.warnings.append(
+                f"{field}: {account}, whom the data snapshot runs as, may {what} {where} only under an IAM condition: "
+                f"{'; '.join(under)}: IAM grants it only to the requests the condition holds for, which preflight "
+                "does not evaluate; make sure it admits the run's requests (its dataset, its dates)"
+            )
         else:
             report.warnings.append(
                 f"{field}: {account}, whom the data snapshot runs as, holds no role that may {what} {where} "
@@ -365,10 +382,10 @@ def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             report.problems.append(Problem("gke.node_service_account", identities.node_refusal(account)))
         if n.builds and (not n.build_account or identities.is_default(n.build_account)):
             report.problems.append(Problem("gke.build_service_account", identities.build_refusal(n.build_account)))
-    grants = cloud_iam.project_grants(n.project, creds)
-    node_account.check(n, account, grants, creds, report)
+    policy = cloud_iam.project_level(n.project, creds)
+    node_account.check(n, account, policy, creds, report)
     if n.builds:
-        granted = grants.get(f"serviceAccount:{n.build_account}", set())
+        granted = policy.grants.get(f"serviceAccount:{n.build_account}", set())
         report.warnings += identities.build_risks(n.build_account, granted, n.project)
 
 

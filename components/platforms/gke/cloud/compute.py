@@ -196,4 +196,27 @@ class Compute(Adapter):
         self.log(f"  {what}: done in {self.clock() - started:.1f}s")
 
 
-__all__ = ["KINDS", "Clients", "Compute", "clients"]
+# A Cloud NAT gateway that serves every subnetwork of its network in its region (Compute's
+# RouterNat.SourceSubnetworkIpRangesToNat, google-cloud-compute's compute_v1/types/compute.py): it serves a run's
+# subnetwork too, and no other gateway may be configured beside it there.
+NETWORK_WIDE = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
+
+
+def network_routers(routers: Any, project: str, region: str, network: str) -> list[Any]:
+    """The Cloud Routers of ``network`` (its name) in ``region`` (``RoutersClient.list``, every page)."""
+    return [
+        r for r in routers.list(project=project, region=region) if r.network.endswith(f"/global/networks/{network}")
+    ]
+
+
+def network_wide_nat(routers: list[Any], other_than: str = "") -> str:
+    """``router/gateway`` of a NAT gateway among ``routers`` (but the router ``other_than``) that serves every
+    subnetwork of their network, or ""."""
+    for router in routers:
+        for nat in router.nats:
+            if router.name != other_than and nat.source_subnetwork_ip_ranges_to_nat in NETWORK_WIDE:
+                return f"{router.name}/{nat.name}"
+    return ""
+
+
+__all__ = ["KINDS", "NETWORK_WIDE", "Clients", "Compute", "clients", "network_routers", "network_wide_nat"]

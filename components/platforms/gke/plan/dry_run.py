@@ -145,6 +145,16 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
                 f"  read          bigquery.jobs.query {value} FOR SYSTEM_TIME AS OF the run's time (the rows, counted "
                 f"then read; jobs of {jobs}, billed there)",
             ]
+        elif kind == "hub":
+            from components.data import hub
+
+            splits = ", ".join(dict.fromkeys(s for s in (t.train_split, "" if t.eval_dataset else t.eval_split) if s))
+            lines += [
+                f"  read          GET /api/datasets/{value}/revision/{hub.CONVERTED} (the hub's Parquet files of "
+                f"{key}, and the commit it resolves to)",
+                f"  read          GET /datasets/{value}/resolve/COMMIT/default/SPLIT/*.parquet for {splits} (each "
+                "checked against its listed sha256, which pins it; listed again once if a conversion removed COMMIT)",
+            ]
         else:
             lines.append(f"  read          the local files of {value} ({key}), each pinned by its bytes' digest")
     if len(lines) == 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.platforms.gke.plan import document as plans
-from components.platforms.gke.plan import features, k8s_actions
+from components.platforms.gke.plan import features, k8s_actions, network
 from components.platforms.gke.plan.resources import QUOTA_METRICS, RELEASE_CHANNEL
 from components.platforms.gke.plan.target import IMAGE_STREAMING_API, Target, node_roles, pulls_here, target
 from components.spec import RunSpec, names
@@ -164,6 +164,9 @@ class Needs:
     # An existing bucket must have hierarchical namespace too: the trainer commits its checkpoints by renaming a
     # directory on the bucket's FUSE mount (``derive.commits_by_directory_rename``).
     bucket_hierarchical: bool = False
+    # The Cloud Router the run creates for its NAT gateway (``network.cloud_nat``), "" when it needs none: preflight
+    # reads the default network's routers in the region (``network.ROUTERS_PER_NETWORK``, a network-wide gateway).
+    nat_router: str = ""
 
 
 def needs(spec: RunSpec, run_id: str) -> Needs:
@@ -206,6 +209,8 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         permissions.append("compute.machineTypes.get")  # preflight's own read
     if t.owns_cluster:
         permissions.append("compute.networks.get")  # preflight's read of the default network the cluster uses
+        permissions.append("compute.routers.list")  # its routers in the region: a NAT gateway already there
+    nat = network.cloud_nat(spec, t)
     kinds = tuple(
         dict.fromkeys(
             r.kind for r in plans.resources(spec, run_id) if r.kind.startswith("k8s/") or r.kind == "kueue-queue"
@@ -240,6 +245,7 @@ def needs(spec: RunSpec, run_id: str) -> Needs:
         owner_permissions,
         image_repository=image_repository(t),
         bucket_hierarchical=d.commits_by_directory_rename(spec),
+        nat_router=nat["name"] if nat else "",
     )
 
 
@@ -340,6 +346,14 @@ def reads(n: Needs) -> list[tuple[str, str, str]]:
         out.append(("storage.buckets.get", f"b/{n.bucket}", f"if it exists: {wanted}"))
     if n.location:
         out.append(("compute.networks.get", f"projects/{n.project}/global/networks/default", "the cluster's network"))
+        out.append(
+            (
+                "compute.routers.list",
+                f"projects/{n.project}/regions/{n.region}/routers",
+                "a Cloud NAT gateway already serving the default network"
+                + (f"; room for the router {n.nat_router}" if n.nat_router else ""),
+            )
+        )
         out.append(
             (
                 "container.projects.locations.getServerConfig",

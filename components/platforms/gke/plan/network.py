@@ -11,17 +11,39 @@
 - Their nodes take their addresses from a subnetwork of the project's ``default`` network that the run creates
   (``node_subnet``) with Private Google Access on (``Subnetwork.privateIpGoogleAccess``: "VMs in this subnet can access
   Google services without assigned external IP addresses", https://cloud.google.com/vpc/docs/private-google-access):
-  Cloud Storage, Artifact Registry, the metadata server's tokens, with no route to anything else.
-- Only when the pods or the nodes need more than Google's APIs (``internet_needs``: the Hugging Face hub, a registry
-  outside Google) does the run create a Cloud Router with a Cloud NAT gateway (``cloud_nat``) that serves the run's
-  subnetwork alone (``LIST_OF_SUBNETWORKS``: https://cloud.google.com/nat/docs/set-up-manage-network-address-translation;
+  Cloud Storage, Artifact Registry, the metadata server's tokens, and, as the same page's Specifications say, the
+  external addresses App Engine serves, third parties' App Engine apps included; no route to anything else.
+- No pod of a run needs the internet for what the pipeline's own stages can fetch: a hub ``train.dataset`` is
+  snapshotted by the first stage into the run's prefix (``components.data.hub``), and a hub model's base weights are
+  copied and checked by the train stage into the cache (``components.stages.base_weights``); MaxText builds its model
+  from ``maxtext.model_name`` and reads no hub file. Only two cases need more than Google's APIs (``internet_needs``):
+  the Hugging Face token only the pods hold (``gke.hf_secret`` without ``gke.hf_token_secret``), with which they read
+  a gated model the train stage could not; and a trainer image outside Google's registries, which the nodes pull.
+  Then the run creates a Cloud Router with a Cloud NAT gateway (``cloud_nat``) that serves the run's subnetwork
+  alone (``LIST_OF_SUBNETWORKS``: https://cloud.google.com/nat/docs/set-up-manage-network-address-translation;
   Compute's ``RouterNat`` in google-cloud-compute's ``compute_v1/types/compute.py``), so one run's gateway never
   serves another run's nodes. Teardown deletes both after the cluster (they are Compute resources of the run's plan).
+  A network has at most 5 Cloud Routers in a region, whatever the quota (``ROUTERS_PER_NETWORK``): preflight refuses
+  a run that needs a sixth before anything is created. A gateway already there that serves every subnetwork of the
+  network serves the run's too, and Compute takes no other gateway beside it: the run uses it and creates none, and
+  a run that needs no NAT is warned that its pods reach the internet through it (``network_wide_nat_risk``).
 - The run's pods may send only what the run needs (``egress_policy``): DNS, the metadata server, HTTPS to addresses
-  outside the private ranges (Google's APIs; the hub, reachable only through the NAT), and anything to the run's own
-  pods (Ray). Kubernetes NetworkPolicy is by address and port, not by host name
-  (https://kubernetes.io/docs/concepts/services-networking/network-policies/), so HTTPS to public addresses is one
-  rule: which of them answer is what the private nodes and the NAT decide.
+  outside the private ranges, and anything to the run's own pods (Ray). Kubernetes NetworkPolicy is by address and
+  port, not by host name (https://kubernetes.io/docs/concepts/services-networking/network-policies/), and Google's
+  APIs answer on many public addresses, so HTTPS out is one rule: with no NAT, a packet from a node without an
+  external address leaves the VPC only to Google's APIs and services (Private Google Access,
+  https://cloud.google.com/vpc/docs/private-google-access), so that rule reaches those and no other host. They are not
+  only the run's own: "Private Google Access also allows access to the external IP addresses used by App Engine,
+  including third-party App Engine-based services" (https://cloud.google.com/vpc/docs/configure-private-google-access,
+  Specifications), so a pod can send to anyone's App Engine app, as it can write to another project's bucket.
+  What closes both is the restricted VIP, ``restricted.googleapis.com`` (199.36.153.4/30), which serves only the APIs
+  VPC Service Controls supports, with a Cloud DNS private zone mapping ``*.googleapis.com`` to it and egress to other
+  addresses refused (this rule narrowed to that range, or the network's default route replaced by one to it), inside
+  a VPC Service Controls perimeter (https://cloud.google.com/vpc-service-controls/docs/private-connectivity,
+  https://cloud.google.com/vpc-service-controls/docs/overview). The zone is bound to the whole network and changes
+  where every VM of the shared ``default`` network resolves Google's APIs
+  (https://cloud.google.com/vpc/docs/configure-private-google-access, DNS configuration), and the perimeter is an
+  organisation's: the run makes neither.
 """
 
 from __future__ import annotations
@@ -71,6 +93,9 @@ METADATA = (
     (NODE_LOCAL_DNS, DNS_PORTS),
 )
 HTTPS = 443
+# Cloud Routers per VPC network per region: 5, a system limit that no quota raises (Cloud Router, "Quotas and
+# limits": https://cloud.google.com/network-connectivity/docs/router/quotas).
+ROUTERS_PER_NETWORK = 5
 PRIVATE_NODES_DOC = "https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation"
 
 
@@ -83,20 +108,18 @@ def node_range(run_id: str) -> str:
 
 def internet_needs(spec: RunSpec, t: Target) -> list[str]:
     """Why the run's nodes or pods need the internet (a Cloud NAT gateway); empty: Google's APIs are all they reach.
-    MaxText reads a hub model's files in its pods (the base-weights cache is the FSDP trainer's: ``components.stages.
-    base_weights``), and pods that alone hold the Hugging Face token (``gke.hf_secret`` without
-    ``gke.hf_token_secret``) read a gated model from the hub themselves. A hub ``train.dataset`` is not snapshotted
-    (``components.spec.datasets``; ``train.eval_dataset`` always is): the trainers' hosts load it from the hub
-    (``trainers.data``)."""
-    from components.spec import datasets
+    Only the FSDP trainer reads a hub model (MaxText builds its own), and its pods read it from the hub themselves
+    only where they alone hold the Hugging Face token (``gke.hf_secret`` without ``gke.hf_token_secret``: the train
+    stage cannot copy a gated model then). Every dataset is snapshotted on the pipeline's side."""
     from components.workload.weights import is_hub_name
 
     out = []
     pods_hold_token = spec.gke.hf_secret and not spec.gke.hf_token_secret  # else the components' side fetches
-    if is_hub_name(spec.train.model_id) and (spec.train.workload == "maxtext" or pods_hold_token):
-        out.append(f"the pods read {spec.train.model_id} from the Hugging Face hub")
-    if datasets.kind(spec.train.dataset) == "hub":
-        out.append(f"the pods read the dataset {spec.train.dataset} (train.dataset) from the Hugging Face hub")
+    if spec.train.workload != "maxtext" and is_hub_name(spec.train.model_id) and pods_hold_token:
+        out.append(
+            f"the pods may read {spec.train.model_id} from the Hugging Face hub with the token only they hold "
+            f"(gke.hf_secret={spec.gke.hf_secret} without gke.hf_token_secret)"
+        )
     if not any(registry in t.image for registry in GOOGLE_REGISTRIES):
         out.append(f"the nodes pull {t.image} from a registry outside Google")
     return out
@@ -146,7 +169,28 @@ def no_internet(spec: RunSpec, t: Target) -> str | None:
         return None
     return (
         f"the run's cluster has private nodes and no Cloud NAT (it needs none by its spec: {summary(spec, t)}), so its "
-        f"pods have no route to the internet ({PRIVATE_NODES_DOC})"
+        f"pods have no route to any host outside Google's, the hub's among them ({PRIVATE_NODES_DOC})"
+    )
+
+
+def network_wide_nat_risk(gateway: str, region: str) -> str:
+    """Preflight's warning for a run that needs no NAT on a network whose NAT ``gateway`` serves every subnetwork."""
+    return (
+        f"Cloud NAT {gateway} serves every subnetwork of the default network in {region}, the run's too: its pods "
+        "reach any host on the internet over HTTPS, not only Google's APIs; to keep them off it, serve a list of "
+        "subnetworks with that gateway (sourceSubnetworkIpRangesToNat=LIST_OF_SUBNETWORKS: "
+        "https://cloud.google.com/nat/docs/set-up-manage-network-address-translation)"
+    )
+
+
+def routers_full(routers: list[str], region: str) -> str:
+    """Preflight's refusal of a run that needs a Cloud Router of its own where the network has no room for one."""
+    return (
+        f"the default network has {len(routers)} Cloud Routers in {region} ({', '.join(sorted(routers))}), the most "
+        f"a network may have in a region ({ROUTERS_PER_NETWORK}, whatever the quota: "
+        "https://cloud.google.com/network-connectivity/docs/router/quotas), and the run needs one for its Cloud NAT: "
+        "put the trainer image in Artifact Registry (gke.image), give the pipeline the Hugging Face token "
+        "(gke.hf_token_secret), or delete a router (or end a run that holds one)"
     )
 
 
@@ -225,5 +269,8 @@ def summary(spec: RunSpec, t: Target) -> str:
     """The plan's words for the way out of a cluster the run creates."""
     needs = internet_needs(spec, t)
     if not needs:
-        return "private nodes (no external addresses), Private Google Access only: no route to the internet"
+        return (
+            "private nodes (no external addresses), Private Google Access only: no route out but to Google's APIs and "
+            "services (App Engine apps included)"
+        )
     return f"private nodes (no external addresses), Private Google Access, and Cloud NAT because {'; '.join(needs)}"

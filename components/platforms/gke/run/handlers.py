@@ -26,6 +26,25 @@ def compute_resource(s: Session, res: Resource) -> None:
     s.client("compute").ensure(COMPUTE_KINDS[res.kind], res.path, res.body, s.record)
 
 
+def cloud_nat(s: Session, res: Resource) -> None:
+    """The run's Cloud Router and NAT gateway, unless the network already has a gateway in the region that serves
+    every subnetwork: that one serves the run's subnetwork too, and Compute takes no other gateway beside it
+    (``compute.NETWORK_WIDE``), so it is used and nothing is created (teardown then deletes nothing of it)."""
+    from components.platforms.gke.cloud import compute
+    from components.platforms.gke.plan import network
+
+    adapter = s.client("compute")
+    listed = adapter.call(
+        f"list routers in {s.t.region}",
+        lambda: compute.network_routers(adapter.client.routers, s.t.project, s.t.region, network.DEFAULT_NETWORK),
+    )
+    wide = compute.network_wide_nat(listed, other_than=res.name)
+    if wide:
+        s.log(f"{res.name}: not created: Cloud NAT {wide} already serves every subnetwork of the default network")
+        return
+    compute_resource(s, res)
+
+
 def bucket(s: Session, res: Resource) -> None:
     s.client("storage").ensure_bucket(s.t.bucket, s.t.region, d.commits_by_directory_rename(s.ctx.spec))
 

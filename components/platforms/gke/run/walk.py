@@ -28,7 +28,7 @@ HANDLERS = {
     "subnetwork": handlers.compute_resource,
     "firewall-rule": handlers.compute_resource,
     "workload-policy": handlers.compute_resource,
-    "cloud-nat": handlers.compute_resource,
+    "cloud-nat": handlers.cloud_nat,
     "gcs-bucket": handlers.bucket,
     "iam-binding": handlers.binding,
     "gke-cluster": handlers.cluster,
