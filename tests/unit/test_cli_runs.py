@@ -82,31 +82,32 @@ def test_a_post_mortem_file_keeps_its_tail_within_the_cap(tmp_path):
     assert kept.startswith(b"[... ") and kept.endswith(b"line 9999\n") and len(kept) < 1100
 
 
-def _answers(path, answers):
+def _answers(answers):
     rows = [
         {"index": i, "prompt": f"Instruction: Reverse the word {w}.\nResponse: ", "reference": w[::-1], "answer": a}
         for i, (w, a) in enumerate(zip(["abc", "dog", "sun"], answers, strict=True))
     ]
     for row in rows:
         row["scores"] = {"exact_match": float(row["answer"] == row["reference"])}
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"path": str(path), "means": {"exact_match": sum(r["scores"]["exact_match"] for r in rows) / 3}}
+    return rows
 
 
 def test_show_answers_prints_the_runs_side_by_side_page_and_a_run_without_answers_is_a_clear_error(tmp_path, capsys):
+    from components.platforms.store import write_text
     from components.stages import answers
     from components.workload import resolve
 
     store = LocalStore(tmp_path / "r3")
     assert main(["show", "r3", "--output-root", str(tmp_path), "--answers"]) == 2
     assert "--answers: no eval/side_by_side.md in " in capsys.readouterr().err
-    candidate = _answers(tmp_path / "after.jsonl", ["cba", "dog", "nus"])  # the second a regression
-    champion = _answers(tmp_path / "champion.jsonl", ["cba", "god", "x"])
+    candidate = _answers(["cba", "dog", "nus"])  # the second a regression
+    champion = _answers(["cba", "god", "x"])
     spec = resolve("local-fsdp", "eval.metrics=exact_match")
-    found = answers.task_figures(spec, store, candidate, champion, "champion")
+    page = answers.side_by_side(spec, answers.compare(candidate, champion), candidate, champion, "champion")
+    write_text(store, answers.SIDE_BY_SIDE, page, "text/markdown")  # as the evaluate stage writes it
     assert main(["show", "r3", "--output-root", str(tmp_path), "--answers"]) == 0
     out = capsys.readouterr().out
-    assert out == (tmp_path / "r3" / answers.SIDE_BY_SIDE).read_text() and found["side_by_side"]
+    assert out == page
     table, examples = out.index("| exact_match | 0.6667 | 0.6667 | +0.0000 |"), out.index("## Examples (3 of 3")
     assert table < examples < out.index("| 1 | Instruction: Reverse the word dog.<br>Response:  | god | god | dog |")
     assert out.index("| 1 | Instruction") < out.index("| 0 | Instruction") < out.index("| 2 | Instruction")
