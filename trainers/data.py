@@ -102,8 +102,8 @@ def format_example(example: dict[str, Any]) -> str:
 
 
 def prompt_of(example: dict[str, Any]) -> str:
-    """The training prompt's format up to where the response starts: what a model is asked, and what its loss
-    leaves out (:data:`LABELS`)."""
+    """The training prompt's format up to where the response starts: what a model is asked (:func:`prompt_ids`), and
+    what its loss leaves out (:data:`LABELS`)."""
     return PROMPT.split("{response}")[0].format(instruction=example["instruction"])
 
 
@@ -135,14 +135,17 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
 
 # ---------------------------------------------------------------- tokenised, in memory, kept for the run
 
-# What a model is trained on and measured by: the next-token loss over the response's tokens and its end token,
-# none over the prompt or the padding, as supervised fine-tuning computes it (TRL's SFTTrainer, "Train on completion
+# What a model is trained on and measured by: the next-token loss over the response's tokens and the end token, none
+# over the prompt or the padding, as supervised fine-tuning computes it (TRL's SFTTrainer, "Train on completion
 # only": completion_only_loss, https://huggingface.co/docs/trl/sft_trainer#train-on-completion-only; labels of -100
-# are ignored by the loss, https://huggingface.co/docs/transformers/tasks/language_modeling#preprocess). Loss over
-# the prompt too (this project's rule before) spends most of a small model's updates on predicting the instructions'
-# random words, which no answer needs. Part of the tokenised split's key and of every held-out figure's key
-# (trainers.heldout.eval_key): a figure measured under another rule never compares with one measured under this.
-LABELS = "response tokens and the end token; -100 over the prompt and the padding"
+# are ignored by the loss, https://huggingface.co/docs/transformers/tasks/language_modeling#preprocess). Each
+# example's ids are the prompt's ids exactly as decoding feeds them (:func:`prompt_ids`), the response's, then the
+# tokenizer's end token, always (TRL appends it, ``add_eos``: hub tokenizers such as Gemma's and Llama's add none of
+# their own), so the model learns to continue the very prefix it is asked with and to stop. Part of the tokenised
+# split's key, of every held-out figure's key (trainers.heldout.eval_key) and of the resume digest
+# (trainers.checkpoints.training_digest): a figure or a checkpoint made under another rule is never taken for one
+# made under this. Change the text whenever the rule changes.
+LABELS = "prompt ids as generation encodes them, response ids, end token; -100 over the prompt and the padding"
 
 TOKENIZED_DIR = "tokenized"  # under the run's own cache directory (components.workload.cache_trust.RUN_CACHE_DIR)
 _COLUMNS = ("input_ids", "attention_mask", "labels")
@@ -195,28 +198,34 @@ class Tokenized:
         return self[indices]
 
 
+def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's ids as a model is asked with it: the tokenizer's beginning token, if it has one, then the text's
+    own tokens, no end token. One function for training and decoding (``trainers.generation.encode``), so the prefix
+    the loss trains a continuation of is the one decoding feeds (TRL's SFTTrainer warns when its prompt's ids are
+    not the start of its prompt-and-completion's: trl/trainer/sft_trainer.py)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [bos + ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+
+
 def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
-    """Prompt-format, tokenise and pad to ``max_length`` in one call of the tokenizer over the split; labels
-    (:data:`LABELS`) are the input ids of the tokens that end past the prompt's characters (a token across the
-    boundary holds some of the response) and of the end token, -100 elsewhere. The character offsets come from the
-    fast tokenizer (``return_offsets_mapping``), so the boundary is the one in the text the model reads, whatever
-    the tokenizer merges there."""
+    """Each example as :data:`LABELS` says: :func:`prompt_ids`, the response's ids, the end token, cut to
+    ``max_length`` (the end token goes with the response when they do not fit, so the model never learns to stop
+    mid-answer) and right-padded to it; labels are the input ids past the prompt, -100 over the prompt and the
+    padding."""
     import torch
 
-    enc = tokenizer(
-        [format_example(e) for e in examples],
-        max_length=max_length,
-        padding="max_length",
-        truncation=True,
-        return_tensors="pt",
-        return_offsets_mapping=True,
-    )
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    starts = torch.tensor([len(prompt_of(e)) for e in examples], dtype=torch.long)
-    response = enc["offset_mapping"][..., 1] > starts[:, None]
-    if tokenizer.eos_token_id is not None:
-        response |= ids == tokenizer.eos_token_id
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill((mask == 0) | ~response, -100)}
+    prompts = prompt_ids(tokenizer, [prompt_of(e) for e in examples])
+    responses = tokenizer([str(e["response"]) for e in examples], add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = torch.full((len(examples), max_length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), max_length), dtype=torch.long)
+    labels = torch.full((len(examples), max_length), -100, dtype=torch.long)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        row = (prompt + response + eos)[:max_length]
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+        labels[i, len(prompt) : len(row)] = ids[i, len(prompt) : len(row)]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def _read_cached(path: Path, key: str, rows: int, max_length: int) -> dict[str, Any] | None:

@@ -68,12 +68,11 @@ def _source_digest(scorer: str) -> str:
 
 
 def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
-    """(input ids, attention mask) of the prompts, each with the tokenizer's beginning token and without its end one,
-    cut to its last ``max_length`` tokens and left-padded to the longest."""
+    """(input ids, attention mask) of the prompts, each as training's prefix (``trainers.data.prompt_ids``: the
+    tokenizer's beginning token, no end one), cut to its last ``max_length`` tokens and left-padded to the longest."""
     import torch
 
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    rows = [(bos + tokenizer(p, add_special_tokens=False)["input_ids"])[-max_length:] for p in prompts]
+    rows = [ids[-max_length:] for ids in data.prompt_ids(tokenizer, prompts)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,58 @@ def test_only_the_response_and_its_end_token_are_learned(tmp_path):
     rows = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
     assert [r["learned"] for r in rows] == ["cba<eos>", "3<eos>"]
     assert all(r["ids_where_learned"] and r["eos"] for r in rows)
+
+
+BPE_SCRIPT = r"""
+import json, sys
+from transformers import AutoTokenizer
+from trainers import data, generation
+
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])  # a hub tokenizer as trainers.model.load_tokenizer loads one
+examples = [{"instruction": "Reverse the word abc.", "response": "cba"},
+            {"instruction": "Give a long answer.", "response": "Paris is the capital of France, " * 8}]
+columns = data.tokenize(examples, tokenizer, 24).columns
+rows = []
+for example, ids, labels in zip(examples, columns["input_ids"].tolist(), columns["labels"].tolist()):
+    asked = generation.encode(tokenizer, [data.prompt_of(example)], 24)[0][0].tolist()
+    rows.append({"prefix_is_generations": ids[: len(asked)] == asked,
+                 "prompt_unlearned": all(l == -100 for l in labels[: len(asked)]),
+                 "learned": [i for i, l in zip(ids, labels) if l != -100],
+                 "response": tokenizer(example["response"], add_special_tokens=False)["input_ids"]})
+adds_eos = tokenizer("x")["input_ids"][-1:]
+print("FACTS " + json.dumps({"eos": tokenizer.eos_token_id, "adds_eos": adds_eos, "rows": rows}))
+"""
+
+
+def test_with_a_byte_level_bpe_tokenizer_the_prefix_is_generations_and_the_end_token_is_learned(tmp_path):
+    """A hub tokenizer (Qwen3's byte-level BPE, the one MaxText ships, as Llama 3's is) adds no end token of its own
+    and merges the prompt's trailing space into the response's first word when the two are tokenised as one text:
+    the training prefix is still exactly the ids decoding is asked with, the end token is learned after the
+    response, and a response cut by ``max_length`` loses its end token with it."""
+    from components.platforms.local import envs
+    from tests.helpers import REPO
+
+    site = Path(envs.ensure_env("maxtext").path) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    tokenizer_dir = site / "site-packages" / "maxtext" / "assets" / "tokenizers" / "qwen3-tokenizer"
+    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [envs.ensure_env("torch").python, "-c", BPE_SCRIPT, str(tokenizer_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    eos, (short, cut) = facts["eos"], facts["rows"]
+    assert facts["adds_eos"] != [eos]  # the tokenizer itself would not teach the model to stop
+    assert short["prefix_is_generations"] and short["prompt_unlearned"]
+    assert short["learned"] == short["response"] + [eos]
+    assert cut["prefix_is_generations"] and cut["prompt_unlearned"]
+    assert cut["learned"] and eos not in cut["learned"]  # cut mid-answer: no end token to learn there
+    assert cut["learned"] == cut["response"][: len(cut["learned"])]
 
 
 def test_the_loss_rule_is_part_of_the_held_out_figures_key_and_the_tokenised_splits(monkeypatch):
