@@ -99,6 +99,59 @@ def test_with_a_byte_level_bpe_tokenizer_the_prefix_is_generations_and_the_end_t
     assert cut["learned"] == cut["response"][: len(cut["learned"])]
 
 
+STEP_SCRIPT = r"""
+import json, math, os, sys
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from trainers import data, mesh
+from trainers.model import build_model, char_tokenizer
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+tokenizer = char_tokenizer()
+examples = [{"instruction": "Reverse the word abc.", "response": "cba"},
+            {"instruction": "Add 1 and 2.", "response": "3"}]
+batch = data.tokenize(examples, tokenizer, 64)[[0, 1]]
+model = mesh.parallelize(build_model("scratch:gemma4-tiny", tokenizer, 0), init_device_mesh("cpu", (1,)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+with torch.no_grad():
+    mean = float(model(**batch).loss)  # transformers' own mean over the labelled tokens
+stepped = float(mesh.train_step(model, optimizer, batch, "cpu"))
+masked = {**batch, "labels": torch.full_like(batch["labels"], -100)}  # every prompt fills max_length
+empty = float(mesh.train_step(model, optimizer, masked, "cpu"))
+print("FACTS " + json.dumps({"mean": mean, "stepped": stepped, "empty": empty, "finite": math.isfinite(empty)}))
+"""
+
+
+def test_a_step_is_the_token_mean_and_a_step_without_labelled_tokens_is_zero_not_nan(tmp_path):
+    """``trainers.mesh.train_step``: the loss is the mean over the step's labelled tokens (one worker: transformers'
+    own mean), and a batch with none (a prompt that fills ``train.max_length``) gives 0 with zero gradients, where
+    the mean would be 0/0."""
+    import socket
+
+    from components.platforms.local import envs
+    from tests.helpers import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path)}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [envs.ensure_env("torch").python, "-c", STEP_SCRIPT, str(port)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    assert facts["stepped"] == pytest.approx(facts["mean"], rel=1e-5)
+    assert facts["finite"] and facts["empty"] == 0.0
+
+
 def test_the_loss_rule_is_part_of_the_held_out_figures_key_and_the_tokenised_splits(monkeypatch):
     from components.workload import resolve
     from trainers import data, heldout
