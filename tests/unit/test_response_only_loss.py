@@ -152,13 +152,26 @@ def test_a_step_is_the_token_mean_and_a_step_without_labelled_tokens_is_zero_not
     assert facts["finite"] and facts["empty"] == 0.0
 
 
-def test_the_loss_rule_is_part_of_the_held_out_figures_key_and_the_tokenised_splits(monkeypatch):
+def test_the_loss_rule_and_the_prompt_format_are_part_of_the_figures_key_the_splits_and_the_resume_digest(
+    monkeypatch,
+):
     from components.workload import resolve
-    from trainers import data, heldout
+    from trainers import checkpoints, data, heldout
 
     spec = resolve("local-fsdp")
-    figure = heldout.eval_key(spec, "sha256:aa", "cpu", 2)
-    split = data.tokenized_key("sha256:aa", {"name": "t"}, 64)
-    monkeypatch.setattr(data, "LABELS", "input ids, -100 where padded")  # the rule before: the whole text
-    assert heldout.eval_key(spec, "sha256:aa", "cpu", 2) != figure
-    assert data.tokenized_key("sha256:aa", {"name": "t"}, 64) != split
+
+    def keys():
+        return (
+            heldout.eval_key(spec, "sha256:aa", "cpu", 2),
+            data.tokenized_key("sha256:aa", {"name": "t"}, 64),
+            checkpoints.training_digest(spec),
+        )
+
+    now = keys()
+    with monkeypatch.context() as m:
+        m.setattr(data, "LABELS", "input ids, -100 where padded")  # the rule before: the whole text
+        assert all(a != b for a, b in zip(keys(), now, strict=True))
+    with monkeypatch.context() as m:
+        m.setattr(data, "PROMPT", "Q: {instruction}\nA: {response}")
+        assert all(a != b for a, b in zip(keys(), now, strict=True))
+    assert keys() == now
