@@ -1,7 +1,8 @@
-"""The loss is over the response alone (``trainers.data.LABELS``): the tokenised split's labels are -100 over the
-prompt and the padding and the input ids over the response and its end token, and the keys that say which figures
-compare (the held-out figure's ``trainers.heldout.eval_key``, the tokenised split's ``trainers.data.tokenized_key``)
-hold the rule. Run in the torch trainer environment (seconds: one process, no Ray)."""
+"""The loss is over the response alone (``trainers.data.LABELS``): each example is the prompt's ids as decoding
+encodes them, the response's and the end token, with labels -100 over the prompt and the padding; a step's loss is
+the mean over its labelled tokens, 0 when there are none; and the keys that say which figures and checkpoints compare
+(``trainers.heldout.eval_key``, ``trainers.data.tokenized_key``, ``trainers.checkpoints.training_digest``) hold the
+rule and the prompt format. Run in the torch trainer environment (seconds: one process, no Ray)."""
 
 from __future__ import annotations
 
@@ -32,17 +33,21 @@ print("FACTS " + json.dumps(rows))
 """
 
 
-def test_only_the_response_and_its_end_token_are_learned(tmp_path):
+def _facts(tmp_path, script: str, *args: str):
+    """What ``script`` prints after ``FACTS `` (JSON), run in the torch trainer environment, offline."""
     from components.platforms.local import envs
     from tests.helpers import REPO
 
-    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [envs.ensure_env("torch").python, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
-    )
+    python = envs.ensure_env("torch").python
+    proc = subprocess.run([python, "-c", script, *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+
+
+def test_only_the_response_and_its_end_token_are_learned(tmp_path):
+    rows = _facts(tmp_path, SCRIPT)
     assert [r["learned"] for r in rows] == ["cba<eos>", "3<eos>"]
     assert all(r["ids_where_learned"] and r["eos"] for r in rows)
 
@@ -74,22 +79,10 @@ def test_with_a_byte_level_bpe_tokenizer_the_prefix_is_generations_and_the_end_t
     the training prefix is still exactly the ids decoding is asked with, the end token is learned after the
     response, and a response cut by ``max_length`` loses its end token with it."""
     from components.platforms.local import envs
-    from tests.helpers import REPO
 
     site = Path(envs.ensure_env("maxtext").path) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     tokenizer_dir = site / "site-packages" / "maxtext" / "assets" / "tokenizers" / "qwen3-tokenizer"
-    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [envs.ensure_env("torch").python, "-c", BPE_SCRIPT, str(tokenizer_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    facts = _facts(tmp_path, BPE_SCRIPT, str(tokenizer_dir))
     eos, (short, cut) = facts["eos"], facts["rows"]
     assert facts["adds_eos"] != [eos]  # the tokenizer itself would not teach the model to stop
     assert short["prefix_is_generations"] and short["prompt_unlearned"]
@@ -130,24 +123,10 @@ def test_a_step_is_the_token_mean_and_a_step_without_labelled_tokens_is_zero_not
     the mean would be 0/0."""
     import socket
 
-    from components.platforms.local import envs
-    from tests.helpers import REPO
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"PATH": "/usr/bin:/bin", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HOME": str(tmp_path)}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [envs.ensure_env("torch").python, "-c", STEP_SCRIPT, str(port)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    facts = _facts(tmp_path, STEP_SCRIPT, str(port))
     assert facts["stepped"] == pytest.approx(facts["mean"], rel=1e-5)
     assert facts["finite"] and facts["empty"] == 0.0
 
