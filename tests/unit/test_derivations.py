@@ -127,7 +127,7 @@ def test_scaling_config_per_family(family):
     assert torch_workers == devices_per_host * hosts
     jax = resolve(
         preset,
-        overrides + " train.workload=maxtext train.num_workers=0 "
+        overrides + " train.workload=maxtext train.num_workers=0 maxtext.dataset_type=hf "
         "maxtext.ici_fsdp_parallelism=-1 maxtext.ici_tensor_parallelism=1",
     )
     assert d.scaling_config_args(jax) == {

@@ -114,7 +114,11 @@ def test_eval_args_freeze_training_and_load_the_checkpoint():
             "maxtext.ici_tensor_parallelism",
         ),
         ("local-maxtext", "maxtext.dataset_type=tfds", "maxtext.dataset_type"),
-        ("local-maxtext", "train.dataset=databricks/databricks-dolly-15k", "train.dataset"),
+        (  # a hub dataset is snapshotted like any other: MaxText reads it through its Hugging Face pipeline
+            "local-maxtext",
+            "train.dataset=databricks/databricks-dolly-15k maxtext.dataset_type=synthetic",
+            "maxtext.dataset_type",
+        ),
         ("local-maxtext", f"{ELASTIC}", "maxtext.ici_fsdp_parallelism"),  # fsdp 2 x tensor 2 fits no 1-host group
         (
             "local-maxtext",
