@@ -382,14 +382,22 @@ MAXTEXT_STATE_FIELDS = (
 
 def training_digest(spec) -> str:
     """The digest of what a resume point is a point of: the run spec's ``train`` section (the model, data, steps,
-    optimizer) and, for the MaxText workload, its ``maxtext`` settings of :data:`MAXTEXT_STATE_FIELDS`, canonical
-    JSON's sha256. Recorded in every sharded checkpoint's meta (``spec_digest``) and beside MaxText's checkpoints."""
+    optimizer), the prompt format the examples are written in (``trainers.data.PROMPT``) and, for the FSDP workload,
+    which tokens its loss is over (``trainers.data.LABELS``), or for the MaxText workload its ``maxtext`` settings of
+    :data:`MAXTEXT_STATE_FIELDS`: canonical JSON's sha256. The trainers' code is not in the local platform's image
+    hash (components/platforms/local/envs.py hashes ``images/``), so a resubmitted run on an updated checkout would
+    otherwise resume under another format or loss. Recorded in every sharded checkpoint's meta (``spec_digest``) and
+    beside MaxText's checkpoints."""
     import dataclasses
     import hashlib
 
-    what: dict[str, Any] = dataclasses.asdict(spec.train)
+    from trainers import data
+
+    what: dict[str, Any] = {"train": dataclasses.asdict(spec.train), "prompt": data.PROMPT}
     if spec.train.workload == "maxtext":  # an FSDP run reads no maxtext setting: changing one never refuses it
-        what = {"train": what, "maxtext": {f: getattr(spec.maxtext, f) for f in MAXTEXT_STATE_FIELDS}}
+        what["maxtext"] = {f: getattr(spec.maxtext, f) for f in MAXTEXT_STATE_FIELDS}
+    else:  # MaxText trains on the whole text, packed (trainers.maxtext_data)
+        what["labels"] = data.LABELS
     text = json.dumps(what, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -101,6 +101,12 @@ def format_example(example: dict[str, Any]) -> str:
     return PROMPT.format(instruction=example["instruction"], response=example["response"])
 
 
+def prompt_of(example: dict[str, Any]) -> str:
+    """The training prompt's format up to where the response starts: what a model is asked (:func:`prompt_ids`), and
+    what its loss leaves out (:data:`LABELS`)."""
+    return PROMPT.split("{response}")[0].format(instruction=example["instruction"])
+
+
 def local_cache_dir(run_name: str) -> str:
     """Where a host's workers keep the datasets cache: its own temporary directory (a pod's /tmp on GKE, an emptyDir;
     the run's private temp directory on the local platform), never the bucket's shared mount. The datasets library
@@ -129,6 +135,18 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
 
 # ---------------------------------------------------------------- tokenised, in memory, kept for the run
 
+# What a model is trained on and measured by: the next-token loss over the response's tokens and the end token, none
+# over the prompt or the padding, as supervised fine-tuning computes it (TRL's SFTTrainer, "Train on completion
+# only": completion_only_loss, https://huggingface.co/docs/trl/sft_trainer#train-on-completion-only; labels of -100
+# are ignored by the loss, https://huggingface.co/docs/transformers/tasks/language_modeling#preprocess). Each
+# example's ids are the prompt's ids exactly as decoding feeds them (:func:`prompt_ids`), the response's, then the
+# tokenizer's end token, always (TRL appends it, ``add_eos``: hub tokenizers such as Gemma's and Llama's add none of
+# their own), so the model learns to continue the very prefix it is asked with and to stop. Part of the tokenised
+# split's key, of every held-out figure's key (trainers.heldout.eval_key) and of the resume digest
+# (trainers.checkpoints.training_digest): a figure or a checkpoint made under another rule is never taken for one
+# made under this. Change the text whenever the rule changes.
+LABELS = "prompt ids as generation encodes them, response ids, end token; -100 over the prompt and the padding"
+
 TOKENIZED_DIR = "tokenized"  # under the run's own cache directory (components.workload.cache_trust.RUN_CACHE_DIR)
 _COLUMNS = ("input_ids", "attention_mask", "labels")
 
@@ -155,7 +173,7 @@ def tokenized_key(examples: str, tokenizer: dict[str, Any], max_length: int) -> 
         "tokenizer": tokenizer,
         "prompt": PROMPT,
         "max_length": max_length,
-        "labels": "input ids, -100 where padded",
+        "labels": LABELS,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -180,18 +198,34 @@ class Tokenized:
         return self[indices]
 
 
+def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's ids as a model is asked with it: the tokenizer's beginning token, if it has one, then the text's
+    own tokens, no end token. One function for training and decoding (``trainers.generation.encode``), so the prefix
+    the loss trains a continuation of is the one decoding feeds (TRL's SFTTrainer warns when its prompt's ids are
+    not the start of its prompt-and-completion's: trl/trainer/sft_trainer.py)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [bos + ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+
+
 def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
-    """Prompt-format, tokenise and pad to ``max_length`` in one call of the tokenizer over the split; labels are the
-    input ids with the padding masked (-100: causal-LM collation)."""
-    enc = tokenizer(
-        [format_example(e) for e in examples],
-        max_length=max_length,
-        padding="max_length",
-        truncation=True,
-        return_tensors="pt",
-    )
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    """Each example as :data:`LABELS` says: :func:`prompt_ids`, the response's ids, the end token, cut to
+    ``max_length`` (the end token goes with the response when they do not fit, so the model never learns to stop
+    mid-answer) and right-padded to it; labels are the input ids past the prompt, -100 over the prompt and the
+    padding."""
+    import torch
+
+    prompts = prompt_ids(tokenizer, [prompt_of(e) for e in examples])
+    responses = tokenizer([str(e["response"]) for e in examples], add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = torch.full((len(examples), max_length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), max_length), dtype=torch.long)
+    labels = torch.full((len(examples), max_length), -100, dtype=torch.long)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        row = (prompt + response + eos)[:max_length]
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+        labels[i, len(prompt) : len(row)] = ids[i, len(prompt) : len(row)]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def _read_cached(path: Path, key: str, rows: int, max_length: int) -> dict[str, Any] | None:

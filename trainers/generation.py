@@ -3,7 +3,7 @@ on the training devices), scored by the task metrics (``trainers.metrics``) and 
 reads beside the champion's (``eval.generate_examples``, ``eval.max_new_tokens``, ``eval.metrics``).
 
 The prompts are the evaluation split's first ``eval.generate_examples`` examples in the training prompt's format
-(``trainers.data.PROMPT`` up to the response). Every batch has one shape: the prompts are cut to and left-padded to one
+(``trainers.data.prompt_of``). Every batch has one shape: the prompts are cut to and left-padded to one
 length (the longest of them, at most ``train.max_length``) and the batches to ``train.batch_size`` (the last filled
 with copies of the first prompt, whose answers are dropped), so on a TPU the prefill compiles once; the decode steps
 run with a static KV cache (``cache_implementation="static"``), which transformers compiles on an accelerator
@@ -31,11 +31,6 @@ from components.spec import RunSpec, protocol
 from trainers import data, heldout, metrics
 
 ANSWERS_DIR = "eval"  # under the job's output directory: answers-<which>.jsonl
-
-
-def prompt_of(example: dict[str, Any]) -> str:
-    """The training prompt's format up to where the response starts."""
-    return data.PROMPT.split("{response}")[0].format(instruction=example["instruction"])
 
 
 def generation_key(eval_key: str, spec: RunSpec) -> str:
@@ -73,12 +68,11 @@ def _source_digest(scorer: str) -> str:
 
 
 def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
-    """(input ids, attention mask) of the prompts, each with the tokenizer's beginning token and without its end one,
-    cut to its last ``max_length`` tokens and left-padded to the longest."""
+    """(input ids, attention mask) of the prompts, each as training's prefix (``trainers.data.prompt_ids``: the
+    tokenizer's beginning token, no end one), cut to its last ``max_length`` tokens and left-padded to the longest."""
     import torch
 
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    rows = [(bos + tokenizer(p, add_special_tokens=False)["input_ids"])[-max_length:] for p in prompts]
+    rows = [ids[-max_length:] for ids in data.prompt_ids(tokenizer, prompts)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -159,7 +153,7 @@ class Answering:
         if not self.on:
             return {}
         started = time.perf_counter()
-        prompts = [prompt_of(e) for e in self.examples]
+        prompts = [data.prompt_of(e) for e in self.examples]
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
         if self.rank != 0:
             return {}

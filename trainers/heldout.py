@@ -23,10 +23,13 @@ from trainers import data
 
 def eval_key(spec: RunSpec, examples: str, device_type: str, world: int) -> str:
     """``sha256:<hex>`` of what a held-out figure depends on besides the model: the examples (their digest,
-    ``trainers.data.snapshot``), the tokenizer (``train.model_id``'s), ``train.max_length``, the dtypes the
-    weights are kept and computed in on ``device_type`` (``trainers.mesh.dtypes``), and the worker group's size
-    ``world``, which decides which examples share a batch and the order the sums are added in (:func:`shard_batches`,
-    :func:`loss`), as MaxText's key holds its global eval batch (``trainers.maxtext_log.eval_key``)."""
+    ``trainers.data.snapshot``), the tokenizer (``train.model_id``'s), ``train.max_length``, the prompt format the
+    examples are written in (``trainers.data.PROMPT``), which tokens the loss is over (``trainers.data.LABELS``: a
+    figure over the response alone never compares with one over the whole text),
+    the dtypes the weights are kept and computed in on ``device_type`` (``trainers.mesh.dtypes``), and the worker
+    group's size ``world``, which decides which examples share a batch and the order the sums are added in
+    (:func:`shard_batches`, :func:`loss`), as MaxText's key holds its global eval batch
+    (``trainers.maxtext_log.eval_key``)."""
     from trainers.mesh import dtypes
 
     t = spec.train
@@ -34,6 +37,8 @@ def eval_key(spec: RunSpec, examples: str, device_type: str, world: int) -> str:
         "examples": examples,
         "tokenizer": t.model_id,
         "max_length": t.max_length,
+        "prompt": data.PROMPT,
+        "labels": data.LABELS,
         "dtypes": list(dtypes(device_type, t.precision)),
         "device": device_type,
         "world": world,

@@ -209,9 +209,23 @@ def _fill(target, source, name: str) -> None:
 
 
 def train_step(model, optimizer, batch: dict[str, Any], device):
-    """One optimizer step on this rank's batch; the loss, detached, on the device (nothing waits for the host)."""
+    """One optimizer step on this rank's batch; the loss, detached, on the device (nothing waits for the host).
+
+    The loss is a mean over every rank's labelled tokens, as the held-out figure is (``trainers.heldout.loss``), not
+    a mean of each rank's own means: this rank's summed token loss over the step's labelled tokens on all ranks
+    (one all_reduce of the count, passed as ``num_items_in_batch``, as transformers' Trainer and TRL's SFTTrainer
+    do: transformers loss/loss_utils.py ``ForCausalLMLoss``), times the world size, because FSDP averages the
+    gradients over the ranks. A step whose batches hold no labelled token (every prompt fills ``train.max_length``)
+    counts at least one: its loss and gradients are 0, not 0/0 = NaN."""
+    import torch.distributed as dist
+
     batch = {k: v.to(device) for k, v in batch.items()}
-    loss = model(**batch).loss
+    labelled = (batch["labels"][:, 1:] != -100).sum()  # the targets after the shift the loss makes
+    world = 1
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(labelled, op=dist.ReduceOp.SUM)
+        world = dist.get_world_size()
+    loss = model(**batch, num_items_in_batch=labelled.clamp(min=1)).loss * world
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

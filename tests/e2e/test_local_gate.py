@@ -97,7 +97,9 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
-    assert summary["eval_loss_after"] < 0.6 * summary["eval_loss_before"]
+    # the held-out loss is over the responses alone (trainers.data.LABELS): the prompt's fixed words, which any model
+    # learns at once, no longer count, so it falls less than the whole text's did (0.67x here, 48 steps)
+    assert summary["eval_loss_after"] < 0.75 * summary["eval_loss_before"]
     assert summary["tokens_per_s"] > 0
     # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
     shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()

@@ -43,7 +43,7 @@ def work(rank, root, port, scorer, early):
         first = json.loads(Path(config["data_files"]["heldout"]).read_text().splitlines()[0])
         config["data_files"] = {**config["data_files"], "heldout": str(root / "first-only.jsonl")}
         Path(config["data_files"]["heldout"]).write_text((json.dumps(first) + "\n") * 17)
-        ids, mask = generation.encode(tokenizer, [generation.prompt_of(first)], t.max_length)
+        ids, mask = generation.encode(tokenizer, [data.prompt_of(first)], t.max_length)
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         tokenizer.eos_token_id = whole(input_ids=ids, attention_mask=mask).logits[0, -1].argmax().item()
     try:
@@ -57,7 +57,7 @@ def work(rank, root, port, scorer, early):
         alone = []  # the same weights, unsharded, one prompt at a time
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         for row in generation.Answering(spec, config, tokenizer, 0, 1, "cpu", None).examples:
-            prompt = tokenizer(generation.prompt_of(row), add_special_tokens=False)["input_ids"]
+            prompt = tokenizer(data.prompt_of(row), add_special_tokens=False)["input_ids"]
             ids = torch.tensor([[tokenizer.bos_token_id] + prompt])
             out = whole.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                                  do_sample=False, use_cache=True, pad_token_id=tokenizer.pad_token_id,
