@@ -23,13 +23,17 @@ import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import google_client
 from components.cloud.errors import Adapter, GkeError, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 from components.spec import names
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import artifactregistry_v1
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
 REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
@@ -83,7 +87,7 @@ def client(creds=None):
     return google_client(cloudbuild_v1.CloudBuildClient, EMULATOR_HOST_ENV, creds=creds)
 
 
-def registry_client(creds=None):
+def registry_client(creds: Credentials | None = None) -> artifactregistry_v1.ArtifactRegistryClient:
     """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
     from google.cloud import artifactregistry_v1
 
