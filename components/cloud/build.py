@@ -34,6 +34,7 @@ from components.spec import names
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
     from google.cloud import artifactregistry_v1
+    from google.cloud.devtools import cloudbuild_v1
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
 REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
@@ -80,7 +81,7 @@ def image_tag(image: str, root: Path | None = None) -> str:
     return hashlib.sha256(build_context(image, root)).hexdigest()[:16]
 
 
-def client(creds=None):
+def client(creds: Credentials | None = None) -> cloudbuild_v1.CloudBuildClient:
     """A ``CloudBuildClient``: to the emulator named by $TPUPIPE_CLOUD_BUILD_EMULATOR_HOST, else to Google."""
     from google.cloud.devtools import cloudbuild_v1
 
@@ -98,7 +99,7 @@ class Registry(Adapter):
     """Artifact Registry repositories: the Docker one the images go to, the KFP one the pipeline templates go to;
     reused, or created (and kept after the run)."""
 
-    def __init__(self, client, **options):
+    def __init__(self, client: artifactregistry_v1.ArtifactRegistryClient, **options: Any) -> None:
         super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
 
     def ensure(
