@@ -23,13 +23,18 @@ import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import google_client
 from components.cloud.errors import Adapter, GkeError, progress_every
 from components.platforms.interrupts import on_interrupt, signal_name
 from components.platforms.waiting import wait_for
 from components.spec import names
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import artifactregistry_v1
+    from google.cloud.devtools import cloudbuild_v1
 
 EMULATOR_HOST_ENV = "TPUPIPE_CLOUD_BUILD_EMULATOR_HOST"
 REGISTRY_EMULATOR_HOST_ENV = "TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST"
@@ -76,14 +81,14 @@ def image_tag(image: str, root: Path | None = None) -> str:
     return hashlib.sha256(build_context(image, root)).hexdigest()[:16]
 
 
-def client(creds=None):
+def client(creds: Credentials | None = None) -> cloudbuild_v1.CloudBuildClient:
     """A ``CloudBuildClient``: to the emulator named by $TPUPIPE_CLOUD_BUILD_EMULATOR_HOST, else to Google."""
     from google.cloud.devtools import cloudbuild_v1
 
     return google_client(cloudbuild_v1.CloudBuildClient, EMULATOR_HOST_ENV, creds=creds)
 
 
-def registry_client(creds=None):
+def registry_client(creds: Credentials | None = None) -> artifactregistry_v1.ArtifactRegistryClient:
     """An ``ArtifactRegistryClient``: to the emulator named by $TPUPIPE_ARTIFACT_REGISTRY_EMULATOR_HOST, else Google."""
     from google.cloud import artifactregistry_v1
 
@@ -94,7 +99,7 @@ class Registry(Adapter):
     """Artifact Registry repositories: the Docker one the images go to, the KFP one the pipeline templates go to;
     reused, or created (and kept after the run)."""
 
-    def __init__(self, client, **options):
+    def __init__(self, client: artifactregistry_v1.ArtifactRegistryClient, **options: Any) -> None:
         super().__init__(client, **{"operation_timeout_s": 300.0, "poll_s": 2.0, **options})
 
     def ensure(

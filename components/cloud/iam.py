@@ -27,8 +27,13 @@ The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from components.cloud.credentials import google_client
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import resourcemanager_v3
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
 # Every policy read asks for version 3: a policy with conditional bindings read at a lower version is refused, or has
@@ -42,7 +47,7 @@ def policy_request(resource: str) -> dict:
     return {"resource": resource, "options": {"requested_policy_version": IAM_POLICY_VERSION}}
 
 
-def projects_client(creds=None):
+def projects_client(creds: Credentials | None = None) -> resourcemanager_v3.ProjectsClient:
     """Resource Manager's ``ProjectsClient``: to the emulator named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST, else to
     Google."""
     from google.cloud import resourcemanager_v3

@@ -25,9 +25,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.spec import SpecError
+
+if TYPE_CHECKING:
+    from google.cloud import storage
 
 
 class StoreConflict(Exception):
@@ -203,7 +206,7 @@ def _count(lock) -> int:
     return int(text) if text.isdigit() else 1
 
 
-def gcs_client():
+def gcs_client() -> storage.Client:
     from components.cloud.credentials import storage_client
 
     return storage_client(os.environ.get("GOOGLE_CLOUD_PROJECT") or None)

@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.cloud import control_plane as planes
 from components.platforms.gke.plan.k8s_actions import actions
 from components.spec import SpecError
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud.container_v1 import Cluster
 
-def check(cluster, path: str, namespace: str, kinds: tuple[str, ...], creds, report: Report) -> None:
+    from components.platforms.gke.cloud.kube import Kube
+
+
+def check(
+    cluster: Cluster, path: str, namespace: str, kinds: tuple[str, ...], creds: Credentials, report: Report
+) -> None:
     """Ask the API server of the cluster (its ``Cluster`` message, at ``path``) whether the caller may do each of
     ``actions(kinds)``; each one denied, or an API server that cannot be reached, is a problem. One reached through
     an endpoint that keeps out callers outside the cluster's networks (``control_plane.restricted``) is a warning:
@@ -79,7 +89,7 @@ def _named(verb: str, group: str, resource: str, subresource: str) -> str:
 
 
 @contextlib.contextmanager
-def preflight_kube(cluster, creds, namespace: str):
+def preflight_kube(cluster: Cluster, creds: Credentials, namespace: str) -> Iterator[Kube]:
     """A client of an existing cluster's Kubernetes API (``cluster``: its ``Cluster`` message) in ``namespace``, with
     ``creds``' token, retried as briefly as the access review (an API server that cannot be reached is reported, not
     waited on for the 600 s a stage's call may retry)."""
@@ -92,7 +102,7 @@ def preflight_kube(cluster, creds, namespace: str):
         yield gke_kube.Kube(api, namespace, log=lambda m: None, backoff=Backoff(budget_s=gke_kube.REACH_BUDGET_S))
 
 
-def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError | None, bool]:
+def existing_cluster_kuberay(cluster: Cluster, creds: Credentials, namespace: str) -> tuple[SpecError | None, bool]:
     """For preflight: the KubeRay refusal of an existing cluster (``cluster``: its ``Cluster`` message), read through
     its Kubernetes API with ``creds``' token, None when its KubeRay will do; and whether it is a KubeRay 1.5, which
     generates the Ray token's Secret itself (``kube.generates_ray_token``)."""
@@ -103,7 +113,7 @@ def existing_cluster_kuberay(cluster, creds, namespace: str) -> tuple[SpecError 
     return refusal, refusal is None and crd is not None and gke_kube.generates_ray_token(crd)
 
 
-def existing_cluster_crd(cluster, creds, namespace: str, name: str) -> dict | None:
+def existing_cluster_crd(cluster: Cluster, creds: Credentials, namespace: str, name: str) -> dict[str, Any] | None:
     """For preflight: the CustomResourceDefinition ``name`` an existing cluster serves, read through its Kubernetes
     API with ``creds``' token; None when it serves none."""
     with preflight_kube(cluster, creds, namespace) as kube:

@@ -39,7 +39,7 @@ in its namespace, Kueue's objects included, is ``k8s_access``' SelfSubjectAccess
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.cloud import kueue
@@ -47,6 +47,9 @@ from components.platforms.gke.plan import manifests, queued
 from components.platforms.gke.plan.target import target
 from components.spec import RunSpec
 from components.workload import derive as d
+
+if TYPE_CHECKING:
+    from components.platforms.gke.cloud.kube import Kube
 
 # The podSetUpdates of xpk's ProvisioningRequestConfig for queued provisioning on GKE: a nodeSelector on the label GKE
 # puts on the nodes of a request, valued from the request's ``ResizeRequestName`` class detail
@@ -58,7 +61,7 @@ PROVISIONED_NODE_LABEL = "autoscaling.gke.io/provisioning-request"
 PROVISIONED_NODE_DETAIL = "ResizeRequestName"
 
 
-def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> None:
+def check(kube: Kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> None:
     """The checks above, with ``kube`` a client of the cluster's API in the run's namespace."""
     from kubernetes.client.exceptions import ApiException
 
@@ -117,7 +120,7 @@ def check(kube, spec: RunSpec, report: Report, run_id: str = "preflight") -> Non
         )
 
 
-def _ray_integration(kube, spec: RunSpec, report: Report) -> None:
+def _ray_integration(kube: Kube, spec: RunSpec, report: Report) -> None:
     """Kueue manages RayClusters: ``ray.io/raycluster`` in its configuration's ``integrations.frameworks``
     (``kueue.frameworks``); a configuration the caller may not read is a warning (deploy_raycluster then fails fast
     when Kueue makes no Workload: ``run.queueing``)."""
@@ -149,14 +152,14 @@ def _ray_integration(kube, spec: RunSpec, report: Report) -> None:
     report.checked.append(f"Kueue manages RayClusters ({kueue.RAY_INTEGRATION} in its {where})")
 
 
-def _queues(kube) -> str:
+def _queues(kube: Kube) -> str:
     items = kube.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, kube.namespace, "localqueues")
     names = sorted(q["metadata"]["name"] for q in items["items"])
     return f"its LocalQueues are {', '.join(names)}" if names else "it has no LocalQueue"
 
 
 def _quota(
-    kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict[str, Any], report: Report
+    kube: Kube, spec: RunSpec, queue: str, cq: dict[str, Any], raycluster: dict[str, Any], report: Report
 ) -> str | None:
     """Every resource the RayCluster asks for is covered; a TPU flavor matching the slice has quota for all of it:
     that flavor's name, None after a problem."""
@@ -180,7 +183,7 @@ def _quota(
     wanted = int(asked.get(kueue.TPU_RESOURCE, 0))
     selector = _worker_selector(raycluster)
     group = next(g for g in groups if kueue.TPU_RESOURCE in g["coveredResources"])
-    matching = []
+    matching: list[tuple[str, float]] = []
     for flavor in group["flavors"]:
         found = kueue.cluster_object(kube, "resourceflavors", flavor["name"])
         labels = (found or {}).get("spec", {}).get("nodeLabels", {})
@@ -248,7 +251,7 @@ def _lends(lent: float | None) -> str:
     return "what they lend could not be read" if lent is None else f"they lend it up to {lent:g}"
 
 
-def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) -> dict[str, float | None]:
+def _borrowable(kube: Kube, cq: dict[str, Any], flavors: list[str], report: Report) -> dict[str, float | None]:
     """Flavor -> the most ``cq`` may borrow of its TPU chips in its cohort: what the cohort's other ClusterQueues lend
     (each its ``lendingLimit``, else all its ``nominalQuota``), at most its own ``borrowingLimit`` (none: no limit).
     The ClusterQueue CRD's ``cohortName``, ``borrowingLimit`` and ``lendingLimit`` (Kueue v0.19.2,
@@ -290,7 +293,7 @@ def _borrowable(kube, cq: dict[str, Any], flavors: list[str], report: Report) ->
     return out
 
 
-def _hierarchical(kube, cohort: str) -> bool:
+def _hierarchical(kube: Kube, cohort: str) -> bool:
     """Whether ``cohort`` is a Cohort object that holds quota of its own or has a parent (Kueue v0.19.2,
     apis/kueue/v1beta2/cohort_types.go: ``resourceGroups``, ``parentName``); a cohort named only by its ClusterQueues
     has no object. One the caller may not read counts as hierarchical: its lending is unknown."""
@@ -306,7 +309,7 @@ def _hierarchical(kube, cohort: str) -> bool:
     return bool(spec.get("resourceGroups") or spec.get("parentName"))
 
 
-def _provisioning_check(kube, queue: str, cq: dict[str, Any], flavor: str, report: Report) -> None:
+def _provisioning_check(kube: Kube, queue: str, cq: dict[str, Any], flavor: str, report: Report) -> None:
     """capacity=queued through Kueue: the ClusterQueue runs an Active ProvisioningRequest admission check of the
     queued-provisioning class for ``flavor`` (the sources: this module's docstring)."""
     name = cq["metadata"]["name"]

@@ -21,11 +21,16 @@ A role held none of these ways is a problem: nodes without it fail late and obsc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from components.cloud import iam
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.plan import identities
 from components.platforms.gke.plan.needs import Needs
 from components.platforms.gke.plan.target import IMAGE_PULL_ROLE
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 # What each role is needed for, as permissions a custom role must hold to stand in for it: the ones the nodes use of
 # each (the full lists: https://cloud.google.com/iam/docs/roles-permissions/artifactregistry#artifactregistry.reader,
@@ -44,7 +49,7 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check(n: Needs, account: str, project: iam.Level, creds, report: Report) -> None:
+def check(n: Needs, account: str, project: iam.Level, creds: Credentials, report: Report) -> None:
     """``project``: the project's own policy, read once by preflight."""
     member = f"serviceAccount:{account}"
     report.warnings += identities.node_risks(account, project.grants.get(member, set()), n.project)
@@ -129,7 +134,7 @@ def _where(role: str, n: Needs) -> str:
     return f"project {n.project}"
 
 
-def _repository_level(repository: str, creds) -> iam.Level:
+def _repository_level(repository: str, creds: Credentials) -> iam.Level:
     """The trainer image's repository's own IAM policy (Artifact Registry ``GetIamPolicy``): image pulls may be
     granted there alone, the least the nodes need (https://cloud.google.com/artifact-registry/docs/access-control#gke);
     read only when the project and its ancestors do not grant them."""
@@ -146,7 +151,7 @@ class _Roles:
     """Whether roles cover a need: a predefined role known to include it, or a custom role whose definition (read
     once per preflight) holds the need's permissions."""
 
-    def __init__(self, creds):
+    def __init__(self, creds: Credentials):
         self.creds = creds
         self.read: dict[str, frozenset[str]] = {}
         self.unread: list[str] = []

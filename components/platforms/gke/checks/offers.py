@@ -13,6 +13,8 @@ Each check is ``check(needs, spec, creds, report)``: read-only calls, problems a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from components.platforms.gke.checks import versions
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.plan import network
@@ -22,8 +24,12 @@ from components.platforms.gke.plan.resources import RELEASE_CHANNEL
 from components.spec import RunSpec
 from components.tpu import catalogue
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import compute_v1
 
-def version(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+
+def version(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The version and release channel a cluster the run creates gets: ``gke.cluster_version`` resolved on the most
     stable channel offering it (``versions.choose``, from ClusterManager ``getServerConfig``); a pin GKE no longer
     offers is a problem naming those it does."""
@@ -48,7 +54,7 @@ def version(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     report.checked.append(f"GKE {resolved} on the {channel} channel in {n.location} ({asked})")
 
 
-def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def machine_types(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """Every node pool's machine type is offered in its zone; one that is not is a problem naming the field."""
     if not n.machine_types:
         return
@@ -78,7 +84,7 @@ def machine_types(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.checked.append(f"machine types offered in {n.zone}: {', '.join(offered)}")
 
 
-def flex_start(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def flex_start(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """``cluster.capacity=flex-start`` only in a zone that offers it for the family (``candidates.FLEX_START_ZONES``);
     no call: the zones are documented, not served by an API."""
     refusal = flex_start_refusal(spec)
@@ -88,7 +94,7 @@ def flex_start(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.checked.append(f"flex-start offered for {spec.cluster.accelerator} in {n.zone}")
 
 
-def default_network(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def default_network(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """A cluster the run creates is attached to the project's ``default`` network: it must exist."""
     if not n.location:
         return
@@ -113,7 +119,7 @@ def default_network(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     _way_out(n, compute_client("RoutersClient", creds), report)
 
 
-def _way_out(n: Needs, routers_client, report: Report) -> None:
+def _way_out(n: Needs, routers_client: compute_v1.RoutersClient, report: Report) -> None:
     """The default network's Cloud Routers in the region: a NAT gateway there that serves every subnetwork serves the
     run's nodes too (a way to the internet for a run that needs none: a warning; the one a run that needs it uses,
     creating none); else a run that needs its own router needs room for it (``network.ROUTERS_PER_NETWORK``)."""

@@ -35,6 +35,7 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from components.platforms.gke.checks import node_account, offers, queued, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
@@ -49,10 +50,15 @@ from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
 from components.workload.cache_trust import MANIFESTS_PREFIX, GcsPlace
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import service_usage_v1
+    from google.cloud.container_v1 import Cluster
+
 SERVICE_USAGE_EMULATOR_HOST_ENV = "TPUPIPE_SERVICE_USAGE_EMULATOR_HOST"
 
 
-def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=None) -> Report:
+def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds: Credentials | None = None) -> Report:
     """Run every check; raise :class:`PreflightFailed` with all the problems, else the report of what was found."""
     n = needs(spec, run_id)
     if creds is None:
@@ -101,7 +107,7 @@ def check(spec: RunSpec, run_id: str, log: Callable[[str], None] = print, creds=
     return report
 
 
-def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _bucket(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """An existing bucket (``gke.bucket``) has uniform bucket-level access (``storage.without_uniform_access``) and,
     for a trainer that commits its checkpoints by renaming a directory (MaxText), hierarchical namespace
     (``storage.without_hierarchical_namespace``); one that does not exist yet is created with them at provision."""
@@ -136,7 +142,7 @@ def _bucket(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     )
 
 
-def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _data(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The run's Cloud Storage datasets can be read by the caller, who takes the data snapshot (the pipeline's first
     task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
     naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix.
@@ -165,7 +171,7 @@ def _data(n: Needs, spec: RunSpec, creds, report: Report) -> None:
             report.checked.append(f"{key}: the caller may list and read gs://{bucket}")
 
 
-def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -> None:
+def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, report: Report) -> None:
     """A BigQuery dataset, as the caller: it may create jobs in the project they run and bill in
     (``snapshot.job_project``: ``train.bigquery_project``, else ``gke.project``; Resource Manager's
     projects.testIamPermissions, as for the run's own permissions), and may read the table (BigQuery's
@@ -206,7 +212,7 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds, report: Report) -
         _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report)
 
 
-def _caller_named(creds) -> str:
+def _caller_named(creds: Credentials) -> str:
     """`` (MEMBER)`` of the credentials where they say who they are, else ""."""
     from components.data import gcs
 
@@ -214,7 +220,7 @@ def _caller_named(creds) -> str:
     return f" ({who})" if who else ""
 
 
-def _bigquery_account(account: str, key: str, table: str, project: str, creds, report: Report) -> None:
+def _bigquery_account(account: str, key: str, table: str, project: str, creds: Credentials, report: Report) -> None:
     """Whether the pipeline's service account holds a role that runs jobs in ``project`` and one that reads
     ``table`` (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for
     each it lacks, since a role through a group, a custom role or an organization's policy is not seen here; a role
@@ -279,7 +285,7 @@ def _limits(spec: RunSpec, run_id: str, report: Report) -> None:
     report.checked.append(f"budget {spend}; deadline {deadline}")
 
 
-def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _apis(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     from google.cloud import service_usage_v1
 
     response = service_usage_client(creds).batch_get_services(
@@ -297,7 +303,7 @@ def _apis(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     report.checked.append(f"{len(n.services) - len(disabled)} of {len(n.services)} APIs enabled")
 
 
-def _permissions(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _permissions(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     from components.cloud import iam as cloud_iam
 
     held = set(
@@ -366,7 +372,7 @@ def _act_as(project: str, field: str, account: str) -> Problem:
     )
 
 
-def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _identities(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """What the project's IAM policy (one read) grants the nodes' account and Cloud Build's: the roles nodes need
     (problems; ``node_account``: inherited, custom and group grants too), and the risks of the default accounts and
     of basic roles (warnings). The default accounts themselves are problems unless ``gke.allow_default_identities``:
@@ -389,7 +395,7 @@ def _identities(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         report.warnings += identities.build_risks(n.build_account, granted, n.project)
 
 
-def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _quota(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     if n.quota is None:
         return
     metric, chips = n.quota
@@ -423,7 +429,7 @@ def _quota(n: Needs, spec: RunSpec, creds, report: Report) -> None:
     report.checked.append(f"quota {metric} in {n.region}: {free} chips free, {chips} needed")
 
 
-def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _cluster(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     if not n.cluster:
         return
     from components.platforms.gke.cloud.cluster import Gke, cluster_manager
@@ -455,7 +461,7 @@ def _cluster(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         _kuberay(cluster, short, spec, creds, report)
 
 
-def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
+def _kuberay(cluster: Cluster, short: str, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The existing cluster's KubeRay serves every RayCluster field the run sets (its CRD, read through the
     cluster's Kubernetes API); one it cannot be read from is a warning: provision checks it again before any TPU
     node pool."""
@@ -480,7 +486,7 @@ def _kuberay(cluster, short: str, spec: RunSpec, creds, report: Report) -> None:
         report.checked.append(f"cluster {short}: its KubeRay serves every RayCluster field the run sets")
 
 
-def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _kubernetes(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """An existing cluster's API server can be reached and lets the caller do what the run does (``k8s_access``)."""
     if not n.cluster:
         return
@@ -492,7 +498,7 @@ def _kubernetes(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         k8s_access.check(cluster, n.cluster, n.namespace, n.k8s_kinds, creds, report)
 
 
-def _kueue(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def _kueue(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """A run queued in Kueue (gke.queue): Kueue, the queue, its flavors and quota (``kueue``)."""
     if not (n.cluster and spec.gke.queue):
         return
@@ -516,7 +522,7 @@ def _kueue(n: Needs, spec: RunSpec, creds, report: Report) -> None:
 # ---------------------------------------------------------------- clients
 
 
-def service_usage_client(creds):
+def service_usage_client(creds: Credentials) -> service_usage_v1.ServiceUsageClient:
     """Service Usage's client: to the emulator named by $TPUPIPE_SERVICE_USAGE_EMULATOR_HOST, else to Google."""
     from google.cloud import service_usage_v1
 

@@ -10,10 +10,15 @@ sourced figure for, so it is not checked: the report says so in a warning, never
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.plan import queued
 from components.platforms.gke.plan.needs import Needs
 from components.spec import RunSpec
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 VERSION_WARNING = (
     "cluster.capacity=queued: the GKE version must be one from which queued provisioning serves TPU node pools "
@@ -22,7 +27,7 @@ VERSION_WARNING = (
 )
 
 
-def check(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def check(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     if not queued.enabled(spec):
         return
     report.warnings.append(VERSION_WARNING)

@@ -6,10 +6,16 @@ for the slices. ``preflight`` runs it with its other checks.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from components.platforms.gke.checks.findings import Problem, Report
 from components.platforms.gke.cloud import compute as gke_compute
 from components.platforms.gke.plan.needs import Needs, Reservation
 from components.spec import RunSpec
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import compute_v1
 
 # An aggregate reservation (what Cloud TPU capacity is sold as) reserves chips of one TPU VM family, not VMs of one
 # machine type: compute_v1's ``AllocationAggregateReservation`` (``vm_family``, ``reserved_resources`` and
@@ -22,7 +28,7 @@ VM_FAMILIES = {
 }
 
 
-def check(n: Needs, spec: RunSpec, creds, report: Report) -> None:
+def check(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The reservation exists in the zone and has room for the slices: a specific one in VMs of the slice's machine
     type, an aggregate one in chips of its TPU family, a block (``NAME/reservationBlocks/B``) in its own VMs."""
     if n.reservation is None:
@@ -48,7 +54,7 @@ def check(n: Needs, spec: RunSpec, creds, report: Report) -> None:
         _block(r, creds, report)
 
 
-def _specific(r: Reservation, specific, report: Report) -> None:
+def _specific(r: Reservation, specific: compute_v1.AllocationSpecificSKUReservation, report: Report) -> None:
     reserved = specific.instance_properties.machine_type.rsplit("/", 1)[-1]
     free = specific.count - specific.in_use_count
     if reserved != r.machine_type:
@@ -70,7 +76,7 @@ def _specific(r: Reservation, specific, report: Report) -> None:
     )
 
 
-def _aggregate(r: Reservation, aggregate, report: Report) -> None:
+def _aggregate(r: Reservation, aggregate: compute_v1.AllocationAggregateReservation, report: Report) -> None:
     family = next((f for prefix, f in VM_FAMILIES.items() if r.machine_type.startswith(prefix)), "")
     if aggregate.vm_family != family:
         report.problems.append(
@@ -96,7 +102,7 @@ def _aggregate(r: Reservation, aggregate, report: Report) -> None:
     )
 
 
-def _block(r: Reservation, creds, report: Report) -> None:
+def _block(r: Reservation, creds: Credentials, report: Report) -> None:
     """The block of the reservation (``ReservationBlock``), or its sub-block (``ReservationSubBlock``, read under
     its parent ``reservations/NAME/reservationBlocks/BLOCK``): ``count`` VMs, ``in_use_count`` of them taken."""
     from google.api_core import exceptions as gexc

@@ -13,8 +13,12 @@ cluster_service.py``): ``channels`` ("List of release channel configurations"), 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components.workload.derive import parse_gke_version
+
+if TYPE_CHECKING:
+    from google.cloud.container_v1 import ServerConfig
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class Offered:
     versions: tuple[str, ...]  # newest first
 
 
-def offered(server_config, channel: str) -> Offered:
+def offered(server_config: ServerConfig, channel: str) -> Offered:
     """The channel's default and valid versions from a ``ServerConfig``; none when it lists no such channel."""
     for config in server_config.channels:
         if config.channel.name == channel:
@@ -40,7 +44,7 @@ CHANNELS = ("STABLE", "REGULAR", "RAPID")
 DEFAULT_CHANNEL = "REGULAR"
 
 
-def choose(asked: str, server_config) -> tuple[str, str, Offered]:
+def choose(asked: str, server_config: ServerConfig) -> tuple[str, str, Offered]:
     """(version, channel, the default channel's offer): ``asked`` resolved on the most stable channel that offers it,
     so a version that has reached only Rapid is created on Rapid; an empty ``asked`` is the default channel's
     default. The version is "" when no channel offers it."""

@@ -9,7 +9,8 @@ the check that the cluster's KubeRay serves every RayCluster field the run sets 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import redaction
 from components.platforms.gke.cloud.control_plane import control_plane
@@ -20,6 +21,9 @@ from components.platforms.gke.run.session import Session
 from components.platforms.store import read_json
 from components.spec import InfraError, SpecError, names, ready_limits
 from components.spec.images import pinned_image
+
+if TYPE_CHECKING:
+    from components.platforms.gke.cloud.kube import Kube
 
 HF_TOKEN_ENV = "HF_TOKEN"
 # How long a run queued in Kueue (gke.queue) waits for admission when run.deadline_h is unset.
@@ -39,7 +43,8 @@ FROM_ZERO = ("flex-start", "queued")
 POOLS_EVERY_S = 30.0
 
 
-def _kube(s: Session):
+def _kube(s: Session) -> Kube:
+    kube: Kube | None
     kube, cluster, _ = s.client("kube")
     if kube is None:
         raise InfraError(f"no running cluster {s.t.cluster} for run {s.ctx.run_id}: provision did not finish")
@@ -140,7 +145,7 @@ def secret(s: Session, res: Resource) -> None:
     )
 
 
-def _pinned(s: Session, body: dict) -> dict:
+def _pinned(s: Session, body: dict[str, Any]) -> dict[str, Any]:
     """The RayCluster with its pods pulling the trainer image by the digest build_image recorded (a tag can move
     between the build and a pod's start, or a restarted pod's), or by tag, said, when the run has no digest (an image
     named by gke.image without one)."""
@@ -162,7 +167,7 @@ def _pinned(s: Session, body: dict) -> dict:
     return body
 
 
-def _containers(raycluster: dict) -> list[dict]:
+def _containers(raycluster: dict[str, Any]) -> list[dict[str, Any]]:
     groups = [raycluster["spec"]["headGroupSpec"], *raycluster["spec"].get("workerGroupSpecs", [])]
     return [c for g in groups for c in g["template"]["spec"]["containers"]]
 
@@ -192,7 +197,9 @@ def raycluster(s: Session, res: Resource) -> None:
     }
 
 
-def _until_ready(s: Session, kube, name: str, queue_wait: tuple[float, float] | None):
+def _until_ready(
+    s: Session, kube: Kube, name: str, queue_wait: tuple[float, float] | None
+) -> tuple[dict[str, Any], tuple[float, float] | None, tuple[float, float] | None]:
     """Wait until every worker of the RayCluster is available (``readiness``); one of a queued run evicted on its way
     is waited for in the queue again, up to EVICTIONS_AT_START times. Returns the RayCluster as ready, when its pods
     waited for nodes, and when it waited in the queue (the first admission's start to the last one's end)."""
@@ -267,7 +274,7 @@ def _queue_timeout(s: Session) -> tuple[float, str]:
     return max(0.0, started + deadline_h * 3600 - time.time()), f"run.deadline_h={deadline_h:g}"
 
 
-def _pool_states(s: Session):
+def _pool_states(s: Session) -> Callable[[], dict[str, tuple[str, str]]]:
     """What GKE reports of the run's TPU node pools (short name -> (status, statusMessage)), for readiness to watch:
     a pool RUNNING_WITH_ERROR is reported with its message (``readiness.POOL_WITH_ERROR``); a pool gone is left out."""
     from components.platforms.gke.cloud.clients import load_ledger, run_cluster
@@ -289,13 +296,13 @@ def _pool_states(s: Session):
     return states
 
 
-def _eviction(kube, name: str):
+def _eviction(kube: Kube, name: str) -> Callable[[], str | None]:
     from components.platforms.gke.run import queueing
 
     return lambda: queueing.evicted(kube, name)
 
 
-def _admission(s: Session, kube, name: str) -> tuple[float, float]:
+def _admission(s: Session, kube: Kube, name: str) -> tuple[float, float]:
     """Wait for Kueue to admit the RayCluster (``queueing``), within the run's deadline."""
     from components.platforms.gke.run import queueing
 
@@ -356,4 +363,4 @@ def check_kuberay(s: Session, wait_s: float = 0.0) -> None:
     refusal = gke_kube.kuberay_refusal(crd, s.t.cluster, s.t.owns_cluster)
     if refusal is not None:
         raise refusal
-    s.kuberay_generates_token = gke_kube.generates_ray_token(crd)
+    s.kuberay_generates_token = crd is not None and gke_kube.generates_ray_token(crd)  # no CRD: refused above

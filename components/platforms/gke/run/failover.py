@@ -22,7 +22,8 @@ ends the stage as before.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.platforms import RunContext
 from components.platforms import ledger as ledgers
@@ -33,6 +34,31 @@ from components.platforms.gke.run import teardown as teardowns
 from components.spec import names
 from components.workload import derive as d
 
+if TYPE_CHECKING:
+    from components.platforms.gke.checks.findings import Report
+    from components.platforms.gke.cloud.clients import Clients
+    from components.platforms.gke.cloud.cluster import Gke
+    from components.platforms.gke.run.readiness import Stockout
+    from components.platforms.gke.run.session import Session
+
+
+class Rungs(Protocol):
+    """What the ladder uses of ``components.platforms.gke.run.platform.GkePlatform`` (which imports this module)."""
+
+    clients: Clients
+    log: Callable[[str], None]
+    poll_s: float
+
+    def _walk(self, ctx: RunContext, stage: str) -> Session: ...
+    def _placed(self, ctx: RunContext) -> RunContext: ...
+    def _ranked(self, ctx: RunContext) -> list[tuple[RunContext, Report]]: ...
+    def _provision_on(
+        self, ctx: RunContext, report: Report | None, recorded: dict[str, Any], first: bool = True
+    ) -> dict[str, Any]: ...
+    @staticmethod
+    def _key(ctx: RunContext) -> dict[str, str]: ...
+
+
 # How long the rung's RayCluster may take to go once deleted (KubeRay deletes its pods first).
 RAYCLUSTER_GONE_S = 300.0
 # How long the rung's TPU node pools may take to go once their deletes started (a multi-host pool's nodes are deleted
@@ -40,13 +66,14 @@ RAYCLUSTER_GONE_S = 300.0
 POOLS_GONE_S = 1800.0
 
 
-def deploy(platform, ctx: RunContext) -> dict[str, Any]:
+def deploy(platform: Rungs, ctx: RunContext) -> dict[str, Any]:
     """deploy_raycluster on the rung provision took, moving down the ladder on each ``readiness.Stockout``."""
     from components.platforms.gke.run import readiness
 
     while True:
         try:
-            return platform._walk(ctx, "deploy_raycluster").deploy_result
+            result: dict[str, Any] = platform._walk(ctx, "deploy_raycluster").deploy_result
+            return result
         except readiness.Stockout as exc:
             if not move_on(platform, ctx, exc):
                 raise
@@ -59,7 +86,7 @@ def past_deadline(ctx: RunContext) -> bool:
     return deadline_h is not None and time.time() - started >= deadline_h * 3600
 
 
-def move_on(platform, ctx: RunContext, exc) -> bool:
+def move_on(platform: Rungs, ctx: RunContext, exc: Stockout) -> bool:
     """Leave the rung the run is on (``exc``: its stockout) for the next one preflight passes, provisioned; False
     (nothing done) when no rung is left or the deadline is past."""
     from components.platforms.gke.checks.findings import PreflightFailed
@@ -102,7 +129,7 @@ def move_on(platform, ctx: RunContext, exc) -> bool:
     return False
 
 
-def leave(platform, placed: RunContext, next_zone: str) -> list[str]:
+def leave(platform: Rungs, placed: RunContext, next_zone: str) -> list[str]:
     """Delete what bills of the rung ``placed``: its TPU node pools' deletes started first, then the run's Kubernetes
     objects made for them, then the pools waited on until gone; with the next rung in another zone, everything the
     run created (its cluster with them). What was deleted."""
@@ -125,7 +152,7 @@ def leave(platform, placed: RunContext, next_zone: str) -> list[str]:
     return started
 
 
-def _wait_pools_gone(platform, gke, pools: list[str]) -> None:
+def _wait_pools_gone(platform: Rungs, gke: Gke, pools: list[str]) -> None:
     """Wait until every pool of ``pools`` is gone (the next rung's take their names), deleting again one whose delete
     GKE refused meanwhile (one operation on the cluster at a time: the refusal is logged by ``delete_node_pool``)."""
     from google.cloud import container_v1
@@ -142,7 +169,7 @@ def _wait_pools_gone(platform, gke, pools: list[str]) -> None:
     wait_for(gone, timeout_s=POOLS_GONE_S, interval_s=min(platform.poll_s, 5.0), what="the rung's TPU node pools to go")
 
 
-def _delete_run_objects(platform, placed: RunContext) -> None:
+def _delete_run_objects(platform: Rungs, placed: RunContext) -> None:
     """The run's Kubernetes objects (by its label), its ProvisioningRequests kept first for the post-mortem; waits
     until its RayCluster is gone, so no pod of it is left to land on the next rung's pools."""
     from components.platforms.gke.run import readiness

@@ -10,6 +10,7 @@ Kubernetes ServiceAccount on the bucket.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from components.platforms.gke.plan import features, paths
@@ -59,7 +60,7 @@ def binding(s: Session, res: Resource) -> None:
     s.client("storage").add_binding(s.t.bucket, res.body["role"], who, res.body["condition"])
 
 
-def exclusion_window(body: dict, deadline_h: float | None) -> None:
+def exclusion_window(body: dict[str, Any], deadline_h: float | None) -> None:
     """The plan's maintenance exclusion (``resources.RUN_EXCLUSION``) from now to the run's deadline."""
     from datetime import UTC, datetime, timedelta
 
@@ -210,7 +211,7 @@ def _unrecorded(kind: str, name: str) -> None:
 SAME_RUN_S = 600.0
 
 
-def _provision_ended_badly(s: Session, started: float):
+def _provision_ended_badly(s: Session, started: float) -> Callable[[], str | None]:
     """``stop`` for the image build: why to cancel it, once provision (which runs beside it) failed or was
     interrupted; then nothing will deploy the image, and the exit handler's teardown waits for this task to end."""
     from components.platforms.store import read_json

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import pipeline_job_state
 from components.platforms import RunContext, heartbeat
@@ -46,6 +46,9 @@ from components.platforms import ledger as ledgers
 from components.platforms.gke.plan import paths
 from components.platforms.store import open_store, runs_with
 from components.spec import RunSpec, SpecError, names, ready_limits
+
+if TYPE_CHECKING:
+    from components.platforms.gke.run.platform import GkePlatform
 
 # The stand-in preset of a run found by its label alone: a multislice run with DCN networks, so teardown's names
 # derived from the run id cover its networks and subnets too.
@@ -121,11 +124,11 @@ class Janitor:
         older_than_s: float | None = None,
         log: Callable[[str], None] = print,
         now: Callable[[], float] = time.time,
-        platform=None,
+        platform: GkePlatform | None = None,
         region: str = "",
         adopt: bool = False,
         kfp: tuple[str, str] = ("", ""),
-    ):
+    ) -> None:
         from components.platforms.gke.run.platform import GkePlatform
 
         self.output_root, self.projects, self.older_than_s = output_root, projects, older_than_s
@@ -174,7 +177,7 @@ class Janitor:
             self._find_labelled(project, known, sweep)
         return sweep
 
-    def _doubt(self, run_id: str, ledger: dict, spec: RunSpec) -> str:
+    def _doubt(self, run_id: str, ledger: dict[str, Any], spec: RunSpec) -> str:
         """Why a ledger is not to be acted on: it names another run than the one it is filed under, or a project
         outside the ones this janitor was given (it runs as the pipeline's service account, which may reach more)."""
         if ledger.get("run_id", run_id) != run_id:
@@ -184,7 +187,7 @@ class Janitor:
             return f"its ledger names project {spec.gke.project!r}, not one of this sweep's ({given})"
         return ""
 
-    def _job_reason(self, job: dict | None, project: str) -> tuple[str, str]:
+    def _job_reason(self, job: dict[str, Any] | None, project: str) -> tuple[str, str]:
         """Why a Vertex AI run is collected or kept, from its pipeline job's state; else '' and, when the state
         could not be read, why (said beside the age limit's reason)."""
         if not job or not (job.get("name") or self.region):
@@ -372,7 +375,7 @@ def run_component(
     )
 
 
-def _adopted(new: dict, recorded: dict) -> bool:
+def _adopted(new: dict[str, Any], recorded: dict[str, Any]) -> bool:
     """The adopted cluster's ledger, unless the run wrote one of its own since the sweep looked."""
     if recorded:
         return False

@@ -9,14 +9,27 @@ the keeper never fails the run."""
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from components.platforms import RunContext, postmortem
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from components.platforms.gke.cloud.kube import Kube
 
 INTERVAL_S = 10.0  # the pods are read this often; a replaced pod is terminating for longer (its grace period)
 
 
 class Keeper:
-    def __init__(self, ctx: RunContext, kube, selector: str, interval_s: float = INTERVAL_S, log=print):
+    def __init__(
+        self,
+        ctx: RunContext,
+        kube: Kube,
+        selector: str,
+        interval_s: float = INTERVAL_S,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.lost = postmortem.LostPods(ctx.store, kube)
         self.kube, self.selector, self.interval_s, self.log = kube, selector, interval_s, log
         self._stop = threading.Event()

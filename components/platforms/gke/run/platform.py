@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import Platform, RunContext, changed_since_evaluated, redaction
 from components.platforms import ledger as ledgers
@@ -49,11 +49,16 @@ from components.workload import budget
 from components.workload import derive as d
 from components.workload.cache import CACHE_PREFIX
 
+if TYPE_CHECKING:
+    from components.platforms.gke.checks.findings import Report
+    from components.platforms.gke.cloud.ray_jobs import JobClient
+    from components.platforms.gke.cloud.transient import Backoff
+
 
 class GkePlatform(Platform):
     name = "gke"
 
-    def __init__(self, log=print, poll_s: float = 5.0, backoff=None):
+    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff: Backoff | None = None) -> None:
         self.log = log
         self.poll_s = poll_s
         self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff)
@@ -137,7 +142,7 @@ class GkePlatform(Platform):
         spec = candidates.chosen(ctx.spec, ledgers.load(ctx.store) or {})
         return ctx if spec is ctx.spec else dataclasses.replace(ctx, spec=spec)
 
-    def _ranked(self, ctx: RunContext) -> list[tuple[RunContext, Any]]:
+    def _ranked(self, ctx: RunContext) -> list[tuple[RunContext, Report]]:
         """The candidates preflight passes, in order, each with its report, the others' problems among its warnings;
         none: :class:`PreflightFailed` with every candidate's problems under its name (a single candidate's as
         preflight raised them)."""
@@ -167,7 +172,9 @@ class GkePlatform(Platform):
         passed[0][1].warnings.extend(why)  # `tpupipe preflight` prints the report: the excluded say why there
         return passed
 
-    def _provision_on(self, ctx: RunContext, report, recorded: dict[str, Any], first: bool = True) -> dict[str, Any]:
+    def _provision_on(
+        self, ctx: RunContext, report: Report | None, recorded: dict[str, Any], first: bool = True
+    ) -> dict[str, Any]:
         """Provision one candidate (``ctx`` placed): the ledger records it before anything is created; a stockout or
         quota error deletes what it created and ends with one message naming what, where and what to try."""
         from components.platforms.gke.cloud import cluster as gke_cluster
@@ -213,7 +220,7 @@ class GkePlatform(Platform):
             **self._key(ctx),
         }
 
-    def preflight(self, ctx: RunContext):
+    def preflight(self, ctx: RunContext) -> Report:
         """Quota, reservation, APIs, permissions and an existing cluster's features, all checked before anything is
         created, for every candidate (``_ranked``): the first that passes' report; :class:`preflight.PreflightFailed`
         lists every problem when none does."""
@@ -229,7 +236,7 @@ class GkePlatform(Platform):
         return failover.deploy(self, ctx)
 
     # ---------------------------------------------------------------- the jobs and their output
-    def job_client(self, ctx: RunContext, deadline: float | None = None):
+    def job_client(self, ctx: RunContext, deadline: float | None = None) -> JobClient:
         """The Ray Jobs API through the API server's service proxy, its Google token refreshed before it expires, its
         transient errors retried until ``deadline`` (the job's)."""
         from components.platforms.gke.cloud import kube as gke_kube

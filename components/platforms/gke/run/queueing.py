@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.cloud import kueue
 from components.platforms.gke.plan import queued
+
+if TYPE_CHECKING:
+    from components.platforms.gke.cloud.kube import Kube
+    from components.platforms.store import RunStore
 
 # Kueue makes a RayCluster's Workload as soon as its controller sees the RayCluster; none after this long means Kueue
 # does not manage it (``ray.io/raycluster`` not among its integrations: ``cloud.kueue.frameworks``), and the suspended
@@ -29,7 +33,7 @@ class QueueDeadline(Exception):
     """The run's deadline passed while its RayCluster was still queued."""
 
 
-def position(kube, queue: str, workload: dict[str, Any]) -> str:
+def position(kube: Kube, queue: str, workload: dict[str, Any]) -> str:
     """Where the workload stands: its place in the LocalQueue (1 is next), and the TPU chips the workloads before it in
     that queue ask for."""
     from kubernetes.client.exceptions import ApiException
@@ -61,7 +65,7 @@ def _why(workload: dict[str, Any] | None) -> str:
 
 
 def wait_admitted(
-    kube,
+    kube: Kube,
     raycluster: str,
     queue: str,
     timeout_s: float,
@@ -116,7 +120,7 @@ def wait_admitted(
 WORKLOAD_LOG = "logs/kueue_workload.json"
 
 
-def keep_workload(store, kube, raycluster: str) -> str | None:
+def keep_workload(store: RunStore, kube: Kube, raycluster: str) -> str | None:
     """For the post-mortem: the RayCluster's Workload as Kueue last described it (its queue, priority, conditions:
     why it waited, whether it was evicted and why; its admission), as ``logs/kueue_workload.json``; its key, None when
     Kueue made none. Kept when the Workload is evicted and again at teardown: the conditions Kueue has replaced since
@@ -145,7 +149,7 @@ def keep_workload(store, kube, raycluster: str) -> str | None:
     return write_text(store, WORKLOAD_LOG, json.dumps(kept, indent=1), "application/json")
 
 
-def lost_to_eviction(kube, raycluster: str) -> Callable[[], str | None]:
+def lost_to_eviction(kube: Kube, raycluster: str) -> Callable[[], str | None]:
     """For the Ray Jobs API's retries: why they are pointless once Kueue has evicted the RayCluster (its pods, the
     head's among them, deleted with its jobs); None while it is not evicted."""
 
@@ -158,7 +162,7 @@ def lost_to_eviction(kube, raycluster: str) -> Callable[[], str | None]:
     return why
 
 
-def evicted(kube, raycluster: str) -> str | None:
+def evicted(kube: Kube, raycluster: str) -> str | None:
     """Kueue's reason when the RayCluster's Workload was evicted (preempted, say) and not admitted again yet; None
     while it is admitted (or has no Workload)."""
     workload = kueue.workload_of(kube, raycluster)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.cloud.kube import Kube
 from components.platforms.gke.plan import queued
 from components.spec import InfraError
+
+if TYPE_CHECKING:
+    from components.platforms.store import RunStore
 
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff")
@@ -78,7 +81,7 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     """The scheduler's message when ``pod`` is Unschedulable (PodScheduled False), else None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
-            return cond.get("message", "")
+            return str(cond.get("message", ""))
     return None
 
 
@@ -132,7 +135,9 @@ class Readiness:
     unschedulable_since: float | None = None
     last: str = "no status yet"
     failed_since: dict[str, float] = field(default_factory=dict)  # pod -> when its first FailedScaleUp was seen
-    failures: dict[str, set] = field(default_factory=dict)  # pod -> its FailedScaleUp events seen (name, count)
+    failures: dict[str, set[tuple[str, int]]] = field(
+        default_factory=dict
+    )  # pod -> its FailedScaleUp events seen (name, count)
     capacity_wait: tuple[float, float | None] | None = None  # (since, until; None while still waiting)
     # capacity=queued: the names of the run's ProvisioningRequests (one per slice's pool), whose states ``step`` is
     # given with the rest
@@ -343,7 +348,7 @@ def story(name: str, request: dict[str, Any] | None) -> str | None:
     return None
 
 
-def keep_request(store, kube: Kube, names: list[str]) -> str | None:
+def keep_request(store: RunStore, kube: Kube, names: list[str]) -> str | None:
     """For the post-mortem: the run's ProvisioningRequest that gave no nodes (else its first) as it was last (its
     conditions: why it waited, failed, expired or was revoked) as ``logs/provisioning_request.json``, with ``story``'s
     line; the line, None when the requests are gone or gave their nodes."""
@@ -433,7 +438,7 @@ def wait_ready(
     selector = f"ray.io/cluster={name}"
     pools_read: list[float] = []  # when the pools were last read
 
-    def poll():
+    def poll() -> bool | None:
         why = evicted() if evicted is not None else None
         if why:
             raise Evicted(f"RayCluster {name} was evicted by Kueue: {why}")

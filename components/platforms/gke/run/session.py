@@ -5,12 +5,18 @@ first use, with one set of credentials), and what the creation handlers found th
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import RunContext, vertex_run_labels
 from components.platforms import ledger as ledgers
 from components.platforms.gke.cloud.clients import Clients, load_ledger
 from components.platforms.gke.plan.target import DEFAULT_NODE_SERVICE_ACCOUNT, target
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+
+    from components.cloud.build import Registry
 
 
 class Session:
@@ -56,9 +62,10 @@ class Session:
         real = json.loads(
             json.dumps(body).replace(json.dumps(self.t.node_service_account), json.dumps(self.node_service_account()))
         )
-        return with_labels(real, vertex_run_labels())
+        labelled: dict[str, Any] = with_labels(real, vertex_run_labels())
+        return labelled
 
-    def client(self, what: str):
+    def client(self, what: str) -> Any:
         """``creds``, ``gke``, ``compute``, ``storage``, ``registry`` (Artifact Registry) or ``kube`` (a (Kube,
         cluster, token) triple)."""
         if "creds" not in self._clients:
@@ -67,7 +74,7 @@ class Session:
             self._clients["creds"] = gke_cluster.credentials()
         if what not in self._clients:
             creds, clients, t = self._clients["creds"], self.clients, self.t
-            made = {
+            made: dict[str, Callable[[], Any]] = {
                 "gke": lambda: clients.gke(creds),
                 "compute": lambda: clients.compute(creds),
                 "storage": lambda: clients.storage(t, creds),
@@ -78,7 +85,7 @@ class Session:
         return self._clients[what]
 
 
-def _registry(creds, s: Session):
+def _registry(creds: Credentials, s: Session) -> Registry:
     from components.cloud import build as gke_build
 
     return gke_build.Registry(gke_build.registry_client(creds), log=s.log, poll_s=min(s.poll_s, 2.0))

@@ -8,7 +8,7 @@ spec names) is kept. Each step runs even when one before it failed; the failures
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import RunContext, postmortem
 from components.platforms import ledger as ledgers
@@ -20,6 +20,14 @@ from components.platforms.gke.plan import ownership, paths, queued
 from components.platforms.gke.plan.compute_resources import COMPUTE_KINDS
 from components.platforms.gke.plan.target import Target, target
 from components.spec import InfraError, names
+
+if TYPE_CHECKING:
+    from google.cloud.container_v1 import Cluster
+
+    from components.cloud.credentials import AccessToken
+    from components.platforms.gke.cloud.cluster import Gke
+    from components.platforms.gke.cloud.compute import Compute
+    from components.platforms.gke.cloud.kube import Kube
 
 
 def teardown(ctx: RunContext, clients: Clients) -> dict[str, Any]:
@@ -94,7 +102,7 @@ def _shown(ctx: RunContext, kind: str, name: str) -> str:
     return f"{names.service_account(ctx.run_id)} (UID {last})" if kind == "iam_binding" else last
 
 
-def delete_created(clients: Clients, gke, compute, ledger: dict[str, Any], t: Target) -> list[str]:
+def delete_created(clients: Clients, gke: Gke, compute: Compute | None, ledger: dict[str, Any], t: Target) -> list[str]:
     """Delete what the ledger says this run created, newest first (node pools go with their cluster): what a
     provision that found no capacity leaves behind."""
     deleted = []
@@ -123,14 +131,14 @@ def _delete_kubernetes(clients: Clients, ctx: RunContext, ledger: dict[str, Any]
     if cluster is None or not control_plane(cluster).host:
         return []
     kube, _, token = clients.kube(ctx)
-    if kube is None:
+    if kube is None or token is None:  # all three None, or none of them
         return []
     selector = f"{names.RUN_LABEL}={ctx.run_id}"
     _keep_postmortem(ctx, kube, cluster, token, selector)
     return kube.delete_labelled(selector, queued=queued.enabled(ctx.spec))
 
 
-def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> None:
+def _keep_postmortem(ctx: RunContext, kube: Kube, cluster: Cluster, token: AccessToken, selector: str) -> None:
     """What the cluster knew, kept in the run's store before it goes (components/platforms/postmortem.py); each
     part on its own, and none of them stops the teardown itself."""
     from components.platforms.gke.cloud import kube as gke_kube
@@ -138,7 +146,7 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
 
     raycluster = names.raycluster(ctx.run_id)
 
-    def ray():
+    def ray() -> None:
         ray_token = gke_kube.ray_token(kube, ctx.run_id)
         get = ray_jobs.dashboard_get(
             control_plane(cluster), ctx.run_dir / "gke", kube.namespace, raycluster, token, ray_token
@@ -172,7 +180,7 @@ def _keep_postmortem(ctx: RunContext, kube, cluster, token, selector: str) -> No
             print(f"teardown: could not keep {what}: {str(exc)[:300]}", flush=True)
 
 
-def _pools(ctx: RunContext, cluster) -> list[dict[str, Any]]:
+def _pools(ctx: RunContext, cluster: Cluster) -> list[dict[str, Any]]:
     """The run's node pools in ``cluster`` (all of a cluster the run owns; its labelled ones in another), as GKE
     describes them: status, message, conditions, autoscaling, size, the nodes' machine and provisioning."""
     owned = target(ctx.spec, ctx.run_id).owns_cluster
