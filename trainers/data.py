@@ -225,7 +225,24 @@ def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
         labels[i, len(prompt) : len(row)] = ids[i, len(prompt) : len(row)]
+    _check_labelled(labels, max(map(len, prompts), default=0), max_length)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _check_labelled(labels, longest_prompt: int, max_length: int) -> None:
+    """An example whose prompt fills ``max_length`` has no token the loss is over: it teaches and measures nothing.
+    Some of them: a warning with their count; all of them: an error naming ``train.max_length``, since training would
+    run on a loss of 0 and every held-out figure would be 0, which no gate can compare."""
+    empty = int((labels != -100).sum(dim=1).eq(0).sum())
+    if empty == 0:
+        return
+    said = (
+        f"{empty} of {labels.shape[0]} example(s) have no response token within train.max_length={max_length} "
+        f"(the longest prompt is {longest_prompt} tokens)"
+    )
+    if empty == labels.shape[0]:
+        raise ValueError(f"train.max_length: {said}: nothing to train or measure on; raise train.max_length")
+    warnings.warn(f"{said}: they are left out of the loss", stacklevel=3)
 
 
 def _read_cached(path: Path, key: str, rows: int, max_length: int) -> dict[str, Any] | None:

@@ -249,9 +249,13 @@ def decide(
             KEEP,
             f"kept {CHAMPION} {champion_ref} (held-out {champion_loss:.4f}): {new_ref}'s held-out loss is {new_loss}",
         )
-    improvement = (champion_loss - new_loss) / champion_loss if champion_loss > 0 else -math.inf
+    # A champion at 0 (a loss no model goes below) cannot be bettered; its improvement is no number (None, not -inf:
+    # the decision is recorded in JSON, which has no infinity).
+    improvement = (champion_loss - new_loss) / champion_loss if champion_loss > 0 else None
     figures = f"held-out {new_loss:.4f} vs {CHAMPION} {champion_ref} {champion_loss:.4f}"
     needed = f"gate.min_improvement {min_improvement:.2%}"
+    if improvement is None:
+        return Decision(KEEP, f"kept {CHAMPION} {champion_ref}: {new_ref} {figures}, and no loss is below 0")
     if new_loss < champion_loss and improvement >= min_improvement:
         return Decision(
             PROMOTE, f"promoted {new_ref} to {CHAMPION}: {figures}, {improvement:.2%} better ({needed})", improvement

@@ -23,7 +23,7 @@ from tests.helpers import tpupipe_run, unique_run_id
 pytestmark = pytest.mark.e2e
 
 MODEL = "local-fsdp"
-SMALL = "cluster.num_hosts=1 cluster.slice_check=false epochs=1 train.max_length=32"
+SMALL = "cluster.num_hosts=1 cluster.slice_check=false epochs=1 train.max_length=80"  # a 50-token prompt and its answer
 
 
 def _drop(path, seed: int, count: int = 40) -> None:

@@ -114,6 +114,16 @@ def test_the_first_version_is_promoted():
     assert d.reason == "promoted m@1 to champion: there was no champion yet (held-out 1.2500)"
 
 
+def test_a_champion_at_zero_is_kept_with_no_infinite_improvement_to_record():
+    """A held-out loss of 0 (no token measured) cannot be bettered; the decision is recorded as JSON, which has no
+    infinity (protobuf's json_format refuses it), so the improvement is None, not -inf."""
+    import json
+
+    d = gate.decide(0.0, 0.0, 0.0, "m@2", "m@1")
+    assert d.decision == gate.KEEP and d.improvement is None and "no loss is below 0" in d.reason
+    json.dumps({"improvement": d.improvement}, allow_nan=False)
+
+
 @pytest.mark.parametrize(
     ("new", "champion", "minimum", "decision", "reason"),
     [

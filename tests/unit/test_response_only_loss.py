@@ -52,6 +52,35 @@ def test_only_the_response_and_its_end_token_are_learned(tmp_path):
     assert all(r["ids_where_learned"] and r["eos"] for r in rows)
 
 
+TOO_SHORT_SCRIPT = r"""
+import json, sys, warnings
+from trainers import data
+from trainers.model import char_tokenizer
+
+examples = [{"instruction": "Reverse the word abc.", "response": "cba"},
+            {"instruction": "Reverse the word abcdefghijklmnop.", "response": "ponmlkjihgfedcba"}]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    data.tokenize(examples, char_tokenizer(), int(sys.argv[1]))
+try:
+    data.tokenize(examples, char_tokenizer(), 30)
+    error = ""
+except ValueError as e:
+    error = str(e)
+print("FACTS " + json.dumps({"warned": [str(w.message) for w in caught], "error": error}))
+"""
+
+
+def test_a_max_length_the_prompts_fill_is_an_error_and_one_some_fill_a_warning(tmp_path):
+    """An example whose prompt fills train.max_length has no labelled token: some of them are said (they are left
+    out of the loss), all of them stop the run naming train.max_length (its loss and every held-out figure would be
+    0)."""
+    # the first prompt (46 tokens) fits with its answer, the second not
+    facts = _facts(tmp_path, TOO_SHORT_SCRIPT, "50")
+    assert [w for w in facts["warned"] if "train.max_length=50" in w and "1 of 2 example(s)" in w], facts
+    assert facts["error"].startswith("train.max_length: 2 of 2 example(s) have no response token"), facts
+
+
 BPE_SCRIPT = r"""
 import json, sys
 from transformers import AutoTokenizer
