@@ -75,18 +75,32 @@ def read(uri: str | None) -> list[dict[str, Any]] | None:
     return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def checked(rows: list[dict[str, Any]] | None, spec: RunSpec) -> list[dict[str, Any]]:
+def expected(ctx: RunContext) -> int:
+    """How many answers the job writes: ``eval.generate_examples``, or every held-out example when the run's snapshot
+    (``data/manifest.json``, written by the pipeline's own first stage) holds fewer; the trainer answers the first
+    ``min(eval.generate_examples, held-out examples)`` prompts."""
+    from components.platforms.store import read_json
+    from components.stages.dataset import MANIFEST
+
+    n = ctx.spec.eval.generate_examples
+    held = (read_json(ctx.store, MANIFEST) or {}).get("num_heldout_examples")
+    return min(n, held) if isinstance(held, int) and held > 0 else n
+
+
+def checked(rows: list[dict[str, Any]] | None, spec: RunSpec, n: int) -> list[dict[str, Any]]:
     """``rows`` when they are the answers to this run's evaluation prompts as the job writes them
-    (``trainers.generation.write``): ``eval.generate_examples`` rows, indexed 0 to n-1 in order, each with its prompt,
+    (``trainers.generation.write``): ``n`` rows (:func:`expected`), indexed 0 to n-1 in order, each with its prompt,
     reference and answer, scored by every metric of ``eval.metrics`` (and the scorer) and nothing else, each score a
     finite number in [0, 1] (``answer_length`` a count, >= 0); Refused naming the first row that is not. The pods
     wrote the rows; what is checked here is their shape, so no mean, count or comparison rests on a row the stage
     did not read."""
     if rows is None:
         raise Refused("no such file")
-    n, names = spec.eval.generate_examples, set(spec.eval.metric_names)
+    names = set(spec.eval.metric_names)
     if len(rows) != n:
-        raise Refused(f"{len(rows)} answers, eval.generate_examples asks for {n}")
+        asked = spec.eval.generate_examples
+        held = "" if n == asked else f" and the run's snapshot holds {n} held-out examples"
+        raise Refused(f"{len(rows)} answers, eval.generate_examples asks for {asked}{held}")
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or row.get("index") != i:
             index = row.get("index") if isinstance(row, dict) else row
@@ -250,7 +264,7 @@ def _keep(store: RunStore, which: str, rows: list[dict[str, Any]]) -> str:
     return write_text(store, KEPT.format(which=which), _lines(rows), "application/jsonl")
 
 
-def _rows(spec: RunSpec, answers: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+def _rows(ctx: RunContext, answers: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
     """(the rows of an ``answers`` event or record, checked; or None and why they are not compared)."""
     if answers.get("refused"):
         return None, answers["refused"]
@@ -258,7 +272,7 @@ def _rows(spec: RunSpec, answers: dict[str, Any]) -> tuple[list[dict[str, Any]] 
         return answers["rows"], ""
     uri = answers.get("uri")
     try:
-        return checked(read(uri), spec), ""
+        return checked(read(uri), ctx.spec, expected(ctx)), ""
     except Refused as exc:
         return None, f"{uri}: {exc}"
     except ValueError as exc:  # not JSON lines
@@ -275,7 +289,7 @@ def task_figures(
     key (``ray_stages.answers_key``). Answers refused (:func:`checked`, ``_job_file``) are neither kept nor
     compared: ``comparison_missing`` says why, and a gate on a task metric keeps the champion."""
     spec, store = ctx.spec, ctx.store
-    rows, why = _rows(spec, candidate)
+    rows, why = _rows(ctx, candidate)
     found: dict[str, Any] = {
         "generation_key": candidate.get("generation_key"),
         "answers_key": key_of(candidate.get("generation_key")),
@@ -288,7 +302,7 @@ def task_figures(
         if why:
             found["comparison_missing"] = why
         return found
-    other_rows, other_why = _rows(spec, other)
+    other_rows, other_why = _rows(ctx, other)
     found.update(against=other_label, metrics_other=means_of(other_rows) if other_rows is not None else None)
     if rows is None or other_rows is None:
         found["comparison_missing"] = why or other_why
@@ -353,7 +367,7 @@ def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, An
         if p.get(f"{prefix}answers_key") != key or not uri:
             continue
         try:
-            rows = checked(read(uri), ctx.spec)
+            rows = checked(read(uri), ctx.spec, expected(ctx))
         except (ValueError, OSError, GoogleAPICallError) as exc:  # a malformed, foreign or unreadable record
             log(f"evaluate: warning: {version.ref}'s record of {ref}'s answers ({uri}) is not read: {exc}")
             continue
@@ -406,7 +420,7 @@ def evaluate_answers(
     if label == "before training":
         found["metrics_before"] = found.get("metrics_other")
     elif answered.get("before"):  # shown beside the champion's: its means from its rows too
-        before, _ = _rows(ctx.spec, _job_file(ctx, answered["before"]) or {})
+        before, _ = _rows(ctx, _job_file(ctx, answered["before"]) or {})
         found["metrics_before"] = means_of(before) if before is not None else None
     if other is not None and label == CHAMPION:
         found["champion_answers"] = "recorded by " + recorded["recorded_by"] if recorded else "answered in this job"

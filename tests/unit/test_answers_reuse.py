@@ -335,3 +335,30 @@ def test_a_recorded_answers_file_that_cannot_be_read_is_passed_over_naming_its_v
     warned = capsys.readouterr().out
     assert f"evaluate: warning: local-fsdp@1's record of local-fsdp@1's answers ({kept}) is not read: " in warned
     assert why in warned
+
+
+def test_an_evaluation_set_smaller_than_generate_examples_is_answered_whole_and_compared(tmp_path):
+    """The trainer answers min(eval.generate_examples, held-out examples) prompts: a run whose snapshot (the
+    pipeline's own manifest) holds 15 held-out examples has 15 answers compared, and 20 (more than it holds) refused."""
+    from components.platforms.store import write_json
+    from components.stages.dataset import MANIFEST
+
+    def held_out_15(rows):
+        del rows[15:]
+
+    ctx = _run(tmp_path, "run-1")
+    write_json(ctx.store, MANIFEST, {"num_heldout_examples": 15})
+    assert answers.expected(ctx) == 15
+    task = _first_answers(tmp_path, _rewritten(tmp_path, held_out_15), _rewritten_before(tmp_path, held_out_15))
+    assert task["num_examples"] == 15 and "comparison" in task, task
+    task = _first_answers(tmp_path, _rewritten(tmp_path, lambda rows: None))
+    why = "20 answers, eval.generate_examples asks for 20 and the run's snapshot holds 15 held-out"
+    assert why in task["comparison_missing"]
+
+
+def _rewritten_before(tmp_path, change) -> dict:
+    event = _answers(tmp_path, "run-1", "before", 0)
+    rows = [json.loads(line) for line in answered(0).splitlines()]
+    change(rows)
+    (tmp_path / "run-1" / "train" / "eval" / "answers-before.jsonl").write_text(answers._lines(rows))
+    return event
