@@ -76,26 +76,26 @@ from trainers.model import build_model, load_tokenizer
 root = Path(sys.argv[1])
 facts = {}
 tokenizer = load_tokenizer("scratch:gemma4-tiny")
-files = data.write_generated(root / "data", 64, 8, 0)
+files = data.write_generated(root / "data", 64, 8, 0)  # prompts of up to ~50 tokens: lengths leave room
 examples = data.load_split("generated", "train", files)
 cache = str(root / "cache")
-fresh = data.tokenize(examples, tokenizer, 32)
-first = data.tokenize(examples, tokenizer, 32, cache)
-second = data.tokenize(examples, tokenizer, 32, cache)
+fresh = data.tokenize(examples, tokenizer, 96)
+first = data.tokenize(examples, tokenizer, 96, cache)
+second = data.tokenize(examples, tokenizer, 96, cache)
 facts["hits"] = [first.cached, second.cached]
 facts["same"] = all(torch.equal(fresh.columns[k], second.columns[k]) for k in fresh.columns)
 facts["batch"] = list(second[[3, 1]]["labels"].shape)
-facts["other_length"] = data.tokenize(examples, tokenizer, 16, cache).cached
+facts["other_length"] = data.tokenize(examples, tokenizer, 80, cache).cached
 entries = sorted((root / "cache" / data.TOKENIZED_DIR).iterdir())
 facts["entries"] = len(entries)
 for entry in entries:
     entry.write_bytes(entry.read_bytes()[:300])  # damaged: cut short
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    damaged = data.tokenize(examples, tokenizer, 32, cache)
+    damaged = data.tokenize(examples, tokenizer, 96, cache)
 facts["damaged"] = [damaged.cached, all(torch.equal(fresh.columns[k], damaged.columns[k]) for k in fresh.columns)]
 facts["warnings"] = [str(w.message) for w in caught]
-facts["rewritten"] = data.tokenize(examples, tokenizer, 32, cache).cached
+facts["rewritten"] = data.tokenize(examples, tokenizer, 96, cache).cached
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 dist.init_process_group("gloo", rank=0, world_size=1)
@@ -153,7 +153,7 @@ def test_a_tokenised_split_is_kept_across_runs_and_a_save_holds_the_state_it_beg
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))[6:])
-    assert facts["hits"] == [False, True] and facts["same"] and facts["batch"] == [2, 32]
+    assert facts["hits"] == [False, True] and facts["same"] and facts["batch"] == [2, 96]
     assert facts["other_length"] is False and facts["entries"] == 2  # another length: an entry of its own
     assert facts["damaged"] == [False, True]  # a damaged entry: tokenised again, the same tensors
     assert any("ignoring the cached tokenised split" in w for w in facts["warnings"]), facts["warnings"]
