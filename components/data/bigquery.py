@@ -159,7 +159,7 @@ def client(project: str, creds=None):
     return google_client(bigquery.Client, EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
-def read_client(creds):
+def read_client(creds: Any) -> Any:
     """A ``BigQueryReadClient`` (the Storage Read API): at $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a
     plaintext channel that sends ``creds``' token as each call's ``authorization`` metadata (to the emulator only),
     else at Google's endpoint with ``creds``."""
@@ -181,19 +181,21 @@ def read_client(creds):
         compression: Any
 
     class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-        def _with_token(self, details):
+        def _with_token(self, details: Any) -> Details:
             if not creds.valid:
                 creds.refresh(Request())
             headers: dict[str, str] = {}
             creds.apply(headers)
             metadata = [*(details.metadata or ()), ("authorization", headers["authorization"])]
-            fields = [getattr(details, name, None) for name in Details._fields]
-            return Details(*fields[:2], metadata, *fields[3:])
+            return Details(
+                details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
+                getattr(details, "compression", None),
+            )  # fmt: skip
 
-        def intercept_unary_unary(self, continuation, details, request):
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
             return continuation(self._with_token(details), request)
 
-        def intercept_unary_stream(self, continuation, details, request):
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
             return continuation(self._with_token(details), request)
 
     channel = grpc.intercept_channel(grpc.insecure_channel(host), Bearer())
