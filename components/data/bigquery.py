@@ -1,42 +1,73 @@
 """A BigQuery table as a run's data (``train.dataset=bq://PROJECT.DATASET.TABLE``), pinned in time.
 
 A run reads its table as it was at one moment, never twice as it may have changed: :func:`snapshot` (before anything
-is spent) checks the table and counts its rows as of a time ``at``, and :func:`rows` later reads those rows, and no
-others, with BigQuery time travel (``FOR SYSTEM_TIME AS OF``, https://cloud.google.com/bigquery/docs/time-travel):
-what was inserted, updated or deleted after ``at`` changes nothing. Time travel reaches back over the dataset's time
-travel window only (7 days by default), so the rows must be read within it.
+is spent) checks the table (tables.get: it exists, its schema) and opens one read session of the BigQuery Storage
+Read API (https://cloud.google.com/bigquery/docs/reference/storage) on it as of a time ``at``, and :func:`rows` then
+streams that session's rows, and no others, as they come: the session's ``table_modifiers.snapshot_time`` is ``at``
+(``TableModifiers``: "The snapshot time of the table. If not set, interpreted as now.", google/cloud/bigquery/storage/
+v1/stream.proto), so what was inserted, updated or deleted after ``at`` changes nothing. A snapshot time reaches back
+over the dataset's time travel window only (7 days by default: https://cloud.google.com/bigquery/docs/time-travel),
+so the rows are read within it. The session is one read of the table: no query, no result table and its size
+limit, no second scan; its rows come in Arrow record batches (``data_format`` ARROW: the session's
+``arrow_schema.serialized_schema``, each ReadRowsResponse's ``arrow_record_batch.serialized_record_batch``, Arrow IPC
+messages: google/cloud/bigquery/storage/v1/arrow.proto), parsed with pyarrow, from its streams one after the other
+(``ReadSession.streams``, each read with ``ReadRows``: google/cloud/bigquery/storage/v1/storage.proto).
 
 Two optional fields narrow the rows, named after the dataset's field (``field`` ``train.dataset``:
 ``train.dataset_filter``, ``train.dataset_time_column``):
 
 - ``<field>_filter``: ``COLUMN=VALUE[,COLUMN=VALUE...]``, the values the rows' columns must have; each becomes
-  ``COLUMN = @fN`` in the query's WHERE clause, the column a quoted name the table's schema has, the value a query
-  parameter of the column's type (https://cloud.google.com/bigquery/docs/parameterized-queries: a parameter stands
-  for a value and is never read as query text), so no filter can read another table (``EXISTS(SELECT ...)``), call a
-  function or change the query's shape;
+  ``COLUMN = LITERAL`` in the session's ``read_options.row_restriction`` ("SQL text filtering statement, similar to a
+  WHERE clause in a query", ``TableReadOptions``, stream.proto), the column a quoted name the table's schema has, the
+  value a literal of the column's type built here from the parsed value (a string quoted with every quote, backslash
+  and control character escaped; a number written by Python; any other type ``CAST('...' AS TYPE)``, the form the
+  field's own examples use), so no filter can read another table, call a function or change the statement's shape;
 - ``<field>_time_column``: a TIMESTAMP, DATETIME, DATE or INT64 column that grows with each new row (its ingestion
-  time): the snapshot records its largest value, ``max_time``, and a later snapshot with ``after=max_time`` counts and
-  reads only the rows past it (strictly greater: a row that arrives later with a time not past ``max_time`` is never
-  read).
+  time): the rows' largest value is recorded as they are read, ``max_time``, and a later snapshot with
+  ``after=max_time`` reads only the rows past it (strictly greater: a row that arrives later with a time not past
+  ``max_time`` is never read; docs/recurring.md).
+
+With ``since`` (the champion's snapshot of the same table with the same filter, ``train.data_since=champion``) the
+new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
+change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
+https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job.
+Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
+latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
+too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
+one run's window starts where its champion's snapshot ended, neither overlapping nor leaving a gap. Where APPENDS
+cannot answer for the window, the run takes the column mode (``after``) with one warning line saying why and what a
+late row costs there: the champion read another table or filter; its time is past the dataset's time travel window
+(``maxTimeTravelHours``: "An error is returned if the time specified is earlier than allowed by time travel"); the
+table was created after it (recreated or replaced: APPENDS then starts at the new table's creation, "If the table
+was created after the start_timestamp value, the actual table creation time is used instead", and would read again
+what the champion had); the table is not a regular table ("This must be a regular BigQuery table": a view, a
+materialized view, an external table).
 
 Bad input is a :class:`SpecError` naming its field: a malformed URI, a table or dataset that does not exist, no
-permission to read it or to run a query, a filter BigQuery refuses, no rows (unless ``after`` is given: then none
-new is an answer, ``num_rows`` 0), a column the trainer's formatter needs (``instruction``, ``response``) missing from
-the table or NULL or empty in some row, a time column that is missing or of another type.
+permission to read it, to open a read session or to run a query, a filter BigQuery refuses, no rows (unless
+``after`` or ``since`` is given: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter needs
+(``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is read), a
+time column that is missing or of another type.
 
-Where the jobs run: every query is a job created in, and billed to, one project (jobs.insert's ``projectId``, "Project
-ID of project that will be billed for the job": https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert;
-https://cloud.google.com/bigquery/docs/jobs-overview, "Pricing"), where the caller needs ``bigquery.jobs.create``
-(roles/bigquery.jobUser), while reading the table needs ``bigquery.tables.getData`` on it or its dataset
-(roles/bigquery.dataViewer: https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). The run's
-jobs go to ``project`` (``train.bigquery_project``, else the run's ``gke.project``), so a table in another project
-(a data project where the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and
-billed where the run is; without one, to the table's own project.
+Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
+``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
+needs ``bigquery.readsessions.create`` (roles/bigquery.readSessionUser, roles/bigquery.user, roles/bigquery.admin:
+https://cloud.google.com/bigquery/docs/reference/storage, "Permissions"; https://cloud.google.com/bigquery/docs/access-control),
+and a query is a job created in, and billed to, one project (jobs.insert's ``projectId``: "Project ID of project
+that will be billed for the job": https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert), where the
+caller needs ``bigquery.jobs.create`` (roles/bigquery.jobUser), while reading the table needs
+``bigquery.tables.getData`` on it or its dataset (roles/bigquery.dataViewer:
+https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). Both go to ``project``
+(``train.bigquery_project``, else the run's ``gke.project``), so a table in another project (a data project where
+the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and billed where the run
+is; without one, to the table's own project.
 
-The client: ``google.cloud.bigquery.Client`` with the Google credentials of ``components.cloud.credentials``, at
-Google's endpoint, or at ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) when the tests set it. Queries go
-through ``Client.query_and_wait`` (jobs.query, then jobs.get and jobs.getQueryResults page by page when the rows do
-not fit one answer). The client library is imported inside the functions.
+The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
+``Client.query_and_wait``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
+Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at the emulators the tests start:
+``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API, ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST``
+(``host:port``, plaintext gRPC, the credentials' token sent in each call's ``authorization`` metadata, as Google's
+endpoints get it over TLS). The client libraries are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -44,10 +75,12 @@ from __future__ import annotations
 import base64
 import decimal
 import json
+import math
+import os
 import re
 import unicodedata
-from collections.abc import Iterator
-from datetime import UTC, date, datetime, time
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
 from components.cloud.credentials import access_error, credentials, google_client
@@ -56,6 +89,14 @@ from components.spec.datasets import row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
+STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
+# A read session's initial streams at most (CreateReadSessionRequest.max_stream_count; the service may make fewer),
+# read one after the other.
+STREAMS = 4
+# A dataset's time travel window when it sets none: 168 hours (maxTimeTravelHours,
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
+DEFAULT_TRAVEL_HOURS = 168
+TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 SCHEME = "bq://"
 REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
 # A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
@@ -118,6 +159,49 @@ def client(project: str, creds=None):
     return google_client(bigquery.Client, EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
+def read_client(creds: Any) -> Any:
+    """A ``BigQueryReadClient`` (the Storage Read API): at $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a
+    plaintext channel that sends ``creds``' token as each call's ``authorization`` metadata (to the emulator only),
+    else at Google's endpoint with ``creds``."""
+    from google.cloud import bigquery_storage_v1
+
+    host = os.environ.get(STORAGE_EMULATOR_HOST_ENV)
+    if not host:
+        return bigquery_storage_v1.BigQueryReadClient(credentials=creds)
+    import grpc
+    from google.auth.transport.requests import Request
+    from google.cloud.bigquery_storage_v1.services.big_query_read.transports import BigQueryReadGrpcTransport
+
+    class Details(NamedTuple):  # grpc.ClientCallDetails' fields
+        method: str
+        timeout: float | None
+        metadata: Any
+        credentials: Any
+        wait_for_ready: Any
+        compression: Any
+
+    class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        def _with_token(self, details: Any) -> Details:
+            if not creds.valid:
+                creds.refresh(Request())
+            headers: dict[str, str] = {}
+            creds.apply(headers)
+            metadata = [*(details.metadata or ()), ("authorization", headers["authorization"])]
+            return Details(
+                details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
+                getattr(details, "compression", None),
+            )  # fmt: skip
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_token(details), request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_token(details), request)
+
+    channel = grpc.intercept_channel(grpc.insecure_channel(host), Bearer())
+    return bigquery_storage_v1.BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel))
+
+
 def snapshot(
     table: str,
     *,
@@ -126,16 +210,20 @@ def snapshot(
     filter: str = "",
     time_column: str = "",
     after: str | None = None,
+    since: dict | None = None,
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
+    log: Callable[[str], None] = print,
 ) -> dict:
-    """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked: a JSON-able
-    dict that :func:`rows` reads back, ``{"table", "project" (where the queries run: ``project``, else the table's),
-    "snapshot_time" (``at`` in UTC, ISO 8601 with ``Z``), "num_rows", "fields" (the schema's column names), "filter",
-    "time_column", "time_type", "after", "max_time" (the largest ``time_column`` among the rows, as text; None when
-    there are none or no time column)}``. Makes two calls (tables.get, one query), three when some row lacks a
-    ``required`` column. ``after`` (a ``max_time`` of an earlier snapshot) counts only the rows past it, and then no
-    rows is no error."""
+    """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked, with its
+    read: a JSON-able dict that :func:`rows` reads, ``{"table", "project" (where the session and the queries are
+    billed: ``project``, else the table's), "snapshot_time" (``at`` in UTC, ISO 8601 with ``Z``), "num_rows" (counted
+    as :func:`rows` reads them), "fields" (the schema's column names), "filter", "filter_types", "time_column",
+    "time_type", "after", "max_time" (the largest ``time_column`` among the rows read, as text; None when there are
+    none or no time column), "session", "streams"}``; with ``since`` and APPENDS possible (the module's docstring),
+    ``"appended_after"`` (the champion's snapshot time) instead of a session. Makes two calls (tables.get,
+    CreateReadSession), or three (tables.get, datasets.get, then :func:`rows`' query) for APPENDS. ``after`` (a
+    ``max_time`` of an earlier snapshot) reads only the rows past it, and then no rows is no error."""
     if at.tzinfo is None:
         raise ValueError(f"snapshot time {at!r} has no time zone")
     filter_field, time_field = f"{field}_filter", f"{field}_time_column"
@@ -146,9 +234,10 @@ def snapshot(
     creds = credentials()
     bq = client(billing, creds)
     try:
-        schema = {f.name: f.field_type for f in bq.get_table(table).schema}
+        found = bq.get_table(table)
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    schema = {f.name: f.field_type for f in found.schema}
     missing = [name for name in required if name not in schema]
     if missing:
         raise SpecError(
@@ -177,7 +266,7 @@ def snapshot(
     snap: dict[str, Any] = {
         "table": table,
         "project": billing,
-        "snapshot_time": at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        "snapshot_time": _stamp(at),
         "num_rows": 0,
         "fields": list(schema),
         "filter": filter,
@@ -187,59 +276,220 @@ def snapshot(
         "after": after,
         "max_time": None,
     }
-    lacking = [f"{_quoted(name)} IS NULL OR {_quoted(name)} = ''" for name in required]
-    items = ["COUNT(*) AS num_rows", *(f"COUNTIF({cond}) AS lacking_{i}" for i, cond in enumerate(lacking))]
-    if time_column:
-        items.append(f"MAX({_quoted(time_column)}) AS max_time")
-    where, params = _where(snap, time_field)
+    if since is not None:
+        refused = _appends_refusal(bq, found, snap, since, creds)
+        if not refused:
+            snap.update(after=None, appended_after=since["snapshot_time"])
+            return snap
+        late = f"{time_column} not past {after}" if after else f"an old {time_column}"
+        log(
+            f"snapshot: warning: {field}: new rows by their {time_column}, not by commit time: {refused}; a row "
+            f"committed after the champion's snapshot with {late} is never read"
+        )
+    selected = list(dict.fromkeys([*required, *([time_column] if time_column else [])]))
+    reader = read_client(creds)
     try:
-        (counts,) = list(_query(bq, f"SELECT {', '.join(items)} FROM {_source(snap)}{where}", params))
-        snap["num_rows"], snap["max_time"] = counts["num_rows"], _text(counts.get("max_time"))
-        short = {name: counts[f"lacking_{i}"] for i, name in enumerate(required) if counts[f"lacking_{i}"]}
-        example = None
-        if short:
-            joined = " OR ".join(f"({cond})" for cond in lacking)
-            first = f"SELECT * FROM {_source(snap)}{where or ' WHERE TRUE'} AND ({joined}) LIMIT 1"
-            example = next(iter(_query(bq, first, params)), None)
+        session = reader.create_read_session(
+            parent=f"projects/{billing}",
+            read_session={
+                "table": _table_path(table),
+                "data_format": "ARROW",
+                "table_modifiers": {"snapshot_time": at},
+                "read_options": {"selected_fields": selected, "row_restriction": _restriction(snap, time_field)},
+            },
+            max_stream_count=STREAMS,
+        )
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
-    matching = f" matching {filter_field} {filter!r}" if filter else ""
-    if snap["num_rows"] == 0 and after is None:
-        raise SpecError(field, f"{table} has no rows{matching} as of {snap['snapshot_time']}")
-    if short:
-        counted = ", ".join(f"{name} in {n}" for name, n in short.items())
-        shown = json.dumps({k: _jsonable(v) for k, v in dict(example or {}).items()}, ensure_ascii=False)
-        raise SpecError(
-            field,
-            f"{table}{matching}: of its {snap['num_rows']} rows, some lack a column the trainer's formatter needs "
-            f"(NULL or empty): {counted}; the first found: {shown[:400]}",
-        )
+    snap["session"], snap["streams"] = session.name, [stream.name for stream in session.streams]
+    if not snap["streams"] and after is None:  # a session over no rows has no stream to read
+        raise SpecError(field, f"{table} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
     return snap
 
 
-def rows(snap: dict, *, field: str, page_size: int | None = None) -> Iterator[dict]:
+def rows(snap: dict, *, field: str) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
-    8601 text, NUMERIC as text, BYTES as base64), read as of its time with its filter and ``after``: paged by the
-    client (``page_size`` rows a page at most, else as many as BigQuery sends in one answer, 10 MB). An InfraError
-    before the first row when BigQuery counts other rows than the snapshot did."""
+    8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams one after the other,
+    an Arrow record batch at a time, or the APPENDS query's pages. Counts them into ``snap["num_rows"]`` and their
+    largest time into ``snap["max_time"]``; a row that lacks what the formatter needs, or no rows at all (unless
+    ``after`` or APPENDS), is a SpecError naming ``field``."""
     creds = credentials()
-    bq = client(snap["project"], creds)
-    where, params = _where(snap, f"{field}_time_column")
+    largest = None
     try:
-        found = _query(bq, f"SELECT * FROM {_source(snap)}{where}", params, page_size)
-        if found.total_rows != snap["num_rows"]:
-            raise InfraError(
-                f"{snap['table']} as of {snap['snapshot_time']} has {found.total_rows} rows now and had "
-                f"{snap['num_rows']} when the run's snapshot counted them"
-            )
-        for row in found:
+        for row in _appended(snap, field, creds) if snap.get("appended_after") else _streamed(snap, creds):
+            snap["num_rows"] += 1
+            lacking = [name for name in REQUIRED if row.get(name) in (None, "")]
+            if lacking:
+                shown = json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=False)
+                raise SpecError(
+                    field,
+                    f"{snap['table']}{_matching(snap, field)}: row {snap['num_rows']} lacks a column the trainer's "
+                    f"formatter needs (NULL or empty): {', '.join(lacking)}: {shown[:400]}",
+                )
+            value = row.get(snap["time_column"]) if snap["time_column"] else None
+            if value is not None and (largest is None or value > largest):
+                largest = value
             yield {k: _jsonable(v) for k, v in row.items()}
     except _failures() as exc:
         raise _refusal(exc, field, snap["table"], snap["project"], creds, f"{field}_filter", snap["filter"]) from None
+    snap["max_time"] = _text(largest)
+    if snap["num_rows"] == 0 and snap["after"] is None and not snap.get("appended_after"):
+        raise SpecError(field, f"{snap['table']} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
+
+
+def latest(snap: dict, other: str | None) -> str | None:
+    """The later of ``snap``'s ``max_time`` (once its rows are read) and ``other`` (an earlier snapshot's), by the
+    time column's type; None when neither is set."""
+    times = [t for t in (snap["max_time"], other) if t is not None]
+    if not times or not snap["time_type"]:
+        return snap["max_time"] or other
+    return max(times, key=lambda t: _typed(snap["time_type"], t, "max_time"))
+
+
+def _streamed(snap: dict, creds) -> Iterator[dict]:
+    """The session's rows, stream after stream: each stream's first response carries the Arrow schema (the
+    session's; ReadRowsResponse.arrow_schema, storage.proto), each its record batch."""
+    import pyarrow as pa
+
+    reader = read_client(creds)
+    for stream in snap["streams"]:
+        schema = None
+        for response in reader.read_rows(stream):
+            if response._pb.HasField("arrow_schema"):
+                schema = pa.ipc.read_schema(pa.py_buffer(response.arrow_schema.serialized_schema))
+            if not response.row_count:
+                continue
+            if schema is None:
+                raise InfraError(f"{stream}: rows came before their Arrow schema")
+            batch = pa.ipc.read_record_batch(pa.py_buffer(response.arrow_record_batch.serialized_record_batch), schema)
+            yield from batch.to_pylist()
+
+
+def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
+    """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
+    the snapshot's project, with its filter as query parameters."""
+    from google.cloud import bigquery
+
+    tick = timedelta(microseconds=1)
+    start = datetime.fromisoformat(snap["appended_after"]) + tick
+    end = datetime.fromisoformat(snap["snapshot_time"]) + tick
+    params = [
+        bigquery.ScalarQueryParameter("start", "TIMESTAMP", start),
+        bigquery.ScalarQueryParameter("end", "TIMESTAMP", end),
+    ]
+    conditions = []
+    filter_field = f"{field}_filter"
+    for i, (column, value) in enumerate(row_filter(snap["filter"], filter_field)):
+        kind = PARAMETER_TYPES.get(snap["filter_types"][column], snap["filter_types"][column])
+        params.append(bigquery.ScalarQueryParameter(f"f{i}", kind, _typed(kind, value, filter_field, column)))
+        conditions.append(f"{_quoted(column)} = @f{i}")
+    columns = dict.fromkeys([*REQUIRED, *([snap["time_column"]] if snap["time_column"] else [])])
+    where = " WHERE " + " AND ".join(conditions) if conditions else ""
+    sql = f"SELECT {', '.join(map(_quoted, columns))} FROM APPENDS(TABLE {_quoted(snap['table'])}, @start, @end){where}"
+    config = bigquery.QueryJobConfig(query_parameters=params)
+    yield from (dict(row.items()) for row in client(snap["project"], creds).query_and_wait(sql, job_config=config))
+
+
+def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:
+    """Why APPENDS cannot read what was committed since ``since`` (the champion's snapshot): "" when it can."""
+    if (since.get("table"), since.get("filter") or "") != (snap["table"], snap["filter"]):
+        return (
+            f"the champion read {since.get('table')} with the filter {since.get('filter') or ''!r}, not "
+            f"{snap['table']} with {snap['filter']!r}"
+        )
+    if found.table_type != "TABLE":
+        return f"{snap['table']} is a {found.table_type}, and APPENDS reads regular tables only"
+    start = datetime.fromisoformat(since["snapshot_time"])
+    if found.created and found.created > start:
+        return (
+            f"{snap['table']} was created at {_stamp(found.created)}, after the champion's snapshot at "
+            f"{since['snapshot_time']} (recreated or replaced)"
+        )
+    try:
+        hours = bq.get_dataset(snap["table"].rsplit(".", 1)[0]).max_time_travel_hours
+    except _failures() as exc:
+        return f"its dataset's time travel window could not be read ({type(exc).__name__})"
+    window = int(hours or DEFAULT_TRAVEL_HOURS)
+    # A margin for the clocks and the time between this check and the query.
+    if start < datetime.now(UTC) - timedelta(hours=window) + TRAVEL_MARGIN:
+        return (
+            f"the champion's snapshot at {since['snapshot_time']} is past the table's time travel window of {window} "
+            f"hours ({TIME_WINDOW})"
+        )
+    return ""
+
+
+def _table_path(table: str) -> str:
+    """``PROJECT.DATASET.TABLE`` as the Storage Read API names it: ``projects/P/datasets/D/tables/T``."""
+    project, dataset, name = table.rsplit(".", 2)
+    return f"projects/{project}/datasets/{dataset}/tables/{name}"
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _matching(snap: dict, field: str) -> str:
+    return f" matching {field}_filter {snap['filter']!r}" if snap["filter"] else ""
+
+
+def _restriction(snap: dict, time_field: str) -> str:
+    """The session's row_restriction: ``COLUMN = LITERAL`` for each pair of the filter, ``TIME > LITERAL`` for
+    ``after``, joined by AND; "" for none."""
+    conditions = []
+    types = snap.get("filter_types") or {}
+    filter_field = time_field.removesuffix("_time_column") + "_filter"
+    for column, value in row_filter(snap["filter"], filter_field):
+        kind = types[column]
+        conditions.append(f"{_quoted(column)} = {_literal(kind, _typed(kind, value, filter_field, column))}")
+    if snap["after"] is not None:
+        kind = snap["time_type"]
+        conditions.append(f"{_quoted(snap['time_column'])} > {_literal(kind, _typed(kind, snap['after'], time_field))}")
+    return " AND ".join(conditions)
+
+
+def _literal(kind: str, value: Any) -> str:
+    """``value`` (as :func:`_typed` parsed it for a ``kind`` column) as a GoogleSQL literal
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical#literals): a quoted string, an integer,
+    TRUE or FALSE, a finite float, else ``CAST('text' AS TYPE)`` (conversion functions:
+    https://cloud.google.com/bigquery/docs/reference/standard-sql/conversion_functions#cast)."""
+    kind = PARAMETER_TYPES.get(kind, kind)
+    if kind == "STRING":
+        return _string(value)
+    if kind == "BOOL":
+        return "TRUE" if value else "FALSE"
+    if kind == "INT64":
+        return str(int(value))
+    if kind == "FLOAT64" and math.isfinite(value):
+        return repr(float(value))
+    if isinstance(value, datetime):
+        text = (value.astimezone(UTC) if value.tzinfo else value).isoformat(sep=" ")
+    elif isinstance(value, date):
+        text = value.isoformat()
+    else:
+        text = str(value)  # NUMERIC, BIGNUMERIC, a float's inf or nan
+    return f"CAST({_string(text)} AS {kind})"
+
+
+def _string(text: str) -> str:
+    """A GoogleSQL double-quoted string literal: a backslash, a quote and every control character escaped (``\\\\``,
+    ``\\"``, ``\\uXXXX``: https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical#escape_sequences)."""
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
+# roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
+# (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
+READ_SESSION_PERMISSION = "bigquery.readsessions.create"
 ALL_AUTHENTICATED = "allAuthenticatedUsers"  # a specialGroup of a dataset's access list: anyone signed in
 # The special groups of a dataset's access list that stand for the members of a basic role on the dataset's project
 # (Dataset.access.specialGroup: "projectOwners: Owners of the enclosing project", "projectReaders: Readers of the
@@ -269,6 +519,13 @@ def missing_read(table: str, project: str, *, field: str = "train.dataset") -> l
 # "can start a job in the project" (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
 JOB_ROLES = (
     "roles/bigquery.jobUser", "roles/bigquery.user", "roles/bigquery.admin", "roles/viewer", "roles/editor",
+    "roles/owner",
+)  # fmt: skip
+# The roles that hold bigquery.readsessions.create on a project: the predefined ones that grant it
+# (https://cloud.google.com/bigquery/docs/access-control: readSessionUser, user, admin) and the basic ones
+# (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
+READ_SESSION_ROLES = (
+    "roles/bigquery.readSessionUser", "roles/bigquery.user", "roles/bigquery.admin", "roles/viewer", "roles/editor",
     "roles/owner",
 )  # fmt: skip
 # The roles that hold bigquery.tables.getData on a dataset's tables, granted on the dataset or on its project: the
@@ -379,38 +636,6 @@ def _failures() -> tuple[type[Exception], ...]:
     return GoogleAPICallError, GoogleAuthError
 
 
-def _query(bq, sql: str, params: list, page_size: int | None = None):
-    from google.cloud import bigquery
-
-    config = bigquery.QueryJobConfig(query_parameters=params)
-    return bq.query_and_wait(sql, job_config=config, page_size=page_size)
-
-
-def _source(snap: dict) -> str:
-    return f"`{snap['table']}` FOR SYSTEM_TIME AS OF @at"
-
-
-def _where(snap: dict, time_field: str) -> tuple[str, list]:
-    """The query's WHERE clause (empty, or with a leading space) and its parameters: ``@at``, and ``@after`` with
-    the time column's type."""
-    from google.cloud import bigquery
-
-    at = datetime.fromisoformat(snap["snapshot_time"])
-    params = [bigquery.ScalarQueryParameter("at", "TIMESTAMP", at)]
-    conditions = []
-    types = snap.get("filter_types") or {}
-    filter_field = time_field.removesuffix("_time_column") + "_filter"
-    for i, (column, value) in enumerate(row_filter(snap["filter"], filter_field)):
-        kind = PARAMETER_TYPES.get(types[column], types[column])
-        params.append(bigquery.ScalarQueryParameter(f"f{i}", kind, _typed(kind, value, filter_field, column)))
-        conditions.append(f"{_quoted(column)} = @f{i}")
-    if snap["after"] is not None:
-        kind = snap["time_type"]
-        params.append(bigquery.ScalarQueryParameter("after", kind, _typed(kind, snap["after"], time_field)))
-        conditions.append(f"{_quoted(snap['time_column'])} > @after")
-    return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
-
-
 def _typed(kind: str, text: str, field: str, column: str = "") -> Any:
     """``text`` as the Python value of a query parameter of type ``kind`` (a schema type, legacy names too): ``after``
     (the text :func:`_text` wrote) or a filter's value for ``column``; a SpecError naming ``field`` otherwise."""
@@ -492,14 +717,26 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
             [f"roles/bigquery.jobUser on the project {project}, granted to {who or 'the pipeline service account'}",
              "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
         )  # fmt: skip
-    if isinstance(exc, gexc.Forbidden) and reason == "accessDenied":
+    if isinstance(exc, gexc.PermissionDenied) and READ_SESSION_PERMISSION in said:
+        who = _identity(creds)
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may not open BigQuery read sessions in project {project}, where the run reads "
+            f"the table and is billed: {said}",
+            [f"roles/bigquery.readSessionUser on the project {project}, granted to "
+             f"{who or 'the pipeline service account'}",
+             "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
+        )  # fmt: skip
+    # PERMISSION_DENIED is the Storage Read API's refusal (gRPC), accessDenied the REST API's.
+    if isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied"):
         who = _identity(creds)
         dataset = table.rsplit(".", 1)[0]
         return SpecError(
             field,
             f"{who or 'the caller'} may not read {table}: {said}",
-            [f"roles/bigquery.dataViewer on the dataset {dataset} (or the table) and roles/bigquery.jobUser on the "
-             f"project {project}, granted to {who or 'the pipeline service account'}"],
+            [f"roles/bigquery.dataViewer on the dataset {dataset} (or the table) and roles/bigquery.readSessionUser "
+             f"and roles/bigquery.jobUser on the project {project}, granted to "
+             f"{who or 'the pipeline service account'}"],
         )  # fmt: skip
     if isinstance(exc, gexc.BadRequest) and "Invalid snapshot time" in said:
         return SpecError(

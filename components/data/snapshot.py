@@ -287,7 +287,11 @@ def job_project(spec: RunSpec) -> str:
     return spec.train.bigquery_project or spec.gke.project
 
 
-def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str | None) -> tuple[dict, Iterable]:
+def _bigquery(
+    spec: RunSpec, source: str, key: str, when: datetime, since: dict | None, log: Callable[[str], None]
+) -> tuple[dict, Iterable]:
+    """The table's snapshot and its rows, as they are read; with ``since`` (the champion's manifest), only what it
+    did not have: the rows committed since its table snapshot (APPENDS), else those past its ``max_time``."""
     from components.data import bigquery
 
     t = spec.train
@@ -296,8 +300,18 @@ def _bigquery(spec: RunSpec, source: str, key: str, when: datetime, after: str |
     # As of the schedule's time, or a minute ago: BigQuery refuses a time travel into its own future, which a clock
     # a little ahead of its would ask for.
     at = min(when, datetime.now(UTC) - timedelta(minutes=1))
+    after = (since or {}).get("max_time") if since else None
+    champion = ((since or {}).get("train") or {}).get("table") if since else None
     snap = bigquery.snapshot(
-        table, field=key, at=at, filter=bq_filter, time_column=column, after=after, project=job_project(spec)
+        table,
+        field=key,
+        at=at,
+        filter=bq_filter,
+        time_column=column,
+        after=after,
+        since=champion if isinstance(champion, dict) else None,
+        project=job_project(spec),
+        log=log,
     )
     rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
     return snap, rows
@@ -318,10 +332,11 @@ def _side(
         part, hub_rows = hub.side(source, split, field, hub_token, log)
         return part, (check_example(f"{source} {split} row {i}", row, key) for i, row in enumerate(hub_rows, 1))
     if kind == "bigquery":
-        after = (since or {}).get("max_time") if since else None
-        snap, rows = _bigquery(spec, source, key, when, after)
+        snap, rows = _bigquery(spec, source, key, when, since, log)
         part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": 0}
         part["identity"] = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
+        if snap.get("appended_after"):  # the rows committed since then: another read than ``after``'s
+            part["identity"]["appended_after"] = snap["appended_after"]
         return part, iter(rows)
     ready = spec.train.dataset_ready if key == "train.dataset" else ""
     kind, items = list_items(source, key, ready, log)
@@ -514,7 +529,10 @@ def take(
     keys_seen = [f"{item['uri']}#{item['generation']}" for item in part["items"]]
     manifest["seen"] = sorted(set((since or {}).get("seen", [])) | set(keys_seen))
     if part["kind"] == "bigquery":
-        manifest["max_time"] = part["table"].get("max_time") or (since or {}).get("max_time")
+        from components.data import bigquery
+
+        # the newest either saw: rows read by commit time may all be older than the champion's newest
+        manifest["max_time"] = bigquery.latest(part["table"], (since or {}).get("max_time"))
     manifest["num_train_examples"], manifest["num_heldout_examples"] = len(train), len(heldout)
     manifest["duplicates"], manifest["eval_overlap"] = duplicates, overlap
     manifest["fields"] = sorted(fields)

@@ -90,8 +90,10 @@ def splits(dataset: str, train_split: str, eval_split: str) -> tuple[str, str]:
 def row_filter(text: str, field: str = "train.dataset_filter") -> list[tuple[str, str]]:
     """``COLUMN=VALUE[,COLUMN=VALUE...]`` as its (column, value) pairs: the rows kept are those whose every column
     equals its value. No SQL: the column is a name checked here (and against the table's schema at the snapshot), the
-    value reaches BigQuery as a query parameter, never as query text, so a filter cannot read another table (a
-    subquery), call a function or end the statement. A SpecError naming ``field`` otherwise."""
+    value reaches BigQuery as a literal of the column's type that components/data/bigquery.py quotes (a read
+    session's row restriction) or as a query parameter (the APPENDS query), never as text of its own, so a filter
+    cannot read another table (a subquery), call a function or end the statement. A SpecError naming ``field``
+    otherwise."""
     pairs: list[tuple[str, str]] = []
     for part in text.split(",") if text else []:
         column, eq, value = part.partition("=")

@@ -108,18 +108,21 @@ class TrainSpec:
     # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date (components/spec/datasets.py)
     dataset: str = GENERATED_DATASET
     eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
-    # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (query parameters, not SQL)
+    # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (quoted literals, not SQL)
     dataset_filter: str = ""
-    dataset_time_column: str = ""  # bq:// only: the rows' ingestion time, which train.data_since=champion compares
+    # bq:// only: the rows' ingestion time, which train.data_since=champion compares where it cannot read by commit
+    # time (components/data/bigquery.py)
+    dataset_time_column: str = ""
     # gs:// or local train.dataset: the marker a drop's writer puts beside the data when it is complete ("_SUCCESS",
     # as Spark and Hadoop write it); the drop is read only once it is there. Empty: read what is there.
     dataset_ready: str = ""
-    # bq:// only: the project BigQuery's jobs run in and bill (bigquery.jobs.create there); empty: gke.project, else
-    # the table's own (components/data/bigquery.py)
+    # bq:// only: the project BigQuery's read session and jobs are created in and bill (bigquery.readsessions.create,
+    # bigquery.jobs.create there); empty: gke.project, else the table's own (components/data/bigquery.py)
     bigquery_project: str = ""
     # bq:// only: the service account the run's data snapshot reads BigQuery as (Vertex AI's pipeline service account,
     # the KFP runner's Google service account), an email; preflight checks as its caller, and with this also reads the
-    # IAM policies for the account's roles, warning when none lets it run the jobs or read the table. Empty: not read.
+    # IAM policies for the account's roles, warning when none lets it open the read session, run the jobs or read the
+    # table. Empty: not read.
     bigquery_service_account: str = ""
     data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
     train_split: str = "train"  # the dataset's split to train on

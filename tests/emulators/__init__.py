@@ -14,6 +14,8 @@ client libraries run against them (docs/architecture.md, "Tests exercise the rea
 - ``cloudbuild``: Cloud Build's ``google.devtools.cloudbuild.v1.CloudBuild`` gRPC service, builds that progress over
   polls, fail or are cancelled, with their source checked against the storage emulator;
 - ``artifactregistry``: Artifact Registry's GetRepository and CreateRepository (gRPC, with its operations);
+- ``bigquery_storage``: BigQuery's Storage Read API (``BigQueryRead``: read sessions and their streams, gRPC) over
+  the ``bigquery`` emulator's tables;
 - ``resourcemanager``: Resource Manager's ``Projects.GetProject`` (the project number) and ``TestIamPermissions``
   gRPC service;
 - ``serviceusage``: Service Usage's ``GetService`` and ``BatchGetServices`` (which APIs a project has enabled);
@@ -45,9 +47,10 @@ def take_fault(faults: list, lock, method: str, request):
     return None
 
 
-def serve_grpc(services: dict[str, dict[str, tuple]]):
+def serve_grpc(services: dict[str, dict[str, tuple]], streaming: frozenset[str] = frozenset()):
     """Serve ``{service: {method: (deserialize, serialize, handler)}}`` on 127.0.0.1 (plaintext, as Google's
-    emulators do); (the started server, its host:port)."""
+    emulators do); (the started server, its host:port). A method named in ``streaming`` answers a stream (its
+    handler a generator of responses: server streaming)."""
     from concurrent import futures
 
     import grpc
@@ -55,7 +58,7 @@ def serve_grpc(services: dict[str, dict[str, tuple]]):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     for service, methods in services.items():
         handlers = {
-            name: grpc.unary_unary_rpc_method_handler(
+            name: (grpc.unary_stream_rpc_method_handler if name in streaming else grpc.unary_unary_rpc_method_handler)(
                 fn, request_deserializer=deserialize, response_serializer=serialize
             )
             for name, (deserialize, serialize, fn) in methods.items()

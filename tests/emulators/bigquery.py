@@ -138,6 +138,11 @@ QUERY_REQUEST = {
 QUERY_CONFIG = {"query", "useLegacySql", "parameterMode", "queryParameters", "useQueryCache", "priority"}
 
 _VIEWER = frozenset({"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.getData", "bigquery.tables.list"})
+# the Storage Read API's, on the project a read session is created in (roles/bigquery.readSessionUser's; also in
+# roles/bigquery.user and roles/bigquery.admin: https://cloud.google.com/bigquery/docs/access-control)
+_READ_SESSIONS = frozenset(
+    {"bigquery.readsessions.create", "bigquery.readsessions.getData", "bigquery.readsessions.update"}
+)
 _EDITOR = _VIEWER | {"bigquery.tables.create", "bigquery.tables.update", "bigquery.tables.updateData"}
 # Dataset.access's ``role`` "will accept any of the above formats, but will return only the legacy format": OWNER for
 # roles/bigquery.dataOwner, WRITER for roles/bigquery.dataEditor, READER for roles/bigquery.dataViewer
@@ -163,14 +168,25 @@ ROLES: dict[str, frozenset[str]] = {
     "roles/bigquery.dataEditor": _EDITOR,
     "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete"},
     "roles/bigquery.jobUser": frozenset({"bigquery.jobs.create"}),
-    "roles/bigquery.user": frozenset({"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"}),
-    "roles/bigquery.admin": _EDITOR | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get"},
+    "roles/bigquery.readSessionUser": _READ_SESSIONS,
+    "roles/bigquery.user": _READ_SESSIONS | {"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"},
+    "roles/bigquery.admin": _EDITOR
+    | _READ_SESSIONS
+    | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get"},
 }
 # the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
 # names the REST API answers with, and the GoogleSQL names
 LEGACY = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN"}
 STANDARD = {"INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL"}
 TYPES = {"STRING", "INT64", "FLOAT64", "BOOL", "TIMESTAMP", "DATE", "DATETIME"}
+# the columns APPENDS adds to the table's: "_CHANGE_TYPE: a STRING value indicating the type of change that produced
+# the row. For APPENDS, the only supported value is INSERT"; "_CHANGE_TIMESTAMP: a TIMESTAMP value indicating the
+# commit time of the transaction that made the change"
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends)
+CHANGE_COLUMNS = (
+    {"name": "_CHANGE_TYPE", "type": "STRING", "mode": "NULLABLE"},
+    {"name": "_CHANGE_TIMESTAMP", "type": "TIMESTAMP", "mode": "NULLABLE"},
+)
 ORDERED = {"STRING", "INT64", "FLOAT64", "BOOL", "TIMESTAMP", "DATE", "DATETIME"}
 NUMERIC = {"INT64", "FLOAT64"}
 TEMPORAL = {"TIMESTAMP", "DATE", "DATETIME"}
@@ -312,7 +328,13 @@ class Token:
 
 
 def _unescape(body: str) -> str:
-    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m[1], m[1]), body)
+    """A literal's or quoted name's body with its escape sequences read: ``\\uXXXX`` and the single characters
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/lexical#escape_sequences)."""
+    return re.sub(
+        r"\\(u[0-9A-Fa-f]{4}|.)",
+        lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5 else _ESCAPES.get(m[1], m[1]),
+        body,
+    )
 
 
 class Query:
@@ -323,6 +345,7 @@ class Query:
         self.sql = sql
         self.tokens = self._tokens(sql)
         self.i = 0
+        self.appends: tuple | None = None
         self.select = self._select()
         self.table, self.table_offset = self._table()
         self.as_of = self._expression() if self._words("FOR", "SYSTEM_TIME", "AS", "OF") else None
@@ -331,6 +354,19 @@ class Query:
         self._accept("op", ";")
         if self.peek().kind != "end":
             raise self._unexpected(self.peek())
+
+    @classmethod
+    def restriction(cls, text: str) -> Query:
+        """A read session's ``row_restriction`` ("SQL text filtering statement, similar to a WHERE clause in a query",
+        TableReadOptions, google/cloud/bigquery/storage/v1/stream.proto), parsed as a WHERE clause's condition:
+        ``where`` (None for an empty one)."""
+        q = cls.__new__(cls)
+        q.sql, q.tokens, q.i = text, q._tokens(text), 0
+        q.select, q.table, q.table_offset, q.as_of, q.appends, q.limit = None, [], 0, None, None, None
+        q.where = q._expression() if q.peek().kind != "end" else None
+        if q.peek().kind != "end":
+            raise q._unexpected(q.peek())
+        return q
 
     def at(self, offset: int) -> str:
         """BigQuery's position of an error: `` at [line:column]``, both from 1."""
@@ -428,6 +464,23 @@ class Query:
         return token
 
     def _table(self) -> tuple[list[str], int]:
+        """The FROM's table: a path, or ``APPENDS(TABLE path[, start[, end]])`` (``appends``: its two bounds,
+        NULL where left out: https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends,
+        "start_timestamp DEFAULT NULL, end_timestamp DEFAULT NULL")."""
+        if self.peek().word() != "APPENDS" or self.tokens[self.i + 1].text != "(":
+            return self._path()
+        self.i += 2
+        self._expect("TABLE")
+        path, offset = self._path()
+        bounds = []
+        while len(bounds) < 2 and self._accept("op", ","):
+            bounds.append(self._expression())
+        self._expect(")")
+        null = ("literal", "NULL", None, offset)
+        self.appends = (*bounds, null, null)[:2]
+        return path, offset
+
+    def _path(self) -> tuple[list[str], int]:
         first = self._name()
         parts = [_unescape(first.text[1:-1]) if first.kind == "quoted" else first.text]
         while self._accept("op", "."):
@@ -512,6 +565,23 @@ class Query:
             return ("literal", "BOOL", word == "TRUE", token.offset)
         if word == "NULL":
             return ("literal", "NULL", None, token.offset)
+        if word == "CAST" and self.peek().text == "(":  # CAST('text' AS TYPE), a string literal's only
+            # (https://cloud.google.com/bigquery/docs/reference/standard-sql/conversion_functions#cast)
+            self.i += 1
+            literal = self._next()
+            if literal.kind != "string":
+                raise _unsupported("CAST of anything but a string literal", self.at(literal.offset))
+            self._expect("AS")
+            name = self._next().text.upper()
+            kind = STANDARD.get(name, name)
+            self._expect(")")
+            if kind not in TYPES:
+                raise _unsupported(f"CAST to {name}", self.at(token.offset))
+            text = _unescape(literal.text[1:-1])
+            try:
+                return ("literal", kind, parse_value(kind, text), token.offset)
+            except ValueError:
+                raise _invalid(f'Could not cast literal "{text}" to type {kind}{self.at(literal.offset)}') from None
         if word in TEMPORAL and self.peek().kind == "string":
             text = _unescape(self._next().text[1:-1])
             try:
@@ -641,6 +711,14 @@ class Compiled:
         return kind, fn
 
 
+def _bound(compiled: Compiled, e: tuple, q: Query) -> int | None:
+    """One of APPENDS' bounds: a TIMESTAMP (microseconds) or NULL (None)."""
+    kind, fn = compiled.compile(e)
+    if kind not in ("TIMESTAMP", "NULL"):
+        raise _invalid(f"APPENDS takes a TIMESTAMP, not {kind}{q.at(e[-1])}")
+    return fn([])
+
+
 def _count_true(test: Callable[[list], Any], rows: list[list]) -> int:
     return sum(test(r) is True for r in rows)
 
@@ -658,6 +736,7 @@ class Version:
     values: list
     start: int
     end: int | None = None
+    appended: bool = True  # made by an insert (APPENDS' change history), not by an update
 
     def visible(self, at: int) -> bool:
         return self.start <= at and (self.end is None or at < self.end)
@@ -764,7 +843,7 @@ class BigQueryEmulator(HttpEmulator):
             for version in changed:
                 version.end = now
                 values = [replaced.get(i, value) for i, value in enumerate(version.values)]
-                t.versions.append(Version(values, now))
+                t.versions.append(Version(values, now, appended=False))
             t.modified = max(t.modified, now)
             return len(changed)
 
@@ -968,6 +1047,9 @@ class BigQueryEmulator(HttpEmulator):
             "datasetReference": {"projectId": project, "datasetId": dataset},
             "location": d.location,
             "access": access,
+            # int64 as a string, as the REST API writes int64 (Dataset.maxTimeTravelHours:
+            # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
+            "maxTimeTravelHours": str(d.travel_hours),
         }
 
     def _tables_testIamPermissions(self, member, args, query, body) -> dict:
@@ -1133,9 +1215,14 @@ class BigQueryEmulator(HttpEmulator):
         t = d.tables.get(name)
         if t is None:
             raise _not_found(f"Not found: Table {table_name} was not found in location {d.location}")
-        columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(t.schema)}
+        schema = [*t.schema, *CHANGE_COLUMNS] if q.appends is not None else t.schema
+        columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(schema)}
         compiled = Compiled(q, columns, params)
         at = now
+        if q.appends is not None:
+            if q.as_of is not None:
+                raise _unsupported("FOR SYSTEM_TIME AS OF with APPENDS", q.at(offset))
+            rows = self._appends(q, Compiled(q, {}, params), t, d, table_name, now)
         if q.as_of is not None:
             kind, fn = Compiled(q, {}, params).compile(q.as_of)
             if kind == "STRING" and q.as_of[0] == "literal":  # a string literal where a TIMESTAMP is expected
@@ -1152,15 +1239,43 @@ class BigQueryEmulator(HttpEmulator):
             if at > now:
                 raise _invalid(f"FOR SYSTEM_TIME AS OF {_iso(at)} is in the future (the emulator's refusal)")
         where = compiled.condition(q.where, "WHERE") if q.where is not None else (lambda row: True)
-        rows = [v.values for v in t.versions if v.visible(at) and where(v.values) is True]
+        if q.appends is None:
+            rows = [v.values for v in t.versions if v.visible(at)]
+        rows = [r for r in rows if where(r) is True]
         if q.select is None:
-            job.fields = [{**c, "type": LEGACY.get(c["type"], c["type"])} for c in t.schema]
-            job.types = [c["type"] for c in t.schema]
+            job.fields = [{**c, "type": LEGACY.get(c["type"], c["type"])} for c in schema]
+            job.types = [c["type"] for c in schema]
             job.rows = [list(r) for r in rows]
         else:
             self._aggregate(job, q, compiled, rows)
         if q.limit is not None:
             job.rows = job.rows[: q.limit]
+
+    @staticmethod
+    def _appends(q: Query, bounds: Compiled, t: Table, d: Dataset, table_name: str, now: int) -> list[list]:
+        """APPENDS' rows: each row an insert committed in ``[start, end)``, with ``_CHANGE_TYPE`` and
+        ``_CHANGE_TIMESTAMP`` (https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends:
+        "start_timestamp: ... the earliest time at which a change is included in the output. If the value is NULL,
+        all changes since the table creation are returned. If the table was created after the start_timestamp value,
+        the actual table creation time is used instead. An error is returned if the time specified is earlier than
+        allowed by time travel, or if the table was created earlier than allowed by time travel if the
+        start_timestamp value is NULL"; "end_timestamp: ... the latest time at which a change is included in the
+        output, exclusive. If NULL, all changes up to the start of the query are included"). A row inserted then
+        deleted is still there; an update adds none ("Records of inserted rows persist even if that data is later
+        deleted. Deletions aren't reflected in the APPENDS function. ... If a row is modified due to an UPDATE
+        operation, there's no effect": https://cloud.google.com/bigquery/docs/change-history). The refusal's wording
+        is the emulator's."""
+        assert q.appends is not None
+        start, end = (_bound(bounds, e, q) for e in q.appends)
+        earliest = now - d.travel_hours * 3_600_000_000
+        if (t.created if start is None else start) < earliest:
+            raise _invalid(
+                f"APPENDS of table {table_name} cannot read changes before {_iso(earliest)}, the start of its time "
+                f"travel window ({d.travel_hours} hours)"
+            )
+        start = t.created if start is None else max(start, t.created)
+        end = now if end is None else end
+        return [[*v.values, "INSERT", v.start] for v in t.versions if v.appended and start <= v.start < end]
 
     @staticmethod
     def _aggregate(job: Job, q: Query, compiled: Compiled, rows: list[list]) -> None:

@@ -16,10 +16,12 @@ from pathlib import Path
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.data.bigquery import EMULATOR_HOST_ENV as BIGQUERY_EMULATOR_HOST_ENV
+from components.data.bigquery import STORAGE_EMULATOR_HOST_ENV as BIGQUERY_STORAGE_EMULATOR_HOST_ENV
 from components.platforms.gke.cloud.control_plane import DNS_CA_ENV
 from components.spec import names
 from tests.emulators.artifactregistry import ArtifactRegistryEmulator
 from tests.emulators.bigquery import BigQueryEmulator
+from tests.emulators.bigquery_storage import BigQueryStorageEmulator
 from tests.emulators.cloudbuild import CloudBuildEmulator
 from tests.emulators.compute import ComputeEmulator
 from tests.emulators.gke import ClusterManagerEmulator
@@ -221,6 +223,9 @@ def start_project(tmp_path, fault: str = "", ray: bool = False, polls_to_done: i
     project.bigquery = BigQueryEmulator(token=token)  # the datasets' tables (train.dataset=bq://...)
     env[BIGQUERY_EMULATOR_HOST_ENV] = project.bigquery.start()
     project.extras.append(project.bigquery)
+    project.bigquery_storage = BigQueryStorageEmulator(project.bigquery)  # its Storage Read API, the same tables
+    env[BIGQUERY_STORAGE_EMULATOR_HOST_ENV] = project.bigquery_storage.start()
+    project.extras.append(project.bigquery_storage)
     if vertex:
         _add_vertex(project, tmp_path)
     else:

@@ -286,3 +286,34 @@ def test_datasets_get_answers_conditional_access_entries_as_access_policy_versio
     assert refused.value.code == 400 and "access policy version 2" in json.load(refused.value)["error"]["message"]
     with pytest.raises(exceptions.Forbidden):
         client(bq, bq.token_for(viewer)).get_table(TABLE)
+
+
+def test_appends_returns_the_rows_inserted_in_its_window_by_commit_time(bq):
+    """APPENDS: start inclusive, end exclusive, NULL the table's creation and the query's start; a row inserted then
+    deleted is still there, an update adds none; _CHANGE_TYPE and _CHANGE_TIMESTAMP are its columns; a start past the
+    dataset's time travel window is refused; a table created after the start starts at its creation."""
+    first, second = NOW - DAY, NOW - DAY / 2
+    bq.insert(TABLE, [_row(10, NOW - 9 * DAY)], at=first)  # committed late with an old ts
+    bq.insert(TABLE, [_row(11, NOW)], at=second)
+    bq.delete(TABLE, lambda r: r["n"] == 11, at=NOW - DAY / 4)
+    bq.update(TABLE, lambda r: r["n"] == 0, {"response": "zero"}, at=NOW - DAY / 4)
+    sql = f"SELECT n, _CHANGE_TYPE, _CHANGE_TIMESTAMP FROM APPENDS(TABLE `{TABLE}`, @start, @end)"
+    window = query(bq, sql, start=("TIMESTAMP", first), end=("TIMESTAMP", second))
+    assert window == [{"n": 10, "_CHANGE_TYPE": "INSERT", "_CHANGE_TIMESTAMP": first}]  # second: excluded
+    after = query(bq, sql, start=("TIMESTAMP", first + timedelta(microseconds=1)), end=("TIMESTAMP", None))
+    assert [r["n"] for r in after] == [11]  # deleted since, still an append; the update is none
+    everything = query(bq, f"SELECT n FROM APPENDS(TABLE `{TABLE}`, NULL, NULL) WHERE n < @m", m=("INT64", 11))
+    assert [r["n"] for r in everything] == [0, 1, 2, 3, 4, 10]
+    with pytest.raises(exceptions.BadRequest, match="cannot read changes before .* time travel window"):
+        query(bq, sql, start=("TIMESTAMP", NOW - 8 * DAY), end=("TIMESTAMP", None))
+    bq.drop_table(TABLE)
+    bq.create_table(TABLE, SCHEMA, at=NOW - DAY / 8)
+    bq.insert(TABLE, [_row(20, NOW)], at=NOW - DAY / 8)
+    assert [r["n"] for r in query(bq, sql, start=("TIMESTAMP", first), end=("TIMESTAMP", None))] == [20]
+
+
+def test_datasets_get_answers_the_time_travel_window(bq):
+    """An int64 in the REST API's JSON is a string; the client hands it on as it is."""
+    bq.create_dataset(f"{PROJECT}.short", max_time_travel_hours=48)
+    assert client(bq).get_dataset(f"{PROJECT}.short").max_time_travel_hours == "48"
+    assert client(bq).get_dataset(f"{PROJECT}.examples").max_time_travel_hours == "168"

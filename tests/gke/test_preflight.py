@@ -403,22 +403,32 @@ def test_a_dataset_in_a_bucket_the_caller_may_not_read_is_a_problem_naming_the_r
     assert "train.dataset: the caller may list and read gs://acme-sft" in text, text
 
 
-def test_a_bigquery_dataset_needs_jobs_where_the_run_bills_and_read_on_the_table(project_factory, capsys):
-    """A table in another project: the data snapshot's queries are jobs of the run's project (gke.project), so
-    preflight asks that project for bigquery.jobs.create (projects.testIamPermissions) and the table for read
+def test_a_bigquery_dataset_needs_a_read_session_where_the_run_bills_and_read_on_the_table(project_factory, capsys):
+    """A table in another project: the data snapshot's read session (and, with train.data_since=champion, its APPENDS
+    query job) is created in the run's project (gke.project), so preflight asks that project for
+    bigquery.readsessions.create (and bigquery.jobs.create) (projects.testIamPermissions) and the table for read
     (BigQuery's tables.testIamPermissions), wherever the table is."""
     project = project_factory()
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
     data = "train.dataset=bq://acme-data-1.sft.examples"
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
-    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert f"train.dataset: as the caller, may open BigQuery read sessions in project {PROJECT} (billed there)" in text
     assert "train.dataset: as the caller, may read acme-data-1.sft.examples" in text
-    project.projects.deny("bigquery.jobs.create")
-    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    assert "BigQuery jobs" not in text  # no query: no job
+    since = " train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
+    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    project.projects.deny("bigquery.readsessions.create", "bigquery.jobs.create")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
     assert code == 2
     assert (
+        f"gke.project: the caller lacks bigquery.readsessions.create in project {PROJECT}, where the data snapshot's "
+        "BigQuery read session reading acme-data-1.sft.examples is created and billed: grant "
+        "roles/bigquery.readSessionUser"
+    ) in text
+    assert (
         f"gke.project: the caller lacks bigquery.jobs.create in project {PROJECT}, where the data snapshot's BigQuery "
-        "jobs reading acme-data-1.sft.examples run and bill: grant roles/bigquery.jobUser"
+        "APPENDS query reading acme-data-1.sft.examples is created and billed: grant roles/bigquery.jobUser"
     ) in text
     assert project.mutations() == []
 
@@ -484,11 +494,11 @@ def test_a_bigquery_dataset_checks_the_pipelines_service_account_from_the_iam_po
     data = f"train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account}"
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert code == 0, text
-    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert f"train.dataset: as the caller, may open BigQuery read sessions in project {PROJECT} (billed there)" in text
     assert "train.dataset: as the caller, may read acme-data-1.sft.examples" in text
     assert (
         f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that "
-        f"may run BigQuery jobs in project {PROJECT} (of roles/bigquery.jobUser, "
+        f"may open BigQuery read sessions in project {PROJECT} (of roles/bigquery.readSessionUser, "
     ) in text
     assert (
         f"{account}, whom the data snapshot runs as, holds no role that may read acme-data-1.sft.examples on the "
@@ -497,7 +507,9 @@ def test_a_bigquery_dataset_checks_the_pipelines_service_account_from_the_iam_po
     project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
     project.bigquery.grant(f"serviceAccount:{account}", "roles/bigquery.dataViewer", "acme-data-1.sft")
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
-    assert f"train.dataset: {account} may run BigQuery jobs (roles/bigquery.user in project {PROJECT})" in text, text
+    assert f"train.dataset: {account} may open BigQuery read sessions (roles/bigquery.user in project {PROJECT})" in (
+        text
+    ), text
     assert (  # the dataset's access list names the role in its legacy form, as BigQuery returns it
         f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)"
     ) in text
@@ -526,7 +538,7 @@ def test_a_pipeline_account_reading_through_its_projects_viewer_role_is_seen_by_
 
 
 def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_counted_and_named(project_factory, capsys):
-    """Running jobs granted on the project, and reading granted on the dataset, each only under an IAM condition:
+    """Read sessions granted on the project, and reading granted on the dataset, each only under an IAM condition:
     neither is counted, and each warning names the role and the condition's title. The dataset's access list is read
     at accessPolicyVersion=3, the only version at which BigQuery answers an entry's condition; the same roles granted
     without a condition pass."""
@@ -535,14 +547,15 @@ def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_count
     account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
     member = f"serviceAccount:{account}"
     office = {"title": "office-hours", "expression": "request.time.getHours('Europe/Berlin') < 18"}
-    project.projects.grant(PROJECT, "roles/bigquery.jobUser", member, condition=office)
+    project.projects.grant(PROJECT, "roles/bigquery.readSessionUser", member, condition=office)
     project.bigquery.grant(member, "roles/bigquery.dataViewer", "acme-data-1.sft", condition=office)
     data = f"train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account}"
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert code == 0, text
     assert (
-        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, may run BigQuery jobs "
-        f"in project {PROJECT} only under an IAM condition: roles/bigquery.jobUser (under the condition "
+        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, may open BigQuery read "
+        f"sessions in project {PROJECT} only under an IAM condition: roles/bigquery.readSessionUser (under the "
+        "condition "
         "'office-hours'): IAM grants it only to the requests the condition holds for, which preflight does not "
         "evaluate; make sure it admits the run's requests (its dataset, its dates)"
     ) in text, text
@@ -553,7 +566,7 @@ def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_count
     (asked,) = [query for method, query, _ in project.bigquery.bodies if method == "datasets.get"]
     assert asked.get("accessPolicyVersion") == "3"
     assert set(project.projects.policy_versions) == {3}
-    project.projects.grant(PROJECT, "roles/bigquery.jobUser", member)
+    project.projects.grant(PROJECT, "roles/bigquery.readSessionUser", member)
     project.bigquery.grant(member, "roles/bigquery.dataViewer", "acme-data-1.sft")
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert code == 0 and "train.bigquery_service_account" not in text, text

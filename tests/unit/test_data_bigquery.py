@@ -11,8 +11,9 @@ import pytest
 
 from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.data import bigquery as data
-from components.spec import InfraError, SpecError
+from components.spec import SpecError
 from tests.emulators.bigquery import BigQueryEmulator
+from tests.emulators.bigquery_storage import BigQueryStorageEmulator
 
 PROJECT, TOKEN = "tpupipe-data", "t0ken"
 TABLE = f"{PROJECT}.examples.dolly"
@@ -35,12 +36,15 @@ class Clock:
 @pytest.fixture
 def bq(monkeypatch):
     emulator = BigQueryEmulator(token=TOKEN, clock=Clock())
+    emulator.storage = BigQueryStorageEmulator(emulator)  # the Storage Read API over the same tables
     monkeypatch.setenv(data.EMULATOR_HOST_ENV, emulator.start())
+    monkeypatch.setenv(data.STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
     monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)  # credentials(): the emulators' static token
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, TOKEN)
     emulator.create_table(TABLE, SCHEMA, at=NOW - 48 * HOUR)
     emulator.insert(TABLE, [example(n, NOW - 24 * HOUR) for n in range(10)], at=NOW - 24 * HOUR)
     yield emulator
+    emulator.storage.stop()
     emulator.stop()
 
 
@@ -88,61 +92,108 @@ def test_a_malformed_table_uri_is_a_spec_error_naming_the_field(uri, error):
     assert raised.value.field == FIELD
 
 
-def test_a_snapshot_counts_the_rows_and_reads_them_back_as_json(bq):
+def session(bq) -> object:
+    """The read session the emulator created last (its CreateReadSessionRequest, its parent)."""
+    return list(bq.storage.sessions.values())[-1]
+
+
+def test_a_snapshot_opens_one_read_session_and_streams_its_rows_as_json(bq):
     at = datetime.now(UTC)
     got = snap(at=at, time_column="ingested")
-    assert got == {
+    assert {k: v for k, v in got.items() if k not in ("session", "streams")} == {
         "table": TABLE,
         "project": PROJECT,
         "snapshot_time": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
-        "num_rows": 10,
+        "num_rows": 0,  # counted as the rows are read
         "fields": ["instruction", "response", "category", "ingested"],
         "filter": "",
         "filter_types": {},
         "time_column": "ingested",
         "time_type": "TIMESTAMP",
         "after": None,
-        "max_time": (NOW - 24 * HOUR).isoformat().replace("+00:00", "Z"),
+        "max_time": None,
     }
-    assert bq.calls == ["tables.get", "jobs.query"]
+    assert bq.calls == ["tables.get"] and bq.storage.calls == ["CreateReadSession"]  # no query, no scan
+    request = session(bq).request
+    assert request.parent == f"projects/{PROJECT}" and request.max_stream_count == data.STREAMS
+    assert request.read_session.table == "projects/tpupipe-data/datasets/examples/tables/dolly"
+    assert request.read_session.table_modifiers.snapshot_time == at
+    assert list(request.read_session.read_options.selected_fields) == ["instruction", "response", "ingested"]
+    assert got["session"] == session(bq).name and got["streams"] == list(session(bq).streams)
     rows = read(got)
     assert rows[3] == {
         "instruction": "Say 3.",
         "response": "3",
-        "category": "math",
         "ingested": (NOW - 24 * HOUR).isoformat().replace("+00:00", "Z"),
     }
     assert [r["response"] for r in rows] == [str(n) for n in range(10)]
+    assert got["num_rows"] == 10 and got["max_time"] == (NOW - 24 * HOUR).isoformat().replace("+00:00", "Z")
+    assert bq.calls == ["tables.get"]
     filtered = snap(filter="category=math")
-    assert filtered["num_rows"] == 5 and [r["response"] for r in read(filtered)] == ["1", "3", "5", "7", "9"]
+    assert [r["response"] for r in read(filtered)] == ["1", "3", "5", "7", "9"] and filtered["num_rows"] == 5
+    assert session(bq).request.read_session.read_options.row_restriction == '`category` = "math"'
     both = snap(filter="category=math, response=3")  # every pair must hold
-    assert both["num_rows"] == 1 and [r["response"] for r in read(both)] == ["3"]
-    # The values are query parameters, not SQL: a value that reads as SQL is only a value no row has.
-    for value in ("math' OR 'a'='a", "x'; DELETE FROM t; --"):
-        with pytest.raises(SpecError, match="has no rows matching"):
-            snap(filter=f"category={value}")
+    assert [r["response"] for r in read(both)] == ["3"]
+    assert session(bq).request.read_session.read_options.row_restriction == '`category` = "math" AND `response` = "3"'
+    # A value is a quoted literal, never SQL: a value that reads as SQL is only a value no row has.
+    for value in ("math' OR 'a'='a", 'math" OR "a"="a', "x'; DELETE FROM t; --", "math\\"):
+        with pytest.raises(SpecError, match="has no rows matching") as raised:
+            read(snap(filter=f"category={value}"))
+        assert raised.value.field == FIELD
 
 
-def test_a_snapshot_read_later_yields_the_rows_it_counted(bq):
+def test_a_filter_value_is_a_literal_of_its_columns_type(bq):
+    """Each type a filter compares is sent as a literal of it, quotes, backslashes and line breaks escaped, and
+    matches the row that holds that value, and only it."""
+    typed = f"{PROJECT}.examples.typed_filters"
+    schema = [("instruction", "STRING"), ("response", "STRING"), ("n", "INT64"), ("x", "FLOAT64"), ("ok", "BOOL"),
+              ("day", "DATE"), ("at", "TIMESTAMP"), ("local", "DATETIME")]  # fmt: skip
+    bq.create_table(typed, schema, at=NOW - 2 * HOUR)
+    odd = 'a "quoted" \\ back\nslash'
+    rows = [
+        {"instruction": "i", "response": odd, "n": 7, "x": 2.5, "ok": True, "day": datetime(2026, 1, 2).date(),
+         "at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "local": datetime(2026, 1, 2, 3, 4, 5)},
+        {"instruction": "i", "response": "other", "n": 8, "x": 3.5, "ok": False, "day": datetime(2026, 1, 3).date(),
+         "at": datetime(2026, 1, 3, tzinfo=UTC), "local": datetime(2026, 1, 3)},
+    ]  # fmt: skip
+    bq.insert(typed, rows, at=NOW - HOUR)
+    for pair in ("n=7", "x=2.5", "ok=true", "day=2026-01-02", "at=2026-01-02T03:04:05Z", "local=2026-01-02T03:04:05"):
+        pinned = data.snapshot(typed, field=FIELD, at=datetime.now(UTC), filter=pair)
+        assert [r["response"] for r in read(pinned)] == [odd], pair
+    assert session(bq).request.read_session.read_options.row_restriction == (
+        '`local` = CAST("2026-01-02 03:04:05" AS DATETIME)'
+    )
+    quoted = data.snapshot(typed, field=FIELD, at=datetime.now(UTC), filter=f"response={odd}")
+    assert [r["response"] for r in read(quoted)] == [odd]
+    assert session(bq).request.read_session.read_options.row_restriction == (
+        '`response` = "a \\"quoted\\" \\\\ back\\u000aslash"'
+    )
+
+
+def test_a_snapshot_read_later_yields_the_rows_as_of_its_time(bq):
     pinned = snap(time_column="ingested")
     bq.insert(TABLE, [example(n, datetime.now(UTC)) for n in range(10, 15)])
     bq.update(TABLE, lambda r: r["response"] == "1", {"response": "one"})
     bq.delete(TABLE, lambda r: r["response"] == "2")
     assert [r["response"] for r in read(pinned)] == [str(n) for n in range(10)]
-    assert snap()["num_rows"] == 14  # the table now
+    assert len(read(snap())) == 14  # the table now
 
 
-def test_after_counts_and_reads_only_the_newer_rows(bq):
+def test_after_reads_only_the_newer_rows(bq):
     first = snap(time_column="ingested")
+    read(first)
     nothing_new = snap(time_column="ingested", after=first["max_time"])
-    assert nothing_new["num_rows"] == 0 and nothing_new["max_time"] is None  # no error: the caller skips the run
-    assert read(nothing_new) == []
+    assert read(nothing_new) == []  # no error: the caller skips the run
+    assert nothing_new["num_rows"] == 0 and nothing_new["max_time"] is None
     later = NOW - HOUR
     bq.insert(TABLE, [example(n, later) for n in range(10, 13)], at=later)
     second = snap(time_column="ingested", after=first["max_time"])
+    assert [r["response"] for r in read(second)] == ["10", "11", "12"]
     assert second["num_rows"] == 3 and second["after"] == first["max_time"]
     assert second["max_time"] == later.isoformat().replace("+00:00", "Z")
-    assert [r["response"] for r in read(second)] == ["10", "11", "12"]
+    assert session(bq).request.read_session.read_options.row_restriction == (
+        f'`ingested` > CAST("{(NOW - 24 * HOUR).isoformat(sep=" ")}" AS TIMESTAMP)'
+    )
     only_math = snap(time_column="ingested", after=first["max_time"], filter="category=math")
     assert [r["response"] for r in read(only_math)] == ["11"]
 
@@ -158,19 +209,22 @@ def test_after_reads_any_ingestion_column_type(bq, kind):
     bq.create_table(table, [("instruction", "STRING"), ("response", "STRING"), ("seq", kind)], at=NOW - 2 * HOUR)
     bq.insert(table, [{"instruction": "i", "response": "r", "seq": v} for v in values[:2]], at=NOW - HOUR)
     first = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq")
+    read(first)
     assert first["time_type"] == kind and first["max_time"] == str(data._jsonable(values[1]))
     bq.insert(table, [{"instruction": "i", "response": "new", "seq": values[2]}])
     second = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq", after=first["max_time"])
-    assert second["num_rows"] == 1 and [r["response"] for r in read(second)] == ["new"]
+    assert [r["response"] for r in read(second)] == ["new"] and second["num_rows"] == 1
 
 
-def test_the_rows_come_page_by_page(bq):
+def test_the_rows_come_stream_after_stream_a_batch_at_a_time(bq):
     bq.insert(TABLE, [example(n, NOW - 2 * HOUR) for n in range(10, 2500)], at=NOW - 2 * HOUR)
+    bq.storage.batch_rows = 200
     pinned = snap()
-    bq.calls.clear()
-    rows = read(pinned, page_size=1000)
-    assert [r["response"] for r in rows] == [str(n) for n in range(2500)]
-    assert bq.calls == ["jobs.query", "jobs.get", "jobs.getQueryResults", "jobs.getQueryResults"]
+    assert len(pinned["streams"]) == data.STREAMS
+    rows = data.rows(pinned, field=FIELD)
+    assert next(rows)["response"] == "0" and bq.storage.calls == ["CreateReadSession", "ReadRows"]  # as they come
+    assert [r["response"] for r in rows] == [str(n) for n in range(1, 2500)]
+    assert bq.storage.calls == ["CreateReadSession"] + ["ReadRows"] * data.STREAMS and bq.jobs == {}
 
 
 def test_a_missing_table_or_dataset_is_a_spec_error(bq):
@@ -187,32 +241,32 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
         snap()
     assert raised.value.field == FIELD
     assert any("roles/bigquery.dataViewer on the dataset tpupipe-data.examples" in v for v in raised.value.valid)
-    assert any("roles/bigquery.jobUser on the project tpupipe-data" in v for v in raised.value.valid)
+    assert any("roles/bigquery.readSessionUser and roles/bigquery.jobUser on the project tpupipe-data" in v
+               for v in raised.value.valid)  # fmt: skip
     bq.grant(member, "roles/bigquery.metadataViewer", f"{PROJECT}.examples")
-    with pytest.raises(SpecError, match="may not run BigQuery jobs in project tpupipe-data") as raised:
-        snap()  # the schema read, the query refused: no bigquery.jobs.create where it runs
-    assert any("roles/bigquery.jobUser on the project tpupipe-data" in v for v in raised.value.valid)
-    bq.grant(member, "roles/bigquery.jobUser", PROJECT)
-    with pytest.raises(SpecError, match="permission to query table"):
+    with pytest.raises(SpecError, match="may not open BigQuery read sessions in project tpupipe-data") as raised:
+        snap()  # the schema read, the session refused: no bigquery.readsessions.create where it is billed
+    assert "'bigquery.readsessions.create' permission for 'projects/tpupipe-data'" in str(raised.value)
+    assert any("roles/bigquery.readSessionUser on the project tpupipe-data" in v for v in raised.value.valid)
+    bq.grant(member, "roles/bigquery.readSessionUser", PROJECT)
+    with pytest.raises(SpecError, match="may not read .*Permission bigquery.tables.getData denied"):
         snap()
     bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
-    assert snap()["num_rows"] == 10
+    assert len(read(snap())) == 10 and bq.jobs == {}
 
 
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
     with pytest.raises(SpecError, match="has no rows matching train.dataset_filter 'category=none'") as raised:
-        snap(filter="category=none")
+        read(snap(filter="category=none"))
     assert raised.value.field == FIELD
     empty = f"{PROJECT}.examples.empty"
     bq.create_table(empty, SCHEMA, at=NOW - HOUR)
     with pytest.raises(SpecError, match="has no rows as of"):
-        data.snapshot(empty, field=FIELD, at=datetime.now(UTC))
-    assert (
-        data.snapshot(empty, field=FIELD, at=datetime.now(UTC), time_column="ingested", after="2026-01-01T00:00:00Z")[
-            "num_rows"
-        ]
-        == 0
+        read(data.snapshot(empty, field=FIELD, at=datetime.now(UTC)))
+    after = data.snapshot(
+        empty, field=FIELD, at=datetime.now(UTC), time_column="ingested", after="2026-01-01T00:00:00Z"
     )
+    assert read(after) == [] and after["num_rows"] == 0
 
 
 def test_rows_without_what_the_formatter_needs_are_named(bq):
@@ -230,11 +284,10 @@ def test_rows_without_what_the_formatter_needs_are_named(bq):
         TABLE, [example(10, NOW, response=None), example(11, NOW, response=""), example(12, NOW, instruction=None)]
     )
     with pytest.raises(SpecError) as raised:
-        snap()
+        read(snap())
     assert raised.value.field == FIELD
-    assert "of its 13 rows, some lack a column the trainer's formatter needs (NULL or empty)" in str(raised.value)
-    assert "(NULL or empty): instruction in 1, response in 2; the first found" in str(raised.value)
-    assert 'the first found: {"instruction": "Say 10.", "response": null' in str(raised.value)
+    assert "row 11 lacks a column the trainer's formatter needs (NULL or empty): response" in str(raised.value)
+    assert '{"instruction": "Say 10.", "response": null' in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -263,49 +316,101 @@ def test_a_bad_filter_or_time_column_names_its_field(bq, kwargs, key, error):
 
 
 def test_a_snapshot_past_the_time_travel_window_cannot_be_read(bq):
-    pinned = snap()
-    bq.clock.offset = timedelta(days=8)
+    bq.clock.offset = timedelta(days=8)  # BigQuery's now: the run's time is past the 7 days' window
     with pytest.raises(SpecError, match="outside the table's time travel window .*Invalid snapshot time") as raised:
-        read(pinned)
+        snap()
     assert raised.value.field == FIELD
+    bq.clock.offset = timedelta(0)
     with pytest.raises(SpecError, match="Cannot read before"):
         snap(at=datetime.now(UTC) - timedelta(days=3))  # before the table was created
 
 
-def test_rows_refuse_a_snapshot_that_counts_other_rows(bq):
-    pinned = {**snap(), "num_rows": 11}
-    with pytest.raises(InfraError, match="has 10 rows now and had 11"):
-        read(pinned)
-
-
-def test_the_queries_run_in_the_billing_project(bq):
+def test_the_session_is_billed_in_the_billing_project(bq):
     got = snap(project="tpupipe-billing")
-    assert got["project"] == "tpupipe-billing"
-    assert [j.project for j in bq.jobs.values()] == ["tpupipe-billing"]
-    read(got)
-    assert {j.project for j in bq.jobs.values()} == {"tpupipe-billing"}
+    assert got["project"] == "tpupipe-billing" and got["session"].startswith("projects/tpupipe-billing/")
+    assert len(read(got)) == 10
+    assert [s.parent for s in bq.storage.sessions.values()] == ["tpupipe-billing"] and bq.jobs == {}
 
 
-def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_only_what_is_new(bq, tmp_path):
-    """The run's snapshot (components.data.snapshot) of a table with ``train.data_since=champion``: the rows as of
-    its time; against that manifest, nothing new is a run that ends after its snapshot; rows ingested later are the
-    next run's, and only they."""
-    from components.data import snapshot
+def run_spec(tmp_path, table: str = TABLE, extra: str = ""):
+    """A run that reads ``table`` with ``train.data_since=champion``, judged on a fixed local set."""
     from components.workload import resolve
 
     (tmp_path / "eval.jsonl").write_text('{"instruction": "Say 99.", "response": "99"}\n')
-    spec = resolve(
+    return resolve(
         "local-fsdp",
-        f"train.dataset=bq://{TABLE} train.dataset_time_column=ingested train.data_since=champion "
-        "train.init_from=champion "
-        f"train.eval_dataset={tmp_path}/eval.jsonl",
+        f"train.dataset=bq://{table} train.dataset_time_column=ingested train.data_since=champion "
+        f"train.init_from=champion train.eval_dataset={tmp_path}/eval.jsonl {extra}",
     )
-    first, train, heldout = snapshot.take(spec, NOW, log=lambda line: None)
+
+
+def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_committed_since(bq, tmp_path):
+    """The run's snapshot (components.data.snapshot) of a table with ``train.data_since=champion``: the rows as of
+    its time; against that manifest, the rows committed since its snapshot time (APPENDS), whatever their time column
+    says: a row that arrives late with an old ingestion time is read, where the column's comparison never would;
+    nothing committed since is a run that ends after its snapshot; and the next run's window starts where this one's
+    ended, so no row is read twice or missed."""
+    from components.data import snapshot
+
+    spec, logs = run_spec(tmp_path), []
+    first, train, heldout = snapshot.take(spec, datetime.now(UTC), log=logs.append)
     assert first["train"]["table"]["num_rows"] == 10 and len(train) == 10 and len(heldout) == 1
-    assert first["max_time"] and first["digest"].startswith("sha256:")
-    nothing, train, _ = snapshot.take(spec, NOW, first, "local-fsdp@1", log=lambda line: None)
+    assert first["max_time"] == (NOW - 24 * HOUR).isoformat().replace("+00:00", "Z")
+    pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
+    nothing, train, _ = snapshot.take(spec, datetime.now(UTC), first, "local-fsdp@1", log=logs.append)
     assert nothing["skip"].startswith("no examples since champion local-fsdp@1") and train == []
-    bq.insert(TABLE, [example(n, NOW - 2 * HOUR) for n in range(10, 15)], at=NOW - 2 * HOUR)
-    later, train, _ = snapshot.take(spec, NOW, first, "local-fsdp@1", log=lambda line: None)
-    assert sorted(e["instruction"] for e in train) == [f"Say {n}." for n in range(10, 15)]
-    assert later["max_time"] > first["max_time"] and later["digest"] != first["digest"]
+    assert nothing["train"]["table"]["appended_after"] == first["train"]["table"]["snapshot_time"]
+    (job,) = bq.jobs.values()  # the APPENDS query, billed where the run is
+    sql = job.resource["configuration"]["query"]["query"]
+    assert "FROM APPENDS(TABLE `tpupipe-data.examples.dolly`, @start, @end)" in sql and job.project == PROJECT
+    bq.insert(TABLE, [example(10, NOW - 30 * HOUR)], at=pinned)  # committed with the champion's snapshot: its own
+    late = pinned + timedelta(microseconds=1)
+    bq.insert(TABLE, [example(11, NOW - 30 * HOUR), example(12, NOW - HOUR)], at=late)  # one late, one new
+    later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "local-fsdp@1", log=logs.append)
+    assert sorted(e["instruction"] for e in train) == ["Say 11.", "Say 12."]
+    assert later["max_time"] == (NOW - HOUR).isoformat().replace("+00:00", "Z") and later["digest"] != first["digest"]
+    again, train, _ = snapshot.take(spec, datetime.now(UTC), later, "local-fsdp@2", log=logs.append)
+    assert train == [] and again["skip"]  # the windows chain: what `later` read is not read again
+    assert logs == [] or not any("warning" in line for line in logs)
+
+
+def test_commit_time_falls_back_to_the_time_column_saying_why(bq, tmp_path):
+    """Where APPENDS cannot answer for the window since the champion (another filter; a champion's time past the
+    dataset's time travel window; a table recreated since), the run reads the rows past the champion's max_time,
+    with one warning line saying why and what a late row costs."""
+    from components.data import snapshot
+
+    first, _, _ = snapshot.take(run_spec(tmp_path), datetime.now(UTC), log=lambda line: None)
+    logs: list[str] = []
+    bq.insert(TABLE, [example(n, NOW - 20 * HOUR) for n in (10, 11)], at=NOW - 2 * HOUR)
+    filtered, train, _ = snapshot.take(
+        run_spec(tmp_path, extra="train.dataset_filter=category=math"), datetime.now(UTC), first, "m@1", log=logs.append
+    )
+    assert [e["instruction"] for e in train] == ["Say 11."] and filtered["train"]["table"]["after"] == first["max_time"]
+    (line,) = [line for line in logs if "warning" in line]
+    assert "new rows by their ingested, not by commit time: the champion read tpupipe-data.examples.dolly with " in line
+    assert (
+        f"a row committed after the champion's snapshot with ingested not past {first['max_time']} is never read"
+        in line
+    )
+
+    short = f"{PROJECT}.recent.dolly"  # a dataset whose time travel window is 48 hours
+    bq.create_dataset(f"{PROJECT}.recent", max_time_travel_hours=48, at=NOW - 100 * HOUR)
+    bq.create_table(short, SCHEMA, at=NOW - 100 * HOUR)
+    bq.insert(short, [example(n, NOW - 90 * HOUR) for n in range(3)], at=NOW - 90 * HOUR)
+    old, _, _ = snapshot.take(run_spec(tmp_path, short), datetime.now(UTC), log=lambda line: None)
+    old["train"]["table"]["snapshot_time"] = (NOW - 60 * HOUR).isoformat().replace("+00:00", "Z")  # a champion then
+    bq.insert(short, [example(5, NOW - HOUR)], at=NOW - 2 * HOUR)
+    logs.clear()
+    expired, train, _ = snapshot.take(run_spec(tmp_path, short), datetime.now(UTC), old, "m@1", log=logs.append)
+    assert [e["instruction"] for e in train] == ["Say 5."] and "appended_after" not in expired["train"]["table"]
+    assert any("is past the table's time travel window of 48 hours" in line for line in logs), logs
+
+    first["train"]["table"]["snapshot_time"] = (NOW - 3 * HOUR).isoformat().replace("+00:00", "Z")
+    bq.drop_table(TABLE)  # replaced by a table of the same name, after the champion's snapshot
+    bq.create_table(TABLE, SCHEMA, at=NOW - HOUR)
+    bq.insert(TABLE, [example(n, NOW - 24 * HOUR) for n in range(10)] + [example(20, NOW - HOUR)], at=NOW - HOUR)
+    logs.clear()
+    replaced, train, _ = snapshot.take(run_spec(tmp_path), datetime.now(UTC), first, "m@1", log=logs.append)
+    assert [e["instruction"] for e in train] == ["Say 20."]
+    assert any("after the champion's snapshot at" in line and "(recreated or replaced)" in line for line in logs)

@@ -1,9 +1,11 @@
 """BigQuery read where the data is, billed where the run is (components/data/bigquery.py, snapshot.py) against the
-emulated BigQuery's rules (tests/emulators/bigquery.py: a job needs ``bigquery.jobs.create`` in the project it is
-created in, which is billed; reading a table needs ``bigquery.tables.getData`` on it, its dataset or its project;
+emulated BigQuery's rules (tests/emulators/bigquery.py, bigquery_storage.py: a read session needs
+``bigquery.readsessions.create`` in the project it is created in, which is billed, as a job needs
+``bigquery.jobs.create``; reading a table needs ``bigquery.tables.getData`` on it, its dataset or its project;
 ``allAuthenticatedUsers`` as a public dataset is shared): a table in another project and a public-dataset-shaped one
-are read with jobs in the run's project; jobs billed in the data project, where the run's identity may not create
-them, are refused as BigQuery refuses them. And a fixed evaluation set read from BigQuery on two days is one set."""
+are read with sessions in the run's project; sessions billed in the data project, where the run's identity may not
+create them, are refused as BigQuery refuses them. And a fixed evaluation set read from BigQuery on two days is one
+set."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from components.spec import SpecError
 from components.stages import dataset
 from components.workload import resolve
 from tests.emulators.bigquery import BigQueryEmulator
+from tests.emulators.bigquery_storage import BigQueryStorageEmulator
 from tests.unit.test_data_snapshot import _champion, _ctx
 
 RUN, DATA, PUBLIC = "tpupipe-run-1", "acme-data-1", "bigquery-public-data"
@@ -38,46 +41,75 @@ def bq(monkeypatch):
     """Two projects' tables and a public one; the run's identity (the pipeline's service account) may create jobs in
     the run's project only, and read the data project's dataset; the public dataset is everyone's to read."""
     emulator = BigQueryEmulator(token="t0ken")
+    emulator.storage = BigQueryStorageEmulator(emulator)
     monkeypatch.setenv(bigquery.EMULATOR_HOST_ENV, emulator.start())
+    monkeypatch.setenv(bigquery.STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
     monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, emulator.token_for(PIPELINE))
     for table in (TABLE, SHARED, f"{DATA}.sft.eval"):
         emulator.create_table(table, SCHEMA, at=NOW - 48 * HOUR)
         emulator.insert(table, [example(n) for n in range(20)], at=NOW - 40 * HOUR)
     emulator.grant(PIPELINE, "roles/bigquery.jobUser", RUN)
+    emulator.grant(PIPELINE, "roles/bigquery.readSessionUser", RUN)
     emulator.grant(PIPELINE, "roles/bigquery.dataViewer", f"{DATA}.sft")
     emulator.grant("allAuthenticatedUsers", "roles/bigquery.dataViewer", f"{PUBLIC}.samples")
     yield emulator
+    emulator.storage.stop()
     emulator.stop()
 
 
-def test_a_table_in_another_project_is_read_with_jobs_billed_in_the_runs_project(bq):
+def sessions(bq) -> list[tuple[str, str]]:
+    """(parent, table) of each read session the emulator created."""
+    return [(s.parent, s.table) for s in bq.storage.sessions.values()]
+
+
+def test_a_table_in_another_project_is_read_with_a_session_billed_in_the_runs_project(bq):
     spec = resolve("local-fsdp", f"gke.project={RUN} train.dataset=bq://{TABLE}")
     assert snapshot.job_project(spec) == RUN
     manifest, train, heldout = snapshot.take(spec, NOW - HOUR, log=lambda line: None)
     assert manifest["train"]["table"]["project"] == RUN and len(train) + len(heldout) == 20
-    assert {job.project for job in bq.jobs.values()} == {RUN}  # every query a job of the run's project
+    assert sessions(bq) == [(RUN, TABLE)] and bq.jobs == {}  # the data project's table, the run's project's session
 
 
-def test_a_public_dataset_is_read_with_jobs_billed_in_the_runs_project(bq):
+def test_a_public_dataset_is_read_with_a_session_billed_in_the_runs_project(bq):
+    """A public dataset: readable by all, no job or session rights there."""
     spec = resolve("local-fsdp", f"train.dataset=bq://{SHARED} train.bigquery_project={RUN}")
     manifest, train, heldout = snapshot.take(spec, NOW - HOUR, log=lambda line: None)
-    assert len(train) + len(heldout) == 20 and {job.project for job in bq.jobs.values()} == {RUN}
+    assert len(train) + len(heldout) == 20 and sessions(bq) == [(RUN, SHARED)] and bq.jobs == {}
 
 
 @pytest.mark.parametrize("table", [TABLE, SHARED])
-def test_jobs_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(bq, table):
-    """The old layout, jobs in the table's project: the run's identity holds no bigquery.jobs.create there."""
+def test_sessions_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(bq, table):
+    """The old layout, billed in the table's project: the run's identity holds no bigquery.readsessions.create
+    there."""
     with pytest.raises(SpecError) as raised:
         bigquery.snapshot(table, field="train.dataset", at=NOW - HOUR)  # no project: the table's own
     project = table.split(".")[0]
     assert raised.value.field == "train.dataset"
-    assert f"may not run BigQuery jobs in project {project}, where the run's queries run and are billed" in str(
+    assert f"may not open BigQuery read sessions in project {project}, where the run reads the table and is billed" in (
+        str(raised.value)
+    )
+    # BigQuery's own words
+    assert f"the user does not have 'bigquery.readsessions.create' permission for 'projects/{project}'" in str(
         raised.value
     )
-    assert f"bigquery.jobs.create permission in project {project}" in str(raised.value)  # BigQuery's own words
     assert any("train.bigquery_project=PROJECT" in hint for hint in raised.value.valid)
-    assert bq.jobs == {}
+    assert bq.storage.sessions == {} and bq.jobs == {}
+
+
+def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_runs_project(bq, tmp_path):
+    """train.data_since=champion by commit time: the APPENDS query is a job of the run's project, reading the data
+    project's table."""
+    (tmp_path / "e.jsonl").write_text('{"instruction": "Say e.", "response": "e"}\n')
+    sets = f"gke.project={RUN} train.dataset=bq://{TABLE} train.dataset_time_column=ingested "
+    spec = resolve(
+        "local-fsdp", sets + f"train.data_since=champion train.init_from=champion train.eval_dataset={tmp_path}/e.jsonl"
+    )
+    first, _, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
+    pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
+    bq.insert(TABLE, [example(20)], at=pinned + timedelta(microseconds=1))
+    later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
+    assert [e["instruction"] for e in train] == ["Say 20."] and {job.project for job in bq.jobs.values()} == {RUN}
 
 
 def test_reading_needs_read_on_the_tables_dataset_wherever_the_jobs_run(bq):

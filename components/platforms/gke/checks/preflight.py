@@ -146,7 +146,8 @@ def _data(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The run's Cloud Storage datasets can be read by the caller, who takes the data snapshot (the pipeline's first
     task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
     naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix.
-    A BigQuery dataset: ``bigquery.jobs.create`` where its jobs run, and read on the table (``_bigquery_data``)."""
+    A BigQuery dataset: ``bigquery.readsessions.create`` (and ``bigquery.jobs.create`` for the rows committed since
+    the champion) where it is billed, and read on the table (``_bigquery_data``)."""
     from components.data import gcs
     from components.spec import datasets
 
@@ -172,12 +173,13 @@ def _data(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
 
 
 def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, report: Report) -> None:
-    """A BigQuery dataset, as the caller: it may create jobs in the project they run and bill in
-    (``snapshot.job_project``: ``train.bigquery_project``, else ``gke.project``; Resource Manager's
-    projects.testIamPermissions, as for the run's own permissions), and may read the table (BigQuery's
-    tables.testIamPermissions), wherever its project is. Those test the caller's permissions, while on Vertex AI and
-    KFP the snapshot runs as the pipeline's service account: with ``train.bigquery_service_account`` that account's
-    roles are read too (``_bigquery_account``)."""
+    """A BigQuery dataset, as the caller: it may create read sessions (the Storage Read API's) in the project they
+    are billed in (``snapshot.job_project``: ``train.bigquery_project``, else ``gke.project``; Resource Manager's
+    projects.testIamPermissions, as for the run's own permissions), and jobs there too with
+    ``train.data_since=champion`` (the APPENDS query of the rows committed since the champion), and may read the
+    table (BigQuery's tables.testIamPermissions), wherever its project is. Those test the caller's permissions, while
+    on Vertex AI and KFP the snapshot runs as the pipeline's service account: with ``train.bigquery_service_account``
+    that account's roles are read too (``_bigquery_account``)."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery, snapshot
 
@@ -185,15 +187,20 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
     field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
     who = _caller_named(creds)
-    request = {"resource": f"projects/{project}", "permissions": [bigquery.JOB_PERMISSION]}
-    if bigquery.JOB_PERMISSION in cloud_iam.projects_client(creds).test_iam_permissions(request=request).permissions:
-        report.checked.append(f"{key}: as the caller{who}, may run BigQuery jobs in project {project} (billed there)")
-    else:
+    needed = {bigquery.READ_SESSION_PERMISSION: ("open BigQuery read sessions", "read session", "readSessionUser")}
+    if key == "train.dataset" and spec.train.data_since == "champion":
+        needed[bigquery.JOB_PERMISSION] = ("run BigQuery jobs", "APPENDS query", "jobUser")
+    request = {"resource": f"projects/{project}", "permissions": list(needed)}
+    held = set(cloud_iam.projects_client(creds).test_iam_permissions(request=request).permissions)
+    for permission, (what, use, role) in needed.items():
+        if permission in held:
+            report.checked.append(f"{key}: as the caller{who}, may {what} in project {project} (billed there)")
+            continue
         report.problems.append(
             Problem(
                 field,
-                f"the caller{who} lacks {bigquery.JOB_PERMISSION} in project {project}, where the data snapshot's "
-                f"BigQuery jobs reading {table} run and bill: grant roles/bigquery.jobUser on {project}, or name "
+                f"the caller{who} lacks {permission} in project {project}, where the data snapshot's BigQuery "
+                f"{use} reading {table} is created and billed: grant roles/bigquery.{role} on {project}, or name "
                 "another project in train.bigquery_project",
             )
         )
@@ -209,7 +216,8 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     else:
         report.checked.append(f"{key}: as the caller{who}, may read {table}")
     if spec.train.bigquery_service_account:
-        _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report)
+        jobs = bigquery.JOB_PERMISSION in needed
+        _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report, jobs)
 
 
 def _caller_named(creds: Credentials) -> str:
@@ -220,17 +228,28 @@ def _caller_named(creds: Credentials) -> str:
     return f" ({who})" if who else ""
 
 
-def _bigquery_account(account: str, key: str, table: str, project: str, creds: Credentials, report: Report) -> None:
-    """Whether the pipeline's service account holds a role that runs jobs in ``project`` and one that reads
-    ``table`` (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for
-    each it lacks, since a role through a group, a custom role or an organization's policy is not seen here; a role
+def _bigquery_account(
+    account: str, key: str, table: str, project: str, creds: Credentials, report: Report, jobs: bool
+) -> None:
+    """Whether the pipeline's service account holds a role that opens read sessions in ``project``, one that runs
+    jobs there (``jobs``: for ``train.data_since=champion``), and one that reads ``table``
+    (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for each it
+    lacks, since a role through a group, a custom role or an organization's policy is not seen here; a role
     held only under an IAM condition is not counted, and the warning names it and the condition."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery
 
     found = bigquery.account_roles(table, project, account, creds)
     field, dataset = "train.bigquery_service_account", table.rsplit(".", 1)[0]
-    for what, roles, conditional, wanted, where, grant in (
+    checks = (
+        (
+            "open BigQuery read sessions",
+            found.on_project,
+            found.on_project_conditional,
+            bigquery.READ_SESSION_ROLES,
+            f"in project {project}",
+            "roles/bigquery.readSessionUser",
+        ),
         (
             "run BigQuery jobs",
             found.on_project,
@@ -247,9 +266,13 @@ def _bigquery_account(account: str, key: str, table: str, project: str, creds: C
             f"on the dataset {dataset} or its project",
             "roles/bigquery.dataViewer",
         ),
-    ):
+    )
+    for what, roles, conditional, wanted, where, grant in checks:
+        if what == "run BigQuery jobs" and not jobs:
+            continue
         held = sorted(set(roles) & set(wanted))
-        unseen = [u for u in found.unread if (u.startswith(f"project {project}'s")) == (what == "run BigQuery jobs")]
+        on_project = where == f"in project {project}"
+        unseen = [u for u in found.unread if u.startswith(f"project {project}'s") == on_project]
         under = cloud_iam.under_conditions(conditional, wanted)
         if held:
             report.checked.append(f"{key}: {account} may {what} ({', '.join(held)} {where})")

@@ -142,9 +142,14 @@ def snapshot_calls(ctx: RunContext) -> list[str]:
             jobs = snapshot.job_project(ctx.spec) or "the table's project"
             lines += [
                 f"  read          bigquery.tables.get {value} ({key}: its schema)",
-                f"  read          bigquery.jobs.query {value} FOR SYSTEM_TIME AS OF the run's time (the rows, counted "
-                f"then read; jobs of {jobs}, billed there)",
+                f"  read          bigquery.readsessions.create {value} as of the run's time (the Storage Read API: "
+                f"one read session of {jobs}, billed there; its streams read in Arrow batches)",
             ]
+            if key == "train.dataset" and t.data_since == "champion":
+                lines.append(
+                    f"  read          bigquery.jobs.query APPENDS({value}) since the champion's snapshot time (the "
+                    f"rows committed since, when the champion read the same table and filter; a job of {jobs})"
+                )
         elif kind == "hub":
             from components.data import hub
 
