@@ -68,7 +68,7 @@ def problems(path: str, project: str, region: str) -> list[str]:
             template_path=path,
             project=project,
             location=region,
-            credentials=AnonymousCredentials(),
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]  # google-auth's __init__: untyped
         )
     except (ValueError, TypeError, KeyError) as exc:
         found.append(f"the Vertex AI SDK refuses it: {exc}")

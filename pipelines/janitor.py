@@ -9,7 +9,8 @@ from components.definitions import PIPELINE_IMAGE
 PIPELINE_NAME = "tpupipe-janitor"
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+# kfp ships no type information: its decorators are untyped to mypy
+@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)  # type: ignore[untyped-decorator]
 def janitor(
     output_root: str,
     project: str,
@@ -27,7 +28,7 @@ def janitor(
     return run_component(output_root, project, older_than, dry_run, report.path, region, (kfp_host, kfp_namespace))
 
 
-@dsl.pipeline(
+@dsl.pipeline(  # type: ignore[untyped-decorator]
     name=PIPELINE_NAME,
     description="Delete what gke runs left behind: runs whose pipeline job has ended (a Stop), or that are finished "
     "or older than their limit, found by their ledgers and the tpupipe-run label; the same teardown every run uses.",
@@ -40,7 +41,7 @@ def janitor_pipeline(
     dry_run: bool = False,
     kfp_host: str = "",
     kfp_namespace: str = "kubeflow",
-):
+) -> None:
     """Sweep what gke runs left behind.
 
     Args:

@@ -8,12 +8,16 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kfp import compiler, dsl
 
 from components import definitions as c
 from components.spec import names
 from components.stages.table import RESULT, TABLE, Stage
+
+if TYPE_CHECKING:  # kfp ships no type information: its names are Any to mypy
+    from kfp.dsl.graph_component import GraphComponent
 
 PIPELINE_NAME = "tpupipe"
 # A stage that resumes is retried once, 30 s after a failed attempt: a lost machine's task runs again, and a stage
@@ -24,7 +28,7 @@ PIPELINE_IMAGE = "pipeline"  # images/pipeline: the components image
 LOCAL_JOB_NAME = {dsl.PIPELINE_JOB_RESOURCE_NAME_PLACEHOLDER: dsl.PIPELINE_JOB_NAME_PLACEHOLDER}
 
 
-def wire(common: dict, params: dict) -> None:
+def wire(common: dict[str, Any], params: dict[str, Any]) -> None:
     """The stages' tasks as their records say (``components.stages.table``): the exit task first, then the others in
     order inside its exit handler, each taking the outputs it names and waiting for the stages it names, a gating
     stage's ``dsl.If`` around every stage after it; no task cached, every stage that resumes retried."""
@@ -48,7 +52,9 @@ def wire(common: dict, params: dict) -> None:
             tasks[stage.name].set_retry(**RETRY)
 
 
-def _task(stage: Stage, common: dict, params: dict, tasks: dict) -> dsl.PipelineTask:
+def _task(
+    stage: Stage, common: dict[str, Any], params: dict[str, Any], tasks: dict[str, dsl.PipelineTask]
+) -> dsl.PipelineTask:
     """The stage's task: its component (``components.definitions``, named as the stage) given the common parameters,
     the pipeline parameters it takes, and the outputs of earlier tasks it names; after the stages it waits for."""
     arguments = {
@@ -59,7 +65,7 @@ def _task(stage: Stage, common: dict, params: dict, tasks: dict) -> dsl.Pipeline
     return getattr(c, stage.name)(**arguments).after(*(tasks[name] for name in stage.after))
 
 
-@dsl.pipeline(
+@dsl.pipeline(  # type: ignore[untyped-decorator]  # kfp ships no type information
     name=PIPELINE_NAME,
     description="Train or fine-tune an LLM on a Ray cluster (TPU slices on GKE, or emulated hosts locally), "
     "evaluate it, and tear everything down.",
@@ -74,7 +80,7 @@ def tpupipe_pipeline(
     output_root: str = "",
     source_version: str = "",
     dataset: str = "",
-):
+) -> None:
     """Train or fine-tune an LLM, evaluate it, and tear down what the run created.
 
     Args:
@@ -185,7 +191,11 @@ def exec_executor(command: list[str]) -> list[str]:
 
 
 def compile_pipeline(
-    path: str, target: Target | None = None, pipeline=None, retries: bool = True, digest: str | None = None
+    path: str,
+    target: Target | None = None,
+    pipeline: "GraphComponent | None" = None,
+    retries: bool = True,
+    digest: str | None = None,
 ) -> str:
     """Compile ``pipeline`` (default: the tpupipe pipeline; ``pipelines.janitor.janitor_pipeline`` too) to ``path``.
     With a ``target``, every task runs in the components image of this exact source (its tag a hash of the image's

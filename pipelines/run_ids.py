@@ -11,8 +11,12 @@ UI skips it: the run's first task claims the id atomically, wherever the run sta
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from components.spec import SpecError, names
+
+if TYPE_CHECKING:
+    from components.platforms.store import RunStore
 
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 
@@ -69,7 +73,7 @@ def check_unused(run_id: str, root: str) -> None:
     refuse_reused(run_id, store, heartbeat.fresh(store), ledgers.load(store) is not None)
 
 
-def refuse_reused(run_id: str, store, beat: float | None, had_ledger: bool) -> None:
+def refuse_reused(run_id: str, store: RunStore, beat: float | None, had_ledger: bool) -> None:
     """The refusal of a run id the store shows used: a fresh heartbeat, or a ledger (the run provisioned)."""
     from components.platforms import ledger as ledgers
 

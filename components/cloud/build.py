@@ -95,7 +95,7 @@ def registry_client(creds: Credentials | None = None) -> artifactregistry_v1.Art
     return google_client(artifactregistry_v1.ArtifactRegistryClient, REGISTRY_EMULATOR_HOST_ENV, creds=creds)
 
 
-class Registry(Adapter):
+class Registry(Adapter["artifactregistry_v1.ArtifactRegistryClient"]):
     """Artifact Registry repositories: the Docker one the images go to, the KFP one the pipeline templates go to;
     reused, or created (and kept after the run)."""
 
@@ -148,18 +148,18 @@ class Registry(Adapter):
             return name
         self.log(f"creating Artifact Registry repository {name} (kept after the run)")
         wait_for(
-            lambda: True if op.done() else None,
+            lambda: True if op.done() else None,  # type: ignore[no-untyped-call]  # api_core's Operation: untyped
             timeout_s=self.operation_timeout_s,
             interval_s=self.poll_s,
             what=f"repository {name} to be created",
             clock=self.clock,
             sleep=self.sleep,
         )
-        op.result()  # raises the operation's error, if it ended in one
+        op.result()  # type: ignore[no-untyped-call]  # raises the operation's error, if it ended in one
         return name
 
 
-def pinned_source(body: dict, generation: int | None) -> dict:
+def pinned_source(body: dict[str, Any], generation: int | None) -> dict[str, Any]:
     """The build ``body`` with its source object pinned to the generation uploaded (``StorageSource.generation``:
     https://cloud.google.com/build/docs/api/reference/rest/v1/projects.builds#storagesource): an object written over
     it since is not what is built."""
@@ -220,15 +220,15 @@ def tag_digest(registry: Registry, image: str) -> str | None:
     return found.version.rsplit("/versions/", 1)[-1]
 
 
-class CloudBuild(Adapter):
+class CloudBuild(Adapter["cloudbuild_v1.CloudBuildClient"]):
     """Get-or-create and wait for the run's image build, in ``projects/<project>/locations/<location>``."""
 
-    def __init__(self, client, project: str, location: str, **options):
+    def __init__(self, client: cloudbuild_v1.CloudBuildClient, project: str, location: str, **options: Any) -> None:
         super().__init__(client, **{"poll_s": 10.0, **options})
         self.project = project
         self.parent = f"projects/{project}/locations/{location}"
 
-    def find(self, tag: str):
+    def find(self, tag: str) -> cloudbuild_v1.Build | None:
         """The newest build with ``tag`` that succeeded or is still running, or None."""
         builds = self.call(
             "list builds",
@@ -248,7 +248,7 @@ class CloudBuild(Adapter):
         record: Callable[[str, str], None],
         timeout_s: float,
         stop: Callable[[], str | None] = lambda: None,
-    ):
+    ) -> cloudbuild_v1.Build:
         """The build ``body`` describes: reused when one with ``tag`` succeeded, re-attached to when it runs, else
         started; waited on until it has pushed the image."""
         from google.cloud.devtools import cloudbuild_v1
@@ -274,7 +274,7 @@ class CloudBuild(Adapter):
             )
         return self.wait(build.id, timeout_s, stop)
 
-    def get(self, build_id: str):
+    def get(self, build_id: str) -> cloudbuild_v1.Build:
         return self.call(
             f"get build {build_id}",
             lambda: self.client.get_build(
@@ -282,7 +282,9 @@ class CloudBuild(Adapter):
             ),
         )
 
-    def wait(self, build_id: str, timeout_s: float, stop: Callable[[], str | None] = lambda: None):
+    def wait(
+        self, build_id: str, timeout_s: float, stop: Callable[[], str | None] = lambda: None
+    ) -> cloudbuild_v1.Build:
         """Until the build ends (or ``timeout_s``); when ``stop()`` gives a reason (the run it builds for failed), the
         build is cancelled and :class:`BuildFailed` names the reason."""
         started = self.clock()
@@ -292,7 +294,7 @@ class CloudBuild(Adapter):
             self.log(f"  image build {build_id}: {signal_name(signum)}: cancelling it")
             self._cancel(build_id)
 
-        def poll():
+        def poll() -> cloudbuild_v1.Build | None:
             reason = stop()
             if reason:
                 self.log(f"  image build {build_id}: {reason}: cancelling it")

@@ -17,6 +17,7 @@ from components.spec import TpupipeError
 
 if TYPE_CHECKING:  # google-auth is imported where called
     from google.auth.credentials import Credentials
+    from google.cloud.storage import Client as StorageClient  # no type information: Any to mypy
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 EMULATOR_HOST_ENV = "TPUPIPE_GKE_EMULATOR_HOST"  # set when the tests point the clients at the emulators
@@ -44,9 +45,9 @@ class AccessError(TpupipeError):
 def credentials() -> Credentials:
     token = os.environ.get(EMULATOR_TOKEN_ENV)
     if token and os.environ.get(EMULATOR_HOST_ENV):
-        from google.oauth2.credentials import Credentials
+        from google.oauth2 import credentials as oauth2
 
-        return Credentials(token=token)
+        return oauth2.Credentials(token=token)  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped
     import google.auth
     from google.auth import exceptions
 
@@ -102,7 +103,7 @@ def google_client[C](
     return cls(**options)
 
 
-def storage_client(project: str | None = None, creds=None):
+def storage_client(project: str | None = None, creds: Credentials | None = None) -> StorageClient:
     """A Cloud Storage ``Client``: to the emulator named by $STORAGE_EMULATOR_HOST (google-cloud-storage's own), else
     to Google. The one Cloud Storage client of the project (the run store, the data snapshot, the bucket adapter).
     ``project``: the project the client bills and creates buckets in (None: reads bill the buckets' own)."""
@@ -138,8 +139,11 @@ class AccessToken:
             if fresh or not self.creds.valid:
                 import google.auth.transport.requests
 
-                self.creds.refresh(google.auth.transport.requests.Request())
-            return self.creds.token
+                request = google.auth.transport.requests.Request()
+                self.creds.refresh(request)  # type: ignore[no-untyped-call]  # google-auth's refresh is untyped
+            # google-auth leaves ``token`` unannotated: a str once refreshed, and ``valid`` only with one
+            token: str = self.creds.token
+            return token
 
 
 def access_error(exc: BaseException) -> AccessError | None:

@@ -62,13 +62,13 @@ class RetryPolicy:
 RATE_LIMITED = "RATE_LIMIT_EXCEEDED"
 
 
-def is_rate_limit(exc) -> bool:
+def is_rate_limit(exc: BaseException) -> bool:
     return getattr(exc, "reason", None) == RATE_LIMITED
 
 
-def call_with_retry(
-    what: str, fn: Callable[[], Any], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
-) -> Any:
+def call_with_retry[T](
+    what: str, fn: Callable[[], T], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
+) -> T:
     """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) and a rate limit's
     ``RESOURCE_EXHAUSTED`` (``is_rate_limit``) retried with backoff."""
     from google.api_core import exceptions as gexc
@@ -113,14 +113,14 @@ def is_busy(message: str) -> bool:
 # ---------------------------------------------------------------- the adapter
 
 
-class Adapter:
-    """What every Google Cloud adapter shares: a client, progress lines, transient codes
-    retried (``call``), and the poll interval, operation deadline, clock and sleep its waits use (injected in
-    tests)."""
+class Adapter[C]:
+    """What every Google Cloud adapter shares: a client (``C``, its type: a GAPIC client, or what an adapter bundles
+    of them), progress lines, transient codes retried (``call``), and the poll interval, operation deadline, clock and
+    sleep its waits use (injected in tests)."""
 
     def __init__(
         self,
-        client,
+        client: C,
         *,
         log: Callable[[str], None] = print,
         retry: RetryPolicy | None = None,
@@ -128,7 +128,7 @@ class Adapter:
         poll_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-    ):
+    ) -> None:
         self.client = client
         self.log = log
         self.retry = retry or RetryPolicy()
@@ -137,10 +137,10 @@ class Adapter:
         self.clock = clock
         self.sleep = sleep
 
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def call[T](self, what: str, fn: Callable[[], T]) -> T:
         return call_with_retry(what, fn, self.retry, self.log, self.sleep)
 
-    def change(self, what: str, fn: Callable[[], Any]) -> Any:
+    def change[T](self, what: str, fn: Callable[[], T]) -> T:
         """``call`` for a change to a cluster (a node pool created or deleted, the cluster updated or deleted): while
         another operation holds the cluster (``is_busy``) it is asked again every ``poll_s`` until the operation
         deadline, with a line when the wait starts and about every minute."""
@@ -148,7 +148,7 @@ class Adapter:
 
         waited: list[float] = []
 
-        def attempt():
+        def attempt() -> tuple[T] | None:
             try:
                 return (self.call(what, fn),)
             except gexc.FailedPrecondition as exc:

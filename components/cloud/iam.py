@@ -26,14 +26,16 @@ The clients go to the emulators named by $TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import google_client
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
     from google.cloud import resourcemanager_v3
+    from google.iam.v1 import policy_pb2
 
 RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
 # Every policy read asks for version 3: a policy with conditional bindings read at a lower version is refused, or has
@@ -42,7 +44,7 @@ RESOURCE_MANAGER_EMULATOR_HOST_ENV = "TPUPIPE_RESOURCE_MANAGER_EMULATOR_HOST"
 IAM_POLICY_VERSION = 3
 
 
-def policy_request(resource: str) -> dict:
+def policy_request(resource: str) -> dict[str, Any]:
     """A getIamPolicy request for ``resource`` at ``IAM_POLICY_VERSION``."""
     return {"resource": resource, "options": {"requested_policy_version": IAM_POLICY_VERSION}}
 
@@ -58,7 +60,7 @@ def projects_client(creds: Credentials | None = None) -> resourcemanager_v3.Proj
 IAM_EMULATOR_HOST_ENV = "TPUPIPE_IAM_EMULATOR_HOST"
 
 
-def may_act_as(account: str, creds=None) -> bool:
+def may_act_as(account: str, creds: Credentials | None = None) -> bool:
     """Whether the caller holds ``iam.serviceAccounts.actAs`` on the service account ``account`` itself (the IAM
     API's ``projects.serviceAccounts.testIamPermissions``, which needs no permission of its own:
     https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions): a grant of
@@ -73,7 +75,7 @@ def may_act_as(account: str, creds=None) -> bool:
     return permission in answer.permissions
 
 
-def account_members(account: str, role: str, creds=None) -> set[str]:
+def account_members(account: str, role: str, creds: Credentials | None = None) -> set[str]:
     """The members the service account ``account``'s own IAM policy grants ``role`` on it (the IAM API's
     ``projects.serviceAccounts.getIamPolicy``, https://cloud.google.com/iam/docs/reference/rest/v1/
     projects.serviceAccounts/getIamPolicy): who may act as it, or use it by Workload Identity."""
@@ -84,18 +86,18 @@ def account_members(account: str, role: str, creds=None) -> set[str]:
     return {who for binding in policy.bindings if binding.role == role for who in binding.members}
 
 
-def project_number(project: str, creds=None) -> str:
+def project_number(project: str, creds: Credentials | None = None) -> str:
     """The project's number (Workload Identity principals name it, not the id)."""
     return projects_client(creds).get_project(name=f"projects/{project}").name.removeprefix("projects/")
 
 
-def project_grants(project: str, creds=None) -> dict[str, set[str]]:
+def project_grants(project: str, creds: Credentials | None = None) -> dict[str, set[str]]:
     """Every member of the project's IAM policy and the roles it grants that member on the project itself
     unconditionally (one ``getIamPolicy``)."""
     return project_level(project, creds).grants
 
 
-def project_level(project: str, creds=None) -> Level:
+def project_level(project: str, creds: Credentials | None = None) -> Level:
     """The project's own IAM policy (one ``getIamPolicy``): what it grants, unconditionally and under conditions."""
     resource = f"projects/{project}"
     return policy_level_of(resource, projects_client(creds).get_iam_policy(request=policy_request(resource)))
@@ -108,7 +110,7 @@ WITHCOND = "_withcond_"
 UNSHOWN = "a condition not shown at policy version 1"
 
 
-def policy_grants(policy) -> dict[str, set[str]]:
+def policy_grants(policy: policy_pb2.Policy) -> dict[str, set[str]]:
     """An IAM policy's members and the roles it grants each unconditionally (a conditional binding grants only where
     its condition holds: ``policy_conditional``)."""
     grants: dict[str, set[str]] = {}
@@ -119,7 +121,7 @@ def policy_grants(policy) -> dict[str, set[str]]:
     return grants
 
 
-def policy_conditional(policy) -> dict[str, dict[str, set[str]]]:
+def policy_conditional(policy: policy_pb2.Policy) -> dict[str, dict[str, set[str]]]:
     """An IAM policy's members and the roles it grants each only under a condition, with the titles of those
     conditions (the expression where a condition has no title)."""
     found: dict[str, dict[str, set[str]]] = {}
@@ -135,7 +137,7 @@ def policy_conditional(policy) -> dict[str, dict[str, set[str]]]:
     return found
 
 
-def under_conditions(conditional: dict[str, set[str]], roles) -> list[str]:
+def under_conditions(conditional: dict[str, set[str]], roles: Iterable[str]) -> list[str]:
     """Each of ``roles`` that ``conditional`` (a member's: role -> condition titles) grants, as ``ROLE (under the
     condition 'TITLE')``."""
     return [
@@ -144,7 +146,7 @@ def under_conditions(conditional: dict[str, set[str]], roles) -> list[str]:
     ]
 
 
-def project_roles(project: str, member: str, creds=None) -> set[str]:
+def project_roles(project: str, member: str, creds: Credentials | None = None) -> set[str]:
     """The roles the project's IAM policy grants ``member`` (``serviceAccount:EMAIL``) on the project itself."""
     return project_grants(project, creds).get(member, set())
 
@@ -164,7 +166,7 @@ class Level:
     conditional: dict[str, dict[str, set[str]]] = field(default_factory=dict)
 
 
-def ancestors(project: str, creds=None) -> list[Level]:
+def ancestors(project: str, creds: Credentials | None = None) -> list[Level]:
     """The project's folders, nearest first, then its organization, each with the policy it sets (inherited by the
     project); a policy or parent that cannot be read is a Level saying why, and the walk stops at a parent it
     cannot read. Empty for a project with no parent."""
@@ -176,7 +178,8 @@ def ancestors(project: str, creds=None) -> list[Level]:
         parent = projects.get_project(name=f"projects/{project}").parent
     except exceptions.GoogleAPICallError as exc:
         return [Level(f"the parent of projects/{project}", {}, f"{type(exc).__name__}: {exc.message}")]
-    folders = organizations = None
+    folders: rm.FoldersClient | None = None
+    organizations: rm.OrganizationsClient | None = None
     found: list[Level] = []
     while parent:
         if parent.startswith("folders/"):
@@ -198,7 +201,9 @@ def ancestors(project: str, creds=None) -> list[Level]:
     return found
 
 
-def policy_level(resource: str, get_iam_policy) -> Level:
+def policy_level(resource: str, get_iam_policy: Callable[..., policy_pb2.Policy]) -> Level:
+    """The policy ``get_iam_policy`` (a client's, as Resource Manager's and Artifact Registry's take a
+    ``GetIamPolicyRequest``) reads of ``resource``, or a Level saying why it cannot be read."""
     from google.api_core import exceptions
 
     try:
@@ -207,11 +212,11 @@ def policy_level(resource: str, get_iam_policy) -> Level:
         return Level(resource, {}, f"{type(exc).__name__}: {exc.message}")
 
 
-def policy_level_of(resource: str, policy) -> Level:
+def policy_level_of(resource: str, policy: policy_pb2.Policy) -> Level:
     return Level(resource, policy_grants(policy), conditional=policy_conditional(policy))
 
 
-def role_permissions(role: str, creds=None) -> tuple[frozenset[str], str]:
+def role_permissions(role: str, creds: Credentials | None = None) -> tuple[frozenset[str], str]:
     """The permissions a custom role holds (IAM ``roles.get``), and ''; or nothing and why it cannot be read."""
     from google.api_core import exceptions
     from google.cloud import iam_admin_v1

@@ -5,6 +5,11 @@ reads to decide whether a run's cluster may be swept."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # kfp and kfp_server_api ship no type information: their names are Any to mypy
+    from kfp.client import Client, TokenCredentialsBase
+    from kfp_server_api import V2beta1GetHealthzResponse
 
 # Where KFP projects the pipeline runner's token into a pod that asks for it (kfp's ServiceAccountTokenVolumeCredentials
 # default path, kfp/client/set_volume_credentials.py).
@@ -13,12 +18,16 @@ SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 ENDED = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
 
 
-def client(host: str, namespace: str, credentials=None, existing_token: str | None = None):
+def client(
+    host: str, namespace: str, credentials: TokenCredentialsBase | None = None, existing_token: str | None = None
+) -> Client:
     """A ``kfp.Client`` of ``host`` whose API server answered its health check (else the client's exception)."""
     return connect(host, namespace, credentials, existing_token)[0]
 
 
-def connect(host: str, namespace: str, credentials=None, existing_token: str | None = None):
+def connect(
+    host: str, namespace: str, credentials: TokenCredentialsBase | None = None, existing_token: str | None = None
+) -> tuple[Client, V2beta1GetHealthzResponse]:
     """(a ``kfp.Client`` of ``host``, its API server's health check answer: ``multi_user`` among it)."""
     import logging
     import warnings
@@ -33,7 +42,7 @@ def connect(host: str, namespace: str, credentials=None, existing_token: str | N
     return made, made.get_kfp_healthz(sleep_duration=0)
 
 
-def in_cluster_client(host: str, namespace: str):
+def in_cluster_client(host: str, namespace: str) -> Client:
     """The client a task in the cluster makes: the pod's projected KFP token when it has one, else none."""
     from kfp.client import ServiceAccountTokenVolumeCredentials
 
@@ -41,7 +50,7 @@ def in_cluster_client(host: str, namespace: str):
     return client(host, namespace, ServiceAccountTokenVolumeCredentials(SA_TOKEN_PATH) if has_token else None)
 
 
-def run_states(kfp_client, namespace: str) -> dict[str, tuple[str, str]]:
+def run_states(kfp_client: Client, namespace: str) -> dict[str, tuple[str, str]]:
     """tpupipe's runs in the namespace, by the run id each was given (its ``run_id`` parameter) or, for a recurring
     run's run, which has none, the one its tasks derived from its Argo workflow's name, which is that run's display
     name (DisplayName is the workflow's name: ReportWorkflowResource in

@@ -4,19 +4,25 @@ logged, never a pipeline parameter, never written to the run's state."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from components.cloud.credentials import google_client
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import secretmanager_v1
 
 EMULATOR_HOST_ENV = "TPUPIPE_SECRET_MANAGER_EMULATOR_HOST"
 
 
-def client(creds=None):
+def client(creds: Credentials | None = None) -> secretmanager_v1.SecretManagerServiceClient:
     """A ``SecretManagerServiceClient``: to the emulator named by $TPUPIPE_SECRET_MANAGER_EMULATOR_HOST, else Google."""
     from google.cloud import secretmanager_v1
 
     return google_client(secretmanager_v1.SecretManagerServiceClient, EMULATOR_HOST_ENV, creds=creds)
 
 
-def read(name: str, creds=None) -> bytes:
+def read(name: str, creds: Credentials | None = None) -> bytes:
     """The data of ``projects/P/secrets/NAME[/versions/V]`` (its latest version when none is named)."""
     from google.api_core import exceptions as gexc
 

@@ -17,18 +17,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import storage_client
 from components.cloud.errors import Adapter
 from components.cloud.iam import IAM_POLICY_VERSION
 from components.spec import SpecError
 
+if TYPE_CHECKING:
+    from google.api_core.iam import Policy
+
+    # google-cloud-storage ships no type information: its names are Any to mypy (pyproject.toml's overrides)
+    from google.cloud.storage import Blob, Bucket
+
 
 def member(binding: dict[str, Any], number: str, uid: str) -> str:
     """The binding's member with the project number and the Kubernetes ServiceAccount's UID filled in (the plan shows
     PROJECT_NUMBER and SERVICEACCOUNT_UID)."""
-    return binding["member"].replace("PROJECT_NUMBER", number).replace("SERVICEACCOUNT_UID", uid)
+    template: str = binding["member"]
+    return template.replace("PROJECT_NUMBER", number).replace("SERVICEACCOUNT_UID", uid)
 
 
 def unreadable(name: str, why: str) -> SpecError:
@@ -40,7 +47,7 @@ def unreadable(name: str, why: str) -> SpecError:
     )
 
 
-def without_uniform_access(bucket) -> SpecError | None:
+def without_uniform_access(bucket: Bucket) -> SpecError | None:
     """The refusal of an existing bucket without uniform bucket-level access: the run's bindings on it are conditioned
     on its prefix, and "you must enable uniform bucket-level access on a bucket" to use IAM Conditions there
     (https://cloud.google.com/storage/docs/access-control/iam#conditions)."""
@@ -55,7 +62,7 @@ def without_uniform_access(bucket) -> SpecError | None:
     )
 
 
-def without_hierarchical_namespace(bucket) -> SpecError | None:
+def without_hierarchical_namespace(bucket: Bucket) -> SpecError | None:
     """The refusal of an existing bucket without hierarchical namespace for a run whose checkpoints are committed by a
     directory rename (``components.workload.derive.commits_by_directory_rename``: MaxText's Orbax checkpoints on the
     bucket's Cloud Storage FUSE mount). Only there is a folder's rename one atomic operation ("The rename operation is
@@ -88,7 +95,7 @@ class SourceChanged(RuntimeError):
         self.changed = changed
 
 
-def _pinned(found: list, source: str, generations: dict[str, int]) -> list:
+def _pinned(found: list[Blob], source: str, generations: dict[str, int]) -> list[Blob]:
     """The listed objects ``generations`` names, each at its generation; :class:`SourceChanged` for those that are
     not (another generation, or none)."""
     by_name = {b.name.removeprefix(f"{source}/"): b for b in found}
@@ -98,8 +105,8 @@ def _pinned(found: list, source: str, generations: dict[str, int]) -> list:
     return [by_name[n] for n in sorted(generations)]
 
 
-class Storage(Adapter):
-    def ensure_bucket(self, name: str, location: str, hierarchical: bool = False):
+class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.storage_client), untyped
+    def ensure_bucket(self, name: str, location: str, hierarchical: bool = False) -> Bucket:
         """The bucket: reused if the project can read it (with uniform bucket-level access, and with ``hierarchical``
         hierarchical namespace: :func:`without_hierarchical_namespace`), else created in ``location`` (with
         hierarchical namespace when ``hierarchical``)."""
@@ -150,7 +157,7 @@ class Storage(Adapter):
         rewrite of it is a new generation: https://cloud.google.com/storage/docs/metadata#generation-number)."""
         return {b.name.removeprefix(f"{prefix}/"): int(b.generation) for b in self._listed(name, prefix)}
 
-    def _listed(self, name: str, prefix: str) -> list:
+    def _listed(self, name: str, prefix: str) -> list[Blob]:
         under = f"{prefix}/"
         return self.call(f"list gs://{name}/{under}", lambda: list(self.client.list_blobs(name, prefix=under)))
 
@@ -193,7 +200,15 @@ class Storage(Adapter):
         size = sum(b.size or 0 for b in found if f"{destination}/{b.name.removeprefix(f'{source}/')}" in written)
         return len(made), len(found), size
 
-    def _copy(self, bucket, blob, target: str, source: str, create_only: bool, generations) -> int:
+    def _copy(
+        self,
+        bucket: Bucket,
+        blob: Blob,
+        target: str,
+        source: str,
+        create_only: bool,
+        generations: dict[str, int] | None,
+    ) -> int:
         """One object of ``copy_prefix``: the generation of its copy ``target``."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
@@ -250,7 +265,7 @@ class Storage(Adapter):
             held += 1
         return held
 
-    def _update_policy(self, name: str, change: Callable[[Any], bool]) -> bool:
+    def _update_policy(self, name: str, change: Callable[[Policy], bool]) -> bool:
         """Read the bucket's IAM policy, ``change`` it in place, write it back with its etag; again when another
         writer got in between. False when ``change`` had nothing to do."""
         from google.api_core import exceptions as gexc
@@ -276,7 +291,7 @@ class Storage(Adapter):
         expression) when given; a policy with a conditional binding is written at version 3
         (https://cloud.google.com/iam/docs/policies#versions)."""
 
-        def add(policy) -> bool:
+        def add(policy: Policy) -> bool:
             for binding in policy.bindings:
                 if binding["role"] == role and binding.get("condition") == condition:
                     if who in binding["members"]:
@@ -298,7 +313,7 @@ class Storage(Adapter):
 
         removed: list[tuple[str, str]] = []
 
-        def remove(policy) -> bool:
+        def remove(policy: Policy) -> bool:
             removed.clear()  # read again after a conflict: only what this write removes
             kept = []
             for binding in policy.bindings:

@@ -7,6 +7,7 @@ reaches a backend through these alone, and no backend imports another's modules 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from components.spec import SpecError
 from pipelines.backends.base import Backend, Outcome, RunRow, ScheduleRow, Shown, Submission, Submitted
@@ -46,10 +47,11 @@ def backend_class(name: str) -> type[Backend]:
     if name not in REGISTRY:
         raise SpecError("backend", f"unknown backend {name!r}", BACKENDS)
     module, _, cls = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    found: type[Backend] = getattr(importlib.import_module(module), cls)
+    return found
 
 
-def get_backend(name: str, **place) -> Backend:
+def get_backend(name: str, **place: Any) -> Backend:
     """The backend ``name``, made for ``place`` (its constructor's arguments: a Vertex AI project and region; a KFP
     API server's place and the runner's identity), which it checks before any call."""
     return backend_class(name)(**place)

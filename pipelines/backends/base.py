@@ -15,7 +15,7 @@ naming the backend and what it does instead, so no caller asks with ``hasattr``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from components.spec import SpecError
 
@@ -96,8 +96,8 @@ class Shown:
     url: str
     stages: list[tuple[str, str]]
     display_name: str | None = None
-    metrics: dict = field(default_factory=dict)
-    cost: dict | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # the metrics artifacts' metadata, as the run wrote them
+    cost: dict[str, Any] | None = None
 
 
 class Backend:

@@ -4,11 +4,15 @@ way a command fails (a message on stderr, an exit code)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 
 from components.spec import SpecError
 from components.spec.names import DEFAULT_REGION, EXAMPLE_PROJECT
+
+# What ``add_subparsers`` returns, where each module of the command line adds its commands.
+type Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
 CALLS_GOOGLE_CLOUD = "calls_google_cloud"  # set on the parsed arguments of a command add_place marks as calling it
@@ -17,14 +21,14 @@ CALLS_GOOGLE_CLOUD = "calls_google_cloud"  # set on the parsed arguments of a co
 ALLOW_DEFAULT_IDENTITIES = "gke.allow_default_identities=true"
 
 
-def add_set(parser, text: str) -> None:
+def add_set(parser: argparse.ArgumentParser, text: str) -> None:
     """The ``--set KEY=VALUE ...`` flag of ``parser``, ``text`` its help (``overrides`` reads it), and
     ``--allow-default-identities``, which adds ``gke.allow_default_identities=true`` to them (``allow_defaults``)."""
     parser.add_argument("--set", action="append", metavar="KEY=VALUE ...", help=text)
     add_allow_defaults(parser)
 
 
-def add_allow_defaults(parser) -> None:
+def add_allow_defaults(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-default-identities",
         action="store_true",
@@ -33,7 +37,7 @@ def add_allow_defaults(parser) -> None:
     )
 
 
-def allow_defaults(args) -> None:
+def allow_defaults(args: argparse.Namespace) -> None:
     """``--allow-default-identities`` as the spec override it stands for, appended to ``--set``'s."""
     if getattr(args, "allow_default_identities", False) and hasattr(args, "set"):
         args.set = [*(args.set or []), ALLOW_DEFAULT_IDENTITIES]
@@ -46,7 +50,7 @@ def overrides(sets: list[str] | None) -> str:
 
 
 def add_place(
-    parser,
+    parser: argparse.ArgumentParser,
     project: str,
     region: str,
     *,
@@ -83,7 +87,7 @@ def add_place(
     parser.set_defaults(**{CALLS_GOOGLE_CLOUD: not offline})
 
 
-def refuse_placeholder(args) -> None:
+def refuse_placeholder(args: argparse.Namespace) -> None:
     """Bad input before anything is called: the placeholder project given to a command that calls Google Cloud."""
     if not getattr(args, CALLS_GOOGLE_CLOUD, False) or getattr(args, "kfp_host", None):
         return  # on Kubeflow Pipelines the project may come from the spec (KfpBackend.run_project)

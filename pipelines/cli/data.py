@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.cli.common import add_set, overrides
+
+if TYPE_CHECKING:
+    from pipelines.cli.common import Commands
 
 EXAMPLES = """examples:
   tpupipe data local-fsdp --set train.dataset=examples/sft/          every data file under a directory
@@ -19,7 +22,7 @@ EXAMPLES = """examples:
 """
 
 
-def cmd_data(args) -> int:
+def cmd_data(args: argparse.Namespace) -> int:
     from components.spec import SpecError, datasets
     from components.stages import dataset, runner
 
@@ -72,7 +75,7 @@ def render(preset: str, manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: Commands) -> None:
     p = sub.add_parser(
         "data",
         help="the data snapshot a run would take: files, examples, fields, tokens; creates nothing",

@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.cli.common import add_place, add_set, overrides
 from pipelines.exits import fail
 
+if TYPE_CHECKING:
+    from components.spec import RunSpec
+    from pipelines.cli.common import Commands
 
-def cmd_plan(args) -> int:
+
+def cmd_plan(args: argparse.Namespace) -> int:
     """Print every resource a gke run would create and its cost; create nothing, need no credentials."""
     from components.platforms.gke.plan import document as plan
     from components.spec import SpecError
@@ -33,7 +39,7 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_preflight(args) -> int:
+def cmd_preflight(args: argparse.Namespace) -> int:
     """Check quota, reservation, APIs, permissions and an existing cluster before a gke run: every problem in one
     report, exit 2 when there is one; creates nothing."""
     from components.platforms import RunContext
@@ -48,7 +54,7 @@ def cmd_preflight(args) -> int:
     return 0
 
 
-def cmd_janitor(args) -> int:
+def cmd_janitor(args: argparse.Namespace) -> int:
     """Tear down every gke run under the output root that is finished or older than its limit; --dry-run lists it."""
     from components.platforms.gke.run import janitor
 
@@ -62,14 +68,14 @@ def cmd_janitor(args) -> int:
     return 0
 
 
-def _with_gke_run_args(p) -> None:
+def _with_gke_run_args(p: argparse.ArgumentParser) -> None:
     """PRESET, --set and --run-id: a gke run as `tpupipe plan` and `tpupipe preflight` see it (``_gke_run``)."""
     p.add_argument("preset", help="preset name (`tpupipe presets`)")
     add_set(p, "override spec fields; dotted (cluster.num_slices=4) or unique leaf names")
     p.add_argument("--run-id", default="", help="the run id every name derives from (default: the preset name)")
 
 
-def _gke_run(args):
+def _gke_run(args: argparse.Namespace) -> tuple[RunSpec, str]:
     """(spec, run id) of PRESET --set ... --run-id; a cpu preset is a SpecError (it runs on the local platform)."""
     from components.platforms.gke.plan import document as plan
     from components.spec.names import run_id_from
@@ -80,7 +86,7 @@ def _gke_run(args):
     return spec, run_id_from(args.run_id, args.preset)
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: Commands) -> None:
     p = sub.add_parser("plan", help="every resource a gke run would create and its cost; creates nothing")
     _with_gke_run_args(p)
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or one JSON document")

@@ -4,10 +4,12 @@ the KFP backend (``pipelines.backends``)."""
 
 from __future__ import annotations
 
+import argparse
+
 from pipelines.backends import KFP_AUTHS, KFP_RUNNER, KfpPlace
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """The KFP place's options, on every command that reaches Kubeflow Pipelines."""
     p.add_argument(
         "--kfp-host",
@@ -52,7 +54,7 @@ def add_arguments(p) -> None:
     )
 
 
-def place_of(args) -> KfpPlace:
+def place_of(args: argparse.Namespace) -> KfpPlace:
     """The KFP place the flags name; the backend checks it before any call (``KfpBackend``, ``jobs.client``)."""
     return KfpPlace(
         args.kfp_host,

@@ -10,10 +10,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines import check
 from pipelines.cli.common import add_allow_defaults, add_place, add_set, allow_defaults, overrides, refuse_placeholder
 from pipelines.exits import fail
+
+if TYPE_CHECKING:
+    from pipelines.cli.common import Commands
+    from pipelines.pipeline import Target
 
 DEFAULT_PIPELINE_FILE = "build/tpupipe_pipeline.yaml"
 
@@ -37,7 +42,7 @@ Ctrl-C (or SIGTERM) during `tpupipe run` stops the running stage, runs teardown,
 """
 
 
-def cmd_presets(_args) -> int:
+def cmd_presets(_args: argparse.Namespace) -> int:
     from components.spec import presets
 
     rows = []
@@ -52,7 +57,7 @@ def cmd_presets(_args) -> int:
     return 0
 
 
-def cmd_validate(args) -> int:
+def cmd_validate(args: argparse.Namespace) -> int:
     from components.spec import reference
     from components.workload import resolve
 
@@ -68,7 +73,7 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def _target(args):
+def _target(args: argparse.Namespace) -> Target:
     from components.spec import SpecError, names
     from pipelines.pipeline import Target
 
@@ -82,7 +87,7 @@ def _target(args):
     return Target(project=args.project, region=args.region, repository=args.repository, bucket=args.bucket)
 
 
-def cmd_compile(args) -> int:
+def cmd_compile(args: argparse.Namespace) -> int:
     from components.spec.images import check_digest
     from pipelines.janitor import janitor_pipeline
     from pipelines.pipeline import compile_pipeline
@@ -100,13 +105,13 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def cmd_check_pipeline(args) -> int:
+def cmd_check_pipeline(args: argparse.Namespace) -> int:
     check.check(args.file, args.project, args.region)
     print(f"{args.file}: Vertex AI can run it as compiled (every parameter typed, defaulted and described)")
     return 0
 
 
-def cmd_publish(args) -> int:
+def cmd_publish(args: argparse.Namespace) -> int:
     from pipelines.publish.vertex import publish
 
     target = _target(args)
@@ -145,7 +150,7 @@ def cmd_publish(args) -> int:
     return 0
 
 
-def cmd_env(args) -> int:
+def cmd_env(args: argparse.Namespace) -> int:
     """The images' environments side by side: creating one is mostly pip waiting on downloads and unpacking."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -166,7 +171,7 @@ def cmd_env(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.backends.local import run as local_run
 
     preset = args.preset_name or args.preset
@@ -182,7 +187,7 @@ def cmd_run(args) -> int:
     )
 
 
-def cmd_teardown(args) -> int:
+def cmd_teardown(args: argparse.Namespace) -> int:
     """Delete what a run created, from its ledger and labels alone; exit 0 when nothing of it is left. --orphans: every
     local run under the output root whose driver is gone."""
     from pipelines.backends.local import run as local_run
@@ -194,7 +199,7 @@ def cmd_teardown(args) -> int:
     return local_run.teardown(args.run_id, args.platform, args.output_root, args.preset, overrides(args.set))
 
 
-def _with_spec_args(p, preset_positional=False):
+def _with_spec_args(p: argparse.ArgumentParser, preset_positional: bool = False) -> None:
     if preset_positional:
         p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
     else:
@@ -202,7 +207,7 @@ def _with_spec_args(p, preset_positional=False):
     add_set(p, "override spec fields; dotted (train.epochs=2) or unique leaf names (epochs=2)")
 
 
-def _with_target_args(p, project: str, region: str, offline: bool = False) -> None:
+def _with_target_args(p: argparse.ArgumentParser, project: str, region: str, offline: bool = False) -> None:
     """--project and --region (``add_place``), --repository and --bucket: where a compiled pipeline runs."""
     add_place(p, project, region, offline=offline)
     p.add_argument(
@@ -213,7 +218,7 @@ def _with_target_args(p, project: str, region: str, offline: bool = False) -> No
     p.add_argument("--bucket", default="", help="the bucket of checkpoints and run state (default PROJECT-tpupipe)")
 
 
-def _add_run(sub) -> None:
+def _add_run(sub: Commands) -> None:
     p = sub.add_parser(
         "run",
         help="run the whole pipeline with kfp.local",
@@ -250,7 +255,7 @@ def _add_run(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _add_teardown(sub) -> None:
+def _add_teardown(sub: Commands) -> None:
     p = sub.add_parser(
         "teardown",
         help="delete what a run created, by its run id (after a lost or abandoned run)",
@@ -413,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     allow_defaults(args)
     try:
         refuse_placeholder(args)
-        return args.func(args)
+        code: int = args.func(args)  # the command's (each parser's ``func`` default)
+        return code
     except TpupipeError as exc:
         return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before a run started (the run's own handler takes over then)

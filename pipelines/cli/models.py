@@ -6,10 +6,14 @@ that outlasted the retries) exits 1."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, open_registry
 from components.spec import SpecError
 from pipelines.cli.common import add_place
+
+if TYPE_CHECKING:
+    from pipelines.cli.common import Commands
 
 EXAMPLES = """examples:
   tpupipe models list                          every model of the local registry (./runs/registry)
@@ -21,13 +25,13 @@ EXAMPLES = """examples:
 """
 
 
-def _registry(args) -> Registry:
+def _registry(args: argparse.Namespace) -> Registry:
     if args.project and args.output_root:
         raise SpecError("--output-root", "names the local registry; with --project the registry is Vertex AI's")
     return open_registry(args.output_root or "runs", args.project, args.region)
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
@@ -35,7 +39,7 @@ def _aliases(version: Version) -> str:
     return ",".join(version.aliases) or "-"
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if args.name:
         versions = registry.versions(args.name)
@@ -58,7 +62,7 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     registry = _registry(args)
     name, _, ref = args.model.partition("@")
     if ref:
@@ -82,7 +86,7 @@ def cmd_show(args) -> int:
     return 0
 
 
-def cmd_promote(args) -> int:
+def cmd_promote(args: argparse.Namespace) -> int:
     registry = _registry(args)
     before = registry.champion(args.name)
     version = registry.promote(args.name, args.version)
@@ -93,7 +97,7 @@ def cmd_promote(args) -> int:
     return 0
 
 
-def cmd_rollback(args) -> int:
+def cmd_rollback(args: argparse.Namespace) -> int:
     registry = _registry(args)
     before = registry.champion(args.name)
     version = registry.rollback(args.name)
@@ -103,7 +107,7 @@ def cmd_rollback(args) -> int:
     return 0
 
 
-def _place_args(p) -> None:
+def _place_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-root", default="", help="the local registry is OUTPUT_ROOT/registry (default ./runs)")
     add_place(
         p,
@@ -113,7 +117,7 @@ def _place_args(p) -> None:
     )
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: Commands) -> None:
     p = sub.add_parser(
         "models",
         help="the model registry: list, show, promote, rollback",

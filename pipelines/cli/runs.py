@@ -3,13 +3,19 @@ directory or Cloud Storage: the same records on every platform, and still there 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.store import RunStore, open_store, read_json
 from components.spec import SpecError
 from components.stages.table import STAGES, TABLE
+
+if TYPE_CHECKING:
+    from pipelines.cli.common import Commands
 
 JOB_STAGES = tuple(stage.name for stage in TABLE if stage.job)  # each runs a Ray job, its log logs/<stage>.log
 FOLLOW_S = 2.0  # how often --follow reads the log again (a gke run saves it to Cloud Storage every 15 s)
@@ -23,7 +29,7 @@ def run_store(run: str, output_root: str) -> RunStore:
     return open_store(root, run_id)
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     """A finished run's summary (its table, goodput and where the chip-seconds went) from its ``summary.json``; with
     ``--answers``, its side-by-side page instead, as the run wrote it (``components.stages.answers.SIDE_BY_SIDE``: the
     metrics table, then the examples, regressions first), the one artifact the Vertex UI shows too."""
@@ -48,13 +54,13 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _header(stage: str, rec: dict) -> str:
+def _header(stage: str, rec: dict[str, Any]) -> str:
     seconds = f", {rec['seconds']:.1f}s" if rec.get("seconds") is not None else ""
     error = f"\n{rec['error']}" if rec.get("error") else ""
     return f"== {stage}: {rec.get('status', 'unknown')}{seconds}{error}"
 
 
-def cmd_logs(args) -> int:
+def cmd_logs(args: argparse.Namespace) -> int:
     """A stage's record and its job's whole log (``--stage``), or every stage's record with the last lines of each
     job log; ``--follow`` prints a running stage's log as it grows, until the stage ends."""
     store = run_store(args.run, args.output_root)
@@ -77,7 +83,7 @@ def cmd_logs(args) -> int:
     return 0
 
 
-def _stage_log(store: RunStore, stage: str, follow: bool, sleep=time.sleep) -> int:
+def _stage_log(store: RunStore, stage: str, follow: bool, sleep: Callable[[float], None] = time.sleep) -> int:
     shown = 0
     while True:
         rec = read_json(store, f"stages/{stage}.json") or {}
@@ -92,7 +98,7 @@ def _stage_log(store: RunStore, stage: str, follow: bool, sleep=time.sleep) -> i
     return 0
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: Commands) -> None:
     p = sub.add_parser(
         "show",
         help="a run's summary: its stages, figures, goodput and where the chip-seconds went",

@@ -3,12 +3,18 @@ AI, or on Kubeflow Pipelines given ``--kfp-host``. The backend is picked once (`
 one interface (``pipelines.backends.Backend``), whose normalised answers are formatted here alike for both. Bad input
 exits 2 before any API call."""
 
+from __future__ import annotations
+
 import argparse
 import shlex
+from typing import TYPE_CHECKING, Any
 
 from pipelines.backends import VERTEX_STATES, Backend, Submission, get_backend
 from pipelines.cli import kfp as cli_kfp
 from pipelines.cli.common import add_place, add_set, overrides
+
+if TYPE_CHECKING:
+    from pipelines.cli.common import Commands
 
 EXAMPLES = """examples:
   tpupipe submit llama3-8b-v6e-16x2 --project my-project --wait
@@ -30,7 +36,7 @@ def _labels(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _overrides(args) -> str:
+def _overrides(args: argparse.Namespace) -> str:
     """The run's overrides: ``--set``'s, then what ``--data-since champion`` means, ``train.data_since=champion`` and,
     unless ``--set`` names a start of its own (which validation then refuses), ``train.init_from=champion``: a run
     that trains only on what the champion has not seen continues from the champion."""
@@ -41,7 +47,7 @@ def _overrides(args) -> str:
     return " ".join([given, *since]).strip()
 
 
-def _submission(args, backend: Backend) -> Submission:
+def _submission(args: argparse.Namespace, backend: Backend) -> Submission:
     """The run the flags describe, in the project the backend bills it to (``Backend.run_project``)."""
     overrides = _overrides(args)
     project = backend.run_project(args.project, args.preset, overrides)
@@ -60,7 +66,7 @@ def _submission(args, backend: Backend) -> Submission:
     )
 
 
-def _job_args(p, preset: bool = True) -> None:
+def _job_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
         p.add_argument("preset", help="the preset (`tpupipe presets`)")
     add_set(p, "override spec fields")
@@ -100,7 +106,7 @@ def _job_args(p, preset: bool = True) -> None:
     )
 
 
-def backend_of(args) -> Backend:
+def backend_of(args: argparse.Namespace) -> Backend:
     """The backend the command's flags pick, once: Kubeflow Pipelines with --kfp-host, else Vertex AI."""
     if args.kfp_host:
         return get_backend(
@@ -109,7 +115,7 @@ def backend_of(args) -> Backend:
     return get_backend("vertex", project=args.project, region=args.region)
 
 
-def cmd_submit(args) -> int:
+def cmd_submit(args: argparse.Namespace) -> int:
     backend = backend_of(args)
     run = backend.submit(_submission(args, backend), publish_first=args.publish)
     print(f"submitted {' '.join(filter(None, (run.named, run.detail)))}\n  {run.url}", flush=True)
@@ -120,7 +126,7 @@ def cmd_submit(args) -> int:
     return 0 if outcome.succeeded else 1
 
 
-def cmd_schedule(args) -> int:
+def cmd_schedule(args: argparse.Namespace) -> int:
     backend = backend_of(args)
     noun = backend.schedule_noun
     if args.action == "create":
@@ -140,7 +146,7 @@ def cmd_schedule(args) -> int:
     return 0
 
 
-def cmd_runs(args) -> int:
+def cmd_runs(args: argparse.Namespace) -> int:
     backend = backend_of(args)
     if args.action == "list":
         for row in backend.runs(args.preset, args.state):
@@ -161,13 +167,13 @@ def cmd_runs(args) -> int:
     return 0
 
 
-def _usd(cost: dict) -> str:
+def _usd(cost: dict[str, Any]) -> str:
     if cost["usd"] is None:
         return "unknown (a price is missing from the table: see tpupipe plan)"
     return f"${cost['usd']:,.2f} ({cost['hours']:.2f} h at ${cost['usd_per_hour']:,.2f}/h, list prices)"
 
 
-def add_commands(sub) -> None:
+def add_commands(sub: Commands) -> None:
     p = sub.add_parser(
         "submit",
         help="submit a run to Vertex AI Pipelines",

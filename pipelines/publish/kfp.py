@@ -2,10 +2,15 @@
 as a version, and with ``--janitor-schedule`` the janitor pipeline and its recurring run there (docs/kubeflow.md)."""
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.pipeline import Target, compile_pipeline
 from pipelines.publish.vertex import Published
+
+if TYPE_CHECKING:
+    from pipelines.backends.kfp.jobs import Place
 
 # Kubeflow Pipelines' API server as a pod in the cluster reaches it: the ml-pipeline Service of a standard install, in
 # the kubeflow namespace, on its HTTP port (the KFP "Connect the Pipelines SDK to Kubeflow Pipelines" guide,
@@ -14,7 +19,9 @@ KFP_IN_CLUSTER_HOST = "http://ml-pipeline.kubeflow:8888"
 KFP_JANITOR_CRON = "0 */15 * * * *"  # KFP's 6 fields, seconds first: every 15 minutes, as on Vertex AI
 
 
-def publish_kfp(target: Target, published: Published, place, janitor: bool, log=print) -> str:
+def publish_kfp(
+    target: Target, published: Published, place: "Place", janitor: bool, log: Callable[[str], None] = print
+) -> str:
     """The pipeline, as ``publish`` pinned it, uploaded to Kubeflow Pipelines as a version named after the source
     version; with ``janitor``, the janitor pipeline too, and its recurring run every 15 minutes in the experiment
     (replaced when it runs another version). The version's name."""

@@ -10,8 +10,10 @@
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from components.spec.images import DOCKER_BUILDER
 from pipelines.pipeline import PIPELINE_IMAGE, Target, compile_pipeline, source_version
@@ -35,7 +37,7 @@ def kfp_host(target: Target, kfp_repository: str) -> str:
     return f"{base.rstrip('/')}/{target.project}/{kfp_repository}"
 
 
-def build_body(target: Target, image: str, tag: str, build_account: str = "") -> dict:
+def build_body(target: Target, image: str, tag: str, build_account: str = "") -> dict[str, Any]:
     """The Cloud Build of the components image: ``images/pipeline/Dockerfile`` over the uploaded context, as
     ``build_account`` when given (``Build.service_account``, its logs in Cloud Logging only, as such a build must
     choose: https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
@@ -85,7 +87,12 @@ def pin_images(template: str) -> tuple[str, list[str]]:
 
 
 def publish(
-    target: Target, kfp_repository: str, version: str, log=print, build_account: str = "", allow_default: bool = False
+    target: Target,
+    kfp_repository: str,
+    version: str,
+    log: Callable[[str], None] = print,
+    build_account: str = "",
+    allow_default: bool = False,
 ) -> Published:
     """Build the components image if missing and upload the pinned template. Cloud Build's account is refused, before
     any call, when it is the project's default build account (none named) or the Compute Engine default one, unless
@@ -145,7 +152,8 @@ def publish(
         from kfp.registry import RegistryClient
 
         if not creds.valid:  # kfp refreshes them only for a *-kfp.pkg.dev host (its RegistryClient._refresh_creds)
-            creds.refresh(google.auth.transport.requests.Request())
+            request = google.auth.transport.requests.Request()
+            creds.refresh(request)  # type: ignore[no-untyped-call]  # google-auth's refresh is unannotated
         package, package_version = RegistryClient(host=host, auth=creds).upload_pipeline(path, tags=list(tags))
     log(f"publish: template {package}/{package_version} in {host}, tags {', '.join(tags)}")
     return Published(f"{image}@{digest}", built, f"{package}/{package_version}", tags, host)

@@ -6,6 +6,7 @@ in one line."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from components.spec import SpecError
 from components.spec.names import EXAMPLE_PROJECT
@@ -13,9 +14,13 @@ from pipelines.backends.base import Backend, Outcome, RunRow, ScheduleRow, Shown
 from pipelines.backends.kfp import identity, jobs
 from pipelines.backends.vertex import jobs as vertex
 
+if TYPE_CHECKING:
+    from kfp.client import Client  # no type information: Any to mypy
 
-def _cron(recurring_run: dict) -> str:
-    return ((recurring_run.get("trigger") or {}).get("cron_schedule") or {}).get("cron", "")
+
+def _cron(recurring_run: dict[str, Any]) -> str:
+    cron: str = ((recurring_run.get("trigger") or {}).get("cron_schedule") or {}).get("cron", "")
+    return cron
 
 
 def warn(message: str) -> None:
@@ -26,14 +31,14 @@ class KfpBackend(Backend):
     name = "kfp"
     schedule_noun = "recurring run"
 
-    def __init__(self, place: jobs.Place, service_account: str = "", runner: str = identity.DEFAULT_RUNNER):
+    def __init__(self, place: jobs.Place, service_account: str = "", runner: str = identity.DEFAULT_RUNNER) -> None:
         """``service_account``: the Google service account the KFP runner acts as by Workload Identity (checked
         before a run is created when named); ``runner``: that runner's Kubernetes service account."""
         jobs.check_place(place)  # bad input, before any call
         self.place, self.service_account, self.runner = place, service_account, runner
-        self._client = None
+        self._client: Client | None = None
 
-    def client(self):
+    def client(self) -> Client:
         if self._client is None:
             self._client = jobs.client(self.place)
         return self._client

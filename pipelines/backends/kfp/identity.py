@@ -9,9 +9,13 @@ provision stage's preflight (``components.platforms.gke.checks.preflight``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from components.spec import SpecError
 from components.spec.gke_checks import SERVICE_ACCOUNT
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 # The roles every run needs of the identity its tasks run as: the cluster and its node pools (docs/gke.md, "IAM
@@ -24,7 +28,14 @@ RUN_ROLES = (
 DEFAULT_RUNNER = "pipeline-runner"
 
 
-def check(project: str, account: str, namespace: str, runner: str, log: Callable[[str], None] = print, creds=None):
+def check(
+    project: str,
+    account: str,
+    namespace: str,
+    runner: str,
+    log: Callable[[str], None] = print,
+    creds: Credentials | None = None,
+) -> None:
     """SpecError naming ``--kfp-service-account`` when the Workload Identity binding or a role is missing; the risks
     of basic roles as warnings."""
     from components.cloud import iam

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from components.cloud.kfp import ENDED as TERMINAL
@@ -39,6 +40,9 @@ from components.cloud.kfp import SA_TOKEN_PATH
 from components.spec import InfraError, SpecError
 from pipelines import run_ids
 from pipelines.backends.vertex import jobs as vertex
+
+if TYPE_CHECKING:  # kfp ships no type information: its client and what it answers are Any to mypy
+    from kfp.client import Client
 
 PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
@@ -125,7 +129,7 @@ def check_place(place: Place) -> None:
         )
 
 
-def client(place: Place):
+def client(place: Place) -> Client:
     """The ``kfp.Client`` of the place, its API server answering (an unreachable one is an InfraError, exit 1)."""
     from kfp.client import ServiceAccountTokenVolumeCredentials
 
@@ -184,11 +188,14 @@ def _iap_token(place: Place) -> str:
     if token and time.monotonic() - fetched < IAP_TOKEN_REUSE_S:
         return token
     try:
-        token = id_token.fetch_id_token(google.auth.transport.requests.Request(), place.iap_client_id)
+        # google-auth's fetch_id_token is unannotated
+        fetched_now: str = id_token.fetch_id_token(  # type: ignore[no-untyped-call]
+            google.auth.transport.requests.Request(), place.iap_client_id
+        )
     except Exception as exc:  # noqa: BLE001 - any failure to get a token is one line
         raise InfraError(f"--kfp-auth iap: no Google ID token for {place.iap_client_id}: {exc}") from None
-    _iap_tokens[place.iap_client_id] = (time.monotonic(), token)
-    return token
+    _iap_tokens[place.iap_client_id] = (time.monotonic(), fetched_now)
+    return fetched_now
 
 
 def bearer(place: Place) -> dict[str, str]:
@@ -214,7 +221,7 @@ def _reason(exc: Exception) -> str:
     return f"{status} {message}".strip() or str(exc).splitlines()[0]
 
 
-def call(what: str, fn, *args, **kwargs):
+def call[T](what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """A kfp.Client call whose refusal is an InfraError of one line naming what was asked."""
     import contextlib
     import io
@@ -235,7 +242,7 @@ def call(what: str, fn, *args, **kwargs):
         raise InfraError(f"{what}: {_reason(exc)}") from None
 
 
-def experiment_id(kfp_client, place: Place) -> str:
+def experiment_id(kfp_client: Client, place: Place) -> str:
     experiment = call(
         f"the experiment {EXPERIMENT} in namespace {place.namespace}",
         kfp_client.create_experiment,
@@ -243,7 +250,8 @@ def experiment_id(kfp_client, place: Place) -> str:
         description="tpupipe runs",
         namespace=place.namespace,
     )
-    return experiment.experiment_id
+    found: str = experiment.experiment_id
+    return found
 
 
 def version_name(template: str) -> str:
@@ -254,7 +262,7 @@ def version_name(template: str) -> str:
     return f"{source_version()[:12] or 'unversioned'}-{digest}"
 
 
-def upload(kfp_client, template: str, namespace: str, pipeline: str = PIPELINE) -> tuple[str, str]:
+def upload(kfp_client: Client, template: str, namespace: str, pipeline: str = PIPELINE) -> tuple[str, str]:
     """The pipeline and its version for this compiled file, uploaded unless there: (pipeline id, version id).
 
     The pipeline is the namespace's own, not a shared one: on a multi-user server anyone may upload a version of a
@@ -295,7 +303,7 @@ def upload(kfp_client, template: str, namespace: str, pipeline: str = PIPELINE) 
     return pipeline_id, version.pipeline_version_id
 
 
-def _same_spec(stored: dict, template: str) -> bool:
+def _same_spec(stored: dict[str, Any], template: str) -> bool:
     """Whether a version's ``pipeline_spec``, as the server returns it, is the compiled file's. The server keeps the
     spec as the PipelineSpec proto writes it (``V2Spec.Bytes``, backend/src/apiserver/template/v2_template.go: fields
     at their defaults left out, int64s as strings) and returns it as a Struct, nested under ``pipeline_spec`` and
@@ -318,7 +326,7 @@ def _same_spec(stored: dict, template: str) -> bool:
         return False
 
 
-def parameters(sub: vertex.Submission, run_id: str = "") -> dict:
+def parameters(sub: vertex.Submission, run_id: str = "") -> dict[str, Any]:
     values = {"preset": sub.preset, "overrides": sub.overrides}
     return values | ({"run_id": run_id} if run_id else {}) | ({"dataset": sub.dataset} if sub.dataset else {})
 
@@ -356,25 +364,28 @@ def run_url(place: Place, run_id: str) -> str:
     return f"{place.host.rstrip('/')}/#/runs/details/{run_id}"
 
 
-def get(kfp_client, run_id: str) -> dict:
+def get(kfp_client: Client, run_id: str) -> dict[str, Any]:
     """The run as a dict of its API fields (``V2beta1Run.to_dict``)."""
-    return call(f"run {run_id}", kfp_client.get_run, run_id).to_dict()
+    run: dict[str, Any] = call(f"run {run_id}", kfp_client.get_run, run_id).to_dict()
+    return run
 
 
-def spec_of(kfp_client, run: dict) -> dict:
+def spec_of(kfp_client: Client, run: dict[str, Any]) -> dict[str, Any]:
     """The pipeline spec the run ran: its own, else its version's."""
-    if run.get("pipeline_spec"):
-        return run["pipeline_spec"]
+    own: dict[str, Any] = run.get("pipeline_spec") or {}
+    if own:
+        return own
     ref = run.get("pipeline_version_reference") or {}
     if not ref.get("pipeline_version_id"):
         return {}
     version = call(
         "its pipeline version", kfp_client.get_pipeline_version, ref["pipeline_id"], ref["pipeline_version_id"]
     )
-    return version.pipeline_spec or {}
+    spec: dict[str, Any] = version.pipeline_spec or {}
+    return spec
 
 
-def as_job(run: dict, spec: dict) -> dict:
+def as_job(run: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """The run in the shape of a Vertex AI pipeline job's dict, for what reads both (``vertex.stages``,
     ``stopping.run_of``): its name, parameters, spec and task details (their errors with them)."""
     details = (run.get("run_details") or {}).get("task_details") or []
@@ -392,12 +403,16 @@ def as_job(run: dict, spec: dict) -> dict:
 
 
 def follow(
-    kfp_client, run_id: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None
-) -> dict:
+    kfp_client: Client,
+    run_id: str,
+    log: Callable[[str], None] = print,
+    poll_s: float = 5.0,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
     """Print each stage's state as it changes until the run ends; the run as a Vertex-shaped job (``as_job``)."""
     seen: dict[str, str] = {}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    spec: dict = {}
+    spec: dict[str, Any] = {}
     while True:
         run = get(kfp_client, run_id)
         spec = spec or spec_of(kfp_client, run)
@@ -413,7 +428,7 @@ def follow(
         time.sleep(poll_s)
 
 
-def runs(kfp_client, place: Place, preset: str = "", state: str = "") -> list[dict]:
+def runs(kfp_client: Client, place: Place, preset: str = "", state: str = "") -> list[dict[str, Any]]:
     """tpupipe's runs in the namespace's experiment, newest first, of one preset, in one state."""
     if state and state not in STATES:
         raise SpecError("--state", f"unknown state {state!r}", list(STATES))
@@ -432,7 +447,7 @@ def runs(kfp_client, place: Place, preset: str = "", state: str = "") -> list[di
     return [r for r in found if not state or r.get("state") == STATES[state]]
 
 
-def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None] = print) -> int:
+def cancel(kfp_client: Client, run_id: str, timeout_s: float, log: Callable[[str], None] = print) -> int:
     """Terminate the run (unless it has ended), wait for it to end, then tear its run down from its ledger, as
     ``tpupipe runs cancel`` does on Vertex AI: on KFP's Argo backend a terminated run's exit handler fails past the
     workflow's deadline without running (kubeflow/pipelines#6101), so its teardown is done here."""
@@ -462,7 +477,7 @@ def cancel(kfp_client, run_id: str, timeout_s: float, log: Callable[[str], None]
     return stopping.teardown_after(job, run.get("state") == "CANCELED", f"run {run_id}", log)
 
 
-def scheduled_run_id(run: dict) -> str:
+def scheduled_run_id(run: dict[str, Any]) -> str:
     """The run id the tasks of a recurring run's run derive: from its workflow's name, which is its display name."""
     from components.spec.names import run_id_from
 
@@ -523,7 +538,7 @@ def schedule_time_note(version: tuple[int, ...] | None) -> str:
     )
 
 
-def show(kfp_client, run_id: str) -> dict:
+def show(kfp_client: Client, run_id: str) -> dict[str, Any]:
     """A run's stages (its figures are its tasks' Metrics artifacts, in the KFP UI)."""
     run = get(kfp_client, run_id)
     job = as_job(run, spec_of(kfp_client, run))
@@ -593,7 +608,8 @@ def schedule_create(
         pipeline_root=sub.pipeline_root,
         service_account=sub.service_account or None,
     )
-    return created.recurring_run_id
+    made: str = created.recurring_run_id
+    return made
 
 
 def _dated(sub: vertex.Submission) -> bool:
@@ -604,7 +620,7 @@ def _dated(sub: vertex.Submission) -> bool:
     return "date" in datasets.placeholders(resolve(sub.preset, sub.resolved_overrides).train.dataset)
 
 
-def recurring_runs(kfp_client, place: Place) -> list[dict]:
+def recurring_runs(kfp_client: Client, place: Place) -> list[dict[str, Any]]:
     listed = call(
         "the recurring runs",
         kfp_client.list_recurring_runs,
@@ -615,7 +631,7 @@ def recurring_runs(kfp_client, place: Place) -> list[dict]:
     return [r.to_dict() for r in listed.recurring_runs or []]
 
 
-def schedule_action(kfp_client, place: Place, name: str, action: str) -> None:
+def schedule_action(kfp_client: Client, place: Place, name: str, action: str) -> None:
     """pause, resume or delete the recurring run NAME."""
     found = next((r for r in recurring_runs(kfp_client, place) if r["display_name"] == name), None)
     if found is None:

@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO, cast
 
 from components.platforms import RunContext, get_platform, interrupts, procs
 from components.platforms.store import read_json
@@ -61,7 +61,7 @@ class Interrupts:
     """While inside: the driver's handler of SIGINT, SIGTERM and SIGHUP (see the module's docstring). ``signum`` is the
     first signal taken (None when none came); ``abandoned`` says whether a later one abandoned teardown."""
 
-    def __init__(self, ctx: RunContext, output_root: str):
+    def __init__(self, ctx: RunContext, output_root: str) -> None:
         self.ctx, self.output_root = ctx, output_root
         self.signum: int | None = None
         self.count = 0
@@ -75,10 +75,11 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         os.environ[interrupts.DRIVER_ENV] = str(os.getpid())  # every stage (and the keeper) knows the driver
         self._previous = {s: signal.signal(s, self._first) for s in interrupts.SIGNALS}
-        sys.stdout, sys.stderr = (_Terminal(stream, self._to_log) for stream in self._streams)
+        # A _Terminal is a TextIO by delegation: it writes and flushes, and hands every other attribute to its stream.
+        sys.stdout, sys.stderr = (cast(TextIO, _Terminal(stream, self._to_log)) for stream in self._streams)
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         # After an interrupt the signals stay blocked (see _first): the driver is about to print the summary and exit.
         for s, h in self._previous.items():
             signal.signal(s, h)
@@ -113,7 +114,7 @@ class Interrupts:
         left = get_platform(self.ctx.platform).remaining(self.ctx)
         return ", ".join(left) if left else "nothing the ledger records"
 
-    def _first(self, signum: int, _frame) -> None:
+    def _first(self, signum: int, _frame: FrameType | None) -> None:
         """The first interrupt (in the main thread): mark the run, pass the signal to the running stage. From then on
         the signals are blocked here and taken by a thread of their own (``_more``, with ``sigwait``), and SIGINT's
         disposition is to ignore it: an ignored signal stays ignored in the processes started after it, through
@@ -179,10 +180,10 @@ class _Terminal:
     SIGHUP's handler has run) sends what the driver prints from then on to the run's log, as SIGHUP does, and is
     written there."""
 
-    def __init__(self, stream, to_log):
+    def __init__(self, stream: TextIO, to_log: Callable[[], None]) -> None:
         self._stream, self._to_log = stream, to_log
 
-    def _again(self, call, *args):
+    def _again[T](self, call: Callable[..., T], *args: Any) -> T:
         try:
             return call(*args)
         except OSError as exc:
@@ -197,12 +198,13 @@ class _Terminal:
     def flush(self) -> None:
         self._again(self._stream.flush)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
 def _status(ctx: RunContext, stage: str) -> str:
     try:
-        return (read_json(ctx.store, f"stages/{stage}.json") or {}).get("status", "")
+        status: str = (read_json(ctx.store, f"stages/{stage}.json") or {}).get("status", "")
+        return status
     except ValueError:  # a record being written
         return ""

@@ -96,7 +96,7 @@ class Render:
     bar's first line (again after a restart moved it back), its last, and between them one line at most every
     ``REPEAT_S``: the log a pipe fills stays short, the run's log has every line."""
 
-    def __init__(self, tty: bool, clock=time.monotonic):
+    def __init__(self, tty: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.tty, self.clock = tty, clock
         self.open = False  # a bar is drawn on the terminal's current line
         self.bars: dict[str, tuple[int, float]] = {}  # piped: a bar -> (its last done, when it was last shown)
@@ -148,7 +148,7 @@ class Quiet:
         self._thread.start()
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

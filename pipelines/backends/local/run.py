@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.exits import fail
+
+if TYPE_CHECKING:
+    from components.platforms import RunContext
 
 
 def default_run_id(preset: str) -> str:
@@ -114,7 +118,7 @@ def run(
     return 0 if summary["status"] in ("succeeded", "skipped") and not interrupted.signum else failed
 
 
-def _check_unused(ctx) -> None:
+def _check_unused(ctx: RunContext) -> None:
     """SpecError (exit 2) when the run's id has had a ledger under the output root, or a driver beats there
     (``pipelines.run_ids``): a second run would resume its checkpoints and write its outputs."""
     from components.platforms import heartbeat
@@ -124,7 +128,7 @@ def _check_unused(ctx) -> None:
     run_ids.refuse_reused(ctx.run_id, ctx.store, heartbeat.fresh(ctx.store), ledgers.load(ctx.store) is not None)
 
 
-def _dry_run(ctx) -> int:
+def _dry_run(ctx: RunContext) -> int:
     """Print the calls the run would make, in order, and create nothing (gke: no credentials, no network)."""
     from components.platforms import get_platform
     from components.spec.images import IMAGE_WITH_DIGEST

@@ -9,18 +9,24 @@ service account is warned of, not refused, when it is the Compute Engine default
 (``service_account``).
 """
 
+from __future__ import annotations
+
 import os
 import re
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV
 from components.spec import RunSpec, SpecError, names
 from pipelines import run_ids
 from pipelines.backends.base import Submission as Submission  # the interface's, named here as before
 from pipelines.backends.vertex import service_account
+
+if TYPE_CHECKING:
+    from google.cloud import aiplatform
 
 TERMINAL = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 STATES = {
@@ -147,7 +153,7 @@ def published_template(sub: Submission, publish_first: bool = False, log: Callab
     return template
 
 
-def pipeline_job(sub: Submission, job_id: str = "", template: str = ""):
+def pipeline_job(sub: Submission, job_id: str = "", template: str = "") -> aiplatform.PipelineJob:
     from google.cloud import aiplatform
 
     parameters = {"preset": sub.preset, "overrides": sub.overrides}
@@ -184,7 +190,7 @@ def submit(sub: Submission, job_id: str = "", publish_first: bool = False, log: 
     return job.resource_name
 
 
-def stages(job: dict) -> list[dict]:
+def stages(job: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's component tasks (the stages) among its task details, which also hold its DAG-level tasks: the root
     (named after the job), the exit handler's group and the condition's (``PipelineTaskDetail.parent_task_id``'s
     field docs; the SDK's model_evaluation_job.py reads the root task by the job's name). A component task is one
@@ -192,7 +198,7 @@ def stages(job: dict) -> list[dict]:
     spec = job.get("pipelineSpec", {})
     names: set[str] = set()
 
-    def walk(component: dict) -> None:
+    def walk(component: dict[str, Any]) -> None:
         for key, task in component.get("dag", {}).get("tasks", {}).items():
             child = spec.get("components", {}).get(task["componentRef"]["name"], {})
             if "dag" in child:
@@ -204,7 +210,9 @@ def stages(job: dict) -> list[dict]:
     return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
 
 
-def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None) -> dict:
+def follow(
+    name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None
+) -> dict[str, Any]:
     """Print each task's state as it changes until the job ends; the final job as a dict. Past ``timeout_s``, an
     InfraError saying the job's state."""
     from google.cloud import aiplatform
@@ -227,7 +235,7 @@ def follow(name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, t
         time.sleep(poll_s)
 
 
-def failing_stage(job: dict) -> str:
+def failing_stage(job: dict[str, Any]) -> str:
     """The first stage that failed, with its error, or ''."""
     for task in stages(job):
         if task["state"] == "FAILED":
@@ -252,7 +260,7 @@ def list_filter(preset: str = "", state: str = "") -> str:
     return " AND ".join(terms)
 
 
-def runs(preset: str = "", state: str = "") -> list[dict]:
+def runs(preset: str = "", state: str = "") -> list[dict[str, Any]]:
     """tpupipe's jobs, newest first, in the list's simple view (``enable_simple_view``: state, names, times, labels;
     no spec, no task details)."""
     import logging
@@ -270,7 +278,7 @@ def job_name(job: str, project: str, region: str) -> str:
     return job if job.startswith("projects/") else f"projects/{project}/locations/{region}/pipelineJobs/{job}"
 
 
-def show(name: str) -> dict:
+def show(name: str) -> dict[str, Any]:
     """A job's stages, figures (its Metrics artifacts) and console URL."""
     from google.cloud import aiplatform
 
@@ -293,7 +301,7 @@ def show(name: str) -> dict:
     }
 
 
-def cost_so_far(job: dict) -> dict:
+def cost_so_far(job: dict[str, Any]) -> dict[str, Any]:
     """The run's list-price cost from its start to now (or its end): the plan's hourly price of its spec. Unknown
     (``usd`` None) when a price is missing from the table, as in ``tpupipe plan``."""
     from datetime import UTC, datetime

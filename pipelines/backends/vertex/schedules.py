@@ -2,11 +2,17 @@
 makes (``pipelines.backends.vertex.jobs``), its cron checked before any call, one run at a time by default.
 """
 
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING, Any
 
 from components.spec import SpecError
 from pipelines.backends.vertex import jobs as vertex
 from pipelines.backends.vertex import service_account
+
+if TYPE_CHECKING:
+    from google.cloud import aiplatform
 
 CRON = re.compile(r"^((CRON_)?TZ=(?P<tz>[A-Za-z0-9_+\-/]+) )?(?P<fields>\S+( \S+){4})$")
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
@@ -53,7 +59,7 @@ def schedule_create(
     # Imported after the checks and the credentials: bad input is answered without the SDK's seconds of import.
     from google.cloud import aiplatform
 
-    if find(name, required=False) is not None:
+    if find(name) is not None:
         raise SpecError("NAME", f"a schedule named {name!r} exists already", ["another name"])
     service_account.warn(sub.project, sub.service_account)
     schedule = aiplatform.PipelineJobSchedule(
@@ -75,16 +81,15 @@ def schedule_create(
     return schedule.resource_name
 
 
-def find(name: str, required: bool = True):
+def find(name: str) -> aiplatform.PipelineJobSchedule | None:
+    """The schedule named ``name``, or None."""
     from google.cloud import aiplatform
 
     found = [s for s in aiplatform.PipelineJobSchedule.list() if s.display_name == name]
-    if not found and required:
-        raise SpecError("NAME", f"no schedule named {name!r}")
     return found[0] if found else None
 
 
-def schedules() -> list[dict]:
+def schedules() -> list[dict[str, Any]]:
     from google.cloud import aiplatform
 
     return [s.to_dict() for s in aiplatform.PipelineJobSchedule.list()]
@@ -92,4 +97,6 @@ def schedules() -> list[dict]:
 
 def schedule_action(name: str, action: str) -> None:
     schedule = find(name)
+    if schedule is None:
+        raise SpecError("NAME", f"no schedule named {name!r}")
     {"pause": schedule.pause, "resume": schedule.resume, "delete": schedule.delete}[action]()

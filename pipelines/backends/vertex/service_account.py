@@ -15,8 +15,12 @@ pipeline needs.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from components.platforms.gke.plan import identities
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 VERTEX_ACCOUNT_DOC = "https://cloud.google.com/vertex-ai/docs/pipelines/configure-project#service-account"
 ADVICE = (
@@ -41,7 +45,7 @@ def refuse_default(account: str, allowed: bool) -> None:
     )
 
 
-def risks(project: str, account: str, creds=None) -> list[str]:
+def risks(project: str, account: str, creds: Credentials | None = None) -> list[str]:
     """The warnings for a pipeline of ``project`` that runs as ``account`` ("" for none given)."""
     if not account:
         return [

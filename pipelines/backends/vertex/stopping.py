@@ -21,6 +21,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from components.spec import InfraError, SpecError
 from pipelines.backends.vertex import jobs as vertex
@@ -31,7 +32,7 @@ JANITOR_CRON = "*/15 * * * *"  # every 15 minutes: the longest a stopped run's s
 CANCEL_TIMEOUT_S = 1800.0
 
 
-def run_of(job: dict) -> dict[str, str]:
+def run_of(job: dict[str, Any]) -> dict[str, str]:
     """The run a pipeline job ran: its run id (the ``run_id`` parameter, else derived from the job's id, as every task
     derives it), its output root, preset and overrides (the compiled defaults where the job set none)."""
     from components.spec.names import run_id_from
@@ -68,7 +69,7 @@ def cancel(name: str, timeout_s: float = CANCEL_TIMEOUT_S, log: Callable[[str], 
     return teardown_after(job, job["state"] == "PIPELINE_STATE_CANCELLED", name, log)
 
 
-def teardown_after(job: dict, cancelled: bool, name: str, log: Callable[[str], None] = print) -> int:
+def teardown_after(job: dict[str, Any], cancelled: bool, name: str, log: Callable[[str], None] = print) -> int:
     """Tear down the run a stopped pipeline job ran (a Vertex AI job, or a KFP run in its shape), from its ledger;
     0 when the job ended ``cancelled`` and nothing of the run is left."""
     from components.platforms import ledger as ledgers
@@ -102,7 +103,7 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
 
     target = Target(project=project, region=region)
     vertex.init(project, region)
-    existing = schedules.find(JANITOR_SCHEDULE, required=False)
+    existing = schedules.find(JANITOR_SCHEDULE)
     with tempfile.TemporaryDirectory() as tmp:
         path, missing = pin_images(compile_pipeline(str(Path(tmp) / "janitor.yaml"), target, janitor_pipeline))
         if missing:
@@ -132,7 +133,7 @@ def janitor_schedule(project: str, region: str, service_account: str = "", log: 
     return schedule.resource_name
 
 
-def _images(job: dict) -> set[str]:
+def _images(job: dict[str, Any]) -> set[str]:
     """The images a compiled pipeline's (or a pipeline job's ``pipelineSpec``'s) tasks run in."""
     spec = job.get("pipelineSpec", job)
     return {e["container"]["image"] for e in spec.get("deploymentSpec", {}).get("executors", {}).values()}

@@ -17,7 +17,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 # EMULATOR_HOST_ENV: the ClusterManager endpoint of an emulator (host:port, plaintext gRPC), as Google's emulators
 # are found (PUBSUB_EMULATOR_HOST and the like); unset, the client talks to container.googleapis.com.
@@ -75,7 +75,7 @@ def cluster_manager(creds: Credentials | None = None) -> ClusterManagerClient:
     return google_client(container_v1.ClusterManagerClient, EMULATOR_HOST_ENV, creds=creds)
 
 
-class Gke(Adapter):
+class Gke(Adapter["ClusterManagerClient"]):
     """Get-or-create, wait, delete for the run's cluster and node pools. ``record`` is called with every resource
     this run starts creating, before anything waits on it (the ledger)."""
 
@@ -83,7 +83,7 @@ class Gke(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            return cast("Cluster", self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name)))
+            return self.call(f"get cluster {name}", lambda: self.client.get_cluster(name=name))
         except gexc.NotFound:
             return None
 
@@ -91,7 +91,7 @@ class Gke(Adapter):
         from google.api_core import exceptions as gexc
 
         try:
-            return cast("NodePool", self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name)))
+            return self.call(f"get node pool {name}", lambda: self.client.get_node_pool(name=name))
         except gexc.NotFound:
             return None
 
@@ -340,12 +340,9 @@ class Gke(Adapter):
         if found is None:
             return None
         try:
-            return cast(
-                "Operation",
-                self.call(
-                    f"get operation {found[0]}",
-                    lambda: self.client.get_operation(name=f"{location_path}/operations/{found[0]}"),
-                ),
+            return self.call(
+                f"get operation {found[0]}",
+                lambda: self.client.get_operation(name=f"{location_path}/operations/{found[0]}"),
             )
         except gexc.NotFound:
             return None

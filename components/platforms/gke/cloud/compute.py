@@ -96,7 +96,7 @@ def _request(kind: str, resource_path: str) -> dict[str, str]:
     return request
 
 
-class Compute(Adapter):
+class Compute(Adapter["Clients"]):
     """Get-or-create, wait, delete for the run's Compute Engine resources. ``record(kind, path)`` is called with
     every resource this run starts creating, before anything waits on it (the ledger)."""
 
