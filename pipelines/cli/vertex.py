@@ -94,7 +94,9 @@ def _job_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
         "--dataset",
         default="",
         help="the examples to train on instead of the preset's (the run form's dataset field): gs://BUCKET/PREFIX/, "
-        "gs://BUCKET/PATH/*.jsonl or bq://PROJECT.DATASET.TABLE; {date} is the schedule's date (YYYY-MM-DD, UTC)",
+        "gs://BUCKET/PATH/*.jsonl or bq://PROJECT.DATASET.TABLE; {date} is the schedule's date (YYYY-MM-DD, UTC), "
+        "{date-1} the day before, {date:%%Y%%m%%d} in a format of date directives (bq://P.D.events_{date:%%Y%%m%%d}; "
+        "docs/recurring.md)",
     )
     p.add_argument(
         "--data-since",

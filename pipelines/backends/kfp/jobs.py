@@ -613,11 +613,11 @@ def schedule_create(
 
 
 def _dated(sub: vertex.Submission) -> bool:
-    """Whether the submission's dataset names the schedule's date (``{date}``)."""
+    """Whether the submission's dataset names the schedule's date (a date form: ``{date}``, ``{date-1}``, ...)."""
     from components.spec import datasets
     from components.workload import resolve
 
-    return "date" in datasets.placeholders(resolve(sub.preset, sub.resolved_overrides).train.dataset)
+    return datasets.dated(resolve(sub.preset, sub.resolved_overrides).train.dataset)
 
 
 def recurring_runs(kfp_client: Client, place: Place) -> list[dict[str, Any]]:
