@@ -84,7 +84,13 @@ def _job_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
         help="a compiled pipeline file or its Artifact Registry URL "
         "(default: compile this source tree for PROJECT and REGION)",
     )
-    p.add_argument("--service-account", default="", help="the service account the pipeline runs as")
+    p.add_argument(
+        "--service-account",
+        default="",
+        help="the service account the pipeline runs as: on Vertex AI a Google service account's e-mail; with "
+        "--kfp-host the Kubernetes service account of the run's pods in --kfp-namespace (default: the server's "
+        "runner), whose Google identity --kfp-service-account names",
+    )
     p.add_argument(
         "--network", default="", help="the VPC network to peer the pipeline with (projects/N/global/networks/NAME)"
     )
