@@ -441,7 +441,8 @@ def test_a_dated_bigquery_table_is_checked_by_its_dataset(project_factory, capsy
     project.bigquery.create_dataset("acme-data-1.events")
     data = "train.dataset=bq://acme-data-1.events.events_{date:%Y%m%d}"
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
-    assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    sessions = f"train.dataset: as the caller, may open BigQuery read sessions in project {PROJECT} (billed there)"
+    assert sessions in text, text
     assert (
         "train.dataset: as the caller, may see the dataset acme-data-1.events of the dated table "
         "bq://acme-data-1.events.events_{date:%Y%m%d} (each day's table is read by the data snapshot)"
