@@ -98,7 +98,8 @@ def tpupipe_pipeline(
         source_version: The tpupipe source (git commit) this pipeline was compiled from, recorded with the model.
         dataset: The examples to train on, instead of the preset's: gs://BUCKET/PREFIX/ (every .jsonl, .json and
             .parquet object under it), gs://BUCKET/PATH/*.jsonl, or bq://PROJECT.DATASET.TABLE; {date} in it is the
-            schedule's date (YYYY-MM-DD, UTC). Leave empty for the preset's dataset.
+            schedule's date (YYYY-MM-DD, UTC), {date-1} the day before, {date:%Y%m%d} in that format
+            (docs/recurring.md). Leave empty for the preset's dataset.
     """
     common = dict(
         preset=preset,

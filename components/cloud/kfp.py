@@ -26,9 +26,14 @@ def client(
 
 
 def connect(
-    host: str, namespace: str, credentials: TokenCredentialsBase | None = None, existing_token: str | None = None
+    host: str,
+    namespace: str,
+    credentials: TokenCredentialsBase | None = None,
+    existing_token: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Client, V2beta1GetHealthzResponse]:
-    """(a ``kfp.Client`` of ``host``, its API server's health check answer: ``multi_user`` among it)."""
+    """(a ``kfp.Client`` of ``host``, its API server's health check answer: ``multi_user`` among it). ``headers`` go
+    with every request (``with_headers``), the health check's too."""
     import logging
     import warnings
 
@@ -39,7 +44,20 @@ def connect(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
         made = kfp.Client(host=host.rstrip("/"), namespace=namespace, **auth)
+    with_headers(made, headers or {})
     return made, made.get_kfp_healthz(sleep_duration=0)
+
+
+def with_headers(made: Client, headers: dict[str, str]) -> None:
+    """Every API of the ``kfp.Client`` ``made`` sends ``headers``: they are default headers of the one
+    ``kfp_server_api.ApiClient`` its service APIs share (runs, recurring runs, experiments, pipelines, uploads,
+    healthz: ``Client.__init__`` in kfp/client/client.py, kfp 2.17), which adds them to each call's (``ApiClient.
+    set_default_header``, ``__call_api`` in kfp_server_api/api_client.py). ``kfp.Client`` takes one such header only
+    from the user's KFP context file (``client_authentication_header_name``), so they are set here."""
+    shared = {id(api.api_client): api.api_client for api in vars(made).values() if hasattr(api, "api_client")}
+    for api_client in shared.values():
+        for name, value in headers.items():
+            api_client.set_default_header(name, value)
 
 
 def in_cluster_client(host: str, namespace: str) -> Client:

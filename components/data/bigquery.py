@@ -84,8 +84,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
 from components.cloud.credentials import access_error, credentials, google_client
+from components.data.drops import NoDrop
 from components.spec import InfraError, SpecError
-from components.spec.datasets import row_filter
+from components.spec.datasets import TABLE_CATEGORIES, row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
@@ -103,9 +104,6 @@ REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of 
 PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
 # A dataset name: letters, digits and underscores, at most 1,024 (https://cloud.google.com/bigquery/docs/datasets#dataset-naming)
 DATASET = re.compile(r"[A-Za-z0-9_]{1,1024}")
-# A table name: at most 1,024 UTF-8 bytes of Unicode letters, marks, numbers, connectors, dashes and spaces (categories
-# L, M, N, Pc, Pd, Zs: https://cloud.google.com/bigquery/docs/tables#table_naming)
-TABLE_CATEGORIES = ("L", "M", "N", "Pc", "Pd", "Zs")
 TABLE_RULE = "bq://PROJECT.DATASET.TABLE"
 # the time column's schema type -> the query parameter type ``after`` is sent as (legacy and GoogleSQL names:
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema)
@@ -514,6 +512,23 @@ def missing_read(table: str, project: str, *, field: str = "train.dataset") -> l
     return [p for p in READ_PERMISSIONS if p not in held]
 
 
+def dataset_exists(dataset: str, project: str, *, field: str = "train.dataset") -> bool:
+    """Whether the dataset ``PROJECT.DATASET`` exists, asked of datasets.get (``Client.get_dataset``, which needs
+    ``bigquery.datasets.get``, held by roles/bigquery.dataViewer and every role that reads a table:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get) through a client of ``project``: where a
+    dated table (``events_{date:%Y%m%d}``) will be. No permission to see it is the caller's error, naming ``field``."""
+    from google.api_core import exceptions as gexc
+
+    creds = credentials()
+    try:
+        client(project, creds).get_dataset(dataset)
+    except gexc.NotFound:
+        return False
+    except _failures() as exc:
+        raise _refusal(exc, field, dataset, project, creds, "", "") from None
+    return True
+
+
 # The roles that hold bigquery.jobs.create on a project: the predefined ones the jobs overview names
 # (https://cloud.google.com/bigquery/docs/jobs-overview, "Required permissions") and the basic ones, each of which
 # "can start a job in the project" (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
@@ -706,8 +721,8 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     first = next((e for e in exc.errors or [] if isinstance(e, dict)), {})
     said = (first.get("message") or exc.message or str(exc)).strip().splitlines()[0]
     reason = first.get("reason", "")
-    if isinstance(exc, gexc.NotFound):
-        return SpecError(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE])
+    if isinstance(exc, gexc.NotFound):  # nothing to read where the dataset points: a dated table's day without one
+        return NoDrop(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE])
     if isinstance(exc, gexc.Forbidden) and reason == "accessDenied" and "bigquery.jobs.create" in said:
         who = _identity(creds)
         return SpecError(

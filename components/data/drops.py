@@ -16,10 +16,12 @@ what a drop that is not there means.
   theirs, is a job still writing: its files are not read, a warning names its marker, and the run reads the
   directories that are complete (the next run reads it once it is: its objects are new then). A data object updated
   after its marker was written is a later writer's, not the committed job's: it is not read, and a warning names it.
-- A drop that is not there (nothing to read under its prefix, no object or file it names) is :class:`NoDrop`: with
-  ``train.data_since=champion`` and ``{date}`` in the dataset, a day without its drop, which the run's snapshot
+- A drop that is not there (nothing to read under its prefix, no object or file it names, no such BigQuery table) is
+  :class:`NoDrop`: with ``train.data_since=champion`` and a date form in the dataset (``{date}``, ``{date-1}``,
+  ``{date:%Y%m%d}``: ``components.spec.datasets.date_forms``), a day without its drop, which the run's snapshot
   makes a run with nothing new (``skip``), as long as the directory the dated part is in exists
-  (:func:`dated_parent`; a missing one is a mistyped URI, an error). One without its marker (not one of its
+  (:func:`dated_parent`), or for a dated table (``events_{date:%Y%m%d}``) its dataset (a missing one is a mistyped
+  URI, an error). One without its marker (not one of its
   directories complete) is :class:`NotReady`, an error naming the marker: the writer is late or failed, which a
   person should see, and the next scheduled run reads the next day's drop, not this one.
 - ``.jsonl.gz`` is JSON Lines compressed with gzip (:func:`decompress`), inflated as a stream and refused past
@@ -35,7 +37,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from components.spec import SpecError
+from components.spec import SpecError, datasets
 
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952, section 2.3.1: ID1 ID2
 # The most one .gz shard may inflate to. The snapshot holds a shard's inflated bytes while it parses it, beside the
@@ -66,9 +68,11 @@ def marker_dir(path: str) -> str:
 
 
 def dated_parent(template: str) -> str:
-    """The part of a dataset (as written, before ``{date}`` is rendered) up to the directory its first ``{date}`` is
-    in, with its ``/`` (``gs://b/drops/{date}/`` -> ``gs://b/drops/``); "" when it has no ``{date}``."""
-    at = template.find("{date}")
+    """The stable prefix of a dataset (as written, before its date forms are rendered): the part up to the directory
+    its first date form (``{date}``, ``{date-1}``, ``{date:%Y/%m/%d}``: ``datasets.first_date``) is in, with its
+    ``/`` (``gs://b/drops/{date}/`` and ``gs://b/drops/{date:%Y/%m/%d}/`` -> ``gs://b/drops/``); "" when it has
+    none."""
+    at = datasets.first_date(template)
     return template[: template.rfind("/", 0, at) + 1] if at >= 0 else ""
 
 

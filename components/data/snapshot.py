@@ -17,9 +17,9 @@ evaluation set's ``digest`` is its content's (:func:`content_digest`), not its g
 
 Drops (``components.data.drops``): hidden paths (``_temporary/``, ``_SUCCESS``, ``.``-prefixed) are never read;
 with ``train.dataset_ready`` a drop is read only once its marker is there; ``.jsonl.gz`` is read; a file with no
-example is skipped with a warning; with ``train.data_since=champion`` a dated drop (``{date}``) that is not there,
-in a directory that is, is a run with nothing new (``skip``), as a day without new data is; a drop without its
-marker is an error.
+example is skipped with a warning; with ``train.data_since=champion`` a dated drop (``{date}``, ``{date-1}``,
+``{date:%Y%m%d}``) that is not there, in a directory that is (a dated BigQuery table: in a dataset that is), is a run
+with nothing new (``skip``), as a day without new data is; a drop without its marker is an error.
 """
 
 from __future__ import annotations
@@ -393,13 +393,27 @@ class Spool:
         self._file.close()
 
 
-def _check_dated(template: str, when: datetime, exc: drops.NoDrop) -> None:
-    """A missing drop is a day without one only when the dataset is dated (``{date}``) and the directory its dated
-    part is in exists: else ``exc`` (no drop can ever be there: a URI without ``{date}``), or a SpecError naming the
-    missing directory (a mistyped URI)."""
-    parent = datasets.render(drops.dated_parent(template), when)
-    if not parent:
+def _check_dated(spec: RunSpec, when: datetime, exc: drops.NoDrop) -> None:
+    """A missing drop is a day without one only when the dataset is dated (a date form: ``{date}``, ``{date-1}``,
+    ``{date:%Y%m%d}``) and the directory its dated part is in exists, or for a dated BigQuery table its dataset: else
+    ``exc`` (no drop can ever be there: a URI without a date form), or a SpecError naming the missing directory or
+    dataset (a mistyped URI)."""
+    template = spec.train.dataset
+    if not datasets.dated(template):
         raise exc
+    if datasets.kind(template) == "bigquery":
+        from components.data import bigquery
+
+        table = bigquery.parse_table(datasets.render(template, when), "train.dataset")
+        dataset = table.rsplit(".", 1)[0]
+        if not bigquery.dataset_exists(dataset, job_project(spec) or table.rsplit(".", 2)[0]):
+            raise SpecError(
+                "train.dataset",
+                f"{datasets.render(template, when)}: no drop, and the dataset {dataset}, where the dated tables are, "
+                "does not exist: is the URI right?",
+            )
+        return
+    parent = datasets.render(drops.dated_parent(template), when)
     if datasets.kind(parent) == "gcs":
         from components.data import gcs
 
@@ -449,7 +463,7 @@ def take(
     except drops.NoDrop as exc:
         if t.data_since != "champion":
             raise
-        _check_dated(t.dataset, when, exc)
+        _check_dated(spec, when, exc)
         # A schedule's day without its drop is a day with nothing new.
         part = {"kind": datasets.kind(source), "source": source, "items": [], "num_examples": 0, "identity": []}
         absent = str(exc).removeprefix(f"{exc.field}: ")

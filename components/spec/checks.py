@@ -201,9 +201,7 @@ def _check_data(spec: RunSpec) -> None:
             source = datasets.kind(value)
         except ValueError as exc:
             raise SpecError(key, str(exc), DATASET_SHAPES) from None
-        unknown = [p for p in datasets.placeholders(value) if p not in datasets.PLACEHOLDERS]
-        if unknown:
-            raise SpecError(key, f"unknown placeholder {{{unknown[0]}}} in {value!r}", ["{date}"])
+        datasets.date_forms(value, key)
         if source == "gcs" and not _GCS.match(value):
             raise SpecError(key, f"not a Cloud Storage URI: {value!r}", ["gs://BUCKET/PREFIX/", "gs://BUCKET/*.jsonl"])
         if source == "bigquery" and not _BQ.match(value):

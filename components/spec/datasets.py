@@ -1,5 +1,6 @@
 """Where ``train.dataset`` and ``train.eval_dataset`` point, read from their text alone (no file opened, no call made):
-the kind of source, the ``{date}`` placeholder, the fields that go with a kind, and the splits the trainers read.
+the kind of source, its date forms (``{date}``, ``{date-1}``, ``{date:%Y%m%d}``: :func:`date_forms`), the fields that
+go with a kind, and the splits the trainers read.
 
 Kinds:
 
@@ -24,7 +25,9 @@ in them since the champion can be told (``train.data_since``), and one can be a 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from components.spec.errors import SpecError
 
@@ -35,10 +38,22 @@ KINDS = ("generated", "hub", "local", "gcs", "bigquery")
 SNAPSHOTTED = ("local", "gcs", "bigquery", "hub")
 DROPS = ("local", "gcs", "bigquery")
 SCHEMES = {"gs://": "gcs", "bq://": "bigquery"}
-# The placeholders a dataset may hold, each with what it becomes. ``{date}``: the pipeline job's scheduled time (UTC),
-# its create time for a run no schedule started (components.stages.dataset.run_time).
-PLACEHOLDERS = {"date": "the schedule's date, YYYY-MM-DD (UTC)"}
+# The placeholders a dataset may hold: date forms only (:func:`date_forms`), each the day of the pipeline job's
+# scheduled time (UTC), its create time for a run no schedule started (components.stages.dataset.run_time), or N days
+# before it, written as the schedule's YYYY-MM-DD or in a strftime format of date directives.
+DATE_FORMS = ("{date}", "{date-N}", "{date:FMT}", "{date-N:FMT}")
+DATE_EXAMPLES = ["{date}", "{date-1}", "{date:%Y%m%d}", "{date-7:%Y/%m/%d}"]
+DEFAULT_DATE_FORMAT = "%Y-%m-%d"
+MAX_DAYS_BEFORE = 366  # a year back, leap day included
+# The directives of Python's strftime (https://docs.python.org/3.12/library/datetime.html#format-codes) whose value is
+# the day's alone, in English (the C locale tpupipe runs in); every other directive (%H %M %S %f %p %z %Z %I %c %X %x
+# and those C libraries add) is refused: a {date} form names a day, never a time or a locale's text.
+DATE_DIRECTIVES = "YmdjybBaAUWGVuw%"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_DATE_FORM = re.compile(r"date(?:-(?P<days>[0-9]+))?(?::(?P<format>.*))?", re.DOTALL)
+# A BigQuery table name: at most 1,024 UTF-8 bytes of Unicode letters, marks, numbers, connectors, dashes and spaces
+# (categories L, M, N, Pc, Pd, Zs: https://cloud.google.com/bigquery/docs/tables#table_naming).
+TABLE_CATEGORIES = ("L", "M", "N", "Pc", "Pd", "Zs")
 SINCE = ("", "champion")
 # The trainers' splits of a snapshot: the files the first stage writes under the jobs' directory.
 SNAPSHOT_SPLITS = ("train", "heldout")
@@ -74,12 +89,104 @@ def is_drop(dataset: str) -> bool:
 
 
 def placeholders(dataset: str) -> list[str]:
+    """What is between the braces of each ``{...}`` in ``dataset``, in order."""
     return _PLACEHOLDER.findall(dataset)
 
 
+@dataclass(frozen=True)
+class DateForm:
+    """One date form of a dataset: ``{date-DAYS:FORMAT}`` at ``start`` (the index of its ``{``)."""
+
+    text: str  # as written, braces included
+    start: int
+    days: int  # how many days before the schedule's date
+    format: str  # the strftime format of date directives it is written in
+
+    def day(self, when: datetime) -> str:
+        """The day this form stands for, of a run whose schedule time is ``when`` (UTC when it has a time zone)."""
+        on = (when.astimezone(UTC) if when.tzinfo else when).date() - timedelta(days=self.days)
+        return on.strftime(self.format)
+
+
+def date_form(text: str, start: int = 0, field: str = "train.dataset") -> DateForm:
+    """The date form ``text`` (``{date}``, ``{date-N}``, ``{date:FMT}``, ``{date-N:FMT}``, braces included), checked:
+    N from 1 to ``MAX_DAYS_BEFORE``, FMT date directives (``DATE_DIRECTIVES``) and literal text. A SpecError naming
+    ``field`` and the form otherwise."""
+    match = _DATE_FORM.fullmatch(text[1:-1])
+    if match is None:
+        raise SpecError(field, f"unknown placeholder {text}: the placeholders are date forms", DATE_FORMS)
+    days = int(match["days"] or 0)
+    if match["days"] is not None and not 1 <= days <= MAX_DAYS_BEFORE:
+        raise SpecError(
+            field, f"{text}: N in {{date-N}} is a number of days from 1 to {MAX_DAYS_BEFORE}", DATE_EXAMPLES
+        )
+    format = match["format"]
+    if format is None:
+        return DateForm(text, start, days, DEFAULT_DATE_FORMAT)
+    if not format:
+        raise SpecError(field, f"{text}: no format after ':'", DATE_EXAMPLES)
+    at = format.find("%")
+    while at >= 0:
+        directive = format[at + 1 : at + 2]
+        if not directive:
+            raise SpecError(field, f"{text}: a lone '%' ends the format (a literal % is %%)", DATE_EXAMPLES)
+        if directive not in DATE_DIRECTIVES:
+            raise SpecError(
+                field,
+                f"{text}: %{directive} is not a date directive (a date form names a day, never a time); the date "
+                f"directives are {' '.join('%' + d for d in DATE_DIRECTIVES[:-1])}",
+                DATE_EXAMPLES,
+            )
+        at = format.find("%", at + 2)
+    return DateForm(text, start, days, format)
+
+
+def date_forms(dataset: str, field: str = "train.dataset") -> list[DateForm]:
+    """Every placeholder of ``dataset``, each a date form (:func:`date_form`), in order; in a ``bq://`` source only in
+    the table's name (the part after the last ``.``) and only with characters a table name may hold
+    (``TABLE_CATEGORIES``), so the day's table is ``events_{date:%Y%m%d}``. A SpecError naming ``field`` and the form
+    otherwise."""
+    forms = [date_form(m.group(), m.start(), field) for m in _PLACEHOLDER.finditer(dataset)]
+    if forms and dataset.startswith("bq://"):
+        if "." in _PLACEHOLDER.sub("", dataset[forms[0].start :]):
+            raise SpecError(
+                field,
+                f"{forms[0].text} in {dataset!r}: a dated BigQuery source is a dated table, the date form in the "
+                "table's name",
+                ["bq://PROJECT.DATASET.events_{date:%Y%m%d}"],
+            )
+        for form in forms:
+            literal = form.format.replace("%%", "").replace("%", "")  # what the directives leave: their letters
+            bad = [ch for ch in literal if not unicodedata.category(ch).startswith(TABLE_CATEGORIES)]
+            if bad or "%%" in form.format:
+                raise SpecError(
+                    field,
+                    f"{form.text}: {(bad or ['%'])[0]!r} may not be in a BigQuery table name (letters, marks, digits, "
+                    "connectors such as _, dashes and spaces: https://cloud.google.com/bigquery/docs/tables#table_naming)",
+                    ["events_{date:%Y%m%d}", "events_{date-1:%Y%m%d}", "events_{date}"],
+                )
+    return forms
+
+
+def dated(dataset: str) -> bool:
+    """Whether ``dataset`` names the schedule's day (a date form: :func:`date_forms`), so a different source each
+    day."""
+    return any(_DATE_FORM.fullmatch(name) for name in placeholders(dataset))
+
+
+def first_date(dataset: str) -> int:
+    """Where ``dataset``'s first date form starts (the index of its ``{``), -1 when it has none."""
+    return next((m.start() for m in _PLACEHOLDER.finditer(dataset) if _DATE_FORM.fullmatch(m.group(1))), -1)
+
+
 def render(dataset: str, when: datetime) -> str:
-    """``dataset`` with ``{date}`` replaced by ``when``'s UTC date."""
-    return dataset.replace("{date}", when.strftime("%Y-%m-%d"))
+    """``dataset`` with each date form replaced by the day it stands for, of a run scheduled at ``when``
+    (:meth:`DateForm.day`). Checked forms only: a dataset :func:`date_forms` refuses is a SpecError."""
+    out, end = [], 0
+    for form in date_forms(dataset):
+        out += [dataset[end : form.start], form.day(when)]
+        end = form.start + len(form.text)
+    return "".join(out) + dataset[end:]
 
 
 def splits(dataset: str, train_split: str, eval_split: str) -> tuple[str, str]:

@@ -105,7 +105,8 @@ class TrainSpec:
     # (the champion of gate.model, resolved when train starts) or NAME@VERSION (a version id or an alias).
     init_from: str = ""
     # "generated", a hub dataset name, local files (a file, DIR/, a glob), gs://BUCKET/PREFIX/ (or a glob, or one
-    # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date (components/spec/datasets.py)
+    # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date, "{date-1}" the day before,
+    # "{date:%Y%m%d}" in a format of date directives (components/spec/datasets.py, date_forms)
     dataset: str = GENERATED_DATASET
     eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
     # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (quoted literals, not SQL)

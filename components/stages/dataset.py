@@ -2,9 +2,10 @@
 (``components.data.snapshot``), the manifest and the examples it trains and evaluates on kept in the run's store
 (``data/manifest.json``, ``data/train.jsonl``, ``data/heldout.jsonl``), which every later stage reads instead of the
 source; the train stage copies the two files where the jobs read them (``stage_files``: the jobs' directory, in the
-run's bucket on gke, which provision creates). ``{date}`` in a dataset is the pipeline
-job's scheduled time; a run no schedule started takes the job's create time, and only where the runner fills
-neither (KFP before 2.17, kfp.local) the task's start (:func:`run_time`).
+run's bucket on gke, which provision creates). ``{date}`` in a dataset (and its other date forms, ``{date-1}``,
+``{date:%Y%m%d}``: ``components.spec.datasets.date_forms``) is the day of the pipeline job's scheduled time; a run no
+schedule started takes the job's create time, and only where the runner fills neither (KFP before 2.17, kfp.local)
+the task's start (:func:`run_time`).
 
 Its output gates the rest of the pipeline: ``train`` runs it, ``skip`` (``train.data_since=champion`` and nothing new
 since the champion's snapshot) ends the run here, with nothing created: the teardown that still runs finds nothing.
@@ -216,8 +217,8 @@ def snapshot_data(
 ) -> dict[str, Any]:
     t = ctx.spec.train
     when, source = run_time(schedule_time, create_time)
-    if "date" in datasets.placeholders(t.dataset):
-        log(f"snapshot_data: {{date}} is {when:%Y-%m-%d}, from {source}")
+    if datasets.dated(t.dataset):
+        log(f"snapshot_data: {{date}} is {when:%Y-%m-%d}, from {source}: {datasets.render(t.dataset, when)}")
     if not datasets.snapshotted(t.dataset):
         log(f"snapshot_data: {t.dataset}: nothing to snapshot ({datasets.kind(t.dataset)} data)")
         return {"proceed": PROCEED, "dataset": t.dataset, "snapshot": None}

@@ -15,7 +15,9 @@ from pipelines.backends.base import Backend, Outcome, RunRow, ScheduleRow, Shown
 # What the command line's flags name of the backends: the KFP place (its auth methods, the runner's default account)
 # and the run states `tpupipe runs list --state` takes.
 from pipelines.backends.kfp.identity import DEFAULT_RUNNER as KFP_RUNNER
+from pipelines.backends.kfp.identity import MULTI_USER_RUNNER as KFP_MULTI_USER_RUNNER
 from pipelines.backends.kfp.jobs import AUTHS as KFP_AUTHS
+from pipelines.backends.kfp.jobs import IAP_USERID_PREFIX as KFP_IAP_USERID_PREFIX
 from pipelines.backends.kfp.jobs import Place as KfpPlace
 from pipelines.backends.vertex.jobs import STATES as VERTEX_STATES
 
@@ -29,6 +31,8 @@ BACKENDS = tuple(REGISTRY)
 __all__ = [
     "BACKENDS",
     "KFP_AUTHS",
+    "KFP_IAP_USERID_PREFIX",
+    "KFP_MULTI_USER_RUNNER",
     "KFP_RUNNER",
     "VERTEX_STATES",
     "Backend",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 EXAMPLES = """examples:
   tpupipe data local-fsdp --set train.dataset=examples/sft/          every data file under a directory
   tpupipe data gemma4-e2b-v6e-16 --set "train.dataset=gs://my-bucket/sft/{date}/*.jsonl" --date 2026-12-01
+  tpupipe data local-fsdp --set "train.dataset=bq://P.D.events_{date-1:%Y%m%d}" --date 2026-12-02  the day before's
   tpupipe data local-fsdp --set "train.dataset=DIR/ train.data_since=champion"    what is new since the champion
 """
 
@@ -87,7 +88,12 @@ def add_commands(sub: Commands) -> None:
     )
     p.add_argument("preset", nargs="?", default="local-fsdp", help="preset name (default local-fsdp)")
     add_set(p, "override spec fields; dotted (train.dataset=DIR/) or unique leaf names")
-    p.add_argument("--date", default="", help="the date {date} stands for, YYYY-MM-DD (default today, UTC)")
+    p.add_argument(
+        "--date",
+        default="",
+        help="the schedule's date, YYYY-MM-DD (default today, UTC): {date} stands for it, {date-N} for N days before, "
+        "{date:%%Y%%m%%d} for it in that format (docs/recurring.md)",
+    )
     p.add_argument("--platform", default="local", help="the platform whose registry holds the champion (local, gke)")
     p.add_argument("--output-root", default="", help="where the runs and the local registry are (default ./runs)")
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default) or the manifest's JSON")

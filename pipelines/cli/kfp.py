@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipelines.backends import KFP_AUTHS, KFP_RUNNER, KfpPlace
+from pipelines.backends import KFP_AUTHS, KFP_IAP_USERID_PREFIX, KFP_MULTI_USER_RUNNER, KFP_RUNNER, KfpPlace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +24,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="none",
         help="with --kfp-host: none (a port-forward to a single-user server), sa-token (the pod's projected KFP token, "
         "in-cluster), token (a Kubernetes token for the audience pipelines.kubeflow.org, from --kfp-token-file: a "
-        "multi-user server from outside the cluster) or iap (a Google ID token for an endpoint behind "
-        "Identity-Aware Proxy, with --kfp-iap-client-id)",
+        "multi-user server from outside the cluster), iap (a Google ID token for an endpoint behind "
+        "Identity-Aware Proxy, with --kfp-iap-client-id) or userid (--kfp-user's e-mail in the kubeflow-userid "
+        "header of every request, which a multi-user server believes as it is, so it is safe only where Kubeflow's "
+        "Istio gateway and policy guard it or through `kubectl port-forward` to the API server inside a trusted "
+        "network; docs/kubeflow.md)",
+    )
+    p.add_argument(
+        "--kfp-user",
+        default="",
+        help="with --kfp-auth userid: the e-mail of the Kubeflow user the requests are made as (a profile's owner or "
+        "contributor in --kfp-namespace)",
+    )
+    p.add_argument(
+        "--kfp-user-prefix",
+        default="",
+        help="with --kfp-auth userid: what the API server strips from the header's value (its KUBEFLOW_USERID_PREFIX: "
+        f'"" in Kubeflow\'s multi-user install, the default; {KFP_IAP_USERID_PREFIX} where it is left unset)',
     )
     p.add_argument(
         "--kfp-token-file",
@@ -38,19 +53,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--insecure",
         action="store_true",
-        help="with --kfp-host http://… and --kfp-auth sa-token or iap: send the token over plain HTTP to a host that "
-        "is not this machine (refused without it; localhost needs no flag)",
+        help="with --kfp-host http://… and --kfp-auth sa-token, token, iap or userid: send the token (or the user id "
+        "header) over plain HTTP to a host that is not this machine (refused without it; localhost needs no flag)",
     )
     p.add_argument(
         "--kfp-service-account",
         default="",
-        help="with --kfp-host: the Google service account the KFP runner uses by Workload Identity; checked before "
-        'the run is created: its binding to the runner and its roles (docs/kubeflow.md, "Setup, once")',
+        help="with --kfp-host: the Google service account the runner's Kubernetes service account acts as by Workload "
+        "Identity; checked, not set, before the run is created: its Workload Identity binding to the runner in "
+        '--kfp-namespace and its roles (docs/kubeflow.md, "Setup, once")',
     )
     p.add_argument(
         "--kfp-runner",
-        default=KFP_RUNNER,
-        help=f"with --kfp-service-account: the runner's Kubernetes service account (default {KFP_RUNNER})",
+        default="",
+        help="with --kfp-service-account: the Kubernetes service account the run's pods run as, whose binding is "
+        f"checked (default: --service-account when given, else the server's default runner: {KFP_MULTI_USER_RUNNER}, "
+        f"the profile's, on a multi-user server; {KFP_RUNNER} on a single-user one)",
     )
 
 
@@ -63,4 +81,6 @@ def place_of(args: argparse.Namespace) -> KfpPlace:
         args.kfp_iap_client_id,
         insecure=args.insecure,
         token_file=args.kfp_token_file,
+        user=args.kfp_user,
+        user_prefix=args.kfp_user_prefix,
     )

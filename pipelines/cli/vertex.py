@@ -84,7 +84,13 @@ def _job_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
         help="a compiled pipeline file or its Artifact Registry URL "
         "(default: compile this source tree for PROJECT and REGION)",
     )
-    p.add_argument("--service-account", default="", help="the service account the pipeline runs as")
+    p.add_argument(
+        "--service-account",
+        default="",
+        help="the service account the pipeline runs as: on Vertex AI a Google service account's e-mail; with "
+        "--kfp-host the Kubernetes service account of the run's pods in --kfp-namespace (default: the server's "
+        "runner), whose Google identity --kfp-service-account names",
+    )
     p.add_argument(
         "--network", default="", help="the VPC network to peer the pipeline with (projects/N/global/networks/NAME)"
     )
@@ -94,7 +100,9 @@ def _job_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
         "--dataset",
         default="",
         help="the examples to train on instead of the preset's (the run form's dataset field): gs://BUCKET/PREFIX/, "
-        "gs://BUCKET/PATH/*.jsonl or bq://PROJECT.DATASET.TABLE; {date} is the schedule's date (YYYY-MM-DD, UTC)",
+        "gs://BUCKET/PATH/*.jsonl or bq://PROJECT.DATASET.TABLE; {date} is the schedule's date (YYYY-MM-DD, UTC), "
+        "{date-1} the day before, {date:%%Y%%m%%d} in a format of date directives (bq://P.D.events_{date:%%Y%%m%%d}; "
+        "docs/recurring.md)",
     )
     p.add_argument(
         "--data-since",

@@ -433,6 +433,29 @@ def test_a_bigquery_dataset_needs_a_read_session_where_the_run_bills_and_read_on
     assert project.mutations() == []
 
 
+def test_a_dated_bigquery_table_is_checked_by_its_dataset(project_factory, capsys):
+    """``events_{date:%Y%m%d}``: the day's table need not exist before its day, so preflight checks the jobs' project
+    and the dataset the tables are in (datasets.get), and leaves the table to the data snapshot; a dataset that is
+    not there is a problem naming train.dataset."""
+    project = project_factory()
+    project.bigquery.create_dataset("acme-data-1.events")
+    data = "train.dataset=bq://acme-data-1.events.events_{date:%Y%m%d}"
+    code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
+    sessions = f"train.dataset: as the caller, may open BigQuery read sessions in project {PROJECT} (billed there)"
+    assert sessions in text, text
+    assert (
+        "train.dataset: as the caller, may see the dataset acme-data-1.events of the dated table "
+        "bq://acme-data-1.events.events_{date:%Y%m%d} (each day's table is read by the data snapshot)"
+    ) in text, text
+    code, text = preflight_cli(f"{ONE_SLICE} {data.replace('.events.', '.evnets.')}", capsys)
+    assert code == 2
+    assert (
+        "train.dataset: the dataset acme-data-1.evnets, where the dated tables of "
+        "bq://acme-data-1.evnets.events_{date:%Y%m%d} are, does not exist"
+    ) in text, text
+    assert project.mutations() == []
+
+
 def test_a_pod_larger_than_its_node_is_refused_before_anything_is_created(tmp_path, project_factory, capsys):
     """The default TPU worker pod (200 GiB, 100 GiB /dev/shm) on v5e's ct5lp-hightpu-4t (192 GB, of which GKE gives
     pods about 181 GiB): it would stay Unschedulable while its pool bills. Refused naming the field and the most that

@@ -1,9 +1,9 @@
 """`tpupipe submit`, `schedule create` and `runs list` against a multi-user Kubeflow Pipelines server
 (tests/emulators/kfp.py with ``multi_user``: each request on a namespace authenticated by a TokenReview-checked
-bearer token or the user id header, then authorized in the namespace): with ``--kfp-auth token`` and a namespace its
-user may use, the run and the recurring run are created there; without a token, exit 2 naming ``--kfp-auth`` before
-anything is created; a token for another audience, or a namespace its user may not use, one line naming the flag to
-check, and no run."""
+bearer token or the user id header, then authorized in the namespace): with ``--kfp-auth token`` (or ``--kfp-auth
+userid --kfp-user``) and a namespace its user may use, the run and the recurring run are created there; without a
+token, exit 2 naming ``--kfp-auth`` before anything is created; a token for another audience, or a namespace its user
+may not use, one line naming the flag to check, and no run."""
 
 from __future__ import annotations
 
@@ -163,3 +163,95 @@ def test_a_token_renewed_in_its_file_is_what_a_client_made_before_sends(multi_us
         kfp_backend.runs(made, place)
     Path(path).write_text(kfp.server.token_for(USER) + "\n")  # renewed, as `kubectl create token` again
     assert kfp_backend.runs(made, place) == []
+
+
+def test_with_the_user_id_header_every_request_is_the_users_and_the_runs_are_made_in_its_namespace(multi_user, tpupipe):
+    """``--kfp-auth userid --kfp-user``: every request of the client (the health check, pipelines, experiments, runs,
+    recurring runs) carries ``kubeflow-userid``, which the server reads the user from; the run and the recurring run
+    are created and listed in the user's namespace."""
+    kfp = multi_user
+    place = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE, "--kfp-auth", "userid", "--kfp-user", USER]
+    code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *place)
+    assert code == 0, out + err
+    kfp_run = out.split("submitted run ", 1)[1].split()[0]
+    assert kfp.server.run(kfp_run).resource["namespace"] == NAMESPACE
+    code, out, err = tpupipe(
+        "schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, "--cron", "0 3 * * *", *place
+    )
+    assert code == 0, out + err
+    (recurring,) = kfp.server.recurring.values()
+    assert recurring.resource["namespace"] == NAMESPACE
+    code, out, err = tpupipe("runs", "list", *place)
+    assert code == 0 and kfp_run in out, out + err
+    code, out, err = tpupipe("schedule", "list", *place)
+    assert code == 0 and "nightly" in out, out + err
+    asked = {call.split("/")[0].split()[1] for call, _ in kfp.server.identities}
+    assert {"healthz", "pipelines", "experiments", "runs", "recurringruns"} <= asked, asked
+    assert {user for _, user in kfp.server.identities} == {USER}
+    kfp.server.wait(kfp_run, timeout_s=300)
+
+
+def test_without_the_header_or_with_another_prefix_the_server_refuses_with_its_message(multi_user, tmp_path, tpupipe):
+    """A request with no identity is the server's 401 with each authenticator's reason; a server that strips a
+    prefix (``KUBEFLOW_USERID_PREFIX``; ``accounts.google.com:`` where it is left unset) refuses a value without it,
+    and takes it once ``--kfp-user-prefix`` says it."""
+    from components.cloud import kfp as kfp_cloud
+    from components.spec import InfraError
+    from pipelines.backends.kfp import jobs as kfp_backend
+
+    kfp = multi_user
+    place = kfp_backend.Place(kfp.host, namespace=NAMESPACE)
+    with pytest.raises(InfraError) as raised:
+        kfp_backend.runs(kfp_cloud.client(kfp.host, NAMESPACE), place)
+    assert (
+        "the Kubeflow Pipelines API refused: 401 Failed to check authorization. User identity is empty in the request "
+        "header: [Request header error: there is no user identity header., Request header error: there is no user "
+        "identity header.] (check --kfp-auth)"
+    ) in str(raised.value)
+
+    kfp.server.userid_prefix = "accounts.google.com:"
+    host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE, "--kfp-auth", "userid", "--kfp-user", USER]
+    code, out, err = tpupipe("runs", "list", *host)
+    said = "Header 'kubeflow-userid' is incorrectly formatted. Expected prefix 'accounts.google.com:'"
+    assert code == 1 and said in err, out + err
+    code, out, err = tpupipe("runs", "list", *host, "--kfp-user-prefix", "accounts.google.com:")
+    assert code == 0, out + err
+    assert kfp.server.identities[-1][1] == f"accounts.google.com:{USER}"
+    assert kfp.server.jobs == {} and kfp.server.pipelines == {}
+
+
+def test_kfp_user_and_kfp_auth_userid_go_together(multi_user, tpupipe):
+    kfp = multi_user
+    host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
+    for extra, said in (
+        (["--kfp-user", USER], "--kfp-user: is for --kfp-auth userid, not --kfp-auth none"),
+        (["--kfp-auth", "token", "--kfp-user-prefix", "x:"], "--kfp-user-prefix: is for --kfp-auth userid"),
+        (["--kfp-auth", "userid"], "--kfp-user: --kfp-auth userid sends this user's e-mail in the kubeflow-userid "
+         "header: none is given"),
+        (["--kfp-auth", "userid", "--kfp-user", "alice"], "--kfp-user: --kfp-auth userid sends this user's e-mail in "
+         "the kubeflow-userid header: 'alice' is not an e-mail address"),
+    ):  # fmt: skip
+        code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, *extra)
+        assert code == 2 and said in err, out + err
+    assert kfp.server.identities == []  # refused before any call
+
+
+def test_the_runner_of_a_multi_user_server_is_the_profiles_default_editor(multi_user, tpupipe):
+    """The run's pods run in the profile's namespace as its default-editor: the Workload Identity binding checked is
+    that one's, unless --service-account (or --kfp-runner) names another Kubernetes service account; a Google service
+    account's e-mail there is refused naming the flag."""
+    from tests.emulators.project import PROJECT
+
+    kfp = multi_user
+    account = f"tpupipe-pipeline@{PROJECT}.iam.gserviceaccount.com"
+    place = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE, "--kfp-auth", "userid", "--kfp-user", USER]
+    args = ["schedule", "create", "nightly", "local-fsdp", "--set", OVERRIDES, "--cron", "0 3 * * *", *place]
+    code, out, err = tpupipe(*args, "--kfp-service-account", account)
+    assert code == 2 and f"serviceAccount:{PROJECT}.svc.id.goog[{NAMESPACE}/default-editor]" in err, out + err
+    code, out, err = tpupipe(*args, "--kfp-service-account", account, "--service-account", "trainer")
+    assert code == 2 and f"serviceAccount:{PROJECT}.svc.id.goog[{NAMESPACE}/trainer]" in err, out + err
+    code, out, err = tpupipe(*args, "--service-account", account)
+    assert code == 2 and f"--service-account: '{account}' is not a Kubernetes service account name" in err, err
+    code, out, err = tpupipe(*args, "--service-account", "trainer", "--kfp-runner", "default-editor")
+    assert code == 2 and "--kfp-runner: default-editor is not the run's --service-account trainer" in err, err
+    assert kfp.server.recurring == {}

@@ -414,3 +414,40 @@ def test_commit_time_falls_back_to_the_time_column_saying_why(bq, tmp_path):
     replaced, train, _ = snapshot.take(run_spec(tmp_path), datetime.now(UTC), first, "m@1", log=logs.append)
     assert [e["instruction"] for e in train] == ["Say 20."]
     assert any("after the champion's snapshot at" in line and "(recreated or replaced)" in line for line in logs)
+
+
+def test_a_dated_table_is_the_days_table_and_a_missing_one_a_day_without_a_drop(bq):
+    """``bq://P.D.events_{date:%Y%m%d}``, a table a day as teams shard them: a run scheduled on a day reads that day's
+    table (``{date-1:...}``: the day before's); with ``train.data_since=champion`` a day whose table is not there is a
+    run with nothing new, in a dataset that is; without it, or with no such dataset, an error naming train.dataset."""
+    from components.data import snapshot
+    from components.workload import resolve
+
+    day = (NOW - 24 * HOUR).replace(hour=0, minute=0, second=0, microsecond=0)
+    for offset, first in ((0, 100), (1, 200)):
+        shard = f"{PROJECT}.examples.events_{day - offset * 24 * HOUR:%Y%m%d}"
+        bq.create_table(shard, SCHEMA, at=NOW - 72 * HOUR)
+        bq.insert(shard, [example(n, NOW - 71 * HOUR) for n in range(first, first + 20)], at=NOW - 71 * HOUR)
+    since = "train.data_since=champion train.init_from=champion train.dataset_time_column=ingested"
+
+    def take(dataset: str, when: datetime, extra: str = "") -> tuple[dict, list]:
+        manifest, train, heldout = snapshot.take(resolve("local-fsdp", f"train.dataset={dataset} {extra}"), when)
+        return manifest, sorted(int(e["response"]) for e in [*train, *heldout])
+
+    manifest, read = take(f"bq://{PROJECT}.examples.events_{{date:%Y%m%d}}", day + 6 * HOUR)
+    assert manifest["train"]["table"]["table"] == f"{PROJECT}.examples.events_{day:%Y%m%d}"
+    assert read == list(range(100, 120))
+    manifest, read = take(f"bq://{PROJECT}.examples.events_{{date-1:%Y%m%d}}", day + 6 * HOUR)
+    assert read == list(range(200, 220))
+    tomorrow = day + 30 * HOUR  # no table for it yet
+    manifest, read = take(f"bq://{PROJECT}.examples.events_{{date:%Y%m%d}}", tomorrow, since)
+    assert manifest["skip"].startswith(f"nothing to read: {PROJECT}.examples.events_{tomorrow:%Y%m%d} does not exist")
+    assert read == []
+    with pytest.raises(SpecError, match=f"events_{tomorrow:%Y%m%d} does not exist") as raised:
+        take(f"bq://{PROJECT}.examples.events_{{date:%Y%m%d}}", tomorrow)
+    assert raised.value.field == FIELD
+    with pytest.raises(SpecError, match="the dataset tpupipe-data.exmaples, where the dated tables are, does not") as e:
+        take(f"bq://{PROJECT}.exmaples.events_{{date:%Y%m%d}}", tomorrow, since)
+    assert e.value.field == FIELD
+    with pytest.raises(SpecError, match="does not exist"):  # an undated table not there is never a day's absence
+        take(f"bq://{PROJECT}.examples.events_19990101", tomorrow, since)

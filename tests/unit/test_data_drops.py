@@ -97,6 +97,29 @@ def test_a_missing_drop_under_data_since_is_a_skipped_day_and_without_it_an_erro
         take("train.dataset=gs://no-such-bucket/drops/{date}/ train.data_since=champion train.init_from=champion")
 
 
+def test_a_partition_of_the_day_before_is_read_and_its_absence_is_a_skipped_day(storage):  # noqa: F811
+    """``{date-1}`` and ``{date-1:%Y/%m/%d}``: a run scheduled on 2 December reads the partition its writer closed on
+    1 December; a day later, with none written for 2 December, a run with data_since is a day without a drop."""
+    storage.put(DATA, "drops/day=2026-12-01/part-00000.jsonl", rows(1))
+    storage.put(DATA, "drops/day=2026-12-02/part-00000.jsonl", rows(2))  # the schedule's own day: not read
+    storage.put(DATA, "daily/2026/12/01/part-00000.jsonl", rows(3))
+    manifest, train, heldout, _ = take(f"train.dataset=gs://{DATA}/drops/day={{date-1}}/", when=DAY2)
+    assert manifest["dataset"] == f"gs://{DATA}/drops/day=2026-12-01/"
+    assert names(manifest) == ["day=2026-12-01/part-00000.jsonl"] and len(train) + len(heldout) == 20
+    manifest, _, _, _ = take(f"train.dataset=gs://{DATA}/daily/{{date-1:%Y/%m/%d}}/", when=DAY2)
+    assert names_of(manifest) == ["daily/2026/12/01/part-00000.jsonl"]
+    since = "train.data_since=champion train.init_from=champion"
+    day4 = datetime(2026, 12, 4, 6, 0, tzinfo=UTC)  # the day before it, 3 December, has no drop
+    for uri, absent in (
+        (f"gs://{DATA}/drops/day={{date-1}}/", f"gs://{DATA}/drops/day=2026-12-03/"),
+        (f"gs://{DATA}/daily/{{date-1:%Y/%m/%d}}/", f"gs://{DATA}/daily/2026/12/03/"),
+    ):
+        manifest, _, _, _ = take(f"train.dataset={uri} {since}", when=day4)
+        assert manifest["skip"].startswith(f"nothing to read: {absent}: no .jsonl"), manifest["skip"]
+        with pytest.raises(drops.NoDrop):  # without data_since, a run with nothing to train on
+            take(f"train.dataset={uri}", when=day4)
+
+
 def test_only_a_dated_drop_whose_directory_exists_is_a_skipped_day(storage, tmp_path):  # noqa: F811
     """A missing drop is skipped only when the dataset has ``{date}`` and the directory its dated part is in holds
     something: a mistyped directory, or a URI without ``{date}``, is an error naming train.dataset, even with

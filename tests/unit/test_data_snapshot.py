@@ -376,6 +376,22 @@ def test_tpupipe_data_prints_the_snapshot_and_creates_nothing(drops, tmp_path, c
     assert "train.dataset: no .jsonl, .json, .parquet or .jsonl.gz file under" in capsys.readouterr().err
 
 
+def test_tpupipe_data_date_is_the_day_every_date_form_is_taken_from(drops, tmp_path, capsys):
+    """``--date`` is the schedule's day: ``{date-1}`` reads the day before's drop, ``{date:%d}`` that day in its
+    format; a date that is not one, or a form that names a time, is exit 2 naming the flag or the field."""
+    from pipelines.cli.main import main
+
+    sets = ["data", "local-fsdp", "--output", "json", "--set"]
+    assert main([*sets, f"train.dataset={drops}/{{date-1}}.jsonl", "--date", "2026-12-02"]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == f"{drops}/2026-12-01.jsonl"
+    assert main([*sets, f"train.dataset={drops}/2026-12-{{date-1:%d}}.jsonl", "--date", "2026-12-03"]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == f"{drops}/2026-12-02.jsonl"
+    assert main([*sets, f"train.dataset={drops}/{{date}}.jsonl", "--date", "2 December"]) == 2
+    assert "--date: not a date: '2 December'" in capsys.readouterr().err
+    assert main([*sets, f"train.dataset={drops}/{{date:%H}}.jsonl", "--date", "2026-12-02"]) == 2
+    assert "train.dataset: {date:%H}: %H is not a date directive" in capsys.readouterr().err
+
+
 def test_tpupipe_run_with_bad_data_exits_2_before_anything_starts(tmp_path, capsys):
     from pipelines.cli.main import main
 

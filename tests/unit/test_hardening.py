@@ -42,14 +42,18 @@ def test_every_cloud_build_runs_the_docker_builder_by_digest():
         ("http://127.0.0.1:8888", "iap", False, False),
         ("http://127.8.9.10:8888", "iap", False, False),
         ("http://[::1]:8888", "iap", False, False),
+        ("http://kfp.example.com:8888", "userid", False, True),  # the user id header acts as its user
+        ("http://localhost:8888", "userid", False, False),  # a port-forward: what userid is for
     ],
 )
 def test_a_bearer_token_goes_over_plain_http_only_to_this_machine_or_with_insecure(host, auth, insecure, refused):
-    place = Place(host, auth=auth, iap_client_id="client.apps.googleusercontent.com", insecure=insecure)
+    user = "alice@example.com" if auth == "userid" else ""
+    place = Place(host, auth=auth, iap_client_id="client.apps.googleusercontent.com", insecure=insecure, user=user)
     if not refused:
         check_place(place)
         return
-    with pytest.raises(SpecError, match="would send its bearer token in clear text") as raised:
+    sent = "the user id header, which acts as that user," if auth == "userid" else "its bearer token"
+    with pytest.raises(SpecError, match=f"would send {sent} in clear text") as raised:
         check_place(place)
     assert raised.value.field == "--kfp-host" and "--insecure" in raised.value.valid
 

@@ -31,9 +31,10 @@ class KfpBackend(Backend):
     name = "kfp"
     schedule_noun = "recurring run"
 
-    def __init__(self, place: jobs.Place, service_account: str = "", runner: str = identity.DEFAULT_RUNNER) -> None:
+    def __init__(self, place: jobs.Place, service_account: str = "", runner: str = "") -> None:
         """``service_account``: the Google service account the KFP runner acts as by Workload Identity (checked
-        before a run is created when named); ``runner``: that runner's Kubernetes service account."""
+        before a run is created when named); ``runner``: that runner's Kubernetes service account ("": the run's
+        ``--service-account``, else the server's default runner: ``identity.runner``)."""
         jobs.check_place(place)  # bad input, before any call
         self.place, self.service_account, self.runner = place, service_account, runner
         self._client: Client | None = None
@@ -55,12 +56,17 @@ class KfpBackend(Backend):
         return project
 
     def _checked(self, sub: Submission, scheduled: bool = False) -> None:
-        """The input, then the KFP runner's Google identity when named (else a warning that it is not checked)."""
+        """The input (``--service-account`` is the Kubernetes service account the run's pods run as), then the KFP
+        runner's Google identity when named (else a warning that it is not checked)."""
         vertex.check(sub, scheduled)
+        runner = identity.runner(sub.service_account, self.runner)
         if not self.service_account:
             warn("the KFP runner's Google identity is not checked: name it with --kfp-service-account")
             return
-        identity.check(sub.project, self.service_account, self.place.namespace, self.runner, warn)
+        if not runner:  # the server's default runner: on a multi-user server, the profile's
+            multi_user = bool(self.client().get_kfp_healthz(sleep_duration=0).multi_user)
+            runner = identity.MULTI_USER_RUNNER if multi_user else identity.DEFAULT_RUNNER
+        identity.check(sub.project, self.service_account, self.place.namespace, runner, warn)
 
     def submit(self, sub: Submission, publish_first: bool = False) -> Submitted:
         self._checked(sub)

@@ -8,6 +8,7 @@ provision stage's preflight (``components.platforms.gke.checks.preflight``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -24,8 +25,36 @@ RUN_ROLES = (
     ("roles/container.admin", "creating and deleting the run's cluster, node pools and Kubernetes objects"),
     ("roles/aiplatform.user", "registering the run's model in Vertex AI Model Registry"),
 )
-# The KFP runner's Kubernetes service account on KFP standalone (its manifests' pipeline-runner in kubeflow).
+# The KFP runner's Kubernetes service account on KFP standalone (its manifests' pipeline-runner in kubeflow:
+# DefaultPipelineRunnerServiceAccount, backend/src/apiserver/common/const.go in kubeflow/pipelines at 2.17.0), and on a
+# multi-user server, where a run's pods run in its profile's namespace as that profile's default-editor
+# (DEFAULTPIPELINERUNNERSERVICEACCOUNT, manifests/kustomize/base/installs/multi-user/api-service/params.env, applied
+# by setDefaultServiceAccount in backend/src/apiserver/template/template.go; the profile controller makes
+# default-editor in every profile's namespace: https://www.kubeflow.org/docs/components/central-dash/profiles/).
 DEFAULT_RUNNER = "pipeline-runner"
+MULTI_USER_RUNNER = "default-editor"
+# A service account's name is a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253 characters
+# (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names).
+KSA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def runner(service_account: str, runner: str) -> str:
+    """The Kubernetes service account the run's pods run as, as the flags name it: ``--service-account`` (what
+    ``kfp.Client`` sends as the run's ``service_account``), else ``--kfp-runner``; "" for the server's default
+    (``DEFAULT_RUNNER``, ``MULTI_USER_RUNNER``). A SpecError for a name that is not a Kubernetes service account's (a
+    Google service account's e-mail, say) or for the two flags naming different ones."""
+    for flag, name in (("--service-account", service_account), ("--kfp-runner", runner)):
+        if name and not KSA_NAME.match(name):
+            raise SpecError(
+                flag,
+                f"{name!r} is not a Kubernetes service account name: with --kfp-host the run's pods run as a "
+                "Kubernetes service account of --kfp-namespace; the Google service account it acts as is "
+                "--kfp-service-account",
+                [MULTI_USER_RUNNER, DEFAULT_RUNNER],
+            )
+    if service_account and runner and service_account != runner:
+        raise SpecError("--kfp-runner", f"{runner} is not the run's --service-account {service_account}")
+    return service_account or runner
 
 
 def check(

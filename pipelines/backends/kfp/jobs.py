@@ -12,9 +12,14 @@ Argo Workflow name (``components.spec.names.run_id_from``), which is also that r
 
 Authentication is what ``kfp.Client`` supports: none (a port-forward, or a server without auth), the pod's
 projected service account token (``kfp.client.ServiceAccountTokenVolumeCredentials``, in-cluster), a Kubernetes
-token from a file (``--kfp-auth token --kfp-token-file``: a multi-user server from outside the cluster), or a Google
+token from a file (``--kfp-auth token --kfp-token-file``: a multi-user server from outside the cluster), a Google
 ID token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
-https://cloud.google.com/iap/docs/authentication-howto). A multi-user server (its healthz says ``multi_user``)
+https://cloud.google.com/iap/docs/authentication-howto), or a user's e-mail in the user id header (``--kfp-auth
+userid --kfp-user``: ``USERID_HEADER``, set on the client's one ``ApiClient``, so every API sends it). The header is
+an identity the server believes as it is: Kubeflow's Istio policy lets it reach the API server only from Kubeflow's
+own services (manifests/kustomize/base/installs/multi-user/istio-authorization-config.yaml at 2.17.0), and the
+cluster's gateway sets it from the user's login; sent by tpupipe, it is for a ``kubectl port-forward`` to the API
+server, where whoever may port-forward there is trusted already. A multi-user server (its healthz says ``multi_user``)
 authenticates every request on a namespace: a ``kubeflow-userid`` header, which its Istio policy accepts only from
 Kubeflow's own services, or a bearer token that the Kubernetes TokenReview API authenticates for the audience
 ``pipelines.kubeflow.org`` (``GetAuthenticators``, backend/src/apiserver/auth/auth.go in kubeflow/pipelines at 2.15.0
@@ -47,7 +52,20 @@ if TYPE_CHECKING:  # kfp ships no type information: its client and what it answe
 PIPELINE = "tpupipe"
 EXPERIMENT = "tpupipe"
 JANITOR_PIPELINE = "tpupipe-janitor"
-AUTHS = ("none", "sa-token", "token", "iap")
+AUTHS = ("none", "sa-token", "token", "iap", "userid")
+# The header a multi-user server reads the user from, and the prefix it strips from its value: the API server's
+# KUBEFLOW_USERID_HEADER and KUBEFLOW_USERID_PREFIX (``GetKubeflowUserIDHeader``/``GetKubeflowUserIDPrefix`` in
+# backend/src/apiserver/common/config.go, read by ``NewHTTPHeaderAuthenticator`` in backend/src/apiserver/auth/auth.go,
+# kubeflow/pipelines at 2.15.0 and 2.17.0), which the multi-user install sets to ``kubeflow-userid`` and ""
+# (manifests/kustomize/base/installs/multi-user/api-service/deployment-patch.yaml at 2.15.0;
+# manifests/kustomize/base/installs/generic/pipeline-install-config.yaml, USERID_HEADER and USERID_PREFIX, at 2.17.0).
+# Unset, the server reads Google IAP's ``x-goog-authenticated-user-email`` with the prefix ``accounts.google.com:``
+# (GoogleIAPUserIdentityHeader, GoogleIAPUserIdentityPrefix in common/const.go): --kfp-user-prefix says which.
+USERID_HEADER = "kubeflow-userid"
+IAP_USERID_PREFIX = "accounts.google.com:"
+# An e-mail address as Kubeflow names a profile's owner and contributors (a Profile's spec.owner name, the
+# contributors' user e-mails: https://www.kubeflow.org/docs/components/central-dash/profiles/).
+EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # The audience a multi-user server's TokenReview asks a bearer token to be for (DefaultTokenReviewAudience,
 # backend/src/apiserver/common/const.go in kubeflow/pipelines at 2.15.0 and 2.17.0).
 TOKEN_AUDIENCE = "pipelines.kubeflow.org"
@@ -70,6 +88,8 @@ class Place:
     token_path: str = SA_TOKEN_PATH
     insecure: bool = False  # --insecure: a token may go to a plain-HTTP host that is not this machine
     token_file: str = ""  # --kfp-token-file: the bearer token of --kfp-auth token
+    user: str = ""  # --kfp-user: the user --kfp-auth userid names in the user id header
+    user_prefix: str = ""  # --kfp-user-prefix: what the server strips from the header's value (KUBEFLOW_USERID_PREFIX)
 
 
 # The loopback names: a plain-HTTP request to one of them never leaves this machine (a `kubectl port-forward` carries
@@ -93,15 +113,26 @@ def check_place(place: Place) -> None:
     # MUST always use TLS (https) or equivalent transport security when making requests with bearer tokens"
     # (RFC 6750, section 5.3: https://www.rfc-editor.org/rfc/rfc6750#section-5.3).
     if url.scheme == "http" and place.auth != "none" and not loopback and not place.insecure:
+        sent = "the user id header, which acts as that user," if place.auth == "userid" else "its bearer token"
         raise SpecError(
             "--kfp-host",
-            f"--kfp-auth {place.auth} would send its bearer token in clear text to {place.host}",
+            f"--kfp-auth {place.auth} would send {sent} in clear text to {place.host}",
             [f"https://{url.netloc}", "http://localhost:PORT through kubectl port-forward", "--insecure"],
         )
     if not NAMESPACE.match(place.namespace):
         raise SpecError("--kfp-namespace", f"{place.namespace!r} is not a Kubernetes namespace (a DNS-1123 label)")
     if place.auth not in AUTHS:
         raise SpecError("--kfp-auth", f"unknown method {place.auth!r}", list(AUTHS))
+    if place.auth == "userid" and not EMAIL.match(place.user):
+        raise SpecError(
+            "--kfp-user",
+            "--kfp-auth userid sends this user's e-mail in the kubeflow-userid header: "
+            + (f"{place.user!r} is not an e-mail address" if place.user else "none is given"),
+            ["--kfp-user alice@example.com"],
+        )
+    if place.auth != "userid" and (place.user or place.user_prefix):
+        flag = "--kfp-user" if place.user else "--kfp-user-prefix"
+        raise SpecError(flag, f"is for --kfp-auth userid, not --kfp-auth {place.auth}", ["--kfp-auth userid"])
     if place.auth == "iap" and not place.iap_client_id:
         raise SpecError("--kfp-iap-client-id", "--kfp-auth iap needs the OAuth client id of the endpoint's IAP")
     if place.auth == "token" and not (place.token_file and Path(place.token_file).is_file()):
@@ -145,7 +176,7 @@ def client(place: Place) -> Client:
     credentials = ServiceAccountTokenVolumeCredentials(path=path) if path else None
     token = _iap_token(place) if place.auth == "iap" else None
     try:
-        made, health = kfp_runs.connect(place.host, place.namespace, credentials, token)
+        made, health = kfp_runs.connect(place.host, place.namespace, credentials, token, userid(place))
         multi_user = bool(health.multi_user)
     except Exception as exc:  # noqa: BLE001 - unreachable or refusing: one line, exit 1
         raise InfraError(f"cannot reach the Kubeflow Pipelines API at {place.host}: {_reason(exc)}") from None
@@ -158,9 +189,16 @@ def client(place: Place) -> Client:
                 f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: `(umask 077; "
                 f"kubectl create token default-editor -n {place.namespace} --audience {TOKEN_AUDIENCE} > FILE)`)",
                 "--kfp-auth sa-token, in a pod that mounts KFP's projected token",
+                "--kfp-auth userid --kfp-user EMAIL, through a port-forward to the API server (docs/kubeflow.md)",
             ],
         )
     return made
+
+
+def userid(place: Place) -> dict[str, str]:
+    """The user id header of ``--kfp-auth userid`` (``USERID_HEADER``: the user's e-mail after the prefix the server
+    strips); {} for the other methods."""
+    return {USERID_HEADER: place.user_prefix + place.user} if place.auth == "userid" else {}
 
 
 def _file_token(place: Place) -> str:
@@ -198,9 +236,12 @@ def _iap_token(place: Place) -> str:
     return fetched_now
 
 
-def bearer(place: Place) -> dict[str, str]:
-    """The ``Authorization`` header ``kfp.Client`` sends for the place's auth method: none; the projected token,
-    read from its file as ``ServiceAccountTokenVolumeCredentials`` reads it; the IAP ID token."""
+def auth_headers(place: Place) -> dict[str, str]:
+    """The headers ``kfp.Client`` sends for the place's auth method: none; the projected token, read from its file as
+    ``ServiceAccountTokenVolumeCredentials`` reads it; the IAP ID token; the token of --kfp-token-file; the user id
+    header."""
+    if place.auth == "userid":
+        return userid(place)
     if place.auth == "sa-token":
         return {"Authorization": "Bearer " + Path(place.token_path).read_text().strip()}
     if place.auth == "iap":
@@ -494,14 +535,14 @@ HEALTHZ_PATHS = ("/apis/v2beta1/healthz", "/apis/v1beta1/healthz")
 
 def server_version(place: Place, log: Callable[[str], None] | None = None) -> tuple[int, ...] | None:
     """The API server's release, from its healthz answer's ``tag_name`` (``HEALTHZ_PATHS``), read with ``requests``
-    and the place's own authentication (``bearer``); None, with one line to ``log``, when it does not say one (no
+    and the place's own authentication (``auth_headers``); None, with one line to ``log``, when it does not say one (no
     tag, "unknown", a development build) or cannot be asked."""
     import requests
 
     tag, said = "", ""
     try:
         for path in HEALTHZ_PATHS:
-            answer = requests.get(place.host.rstrip("/") + path, headers=bearer(place), timeout=30)
+            answer = requests.get(place.host.rstrip("/") + path, headers=auth_headers(place), timeout=30)
             if answer.status_code != 404:
                 answer.raise_for_status()
                 tag = str(answer.json().get("tag_name") or "")
@@ -613,11 +654,11 @@ def schedule_create(
 
 
 def _dated(sub: vertex.Submission) -> bool:
-    """Whether the submission's dataset names the schedule's date (``{date}``)."""
+    """Whether the submission's dataset names the schedule's date (a date form: ``{date}``, ``{date-1}``, ...)."""
     from components.spec import datasets
     from components.workload import resolve
 
-    return "date" in datasets.placeholders(resolve(sub.preset, sub.resolved_overrides).train.dataset)
+    return datasets.dated(resolve(sub.preset, sub.resolved_overrides).train.dataset)
 
 
 def recurring_runs(kfp_client: Client, place: Place) -> list[dict[str, Any]]:

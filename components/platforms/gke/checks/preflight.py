@@ -35,6 +35,7 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from components.platforms.gke.checks import node_account, offers, queued, reservations
@@ -182,8 +183,10 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     that account's roles are read too (``_bigquery_account``)."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery, snapshot
+    from components.spec import datasets
 
-    table = bigquery.parse_table(value, key)
+    # A dated table (events_{date:%Y%m%d}) has its shape checked as today's; the day's table may not exist yet.
+    table = bigquery.parse_table(datasets.render(value, datetime.now(UTC)), key)
     project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
     field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
     who = _caller_named(creds)
@@ -204,8 +207,9 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
                 "another project in train.bigquery_project",
             )
         )
-    missing = bigquery.missing_read(table, project, field=key)
-    if missing:
+    if datasets.dated(value):
+        _dated_table(key, value, table, project, who, report)
+    elif missing := bigquery.missing_read(table, project, field=key):
         report.problems.append(
             Problem(
                 key,
@@ -218,6 +222,30 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     if spec.train.bigquery_service_account:
         jobs = bigquery.JOB_PERMISSION in needed
         _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report, jobs)
+
+
+def _dated_table(key: str, value: str, table: str, project: str, who: str, report: Report) -> None:
+    """A dated table (``events_{date:%Y%m%d}``) is a new table each day, which need not exist before its day: its
+    dataset must (datasets.get, which also needs a role that reads its tables), and the day's table is the
+    snapshot's to find, a missing one a day without a drop under ``train.data_since=champion``."""
+    from components.data import bigquery
+    from components.spec import SpecError
+
+    dataset = table.rsplit(".", 1)[0]
+    try:
+        there = bigquery.dataset_exists(dataset, project, field=key)
+    except SpecError as exc:
+        report.problems.append(Problem(key, str(exc).removeprefix(f"{key}: ")))
+        return
+    if there:
+        report.checked.append(
+            f"{key}: as the caller{who}, may see the dataset {dataset} of the dated table {value} (each day's table "
+            "is read by the data snapshot)"
+        )
+    else:
+        report.problems.append(
+            Problem(key, f"the dataset {dataset}, where the dated tables of {value} are, does not exist")
+        )
 
 
 def _caller_named(creds: Credentials) -> str:
