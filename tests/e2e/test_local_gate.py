@@ -218,13 +218,19 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
 def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_side(runs):
     """The default run's train job answers the first 64 held-out prompts before and after training; the summary
     prints each task metric before and after and the gate's reason, and the run directory holds the answers and the
-    side-by-side page with at least 16 examples."""
+    side-by-side page with at least 16 examples. Training raises the exact match: the generated task's held-out
+    prompts ask the facts the training examples teach (trainers/data.py), which the untrained model answers none of,
+    and the paired interval of the difference lies above 0."""
     summary, run_dir = _ok(runs["gate-1"]), runs["gate-1"]["run_dir"]
     task = summary["task"]
     assert task["num_examples"] == 64 and task["against"] == "before training"
     assert set(task["comparison"]) == set(task["metrics_after"]) == set(task["metrics_before"])
     out = runs["gate-1"]["proc"].stdout
     before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
+    assert after > before, (before, after)  # measured: 0 untrained, 0.XX trained
+    exact = task["comparison"]["exact_match"]
+    assert [exact["candidate"], exact["other"], exact["difference"]] == pytest.approx([after, before, after - before])
+    assert exact["low"] > 0, exact  # the 95% paired bootstrap interval's lower end (components/stages/answers.py)
     assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
     assert "  gate: promoted" in out
     page = (run_dir / "eval" / "side_by_side.md").read_text()
