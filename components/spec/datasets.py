@@ -3,7 +3,7 @@ the kind of source, the ``{date}`` placeholder, the fields that go with a kind, 
 
 Kinds:
 
-- ``generated``: the generated instruction task, written by the trainer itself;
+- ``generated``: the generated task (eight countries' capitals: ``trainers.data``), written by the trainer itself;
 - a hub name (``databricks/databricks-dolly-15k``): its splits ``train.train_split`` (trained on) and
   ``train.eval_split`` (held out), read from the hub's Parquet conversion of it (``components.data.hub``);
 - local files: a path that starts with ``/``, ``./``, ``../`` or ``~``, ends with a data suffix, or holds a glob

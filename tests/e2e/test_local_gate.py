@@ -97,9 +97,9 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
-    # the held-out loss is over the responses alone (trainers.data.LABELS): the prompt's fixed words, which any model
-    # learns at once, no longer count, so it falls less than the whole text's did (0.67x here, 48 steps)
-    assert summary["eval_loss_after"] < 0.75 * summary["eval_loss_before"]
+    # the held-out loss is over the responses alone (trainers.data.LABELS), the generated task's capitals, which the
+    # 48 steps teach: it falls to 0.08x here (4.62 to 0.36)
+    assert summary["eval_loss_after"] < 0.2 * summary["eval_loss_before"]
     assert summary["tokens_per_s"] > 0
     # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
     shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
@@ -227,10 +227,10 @@ def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_s
     assert set(task["comparison"]) == set(task["metrics_after"]) == set(task["metrics_before"])
     out = runs["gate-1"]["proc"].stdout
     before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
-    assert after > before, (before, after)  # measured: 0 untrained, 0.XX trained
+    assert after > before, (before, after)  # 0 untrained, 0.94 trained here
     exact = task["comparison"]["exact_match"]
     assert [exact["candidate"], exact["other"], exact["difference"]] == pytest.approx([after, before, after - before])
-    assert exact["low"] > 0, exact  # the 95% paired bootstrap interval's lower end (components/stages/answers.py)
+    assert exact["low"] > 0, exact  # the 95% paired interval's lower end, 0.88 here (components/stages/answers.py)
     assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
     assert "  gate: promoted" in out
     page = (run_dir / "eval" / "side_by_side.md").read_text()
