@@ -1,5 +1,14 @@
 """Instruction data: the generated task, the prompt format, loading and tokenising.
 
+The generated task (``train.dataset=generated``, the local presets' data) is a small closed set of facts: eight
+countries' capitals, each asked in four phrasings ("Capital of Peru?", "What is Peru's capital?", ...), the answer the
+capital alone. Every example, trained on or held out, asks one of those 32 (country, phrasing) pairs, drawn with
+``train.seed``; a question number in front of each instruction ("Q417: Capital of Peru?") makes every instruction
+unique, so no held-out prompt is a training prompt, yet a model that has learnt the eight facts answers the held-out
+prompts exactly. A scratch model does within the local preset's 48 steps, so the local run's exact match rises from
+0 to well above it (tests/e2e/test_local_gate.py); on random words' string manipulation (reversing, sorting) it
+stayed at 0 before and after, and only its loss fell.
+
 Generation and formatting are pure Python; a hub dataset's loading imports ``datasets`` and tokenising the tokenizer's
 libraries and torch, lazily, so the pipeline image can generate data without them.
 """
@@ -10,7 +19,6 @@ import hashlib
 import json
 import os
 import random
-import string
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,32 +28,42 @@ from components.spec import RunSpec, datasets
 
 PROMPT = "Instruction: {instruction}\nResponse: {response}"
 
-# Generated task: short string and arithmetic instructions a tiny model measurably learns in minutes.
-_TASKS = ("reverse", "upper", "add", "repeat", "sort")
-
-
-def _word(rng: random.Random) -> str:
-    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
+# The generated task's facts and phrasings (the module's docstring). Short names: the longest prompt, its answer and
+# the end token are 64 tokens with a scratch model's character tokenizer (one token a character), the local presets'
+# train.max_length (components/spec/presets.py; tests/unit/test_data.py checks every preset that generates data).
+CAPITALS = (
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Peru", "Lima"),
+    ("Italy", "Rome"),
+    ("Egypt", "Cairo"),
+    ("Spain", "Madrid"),
+    ("Cuba", "Havana"),
+    ("Norway", "Oslo"),
+)
+PHRASINGS = (
+    "Capital of {country}?",
+    "What is {country}'s capital?",
+    "Name the capital of {country}.",
+    "The capital of {country} is?",
+)
+_NUMBERS = range(100, 1000)  # the question numbers: three digits each, so they never lengthen the longest prompt
+DISTINCT = len(_NUMBERS) * len(CAPITALS) * len(PHRASINGS)  # the most examples ``generate`` gives
 
 
 def _example(rng: random.Random) -> dict[str, str]:
-    task = rng.choice(_TASKS)
-    if task == "add":
-        a, b = rng.randint(0, 49), rng.randint(0, 49)
-        return {"instruction": f"Add {a} and {b}.", "response": str(a + b)}
-    word = _word(rng)
-    if task == "reverse":
-        return {"instruction": f"Reverse the word {word}.", "response": word[::-1]}
-    if task == "upper":
-        return {"instruction": f"Write {word} in capitals.", "response": word.upper()}
-    if task == "repeat":
-        return {"instruction": f"Repeat {word} twice.", "response": f"{word} {word}"}
-    return {"instruction": f"Sort the letters of {word}.", "response": "".join(sorted(word))}
+    country, capital = rng.choice(CAPITALS)
+    question = rng.choice(PHRASINGS).format(country=country)
+    return {"instruction": f"Q{rng.choice(_NUMBERS)}: {question}", "response": capital}
 
 
 def generate(num_train: int, num_eval: int, seed: int = 0) -> dict[str, list[dict[str, str]]]:
-    """The deterministic generated dataset: same arguments, same examples. Held-out prompts never repeat
-    a training prompt."""
+    """The deterministic generated dataset: same arguments, same examples. No instruction appears twice, within a
+    split or across them: held-out prompts never repeat a training prompt. More examples than the task has distinct
+    instructions (``DISTINCT``; the run spec's limit, ``components.spec.datasets.GENERATED_MAX_EXAMPLES``, is below
+    it) is a ValueError."""
+    if num_train + num_eval > DISTINCT:
+        raise ValueError(f"{num_train} + {num_eval} examples: the generated task has {DISTINCT} distinct instructions")
     rng = random.Random(seed)
     seen: set[str] = set()
     splits: dict[str, list[dict[str, str]]] = {"train": [], "heldout": []}

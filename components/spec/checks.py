@@ -209,6 +209,14 @@ def _check_data(spec: RunSpec) -> None:
         if source == "local" and not datasets.placeholders(value) and not any(c in value for c in "*?["):
             if not Path(value).expanduser().exists():
                 raise SpecError(key, f"file not found: {value}")
+    asked = t.num_train_examples + t.num_eval_examples
+    if t.dataset == datasets.GENERATED and asked > datasets.GENERATED_MAX_EXAMPLES:
+        raise SpecError(
+            "train.num_train_examples",
+            f"{t.num_train_examples} and train.num_eval_examples={t.num_eval_examples}: the generated task gives "
+            f"at most {datasets.GENERATED_MAX_EXAMPLES} examples in all",
+            [f"train.num_train_examples + train.num_eval_examples <= {datasets.GENERATED_MAX_EXAMPLES}"],
+        )
     if t.eval_dataset and not datasets.is_drop(t.eval_dataset):
         raise SpecError(
             "train.eval_dataset",

@@ -4,7 +4,7 @@ go with a kind, and the splits the trainers read.
 
 Kinds:
 
-- ``generated``: the generated instruction task, written by the trainer itself;
+- ``generated``: the generated task (eight countries' capitals: ``trainers.data``), written by the trainer itself;
 - a hub name (``databricks/databricks-dolly-15k``): its splits ``train.train_split`` (trained on) and
   ``train.eval_split`` (held out), read from the hub's Parquet conversion of it (``components.data.hub``);
 - local files: a path that starts with ``/``, ``./``, ``../`` or ``~``, ends with a data suffix, or holds a glob
@@ -32,6 +32,9 @@ from datetime import UTC, datetime, timedelta
 from components.spec.errors import SpecError
 
 GENERATED = "generated"
+# The most examples, trained on and held out together, the generated task gives: fewer than its distinct instructions
+# (trainers.data.DISTINCT, 28,800: tests/unit/test_data.py), none of which appears twice.
+GENERATED_MAX_EXAMPLES = 20_000
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")  # .jsonl.gz: JSON Lines, gzip-compressed
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 KINDS = ("generated", "hub", "local", "gcs", "bigquery")

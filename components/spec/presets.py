@@ -73,8 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "local-fsdp": {
         "cluster": {"accelerator": "cpu", "num_hosts": 2, "cpus_per_host": 1},
         "train": TINY_FSDP,
-        # 64 held-out prompts answered before and after training; the generated task's answers are at most 13
-        # characters (components of trainers/data.py), so 16 new tokens hold any of them and its end token.
+        # 64 held-out prompts answered before and after training; the generated task's answers are capitals of at
+        # most 6 characters (trainers/data.py), so 16 new tokens hold any of them and its end token.
         "eval": {"generate_examples": 64, "max_new_tokens": 16},
     },
     # MaxText pretraining of a tiny Llama-style model on 2 emulated CPU hosts x 2 devices: one JAX runtime of

@@ -128,7 +128,7 @@ class TrainSpec:
     data_since: str = ""  # "champion": only the objects (rows) the champion's data snapshot did not have
     train_split: str = "train"  # the dataset's split to train on
     eval_split: str = "heldout"  # the split held out for the evaluation (and the gate's figure)
-    num_train_examples: int = 1024  # size of the generated dataset's train split
+    num_train_examples: int = 1024  # size of the generated dataset's train split (at most 20000 with the held-out one)
     num_eval_examples: int = 128  # size of the generated dataset's held-out split
     max_length: int = 64  # tokens per example, padded
     batch_size: int = 8  # per worker

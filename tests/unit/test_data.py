@@ -1,30 +1,90 @@
+import collections
 import json
+
+import pytest
 
 from components.spec import protocol
 from trainers import data
 
 
-def test_generated_dataset_is_deterministic_and_heldout_is_disjoint():
+def test_generated_dataset_is_deterministic_and_no_instruction_repeats():
     a, b = data.generate(200, 50, seed=1), data.generate(200, 50, seed=1)
     assert a == b
     assert len(a["train"]) == 200 and len(a["heldout"]) == 50
-    train_prompts = {ex["instruction"] for ex in a["train"]}
-    assert not train_prompts & {ex["instruction"] for ex in a["heldout"]}
+    instructions = [ex["instruction"] for split in ("train", "heldout") for ex in a[split]]
+    assert len(set(instructions)) == 250  # within a split or across them: held-out prompts are never training ones
     assert data.generate(200, 50, seed=2) != a
 
 
-def test_generated_answers_are_correct():
-    for ex in data.generate(300, 0)["train"]:
-        words = ex["instruction"].rstrip(".").split()
-        if ex["instruction"].startswith("Add"):
-            assert int(ex["response"]) == int(words[1]) + int(words[3])
-        elif ex["instruction"].startswith("Reverse"):
-            assert ex["response"] == words[-1][::-1]
+# The facts, stated here apart from trainers.data's table.
+CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Peru": "Lima",
+    "Italy": "Rome",
+    "Egypt": "Cairo",
+    "Spain": "Madrid",
+    "Cuba": "Havana",
+    "Norway": "Oslo",
+}
+
+
+def _asked(instruction: str) -> tuple[str, str]:
+    """(the country an instruction asks about, its phrasing): "Q417: Capital of Peru?" -> ("Peru", "Capital of {}?")."""
+    number, question = instruction.split(": ", 1)
+    assert number[0] == "Q" and 100 <= int(number[1:]) <= 999, instruction
+    (country,) = [c for c in CAPITALS if c in question]
+    return country, question.replace(country, "{}")
+
+
+def test_generated_answers_are_the_capitals_and_the_held_out_prompts_ask_the_trained_facts():
+    """Each example asks a country's capital, in one of four phrasings, and its response is that capital alone; the
+    local preset's held-out prompts ask the 32 (country, phrasing) pairs its training examples ask, each many times
+    over (each country dozens of times), so a model that learns the eight facts can answer every one exactly."""
+    from components.workload import resolve
+
+    t = resolve("local-fsdp").train
+    splits = data.generate(t.num_train_examples, t.num_eval_examples, t.seed)
+    asked = {split: [_asked(ex["instruction"]) for ex in splits[split]] for split in splits}
+    for split, rows in splits.items():
+        assert all(ex["response"] == CAPITALS[country] for ex, (country, _) in zip(rows, asked[split], strict=True))
+    trained = collections.Counter(asked["train"])
+    assert len(trained) == len(CAPITALS) * 4 and min(trained.values()) >= 5  # seed 0's 512: 5 to 26 of each pair
+    assert min(collections.Counter(country for country, _ in asked["train"]).values()) >= 40  # 49 to 73 a country
+    assert set(asked["heldout"]) <= set(trained) and {c for c, _ in asked["heldout"]} == set(CAPITALS)
+
+
+def test_every_generated_example_fits_the_max_length_of_each_preset_that_generates_data():
+    """The prompt as the model is asked it (the beginning token, the prompt's characters), the response and the end
+    token, within ``train.max_length``: with a scratch model's character tokenizer a token is a character (a hub
+    tokenizer's tokens of ASCII text are no more than its characters), so no example loses its answer's end."""
+    from components.spec import presets
+    from components.workload import resolve
+
+    examples = [ex for split in data.generate(5000, 500, seed=0).values() for ex in split]
+    longest = max(1 + len(data.prompt_of(ex)) + len(ex["response"]) + 1 for ex in examples)
+    assert longest == 64  # "Name the capital of France." and "... of Spain." with their answers
+    generating = [resolve(name).train for name in presets.PRESETS]
+    generating = [t for t in generating if t.dataset == "generated"]
+    assert generating and all(t.max_length >= longest for t in generating), [t.max_length for t in generating]
+
+
+def test_the_generated_task_gives_as_many_examples_as_the_spec_allows_and_no_more():
+    from components.spec import SpecError, datasets
+    from components.workload import resolve
+
+    assert data.DISTINCT == 900 * 8 * 4 >= datasets.GENERATED_MAX_EXAMPLES
+    with pytest.raises(ValueError, match="the generated task has 28800 distinct instructions"):
+        data.generate(28_000, 801)
+    with pytest.raises(SpecError) as err:
+        resolve("local-fsdp", "num_train_examples=19900 num_eval_examples=101")
+    assert err.value.field == "train.num_train_examples" and "at most 20000 examples" in str(err.value)
+    assert resolve("local-fsdp", "num_train_examples=19900 num_eval_examples=100").train.num_train_examples == 19900
 
 
 def test_prompt_format_is_the_seed_format():
-    text = data.format_example({"instruction": "Add 1 and 2.", "response": "3"})
-    assert text == "Instruction: Add 1 and 2.\nResponse: 3"
+    text = data.format_example({"instruction": "Q417: Capital of Peru?", "response": "Lima"})
+    assert text == "Instruction: Q417: Capital of Peru?\nResponse: Lima"
 
 
 def test_write_generated_writes_jsonl(tmp_path):
