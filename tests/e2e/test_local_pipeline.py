@@ -102,8 +102,8 @@ def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_c
     assert (tmp_path / "_cache" / weights.manifest_key("google/gemma-4-E2B-it", commit)).is_file()  # the trusted one
     assert [e["epoch"] for e in summary["history"]] == [1, 2]
     # evaluate loaded the fine-tuned weights onto the base (the frozen table from the base) and measured them: the
-    # loss over the responses alone falls to about 0.81x in these 16 steps
-    assert summary["eval_loss_after"] < 0.9 * summary["eval_loss_before"]
+    # loss over the responses alone falls to about 0.42x in these 16 steps
+    assert summary["eval_loss_after"] < 0.8 * summary["eval_loss_before"]
     checkpoint = run_dir / "checkpoint"
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["architectures"] == ["Gemma4ForConditionalGeneration"]

@@ -76,7 +76,7 @@ from trainers.model import build_model, load_tokenizer
 root = Path(sys.argv[1])
 facts = {}
 tokenizer = load_tokenizer("scratch:gemma4-tiny")
-files = data.write_generated(root / "data", 64, 8, 0)  # prompts of up to ~50 tokens: lengths leave room
+files = data.write_generated(root / "data", 64, 8, 0)  # prompts of up to 58 tokens: lengths leave room
 examples = data.load_split("generated", "train", files)
 cache = str(root / "cache")
 fresh = data.tokenize(examples, tokenizer, 96)
