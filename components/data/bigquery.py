@@ -66,8 +66,9 @@ The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APP
 ``Client.query_and_wait``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
 Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at the emulators the tests start:
 ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API, ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST``
-(``host:port``, plaintext gRPC, the credentials' token sent in each call's ``authorization`` metadata, as Google's
-endpoints get it over TLS). The client libraries are imported inside the functions.
+(``host:port``, plaintext gRPC: no Google credentials go there, only the emulators' own static token, in each call's
+``authorization`` metadata, as Google's endpoints get a token over TLS). The client libraries are imported inside the
+functions.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
-from components.cloud.credentials import access_error, credentials, google_client
+from components.cloud.credentials import access_error, credentials, emulator_token, google_client
 from components.spec import InfraError, SpecError
 from components.spec.datasets import row_filter
 from components.spec.names import PROJECT_ID_PATTERN
@@ -160,16 +161,20 @@ def client(project: str, creds=None):
 
 
 def read_client(creds: Any) -> Any:
-    """A ``BigQueryReadClient`` (the Storage Read API): at $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a
-    plaintext channel that sends ``creds``' token as each call's ``authorization`` metadata (to the emulator only),
-    else at Google's endpoint with ``creds``."""
+    """A ``BigQueryReadClient`` (the Storage Read API): at Google's endpoint with ``creds``, or at
+    $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a plaintext channel that carries no Google credentials: as
+    every gRPC emulator is reached (``google_client``), with the emulators' own static token alone
+    (``emulator_token``) in each call's ``authorization`` metadata when there is one, never a token of ``creds``."""
     from google.cloud import bigquery_storage_v1
 
-    host = os.environ.get(STORAGE_EMULATOR_HOST_ENV)
-    if not host:
+    if not os.environ.get(STORAGE_EMULATOR_HOST_ENV):
         return bigquery_storage_v1.BigQueryReadClient(credentials=creds)
+    token = emulator_token()
+    if not token:
+        return google_client(
+            bigquery_storage_v1.BigQueryReadClient, STORAGE_EMULATOR_HOST_ENV, emulator_transport="grpc"
+        )
     import grpc
-    from google.auth.transport.requests import Request
     from google.cloud.bigquery_storage_v1.services.big_query_read.transports import BigQueryReadGrpcTransport
 
     class Details(NamedTuple):  # grpc.ClientCallDetails' fields
@@ -182,11 +187,7 @@ def read_client(creds: Any) -> Any:
 
     class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
         def _with_token(self, details: Any) -> Details:
-            if not creds.valid:
-                creds.refresh(Request())
-            headers: dict[str, str] = {}
-            creds.apply(headers)
-            metadata = [*(details.metadata or ()), ("authorization", headers["authorization"])]
+            metadata = [*(details.metadata or ()), ("authorization", f"Bearer {token}")]
             return Details(
                 details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
                 getattr(details, "compression", None),
@@ -198,7 +199,7 @@ def read_client(creds: Any) -> Any:
         def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
             return continuation(self._with_token(details), request)
 
-    channel = grpc.intercept_channel(grpc.insecure_channel(host), Bearer())
+    channel = grpc.intercept_channel(grpc.insecure_channel(os.environ[STORAGE_EMULATOR_HOST_ENV]), Bearer())
     return bigquery_storage_v1.BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel))
 
 

@@ -87,6 +87,7 @@ class BigQueryStorageEmulator:
         self.batch_rows = batch_rows
         self.sessions: dict[str, Session] = {}
         self.calls: list[str] = []
+        self.authorizations: list[str | None] = []  # each call's ``authorization`` metadata, as it came (None: none)
         self._server = None
         self.address = ""
 
@@ -110,6 +111,8 @@ class BigQueryStorageEmulator:
     def _member(self, context) -> str | None:
         auth = dict(context.invocation_metadata()).get("authorization")
         tables = self.tables
+        with tables._lock:
+            self.authorizations.append(auth)
         member = tables._identities.get((auth or "").removeprefix("Bearer "))
         if member is None and tables.token and not authorized(tables.token, auth):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "Request had invalid authentication credentials.")

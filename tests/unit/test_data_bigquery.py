@@ -227,6 +227,23 @@ def test_the_rows_come_stream_after_stream_a_batch_at_a_time(bq):
     assert bq.storage.calls == ["CreateReadSession"] + ["ReadRows"] * data.STREAMS and bq.jobs == {}
 
 
+def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypatch):
+    """Over the emulator's plaintext channel the read client sends the emulators' static token, and never a token of
+    Google credentials: without the static token it sends none (as every gRPC emulator is reached)."""
+    from google.oauth2.credentials import Credentials
+
+    real = Credentials(token="ya29.a-real-looking-google-token")  # a made-up value
+    request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(TABLE)}}
+    request["read_session"]["data_format"] = "ARROW"
+    data.read_client(real).create_read_session(**request)
+    assert bq.storage.authorizations[-1] == f"Bearer {TOKEN}"
+    monkeypatch.delenv(EMULATOR_TOKEN_ENV)
+    bq.token = ""  # an emulator that lets anyone in, so the call goes through and shows what it carried
+    data.read_client(real).create_read_session(**request)
+    assert bq.storage.authorizations[-1] is None
+    assert not any("ya29" in (auth or "") for auth in bq.storage.authorizations)
+
+
 def test_a_missing_table_or_dataset_is_a_spec_error(bq):
     for table, said in [(f"{PROJECT}.examples.nope", "Not found: Table"), (f"{PROJECT}.nope.t", "Not found: Dataset")]:
         with pytest.raises(SpecError, match=f"{table} does not exist.*{said}") as raised:
