@@ -391,6 +391,28 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     assert logs == [] or not any("warning" in line for line in logs)
 
 
+def test_a_table_truncated_and_reloaded_trains_only_on_its_new_row(bq, tmp_path):
+    """A reload that truncates the table (or deletes a day and inserts it again) commits every row anew: APPENDS
+    returns them all (change history keeps inserts, never deletions), and each is dropped as an example the
+    champion's lineage has already seen (its key file), counted; only the one new row is trained on."""
+    from components.data import snapshot
+
+    spec = run_spec(tmp_path)
+    first, train, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
+    seen = snapshot.Keys(snapshot.lineage(None, train))
+    assert len(seen) == 10
+    pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
+    bq.delete(TABLE, lambda row: True, at=pinned + timedelta(microseconds=1))  # the truncate, after the champion's
+    reloaded = [example(n, NOW - 24 * HOUR) for n in range(10)] + [example(10, NOW - HOUR)]
+    bq.insert(TABLE, reloaded, at=pinned + timedelta(microseconds=2))
+    logs: list[str] = []
+    later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=logs.append, seen_keys=seen)
+    assert later["train"]["table"]["appended_after"] == first["train"]["table"]["snapshot_time"]  # by commit time
+    assert [e["instruction"] for e in train] == ["Say 10."]
+    assert later["champion_duplicates"] == 10 and later["train"]["num_examples"] == 11
+    assert any("10 example(s) the champion's lineage already saw dropped" in line for line in logs)
+
+
 def test_commit_time_falls_back_to_the_time_column_saying_why(bq, tmp_path):
     """Where APPENDS cannot answer for the window since the champion (another filter; a champion's time past the
     dataset's time travel window; a table recreated since), the run reads the rows past the champion's max_time,
