@@ -40,8 +40,8 @@ late row costs there: the champion read another table or filter; its time is pas
 (``maxTimeTravelHours``: "An error is returned if the time specified is earlier than allowed by time travel"); the
 table was created after it (recreated or replaced: APPENDS then starts at the new table's creation, "If the table
 was created after the start_timestamp value, the actual table creation time is used instead", and would read again
-what the champion had); the table is not a regular table ("This must be a regular BigQuery table": a view, a
-materialized view, an external table).
+what the champion had). A view, a materialized view or an external table is refused before anything is read (a
+SpecError naming the field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table.
 
 Bad input is a :class:`SpecError` naming its field: a malformed URI, a table or dataset that does not exist, no
 permission to read it, to open a read session or to run a query, a filter BigQuery refuses, no rows (unless
@@ -99,6 +99,13 @@ STREAMS = 4
 DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 SCHEME = "bq://"
+# What tables.get's ``type`` says of an entity no read session reads: the Storage Read API reads BigQuery storage, and
+# a view, a materialized view or an external table is none ("Limitations",
+# https://cloud.google.com/bigquery/docs/reference/storage; the service's refusal, "non-table entities cannot be read
+# with the storage API", as https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type
+NOT_READ = ("VIEW", "MATERIALIZED_VIEW", "EXTERNAL")
+NOT_READ_SOURCE = "https://cloud.google.com/bigquery/docs/reference/storage, Limitations"
 REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
 # A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
 PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
@@ -238,6 +245,14 @@ def snapshot(
         found = bq.get_table(table)
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    if found.table_type in NOT_READ:
+        raise SpecError(
+            field,
+            f"{table} is a {found.table_type}, which the BigQuery Storage Read API does not read (it reads a table's "
+            f"storage: {NOT_READ_SOURCE}): name a table",
+            ["materialise the view into a table (a scheduled query that writes it, e.g. daily) and read that table",
+             "bq://PROJECT.DATASET.TABLE of a regular table"],
+        )  # fmt: skip
     schema = {f.name: f.field_type for f in found.schema}
     missing = [name for name in required if name not in schema]
     if missing:

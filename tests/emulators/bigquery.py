@@ -748,6 +748,10 @@ class Table:
     created: int
     versions: list[Version] = field(default_factory=list)
     modified: int = 0
+    # tables.get's ``type``: TABLE, VIEW, MATERIALIZED_VIEW, EXTERNAL, ... ("Output only. Describes the table type",
+    # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type); a view's rows here are
+    # those its query would give, which only a query reads (the Storage Read API refuses it: bigquery_storage.py)
+    type: str = "TABLE"
 
 
 @dataclass
@@ -801,9 +805,17 @@ class BigQueryEmulator(HttpEmulator):
         with self._lock:
             self.datasets[(project, name)] = Dataset(location, max_time_travel_hours, _micros(at, self.clock))
 
-    def create_table(self, table: str, schema: Sequence[tuple[str, str] | tuple[str, str, str]], *, at=None) -> None:
+    def create_table(
+        self,
+        table: str,
+        schema: Sequence[tuple[str, str] | tuple[str, str, str]],
+        *,
+        at=None,
+        table_type: str = "TABLE",
+    ) -> None:
         """``P.D.T`` with columns ``(name, type[, mode])`` (mode NULLABLE or REQUIRED); its dataset is created (in
-        US) when there is none."""
+        US) when there is none. ``table_type``: its tables.get ``type`` (``VIEW``, ``MATERIALIZED_VIEW``,
+        ``EXTERNAL``)."""
         project, dataset, name = table.rsplit(".", 2)
         fields = []
         for column in schema:
@@ -816,7 +828,7 @@ class BigQueryEmulator(HttpEmulator):
             if (project, dataset) not in self.datasets:
                 self.create_dataset(f"{project}.{dataset}", at=at)
             created = _micros(at, self.clock)
-            self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created)
+            self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created, type=table_type)
 
     def drop_table(self, table: str) -> None:
         with self._lock:
@@ -998,7 +1010,7 @@ class BigQueryEmulator(HttpEmulator):
             "numRows": str(sum(v.visible(now) for v in t.versions)),
             "creationTime": str(t.created // 1000),
             "lastModifiedTime": str(t.modified // 1000),
-            "type": "TABLE",
+            "type": t.type,
             "location": d.location,
         }
 

@@ -159,6 +159,15 @@ class BigQueryStorageEmulator:
         t = d.tables.get(name)
         if t is None:
             raise BigQueryError(404, f"Not found: Table {table_name}")
+        if t.type != "TABLE":
+            # The Storage Read API reads a table's storage: a view, a materialized view or an external table it
+            # refuses ("non-table entities cannot be read with the storage API", the service's refusal as
+            # https://github.com/coiled/dask-bigquery/issues/41 quotes it; "Limitations",
+            # https://cloud.google.com/bigquery/docs/reference/storage)
+            raise BigQueryError(
+                400,
+                f"request failed: {table_name} is a {t.type}: non-table entities cannot be read with the storage API",
+            )
         if request.read_session.data_format != types.DataFormat.ARROW:
             raise BigQueryError(400, "Only the ARROW data format is emulated (tests/emulators/bigquery_storage.py)")
         now = _micros(None, tables.clock)

@@ -244,6 +244,31 @@ def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypat
     assert not any("ya29" in (auth or "") for auth in bq.storage.authorizations)
 
 
+@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW", "EXTERNAL"])
+def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_session(bq, kind):
+    """The Storage Read API reads tables only; tables.get's ``type`` tells a view, a materialized view or an external
+    table up front, refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the
+    emulated service refuses a session on one as the real one does."""
+    name = f"{PROJECT}.examples.shared"
+    bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type=kind)
+    for field in (FIELD, "train.eval_dataset"):
+        with pytest.raises(SpecError, match=f"{name} is a {kind}, which the BigQuery Storage Read API does not read"):
+            data.snapshot(name, field=field, at=datetime.now(UTC))
+    assert raised_field(name) == "train.eval_dataset" and bq.storage.calls == []
+    request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(name), "data_format": 3}}
+    with pytest.raises(Exception, match="non-table entities cannot be read with the storage API"):
+        data.read_client(None).create_read_session(**request)
+
+
+def raised_field(table: str) -> str:
+    try:
+        data.snapshot(table, field="train.eval_dataset", at=datetime.now(UTC))
+    except SpecError as exc:
+        assert any("materialise the view into a table" in v for v in exc.valid)
+        return exc.field
+    return ""
+
+
 def test_a_missing_table_or_dataset_is_a_spec_error(bq):
     for table, said in [(f"{PROJECT}.examples.nope", "Not found: Table"), (f"{PROJECT}.nope.t", "Not found: Dataset")]:
         with pytest.raises(SpecError, match=f"{table} does not exist.*{said}") as raised:
