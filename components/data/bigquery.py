@@ -506,6 +506,10 @@ JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the proj
 # roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
 READ_SESSION_PERMISSION = "bigquery.readsessions.create"
+# and reading its streams (ReadRows) takes bigquery.readsessions.getData there: roles/bigquery.readSessionUser holds
+# both, with bigquery.readsessions.update (https://cloud.google.com/bigquery/docs/access-control#bigquery.readSessionUser),
+# and a custom role may hold the one without the other
+READ_STREAM_PERMISSION = "bigquery.readsessions.getData"
 ALL_AUTHENTICATED = "allAuthenticatedUsers"  # a specialGroup of a dataset's access list: anyone signed in
 # The special groups of a dataset's access list that stand for the members of a basic role on the dataset's project
 # (Dataset.access.specialGroup: "projectOwners: Owners of the enclosing project", "projectReaders: Readers of the
