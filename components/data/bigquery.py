@@ -85,7 +85,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
 from components.cloud.credentials import access_error, credentials, emulator_token, google_client
-from components.spec import InfraError, SpecError
+from components.spec import SpecError
 from components.spec.datasets import row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
@@ -234,6 +234,11 @@ def snapshot(
     ``max_time`` of an earlier snapshot) reads only the rows past it, and then no rows is no error."""
     if at.tzinfo is None:
         raise ValueError(f"snapshot time {at!r} has no time zone")
+    # Time travel counts milliseconds (a time decorator is "milliseconds since the epoch":
+    # https://cloud.google.com/bigquery/docs/table-decorators#time_decorators; the service's refusal names a snapshot
+    # time in them, "Invalid snapshot time 1700000000000"): a snapshot time of whole milliseconds is read as it is
+    # written, so the next run's APPENDS, from it + 1 µs, leaves no sub-millisecond gap.
+    at = at.replace(microsecond=at.microsecond // 1000 * 1000)
     filter_field, time_field = f"{field}_filter", f"{field}_time_column"
     pairs = row_filter(filter, filter_field)
     if after is not None and not time_column:
@@ -318,6 +323,9 @@ def snapshot(
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
     snap["session"], snap["streams"] = session.name, [stream.name for stream in session.streams]
+    # the session's Arrow schema (ReadSession.arrow_schema), which each stream's batches are read with: a
+    # ReadRowsResponse carries it only "in the first ReadRowsResponse" of a stream, if at all (storage.proto)
+    snap["arrow_schema"] = base64.b64encode(session.arrow_schema.serialized_schema).decode()
     if not snap["streams"] and after is None:  # a session over no rows has no stream to read
         raise SpecError(field, f"{table} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
     return snap
@@ -363,20 +371,16 @@ def latest(snap: dict, other: str | None) -> str | None:
 
 
 def _streamed(snap: dict, creds) -> Iterator[dict]:
-    """The session's rows, stream after stream: each stream's first response carries the Arrow schema (the
-    session's; ReadRowsResponse.arrow_schema, storage.proto), each its record batch."""
+    """The session's rows, stream after stream, each record batch read with the session's Arrow schema
+    (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
     import pyarrow as pa
 
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(snap["arrow_schema"])))
     reader = read_client(creds)
     for stream in snap["streams"]:
-        schema = None
         for response in reader.read_rows(stream):
-            if response._pb.HasField("arrow_schema"):
-                schema = pa.ipc.read_schema(pa.py_buffer(response.arrow_schema.serialized_schema))
             if not response.row_count:
                 continue
-            if schema is None:
-                raise InfraError(f"{stream}: rows came before their Arrow schema")
             batch = pa.ipc.read_record_batch(pa.py_buffer(response.arrow_record_batch.serialized_record_batch), schema)
             yield from batch.to_pylist()
 

@@ -21,6 +21,7 @@ FIELD = "train.dataset"
 SCHEMA = [("instruction", "STRING"), ("response", "STRING"), ("category", "STRING"), ("ingested", "TIMESTAMP")]
 NOW = datetime.now(UTC)
 HOUR = timedelta(hours=1)
+MILLISECOND = timedelta(milliseconds=1)  # a snapshot time is whole milliseconds (time travel's precision)
 
 
 class Clock:
@@ -98,9 +99,10 @@ def session(bq) -> object:
 
 
 def test_a_snapshot_opens_one_read_session_and_streams_its_rows_as_json(bq):
-    at = datetime.now(UTC)
-    got = snap(at=at, time_column="ingested")
-    assert {k: v for k, v in got.items() if k not in ("session", "streams")} == {
+    asked = datetime.now(UTC).replace(microsecond=123456)
+    at = asked.replace(microsecond=123000)  # time travel counts milliseconds: the snapshot time is whole ones
+    got = snap(at=asked, time_column="ingested")
+    assert {k: v for k, v in got.items() if k not in ("session", "streams", "arrow_schema")} == {
         "table": TABLE,
         "project": PROJECT,
         "snapshot_time": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
@@ -211,7 +213,7 @@ def test_after_reads_any_ingestion_column_type(bq, kind):
     first = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq")
     read(first)
     assert first["time_type"] == kind and first["max_time"] == str(data._jsonable(values[1]))
-    bq.insert(table, [{"instruction": "i", "response": "new", "seq": values[2]}])
+    bq.insert(table, [{"instruction": "i", "response": "new", "seq": values[2]}], at=datetime.now(UTC) - MILLISECOND)
     second = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq", after=first["max_time"])
     assert [r["response"] for r in read(second)] == ["new"] and second["num_rows"] == 1
 
@@ -323,7 +325,9 @@ def test_rows_without_what_the_formatter_needs_are_named(bq):
     with pytest.raises(SpecError, match="response is INTEGER; the formatter's columns must be STRING"):
         data.snapshot(typed, field=FIELD, at=datetime.now(UTC))
     bq.insert(
-        TABLE, [example(10, NOW, response=None), example(11, NOW, response=""), example(12, NOW, instruction=None)]
+        TABLE,
+        [example(10, NOW, response=None), example(11, NOW, response=""), example(12, NOW, instruction=None)],
+        at=datetime.now(UTC) - MILLISECOND,  # before a snapshot time of whole milliseconds taken at once
     )
     with pytest.raises(SpecError) as raised:
         read(snap())
