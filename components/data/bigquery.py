@@ -30,7 +30,8 @@ Two optional fields narrow the rows, named after the dataset's field (``field`` 
 With ``since`` (the champion's snapshot of the same table with the same filter, ``train.data_since=champion``) the
 new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
 change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
-https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job.
+https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job
+whose result table is read through a read session (no result pages: :func:`_appended`).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -63,7 +64,7 @@ the run's identity only reads, a public dataset such as ``bigquery-public-data``
 is; without one, to the table's own project.
 
 The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
-``Client.query_and_wait``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
+``Client.query``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
 Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at the emulators the tests start:
 ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API, ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST``
 (``host:port``, plaintext gRPC: no Google credentials go there, only the emulators' own static token, in each call's
@@ -334,9 +335,9 @@ def snapshot(
 def rows(snap: dict, *, field: str) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams one after the other,
-    an Arrow record batch at a time, or the APPENDS query's pages. Counts them into ``snap["num_rows"]`` and their
-    largest time into ``snap["max_time"]``; a row that lacks what the formatter needs, or no rows at all (unless
-    ``after`` or APPENDS), is a SpecError naming ``field``."""
+    an Arrow record batch at a time, or the APPENDS query's result table's, read the same way. Counts them into
+    ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that lacks what the formatter needs,
+    or no rows at all (unless ``after`` or APPENDS), is a SpecError naming ``field``."""
     creds = credentials()
     largest = None
     try:
@@ -373,11 +374,14 @@ def latest(snap: dict, other: str | None) -> str | None:
 def _streamed(snap: dict, creds) -> Iterator[dict]:
     """The session's rows, stream after stream, each record batch read with the session's Arrow schema
     (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
+    yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
+
+
+def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterator[dict]:
     import pyarrow as pa
 
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(snap["arrow_schema"])))
-    reader = read_client(creds)
-    for stream in snap["streams"]:
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized_schema))
+    for stream in streams:
         for response in reader.read_rows(stream):
             if not response.row_count:
                 continue
@@ -387,7 +391,14 @@ def _streamed(snap: dict, creds) -> Iterator[dict]:
 
 def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
-    the snapshot's project, with its filter as query parameters."""
+    the snapshot's project, with its filter as query parameters; its result read through the Storage Read API, as a
+    table: every query writes its result to a table, without a destination named a temporary one in an anonymous
+    dataset that its creator may read ("Temporary and permanent tables",
+    https://cloud.google.com/bigquery/docs/writing-results), named in the job's ``destinationTable``, and a read
+    session on it (no snapshot time: it is written once, by the job) streams it in Arrow batches, as
+    google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
+    (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
+    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -406,8 +417,20 @@ def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     columns = dict.fromkeys([*REQUIRED, *([snap["time_column"]] if snap["time_column"] else [])])
     where = " WHERE " + " AND ".join(conditions) if conditions else ""
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM APPENDS(TABLE {_quoted(snap['table'])}, @start, @end){where}"
-    config = bigquery.QueryJobConfig(query_parameters=params)
-    yield from (dict(row.items()) for row in client(snap["project"], creds).query_and_wait(sql, job_config=config))
+    job = client(snap["project"], creds).query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+    job.result()  # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
+    result = job.destination
+    reader = read_client(creds)
+    session = reader.create_read_session(
+        parent=f"projects/{snap['project']}",
+        read_session={
+            "table": _table_path(f"{result.project}.{result.dataset_id}.{result.table_id}"),
+            "data_format": "ARROW",
+        },
+        max_stream_count=STREAMS,
+    )
+    snap["appends_job"] = job.job_id
+    yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
 
 
 def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:

@@ -752,6 +752,9 @@ class Table:
     # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type); a view's rows here are
     # those its query would give, which only a query reads (the Storage Read API refuses it: bigquery_storage.py)
     type: str = "TABLE"
+    # Who may read it besides the grants: a query's destination table is its job's creator's
+    # (``BigQueryEmulator._destination``)
+    readers: set = field(default_factory=set)
 
 
 @dataclass
@@ -1188,8 +1191,28 @@ class BigQueryEmulator(HttpEmulator):
         }
         if member:
             job.resource["user_email"] = member.split(":", 1)[1]
+        if not job.error:
+            job.resource["configuration"]["query"]["destinationTable"] = self._destination(job, member, now)
         self.jobs[(project, job_id)] = job
         return job
+
+    def _destination(self, job: Job, member: str | None, now: int) -> dict:
+        """The query's result as a table, as BigQuery writes every query's: with no destination named, a temporary
+        table in an anonymous dataset of the job's project, which the job's creator reads (its rows through
+        tabledata.list or the Storage Read API, whose emulator reads it as any table), named in the job's
+        ``configuration.query.destinationTable`` ("Temporary and permanent tables",
+        https://cloud.google.com/bigquery/docs/writing-results; JobConfigurationQuery.destinationTable,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery). The anonymous dataset's
+        name starts with ``_`` (hidden from datasets.list); both names here are the emulator's."""
+        dataset, name = f"_{uuid.uuid5(uuid.NAMESPACE_URL, job.project).hex}", f"anon{job.job_id.replace('-', '')}"
+        if (job.project, dataset) not in self.datasets:
+            self.datasets[(job.project, dataset)] = Dataset(job.location, DEFAULT_TRAVEL_HOURS, now)
+        schema = [
+            {"name": f["name"], "type": k, "mode": "NULLABLE"} for f, k in zip(job.fields, job.types, strict=True)
+        ]
+        table = Table(schema, now, [Version(list(r), now) for r in job.rows], now, readers={member})
+        self.datasets[(job.project, dataset)].tables[name] = table
+        return {"projectId": job.project, "datasetId": dataset, "tableId": name}
 
     def _execute(self, job: Job, config: dict, now: int, location: str | None) -> None:
         """Run the query into ``job``: its result's schema and rows, or a BigQueryError. A job runs where the data

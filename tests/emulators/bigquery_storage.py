@@ -147,7 +147,9 @@ class BigQueryStorageEmulator:
                 f"request failed: the user does not have 'bigquery.readsessions.create' permission for "
                 f"'projects/{billing}'",
             )
-        if not tables._allowed(member, "bigquery.tables.getData", project, dataset, name):
+        found = tables.datasets.get((project, dataset))
+        mine = found is not None and member in getattr(found.tables.get(name), "readers", ())  # a job's result
+        if not mine and not tables._allowed(member, "bigquery.tables.getData", project, dataset, name):
             raise BigQueryError(
                 403,
                 f"Access Denied: Table {table_name}: Permission bigquery.tables.getData denied on table {table_name} "

@@ -409,6 +409,15 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     (job,) = bq.jobs.values()  # the APPENDS query, billed where the run is
     sql = job.resource["configuration"]["query"]["query"]
     assert "FROM APPENDS(TABLE `tpupipe-data.examples.dolly`, @start, @end)" in sql and job.project == PROJECT
+    # its result read as a table through the Storage Read API, in a session billed where the run is, not in pages
+    destination = job.resource["configuration"]["query"]["destinationTable"]
+    result = session(bq)
+    assert result.request.read_session.table == data._table_path(
+        f"{destination['projectId']}.{destination['datasetId']}.{destination['tableId']}"
+    )
+    assert result.parent == PROJECT and "snapshot_time" not in result.request.read_session.table_modifiers
+    waits = [query for method, query, _ in bq.bodies if method == "jobs.getQueryResults"]
+    assert waits and all(query.get("maxResults") == "0" for query in waits)  # the job waited for, no rows paged
     bq.insert(TABLE, [example(10, NOW - 30 * HOUR)], at=pinned)  # committed with the champion's snapshot: its own
     late = pinned + timedelta(microseconds=1)
     bq.insert(TABLE, [example(11, NOW - 30 * HOUR), example(12, NOW - HOUR)], at=late)  # one late, one new
