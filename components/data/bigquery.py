@@ -529,6 +529,11 @@ def _string(text: str) -> str:
 
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
+# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this, which
+# table admins hold ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
+# https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel")
+OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
+ROW_POLICIES_SOURCE = "https://cloud.google.com/bigquery/docs/using-row-level-security-with-features"
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
 # roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
@@ -778,6 +783,16 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied"):
         who = _identity(creds)
         dataset = table.rsplit(".", 1)[0]
+        if isinstance(exc, gexc.PermissionDenied) and _reads(table, project):  # the rows, yet not this read
+            return SpecError(
+                field,
+                f"{who or 'the caller'} may read {table} yet not as of a past time, as every read of the run is (its "
+                f"snapshot time, and APPENDS): a table that has or had row-level access policies is read as of a past "
+                f"time only with {OVERRIDE_TIME_TRAVEL} (a table admin's: {ROW_POLICIES_SOURCE}): {said}",
+                [f"roles/bigquery.admin on the table {table} (or its dataset {dataset}), granted to "
+                 f"{who or 'the pipeline service account'}",
+                 "a copy of the table without row access policies, read instead"],
+            )  # fmt: skip
         return SpecError(
             field,
             f"{who or 'the caller'} may not read {table}: {said}",
@@ -799,6 +814,15 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if isinstance(exc, gexc.Forbidden) and not exc.reason:  # a quota or a rate limit (errors[].reason), not access
         return exc
     return access_error(exc) or exc
+
+
+def _reads(table: str, project: str) -> bool:
+    """Whether the caller holds what reading ``table`` takes (``READ_PERMISSIONS``): then a read refused is refused
+    for another reason than the rows' grant. False when that cannot be asked."""
+    try:
+        return not missing_read(table, project)
+    except (*_failures(), SpecError):
+        return False
 
 
 def _identity(creds) -> str:

@@ -160,6 +160,10 @@ DEFAULT_ACCESS = (
     {"role": "OWNER", "specialGroup": "projectOwners"},
 )
 # role -> the permissions of it that the emulator checks (https://cloud.google.com/bigquery/docs/access-control)
+# A table that has or had row access policies is read as of a past time only by whoever holds this (a table admin):
+# https://cloud.google.com/bigquery/docs/change-history, "Required permissions";
+# https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel"
+OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
 ROLES: dict[str, frozenset[str]] = {
     "roles/bigquery.dataViewer": _VIEWER,
     "roles/bigquery.metadataViewer": frozenset(
@@ -172,7 +176,7 @@ ROLES: dict[str, frozenset[str]] = {
     "roles/bigquery.user": _READ_SESSIONS | {"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"},
     "roles/bigquery.admin": _EDITOR
     | _READ_SESSIONS
-    | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get"},
+    | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get", OVERRIDE_TIME_TRAVEL},
 }
 # the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
 # names the REST API answers with, and the GoogleSQL names
@@ -755,6 +759,7 @@ class Table:
     # Who may read it besides the grants: a query's destination table is its job's creator's
     # (``BigQueryEmulator._destination``)
     readers: set = field(default_factory=set)
+    row_policies: bool = False  # it has or had row access policies (OVERRIDE_TIME_TRAVEL)
 
 
 @dataclass
@@ -832,6 +837,12 @@ class BigQueryEmulator(HttpEmulator):
                 self.create_dataset(f"{project}.{dataset}", at=at)
             created = _micros(at, self.clock)
             self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created, type=table_type)
+
+    def add_row_access_policy(self, table: str) -> None:
+        """``table`` has (and from now on had) a row access policy: read as of a past time by table admins alone
+        (``OVERRIDE_TIME_TRAVEL``). Which rows a policy lets whom read is not emulated."""
+        with self._lock:
+            self._table_of(table).row_policies = True
 
     def drop_table(self, table: str) -> None:
         with self._lock:

@@ -51,7 +51,16 @@ import pyarrow as pa
 from google.cloud.bigquery_storage_v1 import types
 
 from tests.emulators import serve_grpc
-from tests.emulators.bigquery import BigQueryEmulator, BigQueryError, Compiled, Query, _datetime, _iso, _micros
+from tests.emulators.bigquery import (
+    OVERRIDE_TIME_TRAVEL,
+    BigQueryEmulator,
+    BigQueryError,
+    Compiled,
+    Query,
+    _datetime,
+    _iso,
+    _micros,
+)
 from tests.emulators.tokens import authorized
 
 SERVICE = "google.cloud.bigquery.storage.v1.BigQueryRead"
@@ -186,6 +195,16 @@ class BigQueryStorageEmulator:
                 )
             if at > now:
                 raise BigQueryError(400, f"snapshot_time {_iso(at)} is in the future (the emulator's refusal)")
+            if (
+                t.row_policies
+                and at < now
+                and not tables._allowed(member, OVERRIDE_TIME_TRAVEL, project, dataset, name)
+            ):
+                raise BigQueryError(  # the rule's source: OVERRIDE_TIME_TRAVEL's; the wording is the emulator's
+                    403,
+                    f"Access Denied: Table {table_name}: reading it as of a past time needs {OVERRIDE_TIME_TRAVEL}: it "
+                    "has or had row access policies",
+                )
         options = request.read_session.read_options
         columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(t.schema)}
         selected = list(options.selected_fields) or [c["name"] for c in t.schema]

@@ -299,6 +299,25 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
     assert len(read(snap())) == 10 and bq.jobs == {}
 
 
+def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_by_a_table_admin_alone(bq, monkeypatch):
+    """Every read of a run is as of a past time (its snapshot time); on a table that has or had row access policies
+    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions, a table admin's: the refusal of a caller
+    who may read the table says so, instead of advising the read roles it already holds."""
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, "roles/bigquery.readSessionUser", PROJECT)
+    bq.add_row_access_policy(TABLE)
+    with pytest.raises(SpecError, match="may read .* yet not as of a past time") as raised:
+        snap(at=datetime.now(UTC) - timedelta(minutes=1))
+    assert "has or had row-level access policies" in str(raised.value) and raised.value.field == FIELD
+    assert "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(raised.value)
+    assert any("roles/bigquery.admin on the table" in v for v in raised.value.valid)
+    assert not any("dataViewer" in v for v in raised.value.valid)
+    bq.grant(member, "roles/bigquery.admin", TABLE)
+    assert len(read(snap(at=datetime.now(UTC) - timedelta(minutes=1)))) == 10
+
+
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
     with pytest.raises(SpecError, match="has no rows matching train.dataset_filter 'category=none'") as raised:
         read(snap(filter="category=none"))
