@@ -680,6 +680,36 @@ def dataset_access(bq, dataset: str) -> list:
     return list(Dataset.from_api_repr(resource).access_entries)
 
 
+def row_access_policies(table: str, project: str) -> int | None:
+    """How many row access policies ``table`` has now (rowAccessPolicies.list:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/rowAccessPolicies/list, which needs
+    ``bigquery.rowAccessPolicies.list``), asked through a client of ``project`` with its own ``_call_api`` (the
+    client library has no method for it); None when the caller may not list them. One that had policies and has
+    none now is not told."""
+    from google.api_core import exceptions as gexc
+    from google.cloud.bigquery import DEFAULT_RETRY, TableReference
+
+    bq = client(project)
+    path = TableReference.from_string(table).path + "/rowAccessPolicies"
+    count, token = 0, None
+    try:
+        while True:
+            page = bq._call_api(
+                DEFAULT_RETRY,
+                span_name="BigQuery.listRowAccessPolicies",
+                span_attributes={"path": path},
+                method="GET",
+                path=path,
+                query_params={"pageToken": token} if token else {},
+            )
+            count += len(page.get("rowAccessPolicies") or [])
+            token = page.get("nextPageToken")
+            if not token:
+                return count
+    except (gexc.Forbidden, gexc.PermissionDenied):
+        return None
+
+
 def _failures() -> tuple[type[Exception], ...]:
     """What a call to BigQuery raises: an API error, or google-auth's about the credentials."""
     from google.api_core.exceptions import GoogleAPICallError

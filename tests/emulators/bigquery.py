@@ -112,6 +112,13 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
         re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
         "tables.get",
     ),
+    (
+        "GET",
+        re.compile(
+            r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)/rowAccessPolicies"
+        ),
+        "rowAccessPolicies.list",
+    ),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)"), "datasets.get"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/queries"), "jobs.query"),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/queries/(?P<job>[^/]+)"), "jobs.getQueryResults"),
@@ -170,13 +177,19 @@ ROLES: dict[str, frozenset[str]] = {
         {"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.list"}
     ),
     "roles/bigquery.dataEditor": _EDITOR,
-    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete"},
+    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete", "bigquery.rowAccessPolicies.list"},
     "roles/bigquery.jobUser": frozenset({"bigquery.jobs.create"}),
     "roles/bigquery.readSessionUser": _READ_SESSIONS,
     "roles/bigquery.user": _READ_SESSIONS | {"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"},
     "roles/bigquery.admin": _EDITOR
     | _READ_SESSIONS
-    | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get", OVERRIDE_TIME_TRAVEL},
+    | {
+        "bigquery.tables.delete",
+        "bigquery.jobs.create",
+        "bigquery.jobs.get",
+        "bigquery.rowAccessPolicies.list",
+        OVERRIDE_TIME_TRAVEL,
+    },
 }
 # the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
 # names the REST API answers with, and the GoogleSQL names
@@ -760,6 +773,7 @@ class Table:
     # (``BigQueryEmulator._destination``)
     readers: set = field(default_factory=set)
     row_policies: bool = False  # it has or had row access policies (OVERRIDE_TIME_TRAVEL)
+    policies: list = field(default_factory=list)  # the ids of its row access policies now
 
 
 @dataclass
@@ -842,7 +856,9 @@ class BigQueryEmulator(HttpEmulator):
         """``table`` has (and from now on had) a row access policy: read as of a past time by table admins alone
         (``OVERRIDE_TIME_TRAVEL``). Which rows a policy lets whom read is not emulated."""
         with self._lock:
-            self._table_of(table).row_policies = True
+            t = self._table_of(table)
+            t.row_policies = True
+            t.policies.append(f"policy_{len(t.policies) + 1}")
 
     def drop_table(self, table: str) -> None:
         with self._lock:
@@ -1077,6 +1093,25 @@ class BigQueryEmulator(HttpEmulator):
             # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
             "maxTimeTravelHours": str(d.travel_hours),
         }
+
+    def _rowAccessPolicies_list(self, member, args, query, body) -> dict:
+        """The table's row access policies (rowAccessPolicies.list, which "Requires the
+        bigquery.rowAccessPolicies.list permission", held here by dataOwner and admin:
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/rowAccessPolicies/list), each a RowAccessPolicy with
+        its reference; one page (the emulator's tables have few)."""
+        project, dataset, table = args["project"], args["dataset"], args["table"]
+        name = f"{project}:{dataset}.{table}"
+        if not self._allowed(member, "bigquery.rowAccessPolicies.list", project, dataset, table):
+            raise _denied(
+                f"Access Denied: Table {name}: Permission bigquery.rowAccessPolicies.list denied on table {name}"
+            )
+        d = self.datasets.get((project, dataset))
+        t = d.tables.get(table) if d else None
+        if t is None:
+            raise _not_found(f"Not found: Table {name}")
+        reference = {"projectId": project, "datasetId": dataset, "tableId": table}
+        policies = [{"rowAccessPolicyReference": {**reference, "policyId": p}} for p in t.policies]
+        return {"rowAccessPolicies": policies} if policies else {}
 
     def _tables_testIamPermissions(self, member, args, query, body) -> dict:
         """Of ``body["permissions"]``, those ``member`` holds on the table (no permission needed to ask: IAM's
