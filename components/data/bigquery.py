@@ -851,7 +851,9 @@ def _reads(table: str, project: str) -> bool:
     for another reason than the rows' grant. False when that cannot be asked."""
     try:
         return not missing_read(table, project)
-    except (*_failures(), SpecError):
+    except SpecError:
+        return False
+    except _failures():
         return False
 
 
