@@ -42,9 +42,16 @@ class AccessError(TpupipeError):
         self.whole = whole
 
 
-def credentials() -> Credentials:
+def emulator_token() -> str | None:
+    """The emulators' own static token (``$TPUPIPE_GKE_EMULATOR_TOKEN`` while ``$TPUPIPE_GKE_EMULATOR_HOST`` is set),
+    the one token that may go to an emulator over a plaintext channel; None otherwise (the credentials are Google's)."""
     token = os.environ.get(EMULATOR_TOKEN_ENV)
-    if token and os.environ.get(EMULATOR_HOST_ENV):
+    return token if token and os.environ.get(EMULATOR_HOST_ENV) else None
+
+
+def credentials() -> Credentials:
+    token = emulator_token()
+    if token:
         from google.oauth2 import credentials as oauth2
 
         return oauth2.Credentials(token=token)  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped

@@ -30,7 +30,8 @@ Two optional fields narrow the rows, named after the dataset's field (``field`` 
 With ``since`` (the champion's snapshot of the same table with the same filter, ``train.data_since=champion``) the
 new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
 change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
-https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job.
+https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job
+whose result table is read through a read session (no result pages: :func:`_appended`).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -40,8 +41,8 @@ late row costs there: the champion read another table or filter; its time is pas
 (``maxTimeTravelHours``: "An error is returned if the time specified is earlier than allowed by time travel"); the
 table was created after it (recreated or replaced: APPENDS then starts at the new table's creation, "If the table
 was created after the start_timestamp value, the actual table creation time is used instead", and would read again
-what the champion had); the table is not a regular table ("This must be a regular BigQuery table": a view, a
-materialized view, an external table).
+what the champion had). A view, a materialized view or an external table is refused before anything is read (a
+SpecError naming the field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table.
 
 Bad input is a :class:`SpecError` naming its field: a malformed URI, a table or dataset that does not exist, no
 permission to read it, to open a read session or to run a query, a filter BigQuery refuses, no rows (unless
@@ -63,11 +64,12 @@ the run's identity only reads, a public dataset such as ``bigquery-public-data``
 is; without one, to the table's own project.
 
 The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
-``Client.query_and_wait``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
+``Client.query``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
 Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at the emulators the tests start:
 ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API, ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST``
-(``host:port``, plaintext gRPC, the credentials' token sent in each call's ``authorization`` metadata, as Google's
-endpoints get it over TLS). The client libraries are imported inside the functions.
+(``host:port``, plaintext gRPC: no Google credentials go there, only the emulators' own static token, in each call's
+``authorization`` metadata, as Google's endpoints get a token over TLS). The client libraries are imported inside the
+functions.
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
-from components.cloud.credentials import access_error, credentials, google_client
+from components.cloud.credentials import access_error, credentials, emulator_token, google_client
 from components.data.drops import NoDrop
-from components.spec import InfraError, SpecError
+from components.spec import SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
@@ -99,6 +101,13 @@ STREAMS = 4
 DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 SCHEME = "bq://"
+# What tables.get's ``type`` says of an entity no read session reads: the Storage Read API reads BigQuery storage, and
+# a view, a materialized view or an external table is none ("Limitations",
+# https://cloud.google.com/bigquery/docs/reference/storage; the service's refusal, "non-table entities cannot be read
+# with the storage API", as https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type
+NOT_READ = ("VIEW", "MATERIALIZED_VIEW", "EXTERNAL")
+NOT_READ_SOURCE = "https://cloud.google.com/bigquery/docs/reference/storage, Limitations"
 REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
 # A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
 PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
@@ -158,16 +167,20 @@ def client(project: str, creds=None):
 
 
 def read_client(creds: Any) -> Any:
-    """A ``BigQueryReadClient`` (the Storage Read API): at $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a
-    plaintext channel that sends ``creds``' token as each call's ``authorization`` metadata (to the emulator only),
-    else at Google's endpoint with ``creds``."""
+    """A ``BigQueryReadClient`` (the Storage Read API): at Google's endpoint with ``creds``, or at
+    $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a plaintext channel that carries no Google credentials: as
+    every gRPC emulator is reached (``google_client``), with the emulators' own static token alone
+    (``emulator_token``) in each call's ``authorization`` metadata when there is one, never a token of ``creds``."""
     from google.cloud import bigquery_storage_v1
 
-    host = os.environ.get(STORAGE_EMULATOR_HOST_ENV)
-    if not host:
+    if not os.environ.get(STORAGE_EMULATOR_HOST_ENV):
         return bigquery_storage_v1.BigQueryReadClient(credentials=creds)
+    token = emulator_token()
+    if not token:
+        return google_client(
+            bigquery_storage_v1.BigQueryReadClient, STORAGE_EMULATOR_HOST_ENV, emulator_transport="grpc"
+        )
     import grpc
-    from google.auth.transport.requests import Request
     from google.cloud.bigquery_storage_v1.services.big_query_read.transports import BigQueryReadGrpcTransport
 
     class Details(NamedTuple):  # grpc.ClientCallDetails' fields
@@ -180,11 +193,7 @@ def read_client(creds: Any) -> Any:
 
     class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
         def _with_token(self, details: Any) -> Details:
-            if not creds.valid:
-                creds.refresh(Request())
-            headers: dict[str, str] = {}
-            creds.apply(headers)
-            metadata = [*(details.metadata or ()), ("authorization", headers["authorization"])]
+            metadata = [*(details.metadata or ()), ("authorization", f"Bearer {token}")]
             return Details(
                 details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
                 getattr(details, "compression", None),
@@ -196,7 +205,7 @@ def read_client(creds: Any) -> Any:
         def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
             return continuation(self._with_token(details), request)
 
-    channel = grpc.intercept_channel(grpc.insecure_channel(host), Bearer())
+    channel = grpc.intercept_channel(grpc.insecure_channel(os.environ[STORAGE_EMULATOR_HOST_ENV]), Bearer())
     return bigquery_storage_v1.BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel))
 
 
@@ -224,6 +233,11 @@ def snapshot(
     ``max_time`` of an earlier snapshot) reads only the rows past it, and then no rows is no error."""
     if at.tzinfo is None:
         raise ValueError(f"snapshot time {at!r} has no time zone")
+    # Time travel counts milliseconds (a time decorator is "milliseconds since the epoch":
+    # https://cloud.google.com/bigquery/docs/table-decorators#time_decorators; the service's refusal names a snapshot
+    # time in them, "Invalid snapshot time 1700000000000"): a snapshot time of whole milliseconds is read as it is
+    # written, so the next run's APPENDS, from it + 1 µs, leaves no sub-millisecond gap.
+    at = at.replace(microsecond=at.microsecond // 1000 * 1000)
     filter_field, time_field = f"{field}_filter", f"{field}_time_column"
     pairs = row_filter(filter, filter_field)
     if after is not None and not time_column:
@@ -235,6 +249,14 @@ def snapshot(
         found = bq.get_table(table)
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    if found.table_type in NOT_READ:
+        raise SpecError(
+            field,
+            f"{table} is a {found.table_type}, which the BigQuery Storage Read API does not read (it reads a table's "
+            f"storage: {NOT_READ_SOURCE}): name a table",
+            ["materialise the view into a table (a scheduled query that writes it, e.g. daily) and read that table",
+             "bq://PROJECT.DATASET.TABLE of a regular table"],
+        )  # fmt: skip
     schema = {f.name: f.field_type for f in found.schema}
     missing = [name for name in required if name not in schema]
     if missing:
@@ -300,6 +322,9 @@ def snapshot(
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
     snap["session"], snap["streams"] = session.name, [stream.name for stream in session.streams]
+    # the session's Arrow schema (ReadSession.arrow_schema), which each stream's batches are read with: a
+    # ReadRowsResponse carries it only "in the first ReadRowsResponse" of a stream, if at all (storage.proto)
+    snap["arrow_schema"] = base64.b64encode(session.arrow_schema.serialized_schema).decode()
     if not snap["streams"] and after is None:  # a session over no rows has no stream to read
         raise SpecError(field, f"{table} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
     return snap
@@ -308,9 +333,9 @@ def snapshot(
 def rows(snap: dict, *, field: str) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams one after the other,
-    an Arrow record batch at a time, or the APPENDS query's pages. Counts them into ``snap["num_rows"]`` and their
-    largest time into ``snap["max_time"]``; a row that lacks what the formatter needs, or no rows at all (unless
-    ``after`` or APPENDS), is a SpecError naming ``field``."""
+    an Arrow record batch at a time, or the APPENDS query's result table's, read the same way. Counts them into
+    ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that lacks what the formatter needs,
+    or no rows at all (unless ``after`` or APPENDS), is a SpecError naming ``field``."""
     creds = credentials()
     largest = None
     try:
@@ -345,27 +370,33 @@ def latest(snap: dict, other: str | None) -> str | None:
 
 
 def _streamed(snap: dict, creds) -> Iterator[dict]:
-    """The session's rows, stream after stream: each stream's first response carries the Arrow schema (the
-    session's; ReadRowsResponse.arrow_schema, storage.proto), each its record batch."""
+    """The session's rows, stream after stream, each record batch read with the session's Arrow schema
+    (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
+    yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
+
+
+def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterator[dict]:
     import pyarrow as pa
 
-    reader = read_client(creds)
-    for stream in snap["streams"]:
-        schema = None
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized_schema))
+    for stream in streams:
         for response in reader.read_rows(stream):
-            if response._pb.HasField("arrow_schema"):
-                schema = pa.ipc.read_schema(pa.py_buffer(response.arrow_schema.serialized_schema))
             if not response.row_count:
                 continue
-            if schema is None:
-                raise InfraError(f"{stream}: rows came before their Arrow schema")
             batch = pa.ipc.read_record_batch(pa.py_buffer(response.arrow_record_batch.serialized_record_batch), schema)
             yield from batch.to_pylist()
 
 
 def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
-    the snapshot's project, with its filter as query parameters."""
+    the snapshot's project, with its filter as query parameters; its result read through the Storage Read API, as a
+    table: every query writes its result to a table, without a destination named a temporary one in an anonymous
+    dataset that its creator may read ("Temporary and permanent tables",
+    https://cloud.google.com/bigquery/docs/writing-results), named in the job's ``destinationTable``, and a read
+    session on it (no snapshot time: it is written once, by the job) streams it in Arrow batches, as
+    google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
+    (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
+    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -384,8 +415,20 @@ def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     columns = dict.fromkeys([*REQUIRED, *([snap["time_column"]] if snap["time_column"] else [])])
     where = " WHERE " + " AND ".join(conditions) if conditions else ""
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM APPENDS(TABLE {_quoted(snap['table'])}, @start, @end){where}"
-    config = bigquery.QueryJobConfig(query_parameters=params)
-    yield from (dict(row.items()) for row in client(snap["project"], creds).query_and_wait(sql, job_config=config))
+    job = client(snap["project"], creds).query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+    job.result()  # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
+    result = job.destination
+    reader = read_client(creds)
+    session = reader.create_read_session(
+        parent=f"projects/{snap['project']}",
+        read_session={
+            "table": _table_path(f"{result.project}.{result.dataset_id}.{result.table_id}"),
+            "data_format": "ARROW",
+        },
+        max_stream_count=STREAMS,
+    )
+    snap["appends_job"] = job.job_id
+    yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
 
 
 def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:
@@ -484,10 +527,19 @@ def _string(text: str) -> str:
 
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
+# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this, which
+# table admins hold ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
+# https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel")
+OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
+ROW_POLICIES_SOURCE = "https://cloud.google.com/bigquery/docs/using-row-level-security-with-features"
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
 # roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
 READ_SESSION_PERMISSION = "bigquery.readsessions.create"
+# and reading its streams (ReadRows) takes bigquery.readsessions.getData there: roles/bigquery.readSessionUser holds
+# both, with bigquery.readsessions.update (https://cloud.google.com/bigquery/docs/access-control#bigquery.readSessionUser),
+# and a custom role may hold the one without the other
+READ_STREAM_PERMISSION = "bigquery.readsessions.getData"
 ALL_AUTHENTICATED = "allAuthenticatedUsers"  # a specialGroup of a dataset's access list: anyone signed in
 # The special groups of a dataset's access list that stand for the members of a basic role on the dataset's project
 # (Dataset.access.specialGroup: "projectOwners: Owners of the enclosing project", "projectReaders: Readers of the
@@ -643,6 +695,36 @@ def dataset_access(bq, dataset: str) -> list:
     return list(Dataset.from_api_repr(resource).access_entries)
 
 
+def row_access_policies(table: str, project: str) -> int | None:
+    """How many row access policies ``table`` has now (rowAccessPolicies.list:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/rowAccessPolicies/list, which needs
+    ``bigquery.rowAccessPolicies.list``), asked through a client of ``project`` with its own ``_call_api`` (the
+    client library has no method for it); None when the caller may not list them. One that had policies and has
+    none now is not told."""
+    from google.api_core import exceptions as gexc
+    from google.cloud.bigquery import DEFAULT_RETRY, TableReference
+
+    bq = client(project)
+    path = TableReference.from_string(table).path + "/rowAccessPolicies"
+    count, token = 0, None
+    try:
+        while True:
+            page = bq._call_api(
+                DEFAULT_RETRY,
+                span_name="BigQuery.listRowAccessPolicies",
+                span_attributes={"path": path},
+                method="GET",
+                path=path,
+                query_params={"pageToken": token} if token else {},
+            )
+            count += len(page.get("rowAccessPolicies") or [])
+            token = page.get("nextPageToken")
+            if not token:
+                return count
+    except (gexc.Forbidden, gexc.PermissionDenied):
+        return None
+
+
 def _failures() -> tuple[type[Exception], ...]:
     """What a call to BigQuery raises: an API error, or google-auth's about the credentials."""
     from google.api_core.exceptions import GoogleAPICallError
@@ -746,6 +828,16 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied"):
         who = _identity(creds)
         dataset = table.rsplit(".", 1)[0]
+        if isinstance(exc, gexc.PermissionDenied) and _reads(table, project):  # the rows, yet not this read
+            return SpecError(
+                field,
+                f"{who or 'the caller'} may read {table} yet not as of a past time, as every read of the run is (its "
+                f"snapshot time, and APPENDS): a table that has or had row-level access policies is read as of a past "
+                f"time only with {OVERRIDE_TIME_TRAVEL} (a table admin's: {ROW_POLICIES_SOURCE}): {said}",
+                [f"roles/bigquery.admin on the table {table} (or its dataset {dataset}), granted to "
+                 f"{who or 'the pipeline service account'}",
+                 "a copy of the table without row access policies, read instead"],
+            )  # fmt: skip
         return SpecError(
             field,
             f"{who or 'the caller'} may not read {table}: {said}",
@@ -767,6 +859,17 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if isinstance(exc, gexc.Forbidden) and not exc.reason:  # a quota or a rate limit (errors[].reason), not access
         return exc
     return access_error(exc) or exc
+
+
+def _reads(table: str, project: str) -> bool:
+    """Whether the caller holds what reading ``table`` takes (``READ_PERMISSIONS``): then a read refused is refused
+    for another reason than the rows' grant. False when that cannot be asked."""
+    try:
+        return not missing_read(table, project)
+    except SpecError:
+        return False
+    except _failures():
+        return False
 
 
 def _identity(creds) -> str:

@@ -10,10 +10,15 @@ The manifest (:func:`take`'s first value) lists the items the run trains on and 
 (``seen``: the champion's and its own), the fields its examples carry, their count and a token estimate, and its
 ``digest``: the registry's ``data_snapshot`` of the version the run registers. With ``train.data_since=champion``
 the items are only those the champion's manifest did not have (rows after its newest, for BigQuery); none is a run
-with nothing to learn (``skip``). Every example is checked for the fields the prompt needs, naming the item and line
-of the first that lacks one. The examples held out for evaluation: a fixed ``train.eval_dataset``, else those whose
-instruction's digest falls in ``HELDOUT_PERCENT`` percent (the same example is held out in every run). A fixed
-evaluation set's ``digest`` is its content's (:func:`content_digest`), not its generations' or snapshot time's.
+with nothing to learn (``skip``). What is read anew may hold examples the champion already trained on (an object
+rewritten with the same lines, a table truncated and reloaded, a day's rows deleted and inserted again): each run
+keeps the keys of every training example its lineage has seen (:func:`lineage`, a sorted file of 16-byte keys the
+stage writes beside the examples), and an example whose key is in the champion's is dropped and counted
+(``champion_duplicates``), whatever the source's kind. Every example is checked for the fields the prompt needs,
+naming the item and line of the first that lacks one. The examples held out for evaluation: a fixed
+``train.eval_dataset``, else those whose instruction's digest falls in ``HELDOUT_PERCENT`` percent (the same example
+is held out in every run). A fixed evaluation set's ``digest`` is its content's (:func:`content_digest`), not its
+generations' or snapshot time's.
 
 Drops (``components.data.drops``): hidden paths (``_temporary/``, ``_SUCCESS``, ``.``-prefixed) are never read;
 with ``train.dataset_ready`` a drop is read only once its marker is there; ``.jsonl.gz`` is read; a file with no
@@ -38,6 +43,7 @@ from components.data import drops
 from components.spec import RunSpec, SpecError, datasets
 
 HELDOUT_PERCENT = 10
+KEY_BYTES = 16  # an example's key (example_key): the first 16 bytes of a SHA-256
 MANIFEST_VERSION = 2  # 2: a fixed evaluation set's digest is its content's (content_digest)
 CHARS_PER_TOKEN = 4  # a rough estimate of English text with subword tokenizers, for `tpupipe data` alone
 Rows = list[dict[str, Any]]
@@ -45,6 +51,11 @@ Rows = list[dict[str, Any]]
 
 def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def file_digest(data: bytes) -> str:
+    """A file's bytes' digest, as the manifest records the key file's."""
+    return _sha(data)
 
 
 def digest(value: Any) -> str:
@@ -355,6 +366,49 @@ def example_key(example: dict[str, Any]) -> bytes:
     return hashlib.sha256(json.dumps(fields, ensure_ascii=False).encode()).digest()[:16]
 
 
+class Keys:
+    """The keys (:func:`example_key`) of every training example a lineage has seen, as its key file holds them: one
+    sorted run of ``KEY_BYTES``-byte keys, each once, nothing else. Held as those bytes (16 a key, no object per key)
+    and looked up by binary search."""
+
+    def __init__(self, blob: bytes) -> None:
+        if len(blob) % KEY_BYTES:
+            raise ValueError(f"{len(blob)} bytes are not a whole number of {KEY_BYTES}-byte keys")
+        self.blob = blob
+
+    def __len__(self) -> int:
+        return len(self.blob) // KEY_BYTES
+
+    def __getitem__(self, index: int) -> bytes:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.blob[index * KEY_BYTES : (index + 1) * KEY_BYTES]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self.blob[i : i + KEY_BYTES] for i in range(0, len(self.blob), KEY_BYTES))
+
+    def __contains__(self, key: object) -> bool:
+        import bisect
+
+        index = bisect.bisect_left(self, key)  # type: ignore[call-overload]
+        return index < len(self) and self[index] == key
+
+
+def lineage(seen: Keys | None, examples: Iterable[dict[str, Any]]) -> bytes:
+    """The key file of a run's lineage: the keys of ``examples`` (the examples the run trains on) and ``seen`` (the
+    champion's, when it was read), sorted, each once."""
+    import heapq
+
+    mine = sorted({example_key(e) for e in examples})
+    theirs = iter(seen) if seen is not None else iter(())
+    out, last = bytearray(), b""
+    for key in heapq.merge(theirs, mine):
+        if key != last:
+            out += key
+            last = key
+    return bytes(out)
+
+
 class Spool:
     """Examples kept in a temporary local file as they come, one JSON line each (``jsonl``'s form, as the run's
     store keeps them), so a snapshot of any size holds none of them in memory: iterated again from the file, counted
@@ -435,6 +489,7 @@ def take(
     champion_ref: str = "",
     log: Callable[[str], None] = print,
     hub_token: str | None = None,
+    seen_keys: Keys | None = None,
 ) -> tuple[dict[str, Any], Spool, Spool | Rows]:
     """(manifest, train examples, held-out examples) of the run's snapshotted data as of ``when`` (the schedule's
     time), against ``champion`` (the champion's manifest) when ``train.data_since=champion``. A manifest with
@@ -444,12 +499,17 @@ def take(
     prompt fields (whitespace normalised: :func:`example_key`) repeat an earlier one's is a duplicate, dropped
     (``duplicates`` in the manifest); a training example that is also in the evaluation set (a fixed
     ``train.eval_dataset``, a hub dataset's ``train.eval_split``, or the held-out share) is evaluation data the model
-    would otherwise learn: dropped from training with a warning line giving the count (``eval_overlap``).
-    ``hub_token``: the pipeline side's Hugging Face token, for a gated hub dataset."""
+    would otherwise learn: dropped from training with a warning line giving the count (``eval_overlap``). With
+    ``train.data_since=champion``, an example whose key is in ``seen_keys`` (the champion's lineage's key file,
+    :class:`Keys`) was trained on before: dropped and counted (``champion_duplicates``), whichever item or rows it
+    came in again (a rewritten object, a table truncated and reloaded: each read anew as new). ``hub_token``: the
+    pipeline side's Hugging Face token, for a gated hub dataset."""
     t = spec.train
     source = datasets.render(t.dataset, when)
     since = champion if t.data_since == "champion" else None
     read, keys, duplicates, fields = Spool(), set(), 0, set()
+    seen = seen_keys if since is not None else None
+    again = 0  # examples the champion's lineage already saw
     try:
         part, examples = _side(spec, "train.dataset", source, when, since, log, hub_token)
         for example in examples:
@@ -458,6 +518,9 @@ def take(
                 duplicates += 1
                 continue
             keys.add(key)
+            if seen is not None and key in seen:
+                again += 1
+                continue
             fields.update(example)
             read.append(example)
     except drops.NoDrop as exc:
@@ -469,7 +532,9 @@ def take(
         absent = str(exc).removeprefix(f"{exc.field}: ")
     else:
         absent = ""
-    part["num_examples"] = len(read) + duplicates
+    part["num_examples"] = len(read) + duplicates + again
+    if again:
+        log(f"snapshot: {source}: {again} example(s) the champion's lineage already saw dropped (champion_duplicates)")
     manifest: dict[str, Any] = {
         "version": MANIFEST_VERSION,
         "dataset": source,
@@ -484,7 +549,9 @@ def take(
             f"nothing to read: {absent}"
             if absent
             else f"no examples since champion {champion_ref}, snapshot {(champion or {}).get('digest')}"
+            + (f" ({again} read again, every one already seen)" if again else "")
         )
+        manifest["champion_duplicates"] = again
         manifest["digest"] = digest(part["identity"])
         return manifest, read, []
     if duplicates:
@@ -549,6 +616,7 @@ def take(
         manifest["max_time"] = bigquery.latest(part["table"], (since or {}).get("max_time"))
     manifest["num_train_examples"], manifest["num_heldout_examples"] = len(train), len(heldout)
     manifest["duplicates"], manifest["eval_overlap"] = duplicates, overlap
+    manifest["champion_duplicates"] = again
     manifest["fields"] = sorted(fields)
     manifest["tokens_estimate"] = tokens // CHARS_PER_TOKEN
     manifest["digest"] = digest(part["identity"])

@@ -42,6 +42,8 @@ class RunStore(Protocol):
 
     def read_text(self, key: str) -> str | None: ...
 
+    def read_bytes(self, key: str) -> bytes | None: ...
+
     def read_versioned(self, key: str) -> tuple[str | None, int]:
         """The key's text (None when absent) and its generation (0 when absent)."""
 
@@ -85,6 +87,10 @@ class LocalStore:
     def read_text(self, key: str) -> str | None:
         path = self.path(key)
         return path.read_text() if path.is_file() else None
+
+    def read_bytes(self, key: str) -> bytes | None:
+        path = self.path(key)
+        return path.read_bytes() if path.is_file() else None
 
     def read_versioned(self, key: str) -> tuple[str | None, int]:
         with self._locked(key) as lock:
@@ -157,6 +163,14 @@ class GcsStore:
 
         try:
             return self._blob(key).download_as_text()
+        except gexc.NotFound:
+            return None
+
+    def read_bytes(self, key: str) -> bytes | None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self._blob(key).download_as_bytes()
         except gexc.NotFound:
             return None
 

@@ -75,6 +75,7 @@ def snapshot_data(store: RunStore, data, card_md) -> None:
             "num_train_examples": (manifest or {}).get("num_train_examples", 0),
             "num_heldout_examples": (manifest or {}).get("num_heldout_examples", 0),
             "duplicates": (manifest or {}).get("duplicates", 0),
+            "champion_duplicates": (manifest or {}).get("champion_duplicates", 0),
             "eval_overlap": (manifest or {}).get("eval_overlap", 0),
             "skip": (manifest or {}).get("skip") or "",
         }

@@ -1,11 +1,13 @@
 """The run's first stage, ``snapshot_data``: its data resolved once, before anything is created or billed
 (``components.data.snapshot``), the manifest and the examples it trains and evaluates on kept in the run's store
 (``data/manifest.json``, ``data/train.jsonl``, ``data/heldout.jsonl``), which every later stage reads instead of the
-source; the train stage copies the two files where the jobs read them (``stage_files``: the jobs' directory, in the
-run's bucket on gke, which provision creates). ``{date}`` in a dataset (and its other date forms, ``{date-1}``,
-``{date:%Y%m%d}``: ``components.spec.datasets.date_forms``) is the day of the pipeline job's scheduled time; a run no
-schedule started takes the job's create time, and only where the runner fills neither (KFP before 2.17, kfp.local)
-the task's start (:func:`run_time`).
+source, and the keys of every training example the run's lineage has seen (``data/keys.bin``: the champion's, under
+``train.data_since=champion``, and the run's own; its sha256 in the manifest's ``keys``), which the next run that
+continues from it drops examples by; the train stage copies the two files where the jobs read them (``stage_files``:
+the jobs' directory, in the run's bucket on gke, which provision creates). ``{date}`` in a dataset (and its other date
+forms, ``{date-1}``, ``{date:%Y%m%d}``: ``components.spec.datasets.date_forms``) is the day of the pipeline job's
+scheduled time; a run no schedule started takes the job's create time, and only where the runner fills neither (KFP
+before 2.17, kfp.local) the task's start (:func:`run_time`).
 
 Its output gates the rest of the pipeline: ``train`` runs it, ``skip`` (``train.data_since=champion`` and nothing new
 since the champion's snapshot) ends the run here, with nothing created: the teardown that still runs finds nothing.
@@ -19,7 +21,7 @@ import json
 import posixpath
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import open_store, read_json, write_json, write_text
@@ -29,6 +31,7 @@ from components.stages import base_weights, gate
 from components.stages.jobs import log
 
 MANIFEST = "data/manifest.json"
+KEYS = "data/keys.bin"  # the keys of every training example the run's lineage has seen (snapshot.lineage)
 CARD = "data/card.md"  # the data card (Markdown): what a person reads of what the run learned from
 SAMPLES, SAMPLE_CHARS, CARD_ITEMS = 3, 200, 20  # the card's sample rows, each field's characters, files listed
 # Each model's runs skipped in a row (``skip_streak``), beside the runs' stores under the output root.
@@ -82,15 +85,26 @@ def read_manifest(uri: str) -> dict[str, Any] | None:
     return read_json(open_store(grand, directory), name)
 
 
-def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> tuple[dict, Iterable, Iterable]:
-    """(manifest, train examples, held-out examples) of the run's data as of ``when``: its champion read once from
-    the registry, for what it has seen (``train.data_since=champion``) and the evaluation set it was judged on."""
+class Taken(NamedTuple):
+    """What :func:`take` read: the manifest, the train and held-out examples, and the champion's lineage keys (None:
+    no champion, not ``train.data_since=champion``, or its key file could not be used)."""
+
+    manifest: dict[str, Any]
+    train: Iterable[dict[str, Any]]
+    heldout: Iterable[dict[str, Any]]
+    seen: Any  # components.data.snapshot.Keys | None
+
+
+def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> Taken:
+    """The run's data as of ``when``: its champion read once from the registry, for what it has seen
+    (``train.data_since=champion``: its manifest and its lineage's keys) and the evaluation set it was judged on."""
     from components.data import snapshot
 
     champion = gate.current_champion(ctx)
     since, ref = champion_manifest(champion) if ctx.spec.train.data_since == "champion" else (None, "")
     if ctx.spec.train.data_since == "champion" and champion is None:
         log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
+    seen = champion_keys(since, ref, log) if since is not None else None
     left_out: list[str] = []
 
     def said(line: str) -> None:  # what the snapshot left unread, kept for the card
@@ -99,11 +113,41 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> t
             left_out.append(line)
 
     token = base_weights.hub_token(ctx) if datasets.kind(ctx.spec.train.dataset) == "hub" else None
-    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=said, hub_token=token)
+    manifest, train, heldout = snapshot.take(ctx.spec, when, since, ref, log=said, hub_token=token, seen_keys=seen)
     if left_out:
         manifest["left_out"] = left_out
     check_eval_set(ctx.spec, champion, manifest, log)
-    return manifest, train, heldout
+    return Taken(manifest, train, heldout, seen)
+
+
+def champion_keys(manifest: dict[str, Any], ref: str, log: Callable[[str], None] = log) -> Any:
+    """The champion's lineage keys (``snapshot.Keys``) from the key file its manifest names (``keys``: its URI and
+    sha256), checked against that digest; None, with one warning line, when it names none (a champion from before key
+    files), the file is gone or its digest differs: duplicates of what the champion saw are then not dropped."""
+    from components.data import snapshot
+
+    entry = manifest.get("keys") or {}
+    uri = str(entry.get("uri") or "")
+    problem = "" if uri else "its manifest names no key file (it was trained before key files)"
+    blob = None
+    if uri:
+        parent, name = posixpath.split(uri)
+        try:
+            blob = open_store(*posixpath.split(parent)).read_bytes(name)
+        except Exception as exc:  # noqa: BLE001 - unreadable: said, and the run goes on without it
+            problem = f"{uri} could not be read ({type(exc).__name__}: {exc})"
+        else:
+            if blob is None:
+                problem = f"{uri} is gone"
+            elif snapshot.file_digest(blob) != entry.get("digest"):
+                problem = f"{uri} is not the file its manifest recorded (sha256 {entry.get('digest')})"
+    if problem or blob is None:
+        log(
+            f"snapshot_data: warning: champion {ref}: {problem}: examples it already trained on are not dropped from "
+            "this run's (no dedup against the champion)"
+        )
+        return None
+    return snapshot.Keys(blob)
 
 
 def champion_manifest(champion: Version | None) -> tuple[dict[str, Any] | None, str]:
@@ -226,7 +270,7 @@ def snapshot_data(
     if earlier is None:  # a retried task keeps the first attempt's snapshot
         from components.data import snapshot
 
-        manifest, train, heldout = take(ctx, when)
+        manifest, train, heldout, seen = take(ctx, when)
         warning = skip_streak(ctx, bool(manifest.get("skip")))
         if warning:
             manifest["warning"] = warning
@@ -244,6 +288,14 @@ def snapshot_data(
                     "uri": f"{ctx.store.uri}/data/{split}.jsonl",
                     "digest": _file_digest(rows.path),
                 }
+                if split == "train":
+                    keys = snapshot.lineage(seen, rows)
+                    ctx.store.write_bytes(KEYS, keys)
+                    manifest["keys"] = {
+                        "uri": f"{ctx.store.uri}/{KEYS}",
+                        "digest": snapshot.file_digest(keys),
+                        "count": len(keys) // snapshot.KEY_BYTES,
+                    }
         write_text(ctx.store, CARD, card(manifest, _samples(train)), "text/markdown")  # before the manifest: a retry
         write_json(ctx.store, MANIFEST, manifest)  # that finds the manifest finds the card
         earlier = manifest
@@ -305,6 +357,7 @@ def card(manifest: dict[str, Any], samples: list[dict[str, Any]]) -> str:
     if ev:
         lines.append(f"- evaluation set `{ev['source']}`: {ev['num_examples']} examples, content `{ev['digest']}`")
     dups, overlap = manifest.get("duplicates", 0), manifest.get("eval_overlap", 0)
+    again = manifest.get("champion_duplicates", 0)
     lines += [
         "",
         "## Examples",
@@ -317,6 +370,7 @@ def card(manifest: dict[str, Any], samples: list[dict[str, Any]]) -> str:
         + (" (the fixed evaluation set)" if ev else " (held out by their instruction's digest)")
         + " |",
         f"| duplicates dropped | {dups} |",
+        f"| already seen by the champion's lineage, dropped | {again} |",
         f"| also in the evaluation set, dropped from training | {overlap} |",
         f"| fields | {', '.join(f'`{f}`' for f in manifest.get('fields') or [])} |",
         f"| tokens (estimate) | {manifest.get('tokens_estimate')} |",
@@ -384,9 +438,10 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         f"{'table' if train['kind'] == 'bigquery' else 'files'}, {manifest['num_train_examples']} examples to train "
         f"on, {manifest['num_heldout_examples']} to evaluate on, snapshot {manifest['digest'][:19]}"
     )
-    if manifest.get("duplicates") or manifest.get("eval_overlap"):
+    if manifest.get("duplicates") or manifest.get("eval_overlap") or manifest.get("champion_duplicates"):
         log(
-            f"snapshot_data: dropped {manifest.get('duplicates') or 0} duplicate example(s) and "
+            f"snapshot_data: dropped {manifest.get('duplicates') or 0} duplicate example(s), "
+            f"{manifest.get('champion_duplicates') or 0} the champion already saw and "
             f"{manifest.get('eval_overlap') or 0} also in the evaluation set"
         )
     return {
@@ -394,5 +449,6 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         **found,
         "num_examples": manifest["num_train_examples"],
         "duplicates": manifest.get("duplicates", 0),
+        "champion_duplicates": manifest.get("champion_duplicates", 0),
         "eval_overlap": manifest.get("eval_overlap", 0),
     }

@@ -266,10 +266,12 @@ def format_table(summary: dict[str, Any]) -> str:
             f"\n  data                 {data['dataset']}: snapshot {data['snapshot']}"
             + (f", {data['num_examples']} examples" if data.get("num_examples") is not None else "")
         )
-        if data.get("duplicates") or data.get("eval_overlap"):
+        if data.get("duplicates") or data.get("eval_overlap") or data.get("champion_duplicates"):
+            seen = data.get("champion_duplicates")
             lines.append(
-                f"  dropped              {data.get('duplicates') or 0} duplicate(s), {data.get('eval_overlap') or 0} "
-                "also in the evaluation set"
+                f"  dropped              {data.get('duplicates') or 0} duplicate(s), "
+                + (f"{seen} the champion already saw, " if seen else "")
+                + f"{data.get('eval_overlap') or 0} also in the evaluation set"
             )
         if data.get("eval_snapshot"):
             lines.append(f"  evaluation set       snapshot {data['eval_snapshot']}")

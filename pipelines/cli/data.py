@@ -36,7 +36,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         when = datetime.fromisoformat(args.date).replace(tzinfo=UTC) if args.date else datetime.now(UTC)
     except ValueError:
         raise SpecError("--date", f"not a date: {args.date!r}", ["YYYY-MM-DD"]) from None
-    manifest, _train, _heldout = dataset.take(ctx, when, log=lambda line: None)
+    manifest = dataset.take(ctx, when, log=lambda line: None).manifest
     print(json.dumps(manifest, indent=2, default=str) if args.output == "json" else render(ctx.spec.name, manifest))
     return 0
 

@@ -112,6 +112,13 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
         re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
         "tables.get",
     ),
+    (
+        "GET",
+        re.compile(
+            r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)/rowAccessPolicies"
+        ),
+        "rowAccessPolicies.list",
+    ),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)"), "datasets.get"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/queries"), "jobs.query"),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/queries/(?P<job>[^/]+)"), "jobs.getQueryResults"),
@@ -160,19 +167,29 @@ DEFAULT_ACCESS = (
     {"role": "OWNER", "specialGroup": "projectOwners"},
 )
 # role -> the permissions of it that the emulator checks (https://cloud.google.com/bigquery/docs/access-control)
+# A table that has or had row access policies is read as of a past time only by whoever holds this (a table admin):
+# https://cloud.google.com/bigquery/docs/change-history, "Required permissions";
+# https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel"
+OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
 ROLES: dict[str, frozenset[str]] = {
     "roles/bigquery.dataViewer": _VIEWER,
     "roles/bigquery.metadataViewer": frozenset(
         {"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.list"}
     ),
     "roles/bigquery.dataEditor": _EDITOR,
-    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete"},
+    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete", "bigquery.rowAccessPolicies.list"},
     "roles/bigquery.jobUser": frozenset({"bigquery.jobs.create"}),
     "roles/bigquery.readSessionUser": _READ_SESSIONS,
     "roles/bigquery.user": _READ_SESSIONS | {"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"},
     "roles/bigquery.admin": _EDITOR
     | _READ_SESSIONS
-    | {"bigquery.tables.delete", "bigquery.jobs.create", "bigquery.jobs.get"},
+    | {
+        "bigquery.tables.delete",
+        "bigquery.jobs.create",
+        "bigquery.jobs.get",
+        "bigquery.rowAccessPolicies.list",
+        OVERRIDE_TIME_TRAVEL,
+    },
 }
 # the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
 # names the REST API answers with, and the GoogleSQL names
@@ -748,6 +765,15 @@ class Table:
     created: int
     versions: list[Version] = field(default_factory=list)
     modified: int = 0
+    # tables.get's ``type``: TABLE, VIEW, MATERIALIZED_VIEW, EXTERNAL, ... ("Output only. Describes the table type",
+    # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type); a view's rows here are
+    # those its query would give, which only a query reads (the Storage Read API refuses it: bigquery_storage.py)
+    type: str = "TABLE"
+    # Who may read it besides the grants: a query's destination table is its job's creator's
+    # (``BigQueryEmulator._destination``)
+    readers: set = field(default_factory=set)
+    row_policies: bool = False  # it has or had row access policies (OVERRIDE_TIME_TRAVEL)
+    policies: list = field(default_factory=list)  # the ids of its row access policies now
 
 
 @dataclass
@@ -801,9 +827,17 @@ class BigQueryEmulator(HttpEmulator):
         with self._lock:
             self.datasets[(project, name)] = Dataset(location, max_time_travel_hours, _micros(at, self.clock))
 
-    def create_table(self, table: str, schema: Sequence[tuple[str, str] | tuple[str, str, str]], *, at=None) -> None:
+    def create_table(
+        self,
+        table: str,
+        schema: Sequence[tuple[str, str] | tuple[str, str, str]],
+        *,
+        at=None,
+        table_type: str = "TABLE",
+    ) -> None:
         """``P.D.T`` with columns ``(name, type[, mode])`` (mode NULLABLE or REQUIRED); its dataset is created (in
-        US) when there is none."""
+        US) when there is none. ``table_type``: its tables.get ``type`` (``VIEW``, ``MATERIALIZED_VIEW``,
+        ``EXTERNAL``)."""
         project, dataset, name = table.rsplit(".", 2)
         fields = []
         for column in schema:
@@ -816,7 +850,15 @@ class BigQueryEmulator(HttpEmulator):
             if (project, dataset) not in self.datasets:
                 self.create_dataset(f"{project}.{dataset}", at=at)
             created = _micros(at, self.clock)
-            self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created)
+            self.datasets[(project, dataset)].tables[name] = Table(fields, created, modified=created, type=table_type)
+
+    def add_row_access_policy(self, table: str) -> None:
+        """``table`` has (and from now on had) a row access policy: read as of a past time by table admins alone
+        (``OVERRIDE_TIME_TRAVEL``). Which rows a policy lets whom read is not emulated."""
+        with self._lock:
+            t = self._table_of(table)
+            t.row_policies = True
+            t.policies.append(f"policy_{len(t.policies) + 1}")
 
     def drop_table(self, table: str) -> None:
         with self._lock:
@@ -998,7 +1040,7 @@ class BigQueryEmulator(HttpEmulator):
             "numRows": str(sum(v.visible(now) for v in t.versions)),
             "creationTime": str(t.created // 1000),
             "lastModifiedTime": str(t.modified // 1000),
-            "type": "TABLE",
+            "type": t.type,
             "location": d.location,
         }
 
@@ -1051,6 +1093,25 @@ class BigQueryEmulator(HttpEmulator):
             # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
             "maxTimeTravelHours": str(d.travel_hours),
         }
+
+    def _rowAccessPolicies_list(self, member, args, query, body) -> dict:
+        """The table's row access policies (rowAccessPolicies.list, which "Requires the
+        bigquery.rowAccessPolicies.list permission", held here by dataOwner and admin:
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/rowAccessPolicies/list), each a RowAccessPolicy with
+        its reference; one page (the emulator's tables have few)."""
+        project, dataset, table = args["project"], args["dataset"], args["table"]
+        name = f"{project}:{dataset}.{table}"
+        if not self._allowed(member, "bigquery.rowAccessPolicies.list", project, dataset, table):
+            raise _denied(
+                f"Access Denied: Table {name}: Permission bigquery.rowAccessPolicies.list denied on table {name}"
+            )
+        d = self.datasets.get((project, dataset))
+        t = d.tables.get(table) if d else None
+        if t is None:
+            raise _not_found(f"Not found: Table {name}")
+        reference = {"projectId": project, "datasetId": dataset, "tableId": table}
+        policies = [{"rowAccessPolicyReference": {**reference, "policyId": p}} for p in t.policies]
+        return {"rowAccessPolicies": policies} if policies else {}
 
     def _tables_testIamPermissions(self, member, args, query, body) -> dict:
         """Of ``body["permissions"]``, those ``member`` holds on the table (no permission needed to ask: IAM's
@@ -1176,8 +1237,28 @@ class BigQueryEmulator(HttpEmulator):
         }
         if member:
             job.resource["user_email"] = member.split(":", 1)[1]
+        if not job.error:
+            job.resource["configuration"]["query"]["destinationTable"] = self._destination(job, member, now)
         self.jobs[(project, job_id)] = job
         return job
+
+    def _destination(self, job: Job, member: str | None, now: int) -> dict:
+        """The query's result as a table, as BigQuery writes every query's: with no destination named, a temporary
+        table in an anonymous dataset of the job's project, which the job's creator reads (its rows through
+        tabledata.list or the Storage Read API, whose emulator reads it as any table), named in the job's
+        ``configuration.query.destinationTable`` ("Temporary and permanent tables",
+        https://cloud.google.com/bigquery/docs/writing-results; JobConfigurationQuery.destinationTable,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery). The anonymous dataset's
+        name starts with ``_`` (hidden from datasets.list); both names here are the emulator's."""
+        dataset, name = f"_{uuid.uuid5(uuid.NAMESPACE_URL, job.project).hex}", f"anon{job.job_id.replace('-', '')}"
+        if (job.project, dataset) not in self.datasets:
+            self.datasets[(job.project, dataset)] = Dataset(job.location, DEFAULT_TRAVEL_HOURS, now)
+        schema = [
+            {"name": f["name"], "type": k, "mode": "NULLABLE"} for f, k in zip(job.fields, job.types, strict=True)
+        ]
+        table = Table(schema, now, [Version(list(r), now) for r in job.rows], now, readers={member})
+        self.datasets[(job.project, dataset)].tables[name] = table
+        return {"projectId": job.project, "datasetId": dataset, "tableId": name}
 
     def _execute(self, job: Job, config: dict, now: int, location: str | None) -> None:
         """Run the query into ``job``: its result's schema and rows, or a BigQueryError. A job runs where the data

@@ -418,6 +418,22 @@ def test_a_bigquery_dataset_needs_a_read_session_where_the_run_bills_and_read_on
     since = " train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
     code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
     assert f"train.dataset: as the caller, may run BigQuery jobs in project {PROJECT} (billed there)" in text, text
+    assert f"train.dataset: as the caller, may read BigQuery read sessions' rows in project {PROJECT}" in text
+    project.projects.deny("bigquery.readsessions.getData")  # a custom role that opens sessions but reads no stream
+    code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
+    assert code == 2
+    assert (
+        f"gke.project: the caller lacks bigquery.readsessions.getData in project {PROJECT}, where the data snapshot's "
+        "BigQuery read session reading acme-data-1.sft.examples is read and billed: grant "
+        "roles/bigquery.readSessionUser"
+    ) in text
+    project.bigquery.add_row_access_policy("acme-data-1.sft.examples")
+    code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
+    assert (
+        "train.dataset: acme-data-1.sft.examples has 1 row access policy: the data snapshot reads it as of a past "
+        "time (its snapshot time, APPENDS), which only an identity holding "
+        "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
+    ) in " ".join(text.split()), text
     project.projects.deny("bigquery.readsessions.create", "bigquery.jobs.create")
     code, text = preflight_cli(f"{ONE_SLICE} {data}{since}", capsys)
     assert code == 2

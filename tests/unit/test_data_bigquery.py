@@ -21,6 +21,7 @@ FIELD = "train.dataset"
 SCHEMA = [("instruction", "STRING"), ("response", "STRING"), ("category", "STRING"), ("ingested", "TIMESTAMP")]
 NOW = datetime.now(UTC)
 HOUR = timedelta(hours=1)
+MILLISECOND = timedelta(milliseconds=1)  # a snapshot time is whole milliseconds (time travel's precision)
 
 
 class Clock:
@@ -98,9 +99,10 @@ def session(bq) -> object:
 
 
 def test_a_snapshot_opens_one_read_session_and_streams_its_rows_as_json(bq):
-    at = datetime.now(UTC)
-    got = snap(at=at, time_column="ingested")
-    assert {k: v for k, v in got.items() if k not in ("session", "streams")} == {
+    asked = datetime.now(UTC).replace(microsecond=123456)
+    at = asked.replace(microsecond=123000)  # time travel counts milliseconds: the snapshot time is whole ones
+    got = snap(at=asked, time_column="ingested")
+    assert {k: v for k, v in got.items() if k not in ("session", "streams", "arrow_schema")} == {
         "table": TABLE,
         "project": PROJECT,
         "snapshot_time": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
@@ -211,7 +213,7 @@ def test_after_reads_any_ingestion_column_type(bq, kind):
     first = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq")
     read(first)
     assert first["time_type"] == kind and first["max_time"] == str(data._jsonable(values[1]))
-    bq.insert(table, [{"instruction": "i", "response": "new", "seq": values[2]}])
+    bq.insert(table, [{"instruction": "i", "response": "new", "seq": values[2]}], at=datetime.now(UTC) - MILLISECOND)
     second = data.snapshot(table, field=FIELD, at=datetime.now(UTC), time_column="seq", after=first["max_time"])
     assert [r["response"] for r in read(second)] == ["new"] and second["num_rows"] == 1
 
@@ -225,6 +227,48 @@ def test_the_rows_come_stream_after_stream_a_batch_at_a_time(bq):
     assert next(rows)["response"] == "0" and bq.storage.calls == ["CreateReadSession", "ReadRows"]  # as they come
     assert [r["response"] for r in rows] == [str(n) for n in range(1, 2500)]
     assert bq.storage.calls == ["CreateReadSession"] + ["ReadRows"] * data.STREAMS and bq.jobs == {}
+
+
+def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypatch):
+    """Over the emulator's plaintext channel the read client sends the emulators' static token, and never a token of
+    Google credentials: without the static token it sends none (as every gRPC emulator is reached)."""
+    from google.oauth2.credentials import Credentials
+
+    real = Credentials(token="ya29.a-real-looking-google-token")  # a made-up value
+    request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(TABLE)}}
+    request["read_session"]["data_format"] = "ARROW"
+    data.read_client(real).create_read_session(**request)
+    assert bq.storage.authorizations[-1] == f"Bearer {TOKEN}"
+    monkeypatch.delenv(EMULATOR_TOKEN_ENV)
+    bq.token = ""  # an emulator that lets anyone in, so the call goes through and shows what it carried
+    data.read_client(real).create_read_session(**request)
+    assert bq.storage.authorizations[-1] is None
+    assert not any("ya29" in (auth or "") for auth in bq.storage.authorizations)
+
+
+@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW", "EXTERNAL"])
+def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_session(bq, kind):
+    """The Storage Read API reads tables only; tables.get's ``type`` tells a view, a materialized view or an external
+    table up front, refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the
+    emulated service refuses a session on one as the real one does."""
+    name = f"{PROJECT}.examples.shared"
+    bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type=kind)
+    for field in (FIELD, "train.eval_dataset"):
+        with pytest.raises(SpecError, match=f"{name} is a {kind}, which the BigQuery Storage Read API does not read"):
+            data.snapshot(name, field=field, at=datetime.now(UTC))
+    assert raised_field(name) == "train.eval_dataset" and bq.storage.calls == []
+    request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(name), "data_format": 3}}
+    with pytest.raises(Exception, match="non-table entities cannot be read with the storage API"):
+        data.read_client(None).create_read_session(**request)
+
+
+def raised_field(table: str) -> str:
+    try:
+        data.snapshot(table, field="train.eval_dataset", at=datetime.now(UTC))
+    except SpecError as exc:
+        assert any("materialise the view into a table" in v for v in exc.valid)
+        return exc.field
+    return ""
 
 
 def test_a_missing_table_or_dataset_is_a_spec_error(bq):
@@ -255,6 +299,25 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
     assert len(read(snap())) == 10 and bq.jobs == {}
 
 
+def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_by_a_table_admin_alone(bq, monkeypatch):
+    """Every read of a run is as of a past time (its snapshot time); on a table that has or had row access policies
+    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions, a table admin's: the refusal of a caller
+    who may read the table says so, instead of advising the read roles it already holds."""
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, "roles/bigquery.readSessionUser", PROJECT)
+    bq.add_row_access_policy(TABLE)
+    with pytest.raises(SpecError, match="may read .* yet not as of a past time") as raised:
+        snap(at=datetime.now(UTC) - timedelta(minutes=1))
+    assert "has or had row-level access policies" in str(raised.value) and raised.value.field == FIELD
+    assert "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(raised.value)
+    assert any("roles/bigquery.admin on the table" in v for v in raised.value.valid)
+    assert not any("dataViewer" in v for v in raised.value.valid)
+    bq.grant(member, "roles/bigquery.admin", TABLE)
+    assert len(read(snap(at=datetime.now(UTC) - timedelta(minutes=1)))) == 10
+
+
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
     with pytest.raises(SpecError, match="has no rows matching train.dataset_filter 'category=none'") as raised:
         read(snap(filter="category=none"))
@@ -281,7 +344,9 @@ def test_rows_without_what_the_formatter_needs_are_named(bq):
     with pytest.raises(SpecError, match="response is INTEGER; the formatter's columns must be STRING"):
         data.snapshot(typed, field=FIELD, at=datetime.now(UTC))
     bq.insert(
-        TABLE, [example(10, NOW, response=None), example(11, NOW, response=""), example(12, NOW, instruction=None)]
+        TABLE,
+        [example(10, NOW, response=None), example(11, NOW, response=""), example(12, NOW, instruction=None)],
+        at=datetime.now(UTC) - MILLISECOND,  # before a snapshot time of whole milliseconds taken at once
     )
     with pytest.raises(SpecError) as raised:
         read(snap())
@@ -363,6 +428,15 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     (job,) = bq.jobs.values()  # the APPENDS query, billed where the run is
     sql = job.resource["configuration"]["query"]["query"]
     assert "FROM APPENDS(TABLE `tpupipe-data.examples.dolly`, @start, @end)" in sql and job.project == PROJECT
+    # its result read as a table through the Storage Read API, in a session billed where the run is, not in pages
+    destination = job.resource["configuration"]["query"]["destinationTable"]
+    result = session(bq)
+    assert result.request.read_session.table == data._table_path(
+        f"{destination['projectId']}.{destination['datasetId']}.{destination['tableId']}"
+    )
+    assert result.parent == PROJECT and "snapshot_time" not in result.request.read_session.table_modifiers
+    waits = [query for method, query, _ in bq.bodies if method == "jobs.getQueryResults"]
+    assert waits and all(query.get("maxResults") == "0" for query in waits)  # the job waited for, no rows paged
     bq.insert(TABLE, [example(10, NOW - 30 * HOUR)], at=pinned)  # committed with the champion's snapshot: its own
     late = pinned + timedelta(microseconds=1)
     bq.insert(TABLE, [example(11, NOW - 30 * HOUR), example(12, NOW - HOUR)], at=late)  # one late, one new
@@ -372,6 +446,28 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     again, train, _ = snapshot.take(spec, datetime.now(UTC), later, "local-fsdp@2", log=logs.append)
     assert train == [] and again["skip"]  # the windows chain: what `later` read is not read again
     assert logs == [] or not any("warning" in line for line in logs)
+
+
+def test_a_table_truncated_and_reloaded_trains_only_on_its_new_row(bq, tmp_path):
+    """A reload that truncates the table (or deletes a day and inserts it again) commits every row anew: APPENDS
+    returns them all (change history keeps inserts, never deletions), and each is dropped as an example the
+    champion's lineage has already seen (its key file), counted; only the one new row is trained on."""
+    from components.data import snapshot
+
+    spec = run_spec(tmp_path)
+    first, train, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
+    seen = snapshot.Keys(snapshot.lineage(None, train))
+    assert len(seen) == 10
+    pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
+    bq.delete(TABLE, lambda row: True, at=pinned + timedelta(microseconds=1))  # the truncate, after the champion's
+    reloaded = [example(n, NOW - 24 * HOUR) for n in range(10)] + [example(10, NOW - HOUR)]
+    bq.insert(TABLE, reloaded, at=pinned + timedelta(microseconds=2))
+    logs: list[str] = []
+    later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=logs.append, seen_keys=seen)
+    assert later["train"]["table"]["appended_after"] == first["train"]["table"]["snapshot_time"]  # by commit time
+    assert [e["instruction"] for e in train] == ["Say 10."]
+    assert later["champion_duplicates"] == 10 and later["train"]["num_examples"] == 11
+    assert any("10 example(s) the champion's lineage already saw dropped" in line for line in logs)
 
 
 def test_commit_time_falls_back_to_the_time_column_saying_why(bq, tmp_path):

@@ -147,8 +147,9 @@ def _data(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     """The run's Cloud Storage datasets can be read by the caller, who takes the data snapshot (the pipeline's first
     task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
     naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix.
-    A BigQuery dataset: ``bigquery.readsessions.create`` (and ``bigquery.jobs.create`` for the rows committed since
-    the champion) where it is billed, and read on the table (``_bigquery_data``)."""
+    A BigQuery dataset: ``bigquery.readsessions.create`` and ``bigquery.readsessions.getData`` (and
+    ``bigquery.jobs.create`` for the rows committed since the champion) where it is billed, and read on the table
+    (``_bigquery_data``)."""
     from components.data import gcs
     from components.spec import datasets
 
@@ -190,7 +191,11 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     project = snapshot.job_project(spec) or table.rsplit(".", 2)[0]
     field = "train.bigquery_project" if spec.train.bigquery_project else "gke.project"
     who = _caller_named(creds)
-    needed = {bigquery.READ_SESSION_PERMISSION: ("open BigQuery read sessions", "read session", "readSessionUser")}
+    needed = {
+        bigquery.READ_SESSION_PERMISSION: ("open BigQuery read sessions", "read session", "readSessionUser"),
+        bigquery.READ_STREAM_PERMISSION: ("read BigQuery read sessions' rows", "read session", "readSessionUser"),
+    }
+    done = {bigquery.READ_STREAM_PERMISSION: "read"}  # what happens there: the session's rows are read (ReadRows)
     if key == "train.dataset" and spec.train.data_since == "champion":
         needed[bigquery.JOB_PERMISSION] = ("run BigQuery jobs", "APPENDS query", "jobUser")
     request = {"resource": f"projects/{project}", "permissions": list(needed)}
@@ -203,8 +208,8 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
             Problem(
                 field,
                 f"the caller{who} lacks {permission} in project {project}, where the data snapshot's BigQuery "
-                f"{use} reading {table} is created and billed: grant roles/bigquery.{role} on {project}, or name "
-                "another project in train.bigquery_project",
+                f"{use} reading {table} is {done.get(permission, 'created')} and billed: grant "
+                f"roles/bigquery.{role} on {project}, or name another project in train.bigquery_project",
             )
         )
     if datasets.dated(value):
@@ -219,6 +224,15 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
         )
     else:
         report.checked.append(f"{key}: as the caller{who}, may read {table}")
+    policies = bigquery.row_access_policies(table, project)
+    if policies:
+        report.warnings.append(
+            f"{key}: {table} has {policies} row access polic{'y' if policies == 1 else 'ies'}: the data snapshot reads "
+            f"it as of a past time (its snapshot time, APPENDS), which only an identity holding "
+            f"{bigquery.OVERRIDE_TIME_TRAVEL} (a table admin's: {bigquery.ROW_POLICIES_SOURCE}) may"
+        )
+    elif policies is None:
+        report.checked.append(f"{key}: {table}'s row access policies not listed (no bigquery.rowAccessPolicies.list)")
     if spec.train.bigquery_service_account:
         jobs = bigquery.JOB_PERMISSION in needed
         _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report, jobs)
