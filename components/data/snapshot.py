@@ -508,7 +508,7 @@ def take(
     fixed = t.eval_dataset or (f"{source} {t.eval_split}" if part["kind"] == "hub" else "")
     if fixed:
         eval_key = "train.eval_dataset" if t.eval_dataset else "train.eval_split"
-        eval_source = datasets.render(t.eval_dataset, when) if t.eval_dataset else source
+        eval_source = t.eval_dataset or source  # a fixed set names no day (components.spec.checks)
         eval_part, eval_rows = _side(spec, eval_key, eval_source, when, None, log, hub_token)
         heldout = list(eval_rows)  # an evaluation set is read whole: the evaluate stage scores all of it at once
         eval_part["num_examples"] = len(heldout)
