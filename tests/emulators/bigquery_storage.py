@@ -34,8 +34,8 @@ the REST API's ``Access Denied: Table ...`` for the table); an unknown dataset, 
 (``Not found: Table P:D.T``); a call without the emulator's token, or a member's, ``UNAUTHENTICATED``. The caller's
 token comes in the ``authorization`` metadata, as Google's endpoints get it.
 
-Faults are injected per method ("CreateReadSession", "ReadRows": ``fail``): the next N matching calls answer a gRPC
-status before they take effect (a ReadRows before its first response).
+Faults are injected per method ("CreateReadSession", "ReadRows": a :class:`Fault` added to ``faults``): the next N
+matching calls answer a gRPC status before they take effect (a ReadRows before its first response).
 
 Pointing the client here: ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST`` (``host:port``) for tpupipe
 (components/data/bigquery.py).
@@ -87,6 +87,8 @@ class Session:
 
 @dataclass
 class Fault:
+    """The next ``times`` calls of ``method`` whose request matches ``when`` answer ``code`` with ``message``."""
+
     method: str
     code: grpc.StatusCode
     message: str
@@ -119,17 +121,6 @@ class BigQueryStorageEmulator:
     def stop(self) -> None:
         if self._server:
             self._server.stop(grace=None)
-
-    def fail(
-        self,
-        method: str,
-        code: grpc.StatusCode,
-        message: str = "",
-        times: int = 1,
-        when: Callable[[Any], bool] = lambda request: True,
-    ) -> None:
-        """The next ``times`` calls of ``method`` whose request matches ``when`` answer ``code``."""
-        self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
 
     def _fault(self, method: str, request, context) -> None:
         fault = take_fault(self.faults, self.tables._lock, method, request)

@@ -13,7 +13,7 @@ from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.data import bigquery as data
 from components.spec import SpecError
 from tests.emulators.bigquery import BigQueryEmulator
-from tests.emulators.bigquery_storage import BigQueryStorageEmulator
+from tests.emulators.bigquery_storage import BigQueryStorageEmulator, Fault
 
 PROJECT, TOKEN = "tpupipe-data", "t0ken"
 TABLE = f"{PROJECT}.examples.dolly"
@@ -555,12 +555,12 @@ def test_a_not_found_after_the_tables_lookup_is_an_error_never_a_day_without_a_d
     gone = f"Not found: Table {PROJECT}:examples.events_{day2:%Y%m%d}"
     when, champion = day2 + 6 * HOUR, first
     if where == "CreateReadSession":
-        bq.storage.fail("CreateReadSession", grpc.StatusCode.NOT_FOUND, gone)
+        bq.storage.faults.append(Fault("CreateReadSession", grpc.StatusCode.NOT_FOUND, gone))
     elif where == "the first stream":
-        bq.storage.fail("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream", when=lambda r: r.offset == 0)
+        bq.storage.faults.append(Fault("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream"))
     elif where == "a stream after rows":
         after_rows = lambda r: r.read_stream.endswith("/streams/1")  # noqa: E731
-        bq.storage.fail("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream", when=after_rows)
+        bq.storage.faults.append(Fault("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream", when=after_rows))
     else:  # the same table again: read by APPENDS, whose query finds it gone
         champion, _, _ = snapshot.take(spec, when, first, "m@1", log=lambda line: None)
         when = day2 + 18 * HOUR
