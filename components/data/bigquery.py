@@ -44,11 +44,14 @@ was created after the start_timestamp value, the actual table creation time is u
 what the champion had). A view, a materialized view or an external table is refused before anything is read (a
 SpecError naming the field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table.
 
-Bad input is a :class:`SpecError` naming its field: a malformed URI, a table or dataset that does not exist, no
-permission to read it, to open a read session or to run a query, a filter BigQuery refuses, no rows (unless
-``after`` or ``since`` is given: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter needs
-(``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is read), a
-time column that is missing or of another type.
+Bad input is a :class:`SpecError` naming its field: a malformed URI, a table that tables.get does not find (a
+``NoDrop``: with a dated table and ``train.data_since``, the caller's day without a drop), no permission to read it,
+to open a read session or to run a query, a filter BigQuery refuses, no rows (unless the read is of what is new,
+``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
+needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
+read), a time column that is missing or of another type. A NotFound after tables.get found the table (the read
+session, a stream, the APPENDS query) is an InfraError: the table went away, or the session expired, while it was
+read.
 
 Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
 ``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
@@ -87,7 +90,7 @@ from typing import Any, NamedTuple
 
 from components.cloud.credentials import access_error, credentials, emulator_token, google_client
 from components.data.drops import NoDrop
-from components.spec import SpecError
+from components.spec import InfraError, SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 
@@ -96,6 +99,9 @@ STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
 # A read session's initial streams at most (CreateReadSessionRequest.max_stream_count; the service may make fewer),
 # read one after the other.
 STREAMS = 4
+# A read session's life: "Read sessions automatically expire 6 hours after they are created"
+# (https://cloud.google.com/bigquery/docs/reference/storage, "Limitations"); a stream read later is not found.
+SESSION_HOURS = 6
 # A dataset's time travel window when it sets none: 168 hours (maxTimeTravelHours,
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
 DEFAULT_TRAVEL_HOURS = 168
@@ -218,6 +224,7 @@ def snapshot(
     time_column: str = "",
     after: str | None = None,
     since: dict | None = None,
+    incremental: bool = False,
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
     log: Callable[[str], None] = print,
@@ -227,10 +234,15 @@ def snapshot(
     billed: ``project``, else the table's), "snapshot_time" (``at`` in UTC, ISO 8601 with ``Z``), "num_rows" (counted
     as :func:`rows` reads them), "fields" (the schema's column names), "filter", "filter_types", "time_column",
     "time_type", "after", "max_time" (the largest ``time_column`` among the rows read, as text; None when there are
-    none or no time column), "session", "streams"}``; with ``since`` and APPENDS possible (the module's docstring),
-    ``"appended_after"`` (the champion's snapshot time) instead of a session. Makes two calls (tables.get,
-    CreateReadSession), or three (tables.get, datasets.get, then :func:`rows`' query) for APPENDS. ``after`` (a
-    ``max_time`` of an earlier snapshot) reads only the rows past it, and then no rows is no error."""
+    none or no time column), "incremental", "session", "streams"}``; with ``since`` and APPENDS possible (the
+    module's docstring), ``"appended_after"`` (the champion's snapshot time) instead of a session. Makes two calls
+    (tables.get, CreateReadSession), or three (tables.get, datasets.get, then :func:`rows`' query) for APPENDS.
+    ``after`` (a ``max_time`` of an earlier snapshot) reads only the rows past it. ``incremental`` (implied by
+    ``after`` and ``since``): the read is of what is new since a champion (``train.data_since``), so no rows is an
+    answer, not an error. A table that tables.get does not find is a :class:`~components.data.drops.NoDrop` (a dated
+    table's day may have none); a NotFound after that lookup is an InfraError (:func:`_refusal`)."""
+    from google.api_core import exceptions as gexc
+
     if at.tzinfo is None:
         raise ValueError(f"snapshot time {at!r} has no time zone")
     # Time travel counts milliseconds (a time decorator is "milliseconds since the epoch":
@@ -247,6 +259,9 @@ def snapshot(
     bq = client(billing, creds)
     try:
         found = bq.get_table(table)
+    except gexc.NotFound as exc:  # the lookup of the table itself, before anything is read: no such table (yet)
+        said = _said(exc)
+        raise NoDrop(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE]) from None
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
     if found.table_type in NOT_READ:
@@ -295,6 +310,7 @@ def snapshot(
         "time_type": time_type,
         "after": after,
         "max_time": None,
+        "incremental": incremental or after is not None or since is not None,
     }
     if since is not None:
         refused = _appends_refusal(bq, found, snap, since, creds)
@@ -325,7 +341,7 @@ def snapshot(
     # the session's Arrow schema (ReadSession.arrow_schema), which each stream's batches are read with: a
     # ReadRowsResponse carries it only "in the first ReadRowsResponse" of a stream, if at all (storage.proto)
     snap["arrow_schema"] = base64.b64encode(session.arrow_schema.serialized_schema).decode()
-    if not snap["streams"] and after is None:  # a session over no rows has no stream to read
+    if not snap["streams"] and not snap["incremental"]:  # a session over no rows has no stream to read
         raise SpecError(field, f"{table} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
     return snap
 
@@ -335,7 +351,7 @@ def rows(snap: dict, *, field: str) -> Iterator[dict]:
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams one after the other,
     an Arrow record batch at a time, or the APPENDS query's result table's, read the same way. Counts them into
     ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that lacks what the formatter needs,
-    or no rows at all (unless ``after`` or APPENDS), is a SpecError naming ``field``."""
+    or no rows at all (unless ``incremental``), is a SpecError naming ``field``."""
     creds = credentials()
     largest = None
     try:
@@ -356,7 +372,7 @@ def rows(snap: dict, *, field: str) -> Iterator[dict]:
     except _failures() as exc:
         raise _refusal(exc, field, snap["table"], snap["project"], creds, f"{field}_filter", snap["filter"]) from None
     snap["max_time"] = _text(largest)
-    if snap["num_rows"] == 0 and snap["after"] is None and not snap.get("appended_after"):
+    if snap["num_rows"] == 0 and not snap["incremental"]:
         raise SpecError(field, f"{snap['table']} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
 
 
@@ -801,10 +817,16 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
     if not isinstance(exc, gexc.GoogleAPICallError):  # google-auth's: the credentials
         return access_error(exc) or exc
     first = next((e for e in exc.errors or [] if isinstance(e, dict)), {})
-    said = (first.get("message") or exc.message or str(exc)).strip().splitlines()[0]
+    said = _said(exc)
     reason = first.get("reason", "")
-    if isinstance(exc, gexc.NotFound):  # nothing to read where the dataset points: a dated table's day without one
-        return NoDrop(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE])
+    if isinstance(exc, gexc.NotFound):
+        # Only tables.get of the table is asked whether it exists (snapshot: a NoDrop there); a NotFound after it (a
+        # read session, a stream, the APPENDS query) is the table or the read going away under the run.
+        return InfraError(
+            f"{field}: {table} was there when the run looked it up, and then not: {said} (the table dropped or "
+            f"replaced while it was read, or its read session expired, {SESSION_HOURS} hours after it was made); "
+            "nothing of it is used: a new run reads it again"
+        )
     if isinstance(exc, gexc.Forbidden) and reason == "accessDenied" and "bigquery.jobs.create" in said:
         who = _identity(creds)
         return SpecError(
@@ -870,6 +892,13 @@ def _reads(table: str, project: str) -> bool:
         return False
     except _failures():
         return False
+
+
+def _said(exc: Exception) -> str:
+    """The first line of what BigQuery said of a failed call (its first error's message)."""
+    errors = getattr(exc, "errors", None) or []
+    first = next((e for e in errors if isinstance(e, dict)), {})
+    return str(first.get("message") or getattr(exc, "message", "") or exc).strip().splitlines()[0]
 
 
 def _identity(creds) -> str:

@@ -44,7 +44,9 @@ from components.spec import RunSpec, SpecError, datasets
 
 HELDOUT_PERCENT = 10
 KEY_BYTES = 16  # an example's key (example_key): the first 16 bytes of a SHA-256
-MANIFEST_VERSION = 2  # 2: a fixed evaluation set's digest is its content's (content_digest)
+# 2: a fixed evaluation set's digest is its content's (content_digest); 3: ``max_time`` is the mark of the table the
+# run read (``train.table.table``) alone, never one carried from another table (_champion_table)
+MANIFEST_VERSION = 3
 CHARS_PER_TOKEN = 4  # a rough estimate of English text with subword tokenizers, for `tpupipe data` alone
 Rows = list[dict[str, Any]]
 
@@ -302,7 +304,8 @@ def _bigquery(
     spec: RunSpec, source: str, key: str, when: datetime, since: dict | None, log: Callable[[str], None]
 ) -> tuple[dict, Iterable]:
     """The table's snapshot and its rows, as they are read; with ``since`` (the champion's manifest), only what it
-    did not have: the rows committed since its table snapshot (APPENDS), else those past its ``max_time``."""
+    did not have: of the table the champion read, the rows committed since its table snapshot (APPENDS), else those
+    past its ``max_time``; of another table (a dated table's new day), every row, as a new drop's."""
     from components.data import bigquery
 
     t = spec.train
@@ -311,21 +314,32 @@ def _bigquery(
     # As of the schedule's time, or a minute ago: BigQuery refuses a time travel into its own future, which a clock
     # a little ahead of its would ask for.
     at = min(when, datetime.now(UTC) - timedelta(minutes=1))
-    after = (since or {}).get("max_time") if since else None
-    champion = ((since or {}).get("train") or {}).get("table") if since else None
+    champion = _champion_table(since, table)
+    if since is not None and champion is None:
+        log(f"snapshot: {key}: {table} is not the table the champion read ({since.get('dataset')}): read whole")
     snap = bigquery.snapshot(
         table,
         field=key,
         at=at,
         filter=bq_filter,
         time_column=column,
-        after=after,
-        since=champion if isinstance(champion, dict) else None,
+        after=since.get("max_time") if since is not None and champion is not None else None,
+        since=champion,
+        incremental=since is not None,
         project=job_project(spec),
         log=log,
     )
     rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
     return snap, rows
+
+
+def _champion_table(since: dict | None, table: str) -> dict | None:
+    """The champion's snapshot of ``table`` (its manifest's ``train.table``) when the champion read that table; None
+    when it read another (a dated table's other day), another kind of source, or there is no champion. Its
+    ``max_time`` is that table's high-water mark, and no other table's: a mark carried to another table would skip
+    each of its rows not past it."""
+    snap = ((since or {}).get("train") or {}).get("table")
+    return snap if isinstance(snap, dict) and snap.get("table") == table else None
 
 
 def _side(
@@ -510,28 +524,28 @@ def take(
     read, keys, duplicates, fields = Spool(), set(), 0, set()
     seen = seen_keys if since is not None else None
     again = 0  # examples the champion's lineage already saw
-    try:
+    try:  # the listing (a table's lookup) alone: a drop not there is told before any example is read
         part, examples = _side(spec, "train.dataset", source, when, since, log, hub_token)
-        for example in examples:
-            key = example_key(example)
-            if key in keys:
-                duplicates += 1
-                continue
-            keys.add(key)
-            if seen is not None and key in seen:
-                again += 1
-                continue
-            fields.update(example)
-            read.append(example)
     except drops.NoDrop as exc:
         if t.data_since != "champion":
             raise
         _check_dated(spec, when, exc)
         # A schedule's day without its drop is a day with nothing new.
         part = {"kind": datasets.kind(source), "source": source, "items": [], "num_examples": 0, "identity": []}
-        absent = str(exc).removeprefix(f"{exc.field}: ")
+        absent, examples = str(exc).removeprefix(f"{exc.field}: "), iter(())
     else:
         absent = ""
+    for example in examples:
+        key = example_key(example)
+        if key in keys:
+            duplicates += 1
+            continue
+        keys.add(key)
+        if seen is not None and key in seen:
+            again += 1
+            continue
+        fields.update(example)
+        read.append(example)
     part["num_examples"] = len(read) + duplicates + again
     if again:
         log(f"snapshot: {source}: {again} example(s) the champion's lineage already saw dropped (champion_duplicates)")
@@ -561,7 +575,7 @@ def take(
     fixed = t.eval_dataset or (f"{source} {t.eval_split}" if part["kind"] == "hub" else "")
     if fixed:
         eval_key = "train.eval_dataset" if t.eval_dataset else "train.eval_split"
-        eval_source = datasets.render(t.eval_dataset, when) if t.eval_dataset else source
+        eval_source = t.eval_dataset or source  # a fixed set names no day (components.spec.checks)
         eval_part, eval_rows = _side(spec, eval_key, eval_source, when, None, log, hub_token)
         heldout = list(eval_rows)  # an evaluation set is read whole: the evaluate stage scores all of it at once
         eval_part["num_examples"] = len(heldout)
@@ -612,8 +626,9 @@ def take(
     if part["kind"] == "bigquery":
         from components.data import bigquery
 
-        # the newest either saw: rows read by commit time may all be older than the champion's newest
-        manifest["max_time"] = bigquery.latest(part["table"], (since or {}).get("max_time"))
+        # the newest either saw of this table: rows read by commit time may all be older than the champion's newest
+        mark = (since or {}).get("max_time") if _champion_table(since, part["table"]["table"]) else None
+        manifest["max_time"] = bigquery.latest(part["table"], mark)
     manifest["num_train_examples"], manifest["num_heldout_examples"] = len(train), len(heldout)
     manifest["duplicates"], manifest["eval_overlap"] = duplicates, overlap
     manifest["champion_duplicates"] = again

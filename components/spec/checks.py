@@ -202,6 +202,15 @@ def _check_data(spec: RunSpec) -> None:
         except ValueError as exc:
             raise SpecError(key, str(exc), DATASET_SHAPES) from None
         datasets.date_forms(value, key)
+        if key == "train.eval_dataset" and datasets.dated(value):
+            # The evaluate stage compares each run with the champion on one yardstick, and refuses a set whose content
+            # differs from the champion's: a set that moves with the day would be refused on every run after the first.
+            raise SpecError(
+                key,
+                f"{value!r}: a fixed evaluation set is the same examples on every run, so it cannot move with the day "
+                "(a date form)",
+                ["gs://BUCKET/eval/v1.jsonl", "bq://PROJECT.DATASET.eval_v1", "DIR/eval.jsonl"],
+            )
         if source == "gcs" and not _GCS.match(value):
             raise SpecError(key, f"not a Cloud Storage URI: {value!r}", ["gs://BUCKET/PREFIX/", "gs://BUCKET/*.jsonl"])
         if source == "bigquery" and not _BQ.match(value):

@@ -49,9 +49,17 @@ DATE_EXAMPLES = ["{date}", "{date-1}", "{date:%Y%m%d}", "{date-7:%Y/%m/%d}"]
 DEFAULT_DATE_FORMAT = "%Y-%m-%d"
 MAX_DAYS_BEFORE = 366  # a year back, leap day included
 # The directives of Python's strftime (https://docs.python.org/3.12/library/datetime.html#format-codes) whose value is
-# the day's alone, in English (the C locale tpupipe runs in); every other directive (%H %M %S %f %p %z %Z %I %c %X %x
-# and those C libraries add) is refused: a {date} form names a day, never a time or a locale's text.
+# the day's alone; every other directive (%H %M %S %f %p %z %Z %I %c %X %x and those C libraries add) is refused: a
+# {date} form names a day, never a time or a locale's text.
 DATE_DIRECTIVES = "YmdjybBaAUWGVuw%"
+# The names %a %A %b %B stand for, as the C locale writes them (strftime's "Locale's full weekday name", ..., "en_US"
+# and C alike in the format codes' table above), rendered here rather than by strftime, which takes the process's
+# LC_TIME: a library that calls setlocale would otherwise move a dataset's path.
+DAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+MONTH_NAMES = (
+    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "December",
+)  # fmt: skip
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _DATE_FORM = re.compile(r"date(?:-(?P<days>[0-9]+))?(?::(?P<format>.*))?", re.DOTALL)
 # A BigQuery table name: at most 1,024 UTF-8 bytes of Unicode letters, marks, numbers, connectors, dashes and spaces
@@ -106,9 +114,17 @@ class DateForm:
     format: str  # the strftime format of date directives it is written in
 
     def day(self, when: datetime) -> str:
-        """The day this form stands for, of a run whose schedule time is ``when`` (UTC when it has a time zone)."""
+        """The day this form stands for, of a run whose schedule time is ``when`` (UTC when it has a time zone); the
+        names of ``%a %A %b %B`` in English, whatever the process's locale (``DAY_NAMES``, ``MONTH_NAMES``)."""
         on = (when.astimezone(UTC) if when.tzinfo else when).date() - timedelta(days=self.days)
-        return on.strftime(self.format)
+        names = {
+            "%A": DAY_NAMES[on.weekday()],
+            "%a": DAY_NAMES[on.weekday()][:3],
+            "%B": MONTH_NAMES[on.month - 1],
+            "%b": MONTH_NAMES[on.month - 1][:3],
+        }
+        parts = re.split(r"(%.)", self.format)  # each directive its own part (a checked format ends in none)
+        return "".join(names.get(part) or (on.strftime(part) if part else "") for part in parts)
 
 
 def date_form(text: str, start: int = 0, field: str = "train.dataset") -> DateForm:
@@ -175,6 +191,18 @@ def dated(dataset: str) -> bool:
     """Whether ``dataset`` names the schedule's day (a date form: :func:`date_forms`), so a different source each
     day."""
     return any(_DATE_FORM.fullmatch(name) for name in placeholders(dataset))
+
+
+def same_day_table(dataset: str) -> str:
+    """A warning for a dated BigQuery table of the schedule's own UTC day (``events_{date:%Y%m%d}``: no ``-N``), which
+    a daily table's writer is still filling when the schedule reads it; "" for any other dataset."""
+    if kind(dataset) != "bigquery" or not any(form.days == 0 for form in date_forms(dataset)):
+        return ""
+    return (
+        f"train.dataset {dataset} is the table of the schedule's own day (UTC), which is likely still being written "
+        "when the run reads it: a table has no readiness marker, so a partial day is read partially, and under "
+        "train.data_since never again; {date-1:...} reads the day before's (docs/recurring.md, Date forms)"
+    )
 
 
 def first_date(dataset: str) -> int:

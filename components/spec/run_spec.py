@@ -108,7 +108,8 @@ class TrainSpec:
     # object) or bq://PROJECT.DATASET.TABLE; "{date}" in it is the schedule's date, "{date-1}" the day before,
     # "{date:%Y%m%d}" in a format of date directives (components/spec/datasets.py, date_forms)
     dataset: str = GENERATED_DATASET
-    eval_dataset: str = ""  # a fixed evaluation set, any snapshotted shape; "": the examples held out of the new data
+    # a fixed evaluation set, any snapshotted shape without a date form; "": the examples held out of the new data
+    eval_dataset: str = ""
     # bq:// only: COLUMN=VALUE[,COLUMN=VALUE...], the values the rows' columns must have (quoted literals, not SQL)
     dataset_filter: str = ""
     # bq:// only: the rows' ingestion time, which train.data_since=champion compares where it cannot read by commit

@@ -17,7 +17,6 @@ from pipelines.backends.base import Backend, Outcome, RunRow, ScheduleRow, Shown
 from pipelines.backends.kfp.identity import DEFAULT_RUNNER as KFP_RUNNER
 from pipelines.backends.kfp.identity import MULTI_USER_RUNNER as KFP_MULTI_USER_RUNNER
 from pipelines.backends.kfp.jobs import AUTHS as KFP_AUTHS
-from pipelines.backends.kfp.jobs import IAP_USERID_PREFIX as KFP_IAP_USERID_PREFIX
 from pipelines.backends.kfp.jobs import Place as KfpPlace
 from pipelines.backends.vertex.jobs import STATES as VERTEX_STATES
 
@@ -31,7 +30,6 @@ BACKENDS = tuple(REGISTRY)
 __all__ = [
     "BACKENDS",
     "KFP_AUTHS",
-    "KFP_IAP_USERID_PREFIX",
     "KFP_MULTI_USER_RUNNER",
     "KFP_RUNNER",
     "VERTEX_STATES",

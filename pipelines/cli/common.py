@@ -1,12 +1,13 @@
 """What every module of the command line shares: the ``--set`` overrides (the flag, and its values joined into one
-spec string), ``--project`` and ``--region`` (one default each, one refusal of the placeholder project), and the one
-way a command fails (a message on stderr, an exit code)."""
+spec string), ``--project`` and ``--region`` (one default each, one refusal of the placeholder project), the one
+way a command fails (a message on stderr, an exit code), and the warnings a checked spec may still earn."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import sys
 
 from components.spec import SpecError
 from components.spec.names import DEFAULT_REGION, EXAMPLE_PROJECT
@@ -98,3 +99,13 @@ def refuse_placeholder(args: argparse.Namespace) -> None:
             f"{EXAMPLE_PROJECT!r} is the examples' placeholder, not a project of yours: name yours with --project "
             f"PROJECT or ${PROJECT_ENV}",
         )
+
+
+def warn_same_day(dataset: str) -> None:
+    """One warning line on stderr for a dated BigQuery table of the schedule's own day (``datasets.same_day_table``);
+    nothing for any other dataset."""
+    from components.spec import datasets
+
+    note = datasets.same_day_table(dataset)
+    if note:
+        print(f"tpupipe: warning: {note}", file=sys.stderr)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipelines.backends import KFP_AUTHS, KFP_IAP_USERID_PREFIX, KFP_MULTI_USER_RUNNER, KFP_RUNNER, KfpPlace
+from pipelines.backends import KFP_AUTHS, KFP_MULTI_USER_RUNNER, KFP_RUNNER, KfpPlace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,9 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in-cluster), token (a Kubernetes token for the audience pipelines.kubeflow.org, from --kfp-token-file: a "
         "multi-user server from outside the cluster), iap (a Google ID token for an endpoint behind "
         "Identity-Aware Proxy, with --kfp-iap-client-id) or userid (--kfp-user's e-mail in the kubeflow-userid "
-        "header of every request, which a multi-user server believes as it is, so it is safe only where Kubeflow's "
-        "Istio gateway and policy guard it or through `kubectl port-forward` to the API server inside a trusted "
-        "network; docs/kubeflow.md)",
+        "header of every request, which a multi-user server takes at its word: whoever can send it to the API "
+        "server is any user, so it goes only to localhost, a `kubectl port-forward` to the API server, unless "
+        "--kfp-trust-user-header; the server must read kubeflow-userid with no prefix, as Kubeflow's multi-user "
+        "install sets it; token is the recommended way: docs/kubeflow.md)",
     )
     p.add_argument(
         "--kfp-user",
@@ -37,10 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "contributor in --kfp-namespace)",
     )
     p.add_argument(
-        "--kfp-user-prefix",
-        default="",
-        help="with --kfp-auth userid: what the API server strips from the header's value (its KUBEFLOW_USERID_PREFIX: "
-        f'"" in Kubeflow\'s multi-user install, the default; {KFP_IAP_USERID_PREFIX} where it is left unset)',
+        "--kfp-trust-user-header",
+        action="store_true",
+        help="with --kfp-auth userid: send the user id header to a --kfp-host that is not this machine, because you "
+        "trust every network path to it (nothing but you, or Kubeflow's own services, can reach its API server "
+        "with the header); refused without it, since whoever can send the header is any user (docs/kubeflow.md)",
     )
     p.add_argument(
         "--kfp-token-file",
@@ -82,5 +84,5 @@ def place_of(args: argparse.Namespace) -> KfpPlace:
         insecure=args.insecure,
         token_file=args.kfp_token_file,
         user=args.kfp_user,
-        user_prefix=args.kfp_user_prefix,
+        trust_user_header=args.kfp_trust_user_header,
     )

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines import check
-from pipelines.cli.common import add_allow_defaults, add_place, add_set, allow_defaults, overrides, refuse_placeholder
+from pipelines.cli.common import (
+    add_allow_defaults,
+    add_place,
+    add_set,
+    allow_defaults,
+    overrides,
+    refuse_placeholder,
+    warn_same_day,
+)
 from pipelines.exits import fail
 
 if TYPE_CHECKING:
@@ -64,6 +72,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = resolve(args.preset, overrides(args.set))
     if not args.explain:
         print(json.dumps(spec.to_dict(), indent=2))
+        warn_same_day(spec.train.dataset)
         return 0
     text = reference.explain(args.explain)
     key = text.splitlines()[0]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.backends import VERTEX_STATES, Backend, Submission, get_backend
 from pipelines.cli import kfp as cli_kfp
-from pipelines.cli.common import add_place, add_set, overrides
+from pipelines.cli.common import add_place, add_set, overrides, warn_same_day
 
 if TYPE_CHECKING:
     from pipelines.cli.common import Commands
@@ -143,6 +143,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             sub, args.name, args.cron, args.max_concurrent, args.start, args.end, args.max_runs
         )
         print(f"{noun} {args.name} created: {made} ({cron}, at most {args.max_concurrent} at a time)")
+        from components.workload import resolve
+
+        warn_same_day(resolve(sub.preset, sub.resolved_overrides).train.dataset)
         return 0
     if args.action == "list":
         for s in backend.schedules():

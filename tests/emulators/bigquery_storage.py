@@ -34,6 +34,9 @@ the REST API's ``Access Denied: Table ...`` for the table); an unknown dataset, 
 (``Not found: Table P:D.T``); a call without the emulator's token, or a member's, ``UNAUTHENTICATED``. The caller's
 token comes in the ``authorization`` metadata, as Google's endpoints get it.
 
+Faults are injected per method ("CreateReadSession", "ReadRows": a :class:`Fault` added to ``faults``): the next N
+matching calls answer a gRPC status before they take effect (a ReadRows before its first response).
+
 Pointing the client here: ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST`` (``host:port``) for tpupipe
 (components/data/bigquery.py).
 """
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -50,7 +54,7 @@ import grpc
 import pyarrow as pa
 from google.cloud.bigquery_storage_v1 import types
 
-from tests.emulators import serve_grpc
+from tests.emulators import serve_grpc, take_fault
 from tests.emulators.bigquery import (
     OVERRIDE_TIME_TRAVEL,
     BigQueryEmulator,
@@ -90,6 +94,17 @@ class Session:
     request: Any = None  # the CreateReadSessionRequest
 
 
+@dataclass
+class Fault:
+    """The next ``times`` calls of ``method`` whose request matches ``when`` answer ``code`` with ``message``."""
+
+    method: str
+    code: grpc.StatusCode
+    message: str
+    times: int = 1
+    when: Callable[[Any], bool] = lambda request: True
+
+
 class BigQueryStorageEmulator:
     def __init__(self, tables: BigQueryEmulator, batch_rows: int = 1000):
         self.tables = tables
@@ -97,6 +112,7 @@ class BigQueryStorageEmulator:
         self.sessions: dict[str, Session] = {}
         self.calls: list[str] = []
         self.authorizations: list[str | None] = []  # each call's ``authorization`` metadata, as it came (None: none)
+        self.faults: list[Fault] = []
         self._server = None
         self.address = ""
 
@@ -116,6 +132,11 @@ class BigQueryStorageEmulator:
         if self._server:
             self._server.stop(grace=None)
 
+    def _fault(self, method: str, request, context) -> None:
+        fault = take_fault(self.faults, self.tables._lock, method, request)
+        if fault is not None:
+            context.abort(fault.code, fault.message)
+
     # ------------------------------------------------------------------ gRPC
     def _member(self, context) -> str | None:
         auth = dict(context.invocation_metadata()).get("authorization")
@@ -129,6 +150,7 @@ class BigQueryStorageEmulator:
 
     def _create_read_session(self, request, context):
         member = self._member(context)
+        self._fault("CreateReadSession", request, context)
         with self.tables._lock:
             self.calls.append("CreateReadSession")
             try:
@@ -241,6 +263,7 @@ class BigQueryStorageEmulator:
 
     def _read_rows(self, request, context):
         member = self._member(context)
+        self._fault("ReadRows", request, context)
         with self.tables._lock:
             self.calls.append("ReadRows")
             session = self.sessions.get(request.read_stream.rsplit("/streams/", 1)[0])

@@ -29,7 +29,8 @@ permission error). Errors are the JSON of ``google.rpc.Status`` that KFP's grpc-
 ``message``, ``details``), under the HTTP status of the code.
 
 With ``multi_user`` (the API server's MULTIUSER mode; healthz says it), every request on a namespace's resource is
-authenticated (the ``kubeflow-userid`` header, its value after ``userid_prefix``, or a bearer token of
+authenticated (the user id header and prefix ``userid`` names: ``kubeflow-userid`` and "" as Kubeflow's multi-user
+install sets them, ``SERVER_DEFAULT`` where a deployment leaves them unset; or a bearer token of
 ``token_for(user)`` that the Kubernetes TokenReview API accepts for the audience ``pipelines.kubeflow.org``; neither:
 401) and authorized (the user must be one
 ``grant(user, namespace)`` named, as a SubjectAccessReview allows a profile's contributors: else 403); a run, a
@@ -94,10 +95,19 @@ EQUALS = (1, "EQUALS")  # api.Filter's Predicate.Operation EQUALS (kfp's _FILTER
 VERSIONS = ("2.15.0", "2.16.0", "2.17.0")  # the releases whose v2 driver this emulator follows (_placeholders)
 CREATE_TIME, SCHEDULE_TIME = "{{$.pipeline_job_create_time_utc}}", "{{$.pipeline_job_schedule_time_utc}}"
 USERID_HEADER, AUDIENCE = "kubeflow-userid", "pipelines.kubeflow.org"  # multi-user mode's identities (_identity)
-# The API server's own defaults, where KUBEFLOW_USERID_HEADER and KUBEFLOW_USERID_PREFIX are unset: Google IAP's header
-# and prefix (GoogleIAPUserIdentityHeader, GoogleIAPUserIdentityPrefix in backend/src/apiserver/common/const.go,
-# GetKubeflowUserIDHeader/GetKubeflowUserIDPrefix in common/config.go, kubeflow/pipelines at 2.15.0 and 2.17.0).
-IAP_USERID_HEADER, IAP_USERID_PREFIX = "x-goog-authenticated-user-email", "accounts.google.com:"
+# The user id header and the prefix stripped from its value, a pair the API server reads from KUBEFLOW_USERID_HEADER
+# and KUBEFLOW_USERID_PREFIX: Kubeflow's multi-user install sets them to kubeflow-userid and ""
+# (manifests/kustomize/base/installs/multi-user/api-service/deployment-patch.yaml at 2.15.0; at 2.17.0 the same from
+# pipeline-install-config's USERID_HEADER and USERID_PREFIX, manifests/kustomize/base/installs/generic/
+# pipeline-install-config.yaml, read with ``optional: true``). Where they are unset (a deployment without them, or at
+# 2.17.0 a pipeline-install-config without those keys) the server's own defaults hold, Google IAP's header and prefix
+# together: ``GetKubeflowUserIDHeader``/``GetKubeflowUserIDPrefix`` in backend/src/apiserver/common/config.go (lines
+# 137-143 at 2.15.0, 197-203 at 2.17.0) fall back to ``GoogleIAPUserIdentityHeader``/``GoogleIAPUserIdentityPrefix``
+# (common/const.go:48-49 at both). The HTTP gateway passes on to the API only the header the server names
+# (``grpcCustomMatcher`` in backend/src/apiserver/main.go, lines 240-245 at 2.15.0, 265-273 at 2.17.0), so a
+# ``kubeflow-userid`` sent to a server on its defaults is no identity at all.
+MULTI_USER_INSTALL = (USERID_HEADER, "")
+SERVER_DEFAULT = ("x-goog-authenticated-user-email", "accounts.google.com:")
 
 
 class KfpError(HttpError):
@@ -165,9 +175,9 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         self.multi_user = multi_user
         self.contributors: dict[str, set[str]] = {}  # namespace -> the users a SubjectAccessReview allows there
         self._reviewed: dict[str, tuple[str, tuple[str, ...]]] = {}  # token -> (user, audiences): its TokenReview
-        # The user id header and the prefix stripped from its value (KUBEFLOW_USERID_HEADER, KUBEFLOW_USERID_PREFIX):
-        # as the multi-user install sets them (``_identity``); IAP_USERID_* where a deployment leaves them unset.
-        self.userid_header, self.userid_prefix = USERID_HEADER, ""
+        # The user id header and the prefix stripped from its value (KUBEFLOW_USERID_HEADER, KUBEFLOW_USERID_PREFIX),
+        # set together: as the multi-user install sets them, or SERVER_DEFAULT (``_identity``).
+        self.userid: tuple[str, str] = MULTI_USER_INSTALL
         self.identities: list[tuple[str, str | None]] = []  # (method path, its user id header) of each request
         self._request: BaseHTTPRequestHandler | None = None  # the request being answered (under the lock)
         self.pipelines: dict[str, dict] = {}
@@ -332,7 +342,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
     def _route(self, http: BaseHTTPRequestHandler, raw: bytes) -> tuple:
         url = urlparse(http.path)
         path, query = url.path.removeprefix(PREFIX), {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.identities.append((f"{http.command} {path}", http.headers.get(self.userid_header)))
+        self.identities.append((f"{http.command} {path}", http.headers.get(self.userid[0])))
         if path == "healthz":
             # The healthz handler's JSON (newHealthzResponse in backend/src/apiserver/main.go): the release is the
             # deployment's TAG_NAME. The API's GetHealthzResponse declares multi_user alone
@@ -367,8 +377,9 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         loop over ``GetAuthenticators``: https://github.com/kubeflow/pipelines/blob/2.17.0/backend/src/apiserver/
         resource/resource_manager.go#L2308-L2341, backend/src/apiserver/auth/auth.go#L35-L45, the same at 2.15.0):
         the user id header (``KUBEFLOW_USERID_HEADER``, ``kubeflow-userid`` in the multi-user install's
-        pipeline-install-config, its value after the prefix ``KUBEFLOW_USERID_PREFIX``, "" there: ``userid_header``
-        and ``userid_prefix``; a value without the prefix is "incorrectly formatted":
+        pipeline-install-config, its value after the prefix ``KUBEFLOW_USERID_PREFIX``, "" there; the pair
+        ``userid``, ``SERVER_DEFAULT`` where they are unset; any other header is not passed on to the API, so it is
+        as absent; a value without the prefix is "incorrectly formatted":
         ``singlePrefixedHeaderFromMetadata`` in backend/src/apiserver/auth/util.go), which Istio lets through only
         from Kubeflow's own services (manifests/kustomize/base/installs/multi-user/istio-authorization-config.yaml),
         then a bearer token the
@@ -377,7 +388,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
         Neither: 401 (``NewUnauthenticatedError``), with each authenticator's reason."""
         http, failed = self._request, []
         assert http is not None
-        for header, prefix in ((self.userid_header, self.userid_prefix), ("Authorization", "Bearer ")):
+        for header, prefix in (self.userid, ("Authorization", "Bearer ")):
             values = http.headers.get_all(header) or []
             if len(values) != 1:
                 failed.append(
@@ -387,7 +398,7 @@ class KfpEmulator(HttpEmulator, PipelineRunner):
                 )
             elif not values[0].startswith(prefix):
                 failed.append(f"Header '{header}' is incorrectly formatted. Expected prefix '{prefix}'")
-            elif header == self.userid_header:
+            elif header == self.userid[0]:
                 return values[0][len(prefix) :]
             else:
                 user, audiences = self._reviewed.get(values[0][len(prefix) :], ("", ()))

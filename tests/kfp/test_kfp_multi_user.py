@@ -191,32 +191,34 @@ def test_with_the_user_id_header_every_request_is_the_users_and_the_runs_are_mad
     kfp.server.wait(kfp_run, timeout_s=300)
 
 
-def test_without_the_header_or_with_another_prefix_the_server_refuses_with_its_message(multi_user, tmp_path, tpupipe):
-    """A request with no identity is the server's 401 with each authenticator's reason; a server that strips a
-    prefix (``KUBEFLOW_USERID_PREFIX``; ``accounts.google.com:`` where it is left unset) refuses a value without it,
-    and takes it once ``--kfp-user-prefix`` says it."""
+def test_without_the_header_or_on_a_server_left_at_its_defaults_the_server_refuses(multi_user, tmp_path, tpupipe):
+    """A request with no identity is the server's 401 with each authenticator's reason. A server whose user id header
+    and prefix are left unset reads Google IAP's pair, ``x-goog-authenticated-user-email`` and
+    ``accounts.google.com:``, and its gateway passes no other header on: ``kubeflow-userid`` is no identity there
+    (401, "there is no user identity header"), and ``--kfp-auth token`` reaches it."""
     from components.cloud import kfp as kfp_cloud
     from components.spec import InfraError
     from pipelines.backends.kfp import jobs as kfp_backend
+    from tests.emulators.kfp import SERVER_DEFAULT
 
     kfp = multi_user
     place = kfp_backend.Place(kfp.host, namespace=NAMESPACE)
-    with pytest.raises(InfraError) as raised:
-        kfp_backend.runs(kfp_cloud.client(kfp.host, NAMESPACE), place)
-    assert (
+    empty = (
         "the Kubeflow Pipelines API refused: 401 Failed to check authorization. User identity is empty in the request "
         "header: [Request header error: there is no user identity header., Request header error: there is no user "
         "identity header.] (check --kfp-auth)"
-    ) in str(raised.value)
+    )
+    with pytest.raises(InfraError) as raised:
+        kfp_backend.runs(kfp_cloud.client(kfp.host, NAMESPACE), place)
+    assert empty in str(raised.value)
 
-    kfp.server.userid_prefix = "accounts.google.com:"
-    host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE, "--kfp-auth", "userid", "--kfp-user", USER]
-    code, out, err = tpupipe("runs", "list", *host)
-    said = "Header 'kubeflow-userid' is incorrectly formatted. Expected prefix 'accounts.google.com:'"
-    assert code == 1 and said in err, out + err
-    code, out, err = tpupipe("runs", "list", *host, "--kfp-user-prefix", "accounts.google.com:")
+    kfp.server.userid = SERVER_DEFAULT
+    host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
+    code, out, err = tpupipe("runs", "list", *host, "--kfp-auth", "userid", "--kfp-user", USER)
+    assert code == 1 and empty.removeprefix("the Kubeflow Pipelines API refused: ") in err, out + err
+    token = ["--kfp-auth", "token", "--kfp-token-file", token_file(kfp, tmp_path)]
+    code, out, err = tpupipe("runs", "list", *host, *token)
     assert code == 0, out + err
-    assert kfp.server.identities[-1][1] == f"accounts.google.com:{USER}"
     assert kfp.server.jobs == {} and kfp.server.pipelines == {}
 
 
@@ -225,7 +227,7 @@ def test_kfp_user_and_kfp_auth_userid_go_together(multi_user, tpupipe):
     host = ["--kfp-host", kfp.host, "--kfp-namespace", NAMESPACE]
     for extra, said in (
         (["--kfp-user", USER], "--kfp-user: is for --kfp-auth userid, not --kfp-auth none"),
-        (["--kfp-auth", "token", "--kfp-user-prefix", "x:"], "--kfp-user-prefix: is for --kfp-auth userid"),
+        (["--kfp-auth", "sa-token", "--kfp-trust-user-header"], "--kfp-trust-user-header: is for --kfp-auth userid"),
         (["--kfp-auth", "userid"], "--kfp-user: --kfp-auth userid sends this user's e-mail in the kubeflow-userid "
          "header: none is given"),
         (["--kfp-auth", "userid", "--kfp-user", "alice"], "--kfp-user: --kfp-auth userid sends this user's e-mail in "
@@ -233,6 +235,12 @@ def test_kfp_user_and_kfp_auth_userid_go_together(multi_user, tpupipe):
     ):  # fmt: skip
         code, out, err = tpupipe("submit", "local-fsdp", "--set", OVERRIDES, *host, *extra)
         assert code == 2 and said in err, out + err
+    code, out, err = tpupipe(
+        "submit", "local-fsdp", "--set", OVERRIDES, "--kfp-host", "https://kfp.example.com", "--kfp-namespace",
+        NAMESPACE, "--kfp-auth", "userid", "--kfp-user", USER,
+    )  # fmt: skip
+    assert code == 2 and "--kfp-auth: userid sends a user id header that https://kfp.example.com would take" in err
+    assert "--kfp-auth token --kfp-token-file FILE" in err and "--kfp-trust-user-header" in err, out + err
     assert kfp.server.identities == []  # refused before any call
 
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from components.spec import datasets
 from components.spec.names import run_id_from
 from tests.emulators.project import PROJECT
 from tests.kfp.conftest import start_kfp
@@ -105,3 +106,22 @@ def test_a_run_no_schedule_started_takes_its_date_from_the_create_time_where_fil
     log = kfp.server.run(kfp_run).logs["snapshot-data"]
     source = "the schedule time" if expected else "this task's start"
     assert f"{{date}} is {today:%Y-%m-%d}, from {source}" in log, log
+
+
+def test_a_schedule_of_the_days_own_table_is_created_with_a_warning_line(project_factory, tmp_path, tpupipe):
+    """``events_{date:%Y%m%d}`` is the schedule's own day's table, likely still being written when the run reads it:
+    the schedule is created, and one warning line says so; ``events_{date-1:%Y%m%d}`` earns none."""
+    kfp = start_kfp(project_factory(polls_to_done=1), tmp_path, version="2.17.0")
+    tables = (("today", "events_{date:%Y%m%d}", True), ("day-before", "events_{date-1:%Y%m%d}", False))
+    for name, table, warned in tables:
+        dataset = f"bq://{PROJECT}.events.{table}"
+        code, out, err = tpupipe(
+            *("schedule", "create", name, "local-fsdp", "--set", OVERRIDES, "--kfp-host", kfp.host),
+            *("--cron", "0 3 * * *", "--dataset", dataset, "--data-since", "champion", "--project", PROJECT),
+            "--set", "train.dataset_time_column=ingested",
+        )  # fmt: skip
+        assert code == 0 and f"recurring run {name} created" in out, out + err
+        lines = [line for line in err.splitlines() if "the schedule's own day" in line]
+        said = datasets.same_day_table(dataset)
+        assert said.startswith(f"train.dataset {dataset} is the table of the schedule's own day") == warned
+        assert lines == ([f"tpupipe: warning: {said}"] if warned else []), err

@@ -13,7 +13,7 @@ from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.data import bigquery as data
 from components.spec import SpecError
 from tests.emulators.bigquery import BigQueryEmulator
-from tests.emulators.bigquery_storage import BigQueryStorageEmulator
+from tests.emulators.bigquery_storage import BigQueryStorageEmulator, Fault
 
 PROJECT, TOKEN = "tpupipe-data", "t0ken"
 TABLE = f"{PROJECT}.examples.dolly"
@@ -114,6 +114,7 @@ def test_a_snapshot_opens_one_read_session_and_streams_its_rows_as_json(bq):
         "time_type": "TIMESTAMP",
         "after": None,
         "max_time": None,
+        "incremental": False,
     }
     assert bq.calls == ["tables.get"] and bq.storage.calls == ["CreateReadSession"]  # no query, no scan
     request = session(bq).request
@@ -547,3 +548,124 @@ def test_a_dated_table_is_the_days_table_and_a_missing_one_a_day_without_a_drop(
     assert e.value.field == FIELD
     with pytest.raises(SpecError, match="does not exist"):  # an undated table not there is never a day's absence
         take(f"bq://{PROJECT}.examples.events_19990101", tomorrow, since)
+
+
+def dated_days(bq) -> tuple[datetime, datetime]:
+    """Two days' tables, ``events_DAY1`` and ``events_DAY2`` (yesterday's and the day before's): day 1's 10 rows
+    ingested up to its mark, day 2's 20 rows all ingested at or below that mark (a re-export, a table a source
+    updates for days, another time zone's clock)."""
+    day2 = (NOW - 24 * HOUR).replace(hour=0, minute=0, second=0, microsecond=0)
+    day1 = day2 - 24 * HOUR
+    mark = day1 + 5 * HOUR
+    bq.create_table(f"{PROJECT}.examples.events_{day1:%Y%m%d}", SCHEMA, at=day1)
+    bq.insert(
+        f"{PROJECT}.examples.events_{day1:%Y%m%d}",
+        [example(n, mark - n * HOUR) for n in range(10)],
+        at=day1 + 5 * HOUR,
+    )
+    bq.create_table(f"{PROJECT}.examples.events_{day2:%Y%m%d}", SCHEMA, at=day2)
+    bq.insert(
+        f"{PROJECT}.examples.events_{day2:%Y%m%d}",
+        [example(n, mark - (n % 7) * HOUR) for n in range(100, 120)],
+        at=day2 + HOUR,
+    )
+    return day1, day2
+
+
+DATED = f"{PROJECT}.examples.events_{{date:%Y%m%d}}"
+
+
+def test_a_dated_tables_new_day_is_read_whole_and_the_same_table_again_by_commit_time(bq, tmp_path):
+    """With ``train.data_since=champion``, the champion's mark (``max_time``) is of the table it read: day 2's table,
+    every row of which has a time at or below day 1's mark, is read whole (20 of 20 rows: no APPENDS, no ``after``),
+    and its manifest's mark is its own; the same table read again the next run is read by commit time (APPENDS since
+    the champion's snapshot), as an undated table is."""
+    from components.data import snapshot
+
+    day1, day2 = dated_days(bq)
+    spec, logs = run_spec(tmp_path, DATED), []
+    first, train, _ = snapshot.take(spec, day1 + 6 * HOUR, log=logs.append)
+    assert len(train) == 10 and first["max_time"] == (day1 + 5 * HOUR).isoformat().replace("+00:00", "Z")
+    second, train, _ = snapshot.take(spec, day2 + 6 * HOUR, first, "m@1", log=logs.append)
+    assert sorted(int(e["response"]) for e in train) == list(range(100, 120))  # 20 of 20
+    table = second["train"]["table"]
+    assert table["table"] == f"{PROJECT}.examples.events_{day2:%Y%m%d}" and table["num_rows"] == 20
+    assert table["after"] is None and "appended_after" not in table and bq.jobs == {}
+    assert session(bq).request.read_session.read_options.row_restriction == ""  # no ingestion time past a mark
+    said = f"events_{day2:%Y%m%d} is not the table the champion read (bq://{PROJECT}.examples.events_{day1:%Y%m%d})"
+    assert said in "\n".join(logs)
+    assert second["max_time"] == (day1 + 5 * HOUR).isoformat().replace("+00:00", "Z")  # its own rows' largest
+
+    late = f"{PROJECT}.examples.events_{day2:%Y%m%d}"
+    bq.insert(late, [example(150, day1)], at=day2 + 12 * HOUR)  # committed since, with an old ingestion time
+    third, train, _ = snapshot.take(spec, day2 + 18 * HOUR, second, "m@2", log=logs.append)
+    assert [e["instruction"] for e in train] == ["Say 150."]
+    assert third["train"]["table"]["appended_after"] == table["snapshot_time"]
+    (job,) = bq.jobs.values()
+    assert f"FROM APPENDS(TABLE `{late}`, @start, @end)" in job.resource["configuration"]["query"]["query"]
+    assert third["max_time"] == second["max_time"]  # the same table's mark, kept
+
+
+def test_a_mark_of_another_table_is_never_applied_even_where_appends_cannot_answer(bq, tmp_path):
+    """The column mode (``after``) too reads only past the mark of the table it is given: a champion that read day
+    1's table and a run of day 2's table with another filter reads day 2's table whole under that filter."""
+    from components.data import snapshot
+
+    day1, day2 = dated_days(bq)
+    first, _, _ = snapshot.take(run_spec(tmp_path, DATED), day1 + 6 * HOUR, log=lambda line: None)
+    filtered = run_spec(tmp_path, DATED, "train.dataset_filter=category=math")
+    second, train, _ = snapshot.take(filtered, day2 + 6 * HOUR, first, "m@1", log=lambda line: None)
+    assert sorted(int(e["response"]) for e in train) == list(range(101, 120, 2))
+    assert second["train"]["table"]["after"] is None
+
+
+def test_an_empty_table_of_a_new_day_is_a_day_with_nothing_new(bq, tmp_path):
+    """Day 2's table there but empty, with a champion of day 1's: nothing new, the run skipped, as a day whose table
+    is not there is."""
+    from components.data import snapshot
+
+    day2 = (NOW - 24 * HOUR).replace(hour=0, minute=0, second=0, microsecond=0)
+    day1 = day2 - 24 * HOUR
+    bq.create_table(f"{PROJECT}.examples.events_{day1:%Y%m%d}", SCHEMA, at=day1)
+    bq.insert(f"{PROJECT}.examples.events_{day1:%Y%m%d}", [example(1, day1)], at=day1 + HOUR)
+    bq.create_table(f"{PROJECT}.examples.events_{day2:%Y%m%d}", SCHEMA, at=day2)
+    first, _, _ = snapshot.take(run_spec(tmp_path, DATED), day1 + 6 * HOUR, log=lambda line: None)
+    second, train, _ = snapshot.take(run_spec(tmp_path, DATED), day2 + 6 * HOUR, first, "m@1", log=lambda line: None)
+    assert second["skip"].startswith("no examples since champion m@1") and train == []
+
+
+@pytest.mark.parametrize("where", ["CreateReadSession", "the first stream", "a stream after rows", "APPENDS"])
+def test_a_not_found_after_the_tables_lookup_is_an_error_never_a_day_without_a_drop(bq, tmp_path, where):
+    """Only tables.get's NotFound for the day's table is a day without a drop: a NotFound from the read session, a
+    stream (before any row, or after some) or the APPENDS query is an InfraError that names the field and the table,
+    never a skipped run, never a half-read manifest."""
+    import grpc
+
+    from components.data import snapshot
+    from components.spec import InfraError
+
+    day1, day2 = dated_days(bq)
+    bq.storage.batch_rows = 5
+    spec = run_spec(tmp_path, DATED)
+    first, _, _ = snapshot.take(spec, day1 + 6 * HOUR, log=lambda line: None)
+    gone = f"Not found: Table {PROJECT}:examples.events_{day2:%Y%m%d}"
+    when, champion = day2 + 6 * HOUR, first
+    if where == "CreateReadSession":
+        bq.storage.faults.append(Fault("CreateReadSession", grpc.StatusCode.NOT_FOUND, gone))
+    elif where == "the first stream":
+        bq.storage.faults.append(Fault("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream"))
+    elif where == "a stream after rows":
+        after_rows = lambda r: r.read_stream.endswith("/streams/1")  # noqa: E731
+        bq.storage.faults.append(Fault("ReadRows", grpc.StatusCode.NOT_FOUND, "Not found: Stream", when=after_rows))
+    else:  # the same table again: read by APPENDS, whose query finds it gone
+        champion, _, _ = snapshot.take(spec, when, first, "m@1", log=lambda line: None)
+        when = day2 + 18 * HOUR
+        bq.fail("jobs.query", 404, message=gone)
+    bq.storage.calls.clear()
+    with pytest.raises(InfraError) as raised:
+        snapshot.take(spec, when, champion, "m@1", log=lambda line: None)
+    said = str(raised.value)
+    assert said.startswith(f"train.dataset: {PROJECT}.examples.events_{day2:%Y%m%d} was there when the run looked")
+    assert "a new run reads it again" in said
+    if where == "a stream after rows":
+        assert bq.storage.calls.count("ReadRows") == 1  # stream 0's five rows were read before stream 1 failed

@@ -93,3 +93,63 @@ def test_a_format_a_table_name_refuses_is_read_in_paths():
     for dataset in ("gs://acme-sft/drops/{date:%Y/%m/%d}/", "/data/sft/{date-1:%Y/%m/%d}/"):
         validate(resolve("local-fsdp", f"train.dataset={dataset}"))
     validate(resolve("local-fsdp", "train.dataset=bq://p.d.events_{date-1:%Y%m%d}"))
+
+
+def test_names_are_the_c_locales_english_for_every_day_and_month():
+    """``%a %A %b %B`` are rendered from fixed English names (the C locale's), not by strftime's LC_TIME."""
+    days = [datetime(2026, 3, 2, tzinfo=UTC) + timedelta(days=n) for n in range(7)]  # a Monday, then the week
+    assert [datasets.render("{date:%A %a}", day) for day in days] == [
+        "Monday Mon", "Tuesday Tue", "Wednesday Wed", "Thursday Thu", "Friday Fri", "Saturday Sat", "Sunday Sun",
+    ]  # fmt: skip
+    months = [datetime(2026, month, 15, tzinfo=UTC) for month in range(1, 13)]
+    assert [datasets.render("{date:%b}", month) for month in months] == [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]  # fmt: skip
+    assert datasets.render("{date-1:%B %d, %Y (%%b)}", WHEN) == "February 28, 2026 (%b)"
+
+
+def test_names_do_not_follow_the_process_locale():
+    """A library that calls setlocale (matplotlib does) does not move a dataset's path: with LC_TIME German or
+    French, ``{date:%A %B}`` is still English. Needs one such locale installed on the machine."""
+    import locale
+
+    before = locale.setlocale(locale.LC_TIME)
+    for name in ("de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8", "es_ES.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_TIME, name)
+        except locale.Error:
+            continue
+        try:
+            assert WHEN.strftime("%A %B") != "Sunday March"  # the locale does rename them
+            assert datasets.render("gs://b/{date:%A-%B}/", WHEN) == "gs://b/Sunday-March/"
+        finally:
+            locale.setlocale(locale.LC_TIME, before)
+        return
+    pytest.skip("no German, French or Spanish locale installed (locale -a)")
+
+
+def test_a_fixed_evaluation_set_with_a_date_form_is_refused_naming_the_field():
+    """A fixed evaluation set is the one yardstick of every run: a dated one would be another set each day, which the
+    evaluate stage refuses against the champion's on every run after the first."""
+    for dataset in ("gs://acme-sft/eval/{date}/", "bq://p.d.eval_{date-1:%Y%m%d}", "/data/eval-{date:%Y%m}.jsonl"):
+        with pytest.raises(SpecError, match="a fixed evaluation set is the same examples on every run") as raised:
+            validate(resolve("local-fsdp", f"train.dataset=gs://acme-sft/train/ train.eval_dataset={dataset}"))
+        assert raised.value.field == "train.eval_dataset"
+
+
+def test_a_table_of_the_schedules_own_day_earns_a_warning_line(capsys):
+    """``events_{date:%Y%m%d}`` is today's table (UTC), which its writer is likely still filling when a daily schedule
+    reads it: `tpupipe validate` says so in one warning line and goes on; ``{date-1:...}`` and dated paths do not."""
+    from pipelines.cli.main import main
+
+    today = "bq://p.d.events_{date:%Y%m%d}"
+    said = datasets.same_day_table(today)
+    assert said.startswith(f"train.dataset {today} is the table of the schedule's own day (UTC)")
+    assert "{date-1:...} reads the day before's" in said
+    for other in ("bq://p.d.events_{date-1:%Y%m%d}", "bq://p.d.events", "gs://acme-sft/drops/{date}/"):
+        assert datasets.same_day_table(other) == ""
+    assert main(["validate", "local-fsdp", "--set", f"train.dataset={today}"]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"tpupipe: warning: {said}"
+    assert main(["validate", "local-fsdp", "--set", "train.dataset=bq://p.d.events_{date-1:%Y%m%d}"]) == 0
+    assert capsys.readouterr().err == ""

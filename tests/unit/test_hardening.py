@@ -42,13 +42,17 @@ def test_every_cloud_build_runs_the_docker_builder_by_digest():
         ("http://127.0.0.1:8888", "iap", False, False),
         ("http://127.8.9.10:8888", "iap", False, False),
         ("http://[::1]:8888", "iap", False, False),
-        ("http://kfp.example.com:8888", "userid", False, True),  # the user id header acts as its user
         ("http://localhost:8888", "userid", False, False),  # a port-forward: what userid is for
+        ("http://kfp.example.com:8888", "userid", False, True),  # trusted, yet the user id header in clear text
+        ("http://kfp.example.com:8888", "userid", True, False),
     ],
 )
 def test_a_bearer_token_goes_over_plain_http_only_to_this_machine_or_with_insecure(host, auth, insecure, refused):
     user = "alice@example.com" if auth == "userid" else ""
-    place = Place(host, auth=auth, iap_client_id="client.apps.googleusercontent.com", insecure=insecure, user=user)
+    place = Place(
+        host, auth=auth, iap_client_id="client.apps.googleusercontent.com", insecure=insecure, user=user,
+        trust_user_header=auth == "userid",
+    )  # fmt: skip
     if not refused:
         check_place(place)
         return
@@ -56,6 +60,35 @@ def test_a_bearer_token_goes_over_plain_http_only_to_this_machine_or_with_insecu
     with pytest.raises(SpecError, match=f"would send {sent} in clear text") as raised:
         check_place(place)
     assert raised.value.field == "--kfp-host" and "--insecure" in raised.value.valid
+
+
+@pytest.mark.parametrize(
+    ("host", "trusted", "refused"),
+    [
+        ("http://localhost:8888", False, False),  # a kubectl port-forward to the API server
+        ("http://127.0.0.1:8888", False, False),
+        ("http://[::1]:8888", False, False),
+        ("https://kfp.example.com", False, True),  # the header reaches whatever the network lets reach the server
+        ("http://10.0.0.7:8888", False, True),
+        ("https://kfp.example.com", True, False),  # --kfp-trust-user-header: the user vouches for the path
+    ],
+)
+def test_the_user_id_header_goes_only_to_this_machine_unless_the_path_is_trusted(host, trusted, refused):
+    """The server takes the user id header at its word (kubeflow/pipelines backend/src/apiserver/auth/util.go), so
+    ``--kfp-auth userid`` is refused, naming ``--kfp-auth`` and pointing to ``token``, before any call to a host that
+    is not this machine, unless ``--kfp-trust-user-header`` says the path there is trusted; the flag goes with
+    ``userid`` alone."""
+    place = Place(host, auth="userid", user="alice@example.com", insecure=True, trust_user_header=trusted)
+    if not refused:
+        check_place(place)
+        return
+    with pytest.raises(SpecError, match="userid sends a user id header that .* would take at its word") as raised:
+        check_place(place)
+    assert raised.value.field == "--kfp-auth" and "--kfp-trust-user-header" in raised.value.valid
+    assert raised.value.valid[0].startswith("--kfp-auth token --kfp-token-file FILE")
+    with pytest.raises(SpecError, match="is for --kfp-auth userid, not --kfp-auth none") as raised:
+        check_place(Place("https://kfp.example.com", trust_user_header=True))
+    assert raised.value.field == "--kfp-trust-user-header"
 
 
 HF = "hf_SENTINEL0123456789abcdefTOKEN"

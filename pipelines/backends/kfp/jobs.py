@@ -16,10 +16,14 @@ token from a file (``--kfp-auth token --kfp-token-file``: a multi-user server fr
 ID token for an endpoint behind Identity-Aware Proxy (its OAuth client id as the audience, sent as the bearer token:
 https://cloud.google.com/iap/docs/authentication-howto), or a user's e-mail in the user id header (``--kfp-auth
 userid --kfp-user``: ``USERID_HEADER``, set on the client's one ``ApiClient``, so every API sends it). The header is
-an identity the server believes as it is: Kubeflow's Istio policy lets it reach the API server only from Kubeflow's
-own services (manifests/kustomize/base/installs/multi-user/istio-authorization-config.yaml at 2.17.0), and the
-cluster's gateway sets it from the user's login; sent by tpupipe, it is for a ``kubectl port-forward`` to the API
-server, where whoever may port-forward there is trusted already. A multi-user server (its healthz says ``multi_user``)
+no credential: the server takes the user it names at its word (``singlePrefixedHeaderFromMetadata`` in
+backend/src/apiserver/auth/util.go at 2.15.0 and 2.17.0 checks its count and prefix, nothing else), and only
+Kubeflow's Istio policy keeps others from sending it (manifests/kustomize/base/installs/multi-user/
+istio-authorization-config.yaml at 2.17.0; where such a policy is missing, anyone is anyone:
+https://github.com/kubeflow/kubeflow/pull/7032). So ``userid`` goes only to a loopback host, a ``kubectl
+port-forward`` to the API server (whoever may port-forward there is trusted already), unless
+``--kfp-trust-user-header`` says the network path to another host is trusted (``check_place``); ``token`` is the way
+from outside the cluster. A multi-user server (its healthz says ``multi_user``)
 authenticates every request on a namespace: a ``kubeflow-userid`` header, which its Istio policy accepts only from
 Kubeflow's own services, or a bearer token that the Kubernetes TokenReview API authenticates for the audience
 ``pipelines.kubeflow.org`` (``GetAuthenticators``, backend/src/apiserver/auth/auth.go in kubeflow/pipelines at 2.15.0
@@ -58,11 +62,12 @@ AUTHS = ("none", "sa-token", "token", "iap", "userid")
 # backend/src/apiserver/common/config.go, read by ``NewHTTPHeaderAuthenticator`` in backend/src/apiserver/auth/auth.go,
 # kubeflow/pipelines at 2.15.0 and 2.17.0), which the multi-user install sets to ``kubeflow-userid`` and ""
 # (manifests/kustomize/base/installs/multi-user/api-service/deployment-patch.yaml at 2.15.0;
-# manifests/kustomize/base/installs/generic/pipeline-install-config.yaml, USERID_HEADER and USERID_PREFIX, at 2.17.0).
-# Unset, the server reads Google IAP's ``x-goog-authenticated-user-email`` with the prefix ``accounts.google.com:``
-# (GoogleIAPUserIdentityHeader, GoogleIAPUserIdentityPrefix in common/const.go): --kfp-user-prefix says which.
+# manifests/kustomize/base/installs/generic/pipeline-install-config.yaml, USERID_HEADER and USERID_PREFIX, at 2.17.0):
+# the one pair ``--kfp-auth userid`` sends. A server where they are unset reads Google IAP's
+# ``x-goog-authenticated-user-email`` with the prefix ``accounts.google.com:`` instead (GoogleIAPUserIdentityHeader,
+# GoogleIAPUserIdentityPrefix in common/const.go), and its gateway passes no other header on (``grpcCustomMatcher``
+# in backend/src/apiserver/main.go): ``--kfp-auth token`` reaches it.
 USERID_HEADER = "kubeflow-userid"
-IAP_USERID_PREFIX = "accounts.google.com:"
 # An e-mail address as Kubeflow names a profile's owner and contributors (a Profile's spec.owner name, the
 # contributors' user e-mails: https://www.kubeflow.org/docs/components/central-dash/profiles/).
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -89,7 +94,7 @@ class Place:
     insecure: bool = False  # --insecure: a token may go to a plain-HTTP host that is not this machine
     token_file: str = ""  # --kfp-token-file: the bearer token of --kfp-auth token
     user: str = ""  # --kfp-user: the user --kfp-auth userid names in the user id header
-    user_prefix: str = ""  # --kfp-user-prefix: what the server strips from the header's value (KUBEFLOW_USERID_PREFIX)
+    trust_user_header: bool = False  # --kfp-trust-user-header: userid may go to a host that is not this machine
 
 
 # The loopback names: a plain-HTTP request to one of them never leaves this machine (a `kubectl port-forward` carries
@@ -109,6 +114,18 @@ def check_place(place: Place) -> None:
         loopback = url.hostname in LOOPBACK or ipaddress.ip_address(url.hostname).is_loopback
     except ValueError:  # a name, not an address
         loopback = False
+    if place.auth == "userid" and not loopback and not place.trust_user_header:
+        raise SpecError(
+            "--kfp-auth",
+            f"userid sends a user id header that {place.host} would take at its word, which is safe only where "
+            "nothing but Kubeflow's own services can reach the API server with it: a kubectl port-forward to "
+            "localhost, or a network path you trust (docs/kubeflow.md)",
+            [
+                f"--kfp-auth token --kfp-token-file FILE (a token for the audience {TOKEN_AUDIENCE}: recommended)",
+                "--kfp-host http://localhost:PORT through kubectl port-forward -n kubeflow svc/ml-pipeline PORT:8888",
+                "--kfp-trust-user-header",
+            ],
+        )
     # sa-token and iap send a bearer token with every request, which whoever reads the request may replay: "Clients
     # MUST always use TLS (https) or equivalent transport security when making requests with bearer tokens"
     # (RFC 6750, section 5.3: https://www.rfc-editor.org/rfc/rfc6750#section-5.3).
@@ -130,8 +147,8 @@ def check_place(place: Place) -> None:
             + (f"{place.user!r} is not an e-mail address" if place.user else "none is given"),
             ["--kfp-user alice@example.com"],
         )
-    if place.auth != "userid" and (place.user or place.user_prefix):
-        flag = "--kfp-user" if place.user else "--kfp-user-prefix"
+    if place.auth != "userid" and (place.user or place.trust_user_header):
+        flag = "--kfp-user" if place.user else "--kfp-trust-user-header"
         raise SpecError(flag, f"is for --kfp-auth userid, not --kfp-auth {place.auth}", ["--kfp-auth userid"])
     if place.auth == "iap" and not place.iap_client_id:
         raise SpecError("--kfp-iap-client-id", "--kfp-auth iap needs the OAuth client id of the endpoint's IAP")
@@ -196,9 +213,9 @@ def client(place: Place) -> Client:
 
 
 def userid(place: Place) -> dict[str, str]:
-    """The user id header of ``--kfp-auth userid`` (``USERID_HEADER``: the user's e-mail after the prefix the server
-    strips); {} for the other methods."""
-    return {USERID_HEADER: place.user_prefix + place.user} if place.auth == "userid" else {}
+    """The user id header of ``--kfp-auth userid`` (``USERID_HEADER``: the user's e-mail, with no prefix, as the
+    multi-user install reads it); {} for the other methods."""
+    return {USERID_HEADER: place.user} if place.auth == "userid" else {}
 
 
 def _file_token(place: Place) -> str:
