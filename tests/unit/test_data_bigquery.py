@@ -660,7 +660,7 @@ def test_a_not_found_after_the_tables_lookup_is_an_error_never_a_day_without_a_d
     else:  # the same table again: read by APPENDS, whose query finds it gone
         champion, _, _ = snapshot.take(spec, when, first, "m@1", log=lambda line: None)
         when = day2 + 18 * HOUR
-        bq.fail("jobs.query", 404, message=gone)
+        bq.fail("jobs.insert", 404, message=gone)  # Client.query: jobs.insert
     bq.storage.calls.clear()
     with pytest.raises(InfraError) as raised:
         snapshot.take(spec, when, champion, "m@1", log=lambda line: None)
