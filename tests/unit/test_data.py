@@ -67,11 +67,12 @@ def test_every_generated_example_fits_the_max_length_of_each_preset_that_generat
 
     examples = [ex for split in data.generate(5000, 500, seed=0).values() for ex in split]
     longest = max(1 + len(data.format_example(ex)) + 1 for ex in examples)
-    lengths = {}
-    for name in presets.PRESETS:
-        spec = resolve(name)
-        if spec.train.dataset == "generated":
-            lengths[name] = spec.maxtext.max_target_length if spec.train.workload == "maxtext" else spec.train.max_length
+    specs = {name: resolve(name) for name in presets.PRESETS}
+    lengths = {
+        name: s.maxtext.max_target_length if s.train.workload == "maxtext" else s.train.max_length
+        for name, s in specs.items()
+        if s.train.dataset == "generated"
+    }
     assert {"local-fsdp", "local-maxtext"} <= set(lengths)
     assert all(length >= longest + 4 for length in lengths.values()), (longest, lengths)
 

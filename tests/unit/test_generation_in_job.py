@@ -147,6 +147,4 @@ def test_a_scorer_that_raises_names_itself_and_the_example(tmp_path):
     proc = _run(tmp_path, "team_scorer:picky")
     assert proc.returncode != 0
     said = f"RANK0 ScorerError: eval.scorer team_scorer:picky: raised on example {first}: ZeroDivisionError"
-    assert said in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-3000:]
-    )
+    assert said in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
