@@ -249,7 +249,10 @@ def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_s
 
 def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     """The second run's champion answered the same prompts under the same generation key in the first run: its
-    recorded answers are read back, no evaluation job starts, and the trained model is compared with them."""
+    recorded answers are read back, no evaluation job starts, and the trained model is compared with them. Its 32
+    further steps (80 in all) carry the facts to the held-out phrasings: its exact match is clearly above the
+    majority answer's share, where the first run's 48 steps were not. Measured on this setup, seed 0: 0.609 (5
+    countries of 8) against 0.156, the paired interval over the champion's 0.125 [+0.359, +0.609]."""
     _ok(runs["gate-2"])
     evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
     task = evaluation["task"]
@@ -258,6 +261,11 @@ def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     first = open_registry(runs["root"]).get(MODEL, "1").provenance
     assert task["generation_key"] == first["generation_key"] and task["metrics_other"] == first["task_metrics"]
     assert set(task["comparison"]) == set(first["task_metrics"])
+    answers = runs["gate-2"]["run_dir"] / "eval" / "answers.jsonl"
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    majority = max(collections.Counter(r["reference"] for r in rows).values()) / len(rows)
+    assert task["metrics_after"]["exact_match"] >= majority + 0.25, (task["metrics_after"], majority)
+    assert task["comparison"]["exact_match"]["low"] > 0, task["comparison"]["exact_match"]
 
 
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):
