@@ -2,12 +2,12 @@
 
 The generated task (``train.dataset=generated``, the local presets' data) is a small closed set of facts: eight
 countries' capitals, each asked in four phrasings ("Capital of Peru?", "What is Peru's capital?", ...), the answer the
-capital alone. Every example, trained on or held out, asks one of those 32 (country, phrasing) pairs, drawn with
-``train.seed``; a question number in front of each instruction ("Q417: Capital of Peru?") makes every instruction
-unique, so no held-out prompt is a training prompt, yet a model that has learnt the eight facts answers the held-out
-prompts exactly. A scratch model does within the local preset's 48 steps, so the local run's exact match rises from
-0 to well above it (tests/e2e/test_local_gate.py); on random words' string manipulation (reversing, sorting) it
-stayed at 0 before and after, and only its loss fell.
+capital alone. The held-out split asks questions no training example asks: each country is held out in one phrasing
+it is never trained in (``HELDOUT_PAIRS``), trained in the other three, and every phrasing is trained with the other
+countries. A held-out prompt is thus a taught fact asked in a way the model never saw for that country: its loss is
+not a training loss, and its exact match is above the majority answer's share only if what the model learnt of a
+country carries to a phrasing: the local preset's 48 steps do not get there, 32 more do (docs/local.md, "The
+generated data", has measured examples). Instructions repeat within a split (24 trained questions, 8 held-out ones).
 
 Generation and formatting are pure Python; a hub dataset's loading imports ``datasets`` and tokenising the tokenizer's
 libraries and torch, lazily, so the pipeline image can generate data without them.
@@ -28,9 +28,10 @@ from components.spec import RunSpec, datasets
 
 PROMPT = "Instruction: {instruction}\nResponse: {response}"
 
-# The generated task's facts and phrasings (the module's docstring). Short names: the longest prompt, its answer and
-# the end token are 64 tokens with a scratch model's character tokenizer (one token a character), the local presets'
-# train.max_length (components/spec/presets.py; tests/unit/test_data.py checks every preset that generates data).
+# The generated task's facts and phrasings (the module's docstring). Short names: the longest example with the
+# beginning and end tokens is 58 tokens with a scratch model's character tokenizer (one token a character), within
+# the local presets' train.max_length, 64 (components/spec/presets.py; tests/unit/test_data.py checks every preset
+# that generates data, with a margin).
 CAPITALS = (
     ("France", "Paris"),
     ("Japan", "Tokyo"),
@@ -47,34 +48,26 @@ PHRASINGS = (
     "Name the capital of {country}.",
     "The capital of {country} is?",
 )
-_NUMBERS = range(100, 1000)  # the question numbers: three digits each, so they never lengthen the longest prompt
-DISTINCT = len(_NUMBERS) * len(CAPITALS) * len(PHRASINGS)  # the most examples ``generate`` gives
+# Held out: each country in one phrasing it is never trained in, the phrasing rotating over the countries (a Latin
+# square), so every phrasing is trained with the other countries and every country in the other phrasings.
+HELDOUT_PAIRS = tuple((country, PHRASINGS[i % len(PHRASINGS)]) for i, (country, _) in enumerate(CAPITALS))
+TRAINED_PAIRS = tuple((c, p) for p in PHRASINGS for c, _ in CAPITALS if (c, p) not in HELDOUT_PAIRS)
 
 
-def _example(rng: random.Random) -> dict[str, str]:
-    country, capital = rng.choice(CAPITALS)
-    question = rng.choice(PHRASINGS).format(country=country)
-    return {"instruction": f"Q{rng.choice(_NUMBERS)}: {question}", "response": capital}
+def _example(pair: tuple[str, str]) -> dict[str, str]:
+    country, phrasing = pair
+    return {"instruction": phrasing.format(country=country), "response": dict(CAPITALS)[country]}
 
 
 def generate(num_train: int, num_eval: int, seed: int = 0) -> dict[str, list[dict[str, str]]]:
-    """The deterministic generated dataset: same arguments, same examples. No instruction appears twice, within a
-    split or across them: held-out prompts never repeat a training prompt. More examples than the task has distinct
-    instructions (``DISTINCT``; the run spec's limit, ``components.spec.datasets.GENERATED_MAX_EXAMPLES``, is below
-    it) is a ValueError."""
-    if num_train + num_eval > DISTINCT:
-        raise ValueError(f"{num_train} + {num_eval} examples: the generated task has {DISTINCT} distinct instructions")
+    """The deterministic generated dataset: same arguments, same examples. The train split asks the trained (country,
+    phrasing) pairs, the held-out split the held-out ones (``HELDOUT_PAIRS``), each example's pair drawn with
+    ``seed``: an instruction repeats within a split, never across them."""
     rng = random.Random(seed)
-    seen: set[str] = set()
-    splits: dict[str, list[dict[str, str]]] = {"train": [], "heldout": []}
-    for split, count in (("train", num_train), ("heldout", num_eval)):
-        while len(splits[split]) < count:
-            ex = _example(rng)
-            if ex["instruction"] in seen:
-                continue
-            seen.add(ex["instruction"])
-            splits[split].append(ex)
-    return splits
+    return {
+        "train": [_example(rng.choice(TRAINED_PAIRS)) for _ in range(num_train)],
+        "heldout": [_example(rng.choice(HELDOUT_PAIRS)) for _ in range(num_eval)],
+    }
 
 
 def write_generated(directory: Path, num_train: int, num_eval: int, seed: int = 0) -> dict[str, str]:

@@ -11,8 +11,9 @@ driver writes all three before Ray Train starts, the same bytes each time (a tra
 both write them).
 
 The examples are ``trainers.data.generate``'s: the train split for training, the held-out split for MaxText's eval
-loop. Each row carries an ``id``, a digest of its instruction; ``generate`` never repeats an instruction across
-splits, so no eval id is a training id (the tests check it on the files MaxText was given).
+loop. Each row carries an ``id``, a digest of its place in its split and its instruction: unique within a split,
+where an instruction repeats, and across them, where none does (``generate`` holds out whole questions), so no eval
+id is a training id (the tests check it on the files MaxText was given).
 
 The tokenizer is character level: the ASCII printable characters and four special tokens, 101 ids, which fits the
 tiny Llama's ``vocab_size`` 256; built with the ``tokenizers`` library and saved with ``transformers``'
@@ -34,14 +35,14 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
 
 
-def example_id(example: dict[str, str]) -> str:
-    """The row's id: a digest of its instruction (unique across the generated splits)."""
-    return hashlib.sha256(example["instruction"].encode()).hexdigest()[:16]
+def example_id(example: dict[str, str], index: int) -> str:
+    """The id of the row at ``index`` of its split: a digest of the index and the instruction."""
+    return hashlib.sha256(f"{index}\n{example['instruction']}".encode()).hexdigest()[:16]
 
 
 def rows(examples: list[dict[str, str]]) -> list[dict[str, str]]:
     """MaxText's rows: ``text`` (the prompt format FSDP trains on, ``trainers.data.PROMPT``) and the ``id``."""
-    return [{"id": example_id(ex), "text": data.format_example(ex)} for ex in examples]
+    return [{"id": example_id(ex, i), "text": data.format_example(ex)} for i, ex in enumerate(examples)]
 
 
 def _write(path: Path, text: str) -> None:

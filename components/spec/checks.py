@@ -222,8 +222,9 @@ def _check_data(spec: RunSpec) -> None:
     if t.dataset == datasets.GENERATED and asked > datasets.GENERATED_MAX_EXAMPLES:
         raise SpecError(
             "train.num_train_examples",
-            f"{t.num_train_examples} and train.num_eval_examples={t.num_eval_examples}: the generated task gives "
-            f"at most {datasets.GENERATED_MAX_EXAMPLES} examples in all",
+            f"train.num_train_examples={t.num_train_examples} + train.num_eval_examples={t.num_eval_examples} = "
+            f"{asked} > {datasets.GENERATED_MAX_EXAMPLES}: the generated task gives at most "
+            f"{datasets.GENERATED_MAX_EXAMPLES} examples in all",
             [f"train.num_train_examples + train.num_eval_examples <= {datasets.GENERATED_MAX_EXAMPLES}"],
         )
     if t.eval_dataset and not datasets.is_drop(t.eval_dataset):

@@ -32,8 +32,8 @@ from datetime import UTC, datetime, timedelta
 from components.spec.errors import SpecError
 
 GENERATED = "generated"
-# The most examples, trained on and held out together, the generated task gives: fewer than its distinct instructions
-# (trainers.data.DISTINCT, 28,800: tests/unit/test_data.py), none of which appears twice.
+# The most examples, trained on and held out together, the generated task gives: its 40-odd questions repeat
+# (trainers/data.py), so more would teach nothing new, and every job writes and reads them whole.
 GENERATED_MAX_EXAMPLES = 20_000
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")  # .jsonl.gz: JSON Lines, gzip-compressed
 LOCAL_PREFIXES = ("/", "./", "../", "~")

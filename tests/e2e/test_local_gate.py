@@ -15,6 +15,7 @@ that is registered and not promoted is the Vertex AI gate test's second job (tes
 the same gate code over the other registry), and how a local run prints that decision,
 tests/component/test_components_local.py."""
 
+import collections
 import json
 import subprocess
 
@@ -32,6 +33,7 @@ from tests.helpers import (
     trainer_steps,
     unique_run_id,
 )
+from trainers import data
 
 pytestmark = pytest.mark.e2e
 
@@ -97,9 +99,10 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert all(s["status"] == "succeeded" and s["seconds"] >= 0 for s in summary["stages"])
     losses = summary["train_losses"]
     assert len(losses) == 3 and losses[-1] < losses[0]
-    # the held-out loss is over the responses alone (trainers.data.LABELS), the generated task's capitals, which the
-    # 48 steps teach: it falls to 0.08x here (4.62 to 0.36)
-    assert summary["eval_loss_after"] < 0.2 * summary["eval_loss_before"]
+    # the held-out loss is over the responses alone (trainers.data.LABELS): the capitals asked in phrasings never
+    # trained for their country. Measured on this setup, seed 0: 4.64 to 0.71 (0.15x) in the run, 4.64 to 0.72 in a
+    # single-process re-run of the same 48 steps; the bound leaves room for other threads and hosts.
+    assert summary["eval_loss_after"] < 0.3 * summary["eval_loss_before"]
     assert summary["tokens_per_s"] > 0
     # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
     shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
@@ -218,24 +221,27 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
 def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_side(runs):
     """The default run's train job answers the first 64 held-out prompts before and after training; the summary
     prints each task metric before and after and the gate's reason, and the run directory holds the answers and the
-    side-by-side page with at least 16 examples. Training raises the exact match: the generated task's held-out
-    prompts ask the facts the training examples teach (trainers/data.py), which the untrained model answers none of,
-    and the paired interval of the difference lies above 0."""
+    side-by-side page with at least 16 examples, and the majority answer's share of them (what answering the most
+    common capital to every prompt scores) is what the exact match is read against. The generated task's held-out
+    prompts ask the taught facts in phrasings never trained for their country (trainers/data.py); the 48 steps do
+    not carry the facts to them: measured on this setup, seed 0 (2 CPU hosts, 2 shared cores), exact match 0.000
+    untrained and 0.125 trained (one country of eight) against a majority share of 0.156, so no rise is asserted."""
     summary, run_dir = _ok(runs["gate-1"]), runs["gate-1"]["run_dir"]
     task = summary["task"]
     assert task["num_examples"] == 64 and task["against"] == "before training"
     assert set(task["comparison"]) == set(task["metrics_after"]) == set(task["metrics_before"])
     out = runs["gate-1"]["proc"].stdout
     before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
-    assert after > before, (before, after)  # 0 untrained, 0.94 trained here
+    rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
+    majority = max(collections.Counter(r["reference"] for r in rows).values()) / len(rows)
+    assert 0 < majority < 0.5 and {r["reference"] for r in rows} <= {capital for _, capital in data.CAPITALS}
     exact = task["comparison"]["exact_match"]
     assert [exact["candidate"], exact["other"], exact["difference"]] == pytest.approx([after, before, after - before])
-    assert exact["low"] > 0, exact  # the 95% paired interval's lower end, 0.88 here (components/stages/answers.py)
+    assert exact["low"] <= exact["difference"] <= exact["high"], exact  # the 95% paired interval (stages/answers.py)
     assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
     assert "  gate: promoted" in out
     page = (run_dir / "eval" / "side_by_side.md").read_text()
     assert page.count("| Instruction: ") >= 16 and "| exact_match |" in page and "Gate: promoted" in page
-    rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
     assert len(rows) == 64 and {"prompt", "reference", "answer", "before training"} <= set(rows[0])
     first = open_registry(runs["root"]).get(MODEL, "1").provenance
     assert first["task_metrics"] == task["metrics_after"] and first["generation_key"] == task["generation_key"]
@@ -243,7 +249,10 @@ def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_s
 
 def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     """The second run's champion answered the same prompts under the same generation key in the first run: its
-    recorded answers are read back, no evaluation job starts, and the trained model is compared with them."""
+    recorded answers are read back, no evaluation job starts, and the trained model is compared with them. Its 32
+    further steps (80 in all) carry the facts to the held-out phrasings: its exact match is clearly above the
+    majority answer's share, where the first run's 48 steps were not. Measured on this setup, seed 0: 0.609 (5
+    countries of 8) against 0.156, the paired interval over the champion's 0.125 [+0.359, +0.609]."""
     _ok(runs["gate-2"])
     evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
     task = evaluation["task"]
@@ -252,6 +261,11 @@ def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     first = open_registry(runs["root"]).get(MODEL, "1").provenance
     assert task["generation_key"] == first["generation_key"] and task["metrics_other"] == first["task_metrics"]
     assert set(task["comparison"]) == set(first["task_metrics"])
+    answers = runs["gate-2"]["run_dir"] / "eval" / "answers.jsonl"
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    majority = max(collections.Counter(r["reference"] for r in rows).values()) / len(rows)
+    assert task["metrics_after"]["exact_match"] >= majority + 0.25, (task["metrics_after"], majority)
+    assert task["comparison"]["exact_match"]["low"] > 0, task["comparison"]["exact_match"]
 
 
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):

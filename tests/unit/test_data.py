@@ -7,12 +7,10 @@ from components.spec import protocol
 from trainers import data
 
 
-def test_generated_dataset_is_deterministic_and_no_instruction_repeats():
+def test_generated_dataset_is_deterministic():
     a, b = data.generate(200, 50, seed=1), data.generate(200, 50, seed=1)
     assert a == b
     assert len(a["train"]) == 200 and len(a["heldout"]) == 50
-    instructions = [ex["instruction"] for split in ("train", "heldout") for ex in a[split]]
-    assert len(set(instructions)) == 250  # within a split or across them: held-out prompts are never training ones
     assert data.generate(200, 50, seed=2) != a
 
 
@@ -30,17 +28,16 @@ CAPITALS = {
 
 
 def _asked(instruction: str) -> tuple[str, str]:
-    """(the country an instruction asks about, its phrasing): "Q417: Capital of Peru?" -> ("Peru", "Capital of {}?")."""
-    number, question = instruction.split(": ", 1)
-    assert number[0] == "Q" and 100 <= int(number[1:]) <= 999, instruction
-    (country,) = [c for c in CAPITALS if c in question]
-    return country, question.replace(country, "{}")
+    """(the country an instruction asks about, its phrasing): "Capital of Peru?" -> ("Peru", "Capital of {}?")."""
+    (country,) = [c for c in CAPITALS if c in instruction]
+    return country, instruction.replace(country, "{}")
 
 
-def test_generated_answers_are_the_capitals_and_the_held_out_prompts_ask_the_trained_facts():
-    """Each example asks a country's capital, in one of four phrasings, and its response is that capital alone; the
-    local preset's held-out prompts ask the 32 (country, phrasing) pairs its training examples ask, each many times
-    over (each country dozens of times), so a model that learns the eight facts can answer every one exactly."""
+def test_the_held_out_questions_are_known_facts_asked_in_phrasings_never_trained_for_that_country():
+    """Each example asks a country's capital, its response that capital alone. No held-out question is a training
+    question: each country is held out in one phrasing its training examples never use, and trained in the others;
+    every phrasing is trained with other countries. So a held-out prompt asks a fact the model was taught, in a way
+    it never saw for that country: answering it exactly needs more than recalling a trained string."""
     from components.workload import resolve
 
     t = resolve("local-fsdp").train
@@ -48,43 +45,52 @@ def test_generated_answers_are_the_capitals_and_the_held_out_prompts_ask_the_tra
     asked = {split: [_asked(ex["instruction"]) for ex in splits[split]] for split in splits}
     for split, rows in splits.items():
         assert all(ex["response"] == CAPITALS[country] for ex, (country, _) in zip(rows, asked[split], strict=True))
-    trained = collections.Counter(asked["train"])
-    assert len(trained) == len(CAPITALS) * 4 and min(trained.values()) >= 5  # seed 0's 512: 5 to 26 of each pair
-    assert min(collections.Counter(country for country, _ in asked["train"]).values()) >= 40  # 49 to 73 a country
-    assert set(asked["heldout"]) <= set(trained) and {c for c, _ in asked["heldout"]} == set(CAPITALS)
+    questions = {split: {ex["instruction"] for ex in rows} for split, rows in splits.items()}
+    assert not questions["train"] & questions["heldout"]
+    trained, held = collections.Counter(asked["train"]), set(asked["heldout"])
+    phrasings = {p for _, p in trained}
+    assert len(phrasings) >= 4 and len(trained) == len(CAPITALS) * (len(phrasings) - 1) and min(trained.values()) >= 5
+    assert sorted(c for c, _ in held) == sorted(CAPITALS)  # every country held out, in one phrasing each
+    assert all(any((c, p) in trained for c in CAPITALS) for _, p in held)  # its phrasing trained with others
+    assert all(sum(country == c for c, _ in trained) == len(phrasings) - 1 for country in CAPITALS)
 
 
 def test_every_generated_example_fits_the_max_length_of_each_preset_that_generates_data():
     """The prompt as the model is asked it (the beginning token, the prompt's characters), the response and the end
-    token, within ``train.max_length``: with a scratch model's character tokenizer a token is a character (a hub
-    tokenizer's tokens of ASCII text are no more than its characters), so no example loses its answer's end."""
+    token, within the length each preset that generates data trains on, with a few tokens to spare: with a scratch
+    model's character tokenizer a token is a character (a hub tokenizer's tokens of ASCII text are no more than its
+    characters), so no example loses its answer's end. The FSDP trainer's length is ``train.max_length``; MaxText's
+    is ``maxtext.max_target_length`` (its rows are the whole text with a beginning and an end token:
+    trainers/maxtext_data.py)."""
     from components.spec import presets
     from components.workload import resolve
 
     examples = [ex for split in data.generate(5000, 500, seed=0).values() for ex in split]
-    longest = max(1 + len(data.prompt_of(ex)) + len(ex["response"]) + 1 for ex in examples)
-    assert longest == 64  # "Name the capital of France." and "... of Spain." with their answers
-    generating = [resolve(name).train for name in presets.PRESETS]
-    generating = [t for t in generating if t.dataset == "generated"]
-    assert generating and all(t.max_length >= longest for t in generating), [t.max_length for t in generating]
+    longest = max(1 + len(data.format_example(ex)) + 1 for ex in examples)
+    specs = {name: resolve(name) for name in presets.PRESETS}
+    lengths = {
+        name: s.maxtext.max_target_length if s.train.workload == "maxtext" else s.train.max_length
+        for name, s in specs.items()
+        if s.train.dataset == "generated"
+    }
+    assert {"local-fsdp", "local-maxtext"} <= set(lengths)
+    assert all(length >= longest + 4 for length in lengths.values()), (longest, lengths)
 
 
-def test_the_generated_task_gives_as_many_examples_as_the_spec_allows_and_no_more():
-    from components.spec import SpecError, datasets
+def test_the_run_spec_bounds_the_generated_examples():
+    from components.spec import SpecError
     from components.workload import resolve
 
-    assert data.DISTINCT == 900 * 8 * 4 >= datasets.GENERATED_MAX_EXAMPLES
-    with pytest.raises(ValueError, match="the generated task has 28800 distinct instructions"):
-        data.generate(28_000, 801)
     with pytest.raises(SpecError) as err:
         resolve("local-fsdp", "num_train_examples=19900 num_eval_examples=101")
-    assert err.value.field == "train.num_train_examples" and "at most 20000 examples" in str(err.value)
+    assert err.value.field == "train.num_train_examples"
+    assert "num_train_examples=19900 + train.num_eval_examples=101 = 20001 > 20000" in str(err.value)
     assert resolve("local-fsdp", "num_train_examples=19900 num_eval_examples=100").train.num_train_examples == 19900
 
 
 def test_prompt_format_is_the_seed_format():
-    text = data.format_example({"instruction": "Q417: Capital of Peru?", "response": "Lima"})
-    assert text == "Instruction: Q417: Capital of Peru?\nResponse: Lima"
+    text = data.format_example({"instruction": "Capital of Peru?", "response": "Lima"})
+    assert text == "Instruction: Capital of Peru?\nResponse: Lima"
 
 
 def test_write_generated_writes_jsonl(tmp_path):

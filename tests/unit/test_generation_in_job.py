@@ -134,15 +134,17 @@ def test_a_rank_whose_answers_end_first_keeps_stepping_with_the_others(tmp_path)
 
 
 def test_a_scorer_that_raises_names_itself_and_the_example(tmp_path):
-    """The scorer raises on the fifth evaluation example: the job fails naming eval.scorer and index 4."""
+    """The scorer raises on the first evaluation example that asks the fifth example's question (held-out questions
+    repeat: the fifth's is first asked there, index 4): the job fails naming eval.scorer and that index."""
     from components.workload import resolve
     from trainers import data
 
     spec = resolve("local-fsdp", "num_train_examples=32 num_eval_examples=40")
-    instruction = data.generate(32, 40, spec.train.seed)["heldout"][4]["instruction"]  # unique: no prompt repeats
-    (tmp_path / "team_scorer.py").write_text(SCORER.format(instruction=instruction))
+    asked = [ex["instruction"] for ex in data.generate(32, 40, spec.train.seed)["heldout"]]
+    first = asked.index(asked[4])
+    assert first > 0  # not the first example: the error's index is the example's own
+    (tmp_path / "team_scorer.py").write_text(SCORER.format(instruction=asked[4]))
     proc = _run(tmp_path, "team_scorer:picky")
     assert proc.returncode != 0
-    assert "RANK0 ScorerError: eval.scorer team_scorer:picky: raised on example 4: ZeroDivisionError" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-3000:]
-    )
+    said = f"RANK0 ScorerError: eval.scorer team_scorer:picky: raised on example {first}: ZeroDivisionError"
+    assert said in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -74,7 +74,8 @@ def test_maxtext_reads_the_runs_data_snapshot_through_its_hugging_face_pipeline(
     files = (_arg(args, "hf_train_files"), _arg(args, "hf_eval_files"))
     assert maxtext_data.write_splits(*files, maxtext_train.examples(spec, out)) == {"train": 1, "heldout": 1}
     rows = [json.loads(line) for line in open(_arg(args, "hf_train_files"))]
-    assert rows == [{"id": maxtext_data.example_id(snapshot["train"][0]), "text": "Instruction: Say 1.\nResponse: 1"}]
+    first = maxtext_data.example_id(snapshot["train"][0], 0)
+    assert rows == [{"id": first, "text": "Instruction: Say 1.\nResponse: 1"}]
     assert maxtext_eval.eval_split(spec, args).startswith("the run's data snapshot's held-out examples")
     with pytest.raises(SpecError, match="^maxtext.dataset_type: MaxText reads the run's data snapshot"):
         resolve("local-maxtext", f"train.dataset={drops}/ maxtext.dataset_type=synthetic")
