@@ -27,7 +27,11 @@ a registered JAX pytree (``jax.tree_util.register_pytree_node``); it is register
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
+
+from components.spec import RunSpec
 
 MIN_PREFILL = 64  # the smallest prefill bucket (base.yml, inference_microbenchmark_prefill_lengths)
 # Arguments the decode config replaces in the training arguments.
@@ -128,3 +132,45 @@ def answer(argv: list[str], params_path: str, prompt_ids: list[list[int]], max_n
         rows = np.asarray(multihost_utils.process_allgather(made, tiled=True))  # the group's one collective
         answers += [[int(t) for t in row] for row in rows]
     return answers
+
+
+LATEST = "latest"  # a model's parameters: the run's newest checkpoint, the one training just saved
+
+
+def answer_models(
+    spec: RunSpec, argv: list[str], examples: list[dict[str, Any]], models: list[tuple[str, str]], rank: int
+) -> list[dict[str, Any]]:
+    """Each model's answers to the evaluation prompts (``examples``: the held-out split's first
+    ``eval.generate_examples``), in turn: ``models`` names each (``before``, ``after``, ``champion``) with its
+    parameters' checkpoint (``items``; empty: the model as initialised; :data:`LATEST`: the newest checkpoint under
+    ``argv``'s ``base_output_directory``/``run_name``). Rank 0 scores and writes them (``trainers.generation.record``)
+    under ``base_output_directory``/eval, keyed as the FSDP trainer's (``generation.generation_key`` of MaxText's
+    evaluation key, ``maxtext_log.eval_key``); what it recorded is returned there (nothing on the other ranks)."""
+    import jax
+    import transformers
+
+    from trainers import committed, data, generation, maxtext_log
+
+    arg = maxtext_log.arg
+    output_dir = Path(arg(argv, "base_output_directory"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(arg(argv, "tokenizer_path"))
+    keyed = maxtext_log.eval_key(argv, jax.device_count(), jax.devices()[0].platform)
+    key = generation.generation_key(keyed[0] if keyed else "", spec)
+    longest = int(arg(argv, "max_target_length") or 0) or None
+    ids = [
+        row[-longest:] if longest else row for row in data.prompt_ids(tokenizer, [data.prompt_of(e) for e in examples])
+    ]
+    found = []
+    for which, params in models:
+        started = time.perf_counter()
+        if params == LATEST:
+            newest = committed.newest_orbax(output_dir / arg(argv, "run_name") / "checkpoints", prune=False)
+            if newest is None:
+                raise SystemExit(f"no checkpoint of the trained model to answer with under {output_dir}")
+            params = str(newest / "items")
+        tokens = answer(argv, params, ids, spec.eval.max_new_tokens, tokenizer.pad_token_id, spec.train.seed)
+        if rank == 0:
+            answers = [generation.decode(tokenizer, row) for row in tokens]
+            directory = output_dir / generation.ANSWERS_DIR
+            found.append(generation.record(spec, examples, answers, which, directory, key, started))
+    return found
