@@ -366,13 +366,6 @@ def _check_eval(spec: RunSpec) -> None:
             raise SpecError("eval.metrics", f"unknown task metric {metric!r}", list(TASK_METRICS))
     if len(set(listed)) != len(listed):
         raise SpecError("eval.metrics", f"a metric named twice in {e.metrics!r}", list(TASK_METRICS))
-    if e.generate_examples and spec.train.workload == "maxtext" and spec.maxtext.dataset_type != "hf":
-        raise SpecError(
-            "eval.generate_examples",
-            f"the maxtext workload answers the evaluation prompts with the tokenizer of its hf data "
-            f"(maxtext.dataset_type=hf); maxtext.dataset_type={spec.maxtext.dataset_type} has none",
-            ["0", "maxtext.dataset_type=hf"],
-        )
     if e.scorer and not SCORER_REF.match(e.scorer):
         raise SpecError(
             "eval.scorer", f"{e.scorer!r} is not MODULE:FUNCTION", ["", "my_team.scoring:score (importable)"]
@@ -382,7 +375,8 @@ def _check_eval(spec: RunSpec) -> None:
 def _check_gate_figures(spec: RunSpec) -> None:
     """The figure the gate decides on and its guards: the held-out loss, or task metrics the evaluation computes."""
     g, e = spec.gate, spec.eval
-    # Both trainers answer (trainers.generation, trainers.maxtext_generation): with generation on, the metrics are computed.
+    # Both trainers answer (trainers.generation, trainers.maxtext_generation): with generation on, the metrics are
+    # computed.
     computed = e.metric_names if e.generate_examples else ()
     if g.metric != HELDOUT_LOSS:
         if g.metric not in (*TASK_METRICS, SCORER) or g.metric == "answer_length":

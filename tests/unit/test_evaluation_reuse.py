@@ -164,7 +164,7 @@ def test_an_evaluation_the_gate_cannot_use_starts_no_job(tmp_path):
     """A synthetic MaxText evaluation reads the training batch (gate.not_held_out), and register never promotes on it
     (registration.register's not_held_out branch): its three MaxText start-ups are skipped."""
     ctx = RunContext(
-        spec=resolve("local-maxtext", "maxtext.dataset_type=synthetic"),
+        spec=resolve("local-maxtext", "maxtext.dataset_type=synthetic eval.generate_examples=0"),
         run_id="mx-1",
         store=LocalStore(tmp_path / "mx-1"),
         platform="local",
