@@ -17,7 +17,8 @@ Greedy: base.yml's ``decode_sampling_strategy`` default, set here explicitly.
 The number of decode slots is the training batch (``per_device_batch_size`` x the group's devices: MaxEngine's
 decode batch, as decode.py's ``batch_size``): the prompts go in groups of that many, the last group's empty slots
 left unused. Every worker runs the same calls on the group's one mesh (a collective); the tokens stay on the devices
-until a group ends, then meet on every host in one ``process_allgather``.
+until a group ends, then meet on every device in one replicating copy (a jitted identity whose output sharding
+is the engine's replicated one), which each host reads locally.
 
 Without the JetStream package MaxText's engine returns its own ``ResultTokens`` stand-in
 (``maxtext/common/gcloud_stub.py``, ``jetstream()``: a new class at each call; the engine's is the one its module
@@ -98,7 +99,6 @@ def answer(argv: list[str], params_path: str, prompt_ids: list[list[int]], max_n
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import multihost_utils
     from maxtext.configs import pyconfig
     from maxtext.inference.maxengine import maxengine
 
@@ -129,8 +129,9 @@ def answer(argv: list[str], params_path: str, prompt_ids: list[list[int]], max_n
             state, tokens = engine.generate(params, state, rng=use)
             steps.append(tokens.data[: len(group), 0])
         made = jnp.stack([jnp.stack(first), *steps], axis=1) if steps else jnp.stack(first)[:, None]
-        rows = np.asarray(multihost_utils.process_allgather(made, tiled=True))  # the group's one collective
-        answers += [[int(t) for t in row] for row in rows]
+        # The group's one collective: its tokens replicated on every device, so each host reads its own copy.
+        whole = jax.jit(lambda x: x, out_shardings=engine.replicated_sharding)(made)
+        answers += [[int(t) for t in row] for row in np.asarray(whole.addressable_data(0))]
     return answers
 
 

@@ -2,7 +2,8 @@
 trained 10 steps in one MaxText process on 2 emulated CPU devices (no Ray), then the model as initialised and the
 trained checkpoint answer 16 held-out prompts in decode slots of the training batch. The files are the FSDP trainer's
 format (``trainers.generation.record``), which the evaluate stage's check accepts, the answers of the trained model
-differ from the initial model's, and the same answers come again from a second run. The spec's side: a maxtext run
+differ from the initial model's, the same answers come again from a second run, and they are greedy decoding's without
+the KV cache (each token from a prefill of the prompt and the tokens before it). The spec's side: a maxtext run
 with generation is valid and may gate on a task metric, refused without the hf data's tokenizer, and the plan of a
 slice warns that the decode is untested on a TPU."""
 
@@ -43,11 +44,32 @@ if sys.argv[2] == "train":
 held = maxtext_train.examples(spec, root)["heldout"][: spec.eval.generate_examples]
 models = [m for m in maxtext_train.train_answers(spec, args) if m[0] in sys.argv[3].split(",")]
 found = maxtext_generation.answer_models(spec, argv, held, models, 0)
-print("FACTS " + json.dumps(found), file=sys.__stdout__, flush=True)
+uncached = []
+if sys.argv[2] == "answer":  # greedy without the KV cache: each next token from a prefill of all the tokens so far
+    import jax, jax.numpy as jnp, numpy as np, transformers
+    from maxtext.configs import pyconfig
+    from maxtext.inference.maxengine import maxengine
+    from trainers import data, generation
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(maxtext_args.data_paths(str(root))["tokenizer"])
+    params = str(root / "run" / "checkpoints" / "9" / "items")
+    engine = maxengine.MaxEngine(pyconfig.initialize(maxtext_generation.decode_args(argv, params, 64, 8)))
+    weights = engine.load_params(rng=jax.random.PRNGKey(0))
+    for row in data.prompt_ids(tokenizer, [data.prompt_of(e) for e in held[:4]]):
+        made = []
+        for _ in range(spec.eval.max_new_tokens):
+            padded = np.full((64,), tokenizer.pad_token_id, dtype=np.int32)
+            padded[: len(row) + len(made)] = row + made
+            _, token = engine.prefill(
+                params=weights, padded_tokens=jnp.asarray(padded), true_length=len(row) + len(made), slot=0
+            )
+            made.append(int(token.data[0, 0]))
+        uncached.append(generation.decode(tokenizer, made))
+print("FACTS " + json.dumps({"found": found, "uncached": uncached}), file=sys.__stdout__, flush=True)
 """
 
 
-def _run(python, env, repo, *argv) -> list[dict]:
+def _run(python, env, repo, *argv) -> dict:
     proc = subprocess.run([python, "-c", SCRIPT, *argv], cwd=repo, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     facts = next(line for line in proc.stdout.splitlines() if line.startswith("FACTS "))
@@ -62,7 +84,7 @@ def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_f
 
     python = envs.ensure_env("maxtext").python
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    found = {f["which"]: f for f in _run(python, env, REPO, str(tmp_path), "train", "before,after")}
+    found = {f["which"]: f for f in _run(python, env, REPO, str(tmp_path), "train", "before,after")["found"]}
     spec = resolve("local-maxtext", "eval.generate_examples=16 eval.max_new_tokens=8")
     assert set(found) == {"before", "after"}
     rows = {}
@@ -73,9 +95,11 @@ def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_f
     assert found["before"]["generation_key"] == found["after"]["generation_key"]
     assert [r["prompt"] for r in rows["before"]] == [r["prompt"] for r in rows["after"]]
     assert any(b["answer"] != a["answer"] for b, a in zip(rows["before"], rows["after"], strict=True))
-    # Greedy and the decode state's RNG fixed: the trained checkpoint answers alike in another process.
+    # Greedy and the decode state's RNG fixed: the trained checkpoint answers alike in another process, and the
+    # answers from the decode slots and their KV cache are greedy decoding's without a cache.
     again = _run(python, env, REPO, str(tmp_path), "answer", "after")
-    assert [r["answer"] for r in answers.read(again[0]["path"])] == [r["answer"] for r in rows["after"]]
+    assert [r["answer"] for r in answers.read(again["found"][0]["path"])] == [r["answer"] for r in rows["after"]]
+    assert again["uncached"] == [r["answer"] for r in rows["after"][:4]]
 
 
 def test_prefill_length_is_a_power_of_two_bucket_of_at_least_64():
