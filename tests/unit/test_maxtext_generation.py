@@ -53,12 +53,12 @@ if sys.argv[2] == "answer":  # greedy without the KV cache: each next token from
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(maxtext_args.data_paths(str(root))["tokenizer"])
     params = str(root / "run" / "checkpoints" / "9" / "items")
-    engine = maxengine.MaxEngine(pyconfig.initialize(maxtext_generation.decode_args(argv, params, 64, 8)))
+    engine = maxengine.MaxEngine(pyconfig.initialize(maxtext_generation.decode_args(argv, params, 128, 8)))
     weights = engine.load_params(rng=jax.random.PRNGKey(0))
     for row in data.prompt_ids(tokenizer, [data.prompt_of(e) for e in held[:4]]):
         made = []
         for _ in range(spec.eval.max_new_tokens):
-            padded = np.full((64,), tokenizer.pad_token_id, dtype=np.int32)
+            padded = np.full((128,), tokenizer.pad_token_id, dtype=np.int32)  # prompt and answer
             padded[: len(row) + len(made)] = row + made
             _, token = engine.prefill(
                 params=weights, padded_tokens=jnp.asarray(padded), true_length=len(row) + len(made), slot=0
