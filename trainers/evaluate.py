@@ -187,12 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--champion", default="", help="the registered champion's checkpoint, measured alongside")
     add_measure(p)
-    p.add_argument(
-        "--generate",
-        type=lambda text: measure_list(text) if text.strip() else (),
-        default=(),
-        help="which of the measured models also answer the evaluation prompts (comma-separated; default none)",
-    )
+    add_generate(p)
     return job_args.parse(p, argv)
 
 
@@ -200,6 +195,16 @@ def add_measure(p: argparse.ArgumentParser) -> None:
     """``--measure``: which of before, after and champion the job measures (comma-separated; default all): the
     evaluate stage names only the figures it does not have yet."""
     p.add_argument("--measure", type=measure_list, default=MODELS, help="before,after,champion (default: all)")
+
+
+def add_generate(p: argparse.ArgumentParser) -> None:
+    """``--generate``: which of the measured models also answer the evaluation prompts (``trainers.generation``)."""
+    p.add_argument(
+        "--generate",
+        type=lambda text: measure_list(text) if text.strip() else (),
+        default=(),
+        help="which of the measured models also answer the evaluation prompts (comma-separated; default none)",
+    )
 
 
 def measure_list(text: str) -> tuple[str, ...]:

@@ -157,20 +157,38 @@ class Answering:
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
         if self.rank != 0:
             return {}
-        references = [str(e["response"]) for e in self.examples]
-        examples = [metrics.Example(*row) for row in zip(prompts, references, answers, strict=True)]
-        scored = metrics.scores(self.spec.eval.metric_names, examples, self.spec.eval.scorer)
-        path = write(self.directory / f"answers-{which}.jsonl", examples, scored)
-        found = {
-            "which": which,
-            "path": str(path),
-            "means": metrics.means(scored),
-            "generation_key": self.key,
-            "num_examples": len(examples),
-            "seconds": time.perf_counter() - started,  # answering and scoring: the ledger's evaluation
-        }
-        protocol.emit("event", {"event": "answers", **found, "time": time.time()})
-        return found
+        return record(self.spec, self.examples, answers, which, self.directory, self.key, started)
+
+
+def record(
+    spec: RunSpec,
+    examples: list[dict[str, Any]],
+    answers: list[str],
+    which: str,
+    directory: Path,
+    key: str,
+    started: float,
+) -> dict[str, Any]:
+    """``which``'s answers to ``examples``' prompts, scored by the task metrics, written to
+    ``directory/answers-<which>.jsonl`` (:func:`write`) with an ``answers`` event (the file, each metric's mean, the
+    generation ``key``, the seconds since ``started``): one writer and one format for both trainers (the FSDP
+    trainer's :class:`Answering`, MaxText's ``trainers.maxtext_generation``), which the evaluate stage reads alike
+    (``components.stages.answers``). Rank 0's, once every worker's answers met."""
+    prompts = [data.prompt_of(e) for e in examples]
+    references = [str(e["response"]) for e in examples]
+    scored_examples = [metrics.Example(*row) for row in zip(prompts, references, answers, strict=True)]
+    scored = metrics.scores(spec.eval.metric_names, scored_examples, spec.eval.scorer)
+    path = write(directory / f"answers-{which}.jsonl", scored_examples, scored)
+    found = {
+        "which": which,
+        "path": str(path),
+        "means": metrics.means(scored),
+        "generation_key": key,
+        "num_examples": len(scored_examples),
+        "seconds": time.perf_counter() - started,  # answering and scoring: the ledger's evaluation
+    }
+    protocol.emit("event", {"event": "answers", **found, "time": time.time()})
+    return found
 
 
 def write(path: Path, examples: list[metrics.Example], scored: dict[str, list[float]]) -> Path:

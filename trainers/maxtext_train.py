@@ -48,6 +48,7 @@ from trainers import (
     job_args,
     maxtext_data,
     maxtext_eval,
+    maxtext_generation,
     maxtext_log,
 )
 
@@ -266,6 +267,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             },
         )
     train.main(argv)
+    if config.get("answers"):  # every rank: the engine's calls are collectives on the group's mesh
+        spec = RunSpec.from_json(config["spec"])
+        held = examples(spec, Path(_arg(argv, "base_output_directory")))["heldout"][: spec.eval.generate_examples]
+        models = [(which, params) for which, params in config["answers"]]
+        maxtext_generation.answer_models(spec, config["argv"], held, models, rank)
     metrics = final_metrics(handler) if handler else {}
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,7 +288,11 @@ def fit(
     run_name: str,
     max_failures: int,
     mode: str = "train",
+    answers: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
+    """MaxText's ``train.main`` with ``args`` on a Ray Train worker group; then, after it, each of ``answers``
+    (which model, its parameters: ``trainers.maxtext_generation.answer_models``) answers the evaluation prompts on
+    the same group."""
     # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
     # ray.train's own names are V1's to a type checker, which does not run its choice of version
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
@@ -292,7 +302,13 @@ def fit(
     cpu = spec.maxtext.cpu_devices_per_host if spec.cluster.accelerator == "cpu" else 0
     trainer = JaxTrainer(
         train_loop_per_worker,
-        train_loop_config={"argv": argv, "cpu_devices_per_host": cpu, "mode": mode},
+        train_loop_config={
+            "argv": argv,
+            "cpu_devices_per_host": cpu,
+            "mode": mode,
+            "spec": spec.to_json(),
+            "answers": [list(a) for a in answers],
+        },
         scaling_config=ScalingConfig(**scaling),
         run_config=RunConfig(
             name=run_name,
@@ -318,7 +334,13 @@ def run_train(
     # MaxText resumes by itself from its newest checkpoint under <output>/<run name>/: one of another spec is refused
     checkpoints.mark_checkpoints(output_dir / run_name, checkpoints.training_digest(spec))
     metrics = fit(
-        spec, scaling, [*args, *maxtext_eval.in_job_eval(spec, args)], output_dir, run_name, spec.train.max_failures
+        spec,
+        scaling,
+        [*args, *maxtext_eval.in_job_eval(spec, args)],
+        output_dir,
+        run_name,
+        spec.train.max_failures,
+        answers=train_answers(spec, args),
     )
     checkpoint = latest_checkpoint(output_dir, run_name)
     return {
@@ -330,6 +352,15 @@ def run_train(
         "num_workers": spec.total_hosts,
         "argv": args,
     }
+
+
+def train_answers(spec: RunSpec, args: list[str]) -> tuple[tuple[str, str], ...]:
+    """The train job's answers to the evaluation prompts (``eval.generate_examples`` > 0, on the ``hf`` data whose
+    tokenizer reads them): the model as MaxText initialises it (``init_weights_seed``: the one training started
+    from) and the trained model (the checkpoint the job ends with), as the FSDP trainer's ``before`` and ``after``."""
+    if not spec.eval.generate_examples or _arg(args, "dataset_type") != "hf":
+        return ()
+    return (("before", ""), ("after", maxtext_generation.LATEST))
 
 
 def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
@@ -365,6 +396,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--checkpoint", default="", help="eval: the checkpoint to evaluate")
     p.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
     evaluate.add_measure(p)
+    evaluate.add_generate(p)
     args = job_args.parse(p, argv[:cut])
     maxtext_args = argv[cut + 1 :]
     bad = [a for a in maxtext_args if "=" not in a]
@@ -416,7 +448,16 @@ def main(argv: list[str] | None = None) -> None:
             result = run_compile(spec, scaling, maxtext_args, out, args.run_name)
         else:
             result = maxtext_eval.run_eval(
-                fit, spec, scaling, maxtext_args, out, args.run_name, args.checkpoint, args.champion, args.measure
+                fit,
+                spec,
+                scaling,
+                maxtext_args,
+                out,
+                args.run_name,
+                args.checkpoint,
+                args.champion,
+                args.measure,
+                args.generate,
             )
     finally:
         ray.shutdown()

@@ -385,8 +385,9 @@ def _check_eval(spec: RunSpec) -> None:
 def _check_gate_figures(spec: RunSpec) -> None:
     """The figure the gate decides on and its guards: the held-out loss, or task metrics the evaluation computes."""
     g, e = spec.gate, spec.eval
-    # Generation runs in the fsdp trainer: a maxtext run computes no task metric to decide or guard on.
-    computed = e.metric_names if e.generate_examples and spec.train.workload == "fsdp" else ()
+    # Both trainers answer (trainers.generation, trainers.maxtext_generation): with generation on, the metrics are
+    # computed.
+    computed = e.metric_names if e.generate_examples else ()
     if g.metric != HELDOUT_LOSS:
         if g.metric not in (*TASK_METRICS, SCORER) or g.metric == "answer_length":
             raise SpecError(
@@ -398,7 +399,7 @@ def _check_gate_figures(spec: RunSpec) -> None:
             raise SpecError(
                 "gate.metric",
                 f"{g.metric} is not computed: it must be in eval.metrics (scorer: eval.scorer set) with "
-                "eval.generate_examples > 0 and train.workload=fsdp",
+                "eval.generate_examples > 0",
                 [HELDOUT_LOSS, *computed],
             )
     for text in (t for t in g.guards.split(",") if t.strip()):
@@ -411,7 +412,7 @@ def _check_gate_figures(spec: RunSpec) -> None:
             raise SpecError(
                 "gate.guards",
                 f"{found.group(1)} is not computed: a guard's metric must be in eval.metrics (scorer: eval.scorer set) "
-                "with eval.generate_examples > 0 and train.workload=fsdp",
+                "with eval.generate_examples > 0",
                 list(computed),
             )
     if g.require_significance and g.metric == HELDOUT_LOSS:

@@ -96,6 +96,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "eval_steps": 4,
             "cpu_devices_per_host": 2,
         },
+        # 64 held-out prompts answered by MaxText's engine before and after training (trainers.maxtext_generation),
+        # 16 new tokens each, as local-fsdp's.
+        "eval": {"generate_examples": 64, "max_new_tokens": 16},
     },
     # A first real run that costs little: the smallest single-host slice of the catalogue (components/tpu/
     # catalogue.py), one TPU v6e chip on one ct6e-standard-1t host (the 1x1 topology; v5e's 1x1 is one chip too, but

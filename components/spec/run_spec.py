@@ -158,7 +158,8 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """Generation on the evaluation set (the fsdp workload; maxtext generates nothing): after training, the trained
+    """Generation on the evaluation set (both workloads: ``trainers.generation``, ``trainers.maxtext_generation``;
+    maxtext with ``maxtext.dataset_type=hf``, whose tokenizer reads the prompts): after training, the trained
     model and the model it is compared with answer the first evaluation prompts by greedy decoding, and the answers
     are scored against the references by task metrics (``runs/<id>/eval/answers.jsonl``, ``eval/side_by_side.md``)."""
 

@@ -225,6 +225,13 @@ def validate(spec: RunSpec) -> None:
             f"{m.dataset_type!r} data",
             ["hf"],
         )
+    if spec.eval.generate_examples and m.dataset_type != "hf":  # trainers.maxtext_generation reads its tokenizer
+        raise SpecError(
+            "eval.generate_examples",
+            f"MaxText answers the evaluation prompts with the tokenizer of its hf data (maxtext.dataset_type=hf); "
+            f"maxtext.dataset_type={m.dataset_type} has none",
+            ["0", "maxtext.dataset_type=hf"],
+        )
     if m.cpu_devices_per_host < 1:
         raise SpecError("maxtext.cpu_devices_per_host", f"must be at least 1, got {m.cpu_devices_per_host}")
     if spec.cluster.accelerator == "cpu" and spec.num_workers != spec.total_hosts:  # an elastic range: checked

@@ -161,4 +161,15 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert "held-out loss" in out and "not held out" not in out
     for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out perplexity", "slice check", "slice bandwidth"):
         assert needle in out
+    # MaxText's engine answered the first 64 held-out prompts in the train job's last group, the model as initialised
+    # and the trained one (trainers.maxtext_generation); the summary prints each task metric before and after.
+    answered = {p["which"]: p for k, p in records(run_dir) if k == "event" and p["event"] == "answers"}
+    assert set(answered) == {"before", "after"} and {a["num_examples"] for a in answered.values()} == {64}
+    task = summary["task"]
+    assert task["num_examples"] == 64 and task["against"] == "before training"
+    rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and any(r["answer"] != r["before training"] for r in rows)
+    before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
+    assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
+    print(f"MaxText answers: {len(rows)}; exact match before {before:.3f}, after {after:.3f}")
     assert run_processes(run_id) == []

@@ -53,7 +53,8 @@ def test_a_bad_evaluation_or_gate_setting_names_its_key(overrides, key, words):
     assert words in str(raised.value)
 
 
-def test_maxtext_computes_no_task_metric_to_gate_on():
+def test_maxtext_computes_task_metrics_to_gate_on_only_when_it_answers():
+    assert resolve("local-maxtext", "gate.metric=exact_match").gate.metric == "exact_match"
     with pytest.raises(SpecError) as raised:
-        resolve("local-maxtext", "gate.metric=exact_match")
-    assert raised.value.field == "gate.metric"
+        resolve("local-maxtext", "gate.metric=exact_match eval.generate_examples=0")
+    assert raised.value.field == "gate.metric" and "not computed" in str(raised.value)

@@ -164,7 +164,7 @@ def test_an_evaluation_the_gate_cannot_use_starts_no_job(tmp_path):
     """A synthetic MaxText evaluation reads the training batch (gate.not_held_out), and register never promotes on it
     (registration.register's not_held_out branch): its three MaxText start-ups are skipped."""
     ctx = RunContext(
-        spec=resolve("local-maxtext", "maxtext.dataset_type=synthetic"),
+        spec=resolve("local-maxtext", "maxtext.dataset_type=synthetic eval.generate_examples=0"),
         run_id="mx-1",
         store=LocalStore(tmp_path / "mx-1"),
         platform="local",
@@ -256,7 +256,12 @@ def test_the_evaluation_jobs_command_names_what_it_measures_for_both_workloads()
     )
     assert maxtext.index("--measure") < maxtext.index("--")
     args, _ = maxtext_train.parse_args(maxtext[3:])
-    assert (args.mode, args.measure) == ("eval", ("before", "after"))
+    assert (args.mode, args.measure, args.generate) == ("eval", ("before", "after"), ())
+    answering = shlex.split(
+        job_command(resolve("local-maxtext"), "eval", "/out", "r", "/ck", champion="/c", generate=("champion",))
+    )
+    args, _ = maxtext_train.parse_args(answering[3:])  # MaxText's evaluation job answers with its champion too
+    assert (args.champion, args.generate) == ("/c", ("champion",))
 
 
 def _maxtext_run(root, run_id: str, overrides: str = "", build: dict | None = None) -> RunContext:

@@ -494,7 +494,7 @@ def test_a_champion_over_another_base_promoted_after_the_check_is_not_measured_a
 def test_an_evaluation_that_is_not_held_out_is_never_promoted_on_and_the_summary_says_why(tmp_path):
     assert gate.not_held_out(resolve("local-fsdp")) is None
     assert gate.not_held_out(resolve("local-maxtext")) is None  # hf: the generated dataset's held-out split
-    synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic")
+    synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic eval.generate_examples=0")
     assert gate.not_held_out(synthetic) == (
         "maxtext.dataset_type=synthetic: MaxText evaluates on the same fixed batch it trains on"
     )

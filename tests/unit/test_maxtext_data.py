@@ -43,7 +43,7 @@ def test_the_eval_split_says_what_was_evaluated():
     spec = resolve("local-maxtext")
     held_out = maxtext_eval.eval_split(spec, maxtext_args.train_args(spec, "/o", "r"))
     assert held_out.startswith("the generated dataset's held-out split (128 examples, /o/maxtext-data/heldout.jsonl")
-    synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic")
+    synthetic = resolve("local-maxtext", "maxtext.dataset_type=synthetic eval.generate_examples=0")
     text = maxtext_eval.eval_split(synthetic, maxtext_args.train_args(synthetic, "/o", "r"))
     assert text == "synthetic (4 batches): the training batch, not held out"
     assert not any(a.startswith(("hf_", "tokenizer_")) for a in maxtext_args.train_args(synthetic, "/o", "r"))

@@ -26,7 +26,7 @@ def test_the_train_job_evaluates_the_trained_model_once_after_its_last_step(step
 
 
 def test_synthetic_data_is_not_evaluated_in_the_train_job():
-    spec = resolve("local-maxtext", "maxtext.dataset_type=synthetic")
+    spec = resolve("local-maxtext", "maxtext.dataset_type=synthetic eval.generate_examples=0")
     assert maxtext_eval.in_job_eval(spec, maxtext_args.train_args(spec, "/o", "r")) == []
 
 

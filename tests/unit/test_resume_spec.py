@@ -56,7 +56,7 @@ def test_maxtext_checkpoints_are_marked_with_their_spec_and_another_specs_are_re
         "maxtext.max_target_length=64",
         "maxtext.steps=13",  # the learning rate schedule's length
         "maxtext.learning_rate=0.001",
-        "maxtext.dataset_type=synthetic",
+        "maxtext.dataset_type=synthetic eval.generate_examples=0",
     ],
 )
 def test_a_maxtext_resume_under_a_changed_state_setting_is_refused(tmp_path, override):

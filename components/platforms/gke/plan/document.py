@@ -106,6 +106,15 @@ TORCH_COMPILE_CACHE_WARNING = (
 )
 
 
+# Answers on a slice: both trainers decode with static shapes so that each program compiles once (trainers/generation.py
+# for the FSDP trainer, trainers/maxtext_generation.py for MaxText's engine), which runs on CPU hosts only so far.
+GENERATION_WARNING = (
+    "eval.generate_examples={n}: the {workload} trainer's answers to the evaluation prompts decode with one prompt "
+    "shape and a static KV cache so the decode compiles once on a TPU, but that is untested on a TPU; a decode "
+    "compiled again at each step would hold the slice (set eval.generate_examples=0 to leave it out)"
+)
+
+
 # The run's bucket access is granted to its Kubernetes ServiceAccount by its UID (``target.member``): no
 # ServiceAccount of another cluster, or made again under its name, holds it. But whoever may create pods in a
 # namespace may run them as any ServiceAccount there
@@ -149,6 +158,8 @@ def _warnings(spec: RunSpec, t: Target, cost: dict[str, Any]) -> list[str]:
         warnings.append(f"elastic: the cost assumes all {c.num_slices} slices run for the whole duration")
     if spec.train.workload == "fsdp":
         warnings.append(TORCH_COMPILE_CACHE_WARNING)
+    if spec.eval.generate_examples:
+        warnings.append(GENERATION_WARNING.format(n=spec.eval.generate_examples, workload=spec.train.workload))
     if spec.train.workload == "maxtext" and maxtext.parameters(spec) is None:
         warnings.append(
             f"maxtext.model_name={spec.maxtext.model_name}: its size is not in the plan's table, so the checkpoints' "
