@@ -810,6 +810,7 @@ class BigQueryEmulator(HttpEmulator):
         # member -> (role, "P.D", {"title", "expression"}) of each grant on a dataset under an IAM condition
         self.conditional_grants: dict[str, list[tuple[str, str, dict[str, str]]]] = {}
         self.calls: list[str] = []  # REST methods, in order
+        self.authorizations: list[str | None] = []  # each request's Authorization header (None: none)
         self.bodies: list[tuple[str, dict, dict]] = []  # (method, query string, body) of each call
         self.faults: list[Fault] = []
         self._identities: dict[str, str] = {}  # token -> member
@@ -986,6 +987,7 @@ class BigQueryEmulator(HttpEmulator):
         auth = http.headers.get("Authorization")
         with self._lock:
             self.calls.append(method)
+            self.authorizations.append(auth)
             self.bodies.append((method, query, body))
             member = self._identities.get((auth or "").removeprefix("Bearer "))
         if member is None and self.token and not authorized(self.token, auth):
