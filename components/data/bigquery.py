@@ -543,11 +543,17 @@ def _string(text: str) -> str:
 
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
-# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this, which
-# table admins hold ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
+# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this (a custom
+# role holding it alone: roles/bigquery.admin would also let the reader delete the policies), and the Storage Read API
+# the TRUE filter ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
 # https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel")
 OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
 ROW_POLICIES_SOURCE = "https://cloud.google.com/bigquery/docs/using-row-level-security-with-features"
+# BigQuery's refusal of such a read without it: "Access Denied: BigQuery: Time travel on table P:D.T is forbidden as
+# it has (or has had) row access policies" (the query service's wording, as Fivetran's troubleshooting page quotes it:
+# https://fivetran.com/docs/connectors/databases/bigquery/troubleshooting/time-travel-forbidden-error); a refusal
+# that does not say so is not blamed on row access policies.
+ROW_POLICY_REFUSAL = re.compile(r"\bhas \(or has had\) row access polic", re.IGNORECASE)
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
 # roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
@@ -836,36 +842,53 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
             [f"roles/bigquery.jobUser on the project {project}, granted to {who or 'the pipeline service account'}",
              "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
         )  # fmt: skip
+    denied = isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied")
+    who = _identity(creds)
+    grantee = who or "the pipeline service account"
+    if denied and ROW_POLICY_REFUSAL.search(said):  # a snapshot's read session or the APPENDS query
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may not read {table} as of a past time, as every read of the run is (its snapshot "
+            f"time, and APPENDS): a table that has or had row-level access policies is read so only with "
+            f"{OVERRIDE_TIME_TRAVEL}, and the Storage Read API reads it only with the TRUE filter "
+            f"({ROW_POLICIES_SOURCE}, \"Time travel\" and \"The TRUE filter\"): {said}",
+            [f"a custom role holding only {OVERRIDE_TIME_TRAVEL} (`gcloud iam roles create ROLE --project "
+             f"{table.split('.')[0]} --permissions={OVERRIDE_TIME_TRAVEL}`), granted to {grantee} on the table "
+             f"{table}, and a row access policy `FILTER USING (TRUE)` on it granted to {grantee}",
+             "a copy of the table without row access policies, read instead"],
+        )  # fmt: skip
     if isinstance(exc, gexc.PermissionDenied) and READ_SESSION_PERMISSION in said:
-        who = _identity(creds)
         return SpecError(
             field,
             f"{who or 'the caller'} may not open BigQuery read sessions in project {project}, where the run reads "
             f"the table and is billed: {said}",
-            [f"roles/bigquery.readSessionUser on the project {project}, granted to "
-             f"{who or 'the pipeline service account'}",
+            [f"roles/bigquery.readSessionUser on the project {project}, granted to {grantee}",
+             "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
+        )  # fmt: skip
+    if isinstance(exc, gexc.PermissionDenied) and READ_STREAM_PERMISSION in said:
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may open BigQuery read sessions in project {project} yet not read their streams "
+            f"({READ_STREAM_PERMISSION}): {said}",
+            [f"roles/bigquery.readSessionUser on the project {project} (it holds {READ_SESSION_PERMISSION} and "
+             f"{READ_STREAM_PERMISSION}), granted to {grantee}",
              "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
         )  # fmt: skip
     # PERMISSION_DENIED is the Storage Read API's refusal (gRPC), accessDenied the REST API's.
-    if isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied"):
-        who = _identity(creds)
+    if denied:
         dataset = table.rsplit(".", 1)[0]
-        if isinstance(exc, gexc.PermissionDenied) and _reads(table, project):  # the rows, yet not this read
+        if _reads(table, project):  # the rows, yet not this read: what BigQuery said is all there is to go on
             return SpecError(
                 field,
-                f"{who or 'the caller'} may read {table} yet not as of a past time, as every read of the run is (its "
-                f"snapshot time, and APPENDS): a table that has or had row-level access policies is read as of a past "
-                f"time only with {OVERRIDE_TIME_TRAVEL} (a table admin's: {ROW_POLICIES_SOURCE}): {said}",
-                [f"roles/bigquery.admin on the table {table} (or its dataset {dataset}), granted to "
-                 f"{who or 'the pipeline service account'}",
-                 "a copy of the table without row access policies, read instead"],
+                f"{who or 'the caller'} may read {table}, yet BigQuery refused this read of it: {said}",
+                ["what BigQuery names: a column's policy tag (fine-grained reader on it), a VPC Service Controls "
+                 "perimeter, or an organization policy"],
             )  # fmt: skip
         return SpecError(
             field,
             f"{who or 'the caller'} may not read {table}: {said}",
             [f"roles/bigquery.dataViewer on the dataset {dataset} (or the table) and roles/bigquery.readSessionUser "
-             f"and roles/bigquery.jobUser on the project {project}, granted to "
-             f"{who or 'the pipeline service account'}"],
+             f"and roles/bigquery.jobUser on the project {project}, granted to {grantee}"],
         )  # fmt: skip
     if isinstance(exc, gexc.BadRequest) and "Invalid snapshot time" in said:
         return SpecError(

@@ -300,23 +300,70 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
     assert len(read(snap())) == 10 and bq.jobs == {}
 
 
-def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_by_a_table_admin_alone(bq, monkeypatch):
+OVERRIDE_ROLE = f"projects/{PROJECT}/roles/timeTravelOverride"  # a custom role: the one permission
+
+
+def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_with_the_override_alone(bq, monkeypatch):
     """Every read of a run is as of a past time (its snapshot time); on a table that has or had row access policies
-    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions, a table admin's: the refusal of a caller
-    who may read the table says so, instead of advising the read roles it already holds."""
+    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions: the refusal, in BigQuery's words, names a
+    custom role holding that one permission and the TRUE filter, never roles/bigquery.admin, nor the read roles the
+    caller already holds; a custom role holding it alone is enough."""
+    from tests.emulators import bigquery as emulated
+
+    monkeypatch.setitem(emulated.ROLES, OVERRIDE_ROLE, frozenset({emulated.OVERRIDE_TIME_TRAVEL}))
     member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
     bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
     bq.grant(member, "roles/bigquery.readSessionUser", PROJECT)
     bq.add_row_access_policy(TABLE)
-    with pytest.raises(SpecError, match="may read .* yet not as of a past time") as raised:
+    with pytest.raises(SpecError, match="may not read .* as of a past time") as raised:
         snap(at=datetime.now(UTC) - timedelta(minutes=1))
-    assert "has or had row-level access policies" in str(raised.value) and raised.value.field == FIELD
-    assert "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(raised.value)
-    assert any("roles/bigquery.admin on the table" in v for v in raised.value.valid)
-    assert not any("dataViewer" in v for v in raised.value.valid)
-    bq.grant(member, "roles/bigquery.admin", TABLE)
+    assert "is forbidden as it has (or has had) row access policies" in str(raised.value)
+    assert raised.value.field == FIELD and "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(
+        raised.value
+    )
+    assert any("custom role holding only" in v and "FILTER USING (TRUE)" in v for v in raised.value.valid)
+    assert not any("admin" in v or "dataViewer" in v for v in raised.value.valid)
+    bq.grant(member, OVERRIDE_ROLE, TABLE)
     assert len(read(snap(at=datetime.now(UTC) - timedelta(minutes=1)))) == 10
+
+
+def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_row_policy_matter(bq, monkeypatch):
+    """APPENDS reads the table's past too: its query's refusal (REST, accessDenied) gets the same row-policy message,
+    not the read roles' advice."""
+    from tests.emulators import bigquery as emulated
+
+    monkeypatch.setitem(emulated.ROLES, OVERRIDE_ROLE, frozenset({emulated.OVERRIDE_TIME_TRAVEL}))
+    champion = snap(at=datetime.now(UTC) - timedelta(minutes=1))
+    since = {"table": TABLE, "filter": "", "snapshot_time": champion["snapshot_time"]}
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, "roles/bigquery.user", PROJECT)
+    bq.add_row_access_policy(TABLE)
+    with pytest.raises(SpecError, match="may not read .* as of a past time") as raised:
+        read(snap(since=since))
+    assert f"Time travel on table {PROJECT}:examples.dolly is forbidden" in str(raised.value)
+    assert any("custom role holding only" in v for v in raised.value.valid) and len(bq.jobs) == 1
+    bq.grant(member, OVERRIDE_ROLE, TABLE)
+    assert read(snap(since=since)) == []
+
+
+def test_a_read_session_without_get_data_names_that_permission_not_row_policies(bq, monkeypatch):
+    """A custom role may hold bigquery.readsessions.create without bigquery.readsessions.getData: the streams are
+    refused, and the refusal names that permission and roles/bigquery.readSessionUser."""
+    from tests.emulators import bigquery as emulated
+
+    sessions_only = f"projects/{PROJECT}/roles/sessionsOnly"
+    monkeypatch.setitem(emulated.ROLES, sessions_only, frozenset({"bigquery.readsessions.create"}))
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, sessions_only, PROJECT)
+    with pytest.raises(SpecError, match="yet not read their streams") as raised:
+        read(snap())
+    assert "bigquery.readsessions.getData" in str(raised.value) and "row access" not in str(raised.value)
+    assert any("roles/bigquery.readSessionUser on the project" in v for v in raised.value.valid)
 
 
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
