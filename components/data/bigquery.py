@@ -31,7 +31,13 @@ With ``since`` (the champion's snapshot of the same table with the same filter, 
 new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
 change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
 https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job
-whose result table is read through a read session (no result pages: :func:`_appended`).
+whose result table is read through a read session (no result pages: :func:`_appended`). That table is the query's
+anonymous result table, and a query's result is capped at BigQuery's maximum response size unless it is written to a
+named destination table ("Maximum response size", https://cloud.google.com/bigquery/quotas#query_jobs, 10 GB
+compressed as of this writing; https://cloud.google.com/bigquery/docs/cached-results: "the result set must be
+smaller than the maximum response size"): a run by commit time reads at most that much new data, and beyond it fails
+with BigQuery's error (``responseTooLarge``). No setting forces the time-column mode instead; a larger window is a
+limit of this reader (docs/recurring.md).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -412,7 +418,8 @@ def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     session on it (no snapshot time: it is written once, by the job) streams it in Arrow batches, as
     google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
     (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
-    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too."""
+    pages, none of their per-response size; the result table itself is still capped at the maximum response size
+    (the module's docstring). The session is created in, and billed to, the snapshot's project too."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
