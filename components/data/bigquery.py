@@ -47,8 +47,9 @@ late row costs there: the champion read another table or filter; its time is pas
 (``maxTimeTravelHours``: "An error is returned if the time specified is earlier than allowed by time travel"); the
 table was created after it (recreated or replaced: APPENDS then starts at the new table's creation, "If the table
 was created after the start_timestamp value, the actual table creation time is used instead", and would read again
-what the champion had). A view, a materialized view or an external table is refused before anything is read (a
-SpecError naming the field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table.
+what the champion had). A view or a materialized view is refused before anything is read (a SpecError naming the
+field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table; so is an external table
+(``UNPINNED``: no time travel, so no read of it is pinned to a time); a table snapshot is read as a table.
 
 Bad input is a :class:`SpecError` naming its field: a malformed URI, a table that tables.get does not find (a
 ``NoDrop``: with a dated table and ``train.data_since``, the caller's day without a drop), no permission to read it,
@@ -114,12 +115,23 @@ DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 SCHEME = "bq://"
 # What tables.get's ``type`` says of an entity no read session reads: the Storage Read API reads BigQuery storage, and
-# a view, a materialized view or an external table is none ("Limitations",
-# https://cloud.google.com/bigquery/docs/reference/storage; the service's refusal, "non-table entities cannot be read
-# with the storage API", as https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
+# a view or a materialized view is none ("Limitations", https://cloud.google.com/bigquery/docs/reference/storage; the
+# service's refusal, "non-table entities cannot be read with the storage API", as
+# https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type
-NOT_READ = ("VIEW", "MATERIALIZED_VIEW", "EXTERNAL")
+NOT_READ = ("VIEW", "MATERIALIZED_VIEW")
 NOT_READ_SOURCE = "https://cloud.google.com/bigquery/docs/reference/storage, Limitations"
+# An external table's rows live outside BigQuery storage: a BigLake table is read by the Storage Read API
+# (https://cloud.google.com/bigquery/docs/query-cloud-storage-using-biglake), yet no external table has time travel
+# (time travel is of data in BigQuery storage: https://cloud.google.com/bigquery/docs/time-travel), and BigQuery does
+# not guarantee its consistency while it is read (https://cloud.google.com/bigquery/docs/external-tables,
+# "Limitations"): no read can be pinned to the run's snapshot time, so none is made. A table snapshot (SNAPSHOT) is
+# read as a table: "You can query a table snapshot as you would a standard table. Table snapshots are read-only"
+# (https://cloud.google.com/bigquery/docs/table-snapshots-intro); it never changes, so every read of it is the same.
+UNPINNED = ("EXTERNAL",)
+UNPINNED_SOURCE = (
+    "https://cloud.google.com/bigquery/docs/time-travel; https://cloud.google.com/bigquery/docs/external-tables"
+)
 REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
 # A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
 PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
@@ -270,6 +282,14 @@ def snapshot(
         raise NoDrop(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE]) from None
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    if found.table_type in UNPINNED:
+        raise SpecError(
+            field,
+            f"{table} is an {found.table_type} table: its rows live outside BigQuery storage, with no time travel, so "
+            f"no read of it can be pinned to the run's snapshot time ({UNPINNED_SOURCE}): name a table",
+            ["load it into a table (a load job or a scheduled query that writes it, e.g. daily) and read that table",
+             "bq://PROJECT.DATASET.TABLE of a regular table or a table snapshot"],
+        )  # fmt: skip
     if found.table_type in NOT_READ:
         raise SpecError(
             field,

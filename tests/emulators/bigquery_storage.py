@@ -193,7 +193,7 @@ class BigQueryStorageEmulator:
         t = d.tables.get(name)
         if t is None:
             raise BigQueryError(404, f"Not found: Table {table_name}")
-        if t.type != "TABLE":
+        if t.type not in ("TABLE", "SNAPSHOT"):  # a table snapshot is read as a table (table-snapshots-intro)
             # The Storage Read API reads a table's storage: a view, a materialized view or an external table it
             # refuses ("non-table entities cannot be read with the storage API", the service's refusal as
             # https://github.com/coiled/dask-bigquery/issues/41 quotes it; "Limitations",

@@ -247,11 +247,11 @@ def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypat
     assert not any("ya29" in (auth or "") for auth in bq.storage.authorizations)
 
 
-@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW", "EXTERNAL"])
-def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_session(bq, kind):
-    """The Storage Read API reads tables only; tables.get's ``type`` tells a view, a materialized view or an external
-    table up front, refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the
-    emulated service refuses a session on one as the real one does."""
+@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW"])
+def test_a_view_is_refused_naming_the_field_before_any_session(bq, kind):
+    """The Storage Read API reads tables only; tables.get's ``type`` tells a view or a materialized view up front,
+    refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the emulated service
+    refuses a session on one as the real one does."""
     name = f"{PROJECT}.examples.shared"
     bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type=kind)
     for field in (FIELD, "train.eval_dataset"):
@@ -261,6 +261,21 @@ def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_sess
     request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(name), "data_format": 3}}
     with pytest.raises(Exception, match="non-table entities cannot be read with the storage API"):
         data.read_client(None).create_read_session(**request)
+
+
+def test_an_external_table_is_refused_for_its_lack_of_time_travel_and_a_table_snapshot_is_read(bq):
+    """An external table (BigLake's included, which the Storage Read API reads) has no time travel: refused naming
+    that reason, before any session. A table snapshot is read-only and read as a table."""
+    name = f"{PROJECT}.examples.outside"
+    bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type="EXTERNAL")
+    with pytest.raises(SpecError, match="is an EXTERNAL table: .* no time travel") as raised:
+        data.snapshot(name, field=FIELD, at=datetime.now(UTC))
+    assert raised.value.field == FIELD and "Storage Read API does not read" not in str(raised.value)
+    assert bq.storage.calls == []
+    kept = f"{PROJECT}.examples.kept"
+    bq.create_table(kept, SCHEMA, at=NOW - 48 * HOUR, table_type="SNAPSHOT")
+    bq.insert(kept, [example(n, NOW - 24 * HOUR) for n in range(3)], at=NOW - 47 * HOUR)
+    assert [r["response"] for r in read(data.snapshot(kept, field=FIELD, at=datetime.now(UTC)))] == ["0", "1", "2"]
 
 
 def raised_field(table: str) -> str:
