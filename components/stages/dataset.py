@@ -18,7 +18,9 @@ A generated dataset has nothing to snapshot: it says so and the run goes on. A h
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import tempfile
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -320,13 +322,11 @@ def snapshot_data(
                     "digest": _file_digest(rows.path),
                 }
                 if split == "train":
-                    keys = snapshot.lineage(seen, rows)
-                    ctx.store.write_bytes(KEYS, keys)
-                    manifest["keys"] = {
-                        "uri": f"{ctx.store.uri}/{KEYS}",
-                        "digest": snapshot.file_digest(keys),
-                        "count": len(keys) // snapshot.KEY_BYTES,
-                    }
+                    with tempfile.TemporaryDirectory(prefix="tpupipe-keys-") as scratch:
+                        path = os.path.join(scratch, "keys.bin")
+                        keys_digest, count = snapshot.lineage(seen, rows, path)
+                        ctx.store.write_file(KEYS, path)  # streamed from its file, as the examples are
+                    manifest["keys"] = {"uri": f"{ctx.store.uri}/{KEYS}", "digest": keys_digest, "count": count}
         write_text(ctx.store, CARD, card(manifest, _samples(train)), "text/markdown")  # before the manifest: a retry
         write_json(ctx.store, MANIFEST, manifest)  # that finds the manifest finds the card
         earlier = manifest

@@ -519,7 +519,8 @@ def test_a_table_truncated_and_reloaded_trains_only_on_its_new_row(bq, tmp_path)
 
     spec = run_spec(tmp_path)
     first, train, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
-    seen = snapshot.Keys(snapshot.lineage(None, train))
+    snapshot.lineage(None, train, str(tmp_path / "keys.bin"))
+    seen = snapshot.Keys((tmp_path / "keys.bin").read_bytes())
     assert len(seen) == 10
     pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
     bq.delete(TABLE, lambda row: True, at=pinned + timedelta(microseconds=1))  # the truncate, after the champion's
