@@ -71,6 +71,30 @@ def credentials() -> Credentials:
     return creds
 
 
+def emulator_credentials(creds: Any = None) -> Credentials:
+    """What a client sends to an emulator's plaintext ``http://`` endpoint: the emulators' static token
+    (:func:`emulator_token`); else ``creds`` (or Application Default Credentials) only when they refresh at the
+    emulated token endpoint (``$TPUPIPE_GKE_EMULATOR_TOKEN_URI``), so their tokens are the emulator's own; else
+    anonymous credentials (no ``Authorization`` header). A real Google credential never goes over plain HTTP."""
+    from google.auth.credentials import AnonymousCredentials
+
+    token = emulator_token()
+    if token:
+        from google.oauth2 import credentials as oauth2
+
+        return oauth2.Credentials(token=token)  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped
+    token_uri = os.environ.get(EMULATOR_TOKEN_URI_ENV)
+    if token_uri and os.environ.get(EMULATOR_HOST_ENV):
+        try:
+            creds = creds or credentials()
+        except AccessError:  # no credentials at all: none to send
+            creds = None
+        if creds is not None and getattr(creds, "token_uri", None) == token_uri:
+            emulated: Credentials = creds
+            return emulated
+    return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped
+
+
 def google_client[C](
     cls: type[C],
     emulator_env: str,
@@ -90,8 +114,8 @@ def google_client[C](
     with a gRPC transport, REST for one without): ``"grpc"``, the variable is ``host:port`` of a gRPC server in
     plaintext, as Google's own emulators are found (``PUBSUB_EMULATOR_HOST``): the client gets an insecure channel on
     its gRPC transport, and no credentials; ``"rest"``, the variable is the emulator's URL (``http://host:port``, as
-    ``STORAGE_EMULATOR_HOST``): it is the client's ``api_endpoint``, with the credentials Google would get, and a GAPIC
-    client (one that takes a transport) speaks REST to it."""
+    ``STORAGE_EMULATOR_HOST``): it is the client's ``api_endpoint``, with :func:`emulator_credentials` (never
+    Google's, over plaintext HTTP), and a GAPIC client (one that takes a transport) speaks REST to it."""
     host = os.environ.get(emulator_env)
     grpc_transport = _grpc_transport(cls)
     if host and (emulator_transport or transport or ("grpc" if grpc_transport else "rest")) == "grpc":
@@ -102,6 +126,7 @@ def google_client[C](
     if host:
         endpoint = host
         transport = "rest" if hasattr(cls, "get_transport_class") else None
+        creds = emulator_credentials(creds)
     options: dict[str, Any] = {"credentials": creds or credentials(), **kwargs}
     if endpoint:
         options["client_options"] = {"api_endpoint": endpoint}

@@ -31,7 +31,13 @@ With ``since`` (the champion's snapshot of the same table with the same filter, 
 new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
 change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
 https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job
-whose result table is read through a read session (no result pages: :func:`_appended`).
+whose result table is read through a read session (no result pages: :func:`_appended`). That table is the query's
+anonymous result table, and a query's result is capped at BigQuery's maximum response size unless it is written to a
+named destination table ("Maximum response size", https://cloud.google.com/bigquery/quotas#query_jobs, 10 GB
+compressed as of this writing; https://cloud.google.com/bigquery/docs/cached-results: "the result set must be
+smaller than the maximum response size"): a run by commit time reads at most that much new data, and beyond it fails
+with BigQuery's error (``responseTooLarge``). No setting forces the time-column mode instead; a larger window is a
+limit of this reader (docs/recurring.md).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -41,8 +47,9 @@ late row costs there: the champion read another table or filter; its time is pas
 (``maxTimeTravelHours``: "An error is returned if the time specified is earlier than allowed by time travel"); the
 table was created after it (recreated or replaced: APPENDS then starts at the new table's creation, "If the table
 was created after the start_timestamp value, the actual table creation time is used instead", and would read again
-what the champion had). A view, a materialized view or an external table is refused before anything is read (a
-SpecError naming the field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table.
+what the champion had). A view or a materialized view is refused before anything is read (a SpecError naming the
+field: the Storage Read API reads tables only, ``NOT_READ``): materialise it into a table; so is an external table
+(``UNPINNED``: no time travel, so no read of it is pinned to a time); a table snapshot is read as a table.
 
 Bad input is a :class:`SpecError` naming its field: a malformed URI, a table that tables.get does not find (a
 ``NoDrop``: with a dated table and ``train.data_since``, the caller's day without a drop), no permission to read it,
@@ -108,12 +115,23 @@ DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 SCHEME = "bq://"
 # What tables.get's ``type`` says of an entity no read session reads: the Storage Read API reads BigQuery storage, and
-# a view, a materialized view or an external table is none ("Limitations",
-# https://cloud.google.com/bigquery/docs/reference/storage; the service's refusal, "non-table entities cannot be read
-# with the storage API", as https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
+# a view or a materialized view is none ("Limitations", https://cloud.google.com/bigquery/docs/reference/storage; the
+# service's refusal, "non-table entities cannot be read with the storage API", as
+# https://github.com/coiled/dask-bigquery/issues/41 quotes it). Table types:
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.type
-NOT_READ = ("VIEW", "MATERIALIZED_VIEW", "EXTERNAL")
+NOT_READ = ("VIEW", "MATERIALIZED_VIEW")
 NOT_READ_SOURCE = "https://cloud.google.com/bigquery/docs/reference/storage, Limitations"
+# An external table's rows live outside BigQuery storage: a BigLake table is read by the Storage Read API
+# (https://cloud.google.com/bigquery/docs/query-cloud-storage-using-biglake), yet no external table has time travel
+# (time travel is of data in BigQuery storage: https://cloud.google.com/bigquery/docs/time-travel), and BigQuery does
+# not guarantee its consistency while it is read (https://cloud.google.com/bigquery/docs/external-tables,
+# "Limitations"): no read can be pinned to the run's snapshot time, so none is made. A table snapshot (SNAPSHOT) is
+# read as a table: "You can query a table snapshot as you would a standard table. Table snapshots are read-only"
+# (https://cloud.google.com/bigquery/docs/table-snapshots-intro); it never changes, so every read of it is the same.
+UNPINNED = ("EXTERNAL",)
+UNPINNED_SOURCE = (
+    "https://cloud.google.com/bigquery/docs/time-travel; https://cloud.google.com/bigquery/docs/external-tables"
+)
 REQUIRED = ("instruction", "response")  # what the trainer's formatter reads of each row (trainers/data.py)
 # A project id, or a domain-scoped one ("example.com:project"): https://cloud.google.com/resource-manager/docs/creating-managing-projects
 PROJECT = re.compile(rf"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?{PROJECT_ID_PATTERN}")
@@ -264,6 +282,14 @@ def snapshot(
         raise NoDrop(field, f"{table} does not exist or is not visible to the caller: {said}", [TABLE_RULE]) from None
     except _failures() as exc:
         raise _refusal(exc, field, table, billing, creds, filter_field, filter) from None
+    if found.table_type in UNPINNED:
+        raise SpecError(
+            field,
+            f"{table} is an {found.table_type} table: its rows live outside BigQuery storage, with no time travel, so "
+            f"no read of it can be pinned to the run's snapshot time ({UNPINNED_SOURCE}): name a table",
+            ["load it into a table (a load job or a scheduled query that writes it, e.g. daily) and read that table",
+             "bq://PROJECT.DATASET.TABLE of a regular table or a table snapshot"],
+        )  # fmt: skip
     if found.table_type in NOT_READ:
         raise SpecError(
             field,
@@ -412,7 +438,8 @@ def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     session on it (no snapshot time: it is written once, by the job) streams it in Arrow batches, as
     google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
     (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
-    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too."""
+    pages, none of their per-response size; the result table itself is still capped at the maximum response size
+    (the module's docstring). The session is created in, and billed to, the snapshot's project too."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -543,11 +570,17 @@ def _string(text: str) -> str:
 
 
 READ_PERMISSIONS = ("bigquery.tables.get", "bigquery.tables.getData")  # roles/bigquery.dataViewer's, on the table
-# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this, which
-# table admins hold ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
+# Reading a table that has or had row access policies as of a past time (time travel, APPENDS) takes this (a custom
+# role holding it alone: roles/bigquery.admin would also let the reader delete the policies), and the Storage Read API
+# the TRUE filter ("Required permissions", https://cloud.google.com/bigquery/docs/change-history;
 # https://cloud.google.com/bigquery/docs/using-row-level-security-with-features, "Time travel")
 OVERRIDE_TIME_TRAVEL = "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions"
 ROW_POLICIES_SOURCE = "https://cloud.google.com/bigquery/docs/using-row-level-security-with-features"
+# BigQuery's refusal of such a read without it: "Access Denied: BigQuery: Time travel on table P:D.T is forbidden as
+# it has (or has had) row access policies" (the query service's wording, as Fivetran's troubleshooting page quotes it:
+# https://fivetran.com/docs/connectors/databases/bigquery/troubleshooting/time-travel-forbidden-error); a refusal
+# that does not say so is not blamed on row access policies.
+ROW_POLICY_REFUSAL = re.compile(r"\bhas \(or has had\) row access polic", re.IGNORECASE)
 JOB_PERMISSION = "bigquery.jobs.create"  # roles/bigquery.jobUser's, on the project the jobs run in
 # roles/bigquery.readSessionUser's, on the project a Storage Read API session is created in and billed to
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions")
@@ -836,36 +869,53 @@ def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter
             [f"roles/bigquery.jobUser on the project {project}, granted to {who or 'the pipeline service account'}",
              "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
         )  # fmt: skip
+    denied = isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied")
+    who = _identity(creds)
+    grantee = who or "the pipeline service account"
+    if denied and ROW_POLICY_REFUSAL.search(said):  # a snapshot's read session or the APPENDS query
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may not read {table} as of a past time, as every read of the run is (its snapshot "
+            f"time, and APPENDS): a table that has or had row-level access policies is read so only with "
+            f"{OVERRIDE_TIME_TRAVEL}, and the Storage Read API reads it only with the TRUE filter "
+            f"({ROW_POLICIES_SOURCE}, \"Time travel\" and \"The TRUE filter\"): {said}",
+            [f"a custom role holding only {OVERRIDE_TIME_TRAVEL} (`gcloud iam roles create ROLE --project "
+             f"{table.split('.')[0]} --permissions={OVERRIDE_TIME_TRAVEL}`), granted to {grantee} on the table "
+             f"{table}, and a row access policy `FILTER USING (TRUE)` on it granted to {grantee}",
+             "a copy of the table without row access policies, read instead"],
+        )  # fmt: skip
     if isinstance(exc, gexc.PermissionDenied) and READ_SESSION_PERMISSION in said:
-        who = _identity(creds)
         return SpecError(
             field,
             f"{who or 'the caller'} may not open BigQuery read sessions in project {project}, where the run reads "
             f"the table and is billed: {said}",
-            [f"roles/bigquery.readSessionUser on the project {project}, granted to "
-             f"{who or 'the pipeline service account'}",
+            [f"roles/bigquery.readSessionUser on the project {project}, granted to {grantee}",
+             "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
+        )  # fmt: skip
+    if isinstance(exc, gexc.PermissionDenied) and READ_STREAM_PERMISSION in said:
+        return SpecError(
+            field,
+            f"{who or 'the caller'} may open BigQuery read sessions in project {project} yet not read their streams "
+            f"({READ_STREAM_PERMISSION}): {said}",
+            [f"roles/bigquery.readSessionUser on the project {project} (it holds {READ_SESSION_PERMISSION} and "
+             f"{READ_STREAM_PERMISSION}), granted to {grantee}",
              "train.bigquery_project=PROJECT (a project where it may; default: gke.project)"],
         )  # fmt: skip
     # PERMISSION_DENIED is the Storage Read API's refusal (gRPC), accessDenied the REST API's.
-    if isinstance(exc, gexc.PermissionDenied) or (isinstance(exc, gexc.Forbidden) and reason == "accessDenied"):
-        who = _identity(creds)
+    if denied:
         dataset = table.rsplit(".", 1)[0]
-        if isinstance(exc, gexc.PermissionDenied) and _reads(table, project):  # the rows, yet not this read
+        if _reads(table, project):  # the rows, yet not this read: what BigQuery said is all there is to go on
             return SpecError(
                 field,
-                f"{who or 'the caller'} may read {table} yet not as of a past time, as every read of the run is (its "
-                f"snapshot time, and APPENDS): a table that has or had row-level access policies is read as of a past "
-                f"time only with {OVERRIDE_TIME_TRAVEL} (a table admin's: {ROW_POLICIES_SOURCE}): {said}",
-                [f"roles/bigquery.admin on the table {table} (or its dataset {dataset}), granted to "
-                 f"{who or 'the pipeline service account'}",
-                 "a copy of the table without row access policies, read instead"],
+                f"{who or 'the caller'} may read {table}, yet BigQuery refused this read of it: {said}",
+                ["what BigQuery names: a column's policy tag (fine-grained reader on it), a VPC Service Controls "
+                 "perimeter, or an organization policy"],
             )  # fmt: skip
         return SpecError(
             field,
             f"{who or 'the caller'} may not read {table}: {said}",
             [f"roles/bigquery.dataViewer on the dataset {dataset} (or the table) and roles/bigquery.readSessionUser "
-             f"and roles/bigquery.jobUser on the project {project}, granted to "
-             f"{who or 'the pipeline service account'}"],
+             f"and roles/bigquery.jobUser on the project {project}, granted to {grantee}"],
         )  # fmt: skip
     if isinstance(exc, gexc.BadRequest) and "Invalid snapshot time" in said:
         return SpecError(

@@ -382,8 +382,8 @@ def example_key(example: dict[str, Any]) -> bytes:
 
 class Keys:
     """The keys (:func:`example_key`) of every training example a lineage has seen, as its key file holds them: one
-    sorted run of ``KEY_BYTES``-byte keys, each once, nothing else. Held as those bytes (16 a key, no object per key)
-    and looked up by binary search."""
+    sorted run of ``KEY_BYTES``-byte keys, each once, nothing else. Held as that one bytes object (16 bytes a key, no
+    object per key, never copied) and looked up by binary search over it, each probe a 16-byte slice."""
 
     def __init__(self, blob: bytes) -> None:
         if len(blob) % KEY_BYTES:
@@ -393,34 +393,51 @@ class Keys:
     def __len__(self) -> int:
         return len(self.blob) // KEY_BYTES
 
-    def __getitem__(self, index: int) -> bytes:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self.blob[index * KEY_BYTES : (index + 1) * KEY_BYTES]
-
     def __iter__(self) -> Iterator[bytes]:
         return (self.blob[i : i + KEY_BYTES] for i in range(0, len(self.blob), KEY_BYTES))
 
     def __contains__(self, key: object) -> bool:
-        import bisect
+        blob, low, high = self.blob, 0, len(self)
+        while low < high:
+            mid = (low + high) // 2
+            at = blob[mid * KEY_BYTES : mid * KEY_BYTES + KEY_BYTES]
+            if at == key:
+                return True
+            if at < key:  # type: ignore[operator]  # a key is bytes; anything else is in no key file
+                low = mid + 1
+            else:
+                high = mid
+        return False
 
-        index = bisect.bisect_left(self, key)  # type: ignore[call-overload]
-        return index < len(self) and self[index] == key
+
+LINEAGE_CHUNK = 65536  # keys written at a time (1 MiB): what the merge holds of its output
 
 
-def lineage(seen: Keys | None, examples: Iterable[dict[str, Any]]) -> bytes:
-    """The key file of a run's lineage: the keys of ``examples`` (the examples the run trains on) and ``seen`` (the
-    champion's, when it was read), sorted, each once."""
+def lineage(seen: Keys | None, examples: Iterable[dict[str, Any]], path: str) -> tuple[str, int]:
+    """Write the key file of a run's lineage to ``path``: the keys of ``examples`` (the examples the run trains on)
+    and ``seen`` (the champion's, when it was read), sorted, each once, as a streamed merge of the two sorted runs, a
+    chunk of ``LINEAGE_CHUNK`` keys at a time (the champion's file is held once, as :class:`Keys`; the output never
+    whole). Returns its digest (:func:`file_digest` of its bytes) and its number of keys. The file grows by
+    ``KEY_BYTES`` (16) bytes for each distinct example the lineage ever trained on (docs/recurring.md)."""
     import heapq
 
     mine = sorted({example_key(e) for e in examples})
     theirs = iter(seen) if seen is not None else iter(())
-    out, last = bytearray(), b""
-    for key in heapq.merge(theirs, mine):
-        if key != last:
-            out += key
-            last = key
-    return bytes(out)
+    sha, count, last, chunk = hashlib.sha256(), 0, b"", []
+    with open(path, "wb") as out:
+        for key in heapq.merge(theirs, mine):
+            if key != last:
+                chunk.append(key)
+                last = key
+                if len(chunk) == LINEAGE_CHUNK:
+                    data = b"".join(chunk)
+                    out.write(data)
+                    sha.update(data)
+                    count, chunk = count + len(chunk), []
+        data = b"".join(chunk)
+        out.write(data)
+        sha.update(data)
+    return "sha256:" + sha.hexdigest(), count + len(chunk)
 
 
 class Spool:

@@ -18,7 +18,9 @@ A generated dataset has nothing to snapshot: it says so and the run goes on. A h
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import tempfile
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple
 from components.platforms import RunContext, get_platform
 from components.platforms.store import open_store, read_json, write_json, write_text
 from components.registry import Version
-from components.spec import RunSpec, SpecError, datasets
+from components.spec import InfraError, RunSpec, SpecError, datasets
 from components.stages import base_weights, gate
 from components.stages.jobs import log
 
@@ -104,7 +106,7 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> T
     since, ref = champion_manifest(champion) if ctx.spec.train.data_since == "champion" else (None, "")
     if ctx.spec.train.data_since == "champion" and champion is None:
         log(f"snapshot_data: train.data_since=champion: {ctx.spec.model_name} has no champion yet: taking everything")
-    seen = champion_keys(since, ref, log) if since is not None else None
+    seen = champion_keys(champion, since, log) if champion is not None and since is not None else None
     left_out: list[str] = []
 
     def said(line: str) -> None:  # what the snapshot left unread, kept for the card
@@ -120,30 +122,61 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> T
     return Taken(manifest, train, heldout, seen)
 
 
-def champion_keys(manifest: dict[str, Any], ref: str, log: Callable[[str], None] = log) -> Any:
-    """The champion's lineage keys (``snapshot.Keys``) from the key file its manifest names (``keys``: its URI and
-    sha256), checked against that digest; None, with one warning line, when it names none (a champion from before key
-    files), the file is gone or its digest differs: duplicates of what the champion saw are then not dropped."""
-    from components.data import snapshot
-
+def champion_keys(champion: Version, manifest: dict[str, Any], log: Callable[[str], None] = log) -> Any:
+    """The champion's lineage keys (``snapshot.Keys``): its key file, checked against the sha256 the registry recorded
+    when it was registered (``data_keys``, ``data_keys_digest``: :func:`gate.provenance`), which no writer of its run
+    store can change. The file must be its own run store's ``KEYS`` (beside ``data_manifest``); another path is a
+    SpecError; a file gone, unreadable or with another digest an InfraError: the run stops rather than write a lineage
+    that forgot what the champion saw. A champion registered before the registry recorded keys: its manifest's entry
+    (``keys``: URI and sha256), checked against that, or None with one warning line (duplicates of what it saw are then
+    not dropped)."""
+    ref = champion.ref
+    recorded = champion.provenance.get("data_keys_digest")
+    if recorded:
+        uri = str(champion.provenance.get("data_keys") or "")
+        own = str(champion.provenance.get("data_manifest") or "").removesuffix("/" + MANIFEST) + "/" + KEYS
+        if uri != own:
+            raise SpecError(
+                "train.data_since",
+                f"champion {ref} records its key file at {uri!r}, not in its own run store ({own}): refused",
+            )
+        return _checked_keys(uri, recorded, f"champion {ref}'s key file", strict=True, log=log)
     entry = manifest.get("keys") or {}
     uri = str(entry.get("uri") or "")
-    problem = "" if uri else "its manifest names no key file (it was trained before key files)"
-    blob = None
-    if uri:
-        parent, name = posixpath.split(uri)
-        try:
-            blob = open_store(*posixpath.split(parent)).read_bytes(name)
-        except Exception as exc:  # noqa: BLE001 - unreadable: said, and the run goes on without it
-            problem = f"{uri} could not be read ({type(exc).__name__}: {exc})"
-        else:
-            if blob is None:
-                problem = f"{uri} is gone"
-            elif snapshot.file_digest(blob) != entry.get("digest"):
-                problem = f"{uri} is not the file its manifest recorded (sha256 {entry.get('digest')})"
+    if not uri:
+        log(
+            f"snapshot_data: warning: champion {ref}: its manifest names no key file (it was trained before key "
+            "files): examples it already trained on are not dropped from this run's (no dedup against the champion)"
+        )
+        return None
+    return _checked_keys(uri, str(entry.get("digest")), f"champion {ref}", strict=False, log=log)
+
+
+def _checked_keys(uri: str, digest: str, what: str, *, strict: bool, log: Callable[[str], None]) -> Any:
+    """The key file at ``uri`` as ``snapshot.Keys`` when its sha256 is ``digest``; otherwise an InfraError naming
+    what is wrong (``strict``) or None with one warning line."""
+    from components.data import snapshot
+
+    parent, name = posixpath.split(uri)
+    problem, blob = "", None
+    try:
+        blob = open_store(*posixpath.split(parent)).read_bytes(name)
+    except Exception as exc:  # noqa: BLE001 - unreadable: an error or a warning, by ``strict``
+        problem = f"{uri} could not be read ({type(exc).__name__}: {exc})"
+    else:
+        if blob is None:
+            problem = f"{uri} is gone"
+        elif snapshot.file_digest(blob) != digest:
+            problem = f"{uri} is not the file {'the registry' if strict else 'its manifest'} recorded (sha256 {digest})"
+    if problem and strict:
+        raise InfraError(
+            f"snapshot_data: {what}: {problem}: the examples its lineage trained on cannot be told apart, and a run "
+            "without them would forget them for good; restore the file, or train on everything "
+            '(train.data_since="")'
+        )
     if problem or blob is None:
         log(
-            f"snapshot_data: warning: champion {ref}: {problem}: examples it already trained on are not dropped from "
+            f"snapshot_data: warning: {what}: {problem}: examples it already trained on are not dropped from "
             "this run's (no dedup against the champion)"
         )
         return None
@@ -289,13 +322,11 @@ def snapshot_data(
                     "digest": _file_digest(rows.path),
                 }
                 if split == "train":
-                    keys = snapshot.lineage(seen, rows)
-                    ctx.store.write_bytes(KEYS, keys)
-                    manifest["keys"] = {
-                        "uri": f"{ctx.store.uri}/{KEYS}",
-                        "digest": snapshot.file_digest(keys),
-                        "count": len(keys) // snapshot.KEY_BYTES,
-                    }
+                    with tempfile.TemporaryDirectory(prefix="tpupipe-keys-") as scratch:
+                        path = os.path.join(scratch, "keys.bin")
+                        keys_digest, count = snapshot.lineage(seen, rows, path)
+                        ctx.store.write_file(KEYS, path)  # streamed from its file, as the examples are
+                    manifest["keys"] = {"uri": f"{ctx.store.uri}/{KEYS}", "digest": keys_digest, "count": count}
         write_text(ctx.store, CARD, card(manifest, _samples(train)), "text/markdown")  # before the manifest: a retry
         write_json(ctx.store, MANIFEST, manifest)  # that finds the manifest finds the card
         earlier = manifest
@@ -426,6 +457,7 @@ def outcome(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, Any]:
         "manifest": f"{ctx.store.uri}/{MANIFEST}",
         "eval_snapshot": (manifest.get("eval") or {}).get("digest"),
         "card": f"{ctx.store.uri}/{CARD}",
+        "keys": manifest.get("keys"),  # the lineage's key file: its URI and sha256, recorded in the registry
     }
     if manifest.get("skip"):
         log(f"snapshot_data: {manifest['skip']}: the run ends here, nothing created")

@@ -342,6 +342,10 @@ def provenance(
         "model_id": base_model(spec),
         **_revision(spec, train.get("base_weights") or {}),
         "data_manifest": data.get("manifest"),  # what the run read, and every item its lineage has seen
+        # the lineage's key file (its run store's data/keys.bin) and its sha256, which the next run under
+        # train.data_since=champion checks it against (components.stages.dataset.champion_keys)
+        "data_keys": (data.get("keys") or {}).get("uri"),
+        "data_keys_digest": (data.get("keys") or {}).get("digest"),
         "eval_snapshot": data.get("eval_snapshot"),  # the fixed evaluation set it was judged on
         "eval_split": ev.get("eval_split"),
         "eval_key": ev.get("eval_key"),  # what its figures were measured on (known_figure finds them by it)

@@ -191,6 +191,20 @@ ROLES: dict[str, frozenset[str]] = {
         OVERRIDE_TIME_TRAVEL,
     },
 }
+
+
+def time_travel_forbidden(table_name: str) -> str:
+    """The refusal of a read as of a past time (APPENDS, a snapshot time) of a table that has or had row access
+    policies, by a caller without ``OVERRIDE_TIME_TRAVEL``: the query service's wording as Fivetran's troubleshooting
+    page quotes it (https://fivetran.com/docs/connectors/databases/bigquery/troubleshooting/time-travel-forbidden-error).
+    Google's own pages do not quote it; the Storage Read API's wording for the same refusal is in no public source
+    found, and is taken to be the same."""
+    return (
+        f"Access Denied: BigQuery: Time travel on table {table_name} is forbidden as it has (or has had) "
+        "row access policies."
+    )
+
+
 # the column types (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema): the legacy
 # names the REST API answers with, and the GoogleSQL names
 LEGACY = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN"}
@@ -810,6 +824,7 @@ class BigQueryEmulator(HttpEmulator):
         # member -> (role, "P.D", {"title", "expression"}) of each grant on a dataset under an IAM condition
         self.conditional_grants: dict[str, list[tuple[str, str, dict[str, str]]]] = {}
         self.calls: list[str] = []  # REST methods, in order
+        self.authorizations: list[str | None] = []  # each request's Authorization header (None: none)
         self.bodies: list[tuple[str, dict, dict]] = []  # (method, query string, body) of each call
         self.faults: list[Fault] = []
         self._identities: dict[str, str] = {}  # token -> member
@@ -986,6 +1001,7 @@ class BigQueryEmulator(HttpEmulator):
         auth = http.headers.get("Authorization")
         with self._lock:
             self.calls.append(method)
+            self.authorizations.append(auth)
             self.bodies.append((method, query, body))
             member = self._identities.get((auth or "").removeprefix("Bearer "))
         if member is None and self.token and not authorized(self.token, auth):
@@ -1296,6 +1312,12 @@ class BigQueryEmulator(HttpEmulator):
         t = d.tables.get(name)
         if t is None:
             raise _not_found(f"Not found: Table {table_name} was not found in location {d.location}")
+        if (
+            q.appends is not None
+            and t.row_policies
+            and not self._allowed(job.member, OVERRIDE_TIME_TRAVEL, project, dataset, name)
+        ):  # APPENDS reads the table's past: "Required permissions", https://cloud.google.com/bigquery/docs/change-history
+            raise _denied(time_travel_forbidden(table_name))
         schema = [*t.schema, *CHANGE_COLUMNS] if q.appends is not None else t.schema
         columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(schema)}
         compiled = Compiled(q, columns, params)

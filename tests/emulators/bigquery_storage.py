@@ -64,6 +64,7 @@ from tests.emulators.bigquery import (
     _datetime,
     _iso,
     _micros,
+    time_travel_forbidden,
 )
 from tests.emulators.tokens import authorized
 
@@ -192,7 +193,7 @@ class BigQueryStorageEmulator:
         t = d.tables.get(name)
         if t is None:
             raise BigQueryError(404, f"Not found: Table {table_name}")
-        if t.type != "TABLE":
+        if t.type not in ("TABLE", "SNAPSHOT"):  # a table snapshot is read as a table (table-snapshots-intro)
             # The Storage Read API reads a table's storage: a view, a materialized view or an external table it
             # refuses ("non-table entities cannot be read with the storage API", the service's refusal as
             # https://github.com/coiled/dask-bigquery/issues/41 quotes it; "Limitations",
@@ -222,11 +223,7 @@ class BigQueryStorageEmulator:
                 and at < now
                 and not tables._allowed(member, OVERRIDE_TIME_TRAVEL, project, dataset, name)
             ):
-                raise BigQueryError(  # the rule's source: OVERRIDE_TIME_TRAVEL's; the wording is the emulator's
-                    403,
-                    f"Access Denied: Table {table_name}: reading it as of a past time needs {OVERRIDE_TIME_TRAVEL}: it "
-                    "has or had row access policies",
-                )
+                raise BigQueryError(403, time_travel_forbidden(table_name))  # the rule's source: OVERRIDE_TIME_TRAVEL's
         options = request.read_session.read_options
         columns = {c["name"].lower(): (i, c["type"]) for i, c in enumerate(t.schema)}
         selected = list(options.selected_fields) or [c["name"] for c in t.schema]

@@ -488,6 +488,7 @@ class StorageEmulator(HttpEmulator):
         super().__init__()
         self.projects = projects  # project id -> project number (a string of digits)
         self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
+        self.authorizations: list[str | None] = []  # each request's Authorization header (None: none)
         self.state = State()
         self.faults: list[Fault] = []
         self.cuts: list[Cutting] = []  # downloads that break off (``cut``)
@@ -658,6 +659,7 @@ class StorageEmulator(HttpEmulator):
         auth = http.headers.get("Authorization")
         with self._lock:
             self.state.calls.append(method)
+            self.authorizations.append(auth)
             member = self._identities.get((auth or "").removeprefix("Bearer "))  # None: the owner, or no one
         if member is None and self.token and not authorized(self.token, auth):
             permission = "storage." + method.replace("insert", "create")

@@ -247,11 +247,11 @@ def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypat
     assert not any("ya29" in (auth or "") for auth in bq.storage.authorizations)
 
 
-@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW", "EXTERNAL"])
-def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_session(bq, kind):
-    """The Storage Read API reads tables only; tables.get's ``type`` tells a view, a materialized view or an external
-    table up front, refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the
-    emulated service refuses a session on one as the real one does."""
+@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED_VIEW"])
+def test_a_view_is_refused_naming_the_field_before_any_session(bq, kind):
+    """The Storage Read API reads tables only; tables.get's ``type`` tells a view or a materialized view up front,
+    refused naming the field (train.dataset, train.eval_dataset) with what to read instead; the emulated service
+    refuses a session on one as the real one does."""
     name = f"{PROJECT}.examples.shared"
     bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type=kind)
     for field in (FIELD, "train.eval_dataset"):
@@ -261,6 +261,21 @@ def test_a_view_or_an_external_table_is_refused_naming_the_field_before_any_sess
     request = {"parent": f"projects/{PROJECT}", "read_session": {"table": data._table_path(name), "data_format": 3}}
     with pytest.raises(Exception, match="non-table entities cannot be read with the storage API"):
         data.read_client(None).create_read_session(**request)
+
+
+def test_an_external_table_is_refused_for_its_lack_of_time_travel_and_a_table_snapshot_is_read(bq):
+    """An external table (BigLake's included, which the Storage Read API reads) has no time travel: refused naming
+    that reason, before any session. A table snapshot is read-only and read as a table."""
+    name = f"{PROJECT}.examples.outside"
+    bq.create_table(name, SCHEMA, at=NOW - 48 * HOUR, table_type="EXTERNAL")
+    with pytest.raises(SpecError, match="is an EXTERNAL table: .* no time travel") as raised:
+        data.snapshot(name, field=FIELD, at=datetime.now(UTC))
+    assert raised.value.field == FIELD and "Storage Read API does not read" not in str(raised.value)
+    assert bq.storage.calls == []
+    kept = f"{PROJECT}.examples.kept"
+    bq.create_table(kept, SCHEMA, at=NOW - 48 * HOUR, table_type="SNAPSHOT")
+    bq.insert(kept, [example(n, NOW - 24 * HOUR) for n in range(3)], at=NOW - 47 * HOUR)
+    assert [r["response"] for r in read(data.snapshot(kept, field=FIELD, at=datetime.now(UTC)))] == ["0", "1", "2"]
 
 
 def raised_field(table: str) -> str:
@@ -300,23 +315,70 @@ def test_no_permission_names_the_roles(bq, monkeypatch):
     assert len(read(snap())) == 10 and bq.jobs == {}
 
 
-def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_by_a_table_admin_alone(bq, monkeypatch):
+OVERRIDE_ROLE = f"projects/{PROJECT}/roles/timeTravelOverride"  # a custom role: the one permission
+
+
+def test_a_table_with_row_access_policies_is_read_as_of_a_past_time_with_the_override_alone(bq, monkeypatch):
     """Every read of a run is as of a past time (its snapshot time); on a table that has or had row access policies
-    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions, a table admin's: the refusal of a caller
-    who may read the table says so, instead of advising the read roles it already holds."""
+    that takes bigquery.rowAccessPolicies.overrideTimeTravelRestrictions: the refusal, in BigQuery's words, names a
+    custom role holding that one permission and the TRUE filter, never roles/bigquery.admin, nor the read roles the
+    caller already holds; a custom role holding it alone is enough."""
+    from tests.emulators import bigquery as emulated
+
+    monkeypatch.setitem(emulated.ROLES, OVERRIDE_ROLE, frozenset({emulated.OVERRIDE_TIME_TRAVEL}))
     member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
     bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
     bq.grant(member, "roles/bigquery.readSessionUser", PROJECT)
     bq.add_row_access_policy(TABLE)
-    with pytest.raises(SpecError, match="may read .* yet not as of a past time") as raised:
+    with pytest.raises(SpecError, match="may not read .* as of a past time") as raised:
         snap(at=datetime.now(UTC) - timedelta(minutes=1))
-    assert "has or had row-level access policies" in str(raised.value) and raised.value.field == FIELD
-    assert "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(raised.value)
-    assert any("roles/bigquery.admin on the table" in v for v in raised.value.valid)
-    assert not any("dataViewer" in v for v in raised.value.valid)
-    bq.grant(member, "roles/bigquery.admin", TABLE)
+    assert "is forbidden as it has (or has had) row access policies" in str(raised.value)
+    assert raised.value.field == FIELD and "bigquery.rowAccessPolicies.overrideTimeTravelRestrictions" in str(
+        raised.value
+    )
+    assert any("custom role holding only" in v and "FILTER USING (TRUE)" in v for v in raised.value.valid)
+    assert not any("admin" in v or "dataViewer" in v for v in raised.value.valid)
+    bq.grant(member, OVERRIDE_ROLE, TABLE)
     assert len(read(snap(at=datetime.now(UTC) - timedelta(minutes=1)))) == 10
+
+
+def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_row_policy_matter(bq, monkeypatch):
+    """APPENDS reads the table's past too: its query's refusal (REST, accessDenied) gets the same row-policy message,
+    not the read roles' advice."""
+    from tests.emulators import bigquery as emulated
+
+    monkeypatch.setitem(emulated.ROLES, OVERRIDE_ROLE, frozenset({emulated.OVERRIDE_TIME_TRAVEL}))
+    champion = snap(at=datetime.now(UTC) - timedelta(minutes=1))
+    since = {"table": TABLE, "filter": "", "snapshot_time": champion["snapshot_time"]}
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, "roles/bigquery.user", PROJECT)
+    bq.add_row_access_policy(TABLE)
+    with pytest.raises(SpecError, match="may not read .* as of a past time") as raised:
+        read(snap(since=since))
+    assert f"Time travel on table {PROJECT}:examples.dolly is forbidden" in str(raised.value)
+    assert any("custom role holding only" in v for v in raised.value.valid) and len(bq.jobs) == 1
+    bq.grant(member, OVERRIDE_ROLE, TABLE)
+    assert read(snap(since=since)) == []
+
+
+def test_a_read_session_without_get_data_names_that_permission_not_row_policies(bq, monkeypatch):
+    """A custom role may hold bigquery.readsessions.create without bigquery.readsessions.getData: the streams are
+    refused, and the refusal names that permission and roles/bigquery.readSessionUser."""
+    from tests.emulators import bigquery as emulated
+
+    sessions_only = f"projects/{PROJECT}/roles/sessionsOnly"
+    monkeypatch.setitem(emulated.ROLES, sessions_only, frozenset({"bigquery.readsessions.create"}))
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, sessions_only, PROJECT)
+    with pytest.raises(SpecError, match="yet not read their streams") as raised:
+        read(snap())
+    assert "bigquery.readsessions.getData" in str(raised.value) and "row access" not in str(raised.value)
+    assert any("roles/bigquery.readSessionUser on the project" in v for v in raised.value.valid)
 
 
 def test_no_rows_is_a_spec_error_unless_reading_after_a_time(bq):
@@ -457,7 +519,8 @@ def test_a_table_truncated_and_reloaded_trains_only_on_its_new_row(bq, tmp_path)
 
     spec = run_spec(tmp_path)
     first, train, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
-    seen = snapshot.Keys(snapshot.lineage(None, train))
+    snapshot.lineage(None, train, str(tmp_path / "keys.bin"))
+    seen = snapshot.Keys((tmp_path / "keys.bin").read_bytes())
     assert len(seen) == 10
     pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
     bq.delete(TABLE, lambda row: True, at=pinned + timedelta(microseconds=1))  # the truncate, after the champion's

@@ -418,8 +418,7 @@ def test_a_drop_rewritten_with_the_same_examples_trains_only_on_what_the_lineage
     assert first["num_examples"] == 20 and manifest["keys"]["count"] == 20 and len(keys) == 20 * snapshot.KEY_BYTES
     assert manifest["keys"]["digest"] == snapshot.file_digest(keys) and manifest["champion_duplicates"] == 0
     assert list(snapshot.Keys(keys)) == sorted(list(snapshot.Keys(keys)))  # sorted, each once
-    _champion(root, data_manifest=manifest["copies"]["train"]["uri"].replace("train.jsonl", "manifest.json"),
-              eval_snapshot=manifest["eval"]["digest"])  # fmt: skip
+    _champion(root, data_manifest=first["manifest"], eval_snapshot=manifest["eval"]["digest"])  # before key digests
     new = b'{"instruction": "Echo something new.", "response": "new"}\n'
     storage.put(DATA, "stable/part-00000.jsonl", rows(1) + new)  # rewritten: the same lines and one more
     capsys.readouterr()
@@ -440,6 +439,55 @@ def test_a_drop_rewritten_with_the_same_examples_trains_only_on_what_the_lineage
     (root / "r0" / "data" / "keys.bin").write_bytes(keys[16:])  # not the file the manifest recorded
     storage.put(DATA, "stable/part-00000.jsonl", rows(1))
     capsys.readouterr()
-    unchecked = dataset.snapshot_data(_ctx(root, sets, "r3"))
+    unchecked = dataset.snapshot_data(_ctx(root, sets, "r3"))  # a champion whose registration recorded no keys
     assert unchecked["num_examples"] == 20 and unchecked["champion_duplicates"] == 0
     assert capsys.readouterr().out.count("is not the file its manifest recorded") == 1
+
+
+def test_the_champions_key_file_is_checked_against_the_registry_and_any_doubt_stops_the_run(
+    storage,  # noqa: F811
+    tmp_path,
+):
+    """The registry records the key file's URI and sha256 at register (gate.provenance: ``data_keys``,
+    ``data_keys_digest``); the next run checks the file against that, not the manifest beside it, which the same
+    writer could replace too. A file rewritten with its manifest, gone, or named outside the champion's own run store
+    stops the run (InfraError, SpecError): a run without it would forget what the lineage saw."""
+    from components.spec import InfraError
+
+    root = tmp_path / "runs"
+    storage.put(DATA, "stable/part-00000.jsonl", rows(1))
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
+    sets = (
+        f"train.dataset=gs://{DATA}/stable/ train.eval_dataset={tmp_path}/eval.jsonl "
+        "train.data_since=champion train.init_from=champion"
+    )
+    first = dataset.snapshot_data(_ctx(root, sets, "r0"))
+    keys_file = root / "r0" / "data" / "keys.bin"
+    keys = keys_file.read_bytes()
+    assert first["keys"]["uri"] == f"{root / 'r0'}/{dataset.KEYS}"
+    recorded = {
+        "data_manifest": first["manifest"],
+        "data_keys": first["keys"]["uri"],
+        "eval_snapshot": first["eval_snapshot"],
+    }
+    _champion(root, **recorded, data_keys_digest=first["keys"]["digest"])
+    storage.put(DATA, "stable/part-00000.jsonl", rows(1))  # the same examples, a new generation
+    assert dataset.snapshot_data(_ctx(root, sets, "r1"))["proceed"] == "skip"  # every one already seen
+    # the key file and its manifest's digest rewritten together, as a writer of the run store could
+    keys_file.write_bytes(keys[16:])
+    manifest = read_json(LocalStore(root / "r0"), dataset.MANIFEST)
+    manifest["keys"]["digest"] = snapshot.file_digest(keys[16:])
+    write_json(LocalStore(root / "r0"), dataset.MANIFEST, manifest)
+    with pytest.raises(InfraError, match="keys.bin is not the file the registry recorded"):
+        dataset.snapshot_data(_ctx(root, sets, "r2"))
+    keys_file.unlink()
+    with pytest.raises(InfraError, match="keys.bin is gone"):
+        dataset.snapshot_data(_ctx(root, sets, "r3"))
+    assert not (root / "r2" / "data" / "keys.bin").exists() and not (root / "r3" / "data").exists()
+    elsewhere = tmp_path / "elsewhere" / "keys.bin"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(keys)
+    _champion(root, **recorded | {"data_keys": str(elsewhere)}, data_keys_digest=first["keys"]["digest"])
+    with pytest.raises(SpecError, match="not in its own run store") as raised:
+        dataset.snapshot_data(_ctx(root, sets, "r4"))
+    assert raised.value.field == "train.data_since"

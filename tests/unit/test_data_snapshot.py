@@ -453,3 +453,25 @@ def test_tpupipe_data_exits_2_naming_the_field_for_bad_data(tmp_path, capsys, se
     (tmp_path / "empty").mkdir()
     assert main(["data", "local-fsdp", "--set", sets.format(dir=tmp_path)]) == 2
     assert message.format(dir=tmp_path) in capsys.readouterr().err
+
+
+def test_the_lineage_key_file_is_a_streamed_merge_of_two_sorted_runs_each_key_once(tmp_path, monkeypatch):
+    """The champion's keys and this run's, merged a chunk at a time into the file (its digest and count as written),
+    sorted and each once; a lookup finds every key and no other, at either end of the file too."""
+    from components.data import snapshot
+
+    monkeypatch.setattr(snapshot, "LINEAGE_CHUNK", 3)  # several chunks out of a few keys
+    theirs = [{"instruction": f"Say {n}.", "response": str(n)} for n in range(0, 20, 2)]
+    mine = [{"instruction": f"Say {n}.", "response": str(n)} for n in range(0, 20, 3)] * 2  # a repeat, an overlap
+    path = tmp_path / "champion.bin"
+    snapshot.lineage(None, theirs, str(path))
+    seen = snapshot.Keys(path.read_bytes())
+    digest, count = snapshot.lineage(seen, mine, str(tmp_path / "keys.bin"))
+    merged = (tmp_path / "keys.bin").read_bytes()
+    expected = sorted({snapshot.example_key(e) for e in theirs + mine})
+    assert merged == b"".join(expected) and count == len(expected) == 13
+    assert digest == snapshot.file_digest(merged) and len(merged) == 16 * count
+    keys = snapshot.Keys(merged)
+    assert all(key in keys for key in expected)
+    others = [snapshot.example_key({"instruction": f"Say {n}.", "response": str(n)}) for n in (1, 5, 7, 11)]
+    assert not any(key in keys for key in others) and b"" not in keys and b"\xff" * 16 not in keys

@@ -231,6 +231,19 @@ def test_provenance_has_every_field_from_the_runs_records():
     )
 
 
+def test_provenance_records_the_lineages_key_file_and_its_digest():
+    """What the next run under train.data_since=champion checks the champion's key file against: the registry's record,
+    not the manifest beside the file."""
+    spec = resolve("local-fsdp", "epochs=2")
+    keys = {"uri": "gs://b/state/run-7/data/keys.bin", "digest": "sha256:" + "0a" * 32, "count": 3}
+    records = _records()
+    records["snapshot_data"] = {**(records.get("snapshot_data") or {}), "keys": keys}
+    found = gate.provenance(spec, "run-7", records, "3f2a9c1e", "tpupipe-20261130", hosts_lost=0)
+    check_provenance(found)
+    assert (found["data_keys"], found["data_keys_digest"]) == (keys["uri"], keys["digest"])
+    assert gate.provenance(spec, "run-7", _records(), "", "", hosts_lost=0)["data_keys_digest"] is None
+
+
 def test_provenance_names_the_registered_version_training_started_from_and_changes_with_the_spec():
     spec = resolve("local-fsdp", "init_from=champion")
     started = gate.provenance(spec, "r", _records(init_from={"ref": "local-fsdp@1", "path": "/x"}))

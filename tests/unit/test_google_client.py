@@ -84,3 +84,45 @@ def test_with_a_grpc_emulator_the_calls_reach_it_in_plaintext_without_credential
         assert client.get_project(name="projects/tpupipe-emulated").name == "projects/123456789012"
     finally:
         emulator.stop()
+
+
+@pytest.mark.parametrize("service", ["bigquery", "storage"])
+def test_a_rest_emulator_over_plain_http_never_receives_a_google_credential(service, monkeypatch):
+    """With a real-looking Google credential at hand (given, or as Application Default Credentials would be) and no
+    emulator token, a REST client to an ``http://`` emulator sends no ``Authorization`` header at all; with the
+    emulators' static token, that token alone."""
+    from google.api_core.exceptions import NotFound
+    from google.oauth2.credentials import Credentials
+
+    from components.cloud import credentials as cloud
+    from tests.emulators.bigquery import BigQueryEmulator
+    from tests.emulators.storage import StorageEmulator
+
+    real = Credentials(token="ya29.a-real-looking-google-token")  # a made-up value
+    monkeypatch.setattr("google.auth.default", lambda **kwargs: (real, "p"))  # what ADC would find
+    emulator = BigQueryEmulator() if service == "bigquery" else StorageEmulator({"p": "123"})
+    host = emulator.start()
+    try:
+        monkeypatch.setenv(ENV, host)
+        monkeypatch.setenv(cloud.EMULATOR_HOST_ENV, host)
+        monkeypatch.delenv(cloud.EMULATOR_TOKEN_ENV, raising=False)
+        monkeypatch.delenv(cloud.EMULATOR_TOKEN_URI_ENV, raising=False)
+        monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+
+        def call() -> None:
+            for creds in (real, None):  # given, and found by credentials()
+                if service == "bigquery":
+                    with pytest.raises(NotFound):  # the call reaches the emulator, which has no such dataset
+                        google_client(bigquery.Client, ENV, creds=creds, project="p").get_dataset("p.d")
+                else:
+                    with pytest.raises(NotFound):
+                        google_client(storage.Client, ENV, creds=creds, project="p").get_bucket("b")
+
+        call()
+        assert emulator.authorizations and set(emulator.authorizations) == {None}
+        monkeypatch.setenv(cloud.EMULATOR_TOKEN_ENV, "t0ken")
+        emulator.authorizations.clear()
+        call()
+        assert set(emulator.authorizations) == {"Bearer t0ken"}
+    finally:
+        emulator.stop()

@@ -230,7 +230,8 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
         report.warnings.append(
             f"{key}: {table} has {policies} row access polic{'y' if policies == 1 else 'ies'}: the data snapshot reads "
             f"it as of a past time (its snapshot time, APPENDS), which only an identity holding "
-            f"{bigquery.OVERRIDE_TIME_TRAVEL} (a table admin's: {bigquery.ROW_POLICIES_SOURCE}) may"
+            f"{bigquery.OVERRIDE_TIME_TRAVEL} (a custom role holding it alone) and the TRUE filter may "
+            f"({bigquery.ROW_POLICIES_SOURCE}; docs/recurring.md)"
         )
     elif policies is None and not datasets.dated(value):
         report.checked.append(f"{key}: {table}'s row access policies not listed (no bigquery.rowAccessPolicies.list)")
