@@ -104,7 +104,7 @@ class Session:
 @dataclass
 class Read:
     """A ReadRows call: its stream, when it started and ended (``time.monotonic()``; None while it runs), the
-    responses it sent."""
+    responses it handed to gRPC to send."""
 
     stream: str
     started: float
@@ -329,8 +329,8 @@ class BigQueryStorageEmulator:
             if first:
                 response.arrow_schema = schema
                 first = False
-            yield response
             read.responses += 1
+            yield response
 
 
 def _arrow_value(kind: pa.DataType, value: Any) -> Any:
