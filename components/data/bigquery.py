@@ -10,8 +10,9 @@ over the dataset's time travel window only (7 days by default: https://cloud.goo
 so the rows are read within it. The session is one read of the table: no query, no result table and its size
 limit, no second scan; its rows come in Arrow record batches (``data_format`` ARROW: the session's
 ``arrow_schema.serialized_schema``, each ReadRowsResponse's ``arrow_record_batch.serialized_record_batch``, Arrow IPC
-messages: google/cloud/bigquery/storage/v1/arrow.proto), parsed with pyarrow, from its streams one after the other
-(``ReadSession.streams``, each read with ``ReadRows``: google/cloud/bigquery/storage/v1/storage.proto).
+messages: google/cloud/bigquery/storage/v1/arrow.proto), parsed with pyarrow, from its streams
+(``ReadSession.streams``, each read with ``ReadRows``: google/cloud/bigquery/storage/v1/storage.proto), read in
+parallel and yielded in stream order (:func:`_stream_rows`).
 
 Two optional fields narrow the rows, named after the dataset's field (``field`` ``train.dataset``:
 ``train.dataset_filter``, ``train.dataset_time_column``):
@@ -89,7 +90,9 @@ import decimal
 import json
 import math
 import os
+import queue
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta
@@ -104,8 +107,11 @@ from components.spec.names import PROJECT_ID_PATTERN
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
 STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
 # A read session's initial streams at most (CreateReadSessionRequest.max_stream_count; the service may make fewer),
-# read one after the other.
+# read in parallel, a thread each (_stream_rows).
 STREAMS = 4
+BATCHES = 2  # decoded record batches a stream's reader thread queues ahead of the rows' consumer, at most
+STOP_POLL = 0.1  # seconds between a reader thread's looks at whether to stop, while its queue is full
+READER_THREAD = "bigquery ReadRows"  # a stream's reader thread's name, before the stream's index
 # A read session's life: "Read sessions automatically expire 6 hours after they are created"
 # (https://cloud.google.com/bigquery/docs/reference/storage, "Limitations"); a stream read later is not found.
 SESSION_HOURS = 6
@@ -374,8 +380,9 @@ def snapshot(
 
 def rows(snap: dict, *, field: str) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
-    8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams one after the other,
-    an Arrow record batch at a time, or the APPENDS query's result table's, read the same way. Counts them into
+    8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams in stream order (read
+    in parallel: :func:`_stream_rows`), an Arrow record batch at a time, or the APPENDS query's result table's, read
+    the same way. Counts them into
     ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that lacks what the formatter needs,
     or no rows at all (unless ``incremental``), is a SpecError naming ``field``."""
     creds = credentials()
@@ -412,21 +419,94 @@ def latest(snap: dict, other: str | None) -> str | None:
 
 
 def _streamed(snap: dict, creds) -> Iterator[dict]:
-    """The session's rows, stream after stream, each record batch read with the session's Arrow schema
-    (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
+    """The session's rows in stream order (:func:`_stream_rows`), each record batch read with the session's Arrow
+    schema (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
     yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
 
 
 def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterator[dict]:
+    """The rows of a read session's ``streams`` in stream order: every row of the first stream, then every row of
+    the second, and so on, whatever order the streams' responses come in. The streams are read in parallel, as the
+    Storage Read API means them to be ("Multiple Streams": disjoint sets of rows, for "independent consumer threads
+    within a single client", https://cloud.google.com/bigquery/docs/reference/storage, "Key features"): a thread a
+    stream (:func:`_read_stream`, with ``reader``, a ``BigQueryReadClient``, whose gRPC channel the calls share),
+    each putting the record batches it decodes with the session's schema into its own queue of at most ``BATCHES``,
+    while this generator drains the first stream's queue to its end, then the second's. Memory: at most
+    ``STREAMS × (BATCHES + 1)`` decoded record batches wait (each queue's ``BATCHES``, and the one its thread holds
+    until there is room), besides the one whose rows are being yielded and what gRPC buffers of each call.
+
+    A stream's failure (what ``ReadRows`` raised, as reading the streams one after the other raised it) is raised
+    here in its turn, after the rows of the streams before it. When this generator ends, is closed early, or fails,
+    it stops every thread (a stop event each looks at between batches, and every ``ReadRows`` call cancelled:
+    ``ReadRowsStream.cancel``, google/cloud/bigquery_storage_v1/reader.py at google-cloud-bigquery-storage 2.43.0) and
+    joins them: no thread outlives it."""
     import pyarrow as pa
 
     schema = pa.ipc.read_schema(pa.py_buffer(serialized_schema))
-    for stream in streams:
-        for response in reader.read_rows(stream):
+    stop = threading.Event()
+    calls: list[Any] = []  # each stream's ReadRowsStream, once its thread has opened it
+    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=BATCHES) for _ in streams]
+    threads = [
+        threading.Thread(
+            target=_read_stream, args=(reader, stream, schema, out, stop, calls), name=f"{READER_THREAD} {i}",
+            daemon=True,
+        )
+        for i, (stream, out) in enumerate(zip(streams, queues, strict=True))
+    ]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    try:
+        for out in queues:
+            while (item := out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield from item.to_pylist()
+    finally:
+        stop.set()
+        for call in list(calls):
+            call.cancel()
+        for thread in threads:
+            thread.join()
+
+
+_END = object()  # what a stream's reader thread puts after the stream's last record batch
+
+
+def _read_stream(reader, stream: str, schema: Any, out: queue.Queue[Any], stop: threading.Event, calls: list) -> None:
+    """A stream's reader thread: ``ReadRows`` of ``stream`` (its ReadRowsStream added to ``calls``, for the consumer
+    to cancel), each response's record batch (``arrow_record_batch``) decoded with ``schema`` and put into ``out``
+    once there is room, then ``_END``; or, in their place, what the read raised. Once ``stop`` is set it puts nothing
+    more and cancels its call."""
+    import pyarrow as pa
+
+    item: Any = _END
+    try:
+        read = reader.read_rows(stream)  # the call, and its first response (google-api-core prefetches it)
+        calls.append(read)
+        for response in read:
+            if stop.is_set():
+                read.cancel()
+                return
             if not response.row_count:
                 continue
             batch = pa.ipc.read_record_batch(pa.py_buffer(response.arrow_record_batch.serialized_record_batch), schema)
-            yield from batch.to_pylist()
+            if not _put(out, batch, stop):
+                read.cancel()
+                return
+    except BaseException as exc:  # noqa: BLE001 - raised by the consumer, in the stream's turn (_stream_rows)
+        item = exc
+    _put(out, item, stop)
+
+
+def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` into ``out`` once it has room, unless ``stop`` is set first: whether it was put."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=STOP_POLL)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def _appended(snap: dict, field: str, creds) -> Iterator[dict]:

@@ -34,6 +34,11 @@ the REST API's ``Access Denied: Table ...`` for the table); an unknown dataset, 
 (``Not found: Table P:D.T``); a call without the emulator's token, or a member's, ``UNAUTHENTICATED``. The caller's
 token comes in the ``authorization`` metadata, as Google's endpoints get it.
 
+What the tests look at besides: ``reads``, each ReadRows call's stream, when it started and ended (the last response
+sent, or the call cancelled) and how many responses it sent, so a test sees streams read at once; ``hold``, an Event
+that, while unset, keeps every ReadRows after its first response (a slow service, held still while a test looks:
+a call cancelled meanwhile ends).
+
 Faults are injected per method ("CreateReadSession", "ReadRows": a :class:`Fault` added to ``faults``): the next N
 matching calls answer a gRPC status before they take effect (a ReadRows before its first response).
 
@@ -44,6 +49,8 @@ Pointing the client here: ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST`` (``host:po
 from __future__ import annotations
 
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +103,17 @@ class Session:
 
 
 @dataclass
+class Read:
+    """A ReadRows call: its stream, when it started and ended (``time.monotonic()``; None while it runs), the
+    responses it handed to gRPC to send."""
+
+    stream: str
+    started: float
+    ended: float | None = None
+    responses: int = 0
+
+
+@dataclass
 class Fault:
     """The next ``times`` calls of ``method`` whose request matches ``when`` answer ``code`` with ``message``."""
 
@@ -114,6 +132,8 @@ class BigQueryStorageEmulator:
         self.calls: list[str] = []
         self.authorizations: list[str | None] = []  # each call's ``authorization`` metadata, as it came (None: none)
         self.faults: list[Fault] = []
+        self.reads: list[Read] = []
+        self.hold: threading.Event | None = None
         self._server = None
         self.address = ""
 
@@ -277,8 +297,20 @@ class BigQueryStorageEmulator:
                 )
             rows = stream[request.offset :]
         schema = types.ArrowSchema(serialized_schema=session.schema.serialize().to_pybytes())
+        read = Read(request.read_stream, time.monotonic())
+        with self.tables._lock:
+            self.reads.append(read)
+        try:
+            yield from self._responses(read, rows, session, schema, context)
+        finally:
+            read.ended = time.monotonic()
+
+    def _responses(self, read: Read, rows: list, session: Session, schema, context):
         first = True
         for start in range(0, max(len(rows), 1), self.batch_rows):
+            while not first and self.hold is not None and not self.hold.wait(0.05):
+                if not context.is_active():  # cancelled while held
+                    return
             chunk = rows[start : start + self.batch_rows]
             arrays = [
                 pa.array([_arrow_value(f.type, row[i]) for row in chunk], type=f.type)
@@ -294,6 +326,7 @@ class BigQueryStorageEmulator:
             if first:
                 response.arrow_schema = schema
                 first = False
+            read.responses += 1
             yield response
 
 

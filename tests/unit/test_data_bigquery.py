@@ -1,10 +1,12 @@
 """A BigQuery table as a run's data (components/data/bigquery.py) against the emulated BigQuery
 (tests/emulators/bigquery.py), through the real client: the snapshot pins the rows in time, ``after`` reads only the
-newer ones, every bad input is a SpecError naming its field before anything is spent, and the rows come page by
-page."""
+newer ones, every bad input is a SpecError naming its field before anything is spent, and the rows come a record batch
+at a time, from the streams read in parallel, in stream order."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -219,15 +221,81 @@ def test_after_reads_any_ingestion_column_type(bq, kind):
     assert [r["response"] for r in read(second)] == ["new"] and second["num_rows"] == 1
 
 
-def test_the_rows_come_stream_after_stream_a_batch_at_a_time(bq):
+def reader_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith(data.READER_THREAD)]
+
+
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_streams_are_read_in_parallel_and_their_rows_come_in_stream_order(bq):
+    """Every stream is open at once (the emulator holds each after its first response: a sequential read would
+    wait on the first stream forever), the rows come as they come (the first before the streams are read), and all
+    of them in stream order, stream 0's, then stream 1's, ..."""
     bq.insert(TABLE, [example(n, NOW - 2 * HOUR) for n in range(10, 2500)], at=NOW - 2 * HOUR)
     bq.storage.batch_rows = 200
+    bq.storage.hold = threading.Event()
     pinned = snap()
     assert len(pinned["streams"]) == data.STREAMS
     rows = data.rows(pinned, field=FIELD)
-    assert next(rows)["response"] == "0" and bq.storage.calls == ["CreateReadSession", "ReadRows"]  # as they come
+    assert next(rows)["response"] == "0"  # stream 0's first batch, while every stream is held after its first
+    assert wait_for(lambda: len(bq.storage.reads) == data.STREAMS)
+    assert sorted(r.stream for r in bq.storage.reads) == pinned["streams"]
+    assert all(r.ended is None for r in bq.storage.reads)  # all four calls open at the same time
+    bq.storage.hold.set()
     assert [r["response"] for r in rows] == [str(n) for n in range(1, 2500)]
     assert bq.storage.calls == ["CreateReadSession"] + ["ReadRows"] * data.STREAMS and bq.jobs == {}
+    assert [r.responses for r in bq.storage.reads] == [4] * data.STREAMS  # 625 rows a stream, 200 a batch
+    assert reader_threads() == []
+
+
+def test_a_failing_stream_fails_the_read_in_its_turn_with_the_sequential_reads_error(bq):
+    """Stream 1 refused (NOT_FOUND, as a read session expired): stream 0's rows come first, then the InfraError that
+    reading the streams one after the other raised, and no reader thread is left."""
+    import grpc
+
+    from components.spec import InfraError
+
+    bq.storage.batch_rows = 2
+    pinned = snap()
+    stream1 = pinned["streams"][1]
+    bq.storage.faults.append(
+        Fault(
+            "ReadRows",
+            grpc.StatusCode.NOT_FOUND,
+            f"Not found: Stream {stream1}",
+            when=lambda r: r.read_stream == stream1,
+        )
+    )
+    got = []
+    with pytest.raises(InfraError) as raised:
+        for row in data.rows(pinned, field=FIELD):
+            got.append(row["response"])
+    assert got == ["0", "1", "2"]  # stream 0's share of the 10 rows (3 a stream), and nothing after stream 1's turn
+    assert str(raised.value).startswith(f"{FIELD}: {TABLE} was there when the run looked it up, and then not")
+    assert f"Not found: Stream {stream1}" in str(raised.value)
+    assert reader_threads() == []
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_consumer_that_stops_early_leaves_no_reader_thread(bq, held):
+    """Closed after its first row, the read stops and joins every stream's thread: held mid-stream by the service
+    (its call cancelled: the emulator sees every call end) or waiting for room in its full queue."""
+    bq.insert(TABLE, [example(n, NOW - 2 * HOUR) for n in range(10, 2500)], at=NOW - 2 * HOUR)
+    bq.storage.batch_rows = 10
+    bq.storage.hold = threading.Event() if held else None
+    rows = data.rows(snap(), field=FIELD)
+    assert next(rows)["response"] == "0"
+    assert wait_for(lambda: len(bq.storage.reads) == data.STREAMS) and reader_threads()
+    rows.close()
+    assert reader_threads() == []
+    if held:
+        assert wait_for(lambda: all(r.ended is not None for r in bq.storage.reads))
+        assert all(r.responses == 1 for r in bq.storage.reads)
 
 
 def test_only_the_emulators_own_token_goes_to_the_storage_emulator(bq, monkeypatch):
@@ -725,10 +793,11 @@ def test_a_not_found_after_the_tables_lookup_is_an_error_never_a_day_without_a_d
         when = day2 + 18 * HOUR
         bq.fail("jobs.insert", 404, message=gone)  # Client.query: jobs.insert
     bq.storage.calls.clear()
+    bq.storage.reads.clear()
     with pytest.raises(InfraError) as raised:
         snapshot.take(spec, when, champion, "m@1", log=lambda line: None)
     said = str(raised.value)
     assert said.startswith(f"train.dataset: {PROJECT}.examples.events_{day2:%Y%m%d} was there when the run looked")
     assert "a new run reads it again" in said
-    if where == "a stream after rows":
-        assert bq.storage.calls.count("ReadRows") == 1  # stream 0's five rows were read before stream 1 failed
+    if where == "a stream after rows":  # stream 0's five rows were read, in parallel with the others, and then
+        assert [r.responses for r in bq.storage.reads if r.stream.endswith("/streams/0")] == [1]  # stream 1 failed
