@@ -25,6 +25,8 @@ EMULATOR_TOKEN_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN"  # a static token (an emulator
 # With the emulators: the emulated OAuth 2.0 token endpoint, where user credentials (Application Default Credentials
 # of type authorized_user) refresh, as the emulator host variables redirect the APIs.
 EMULATOR_TOKEN_URI_ENV = "TPUPIPE_GKE_EMULATOR_TOKEN_URI"
+EMULATED_CLIENT_ID = "tpupipe-emulated.apps.googleusercontent.com"  # the emulated project's OAuth client
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Vertex AI's endpoint (http://host:port, REST) with the emulators; unset, the SDK's default for the region.
 VERTEX_ENDPOINT_ENV = "TPUPIPE_VERTEX_ENDPOINT"
 STORAGE_EMULATOR_HOST_ENV = "STORAGE_EMULATOR_HOST"  # google-cloud-storage's own (it reads it itself)
@@ -66,9 +68,26 @@ def credentials() -> Credentials:
             f"(no GOOGLE_APPLICATION_CREDENTIALS, no gcloud login, no metadata server); run `{LOGIN}`"
         ) from None
     token_uri = os.environ.get(EMULATOR_TOKEN_URI_ENV)
-    if token_uri and os.environ.get(EMULATOR_HOST_ENV) and hasattr(creds, "with_token_uri"):
-        creds = creds.with_token_uri(token_uri)
+    if token_uri and os.environ.get(EMULATOR_HOST_ENV) and _emulated(creds) and hasattr(creds, "with_token_uri"):
+        if _loopback(token_uri):
+            creds = creds.with_token_uri(token_uri)
     return creds
+
+
+def _emulated(creds: Any, token_uri: str | None = None) -> bool:
+    """Whether ``creds`` are the emulated project's own login (its OAuth client, ``EMULATED_CLIENT_ID``) and, with
+    ``token_uri``, refresh there, on this machine: only such credentials are refreshed at, or sent to, an emulator.
+    A user's own login, found while emulator variables are left set, keeps Google's token endpoint: its refresh token
+    and client secret never go to a plain-HTTP address."""
+    if getattr(creds, "client_id", None) != EMULATED_CLIENT_ID:
+        return False
+    return token_uri is None or (getattr(creds, "token_uri", None) == token_uri and _loopback(token_uri))
+
+
+def _loopback(uri: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return urlsplit(uri).hostname in LOOPBACK
 
 
 def emulator_credentials(creds: Any = None) -> Credentials:
@@ -89,7 +108,7 @@ def emulator_credentials(creds: Any = None) -> Credentials:
             creds = creds or credentials()
         except AccessError:  # no credentials at all: none to send
             creds = None
-        if creds is not None and getattr(creds, "token_uri", None) == token_uri:
+        if creds is not None and _emulated(creds, token_uri):
             emulated: Credentials = creds
             return emulated
     return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped

@@ -109,6 +109,7 @@ STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
 # A read session's initial streams at most (CreateReadSessionRequest.max_stream_count; the service may make fewer),
 # read in parallel, a thread each (_stream_rows).
 STREAMS = 4
+JOIN_S = 10  # how long a closed read waits for each reader thread to end
 BATCHES = 2  # decoded record batches a stream's reader thread queues ahead of the rows' consumer, at most
 STOP_POLL = 0.1  # seconds between a reader thread's looks at whether to stop, while its queue is full
 READER_THREAD = "bigquery ReadRows"  # a stream's reader thread's name, before the stream's index
@@ -439,7 +440,7 @@ def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterat
     here in its turn, after the rows of the streams before it. When this generator ends, is closed early, or fails,
     it stops every thread (a stop event each looks at between batches, and every ``ReadRows`` call cancelled:
     ``ReadRowsStream.cancel``, google/cloud/bigquery_storage_v1/reader.py at google-cloud-bigquery-storage 2.43.0) and
-    joins them: no thread outlives it."""
+    joins them (each for at most ``JOIN_S``: one still opening its call ends as soon as it has it)."""
     import pyarrow as pa
 
     schema = pa.ipc.read_schema(pa.py_buffer(serialized_schema))
@@ -466,7 +467,9 @@ def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterat
         for call in list(calls):
             call.cancel()
         for thread in threads:
-            thread.join()
+            # A thread still opening its call (read_rows waits for the stream's first response, retrying an
+            # unavailable service) cannot be cancelled yet: it is a daemon, and cancels its call once it has it.
+            thread.join(timeout=JOIN_S)
 
 
 _END = object()  # what a stream's reader thread puts after the stream's last record batch

@@ -27,9 +27,10 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from components.cloud.credentials import EMULATED_CLIENT_ID
 from tests.emulators.http import HttpEmulator
 
-CLIENT_ID = "tpupipe-emulated.apps.googleusercontent.com"
+CLIENT_ID = EMULATED_CLIENT_ID  # the one OAuth client components/cloud/credentials.py refreshes at an emulator
 LIFETIME_S = 3600.0
 
 

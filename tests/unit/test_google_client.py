@@ -126,3 +126,41 @@ def test_a_rest_emulator_over_plain_http_never_receives_a_google_credential(serv
         assert set(emulator.authorizations) == {"Bearer t0ken"}
     finally:
         emulator.stop()
+
+
+@pytest.mark.parametrize(
+    ("client_id", "token_uri", "redirected"),
+    [
+        ("12345.apps.googleusercontent.com", "http://127.0.0.1:9/token", False),  # the user's own login
+        ("tpupipe-emulated.apps.googleusercontent.com", "http://127.0.0.1:9/token", True),  # the emulated project's
+        ("tpupipe-emulated.apps.googleusercontent.com", "http://tokens.example.com/token", False),  # not this machine
+    ],
+)
+def test_only_the_emulated_login_is_refreshed_at_an_emulated_token_endpoint(
+    client_id, token_uri, redirected, monkeypatch
+):
+    """Emulator variables left set in a shell must not send a user's refresh token and client secret to the emulated
+    token endpoint over plain HTTP: only the emulated project's own OAuth client is refreshed there (and only on this
+    machine); anything else keeps Google's token endpoint and reaches an emulator anonymously."""
+    from google.oauth2.credentials import Credentials
+
+    from components.cloud import credentials as cloud
+
+    found = Credentials(  # type: ignore[no-untyped-call]
+        token=None,
+        refresh_token="r",
+        client_id=client_id,
+        client_secret="s",
+        token_uri="https://oauth2.googleapis.com/token",
+    )
+    monkeypatch.setattr("google.auth.default", lambda **kwargs: (found, "p"))
+    monkeypatch.setenv(cloud.EMULATOR_HOST_ENV, "http://127.0.0.1:9")
+    monkeypatch.setenv(cloud.EMULATOR_TOKEN_URI_ENV, token_uri)
+    monkeypatch.delenv(cloud.EMULATOR_TOKEN_ENV, raising=False)
+    creds = cloud.credentials()
+    sent = cloud.emulator_credentials()
+    if redirected:
+        assert creds.token_uri == token_uri and sent is not None and getattr(sent, "client_id", None) == client_id
+    else:
+        assert creds.token_uri == "https://oauth2.googleapis.com/token"
+        assert isinstance(sent, AnonymousCredentials)

@@ -81,7 +81,7 @@ def check(sub: Submission, scheduled: bool = False) -> RunSpec:
 
 
 def init(project: str, region: str) -> None:
-    from components.cloud.credentials import credentials
+    from components.cloud.credentials import credentials, emulator_credentials
     from components.cloud.iam import RESOURCE_MANAGER_EMULATOR_HOST_ENV, project_number
 
     found = credentials()  # before the SDK's seconds of import: a caller without credentials is told at once
@@ -89,7 +89,9 @@ def init(project: str, region: str) -> None:
 
     endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
     extra = {"api_endpoint": endpoint, "api_transport": "rest"} if endpoint else {}
-    aiplatform.init(project=project, location=region, credentials=found, **extra)
+    # an emulated endpoint is plain HTTP: it gets the emulator's own credentials, never a Google one
+    sent = emulator_credentials(found) if endpoint else found
+    aiplatform.init(project=project, location=region, credentials=sent, **extra)
     if os.environ.get(RESOURCE_MANAGER_EMULATOR_HOST_ENV):
         # Before a job is created, the SDK checks that the pipeline root's bucket belongs to the project, through a
         # Resource Manager client of its own that takes no endpoint (gcs_utils._verify_bucket_ownership calls
