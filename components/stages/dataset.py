@@ -124,8 +124,9 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> T
 
 def champion_keys(champion: Version, manifest: dict[str, Any], log: Callable[[str], None] = log) -> Any:
     """The champion's lineage keys (``snapshot.Keys``): its key file, checked against the sha256 the registry recorded
-    when it was registered (``data_keys``, ``data_keys_digest``: :func:`gate.provenance`), which no writer of its run
-    store can change. The file must be its own run store's ``KEYS`` (beside ``data_manifest``); another path is a
+    when it was registered (``data_keys``, ``data_keys_digest``: :func:`gate.provenance`): a change to the file after
+    registration is caught (the pipeline's identity writes both stores: it guards against damage and later edits, not
+    against that identity). The file must be its own run store's ``KEYS`` (beside ``data_manifest``); another path is a
     SpecError; a file gone, unreadable or with another digest an InfraError: the run stops rather than write a lineage
     that forgot what the champion saw. A champion registered before the registry recorded keys: its manifest's entry
     (``keys``: URI and sha256), checked against that, or None with one warning line (duplicates of what it saw are then
