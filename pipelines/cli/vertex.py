@@ -50,7 +50,10 @@ def _overrides(args: argparse.Namespace) -> str:
 def _submission(args: argparse.Namespace, backend: Backend) -> Submission:
     """The run the flags describe, in the project the backend bills it to (``Backend.run_project``)."""
     overrides = _overrides(args)
-    project = backend.run_project(args.project, args.preset, overrides)
+    # the spec the project is read from is the run's: with --dataset's source (a bq:// dataset's own fields are valid
+    # only beside it)
+    dataset = f" train.dataset={shlex.quote(args.dataset)}" if args.dataset else ""
+    project = backend.run_project(args.project, args.preset, overrides + dataset)
     return Submission(
         preset=args.preset,
         overrides=overrides,

@@ -117,7 +117,7 @@ def test_a_schedule_of_the_days_own_table_is_created_with_a_warning_line(project
         dataset = f"bq://{PROJECT}.events.{table}"
         code, out, err = tpupipe(
             *("schedule", "create", name, "local-fsdp", "--set", OVERRIDES, "--kfp-host", kfp.host),
-            *("--cron", "0 3 * * *", "--dataset", dataset, "--data-since", "champion", "--project", PROJECT),
+            *("--cron", "0 3 * * *", "--dataset", dataset, "--data-since", "champion"),  # the project: gke.project
             "--set", "train.dataset_time_column=ingested",
         )  # fmt: skip
         assert code == 0 and f"recurring run {name} created" in out, out + err
