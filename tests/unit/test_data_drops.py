@@ -405,13 +405,7 @@ def test_a_drop_rewritten_with_the_same_examples_trains_only_on_what_the_lineage
     the keys of every training example its lineage has seen beside its examples (``data/keys.bin``, its sha256 in the
     manifest), and the next run drops those and counts them (``champion_duplicates``, its output, the card); a key
     file that is not the one the manifest recorded is said once, and then nothing is dropped against it."""
-    root = tmp_path / "runs"
-    storage.put(DATA, "stable/part-00000.jsonl", rows(1))
-    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
-    sets = (
-        f"train.dataset=gs://{DATA}/stable/ train.eval_dataset={tmp_path}/eval.jsonl "
-        "train.data_since=champion train.init_from=champion"
-    )
+    root, sets = _stable_drop(storage, tmp_path)
     first = dataset.snapshot_data(_ctx(root, sets, "r0"))  # no champion yet: everything
     manifest = read_json(LocalStore(root / "r0"), dataset.MANIFEST)
     keys = (root / "r0" / "data" / "keys.bin").read_bytes()
@@ -454,13 +448,7 @@ def test_the_champions_key_file_is_checked_against_the_registry_and_any_doubt_st
     stops the run (InfraError, SpecError): a run without it would forget what the lineage saw."""
     from components.spec import InfraError
 
-    root = tmp_path / "runs"
-    storage.put(DATA, "stable/part-00000.jsonl", rows(1))
-    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
-    sets = (
-        f"train.dataset=gs://{DATA}/stable/ train.eval_dataset={tmp_path}/eval.jsonl "
-        "train.data_since=champion train.init_from=champion"
-    )
+    root, sets = _stable_drop(storage, tmp_path)
     first = dataset.snapshot_data(_ctx(root, sets, "r0"))
     keys_file = root / "r0" / "data" / "keys.bin"
     keys = keys_file.read_bytes()
@@ -491,3 +479,15 @@ def test_the_champions_key_file_is_checked_against_the_registry_and_any_doubt_st
     with pytest.raises(SpecError, match="not in its own run store") as raised:
         dataset.snapshot_data(_ctx(root, sets, "r4"))
     assert raised.value.field == "train.data_since"
+
+
+def _stable_drop(storage, tmp_path):  # noqa: F811
+    """The run root and settings of a stable-prefix drop (one object) continued from its champion, with a fixed
+    evaluation set beside it."""
+    storage.put(DATA, "stable/part-00000.jsonl", rows(1))
+    (tmp_path / "eval.jsonl").write_bytes(rows(7, count=12))
+    sets = (
+        f"train.dataset=gs://{DATA}/stable/ train.eval_dataset={tmp_path}/eval.jsonl "
+        "train.data_since=champion train.init_from=champion"
+    )
+    return tmp_path / "runs", sets
