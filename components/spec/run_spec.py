@@ -121,6 +121,11 @@ class TrainSpec:
     # bq:// only: the project BigQuery's read session and jobs are created in and bill (bigquery.readsessions.create,
     # bigquery.jobs.create there); empty: gke.project, else the table's own (components/data/bigquery.py)
     bigquery_project: str = ""
+    # bq:// only, train.data_since=champion by commit time: the dataset, in bigquery_project's project (else
+    # gke.project's, else the table's), that the APPENDS query writes its result table to (one a read, deleted once
+    # read, expiring within hours if not); created in the table's location when absent (bigquery.datasets.create),
+    # refused when in another (components/data/bigquery.py)
+    bigquery_results_dataset: str = "tpupipe_results"
     # bq:// only: the service account the run's data snapshot reads BigQuery as (Vertex AI's pipeline service account,
     # the KFP runner's Google service account), an email; preflight checks as its caller, and with this also reads the
     # IAM policies for the account's roles, warning when none lets it open the read session, run the jobs or read the
