@@ -384,7 +384,8 @@ def test_datasets_insert_makes_a_dataset_its_creator_owns_with_a_default_table_e
     alice = bq.token_for(ALICE)
     made = bigquery.Dataset(f"{PROJECT}.mine")
     made.location, made.labels, made.default_table_expiration_ms = "EU", {"created-by": "tests"}, 2 * 3_600_000
-    with pytest.raises(exceptions.Forbidden, match=f"User does not have bigquery.datasets.create permission in pro"):
+    refusal = f"User does not have bigquery.datasets.create permission in project {PROJECT}"
+    with pytest.raises(exceptions.Forbidden, match=refusal):
         client(bq, alice).create_dataset(made)
     bq.grant(ALICE, "roles/bigquery.user", PROJECT)
     got = client(bq, alice).create_dataset(made)
