@@ -871,20 +871,33 @@ def missing_read(table: str, project: str, *, field: str = "train.dataset") -> l
 
 
 def dataset_exists(dataset: str, project: str, *, field: str = "train.dataset") -> bool:
-    """Whether the dataset ``PROJECT.DATASET`` exists, asked of datasets.get (``Client.get_dataset``, which needs
-    ``bigquery.datasets.get``, held by roles/bigquery.dataViewer and every role that reads a table:
-    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get) through a client of ``project``: where a
-    dated table (``events_{date:%Y%m%d}``) will be. No permission to see it is the caller's error, naming ``field``."""
-    from google.api_core import exceptions as gexc
-
+    """Whether the dataset ``PROJECT.DATASET`` exists (:func:`dataset_location`): where a dated table
+    (``events_{date:%Y%m%d}``) will be. No permission to see it is the caller's error, naming ``field``."""
     creds = credentials()
     try:
-        client(project, creds).get_dataset(dataset)
-    except gexc.NotFound:
-        return False
+        return dataset_location(dataset, project, creds) is not None
     except _failures() as exc:
         raise _refusal(exc, field, dataset, project, creds, "", "") from None
-    return True
+
+
+def dataset_location(dataset: str, project: str, creds=None) -> str | None:
+    """The location of the dataset ``PROJECT.DATASET`` ("" when it says none), None when it does not exist, asked of
+    datasets.get (``Client.get_dataset``, which needs ``bigquery.datasets.get``, held by roles/bigquery.dataViewer,
+    every role that reads a table, and roles/bigquery.user:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get) through a client of ``project``; a refusal
+    is raised as the client raises it."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        return client(project, creds).get_dataset(dataset).location or ""
+    except gexc.NotFound:
+        return None
+
+
+def failures() -> tuple[type[Exception], ...]:
+    """What a call to BigQuery raises (an API error, or google-auth's about the credentials), for callers that report
+    rather than raise."""
+    return _failures()
 
 
 # The roles that hold bigquery.jobs.create on a project: the predefined ones the jobs overview names
@@ -908,6 +921,13 @@ READ_SESSION_ROLES = (
 READ_ROLES = (
     "roles/bigquery.dataViewer", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
     "READER", "WRITER", "OWNER",
+)  # fmt: skip
+# The roles that hold bigquery.datasets.create on a project: roles/bigquery.user, dataEditor, dataOwner and admin
+# (https://cloud.google.com/bigquery/docs/access-control) and the basic Editor and Owner
+# (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
+DATASET_CREATE_ROLES = (
+    "roles/bigquery.user", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
+    "roles/editor", "roles/owner",
 )  # fmt: skip
 
 
