@@ -127,7 +127,7 @@ import re
 import threading
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
@@ -483,7 +483,7 @@ def latest(snap: dict, other: str | None) -> str | None:
     return max(times, key=lambda t: _typed(snap["time_type"], t, "max_time"))
 
 
-def _streamed(snap: dict, creds) -> Iterator[dict]:
+def _streamed(snap: dict, creds) -> Generator[dict, None, None]:
     """The session's rows in stream order (:func:`_stream_rows`), each record batch read with the session's Arrow
     schema (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
     yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
@@ -576,7 +576,7 @@ def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
+def _appended(snap: dict, field: str, creds) -> Generator[dict, None, None]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
     the snapshot's project, with its filter as query parameters, its result written to a table of its own in the
     results dataset (``snap["results_dataset"]``: the module's docstring), ``appends_<hex>`` with ``WRITE_EMPTY``,
