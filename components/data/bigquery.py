@@ -78,9 +78,10 @@ Bad input is a :class:`SpecError` naming its field: a malformed URI, a table tha
 to open a read session or to run a query, a filter BigQuery refuses, no rows (unless the read is of what is new,
 ``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
 needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
-read), a time column that is missing or of another type. A NotFound after tables.get found the table (the read
-session, a stream, the APPENDS query) is an InfraError: the table went away, or the session expired, while it was
-read.
+read), a time column that is missing or of another type, a results dataset in another location than the table or
+one the caller may not create, or whose tables it may not write, read or delete (naming
+``train.bigquery_results_dataset``). A NotFound after tables.get found the table (the read session, a stream, the
+APPENDS query) is an InfraError: the table went away, or the session expired, while it was read.
 
 Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
 ``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
@@ -624,14 +625,14 @@ def _appended(snap: dict, field: str, creds) -> Generator[dict, None, None]:
             written = bigquery.Table(destination)
             written.expires = datetime.now(UTC) + RESULTS_TABLE_LIFE
             bq.update_table(written, ["expires"])
+            reader = read_client(creds)
+            session = reader.create_read_session(
+                parent=f"projects/{snap['project']}",
+                read_session={"table": _table_path(destination), "data_format": "ARROW"},
+                max_stream_count=STREAMS,
+            )
         except _failures() as exc:
             raise _results_refusal(exc, results, creds) or exc from None
-        reader = read_client(creds)
-        session = reader.create_read_session(
-            parent=f"projects/{snap['project']}",
-            read_session={"table": _table_path(destination), "data_format": "ARROW"},
-            max_stream_count=STREAMS,
-        )
         yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
         whole = True
     finally:

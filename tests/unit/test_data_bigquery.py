@@ -542,6 +542,19 @@ def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_f
     bq.grant(member, "roles/bigquery.dataEditor", f"{PROJECT}.shared_results")
     got = data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="shared_results")
     assert [r["response"] for r in read(got)] == ["100"] and bq.datasets[(PROJECT, "shared_results")].tables == {}
+    # a custom role that writes tables there but does not read them: the read session's refusal names the field too
+    from tests.emulators import bigquery as emulated
+
+    write_only = f"projects/{PROJECT}/roles/writeOnly"
+    held = {"bigquery.datasets.get", *data.RESULTS_PERMISSIONS} - {"bigquery.tables.getData"}
+    monkeypatch.setitem(emulated.ROLES, write_only, frozenset(held))
+    bq.create_dataset(f"{PROJECT}.write_only")
+    bq.grant(member, write_only, f"{PROJECT}.write_only")
+    with pytest.raises(SpecError) as raised:
+        read(data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="write_only"))
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"lacks bigquery.tables.getData on the dataset {PROJECT}.write_only" in str(raised.value)
+    assert bq.datasets[(PROJECT, "write_only")].tables == {}  # deleted all the same
 
 
 def test_a_read_session_without_get_data_names_that_permission_not_row_policies(bq, monkeypatch):
