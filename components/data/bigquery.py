@@ -32,13 +32,34 @@ With ``since`` (the champion's snapshot of the same table with the same filter, 
 new rows are those *committed* after the champion's snapshot time, whatever their time column says: BigQuery's
 change history, ``APPENDS(TABLE t, start, end)`` (https://cloud.google.com/bigquery/docs/change-history,
 https://cloud.google.com/bigquery/docs/reference/standard-sql/time-series-functions#appends), read by one query job
-whose result table is read through a read session (no result pages: :func:`_appended`). That table is the query's
-anonymous result table, and a query's result is capped at BigQuery's maximum response size unless it is written to a
-named destination table ("Maximum response size", https://cloud.google.com/bigquery/quotas#query_jobs, 10 GB
-compressed as of this writing; https://cloud.google.com/bigquery/docs/cached-results: "the result set must be
-smaller than the maximum response size"): a run by commit time reads at most that much new data, and beyond it fails
-with BigQuery's error (``responseTooLarge``). No setting forces the time-column mode instead; a larger window is a
-limit of this reader (docs/recurring.md).
+whose result table is read through a read session (no result pages: :func:`_appended`). That table is a named one
+in a dataset the run owns, never the query's anonymous result table, which BigQuery caps at its maximum response size
+("Maximum response size", https://cloud.google.com/bigquery/quotas#query_jobs; JobConfigurationQuery.allowLargeResults:
+"For GoogleSQL queries, this flag is ignored and large results are always allowed. However, you must still set
+destinationTable when result size exceeds the allowed maximum response size",
+https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery; beyond it the error
+``responseTooLarge``, https://cloud.google.com/bigquery/docs/error-messages), so a window of any size is read whole (a
+table truncated and reloaded, a large backfill), and under the domain-restricted sharing organization policy too,
+where no query result goes to a temporary table (same page). The results dataset is the one
+``train.bigquery_results_dataset`` names (``RESULTS_FIELD``; ``tpupipe_results`` by default), in the project the query
+is billed in: looked up
+(datasets.get) before the query, created when absent (datasets.insert, ``Client.create_dataset``) in the table's
+location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION`` and the label ``RESULTS_LABELS``, and
+refused (a SpecError naming the field) when it is in another location than the table, before any query: "When you
+write query results to a permanent table, the tables you're querying must be in the same location as the dataset that
+contains the destination table" (https://cloud.google.com/bigquery/docs/writing-results). Each read
+writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
+``WRITE_EMPTY`` on that fresh name (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery,
+``writeDisposition``), recorded in ``snap["appends_table"]``; once written it gets an ``expirationTime``
+``RESULTS_TABLE_LIFE`` ahead (tables.patch, ``Client.update_table``: "If not present, the table will persist
+indefinitely. Expired tables will be deleted and their storage reclaimed",
+https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), so nothing outlives a
+killed run even in a dataset made without a default expiration (but for the moment between the job's end and that
+call, which a dataset the run made covers with its default), and it is deleted (tables.delete,
+``Client.delete_table``) as soon as its rows are read or their reader stops early or fails. What that costs besides
+the query: the table's storage for its short life ("If you write query results to a new table, you are charged for
+storing the data": writing-results; https://cloud.google.com/bigquery/pricing#storage), and no second scan (the read
+session reads the table the query wrote).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -57,9 +78,10 @@ Bad input is a :class:`SpecError` naming its field: a malformed URI, a table tha
 to open a read session or to run a query, a filter BigQuery refuses, no rows (unless the read is of what is new,
 ``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
 needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
-read), a time column that is missing or of another type. A NotFound after tables.get found the table (the read
-session, a stream, the APPENDS query) is an InfraError: the table went away, or the session expired, while it was
-read.
+read), a time column that is missing or of another type, a results dataset in another location than the table or
+one the caller may not create, or whose tables it may not write, read or delete (naming
+``train.bigquery_results_dataset``). A NotFound after tables.get found the table (the read session, a stream, the
+APPENDS query) is an InfraError: the table went away, or the session expired, while it was read.
 
 Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
 ``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
@@ -72,15 +94,26 @@ caller needs ``bigquery.jobs.create`` (roles/bigquery.jobUser), while reading th
 https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). Both go to ``project``
 (``train.bigquery_project``, else the run's ``gke.project``), so a table in another project (a data project where
 the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and billed where the run
-is; without one, to the table's own project.
+is; without one, to the table's own project. The results dataset is in that project too: creating it takes
+``bigquery.datasets.create`` there (roles/bigquery.user, roles/bigquery.dataEditor, roles/bigquery.admin), and its
+creator is its OWNER ("If unspecified at dataset creation time, BigQuery adds default dataset access for the following
+entities: ... the dataset creator ... OWNER", https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access),
+which holds what its tables take ("because the bigquery.user role has bigquery.datasets.create permissions, a user
+assigned to the bigquery.user role can create tables in any dataset that user creates": writing-results):
+``bigquery.tables.create`` and ``bigquery.tables.updateData`` for the query to write one (same page, "Required
+permissions"), ``bigquery.tables.update`` to set
+its expiration, ``bigquery.tables.getData`` to read it and ``bigquery.tables.delete`` to delete it (all
+roles/bigquery.dataEditor's on a dataset someone else made: https://cloud.google.com/bigquery/docs/access-control,
+https://cloud.google.com/bigquery/docs/datasets, "Required permissions"). A refusal of any of them is a SpecError
+naming ``train.bigquery_results_dataset`` and the permission.
 
 The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
-``Client.query``) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient`` (the read session), with the
-Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at the emulators the tests start:
-``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API, ``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST``
-(``host:port``, plaintext gRPC: no Google credentials go there, only the emulators' own static token, in each call's
-``authorization`` metadata, as Google's endpoints get a token over TLS). The client libraries are imported inside the
-functions.
+``Client.query``, the results dataset's and table's calls) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient``
+(the read session), with the Google credentials of ``components.cloud.credentials``, at Google's endpoints, or at
+the emulators the tests start: ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` (``http://host:port``) for the REST API,
+``$TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST`` (``host:port``, plaintext gRPC: no Google credentials go there, only the
+emulators' own static token, in each call's ``authorization`` metadata, as Google's endpoints get a token over TLS).
+The client libraries are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -94,7 +127,9 @@ import queue
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
@@ -103,6 +138,7 @@ from components.data.drops import NoDrop
 from components.spec import InfraError, SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
 from components.spec.names import PROJECT_ID_PATTERN
+from components.spec.run_spec import TrainSpec
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
 STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
@@ -120,6 +156,23 @@ SESSION_HOURS = 6
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
 DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
+RESULTS_FIELD = "train.bigquery_results_dataset"  # the dataset the APPENDS query writes its result tables to
+# A results dataset the run creates: its tables' default life (defaultTableExpirationMs, at least an hour: "The minimum
+# lifetime value is 3600000 milliseconds (one hour)",
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.default_table_expiration_ms), and
+# the label that says who made it (labels: https://cloud.google.com/bigquery/docs/labels-intro)
+RESULTS_DEFAULT_EXPIRATION = timedelta(days=1)
+RESULTS_LABELS = {"created-by": "tpupipe"}
+# A results table's expirationTime, from when it is written: as long as a read session of it lives (SESSION_HOURS)
+RESULTS_TABLE_LIFE = timedelta(hours=SESSION_HOURS)
+DATASET_CREATE_PERMISSION = "bigquery.datasets.create"  # on the project a dataset is created in
+# What the results tables take on their dataset: the query writes one (create, updateData), the run sets its
+# expiration (update), reads it (getData) and deletes it (delete): roles/bigquery.dataEditor's, and its creator's
+# (OWNER) (https://cloud.google.com/bigquery/docs/writing-results; https://cloud.google.com/bigquery/docs/access-control)
+RESULTS_PERMISSIONS = (
+    "bigquery.tables.create", "bigquery.tables.updateData", "bigquery.tables.update", "bigquery.tables.getData",
+    "bigquery.tables.delete",
+)  # fmt: skip
 SCHEME = "bq://"
 # What tables.get's ``type`` says of an entity no read session reads: the Storage Read API reads BigQuery storage, and
 # a view or a materialized view is none ("Limitations", https://cloud.google.com/bigquery/docs/reference/storage; the
@@ -252,6 +305,7 @@ def snapshot(
     incremental: bool = False,
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
+    results_dataset: str = TrainSpec.bigquery_results_dataset,
     log: Callable[[str], None] = print,
 ) -> dict:
     """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked, with its
@@ -260,8 +314,11 @@ def snapshot(
     as :func:`rows` reads them), "fields" (the schema's column names), "filter", "filter_types", "time_column",
     "time_type", "after", "max_time" (the largest ``time_column`` among the rows read, as text; None when there are
     none or no time column), "incremental", "session", "streams"}``; with ``since`` and APPENDS possible (the
-    module's docstring), ``"appended_after"`` (the champion's snapshot time) instead of a session. Makes two calls
-    (tables.get, CreateReadSession), or three (tables.get, datasets.get, then :func:`rows`' query) for APPENDS.
+    module's docstring), ``"appended_after"`` (the champion's snapshot time) and ``"results_dataset"`` (``PROJECT.``
+    ``results_dataset`` in the billing project, where the query writes its result: :func:`_results_dataset`) instead
+    of a session. Makes two calls (tables.get, CreateReadSession), or for APPENDS three or four (tables.get,
+    datasets.get of the table's dataset, datasets.get of the results dataset, datasets.insert when it is absent), and
+    :func:`rows` the query.
     ``after`` (a ``max_time`` of an earlier snapshot) reads only the rows past it. ``incremental`` (implied by
     ``after`` and ``since``): the read is of what is new since a champion (``train.data_since``), so no rows is an
     answer, not an error. A table that tables.get does not find is a :class:`~components.data.drops.NoDrop` (a dated
@@ -348,7 +405,8 @@ def snapshot(
     if since is not None:
         refused = _appends_refusal(bq, found, snap, since, creds)
         if not refused:
-            snap.update(after=None, appended_after=since["snapshot_time"])
+            results = _results_dataset(bq, f"{billing}.{results_dataset}", found.location or "", table, creds)
+            snap.update(after=None, appended_after=since["snapshot_time"], results_dataset=results)
             return snap
         late = f"{time_column} not past {after}" if after else f"an old {time_column}"
         log(
@@ -383,31 +441,38 @@ def rows(snap: dict, *, field: str) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams in stream order (read
     in parallel: :func:`_stream_rows`), an Arrow record batch at a time, or the APPENDS query's result table's, read
-    the same way. Counts them into
-    ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that lacks what the formatter needs,
-    or no rows at all (unless ``incremental``), is a SpecError naming ``field``."""
+    the same way. Counts them into ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that
+    lacks what the formatter needs, or no rows at all (unless ``incremental``), is a SpecError naming ``field``."""
     creds = credentials()
-    largest = None
+    source = _appended(snap, field, creds) if snap.get("appended_after") else _streamed(snap, creds)
     try:
-        for row in _appended(snap, field, creds) if snap.get("appended_after") else _streamed(snap, creds):
-            snap["num_rows"] += 1
-            lacking = [name for name in REQUIRED if row.get(name) in (None, "")]
-            if lacking:
-                shown = json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=False)
-                raise SpecError(
-                    field,
-                    f"{snap['table']}{_matching(snap, field)}: row {snap['num_rows']} lacks a column the trainer's "
-                    f"formatter needs (NULL or empty): {', '.join(lacking)}: {shown[:400]}",
-                )
-            value = row.get(snap["time_column"]) if snap["time_column"] else None
-            if value is not None and (largest is None or value > largest):
-                largest = value
-            yield {k: _jsonable(v) for k, v in row.items()}
+        with closing(source):  # its streams stopped, and a results table deleted, however this read ends
+            yield from _checked(source, snap, field)
     except _failures() as exc:
         raise _refusal(exc, field, snap["table"], snap["project"], creds, f"{field}_filter", snap["filter"]) from None
-    snap["max_time"] = _text(largest)
     if snap["num_rows"] == 0 and not snap["incremental"]:
         raise SpecError(field, f"{snap['table']} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
+
+
+def _checked(source: Iterator[dict], snap: dict, field: str) -> Iterator[dict]:
+    """``source``'s rows as JSON-able dicts, each checked for what the formatter needs and counted into ``snap``, the
+    largest time column's value kept in ``snap["max_time"]`` once they are all read."""
+    largest = None
+    for row in source:
+        snap["num_rows"] += 1
+        lacking = [name for name in REQUIRED if row.get(name) in (None, "")]
+        if lacking:
+            shown = json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=False)
+            raise SpecError(
+                field,
+                f"{snap['table']}{_matching(snap, field)}: row {snap['num_rows']} lacks a column the trainer's "
+                f"formatter needs (NULL or empty): {', '.join(lacking)}: {shown[:400]}",
+            )
+        value = row.get(snap["time_column"]) if snap["time_column"] else None
+        if value is not None and (largest is None or value > largest):
+            largest = value
+        yield {k: _jsonable(v) for k, v in row.items()}
+    snap["max_time"] = _text(largest)
 
 
 def latest(snap: dict, other: str | None) -> str | None:
@@ -419,7 +484,7 @@ def latest(snap: dict, other: str | None) -> str | None:
     return max(times, key=lambda t: _typed(snap["time_type"], t, "max_time"))
 
 
-def _streamed(snap: dict, creds) -> Iterator[dict]:
+def _streamed(snap: dict, creds) -> Generator[dict, None, None]:
     """The session's rows in stream order (:func:`_stream_rows`), each record batch read with the session's Arrow
     schema (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
     yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
@@ -512,17 +577,18 @@ def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
+def _appended(snap: dict, field: str, creds) -> Generator[dict, None, None]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
-    the snapshot's project, with its filter as query parameters; its result read through the Storage Read API, as a
-    table: every query writes its result to a table, without a destination named a temporary one in an anonymous
-    dataset that its creator may read ("Temporary and permanent tables",
-    https://cloud.google.com/bigquery/docs/writing-results), named in the job's ``destinationTable``, and a read
-    session on it (no snapshot time: it is written once, by the job) streams it in Arrow batches, as
-    google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
+    the snapshot's project, with its filter as query parameters, its result written to a table of its own in the
+    results dataset (``snap["results_dataset"]``: the module's docstring), ``appends_<hex>`` with ``WRITE_EMPTY``,
+    recorded in ``snap["appends_table"]`` and the job in ``snap["appends_job"]``. Once the job is done the table gets
+    its ``expirationTime`` (tables.patch), and its rows are read through the Storage Read API, as a table (a read
+    session with no snapshot time: it is written once, by the job), in Arrow batches, as google-cloud-bigquery's
+    ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
     (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
-    pages, none of their per-response size; the result table itself is still capped at the maximum response size
-    (the module's docstring). The session is created in, and billed to, the snapshot's project too."""
+    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too.
+    The table is deleted (:func:`_drop`) however the read ends: its rows all read, the reader closed early, or a
+    failure."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -541,20 +607,129 @@ def _appended(snap: dict, field: str, creds) -> Iterator[dict]:
     columns = dict.fromkeys([*REQUIRED, *([snap["time_column"]] if snap["time_column"] else [])])
     where = " WHERE " + " AND ".join(conditions) if conditions else ""
     sql = f"SELECT {', '.join(map(_quoted, columns))} FROM APPENDS(TABLE {_quoted(snap['table'])}, @start, @end){where}"
-    job = client(snap["project"], creds).query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
-    job.result()  # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
-    result = job.destination
-    reader = read_client(creds)
-    session = reader.create_read_session(
-        parent=f"projects/{snap['project']}",
-        read_session={
-            "table": _table_path(f"{result.project}.{result.dataset_id}.{result.table_id}"),
-            "data_format": "ARROW",
-        },
-        max_stream_count=STREAMS,
+    bq, results = client(snap["project"], creds), snap["results_dataset"]
+    unique = uuid.uuid4().hex  # a fresh name each read: WRITE_EMPTY never meets another read's rows
+    destination = snap["appends_table"] = f"{results}.appends_{unique}"
+    config = bigquery.QueryJobConfig(
+        query_parameters=params,
+        destination=destination,
+        create_disposition=bigquery.CreateDisposition.CREATE_IF_NEEDED,
+        write_disposition=bigquery.WriteDisposition.WRITE_EMPTY,
     )
-    snap["appends_job"] = job.job_id
-    yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
+    whole = False
+    try:
+        try:
+            job = bq.query(sql, job_config=config, job_id_prefix=f"tpupipe_appends_{unique}_")
+            snap["appends_job"] = job.job_id
+            job.result()  # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
+            written = bigquery.Table(destination)
+            written.expires = datetime.now(UTC) + RESULTS_TABLE_LIFE
+            bq.update_table(written, ["expires"])
+            reader = read_client(creds)
+            session = reader.create_read_session(
+                parent=f"projects/{snap['project']}",
+                read_session={"table": _table_path(destination), "data_format": "ARROW"},
+                max_stream_count=STREAMS,
+            )
+        except _failures() as exc:
+            raise _results_refusal(exc, results, creds) or exc from None
+        yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
+        whole = True
+    finally:
+        _drop(bq, destination, results, creds, whole)
+
+
+def _drop(bq, table: str, results: str, creds, whole: bool) -> None:
+    """Delete the results table ``table`` of the dataset ``results`` (tables.delete, ``Client.delete_table``: one the
+    job never wrote is not found, which is no error). A refusal is raised (:func:`_results_refusal`) after a whole
+    read (``whole``) only: a read that failed or was closed early ends as it did, the table left to its
+    ``expirationTime``."""
+    try:
+        bq.delete_table(table, not_found_ok=True)
+    except _failures() as exc:
+        if whole:
+            raise _results_refusal(exc, results, creds) or exc from None
+
+
+def _results_dataset(bq, dataset: str, location: str, table: str, creds) -> str:
+    """The results dataset ``dataset`` (``PROJECT.DATASET``), there in ``location`` (``table``'s): datasets.get, and
+    when it is absent (or the caller may not see it) datasets.insert (``Client.create_dataset``) in ``location``, with
+    ``RESULTS_LABELS`` and a default table expiration of ``RESULTS_DEFAULT_EXPIRATION`` (one that is there after all,
+    a Conflict, is looked up again). A dataset in another location is a SpecError naming ``RESULTS_FIELD``, as is a
+    refusal (:func:`_results_refusal`)."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import bigquery
+
+    try:
+        try:
+            found = bq.get_dataset(dataset)
+        except (gexc.NotFound, gexc.Forbidden) as missing:
+            if isinstance(missing, gexc.Forbidden) and not _results_refusal(missing, dataset, creds):
+                raise  # a quota, not a refusal
+            # Not found, or not to be seen (no bigquery.datasets.get, which "or it may not exist" leaves open):
+            # created, which also tells which (one that is there is a Conflict)
+            made = bigquery.Dataset(dataset)
+            made.location = location or None
+            made.default_table_expiration_ms = int(RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000)
+            made.labels = dict(RESULTS_LABELS)
+            try:
+                found = bq.create_dataset(made)
+            except gexc.Conflict:  # another run's, made since the lookup, or one the caller may not see
+                found = bq.get_dataset(dataset)
+    except _failures() as exc:
+        raise _results_refusal(exc, dataset, creds) or exc from None
+    there = found.location or ""
+    if location and there.lower() != location.lower():
+        project, name = dataset.rsplit(".", 1)
+        raise SpecError(
+            RESULTS_FIELD,
+            f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its "
+            f"result, is in {there}, and {table} in {location}: a query writes to a dataset of the location of the "
+            "tables it reads (https://cloud.google.com/bigquery/docs/writing-results)",
+            [f"{RESULTS_FIELD}=NAME of a dataset of project {project} in {location}, or of none yet: the run creates "
+             f"it there (e.g. {name}_{location.lower().replace('-', '_')})"],
+        )  # fmt: skip
+    return dataset
+
+
+def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
+    """A SpecError naming ``RESULTS_FIELD`` for ``exc``, a refusal about the results dataset ``dataset``
+    (``PROJECT.DATASET``): to create it (``bigquery.datasets.create`` on its project), to see it, or to write, change,
+    read or delete a table in it (``RESULTS_PERMISSIONS``), with what BigQuery said; None for any other failure (a
+    refusal about the table read, a quota, an outage)."""
+    from google.api_core import exceptions as gexc
+
+    first = next((e for e in getattr(exc, "errors", None) or [] if isinstance(e, dict)), {})
+    denied = isinstance(exc, gexc.PermissionDenied) or (
+        isinstance(exc, gexc.Forbidden) and first.get("reason") == "accessDenied"
+    )
+    said = _said(exc)
+    project, name = dataset.rsplit(".", 1)
+    named = f"{project}:{name}" in said or dataset in said or DATASET_CREATE_PERMISSION in said
+    if not denied or not named:
+        return None
+    who = _identity(creds)
+    grantee = who or "the pipeline service account"
+    if DATASET_CREATE_PERMISSION in said:
+        return SpecError(
+            RESULTS_FIELD,
+            f"{who or 'the caller'} may not create the dataset {dataset} (it lacks {DATASET_CREATE_PERMISSION} in "
+            f"project {project}), where the APPENDS query of the rows committed since the champion writes its "
+            f"result: {said}",
+            [f"roles/bigquery.user on the project {project}, granted to {grantee} (it creates the dataset once, and "
+             "owns it)",
+             f"a dataset made once in the table's location, with roles/bigquery.dataEditor on it granted to {grantee}, "
+             f"named in {RESULTS_FIELD}"],
+        )  # fmt: skip
+    lacking = next((p for p in (*RESULTS_PERMISSIONS, "bigquery.datasets.get") if p in said), "a permission")
+    return SpecError(
+        RESULTS_FIELD,
+        f"{who or 'the caller'} lacks {lacking} on the dataset {dataset}, where the APPENDS query of the rows "
+        f"committed since the champion writes its result, which the run then reads and deletes: {said}",
+        [f"roles/bigquery.dataEditor on the dataset {dataset} (it holds {', '.join(RESULTS_PERMISSIONS)} and "
+         f"bigquery.datasets.get), granted to {grantee}",
+         f"{RESULTS_FIELD}=NAME of a dataset not yet in project {project}: the run creates it, and owns it"],
+    )  # fmt: skip
 
 
 def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:
@@ -697,20 +872,33 @@ def missing_read(table: str, project: str, *, field: str = "train.dataset") -> l
 
 
 def dataset_exists(dataset: str, project: str, *, field: str = "train.dataset") -> bool:
-    """Whether the dataset ``PROJECT.DATASET`` exists, asked of datasets.get (``Client.get_dataset``, which needs
-    ``bigquery.datasets.get``, held by roles/bigquery.dataViewer and every role that reads a table:
-    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get) through a client of ``project``: where a
-    dated table (``events_{date:%Y%m%d}``) will be. No permission to see it is the caller's error, naming ``field``."""
-    from google.api_core import exceptions as gexc
-
+    """Whether the dataset ``PROJECT.DATASET`` exists (:func:`dataset_location`): where a dated table
+    (``events_{date:%Y%m%d}``) will be. No permission to see it is the caller's error, naming ``field``."""
     creds = credentials()
     try:
-        client(project, creds).get_dataset(dataset)
-    except gexc.NotFound:
-        return False
+        return dataset_location(dataset, project, creds) is not None
     except _failures() as exc:
         raise _refusal(exc, field, dataset, project, creds, "", "") from None
-    return True
+
+
+def dataset_location(dataset: str, project: str, creds=None) -> str | None:
+    """The location of the dataset ``PROJECT.DATASET`` ("" when it says none), None when it does not exist, asked of
+    datasets.get (``Client.get_dataset``, which needs ``bigquery.datasets.get``, held by roles/bigquery.dataViewer,
+    every role that reads a table, and roles/bigquery.user:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get) through a client of ``project``; a refusal
+    is raised as the client raises it."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        return client(project, creds).get_dataset(dataset).location or ""
+    except gexc.NotFound:
+        return None
+
+
+def failures() -> tuple[type[Exception], ...]:
+    """What a call to BigQuery raises (an API error, or google-auth's about the credentials), for callers that report
+    rather than raise."""
+    return _failures()
 
 
 # The roles that hold bigquery.jobs.create on a project: the predefined ones the jobs overview names
@@ -734,6 +922,13 @@ READ_SESSION_ROLES = (
 READ_ROLES = (
     "roles/bigquery.dataViewer", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
     "READER", "WRITER", "OWNER",
+)  # fmt: skip
+# The roles that hold bigquery.datasets.create on a project: roles/bigquery.user, dataEditor, dataOwner and admin
+# (https://cloud.google.com/bigquery/docs/access-control) and the basic Editor and Owner
+# (https://cloud.google.com/bigquery/docs/access-control-basic-roles).
+DATASET_CREATE_ROLES = (
+    "roles/bigquery.user", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
+    "roles/editor", "roles/owner",
 )  # fmt: skip
 
 

@@ -327,6 +327,7 @@ def _bigquery(
         since=champion,
         incremental=since is not None,
         project=job_project(spec),
+        results_dataset=t.bigquery_results_dataset,
         log=log,
     )
     rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))

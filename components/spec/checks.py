@@ -285,14 +285,16 @@ def _check_data(spec: RunSpec) -> None:
 
 # A drop's marker: one object or file name beside the data, not a path (https://cloud.google.com/storage/docs/objects#naming)
 _READY = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+# A dataset name: letters, digits and underscores, at most 1,024 (https://cloud.google.com/bigquery/docs/datasets#dataset-naming)
+_DATASET_NAME = re.compile(r"[A-Za-z0-9_]{1,1024}")
 # A service account's email: NAME@PROJECT.iam.gserviceaccount.com, or a Google-managed account's
 # (PROJECT_NUMBER-compute@developer.gserviceaccount.com, ...: https://cloud.google.com/iam/docs/service-account-types)
 _SERVICE_ACCOUNT = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]*\.gserviceaccount\.com")
 
 
 def _check_drops(spec: RunSpec) -> None:
-    """``train.dataset_ready`` (a marker's name, for gs:// and local drops) and ``train.bigquery_project`` (a
-    project id, for bq:// datasets)."""
+    """``train.dataset_ready`` (a marker's name, for gs:// and local drops), ``train.bigquery_project`` (a
+    project id, for bq:// datasets) and ``train.bigquery_results_dataset`` (a dataset name)."""
     t = spec.train
     kinds = {datasets.kind(v) for v in (t.dataset, t.eval_dataset) if v and datasets.snapshotted(v)}
     if t.dataset_ready:
@@ -313,6 +315,12 @@ def _check_drops(spec: RunSpec) -> None:
             raise SpecError(
                 "train.bigquery_project", f"{t.bigquery_project!r} is not a Google Cloud project id", ["my-project"]
             )
+    if not _DATASET_NAME.fullmatch(t.bigquery_results_dataset):
+        raise SpecError(
+            "train.bigquery_results_dataset",
+            f"{t.bigquery_results_dataset!r} is not a BigQuery dataset name",
+            ["tpupipe_results", "letters, digits and _, at most 1,024"],
+        )
     if t.bigquery_service_account:
         if "bigquery" not in kinds:
             raise SpecError(

@@ -121,6 +121,11 @@ class TrainSpec:
     # bq:// only: the project BigQuery's read session and jobs are created in and bill (bigquery.readsessions.create,
     # bigquery.jobs.create there); empty: gke.project, else the table's own (components/data/bigquery.py)
     bigquery_project: str = ""
+    # bq:// only, train.data_since=champion: the dataset, in the jobs' project (train.bigquery_project, else
+    # gke.project, else the table's), that the query of the rows committed since the champion (APPENDS) writes its
+    # result to, a table a read, deleted once read (else expiring 6 hours on); created in the table's location when
+    # absent (bigquery.datasets.create), refused in another (components/data/bigquery.py)
+    bigquery_results_dataset: str = "tpupipe_results"
     # bq:// only: the service account the run's data snapshot reads BigQuery as (Vertex AI's pipeline service account,
     # the KFP runner's Google service account), an email; preflight checks as its caller, and with this also reads the
     # IAM policies for the account's roles, warning when none lets it open the read session, run the jobs or read the

@@ -8,11 +8,19 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
   ``api_method="QUERY"``: google/cloud/bigquery/_job_helpers.py, ``query_and_wait`` and ``query_jobs_query``): runs
   the query and answers its first page (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/query);
 - jobs.insert, ``POST /projects/P/jobs`` (``Client.query``'s default, ``query_jobs_insert``): the job resource
-  (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert);
+  (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert), its result written to the
+  ``destinationTable`` its configuration names (``writeDisposition``, ``createDisposition``: ``_written``), else to an
+  anonymous table, up to the maximum response size (``max_response_bytes``, 10 GB by default as the quotas page
+  says; past it ``responseTooLarge``: ``_anonymous``);
 - jobs.get, ``GET /projects/P/jobs/J`` (``QueryJob.done`` reloads the job: google/cloud/bigquery/job/base.py) and
   jobs.cancel, ``POST /projects/P/jobs/J/cancel`` (what ``_job_helpers._wait_or_cancel`` sends when waiting fails);
 - datasets.get, ``GET /projects/P/datasets/D`` (``Client.get_dataset``): the dataset and its ``access`` list, the
   roles granted on it, those under an IAM condition as its ``accessPolicyVersion`` asks (``_datasets_get``);
+- datasets.insert, ``POST /projects/P/datasets`` (``Client.create_dataset``): a dataset with its location, its
+  ``defaultTableExpirationMs`` and its labels, owned by its creator (``_datasets_insert``);
+- tables.patch, ``PATCH /projects/P/datasets/D/tables/T`` (``Client.update_table``), of a table's ``expirationTime``,
+  and tables.delete, ``DELETE`` of the same path (``Client.delete_table``); a table past its ``expirationTime`` on the
+  emulator's clock is deleted, and not found from then on (``_sweep``);
 - tables.testIamPermissions, ``POST /projects/P/datasets/D/tables/T:testIamPermissions``
   (``Client.test_iam_permissions``): of the permissions asked, those the caller holds on the table, itself needing none
   (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/testIamPermissions);
@@ -61,7 +69,9 @@ https://cloud.google.com/bigquery/docs/control-access-to-resources-iam), with th
 roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control): tables.get needs ``bigquery.tables.get`` on
 the table, a query ``bigquery.jobs.create`` on the project it runs in (the project in the request's path, which is
 billed: not the project of the table it reads) and ``bigquery.tables.getData`` on the table it reads (a grant on the
-table, its dataset or its project), and a job is read back by whoever created it (or with ``bigquery.jobs.get``). A
+table, its dataset or its project), and ``bigquery.tables.create`` and ``bigquery.tables.updateData`` on the dataset it
+writes to, a dataset ``bigquery.datasets.create`` on its project, changing a table ``bigquery.tables.update``, deleting
+it ``bigquery.tables.delete``; a job is read back by whoever created it (or with ``bigquery.jobs.get``). A
 grant to ``allAuthenticatedUsers`` holds for every member, as a public dataset's (``bigquery-public-data``) is
 shared: https://cloud.google.com/iam/docs/principals-overview#all-authenticated-users. A refusal is 403 ``accessDenied``
 with BigQuery's message; an unknown dataset, table or job is 404 ``notFound``; a bad query 400 ``invalidQuery``
@@ -69,7 +79,8 @@ with BigQuery's message; an unknown dataset, table or job is 404 ``notFound``; a
 ``errors[].reason``, which the client reads to decide what it retries (google/cloud/bigquery/retry.py).
 
 Faults are injected per method ("tables.get", "jobs.query", "jobs.insert", "jobs.get", "jobs.getQueryResults",
-"jobs.cancel"): the next N matching calls answer an HTTP error before they take effect.
+"jobs.cancel", "datasets.insert", "tables.patch", "tables.delete", ...): the next N matching calls answer an HTTP
+error before they take effect.
 
 Pointing the client here: ``bigquery.Client(project=..., credentials=..., client_options={"api_endpoint":
 endpoint})``; ``$TPUPIPE_BIGQUERY_EMULATOR_HOST`` for tpupipe (components/data/bigquery.py).
@@ -119,7 +130,18 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
         ),
         "rowAccessPolicies.list",
     ),
+    (
+        "PATCH",
+        re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
+        "tables.patch",
+    ),
+    (
+        "DELETE",
+        re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)/tables/(?P<table>[^/]+)"),
+        "tables.delete",
+    ),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/datasets/(?P<dataset>[^/]+)"), "datasets.get"),
+    ("POST", re.compile(r"/projects/(?P<project>[^/]+)/datasets"), "datasets.insert"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/queries"), "jobs.query"),
     ("GET", re.compile(r"/projects/(?P<project>[^/]+)/queries/(?P<job>[^/]+)"), "jobs.getQueryResults"),
     ("POST", re.compile(r"/projects/(?P<project>[^/]+)/jobs"), "jobs.insert"),
@@ -129,6 +151,23 @@ ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
 # errors[].reason of each status (https://cloud.google.com/bigquery/docs/error-messages): a refusal is accessDenied
 BIGQUERY_REASONS = {**REASONS, 403: "accessDenied"}
 PAGE_BYTES = 10 * 1024 * 1024
+# A query's result without a destination table is capped: "Maximum response size: 10 GB compressed"
+# (https://cloud.google.com/bigquery/quotas#query_jobs); the emulator measures a result as the JSON of its rows as
+# the REST API answers them (``_result_row``), not compressed
+MAX_RESPONSE_BYTES = 10 * 1000**3
+# How long an anonymous query result table lives: "After a query finishes, the temporary table exists for up to 24
+# hours" (https://cloud.google.com/bigquery/docs/writing-results)
+ANONYMOUS_HOURS = 24
+# A dataset's defaultTableExpirationMs: "The minimum lifetime value is 3600000 milliseconds (one hour)"
+# (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.default_table_expiration_ms)
+MIN_TABLE_EXPIRATION_MS = 3_600_000
+# a dataset id: letters, digits and underscores, at most 1,024 characters (DatasetReference.datasetId,
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#DatasetReference)
+DATASET_ID = re.compile(r"[A-Za-z0-9_]{1,1024}")
+# what datasets.insert's body may hold here (the Dataset resource's fields the emulator keeps or ignores:
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset)
+DATASET_FIELDS = {"kind", "datasetReference", "location", "defaultTableExpirationMs", "labels", "description",
+                  "friendlyName"}  # fmt: skip
 ALL_AUTHENTICATED = "allAuthenticatedUsers"
 DEFAULT_TRAVEL_HOURS = 168
 # a job id: letters, digits, underscores and dashes, at most 1,024 characters
@@ -142,7 +181,10 @@ QUERY_REQUEST = {
 }  # fmt: skip
 # what a query job's configuration.query may hold here (JobConfigurationQuery:
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery)
-QUERY_CONFIG = {"query", "useLegacySql", "parameterMode", "queryParameters", "useQueryCache", "priority"}
+QUERY_CONFIG = {
+    "query", "useLegacySql", "parameterMode", "queryParameters", "useQueryCache", "priority", "destinationTable",
+    "writeDisposition", "createDisposition",
+}  # fmt: skip
 
 _VIEWER = frozenset({"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.getData", "bigquery.tables.list"})
 # the Storage Read API's, on the project a read session is created in (roles/bigquery.readSessionUser's; also in
@@ -150,7 +192,13 @@ _VIEWER = frozenset({"bigquery.datasets.get", "bigquery.tables.get", "bigquery.t
 _READ_SESSIONS = frozenset(
     {"bigquery.readsessions.create", "bigquery.readsessions.getData", "bigquery.readsessions.update"}
 )
-_EDITOR = _VIEWER | {"bigquery.tables.create", "bigquery.tables.update", "bigquery.tables.updateData"}
+# roles/bigquery.dataEditor: on a dataset it also creates, changes and deletes its tables; on a project it also creates
+# datasets ("When applied to a project or organization, this role can also create new datasets",
+# https://cloud.google.com/bigquery/docs/access-control#bigquery.dataEditor)
+_EDITOR = _VIEWER | {
+    "bigquery.tables.create", "bigquery.tables.update", "bigquery.tables.updateData", "bigquery.tables.delete",
+    "bigquery.datasets.create",
+}  # fmt: skip
 # Dataset.access's ``role`` "will accept any of the above formats, but will return only the legacy format": OWNER for
 # roles/bigquery.dataOwner, WRITER for roles/bigquery.dataEditor, READER for roles/bigquery.dataViewer
 # (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access).
@@ -159,8 +207,9 @@ LEGACY_ROLES = {
 }  # fmt: skip
 # "If unspecified at dataset creation time, BigQuery adds default dataset access for the following entities":
 # projectReaders READER, projectWriters WRITER, projectOwners OWNER, and the creator as OWNER (same page); the special
-# groups stand for the project's viewers, editors and owners. The creator (this emulator's dataset has none) is left
-# out.
+# groups stand for the project's viewers, editors and owners. The creator of a dataset made by datasets.insert is
+# granted roles/bigquery.dataOwner on it (``_datasets_insert``), so it is listed with the grants; one the tests make
+# has none.
 DEFAULT_ACCESS = (
     {"role": "READER", "specialGroup": "projectReaders"},
     {"role": "WRITER", "specialGroup": "projectWriters"},
@@ -177,14 +226,22 @@ ROLES: dict[str, frozenset[str]] = {
         {"bigquery.datasets.get", "bigquery.tables.get", "bigquery.tables.list"}
     ),
     "roles/bigquery.dataEditor": _EDITOR,
-    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.tables.delete", "bigquery.rowAccessPolicies.list"},
+    "roles/bigquery.dataOwner": _EDITOR | {"bigquery.rowAccessPolicies.list"},
     "roles/bigquery.jobUser": frozenset({"bigquery.jobs.create"}),
     "roles/bigquery.readSessionUser": _READ_SESSIONS,
-    "roles/bigquery.user": _READ_SESSIONS | {"bigquery.jobs.create", "bigquery.datasets.create", "bigquery.jobs.list"},
+    # "When applied to a dataset, this role provides the ability to read the dataset's metadata and list tables in the
+    # dataset. When applied to a project, ... allows the creation of new datasets within the project" (access-control)
+    "roles/bigquery.user": _READ_SESSIONS
+    | {
+        "bigquery.jobs.create",
+        "bigquery.jobs.list",
+        "bigquery.datasets.create",
+        "bigquery.datasets.get",
+        "bigquery.tables.list",
+    },
     "roles/bigquery.admin": _EDITOR
     | _READ_SESSIONS
     | {
-        "bigquery.tables.delete",
         "bigquery.jobs.create",
         "bigquery.jobs.get",
         "bigquery.rowAccessPolicies.list",
@@ -333,6 +390,11 @@ def encode_cell(kind: str, value: Any, int64_timestamp: bool) -> Any:
     if kind == "FLOAT64":
         return repr(float(value))
     return str(value)
+
+
+def _result_row(types: list[str], values: list, int64_timestamp: bool) -> dict:
+    """A result row as the REST API answers it: ``{"f": [{"v": ...}]}``."""
+    return {"f": [{"v": encode_cell(k, v, int64_timestamp)} for k, v in zip(types, values, strict=True)]}
 
 
 # ---------------------------------------------------------------------------------------------------- SQL
@@ -788,6 +850,7 @@ class Table:
     readers: set = field(default_factory=set)
     row_policies: bool = False  # it has or had row access policies (OVERRIDE_TIME_TRAVEL)
     policies: list = field(default_factory=list)  # the ids of its row access policies now
+    expires: int | None = None  # its expirationTime (microseconds): past it, it is deleted (``_sweep``)
 
 
 @dataclass
@@ -796,6 +859,8 @@ class Dataset:
     travel_hours: int
     created: int
     tables: dict[str, Table] = field(default_factory=dict)
+    default_expiration_ms: int | None = None  # defaultTableExpirationMs: a new table's life
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -812,11 +877,18 @@ class Job:
 
 
 class BigQueryEmulator(HttpEmulator):
-    def __init__(self, token: Any = "", clock: Callable[[], float] = time.time, page_bytes: int = PAGE_BYTES):
+    def __init__(
+        self,
+        token: Any = "",
+        clock: Callable[[], float] = time.time,
+        page_bytes: int = PAGE_BYTES,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ):
         super().__init__()
         self.token = token  # a static token or a TokenIssuer: the owner's
         self.clock = clock  # seconds since the epoch
         self.page_bytes = page_bytes
+        self.max_response_bytes = max_response_bytes  # a result without a destination table, at most (``_anonymous``)
         self.datasets: dict[tuple[str, str], Dataset] = {}
         self.jobs: dict[tuple[str, str], Job] = {}
         self.requests: dict[str, tuple[str, str]] = {}  # jobs.query requestId -> (project, job id)
@@ -1011,14 +1083,26 @@ class BigQueryEmulator(HttpEmulator):
         if fault:
             raise BigQueryError(fault.status, fault.message, fault.reason)
         with self._lock:
+            self._sweep()
             handler = getattr(self, "_" + method.replace(".", "_"))
             try:
-                return 200, handler(member, args, query, body)
+                answer = handler(member, args, query, body)
+                return (204, None) if answer is None else (200, answer)
             except HttpError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the emulator's own bug: a reason the client does not retry
                 detail = "".join(traceback.format_exception(exc))
                 raise BigQueryError(500, f"The emulator failed: {detail}", "emulatorError") from None
+
+    def _sweep(self) -> None:
+        """Delete every table whose expirationTime has passed on the emulator's clock, as BigQuery does: "Expired
+        tables will be deleted and their storage reclaimed" (Table.expirationTime,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time); from then on
+        it is not found. Called with the lock held, before each request (the Storage Read API's too)."""
+        now = _micros(None, self.clock)
+        for d in self.datasets.values():
+            for name in [name for name, t in d.tables.items() if t.expires is not None and t.expires <= now]:
+                del d.tables[name]
 
     def _allowed(self, member: str | None, permission: str, project: str, dataset: str = "", table: str = "") -> bool:
         """The owner is allowed everything; a member what a grant on the resource, or on the dataset or project that
@@ -1032,12 +1116,16 @@ class BigQueryEmulator(HttpEmulator):
         return any(permission in ROLES[role] and scope in scopes for role, scope in grants)
 
     def _tables_get(self, member, args, query, body) -> dict:
+        return self._table_resource(*self._found(member, "bigquery.tables.get", args), args)
+
+    def _found(self, member, permission: str, args: dict) -> tuple[Dataset, Table]:
+        """The dataset and the table ``args`` names, once ``member`` holds ``permission`` on it; BigQuery's refusal
+        ("Permission ... denied on table ... (or it may not exist)") or its Not found otherwise."""
         project, dataset, table = args["project"], args["dataset"], args["table"]
         name = f"{project}:{dataset}.{table}"
-        if not self._allowed(member, "bigquery.tables.get", project, dataset, table):
+        if not self._allowed(member, permission, project, dataset, table):
             raise _denied(
-                f"Access Denied: Table {name}: Permission bigquery.tables.get denied on table {name} "
-                "(or it may not exist)."
+                f"Access Denied: Table {name}: Permission {permission} denied on table {name} (or it may not exist)."
             )
         d = self.datasets.get((project, dataset))
         if d is None:
@@ -1045,8 +1133,15 @@ class BigQueryEmulator(HttpEmulator):
         t = d.tables.get(table)
         if t is None:
             raise _not_found(f"Not found: Table {name}")
+        return d, t
+
+    def _table_resource(self, d: Dataset, t: Table, args: dict) -> dict:
+        """The Table resource (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table), its
+        ``expirationTime`` (milliseconds, as a string) when it has one."""
+        project, dataset, table = args["project"], args["dataset"], args["table"]
+        name = f"{project}:{dataset}.{table}"
         now = _micros(None, self.clock)
-        return {
+        resource = {
             "kind": "bigquery#table",
             "etag": base64.b64encode(str(t.modified).encode()).decode(),
             "id": name,
@@ -1059,6 +1154,72 @@ class BigQueryEmulator(HttpEmulator):
             "type": t.type,
             "location": d.location,
         }
+        if t.expires is not None:
+            resource["expirationTime"] = str(t.expires // 1000)
+        return resource
+
+    def _tables_patch(self, member, args, query, body) -> dict:
+        """tables.patch of a table's ``expirationTime`` (milliseconds since the epoch; null: never), which needs
+        ``bigquery.tables.update`` on it (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/patch;
+        https://cloud.google.com/bigquery/docs/access-control); any other field is the emulator's refusal."""
+        d, t = self._found(member, "bigquery.tables.update", args)
+        unknown = set(body) - {"expirationTime", "tableReference"}
+        if unknown:
+            raise _unsupported(f"tables.patch of {sorted(unknown)}")
+        if "expirationTime" in body:
+            t.expires = None if body["expirationTime"] is None else int(body["expirationTime"]) * 1000
+            t.modified = max(t.modified, _micros(None, self.clock))
+        return self._table_resource(d, t, args)
+
+    def _tables_delete(self, member, args, query, body) -> None:
+        """tables.delete, which needs ``bigquery.tables.delete`` on the table: its rows and its history gone, the
+        answer empty (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/delete); a table that is not
+        there is Not found."""
+        d, _ = self._found(member, "bigquery.tables.delete", args)
+        del d.tables[args["table"]]
+
+    def _datasets_insert(self, member, args, query, body) -> dict:
+        """datasets.insert (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/insert): a dataset in
+        the request's project, which needs ``bigquery.datasets.create`` there (roles/bigquery.user, dataEditor,
+        dataOwner, admin: https://cloud.google.com/bigquery/docs/access-control), in its ``location`` (US unless it
+        says), with its ``defaultTableExpirationMs`` (the life of every table created in it from then on: "Once this
+        property is set, all newly-created tables in the dataset will have an expirationTime property set to the
+        creation time plus the value in this property", at least an hour: ``MIN_TABLE_EXPIRATION_MS``) and its
+        ``labels``. Its creator becomes its OWNER: "If unspecified at dataset creation time, BigQuery adds default
+        dataset access for the following entities: ... the dataset creator" as OWNER (Dataset.access,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), a
+        roles/bigquery.dataOwner grant on it here. One that exists is 409 ``duplicate``."""
+        project = args["project"]
+        reference = body.get("datasetReference") or {}
+        name = reference.get("datasetId", "")
+        if set(body) - DATASET_FIELDS:
+            raise _unsupported(f"Dataset fields {sorted(set(body) - DATASET_FIELDS)}")
+        if reference.get("projectId", project) != project:
+            raise BigQueryError(400, "The dataset's project is not the request's.", "invalid")
+        if not self._allowed(member, "bigquery.datasets.create", project):
+            raise _denied(
+                f"Access Denied: Project {project}: User does not have bigquery.datasets.create permission in "
+                f"project {project}."
+            )
+        if not DATASET_ID.fullmatch(name):
+            raise BigQueryError(400, f'Invalid dataset ID "{name}".', "invalid")
+        if (project, name) in self.datasets:
+            raise BigQueryError(409, f"Already Exists: Dataset {project}:{name}", "duplicate")
+        expiration = body.get("defaultTableExpirationMs")
+        if expiration is not None and int(expiration) < MIN_TABLE_EXPIRATION_MS:
+            raise BigQueryError(
+                400, f"defaultTableExpirationMs {expiration} is below {MIN_TABLE_EXPIRATION_MS} (one hour)", "invalid"
+            )
+        self.datasets[(project, name)] = Dataset(
+            body.get("location") or "US",
+            DEFAULT_TRAVEL_HOURS,
+            _micros(None, self.clock),
+            default_expiration_ms=None if expiration is None else int(expiration),
+            labels=dict(body.get("labels") or {}),
+        )
+        if member:
+            self.grants.setdefault(member, set()).add(("roles/bigquery.dataOwner", f"{project}.{name}"))
+        return self._datasets_get(member, {"project": project, "dataset": name}, {}, {})
 
     def _datasets_get(self, member, args, query, body) -> dict:
         """The dataset, with its ``access`` list: the entries BigQuery adds to a dataset created without one
@@ -1108,6 +1269,8 @@ class BigQueryEmulator(HttpEmulator):
             # int64 as a string, as the REST API writes int64 (Dataset.maxTimeTravelHours:
             # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours)
             "maxTimeTravelHours": str(d.travel_hours),
+            **({"defaultTableExpirationMs": str(d.default_expiration_ms)} if d.default_expiration_ms else {}),
+            **({"labels": dict(d.labels)} if d.labels else {}),
         }
 
     def _rowAccessPolicies_list(self, member, args, query, body) -> dict:
@@ -1221,8 +1384,10 @@ class BigQueryEmulator(HttpEmulator):
             raise BigQueryError(409, f"Already Exists: Job {project}:{location or 'US'}.{job_id}", "duplicate")
         now = _micros(None, self.clock)
         job = Job(project, job_id, location or "US", {}, member)
+        destination: dict = {}
         try:
             self._execute(job, config, now, location)
+            destination = self._destination(job, config, now)
         except BigQueryError as error:
             job.error = error
         status: dict[str, Any] = {"state": "DONE"}
@@ -1254,27 +1419,96 @@ class BigQueryEmulator(HttpEmulator):
         if member:
             job.resource["user_email"] = member.split(":", 1)[1]
         if not job.error:
-            job.resource["configuration"]["query"]["destinationTable"] = self._destination(job, member, now)
+            job.resource["configuration"]["query"]["destinationTable"] = destination
         self.jobs[(project, job_id)] = job
         return job
 
-    def _destination(self, job: Job, member: str | None, now: int) -> dict:
-        """The query's result as a table, as BigQuery writes every query's: with no destination named, a temporary
-        table in an anonymous dataset of the job's project, which the job's creator reads (its rows through
-        tabledata.list or the Storage Read API, whose emulator reads it as any table), named in the job's
-        ``configuration.query.destinationTable`` ("Temporary and permanent tables",
-        https://cloud.google.com/bigquery/docs/writing-results; JobConfigurationQuery.destinationTable,
-        https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery). The anonymous dataset's
+    def _destination(self, job: Job, config: dict, now: int) -> dict:
+        """The query's result as a table, as BigQuery writes every query's ("Temporary and permanent tables",
+        https://cloud.google.com/bigquery/docs/writing-results), named in the job's
+        ``configuration.query.destinationTable`` (JobConfigurationQuery.destinationTable,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery): the one the job names
+        (``_written``), else a temporary table in an anonymous dataset of the job's project, which the job's creator
+        alone reads (its rows through tabledata.list or the Storage Read API, whose emulator reads it as any table),
+        for ``ANONYMOUS_HOURS``, and only up to the maximum response size (``_anonymous``). The anonymous dataset's
         name starts with ``_`` (hidden from datasets.list); both names here are the emulator's."""
-        dataset, name = f"_{uuid.uuid5(uuid.NAMESPACE_URL, job.project).hex}", f"anon{job.job_id.replace('-', '')}"
-        if (job.project, dataset) not in self.datasets:
-            self.datasets[(job.project, dataset)] = Dataset(job.location, DEFAULT_TRAVEL_HOURS, now)
         schema = [
             {"name": f["name"], "type": k, "mode": "NULLABLE"} for f, k in zip(job.fields, job.types, strict=True)
         ]
-        table = Table(schema, now, [Version(list(r), now) for r in job.rows], now, readers={member})
+        if config.get("destinationTable"):
+            return self._written(job, config, schema, now)
+        self._anonymous(job)
+        dataset, name = f"_{uuid.uuid5(uuid.NAMESPACE_URL, job.project).hex}", f"anon{job.job_id.replace('-', '')}"
+        if (job.project, dataset) not in self.datasets:
+            self.datasets[(job.project, dataset)] = Dataset(job.location, DEFAULT_TRAVEL_HOURS, now)
+        versions = [Version(list(r), now) for r in job.rows]
+        expires = now + ANONYMOUS_HOURS * 3_600_000_000
+        table = Table(schema, now, versions, now, readers={job.member}, expires=expires)
         self.datasets[(job.project, dataset)].tables[name] = table
         return {"projectId": job.project, "datasetId": dataset, "tableId": name}
+
+    def _anonymous(self, job: Job) -> None:
+        """A result with no destination table is capped at ``max_response_bytes``: "Maximum response size: 10 GB
+        compressed" (https://cloud.google.com/bigquery/quotas#query_jobs), and JobConfigurationQuery.allowLargeResults:
+        "For GoogleSQL queries, this flag is ignored and large results are always allowed. However, you must still set
+        destinationTable when result size exceeds the allowed maximum response size"
+        (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery). Past it the job fails
+        with ``responseTooLarge``, HTTP 403 (https://cloud.google.com/bigquery/docs/error-messages), in the words
+        below. The size is measured simply: the JSON of the rows as the REST API answers them (``_result_row``), not
+        compressed."""
+        size = sum(len(json.dumps(_result_row(job.types, values, True))) for values in job.rows)
+        if size > self.max_response_bytes:
+            raise BigQueryError(
+                403,
+                "Response too large to return. Consider specifying a destination table in your job configuration.",
+                "responseTooLarge",
+            )
+
+    def _written(self, job: Job, config: dict, schema: list[dict], now: int) -> dict:
+        """The result written to the job's ``destinationTable`` (JobConfigurationQuery,
+        https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery): ``createDisposition``
+        CREATE_IF_NEEDED (the default) or CREATE_NEVER (a table that is not there is Not found), ``writeDisposition``
+        WRITE_EMPTY (the default for a query job: "If the table already exists and contains data, a 'duplicate' error
+        is returned in the job result") or WRITE_TRUNCATE (its rows replaced, committed at the job's time); WRITE_APPEND
+        is the emulator's refusal. The member needs ``bigquery.tables.create`` (for a new table) and
+        ``bigquery.tables.updateData`` on the dataset ("Required permissions",
+        https://cloud.google.com/bigquery/docs/writing-results), refused in BigQuery's words; the dataset must exist
+        and be in the job's location ("the tables you're querying must be in the same location as the dataset that
+        contains the destination table", same page: the emulator's Not found in that location). A new table takes its
+        dataset's defaultTableExpirationMs; it is no temporary table, so whoever may read its dataset reads it (no
+        ``readers``)."""
+        reference = config["destinationTable"]
+        project, dataset, name = reference["projectId"], reference["datasetId"], reference["tableId"]
+        create = config.get("createDisposition", "CREATE_IF_NEEDED")
+        write = config.get("writeDisposition", "WRITE_EMPTY")
+        if create not in ("CREATE_IF_NEEDED", "CREATE_NEVER") or write not in ("WRITE_EMPTY", "WRITE_TRUNCATE"):
+            raise _unsupported(f"createDisposition {create} with writeDisposition {write}")
+        d = self.datasets.get((project, dataset))
+        t = d.tables.get(name) if d else None
+        for permission in (
+            ("bigquery.tables.updateData",) if t else ("bigquery.tables.create", "bigquery.tables.updateData")
+        ):
+            if not self._allowed(job.member, permission, project, dataset, name):
+                raise _denied(
+                    f"Access Denied: Dataset {project}:{dataset}: Permission {permission} denied on dataset "
+                    f"{project}:{dataset} (or it may not exist)."
+                )
+        if d is None or d.location.upper() != job.location.upper():
+            raise _not_found(f"Not found: Dataset {project}:{dataset} was not found in location {job.location}")
+        versions = [Version(list(r), now) for r in job.rows]
+        if t is None:
+            if create == "CREATE_NEVER":
+                raise _not_found(f"Not found: Table {project}:{dataset}.{name}")
+            expires = None if d.default_expiration_ms is None else now + d.default_expiration_ms * 1000
+            d.tables[name] = Table(schema, now, versions, now, expires=expires)
+        elif write == "WRITE_EMPTY" and any(v.end is None for v in t.versions):
+            raise BigQueryError(409, f"Already Exists: Table {project}:{dataset}.{name}", "duplicate")
+        else:
+            for version in t.versions:
+                version.end = now if version.end is None else version.end
+            t.schema, t.modified = schema, now
+            t.versions += versions
+        return {"projectId": project, "datasetId": dataset, "tableId": name}
 
     def _execute(self, job: Job, config: dict, now: int, location: str | None) -> None:
         """Run the query into ``job``: its result's schema and rows, or a BigQueryError. A job runs where the data
@@ -1431,7 +1665,7 @@ class BigQueryEmulator(HttpEmulator):
         int64 = bool(formats.get("useInt64Timestamp"))
         page, size = [], 0
         for values in job.rows[offset : offset + limit]:
-            row = {"f": [{"v": encode_cell(k, v, int64)} for k, v in zip(job.types, values, strict=True)]}
+            row = _result_row(job.types, values, int64)
             size += len(json.dumps(row))
             if page and size > self.page_bytes:
                 break

@@ -28,9 +28,14 @@ versions, grants, tokens and clock are this one's too), served in plaintext so t
 Permissions, as the REST emulator grants them (``BigQueryEmulator.grant``, its ``ROLES``): creating a session needs
 ``bigquery.readsessions.create`` on the parent project and ``bigquery.tables.getData`` on the table
 (https://cloud.google.com/bigquery/docs/reference/storage, "Permissions"); reading a stream
-``bigquery.readsessions.getData`` on the session's project. A refusal is ``PERMISSION_DENIED`` with BigQuery's
-message (``request failed: the user does not have 'bigquery.readsessions.create' permission for 'projects/P'``, and
-the REST API's ``Access Denied: Table ...`` for the table); an unknown dataset, table or stream ``NOT_FOUND``
+``bigquery.readsessions.getData`` on the session's project. A query's anonymous result table is its job creator's
+alone to read ("Access to the temporary table data is restricted to the user or service account that created the
+query job": https://cloud.google.com/bigquery/docs/writing-results; the REST emulator's ``readers``); a query's named
+destination table, as any table, is read by whoever holds ``bigquery.tables.getData`` on it, its dataset or its
+project (its dataset's creator, its OWNER, does). A table past its ``expirationTime`` is not found
+(``BigQueryEmulator._sweep``). A refusal is ``PERMISSION_DENIED`` with BigQuery's message (``request failed: the
+user does not have 'bigquery.readsessions.create' permission for 'projects/P'``, and the REST API's ``Access Denied:
+Table ...`` for the table); an unknown dataset, table or stream ``NOT_FOUND``
 (``Not found: Table P:D.T``); a call without the emulator's token, or a member's, ``UNAUTHENTICATED``. The caller's
 token comes in the ``authorization`` metadata, as Google's endpoints get it.
 
@@ -174,6 +179,7 @@ class BigQueryStorageEmulator:
         self._fault("CreateReadSession", request, context)
         with self.tables._lock:
             self.calls.append("CreateReadSession")
+            self.tables._sweep()  # a table past its expirationTime is gone, as from the REST API
             try:
                 return self._session(request, member)
             except BigQueryError as error:  # the REST emulator's refusals, as gRPC codes

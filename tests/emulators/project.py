@@ -33,6 +33,8 @@ from tests.emulators.storage import StorageEmulator
 from tests.emulators.tokens import TokenIssuer
 
 PROJECT = "tpupipe-emulated"
+# BigQuery's calls that change something (a job is billed; a dataset made; a table changed or deleted)
+BIGQUERY_MUTATIONS = ("jobs.insert", "jobs.query", "datasets.insert", "tables.patch", "tables.delete")
 REGION = "us-east5"
 PROJECT_NUMBER = "123456789012"
 # The emulated project's nodes run as its Compute Engine default account, which holds what nodes need, and Cloud Build
@@ -91,11 +93,14 @@ class Project:
             storage = [c for c in self.storage.state.calls if c.endswith((".insert", ".delete", ".setIamPolicy"))]
         with self.kube.lock:
             objects = [f"kubernetes {p}/{n}" for (p, _, n) in self.kube.objects]
+        with self.bigquery._lock:  # a job (billed), a dataset, a table changed or deleted
+            bigquery = [f"bigquery {c}" for c in self.bigquery.calls if c in BIGQUERY_MUTATIONS]
         return (
             [c for c in grpc_calls if c.startswith(("Create", "Update", "Delete", "Set", "Cancel", "Enable"))]
             + self.compute.mutations()
             + storage
             + objects
+            + bigquery
         )
 
     def clusters(self, run_id: str) -> list[str]:

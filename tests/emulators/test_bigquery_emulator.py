@@ -317,3 +317,118 @@ def test_datasets_get_answers_the_time_travel_window(bq):
     bq.create_dataset(f"{PROJECT}.short", max_time_travel_hours=48)
     assert client(bq).get_dataset(f"{PROJECT}.short").max_time_travel_hours == "48"
     assert client(bq).get_dataset(f"{PROJECT}.examples").max_time_travel_hours == "168"
+
+
+def test_a_result_over_the_maximum_response_size_needs_a_destination_table(bq):
+    """Without a destination table a query's result is capped (``max_response_bytes``): past it the job fails with
+    responseTooLarge, by jobs.query and by jobs.insert alike. The same query with a destination table writes it
+    whole there: WRITE_EMPTY onto a table with rows is a duplicate, WRITE_TRUNCATE replaces them, CREATE_NEVER finds
+    no table to write."""
+    bq.insert(TABLE, [_row(n, NOW - DAY) for n in range(5, 200)], at=NOW - DAY)
+    bq.max_response_bytes = 1_000
+    sql = f"SELECT n, response FROM `{TABLE}`"
+    with pytest.raises(exceptions.Forbidden, match="Response too large to return. Consider specifying a destination"):
+        query(bq, sql)
+    with pytest.raises(exceptions.Forbidden) as raised:
+        client(bq).query(sql).result()
+    assert raised.value.errors[0]["reason"] == "responseTooLarge"
+    assert query(bq, f"SELECT COUNT(*) AS c FROM `{TABLE}`") == [{"c": 200}]  # a small result is answered
+    bq.create_dataset(f"{PROJECT}.results")
+    target = f"{PROJECT}.results.all"
+
+    def into(write: str = "WRITE_EMPTY", create: str = "CREATE_IF_NEEDED", where: str = "") -> bigquery.QueryJob:
+        config = bigquery.QueryJobConfig(destination=target, write_disposition=write, create_disposition=create)
+        return client(bq).query(sql + where, job_config=config)
+
+    job = into()
+    job.result(max_results=0)
+    assert job.destination.table_id == "all" and job.destination.dataset_id == "results"
+    written = client(bq).get_table(target)
+    assert written.num_rows == 200 and [f.name for f in written.schema] == ["n", "response"]
+    assert written.expires is None  # its dataset has no default table expiration
+    with pytest.raises(exceptions.Conflict, match=f"Already Exists: Table {PROJECT}:results.all"):
+        into().result()
+    into("WRITE_TRUNCATE", where=" WHERE n < 3").result()
+    assert client(bq).get_table(target).num_rows == 3
+    with pytest.raises(exceptions.NotFound, match=f"Not found: Table {PROJECT}:results.other"):
+        config = bigquery.QueryJobConfig(destination=f"{PROJECT}.results.other", create_disposition="CREATE_NEVER")
+        client(bq).query(sql, job_config=config).result()
+
+
+def test_a_destination_is_written_in_its_jobs_location_by_who_may_write_its_dataset(bq):
+    """The destination's dataset must exist and be where the job runs (the tables it reads); writing there takes
+    bigquery.tables.create and bigquery.tables.updateData on it, refused in BigQuery's words."""
+    sql = f"SELECT n FROM `{TABLE}`"
+    bq.create_dataset(f"{PROJECT}.europe", location="EU")
+    for dataset in ("europe", "nope"):
+        config = bigquery.QueryJobConfig(destination=f"{PROJECT}.{dataset}.t")
+        with pytest.raises(exceptions.NotFound, match=f"Not found: Dataset {PROJECT}:{dataset} was not found in "):
+            client(bq).query(sql, job_config=config).result()
+    bq.create_dataset(f"{PROJECT}.results")
+    alice = bq.token_for(ALICE)
+    bq.grant(ALICE, "roles/bigquery.jobUser", PROJECT)
+    bq.grant(ALICE, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(ALICE, "roles/bigquery.dataViewer", f"{PROJECT}.results")
+    config = bigquery.QueryJobConfig(destination=f"{PROJECT}.results.t")
+    with pytest.raises(exceptions.Forbidden, match=f"Permission bigquery.tables.create denied on dataset {PROJECT}:"):
+        client(bq, alice).query(sql, job_config=config).result()
+    bq.grant(ALICE, "roles/bigquery.dataEditor", f"{PROJECT}.results")
+    client(bq, alice).query(sql, job_config=config).result()
+    assert client(bq, alice).get_table(f"{PROJECT}.results.t").num_rows == 5
+
+
+def test_datasets_insert_makes_a_dataset_its_creator_owns_with_a_default_table_expiration(bq):
+    """datasets.insert needs bigquery.datasets.create on the project; the dataset is in the location it names, with
+    its labels and default table expiration (at least an hour), which every table written in it then gets; its
+    creator is its OWNER, and may write, change and delete its tables; one that exists is a Conflict."""
+    alice = bq.token_for(ALICE)
+    made = bigquery.Dataset(f"{PROJECT}.mine")
+    made.location, made.labels, made.default_table_expiration_ms = "EU", {"created-by": "tests"}, 2 * 3_600_000
+    refusal = f"User does not have bigquery.datasets.create permission in project {PROJECT}"
+    with pytest.raises(exceptions.Forbidden, match=refusal):
+        client(bq, alice).create_dataset(made)
+    bq.grant(ALICE, "roles/bigquery.user", PROJECT)
+    got = client(bq, alice).create_dataset(made)
+    assert got.location == "EU" and got.labels == {"created-by": "tests"}
+    assert got.default_table_expiration_ms == 2 * 3_600_000
+    assert {(e.role, e.entity_id) for e in got.access_entries} >= {("OWNER", "alice@example.com")}
+    with pytest.raises(exceptions.Conflict, match=f"Already Exists: Dataset {PROJECT}:mine"):
+        client(bq).create_dataset(made)
+    short = bigquery.Dataset(f"{PROJECT}.short_lived")
+    short.default_table_expiration_ms = 60_000
+    with pytest.raises(exceptions.BadRequest, match="below 3600000"):
+        client(bq).create_dataset(short)
+    bq.create_dataset(f"{PROJECT}.europe", location="EU")
+    bq.create_table(f"{PROJECT}.europe.src", SCHEMA, at=NOW - DAY)
+    bq.grant(ALICE, "roles/bigquery.dataViewer", f"{PROJECT}.europe")
+    config = bigquery.QueryJobConfig(destination=f"{PROJECT}.mine.t")
+    life, before = timedelta(hours=2), datetime.now(UTC) - timedelta(milliseconds=1)
+    client(bq, alice).query(f"SELECT * FROM `{PROJECT}.europe.src`", job_config=config).result()
+    expires = client(bq, alice).get_table(f"{PROJECT}.mine.t").expires
+    assert before + life <= expires <= datetime.now(UTC) + life  # written at the job's time, plus the default
+    table = bigquery.Table(f"{PROJECT}.mine.t")
+    table.expires = later = (NOW + DAY).replace(microsecond=0)
+    assert client(bq, alice).update_table(table, ["expires"]).expires == later
+    client(bq, alice).delete_table(f"{PROJECT}.mine.t")
+    with pytest.raises(exceptions.NotFound):
+        client(bq, alice).get_table(f"{PROJECT}.mine.t")
+    client(bq, alice).delete_table(f"{PROJECT}.mine.t", not_found_ok=True)
+
+
+def test_changing_or_deleting_a_table_takes_its_permission_and_an_expired_table_is_gone(bq):
+    """tables.patch needs bigquery.tables.update, tables.delete bigquery.tables.delete (a reader holds neither); a
+    table whose expirationTime has passed on the emulator's clock is not found."""
+    bob = "user:bob@example.com"
+    bq.grant(bob, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    table = bigquery.Table(TABLE)
+    table.expires = NOW + timedelta(hours=6)
+    with pytest.raises(exceptions.Forbidden, match="Permission bigquery.tables.update denied on table"):
+        client(bq, bq.token_for(bob)).update_table(table, ["expires"])
+    with pytest.raises(exceptions.Forbidden, match="Permission bigquery.tables.delete denied on table"):
+        client(bq, bq.token_for(bob)).delete_table(TABLE)
+    assert client(bq).update_table(table, ["expires"]).expires is not None
+    assert client(bq).get_table(TABLE).num_rows == 5  # not yet
+    bq.clock = lambda: (datetime.now(UTC) + timedelta(hours=7)).timestamp()
+    with pytest.raises(exceptions.NotFound, match=f"Not found: Table {PROJECT}:examples.dolly"):
+        client(bq).get_table(TABLE)
+    assert "dolly" not in bq.datasets[(PROJECT, "examples")].tables

@@ -13,6 +13,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud.bigquery_storage_v1 import BigQueryReadClient, types
 from google.cloud.bigquery_storage_v1.services.big_query_read.transports import BigQueryReadGrpcTransport
+from google.oauth2.credentials import Credentials
 
 from tests.emulators.bigquery import BigQueryEmulator
 from tests.emulators.bigquery_storage import BigQueryStorageEmulator
@@ -140,3 +141,45 @@ def test_refusals_are_the_services(storage):
         rows(storage, session, other)
     with pytest.raises(exceptions.NotFound, match="Not found: Stream"):
         list(reader(storage).read_rows(f"{session.name}/streams/9", metadata=[("authorization", f"Bearer {TOKEN}")]))
+
+
+def test_a_querys_result_table_is_its_creators_and_a_named_one_its_datasets_readers(storage):
+    """A query's anonymous result table is read by the job's creator alone; a named destination table by whoever
+    may read its dataset (its creator, who owns the dataset it made, does; a member with no grant there does not);
+    a table past its expirationTime is not found."""
+    from google.cloud import bigquery
+
+    tables = storage.tables
+    bq = bigquery.Client(
+        project=BILLING, credentials=Credentials(token=TOKEN), client_options={"api_endpoint": tables.endpoint}
+    )
+    token = tables.token_for(MEMBER)
+    member = bigquery.Client(
+        project=BILLING, credentials=Credentials(token=token), client_options={"api_endpoint": tables.endpoint}
+    )
+    tables.grant(MEMBER, "roles/bigquery.user", BILLING)
+    tables.grant(MEMBER, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    sql = f"SELECT n FROM `{TABLE}`"
+    anonymous = member.query(sql).destination
+    assert len(rows(storage, create(storage, token, table=_path(anonymous)), token)) == 6
+    someone = tables.token_for("user:someone@example.com")
+    tables.grant("user:someone@example.com", "roles/bigquery.readSessionUser", BILLING)
+    with pytest.raises(exceptions.PermissionDenied, match="Permission bigquery.tables.getData denied"):
+        create(storage, someone, table=_path(anonymous))
+    member.create_dataset(f"{BILLING}.results")
+    config = bigquery.QueryJobConfig(destination=f"{BILLING}.results.t")
+    named = member.query(sql, job_config=config).destination
+    assert _path(named) == f"projects/{BILLING}/datasets/results/tables/t"
+    assert [r["n"] for r in rows(storage, create(storage, token, table=_path(named)), token)] == list(range(6))
+    with pytest.raises(exceptions.PermissionDenied, match="Permission bigquery.tables.getData denied"):
+        create(storage, someone, table=_path(named))
+    table = bigquery.Table(f"{BILLING}.results.t")
+    table.expires = NOW + HOUR
+    bq.update_table(table, ["expires"])
+    tables.clock = lambda: (datetime.now(UTC) + 2 * HOUR).timestamp()
+    with pytest.raises(exceptions.NotFound, match=f"Not found: Table {BILLING}:results.t"):
+        create(storage, token, table=_path(named))
+
+
+def _path(reference) -> str:
+    return f"projects/{reference.project}/datasets/{reference.dataset_id}/tables/{reference.table_id}"

@@ -610,3 +610,77 @@ def test_a_pipeline_accounts_bigquery_roles_under_an_iam_condition_are_not_count
     code, text = preflight_cli(f"{ONE_SLICE} {data}", capsys)
     assert code == 0 and "train.bigquery_service_account" not in text, text
     assert f"{account} may read acme-data-1.sft.examples (READER on the dataset acme-data-1.sft or its project)" in text
+
+
+def preflight_said(overrides: str, capsys, code: int) -> str:
+    """The report of ``tpupipe preflight`` with ``overrides``, its lines' wrapping undone, once it exited ``code``."""
+    got, text = preflight_cli(overrides, capsys)
+    assert got == code, text
+    return " ".join(text.split())
+
+
+def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_factory, capsys):
+    """With train.data_since=champion the APPENDS query writes to train.bigquery_results_dataset in the jobs' project:
+    absent, the caller may create it (bigquery.datasets.create, else a problem naming the field and the permission);
+    there, in the table's location (else a problem naming the field and both locations), and what its tables take is
+    tested on the project, a grant on the dataset itself said to be unchecked. Nothing is created."""
+    project = project_factory()
+    project.bigquery.create_dataset("acme-data-1.sft", location="EU")
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    data = (
+        f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.dataset_time_column=ingested "
+        "train.data_since=champion train.init_from=champion"
+    )
+    assert (
+        f"train.dataset: as the caller, may create the dataset {PROJECT}.tpupipe_results for the APPENDS query's "
+        "result tables (absent: the data snapshot creates it in EU, and owns it)"
+    ) in preflight_said(data, capsys, 0)
+    project.projects.deny("bigquery.datasets.create")
+    assert (
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results, where the data snapshot's APPENDS "
+        f"query writes its result, does not exist, and the caller lacks bigquery.datasets.create in project {PROJECT} "
+        f"to create it: grant roles/bigquery.user on {PROJECT}, or create the dataset in EU"
+    ) in preflight_said(data, capsys, 2)
+    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results", location="US")
+    assert (
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results, where the data snapshot's APPENDS "
+        "query writes its result, is in US, and acme-data-1.sft.examples in EU"
+    ) in preflight_said(data, capsys, 2)
+    project.bigquery.create_dataset(f"{PROJECT}.eu_results", location="EU")
+    eu = f"{data} train.bigquery_results_dataset=eu_results"
+    said = preflight_said(eu, capsys, 0)
+    assert f"train.dataset: the dataset {PROJECT}.eu_results is in EU, as acme-data-1.sft.examples" in said
+    assert f"may write, read and delete tables in {PROJECT}.eu_results (granted on project {PROJECT})" in said
+    project.projects.deny("bigquery.tables.delete")
+    assert (
+        f"train.dataset: the caller's grant on the dataset {PROJECT}.eu_results not checked (on project {PROJECT} it "
+        "lacks bigquery.tables.delete;"
+    ) in preflight_said(eu, capsys, 0)
+    assert "tpupipe_results" not in preflight_said(
+        f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples", capsys, 0
+    )
+    assert project.mutations() == [] and set(project.bigquery.datasets) == {
+        ("acme-data-1", "sft"), (PROJECT, "tpupipe_results"), (PROJECT, "eu_results"),
+    }  # fmt: skip
+
+
+def test_a_pipeline_account_that_may_not_create_the_absent_results_dataset_is_warned(project_factory, capsys):
+    """With train.bigquery_service_account and the results dataset absent, the account's roles on the jobs' project
+    are read for one that creates datasets: none is a warning naming roles/bigquery.user; granted it, none."""
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    data = (
+        f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account} "
+        "train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
+    )
+    project.projects.grant(PROJECT, "roles/bigquery.jobUser", f"serviceAccount:{account}")
+    assert (
+        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that may "
+        f"create the dataset {PROJECT}.tpupipe_results in project {PROJECT} (of roles/bigquery.user, "
+    ) in preflight_said(data, capsys, 0)
+    project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
+    said = preflight_said(data, capsys, 0)
+    assert f"{account} may create the dataset {PROJECT}.tpupipe_results (roles/bigquery.user in project" in said, said
+    assert "holds no role that may create" not in said
+    assert project.mutations() == []

@@ -14,6 +14,7 @@ import pytest
 from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
 from components.data import bigquery as data
 from components.spec import SpecError
+from components.spec.run_spec import TrainSpec
 from tests.emulators.bigquery import BigQueryEmulator
 from tests.emulators.bigquery_storage import BigQueryStorageEmulator, Fault
 
@@ -430,6 +431,130 @@ def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_r
     assert any("custom role holding only" in v for v in raised.value.valid) and len(bq.jobs) == 1
     bq.grant(member, OVERRIDE_ROLE, TABLE)
     assert read(snap(since=since)) == []
+
+
+RESULTS = f"{PROJECT}.{TrainSpec.bigquery_results_dataset}"  # the results dataset by default, in the billing project
+
+
+def since_then(bq, table: str, rows: list[dict]) -> dict:
+    """A champion's snapshot of ``table`` as of a minute ago (what ``since`` names of it), and ``rows`` committed
+    just after it: what a read by commit time reads."""
+    champion = data.snapshot(table, field=FIELD, at=datetime.now(UTC) - timedelta(minutes=1))
+    bq.insert(table, rows, at=datetime.fromisoformat(champion["snapshot_time"]) + timedelta(microseconds=1))
+    return {"table": table, "filter": "", "snapshot_time": champion["snapshot_time"]}
+
+
+def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_table_of_its_own(bq):
+    """300 rows committed since the champion, far over the emulator's maximum response size (an anonymous result
+    that size fails with responseTooLarge: tests/emulators/test_bigquery_emulator.py): the APPENDS query writes them
+    to a table of its own in the results dataset (WRITE_EMPTY, a name of its own, its job's id naming it), which gets
+    an expiration once written, is read through a read session, and is deleted once read."""
+    since = since_then(bq, TABLE, [example(n, NOW - 30 * HOUR) for n in range(100, 400)])
+    bq.max_response_bytes = 2_000  # a few rows' worth
+    got = snap(since=since)
+    assert got["results_dataset"] == RESULTS and "session" not in got
+    before = datetime.now(UTC)
+    rows = read(got)
+    after = datetime.now(UTC)
+    assert sorted(int(r["response"]) for r in rows) == list(range(100, 400)) and got["num_rows"] == 300
+    (job,) = bq.jobs.values()
+    config = job.resource["configuration"]["query"]
+    project, dataset, name = got["appends_table"].rsplit(".", 2)
+    assert f"{project}.{dataset}" == RESULTS and name.startswith("appends_")
+    assert config["destinationTable"] == {"projectId": project, "datasetId": dataset, "tableId": name}
+    assert config["writeDisposition"] == "WRITE_EMPTY" and config["createDisposition"] == "CREATE_IF_NEEDED"
+    assert got["appends_job"] == job.job_id and job.job_id.startswith(f"tpupipe_{name}_") and not job.error
+    assert session(bq).request.read_session.table == data._table_path(got["appends_table"])
+    (patch,) = [body for method, _, body in bq.bodies if method == "tables.patch"]
+    expires = datetime.fromtimestamp(int(patch["expirationTime"]) / 1000, UTC)
+    assert before - MILLISECOND + data.RESULTS_TABLE_LIFE <= expires <= after + data.RESULTS_TABLE_LIFE
+    assert bq.datasets[(PROJECT, dataset)].tables == {} and bq.calls[-1] == "tables.delete"
+
+
+def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhere_is_refused(bq):
+    """A table in EU: a results dataset in US is refused naming train.bigquery_results_dataset, before any job; the
+    default one, absent, is created in EU with its default table expiration and label, and reused by the next read;
+    one the user made in EU without a default expiration is used as it is, its tables expiring all the same."""
+    eu = f"{PROJECT}.europe.dolly"
+    bq.create_dataset(f"{PROJECT}.europe", location="EU", at=NOW - 48 * HOUR)
+    bq.create_table(eu, SCHEMA, at=NOW - 48 * HOUR)
+    bq.insert(eu, [example(n, NOW - 24 * HOUR) for n in range(3)], at=NOW - 24 * HOUR)
+    since = since_then(bq, eu, [example(7, NOW - HOUR)])
+    bq.create_dataset(f"{PROJECT}.us_results", location="US")
+    with pytest.raises(SpecError) as raised:
+        data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="us_results")
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"the dataset {PROJECT}.us_results, where the APPENDS query" in str(raised.value)
+    assert f"is in US, and {eu} in EU" in str(raised.value)
+    assert any("a dataset of project tpupipe-data in EU, or of none yet" in v for v in raised.value.valid)
+    assert bq.jobs == {} and "datasets.insert" not in bq.calls
+    for _ in range(2):
+        got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since)
+        assert [r["response"] for r in read(got)] == ["7"]
+    made = bq.datasets[(PROJECT, TrainSpec.bigquery_results_dataset)]
+    assert made.location == "EU" and made.labels == {"created-by": "tpupipe"} and made.tables == {}
+    assert made.default_expiration_ms == 24 * 3600 * 1000
+    assert bq.calls.count("datasets.insert") == 1 and len(bq.jobs) == 2  # made once, used twice
+    bq.create_dataset(f"{PROJECT}.mine", location="EU")  # no default table expiration
+    got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="mine")
+    rows = data.rows(got, field=FIELD)
+    assert next(rows)["response"] == "7"
+    assert bq._table_of(got["appends_table"]).expires is not None  # while it is read: its own expiration
+    assert list(rows) == [] and bq.datasets[(PROJECT, "mine")].tables == {}
+    assert bq.calls.count("datasets.insert") == 1
+
+
+def test_no_results_table_is_left_by_a_read_closed_early_or_failing(bq):
+    """Closed after its first row, or failing on a row the formatter cannot take, the read deletes its results
+    table (and stops its streams) all the same."""
+    since = since_then(bq, TABLE, [example(n, NOW - HOUR) for n in range(100, 150)])
+    bq.storage.batch_rows = 5
+    got = snap(since=since)
+    rows = data.rows(got, field=FIELD)
+    assert next(rows)["response"] == "100"
+    assert got["appends_table"].rsplit(".", 1)[1] in bq.datasets[(PROJECT, "tpupipe_results")].tables
+    rows.close()
+    assert bq.datasets[(PROJECT, "tpupipe_results")].tables == {} and reader_threads() == []
+    since = since_then(bq, TABLE, [example(200, NOW - HOUR, response="")])
+    with pytest.raises(SpecError, match="lacks a column the trainer's formatter needs"):
+        read(snap(since=since))
+    assert bq.datasets[(PROJECT, "tpupipe_results")].tables == {} and bq.calls.count("tables.delete") == 2
+
+
+def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_field_and_permission(bq, monkeypatch):
+    """A results dataset someone else made, where the run's identity may only read: the query's refusal to write
+    its table there names train.bigquery_results_dataset, the permission and roles/bigquery.dataEditor; granted it,
+    the read goes through and its table is gone after it."""
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    bq.create_dataset(f"{PROJECT}.shared_results")
+    member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+    bq.grant(member, "roles/bigquery.user", PROJECT)
+    bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.shared_results")
+    at = datetime.now(UTC)
+    with pytest.raises(SpecError) as raised:
+        read(data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="shared_results"))
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"lacks bigquery.tables.create on the dataset {PROJECT}.shared_results" in str(raised.value)
+    assert f"Permission bigquery.tables.create denied on dataset {PROJECT}:shared_results" in str(raised.value)
+    assert any(f"roles/bigquery.dataEditor on the dataset {PROJECT}.shared_results" in v for v in raised.value.valid)
+    bq.grant(member, "roles/bigquery.dataEditor", f"{PROJECT}.shared_results")
+    got = data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="shared_results")
+    assert [r["response"] for r in read(got)] == ["100"] and bq.datasets[(PROJECT, "shared_results")].tables == {}
+    # a custom role that writes tables there but does not read them: the read session's refusal names the field too
+    from tests.emulators import bigquery as emulated
+
+    write_only = f"projects/{PROJECT}/roles/writeOnly"
+    held = {"bigquery.datasets.get", *data.RESULTS_PERMISSIONS} - {"bigquery.tables.getData"}
+    monkeypatch.setitem(emulated.ROLES, write_only, frozenset(held))
+    bq.create_dataset(f"{PROJECT}.write_only")
+    bq.grant(member, write_only, f"{PROJECT}.write_only")
+    with pytest.raises(SpecError) as raised:
+        read(data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="write_only"))
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"lacks bigquery.tables.getData on the dataset {PROJECT}.write_only" in str(raised.value)
+    assert bq.datasets[(PROJECT, "write_only")].tables == {}  # deleted all the same
 
 
 def test_a_read_session_without_get_data_names_that_permission_not_row_policies(bq, monkeypatch):

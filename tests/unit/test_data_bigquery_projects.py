@@ -99,17 +99,42 @@ def test_sessions_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(
 
 def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_runs_project(bq, tmp_path):
     """train.data_since=champion by commit time: the APPENDS query is a job of the run's project, reading the data
-    project's table."""
+    project's table, and writing its result to a dataset of the run's project. An identity that may run jobs but not
+    create that dataset (roles/bigquery.jobUser alone) is refused naming train.bigquery_results_dataset and
+    bigquery.datasets.create, before any job; with roles/bigquery.user it creates the dataset, in the table's
+    location, and owns it (BigQuery makes a dataset's creator its OWNER), so it writes, reads and deletes its result
+    table there with no other grant."""
     (tmp_path / "e.jsonl").write_text('{"instruction": "Say e.", "response": "e"}\n')
-    sets = f"gke.project={RUN} train.dataset=bq://{TABLE} train.dataset_time_column=ingested "
+    bq.create_dataset(f"{DATA}.eu", location="EU", at=NOW - 48 * HOUR)
+    eu = f"{DATA}.eu.examples"
+    bq.create_table(eu, SCHEMA, at=NOW - 48 * HOUR)
+    bq.insert(eu, [example(n) for n in range(20)], at=NOW - 40 * HOUR)
+    bq.grant(PIPELINE, "roles/bigquery.dataViewer", f"{DATA}.eu")
+    sets = f"gke.project={RUN} train.dataset=bq://{eu} train.dataset_time_column=ingested "
     spec = resolve(
         "local-fsdp", sets + f"train.data_since=champion train.init_from=champion train.eval_dataset={tmp_path}/e.jsonl"
     )
     first, _, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
     pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
-    bq.insert(TABLE, [example(20)], at=pinned + timedelta(microseconds=1))
+    bq.insert(eu, [example(20)], at=pinned + timedelta(microseconds=1))
+    with pytest.raises(SpecError) as raised:
+        snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"may not create the dataset {RUN}.tpupipe_results (it lacks bigquery.datasets.create in project {RUN})" in (
+        str(raised.value)
+    )
+    assert f"User does not have bigquery.datasets.create permission in project {RUN}" in str(raised.value)  # BigQuery's
+    assert any(f"roles/bigquery.user on the project {RUN}" in hint for hint in raised.value.valid)
+    assert bq.jobs == {} and (RUN, "tpupipe_results") not in bq.datasets
+    bq.grant(PIPELINE, "roles/bigquery.user", RUN)
     later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert [e["instruction"] for e in train] == ["Say 20."] and {job.project for job in bq.jobs.values()} == {RUN}
+    results = bq.datasets[(RUN, "tpupipe_results")]
+    assert results.location == "EU" and results.labels == bigquery.RESULTS_LABELS and results.tables == {}
+    assert results.default_expiration_ms == bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000
+    owners = [e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results") if e.role == "OWNER"]
+    assert PIPELINE.split(":")[1] in {e.entity_id for e in owners}
+    assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.tpupipe_results.appends_")
 
 
 def test_reading_needs_read_on_the_tables_dataset_wherever_the_jobs_run(bq):

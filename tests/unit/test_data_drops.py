@@ -362,6 +362,11 @@ def test_the_content_digest_is_the_prompt_fields_of_every_example_in_any_order()
             "train.bigquery_service_account",
             "service account",
         ),
+        (
+            "train.dataset=bq://p-123456.d.t train.bigquery_results_dataset=my-results",
+            "train.bigquery_results_dataset",
+            "not a BigQuery dataset name",
+        ),
     ],
 )
 def test_the_new_keys_are_validated_naming_the_key(sets, key, says):
@@ -377,6 +382,7 @@ def test_the_new_keys_validate_where_they_apply():
 
     validate(resolve("local-fsdp", "train.dataset=gs://bucket-1/d/{date}/ train.dataset_ready=_SUCCESS"))
     validate(resolve("local-fsdp", "train.dataset=bq://p-123456.d.t train.bigquery_project=example.com:billing-1"))
+    validate(resolve("local-fsdp", "train.dataset=bq://p-123456.d.t train.bigquery_results_dataset=Run_Results_2"))
 
 
 def test_a_gzip_shard_that_inflates_past_the_cap_is_refused_naming_it(storage, monkeypatch):  # noqa: F811

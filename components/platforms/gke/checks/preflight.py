@@ -148,8 +148,8 @@ def _data(n: Needs, spec: RunSpec, creds: Credentials, report: Report) -> None:
     task runs as the same identity): each permission the bucket denies (``buckets.testIamPermissions``), a problem
     naming the role and the bucket. The pods never read them: the snapshot copies the examples into the run's prefix.
     A BigQuery dataset: ``bigquery.readsessions.create`` and ``bigquery.readsessions.getData`` (and
-    ``bigquery.jobs.create`` for the rows committed since the champion) where it is billed, and read on the table
-    (``_bigquery_data``)."""
+    ``bigquery.jobs.create`` for the rows committed since the champion, and the dataset their query writes to: one to
+    create, or one in the table's location) where it is billed, and read on the table (``_bigquery_data``)."""
     from components.data import gcs
     from components.spec import datasets
 
@@ -179,7 +179,8 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     are billed in (``snapshot.job_project``: ``train.bigquery_project``, else ``gke.project``; Resource Manager's
     projects.testIamPermissions, as for the run's own permissions), and jobs there too with
     ``train.data_since=champion`` (the APPENDS query of the rows committed since the champion), and may read the
-    table (BigQuery's tables.testIamPermissions), wherever its project is. Those test the caller's permissions, while
+    table (BigQuery's tables.testIamPermissions), wherever its project is; with ``train.data_since=champion``, the
+    dataset the APPENDS query writes its result to (``_results_dataset``). Those test the caller's permissions, while
     on Vertex AI and KFP the snapshot runs as the pipeline's service account: with ``train.bigquery_service_account``
     that account's roles are read too (``_bigquery_account``)."""
     from components.cloud import iam as cloud_iam
@@ -235,9 +236,98 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
         )
     elif policies is None and not datasets.dated(value):
         report.checked.append(f"{key}: {table}'s row access policies not listed (no bigquery.rowAccessPolicies.list)")
+    results, absent = "", False
+    if bigquery.JOB_PERMISSION in needed:  # the APPENDS path: its result tables' dataset
+        results = f"{project}.{spec.train.bigquery_results_dataset}"
+        absent = _results_dataset(key, table, results, creds, who, report)
     if spec.train.bigquery_service_account:
         jobs = bigquery.JOB_PERMISSION in needed
-        _bigquery_account(spec.train.bigquery_service_account, key, table, project, creds, report, jobs)
+        account = spec.train.bigquery_service_account
+        _bigquery_account(account, key, table, project, creds, report, jobs, results if absent else "")
+        if results and not absent:
+            report.checked.append(
+                f"{key}: {account}'s grant on the dataset {results} not read: the data snapshot's query writes, "
+                "reads and deletes its tables there, refused naming the permission it lacks (roles/bigquery.dataEditor "
+                "holds them; the dataset's creator owns it)"
+            )
+
+
+def _results_dataset(key: str, table: str, results: str, creds: Credentials, who: str, report: Report) -> bool:
+    """The dataset the APPENDS query writes its result tables to (``train.bigquery_results_dataset``, in the jobs'
+    project: components/data/bigquery.py), as the caller: absent, the caller may create it
+    (``bigquery.datasets.create`` on the project, Resource Manager's projects.testIamPermissions); there, it is in the
+    location of ``table``'s dataset (a query writes only to a dataset of the location of the tables it reads:
+    https://cloud.google.com/bigquery/docs/writing-results), and the caller holds what its tables take
+    (``bigquery.RESULTS_PERMISSIONS``) by a grant on the project, the one grant an API tests before a table is
+    there (tables.testIamPermissions asks of a table, and none is there before the query); a grant on the dataset
+    itself is said to be unchecked. Whether the dataset is absent (the data snapshot would create it)."""
+    from components.cloud import iam as cloud_iam
+    from components.data import bigquery
+
+    field, project = bigquery.RESULTS_FIELD, results.rsplit(".", 1)[0]
+    try:
+        there = bigquery.dataset_location(results, project, creds)
+    except bigquery.failures() as exc:
+        report.problems.append(
+            Problem(
+                field,
+                f"the caller{who} may not see the dataset {results}, where the data snapshot's APPENDS query writes "
+                f"its result ({type(exc).__name__}): grant roles/bigquery.user on {project}",
+            )
+        )
+        return False
+    try:
+        source = bigquery.dataset_location(table.rsplit(".", 1)[0], project, creds) or ""
+    except bigquery.failures():
+        source = ""  # its dataset not to be seen: the table's own check says so
+    where = f" in {source}" if source else ""
+    projects = cloud_iam.projects_client(creds)
+    if there is None:
+        asked = {"resource": f"projects/{project}", "permissions": [bigquery.DATASET_CREATE_PERMISSION]}
+        if set(projects.test_iam_permissions(request=asked).permissions):
+            report.checked.append(
+                f"{key}: as the caller{who}, may create the dataset {results} for the APPENDS query's result tables "
+                f"(absent: the data snapshot creates it{where}, and owns it)"
+            )
+        else:
+            report.problems.append(
+                Problem(
+                    field,
+                    f"the dataset {results}, where the data snapshot's APPENDS query writes its result, does not "
+                    f"exist, and the caller{who} lacks {bigquery.DATASET_CREATE_PERMISSION} in project {project} to "
+                    f"create it: grant roles/bigquery.user on {project}, or create the dataset{where} and grant "
+                    "roles/bigquery.dataEditor on it",
+                )
+            )
+        return True
+    if source and there.lower() != source.lower():
+        report.problems.append(
+            Problem(
+                field,
+                f"the dataset {results}, where the data snapshot's APPENDS query writes its result, is in {there}, "
+                f"and {table} in {source}: a query writes to a dataset of the location of the tables it reads; name "
+                f"one in {source}, or one not yet in project {project} (the data snapshot creates it there)",
+            )
+        )
+    else:
+        report.checked.append(f"{key}: the dataset {results} is in {there}" + (f", as {table}" if source else ""))
+    asked = {"resource": f"projects/{project}", "permissions": list(bigquery.RESULTS_PERMISSIONS)}
+    missing = [
+        p
+        for p in bigquery.RESULTS_PERMISSIONS
+        if p not in set(projects.test_iam_permissions(request=asked).permissions)
+    ]
+    if not missing:
+        report.checked.append(
+            f"{key}: as the caller{who}, may write, read and delete tables in {results} (granted on project {project})"
+        )
+    else:
+        report.checked.append(
+            f"{key}: the caller{who}'s grant on the dataset {results} not checked (on project {project} it lacks "
+            f"{', '.join(missing)}; no API tests a dataset's grant before it has a table): the data snapshot's "
+            "query names any it lacks"
+        )
+    return False
 
 
 def _dated_table(key: str, value: str, table: str, project: str, who: str, report: Report) -> None:
@@ -273,10 +363,11 @@ def _caller_named(creds: Credentials) -> str:
 
 
 def _bigquery_account(
-    account: str, key: str, table: str, project: str, creds: Credentials, report: Report, jobs: bool
+    account: str, key: str, table: str, project: str, creds: Credentials, report: Report, jobs: bool, create: str = ""
 ) -> None:
     """Whether the pipeline's service account holds a role that opens read sessions in ``project``, one that runs
-    jobs there (``jobs``: for ``train.data_since=champion``), and one that reads ``table``
+    jobs there (``jobs``: for ``train.data_since=champion``), one that creates the dataset ``create`` there (the
+    APPENDS query's results dataset, when it is absent), and one that reads ``table``
     (``bigquery.account_roles``: the projects' IAM policies and the dataset's access list): a warning for each it
     lacks, since a role through a group, a custom role or an organization's policy is not seen here; a role
     held only under an IAM condition is not counted, and the warning names it and the condition."""
@@ -303,6 +394,14 @@ def _bigquery_account(
             "roles/bigquery.jobUser",
         ),
         (
+            f"create the dataset {create}",
+            found.on_project,
+            found.on_project_conditional,
+            bigquery.DATASET_CREATE_ROLES,
+            f"in project {project}",
+            "roles/bigquery.user",
+        ),
+        (
             f"read {table}",
             found.reading,
             found.reading_conditional,
@@ -312,7 +411,7 @@ def _bigquery_account(
         ),
     )
     for what, roles, conditional, wanted, where, grant in checks:
-        if what == "run BigQuery jobs" and not jobs:
+        if (what == "run BigQuery jobs" and not jobs) or (what.startswith("create the dataset") and not create):
             continue
         held = sorted(set(roles) & set(wanted))
         on_project = where == f"in project {project}"
