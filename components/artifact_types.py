@@ -7,7 +7,7 @@ part of ``kfp.dsl`` (no ``dsl.component``): it imports nothing but ``kfp.dsl``'s
 from kfp import dsl
 
 
-class VertexModel(dsl.Artifact):
+class VertexModel(dsl.Artifact):  # type: ignore[misc]  # kfp ships no type information: dsl.Artifact is Any here
     """A version in Vertex AI Model Registry, as the Vertex AI UI links a run to it: the artifact type of that schema
     title that google-cloud-pipeline-components defines (``google_cloud_pipeline_components.types.artifact_types``:
     schema ``google.VertexModel`` 0.0.1, one metadata property, ``resourceName``; its uri the model's REST URL),

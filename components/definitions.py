@@ -11,15 +11,22 @@ run in the pipeline image, which has this package; ``pipelines.pipeline.compile_
 registry path.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from kfp import dsl
 
 from components.artifact_types import VertexModel
 
 # The image tasks run in until compile_pipeline names the content-addressed one in Artifact Registry.
 PIPELINE_IMAGE = "tpupipe-pipeline"
+# What makes each stage's component of its function (whose result, JSON, is a str): kfp's decorator with the image
+# (https://www.kubeflow.org/docs/components/pipelines/user-guides/components/lightweight-python-components/). What it
+# makes is Any here: kfp ships no type information.
+component: Callable[[Callable[..., str]], Any] = dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def snapshot_data(
     preset: str,
     platform: str,
@@ -43,7 +50,7 @@ def snapshot_data(
     return run_component("snapshot_data", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def provision(
     preset: str,
     platform: str,
@@ -61,7 +68,7 @@ def provision(
     return run_component("provision", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def build_image(
     preset: str,
     platform: str,
@@ -80,7 +87,7 @@ def build_image(
     return run_component("build_image", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def deploy_raycluster(
     preset: str,
     platform: str,
@@ -99,7 +106,7 @@ def deploy_raycluster(
     return run_component("deploy_raycluster", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def check_slice(
     preset: str,
     platform: str,
@@ -118,7 +125,7 @@ def check_slice(
     return run_component("check_slice", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def train(
     preset: str,
     platform: str,
@@ -139,7 +146,7 @@ def train(
     return run_component("train", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def evaluate(
     preset: str,
     platform: str,
@@ -162,7 +169,7 @@ def evaluate(
     return run_component("evaluate", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def register(
     preset: str,
     platform: str,
@@ -188,7 +195,7 @@ def register(
     return run_component("register", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def promote(
     preset: str,
     platform: str,
@@ -207,7 +214,7 @@ def promote(
     return run_component("promote", locals())
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@component
 def teardown(
     preset: str,
     platform: str,

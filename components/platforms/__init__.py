@@ -14,16 +14,19 @@ import importlib
 import re
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from components.platforms.store import RunStore
+from components.platforms.store import GcsStore, RunStore
 from components.spec import InfraError, RunSpec, SpecError
 
 if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobStatus
+
     from components.workload.budget import Limits
+    from components.workload.cache_trust import Places
 
 # Vertex AI Pipelines gives every task the run's labels as JSON in this variable, its reserved
 # vertex-ai-pipelines-run-billing-id among them, for a component to put on the resources it creates, so that they show
@@ -37,7 +40,7 @@ _LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 
 
-def vertex_run_labels(environ=None) -> dict[str, str]:
+def vertex_run_labels(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The labels of the Vertex AI pipeline run this process is a task of (none elsewhere), those that are valid
     Google Cloud labels."""
     import json
@@ -69,6 +72,31 @@ class RunContext:
         return self.store.local() or Path(tempfile.mkdtemp(prefix=f"tpupipe-{self.run_id}-"))
 
 
+class RayJobs(Protocol):
+    """The calls of the Ray Jobs API the stages make of the run's cluster, as ``ray.job_submission.JobSubmissionClient``
+    has them (https://docs.ray.io/en/latest/cluster/running-applications/job-submission/jobs-package-ref.html): what
+    :meth:`Platform.job_client` returns."""
+
+    def submit_job(
+        self,
+        *,
+        entrypoint: str,
+        submission_id: str | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> str: ...
+
+    def get_job_info(self, job_id: str) -> JobDetails: ...
+
+    def get_job_status(self, job_id: str) -> JobStatus: ...
+
+    def get_job_logs(self, job_id: str) -> str: ...
+
+    def stop_job(self, job_id: str) -> bool: ...
+
+    def tail_job_logs(self, job_id: str) -> AsyncIterator[str]: ...
+
+
 class Platform(ABC):
     """What every stage runs against. A platform subclasses it and implements every abstract method (a platform that
     lacks one cannot be instantiated); ``dry_run`` and ``limits`` answer here for a platform that has no dry run or
@@ -85,7 +113,7 @@ class Platform(ABC):
         """The credentials the stages will call the cloud with, found before anything is started (no call made);
         an ``AccessError`` (exit 2) names what is missing. Nothing to find on a platform that calls no cloud."""
 
-    def preflight(self, ctx: RunContext) -> Any:
+    def preflight(self, ctx: RunContext) -> object:
         """Everything of the cloud the run's creations depend on (quota, permissions, APIs...), checked before anything
         is created: what was found, or an error naming every problem. Here: a platform that calls no cloud checks
         nothing more than ``check`` did (None)."""
@@ -101,7 +129,7 @@ class Platform(ABC):
     def deploy_raycluster(self, ctx: RunContext) -> dict[str, Any]: ...
 
     @abstractmethod
-    def job_client(self, ctx: RunContext, deadline: float | None = None):
+    def job_client(self, ctx: RunContext, deadline: float | None = None) -> RayJobs:
         """A client of the run's cluster's Ray Jobs API with the calls of ``ray.job_submission.JobSubmissionClient``
         the stages make; where the platform retries transient errors, never past ``deadline`` (``time.monotonic()``)."""
 
@@ -125,13 +153,13 @@ class Platform(ABC):
         run's own directory: ``components.workload.cache_trust``); empty when the platform keeps no cache."""
         return ""
 
-    def claims_store(self, ctx: RunContext) -> Any:
+    def claims_store(self, ctx: RunContext) -> GcsStore | None:
         """Where the run id is claimed beside the resources named from it (``components.stages.claims
         .claim_resources``), when those are named within a place other than the run's output root; None when the
         run's ledger is the only claim it needs."""
         return None
 
-    def cache_places(self, ctx: RunContext) -> Any:
+    def cache_places(self, ctx: RunContext) -> Places | None:
         """The compile cache as the pipeline's side reaches it (``components.workload.cache_trust.Places``): the
         cache kept across runs, the training job's directory (``run_cache_root``), the trusted manifests and the
         compile job's directory (``compile_job_root``); None when the platform keeps no cache."""
@@ -224,7 +252,6 @@ class Platform(ABC):
         )
 
 
-# name -> "module:class"; imported on first use so `components` stays cheap to import.
 def changed_since_evaluated(uri: str, changed: list[str]) -> InfraError:
     """The refusal to register checkpoint ``uri`` whose files ``changed`` (rewritten, gone) since the evaluate stage
     measured it (``Platform.keep_registered``): its figures are not of the bytes there now."""
@@ -235,6 +262,7 @@ def changed_since_evaluated(uri: str, changed: list[str]) -> InfraError:
     )
 
 
+# name -> "module:class"; imported on first use so `components` stays cheap to import.
 REGISTRY = {
     "local": "components.platforms.local.platform:LocalPlatform",
     "gke": "components.platforms.gke:GkePlatform",
@@ -246,4 +274,5 @@ def get_platform(name: str) -> Platform:
     if name not in REGISTRY:
         raise SpecError("platform", f"unknown platform {name!r}", PLATFORMS)
     module, _, cls = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    platform: Platform = getattr(importlib.import_module(module), cls)()  # a class of REGISTRY: a Platform
+    return platform

@@ -22,7 +22,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from components.platforms import procs
@@ -66,7 +67,7 @@ _state = _State()
 
 
 @contextlib.contextmanager
-def sigterm_judged_by(decide: Callable[[], bool]):
+def sigterm_judged_by(decide: Callable[[], bool]) -> Iterator[None]:
     """While inside, a SIGTERM stops what the stage started only when ``decide()`` says so (it is asked once, when the
     signal comes); SIGINT and SIGHUP always do."""
     previous, _state.sigterm_stops = _state.sigterm_stops, decide
@@ -77,7 +78,7 @@ def sigterm_judged_by(decide: Callable[[], bool]):
 
 
 @contextlib.contextmanager
-def released_first(release: Callable[[int], bool]):
+def released_first(release: Callable[[int], bool]) -> Iterator[None]:
     """While inside, a signal that stops the stage first calls ``release(signum)`` (start deleting what bills), then
     the innermost block's ``stop``: the deletes go out before anything that may wait. When ``release`` says it
     released (True), the stops that follow need not wait for what they stop to end (:func:`released`): its machines
@@ -95,14 +96,16 @@ def released() -> bool:
 
 
 @contextlib.contextmanager
-def on_interrupt(stop: Callable[[int], None] = lambda _signum: None, log: Callable[[str], None] = print):
+def on_interrupt(
+    stop: Callable[[int], None] = lambda _signum: None, log: Callable[[str], None] = print
+) -> Iterator[None]:
     """While inside: the first SIGINT, SIGTERM or SIGHUP calls ``stop(signum)`` and raises :class:`Interrupted`. Only
     the main thread takes signals; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def handler(signum, _frame):
+    def handler(signum: int, _frame: FrameType | None) -> None:
         if _state.deferring:
             _state.pending = signum
             return
@@ -142,7 +145,7 @@ def _sigterm_stops(log: Callable[[str], None]) -> bool:
 
 
 @contextlib.contextmanager
-def deferred():
+def deferred() -> Iterator[None]:
     """A signal that arrives inside takes effect when the block ends (a process started is a process recorded)."""
     _state.deferring += 1
     try:
@@ -155,7 +158,7 @@ def deferred():
 
 
 @contextlib.contextmanager
-def sigint_ignored():
+def sigint_ignored() -> Iterator[None]:
     """While inside, Ctrl-C does nothing here (teardown: the driver counts the presses and may abandon it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -183,7 +186,8 @@ def mark_abandoned(store: RunStore) -> None:
 
 def marked(store: RunStore) -> dict[str, Any] | None:
     """The driver's mark: ``{stage, signal, at}``, or None when the run was not interrupted."""
-    return read_json(store, MARK_KEY)
+    found: dict[str, Any] | None = read_json(store, MARK_KEY)  # the JSON object mark() writes
+    return found
 
 
 # ---------------------------------------------------------------- the driver, as the keeper watches it

@@ -22,7 +22,8 @@ ATTEMPTS = 20  # read-modify-writes a change is tried in before the conflict is 
 
 def load(store: RunStore) -> dict[str, Any] | None:
     """The run's ledger, or None when the run recorded nothing yet."""
-    return read_json(store, KEY)
+    ledger: dict[str, Any] | None = read_json(store, KEY)  # a JSON object, as update writes it
+    return ledger
 
 
 def update(
@@ -33,7 +34,8 @@ def update(
     ``change`` returns False when it has nothing to change (nothing is written). The ledger as written (or read)."""
     for attempt in range(1, ATTEMPTS + 1):
         text, generation = store.read_versioned(KEY)
-        ledger = json.loads(text if text is not None else json.dumps(empty or {}))  # a copy: change may mutate it
+        # A copy (change may mutate it) of the JSON object the ledger is.
+        ledger: dict[str, Any] = json.loads(text if text is not None else json.dumps(empty or {}))
         if change(ledger) is False:
             return ledger
         try:
@@ -49,7 +51,8 @@ def gcs_address(store: RunStore) -> str | None:
     """The GCS address of the run's own Ray cluster where its ledger records one: the local platform's, whose clusters
     share this machine with other runs' (KubeRay sets ``RAY_ADDRESS`` in every Ray container of a RayCluster:
     https://github.com/ray-project/kuberay, ray-operator/controllers/ray/common/pod.go)."""
-    return (load(store) or {}).get("gcs_address")
+    address: str | None = (load(store) or {}).get("gcs_address")
+    return address
 
 
 # Who holds the run's id (``components.stages.claims``): kept when the ledger is written afresh.

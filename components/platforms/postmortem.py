@@ -20,8 +20,9 @@ Secrets. ``tpupipe logs`` lists what the stages recorded; these files sit beside
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from components.platforms.redaction import redact, redact_bytes
 from components.platforms.store import RunStore, read_json, write_text
@@ -33,6 +34,24 @@ TAIL_LINES = 5000  # of a pod's log, and of a Ray log file, asked of the server 
 # The Ray logs most telling of a failure, kept first from each node (Ray's logging docs, "Log directory":
 # https://docs.ray.io/en/latest/ray-observability/user-guides/configure-logging.html); the workers' after them.
 RAY_LOGS_FIRST = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard.log", "monitor.log")
+
+
+class Pods(Protocol):
+    """What the post-mortem reads of the run's Kubernetes objects through the API server (the gke platform's
+    ``components.platforms.gke.cloud.kube.Kube``): objects as the API server answers them (JSON), a container's log."""
+
+    def pods(self, selector: str) -> list[dict[str, Any]]: ...
+
+    def pod_events(self) -> list[dict[str, Any]]: ...
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None: ...
+
+    def pod_log(self, name: str, container: str, tail_lines: int, previous: bool = False) -> str: ...
+
+
+# A GET on the head's dashboard, ``get(path, params)``: its response (requests' Response, which has no type
+# information here).
+DashboardGet = Callable[[str, list[tuple[str, str]]], Any]
 
 
 def tail(data: bytes, cap: int = CAP_BYTES) -> bytes:
@@ -73,7 +92,7 @@ def _pod(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def kubernetes(store: RunStore, kube, selector: str, raycluster: str) -> str:
+def kubernetes(store: RunStore, kube: Pods, selector: str, raycluster: str) -> str:
     """The run's pods (phase, node, conditions, container states: restarts, last termination), the events about
     them, and its RayCluster's status, as ``logs/kubernetes.json``; its key."""
     pods = kube.pods(selector)
@@ -89,7 +108,7 @@ def kubernetes(store: RunStore, kube, selector: str, raycluster: str) -> str:
     return _write_json(store, "logs/kubernetes.json", doc)
 
 
-def pod_logs(store: RunStore, kube, pods: list[dict[str, Any]], cap: int = CAP_BYTES) -> list[str]:
+def pod_logs(store: RunStore, kube: Pods, pods: list[dict[str, Any]], cap: int = CAP_BYTES) -> list[str]:
     """Each started container's log of the run's pods (the API server's "read log" of a pod, its last
     ``TAIL_LINES`` lines), and the previous container's of one that restarted, as ``logs/pods/<pod>[.<container>]
     [.previous].log``; the keys written. A pod whose container never started has no log (its status says why)."""
@@ -117,13 +136,14 @@ def node_pools(store: RunStore, pools: list[dict[str, Any]]) -> str:
     return _write_json(store, "logs/node_pools.json", pools)
 
 
-def _listed(get, path: str, state: str = "") -> list[dict[str, Any]]:
+def _listed(get: DashboardGet, path: str, state: str = "") -> list[dict[str, Any]]:
     """The rows of a State API list (``GET /api/v0/<resource>``, detail on, filtered on ``state``): its answer is
     ``{"data": {"result": {"result": [...]}}}`` (ray ``dashboard/state_api_utils.py``, ``handle_list_api``)."""
     params = [("detail", "true"), ("limit", "1000")]
     if state:
         params += [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", state)]
-    return get(path, params).json()["data"]["result"]["result"]
+    rows: list[dict[str, Any]] = get(path, params).json()["data"]["result"]["result"]
+    return rows
 
 
 def node_label(node: dict[str, Any]) -> str:
@@ -132,7 +152,7 @@ def node_label(node: dict[str, Any]) -> str:
     return labels.get("tpupipe/host") or ("head" if node.get("is_head_node") else node.get("node_ip", node["node_id"]))
 
 
-def ray_state(store: RunStore, get, cap: int = CAP_BYTES) -> list[str]:
+def ray_state(store: RunStore, get: DashboardGet, cap: int = CAP_BYTES) -> list[str]:
     """Through the head's dashboard (``get(path, params)`` -> a response): the cluster's nodes, its dead actors (their
     death causes) and failed tasks (their errors), from Ray's State API
     (https://docs.ray.io/en/latest/ray-observability/reference/api.html), as ``logs/ray_state.json``; then each
@@ -174,7 +194,7 @@ class LostPods:
     gone before it could be read (between two observations), its last status seen. ``logs/lost_pods.json`` lists
     them all, in order. ``kube``: what reads a pod's log and the pods' events (``pod_log``, ``pod_events``)."""
 
-    def __init__(self, store: RunStore, kube, cap: int = CAP_BYTES):
+    def __init__(self, store: RunStore, kube: Pods, cap: int = CAP_BYTES) -> None:
         self.store, self.kube, self.cap = store, kube, cap
         self.seen: dict[str, dict[str, Any]] = {}  # uid (else name) -> the pod as last seen
         # what an earlier stage's process kept (each stage may run in its own: on Vertex AI, one task each)
@@ -227,7 +247,8 @@ def _write_json(store: RunStore, key: str, doc: Any) -> str:
 
 
 def _uid(pod: dict[str, Any]) -> str:
-    return pod["metadata"].get("uid") or pod["metadata"]["name"]
+    uid: str = pod["metadata"].get("uid") or pod["metadata"]["name"]
+    return uid
 
 
 def _going(pod: dict[str, Any]) -> bool:

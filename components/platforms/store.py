@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from components.spec import SpecError
 
@@ -128,7 +128,7 @@ class LocalStore:
         return str(target)
 
     @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator:
+    def _locked(self, key: str) -> Iterator[IO[str]]:
         """The key's lock file (beside it), held by one conditional writer or versioned reader at a time; it holds the
         key's generation (a key read-modify-written is written only conditionally: the ledger)."""
         path = self.path(key)
@@ -145,34 +145,36 @@ class LocalStore:
 
 
 class GcsStore:
-    def __init__(self, bucket: str, prefix: str, client=None):
+    def __init__(self, bucket: str, prefix: str, client: storage.Client | None = None) -> None:
         self.bucket_name, self.prefix = bucket, prefix.strip("/")
         self.uri = f"gs://{bucket}/{self.prefix}"
         self._client = client
 
-    def _bucket(self):
+    def _bucket(self) -> storage.Bucket:
         if self._client is None:
             self._client = gcs_client()
         return self._client.bucket(self.bucket_name)
 
-    def _blob(self, key: str):
+    def _blob(self, key: str) -> storage.Blob:
         return self._bucket().blob(f"{self.prefix}/{key}")
 
     def read_text(self, key: str) -> str | None:
         from google.api_core import exceptions as gexc
 
         try:
-            return self._blob(key).download_as_text()
+            text: str = self._blob(key).download_as_text()
         except gexc.NotFound:
             return None
+        return text
 
     def read_bytes(self, key: str) -> bytes | None:
         from google.api_core import exceptions as gexc
 
         try:
-            return self._blob(key).download_as_bytes()
+            data: bytes = self._blob(key).download_as_bytes()
         except gexc.NotFound:
             return None
+        return data
 
     def read_versioned(self, key: str) -> tuple[str | None, int]:
         from google.api_core import exceptions as gexc
@@ -200,7 +202,7 @@ class GcsStore:
         return f"{self.uri}/{key}"
 
     def exists(self, key: str) -> bool:
-        return self._blob(key).exists()
+        return bool(self._blob(key).exists())
 
     def local(self) -> None:
         return None
@@ -213,7 +215,7 @@ def _replace(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def _count(lock) -> int:
+def _count(lock: IO[str]) -> int:
     """The generation a key's lock file holds (1 for a file written before it had one)."""
     lock.seek(0)
     text = lock.read().strip()

@@ -29,11 +29,15 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import VERTEX_ENDPOINT_ENV, google_client
-from components.registry import CHAMPION, REGISTRY_LABEL, TOKEN_LABEL, VERTEX_DEFAULT_ALIAS, Move, Version
-from components.spec import InfraError, SpecError, names
+from components.registry import REGISTRY_LABEL, TOKEN_LABEL, VERTEX_DEFAULT_ALIAS, Move, Version
+from components.spec import CHAMPION, InfraError, SpecError, names
+
+if TYPE_CHECKING:
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.cloud.aiplatform_v1 import Model, ModelServiceClient
 
 # The vLLM server of Vertex AI Model Garden: serves a Hugging Face checkpoint directory such as the trainers write.
 DEFAULT_SERVING_IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:latest"
@@ -58,7 +62,7 @@ HTTP_STATUS = {
 UPLOAD_TIMEOUT_S = 600
 
 
-def _transient() -> tuple[type[Exception], ...]:
+def _transient() -> tuple[type[GoogleAPICallError], ...]:
     from google.api_core import exceptions
 
     # By HTTP status, as the REST transport raises them (gRPC's ResourceExhausted, DeadlineExceeded are subclasses).
@@ -72,7 +76,7 @@ class VertexBackend:
         region: str,
         serving_image: str = DEFAULT_SERVING_IMAGE,
         retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0),
-    ):
+    ) -> None:
         names.check_project("--project", project)
         if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", region or ""):
             raise SpecError("--region", f"{region!r} is not a Vertex AI region (us-east5, europe-west4, ...)")
@@ -80,10 +84,10 @@ class VertexBackend:
         self.retry_delays_s = tuple(retry_delays_s)
         self.parent = f"projects/{project}/locations/{region}"
         self.where = f"Vertex AI Model Registry ({self.parent})"
-        self._client = None
+        self._client: ModelServiceClient | None = None
 
     # ------------------------------------------------------------------ calls
-    def client(self):
+    def client(self) -> ModelServiceClient:
         if self._client is None:
             from google.cloud import aiplatform_v1
 
@@ -95,7 +99,7 @@ class VertexBackend:
             )
         return self._client
 
-    def _call(self, method: str, what: str, fn: Callable[[], Any], between: Callable[[], Any] | None = None) -> Any:
+    def _call[T](self, method: str, what: str, fn: Callable[[], T], between: Callable[[], T | None] | None = None) -> T:
         """``fn()``, retried on transient errors after each of ``retry_delays_s`` (``between()`` before each retry:
         an answer it gives is the result); NotFound and Conflict (409) pass through for the caller to interpret."""
         from google.api_core import exceptions
@@ -121,7 +125,7 @@ class VertexBackend:
                 raise InfraError(f"{self.where}: {what} failed with {_status(exc)}: {_said(exc)}") from None
         raise AssertionError("unreachable")
 
-    def _denied(self, method: str, what: str, exc) -> InfraError:
+    def _denied(self, method: str, what: str, exc: GoogleAPICallError) -> InfraError:
         permission = (getattr(exc, "metadata", None) or {}).get("permission") or PERMISSIONS[method]
         return InfraError(
             f"{self.where}: {what}: permission {permission} denied in project {self.project}. Grant "
@@ -162,7 +166,8 @@ class VertexBackend:
                 model=model,
                 **({"parent_model": self._model(name)} if exists else {"model_id": name}),
             )
-            response = self.client().upload_model(request=request).result(timeout=UPLOAD_TIMEOUT_S)
+            operation = self.client().upload_model(request=request)
+            response = operation.result(timeout=UPLOAD_TIMEOUT_S)  # type: ignore[no-untyped-call]  # api_core: untyped
             return self._fetch_id(name, response.model_version_id)
 
         def registered() -> Version | None:  # an earlier attempt that happened although its answer was lost
@@ -235,16 +240,16 @@ class VertexBackend:
         return moves
 
 
-def _status(exc) -> str:
-    return f"{HTTP_STATUS.get(exc.code, 'error')} (HTTP {exc.code})"
+def _status(exc: GoogleAPICallError) -> str:
+    return f"{HTTP_STATUS.get(exc.code or 0, 'error')} (HTTP {exc.code})"
 
 
-def _said(exc) -> str:
+def _said(exc: GoogleAPICallError) -> str:
     """What the service said, without the request line the REST transport puts before it."""
     return re.sub(r"^[A-Z]+ \S+: ", "", exc.message or "")
 
 
-def _version(name: str, message) -> Version:
+def _version(name: str, message: Model) -> Version:
     try:
         provenance = json.loads(message.version_description) if message.version_description else {}
     except ValueError:  # a version uploaded by another tool: its description is text

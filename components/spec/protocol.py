@@ -26,6 +26,8 @@ KINDS = ("metric", "event", "result")
 NONCE_ENV = "TPUPIPE_RECORD_NONCE"
 NONCE_METADATA = "record_nonce"  # the key of the nonce in the Ray job's metadata
 _ANSI = r"(?:\x1b\[[0-9;]*m)*"
+# A record as parsed: its kind (one of KINDS) and its payload, a JSON object.
+Record = tuple[str, dict[str, Any]]
 RECORD = re.compile(
     rf"^{_ANSI}(?:\([^()]*\){_ANSI} )?{TAG}\[(?P<nonce>[0-9a-f]*)\] (?P<kind>[a-z]+) (?P<body>\{{.*\}})\s*$"
 )
@@ -50,7 +52,7 @@ def emit(kind: str, payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def parse(lines: Iterable[str], nonce: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+def parse(lines: Iterable[str], nonce: str = "") -> Iterator[Record]:
     """Yield (kind, payload) for every record line of the job whose nonce is ``nonce``; other lines are ignored."""
     for text in lines:
         m = RECORD.match(text)

@@ -33,6 +33,7 @@ from typing import Any
 from components.platforms import RunContext, get_platform
 from components.platforms.store import RunStore, at, write_text
 from components.spec import CHAMPION, RunSpec, SpecError
+from components.spec.protocol import Record
 from components.spec.run_spec import HELDOUT_LOSS
 from components.stages.jobs import log
 
@@ -56,7 +57,7 @@ class Refused(ValueError):
     rows that are not this run's evaluation prompts answered and scored (:func:`checked`)."""
 
 
-def from_records(records: list[tuple[str, dict]]) -> dict[str, dict[str, Any]]:
+def from_records(records: list[Record]) -> dict[str, dict[str, Any]]:
     """The ``answers`` events of a job's records by model (``before``, ``after``, ``champion``), the last of each."""
     found: dict[str, dict[str, Any]] = {}
     for kind, p in records:
@@ -377,7 +378,7 @@ def recorded_answers(ctx: RunContext, ref: str, key: str | None) -> dict[str, An
 
 def plan_champion(
     ctx: RunContext, train_result: dict[str, Any], champion: dict[str, Any], key_of: KeyOf
-) -> tuple[dict | None, bool]:
+) -> tuple[dict[str, Any] | None, bool]:
     """(the champion's recorded answers, when given under this run's answers key; whether the evaluation job must
     have the champion answer instead). Nothing of either without the trained model's answers or a champion the
     evaluation measures."""
@@ -393,7 +394,7 @@ def evaluate_answers(
     train_result: dict[str, Any],
     champion: dict[str, Any],
     recorded: dict[str, Any] | None,
-    job_records: list[tuple[str, dict]],
+    job_records: list[Record],
     key_of: KeyOf,
 ) -> dict[str, Any]:
     """The task figures of the evaluate stage's result (``task_figures``): the trained model's answers beside the

@@ -26,7 +26,7 @@ its definition gives them.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from components.platforms import RunContext
 from components.platforms.store import RunStore, read_json
@@ -34,11 +34,28 @@ from components.stages import timeline
 from components.stages.loss_curve import loss_html, loss_png
 
 
+class Artifact(Protocol):
+    """What this module uses of an artifact KFP hands a component (``kfp.dsl.Artifact``, kfp 2.17's
+    kfp/dsl/types/artifact_types.py): its metadata, its uri ('' until set) and the local path of its content."""
+
+    metadata: dict[str, Any]
+    uri: str
+
+    @property
+    def path(self) -> str: ...
+
+
+class Metrics(Artifact, Protocol):
+    """A ``kfp.dsl.Metrics`` artifact: scalar metrics in its metadata."""
+
+    def log_metric(self, metric: str, value: float) -> None: ...
+
+
 def _record(store: RunStore, stage: str) -> dict[str, Any]:
     return read_json(store, f"stages/{stage}.json") or {}
 
 
-def point(artifact: Any, uri: str) -> None:
+def point(artifact: Artifact, uri: str) -> None:
     """Name where ``artifact``'s content is (``uri``: the run's copy of its data, a checkpoint) in its metadata
     (``location``), and point its uri there where the backend takes that: Vertex AI (a task there has
     ``VERTEX_TASK_ENV``) and kfp.local (its uris are local paths). Kubeflow Pipelines' launcher refuses an output
@@ -56,7 +73,7 @@ def point(artifact: Any, uri: str) -> None:
         artifact.uri = uri
 
 
-def snapshot_data(store: RunStore, data, card_md) -> None:
+def snapshot_data(store: RunStore, data: Artifact, card_md: Artifact) -> None:
     from components.stages.dataset import CARD, MANIFEST
 
     result = _record(store, "snapshot_data").get("result") or {}
@@ -84,7 +101,7 @@ def snapshot_data(store: RunStore, data, card_md) -> None:
         out.write(text)
 
 
-def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
+def train(store: RunStore, spec: dict[str, Any], metrics: Metrics, loss_curve: Artifact) -> None:
     rec = _record(store, "train")
     result = rec.get("result") or {}
     losses = result.get("losses") or []
@@ -109,7 +126,14 @@ def train(store: RunStore, spec: dict[str, Any], metrics, loss_curve) -> None:
             out.write(loss_html(summary, loss_png(summary)))
 
 
-def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, source_version: str = "") -> None:
+def evaluate(
+    store: RunStore,
+    spec: dict[str, Any],
+    metrics: Metrics,
+    summary_md: Artifact,
+    model: Artifact,
+    source_version: str = "",
+) -> None:
     ev = (_record(store, "evaluate").get("result")) or {}
     for key in (
         "eval_loss_before",
@@ -176,7 +200,7 @@ def evaluate(store: RunStore, spec: dict[str, Any], metrics, summary_md, model, 
         out.write("\n".join(lines) + "\n")
 
 
-def register(store: RunStore, metrics, table_md, registered=None) -> None:
+def register(store: RunStore, metrics: Metrics, table_md: Artifact, registered: Artifact | None = None) -> None:
     """The gate's decision as the run's graph shows it: both figures, and why; the version registered."""
     rec = _record(store, "register")
     result = rec.get("result") or {}
@@ -219,7 +243,7 @@ def register(store: RunStore, metrics, table_md, registered=None) -> None:
         out.write("\n".join(lines) + "\n")
 
 
-def vertex_model(artifact, result: dict[str, Any]) -> None:
+def vertex_model(artifact: Artifact, result: dict[str, Any]) -> None:
     """The registered version as a google.VertexModel: ``resourceName`` ``projects/P/locations/L/models/M@V`` and
     the uri ``https://L-aiplatform.googleapis.com/v1/<resourceName>`` (the form google-cloud-pipeline-components'
     ``VertexModel.create`` documents for its uri), with the version's reference."""
@@ -233,7 +257,7 @@ def vertex_model(artifact, result: dict[str, Any]) -> None:
         point(artifact, result.get("artifact_uri") or "")
 
 
-def run_ledger(store: RunStore, metrics, timeline_html) -> None:
+def run_ledger(store: RunStore, metrics: Metrics, timeline_html: Artifact) -> None:
     """The whole run's account, from its summary (written as teardown ends): goodput, billed chip-seconds and cost
     with each category's chip-seconds as ``Metrics``, and the timeline page as ``HTML``."""
     summary = read_json(store, "summary.json") or {}
@@ -248,7 +272,7 @@ def run_ledger(store: RunStore, metrics, timeline_html) -> None:
             out.write(timeline.page(summary))
 
 
-def teardown(store: RunStore, deleted_md) -> None:
+def teardown(store: RunStore, deleted_md: Artifact) -> None:
     rec = _record(store, "teardown")
     deleted = (rec.get("result") or {}).get("deleted") or []
     lines = [f"Teardown {rec.get('status', 'unknown')}: {len(deleted)} resources deleted.", ""]

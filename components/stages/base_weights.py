@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json, write_json
@@ -31,6 +31,9 @@ from components.spec import InfraError
 from components.spec.checks import DEFAULT_REVISION
 from components.workload import weights
 from components.workload.cache import CACHE_PREFIX
+
+if TYPE_CHECKING:
+    from components.workload.cache_trust import Place
 
 RECORD = "weights.json"
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub's API names it (``sha``)
@@ -57,7 +60,7 @@ def open_cache(ctx: RunContext) -> weights.Cache:
     return weights.GcsCache(ctx.store.uri.removeprefix("gs://").split("/", 1)[0], CACHE_PREFIX, gcs_client())
 
 
-def trusted_place(ctx: RunContext) -> Any:
+def trusted_place(ctx: RunContext) -> Place:
     """Where the trusted manifests live (``cache_trust``'s ``manifests``: the bucket's ``state/``, which no pod's
     identity reaches; beside the runs locally): each copy's files with the hub's hashes, and each revision's
     commit."""

@@ -25,8 +25,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from components.platforms import VERTEX_TASK_ENV
+from components.platforms import VERTEX_TASK_ENV, RunContext
 from components.platforms import ledger as ledgers
 from components.platforms.store import RunStore, StoreConflict, write_json
 from components.spec import SpecError
@@ -43,7 +45,7 @@ def local_claimant() -> str:
     return f"tpupipe run on {socket.gethostname()} (pid {driver['pid']}, started {driver['started']})"
 
 
-def claimant(job_name: str, environ) -> str:
+def claimant(job_name: str, environ: Mapping[str, str]) -> str:
     """Who claims the run in this task: the ``tpupipe run`` driver when the task is one of its own, else the pipeline
     job or workflow ``job_name`` names ('' outside any pipeline: a stage called directly claims nothing)."""
     from components.platforms import interrupts
@@ -53,20 +55,20 @@ def claimant(job_name: str, environ) -> str:
     return job_name
 
 
-def holder(ledger: dict) -> str | None:
+def holder(ledger: dict[str, Any]) -> str | None:
     """The claimant a ledger names: its ``claim``, else the pipeline job a Vertex AI task noted before claims were
     made on every backend (that job claimed it then); None when it names none."""
     return (ledger.get("claim") or {}).get("job") or (ledger.get("pipeline_job") or {}).get("id")
 
 
-def unclaimed_or_mine(store: RunStore, job_name: str, environ=None) -> bool:
+def unclaimed_or_mine(store: RunStore, job_name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether this task may write in ``store``: its ledger names this task's claimant, or there is none yet."""
     me = claimant(job_name, os.environ if environ is None else environ)
     ledger = ledgers.load(store) if me else None  # a stage called outside any pipeline claims nothing
     return ledger is None or holder(ledger) == me
 
 
-def refusal(run_id: str, store: RunStore, ledger: dict, me: str) -> SpecError:
+def refusal(run_id: str, store: RunStore, ledger: dict[str, Any], me: str) -> SpecError:
     held = holder(ledger)
     by = f"is held by {held}" if held else "has a ledger that names no claimant (a run from before claims)"
     return SpecError(
@@ -77,7 +79,13 @@ def refusal(run_id: str, store: RunStore, ledger: dict, me: str) -> SpecError:
 
 
 def claim(
-    store: RunStore, run_id: str, platform: str, job_name: str, first: bool, environ=None, resource: str = ""
+    store: RunStore,
+    run_id: str,
+    platform: str,
+    job_name: str,
+    first: bool,
+    environ: Mapping[str, str] | None = None,
+    resource: str = "",
 ) -> None:
     """The first task creates the run's ledger naming its claimant, on the condition that there is none; when there is
     one, it goes on only when the ledger names this run (a retry of the first task). A later task goes on only while
@@ -106,7 +114,7 @@ def claim(
         raise refusal(run_id, store, ledger, me)
     if first and job and ledger.get("pipeline_job") != job:  # a retried first task: the job as it is known now
 
-        def note(recorded: dict) -> bool:
+        def note(recorded: dict[str, Any]) -> bool:
             if holder(recorded) != me:
                 raise refusal(run_id, store, recorded, me)
             recorded["pipeline_job"] = job
@@ -119,7 +127,7 @@ def claim(
 # and objects (``runs/<id>/``, ``models/<model>/<id>/``) are named from the run id within the project and bucket, not
 # from ``output_root``, so a claim in the ledger alone lets a run of the same id under another ``output_root`` share
 # them. No run's pods may write ``state/`` (their binding names ``runs/<run id>/`` alone).
-def claim_resources(ctx, job_name: str, create: bool, environ=None) -> None:
+def claim_resources(ctx: RunContext, job_name: str, create: bool, environ: Mapping[str, str] | None = None) -> None:
     """On the gke platform, the run id claimed also at ``gs://<gke.bucket>/state/_claims/<run id>.json``, created
     with ``ifGenerationMatch=0`` (as the ledger, :func:`claim`) naming the same claimant: this claimant's tasks (a
     retried one included) go on, another claimant is refused (a SpecError naming ``run_id``, the id and the holder)

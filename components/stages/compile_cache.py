@@ -19,11 +19,14 @@ compile-only run of the trainer writes the entries a training run reads, nor che
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json, write_json
 from components.stages.jobs import JobFailed, LimitCrossed, log, run_job
+
+if TYPE_CHECKING:
+    from components.workload.cache_trust import Places
 
 SUBMITTED = "jobs/train-submitted.json"  # in the run's store: the training job was submitted once (no compile job)
 
@@ -49,7 +52,7 @@ def prepare(ctx: RunContext, image: str) -> dict[str, Any] | None:
     return result
 
 
-def _prepare(ctx: RunContext, places: Any, image: str) -> dict[str, Any]:
+def _prepare(ctx: RunContext, places: Places, image: str) -> dict[str, Any]:
     from components.workload import cache, cache_trust, derive, maxtext
 
     spec = ctx.spec
@@ -70,7 +73,9 @@ def _prepare(ctx: RunContext, places: Any, image: str) -> dict[str, Any]:
     return result
 
 
-def _compile(ctx: RunContext, places: Any, key: str, config: str, image: str, staged: dict) -> dict[str, Any]:
+def _compile(
+    ctx: RunContext, places: Places, key: str, config: str, image: str, staged: dict[str, Any]
+) -> dict[str, Any]:
     """The compile job, followed, and its output recorded; a failed one is a warning (the training job compiles)."""
     from components.workload import cache, cache_trust
     from components.workload.derive import job_command
@@ -82,7 +87,7 @@ def _compile(ctx: RunContext, places: Any, key: str, config: str, image: str, st
     command = job_command(ctx.spec, "compile", out, f"{ctx.run_id}-compile", compile_cache=where)
     counted: dict[str, Any] = {}
 
-    def on_record(kind: str, p: dict) -> None:
+    def on_record(kind: str, p: dict[str, Any]) -> None:
         if kind == "event" and p.get("event") == "compile_cache":
             counted.update(p)
 

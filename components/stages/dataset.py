@@ -23,7 +23,7 @@ import posixpath
 import tempfile
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import open_store, read_json, write_json, write_text
@@ -31,6 +31,9 @@ from components.registry import Version
 from components.spec import InfraError, RunSpec, SpecError, datasets
 from components.stages import base_weights, gate
 from components.stages.jobs import log
+
+if TYPE_CHECKING:
+    from components.data.snapshot import Keys
 
 MANIFEST = "data/manifest.json"
 KEYS = "data/keys.bin"  # the keys of every training example the run's lineage has seen (snapshot.lineage)
@@ -84,7 +87,8 @@ def read_manifest(uri: str) -> dict[str, Any] | None:
     """A manifest by its URI (``gs://...`` or a local path): a champion's, named in its provenance."""
     parent, name = posixpath.split(uri.rstrip("/"))
     grand, directory = posixpath.split(parent)
-    return read_json(open_store(grand, directory), name)
+    manifest: dict[str, Any] | None = read_json(open_store(grand, directory), name)  # a JSON object, or none
+    return manifest
 
 
 class Taken(NamedTuple):
@@ -94,7 +98,7 @@ class Taken(NamedTuple):
     manifest: dict[str, Any]
     train: Iterable[dict[str, Any]]
     heldout: Iterable[dict[str, Any]]
-    seen: Any  # components.data.snapshot.Keys | None
+    seen: Keys | None
 
 
 def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> Taken:
@@ -122,7 +126,7 @@ def take(ctx: RunContext, when: datetime, log: Callable[[str], None] = log) -> T
     return Taken(manifest, train, heldout, seen)
 
 
-def champion_keys(champion: Version, manifest: dict[str, Any], log: Callable[[str], None] = log) -> Any:
+def champion_keys(champion: Version, manifest: dict[str, Any], log: Callable[[str], None] = log) -> Keys | None:
     """The champion's lineage keys (``snapshot.Keys``): its key file, checked against the sha256 the registry recorded
     when it was registered (``data_keys``, ``data_keys_digest``: :func:`gate.provenance`): a change to the file after
     registration is caught (the pipeline's identity writes both stores: it guards against damage and later edits, not
@@ -153,7 +157,7 @@ def champion_keys(champion: Version, manifest: dict[str, Any], log: Callable[[st
     return _checked_keys(uri, str(entry.get("digest")), f"champion {ref}", strict=False, log=log)
 
 
-def _checked_keys(uri: str, digest: str, what: str, *, strict: bool, log: Callable[[str], None]) -> Any:
+def _checked_keys(uri: str, digest: str, what: str, *, strict: bool, log: Callable[[str], None]) -> Keys | None:
     """The key file at ``uri`` as ``snapshot.Keys`` when its sha256 is ``digest``; otherwise an InfraError naming
     what is wrong (``strict``) or None with one warning line."""
     from components.data import snapshot

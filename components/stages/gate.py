@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, digest, open_registry
-from components.spec import SCRATCH_PREFIX, RunSpec, SpecError, datasets, names
+from components.registry import PROVENANCE_FIELDS, Registry, Version, digest, open_registry
+from components.spec import CHAMPION, SCRATCH_PREFIX, RunSpec, SpecError, datasets, names
 from components.spec.images import pinned_image
 
 PROMOTE, KEEP, OFF = "promote", "keep", "off"  # the register stage's decision: its output the pipeline's dsl.If reads

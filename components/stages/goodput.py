@@ -35,6 +35,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from components.spec.protocol import Record
+
 # (category, what it is), in the order the summary lists them.
 CATEGORIES = (
     ("data snapshot", "snapshot_data: the data resolved and read before anything is created (no chip billed)"),
@@ -244,7 +246,7 @@ def compile_words(cache: dict[str, Any] | None) -> str:
     )
 
 
-def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
+def timeline(records: list[Record]) -> dict[str, Any]:
     """The train job's ``TPUPIPE`` records -> its timeline (``train_intervals``): each worker group's start, each
     step's end (FSDP's ``step`` events, MaxText's per-step metrics), each checkpoint save's end and seconds (a save
     that gives none: the time since the record before it), each compile of at least a few hundredths of a second
@@ -287,7 +289,7 @@ def timeline(records: list[tuple[str, dict]]) -> dict[str, Any]:
     }
 
 
-def step_records(records: list[tuple[str, dict]], timeline_: dict[str, Any]) -> list[dict[str, Any]]:
+def step_records(records: list[Record], timeline_: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per kept step (the last worker group's run of it): ``step``, ``loss``, ``time``, ``group`` (the
     worker group that ran it: 0, then 1 after the first restart). Losses come from MaxText's per-step metrics or
     FSDP's ``step_losses`` events (rank 0's loss of each step, sent once per epoch)."""

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.platforms import RunContext, get_platform, ledger
+from components.platforms import Platform, RayJobs, RunContext, get_platform, ledger
 from components.platforms.interrupts import on_interrupt, released, signal_name
 from components.platforms.redaction import redact
 from components.platforms.store import read_json, write_json, write_text
 from components.spec import InfraError, names, protocol
+from components.spec.protocol import Record
 from components.stages import base_weights
 from components.workload import budget
 from components.workload.derive import JOB_RUNTIME_ENV
@@ -30,6 +31,8 @@ STOP_WAIT_S = 20.0  # an interrupt stops the job, then waits this long for Ray t
 # against the table by tests/unit/test_stage_table.py: the stages' functions import this module, so it cannot
 # import the table.
 FIRST_STAGES = ("snapshot_data",)
+# What a stage does with each record of its job's log as it comes (``components.spec.protocol``): kind, payload.
+OnRecord = Callable[[str, dict[str, Any]], None]
 
 
 class JobFailed(InfraError):
@@ -53,7 +56,7 @@ class _Follow:
     before: str = ""  # the log of the attempts before this one (``run_job``: evicted), saved ahead of its own
     seen: int = 0
     text: str = ""
-    records: list[tuple[str, dict]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     saved_at: float = 0.0
     saved: int = 0
 
@@ -79,7 +82,7 @@ def runtime_env(ctx: RunContext) -> dict[str, Any]:
 
 
 def submit_or_attach(
-    client, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None, submission_id: str = ""
+    client: RayJobs, ctx: RunContext, kind: str, entrypoint: str, state: _Follow | None = None, submission_id: str = ""
 ) -> str:
     """Submit the run's ``kind`` job under its derived submission id (``submission_id``: an attempt's,
     ``attempt_id``) with a record nonce of its own, or re-attach to it when it exists (a retried task), its nonce read
@@ -108,7 +111,7 @@ def _take(
     kind: str,
     state: _Follow,
     ctx: RunContext,
-    on_record: Callable[[str, dict], None] | None,
+    on_record: OnRecord | None,
     final: bool = False,
 ) -> None:
     """Log text new since the last: print its complete lines (a line cut between two chunks waits for its end, unless
@@ -129,12 +132,12 @@ def _take(
 
 
 def _stream(
-    client,
+    client: RayJobs,
     submission_id: str,
     kind: str,
     state: _Follow,
     ctx: RunContext,
-    on_record: Callable[[str, dict], None] | None,
+    on_record: OnRecord | None,
     timeout_s: float,
 ) -> None:
     """Follow the job's log as Ray writes it (the Jobs API's log tailing, a WebSocket) until the job ends. Raises
@@ -159,12 +162,12 @@ class _NoStream(Exception):
 
 
 def _poll(
-    client,
+    client: RayJobs,
     submission_id: str,
     kind: str,
     state: _Follow,
     ctx: RunContext,
-    on_record: Callable[[str, dict], None] | None,
+    on_record: OnRecord | None,
     deadline: float,
     sleep: Callable[[float], None] = time.sleep,
     watched: budget.Watch | None = None,
@@ -196,7 +199,7 @@ def watch(ctx: RunContext) -> budget.Watch:
     return budget.Watch(get_platform(ctx.platform).limits(ctx), billing, started)
 
 
-def _stop(client, submission_id: str, kind: str, why: str, wait_s: float = STOP_WAIT_S) -> None:
+def _stop(client: RayJobs, submission_id: str, kind: str, why: str, wait_s: float = STOP_WAIT_S) -> None:
     """Stop the run's ``kind`` job and wait (briefly) until Ray says it ended: what an interrupt and a crossed limit
     do."""
     log(f"{kind}: {why}: stopping job {submission_id}")
@@ -213,7 +216,7 @@ def _stop(client, submission_id: str, kind: str, why: str, wait_s: float = STOP_
     log(f"{kind}: job {submission_id} {getattr(status, 'value', status)}")
 
 
-def _stopper(client, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S):
+def _stopper(client: RayJobs, submission_id: str, kind: str, wait_s: float = STOP_WAIT_S) -> Callable[[int], None]:
     """What an interrupt does to the run's ``kind`` job: stop it and wait (briefly) until Ray says it ended; not
     wait at all when the stop already started deleting the cluster it runs on (``interrupts.released``: a cancelled
     Vertex AI task, whose grace period is better spent on its deletes)."""
@@ -231,11 +234,11 @@ def attempt_id(run_id: str, kind: str, attempt: int) -> str:
     return first if attempt == 1 else f"{first}-{attempt}"
 
 
-def _attempts(ctx: RunContext, kind: str) -> tuple[list[dict[str, Any]], str, list[tuple[str, dict]]]:
+def _attempts(ctx: RunContext, kind: str) -> tuple[list[dict[str, Any]], str, list[Record]]:
     """The evictions the run's ``kind`` job has had (a retried task's, from the store), the log of the attempts they
     ended and those attempts' records."""
     evictions = (read_json(ctx.store, f"jobs/{kind}.json") or {}).get("evictions", [])
-    text, records = "", list[tuple[str, dict]]()
+    text, records = "", list[Record]()
     for number, eviction in enumerate(evictions, 1):
         own = ctx.store.read_text(f"logs/{kind}.{number}.log") or ""
         text += own + _evicted_line(kind, eviction)
@@ -252,7 +255,7 @@ def run_job(
     kind: str,
     entrypoint: str,
     timeout_s: float,
-    on_record: Callable[[str, dict], None] | None = None,
+    on_record: OnRecord | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Submit (or re-attach to) the run's ``kind`` job, stream its log, wait for a terminal state, and return its
@@ -306,13 +309,13 @@ def run_job(
 
 
 def _follow(
-    client,
+    client: RayJobs,
     ctx: RunContext,
     kind: str,
     submission_id: str,
     entrypoint: str,
     state: _Follow,
-    on_record: Callable[[str, dict], None] | None,
+    on_record: OnRecord | None,
     deadline: float,
     timeout_s: float,
     sleep: Callable[[float], None],
@@ -361,7 +364,7 @@ def _follow(
 EVICTIONS = 3
 
 
-def _wait_again(ctx: RunContext, platform, kind: str, evictions: list[dict[str, Any]]) -> float:
+def _wait_again(ctx: RunContext, platform: Platform, kind: str, evictions: list[dict[str, Any]]) -> float:
     """Wait until the run's cluster is back (``Platform.wait_to_run_again``), the waits recorded with the eviction;
     its seconds."""
     started = time.monotonic()

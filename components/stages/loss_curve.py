@@ -71,11 +71,11 @@ def loss_html(summary: dict[str, Any], png: bytes) -> str:
     )
 
 
-def history_unit(history: list[dict]) -> str:
+def history_unit(history: list[dict[str, Any]]) -> str:
     return "epoch" if history and "epoch" in history[0] else "step"
 
 
-def metric_columns(history: list[dict]) -> list[tuple[str, str, str]]:
+def metric_columns(history: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(title, key, format) of the metric table: per epoch for FSDP, per step (MaxText's figures) for MaxText."""
     if history_unit(history) == "epoch":
         return [

@@ -10,13 +10,13 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 from components.platforms import RunContext, get_platform
-from components.spec import InfraError, RunSpec, datasets
+from components.spec import CHAMPION, InfraError, RunSpec, datasets
+from components.spec.protocol import Record
 from components.stages import answers, base_weights, compile_cache, dataset, gate, goodput, progress
-from components.stages.jobs import JobFailed, log, run_job
+from components.stages.jobs import JobFailed, OnRecord, log, run_job
 from components.workload import maxtext
 
 
@@ -123,7 +123,7 @@ def check_slice(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
         return {"skipped": True, "reason": "cluster.slice_check=false"}
     seen: dict[str, Any] = {}
 
-    def keep(kind: str, payload: dict) -> None:
+    def keep(kind: str, payload: dict[str, Any]) -> None:
         if kind == "result":
             seen.update(payload)
 
@@ -206,15 +206,15 @@ def train(ctx: RunContext, _upstream: str = "") -> dict[str, Any]:
     }
 
 
-def _train_progress(spec: RunSpec) -> Callable[[str, dict], None]:
+def _train_progress(spec: RunSpec) -> OnRecord:
     """What the train job's records show while it runs: a progress bar of its steps (FSDP's ``step`` events carry
     their total and tokens, its losses come once an epoch; MaxText's per-step metrics carry the loss and tokens/s,
     ``maxtext.steps`` in all) and, for FSDP, a line per epoch."""
-    seen: set[tuple] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
+    seen: set[tuple[Any, ...]] = set()  # Ray may forward a worker's line twice; a re-run step after a restart differs
     bar = progress.Bar("train", spec.maxtext.steps, "steps", log)  # FSDP's records give its total
     last: dict[str, float] = {}  # the last loss known
 
-    def on_record(kind: str, p: dict) -> None:
+    def on_record(kind: str, p: dict[str, Any]) -> None:
         key = (kind, p.get("event"), p.get("step"), p.get("epoch"), p.get("time"), p.get("loss"))
         if key in seen:
             return
@@ -235,20 +235,20 @@ def _train_progress(spec: RunSpec) -> Callable[[str, dict], None]:
     return on_record
 
 
-def first_step_at(records: list[tuple[str, dict]]) -> float | None:
+def first_step_at(records: list[Record]) -> float | None:
     """When the trainer's first step ended (epoch seconds): its first ``step`` event (FSDP), or its first step's
     metric (MaxText); None when it stamped none."""
     times = [p["time"] for kind, p in records if "time" in p and (p.get("event") == "step" or kind == "metric")]
     return min(times) if times else None
 
 
-def restarts(events: list[dict]) -> int:
+def restarts(events: list[dict[str, Any]]) -> int:
     """How many times the trainer's worker group started again. Each start is stamped with its time: a line Ray
     forwarded twice is one start, not a restart."""
     return max(0, len({p.get("time") for p in events if p.get("event") == "worker_group_started"}) - 1)
 
 
-def in_job_figures(result: dict[str, Any], records: list[tuple[str, dict]]) -> dict[str, Any]:
+def in_job_figures(result: dict[str, Any], records: list[Record]) -> dict[str, Any]:
     """What the train job measured on the held-out split in itself (``trainers.heldout.InJob``): the trained model's
     figure bound to the checkpoint it returns (its result's ``heldout``), the model as built from its ``eval``
     event, their key, and the seconds it spent on them. Empty when it measured nothing."""
@@ -266,7 +266,9 @@ def in_job_figures(result: dict[str, Any], records: list[tuple[str, dict]]) -> d
 FIGURES = {"before": "eval_loss_before", "after": "eval_loss_after", "champion": "champion_loss"}
 
 
-def known_figures(ctx: RunContext, train_result: dict[str, Any], start: dict, champion: dict) -> dict[str, Any]:
+def known_figures(
+    ctx: RunContext, train_result: dict[str, Any], start: dict[str, Any], champion: dict[str, Any]
+) -> dict[str, Any]:
     """The figures the evaluation has before it starts anything, each with where it comes from: the train job's own
     (``in_job_figures``), and a registered version's (the "before" model started from, the champion) that the
     registry records as measured by a like run (the same :func:`figure_key`: evaluation key, image and accelerator;
@@ -388,7 +390,7 @@ def evaluate(ctx: RunContext, upstream: str) -> dict[str, Any]:
     t = ctx.spec.train
     result.setdefault("eval_split", datasets.splits(t.dataset, t.train_split, t.eval_split)[1])
     if "eval_loss_after" in figures and "eval_loss_before" in figures:
-        beside = f"  ({gate.CHAMPION} {champion['ref']}: {figures['champion_loss']:.4f})" if champion_known else ""
+        beside = f"  ({CHAMPION} {champion['ref']}: {figures['champion_loss']:.4f})" if champion_known else ""
         log(
             f"evaluate: {'eval' if not_held_out else 'held-out'} loss {figures['eval_loss_before']:.4f} -> "
             f"{figures['eval_loss_after']:.4f}  "
@@ -433,7 +435,12 @@ def _sources(known: dict[str, tuple[float, str]]) -> str:
 
 
 def _evaluation_job(
-    ctx: RunContext, checkpoint: str, start: dict, champion: dict, measure: tuple[str, ...], generate: tuple = ()
+    ctx: RunContext,
+    checkpoint: str,
+    start: dict[str, Any],
+    champion: dict[str, Any],
+    measure: tuple[str, ...],
+    generate: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The evaluation job measuring ``measure`` of before, after and champion (``generate`` of them answering the
     evaluation prompts too), followed with a progress bar."""
@@ -442,7 +449,7 @@ def _evaluation_job(
     )
     bar = progress.Bar("evaluate", 0, "batches", log)
 
-    def on_record(kind: str, p: dict) -> None:  # the evaluation's progress: its batches, model after model
+    def on_record(kind: str, p: dict[str, Any]) -> None:  # the evaluation's progress: its batches, model after model
         if kind == "event" and p.get("event") == "eval_model":
             bar.update(p["done"], p.get("time"), total=p["total"])
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from components.platforms import RunContext, get_platform
 from components.platforms.store import read_json
+from components.spec import CHAMPION
 from components.stages import answers, gate, ray_stages, task_gate
 from components.stages.jobs import JobFailed, log
 
@@ -46,13 +47,13 @@ def register(ctx: RunContext, upstream: str, pipeline_job: str = "", source_vers
     champion = ev.get("champion") or {}
     not_held_out = gate.not_held_out(ctx.spec)
     if not_held_out:  # a loss on the training data says nothing of the model on new data: never promoted on it
-        kept = f"{gate.CHAMPION} {champion['ref']} kept" if champion.get("ref") else f"no {gate.CHAMPION} set"
+        kept = f"{CHAMPION} {champion['ref']} kept" if champion.get("ref") else f"no {CHAMPION} set"
         decision = gate.Decision(
             gate.KEEP, f"not promoted: {version.ref}'s evaluation is not held out ({not_held_out}); {kept}"
         )
     elif champion.get("not_compared"):  # a champion over another base, promoted after this run's first task checked
         decision = gate.Decision(
-            gate.KEEP, f"kept {gate.CHAMPION} {champion['ref']}: {version.ref} not compared: {champion['not_compared']}"
+            gate.KEEP, f"kept {CHAMPION} {champion['ref']}: {version.ref} not compared: {champion['not_compared']}"
         )
     else:
         decision = gate.decide(
@@ -103,16 +104,16 @@ def promote(ctx: RunContext, upstream: str) -> dict[str, Any]:
     current = reg.champion(name)
     measured = registered.get("champion_version")
     if current is not None and current.version == version:  # a retried task whose first attempt moved it
-        log(f"promote: {gate.CHAMPION} of {name} is {registered['ref']} already")
+        log(f"promote: {CHAMPION} of {name} is {registered['ref']} already")
         return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}
     if (current.version if current else None) != measured:
-        was = f"{name}@{measured}" if measured else f"no {gate.CHAMPION}"
+        was = f"{name}@{measured}" if measured else f"no {CHAMPION}"
         reason = (
-            f"not promoted: {registered['ref']} was measured against {was}, and the {gate.CHAMPION} is "
+            f"not promoted: {registered['ref']} was measured against {was}, and the {CHAMPION} is "
             f"{current.ref if current else 'none'} now; the next run measures against it"
         )
         log(f"promote: {reason}")
         return {"promoted": False, "ref": registered["ref"], "reason": reason}
     reg.promote(name, version)
-    log(f"promote: {gate.CHAMPION} of {name} is now {registered['ref']} (was {measured or 'none'})")
+    log(f"promote: {CHAMPION} of {name} is now {registered['ref']} (was {measured or 'none'})")
     return {"promoted": True, "ref": registered["ref"], "previous": measured, "reason": registered["reason"]}

@@ -206,7 +206,7 @@ def write(ctx: RunContext) -> dict[str, Any]:
     return summary
 
 
-def _shown(history: list[dict], most: int = 12) -> list[dict]:
+def _shown(history: list[dict[str, Any]], most: int = 12) -> list[dict[str, Any]]:
     """Every row when few, else evenly spaced rows and the last."""
     if len(history) <= most:
         return history

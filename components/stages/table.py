@@ -77,7 +77,8 @@ def on_platform(name: str) -> Callable[[RunContext, str], dict[str, Any]]:
     """A stage that is the platform's own method of the same name (provision, build_image, ...)."""
 
     def run(ctx: RunContext, _upstream: str) -> dict[str, Any]:
-        return getattr(get_platform(ctx.platform), name)(ctx)
+        method: Callable[[RunContext], dict[str, Any]] = getattr(get_platform(ctx.platform), name)
+        return method(ctx)
 
     run.__name__ = name
     return run

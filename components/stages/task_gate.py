@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.spec import RunSpec
+from components.spec import CHAMPION, RunSpec
 from components.spec.run_spec import HELDOUT_LOSS
-from components.stages.gate import CHAMPION, KEEP, PROMOTE, Decision
+from components.stages.gate import KEEP, PROMOTE, Decision
 
 
 def _holds(difference: float, op: str, bound: float) -> bool:

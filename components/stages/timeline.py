@@ -6,6 +6,7 @@ ledger's table beneath. Written beside ``summary.json`` and as the teardown task
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 WIDTH, LANE, LEFT = 900, 28, 140
@@ -20,8 +21,8 @@ def page(summary: dict[str, Any]) -> str:
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
             "<p>No stage recorded its times.</p></body></html>"
         )
-    lo = min(s["started"] for s in stages)
-    hi = max(s["started"] + s["seconds"] for s in stages)
+    lo: float = min(s["started"] for s in stages)
+    hi: float = max(s["started"] + s["seconds"] for s in stages)
     scale = (WIDTH - LEFT - 10) / max(hi - lo, 1e-9)
 
     def x(t: float) -> float:
@@ -57,7 +58,7 @@ def page(summary: dict[str, Any]) -> str:
     )
 
 
-def _train_marks(timeline: dict[str, Any], x, y: int) -> list[str]:
+def _train_marks(timeline: dict[str, Any], x: Callable[[float], float], y: int) -> list[str]:
     """Steps (ticks; a step a later worker group ran again in grey), checkpoints (diamonds), restarts (red lines)."""
     marks = []
     steps = timeline.get("steps") or []

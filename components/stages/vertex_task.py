@@ -5,6 +5,7 @@ or a pod ended under a job that goes on). The run id's claim, on every backend: 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 
 from components.platforms import VERTEX_TASK_ENV
 from components.spec import SpecError
@@ -40,7 +41,7 @@ class _Job:
 _job = _Job()
 
 
-def watch(job_name: str, environ=None) -> None:
+def watch(job_name: str, environ: Mapping[str, str] | None = None) -> None:
     """This task's pipeline job: what :func:`sigterm_stops` asks Vertex AI about (on Vertex AI alone)."""
     on_vertex = VERTEX_TASK_ENV in (os.environ if environ is None else environ)
     _job.resource, _job.state, _job.problem = (job_resource(job_name) if on_vertex else ""), None, ""
@@ -51,7 +52,7 @@ def watched() -> str:
     return _job.resource
 
 
-def sigterm_stops(log=print) -> bool:
+def sigterm_stops(log: Callable[[str], None] = print) -> bool:
     """Whether a SIGTERM is a stop of the run. Outside Vertex AI (a terminal's ``kill``, ``tpupipe run``, kfp.local)
     it always is. On Vertex AI a task gets SIGTERM when its run is cancelled, and also when its pod is ended under a
     job that goes on (evicted, its node drained for maintenance: a pod gets SIGTERM, then SIGKILL after its grace
@@ -87,7 +88,9 @@ def cancelling() -> bool:
 KFP_POD_ENV = "KFP_POD_NAME"
 
 
-def check_on_vertex(platform: str, output_root: str, environ=None, job_name: str = "") -> None:
+def check_on_vertex(
+    platform: str, output_root: str, environ: Mapping[str, str] | None = None, job_name: str = ""
+) -> None:
     """On Vertex AI every task runs on a machine of its own: a run there is a gke run whose state is in Cloud
     Storage, else each task would keep the run's state (and a local cluster) on its own disk, lost when it ends.
     On Kubeflow Pipelines (``KFP_POD_NAME`` set, no ``tpupipe run`` driver) every task is a pod of its own: its

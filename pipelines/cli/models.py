@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from components.registry import CHAMPION, PROVENANCE_FIELDS, Registry, Version, open_registry
-from components.spec import SpecError
+from components.registry import PROVENANCE_FIELDS, Registry, Version, open_registry
+from components.spec import CHAMPION, SpecError
 from pipelines.cli.common import add_place
 
 if TYPE_CHECKING:

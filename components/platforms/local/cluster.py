@@ -22,17 +22,19 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components.platforms import RunContext, interrupts, postmortem, procs
 from components.platforms import ledger as ledgers
 from components.platforms.local import auth, keeper, processes
+from components.platforms.local.envs import Env
 from components.platforms.local.ports import LOOPBACK, allocate_ports, bound
 from components.platforms.local.processes import RUN_MARKER, carries_marker, run_processes
 from components.platforms.store import LocalStore
 from components.platforms.waiting import wait_for
-from components.spec import InfraError, ready_limits
+from components.spec import InfraError, RunSpec, ready_limits
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # What a local run needs free where its temporary directory is (Ray's logs and spilled objects, the datasets cache),
@@ -108,7 +110,7 @@ def check_disk(path: Path, min_free: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def new_ledger(ctx: RunContext, env) -> dict[str, Any]:
+def new_ledger(ctx: RunContext, env: Env) -> dict[str, Any]:
     """The ledger of a new cluster: its ports (chosen free), temp dir and addresses; no process yet."""
     cluster = ctx.spec.cluster
     ports = allocate_ports(cluster.num_hosts * cluster.num_slices)
@@ -133,7 +135,7 @@ def new_ledger(ctx: RunContext, env) -> dict[str, Any]:
     }
 
 
-def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dict[str, str]:
+def host_environment(run_id: str, gcs_address: str, env: Env, token_path: str) -> dict[str, str]:
     """The environment of the run's head, hosts and keeper (and of everything Ray starts on them): the run's
     marker, its own cluster's address and token, the trainer image's environment first on the PATH."""
     return {
@@ -165,7 +167,7 @@ def host_environment(run_id: str, gcs_address: str, env, token_path: str) -> dic
     }
 
 
-def preemption_environment(spec) -> dict[str, str]:
+def preemption_environment(spec: RunSpec) -> dict[str, str]:
     """Ray Train's preemption watcher (an actor per worker group, which polls the GCS's draining nodes and announces a
     drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S,
     ray/train/v2/_internal/constants.py, propagated to the controller and workers) runs where the spec schedules a
@@ -179,7 +181,7 @@ def preemption_environment(spec) -> dict[str, str]:
     }
 
 
-def start(ctx: RunContext, ledger: dict[str, Any], env, log=print) -> None:
+def start(ctx: RunContext, ledger: dict[str, Any], env: Env, log: Callable[[str], None] = print) -> None:
     """The head (waited on), one raylet per emulated host, then the keeper; each recorded as it starts."""
     cluster, temp_dir, head = ctx.spec.cluster, Path(ledger["temp_dir"]), ledger["ports"][0]
     process_env = host_environment(ctx.run_id, ledger["gcs_address"], env, ledger["auth_token_path"])
@@ -234,7 +236,7 @@ def start(ctx: RunContext, ledger: dict[str, Any], env, log=print) -> None:
     spawn(ctx, ledger, "keeper", keeper.command(ctx.run_dir / ledgers.KEY), process_env)
 
 
-def spawn(ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -> None:
+def spawn(ctx: RunContext, ledger: dict[str, Any], role: str, cmd: list[str], env: dict[str, str]) -> None:
     """Start ``cmd`` as the run's ``role`` (its output in the run's logs), recorded in ``ledger`` and the stored
     ledger before anything waits on it."""
     log_file = ctx.run_dir / "logs" / f"{role}.out"
@@ -245,7 +247,7 @@ def spawn(ctx: RunContext, ledger: dict, role: str, cmd: list[str], env: dict) -
         ledgers.update(ctx.store, lambda stored: stored["processes"].append(entry))
 
 
-def head_up(ledger: dict) -> bool | None:
+def head_up(ledger: dict[str, Any]) -> bool | None:
     """True once the head's GCS port takes connections, None before (what ``wait_for`` polls); raises when a process
     of the cluster exited."""
     raise_if_dead(ledger)
@@ -255,7 +257,7 @@ def head_up(ledger: dict) -> bool | None:
         return True if s.connect_ex((host, int(port))) == 0 else None
 
 
-def raise_if_dead(ledger: dict) -> None:
+def raise_if_dead(ledger: dict[str, Any]) -> None:
     """An InfraError with the last lines of its log when the head or the keeper exited, or when a host keeps exiting
     (the keeper replaces a lost one)."""
     for proc in ledger["processes"]:
@@ -271,7 +273,7 @@ def raise_if_dead(ledger: dict) -> None:
             )
 
 
-def describe(ledger: dict) -> dict[str, Any]:
+def describe(ledger: dict[str, Any]) -> dict[str, Any]:
     """What provision returns of the cluster: its addresses, temporary directory and processes."""
     return {k: ledger[k] for k in ("gcs_address", "dashboard_url", "num_hosts", "temp_dir")} | {
         "pids": [p["pid"] for p in ledger["processes"]]
@@ -296,7 +298,7 @@ def _exited(pid: int) -> bool | None:
     return True if not procs.alive(pid) else None
 
 
-def stop(ctx: RunContext, ledger: dict, log=print) -> dict[str, Any]:
+def stop(ctx: RunContext, ledger: dict[str, Any], log: Callable[[str], None] = print) -> dict[str, Any]:
     """Stop exactly what the run started (the keeper first, then its process groups and every process carrying its
     marker), keep the Ray session logs, delete the temporary directory, check the ports are free; what was done."""
     # Teardown began: the keeper replaces no host from now on. Then the keeper is stopped, and the ledger read

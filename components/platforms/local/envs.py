@@ -14,8 +14,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from components.spec import InfraError, SpecError
 
@@ -48,7 +50,7 @@ class Env:
     def bin(self) -> Path:
         return Path(self.path) / "bin"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "python": self.python}
 
 
@@ -80,7 +82,7 @@ def _base_python() -> str:
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def _run_logged(cmd: list[str], log, what: str, log_file: Path, check: bool = True) -> int:
+def _run_logged(cmd: list[str], log: Callable[[str], None], what: str, log_file: Path, check: bool = True) -> int:
     started = time.monotonic()
     with open(log_file, "a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
@@ -97,7 +99,7 @@ def _run_logged(cmd: list[str], log, what: str, log_file: Path, check: bool = Tr
     return proc.returncode
 
 
-def ensure_env(image: str, log=print, images: Path = IMAGES_DIR) -> Env:
+def ensure_env(image: str, log: Callable[[str], None] = print, images: Path = IMAGES_DIR) -> Env:
     """Create the image's environment unless one with the same content hash exists. Idempotent, and safe to call
     from processes side by side (one builds, under a file lock beside it; the others wait, then reuse). The image's
     requirements alone, and this package without dependencies, as its Dockerfile installs them: what the image lacks,
@@ -119,7 +121,7 @@ def ensure_env(image: str, log=print, images: Path = IMAGES_DIR) -> Env:
         return _build(env, target, log, images / image / LOCK_FILE)
 
 
-def _compile(image: str, target: Path, log, log_file: Path) -> None:
+def _compile(image: str, target: Path, log: Callable[[str], None], log_file: Path) -> None:
     """Byte-compile the environment's packages, as the image's ``pip install`` does (images/*/Dockerfile). Without
     it, every process of a run compiles the modules it imports again wherever ``PYTHONDONTWRITEBYTECODE`` is set (it
     writes no cache): importing Ray Train, torch and transformers took 12.5 CPU-seconds instead of 5.3, in each Ray
@@ -132,12 +134,12 @@ def _compile(image: str, target: Path, log, log_file: Path) -> None:
     (target / COMPILED_MARKER).write_text("compileall\n")
 
 
-def _reusing(env: Env, log) -> Env:
+def _reusing(env: Env, log: Callable[[str], None]) -> Env:
     log(f"image {env.image}: reusing environment {env.path} (content hash {env.digest})")
     return env
 
 
-def _build(env: Env, target: Path, log, requirements: Path) -> Env:
+def _build(env: Env, target: Path, log: Callable[[str], None], requirements: Path) -> Env:
     log_file = target.with_name(f"{target.name}.log")
     log(f"image {env.image}: creating environment {target} (content hash {env.digest}); log {log_file}")
     started = time.monotonic()

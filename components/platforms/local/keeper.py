@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def command(ledger_path: Path) -> list[str]:
 INTERVAL_S = 0.2
 
 
-def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log=print) -> str:
+def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log: Callable[[str], None] = print) -> str:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
     pod), start a replacement with the same command, as KubeRay recreates a worker pod; with the spec's
     ``cluster.host_replace_delay_s``, that long after it saw the host gone (a preempted Spot VM's replacement comes
@@ -149,14 +150,14 @@ class Drain:
     notice to the last emulated host (:func:`preempt`), and the host killed just after the notice's deadline
     (``cluster.preemption_notice_s``; :func:`lose_host`); then the keeper replaces it as any lost host. Once a run."""
 
-    def __init__(self, notify=preempt) -> None:
+    def __init__(self, notify: Callable[[dict[str, Any], dict[str, Any], float], float] = preempt) -> None:
         self.notify = notify  # gives the notice: (ledger, host, notice_s) -> its wall-clock time
         self.offsets: dict[Path, int] = {}
         self.host: dict[str, Any] | None = None  # the host noticed
         self.kill_at = 0.0  # when it is killed (time.monotonic)
         self.done = False
 
-    def tick(self, ledger: dict[str, Any], log) -> None:
+    def tick(self, ledger: dict[str, Any], log: Callable[[str], None]) -> None:
         cluster = (ledger.get("spec") or {}).get("cluster") or {}
         step = int(cluster.get("drain_host_at_step") or 0)
         if not step or self.done:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.platforms import Platform, RunContext, changed_since_evaluated, procs
 from components.platforms import ledger as ledgers
@@ -25,13 +26,18 @@ from components.spec import InfraError, SpecError, ready_limits
 from components.workload.cache import CACHE_PREFIX
 from components.workload.derive import trainer_image
 
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+    from components.workload.cache_trust import Places
+
 MODELS_DIR = "_models"  # under the output root, beside the runs: not a run id (run ids are DNS labels: no underscore)
 
 
 class LocalPlatform(Platform):
     name = "local"
 
-    def __init__(self, log=print):
+    def __init__(self, log: Callable[[str], None] = print) -> None:
         self.log = log
 
     def check_access(self, ctx: RunContext) -> None:
@@ -114,7 +120,7 @@ class LocalPlatform(Platform):
         self.log(f"Ray cluster ready: {seen} nodes alive after {time.monotonic() - started:.1f}s")
         return {"nodes_alive": seen, "dashboard_url": ledger["dashboard_url"]}
 
-    def job_client(self, ctx: RunContext, deadline: float | None = None):
+    def job_client(self, ctx: RunContext, deadline: float | None = None) -> JobSubmissionClient:
         from ray.job_submission import JobSubmissionClient
 
         ledger = _cluster_ledger(ctx)
@@ -138,7 +144,7 @@ class LocalPlatform(Platform):
 
         return str(ctx.run_dir / COMPILE_DIR)
 
-    def cache_places(self, ctx: RunContext) -> Any:
+    def cache_places(self, ctx: RunContext) -> Places:
         """This machine's directories: the pipeline's side (the stage) writes the cache and the manifests beside the
         runs, the Ray workers (this run's pods) only their run's directories (``components.workload.cache_trust``)."""
         from components.workload.cache_trust import MANIFESTS_PREFIX, LocalPlace, Places
@@ -209,7 +215,8 @@ class LocalPlatform(Platform):
     def hosts_lost(self, ctx: RunContext) -> int | None:
         """The hosts the keeper replaced, as the ledger records them."""
         ledger = ledgers.load(ctx.store) or {}
-        return sum(p.get("replacements", 0) for p in ledger.get("processes", []) if p["role"].startswith("host-"))
+        lost: int = sum(p.get("replacements", 0) for p in ledger.get("processes", []) if p["role"].startswith("host-"))
+        return lost
 
     # -- teardown: stop exactly what this run started, free its ports, keep its outputs
     def teardown(self, ctx: RunContext) -> dict[str, Any]:

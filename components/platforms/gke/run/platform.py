@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from components.platforms.gke.checks.findings import Report
     from components.platforms.gke.cloud.ray_jobs import JobClient
     from components.platforms.gke.cloud.transient import Backoff
+    from components.platforms.store import GcsStore
+    from components.workload.cache_trust import Places
 
 
 class GkePlatform(Platform):
@@ -323,7 +325,7 @@ class GkePlatform(Platform):
 
         return f"{self._target(ctx).run_dir}/{COMPILE_DIR}"  # the run's own prefix: its compile job's output
 
-    def claims_store(self, ctx: RunContext) -> Any:
+    def claims_store(self, ctx: RunContext) -> GcsStore:
         """``gs://<gke.bucket>/state/_claims/``: the run's cluster, service accounts and objects are named from its id
         within the project and the bucket, whatever its output root."""
         from components.platforms.ledger import RESOURCE_CLAIMS
@@ -331,7 +333,7 @@ class GkePlatform(Platform):
 
         return GcsStore(target(ctx.spec, ctx.run_id).bucket, RESOURCE_CLAIMS)
 
-    def cache_places(self, ctx: RunContext) -> Any:
+    def cache_places(self, ctx: RunContext) -> Places:
         """The bucket's ``cache/`` (read-only to every pod), the run's ``runs/<id>/cache/`` (the training job's) and
         ``runs/<id>/compiled/`` (the compile job's), and the manifests in ``state/_cache/`` (no pod's identity reaches
         it), through this process's Cloud Storage client: the pipeline's identity
