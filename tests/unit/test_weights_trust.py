@@ -36,6 +36,17 @@ FILES = {
 PLANTED = bytes(reversed(FILES["model.safetensors"]))  # same size: only a hash tells
 
 
+@pytest.fixture(autouse=True)
+def _own_host_dir(tmp_path, monkeypatch):
+    """A temporary directory of this test's own for the host's verified copies (trainers.weights_check keys them by
+    manifest alone): a copy another process holds of the same files is not this test's worker's."""
+    (tmp_path / "host").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "host"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # gettempdir() reads TMPDIR again
+    yield
+    weights_check.release()
+
+
 @pytest.fixture
 def hub(monkeypatch):
     emulator = HubEmulator()
