@@ -356,11 +356,12 @@ def run_train(
 
 def train_answers(spec: RunSpec, args: list[str]) -> tuple[tuple[str, str], ...]:
     """The train job's answers to the evaluation prompts (``eval.generate_examples`` > 0, on the ``hf`` data whose
-    tokenizer reads them): the model as MaxText initialises it (``init_weights_seed``: the one training started
-    from) and the trained model (the checkpoint the job ends with), as the FSDP trainer's ``before`` and ``after``."""
+    tokenizer reads them): the model training started from (its ``load_parameters_path``, else the parameters as
+    MaxText's training initialises them: ``maxtext_generation.INITIAL``) and the trained model (the checkpoint the
+    job ends with), as the FSDP trainer's ``before`` and ``after``."""
     if not spec.eval.generate_examples or _arg(args, "dataset_type") != "hf":
         return ()
-    return (("before", ""), ("after", maxtext_generation.LATEST))
+    return (("before", maxtext_generation.INITIAL), ("after", maxtext_generation.LATEST))
 
 
 def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
