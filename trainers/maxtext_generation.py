@@ -7,11 +7,18 @@ The engine is ``MaxEngine`` (maxtext 0.2.5, ``maxtext/inference/maxengine/maxeng
 ``maxtext/inference/decode.py`` drives it: ``load_params``, then per prompt ``prefill`` into a decode slot and
 ``insert`` into the decode state, then ``generate`` steps that advance every slot by one token. Its decode state is a
 KV cache of static shape (slots x ``max_target_length``), and every prompt is right-padded to one prefill length
-(``max_prefill_predict_length``, ``components.workload.maxtext.prefill_length``: the smallest power of two >= 64
-that holds the longest prompt, the bucket sizes MaxText's inference benchmarks prefill at), with its true length a
-traced argument of the jitted prefill (``_prefill_jit`` marks no length static), so on a TPU prefill, insert and
-generate each compile once. Greedy: base.yml's ``decode_sampling_strategy`` default, set here explicitly. A prompt
-longer than training's ``max_target_length`` keeps its beginning token and its last tokens.
+(``max_prefill_predict_length``), with its true length a traced argument of the jitted prefill (``_prefill_jit``
+marks no length static), so on a TPU prefill, insert and generate each compile once. Greedy: base.yml's
+``decode_sampling_strategy`` default, set here explicitly. A prompt longer than training's ``max_target_length``
+keeps its beginning token and its last tokens.
+
+The shape comes on the job's command line (``--decode``: ``components.workload.maxtext.decode_shape``, which the plan
+shows and the spec checks against the chip's HBM): the prefill length, the smallest power of two >= 64 that holds a
+prompt of ``max_target_length`` tokens (the bucket sizes MaxText's inference benchmarks prefill at), one for the
+train and the evaluation job; and the decode slots (MaxEngine's decode batch, ``per_device_batch_size`` x the
+group's devices, as decode.py's ``batch_size``) of each group size the run may have: the training batch, at most the
+prompts, and no more than the KV cache's budget holds on a TPU. The prompts go in groups of that many, the last
+group's empty slots left unused.
 
 The parameters: a checkpoint's ``items`` (``load_parameters_path``: ``load_params`` reads it), or, for the model
 training started from, what training started from: the training arguments' ``load_parameters_path`` when they carry
@@ -22,14 +29,12 @@ do: without a checkpoint, ``load_params`` builds its model in autoregressive mod
 where training's is the seed's key folded with 0 (``maxtext_utils_nnx.create_nnx_rngs``), and it ignores its
 ``rng`` argument: other parameters than training's.
 
-The decode slots (MaxEngine's decode batch, ``per_device_batch_size`` x the group's devices, as decode.py's
-``batch_size``) are the training batch, at most the prompts, and no more than the KV cache's budget holds on a TPU
-(``components.workload.maxtext.decode_slots``, which the plan shows and the spec checks against the chip's HBM): the
-prompts go in groups of that many, the last group's empty slots left unused. Every worker runs the same calls on the
-group's one mesh (a collective); the tokens stay on the devices until a group ends, then meet on every device in one
-replicating copy (a jitted identity whose output sharding is the engine's replicated one), which each host reads
-locally. Every model's tokens are made first, by every worker; then rank 0 alone decodes, scores and records them
-(a team's scorer may be slow) while the other ranks wait in no collective of JAX's but in Ray Train's report.
+Every worker runs the same calls on the group's one mesh (a collective); the tokens stay on the devices until a
+group ends, then meet on every device in one replicating copy (a jitted identity whose output sharding is the
+engine's replicated one), which each host reads locally. Every model's tokens are made first, by every worker; then
+rank 0 alone decodes, scores and records them (a team's scorer may be slow) while the other ranks wait in no
+collective of JAX's but in Ray Train's report (a barrier with no timeout unless ``RAY_TRAIN_COLLECTIVE_TIMEOUT_S`` is
+set: ray 2.60.0, ``ray/train/v2/_internal/constants.py``).
 
 Without the JetStream package MaxText's engine returns its own ``ResultTokens`` stand-in
 (``maxtext/common/gcloud_stub.py``, ``jetstream()``: a new class at each call; the engine's is the one its module
@@ -45,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import RunSpec
-from components.workload import maxtext as maxtext_spec
 
 # Arguments the decode config replaces in the training arguments.
 _REPLACED = (
@@ -127,12 +131,16 @@ def _register_result_tokens() -> None:
     cls._tpupipe_pytree = True
 
 
-def answer(spec: RunSpec, argv: list[str], params_path: str, prompt_ids: list[list[int]], pad: int) -> list[list[int]]:
+def answer(
+    spec: RunSpec, argv: list[str], params_path: str, prompt_ids: list[list[int]], pad: int, decode: dict[str, Any]
+) -> list[list[int]]:
     """Every prompt's answer tokens (``eval.max_new_tokens`` each), in order, on every worker: a collective, every
     worker calls it with the same arguments. ``params_path``: a checkpoint's ``items``, or empty for the parameters
     as training initialises them (:func:`initial_params`). ``prompt_ids``: each prompt as training's prefix
-    (``trainers.data.prompt_ids``). The decode RNG is ``train.seed``'s, folded as training folds its seed (unused by
-    greedy sampling, fixed all the same)."""
+    (``trainers.data.prompt_ids``), at most ``decode``'s prefill long. ``decode``: the job's ``--decode``, the
+    prefill length and the decode slots of each group size (``components.workload.maxtext.decode_shape``); the
+    prompts go in groups of this group's slots, at most the prompts. The decode RNG is ``train.seed``'s, folded as
+    training folds its seed (unused by greedy sampling, fixed all the same)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -140,10 +148,14 @@ def answer(spec: RunSpec, argv: list[str], params_path: str, prompt_ids: list[li
     from maxtext.inference.maxengine import maxengine
 
     _register_result_tokens()
-    max_new_tokens = spec.eval.max_new_tokens
-    prefill = maxtext_spec.prefill_length(max(len(ids) for ids in prompt_ids))
-    devices = jax.device_count()
-    slots = maxtext_spec.decode_slots(spec, devices, len(prompt_ids), prefill + max_new_tokens)
+    max_new_tokens, prefill, devices = spec.eval.max_new_tokens, int(decode["prefill"]), jax.device_count()
+    if max(len(ids) for ids in prompt_ids) > prefill:
+        raise SystemExit(f"a prompt of {max(len(ids) for ids in prompt_ids)} tokens exceeds the prefill of {prefill}")
+    if str(devices) not in decode["slots"]:
+        raise SystemExit(
+            f"the job's decode slots are for groups of {', '.join(decode['slots'])} devices, not {devices}"
+        )
+    slots = min(int(decode["slots"][str(devices)]), len(prompt_ids))
     batch = per_device_batch(slots, devices)
     config = pyconfig.initialize(decode_args(argv, params_path, prefill, max_new_tokens, batch))
     engine = maxengine.MaxEngine(config)
@@ -185,17 +197,22 @@ def cut(ids: list[int], longest: int, bos: int | None) -> list[int]:
 
 
 def answer_models(
-    spec: RunSpec, argv: list[str], examples: list[dict[str, Any]], models: list[tuple[str, str]], rank: int
+    spec: RunSpec,
+    argv: list[str],
+    examples: list[dict[str, Any]],
+    models: list[tuple[str, str]],
+    rank: int,
+    decode: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Each model's answers to the evaluation prompts (``examples``: the held-out split's first
     ``eval.generate_examples``): ``models`` names each (``before``, ``after``, ``champion``) with its parameters
     (a checkpoint's ``items``; :data:`INITIAL`: what training started from, ``argv``'s ``load_parameters_path`` or
     else the parameters as training initialises them (empty); :data:`LATEST`: the newest checkpoint under ``argv``'s
-    ``base_output_directory``/``run_name``). Every model's answers first, on every rank (the engine's calls are
-    collectives); then rank 0 scores and writes them (``trainers.generation.record``) under
-    ``base_output_directory``/eval, keyed as the FSDP trainer's (``generation.generation_key`` of MaxText's
-    evaluation key, ``maxtext_log.eval_key``), each with the seconds of its own answering and scoring; what it
-    recorded is returned there (nothing on the other ranks)."""
+    ``base_output_directory``/``run_name``), in the shape ``decode`` gives (:func:`answer`). Every model's answers
+    first, on every rank (the engine's calls are collectives); then rank 0 scores and writes them
+    (``trainers.generation.record``) under ``base_output_directory``/eval, keyed as the FSDP trainer's
+    (``generation.generation_key`` of MaxText's evaluation key, ``maxtext_log.eval_key``), each with the seconds of
+    its own answering and scoring; what it recorded is returned there (nothing on the other ranks)."""
     import jax
     import transformers
 
@@ -219,7 +236,7 @@ def answer_models(
             if newest is None:
                 raise SystemExit(f"no checkpoint of the trained model to answer with under {output_dir}")
             params = str(newest / "items")
-        tokens = answer(spec, argv, params, ids, tokenizer.pad_token_id)
+        tokens = answer(spec, argv, params, ids, tokenizer.pad_token_id, decode)
         made.append((which, tokens, time.perf_counter() - started))
     if rank != 0:
         return []

@@ -330,10 +330,11 @@ def prefill_length(longest: int) -> int:
     return length
 
 
-def longest_cache(spec: RunSpec) -> int:
-    """A decode slot's cache length at most: the prefill bucket of the longest prompt (prompts are cut to
-    ``maxtext.max_target_length`` tokens, trainers.maxtext_generation) and ``eval.max_new_tokens``."""
-    return prefill_length(spec.maxtext.max_target_length) + spec.eval.max_new_tokens
+def decode_prefill(spec: RunSpec) -> int:
+    """The prefill length every prompt is right-padded to: the bucket of the longest prompt (prompts are cut to
+    ``maxtext.max_target_length`` tokens, trainers.maxtext_generation). One for every job of the run, so a job's
+    prefill compiles once, to the same program in the train and the evaluation job."""
+    return prefill_length(spec.maxtext.max_target_length)
 
 
 # MaxText's KV cache (maxtext 0.2.5, maxtext/inference/kvcache.py, ``KVCache``): in the decode state each decoder
@@ -430,28 +431,49 @@ def decode_slots(spec: RunSpec, devices: int, prompts: int, cache_tokens: int) -
     return max(1, slots if fitting is None else min(slots, fitting))
 
 
-def answers_plan(spec: RunSpec) -> dict[str, Any] | None:
-    """The train job's answers to the evaluation prompts as the plan shows them, on the whole group (every host):
-    the prompts, the decode slots, a slot's cache length at most (:func:`longest_cache`) and, per chip, the KV
-    cache's bytes, the parameters' and the HBM (None: unknown); None without answers."""
+def group_devices(spec: RunSpec) -> list[int]:
+    """The devices of each worker group the run may have (:func:`worker_counts`)."""
+    return [devices_per_host(spec) * workers for workers in worker_counts(spec)]
+
+
+def decode_shape(spec: RunSpec) -> dict[str, Any] | None:
+    """The shape MaxText's engine answers in (trainers.maxtext_generation), which the MaxText jobs get on their
+    command line (``derive.job_command``): the prefill length (:func:`decode_prefill`) and the decode slots on each
+    group the run may have, by its devices (:func:`decode_slots`, a slot caching the prefill and
+    ``eval.max_new_tokens``); None without answers."""
     n = spec.eval.generate_examples
     if not n:
         return None
-    devices = devices_per_host(spec) * max(worker_counts(spec))
-    tokens = longest_cache(spec)
+    prefill = decode_prefill(spec)
+    tokens = prefill + spec.eval.max_new_tokens
+    return {"prefill": prefill, "slots": {str(d): decode_slots(spec, d, n, tokens) for d in group_devices(spec)}}
+
+
+def answers_plan(spec: RunSpec) -> dict[str, Any] | None:
+    """The train job's answers to the evaluation prompts as the plan shows them, on the whole group (every host):
+    the prompts, the decode slots (:func:`decode_shape`), a slot's cached tokens and, per chip, the KV cache's
+    bytes, the parameters' and the HBM (None: unknown); None without answers."""
+    shape = decode_shape(spec)
+    if not shape:
+        return None
+    devices = max(group_devices(spec))
+    tokens = shape["prefill"] + spec.eval.max_new_tokens
     memory = decode_memory(spec, devices, tokens)
-    slots = decode_slots(spec, devices, n, tokens)
-    per_chip = 1 if spec.cluster.accelerator == "cpu" else catalogue.family(spec.cluster.accelerator).logical_devices_per_chip
+    slots = shape["slots"][str(devices)]
+    per_chip = (
+        1 if spec.cluster.accelerator == "cpu" else catalogue.family(spec.cluster.accelerator).logical_devices_per_chip
+    )
 
     def chip(value: int | None) -> int | None:
         return None if value is None else value * per_chip
 
+    kv = None if memory.kv_cache_per_slot is None else memory.kv_cache_per_slot * slots
     return {
-        "prompts": n,
+        "prompts": spec.eval.generate_examples,
         "slots": slots,
         "training_batch": training_batch(spec, devices),
         "cache_tokens": tokens,
-        "kv_cache_bytes_per_chip": chip(None if memory.kv_cache_per_slot is None else memory.kv_cache_per_slot * slots),
+        "kv_cache_bytes_per_chip": chip(kv),
         "parameter_bytes_per_chip": chip(memory.parameters),
         "hbm_bytes_per_chip": chip(memory.hbm),
     }
@@ -462,9 +484,9 @@ def _check_answers_fit(spec: RunSpec) -> None:
     largest group the run may have (the one whose devices hold the least of the parameters)."""
     if not spec.eval.generate_examples or spec.cluster.accelerator == "cpu":
         return
-    devices = devices_per_host(spec) * max(worker_counts(spec))
-    tokens = longest_cache(spec)
-    memory = decode_memory(spec, devices, tokens)
+    prefill = decode_prefill(spec)
+    tokens = prefill + spec.eval.max_new_tokens
+    memory = decode_memory(spec, max(group_devices(spec)), tokens)
     if memory.parameters is None or memory.kv_cache_per_slot is None or memory.hbm is None:
         return
     if memory.parameters <= memory.hbm < memory.parameters + memory.kv_cache_per_slot:
@@ -472,7 +494,7 @@ def _check_answers_fit(spec: RunSpec) -> None:
             "eval.max_new_tokens",
             f"one decode slot's KV cache, {memory.kv_cache_per_slot / 1e9:,.1f} GB a device for {tokens:,} tokens "
             f"(prompts cut to maxtext.max_target_length={spec.maxtext.max_target_length} in a prefill of "
-            f"{prefill_length(spec.maxtext.max_target_length):,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), "
+            f"{prefill:,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), "
             f"does not fit beside the parameters' {memory.parameters / 1e9:,.1f} GB in a {spec.cluster.accelerator} "
             f"device's {memory.hbm / 1e9:,.1f} GB of HBM",
             ["a smaller eval.max_new_tokens", "a smaller maxtext.max_target_length", "eval.generate_examples=0"],

@@ -66,7 +66,8 @@ if phase in ("train", "frozen"):
     train.main(argv)
 held = maxtext_train.examples(spec, root)["heldout"][: spec.eval.generate_examples]
 models = [m for m in maxtext_train.train_answers(spec, args) if m[0] in sys.argv[3].split(",")]
-found = maxtext_generation.answer_models(spec, argv, held, models, 0)
+decode = maxtext_args.decode_shape(spec)
+found = maxtext_generation.answer_models(spec, argv, held, models, 0, decode)
 facts = {"found": found, "order": order}
 if phase in ("answer", "frozen"):
     import jax, jax.numpy as jnp, numpy as np, transformers
@@ -84,7 +85,7 @@ prompts = []
 if phase == "answer":
     prompts = data.prompt_ids(tokenizer, [data.prompt_of(e) for e in held])
     # three prompts: three decode slots (the training batch is 2 x 2 devices), answered alike
-    few = maxtext_generation.answer(spec, argv, params, prompts[:3], tokenizer.pad_token_id)
+    few = maxtext_generation.answer(spec, argv, params, prompts[:3], tokenizer.pad_token_id, decode)
     facts["few"] = [generation.decode(tokenizer, row) for row in few]
     facts["uncached"] = []  # greedy without the KV cache: each next token from a prefill of all the tokens so far
     for row in prompts[:4]:
@@ -222,6 +223,30 @@ def test_the_local_maxtext_preset_answers_before_and_after_training():
 
 
 GEN = "eval.generate_examples=64 eval.max_new_tokens=16 maxtext.dataset_type=hf"
+
+
+def test_the_jobs_get_the_decode_shape_on_their_command_line():
+    """The prefill holds a prompt of max_target_length tokens (128: a bucket of 128); the slots are the training
+    batch (2 a device x 4 devices), at most the 64 prompts, on the one group; the FSDP jobs and a run without
+    answers get none."""
+    import shlex
+
+    from components.workload import derive
+    from trainers import maxtext_train
+
+    spec = resolve("local-maxtext", "")
+    assert maxtext.decode_shape(spec) == {"prefill": 128, "slots": {"4": 8}}
+    for mode in ("train", "eval"):
+        words = shlex.split(derive.job_command(spec, mode, "/out", "run", checkpoint="/ck"))
+        args, _ = maxtext_train.parse_args(words[3:])
+        assert args.decode == {"prefill": 128, "slots": {"4": 8}}
+    assert "--decode" not in derive.job_command(
+        resolve("local-maxtext", "eval.generate_examples=0"), "train", "/o", "r"
+    )
+    assert "--decode" not in derive.job_command(resolve("local-fsdp", ""), "train", "/o", "r")
+    # an elastic run: each group's slots, 16 to 32 devices; 8B's budget leaves the 64 prompts whole on either
+    elastic = resolve("llama3-8b-v6e-elastic-spot", GEN)
+    assert maxtext.decode_shape(elastic) == {"prefill": 4096, "slots": {"16": 64, "32": 64}}
 
 
 def test_the_kv_cache_and_decode_slots_of_llama3_8b_and_70b_on_v6e_by_hand():
