@@ -4,7 +4,10 @@ the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Trai
 
 Pure data and functions, run where the pipeline runs: the train job's command carries the ``key=value``
 arguments (``train_args``) and the MaxText driver (``trainers.maxtext_train``) hands them to
-``train.main([prog, <base.yml>, key=value, ...])``. Every override below comes from one spec field.
+``train.main([prog, <base.yml>, key=value, ...])``. Every override below comes from one spec field. With answers to
+the evaluation prompts, the shape MaxText's engine decodes them in (``decode_shape``: the prefill length and the
+decode slots, bounded by the KV cache a device can hold beside the parameters) travels on the jobs' command line
+too, the plan shows it (``answers_plan``) and the spec checks that one slot fits a chip's HBM.
 """
 
 from __future__ import annotations
