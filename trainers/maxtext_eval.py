@@ -82,11 +82,13 @@ def run_eval(
     champion: str = "",
     measure: tuple[str, ...] = evaluate.MODELS,
     generate: tuple[str, ...] = (),
+    decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """MaxText's eval loop on the untrained model, the trained checkpoint and, when given, the registered champion's
     checkpoint (those ``measure`` names): the same batches for each, each model a worker group of its own (``fit``:
     the driver's, ``trainers.maxtext_train.fit``); those ``generate`` names then answer the evaluation prompts in
-    their group (``trainers.maxtext_generation``), as the FSDP evaluation job's (``trainers.evaluate``)."""
+    their group (``trainers.maxtext_generation``, in the shape ``decode`` gives), as the FSDP evaluation job's
+    (``trainers.evaluate``)."""
 
     models = [("before", ""), ("after", str(Path(checkpoint) / "items"))]
     if champion:
@@ -98,7 +100,7 @@ def run_eval(
         name = f"{run_name}-eval-{which}"
         eval_args = maxtext_log.eval_args(args, name, spec.maxtext.eval_steps, params)
         answers = ((which, params),) if which in generate and spec.eval.generate_examples else ()
-        found = fit(spec, scaling, eval_args, output_dir, name, 0, mode="eval", answers=answers)
+        found = fit(spec, scaling, eval_args, output_dir, name, 0, mode="eval", answers=answers, decode=decode)
         if "eval_loss" not in found:  # its eval line gave no number (a NaN loss prints none the pattern reads)
             raise SystemExit(f"MaxText's eval of the {which} model logged no finite loss: see its log above")
         losses[f"eval_loss_{which}"] = found["eval_loss"]

@@ -271,7 +271,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         spec = RunSpec.from_json(config["spec"])
         held = examples(spec, Path(_arg(argv, "base_output_directory")))["heldout"][: spec.eval.generate_examples]
         models = [(which, params) for which, params in config["answers"]]
-        maxtext_generation.answer_models(spec, config["argv"], held, models, rank)
+        maxtext_generation.answer_models(spec, config["argv"], held, models, rank, config["decode"])
     metrics = final_metrics(handler) if handler else {}
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     with tempfile.TemporaryDirectory() as tmp:
@@ -289,10 +289,11 @@ def fit(
     max_failures: int,
     mode: str = "train",
     answers: tuple[tuple[str, str], ...] = (),
+    decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """MaxText's ``train.main`` with ``args`` on a Ray Train worker group; then, after it, each of ``answers``
     (which model, its parameters: ``trainers.maxtext_generation.answer_models``) answers the evaluation prompts on
-    the same group."""
+    the same group, in the shape ``decode`` gives (the job's ``--decode``)."""
     # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
     # ray.train's own names are V1's to a type checker, which does not run its choice of version
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
@@ -308,6 +309,7 @@ def fit(
             "mode": mode,
             "spec": spec.to_json(),
             "answers": [list(a) for a in answers],
+            "decode": decode,
         },
         scaling_config=ScalingConfig(**scaling),
         run_config=RunConfig(
@@ -329,7 +331,12 @@ def latest_checkpoint(output_dir: Path, run_name: str, prune: bool = False) -> P
 
 
 def run_train(
-    spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str
+    spec: RunSpec,
+    scaling: dict[str, Any],
+    args: list[str],
+    output_dir: Path,
+    run_name: str,
+    decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     # MaxText resumes by itself from its newest checkpoint under <output>/<run name>/: one of another spec is refused
     checkpoints.mark_checkpoints(output_dir / run_name, checkpoints.training_digest(spec))
@@ -341,6 +348,7 @@ def run_train(
         run_name,
         spec.train.max_failures,
         answers=train_answers(spec, args),
+        decode=decode,
     )
     checkpoint = latest_checkpoint(output_dir, run_name)
     return {
@@ -356,11 +364,12 @@ def run_train(
 
 def train_answers(spec: RunSpec, args: list[str]) -> tuple[tuple[str, str], ...]:
     """The train job's answers to the evaluation prompts (``eval.generate_examples`` > 0, on the ``hf`` data whose
-    tokenizer reads them): the model as MaxText initialises it (``init_weights_seed``: the one training started
-    from) and the trained model (the checkpoint the job ends with), as the FSDP trainer's ``before`` and ``after``."""
+    tokenizer reads them): the model training started from (its ``load_parameters_path``, else the parameters as
+    MaxText's training initialises them: ``maxtext_generation.INITIAL``) and the trained model (the checkpoint the
+    job ends with), as the FSDP trainer's ``before`` and ``after``."""
     if not spec.eval.generate_examples or _arg(args, "dataset_type") != "hf":
         return ()
-    return (("before", ""), ("after", maxtext_generation.LATEST))
+    return (("before", maxtext_generation.INITIAL), ("after", maxtext_generation.LATEST))
 
 
 def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
@@ -397,6 +406,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--champion", default="", help="eval: the registered champion's checkpoint, measured too")
     evaluate.add_measure(p)
     evaluate.add_generate(p)
+    p.add_argument(
+        "--decode",
+        type=json.loads,
+        default=None,
+        help="train, eval: the shape MaxText's engine answers in, as JSON (components.workload.maxtext.decode_shape)",
+    )
     args = job_args.parse(p, argv[:cut])
     maxtext_args = argv[cut + 1 :]
     bad = [a for a in maxtext_args if "=" not in a]
@@ -443,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.output_dir)
     try:
         if args.mode == "train":
-            result = run_train(spec, scaling, maxtext_args, out, args.run_name)
+            result = run_train(spec, scaling, maxtext_args, out, args.run_name, args.decode)
         elif args.mode == "compile":
             result = run_compile(spec, scaling, maxtext_args, out, args.run_name)
         else:
@@ -458,6 +473,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.champion,
                 args.measure,
                 args.generate,
+                args.decode,
             )
     finally:
         ray.shutdown()

@@ -63,6 +63,14 @@ class Family:
     # --enable-queued-provisioning, fulfilled by a ProvisioningRequest) for the family's slices; "": none, and
     # cluster.capacity=queued is refused for it (sources below, at FAMILIES).
     queued_provisioning: str = ""
+    hbm_gib_per_chip: float | None = None  # high-bandwidth memory per chip, GiB (sources below, at FAMILIES)
+
+    @property
+    def hbm_bytes_per_device(self) -> int | None:
+        """The HBM one logical device (what JAX sees) holds: the chip's, shared by its devices (TPU7x: two)."""
+        if self.hbm_gib_per_chip is None:
+            return None
+        return int(self.hbm_gib_per_chip * 2**30) // self.logical_devices_per_chip
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,11 @@ class SliceShape:
 #   chip (https://docs.cloud.google.com/tpu/docs/tpu7x). A family without a figure would have its slice check
 #   measure and report the bandwidth but hold it to no floor (the check warns).
 
+# HBM per chip: the TPU7x page's comparison table, "HBM capacity per chip (GiB)": v5p 95, v6e 32, TPU7x 192
+#   (https://docs.cloud.google.com/tpu/docs/tpu7x, "System architecture"); v5e 16 ("HBM capacity per chip: 16 GB",
+#   https://docs.cloud.google.com/tpu/docs/v5e, whose "GB" is taken as the GiB of the table above, where v6e's own
+#   page's "32 GB" is 32 GiB). A TPU7x chip's two devices share its 192 (Family.hbm_bytes_per_device).
+
 # Queued provisioning: GKE's guide, "Run a large-scale workload with flex-start with queued provisioning"
 #   (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest), is written for GPUs, and GKE has
 #   refused TPU node pools that ask for it: xpk turned it off for TPUs after "ResponseError: code=400, message=Flex
@@ -146,6 +159,7 @@ FAMILIES: dict[str, Family] = {
             topology_dims=2,
             ici_gbytes_per_s=400,
             dcn_gbits_per_s=25,
+            hbm_gib_per_chip=16,
         ),
         Family(
             name="v5p",
@@ -156,6 +170,7 @@ FAMILIES: dict[str, Family] = {
             topology_dims=3,
             ici_gbytes_per_s=1200,
             dcn_gbits_per_s=50,
+            hbm_gib_per_chip=95,
         ),
         Family(
             name="v6e",
@@ -168,6 +183,7 @@ FAMILIES: dict[str, Family] = {
             accelerator_network_profile=True,
             ici_gbytes_per_s=800,
             dcn_gbits_per_s=100,
+            hbm_gib_per_chip=32,
             queued_provisioning=QUEUED_V6E,
         ),
         Family(
@@ -179,6 +195,7 @@ FAMILIES: dict[str, Family] = {
             topology_dims=3,
             ici_gbytes_per_s=1200,
             dcn_gbits_per_s=100,
+            hbm_gib_per_chip=192,
             queued_provisioning=QUEUED_TPU7X,
         ),
     )

@@ -218,8 +218,9 @@ def job_command(
     entries of the cache kept across runs (``components.workload.cache.directory``,
     ``components.stages.compile_cache``; the FSDP trainer's is per run, its tokenised training split there too);
     ``measure``, which of before, after and champion the evaluation measures (empty: all); ``generate``, which of
-    them also answer the evaluation prompts (the FSDP trainer: ``trainers.generation``). One source for the stages'
-    job submissions and the plan."""
+    them also answer the evaluation prompts (the FSDP trainer: ``trainers.generation``); for MaxText's answers, the
+    shape its engine decodes in (``decode``: ``maxtext.decode_shape``). One source for the stages' job submissions
+    and the plan."""
     from components.workload import maxtext
 
     module = WORKLOAD_ENTRYPOINTS[spec.train.workload][mode]
@@ -245,6 +246,9 @@ def job_command(
         args["measure"] = ",".join(measure)
     if mode == "eval" and generate:
         args["generate"] = ",".join(generate)
+    decode = maxtext.decode_shape(spec) if spec.train.workload == "maxtext" and mode in ("train", "eval") else None
+    if decode:
+        args["decode"] = json.dumps(decode, sort_keys=True)
     for key, value in args.items():
         words += [f"--{key.replace('_', '-')}", shlex.quote(value)]
     if spec.train.workload == "maxtext" and mode != "check":

@@ -4,12 +4,17 @@ the GKE tutorial "Train an LLM such as Llama 3 70B on GKE with MaxText, Ray Trai
 
 Pure data and functions, run where the pipeline runs: the train job's command carries the ``key=value``
 arguments (``train_args``) and the MaxText driver (``trainers.maxtext_train``) hands them to
-``train.main([prog, <base.yml>, key=value, ...])``. Every override below comes from one spec field.
+``train.main([prog, <base.yml>, key=value, ...])``. Every override below comes from one spec field. With answers to
+the evaluation prompts, the shape MaxText's engine decodes them in (``decode_shape``: the prefill length and the
+decode slots, bounded by the KV cache a device can hold beside the parameters) travels on the jobs' command line
+too, the plan shows it (``answers_plan``) and the spec checks that one slot fits a chip's HBM.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, SpecError, datasets
 from components.tpu import catalogue
@@ -239,6 +244,7 @@ def validate(spec: RunSpec) -> None:
             "train.num_workers", f"MaxText runs one worker per host: {spec.total_hosts}, got {spec.num_workers}"
         )
     _check_mesh(spec)
+    _check_answers_fit(spec)
 
 
 # Checkpoints MaxText keeps of a run (``max_num_checkpoints_to_keep``; base.yml leaves it None: every one is kept,
@@ -247,10 +253,11 @@ def validate(spec: RunSpec) -> None:
 # lost during a save still finds a complete checkpoint to restore.
 CHECKPOINTS_KEPT = 2
 
-# What one MaxText checkpoint holds per parameter: the parameters and AdamW's two moments, each in ``weight_dtype``
-# (base.yml: ``weight_dtype: "float32"``, ``opt_type: "adamw"``, ``mu_dtype: ""``, which "inherits from
-# weight_dtype"): 3 x 4 bytes.
-CHECKPOINT_BYTES_PER_PARAMETER = 3 * 4
+# A parameter's bytes in ``weight_dtype`` (base.yml: ``weight_dtype: "float32"``), as training and MaxText's engine
+# hold it. What one MaxText checkpoint holds per parameter: the parameters and AdamW's two moments, each in
+# ``weight_dtype`` (base.yml: ``opt_type: "adamw"``, ``mu_dtype: ""``, which "inherits from weight_dtype"): 3 x 4 bytes.
+WEIGHT_BYTES = 4
+CHECKPOINT_BYTES_PER_PARAMETER = 3 * WEIGHT_BYTES
 
 # The dimensions of the shipped models the presets train (maxtext/configs/models/<name>.yml in maxtext 0.2.5), for
 # the parameter count the plan sizes checkpoints by; another model's size is reported unknown.
@@ -276,14 +283,19 @@ MODEL_DIMS: dict[str, dict[str, str]] = {
 }
 
 
+def _dims(spec: RunSpec) -> dict[str, str] | None:
+    """The spec's model dimensions (``SCRATCH_MODELS``, ``MODEL_DIMS``); None for a model not in either."""
+    name = spec.maxtext.model_name
+    return SCRATCH_MODELS.get(name) or MODEL_DIMS.get(name)
+
+
 def parameters(spec: RunSpec) -> int | None:
     """The parameters of the spec's Llama-style decoder (MaxText's ``llama2`` decoder block, which the scratch
     models and the llama3 configs use): token embedding and a separate output projection (``logits_via_embedding:
     false``), per layer the query, key, value and output projections, a gated MLP (``mlp_activations: [silu,
     linear]``: two input matrices and one output) and two RMS norms' scales, and the final norm's; None for a model
     whose dimensions are not in ``MODEL_DIMS``."""
-    name = spec.maxtext.model_name
-    dims = SCRATCH_MODELS.get(name) or MODEL_DIMS.get(name)
+    dims = _dims(spec)
     if not dims:
         return None
     d, layers, mlp = int(dims["base_emb_dim"]), int(dims["base_num_decoder_layers"]), int(dims["base_mlp_dim"])
@@ -306,6 +318,190 @@ def checkpoint_period(spec: RunSpec) -> int:
     restored from its newest checkpoint repeats at most that many steps), at most the run's steps."""
     m = spec.maxtext
     return min(m.checkpoint_period or m.max_lost_steps, m.steps)
+
+
+# --- Answers to the evaluation prompts (trainers.maxtext_generation): MaxText's decode slots and KV cache ---------
+
+MIN_PREFILL = 64  # the smallest prefill bucket (base.yml, inference_microbenchmark_prefill_lengths)
+
+
+def prefill_length(longest: int) -> int:
+    """The prefill bucket of a prompt of ``longest`` tokens: the smallest power of two >= :data:`MIN_PREFILL`."""
+    length = MIN_PREFILL
+    while length < longest:
+        length *= 2
+    return length
+
+
+def decode_prefill(spec: RunSpec) -> int:
+    """The prefill length every prompt is right-padded to: the bucket of the longest prompt (prompts are cut to
+    ``maxtext.max_target_length`` tokens, trainers.maxtext_generation). One for every job of the run, so a job's
+    prefill compiles once, to the same program in the train and the evaluation job."""
+    return prefill_length(spec.maxtext.max_target_length)
+
+
+# MaxText's KV cache (maxtext 0.2.5, maxtext/inference/kvcache.py, ``KVCache``): in the decode state each decoder
+# layer holds, per decode slot, a prefill part of ``max_prefill_predict_length`` tokens and an autoregressive part of
+# ``max_target_length`` - that, so a slot caches ``max_target_length`` tokens (trainers.maxtext_generation sets it to
+# the prefill and the new tokens); per token a key and a value of ``base_num_kv_heads`` x ``head_dim`` in the compute
+# ``dtype`` (base.yml's bfloat16; CPU_ARGS' on CPU hosts) and an int32 segment id. Sharded by base.yml's
+# ``logical_axis_rules``: ``cache_batch``, ``cache_sequence`` and ``cache_kv`` on no mesh axis (every device holds
+# every slot and token), ``cache_heads`` across ``autoregressive``, ``tensor`` and ``tensor_sequence``, of which
+# tpupipe sets ``tensor`` alone (``ici_tensor_parallelism``). Left out: the decode state's logits (slots x vocabulary,
+# float32) and each prefill's own batch-1 cache, small beside it.
+BASE_DTYPE = "bfloat16"
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+SEGMENT_ID_BYTES = 4
+
+# The KV cache's budget: this share of a device's HBM left beside the parameters, the rest for a prefill's
+# activations, the decode state and XLA's buffers. A choice of tpupipe's, not a measured figure.
+KV_CACHE_SHARE = 0.5
+
+
+def _compute_dtype(spec: RunSpec) -> str:
+    if spec.cluster.accelerator == "cpu":
+        return dict(a.split("=", 1) for a in CPU_ARGS)["dtype"]
+    return BASE_DTYPE
+
+
+def group_axes(spec: RunSpec, devices: int) -> dict[str, int]:
+    """Each parallelism axis's size on a worker group of ``devices`` devices, an axis of -1 given what the others
+    leave: the ICI axes span a slice's devices (all the group's on CPU hosts), the DCN axes the group's slices
+    (:func:`_check_mesh`)."""
+    per_host = devices_per_host(spec)
+    if spec.cluster.accelerator == "cpu":
+        totals = (devices, 1)
+    else:
+        per_slice = per_host * spec.cluster.num_hosts
+        totals = (per_slice, max(1, devices // per_slice))
+    sizes: dict[str, int] = {}
+    for axes, total in zip((ICI_AXES, DCN_AXES), totals, strict=True):
+        values = {axis: getattr(spec.maxtext, axis) for axis in axes}
+        explicit = math.prod(v for v in values.values() if v != -1)
+        sizes |= {axis: total // explicit if v == -1 else v for axis, v in values.items()}
+    return sizes
+
+
+@dataclass(frozen=True)
+class DecodeMemory:
+    """What one device holds while MaxText's engine answers, in bytes: the parameters (None: the model's size is
+    unknown) and one decode slot's KV cache (None: its dimensions are), and the device's HBM (None: CPU hosts)."""
+
+    parameters: int | None
+    kv_cache_per_slot: int | None
+    hbm: int | None
+
+    def slots_fitting(self) -> int | None:
+        """The most slots whose KV cache fits its budget (:data:`KV_CACHE_SHARE` of the HBM left beside the
+        parameters); None when a figure is unknown."""
+        if self.parameters is None or self.kv_cache_per_slot is None or self.hbm is None:
+            return None
+        return int((self.hbm - self.parameters) * KV_CACHE_SHARE) // self.kv_cache_per_slot
+
+
+def decode_memory(spec: RunSpec, devices: int, cache_tokens: int) -> DecodeMemory:
+    """A device's share of the parameters and of one slot's KV cache of ``cache_tokens`` tokens on a group of
+    ``devices`` devices. The engine shards the parameters as training does: no weight's logical axis maps to a
+    ``data`` axis in base.yml's ``logical_axis_rules`` (``embed`` to fsdp, ``mlp`` and the heads to tensor, ...), so
+    each data replica (``ici_data_parallelism`` x ``dcn_data_parallelism``) holds them whole, split over its
+    devices; the KV cache as the comment above says."""
+    axes = group_axes(spec, devices)
+    count, dims = parameters(spec), _dims(spec)
+    shards = devices // (axes["ici_data_parallelism"] * axes["dcn_data_parallelism"])
+    kv = None
+    if dims:
+        heads = math.ceil(int(dims["base_num_kv_heads"]) / axes["ici_tensor_parallelism"])
+        per_token = 2 * heads * int(dims["head_dim"]) * DTYPE_BYTES[_compute_dtype(spec)] + SEGMENT_ID_BYTES
+        kv = int(dims["base_num_decoder_layers"]) * cache_tokens * per_token
+    hbm = None
+    if spec.cluster.accelerator != "cpu":
+        hbm = catalogue.family(spec.cluster.accelerator).hbm_bytes_per_device
+    return DecodeMemory(None if count is None else math.ceil(count * WEIGHT_BYTES / shards), kv, hbm)
+
+
+def training_batch(spec: RunSpec, devices: int) -> int:
+    """MaxText's training batch on ``devices`` devices (``per_device_batch_size`` x devices, rounded down: its
+    ``micro_batch_size_to_train_on``, maxtext/configs/types.py)."""
+    return int(devices * spec.maxtext.per_device_batch_size)
+
+
+def decode_slots(spec: RunSpec, devices: int, prompts: int, cache_tokens: int) -> int:
+    """The decode slots MaxText's engine answers ``prompts`` prompts in, on ``devices`` devices: the training batch
+    (the decode batch MaxText's decode.py uses), at most the prompts, and no more than fit the KV cache's budget
+    (:meth:`DecodeMemory.slots_fitting`); at least one."""
+    slots = min(training_batch(spec, devices), prompts)
+    fitting = decode_memory(spec, devices, cache_tokens).slots_fitting()
+    return max(1, slots if fitting is None else min(slots, fitting))
+
+
+def group_devices(spec: RunSpec) -> list[int]:
+    """The devices of each worker group the run may have (:func:`worker_counts`)."""
+    return [devices_per_host(spec) * workers for workers in worker_counts(spec)]
+
+
+def decode_shape(spec: RunSpec) -> dict[str, Any] | None:
+    """The shape MaxText's engine answers in (trainers.maxtext_generation), which the MaxText jobs get on their
+    command line (``derive.job_command``): the prefill length (:func:`decode_prefill`) and the decode slots on each
+    group the run may have, by its devices (:func:`decode_slots`, a slot caching the prefill and
+    ``eval.max_new_tokens``); None without answers."""
+    n = spec.eval.generate_examples
+    if not n:
+        return None
+    prefill = decode_prefill(spec)
+    tokens = prefill + spec.eval.max_new_tokens
+    return {"prefill": prefill, "slots": {str(d): decode_slots(spec, d, n, tokens) for d in group_devices(spec)}}
+
+
+def answers_plan(spec: RunSpec) -> dict[str, Any] | None:
+    """The train job's answers to the evaluation prompts as the plan shows them, on the whole group (every host):
+    the prompts, the decode slots (:func:`decode_shape`), a slot's cached tokens and, per chip, the KV cache's
+    bytes, the parameters' and the HBM (None: unknown); None without answers."""
+    shape = decode_shape(spec)
+    if not shape:
+        return None
+    devices = max(group_devices(spec))
+    tokens = shape["prefill"] + spec.eval.max_new_tokens
+    memory = decode_memory(spec, devices, tokens)
+    slots = shape["slots"][str(devices)]
+    per_chip = (
+        1 if spec.cluster.accelerator == "cpu" else catalogue.family(spec.cluster.accelerator).logical_devices_per_chip
+    )
+
+    def chip(value: int | None) -> int | None:
+        return None if value is None else value * per_chip
+
+    kv = None if memory.kv_cache_per_slot is None else memory.kv_cache_per_slot * slots
+    return {
+        "prompts": spec.eval.generate_examples,
+        "slots": slots,
+        "training_batch": training_batch(spec, devices),
+        "cache_tokens": tokens,
+        "kv_cache_bytes_per_chip": chip(kv),
+        "parameter_bytes_per_chip": chip(memory.parameters),
+        "hbm_bytes_per_chip": chip(memory.hbm),
+    }
+
+
+def _check_answers_fit(spec: RunSpec) -> None:
+    """With answers on a slice, one decode slot's KV cache must fit beside the parameters in a device's HBM, on the
+    largest group the run may have (the one whose devices hold the least of the parameters)."""
+    if not spec.eval.generate_examples or spec.cluster.accelerator == "cpu":
+        return
+    prefill = decode_prefill(spec)
+    tokens = prefill + spec.eval.max_new_tokens
+    memory = decode_memory(spec, max(group_devices(spec)), tokens)
+    if memory.parameters is None or memory.kv_cache_per_slot is None or memory.hbm is None:
+        return
+    if memory.parameters <= memory.hbm < memory.parameters + memory.kv_cache_per_slot:
+        raise SpecError(
+            "eval.max_new_tokens",
+            f"one decode slot's KV cache, {memory.kv_cache_per_slot / 1e9:,.1f} GB a device for {tokens:,} tokens "
+            f"(prompts cut to maxtext.max_target_length={spec.maxtext.max_target_length} in a prefill of "
+            f"{prefill:,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), "
+            f"does not fit beside the parameters' {memory.parameters / 1e9:,.1f} GB in a {spec.cluster.accelerator} "
+            f"device's {memory.hbm / 1e9:,.1f} GB of HBM",
+            ["a smaller eval.max_new_tokens", "a smaller maxtext.max_target_length", "eval.generate_examples=0"],
+        )
 
 
 def _fmt(value: float) -> str:

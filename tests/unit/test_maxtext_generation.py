@@ -1,11 +1,16 @@
 """Answers to the evaluation prompts from MaxText's inference engine (``trainers.maxtext_generation``): a tiny model
-trained 10 steps in one MaxText process on 2 emulated CPU devices (no Ray), then the model as initialised and the
-trained checkpoint answer 16 held-out prompts in decode slots of the training batch. The files are the FSDP trainer's
-format (``trainers.generation.record``), which the evaluate stage's check accepts, the answers of the trained model
-differ from the initial model's, the same answers come again from a second run, and they are greedy decoding's without
-the KV cache (each token from a prefill of the prompt and the tokens before it). The spec's side: a maxtext run
-with generation is valid and may gate on a task metric, refused without the hf data's tokenizer, and the plan of a
-slice warns that the decode is untested on a TPU."""
+trained 10 steps in one MaxText process on 2 emulated CPU devices (no Ray), then the model training started from and
+the trained checkpoint answer 16 held-out prompts in decode slots of the training batch. The files are the FSDP
+trainer's format (``trainers.generation.record``), which the evaluate stage's check accepts, the answers of the trained
+model differ from the initial model's, the same answers come again from a second run, also from fewer slots than the
+training batch (3 prompts: 3 slots), and they are greedy decoding's without the KV cache (each token from a prefill of
+the prompt and the tokens before it). Both models answer before a team's scorer scores either. With training frozen
+(learning rate 0, one step), its checkpoint holds the parameters training started from: those of
+``maxtext_generation.initial_params``, and the model before training answers as the trained one. The spec's side: a
+maxtext run with generation is valid and may gate on a task metric, refused without the hf data's tokenizer, its
+decode slots and KV cache (``components.workload.maxtext``) as worked out by hand for Llama 3 8B and 70B on v6e, shown
+by the plan, refused when one slot cannot fit a chip's HBM, and the plan of a slice warns that the decode is untested
+on a TPU."""
 
 from __future__ import annotations
 
@@ -15,27 +20,45 @@ import subprocess
 import pytest
 
 from components.spec import SpecError
-from components.workload import resolve
+from components.workload import maxtext, resolve
 from trainers import maxtext_generation
 
 SCRIPT = r"""
-import json, os, sys
+import json, logging, os, sys
 from pathlib import Path
 
+from absl import logging as absl_logging
 from components.workload import maxtext as maxtext_args
 from components.workload import resolve
 from trainers import maxtext_eval, maxtext_generation, maxtext_train
 
-root = Path(sys.argv[1])
-sets = "maxtext.steps=10 cluster.num_hosts=1 maxtext.ici_fsdp_parallelism=-1"
-sets += " eval.generate_examples=16 eval.max_new_tokens=8"
-spec = resolve("local-maxtext", sets)
+root, phase = Path(sys.argv[1]), sys.argv[2]
+steps = "maxtext.steps=1" if phase == "frozen" else "maxtext.steps=10"
+sets = f"{steps} cluster.num_hosts=1 maxtext.ici_fsdp_parallelism=-1 eval.generate_examples=16 eval.max_new_tokens=8"
+spec = resolve("local-maxtext", sets + " " + sys.argv[4])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={spec.maxtext.cpu_devices_per_host}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 args = maxtext_args.train_args(spec, str(root), "run")
+if phase == "frozen":  # training frozen: its one step leaves the parameters as training initialised them
+    args = [a for a in args if not a.startswith("learning_rate=")] + ["learning_rate=0"]
 maxtext_train.prepare_data(spec, args, root)
 argv = ["train", maxtext_train.base_yml(), *args]
-if sys.argv[2] == "train":
+absl_logging.set_verbosity(absl_logging.INFO)
+order = []  # the engine's checkpoint loads and the team scorer's calls, in turn
+
+
+class Loads(logging.Handler):
+    def emit(self, record):
+        if "via from_pretrained" in record.getMessage():  # MaxEngine.load_params reading load_parameters_path
+            order.append("load")
+
+
+logging.getLogger("absl").addHandler(Loads())
+if spec.eval.scorer:
+    import team_scorer
+
+    team_scorer.ORDER = order
+if phase in ("train", "frozen"):
     from absl import flags
     from maxtext.trainers.pre_train import train
 
@@ -43,19 +66,29 @@ if sys.argv[2] == "train":
     train.main(argv)
 held = maxtext_train.examples(spec, root)["heldout"][: spec.eval.generate_examples]
 models = [m for m in maxtext_train.train_answers(spec, args) if m[0] in sys.argv[3].split(",")]
-found = maxtext_generation.answer_models(spec, argv, held, models, 0)
-uncached = []
-if sys.argv[2] == "answer":  # greedy without the KV cache: each next token from a prefill of all the tokens so far
+decode = maxtext_args.decode_shape(spec)
+found = maxtext_generation.answer_models(spec, argv, held, models, 0, decode)
+facts = {"found": found, "order": order}
+if phase in ("answer", "frozen"):
     import jax, jax.numpy as jnp, numpy as np, transformers
+    from flax import nnx
     from maxtext.configs import pyconfig
     from maxtext.inference.maxengine import maxengine
     from trainers import data, generation
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(maxtext_args.data_paths(str(root))["tokenizer"])
-    params = str(root / "run" / "checkpoints" / "9" / "items")
-    engine = maxengine.MaxEngine(pyconfig.initialize(maxtext_generation.decode_args(argv, params, 128, 8)))
-    weights = engine.load_params(rng=jax.random.PRNGKey(0))
-    for row in data.prompt_ids(tokenizer, [data.prompt_of(e) for e in held[:4]]):
+    params = str(maxtext_train.latest_checkpoint(root, "run") / "items")
+    batch = spec.maxtext.per_device_batch_size
+    engine = maxengine.MaxEngine(pyconfig.initialize(maxtext_generation.decode_args(argv, params, 128, 8, batch)))
+    weights = engine.load_params()
+prompts = []
+if phase == "answer":
+    prompts = data.prompt_ids(tokenizer, [data.prompt_of(e) for e in held])
+    # three prompts: three decode slots (the training batch is 2 x 2 devices), answered alike
+    few = maxtext_generation.answer(spec, argv, params, prompts[:3], tokenizer.pad_token_id, decode)
+    facts["few"] = [generation.decode(tokenizer, row) for row in few]
+    facts["uncached"] = []  # greedy without the KV cache: each next token from a prefill of all the tokens so far
+    for row in prompts[:4]:
         made = []
         for _ in range(spec.eval.max_new_tokens):
             padded = np.full((128,), tokenizer.pad_token_id, dtype=np.int32)  # prompt and answer
@@ -64,9 +97,27 @@ if sys.argv[2] == "answer":  # greedy without the KV cache: each next token from
                 params=weights, padded_tokens=jnp.asarray(padded), true_length=len(row) + len(made), slot=0
             )
             made.append(int(token.data[0, 0]))
-        uncached.append(generation.decode(tokenizer, made))
-print("FACTS " + json.dumps({"found": found, "uncached": uncached}), file=sys.__stdout__, flush=True)
+        facts["uncached"].append(generation.decode(tokenizer, made))
+if phase == "frozen":  # the checkpoint's parameters against those initial_params makes, leaf by leaf
+    saved = nnx.to_pure_dict(weights)
+    initial = nnx.to_pure_dict(maxtext_generation.initial_params(argv, engine.mesh))
+    flat = lambda tree: {"/".join(map(str, k)): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    saved, initial = flat(saved), flat(initial)
+    facts["leaves"] = len(saved)
+    facts["differing"] = sorted(k for k in saved.keys() | initial.keys() if k not in saved or k not in initial
+                                or not np.array_equal(saved[k], initial[k]))
+print("FACTS " + json.dumps(facts), file=sys.__stdout__, flush=True)
 """
+
+TEAM_SCORER = """
+ORDER = []
+
+
+def noting(prompt, reference, answer):
+    ORDER.append("score")
+    return float(reference in answer)
+"""
+SCORED = "eval.scorer=team_scorer:noting"
 
 
 def _run(python, env, repo, *argv) -> dict:
@@ -76,16 +127,23 @@ def _run(python, env, repo, *argv) -> dict:
     return json.loads(facts[6:])
 
 
-@pytest.mark.e2e  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run
-def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_format(tmp_path):
+def _maxtext(tmp_path):
     from components.platforms.local import envs
-    from components.stages import answers
     from tests.helpers import REPO
 
-    python = envs.ensure_env("maxtext").python
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    found = {f["which"]: f for f in _run(python, env, REPO, str(tmp_path), "train", "before,after")["found"]}
-    spec = resolve("local-maxtext", "eval.generate_examples=16 eval.max_new_tokens=8")
+    (tmp_path / "team_scorer.py").write_text(TEAM_SCORER)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": f"{REPO}:{tmp_path}"}
+    return envs.ensure_env("maxtext").python, env, REPO
+
+
+@pytest.mark.e2e  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run
+def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_format(tmp_path):
+    from components.stages import answers
+
+    python, env, repo = _maxtext(tmp_path)
+    facts = _run(python, env, repo, str(tmp_path), "train", "before,after", SCORED)
+    found = {f["which"]: f for f in facts["found"]}
+    spec = resolve("local-maxtext", f"eval.generate_examples=16 eval.max_new_tokens=8 {SCORED}")
     assert set(found) == {"before", "after"}
     rows = {}
     for which, f in found.items():
@@ -95,37 +153,154 @@ def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_f
     assert found["before"]["generation_key"] == found["after"]["generation_key"]
     assert [r["prompt"] for r in rows["before"]] == [r["prompt"] for r in rows["after"]]
     assert any(b["answer"] != a["answer"] for b, a in zip(rows["before"], rows["after"], strict=True))
-    # Greedy and the decode state's RNG fixed: the trained checkpoint answers alike in another process, and the
-    # answers from the decode slots and their KV cache are greedy decoding's without a cache.
-    again = _run(python, env, REPO, str(tmp_path), "answer", "after")
+    # Every model answered before the scorer scored any: the trained checkpoint's load precedes the first score.
+    assert facts["order"].count("load") == 1 and facts["order"].count("score") == 32
+    assert facts["order"].index("score") > facts["order"].index("load"), facts["order"]
+    # Greedy and the decode state's RNG fixed: the trained checkpoint answers alike in another process, from 3 slots
+    # as from the training batch's 4, and the answers from the decode slots and their KV cache are greedy decoding's
+    # without a cache.
+    again = _run(python, env, repo, str(tmp_path), "answer", "after", SCORED)
     assert [r["answer"] for r in answers.read(again["found"][0]["path"])] == [r["answer"] for r in rows["after"]]
+    assert again["few"] == [r["answer"] for r in rows["after"][:3]]
     assert again["uncached"] == [r["answer"] for r in rows["after"][:4]]
 
 
+@pytest.mark.e2e  # needs the maxtext trainer environment
+def test_the_model_before_training_answers_with_the_parameters_training_started_from(tmp_path):
+    """Training frozen (learning rate 0, one step): its checkpoint holds what training initialised, leaf for leaf
+    ``initial_params``', and the ``before`` answers (what training started from) are the checkpoint's answers. The
+    engine's own initialisation (autoregressive mode, another RNG) answered otherwise."""
+    from components.stages import answers
+
+    python, env, repo = _maxtext(tmp_path)
+    facts = _run(python, env, repo, str(tmp_path), "frozen", "before,after", "")
+    assert facts["leaves"] > 0 and facts["differing"] == []
+    found = {f["which"]: [r["answer"] for r in answers.read(f["path"])] for f in facts["found"]}
+    assert set(found) == {"before", "after"} and len(found["before"]) == 16
+    assert found["before"] == found["after"]
+
+
 def test_prefill_length_is_a_power_of_two_bucket_of_at_least_64():
-    assert [maxtext_generation.prefill_length(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 256]
+    assert [maxtext.prefill_length(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 256]
 
 
-def test_decode_args_replace_the_lengths_checkpoint_and_run_name_of_the_training_arguments():
+def test_decode_args_replace_the_lengths_slots_checkpoint_and_run_name_of_the_training_arguments():
     argv = ["train", "base.yml", "max_target_length=128", "run_name=r", "load_parameters_path=/old", "steps=10"]
-    args = maxtext_generation.decode_args(argv, "/ckpt/9/items", 64, 16)
+    argv.append("per_device_batch_size=4")
+    args = maxtext_generation.decode_args(argv, "/ckpt/9/items", 64, 16, 0.75)
     assert args[:2] == ["train", "base.yml"] and "steps=10" in args
     keys = [a.split("=", 1)[0] for a in args[2:]]
     assert len(keys) == len(set(keys))  # each replaced once
     assert {"max_target_length=80", "max_prefill_predict_length=64", "run_name=r-answers"} <= set(args)
+    assert "per_device_batch_size=0.75" in args
     assert "load_parameters_path=/ckpt/9/items" in args and "decode_sampling_strategy=greedy" in args
-    assert not any(a.startswith("load_parameters_path") for a in maxtext_generation.decode_args(argv, "", 64, 16))
+    assert not any(a.startswith("load_parameters_path") for a in maxtext_generation.decode_args(argv, "", 64, 16, 1))
+
+
+@pytest.mark.parametrize(("slots", "devices"), [(3, 4), (37, 32), (1, 6), (5, 6), (7, 12), (64, 64), (10, 3)])
+def test_the_per_device_batch_gives_maxtexts_decode_batch_the_slots(slots, devices):
+    size = maxtext_generation.per_device_batch(slots, devices)
+    assert int(devices * size) == slots  # maxtext/configs/types.py: micro_batch_size_to_train_on
+    assert int(devices * (size - 1e-9)) < slots or size == slots / devices
+
+
+def test_a_cut_prompt_keeps_its_beginning_token():
+    assert maxtext_generation.cut([1, 5, 6, 7, 8], 3, bos=1) == [1, 7, 8]
+    assert maxtext_generation.cut([1, 5, 6], 3, bos=1) == [1, 5, 6]
+    assert maxtext_generation.cut([5, 6, 7, 8], 3, bos=1) == [6, 7, 8]  # no beginning token: the last tokens
+    assert maxtext_generation.cut([5, 6, 7, 8], 2, bos=None) == [7, 8]
 
 
 def test_the_local_maxtext_preset_answers_before_and_after_training():
-    from components.workload import maxtext
     from trainers import maxtext_train
 
     spec = resolve("local-maxtext", "gate.guards=rouge_l>=-0.05")
     assert spec.eval.generate_examples == 64
     args = maxtext.train_args(spec, "/out", "run")
-    assert maxtext_train.train_answers(spec, args) == (("before", ""), ("after", maxtext_generation.LATEST))
+    expected = (("before", maxtext_generation.INITIAL), ("after", maxtext_generation.LATEST))
+    assert maxtext_train.train_answers(spec, args) == expected
     assert maxtext_train.train_answers(resolve("local-maxtext", "eval.generate_examples=0"), args) == ()
+
+
+GEN = "eval.generate_examples=64 eval.max_new_tokens=16 maxtext.dataset_type=hf"
+
+
+def test_the_jobs_get_the_decode_shape_on_their_command_line():
+    """The prefill holds a prompt of max_target_length tokens (128: a bucket of 128); the slots are the training
+    batch (2 a device x 4 devices), at most the 64 prompts, on the one group; the FSDP jobs and a run without
+    answers get none."""
+    import shlex
+
+    from components.workload import derive
+    from trainers import maxtext_train
+
+    spec = resolve("local-maxtext", "")
+    assert maxtext.decode_shape(spec) == {"prefill": 128, "slots": {"4": 8}}
+    for mode in ("train", "eval"):
+        words = shlex.split(derive.job_command(spec, mode, "/out", "run", checkpoint="/ck"))
+        args, _ = maxtext_train.parse_args(words[3:])
+        assert args.decode == {"prefill": 128, "slots": {"4": 8}}
+    assert "--decode" not in derive.job_command(
+        resolve("local-maxtext", "eval.generate_examples=0"), "train", "/o", "r"
+    )
+    assert "--decode" not in derive.job_command(resolve("local-fsdp", ""), "train", "/o", "r")
+    # an elastic run: each group's slots, 16 to 32 devices; 8B's budget leaves the 64 prompts whole on either
+    elastic = resolve("llama3-8b-v6e-elastic-spot", GEN)
+    assert maxtext.decode_shape(elastic) == {"prefill": 4096, "slots": {"16": 64, "32": 64}}
+
+
+def test_the_kv_cache_and_decode_slots_of_llama3_8b_and_70b_on_v6e_by_hand():
+    """Worked by hand from the models' configs (MODEL_DIMS) and the presets' meshes, on v6e (32 GiB = 34,359,738,368
+    bytes a chip, one device each). Prompts up to max_target_length 4,096 tokens: a prefill of 4,096, and 16 new
+    tokens: 4,112 cached a slot. Both shard the 8 KV heads over tensor 4: 2 a chip, in bfloat16; a cached token is
+    2 (K, V) x 2 heads x 128 x 2 bytes + a 4-byte segment id = 1,028 bytes a layer."""
+    m8 = maxtext.decode_memory(resolve("llama3-8b-v6e-16x2", GEN), 32, 4112)
+    assert m8.kv_cache_per_slot == 32 * 4112 * 1028 == 135_268_352  # 32 layers
+    # 8,030,261,248 parameters, float32, over fsdp 4 x tensor 4 (data 2 across the slices holds two copies)
+    assert m8.parameters == 8_030_261_248 * 4 // 16 == 2_007_565_312
+    assert m8.hbm == 32 * 2**30
+    # budget: half of (34,359,738,368 - 2,007,565,312) = 16,176,086,528: 119 slots; the batch is 4 x 32 = 128
+    assert m8.slots_fitting() == 119
+    assert maxtext.decode_slots(resolve("llama3-8b-v6e-16x2", GEN), 32, 64, 4112) == 64  # the prompts
+    m70 = maxtext.decode_memory(resolve("llama3-70b-v6e-16x2", GEN), 32, 4112)
+    assert m70.kv_cache_per_slot == 80 * 4112 * 1028 == 338_170_880  # 80 layers
+    # 70,553,706,496 parameters over fsdp 4 x tensor 4 x dcn fsdp 2: 32 shards, 8,819,213,312 bytes
+    assert m70.parameters == 70_553_706_496 * 4 // 32 == 8_819_213_312
+    # budget: half of (34,359,738,368 - 8,819,213,312) = 12,770,262,528: 37 slots (of the batch 2 x 32 = 64)
+    assert maxtext.decode_slots(resolve("llama3-70b-v6e-16x2", GEN), 32, 64, 4112) == 37
+    # With tensor 1 every chip holds all 8 KV heads: 4,100 bytes a token a layer, 1.35 GB a slot; 9 fit
+    whole = resolve("llama3-70b-v6e-16x2", f"{GEN} maxtext.ici_fsdp_parallelism=16 maxtext.ici_tensor_parallelism=1")
+    assert maxtext.decode_memory(whole, 32, 4112).kv_cache_per_slot == 80 * 4112 * 4100 == 1_348_736_000
+    assert maxtext.decode_slots(whole, 32, 64, 4112) == 9
+
+
+def test_the_plan_shows_the_answers_decode_slots_and_kv_cache_beside_the_checkpoints():
+    from components.platforms.gke.plan import document, text
+
+    plan = document.build(resolve("llama3-70b-v6e-16x2", GEN), "run-1")
+    assert plan["training"]["answers"] == {
+        "prompts": 64,
+        "slots": 37,
+        "training_batch": 64,
+        "cache_tokens": 4112,
+        "kv_cache_bytes_per_chip": 37 * 338_170_880,
+        "parameter_bytes_per_chip": 8_819_213_312,
+        "hbm_bytes_per_chip": 32 * 2**30,
+    }
+    lines = text.render_text(plan).splitlines()
+    said = [ln for ln in lines if ln.startswith("  answers ")]
+    assert len(said) == 1 and "64 prompts in 37 decode slots" in said[0], said
+    assert "a KV cache of 12.5 GB a chip beside the parameters' 8.8 GB, of 34.4 GB HBM" in said[0]
+    assert "answers" not in document.build(resolve("llama3-70b-v6e-16x2", ""), "run-1")["training"]
+
+
+def test_answers_whose_one_slot_cannot_fit_a_chip_are_refused_naming_the_new_tokens():
+    sets = f"{GEN} maxtext.ici_fsdp_parallelism=16 maxtext.ici_tensor_parallelism=1"
+    resolve("llama3-70b-v6e-16x2", f"{sets} eval.max_new_tokens=4000")  # 8,096 tokens: 2.7 GB a slot, fits
+    with pytest.raises(SpecError) as err:  # 104,096 tokens: 34.1 GB a slot beside 8.8 GB of parameters
+        resolve("llama3-70b-v6e-16x2", f"{sets} eval.max_new_tokens=100000")
+    assert err.value.field == "eval.max_new_tokens"
+    assert "34.1 GB a device for 104,096 tokens" in str(err.value) and "eval.generate_examples=0" in str(err.value)
 
 
 def test_maxtext_generation_without_the_hf_datas_tokenizer_is_refused():

@@ -198,7 +198,7 @@ def _training(spec: RunSpec, t: Target) -> dict[str, Any]:
             spec.train.model_revision,
             f"gs://{t.bucket}/{names.STATE_PREFIX}/{cache_trust.MANIFESTS_PREFIX}",
         ),
-        **(_maxtext_checkpoints(spec) if spec.train.workload == "maxtext" else fsdp_plan.plan_entry(spec)),
+        **(_maxtext_figures(spec) if spec.train.workload == "maxtext" else fsdp_plan.plan_entry(spec)),
     }
 
 
@@ -234,9 +234,12 @@ COMPILE_JOB_TRUST = (
 )
 
 
-def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
+def _maxtext_figures(spec: RunSpec) -> dict[str, Any]:
+    """The MaxText run's checkpoints and, with answers to the evaluation prompts, their decode slots and KV cache
+    (``components.workload.maxtext.answers_plan``)."""
     period, most = maxtext.checkpoint_period(spec), spec.maxtext.max_lost_steps
     each = maxtext.checkpoint_bytes(spec)
+    answers = maxtext.answers_plan(spec)
     return {
         "checkpoints": {
             "period_steps": period,
@@ -245,7 +248,8 @@ def _maxtext_checkpoints(spec: RunSpec) -> dict[str, Any]:
             "parameters": maxtext.parameters(spec),
             "bytes_each": each,
             "bytes_kept": None if each is None else each * maxtext.CHECKPOINTS_KEPT,
-        }
+        },
+        **({"answers": answers} if answers else {}),
     }
 
 

@@ -88,6 +88,7 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
             if "checkpoints" in tr
             else []
         ),
+        *_answer_lines(tr.get("answers")),
         *(
             [
                 f"  compiled    {tr['compile_cache']['uri']} (kept across runs, read-only to pods; entries matching "
@@ -102,6 +103,18 @@ def _render_training(tr: dict[str, Any]) -> list[str]:
         ),
         *fsdp_plan.plan_lines(tr),
         *weights.plan_lines(tr.get("base_weights")),
+    ]
+
+
+def _answer_lines(answers: dict[str, Any] | None) -> list[str]:
+    """The MaxText train job's answers to the evaluation prompts: its decode slots and what a chip holds for them."""
+    if not answers:
+        return []
+    return [
+        f"  answers     {answers['prompts']} prompts in {answers['slots']} decode slots (the training batch "
+        f"{answers['training_batch']}, bounded by the prompts and the KV cache's budget), each caching at most "
+        f"{answers['cache_tokens']:,} tokens: a KV cache of {_gb(answers['kv_cache_bytes_per_chip'])} a chip beside "
+        f"the parameters' {_gb(answers['parameter_bytes_per_chip'])}, of {_gb(answers['hbm_bytes_per_chip'])} HBM"
     ]
 
 
