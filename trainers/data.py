@@ -6,8 +6,9 @@ capital alone. The held-out split asks questions no training example asks: each 
 it is never trained in (``HELDOUT_PAIRS``), trained in the other three, and every phrasing is trained with the other
 countries. A held-out prompt is thus a taught fact asked in a way the model never saw for that country: its loss is
 not a training loss, and its exact match is above the majority answer's share only if what the model learnt of a
-country carries to a phrasing: the local preset's 48 steps do not get there, 32 more do (docs/local.md, "The
-generated data", has measured examples). Instructions repeat within a split (24 trained questions, 8 held-out ones).
+country carries to a phrasing: the local preset's 128 steps in batches of 8 get there, 48 in batches of 16 do not
+(docs/local.md, "The generated data", has measured examples). Instructions repeat within a split (24 trained
+questions, 8 held-out ones).
 
 Generation and formatting are pure Python; a hub dataset's loading imports ``datasets`` and tokenising the tokenizer's
 libraries and torch, lazily, so the pipeline image can generate data without them.

@@ -386,7 +386,9 @@ def _check_eval(spec: RunSpec) -> None:
         raise SpecError("eval.metrics", f"a metric named twice in {e.metrics!r}", list(TASK_METRICS))
     if e.scorer and not SCORER_REF.match(e.scorer):
         raise SpecError(
-            "eval.scorer", f"{e.scorer!r} is not MODULE:FUNCTION", ["", "my_team.scoring:score (importable)"]
+            "eval.scorer",
+            f"{e.scorer!r} is not MODULE:FUNCTION",
+            ["", "trainers.scorers.prefix:prefix_credit (a module of the trainer image)"],
         )
 
 

@@ -177,8 +177,9 @@ class EvalSpec:
     # The task metrics, comma-separated: exact_match, normalized_exact_match (lowercase, no punctuation, articles or
     # extra spaces), rouge_l (F-measure, rouge-score), json_valid (the answer parses as JSON), answer_length (words)
     metrics: str = "exact_match,normalized_exact_match,rouge_l,answer_length"
-    # A team's own scorer, MODULE:FUNCTION importable in the trainer image: (prompt, reference, answer) -> a float in
-    # [0, 1], its figure named "scorer"; empty: none
+    # A team's own scorer, MODULE:FUNCTION of the trainer image's code (a module under trainers/scorers/, or of a
+    # package in the image's requirements): (prompt, reference, answer) -> a float in [0, 1], its figure named
+    # "scorer"; empty: none
     scorer: str = ""
 
     @property

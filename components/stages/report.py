@@ -137,6 +137,11 @@ GATE_FIGURES = (
     "improvement",
     "min_improvement",
     "held_out",
+    # which figure decided, each guard with its difference from the champion and whether it held, the first that
+    # failed (components.stages.task_gate.decide)
+    "decided_by",
+    "guards",
+    "guard_failed",
 )
 
 
@@ -215,7 +220,8 @@ def _shown(history: list[dict[str, Any]], most: int = 12) -> list[dict[str, Any]
 
 
 def gate_lines(summary: dict[str, Any]) -> list[str]:
-    """Where the model went and why: the version registered, and the gate's decision with both figures."""
+    """Where the model went and why: the version registered, the gate's decision with both figures, and each of
+    ``gate.guards`` with its difference from the champion and whether it held."""
     gate = summary.get("gate") or {}
     if not gate:
         return []
@@ -225,6 +231,9 @@ def gate_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("init_from"):
         lines.append(f"  started from         {summary['init_from']}")
     lines += [f"  registered           {gate.get('ref')} in {gate.get('registry')}", f"  gate: {gate.get('reason')}"]
+    for guard in gate.get("guards") or []:
+        held = "held" if guard["held"] else "failed"
+        lines.append(f"  gate guard           {guard['guard']} {held} (difference {guard['difference']:+.4f})")
     return lines
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 DRAIN_STEP = 20
 SETS = (
     f"cluster.slice_check=false cluster.drain_host_at_step={DRAIN_STEP} cluster.preemption_notice_s=20 "
-    "epochs=6 train.num_to_keep=10 gate.register=false"
+    "epochs=6 batch_size=16 train.num_to_keep=10 gate.register=false"
 )
 
 

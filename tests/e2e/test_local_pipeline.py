@@ -74,9 +74,9 @@ def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_c
     monkeypatch.setenv("HF_ENDPOINT", hub.start())
     monkeypatch.delenv("HF_TOKEN", raising=False)
     run_id = unique_run_id("e2e-composite")
-    # Half the preset's examples (8 steps an epoch on the 2 workers): what is shown is the hub's copy, the checkpoint's
-    # layout and a model that learned, not how long it trains.
-    sets = "model_id=google/gemma-4-E2B-it epochs=2 num_train_examples=256 cluster.slice_check=false"
+    # Half the preset's examples in batches of 16 (8 steps an epoch on the 2 workers): what is shown is the hub's
+    # copy, the checkpoint's layout and a model that learned, not how long it trains.
+    sets = "model_id=google/gemma-4-E2B-it epochs=2 num_train_examples=256 batch_size=16 cluster.slice_check=false"
     sets += " checkpoint_optimizer=false"
     try:
         proc = tpupipe_run(tmp_path, run_id, sets)
@@ -122,14 +122,15 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing.
     Its 2 hosts are 2 slices of one: the slice check places them on 2 slices and passes, and each worker group
     trains on a 2-D mesh (HSDP), the restarted one resuming onto it."""
-    # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch: step 10 is inside epoch 2, after the checkpoints
-    # of steps 3, 6, 8 (the epoch's end) and 9 (written while training goes on: the newest may not be in yet).
+    # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch, 3 epochs (both set here: the steps below count
+    # in them): step 10 is inside epoch 2, after the checkpoints of steps 3, 6, 8 (the epoch's end) and 9 (written
+    # while training goes on: the newest may not be in yet).
     run_id = unique_run_id("e2e-resume")
     proc = tpupipe_run(
         tmp_path,
         run_id,
-        "num_train_examples=256 fail_at_step=10 max_failures=1 train.fail_eval=true cluster.num_hosts=1 "
-        "cluster.num_slices=2 train.checkpoint_every_steps=3",
+        "num_train_examples=256 batch_size=16 epochs=3 fail_at_step=10 max_failures=1 train.fail_eval=true "
+        "cluster.num_hosts=1 cluster.num_slices=2 train.checkpoint_every_steps=3",
     )
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     check = (tmp_path / run_id / "logs" / "check_slice.log").read_text()

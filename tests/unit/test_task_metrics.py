@@ -80,3 +80,14 @@ def test_a_scorer_returning_no_number_fails(scorer_module):
     scorer_module.text = lambda prompt, reference, answer: "1"
     with pytest.raises(ScorerError, match="returned '1' on example 0"):
         metrics.scores(["scorer"], _examples(("a", "a")), "team_scoring:text")
+
+
+def test_the_shipped_prefix_scorer_gives_the_characters_right_from_the_start():
+    """trainers.scorers.prefix:prefix_credit, the scorer the local gate's e2e runs name: loaded by its reference as the
+    trainer loads a team's, each score the shared prefix over the longer of answer and reference."""
+    examples = _examples(
+        ("Havana", "Havana"), ("Havana", " Hava "), ("Lima", "Limaxx"), ("Oslo", "Paris"), ("Rome", ""), ("", "")
+    )
+    found = metrics.scores(["exact_match", "scorer"], examples, "trainers.scorers.prefix:prefix_credit")
+    assert found["scorer"] == pytest.approx([1.0, 4 / 6, 4 / 6, 0.0, 0.0, 0.0])
+    assert found["exact_match"] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
