@@ -133,7 +133,14 @@ from contextlib import closing
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
-from components.cloud.credentials import access_error, credentials, emulator_token, google_client
+from components.cloud.credentials import (
+    access_error,
+    caller_email,
+    credentials,
+    emulator_token,
+    google_client,
+    named_email,
+)
 from components.data.drops import NoDrop
 from components.spec import InfraError, SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
@@ -1230,9 +1237,6 @@ def _said(exc: Exception) -> str:
 
 
 def _identity(creds) -> str:
-    """The account the credentials act as, when they say (a service account's e-mail, a user's account)."""
-    for attribute in ("service_account_email", "signer_email", "account"):
-        value = getattr(creds, attribute, None)
-        if isinstance(value, str) and "@" in value:
-            return value
-    return ""
+    """The account the credentials act as, when they say (a service account's e-mail, a user's account), asking no
+    one (``named_email``)."""
+    return named_email(creds)

@@ -42,7 +42,8 @@ token comes in the ``authorization`` metadata, as Google's endpoints get it.
 What the tests look at besides: ``reads``, each ReadRows call's stream, when it started and ended (the last response
 sent, or the call cancelled) and how many responses it sent, so a test sees streams read at once; ``hold``, an Event
 that, while unset, keeps every ReadRows after its first response (a slow service, held still while a test looks:
-a call cancelled meanwhile ends).
+a call cancelled meanwhile ends); ``before_session``, called with each CreateReadSessionRequest before it takes
+effect, where a test changes a table as another writer would between its caller's last call and this one.
 
 Faults are injected per method ("CreateReadSession", "ReadRows": a :class:`Fault` added to ``faults``): the next N
 matching calls answer a gRPC status before they take effect (a ReadRows before its first response).
@@ -139,6 +140,7 @@ class BigQueryStorageEmulator:
         self.faults: list[Fault] = []
         self.reads: list[Read] = []
         self.hold: threading.Event | None = None
+        self.before_session: Callable[[Any], None] | None = None
         self._server = None
         self.address = ""
 
@@ -177,6 +179,8 @@ class BigQueryStorageEmulator:
     def _create_read_session(self, request, context):
         member = self._member(context)
         self._fault("CreateReadSession", request, context)
+        if self.before_session is not None:
+            self.before_session(request)
         with self.tables._lock:
             self.calls.append("CreateReadSession")
             self.tables._sweep()  # a table past its expirationTime is gone, as from the REST API
