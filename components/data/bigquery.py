@@ -41,25 +41,36 @@ https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQue
 ``responseTooLarge``, https://cloud.google.com/bigquery/docs/error-messages), so a window of any size is read whole (a
 table truncated and reloaded, a large backfill), and under the domain-restricted sharing organization policy too,
 where no query result goes to a temporary table (same page). The results dataset is the one
-``train.bigquery_results_dataset`` names (``RESULTS_FIELD``; ``tpupipe_results`` by default), in the project the query
-is billed in: looked up
-(datasets.get) before the query, created when absent (datasets.insert, ``Client.create_dataset``) in the table's
-location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION`` and the label ``RESULTS_LABELS``, and
-refused (a SpecError naming the field) when it is in another location than the table, before any query: "When you
+``train.bigquery_results_dataset`` names (``RESULTS_FIELD``), else one per location, ``tpupipe_results_<location>``
+(:func:`results_dataset_name`), in the project the query is billed in: looked up (datasets.get) before the query and
+refused (a SpecError naming the field, before any query) when it is in another location than the table ("When you
 write query results to a permanent table, the tables you're querying must be in the same location as the dataset that
-contains the destination table" (https://cloud.google.com/bigquery/docs/writing-results). Each read
-writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
+contains the destination table": https://cloud.google.com/bigquery/docs/writing-results) or has no default table
+expiration (a result table would outlive a run killed before its own expiration is set: tables.patch is a call of
+its own, and ``destinationTableProperties.expirationTime`` is "Internal use only", JobConfigurationQuery); one whose
+access list reaches beyond the run's identities (the project's viewers or editors, anyone: :func:`open_access`) is
+used, and said in a warning line. Absent, it is created (datasets.insert, ``Client.create_dataset``) in the table's
+location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, the shortest time travel window,
+``RESULTS_TRAVEL_HOURS``, the label ``RESULTS_LABELS`` and an access list of its own, never BigQuery's default, which
+would let every viewer of the project read the training rows and every editor write them, where an anonymous result
+was its query's creator's alone: its creator (the caller, by its e-mail: ``caller_email``) and the project's owners
+OWNER, ``train.bigquery_service_account`` WRITER (:func:`results_access`; ``RESULTS_OWNERS_GROUP``'s comment). When
+the caller's e-mail cannot be learned, nothing is created: a SpecError naming the field says how to create it. Each
+read writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
 ``WRITE_EMPTY`` on that fresh name (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery,
 ``writeDisposition``), recorded in ``snap["appends_table"]``; once written it gets an ``expirationTime``
 ``RESULTS_TABLE_LIFE`` ahead (tables.patch, ``Client.update_table``: "If not present, the table will persist
 indefinitely. Expired tables will be deleted and their storage reclaimed",
-https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), so nothing outlives a
-killed run even in a dataset made without a default expiration (but for the moment between the job's end and that
-call, which a dataset the run made covers with its default), and it is deleted (tables.delete,
-``Client.delete_table``) as soon as its rows are read or their reader stops early or fails. What that costs besides
-the query: the table's storage for its short life ("If you write query results to a new table, you are charged for
-storing the data": writing-results; https://cloud.google.com/bigquery/pricing#storage), and no second scan (the read
-session reads the table the query wrote).
+https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), is read as of its
+job's end (another writer's rows added later are not read) and counted against the rows the job wrote (an
+InfraError otherwise), and is deleted (tables.delete, ``Client.delete_table``) as soon as its rows are read or
+their reader stops early or fails; a delete refused after a whole read is a warning line, the table left to expire.
+A deleted or expired table is not gone at once: it can be restored for its dataset's time travel window and is kept
+7 days more in fail-safe storage (https://cloud.google.com/bigquery/docs/time-travel). What that costs besides the
+query: the table's storage ("If you write query results to a new table, you are charged for storing the data":
+writing-results; https://cloud.google.com/bigquery/pricing#storage) while it lives, and under physical storage
+billing for its time travel and fail-safe days too (time-travel); no second scan (the read session reads the table
+the query wrote).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -78,10 +89,11 @@ Bad input is a :class:`SpecError` naming its field: a malformed URI, a table tha
 to open a read session or to run a query, a filter BigQuery refuses, no rows (unless the read is of what is new,
 ``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
 needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
-read), a time column that is missing or of another type, a results dataset in another location than the table or
-one the caller may not create, or whose tables it may not write, read or delete (naming
-``train.bigquery_results_dataset``). A NotFound after tables.get found the table (the read session, a stream, the
-APPENDS query) is an InfraError: the table went away, or the session expired, while it was read.
+read), a time column that is missing or of another type, a results dataset in another location than the table,
+without a default table expiration, one the caller may not create or may create only with no e-mail to name in its
+access list, or whose tables it may not write or read (naming ``train.bigquery_results_dataset``). A NotFound after
+tables.get found the table (the read session, a stream, the APPENDS query) is an InfraError: the table went away, or
+the session expired, while it was read; so is a result table that holds other rows than its job wrote.
 
 Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
 ``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
@@ -96,16 +108,16 @@ https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). Both 
 the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and billed where the run
 is; without one, to the table's own project. The results dataset is in that project too: creating it takes
 ``bigquery.datasets.create`` there (roles/bigquery.user, roles/bigquery.dataEditor, roles/bigquery.admin), and its
-creator is its OWNER ("If unspecified at dataset creation time, BigQuery adds default dataset access for the following
-entities: ... the dataset creator ... OWNER", https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access),
-which holds what its tables take ("because the bigquery.user role has bigquery.datasets.create permissions, a user
-assigned to the bigquery.user role can create tables in any dataset that user creates": writing-results):
-``bigquery.tables.create`` and ``bigquery.tables.updateData`` for the query to write one (same page, "Required
-permissions"), ``bigquery.tables.update`` to set
-its expiration, ``bigquery.tables.getData`` to read it and ``bigquery.tables.delete`` to delete it (all
-roles/bigquery.dataEditor's on a dataset someone else made: https://cloud.google.com/bigquery/docs/access-control,
-https://cloud.google.com/bigquery/docs/datasets, "Required permissions"). A refusal of any of them is a SpecError
-naming ``train.bigquery_results_dataset`` and the permission.
+creator is its OWNER (its access list names it: :func:`results_access`), which holds what its tables take
+("because the bigquery.user role has bigquery.datasets.create permissions, a user assigned to the bigquery.user role
+can create tables in any dataset that user creates": writing-results): ``bigquery.tables.create`` and
+``bigquery.tables.updateData`` for the query to write one (same page, "Required permissions"),
+``bigquery.tables.update`` to set its expiration, ``bigquery.tables.getData`` to read it and
+``bigquery.tables.delete`` to delete it (all roles/bigquery.dataEditor's, WRITER in an access list, on a dataset
+someone else made: https://cloud.google.com/bigquery/docs/access-control, https://cloud.google.com/bigquery/docs/datasets,
+"Required permissions"). A refusal of any of them is a SpecError naming ``train.bigquery_results_dataset`` and the
+permission. Project-level BigQuery data roles (roles/bigquery.dataViewer, dataEditor, dataOwner, admin granted on
+the project) still reach every dataset of it, this one too: the access list adds to them, never takes away.
 
 The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
 ``Client.query``, the results dataset's and table's calls) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient``
