@@ -373,9 +373,10 @@ def snapshot(
     module's docstring), ``"appended_after"`` (the champion's snapshot time) and ``"results_dataset"`` (``PROJECT.``
     and ``results_dataset``, or the name :func:`results_dataset_name` derives from the table's location when it is
     "", in the billing project, where the query writes its result: :func:`_results_dataset`, which grants
-    ``results_writer``, an e-mail, WRITER on a dataset it creates) instead of a session. Makes two calls (tables.get, CreateReadSession), or for APPENDS three or four (tables.get,
-    datasets.get of the table's dataset, datasets.get of the results dataset, datasets.insert when it is absent), and
-    :func:`rows` the query.
+    ``results_writer``, an e-mail, WRITER on a dataset it creates) instead of a session. Makes two calls (tables.get,
+    CreateReadSession), or for APPENDS three or four (tables.get, datasets.get of the table's dataset, datasets.get of
+    the results dataset, datasets.insert when it is absent, after asking whose the credentials are), and :func:`rows`
+    the query.
     ``after`` (a ``max_time`` of an earlier snapshot) reads only the rows past it. ``incremental`` (implied by
     ``after`` and ``since``): the read is of what is new since a champion (``train.data_since``), so no rows is an
     answer, not an error. A table that tables.get does not find is a :class:`~components.data.drops.NoDrop` (a dated
@@ -772,7 +773,9 @@ def open_access(entries: list) -> list[str]:
     ]
 
 
-def _results_dataset(bq, dataset: str, location: str, table: str, creds, writer: str, log: Callable[[str], None]) -> str:
+def _results_dataset(
+    bq, dataset: str, location: str, table: str, creds, writer: str, log: Callable[[str], None]
+) -> str:
     """The results dataset ``dataset`` (``PROJECT.DATASET``), there in ``location`` (``table``'s): datasets.get, and
     when it is absent (or the caller may not see it) datasets.insert (``Client.create_dataset``) in ``location``, with
     ``RESULTS_LABELS``, a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, a time travel window of

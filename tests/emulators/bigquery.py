@@ -985,7 +985,10 @@ class BigQueryEmulator(HttpEmulator):
         project, name = dataset.rsplit(".", 1)
         with self._lock:
             self.datasets[(project, name)] = Dataset(
-                location, max_time_travel_hours, _micros(at, self.clock), default_expiration_ms=default_table_expiration_ms
+                location,
+                max_time_travel_hours,
+                _micros(at, self.clock),
+                default_expiration_ms=default_table_expiration_ms,
             )
 
     def create_table(

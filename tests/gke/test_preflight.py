@@ -677,14 +677,18 @@ def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_facto
         f"{PROJECT}:forever`"
     ) in preflight_said(f"{data} train.bigquery_results_dataset=forever", capsys, 2)
     quota = "Quota exceeded: Your project exceeded quota for api requests per user."
-    project.bigquery.fail("datasets.get", 403, "quotaExceeded", quota, when=lambda r: r["path"]["dataset"] == "eu_results")
+    project.bigquery.fail(
+        "datasets.get", 403, "quotaExceeded", quota, when=lambda r: r["path"]["dataset"] == "eu_results"
+    )
     said = preflight_said(eu, capsys, 0)
     assert (
         f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_results, where the data snapshot's APPENDS "
         f"query writes its result, could not be checked (Forbidden: 403"
     ) in said and quota in said
     denied = f"Access Denied: Dataset {PROJECT}:eu_results: Permission bigquery.datasets.get denied"
-    project.bigquery.fail("datasets.get", 403, "accessDenied", denied, when=lambda r: r["path"]["dataset"] == "eu_results")
+    project.bigquery.fail(
+        "datasets.get", 403, "accessDenied", denied, when=lambda r: r["path"]["dataset"] == "eu_results"
+    )
     assert (
         f"train.bigquery_results_dataset: the caller may not see the dataset {PROJECT}.eu_results, where the data "
         "snapshot's APPENDS query writes its result (Forbidden): grant roles/bigquery.dataEditor on it (the least "
@@ -717,7 +721,9 @@ def test_a_pipeline_account_that_may_not_create_the_absent_results_dataset_is_wa
     assert f"its creator and the project's owners its owners, {account} its writer, no one else)" in said
     project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
     said = preflight_said(data, capsys, 0)
-    assert f"{account} may create the dataset {PROJECT}.tpupipe_results_us (roles/bigquery.user in project" in said, said
+    assert f"{account} may create the dataset {PROJECT}.tpupipe_results_us (roles/bigquery.user in project" in said, (
+        said
+    )
     assert "holds no role that may create" not in said
     assert project.mutations() == []
 

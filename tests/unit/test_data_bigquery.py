@@ -11,11 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, EMULATOR_TOKEN_URI_ENV
+from components.cloud.credentials import EMULATOR_TOKEN_ENV, EMULATOR_TOKEN_URI_ENV
 from components.data import bigquery as data
 from components.spec import InfraError, SpecError
 from components.spec.run_spec import TrainSpec
-from tests.emulators.bigquery import BigQueryEmulator
 from tests.emulators.bigquery_storage import Fault, start_bigquery, stop_bigquery
 
 PROJECT, TOKEN = "tpupipe-data", "t0ken"
@@ -430,7 +429,9 @@ def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_r
     assert read(snap(since=since)) == []
 
 
-RESULTS = f"{PROJECT}.tpupipe_results_us"  # the results dataset by default: the table's location's, in the billing project
+RESULTS = (
+    f"{PROJECT}.tpupipe_results_us"  # the results dataset by default: the table's location's, in the billing project
+)
 DAY_MS = 24 * 3600 * 1000  # a default table expiration of a day, in milliseconds
 ACCOUNT = "pipeline@tpupipe-data.iam.gserviceaccount.com"  # train.bigquery_service_account
 
@@ -545,7 +546,9 @@ def test_the_results_dataset_the_run_creates_is_not_the_projects_viewers_to_read
     viewer = "user:viewer@example.com"
     bq.grant(viewer, "roles/viewer", PROJECT)  # a basic role: it runs jobs, and reads what its special group may
     peek = bigquery.Client(
-        project=PROJECT, credentials=Credentials(token=bq.token_for(viewer)), client_options={"api_endpoint": bq.endpoint}
+        project=PROJECT,
+        credentials=Credentials(token=bq.token_for(viewer)),
+        client_options={"api_endpoint": bq.endpoint},
     )
     data.client(PROJECT).create_dataset(bigquery.Dataset(f"{PROJECT}.open"))  # BigQuery's default access list
     bq.create_table(f"{PROJECT}.open.copy", SCHEMA)

@@ -115,8 +115,9 @@ def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_run
     with pytest.raises(SpecError) as raised:
         snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert raised.value.field == "train.bigquery_results_dataset"
-    assert f"may not create the dataset {RUN}.tpupipe_results_eu (it lacks bigquery.datasets.create in project {RUN})" in (
-        str(raised.value)
+    assert (
+        f"may not create the dataset {RUN}.tpupipe_results_eu (it lacks bigquery.datasets.create in project {RUN})"
+        in (str(raised.value))
     )
     assert f"User does not have bigquery.datasets.create permission in project {RUN}" in str(raised.value)  # BigQuery's
     assert any(f"roles/bigquery.user on the project {RUN}" in hint for hint in raised.value.valid)
@@ -127,7 +128,9 @@ def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_run
     results = bq.datasets[(RUN, "tpupipe_results_eu")]
     assert results.location == "EU" and results.labels == bigquery.RESULTS_LABELS and results.tables == {}
     assert results.default_expiration_ms == bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000
-    owners = [e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results_eu") if e.role == "OWNER"]
+    owners = [
+        e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results_eu") if e.role == "OWNER"
+    ]
     assert {e.entity_id for e in owners} == {PIPELINE.split(":")[1], "projectOwners"}
     assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.tpupipe_results_eu.appends_")
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.checks import node_account, offers, queued, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
@@ -380,7 +380,7 @@ def _results_unseen(results: str, project: str, who: str, exc: Exception, report
 
 
 def _results_account(
-    account: str, key: str, results: str, project: str, entries: list, creds: Credentials, report: Report
+    account: str, key: str, results: str, project: str, entries: list[Any], creds: Credentials, report: Report
 ) -> None:
     """Whether ``account`` (``train.bigquery_service_account``, whom the data snapshot runs as) holds a role that
     creates tables in the results dataset that is there (``bigquery.TABLE_CREATE_ROLES``: WRITER or OWNER in its
