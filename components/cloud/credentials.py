@@ -173,6 +173,101 @@ def _grpc_transport(cls: type) -> Any:
         return None
 
 
+# Google's OAuth 2.0 token information endpoint: what a valid access token stands for, its ``email`` among it when the
+# token carries the scope that grants it ("Access token contents",
+# https://cloud.google.com/docs/authentication/token-types#access-contents); at the emulated token issuer's host with
+# the emulators, as Google serves it beside its token endpoint (oauth2.googleapis.com)
+TOKENINFO_URI = "https://oauth2.googleapis.com/tokeninfo"
+# The scope that lets a token's information carry its account's e-mail address; `gcloud auth application-default
+# login` asks for it by default ("--scopes": "By default openid, https://www.googleapis.com/auth/userinfo.email,
+# https://www.googleapis.com/auth/cloud-platform, https://www.googleapis.com/auth/sqlservice.login scopes are used":
+# https://cloud.google.com/sdk/gcloud/reference/auth/application-default/login), so a user's refresh token may ask
+# for it alone
+EMAIL_SCOPE = "https://www.googleapis.com/auth/userinfo.email"
+
+
+def caller_email(creds: Any) -> str:
+    """The e-mail address of the account ``creds`` act as, "" where it cannot be learned. A service account's
+    credentials carry it: a key's and an impersonated account's (``service_account_email``, ``signer_email``), and the
+    metadata server's (Compute Engine, GKE Workload Identity, Vertex AI) once refreshed, which reads it from the
+    metadata server (``compute_engine.Credentials.refresh``, google/auth/compute_engine/credentials.py at google-auth
+    2.63.0); a user's login may name it (``account``). Else the token says: its information at the token information
+    endpoint (``TOKENINFO_URI``), for a user's login a token its refresh token is asked for with ``EMAIL_SCOPE``
+    alone. Only a verified address counts (``email_verified``). An error of the endpoint or of the refresh is ""."""
+    email = named_email(creds)
+    if email:
+        return email
+    import json
+    from urllib.parse import urlencode
+
+    import google.auth.transport.requests
+    from google.auth import exceptions
+
+    request = google.auth.transport.requests.Request()
+    try:
+        if getattr(creds, "service_account_email", None) == "default":  # the metadata server's, before a refresh
+            creds.refresh(request)
+            return named_email(creds)
+        where = _tokeninfo_uri(creds)
+        token = _email_token(creds, request) if where else ""
+        if not token:
+            return ""
+        response = request(url=f"{where}?{urlencode({'access_token': token})}", method="GET")
+        info = json.loads(response.data) if response.status == 200 else {}
+    except (exceptions.GoogleAuthError, ValueError):
+        return ""
+    verified = str(info.get("email_verified", "")).lower() == "true"
+    email = info.get("email", "") if verified else ""
+    return email if isinstance(email, str) and "@" in email else ""
+
+
+def named_email(creds: Any) -> str:
+    """The e-mail address the credentials' own attributes name: a service account's, a user's login's."""
+    for attribute in ("service_account_email", "signer_email", "account"):
+        value = getattr(creds, attribute, None)
+        if isinstance(value, str) and "@" in value:
+            return value
+    return ""
+
+
+def _tokeninfo_uri(creds: Any) -> str:
+    """Where the token of ``creds`` is asked about: with the emulators, the emulated token issuer's host (beside
+    ``$TPUPIPE_GKE_EMULATOR_TOKEN_URI``, on this machine), and only for their own tokens (the static one, or
+    credentials that refresh there: ``_emulated``), "" when there is none; else Google's ``TOKENINFO_URI``."""
+    from urllib.parse import urljoin
+
+    token_uri = os.environ.get(EMULATOR_TOKEN_URI_ENV, "")
+    emulated = bool(token_uri and os.environ.get(EMULATOR_HOST_ENV) and _loopback(token_uri))
+    own = emulator_token()
+    if own is not None and getattr(creds, "token", None) == own:
+        return urljoin(token_uri, "tokeninfo") if emulated else ""
+    if emulated and _emulated(creds, token_uri):
+        return urljoin(token_uri, "tokeninfo")
+    return TOKENINFO_URI
+
+
+def _email_token(creds: Any, request: Any) -> str:
+    """An access token of ``creds`` whose information may carry the account's e-mail: for a user's login (a refresh
+    token), one asked for with ``EMAIL_SCOPE`` alone (the credentials' own tokens are asked for with
+    ``CLOUD_PLATFORM_SCOPE``: :func:`credentials`); else their own, refreshed when no longer valid."""
+    from google.oauth2 import credentials as oauth2
+
+    if isinstance(creds, oauth2.Credentials) and creds.refresh_token:
+        scoped = oauth2.Credentials(  # type: ignore[no-untyped-call]  # google-auth's __init__ is untyped
+            None,
+            refresh_token=creds.refresh_token,
+            token_uri=creds.token_uri,
+            client_id=creds.client_id,
+            client_secret=creds.client_secret,
+            scopes=[EMAIL_SCOPE],
+        )
+        scoped.refresh(request)  # type: ignore[no-untyped-call]
+        return str(scoped.token or "")
+    if not creds.valid:
+        creds.refresh(request)
+    return str(creds.token or "")
+
+
 class AccessToken:
     """A Google OAuth access token that stays valid, for the clients that take a bare token (the Kubernetes client's
     bearer token, the Ray job client's ``Authorization`` header): ``token()`` refreshes ``creds`` first when google-auth

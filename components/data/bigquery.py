@@ -41,25 +41,36 @@ https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQue
 ``responseTooLarge``, https://cloud.google.com/bigquery/docs/error-messages), so a window of any size is read whole (a
 table truncated and reloaded, a large backfill), and under the domain-restricted sharing organization policy too,
 where no query result goes to a temporary table (same page). The results dataset is the one
-``train.bigquery_results_dataset`` names (``RESULTS_FIELD``; ``tpupipe_results`` by default), in the project the query
-is billed in: looked up
-(datasets.get) before the query, created when absent (datasets.insert, ``Client.create_dataset``) in the table's
-location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION`` and the label ``RESULTS_LABELS``, and
-refused (a SpecError naming the field) when it is in another location than the table, before any query: "When you
+``train.bigquery_results_dataset`` names (``RESULTS_FIELD``), else one per location, ``tpupipe_results_<location>``
+(:func:`results_dataset_name`), in the project the query is billed in: looked up (datasets.get) before the query and
+refused (a SpecError naming the field, before any query) when it is in another location than the table ("When you
 write query results to a permanent table, the tables you're querying must be in the same location as the dataset that
-contains the destination table" (https://cloud.google.com/bigquery/docs/writing-results). Each read
-writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
+contains the destination table": https://cloud.google.com/bigquery/docs/writing-results) or has no default table
+expiration (a result table would outlive a run killed before its own expiration is set: tables.patch is a call of
+its own, and ``destinationTableProperties.expirationTime`` is "Internal use only", JobConfigurationQuery); one whose
+access list reaches beyond the run's identities (the project's viewers or editors, anyone: :func:`open_access`) is
+used, and said in a warning line. Absent, it is created (datasets.insert, ``Client.create_dataset``) in the table's
+location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, the shortest time travel window,
+``RESULTS_TRAVEL_HOURS``, the label ``RESULTS_LABELS`` and an access list of its own, never BigQuery's default, which
+would let every viewer of the project read the training rows and every editor write them, where an anonymous result
+was its query's creator's alone: its creator (the caller, by its e-mail: ``caller_email``) and the project's owners
+OWNER, ``train.bigquery_service_account`` WRITER (:func:`results_access`; ``RESULTS_OWNERS_GROUP``'s comment). When
+the caller's e-mail cannot be learned, nothing is created: a SpecError naming the field says how to create it. Each
+read writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
 ``WRITE_EMPTY`` on that fresh name (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery,
 ``writeDisposition``), recorded in ``snap["appends_table"]``; once written it gets an ``expirationTime``
 ``RESULTS_TABLE_LIFE`` ahead (tables.patch, ``Client.update_table``: "If not present, the table will persist
 indefinitely. Expired tables will be deleted and their storage reclaimed",
-https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), so nothing outlives a
-killed run even in a dataset made without a default expiration (but for the moment between the job's end and that
-call, which a dataset the run made covers with its default), and it is deleted (tables.delete,
-``Client.delete_table``) as soon as its rows are read or their reader stops early or fails. What that costs besides
-the query: the table's storage for its short life ("If you write query results to a new table, you are charged for
-storing the data": writing-results; https://cloud.google.com/bigquery/pricing#storage), and no second scan (the read
-session reads the table the query wrote).
+https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), is read as of its
+job's end (another writer's rows added later are not read) and counted against the rows the job wrote (an
+InfraError otherwise), and is deleted (tables.delete, ``Client.delete_table``) as soon as its rows are read or
+their reader stops early or fails; a delete refused after a whole read is a warning line, the table left to expire.
+A deleted or expired table is not gone at once: it can be restored for its dataset's time travel window and is kept
+7 days more in fail-safe storage (https://cloud.google.com/bigquery/docs/time-travel). What that costs besides the
+query: the table's storage ("If you write query results to a new table, you are charged for storing the data":
+writing-results; https://cloud.google.com/bigquery/pricing#storage) while it lives, and under physical storage
+billing for its time travel and fail-safe days too (time-travel); no second scan (the read session reads the table
+the query wrote).
 Its window is ``start`` inclusive ("the earliest time at which a change is included") and ``end`` exclusive (the
 latest time at which a change is included, exclusive), while a snapshot as of ``t`` holds what was committed at ``t``
 too: a run reads ``[champion's time + 1 µs, its own time + 1 µs)`` (BigQuery's timestamps count microseconds), so
@@ -78,10 +89,11 @@ Bad input is a :class:`SpecError` naming its field: a malformed URI, a table tha
 to open a read session or to run a query, a filter BigQuery refuses, no rows (unless the read is of what is new,
 ``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
 needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
-read), a time column that is missing or of another type, a results dataset in another location than the table or
-one the caller may not create, or whose tables it may not write, read or delete (naming
-``train.bigquery_results_dataset``). A NotFound after tables.get found the table (the read session, a stream, the
-APPENDS query) is an InfraError: the table went away, or the session expired, while it was read.
+read), a time column that is missing or of another type, a results dataset in another location than the table,
+without a default table expiration, one the caller may not create or may create only with no e-mail to name in its
+access list, or whose tables it may not write or read (naming ``train.bigquery_results_dataset``). A NotFound after
+tables.get found the table (the read session, a stream, the APPENDS query) is an InfraError: the table went away, or
+the session expired, while it was read; so is a result table that holds other rows than its job wrote.
 
 Where it is billed: a read session is created in, and billed to, one project (CreateReadSessionRequest's
 ``parent``, ``projects/{project_id}``, "The request project that owns the session", storage.proto), where the caller
@@ -96,16 +108,16 @@ https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). Both 
 the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and billed where the run
 is; without one, to the table's own project. The results dataset is in that project too: creating it takes
 ``bigquery.datasets.create`` there (roles/bigquery.user, roles/bigquery.dataEditor, roles/bigquery.admin), and its
-creator is its OWNER ("If unspecified at dataset creation time, BigQuery adds default dataset access for the following
-entities: ... the dataset creator ... OWNER", https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access),
-which holds what its tables take ("because the bigquery.user role has bigquery.datasets.create permissions, a user
-assigned to the bigquery.user role can create tables in any dataset that user creates": writing-results):
-``bigquery.tables.create`` and ``bigquery.tables.updateData`` for the query to write one (same page, "Required
-permissions"), ``bigquery.tables.update`` to set
-its expiration, ``bigquery.tables.getData`` to read it and ``bigquery.tables.delete`` to delete it (all
-roles/bigquery.dataEditor's on a dataset someone else made: https://cloud.google.com/bigquery/docs/access-control,
-https://cloud.google.com/bigquery/docs/datasets, "Required permissions"). A refusal of any of them is a SpecError
-naming ``train.bigquery_results_dataset`` and the permission.
+creator is its OWNER (its access list names it: :func:`results_access`), which holds what its tables take
+("because the bigquery.user role has bigquery.datasets.create permissions, a user assigned to the bigquery.user role
+can create tables in any dataset that user creates": writing-results): ``bigquery.tables.create`` and
+``bigquery.tables.updateData`` for the query to write one (same page, "Required permissions"),
+``bigquery.tables.update`` to set its expiration, ``bigquery.tables.getData`` to read it and
+``bigquery.tables.delete`` to delete it (all roles/bigquery.dataEditor's, WRITER in an access list, on a dataset
+someone else made: https://cloud.google.com/bigquery/docs/access-control, https://cloud.google.com/bigquery/docs/datasets,
+"Required permissions"). A refusal of any of them is a SpecError naming ``train.bigquery_results_dataset`` and the
+permission. Project-level BigQuery data roles (roles/bigquery.dataViewer, dataEditor, dataOwner, admin granted on
+the project) still reach every dataset of it, this one too: the access list adds to them, never takes away.
 
 The clients: ``google.cloud.bigquery.Client`` (tables.get, datasets.get, the APPENDS query through
 ``Client.query``, the results dataset's and table's calls) and ``google.cloud.bigquery_storage_v1.BigQueryReadClient``
@@ -133,7 +145,15 @@ from contextlib import closing
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
-from components.cloud.credentials import access_error, credentials, emulator_token, google_client
+from components.cloud.credentials import (
+    TOKENINFO_URI,
+    access_error,
+    caller_email,
+    credentials,
+    emulator_token,
+    google_client,
+    named_email,
+)
 from components.data.drops import NoDrop
 from components.spec import InfraError, SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
@@ -157,12 +177,47 @@ SESSION_HOURS = 6
 DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 RESULTS_FIELD = "train.bigquery_results_dataset"  # the dataset the APPENDS query writes its result tables to
+# Its name when the setting is "": this, "_" and the table's location in lower case, each run of other characters an
+# "_" (tpupipe_results_us, tpupipe_results_europe_west4): one dataset per location, as a query writes only to a
+# dataset of the location of what it reads (https://cloud.google.com/bigquery/docs/writing-results)
+RESULTS_PREFIX = "tpupipe_results"
 # A results dataset the run creates: its tables' default life (defaultTableExpirationMs, at least an hour: "The minimum
 # lifetime value is 3600000 milliseconds (one hour)",
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.default_table_expiration_ms), and
 # the label that says who made it (labels: https://cloud.google.com/bigquery/docs/labels-intro)
 RESULTS_DEFAULT_EXPIRATION = timedelta(days=1)
 RESULTS_LABELS = {"created-by": "tpupipe"}
+# Its time travel window, the shortest there is: "The value can be from 48 to 168 hours (2 to 7 days)"
+# (Dataset.maxTimeTravelHours, https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours):
+# a deleted or expired table can be restored for that window, and is kept 7 days more in fail-safe storage
+# (https://cloud.google.com/bigquery/docs/time-travel), billed under physical storage billing (same page)
+RESULTS_TRAVEL_HOURS = 48
+# Its access list, never BigQuery's default, which lets every viewer of the project read its tables and every editor
+# write them (Dataset.access: "If unspecified at dataset creation time, BigQuery adds default dataset access for ...
+# projectReaders ... READER, projectWriters ... WRITER",
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), where an anonymous result
+# table was its query's creator's alone ("Access to the temporary table data is restricted to the user or service
+# account that created the query job": https://cloud.google.com/bigquery/docs/writing-results): its creator as OWNER
+# (the one entry a dataset must have: "A dataset must have at least one entity with the OWNER role",
+# https://cloud.google.com/bigquery/docs/access-control-basic-roles), the project's owners as OWNER, who may already
+# "revoke or change any project role" and "delete any dataset in the project" (same page), so that the dataset stays
+# theirs to administer once its creator is gone, and ``train.bigquery_service_account`` as WRITER (roles/bigquery.
+# dataEditor on it) when that account is not its creator (``results_access``).
+RESULTS_OWNERS_GROUP = "projectOwners"
+# The entries of an access list that let others than the run's identities read or write a results dataset's tables:
+# the project's viewers and editors (BigQuery's default), anyone signed in, anyone at all (``open_access``)
+OPEN_GROUPS = {
+    "projectReaders": "the viewers of its project",
+    "projectWriters": "the editors of its project",
+    "allAuthenticatedUsers": "anyone signed in to a Google account",
+    "allUsers": "anyone",
+}
+# The roles that create tables in a dataset: its WRITER and OWNER entries (roles/bigquery.dataEditor and dataOwner
+# in their legacy names), those roles and roles/bigquery.admin granted on the dataset or its project
+# (https://cloud.google.com/bigquery/docs/access-control)
+TABLE_CREATE_ROLES = (
+    "WRITER", "OWNER", "roles/bigquery.dataEditor", "roles/bigquery.dataOwner", "roles/bigquery.admin",
+)  # fmt: skip
 # A results table's expirationTime, from when it is written: as long as a read session of it lives (SESSION_HOURS)
 RESULTS_TABLE_LIFE = timedelta(hours=SESSION_HOURS)
 DATASET_CREATE_PERMISSION = "bigquery.datasets.create"  # on the project a dataset is created in
@@ -306,6 +361,7 @@ def snapshot(
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
     results_dataset: str = TrainSpec.bigquery_results_dataset,
+    results_writer: str = "",
     log: Callable[[str], None] = print,
 ) -> dict:
     """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked, with its
@@ -315,10 +371,12 @@ def snapshot(
     "time_type", "after", "max_time" (the largest ``time_column`` among the rows read, as text; None when there are
     none or no time column), "incremental", "session", "streams"}``; with ``since`` and APPENDS possible (the
     module's docstring), ``"appended_after"`` (the champion's snapshot time) and ``"results_dataset"`` (``PROJECT.``
-    ``results_dataset`` in the billing project, where the query writes its result: :func:`_results_dataset`) instead
-    of a session. Makes two calls (tables.get, CreateReadSession), or for APPENDS three or four (tables.get,
-    datasets.get of the table's dataset, datasets.get of the results dataset, datasets.insert when it is absent), and
-    :func:`rows` the query.
+    and ``results_dataset``, or the name :func:`results_dataset_name` derives from the table's location when it is
+    "", in the billing project, where the query writes its result: :func:`_results_dataset`, which grants
+    ``results_writer``, an e-mail, WRITER on a dataset it creates) instead of a session. Makes two calls (tables.get,
+    CreateReadSession), or for APPENDS three or four (tables.get, datasets.get of the table's dataset, datasets.get of
+    the results dataset, datasets.insert when it is absent, after asking whose the credentials are), and :func:`rows`
+    the query.
     ``after`` (a ``max_time`` of an earlier snapshot) reads only the rows past it. ``incremental`` (implied by
     ``after`` and ``since``): the read is of what is new since a champion (``train.data_since``), so no rows is an
     answer, not an error. A table that tables.get does not find is a :class:`~components.data.drops.NoDrop` (a dated
@@ -405,7 +463,9 @@ def snapshot(
     if since is not None:
         refused = _appends_refusal(bq, found, snap, since, creds)
         if not refused:
-            results = _results_dataset(bq, f"{billing}.{results_dataset}", found.location or "", table, creds)
+            location = found.location or ""
+            named = f"{billing}.{results_dataset_name(results_dataset, location)}"
+            results = _results_dataset(bq, named, location, table, creds, results_writer, log)
             snap.update(after=None, appended_after=since["snapshot_time"], results_dataset=results)
             return snap
         late = f"{time_column} not past {after}" if after else f"an old {time_column}"
@@ -437,14 +497,15 @@ def snapshot(
     return snap
 
 
-def rows(snap: dict, *, field: str) -> Iterator[dict]:
+def rows(snap: dict, *, field: str, log: Callable[[str], None] = print) -> Iterator[dict]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams in stream order (read
     in parallel: :func:`_stream_rows`), an Arrow record batch at a time, or the APPENDS query's result table's, read
     the same way. Counts them into ``snap["num_rows"]`` and their largest time into ``snap["max_time"]``; a row that
-    lacks what the formatter needs, or no rows at all (unless ``incremental``), is a SpecError naming ``field``."""
+    lacks what the formatter needs, or no rows at all (unless ``incremental``), is a SpecError naming ``field``.
+    ``log`` says what is worth a warning (a results table read whole that could not be deleted)."""
     creds = credentials()
-    source = _appended(snap, field, creds) if snap.get("appended_after") else _streamed(snap, creds)
+    source = _appended(snap, field, creds, log) if snap.get("appended_after") else _streamed(snap, creds)
     try:
         with closing(source):  # its streams stopped, and a results table deleted, however this read ends
             yield from _checked(source, snap, field)
@@ -577,18 +638,22 @@ def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _appended(snap: dict, field: str, creds) -> Generator[dict, None, None]:
+def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Generator[dict, None, None]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
     the snapshot's project, with its filter as query parameters, its result written to a table of its own in the
     results dataset (``snap["results_dataset"]``: the module's docstring), ``appends_<hex>`` with ``WRITE_EMPTY``,
     recorded in ``snap["appends_table"]`` and the job in ``snap["appends_job"]``. Once the job is done the table gets
-    its ``expirationTime`` (tables.patch), and its rows are read through the Storage Read API, as a table (a read
-    session with no snapshot time: it is written once, by the job), in Arrow batches, as google-cloud-bigquery's
-    ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's result
-    (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no jobs.getQueryResults
-    pages, none of their per-response size. The session is created in, and billed to, the snapshot's project too.
-    The table is deleted (:func:`_drop`) however the read ends: its rows all read, the reader closed early, or a
-    failure."""
+    its ``expirationTime`` (tables.patch), and its rows are read through the Storage Read API, as a table, in Arrow
+    batches, as google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's
+    result (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no
+    jobs.getQueryResults pages, none of their per-response size. The session is created in, and billed to, the
+    snapshot's project too, and reads the table as of the job's end (``table_modifiers.snapshot_time``, the job's
+    ``statistics.endTime``: ``QueryJob.ended``), so no row another writer of the dataset adds after the job is read;
+    the rows read must be as many as the job wrote, its result's ``totalRows`` ("The total number of rows in the
+    complete query result set", jobs.getQueryResults' answer, which ``QueryJob.result`` asks for:
+    https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/getQueryResults), else an InfraError naming the
+    table. The table is deleted (:func:`_drop`) however the read ends: its rows all read, the reader closed early, or
+    a failure."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -621,45 +686,110 @@ def _appended(snap: dict, field: str, creds) -> Generator[dict, None, None]:
         try:
             job = bq.query(sql, job_config=config, job_id_prefix=f"tpupipe_appends_{unique}_")
             snap["appends_job"] = job.job_id
-            job.result()  # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
+            # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
+            written_rows = job.result().total_rows
+            ended = job.ended
             written = bigquery.Table(destination)
             written.expires = datetime.now(UTC) + RESULTS_TABLE_LIFE
             bq.update_table(written, ["expires"])
             reader = read_client(creds)
             session = reader.create_read_session(
                 parent=f"projects/{snap['project']}",
-                read_session={"table": _table_path(destination), "data_format": "ARROW"},
+                read_session={
+                    "table": _table_path(destination),
+                    "data_format": "ARROW",
+                    "table_modifiers": {"snapshot_time": ended},
+                },
                 max_stream_count=STREAMS,
             )
         except _failures() as exc:
             raise _results_refusal(exc, results, creds) or exc from None
-        yield from _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema)
+        count = 0
+        for row in _stream_rows(reader, [s.name for s in session.streams], session.arrow_schema.serialized_schema):
+            count += 1
+            yield row
+        if count != written_rows:
+            raise InfraError(
+                f"{field}: the APPENDS query's result table {destination}, read as of its job's end "
+                f"({_stamp(ended) if ended else 'not said'}), held {count} rows, and the job {job.job_id} wrote "
+                f"{written_rows} (its totalRows): nothing of it is used: a new run reads it again"
+            )
         whole = True
     finally:
-        _drop(bq, destination, results, creds, whole)
+        _drop(bq, destination, results, creds, whole, log)
 
 
-def _drop(bq, table: str, results: str, creds, whole: bool) -> None:
+def _drop(bq, table: str, results: str, creds, whole: bool, log: Callable[[str], None]) -> None:
     """Delete the results table ``table`` of the dataset ``results`` (tables.delete, ``Client.delete_table``: one the
-    job never wrote is not found, which is no error). A refusal is raised (:func:`_results_refusal`) after a whole
-    read (``whole``) only: a read that failed or was closed early ends as it did, the table left to its
-    ``expirationTime``."""
+    job never wrote is not found, which is no error). A failure leaves the table to its ``expirationTime`` (and its
+    dataset's default table expiration, which every results dataset has: :func:`_results_dataset`): after a whole
+    read (``whole``) it is a warning line (``log``), the rows being read; a read that failed or was closed early ends
+    as it did."""
     try:
         bq.delete_table(table, not_found_ok=True)
     except _failures() as exc:
         if whole:
-            raise _results_refusal(exc, results, creds) or exc from None
+            refused = _results_refusal(exc, results, creds)
+            said = str(refused).removeprefix(f"{RESULTS_FIELD}: ") if refused else _said(exc)
+            log(
+                f"snapshot: warning: {RESULTS_FIELD}: the table {table}, read whole, was not deleted ({said}): it "
+                f"expires by itself, at most {_hours(RESULTS_TABLE_LIFE)} hours after it was written"
+            )
 
 
-def _results_dataset(bq, dataset: str, location: str, table: str, creds) -> str:
+def results_dataset_name(setting: str, location: str) -> str:
+    """The results dataset's name (``RESULTS_FIELD``): ``setting`` when it names one; when it is "", one per location,
+    ``RESULTS_PREFIX`` and ``location`` (the table's) in lower case, each run of other characters than letters and
+    digits an ``_``: ``tpupipe_results_us``, ``tpupipe_results_europe_west4``."""
+    if setting:
+        return setting
+    suffix = re.sub(r"[^a-z0-9]+", "_", location.lower()).strip("_")
+    return f"{RESULTS_PREFIX}_{suffix}" if suffix else RESULTS_PREFIX
+
+
+def results_access(creator: str, writer: str = "") -> list:
+    """The access list of a results dataset the run creates (``RESULTS_OWNERS_GROUP``'s comment): ``creator`` (an
+    e-mail, the caller's) and the project's owners as OWNER, ``writer`` (``train.bigquery_service_account``) as
+    WRITER unless it is ``creator``; ``AccessEntry`` objects, each account as ``userByEmail`` ("An email address of a
+    user to grant access to", a service account's too: Dataset.access)."""
+    from google.cloud.bigquery import AccessEntry
+
+    entries = [
+        AccessEntry("OWNER", "userByEmail", creator),
+        AccessEntry("OWNER", "specialGroup", RESULTS_OWNERS_GROUP),
+    ]
+    if writer and writer.lower() != creator.lower():
+        entries.append(AccessEntry("WRITER", "userByEmail", writer))
+    return entries
+
+
+def open_access(entries: list) -> list[str]:
+    """Of a dataset's access entries (``AccessEntry``), each that lets others than the run's identities read or write
+    its tables (``OPEN_GROUPS``), as ``ROLE to GROUP (who they are)``."""
+    return [
+        f"{entry.role} to {entry.entity_id} ({OPEN_GROUPS[entry.entity_id]})"
+        for entry in entries
+        if entry.role and entry.entity_type in ("specialGroup", "iamMember") and entry.entity_id in OPEN_GROUPS
+    ]
+
+
+def _results_dataset(
+    bq, dataset: str, location: str, table: str, creds, writer: str, log: Callable[[str], None]
+) -> str:
     """The results dataset ``dataset`` (``PROJECT.DATASET``), there in ``location`` (``table``'s): datasets.get, and
     when it is absent (or the caller may not see it) datasets.insert (``Client.create_dataset``) in ``location``, with
-    ``RESULTS_LABELS`` and a default table expiration of ``RESULTS_DEFAULT_EXPIRATION`` (one that is there after all,
-    a Conflict, is looked up again). A dataset in another location is a SpecError naming ``RESULTS_FIELD``, as is a
-    refusal (:func:`_results_refusal`)."""
+    ``RESULTS_LABELS``, a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, a time travel window of
+    ``RESULTS_TRAVEL_HOURS`` and the access list :func:`results_access` makes of the caller's e-mail
+    (``caller_email``) and ``writer`` (one that is there after all, a Conflict, is looked up again); with no e-mail to
+    name, none is created (a SpecError naming ``RESULTS_FIELD``): BigQuery's default list would open the training rows
+    to the project's viewers and editors. A dataset in another location, or with no default table expiration (a table
+    of it would outlive a run killed between the query and the table's own expiration), is a SpecError naming
+    ``RESULTS_FIELD``, as is a refusal (:func:`_results_refusal`), each before any query; one whose access list is
+    open (:func:`open_access`) is used, and said in a warning line (``log``)."""
     from google.api_core import exceptions as gexc
     from google.cloud import bigquery
 
+    project, name = dataset.rsplit(".", 1)
     try:
         try:
             found = bq.get_dataset(dataset)
@@ -668,10 +798,15 @@ def _results_dataset(bq, dataset: str, location: str, table: str, creds) -> str:
                 raise  # a quota, not a refusal
             # Not found, or not to be seen (no bigquery.datasets.get, which "or it may not exist" leaves open):
             # created, which also tells which (one that is there is a Conflict)
+            creator = caller_email(creds)
+            if not creator:
+                raise _unnamed_creator(dataset, location, writer) from None
             made = bigquery.Dataset(dataset)
             made.location = location or None
             made.default_table_expiration_ms = int(RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000)
+            made.max_time_travel_hours = RESULTS_TRAVEL_HOURS
             made.labels = dict(RESULTS_LABELS)
+            made.access_entries = results_access(creator, writer)
             try:
                 found = bq.create_dataset(made)
             except gexc.Conflict:  # another run's, made since the lookup, or one the caller may not see
@@ -687,9 +822,60 @@ def _results_dataset(bq, dataset: str, location: str, table: str, creds) -> str:
             f"result, is in {there}, and {table} in {location}: a query writes to a dataset of the location of the "
             "tables it reads (https://cloud.google.com/bigquery/docs/writing-results)",
             [f"{RESULTS_FIELD}=NAME of a dataset of project {project} in {location}, or of none yet: the run creates "
-             f"it there (e.g. {name}_{location.lower().replace('-', '_')})"],
+             f"it there (e.g. {results_dataset_name('', location)})"],
         )  # fmt: skip
+    if not found.default_table_expiration_ms:
+        raise SpecError(
+            RESULTS_FIELD,
+            f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its "
+            "result, has no default table expiration: a result table gets its own expiration only after the query, "
+            "so one written by a run killed in between would keep its training rows for ever",
+            [f"a default table expiration on it: `bq update --default_table_expiration "
+             f"{int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} {project}:{name}` (seconds; at least 3600)",
+             f'{RESULTS_FIELD}="" (the run\'s own dataset, {results_dataset_name("", location)}, which it creates with '
+             "one)"],
+        )  # fmt: skip
+    opened = open_access(found.access_entries)
+    if opened:
+        log(
+            f"snapshot: warning: {RESULTS_FIELD}: the dataset {dataset} grants {', '.join(opened)}: the training rows "
+            "its result tables hold are theirs to read (or write) while they last; remove those entries "
+            "(`bq update --source`), or name a dataset only the run's identities may use"
+        )
     return dataset
+
+
+def _unnamed_creator(dataset: str, location: str, writer: str) -> SpecError:
+    """The refusal to create the results dataset ``dataset`` when the caller's e-mail cannot be learned."""
+    project, name = dataset.rsplit(".", 1)
+    where = f" --location={location}" if location else ""
+    grantee = writer or "the identity the data snapshot runs as"
+    return SpecError(
+        RESULTS_FIELD,
+        f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its result, "
+        "does not exist, and the run creates it only with an access list naming its creator as OWNER (BigQuery's "
+        f"default list would let every viewer of project {project} read the training rows and every editor write "
+        f"them), yet these credentials say no e-mail address, nor does their token's information ({TOKENINFO_URI})",
+        [f"create it once: `bq mk --dataset{where} --default_table_expiration "
+         f"{int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} --max_time_travel_hours {RESULTS_TRAVEL_HOURS} "
+         f"{project}:{name}`, then keep in its access list only its OWNER entries and WRITER (roles/bigquery."
+         f"dataEditor) for {grantee} (`bq show --format=prettyjson {project}:{name} > d.json`, edit `access`, "
+         f"`bq update --source d.json {project}:{name}`), and name it in {RESULTS_FIELD} unless that is its name",
+         "credentials that say whose they are: a service account's, or `gcloud auth application-default login` "
+         "(its token's information names the account)"],
+    )  # fmt: skip
+
+
+def refused(exc: Exception) -> bool:
+    """Whether ``exc`` is BigQuery's refusal of the caller: PERMISSION_DENIED (the Storage Read API's, gRPC), or 403
+    with the reason ``accessDenied`` (the REST API's; another 403 is a quota or a rate limit:
+    https://cloud.google.com/bigquery/docs/error-messages)."""
+    from google.api_core import exceptions as gexc
+
+    first = next((e for e in getattr(exc, "errors", None) or [] if isinstance(e, dict)), {})
+    return isinstance(exc, gexc.PermissionDenied) or (
+        isinstance(exc, gexc.Forbidden) and first.get("reason") == "accessDenied"
+    )
 
 
 def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
@@ -697,16 +883,10 @@ def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
     (``PROJECT.DATASET``): to create it (``bigquery.datasets.create`` on its project), to see it, or to write, change,
     read or delete a table in it (``RESULTS_PERMISSIONS``), with what BigQuery said; None for any other failure (a
     refusal about the table read, a quota, an outage)."""
-    from google.api_core import exceptions as gexc
-
-    first = next((e for e in getattr(exc, "errors", None) or [] if isinstance(e, dict)), {})
-    denied = isinstance(exc, gexc.PermissionDenied) or (
-        isinstance(exc, gexc.Forbidden) and first.get("reason") == "accessDenied"
-    )
     said = _said(exc)
     project, name = dataset.rsplit(".", 1)
     named = f"{project}:{name}" in said or dataset in said or DATASET_CREATE_PERMISSION in said
-    if not denied or not named:
+    if not refused(exc) or not named:
         return None
     who = _identity(creds)
     grantee = who or "the pipeline service account"
@@ -716,10 +896,10 @@ def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
             f"{who or 'the caller'} may not create the dataset {dataset} (it lacks {DATASET_CREATE_PERMISSION} in "
             f"project {project}), where the APPENDS query of the rows committed since the champion writes its "
             f"result: {said}",
-            [f"roles/bigquery.user on the project {project}, granted to {grantee} (it creates the dataset once, and "
-             "owns it)",
-             f"a dataset made once in the table's location, with roles/bigquery.dataEditor on it granted to {grantee}, "
-             f"named in {RESULTS_FIELD}"],
+            [f"a dataset made once in the table's location, with roles/bigquery.dataEditor on it alone granted to "
+             f"{grantee}, named in {RESULTS_FIELD} (the least privilege)",
+             f"roles/bigquery.user on the project {project}, granted to {grantee} (it creates the dataset once, and "
+             "owns it; it also lists every dataset and table of the project)"],
         )  # fmt: skip
     lacking = next((p for p in (*RESULTS_PERMISSIONS, "bigquery.datasets.get") if p in said), "a permission")
     return SpecError(
@@ -759,6 +939,10 @@ def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:
             f"hours ({TIME_WINDOW})"
         )
     return ""
+
+
+def _hours(span: timedelta) -> int:
+    return int(span.total_seconds() // 3600)
 
 
 def _table_path(table: str) -> str:
@@ -933,20 +1117,22 @@ DATASET_CREATE_ROLES = (
 
 
 class AccountRoles(NamedTuple):
-    """What :func:`account_roles` found of a service account's roles for reading a table with jobs in a project."""
+    """What :func:`account_roles` found of a service account's roles on a dataset with jobs in a project."""
 
     on_project: set[str]  # on the jobs' project, unconditionally
-    reading: set[str]  # on the table's dataset or its project, unconditionally
+    reading: set[str]  # on the dataset or its project, unconditionally
     unread: list[str]  # the policies and access lists the caller could not read
     # role -> the titles of the IAM conditions it is granted under (``cloud.iam``: not counted as held)
     on_project_conditional: dict[str, set[str]]
     reading_conditional: dict[str, set[str]]
 
 
-def account_roles(table: str, project: str, account: str, creds=None) -> AccountRoles:
-    """The roles the service account ``account`` (an email) holds on ``project`` and those that may read ``table``'s
-    rows (on its dataset and its project): from the project IAM policies (Resource Manager's projects.getIamPolicy)
-    and the dataset's access list (:func:`dataset_access`, where an account is ``userByEmail`` or an ``iamMember``,
+def account_roles(dataset: str, project: str, account: str, creds=None, entries: list | None = None) -> AccountRoles:
+    """The roles the service account ``account`` (an email) holds on ``project`` and those it holds on ``dataset``
+    (``PROJECT.DATASET``: a table's, whose rows it reads; the APPENDS query's results dataset, whose tables it
+    writes), on the dataset itself or its project: from the project IAM policies (Resource Manager's
+    projects.getIamPolicy) and the dataset's access list (``entries`` when the caller has read it, else
+    :func:`dataset_access`, where an account is ``userByEmail`` or an ``iamMember``,
     ``allAuthenticatedUsers`` a ``specialGroup`` that includes it, and ``projectReaders``/``projectWriters``/
     ``projectOwners`` those that include it by its basic role on the dataset's project: ``PROJECT_GROUPS``). A
     binding or access entry with a condition grants only where the condition holds (``cloud.iam``): kept apart, by
@@ -955,7 +1141,7 @@ def account_roles(table: str, project: str, account: str, creds=None) -> Account
     from components.cloud import iam as cloud_iam
 
     member, unread = f"serviceAccount:{account}", []
-    data_project, dataset = table.rsplit(".", 2)[0], table.rsplit(".", 1)[0]
+    data_project = dataset.rsplit(".", 1)[0]
     levels: dict[str, cloud_iam.Level] = {}
     for where in dict.fromkeys((project, data_project)):
         try:
@@ -973,7 +1159,7 @@ def account_roles(table: str, project: str, account: str, creds=None) -> Account
     on_dataset_conditional: dict[str, set[str]] = {}
     try:
         mine = (account, member, ALL_AUTHENTICATED)
-        for entry in dataset_access(client(project, creds), dataset):
+        for entry in dataset_access(client(project, creds), dataset) if entries is None else entries:
             group = PROJECT_GROUPS.get(entry.entity_id, "")
             if not entry.role:
                 continue
@@ -998,7 +1184,12 @@ def account_roles(table: str, project: str, account: str, creds=None) -> Account
 
 
 def dataset_access(bq, dataset: str) -> list:
-    """The dataset's access list (``PROJECT.DATASET``) as ``AccessEntry`` objects, read with datasets.get at
+    """The dataset's access list (``PROJECT.DATASET``) as ``AccessEntry`` objects (:func:`dataset_resource`)."""
+    return list(dataset_resource(bq, dataset).access_entries)
+
+
+def dataset_resource(bq, dataset: str) -> Any:
+    """The dataset (``PROJECT.DATASET``) as a ``Dataset``, its access list read with datasets.get at
     ``accessPolicyVersion=3``: "Requests for conditional access policy binding in datasets must specify version 3";
     below it an entry with a condition comes back without it, its role suffixed with ``withcond`` and a hash
     (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get; each entry's ``condition``:
@@ -1019,7 +1210,7 @@ def dataset_access(bq, dataset: str) -> list:
         path=path,
         query_params={"accessPolicyVersion": IAM_POLICY_VERSION},
     )
-    return list(Dataset.from_api_repr(resource).access_entries)
+    return Dataset.from_api_repr(resource)
 
 
 def row_access_policies(table: str, project: str) -> int | None:
@@ -1230,9 +1421,6 @@ def _said(exc: Exception) -> str:
 
 
 def _identity(creds) -> str:
-    """The account the credentials act as, when they say (a service account's e-mail, a user's account)."""
-    for attribute in ("service_account_email", "signer_email", "account"):
-        value = getattr(creds, attribute, None)
-        if isinstance(value, str) and "@" in value:
-            return value
-    return ""
+    """The account the credentials act as, when they say (a service account's e-mail, a user's account), asking no
+    one (``named_email``)."""
+    return named_email(creds)

@@ -328,9 +328,11 @@ def _bigquery(
         incremental=since is not None,
         project=job_project(spec),
         results_dataset=t.bigquery_results_dataset,
+        results_writer=t.bigquery_service_account,
         log=log,
     )
-    rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(bigquery.rows(snap, field=key), 1))
+    read = bigquery.rows(snap, field=key, log=log)
+    rows = (check_example(f"{table} row {i}", row, key) for i, row in enumerate(read, 1))
     return snap, rows
 
 

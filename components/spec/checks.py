@@ -294,7 +294,7 @@ _SERVICE_ACCOUNT = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]*\.g
 
 def _check_drops(spec: RunSpec) -> None:
     """``train.dataset_ready`` (a marker's name, for gs:// and local drops), ``train.bigquery_project`` (a
-    project id, for bq:// datasets) and ``train.bigquery_results_dataset`` (a dataset name)."""
+    project id, for bq:// datasets) and ``train.bigquery_results_dataset`` ("" or a dataset name)."""
     t = spec.train
     kinds = {datasets.kind(v) for v in (t.dataset, t.eval_dataset) if v and datasets.snapshotted(v)}
     if t.dataset_ready:
@@ -315,11 +315,11 @@ def _check_drops(spec: RunSpec) -> None:
             raise SpecError(
                 "train.bigquery_project", f"{t.bigquery_project!r} is not a Google Cloud project id", ["my-project"]
             )
-    if not _DATASET_NAME.fullmatch(t.bigquery_results_dataset):
+    if t.bigquery_results_dataset and not _DATASET_NAME.fullmatch(t.bigquery_results_dataset):
         raise SpecError(
             "train.bigquery_results_dataset",
             f"{t.bigquery_results_dataset!r} is not a BigQuery dataset name",
-            ["tpupipe_results", "letters, digits and _, at most 1,024"],
+            ['"" (tpupipe_results_LOCATION, the table\'s)', "letters, digits and _, at most 1,024"],
         )
     if t.bigquery_service_account:
         if "bigquery" not in kinds:

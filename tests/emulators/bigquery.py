@@ -17,7 +17,8 @@ that the real ``google.cloud.bigquery.Client`` talks to it:
 - datasets.get, ``GET /projects/P/datasets/D`` (``Client.get_dataset``): the dataset and its ``access`` list, the
   roles granted on it, those under an IAM condition as its ``accessPolicyVersion`` asks (``_datasets_get``);
 - datasets.insert, ``POST /projects/P/datasets`` (``Client.create_dataset``): a dataset with its location, its
-  ``defaultTableExpirationMs`` and its labels, owned by its creator (``_datasets_insert``);
+  ``defaultTableExpirationMs``, its ``maxTimeTravelHours``, its labels and its ``access`` list: the one the request
+  names, kept as it is, else BigQuery's defaults, its creator and the project's basic roles (``_datasets_insert``);
 - tables.patch, ``PATCH /projects/P/datasets/D/tables/T`` (``Client.update_table``), of a table's ``expirationTime``,
   and tables.delete, ``DELETE`` of the same path (``Client.delete_table``); a table past its ``expirationTime`` on the
   emulator's clock is deleted, and not found from then on (``_sweep``);
@@ -66,7 +67,13 @@ Identities: a request with the emulator's ``token`` (a static token, or the ``To
 owner. ``token_for(member)`` mints one that acts as ``member``, allowed what ``grant(member, role, resource)`` gave it
 on the project, the dataset or the table (a grant on a project or a dataset holds for what is in it:
 https://cloud.google.com/bigquery/docs/control-access-to-resources-iam), with the permissions of BigQuery's predefined
-roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control): tables.get needs ``bigquery.tables.get`` on
+roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control) and of a dataset's ``access`` list: an entry
+holds for the member its ``userByEmail`` or ``iamMember`` names, ``allAuthenticatedUsers`` for every member, and the
+special groups ``projectReaders``, ``projectWriters`` and ``projectOwners`` for the members granted the project's
+basic role Viewer, Editor or Owner (``grant(member, "roles/viewer", "P")``: ``BASIC_ROLES``), each entry's role
+(``READER``, ``WRITER``, ``OWNER``) being roles/bigquery.dataViewer's, dataEditor's or dataOwner's on the dataset
+(``LEGACY_ROLES``). The basic roles are modelled that far only: on their own they run jobs (Viewer), and create
+datasets (Editor, Owner), and read no table. tables.get needs ``bigquery.tables.get`` on
 the table, a query ``bigquery.jobs.create`` on the project it runs in (the project in the request's path, which is
 billed: not the project of the table it reads) and ``bigquery.tables.getData`` on the table it reads (a grant on the
 table, its dataset or its project), and ``bigquery.tables.create`` and ``bigquery.tables.updateData`` on the dataset it
@@ -107,7 +114,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tests.emulators import take_fault
 from tests.emulators.http import REASONS, STATUS, Fault, HttpEmulator, HttpError
-from tests.emulators.tokens import authorized
+from tests.emulators.tokens import TokenIssuer, authorized
 
 PREFIX = "/bigquery/v2"  # the client's API_URL_TEMPLATE, google/cloud/bigquery/_http.py
 ROUTES = [  # (HTTP method, path under PREFIX, the REST method)
@@ -167,7 +174,11 @@ DATASET_ID = re.compile(r"[A-Za-z0-9_]{1,1024}")
 # what datasets.insert's body may hold here (the Dataset resource's fields the emulator keeps or ignores:
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset)
 DATASET_FIELDS = {"kind", "datasetReference", "location", "defaultTableExpirationMs", "labels", "description",
-                  "friendlyName"}  # fmt: skip
+                  "friendlyName", "access", "maxTimeTravelHours"}  # fmt: skip
+# Dataset.maxTimeTravelHours: "The value can be from 48 to 168 hours (2 to 7 days). The default value is 168 hours if
+# this is not set" (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.max_time_travel_hours),
+# in multiples of 24 (https://cloud.google.com/bigquery/docs/time-travel#configure_the_time_travel_window)
+TRAVEL_HOURS = range(48, 169, 24)
 ALL_AUTHENTICATED = "allAuthenticatedUsers"
 DEFAULT_TRAVEL_HOURS = 168
 # a job id: letters, digits, underscores and dashes, at most 1,024 characters
@@ -206,15 +217,36 @@ LEGACY_ROLES = {
     "roles/bigquery.dataOwner": "OWNER", "roles/bigquery.dataEditor": "WRITER", "roles/bigquery.dataViewer": "READER",
 }  # fmt: skip
 # "If unspecified at dataset creation time, BigQuery adds default dataset access for the following entities":
-# projectReaders READER, projectWriters WRITER, projectOwners OWNER, and the creator as OWNER (same page); the special
-# groups stand for the project's viewers, editors and owners. The creator of a dataset made by datasets.insert is
-# granted roles/bigquery.dataOwner on it (``_datasets_insert``), so it is listed with the grants; one the tests make
-# has none.
+# projectReaders READER, projectWriters WRITER, projectOwners OWNER, and the creator as OWNER (Dataset.access,
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access); the special groups stand
+# for the project's viewers, editors and owners ("If you create a dataset in a project that contains any viewers,
+# BigQuery grants those users the bigquery.dataViewer predefined role for the new dataset", and editors dataEditor,
+# owners dataOwner: https://cloud.google.com/bigquery/docs/access-control-basic-roles). A dataset made by
+# datasets.insert without an access list gets these and its creator's entry (``_datasets_insert``); one the tests
+# make (``create_dataset``), these alone.
 DEFAULT_ACCESS = (
     {"role": "READER", "specialGroup": "projectReaders"},
     {"role": "WRITER", "specialGroup": "projectWriters"},
     {"role": "OWNER", "specialGroup": "projectOwners"},
 )
+# The special groups of an access list that stand for a basic role's members on the dataset's project
+# (Dataset.access.specialGroup, same page), and the one that stands for everyone signed in
+BASIC_GROUPS = {"projectReaders": "roles/viewer", "projectWriters": "roles/editor", "projectOwners": "roles/owner"}
+SPECIAL_GROUPS = {*BASIC_GROUPS, "allAuthenticatedUsers"}
+# The entities of an access entry the emulator keeps (Dataset.access: "[Pick one]" of them); any other
+# (groupByEmail, domain, view, routine, dataset) is its refusal
+ACCESS_ENTITIES = ("userByEmail", "specialGroup", "iamMember")
+# The basic roles on a project, as far as BigQuery's page says what they do there: Viewer "Can start a job in the
+# project. Additional dataset roles are required depending on the job type" and "Can list and get all jobs"; Editor
+# "Same as Viewer, plus: Can create a new dataset in the project"; Owner "Same as Editor, plus" what the emulator does
+# not model (https://cloud.google.com/bigquery/docs/access-control-basic-roles). The data a basic role reaches is that
+# of the datasets whose access list names its special group (``BASIC_GROUPS``): a project's role grants none by itself.
+_BASIC_VIEWER = frozenset({"bigquery.jobs.create", "bigquery.jobs.list", "bigquery.jobs.get"})
+BASIC_ROLES = {
+    "roles/viewer": _BASIC_VIEWER,
+    "roles/editor": _BASIC_VIEWER | {"bigquery.datasets.create"},
+    "roles/owner": _BASIC_VIEWER | {"bigquery.datasets.create"},
+}
 # role -> the permissions of it that the emulator checks (https://cloud.google.com/bigquery/docs/access-control)
 # A table that has or had row access policies is read as of a past time only by whoever holds this (a table admin):
 # https://cloud.google.com/bigquery/docs/change-history, "Required permissions";
@@ -247,6 +279,7 @@ ROLES: dict[str, frozenset[str]] = {
         "bigquery.rowAccessPolicies.list",
         OVERRIDE_TIME_TRAVEL,
     },
+    **BASIC_ROLES,
 }
 
 
@@ -294,6 +327,31 @@ def _entity(who: str) -> dict[str, str]:
     """A member as a Dataset.access entry names it: ``allAuthenticatedUsers`` a ``specialGroup``, an account by its
     email (``userByEmail``)."""
     return {"specialGroup": who} if who == ALL_AUTHENTICATED else {"userByEmail": who.split(":", 1)[1]}
+
+
+def _access(entries: Any) -> list[dict]:
+    """datasets.insert's ``access`` list as the dataset keeps it: each entry a ``role`` (a legacy name, or the
+    predefined role it stands for, returned in the legacy name: ``LEGACY_ROLES``) and one entity the emulator keeps
+    (``ACCESS_ENTITIES``; a special group of ``SPECIAL_GROUPS``). A list with no OWNER is refused: "A dataset must
+    have at least one entity with the OWNER role" (https://cloud.google.com/bigquery/docs/access-control-basic-roles,
+    "Basic roles for datasets"); BigQuery's words for that refusal are not documented, these are the emulator's."""
+    if not isinstance(entries, list):
+        raise BigQueryError(400, "Dataset.access is a list of access entries.", "invalid")
+    kept = []
+    for entry in entries:
+        role = LEGACY_ROLES.get(entry.get("role", ""), entry.get("role", ""))
+        entities = [k for k in entry if k != "role"]
+        if role not in LEGACY_ROLES.values() or len(entities) != 1:
+            raise BigQueryError(400, f"Invalid access entry {entry}: a role and one entity", "invalid")
+        (kind,) = entities
+        if kind not in ACCESS_ENTITIES:
+            raise _unsupported(f"an access entry of {kind}")
+        if kind == "specialGroup" and entry[kind] not in SPECIAL_GROUPS:
+            raise BigQueryError(400, f"Invalid special group {entry[kind]!r}", "invalid")
+        kept.append({"role": role, kind: entry[kind]})
+    if not any(entry["role"] == "OWNER" for entry in kept):
+        raise BigQueryError(400, "A dataset must have at least one entity with the OWNER role.", "invalid")
+    return kept
 
 
 def _denied(message: str) -> BigQueryError:
@@ -861,6 +919,9 @@ class Dataset:
     tables: dict[str, Table] = field(default_factory=dict)
     default_expiration_ms: int | None = None  # defaultTableExpirationMs: a new table's life
     labels: dict[str, str] = field(default_factory=dict)
+    # its access list as made (``DEFAULT_ACCESS`` unless datasets.insert named one), each entry's role in its legacy
+    # name; ``grant`` adds its grants beside it
+    access: list[dict] = field(default_factory=lambda: [dict(entry) for entry in DEFAULT_ACCESS])
 
 
 @dataclass
@@ -883,9 +944,13 @@ class BigQueryEmulator(HttpEmulator):
         clock: Callable[[], float] = time.time,
         page_bytes: int = PAGE_BYTES,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        issuer: TokenIssuer | None = None,
     ):
         super().__init__()
         self.token = token  # a static token or a TokenIssuer: the owner's
+        # where the members' tokens are known for what they are (``token_for``): ``issuer``, else ``token`` when it
+        # is a TokenIssuer
+        self.issuer = issuer if issuer is not None else (token if isinstance(token, TokenIssuer) else None)
         self.clock = clock  # seconds since the epoch
         self.page_bytes = page_bytes
         self.max_response_bytes = max_response_bytes  # a result without a destination table, at most (``_anonymous``)
@@ -904,15 +969,27 @@ class BigQueryEmulator(HttpEmulator):
 
     # ------------------------------------------------------------------ the tests' side
     def create_dataset(
-        self, dataset: str, *, location: str = "US", max_time_travel_hours: int = DEFAULT_TRAVEL_HOURS, at=None
+        self,
+        dataset: str,
+        *,
+        location: str = "US",
+        max_time_travel_hours: int = DEFAULT_TRAVEL_HOURS,
+        default_table_expiration_ms: int | None = None,
+        at=None,
     ) -> None:
-        """``P.D``; the time travel window is 48 to 168 hours, a multiple of 24
-        (https://cloud.google.com/bigquery/docs/time-travel#configure_the_time_travel_window)."""
-        if max_time_travel_hours not in range(48, 169, 24):
+        """``P.D``, with BigQuery's default access list but no creator's entry (``DEFAULT_ACCESS``); the time travel
+        window is 48 to 168 hours, a multiple of 24 (``TRAVEL_HOURS``); ``default_table_expiration_ms`` its
+        ``defaultTableExpirationMs``."""
+        if max_time_travel_hours not in TRAVEL_HOURS:
             raise ValueError(f"maxTimeTravelHours {max_time_travel_hours} is not 48 to 168 in steps of 24")
         project, name = dataset.rsplit(".", 1)
         with self._lock:
-            self.datasets[(project, name)] = Dataset(location, max_time_travel_hours, _micros(at, self.clock))
+            self.datasets[(project, name)] = Dataset(
+                location,
+                max_time_travel_hours,
+                _micros(at, self.clock),
+                default_expiration_ms=default_table_expiration_ms,
+            )
 
     def create_table(
         self,
@@ -988,7 +1065,9 @@ class BigQueryEmulator(HttpEmulator):
             return len(gone)
 
     def grant(self, member: str, role: str, resource: str, condition: dict[str, str] | None = None) -> None:
-        """``member`` gets ``role`` on ``resource``: a project ``P``, a dataset ``P.D`` or a table ``P.D.T``. With
+        """``member`` gets ``role`` on ``resource``: a project ``P``, a dataset ``P.D`` or a table ``P.D.T`` (a basic
+        role, ``BASIC_ROLES``, on a project only: "BigQuery supports IAM basic roles for project-level access",
+        https://cloud.google.com/bigquery/docs/access-control-basic-roles). With
         ``condition`` (``{"title", "expression"}``, a dataset only) it is an access entry with that IAM condition
         (Dataset.access's ``condition``: "If CEL expression in this field is true, this access binding will be
         considered", https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), which
@@ -996,6 +1075,8 @@ class BigQueryEmulator(HttpEmulator):
         rather than guess what one grants."""
         if role not in ROLES:
             raise ValueError(f"{role}: the emulator knows {sorted(ROLES)}")
+        if role in BASIC_ROLES and "." in resource:
+            raise ValueError(f"{role} is a basic role, granted on a project, not {resource}")
         if condition and resource.count(".") != 1:
             raise ValueError(f"{resource}: a conditional grant here is on a dataset, P.D")
         with self._lock:
@@ -1005,12 +1086,16 @@ class BigQueryEmulator(HttpEmulator):
                 self.grants.setdefault(member, set()).add((role, resource))
 
     def token_for(self, member: str) -> str:
-        """A bearer token that acts as ``member`` (``user:...`` or ``serviceAccount:...``)."""
+        """A bearer token that acts as ``member`` (``user:...`` or ``serviceAccount:...``); with an ``issuer``, its
+        token information there names the member's e-mail (``TokenIssuer.identify``), as Google's does for an
+        account's token."""
         if not re.fullmatch(r"(?:user|serviceAccount):[^@\s]+@\S+", member):
             raise ValueError(f"{member!r} is not a principal a token can act as")
         token = f"ya29.emulated-member-{secrets.token_hex(12)}"
         with self._lock:
             self._identities[token] = member
+        if self.issuer is not None:
+            self.issuer.identify(token, member.split(":", 1)[1])
         return token
 
     def fail(
@@ -1106,14 +1191,36 @@ class BigQueryEmulator(HttpEmulator):
 
     def _allowed(self, member: str | None, permission: str, project: str, dataset: str = "", table: str = "") -> bool:
         """The owner is allowed everything; a member what a grant on the resource, or on the dataset or project that
-        holds it, gives."""
+        holds it, gives, or an entry of the dataset's access list that holds for it (``_entry_roles``)."""
         if member is None:
             return True
         scopes = {project, f"{project}.{dataset}", f"{project}.{dataset}.{table}"}
         # allAuthenticatedUsers: "all service accounts and all users on the internet who have signed in with a Google
         # Account" (https://cloud.google.com/iam/docs/principals-overview#all-authenticated-users): every member here
         grants = self.grants.get(member, set()) | self.grants.get(ALL_AUTHENTICATED, set())
-        return any(permission in ROLES[role] and scope in scopes for role, scope in grants)
+        if any(permission in ROLES[role] and scope in scopes for role, scope in grants):
+            return True
+        d = self.datasets.get((project, dataset)) if dataset else None
+        return d is not None and any(permission in ROLES[role] for role in self._entry_roles(member, project, d))
+
+    def _entry_roles(self, member: str, project: str, d: Dataset) -> list[str]:
+        """The roles the entries of ``d``'s access list give ``member`` (the module's docstring): its own
+        (``userByEmail``, ``iamMember``), everyone's (``allAuthenticatedUsers``), and its basic role's on ``project``
+        (``BASIC_GROUPS``), each as the predefined role its legacy name stands for (``LEGACY_ROLES``)."""
+        email = member.split(":", 1)[1].lower()
+        basic = {role for role, scope in self.grants.get(member, set()) if scope == project and role in BASIC_ROLES}
+        legacy = {name: role for role, name in LEGACY_ROLES.items()}
+        held = []
+        for entry in d.access:
+            group = entry.get("specialGroup", "")
+            if (
+                entry.get("userByEmail", "").lower() == email
+                or entry.get("iamMember") == member
+                or group == ALL_AUTHENTICATED
+                or BASIC_GROUPS.get(group) in basic
+            ):
+                held.append(legacy.get(entry["role"], entry["role"]))
+        return held
 
     def _tables_get(self, member, args, query, body) -> dict:
         return self._table_resource(*self._found(member, "bigquery.tables.get", args), args)
@@ -1184,11 +1291,13 @@ class BigQueryEmulator(HttpEmulator):
         dataOwner, admin: https://cloud.google.com/bigquery/docs/access-control), in its ``location`` (US unless it
         says), with its ``defaultTableExpirationMs`` (the life of every table created in it from then on: "Once this
         property is set, all newly-created tables in the dataset will have an expirationTime property set to the
-        creation time plus the value in this property", at least an hour: ``MIN_TABLE_EXPIRATION_MS``) and its
-        ``labels``. Its creator becomes its OWNER: "If unspecified at dataset creation time, BigQuery adds default
-        dataset access for the following entities: ... the dataset creator" as OWNER (Dataset.access,
-        https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), a
-        roles/bigquery.dataOwner grant on it here. One that exists is 409 ``duplicate``."""
+        creation time plus the value in this property", at least an hour: ``MIN_TABLE_EXPIRATION_MS``), its
+        ``maxTimeTravelHours`` (``TRAVEL_HOURS``; 168 unless it says) and its ``labels``. Its ``access`` list is the
+        one the request names, kept as it is, each role in its legacy name (``_access``); else BigQuery's default:
+        "If unspecified at dataset creation time, BigQuery adds default dataset access for the following entities",
+        the project's viewers, editors and owners (``DEFAULT_ACCESS``) and "the dataset creator" as OWNER
+        (Dataset.access, https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), an
+        entry of its e-mail (``userByEmail``) here. One that exists is 409 ``duplicate``."""
         project = args["project"]
         reference = body.get("datasetReference") or {}
         name = reference.get("datasetId", "")
@@ -1210,20 +1319,27 @@ class BigQueryEmulator(HttpEmulator):
             raise BigQueryError(
                 400, f"defaultTableExpirationMs {expiration} is below {MIN_TABLE_EXPIRATION_MS} (one hour)", "invalid"
             )
+        hours = int(body.get("maxTimeTravelHours") or DEFAULT_TRAVEL_HOURS)
+        if hours not in TRAVEL_HOURS:
+            raise BigQueryError(400, f"maxTimeTravelHours {hours} is not 48 to 168 in multiples of 24", "invalid")
+        if "access" in body:
+            access = _access(body["access"])
+        else:
+            creator = [{"role": "OWNER", "userByEmail": member.split(":", 1)[1]}] if member else []
+            access = [dict(entry) for entry in DEFAULT_ACCESS] + creator
         self.datasets[(project, name)] = Dataset(
             body.get("location") or "US",
-            DEFAULT_TRAVEL_HOURS,
+            hours,
             _micros(None, self.clock),
             default_expiration_ms=None if expiration is None else int(expiration),
             labels=dict(body.get("labels") or {}),
+            access=access,
         )
-        if member:
-            self.grants.setdefault(member, set()).add(("roles/bigquery.dataOwner", f"{project}.{name}"))
         return self._datasets_get(member, {"project": project, "dataset": name}, {}, {})
 
     def _datasets_get(self, member, args, query, body) -> dict:
-        """The dataset, with its ``access`` list: the entries BigQuery adds to a dataset created without one
-        (``DEFAULT_ACCESS``), then the roles granted on the dataset, one entry per member and role, the three basic
+        """The dataset, with its ``access`` list: the entries it was made with (``Dataset.access``), then the roles
+        granted on the dataset, one entry per member and role, the three basic
         dataset roles in their legacy names (``LEGACY_ROLES``) (Dataset.access,
         https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access: a user's or service
         account's email as ``userByEmail``, ``allAuthenticatedUsers`` as a ``specialGroup``), then the entries with an
@@ -1245,7 +1361,7 @@ class BigQueryEmulator(HttpEmulator):
         if d is None:
             raise _not_found(f"Not found: Dataset {project}:{dataset}")
         scope = f"{project}.{dataset}"
-        access = [dict(entry) for entry in DEFAULT_ACCESS] + [
+        access = [dict(entry) for entry in d.access] + [
             {"role": LEGACY_ROLES.get(role, role), **_entity(who)}
             for who, grants in sorted(self.grants.items())
             for role, granted in sorted(grants)
@@ -1382,7 +1498,10 @@ class BigQueryEmulator(HttpEmulator):
         job_id = job_id or str(uuid.uuid4())
         if (project, job_id) in self.jobs:
             raise BigQueryError(409, f"Already Exists: Job {project}:{location or 'US'}.{job_id}", "duplicate")
-        now = _micros(None, self.clock)
+        # A job's times are whole milliseconds (JobStatistics' creationTime, startTime and endTime count them:
+        # https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobStatistics), and what it writes is committed
+        # by its endTime: here at that very time, so a read as of its endTime reads what it wrote
+        now = _micros(None, self.clock) // 1000 * 1000
         job = Job(project, job_id, location or "US", {}, member)
         destination: dict = {}
         try:

@@ -42,7 +42,8 @@ token comes in the ``authorization`` metadata, as Google's endpoints get it.
 What the tests look at besides: ``reads``, each ReadRows call's stream, when it started and ended (the last response
 sent, or the call cancelled) and how many responses it sent, so a test sees streams read at once; ``hold``, an Event
 that, while unset, keeps every ReadRows after its first response (a slow service, held still while a test looks:
-a call cancelled meanwhile ends).
+a call cancelled meanwhile ends); ``before_session``, called with each CreateReadSessionRequest before it takes
+effect, where a test changes a table as another writer would between its caller's last call and this one.
 
 Faults are injected per method ("CreateReadSession", "ReadRows": a :class:`Fault` added to ``faults``): the next N
 matching calls answer a gRPC status before they take effect (a ReadRows before its first response).
@@ -139,6 +140,7 @@ class BigQueryStorageEmulator:
         self.faults: list[Fault] = []
         self.reads: list[Read] = []
         self.hold: threading.Event | None = None
+        self.before_session: Callable[[Any], None] | None = None
         self._server = None
         self.address = ""
 
@@ -177,6 +179,8 @@ class BigQueryStorageEmulator:
     def _create_read_session(self, request, context):
         member = self._member(context)
         self._fault("CreateReadSession", request, context)
+        if self.before_session is not None:
+            self.before_session(request)
         with self.tables._lock:
             self.calls.append("CreateReadSession")
             self.tables._sweep()  # a table past its expirationTime is gone, as from the REST API
@@ -341,3 +345,34 @@ def _arrow_value(kind: pa.DataType, value: Any) -> Any:
     if value is not None and pa.types.is_timestamp(kind) and kind.tz:
         return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
     return value
+
+
+def start_bigquery(monkeypatch, token: str, owner: str, clock: Callable[[], float] = time.time) -> BigQueryEmulator:
+    """BigQuery's REST API and its Storage Read API over the same tables (the emulator's ``storage``), and the token
+    issuer (its ``issuer``) whose token information names ``owner`` (an e-mail) for the static ``token`` and each
+    member for its own token (``BigQueryEmulator.token_for``), all started and pointed at with ``monkeypatch``'s
+    environment as components/data/bigquery.py and components/cloud/credentials.py find them; the credentials are the
+    static token's. :func:`stop_bigquery` stops them."""
+    from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV, EMULATOR_TOKEN_URI_ENV
+    from components.data.bigquery import EMULATOR_HOST_ENV as BIGQUERY_HOST_ENV
+    from components.data.bigquery import STORAGE_EMULATOR_HOST_ENV
+    from tests.emulators.tokens import TokenIssuer
+
+    issuer = TokenIssuer(clock=clock)
+    issuer.start()
+    issuer.identify(token, owner)
+    emulator = BigQueryEmulator(token=token, clock=clock, issuer=issuer)
+    emulator.storage = BigQueryStorageEmulator(emulator)  # a test's handle on it
+    monkeypatch.setenv(BIGQUERY_HOST_ENV, emulator.start())
+    monkeypatch.setenv(STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
+    monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)  # credentials(): the emulators' static token
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
+    monkeypatch.setenv(EMULATOR_TOKEN_URI_ENV, f"{issuer.endpoint}/token")  # its tokeninfo beside it
+    return emulator
+
+
+def stop_bigquery(emulator: BigQueryEmulator) -> None:
+    emulator.storage.stop()
+    emulator.stop()
+    if emulator.issuer is not None:
+        emulator.issuer.stop()

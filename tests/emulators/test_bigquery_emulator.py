@@ -415,6 +415,53 @@ def test_datasets_insert_makes_a_dataset_its_creator_owns_with_a_default_table_e
     client(bq, alice).delete_table(f"{PROJECT}.mine.t", not_found_ok=True)
 
 
+def test_a_dataset_made_without_an_access_list_is_the_projects_viewers_and_one_made_with_one_keeps_it(bq):
+    """datasets.insert without ``access`` gets BigQuery's defaults, the project's viewers READER, editors WRITER,
+    owners OWNER, and its creator OWNER, so a viewer of the project (a basic role: it runs jobs) reads its tables;
+    with ``access`` it keeps exactly that list (a predefined role in its legacy name), and the viewer may not read
+    them, while the entries' members may. One with no OWNER, and a time travel window off BigQuery's steps, are
+    refused; one in its steps is kept."""
+    viewer, bot = "user:viewer@example.com", "bot@p.iam.gserviceaccount.com"
+    bq.grant(viewer, "roles/viewer", PROJECT)
+    bq.grant(ALICE, "roles/bigquery.user", PROJECT)
+    alice, peek = bq.token_for(ALICE), bq.token_for(viewer)
+    client(bq, alice).create_dataset(bigquery.Dataset(f"{PROJECT}.open"))
+    assert {(e.role, e.entity_type, e.entity_id) for e in client(bq).get_dataset(f"{PROJECT}.open").access_entries} == {
+        ("READER", "specialGroup", "projectReaders"), ("WRITER", "specialGroup", "projectWriters"),
+        ("OWNER", "specialGroup", "projectOwners"), ("OWNER", "userByEmail", "alice@example.com"),
+    }  # fmt: skip
+    kept = bigquery.Dataset(f"{PROJECT}.kept")
+    kept.access_entries = [
+        bigquery.AccessEntry("OWNER", "userByEmail", "alice@example.com"),
+        bigquery.AccessEntry("roles/bigquery.dataEditor", "userByEmail", bot),
+    ]
+    kept.max_time_travel_hours = 48
+    got = client(bq, alice).create_dataset(kept)
+    assert {(e.role, e.entity_type, e.entity_id) for e in got.access_entries} == {
+        ("OWNER", "userByEmail", "alice@example.com"), ("WRITER", "userByEmail", bot),
+    }  # fmt: skip
+    assert int(got.max_time_travel_hours) == 48 and bq.datasets[(PROJECT, "kept")].travel_hours == 48
+    for name in ("open", "kept"):
+        bq.create_table(f"{PROJECT}.{name}.t", SCHEMA, at=NOW - DAY)
+        bq.insert(f"{PROJECT}.{name}.t", [_row(1, NOW - DAY)], at=NOW - DAY)
+    assert query(bq, f"SELECT n FROM `{PROJECT}.open.t`", token=peek) == [{"n": 1}]
+    with pytest.raises(exceptions.Forbidden, match=f"User does not have permission to query table {PROJECT}:kept.t"):
+        query(bq, f"SELECT n FROM `{PROJECT}.kept.t`", token=peek)
+    assert query(bq, f"SELECT n FROM `{PROJECT}.kept.t`", token=alice) == [{"n": 1}]
+    bq.grant(f"serviceAccount:{bot}", "roles/bigquery.jobUser", PROJECT)
+    assert query(bq, f"SELECT n FROM `{PROJECT}.kept.t`", token=bq.token_for(f"serviceAccount:{bot}")) == [{"n": 1}]
+    ownerless = bigquery.Dataset(f"{PROJECT}.ownerless")
+    ownerless.access_entries = [bigquery.AccessEntry("READER", "specialGroup", "projectReaders")]
+    with pytest.raises(exceptions.BadRequest, match="at least one entity with the OWNER role"):
+        client(bq, alice).create_dataset(ownerless)
+    odd = bigquery.Dataset(f"{PROJECT}.odd")
+    odd._properties["maxTimeTravelHours"] = 50  # the client's own setter refuses it first
+    with pytest.raises(exceptions.BadRequest, match="maxTimeTravelHours 50 is not 48 to 168"):
+        client(bq, alice).create_dataset(odd)
+    with pytest.raises(ValueError, match="basic role, granted on a project"):
+        bq.grant(viewer, "roles/viewer", f"{PROJECT}.open")
+
+
 def test_changing_or_deleting_a_table_takes_its_permission_and_an_expired_table_is_gone(bq):
     """tables.patch needs bigquery.tables.update, tables.delete bigquery.tables.delete (a reader holds neither); a
     table whose expirationTime has passed on the emulator's clock is not found."""

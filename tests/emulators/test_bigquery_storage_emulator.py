@@ -145,8 +145,8 @@ def test_refusals_are_the_services(storage):
 
 def test_a_querys_result_table_is_its_creators_and_a_named_one_its_datasets_readers(storage):
     """A query's anonymous result table is read by the job's creator alone; a named destination table by whoever
-    may read its dataset (its creator, who owns the dataset it made, does; a member with no grant there does not);
-    a table past its expirationTime is not found."""
+    may read its dataset (its creator, who owns the dataset it made, does; a member with no grant there does not),
+    as of its job's end time too; a table past its expirationTime is not found."""
     from google.cloud import bigquery
 
     tables = storage.tables
@@ -168,9 +168,12 @@ def test_a_querys_result_table_is_its_creators_and_a_named_one_its_datasets_read
         create(storage, someone, table=_path(anonymous))
     member.create_dataset(f"{BILLING}.results")
     config = bigquery.QueryJobConfig(destination=f"{BILLING}.results.t")
-    named = member.query(sql, job_config=config).destination
+    job = member.query(sql, job_config=config)
+    named, ended = job.destination, job.ended  # its end: whole milliseconds, by which its rows are committed
     assert _path(named) == f"projects/{BILLING}/datasets/results/tables/t"
     assert [r["n"] for r in rows(storage, create(storage, token, table=_path(named)), token)] == list(range(6))
+    as_written = create(storage, token, table=_path(named), at=ended)
+    assert [r["n"] for r in rows(storage, as_written, token)] == list(range(6))
     with pytest.raises(exceptions.PermissionDenied, match="Permission bigquery.tables.getData denied"):
         create(storage, someone, table=_path(named))
     table = bigquery.Table(f"{BILLING}.results.t")

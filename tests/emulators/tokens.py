@@ -14,7 +14,17 @@ file says, so ``TPUPIPE_GKE_EMULATOR_TOKEN_URI`` names this one (``components/cl
 - ``accepts(header)``: whether an ``Authorization`` header carries a token it minted that has not expired; every
   emulator of the project refuses any other with 401, as Google's APIs and the Kubernetes API server do with a
   token that cannot be authenticated (https://kubernetes.io/docs/reference/access-authn-authz/authentication/: "If
-  the request cannot be authenticated, it is rejected with HTTP status code 401").
+  the request cannot be authenticated, it is rejected with HTTP status code 401");
+- ``GET /tokeninfo?access_token=T``, the token information endpoint Google serves beside its token endpoint
+  (``https://oauth2.googleapis.com/tokeninfo``, "Access token contents":
+  https://cloud.google.com/docs/authentication/token-types#access-contents): of a valid token, its ``azp``, ``aud``,
+  ``sub``, ``scope``, ``exp``, ``expires_in`` and ``access_type``, and its account's ``email`` with
+  ``email_verified`` when its scopes include the e-mail scope (``userinfo.email`` or ``email``), as the page's example
+  shows them together and as OpenID Connect gives an address only to a request that asked for it ("Provided only if
+  you included the email scope in your request": https://developers.google.com/identity/openid-connect/openid-connect);
+  an unknown or expired token is ``400 invalid_token``. A token it minted is a login of ``account``, scoped as its
+  refresh asked (``scope``, cloud-platform when none); ``identify(token, email)`` makes another emulator's token (a
+  member's, a static one) one of ``email``'s.
 """
 
 from __future__ import annotations
@@ -32,25 +42,40 @@ from tests.emulators.http import HttpEmulator
 
 CLIENT_ID = EMULATED_CLIENT_ID  # the one OAuth client components/cloud/credentials.py refreshes at an emulator
 LIFETIME_S = 3600.0
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+EMAIL_SCOPES = ("https://www.googleapis.com/auth/userinfo.email", "email")  # what puts an address in a token's info
+ACCOUNT = "developer@example.com"  # whose login the ADC file's refresh token is, by default
 
 
 class TokenIssuer(HttpEmulator):
-    def __init__(self, lifetime_s: float = LIFETIME_S, clock: Callable[[], float] = time.time):
+    def __init__(self, lifetime_s: float = LIFETIME_S, clock: Callable[[], float] = time.time, account: str = ACCOUNT):
         super().__init__()
         self.lifetime_s = lifetime_s
         self.aged_s = 0.0
         self.clock = clock
+        self.account = account
         self.refresh_token = secrets.token_hex(16)
         self.client_secret = secrets.token_hex(8)
         self.expiry: dict[str, float] = {}  # access token -> when it expires, on ``clock``
+        self.scopes: dict[str, str] = {}  # access token -> its scopes, space-separated
+        self.identities: dict[str, str] = {}  # another emulator's token -> its account's e-mail (``identify``)
         self.refused: list[str] = []  # why each refused request was refused (expired, unknown, none)
+        self.calls: list[str] = []  # each request's path (/token, /tokeninfo)
         self._lock = threading.Lock()
 
-    def mint(self) -> str:
+    def mint(self, scope: str = CLOUD_PLATFORM) -> str:
         with self._lock:
             token = f"ya29.emulated-{secrets.token_hex(12)}"
             self.expiry[token] = self.clock() + self.lifetime_s - self.aged_s
+            self.scopes[token] = scope
             return token
+
+    def identify(self, token: str, email: str, scope: str = f"{CLOUD_PLATFORM} {EMAIL_SCOPES[0]}") -> None:
+        """``token`` (minted by another emulator, which accepts it) is a token of ``email``'s with ``scope``: its
+        information says so (``/tokeninfo``), for as long as this issuer runs."""
+        with self._lock:
+            self.identities[token] = email
+            self.scopes[token] = scope
 
     def accepts(self, header: str | None) -> bool:
         token = (header or "").removeprefix("Bearer ")
@@ -74,20 +99,43 @@ class TokenIssuer(HttpEmulator):
         return path
 
     def _serve(self, http, body: bytes) -> tuple:
-        if http.command != "POST" or urllib.parse.urlsplit(http.path).path != "/token":
+        url = urllib.parse.urlsplit(http.path)
+        with self._lock:
+            self.calls.append(url.path)
+        if http.command == "GET" and url.path == "/tokeninfo":
+            return self._tokeninfo(dict(urllib.parse.parse_qsl(url.query)).get("access_token", ""))
+        if http.command != "POST" or url.path != "/token":
             return 404, {"error": "not_found"}
         form = dict(urllib.parse.parse_qsl(body.decode()))
         if form.get("grant_type") != "refresh_token" or form.get("refresh_token") != self.refresh_token:
             return 400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."}
-        token = self.mint()
+        scope = form.get("scope", CLOUD_PLATFORM)
+        token = self.mint(scope)
         with self._lock:
             left = self.expiry[token] - self.clock()
-        return 200, {
-            "access_token": token,
-            "expires_in": int(left),
-            "token_type": "Bearer",
-            "scope": form.get("scope", "https://www.googleapis.com/auth/cloud-platform"),
+        return 200, {"access_token": token, "expires_in": int(left), "token_type": "Bearer", "scope": scope}
+
+    def _tokeninfo(self, token: str) -> tuple:
+        """The information of ``token`` (the module's docstring): 400 ``invalid_token`` unless it is valid."""
+        with self._lock:
+            now = self.clock()
+            expires = self.expiry.get(token, now + self.lifetime_s if token in self.identities else None)
+            email = self.identities.get(token, self.account if token in self.expiry else "")
+            scope = self.scopes.get(token, "")
+        if expires is None or now >= expires:
+            return 400, {"error": "invalid_token", "error_description": "Invalid Value"}
+        info = {
+            "azp": CLIENT_ID,
+            "aud": CLIENT_ID,
+            "sub": str(int.from_bytes(email.encode()[:8].ljust(8, b"\0"), "big")),
+            "scope": scope,
+            "exp": str(int(expires)),
+            "expires_in": str(int(expires - now)),
+            "access_type": "offline",
         }
+        if email and set(scope.split()) & set(EMAIL_SCOPES):
+            info.update(email=email, email_verified="true")
+        return 200, info
 
 
 def authorized(token, header: str | None) -> bool:

@@ -35,6 +35,9 @@ V5E_ONE_SLICE = (
 PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
 
+DAY_MS = 24 * 3600 * 1000  # a default table expiration of a day
+
+
 def preflight_cli(overrides: str, capsys) -> tuple[int, str]:
     code = cli.main(["preflight", "local-fsdp", "--set", overrides, "--run-id", "pre"])
     out = capsys.readouterr()
@@ -620,10 +623,13 @@ def preflight_said(overrides: str, capsys, code: int) -> str:
 
 
 def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_factory, capsys):
-    """With train.data_since=champion the APPENDS query writes to train.bigquery_results_dataset in the jobs' project:
-    absent, the caller may create it (bigquery.datasets.create, else a problem naming the field and the permission);
-    there, in the table's location (else a problem naming the field and both locations), and what its tables take is
-    tested on the project, a grant on the dataset itself said to be unchecked. Nothing is created."""
+    """With train.data_since=champion the APPENDS query writes to train.bigquery_results_dataset (by default the one
+    of the table's location, tpupipe_results_eu) in the jobs' project: absent, the caller may create it
+    (bigquery.datasets.create, else a problem naming the field and the permission, the least privilege first);
+    there, in the table's location (else a problem naming the field and both locations), with a default table
+    expiration (else a problem), its access list naming no one beyond the run (else a warning naming the entries),
+    and what its tables take is tested on the project, a grant on the dataset itself said to be unchecked. A refusal
+    to read it is a problem, another failure a warning that it was not checked. Nothing is created."""
     project = project_factory()
     project.bigquery.create_dataset("acme-data-1.sft", location="EU")
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
@@ -632,35 +638,67 @@ def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_facto
         "train.data_since=champion train.init_from=champion"
     )
     assert (
-        f"train.dataset: as the caller, may create the dataset {PROJECT}.tpupipe_results for the APPENDS query's "
-        "result tables (absent: the data snapshot creates it in EU, and owns it)"
+        f"train.dataset: as the caller, may create the dataset {PROJECT}.tpupipe_results_eu for the APPENDS query's "
+        "result tables (absent: the data snapshot creates it in EU, its creator and the project's owners its owners, "
+        "no one else)"
     ) in preflight_said(data, capsys, 0)
     project.projects.deny("bigquery.datasets.create")
     assert (
-        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results, where the data snapshot's APPENDS "
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results_eu, where the data snapshot's APPENDS "
         f"query writes its result, does not exist, and the caller lacks bigquery.datasets.create in project {PROJECT} "
-        f"to create it: grant roles/bigquery.user on {PROJECT}, or create the dataset in EU"
+        "to create it: create the dataset in EU and grant roles/bigquery.dataEditor on it alone (the least "
+        f"privilege), or grant roles/bigquery.user on {PROJECT}"
     ) in preflight_said(data, capsys, 2)
-    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results", location="US")
+    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results_eu", location="US", default_table_expiration_ms=DAY_MS)
     assert (
-        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results, where the data snapshot's APPENDS "
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results_eu, where the data snapshot's APPENDS "
         "query writes its result, is in US, and acme-data-1.sft.examples in EU"
     ) in preflight_said(data, capsys, 2)
-    project.bigquery.create_dataset(f"{PROJECT}.eu_results", location="EU")
+    project.bigquery.create_dataset(f"{PROJECT}.eu_results", location="EU", default_table_expiration_ms=DAY_MS)
     eu = f"{data} train.bigquery_results_dataset=eu_results"
     said = preflight_said(eu, capsys, 0)
     assert f"train.dataset: the dataset {PROJECT}.eu_results is in EU, as acme-data-1.sft.examples" in said
     assert f"may write, read and delete tables in {PROJECT}.eu_results (granted on project {PROJECT})" in said
+    assert (  # made with BigQuery's default access list
+        f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_results grants READER to projectReaders "
+        "(the viewers of its project), WRITER to projectWriters (the editors of its project): the training rows the "
+        "data snapshot's result tables hold there are theirs to read (or write) while they last"
+    ) in said
     project.projects.deny("bigquery.tables.delete")
     assert (
         f"train.dataset: the caller's grant on the dataset {PROJECT}.eu_results not checked (on project {PROJECT} it "
         "lacks bigquery.tables.delete;"
     ) in preflight_said(eu, capsys, 0)
+    project.bigquery.create_dataset(f"{PROJECT}.forever", location="EU")
+    assert (
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.forever, where the data snapshot's APPENDS query "
+        "writes its result, has no default table expiration: a result table of a run killed before its own "
+        "expiration is set would keep its training rows for ever; `bq update --default_table_expiration 86400 "
+        f"{PROJECT}:forever`"
+    ) in preflight_said(f"{data} train.bigquery_results_dataset=forever", capsys, 2)
+    quota = "Quota exceeded: Your project exceeded quota for api requests per user."
+    project.bigquery.fail(
+        "datasets.get", 403, "quotaExceeded", quota, when=lambda r: r["path"]["dataset"] == "eu_results"
+    )
+    said = preflight_said(eu, capsys, 0)
+    assert (
+        f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_results, where the data snapshot's APPENDS "
+        f"query writes its result, could not be checked (Forbidden: 403"
+    ) in said and quota in said
+    denied = f"Access Denied: Dataset {PROJECT}:eu_results: Permission bigquery.datasets.get denied"
+    project.bigquery.fail(
+        "datasets.get", 403, "accessDenied", denied, when=lambda r: r["path"]["dataset"] == "eu_results"
+    )
+    assert (
+        f"train.bigquery_results_dataset: the caller may not see the dataset {PROJECT}.eu_results, where the data "
+        "snapshot's APPENDS query writes its result (Forbidden): grant roles/bigquery.dataEditor on it (the least "
+        f"privilege), or roles/bigquery.user on {PROJECT}"
+    ) in preflight_said(eu, capsys, 2)
     assert "tpupipe_results" not in preflight_said(
         f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples", capsys, 0
     )
     assert project.mutations() == [] and set(project.bigquery.datasets) == {
-        ("acme-data-1", "sft"), (PROJECT, "tpupipe_results"), (PROJECT, "eu_results"),
+        ("acme-data-1", "sft"), (PROJECT, "tpupipe_results_eu"), (PROJECT, "eu_results"), (PROJECT, "forever"),
     }  # fmt: skip
 
 
@@ -675,12 +713,46 @@ def test_a_pipeline_account_that_may_not_create_the_absent_results_dataset_is_wa
         "train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
     )
     project.projects.grant(PROJECT, "roles/bigquery.jobUser", f"serviceAccount:{account}")
+    said = preflight_said(data, capsys, 0)
     assert (
         f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that may "
-        f"create the dataset {PROJECT}.tpupipe_results in project {PROJECT} (of roles/bigquery.user, "
-    ) in preflight_said(data, capsys, 0)
+        f"create the dataset {PROJECT}.tpupipe_results_us in project {PROJECT} (of roles/bigquery.user, "
+    ) in said
+    assert f"its creator and the project's owners its owners, {account} its writer, no one else)" in said
     project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
     said = preflight_said(data, capsys, 0)
-    assert f"{account} may create the dataset {PROJECT}.tpupipe_results (roles/bigquery.user in project" in said, said
+    assert f"{account} may create the dataset {PROJECT}.tpupipe_results_us (roles/bigquery.user in project" in said, (
+        said
+    )
     assert "holds no role that may create" not in said
     assert project.mutations() == []
+
+
+def test_a_pipeline_account_that_may_not_write_the_results_dataset_there_is_warned(project_factory, capsys):
+    """A results dataset another identity made (a person's `tpupipe data` preview, say) grants the pipeline's
+    service account nothing by itself: its access list is read for a role of the account's that creates tables
+    there (WRITER, OWNER, a dataset role on it or its project), and none is a warning naming roles/bigquery.dataEditor
+    on the dataset; an editor of the project is one by the list's projectWriters; a grant on the dataset, too."""
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results_us", default_table_expiration_ms=DAY_MS)
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    data = (
+        f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account} "
+        "train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
+    )
+    results = f"{PROJECT}.tpupipe_results_us"
+    assert (
+        f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that may "
+        f"create tables in {results} (of WRITER, OWNER, roles/bigquery.dataEditor, roles/bigquery.dataOwner, "
+        f"roles/bigquery.admin; its roles there: none), where the data snapshot's APPENDS query writes its result: "
+        f"grant roles/bigquery.dataEditor on the dataset {results}"
+    ) in preflight_said(data, capsys, 0)
+    project.projects.grant(PROJECT, "roles/editor", f"serviceAccount:{account}")
+    said = preflight_said(data, capsys, 0)
+    assert f"train.dataset: {account} may create tables in {results} (WRITER)" in said, said
+    project.projects.revoke(PROJECT, "roles/editor", f"serviceAccount:{account}")
+    project.bigquery.grant(f"serviceAccount:{account}", "roles/bigquery.dataEditor", results)
+    said = preflight_said(data, capsys, 0)
+    assert f"train.dataset: {account} may create tables in {results} (WRITER)" in said, said
+    assert "holds no role that may create tables" not in said and project.mutations() == []

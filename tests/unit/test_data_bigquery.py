@@ -11,14 +11,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.cloud.credentials import EMULATOR_TOKEN_ENV, EMULATOR_TOKEN_URI_ENV
 from components.data import bigquery as data
-from components.spec import SpecError
+from components.spec import InfraError, SpecError
 from components.spec.run_spec import TrainSpec
-from tests.emulators.bigquery import BigQueryEmulator
-from tests.emulators.bigquery_storage import BigQueryStorageEmulator, Fault
+from tests.emulators.bigquery_storage import Fault, start_bigquery, stop_bigquery
 
 PROJECT, TOKEN = "tpupipe-data", "t0ken"
+OWNER = "owner@example.com"  # whose the static token is
 TABLE = f"{PROJECT}.examples.dolly"
 FIELD = "train.dataset"
 SCHEMA = [("instruction", "STRING"), ("response", "STRING"), ("category", "STRING"), ("ingested", "TIMESTAMP")]
@@ -39,17 +39,13 @@ class Clock:
 
 @pytest.fixture
 def bq(monkeypatch):
-    emulator = BigQueryEmulator(token=TOKEN, clock=Clock())
-    emulator.storage = BigQueryStorageEmulator(emulator)  # the Storage Read API over the same tables
-    monkeypatch.setenv(data.EMULATOR_HOST_ENV, emulator.start())
-    monkeypatch.setenv(data.STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
-    monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)  # credentials(): the emulators' static token
-    monkeypatch.setenv(EMULATOR_TOKEN_ENV, TOKEN)
+    """The emulated BigQuery and its Storage Read API, the caller the static token's owner (``OWNER``, as its token's
+    information says)."""
+    emulator = start_bigquery(monkeypatch, TOKEN, OWNER, clock=Clock())
     emulator.create_table(TABLE, SCHEMA, at=NOW - 48 * HOUR)
     emulator.insert(TABLE, [example(n, NOW - 24 * HOUR) for n in range(10)], at=NOW - 24 * HOUR)
     yield emulator
-    emulator.storage.stop()
-    emulator.stop()
+    stop_bigquery(emulator)
 
 
 def example(n: int, ingested: datetime, **fields) -> dict:
@@ -433,7 +429,11 @@ def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_r
     assert read(snap(since=since)) == []
 
 
-RESULTS = f"{PROJECT}.{TrainSpec.bigquery_results_dataset}"  # the results dataset by default, in the billing project
+RESULTS = (
+    f"{PROJECT}.tpupipe_results_us"  # the results dataset by default: the table's location's, in the billing project
+)
+DAY_MS = 24 * 3600 * 1000  # a default table expiration of a day, in milliseconds
+ACCOUNT = "pipeline@tpupipe-data.iam.gserviceaccount.com"  # train.bigquery_service_account
 
 
 def since_then(bq, table: str, rows: list[dict]) -> dict:
@@ -444,11 +444,29 @@ def since_then(bq, table: str, rows: list[dict]) -> dict:
     return {"table": table, "filter": "", "snapshot_time": champion["snapshot_time"]}
 
 
+def tables_of(bq, dataset: str = RESULTS) -> dict:
+    project, name = dataset.rsplit(".", 1)
+    return bq.datasets[(project, name)].tables
+
+
+def job_end(bq) -> datetime:
+    """The last job's ``statistics.endTime`` (milliseconds since the epoch)."""
+    job = list(bq.jobs.values())[-1]
+    return datetime.fromtimestamp(int(job.resource["statistics"]["endTime"]) / 1000, UTC)
+
+
+def test_the_results_datasets_name_is_the_settings_else_one_of_the_tables_location():
+    assert TrainSpec.bigquery_results_dataset == ""
+    assert data.results_dataset_name("", "US") == "tpupipe_results_us"
+    assert data.results_dataset_name("", "europe-west4") == "tpupipe_results_europe_west4"
+    assert data.results_dataset_name("mine", "europe-west4") == "mine"
+
+
 def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_table_of_its_own(bq):
     """300 rows committed since the champion, far over the emulator's maximum response size (an anonymous result
     that size fails with responseTooLarge: tests/emulators/test_bigquery_emulator.py): the APPENDS query writes them
     to a table of its own in the results dataset (WRITE_EMPTY, a name of its own, its job's id naming it), which gets
-    an expiration once written, is read through a read session, and is deleted once read."""
+    an expiration once written, is read through a read session as of the job's end, and is deleted once read."""
     since = since_then(bq, TABLE, [example(n, NOW - 30 * HOUR) for n in range(100, 400)])
     bq.max_response_bytes = 2_000  # a few rows' worth
     got = snap(since=since)
@@ -464,44 +482,145 @@ def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_ta
     assert config["destinationTable"] == {"projectId": project, "datasetId": dataset, "tableId": name}
     assert config["writeDisposition"] == "WRITE_EMPTY" and config["createDisposition"] == "CREATE_IF_NEEDED"
     assert got["appends_job"] == job.job_id and job.job_id.startswith(f"tpupipe_{name}_") and not job.error
-    assert session(bq).request.read_session.table == data._table_path(got["appends_table"])
+    request = session(bq).request.read_session
+    assert request.table == data._table_path(got["appends_table"])
+    assert request.table_modifiers.snapshot_time == job_end(bq)  # as the job left it
     (patch,) = [body for method, _, body in bq.bodies if method == "tables.patch"]
     expires = datetime.fromtimestamp(int(patch["expirationTime"]) / 1000, UTC)
     assert before - MILLISECOND + data.RESULTS_TABLE_LIFE <= expires <= after + data.RESULTS_TABLE_LIFE
-    assert bq.datasets[(PROJECT, dataset)].tables == {} and bq.calls[-1] == "tables.delete"
+    assert tables_of(bq) == {} and bq.calls[-1] == "tables.delete"
 
 
-def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhere_is_refused(bq):
-    """A table in EU: a results dataset in US is refused naming train.bigquery_results_dataset, before any job; the
-    default one, absent, is created in EU with its default table expiration and label, and reused by the next read;
-    one the user made in EU without a default expiration is used as it is, its tables expiring all the same."""
+def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhere_or_never_expiring_refused(bq):
+    """A table in EU: a results dataset in US is refused naming train.bigquery_results_dataset, before any job, as
+    is one in EU without a default table expiration (a result table of it would outlive a run killed before its own
+    expiration is set); the default one, tpupipe_results_eu, absent, is created in EU with its default table
+    expiration, the shortest time travel window and its label, and reused by the next read; one the user made in EU
+    with a default table expiration is used as it is."""
     eu = f"{PROJECT}.europe.dolly"
     bq.create_dataset(f"{PROJECT}.europe", location="EU", at=NOW - 48 * HOUR)
     bq.create_table(eu, SCHEMA, at=NOW - 48 * HOUR)
     bq.insert(eu, [example(n, NOW - 24 * HOUR) for n in range(3)], at=NOW - 24 * HOUR)
     since = since_then(bq, eu, [example(7, NOW - HOUR)])
-    bq.create_dataset(f"{PROJECT}.us_results", location="US")
+    bq.create_dataset(f"{PROJECT}.us_results", location="US", default_table_expiration_ms=DAY_MS)
     with pytest.raises(SpecError) as raised:
         data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="us_results")
     assert raised.value.field == "train.bigquery_results_dataset"
     assert f"the dataset {PROJECT}.us_results, where the APPENDS query" in str(raised.value)
     assert f"is in US, and {eu} in EU" in str(raised.value)
     assert any("a dataset of project tpupipe-data in EU, or of none yet" in v for v in raised.value.valid)
+    bq.create_dataset(f"{PROJECT}.forever", location="EU")  # no default table expiration
+    with pytest.raises(SpecError) as raised:
+        data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="forever")
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"the dataset {PROJECT}.forever, where the APPENDS query" in str(raised.value)
+    assert "has no default table expiration" in str(raised.value)
+    assert any(f"`bq update --default_table_expiration 86400 {PROJECT}:forever`" in v for v in raised.value.valid)
     assert bq.jobs == {} and "datasets.insert" not in bq.calls
     for _ in range(2):
         got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since)
         assert [r["response"] for r in read(got)] == ["7"]
-    made = bq.datasets[(PROJECT, TrainSpec.bigquery_results_dataset)]
+    made = bq.datasets[(PROJECT, "tpupipe_results_eu")]
     assert made.location == "EU" and made.labels == {"created-by": "tpupipe"} and made.tables == {}
-    assert made.default_expiration_ms == 24 * 3600 * 1000
+    assert made.default_expiration_ms == DAY_MS and made.travel_hours == data.RESULTS_TRAVEL_HOURS == 48
     assert bq.calls.count("datasets.insert") == 1 and len(bq.jobs) == 2  # made once, used twice
-    bq.create_dataset(f"{PROJECT}.mine", location="EU")  # no default table expiration
+    bq.create_dataset(f"{PROJECT}.mine", location="EU", default_table_expiration_ms=DAY_MS)
     got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="mine")
     rows = data.rows(got, field=FIELD)
     assert next(rows)["response"] == "7"
     assert bq._table_of(got["appends_table"]).expires is not None  # while it is read: its own expiration
-    assert list(rows) == [] and bq.datasets[(PROJECT, "mine")].tables == {}
+    assert list(rows) == [] and tables_of(bq, f"{PROJECT}.mine") == {}
     assert bq.calls.count("datasets.insert") == 1
+
+
+def test_the_results_dataset_the_run_creates_is_not_the_projects_viewers_to_read(bq, monkeypatch):
+    """BigQuery's default access list (a dataset created without one) lets a viewer of the project read its tables;
+    the results dataset is created with its own: its creator (the caller, whose address its token's information
+    gives) and the project's owners as OWNER, train.bigquery_service_account as WRITER, so a project viewer may not
+    read the result table while the run reads it. Credentials whose address cannot be learned create nothing: the
+    run is refused naming train.bigquery_results_dataset, before any job."""
+    from google.api_core import exceptions
+    from google.cloud import bigquery
+    from google.oauth2.credentials import Credentials
+
+    viewer = "user:viewer@example.com"
+    bq.grant(viewer, "roles/viewer", PROJECT)  # a basic role: it runs jobs, and reads what its special group may
+    peek = bigquery.Client(
+        project=PROJECT,
+        credentials=Credentials(token=bq.token_for(viewer)),
+        client_options={"api_endpoint": bq.endpoint},
+    )
+    data.client(PROJECT).create_dataset(bigquery.Dataset(f"{PROJECT}.open"))  # BigQuery's default access list
+    bq.create_table(f"{PROJECT}.open.copy", SCHEMA)
+    bq.insert(f"{PROJECT}.open.copy", [example(1, NOW)])
+    assert [r["response"] for r in peek.query_and_wait(f"SELECT * FROM `{PROJECT}.open.copy`")] == ["1"]
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    got = data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since, results_writer=ACCOUNT)
+    rows = data.rows(got, field=FIELD)
+    assert next(rows)["response"] == "100"  # its result table there, being read
+    with pytest.raises(exceptions.Forbidden, match="User does not have permission to query table"):
+        peek.query_and_wait(f"SELECT * FROM `{got['appends_table']}`")
+    entries = {(e.role, e.entity_type, e.entity_id) for e in data.dataset_access(data.client(PROJECT), RESULTS)}
+    assert entries == {
+        ("OWNER", "userByEmail", OWNER), ("OWNER", "specialGroup", "projectOwners"), ("WRITER", "userByEmail", ACCOUNT),
+    }  # fmt: skip
+    assert list(rows) == [] and tables_of(bq) == {}
+    monkeypatch.delenv(EMULATOR_TOKEN_URI_ENV)  # no token information to ask: whose the token is, unknown
+    jobs = len(bq.jobs)
+    with pytest.raises(SpecError) as raised:
+        data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="another")
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"the dataset {PROJECT}.another, where the APPENDS query" in str(raised.value)
+    assert "does not exist, and the run creates it only with an access list naming its creator" in str(raised.value)
+    assert any(f"bq mk --dataset --location=US --default_table_expiration 86400 --max_time_travel_hours 48 "
+               f"{PROJECT}:another" in v for v in raised.value.valid)  # fmt: skip
+    assert (PROJECT, "another") not in bq.datasets and len(bq.jobs) == jobs
+
+
+def test_the_result_table_is_read_as_its_job_left_it_and_must_hold_what_the_job_wrote(bq):
+    """Another writer of the results dataset adds a row to the result table between its job's end and the read: the
+    read, as of the job's end, does not see it; a row committed at the job's very end makes the table hold more rows
+    than the job wrote (its totalRows), an InfraError naming the table, which is deleted all the same."""
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    injected = {"instruction": "Say x.", "response": "x"}  # the result table's columns
+
+    def writer(at):
+        def write(request) -> None:
+            _, project, _, dataset, _, name = request.read_session.table.split("/")
+            bq.insert(f"{project}.{dataset}.{name}", [injected], at=at())
+
+        return write
+
+    bq.storage.before_session = writer(lambda: None)  # now, after the job
+    assert [r["response"] for r in read(snap(since=since))] == ["100"]
+    bq.storage.before_session = writer(lambda: job_end(bq))
+    got = snap(since=since)
+    with pytest.raises(InfraError) as raised:
+        read(got)
+    assert f"the APPENDS query's result table {got['appends_table']}, read as of its job's end" in str(raised.value)
+    assert f"held 2 rows, and the job {got['appends_job']} wrote 1 (its totalRows)" in str(raised.value)
+    assert tables_of(bq) == {}
+
+
+def test_a_result_table_read_whole_that_may_not_be_deleted_is_a_warning_and_left_to_expire(bq):
+    """A refused tables.delete after every row is read fails nothing: the rows are the run's, the table expires by
+    itself, and one warning line says so with BigQuery's words."""
+    since = since_then(bq, TABLE, [example(n, NOW - HOUR) for n in (100, 101)])
+    got, logs = snap(since=since), []
+    rows = data.rows(got, field=FIELD, log=logs.append)
+    first = next(rows)  # the query has written its table
+    name = got["appends_table"].rsplit(".", 1)[1]
+    refusal = (
+        f"Access Denied: Table {PROJECT}:tpupipe_results_us.{name}: Permission bigquery.tables.delete denied on "
+        f"table {PROJECT}:tpupipe_results_us.{name} (or it may not exist)."
+    )
+    bq.fail("tables.delete", 403, "accessDenied", refusal)
+    assert [r["response"] for r in [first, *rows]] == ["100", "101"]
+    (line,) = logs
+    assert line.startswith(f"snapshot: warning: train.bigquery_results_dataset: the table {got['appends_table']}, ")
+    assert "read whole, was not deleted (" in line and "lacks bigquery.tables.delete" in line and refusal in line
+    assert "it expires by itself, at most 6 hours after it was written" in line
+    assert bq._table_of(got["appends_table"]).expires is not None
 
 
 def test_no_results_table_is_left_by_a_read_closed_early_or_failing(bq):
@@ -512,13 +631,13 @@ def test_no_results_table_is_left_by_a_read_closed_early_or_failing(bq):
     got = snap(since=since)
     rows = data.rows(got, field=FIELD)
     assert next(rows)["response"] == "100"
-    assert got["appends_table"].rsplit(".", 1)[1] in bq.datasets[(PROJECT, "tpupipe_results")].tables
+    assert got["appends_table"].rsplit(".", 1)[1] in tables_of(bq)
     rows.close()
-    assert bq.datasets[(PROJECT, "tpupipe_results")].tables == {} and reader_threads() == []
+    assert tables_of(bq) == {} and reader_threads() == []
     since = since_then(bq, TABLE, [example(200, NOW - HOUR, response="")])
     with pytest.raises(SpecError, match="lacks a column the trainer's formatter needs"):
         read(snap(since=since))
-    assert bq.datasets[(PROJECT, "tpupipe_results")].tables == {} and bq.calls.count("tables.delete") == 2
+    assert tables_of(bq) == {} and bq.calls.count("tables.delete") == 2
 
 
 def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_field_and_permission(bq, monkeypatch):
@@ -526,7 +645,7 @@ def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_f
     its table there names train.bigquery_results_dataset, the permission and roles/bigquery.dataEditor; granted it,
     the read goes through and its table is gone after it."""
     since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
-    bq.create_dataset(f"{PROJECT}.shared_results")
+    bq.create_dataset(f"{PROJECT}.shared_results", default_table_expiration_ms=DAY_MS)
     member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
     bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
@@ -541,20 +660,20 @@ def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_f
     assert any(f"roles/bigquery.dataEditor on the dataset {PROJECT}.shared_results" in v for v in raised.value.valid)
     bq.grant(member, "roles/bigquery.dataEditor", f"{PROJECT}.shared_results")
     got = data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="shared_results")
-    assert [r["response"] for r in read(got)] == ["100"] and bq.datasets[(PROJECT, "shared_results")].tables == {}
+    assert [r["response"] for r in read(got)] == ["100"] and tables_of(bq, f"{PROJECT}.shared_results") == {}
     # a custom role that writes tables there but does not read them: the read session's refusal names the field too
     from tests.emulators import bigquery as emulated
 
     write_only = f"projects/{PROJECT}/roles/writeOnly"
     held = {"bigquery.datasets.get", *data.RESULTS_PERMISSIONS} - {"bigquery.tables.getData"}
     monkeypatch.setitem(emulated.ROLES, write_only, frozenset(held))
-    bq.create_dataset(f"{PROJECT}.write_only")
+    bq.create_dataset(f"{PROJECT}.write_only", default_table_expiration_ms=DAY_MS)
     bq.grant(member, write_only, f"{PROJECT}.write_only")
     with pytest.raises(SpecError) as raised:
         read(data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="write_only"))
     assert raised.value.field == "train.bigquery_results_dataset"
     assert f"lacks bigquery.tables.getData on the dataset {PROJECT}.write_only" in str(raised.value)
-    assert bq.datasets[(PROJECT, "write_only")].tables == {}  # deleted all the same
+    assert tables_of(bq, f"{PROJECT}.write_only") == {}  # deleted all the same
 
 
 def test_a_read_session_without_get_data_names_that_permission_not_row_policies(bq, monkeypatch):
@@ -690,7 +809,7 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     assert result.request.read_session.table == data._table_path(
         f"{destination['projectId']}.{destination['datasetId']}.{destination['tableId']}"
     )
-    assert result.parent == PROJECT and "snapshot_time" not in result.request.read_session.table_modifiers
+    assert result.parent == PROJECT and result.request.read_session.table_modifiers.snapshot_time == job_end(bq)
     waits = [query for method, query, _ in bq.bodies if method == "jobs.getQueryResults"]
     assert waits and all(query.get("maxResults") == "0" for query in waits)  # the job waited for, no rows paged
     bq.insert(TABLE, [example(10, NOW - 30 * HOUR)], at=pinned)  # committed with the champion's snapshot: its own

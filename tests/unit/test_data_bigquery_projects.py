@@ -14,14 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from components.cloud.credentials import EMULATOR_HOST_ENV, EMULATOR_TOKEN_ENV
+from components.cloud.credentials import EMULATOR_TOKEN_ENV
 from components.data import bigquery, snapshot
 from components.platforms.store import LocalStore, write_json
 from components.spec import SpecError
 from components.stages import dataset
 from components.workload import resolve
-from tests.emulators.bigquery import BigQueryEmulator
-from tests.emulators.bigquery_storage import BigQueryStorageEmulator
+from tests.emulators.bigquery_storage import start_bigquery, stop_bigquery
 from tests.unit.test_data_snapshot import _champion, _ctx
 
 RUN, DATA, PUBLIC = "tpupipe-run-1", "acme-data-1", "bigquery-public-data"
@@ -40,11 +39,7 @@ def example(n: int) -> dict:
 def bq(monkeypatch):
     """Two projects' tables and a public one; the run's identity (the pipeline's service account) may create jobs in
     the run's project only, and read the data project's dataset; the public dataset is everyone's to read."""
-    emulator = BigQueryEmulator(token="t0ken")
-    emulator.storage = BigQueryStorageEmulator(emulator)
-    monkeypatch.setenv(bigquery.EMULATOR_HOST_ENV, emulator.start())
-    monkeypatch.setenv(bigquery.STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
-    monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)
+    emulator = start_bigquery(monkeypatch, "t0ken", "owner@example.com")
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, emulator.token_for(PIPELINE))
     for table in (TABLE, SHARED, f"{DATA}.sft.eval"):
         emulator.create_table(table, SCHEMA, at=NOW - 48 * HOUR)
@@ -54,8 +49,7 @@ def bq(monkeypatch):
     emulator.grant(PIPELINE, "roles/bigquery.dataViewer", f"{DATA}.sft")
     emulator.grant("allAuthenticatedUsers", "roles/bigquery.dataViewer", f"{PUBLIC}.samples")
     yield emulator
-    emulator.storage.stop()
-    emulator.stop()
+    stop_bigquery(emulator)
 
 
 def sessions(bq) -> list[tuple[str, str]]:
@@ -99,10 +93,11 @@ def test_sessions_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(
 
 def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_runs_project(bq, tmp_path):
     """train.data_since=champion by commit time: the APPENDS query is a job of the run's project, reading the data
-    project's table, and writing its result to a dataset of the run's project. An identity that may run jobs but not
-    create that dataset (roles/bigquery.jobUser alone) is refused naming train.bigquery_results_dataset and
-    bigquery.datasets.create, before any job; with roles/bigquery.user it creates the dataset, in the table's
-    location, and owns it (BigQuery makes a dataset's creator its OWNER), so it writes, reads and deletes its result
+    project's table, and writing its result to a dataset of the run's project, the one of the table's location
+    (tpupipe_results_eu). An identity that may run jobs but not create that dataset (roles/bigquery.jobUser alone) is
+    refused naming train.bigquery_results_dataset and bigquery.datasets.create, before any job; with
+    roles/bigquery.user it creates the dataset, in the table's location, as its OWNER (its address, which its token's
+    information gives, in the access list it creates the dataset with), so it writes, reads and deletes its result
     table there with no other grant."""
     (tmp_path / "e.jsonl").write_text('{"instruction": "Say e.", "response": "e"}\n')
     bq.create_dataset(f"{DATA}.eu", location="EU", at=NOW - 48 * HOUR)
@@ -120,21 +115,24 @@ def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_run
     with pytest.raises(SpecError) as raised:
         snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert raised.value.field == "train.bigquery_results_dataset"
-    assert f"may not create the dataset {RUN}.tpupipe_results (it lacks bigquery.datasets.create in project {RUN})" in (
-        str(raised.value)
+    assert (
+        f"may not create the dataset {RUN}.tpupipe_results_eu (it lacks bigquery.datasets.create in project {RUN})"
+        in (str(raised.value))
     )
     assert f"User does not have bigquery.datasets.create permission in project {RUN}" in str(raised.value)  # BigQuery's
     assert any(f"roles/bigquery.user on the project {RUN}" in hint for hint in raised.value.valid)
-    assert bq.jobs == {} and (RUN, "tpupipe_results") not in bq.datasets
+    assert bq.jobs == {} and (RUN, "tpupipe_results_eu") not in bq.datasets
     bq.grant(PIPELINE, "roles/bigquery.user", RUN)
     later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert [e["instruction"] for e in train] == ["Say 20."] and {job.project for job in bq.jobs.values()} == {RUN}
-    results = bq.datasets[(RUN, "tpupipe_results")]
+    results = bq.datasets[(RUN, "tpupipe_results_eu")]
     assert results.location == "EU" and results.labels == bigquery.RESULTS_LABELS and results.tables == {}
     assert results.default_expiration_ms == bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000
-    owners = [e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results") if e.role == "OWNER"]
-    assert PIPELINE.split(":")[1] in {e.entity_id for e in owners}
-    assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.tpupipe_results.appends_")
+    owners = [
+        e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results_eu") if e.role == "OWNER"
+    ]
+    assert {e.entity_id for e in owners} == {PIPELINE.split(":")[1], "projectOwners"}
+    assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.tpupipe_results_eu.appends_")
 
 
 def test_reading_needs_read_on_the_tables_dataset_wherever_the_jobs_run(bq):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from components.platforms.gke.checks import node_account, offers, queued, reservations
 from components.platforms.gke.checks.findings import PreflightFailed, Problem, Report
@@ -237,57 +237,65 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     elif policies is None and not datasets.dated(value):
         report.checked.append(f"{key}: {table}'s row access policies not listed (no bigquery.rowAccessPolicies.list)")
     results, absent = "", False
+    account = spec.train.bigquery_service_account
     if bigquery.JOB_PERMISSION in needed:  # the APPENDS path: its result tables' dataset
-        results = f"{project}.{spec.train.bigquery_results_dataset}"
-        absent = _results_dataset(key, table, results, creds, who, report)
-    if spec.train.bigquery_service_account:
+        setting = spec.train.bigquery_results_dataset
+        results, absent = _results_dataset(key, table, project, setting, creds, who, account, report)
+    if account:
         jobs = bigquery.JOB_PERMISSION in needed
-        account = spec.train.bigquery_service_account
         _bigquery_account(account, key, table, project, creds, report, jobs, results if absent else "")
-        if results and not absent:
-            report.checked.append(
-                f"{key}: {account}'s grant on the dataset {results} not read: the data snapshot's query writes, "
-                "reads and deletes its tables there, refused naming the permission it lacks (roles/bigquery.dataEditor "
-                "holds them; the dataset's creator owns it)"
-            )
 
 
-def _results_dataset(key: str, table: str, results: str, creds: Credentials, who: str, report: Report) -> bool:
-    """The dataset the APPENDS query writes its result tables to (``train.bigquery_results_dataset``, in the jobs'
-    project: components/data/bigquery.py), as the caller: absent, the caller may create it
-    (``bigquery.datasets.create`` on the project, Resource Manager's projects.testIamPermissions); there, it is in the
+def _results_dataset(
+    key: str, table: str, project: str, setting: str, creds: Credentials, who: str, account: str, report: Report
+) -> tuple[str, bool]:
+    """The dataset the APPENDS query writes its result tables to (``train.bigquery_results_dataset``, else the one of
+    ``table``'s location: ``bigquery.results_dataset_name``, in the jobs' ``project``: components/data/bigquery.py),
+    read as the caller (datasets.get with its access list: ``bigquery.dataset_resource``), a refusal of that read a
+    problem and any other failure a warning that it was not checked. Absent, the caller may create it
+    (``bigquery.datasets.create`` on the project, Resource Manager's projects.testIamPermissions). There: in the
     location of ``table``'s dataset (a query writes only to a dataset of the location of the tables it reads:
-    https://cloud.google.com/bigquery/docs/writing-results), and the caller holds what its tables take
-    (``bigquery.RESULTS_PERMISSIONS``) by a grant on the project, the one grant an API tests before a table is
-    there (tables.testIamPermissions asks of a table, and none is there before the query); a grant on the dataset
-    itself is said to be unchecked. Whether the dataset is absent (the data snapshot would create it)."""
+    https://cloud.google.com/bigquery/docs/writing-results), with a default table expiration (else a problem: a
+    result table of a run killed before its own expiration would keep its rows), its access list naming no one
+    beyond the run (``bigquery.open_access``: a warning), the caller holding what its tables take
+    (``bigquery.RESULTS_PERMISSIONS``) by a grant on the project, the one grant an API tests before a table is there
+    (tables.testIamPermissions asks of a table), a grant on the dataset itself said to be unchecked, and ``account``
+    (``train.bigquery_service_account``) holding a role that creates tables in it (``_results_account``). The
+    dataset's name and whether it is absent (the data snapshot would create it)."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery
 
-    field, project = bigquery.RESULTS_FIELD, results.rsplit(".", 1)[0]
-    try:
-        there = bigquery.dataset_location(results, project, creds)
-    except bigquery.failures() as exc:
-        report.problems.append(
-            Problem(
-                field,
-                f"the caller{who} may not see the dataset {results}, where the data snapshot's APPENDS query writes "
-                f"its result ({type(exc).__name__}): grant roles/bigquery.user on {project}",
-            )
-        )
-        return False
+    field = bigquery.RESULTS_FIELD
     try:
         source = bigquery.dataset_location(table.rsplit(".", 1)[0], project, creds) or ""
     except bigquery.failures():
         source = ""  # its dataset not to be seen: the table's own check says so
+    if not setting and not source:
+        report.checked.append(
+            f"{key}: the dataset the APPENDS query writes its result to not checked: its name, "
+            f"{bigquery.RESULTS_PREFIX}_LOCATION, follows the table's location, which the caller{who} may not read"
+        )
+        return "", False
+    results = f"{project}.{bigquery.results_dataset_name(setting, source)}"
+    try:
+        found = bigquery.dataset_resource(bigquery.client(project, creds), results)
+    except bigquery.failures() as exc:
+        from google.api_core.exceptions import NotFound
+
+        if not isinstance(exc, NotFound):
+            _results_unseen(results, project, who, exc, report)
+            return results, False
+        found = None
     where = f" in {source}" if source else ""
     projects = cloud_iam.projects_client(creds)
-    if there is None:
+    if found is None:
         asked = {"resource": f"projects/{project}", "permissions": [bigquery.DATASET_CREATE_PERMISSION]}
         if set(projects.test_iam_permissions(request=asked).permissions):
             report.checked.append(
                 f"{key}: as the caller{who}, may create the dataset {results} for the APPENDS query's result tables "
-                f"(absent: the data snapshot creates it{where}, and owns it)"
+                f"(absent: the data snapshot creates it{where}, its creator and the project's owners its owners"
+                + (f", {account} its writer" if account else "")
+                + ", no one else)"
             )
         else:
             report.problems.append(
@@ -295,11 +303,12 @@ def _results_dataset(key: str, table: str, results: str, creds: Credentials, who
                     field,
                     f"the dataset {results}, where the data snapshot's APPENDS query writes its result, does not "
                     f"exist, and the caller{who} lacks {bigquery.DATASET_CREATE_PERMISSION} in project {project} to "
-                    f"create it: grant roles/bigquery.user on {project}, or create the dataset{where} and grant "
-                    "roles/bigquery.dataEditor on it",
+                    f"create it: create the dataset{where} and grant roles/bigquery.dataEditor on it alone (the "
+                    f"least privilege), or grant roles/bigquery.user on {project}",
                 )
             )
-        return True
+        return results, True
+    there = found.location or ""
     if source and there.lower() != source.lower():
         report.problems.append(
             Problem(
@@ -311,6 +320,23 @@ def _results_dataset(key: str, table: str, results: str, creds: Credentials, who
         )
     else:
         report.checked.append(f"{key}: the dataset {results} is in {there}" + (f", as {table}" if source else ""))
+    if not found.default_table_expiration_ms:
+        seconds = int(bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds())
+        report.problems.append(
+            Problem(
+                field,
+                f"the dataset {results}, where the data snapshot's APPENDS query writes its result, has no default "
+                "table expiration: a result table of a run killed before its own expiration is set would keep its "
+                f"training rows for ever; `bq update --default_table_expiration {seconds} {results.replace('.', ':')}`",
+            )
+        )
+    opened = bigquery.open_access(found.access_entries)
+    if opened:
+        report.warnings.append(
+            f"{field}: the dataset {results} grants {', '.join(opened)}: the training rows the data snapshot's "
+            "result tables hold there are theirs to read (or write) while they last; remove those entries "
+            "(`bq update --source`), or name a dataset only the run's identities may use"
+        )
     asked = {"resource": f"projects/{project}", "permissions": list(bigquery.RESULTS_PERMISSIONS)}
     missing = [
         p
@@ -327,7 +353,64 @@ def _results_dataset(key: str, table: str, results: str, creds: Credentials, who
             f"{', '.join(missing)}; no API tests a dataset's grant before it has a table): the data snapshot's "
             "query names any it lacks"
         )
-    return False
+    if account:
+        _results_account(account, key, results, project, found.access_entries, creds, report)
+    return results, False
+
+
+def _results_unseen(results: str, project: str, who: str, exc: Exception, report: Report) -> None:
+    """datasets.get of the results dataset failed: the caller's refusal (``bigquery.refused``) a problem, any other
+    failure (a quota, an outage, the credentials) a warning that the dataset was not checked."""
+    from components.data import bigquery
+
+    if bigquery.refused(exc):
+        report.problems.append(
+            Problem(
+                bigquery.RESULTS_FIELD,
+                f"the caller{who} may not see the dataset {results}, where the data snapshot's APPENDS query writes "
+                f"its result ({type(exc).__name__}): grant roles/bigquery.dataEditor on it (the least privilege), or "
+                f"roles/bigquery.user on {project}",
+            )
+        )
+    else:
+        report.warnings.append(
+            f"{bigquery.RESULTS_FIELD}: the dataset {results}, where the data snapshot's APPENDS query writes its "
+            f"result, could not be checked ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        )
+
+
+def _results_account(
+    account: str, key: str, results: str, project: str, entries: list[Any], creds: Credentials, report: Report
+) -> None:
+    """Whether ``account`` (``train.bigquery_service_account``, whom the data snapshot runs as) holds a role that
+    creates tables in the results dataset that is there (``bigquery.TABLE_CREATE_ROLES``: WRITER or OWNER in its
+    access list ``entries``, directly or by its special groups, or a dataset role granted on it or its project:
+    ``bigquery.account_roles``): a warning when it holds none, or one only under an IAM condition, as for its other
+    roles (``_bigquery_account``). A dataset that another identity created (a person's `tpupipe data` preview) grants
+    the account nothing by itself, and the run's query is refused there."""
+    from components.cloud import iam as cloud_iam
+    from components.data import bigquery
+
+    found = bigquery.account_roles(results, project, account, creds, entries)
+    wanted = bigquery.TABLE_CREATE_ROLES
+    held = sorted(found.reading & set(wanted))
+    under = cloud_iam.under_conditions(found.reading_conditional, wanted)
+    field = "train.bigquery_service_account"
+    if held:
+        report.checked.append(f"{key}: {account} may create tables in {results} ({', '.join(held)})")
+    elif under:
+        report.warnings.append(
+            f"{field}: {account}, whom the data snapshot runs as, may create tables in {results} only under an IAM "
+            f"condition: {'; '.join(under)}: make sure it admits the run's requests"
+        )
+    else:
+        unseen = f"; not readable as the caller: {', '.join(found.unread)}" if found.unread else ""
+        report.warnings.append(
+            f"{field}: {account}, whom the data snapshot runs as, holds no role that may create tables in {results} "
+            f"(of {', '.join(wanted)}; its roles there: {', '.join(sorted(found.reading)) or 'none'}{unseen}), where "
+            f"the data snapshot's APPENDS query writes its result: grant roles/bigquery.dataEditor on the dataset "
+            f"{results}, unless a group, a custom role or the organization gives it"
+        )
 
 
 def _dated_table(key: str, value: str, table: str, project: str, who: str, report: Report) -> None:
@@ -374,7 +457,7 @@ def _bigquery_account(
     from components.cloud import iam as cloud_iam
     from components.data import bigquery
 
-    found = bigquery.account_roles(table, project, account, creds)
+    found = bigquery.account_roles(table.rsplit(".", 1)[0], project, account, creds)
     field, dataset = "train.bigquery_service_account", table.rsplit(".", 1)[0]
     checks = (
         (
