@@ -146,7 +146,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
 from components.cloud.credentials import (
-    TOKENINFO_URI,
+    USERINFO_URI,
     access_error,
     caller_email,
     credentials,
@@ -855,7 +855,7 @@ def _unnamed_creator(dataset: str, location: str, writer: str) -> SpecError:
         f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its result, "
         "does not exist, and the run creates it only with an access list naming its creator as OWNER (BigQuery's "
         f"default list would let every viewer of project {project} read the training rows and every editor write "
-        f"them), yet these credentials say no e-mail address, nor does their token's information ({TOKENINFO_URI})",
+        f"them), yet these credentials say no e-mail address, nor does their token's information ({USERINFO_URI})",
         [f"create it once: `bq mk --dataset{where} --default_table_expiration "
          f"{int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} --max_time_travel_hours {RESULTS_TRAVEL_HOURS} "
          f"{project}:{name}`, then keep in its access list only its OWNER entries and WRITER (roles/bigquery."
