@@ -17,8 +17,8 @@ file says, so ``TPUPIPE_GKE_EMULATOR_TOKEN_URI`` names this one (``components/cl
   the request cannot be authenticated, it is rejected with HTTP status code 401");
 - ``GET /userinfo`` with ``Authorization: Bearer T``: Google's OpenID Connect UserInfo endpoint, served here beside the
   token endpoint (Google's is a host of its own, the discovery document's ``userinfo_endpoint``,
-  https://openidconnect.googleapis.com/v1/userinfo: https://developers.google.com/identity/openid-connect/reference; "Add your access token to the authorization header
-  and make an HTTPS GET request to the userinfo endpoint":
+  https://openidconnect.googleapis.com/v1/userinfo: https://developers.google.com/identity/openid-connect/reference;
+  "Add your access token to the authorization header and make an HTTPS GET request to the userinfo endpoint":
   https://developers.google.com/identity/openid-connect/openid-connect, "Obtaining user profile information"): of a
   valid token, its account's ``sub``, and its ``email`` with ``email_verified`` (a JSON boolean, as OpenID Connect's
   claims are: https://openid.net/specs/openid-connect-core-1_0.html#StandardClaims) when its scopes include the e-mail
