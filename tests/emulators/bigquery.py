@@ -71,9 +71,9 @@ roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control) and of 
 holds for the member its ``userByEmail`` or ``iamMember`` names, a ``domain`` entry for each member at that domain,
 a ``groupByEmail`` entry for none (the emulator knows no group's members), ``allAuthenticatedUsers`` for every
 member, and the special groups ``projectReaders``, ``projectWriters`` and ``projectOwners`` for the members granted
-the project's basic role Viewer, Editor or Owner (``grant(member, "roles/viewer", "P")``: ``BASIC_ROLES``), each entry's role
-(``READER``, ``WRITER``, ``OWNER``) being roles/bigquery.dataViewer's, dataEditor's or dataOwner's on the dataset
-(``LEGACY_ROLES``). The basic roles are modelled that far only: on their own they run jobs (Viewer), and create
+the project's basic role Viewer, Editor or Owner (``grant(member, "roles/viewer", "P")``: ``BASIC_ROLES``), each
+entry's role (``READER``, ``WRITER``, ``OWNER``) being roles/bigquery.dataViewer's, dataEditor's or dataOwner's on the
+dataset (``LEGACY_ROLES``). The basic roles are modelled that far only: on their own they run jobs (Viewer), and create
 datasets (Editor, Owner), and read no table. tables.get needs ``bigquery.tables.get`` on
 the table, a query ``bigquery.jobs.create`` on the project it runs in (the project in the request's path, which is
 billed: not the project of the table it reads) and ``bigquery.tables.getData`` on the table it reads (a grant on the
