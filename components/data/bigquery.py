@@ -820,8 +820,8 @@ def shared_access(entries: list, owner: str = "") -> list[str]:
 def acl_steps(dataset: str) -> str:
     """The commands that replace the access list of ``dataset`` (``PROJECT.DATASET``), as ``ACCESS_DOCS`` gives them."""
     return (
-        f"`bq show --format=prettyjson {_bq_name(dataset)} > acl.json`, edit its `access` list, then `bq update "
-        f"--source acl.json {_bq_name(dataset)}` ({ACCESS_DOCS})"
+        f"`bq show --format=prettyjson {bq_name(dataset)} > acl.json`, edit its `access` list, then `bq update "
+        f"--source acl.json {bq_name(dataset)}` ({ACCESS_DOCS})"
     )
 
 
@@ -832,7 +832,7 @@ def make_steps(dataset: str, location: str, users: str) -> str:
     where = f" --location={location}" if location else ""
     return (
         f"`bq mk --dataset{where} --default_table_expiration {int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} "
-        f"--max_time_travel_hours {RESULTS_TRAVEL_HOURS} {_bq_name(dataset)}`, then replace the access list BigQuery "
+        f"--max_time_travel_hours {RESULTS_TRAVEL_HOURS} {bq_name(dataset)}`, then replace the access list BigQuery "
         f"gives it (the project's viewers READER, its editors WRITER) with its OWNER and {users} alone: "
         + acl_steps(dataset)
     )
@@ -884,7 +884,7 @@ def _results_dataset(
             [f"{RESULTS_FIELD}=NAME of a dataset of project {project} in {location}", own],
         )
     seconds = int(RESULTS_DEFAULT_EXPIRATION.total_seconds())
-    update = f"`bq update --default_table_expiration {seconds} {_bq_name(dataset)}`"
+    update = f"`bq update --default_table_expiration {seconds} {bq_name(dataset)}`"
     if not found.default_table_expiration_ms:
         raise SpecError(
             RESULTS_FIELD,
@@ -917,7 +917,7 @@ def _results_dataset(
     return dataset
 
 
-def _bq_name(dataset: str) -> str:
+def bq_name(dataset: str) -> str:
     """``PROJECT.DATASET`` as the bq tool names it, ``PROJECT:DATASET``."""
     project, name = dataset.rsplit(".", 1)
     return f"{project}:{name}"
