@@ -173,12 +173,18 @@ def _grpc_transport(cls: type) -> Any:
         return None
 
 
-# Google's OAuth 2.0 token information endpoint: what a valid access token stands for, its ``email`` among it when the
-# token carries the scope that grants it ("Access token contents",
-# https://cloud.google.com/docs/authentication/token-types#access-contents); at the emulated token issuer's host with
-# the emulators, as Google serves it beside its token endpoint (oauth2.googleapis.com)
-TOKENINFO_URI = "https://oauth2.googleapis.com/tokeninfo"
-# The scope that lets a token's information carry its account's e-mail address; `gcloud auth application-default
+# Google's OpenID Connect UserInfo endpoint (the discovery document's ``userinfo_endpoint``:
+# https://accounts.google.com/.well-known/openid-configuration, https://developers.google.com/identity/openid-connect/reference):
+# whose a valid access token is, its ``email`` and ``email_verified`` among it when the token carries the e-mail scope
+# ("Provided only if you included the email scope in your request":
+# https://developers.google.com/identity/openid-connect/openid-connect). The token goes in the ``Authorization``
+# header, as Google's guide says to send it ("Add your access token to the authorization header and make an HTTPS GET
+# request to the userinfo endpoint": same page, "Obtaining user profile information"), never in the URL, which
+# clients log (urllib3 logs each request's path) and which "Bearer tokens SHOULD NOT be passed in" (RFC 6750 section
+# 5.3, https://www.rfc-editor.org/rfc/rfc6750#section-5.3). With the emulators, the emulated token issuer's
+# ``/userinfo``, on the host of its token endpoint.
+USERINFO_URI = "https://openidconnect.googleapis.com/v1/userinfo"
+# The scope that lets the UserInfo endpoint say a token's account's e-mail address; `gcloud auth application-default
 # login` asks for it by default ("--scopes": "By default openid, https://www.googleapis.com/auth/userinfo.email,
 # https://www.googleapis.com/auth/cloud-platform, https://www.googleapis.com/auth/sqlservice.login scopes are used":
 # https://cloud.google.com/sdk/gcloud/reference/auth/application-default/login), so a user's refresh token may ask
@@ -191,14 +197,16 @@ def caller_email(creds: Any) -> str:
     credentials carry it: a key's and an impersonated account's (``service_account_email``, ``signer_email``), and the
     metadata server's (Compute Engine, GKE Workload Identity, Vertex AI) once refreshed, which reads it from the
     metadata server (``compute_engine.Credentials.refresh``, google/auth/compute_engine/credentials.py at google-auth
-    2.63.0); a user's login may name it (``account``). Else the token says: its information at the token information
-    endpoint (``TOKENINFO_URI``), for a user's login a token its refresh token is asked for with ``EMAIL_SCOPE``
-    alone. Only a verified address counts (``email_verified``). An error of the endpoint or of the refresh is ""."""
+    2.63.0); a user's login may name it (``account``). Else the token says: the UserInfo endpoint (``USERINFO_URI``),
+    asked with it in the ``Authorization`` header, for a user's login a token its refresh token is asked for with
+    ``EMAIL_SCOPE`` alone. Only a verified address counts (``email_verified``). An error of the endpoint or of the
+    refresh is "". A caller with no Google account behind it (Workload Identity Federation, workforce identity
+    federation or GKE Workload Identity without a service account to impersonate: a principal identifier, not an
+    e-mail, https://cloud.google.com/iam/docs/principal-identifiers) has none to say: ""."""
     email = named_email(creds)
     if email:
         return email
     import json
-    from urllib.parse import urlencode
 
     import google.auth.transport.requests
     from google.auth import exceptions
@@ -208,11 +216,11 @@ def caller_email(creds: Any) -> str:
         if getattr(creds, "service_account_email", None) == "default":  # the metadata server's, before a refresh
             creds.refresh(request)
             return named_email(creds)
-        where = _tokeninfo_uri(creds)
+        where = _userinfo_uri(creds)
         token = _email_token(creds, request) if where else ""
         if not token:
             return ""
-        response = request(url=f"{where}?{urlencode({'access_token': token})}", method="GET")
+        response = request(url=where, method="GET", headers={"Authorization": f"Bearer {token}"})
         info = json.loads(response.data) if response.status == 200 else {}
     except (exceptions.GoogleAuthError, ValueError):
         return ""
@@ -230,24 +238,24 @@ def named_email(creds: Any) -> str:
     return ""
 
 
-def _tokeninfo_uri(creds: Any) -> str:
+def _userinfo_uri(creds: Any) -> str:
     """Where the token of ``creds`` is asked about: with the emulators, the emulated token issuer's host (beside
     ``$TPUPIPE_GKE_EMULATOR_TOKEN_URI``, on this machine), and only for their own tokens (the static one, or
-    credentials that refresh there: ``_emulated``), "" when there is none; else Google's ``TOKENINFO_URI``."""
+    credentials that refresh there: ``_emulated``), "" when there is none; else Google's ``USERINFO_URI``."""
     from urllib.parse import urljoin
 
     token_uri = os.environ.get(EMULATOR_TOKEN_URI_ENV, "")
     emulated = bool(token_uri and os.environ.get(EMULATOR_HOST_ENV) and _loopback(token_uri))
     own = emulator_token()
     if own is not None and getattr(creds, "token", None) == own:
-        return urljoin(token_uri, "tokeninfo") if emulated else ""
+        return urljoin(token_uri, "userinfo") if emulated else ""
     if emulated and _emulated(creds, token_uri):
-        return urljoin(token_uri, "tokeninfo")
-    return TOKENINFO_URI
+        return urljoin(token_uri, "userinfo")
+    return USERINFO_URI
 
 
 def _email_token(creds: Any, request: Any) -> str:
-    """An access token of ``creds`` whose information may carry the account's e-mail: for a user's login (a refresh
+    """An access token of ``creds`` whose UserInfo may carry the account's e-mail: for a user's login (a refresh
     token), one asked for with ``EMAIL_SCOPE`` alone (the credentials' own tokens are asked for with
     ``CLOUD_PLATFORM_SCOPE``: :func:`credentials`); else their own, refreshed when no longer valid."""
     from google.oauth2 import credentials as oauth2

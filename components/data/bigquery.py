@@ -40,29 +40,36 @@ destinationTable when result size exceeds the allowed maximum response size",
 https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery; beyond it the error
 ``responseTooLarge``, https://cloud.google.com/bigquery/docs/error-messages), so a window of any size is read whole (a
 table truncated and reloaded, a large backfill), and under the domain-restricted sharing organization policy too,
-where no query result goes to a temporary table (same page). The results dataset is the one
-``train.bigquery_results_dataset`` names (``RESULTS_FIELD``), else one per location, ``tpupipe_results_<location>``
-(:func:`results_dataset_name`), in the project the query is billed in: looked up (datasets.get) before the query and
-refused (a SpecError naming the field, before any query) when it is in another location than the table ("When you
-write query results to a permanent table, the tables you're querying must be in the same location as the dataset that
-contains the destination table": https://cloud.google.com/bigquery/docs/writing-results) or has no default table
+where no query result goes to a temporary table (same page). The results dataset, in the project the query is billed
+in, is the one ``train.bigquery_results_dataset`` names (``RESULTS_FIELD``), a team's, made in advance and used as it
+is (absent, a SpecError naming the field says how to make it); else the run identity's own, one per location and
+identity, ``tpupipe_results_<location>_<the first 8 hex digits of the SHA-256 of the identity's e-mail>``
+(:func:`results_dataset_name`; the e-mail, ``caller_email``, that of the identity the read runs as), so each
+identity (a person previewing with `tpupipe data`, the pipeline's service account) reads and writes a dataset of
+its own: none holds another's rows, and none made by one identity's run shuts out another's. An identity with no
+e-mail (a federated principal that impersonates no service account) has none: a SpecError naming the field says to
+name a dataset made in advance. It is looked up (datasets.get) before the query and refused (a SpecError naming the
+field, before any query) when it is in another location than the table ("When you write query results to a
+permanent table, the tables you're querying must be in the same location as the dataset that contains the
+destination table": https://cloud.google.com/bigquery/docs/writing-results), when it has no default table
 expiration (a result table would outlive a run killed before its own expiration is set: tables.patch is a call of
-its own, and ``destinationTableProperties.expirationTime`` is "Internal use only", JobConfigurationQuery); one whose
-access list reaches beyond the run's identities (the project's viewers or editors, anyone: :func:`open_access`) is
-used, and said in a warning line. Absent, it is created (datasets.insert, ``Client.create_dataset``) in the table's
-location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, the shortest time travel window,
-``RESULTS_TRAVEL_HOURS``, the label ``RESULTS_LABELS`` and an access list of its own, never BigQuery's default, which
-would let every viewer of the project read the training rows and every editor write them, where an anonymous result
-was its query's creator's alone: its creator (the caller, by its e-mail: ``caller_email``) and the project's owners
-OWNER, ``train.bigquery_service_account`` WRITER (:func:`results_access`; ``RESULTS_OWNERS_GROUP``'s comment). When
-the caller's e-mail cannot be learned, nothing is created: a SpecError naming the field says how to create it. Each
-read writes its own table there, ``appends_<hex>`` (its job's id starts ``tpupipe_appends_<hex>_``), with
-``WRITE_EMPTY`` on that fresh name (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery,
-``writeDisposition``), recorded in ``snap["appends_table"]``; once written it gets an ``expirationTime``
-``RESULTS_TABLE_LIFE`` ahead (tables.patch, ``Client.update_table``: "If not present, the table will persist
-indefinitely. Expired tables will be deleted and their storage reclaimed",
-https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time), is read as of its
-job's end (another writer's rows added later are not read) and counted against the rows the job wrote (an
+its own, and ``destinationTableProperties.expirationTime`` is "Internal use only", JobConfigurationQuery), and when
+its access list lets others than named identities read or write its tables (the project's viewers or editors, as
+BigQuery's default list does, anyone signed in, anyone: :func:`open_access`), the advice the ``bq show``/``bq update
+--source`` steps that replace it (``ACCESS_DOCS``); a domain or a Google group in its list (a team may share on
+purpose), any other entry than its identity in an identity's own, and a default table expiration longer than
+``RESULTS_DEFAULT_EXPIRATION`` are each a warning line. The identity's own, absent, is created (datasets.insert,
+``Client.create_dataset``) in the table's location with a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``,
+the shortest time travel window, ``RESULTS_TRAVEL_HOURS``, the label ``RESULTS_LABELS`` and an access list of one
+entry, the identity as OWNER (:func:`results_access`), never BigQuery's default, which would let every viewer of the
+project read the training rows and every editor write them, where an anonymous result was its query's creator's
+alone (the comment above ``OPEN_GROUPS``). Each read writes its own table there, ``appends_<hex>`` (its job's id
+starts ``tpupipe_appends_<hex>_``), with ``WRITE_EMPTY`` on that fresh name
+(https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobConfigurationQuery, ``writeDisposition``), recorded
+in ``snap["appends_table"]``; once written it gets an ``expirationTime`` ``RESULTS_TABLE_LIFE`` ahead (tables.patch,
+``Client.update_table``: "If not present, the table will persist indefinitely. Expired tables will be deleted and
+their storage reclaimed", https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time),
+is read as it then is (no snapshot time: :func:`_appended` says why) and counted against the rows the job wrote (an
 InfraError otherwise), and is deleted (tables.delete, ``Client.delete_table``) as soon as its rows are read or
 their reader stops early or fails; a delete refused after a whole read is a warning line, the table left to expire.
 A deleted or expired table is not gone at once: it can be restored for its dataset's time travel window and is kept
@@ -90,8 +97,9 @@ to open a read session or to run a query, a filter BigQuery refuses, no rows (un
 ``incremental``, ``after`` or ``since``: then none new is an answer, ``num_rows`` 0), a column the trainer's formatter
 needs (``instruction``, ``response``) missing from the table or NULL or empty in some row (named when the row is
 read), a time column that is missing or of another type, a results dataset in another location than the table,
-without a default table expiration, one the caller may not create or may create only with no e-mail to name in its
-access list, or whose tables it may not write or read (naming ``train.bigquery_results_dataset``). A NotFound after
+without a default table expiration, with an open access list, named yet absent, the caller's own when it has no
+e-mail to name it after, or one the caller may not create or whose tables it may not write or read (naming
+``train.bigquery_results_dataset``). A NotFound after
 tables.get found the table (the read session, a stream, the APPENDS query) is an InfraError: the table went away, or
 the session expired, while it was read; so is a result table that holds other rows than its job wrote.
 
@@ -108,7 +116,7 @@ https://cloud.google.com/bigquery/docs/running-queries, "Required roles"). Both 
 the run's identity only reads, a public dataset such as ``bigquery-public-data``) is read and billed where the run
 is; without one, to the table's own project. The results dataset is in that project too: creating it takes
 ``bigquery.datasets.create`` there (roles/bigquery.user, roles/bigquery.dataEditor, roles/bigquery.admin), and its
-creator is its OWNER (its access list names it: :func:`results_access`), which holds what its tables take
+creator is its OWNER, alone (its access list names it: :func:`results_access`), which holds what its tables take
 ("because the bigquery.user role has bigquery.datasets.create permissions, a user assigned to the bigquery.user role
 can create tables in any dataset that user creates": writing-results): ``bigquery.tables.create`` and
 ``bigquery.tables.updateData`` for the query to write one (same page, "Required permissions"),
@@ -132,6 +140,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import hashlib
 import json
 import math
 import os
@@ -146,7 +155,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
 from components.cloud.credentials import (
-    TOKENINFO_URI,
+    USERINFO_URI,
     access_error,
     caller_email,
     credentials,
@@ -177,14 +186,20 @@ SESSION_HOURS = 6
 DEFAULT_TRAVEL_HOURS = 168
 TRAVEL_MARGIN = timedelta(hours=1)  # APPENDS' start kept this far inside the window: clocks, and the time to query
 RESULTS_FIELD = "train.bigquery_results_dataset"  # the dataset the APPENDS query writes its result tables to
-# Its name when the setting is "": this, "_" and the table's location in lower case, each run of other characters an
-# "_" (tpupipe_results_us, tpupipe_results_europe_west4): one dataset per location, as a query writes only to a
-# dataset of the location of what it reads (https://cloud.google.com/bigquery/docs/writing-results)
+# Its name when the setting is "": this, "_", the table's location in lower case (each run of other characters an
+# "_"), "_" and the first IDENTITY_HEX hex digits of the SHA-256 of the run identity's e-mail in lower case
+# (tpupipe_results_us_1a2b3c4d): one dataset per location, as a query writes only to a dataset of the location of
+# what it reads (https://cloud.google.com/bigquery/docs/writing-results), and per identity, whose alone it is
+# (``results_dataset_name``). A dataset name holds letters, digits and underscores only
+# (https://cloud.google.com/bigquery/docs/datasets#dataset-naming), which an e-mail is not: hence its hash, a name,
+# not a secret.
 RESULTS_PREFIX = "tpupipe_results"
+IDENTITY_HEX = 8
 # A results dataset the run creates: its tables' default life (defaultTableExpirationMs, at least an hour: "The minimum
 # lifetime value is 3600000 milliseconds (one hour)",
 # https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.default_table_expiration_ms), and
-# the label that says who made it (labels: https://cloud.google.com/bigquery/docs/labels-intro)
+# the label that says who made it (labels: https://cloud.google.com/bigquery/docs/labels-intro); a dataset whose
+# default is longer keeps the rows of a run killed before its table's own expiration that much longer: a warning
 RESULTS_DEFAULT_EXPIRATION = timedelta(days=1)
 RESULTS_LABELS = {"created-by": "tpupipe"}
 # Its time travel window, the shortest there is: "The value can be from 48 to 168 hours (2 to 7 days)"
@@ -192,26 +207,34 @@ RESULTS_LABELS = {"created-by": "tpupipe"}
 # a deleted or expired table can be restored for that window, and is kept 7 days more in fail-safe storage
 # (https://cloud.google.com/bigquery/docs/time-travel), billed under physical storage billing (same page)
 RESULTS_TRAVEL_HOURS = 48
-# Its access list, never BigQuery's default, which lets every viewer of the project read its tables and every editor
-# write them (Dataset.access: "If unspecified at dataset creation time, BigQuery adds default dataset access for ...
-# projectReaders ... READER, projectWriters ... WRITER",
-# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access), where an anonymous result
-# table was its query's creator's alone ("Access to the temporary table data is restricted to the user or service
-# account that created the query job": https://cloud.google.com/bigquery/docs/writing-results): its creator as OWNER
-# (the one entry a dataset must have: "A dataset must have at least one entity with the OWNER role",
-# https://cloud.google.com/bigquery/docs/access-control-basic-roles), the project's owners as OWNER, who may already
-# "revoke or change any project role" and "delete any dataset in the project" (same page), so that the dataset stays
-# theirs to administer once its creator is gone, and ``train.bigquery_service_account`` as WRITER (roles/bigquery.
-# dataEditor on it) when that account is not its creator (``results_access``).
-RESULTS_OWNERS_GROUP = "projectOwners"
-# The entries of an access list that let others than the run's identities read or write a results dataset's tables:
-# the project's viewers and editors (BigQuery's default), anyone signed in, anyone at all (``open_access``)
+# Its access list is one entry, never BigQuery's default, which lets every viewer of the project read its tables and
+# every editor write them (Dataset.access: "If unspecified at dataset creation time, BigQuery adds default dataset
+# access for ... projectReaders ... READER, projectWriters ... WRITER",
+# https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access; "The roles you specify at
+# dataset creation override the defaults": https://cloud.google.com/bigquery/docs/access-control-basic-roles), where
+# an anonymous result table was its query's creator's alone ("Access to the temporary table data is restricted to the
+# user or service account that created the query job": https://cloud.google.com/bigquery/docs/writing-results): the
+# identity it is named after, its creator, as OWNER ("A dataset must have at least one entity with the OWNER role":
+# access-control-basic-roles), and no one else: not the project's owners, who "can delete any dataset in the project"
+# anyway (same page), nor ``train.bigquery_service_account``, which has a dataset of its own (``results_access``).
+# The entries of an access list that let others than named identities read or write a results dataset's tables: the
+# project's viewers and editors (BigQuery's default, `bq mk`'s too), anyone signed in, anyone; a results dataset that
+# has one is refused (``open_access``)
 OPEN_GROUPS = {
     "projectReaders": "the viewers of its project",
     "projectWriters": "the editors of its project",
     "allAuthenticatedUsers": "anyone signed in to a Google account",
     "allUsers": "anyone",
 }
+# The entries that share a results dataset's tables with a whole domain or a Google group (Dataset.access's
+# ``domain``, "Any users signed in with the domain specified will be granted the specified access", and
+# ``groupByEmail``), which a team may mean: said in a warning (``shared_access``)
+SHARED_ENTITIES = {"domain": "everyone signed in with an account of the domain", "groupByEmail": "the group's members"}
+# Replacing a dataset's access list: "bq show --format=prettyjson PROJECT_ID:DATASET > PATH_TO_FILE", edit its
+# ``access``, "bq update --source PATH_TO_FILE PROJECT_ID:DATASET"
+# (https://cloud.google.com/bigquery/docs/control-access-to-resources-iam, "Grant access to a dataset" and "Revoke
+# access to a dataset", bq): ``acl_steps``
+ACCESS_DOCS = "https://cloud.google.com/bigquery/docs/control-access-to-resources-iam"
 # The roles that create tables in a dataset: its WRITER and OWNER entries (roles/bigquery.dataEditor and dataOwner
 # in their legacy names), those roles and roles/bigquery.admin granted on the dataset or its project
 # (https://cloud.google.com/bigquery/docs/access-control)
@@ -361,7 +384,6 @@ def snapshot(
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
     results_dataset: str = TrainSpec.bigquery_results_dataset,
-    results_writer: str = "",
     log: Callable[[str], None] = print,
 ) -> dict:
     """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked, with its
@@ -371,12 +393,12 @@ def snapshot(
     "time_type", "after", "max_time" (the largest ``time_column`` among the rows read, as text; None when there are
     none or no time column), "incremental", "session", "streams"}``; with ``since`` and APPENDS possible (the
     module's docstring), ``"appended_after"`` (the champion's snapshot time) and ``"results_dataset"`` (``PROJECT.``
-    and ``results_dataset``, or the name :func:`results_dataset_name` derives from the table's location when it is
-    "", in the billing project, where the query writes its result: :func:`_results_dataset`, which grants
-    ``results_writer``, an e-mail, WRITER on a dataset it creates) instead of a session. Makes two calls (tables.get,
-    CreateReadSession), or for APPENDS three or four (tables.get, datasets.get of the table's dataset, datasets.get of
-    the results dataset, datasets.insert when it is absent, after asking whose the credentials are), and :func:`rows`
-    the query.
+    and ``results_dataset``, or when it is "" the caller's own, whose name :func:`results_dataset_name` derives from
+    the table's location and the caller's e-mail, in the billing project, where the query writes its result:
+    :func:`_results_dataset`) instead of a session. Makes two calls (tables.get, CreateReadSession), or for APPENDS
+    three or four (tables.get, datasets.get of the table's dataset, datasets.get of the results dataset,
+    datasets.insert when the caller's own is absent, after asking whose the credentials are), and :func:`rows` the
+    query.
     ``after`` (a ``max_time`` of an earlier snapshot) reads only the rows past it. ``incremental`` (implied by
     ``after`` and ``since``): the read is of what is new since a champion (``train.data_since``), so no rows is an
     answer, not an error. A table that tables.get does not find is a :class:`~components.data.drops.NoDrop` (a dated
@@ -463,9 +485,7 @@ def snapshot(
     if since is not None:
         refused = _appends_refusal(bq, found, snap, since, creds)
         if not refused:
-            location = found.location or ""
-            named = f"{billing}.{results_dataset_name(results_dataset, location)}"
-            results = _results_dataset(bq, named, location, table, creds, results_writer, log)
+            results = _results_dataset(bq, billing, results_dataset, found.location or "", table, creds, log)
             snap.update(after=None, appended_after=since["snapshot_time"], results_dataset=results)
             return snap
         late = f"{time_column} not past {after}" if after else f"an old {time_column}"
@@ -647,13 +667,21 @@ def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Gene
     batches, as google-cloud-bigquery's ``RowIterator.to_arrow_iterable(bqstorage_client=...)`` reads a query's
     result (google/cloud/bigquery/_pandas_helpers.py, ``download_arrow_bqstorage``, at 3.47.0): no
     jobs.getQueryResults pages, none of their per-response size. The session is created in, and billed to, the
-    snapshot's project too, and reads the table as of the job's end (``table_modifiers.snapshot_time``, the job's
-    ``statistics.endTime``: ``QueryJob.ended``), so no row another writer of the dataset adds after the job is read;
-    the rows read must be as many as the job wrote, its result's ``totalRows`` ("The total number of rows in the
-    complete query result set", jobs.getQueryResults' answer, which ``QueryJob.result`` asks for:
+    snapshot's project too, and reads the table as it is when the session is made (no ``table_modifiers``: "If not
+    set, interpreted as now", stream.proto), checked by count instead of pinned in time: the rows read must be as
+    many as the job wrote, its result's ``totalRows`` ("The total number of rows in the complete query result set",
+    jobs.getQueryResults' answer, which ``QueryJob.result`` asks for:
     https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/getQueryResults), else an InfraError naming the
-    table. The table is deleted (:func:`_drop`) however the read ends: its rows all read, the reader closed early, or
-    a failure."""
+    table. No snapshot time is both sure to hold the job's rows and safe to ask for: no Google page says when a query
+    job's write is committed against its ``statistics.endTime`` or the table's ``creationTime`` and
+    ``lastModifiedTime`` (whole milliseconds each; the last one moves with the tables.patch below too), and a time
+    before the table's creation is refused ("Invalid snapshot time ... Cannot read before ...":
+    https://cloud.google.com/bigquery/docs/access-historical-data), so a pin on any of them could fail every read
+    whose commit fell later in the same millisecond. What the count does not see is a row changed or swapped for
+    another between the job and the read, which takes a writer of the dataset: in the run identity's own dataset
+    that identity alone, and whoever holds a BigQuery data role on the whole project (the module's docstring). The
+    table is deleted (:func:`_drop`) however the read ends: its rows all read, the reader closed early, or a
+    failure."""
     from google.cloud import bigquery
 
     tick = timedelta(microseconds=1)
@@ -688,18 +716,13 @@ def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Gene
             snap["appends_job"] = job.job_id
             # waits for the job (jobs.getQueryResults with no rows: maxResults 0), raising its error
             written_rows = job.result().total_rows
-            ended = job.ended
             written = bigquery.Table(destination)
             written.expires = datetime.now(UTC) + RESULTS_TABLE_LIFE
             bq.update_table(written, ["expires"])
             reader = read_client(creds)
             session = reader.create_read_session(
                 parent=f"projects/{snap['project']}",
-                read_session={
-                    "table": _table_path(destination),
-                    "data_format": "ARROW",
-                    "table_modifiers": {"snapshot_time": ended},
-                },
+                read_session={"table": _table_path(destination), "data_format": "ARROW"},
                 max_stream_count=STREAMS,
             )
         except _failures() as exc:
@@ -710,9 +733,9 @@ def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Gene
             yield row
         if count != written_rows:
             raise InfraError(
-                f"{field}: the APPENDS query's result table {destination}, read as of its job's end "
-                f"({_stamp(ended) if ended else 'not said'}), held {count} rows, and the job {job.job_id} wrote "
-                f"{written_rows} (its totalRows): nothing of it is used: a new run reads it again"
+                f"{field}: the APPENDS query's result table {destination} held {count} rows when read, and the job "
+                f"{job.job_id} wrote {written_rows} (its totalRows): another writer of the dataset changed it; nothing "
+                "of it is used: a new run reads it again"
             )
         whole = True
     finally:
@@ -737,35 +760,38 @@ def _drop(bq, table: str, results: str, creds, whole: bool, log: Callable[[str],
             )
 
 
-def results_dataset_name(setting: str, location: str) -> str:
-    """The results dataset's name (``RESULTS_FIELD``): ``setting`` when it names one; when it is "", one per location,
-    ``RESULTS_PREFIX`` and ``location`` (the table's) in lower case, each run of other characters than letters and
-    digits an ``_``: ``tpupipe_results_us``, ``tpupipe_results_europe_west4``."""
+def results_dataset_name(setting: str, location: str, identity: str = "") -> str:
+    """The results dataset's name (``RESULTS_FIELD``): ``setting`` when it names one; when it is "", the one of
+    ``location`` (the table's) and ``identity`` (the e-mail of the identity that reads and writes it, whose alone it
+    is): ``RESULTS_PREFIX``, the location in lower case with each run of other characters than letters and digits an
+    ``_``, and :func:`identity_tag` of the identity, joined by ``_`` (``tpupipe_results_us_1a2b3c4d``). A ValueError
+    for neither a setting nor an identity."""
     if setting:
         return setting
+    if not identity:
+        raise ValueError("a results dataset's name needs a setting or an identity")
     suffix = re.sub(r"[^a-z0-9]+", "_", location.lower()).strip("_")
-    return f"{RESULTS_PREFIX}_{suffix}" if suffix else RESULTS_PREFIX
+    return "_".join(part for part in (RESULTS_PREFIX, suffix, identity_tag(identity)) if part)
 
 
-def results_access(creator: str, writer: str = "") -> list:
-    """The access list of a results dataset the run creates (``RESULTS_OWNERS_GROUP``'s comment): ``creator`` (an
-    e-mail, the caller's) and the project's owners as OWNER, ``writer`` (``train.bigquery_service_account``) as
-    WRITER unless it is ``creator``; ``AccessEntry`` objects, each account as ``userByEmail`` ("An email address of a
-    user to grant access to", a service account's too: Dataset.access)."""
+def identity_tag(email: str) -> str:
+    """The first ``IDENTITY_HEX`` hex digits of the SHA-256 of ``email`` in lower case, so that one address written in
+    two cases names one dataset."""
+    return hashlib.sha256(email.strip().lower().encode()).hexdigest()[:IDENTITY_HEX]
+
+
+def results_access(owner: str) -> list:
+    """The access list of an identity's own results dataset (the comment above ``OPEN_GROUPS``): ``owner`` (its
+    e-mail) as OWNER, alone; an ``AccessEntry`` of ``userByEmail`` ("An email address of a user to grant access to",
+    a service account's too: Dataset.access)."""
     from google.cloud.bigquery import AccessEntry
 
-    entries = [
-        AccessEntry("OWNER", "userByEmail", creator),
-        AccessEntry("OWNER", "specialGroup", RESULTS_OWNERS_GROUP),
-    ]
-    if writer and writer.lower() != creator.lower():
-        entries.append(AccessEntry("WRITER", "userByEmail", writer))
-    return entries
+    return [AccessEntry("OWNER", "userByEmail", owner)]
 
 
 def open_access(entries: list) -> list[str]:
-    """Of a dataset's access entries (``AccessEntry``), each that lets others than the run's identities read or write
-    its tables (``OPEN_GROUPS``), as ``ROLE to GROUP (who they are)``."""
+    """Of a dataset's access entries (``AccessEntry``), each that lets others than named identities read or write its
+    tables (``OPEN_GROUPS``), as ``ROLE to GROUP (who they are)``."""
     return [
         f"{entry.role} to {entry.entity_id} ({OPEN_GROUPS[entry.entity_id]})"
         for entry in entries
@@ -773,96 +799,176 @@ def open_access(entries: list) -> list[str]:
     ]
 
 
-def _results_dataset(
-    bq, dataset: str, location: str, table: str, creds, writer: str, log: Callable[[str], None]
-) -> str:
-    """The results dataset ``dataset`` (``PROJECT.DATASET``), there in ``location`` (``table``'s): datasets.get, and
-    when it is absent (or the caller may not see it) datasets.insert (``Client.create_dataset``) in ``location``, with
-    ``RESULTS_LABELS``, a default table expiration of ``RESULTS_DEFAULT_EXPIRATION``, a time travel window of
-    ``RESULTS_TRAVEL_HOURS`` and the access list :func:`results_access` makes of the caller's e-mail
-    (``caller_email``) and ``writer`` (one that is there after all, a Conflict, is looked up again); with no e-mail to
-    name, none is created (a SpecError naming ``RESULTS_FIELD``): BigQuery's default list would open the training rows
-    to the project's viewers and editors. A dataset in another location, or with no default table expiration (a table
-    of it would outlive a run killed between the query and the table's own expiration), is a SpecError naming
-    ``RESULTS_FIELD``, as is a refusal (:func:`_results_refusal`), each before any query; one whose access list is
-    open (:func:`open_access`) is used, and said in a warning line (``log``)."""
-    from google.api_core import exceptions as gexc
-    from google.cloud import bigquery
+def shared_access(entries: list, owner: str = "") -> list[str]:
+    """Of a dataset's access entries (``AccessEntry``), each that shares its tables with a domain or a Google group
+    (``SHARED_ENTITIES``), as ``ROLE to KIND NAME (who they are)``; with ``owner`` (the e-mail of the identity whose
+    own dataset it is), also each other account or special group that is not open (:func:`open_access` names those),
+    as ``ROLE to NAME``: its own dataset is its alone."""
+    shared = []
+    for entry in entries:
+        kind = entry.entity_type
+        if not entry.role:
+            continue
+        if kind in SHARED_ENTITIES:
+            shared.append(f"{entry.role} to {kind} {entry.entity_id} ({SHARED_ENTITIES[kind]})")
+        elif owner and kind in ("userByEmail", "iamMember", "specialGroup") and entry.entity_id not in OPEN_GROUPS:
+            if str(entry.entity_id).split(":", 1)[-1].lower() != owner.lower():
+                shared.append(f"{entry.role} to {entry.entity_id}")
+    return shared
 
-    project, name = dataset.rsplit(".", 1)
+
+def acl_steps(dataset: str) -> str:
+    """The commands that replace the access list of ``dataset`` (``PROJECT.DATASET``), as ``ACCESS_DOCS`` gives them."""
+    return (
+        f"`bq show --format=prettyjson {bq_name(dataset)} > acl.json`, edit its `access` list, then `bq update "
+        f"--source acl.json {bq_name(dataset)}` ({ACCESS_DOCS})"
+    )
+
+
+def make_steps(dataset: str, location: str, users: str) -> str:
+    """The commands that make ``dataset`` (``PROJECT.DATASET``) in ``location`` as a results dataset must be (a default
+    table expiration, the shortest time travel window), then give it an access list of its OWNER and ``users``
+    alone, in place of the one BigQuery gives a dataset made without one (the comment above ``OPEN_GROUPS``)."""
+    where = f" --location={location}" if location else ""
+    return (
+        f"`bq mk --dataset{where} --default_table_expiration {int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} "
+        f"--max_time_travel_hours {RESULTS_TRAVEL_HOURS} {bq_name(dataset)}`, then replace the access list BigQuery "
+        f"gives it (the project's viewers READER, its editors WRITER) with its OWNER and {users} alone: "
+        + acl_steps(dataset)
+    )
+
+
+def _results_dataset(
+    bq, project: str, setting: str, location: str, table: str, creds, log: Callable[[str], None]
+) -> str:
+    """The results dataset (``PROJECT.DATASET``) of ``project`` (the jobs') where the APPENDS query of ``table`` (in
+    ``location``) writes its result, looked up (datasets.get) before any query: ``setting`` when it names one, a
+    team's, made in advance (absent: a SpecError naming ``RESULTS_FIELD`` that says how to make it); else the caller's
+    own (:func:`results_dataset_name` of its e-mail, ``caller_email``; none to learn is a SpecError naming the field),
+    created when it is absent or not to be seen (one that is there after all, a Conflict, is looked up again):
+    datasets.insert (``Client.create_dataset``) in ``location``, with ``RESULTS_LABELS``, a default table expiration
+    of ``RESULTS_DEFAULT_EXPIRATION``, a time travel window of ``RESULTS_TRAVEL_HOURS`` and the caller alone in its
+    access list (:func:`results_access`). Refused, each a SpecError naming ``RESULTS_FIELD`` before any query: one in
+    another location than the table; one with no default table expiration (a table of it would outlive a run killed
+    between the query and the table's own expiration); one whose access list is open (:func:`open_access`); a refusal
+    (:func:`_results_refusal`). Said in a warning line (``log``): a default table expiration longer than
+    ``RESULTS_DEFAULT_EXPIRATION``, and the entries that share its tables (:func:`shared_access`)."""
+    from google.api_core import exceptions as gexc
+
+    owner = "" if setting else caller_email(creds)
+    if not setting and not owner:
+        raise _no_identity(project, location)
+    dataset = f"{project}.{results_dataset_name(setting, location, owner)}"
     try:
         try:
             found = bq.get_dataset(dataset)
         except (gexc.NotFound, gexc.Forbidden) as missing:
-            if isinstance(missing, gexc.Forbidden) and not _results_refusal(missing, dataset, creds):
-                raise  # a quota, not a refusal
-            # Not found, or not to be seen (no bigquery.datasets.get, which "or it may not exist" leaves open):
-            # created, which also tells which (one that is there is a Conflict)
-            creator = caller_email(creds)
-            if not creator:
-                raise _unnamed_creator(dataset, location, writer) from None
-            made = bigquery.Dataset(dataset)
-            made.location = location or None
-            made.default_table_expiration_ms = int(RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000)
-            made.max_time_travel_hours = RESULTS_TRAVEL_HOURS
-            made.labels = dict(RESULTS_LABELS)
-            made.access_entries = results_access(creator, writer)
-            try:
-                found = bq.create_dataset(made)
-            except gexc.Conflict:  # another run's, made since the lookup, or one the caller may not see
-                found = bq.get_dataset(dataset)
+            if isinstance(missing, gexc.Forbidden) and (setting or not _results_refusal(missing, dataset, creds)):
+                raise  # a quota, or a named dataset the caller may not see (_results_refusal's to say)
+            if setting:
+                raise _absent(dataset, location) from None
+            # The caller's own, not found, or not to be seen (no bigquery.datasets.get, which "or it may not exist"
+            # leaves open): created, which also tells which (one that is there is a Conflict)
+            found = _create_results(bq, dataset, location, owner)
     except _failures() as exc:
         raise _results_refusal(exc, dataset, creds) or exc from None
+    what = f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its result,"
     there = found.location or ""
+    own = f'{RESULTS_FIELD}="" (the run identity\'s own dataset, which the run makes itself)'
     if location and there.lower() != location.lower():
         project, name = dataset.rsplit(".", 1)
         raise SpecError(
             RESULTS_FIELD,
-            f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its "
-            f"result, is in {there}, and {table} in {location}: a query writes to a dataset of the location of the "
+            f"{what} is in {there}, and {table} in {location}: a query writes to a dataset of the location of the "
             "tables it reads (https://cloud.google.com/bigquery/docs/writing-results)",
-            [f"{RESULTS_FIELD}=NAME of a dataset of project {project} in {location}, or of none yet: the run creates "
-             f"it there (e.g. {results_dataset_name('', location)})"],
-        )  # fmt: skip
+            [f"{RESULTS_FIELD}=NAME of a dataset of project {project} in {location}", own],
+        )
+    seconds = int(RESULTS_DEFAULT_EXPIRATION.total_seconds())
+    update = f"`bq update --default_table_expiration {seconds} {bq_name(dataset)}`"
     if not found.default_table_expiration_ms:
         raise SpecError(
             RESULTS_FIELD,
-            f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its "
-            "result, has no default table expiration: a result table gets its own expiration only after the query, "
+            f"{what} has no default table expiration: a result table gets its own expiration only after the query, "
             "so one written by a run killed in between would keep its training rows for ever",
-            [f"a default table expiration on it: `bq update --default_table_expiration "
-             f"{int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} {project}:{name}` (seconds; at least 3600)",
-             f'{RESULTS_FIELD}="" (the run\'s own dataset, {results_dataset_name("", location)}, which it creates with '
-             "one)"],
-        )  # fmt: skip
+            [f"a default table expiration on it: {update} (seconds; at least 3600)", own],
+        )
     opened = open_access(found.access_entries)
     if opened:
+        raise SpecError(
+            RESULTS_FIELD,
+            f"{what} grants {', '.join(opened)}: the training rows its result tables hold would be theirs to read "
+            "(or write) while they last, and for its time travel window after",
+            [f"remove those entries: {acl_steps(dataset)}", *([own] if setting else [])],
+        )
+    hours = int(found.default_table_expiration_ms) // 3_600_000
+    if int(found.default_table_expiration_ms) > seconds * 1000:
         log(
-            f"snapshot: warning: {RESULTS_FIELD}: the dataset {dataset} grants {', '.join(opened)}: the training rows "
-            "its result tables hold are theirs to read (or write) while they last; remove those entries "
-            "(`bq update --source`), or name a dataset only the run's identities may use"
+            f"snapshot: warning: {RESULTS_FIELD}: {what} has a default table expiration of {hours} hours, more than "
+            f"{_hours(RESULTS_DEFAULT_EXPIRATION)}: the table of a run killed before its own expiration is set keeps "
+            f"its training rows that long; {update}"
+        )
+    shared = shared_access(found.access_entries, owner)
+    if shared:
+        log(
+            f"snapshot: warning: {RESULTS_FIELD}: {what} grants {', '.join(shared)}: the training rows its result "
+            f"tables hold are theirs to read (or write) while they last; unless that is meant, remove them: "
+            + acl_steps(dataset)
         )
     return dataset
 
 
-def _unnamed_creator(dataset: str, location: str, writer: str) -> SpecError:
-    """The refusal to create the results dataset ``dataset`` when the caller's e-mail cannot be learned."""
+def bq_name(dataset: str) -> str:
+    """``PROJECT.DATASET`` as the bq tool names it, ``PROJECT:DATASET``."""
     project, name = dataset.rsplit(".", 1)
-    where = f" --location={location}" if location else ""
-    grantee = writer or "the identity the data snapshot runs as"
+    return f"{project}:{name}"
+
+
+def _create_results(bq, dataset: str, location: str, owner: str) -> Any:
+    """The identity's own results dataset ``dataset``, created (``_results_dataset``), or the one a Conflict says is
+    there (another read of the same identity made it since the lookup), looked up."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import bigquery
+
+    made = bigquery.Dataset(dataset)
+    made.location = location or None
+    made.default_table_expiration_ms = int(RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000)
+    made.max_time_travel_hours = RESULTS_TRAVEL_HOURS
+    made.labels = dict(RESULTS_LABELS)
+    made.access_entries = results_access(owner)
+    try:
+        return bq.create_dataset(made)
+    except gexc.Conflict:
+        return bq.get_dataset(dataset)
+
+
+def _no_identity(project: str, location: str) -> SpecError:
+    """The refusal of an identity's own results dataset to a caller whose e-mail cannot be learned."""
+    where = f" in {location}" if location else ""
     return SpecError(
         RESULTS_FIELD,
-        f"the dataset {dataset}, where the APPENDS query of the rows committed since the champion writes its result, "
-        "does not exist, and the run creates it only with an access list naming its creator as OWNER (BigQuery's "
-        f"default list would let every viewer of project {project} read the training rows and every editor write "
-        f"them), yet these credentials say no e-mail address, nor does their token's information ({TOKENINFO_URI})",
-        [f"create it once: `bq mk --dataset{where} --default_table_expiration "
-         f"{int(RESULTS_DEFAULT_EXPIRATION.total_seconds())} --max_time_travel_hours {RESULTS_TRAVEL_HOURS} "
-         f"{project}:{name}`, then keep in its access list only its OWNER entries and WRITER (roles/bigquery."
-         f"dataEditor) for {grantee} (`bq show --format=prettyjson {project}:{name} > d.json`, edit `access`, "
-         f"`bq update --source d.json {project}:{name}`), and name it in {RESULTS_FIELD} unless that is its name",
-         "credentials that say whose they are: a service account's, or `gcloud auth application-default login` "
-         "(its token's information names the account)"],
+        "the run's own dataset for the APPENDS query's result tables is named after the e-mail of the identity it "
+        f"runs as ({RESULTS_PREFIX}_LOCATION_HASH) and lists it alone, yet these credentials say no e-mail, nor does "
+        f"the UserInfo endpoint ({USERINFO_URI}): an identity with no Google account behind it (Workload Identity "
+        "Federation or workforce identity federation, or GKE Workload Identity, without a service account to "
+        "impersonate) has a principal identifier, not an e-mail (https://cloud.google.com/iam/docs/principal-identifiers)",
+        [f"a dataset made once in project {project}{where} and named here: "
+         + make_steps(f"{project}.NAME", location, "the identity as WRITER (an `iamMember` entry of its principal "
+                      "identifier)"),
+         "credentials that say whose they are: a service account's (the federated identity impersonating one), or "
+         "`gcloud auth application-default login`"],
+    )  # fmt: skip
+
+
+def _absent(dataset: str, location: str) -> SpecError:
+    """The refusal of a named results dataset that does not exist."""
+    return SpecError(
+        RESULTS_FIELD,
+        f"the dataset {dataset}, named for the APPENDS query's result tables, does not exist: a named results dataset "
+        "is a team's, made in advance with the access list the team means; the run creates only an identity's own (the "
+        "setting left empty), so that no one identity's run, a person's `tpupipe data` preview say, makes a dataset "
+        "that shuts out another's",
+        [f"make it once: {make_steps(dataset, location, 'each identity that runs with it as WRITER')}",
+         f'{RESULTS_FIELD}="" (each identity\'s own, which the run creates)'],
     )  # fmt: skip
 
 
@@ -898,8 +1004,8 @@ def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
             f"result: {said}",
             [f"a dataset made once in the table's location, with roles/bigquery.dataEditor on it alone granted to "
              f"{grantee}, named in {RESULTS_FIELD} (the least privilege)",
-             f"roles/bigquery.user on the project {project}, granted to {grantee} (it creates the dataset once, and "
-             "owns it; it also lists every dataset and table of the project)"],
+             f"roles/bigquery.user on the project {project}, granted to {grantee} (it creates its own dataset once, "
+             "and owns it alone; it also lists every dataset and table of the project)"],
         )  # fmt: skip
     lacking = next((p for p in (*RESULTS_PERMISSIONS, "bigquery.datasets.get") if p in said), "a permission")
     return SpecError(
@@ -908,7 +1014,7 @@ def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
         f"committed since the champion writes its result, which the run then reads and deletes: {said}",
         [f"roles/bigquery.dataEditor on the dataset {dataset} (it holds {', '.join(RESULTS_PERMISSIONS)} and "
          f"bigquery.datasets.get), granted to {grantee}",
-         f"{RESULTS_FIELD}=NAME of a dataset not yet in project {project}: the run creates it, and owns it"],
+         f'{RESULTS_FIELD}="" (the run identity\'s own dataset, which the run creates, and owns alone)'],
     )  # fmt: skip
 
 

@@ -328,7 +328,6 @@ def _bigquery(
         incremental=since is not None,
         project=job_project(spec),
         results_dataset=t.bigquery_results_dataset,
-        results_writer=t.bigquery_service_account,
         log=log,
     )
     read = bigquery.rows(snap, field=key, log=log)

@@ -319,7 +319,7 @@ def _check_drops(spec: RunSpec) -> None:
         raise SpecError(
             "train.bigquery_results_dataset",
             f"{t.bigquery_results_dataset!r} is not a BigQuery dataset name",
-            ['"" (tpupipe_results_LOCATION, the table\'s)', "letters, digits and _, at most 1,024"],
+            ['"" (tpupipe_results_LOCATION_HASH, the run identity\'s own)', "letters, digits and _, at most 1,024"],
         )
     if t.bigquery_service_account:
         if "bigquery" not in kinds:

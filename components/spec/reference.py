@@ -39,7 +39,9 @@ FORMS: dict[str, str] = {
     "eval.scorer": '"" or MODULE:FUNCTION, (prompt, reference, answer) -> float in [0, 1]',
     "gate.metric": "eval_loss, or a task metric of eval.metrics (not answer_length), or scorer",
     "gate.guards": '"" or METRIC>=BOUND / METRIC<=BOUND, comma-separated (bounds on new - champion)',
-    "train.bigquery_results_dataset": '"" (tpupipe_results_LOCATION) or a BigQuery dataset name: letters, digits and _',
+    "train.bigquery_results_dataset": (
+        '"" (tpupipe_results_LOCATION_HASH) or a BigQuery dataset name: letters, digits and _'
+    ),
 }
 HEADER = """# Settings
 

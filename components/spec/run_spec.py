@@ -123,10 +123,11 @@ class TrainSpec:
     bigquery_project: str = ""
     # bq:// only, train.data_since=champion: the dataset, in the jobs' project (train.bigquery_project, else
     # gke.project, else the table's), that the query of the rows committed since the champion (APPENDS) writes its
-    # result to, a table a read, deleted once read (else expiring 6 hours on); "": tpupipe_results_<the table's
-    # location> (tpupipe_results_us); created in the table's location when absent (bigquery.datasets.create), its
-    # creator and the project's owners its owners, train.bigquery_service_account its writer; refused in another
-    # location or without a default table expiration (components/data/bigquery.py)
+    # result to, a table a read, deleted once read (else expiring 6 hours on): a team's, made in advance; "": the run
+    # identity's own, tpupipe_results_<the table's location>_<8 hex digits of the SHA-256 of its e-mail>, created in
+    # the table's location when absent (bigquery.datasets.create) with that identity its one owner; refused in
+    # another location, without a default table expiration or open to the project's viewers or editors or to
+    # everyone (components/data/bigquery.py)
     bigquery_results_dataset: str = ""
     # bq:// only: the service account the run's data snapshot reads BigQuery as (Vertex AI's pipeline service account,
     # the KFP runner's Google service account), an email; preflight checks as its caller, and with this also reads the

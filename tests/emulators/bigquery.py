@@ -68,11 +68,12 @@ owner. ``token_for(member)`` mints one that acts as ``member``, allowed what ``g
 on the project, the dataset or the table (a grant on a project or a dataset holds for what is in it:
 https://cloud.google.com/bigquery/docs/control-access-to-resources-iam), with the permissions of BigQuery's predefined
 roles (``ROLES``, https://cloud.google.com/bigquery/docs/access-control) and of a dataset's ``access`` list: an entry
-holds for the member its ``userByEmail`` or ``iamMember`` names, ``allAuthenticatedUsers`` for every member, and the
-special groups ``projectReaders``, ``projectWriters`` and ``projectOwners`` for the members granted the project's
-basic role Viewer, Editor or Owner (``grant(member, "roles/viewer", "P")``: ``BASIC_ROLES``), each entry's role
-(``READER``, ``WRITER``, ``OWNER``) being roles/bigquery.dataViewer's, dataEditor's or dataOwner's on the dataset
-(``LEGACY_ROLES``). The basic roles are modelled that far only: on their own they run jobs (Viewer), and create
+holds for the member its ``userByEmail`` or ``iamMember`` names, a ``domain`` entry for each member at that domain,
+a ``groupByEmail`` entry for none (the emulator knows no group's members), ``allAuthenticatedUsers`` for every
+member, and the special groups ``projectReaders``, ``projectWriters`` and ``projectOwners`` for the members granted
+the project's basic role Viewer, Editor or Owner (``grant(member, "roles/viewer", "P")``: ``BASIC_ROLES``), each
+entry's role (``READER``, ``WRITER``, ``OWNER``) being roles/bigquery.dataViewer's, dataEditor's or dataOwner's on the
+dataset (``LEGACY_ROLES``). The basic roles are modelled that far only: on their own they run jobs (Viewer), and create
 datasets (Editor, Owner), and read no table. tables.get needs ``bigquery.tables.get`` on
 the table, a query ``bigquery.jobs.create`` on the project it runs in (the project in the request's path, which is
 billed: not the project of the table it reads) and ``bigquery.tables.getData`` on the table it reads (a grant on the
@@ -233,9 +234,11 @@ DEFAULT_ACCESS = (
 # (Dataset.access.specialGroup, same page), and the one that stands for everyone signed in
 BASIC_GROUPS = {"projectReaders": "roles/viewer", "projectWriters": "roles/editor", "projectOwners": "roles/owner"}
 SPECIAL_GROUPS = {*BASIC_GROUPS, "allAuthenticatedUsers"}
-# The entities of an access entry the emulator keeps (Dataset.access: "[Pick one]" of them); any other
-# (groupByEmail, domain, view, routine, dataset) is its refusal
-ACCESS_ENTITIES = ("userByEmail", "specialGroup", "iamMember")
+# The entities of an access entry the emulator keeps (Dataset.access: "[Pick one]" of them); any other (view,
+# routine, dataset: authorized resources) is its refusal. A ``domain`` entry holds for every member whose e-mail is
+# at that domain ("Any users signed in with the domain specified will be granted the specified access", same page);
+# a ``groupByEmail`` entry is kept and listed, and holds for no member: the emulator knows no group's members.
+ACCESS_ENTITIES = ("userByEmail", "specialGroup", "iamMember", "domain", "groupByEmail")
 # The basic roles on a project, as far as BigQuery's page says what they do there: Viewer "Can start a job in the
 # project. Additional dataset roles are required depending on the job type" and "Can list and get all jobs"; Editor
 # "Same as Viewer, plus: Can create a new dataset in the project"; Owner "Same as Editor, plus" what the emulator does
@@ -332,9 +335,10 @@ def _entity(who: str) -> dict[str, str]:
 def _access(entries: Any) -> list[dict]:
     """datasets.insert's ``access`` list as the dataset keeps it: each entry a ``role`` (a legacy name, or the
     predefined role it stands for, returned in the legacy name: ``LEGACY_ROLES``) and one entity the emulator keeps
-    (``ACCESS_ENTITIES``; a special group of ``SPECIAL_GROUPS``). A list with no OWNER is refused: "A dataset must
-    have at least one entity with the OWNER role" (https://cloud.google.com/bigquery/docs/access-control-basic-roles,
-    "Basic roles for datasets"); BigQuery's words for that refusal are not documented, these are the emulator's."""
+    (``ACCESS_ENTITIES``; a special group of ``SPECIAL_GROUPS``). What BigQuery answers a list with no OWNER ("A
+    dataset must have at least one entity with the OWNER role":
+    https://cloud.google.com/bigquery/docs/access-control-basic-roles) is not documented, so the emulator has no rule
+    for it: such a list is kept as it is."""
     if not isinstance(entries, list):
         raise BigQueryError(400, "Dataset.access is a list of access entries.", "invalid")
     kept = []
@@ -349,8 +353,6 @@ def _access(entries: Any) -> list[dict]:
         if kind == "specialGroup" and entry[kind] not in SPECIAL_GROUPS:
             raise BigQueryError(400, f"Invalid special group {entry[kind]!r}", "invalid")
         kept.append({"role": role, kind: entry[kind]})
-    if not any(entry["role"] == "OWNER" for entry in kept):
-        raise BigQueryError(400, "A dataset must have at least one entity with the OWNER role.", "invalid")
     return kept
 
 
@@ -975,11 +977,12 @@ class BigQueryEmulator(HttpEmulator):
         location: str = "US",
         max_time_travel_hours: int = DEFAULT_TRAVEL_HOURS,
         default_table_expiration_ms: int | None = None,
+        access: list[dict] | None = None,
         at=None,
     ) -> None:
-        """``P.D``, with BigQuery's default access list but no creator's entry (``DEFAULT_ACCESS``); the time travel
-        window is 48 to 168 hours, a multiple of 24 (``TRAVEL_HOURS``); ``default_table_expiration_ms`` its
-        ``defaultTableExpirationMs``."""
+        """``P.D``, with BigQuery's default access list but no creator's entry (``DEFAULT_ACCESS``), or ``access``
+        (entries as datasets.insert takes them: ``_access``); the time travel window is 48 to 168 hours, a multiple of
+        24 (``TRAVEL_HOURS``); ``default_table_expiration_ms`` its ``defaultTableExpirationMs``."""
         if max_time_travel_hours not in TRAVEL_HOURS:
             raise ValueError(f"maxTimeTravelHours {max_time_travel_hours} is not 48 to 168 in steps of 24")
         project, name = dataset.rsplit(".", 1)
@@ -989,6 +992,7 @@ class BigQueryEmulator(HttpEmulator):
                 max_time_travel_hours,
                 _micros(at, self.clock),
                 default_expiration_ms=default_table_expiration_ms,
+                **({"access": _access(access)} if access is not None else {}),
             )
 
     def create_table(
@@ -1205,8 +1209,9 @@ class BigQueryEmulator(HttpEmulator):
 
     def _entry_roles(self, member: str, project: str, d: Dataset) -> list[str]:
         """The roles the entries of ``d``'s access list give ``member`` (the module's docstring): its own
-        (``userByEmail``, ``iamMember``), everyone's (``allAuthenticatedUsers``), and its basic role's on ``project``
-        (``BASIC_GROUPS``), each as the predefined role its legacy name stands for (``LEGACY_ROLES``)."""
+        (``userByEmail``, ``iamMember``), its e-mail's domain's (``domain``), everyone's (``allAuthenticatedUsers``),
+        and its basic role's on ``project`` (``BASIC_GROUPS``), each as the predefined role its legacy name stands for
+        (``LEGACY_ROLES``)."""
         email = member.split(":", 1)[1].lower()
         basic = {role for role, scope in self.grants.get(member, set()) if scope == project and role in BASIC_ROLES}
         legacy = {name: role for role, name in LEGACY_ROLES.items()}
@@ -1216,6 +1221,7 @@ class BigQueryEmulator(HttpEmulator):
             if (
                 entry.get("userByEmail", "").lower() == email
                 or entry.get("iamMember") == member
+                or entry.get("domain", "").lower() == email.rpartition("@")[2]
                 or group == ALL_AUTHENTICATED
                 or BASIC_GROUPS.get(group) in basic
             ):

@@ -367,7 +367,7 @@ def start_bigquery(monkeypatch, token: str, owner: str, clock: Callable[[], floa
     monkeypatch.setenv(STORAGE_EMULATOR_HOST_ENV, emulator.storage.start())
     monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.endpoint)  # credentials(): the emulators' static token
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, token)
-    monkeypatch.setenv(EMULATOR_TOKEN_URI_ENV, f"{issuer.endpoint}/token")  # its tokeninfo beside it
+    monkeypatch.setenv(EMULATOR_TOKEN_URI_ENV, f"{issuer.endpoint}/token")  # its /userinfo beside it
     return emulator
 
 

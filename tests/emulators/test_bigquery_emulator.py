@@ -419,8 +419,9 @@ def test_a_dataset_made_without_an_access_list_is_the_projects_viewers_and_one_m
     """datasets.insert without ``access`` gets BigQuery's defaults, the project's viewers READER, editors WRITER,
     owners OWNER, and its creator OWNER, so a viewer of the project (a basic role: it runs jobs) reads its tables;
     with ``access`` it keeps exactly that list (a predefined role in its legacy name), and the viewer may not read
-    them, while the entries' members may. One with no OWNER, and a time travel window off BigQuery's steps, are
-    refused; one in its steps is kept."""
+    them, while the entries' members may; a domain's entry holds for the accounts at that domain, a group's for no
+    one (the emulator knows no group's members), and both are listed back. A time travel window off BigQuery's steps
+    is refused; one in its steps is kept."""
     viewer, bot = "user:viewer@example.com", "bot@p.iam.gserviceaccount.com"
     bq.grant(viewer, "roles/viewer", PROJECT)
     bq.grant(ALICE, "roles/bigquery.user", PROJECT)
@@ -450,10 +451,24 @@ def test_a_dataset_made_without_an_access_list_is_the_projects_viewers_and_one_m
     assert query(bq, f"SELECT n FROM `{PROJECT}.kept.t`", token=alice) == [{"n": 1}]
     bq.grant(f"serviceAccount:{bot}", "roles/bigquery.jobUser", PROJECT)
     assert query(bq, f"SELECT n FROM `{PROJECT}.kept.t`", token=bq.token_for(f"serviceAccount:{bot}")) == [{"n": 1}]
-    ownerless = bigquery.Dataset(f"{PROJECT}.ownerless")
-    ownerless.access_entries = [bigquery.AccessEntry("READER", "specialGroup", "projectReaders")]
-    with pytest.raises(exceptions.BadRequest, match="at least one entity with the OWNER role"):
-        client(bq, alice).create_dataset(ownerless)
+    team = bigquery.Dataset(f"{PROJECT}.team")
+    team.access_entries = [
+        bigquery.AccessEntry("OWNER", "userByEmail", "alice@example.com"),
+        bigquery.AccessEntry("READER", "domain", "example.com"),
+        bigquery.AccessEntry("WRITER", "groupByEmail", "ml@other.org"),
+    ]
+    got = client(bq, alice).create_dataset(team)
+    assert {(e.role, e.entity_type, e.entity_id) for e in got.access_entries} == {
+        ("OWNER", "userByEmail", "alice@example.com"), ("READER", "domain", "example.com"),
+        ("WRITER", "groupByEmail", "ml@other.org"),
+    }  # fmt: skip
+    bq.create_table(f"{PROJECT}.team.t", SCHEMA, at=NOW - DAY)
+    bq.insert(f"{PROJECT}.team.t", [_row(1, NOW - DAY)], at=NOW - DAY)
+    assert query(bq, f"SELECT n FROM `{PROJECT}.team.t`", token=peek) == [{"n": 1}]  # at example.com
+    carol = "user:carol@other.org"
+    bq.grant(carol, "roles/bigquery.jobUser", PROJECT)
+    with pytest.raises(exceptions.Forbidden, match=f"User does not have permission to query table {PROJECT}:team.t"):
+        query(bq, f"SELECT n FROM `{PROJECT}.team.t`", token=bq.token_for(carol))  # no group's members are known
     odd = bigquery.Dataset(f"{PROJECT}.odd")
     odd._properties["maxTimeTravelHours"] = 50  # the client's own setter refuses it first
     with pytest.raises(exceptions.BadRequest, match="maxTimeTravelHours 50 is not 48 to 168"):

@@ -15,16 +15,19 @@ file says, so ``TPUPIPE_GKE_EMULATOR_TOKEN_URI`` names this one (``components/cl
   emulator of the project refuses any other with 401, as Google's APIs and the Kubernetes API server do with a
   token that cannot be authenticated (https://kubernetes.io/docs/reference/access-authn-authz/authentication/: "If
   the request cannot be authenticated, it is rejected with HTTP status code 401");
-- ``GET /tokeninfo?access_token=T``, the token information endpoint Google serves beside its token endpoint
-  (``https://oauth2.googleapis.com/tokeninfo``, "Access token contents":
-  https://cloud.google.com/docs/authentication/token-types#access-contents): of a valid token, its ``azp``, ``aud``,
-  ``sub``, ``scope``, ``exp``, ``expires_in`` and ``access_type``, and its account's ``email`` with
-  ``email_verified`` when its scopes include the e-mail scope (``userinfo.email`` or ``email``), as the page's example
-  shows them together and as OpenID Connect gives an address only to a request that asked for it ("Provided only if
-  you included the email scope in your request": https://developers.google.com/identity/openid-connect/openid-connect);
-  an unknown or expired token is ``400 invalid_token``. A token it minted is a login of ``account``, scoped as its
-  refresh asked (``scope``, cloud-platform when none); ``identify(token, email)`` makes another emulator's token (a
-  member's, a static one) one of ``email``'s.
+- ``GET /userinfo`` with ``Authorization: Bearer T``: Google's OpenID Connect UserInfo endpoint, served here beside the
+  token endpoint (Google's is a host of its own, the discovery document's ``userinfo_endpoint``,
+  https://openidconnect.googleapis.com/v1/userinfo: https://developers.google.com/identity/openid-connect/reference;
+  "Add your access token to the authorization header and make an HTTPS GET request to the userinfo endpoint":
+  https://developers.google.com/identity/openid-connect/openid-connect, "Obtaining user profile information"): of a
+  valid token, its account's ``sub``, and its ``email`` with ``email_verified`` (a JSON boolean, as OpenID Connect's
+  claims are: https://openid.net/specs/openid-connect-core-1_0.html#StandardClaims) when its scopes include the e-mail
+  scope (``userinfo.email`` or ``email``: "Provided only if you included the email scope in your request", the
+  guide's ``email`` claim); a token that is not valid, or none, is ``401`` with ``WWW-Authenticate: Bearer
+  error="invalid_token"`` (RFC 6750 section 3.1, https://www.rfc-editor.org/rfc/rfc6750#section-3.1, as the OpenID
+  Connect UserInfo error response is: Core 1.0 section 5.3.3). A token it minted is a login of ``account``, scoped as
+  its refresh asked (``scope``, cloud-platform when none); ``identify(token, email)`` makes another emulator's token
+  (a member's, a static one) one of ``email``'s. ``targets`` keeps each request's target, its query string and all.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class TokenIssuer(HttpEmulator):
         self.scopes: dict[str, str] = {}  # access token -> its scopes, space-separated
         self.identities: dict[str, str] = {}  # another emulator's token -> its account's e-mail (``identify``)
         self.refused: list[str] = []  # why each refused request was refused (expired, unknown, none)
-        self.calls: list[str] = []  # each request's path (/token, /tokeninfo)
+        self.calls: list[str] = []  # each request's path (/token, /userinfo)
+        self.targets: list[str] = []  # each request's target: its path and query string
         self._lock = threading.Lock()
 
     def mint(self, scope: str = CLOUD_PLATFORM) -> str:
@@ -71,8 +75,8 @@ class TokenIssuer(HttpEmulator):
             return token
 
     def identify(self, token: str, email: str, scope: str = f"{CLOUD_PLATFORM} {EMAIL_SCOPES[0]}") -> None:
-        """``token`` (minted by another emulator, which accepts it) is a token of ``email``'s with ``scope``: its
-        information says so (``/tokeninfo``), for as long as this issuer runs."""
+        """``token`` (minted by another emulator, which accepts it) is a token of ``email``'s with ``scope``: the
+        UserInfo endpoint says so (``/userinfo``), for as long as this issuer runs."""
         with self._lock:
             self.identities[token] = email
             self.scopes[token] = scope
@@ -102,8 +106,10 @@ class TokenIssuer(HttpEmulator):
         url = urllib.parse.urlsplit(http.path)
         with self._lock:
             self.calls.append(url.path)
-        if http.command == "GET" and url.path == "/tokeninfo":
-            return self._tokeninfo(dict(urllib.parse.parse_qsl(url.query)).get("access_token", ""))
+            self.targets.append(http.path)
+        if http.command == "GET" and url.path == "/userinfo":
+            header = http.headers.get("Authorization") or ""
+            return self._userinfo(header.removeprefix("Bearer ") if header.startswith("Bearer ") else "")
         if http.command != "POST" or url.path != "/token":
             return 404, {"error": "not_found"}
         form = dict(urllib.parse.parse_qsl(body.decode()))
@@ -115,26 +121,20 @@ class TokenIssuer(HttpEmulator):
             left = self.expiry[token] - self.clock()
         return 200, {"access_token": token, "expires_in": int(left), "token_type": "Bearer", "scope": scope}
 
-    def _tokeninfo(self, token: str) -> tuple:
-        """The information of ``token`` (the module's docstring): 400 ``invalid_token`` unless it is valid."""
+    def _userinfo(self, token: str) -> tuple:
+        """What the UserInfo endpoint says of ``token`` (the module's docstring): 401 ``invalid_token`` unless it is
+        valid."""
         with self._lock:
             now = self.clock()
             expires = self.expiry.get(token, now + self.lifetime_s if token in self.identities else None)
             email = self.identities.get(token, self.account if token in self.expiry else "")
             scope = self.scopes.get(token, "")
-        if expires is None or now >= expires:
-            return 400, {"error": "invalid_token", "error_description": "Invalid Value"}
-        info = {
-            "azp": CLIENT_ID,
-            "aud": CLIENT_ID,
-            "sub": str(int.from_bytes(email.encode()[:8].ljust(8, b"\0"), "big")),
-            "scope": scope,
-            "exp": str(int(expires)),
-            "expires_in": str(int(expires - now)),
-            "access_type": "offline",
-        }
+        if not token or expires is None or now >= expires:
+            challenge = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            return 401, {"error": "invalid_token", "error_description": "Invalid Credentials"}, challenge
+        info: dict = {"sub": str(int.from_bytes(email.encode()[:8].ljust(8, b"\0"), "big"))}
         if email and set(scope.split()) & set(EMAIL_SCOPES):
-            info.update(email=email, email_verified="true")
+            info.update(email=email, email_verified=True)
         return 200, info
 
 

@@ -4,6 +4,8 @@ existing cluster is enabled before any node pool exists, the rest refused by nam
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from components.platforms.gke.checks.preflight import PreflightFailed
@@ -13,6 +15,7 @@ from components.spec import SpecError
 from components.workload import resolve
 from pipelines.cli import main as cli
 from tests.emulators.project import ALLOW, ONE_SLICE, PROJECT
+from tests.emulators.tokens import ACCOUNT
 from tests.gke.test_gke_platform import TWO_SLICES, context, platform
 from tests.unit.test_plan_goldens import TPU_PRESETS
 
@@ -36,6 +39,13 @@ PARENT = f"projects/{PROJECT}/locations/us-east5-b"
 
 
 DAY_MS = 24 * 3600 * 1000  # a default table expiration of a day
+CALLER = ACCOUNT  # whose login the emulated project's credentials are
+MINE = [{"role": "OWNER", "userByEmail": CALLER}]  # a dataset's access list with no one but the caller
+
+
+def tag(email: str) -> str:
+    """The first 8 hex digits of the SHA-256 of an e-mail in lower case: what names an identity's results dataset."""
+    return hashlib.sha256(email.lower().encode()).hexdigest()[:8]
 
 
 def preflight_cli(overrides: str, capsys) -> tuple[int, str]:
@@ -623,13 +633,15 @@ def preflight_said(overrides: str, capsys, code: int) -> str:
 
 
 def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_factory, capsys):
-    """With train.data_since=champion the APPENDS query writes to train.bigquery_results_dataset (by default the one
-    of the table's location, tpupipe_results_eu) in the jobs' project: absent, the caller may create it
-    (bigquery.datasets.create, else a problem naming the field and the permission, the least privilege first);
-    there, in the table's location (else a problem naming the field and both locations), with a default table
-    expiration (else a problem), its access list naming no one beyond the run (else a warning naming the entries),
-    and what its tables take is tested on the project, a grant on the dataset itself said to be unchecked. A refusal
-    to read it is a problem, another failure a warning that it was not checked. Nothing is created."""
+    """With train.data_since=champion the APPENDS query writes to train.bigquery_results_dataset, else to the
+    caller's own dataset of the table's location (tpupipe_results_eu_HASH, the hash of its e-mail) in the jobs'
+    project: absent, the caller may create it (bigquery.datasets.create, else a problem naming the field and the
+    permission, the least privilege first); there, in the table's location (else a problem naming the field and both
+    locations), with a default table expiration (else a problem; one over a day a warning), its access list open to no
+    one (else a problem with the steps that replace it) and shared with no domain or group (else a warning); what its
+    tables take is tested on the project, a grant on the dataset itself said to be unchecked. A named dataset that
+    does not exist is a problem. A refusal to read it is a problem, another failure a warning that it was not
+    checked. Nothing is created."""
     project = project_factory()
     project.bigquery.create_dataset("acme-data-1.sft", location="EU")
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
@@ -637,45 +649,69 @@ def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_facto
         f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.dataset_time_column=ingested "
         "train.data_since=champion train.init_from=champion"
     )
+    own = f"{PROJECT}.tpupipe_results_eu_{tag(CALLER)}"
     assert (
-        f"train.dataset: as the caller, may create the dataset {PROJECT}.tpupipe_results_eu for the APPENDS query's "
-        "result tables (absent: the data snapshot creates it in EU, its creator and the project's owners its owners, "
-        "no one else)"
+        f"train.dataset: as the caller, may create its own dataset {own} for the APPENDS query's result tables "
+        "(absent: the data snapshot creates it in EU, the caller its one owner)"
     ) in preflight_said(data, capsys, 0)
     project.projects.deny("bigquery.datasets.create")
     assert (
-        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results_eu, where the data snapshot's APPENDS "
-        f"query writes its result, does not exist, and the caller lacks bigquery.datasets.create in project {PROJECT} "
-        "to create it: create the dataset in EU and grant roles/bigquery.dataEditor on it alone (the least "
-        f"privilege), or grant roles/bigquery.user on {PROJECT}"
+        f"train.bigquery_results_dataset: the dataset {own}, the caller's own where the data snapshot's APPENDS query "
+        f"writes its result, does not exist, and the caller lacks bigquery.datasets.create in project {PROJECT} to "
+        "create it: make a dataset in EU, grant roles/bigquery.dataEditor on it alone and name it in "
+        f"train.bigquery_results_dataset (the least privilege), or grant roles/bigquery.user on {PROJECT}"
     ) in preflight_said(data, capsys, 2)
-    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results_eu", location="US", default_table_expiration_ms=DAY_MS)
+    project.bigquery.create_dataset(own, location="US", default_table_expiration_ms=DAY_MS, access=MINE)
     assert (
-        f"train.bigquery_results_dataset: the dataset {PROJECT}.tpupipe_results_eu, where the data snapshot's APPENDS "
-        "query writes its result, is in US, and acme-data-1.sft.examples in EU"
+        f"train.bigquery_results_dataset: the dataset {own}, where the data snapshot's APPENDS query writes its "
+        "result, is in US, and acme-data-1.sft.examples in EU"
     ) in preflight_said(data, capsys, 2)
-    project.bigquery.create_dataset(f"{PROJECT}.eu_results", location="EU", default_table_expiration_ms=DAY_MS)
+    project.bigquery.create_dataset(
+        f"{PROJECT}.eu_results", location="EU", default_table_expiration_ms=DAY_MS, access=MINE
+    )
     eu = f"{data} train.bigquery_results_dataset=eu_results"
     said = preflight_said(eu, capsys, 0)
     assert f"train.dataset: the dataset {PROJECT}.eu_results is in EU, as acme-data-1.sft.examples" in said
     assert f"may write, read and delete tables in {PROJECT}.eu_results (granted on project {PROJECT})" in said
-    assert (  # made with BigQuery's default access list
-        f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_results grants READER to projectReaders "
-        "(the viewers of its project), WRITER to projectWriters (the editors of its project): the training rows the "
-        "data snapshot's result tables hold there are theirs to read (or write) while they last"
-    ) in said
+    assert "warning: train.bigquery_results_dataset" not in said
     project.projects.deny("bigquery.tables.delete")
     assert (
         f"train.dataset: the caller's grant on the dataset {PROJECT}.eu_results not checked (on project {PROJECT} it "
         "lacks bigquery.tables.delete;"
     ) in preflight_said(eu, capsys, 0)
-    project.bigquery.create_dataset(f"{PROJECT}.forever", location="EU")
+    project.bigquery.create_dataset(f"{PROJECT}.eu_open", location="EU", default_table_expiration_ms=DAY_MS)
+    assert (  # made with BigQuery's default access list, as `bq mk` makes one
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.eu_open, where the data snapshot's APPENDS query "
+        "writes its result, grants READER to projectReaders (the viewers of its project), WRITER to projectWriters "
+        "(the editors of its project): the training rows its result tables hold would be theirs to read (or write); "
+        f"remove those entries: `bq show --format=prettyjson {PROJECT}:eu_open > acl.json`, edit its `access` list, "
+        f"then `bq update --source acl.json {PROJECT}:eu_open`"
+    ) in preflight_said(f"{data} train.bigquery_results_dataset=eu_open", capsys, 2)
+    shared = [*MINE, {"role": "READER", "domain": "example.com"}, {"role": "WRITER", "groupByEmail": "ml@example.com"}]
+    project.bigquery.create_dataset(
+        f"{PROJECT}.eu_shared", location="EU", default_table_expiration_ms=7 * DAY_MS, access=shared
+    )
+    said = preflight_said(f"{data} train.bigquery_results_dataset=eu_shared", capsys, 0)
+    assert (
+        f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_shared, where the data snapshot's APPENDS "
+        "query writes its result, has a default table expiration of 168 hours, more than 24:"
+    ) in said
+    assert (
+        f"warning: train.bigquery_results_dataset: the dataset {PROJECT}.eu_shared, where the data snapshot's APPENDS "
+        "query writes its result, grants READER to domain example.com (everyone signed in with an account of the "
+        "domain), WRITER to groupByEmail ml@example.com (the group's members):"
+    ) in said
+    project.bigquery.create_dataset(f"{PROJECT}.forever", location="EU", access=MINE)
     assert (
         f"train.bigquery_results_dataset: the dataset {PROJECT}.forever, where the data snapshot's APPENDS query "
         "writes its result, has no default table expiration: a result table of a run killed before its own "
         "expiration is set would keep its training rows for ever; `bq update --default_table_expiration 86400 "
         f"{PROJECT}:forever`"
     ) in preflight_said(f"{data} train.bigquery_results_dataset=forever", capsys, 2)
+    assert (
+        f"train.bigquery_results_dataset: the dataset {PROJECT}.team_results, named for the APPENDS query's result "
+        f"tables, does not exist: make it once, `bq mk --dataset --location=EU"
+    ) in preflight_said(f"{data} train.bigquery_results_dataset=team_results", capsys, 2)
     quota = "Quota exceeded: Your project exceeded quota for api requests per user."
     project.bigquery.fail(
         "datasets.get", 403, "quotaExceeded", quota, when=lambda r: r["path"]["dataset"] == "eu_results"
@@ -698,16 +734,41 @@ def test_the_appends_results_dataset_is_checked_where_the_jobs_run(project_facto
         f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples", capsys, 0
     )
     assert project.mutations() == [] and set(project.bigquery.datasets) == {
-        ("acme-data-1", "sft"), (PROJECT, "tpupipe_results_eu"), (PROJECT, "eu_results"), (PROJECT, "forever"),
+        ("acme-data-1", "sft"), (PROJECT, own.split(".")[1]), (PROJECT, "eu_results"), (PROJECT, "eu_open"),
+        (PROJECT, "eu_shared"), (PROJECT, "forever"),
     }  # fmt: skip
 
 
-def test_a_pipeline_account_that_may_not_create_the_absent_results_dataset_is_warned(project_factory, capsys):
-    """With train.bigquery_service_account and the results dataset absent, the account's roles on the jobs' project
-    are read for one that creates datasets: none is a warning naming roles/bigquery.user; granted it, none."""
+def test_a_caller_with_no_email_names_a_results_dataset_or_the_account_it_runs_as(project_factory, capsys, monkeypatch):
+    """A caller whose e-mail cannot be learned (a federated principal, here a token the UserInfo endpoint does not
+    name) has no results dataset of its own: a problem naming train.bigquery_results_dataset, unless a dataset is
+    named or train.bigquery_service_account names the account the data snapshot runs as, whose own is checked."""
+    from components.cloud.credentials import EMULATOR_TOKEN_ENV
+
+    project = project_factory()
+    project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, project.tokens.mint())  # a token of the cloud-platform scope alone
+    data = (
+        f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.dataset_time_column=ingested "
+        "train.data_since=champion train.init_from=champion"
+    )
+    assert (
+        "train.bigquery_results_dataset: the caller has no e-mail to name its own dataset for the APPENDS query's "
+        "result tables after (tpupipe_results_LOCATION_HASH)"
+    ) in preflight_said(data, capsys, 2)
+    account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    said = preflight_said(f"{data} train.bigquery_service_account={account}", capsys, 0)
+    assert f"the dataset {PROJECT}.tpupipe_results_us_{tag(account)}, {account}'s own" in said, said
+
+
+def test_a_pipeline_account_that_may_not_create_its_absent_results_dataset_is_warned(project_factory, capsys):
+    """With train.bigquery_service_account, the results dataset checked is the account's own (named after its
+    e-mail); absent, the account's roles on the jobs' project are read for one that creates datasets: none is a
+    warning naming roles/bigquery.user; granted it, none."""
     project = project_factory()
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
     account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
+    own = f"{PROJECT}.tpupipe_results_us_{tag(account)}"
     data = (
         f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account} "
         "train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
@@ -716,43 +777,48 @@ def test_a_pipeline_account_that_may_not_create_the_absent_results_dataset_is_wa
     said = preflight_said(data, capsys, 0)
     assert (
         f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that may "
-        f"create the dataset {PROJECT}.tpupipe_results_us in project {PROJECT} (of roles/bigquery.user, "
+        f"create the dataset {own} in project {PROJECT} (of roles/bigquery.user, "
     ) in said
-    assert f"its creator and the project's owners its owners, {account} its writer, no one else)" in said
+    assert (
+        f"train.dataset: the dataset {own}, {account}'s own for the APPENDS query's result tables, absent: the data "
+        f"snapshot creates it in US, {account} its one owner"
+    ) in said
     project.projects.grant(PROJECT, "roles/bigquery.user", f"serviceAccount:{account}")
     said = preflight_said(data, capsys, 0)
-    assert f"{account} may create the dataset {PROJECT}.tpupipe_results_us (roles/bigquery.user in project" in said, (
-        said
-    )
+    assert f"{account} may create the dataset {own} (roles/bigquery.user in project" in said, said
     assert "holds no role that may create" not in said
     assert project.mutations() == []
 
 
 def test_a_pipeline_account_that_may_not_write_the_results_dataset_there_is_warned(project_factory, capsys):
-    """A results dataset another identity made (a person's `tpupipe data` preview, say) grants the pipeline's
-    service account nothing by itself: its access list is read for a role of the account's that creates tables
-    there (WRITER, OWNER, a dataset role on it or its project), and none is a warning naming roles/bigquery.dataEditor
-    on the dataset; an editor of the project is one by the list's projectWriters; a grant on the dataset, too."""
+    """A team's results dataset (named) that another identity made grants the pipeline's service account nothing by
+    itself: its access list is read for a role of the account's that creates tables there (WRITER, OWNER, a dataset
+    role on it or its project), and none is a warning naming roles/bigquery.dataEditor on the dataset; a grant on the
+    dataset is one. The account's own dataset, made by its earlier run, lists it as OWNER."""
     project = project_factory()
     project.bigquery.create_table("acme-data-1.sft.examples", [("instruction", "STRING"), ("response", "STRING")])
-    project.bigquery.create_dataset(f"{PROJECT}.tpupipe_results_us", default_table_expiration_ms=DAY_MS)
+    results = f"{PROJECT}.team_results"
+    project.bigquery.create_dataset(results, default_table_expiration_ms=DAY_MS, access=MINE)
     account = f"pipeline@{PROJECT}.iam.gserviceaccount.com"
     data = (
         f"{ONE_SLICE} train.dataset=bq://acme-data-1.sft.examples train.bigquery_service_account={account} "
         "train.dataset_time_column=ingested train.data_since=champion train.init_from=champion"
     )
-    results = f"{PROJECT}.tpupipe_results_us"
+    team = f"{data} train.bigquery_results_dataset=team_results"
     assert (
         f"warning: train.bigquery_service_account: {account}, whom the data snapshot runs as, holds no role that may "
         f"create tables in {results} (of WRITER, OWNER, roles/bigquery.dataEditor, roles/bigquery.dataOwner, "
         f"roles/bigquery.admin; its roles there: none), where the data snapshot's APPENDS query writes its result: "
         f"grant roles/bigquery.dataEditor on the dataset {results}"
-    ) in preflight_said(data, capsys, 0)
-    project.projects.grant(PROJECT, "roles/editor", f"serviceAccount:{account}")
-    said = preflight_said(data, capsys, 0)
-    assert f"train.dataset: {account} may create tables in {results} (WRITER)" in said, said
-    project.projects.revoke(PROJECT, "roles/editor", f"serviceAccount:{account}")
+    ) in preflight_said(team, capsys, 0)
     project.bigquery.grant(f"serviceAccount:{account}", "roles/bigquery.dataEditor", results)
-    said = preflight_said(data, capsys, 0)
+    said = preflight_said(team, capsys, 0)
     assert f"train.dataset: {account} may create tables in {results} (WRITER)" in said, said
-    assert "holds no role that may create tables" not in said and project.mutations() == []
+    assert "holds no role that may create tables" not in said
+    own = f"{PROJECT}.tpupipe_results_us_{tag(account)}"
+    project.bigquery.create_dataset(
+        own, default_table_expiration_ms=DAY_MS, access=[{"role": "OWNER", "userByEmail": account}]
+    )
+    said = preflight_said(data, capsys, 0)
+    assert f"train.dataset: {account} may create tables in {own} (OWNER)" in said, said
+    assert "warning: train.bigquery_results_dataset" not in said and project.mutations() == []

@@ -5,11 +5,15 @@ at a time, from the streams read in parallel, in stream order."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from google.api_core import exceptions
+from google.cloud import bigquery
+from google.oauth2.credentials import Credentials
 
 from components.cloud.credentials import EMULATOR_TOKEN_ENV, EMULATOR_TOKEN_URI_ENV
 from components.data import bigquery as data
@@ -429,11 +433,16 @@ def test_the_appends_query_on_a_table_with_row_access_policies_is_refused_as_a_r
     assert read(snap(since=since)) == []
 
 
-RESULTS = (
-    f"{PROJECT}.tpupipe_results_us"  # the results dataset by default: the table's location's, in the billing project
-)
+def tag(email: str) -> str:
+    """The first 8 hex digits of the SHA-256 of an e-mail in lower case: what names an identity's results dataset."""
+    return hashlib.sha256(email.lower().encode()).hexdigest()[:8]
+
+
+# the results dataset by default: the caller's own (OWNER's) of the table's location, in the billing project
+RESULTS = f"{PROJECT}.tpupipe_results_us_{tag(OWNER)}"
 DAY_MS = 24 * 3600 * 1000  # a default table expiration of a day, in milliseconds
 ACCOUNT = "pipeline@tpupipe-data.iam.gserviceaccount.com"  # train.bigquery_service_account
+MINE = [{"role": "OWNER", "userByEmail": OWNER}]  # a dataset's access list with no one but the caller
 
 
 def since_then(bq, table: str, rows: list[dict]) -> dict:
@@ -449,17 +458,29 @@ def tables_of(bq, dataset: str = RESULTS) -> dict:
     return bq.datasets[(project, name)].tables
 
 
+def client_as(bq, member: str):
+    """A BigQuery client of the emulator's acting as ``member``: what that member may read, asked directly."""
+    creds = Credentials(token=bq.token_for(member))
+    return bigquery.Client(project=PROJECT, credentials=creds, client_options={"api_endpoint": bq.endpoint})
+
+
 def job_end(bq) -> datetime:
     """The last job's ``statistics.endTime`` (milliseconds since the epoch)."""
     job = list(bq.jobs.values())[-1]
     return datetime.fromtimestamp(int(job.resource["statistics"]["endTime"]) / 1000, UTC)
 
 
-def test_the_results_datasets_name_is_the_settings_else_one_of_the_tables_location():
+def test_the_results_datasets_name_is_the_settings_else_one_of_the_tables_location_and_the_identity():
+    """One dataset per location and identity: the first 8 hex digits of the SHA-256 of its e-mail, whatever its case;
+    a setting is used as it is."""
     assert TrainSpec.bigquery_results_dataset == ""
-    assert data.results_dataset_name("", "US") == "tpupipe_results_us"
-    assert data.results_dataset_name("", "europe-west4") == "tpupipe_results_europe_west4"
-    assert data.results_dataset_name("mine", "europe-west4") == "mine"
+    person, pipeline = "Alice@Example.com", "pipeline@tpupipe-data.iam.gserviceaccount.com"
+    assert data.results_dataset_name("", "US", person) == f"tpupipe_results_us_{tag('alice@example.com')}"
+    assert data.results_dataset_name("", "europe-west4", pipeline) == f"tpupipe_results_europe_west4_{tag(pipeline)}"
+    assert data.results_dataset_name("", "US", person) != data.results_dataset_name("", "US", pipeline)
+    assert data.results_dataset_name("mine", "europe-west4", person) == "mine"
+    with pytest.raises(ValueError):
+        data.results_dataset_name("", "US")
 
 
 def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_table_of_its_own(bq):
@@ -484,7 +505,7 @@ def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_ta
     assert got["appends_job"] == job.job_id and job.job_id.startswith(f"tpupipe_{name}_") and not job.error
     request = session(bq).request.read_session
     assert request.table == data._table_path(got["appends_table"])
-    assert request.table_modifiers.snapshot_time == job_end(bq)  # as the job left it
+    assert "table_modifiers" not in request  # read as it is, checked by count
     (patch,) = [body for method, _, body in bq.bodies if method == "tables.patch"]
     expires = datetime.fromtimestamp(int(patch["expirationTime"]) / 1000, UTC)
     assert before - MILLISECOND + data.RESULTS_TABLE_LIFE <= expires <= after + data.RESULTS_TABLE_LIFE
@@ -494,9 +515,9 @@ def test_an_appends_window_over_a_query_responses_cap_is_read_whole_through_a_ta
 def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhere_or_never_expiring_refused(bq):
     """A table in EU: a results dataset in US is refused naming train.bigquery_results_dataset, before any job, as
     is one in EU without a default table expiration (a result table of it would outlive a run killed before its own
-    expiration is set); the default one, tpupipe_results_eu, absent, is created in EU with its default table
+    expiration is set); the default one, the caller's own of EU, absent, is created in EU with its default table
     expiration, the shortest time travel window and its label, and reused by the next read; one the user made in EU
-    with a default table expiration is used as it is."""
+    with a default table expiration and a closed access list is used as it is."""
     eu = f"{PROJECT}.europe.dolly"
     bq.create_dataset(f"{PROJECT}.europe", location="EU", at=NOW - 48 * HOUR)
     bq.create_table(eu, SCHEMA, at=NOW - 48 * HOUR)
@@ -508,7 +529,10 @@ def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhe
     assert raised.value.field == "train.bigquery_results_dataset"
     assert f"the dataset {PROJECT}.us_results, where the APPENDS query" in str(raised.value)
     assert f"is in US, and {eu} in EU" in str(raised.value)
-    assert any("a dataset of project tpupipe-data in EU, or of none yet" in v for v in raised.value.valid)
+    assert any(
+        "train.bigquery_results_dataset=NAME of a dataset of project tpupipe-data in EU" in v
+        for v in raised.value.valid
+    )
     bq.create_dataset(f"{PROJECT}.forever", location="EU")  # no default table expiration
     with pytest.raises(SpecError) as raised:
         data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="forever")
@@ -520,11 +544,11 @@ def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhe
     for _ in range(2):
         got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since)
         assert [r["response"] for r in read(got)] == ["7"]
-    made = bq.datasets[(PROJECT, "tpupipe_results_eu")]
+    made = bq.datasets[(PROJECT, f"tpupipe_results_eu_{tag(OWNER)}")]
     assert made.location == "EU" and made.labels == {"created-by": "tpupipe"} and made.tables == {}
     assert made.default_expiration_ms == DAY_MS and made.travel_hours == data.RESULTS_TRAVEL_HOURS == 48
     assert bq.calls.count("datasets.insert") == 1 and len(bq.jobs) == 2  # made once, used twice
-    bq.create_dataset(f"{PROJECT}.mine", location="EU", default_table_expiration_ms=DAY_MS)
+    bq.create_dataset(f"{PROJECT}.mine", location="EU", default_table_expiration_ms=DAY_MS, access=MINE)
     got = data.snapshot(eu, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="mine")
     rows = data.rows(got, field=FIELD)
     assert next(rows)["response"] == "7"
@@ -533,72 +557,168 @@ def test_the_results_dataset_is_made_in_the_tables_location_once_and_one_elsewhe
     assert bq.calls.count("datasets.insert") == 1
 
 
-def test_the_results_dataset_the_run_creates_is_not_the_projects_viewers_to_read(bq, monkeypatch):
+def test_the_results_dataset_the_run_creates_is_its_identitys_alone(bq, monkeypatch):
     """BigQuery's default access list (a dataset created without one) lets a viewer of the project read its tables;
-    the results dataset is created with its own: its creator (the caller, whose address its token's information
-    gives) and the project's owners as OWNER, train.bigquery_service_account as WRITER, so a project viewer may not
-    read the result table while the run reads it. Credentials whose address cannot be learned create nothing: the
-    run is refused naming train.bigquery_results_dataset, before any job."""
-    from google.api_core import exceptions
-    from google.cloud import bigquery
-    from google.oauth2.credentials import Credentials
-
+    the caller's own results dataset is created with its own: the caller (whose address the UserInfo endpoint gives)
+    as OWNER and no one else, so a project viewer may not read the result table while the run reads it. Credentials
+    whose address cannot be learned have no dataset of their own: the run is refused naming
+    train.bigquery_results_dataset, with how to make one and name it, before any job."""
     viewer = "user:viewer@example.com"
     bq.grant(viewer, "roles/viewer", PROJECT)  # a basic role: it runs jobs, and reads what its special group may
-    peek = bigquery.Client(
-        project=PROJECT,
-        credentials=Credentials(token=bq.token_for(viewer)),
-        client_options={"api_endpoint": bq.endpoint},
-    )
+    peek = client_as(bq, viewer)
     data.client(PROJECT).create_dataset(bigquery.Dataset(f"{PROJECT}.open"))  # BigQuery's default access list
     bq.create_table(f"{PROJECT}.open.copy", SCHEMA)
     bq.insert(f"{PROJECT}.open.copy", [example(1, NOW)])
     assert [r["response"] for r in peek.query_and_wait(f"SELECT * FROM `{PROJECT}.open.copy`")] == ["1"]
     since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
-    got = data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since, results_writer=ACCOUNT)
+    got = data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since)
     rows = data.rows(got, field=FIELD)
     assert next(rows)["response"] == "100"  # its result table there, being read
     with pytest.raises(exceptions.Forbidden, match="User does not have permission to query table"):
         peek.query_and_wait(f"SELECT * FROM `{got['appends_table']}`")
     entries = {(e.role, e.entity_type, e.entity_id) for e in data.dataset_access(data.client(PROJECT), RESULTS)}
-    assert entries == {
-        ("OWNER", "userByEmail", OWNER), ("OWNER", "specialGroup", "projectOwners"), ("WRITER", "userByEmail", ACCOUNT),
-    }  # fmt: skip
+    assert entries == {("OWNER", "userByEmail", OWNER)}
     assert list(rows) == [] and tables_of(bq) == {}
-    monkeypatch.delenv(EMULATOR_TOKEN_URI_ENV)  # no token information to ask: whose the token is, unknown
-    jobs = len(bq.jobs)
+    monkeypatch.delenv(EMULATOR_TOKEN_URI_ENV)  # no UserInfo endpoint to ask: whose the token is, unknown
+    jobs, datasets = len(bq.jobs), set(bq.datasets)
     with pytest.raises(SpecError) as raised:
-        data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since, results_dataset="another")
+        data.snapshot(TABLE, field=FIELD, at=datetime.now(UTC), since=since)
     assert raised.value.field == "train.bigquery_results_dataset"
-    assert f"the dataset {PROJECT}.another, where the APPENDS query" in str(raised.value)
-    assert "does not exist, and the run creates it only with an access list naming its creator" in str(raised.value)
-    assert any(f"bq mk --dataset --location=US --default_table_expiration 86400 --max_time_travel_hours 48 "
-               f"{PROJECT}:another" in v for v in raised.value.valid)  # fmt: skip
-    assert (PROJECT, "another") not in bq.datasets and len(bq.jobs) == jobs
+    assert "named after the e-mail of the identity it runs as" in str(raised.value)
+    assert "these credentials say no e-mail" in str(raised.value) and "principal identifier" in str(raised.value)
+    (make, _) = raised.value.valid
+    assert (
+        f"`bq mk --dataset --location=US --default_table_expiration 86400 --max_time_travel_hours 48 {PROJECT}:NAME`"
+        in make
+    )
+    assert f"`bq update --source acl.json {PROJECT}:NAME`" in make and "`iamMember` entry" in make
+    assert set(bq.datasets) == datasets and len(bq.jobs) == jobs
 
 
-def test_the_result_table_is_read_as_its_job_left_it_and_must_hold_what_the_job_wrote(bq):
-    """Another writer of the results dataset adds a row to the result table between its job's end and the read: the
-    read, as of the job's end, does not see it; a row committed at the job's very end makes the table hold more rows
-    than the job wrote (its totalRows), an InfraError naming the table, which is deleted all the same."""
+def test_a_persons_preview_and_the_pipelines_run_each_use_a_results_dataset_of_their_own(bq, monkeypatch):
+    """A person previews with `tpupipe data` (as themselves), then the pipeline's service account runs: each creates,
+    and alone owns, its own results dataset (named after its e-mail), so the person's preview never shuts the account
+    out, and neither reads the other's result tables: the person, a reader of the data and a user of the project, is
+    refused the account's table while the account reads it."""
+    person, pipeline = "user:alice@example.com", f"serviceAccount:{ACCOUNT}"
+    for member in (person, pipeline):
+        bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
+        bq.grant(member, "roles/bigquery.user", PROJECT)
     since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(person))
+    theirs = snap(since=since)
+    assert [r["response"] for r in read(theirs)] == ["100"]
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(pipeline))
+    got = snap(since=since)
+    rows = data.rows(got, field=FIELD)
+    assert next(rows)["response"] == "100"  # the account's result table, being read
+    with pytest.raises(exceptions.Forbidden, match="User does not have permission to query table"):
+        client_as(bq, person).query_and_wait(f"SELECT * FROM `{got['appends_table']}`")
+    assert list(rows) == []
+    monkeypatch.setenv(EMULATOR_TOKEN_ENV, TOKEN)
+    made = {
+        f"{PROJECT}.tpupipe_results_us_{tag('alice@example.com')}": "alice@example.com",
+        f"{PROJECT}.tpupipe_results_us_{tag(ACCOUNT)}": ACCOUNT,
+    }
+    assert [theirs["results_dataset"], got["results_dataset"]] == list(made)
+    for dataset, email in made.items():
+        entries = {(e.role, e.entity_type, e.entity_id) for e in data.dataset_access(data.client(PROJECT), dataset)}
+        assert entries == {("OWNER", "userByEmail", email)}
+
+
+def test_an_open_results_dataset_is_refused_and_a_shared_or_long_lived_one_warned(bq):
+    """A named results dataset whose access list grants the project's viewers or editors (BigQuery's default, as
+    `bq mk` makes it), or anyone, is refused naming train.bigquery_results_dataset, with the bq show / bq update
+    --source steps, before any job. A domain or a Google group in one's list, another account in an identity's own,
+    and a default table expiration over a day, are each a warning line naming them, and the dataset is used."""
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    bq.create_dataset(f"{PROJECT}.team", default_table_expiration_ms=DAY_MS)  # BigQuery's default access list
+    with pytest.raises(SpecError) as raised:
+        snap(since=since, results_dataset="team")
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert (
+        f"the dataset {PROJECT}.team, where the APPENDS query of the rows committed since the champion writes its "
+        "result, grants READER to projectReaders (the viewers of its project), WRITER to projectWriters (the editors "
+        "of its project): the training rows its result tables hold would be theirs to read"
+    ) in str(raised.value)
+    steps = (
+        f"`bq show --format=prettyjson {PROJECT}:team > acl.json`, edit its `access` list, then `bq update --source "
+        f"acl.json {PROJECT}:team`"
+    )
+    assert any(steps in hint for hint in raised.value.valid)
+    everyone = [*MINE, {"role": "READER", "iamMember": "allUsers"}]
+    bq.create_dataset(f"{PROJECT}.public", default_table_expiration_ms=DAY_MS, access=everyone)
+    with pytest.raises(SpecError, match="grants READER to allUsers [(]anyone[)]"):
+        snap(since=since, results_dataset="public")
+    assert bq.jobs == {}
+    shared = [*MINE, {"role": "READER", "domain": "example.com"}, {"role": "WRITER", "groupByEmail": "ml@example.com"}]
+    bq.create_dataset(f"{PROJECT}.shared", default_table_expiration_ms=7 * DAY_MS, access=shared)
+    logs: list[str] = []
+    assert [r["response"] for r in read(snap(since=since, results_dataset="shared", log=logs.append))] == ["100"]
+    (longer, grants) = logs
+    assert longer.startswith(
+        f"snapshot: warning: train.bigquery_results_dataset: the dataset {PROJECT}.shared, where the APPENDS query of "
+        "the rows committed since the champion writes its result, has a default table expiration of 168 hours, more "
+        "than 24: "
+    ) and longer.endswith(f"`bq update --default_table_expiration 86400 {PROJECT}:shared`")
+    assert (
+        "grants READER to domain example.com (everyone signed in with an account of the domain), WRITER to "
+        "groupByEmail ml@example.com (the group's members): the training rows its result tables hold are theirs to "
+        "read (or write) while they last; unless that is meant, remove them: `bq show --format=prettyjson"
+    ) in grants
+    another = [*MINE, {"role": "READER", "userByEmail": "bob@example.com"}]
+    bq.create_dataset(RESULTS, default_table_expiration_ms=DAY_MS, access=another)
+    logs.clear()
+    assert [r["response"] for r in read(snap(since=since, log=logs.append))] == ["100"]
+    (line,) = logs
+    assert f"the dataset {RESULTS}, where the APPENDS query" in line and "grants READER to bob@example.com: " in line
+
+
+def test_a_named_results_dataset_is_used_as_it_is_and_never_created(bq):
+    """A dataset named in train.bigquery_results_dataset is a team's, made in advance: absent, the run is refused
+    naming the field, with how to make it (bq mk, then its access list replaced), and creates nothing."""
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+    with pytest.raises(SpecError) as raised:
+        snap(since=since, results_dataset="team_results")
+    assert raised.value.field == "train.bigquery_results_dataset"
+    assert f"the dataset {PROJECT}.team_results, named for the APPENDS query's result tables, does not exist" in (
+        str(raised.value)
+    )
+    (make, default) = raised.value.valid
+    assert f"--max_time_travel_hours 48 {PROJECT}:team_results`, then replace the access list" in make
+    assert f"`bq update --source acl.json {PROJECT}:team_results`" in make
+    assert default.startswith('train.bigquery_results_dataset=""')
+    assert "datasets.insert" not in bq.calls and bq.jobs == {}
+
+
+def test_the_result_table_is_read_as_it_is_and_must_hold_what_the_job_wrote(bq):
+    """The result table is read with no snapshot time: one whose creation is stamped after its job's end (its commit
+    later in the same millisecond, which nothing documented rules out) is read whole, where a read as of the job's end
+    would be refused ("Cannot read before"); a row another writer adds between the job and the read makes the table
+    hold more rows than the job wrote (its totalRows): an InfraError naming the table, which is deleted all the
+    same."""
+    since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
+
+    def table(request) -> str:
+        _, project, _, dataset, _, name = request.read_session.table.split("/")
+        return f"{project}.{dataset}.{name}"
+
+    def committed_later(request) -> None:
+        bq._table_of(table(request)).created = int(job_end(bq).timestamp() * 1_000_000) + 500
+
+    bq.storage.before_session = committed_later
+    got = snap(since=since)
+    assert [r["response"] for r in read(got)] == ["100"]
+    assert "table_modifiers" not in session(bq).request.read_session
     injected = {"instruction": "Say x.", "response": "x"}  # the result table's columns
-
-    def writer(at):
-        def write(request) -> None:
-            _, project, _, dataset, _, name = request.read_session.table.split("/")
-            bq.insert(f"{project}.{dataset}.{name}", [injected], at=at())
-
-        return write
-
-    bq.storage.before_session = writer(lambda: None)  # now, after the job
-    assert [r["response"] for r in read(snap(since=since))] == ["100"]
-    bq.storage.before_session = writer(lambda: job_end(bq))
+    bq.storage.before_session = lambda request: bq.insert(table(request), [injected])
     got = snap(since=since)
     with pytest.raises(InfraError) as raised:
         read(got)
-    assert f"the APPENDS query's result table {got['appends_table']}, read as of its job's end" in str(raised.value)
-    assert f"held 2 rows, and the job {got['appends_job']} wrote 1 (its totalRows)" in str(raised.value)
+    assert (
+        f"the APPENDS query's result table {got['appends_table']} held 2 rows when read, and the job "
+        f"{got['appends_job']} wrote 1 (its totalRows)"
+    ) in str(raised.value)
     assert tables_of(bq) == {}
 
 
@@ -611,8 +731,8 @@ def test_a_result_table_read_whole_that_may_not_be_deleted_is_a_warning_and_left
     first = next(rows)  # the query has written its table
     name = got["appends_table"].rsplit(".", 1)[1]
     refusal = (
-        f"Access Denied: Table {PROJECT}:tpupipe_results_us.{name}: Permission bigquery.tables.delete denied on "
-        f"table {PROJECT}:tpupipe_results_us.{name} (or it may not exist)."
+        f"Access Denied: Table {PROJECT}:{RESULTS.split('.')[1]}.{name}: Permission bigquery.tables.delete denied on "
+        f"table {PROJECT}:{RESULTS.split('.')[1]}.{name} (or it may not exist)."
     )
     bq.fail("tables.delete", 403, "accessDenied", refusal)
     assert [r["response"] for r in [first, *rows]] == ["100", "101"]
@@ -645,7 +765,7 @@ def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_f
     its table there names train.bigquery_results_dataset, the permission and roles/bigquery.dataEditor; granted it,
     the read goes through and its table is gone after it."""
     since = since_then(bq, TABLE, [example(100, NOW - HOUR)])
-    bq.create_dataset(f"{PROJECT}.shared_results", default_table_expiration_ms=DAY_MS)
+    bq.create_dataset(f"{PROJECT}.shared_results", default_table_expiration_ms=DAY_MS, access=MINE)
     member = "serviceAccount:pipeline@tpupipe-data.iam.gserviceaccount.com"
     monkeypatch.setenv(EMULATOR_TOKEN_ENV, bq.token_for(member))
     bq.grant(member, "roles/bigquery.dataViewer", f"{PROJECT}.examples")
@@ -667,7 +787,7 @@ def test_a_results_dataset_the_identity_may_not_write_to_is_refused_naming_the_f
     write_only = f"projects/{PROJECT}/roles/writeOnly"
     held = {"bigquery.datasets.get", *data.RESULTS_PERMISSIONS} - {"bigquery.tables.getData"}
     monkeypatch.setitem(emulated.ROLES, write_only, frozenset(held))
-    bq.create_dataset(f"{PROJECT}.write_only", default_table_expiration_ms=DAY_MS)
+    bq.create_dataset(f"{PROJECT}.write_only", default_table_expiration_ms=DAY_MS, access=MINE)
     bq.grant(member, write_only, f"{PROJECT}.write_only")
     with pytest.raises(SpecError) as raised:
         read(data.snapshot(TABLE, field=FIELD, at=at, since=since, results_dataset="write_only"))
@@ -809,7 +929,7 @@ def test_a_runs_snapshot_reads_the_table_as_of_its_time_and_then_what_was_commit
     assert result.request.read_session.table == data._table_path(
         f"{destination['projectId']}.{destination['datasetId']}.{destination['tableId']}"
     )
-    assert result.parent == PROJECT and result.request.read_session.table_modifiers.snapshot_time == job_end(bq)
+    assert result.parent == PROJECT and "table_modifiers" not in result.request.read_session
     waits = [query for method, query, _ in bq.bodies if method == "jobs.getQueryResults"]
     assert waits and all(query.get("maxResults") == "0" for query in waits)  # the job waited for, no rows paged
     bq.insert(TABLE, [example(10, NOW - 30 * HOUR)], at=pinned)  # committed with the champion's snapshot: its own

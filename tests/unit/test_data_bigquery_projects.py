@@ -9,6 +9,7 @@ set."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -93,12 +94,12 @@ def test_sessions_billed_where_the_data_is_are_refused_as_bigquery_refuses_them(
 
 def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_runs_project(bq, tmp_path):
     """train.data_since=champion by commit time: the APPENDS query is a job of the run's project, reading the data
-    project's table, and writing its result to a dataset of the run's project, the one of the table's location
-    (tpupipe_results_eu). An identity that may run jobs but not create that dataset (roles/bigquery.jobUser alone) is
-    refused naming train.bigquery_results_dataset and bigquery.datasets.create, before any job; with
-    roles/bigquery.user it creates the dataset, in the table's location, as its OWNER (its address, which its token's
-    information gives, in the access list it creates the dataset with), so it writes, reads and deletes its result
-    table there with no other grant."""
+    project's table, and writing its result to a dataset of the run's project, the run identity's own of the table's
+    location (tpupipe_results_eu_HASH). An identity that may run jobs but not create that dataset
+    (roles/bigquery.jobUser alone) is refused naming train.bigquery_results_dataset and bigquery.datasets.create,
+    before any job; with roles/bigquery.user it creates the dataset, in the table's location, as its one OWNER (its
+    address, which the UserInfo endpoint gives, in the access list it creates the dataset with), so it writes, reads
+    and deletes its result table there with no other grant."""
     (tmp_path / "e.jsonl").write_text('{"instruction": "Say e.", "response": "e"}\n')
     bq.create_dataset(f"{DATA}.eu", location="EU", at=NOW - 48 * HOUR)
     eu = f"{DATA}.eu.examples"
@@ -112,27 +113,25 @@ def test_rows_committed_since_the_champion_are_read_with_a_job_billed_in_the_run
     first, _, _ = snapshot.take(spec, datetime.now(UTC), log=lambda line: None)
     pinned = datetime.fromisoformat(first["train"]["table"]["snapshot_time"])
     bq.insert(eu, [example(20)], at=pinned + timedelta(microseconds=1))
+    own = f"tpupipe_results_eu_{hashlib.sha256(PIPELINE.split(':')[1].encode()).hexdigest()[:8]}"
     with pytest.raises(SpecError) as raised:
         snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert raised.value.field == "train.bigquery_results_dataset"
-    assert (
-        f"may not create the dataset {RUN}.tpupipe_results_eu (it lacks bigquery.datasets.create in project {RUN})"
-        in (str(raised.value))
+    assert f"may not create the dataset {RUN}.{own} (it lacks bigquery.datasets.create in project {RUN})" in (
+        str(raised.value)
     )
     assert f"User does not have bigquery.datasets.create permission in project {RUN}" in str(raised.value)  # BigQuery's
     assert any(f"roles/bigquery.user on the project {RUN}" in hint for hint in raised.value.valid)
-    assert bq.jobs == {} and (RUN, "tpupipe_results_eu") not in bq.datasets
+    assert bq.jobs == {} and (RUN, own) not in bq.datasets
     bq.grant(PIPELINE, "roles/bigquery.user", RUN)
     later, train, _ = snapshot.take(spec, datetime.now(UTC), first, "m@1", log=lambda line: None)
     assert [e["instruction"] for e in train] == ["Say 20."] and {job.project for job in bq.jobs.values()} == {RUN}
-    results = bq.datasets[(RUN, "tpupipe_results_eu")]
+    results = bq.datasets[(RUN, own)]
     assert results.location == "EU" and results.labels == bigquery.RESULTS_LABELS and results.tables == {}
     assert results.default_expiration_ms == bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds() * 1000
-    owners = [
-        e for e in bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.tpupipe_results_eu") if e.role == "OWNER"
-    ]
-    assert {e.entity_id for e in owners} == {PIPELINE.split(":")[1], "projectOwners"}
-    assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.tpupipe_results_eu.appends_")
+    entries = bigquery.dataset_access(bigquery.client(RUN), f"{RUN}.{own}")
+    assert {(e.role, e.entity_id) for e in entries} == {("OWNER", PIPELINE.split(":")[1])}
+    assert later["train"]["table"]["appends_table"].startswith(f"{RUN}.{own}.appends_")
 
 
 def test_reading_needs_read_on_the_tables_dataset_wherever_the_jobs_run(bq):

@@ -180,7 +180,8 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
     projects.testIamPermissions, as for the run's own permissions), and jobs there too with
     ``train.data_since=champion`` (the APPENDS query of the rows committed since the champion), and may read the
     table (BigQuery's tables.testIamPermissions), wherever its project is; with ``train.data_since=champion``, the
-    dataset the APPENDS query writes its result to (``_results_dataset``). Those test the caller's permissions, while
+    dataset the APPENDS query writes its result to (``_results_dataset``: with ``train.bigquery_service_account``,
+    that account's own, else the caller's, unless one is named). Those test the caller's permissions, while
     on Vertex AI and KFP the snapshot runs as the pipeline's service account: with ``train.bigquery_service_account``
     that account's roles are read too (``_bigquery_account``)."""
     from components.cloud import iam as cloud_iam
@@ -249,20 +250,26 @@ def _bigquery_data(spec: RunSpec, key: str, value: str, creds: Credentials, repo
 def _results_dataset(
     key: str, table: str, project: str, setting: str, creds: Credentials, who: str, account: str, report: Report
 ) -> tuple[str, bool]:
-    """The dataset the APPENDS query writes its result tables to (``train.bigquery_results_dataset``, else the one of
-    ``table``'s location: ``bigquery.results_dataset_name``, in the jobs' ``project``: components/data/bigquery.py),
-    read as the caller (datasets.get with its access list: ``bigquery.dataset_resource``), a refusal of that read a
-    problem and any other failure a warning that it was not checked. Absent, the caller may create it
-    (``bigquery.datasets.create`` on the project, Resource Manager's projects.testIamPermissions). There: in the
-    location of ``table``'s dataset (a query writes only to a dataset of the location of the tables it reads:
-    https://cloud.google.com/bigquery/docs/writing-results), with a default table expiration (else a problem: a
-    result table of a run killed before its own expiration would keep its rows), its access list naming no one
-    beyond the run (``bigquery.open_access``: a warning), the caller holding what its tables take
-    (``bigquery.RESULTS_PERMISSIONS``) by a grant on the project, the one grant an API tests before a table is there
-    (tables.testIamPermissions asks of a table), a grant on the dataset itself said to be unchecked, and ``account``
-    (``train.bigquery_service_account``) holding a role that creates tables in it (``_results_account``). The
-    dataset's name and whether it is absent (the data snapshot would create it)."""
+    """The dataset the APPENDS query writes its result tables to, in the jobs' ``project``
+    (components/data/bigquery.py): ``train.bigquery_results_dataset``, a team's, else the own one of the identity the
+    data snapshot runs as, named after its e-mail and ``table``'s location (``bigquery.results_dataset_name``):
+    ``account`` (``train.bigquery_service_account``) when it is named, else the caller (``caller_email``; none, a
+    problem). Read as the caller (datasets.get with its access list: ``bigquery.dataset_resource``), a refusal of that
+    read a problem and any other failure a warning that it was not checked. Absent: a named one is a problem (it is
+    made in advance); an identity's own is created by the data snapshot, which takes ``bigquery.datasets.create`` on
+    the project: the caller's asked here (Resource Manager's projects.testIamPermissions), the account's read from the
+    IAM policies by ``_bigquery_account``. There: in the location of ``table``'s dataset (a query writes only to a
+    dataset of the location of the tables it reads: https://cloud.google.com/bigquery/docs/writing-results), with a
+    default table expiration (else a problem: a result table of a run killed before its own expiration would keep its
+    rows; one longer than ``bigquery.RESULTS_DEFAULT_EXPIRATION`` a warning), its access list open to no one beyond
+    named identities (``bigquery.open_access``: a problem) and shared with no domain, group or other identity
+    (``bigquery.shared_access``: a warning); the account holding a role that creates tables in it
+    (``_results_account``), or without one, the caller holding what its tables take (``bigquery.RESULTS_PERMISSIONS``)
+    by a grant on the project, the one grant an API tests before a table is there (tables.testIamPermissions asks of
+    a table), a grant on the dataset itself said to be unchecked. The dataset's name and whether the data snapshot
+    would create it."""
     from components.cloud import iam as cloud_iam
+    from components.cloud.credentials import caller_email
     from components.data import bigquery
 
     field = bigquery.RESULTS_FIELD
@@ -270,13 +277,25 @@ def _results_dataset(
         source = bigquery.dataset_location(table.rsplit(".", 1)[0], project, creds) or ""
     except bigquery.failures():
         source = ""  # its dataset not to be seen: the table's own check says so
+    identity = "" if setting else account or caller_email(creds)
+    if not setting and not identity:
+        report.problems.append(
+            Problem(
+                field,
+                f"the caller{who} has no e-mail to name its own dataset for the APPENDS query's result tables after "
+                f"({bigquery.RESULTS_PREFIX}_LOCATION_HASH): an identity with no Google account behind it (a "
+                "federated principal that impersonates no service account) names one made in advance here; or name "
+                "the service account the data snapshot runs as in train.bigquery_service_account",
+            )
+        )
+        return "", False
     if not setting and not source:
         report.checked.append(
             f"{key}: the dataset the APPENDS query writes its result to not checked: its name, "
-            f"{bigquery.RESULTS_PREFIX}_LOCATION, follows the table's location, which the caller{who} may not read"
+            f"{bigquery.RESULTS_PREFIX}_LOCATION_HASH, follows the table's location, which the caller{who} may not read"
         )
         return "", False
-    results = f"{project}.{bigquery.results_dataset_name(setting, source)}"
+    results = f"{project}.{bigquery.results_dataset_name(setting, source, identity)}"
     try:
         found = bigquery.dataset_resource(bigquery.client(project, creds), results)
     except bigquery.failures() as exc:
@@ -288,55 +307,41 @@ def _results_dataset(
         found = None
     where = f" in {source}" if source else ""
     projects = cloud_iam.projects_client(creds)
+    if found is None and setting:
+        steps = bigquery.make_steps(results, source, "each identity that runs with it as WRITER")
+        report.problems.append(
+            Problem(field, f"the dataset {results}, named for the APPENDS query's result tables, does not exist: make "
+                           f"it once, {steps}; or leave {field} empty for each identity's own"),
+        )  # fmt: skip
+        return results, False
+    if found is None and account:
+        report.checked.append(
+            f"{key}: the dataset {results}, {account}'s own for the APPENDS query's result tables, absent: the data "
+            f"snapshot creates it{where}, {account} its one owner"
+        )
+        return results, True
     if found is None:
         asked = {"resource": f"projects/{project}", "permissions": [bigquery.DATASET_CREATE_PERMISSION]}
         if set(projects.test_iam_permissions(request=asked).permissions):
             report.checked.append(
-                f"{key}: as the caller{who}, may create the dataset {results} for the APPENDS query's result tables "
-                f"(absent: the data snapshot creates it{where}, its creator and the project's owners its owners"
-                + (f", {account} its writer" if account else "")
-                + ", no one else)"
+                f"{key}: as the caller{who}, may create its own dataset {results} for the APPENDS query's result "
+                f"tables (absent: the data snapshot creates it{where}, the caller its one owner)"
             )
         else:
             report.problems.append(
                 Problem(
                     field,
-                    f"the dataset {results}, where the data snapshot's APPENDS query writes its result, does not "
-                    f"exist, and the caller{who} lacks {bigquery.DATASET_CREATE_PERMISSION} in project {project} to "
-                    f"create it: create the dataset{where} and grant roles/bigquery.dataEditor on it alone (the "
-                    f"least privilege), or grant roles/bigquery.user on {project}",
+                    f"the dataset {results}, the caller's own where the data snapshot's APPENDS query writes its "
+                    f"result, does not exist, and the caller{who} lacks {bigquery.DATASET_CREATE_PERMISSION} in "
+                    f"project {project} to create it: make a dataset{where}, grant roles/bigquery.dataEditor on it "
+                    f"alone and name it in {field} (the least privilege), or grant roles/bigquery.user on {project}",
                 )
             )
         return results, True
-    there = found.location or ""
-    if source and there.lower() != source.lower():
-        report.problems.append(
-            Problem(
-                field,
-                f"the dataset {results}, where the data snapshot's APPENDS query writes its result, is in {there}, "
-                f"and {table} in {source}: a query writes to a dataset of the location of the tables it reads; name "
-                f"one in {source}, or one not yet in project {project} (the data snapshot creates it there)",
-            )
-        )
-    else:
-        report.checked.append(f"{key}: the dataset {results} is in {there}" + (f", as {table}" if source else ""))
-    if not found.default_table_expiration_ms:
-        seconds = int(bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds())
-        report.problems.append(
-            Problem(
-                field,
-                f"the dataset {results}, where the data snapshot's APPENDS query writes its result, has no default "
-                "table expiration: a result table of a run killed before its own expiration is set would keep its "
-                f"training rows for ever; `bq update --default_table_expiration {seconds} {results.replace('.', ':')}`",
-            )
-        )
-    opened = bigquery.open_access(found.access_entries)
-    if opened:
-        report.warnings.append(
-            f"{field}: the dataset {results} grants {', '.join(opened)}: the training rows the data snapshot's "
-            "result tables hold there are theirs to read (or write) while they last; remove those entries "
-            "(`bq update --source`), or name a dataset only the run's identities may use"
-        )
+    _results_found(key, table, source, results, found, identity, report)
+    if account:
+        _results_account(account, key, results, project, found.access_entries, creds, report)
+        return results, False
     asked = {"resource": f"projects/{project}", "permissions": list(bigquery.RESULTS_PERMISSIONS)}
     missing = [
         p
@@ -353,9 +358,62 @@ def _results_dataset(
             f"{', '.join(missing)}; no API tests a dataset's grant before it has a table): the data snapshot's "
             "query names any it lacks"
         )
-    if account:
-        _results_account(account, key, results, project, found.access_entries, creds, report)
     return results, False
+
+
+def _results_found(key: str, table: str, source: str, results: str, found: Any, identity: str, report: Report) -> None:
+    """What the results dataset that is there must be, as the data snapshot refuses or warns of it
+    (components/data/bigquery.py): in ``source`` (the table's location), with a default table expiration of at most
+    ``bigquery.RESULTS_DEFAULT_EXPIRATION``, its access list not open (``bigquery.open_access``) nor shared
+    (``bigquery.shared_access``; with ``identity``, the e-mail whose own dataset it is, any other entry)."""
+    from components.data import bigquery
+
+    field = bigquery.RESULTS_FIELD
+    what = f"the dataset {results}, where the data snapshot's APPENDS query writes its result,"
+    there = found.location or ""
+    if source and there.lower() != source.lower():
+        report.problems.append(
+            Problem(
+                field,
+                f"{what} is in {there}, and {table} in {source}: a query writes to a dataset of the location of the "
+                f"tables it reads; name one in {source}, or leave {field} empty (the data snapshot creates its own "
+                "there)",
+            )
+        )
+    else:
+        report.checked.append(f"{key}: the dataset {results} is in {there}" + (f", as {table}" if source else ""))
+    seconds = int(bigquery.RESULTS_DEFAULT_EXPIRATION.total_seconds())
+    update = f"`bq update --default_table_expiration {seconds} {bigquery.bq_name(results)}`"
+    expiration = int(found.default_table_expiration_ms or 0)
+    if not expiration:
+        report.problems.append(
+            Problem(
+                field,
+                f"{what} has no default table expiration: a result table of a run killed before its own expiration is "
+                f"set would keep its training rows for ever; {update}",
+            )
+        )
+    elif expiration > seconds * 1000:
+        report.warnings.append(
+            f"{field}: {what} has a default table expiration of {expiration // 3_600_000} hours, more than "
+            f"{seconds // 3600}: a result table of a run killed before its own expiration is set keeps its training "
+            f"rows that long; {update}"
+        )
+    opened = bigquery.open_access(found.access_entries)
+    if opened:
+        report.problems.append(
+            Problem(
+                field,
+                f"{what} grants {', '.join(opened)}: the training rows its result tables hold would be theirs to read "
+                f"(or write); remove those entries: {bigquery.acl_steps(results)}",
+            )
+        )
+    shared = bigquery.shared_access(found.access_entries, identity)
+    if shared:
+        report.warnings.append(
+            f"{field}: {what} grants {', '.join(shared)}: the training rows its result tables hold are theirs to read "
+            f"(or write) while they last; unless that is meant, remove them: {bigquery.acl_steps(results)}"
+        )
 
 
 def _results_unseen(results: str, project: str, who: str, exc: Exception, report: Report) -> None:
@@ -386,8 +444,8 @@ def _results_account(
     creates tables in the results dataset that is there (``bigquery.TABLE_CREATE_ROLES``: WRITER or OWNER in its
     access list ``entries``, directly or by its special groups, or a dataset role granted on it or its project:
     ``bigquery.account_roles``): a warning when it holds none, or one only under an IAM condition, as for its other
-    roles (``_bigquery_account``). A dataset that another identity created (a person's `tpupipe data` preview) grants
-    the account nothing by itself, and the run's query is refused there."""
+    roles (``_bigquery_account``). A team's dataset (``train.bigquery_results_dataset``) made by another identity
+    grants the account nothing by itself, and the run's query is refused there; the account's own lists it as OWNER."""
     from components.cloud import iam as cloud_iam
     from components.data import bigquery
 
