@@ -340,6 +340,7 @@ def task_figures(
         "answers_key": key_of(candidate.get("generation_key")),
         "metrics_after": means_of(rows) if rows is not None else None,
         "num_examples": len(rows) if rows is not None else None,
+        "scorer": candidate.get("scorer"),  # where the job's eval.scorer resolved: module, file, package digest
     }
     if rows is not None:
         found["answers_uri"] = _keep(store, "after", rows)
