@@ -174,7 +174,8 @@ class Answering:
 
     def score(self, made: Answered, started: float) -> dict[str, Any]:
         """``made`` scored, written and its ``answers`` event emitted (its seconds: since ``started``)."""
-        return record(self.spec, self.examples, made.answers, made.which, self.directory, self.key, started, self.scorer)
+        spec, examples, directory = self.spec, self.examples, self.directory
+        return record(spec, examples, made.answers, made.which, directory, self.key, started, self.scorer)
 
     def kept(self, model, which: str) -> None:
         """``which``'s answers made now and kept to be scored later (:meth:`score_kept`); rank 0 writes them with an

@@ -132,7 +132,7 @@ def resolve_scorer(ref: str) -> Scorer:
     package's digest; :class:`ScorerError` naming the field otherwise: a reference of another shape, no such module,
     or one found elsewhere (a directory added to the package's search path)."""
     if not SCORER_REF.match(ref):
-        raise ScorerError(f"eval.scorer {ref}: not {SCORERS_PACKAGE}.MODULE:FUNCTION, a module of the trainer's own code")
+        raise ScorerError(f"eval.scorer {ref}: not {SCORERS_PACKAGE}.MODULE:FUNCTION, the trainer's own code")
     module = ref.partition(":")[0]
     try:
         spec = importlib.util.find_spec(module)
@@ -144,7 +144,7 @@ def resolve_scorer(ref: str) -> Scorer:
     if not origin.is_relative_to(home) or origin.suffix != ".py":
         raise ScorerError(
             f"eval.scorer {ref}: {module} is {origin}, not a Python file of the trainer's own {home}: a scorer is "
-            f"the image's code (docs/registry.md, \"Where a scorer lives\")"
+            f'the image\'s code (docs/registry.md, "Where a scorer lives")'
         )
     above = Path(os.path.abspath(__file__)).parents[1]  # the directory that holds the trainers package
     return Scorer(ref, module, origin.relative_to(above).as_posix(), package_digest(origin.parent))

@@ -149,7 +149,7 @@ def test_examples_that_share_a_reference_are_resampled_as_one_cluster():
     table = answers.compare(
         [
             {"prompt": f"p{i}", "reference": r, "scores": {"exact_match": c}}
-            for i, (r, c) in enumerate(zip(references, candidate))
+            for i, (r, c) in enumerate(zip(references, candidate, strict=True))
         ],
         [{"prompt": f"p{i}", "reference": r, "scores": {"exact_match": 0.0}} for i, r in enumerate(references)],
     )

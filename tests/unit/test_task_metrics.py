@@ -124,7 +124,7 @@ except metrics.ScorerError as exc:
 else:
     spec = resolve("local-fsdp", "eval.scorer=" + ref)
     print(json.dumps({
-        "scores": metrics.scored_by(ref, function, [metrics.Example("p", "Lima", "Lome"), metrics.Example("p", "Lima", "Oslo")]),
+        "scores": metrics.scored_by(ref, function, [metrics.Example("p", "Lima", a) for a in ("Lome", "Oslo")]),
         "resolved": metrics.resolve_scorer(ref).__dict__,
         "key": generation.generation_key("sha256:eval", spec),
     }))
