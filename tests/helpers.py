@@ -150,3 +150,21 @@ def ray_tokens(kube, run_id: str) -> list[str]:
     secret = f'"{names.ray_token_secret(run_id)}"'
     bodies = [body for method, _, body in kube.bodies if method == "POST" and secret in body]
     return [base64.b64decode(v).decode() for body in bodies for v in json.loads(body)["data"].values()]
+
+
+def scorers_tree(root: Path, modules: dict[str, str]) -> Path:
+    """A directory to put first on a process's import path: a ``trainers`` package whose files are this checkout's
+    (links to them) and whose ``trainers/scorers/`` also holds ``modules`` (module name -> source), as a team adds a
+    scorer to the trainer image's code (docs/registry.md, "Where a scorer lives"). ``eval.scorer`` names a module of
+    that package only, so a test's own scorer goes there, not on a bare import path."""
+    top = root / "scorers-tree"
+    trainers, scorers = top / "trainers", top / "trainers" / "scorers"
+    scorers.mkdir(parents=True, exist_ok=True)
+    for source, target in ((REPO / "trainers", trainers), (REPO / "trainers" / "scorers", scorers)):
+        for entry in source.iterdir():
+            link = target / entry.name
+            if entry.name not in ("scorers", "__pycache__") and not link.exists():
+                link.symlink_to(entry)
+    for name, text in modules.items():
+        (scorers / f"{name}.py").write_text(text)
+    return top

@@ -254,10 +254,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
         answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
     evaluation.before(model, resumed)
-    # The model as built answers the evaluation prompts (a resumed group's did already); a registered version training
-    # starts from has its answers recorded, or answers in the evaluation job (components.stages.answers).
+    # The model as built answers the evaluation prompts (a resumed group's did already), scored after training with
+    # the trained model's answers: rank 0 scores while no rank waits in a collective, however slow a team's scorer.
+    # A registered version training starts from has its answers recorded, or answers in the evaluation job
+    # (components.stages.answers).
     if not resumed and not config.get("init_from"):
-        answering(model, "before")
+        answering.kept(model, "before")
     if rank == 0:
         protocol.emit("event", {"event": "setup", "phases": phases.seconds, **phases.facts, "time": time.time()})
     steps_per_epoch = len(loader)
@@ -290,6 +292,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         else:
             saves.final(at, metrics)
             answering(model, "after")  # once the trained model is saved: an answering that fails loses nothing
+            answering.score_kept("before")  # rank 0, past training's last collective
         if rank == 0:
             protocol.emit("metric", metrics)
 

@@ -19,8 +19,8 @@ is passed. The answers' tokens meet on every worker in one all_gather of one sha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import importlib
 import json
 import math
 import time
@@ -37,9 +37,10 @@ def generation_key(eval_key: str, spec: RunSpec) -> str:
     """``sha256:<hex>`` of what a model's scored answers depend on besides the model: the evaluation key (examples,
     tokenizer, lengths, dtypes, device, worker group: ``trainers.heldout.eval_key``), the number of prompts, the
     answers' length, the prompt's format, the batch (one padded shape), the decoding (greedy), and what scores them:
-    the task metrics and the team's scorer with its module's source (its name alone would not change with its code).
-    A champion's answers recorded with the same key, under the same image and accelerator
-    (``components.stages.answers.answers_key``), are its scored answers to this run's prompts."""
+    the task metrics and the team's scorer with the digest of its whole package (``trainers.metrics.resolve_scorer``:
+    every Python file of the package its module is in, so a helper it imports changes the key too; its name alone
+    would not change with its code). A champion's answers recorded with the same key, under the same image and
+    accelerator (``components.stages.answers.answers_key``), are its scored answers to this run's prompts."""
     e = spec.eval
     what = {
         "eval_key": eval_key,
@@ -50,21 +51,9 @@ def generation_key(eval_key: str, spec: RunSpec) -> str:
         "decoding": "greedy",
         "metrics": sorted(e.metric_names),  # a set: the same metrics listed in another order score alike
         "scorer": e.scorer,
-        "scorer_source": _source_digest(e.scorer),
+        "scorer_package": metrics.resolve_scorer(e.scorer).digest if e.scorer else "",
     }
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
-
-
-def _source_digest(scorer: str) -> str:
-    """sha256 of the source file of the module ``eval.scorer`` names; empty without a scorer (or a module without a
-    file)."""
-    if not scorer:
-        return ""
-    import inspect
-
-    metrics.load_scorer(scorer)  # imported, or the job fails naming it
-    source = inspect.getsourcefile(importlib.import_module(scorer.partition(":")[0]))
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else ""
 
 
 def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
@@ -127,11 +116,27 @@ def answer(model, tokenizer, prompts: list[str], spec: RunSpec, device, rank: in
     return answers
 
 
+@dataclasses.dataclass(frozen=True)
+class Answered:
+    """A model's answers, not yet scored: ``which`` model, the answers in the prompts' order, the seconds answering
+    took."""
+
+    which: str
+    answers: list[str]
+    seconds: float
+
+
 class Answering:
     """A job's answers to the evaluation prompts, model after model: each model's answers scored and, on rank 0,
     written to ``<output dir>/eval/answers-<which>.jsonl`` (index, prompt, reference, answer, each metric's score) with
-    an ``answers`` event (the file, each metric's mean, the generation key, the seconds). Off when
-    ``eval.generate_examples`` is 0."""
+    an ``answers`` event (the file, each metric's mean, the generation key, the seconds, where the scorer resolved).
+    Off when ``eval.generate_examples`` is 0.
+
+    A model's answers may be kept to be scored later (:meth:`kept`, then :meth:`score_kept`): the FSDP trainer has the
+    model as built answer before training, the only time it can, and scores those answers after training with the
+    trained model's, so a team's slow scorer holds no rank in a collective while rank 0 scores (every rank is past
+    training's last collective by then). The answers wait in ``<output dir>/eval/answered-<which>.json``, which a
+    worker group restarted during training reads back."""
 
     def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer, rank: int, world: int, device_type, device):
         self.spec, self.tokenizer, self.rank, self.world = spec, tokenizer, rank, world
@@ -140,24 +145,61 @@ class Answering:
         self.directory = Path(config.get("output_dir") or ".") / ANSWERS_DIR
         self.examples: list[dict[str, Any]] = []
         self.key = ""
+        self.scorer: dict[str, str] | None = None
         if self.on:
             split = data.splits(spec)[1]
             raw = list(data.load_split(spec.train.dataset, split, config.get("data_files"), config.get("cache_dir")))
             self.examples = [dict(e) for e in raw[: spec.eval.generate_examples]]
+            # on every worker, before any answer: a scorer that is not the image's own or cannot load fails the job
+            # at once, naming eval.scorer (trainers.metrics.resolve_scorer)
             self.key = generation_key(heldout.eval_key(spec, data.snapshot(raw), device_type, world), spec)
-            if spec.eval.scorer:  # on every worker, before any answer: a scorer that cannot load fails the job at once
+            if spec.eval.scorer:
                 metrics.load_scorer(spec.eval.scorer)
+                self.scorer = dataclasses.asdict(metrics.resolve_scorer(spec.eval.scorer))
 
-    def __call__(self, model, which: str) -> dict[str, Any]:
-        """``which``'s answers, scored; rank 0 writes them and emits the event. Nothing when off."""
+    def answer(self, model, which: str) -> Answered | None:
+        """``which``'s answers, on rank 0 (a collective: every worker calls it); None on the others and when off."""
         if not self.on:
-            return {}
+            return None
         started = time.perf_counter()
         prompts = [data.prompt_of(e) for e in self.examples]
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
-        if self.rank != 0:
+        return Answered(which, answers, time.perf_counter() - started) if self.rank == 0 else None
+
+    def __call__(self, model, which: str) -> dict[str, Any]:
+        """``which``'s answers, scored; rank 0 writes them and emits the event. Nothing when off."""
+        started = time.perf_counter()
+        made = self.answer(model, which)
+        return self.score(made, started) if made else {}
+
+    def score(self, made: Answered, started: float) -> dict[str, Any]:
+        """``made`` scored, written and its ``answers`` event emitted (its seconds: since ``started``)."""
+        spec, examples, directory = self.spec, self.examples, self.directory
+        return record(spec, examples, made.answers, made.which, directory, self.key, started, self.scorer)
+
+    def kept(self, model, which: str) -> None:
+        """``which``'s answers made now and kept to be scored later (:meth:`score_kept`); rank 0 writes them with an
+        ``answered`` event (their seconds: the job's evaluation in the goodput ledger)."""
+        made = self.answer(model, which)
+        if made is None:
+            return
+        path = self.directory / f"answered-{which}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(dataclasses.asdict(made)), encoding="utf-8")
+        partial.replace(path)
+        protocol.emit("event", {"event": "answered", "which": which, "seconds": made.seconds, "time": time.time()})
+
+    def score_kept(self, which: str) -> dict[str, Any]:
+        """The answers :meth:`kept` made, scored and recorded now (rank 0; nothing elsewhere or when none were kept):
+        the ``answers`` event's seconds are the scoring's, the answering's were the ``answered`` event's."""
+        path = self.directory / f"answered-{which}.json"
+        if not self.on or self.rank != 0 or not path.is_file():
             return {}
-        return record(self.spec, self.examples, answers, which, self.directory, self.key, started)
+        started = time.perf_counter()
+        found = self.score(Answered(**json.loads(path.read_text(encoding="utf-8"))), started)
+        path.unlink()
+        return found
 
 
 def record(
@@ -168,10 +210,12 @@ def record(
     directory: Path,
     key: str,
     started: float,
+    scorer: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``which``'s answers to ``examples``' prompts, scored by the task metrics, written to
     ``directory/answers-<which>.jsonl`` (:func:`write`) with an ``answers`` event (the file, each metric's mean, the
-    generation ``key``, the seconds since ``started``): one writer and one format for both trainers (the FSDP
+    generation ``key``, the seconds since ``started``, where the team's scorer resolved: ``scorer``, its module, file
+    and package digest, ``trainers.metrics.Scorer``): one writer and one format for both trainers (the FSDP
     trainer's :class:`Answering`, MaxText's ``trainers.maxtext_generation``), which the evaluate stage reads alike
     (``components.stages.answers``). Rank 0's, once every worker's answers met."""
     prompts = [data.prompt_of(e) for e in examples]
@@ -187,6 +231,8 @@ def record(
         "num_examples": len(scored_examples),
         "seconds": time.perf_counter() - started,  # answering and scoring: the ledger's evaluation
     }
+    if spec.eval.scorer:
+        found["scorer"] = scorer or dataclasses.asdict(metrics.resolve_scorer(spec.eval.scorer))
     protocol.emit("event", {"event": "answers", **found, "time": time.time()})
     return found
 

@@ -19,13 +19,14 @@ from components.spec.run_spec import (
     MODEL_REF,
     PRECISIONS,
     SCORER,
+    SCORER_REF,
+    SCORERS_PACKAGE,
     SCRATCH_PREFIX,
     TASK_METRICS,
     WORKLOADS,
     RunSpec,
 )
 
-SCORER_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 # The fewest generated examples a side-by-side review and a bootstrap interval are worth reading.
 MIN_GENERATE_EXAMPLES = 16
 
@@ -387,8 +388,10 @@ def _check_eval(spec: RunSpec) -> None:
     if e.scorer and not SCORER_REF.match(e.scorer):
         raise SpecError(
             "eval.scorer",
-            f"{e.scorer!r} is not MODULE:FUNCTION",
-            ["", "trainers.scorers.prefix:prefix_credit (a module of the trainer image)"],
+            f"{e.scorer!r} is not {SCORERS_PACKAGE}.MODULE:FUNCTION: a scorer is a function of a module under "
+            f"{SCORERS_PACKAGE.replace('.', '/')}/, the trainer image's own code (a package of the image's "
+            "requirements is called from such a module)",
+            ["", f"{SCORERS_PACKAGE}.prefix:prefix_credit"],
         )
 
 

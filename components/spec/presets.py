@@ -74,9 +74,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "cluster": {"accelerator": "cpu", "num_hosts": 2, "cpus_per_host": 1},
         # Batches of 8 a worker for 4 epochs (128 steps; smoke keeps 16 and 3): on the generated task, the steps that
         # carry the capitals to the phrasings held out for their country (trainers/data.py), so that the default run
-        # shows a task metric's rise and not only a lower loss. Measured on 2 CPU hosts, seed 0: exact match 0.609
-        # against the majority answer's 0.156, where batches of 16 stayed at 0.250 in 3 epochs and at 0.516 in 5 to 8
-        # (docs/local.md, "The generated data").
+        # shows a task metric's rise and not only a lower loss. Chosen by measuring the held-out split itself with one
+        # seed: on 2 CPU hosts, seed 0, exact match 0.609 against the majority answer's 0.156, where batches of 16
+        # stayed at 0.250 in 3 epochs and at 0.516 in 5 to 8; seed 1 gave 0.125 (docs/local.md, "The generated data").
         "train": TINY_FSDP | {"batch_size": 8, "epochs": 4},
         # 64 held-out prompts answered before and after training; the generated task's answers are capitals of at
         # most 6 characters (trainers/data.py), so 16 new tokens hold any of them and its end token.

@@ -36,7 +36,7 @@ FORMS: dict[str, str] = {
     "train.init_from": '"", champion, or NAME@VERSION (a version id or an alias)',
     "train.data_since": '"" or champion',
     "eval.metrics": "comma-separated: exact_match, normalized_exact_match, rouge_l, json_valid, answer_length",
-    "eval.scorer": '"" or MODULE:FUNCTION, (prompt, reference, answer) -> float in [0, 1]',
+    "eval.scorer": '"" or trainers.scorers.MODULE:FUNCTION, (prompt, reference, answer) -> float in [0, 1]',
     "gate.metric": "eval_loss, or a task metric of eval.metrics (not answer_length), or scorer",
     "gate.guards": '"" or METRIC>=BOUND / METRIC<=BOUND, comma-separated (bounds on new - champion)',
     "train.bigquery_results_dataset": (

@@ -36,6 +36,10 @@ CHAMPION = "champion"  # the registry's alias of the version in use; train.init_
 # example's score in [0, 1] but answer_length (the answer's words), averaged over the examples.
 TASK_METRICS = ("exact_match", "normalized_exact_match", "rouge_l", "json_valid", "answer_length")
 SCORER = "scorer"  # the name eval.scorer's figure goes by (gate.metric, gate.guards)
+# The package every team scorer lives in: the trainer image's own code (trainers/scorers/), so eval.scorer picks a
+# function the image ships, never any importable callable (docs/registry.md, "Where a scorer lives").
+SCORERS_PACKAGE = "trainers.scorers"
+SCORER_REF = re.compile(r"^" + re.escape(SCORERS_PACKAGE) + r"(\.[A-Za-z_][A-Za-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*$")
 HELDOUT_LOSS = "eval_loss"  # gate.metric's default: the held-out loss, lower is better
 # A guard of gate.guards: METRIC>=BOUND or METRIC<=BOUND on (candidate - champion) of the metric.
 GUARD = re.compile(r"^\s*([a-z_]+)\s*(>=|<=)\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
@@ -180,9 +184,9 @@ class EvalSpec:
     # The task metrics, comma-separated: exact_match, normalized_exact_match (lowercase, no punctuation, articles or
     # extra spaces), rouge_l (F-measure, rouge-score), json_valid (the answer parses as JSON), answer_length (words)
     metrics: str = "exact_match,normalized_exact_match,rouge_l,answer_length"
-    # A team's own scorer, MODULE:FUNCTION of the trainer image's code (a module under trainers/scorers/, or of a
-    # package in the image's requirements): (prompt, reference, answer) -> a float in [0, 1], its figure named
-    # "scorer"; empty: none
+    # A team's own scorer, trainers.scorers.MODULE:FUNCTION: a function of a module under trainers/scorers/, the
+    # trainer image's own code (a package of the image's requirements is called from such a module):
+    # (prompt, reference, answer) -> a float in [0, 1], its figure named "scorer"; empty: none
     scorer: str = ""
 
     @property

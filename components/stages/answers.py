@@ -2,12 +2,21 @@
 its champion's (or, without one, the model training started from), each scored by the task metrics in the trainer
 (``trainers.generation``), compared here example by example.
 
-A metric's difference is the mean of (candidate - other) over the examples both answered, with a paired bootstrap
-interval: the example indices resampled with replacement, the same indices for both models, ``BOOTSTRAP_SAMPLES`` times
-with a fixed seed, and the difference's quantiles (Efron and Tibshirani, "An Introduction to the Bootstrap", ch. 13;
-numpy's ``Generator.integers``, https://numpy.org/doc/stable/reference/random/generated/numpy.random.Generator.integers
-.html). The run keeps ``eval/answers.jsonl`` (each prompt, its reference, the candidate's and the other model's answers
-and scores) and ``eval/side_by_side.md`` (the metrics table, then the examples, regressions first).
+A metric's difference is the mean of (candidate - other) over the examples both answered, with a paired cluster
+bootstrap interval: the examples grouped by their reference answer (one cluster per distinct reference, the examples
+that ask one question in several phrasings are one cluster), the clusters resampled with replacement, the same ones
+for both models, ``BOOTSTRAP_SAMPLES`` times with a fixed seed, each resample's difference the mean over the examples
+of the clusters drawn, and the interval that distribution's quantiles. Examples of one question are not independent
+(a model that knows a fact answers all its phrasings), so resampling them one by one gives intervals too narrow;
+resampling whole clusters is the bootstrap of clustered data (Davison and Hinkley, "Bootstrap Methods and their
+Application", 1997, section 3.8; Field and Welsh, "Bootstrapping clustered data", JRSS B 69(3), 2007; for language
+model evaluations, Miller, "Adding Error Bars to Evals", https://arxiv.org/abs/2411.00640, "clustered standard
+errors"); the paired bootstrap itself, Efron and Tibshirani, "An Introduction to the Bootstrap", ch. 13; numpy's
+``Generator.integers``, https://numpy.org/doc/stable/reference/random/generated/numpy.random.Generator.integers.html.
+Where every reference differs, each example is its own cluster (the ordinary paired bootstrap); where all are one,
+the reference tells no question from another and the examples are resampled one by one. The run keeps
+``eval/answers.jsonl`` (each prompt, its reference, the candidate's and the other model's answers and scores) and
+``eval/side_by_side.md`` (the metrics table, then the examples, regressions first).
 
 The jobs write their answers where the cluster writes (``Platform.job_output_dir``: on gke the bucket's
 ``runs/<id>/``, mounted in the pods); the stages read them through the run's store layer at the object the platform
@@ -130,39 +139,69 @@ def _lines(rows: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def clusters(keys: list[str]) -> tuple[list[int], int]:
+    """(each example's cluster, numbered in order of first appearance; how many clusters) of the examples' cluster
+    ``keys`` (their references): one cluster per distinct key, or each example its own when every key is the same (a
+    single cluster has nothing to resample)."""
+    numbers: dict[str, int] = {}
+    codes = [numbers.setdefault(key, len(numbers)) for key in keys]
+    if len(numbers) < 2:
+        return list(range(len(keys))), len(keys)
+    return codes, len(numbers)
+
+
 def paired_bootstrap(
-    candidate: list[float], other: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+    candidate: list[float],
+    other: list[float],
+    cluster_of: list[int] | None = None,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
-    """(mean of candidate - other, and the low and high ends of its ``CONFIDENCE`` interval)."""
+    """(mean of candidate - other, and the low and high ends of its ``CONFIDENCE`` interval), the clusters
+    ``cluster_of`` numbers (:func:`clusters`; None: each example its own) resampled whole."""
     import numpy as np
 
     a, b = np.asarray(candidate, dtype=float), np.asarray(other, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or not len(a):
         raise ValueError(f"paired scores must be two equal, non-empty lists: {a.shape} and {b.shape}")
     diff = a - b
-    picks = np.random.default_rng(seed).integers(0, len(diff), (samples, len(diff)))
+    codes = np.arange(len(diff)) if cluster_of is None else np.asarray(cluster_of)
+    if codes.shape != diff.shape:
+        raise ValueError(f"one cluster per example: {len(codes)} for {len(diff)} examples")
+    count = int(codes.max()) + 1
+    sums, sizes = np.bincount(codes, weights=diff, minlength=count), np.bincount(codes, minlength=count)
+    picks = np.random.default_rng(seed).integers(0, count, (samples, count))
     tail = (1 - CONFIDENCE) / 2
-    low, high = np.quantile(diff[picks].mean(axis=1), [tail, 1 - tail])
+    low, high = np.quantile(sums[picks].sum(axis=1) / sizes[picks].sum(axis=1), [tail, 1 - tail])
     return float(diff.mean()), float(low), float(high)
 
 
 def compare(candidate: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Each metric both sets of answers were scored by (the same prompts, in order, as many of each): both means, the
-    difference and its interval. Refused for sets of other lengths or prompts: a pair cut to the shorter set would
-    compare the examples one side chose to answer."""
+    difference, its interval (:func:`paired_bootstrap`, clustered by reference answer) and the number of clusters.
+    Refused for sets of other lengths or prompts: a pair cut to the shorter set would compare the examples one side
+    chose to answer."""
     n = len(candidate)
     if len(other) != n:
         raise Refused(f"{n} answers beside {len(other)}: not one set of prompts")
     if any(candidate[i]["prompt"] != other[i]["prompt"] for i in range(n)):
         raise Refused("the two sets of answers are not to the same prompts")
+    cluster_of, count = clusters([row["reference"] for row in candidate])
     table = {}
     for name in candidate[0]["scores"] if n else ():
         if name not in other[0]["scores"]:
             continue
         a = [candidate[i]["scores"][name] for i in range(n)]
         b = [other[i]["scores"][name] for i in range(n)]
-        difference, low, high = paired_bootstrap(a, b)
-        table[name] = {"candidate": sum(a) / n, "other": sum(b) / n, "difference": difference, "low": low, "high": high}
+        difference, low, high = paired_bootstrap(a, b, cluster_of)
+        table[name] = {
+            "candidate": sum(a) / n,
+            "other": sum(b) / n,
+            "difference": difference,
+            "low": low,
+            "high": high,
+            "clusters": count,
+        }
     return table
 
 
@@ -172,6 +211,11 @@ def primary_metric(spec: RunSpec, names: list[str]) -> str | None:
     if spec.gate.metric != HELDOUT_LOSS and spec.gate.metric in names:
         return spec.gate.metric
     return next((n for n in names if n != "answer_length"), None)
+
+
+def _clusters(table: dict[str, dict[str, float]]) -> str:
+    """How many clusters the table's intervals resampled (one figure for every metric; "-" for no metric)."""
+    return next((str(int(row["clusters"])) for row in table.values() if "clusters" in row), "-")
 
 
 def _cell(text: str) -> str:
@@ -194,7 +238,7 @@ def side_by_side(
         "",
         f"{len(candidate)} evaluation prompts, greedy decoding, at most {spec.eval.max_new_tokens} new tokens. "
         f"Difference: candidate - {other_label}, with its {level} paired bootstrap interval "
-        f"({BOOTSTRAP_SAMPLES} resamples).",
+        f"({BOOTSTRAP_SAMPLES} resamples of {_clusters(table)} clusters: the examples grouped by reference answer).",
     ]
     if reason:
         lines += ["", f"Gate: {reason}"]
@@ -296,6 +340,7 @@ def task_figures(
         "answers_key": key_of(candidate.get("generation_key")),
         "metrics_after": means_of(rows) if rows is not None else None,
         "num_examples": len(rows) if rows is not None else None,
+        "scorer": candidate.get("scorer"),  # where the job's eval.scorer resolved: module, file, package digest
     }
     if rows is not None:
         found["answers_uri"] = _keep(store, "after", rows)

@@ -365,6 +365,11 @@ def provenance(
         "answers_uri": task.get("answers_uri"),
         "champion_answers_key": task.get("champion_answers_key"),
         "champion_answers_uri": task.get("champion_answers_uri"),
+        # the team's scorer that scored them (eval.scorer) as the train job resolved it: its file under
+        # trainers/scorers/ and the sha256 of its package's Python files (trainers.metrics.resolve_scorer)
+        "scorer": (task.get("scorer") or {}).get("ref"),
+        "scorer_file": (task.get("scorer") or {}).get("file"),
+        "scorer_digest": (task.get("scorer") or {}).get("digest"),
     }
     assert set(PROVENANCE_FIELDS) <= set(found)
     return found

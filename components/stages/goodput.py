@@ -276,7 +276,8 @@ def timeline(records: list[Record]) -> dict[str, Any]:
             if seconds is None:
                 seconds = max(0.0, p["time"] - last_time) if last_time is not None else 0.0
             saves.append({"time": p["time"], "seconds": seconds, "step": p.get("step")})
-        elif event in ("eval", "answers"):  # the train job's own evaluation (trainers.heldout, trainers.generation)
+        elif event in ("eval", "answers", "answered"):  # the train job's own evaluation (trainers.heldout; answering
+            # and scoring, trainers.generation: answers made before training are scored after it, each its own time)
             evaluations[p["time"]] = {"time": p["time"], "seconds": p["seconds"]}
         last_time = p["time"]
     return {

@@ -13,7 +13,8 @@ one output root, so one local registry (``<root>/registry``, model ``local-fsdp`
 Both runs score the answers with a team's scorer as well (``eval.scorer``: ``trainers.scorers.prefix``, a module of
 the trainer image's code, imported and run in the train job's rank-0 Ray worker), and the second's gate holds a guard
 on its figure (``gate.guards=scorer>=-0.2``): the figure is in the summary, the answers and the side-by-side page,
-each version's provenance and the gate's decision.
+each version's provenance (with where the scorer resolved) and the gate's decision. The second run's real figures,
+put through the gate's decision with a strict guard (``scorer>=0``), keep the champion and name the guard.
 
 then `tpupipe models rollback` moves the champion back and `tpupipe models show` lists every provenance field. A run
 that is registered and not promoted is the Vertex AI gate test's second job (tests/vertex/test_vertex_pipeline.py,
@@ -28,7 +29,10 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.registry import PROVENANCE_FIELDS, open_registry
+from components.stages import gate as gate_stage
+from components.stages import task_gate
 from components.stages.table import STAGES
+from components.workload import resolve
 from tests.helpers import (
     REPO,
     assert_goodput_accounts,
@@ -38,17 +42,17 @@ from tests.helpers import (
     trainer_steps,
     unique_run_id,
 )
-from trainers import data
+from trainers import data, metrics
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "local-fsdp"  # the registered model: the preset's name (gate.model is empty)
 SCORER = "trainers.scorers.prefix:prefix_credit"  # a team's scorer in the trainer image's code (trainers/scorers/)
-# The 64 prompts ask 8 questions, each 6 to 10 times (trainers/data.py), so one country's answers move a mean by up to
-# 10/64: a guard finer than that guards against one country, not against a regression. The second run's partial
-# credit falls while its exact match rises (measured, seed 0: 0.756 to 0.679 as 0.609 to 0.656); at -0.05 this guard
-# keeps the champion.
+# The second run's partial credit falls while its exact match rises (measured, seed 0: 0.756 to 0.679 as 0.609 to
+# 0.656): this loose guard holds, so the run is promoted as the recurring run it shows; the same figures under the
+# strict guard keep the champion (test_a_strict_guard_on_the_real_figures_keeps_the_champion_and_names_itself).
 GUARD = "scorer>=-0.2"
+STRICT_GUARD = "scorer>=0"
 RUNS = {  # run -> its overrides, in order (its run id: this test session's own, unique_run_id)
     # The default, `make run`'s, piped, with the team's scorer beside the built-in metrics: it scores the answers,
     # nothing of training changes.
@@ -123,7 +127,10 @@ def test_pipeline_succeeds_and_fine_tuning_lowers_heldout_loss(runs):
     assert summary["tokens_per_s"] > 0
     # The terminal (here a pipe) got the stages' progress and the summary; kfp.local's whole output is in the log.
     shown, log = proc.stdout.splitlines(), (run_dir / "logs" / "pipeline.log").read_text()
-    assert len(shown) <= 71, proc.stdout  # `make run`'s at most 70, with the task metrics (7 lines), and the scorer
+    # `make run`'s at most 70 lines (docs/local.md), the task metrics' included: this run's less the line its
+    # scorer adds to the summary (the default run has no scorer; the "evaluate:" line holds its figure too)
+    default = [line for line in shown if not line.startswith("  scorer   ")]
+    assert len(default) == len(shown) - 1 and len(default) <= 70, proc.stdout
     assert "KFP Executor" in log and "[train] " in log and "KFP Executor" not in proc.stdout
     assert all(f"== {stage} (" in proc.stdout for stage in STAGES), proc.stdout
     assert "train: succeeded (" in proc.stdout and "progress train [" in proc.stdout, proc.stdout
@@ -235,16 +242,28 @@ def test_a_run_from_the_champion_starts_at_its_figure_trains_better_and_is_promo
     assert run_processes(runs["gate-2"]["run_id"]) == []
 
 
+def _paired_mean(rows: list[dict], metric: str, other: str) -> float:
+    """The mean of (candidate - ``other``) in ``metric`` over the merged answers file's rows."""
+    return sum(r["scores"][metric] - r[other]["scores"][metric] for r in rows) / len(rows)
+
+
 def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_side(runs):
     """The default run's train job answers the first 64 held-out prompts before and after training; the summary
     prints each task metric before and after and the gate's reason, and the run directory holds the answers and the
     side-by-side page with at least 16 examples, and the majority answer's share of them (what answering the most
     common capital to every prompt scores) is what the exact match is read against. The generated task's held-out
     prompts ask the taught facts in phrasings never trained for their country (trainers/data.py); the preset's 128
-    steps carry the facts to them: the exact match is clearly above the majority answer's share and the paired
-    interval of its rise over the model as built is above 0. Measured on this setup, seed 0 (2 CPU hosts, 2 shared
-    cores), the same in two runs: exact match 0.000 untrained and 0.609 trained (five countries of eight) against a
-    majority share of 0.156, the rise's interval [+0.500, +0.719]."""
+    steps carry the facts to them: the exact match is clearly above the majority answer's share.
+
+    What carries weight is per question, not per row: the 64 prompts ask only 8 questions (one per country, 6 to 10
+    phrasings each), so the test asks for at least 3 of the 8 countries answered right (most of their prompts
+    exactly), and the interval resamples the 8 countries, not the 64 rows (components/stages/answers.py). The "before"
+    figure is 0 on every row, so an interval above 0 says little by itself. The preset's batch and epochs (8 x 4) were
+    chosen by measuring this very held-out split with one seed (seed 0; docs/local.md, "The generated data"): the
+    figures are tuned on the split they are reported on, not an estimate on new data. Measured on this setup, seed 0
+    (2 CPU hosts, 2 shared cores), the same in two runs: exact match 0.000 untrained and 0.609 trained (five
+    countries of eight) against a majority share of 0.156, the rise's interval over the 8 countries [+0.275, +0.884];
+    with seed 1, once, 0.125 (one country), under its majority share of 0.156."""
     summary, run_dir = _ok(runs["gate-1"]), runs["gate-1"]["run_dir"]
     task = summary["task"]
     assert task["num_examples"] == 64 and task["against"] == "before training"
@@ -256,9 +275,16 @@ def test_the_default_run_answers_the_prompts_before_and_after_training_side_by_s
     assert 0 < majority < 0.5 and {r["reference"] for r in rows} <= {capital for _, capital in data.CAPITALS}
     exact = task["comparison"]["exact_match"]
     assert [exact["candidate"], exact["other"], exact["difference"]] == pytest.approx([after, before, after - before])
-    assert exact["low"] <= exact["difference"] <= exact["high"], exact  # the 95% paired interval (stages/answers.py)
+    assert exact["difference"] == pytest.approx(_paired_mean(rows, "exact_match", "before training"))
     assert after >= majority + 0.25, (task["metrics_after"], majority)
-    assert exact["low"] > 0, exact
+    # Per question: the countries answered right (most of their prompts exactly), at least 3 of the 8.
+    asked = collections.defaultdict(list)
+    for r in rows:
+        asked[r["reference"]].append(r["scores"]["exact_match"])
+    right = sorted(capital for capital, scores in asked.items() if sum(scores) > len(scores) / 2)
+    assert len(asked) == 8 and len(right) >= 3, (right, dict(asked))
+    # The interval resampled the 8 questions (clusters by reference answer), not the 64 rows.
+    assert exact["clusters"] == 8 and exact["low"] > 0, exact
     assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
     assert "  gate: promoted" in out
     page = (run_dir / "eval" / "side_by_side.md").read_text()
@@ -273,8 +299,8 @@ def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     recorded answers are read back, no evaluation job starts, and the trained model is compared with them. Its 32
     further steps (160 in all) keep its exact match clearly above the majority answer's share; the champion is there
     already, so what one more epoch adds is within the paired interval, which is not asserted above 0. Measured on
-    this setup, seed 0: 0.656 against the champion's 0.609 and the majority share of 0.156, the interval of the
-    difference [-0.110, +0.203]."""
+    this setup, seed 0: 0.656 against the champion's 0.609 and the majority share of 0.156. Each difference is the
+    mean of the candidate's scores less the champion's over the merged answers file's rows."""
     _ok(runs["gate-2"])
     evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
     task = evaluation["task"]
@@ -289,7 +315,10 @@ def test_a_recurring_run_reuses_the_champions_answers_under_the_same_key(runs):
     assert task["metrics_after"]["exact_match"] >= majority + 0.25, (task["metrics_after"], majority)
     exact = task["comparison"]["exact_match"]
     assert exact["other"] == first["task_metrics"]["exact_match"]
-    assert exact["low"] <= exact["difference"] <= exact["high"], exact
+    champion_rows = (runs["gate-1"]["run_dir"] / "eval" / "answers.jsonl").read_text().splitlines()
+    assert [r["champion"]["scores"] for r in rows] == [json.loads(line)["scores"] for line in champion_rows]
+    for metric, row in task["comparison"].items():  # candidate less champion, row by row, as the files hold them
+        assert row["difference"] == pytest.approx(_paired_mean(rows, metric, "champion")), metric
 
 
 def test_a_team_scorer_runs_in_the_train_jobs_worker_and_its_figure_reaches_every_record(runs):
@@ -329,6 +358,39 @@ def test_a_team_scorer_runs_in_the_train_jobs_worker_and_its_figure_reaches_ever
     assert (gate["decided_by"], gate["guard_failed"], gate["decision"]) == ("eval_loss", None, "promote")
     assert gate["guards"] == [{"guard": GUARD, "difference": pytest.approx(difference), "held": True}]
     assert f"  gate guard           {GUARD} held (difference {difference:+.4f})" in runs["gate-2"]["proc"].stdout
+    # Where the scorer resolved, in each version's provenance: its file in the trainer's scorers package and the
+    # digest of every Python file there (trainers.metrics.resolve_scorer, run in the train job).
+    for version in ("1", "2"):
+        provenance = open_registry(runs["root"]).get(MODEL, version).provenance
+        assert (provenance["scorer"], provenance["scorer_file"]) == (SCORER, "trainers/scorers/prefix.py")
+        assert provenance["scorer_digest"] == metrics.package_digest(REPO / "trainers" / "scorers")
+
+
+def test_a_strict_guard_on_the_real_figures_keeps_the_champion_and_names_itself(runs):
+    """The second run's real comparison with its champion, put through the gate's own decision (the held-out loss's,
+    then the task gate's, as the register stage calls them) with ``gate.guards=scorer>=0``: its loss alone promotes
+    it, and its partial credit fell (measured, seed 0: -0.077), so the guard fails, the champion is kept and the
+    decision names the guard. No run of its own: the figures are the run's."""
+    summary = _ok(runs["gate-2"])
+    evaluation = json.loads((runs["gate-2"]["run_dir"] / "stages" / "evaluate.json").read_text())["result"]
+    task, new_ref, champion_ref = evaluation["task"], summary["gate"]["ref"], f"{MODEL}@1"
+    difference = task["comparison"]["scorer"]["difference"]
+    assert difference < 0, task["comparison"]["scorer"]  # what a strict guard is there to catch
+    spec = resolve("local-fsdp", f"{RUNS['gate-2'][0]} eval.scorer={SCORER} gate.guards={STRICT_GUARD}")
+    on_loss = gate_stage.decide(
+        evaluation["eval_loss_after"], evaluation["champion_loss"], spec.gate.min_improvement, new_ref, champion_ref
+    )
+    assert on_loss.decision == gate_stage.PROMOTE == summary["gate"]["decision"]
+    decision, detail = task_gate.decide(spec, on_loss, task, new_ref, champion_ref)
+    assert (decision.decision, detail["guard_failed"], detail["decided_by"]) == (
+        gate_stage.KEEP,
+        STRICT_GUARD,
+        "eval_loss",
+    )
+    assert f"kept champion {champion_ref}: guard {STRICT_GUARD} failed ({new_ref} - champion = {difference:+.4f})" in (
+        decision.reason
+    )
+    assert detail["guards"] == [{"guard": STRICT_GUARD, "difference": difference, "held": False}]
 
 
 def test_rollback_moves_the_champion_back_and_show_lists_the_provenance(runs):

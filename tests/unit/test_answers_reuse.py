@@ -99,6 +99,7 @@ def test_a_first_run_compares_its_answers_with_the_model_as_built_and_keeps_them
     assert kept.read_text() == (tmp_path / "run-1" / "train" / "eval" / "answers-after.jsonl").read_text()
     assert provenance["answers_key"] == ray_stages.answers_key(run["ctx"], GENERATION) != GENERATION
     assert provenance["champion_answers_uri"] is None  # there was no champion to answer
+    assert (provenance["scorer"], provenance["scorer_file"], provenance["scorer_digest"]) == (None, None, None)
 
 
 def test_the_champions_answers_are_reused_under_the_same_key_and_asked_again_under_another(tmp_path):
@@ -125,15 +126,11 @@ def test_the_champions_answers_are_reused_under_the_same_key_and_asked_again_und
         ray_stages.evaluate(third, json.dumps(train))
 
 
-def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_their_scores(tmp_path, monkeypatch):
+def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_their_scores(tmp_path):
     """The champion's answers are reused only under the answers key they were given under: the trainer's generation
     key (trainers.generation.generation_key, computed here from each run's spec as the train job computes it) with
     the image and the accelerator (answers.answers_key). Each part changed on its own asks the champion again; the
     same key, in another run, reuses them; another model (version) has none of them."""
-    team = tmp_path / "scorers"
-    team.mkdir()
-    (team / "team_scoring.py").write_text("def contains(prompt, reference, answer):\n    return 1.0\n")
-    monkeypatch.syspath_prepend(str(team))
     _first_run(tmp_path, key=generation.generation_key(KEY, _run(tmp_path, "probe").spec))
 
     def asks_again(run_id: str, overrides: str = "", eval_key: str = KEY, build=None, accelerator="") -> bool:
@@ -152,15 +149,12 @@ def test_the_answers_key_changes_with_each_part_of_what_decides_the_answers_and_
     assert asks_again("decode", "eval.max_new_tokens=24")
     assert asks_again("metrics", "eval.metrics=exact_match,answer_length,json_valid")
     assert not asks_again("reordered", "eval.metrics=answer_length,exact_match")  # the same metrics: reused
-    assert asks_again("scorer", "eval.scorer=team_scoring:contains")
+    assert asks_again("scorer", "eval.scorer=trainers.scorers.prefix:prefix_credit")
     other_image = {**_records()["build_image"], "digest": "sha256:" + "ab" * 32}
     assert asks_again("image", build=other_image)
     assert asks_again("chip", accelerator="v6e")
-    # The scorer's code, not only its name: the same MODULE:FUNCTION with another source is another key.
-    spec = _run(tmp_path, "scored", "eval.scorer=team_scoring:contains").spec
-    before = generation.generation_key(KEY, spec)
-    (team / "team_scoring.py").write_text("def contains(prompt, reference, answer):\n    return 0.0\n")
-    assert generation.generation_key(KEY, spec) != before
+    # The scorer's code, not only its name, is in the key: its whole package's digest (another source of the same
+    # MODULE:FUNCTION, or of a helper it imports, is another key: tests/unit/test_task_metrics.py).
     # Another model: the answers recorded are local-fsdp@1's, no other version's.
     same = ray_stages.answers_key(_run(tmp_path, "again"), generation.generation_key(KEY, _run(tmp_path, "p2").spec))
     assert answers.recorded_answers(_run(tmp_path, "again"), "local-fsdp@1", same)["recorded_by"] == "local-fsdp@1"

@@ -23,7 +23,9 @@ def test_guards_parse_to_metric_comparison_and_bound():
 
 
 def test_a_scorer_is_a_metric_the_gate_can_decide_on():
-    spec = resolve("local-fsdp", "eval.scorer=my_team.scoring:score gate.metric=scorer gate.require_significance=true")
+    spec = resolve(
+        "local-fsdp", "eval.scorer=trainers.scorers.my_team:score gate.metric=scorer gate.require_significance=true"
+    )
     assert spec.eval.metric_names[-1] == "scorer"
 
 
@@ -35,7 +37,13 @@ def test_a_scorer_is_a_metric_the_gate_can_decide_on():
         ("eval.max_new_tokens=0", "eval.max_new_tokens", "at least 1"),
         ("eval.metrics=exact_match,bleu", "eval.metrics", "'bleu'"),
         ("eval.metrics=exact_match,exact_match", "eval.metrics", "twice"),
-        ("eval.scorer=not-a-module", "eval.scorer", "MODULE:FUNCTION"),
+        ("eval.scorer=not-a-module", "eval.scorer", "is not trainers.scorers.MODULE:FUNCTION"),
+        # any importable callable is no scorer: the module must be of the trainer image's own trainers/scorers/
+        ("eval.scorer=numpy:save", "eval.scorer", "'numpy:save' is not trainers.scorers.MODULE:FUNCTION"),
+        ("eval.scorer=my_team.scoring:score", "eval.scorer", "a module under trainers/scorers/"),
+        ("eval.scorer=trainers.metrics:exact_match", "eval.scorer", "is not trainers.scorers.MODULE:FUNCTION"),
+        ("eval.scorer=trainers.scorers:prefix", "eval.scorer", "is not trainers.scorers.MODULE:FUNCTION"),
+        ("eval.scorer=trainers.scorersx.team:score", "eval.scorer", "is not trainers.scorers.MODULE:FUNCTION"),
         ("gate.metric=accuracy", "gate.metric", "'accuracy'"),
         ("gate.metric=answer_length", "gate.metric", "'answer_length'"),
         ("gate.metric=json_valid", "gate.metric", "not computed"),

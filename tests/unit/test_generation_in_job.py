@@ -2,8 +2,9 @@
 train and evaluation jobs give them: in one padded shape, each rank decoding its share in step with the other
 (``synced_gpus``), gathered in the prompts' order. Each answer is the one the same weights give unsharded to the prompt
 alone (no padding, no batch); the file holds every prompt, its reference and each metric's score (ROUGE-L by
-rouge-score, in the trainer environment); a team's scorer that raises is named with the example's index. Run in the
-torch trainer environment (two processes, a gloo group, no Ray)."""
+rouge-score, in the trainer environment); answers kept to be scored later are scored alike by rank 0 alone; a team's
+scorer that raises is named with the example's index. Run in the torch trainer environment (two processes, a gloo
+group, no Ray)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import socket
 import subprocess
 
 import pytest
+
+from components.spec import protocol
 
 pytestmark = pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 
@@ -47,7 +50,13 @@ def work(rank, root, port, scorer, early):
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         tokenizer.eos_token_id = whole(input_ids=ids, attention_mask=mask).logits[0, -1].argmax().item()
     try:
-        found = generation.Answering(spec, config, tokenizer, rank, 2, "cpu", torch.device("cpu"))(model, "after")
+        answering = generation.Answering(spec, config, tokenizer, rank, 2, "cpu", torch.device("cpu"))
+        if not early and not scorer:  # answers kept, a collective like any answering, then scored by rank 0 alone
+            answering.kept(model, "before")
+            kept = (Path(config["output_dir"]) / "eval" / "answered-before.json").is_file()
+        found = answering(model, "after")
+        if not early and not scorer and rank == 0:
+            print("KEPT " + json.dumps({"kept": kept, "scored": answering.score_kept("before")}), flush=True)
     except Exception as exc:
         print(f"RANK{rank} {type(exc).__name__}: {exc}", flush=True)
         raise
@@ -79,16 +88,20 @@ def picky(prompt, reference, answer):
 """
 
 
-def _run(tmp_path, scorer: str = "", early: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(
+    tmp_path, scorer: str = "", early: bool = False, timeout: float = 600, modules: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The script's two ranks; ``modules``: a team's scorer modules, added to trainers/scorers/ of a tree of this
+    checkout's trainers first on their import path (tests.helpers.scorers_tree)."""
     from components.platforms.local import envs
-    from tests.helpers import REPO
+    from tests.helpers import REPO, scorers_tree
 
     python = envs.ensure_env("torch").python
     env = {
         "PATH": "/usr/bin:/bin",
         "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         "HOME": str(tmp_path),
-        "PYTHONPATH": f"{REPO}:{tmp_path}",
+        "PYTHONPATH": f"{scorers_tree(tmp_path, modules)}:{REPO}" if modules else str(REPO),
     }
     with socket.socket() as s:  # the gloo group's rendezvous port
         s.bind(("127.0.0.1", 0))
@@ -119,6 +132,19 @@ def test_sharded_answers_are_the_unsharded_models_each_prompt_alone_in_order(tmp
     found = facts["found"]
     assert found["num_examples"] == 17 and found["generation_key"].startswith("sha256:")
     assert found["means"]["answer_length"] == pytest.approx(sum(r["scores"]["answer_length"] for r in rows) / 17)
+    # The model's answers kept (written by rank 0 after the collective) and scored later, by rank 0 alone: the same
+    # model's answers, the same file format, the waiting file gone, an ``answered`` event for the answering's seconds.
+    kept = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("KEPT "))[5:])
+    assert kept["kept"] is True and kept["scored"]["which"] == "before" and kept["scored"]["num_examples"] == 17
+    before = [json.loads(line) for line in (tmp_path / "eval" / "answers-before.jsonl").read_text().splitlines()]
+    assert before == rows and not (tmp_path / "eval" / "answered-before.json").exists()
+    events = [p for kind, p in protocol.parse(proc.stdout.splitlines()) if kind == "event"]
+    assert [(p["event"], p["which"]) for p in events] == [
+        ("answered", "before"),
+        ("answers", "after"),
+        ("answers", "before"),
+    ]
+    assert events[0]["seconds"] > 0
 
 
 def test_a_rank_whose_answers_end_first_keeps_stepping_with_the_others(tmp_path):
@@ -143,8 +169,8 @@ def test_a_scorer_that_raises_names_itself_and_the_example(tmp_path):
     asked = [ex["instruction"] for ex in data.generate(32, 40, spec.train.seed)["heldout"]]
     first = asked.index(asked[4])
     assert first > 0  # not the first example: the error's index is the example's own
-    (tmp_path / "team_scorer.py").write_text(SCORER.format(instruction=asked[4]))
-    proc = _run(tmp_path, "team_scorer:picky")
+    ref = "trainers.scorers.team_scorer:picky"  # a team's module added to the trainer's scorers package
+    proc = _run(tmp_path, ref, modules={"team_scorer": SCORER.format(instruction=asked[4])})
     assert proc.returncode != 0
-    said = f"RANK0 ScorerError: eval.scorer team_scorer:picky: raised on example {first}: ZeroDivisionError"
+    said = f"RANK0 ScorerError: eval.scorer {ref}: raised on example {first}: ZeroDivisionError"
     assert said in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

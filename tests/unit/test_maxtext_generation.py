@@ -55,7 +55,7 @@ class Loads(logging.Handler):
 
 logging.getLogger("absl").addHandler(Loads())
 if spec.eval.scorer:
-    import team_scorer
+    from trainers.scorers import team_scorer
 
     team_scorer.ORDER = order
 if phase in ("train", "frozen"):
@@ -117,7 +117,7 @@ def noting(prompt, reference, answer):
     ORDER.append("score")
     return float(reference in answer)
 """
-SCORED = "eval.scorer=team_scorer:noting"
+SCORED = "eval.scorer=trainers.scorers.team_scorer:noting"  # a team's module in the scorers package
 
 
 def _run(python, env, repo, *argv) -> dict:
@@ -129,11 +129,11 @@ def _run(python, env, repo, *argv) -> dict:
 
 def _maxtext(tmp_path):
     from components.platforms.local import envs
-    from tests.helpers import REPO
+    from tests.helpers import REPO, scorers_tree
 
-    (tmp_path / "team_scorer.py").write_text(TEAM_SCORER)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": f"{REPO}:{tmp_path}"}
-    return envs.ensure_env("maxtext").python, env, REPO
+    tree = scorers_tree(tmp_path, {"team_scorer": TEAM_SCORER})  # this checkout's trainers, with the team's scorer
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": f"{tree}:{REPO}"}
+    return envs.ensure_env("maxtext").python, env, tree  # run there: `python -c` puts its directory first
 
 
 @pytest.mark.e2e  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run

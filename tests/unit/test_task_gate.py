@@ -17,7 +17,13 @@ from components.workload import resolve
 
 def _rows(scores: list[dict[str, float]], answer: str) -> list[dict]:
     return [
-        {"index": i, "prompt": f"Instruction: {i}\nResponse: ", "reference": "x", "answer": f"{answer}{i}", "scores": s}
+        {
+            "index": i,
+            "prompt": f"Instruction: {i}\nResponse: ",
+            "reference": f"x{i}",
+            "answer": f"{answer}{i}",
+            "scores": s,
+        }
         for i, s in enumerate(scores)
     ]
 
@@ -120,3 +126,40 @@ def test_the_paired_bootstrap_interval_holds_the_difference_and_is_fixed_by_its_
     assert answers.paired_bootstrap([1.0, 0.0, 1.0], [1.0, 0.0, 1.0]) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="paired"):
         answers.paired_bootstrap([1.0], [1.0, 0.0])
+
+
+def test_examples_that_share_a_reference_are_resampled_as_one_cluster():
+    """8 questions asked 8 times each (the local task's shape: one reference per question): the candidate knows 5,
+    the other none. Resampled one by one the 64 rows would look like 64 independent examples; resampled by question
+    the interval is as wide as 8 draws of a question allow, and a resample is the mean of the rows it drew."""
+    references = [f"capital{q}" for q in range(8) for _ in range(8)]
+    candidate = [float(r in {"capital0", "capital1", "capital2", "capital3", "capital4"}) for r in references]
+    other = [0.0] * 64
+    cluster_of, count = answers.clusters(references)
+    assert count == 8 and cluster_of[:9] == [0] * 8 + [1]
+    _, row_low, row_high = answers.paired_bootstrap(candidate, other)
+    difference, low, high = answers.paired_bootstrap(candidate, other, cluster_of)
+    assert difference == pytest.approx(5 / 8)
+    assert low < row_low and high > row_high  # wider than the rows taken as independent
+    assert 0 < low < difference < high <= 1
+    # Every resample of 8 questions scores k/8 for the k known ones it drew: so does each end of the interval.
+    assert (low * 8, high * 8) == (pytest.approx(round(low * 8)), pytest.approx(round(high * 8)))
+    # One reference for every example tells no question from another: the examples are resampled one by one.
+    assert answers.clusters(["yes"] * 5) == ([0, 1, 2, 3, 4], 5)
+    table = answers.compare(
+        [
+            {"prompt": f"p{i}", "reference": r, "scores": {"exact_match": c}}
+            for i, (r, c) in enumerate(zip(references, candidate, strict=True))
+        ],
+        [{"prompt": f"p{i}", "reference": r, "scores": {"exact_match": 0.0}} for i, r in enumerate(references)],
+    )
+    assert table["exact_match"] == {
+        "candidate": pytest.approx(5 / 8),
+        "other": 0.0,
+        "difference": pytest.approx(5 / 8),
+        "low": low,
+        "high": high,
+        "clusters": 8,
+    }
+    with pytest.raises(ValueError, match="one cluster per example"):
+        answers.paired_bootstrap([1.0, 0.0], [0.0, 0.0], [0])
