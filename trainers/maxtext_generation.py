@@ -26,7 +26,8 @@ position, token and logits) and masks out the slot's autoregressive cache (``_in
 ``cache_ar_segment_id``; the autoregressive part is a ring every slot writes at one index,
 ``maxtext/inference/kvcache.py``, ``kv_cache_autoregressive``, so a group's ``max_new_tokens`` - 1 steps never
 overwrite its own entries); a short last group's unused slots go on decoding the group before's prompts, read by no
-one (each slot attends to its own cache only). Never two KV caches at once, then: the budget is the cache's.
+one (each slot attends to its own cache only). The state is made in a jit (:func:`answer` says why: MaxEngine would
+also keep a whole unsharded cache on the first device). Never two KV caches at once, then: the budget is the cache's.
 
 The parameters: a checkpoint's ``items`` (``load_parameters_path``: ``load_params`` reads it), or, for the model
 training starts from, the training arguments' ``load_parameters_path`` when they carry one (a base checkpoint:
@@ -217,7 +218,12 @@ def answer(
     rng = jax.random.fold_in(jax.random.PRNGKey(spec.train.seed), 0)
     # The group's one collective: its tokens replicated on every device, so each host reads its own copy.
     replicate = jax.jit(lambda x: x, out_shardings=engine.replicated_sharding)
-    state = engine.init_decode_state(rng=rng)  # once: insert and generate donate it and return its successor
+    # Once: insert and generate donate it and return its successor. Traced in a jit: MaxEngine's
+    # init_decode_state first makes a zero cache outside any jit (``_nnx_init_cache_dict``'s jnp.zeros), whole and
+    # unsharded on the process's first device (the tensor axis's devices' shares together), and keeps it for the
+    # engine's life in the closure of its jitted initialisation (``_compiled_init_cache_fn``); traced, it is never
+    # allocated, and only the sharded decode state is.
+    state = jax.jit(engine.init_decode_state)()
     answers: list[list[int]] = []
     for start in range(0, len(prompt_ids), slots):
         group = prompt_ids[start : start + slots]

@@ -511,8 +511,8 @@ def _check_answers_fit(spec: RunSpec) -> None:
         f"(prompts cut to maxtext.max_target_length={spec.maxtext.max_target_length} in a prefill of "
         f"{prefill:,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), does not fit its budget of "
         f"{budget / 1e9:,.1f} GB, {KV_CACHE_SHARE:.0%} of what the parameters' {memory.parameters / 1e9:,.1f} GB "
-        f"leave of a {spec.cluster.accelerator} device's {memory.hbm / 1e9:,.1f} GB of HBM on the run's smallest "
-        f"worker group ({min(group_devices(spec))} devices)",
+        f"leave of a {spec.cluster.accelerator} device's {memory.hbm / 1e9:,.1f} GB of HBM, on a worker group of "
+        f"{min(group_devices(spec))} devices, the smallest the run may have",
         ["a smaller eval.max_new_tokens", "a smaller maxtext.max_target_length", "eval.generate_examples=0"],
     )
 
