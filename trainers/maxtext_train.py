@@ -342,9 +342,11 @@ def fit(
     answers: tuple[tuple[str, str], ...] = (),
     decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """MaxText's ``train.main`` with ``args`` on a Ray Train worker group; then, after it, each of ``answers``
-    (which model, its parameters: ``trainers.maxtext_generation.answer_models``) answers the evaluation prompts on
-    the same group, in the shape ``decode`` gives (the job's ``--decode``)."""
+    """MaxText's ``train.main`` with ``args`` on a Ray Train worker group, with ``answers`` to the evaluation prompts
+    (which model, its parameters: ``trainers.maxtext_generation.answer_models``) on the same group, in the shape
+    ``decode`` gives (the job's ``--decode``): the model training starts from before ``train.main``, on a group that
+    restores no checkpoint (:func:`split_answers`), the others after it; a group that restores the last step trains
+    no more (:func:`trained`)."""
     # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
     # ray.train's own names are V1's to a type checker, which does not run its choice of version
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
